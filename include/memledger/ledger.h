@@ -1,0 +1,127 @@
+/* memledger — the memory ledger of one steady-state training iteration.
+ *
+ * ml_ledger_evaluate() builds the model's chain of blocks for a config,
+ * schedules forward, loss, backward (with recompute when checkpointed) and
+ * the optimizer step, and replays that schedule as allocation/free events per
+ * category. All byte counts are exact 64-bit integers; FLOPs are doubles. The
+ * rules are derived in docs/ledger.md. */
+#ifndef MEMLEDGER_LEDGER_H
+#define MEMLEDGER_LEDGER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "export.h"
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ml_category {
+    ML_CAT_PARAMS,      /* working parameters */
+    ML_CAT_MASTER,      /* fp32 master weights (bf16-master/fp16-master) */
+    ML_CAT_GRADS,       /* parameter gradients */
+    ML_CAT_OPTIMIZER,   /* optimizer states */
+    ML_CAT_ACTIVATIONS, /* tensors saved for backward (and checkpoint inputs) */
+    ML_CAT_RECOMPUTE,   /* saved tensors recomputed during backward */
+    ML_CAT_WORKSPACE,   /* transients: intermediates, gradient buffers, step temporaries */
+    ML_CAT_COUNT
+} ml_category;
+
+typedef enum ml_phase {
+    ML_PHASE_FORWARD,
+    ML_PHASE_LOSS,
+    ML_PHASE_BACKWARD,
+    ML_PHASE_OPTIMIZER,
+    ML_PHASE_COUNT
+} ml_phase;
+
+/* "params", "master_params", "grads", "optimizer_states",
+ * "activations_saved", "recompute", "workspace". */
+ML_API const char *ml_category_name(ml_category c);
+/* "forward", "loss", "backward", "optimizer". */
+ML_API const char *ml_phase_name(ml_phase p);
+
+typedef struct ml_block_info {
+    char name[48];              /* "embedding", "block.3", "head", "loss", "2:conv2d" */
+    uint64_t params;            /* parameters owned by the block (elements) */
+    uint64_t activations_saved; /* bytes it keeps at the end of forward (plan applied) */
+    uint64_t inventory_bytes;   /* bytes it would keep without checkpointing */
+    double c;                   /* inventory_bytes / (B*T*D*b), docs/ledger.md */
+    double flops_forward;       /* per micro-batch */
+    bool checkpointed;          /* inside a checkpoint segment */
+} ml_block_info;
+
+typedef struct ml_event {
+    ml_phase phase;
+    int32_t block;       /* block index, -1 for the optimizer step */
+    uint32_t micro;      /* 0: first micro-batch, 1: a later one */
+    ml_category cat;
+    int64_t delta;       /* bytes allocated (>0) or freed (<0) */
+    uint64_t live[ML_CAT_COUNT];
+} ml_event;
+
+typedef struct ml_summary {
+    uint64_t params;                 /* parameter count */
+    /* resident and end-of-forward bytes */
+    uint64_t bytes_params;
+    uint64_t bytes_master;
+    uint64_t bytes_grads;            /* all gradients, once allocated */
+    uint64_t bytes_optimizer;
+    uint64_t bytes_activations;      /* saved at the end of forward */
+    uint64_t bytes_step_temp;        /* optimizer step temporaries at their peak */
+    /* the peak of the allocator view */
+    uint64_t peak;
+    ml_phase peak_phase;
+    int32_t peak_block;              /* -1: optimizer step */
+    char peak_step[64];              /* "block.3", "head", "optimizer.step" */
+    uint64_t peak_breakdown[ML_CAT_COUNT];
+    uint64_t category_max[ML_CAT_COUNT];
+    uint64_t runtime_reserve;
+    uint64_t peak_total;             /* peak + runtime_reserve */
+    /* FLOPs (doubles) */
+    double flops_forward;            /* per iteration (all micro-batches) */
+    double flops_backward;
+    double flops_recompute;
+    double flops_total;
+    double flops_per_micro_batch;    /* total / grad_accum */
+    double step_time_s;              /* < 0 when the device peak is unknown */
+    /* verdict (valid when has_device) */
+    bool has_device;
+    uint64_t memory;
+    uint64_t budget;                 /* line for `peak` */
+    bool fits;                       /* peak <= budget and peak_total <= memory */
+    int64_t headroom;                /* min(budget - peak, memory - peak_total) */
+    /* normalisation used for c: B*T*D*b */
+    uint64_t c_tokens;               /* B*T */
+    uint64_t c_width;                /* D (hidden or per-sample input width) */
+    unsigned c_dtype_bytes;          /* b */
+} ml_summary;
+
+typedef struct ml_ledger ml_ledger;
+
+/* Evaluates one training iteration. keep_events: also record the event list
+ * (ml_ledger_events); without it evaluation allocates nothing per event.
+ * On success *out owns a new ledger (ml_ledger_destroy); on failure *out is
+ * unchanged. Returns ML_OK, ML_RANGE (bad config value, e.g. micro_batch 0 or
+ * a checkpoint list naming a block that does not exist), ML_OVERFLOW or
+ * ML_NOMEM. */
+ML_API ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_events,
+                                    ml_ledger **out, ml_error *err);
+/* Accepts NULL. */
+ML_API void ml_ledger_destroy(ml_ledger *l);
+
+ML_API const ml_summary *ml_ledger_summary(const ml_ledger *l);
+ML_API size_t ml_ledger_block_count(const ml_ledger *l);
+ML_API const ml_block_info *ml_ledger_block(const ml_ledger *l, size_t i);
+/* Empty unless evaluated with keep_events. */
+ML_API size_t ml_ledger_event_count(const ml_ledger *l);
+ML_API const ml_event *ml_ledger_events(const ml_ledger *l);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

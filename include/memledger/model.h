@@ -1,0 +1,145 @@
+/* memledger — models and training/device configuration.
+ *
+ * A model file (YAML) describes a network (decoder, encoder or sequential
+ * layer list) plus the training and device settings it is planned for. The
+ * network is immutable once loaded; the settings are a plain value struct
+ * (ml_config) that callers copy and change freely, e.g. to sweep micro-batch
+ * sizes, and pass to ml_ledger_evaluate(). */
+#ifndef MEMLEDGER_MODEL_H
+#define MEMLEDGER_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ml_precision {
+    ML_PREC_FP32,        /* everything fp32 */
+    ML_PREC_AMP_BF16,    /* torch.autocast(bfloat16): fp32 params/grads/states */
+    ML_PREC_AMP_FP16,    /* torch.autocast(float16) + GradScaler */
+    ML_PREC_BF16_MASTER, /* bf16 params+grads, fp32 master weights and states */
+    ML_PREC_FP16_MASTER, /* fp16 params+grads, fp32 master weights and states */
+    ML_PREC_BF16,        /* everything bf16, states included */
+    ML_PREC_COUNT
+} ml_precision;
+
+typedef enum ml_optimizer {
+    ML_OPT_SGD,
+    ML_OPT_SGD_MOMENTUM,
+    ML_OPT_ADAM,
+    ML_OPT_ADAMW,
+    ML_OPT_ADAFACTOR,
+    ML_OPT_ADAM_8BIT,
+    ML_OPT_LION,
+    ML_OPT_COUNT
+} ml_optimizer;
+
+typedef enum ml_optimizer_impl {
+    ML_IMPL_FOR_LOOP,
+    ML_IMPL_FOREACH,
+    ML_IMPL_FUSED,
+    ML_IMPL_COUNT
+} ml_optimizer_impl;
+
+typedef enum ml_checkpoint_kind {
+    ML_CKPT_NONE,      /* keep every saved tensor */
+    ML_CKPT_FULL,      /* every block is its own checkpoint segment */
+    ML_CKPT_EVERY,     /* segments of `every` consecutive blocks */
+    ML_CKPT_SQRT,      /* segments of ceil(sqrt(n)) blocks (Chen et al. 2016) */
+    ML_CKPT_SELECTIVE, /* recompute the attention core only (Korthikanti 2022) */
+    ML_CKPT_LIST,      /* the listed blocks, each its own segment */
+    ML_CKPT_COUNT
+} ml_checkpoint_kind;
+
+#define ML_CKPT_LIST_MAX 256u
+
+typedef struct ml_checkpoint {
+    ml_checkpoint_kind kind;
+    uint32_t every;                     /* ML_CKPT_EVERY: blocks per segment */
+    uint32_t count;                     /* ML_CKPT_LIST: entries in blocks[] */
+    uint32_t blocks[ML_CKPT_LIST_MAX];  /* ML_CKPT_LIST: block indices */
+} ml_checkpoint;
+
+typedef struct ml_training {
+    uint64_t micro_batch;   /* samples per forward/backward */
+    uint64_t seq_len;       /* tokens per sample (transformers) */
+    uint64_t grad_accum;    /* micro-batches per optimizer step */
+    ml_precision precision;
+    ml_optimizer optimizer;
+    ml_optimizer_impl optimizer_impl;
+    ml_checkpoint checkpoint;
+} ml_training;
+
+typedef struct ml_device {
+    bool present;              /* a device was given: verdict is computed */
+    uint64_t memory;           /* capacity, bytes */
+    uint64_t budget;           /* line for the allocator-view peak, bytes;
+                                  0 = memory - runtime_reserve */
+    uint64_t runtime_reserve;  /* CUDA context + library workspaces, bytes */
+    double peak_tflops;        /* dense peak at the compute dtype; 0 = unknown */
+    double efficiency;         /* achieved fraction of peak_tflops, (0, 1] */
+} ml_device;
+
+typedef struct ml_config {
+    ml_training training;
+    ml_device device;
+} ml_config;
+
+/* Defaults: micro_batch 1, seq_len 1 (overridden by the model), grad_accum 1,
+ * fp32, adamw, foreach, no checkpointing; no device, runtime_reserve 512 MiB,
+ * efficiency 1.0. */
+ML_API ml_config ml_config_defaults(void);
+
+typedef struct ml_model ml_model;
+
+/* Loads and validates a model file. On success *out owns a new model (free
+ * with ml_model_destroy) and err is untouched; on failure *out is unchanged
+ * and err says where and why. Returns ML_OK, ML_IO, ML_SYNTAX, ML_SCHEMA,
+ * ML_RANGE or ML_NOMEM. */
+ML_API ml_status ml_model_load_file(const char *path, ml_model **out, ml_error *err);
+
+/* Same, from a buffer; `name` is used as the path in messages. */
+ML_API ml_status ml_model_load_string(const char *text, size_t len, const char *name,
+                                      ml_model **out, ml_error *err);
+
+/* Accepts NULL. */
+ML_API void ml_model_destroy(ml_model *m);
+
+/* The model's `name:`; never NULL. Owned by the model. */
+ML_API const char *ml_model_name(const ml_model *m);
+
+/* The training and device settings written in the file (defaults filled in). */
+ML_API ml_config ml_model_config(const ml_model *m);
+
+/* Parses a size such as "8GiB", "6.5 GiB", "512MiB", "16GB" or "1024"
+ * (bytes). Binary units B, KiB, MiB, GiB, TiB; decimal KB, MB, GB, TB.
+ * Returns ML_OK, or ML_RANGE (negative, overflow) / ML_USAGE (syntax) with a
+ * message in err (position fields left 0). */
+ML_API ml_status ml_parse_size(const char *text, uint64_t *out, ml_error *err);
+
+/* Parses a checkpoint policy: none | full | every-K | sqrt | selective |
+ * "[0, 3, 6]". Returns ML_OK or ML_USAGE. */
+ML_API ml_status ml_parse_checkpoint(const char *text, ml_checkpoint *out, ml_error *err);
+
+/* Names as written in YAML and JSON ("amp-bf16", "adamw", "foreach"). */
+ML_API const char *ml_precision_name(ml_precision p);
+ML_API const char *ml_optimizer_name(ml_optimizer o);
+ML_API const char *ml_optimizer_impl_name(ml_optimizer_impl i);
+/* Writes the policy's YAML spelling ("every-2", "[0, 3]") into buf. */
+ML_API void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size);
+
+/* Reverse lookups; return false when the name is unknown. */
+ML_API bool ml_precision_parse(const char *s, ml_precision *out);
+ML_API bool ml_optimizer_parse(const char *s, ml_optimizer *out);
+ML_API bool ml_optimizer_impl_parse(const char *s, ml_optimizer_impl *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

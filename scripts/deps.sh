@@ -1,0 +1,18 @@
+#!/bin/sh
+# Installs what memledger needs to build and test on Debian 12. Idempotent:
+# apt-get runs only when a package is missing.
+set -eu
+pkgs="meson ninja-build pkg-config gcc libc6-dev libyaml-dev libcmocka-dev"
+missing=""
+for p in $pkgs; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+[ -z "$missing" ] && exit 0
+echo "memledger: installing:$missing" >&2
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null

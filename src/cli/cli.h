@@ -1,0 +1,40 @@
+/* memledger command line: shared pieces of the verbs. */
+#ifndef ML_CLI_H
+#define ML_CLI_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "memledger/memledger.h"
+
+/* Exit statuses: a contract (docs/cli.md). */
+enum {
+    ML_EXIT_OK = 0,        /* ran; fits when a device was given */
+    ML_EXIT_NO_FIT = 1,    /* ran; does not fit */
+    ML_EXIT_BAD_INPUT = 2, /* bad model file, flag or value */
+    ML_EXIT_FAILURE = 3,   /* output could not be written, out of memory */
+};
+
+typedef enum { ML_FMT_TEXT, ML_FMT_JSON } ml_format;
+
+/* Training/device overrides as given on the command line, applied on top
+ * of the model file's settings. */
+typedef struct {
+    const char *model_path;
+    ml_format format;
+    /* raw flag values, NULL when not given */
+    const char *micro_batch, *seq_len, *grad_accum, *precision, *optimizer, *optimizer_impl,
+        *checkpoint, *device, *budget, *runtime_reserve, *peak_tflops, *efficiency;
+} ml_cli_opts;
+
+/* Parses argv (after the verb). Returns 0, 1 for --help (printed), or 2 on a
+ * usage error (printed). */
+int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o);
+/* Loads the model and applies overrides; prints errors. Returns 0 or an exit status. */
+int ml_cli_load(const ml_cli_opts *o, ml_model **m, ml_config *cfg);
+/* Prints "memledger: error: path:line:col: msg", the line and a caret. */
+void ml_cli_print_error(const ml_error *e);
+
+int ml_cmd_plan(int argc, char **argv);
+
+#endif

@@ -1,0 +1,68 @@
+/* memledger plan MODEL.yaml: the ledger of one training iteration. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char usage[] =
+    "usage: memledger plan MODEL.yaml [options]\n"
+    "\n"
+    "Plans one steady-state training iteration: parameters, resident model states,\n"
+    "saved activations per block, the memory peak (phase, step, breakdown), FLOPs,\n"
+    "and with a device the verdict FITS / DOES NOT FIT.\n"
+    "\n"
+    "Training (override the file's training: section)\n"
+    "  --micro-batch N        samples per forward/backward\n"
+    "  --seq-len N            tokens per sample\n"
+    "  --grad-accum N         micro-batches per optimizer step\n"
+    "  --precision P          fp32 | amp-bf16 | amp-fp16 | bf16-master | fp16-master | bf16\n"
+    "  --optimizer O          sgd | sgd-momentum | adam | adamw | adafactor | adam-8bit | lion\n"
+    "  --optimizer-impl I     for-loop | foreach | fused\n"
+    "  --checkpoint C         none | full | every-K | sqrt | selective | \"[0, 3, 6]\"\n"
+    "Device (override the file's device: section)\n"
+    "  --device SIZE          device memory, e.g. 8GiB (binary) or 16GB (decimal)\n"
+    "  --budget SIZE          line for the allocator peak (default: memory - reserve)\n"
+    "  --runtime-reserve SIZE CUDA context + library workspaces (default 512MiB)\n"
+    "  --peak-tflops X        dense peak at the compute dtype, for the step time\n"
+    "  --efficiency X         achieved fraction of the peak, 0 < X <= 1 (default 1)\n"
+    "Output\n"
+    "  --format text|json     (default text)\n"
+    "\n"
+    "Exit status: 0 ran (and fits), 1 does not fit, 2 bad input or usage,\n"
+    "3 output could not be written.\n";
+
+int ml_cmd_plan(int argc, char **argv)
+{
+    ml_cli_opts o;
+    int rc = ml_cli_parse(argc, argv, "plan", usage, &o);
+    if (rc == 1)
+        return ML_EXIT_OK;
+    if (rc)
+        return rc;
+    ml_model *m = NULL;
+    ml_config cfg;
+    if ((rc = ml_cli_load(&o, &m, &cfg)))
+        return rc;
+    ml_ledger *l = NULL;
+    ml_error e;
+    ml_status st = ml_ledger_evaluate(m, &cfg, false, &l, &e);
+    if (st) {
+        snprintf(e.path, sizeof e.path, "%s", o.model_path);
+        e.line = e.col = 0;
+        ml_cli_print_error(&e);
+        ml_model_destroy(m);
+        return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+    }
+    int w = o.format == ML_FMT_JSON ? ml_report_json(stdout, m, &cfg, l)
+                                    : ml_report_text(stdout, m, &cfg, l);
+    if (fflush(stdout) != 0 || w != 0) {
+        fprintf(stderr, "memledger: error: cannot write the report to standard output\n");
+        rc = ML_EXIT_FAILURE;
+    } else {
+        const ml_summary *s = ml_ledger_summary(l);
+        rc = s->has_device && !s->fits ? ML_EXIT_NO_FIT : ML_EXIT_OK;
+    }
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    return rc;
+}

@@ -1,0 +1,46 @@
+/* memledger: verbs dispatched from a table (git's style). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} verbs[] = {
+    {"plan", ml_cmd_plan, "the memory ledger and FLOPs of one training iteration"},
+};
+
+static void help(FILE *f)
+{
+    fprintf(f, "usage: memledger VERB MODEL.yaml [options]\n\n"
+               "Plans GPU training memory and FLOPs before a job is launched.\n\nVerbs:\n");
+    for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+        fprintf(f, "  %-10s %s\n", verbs[i].name, verbs[i].summary);
+    fprintf(f, "\n'memledger VERB --help' lists a verb's options.\n"
+               "Exit status: 0 ran (and fits), 1 does not fit, 2 bad input or usage,\n"
+               "3 output could not be written.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        help(stderr);
+        return ML_EXIT_BAD_INPUT;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        help(stdout);
+        return ML_EXIT_OK;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("memledger %s\n", ML_VERSION);
+        return ML_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+        if (!strcmp(argv[1], verbs[i].name))
+            return verbs[i].run(argc - 2, argv + 2);
+    fprintf(stderr, "memledger: error: unknown verb '%s'\n", argv[1]);
+    help(stderr);
+    return ML_EXIT_BAD_INPUT;
+}

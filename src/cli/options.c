@@ -1,0 +1,222 @@
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+void ml_cli_print_error(const ml_error *e)
+{
+    if (e->line)
+        fprintf(stderr, "memledger: error: %s:%u:%u: %s\n", e->path, e->line, e->col, e->msg);
+    else if (e->path[0])
+        fprintf(stderr, "memledger: error: %s: %s\n", e->path, e->msg);
+    else
+        fprintf(stderr, "memledger: error: %s\n", e->msg);
+    if (!e->line || !e->path[0])
+        return;
+    FILE *f = fopen(e->path, "rb");
+    if (!f)
+        return;
+    char buf[512];
+    unsigned line = 1;
+    while (fgets(buf, sizeof buf, f)) {
+        size_t len = strlen(buf);
+        bool whole = len && buf[len - 1] == '\n';
+        if (line == e->line) {
+            while (len && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
+                buf[--len] = '\0';
+            fprintf(stderr, "  %s\n  ", buf);
+            for (unsigned i = 1; i < e->col && i < sizeof buf; i++)
+                fputc(buf[i - 1] == '\t' ? '\t' : ' ', stderr);
+            fputs("^\n", stderr);
+            break;
+        }
+        if (whole)
+            line++;
+    }
+    fclose(f);
+}
+
+static const struct {
+    const char *flag;
+    size_t off;
+} flags[] = {
+    {"--micro-batch", offsetof(ml_cli_opts, micro_batch)},
+    {"--seq-len", offsetof(ml_cli_opts, seq_len)},
+    {"--grad-accum", offsetof(ml_cli_opts, grad_accum)},
+    {"--precision", offsetof(ml_cli_opts, precision)},
+    {"--optimizer", offsetof(ml_cli_opts, optimizer)},
+    {"--optimizer-impl", offsetof(ml_cli_opts, optimizer_impl)},
+    {"--checkpoint", offsetof(ml_cli_opts, checkpoint)},
+    {"--device", offsetof(ml_cli_opts, device)},
+    {"--budget", offsetof(ml_cli_opts, budget)},
+    {"--runtime-reserve", offsetof(ml_cli_opts, runtime_reserve)},
+    {"--peak-tflops", offsetof(ml_cli_opts, peak_tflops)},
+    {"--efficiency", offsetof(ml_cli_opts, efficiency)},
+};
+
+static int usage_error(const char *verb, const char *fmt, const char *arg)
+{
+    fprintf(stderr, "memledger: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nTry 'memledger %s --help'.\n", verb);
+    return ML_EXIT_BAD_INPUT;
+}
+
+int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+            fputs(usage, stdout);
+            return 1;
+        }
+        if (arg[0] == '-' && arg[1]) {
+            const char *eq = strchr(arg, '=');
+            size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+            const char *val = NULL;
+            if (!strncmp(arg, "--format", len) && len == 8) {
+                val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+                if (!val)
+                    return usage_error(verb, "%s needs a value: text or json", "--format");
+                if (!strcmp(val, "text"))
+                    o->format = ML_FMT_TEXT;
+                else if (!strcmp(val, "json"))
+                    o->format = ML_FMT_JSON;
+                else
+                    return usage_error(verb, "--format: '%s' is not a format; use text or json",
+                                       val);
+                continue;
+            }
+            size_t k;
+            for (k = 0; k < sizeof flags / sizeof flags[0]; k++)
+                if (strlen(flags[k].flag) == len && !strncmp(arg, flags[k].flag, len))
+                    break;
+            if (k == sizeof flags / sizeof flags[0])
+                return usage_error(verb, "unknown option '%s'", arg);
+            val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!val)
+                return usage_error(verb, "%s needs a value", flags[k].flag);
+            *(const char **)((char *)o + flags[k].off) = val;
+            continue;
+        }
+        if (o->model_path)
+            return usage_error(verb, "one model file only; '%s' is a second one", arg);
+        o->model_path = arg;
+    }
+    if (!o->model_path)
+        return usage_error(verb, "%s", "missing the model file (e.g. models/gpt2-small.yaml)");
+    return 0;
+}
+
+static int bad_flag(const char *flag, const char *msg)
+{
+    fprintf(stderr, "memledger: error: %s: %s\n", flag, msg);
+    return ML_EXIT_BAD_INPUT;
+}
+
+static int whole(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    char msg[200];
+    const char *p = v;
+    while (isdigit((unsigned char)*p))
+        p++;
+    errno = 0;
+    unsigned long long x = strtoull(v, NULL, 10);
+    if (p == v || *p || errno || x < lo || x > hi) {
+        snprintf(msg, sizeof msg, "'%s' is not a whole number between %llu and %llu", v,
+                 (unsigned long long)lo, (unsigned long long)hi);
+        return bad_flag(flag, msg);
+    }
+    *out = x;
+    return 0;
+}
+
+static int size_flag(const char *flag, const char *v, uint64_t *out)
+{
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    if (ml_parse_size(v, out, &e))
+        return bad_flag(flag, e.msg);
+    return 0;
+}
+
+static int real(const char *flag, const char *v, double lo, double hi, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || errno || !isfinite(x) || x < lo || x > hi) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "'%s' is not a number between %g and %g", v, lo, hi);
+        return bad_flag(flag, msg);
+    }
+    *out = x;
+    return 0;
+}
+
+int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
+{
+    ml_error e;
+    ml_model *m = NULL;
+    ml_status st = ml_model_load_file(o->model_path, &m, &e);
+    if (st) {
+        ml_cli_print_error(&e);
+        return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+    }
+    ml_config c = ml_model_config(m);
+    ml_training *t = &c.training;
+    ml_device *d = &c.device;
+    int rc = 0;
+    if (!rc && o->micro_batch)
+        rc = whole("--micro-batch", o->micro_batch, 1, 1u << 24, &t->micro_batch);
+    if (!rc && o->seq_len)
+        rc = whole("--seq-len", o->seq_len, 1, 1u << 28, &t->seq_len);
+    if (!rc && o->grad_accum)
+        rc = whole("--grad-accum", o->grad_accum, 1, 1u << 20, &t->grad_accum);
+    if (!rc && o->precision && !ml_precision_parse(o->precision, &t->precision))
+        rc = bad_flag("--precision", "unknown; use fp32, amp-bf16, amp-fp16, bf16-master, "
+                                     "fp16-master or bf16");
+    if (!rc && o->optimizer && !ml_optimizer_parse(o->optimizer, &t->optimizer))
+        rc = bad_flag("--optimizer", "unknown; use sgd, sgd-momentum, adam, adamw, adafactor, "
+                                     "adam-8bit or lion");
+    if (!rc && o->optimizer_impl && !ml_optimizer_impl_parse(o->optimizer_impl, &t->optimizer_impl))
+        rc = bad_flag("--optimizer-impl", "unknown; use for-loop, foreach or fused");
+    if (!rc && o->checkpoint) {
+        memset(&e, 0, sizeof e);
+        if (ml_parse_checkpoint(o->checkpoint, &t->checkpoint, &e))
+            rc = bad_flag("--checkpoint", e.msg);
+    }
+    if (!rc && o->device) {
+        rc = size_flag("--device", o->device, &d->memory);
+        /* a new capacity invalidates the file's budget line: back to the
+         * default (memory - reserve) unless --budget gives one */
+        d->present = true;
+        d->budget = 0;
+    }
+    if (!rc && o->budget) {
+        rc = size_flag("--budget", o->budget, &d->budget);
+        if (!rc && !d->present)
+            rc = bad_flag("--budget", "needs a device: add --device SIZE or a device: section");
+    }
+    if (!rc && o->runtime_reserve)
+        rc = size_flag("--runtime-reserve", o->runtime_reserve, &d->runtime_reserve);
+    if (!rc && o->peak_tflops)
+        rc = real("--peak-tflops", o->peak_tflops, 0, 1e9, &d->peak_tflops);
+    if (!rc && o->efficiency)
+        rc = real("--efficiency", o->efficiency, 1e-6, 1, &d->efficiency);
+    if (!rc && d->present && d->budget > d->memory)
+        rc = bad_flag("--budget", "the budget is above the device memory");
+    if (!rc && d->present && d->runtime_reserve >= d->memory)
+        rc = bad_flag("--runtime-reserve", "the reserve is not below the device memory");
+    if (rc) {
+        ml_model_destroy(m);
+        return rc;
+    }
+    *mp = m;
+    *cfg = c;
+    return 0;
+}

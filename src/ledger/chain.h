@@ -1,0 +1,99 @@
+/* The chain of blocks one training iteration runs through, with each block's
+ * activation inventory (docs/inventory.md), parameters and FLOPs. Built from a
+ * model and a config; consumed by the replay (replay.c) and the optimizer
+ * model (optim.c). */
+#ifndef ML_CHAIN_H
+#define ML_CHAIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "memledger/ledger.h"
+#include "model/model_internal.h"
+
+/* Bytes per element under a precision policy (docs/precision.md). */
+typedef struct {
+    unsigned param;  /* working parameters */
+    unsigned grad;   /* gradients */
+    unsigned master; /* fp32 master copy, 0 when none */
+    unsigned state;  /* optimizer state values */
+    unsigned a;      /* matmul-class activations: the compute dtype */
+    unsigned w;      /* residual stream and ops kept in fp32 by autocast */
+    bool autocast;   /* torch.autocast: linear inputs and weights are cast copies */
+} ml_prec;
+
+ml_prec ml_prec_of(ml_precision p);
+
+enum {
+    ML_SV_INPUT = 1,  /* the block's input: a boundary tensor, not in saved_bytes */
+    ML_SV_CORE = 2,   /* attention core: dropped and recomputed under `selective` */
+    ML_SV_OUTPUT = 4, /* the block's own output: a boundary tensor, not in saved_bytes */
+};
+
+typedef struct {
+    const char *what;  /* static description, e.g. "softmax output" */
+    uint64_t bytes;
+    unsigned flags;
+} ml_saved;
+
+typedef struct {
+    char name[48];
+    ml_phase fwd_phase;      /* forward, or loss for the loss block */
+    int ckpt_index;          /* index in checkpoint lists, -1: not checkpointable */
+    uint64_t params;         /* elements */
+    size_t saved_first, nsaved;
+    uint64_t saved_bytes;    /* inventory without the boundary tensors */
+    uint64_t core_bytes;     /* part flagged ML_SV_CORE */
+    /* The boundary tensor between block k-1 and block k is block k's input.
+     * Who saves it decides when it is resident (docs/ledger.md). */
+    uint64_t in_bytes;       /* the block's input tensor */
+    bool in_saved;           /* an op of this block saves its input */
+    bool out_saved;          /* an op of this block saves its own output */
+    bool in_held;            /* the caller holds the input until this block's
+                                backward is done (the logits before the loss) */
+    uint64_t ws_fwd;         /* transient bytes while its forward runs */
+    uint64_t ws_bwd;         /* transient bytes while its backward runs */
+    uint64_t grad_bytes;     /* gradients first created by its backward */
+    uint64_t grad_accum_bytes; /* gradients it produces into existing .grad (accumulation) */
+    double flops_fwd, flops_bwd, flops_core;
+} ml_cblock;
+
+typedef struct {
+    uint64_t numel, rows, cols; /* rows/cols: last two dims for matrices, 0 for vectors */
+} ml_ptensor;
+
+typedef struct {
+    ml_cblock *blocks;
+    size_t n, cap;
+    ml_saved *saved;
+    size_t nsaved, savedcap;
+    ml_ptensor *params;
+    size_t nparams, paramcap;
+    bool overflow, nomem;
+    ml_prec prec;
+    uint64_t B, T;
+    uint64_t c_tokens, c_width; /* normalisation of c: B*T and D */
+    size_t n_ckpt;              /* checkpointable blocks */
+    /* scratch while building a block */
+    uint64_t max_unsaved, max_tensor;
+    uint64_t max_param_numel;
+} ml_chain;
+
+/* Builds the chain; returns ML_OK, ML_RANGE (with err), ML_OVERFLOW or ML_NOMEM. */
+ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err);
+void ml_chain_free(ml_chain *ch);
+
+/* Optimizer model (optim.c): resident state bytes and step temporaries. */
+typedef struct {
+    uint64_t states;
+    uint64_t step_temp;
+} ml_optim_bytes;
+ml_status ml_optim_bytes_of(const ml_chain *ch, const ml_training *t, ml_optim_bytes *out,
+                            ml_error *err);
+
+/* Checked arithmetic with a sticky overflow flag on the chain. */
+uint64_t ml_mul(ml_chain *ch, uint64_t a, uint64_t b);
+uint64_t ml_add(ml_chain *ch, uint64_t a, uint64_t b);
+
+#endif

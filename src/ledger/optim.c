@@ -1,0 +1,84 @@
+/* Optimizer states and step temporaries per torch.optim implementation.
+ * Derivations and source files: docs/optimizers.md. */
+#include <stdio.h>
+
+#include "ledger/chain.h"
+
+/* bitsandbytes keeps tensors smaller than min_8bit_size (4096) in 32-bit
+ * state, and quantises the rest blockwise (block of 256, one fp32 absmax
+ * per block per state). */
+#define BNB_MIN_8BIT 4096u
+#define BNB_BLOCK 256u
+
+ml_status ml_optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_optim_bytes *out,
+                            ml_error *err)
+{
+    ml_chain *ch = (ml_chain *)ch_const; /* only the overflow flag changes */
+    const unsigned s = ch->prec.state;
+    /* gradients reach a master-weight optimizer in fp32: a converted copy
+     * (docs/optimizers.md) */
+    const bool master = ch->prec.master != 0;
+    uint64_t P = 0, maxn = ch->max_param_numel;
+    for (size_t i = 0; i < ch->nparams; i++)
+        P = ml_add(ch, P, ch->params[i].numel);
+    uint64_t states = 0, temp = 0;
+    unsigned per = 0;        /* full-size states per parameter */
+    /* full-size temporaries: over all parameters at once (foreach) and over
+     * the largest tensor (for-loop); docs/optimizers.md derives each */
+    unsigned t_foreach = 0, t_loop = 0;
+    switch (t->optimizer) {
+    case ML_OPT_SGD: per = 0; break;
+    case ML_OPT_SGD_MOMENTUM: per = 1; break;
+    case ML_OPT_ADAM:
+    case ML_OPT_ADAMW: per = 2; t_foreach = 1; t_loop = 2; break; /* sqrt, / bc2 */
+    case ML_OPT_LION: per = 1; t_foreach = 2; t_loop = 2; break;  /* clone, add */
+    case ML_OPT_ADAFACTOR: per = 0; t_foreach = 1; t_loop = 1; break; /* row @ col */
+    case ML_OPT_ADAM_8BIT: per = 0; break;
+    default: break;
+    }
+    if (t->optimizer == ML_OPT_ADAFACTOR && t->optimizer_impl == ML_IMPL_FUSED) {
+        err->code = ML_RANGE;
+        snprintf(err->msg, sizeof err->msg,
+                 "training.optimizer_impl: torch.optim.Adafactor has no fused implementation; "
+                 "use for-loop or foreach");
+        return ML_RANGE;
+    }
+    states = ml_mul(ch, ml_mul(ch, P, per), s);
+    if (t->optimizer == ML_OPT_ADAFACTOR) {
+        /* factored second moment: a row and a column vector per matrix,
+         * the full tensor for vectors; no first moment (beta1 = None) */
+        for (size_t i = 0; i < ch->nparams; i++) {
+            const ml_ptensor *p = &ch->params[i];
+            uint64_t n = p->cols ? ml_add(ch, p->rows, p->cols) : p->numel;
+            states = ml_add(ch, states, ml_mul(ch, n, s));
+        }
+    } else if (t->optimizer == ML_OPT_ADAM_8BIT) {
+        for (size_t i = 0; i < ch->nparams; i++) {
+            uint64_t n = ch->params[i].numel;
+            uint64_t one = n < BNB_MIN_8BIT ? ml_mul(ch, n, 4)
+                                            : ml_add(ch, n, ml_mul(ch, (n + BNB_BLOCK - 1) / BNB_BLOCK, 4));
+            states = ml_add(ch, states, ml_mul(ch, one, 2));
+        }
+    }
+    switch (t->optimizer_impl) {
+    case ML_IMPL_FOREACH:
+        temp = ml_mul(ch, ml_mul(ch, P, t_foreach), s);
+        if (master)
+            temp = ml_add(ch, temp, ml_mul(ch, P, 4));
+        break;
+    case ML_IMPL_FOR_LOOP:
+        temp = ml_mul(ch, ml_mul(ch, maxn, t_loop), s);
+        if (master)
+            temp = ml_add(ch, temp, ml_mul(ch, maxn, 4));
+        break;
+    case ML_IMPL_FUSED:
+    default:
+        temp = 0;
+        break;
+    }
+    if (t->optimizer == ML_OPT_ADAM_8BIT)
+        temp = 0; /* bitsandbytes updates in one kernel per tensor */
+    out->states = states;
+    out->step_temp = temp;
+    return ML_OK;
+}

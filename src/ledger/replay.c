@@ -1,0 +1,524 @@
+/* The execution plan of one steady-state training iteration, replayed as
+ * allocation and free events per category (docs/ledger.md). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ledger/chain.h"
+
+struct ml_ledger {
+    ml_summary sum;
+    ml_block_info *blocks;
+    size_t nblocks;
+    ml_event *events;
+    size_t nevents, cap;
+};
+
+static const char *const cat_names[ML_CAT_COUNT] = {
+    "params", "master_params", "grads", "optimizer_states", "activations_saved", "recompute",
+    "workspace"};
+static const char *const phase_names[ML_PHASE_COUNT] = {"forward", "loss", "backward",
+                                                        "optimizer"};
+
+const char *ml_category_name(ml_category c)
+{
+    return (unsigned)c < ML_CAT_COUNT ? cat_names[c] : "?";
+}
+
+const char *ml_phase_name(ml_phase p)
+{
+    return (unsigned)p < ML_PHASE_COUNT ? phase_names[p] : "?";
+}
+
+typedef struct {
+    ml_ledger *l;
+    const ml_chain *ch;
+    uint64_t live[ML_CAT_COUNT];
+    uint64_t total;
+    ml_phase phase;
+    int32_t block;
+    uint32_t micro;
+    const char *sub; /* "" or " (recompute)" */
+    bool keep, nomem, overflow, underflow;
+} rstate;
+
+static void event(rstate *r, ml_category c, int64_t delta)
+{
+    if (delta == 0)
+        return;
+    ml_summary *s = &r->l->sum;
+    if (delta > 0) {
+        uint64_t d = (uint64_t)delta;
+        if (__builtin_add_overflow(r->live[c], d, &r->live[c]) ||
+            __builtin_add_overflow(r->total, d, &r->total))
+            r->overflow = true;
+        if (r->live[c] > s->category_max[c])
+            s->category_max[c] = r->live[c];
+        if (r->total > s->peak) {
+            s->peak = r->total;
+            s->peak_phase = r->phase;
+            s->peak_block = r->block;
+            memcpy(s->peak_breakdown, r->live, sizeof r->live);
+            if (r->block >= 0)
+                snprintf(s->peak_step, sizeof s->peak_step, "%s%s",
+                         r->ch->blocks[r->block].name, r->sub);
+            else
+                snprintf(s->peak_step, sizeof s->peak_step, "optimizer.step");
+        }
+    } else {
+        uint64_t d = (uint64_t)(-delta);
+        if (d > r->live[c] || d > r->total) {
+            r->underflow = true; /* a bug in the plan: caught by the tests */
+            return;
+        }
+        r->live[c] -= d;
+        r->total -= d;
+    }
+    if (!r->keep)
+        return;
+    ml_ledger *l = r->l;
+    if (l->nevents == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 256;
+        ml_event *e = realloc(l->events, cap * sizeof *e);
+        if (!e) {
+            r->nomem = true;
+            r->keep = false;
+            return;
+        }
+        l->events = e;
+        l->cap = cap;
+    }
+    ml_event *e = &l->events[l->nevents++];
+    e->phase = r->phase;
+    e->block = r->block;
+    e->micro = r->micro;
+    e->cat = c;
+    e->delta = delta;
+    memcpy(e->live, r->live, sizeof r->live);
+}
+
+static void alloc_(rstate *r, ml_category c, uint64_t b)
+{
+    if (b > (uint64_t)INT64_MAX) {
+        r->overflow = true;
+        return;
+    }
+    event(r, c, (int64_t)b);
+}
+
+static void free_(rstate *r, ml_category c, uint64_t b)
+{
+    if (b > (uint64_t)INT64_MAX) {
+        r->overflow = true;
+        return;
+    }
+    event(r, c, -(int64_t)b);
+}
+
+/* Which blocks sit in checkpoint segments: seg[i] = segment id or -1. */
+static ml_status segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err)
+{
+    size_t n = ch->n, nc = ch->n_ckpt;
+    for (size_t i = 0; i < n; i++)
+        seg[i] = -1;
+    uint64_t k = 0;
+    switch (cp->kind) {
+    case ML_CKPT_NONE:
+    case ML_CKPT_SELECTIVE:
+        return ML_OK;
+    case ML_CKPT_FULL: k = 1; break;
+    case ML_CKPT_EVERY: k = cp->every; break;
+    case ML_CKPT_SQRT: {
+        k = (uint64_t)ceil(sqrt((double)nc));
+        while (k > 1 && (k - 1) * (k - 1) >= nc)
+            k--;
+        while (k * k < nc)
+            k++;
+        break;
+    }
+    case ML_CKPT_LIST:
+        for (uint32_t j = 0; j < cp->count; j++) {
+            if (cp->blocks[j] >= nc) {
+                err->code = ML_RANGE;
+                snprintf(err->msg, sizeof err->msg,
+                         "training.checkpoint: block %u does not exist; the model has %zu "
+                         "checkpointable blocks (0 to %zu)",
+                         cp->blocks[j], nc, nc ? nc - 1 : 0);
+                return ML_RANGE;
+            }
+            for (size_t i = 0; i < n; i++)
+                if (ch->blocks[i].ckpt_index == (int)cp->blocks[j])
+                    seg[i] = (int)cp->blocks[j];
+        }
+        return ML_OK;
+    default:
+        return ML_OK;
+    }
+    if (k == 0)
+        k = 1;
+    for (size_t i = 0; i < n; i++)
+        if (ch->blocks[i].ckpt_index >= 0)
+            seg[i] = (int)((uint64_t)ch->blocks[i].ckpt_index / k);
+    return ML_OK;
+}
+
+/* The rules of docs/ledger.md, "boundary tensors". */
+typedef struct {
+    bool kept;      /* resident after its consumer's forward */
+    ml_category cat;
+    bool by_consumer; /* attributed to the consumer block */
+} boundary;
+
+static void micro_batch(rstate *r, const int *seg, const boundary *bd, bool selective,
+                        uint64_t *rb, uint64_t *bl, ml_category *blc, double *flops_re,
+                        uint64_t *act_end)
+{
+    const ml_chain *ch = r->ch;
+    const size_t n = ch->n;
+    const ml_cblock *B = ch->blocks;
+    r->sub = "";
+    /* ---- forward */
+    r->phase = ML_PHASE_FORWARD;
+    r->block = 0;
+    blc[0] = bd[0].kept ? bd[0].cat : ML_CAT_WORKSPACE;
+    bl[0] = B[0].in_bytes;
+    alloc_(r, blc[0], bl[0]);
+    for (size_t k = 0; k < n; k++) {
+        const ml_cblock *b = &B[k];
+        r->phase = b->fwd_phase;
+        r->block = (int32_t)k;
+        alloc_(r, ML_CAT_WORKSPACE, b->ws_fwd);
+        if (seg[k] < 0)
+            alloc_(r, ML_CAT_ACTIVATIONS, b->saved_bytes - (selective ? b->core_bytes : 0));
+        if (k + 1 < n) {
+            blc[k + 1] = bd[k + 1].kept ? bd[k + 1].cat : ML_CAT_WORKSPACE;
+            bl[k + 1] = B[k + 1].in_bytes;
+            alloc_(r, blc[k + 1], bl[k + 1]);
+        }
+        free_(r, ML_CAT_WORKSPACE, b->ws_fwd);
+        if (!bd[k].kept) {
+            free_(r, blc[k], bl[k]);
+            bl[k] = 0;
+        }
+    }
+    *act_end = r->live[ML_CAT_ACTIVATIONS];
+    /* ---- backward */
+    r->phase = ML_PHASE_BACKWARD;
+    for (size_t k = n; k-- > 0;) {
+        const ml_cblock *b = &B[k];
+        r->block = (int32_t)k;
+        if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k])) {
+            /* recompute the whole segment, one forward with grad */
+            size_t s0 = k;
+            while (s0 > 0 && seg[s0 - 1] == seg[k])
+                s0--;
+            r->sub = " (recompute)";
+            for (size_t j = s0; j <= k; j++) {
+                r->block = (int32_t)j;
+                alloc_(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
+                alloc_(r, ML_CAT_RECOMPUTE, B[j].saved_bytes);
+                if (j < k && (B[j].out_saved || B[j + 1].in_saved)) {
+                    rb[j + 1] = B[j + 1].in_bytes;
+                    alloc_(r, ML_CAT_RECOMPUTE, rb[j + 1]);
+                }
+                if (j == k && b->out_saved && k + 1 < n) {
+                    rb[k + 1] = B[k + 1].in_bytes; /* a recomputed copy of the output */
+                    alloc_(r, ML_CAT_RECOMPUTE, rb[k + 1]);
+                }
+                free_(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
+                *flops_re += B[j].flops_fwd;
+            }
+            r->sub = "";
+            r->block = (int32_t)k;
+        }
+        if (selective && seg[k] < 0 && b->core_bytes) {
+            r->sub = " (recompute)";
+            alloc_(r, ML_CAT_RECOMPUTE, b->core_bytes);
+            *flops_re += b->flops_core;
+            r->sub = "";
+        }
+        alloc_(r, ML_CAT_WORKSPACE, b->ws_bwd);
+        if (r->micro == 0)
+            alloc_(r, ML_CAT_GRADS, b->grad_bytes);
+        else
+            alloc_(r, ML_CAT_WORKSPACE, b->grad_accum_bytes);
+        /* the block's saved tensors are released once its gradient is done */
+        if (seg[k] >= 0) {
+            free_(r, ML_CAT_RECOMPUTE, b->saved_bytes);
+        } else {
+            free_(r, ML_CAT_ACTIVATIONS, b->saved_bytes - (selective ? b->core_bytes : 0));
+            if (selective)
+                free_(r, ML_CAT_RECOMPUTE, b->core_bytes);
+        }
+        /* boundary k+1: both its users are done now */
+        if (k + 1 < n) {
+            if (rb[k + 1]) {
+                free_(r, ML_CAT_RECOMPUTE, rb[k + 1]);
+                rb[k + 1] = 0;
+            }
+            if (bl[k + 1]) {
+                free_(r, blc[k + 1], bl[k + 1]);
+                bl[k + 1] = 0;
+            }
+        }
+        /* boundary k: free unless the producer's backward still needs it */
+        if (k == 0 || !(B[k - 1].out_saved)) {
+            if (rb[k]) {
+                free_(r, ML_CAT_RECOMPUTE, rb[k]);
+                rb[k] = 0;
+            }
+            if (bl[k]) {
+                free_(r, blc[k], bl[k]);
+                bl[k] = 0;
+            }
+        }
+        free_(r, ML_CAT_WORKSPACE, b->ws_bwd);
+        if (r->micro != 0)
+            free_(r, ML_CAT_WORKSPACE, b->grad_accum_bytes);
+    }
+}
+
+ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_events,
+                             ml_ledger **out, ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    const ml_training *t = &cfg->training;
+    const ml_device *dv = &cfg->device;
+    const char *bad = NULL;
+    if (t->micro_batch == 0 || t->micro_batch > (1ull << 24))
+        bad = "training.micro_batch: must be between 1 and 16777216";
+    else if (t->seq_len == 0 || t->seq_len > (1ull << 28))
+        bad = "training.seq_len: must be between 1 and 268435456";
+    else if (t->grad_accum == 0 || t->grad_accum > (1ull << 20))
+        bad = "training.grad_accum: must be between 1 and 1048576";
+    else if ((unsigned)t->precision >= ML_PREC_COUNT || (unsigned)t->optimizer >= ML_OPT_COUNT ||
+             (unsigned)t->optimizer_impl >= ML_IMPL_COUNT ||
+             (unsigned)t->checkpoint.kind >= ML_CKPT_COUNT)
+        bad = "training: unknown precision, optimizer, implementation or checkpoint policy";
+    else if (t->checkpoint.kind == ML_CKPT_EVERY && t->checkpoint.every == 0)
+        bad = "training.checkpoint: every-K needs K >= 1";
+    else if (dv->present && dv->memory == 0)
+        bad = "device.memory: must be at least 1 byte";
+    else if (dv->present && dv->budget > dv->memory)
+        bad = "device.budget: above device.memory";
+    else if (dv->present && dv->runtime_reserve >= dv->memory)
+        bad = "device.runtime_reserve: not below device.memory";
+    else if (!(dv->efficiency > 0 && dv->efficiency <= 1))
+        bad = "device.efficiency: must be in (0, 1]";
+    else if (!(dv->peak_tflops >= 0) || !isfinite(dv->peak_tflops))
+        bad = "device.peak_tflops: must be a number >= 0";
+    if (bad) {
+        err->code = ML_RANGE;
+        snprintf(err->msg, sizeof err->msg, "%s", bad);
+        return ML_RANGE;
+    }
+    ml_chain ch;
+    ml_status st = ml_chain_build(m, cfg, &ch, err);
+    if (st)
+        return st;
+    ml_optim_bytes ob;
+    if ((st = ml_optim_bytes_of(&ch, t, &ob, err))) {
+        ml_chain_free(&ch);
+        return st;
+    }
+    ml_ledger *l = calloc(1, sizeof *l);
+    int *seg = calloc(ch.n, sizeof *seg);
+    boundary *bd = calloc(ch.n, sizeof *bd);
+    uint64_t *rb = calloc(ch.n + 1, sizeof *rb);
+    uint64_t *bl = calloc(ch.n + 1, sizeof *bl);
+    ml_category *blc = calloc(ch.n + 1, sizeof *blc);
+    if (l)
+        l->blocks = calloc(ch.n, sizeof *l->blocks);
+    if (!l || !seg || !bd || !rb || !bl || !blc || !l->blocks) {
+        st = ML_NOMEM;
+        err->code = ML_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        goto done;
+    }
+    if ((st = segments(&ch, &t->checkpoint, seg, err)))
+        goto done;
+    const bool selective = t->checkpoint.kind == ML_CKPT_SELECTIVE;
+    const size_t n = ch.n;
+    for (size_t k = 0; k < n; k++) {
+        const ml_cblock *b = &ch.blocks[k];
+        bool prod = k > 0 && ch.blocks[k - 1].out_saved && seg[k - 1] < 0;
+        bool cons = b->in_saved && seg[k] < 0;
+        bool start = seg[k] >= 0 && (k == 0 || seg[k - 1] != seg[k]);
+        bd[k].kept = prod || cons || start || b->in_held;
+        bd[k].cat = (prod || cons || start) ? ML_CAT_ACTIVATIONS : ML_CAT_WORKSPACE;
+        bd[k].by_consumer = cons || start;
+    }
+
+    ml_summary *s = &l->sum;
+    uint64_t P = 0;
+    for (size_t i = 0; i < ch.nparams; i++)
+        P = ml_add(&ch, P, ch.params[i].numel);
+    s->params = P;
+    s->bytes_params = ml_mul(&ch, P, ch.prec.param);
+    s->bytes_master = ml_mul(&ch, P, ch.prec.master);
+    s->bytes_grads = ml_mul(&ch, P, ch.prec.grad);
+    s->bytes_optimizer = ob.states;
+    s->bytes_step_temp = ob.step_temp;
+    s->peak_block = -1;
+
+    rstate r;
+    memset(&r, 0, sizeof r);
+    r.l = l;
+    r.ch = &ch;
+    r.keep = keep_events;
+    r.block = -1;
+    r.sub = "";
+    r.phase = ML_PHASE_FORWARD;
+    alloc_(&r, ML_CAT_PARAMS, s->bytes_params);
+    alloc_(&r, ML_CAT_MASTER, s->bytes_master);
+    alloc_(&r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
+    double flops_re = 0;
+    uint64_t act_end = 0;
+    unsigned micros = t->grad_accum > 1 ? 2 : 1;
+    for (unsigned mb = 0; mb < micros; mb++) {
+        r.micro = mb;
+        double fre = 0;
+        micro_batch(&r, seg, bd, selective, rb, bl, blc, &fre, &act_end);
+        flops_re = fre; /* identical for every micro-batch */
+    }
+    r.phase = ML_PHASE_OPTIMIZER;
+    r.block = -1;
+    alloc_(&r, ML_CAT_WORKSPACE, s->bytes_step_temp);
+    free_(&r, ML_CAT_WORKSPACE, s->bytes_step_temp);
+    free_(&r, ML_CAT_GRADS, r.live[ML_CAT_GRADS]); /* zero_grad(set_to_none=True) */
+    s->bytes_activations = act_end;
+    if (r.nomem) {
+        st = ML_NOMEM;
+        err->code = ML_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        goto done;
+    }
+    if (r.overflow || ch.overflow) {
+        st = ML_OVERFLOW;
+        err->code = ML_OVERFLOW;
+        snprintf(err->msg, sizeof err->msg,
+                 "byte counts exceed 64 bits: use a smaller micro_batch or seq_len");
+        goto done;
+    }
+    if (r.underflow || r.live[ML_CAT_GRADS] || r.live[ML_CAT_ACTIVATIONS] ||
+        r.live[ML_CAT_RECOMPUTE] || r.live[ML_CAT_WORKSPACE]) {
+        /* the schedule freed something twice or leaked: a planner bug */
+        st = ML_RANGE;
+        err->code = ML_RANGE;
+        snprintf(err->msg, sizeof err->msg, "internal: the replay does not balance");
+        goto done;
+    }
+
+    /* FLOPs */
+    double ff = 0, fb = 0;
+    for (size_t k = 0; k < n; k++) {
+        ff += ch.blocks[k].flops_fwd;
+        fb += ch.blocks[k].flops_bwd;
+    }
+    double A = (double)t->grad_accum;
+    s->flops_forward = ff * A;
+    s->flops_backward = fb * A;
+    s->flops_recompute = flops_re * A;
+    s->flops_total = s->flops_forward + s->flops_backward + s->flops_recompute;
+    s->flops_per_micro_batch = s->flops_total / A;
+    s->step_time_s = dv->peak_tflops > 0
+                         ? s->flops_total / (dv->peak_tflops * 1e12 * dv->efficiency)
+                         : -1.0;
+    s->runtime_reserve = dv->runtime_reserve;
+    if (__builtin_add_overflow(s->peak, s->runtime_reserve, &s->peak_total)) {
+        st = ML_OVERFLOW;
+        err->code = ML_OVERFLOW;
+        snprintf(err->msg, sizeof err->msg, "peak plus runtime reserve exceeds 64 bits");
+        goto done;
+    }
+    s->has_device = dv->present;
+    if (dv->present) {
+        s->memory = dv->memory;
+        s->budget = dv->budget ? dv->budget : dv->memory - dv->runtime_reserve;
+        s->fits = s->peak <= s->budget && s->peak_total <= s->memory;
+        int64_t h1 = (int64_t)s->budget - (int64_t)s->peak;
+        int64_t h2 = (int64_t)s->memory - (int64_t)s->peak_total;
+        s->headroom = h1 < h2 ? h1 : h2;
+    }
+    s->c_tokens = ch.c_tokens;
+    s->c_width = ch.c_width;
+    s->c_dtype_bytes = ch.prec.a;
+
+    /* per-block report */
+    double norm = (double)ch.c_tokens * (double)ch.c_width * (double)ch.prec.a;
+    for (size_t k = 0; k < n; k++) {
+        const ml_cblock *b = &ch.blocks[k];
+        ml_block_info *bi = &l->blocks[k];
+        snprintf(bi->name, sizeof bi->name, "%s", b->name);
+        bi->params = b->params;
+        bi->checkpointed = seg[k] >= 0;
+        bi->flops_forward = b->flops_fwd;
+        /* inventory without a plan: the input counts here when this block
+         * saves it, the output when this block saves it and the next does not */
+        uint64_t inv = b->saved_bytes;
+        if (b->in_saved)
+            inv += b->in_bytes;
+        if (b->out_saved && k + 1 < n && !ch.blocks[k + 1].in_saved)
+            inv += ch.blocks[k + 1].in_bytes;
+        bi->inventory_bytes = inv;
+        bi->c = norm > 0 ? (double)inv / norm : 0;
+        uint64_t kept = seg[k] < 0 ? b->saved_bytes - (selective ? b->core_bytes : 0) : 0;
+        if (bd[k].kept && bd[k].cat == ML_CAT_ACTIVATIONS && bd[k].by_consumer)
+            kept += b->in_bytes;
+        if (k + 1 < n && bd[k + 1].kept && bd[k + 1].cat == ML_CAT_ACTIVATIONS &&
+            !bd[k + 1].by_consumer)
+            kept += ch.blocks[k + 1].in_bytes;
+        bi->activations_saved = kept;
+    }
+    l->nblocks = n;
+    *out = l;
+    l = NULL;
+    st = ML_OK;
+done:
+    free(seg);
+    free(bd);
+    free(rb);
+    free(bl);
+    free(blc);
+    ml_ledger_destroy(l);
+    ml_chain_free(&ch);
+    return st;
+}
+
+void ml_ledger_destroy(ml_ledger *l)
+{
+    if (!l)
+        return;
+    free(l->blocks);
+    free(l->events);
+    free(l);
+}
+
+const ml_summary *ml_ledger_summary(const ml_ledger *l)
+{
+    return &l->sum;
+}
+
+size_t ml_ledger_block_count(const ml_ledger *l)
+{
+    return l->nblocks;
+}
+
+const ml_block_info *ml_ledger_block(const ml_ledger *l, size_t i)
+{
+    return i < l->nblocks ? &l->blocks[i] : NULL;
+}
+
+size_t ml_ledger_event_count(const ml_ledger *l)
+{
+    return l->nevents;
+}
+
+const ml_event *ml_ledger_events(const ml_ledger *l)
+{
+    return l->events;
+}

@@ -1,0 +1,279 @@
+/* Sizes, enum names and checkpoint policies: the small parsers shared by the
+ * YAML loader and the command line. */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memledger/model.h"
+#include "memledger/report.h"
+
+static ml_status usage(ml_error *err, ml_status code, const char *fmt, const char *arg)
+{
+    if (err) {
+        err->code = code;
+        err->line = err->col = 0;
+        snprintf(err->msg, sizeof err->msg, fmt, arg);
+    }
+    return code;
+}
+
+static const struct {
+    const char *suffix;
+    uint64_t mult;
+} units[] = {
+    {"B", 1},
+    {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}, {"TiB", 1ull << 40},
+    {"KB", 1000ull}, {"MB", 1000000ull}, {"GB", 1000000000ull}, {"TB", 1000000000000ull},
+};
+
+ml_status ml_parse_size(const char *text, uint64_t *out, ml_error *err)
+{
+    const char *p = text;
+    while (isspace((unsigned char)*p))
+        p++;
+    if (*p == '-')
+        return usage(err, ML_RANGE, "size '%s' is negative: sizes are at least 1 byte", text);
+    /* integer part and optional fraction, parsed exactly enough: digits are
+     * accumulated as integer + fraction so "6.5GiB" is exact. */
+    uint64_t whole = 0;
+    int ndig = 0;
+    while (isdigit((unsigned char)*p)) {
+        unsigned d = (unsigned)(*p - '0');
+        if (whole > (UINT64_MAX - d) / 10)
+            return usage(err, ML_RANGE, "size '%s' does not fit in 64 bits", text);
+        whole = whole * 10 + d;
+        p++;
+        ndig++;
+    }
+    uint64_t frac = 0, fscale = 1;
+    if (*p == '.') {
+        p++;
+        while (isdigit((unsigned char)*p)) {
+            if (fscale < 1000000ull) { /* 6 decimals: frac * mult stays < 2^60 */
+                frac = frac * 10 + (uint64_t)(*p - '0');
+                fscale *= 10;
+            }
+            p++;
+            ndig++;
+        }
+    }
+    if (ndig == 0)
+        return usage(err, ML_USAGE,
+                     "'%s' is not a size: write a number and a unit, e.g. 8GiB, 512MiB, 16GB",
+                     text);
+    while (isspace((unsigned char)*p))
+        p++;
+    uint64_t mult = 1;
+    if (*p) {
+        size_t i;
+        for (i = 0; i < sizeof units / sizeof units[0]; i++)
+            if (strcmp(p, units[i].suffix) == 0)
+                break;
+        if (i == sizeof units / sizeof units[0])
+            return usage(err, ML_USAGE,
+                         "'%s': unknown unit; use B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB "
+                         "(decimal)",
+                         text);
+        mult = units[i].mult;
+    }
+    uint64_t v;
+    if (__builtin_mul_overflow(whole, mult, &v))
+        return usage(err, ML_RANGE, "size '%s' does not fit in 64 bits", text);
+    if (frac) {
+        if (mult == 1)
+            return usage(err, ML_USAGE, "size '%s' has a fraction of a byte", text);
+        /* frac/fscale * mult, rounded down to whole bytes; frac < 10^6 and
+         * mult <= 10^12 keep the product below 2^60 */
+        if (__builtin_add_overflow(v, frac * mult / fscale, &v))
+            return usage(err, ML_RANGE, "size '%s' does not fit in 64 bits", text);
+    }
+    if (v == 0)
+        return usage(err, ML_RANGE, "size '%s' is zero: sizes are at least 1 byte", text);
+    *out = v;
+    return ML_OK;
+}
+
+static const char *const prec_names[ML_PREC_COUNT] = {
+    "fp32", "amp-bf16", "amp-fp16", "bf16-master", "fp16-master", "bf16"};
+static const char *const opt_names[ML_OPT_COUNT] = {
+    "sgd", "sgd-momentum", "adam", "adamw", "adafactor", "adam-8bit", "lion"};
+static const char *const impl_names[ML_IMPL_COUNT] = {"for-loop", "foreach", "fused"};
+
+const char *ml_precision_name(ml_precision p)
+{
+    return (unsigned)p < ML_PREC_COUNT ? prec_names[p] : "?";
+}
+const char *ml_optimizer_name(ml_optimizer o)
+{
+    return (unsigned)o < ML_OPT_COUNT ? opt_names[o] : "?";
+}
+const char *ml_optimizer_impl_name(ml_optimizer_impl i)
+{
+    return (unsigned)i < ML_IMPL_COUNT ? impl_names[i] : "?";
+}
+
+static bool lookup(const char *const *names, unsigned n, const char *s, unsigned *out)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (strcmp(names[i], s) == 0) {
+            *out = i;
+            return true;
+        }
+    return false;
+}
+
+bool ml_precision_parse(const char *s, ml_precision *out)
+{
+    unsigned i;
+    if (!lookup(prec_names, ML_PREC_COUNT, s, &i))
+        return false;
+    *out = (ml_precision)i;
+    return true;
+}
+bool ml_optimizer_parse(const char *s, ml_optimizer *out)
+{
+    unsigned i;
+    if (!lookup(opt_names, ML_OPT_COUNT, s, &i))
+        return false;
+    *out = (ml_optimizer)i;
+    return true;
+}
+bool ml_optimizer_impl_parse(const char *s, ml_optimizer_impl *out)
+{
+    unsigned i;
+    if (!lookup(impl_names, ML_IMPL_COUNT, s, &i))
+        return false;
+    *out = (ml_optimizer_impl)i;
+    return true;
+}
+
+static bool parse_u32(const char **pp, uint32_t *out)
+{
+    const char *p = *pp;
+    if (!isdigit((unsigned char)*p))
+        return false;
+    uint64_t v = 0;
+    while (isdigit((unsigned char)*p)) {
+        v = v * 10 + (uint64_t)(*p - '0');
+        if (v > 0xffffffffu)
+            return false;
+        p++;
+    }
+    *out = (uint32_t)v;
+    *pp = p;
+    return true;
+}
+
+ml_status ml_parse_checkpoint(const char *text, ml_checkpoint *out, ml_error *err)
+{
+    ml_checkpoint c;
+    memset(&c, 0, sizeof c);
+    const char *bad = "checkpoint '%s' is not a policy: use none, full, every-K (e.g. every-2), "
+                      "sqrt, selective or a block list such as [0, 3, 6]";
+    if (strcmp(text, "none") == 0)
+        c.kind = ML_CKPT_NONE;
+    else if (strcmp(text, "full") == 0)
+        c.kind = ML_CKPT_FULL;
+    else if (strcmp(text, "sqrt") == 0)
+        c.kind = ML_CKPT_SQRT;
+    else if (strcmp(text, "selective") == 0)
+        c.kind = ML_CKPT_SELECTIVE;
+    else if (strncmp(text, "every-", 6) == 0) {
+        const char *p = text + 6;
+        if (!parse_u32(&p, &c.every) || *p || c.every == 0)
+            return usage(err, ML_USAGE, "checkpoint '%s': every-K needs a whole K >= 1", text);
+        c.kind = ML_CKPT_EVERY;
+    } else if (text[0] == '[') {
+        const char *p = text + 1;
+        c.kind = ML_CKPT_LIST;
+        while (isspace((unsigned char)*p))
+            p++;
+        while (*p && *p != ']') {
+            uint32_t v;
+            if (!parse_u32(&p, &v))
+                return usage(err, ML_USAGE, bad, text);
+            if (c.count == ML_CKPT_LIST_MAX)
+                return usage(err, ML_RANGE, "checkpoint '%s': more than 256 blocks listed", text);
+            c.blocks[c.count++] = v;
+            while (isspace((unsigned char)*p))
+                p++;
+            if (*p == ',') {
+                p++;
+                while (isspace((unsigned char)*p))
+                    p++;
+            }
+        }
+        if (*p != ']' || p[1])
+            return usage(err, ML_USAGE, bad, text);
+    } else
+        return usage(err, ML_USAGE, bad, text);
+    *out = c;
+    return ML_OK;
+}
+
+void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size)
+{
+    switch (c->kind) {
+    case ML_CKPT_NONE: snprintf(buf, size, "none"); return;
+    case ML_CKPT_FULL: snprintf(buf, size, "full"); return;
+    case ML_CKPT_SQRT: snprintf(buf, size, "sqrt"); return;
+    case ML_CKPT_SELECTIVE: snprintf(buf, size, "selective"); return;
+    case ML_CKPT_EVERY: snprintf(buf, size, "every-%u", c->every); return;
+    case ML_CKPT_LIST:
+    default: {
+        size_t n = 0;
+        n += (size_t)snprintf(buf, size, "[");
+        for (uint32_t i = 0; i < c->count && n < size; i++)
+            n += (size_t)snprintf(buf + n, size - n, "%s%u", i ? ", " : "", c->blocks[i]);
+        if (n < size)
+            snprintf(buf + n, size - n, "]");
+        return;
+    }
+    }
+}
+
+ml_config ml_config_defaults(void)
+{
+    ml_config c;
+    memset(&c, 0, sizeof c);
+    c.training.micro_batch = 1;
+    c.training.seq_len = 1;
+    c.training.grad_accum = 1;
+    c.training.precision = ML_PREC_FP32;
+    c.training.optimizer = ML_OPT_ADAMW;
+    c.training.optimizer_impl = ML_IMPL_FOREACH;
+    c.training.checkpoint.kind = ML_CKPT_NONE;
+    c.device.runtime_reserve = 512ull << 20;
+    c.device.efficiency = 1.0;
+    return c;
+}
+
+void ml_format_bytes(uint64_t bytes, char *buf, size_t size)
+{
+    static const char *const u[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (bytes < 1024) {
+        snprintf(buf, size, "%llu B", (unsigned long long)bytes);
+        return;
+    }
+    double v = (double)bytes / 1024.0;
+    int i = 0;
+    while (v >= 1024.0 && i < 5) {
+        v /= 1024.0;
+        i++;
+    }
+    snprintf(buf, size, "%.2f %s", v, u[i]);
+}
+
+void ml_format_flops(double flops, char *buf, size_t size)
+{
+    static const char *const u[] = {"FLOP", "KFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP", "EFLOP"};
+    int i = 0;
+    double v = flops;
+    while (fabs(v) >= 1000.0 && i < 6) {
+        v /= 1000.0;
+        i++;
+    }
+    snprintf(buf, size, i ? "%.2f %s" : "%.0f %s", v, u[i]);
+}

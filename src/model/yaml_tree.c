@@ -1,0 +1,205 @@
+/* libyaml → ml_node tree. The only file that includes yaml.h. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "model/tree.h"
+
+typedef struct {
+    ml_node *stack[ML_TREE_MAX_DEPTH + 1];
+    size_t depth;
+    size_t nodes;
+    ml_node *root;
+    ml_error *err;
+} builder;
+
+static ml_status fail(ml_error *err, ml_status code, const yaml_mark_t *mk, const char *msg)
+{
+    err->code = code;
+    err->line = mk ? (unsigned)mk->line + 1u : 0u;
+    err->col = mk ? (unsigned)mk->column + 1u : 0u;
+    snprintf(err->msg, sizeof err->msg, "%s", msg);
+    return code;
+}
+
+void ml_tree_free(ml_node *n)
+{
+    if (!n)
+        return;
+    for (size_t i = 0; i < n->count; i++) {
+        if (n->keys)
+            ml_tree_free(n->keys[i]);
+        ml_tree_free(n->items[i]);
+    }
+    free(n->keys);
+    free(n->items);
+    free(n->text);
+    free(n);
+}
+
+static ml_node *node_new(builder *b, ml_node_type t, const yaml_mark_t *mk)
+{
+    if (b->nodes >= ML_TREE_MAX_NODES)
+        return NULL;
+    ml_node *n = calloc(1, sizeof *n);
+    if (!n)
+        return NULL;
+    n->type = t;
+    n->line = (unsigned)mk->line + 1u;
+    n->col = (unsigned)mk->column + 1u;
+    b->nodes++;
+    return n;
+}
+
+/* Attaches n to the open container; a map alternates key, value. */
+static int attach(builder *b, ml_node *n)
+{
+    if (b->depth == 0) {
+        b->root = n;
+        return 0;
+    }
+    ml_node *p = b->stack[b->depth - 1];
+    if (p->type == ML_NODE_MAP) {
+        /* keys[count] pending: a key was stored with items[count] == NULL */
+        if (p->count > 0 && p->items[p->count - 1] == NULL) {
+            p->items[p->count - 1] = n;
+            return 0;
+        }
+    }
+    if (p->count == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 4;
+        ml_node **items = realloc(p->items, cap * sizeof *items);
+        if (!items)
+            return -1;
+        p->items = items;
+        if (p->type == ML_NODE_MAP) {
+            ml_node **keys = realloc(p->keys, cap * sizeof *keys);
+            if (!keys)
+                return -1;
+            p->keys = keys;
+        }
+        p->cap = cap;
+    }
+    if (p->type == ML_NODE_MAP) {
+        if (n->type != ML_NODE_SCALAR)
+            return -2;
+        p->keys[p->count] = n;
+        p->items[p->count] = NULL;
+    } else {
+        p->items[p->count] = n;
+    }
+    p->count++;
+    return 0;
+}
+
+static ml_status handle(builder *b, yaml_event_t *ev)
+{
+    ml_error *err = b->err;
+    const yaml_mark_t *mk = &ev->start_mark;
+    ml_node *n = NULL;
+    switch (ev->type) {
+    case YAML_ALIAS_EVENT:
+        return fail(err, ML_SYNTAX, mk,
+                    "YAML aliases (*name) are not supported: write the value out in full");
+    case YAML_SCALAR_EVENT:
+    case YAML_SEQUENCE_START_EVENT:
+    case YAML_MAPPING_START_EVENT: {
+        const yaml_char_t *anchor = ev->type == YAML_SCALAR_EVENT ? ev->data.scalar.anchor
+                                    : ev->type == YAML_SEQUENCE_START_EVENT
+                                        ? ev->data.sequence_start.anchor
+                                        : ev->data.mapping_start.anchor;
+        if (anchor)
+            return fail(err, ML_SYNTAX, mk,
+                        "YAML anchors (&name) are not supported: write the value out in full");
+        if (ev->type == YAML_SCALAR_EVENT) {
+            n = node_new(b, ML_NODE_SCALAR, mk);
+            if (!n)
+                break;
+            n->text = malloc(ev->data.scalar.length + 1);
+            if (!n->text) {
+                free(n);
+                n = NULL;
+                break;
+            }
+            memcpy(n->text, ev->data.scalar.value, ev->data.scalar.length);
+            n->text[ev->data.scalar.length] = '\0';
+            if (strlen(n->text) != ev->data.scalar.length) {
+                ml_tree_free(n);
+                return fail(err, ML_SYNTAX, mk, "NUL byte inside a scalar");
+            }
+            n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+        } else {
+            if (b->depth >= ML_TREE_MAX_DEPTH)
+                return fail(err, ML_SYNTAX, mk, "nesting deeper than 64 levels");
+            n = node_new(b, ev->type == YAML_MAPPING_START_EVENT ? ML_NODE_MAP : ML_NODE_SEQ, mk);
+            if (!n)
+                break;
+        }
+        int rc = attach(b, n);
+        if (rc == -2) {
+            ml_tree_free(n);
+            return fail(err, ML_SYNTAX, mk, "a mapping key must be a plain scalar");
+        }
+        if (rc != 0) {
+            ml_tree_free(n);
+            return fail(err, ML_NOMEM, mk, "out of memory");
+        }
+        if (n->type != ML_NODE_SCALAR)
+            b->stack[b->depth++] = n;
+        return ML_OK;
+    }
+    case YAML_SEQUENCE_END_EVENT:
+    case YAML_MAPPING_END_EVENT:
+        if (b->depth > 0)
+            b->depth--;
+        return ML_OK;
+    case YAML_DOCUMENT_START_EVENT:
+        if (b->root)
+            return fail(err, ML_SYNTAX, mk, "more than one YAML document in the file");
+        return ML_OK;
+    default:
+        return ML_OK;
+    }
+    if (b->nodes >= ML_TREE_MAX_NODES)
+        return fail(err, ML_RANGE, mk, "more than 200000 YAML nodes");
+    return fail(err, ML_NOMEM, mk, "out of memory");
+}
+
+ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *err)
+{
+    if (len > ML_TREE_MAX_BYTES)
+        return fail(err, ML_RANGE, NULL, "file larger than 16 MiB");
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser))
+        return fail(err, ML_NOMEM, NULL, "out of memory");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    builder b;
+    memset(&b, 0, sizeof b);
+    b.err = err;
+    ml_status st = ML_OK;
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "YAML syntax: %s%s%s",
+                     parser.problem ? parser.problem : "unknown problem",
+                     parser.context ? " " : "", parser.context ? parser.context : "");
+            st = fail(err, ML_SYNTAX, &parser.problem_mark, msg);
+            break;
+        }
+        yaml_event_type_t t = ev.type;
+        st = handle(&b, &ev);
+        yaml_event_delete(&ev);
+        if (st != ML_OK || t == YAML_STREAM_END_EVENT)
+            break;
+    }
+    yaml_parser_delete(&parser);
+    if (st != ML_OK) {
+        ml_tree_free(b.root);
+        return st;
+    }
+    *root = b.root;
+    return ML_OK;
+}

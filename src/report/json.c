@@ -1,0 +1,102 @@
+/* JSON report: one object, keys listed in docs/cli.md. Byte values are
+ * integers; FLOPs and c are numbers printed with 17 significant digits. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "memledger/report.h"
+
+static void str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static void num(FILE *f, double v)
+{
+    if (!isfinite(v))
+        fputs("null", f);
+    else
+        fprintf(f, "%.17g", v);
+}
+
+int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    const ml_training *t = &cfg->training;
+    char ck[1200];
+    ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
+    fputs("{\"model\": ", f);
+    str(f, ml_model_name(m));
+    fprintf(f, ", \"params\": %llu,\n", (unsigned long long)s->params);
+    fprintf(f, " \"config\": {\"micro_batch\": %llu, \"seq_len\": %llu, \"grad_accum\": %llu, "
+               "\"precision\": \"%s\", \"optimizer\": \"%s\", \"optimizer_impl\": \"%s\", "
+               "\"checkpoint\": ",
+            (unsigned long long)t->micro_batch, (unsigned long long)t->seq_len,
+            (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
+            ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl));
+    str(f, ck);
+    fputs("},\n", f);
+    fprintf(f, " \"bytes\": {\"params\": %llu, \"master_params\": %llu, \"grads\": %llu, "
+               "\"optimizer_states\": %llu, \"optimizer_step_temp\": %llu, "
+               "\"activations_saved\": %llu, \"peak\": %llu, \"runtime_reserve\": %llu, "
+               "\"peak_total\": %llu},\n",
+            (unsigned long long)s->bytes_params, (unsigned long long)s->bytes_master,
+            (unsigned long long)s->bytes_grads, (unsigned long long)s->bytes_optimizer,
+            (unsigned long long)s->bytes_step_temp, (unsigned long long)s->bytes_activations,
+            (unsigned long long)s->peak, (unsigned long long)s->runtime_reserve,
+            (unsigned long long)s->peak_total);
+    fprintf(f, " \"peak\": {\"phase\": \"%s\", \"step\": ", ml_phase_name(s->peak_phase));
+    str(f, s->peak_step);
+    fputs(", \"breakdown\": {", f);
+    for (int c = 0; c < ML_CAT_COUNT; c++)
+        fprintf(f, "%s\"%s\": %llu", c ? ", " : "", ml_category_name((ml_category)c),
+                (unsigned long long)s->peak_breakdown[c]);
+    fputs("}},\n \"blocks\": [", f);
+    size_t n = ml_ledger_block_count(l);
+    for (size_t i = 0; i < n; i++) {
+        const ml_block_info *b = ml_ledger_block(l, i);
+        fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
+        str(f, b->name);
+        fprintf(f, ", \"params\": %llu, \"activations_saved\": %llu, \"inventory_bytes\": %llu, "
+                   "\"c\": ",
+                (unsigned long long)b->params, (unsigned long long)b->activations_saved,
+                (unsigned long long)b->inventory_bytes);
+        num(f, b->c);
+        fputs(", \"flops_forward\": ", f);
+        num(f, b->flops_forward);
+        fprintf(f, ", \"checkpointed\": %s}", b->checkpointed ? "true" : "false");
+    }
+    fputs("],\n \"flops\": {\"forward\": ", f);
+    num(f, s->flops_forward);
+    fputs(", \"backward\": ", f);
+    num(f, s->flops_backward);
+    fputs(", \"recompute\": ", f);
+    num(f, s->flops_recompute);
+    fputs(", \"total\": ", f);
+    num(f, s->flops_total);
+    fputs(", \"per_micro_batch\": ", f);
+    num(f, s->flops_per_micro_batch);
+    fputs("},\n \"step_time_s\": ", f);
+    if (s->step_time_s >= 0)
+        num(f, s->step_time_s);
+    else
+        fputs("null", f);
+    fputs(",\n \"device\": ", f);
+    if (s->has_device)
+        fprintf(f, "{\"memory\": %llu, \"budget\": %llu, \"fits\": %s, \"headroom\": %lld}",
+                (unsigned long long)s->memory, (unsigned long long)s->budget,
+                s->fits ? "true" : "false", (long long)s->headroom);
+    else
+        fputs("null", f);
+    fputs("}\n", f);
+    return ferror(f) ? -1 : 0;
+}

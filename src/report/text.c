@@ -1,0 +1,121 @@
+/* Text report: the ledger a person reads. Binary units throughout. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "memledger/report.h"
+
+static void commas(uint64_t v, char *buf, size_t size)
+{
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
+    size_t o = 0;
+    for (int i = 0; i < n && o + 1 < size; i++) {
+        if (i && (n - i) % 3 == 0 && o + 1 < size)
+            buf[o++] = ',';
+        if (o + 1 < size)
+            buf[o++] = tmp[i];
+    }
+    buf[o] = '\0';
+}
+
+static const char *B(uint64_t v, char *buf)
+{
+    ml_format_bytes(v, buf, 32);
+    return buf;
+}
+
+static bool same_block(const ml_block_info *a, const ml_block_info *b)
+{
+    return a->params == b->params && a->activations_saved == b->activations_saved &&
+           a->inventory_bytes == b->inventory_bytes && a->flops_forward == b->flops_forward &&
+           a->checkpointed == b->checkpointed;
+}
+
+int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    const ml_training *t = &cfg->training;
+    char a[32], b2[32], c3[32], ck[1200], num[40];
+    ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
+    commas(s->params, num, sizeof num);
+    fprintf(f, "memledger plan: %s (%s parameters)\n", ml_model_name(m), num);
+    fprintf(f, "config: micro_batch %llu, seq_len %llu, grad_accum %llu, precision %s, "
+               "optimizer %s (%s), checkpoint %s\n\n",
+            (unsigned long long)t->micro_batch, (unsigned long long)s->c_tokens / t->micro_batch,
+            (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
+            ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck);
+
+    fprintf(f, "Model states (resident all iteration unless noted)\n");
+    fprintf(f, "  %-22s %12s\n", "params", B(s->bytes_params, a));
+    fprintf(f, "  %-22s %12s\n", "master params", B(s->bytes_master, a));
+    fprintf(f, "  %-22s %12s   (created in backward, freed after the step)\n", "grads",
+            B(s->bytes_grads, a));
+    fprintf(f, "  %-22s %12s\n", "optimizer states", B(s->bytes_optimizer, a));
+    fprintf(f, "  %-22s %12s   (optimizer step only)\n", "step temporaries",
+            B(s->bytes_step_temp, a));
+    fprintf(f, "\n");
+
+    fprintf(f, "Saved activations at the end of forward (c = inventory / (B*T*D*b), "
+               "B*T = %llu, D = %llu, b = %u)\n",
+            (unsigned long long)s->c_tokens, (unsigned long long)s->c_width, s->c_dtype_bytes);
+    fprintf(f, "  %-22s %14s %12s %9s %14s\n", "block", "params", "saved", "c", "fwd FLOPs");
+    size_t n = ml_ledger_block_count(l);
+    for (size_t i = 0; i < n;) {
+        const ml_block_info *b = ml_ledger_block(l, i);
+        size_t j = i + 1;
+        while (j < n && same_block(b, ml_ledger_block(l, j)))
+            j++;
+        char name[64];
+        if (j - i >= 3)
+            snprintf(name, sizeof name, "%s..%s", b->name, ml_ledger_block(l, j - 1)->name);
+        else {
+            snprintf(name, sizeof name, "%s", b->name);
+            j = i + 1;
+        }
+        commas(b->params, num, sizeof num);
+        ml_format_flops(b->flops_forward, c3, sizeof c3);
+        fprintf(f, "  %-22s %14s %12s %9.3f %14s%s", name, num, B(b->activations_saved, a), b->c,
+                c3, b->checkpointed ? "  ckpt" : "");
+        if (j - i >= 3)
+            fprintf(f, "   each; x%zu = %s", j - i,
+                    B(b->activations_saved * (uint64_t)(j - i), b2));
+        fputc('\n', f);
+        i = j;
+    }
+    fprintf(f, "  %-22s %14s %12s\n\n", "total", "", B(s->bytes_activations, a));
+
+    fprintf(f, "Peak (allocator view): %s during %s, at %s\n", B(s->peak, a),
+            ml_phase_name(s->peak_phase), s->peak_step);
+    for (int c = 0; c < ML_CAT_COUNT; c++)
+        fprintf(f, "  %-22s %12s\n", ml_category_name((ml_category)c),
+                B(s->peak_breakdown[c], a));
+    fprintf(f, "  %-22s %12s\n", "+ runtime reserve", B(s->runtime_reserve, a));
+    fprintf(f, "  %-22s %12s\n\n", "= peak total", B(s->peak_total, a));
+
+    ml_format_flops(s->flops_forward, a, sizeof a);
+    ml_format_flops(s->flops_backward, b2, sizeof b2);
+    ml_format_flops(s->flops_recompute, c3, sizeof c3);
+    fprintf(f, "FLOPs per iteration: forward %s, backward %s, recompute %s\n", a, b2, c3);
+    ml_format_flops(s->flops_total, a, sizeof a);
+    ml_format_flops(s->flops_per_micro_batch, b2, sizeof b2);
+    fprintf(f, "  total %s (%s per micro-batch)\n", a, b2);
+    if (s->step_time_s >= 0)
+        fprintf(f, "  step time %.4g s at %g TFLOP/s x %.0f%% efficiency%s\n", s->step_time_s,
+                cfg->device.peak_tflops, cfg->device.efficiency * 100,
+                cfg->device.efficiency >= 1 ? " (a lower bound)" : "");
+    else
+        fprintf(f, "  step time: unknown (give device.peak_tflops or --peak-tflops)\n");
+
+    if (s->has_device) {
+        fprintf(f, "\nDevice: %s, runtime reserve %s, budget %s (for the allocator peak)\n",
+                B(s->memory, a), B(s->runtime_reserve, b2), B(s->budget, c3));
+        if (s->fits)
+            fprintf(f, "  verdict: FITS, headroom %s\n", B((uint64_t)s->headroom, a));
+        else {
+            uint64_t over = (uint64_t)(-s->headroom);
+            fprintf(f, "  verdict: DOES NOT FIT, over by %s\n", B(over, a));
+        }
+    }
+    return ferror(f) ? -1 : 0;
+}

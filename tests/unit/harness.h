@@ -1,0 +1,68 @@
+/* Shared test helpers: model loading from strings or models/, and
+ * assert_rel_close (cmocka 1.1.5 has no double assertion). */
+#ifndef ML_TEST_HARNESS_H
+#define ML_TEST_HARNESS_H
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "memledger/memledger.h"
+
+#define assert_rel_close(a, b, rtol)                                                          \
+    do {                                                                                      \
+        double a_ = (double)(a), b_ = (double)(b);                                            \
+        double d_ = fabs(a_ - b_), s_ = fmax(fabs(a_), fabs(b_));                             \
+        if (!(d_ <= (rtol) * s_ || d_ == 0))                                                  \
+            fail_msg("%s = %.17g, expected %s = %.17g (rtol %g)", #a, a_, #b, b_,             \
+                     (double)(rtol));                                                         \
+    } while (0)
+
+static inline ml_model *load_str(const char *yaml)
+{
+    ml_model *m = NULL;
+    ml_error e;
+    ml_status st = ml_model_load_string(yaml, strlen(yaml), "test.yaml", &m, &e);
+    if (st != ML_OK)
+        fail_msg("load failed: %s:%u:%u: %s", e.path, e.line, e.col, e.msg);
+    return m;
+}
+
+static inline ml_model *load_preset(const char *name)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s.yaml", ML_MODELS_DIR, name);
+    ml_model *m = NULL;
+    ml_error e;
+    if (ml_model_load_file(path, &m, &e) != ML_OK)
+        fail_msg("load %s failed: %s:%u:%u: %s", path, e.path, e.line, e.col, e.msg);
+    return m;
+}
+
+static inline ml_ledger *eval(const ml_model *m, const ml_config *c, bool events)
+{
+    ml_ledger *l = NULL;
+    ml_error e;
+    ml_status st = ml_ledger_evaluate(m, c, events, &l, &e);
+    if (st != ML_OK)
+        fail_msg("evaluate failed: %s: %s", ml_status_name(st), e.msg);
+    return l;
+}
+
+/* The block named `name`, or fail. */
+static inline const ml_block_info *block_named(const ml_ledger *l, const char *name)
+{
+    for (size_t i = 0; i < ml_ledger_block_count(l); i++)
+        if (strcmp(ml_ledger_block(l, i)->name, name) == 0)
+            return ml_ledger_block(l, i);
+    fail_msg("no block named %s", name);
+    return NULL;
+}
+
+#endif

@@ -1,0 +1,162 @@
+/* The ledger's invariants (DESIGN.md), for every preset under every
+ * checkpoint policy, checked on the event list itself. */
+#include "harness.h"
+
+static const char *const presets[] = {"mlp2",       "cifar10-resnet", "agnews-classifier",
+                                      "gpt2-small", "gpt2-medium",    "llama-2-7b",
+                                      "llama-3-8b", "vit-b16",        "video-tokens"};
+static const char *const policies[] = {"none", "full", "every-2", "every-4",
+                                       "sqrt", "selective", "[0, 1]"};
+
+/* Replays the event list independently and checks it against the summary. */
+static void check_events(const char *name, const char *pol, const ml_ledger *l)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    size_t n = ml_ledger_event_count(l);
+    const ml_event *ev = ml_ledger_events(l);
+    assert_true(n > 0);
+    uint64_t live[ML_CAT_COUNT] = {0}, maxc[ML_CAT_COUNT] = {0}, peak = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t d = (uint64_t)(ev[i].delta < 0 ? -ev[i].delta : ev[i].delta);
+        if (ev[i].delta < 0) {
+            if (live[ev[i].cat] < d)
+                fail_msg("%s/%s: event %zu frees more %s than is live", name, pol, i,
+                         ml_category_name(ev[i].cat));
+            live[ev[i].cat] -= d;
+        } else {
+            live[ev[i].cat] += d;
+        }
+        uint64_t total = 0;
+        for (int c = 0; c < ML_CAT_COUNT; c++) {
+            assert_int_equal(live[c], ev[i].live[c]);
+            total += live[c];
+            if (live[c] > maxc[c])
+                maxc[c] = live[c];
+        }
+        if (total > peak)
+            peak = total;
+    }
+    /* every transient is freed; the end equals the resident state */
+    assert_int_equal(live[ML_CAT_GRADS], 0);
+    assert_int_equal(live[ML_CAT_ACTIVATIONS], 0);
+    assert_int_equal(live[ML_CAT_RECOMPUTE], 0);
+    assert_int_equal(live[ML_CAT_WORKSPACE], 0);
+    assert_int_equal(live[ML_CAT_PARAMS], s->bytes_params);
+    assert_int_equal(live[ML_CAT_MASTER], s->bytes_master);
+    assert_int_equal(live[ML_CAT_OPTIMIZER], s->bytes_optimizer);
+    /* the peak is the highest point of the curve */
+    assert_int_equal(peak, s->peak);
+    uint64_t sum = 0, mx = 0, bsum = 0;
+    for (int c = 0; c < ML_CAT_COUNT; c++) {
+        assert_int_equal(maxc[c], s->category_max[c]);
+        sum += maxc[c];
+        if (maxc[c] > mx)
+            mx = maxc[c];
+        bsum += s->peak_breakdown[c];
+    }
+    assert_int_equal(bsum, s->peak);
+    if (!(mx <= s->peak && s->peak <= sum))
+        fail_msg("%s/%s: max category %llu, peak %llu, sum of maxima %llu", name, pol,
+                 (unsigned long long)mx, (unsigned long long)s->peak, (unsigned long long)sum);
+    /* grads are all there at the end of backward */
+    assert_int_equal(maxc[ML_CAT_GRADS], s->bytes_grads);
+}
+
+static void test_invariants_every_preset_and_policy(void **state)
+{
+    (void)state;
+    for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++) {
+        ml_model *m = load_preset(presets[p]);
+        for (uint64_t accum = 1; accum <= 2; accum++) {
+            double none_flops_fwd = 0;
+            uint64_t none_act = 0, none_act_max = 0;
+            for (size_t k = 0; k < sizeof policies / sizeof policies[0]; k++) {
+                ml_config c = ml_model_config(m);
+                ml_error e;
+                assert_int_equal(ml_parse_checkpoint(policies[k], &c.training.checkpoint, &e),
+                                 ML_OK);
+                c.training.grad_accum = accum;
+                ml_ledger *l = eval(m, &c, true);
+                const ml_summary *s = ml_ledger_summary(l);
+                check_events(presets[p], policies[k], l);
+                double ckpt_fwd = 0;
+                for (size_t b = 0; b < ml_ledger_block_count(l); b++)
+                    if (ml_ledger_block(l, b)->checkpointed)
+                        ckpt_fwd += ml_ledger_block(l, b)->flops_forward;
+                if (k == 0) {
+                    none_flops_fwd = s->flops_forward;
+                    none_act = s->bytes_activations;
+                    none_act_max = s->category_max[ML_CAT_ACTIVATIONS];
+                    assert_rel_close(s->flops_recompute, 0, 0);
+                } else if (k == 1) {
+                    /* full keeps less and recomputes exactly the forward of
+                     * the checkpointed blocks */
+                    assert_true(s->bytes_activations <= none_act);
+                    assert_true(s->category_max[ML_CAT_ACTIVATIONS] <= none_act_max);
+                    assert_rel_close(s->flops_recompute, ckpt_fwd * (double)accum, 1e-12);
+                    assert_rel_close(s->flops_forward, none_flops_fwd, 1e-12);
+                }
+                if (k != 5) /* segments: recompute = their forward */
+                    assert_rel_close(s->flops_recompute, ckpt_fwd * (double)accum, 1e-12);
+                ml_ledger_destroy(l);
+            }
+        }
+        ml_model_destroy(m);
+    }
+}
+
+/* Gradient accumulation keeps gradients resident across micro-batches, so
+ * a later micro-batch's forward already carries them: the peak can only
+ * grow, and never by more than the gradients plus one block's worth. */
+static void test_accumulation_keeps_grads(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    ml_ledger *l1 = eval(m, &c, true);
+    c.training.grad_accum = 4;
+    ml_ledger *l4 = eval(m, &c, true);
+    const ml_summary *s1 = ml_ledger_summary(l1), *s4 = ml_ledger_summary(l4);
+    assert_true(s4->peak >= s1->peak);
+    assert_true(s4->peak <= s1->peak + s1->bytes_grads + s1->bytes_grads);
+    /* during the second micro-batch's forward all gradients are live */
+    const ml_event *ev = ml_ledger_events(l4);
+    bool seen = false;
+    for (size_t i = 0; i < ml_ledger_event_count(l4); i++)
+        if (ev[i].micro == 1 && ev[i].phase == ML_PHASE_FORWARD) {
+            assert_int_equal(ev[i].live[ML_CAT_GRADS], s4->bytes_grads);
+            seen = true;
+        }
+    assert_true(seen);
+    ml_ledger_destroy(l1);
+    ml_ledger_destroy(l4);
+    ml_model_destroy(m);
+}
+
+/* Checkpointing moves the peak down when activations dominate, and the
+ * peak never exceeds none's by more than one recomputed segment. */
+static void test_checkpoint_lowers_gpt2_peak(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    ml_ledger *none = eval(m, &c, false);
+    c.training.checkpoint.kind = ML_CKPT_FULL;
+    ml_ledger *full = eval(m, &c, false);
+    assert_true(ml_ledger_summary(full)->peak < ml_ledger_summary(none)->peak);
+    /* full keeps, per block, exactly its input: B*T*D*4 = 8*1024*768*4 */
+    assert_int_equal(block_named(full, "block.5")->activations_saved, 8ull * 1024 * 768 * 4);
+    ml_ledger_destroy(none);
+    ml_ledger_destroy(full);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_invariants_every_preset_and_policy),
+        cmocka_unit_test(test_accumulation_keeps_grads),
+        cmocka_unit_test(test_checkpoint_lowers_gpt2_peak),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

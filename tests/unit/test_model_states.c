@@ -1,0 +1,219 @@
+/* Resident model states: the design notes' numbers, the precision table
+ * (docs/precision.md) and the optimizer table (docs/optimizers.md). */
+#include "harness.h"
+
+/* 100 -> 300 -> 10, no biases: W1 has 30,000 elements (the largest tensor),
+ * W2 3,000: P = 33,000. */
+static const char *small =
+    "model:\n  type: sequential\n  input: [100]\n  layers:\n"
+    "    - linear: {out: 300, bias: false}\n    - relu: {}\n"
+    "    - linear: {out: 10, bias: false}\n";
+
+static const ml_summary *run(ml_model *m, ml_config *c, ml_ledger **l)
+{
+    *l = eval(m, c, false);
+    return ml_ledger_summary(*l);
+}
+
+/* Design notes: 20,000,000 fp32 params with Adam -> params 80,000,000 B,
+ * grads 80,000,000 B, states 160,000,000 B; total 320,000,000 B. */
+static void test_design_20m_fp32_adam(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("mlp2");
+    ml_config c = ml_model_config(m);
+    ml_ledger *l;
+    const ml_summary *s = run(m, &c, &l);
+    assert_int_equal(s->params, 20000000);
+    assert_int_equal(s->bytes_params, 80000000);
+    assert_int_equal(s->bytes_grads, 80000000);
+    assert_int_equal(s->bytes_optimizer, 160000000);
+    assert_int_equal(s->bytes_master, 0);
+    assert_int_equal(s->bytes_params + s->bytes_grads + s->bytes_optimizer, 320000000);
+    /* the foreach step materialises sqrt(exp_avg_sq) for all 20M values
+     * (4 B each) while params, grads and states are resident:
+     * 80M + 80M + 160M + 80M = 400,000,000 B, the iteration's peak */
+    assert_int_equal(s->bytes_step_temp, 80000000);
+    assert_int_equal(s->peak, 400000000);
+    assert_int_equal(s->peak_phase, ML_PHASE_OPTIMIZER);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* bf16-master Adam: 2 (bf16 param) + 2 (bf16 grad) + 4 (fp32 master) +
+ * 8 (two fp32 states) = 16 B/param, 8x the 2 B/param of bf16 weights. */
+static void test_bf16_master_16_bytes_per_param(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("mlp2");
+    ml_config c = ml_model_config(m);
+    c.training.precision = ML_PREC_BF16_MASTER;
+    ml_ledger *l;
+    const ml_summary *s = run(m, &c, &l);
+    const uint64_t P = 20000000;
+    assert_int_equal(s->bytes_params, 2 * P);
+    assert_int_equal(s->bytes_grads, 2 * P);
+    assert_int_equal(s->bytes_master, 4 * P);
+    assert_int_equal(s->bytes_optimizer, 8 * P);
+    uint64_t states = s->bytes_params + s->bytes_grads + s->bytes_master + s->bytes_optimizer;
+    assert_int_equal(states, 16 * P);
+    ml_ledger_destroy(l);
+    /* bf16 weights alone: 2 B/param, one eighth */
+    c.training.precision = ML_PREC_BF16;
+    s = run(m, &c, &l);
+    assert_int_equal(s->bytes_params, 2 * P);
+    assert_int_equal(states / s->bytes_params, 8);
+    /* pure bf16 keeps bf16 states: 2 + 2 + 0 + 4 = 8 B/param */
+    assert_int_equal(s->bytes_optimizer, 4 * P);
+    assert_int_equal(s->bytes_master, 0);
+    ml_ledger_destroy(l);
+    /* autocast keeps fp32 params, grads and states: 16 B/param, no master */
+    c.training.precision = ML_PREC_AMP_BF16;
+    s = run(m, &c, &l);
+    assert_int_equal(s->bytes_params + s->bytes_grads + s->bytes_optimizer, 16 * P);
+    assert_int_equal(s->bytes_master, 0);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+static void test_optimizer_states(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("mlp2");
+    ml_config c = ml_model_config(m);
+    const uint64_t P = 20000000;
+    struct {
+        ml_optimizer opt;
+        uint64_t states;
+    } want[] = {
+        {ML_OPT_SGD, 0},
+        {ML_OPT_SGD_MOMENTUM, 4 * P},
+        {ML_OPT_ADAM, 8 * P},
+        {ML_OPT_ADAMW, 8 * P},
+        {ML_OPT_LION, 4 * P},
+        /* W1 is 10000 x 1000, W2 1000 x 10000: a row and a column vector
+         * each, (10000 + 1000) x 2 x 4 B */
+        {ML_OPT_ADAFACTOR, 88000},
+        /* 8-bit: per tensor of n = 10^7 values, two states of n bytes plus
+         * ceil(n / 256) = 39063 fp32 absmax each: 2 x (10^7 + 156252) */
+        {ML_OPT_ADAM_8BIT, 2 * 2 * (10000000 + 156252)},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        c.training.optimizer = want[i].opt;
+        c.training.optimizer_impl = ML_IMPL_FOREACH;
+        ml_ledger *l;
+        const ml_summary *s = run(m, &c, &l);
+        if (s->bytes_optimizer != want[i].states)
+            fail_msg("%s: %llu state bytes, expected %llu", ml_optimizer_name(want[i].opt),
+                     (unsigned long long)s->bytes_optimizer, (unsigned long long)want[i].states);
+        ml_ledger_destroy(l);
+    }
+    /* small tensors stay 32-bit under bitsandbytes (min_8bit_size 4096) */
+    ml_model *sm = load_str("model:\n  type: sequential\n  input: [10]\n  layers:\n"
+                            "    - linear: {out: 10}\n");
+    c = ml_model_config(sm);
+    c.training.optimizer = ML_OPT_ADAM_8BIT;
+    ml_ledger *l;
+    const ml_summary *s = run(sm, &c, &l);
+    assert_int_equal(s->bytes_optimizer, 2 * 4 * 110); /* 100 + 10 values, fp32, two states */
+    ml_ledger_destroy(l);
+    ml_model_destroy(sm);
+    ml_model_destroy(m);
+}
+
+static void test_step_temporaries(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(small);
+    ml_config c = ml_model_config(m);
+    struct {
+        ml_optimizer opt;
+        ml_optimizer_impl impl;
+        ml_precision prec;
+        uint64_t temp;
+    } want[] = {
+        /* foreach Adam: _foreach_sqrt over all exp_avg_sq: P x 4 B */
+        {ML_OPT_ADAMW, ML_IMPL_FOREACH, ML_PREC_FP32, 33000 * 4},
+        /* for-loop Adam: sqrt() and the division coexist for the largest
+         * tensor: 2 x 30000 x 4 B */
+        {ML_OPT_ADAM, ML_IMPL_FOR_LOOP, ML_PREC_FP32, 2 * 30000 * 4},
+        {ML_OPT_ADAM, ML_IMPL_FUSED, ML_PREC_FP32, 0},
+        {ML_OPT_SGD_MOMENTUM, ML_IMPL_FOREACH, ML_PREC_FP32, 0},
+        {ML_OPT_SGD, ML_IMPL_FOR_LOOP, ML_PREC_FP32, 0},
+        /* master weights: bf16 grads converted to fp32 (P x 4) on top */
+        {ML_OPT_ADAMW, ML_IMPL_FOREACH, ML_PREC_BF16_MASTER, 33000 * 4 + 33000 * 4},
+        {ML_OPT_ADAMW, ML_IMPL_FOR_LOOP, ML_PREC_FP16_MASTER, 2 * 30000 * 4 + 30000 * 4},
+        /* pure bf16: bf16 states, so a bf16 sqrt temporary */
+        {ML_OPT_ADAMW, ML_IMPL_FOREACH, ML_PREC_BF16, 33000 * 2},
+        /* lion-pytorch: clone() and the interpolation, for-loop */
+        {ML_OPT_LION, ML_IMPL_FOR_LOOP, ML_PREC_FP32, 2 * 30000 * 4},
+        {ML_OPT_ADAFACTOR, ML_IMPL_FOR_LOOP, ML_PREC_FP32, 30000 * 4},
+        {ML_OPT_ADAM_8BIT, ML_IMPL_FOREACH, ML_PREC_FP32, 0},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        c.training.optimizer = want[i].opt;
+        c.training.optimizer_impl = want[i].impl;
+        c.training.precision = want[i].prec;
+        ml_ledger *l;
+        const ml_summary *s = run(m, &c, &l);
+        if (s->bytes_step_temp != want[i].temp)
+            fail_msg("case %zu (%s %s %s): %llu, expected %llu", i,
+                     ml_optimizer_name(want[i].opt), ml_optimizer_impl_name(want[i].impl),
+                     ml_precision_name(want[i].prec), (unsigned long long)s->bytes_step_temp,
+                     (unsigned long long)want[i].temp);
+        ml_ledger_destroy(l);
+    }
+    /* Adafactor has no fused implementation in torch.optim */
+    c.training.optimizer = ML_OPT_ADAFACTOR;
+    c.training.optimizer_impl = ML_IMPL_FUSED;
+    ml_ledger *l = NULL;
+    ml_error e;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "no fused"));
+    ml_model_destroy(m);
+}
+
+/* The verdict: budget line for the allocator peak, reserve against capacity. */
+static void test_verdict(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("mlp2"); /* peak 400,000,000 B (above) */
+    ml_config c = ml_model_config(m);
+    c.device.present = true;
+    c.device.memory = 1ull << 30;
+    c.device.runtime_reserve = 512ull << 20;
+    c.device.budget = 0; /* default: memory - reserve = 536,870,912 */
+    ml_ledger *l;
+    const ml_summary *s = run(m, &c, &l);
+    assert_int_equal(s->budget, 536870912);
+    assert_true(s->fits);
+    assert_int_equal(s->peak_total, 400000000ull + 536870912ull);
+    assert_int_equal(s->headroom, 536870912 - 400000000);
+    ml_ledger_destroy(l);
+    /* an explicit budget below the peak */
+    c.device.budget = 399999999;
+    s = run(m, &c, &l);
+    assert_false(s->fits);
+    assert_int_equal(s->headroom, -1);
+    ml_ledger_destroy(l);
+    /* a budget up to capacity, but the reserve pushes the total over */
+    c.device.budget = 1ull << 30;
+    c.device.runtime_reserve = 700ull << 20; /* 734,003,200 */
+    s = run(m, &c, &l);
+    assert_false(s->fits);
+    assert_int_equal(s->headroom, (int64_t)(1ull << 30) - 400000000 - 734003200);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_design_20m_fp32_adam),
+        cmocka_unit_test(test_bf16_master_16_bytes_per_param),
+        cmocka_unit_test(test_optimizer_states),
+        cmocka_unit_test(test_step_temporaries),
+        cmocka_unit_test(test_verdict),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,122 @@
+/* The shipped presets: parameter counts against the published counts, each
+ * recomputed here from the architecture (docs/presets.md names the sources). */
+#include "harness.h"
+
+static uint64_t params_of(const char *preset)
+{
+    ml_model *m = load_preset(preset);
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 1;
+    ml_ledger *l = eval(m, &c, false);
+    uint64_t p = ml_ledger_summary(l)->params;
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    return p;
+}
+
+/* GPT-2: tied embeddings V*D, positions P*D, per block 12D^2 + 13D
+ * (ln 2D, c_attn 3D^2+3D, c_proj D^2+D, ln 2D, fc 4D^2+4D, proj 4D^2+D),
+ * final ln 2D. Hugging Face gpt2: 124,439,808; gpt2-medium: 354,823,168. */
+static uint64_t gpt2(uint64_t L, uint64_t D)
+{
+    return 50257 * D + 1024 * D + L * (12 * D * D + 13 * D) + 2 * D;
+}
+
+/* Llama: untied V*D twice; per block q,o D^2 each, k,v D*(kvh*dh) each,
+ * 3*D*F MLP, two RMSNorm D; final norm D. */
+static uint64_t llama(uint64_t L, uint64_t D, uint64_t kv, uint64_t F, uint64_t V)
+{
+    return 2 * V * D + L * (2 * D * D + 2 * D * kv + 3 * D * F + 2 * D) + D;
+}
+
+static void test_published_counts(void **state)
+{
+    (void)state;
+    assert_int_equal(gpt2(12, 768), 124439808);
+    assert_int_equal(params_of("gpt2-small"), 124439808);
+    assert_int_equal(gpt2(24, 1024), 354823168);
+    assert_int_equal(params_of("gpt2-medium"), 354823168);
+    /* meta-llama/Llama-2-7b-hf: 6,738,415,616 */
+    assert_int_equal(llama(32, 4096, 4096, 11008, 32000), 6738415616ull);
+    assert_int_equal(params_of("llama-2-7b"), 6738415616ull);
+    /* meta-llama/Meta-Llama-3-8B: 8,030,261,248 (8 kv heads of 128) */
+    assert_int_equal(llama(32, 4096, 1024, 14336, 128256), 8030261248ull);
+    assert_int_equal(params_of("llama-3-8b"), 8030261248ull);
+    /* ViT-B/16: patch conv 3*16*16*768 + 768, class token 768, positions
+     * 197*768, 12 blocks as GPT-2's, final ln 2*768, head 768*1000 + 1000:
+     * 86,567,656 (timm vit_base_patch16_224) */
+    uint64_t D = 768;
+    uint64_t vit = 3 * 256 * D + D + D + 197 * D + 12 * (12 * D * D + 13 * D) + 2 * D +
+                   D * 1000 + 1000;
+    assert_int_equal(vit, 86567656);
+    assert_int_equal(params_of("vit-b16"), 86567656);
+}
+
+static void test_resnet18_cifar(void **state)
+{
+    (void)state;
+    /* conv k x k x cin x cout; batchnorm 2 per channel */
+#define CONV(k, i, o) ((uint64_t)(k) * (k) * (i) * (o))
+    uint64_t stem = CONV(3, 3, 64) + 2 * 64;
+    uint64_t basic64 = 2 * CONV(3, 64, 64) + 2 * 2 * 64;
+    uint64_t down128 = CONV(3, 64, 128) + CONV(3, 128, 128) + CONV(1, 64, 128) + 3 * 2 * 128;
+    uint64_t basic128 = 2 * CONV(3, 128, 128) + 2 * 2 * 128;
+    uint64_t down256 = CONV(3, 128, 256) + CONV(3, 256, 256) + CONV(1, 128, 256) + 3 * 2 * 256;
+    uint64_t basic256 = 2 * CONV(3, 256, 256) + 2 * 2 * 256;
+    uint64_t down512 = CONV(3, 256, 512) + CONV(3, 512, 512) + CONV(1, 256, 512) + 3 * 2 * 512;
+    uint64_t basic512 = 2 * CONV(3, 512, 512) + 2 * 2 * 512;
+    uint64_t head = 512 * 10 + 10;
+    uint64_t total = stem + 2 * basic64 + down128 + basic128 + down256 + basic256 + down512 +
+                     basic512 + head;
+    assert_int_equal(total, 11173962); /* kuangliu/pytorch-cifar ResNet18 */
+    assert_int_equal(params_of("cifar10-resnet"), 11173962);
+}
+
+static void test_small_presets(void **state)
+{
+    (void)state;
+    assert_int_equal(params_of("mlp2"), 20000000); /* 1000*10000 + 10000*1000 */
+    /* BERT layout, V=30522, D=256, P=512, 2 token types, F=1024, 4 layers,
+     * pooler, 4 classes. Embeddings V*D + P*D + 2*D + ln 2D; block
+     * 4(D^2+D) + 2D + (D*F+F) + (F*D+D) + 2D; pooler D^2+D; classifier 4D+4.
+     * Without the classifier this is google/bert_uncased_L-4_H-256_A-4's
+     * BertModel, 11,170,560. */
+    uint64_t D = 256, F = 1024;
+    uint64_t emb = 30522 * D + 512 * D + 2 * D + 2 * D;
+    uint64_t blk = 4 * (D * D + D) + 2 * D + (D * F + F) + (F * D + D) + 2 * D;
+    uint64_t bert = emb + 4 * blk + D * D + D;
+    assert_int_equal(bert, 11170560);
+    assert_int_equal(params_of("agnews-classifier"), bert + 4 * D + 4);
+    /* video tokens: untied 8192 x 1024 twice, 24 bias-free blocks
+     * 4D^2 + 2DF + 2D (layernorm weights only), final norm D */
+    D = 1024;
+    F = 4096;
+    assert_int_equal(params_of("video-tokens"),
+                     2 * 8192 * D + 24 * (4 * D * D + 2 * D * F + 2 * D) + D);
+}
+
+/* The seeds' device example: plan to 6.5 GiB on an 8 GiB device. */
+static void test_budget_example(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("agnews-classifier");
+    ml_config c = ml_model_config(m);
+    assert_true(c.device.present);
+    assert_int_equal(c.device.memory, 8ull << 30);
+    assert_int_equal(c.device.budget, 6979321856ull); /* 6.5 x 2^30 */
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->budget, 6979321856ull);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_published_counts),
+        cmocka_unit_test(test_resnet18_cifar),
+        cmocka_unit_test(test_small_presets),
+        cmocka_unit_test(test_budget_example),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
