@@ -144,6 +144,7 @@ static void param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols)
 static void block_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
 {
     b->ws_fwd = ml_add(ch, b->ws_fwd, ml_mul(ch, 2, ch->max_unsaved));
+    b->ws_nograd = ml_mul(ch, 2, ch->max_tensor);
     b->ws_bwd = ml_add(ch, b->ws_bwd, ml_add(ch, out_bytes, ml_mul(ch, 2, ch->max_tensor)));
     uint64_t g = ml_mul(ch, b->params, ch->prec.grad);
     b->grad_bytes = ml_add(ch, b->grad_bytes, g);
@@ -479,10 +480,14 @@ static ml_status build_transformer(const ml_model *m, const ml_config *cfg, ml_c
         param(ch, b, np, 0);
         linear_input(ch, b, "lm head input", BTD, nb, false, 0);
         weight_copy(ch, b, ml_mul(ch, d.V, d.D));
-        if (!m->tied_embeddings)
+        if (!m->tied_embeddings) {
             param(ch, b, d.V, d.D);
-        else
+        } else {
+            /* the tied table's gradient is first created here; with
+             * accumulation this block's contribution is a transient */
             b->grad_bytes = ml_mul(ch, ml_mul(ch, d.V, d.D), ch->prec.grad);
+            b->grad_accum_bytes = b->grad_bytes;
+        }
         out_classes = d.V;
         rows = d.BT;
         b->flops_fwd = 2.0 * (double)d.BT * (double)d.D * (double)d.V;
@@ -728,14 +733,21 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
         ml_shape s1 = *sh, s2 = *sh;
         tref *yb = seq_layers(s, l->body, l->nbody, x, &s1);
         tref *ys = l->nshortcut ? seq_layers(s, l->shortcut, l->nshortcut, x, &s2) : x;
-        y = new_ref(s, out_ps, yb->bpe > ys->bpe ? yb->bpe : ys->bpe); /* the sum saves nothing */
-        break;
+        /* the two branches meet in the sum, which saves nothing */
+        if (yb != s->in)
+            note_tensor(ch, ml_mul(ch, yb->elems, yb->bpe), yb->saved);
+        if (ys != s->in)
+            note_tensor(ch, ml_mul(ch, ys->elems, ys->bpe), ys->saved);
+        y = new_ref(s, out_ps, yb->bpe > ys->bpe ? yb->bpe : ys->bpe);
+        return *sh = o, y;
     }
     default:
         break;
     }
-    if (y != x)
-        note_tensor(ch, ml_mul(ch, y->elems, y->bpe), y->saved);
+    /* an intermediate: created and consumed inside the block (the block's
+     * input and output are boundaries, accounted by the replay) */
+    if (x != s->in && y != x)
+        note_tensor(ch, ml_mul(ch, x->elems, x->bpe), x->saved);
     *sh = o;
     return y;
 }

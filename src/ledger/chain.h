@@ -53,6 +53,8 @@ typedef struct {
     bool in_held;            /* the caller holds the input until this block's
                                 backward is done (the logits before the loss) */
     uint64_t ws_fwd;         /* transient bytes while its forward runs */
+    uint64_t ws_nograd;      /* the same under no_grad (checkpointed forward),
+                                where saved tensors are transients too */
     uint64_t ws_bwd;         /* transient bytes while its backward runs */
     uint64_t grad_bytes;     /* gradients first created by its backward */
     uint64_t grad_accum_bytes; /* gradients it produces into existing .grad (accumulation) */

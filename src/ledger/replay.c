@@ -188,7 +188,10 @@ static void micro_batch(rstate *r, const int *seg, const boundary *bd, bool sele
         const ml_cblock *b = &B[k];
         r->phase = b->fwd_phase;
         r->block = (int32_t)k;
-        alloc_(r, ML_CAT_WORKSPACE, b->ws_fwd);
+        /* a checkpointed block runs under no_grad: nothing is saved, and
+         * what would be saved is transient */
+        uint64_t ws = seg[k] < 0 ? b->ws_fwd : b->ws_nograd;
+        alloc_(r, ML_CAT_WORKSPACE, ws);
         if (seg[k] < 0)
             alloc_(r, ML_CAT_ACTIVATIONS, b->saved_bytes - (selective ? b->core_bytes : 0));
         if (k + 1 < n) {
@@ -196,7 +199,7 @@ static void micro_batch(rstate *r, const int *seg, const boundary *bd, bool sele
             bl[k + 1] = B[k + 1].in_bytes;
             alloc_(r, blc[k + 1], bl[k + 1]);
         }
-        free_(r, ML_CAT_WORKSPACE, b->ws_fwd);
+        free_(r, ML_CAT_WORKSPACE, ws);
         if (!bd[k].kept) {
             free_(r, blc[k], bl[k]);
             bl[k] = 0;

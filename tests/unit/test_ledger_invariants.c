@@ -151,12 +151,62 @@ static void test_checkpoint_lowers_gpt2_peak(void **state)
     ml_model_destroy(m);
 }
 
+
+/* The whole timeline of a tiny MLP, by hand from the rules of docs/ledger.md.
+ * B=3, 8 -> 16 -> 4 without biases, gelu, MSE, fp32, plain SGD (no states,
+ * no step temporaries). Params 192 x 4 B = 768.
+ * Boundaries (all saved by their consumer): x 96, z1 192, a 192, y 48.
+ * Transients: ws_fwd = 2 x largest unsaved intermediate = 0 (each block is
+ * one layer); ws_bwd = incoming gradient + 2 x largest tensor touched:
+ *   linear 8->16: 192 + 2*96 = 384; gelu: 192 + 2*192 = 576;
+ *   linear 16->4: 48 + 2*192 = 432; loss: 2 x 48 (grad of y twice) = 96.
+ * Gradients: W1 128 x 4 = 512 (block 0), W2 64 x 4 = 256 (block 2).
+ * Forward: 768 + 96 + 192 + 192 + 48 + target 48 = 1344.
+ * Backward, loss: +96 -48 (target) -48 (y) -96 -> 1248.
+ *   block 2: +432 +256 = 1936, then -192 (a) -432 -> 1312.
+ *   block 1: +576 = 1888, -192 (z1) -576 -> 1120.
+ *   block 0: +384 +512 = 2016  <- the peak: params 768, grads 768, x 96,
+ *            workspace 384; then -96 -384 -> 1536.
+ * Step: grads freed -> 768. */
+static void test_mlp_timeline_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("model:\n  type: sequential\n  input: [8]\n  layers:\n"
+                           "    - linear: {out: 16, bias: false}\n    - gelu: {}\n"
+                           "    - linear: {out: 4, bias: false}\n  loss: mse\n"
+                           "training:\n  micro_batch: 3\n  optimizer: sgd\n");
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, true);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_int_equal(s->peak, 2016);
+    assert_int_equal(s->peak_phase, ML_PHASE_BACKWARD);
+    assert_string_equal(s->peak_step, "0:linear");
+    assert_int_equal(s->peak_breakdown[ML_CAT_PARAMS], 768);
+    assert_int_equal(s->peak_breakdown[ML_CAT_GRADS], 768);
+    assert_int_equal(s->peak_breakdown[ML_CAT_ACTIVATIONS], 96);
+    assert_int_equal(s->peak_breakdown[ML_CAT_WORKSPACE], 384);
+    assert_int_equal(s->bytes_activations, 576);
+    /* the total after the forward pass, read off the event list */
+    const ml_event *ev = ml_ledger_events(l);
+    uint64_t end_fwd = 0;
+    for (size_t i = 0; i < ml_ledger_event_count(l); i++)
+        if (ev[i].phase != ML_PHASE_BACKWARD && ev[i].phase != ML_PHASE_OPTIMIZER) {
+            end_fwd = 0;
+            for (int k = 0; k < ML_CAT_COUNT; k++)
+                end_fwd += ev[i].live[k];
+        }
+    assert_int_equal(end_fwd, 1344);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invariants_every_preset_and_policy),
         cmocka_unit_test(test_accumulation_keeps_grads),
         cmocka_unit_test(test_checkpoint_lowers_gpt2_peak),
+        cmocka_unit_test(test_mlp_timeline_by_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
