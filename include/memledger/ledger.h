@@ -73,6 +73,13 @@ typedef struct ml_summary {
     uint64_t bytes_optimizer;
     uint64_t bytes_activations;      /* saved at the end of forward */
     uint64_t bytes_step_temp;        /* optimizer step temporaries at their peak */
+    /* sharding and offload (docs/sharding.md): the figures above are per
+     * device; what was moved to the host is counted here */
+    uint64_t bytes_host;             /* offloaded states, master weights, params, grads */
+    double comm_bytes;               /* bytes each device sends per iteration */
+    /* the checkpoint plan as run: "none", "every-2", "optimal: [0-3] [8]" */
+    char plan[256];
+    bool plan_fits_budget;           /* optimal: false when no plan met the budget */
     /* the peak of the allocator view */
     uint64_t peak;
     ml_phase peak_phase;

@@ -54,6 +54,7 @@ typedef enum ml_checkpoint_kind {
     ML_CKPT_SQRT,      /* segments of ceil(sqrt(n)) blocks (Chen et al. 2016) */
     ML_CKPT_SELECTIVE, /* recompute the attention core only (Korthikanti 2022) */
     ML_CKPT_LIST,      /* the listed blocks, each its own segment */
+    ML_CKPT_OPTIMAL,   /* least recompute whose peak fits the budget (docs/optimal.md) */
     ML_CKPT_COUNT
 } ml_checkpoint_kind;
 
@@ -66,6 +67,13 @@ typedef struct ml_checkpoint {
     uint32_t blocks[ML_CKPT_LIST_MAX];  /* ML_CKPT_LIST: block indices */
 } ml_checkpoint;
 
+typedef enum ml_offload {
+    ML_OFFLOAD_NONE,
+    ML_OFFLOAD_OPTIMIZER, /* optimizer states, master weights and the step on the host */
+    ML_OFFLOAD_PARAMS,    /* also the parameters (needs zero: 3) */
+    ML_OFFLOAD_COUNT
+} ml_offload;
+
 typedef struct ml_training {
     uint64_t micro_batch;   /* samples per forward/backward */
     uint64_t seq_len;       /* tokens per sample (transformers) */
@@ -74,6 +82,14 @@ typedef struct ml_training {
     ml_optimizer optimizer;
     ml_optimizer_impl optimizer_impl;
     ml_checkpoint checkpoint;
+    /* data parallelism and sharding (docs/sharding.md); all byte figures are
+     * per device */
+    uint64_t data_parallel;        /* devices holding a replica or a shard */
+    unsigned zero;                 /* 0: none; 1: optimizer states; 2: + grads;
+                                      3: + params (FSDP full shard) */
+    ml_offload offload;
+    uint64_t reduce_bucket;        /* elements; DeepSpeed reduce_bucket_size 5e8 */
+    uint64_t allgather_bucket;     /* elements; DeepSpeed allgather_bucket_size 5e8 */
 } ml_training;
 
 typedef struct ml_device {
@@ -92,7 +108,8 @@ typedef struct ml_config {
 } ml_config;
 
 /* Defaults: micro_batch 1, seq_len 1 (overridden by the model), grad_accum 1,
- * fp32, adamw, foreach, no checkpointing; no device, runtime_reserve 512 MiB,
+ * fp32, adamw, foreach, no checkpointing, data_parallel 1, zero 0, no
+ * offload, buckets of 5e8 elements; no device, runtime_reserve 512 MiB,
  * efficiency 1.0. */
 ML_API ml_config ml_config_defaults(void);
 
@@ -131,6 +148,8 @@ ML_API ml_status ml_parse_checkpoint(const char *text, ml_checkpoint *out, ml_er
 ML_API const char *ml_precision_name(ml_precision p);
 ML_API const char *ml_optimizer_name(ml_optimizer o);
 ML_API const char *ml_optimizer_impl_name(ml_optimizer_impl i);
+ML_API const char *ml_offload_name(ml_offload o);
+ML_API bool ml_offload_parse(const char *s, ml_offload *out);
 /* Writes the policy's YAML spelling ("every-2", "[0, 3]") into buf. */
 ML_API void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size);
 

@@ -24,7 +24,8 @@ typedef struct {
     ml_format format;
     /* raw flag values, NULL when not given */
     const char *micro_batch, *seq_len, *grad_accum, *precision, *optimizer, *optimizer_impl,
-        *checkpoint, *device, *budget, *runtime_reserve, *peak_tflops, *efficiency;
+        *checkpoint, *device, *budget, *runtime_reserve, *peak_tflops, *efficiency,
+        *data_parallel, *zero, *offload;
 } ml_cli_opts;
 
 /* Parses argv (after the verb). Returns 0, 1 for --help (printed), or 2 on a

@@ -55,6 +55,9 @@ static const struct {
     {"--runtime-reserve", offsetof(ml_cli_opts, runtime_reserve)},
     {"--peak-tflops", offsetof(ml_cli_opts, peak_tflops)},
     {"--efficiency", offsetof(ml_cli_opts, efficiency)},
+    {"--data-parallel", offsetof(ml_cli_opts, data_parallel)},
+    {"--zero", offsetof(ml_cli_opts, zero)},
+    {"--offload", offsetof(ml_cli_opts, offload)},
 };
 
 static int usage_error(const char *verb, const char *fmt, const char *arg)
@@ -185,6 +188,20 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
                                      "adam-8bit or lion");
     if (!rc && o->optimizer_impl && !ml_optimizer_impl_parse(o->optimizer_impl, &t->optimizer_impl))
         rc = bad_flag("--optimizer-impl", "unknown; use for-loop, foreach or fused");
+    if (!rc && o->data_parallel)
+        rc = whole("--data-parallel", o->data_parallel, 1, 1u << 20, &t->data_parallel);
+    if (!rc && o->zero) {
+        uint64_t z = 0;
+        if (!strcmp(o->zero, "fsdp"))
+            z = 3;
+        else
+            rc = whole("--zero", o->zero, 0, 3, &z);
+        t->zero = (unsigned)z;
+    }
+    if (!rc && o->offload && !ml_offload_parse(o->offload, &t->offload))
+        rc = bad_flag("--offload", "unknown; use none, optimizer or params");
+    if (!rc && t->offload == ML_OFFLOAD_PARAMS && t->zero != 3)
+        rc = bad_flag("--offload", "params offload needs --zero 3");
     if (!rc && o->checkpoint) {
         memset(&e, 0, sizeof e);
         if (ml_parse_checkpoint(o->checkpoint, &t->checkpoint, &e))

@@ -163,6 +163,47 @@ static ml_status segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg,
     return ML_OK;
 }
 
+/* Per-device sharding (docs/sharding.md). */
+typedef struct {
+    uint64_t N;            /* data-parallel degree */
+    unsigned zero;
+    bool grads_sharded;    /* zero >= 2 */
+    bool gather_params;    /* zero == 3: all-gather each block's params */
+    unsigned pbytes;       /* param dtype bytes */
+    uint64_t reduce_ws;    /* reduce-scatter bucket during backward */
+} shard;
+
+static uint64_t ceil_div(uint64_t a, uint64_t b)
+{
+    return a / b + (a % b != 0);
+}
+
+/* "none", "every-2", or for optimal the segments: "optimal: [0-3] [8]"
+ * (checkpoint indices). */
+static void describe_plan(const ml_chain *ch, const ml_checkpoint *cp, const int *seg, char *buf,
+                          size_t size)
+{
+    ml_checkpoint_format(cp, buf, size);
+    if (cp->kind != ML_CKPT_OPTIMAL)
+        return;
+    size_t o = strlen(buf);
+    o += (size_t)snprintf(buf + o, size > o ? size - o : 0, ":");
+    bool any = false;
+    for (size_t k = 0; k < ch->n && o < size; k++) {
+        if (seg[k] < 0 || (k > 0 && seg[k - 1] == seg[k]))
+            continue;
+        size_t e = k;
+        while (e + 1 < ch->n && seg[e + 1] == seg[k])
+            e++;
+        int a = ch->blocks[k].ckpt_index, b = ch->blocks[e].ckpt_index;
+        o += (size_t)(a == b ? snprintf(buf + o, size - o, " [%d]", a)
+                             : snprintf(buf + o, size - o, " [%d-%d]", a, b));
+        any = true;
+    }
+    if (!any && o < size)
+        snprintf(buf + o, size - o, " none");
+}
+
 /* The rules of docs/ledger.md, "boundary tensors". */
 typedef struct {
     bool kept;      /* resident after its consumer's forward */
@@ -170,9 +211,25 @@ typedef struct {
     bool by_consumer; /* attributed to the consumer block */
 } boundary;
 
-static void micro_batch(rstate *r, const int *seg, const boundary *bd, bool selective,
-                        uint64_t *rb, uint64_t *bl, ml_category *blc, double *flops_re,
-                        uint64_t *act_end)
+/* ZeRO-3 / FSDP: a block's parameters are gathered for its forward and its
+ * backward, with the next block's prefetched (docs/sharding.md). */
+static uint64_t gathered(rstate *r, const shard *sh, size_t k, bool backward)
+{
+    if (!sh->gather_params)
+        return 0;
+    const ml_chain *ch = r->ch;
+    uint64_t e = ch->blocks[k].params;
+    if (backward ? k > 0 : k + 1 < ch->n)
+        e += ch->blocks[backward ? k - 1 : k + 1].params;
+    uint64_t b;
+    if (__builtin_mul_overflow(e, (uint64_t)sh->pbytes, &b))
+        r->overflow = true;
+    return b;
+}
+
+static void micro_batch(rstate *r, const shard *sh, const int *seg, const boundary *bd,
+                        bool selective, uint64_t *rb, uint64_t *bl, ml_category *blc,
+                        double *flops_re, uint64_t *act_end)
 {
     const ml_chain *ch = r->ch;
     const size_t n = ch->n;
@@ -191,6 +248,8 @@ static void micro_batch(rstate *r, const int *seg, const boundary *bd, bool sele
         /* a checkpointed block runs under no_grad: nothing is saved, and
          * what would be saved is transient */
         uint64_t ws = seg[k] < 0 ? b->ws_fwd : b->ws_nograd;
+        uint64_t gat = gathered(r, sh, k, false);
+        alloc_(r, ML_CAT_WORKSPACE, gat);
         alloc_(r, ML_CAT_WORKSPACE, ws);
         if (seg[k] < 0)
             alloc_(r, ML_CAT_ACTIVATIONS, b->saved_bytes - (selective ? b->core_bytes : 0));
@@ -200,6 +259,7 @@ static void micro_batch(rstate *r, const int *seg, const boundary *bd, bool sele
             alloc_(r, blc[k + 1], bl[k + 1]);
         }
         free_(r, ML_CAT_WORKSPACE, ws);
+        free_(r, ML_CAT_WORKSPACE, gat);
         if (!bd[k].kept) {
             free_(r, blc[k], bl[k]);
             bl[k] = 0;
@@ -208,9 +268,13 @@ static void micro_batch(rstate *r, const int *seg, const boundary *bd, bool sele
     *act_end = r->live[ML_CAT_ACTIVATIONS];
     /* ---- backward */
     r->phase = ML_PHASE_BACKWARD;
+    r->block = (int32_t)(n - 1);
+    alloc_(r, ML_CAT_WORKSPACE, sh->reduce_ws);
     for (size_t k = n; k-- > 0;) {
         const ml_cblock *b = &B[k];
         r->block = (int32_t)k;
+        uint64_t gat = gathered(r, sh, k, true);
+        alloc_(r, ML_CAT_WORKSPACE, gat);
         if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k])) {
             /* recompute the whole segment, one forward with grad */
             size_t s0 = k;
@@ -242,8 +306,13 @@ static void micro_batch(rstate *r, const int *seg, const boundary *bd, bool sele
             r->sub = "";
         }
         alloc_(r, ML_CAT_WORKSPACE, b->ws_bwd);
+        /* sharded gradients: the full gradient is a transient until its
+         * reduce-scatter; the device keeps its 1/N partition */
+        uint64_t gfull = sh->grads_sharded ? b->grad_bytes : 0;
+        alloc_(r, ML_CAT_WORKSPACE, gfull);
         if (r->micro == 0)
-            alloc_(r, ML_CAT_GRADS, b->grad_bytes);
+            alloc_(r, ML_CAT_GRADS,
+                   sh->grads_sharded ? ceil_div(b->grad_bytes, sh->N) : b->grad_bytes);
         else
             alloc_(r, ML_CAT_WORKSPACE, b->grad_accum_bytes);
         /* the block's saved tensors are released once its gradient is done */
@@ -277,9 +346,12 @@ static void micro_batch(rstate *r, const int *seg, const boundary *bd, bool sele
             }
         }
         free_(r, ML_CAT_WORKSPACE, b->ws_bwd);
+        free_(r, ML_CAT_WORKSPACE, gfull);
         if (r->micro != 0)
             free_(r, ML_CAT_WORKSPACE, b->grad_accum_bytes);
+        free_(r, ML_CAT_WORKSPACE, gat);
     }
+    free_(r, ML_CAT_WORKSPACE, sh->reduce_ws);
 }
 
 ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_events,
@@ -302,6 +374,16 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
              (unsigned)t->optimizer_impl >= ML_IMPL_COUNT ||
              (unsigned)t->checkpoint.kind >= ML_CKPT_COUNT)
         bad = "training: unknown precision, optimizer, implementation or checkpoint policy";
+    else if (t->data_parallel == 0 || t->data_parallel > (1u << 20))
+        bad = "training.data_parallel: must be between 1 and 1048576";
+    else if (t->zero > 3)
+        bad = "training.zero: must be 0, 1, 2 or 3";
+    else if ((unsigned)t->offload >= ML_OFFLOAD_COUNT)
+        bad = "training.offload: unknown";
+    else if (t->offload == ML_OFFLOAD_PARAMS && t->zero != 3)
+        bad = "training.offload: params offload needs zero: 3";
+    else if (t->reduce_bucket == 0 || t->allgather_bucket == 0)
+        bad = "training: bucket sizes must be at least 1 element";
     else if (t->checkpoint.kind == ML_CKPT_EVERY && t->checkpoint.every == 0)
         bad = "training.checkpoint: every-K needs K >= 1";
     else if (dv->present && dv->memory == 0)
@@ -361,11 +443,52 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
     for (size_t i = 0; i < ch.nparams; i++)
         P = ml_add(&ch, P, ch.params[i].numel);
     s->params = P;
-    s->bytes_params = ml_mul(&ch, P, ch.prec.param);
-    s->bytes_master = ml_mul(&ch, P, ch.prec.master);
-    s->bytes_grads = ml_mul(&ch, P, ch.prec.grad);
-    s->bytes_optimizer = ob.states;
-    s->bytes_step_temp = ob.step_temp;
+    /* per device: ZeRO stage z shards states (z >= 1), gradients (z >= 2)
+     * and parameters (z = 3) over N devices; offload moves them to the host */
+    const uint64_t N = t->data_parallel ? t->data_parallel : 1;
+    const unsigned z = t->zero;
+    uint64_t params_all = ml_mul(&ch, P, ch.prec.param);
+    uint64_t master_all = ml_mul(&ch, P, ch.prec.master);
+    s->bytes_params = z >= 3 ? ceil_div(params_all, N) : params_all;
+    s->bytes_master = z >= 1 ? ceil_div(master_all, N) : master_all;
+    s->bytes_optimizer = z >= 1 ? ceil_div(ob.states, N) : ob.states;
+    s->bytes_step_temp = z >= 1 ? ceil_div(ob.step_temp, N) : ob.step_temp;
+    uint64_t grads_all = 0;
+    for (size_t k = 0; k < ch.n; k++)
+        grads_all = ml_add(&ch, grads_all, z >= 2 ? ceil_div(ch.blocks[k].grad_bytes, N)
+                                                  : ch.blocks[k].grad_bytes);
+    s->bytes_grads = grads_all;
+    if (t->offload != ML_OFFLOAD_NONE) {
+        /* ZeRO-Offload: fp32 master weights, states and the update live on
+         * the host, with an fp32 copy of the gradient partition */
+        s->bytes_host = ml_add(&ch, ml_add(&ch, s->bytes_master, s->bytes_optimizer),
+                               ceil_div(ml_mul(&ch, P, 4), z >= 1 ? N : 1));
+        s->bytes_master = s->bytes_optimizer = s->bytes_step_temp = 0;
+    }
+    if (t->offload == ML_OFFLOAD_PARAMS) {
+        s->bytes_host = ml_add(&ch, s->bytes_host, s->bytes_params);
+        s->bytes_params = 0;
+    }
+    shard sh = {N, z, z >= 2, z >= 3, ch.prec.param, 0};
+    if (z >= 2) {
+        uint64_t e = t->reduce_bucket < P ? t->reduce_bucket : P;
+        sh.reduce_ws = ml_mul(&ch, e, ch.prec.grad);
+    }
+    /* ring collectives send (N-1)/N of the buffer (docs/sharding.md) */
+    {
+        double f = (double)(N - 1) / (double)N, A = (double)t->grad_accum;
+        double pg = (double)P * ch.prec.grad, pp = (double)P * ch.prec.param;
+        if (N <= 1)
+            s->comm_bytes = 0;
+        else if (z == 0)
+            s->comm_bytes = 2 * f * pg;               /* all-reduce, once per step */
+        else if (z == 1)
+            s->comm_bytes = f * pg + f * pp;          /* reduce-scatter + all-gather */
+        else if (z == 2)
+            s->comm_bytes = A * f * pg + f * pp;      /* per micro-batch reduce-scatter */
+        else
+            s->comm_bytes = A * (2 * f * pp + f * pg); /* gather fwd + bwd, reduce-scatter */
+    }
     s->peak_block = -1;
 
     rstate r;
@@ -385,13 +508,19 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
     for (unsigned mb = 0; mb < micros; mb++) {
         r.micro = mb;
         double fre = 0;
-        micro_batch(&r, seg, bd, selective, rb, bl, blc, &fre, &act_end);
+        micro_batch(&r, &sh, seg, bd, selective, rb, bl, blc, &fre, &act_end);
         flops_re = fre; /* identical for every micro-batch */
     }
     r.phase = ML_PHASE_OPTIMIZER;
     r.block = -1;
+    /* ZeRO-1/2 all-gather the updated parameters through a bucket */
+    uint64_t ag = 0;
+    if (z == 1 || z == 2)
+        ag = ml_mul(&ch, t->allgather_bucket < P ? t->allgather_bucket : P, ch.prec.param);
     alloc_(&r, ML_CAT_WORKSPACE, s->bytes_step_temp);
     free_(&r, ML_CAT_WORKSPACE, s->bytes_step_temp);
+    alloc_(&r, ML_CAT_WORKSPACE, ag);
+    free_(&r, ML_CAT_WORKSPACE, ag);
     free_(&r, ML_CAT_GRADS, r.live[ML_CAT_GRADS]); /* zero_grad(set_to_none=True) */
     s->bytes_activations = act_end;
     if (r.nomem) {
@@ -477,6 +606,9 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
             kept += ch.blocks[k + 1].in_bytes;
         bi->activations_saved = kept;
     }
+    describe_plan(&ch, &t->checkpoint, seg, s->plan, sizeof s->plan);
+    if (t->checkpoint.kind != ML_CKPT_OPTIMAL)
+        s->plan_fits_budget = !dv->present || s->fits;
     l->nblocks = n;
     *out = l;
     l = NULL;

@@ -646,16 +646,36 @@ static ml_status parse_sequential(ctx *c, const ml_node *mm, ml_model *m)
 
 static ml_status parse_training(ctx *c, const ml_node *t, ml_model *m)
 {
-    static const char *const keys[] = {"micro_batch", "seq_len", "grad_accum", "precision",
-                                       "optimizer", "optimizer_impl", "checkpoint"};
+    static const char *const keys[] = {"micro_batch",    "seq_len",       "grad_accum",
+                                       "precision",      "optimizer",     "optimizer_impl",
+                                       "checkpoint",     "data_parallel", "zero",
+                                       "offload",        "reduce_bucket_size",
+                                       "allgather_bucket_size"};
     ml_status st;
     if ((st = need_map(c, t, "training")) || (st = check_keys(c, t, "training", keys, COUNT(keys))))
         return st;
     ml_training *tr = &m->config.training;
     if ((st = get_uint(c, t, "micro_batch", "training", 1, MAX_BATCH, &tr->micro_batch)) ||
         (st = get_uint(c, t, "seq_len", "training", 1, MAX_TOKENS, &tr->seq_len)) ||
-        (st = get_uint(c, t, "grad_accum", "training", 1, 1u << 20, &tr->grad_accum)))
+        (st = get_uint(c, t, "grad_accum", "training", 1, 1u << 20, &tr->grad_accum)) ||
+        (st = get_uint(c, t, "data_parallel", "training", 1, 1u << 20, &tr->data_parallel)) ||
+        (st = get_uint(c, t, "reduce_bucket_size", "training", 1, 1ull << 40, &tr->reduce_bucket)) ||
+        (st = get_uint(c, t, "allgather_bucket_size", "training", 1, 1ull << 40,
+                       &tr->allgather_bucket)))
         return st;
+    uint64_t zero = tr->zero;
+    if ((st = get_uint(c, t, "zero", "training", 0, 3, &zero)))
+        return st;
+    tr->zero = (unsigned)zero;
+    static const char *const offl[] = {"none", "optimizer", "params"};
+    unsigned eo = tr->offload;
+    if ((st = get_enum(c, t, "offload", "training", offl, COUNT(offl), &eo)))
+        return st;
+    tr->offload = (ml_offload)eo;
+    if (tr->offload == ML_OFFLOAD_PARAMS && tr->zero != 3)
+        return fail(c, get(t, "offload"), ML_SCHEMA,
+                    "training.offload: params offload needs zero: 3 (parameters sharded and "
+                    "gathered per block)");
     static const char *const prec[] = {"fp32", "amp-bf16", "amp-fp16", "bf16-master",
                                        "fp16-master", "bf16"};
     static const char *const opt[] = {"sgd", "sgd-momentum", "adam", "adamw",

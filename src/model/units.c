@@ -100,6 +100,7 @@ static const char *const prec_names[ML_PREC_COUNT] = {
 static const char *const opt_names[ML_OPT_COUNT] = {
     "sgd", "sgd-momentum", "adam", "adamw", "adafactor", "adam-8bit", "lion"};
 static const char *const impl_names[ML_IMPL_COUNT] = {"for-loop", "foreach", "fused"};
+static const char *const offload_names[ML_OFFLOAD_COUNT] = {"none", "optimizer", "params"};
 
 const char *ml_precision_name(ml_precision p)
 {
@@ -112,6 +113,11 @@ const char *ml_optimizer_name(ml_optimizer o)
 const char *ml_optimizer_impl_name(ml_optimizer_impl i)
 {
     return (unsigned)i < ML_IMPL_COUNT ? impl_names[i] : "?";
+}
+
+const char *ml_offload_name(ml_offload o)
+{
+    return (unsigned)o < ML_OFFLOAD_COUNT ? offload_names[o] : "?";
 }
 
 static bool lookup(const char *const *names, unsigned n, const char *s, unsigned *out)
@@ -140,6 +146,15 @@ bool ml_optimizer_parse(const char *s, ml_optimizer *out)
     *out = (ml_optimizer)i;
     return true;
 }
+bool ml_offload_parse(const char *s, ml_offload *out)
+{
+    unsigned i;
+    if (!lookup(offload_names, ML_OFFLOAD_COUNT, s, &i))
+        return false;
+    *out = (ml_offload)i;
+    return true;
+}
+
 bool ml_optimizer_impl_parse(const char *s, ml_optimizer_impl *out)
 {
     unsigned i;
@@ -171,7 +186,7 @@ ml_status ml_parse_checkpoint(const char *text, ml_checkpoint *out, ml_error *er
     ml_checkpoint c;
     memset(&c, 0, sizeof c);
     const char *bad = "checkpoint '%s' is not a policy: use none, full, every-K (e.g. every-2), "
-                      "sqrt, selective or a block list such as [0, 3, 6]";
+                      "sqrt, selective, optimal or a block list such as [0, 3, 6]";
     if (strcmp(text, "none") == 0)
         c.kind = ML_CKPT_NONE;
     else if (strcmp(text, "full") == 0)
@@ -180,6 +195,8 @@ ml_status ml_parse_checkpoint(const char *text, ml_checkpoint *out, ml_error *er
         c.kind = ML_CKPT_SQRT;
     else if (strcmp(text, "selective") == 0)
         c.kind = ML_CKPT_SELECTIVE;
+    else if (strcmp(text, "optimal") == 0)
+        c.kind = ML_CKPT_OPTIMAL;
     else if (strncmp(text, "every-", 6) == 0) {
         const char *p = text + 6;
         if (!parse_u32(&p, &c.every) || *p || c.every == 0)
@@ -220,6 +237,7 @@ void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size)
     case ML_CKPT_FULL: snprintf(buf, size, "full"); return;
     case ML_CKPT_SQRT: snprintf(buf, size, "sqrt"); return;
     case ML_CKPT_SELECTIVE: snprintf(buf, size, "selective"); return;
+    case ML_CKPT_OPTIMAL: snprintf(buf, size, "optimal"); return;
     case ML_CKPT_EVERY: snprintf(buf, size, "every-%u", c->every); return;
     case ML_CKPT_LIST:
     default: {
@@ -245,6 +263,11 @@ ml_config ml_config_defaults(void)
     c.training.optimizer = ML_OPT_ADAMW;
     c.training.optimizer_impl = ML_IMPL_FOREACH;
     c.training.checkpoint.kind = ML_CKPT_NONE;
+    c.training.data_parallel = 1;
+    c.training.zero = 0;
+    c.training.offload = ML_OFFLOAD_NONE;
+    c.training.reduce_bucket = 500000000;    /* DeepSpeed reduce_bucket_size */
+    c.training.allgather_bucket = 500000000; /* DeepSpeed allgather_bucket_size */
     c.device.runtime_reserve = 512ull << 20;
     c.device.efficiency = 1.0;
     return c;

@@ -44,16 +44,20 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl));
     str(f, ck);
-    fputs("},\n", f);
+    fprintf(f, ", \"data_parallel\": %llu, \"zero\": %u, \"offload\": \"%s\"},\n",
+            (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));
+    fputs(" \"plan\": ", f);
+    str(f, s->plan);
+    fprintf(f, ", \"plan_fits_budget\": %s,\n", s->plan_fits_budget ? "true" : "false");
     fprintf(f, " \"bytes\": {\"params\": %llu, \"master_params\": %llu, \"grads\": %llu, "
                "\"optimizer_states\": %llu, \"optimizer_step_temp\": %llu, "
                "\"activations_saved\": %llu, \"peak\": %llu, \"runtime_reserve\": %llu, "
-               "\"peak_total\": %llu},\n",
+               "\"peak_total\": %llu, \"host\": %llu},\n",
             (unsigned long long)s->bytes_params, (unsigned long long)s->bytes_master,
             (unsigned long long)s->bytes_grads, (unsigned long long)s->bytes_optimizer,
             (unsigned long long)s->bytes_step_temp, (unsigned long long)s->bytes_activations,
             (unsigned long long)s->peak, (unsigned long long)s->runtime_reserve,
-            (unsigned long long)s->peak_total);
+            (unsigned long long)s->peak_total, (unsigned long long)s->bytes_host);
     fprintf(f, " \"peak\": {\"phase\": \"%s\", \"step\": ", ml_phase_name(s->peak_phase));
     str(f, s->peak_step);
     fputs(", \"breakdown\": {", f);
@@ -85,6 +89,8 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     num(f, s->flops_total);
     fputs(", \"per_micro_batch\": ", f);
     num(f, s->flops_per_micro_batch);
+    fputs("},\n \"communication\": {\"bytes_per_device\": ", f);
+    num(f, s->comm_bytes);
     fputs("},\n \"step_time_s\": ", f);
     if (s->step_time_s >= 0)
         num(f, s->step_time_s);

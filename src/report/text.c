@@ -41,10 +41,19 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     commas(s->params, num, sizeof num);
     fprintf(f, "memledger plan: %s (%s parameters)\n", ml_model_name(m), num);
     fprintf(f, "config: micro_batch %llu, seq_len %llu, grad_accum %llu, precision %s, "
-               "optimizer %s (%s), checkpoint %s\n\n",
+               "optimizer %s (%s), checkpoint %s\n",
             (unsigned long long)t->micro_batch, (unsigned long long)s->c_tokens / t->micro_batch,
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck);
+    if (t->checkpoint.kind == ML_CKPT_OPTIMAL)
+        fprintf(f, "plan: %s%s\n", s->plan,
+                s->plan_fits_budget ? "" : "  (no checkpoint plan meets the budget: this is the "
+                                           "one with the lowest peak)");
+    if (t->data_parallel > 1 || t->zero || t->offload) {
+        fprintf(f, "sharding: %llu devices, ZeRO stage %u, offload %s; figures are per device\n",
+                (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));
+    }
+    fputc('\n', f);
 
     fprintf(f, "Model states (resident all iteration unless noted)\n");
     fprintf(f, "  %-22s %12s\n", "params", B(s->bytes_params, a));
@@ -54,6 +63,9 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     fprintf(f, "  %-22s %12s\n", "optimizer states", B(s->bytes_optimizer, a));
     fprintf(f, "  %-22s %12s   (optimizer step only)\n", "step temporaries",
             B(s->bytes_step_temp, a));
+    if (s->bytes_host)
+        fprintf(f, "  %-22s %12s   (offloaded: host memory, not on the device)\n", "host",
+                B(s->bytes_host, a));
     fprintf(f, "\n");
 
     fprintf(f, "Saved activations at the end of forward (c = inventory / (B*T*D*b), "
@@ -100,6 +112,10 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     ml_format_flops(s->flops_total, a, sizeof a);
     ml_format_flops(s->flops_per_micro_batch, b2, sizeof b2);
     fprintf(f, "  total %s (%s per micro-batch)\n", a, b2);
+    if (t->data_parallel > 1) {
+        ml_format_bytes((uint64_t)s->comm_bytes, a, sizeof a);
+        fprintf(f, "  communication: %s sent per device per iteration\n", a);
+    }
     if (s->step_time_s >= 0)
         fprintf(f, "  step time %.4g s at %g TFLOP/s x %.0f%% efficiency%s\n", s->step_time_s,
                 cfg->device.peak_tflops, cfg->device.efficiency * 100,
