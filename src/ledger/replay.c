@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ledger/chain.h"
+#include "plan/optimal.h"
 
 struct ml_ledger {
     ml_summary sum;
@@ -354,83 +355,74 @@ static void micro_batch(rstate *r, const shard *sh, const int *seg, const bounda
     free_(r, ML_CAT_WORKSPACE, sh->reduce_ws);
 }
 
-ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_events,
-                             ml_ledger **out, ml_error *err)
+static const char *validate(const ml_config *cfg)
 {
-    ml_error local;
-    if (!err)
-        err = &local;
-    memset(err, 0, sizeof *err);
     const ml_training *t = &cfg->training;
     const ml_device *dv = &cfg->device;
-    const char *bad = NULL;
     if (t->micro_batch == 0 || t->micro_batch > (1ull << 24))
-        bad = "training.micro_batch: must be between 1 and 16777216";
-    else if (t->seq_len == 0 || t->seq_len > (1ull << 28))
-        bad = "training.seq_len: must be between 1 and 268435456";
-    else if (t->grad_accum == 0 || t->grad_accum > (1ull << 20))
-        bad = "training.grad_accum: must be between 1 and 1048576";
-    else if ((unsigned)t->precision >= ML_PREC_COUNT || (unsigned)t->optimizer >= ML_OPT_COUNT ||
-             (unsigned)t->optimizer_impl >= ML_IMPL_COUNT ||
-             (unsigned)t->checkpoint.kind >= ML_CKPT_COUNT)
-        bad = "training: unknown precision, optimizer, implementation or checkpoint policy";
-    else if (t->data_parallel == 0 || t->data_parallel > (1u << 20))
-        bad = "training.data_parallel: must be between 1 and 1048576";
-    else if (t->zero > 3)
-        bad = "training.zero: must be 0, 1, 2 or 3";
-    else if ((unsigned)t->offload >= ML_OFFLOAD_COUNT)
-        bad = "training.offload: unknown";
-    else if (t->offload == ML_OFFLOAD_PARAMS && t->zero != 3)
-        bad = "training.offload: params offload needs zero: 3";
-    else if (t->reduce_bucket == 0 || t->allgather_bucket == 0)
-        bad = "training: bucket sizes must be at least 1 element";
-    else if (t->checkpoint.kind == ML_CKPT_EVERY && t->checkpoint.every == 0)
-        bad = "training.checkpoint: every-K needs K >= 1";
-    else if (dv->present && dv->memory == 0)
-        bad = "device.memory: must be at least 1 byte";
-    else if (dv->present && dv->budget > dv->memory)
-        bad = "device.budget: above device.memory";
-    else if (dv->present && dv->runtime_reserve >= dv->memory)
-        bad = "device.runtime_reserve: not below device.memory";
-    else if (!(dv->efficiency > 0 && dv->efficiency <= 1))
-        bad = "device.efficiency: must be in (0, 1]";
-    else if (!(dv->peak_tflops >= 0) || !isfinite(dv->peak_tflops))
-        bad = "device.peak_tflops: must be a number >= 0";
-    if (bad) {
-        err->code = ML_RANGE;
-        snprintf(err->msg, sizeof err->msg, "%s", bad);
-        return ML_RANGE;
-    }
-    ml_chain ch;
-    ml_status st = ml_chain_build(m, cfg, &ch, err);
-    if (st)
-        return st;
+        return "training.micro_batch: must be between 1 and 16777216";
+    if (t->seq_len == 0 || t->seq_len > (1ull << 28))
+        return "training.seq_len: must be between 1 and 268435456";
+    if (t->grad_accum == 0 || t->grad_accum > (1ull << 20))
+        return "training.grad_accum: must be between 1 and 1048576";
+    if ((unsigned)t->precision >= ML_PREC_COUNT || (unsigned)t->optimizer >= ML_OPT_COUNT ||
+        (unsigned)t->optimizer_impl >= ML_IMPL_COUNT ||
+        (unsigned)t->checkpoint.kind >= ML_CKPT_COUNT)
+        return "training: unknown precision, optimizer, implementation or checkpoint policy";
+    if (t->data_parallel == 0 || t->data_parallel > (1u << 20))
+        return "training.data_parallel: must be between 1 and 1048576";
+    if (t->zero > 3)
+        return "training.zero: must be 0, 1, 2 or 3";
+    if ((unsigned)t->offload >= ML_OFFLOAD_COUNT)
+        return "training.offload: unknown";
+    if (t->offload == ML_OFFLOAD_PARAMS && t->zero != 3)
+        return "training.offload: params offload needs zero: 3";
+    if (t->reduce_bucket == 0 || t->allgather_bucket == 0)
+        return "training: bucket sizes must be at least 1 element";
+    if (t->checkpoint.kind == ML_CKPT_EVERY && t->checkpoint.every == 0)
+        return "training.checkpoint: every-K needs K >= 1";
+    if (t->checkpoint.kind == ML_CKPT_OPTIMAL && !dv->present)
+        return "training.checkpoint: optimal needs a budget: give a device (--device SIZE or a "
+               "device: section)";
+    if (dv->present && dv->memory == 0)
+        return "device.memory: must be at least 1 byte";
+    if (dv->present && dv->budget > dv->memory)
+        return "device.budget: above device.memory";
+    if (dv->present && dv->runtime_reserve >= dv->memory)
+        return "device.runtime_reserve: not below device.memory";
+    if (!(dv->efficiency > 0 && dv->efficiency <= 1))
+        return "device.efficiency: must be in (0, 1]";
+    if (!(dv->peak_tflops >= 0) || !isfinite(dv->peak_tflops))
+        return "device.peak_tflops: must be a number >= 0";
+    return NULL;
+}
+
+/* What one evaluation needs besides the segment plan. */
+typedef struct {
+    const ml_chain *ch;
+    const ml_config *cfg;
     ml_optim_bytes ob;
-    if ((st = ml_optim_bytes_of(&ch, t, &ob, err))) {
-        ml_chain_free(&ch);
-        return st;
-    }
-    ml_ledger *l = calloc(1, sizeof *l);
-    int *seg = calloc(ch.n, sizeof *seg);
-    boundary *bd = calloc(ch.n, sizeof *bd);
-    uint64_t *rb = calloc(ch.n + 1, sizeof *rb);
-    uint64_t *bl = calloc(ch.n + 1, sizeof *bl);
-    ml_category *blc = calloc(ch.n + 1, sizeof *blc);
-    if (l)
-        l->blocks = calloc(ch.n, sizeof *l->blocks);
-    if (!l || !seg || !bd || !rb || !bl || !blc || !l->blocks) {
-        st = ML_NOMEM;
-        err->code = ML_NOMEM;
-        snprintf(err->msg, sizeof err->msg, "out of memory");
-        goto done;
-    }
-    if ((st = segments(&ch, &t->checkpoint, seg, err)))
-        goto done;
+    /* scratch, n + 1 entries each */
+    boundary *bd;
+    uint64_t *rb, *bl;
+    ml_category *blc;
+} evalctx;
+
+/* Replays the chain under the plan seg[] into l (summary, blocks, events). */
+static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
+                          ml_error *err)
+{
+    ml_chain *ch = (ml_chain *)x->ch; /* only the overflow flag changes */
+    const ml_training *t = &x->cfg->training;
+    const ml_device *dv = &x->cfg->device;
+    const size_t n = ch->n;
     const bool selective = t->checkpoint.kind == ML_CKPT_SELECTIVE;
-    const size_t n = ch.n;
+    boundary *bd = x->bd;
+    memset(x->rb, 0, (n + 1) * sizeof *x->rb);
+    memset(x->bl, 0, (n + 1) * sizeof *x->bl);
     for (size_t k = 0; k < n; k++) {
-        const ml_cblock *b = &ch.blocks[k];
-        bool prod = k > 0 && ch.blocks[k - 1].out_saved && seg[k - 1] < 0;
+        const ml_cblock *b = &ch->blocks[k];
+        bool prod = k > 0 && ch->blocks[k - 1].out_saved && seg[k - 1] < 0;
         bool cons = b->in_saved && seg[k] < 0;
         bool start = seg[k] >= 0 && (k == 0 || seg[k - 1] != seg[k]);
         bd[k].kept = prod || cons || start || b->in_held;
@@ -439,53 +431,55 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
     }
 
     ml_summary *s = &l->sum;
+    memset(s, 0, sizeof *s);
+    l->nevents = 0;
     uint64_t P = 0;
-    for (size_t i = 0; i < ch.nparams; i++)
-        P = ml_add(&ch, P, ch.params[i].numel);
+    for (size_t i = 0; i < ch->nparams; i++)
+        P = ml_add(ch, P, ch->params[i].numel);
     s->params = P;
     /* per device: ZeRO stage z shards states (z >= 1), gradients (z >= 2)
      * and parameters (z = 3) over N devices; offload moves them to the host */
     const uint64_t N = t->data_parallel ? t->data_parallel : 1;
     const unsigned z = t->zero;
-    uint64_t params_all = ml_mul(&ch, P, ch.prec.param);
-    uint64_t master_all = ml_mul(&ch, P, ch.prec.master);
+    uint64_t params_all = ml_mul(ch, P, ch->prec.param);
+    uint64_t master_all = ml_mul(ch, P, ch->prec.master);
     s->bytes_params = z >= 3 ? ceil_div(params_all, N) : params_all;
     s->bytes_master = z >= 1 ? ceil_div(master_all, N) : master_all;
-    s->bytes_optimizer = z >= 1 ? ceil_div(ob.states, N) : ob.states;
-    s->bytes_step_temp = z >= 1 ? ceil_div(ob.step_temp, N) : ob.step_temp;
+    s->bytes_optimizer = z >= 1 ? ceil_div(x->ob.states, N) : x->ob.states;
+    s->bytes_step_temp = z >= 1 ? ceil_div(x->ob.step_temp, N) : x->ob.step_temp;
     uint64_t grads_all = 0;
-    for (size_t k = 0; k < ch.n; k++)
-        grads_all = ml_add(&ch, grads_all, z >= 2 ? ceil_div(ch.blocks[k].grad_bytes, N)
-                                                  : ch.blocks[k].grad_bytes);
+    for (size_t k = 0; k < n; k++)
+        grads_all = ml_add(ch, grads_all, z >= 2 ? ceil_div(ch->blocks[k].grad_bytes, N)
+                                                 : ch->blocks[k].grad_bytes);
     s->bytes_grads = grads_all;
     if (t->offload != ML_OFFLOAD_NONE) {
         /* ZeRO-Offload: fp32 master weights, states and the update live on
          * the host, with an fp32 copy of the gradient partition */
-        s->bytes_host = ml_add(&ch, ml_add(&ch, s->bytes_master, s->bytes_optimizer),
-                               ceil_div(ml_mul(&ch, P, 4), z >= 1 ? N : 1));
+        s->bytes_host = ml_add(ch, ml_add(ch, s->bytes_master, s->bytes_optimizer),
+                               ceil_div(ml_mul(ch, P, 4), z >= 1 ? N : 1));
         s->bytes_master = s->bytes_optimizer = s->bytes_step_temp = 0;
     }
     if (t->offload == ML_OFFLOAD_PARAMS) {
-        s->bytes_host = ml_add(&ch, s->bytes_host, s->bytes_params);
+        s->bytes_host = ml_add(ch, s->bytes_host, s->bytes_params);
         s->bytes_params = 0;
     }
-    shard sh = {N, z, z >= 2, z >= 3, ch.prec.param, 0};
+    shard sh = {N, z, z >= 2, z >= 3, ch->prec.param, 0};
     if (z >= 2) {
         uint64_t e = t->reduce_bucket < P ? t->reduce_bucket : P;
-        sh.reduce_ws = ml_mul(&ch, e, ch.prec.grad);
+        sh.reduce_ws = ml_mul(ch, e, ch->prec.grad);
     }
     /* ring collectives send (N-1)/N of the buffer (docs/sharding.md) */
     {
         double f = (double)(N - 1) / (double)N, A = (double)t->grad_accum;
-        double pg = (double)P * ch.prec.grad, pp = (double)P * ch.prec.param;
+        double pg = (double)P * ch->prec.grad, pp = (double)P * ch->prec.param;
         if (N <= 1)
             s->comm_bytes = 0;
         else if (z == 0)
-            s->comm_bytes = 2 * f * pg;               /* all-reduce, once per step */
+            s->comm_bytes = 2 * f * pg;                /* all-reduce, once per step */
         else if (z == 1)
-            s->comm_bytes = f * pg + f * pp;          /* reduce-scatter + all-gather */
+            s->comm_bytes = f * pg + f * pp;           /* reduce-scatter + all-gather */
         else if (z == 2)
-            s->comm_bytes = A * f * pg + f * pp;      /* per micro-batch reduce-scatter */
+            s->comm_bytes = A * f * pg + f * pp;       /* per micro-batch reduce-scatter */
         else
             s->comm_bytes = A * (2 * f * pp + f * pg); /* gather fwd + bwd, reduce-scatter */
     }
@@ -494,7 +488,7 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
     rstate r;
     memset(&r, 0, sizeof r);
     r.l = l;
-    r.ch = &ch;
+    r.ch = ch;
     r.keep = keep_events;
     r.block = -1;
     r.sub = "";
@@ -508,7 +502,7 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
     for (unsigned mb = 0; mb < micros; mb++) {
         r.micro = mb;
         double fre = 0;
-        micro_batch(&r, &sh, seg, bd, selective, rb, bl, blc, &fre, &act_end);
+        micro_batch(&r, &sh, seg, bd, selective, x->rb, x->bl, x->blc, &fre, &act_end);
         flops_re = fre; /* identical for every micro-batch */
     }
     r.phase = ML_PHASE_OPTIMIZER;
@@ -516,7 +510,7 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
     /* ZeRO-1/2 all-gather the updated parameters through a bucket */
     uint64_t ag = 0;
     if (z == 1 || z == 2)
-        ag = ml_mul(&ch, t->allgather_bucket < P ? t->allgather_bucket : P, ch.prec.param);
+        ag = ml_mul(ch, t->allgather_bucket < P ? t->allgather_bucket : P, ch->prec.param);
     alloc_(&r, ML_CAT_WORKSPACE, s->bytes_step_temp);
     free_(&r, ML_CAT_WORKSPACE, s->bytes_step_temp);
     alloc_(&r, ML_CAT_WORKSPACE, ag);
@@ -524,32 +518,29 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
     free_(&r, ML_CAT_GRADS, r.live[ML_CAT_GRADS]); /* zero_grad(set_to_none=True) */
     s->bytes_activations = act_end;
     if (r.nomem) {
-        st = ML_NOMEM;
         err->code = ML_NOMEM;
         snprintf(err->msg, sizeof err->msg, "out of memory");
-        goto done;
+        return ML_NOMEM;
     }
-    if (r.overflow || ch.overflow) {
-        st = ML_OVERFLOW;
+    if (r.overflow || ch->overflow) {
         err->code = ML_OVERFLOW;
         snprintf(err->msg, sizeof err->msg,
                  "byte counts exceed 64 bits: use a smaller micro_batch or seq_len");
-        goto done;
+        return ML_OVERFLOW;
     }
     if (r.underflow || r.live[ML_CAT_GRADS] || r.live[ML_CAT_ACTIVATIONS] ||
         r.live[ML_CAT_RECOMPUTE] || r.live[ML_CAT_WORKSPACE]) {
         /* the schedule freed something twice or leaked: a planner bug */
-        st = ML_RANGE;
         err->code = ML_RANGE;
         snprintf(err->msg, sizeof err->msg, "internal: the replay does not balance");
-        goto done;
+        return ML_RANGE;
     }
 
     /* FLOPs */
     double ff = 0, fb = 0;
     for (size_t k = 0; k < n; k++) {
-        ff += ch.blocks[k].flops_fwd;
-        fb += ch.blocks[k].flops_bwd;
+        ff += ch->blocks[k].flops_fwd;
+        fb += ch->blocks[k].flops_bwd;
     }
     double A = (double)t->grad_accum;
     s->flops_forward = ff * A;
@@ -562,10 +553,9 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
                          : -1.0;
     s->runtime_reserve = dv->runtime_reserve;
     if (__builtin_add_overflow(s->peak, s->runtime_reserve, &s->peak_total)) {
-        st = ML_OVERFLOW;
         err->code = ML_OVERFLOW;
         snprintf(err->msg, sizeof err->msg, "peak plus runtime reserve exceeds 64 bits");
-        goto done;
+        return ML_OVERFLOW;
     }
     s->has_device = dv->present;
     if (dv->present) {
@@ -576,14 +566,15 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
         int64_t h2 = (int64_t)s->memory - (int64_t)s->peak_total;
         s->headroom = h1 < h2 ? h1 : h2;
     }
-    s->c_tokens = ch.c_tokens;
-    s->c_width = ch.c_width;
-    s->c_dtype_bytes = ch.prec.a;
+    s->c_tokens = ch->c_tokens;
+    s->c_width = ch->c_width;
+    s->c_dtype_bytes = ch->prec.a;
+    s->plan_fits_budget = !dv->present || s->fits;
 
     /* per-block report */
-    double norm = (double)ch.c_tokens * (double)ch.c_width * (double)ch.prec.a;
+    double norm = (double)ch->c_tokens * (double)ch->c_width * (double)ch->prec.a;
     for (size_t k = 0; k < n; k++) {
-        const ml_cblock *b = &ch.blocks[k];
+        const ml_cblock *b = &ch->blocks[k];
         ml_block_info *bi = &l->blocks[k];
         snprintf(bi->name, sizeof bi->name, "%s", b->name);
         bi->params = b->params;
@@ -594,8 +585,8 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
         uint64_t inv = b->saved_bytes;
         if (b->in_saved)
             inv += b->in_bytes;
-        if (b->out_saved && k + 1 < n && !ch.blocks[k + 1].in_saved)
-            inv += ch.blocks[k + 1].in_bytes;
+        if (b->out_saved && k + 1 < n && !ch->blocks[k + 1].in_saved)
+            inv += ch->blocks[k + 1].in_bytes;
         bi->inventory_bytes = inv;
         bi->c = norm > 0 ? (double)inv / norm : 0;
         uint64_t kept = seg[k] < 0 ? b->saved_bytes - (selective ? b->core_bytes : 0) : 0;
@@ -603,22 +594,249 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
             kept += b->in_bytes;
         if (k + 1 < n && bd[k + 1].kept && bd[k + 1].cat == ML_CAT_ACTIVATIONS &&
             !bd[k + 1].by_consumer)
-            kept += ch.blocks[k + 1].in_bytes;
+            kept += ch->blocks[k + 1].in_bytes;
         bi->activations_saved = kept;
     }
-    describe_plan(&ch, &t->checkpoint, seg, s->plan, sizeof s->plan);
-    if (t->checkpoint.kind != ML_CKPT_OPTIMAL)
-        s->plan_fits_budget = !dv->present || s->fits;
     l->nblocks = n;
+    describe_plan(ch, &t->checkpoint, seg, s->plan, sizeof s->plan);
+    return ML_OK;
+}
+
+/* The chain model of plan/optimal.h for this chain and config. Quantities
+ * are the replay's own (docs/optimal.md, "from the ledger"): the solver's
+ * plan is then replayed and checked against the budget. */
+static void opt_model(const evalctx *x, const ml_summary *res, ml_opt_block *ob, size_t *lo_out,
+                      size_t *hi_out, ml_opt_chain *oc)
+{
+    const ml_chain *ch = x->ch;
+    const ml_training *t = &x->cfg->training;
+    const size_t n = ch->n;
+    const uint64_t N = t->data_parallel;
+    const bool accum = t->grad_accum > 1, gsh = t->zero >= 2;
+    size_t lo = n, hi = 0;
+    for (size_t k = 0; k < n; k++)
+        if (ch->blocks[k].ckpt_index >= 0) {
+            if (lo == n)
+                lo = k;
+            hi = k + 1;
+        }
+    *lo_out = lo;
+    *hi_out = hi;
+    /* resident: states, params, and with accumulation every gradient */
+    uint64_t R = res->bytes_params + res->bytes_master + res->bytes_optimizer +
+                 (accum ? res->bytes_grads : 0);
+    uint64_t gather = 0; /* ZeRO-3: the largest pair of gathered blocks */
+    if (t->zero >= 3)
+        for (size_t k = 0; k + 1 < n; k++) {
+            uint64_t e = (ch->blocks[k].params + ch->blocks[k + 1].params) * ch->prec.param;
+            if (e > gather)
+                gather = e;
+        }
+    uint64_t reduce = 0;
+    if (gsh) {
+        uint64_t e = t->reduce_bucket < res->params ? t->reduce_bucket : res->params;
+        reduce = e * ch->prec.grad;
+    }
+    /* what a block keeps when not checkpointed, boundaries included */
+#define KEEP(k)                                                                               \
+    (ch->blocks[k].saved_bytes + (ch->blocks[k].in_saved ? ch->blocks[k].in_bytes : 0) +      \
+     ((k) + 1 < n && ch->blocks[k].out_saved && !ch->blocks[(k) + 1].in_saved                 \
+          ? ch->blocks[(k) + 1].in_bytes                                                      \
+          : 0))
+#define GRAD(k) (gsh ? ceil_div(ch->blocks[k].grad_bytes, N) : ch->blocks[k].grad_bytes)
+    uint64_t E = 0; /* kept by the blocks before the range (embedding) */
+    for (size_t k = 0; k < lo; k++)
+        E += KEEP(k);
+    /* gradients created after block k's backward has started: blocks > k */
+    uint64_t later = 0;
+    for (size_t k = n; k-- > hi;)
+        later += accum ? 0 : GRAD(k);
+    for (size_t k = hi; k-- > lo;) {
+        const ml_cblock *b = &ch->blocks[k];
+        ml_opt_block *o = &ob[k - lo];
+        uint64_t out = k + 1 < n ? ch->blocks[k + 1].in_bytes : 0;
+        o->keep = KEEP(k);
+        o->input = b->in_bytes;
+        o->recomp = o->keep - (b->in_saved ? b->in_bytes : 0);
+        o->fwd = b->in_bytes + b->saved_bytes + b->ws_fwd + out + gather;
+        o->fwd_ng = b->in_bytes + b->ws_nograd + out + gather;
+        uint64_t g = accum ? b->grad_accum_bytes : GRAD(k);
+        o->bwd = b->ws_bwd + g + (gsh ? b->grad_bytes : 0) + gather + reduce;
+        o->base_b = R + E + later;
+        o->flops = b->flops_fwd;
+        later += accum ? 0 : GRAD(k);
+    }
+    /* the tail (head, loss): everything kept before it stays live */
+    uint64_t tail = 0, kept_tail = 0, g_tail = 0;
+    for (size_t k = hi; k < n; k++) {
+        const ml_cblock *b = &ch->blocks[k];
+        uint64_t out = k + 1 < n ? ch->blocks[k + 1].in_bytes : 0;
+        uint64_t f = kept_tail + b->in_bytes + b->saved_bytes + b->ws_fwd + out;
+        if (f > tail)
+            tail = f;
+        kept_tail += KEEP(k) + (b->in_held && !b->in_saved ? b->in_bytes : 0);
+    }
+    for (size_t k = n; k-- > hi;) {
+        const ml_cblock *b = &ch->blocks[k];
+        uint64_t g = accum ? b->grad_accum_bytes : GRAD(k);
+        uint64_t bw = kept_tail + b->ws_bwd + g_tail + g + (gsh ? b->grad_bytes : 0) + reduce;
+        if (bw > tail)
+            tail = bw;
+        g_tail += accum ? 0 : GRAD(k);
+    }
+#undef KEEP
+#undef GRAD
+    oc->n = hi - lo;
+    oc->blk = ob;
+    oc->base_f = R + E;
+    oc->base_t = R + E + tail + gather;
+    oc->budget = res->budget < res->memory - x->cfg->device.runtime_reserve
+                     ? res->budget
+                     : res->memory - x->cfg->device.runtime_reserve;
+}
+
+/* checkpoint: optimal. Solves on the chain model, replays the plan, and
+ * tightens the model's budget by any excess until the replay fits (a few
+ * rounds at most). Falls back to the fixed policy with the lowest peak when
+ * nothing fits; *fits tells which. */
+static ml_status plan_optimal(evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err)
+{
+    const ml_chain *ch = x->ch;
+    const size_t n = ch->n;
+    for (size_t k = 0; k < n; k++)
+        seg[k] = -1;
+    /* residents from a plain replay */
+    ml_status st = run_plan(x, seg, false, l, err);
+    if (st)
+        return st;
+    ml_summary res = l->sum;
+    ml_opt_block *ob = calloc(n ? n : 1, sizeof *ob);
+    int *oseg = calloc(n ? n : 1, sizeof *oseg);
+    if (!ob || !oseg) {
+        free(ob);
+        free(oseg);
+        err->code = ML_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return ML_NOMEM;
+    }
+    size_t lo, hi;
+    ml_opt_chain oc;
+    opt_model(x, &res, ob, &lo, &hi, &oc);
+    const uint64_t target = oc.budget;
+    *fits = false;
+    for (int round = 0; round < 8 && !*fits; round++) {
+        bool feasible = false;
+        double cost = 0;
+        if ((st = ml_opt_solve(&oc, 0, oseg, &cost, &feasible)))
+            break;
+        if (!feasible)
+            break;
+        for (size_t k = 0; k < n; k++)
+            seg[k] = k >= lo && k < hi ? oseg[k - lo] : -1;
+        if ((st = run_plan(x, seg, false, l, err)))
+            break;
+        uint64_t peak = l->sum.peak;
+        if (l->sum.fits) {
+            *fits = true;
+            break;
+        }
+        uint64_t over = peak > target ? peak - target : 1;
+        if (over >= oc.budget)
+            break;
+        oc.budget -= over;
+    }
+    free(ob);
+    free(oseg);
+    if (st)
+        return st;
+    if (*fits)
+        return ML_OK;
+    /* nothing fits: the fixed policy with the lowest peak */
+    static const ml_checkpoint_kind kinds[] = {ML_CKPT_FULL, ML_CKPT_SQRT, ML_CKPT_EVERY,
+                                               ML_CKPT_EVERY, ML_CKPT_NONE};
+    static const uint32_t every[] = {0, 0, 2, 4, 0};
+    uint64_t best = UINT64_MAX;
+    int *tmp = calloc(n ? n : 1, sizeof *tmp);
+    if (!tmp) {
+        err->code = ML_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return ML_NOMEM;
+    }
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        ml_checkpoint cp;
+        memset(&cp, 0, sizeof cp);
+        cp.kind = kinds[i];
+        cp.every = every[i];
+        if ((st = segments(ch, &cp, tmp, err)) || (st = run_plan(x, tmp, false, l, err)))
+            break;
+        if (l->sum.peak < best) {
+            best = l->sum.peak;
+            memcpy(seg, tmp, n * sizeof *seg);
+        }
+    }
+    free(tmp);
+    return st;
+}
+
+ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_events,
+                             ml_ledger **out, ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    const char *bad = validate(cfg);
+    if (bad) {
+        err->code = ML_RANGE;
+        snprintf(err->msg, sizeof err->msg, "%s", bad);
+        return ML_RANGE;
+    }
+    const ml_training *t = &cfg->training;
+    ml_chain ch;
+    ml_status st = ml_chain_build(m, cfg, &ch, err);
+    if (st)
+        return st;
+    evalctx x;
+    memset(&x, 0, sizeof x);
+    x.ch = &ch;
+    x.cfg = cfg;
+    if ((st = ml_optim_bytes_of(&ch, t, &x.ob, err))) {
+        ml_chain_free(&ch);
+        return st;
+    }
+    ml_ledger *l = calloc(1, sizeof *l);
+    int *seg = calloc(ch.n + 1, sizeof *seg);
+    x.bd = calloc(ch.n + 1, sizeof *x.bd);
+    x.rb = calloc(ch.n + 1, sizeof *x.rb);
+    x.bl = calloc(ch.n + 1, sizeof *x.bl);
+    x.blc = calloc(ch.n + 1, sizeof *x.blc);
+    if (l)
+        l->blocks = calloc(ch.n + 1, sizeof *l->blocks);
+    if (!l || !seg || !x.bd || !x.rb || !x.bl || !x.blc || !l->blocks) {
+        st = ML_NOMEM;
+        err->code = ML_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        goto done;
+    }
+    bool opt_fits = true;
+    if (t->checkpoint.kind == ML_CKPT_OPTIMAL)
+        st = plan_optimal(&x, seg, l, &opt_fits, err);
+    else
+        st = segments(&ch, &t->checkpoint, seg, err);
+    if (st)
+        goto done;
+    if ((st = run_plan(&x, seg, keep_events, l, err)))
+        goto done;
+    if (t->checkpoint.kind == ML_CKPT_OPTIMAL)
+        l->sum.plan_fits_budget = opt_fits;
     *out = l;
     l = NULL;
-    st = ML_OK;
 done:
     free(seg);
-    free(bd);
-    free(rb);
-    free(bl);
-    free(blc);
+    free(x.bd);
+    free(x.rb);
+    free(x.bl);
+    free(x.blc);
     ml_ledger_destroy(l);
     ml_chain_free(&ch);
     return st;

@@ -6,7 +6,7 @@ static const char *const presets[] = {"mlp2",       "cifar10-resnet", "agnews-cl
                                       "gpt2-small", "gpt2-medium",    "llama-2-7b",
                                       "llama-3-8b", "vit-b16",        "video-tokens"};
 static const char *const policies[] = {"none", "full", "every-2", "every-4",
-                                       "sqrt", "selective", "[0, 1]"};
+                                       "sqrt", "selective", "[0, 1]", "optimal"};
 
 /* Replays the event list independently and checks it against the summary. */
 static void check_events(const char *name, const char *pol, const ml_ledger *l)

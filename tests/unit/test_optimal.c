@@ -1,0 +1,240 @@
+/* checkpoint: optimal. The dynamic program against brute force on random
+ * heterogeneous chains, and on the real ledger. */
+#include <stdlib.h>
+
+#include "harness.h"
+#include "plan/optimal.h"
+
+static uint32_t rng = 2463534242u;
+static uint32_t next(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
+    return rng;
+}
+static uint64_t between(uint64_t lo, uint64_t hi)
+{
+    return lo + next() % (hi - lo + 1);
+}
+
+/* Every segmentation: each block kept (-1) or in a contiguous segment. */
+static void brute(const ml_opt_chain *c, int *seg, size_t i, int id, double *best,
+                  bool *any)
+{
+    if (i == c->n) {
+        double cost;
+        uint64_t peak;
+        if (ml_opt_check(c, seg, &cost, &peak) && (!*any || cost < *best)) {
+            *best = cost;
+            *any = true;
+        }
+        return;
+    }
+    seg[i] = -1;
+    brute(c, seg, i + 1, id, best, any);
+    for (size_t e = i; e < c->n; e++) {
+        for (size_t j = i; j <= e; j++)
+            seg[j] = id;
+        brute(c, seg, e + 1, id + 1, best, any);
+    }
+    for (size_t j = i; j < c->n; j++)
+        seg[j] = -1;
+}
+
+static void random_chain(ml_opt_block *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        b[i].input = between(1, 50);
+        b[i].keep = b[i].input + between(0, 400);
+        b[i].recomp = b[i].keep - b[i].input;
+        b[i].fwd = b[i].keep + between(0, 100);
+        b[i].fwd_ng = b[i].input + between(0, 150);
+        b[i].bwd = between(0, 200);
+        b[i].base_b = between(100, 400);
+        b[i].flops = (double)between(1, 1000); /* whole numbers: sums are exact */
+    }
+}
+
+static void test_dp_equals_brute_force(void **state)
+{
+    (void)state;
+    ml_opt_block blk[12];
+    int seg[12], dseg[12];
+    size_t feasible_cases = 0, infeasible_cases = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        size_t n = 1 + (size_t)(next() % 12);
+        if (trial % 4)
+            n = n > 9 ? 9 : n; /* most trials small; a quarter up to 12 blocks */
+        random_chain(blk, n);
+        ml_opt_chain c = {n, blk, between(0, 300), between(0, 800), 0};
+        /* budgets from hopeless to generous */
+        uint64_t total = 0;
+        for (size_t i = 0; i < n; i++)
+            total += blk[i].keep;
+        c.budget = between(300, 1500 + total);
+        double best = 0, cost = 0;
+        bool any = false, feasible = false;
+        for (size_t i = 0; i < n; i++)
+            seg[i] = -1;
+        brute(&c, seg, 0, 0, &best, &any);
+        assert_int_equal(ml_opt_solve(&c, 0, dseg, &cost, &feasible), ML_OK);
+        if (feasible != any)
+            fail_msg("trial %d (n=%zu, budget %llu): dp feasible %d, brute force %d", trial, n,
+                     (unsigned long long)c.budget, feasible, any);
+        if (!any) {
+            infeasible_cases++;
+            continue;
+        }
+        feasible_cases++;
+        assert_rel_close(cost, best, 0);
+        /* the plan it returns is what it claims, and within the budget */
+        double c2;
+        uint64_t peak;
+        assert_true(ml_opt_check(&c, dseg, &c2, &peak));
+        assert_rel_close(c2, cost, 0);
+        assert_true(peak <= c.budget);
+    }
+    /* the random budgets exercised both outcomes */
+    assert_true(feasible_cases > 50);
+    assert_true(infeasible_cases > 10);
+}
+
+static void test_huge_budget_is_none(void **state)
+{
+    (void)state;
+    ml_opt_block blk[8];
+    random_chain(blk, 8);
+    ml_opt_chain c = {8, blk, 10, 10, UINT64_MAX / 4};
+    int seg[8];
+    double cost = -1;
+    bool feasible = false;
+    assert_int_equal(ml_opt_solve(&c, 0, seg, &cost, &feasible), ML_OK);
+    assert_true(feasible);
+    assert_rel_close(cost, 0, 0);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(seg[i], -1);
+    /* and nothing fits below the resident state */
+    c.budget = 5;
+    assert_int_equal(ml_opt_solve(&c, 0, seg, &cost, &feasible), ML_OK);
+    assert_false(feasible);
+}
+
+/* A thinned search (small max_states) may lose the optimum, never the budget. */
+static void test_thinned_search_stays_within_budget(void **state)
+{
+    (void)state;
+    enum { N = 200 };
+    static ml_opt_block blk[N];
+    static int seg[N];
+    random_chain(blk, N);
+    uint64_t total = 0;
+    for (size_t i = 0; i < N; i++)
+        total += blk[i].keep;
+    ml_opt_chain c = {N, blk, 100, 100, 1000 + total / 3};
+    double cost;
+    bool feasible;
+    assert_int_equal(ml_opt_solve(&c, 8, seg, &cost, &feasible), ML_OK);
+    if (feasible) {
+        uint64_t peak;
+        assert_true(ml_opt_check(&c, seg, NULL, &peak));
+        assert_true(peak <= c.budget);
+    }
+}
+
+/* On the ledger: optimal fits whenever a fixed policy does, never recomputes
+ * more than full, and is none when everything fits. */
+static void test_optimal_on_presets(void **state)
+{
+    (void)state;
+    const char *presets[] = {"gpt2-small", "gpt2-medium", "vit-b16", "agnews-classifier",
+                             "cifar10-resnet", "llama-2-7b"};
+    for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++) {
+        ml_model *m = load_preset(presets[p]);
+        ml_config c = ml_model_config(m);
+        c.device.present = true;
+        c.device.budget = 0;
+        c.device.runtime_reserve = 512ull << 20;
+        c.training.data_parallel = 8;
+        c.training.zero = 3; /* so that 7B fits on some devices */
+        ml_ledger *full, *opt;
+        c.training.checkpoint.kind = ML_CKPT_FULL;
+        full = eval(m, &c, false);
+        /* a device 10% above full's peak: full fits, optimal must too */
+        c.device.memory = ml_ledger_summary(full)->peak_total +
+                          ml_ledger_summary(full)->peak / 10;
+        ml_ledger_destroy(full);
+        full = eval(m, &c, false);
+        assert_true(ml_ledger_summary(full)->fits);
+        c.training.checkpoint.kind = ML_CKPT_OPTIMAL;
+        opt = eval(m, &c, true);
+        const ml_summary *so = ml_ledger_summary(opt), *sf = ml_ledger_summary(full);
+        if (!so->fits)
+            fail_msg("%s: optimal does not fit (%s), full does", presets[p], so->plan);
+        assert_true(so->plan_fits_budget);
+        assert_true(so->flops_recompute <= sf->flops_recompute);
+        ml_ledger_destroy(opt);
+        ml_ledger_destroy(full);
+        /* a device far above none's peak: nothing to recompute */
+        c.training.checkpoint.kind = ML_CKPT_NONE;
+        ml_ledger *none = eval(m, &c, false);
+        c.device.memory = ml_ledger_summary(none)->peak_total * 2;
+        ml_ledger_destroy(none);
+        c.training.checkpoint.kind = ML_CKPT_OPTIMAL;
+        opt = eval(m, &c, false);
+        assert_rel_close(ml_ledger_summary(opt)->flops_recompute, 0, 0);
+        assert_string_equal(ml_ledger_summary(opt)->plan, "optimal: none");
+        ml_ledger_destroy(opt);
+        /* a device below the resident states: says so */
+        c.device.memory = 600ull << 20;
+        opt = eval(m, &c, false);
+        assert_false(ml_ledger_summary(opt)->plan_fits_budget);
+        assert_false(ml_ledger_summary(opt)->fits);
+        ml_ledger_destroy(opt);
+        ml_model_destroy(m);
+    }
+}
+
+/* gpt2-small at micro-batch 8 on 12 GiB: the least recompute among the
+ * 4096 single-block subsets (brute force through the ledger) checkpoints 9
+ * blocks; optimal matches that cost. */
+static void test_optimal_matches_subset_search(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    c.device.memory = 12ull << 30;
+    c.device.budget = 0;
+    double best = -1;
+    for (uint32_t mask = 0; mask < 4096; mask++) {
+        c.training.checkpoint.kind = ML_CKPT_LIST;
+        c.training.checkpoint.count = 0;
+        for (uint32_t b = 0; b < 12; b++)
+            if (mask & (1u << b))
+                c.training.checkpoint.blocks[c.training.checkpoint.count++] = b;
+        ml_ledger *l = eval(m, &c, false);
+        const ml_summary *s = ml_ledger_summary(l);
+        if (s->fits && (best < 0 || s->flops_recompute < best))
+            best = s->flops_recompute;
+        ml_ledger_destroy(l);
+    }
+    assert_true(best > 0);
+    c.training.checkpoint.kind = ML_CKPT_OPTIMAL;
+    ml_ledger *l = eval(m, &c, false);
+    assert_true(ml_ledger_summary(l)->fits);
+    assert_true(ml_ledger_summary(l)->flops_recompute <= best);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dp_equals_brute_force),
+        cmocka_unit_test(test_huge_budget_is_none),
+        cmocka_unit_test(test_thinned_search_stays_within_budget),
+        cmocka_unit_test(test_optimal_on_presets),
+        cmocka_unit_test(test_optimal_matches_subset_search),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
