@@ -1,12 +1,14 @@
 /* memledger — plan GPU training memory and FLOPs before launching a job.
  * Umbrella header: model.h (load a model), ledger.h (evaluate one training
- * iteration), report.h (text and JSON), error.h (status codes). */
+ * iteration), plan.h (fit and compare), report.h (text and JSON), error.h
+ * (status codes). */
 #ifndef MEMLEDGER_MEMLEDGER_H
 #define MEMLEDGER_MEMLEDGER_H
 
 #include "error.h"
 #include "ledger.h"
 #include "model.h"
+#include "plan.h"
 #include "report.h"
 
 #define ML_VERSION "0.1.0"

@@ -15,7 +15,7 @@ enum {
     ML_EXIT_FAILURE = 3,   /* output could not be written, out of memory */
 };
 
-typedef enum { ML_FMT_TEXT, ML_FMT_JSON } ml_format;
+typedef enum { ML_FMT_TEXT, ML_FMT_JSON, ML_FMT_CSV } ml_format;
 
 /* Training/device overrides as given on the command line, applied on top
  * of the model file's settings. */
@@ -25,17 +25,22 @@ typedef struct {
     /* raw flag values, NULL when not given */
     const char *micro_batch, *seq_len, *grad_accum, *precision, *optimizer, *optimizer_impl,
         *checkpoint, *device, *budget, *runtime_reserve, *peak_tflops, *efficiency,
-        *data_parallel, *zero, *offload;
+        *data_parallel, *zero, *offload, *global_batch, *max_micro_batch;
+    bool auto_checkpoint; /* --checkpoint auto (fit) */
 } ml_cli_opts;
 
 /* Parses argv (after the verb). Returns 0, 1 for --help (printed), or 2 on a
  * usage error (printed). */
 int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o);
+/* Parses a whole-number flag value; prints and returns 2 on error. */
+int ml_cli_whole(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
 /* Loads the model and applies overrides; prints errors. Returns 0 or an exit status. */
 int ml_cli_load(const ml_cli_opts *o, ml_model **m, ml_config *cfg);
 /* Prints "memledger: error: path:line:col: msg", the line and a caret. */
 void ml_cli_print_error(const ml_error *e);
 
 int ml_cmd_plan(int argc, char **argv);
+int ml_cmd_fit(int argc, char **argv);
+int ml_cmd_compare(int argc, char **argv);
 
 #endif

@@ -10,6 +10,8 @@ static const struct {
     const char *summary;
 } verbs[] = {
     {"plan", ml_cmd_plan, "the memory ledger and FLOPs of one training iteration"},
+    {"fit", ml_cmd_fit, "the largest micro-batch that fits, and the accumulation steps"},
+    {"compare", ml_cmd_compare, "checkpoint policies side by side"},
 };
 
 static void help(FILE *f)

@@ -58,6 +58,8 @@ static const struct {
     {"--data-parallel", offsetof(ml_cli_opts, data_parallel)},
     {"--zero", offsetof(ml_cli_opts, zero)},
     {"--offload", offsetof(ml_cli_opts, offload)},
+    {"--global-batch", offsetof(ml_cli_opts, global_batch)},
+    {"--max-micro-batch", offsetof(ml_cli_opts, max_micro_batch)},
 };
 
 static int usage_error(const char *verb, const char *fmt, const char *arg)
@@ -89,8 +91,14 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                     o->format = ML_FMT_TEXT;
                 else if (!strcmp(val, "json"))
                     o->format = ML_FMT_JSON;
+                else if (!strcmp(val, "csv") && !strcmp(verb, "compare"))
+                    o->format = ML_FMT_CSV;
                 else
-                    return usage_error(verb, "--format: '%s' is not a format; use text or json",
+                    return usage_error(verb, !strcmp(verb, "compare")
+                                                 ? "--format: '%s' is not a format; use text, "
+                                                   "json or csv"
+                                                 : "--format: '%s' is not a format; use text or "
+                                                   "json",
                                        val);
                 continue;
             }
@@ -104,6 +112,15 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
             if (!val)
                 return usage_error(verb, "%s needs a value", flags[k].flag);
             *(const char **)((char *)o + flags[k].off) = val;
+            if (!strcmp(flags[k].flag, "--checkpoint") && !strcmp(val, "auto")) {
+                if (strcmp(verb, "fit"))
+                    return usage_error(verb, "--checkpoint auto is for 'memledger fit'%s", "");
+                o->auto_checkpoint = true;
+            }
+            if ((!strcmp(flags[k].flag, "--global-batch") ||
+                 !strcmp(flags[k].flag, "--max-micro-batch")) &&
+                strcmp(verb, "fit"))
+                return usage_error(verb, "%s is for 'memledger fit'", flags[k].flag);
             continue;
         }
         if (o->model_path)
@@ -121,7 +138,7 @@ static int bad_flag(const char *flag, const char *msg)
     return ML_EXIT_BAD_INPUT;
 }
 
-static int whole(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+int ml_cli_whole(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
 {
     char msg[200];
     const char *p = v;
@@ -175,11 +192,11 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
     ml_device *d = &c.device;
     int rc = 0;
     if (!rc && o->micro_batch)
-        rc = whole("--micro-batch", o->micro_batch, 1, 1u << 24, &t->micro_batch);
+        rc = ml_cli_whole("--micro-batch", o->micro_batch, 1, 1u << 24, &t->micro_batch);
     if (!rc && o->seq_len)
-        rc = whole("--seq-len", o->seq_len, 1, 1u << 28, &t->seq_len);
+        rc = ml_cli_whole("--seq-len", o->seq_len, 1, 1u << 28, &t->seq_len);
     if (!rc && o->grad_accum)
-        rc = whole("--grad-accum", o->grad_accum, 1, 1u << 20, &t->grad_accum);
+        rc = ml_cli_whole("--grad-accum", o->grad_accum, 1, 1u << 20, &t->grad_accum);
     if (!rc && o->precision && !ml_precision_parse(o->precision, &t->precision))
         rc = bad_flag("--precision", "unknown; use fp32, amp-bf16, amp-fp16, bf16-master, "
                                      "fp16-master or bf16");
@@ -189,20 +206,20 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
     if (!rc && o->optimizer_impl && !ml_optimizer_impl_parse(o->optimizer_impl, &t->optimizer_impl))
         rc = bad_flag("--optimizer-impl", "unknown; use for-loop, foreach or fused");
     if (!rc && o->data_parallel)
-        rc = whole("--data-parallel", o->data_parallel, 1, 1u << 20, &t->data_parallel);
+        rc = ml_cli_whole("--data-parallel", o->data_parallel, 1, 1u << 20, &t->data_parallel);
     if (!rc && o->zero) {
         uint64_t z = 0;
         if (!strcmp(o->zero, "fsdp"))
             z = 3;
         else
-            rc = whole("--zero", o->zero, 0, 3, &z);
+            rc = ml_cli_whole("--zero", o->zero, 0, 3, &z);
         t->zero = (unsigned)z;
     }
     if (!rc && o->offload && !ml_offload_parse(o->offload, &t->offload))
         rc = bad_flag("--offload", "unknown; use none, optimizer or params");
     if (!rc && t->offload == ML_OFFLOAD_PARAMS && t->zero != 3)
         rc = bad_flag("--offload", "params offload needs --zero 3");
-    if (!rc && o->checkpoint) {
+    if (!rc && o->checkpoint && !o->auto_checkpoint) {
         memset(&e, 0, sizeof e);
         if (ml_parse_checkpoint(o->checkpoint, &t->checkpoint, &e))
             rc = bad_flag("--checkpoint", e.msg);

@@ -1,0 +1,71 @@
+/* memledger fit MODEL.yaml: the largest micro-batch and the accumulation. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char usage[] =
+    "usage: memledger fit MODEL.yaml [options]\n"
+    "\n"
+    "Finds the largest micro-batch whose training peak fits the device, and the\n"
+    "gradient-accumulation steps that reach a target effective batch\n"
+    "(effective = micro-batch x accumulation x data-parallel devices). The search is\n"
+    "exact on the ledger (bisection), not an extrapolation.\n"
+    "\n"
+    "  --device SIZE          device memory (or a device: section in the file)\n"
+    "  --budget SIZE          line for the allocator peak (default memory - reserve)\n"
+    "  --global-batch N       target effective batch\n"
+    "  --data-parallel N      devices (default 1)\n"
+    "  --max-micro-batch N    upper end of the search (default 65536)\n"
+    "  --checkpoint C|auto    a policy, or auto: the cheapest (recompute FLOPs) that\n"
+    "                         admits the largest useful micro-batch\n"
+    "  --format text|json     (default text)\n"
+    "  and every 'memledger plan' option (--seq-len, --precision, --zero, ...)\n"
+    "\n"
+    "Exit status: 0 a micro-batch fits, 1 even micro-batch 1 does not fit,\n"
+    "2 bad input or usage, 3 output could not be written.\n";
+
+int ml_cmd_fit(int argc, char **argv)
+{
+    ml_cli_opts o;
+    int rc = ml_cli_parse(argc, argv, "fit", usage, &o);
+    if (rc == 1)
+        return ML_EXIT_OK;
+    if (rc)
+        return rc;
+    ml_model *m = NULL;
+    ml_config cfg;
+    if ((rc = ml_cli_load(&o, &m, &cfg)))
+        return rc;
+    ml_fit_request req = ml_fit_request_defaults();
+    req.auto_checkpoint = o.auto_checkpoint;
+    if (o.global_batch &&
+        (rc = ml_cli_whole("--global-batch", o.global_batch, 1, 1ull << 40, &req.global_batch)))
+        goto out;
+    if (o.max_micro_batch && (rc = ml_cli_whole("--max-micro-batch", o.max_micro_batch, 1,
+                                                1u << 24, &req.max_micro_batch)))
+        goto out;
+    ml_fit_result r;
+    ml_error e;
+    ml_status st = ml_fit(m, &cfg, &req, &r, &e);
+    if (st) {
+        snprintf(e.path, sizeof e.path, "%s", o.model_path);
+        e.line = e.col = 0;
+        ml_cli_print_error(&e);
+        rc = st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+        goto out;
+    }
+    int w = o.format == ML_FMT_JSON ? ml_report_fit_json(stdout, m, &req, &r)
+                                    : ml_report_fit_text(stdout, m, &cfg, &req, &r);
+    if (fflush(stdout) != 0 || w != 0) {
+        fprintf(stderr, "memledger: error: cannot write the report to standard output\n");
+        rc = ML_EXIT_FAILURE;
+    } else {
+        if (!r.fits)
+            fprintf(stderr, "memledger: %s\n", r.note);
+        rc = r.fits ? ML_EXIT_OK : ML_EXIT_NO_FIT;
+    }
+out:
+    ml_model_destroy(m);
+    return rc;
+}

@@ -1,0 +1,323 @@
+/* fit and compare: searches and tables over the exact ledger. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "memledger/plan.h"
+#include "memledger/report.h"
+
+ml_fit_request ml_fit_request_defaults(void)
+{
+    ml_fit_request r;
+    memset(&r, 0, sizeof r);
+    r.max_micro_batch = 65536;
+    return r;
+}
+
+typedef struct {
+    const ml_model *m;
+    ml_config cfg;
+    unsigned evals;
+    ml_error *err;
+} search;
+
+/* Evaluates at micro-batch b; *fits gets the verdict. */
+static ml_status try_b(search *s, uint64_t b, bool *fits, ml_summary *sum)
+{
+    s->cfg.training.micro_batch = b;
+    ml_ledger *l = NULL;
+    s->evals++;
+    ml_status st = ml_ledger_evaluate(s->m, &s->cfg, false, &l, s->err);
+    if (st == ML_OVERFLOW) {
+        *fits = false; /* too large to represent is too large to fit */
+        return ML_OK;
+    }
+    if (st)
+        return st;
+    const ml_summary *x = ml_ledger_summary(l);
+    *fits = x->fits;
+    if (sum)
+        *sum = *x;
+    ml_ledger_destroy(l);
+    return ML_OK;
+}
+
+/* Largest b in [1, cap] that fits, 0 when none: doubling, then bisection.
+ * Valid because the peak never decreases as b grows (every tensor's size is
+ * non-decreasing in b; tests/unit/test_fit.c checks it on every preset). */
+static ml_status largest(search *s, uint64_t cap, uint64_t *out)
+{
+    bool ok;
+    ml_status st = try_b(s, 1, &ok, NULL);
+    if (st || !ok) {
+        *out = 0;
+        return st;
+    }
+    uint64_t lo = 1, hi = 0; /* lo fits; hi (if set) does not */
+    while (!hi) {
+        uint64_t b = lo * 2 > cap ? cap : lo * 2;
+        if (b == lo) {
+            *out = lo;
+            return ML_OK;
+        }
+        if ((st = try_b(s, b, &ok, NULL)))
+            return st;
+        if (ok)
+            lo = b;
+        else
+            hi = b;
+        if (ok && b == cap) {
+            *out = cap;
+            return ML_OK;
+        }
+    }
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if ((st = try_b(s, mid, &ok, NULL)))
+            return st;
+        if (ok)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    *out = lo;
+    return ML_OK;
+}
+
+static uint64_t largest_divisor_at_most(uint64_t n, uint64_t cap)
+{
+    for (uint64_t d = cap < n ? cap : n; d > 1; d--)
+        if (n % d == 0)
+            return d;
+    return 1;
+}
+
+/* Micro-batch and accumulation for one policy. */
+static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result *r)
+{
+    const uint64_t dp = s->cfg.training.data_parallel;
+    uint64_t cap = req->max_micro_batch ? req->max_micro_batch : 65536;
+    uint64_t per = 0;
+    ml_status st;
+    r->exact = true;
+    r->note[0] = '\0';
+    if (req->global_batch) {
+        per = req->global_batch / dp + (req->global_batch % dp != 0);
+        if (per < cap)
+            cap = per;
+        /* no accumulation needed if the whole per-device batch fits */
+        s->cfg.training.grad_accum = 1;
+        bool ok = false;
+        if (per <= cap && (st = try_b(s, per, &ok, NULL)))
+            return st;
+        if (ok && req->global_batch % dp == 0) {
+            r->max_micro_batch = per;
+            r->micro_batch = per;
+            r->grad_accum = 1;
+            goto done;
+        }
+        /* accumulation keeps gradients resident across micro-batches: search
+         * with it on (any count > 1 has the same peak) */
+        s->cfg.training.grad_accum = 2;
+    }
+    if ((st = largest(s, cap, &r->max_micro_batch)))
+        return st;
+    if (!r->max_micro_batch)
+        return ML_OK;
+    if (!req->global_batch) {
+        r->micro_batch = r->max_micro_batch;
+        r->grad_accum = s->cfg.training.grad_accum;
+    } else if (req->global_batch % dp == 0) {
+        r->micro_batch = largest_divisor_at_most(per, r->max_micro_batch);
+        r->grad_accum = per / r->micro_batch;
+        if (r->micro_batch * 2 <= r->max_micro_batch) {
+            uint64_t acc = per / r->max_micro_batch + (per % r->max_micro_batch != 0);
+            snprintf(r->note, sizeof r->note,
+                     "%llu is the largest micro-batch dividing %llu per device; micro-batch %llu "
+                     "x %llu steps would fit too but makes the effective batch %llu",
+                     (unsigned long long)r->micro_batch, (unsigned long long)per,
+                     (unsigned long long)r->max_micro_batch, (unsigned long long)acc,
+                     (unsigned long long)(r->max_micro_batch * acc * dp));
+        }
+    } else {
+        r->micro_batch = r->max_micro_batch;
+        r->grad_accum = per / r->micro_batch + (per % r->micro_batch != 0);
+        r->exact = false;
+    }
+done:
+    s->cfg.training.grad_accum = r->grad_accum;
+    r->data_parallel = dp;
+    r->effective_batch = r->micro_batch * r->grad_accum * dp;
+    if (req->global_batch && r->effective_batch != req->global_batch) {
+        r->exact = false;
+        snprintf(r->note, sizeof r->note,
+                 "global batch %llu does not split evenly over %llu devices: the effective batch "
+                 "becomes %llu (micro-batch %llu x %llu steps x %llu devices)",
+                 (unsigned long long)req->global_batch, (unsigned long long)dp,
+                 (unsigned long long)r->effective_batch, (unsigned long long)r->micro_batch,
+                 (unsigned long long)r->grad_accum, (unsigned long long)dp);
+    }
+    ml_summary sum;
+    bool ok;
+    if ((st = try_b(s, r->micro_batch, &ok, &sum)))
+        return st;
+    r->fits = ok;
+    r->peak_total = sum.peak_total;
+    r->budget = sum.budget;
+    r->headroom = sum.headroom;
+    r->flops_recompute = sum.flops_recompute;
+    r->step_time_s = sum.step_time_s;
+    snprintf(r->plan, sizeof r->plan, "%s", sum.plan);
+    return ML_OK;
+}
+
+/* Why micro-batch 1 does not fit, and what would help (docs/choosing.md). */
+static void explain(search *s, ml_fit_result *r)
+{
+    char a[32], b[32];
+    s->cfg.training.micro_batch = 1;
+    s->cfg.training.grad_accum = 1;
+    s->cfg.training.checkpoint.kind = ML_CKPT_FULL;
+    ml_ledger *l = NULL;
+    if (ml_ledger_evaluate(s->m, &s->cfg, false, &l, s->err) != ML_OK) {
+        snprintf(r->note, sizeof r->note, "even micro-batch 1 does not fit");
+        return;
+    }
+    const ml_summary *x = ml_ledger_summary(l);
+    uint64_t states = x->bytes_params + x->bytes_master + x->bytes_grads + x->bytes_optimizer;
+    ml_format_bytes(states, a, sizeof a);
+    ml_format_bytes(x->budget, b, sizeof b);
+    bool states_alone = states > x->budget || states + x->runtime_reserve > x->memory;
+    ml_ledger_destroy(l);
+    /* how many devices would ZeRO-3 need? */
+    uint64_t need = 0;
+    ml_config c = s->cfg;
+    c.training.zero = 3;
+    for (uint64_t n = 2; n <= 4096 && !need; n *= 2) {
+        c.training.data_parallel = n;
+        if (ml_ledger_evaluate(s->m, &c, false, &l, s->err) == ML_OK) {
+            if (ml_ledger_summary(l)->fits)
+                need = n;
+            ml_ledger_destroy(l);
+        }
+    }
+    char shard[160] = "";
+    if (need)
+        snprintf(shard, sizeof shard, "shard (ZeRO-3) across %llu devices",
+                 (unsigned long long)need);
+    else
+        snprintf(shard, sizeof shard, "shard (ZeRO-3) across many devices");
+    if (states_alone)
+        snprintf(r->note, sizeof r->note,
+                 "model states alone need %s per device (params, grads, optimizer states) "
+                 "against a budget of %s: checkpointing cannot help; %s or offload the "
+                 "optimizer (--offload optimizer)",
+                 a, b, shard);
+    else
+        snprintf(r->note, sizeof r->note,
+                 "micro-batch 1 does not fit even with full checkpointing (model states %s, "
+                 "budget %s): shorten seq_len, use a lower precision, or %s",
+                 a, b, shard);
+}
+
+ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *req,
+                 ml_fit_result *out, ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    if (!cfg->device.present) {
+        err->code = ML_USAGE;
+        snprintf(err->msg, sizeof err->msg,
+                 "fit needs a device: give --device SIZE or a device: section");
+        return ML_USAGE;
+    }
+    search s = {m, *cfg, 0, err};
+    ml_fit_result best;
+    memset(&best, 0, sizeof best);
+    ml_status st;
+    if (!req->auto_checkpoint) {
+        if ((st = fit_policy(&s, req, &best)))
+            return st;
+        best.checkpoint = cfg->training.checkpoint;
+    } else {
+        /* the cheapest policy (recompute FLOPs) that admits the largest
+         * useful micro-batch */
+        static const char *const cands[] = {"none", "selective", "every-4", "every-2",
+                                            "sqrt", "full", "optimal"};
+        bool have = false;
+        for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
+            ml_fit_result r;
+            memset(&r, 0, sizeof r);
+            s.cfg = *cfg;
+            ml_parse_checkpoint(cands[i], &s.cfg.training.checkpoint, NULL);
+            if ((st = fit_policy(&s, req, &r)))
+                return st;
+            if (!r.max_micro_batch)
+                continue;
+            r.checkpoint = s.cfg.training.checkpoint;
+            /* the chosen micro-batch is already capped at what the global
+             * batch can use */
+            bool better = !have || r.micro_batch > best.micro_batch ||
+                          (r.micro_batch == best.micro_batch &&
+                           r.flops_recompute < best.flops_recompute);
+            if (better) {
+                best = r;
+                have = true;
+            }
+        }
+    }
+    best.evaluations = s.evals;
+    if (!best.max_micro_batch) {
+        best.fits = false;
+        best.data_parallel = cfg->training.data_parallel;
+        best.checkpoint = cfg->training.checkpoint;
+        s.cfg = *cfg;
+        explain(&s, &best);
+        best.evaluations = s.evals;
+    }
+    *out = best;
+    return ML_OK;
+}
+
+ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *rows, size_t *nrows,
+                     ml_error *err)
+{
+    static const char *const pols[] = {"none", "full", "every-2", "every-4", "sqrt",
+                                       "selective", "optimal"};
+    size_t n = 0;
+    double base_total = 0;
+    for (size_t i = 0; i < sizeof pols / sizeof pols[0]; i++) {
+        ml_config c = *cfg;
+        ml_parse_checkpoint(pols[i], &c.training.checkpoint, NULL);
+        if (c.training.checkpoint.kind == ML_CKPT_OPTIMAL && !c.device.present)
+            continue;
+        ml_ledger *l = NULL;
+        ml_status st = ml_ledger_evaluate(m, &c, false, &l, err);
+        if (st)
+            return st;
+        const ml_summary *s = ml_ledger_summary(l);
+        ml_compare_row *r = &rows[n++];
+        memset(r, 0, sizeof *r);
+        r->checkpoint = c.training.checkpoint;
+        snprintf(r->plan, sizeof r->plan, "%s", s->plan);
+        r->peak = s->peak;
+        r->peak_total = s->peak_total;
+        r->activations_saved = s->bytes_activations;
+        r->flops_recompute = s->flops_recompute;
+        r->flops_total = s->flops_total;
+        if (i == 0)
+            base_total = s->flops_total;
+        r->recompute_pct = base_total > 0 ? 100.0 * s->flops_recompute / base_total : 0;
+        r->step_time_s = s->step_time_s;
+        r->has_device = s->has_device;
+        r->fits = s->has_device ? (r->checkpoint.kind == ML_CKPT_OPTIMAL ? s->plan_fits_budget &&
+                                                                                 s->fits
+                                                                           : s->fits)
+                                : false;
+        ml_ledger_destroy(l);
+    }
+    *nrows = n;
+    return ML_OK;
+}

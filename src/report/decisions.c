@@ -1,0 +1,197 @@
+/* Reports of fit and compare. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "memledger/report.h"
+
+static void jstr(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static const char *B(uint64_t v, char *buf)
+{
+    ml_format_bytes(v, buf, 32);
+    return buf;
+}
+
+int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
+                       const ml_fit_request *req, const ml_fit_result *r)
+{
+    char a[32], b[32], c[32], ck[1200];
+    const ml_device *d = &cfg->device;
+    uint64_t budget = d->budget ? d->budget : d->memory - d->runtime_reserve;
+    fprintf(f, "memledger fit: %s on %s (budget %s for the allocator peak, runtime reserve %s)\n",
+            ml_model_name(m), B(d->memory, a), B(budget, b), B(d->runtime_reserve, c));
+    fprintf(f, "config: seq_len %llu, precision %s, optimizer %s (%s), %llu device%s, ZeRO %u\n\n",
+            (unsigned long long)cfg->training.seq_len, ml_precision_name(cfg->training.precision),
+            ml_optimizer_name(cfg->training.optimizer),
+            ml_optimizer_impl_name(cfg->training.optimizer_impl),
+            (unsigned long long)cfg->training.data_parallel,
+            cfg->training.data_parallel == 1 ? "" : "s", cfg->training.zero);
+    if (!r->fits) {
+        fprintf(f, "DOES NOT FIT: %s\n", r->note);
+        return ferror(f) ? -1 : 0;
+    }
+    ml_checkpoint_format(&r->checkpoint, ck, sizeof ck);
+    fprintf(f, "largest micro-batch that fits: %llu (checkpoint %s%s)\n",
+            (unsigned long long)r->max_micro_batch, req->auto_checkpoint ? "auto -> " : "", ck);
+    if (r->checkpoint.kind == ML_CKPT_OPTIMAL)
+        fprintf(f, "  plan: %s\n", r->plan);
+    fprintf(f, "choice: micro-batch %llu x %llu accumulation step%s x %llu device%s = effective "
+               "batch %llu",
+            (unsigned long long)r->micro_batch, (unsigned long long)r->grad_accum,
+            r->grad_accum == 1 ? "" : "s", (unsigned long long)r->data_parallel,
+            r->data_parallel == 1 ? "" : "s", (unsigned long long)r->effective_batch);
+    if (req->global_batch)
+        fprintf(f, " (target %llu%s)", (unsigned long long)req->global_batch,
+                r->exact ? ", exact" : ", not exact");
+    fputc('\n', f);
+    if (r->note[0])
+        fprintf(f, "note: %s\n", r->note);
+    fprintf(f, "peak total %s, headroom %s; recompute ", B(r->peak_total, a),
+            B((uint64_t)(r->headroom < 0 ? 0 : r->headroom), b));
+    ml_format_flops(r->flops_recompute, c, sizeof c);
+    fprintf(f, "%s per iteration", c);
+    if (r->step_time_s >= 0)
+        fprintf(f, "; step time %.4g s", r->step_time_s);
+    fprintf(f, "\n(exact search over the ledger: %u evaluations)\n", r->evaluations);
+    return ferror(f) ? -1 : 0;
+}
+
+int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
+                       const ml_fit_result *r)
+{
+    char ck[1200];
+    ml_checkpoint_format(&r->checkpoint, ck, sizeof ck);
+    fputs("{\"model\": ", f);
+    jstr(f, ml_model_name(m));
+    if (r->fits)
+        fprintf(f, ", \"micro_batch\": %llu, \"grad_accum\": %llu, \"data_parallel\": %llu, "
+                   "\"effective_batch\": %llu, ",
+                (unsigned long long)r->micro_batch, (unsigned long long)r->grad_accum,
+                (unsigned long long)r->data_parallel, (unsigned long long)r->effective_batch);
+    else
+        fprintf(f, ", \"micro_batch\": null, \"grad_accum\": null, \"data_parallel\": %llu, "
+                   "\"effective_batch\": null, ",
+                (unsigned long long)r->data_parallel);
+    fputs("\"checkpoint\": ", f);
+    jstr(f, ck);
+    fputs(", \"plan\": ", f);
+    jstr(f, r->plan);
+    if (r->fits)
+        fprintf(f, ", \"peak_total\": %llu, \"budget\": %llu, \"fits\": true, \"headroom\": %lld",
+                (unsigned long long)r->peak_total, (unsigned long long)r->budget,
+                (long long)r->headroom);
+    else
+        fputs(", \"peak_total\": null, \"budget\": null, \"fits\": false, \"headroom\": null", f);
+    if (req->global_batch)
+        fprintf(f, ", \"global_batch\": %llu, \"exact\": %s", (unsigned long long)req->global_batch,
+                r->exact ? "true" : "false");
+    else
+        fputs(", \"global_batch\": null, \"exact\": true", f);
+    fprintf(f, ", \"max_micro_batch\": %llu, \"flops_recompute\": %.17g, \"evaluations\": %u",
+            (unsigned long long)r->max_micro_batch, r->flops_recompute, r->evaluations);
+    fputs(", \"note\": ", f);
+    jstr(f, r->note);
+    fputs("}\n", f);
+    return ferror(f) ? -1 : 0;
+}
+
+static void name_of(const ml_compare_row *r, char *buf, size_t size)
+{
+    ml_checkpoint_format(&r->checkpoint, buf, size);
+}
+
+int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
+                           const ml_compare_row *rows, size_t n)
+{
+    char a[32], b[32], c[32], name[64];
+    fprintf(f, "memledger compare: %s, micro_batch %llu, seq_len %llu, grad_accum %llu, %s\n",
+            ml_model_name(m), (unsigned long long)cfg->training.micro_batch,
+            (unsigned long long)cfg->training.seq_len, (unsigned long long)cfg->training.grad_accum,
+            ml_precision_name(cfg->training.precision));
+    if (cfg->device.present) {
+        uint64_t budget = cfg->device.budget ? cfg->device.budget
+                                             : cfg->device.memory - cfg->device.runtime_reserve;
+        fprintf(f, "device %s, budget %s, runtime reserve %s\n", B(cfg->device.memory, a),
+                B(budget, b), B(cfg->device.runtime_reserve, c));
+    }
+    fprintf(f, "\n%-12s %12s %12s %14s %10s %11s %s\n", "checkpoint", "peak total", "saved acts",
+            "recompute", "% of 3F", "step time", "fits");
+    for (size_t i = 0; i < n; i++) {
+        const ml_compare_row *r = &rows[i];
+        name_of(r, name, sizeof name);
+        char fl[32], st[32];
+        ml_format_flops(r->flops_recompute, fl, sizeof fl);
+        if (r->step_time_s >= 0)
+            snprintf(st, sizeof st, "%.4g s", r->step_time_s);
+        else
+            snprintf(st, sizeof st, "-");
+        fprintf(f, "%-12s %12s %12s %14s %9.1f%% %11s %s\n", name, B(r->peak_total, a),
+                B(r->activations_saved, b), fl, r->recompute_pct, st,
+                !r->has_device ? "-" : r->fits ? "yes" : "no");
+    }
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].checkpoint.kind == ML_CKPT_OPTIMAL)
+            fprintf(f, "\n%s%s\n", rows[i].plan,
+                    rows[i].fits ? "" : " (no plan meets the budget: the lowest peak is shown)");
+    if (!cfg->device.present)
+        fprintf(f, "\n(no device: give --device SIZE for the verdicts and the optimal plan)\n");
+    fprintf(f, "\nPeak total includes the runtime reserve. %% of 3F: recompute FLOPs over "
+               "the iteration's FLOPs without recompute.\n");
+    return ferror(f) ? -1 : 0;
+}
+
+int ml_report_compare_json(FILE *f, const ml_compare_row *rows, size_t n)
+{
+    char name[64];
+    fputs("[", f);
+    for (size_t i = 0; i < n; i++) {
+        const ml_compare_row *r = &rows[i];
+        name_of(r, name, sizeof name);
+        fputs(i ? ",\n {\"checkpoint\": " : "\n {\"checkpoint\": ", f);
+        jstr(f, name);
+        fputs(", \"plan\": ", f);
+        jstr(f, r->plan);
+        fprintf(f, ", \"peak_total\": %llu, \"activations_saved\": %llu, \"flops_recompute\": "
+                   "%.17g, \"flops_total\": %.17g, \"recompute_pct\": %.17g, \"step_time_s\": ",
+                (unsigned long long)r->peak_total, (unsigned long long)r->activations_saved,
+                r->flops_recompute, r->flops_total, r->recompute_pct);
+        if (r->step_time_s >= 0)
+            fprintf(f, "%.17g", r->step_time_s);
+        else
+            fputs("null", f);
+        fprintf(f, ", \"fits\": %s}", !r->has_device ? "null" : r->fits ? "true" : "false");
+    }
+    fputs("\n]\n", f);
+    return ferror(f) ? -1 : 0;
+}
+
+int ml_report_compare_csv(FILE *f, const ml_compare_row *rows, size_t n)
+{
+    char name[64];
+    fputs("checkpoint,peak_total,activations_saved,flops_recompute,recompute_pct,flops_total,"
+          "step_time_s,fits\n", f);
+    for (size_t i = 0; i < n; i++) {
+        const ml_compare_row *r = &rows[i];
+        name_of(r, name, sizeof name);
+        fprintf(f, "%s,%llu,%llu,%.17g,%.17g,%.17g,", name, (unsigned long long)r->peak_total,
+                (unsigned long long)r->activations_saved, r->flops_recompute, r->recompute_pct,
+                r->flops_total);
+        if (r->step_time_s >= 0)
+            fprintf(f, "%.17g", r->step_time_s);
+        fprintf(f, ",%s\n", !r->has_device ? "" : r->fits ? "true" : "false");
+    }
+    return ferror(f) ? -1 : 0;
+}

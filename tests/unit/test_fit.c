@@ -1,0 +1,206 @@
+/* fit and compare: monotonicity, exactness of the search, accumulation
+ * arithmetic, the no-fit explanation, the comparison table. */
+#include "harness.h"
+
+/* The search relies on the peak never decreasing with the micro-batch for a
+ * fixed plan. Every tensor's size is non-decreasing in B, and the schedule
+ * does not depend on B; checked here on every preset and policy. */
+static void test_peak_monotone_in_micro_batch(void **state)
+{
+    (void)state;
+    const char *presets[] = {"mlp2",       "cifar10-resnet", "agnews-classifier", "gpt2-small",
+                             "llama-3-8b", "vit-b16",        "video-tokens"};
+    const char *pols[] = {"none", "full", "every-2", "selective", "[0]"};
+    for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++) {
+        ml_model *m = load_preset(presets[p]);
+        for (size_t k = 0; k < sizeof pols / sizeof pols[0]; k++) {
+            ml_config c = ml_model_config(m);
+            ml_parse_checkpoint(pols[k], &c.training.checkpoint, NULL);
+            c.training.seq_len = c.training.seq_len > 2048 ? 2048 : c.training.seq_len;
+            uint64_t prev = 0;
+            for (uint64_t b = 1; b <= 24; b++) {
+                c.training.micro_batch = b;
+                ml_ledger *l = eval(m, &c, false);
+                uint64_t pk = ml_ledger_summary(l)->peak;
+                if (pk < prev)
+                    fail_msg("%s/%s: peak %llu at B=%llu below %llu at B-1", presets[p], pols[k],
+                             (unsigned long long)pk, (unsigned long long)b,
+                             (unsigned long long)prev);
+                prev = pk;
+                ml_ledger_destroy(l);
+            }
+        }
+        ml_model_destroy(m);
+    }
+}
+
+static bool fits_at(const ml_model *m, ml_config c, uint64_t b)
+{
+    c.training.micro_batch = b;
+    ml_ledger *l = eval(m, &c, false);
+    bool f = ml_ledger_summary(l)->fits;
+    ml_ledger_destroy(l);
+    return f;
+}
+
+/* mlp2 on 8 GiB with a 6.5 GiB budget. From the rules of docs/ledger.md the
+ * peak is max(400,000,000, 280,000,000 + 168,000 B, 320,000,000 + 52,000 B):
+ * at the second linear's backward, params 80M + states 160M + W2's gradient
+ * 40M, with x (4,000 B), z1 (40,000 B), a (40,000 B) saved and a transient of
+ * 4,000 B + 2 x 40,000 B. 280M + 168,000 B <= 6,979,321,856 gives B = 39,876. */
+static void test_fit_mlp2_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("mlp2");
+    ml_config c = ml_model_config(m);
+    ml_fit_request req = ml_fit_request_defaults();
+    ml_fit_result r;
+    ml_error e;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_true(r.fits);
+    assert_int_equal(r.max_micro_batch, 39876);
+    assert_int_equal(r.micro_batch, 39876);
+    assert_int_equal(r.grad_accum, 1);
+    assert_int_equal(r.peak_total, 280000000ull + 168000ull * 39876 + 536870912ull);
+    assert_true(fits_at(m, c, 39876));
+    assert_false(fits_at(m, c, 39877));
+    assert_true(r.evaluations < 64); /* doubling then bisection */
+    ml_model_destroy(m);
+}
+
+/* The design notes: micro-batch 16 with 4 accumulation steps reaches 64;
+ * 2 devices x 16 x 2 too. */
+static void test_accumulation_arithmetic(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("mlp2");
+    ml_config c = ml_model_config(m);
+    ml_fit_request req = ml_fit_request_defaults();
+    req.global_batch = 64;
+    req.max_micro_batch = 16;
+    ml_fit_result r;
+    ml_error e;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.micro_batch, 16);
+    assert_int_equal(r.grad_accum, 4);
+    assert_int_equal(r.effective_batch, 64);
+    assert_true(r.exact);
+    c.training.data_parallel = 2;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.micro_batch, 16);
+    assert_int_equal(r.grad_accum, 2);
+    assert_int_equal(r.data_parallel, 2);
+    assert_int_equal(r.effective_batch, 64);
+    /* 60 over 2 devices is 30 each: 15 divides it, 16 does not */
+    req.global_batch = 60;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.micro_batch, 15);
+    assert_int_equal(r.grad_accum, 2);
+    assert_int_equal(r.effective_batch, 60);
+    assert_true(r.exact);
+    /* 63 over 2 devices cannot be exact: 16 x 2 x 2 = 64, said so */
+    req.global_batch = 63;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_false(r.exact);
+    assert_int_equal(r.effective_batch, 64);
+    assert_non_null(strstr(r.note, "effective batch becomes 64"));
+    /* a whole per-device batch that fits needs no accumulation */
+    req.global_batch = 8;
+    req.max_micro_batch = 65536;
+    c.training.data_parallel = 1;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.micro_batch, 8);
+    assert_int_equal(r.grad_accum, 1);
+    ml_model_destroy(m);
+}
+
+static void test_no_fit_explains(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("llama-2-7b");
+    ml_config c = ml_model_config(m); /* 80 GiB, bf16-master AdamW: 16 B/param > 80 GiB */
+    ml_fit_request req = ml_fit_request_defaults();
+    ml_fit_result r;
+    ml_error e;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_false(r.fits);
+    assert_non_null(strstr(r.note, "model states alone need"));
+    assert_non_null(strstr(r.note, "checkpointing cannot help"));
+    /* 6.74e9 x 16 B over N devices plus activations must fit 79 GiB: N = 2 */
+    assert_non_null(strstr(r.note, "shard (ZeRO-3) across 2 devices"));
+    /* no device: a usage error */
+    c.device.present = false;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_USAGE);
+    ml_model_destroy(m);
+}
+
+/* auto picks the cheapest policy among those reaching the largest micro-batch. */
+static void test_auto_checkpoint(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    c.device.memory = 8ull << 30;
+    c.device.budget = 6979321856ull;
+    ml_fit_request req = ml_fit_request_defaults();
+    req.auto_checkpoint = true;
+    ml_fit_result a, f;
+    ml_error e;
+    assert_int_equal(ml_fit(m, &c, &req, &a, &e), ML_OK);
+    assert_true(a.fits);
+    c.training.checkpoint.kind = ML_CKPT_FULL;
+    req.auto_checkpoint = false;
+    assert_int_equal(ml_fit(m, &c, &req, &f, &e), ML_OK);
+    assert_true(a.micro_batch >= f.micro_batch);
+    if (a.micro_batch == f.micro_batch)
+        assert_true(a.flops_recompute <= f.flops_recompute);
+    ml_model_destroy(m);
+}
+
+static void test_compare_rows(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    ml_compare_row rows[ML_COMPARE_ROWS];
+    size_t n = 0;
+    ml_error e;
+    assert_int_equal(ml_compare(m, &c, rows, &n, &e), ML_OK);
+    assert_int_equal(n, 7);
+    const char *want[] = {"none", "full", "every-2", "every-4", "sqrt", "selective", "optimal"};
+    for (size_t i = 0; i < n; i++) {
+        char name[32];
+        ml_checkpoint_format(&rows[i].checkpoint, name, sizeof name);
+        assert_string_equal(name, want[i]);
+    }
+    assert_rel_close(rows[0].flops_recompute, 0, 0);
+    /* full recomputes the twelve blocks' forward: 12 x 141.73 GFLOP at B=8 */
+    ml_ledger *l = eval(m, &c, false);
+    double blocks = 0;
+    for (size_t i = 0; i < ml_ledger_block_count(l); i++)
+        if (strncmp(ml_ledger_block(l, i)->name, "block.", 6) == 0)
+            blocks += ml_ledger_block(l, i)->flops_forward;
+    assert_rel_close(rows[1].flops_recompute, blocks, 1e-12);
+    assert_rel_close(rows[1].recompute_pct, 100 * blocks / rows[0].flops_total, 1e-12);
+    assert_true(rows[1].peak_total < rows[0].peak_total);
+    ml_ledger_destroy(l);
+    /* without a device: no optimal row, no verdicts */
+    c.device.present = false;
+    assert_int_equal(ml_compare(m, &c, rows, &n, &e), ML_OK);
+    assert_int_equal(n, 6);
+    assert_false(rows[0].has_device);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_peak_monotone_in_micro_batch),
+        cmocka_unit_test(test_fit_mlp2_by_hand),
+        cmocka_unit_test(test_accumulation_arithmetic),
+        cmocka_unit_test(test_no_fit_explains),
+        cmocka_unit_test(test_auto_checkpoint),
+        cmocka_unit_test(test_compare_rows),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
