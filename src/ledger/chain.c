@@ -68,7 +68,11 @@ static ml_cblock *block_begin(ml_chain *ch, const char *name, int ckpt_index)
     }
     ml_cblock *b = &ch->blocks[ch->n++];
     memset(b, 0, sizeof *b);
-    snprintf(b->name, sizeof b->name, "%s", name);
+    size_t len = strlen(name);
+    if (len >= sizeof b->name)
+        len = sizeof b->name - 1;
+    memcpy(b->name, name, len);
+    b->name[len] = '\0';
     b->fwd_phase = ML_PHASE_FORWARD;
     b->ckpt_index = ckpt_index;
     b->saved_first = ch->nsaved;
@@ -452,7 +456,19 @@ static ml_status build_transformer(const ml_model *m, const ml_config *cfg, ml_c
     /* ---- transformer blocks */
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
-        snprintf(name, sizeof name, "block.%llu", (unsigned long long)i);
+        /* "block.<i>" without snprintf: this runs for every block of every
+         * evaluation (fit and optimal evaluate thousands of plans) */
+        char digits[24];
+        size_t nd = 0;
+        uint64_t v = i;
+        do {
+            digits[nd++] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v);
+        memcpy(name, "block.", 6);
+        for (size_t k = 0; k < nd; k++)
+            name[6 + k] = digits[nd - 1 - k];
+        name[6 + nd] = '\0';
         b = block_begin(ch, name, (int)i);
         if (!b)
             return ML_NOMEM;
@@ -850,9 +866,33 @@ static ml_status build_sequential(const ml_model *m, const ml_config *cfg, ml_ch
     return st;
 }
 
+/* Sizes the arrays once: a transformer block lists at most ~24 saved
+ * tensors and ~16 parameter tensors, a sequential entry a handful per layer. */
+static void reserve(ml_chain *ch, const ml_model *m)
+{
+    size_t n = m->type == ML_MODEL_SEQUENTIAL ? m->nseq : (size_t)m->layers;
+    size_t per = m->type == ML_MODEL_SEQUENTIAL ? 8 : 24;
+    ch->cap = n + 4;
+    ch->savedcap = per * (n + 4);
+    ch->paramcap = 16 * (n + 4);
+    ch->blocks = malloc(ch->cap * sizeof *ch->blocks);
+    ch->saved = malloc(ch->savedcap * sizeof *ch->saved);
+    ch->params = malloc(ch->paramcap * sizeof *ch->params);
+    if (!ch->blocks || !ch->saved || !ch->params) {
+        free(ch->blocks);
+        free(ch->saved);
+        free(ch->params);
+        ch->blocks = NULL;
+        ch->saved = NULL;
+        ch->params = NULL;
+        ch->cap = ch->savedcap = ch->paramcap = 0; /* grow on demand instead */
+    }
+}
+
 ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err)
 {
     memset(ch, 0, sizeof *ch);
+    reserve(ch, m);
     ch->prec = ml_prec_of(cfg->training.precision);
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? build_sequential(m, cfg, ch)
                                                  : build_transformer(m, cfg, ch, err);

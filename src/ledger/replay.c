@@ -41,6 +41,7 @@ typedef struct {
     int32_t block;
     uint32_t micro;
     const char *sub; /* "" or " (recompute)" */
+    const char *peak_sub;
     bool keep, nomem, overflow, underflow;
 } rstate;
 
@@ -60,12 +61,8 @@ static void event(rstate *r, ml_category c, int64_t delta)
             s->peak = r->total;
             s->peak_phase = r->phase;
             s->peak_block = r->block;
+            r->peak_sub = r->sub; /* peak_step is written once, at the end */
             memcpy(s->peak_breakdown, r->live, sizeof r->live);
-            if (r->block >= 0)
-                snprintf(s->peak_step, sizeof s->peak_step, "%s%s",
-                         r->ch->blocks[r->block].name, r->sub);
-            else
-                snprintf(s->peak_step, sizeof s->peak_step, "optimizer.step");
         }
     } else {
         uint64_t d = (uint64_t)(-delta);
@@ -517,6 +514,11 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
     free_(&r, ML_CAT_WORKSPACE, ag);
     free_(&r, ML_CAT_GRADS, r.live[ML_CAT_GRADS]); /* zero_grad(set_to_none=True) */
     s->bytes_activations = act_end;
+    if (s->peak_block >= 0)
+        snprintf(s->peak_step, sizeof s->peak_step, "%s%s", ch->blocks[s->peak_block].name,
+                 r.peak_sub ? r.peak_sub : "");
+    else
+        snprintf(s->peak_step, sizeof s->peak_step, "optimizer.step");
     if (r.nomem) {
         err->code = ML_NOMEM;
         snprintf(err->msg, sizeof err->msg, "out of memory");
@@ -576,7 +578,7 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
     for (size_t k = 0; k < n; k++) {
         const ml_cblock *b = &ch->blocks[k];
         ml_block_info *bi = &l->blocks[k];
-        snprintf(bi->name, sizeof bi->name, "%s", b->name);
+        memcpy(bi->name, b->name, sizeof bi->name);
         bi->params = b->params;
         bi->checkpointed = seg[k] >= 0;
         bi->flops_forward = b->flops_fwd;

@@ -176,9 +176,14 @@ static void prune(level *L, size_t max_states, uint64_t budget)
 ml_status ml_opt_solve(const ml_opt_chain *c, size_t max_states, int *seg, double *cost,
                        bool *feasible)
 {
-    if (!max_states)
-        max_states = 4096;
     size_t n = c->n;
+    if (!max_states)
+        max_states = n <= 128 ? 4096 : 256;
+    /* segments longer than max(16, 2 ceil(sqrt(n))) blocks are not tried:
+     * they recompute more at once than the sqrt(n) schedule (docs/optimal.md) */
+    size_t maxseg = 16;
+    while ((maxseg / 2) * (maxseg / 2) < n)
+        maxseg += 2;
     level *lv = calloc(n + 1, sizeof *lv);
     if (!lv)
         return ML_NOMEM;
@@ -206,7 +211,8 @@ ml_status ml_opt_solve(const ml_opt_chain *c, size_t max_states, int *seg, doubl
                 continue;
             segstate ss = {0, true};
             double f = s.cost;
-            for (size_t e = i; e < n; e++) {
+            size_t emax = maxseg ? i + maxseg : n;
+            for (size_t e = i; e < n && e < emax; e++) {
                 seg_step(c, i, e, s.P, &ss, NULL);
                 if (!ss.ok)
                     break;

@@ -39,8 +39,9 @@ bool ml_opt_check(const ml_opt_chain *c, const int *seg, double *cost, uint64_t 
 
 /* Solves. On ML_OK, *feasible says whether any plan fits; when it does, seg
  * (n entries) holds the plan and *cost its recompute FLOPs. max_states caps
- * the Pareto set per block boundary (0: 4096); beyond it states are merged
- * conservatively (rounded up), never above the budget. ML_NOMEM otherwise. */
+ * the Pareto set per block boundary (0: 4096 up to 128 blocks, 256 beyond);
+ * beyond it the set is thinned, never above the budget. Segments are at most
+ * max(16, 2 ceil(sqrt(n))) blocks. ML_NOMEM otherwise. */
 ml_status ml_opt_solve(const ml_opt_chain *c, size_t max_states, int *seg, double *cost,
                        bool *feasible);
 

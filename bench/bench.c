@@ -1,0 +1,122 @@
+/* memledger benchmark: prints figures, asserts nothing (timing targets live
+ * here, never in unit tests). Run with `meson test -C build --benchmark -v`
+ * or build/bench/memledger-bench. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "memledger/memledger.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static ml_model *decoder(unsigned layers)
+{
+    char y[512];
+    snprintf(y, sizeof y,
+             "name: bench-%u\nmodel:\n  type: decoder\n  layers: %u\n  hidden: 2048\n"
+             "  heads: 16\n  vocab: 50000\n  max_positions: 2048\n  dropout: 0.1\n"
+             "training:\n  micro_batch: 4\n  seq_len: 2048\n  precision: amp-bf16\n"
+             "device:\n  memory: 80GiB\n",
+             layers, layers);
+    ml_model *m = NULL;
+    ml_error e;
+    if (ml_model_load_string(y, strlen(y), "bench.yaml", &m, &e) != ML_OK) {
+        fprintf(stderr, "bench: %s\n", e.msg);
+        return NULL;
+    }
+    return m;
+}
+
+static void evals_per_second(unsigned layers, double seconds)
+{
+    ml_model *m = decoder(layers);
+    if (!m)
+        return;
+    ml_config c = ml_model_config(m);
+    unsigned long n = 0;
+    double t0 = now(), t = t0;
+    do {
+        ml_ledger *l = NULL;
+        c.training.micro_batch = 1 + n % 8;
+        if (ml_ledger_evaluate(m, &c, false, &l, NULL) != ML_OK)
+            break;
+        ml_ledger_destroy(l);
+        n++;
+        t = now();
+    } while (t - t0 < seconds);
+    printf("plan evaluations, %4u-block decoder: %10.0f per second (%lu in %.2f s)\n", layers,
+           (double)n / (t - t0), n, t - t0);
+    ml_model_destroy(m);
+}
+
+static void fit_time(unsigned layers)
+{
+    ml_model *m = decoder(layers);
+    if (!m)
+        return;
+    ml_config c = ml_model_config(m);
+    ml_fit_request req = ml_fit_request_defaults();
+    req.auto_checkpoint = true;
+    req.global_batch = 512;
+    ml_fit_result r;
+    double t0 = now();
+    ml_status st = ml_fit(m, &c, &req, &r, NULL);
+    double t = now() - t0;
+    printf("fit --checkpoint auto --global-batch 512, %u blocks: %.1f ms (%u evaluations, "
+           "micro-batch %llu x %llu)%s\n",
+           layers, t * 1e3, r.evaluations, (unsigned long long)r.micro_batch,
+           (unsigned long long)r.grad_accum, st ? " FAILED" : "");
+    ml_model_destroy(m);
+}
+
+static void optimal_time(unsigned layers)
+{
+    ml_model *m = decoder(layers);
+    if (!m)
+        return;
+    ml_config c = ml_model_config(m);
+    /* a budget between full's and none's peak, so the solver has work */
+    ml_ledger *l = NULL;
+    c.training.checkpoint.kind = ML_CKPT_NONE;
+    ml_ledger_evaluate(m, &c, false, &l, NULL);
+    uint64_t none = l ? ml_ledger_summary(l)->peak : 0;
+    ml_ledger_destroy(l);
+    c.training.checkpoint.kind = ML_CKPT_FULL;
+    ml_ledger_evaluate(m, &c, false, &l, NULL);
+    uint64_t full = l ? ml_ledger_summary(l)->peak : 0;
+    ml_ledger_destroy(l);
+    c.device.memory = (none + full) / 2 + c.device.runtime_reserve;
+    c.device.budget = 0;
+    c.training.checkpoint.kind = ML_CKPT_OPTIMAL;
+    int reps = layers >= 1000 ? 1 : 5;
+    double t0 = now();
+    bool fits = false;
+    for (int i = 0; i < reps; i++) {
+        if (ml_ledger_evaluate(m, &c, false, &l, NULL) != ML_OK)
+            break;
+        fits = ml_ledger_summary(l)->fits;
+        ml_ledger_destroy(l);
+    }
+    double t = (now() - t0) / reps;
+    printf("checkpoint optimal, %4u blocks: %8.2f ms per plan (fits: %s)\n", layers, t * 1e3,
+           fits ? "yes" : "no");
+    ml_model_destroy(m);
+}
+
+int main(int argc, char **argv)
+{
+    double secs = argc > 1 ? 2.0 : 1.0;
+    (void)argv;
+    evals_per_second(32, secs);
+    evals_per_second(1000, secs);
+    fit_time(32);
+    optimal_time(32);
+    optimal_time(96);
+    optimal_time(1000);
+    return 0;
+}
