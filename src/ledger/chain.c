@@ -482,6 +482,13 @@ static ml_status build_transformer(const ml_model *m, const ml_config *cfg, ml_c
             break;
     }
     ch->n_ckpt = m->layers;
+    /* torch.utils.checkpoint saves every tensor argument of the block: the
+     * HF BERT extended mask (B, 1, 1, T) and the HF Llama causal mask, a
+     * (1, 1, T, T) tensor expanded over the batch (docs/inventory.md) */
+    if (enc && !m->image_size)
+        ch->ckpt_side = ml_mul(ch, d.BT, w);
+    else if (!enc && m->norm == ML_NORM_RMSNORM)
+        ch->ckpt_side = ml_mul(ch, ml_mul(ch, d.T, d.T), w);
 
     /* ---- head */
     b = block_begin(ch, "head", -1);
@@ -566,6 +573,7 @@ static ml_status build_transformer(const ml_model *m, const ml_config *cfg, ml_c
     unsigned lsb = ch->prec.autocast ? 4 : w;
     save(ch, b, "log-softmax output", logits, lsb, 0);
     save(ch, b, "targets (int64)", rows, 8, 0);
+    save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
     if (ch->prec.autocast)
         b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */
     /* backward: grad of log-probs and grad of logits coexist */
@@ -822,10 +830,14 @@ static ml_status build_sequential(const ml_model *m, const ml_config *cfg, ml_ch
                     break;
                 }
         }
-        if (y == x && b->in_saved) {
-            /* identity block (flatten, dropout p=0): in == out */
-            b->in_saved = false;
-            b->out_saved = true;
+        if (y == x) {
+            /* identity block (flatten, dropout p=0): in and out are one
+             * storage; whoever saves it, the replay counts it once */
+            b->identity = true;
+            if (b->in_saved) {
+                b->in_saved = false;
+                b->out_saved = true;
+            }
         }
         block_end(ch, b, out_bytes);
         if (y != x)
@@ -843,6 +855,7 @@ static ml_status build_sequential(const ml_model *m, const ml_config *cfg, ml_ch
             uint64_t rows = sh.rank == 2 ? ml_mul(ch, s.B, sh.d[0]) : s.B;
             save(ch, b, "log-softmax output", x->elems, lsb, 0);
             save(ch, b, "targets (int64)", rows, 8, 0);
+            save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
         } else {
             /* mse_loss saves input and target; autocast runs it in fp32, so
              * it saves an fp32 copy of the model output */

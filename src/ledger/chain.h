@@ -50,6 +50,8 @@ typedef struct {
     uint64_t in_bytes;       /* the block's input tensor */
     bool in_saved;           /* an op of this block saves its input */
     bool out_saved;          /* an op of this block saves its own output */
+    bool identity;           /* output is a view of the input (flatten, p=0
+                                dropout): the two boundaries share a storage */
     bool in_held;            /* the caller holds the input until this block's
                                 backward is done (the logits before the loss) */
     uint64_t ws_fwd;         /* transient bytes while its forward runs */
@@ -77,6 +79,8 @@ typedef struct {
     uint64_t B, T;
     uint64_t c_tokens, c_width; /* normalisation of c: B*T and D */
     size_t n_ckpt;              /* checkpointable blocks */
+    uint64_t ckpt_side;         /* tensors a checkpoint keeps besides block inputs:
+                                   the attention mask passed to every block */
     /* scratch while building a block */
     uint64_t max_unsaved, max_tensor;
     uint64_t max_param_numel;

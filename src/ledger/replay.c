@@ -169,6 +169,8 @@ typedef struct {
     bool gather_params;    /* zero == 3: all-gather each block's params */
     unsigned pbytes;       /* param dtype bytes */
     uint64_t reduce_ws;    /* reduce-scatter bucket during backward */
+    int side_block;        /* first checkpointed block: keeps the side inputs */
+    uint64_t side_bytes;   /* tensors every checkpoint keeps once (masks) */
 } shard;
 
 static uint64_t ceil_div(uint64_t a, uint64_t b)
@@ -204,6 +206,7 @@ static void describe_plan(const ml_chain *ch, const ml_checkpoint *cp, const int
 
 /* The rules of docs/ledger.md, "boundary tensors". */
 typedef struct {
+    bool alias;     /* the same storage as the previous boundary, which is kept */
     bool kept;      /* resident after its consumer's forward */
     ml_category cat;
     bool by_consumer; /* attributed to the consumer block */
@@ -251,9 +254,11 @@ static void micro_batch(rstate *r, const shard *sh, const int *seg, const bounda
         alloc_(r, ML_CAT_WORKSPACE, ws);
         if (seg[k] < 0)
             alloc_(r, ML_CAT_ACTIVATIONS, b->saved_bytes - (selective ? b->core_bytes : 0));
+        if ((int)k == sh->side_block)
+            alloc_(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
         if (k + 1 < n) {
             blc[k + 1] = bd[k + 1].kept ? bd[k + 1].cat : ML_CAT_WORKSPACE;
-            bl[k + 1] = B[k + 1].in_bytes;
+            bl[k + 1] = bd[k + 1].alias ? 0 : B[k + 1].in_bytes;
             alloc_(r, blc[k + 1], bl[k + 1]);
         }
         free_(r, ML_CAT_WORKSPACE, ws);
@@ -343,6 +348,8 @@ static void micro_batch(rstate *r, const shard *sh, const int *seg, const bounda
                 bl[k] = 0;
             }
         }
+        if ((int)k == sh->side_block)
+            free_(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
         free_(r, ML_CAT_WORKSPACE, b->ws_bwd);
         free_(r, ML_CAT_WORKSPACE, gfull);
         if (r->micro != 0)
@@ -403,6 +410,7 @@ typedef struct {
     boundary *bd;
     uint64_t *rb, *bl;
     ml_category *blc;
+    int side_block; /* set by run_plan */
 } evalctx;
 
 /* Replays the chain under the plan seg[] into l (summary, blocks, events). */
@@ -424,7 +432,8 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
         bool start = seg[k] >= 0 && (k == 0 || seg[k - 1] != seg[k]);
         bd[k].kept = prod || cons || start || b->in_held;
         bd[k].cat = (prod || cons || start) ? ML_CAT_ACTIVATIONS : ML_CAT_WORKSPACE;
-        bd[k].by_consumer = cons || start;
+        bd[k].by_consumer = !prod && (cons || start);
+        bd[k].alias = k > 0 && ch->blocks[k - 1].identity && bd[k - 1].kept;
     }
 
     ml_summary *s = &l->sum;
@@ -460,7 +469,15 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
         s->bytes_host = ml_add(ch, s->bytes_host, s->bytes_params);
         s->bytes_params = 0;
     }
-    shard sh = {N, z, z >= 2, z >= 3, ch->prec.param, 0};
+    /* the side inputs a checkpoint keeps (attention masks): once, with the
+     * first checkpointed block (docs/ledger.md) */
+    x->side_block = -1;
+    for (size_t k = 0; k < n && ch->ckpt_side; k++)
+        if (seg[k] >= 0) {
+            x->side_block = (int)k;
+            break;
+        }
+    shard sh = {N, z, z >= 2, z >= 3, ch->prec.param, 0, x->side_block, ch->ckpt_side};
     if (z >= 2) {
         uint64_t e = t->reduce_bucket < P ? t->reduce_bucket : P;
         sh.reduce_ws = ml_mul(ch, e, ch->prec.grad);
@@ -582,21 +599,24 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
         bi->params = b->params;
         bi->checkpointed = seg[k] >= 0;
         bi->flops_forward = b->flops_fwd;
-        /* inventory without a plan: the input counts here when this block
-         * saves it, the output when this block saves it and the next does not */
+        /* inventory without a plan: a boundary counts with the block that
+         * saves it first, the producer when it saves its own output (the
+         * module running when autograd saved it) */
         uint64_t inv = b->saved_bytes;
-        if (b->in_saved)
+        if (b->in_saved && !(k > 0 && ch->blocks[k - 1].out_saved))
             inv += b->in_bytes;
-        if (b->out_saved && k + 1 < n && !ch->blocks[k + 1].in_saved)
+        if (b->out_saved && k + 1 < n)
             inv += ch->blocks[k + 1].in_bytes;
         bi->inventory_bytes = inv;
         bi->c = norm > 0 ? (double)inv / norm : 0;
         uint64_t kept = seg[k] < 0 ? b->saved_bytes - (selective ? b->core_bytes : 0) : 0;
-        if (bd[k].kept && bd[k].cat == ML_CAT_ACTIVATIONS && bd[k].by_consumer)
+        if (bd[k].kept && bd[k].cat == ML_CAT_ACTIVATIONS && bd[k].by_consumer && !bd[k].alias)
             kept += b->in_bytes;
         if (k + 1 < n && bd[k + 1].kept && bd[k + 1].cat == ML_CAT_ACTIVATIONS &&
-            !bd[k + 1].by_consumer)
+            !bd[k + 1].by_consumer && !bd[k + 1].alias)
             kept += ch->blocks[k + 1].in_bytes;
+        if ((int)k == x->side_block)
+            kept += ch->ckpt_side;
         bi->activations_saved = kept;
     }
     l->nblocks = n;
