@@ -53,6 +53,9 @@ typedef struct ml_block_info {
     double c;                   /* inventory_bytes / (B*T*D*b), docs/ledger.md */
     double flops_forward;       /* per micro-batch */
     bool checkpointed;          /* inside a checkpoint segment */
+    int32_t segment;            /* the segment's id (blocks with the same id are
+                                   recomputed together), -1 when not checkpointed */
+    int32_t ckpt_index;         /* index in checkpoint lists, -1 for embedding/head/loss */
 } ml_block_info;
 
 typedef struct ml_event {

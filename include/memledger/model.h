@@ -125,6 +125,13 @@ ML_API ml_status ml_model_load_file(const char *path, ml_model **out, ml_error *
 ML_API ml_status ml_model_load_string(const char *text, size_t len, const char *name,
                                       ml_model **out, ml_error *err);
 
+/* Loads a Hugging Face config.json (model_type llama, mistral, qwen2, gpt2,
+ * gpt_neox, bert or vit; docs/hf.md) and, when training_path is not NULL, a
+ * YAML file with training: and device: sections. Ownership and statuses as
+ * ml_model_load_file. */
+ML_API ml_status ml_model_load_hf(const char *config_path, const char *training_path,
+                                  ml_model **out, ml_error *err);
+
 /* Accepts NULL. */
 ML_API void ml_model_destroy(ml_model *m);
 

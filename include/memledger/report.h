@@ -30,6 +30,31 @@ ML_API int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *c
 ML_API int ml_report_compare_json(FILE *f, const ml_compare_row *rows, size_t n);
 ML_API int ml_report_compare_csv(FILE *f, const ml_compare_row *rows, size_t n);
 
+/* The event list of a ledger evaluated with keep_events: CSV (header row)
+ * or a JSON array. Return 0 or -1 on a write error. */
+ML_API int ml_report_timeline_csv(FILE *f, const ml_ledger *l);
+ML_API int ml_report_timeline_json(FILE *f, const ml_ledger *l);
+/* SVG: stacked area by category, phase bands, budget and capacity lines,
+ * the peak (needs keep_events). */
+ML_API int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg,
+                                  const ml_ledger *l);
+/* SVG: total live bytes of several evaluations (policies) overlaid. */
+ML_API int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
+                                 const ml_ledger *const *ls, const char *const *names, size_t n);
+/* A self-contained HTML report (no network, no external files): the ledger l
+ * (evaluated with keep_events), the comparison rows and, when fit is not
+ * NULL, the micro-batch recommendation. Returns 0 or -1. */
+ML_API int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                          const ml_compare_row *rows, size_t nrows, const ml_fit_result *fit);
+/* Settings for the plan l (evaluated from cfg): kind "deepspeed" (a
+ * DeepSpeed config, JSON), "hf-trainer" (TrainingArguments flags) or "torch"
+ * (a PyTorch training-step snippet). Returns 0, -1 on a write error, -2 for
+ * an unknown kind. */
+ML_API int ml_report_emit(FILE *f, const char *kind, const ml_model *m, const ml_config *cfg,
+                          const ml_ledger *l);
+/* Writes s with XML/HTML special characters escaped. */
+ML_API void ml_svg_escape(FILE *f, const char *s);
+
 /* "1.50 GiB", "512.00 MiB", "12 B": binary units, two decimals. */
 ML_API void ml_format_bytes(uint64_t bytes, char *buf, size_t size);
 /* "12.3 TFLOP", "4.56 GFLOP": decimal prefixes, as FLOPs always are. */

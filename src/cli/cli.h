@@ -15,12 +15,17 @@ enum {
     ML_EXIT_FAILURE = 3,   /* output could not be written, out of memory */
 };
 
-typedef enum { ML_FMT_TEXT, ML_FMT_JSON, ML_FMT_CSV } ml_format;
+typedef enum { ML_FMT_TEXT, ML_FMT_JSON, ML_FMT_CSV, ML_FMT_SVG } ml_format;
 
 /* Training/device overrides as given on the command line, applied on top
  * of the model file's settings. */
 typedef struct {
     const char *model_path;
+    const char *output;   /* -o FILE; NULL: standard output */
+    const char *hf;       /* --hf config.json instead of a model file */
+    const char *training; /* --training FILE.yaml with --hf */
+    const char *emit;     /* --emit deepspeed|hf-trainer|torch (plan, fit) */
+    bool format_given;
     ml_format format;
     /* raw flag values, NULL when not given */
     const char *micro_batch, *seq_len, *grad_accum, *precision, *optimizer, *optimizer_impl,
@@ -39,7 +44,20 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **m, ml_config *cfg);
 /* Prints "memledger: error: path:line:col: msg", the line and a caret. */
 void ml_cli_print_error(const ml_error *e);
 
+/* Atomic output (output.c): open a temporary beside path (or stdout for
+ * NULL or "-"), then rename on success or remove on failure. */
+typedef struct {
+    FILE *f;
+    char tmp[4096];
+    char path[4096];
+} ml_out;
+int ml_out_open(ml_out *o, const char *path);
+/* ok: the writer succeeded. Returns 0 or an exit status (message printed). */
+int ml_out_close(ml_out *o, bool ok);
+
 int ml_cmd_plan(int argc, char **argv);
+int ml_cmd_timeline(int argc, char **argv);
+int ml_cmd_report(int argc, char **argv);
 int ml_cmd_fit(int argc, char **argv);
 int ml_cmd_compare(int argc, char **argv);
 

@@ -12,7 +12,8 @@ static const char usage[] =
     "Each row: peak total, saved activations, recompute FLOPs and their share of the\n"
     "iteration without recompute, estimated step time, fits or not.\n"
     "\n"
-    "  --format text|json|csv (default text)\n"
+    "  --format text|json|csv|svg  (default text; svg overlays the policies' curves)\n"
+    "  -o FILE                write to FILE (atomically) instead of stdout\n"
     "  and every 'memledger plan' option (--micro-batch, --device, --budget, ...)\n"
     "\n"
     "Exit status: 0 ran, 2 bad input or usage, 3 output could not be written.\n";
@@ -40,14 +41,36 @@ int ml_cmd_compare(int argc, char **argv)
         ml_model_destroy(m);
         return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
-    int w = o.format == ML_FMT_JSON  ? ml_report_compare_json(stdout, rows, n)
-            : o.format == ML_FMT_CSV ? ml_report_compare_csv(stdout, rows, n)
-                                     : ml_report_compare_text(stdout, m, &cfg, rows, n);
-    rc = ML_EXIT_OK;
-    if (fflush(stdout) != 0 || w != 0) {
-        fprintf(stderr, "memledger: error: cannot write the report to standard output\n");
-        rc = ML_EXIT_FAILURE;
+    /* the SVG overlays each policy's whole timeline */
+    ml_ledger *ls[ML_COMPARE_ROWS] = {0};
+    char names[ML_COMPARE_ROWS][64];
+    const char *np[ML_COMPARE_ROWS];
+    if (o.format == ML_FMT_SVG) {
+        for (size_t i = 0; i < n && st == ML_OK; i++) {
+            ml_config c = cfg;
+            c.training.checkpoint = rows[i].checkpoint;
+            st = ml_ledger_evaluate(m, &c, true, &ls[i], &e);
+            ml_checkpoint_format(&rows[i].checkpoint, names[i], sizeof names[i]);
+            np[i] = names[i];
+        }
+        if (st) {
+            ml_cli_print_error(&e);
+            rc = ML_EXIT_FAILURE;
+            goto done;
+        }
     }
+    ml_out out;
+    if ((rc = ml_out_open(&out, o.output)) == 0) {
+        int w = o.format == ML_FMT_JSON  ? ml_report_compare_json(out.f, rows, n)
+                : o.format == ML_FMT_CSV ? ml_report_compare_csv(out.f, rows, n)
+                : o.format == ML_FMT_SVG
+                    ? ml_report_compare_svg(out.f, m, &cfg, (const ml_ledger *const *)ls, np, n)
+                    : ml_report_compare_text(out.f, m, &cfg, rows, n);
+        rc = ml_out_close(&out, w == 0);
+    }
+done:
+    for (size_t i = 0; i < ML_COMPARE_ROWS; i++)
+        ml_ledger_destroy(ls[i]);
     ml_model_destroy(m);
     return rc;
 }

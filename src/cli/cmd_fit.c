@@ -20,6 +20,8 @@ static const char usage[] =
     "  --checkpoint C|auto    a policy, or auto: the cheapest (recompute FLOPs) that\n"
     "                         admits the largest useful micro-batch\n"
     "  --format text|json     (default text)\n"
+    "  --emit TARGET          settings for the chosen point: deepspeed, hf-trainer, torch\n"
+    "  -o FILE                write to FILE (atomically) instead of stdout\n"
     "  and every 'memledger plan' option (--seq-len, --precision, --zero, ...)\n"
     "\n"
     "Exit status: 0 a micro-batch fits, 1 even micro-batch 1 does not fit,\n"
@@ -55,12 +57,28 @@ int ml_cmd_fit(int argc, char **argv)
         rc = st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
         goto out;
     }
-    int w = o.format == ML_FMT_JSON ? ml_report_fit_json(stdout, m, &req, &r)
-                                    : ml_report_fit_text(stdout, m, &cfg, &req, &r);
-    if (fflush(stdout) != 0 || w != 0) {
-        fprintf(stderr, "memledger: error: cannot write the report to standard output\n");
-        rc = ML_EXIT_FAILURE;
-    } else {
+    /* --emit: the settings of the chosen point */
+    ml_ledger *chosen = NULL;
+    ml_config cc = cfg;
+    if (o.emit && r.fits) {
+        cc.training.micro_batch = r.micro_batch;
+        cc.training.grad_accum = r.grad_accum;
+        cc.training.checkpoint = r.checkpoint;
+        if ((st = ml_ledger_evaluate(m, &cc, false, &chosen, &e))) {
+            ml_cli_print_error(&e);
+            rc = ML_EXIT_FAILURE;
+            goto out;
+        }
+    }
+    ml_out out;
+    if ((rc = ml_out_open(&out, o.output)) == 0) {
+        int w = chosen                  ? ml_report_emit(out.f, o.emit, m, &cc, chosen)
+                : o.format == ML_FMT_JSON ? ml_report_fit_json(out.f, m, &req, &r)
+                                          : ml_report_fit_text(out.f, m, &cfg, &req, &r);
+        rc = ml_out_close(&out, w == 0);
+    }
+    ml_ledger_destroy(chosen);
+    if (rc == 0) {
         if (!r.fits)
             fprintf(stderr, "memledger: %s\n", r.note);
         rc = r.fits ? ML_EXIT_OK : ML_EXIT_NO_FIT;

@@ -6,6 +6,7 @@
 
 static const char usage[] =
     "usage: memledger plan MODEL.yaml [options]\n"
+    "       memledger plan --hf config.json [--training FILE.yaml] [options]\n"
     "\n"
     "Plans one steady-state training iteration: parameters, resident model states,\n"
     "saved activations per block, the memory peak (phase, step, breakdown), FLOPs,\n"
@@ -28,8 +29,16 @@ static const char usage[] =
     "  --runtime-reserve SIZE CUDA context + library workspaces (default 512MiB)\n"
     "  --peak-tflops X        dense peak at the compute dtype, for the step time\n"
     "  --efficiency X         achieved fraction of the peak, 0 < X <= 1 (default 1)\n"
+    "Model\n"
+    "  --hf config.json       a Hugging Face config instead of a model file (llama,\n"
+    "                         mistral, qwen2, gpt2, gpt_neox, bert, vit)\n"
+    "  --training FILE.yaml   training: and device: sections to go with --hf\n"
     "Output\n"
     "  --format text|json     (default text)\n"
+    "  -o FILE                write the report to FILE (atomically) instead of stdout\n"
+    "  --emit TARGET          instead of the report, settings for this plan:\n"
+    "                         deepspeed (a DeepSpeed config), hf-trainer (Trainer flags),\n"
+    "                         torch (a PyTorch training-step snippet)\n"
     "\n"
     "Exit status: 0 ran (and fits), 1 does not fit, 2 bad input or usage,\n"
     "3 output could not be written.\n";
@@ -56,12 +65,14 @@ int ml_cmd_plan(int argc, char **argv)
         ml_model_destroy(m);
         return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
-    int w = o.format == ML_FMT_JSON ? ml_report_json(stdout, m, &cfg, l)
-                                    : ml_report_text(stdout, m, &cfg, l);
-    if (fflush(stdout) != 0 || w != 0) {
-        fprintf(stderr, "memledger: error: cannot write the report to standard output\n");
-        rc = ML_EXIT_FAILURE;
-    } else {
+    ml_out out;
+    if ((rc = ml_out_open(&out, o.output)) == 0) {
+        int w = o.emit                  ? ml_report_emit(out.f, o.emit, m, &cfg, l)
+                : o.format == ML_FMT_JSON ? ml_report_json(out.f, m, &cfg, l)
+                                          : ml_report_text(out.f, m, &cfg, l);
+        rc = ml_out_close(&out, w == 0);
+    }
+    if (rc == 0) {
         const ml_summary *s = ml_ledger_summary(l);
         rc = s->has_device && !s->fits ? ML_EXIT_NO_FIT : ML_EXIT_OK;
     }

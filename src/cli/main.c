@@ -12,6 +12,8 @@ static const struct {
     {"plan", ml_cmd_plan, "the memory ledger and FLOPs of one training iteration"},
     {"fit", ml_cmd_fit, "the largest micro-batch that fits, and the accumulation steps"},
     {"compare", ml_cmd_compare, "checkpoint policies side by side"},
+    {"timeline", ml_cmd_timeline, "every event of the iteration as CSV, JSON or an SVG chart"},
+    {"report", ml_cmd_report, "a self-contained HTML report"},
 };
 
 static void help(FILE *f)

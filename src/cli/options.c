@@ -83,6 +83,37 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
             const char *eq = strchr(arg, '=');
             size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
             const char *val = NULL;
+            if ((!strcmp(arg, "-o") || (!strncmp(arg, "--output", len) && len == 8))) {
+                val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+                if (!val || !*val)
+                    return usage_error(verb, "%s needs a file name", "-o");
+                o->output = val;
+                continue;
+            }
+            if (!strncmp(arg, "--emit", len) && len == 6) {
+                val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+                if (strcmp(verb, "plan") && strcmp(verb, "fit"))
+                    return usage_error(verb, "%s is for 'memledger plan' and 'memledger fit'",
+                                       "--emit");
+                if (!val || (strcmp(val, "deepspeed") && strcmp(val, "hf-trainer") &&
+                             strcmp(val, "torch")))
+                    return usage_error(verb, "--emit: '%s' is not a target; use deepspeed, "
+                                             "hf-trainer or torch",
+                                       val ? val : "");
+                o->emit = val;
+                continue;
+            }
+            if ((!strncmp(arg, "--hf", len) && len == 4) ||
+                (!strncmp(arg, "--training", len) && len == 10)) {
+                val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+                if (!val || !*val)
+                    return usage_error(verb, "%s needs a file", len == 4 ? "--hf" : "--training");
+                if (len == 4)
+                    o->hf = val;
+                else
+                    o->training = val;
+                continue;
+            }
             if (!strncmp(arg, "--format", len) && len == 8) {
                 val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
                 if (!val)
@@ -91,15 +122,21 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                     o->format = ML_FMT_TEXT;
                 else if (!strcmp(val, "json"))
                     o->format = ML_FMT_JSON;
-                else if (!strcmp(val, "csv") && !strcmp(verb, "compare"))
+                else if (!strcmp(val, "csv") && (!strcmp(verb, "compare") || !strcmp(verb, "timeline")))
                     o->format = ML_FMT_CSV;
+                else if (!strcmp(val, "svg") && (!strcmp(verb, "compare") || !strcmp(verb, "timeline")))
+                    o->format = ML_FMT_SVG;
                 else
                     return usage_error(verb, !strcmp(verb, "compare")
                                                  ? "--format: '%s' is not a format; use text, "
-                                                   "json or csv"
+                                                   "json, csv or svg"
+                                             : !strcmp(verb, "timeline")
+                                                 ? "--format: '%s' is not a format; use csv, "
+                                                   "json or svg"
                                                  : "--format: '%s' is not a format; use text or "
                                                    "json",
                                        val);
+                o->format_given = true;
                 continue;
             }
             size_t k;
@@ -117,7 +154,7 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                     return usage_error(verb, "--checkpoint auto is for 'memledger fit'%s", "");
                 o->auto_checkpoint = true;
             }
-            if ((!strcmp(flags[k].flag, "--global-batch") ||
+            if (((!strcmp(flags[k].flag, "--global-batch") && strcmp(verb, "report")) ||
                  !strcmp(flags[k].flag, "--max-micro-batch")) &&
                 strcmp(verb, "fit"))
                 return usage_error(verb, "%s is for 'memledger fit'", flags[k].flag);
@@ -127,8 +164,17 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
             return usage_error(verb, "one model file only; '%s' is a second one", arg);
         o->model_path = arg;
     }
-    if (!o->model_path)
-        return usage_error(verb, "%s", "missing the model file (e.g. models/gpt2-small.yaml)");
+    if (o->hf && o->model_path)
+        return usage_error(verb, "give a model file or --hf config.json, not both (%s)",
+                           o->model_path);
+    if (o->training && !o->hf)
+        return usage_error(verb, "%s", "--training goes with --hf (a model file has its own "
+                                       "training: section)");
+    if (!o->model_path && !o->hf)
+        return usage_error(verb, "%s", "missing the model file (e.g. models/gpt2-small.yaml) or "
+                                       "--hf config.json");
+    if (o->hf)
+        o->model_path = o->hf;
     return 0;
 }
 
@@ -182,7 +228,8 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
 {
     ml_error e;
     ml_model *m = NULL;
-    ml_status st = ml_model_load_file(o->model_path, &m, &e);
+    ml_status st = o->hf ? ml_model_load_hf(o->hf, o->training, &m, &e)
+                         : ml_model_load_file(o->model_path, &m, &e);
     if (st) {
         ml_cli_print_error(&e);
         return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;

@@ -234,7 +234,7 @@ static void attention_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const t
     }
     weight_copy(ch, b, ml_mul(ch, d->D, qkv_out));
     param(ch, b, d->D, qkv_out);
-    if (m->bias)
+    if (m->qkv_bias)
         param(ch, b, qkv_out, 0);
     tmp(ch, ml_mul(ch, d->BT, qkv_out), a);
     double attn_core = 4.0 * (double)d->B * (double)d->H * (double)d->T * (double)d->T *
@@ -340,7 +340,15 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const t
     unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np);
     param(ch, b, np, 0);
     attention_fwd(ch, b, m, d, nb, false, !llama, causal && !llama, llama, 0);
-    nb = norm_fwd(ch, b, m, d, 0, &np);
+    if (m->parallel_residual) {
+        /* x + attn(ln1(x)) + mlp(ln2(x)): ln2 reads the block input that
+         * ln1 already saved; only its statistics are new */
+        save(ch, b, "ln_2 mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+        np = m->bias ? 2 * d->D : d->D;
+        nb = ch->prec.w;
+    } else {
+        nb = norm_fwd(ch, b, m, d, 0, &np);
+    }
     param(ch, b, np, 0);
     mlp_fwd(ch, b, m, d, nb, false);
 }
@@ -743,6 +751,7 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
         ml_model fake;
         memset(&fake, 0, sizeof fake);
         fake.bias = l->bias;
+        fake.qkv_bias = l->bias;
         fake.attention = ML_ATTN_EAGER;
         bool cast = ch->prec.autocast && x->bpe == 4;
         bool is_in = x == s->in;

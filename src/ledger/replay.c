@@ -598,6 +598,8 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
         memcpy(bi->name, b->name, sizeof bi->name);
         bi->params = b->params;
         bi->checkpointed = seg[k] >= 0;
+        bi->segment = seg[k];
+        bi->ckpt_index = b->ckpt_index;
         bi->flops_forward = b->flops_fwd;
         /* inventory without a plan: a boundary counts with the block that
          * saves it first, the producer when it saves its own output (the

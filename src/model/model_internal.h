@@ -62,6 +62,8 @@ struct ml_model {
     bool prenorm;
     ml_position position;
     bool tied_embeddings, bias, pooler;
+    bool qkv_bias;          /* biases on the q/k/v projections (default: bias) */
+    bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, GPT-J) */
     ml_attention attention;
     double dropout;
     /* sequential */
@@ -75,5 +77,11 @@ struct ml_model {
 };
 
 void ml_layers_free(ml_layer *layers, size_t n);
+
+/* Reads a YAML document holding only training: and device: sections (and an
+ * optional name:) into m->config (schema.c). */
+ml_status ml_schema_settings(const char *text, size_t len, const char *path, ml_model *m,
+                             ml_error *err);
+
 
 #endif

@@ -471,7 +471,7 @@ static ml_status parse_transformer(ctx *c, const ml_node *mm, ml_model *m)
         "type", "layers", "hidden", "heads", "kv_heads", "ffn", "activation", "norm",
         "norm_position", "vocab", "position", "max_positions", "tied_embeddings", "bias",
         "attention", "dropout", "classes", "pooler", "token_types", "image_size", "patch_size",
-        "channels"};
+        "channels", "qkv_bias", "parallel_residual"};
     ml_status st;
     if ((st = check_keys(c, mm, "model", keys, COUNT(keys))))
         return st;
@@ -539,8 +539,14 @@ static ml_status parse_transformer(ctx *c, const ml_node *mm, ml_model *m)
         (st = get_uint(c, mm, "channels", "model", 1, 1u << 16, &m->channels)))
         return st;
     m->pooler = enc && m->image_size == 0;
-    if ((st = get_bool(c, mm, "pooler", "model", &m->pooler)))
+    m->qkv_bias = m->bias;
+    if ((st = get_bool(c, mm, "pooler", "model", &m->pooler)) ||
+        (st = get_bool(c, mm, "qkv_bias", "model", &m->qkv_bias)) ||
+        (st = get_bool(c, mm, "parallel_residual", "model", &m->parallel_residual)))
         return st;
+    if (m->parallel_residual && !m->prenorm)
+        return fail(c, get(mm, "parallel_residual"), ML_SCHEMA,
+                    "model.parallel_residual: needs norm_position: pre");
     if (m->image_size) {
         if (!enc)
             return fail(c, get(mm, "image_size"), ML_SCHEMA,
@@ -808,6 +814,34 @@ static ml_status build(ctx *c, const ml_node *root, ml_model *m)
     if (d && (st = parse_device(c, d, m)))
         return st;
     return ML_OK;
+}
+
+ml_status ml_schema_settings(const char *text, size_t len, const char *path, ml_model *m,
+                             ml_error *err)
+{
+    memset(err, 0, sizeof *err);
+    snprintf(err->path, sizeof err->path, "%s", path);
+    ml_node *root = NULL;
+    ml_status st = ml_tree_parse(text, len, &root, err);
+    if (st)
+        return st;
+    ctx c = {err};
+    static const char *const keys[] = {"name", "training", "device"};
+    if (!root)
+        st = fail(&c, NULL, ML_SCHEMA, "the file is empty: expected training: and device: sections");
+    else if (root->type != ML_NODE_MAP)
+        st = fail(&c, root, ML_SCHEMA, "top level: expected a mapping with training: and device:");
+    else if (!(st = check_keys(&c, root, "top level", keys, COUNT(keys)))) {
+        const ml_node *t = get(root, "training"), *d = get(root, "device"), *n = get(root, "name");
+        if (n && n->type == ML_NODE_SCALAR)
+            snprintf(m->name, sizeof m->name, "%s", n->text);
+        if (t)
+            st = parse_training(&c, t, m);
+        if (!st && d)
+            st = parse_device(&c, d, m);
+    }
+    ml_tree_free(root);
+    return st;
 }
 
 static ml_status load(const char *text, size_t len, const char *path, ml_model **out,

@@ -1,0 +1,55 @@
+/* memledger timeline MODEL.yaml: every event of the iteration. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char usage[] =
+    "usage: memledger timeline MODEL.yaml [--format csv|json|svg] [-o FILE] [options]\n"
+    "\n"
+    "Every allocation and free of one training iteration: index, micro-batch, phase,\n"
+    "step, category, delta bytes, and the live bytes per category after it.\n"
+    "csv (default): a header row, one event per line. json: an array of events.\n"
+    "svg: a stacked area chart of live bytes by category, phase bands, the budget\n"
+    "and device lines and the peak.\n"
+    "\n"
+    "  -o FILE                write to FILE (atomically) instead of stdout\n"
+    "  and every 'memledger plan' option (--micro-batch, --checkpoint, --device, ...)\n"
+    "\n"
+    "Exit status: 0 written, 2 bad input or usage, 3 output could not be written.\n";
+
+int ml_cmd_timeline(int argc, char **argv)
+{
+    ml_cli_opts o;
+    int rc = ml_cli_parse(argc, argv, "timeline", usage, &o);
+    if (rc == 1)
+        return ML_EXIT_OK;
+    if (rc)
+        return rc;
+    if (!o.format_given)
+        o.format = ML_FMT_CSV;
+    ml_model *m = NULL;
+    ml_config cfg;
+    if ((rc = ml_cli_load(&o, &m, &cfg)))
+        return rc;
+    ml_ledger *l = NULL;
+    ml_error e;
+    ml_status st = ml_ledger_evaluate(m, &cfg, true, &l, &e);
+    if (st) {
+        snprintf(e.path, sizeof e.path, "%s", o.model_path);
+        e.line = e.col = 0;
+        ml_cli_print_error(&e);
+        ml_model_destroy(m);
+        return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+    }
+    ml_out out;
+    if ((rc = ml_out_open(&out, o.output)) == 0) {
+        int w = o.format == ML_FMT_JSON  ? ml_report_timeline_json(out.f, l)
+                : o.format == ML_FMT_SVG ? ml_report_timeline_svg(out.f, m, &cfg, l)
+                                         : ml_report_timeline_csv(out.f, l);
+        rc = ml_out_close(&out, w == 0);
+    }
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    return rc;
+}

@@ -1,0 +1,328 @@
+/* Hugging Face config.json → ml_model. The JSON is read with the YAML tree
+ * parser (JSON's flow syntax is YAML). Field mapping: docs/hf.md. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_internal.h"
+#include "model/tree.h"
+
+static const char *const supported = "llama, mistral, qwen2, gpt2, gpt_neox, bert, vit";
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+static ml_status fail(ml_error *err, const ml_node *at, ml_status code, const char *fmt, ...)
+{
+    err->code = code;
+    err->line = at ? at->line : 0;
+    err->col = at ? at->col : 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static const ml_node *get(const ml_node *map, const char *key)
+{
+    for (size_t i = 0; map && i < map->count; i++)
+        if (strcmp(map->keys[i]->text, key) == 0)
+            return map->items[i];
+    return NULL;
+}
+
+static bool is_null(const ml_node *n)
+{
+    return !n || (n->type == ML_NODE_SCALAR && n->plain && !strcmp(n->text, "null"));
+}
+
+/* The first present key among keys (NULL-terminated list). Returns false
+ * when none is present (and def is kept). */
+static ml_status uint_of(ml_error *err, const ml_node *root, const char *const *keys, bool required,
+                         uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    for (const char *const *k = keys; *k; k++) {
+        const ml_node *n = get(root, *k);
+        if (is_null(n))
+            continue;
+        char *end = NULL;
+        errno = 0;
+        unsigned long long v = n->type == ML_NODE_SCALAR ? strtoull(n->text, &end, 10) : 0;
+        if (n->type != ML_NODE_SCALAR || !end || *end || errno || n->text[0] == '-')
+            return fail(err, n, ML_SCHEMA, "%s: expected a whole number", *k);
+        if (v < lo || v > hi)
+            return fail(err, n, ML_RANGE, "%s: %llu is out of range (%llu to %llu)", *k, v,
+                        (unsigned long long)lo, (unsigned long long)hi);
+        *out = v;
+        return ML_OK;
+    }
+    if (required)
+        return fail(err, root, ML_SCHEMA, "%s: missing from the config", keys[0]);
+    return ML_OK;
+}
+
+static void bool_of(const ml_node *root, const char *key, bool *out)
+{
+    const ml_node *n = get(root, key);
+    if (n && n->type == ML_NODE_SCALAR && n->plain) {
+        if (!strcmp(n->text, "true"))
+            *out = true;
+        else if (!strcmp(n->text, "false"))
+            *out = false;
+    }
+}
+
+static double num_of(const ml_node *root, const char *key, double def)
+{
+    const ml_node *n = get(root, key);
+    if (!n || n->type != ML_NODE_SCALAR || is_null(n))
+        return def;
+    char *end = NULL;
+    double v = strtod(n->text, &end);
+    return end && !*end && v >= 0 && v < 1 ? v : def;
+}
+
+static const char *str_of(const ml_node *root, const char *key)
+{
+    const ml_node *n = get(root, key);
+    return n && n->type == ML_NODE_SCALAR && !is_null(n) ? n->text : NULL;
+}
+
+#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
+{
+    const ml_node *mt = get(r, "model_type");
+    if (!mt || mt->type != ML_NODE_SCALAR)
+        return fail(err, r, ML_SCHEMA,
+                    "model_type: missing; a Hugging Face config.json names its model_type "
+                    "(supported: %s)",
+                    supported);
+    const char *t = mt->text;
+    bool llama = !strcmp(t, "llama") || !strcmp(t, "mistral") || !strcmp(t, "qwen2");
+    bool gpt2 = !strcmp(t, "gpt2"), neox = !strcmp(t, "gpt_neox"), bert = !strcmp(t, "bert"),
+         vit = !strcmp(t, "vit");
+    if (!llama && !gpt2 && !neox && !bert && !vit)
+        return fail(err, mt, ML_SCHEMA, "model_type '%s' is not supported; supported: %s", t,
+                    supported);
+    ml_status st;
+    m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;
+    m->attention = ML_ATTN_EAGER;
+    if ((st = uint_of(err, r, KEYS("num_hidden_layers", "n_layer"), true, 1, 100000, &m->layers)) ||
+        (st = uint_of(err, r, KEYS("hidden_size", "n_embd"), true, 1, 1u << 20, &m->hidden)) ||
+        (st = uint_of(err, r, KEYS("num_attention_heads", "n_head"), true, 1, 1u << 20, &m->heads)))
+        return st;
+    m->kv_heads = m->heads;
+    m->ffn = 4 * m->hidden;
+    if ((st = uint_of(err, r, KEYS("num_key_value_heads"), false, 1, 1u << 20, &m->kv_heads)) ||
+        (st = uint_of(err, r, KEYS("intermediate_size", "n_inner"), false, 1, 1u << 24, &m->ffn)))
+        return st;
+    if (!vit && (st = uint_of(err, r, KEYS("vocab_size"), true, 1, 1u << 28, &m->vocab)))
+        return st;
+    if ((st = uint_of(err, r, KEYS("max_position_embeddings", "n_positions"), false, 1, 1u << 28,
+                      &m->max_positions)))
+        return st;
+    if (m->hidden % m->heads)
+        return fail(err, get(r, "num_attention_heads"), ML_SCHEMA,
+                    "num_attention_heads: %llu does not divide hidden_size (%llu)",
+                    (unsigned long long)m->heads, (unsigned long long)m->hidden);
+    if (m->kv_heads > m->heads || m->heads % m->kv_heads)
+        return fail(err, get(r, "num_key_value_heads"), ML_SCHEMA,
+                    "num_key_value_heads: %llu does not divide num_attention_heads (%llu)",
+                    (unsigned long long)m->kv_heads, (unsigned long long)m->heads);
+    if (llama) {
+        /* modeling_llama / mistral / qwen2: RMSNorm, SwiGLU, rotary, no
+         * biases (Qwen2: biases on q, k, v) */
+        const char *act = str_of(r, "hidden_act");
+        if (act && strcmp(act, "silu"))
+            return fail(err, get(r, "hidden_act"), ML_SCHEMA,
+                        "hidden_act: '%s' is not modelled for %s (silu: SwiGLU)", act, t);
+        m->activation = ML_ACT_SWIGLU;
+        m->norm = ML_NORM_RMSNORM;
+        m->prenorm = true;
+        m->position = ML_POS_ROPE;
+        m->bias = false;
+        m->qkv_bias = !strcmp(t, "qwen2");
+        bool_of(r, "attention_bias", &m->qkv_bias);
+        m->tied_embeddings = false;
+        bool_of(r, "tie_word_embeddings", &m->tied_embeddings);
+        m->dropout = num_of(r, "attention_dropout", 0);
+    } else if (gpt2) {
+        m->activation = ML_ACT_GELU;
+        m->norm = ML_NORM_LAYERNORM;
+        m->prenorm = true;
+        m->position = ML_POS_LEARNED;
+        m->bias = m->qkv_bias = true;
+        m->tied_embeddings = true;
+        bool_of(r, "tie_word_embeddings", &m->tied_embeddings);
+        m->dropout = num_of(r, "resid_pdrop", 0.1);
+    } else if (neox) {
+        /* GPTNeoX: fused qkv with biases, parallel residual, rotary, untied */
+        m->activation = ML_ACT_GELU;
+        m->norm = ML_NORM_LAYERNORM;
+        m->prenorm = true;
+        m->position = ML_POS_ROPE;
+        m->bias = m->qkv_bias = true;
+        m->tied_embeddings = false;
+        bool_of(r, "tie_word_embeddings", &m->tied_embeddings);
+        m->parallel_residual = true;
+        bool_of(r, "use_parallel_residual", &m->parallel_residual);
+        m->dropout = num_of(r, "hidden_dropout", 0);
+    } else {
+        /* BERT and ViT classifiers */
+        m->activation = ML_ACT_GELU;
+        m->norm = ML_NORM_LAYERNORM;
+        m->prenorm = vit;
+        m->bias = m->qkv_bias = true;
+        if (vit)
+            bool_of(r, "qkv_bias", &m->qkv_bias);
+        m->dropout = num_of(r, "hidden_dropout_prob", bert ? 0.1 : 0);
+        m->classes = 2; /* PretrainedConfig's num_labels default */
+        const ml_node *labels = get(r, "id2label");
+        if (labels && labels->type == ML_NODE_MAP && labels->count)
+            m->classes = labels->count;
+        if ((st = uint_of(err, r, KEYS("num_labels"), false, 1, 1u << 24, &m->classes)))
+            return st;
+        if (bert) {
+            m->position = ML_POS_LEARNED;
+            m->pooler = true;
+            m->token_types = 2;
+            if ((st = uint_of(err, r, KEYS("type_vocab_size"), false, 1, 1u << 16,
+                              &m->token_types)))
+                return st;
+        } else {
+            m->position = ML_POS_LEARNED;
+            m->pooler = false;
+            m->channels = 3;
+            if ((st = uint_of(err, r, KEYS("image_size"), true, 1, 1u << 16, &m->image_size)) ||
+                (st = uint_of(err, r, KEYS("patch_size"), true, 1, 1u << 16, &m->patch_size)) ||
+                (st = uint_of(err, r, KEYS("num_channels"), false, 1, 1u << 16, &m->channels)))
+                return st;
+            if (m->image_size % m->patch_size)
+                return fail(err, get(r, "patch_size"), ML_SCHEMA,
+                            "patch_size: %llu does not divide image_size (%llu)",
+                            (unsigned long long)m->patch_size, (unsigned long long)m->image_size);
+        }
+    }
+    if (m->position == ML_POS_ROPE && (m->hidden / m->heads) % 2)
+        return fail(err, mt, ML_SCHEMA, "rotary embeddings need an even head size");
+    if (m->position == ML_POS_LEARNED && !m->max_positions && !m->image_size)
+        return fail(err, r, ML_SCHEMA, "max_position_embeddings: missing for learned positions");
+    /* defaults for the training settings, as the YAML loader does */
+    m->config = ml_config_defaults();
+    if (m->image_size) {
+        uint64_t g = m->image_size / m->patch_size;
+        m->config.training.seq_len = g * g + 1;
+    } else {
+        uint64_t mp = m->max_positions ? m->max_positions : 2048;
+        m->config.training.seq_len = mp < 2048 ? mp : 2048;
+    }
+    return ML_OK;
+}
+
+static char *slurp(const char *path, size_t *len, ml_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        err->code = ML_IO;
+        snprintf(err->msg, sizeof err->msg, "cannot open: %s", strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap || cap >= ML_TREE_MAX_BYTES)
+            break;
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    bool bad = ferror(f) || (buf && n == cap);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        err->code = !buf ? ML_NOMEM : ML_IO;
+        snprintf(err->msg, sizeof err->msg, "%s",
+                 !buf ? "out of memory" : n == cap ? "file larger than 16 MiB" : "read error");
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+ml_status ml_model_load_hf(const char *config_path, const char *training_path, ml_model **out,
+                           ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    snprintf(err->path, sizeof err->path, "%s", config_path);
+    size_t len = 0;
+    char *text = slurp(config_path, &len, err);
+    if (!text)
+        return err->code;
+    ml_node *root = NULL;
+    ml_status st = ml_tree_parse(text, len, &root, err);
+    free(text);
+    if (st)
+        return st;
+    ml_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        ml_tree_free(root);
+        err->code = ML_NOMEM;
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        return ML_NOMEM;
+    }
+    if (!root || root->type != ML_NODE_MAP)
+        st = fail(err, root, ML_SCHEMA, "expected a JSON object (a Hugging Face config.json)");
+    else
+        st = map_config(root, m, err);
+    if (!st) {
+        /* name: _name_or_path, else the config's directory */
+        const char *n = str_of(root, "_name_or_path");
+        if (n && *n) {
+            const char *slash = strrchr(n, '/');
+            snprintf(m->name, sizeof m->name, "%s", slash ? slash + 1 : n);
+        } else {
+            /* models/hf/gpt2/config.json -> gpt2 */
+            char dir[512];
+            snprintf(dir, sizeof dir, "%s", config_path);
+            char *slash = strrchr(dir, '/');
+            const char *name = "hf-model";
+            if (slash) {
+                *slash = '\0';
+                slash = strrchr(dir, '/');
+                name = slash ? slash + 1 : dir;
+            }
+            snprintf(m->name, sizeof m->name, "%s", *name ? name : "hf-model");
+        }
+    }
+    ml_tree_free(root);
+    if (!st && training_path) {
+        char *t = slurp(training_path, &len, err);
+        if (!t)
+            st = err->code;
+        else {
+            st = ml_schema_settings(t, len, training_path, m, err);
+            free(t);
+        }
+        if (st && err->path[0] == '\0')
+            snprintf(err->path, sizeof err->path, "%s", training_path);
+    }
+    if (st) {
+        ml_model_destroy(m);
+        return st;
+    }
+    *out = m;
+    return ML_OK;
+}

@@ -1,0 +1,228 @@
+/* One self-contained HTML report: configuration, verdict, ledger, the
+ * timeline chart with a hover read-out, the checkpoint comparison and the
+ * fit recommendation. Inline CSS and script only: no network, no external
+ * files. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memledger/report.h"
+#include "report/svg_internal.h"
+
+static const char *B(uint64_t v, char *buf)
+{
+    ml_format_bytes(v, buf, 32);
+    return buf;
+}
+
+static const char *FL(double v, char *buf)
+{
+    ml_format_flops(v, buf, 32);
+    return buf;
+}
+
+static void row(FILE *f, const char *k, const char *v)
+{
+    fprintf(f, "<tr><th>%s</th><td>", k);
+    ml_svg_escape(f, v);
+    fputs("</td></tr>\n", f);
+}
+
+static const char css[] =
+    "body{font-family:DejaVu Sans,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1100px}"
+    "h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px}"
+    ".cfg{color:#555;font-size:13px}.verdict{display:inline-block;padding:4px 10px;border-radius:4px;"
+    "font-weight:bold;color:#fff;margin:10px 0}.fits{background:#2e7d32}.nofit{background:#c62828}"
+    ".nodev{background:#777}table{border-collapse:collapse;font-size:13px}"
+    "td,th{border-bottom:1px solid #ddd;padding:3px 10px;text-align:right}"
+    "th{text-align:left;font-weight:600}td:first-child{text-align:left}"
+    "#chart{position:relative}#chart svg{width:100%;height:auto}"
+    "#tip{position:absolute;display:none;background:rgba(255,255,255,.95);border:1px solid #999;"
+    "padding:6px 8px;font-size:12px;pointer-events:none;white-space:nowrap}"
+    "#cursor{position:absolute;top:0;width:1px;background:#333;display:none;pointer-events:none}"
+    ".note{font-size:12px;color:#555}";
+
+/* Hover: maps the mouse to the nearest sampled event and lists its bytes. */
+static const char script[] =
+    "(function(){\n"
+    "var P=document.getElementById('points').textContent;var pts=JSON.parse(P);\n"
+    "var cats=['params','master weights','grads','optimizer states','saved activations',"
+    "'recompute','workspace'];\n"
+    "function fmt(b){var u=['B','KiB','MiB','GiB','TiB'];var i=0;while(b>=1024&&i<4){b/=1024;i++;}"
+    "return (i?b.toFixed(2):b)+' '+u[i];}\n"
+    "var box=document.getElementById('chart');var svg=box.querySelector('svg');"
+    "var tip=document.getElementById('tip');var cur=document.getElementById('cursor');\n"
+    "box.addEventListener('mousemove',function(ev){var r=svg.getBoundingClientRect();"
+    "var k=r.width/1040;var x=(ev.clientX-r.left)/k;"
+    "if(x<" "90" "||x>" "810" "||!pts.length){tip.style.display='none';cur.style.display='none';return;}"
+    "var best=pts[0];for(var i=1;i<pts.length;i++){if(Math.abs(pts[i][0]-x)<Math.abs(best[0]-x))best=pts[i];}"
+    "var t=0;var h='<b>'+best[1]+'</b> ('+best[2]+')<br>';"
+    "for(var c=0;c<7;c++){t+=best[3+c];if(best[3+c]>0)h+=cats[c]+': '+fmt(best[3+c])+'<br>';}"
+    "h+='<b>total '+fmt(t)+'</b>';tip.innerHTML=h;tip.style.display='block';"
+    "var bx=box.getBoundingClientRect();var px=best[0]*k+r.left-bx.left;"
+    "tip.style.left=(px+12)+'px';tip.style.top=(ev.clientY-bx.top+12)+'px';"
+    "cur.style.left=px+'px';cur.style.height=r.height+'px';cur.style.display='block';});\n"
+    "box.addEventListener('mouseleave',function(){tip.style.display='none';cur.style.display='none';});\n"
+    "document.body.setAttribute('data-ready','1');\n"
+    "})();\n";
+
+int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                   const ml_compare_row *rows, size_t nrows, const ml_fit_result *fit)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    char a[32], b[32], ck[1200], buf[256];
+    ml_checkpoint_format(&cfg->training.checkpoint, ck, sizeof ck);
+    fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>memledger: ", f);
+    ml_svg_escape(f, ml_model_name(m));
+    fprintf(f, "</title>\n<style>%s</style></head><body>\n<h1>", css);
+    ml_svg_escape(f, ml_model_name(m));
+    fputs(" — training memory plan</h1>\n<div class=\"cfg\">", f);
+    snprintf(buf, sizeof buf, "micro_batch %llu, seq_len %llu, grad_accum %llu, %s, %s (%s), checkpoint %s",
+             (unsigned long long)cfg->training.micro_batch, (unsigned long long)cfg->training.seq_len,
+             (unsigned long long)cfg->training.grad_accum, ml_precision_name(cfg->training.precision),
+             ml_optimizer_name(cfg->training.optimizer),
+             ml_optimizer_impl_name(cfg->training.optimizer_impl), ck);
+    ml_svg_escape(f, buf);
+    if (cfg->training.data_parallel > 1 || cfg->training.zero)
+        fprintf(f, ", %llu devices, ZeRO %u", (unsigned long long)cfg->training.data_parallel,
+                cfg->training.zero);
+    fputs("</div>\n", f);
+    if (s->has_device) {
+        fprintf(f, "<div class=\"verdict %s\">%s</div> ", s->fits ? "fits" : "nofit",
+                s->fits ? "FITS" : "DOES NOT FIT");
+        fprintf(f, "<span class=\"cfg\">peak %s + runtime reserve %s = %s on a %s device, budget %s; ",
+                B(s->peak, a), B(s->runtime_reserve, b), B(s->peak_total, buf), B(s->memory, ck),
+                B(s->budget, a));
+        if (s->fits)
+            fprintf(f, "headroom %s</span>\n", B((uint64_t)s->headroom, b));
+        else
+            fprintf(f, "over by %s</span>\n", B((uint64_t)(-s->headroom), b));
+    } else {
+        fputs("<div class=\"verdict nodev\">no device given</div>\n", f);
+    }
+
+    fputs("<h2>Summary</h2>\n<table>\n", f);
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)s->params);
+    row(f, "parameters", buf);
+    row(f, "params", B(s->bytes_params, a));
+    row(f, "master weights", B(s->bytes_master, a));
+    row(f, "grads", B(s->bytes_grads, a));
+    row(f, "optimizer states", B(s->bytes_optimizer, a));
+    row(f, "optimizer step temporaries", B(s->bytes_step_temp, a));
+    if (s->bytes_host)
+        row(f, "offloaded to the host", B(s->bytes_host, a));
+    row(f, "saved activations (end of forward)", B(s->bytes_activations, a));
+    snprintf(buf, sizeof buf, "%s during %s at %s", B(s->peak, a), ml_phase_name(s->peak_phase),
+             s->peak_step);
+    row(f, "peak (allocator view)", buf);
+    row(f, "peak + runtime reserve", B(s->peak_total, a));
+    snprintf(buf, sizeof buf, "forward %s, backward %s, recompute %s", FL(s->flops_forward, a),
+             FL(s->flops_backward, b), FL(s->flops_recompute, ck));
+    row(f, "FLOPs per iteration", buf);
+    if (s->step_time_s >= 0) {
+        snprintf(buf, sizeof buf, "%.4g s", s->step_time_s);
+        row(f, "estimated step time", buf);
+    }
+    fputs("</table>\n", f);
+
+    fputs("<h2>Memory over one iteration</h2>\n<div id=\"chart\">\n", f);
+    /* the chart, without its XML declaration */
+    char *svg = NULL;
+    size_t svglen = 0;
+    FILE *mf = open_memstream(&svg, &svglen);
+    if (!mf)
+        return -1;
+    int w = ml_report_timeline_svg(mf, m, cfg, l);
+    fclose(mf);
+    if (w != 0 || !svg) {
+        free(svg);
+        return -1;
+    }
+    const char *body = strstr(svg, "<svg");
+    fputs(body ? body : svg, f);
+    free(svg);
+    fputs("<div id=\"cursor\"></div><div id=\"tip\"></div></div>\n", f);
+    fputs("<p class=\"note\">Hover over the chart for the step and the bytes by category.</p>\n", f);
+    /* the sampled points the hover reads: [x, step, phase, live...] */
+    size_t idx[ML_SVG_POINTS];
+    size_t n = ml_ledger_event_count(l), np = n ? ml_svg_sample(l, idx, ML_SVG_POINTS) : 0;
+    const ml_event *ev = ml_ledger_events(l);
+    double den = n > 1 ? (double)(n - 1) : 1;
+    fputs("<script type=\"application/json\" id=\"points\">[", f);
+    for (size_t j = 0; j < np; j++) {
+        const ml_event *e = &ev[idx[j]];
+        const ml_block_info *bi = e->block >= 0 ? ml_ledger_block(l, (size_t)e->block) : NULL;
+        fprintf(f, "%s[%.1f,\"%s\",\"%s\"", j ? "," : "", ML_SVG_X0 + (double)idx[j] / den * ML_SVG_W,
+                bi ? bi->name : "optimizer.step", ml_phase_name(e->phase));
+        for (int c = 0; c < ML_CAT_COUNT; c++)
+            fprintf(f, ",%llu", (unsigned long long)e->live[c]);
+        fputc(']', f);
+    }
+    fputs("]</script>\n", f);
+
+    fputs("<h2>Ledger: saved activations per block</h2>\n<table><tr><th>block</th><th>params</th>"
+          "<th>saved</th><th>c</th><th>forward FLOPs</th><th>checkpointed</th></tr>\n", f);
+    for (size_t i = 0; i < ml_ledger_block_count(l); i++) {
+        const ml_block_info *bi = ml_ledger_block(l, i);
+        fputs("<tr><td>", f);
+        ml_svg_escape(f, bi->name);
+        fprintf(f, "</td><td>%llu</td><td>%s</td><td>%.3f</td><td>%s</td><td>%s</td></tr>\n",
+                (unsigned long long)bi->params, B(bi->activations_saved, a), bi->c,
+                FL(bi->flops_forward, b), bi->checkpointed ? "yes" : "");
+    }
+    fputs("</table>\n", f);
+
+    if (nrows) {
+        fputs("<h2>Checkpoint policies</h2>\n<table><tr><th>policy</th><th>peak total</th>"
+              "<th>saved activations</th><th>recompute</th><th>% of 3F</th><th>step time</th>"
+              "<th>fits</th></tr>\n",
+              f);
+        for (size_t i = 0; i < nrows; i++) {
+            const ml_compare_row *r = &rows[i];
+            char name[64], st[32];
+            ml_checkpoint_format(&r->checkpoint, name, sizeof name);
+            if (r->step_time_s >= 0)
+                snprintf(st, sizeof st, "%.4g s", r->step_time_s);
+            else
+                snprintf(st, sizeof st, "-");
+            fprintf(f, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%.1f%%</td><td>%s</td>"
+                       "<td>%s</td></tr>\n",
+                    name, B(r->peak_total, a), B(r->activations_saved, b),
+                    FL(r->flops_recompute, ck), r->recompute_pct, st,
+                    !r->has_device ? "-" : r->fits ? "yes" : "no");
+        }
+        fputs("</table>\n", f);
+        for (size_t i = 0; i < nrows; i++)
+            if (rows[i].checkpoint.kind == ML_CKPT_OPTIMAL) {
+                fputs("<p class=\"note\">", f);
+                ml_svg_escape(f, rows[i].plan);
+                fputs("</p>\n", f);
+            }
+    }
+    if (fit) {
+        fputs("<h2>Micro-batch and accumulation</h2>\n<p>", f);
+        if (fit->fits) {
+            char name[64];
+            ml_checkpoint_format(&fit->checkpoint, name, sizeof name);
+            fprintf(f, "Largest micro-batch that fits: <b>%llu</b> (checkpoint %s). Recommended: "
+                       "micro-batch %llu &times; %llu accumulation steps &times; %llu devices = "
+                       "effective batch %llu; peak total %s.",
+                    (unsigned long long)fit->max_micro_batch, name,
+                    (unsigned long long)fit->micro_batch, (unsigned long long)fit->grad_accum,
+                    (unsigned long long)fit->data_parallel,
+                    (unsigned long long)fit->effective_batch, B(fit->peak_total, a));
+        } else {
+            fputs("Even micro-batch 1 does not fit. ", f);
+        }
+        if (fit->note[0]) {
+            fputs(" ", f);
+            ml_svg_escape(f, fit->note);
+        }
+        fputs("</p>\n", f);
+    }
+    fputs("<p class=\"note\">memledger " "0.1.0" ": every figure is derived in the project's docs/ "
+          "(inventory, ledger, FLOPs).</p>\n",
+          f);
+    fprintf(f, "<script>\n%s</script>\n</body></html>\n", script);
+    return ferror(f) ? -1 : 0;
+}

@@ -1,0 +1,308 @@
+/* SVG charts of the memory timeline: a stacked area per category with phase
+ * bands, budget and capacity lines and the peak; and the total curves of
+ * several checkpoint policies overlaid. Plain SVG 1.1, no scripts, no
+ * external resources. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "memledger/report.h"
+#include "report/svg_internal.h"
+
+/* bottom to top: what is resident all iteration first */
+static const ml_category stack_order[ML_CAT_COUNT] = {
+    ML_CAT_PARAMS, ML_CAT_MASTER, ML_CAT_OPTIMIZER, ML_CAT_GRADS,
+    ML_CAT_ACTIVATIONS, ML_CAT_RECOMPUTE, ML_CAT_WORKSPACE};
+static const char *const cat_color[ML_CAT_COUNT] = {
+    [ML_CAT_PARAMS] = "#4e79a7",      [ML_CAT_MASTER] = "#a0cbe8",
+    [ML_CAT_GRADS] = "#f28e2b",       [ML_CAT_OPTIMIZER] = "#ffbe7d",
+    [ML_CAT_ACTIVATIONS] = "#59a14f", [ML_CAT_RECOMPUTE] = "#8cd17d",
+    [ML_CAT_WORKSPACE] = "#b6992d"};
+static const char *const cat_label[ML_CAT_COUNT] = {
+    [ML_CAT_PARAMS] = "params",           [ML_CAT_MASTER] = "master weights",
+    [ML_CAT_GRADS] = "grads",             [ML_CAT_OPTIMIZER] = "optimizer states",
+    [ML_CAT_ACTIVATIONS] = "saved activations", [ML_CAT_RECOMPUTE] = "recompute",
+    [ML_CAT_WORKSPACE] = "workspace"};
+
+typedef struct {
+    double x0, y0, w, h; /* plot area */
+    double ymax;
+} chart;
+
+static double px(const chart *c, double t)
+{
+    return c->x0 + t * c->w;
+}
+
+static double py(const chart *c, double bytes)
+{
+    return c->y0 + c->h - bytes / c->ymax * c->h;
+}
+
+void ml_svg_escape(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        switch (*s) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        case '\'': fputs("&apos;", f); break;
+        default:
+            if ((unsigned char)*s >= 0x20)
+                fputc(*s, f);
+        }
+    }
+}
+
+/* Axis: a binary unit and a 1-2-5 step giving 4 to 10 ticks. */
+static void y_axis(FILE *f, const chart *c)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int u = 0;
+    double scale = 1;
+    while (u < 5 && c->ymax / (scale * 1024) >= 1) {
+        scale *= 1024;
+        u++;
+    }
+    double span = c->ymax / scale, step = pow(10, floor(log10(span)));
+    while (span / step > 10)
+        step *= 2;
+    while (span / step < 4)
+        step /= 2;
+    for (double v = 0; v <= span + 1e-9; v += step) {
+        double y = py(c, v * scale);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
+                c->x0, y, c->x0 + c->w, y);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%g %s</text>\n",
+                c->x0 - 6, y + 4, v, units[u]);
+    }
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", c->x0,
+            c->y0, c->x0, c->y0 + c->h);
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", c->x0,
+            c->y0 + c->h, c->x0 + c->w, c->y0 + c->h);
+}
+
+static void hline(FILE *f, const chart *c, uint64_t bytes, const char *color, const char *dash,
+                  const char *label)
+{
+    char b[32];
+    ml_format_bytes(bytes, b, sizeof b);
+    double y = py(c, (double)bytes);
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
+               "stroke-width=\"1.5\"%s%s%s/>\n",
+            c->x0, y, c->x0 + c->w, y, color, dash ? " stroke-dasharray=\"" : "", dash ? dash : "",
+            dash ? "\"" : "");
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"%s\" text-anchor=\"end\">%s "
+               "%s</text>\n",
+            c->x0 + c->w - 4, y - 4, color, label, b);
+}
+
+static uint64_t total_of(const ml_event *e)
+{
+    uint64_t t = 0;
+    for (int k = 0; k < ML_CAT_COUNT; k++)
+        t += e->live[k];
+    return t;
+}
+
+/* At most `cap` points, each the highest event of its bucket (peaks survive). */
+size_t ml_svg_sample(const ml_ledger *l, size_t *idx, size_t cap)
+{
+    size_t n = ml_ledger_event_count(l);
+    const ml_event *ev = ml_ledger_events(l);
+    if (n <= cap) {
+        for (size_t i = 0; i < n; i++)
+            idx[i] = i;
+        return n;
+    }
+    size_t m = 0;
+    for (size_t j = 0; j < cap; j++) {
+        size_t a = j * n / cap, b = (j + 1) * n / cap, best = a;
+        for (size_t i = a; i < b; i++)
+            if (total_of(&ev[i]) > total_of(&ev[best]))
+                best = i;
+        idx[m++] = best;
+    }
+    return m;
+}
+
+#define SVG_POINTS ML_SVG_POINTS
+
+static void header(FILE *f, int w, int h)
+{
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+               "viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n"
+               "<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n",
+            w, h, w, h);
+}
+
+static void title(FILE *f, const ml_model *m, const ml_config *cfg, const char *what)
+{
+    char ck[1200];
+    ml_checkpoint_format(&cfg->training.checkpoint, ck, sizeof ck);
+    fputs("<text x=\"20\" y=\"26\" font-size=\"17\" font-weight=\"bold\">", f);
+    ml_svg_escape(f, ml_model_name(m));
+    fprintf(f, " — %s</text>\n", what);
+    fprintf(f, "<text x=\"20\" y=\"46\" font-size=\"12\" fill=\"#444\">micro_batch %llu, seq_len "
+               "%llu, grad_accum %llu, %s, %s (%s), checkpoint ",
+            (unsigned long long)cfg->training.micro_batch,
+            (unsigned long long)cfg->training.seq_len, (unsigned long long)cfg->training.grad_accum,
+            ml_precision_name(cfg->training.precision), ml_optimizer_name(cfg->training.optimizer),
+            ml_optimizer_impl_name(cfg->training.optimizer_impl));
+    ml_svg_escape(f, ck);
+    if (cfg->training.data_parallel > 1 || cfg->training.zero)
+        fprintf(f, ", %llu devices, ZeRO %u", (unsigned long long)cfg->training.data_parallel,
+                cfg->training.zero);
+    fputs("</text>\n", f);
+}
+
+int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    const ml_event *ev = ml_ledger_events(l);
+    size_t n = ml_ledger_event_count(l);
+    size_t idx[SVG_POINTS];
+    size_t np = n ? ml_svg_sample(l, idx, SVG_POINTS) : 0;
+    chart c = {ML_SVG_X0, 70, ML_SVG_W, 420, (double)s->peak};
+    if (s->has_device && (double)s->memory > c.ymax)
+        c.ymax = (double)s->memory;
+    if (c.ymax <= 0)
+        c.ymax = 1;
+    c.ymax *= 1.06;
+    header(f, 1040, 580);
+    title(f, m, cfg, "memory over one training iteration");
+    /* phase bands */
+    const double den = n > 1 ? (double)(n - 1) : 1;
+    size_t a = 0;
+    int shade = 0;
+    for (size_t i = 1; i <= n; i++) {
+        if (i < n && ev[i].phase == ev[a].phase && ev[i].micro == ev[a].micro)
+            continue;
+        double x1 = px(&c, (double)a / den), x2 = px(&c, (double)(i - 1) / den);
+        if (x2 - x1 < 1)
+            x2 = x1 + 1;
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n",
+                x1, c.y0, x2 - x1, c.h, shade ? "#f0f0f0" : "#f8f8f8");
+        if (x2 - x1 > 50)
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#666\" "
+                       "text-anchor=\"middle\">%s%s</text>\n",
+                    (x1 + x2) / 2, c.y0 + 14, ml_phase_name(ev[a].phase),
+                    ev[a].micro ? " (later micro-batches)" : "");
+        shade ^= 1;
+        a = i;
+    }
+    y_axis(f, &c);
+    /* stacked areas */
+    for (int k = ML_CAT_COUNT - 1; k >= 0; k--) {
+        ml_category cat = stack_order[k];
+        fprintf(f, "<path fill=\"%s\" stroke=\"none\" d=\"", cat_color[cat]);
+        for (size_t j = 0; j < np; j++) {
+            uint64_t top = 0;
+            for (int q = 0; q <= k; q++)
+                top += ev[idx[j]].live[stack_order[q]];
+            fprintf(f, "%s%.1f %.1f", j ? " L" : "M", px(&c, (double)idx[j] / den),
+                    py(&c, (double)top));
+        }
+        fprintf(f, " L%.1f %.1f L%.1f %.1f Z\"/>\n", px(&c, (double)idx[np ? np - 1 : 0] / den),
+                py(&c, 0), px(&c, 0), py(&c, 0));
+    }
+    /* device lines */
+    if (s->has_device) {
+        hline(f, &c, s->memory, "#222", NULL, "device");
+        hline(f, &c, s->memory - s->runtime_reserve, "#777", "2,3", "minus runtime reserve");
+        hline(f, &c, s->budget, "#d62728", "6,4", "budget");
+    }
+    /* the peak */
+    size_t pi = 0;
+    for (size_t i = 0; i < n; i++)
+        if (total_of(&ev[i]) == s->peak) {
+            pi = i;
+            break;
+        }
+    if (n) {
+        char b[32];
+        ml_format_bytes(s->peak, b, sizeof b);
+        double x = px(&c, (double)pi / den), y = py(&c, (double)s->peak);
+        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"none\" stroke=\"#d62728\" "
+                   "stroke-width=\"2\"/>\n",
+                x, y);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"bold\" "
+                   "fill=\"#d62728\" text-anchor=\"%s\">peak %s at ",
+                x + (x > c.x0 + c.w * 0.7 ? -8 : 8), y - 8, x > c.x0 + c.w * 0.7 ? "end" : "start",
+                b);
+        ml_svg_escape(f, s->peak_step);
+        fprintf(f, " (%s)</text>\n", ml_phase_name(s->peak_phase));
+    }
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">events of "
+               "one training iteration (%zu)</text>\n",
+            c.x0 + c.w / 2, c.y0 + c.h + 34, n);
+    /* legend */
+    double ly = c.y0 + 10;
+    for (int k = ML_CAT_COUNT - 1; k >= 0; k--) {
+        ml_category cat = stack_order[k];
+        char b[32];
+        ml_format_bytes(s->category_max[cat], b, sizeof b);
+        fprintf(f, "<rect x=\"830\" y=\"%.1f\" width=\"14\" height=\"14\" fill=\"%s\"/>\n", ly,
+                cat_color[cat]);
+        fprintf(f, "<text x=\"850\" y=\"%.1f\" font-size=\"12\">%s</text>\n", ly + 11,
+                cat_label[cat]);
+        fprintf(f, "<text x=\"850\" y=\"%.1f\" font-size=\"10\" fill=\"#666\">max %s</text>\n",
+                ly + 24, b);
+        ly += 36;
+    }
+    fputs("</svg>\n", f);
+    return ferror(f) ? -1 : 0;
+}
+
+int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
+                          const ml_ledger *const *ls, const char *const *names, size_t n)
+{
+    static const char *const colors[] = {"#4e79a7", "#e15759", "#f28e2b", "#76b7b2",
+                                         "#59a14f", "#edc948", "#b07aa1", "#9c755f"};
+    chart c = {90, 70, 720, 420, 1};
+    for (size_t i = 0; i < n; i++) {
+        const ml_summary *s = ml_ledger_summary(ls[i]);
+        if ((double)s->peak > c.ymax)
+            c.ymax = (double)s->peak;
+        if (s->has_device && (double)s->memory > c.ymax)
+            c.ymax = (double)s->memory;
+    }
+    c.ymax *= 1.06;
+    header(f, 1040, 580);
+    title(f, m, cfg, "checkpoint policies compared");
+    y_axis(f, &c);
+    size_t idx[SVG_POINTS];
+    for (size_t i = 0; i < n; i++) {
+        const ml_event *ev = ml_ledger_events(ls[i]);
+        size_t ne = ml_ledger_event_count(ls[i]);
+        size_t np = ml_svg_sample(ls[i], idx, SVG_POINTS);
+        double den = ne > 1 ? (double)(ne - 1) : 1;
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" points=\"",
+                colors[i % 8]);
+        for (size_t j = 0; j < np; j++)
+            fprintf(f, "%s%.1f,%.1f", j ? " " : "", px(&c, (double)idx[j] / den),
+                    py(&c, (double)total_of(&ev[idx[j]])));
+        fputs("\"/>\n", f);
+        char b[32];
+        ml_format_bytes(ml_ledger_summary(ls[i])->peak, b, sizeof b);
+        double ly = c.y0 + 10 + 22.0 * (double)i;
+        fprintf(f, "<rect x=\"830\" y=\"%.1f\" width=\"14\" height=\"4\" fill=\"%s\"/>\n", ly + 5,
+                colors[i % 8]);
+        fputs("<text x=\"850\" y=\"", f);
+        fprintf(f, "%.1f\" font-size=\"12\">", ly + 11);
+        ml_svg_escape(f, names[i]);
+        fprintf(f, " (peak %s)</text>\n", b);
+    }
+    const ml_summary *s0 = n ? ml_ledger_summary(ls[0]) : NULL;
+    if (s0 && s0->has_device) {
+        hline(f, &c, s0->memory, "#222", NULL, "device");
+        hline(f, &c, s0->budget, "#d62728", "6,4", "budget");
+    }
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">progress "
+               "through one training iteration (each policy's events, normalised)</text>\n",
+            c.x0 + c.w / 2, c.y0 + c.h + 34);
+    fputs("</svg>\n", f);
+    return ferror(f) ? -1 : 0;
+}

@@ -1,0 +1,56 @@
+/* Timeline exports: every event of the iteration as CSV or JSON. */
+#include <stdio.h>
+
+#include "memledger/report.h"
+
+static const char *step_of(const ml_ledger *l, const ml_event *e)
+{
+    if (e->block < 0)
+        return "optimizer.step";
+    const ml_block_info *b = ml_ledger_block(l, (size_t)e->block);
+    return b ? b->name : "?";
+}
+
+int ml_report_timeline_csv(FILE *f, const ml_ledger *l)
+{
+    fputs("index,micro_batch,phase,step,category,delta_bytes", f);
+    for (int c = 0; c < ML_CAT_COUNT; c++)
+        fprintf(f, ",%s", ml_category_name((ml_category)c));
+    fputs(",total\n", f);
+    const ml_event *ev = ml_ledger_events(l);
+    for (size_t i = 0; i < ml_ledger_event_count(l); i++) {
+        const ml_event *e = &ev[i];
+        uint64_t total = 0;
+        fprintf(f, "%zu,%u,%s,%s,%s,%lld", i, e->micro, ml_phase_name(e->phase), step_of(l, e),
+                ml_category_name(e->cat), (long long)e->delta);
+        for (int c = 0; c < ML_CAT_COUNT; c++) {
+            fprintf(f, ",%llu", (unsigned long long)e->live[c]);
+            total += e->live[c];
+        }
+        fprintf(f, ",%llu\n", (unsigned long long)total);
+    }
+    return ferror(f) ? -1 : 0;
+}
+
+int ml_report_timeline_json(FILE *f, const ml_ledger *l)
+{
+    const ml_event *ev = ml_ledger_events(l);
+    fputs("[", f);
+    for (size_t i = 0; i < ml_ledger_event_count(l); i++) {
+        const ml_event *e = &ev[i];
+        uint64_t total = 0;
+        /* block names are ours: letters, digits, '.', ':' — no escaping */
+        fprintf(f, "%s\n {\"index\": %zu, \"micro_batch\": %u, \"phase\": \"%s\", \"step\": \"%s\", "
+                   "\"category\": \"%s\", \"delta\": %lld, \"live\": {",
+                i ? "," : "", i, e->micro, ml_phase_name(e->phase), step_of(l, e),
+                ml_category_name(e->cat), (long long)e->delta);
+        for (int c = 0; c < ML_CAT_COUNT; c++) {
+            fprintf(f, "%s\"%s\": %llu", c ? ", " : "", ml_category_name((ml_category)c),
+                    (unsigned long long)e->live[c]);
+            total += e->live[c];
+        }
+        fprintf(f, "}, \"total\": %llu}", (unsigned long long)total);
+    }
+    fputs("\n]\n", f);
+    return ferror(f) ? -1 : 0;
+}
