@@ -30,11 +30,11 @@ run() {
     return $rc
 }
 echo "== plain build (-Dwerror=true)"
-run build-test -Dtorch_crosscheck=enabled || status=1
+run build-test -Dtorch_crosscheck=enabled -Drender_tests=enabled || status=1
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug \
-        -Dtorch_crosscheck=enabled || status=1
+        -Dtorch_crosscheck=enabled -Drender_tests=enabled || status=1
 [ $status = 0 ] || [ $fail -gt 0 ] || fail=1
 echo "$pass passed, $fail failed"
 exit $status

@@ -90,9 +90,10 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     if (s->has_device) {
         fprintf(f, "<div class=\"verdict %s\">%s</div> ", s->fits ? "fits" : "nofit",
                 s->fits ? "FITS" : "DOES NOT FIT");
+        char c1[32], c2[32];
         fprintf(f, "<span class=\"cfg\">peak %s + runtime reserve %s = %s on a %s device, budget %s; ",
-                B(s->peak, a), B(s->runtime_reserve, b), B(s->peak_total, buf), B(s->memory, ck),
-                B(s->budget, a));
+                B(s->peak, a), B(s->runtime_reserve, b), B(s->peak_total, buf), B(s->memory, c1),
+                B(s->budget, c2));
         if (s->fits)
             fprintf(f, "headroom %s</span>\n", B((uint64_t)s->headroom, b));
         else
@@ -205,11 +206,11 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
             char name[64];
             ml_checkpoint_format(&fit->checkpoint, name, sizeof name);
             fprintf(f, "Largest micro-batch that fits: <b>%llu</b> (checkpoint %s). Recommended: "
-                       "micro-batch %llu &times; %llu accumulation steps &times; %llu devices = "
+                       "micro-batch %llu &times; %llu accumulation steps &times; %llu device%s = "
                        "effective batch %llu; peak total %s.",
                     (unsigned long long)fit->max_micro_batch, name,
                     (unsigned long long)fit->micro_batch, (unsigned long long)fit->grad_accum,
-                    (unsigned long long)fit->data_parallel,
+                    (unsigned long long)fit->data_parallel, fit->data_parallel == 1 ? "" : "s",
                     (unsigned long long)fit->effective_batch, B(fit->peak_total, a));
         } else {
             fputs("Even micro-batch 1 does not fit. ", f);

@@ -83,8 +83,10 @@ static void y_axis(FILE *f, const chart *c)
             c->y0 + c->h, c->x0 + c->w, c->y0 + c->h);
 }
 
+/* A horizontal line with its label at the right end, or at the left end
+ * (left) so that two close lines do not overprint each other. */
 static void hline(FILE *f, const chart *c, uint64_t bytes, const char *color, const char *dash,
-                  const char *label)
+                  const char *label, bool left)
 {
     char b[32];
     ml_format_bytes(bytes, b, sizeof b);
@@ -93,9 +95,9 @@ static void hline(FILE *f, const chart *c, uint64_t bytes, const char *color, co
                "stroke-width=\"1.5\"%s%s%s/>\n",
             c->x0, y, c->x0 + c->w, y, color, dash ? " stroke-dasharray=\"" : "", dash ? dash : "",
             dash ? "\"" : "");
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"%s\" text-anchor=\"end\">%s "
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"%s\" text-anchor=\"%s\">%s "
                "%s</text>\n",
-            c->x0 + c->w - 4, y - 4, color, label, b);
+            left ? c->x0 + 4 : c->x0 + c->w - 4, y - 4, color, left ? "start" : "end", label, b);
 }
 
 static uint64_t total_of(const ml_event *e)
@@ -145,10 +147,13 @@ static void title(FILE *f, const ml_model *m, const ml_config *cfg, const char *
     fputs("<text x=\"20\" y=\"26\" font-size=\"17\" font-weight=\"bold\">", f);
     ml_svg_escape(f, ml_model_name(m));
     fprintf(f, " — %s</text>\n", what);
-    fprintf(f, "<text x=\"20\" y=\"46\" font-size=\"12\" fill=\"#444\">micro_batch %llu, seq_len "
-               "%llu, grad_accum %llu, %s, %s (%s), checkpoint ",
-            (unsigned long long)cfg->training.micro_batch,
-            (unsigned long long)cfg->training.seq_len, (unsigned long long)cfg->training.grad_accum,
+    char sl[48] = "";
+    if (cfg->training.seq_len > 1)
+        snprintf(sl, sizeof sl, ", seq_len %llu", (unsigned long long)cfg->training.seq_len);
+    fprintf(f, "<text x=\"20\" y=\"46\" font-size=\"12\" fill=\"#444\">micro_batch %llu%s, "
+               "grad_accum %llu, %s, %s (%s), checkpoint ",
+            (unsigned long long)cfg->training.micro_batch, sl,
+            (unsigned long long)cfg->training.grad_accum,
             ml_precision_name(cfg->training.precision), ml_optimizer_name(cfg->training.optimizer),
             ml_optimizer_impl_name(cfg->training.optimizer_impl));
     ml_svg_escape(f, ck);
@@ -210,9 +215,14 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     }
     /* device lines */
     if (s->has_device) {
-        hline(f, &c, s->memory, "#222", NULL, "device");
-        hline(f, &c, s->memory - s->runtime_reserve, "#777", "2,3", "minus runtime reserve");
-        hline(f, &c, s->budget, "#d62728", "6,4", "budget");
+        hline(f, &c, s->memory, "#222", NULL, "device", false);
+        if (s->budget == s->memory - s->runtime_reserve) {
+            hline(f, &c, s->budget, "#d62728", "6,4", "budget = device - runtime reserve", true);
+        } else {
+            hline(f, &c, s->memory - s->runtime_reserve, "#777", "2,3",
+                  "device - runtime reserve", false);
+            hline(f, &c, s->budget, "#d62728", "6,4", "budget", true);
+        }
     }
     /* the peak */
     size_t pi = 0;
@@ -279,8 +289,9 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
         size_t ne = ml_ledger_event_count(ls[i]);
         size_t np = ml_svg_sample(ls[i], idx, SVG_POINTS);
         double den = ne > 1 ? (double)(ne - 1) : 1;
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" points=\"",
-                colors[i % 8]);
+        /* later curves dashed, so that identical plans stay visible */
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\"%s points=\"",
+                colors[i % 8], i ? " stroke-dasharray=\"5,3\"" : "");
         for (size_t j = 0; j < np; j++)
             fprintf(f, "%s%.1f,%.1f", j ? " " : "", px(&c, (double)idx[j] / den),
                     py(&c, (double)total_of(&ev[idx[j]])));
@@ -297,8 +308,8 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
     }
     const ml_summary *s0 = n ? ml_ledger_summary(ls[0]) : NULL;
     if (s0 && s0->has_device) {
-        hline(f, &c, s0->memory, "#222", NULL, "device");
-        hline(f, &c, s0->budget, "#d62728", "6,4", "budget");
+        hline(f, &c, s0->memory, "#222", NULL, "device", false);
+        hline(f, &c, s0->budget, "#d62728", "6,4", "budget", true);
     }
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">progress "
                "through one training iteration (each policy's events, normalised)</text>\n",

@@ -5,8 +5,8 @@
 
 static const char *step_of(const ml_ledger *l, const ml_event *e)
 {
-    if (e->block < 0)
-        return "optimizer.step";
+    if (e->block < 0) /* resident state before forward, or the step */
+        return e->phase == ML_PHASE_OPTIMIZER ? "optimizer.step" : "resident";
     const ml_block_info *b = ml_ledger_block(l, (size_t)e->block);
     return b ? b->name : "?";
 }

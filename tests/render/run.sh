@@ -1,0 +1,64 @@
+#!/bin/sh
+# Renders what people look at, with real renderers: every SVG must be
+# well-formed XML (xmllint) and render to a non-blank PNG (rsvg-convert); the
+# HTML report must load in headless Chromium without console errors, run its
+# script, and screenshot to a non-blank PNG.
+set -u
+exe=$1
+models=$2
+here=$(dirname "$0")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; }
+
+svg_check() {
+    name=$1
+    shift
+    if ! "$exe" "$@" -o "$tmp/$name.svg"; then bad "$name: memledger failed"; return; fi
+    if xmllint --noout "$tmp/$name.svg"; then ok "$name.svg is well-formed XML"; else bad "$name.svg: xmllint"; fi
+    if rsvg-convert "$tmp/$name.svg" -o "$tmp/$name.png" && /usr/bin/python3 "$here/png_nonblank.py" "$tmp/$name.png"; then
+        ok "$name.svg renders (rsvg-convert) to a non-blank PNG"
+    else
+        bad "$name.svg: rendering"
+    fi
+}
+
+svg_check gpt2-timeline timeline "$models/gpt2-small.yaml" --format svg --precision amp-bf16 --micro-batch 2 --device 8GiB --budget 6.5GiB
+svg_check resnet-timeline timeline "$models/cifar10-resnet.yaml" --format svg
+svg_check llama-zero3-timeline timeline "$models/llama-2-7b.yaml" --format svg --data-parallel 8 --zero 3 --grad-accum 2
+svg_check gpt2-compare compare "$models/gpt2-small.yaml" --format svg --micro-batch 2 --device 8GiB
+
+"$exe" report "$models/gpt2-small.yaml" --precision amp-bf16 --micro-batch 2 --device 8GiB --budget 6.5GiB --global-batch 64 -o "$tmp/report.html" || bad "report: memledger failed"
+if grep -Eo '<script[^>]+src=|<link[^>]+href=|https?://[^" ]*' "$tmp/report.html" |
+    grep -v '^http://www.w3.org/2000/svg$' | grep -q .; then
+    bad "report.html refers to an external resource"
+else
+    ok "report.html is self-contained (no src=, href=, or URLs besides the SVG namespace)"
+fi
+chrome() {
+    timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
+        --disable-background-networking --disable-component-update --disable-sync \
+        --user-data-dir="$tmp/profile" "$@"
+}
+chrome --enable-logging=stderr --v=0 --window-size=1200,2400 --screenshot="$tmp/report.png" \
+    "file://$tmp/report.html" >"$tmp/chrome.out" 2>"$tmp/chrome.err"
+if grep -E 'CONSOLE' "$tmp/chrome.err" | grep -Eiq 'error|uncaught'; then
+    bad "report.html: console errors"; grep CONSOLE "$tmp/chrome.err"
+else
+    ok "report.html loads without console errors"
+fi
+if [ -f "$tmp/report.png" ] && /usr/bin/python3 "$here/png_nonblank.py" "$tmp/report.png"; then
+    ok "report.html screenshot is non-blank"
+else
+    bad "report.html screenshot"
+fi
+if chrome --dump-dom "file://$tmp/report.html" 2>/dev/null | grep -q 'data-ready="1"'; then
+    ok "report.html's script ran to the end (hover read-out installed)"
+else
+    bad "report.html: the script did not run"
+fi
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
