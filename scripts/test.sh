@@ -17,9 +17,12 @@ run() {
             return 1
         }
     else
-        meson configure "$dir" -Dwerror=true "$@" >/dev/null || return 1
+        meson setup --reconfigure "$dir" -Dwerror=true "$@" >"$dir.setup.log" 2>&1 || {
+            cat "$dir.setup.log"
+            return 1
+        }
     fi
-    ninja -C "$dir" || return 1
+    ninja -C "$dir" || { echo "FAIL: the build in $dir"; return 1; }
     meson test -C "$dir" --print-errorlogs --num-processes 2
     rc=$?
     log="$dir/meson-logs/testlog.json"
@@ -35,6 +38,37 @@ echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug \
         -Dtorch_crosscheck=enabled -Drender_tests=enabled || status=1
+echo "== libFuzzer: each target for ${FUZZ_SECONDS:-60} s from its seed corpus"
+fuzz() {
+    if [ ! -f build-fuzz/build.ninja ]; then
+        CC=clang meson setup build-fuzz -Dfuzzing=true -Dtests=false -Dwerror=true \
+            -Db_lundef=false >build-fuzz.setup.log 2>&1 || { cat build-fuzz.setup.log; return 1; }
+    fi
+    ninja -C build-fuzz >/dev/null || { echo "FAIL: the fuzz build"; return 1; }
+    work=$(mktemp -d)
+    rc=0
+    for t in model hf units; do
+        cp -r "tests/fuzz/corpus/$t" "$work/$t"
+        "$PWD/build-fuzz/tests/fuzz/fuzz_$t" -max_total_time="${FUZZ_SECONDS:-60}" \
+            -print_final_stats=1 -artifact_prefix="$PWD/build-fuzz/crash-$t-" \
+            "$work/$t" >"$work/$t.log" 2>&1
+        r=$?
+        runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$t.log")
+        rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/$t.log")
+        if [ $r = 0 ]; then
+            pass=$((pass + 1))
+            echo "ok   fuzz_$t: ${runs:-?} executions, ${rate:-?}/s, no crash, leak or sanitizer report"
+        else
+            fail=$((fail + 1))
+            rc=1
+            echo "FAIL fuzz_$t (exit $r): the input is kept as build-fuzz/crash-$t-*"
+            tail -40 "$work/$t.log"
+        fi
+    done
+    rm -rf "$work"
+    return $rc
+}
+fuzz || status=1
 [ $status = 0 ] || [ $fail -gt 0 ] || fail=1
 echo "$pass passed, $fail failed"
 exit $status

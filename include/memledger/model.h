@@ -132,6 +132,11 @@ ML_API ml_status ml_model_load_string(const char *text, size_t len, const char *
 ML_API ml_status ml_model_load_hf(const char *config_path, const char *training_path,
                                   ml_model **out, ml_error *err);
 
+/* Same, from a buffer holding the config.json; `name` is used as the path in
+ * messages and for the model's name. */
+ML_API ml_status ml_model_load_hf_string(const char *text, size_t len, const char *name,
+                                         ml_model **out, ml_error *err);
+
 /* Accepts NULL. */
 ML_API void ml_model_destroy(ml_model *m);
 

@@ -48,6 +48,7 @@ void ml_cli_print_error(const ml_error *e);
  * NULL or "-"), then rename on success or remove on failure. */
 typedef struct {
     FILE *f;
+    bool direct; /* a device or pipe, written in place */
     char tmp[4096];
     char path[4096];
 } ml_out;

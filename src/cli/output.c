@@ -31,6 +31,23 @@ int ml_out_open(ml_out *o, const char *path)
         o->f = stdout;
         return 0;
     }
+    /* a device, pipe or socket (/dev/null, /dev/full, a FIFO) is written in
+     * place: renaming a temporary over it would replace the node itself */
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        if (S_ISDIR(sb.st_mode)) {
+            fprintf(stderr, "memledger: error: %s: is a directory\n", path);
+            return ML_EXIT_FAILURE;
+        }
+        snprintf(o->path, sizeof o->path, "%s", path);
+        o->f = fopen(path, "w");
+        o->direct = true;
+        if (!o->f) {
+            fprintf(stderr, "memledger: error: %s: %s\n", path, strerror(errno));
+            return ML_EXIT_FAILURE;
+        }
+        return 0;
+    }
     int n = snprintf(o->tmp, sizeof o->tmp, "%s.tmp.XXXXXX", path);
     if (n < 0 || (size_t)n >= sizeof o->tmp) {
         fprintf(stderr, "memledger: error: %s: path too long\n", path);
@@ -70,6 +87,19 @@ int ml_out_close(ml_out *o, bool ok)
         return 0;
     }
     int rc = 0;
+    if (o->direct) {
+        if (fflush(o->f) != 0 || ferror(o->f) || !ok) {
+            if (ok)
+                fprintf(stderr, "memledger: error: %s: write failed: %s\n", o->path,
+                        strerror(errno));
+            rc = ML_EXIT_FAILURE;
+        }
+        if (fclose(o->f) != 0 && !rc) {
+            fprintf(stderr, "memledger: error: %s: write failed\n", o->path);
+            rc = ML_EXIT_FAILURE;
+        }
+        return rc;
+    }
     if (!ok || fflush(o->f) != 0 || ferror(o->f) || fsync(fileno(o->f)) != 0) {
         if (ok)
             fprintf(stderr, "memledger: error: %s: write failed: %s\n", o->path, strerror(errno));

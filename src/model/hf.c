@@ -259,6 +259,20 @@ static char *slurp(const char *path, size_t *len, ml_error *err)
     return buf;
 }
 
+static ml_status load_hf(const char *text, size_t len, const char *config_path,
+                         const char *training_path, ml_model **out, ml_error *err);
+
+ml_status ml_model_load_hf_string(const char *text, size_t len, const char *name, ml_model **out,
+                                  ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    snprintf(err->path, sizeof err->path, "%s", name ? name : "config.json");
+    return load_hf(text, len, name ? name : "config.json", NULL, out, err);
+}
+
 ml_status ml_model_load_hf(const char *config_path, const char *training_path, ml_model **out,
                            ml_error *err)
 {
@@ -271,9 +285,16 @@ ml_status ml_model_load_hf(const char *config_path, const char *training_path, m
     char *text = slurp(config_path, &len, err);
     if (!text)
         return err->code;
+    ml_status st = load_hf(text, len, config_path, training_path, out, err);
+    free(text);
+    return st;
+}
+
+static ml_status load_hf(const char *text, size_t len, const char *config_path,
+                         const char *training_path, ml_model **out, ml_error *err)
+{
     ml_node *root = NULL;
     ml_status st = ml_tree_parse(text, len, &root, err);
-    free(text);
     if (st)
         return st;
     ml_model *m = calloc(1, sizeof *m);
@@ -309,11 +330,12 @@ ml_status ml_model_load_hf(const char *config_path, const char *training_path, m
     }
     ml_tree_free(root);
     if (!st && training_path) {
-        char *t = slurp(training_path, &len, err);
+        size_t tlen = 0;
+        char *t = slurp(training_path, &tlen, err);
         if (!t)
             st = err->code;
         else {
-            st = ml_schema_settings(t, len, training_path, m, err);
+            st = ml_schema_settings(t, tlen, training_path, m, err);
             free(t);
         }
         if (st && err->path[0] == '\0')

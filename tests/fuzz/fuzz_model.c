@@ -1,0 +1,34 @@
+/* Fuzz target: the model YAML loader, then (when it loads) an evaluation and
+ * both reports, on capped sizes so each input runs in microseconds. */
+#include <stdint.h>
+#include <stdio.h>
+
+#include "memledger/memledger.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    ml_model *m = NULL;
+    ml_error e;
+    if (ml_model_load_string((const char *)data, size, "fuzz.yaml", &m, &e) != ML_OK)
+        return 0;
+    ml_config c = ml_model_config(m);
+    if (c.training.micro_batch > 4)
+        c.training.micro_batch = 4;
+    if (c.training.seq_len > 64)
+        c.training.seq_len = 64;
+    ml_ledger *l = NULL;
+    if (ml_ledger_evaluate(m, &c, true, &l, &e) == ML_OK) {
+        FILE *f = fopen("/dev/null", "w");
+        if (f) {
+            ml_report_text(f, m, &c, l);
+            ml_report_json(f, m, &c, l);
+            ml_report_timeline_csv(f, l);
+            fclose(f);
+        }
+        ml_ledger_destroy(l);
+    }
+    ml_model_destroy(m);
+    return 0;
+}
