@@ -756,8 +756,10 @@ static ml_status parse_device(ctx *c, const ml_node *d, ml_model *m)
         return fail(c, get(d, "budget"), ML_RANGE, "device.budget: %s is above device.memory",
                     get(d, "budget")->text);
     if (dv->runtime_reserve >= dv->memory)
-        return fail(c, get(d, "runtime_reserve") ? get(d, "runtime_reserve") : d, ML_RANGE,
-                    "device.runtime_reserve: the reserve is not below device.memory");
+        return fail(c, get(d, "runtime_reserve") ? get(d, "runtime_reserve") : get(d, "memory"),
+                    ML_RANGE, "device.runtime_reserve: %s is not below device.memory; set "
+                    "runtime_reserve to what the CUDA context and libraries take on this device",
+                    get(d, "runtime_reserve") ? "the reserve" : "the default reserve of 512MiB");
     return ML_OK;
 }
 

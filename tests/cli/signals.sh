@@ -1,0 +1,69 @@
+#!/bin/sh
+# An output interrupted mid-write (SIGINT, SIGTERM) leaves the previous file
+# intact and no temporary behind; the exit status says it was killed.
+set -u
+exe=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cat >"$tmp/big.yaml" <<'YAML'
+name: big
+model:
+  type: decoder
+  layers: 30000
+  hidden: 64
+  heads: 4
+  vocab: 100
+  position: none
+training:
+  micro_batch: 1
+  seq_len: 16
+YAML
+pass=0
+fail=0
+for sig in TERM INT; do
+    caught=0
+    for attempt in 1 2 3 4 5 6 7 8 9 10; do
+        echo OLD >"$tmp/out.csv"
+        "$exe" timeline "$tmp/big.yaml" -o "$tmp/out.csv" &
+        pid=$!
+        # wait until the temporary file exists: the write has begun
+        i=0
+        while [ $i -lt 400 ] && ! ls "$tmp"/out.csv.tmp.* >/dev/null 2>&1; do
+            sleep 0.01
+            i=$((i + 1))
+        done
+        if ls "$tmp"/out.csv.tmp.* >/dev/null 2>&1; then
+            kill -s "$sig" "$pid"
+            wait "$pid"
+            rc=$?
+            caught=1
+            break
+        fi
+        wait "$pid"
+    done
+    if [ $caught = 0 ]; then
+        echo "FAIL SIG$sig: never caught the write in progress"
+        fail=$((fail + 1))
+        continue
+    fi
+    if [ "$(cat "$tmp/out.csv")" = OLD ] && ! ls "$tmp"/out.csv.tmp.* >/dev/null 2>&1 &&
+        [ "$rc" -gt 128 ]; then
+        echo "ok   SIG$sig mid-write: previous file intact, no temporary left, exit $rc"
+        pass=$((pass + 1))
+    else
+        echo "FAIL SIG$sig: exit $rc, file now $(head -c 60 "$tmp/out.csv"), temporaries: $(ls "$tmp")"
+        fail=$((fail + 1))
+    fi
+done
+# a completed write replaces the file whole
+echo OLD >"$tmp/out.csv"
+if "$exe" timeline "$tmp/big.yaml" -o "$tmp/out.csv" && head -1 "$tmp/out.csv" | grep -q '^index,' &&
+    ! ls "$tmp"/out.csv.tmp.* >/dev/null 2>&1; then
+    echo "ok   a completed write replaces the file"
+    pass=$((pass + 1))
+else
+    echo "FAIL the completed write"
+    fail=$((fail + 1))
+fi
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]

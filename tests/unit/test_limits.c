@@ -1,0 +1,133 @@
+/* Resource limits on input, each with its message (docs/robustness.md), and
+ * FLOPs that stay finite for a trillion-parameter model. */
+#include <stdlib.h>
+
+#include "harness.h"
+
+static void expect(const char *text, size_t len, ml_status code, const char *msg)
+{
+    ml_model *m = NULL;
+    ml_error e;
+    ml_status st = ml_model_load_string(text, len, "limits.yaml", &m, &e);
+    if (st != code)
+        fail_msg("got %s (%s), expected %s", ml_status_name(st), e.msg, ml_status_name(code));
+    if (!strstr(e.msg, msg))
+        fail_msg("message '%s' lacks '%s'", e.msg, msg);
+    assert_null(m);
+}
+
+static void test_file_size(void **state)
+{
+    (void)state;
+    size_t n = (16u << 20) + 1;
+    char *big = malloc(n);
+    memset(big, '#', n);
+    expect(big, n, ML_RANGE, "larger than 16 MiB");
+    free(big);
+}
+
+static void test_nesting_depth(void **state)
+{
+    (void)state;
+    char buf[512];
+    size_t k = 0;
+    k += (size_t)snprintf(buf, sizeof buf, "model: ");
+    for (int i = 0; i < 70; i++)
+        buf[k++] = '[';
+    for (int i = 0; i < 70; i++)
+        buf[k++] = ']';
+    buf[k++] = '\n';
+    expect(buf, k, ML_SYNTAX, "nesting deeper than 64 levels");
+}
+
+static void test_node_count(void **state)
+{
+    (void)state;
+    /* 250,000 list items: past the 200,000-node bound */
+    size_t n = 250000, len = 0;
+    char *s = malloc(n * 2 + 16);
+    len += (size_t)sprintf(s, "x: [");
+    for (size_t i = 0; i < n; i++) {
+        s[len++] = '1';
+        s[len++] = ',';
+    }
+    s[len - 1] = ']';
+    expect(s, len, ML_RANGE, "more than 200000 YAML nodes");
+    free(s);
+}
+
+static void test_residual_depth(void **state)
+{
+    (void)state;
+    char buf[8192];
+    size_t k = (size_t)snprintf(buf, sizeof buf,
+                                "model:\n  type: sequential\n  input: [4]\n  layers:\n");
+    int depth = 20;
+    for (int i = 0; i < depth; i++)
+        k += (size_t)snprintf(buf + k, sizeof buf - k, "%*s- residual:\n", 4 + 4 * i, "");
+    k += (size_t)snprintf(buf + k, sizeof buf - k, "%*s- relu: {}\n", 4 + 4 * depth, "");
+    expect(buf, k, ML_RANGE, "residual groups nested deeper than 16");
+}
+
+static void test_value_bounds(void **state)
+{
+    (void)state;
+    const char *base = "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n"
+                       "  vocab: 10\n  position: none\n";
+    char buf[1024];
+    struct {
+        const char *extra, *msg;
+    } cases[] = {
+        {"training:\n  micro_batch: 16777217\n", "the limit is 16777216"},
+        {"training:\n  seq_len: 268435457\n", "the limit is 268435456"},
+        {"training:\n  grad_accum: 1048577\n", "the limit is 1048576"},
+        {"training:\n  data_parallel: 1048577\n", "the limit is 1048576"},
+        {"training:\n  zero: 4\n", "the limit is 3"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int n = snprintf(buf, sizeof buf, "%s%s", base, cases[i].extra);
+        expect(buf, (size_t)n, ML_RANGE, cases[i].msg);
+    }
+    const char *t1 = "model:\n  type: decoder\n  layers: 100001\n  hidden: 64\n  heads: 4\n"
+                     "  vocab: 10\n";
+    expect(t1, strlen(t1), ML_RANGE, "the limit is 100000");
+    const char *t2 = "model:\n  type: decoder\n  layers: 1\n  hidden: 1048577\n  heads: 1\n"
+                     "  vocab: 10\n";
+    expect(t2, strlen(t2), ML_RANGE, "the limit is 1048576");
+}
+
+/* A trillion parameters: 128 blocks of hidden 25,600 (12 D^2 + 13 D each),
+ * untied 50,000-token embeddings and head. The count is exact in 64 bits, the
+ * FLOPs finite, 3F for training. */
+static void test_trillion_parameters(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("model:\n  type: decoder\n  layers: 128\n  hidden: 25600\n"
+                           "  heads: 160\n  vocab: 50000\n  position: rope\n"
+                           "  tied_embeddings: false\n  attention: flash\n"
+                           "training:\n  micro_batch: 1\n  seq_len: 2048\n  precision: bf16-master\n");
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, false);
+    const ml_summary *s = ml_ledger_summary(l);
+    uint64_t D = 25600, want = 128 * (12 * D * D + 13 * D) + 2 * 50000 * D + 2 * D;
+    assert_int_equal(s->params, want);
+    assert_true(s->params > 1000000000000ull);
+    assert_int_equal(s->bytes_params + s->bytes_grads + s->bytes_master + s->bytes_optimizer,
+                     16 * want);
+    assert_true(isfinite(s->flops_total) && s->flops_total > 0);
+    assert_rel_close(s->flops_total, 3 * s->flops_forward, 1e-12);
+    /* forward ~ 2 x tokens x params for the dense layers: within 10% */
+    assert_rel_close(s->flops_forward, 2.0 * 2048 * (double)want, 0.10);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_file_size),         cmocka_unit_test(test_nesting_depth),
+        cmocka_unit_test(test_node_count),        cmocka_unit_test(test_residual_depth),
+        cmocka_unit_test(test_value_bounds),      cmocka_unit_test(test_trillion_parameters),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
