@@ -56,6 +56,7 @@ typedef struct ml_block_info {
     int32_t segment;            /* the segment's id (blocks with the same id are
                                    recomputed together), -1 when not checkpointed */
     int32_t ckpt_index;         /* index in checkpoint lists, -1 for embedding/head/loss */
+    bool measured;              /* inventory from a calibration profile */
 } ml_block_info;
 
 typedef struct ml_event {
@@ -83,6 +84,10 @@ typedef struct ml_summary {
     /* the checkpoint plan as run: "none", "every-2", "optimal: [0-3] [8]" */
     char plan[256];
     bool plan_fits_budget;           /* optimal: false when no plan met the budget */
+    /* calibration (cfg->calib): what was measured rather than derived */
+    size_t calibrated_blocks;        /* blocks whose saved bytes come from the profile */
+    double calibrated_c;             /* the measured c applied to them */
+    bool time_measured;              /* step time from the profile's achieved TFLOP/s */
     /* the peak of the allocator view */
     uint64_t peak;
     ml_phase peak_phase;

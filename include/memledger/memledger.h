@@ -5,6 +5,7 @@
 #ifndef MEMLEDGER_MEMLEDGER_H
 #define MEMLEDGER_MEMLEDGER_H
 
+#include "calib.h"
 #include "error.h"
 #include "ledger.h"
 #include "model.h"

@@ -102,9 +102,14 @@ typedef struct ml_device {
     double efficiency;         /* achieved fraction of peak_tflops, (0, 1] */
 } ml_device;
 
+struct ml_profile;
+
 typedef struct ml_config {
     ml_training training;
     ml_device device;
+    /* A measured calibration profile (calib.h), borrowed: the caller keeps it
+     * alive while the config is used. NULL: analytic values only. */
+    const struct ml_profile *calib;
 } ml_config;
 
 /* Defaults: micro_batch 1, seq_len 1 (overridden by the model), grad_accum 1,

@@ -25,6 +25,7 @@ typedef struct {
     const char *hf;       /* --hf config.json instead of a model file */
     const char *training; /* --training FILE.yaml with --hf */
     const char *emit;     /* --emit deepspeed|hf-trainer|torch (plan, fit) */
+    const char *calib;    /* --calib PROFILE.yaml */
     bool format_given;
     ml_format format;
     /* raw flag values, NULL when not given */
@@ -41,6 +42,8 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
 int ml_cli_whole(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
 /* Loads the model and applies overrides; prints errors. Returns 0 or an exit status. */
 int ml_cli_load(const ml_cli_opts *o, ml_model **m, ml_config *cfg);
+/* Frees what ml_cli_load made: the model and the calibration profile. */
+void ml_cli_free(ml_model *m, ml_config *cfg);
 /* Prints "memledger: error: path:line:col: msg", the line and a caret. */
 void ml_cli_print_error(const ml_error *e);
 
@@ -59,6 +62,7 @@ int ml_out_close(ml_out *o, bool ok);
 int ml_cmd_plan(int argc, char **argv);
 int ml_cmd_timeline(int argc, char **argv);
 int ml_cmd_report(int argc, char **argv);
+int ml_cmd_calibrate(int argc, char **argv);
 int ml_cmd_fit(int argc, char **argv);
 int ml_cmd_compare(int argc, char **argv);
 

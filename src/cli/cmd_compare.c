@@ -38,7 +38,7 @@ int ml_cmd_compare(int argc, char **argv)
         snprintf(e.path, sizeof e.path, "%s", o.model_path);
         e.line = e.col = 0;
         ml_cli_print_error(&e);
-        ml_model_destroy(m);
+        ml_cli_free(m, &cfg);
         return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
     /* the SVG overlays each policy's whole timeline */
@@ -71,6 +71,6 @@ int ml_cmd_compare(int argc, char **argv)
 done:
     for (size_t i = 0; i < ML_COMPARE_ROWS; i++)
         ml_ledger_destroy(ls[i]);
-    ml_model_destroy(m);
+    ml_cli_free(m, &cfg);
     return rc;
 }

@@ -84,6 +84,6 @@ int ml_cmd_fit(int argc, char **argv)
         rc = r.fits ? ML_EXIT_OK : ML_EXIT_NO_FIT;
     }
 out:
-    ml_model_destroy(m);
+    ml_cli_free(m, &cfg);
     return rc;
 }

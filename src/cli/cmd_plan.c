@@ -33,6 +33,7 @@ static const char usage[] =
     "  --hf config.json       a Hugging Face config instead of a model file (llama,\n"
     "                         mistral, qwen2, gpt2, gpt_neox, bert, vit)\n"
     "  --training FILE.yaml   training: and device: sections to go with --hf\n"
+    "  --calib PROFILE.yaml   use a calibration profile's measured c and throughput\n"
     "Output\n"
     "  --format text|json     (default text)\n"
     "  -o FILE                write the report to FILE (atomically) instead of stdout\n"
@@ -62,7 +63,7 @@ int ml_cmd_plan(int argc, char **argv)
         snprintf(e.path, sizeof e.path, "%s", o.model_path);
         e.line = e.col = 0;
         ml_cli_print_error(&e);
-        ml_model_destroy(m);
+        ml_cli_free(m, &cfg);
         return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
     ml_out out;
@@ -77,6 +78,6 @@ int ml_cmd_plan(int argc, char **argv)
         rc = s->has_device && !s->fits ? ML_EXIT_NO_FIT : ML_EXIT_OK;
     }
     ml_ledger_destroy(l);
-    ml_model_destroy(m);
+    ml_cli_free(m, &cfg);
     return rc;
 }

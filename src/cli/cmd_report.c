@@ -67,6 +67,6 @@ int ml_cmd_report(int argc, char **argv)
     }
 out:
     ml_ledger_destroy(l);
-    ml_model_destroy(m);
+    ml_cli_free(m, &cfg);
     return rc;
 }

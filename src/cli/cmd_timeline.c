@@ -39,7 +39,7 @@ int ml_cmd_timeline(int argc, char **argv)
         snprintf(e.path, sizeof e.path, "%s", o.model_path);
         e.line = e.col = 0;
         ml_cli_print_error(&e);
-        ml_model_destroy(m);
+        ml_cli_free(m, &cfg);
         return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
     ml_out out;
@@ -50,6 +50,6 @@ int ml_cmd_timeline(int argc, char **argv)
         rc = ml_out_close(&out, w == 0);
     }
     ml_ledger_destroy(l);
-    ml_model_destroy(m);
+    ml_cli_free(m, &cfg);
     return rc;
 }

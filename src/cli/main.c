@@ -14,6 +14,7 @@ static const struct {
     {"compare", ml_cmd_compare, "checkpoint policies side by side"},
     {"timeline", ml_cmd_timeline, "every event of the iteration as CSV, JSON or an SVG chart"},
     {"report", ml_cmd_report, "a self-contained HTML report"},
+    {"calibrate", ml_cmd_calibrate, "fit measured peaks, or measure on this machine's GPU/CPU"},
 };
 
 static void help(FILE *f)

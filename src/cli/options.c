@@ -60,6 +60,7 @@ static const struct {
     {"--offload", offsetof(ml_cli_opts, offload)},
     {"--global-batch", offsetof(ml_cli_opts, global_batch)},
     {"--max-micro-batch", offsetof(ml_cli_opts, max_micro_batch)},
+    {"--calib", offsetof(ml_cli_opts, calib)},
 };
 
 static int usage_error(const char *verb, const char *fmt, const char *arg)
@@ -293,6 +294,16 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
         rc = bad_flag("--budget", "the budget is above the device memory");
     if (!rc && d->present && d->runtime_reserve >= d->memory)
         rc = bad_flag("--runtime-reserve", "the reserve is not below the device memory");
+    if (!rc && o->calib) {
+        ml_profile *p = NULL;
+        memset(&e, 0, sizeof e);
+        if (ml_profile_load_file(o->calib, &p, &e) != ML_OK) {
+            ml_cli_print_error(&e);
+            rc = ML_EXIT_BAD_INPUT;
+        } else {
+            c.calib = p;
+        }
+    }
     if (rc) {
         ml_model_destroy(m);
         return rc;
@@ -300,4 +311,13 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
     *mp = m;
     *cfg = c;
     return 0;
+}
+
+void ml_cli_free(ml_model *m, ml_config *cfg)
+{
+    ml_model_destroy(m);
+    if (cfg && cfg->calib) {
+        ml_profile_destroy((ml_profile *)cfg->calib);
+        cfg->calib = NULL;
+    }
 }

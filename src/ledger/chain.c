@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "ledger/chain.h"
+#include "memledger/calib.h"
 #include "model/shape.h"
 
 uint64_t ml_mul(ml_chain *ch, uint64_t a, uint64_t b)
@@ -888,6 +889,33 @@ static ml_status build_sequential(const ml_model *m, const ml_config *cfg, ml_ch
     return st;
 }
 
+/* A measured profile replaces the transformer blocks' inventories with
+ * c * B*T*D*b + fixed (docs/calibration.md) when it was measured in the
+ * compute dtype; the share of the attention core scales with it. */
+static void apply_profile(ml_chain *ch, const ml_profile *p)
+{
+    const ml_profile_kind *k = ml_profile_find(p, "transformer_block");
+    if (!k || ml_profile_dtype_bytes(p) != ch->prec.a || !(k->fit.slope > 0))
+        return;
+    for (size_t i = 0; i < ch->n; i++) {
+        ml_cblock *b = &ch->blocks[i];
+        if (b->ckpt_index < 0)
+            continue;
+        double x = (double)ch->c_tokens * (double)ch->c_width * (double)ch->prec.a;
+        double inv = k->fit.slope * x + k->fit.fixed;
+        double in = b->in_saved ? (double)b->in_bytes : 0;
+        double saved = inv - in > 0 ? inv - in : 0;
+        if (!(saved < 1.8e19))
+            continue;
+        double share = b->saved_bytes ? (double)b->core_bytes / (double)b->saved_bytes : 0;
+        b->saved_bytes = (uint64_t)llround(saved);
+        b->core_bytes = (uint64_t)llround(saved * share);
+        b->measured = true;
+        ch->calibrated++;
+    }
+    ch->calib_c = k->fit.slope;
+}
+
 /* Sizes the arrays once: a transformer block lists at most ~24 saved
  * tensors and ~16 parameter tensors, a sequential entry a handful per layer. */
 static void reserve(ml_chain *ch, const ml_model *m)
@@ -918,6 +946,8 @@ ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, 
     ch->prec = ml_prec_of(cfg->training.precision);
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? build_sequential(m, cfg, ch)
                                                  : build_transformer(m, cfg, ch, err);
+    if (st == ML_OK && cfg->calib && m->type != ML_MODEL_SEQUENTIAL)
+        apply_profile(ch, cfg->calib);
     if (st == ML_OK && ch->nomem)
         st = ML_NOMEM;
     if (st == ML_OK && ch->overflow) {

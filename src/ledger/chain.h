@@ -61,6 +61,7 @@ typedef struct {
     uint64_t grad_bytes;     /* gradients first created by its backward */
     uint64_t grad_accum_bytes; /* gradients it produces into existing .grad (accumulation) */
     double flops_fwd, flops_bwd, flops_core;
+    bool measured;           /* saved bytes from a calibration profile */
 } ml_cblock;
 
 typedef struct {
@@ -79,6 +80,8 @@ typedef struct {
     uint64_t B, T;
     uint64_t c_tokens, c_width; /* normalisation of c: B*T and D */
     size_t n_ckpt;              /* checkpointable blocks */
+    size_t calibrated;          /* blocks with measured inventories */
+    double calib_c;
     uint64_t ckpt_side;         /* tensors a checkpoint keeps besides block inputs:
                                    the attention mask passed to every block */
     /* scratch while building a block */

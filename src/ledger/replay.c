@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ledger/chain.h"
+#include "memledger/calib.h"
 #include "plan/optimal.h"
 
 struct ml_ledger {
@@ -570,6 +571,13 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
     s->step_time_s = dv->peak_tflops > 0
                          ? s->flops_total / (dv->peak_tflops * 1e12 * dv->efficiency)
                          : -1.0;
+    s->calibrated_blocks = ch->calibrated;
+    s->calibrated_c = ch->calib_c;
+    if (x->cfg->calib && ml_profile_achieved_tflops(x->cfg->calib) > 0) {
+        /* measured throughput replaces peak x efficiency */
+        s->step_time_s = s->flops_total / (ml_profile_achieved_tflops(x->cfg->calib) * 1e12);
+        s->time_measured = true;
+    }
     s->runtime_reserve = dv->runtime_reserve;
     if (__builtin_add_overflow(s->peak, s->runtime_reserve, &s->peak_total)) {
         err->code = ML_OVERFLOW;
@@ -600,6 +608,7 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
         bi->checkpointed = seg[k] >= 0;
         bi->segment = seg[k];
         bi->ckpt_index = b->ckpt_index;
+        bi->measured = b->measured;
         bi->flops_forward = b->flops_fwd;
         /* inventory without a plan: a boundary counts with the block that
          * saves it first, the producer when it saves its own output (the

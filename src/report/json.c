@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "memledger/calib.h"
 #include "memledger/report.h"
 
 static void str(FILE *f, const char *s)
@@ -49,6 +50,16 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     fputs(" \"plan\": ", f);
     str(f, s->plan);
     fprintf(f, ", \"plan_fits_budget\": %s,\n", s->plan_fits_budget ? "true" : "false");
+    fputs(" \"calibration\": ", f);
+    if (cfg->calib) {
+        fputs("{\"profile\": ", f);
+        str(f, ml_profile_get(cfg->calib, "name"));
+        fprintf(f, ", \"measured_blocks\": %zu, \"c\": ", s->calibrated_blocks);
+        num(f, s->calibrated_c);
+        fprintf(f, ", \"time_measured\": %s},\n", s->time_measured ? "true" : "false");
+    } else {
+        fputs("null,\n", f);
+    }
     fprintf(f, " \"bytes\": {\"params\": %llu, \"master_params\": %llu, \"grads\": %llu, "
                "\"optimizer_states\": %llu, \"optimizer_step_temp\": %llu, "
                "\"activations_saved\": %llu, \"peak\": %llu, \"runtime_reserve\": %llu, "
@@ -77,7 +88,8 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         num(f, b->c);
         fputs(", \"flops_forward\": ", f);
         num(f, b->flops_forward);
-        fprintf(f, ", \"checkpointed\": %s}", b->checkpointed ? "true" : "false");
+        fprintf(f, ", \"checkpointed\": %s, \"measured\": %s}", b->checkpointed ? "true" : "false",
+                b->measured ? "true" : "false");
     }
     fputs("],\n \"flops\": {\"forward\": ", f);
     num(f, s->flops_forward);

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "memledger/calib.h"
 #include "memledger/report.h"
 
 static void commas(uint64_t v, char *buf, size_t size)
@@ -49,6 +50,17 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         fprintf(f, "plan: %s%s\n", s->plan,
                 s->plan_fits_budget ? "" : "  (no checkpoint plan meets the budget: this is the "
                                            "one with the lowest peak)");
+    if (cfg->calib) {
+        fprintf(f, "calibration: profile %s (%s, %s): ", ml_profile_get(cfg->calib, "name"),
+                ml_profile_get(cfg->calib, "device"), ml_profile_get(cfg->calib, "dtype"));
+        if (s->calibrated_blocks)
+            fprintf(f, "measured c = %.3f for %zu blocks (marked *)", s->calibrated_c,
+                    s->calibrated_blocks);
+        else
+            fprintf(f, "no measured c applies (profile dtype or kinds differ): analytic c");
+        fprintf(f, "; step time %s\n", s->time_measured ? "from the measured GEMM throughput"
+                                                         : "analytic");
+    }
     if (t->data_parallel > 1 || t->zero || t->offload) {
         fprintf(f, "sharding: %llu devices, ZeRO stage %u, offload %s; figures are per device\n",
                 (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));
@@ -87,8 +99,8 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         }
         commas(b->params, num, sizeof num);
         ml_format_flops(b->flops_forward, c3, sizeof c3);
-        fprintf(f, "  %-22s %14s %12s %9.3f %14s%s", name, num, B(b->activations_saved, a), b->c,
-                c3, b->checkpointed ? "  ckpt" : "");
+        fprintf(f, "  %-22s %14s %12s %8.3f%s %14s%s", name, num, B(b->activations_saved, a),
+                b->c, b->measured ? "*" : " ", c3, b->checkpointed ? "  ckpt" : "");
         if (j - i >= 3)
             fprintf(f, "   each; x%zu = %s", j - i,
                     B(b->activations_saved * (uint64_t)(j - i), b2));

@@ -1,0 +1,132 @@
+/* memledger — calibration: fitting measurements, and measured profiles.
+ *
+ * A profile (YAML, written by the calibration runner `memledger-calibrate`)
+ * records what a real forward/backward pass kept and how fast the GEMMs ran;
+ * ml_config.calib makes the planner use it. The same fitting turns a user's
+ * own peak measurements into a fixed + per-sample model (docs/calibration.md). */
+#ifndef MEMLEDGER_CALIB_H
+#define MEMLEDGER_CALIB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "error.h"
+#include "export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y = fixed + slope * x by least squares. */
+typedef struct ml_linfit {
+    double fixed;
+    double slope;
+    double r2;               /* 1 for a perfect fit (also when y is constant) */
+    double max_rel_residual; /* max |y - fit| / |y| */
+    size_t n;
+} ml_linfit;
+
+/* Needs n >= 2 and two distinct x. Returns ML_OK or ML_RANGE. */
+ML_API ml_status ml_linfit_points(const double *x, const double *y, size_t n, ml_linfit *out,
+                                  ml_error *err);
+
+/* A measured peak at a micro-batch (e.g. torch.cuda.max_memory_allocated). */
+typedef struct ml_point {
+    uint64_t micro_batch;
+    uint64_t peak;   /* bytes */
+    unsigned line;   /* CSV line, for messages */
+} ml_point;
+
+/* Reads a CSV with a header naming the columns micro_batch and peak (in any
+ * order; other columns ignored); peaks are sizes ("5.4GiB") or bytes. On
+ * success *out (n entries) is the caller's to free(). Errors name the line
+ * and column. Returns ML_OK, ML_IO, ML_SCHEMA, ML_RANGE or ML_NOMEM. */
+ML_API ml_status ml_points_parse_csv(const char *text, size_t len, const char *name,
+                                     ml_point **out, size_t *n, ml_error *err);
+ML_API ml_status ml_points_load_csv(const char *path, ml_point **out, size_t *n, ml_error *err);
+
+typedef struct ml_points_fit {
+    ml_linfit fit;                     /* peak = fixed + per_sample * micro_batch */
+    double fixed_bytes;
+    double per_sample_bytes;
+    uint64_t max_micro_batch;          /* largest under the budget by the fit (0: none) */
+    uint64_t max_measured_micro_batch; /* largest measured point within the budget (0: none) */
+    bool extrapolated;                 /* max_micro_batch lies past the measured points */
+    double peak_at;                    /* predicted peak at `at` (when at > 0) */
+} ml_points_fit;
+
+/* Fits the points; budget 0 = no budget questions. */
+ML_API ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64_t at,
+                                   ml_points_fit *out, ml_error *err);
+
+/* ---- profiles ---------------------------------------------------------- */
+
+typedef struct ml_profile ml_profile;
+
+/* One measured run of a layer kind at a shape. */
+typedef struct ml_profile_point {
+    uint64_t B, T, D;
+    uint64_t saved_bytes;     /* tensors saved for backward at the end of forward */
+    uint64_t peak_forward;    /* tracking allocator, bytes */
+    uint64_t peak_backward;
+    uint64_t peak_step;
+    uint64_t device_peak;     /* the device's own view (CUDA), 0 when unknown */
+    double time_s;            /* forward + backward + step */
+} ml_profile_point;
+
+typedef struct ml_profile_gemm {
+    uint64_t m, n, k;
+    double tflops;
+} ml_profile_gemm;
+
+/* Layer kinds a profile may hold. */
+#define ML_PROFILE_KINDS "linear, mlp, transformer_block, lm_head"
+
+ML_API ml_profile *ml_profile_new(void);
+/* Accepts NULL. */
+ML_API void ml_profile_destroy(ml_profile *p);
+/* Descriptive fields: "name", "backend", "device", "dtype", "driver",
+ * "library", "created", "notes". Returns ML_OK, ML_USAGE or ML_NOMEM. */
+ML_API ml_status ml_profile_set(ml_profile *p, const char *key, const char *value);
+ML_API const char *ml_profile_get(const ml_profile *p, const char *key);
+ML_API ml_status ml_profile_add_point(ml_profile *p, const char *kind, const ml_profile_point *pt);
+ML_API ml_status ml_profile_add_gemm(ml_profile *p, const ml_profile_gemm *g);
+/* Device dense peak (TFLOP/s) the efficiency refers to; 0 = unknown. */
+ML_API void ml_profile_set_peak(ml_profile *p, double peak_tflops);
+/* Fits c and the fixed term per kind (saved = c * B*T*D*b + fixed) and the
+ * achieved throughput; call after adding points. Returns ML_OK or ML_RANGE
+ * (a kind with fewer than 2 distinct shapes). */
+ML_API ml_status ml_profile_fit(ml_profile *p, ml_error *err);
+
+typedef struct ml_profile_kind {
+    const char *kind;
+    size_t npoints;
+    const ml_profile_point *points;
+    ml_linfit fit;    /* x = B*T*D*b, y = saved bytes: slope = c, fixed = fixed bytes */
+} ml_profile_kind;
+
+ML_API size_t ml_profile_kind_count(const ml_profile *p);
+ML_API const ml_profile_kind *ml_profile_kind_at(const ml_profile *p, size_t i);
+/* NULL when the profile has no such kind. */
+ML_API const ml_profile_kind *ml_profile_find(const ml_profile *p, const char *kind);
+/* Bytes per element the profile was measured in (4 fp32, 2 bf16). */
+ML_API unsigned ml_profile_dtype_bytes(const ml_profile *p);
+/* Best measured GEMM throughput (TFLOP/s) and its fraction of the peak (0
+ * when the peak is unknown). */
+ML_API double ml_profile_achieved_tflops(const ml_profile *p);
+ML_API double ml_profile_efficiency(const ml_profile *p);
+ML_API size_t ml_profile_gemm_count(const ml_profile *p);
+ML_API const ml_profile_gemm *ml_profile_gemm_at(const ml_profile *p, size_t i);
+
+/* YAML in and out (docs/calibration.md). */
+ML_API int ml_profile_write(FILE *f, const ml_profile *p);
+ML_API ml_status ml_profile_load_string(const char *text, size_t len, const char *name,
+                                        ml_profile **out, ml_error *err);
+ML_API ml_status ml_profile_load_file(const char *path, ml_profile **out, ml_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

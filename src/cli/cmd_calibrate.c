@@ -1,0 +1,210 @@
+/* memledger calibrate: fit a user's measured peaks (--points), or run the
+ * calibration runner (memledger-calibrate, built with OpenBLAS or CUDA). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+
+static const char usage[] =
+    "usage: memledger calibrate --points FILE.csv [--budget SIZE] [--at N] [--format text|json]\n"
+    "       memledger calibrate --backend cpu|cuda [--dtype fp32|bf16] [--layers KINDS]\n"
+    "                           [--points-grid BxT,...] [--peak-tflops X] [-o PROFILE.yaml]\n"
+    "\n"
+    "--points: fits your own measurements (a CSV with a header naming the columns\n"
+    "micro_batch and peak; peaks as sizes such as 5.4GiB or in bytes, e.g. from\n"
+    "torch.cuda.max_memory_allocated) to fixed + per-sample bytes: the fit, its\n"
+    "residuals and R^2, the largest micro-batch under the budget (marked when it is\n"
+    "an extrapolation past the measured points), the largest measured micro-batch\n"
+    "within the budget, and with --at N the predicted peak at N.\n"
+    "\n"
+    "--backend: runs real forward/backward passes and writes a profile (see\n"
+    "'memledger-calibrate --help'); use it with 'memledger plan --calib PROFILE'.\n"
+    "\n"
+    "Exit status: 0 done (and, with --at and --budget, the peak at N fits),\n"
+    "1 the peak at N is over the budget, 2 bad input or usage, 3 output failure.\n";
+
+static int points(int argc, char **argv)
+{
+    const char *path = NULL, *budget_s = NULL, *at_s = NULL, *out_path = NULL;
+    bool json = false;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--points") && v)
+            path = argv[++i];
+        else if (!strcmp(a, "--budget") && v)
+            budget_s = argv[++i];
+        else if (!strcmp(a, "--at") && v)
+            at_s = argv[++i];
+        else if (!strcmp(a, "-o") && v)
+            out_path = argv[++i];
+        else if (!strcmp(a, "--format") && v) {
+            if (!strcmp(v, "json"))
+                json = true;
+            else if (strcmp(v, "text")) {
+                fprintf(stderr, "memledger: error: --format: '%s' is not a format; use text or "
+                                "json\n", v);
+                return ML_EXIT_BAD_INPUT;
+            }
+            i++;
+        } else {
+            fprintf(stderr, "memledger: error: calibrate --points: unexpected '%s'\n"
+                            "Try 'memledger calibrate --help'.\n", a);
+            return ML_EXIT_BAD_INPUT;
+        }
+    }
+    uint64_t budget = 0, at = 0;
+    ml_error e;
+    if (budget_s && ml_parse_size(budget_s, &budget, &e) != ML_OK) {
+        fprintf(stderr, "memledger: error: --budget: %s\n", e.msg);
+        return ML_EXIT_BAD_INPUT;
+    }
+    if (at_s && ml_cli_whole("--at", at_s, 1, 1u << 24, &at))
+        return ML_EXIT_BAD_INPUT;
+    ml_point *p = NULL;
+    size_t n = 0;
+    if (ml_points_load_csv(path, &p, &n, &e) != ML_OK) {
+        ml_cli_print_error(&e);
+        return e.code == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+    }
+    ml_points_fit r;
+    if (ml_points_analyse(p, n, budget, at, &r, &e) != ML_OK) {
+        snprintf(e.path, sizeof e.path, "%s", path);
+        ml_cli_print_error(&e);
+        free(p);
+        return ML_EXIT_BAD_INPUT;
+    }
+    ml_out out;
+    int rc = ml_out_open(&out, out_path);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    FILE *f = out.f;
+    char a[32], b[32];
+    const double GiB = 1073741824.0;
+    if (json) {
+        fprintf(f, "{\"points\": %zu, \"fixed_bytes\": %.0f, \"per_sample_bytes\": %.0f, "
+                   "\"r2\": %.17g, \"max_rel_residual\": %.17g",
+                n, r.fixed_bytes, r.per_sample_bytes, r.fit.r2, r.fit.max_rel_residual);
+        if (budget)
+            fprintf(f, ", \"budget\": %llu, \"max_micro_batch\": %llu, "
+                       "\"max_measured_micro_batch\": %llu, \"extrapolated\": %s",
+                    (unsigned long long)budget, (unsigned long long)r.max_micro_batch,
+                    (unsigned long long)r.max_measured_micro_batch,
+                    r.extrapolated ? "true" : "false");
+        else
+            fputs(", \"budget\": null, \"max_micro_batch\": null, \"max_measured_micro_batch\": "
+                  "null, \"extrapolated\": false", f);
+        if (at)
+            fprintf(f, ", \"at\": %llu, \"peak_at\": %.0f", (unsigned long long)at, r.peak_at);
+        fputs("}\n", f);
+    } else {
+        fprintf(f, "memledger calibrate --points %s: %zu measurements\n", path, n);
+        fprintf(f, "fit: peak = %.3f GiB + %.3f GiB per sample  (R^2 %.6f, largest residual "
+                   "%.2f%%)\n",
+                r.fixed_bytes / GiB, r.per_sample_bytes / GiB, r.fit.r2,
+                100 * r.fit.max_rel_residual);
+        fprintf(f, "  %-12s %12s %12s %10s\n", "micro_batch", "measured", "fit", "residual");
+        for (size_t i = 0; i < n; i++) {
+            double fit = r.fixed_bytes + r.per_sample_bytes * (double)p[i].micro_batch;
+            ml_format_bytes(p[i].peak, a, sizeof a);
+            ml_format_bytes(fit > 0 ? (uint64_t)fit : 0, b, sizeof b);
+            double res = p[i].peak ? 100 * ((double)p[i].peak - fit) / (double)p[i].peak : 0;
+            if (res > -0.005 && res < 0.005)
+                res = 0; /* no "-0.00%" */
+            fprintf(f, "  %-12llu %12s %12s %+9.2f%%\n", (unsigned long long)p[i].micro_batch, a,
+                    b, res);
+        }
+        if (budget) {
+            ml_format_bytes(budget, a, sizeof a);
+            fprintf(f, "budget %s:\n", a);
+            if (r.max_micro_batch)
+                fprintf(f, "  largest micro-batch by the fit: %llu%s\n",
+                        (unsigned long long)r.max_micro_batch,
+                        r.extrapolated ? " (extrapolated past the measured points: measure it "
+                                         "before relying on it)"
+                                       : "");
+            else
+                fprintf(f, "  no micro-batch fits by the fit\n");
+            if (r.max_measured_micro_batch)
+                fprintf(f, "  largest measured micro-batch within the budget: %llu (the safe "
+                           "choice)\n",
+                        (unsigned long long)r.max_measured_micro_batch);
+            else
+                fprintf(f, "  no measured micro-batch is within the budget\n");
+        }
+        if (at) {
+            ml_format_bytes(r.peak_at > 0 ? (uint64_t)r.peak_at : 0, a, sizeof a);
+            fprintf(f, "at micro-batch %llu: %s", (unsigned long long)at, a);
+            if (budget) {
+                ml_format_bytes(budget, b, sizeof b);
+                fprintf(f, " (%s the %s budget)", r.peak_at > (double)budget ? "over" : "within",
+                        b);
+            }
+            fputc('\n', f);
+        }
+    }
+    rc = ml_out_close(&out, !ferror(f));
+    free(p);
+    if (!rc && at && budget && r.peak_at > (double)budget)
+        rc = ML_EXIT_NO_FIT;
+    return rc;
+}
+
+/* The runner sits next to this program (installed), or in ../calib (build tree). */
+static int run_runner(int argc, char **argv)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    char **args = calloc((size_t)argc + 2, sizeof *args);
+    if (!args)
+        return ML_EXIT_FAILURE;
+    for (int i = 0; i < argc; i++)
+        args[i + 1] = argv[i];
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = '\0';
+            const char *cands[] = {"%s/memledger-calibrate", "%s/../calib/memledger-calibrate"};
+            for (size_t i = 0; i < 2; i++) {
+                char path[PATH_MAX + 64];
+                snprintf(path, sizeof path, cands[i], self);
+                if (access(path, X_OK) == 0) {
+                    args[0] = path;
+                    execv(path, args);
+                }
+            }
+        }
+    }
+    args[0] = (char *)"memledger-calibrate";
+    execvp("memledger-calibrate", args);
+    free(args);
+    fprintf(stderr, "memledger: error: the calibration runner (memledger-calibrate) was not "
+                    "built: it needs OpenBLAS for --backend cpu (apt-get install "
+                    "libopenblas-dev) or the CUDA toolkit and cuBLAS for --backend cuda; "
+                    "'calibrate --points' works without it\n");
+    return ML_EXIT_BAD_INPUT;
+}
+
+int ml_cmd_calibrate(int argc, char **argv)
+{
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(usage, stdout);
+            return ML_EXIT_OK;
+        }
+        if (!strcmp(argv[i], "--points"))
+            return points(argc, argv);
+    }
+    if (argc == 0) {
+        fputs(usage, stderr);
+        return ML_EXIT_BAD_INPUT;
+    }
+    return run_runner(argc, argv);
+}

@@ -1,0 +1,489 @@
+/* Calibration profiles: built by the runner, saved as YAML, read back by
+ * the planner. The fitted values are always recomputed from the raw points. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memledger/calib.h"
+#include "model/tree.h"
+
+#define NKEYS 8
+static const char *const meta_keys[NKEYS] = {"name",   "backend", "device",  "dtype",
+                                             "driver", "library", "created", "notes"};
+
+typedef struct {
+    char kind[32];
+    ml_profile_point *pts;
+    size_t n, cap;
+    ml_linfit fit;
+    ml_profile_kind view;
+} kindrec;
+
+struct ml_profile {
+    char *meta[NKEYS];
+    kindrec kinds[8];
+    size_t nkinds;
+    ml_profile_gemm *gemm;
+    size_t ngemm, gcap;
+    double peak_tflops;
+};
+
+static const char *const kinds_known[] = {"linear", "mlp", "transformer_block", "lm_head"};
+
+ml_profile *ml_profile_new(void)
+{
+    return calloc(1, sizeof(ml_profile));
+}
+
+void ml_profile_destroy(ml_profile *p)
+{
+    if (!p)
+        return;
+    for (int i = 0; i < NKEYS; i++)
+        free(p->meta[i]);
+    for (size_t i = 0; i < p->nkinds; i++)
+        free(p->kinds[i].pts);
+    free(p->gemm);
+    free(p);
+}
+
+static int meta_index(const char *key)
+{
+    for (int i = 0; i < NKEYS; i++)
+        if (!strcmp(meta_keys[i], key))
+            return i;
+    return -1;
+}
+
+ml_status ml_profile_set(ml_profile *p, const char *key, const char *value)
+{
+    int i = meta_index(key);
+    if (i < 0)
+        return ML_USAGE;
+    char *v = strdup(value ? value : "");
+    if (!v)
+        return ML_NOMEM;
+    free(p->meta[i]);
+    p->meta[i] = v;
+    return ML_OK;
+}
+
+const char *ml_profile_get(const ml_profile *p, const char *key)
+{
+    int i = meta_index(key);
+    return i >= 0 && p->meta[i] ? p->meta[i] : "";
+}
+
+static kindrec *kind_of(ml_profile *p, const char *kind, bool create)
+{
+    for (size_t i = 0; i < p->nkinds; i++)
+        if (!strcmp(p->kinds[i].kind, kind))
+            return &p->kinds[i];
+    if (!create || p->nkinds == 8)
+        return NULL;
+    bool known = false;
+    for (size_t i = 0; i < sizeof kinds_known / sizeof kinds_known[0]; i++)
+        known = known || !strcmp(kinds_known[i], kind);
+    if (!known)
+        return NULL;
+    kindrec *k = &p->kinds[p->nkinds++];
+    memset(k, 0, sizeof *k);
+    snprintf(k->kind, sizeof k->kind, "%s", kind);
+    return k;
+}
+
+ml_status ml_profile_add_point(ml_profile *p, const char *kind, const ml_profile_point *pt)
+{
+    kindrec *k = kind_of(p, kind, true);
+    if (!k)
+        return ML_USAGE;
+    if (k->n == k->cap) {
+        size_t cap = k->cap ? k->cap * 2 : 16;
+        ml_profile_point *np = realloc(k->pts, cap * sizeof *np);
+        if (!np)
+            return ML_NOMEM;
+        k->pts = np;
+        k->cap = cap;
+    }
+    k->pts[k->n++] = *pt;
+    return ML_OK;
+}
+
+ml_status ml_profile_add_gemm(ml_profile *p, const ml_profile_gemm *g)
+{
+    if (p->ngemm == p->gcap) {
+        size_t cap = p->gcap ? p->gcap * 2 : 8;
+        ml_profile_gemm *ng = realloc(p->gemm, cap * sizeof *ng);
+        if (!ng)
+            return ML_NOMEM;
+        p->gemm = ng;
+        p->gcap = cap;
+    }
+    p->gemm[p->ngemm++] = *g;
+    return ML_OK;
+}
+
+void ml_profile_set_peak(ml_profile *p, double peak_tflops)
+{
+    p->peak_tflops = peak_tflops > 0 && isfinite(peak_tflops) ? peak_tflops : 0;
+}
+
+unsigned ml_profile_dtype_bytes(const ml_profile *p)
+{
+    const char *d = ml_profile_get(p, "dtype");
+    return !strcmp(d, "bf16") || !strcmp(d, "fp16") ? 2 : 4;
+}
+
+ml_status ml_profile_fit(ml_profile *p, ml_error *err)
+{
+    double b = ml_profile_dtype_bytes(p);
+    for (size_t i = 0; i < p->nkinds; i++) {
+        kindrec *k = &p->kinds[i];
+        double *x = malloc(k->n * sizeof *x), *y = malloc(k->n * sizeof *y);
+        if (!x || !y) {
+            free(x);
+            free(y);
+            return ML_NOMEM;
+        }
+        for (size_t j = 0; j < k->n; j++) {
+            x[j] = (double)k->pts[j].B * (double)k->pts[j].T * (double)k->pts[j].D * b;
+            y[j] = (double)k->pts[j].saved_bytes;
+        }
+        ml_status st = ml_linfit_points(x, y, k->n, &k->fit, err);
+        free(x);
+        free(y);
+        if (st) {
+            if (err)
+                snprintf(err->msg, sizeof err->msg,
+                         "layers.%s: the fit needs at least 2 points of different sizes", k->kind);
+            return st;
+        }
+    }
+    return ML_OK;
+}
+
+size_t ml_profile_kind_count(const ml_profile *p)
+{
+    return p->nkinds;
+}
+
+const ml_profile_kind *ml_profile_kind_at(const ml_profile *p, size_t i)
+{
+    if (i >= p->nkinds)
+        return NULL;
+    kindrec *k = (kindrec *)&p->kinds[i];
+    k->view.kind = k->kind;
+    k->view.npoints = k->n;
+    k->view.points = k->pts;
+    k->view.fit = k->fit;
+    return &k->view;
+}
+
+const ml_profile_kind *ml_profile_find(const ml_profile *p, const char *kind)
+{
+    for (size_t i = 0; i < p->nkinds; i++)
+        if (!strcmp(p->kinds[i].kind, kind))
+            return ml_profile_kind_at(p, i);
+    return NULL;
+}
+
+double ml_profile_achieved_tflops(const ml_profile *p)
+{
+    double best = 0;
+    for (size_t i = 0; i < p->ngemm; i++)
+        if (p->gemm[i].tflops > best)
+            best = p->gemm[i].tflops;
+    return best;
+}
+
+double ml_profile_efficiency(const ml_profile *p)
+{
+    return p->peak_tflops > 0 ? ml_profile_achieved_tflops(p) / p->peak_tflops : 0;
+}
+
+size_t ml_profile_gemm_count(const ml_profile *p)
+{
+    return p->ngemm;
+}
+
+const ml_profile_gemm *ml_profile_gemm_at(const ml_profile *p, size_t i)
+{
+    return i < p->ngemm ? &p->gemm[i] : NULL;
+}
+
+/* ---- YAML out */
+
+static void qstr(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fputc('\\', f);
+        if ((unsigned char)*s >= 0x20)
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+int ml_profile_write(FILE *f, const ml_profile *p)
+{
+    fputs("# memledger calibration profile (docs/calibration.md). The fitted values are\n"
+          "# recomputed from the raw points when the profile is read.\n",
+          f);
+    fputs("profile_version: 1\n", f);
+    for (int i = 0; i < NKEYS; i++) {
+        fprintf(f, "%s: ", meta_keys[i]);
+        qstr(f, p->meta[i] ? p->meta[i] : "");
+        fputc('\n', f);
+    }
+    fprintf(f, "peak_tflops: %.17g\nachieved_tflops: %.17g\nefficiency: %.17g\n", p->peak_tflops,
+            ml_profile_achieved_tflops(p), ml_profile_efficiency(p));
+    fputs("gemm:\n", f);
+    for (size_t i = 0; i < p->ngemm; i++)
+        fprintf(f, "  - {m: %llu, n: %llu, k: %llu, tflops: %.17g}\n",
+                (unsigned long long)p->gemm[i].m, (unsigned long long)p->gemm[i].n,
+                (unsigned long long)p->gemm[i].k, p->gemm[i].tflops);
+    if (!p->ngemm)
+        fputs("  []\n", f);
+    fputs("layers:\n", f);
+    for (size_t i = 0; i < p->nkinds; i++) {
+        const kindrec *k = &p->kinds[i];
+        fprintf(f, "  %s:\n    c: %.17g\n    fixed_bytes: %.17g\n    r2: %.17g\n"
+                   "    max_rel_residual: %.17g\n    points:\n",
+                k->kind, k->fit.slope, k->fit.fixed, k->fit.r2, k->fit.max_rel_residual);
+        for (size_t j = 0; j < k->n; j++) {
+            const ml_profile_point *q = &k->pts[j];
+            fprintf(f, "      - {B: %llu, T: %llu, D: %llu, saved_bytes: %llu, peak_forward: %llu, "
+                       "peak_backward: %llu, peak_step: %llu, device_peak: %llu, time_s: %.9g}\n",
+                    (unsigned long long)q->B, (unsigned long long)q->T, (unsigned long long)q->D,
+                    (unsigned long long)q->saved_bytes, (unsigned long long)q->peak_forward,
+                    (unsigned long long)q->peak_backward, (unsigned long long)q->peak_step,
+                    (unsigned long long)q->device_peak, q->time_s);
+        }
+    }
+    if (!p->nkinds)
+        fputs("  {}\n", f);
+    return ferror(f) ? -1 : 0;
+}
+
+/* ---- YAML in */
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+static ml_status bad(ml_error *err, const ml_node *at, ml_status code, const char *fmt, ...)
+{
+    err->code = code;
+    err->line = at ? at->line : 0;
+    err->col = at ? at->col : 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static const ml_node *get(const ml_node *map, const char *key)
+{
+    for (size_t i = 0; map && map->type == ML_NODE_MAP && i < map->count; i++)
+        if (!strcmp(map->keys[i]->text, key))
+            return map->items[i];
+    return NULL;
+}
+
+static ml_status num(ml_error *err, const ml_node *map, const char *key, const char *where,
+                     bool required, double *out)
+{
+    const ml_node *n = get(map, key);
+    if (!n) {
+        if (required)
+            return bad(err, map, ML_SCHEMA, "%s.%s: missing", where, key);
+        return ML_OK;
+    }
+    char *end = NULL;
+    errno = 0;
+    double v = n->type == ML_NODE_SCALAR ? strtod(n->text, &end) : NAN;
+    if (n->type != ML_NODE_SCALAR || !end || *end || end == n->text || !isfinite(v) || v < 0 ||
+        errno)
+        return bad(err, n, ML_SCHEMA, "%s.%s: expected a number >= 0", where, key);
+    *out = v;
+    return ML_OK;
+}
+
+static ml_status u64(ml_error *err, const ml_node *map, const char *key, const char *where,
+                     bool required, uint64_t *out)
+{
+    double v = 0;
+    ml_status st = num(err, map, key, where, required, &v);
+    if (st)
+        return st;
+    if (v > 1.8e19 || v != floor(v))
+        return bad(err, get(map, key), ML_SCHEMA, "%s.%s: expected a whole number", where, key);
+    *out = (uint64_t)v;
+    return ML_OK;
+}
+
+static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
+{
+    if (!r || r->type != ML_NODE_MAP)
+        return bad(err, r, ML_SCHEMA, "a profile is a mapping (profile_version, device, layers, "
+                                      "...)");
+    static const char *const top[] = {"profile_version", "name", "backend", "device", "dtype",
+                                      "driver", "library", "created", "notes", "peak_tflops",
+                                      "achieved_tflops", "efficiency", "gemm", "layers"};
+    for (size_t i = 0; i < r->count; i++) {
+        size_t j;
+        for (j = 0; j < sizeof top / sizeof top[0]; j++)
+            if (!strcmp(r->keys[i]->text, top[j]))
+                break;
+        if (j == sizeof top / sizeof top[0])
+            return bad(err, r->keys[i], ML_SCHEMA, "%s: unknown key in a profile",
+                       r->keys[i]->text);
+    }
+    double ver = 0;
+    ml_status st = num(err, r, "profile_version", "profile", true, &ver);
+    if (st)
+        return st;
+    if (ver != 1)
+        return bad(err, get(r, "profile_version"), ML_SCHEMA,
+                   "profile_version: %g is not supported (this memledger reads version 1)", ver);
+    for (int i = 0; i < NKEYS; i++) {
+        const ml_node *n = get(r, meta_keys[i]);
+        if (!n)
+            continue;
+        if (n->type != ML_NODE_SCALAR)
+            return bad(err, n, ML_SCHEMA, "%s: expected a string", meta_keys[i]);
+        if (ml_profile_set(p, meta_keys[i], n->text))
+            return bad(err, n, ML_NOMEM, "out of memory");
+    }
+    const char *dt = ml_profile_get(p, "dtype");
+    if (strcmp(dt, "fp32") && strcmp(dt, "bf16") && strcmp(dt, "fp16"))
+        return bad(err, get(r, "dtype") ? get(r, "dtype") : r, ML_SCHEMA,
+                   "dtype: '%s' is not fp32, bf16 or fp16", dt);
+    double peak = 0;
+    if ((st = num(err, r, "peak_tflops", "profile", false, &peak)))
+        return st;
+    ml_profile_set_peak(p, peak);
+    const ml_node *g = get(r, "gemm");
+    if (g && g->type != ML_NODE_SEQ)
+        return bad(err, g, ML_SCHEMA, "gemm: expected a list of {m, n, k, tflops}");
+    for (size_t i = 0; g && i < g->count; i++) {
+        ml_profile_gemm q;
+        if ((st = u64(err, g->items[i], "m", "gemm[]", true, &q.m)) ||
+            (st = u64(err, g->items[i], "n", "gemm[]", true, &q.n)) ||
+            (st = u64(err, g->items[i], "k", "gemm[]", true, &q.k)) ||
+            (st = num(err, g->items[i], "tflops", "gemm[]", true, &q.tflops)))
+            return st;
+        if (ml_profile_add_gemm(p, &q))
+            return bad(err, g, ML_NOMEM, "out of memory");
+    }
+    const ml_node *ls = get(r, "layers");
+    if (!ls || ls->type != ML_NODE_MAP)
+        return bad(err, ls ? ls : r, ML_SCHEMA, "layers: missing; a profile maps layer kinds (%s) "
+                                                "to their measured points",
+                   ML_PROFILE_KINDS);
+    for (size_t i = 0; i < ls->count; i++) {
+        const char *kind = ls->keys[i]->text;
+        const ml_node *k = ls->items[i];
+        const ml_node *pts = get(k, "points");
+        if (!pts || pts->type != ML_NODE_SEQ)
+            return bad(err, k ? k : ls->keys[i], ML_SCHEMA, "layers.%s.points: missing", kind);
+        for (size_t j = 0; j < pts->count; j++) {
+            const ml_node *q = pts->items[j];
+            ml_profile_point pt;
+            memset(&pt, 0, sizeof pt);
+            char where[64];
+            snprintf(where, sizeof where, "layers.%s.points[%zu]", kind, j);
+            if (!q || q->type != ML_NODE_MAP)
+                return bad(err, q, ML_SCHEMA, "%s: expected a mapping", where);
+            if ((st = u64(err, q, "B", where, true, &pt.B)) ||
+                (st = u64(err, q, "T", where, true, &pt.T)) ||
+                (st = u64(err, q, "D", where, true, &pt.D)) ||
+                (st = u64(err, q, "saved_bytes", where, true, &pt.saved_bytes)) ||
+                (st = u64(err, q, "peak_forward", where, false, &pt.peak_forward)) ||
+                (st = u64(err, q, "peak_backward", where, false, &pt.peak_backward)) ||
+                (st = u64(err, q, "peak_step", where, false, &pt.peak_step)) ||
+                (st = u64(err, q, "device_peak", where, false, &pt.device_peak)) ||
+                (st = num(err, q, "time_s", where, false, &pt.time_s)))
+                return st;
+            if (!pt.B || !pt.T || !pt.D || pt.B > (1u << 24) || pt.T > (1u << 28) ||
+                pt.D > (1u << 20))
+                return bad(err, q, ML_RANGE, "%s: B, T and D must be at least 1 and within "
+                                             "memledger's limits",
+                           where);
+            st = ml_profile_add_point(p, kind, &pt);
+            if (st == ML_USAGE)
+                return bad(err, ls->keys[i], ML_SCHEMA, "layers.%s: unknown layer kind; "
+                                                        "expected one of: %s",
+                           kind, ML_PROFILE_KINDS);
+            if (st)
+                return bad(err, q, ML_NOMEM, "out of memory");
+        }
+    }
+    return ml_profile_fit(p, err);
+}
+
+ml_status ml_profile_load_string(const char *text, size_t len, const char *name, ml_profile **out,
+                                 ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    snprintf(err->path, sizeof err->path, "%s", name ? name : "<profile>");
+    ml_node *root = NULL;
+    ml_status st = ml_tree_parse(text, len, &root, err);
+    if (st)
+        return st;
+    ml_profile *p = ml_profile_new();
+    if (!p) {
+        ml_tree_free(root);
+        return bad(err, NULL, ML_NOMEM, "out of memory");
+    }
+    st = read_profile(root, p, err);
+    ml_tree_free(root);
+    if (st) {
+        ml_profile_destroy(p);
+        return st;
+    }
+    *out = p;
+    return ML_OK;
+}
+
+ml_status ml_profile_load_file(const char *path, ml_profile **out, ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    snprintf(err->path, sizeof err->path, "%s", path);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return bad(err, NULL, ML_IO, "cannot open: %s", strerror(errno));
+    size_t cap = 1 << 14, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        len += fread(buf + len, 1, cap - len, f);
+        if (len < cap || cap > ML_TREE_MAX_BYTES)
+            break;
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    fclose(f);
+    if (!buf)
+        return bad(err, NULL, ML_NOMEM, "out of memory");
+    ml_status st = ml_profile_load_string(buf, len, path, out, err);
+    free(buf);
+    if (st)
+        snprintf(err->path, sizeof err->path, "%s", path);
+    return st;
+}
