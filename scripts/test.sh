@@ -5,6 +5,14 @@
 set -u
 cd "$(dirname "$0")/.."
 sh scripts/deps.sh || exit 1
+# The CUDA toolkit (nvcc, cuBLAS) lives in /usr/local/cuda: CI builds the
+# runner's CUDA backend there even though it cannot run it.
+cuda=auto
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+    PATH=/usr/local/cuda/bin:$PATH
+    export PATH
+    cuda=enabled
+fi
 status=0
 pass=0
 fail=0
@@ -33,21 +41,24 @@ run() {
     return $rc
 }
 echo "== plain build (-Dwerror=true)"
-run build-test -Dtorch_crosscheck=enabled -Drender_tests=enabled || status=1
+run build-test -Dtorch_crosscheck=enabled -Drender_tests=enabled -Dblas=enabled \
+    -Dcuda=$cuda || status=1
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug \
-        -Dtorch_crosscheck=enabled -Drender_tests=enabled || status=1
+        -Dtorch_crosscheck=enabled -Drender_tests=enabled -Dblas=enabled -Dcuda=disabled ||
+    status=1
 echo "== libFuzzer: each target for ${FUZZ_SECONDS:-60} s from its seed corpus"
 fuzz() {
     if [ ! -f build-fuzz/build.ninja ]; then
         CC=clang meson setup build-fuzz -Dfuzzing=true -Dtests=false -Dwerror=true \
-            -Db_lundef=false >build-fuzz.setup.log 2>&1 || { cat build-fuzz.setup.log; return 1; }
+            -Db_lundef=false -Dcuda=disabled >build-fuzz.setup.log 2>&1 ||
+            { cat build-fuzz.setup.log; return 1; }
     fi
     ninja -C build-fuzz >/dev/null || { echo "FAIL: the fuzz build"; return 1; }
     work=$(mktemp -d)
     rc=0
-    for t in model hf units; do
+    for t in model hf units profile points; do
         cp -r "tests/fuzz/corpus/$t" "$work/$t"
         "$PWD/build-fuzz/tests/fuzz/fuzz_$t" -max_total_time="${FUZZ_SECONDS:-60}" \
             -print_final_stats=1 -artifact_prefix="$PWD/build-fuzz/crash-$t-" \

@@ -87,6 +87,7 @@ typedef struct ml_summary {
     /* calibration (cfg->calib): what was measured rather than derived */
     size_t calibrated_blocks;        /* blocks whose saved bytes come from the profile */
     double calibrated_c;             /* the measured c applied to them */
+    bool calibrated_at_shape;        /* measured at this T and D; else extrapolated by the fit */
     bool time_measured;              /* step time from the profile's achieved TFLOP/s */
     /* the peak of the allocator view */
     uint64_t peak;

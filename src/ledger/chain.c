@@ -889,6 +889,12 @@ static ml_status build_sequential(const ml_model *m, const ml_config *cfg, ml_ch
     return st;
 }
 
+/* c of a block of x = B*T*D*b elements: its inventory over x. */
+static double inv_c(double slope, double fixed, double x)
+{
+    return x > 0 ? (slope * x + fixed) / x : slope;
+}
+
 /* A measured profile replaces the transformer blocks' inventories with
  * c * B*T*D*b + fixed (docs/calibration.md) when it was measured in the
  * compute dtype; the share of the attention core scales with it. */
@@ -897,12 +903,34 @@ static void apply_profile(ml_chain *ch, const ml_profile *p)
     const ml_profile_kind *k = ml_profile_find(p, "transformer_block");
     if (!k || ml_profile_dtype_bytes(p) != ch->prec.a || !(k->fit.slope > 0))
         return;
+    /* points measured at this model's T and D give the exact per-sample
+     * bytes (attention's T^2 terms included); otherwise the global fit */
+    double x = (double)ch->c_tokens * (double)ch->c_width * (double)ch->prec.a;
+    double slope = k->fit.slope, fixed = k->fit.fixed;
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    size_t m = 0;
+    for (size_t j = 0; j < k->npoints; j++) {
+        const ml_profile_point *q = &k->points[j];
+        if (q->T != ch->T || q->D != ch->c_width)
+            continue;
+        double qx = (double)q->B * (double)q->T * (double)q->D * (double)ch->prec.a;
+        sx += qx;
+        sy += (double)q->saved_bytes;
+        sxx += qx * qx;
+        sxy += qx * (double)q->saved_bytes;
+        m++;
+    }
+    double den = (double)m * sxx - sx * sx;
+    if (m >= 2 && den > 0) {
+        slope = ((double)m * sxy - sx * sy) / den;
+        fixed = (sy - slope * sx) / (double)m;
+        ch->calib_exact = true;
+    }
     for (size_t i = 0; i < ch->n; i++) {
         ml_cblock *b = &ch->blocks[i];
         if (b->ckpt_index < 0)
             continue;
-        double x = (double)ch->c_tokens * (double)ch->c_width * (double)ch->prec.a;
-        double inv = k->fit.slope * x + k->fit.fixed;
+        double inv = slope * x + fixed;
         double in = b->in_saved ? (double)b->in_bytes : 0;
         double saved = inv - in > 0 ? inv - in : 0;
         if (!(saved < 1.8e19))
@@ -913,7 +941,7 @@ static void apply_profile(ml_chain *ch, const ml_profile *p)
         b->measured = true;
         ch->calibrated++;
     }
-    ch->calib_c = k->fit.slope;
+    ch->calib_c = inv_c(slope, fixed, x);
 }
 
 /* Sizes the arrays once: a transformer block lists at most ~24 saved

@@ -56,7 +56,8 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         str(f, ml_profile_get(cfg->calib, "name"));
         fprintf(f, ", \"measured_blocks\": %zu, \"c\": ", s->calibrated_blocks);
         num(f, s->calibrated_c);
-        fprintf(f, ", \"time_measured\": %s},\n", s->time_measured ? "true" : "false");
+        fprintf(f, ", \"at_shape\": %s, \"time_measured\": %s},\n",
+                s->calibrated_at_shape ? "true" : "false", s->time_measured ? "true" : "false");
     } else {
         fputs("null,\n", f);
     }

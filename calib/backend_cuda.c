@@ -1,0 +1,318 @@
+/* CUDA backend: cuBLAS GEMMs (fp32 and a bf16 throughput probe through
+ * cublasGemmEx), the kernels of kernels.cu, cudaMemGetInfo for the device's
+ * own view of used memory. Host code in plain C. */
+#ifdef ML_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend.h"
+
+void ml_cu_add(const float *a, const float *b, float *y, size_t n);
+void ml_cu_bias_add(float *y, const float *bias, size_t rows, size_t cols);
+void ml_cu_bias_grad(const float *dy, float *db, size_t rows, size_t cols);
+void ml_cu_gelu_fwd(const float *x, float *y, size_t n);
+void ml_cu_gelu_bwd(const float *x, const float *dy, float *dx, size_t n);
+void ml_cu_ln_fwd(const float *x, const float *g, const float *b, float *y, float *mean,
+                  float *rstd, size_t rows, size_t cols);
+void ml_cu_ln_bwd(const float *x, const float *g, const float *mean, const float *rstd,
+                  const float *dy, float *dx, float *dg, float *db, size_t rows, size_t cols);
+void ml_cu_softmax_fwd(const float *S, float *P, size_t bh, size_t T, float scale);
+void ml_cu_softmax_bwd(const float *P, const float *dP, float *dS, size_t bh, size_t T,
+                       float scale);
+void ml_cu_dropout_fwd(const float *x, uint8_t *mask, float *y, size_t n, float p, uint64_t seed);
+void ml_cu_dropout_bwd(const uint8_t *mask, const float *dy, float *dx, size_t n, float p);
+void ml_cu_permute(const float *src, float *dst, size_t B, size_t T, size_t H, size_t dh,
+                   size_t stride, size_t off, int to_heads);
+void ml_cu_emb_fwd(const int64_t *ids, const float *W, float *y, size_t n, size_t D);
+void ml_cu_emb_bwd(const int64_t *ids, const float *dy, float *dW, size_t n, size_t D);
+void ml_cu_xent_fwd(const float *l, const int64_t *tgt, float *logp, float *nll, size_t rows,
+                    size_t V);
+void ml_cu_xent_bwd(const float *logp, const int64_t *tgt, float *dl, size_t rows, size_t V);
+void ml_cu_adam(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
+                float b2, float eps, float bc1, float bc2);
+
+typedef struct {
+    cublasHandle_t h;
+} cuda_impl;
+
+static cublasHandle_t H(ml_backend *be)
+{
+    return ((cuda_impl *)be->impl)->h;
+}
+
+static void *cu_alloc(ml_backend *be, size_t bytes)
+{
+    (void)be;
+    void *p = NULL;
+    return cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+}
+
+static void cu_free(ml_backend *be, void *p)
+{
+    (void)be;
+    if (p)
+        cudaFree(p);
+}
+
+static void cu_up(ml_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+}
+
+static void cu_down(ml_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+static void cu_zero(ml_backend *be, void *p, size_t bytes)
+{
+    (void)be;
+    cudaMemset(p, 0, bytes);
+}
+
+/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. */
+static void cu_gemm(ml_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                    const float *A, const float *B, float beta, float *C)
+{
+    cublasSgemm(H(be), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+                &alpha, B, tb ? K : N, A, ta ? M : K, &beta, C, N);
+}
+
+static void cu_gemm_batched(ml_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                            const float *A, long sA, const float *B, long sB, float beta, float *C,
+                            long sC, int batch)
+{
+    cublasSgemmStridedBatched(H(be), tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              N, M, K, &alpha, B, tb ? K : N, sB, A, ta ? M : K, sA, &beta, C, N,
+                              sC, batch);
+}
+
+static double cu_gemm_bf16(ml_backend *be, int M, int N, int K, int reps)
+{
+    void *A = NULL, *B = NULL, *C = NULL;
+    size_t a = (size_t)M * K * 2, b = (size_t)K * N * 2, c = (size_t)M * N * 2;
+    if (cudaMalloc(&A, a) || cudaMalloc(&B, b) || cudaMalloc(&C, c)) {
+        cudaFree(A);
+        cudaFree(B);
+        cudaFree(C);
+        return 0;
+    }
+    cudaMemset(A, 0, a);
+    cudaMemset(B, 0, b);
+    float one = 1, zero = 0;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    struct timespec t0, t1;
+    for (int i = -1; i < reps && st == CUBLAS_STATUS_SUCCESS; i++) {
+        if (i == 0) {
+            cudaDeviceSynchronize();
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+        }
+        st = cublasGemmEx(H(be), CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, N, A,
+                          CUDA_R_16BF, K, &zero, C, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT);
+    }
+    cudaDeviceSynchronize();
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    cudaFree(A);
+    cudaFree(B);
+    cudaFree(C);
+    double t = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    return st == CUBLAS_STATUS_SUCCESS && t > 0 ? 2.0 * M * (double)N * K * reps / t / 1e12 : 0;
+}
+
+static void cu_add(ml_backend *be, const float *a, const float *b, float *y, size_t n)
+{
+    (void)be;
+    ml_cu_add(a, b, y, n);
+}
+static void cu_bias_add(ml_backend *be, float *y, const float *bias, size_t r, size_t c)
+{
+    (void)be;
+    ml_cu_bias_add(y, bias, r, c);
+}
+static void cu_bias_grad(ml_backend *be, const float *dy, float *db, size_t r, size_t c)
+{
+    (void)be;
+    ml_cu_bias_grad(dy, db, r, c);
+}
+static void cu_gelu_fwd(ml_backend *be, const float *x, float *y, size_t n)
+{
+    (void)be;
+    ml_cu_gelu_fwd(x, y, n);
+}
+static void cu_gelu_bwd(ml_backend *be, const float *x, const float *dy, float *dx, size_t n)
+{
+    (void)be;
+    ml_cu_gelu_bwd(x, dy, dx, n);
+}
+static void cu_ln_fwd(ml_backend *be, const float *x, const float *g, const float *b, float *y,
+                      float *mean, float *rstd, size_t rows, size_t cols)
+{
+    (void)be;
+    ml_cu_ln_fwd(x, g, b, y, mean, rstd, rows, cols);
+}
+static void cu_ln_bwd(ml_backend *be, const float *x, const float *g, const float *mean,
+                      const float *rstd, const float *dy, float *dx, float *dg, float *db,
+                      size_t rows, size_t cols)
+{
+    (void)be;
+    ml_cu_ln_bwd(x, g, mean, rstd, dy, dx, dg, db, rows, cols);
+}
+static void cu_softmax_fwd(ml_backend *be, const float *S, float *P, size_t bh, size_t T, float s)
+{
+    (void)be;
+    ml_cu_softmax_fwd(S, P, bh, T, s);
+}
+static void cu_softmax_bwd(ml_backend *be, const float *P, const float *dP, float *dS, size_t bh,
+                           size_t T, float s)
+{
+    (void)be;
+    ml_cu_softmax_bwd(P, dP, dS, bh, T, s);
+}
+static void cu_dropout_fwd(ml_backend *be, const float *x, uint8_t *mask, float *y, size_t n,
+                           float p, uint64_t seed)
+{
+    (void)be;
+    ml_cu_dropout_fwd(x, mask, y, n, p, seed);
+}
+static void cu_dropout_bwd(ml_backend *be, const uint8_t *mask, const float *dy, float *dx,
+                           size_t n, float p)
+{
+    (void)be;
+    ml_cu_dropout_bwd(mask, dy, dx, n, p);
+}
+static void cu_permute(ml_backend *be, const float *src, float *dst, size_t B, size_t T, size_t Hh,
+                       size_t dh, size_t stride, size_t off, bool to_heads)
+{
+    (void)be;
+    ml_cu_permute(src, dst, B, T, Hh, dh, stride, off, to_heads);
+}
+static void cu_emb_fwd(ml_backend *be, const int64_t *ids, const float *W, float *y, size_t n,
+                       size_t D)
+{
+    (void)be;
+    ml_cu_emb_fwd(ids, W, y, n, D);
+}
+static void cu_emb_bwd(ml_backend *be, const int64_t *ids, const float *dy, float *dW, size_t n,
+                       size_t D)
+{
+    (void)be;
+    ml_cu_emb_bwd(ids, dy, dW, n, D);
+}
+static void cu_xent_fwd(ml_backend *be, const float *l, const int64_t *tgt, float *logp,
+                        float *loss, size_t rows, size_t V)
+{
+    float *nll = NULL;
+    *loss = 0;
+    if (cudaMalloc((void **)&nll, rows * sizeof *nll) != cudaSuccess)
+        return;
+    ml_cu_xent_fwd(l, tgt, logp, nll, rows, V);
+    float *h = malloc(rows * sizeof *h);
+    if (h) {
+        cu_down(be, h, nll, rows * sizeof *h);
+        double s = 0;
+        for (size_t r = 0; r < rows; r++)
+            s += h[r];
+        *loss = (float)(s / (double)rows);
+        free(h);
+    }
+    cudaFree(nll);
+}
+static void cu_xent_bwd(ml_backend *be, const float *logp, const int64_t *tgt, float *dl,
+                        size_t rows, size_t V)
+{
+    (void)be;
+    ml_cu_xent_bwd(logp, tgt, dl, rows, V);
+}
+static void cu_adam(ml_backend *be, float *p, const float *g, float *m, float *v, size_t n,
+                    float lr, float b1, float b2, float eps, int step)
+{
+    (void)be;
+    ml_cu_adam(p, g, m, v, n, lr, b1, b2, eps, 1.0f - powf(b1, (float)step),
+               1.0f - powf(b2, (float)step));
+}
+static void cu_sync(ml_backend *be)
+{
+    (void)be;
+    cudaDeviceSynchronize();
+}
+static uint64_t cu_used(ml_backend *be)
+{
+    (void)be;
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess)
+        return 0;
+    return (uint64_t)(tot - fr);
+}
+static void cu_destroy(ml_backend *be)
+{
+    cublasDestroy(H(be));
+    free(be->impl);
+    free(be);
+}
+
+ml_backend *ml_backend_cuda(const char **why)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        *why = "no CUDA device is visible";
+        return NULL;
+    }
+    ml_backend *be = calloc(1, sizeof *be);
+    cuda_impl *im = calloc(1, sizeof *im);
+    if (!be || !im || cublasCreate(&im->h) != CUBLAS_STATUS_SUCCESS) {
+        free(be);
+        free(im);
+        *why = "cuBLAS could not be initialised";
+        return NULL;
+    }
+    be->impl = im;
+    be->name = "cuda";
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+        snprintf(be->device, sizeof be->device, "%s", prop.name);
+    int drv = 0, rt = 0, cbv = 0;
+    cudaDriverGetVersion(&drv);
+    cudaRuntimeGetVersion(&rt);
+    cublasGetVersion(im->h, &cbv);
+    snprintf(be->driver, sizeof be->driver, "CUDA driver %d.%d", drv / 1000, (drv % 1000) / 10);
+    snprintf(be->library, sizeof be->library, "CUDA runtime %d.%d, cuBLAS %d", rt / 1000,
+             (rt % 1000) / 10, cbv);
+    be->alloc = cu_alloc;
+    be->free = cu_free;
+    be->upload = cu_up;
+    be->download = cu_down;
+    be->zero = cu_zero;
+    be->gemm = cu_gemm;
+    be->gemm_batched = cu_gemm_batched;
+    be->gemm_bf16_tflops = cu_gemm_bf16;
+    be->add = cu_add;
+    be->bias_add = cu_bias_add;
+    be->bias_grad = cu_bias_grad;
+    be->gelu_fwd = cu_gelu_fwd;
+    be->gelu_bwd = cu_gelu_bwd;
+    be->layernorm_fwd = cu_ln_fwd;
+    be->layernorm_bwd = cu_ln_bwd;
+    be->softmax_fwd = cu_softmax_fwd;
+    be->softmax_bwd = cu_softmax_bwd;
+    be->dropout_fwd = cu_dropout_fwd;
+    be->dropout_bwd = cu_dropout_bwd;
+    be->permute = cu_permute;
+    be->embedding_fwd = cu_emb_fwd;
+    be->embedding_bwd = cu_emb_bwd;
+    be->xent_fwd = cu_xent_fwd;
+    be->xent_bwd = cu_xent_bwd;
+    be->adam = cu_adam;
+    be->sync = cu_sync;
+    be->device_used = cu_used;
+    be->destroy = cu_destroy;
+    return be;
+}
+#endif

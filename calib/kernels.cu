@@ -1,0 +1,278 @@
+// CUDA kernels of the calibration runner, with C launchers for
+// backend_cuda.c. Row-major fp32; grid-stride loops; one thread per row for
+// the row-wise ops (correctness and measurement, not peak speed).
+#include <stdint.h>
+
+#define GRID(n) (unsigned)(((n) + 255) / 256 > 4096 ? 4096 : ((n) + 255) / 256), 256
+#define LOOP(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
+                        i += (size_t)blockDim.x * gridDim.x)
+
+__device__ static uint32_t hash32(uint64_t seed, uint64_t i)
+{
+    uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+__global__ void k_add(const float *a, const float *b, float *y, size_t n)
+{
+    LOOP(i, n) y[i] = a[i] + b[i];
+}
+__global__ void k_bias_add(float *y, const float *bias, size_t rows, size_t cols)
+{
+    LOOP(i, rows * cols) y[i] += bias[i % cols];
+}
+__global__ void k_bias_grad(const float *dy, float *db, size_t rows, size_t cols)
+{
+    LOOP(c, cols)
+    {
+        float s = 0;
+        for (size_t r = 0; r < rows; r++)
+            s += dy[r * cols + c];
+        db[c] += s;
+    }
+}
+__global__ void k_gelu_fwd(const float *x, float *y, size_t n)
+{
+    LOOP(i, n)
+    {
+        float v = x[i];
+        y[i] = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+    }
+}
+__global__ void k_gelu_bwd(const float *x, const float *dy, float *dx, size_t n)
+{
+    LOOP(i, n)
+    {
+        float v = x[i], u = 0.7978845608f * (v + 0.044715f * v * v * v), t = tanhf(u);
+        float du = 0.7978845608f * (1.0f + 3.0f * 0.044715f * v * v);
+        dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    }
+}
+__global__ void k_ln_fwd(const float *x, const float *g, const float *b, float *y, float *mean,
+                         float *rstd, size_t rows, size_t cols)
+{
+    LOOP(r, rows)
+    {
+        const float *xr = x + r * cols;
+        double m = 0, v = 0;
+        for (size_t c = 0; c < cols; c++)
+            m += xr[c];
+        m /= (double)cols;
+        for (size_t c = 0; c < cols; c++)
+            v += (xr[c] - m) * (xr[c] - m);
+        v /= (double)cols;
+        float rs = (float)rsqrt(v + 1e-5);
+        mean[r] = (float)m;
+        rstd[r] = rs;
+        for (size_t c = 0; c < cols; c++)
+            y[r * cols + c] = ((xr[c] - (float)m) * rs) * g[c] + b[c];
+    }
+}
+__global__ void k_ln_bwd_rows(const float *x, const float *g, const float *mean, const float *rstd,
+                              const float *dy, float *dx, size_t rows, size_t cols)
+{
+    LOOP(r, rows)
+    {
+        const float *xr = x + r * cols, *dyr = dy + r * cols;
+        double s1 = 0, s2 = 0;
+        for (size_t c = 0; c < cols; c++) {
+            float xh = (xr[c] - mean[r]) * rstd[r], dxh = dyr[c] * g[c];
+            s1 += dxh;
+            s2 += dxh * xh;
+        }
+        for (size_t c = 0; c < cols; c++) {
+            float xh = (xr[c] - mean[r]) * rstd[r], dxh = dyr[c] * g[c];
+            dx[r * cols + c] = rstd[r] * (dxh - (float)(s1 / cols) - xh * (float)(s2 / cols));
+        }
+    }
+}
+__global__ void k_ln_bwd_cols(const float *x, const float *mean, const float *rstd,
+                              const float *dy, float *dg, float *db, size_t rows, size_t cols)
+{
+    LOOP(c, cols)
+    {
+        float sg = 0, sb = 0;
+        for (size_t r = 0; r < rows; r++) {
+            float xh = (x[r * cols + c] - mean[r]) * rstd[r];
+            sg += dy[r * cols + c] * xh;
+            sb += dy[r * cols + c];
+        }
+        dg[c] += sg;
+        db[c] += sb;
+    }
+}
+__global__ void k_softmax_fwd(const float *S, float *P, size_t rows, size_t T, float scale)
+{
+    LOOP(i, rows)
+    {
+        size_t row = i % T;
+        const float *s = S + i * T;
+        float *p = P + i * T;
+        float mx = -INFINITY;
+        for (size_t c = 0; c <= row; c++)
+            mx = fmaxf(mx, s[c] * scale);
+        double sum = 0;
+        for (size_t c = 0; c < T; c++) {
+            p[c] = c <= row ? expf(s[c] * scale - mx) : 0.0f;
+            sum += p[c];
+        }
+        for (size_t c = 0; c < T; c++)
+            p[c] = (float)(p[c] / sum);
+    }
+}
+__global__ void k_softmax_bwd(const float *P, const float *dP, float *dS, size_t rows, size_t T,
+                              float scale)
+{
+    LOOP(i, rows)
+    {
+        const float *p = P + i * T, *dp = dP + i * T;
+        double dot = 0;
+        for (size_t c = 0; c < T; c++)
+            dot += (double)p[c] * dp[c];
+        for (size_t c = 0; c < T; c++)
+            dS[i * T + c] = scale * p[c] * (dp[c] - (float)dot);
+    }
+}
+__global__ void k_dropout_fwd(const float *x, uint8_t *mask, float *y, size_t n, uint32_t thr,
+                              float s, uint64_t seed)
+{
+    LOOP(i, n)
+    {
+        uint8_t k = hash32(seed, i) >= thr;
+        mask[i] = k;
+        y[i] = k ? x[i] * s : 0.0f;
+    }
+}
+__global__ void k_dropout_bwd(const uint8_t *mask, const float *dy, float *dx, size_t n, float s)
+{
+    LOOP(i, n) dx[i] = mask[i] ? dy[i] * s : 0.0f;
+}
+__global__ void k_permute(const float *src, float *dst, size_t B, size_t T, size_t H, size_t dh,
+                          size_t stride, size_t off, int to_heads)
+{
+    LOOP(q, B * H * T * dh)
+    {
+        size_t e = q % dh, t = (q / dh) % T, h = (q / (dh * T)) % H, b = q / (dh * T * H);
+        size_t r = (b * T + t) * stride + off + h * dh + e;
+        if (to_heads)
+            dst[q] = src[r];
+        else
+            dst[r] = src[q];
+    }
+}
+__global__ void k_emb_fwd(const int64_t *ids, const float *W, float *y, size_t n, size_t D)
+{
+    LOOP(i, n * D) y[i] = W[(size_t)ids[i / D] * D + i % D];
+}
+__global__ void k_emb_bwd(const int64_t *ids, const float *dy, float *dW, size_t n, size_t D)
+{
+    LOOP(i, n * D) atomicAdd(&dW[(size_t)ids[i / D] * D + i % D], dy[i]);
+}
+__global__ void k_xent_fwd(const float *l, const int64_t *tgt, float *logp, float *nll,
+                           size_t rows, size_t V)
+{
+    LOOP(r, rows)
+    {
+        float mx = -INFINITY;
+        for (size_t v = 0; v < V; v++)
+            mx = fmaxf(mx, l[r * V + v]);
+        double s = 0;
+        for (size_t v = 0; v < V; v++)
+            s += exp((double)(l[r * V + v] - mx));
+        float lse = mx + (float)log(s);
+        for (size_t v = 0; v < V; v++)
+            logp[r * V + v] = l[r * V + v] - lse;
+        nll[r] = -logp[r * V + (size_t)tgt[r]];
+    }
+}
+__global__ void k_xent_bwd(const float *logp, const int64_t *tgt, float *dl, size_t rows, size_t V)
+{
+    LOOP(i, rows * V)
+    {
+        size_t r = i / V, v = i % V;
+        dl[i] = (expf(logp[i]) - (v == (size_t)tgt[r])) / (float)rows;
+    }
+}
+__global__ void k_adam(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
+                       float b2, float eps, float bc1, float bc2)
+{
+    LOOP(i, n)
+    {
+        m[i] = b1 * m[i] + (1 - b1) * g[i];
+        v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        p[i] -= lr * (m[i] / bc1) / (sqrtf(v[i] / bc2) + eps);
+    }
+}
+
+extern "C" {
+void ml_cu_add(const float *a, const float *b, float *y, size_t n) { k_add<<<GRID(n)>>>(a, b, y, n); }
+void ml_cu_bias_add(float *y, const float *bias, size_t rows, size_t cols)
+{
+    k_bias_add<<<GRID(rows * cols)>>>(y, bias, rows, cols);
+}
+void ml_cu_bias_grad(const float *dy, float *db, size_t rows, size_t cols)
+{
+    k_bias_grad<<<GRID(cols)>>>(dy, db, rows, cols);
+}
+void ml_cu_gelu_fwd(const float *x, float *y, size_t n) { k_gelu_fwd<<<GRID(n)>>>(x, y, n); }
+void ml_cu_gelu_bwd(const float *x, const float *dy, float *dx, size_t n)
+{
+    k_gelu_bwd<<<GRID(n)>>>(x, dy, dx, n);
+}
+void ml_cu_ln_fwd(const float *x, const float *g, const float *b, float *y, float *mean,
+                  float *rstd, size_t rows, size_t cols)
+{
+    k_ln_fwd<<<GRID(rows)>>>(x, g, b, y, mean, rstd, rows, cols);
+}
+void ml_cu_ln_bwd(const float *x, const float *g, const float *mean, const float *rstd,
+                  const float *dy, float *dx, float *dg, float *db, size_t rows, size_t cols)
+{
+    k_ln_bwd_rows<<<GRID(rows)>>>(x, g, mean, rstd, dy, dx, rows, cols);
+    k_ln_bwd_cols<<<GRID(cols)>>>(x, mean, rstd, dy, dg, db, rows, cols);
+}
+void ml_cu_softmax_fwd(const float *S, float *P, size_t bh, size_t T, float scale)
+{
+    k_softmax_fwd<<<GRID(bh * T)>>>(S, P, bh * T, T, scale);
+}
+void ml_cu_softmax_bwd(const float *P, const float *dP, float *dS, size_t bh, size_t T, float scale)
+{
+    k_softmax_bwd<<<GRID(bh * T)>>>(P, dP, dS, bh * T, T, scale);
+}
+void ml_cu_dropout_fwd(const float *x, uint8_t *mask, float *y, size_t n, float p, uint64_t seed)
+{
+    k_dropout_fwd<<<GRID(n)>>>(x, mask, y, n, (uint32_t)(p * 4294967296.0), 1.0f / (1.0f - p), seed);
+}
+void ml_cu_dropout_bwd(const uint8_t *mask, const float *dy, float *dx, size_t n, float p)
+{
+    k_dropout_bwd<<<GRID(n)>>>(mask, dy, dx, n, 1.0f / (1.0f - p));
+}
+void ml_cu_permute(const float *src, float *dst, size_t B, size_t T, size_t H, size_t dh,
+                   size_t stride, size_t off, int to_heads)
+{
+    k_permute<<<GRID(B * H * T * dh)>>>(src, dst, B, T, H, dh, stride, off, to_heads);
+}
+void ml_cu_emb_fwd(const int64_t *ids, const float *W, float *y, size_t n, size_t D)
+{
+    k_emb_fwd<<<GRID(n * D)>>>(ids, W, y, n, D);
+}
+void ml_cu_emb_bwd(const int64_t *ids, const float *dy, float *dW, size_t n, size_t D)
+{
+    k_emb_bwd<<<GRID(n * D)>>>(ids, dy, dW, n, D);
+}
+void ml_cu_xent_fwd(const float *l, const int64_t *tgt, float *logp, float *nll, size_t rows,
+                    size_t V)
+{
+    k_xent_fwd<<<GRID(rows)>>>(l, tgt, logp, nll, rows, V);
+}
+void ml_cu_xent_bwd(const float *logp, const int64_t *tgt, float *dl, size_t rows, size_t V)
+{
+    k_xent_bwd<<<GRID(rows * V)>>>(logp, tgt, dl, rows, V);
+}
+void ml_cu_adam(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
+                float b2, float eps, float bc1, float bc2)
+{
+    k_adam<<<GRID(n)>>>(p, g, m, v, n, lr, b1, b2, eps, bc1, bc2);
+}
+}

@@ -1,0 +1,374 @@
+/* memledger-calibrate: runs real training steps of the layer kinds the
+ * planner models, measures what they keep and how fast the GEMMs run, fits
+ * c and a fixed term per kind, and writes a profile (docs/calibration.md). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "layers.h"
+
+static const char usage[] =
+    "usage: memledger-calibrate --backend cpu|cuda [options]\n"
+    "\n"
+    "Runs forward, backward and an Adam step of linear, mlp, transformer_block and\n"
+    "lm_head (embedding + LM head + cross-entropy) layers at a grid of shapes,\n"
+    "recording live bytes per phase through a tracking allocator (and, on CUDA, the\n"
+    "device's own view), fits saved bytes = c * B*T*D*4 + fixed per kind, measures\n"
+    "GEMM throughput, and writes a profile for 'memledger plan --calib'.\n"
+    "\n"
+    "  --backend cpu|cuda      OpenBLAS on the CPU, or cuBLAS on the first GPU\n"
+    "  --dtype fp32|bf16       fp32 (default): layers and GEMMs; bf16: GEMM\n"
+    "                          throughput only (the layers run in fp32)\n"
+    "  --layers KINDS          comma-separated subset of linear,mlp,transformer_block,lm_head\n"
+    "  --points BxT,...        shapes, e.g. 1x64,2x64,4x128 (default: 4 micro-batches x\n"
+    "                          3 sequence lengths, sized to the backend)\n"
+    "  --hidden D --heads H --vocab V --dropout P   layer sizes\n"
+    "  --peak-tflops X         the device's dense peak, for the efficiency figure\n"
+    "  --name NAME             the profile's name (default: backend-dtype)\n"
+    "  -o PROFILE.yaml         write the profile there (atomically); default stdout\n"
+    "\n"
+    "Exit status: 0 written, 2 bad usage or no such backend, 3 a failure while\n"
+    "measuring or writing.\n";
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void progress(size_t done, size_t total, const char *what)
+{
+    if (!isatty(2))
+        return;
+    int w = 30, filled = total ? (int)(w * done / total) : w;
+    fprintf(stderr, "\r[%.*s%*s] %zu/%zu %-40s", filled, "##############################",
+            w - filled, "", done, total, what);
+    if (done == total)
+        fputc('\n', stderr);
+}
+
+static void fill_random(ml_backend *be, tn *t, bool ids, size_t V)
+{
+    size_t n = ids ? t->bytes / 8 : t->bytes / 4;
+    void *h = malloc(t->bytes);
+    if (!h)
+        return;
+    uint64_t s = 88172645463325252ull;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        if (ids)
+            ((int64_t *)h)[i] = (int64_t)(s % V);
+        else
+            ((float *)h)[i] = (float)((double)(s >> 11) / 9007199254740992.0 - 0.5);
+    }
+    be->upload(be, t->p, h, t->bytes);
+    free(h);
+}
+
+/* One measured training step of a layer at a shape. Returns 0 or -1. */
+static int measure(ml_backend *be, kind_t k, const dims *d, ml_profile_point *out)
+{
+    tracker tr;
+    tracker_init(&tr, be);
+    layer l;
+    if (layer_init(&l, k, d, &tr, 1234) != 0) {
+        layer_destroy(&l, &tr);
+        return -1;
+    }
+    tr.peak[PH_FORWARD] = tr.total;
+    tn x = talloc(&tr, layer_input_bytes(&l), T_SAVED);
+    if (tr.oom) {
+        layer_destroy(&l, &tr);
+        return -1;
+    }
+    fill_random(be, &x, k == K_LMHEAD, d->V);
+    be->sync(be);
+    double t0 = now();
+    tr.phase = PH_FORWARD;
+    tn y = layer_forward(&l, &tr, &x);
+    be->sync(be);
+    tracker_device_sample(&tr);
+    uint64_t saved = tr.live[T_SAVED];
+    tr.phase = PH_BACKWARD;
+    tr.peak[PH_BACKWARD] = tr.total;
+    tn dy = talloc(&tr, y.bytes, T_WORK);
+    if (!tr.oom)
+        fill_random(be, &dy, false, 0);
+    tn dx = tr.oom ? y : layer_backward(&l, &tr, &dy);
+    be->sync(be);
+    tracker_device_sample(&tr);
+    tfree(&tr, &y);
+    tfree(&tr, &dy);
+    tfree(&tr, &dx);
+    tr.phase = PH_STEP;
+    tr.peak[PH_STEP] = tr.total;
+    layer_step(&l, &tr);
+    be->sync(be);
+    tracker_device_sample(&tr);
+    double t1 = now();
+    bool oom = tr.oom;
+    layer_destroy(&l, &tr);
+    if (oom)
+        return -1;
+    out->B = d->B;
+    out->T = d->T;
+    out->D = d->D;
+    out->saved_bytes = saved;
+    out->peak_forward = tr.peak[PH_FORWARD];
+    out->peak_backward = tr.peak[PH_BACKWARD];
+    out->peak_step = tr.peak[PH_STEP];
+    out->device_peak = tr.dev_peak;
+    out->time_s = t1 - t0;
+    return 0;
+}
+
+static double gemm_tflops(ml_backend *be, int n, int reps)
+{
+    size_t bytes = (size_t)n * (size_t)n * 4;
+    float *A = be->alloc(be, bytes), *B = be->alloc(be, bytes), *C = be->alloc(be, bytes);
+    if (!A || !B || !C) {
+        be->free(be, A);
+        be->free(be, B);
+        be->free(be, C);
+        return 0;
+    }
+    be->zero(be, A, bytes);
+    be->zero(be, B, bytes);
+    be->gemm(be, false, false, n, n, n, 1.0f, A, B, 0.0f, C); /* warm-up */
+    be->sync(be);
+    double t0 = now();
+    for (int i = 0; i < reps; i++)
+        be->gemm(be, false, false, n, n, n, 1.0f, A, B, 0.0f, C);
+    be->sync(be);
+    double t = now() - t0;
+    be->free(be, A);
+    be->free(be, B);
+    be->free(be, C);
+    return t > 0 ? 2.0 * n * (double)n * n * reps / t / 1e12 : 0;
+}
+
+static bool parse_grid(const char *s, size_t *B, size_t *T, size_t *n, size_t cap)
+{
+    *n = 0;
+    while (*s && *n < cap) {
+        char *end;
+        unsigned long b = strtoul(s, &end, 10);
+        if (end == s || (*end != 'x' && *end != 'X'))
+            return false;
+        s = end + 1;
+        unsigned long t = strtoul(s, &end, 10);
+        if (end == s || b == 0 || t == 0 || b > 4096 || t > 65536)
+            return false;
+        B[*n] = b;
+        T[*n] = t;
+        (*n)++;
+        s = end;
+        if (*s == ',')
+            s++;
+        else if (*s)
+            return false;
+    }
+    return *n > 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *backend = NULL, *dtype = "fp32", *layers = NULL, *grid = NULL, *out = NULL,
+               *name = NULL;
+    size_t D = 0, H = 0, V = 0;
+    double peak = 0, dropout = 0.1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "memledger-calibrate: error: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--backend"))
+            backend = v;
+        else if (!strcmp(a, "--dtype"))
+            dtype = v;
+        else if (!strcmp(a, "--layers"))
+            layers = v;
+        else if (!strcmp(a, "--points"))
+            grid = v;
+        else if (!strcmp(a, "-o"))
+            out = v;
+        else if (!strcmp(a, "--name"))
+            name = v;
+        else if (!strcmp(a, "--hidden"))
+            D = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--heads"))
+            H = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--vocab"))
+            V = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--dropout"))
+            dropout = strtod(v, NULL);
+        else if (!strcmp(a, "--peak-tflops"))
+            peak = strtod(v, NULL);
+        else {
+            fprintf(stderr, "memledger-calibrate: error: unknown option '%s'\n", a);
+            return 2;
+        }
+    }
+    if (!backend || (strcmp(backend, "cpu") && strcmp(backend, "cuda"))) {
+        fprintf(stderr, "memledger-calibrate: error: --backend cpu|cuda is required\n");
+        return 2;
+    }
+    if (strcmp(dtype, "fp32") && strcmp(dtype, "bf16")) {
+        fprintf(stderr, "memledger-calibrate: error: --dtype is fp32 or bf16\n");
+        return 2;
+    }
+    if (!(dropout >= 0 && dropout < 1)) {
+        fprintf(stderr, "memledger-calibrate: error: --dropout must be in [0, 1)\n");
+        return 2;
+    }
+    const char *why = "not built";
+    ml_backend *be = !strcmp(backend, "cpu") ? ml_backend_cpu(&why) : ml_backend_cuda(&why);
+    if (!be) {
+        fprintf(stderr, "memledger-calibrate: error: backend %s: %s\n", backend, why);
+        return 2;
+    }
+    bool gpu = !strcmp(backend, "cuda");
+    if (!D)
+        D = gpu ? 1024 : 256;
+    if (!H)
+        H = gpu ? 16 : 4;
+    if (!V)
+        V = gpu ? 32000 : 4096;
+    if (D % H) {
+        fprintf(stderr, "memledger-calibrate: error: --heads must divide --hidden\n");
+        be->destroy(be);
+        return 2;
+    }
+    size_t Bs[64], Ts[64], np = 0;
+    if (grid) {
+        if (!parse_grid(grid, Bs, Ts, &np, 64)) {
+            fprintf(stderr, "memledger-calibrate: error: --points: '%s' is not a list such as "
+                            "1x64,2x128\n", grid);
+            be->destroy(be);
+            return 2;
+        }
+    } else {
+        const size_t b4[4] = {1, 2, 4, 8};
+        const size_t tc[3] = {64, 128, 256}, tg[3] = {256, 512, 1024};
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 3; j++) {
+                Bs[np] = b4[i];
+                Ts[np] = gpu ? tg[j] : tc[j];
+                np++;
+            }
+    }
+    bool want[K_COUNT] = {true, true, true, true};
+    if (layers) {
+        memset(want, 0, sizeof want);
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", layers);
+        for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
+            int k;
+            for (k = 0; k < K_COUNT; k++)
+                if (!strcmp(t, kind_names[k]))
+                    break;
+            if (k == K_COUNT) {
+                fprintf(stderr, "memledger-calibrate: error: --layers: unknown kind '%s' "
+                                "(linear, mlp, transformer_block, lm_head)\n", t);
+                be->destroy(be);
+                return 2;
+            }
+            want[k] = true;
+        }
+    }
+    bool bf16 = !strcmp(dtype, "bf16");
+    ml_profile *prof = ml_profile_new();
+    char nm[128], when[64];
+    snprintf(nm, sizeof nm, "%s", name ? name : "");
+    if (!name)
+        snprintf(nm, sizeof nm, "%s-%s", backend, dtype);
+    time_t tnow = time(NULL);
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&tnow));
+    ml_profile_set(prof, "name", nm);
+    ml_profile_set(prof, "backend", backend);
+    ml_profile_set(prof, "device", be->device);
+    ml_profile_set(prof, "dtype", dtype);
+    ml_profile_set(prof, "driver", be->driver);
+    ml_profile_set(prof, "library", be->library);
+    ml_profile_set(prof, "created", when);
+    ml_profile_set(prof, "notes",
+                   bf16 ? "bf16 GEMM throughput only; the layer runs are fp32 in this version"
+                        : "fp32 layers; saved tensors as PyTorch eager autograd keeps them "
+                          "(tests/unit/test_calib.c)");
+    ml_profile_set_peak(prof, peak);
+    int rc = 0;
+    size_t total = 0, done = 0;
+    for (int k = 0; k < K_COUNT && !bf16; k++)
+        total += want[k] ? np : 0;
+    for (int k = 0; k < K_COUNT && !bf16; k++) {
+        if (!want[k])
+            continue;
+        for (size_t i = 0; i < np; i++) {
+            dims d = {Bs[i], Ts[i], D, H, 4 * D, V, (float)dropout};
+            ml_profile_point pt;
+            char what[64];
+            snprintf(what, sizeof what, "%s B=%zu T=%zu", kind_names[k], d.B, d.T);
+            progress(done, total, what);
+            if (measure(be, (kind_t)k, &d, &pt) != 0) {
+                fprintf(stderr, "\nmemledger-calibrate: %s: out of device memory; skipped\n",
+                        what);
+            } else {
+                ml_profile_add_point(prof, kind_names[k], &pt);
+            }
+            progress(++done, total, what);
+        }
+    }
+    /* GEMM throughput */
+    const int sizes_cpu[] = {256, 512, 1024}, sizes_gpu[] = {1024, 2048, 4096, 8192};
+    const int *sizes = gpu ? sizes_gpu : sizes_cpu;
+    int nsizes = gpu ? 4 : 3;
+    for (int i = 0; i < nsizes; i++) {
+        int n = sizes[i];
+        double tf = bf16 ? (be->gemm_bf16_tflops ? be->gemm_bf16_tflops(be, n, n, n, 10) : 0)
+                         : gemm_tflops(be, n, gpu ? 10 : 3);
+        ml_profile_gemm g = {(uint64_t)n, (uint64_t)n, (uint64_t)n, tf};
+        if (tf > 0)
+            ml_profile_add_gemm(prof, &g);
+    }
+    if (bf16 && ml_profile_gemm_count(prof) == 0) {
+        fprintf(stderr, "memledger-calibrate: error: bf16 GEMMs are not available on the %s "
+                        "backend\n", backend);
+        rc = 2;
+    }
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    if (!rc && ml_profile_fit(prof, &e) != ML_OK) {
+        fprintf(stderr, "memledger-calibrate: error: %s\n", e.msg);
+        rc = 3;
+    }
+    if (!rc) {
+        for (size_t i = 0; i < ml_profile_kind_count(prof); i++) {
+            const ml_profile_kind *k = ml_profile_kind_at(prof, i);
+            fprintf(stderr, "%-18s c = %8.4f, fixed %.0f B, R^2 %.6f, largest residual %.3f%% "
+                            "(%zu points)\n",
+                    k->kind, k->fit.slope, k->fit.fixed, k->fit.r2, 100 * k->fit.max_rel_residual,
+                    k->npoints);
+        }
+        fprintf(stderr, "GEMM: best %.4g TFLOP/s%s\n", ml_profile_achieved_tflops(prof),
+                peak > 0 ? "" : " (give --peak-tflops for the efficiency)");
+        ml_out o;
+        rc = ml_out_open(&o, out);
+        if (!rc)
+            rc = ml_out_close(&o, ml_profile_write(o.f, prof) == 0);
+    }
+    ml_profile_destroy(prof);
+    be->destroy(be);
+    return rc;
+}

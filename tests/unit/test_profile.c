@@ -1,0 +1,188 @@
+/* Fitting measurements, reading users' CSV measurements, and profiles. */
+#include <stdlib.h>
+
+#include "harness.h"
+
+static void test_linfit(void **state)
+{
+    (void)state;
+    /* y = 3 + 2x exactly */
+    double x[] = {1, 2, 4, 8}, y[] = {5, 7, 11, 19};
+    ml_linfit f;
+    ml_error e;
+    assert_int_equal(ml_linfit_points(x, y, 4, &f, &e), ML_OK);
+    assert_rel_close(f.slope, 2, 1e-12);
+    assert_rel_close(f.fixed, 3, 1e-12);
+    assert_rel_close(f.r2, 1, 1e-12);
+    /* known c and fixed term recovered from noisy points: saved = 52.5 x + 4096 with +-0.5% */
+    double xs[12], ys[12];
+    uint64_t s = 1;
+    for (int i = 0; i < 12; i++) {
+        xs[i] = 1e6 * (i + 1);
+        s = s * 6364136223846793005ull + 1;
+        double noise = ((double)(s >> 11) / 9007199254740992.0 - 0.5) * 0.01;
+        ys[i] = (52.5 * xs[i] + 4096) * (1 + noise);
+    }
+    assert_int_equal(ml_linfit_points(xs, ys, 12, &f, &e), ML_OK);
+    assert_rel_close(f.slope, 52.5, 0.01);
+    assert_true(f.r2 > 0.999);
+    assert_true(f.max_rel_residual < 0.01);
+    double one[] = {1, 1};
+    assert_int_equal(ml_linfit_points(one, y, 2, &f, &e), ML_RANGE);
+    assert_int_equal(ml_linfit_points(x, y, 1, &f, &e), ML_RANGE);
+}
+
+/* The design notes: peaks 1.8 / 3.0 / 5.4 GiB at 16 / 32 / 64 fit 0.6 GiB
+ * fixed + 0.075 GiB per sample; 80 -> 6.6 GiB, over a 6.5 GiB budget; the
+ * fit's largest micro-batch under the budget is 78, past the measured
+ * points; the largest measured one within the budget is 64. */
+static void test_design_example(void **state)
+{
+    (void)state;
+    const char *csv = "micro_batch,peak\n16,1.8GiB\n32,3.0GiB\n64,5.4GiB\n";
+    ml_point *p = NULL;
+    size_t n = 0;
+    ml_error e;
+    assert_int_equal(ml_points_parse_csv(csv, strlen(csv), "peaks.csv", &p, &n, &e), ML_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(p[1].peak, 3221225472ull); /* 3.0 GiB */
+    ml_points_fit r;
+    assert_int_equal(ml_points_analyse(p, n, 6979321856ull, 80, &r, &e), ML_OK);
+    const double GiB = 1073741824.0;
+    assert_rel_close(r.fixed_bytes / GiB, 0.6, 1e-6);
+    assert_rel_close(r.per_sample_bytes / GiB, 0.075, 1e-6);
+    assert_rel_close(r.peak_at / GiB, 6.6, 1e-6);
+    assert_true(r.peak_at > 6979321856.0);
+    assert_int_equal(r.max_micro_batch, 78);
+    assert_true(r.extrapolated);
+    assert_int_equal(r.max_measured_micro_batch, 64);
+    free(p);
+    /* columns in another order, bytes, comments and blank lines */
+    const char *csv2 = "# from torch.cuda.max_memory_allocated\npeak,run,micro_batch\n\n"
+                       "1000,a,1\n2000,b,2\n";
+    assert_int_equal(ml_points_parse_csv(csv2, strlen(csv2), "x.csv", &p, &n, &e), ML_OK);
+    assert_int_equal(ml_points_analyse(p, n, 0, 0, &r, &e), ML_OK);
+    assert_rel_close(r.per_sample_bytes, 1000, 1e-12);
+    assert_rel_close(r.fixed_bytes, 0, 0);
+    assert_int_equal(r.max_micro_batch, 0); /* no budget asked */
+    free(p);
+}
+
+static void test_csv_errors(void **state)
+{
+    (void)state;
+    struct {
+        const char *csv, *msg;
+        unsigned line, col;
+    } cases[] = {
+        {"", "the file is empty", 0, 0},
+        {"batch,peak\n1,2\n", "must name the columns micro_batch and peak", 1, 1},
+        {"micro_batch,peak\n16,1.8GiB\n", "at least 2 measurements", 2, 1},
+        {"micro_batch,peak\n16,1.8GiB\nx,2GiB\n", "micro_batch: 'x' is not a whole number", 3, 1},
+        {"micro_batch,peak\n16,1.8GiB\n32,lots\n", "peak: 'lots' is not a size", 3, 4},
+        {"micro_batch,peak\n16,1.8GiB\n-4,2GiB\n", "is not a whole number", 3, 1},
+        {"micro_batch,peak\n16,1.8GiB\n32\n", "lacks the peak column", 3, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ml_point *p = NULL;
+        size_t n = 0;
+        ml_error e;
+        ml_status st = ml_points_parse_csv(cases[i].csv, strlen(cases[i].csv), "p.csv", &p, &n, &e);
+        if (st == ML_OK)
+            fail_msg("case %zu parsed", i);
+        if (!strstr(e.msg, cases[i].msg))
+            fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, cases[i].msg);
+        if (cases[i].line && (e.line != cases[i].line || e.col != cases[i].col))
+            fail_msg("case %zu: at %u:%u, expected %u:%u", i, e.line, e.col, cases[i].line,
+                     cases[i].col);
+        assert_null(p);
+    }
+}
+
+static void test_profile_round_trip(void **state)
+{
+    (void)state;
+    ml_profile *p = ml_profile_new();
+    ml_profile_set(p, "name", "test \"quoted\"");
+    ml_profile_set(p, "backend", "cpu");
+    ml_profile_set(p, "dtype", "fp32");
+    ml_profile_set(p, "device", "a test device");
+    ml_profile_set_peak(p, 2.0);
+    for (uint64_t b = 1; b <= 4; b *= 2) {
+        ml_profile_point pt = {b, 64, 128, 1000 + b * 64 * 128 * 4 * 21, 5, 6, 7, 0, 0.5};
+        assert_int_equal(ml_profile_add_point(p, "transformer_block", &pt), ML_OK);
+    }
+    ml_profile_gemm g = {512, 512, 512, 0.5};
+    ml_profile_add_gemm(p, &g);
+    ml_error e;
+    assert_int_equal(ml_profile_fit(p, &e), ML_OK);
+    const ml_profile_kind *k = ml_profile_find(p, "transformer_block");
+    assert_rel_close(k->fit.slope, 21, 1e-9);
+    assert_rel_close(k->fit.fixed, 1000, 1e-6);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_int_equal(ml_profile_write(f, p), 0);
+    fclose(f);
+    ml_profile *q = NULL;
+    assert_int_equal(ml_profile_load_string(buf, len, "rt.yaml", &q, &e), ML_OK);
+    assert_string_equal(ml_profile_get(q, "name"), "test \"quoted\"");
+    assert_string_equal(ml_profile_get(q, "device"), "a test device");
+    const ml_profile_kind *k2 = ml_profile_find(q, "transformer_block");
+    assert_int_equal(k2->npoints, 3);
+    assert_int_equal(k2->points[2].saved_bytes, k->points[2].saved_bytes);
+    assert_rel_close(k2->fit.slope, k->fit.slope, 1e-12);
+    assert_rel_close(ml_profile_achieved_tflops(q), 0.5, 0);
+    assert_rel_close(ml_profile_efficiency(q), 0.25, 1e-12);
+    free(buf);
+    ml_profile_destroy(p);
+    ml_profile_destroy(q);
+}
+
+static void test_bad_profiles(void **state)
+{
+    (void)state;
+    struct {
+        const char *y, *msg;
+    } cases[] = {
+        {"", "a profile is a mapping"},
+        {"profile_version: 2\ndtype: fp32\nlayers: {}\n", "profile_version: 2 is not supported"},
+        {"profile_version: 1\ndtype: fp8\nlayers: {}\n", "dtype: 'fp8'"},
+        {"profile_version: 1\ndtype: fp32\n", "layers: missing"},
+        {"profile_version: 1\ndtype: fp32\nlayrs: {}\n", "layrs: unknown key"},
+        {"profile_version: 1\ndtype: fp32\nlayers:\n  conv:\n    points:\n"
+         "      - {B: 1, T: 1, D: 1, saved_bytes: 1}\n",
+         "unknown layer kind"},
+        {"profile_version: 1\ndtype: fp32\nlayers:\n  mlp:\n    points:\n"
+         "      - {B: 1, T: 1, D: 1, saved_bytes: -1}\n",
+         "expected a number >= 0"},
+        {"profile_version: 1\ndtype: fp32\nlayers:\n  mlp:\n    points:\n"
+         "      - {B: 1, T: 1, D: 1, saved_bytes: 10}\n",
+         "at least 2 points"},
+        {"profile_version: 1\ndtype: fp32\nlayers:\n  mlp:\n    points:\n"
+         "      - {B: 0, T: 1, D: 1, saved_bytes: 10}\n",
+         "must be at least 1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ml_profile *p = NULL;
+        ml_error e;
+        ml_status st = ml_profile_load_string(cases[i].y, strlen(cases[i].y), "bad.yaml", &p, &e);
+        if (st == ML_OK)
+            fail_msg("case %zu loaded", i);
+        if (!strstr(e.msg, cases[i].msg))
+            fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, cases[i].msg);
+        assert_null(p);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_linfit),
+        cmocka_unit_test(test_design_example),
+        cmocka_unit_test(test_csv_errors),
+        cmocka_unit_test(test_profile_round_trip),
+        cmocka_unit_test(test_bad_profiles),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
