@@ -194,14 +194,18 @@ static int run_runner(int argc, char **argv)
 
 int ml_cmd_calibrate(int argc, char **argv)
 {
+    bool backend = false, pts = false;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(usage, stdout);
             return ML_EXIT_OK;
         }
-        if (!strcmp(argv[i], "--points"))
-            return points(argc, argv);
+        backend = backend || !strcmp(argv[i], "--backend");
+        pts = pts || !strcmp(argv[i], "--points");
     }
+    /* --points is a CSV of measurements, or with --backend the runner's grid */
+    if (pts && !backend)
+        return points(argc, argv);
     if (argc == 0) {
         fputs(usage, stderr);
         return ML_EXIT_BAD_INPUT;

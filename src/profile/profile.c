@@ -251,8 +251,9 @@ int ml_profile_write(FILE *f, const ml_profile *p)
     fputs("layers:\n", f);
     for (size_t i = 0; i < p->nkinds; i++) {
         const kindrec *k = &p->kinds[i];
-        fprintf(f, "  %s:\n    c: %.17g\n    fixed_bytes: %.17g\n    r2: %.17g\n"
-                   "    max_rel_residual: %.17g\n    points:\n",
+        /* the fitted values are informative (recomputed on reading): 12 digits */
+        fprintf(f, "  %s:\n    c: %.12g\n    fixed_bytes: %.12g\n    r2: %.12g\n"
+                   "    max_rel_residual: %.12g\n    points:\n",
                 k->kind, k->fit.slope, k->fit.fixed, k->fit.r2, k->fit.max_rel_residual);
         for (size_t j = 0; j < k->n; j++) {
             const ml_profile_point *q = &k->pts[j];
