@@ -61,7 +61,8 @@ fuzz() {
     for t in model hf units profile points; do
         cp -r "tests/fuzz/corpus/$t" "$work/$t"
         "$PWD/build-fuzz/tests/fuzz/fuzz_$t" -max_total_time="${FUZZ_SECONDS:-60}" \
-            -print_final_stats=1 -artifact_prefix="$PWD/build-fuzz/crash-$t-" \
+            -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
+            -artifact_prefix="$PWD/build-fuzz/crash-$t-" \
             "$work/$t" >"$work/$t.log" 2>&1
         r=$?
         runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$t.log")

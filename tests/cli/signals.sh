@@ -55,6 +55,25 @@ for sig in TERM INT; do
         fail=$((fail + 1))
     fi
 done
+# the calibration runner interrupted while it measures: the previous profile stays
+if [ -n "${2:-}" ]; then
+    echo OLD >"$tmp/prof.yaml"
+    "$exe" calibrate --backend cpu --points 8x256,8x512,8x1024 --layers transformer_block \
+        -o "$tmp/prof.yaml" 2>/dev/null &
+    pid=$!
+    sleep 0.3
+    kill -s TERM "$pid" 2>/dev/null
+    wait "$pid"
+    rc=$?
+    if [ "$(cat "$tmp/prof.yaml")" = OLD ] && ! ls "$tmp"/prof.yaml.tmp.* >/dev/null 2>&1 &&
+        [ "$rc" -gt 128 ]; then
+        echo "ok   SIGTERM during calibrate -o: previous profile intact, exit $rc"
+        pass=$((pass + 1))
+    else
+        echo "FAIL SIGTERM during calibrate -o: exit $rc, file $(head -c 40 "$tmp/prof.yaml")"
+        fail=$((fail + 1))
+    fi
+fi
 # a completed write replaces the file whole
 echo OLD >"$tmp/out.csv"
 if "$exe" timeline "$tmp/big.yaml" -o "$tmp/out.csv" && head -1 "$tmp/out.csv" | grep -q '^index,' &&

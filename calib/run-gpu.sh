@@ -1,0 +1,53 @@
+#!/bin/sh
+# The GPU measurement campaign of issue 8, in one run: build with CUDA,
+# calibrate (fp32 and bf16), measure gpt2-small-shaped blocks through the
+# runner next to the planner's prediction, and run Hugging Face models in
+# PyTorch against `memledger plan`. Every raw result goes under $OUT.
+# Usage: OUT=/path/to/results sh calib/run-gpu.sh   (a few minutes on an H200)
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+PATH=/usr/local/cuda/bin:$PATH
+export PATH
+log() { echo "== $*" | tee -a "$OUT/run.log"; }
+
+log "device"
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.csv" 2>&1 || true
+
+log "build (release, -Dcuda=enabled)"
+if ! { meson setup build-gpu --buildtype=release -Dcuda=enabled -Dtests=false \
+        -Dtorch_crosscheck=disabled -Drender_tests=disabled && ninja -C build-gpu; } \
+        >"$OUT/build.log" 2>&1; then
+    echo "build failed: see $OUT/build.log"
+    exit 1
+fi
+ML=build-gpu/src/memledger
+CAL=build-gpu/calib/memledger-calibrate
+
+# Dense peaks from NVIDIA's H200 SXM datasheet: 67 TFLOP/s fp32 (CUDA cores),
+# 989 TFLOP/s bf16 tensor cores without sparsity. They only scale the
+# efficiency figure; the measured TFLOP/s are what the planner uses.
+log "calibrate fp32 (default sweep)"
+"$CAL" --backend cuda --dtype fp32 --peak-tflops 67 --name h200-fp32 \
+    -o "$OUT/h200-fp32.yaml" 2>"$OUT/h200-fp32.log"
+log "calibrate bf16 (GEMM throughput)"
+"$CAL" --backend cuda --dtype bf16 --peak-tflops 989 --name h200-bf16 \
+    -o "$OUT/h200-bf16.yaml" 2>"$OUT/h200-bf16.log"
+
+log "gpt2-small-shaped blocks at micro-batch 4, 8, 16 (T=1024, D=768, H=12)"
+"$CAL" --backend cuda --layers transformer_block,lm_head --hidden 768 --heads 12 \
+    --vocab 50257 --points 4x1024,8x1024,16x1024 --name h200-gpt2-blocks \
+    -o "$OUT/h200-gpt2-blocks.yaml" 2>"$OUT/h200-gpt2-blocks.log"
+for B in 4 8 16; do
+    "$ML" plan models/gpt2-small.yaml --micro-batch "$B" --device 141GB --format json \
+        >"$OUT/plan-gpt2-b$B.json"
+    "$ML" plan models/gpt2-small.yaml --micro-batch "$B" --device 141GB --format json \
+        --calib "$OUT/h200-gpt2-blocks.yaml" >"$OUT/plan-gpt2-b$B-calib.json"
+done
+
+log "PyTorch + Hugging Face against the planner"
+/usr/bin/env python3 calib/torch_vs_plan.py --memledger "$ML" --out "$OUT" \
+    --calib "$OUT/h200-fp32.yaml" >"$OUT/torch_vs_plan.log" 2>&1 || log "torch_vs_plan failed"
+log "done: $OUT"
