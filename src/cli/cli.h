@@ -42,6 +42,9 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
 int ml_cli_whole(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
 /* Loads the model and applies overrides; prints errors. Returns 0 or an exit status. */
 int ml_cli_load(const ml_cli_opts *o, ml_model **m, ml_config *cfg);
+/* Reports a failed evaluation of the model in o (the message names the
+ * file, with no position) and returns the exit status for st. */
+int ml_cli_eval_failed(const ml_cli_opts *o, ml_error *e, ml_status st);
 /* Frees what ml_cli_load made: the model and the calibration profile. */
 void ml_cli_free(ml_model *m, ml_config *cfg);
 /* Prints "memledger: error: path:line:col: msg", the line and a caret. */

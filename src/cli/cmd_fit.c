@@ -51,10 +51,7 @@ int ml_cmd_fit(int argc, char **argv)
     ml_error e;
     ml_status st = ml_fit(m, &cfg, &req, &r, &e);
     if (st) {
-        snprintf(e.path, sizeof e.path, "%s", o.model_path);
-        e.line = e.col = 0;
-        ml_cli_print_error(&e);
-        rc = st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+        rc = ml_cli_eval_failed(&o, &e, st);
         goto out;
     }
     /* --emit: the settings of the chosen point */

@@ -54,10 +54,7 @@ int ml_cmd_report(int argc, char **argv)
         have_fit = st == ML_OK;
     }
     if (st) {
-        snprintf(e.path, sizeof e.path, "%s", o.model_path);
-        e.line = e.col = 0;
-        ml_cli_print_error(&e);
-        rc = st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+        rc = ml_cli_eval_failed(&o, &e, st);
         goto out;
     }
     ml_out out;

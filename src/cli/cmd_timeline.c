@@ -36,11 +36,9 @@ int ml_cmd_timeline(int argc, char **argv)
     ml_error e;
     ml_status st = ml_ledger_evaluate(m, &cfg, true, &l, &e);
     if (st) {
-        snprintf(e.path, sizeof e.path, "%s", o.model_path);
-        e.line = e.col = 0;
-        ml_cli_print_error(&e);
+        rc = ml_cli_eval_failed(&o, &e, st);
         ml_cli_free(m, &cfg);
-        return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+        return rc;
     }
     ml_out out;
     if ((rc = ml_out_open(&out, o.output)) == 0) {

@@ -313,6 +313,14 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
     return 0;
 }
 
+int ml_cli_eval_failed(const ml_cli_opts *o, ml_error *e, ml_status st)
+{
+    snprintf(e->path, sizeof e->path, "%s", o->model_path);
+    e->line = e->col = 0;
+    ml_cli_print_error(e);
+    return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+}
+
 void ml_cli_free(ml_model *m, ml_config *cfg)
 {
     ml_model_destroy(m);

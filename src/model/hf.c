@@ -223,42 +223,6 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     return ML_OK;
 }
 
-static char *slurp(const char *path, size_t *len, ml_error *err)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        err->code = ML_IO;
-        snprintf(err->msg, sizeof err->msg, "cannot open: %s", strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap || cap >= ML_TREE_MAX_BYTES)
-            break;
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    bool bad = ferror(f) || (buf && n == cap);
-    fclose(f);
-    if (!buf || bad) {
-        free(buf);
-        err->code = !buf ? ML_NOMEM : ML_IO;
-        snprintf(err->msg, sizeof err->msg, "%s",
-                 !buf ? "out of memory" : n == cap ? "file larger than 16 MiB" : "read error");
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
-
 static ml_status load_hf(const char *text, size_t len, const char *config_path,
                          const char *training_path, ml_model **out, ml_error *err);
 
@@ -282,7 +246,7 @@ ml_status ml_model_load_hf(const char *config_path, const char *training_path, m
     memset(err, 0, sizeof *err);
     snprintf(err->path, sizeof err->path, "%s", config_path);
     size_t len = 0;
-    char *text = slurp(config_path, &len, err);
+    char *text = ml_read_file(config_path, &len, err);
     if (!text)
         return err->code;
     ml_status st = load_hf(text, len, config_path, training_path, out, err);
@@ -331,7 +295,7 @@ static ml_status load_hf(const char *text, size_t len, const char *config_path,
     ml_tree_free(root);
     if (!st && training_path) {
         size_t tlen = 0;
-        char *t = slurp(training_path, &tlen, err);
+        char *t = ml_read_file(training_path, &tlen, err);
         if (!t)
             st = err->code;
         else {

@@ -896,43 +896,11 @@ ml_status ml_model_load_file(const char *path, ml_model **out, ml_error *err)
         err = &local;
     memset(err, 0, sizeof *err);
     snprintf(err->path, sizeof err->path, "%s", path);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        err->code = ML_IO;
-        snprintf(err->msg, sizeof err->msg, "cannot open: %s", strerror(errno));
-        return ML_IO;
-    }
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    ml_status st = ML_OK;
-    while (buf) {
-        size_t n = fread(buf + len, 1, cap - len, f);
-        len += n;
-        if (len < cap)
-            break;
-        if (cap >= ML_TREE_MAX_BYTES) {
-            st = ML_RANGE;
-            break;
-        }
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    int rerr = ferror(f);
-    fclose(f);
-    if (!buf || st || rerr) {
-        free(buf);
-        err->code = !buf ? ML_NOMEM : st ? st : ML_IO;
-        snprintf(err->msg, sizeof err->msg, "%s",
-                 !buf ? "out of memory" : st ? "file larger than 16 MiB" : "read error");
+    size_t len = 0;
+    char *buf = ml_read_file(path, &len, err);
+    if (!buf)
         return err->code;
-    }
-    st = load(buf, len, path, out, err);
+    ml_status st = load(buf, len, path, out, err);
     free(buf);
     return st;
 }

@@ -9,6 +9,7 @@
 
 #include "memledger/calib.h"
 #include "memledger/model.h"
+#include "model/tree.h"
 
 #if defined(__GNUC__)
 __attribute__((format(printf, 5, 6)))
@@ -223,27 +224,10 @@ ml_status ml_points_load_csv(const char *path, ml_point **out, size_t *n, ml_err
         err = &local;
     memset(err, 0, sizeof *err);
     snprintf(err->path, sizeof err->path, "%s", path);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return fail(err, ML_IO, 0, 0, "cannot open: %s", strerror(errno));
-    size_t cap = 1 << 14, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        len += fread(buf + len, 1, cap - len, f);
-        if (len < cap || cap > (16u << 20))
-            break;
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    fclose(f);
+    size_t len = 0;
+    char *buf = ml_read_file(path, &len, err);
     if (!buf)
-        return fail(err, ML_NOMEM, 0, 0, "out of memory");
+        return err->code;
     ml_status st = ml_points_parse_csv(buf, len, path, out, n, err);
     free(buf);
     return st;

@@ -461,30 +461,11 @@ ml_status ml_profile_load_file(const char *path, ml_profile **out, ml_error *err
         err = &local;
     memset(err, 0, sizeof *err);
     snprintf(err->path, sizeof err->path, "%s", path);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return bad(err, NULL, ML_IO, "cannot open: %s", strerror(errno));
-    size_t cap = 1 << 14, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        len += fread(buf + len, 1, cap - len, f);
-        if (len < cap || cap > ML_TREE_MAX_BYTES)
-            break;
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    fclose(f);
+    size_t len = 0;
+    char *buf = ml_read_file(path, &len, err);
     if (!buf)
-        return bad(err, NULL, ML_NOMEM, "out of memory");
+        return err->code;
     ml_status st = ml_profile_load_string(buf, len, path, out, err);
     free(buf);
-    if (st)
-        snprintf(err->path, sizeof err->path, "%s", path);
     return st;
 }

@@ -1,0 +1,50 @@
+/* Reading an input file whole, with the size limit every parser shares. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/tree.h"
+
+char *ml_read_file(const char *path, size_t *len, ml_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        err->code = ML_IO;
+        err->line = err->col = 0;
+        snprintf(err->msg, sizeof err->msg, "cannot open: %s", strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    bool too_big = false;
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap)
+            break;
+        if (cap > ML_TREE_MAX_BYTES) {
+            too_big = true;
+            break;
+        }
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    bool bad = ferror(f) != 0;
+    fclose(f);
+    if (!buf || bad || too_big) {
+        free(buf);
+        err->code = !buf ? ML_NOMEM : too_big ? ML_RANGE : ML_IO;
+        err->line = err->col = 0;
+        snprintf(err->msg, sizeof err->msg, "%s",
+                 !buf ? "out of memory" : too_big ? "file larger than 16 MiB" : "read error");
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
