@@ -40,6 +40,11 @@ typedef struct {
 int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o);
 /* Parses a whole-number flag value; prints and returns 2 on error. */
 int ml_cli_whole(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
+/* Parses argv and loads the model: returns true when the verb goes on (m and
+ * cfg set), false when it is done (help printed, or an error) with *rc the
+ * exit status. */
+bool ml_cli_start(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o,
+                  ml_model **m, ml_config *cfg, int *rc);
 /* Loads the model and applies overrides; prints errors. Returns 0 or an exit status. */
 int ml_cli_load(const ml_cli_opts *o, ml_model **m, ml_config *cfg);
 /* Reports a failed evaluation of the model in o (the message names the

@@ -21,14 +21,10 @@ static const char usage[] =
 int ml_cmd_compare(int argc, char **argv)
 {
     ml_cli_opts o;
-    int rc = ml_cli_parse(argc, argv, "compare", usage, &o);
-    if (rc == 1)
-        return ML_EXIT_OK;
-    if (rc)
-        return rc;
     ml_model *m = NULL;
     ml_config cfg;
-    if ((rc = ml_cli_load(&o, &m, &cfg)))
+    int rc;
+    if (!ml_cli_start(argc, argv, "compare", usage, &o, &m, &cfg, &rc))
         return rc;
     ml_compare_row rows[ML_COMPARE_ROWS];
     size_t n = 0;

@@ -30,14 +30,10 @@ static const char usage[] =
 int ml_cmd_fit(int argc, char **argv)
 {
     ml_cli_opts o;
-    int rc = ml_cli_parse(argc, argv, "fit", usage, &o);
-    if (rc == 1)
-        return ML_EXIT_OK;
-    if (rc)
-        return rc;
     ml_model *m = NULL;
     ml_config cfg;
-    if ((rc = ml_cli_load(&o, &m, &cfg)))
+    int rc;
+    if (!ml_cli_start(argc, argv, "fit", usage, &o, &m, &cfg, &rc))
         return rc;
     ml_fit_request req = ml_fit_request_defaults();
     req.auto_checkpoint = o.auto_checkpoint;

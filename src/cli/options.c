@@ -313,6 +313,18 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
     return 0;
 }
 
+bool ml_cli_start(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o,
+                  ml_model **m, ml_config *cfg, int *rc)
+{
+    *rc = ml_cli_parse(argc, argv, verb, usage, o);
+    if (*rc == 1)
+        *rc = ML_EXIT_OK;
+    if (*rc || o->model_path == NULL)
+        return false;
+    *rc = ml_cli_load(o, m, cfg);
+    return *rc == 0;
+}
+
 int ml_cli_eval_failed(const ml_cli_opts *o, ml_error *e, ml_status st)
 {
     snprintf(e->path, sizeof e->path, "%s", o->model_path);

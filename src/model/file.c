@@ -1,5 +1,6 @@
 /* Reading an input file whole, with the size limit every parser shares. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,4 +48,16 @@ char *ml_read_file(const char *path, size_t *len, ml_error *err)
     }
     *len = n;
     return buf;
+}
+
+ml_status ml_error_at(ml_error *err, const ml_node *at, ml_status code, const char *fmt, ...)
+{
+    err->code = code;
+    err->line = at ? at->line : 0;
+    err->col = at ? at->col : 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    return code;
 }

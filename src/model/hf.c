@@ -11,20 +11,6 @@
 
 static const char *const supported = "llama, mistral, qwen2, gpt2, gpt_neox, bert, vit";
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 4, 5)))
-#endif
-static ml_status fail(ml_error *err, const ml_node *at, ml_status code, const char *fmt, ...)
-{
-    err->code = code;
-    err->line = at ? at->line : 0;
-    err->col = at ? at->col : 0;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-    return code;
-}
 
 static const ml_node *get(const ml_node *map, const char *key)
 {
@@ -52,15 +38,15 @@ static ml_status uint_of(ml_error *err, const ml_node *root, const char *const *
         errno = 0;
         unsigned long long v = n->type == ML_NODE_SCALAR ? strtoull(n->text, &end, 10) : 0;
         if (n->type != ML_NODE_SCALAR || !end || *end || errno || n->text[0] == '-')
-            return fail(err, n, ML_SCHEMA, "%s: expected a whole number", *k);
+            return ml_error_at(err, n, ML_SCHEMA, "%s: expected a whole number", *k);
         if (v < lo || v > hi)
-            return fail(err, n, ML_RANGE, "%s: %llu is out of range (%llu to %llu)", *k, v,
+            return ml_error_at(err, n, ML_RANGE, "%s: %llu is out of range (%llu to %llu)", *k, v,
                         (unsigned long long)lo, (unsigned long long)hi);
         *out = v;
         return ML_OK;
     }
     if (required)
-        return fail(err, root, ML_SCHEMA, "%s: missing from the config", keys[0]);
+        return ml_error_at(err, root, ML_SCHEMA, "%s: missing from the config", keys[0]);
     return ML_OK;
 }
 
@@ -97,7 +83,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
 {
     const ml_node *mt = get(r, "model_type");
     if (!mt || mt->type != ML_NODE_SCALAR)
-        return fail(err, r, ML_SCHEMA,
+        return ml_error_at(err, r, ML_SCHEMA,
                     "model_type: missing; a Hugging Face config.json names its model_type "
                     "(supported: %s)",
                     supported);
@@ -106,7 +92,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     bool gpt2 = !strcmp(t, "gpt2"), neox = !strcmp(t, "gpt_neox"), bert = !strcmp(t, "bert"),
          vit = !strcmp(t, "vit");
     if (!llama && !gpt2 && !neox && !bert && !vit)
-        return fail(err, mt, ML_SCHEMA, "model_type '%s' is not supported; supported: %s", t,
+        return ml_error_at(err, mt, ML_SCHEMA, "model_type '%s' is not supported; supported: %s", t,
                     supported);
     ml_status st;
     m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;
@@ -126,11 +112,11 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
                       &m->max_positions)))
         return st;
     if (m->hidden % m->heads)
-        return fail(err, get(r, "num_attention_heads"), ML_SCHEMA,
+        return ml_error_at(err, get(r, "num_attention_heads"), ML_SCHEMA,
                     "num_attention_heads: %llu does not divide hidden_size (%llu)",
                     (unsigned long long)m->heads, (unsigned long long)m->hidden);
     if (m->kv_heads > m->heads || m->heads % m->kv_heads)
-        return fail(err, get(r, "num_key_value_heads"), ML_SCHEMA,
+        return ml_error_at(err, get(r, "num_key_value_heads"), ML_SCHEMA,
                     "num_key_value_heads: %llu does not divide num_attention_heads (%llu)",
                     (unsigned long long)m->kv_heads, (unsigned long long)m->heads);
     if (llama) {
@@ -138,7 +124,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
          * biases (Qwen2: biases on q, k, v) */
         const char *act = str_of(r, "hidden_act");
         if (act && strcmp(act, "silu"))
-            return fail(err, get(r, "hidden_act"), ML_SCHEMA,
+            return ml_error_at(err, get(r, "hidden_act"), ML_SCHEMA,
                         "hidden_act: '%s' is not modelled for %s (silu: SwiGLU)", act, t);
         m->activation = ML_ACT_SWIGLU;
         m->norm = ML_NORM_RMSNORM;
@@ -202,15 +188,15 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
                 (st = uint_of(err, r, KEYS("num_channels"), false, 1, 1u << 16, &m->channels)))
                 return st;
             if (m->image_size % m->patch_size)
-                return fail(err, get(r, "patch_size"), ML_SCHEMA,
+                return ml_error_at(err, get(r, "patch_size"), ML_SCHEMA,
                             "patch_size: %llu does not divide image_size (%llu)",
                             (unsigned long long)m->patch_size, (unsigned long long)m->image_size);
         }
     }
     if (m->position == ML_POS_ROPE && (m->hidden / m->heads) % 2)
-        return fail(err, mt, ML_SCHEMA, "rotary embeddings need an even head size");
+        return ml_error_at(err, mt, ML_SCHEMA, "rotary embeddings need an even head size");
     if (m->position == ML_POS_LEARNED && !m->max_positions && !m->image_size)
-        return fail(err, r, ML_SCHEMA, "max_position_embeddings: missing for learned positions");
+        return ml_error_at(err, r, ML_SCHEMA, "max_position_embeddings: missing for learned positions");
     /* defaults for the training settings, as the YAML loader does */
     m->config = ml_config_defaults();
     if (m->image_size) {
@@ -269,7 +255,7 @@ static ml_status load_hf(const char *text, size_t len, const char *config_path,
         return ML_NOMEM;
     }
     if (!root || root->type != ML_NODE_MAP)
-        st = fail(err, root, ML_SCHEMA, "expected a JSON object (a Hugging Face config.json)");
+        st = ml_error_at(err, root, ML_SCHEMA, "expected a JSON object (a Hugging Face config.json)");
     else
         st = map_config(root, m, err);
     if (!st) {

@@ -38,4 +38,11 @@ void ml_tree_free(ml_node *n);
  * ML_NOMEM). */
 char *ml_read_file(const char *path, size_t *len, ml_error *err);
 
+/* Sets err (code, the node's position or 0:0, a formatted message) and
+ * returns code. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+ml_status ml_error_at(ml_error *err, const ml_node *at, ml_status code, const char *fmt, ...);
+
 #endif

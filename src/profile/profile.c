@@ -272,20 +272,6 @@ int ml_profile_write(FILE *f, const ml_profile *p)
 
 /* ---- YAML in */
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 4, 5)))
-#endif
-static ml_status bad(ml_error *err, const ml_node *at, ml_status code, const char *fmt, ...)
-{
-    err->code = code;
-    err->line = at ? at->line : 0;
-    err->col = at ? at->col : 0;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-    return code;
-}
 
 static const ml_node *get(const ml_node *map, const char *key)
 {
@@ -301,7 +287,7 @@ static ml_status num(ml_error *err, const ml_node *map, const char *key, const c
     const ml_node *n = get(map, key);
     if (!n) {
         if (required)
-            return bad(err, map, ML_SCHEMA, "%s.%s: missing", where, key);
+            return ml_error_at(err, map, ML_SCHEMA, "%s.%s: missing", where, key);
         return ML_OK;
     }
     char *end = NULL;
@@ -309,7 +295,7 @@ static ml_status num(ml_error *err, const ml_node *map, const char *key, const c
     double v = n->type == ML_NODE_SCALAR ? strtod(n->text, &end) : NAN;
     if (n->type != ML_NODE_SCALAR || !end || *end || end == n->text || !isfinite(v) || v < 0 ||
         errno)
-        return bad(err, n, ML_SCHEMA, "%s.%s: expected a number >= 0", where, key);
+        return ml_error_at(err, n, ML_SCHEMA, "%s.%s: expected a number >= 0", where, key);
     *out = v;
     return ML_OK;
 }
@@ -322,7 +308,7 @@ static ml_status u64(ml_error *err, const ml_node *map, const char *key, const c
     if (st)
         return st;
     if (v > 1.8e19 || v != floor(v))
-        return bad(err, get(map, key), ML_SCHEMA, "%s.%s: expected a whole number", where, key);
+        return ml_error_at(err, get(map, key), ML_SCHEMA, "%s.%s: expected a whole number", where, key);
     *out = (uint64_t)v;
     return ML_OK;
 }
@@ -330,7 +316,7 @@ static ml_status u64(ml_error *err, const ml_node *map, const char *key, const c
 static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
 {
     if (!r || r->type != ML_NODE_MAP)
-        return bad(err, r, ML_SCHEMA, "a profile is a mapping (profile_version, device, layers, "
+        return ml_error_at(err, r, ML_SCHEMA, "a profile is a mapping (profile_version, device, layers, "
                                       "...)");
     static const char *const top[] = {"profile_version", "name", "backend", "device", "dtype",
                                       "driver", "library", "created", "notes", "peak_tflops",
@@ -341,7 +327,7 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
             if (!strcmp(r->keys[i]->text, top[j]))
                 break;
         if (j == sizeof top / sizeof top[0])
-            return bad(err, r->keys[i], ML_SCHEMA, "%s: unknown key in a profile",
+            return ml_error_at(err, r->keys[i], ML_SCHEMA, "%s: unknown key in a profile",
                        r->keys[i]->text);
     }
     double ver = 0;
@@ -349,20 +335,20 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
     if (st)
         return st;
     if (ver != 1)
-        return bad(err, get(r, "profile_version"), ML_SCHEMA,
+        return ml_error_at(err, get(r, "profile_version"), ML_SCHEMA,
                    "profile_version: %g is not supported (this memledger reads version 1)", ver);
     for (int i = 0; i < NKEYS; i++) {
         const ml_node *n = get(r, meta_keys[i]);
         if (!n)
             continue;
         if (n->type != ML_NODE_SCALAR)
-            return bad(err, n, ML_SCHEMA, "%s: expected a string", meta_keys[i]);
+            return ml_error_at(err, n, ML_SCHEMA, "%s: expected a string", meta_keys[i]);
         if (ml_profile_set(p, meta_keys[i], n->text))
-            return bad(err, n, ML_NOMEM, "out of memory");
+            return ml_error_at(err, n, ML_NOMEM, "out of memory");
     }
     const char *dt = ml_profile_get(p, "dtype");
     if (strcmp(dt, "fp32") && strcmp(dt, "bf16") && strcmp(dt, "fp16"))
-        return bad(err, get(r, "dtype") ? get(r, "dtype") : r, ML_SCHEMA,
+        return ml_error_at(err, get(r, "dtype") ? get(r, "dtype") : r, ML_SCHEMA,
                    "dtype: '%s' is not fp32, bf16 or fp16", dt);
     double peak = 0;
     if ((st = num(err, r, "peak_tflops", "profile", false, &peak)))
@@ -370,7 +356,7 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
     ml_profile_set_peak(p, peak);
     const ml_node *g = get(r, "gemm");
     if (g && g->type != ML_NODE_SEQ)
-        return bad(err, g, ML_SCHEMA, "gemm: expected a list of {m, n, k, tflops}");
+        return ml_error_at(err, g, ML_SCHEMA, "gemm: expected a list of {m, n, k, tflops}");
     for (size_t i = 0; g && i < g->count; i++) {
         ml_profile_gemm q;
         if ((st = u64(err, g->items[i], "m", "gemm[]", true, &q.m)) ||
@@ -379,11 +365,11 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
             (st = num(err, g->items[i], "tflops", "gemm[]", true, &q.tflops)))
             return st;
         if (ml_profile_add_gemm(p, &q))
-            return bad(err, g, ML_NOMEM, "out of memory");
+            return ml_error_at(err, g, ML_NOMEM, "out of memory");
     }
     const ml_node *ls = get(r, "layers");
     if (!ls || ls->type != ML_NODE_MAP)
-        return bad(err, ls ? ls : r, ML_SCHEMA, "layers: missing; a profile maps layer kinds (%s) "
+        return ml_error_at(err, ls ? ls : r, ML_SCHEMA, "layers: missing; a profile maps layer kinds (%s) "
                                                 "to their measured points",
                    ML_PROFILE_KINDS);
     for (size_t i = 0; i < ls->count; i++) {
@@ -391,7 +377,7 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
         const ml_node *k = ls->items[i];
         const ml_node *pts = get(k, "points");
         if (!pts || pts->type != ML_NODE_SEQ)
-            return bad(err, k ? k : ls->keys[i], ML_SCHEMA, "layers.%s.points: missing", kind);
+            return ml_error_at(err, k ? k : ls->keys[i], ML_SCHEMA, "layers.%s.points: missing", kind);
         for (size_t j = 0; j < pts->count; j++) {
             const ml_node *q = pts->items[j];
             ml_profile_point pt;
@@ -399,7 +385,7 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
             char where[64];
             snprintf(where, sizeof where, "layers.%s.points[%zu]", kind, j);
             if (!q || q->type != ML_NODE_MAP)
-                return bad(err, q, ML_SCHEMA, "%s: expected a mapping", where);
+                return ml_error_at(err, q, ML_SCHEMA, "%s: expected a mapping", where);
             if ((st = u64(err, q, "B", where, true, &pt.B)) ||
                 (st = u64(err, q, "T", where, true, &pt.T)) ||
                 (st = u64(err, q, "D", where, true, &pt.D)) ||
@@ -412,16 +398,16 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
                 return st;
             if (!pt.B || !pt.T || !pt.D || pt.B > (1u << 24) || pt.T > (1u << 28) ||
                 pt.D > (1u << 20))
-                return bad(err, q, ML_RANGE, "%s: B, T and D must be at least 1 and within "
+                return ml_error_at(err, q, ML_RANGE, "%s: B, T and D must be at least 1 and within "
                                              "memledger's limits",
                            where);
             st = ml_profile_add_point(p, kind, &pt);
             if (st == ML_USAGE)
-                return bad(err, ls->keys[i], ML_SCHEMA, "layers.%s: unknown layer kind; "
+                return ml_error_at(err, ls->keys[i], ML_SCHEMA, "layers.%s: unknown layer kind; "
                                                         "expected one of: %s",
                            kind, ML_PROFILE_KINDS);
             if (st)
-                return bad(err, q, ML_NOMEM, "out of memory");
+                return ml_error_at(err, q, ML_NOMEM, "out of memory");
         }
     }
     return ml_profile_fit(p, err);
@@ -442,7 +428,7 @@ ml_status ml_profile_load_string(const char *text, size_t len, const char *name,
     ml_profile *p = ml_profile_new();
     if (!p) {
         ml_tree_free(root);
-        return bad(err, NULL, ML_NOMEM, "out of memory");
+        return ml_error_at(err, NULL, ML_NOMEM, "out of memory");
     }
     st = read_profile(root, p, err);
     ml_tree_free(root);
