@@ -26,6 +26,9 @@ fi
 ML=build-gpu/src/memledger
 CAL=build-gpu/calib/memledger-calibrate
 
+log "the same layers on the GPU and the CPU, compared (fp32 tolerance)"
+"$CAL" --backend cuda --check >"$OUT/check.log" 2>&1 || log "GPU and CPU results differ: see check.log"
+
 # Dense peaks from NVIDIA's H200 SXM datasheet: 67 TFLOP/s fp32 (CUDA cores),
 # 989 TFLOP/s bf16 tensor cores without sparsity. They only scale the
 # efficiency figure; the measured TFLOP/s are what the planner uses.

@@ -1,6 +1,7 @@
 /* memledger-calibrate: runs real training steps of the layer kinds the
  * planner models, measures what they keep and how fast the GEMMs run, fits
  * c and a fixed term per kind, and writes a profile (docs/calibration.md). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,9 @@ static const char usage[] =
     "                          3 sequence lengths, sized to the backend)\n"
     "  --hidden D --heads H --vocab V --dropout P   layer sizes\n"
     "  --peak-tflops X         the device's dense peak, for the efficiency figure\n"
+    "  --check                 with --backend cuda: run every layer kind on the CPU and\n"
+    "                          on the GPU with the same weights and inputs and compare\n"
+    "                          outputs and gradients (fp32 tolerance); exit 1 on a mismatch\n"
     "  --name NAME             the profile's name (default: backend-dtype)\n"
     "  -o PROFILE.yaml         write the profile there (atomically); default stdout\n"
     "\n"
@@ -153,6 +157,82 @@ static double gemm_tflops(ml_backend *be, int n, int reps)
     return t > 0 ? 2.0 * n * (double)n * n * reps / t / 1e12 : 0;
 }
 
+/* Copies a device tensor to a new host buffer. */
+static float *host_copy(ml_backend *be, const tn *t)
+{
+    float *h = malloc(t->bytes ? t->bytes : 1);
+    if (h && t->p)
+        be->download(be, h, t->p, t->bytes);
+    return h;
+}
+
+static double max_rel(const float *a, const float *b, size_t n)
+{
+    double m = 0, scale = 1e-6;
+    for (size_t i = 0; i < n; i++)
+        scale = fmax(scale, fabs((double)a[i]));
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs((double)a[i] - (double)b[i]) / scale);
+    return m;
+}
+
+/* --check: the same layer, weights and inputs on the CPU and on the GPU;
+ * outputs, input gradients and weight gradients must agree within fp32
+ * tolerance (relative to each tensor's largest magnitude). */
+static int check_backends(ml_backend *gpu, ml_backend *cpu, const dims *d)
+{
+    int bad = 0;
+    for (int k = 0; k < K_COUNT; k++) {
+        tracker tg, tc;
+        tracker_init(&tg, gpu);
+        tracker_init(&tc, cpu);
+        layer lg, lc;
+        if (layer_init(&lg, (kind_t)k, d, &tg, 4242) || layer_init(&lc, (kind_t)k, d, &tc, 4242)) {
+            fprintf(stderr, "check: %s: out of memory\n", kind_names[k]);
+            return 1;
+        }
+        tn xg = talloc(&tg, layer_input_bytes(&lg), T_SAVED);
+        tn xc = talloc(&tc, layer_input_bytes(&lc), T_SAVED);
+        fill_random(gpu, &xg, k == K_LMHEAD, d->V);
+        fill_random(cpu, &xc, k == K_LMHEAD, d->V);
+        tn yg = layer_forward(&lg, &tg, &xg), yc = layer_forward(&lc, &tc, &xc);
+        tn dyg = talloc(&tg, yg.bytes, T_WORK), dyc = talloc(&tc, yc.bytes, T_WORK);
+        fill_random(gpu, &dyg, false, 0);
+        fill_random(cpu, &dyc, false, 0);
+        float *hy_g = host_copy(gpu, &yg), *hy_c = host_copy(cpu, &yc);
+        tn dxg = layer_backward(&lg, &tg, &dyg), dxc = layer_backward(&lc, &tc, &dyc);
+        gpu->sync(gpu);
+        double worst = max_rel(hy_c, hy_g, yc.bytes / 4);
+        if (dxc.p) {
+            float *a = host_copy(cpu, &dxc), *b = host_copy(gpu, &dxg);
+            worst = fmax(worst, max_rel(a, b, dxc.bytes / 4));
+            free(a);
+            free(b);
+        }
+        for (int i = 0; i < lc.nparams; i++) {
+            float *a = host_copy(cpu, &lc.g[i]), *b = host_copy(gpu, &lg.g[i]);
+            worst = fmax(worst, max_rel(a, b, lc.wn[i]));
+            free(a);
+            free(b);
+        }
+        bool ok = worst < 1e-3;
+        fprintf(stderr, "%s %-18s largest relative difference, %s vs %s: %.3g\n",
+                ok ? "ok  " : "FAIL", kind_names[k], gpu->name, cpu->name, worst);
+        bad += !ok;
+        free(hy_g);
+        free(hy_c);
+        tfree(&tg, &yg);
+        tfree(&tc, &yc);
+        tfree(&tg, &dyg);
+        tfree(&tc, &dyc);
+        tfree(&tg, &dxg);
+        tfree(&tc, &dxc);
+        layer_destroy(&lg, &tg);
+        layer_destroy(&lc, &tc);
+    }
+    return bad ? 1 : 0;
+}
+
 static bool parse_grid(const char *s, size_t *B, size_t *T, size_t *n, size_t cap)
 {
     *n = 0;
@@ -183,11 +263,16 @@ int main(int argc, char **argv)
                *name = NULL;
     size_t D = 0, H = 0, V = 0;
     double peak = 0, dropout = 0.1;
+    bool check = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(usage, stdout);
             return 0;
+        }
+        if (!strcmp(a, "--check")) {
+            check = true;
+            continue;
         }
         if (!v) {
             fprintf(stderr, "memledger-calibrate: error: %s needs a value\n", a);
@@ -287,6 +372,25 @@ int main(int argc, char **argv)
             }
             want[k] = true;
         }
+    }
+    if (check) {
+        /* with --backend cpu, a second CPU instance: checks the comparison itself */
+        const char *cwhy = "not built";
+        ml_backend *cpu = ml_backend_cpu(&cwhy);
+        if (!cpu) {
+            fprintf(stderr, "memledger-calibrate: error: --check compares with the CPU "
+                            "backend: %s\n", cwhy);
+            be->destroy(be);
+            return 2;
+        }
+        dims d = {2, 64, D > 256 ? 256 : D, H > 8 ? 8 : H, 4 * (D > 256 ? 256 : D), 1000,
+                  (float)dropout};
+        if (d.D % d.H)
+            d.H = 4;
+        int r = check_backends(be, cpu, &d);
+        cpu->destroy(cpu);
+        be->destroy(be);
+        return r;
     }
     bool bf16 = !strcmp(dtype, "bf16");
     ml_profile *prof = ml_profile_new();
