@@ -31,7 +31,8 @@ typedef struct {
     /* raw flag values, NULL when not given */
     const char *micro_batch, *seq_len, *grad_accum, *precision, *optimizer, *optimizer_impl,
         *checkpoint, *device, *budget, *runtime_reserve, *peak_tflops, *efficiency,
-        *data_parallel, *zero, *offload, *global_batch, *max_micro_batch;
+        *data_parallel, *zero, *offload, *global_batch, *max_micro_batch, *reduce_bucket,
+        *allgather_bucket;
     bool auto_checkpoint; /* --checkpoint auto (fit) */
 } ml_cli_opts;
 

@@ -23,6 +23,7 @@ static const char usage[] =
     "  --data-parallel N      devices (replicas or shards); figures are per device\n"
     "  --zero Z               0 | 1 | 2 | 3 (or fsdp): ZeRO stage\n"
     "  --offload O            none | optimizer | params (params needs --zero 3)\n"
+    "  --reduce-bucket-size N, --allgather-bucket-size N   elements (DeepSpeed default 5e8)\n"
     "Device (override the file's device: section)\n"
     "  --device SIZE          device memory, e.g. 8GiB (binary) or 16GB (decimal)\n"
     "  --budget SIZE          line for the allocator peak (default: memory - reserve)\n"

@@ -61,6 +61,8 @@ static const struct {
     {"--global-batch", offsetof(ml_cli_opts, global_batch)},
     {"--max-micro-batch", offsetof(ml_cli_opts, max_micro_batch)},
     {"--calib", offsetof(ml_cli_opts, calib)},
+    {"--reduce-bucket-size", offsetof(ml_cli_opts, reduce_bucket)},
+    {"--allgather-bucket-size", offsetof(ml_cli_opts, allgather_bucket)},
 };
 
 static int usage_error(const char *verb, const char *fmt, const char *arg)
@@ -263,6 +265,12 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
             rc = ml_cli_whole("--zero", o->zero, 0, 3, &z);
         t->zero = (unsigned)z;
     }
+    if (!rc && o->reduce_bucket)
+        rc = ml_cli_whole("--reduce-bucket-size", o->reduce_bucket, 1, 1ull << 40,
+                          &t->reduce_bucket);
+    if (!rc && o->allgather_bucket)
+        rc = ml_cli_whole("--allgather-bucket-size", o->allgather_bucket, 1, 1ull << 40,
+                          &t->allgather_bucket);
     if (!rc && o->offload && !ml_offload_parse(o->offload, &t->offload))
         rc = bad_flag("--offload", "unknown; use none, optimizer or params");
     if (!rc && t->offload == ML_OFFLOAD_PARAMS && t->zero != 3)

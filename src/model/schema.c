@@ -737,7 +737,7 @@ static ml_status parse_training(ctx *c, const ml_node *t, ml_model *m)
 static ml_status parse_device(ctx *c, const ml_node *d, ml_model *m)
 {
     static const char *const keys[] = {"memory", "budget", "runtime_reserve", "peak_tflops",
-                                       "efficiency", "name"};
+                                       "efficiency"};
     ml_status st;
     if ((st = need_map(c, d, "device")) || (st = check_keys(c, d, "device", keys, COUNT(keys))))
         return st;
