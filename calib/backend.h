@@ -64,6 +64,19 @@ struct ml_backend {
                      float *loss, size_t rows, size_t V);
     void (*xent_bwd)(ml_backend *be, const float *logp, const int64_t *tgt, float *dlogits,
                      size_t rows, size_t V);
+    /* Llama-style pieces: RMSNorm (rsqrt per row, h = x * rsqrt, y = w * h),
+     * SiLU, an elementwise product, and repeating kv heads for GQA */
+    void (*rmsnorm_fwd)(ml_backend *be, const float *x, const float *w, float *rsqrt, float *h,
+                        float *y, size_t rows, size_t cols);
+    /* dx = d/dx, dw accumulates */
+    void (*rmsnorm_bwd)(ml_backend *be, const float *h, const float *rsqrt, const float *w,
+                        const float *dy, float *dx, float *dw, size_t rows, size_t cols);
+    void (*silu_fwd)(ml_backend *be, const float *x, float *y, size_t n);
+    void (*silu_bwd)(ml_backend *be, const float *x, const float *dy, float *dx, size_t n);
+    void (*mul)(ml_backend *be, const float *a, const float *b, float *y, size_t n);
+    /* (B, KV, T, dh) -> (B, KV*rep, T, dh); backward sums the copies back */
+    void (*repeat_heads)(ml_backend *be, const float *src, float *dst, size_t B, size_t KV,
+                         size_t rep, size_t T, size_t dh, bool backward);
     void (*adam)(ml_backend *be, float *p, const float *g, float *m, float *v, size_t n, float lr,
                  float b1, float b2, float eps, int step);
     void (*sync)(ml_backend *be);

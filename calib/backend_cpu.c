@@ -270,6 +270,84 @@ static void cpu_adam(ml_backend *be, float *p, const float *g, float *m, float *
     }
 }
 
+static void cpu_rms_fwd(ml_backend *be, const float *x, const float *w, float *rsqrt, float *h,
+                        float *y, size_t rows, size_t cols)
+{
+    (void)be;
+    for (size_t r = 0; r < rows; r++) {
+        const float *xr = x + r * cols;
+        double ss = 0;
+        for (size_t c = 0; c < cols; c++)
+            ss += (double)xr[c] * xr[c];
+        float rs = (float)(1.0 / sqrt(ss / (double)cols + 1e-6));
+        rsqrt[r] = rs;
+        for (size_t c = 0; c < cols; c++) {
+            h[r * cols + c] = xr[c] * rs;
+            y[r * cols + c] = w[c] * h[r * cols + c];
+        }
+    }
+}
+
+static void cpu_rms_bwd(ml_backend *be, const float *h, const float *rsqrt, const float *w,
+                        const float *dy, float *dx, float *dw, size_t rows, size_t cols)
+{
+    (void)be;
+    for (size_t r = 0; r < rows; r++) {
+        const float *hr = h + r * cols, *dyr = dy + r * cols;
+        double dot = 0;
+        for (size_t c = 0; c < cols; c++) {
+            dw[c] += dyr[c] * hr[c];
+            dot += (double)dyr[c] * w[c] * hr[c];
+        }
+        float m = (float)(dot / (double)cols);
+        for (size_t c = 0; c < cols; c++)
+            dx[r * cols + c] = rsqrt[r] * (dyr[c] * w[c] - hr[c] * m);
+    }
+}
+
+static void cpu_silu_fwd(ml_backend *be, const float *x, float *y, size_t n)
+{
+    (void)be;
+    for (size_t i = 0; i < n; i++)
+        y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+static void cpu_silu_bwd(ml_backend *be, const float *x, const float *dy, float *dx, size_t n)
+{
+    (void)be;
+    for (size_t i = 0; i < n; i++) {
+        float sg = 1.0f / (1.0f + expf(-x[i]));
+        dx[i] = dy[i] * sg * (1.0f + x[i] * (1.0f - sg));
+    }
+}
+
+static void cpu_mul(ml_backend *be, const float *a, const float *b, float *y, size_t n)
+{
+    (void)be;
+    for (size_t i = 0; i < n; i++)
+        y[i] = a[i] * b[i];
+}
+
+static void cpu_repeat(ml_backend *be, const float *src, float *dst, size_t B, size_t KV,
+                       size_t rep, size_t T, size_t dh, bool backward)
+{
+    (void)be;
+    size_t blk = T * dh;
+    if (backward)
+        memset(dst, 0, B * KV * blk * sizeof *dst);
+    for (size_t b = 0; b < B; b++)
+        for (size_t k = 0; k < KV; k++)
+            for (size_t r = 0; r < rep; r++) {
+                const size_t hsrc = (b * KV + k) * blk, hrep = ((b * KV + k) * rep + r) * blk;
+                for (size_t e = 0; e < blk; e++) {
+                    if (backward)
+                        dst[hsrc + e] += src[hrep + e];
+                    else
+                        dst[hrep + e] = src[hsrc + e];
+                }
+            }
+}
+
 static void cpu_sync(ml_backend *be)
 {
     (void)be;
@@ -339,6 +417,12 @@ ml_backend *ml_backend_cpu(const char **why)
     be->embedding_bwd = cpu_emb_bwd;
     be->xent_fwd = cpu_xent_fwd;
     be->xent_bwd = cpu_xent_bwd;
+    be->rmsnorm_fwd = cpu_rms_fwd;
+    be->rmsnorm_bwd = cpu_rms_bwd;
+    be->silu_fwd = cpu_silu_fwd;
+    be->silu_bwd = cpu_silu_bwd;
+    be->mul = cpu_mul;
+    be->repeat_heads = cpu_repeat;
     be->adam = cpu_adam;
     be->sync = cpu_sync;
     be->device_used = cpu_used;

@@ -36,6 +36,16 @@ void ml_cu_xent_bwd(const float *logp, const int64_t *tgt, float *dl, size_t row
 void ml_cu_adam(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
                 float b2, float eps, float bc1, float bc2);
 
+void ml_cu_rms_fwd(const float *x, const float *w, float *rsqrt, float *h, float *y, size_t rows,
+                   size_t cols);
+void ml_cu_rms_bwd(const float *h, const float *rsqrt, const float *w, const float *dy, float *dx,
+                   float *dw, size_t rows, size_t cols);
+void ml_cu_silu_fwd(const float *x, float *y, size_t n);
+void ml_cu_silu_bwd(const float *x, const float *dy, float *dx, size_t n);
+void ml_cu_mul(const float *a, const float *b, float *y, size_t n);
+void ml_cu_repeat(const float *src, float *dst, size_t B, size_t KV, size_t rep, size_t T,
+                  size_t dh, int backward);
+
 typedef struct {
     cublasHandle_t h;
     void *workspace; /* cuBLAS workspace we own, so its size is known */
@@ -244,6 +254,39 @@ static void cu_adam(ml_backend *be, float *p, const float *g, float *m, float *v
     ml_cu_adam(p, g, m, v, n, lr, b1, b2, eps, 1.0f - powf(b1, (float)step),
                1.0f - powf(b2, (float)step));
 }
+static void cu_rms_fwd(ml_backend *be, const float *x, const float *w, float *rsqrt, float *h,
+                       float *y, size_t rows, size_t cols)
+{
+    (void)be;
+    ml_cu_rms_fwd(x, w, rsqrt, h, y, rows, cols);
+}
+static void cu_rms_bwd(ml_backend *be, const float *h, const float *rsqrt, const float *w,
+                       const float *dy, float *dx, float *dw, size_t rows, size_t cols)
+{
+    (void)be;
+    ml_cu_rms_bwd(h, rsqrt, w, dy, dx, dw, rows, cols);
+}
+static void cu_silu_fwd(ml_backend *be, const float *x, float *y, size_t n)
+{
+    (void)be;
+    ml_cu_silu_fwd(x, y, n);
+}
+static void cu_silu_bwd(ml_backend *be, const float *x, const float *dy, float *dx, size_t n)
+{
+    (void)be;
+    ml_cu_silu_bwd(x, dy, dx, n);
+}
+static void cu_mul(ml_backend *be, const float *a, const float *b, float *y, size_t n)
+{
+    (void)be;
+    ml_cu_mul(a, b, y, n);
+}
+static void cu_repeat(ml_backend *be, const float *src, float *dst, size_t B, size_t KV,
+                      size_t rep, size_t T, size_t dh, bool backward)
+{
+    (void)be;
+    ml_cu_repeat(src, dst, B, KV, rep, T, dh, backward);
+}
 static void cu_sync(ml_backend *be)
 {
     (void)be;
@@ -320,6 +363,12 @@ ml_backend *ml_backend_cuda(const char **why)
     be->embedding_bwd = cu_emb_bwd;
     be->xent_fwd = cu_xent_fwd;
     be->xent_bwd = cu_xent_bwd;
+    be->rmsnorm_fwd = cu_rms_fwd;
+    be->rmsnorm_bwd = cu_rms_bwd;
+    be->silu_fwd = cu_silu_fwd;
+    be->silu_bwd = cu_silu_bwd;
+    be->mul = cu_mul;
+    be->repeat_heads = cu_repeat;
     be->adam = cu_adam;
     be->sync = cu_sync;
     be->device_used = cu_used;

@@ -206,7 +206,110 @@ __global__ void k_adam(float *p, const float *g, float *m, float *v, size_t n, f
     }
 }
 
+__global__ void k_rms_fwd(const float *x, const float *w, float *rs_out, float *h, float *y,
+                          size_t rows, size_t cols)
+{
+    LOOP(r, rows)
+    {
+        double ss = 0;
+        for (size_t c = 0; c < cols; c++)
+            ss += (double)x[r * cols + c] * x[r * cols + c];
+        float rs = (float)rsqrt(ss / cols + 1e-6);
+        rs_out[r] = rs;
+        for (size_t c = 0; c < cols; c++) {
+            h[r * cols + c] = x[r * cols + c] * rs;
+            y[r * cols + c] = w[c] * h[r * cols + c];
+        }
+    }
+}
+__global__ void k_rms_bwd_rows(const float *h, const float *rsqrt, const float *w, const float *dy,
+                               float *dx, size_t rows, size_t cols)
+{
+    LOOP(r, rows)
+    {
+        double dot = 0;
+        for (size_t c = 0; c < cols; c++)
+            dot += (double)dy[r * cols + c] * w[c] * h[r * cols + c];
+        float m = (float)(dot / cols);
+        for (size_t c = 0; c < cols; c++)
+            dx[r * cols + c] = rsqrt[r] * (dy[r * cols + c] * w[c] - h[r * cols + c] * m);
+    }
+}
+__global__ void k_rms_bwd_cols(const float *h, const float *dy, float *dw, size_t rows, size_t cols)
+{
+    LOOP(c, cols)
+    {
+        float s = 0;
+        for (size_t r = 0; r < rows; r++)
+            s += dy[r * cols + c] * h[r * cols + c];
+        dw[c] += s;
+    }
+}
+__global__ void k_silu_fwd(const float *x, float *y, size_t n)
+{
+    LOOP(i, n) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+__global__ void k_silu_bwd(const float *x, const float *dy, float *dx, size_t n)
+{
+    LOOP(i, n)
+    {
+        float sg = 1.0f / (1.0f + expf(-x[i]));
+        dx[i] = dy[i] * sg * (1.0f + x[i] * (1.0f - sg));
+    }
+}
+__global__ void k_mul(const float *a, const float *b, float *y, size_t n)
+{
+    LOOP(i, n) y[i] = a[i] * b[i];
+}
+__global__ void k_repeat_fwd(const float *src, float *dst, size_t B, size_t KV, size_t rep,
+                             size_t blk)
+{
+    LOOP(i, B * KV * rep * blk)
+    {
+        size_t e = i % blk, hr = i / blk; /* (b*KV + k)*rep + r */
+        dst[i] = src[(hr / rep) * blk + e];
+    }
+}
+__global__ void k_repeat_bwd(const float *src, float *dst, size_t B, size_t KV, size_t rep,
+                             size_t blk)
+{
+    LOOP(i, B * KV * blk)
+    {
+        size_t e = i % blk, hk = i / blk;
+        float s = 0;
+        for (size_t r = 0; r < rep; r++)
+            s += src[(hk * rep + r) * blk + e];
+        dst[i] = s;
+    }
+}
+
 extern "C" {
+void ml_cu_rms_fwd(const float *x, const float *w, float *rsqrt, float *h, float *y, size_t rows,
+                   size_t cols)
+{
+    k_rms_fwd<<<GRID(rows)>>>(x, w, rsqrt, h, y, rows, cols);
+}
+void ml_cu_rms_bwd(const float *h, const float *rsqrt, const float *w, const float *dy, float *dx,
+                   float *dw, size_t rows, size_t cols)
+{
+    k_rms_bwd_rows<<<GRID(rows)>>>(h, rsqrt, w, dy, dx, rows, cols);
+    k_rms_bwd_cols<<<GRID(cols)>>>(h, dy, dw, rows, cols);
+}
+void ml_cu_silu_fwd(const float *x, float *y, size_t n) { k_silu_fwd<<<GRID(n)>>>(x, y, n); }
+void ml_cu_silu_bwd(const float *x, const float *dy, float *dx, size_t n)
+{
+    k_silu_bwd<<<GRID(n)>>>(x, dy, dx, n);
+}
+void ml_cu_mul(const float *a, const float *b, float *y, size_t n) { k_mul<<<GRID(n)>>>(a, b, y, n); }
+void ml_cu_repeat(const float *src, float *dst, size_t B, size_t KV, size_t rep, size_t T,
+                  size_t dh, int backward)
+{
+    if (backward)
+        k_repeat_bwd<<<GRID(B * KV * T * dh)>>>(src, dst, B, KV, rep, T * dh);
+    else
+        k_repeat_fwd<<<GRID(B * KV * rep * T * dh)>>>(src, dst, B, KV, rep, T * dh);
+}
+
 void ml_cu_add(const float *a, const float *b, float *y, size_t n) { k_add<<<GRID(n)>>>(a, b, y, n); }
 void ml_cu_bias_add(float *y, const float *bias, size_t rows, size_t cols)
 {

@@ -4,7 +4,8 @@
 
 #include "layers.h"
 
-const char *const kind_names[K_COUNT] = {"linear", "mlp", "transformer_block", "lm_head"};
+const char *const kind_names[K_COUNT] = {"linear", "mlp", "transformer_block", "lm_head",
+                                         "llama_block"};
 
 void tracker_init(tracker *tr, ml_backend *be)
 {
@@ -96,6 +97,12 @@ enum { LIN_W, LIN_B };
 enum { MLP_W1, MLP_B1, MLP_W2, MLP_B2 };
 enum { BL_G1, BL_B1, BL_WQKV, BL_BQKV, BL_WO, BL_BO, BL_G2, BL_B2, BL_W1, BL_BF1, BL_W2, BL_BF2 };
 enum { LM_WTE, LM_WPE, LM_GF, LM_BF, LM_WH };
+enum { LL_N1, LL_WQ, LL_WK, LL_WV, LL_WO, LL_N2, LL_WG, LL_WU, LL_WD };
+
+static size_t kv_of(const dims *d)
+{
+    return d->KV ? d->KV : d->H;
+}
 
 int layer_init(layer *l, kind_t kind, const dims *d, tracker *tr, uint64_t seed)
 {
@@ -131,6 +138,19 @@ int layer_init(layer *l, kind_t kind, const dims *d, tracker *tr, uint64_t seed)
         rc |= add_param(l, tr, F_ * D, 1.0f / sqrtf((float)F_), false);
         rc |= add_param(l, tr, D, s, false);
         break;
+    case K_LLAMA: {
+        size_t dkv = kv_of(d) * (D / d->H);
+        rc |= add_param(l, tr, D, 0, true);
+        rc |= add_param(l, tr, D * D, s, false);
+        rc |= add_param(l, tr, D * dkv, s, false);
+        rc |= add_param(l, tr, D * dkv, s, false);
+        rc |= add_param(l, tr, D * D, s, false);
+        rc |= add_param(l, tr, D, 0, true);
+        rc |= add_param(l, tr, D * F_, s, false);
+        rc |= add_param(l, tr, D * F_, s, false);
+        rc |= add_param(l, tr, F_ * D, 1.0f / sqrtf((float)F_), false);
+        break;
+    }
     case K_LMHEAD:
         rc |= add_param(l, tr, d->V * D, 0.1f, false);
         rc |= add_param(l, tr, d->T * D, 0.1f, false);
@@ -160,6 +180,11 @@ double layer_flops(const layer *l)
         return 2 * BT * D * 3 * D + 4 * (double)l->d.B * (double)l->d.T * (double)l->d.T * D +
                2 * BT * D * D + 4 * BT * D * F_;
     case K_LMHEAD: return 2 * BT * D * (double)l->d.V;
+    case K_LLAMA: {
+        double dkv = (double)(kv_of(&l->d) * (l->d.D / l->d.H));
+        return 2 * BT * D * (D + 2 * dkv) + 4 * (double)l->d.B * (double)l->d.T * (double)l->d.T * D +
+               2 * BT * D * D + 6 * BT * D * F_;
+    }
     default: return 0;
     }
 }
@@ -308,6 +333,77 @@ tn layer_forward(layer *l, tracker *tr, tn *x)
             be->dropout_fwd(be, F(y), U8(*rm2), F(y), BT * D, p, l->seed + 3);
         }
         be->add(be, F(*x2), F(y), F(y), BT * D); /* residual */
+        return y;
+    }
+    case K_LLAMA: {
+        size_t KV = kv_of(d), rep = H / KV, dkv = KV * dh;
+        float scale = 1.0f / sqrtf((float)dh);
+        keep(l, *x);                                               /* 0 rmsnorm input */
+        tn *rs1 = keep(l, talloc(tr, BT * 4, T_SAVED));            /* 1 rsqrt */
+        tn *h1 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 2 normalised */
+        tn *y1 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 3 q/k/v input */
+        if (tr->oom)
+            return none;
+        be->rmsnorm_fwd(be, F(*x), F(l->w[LL_N1]), F(*rs1), F(*h1), F(*y1), BT, D);
+        tn q = talloc(tr, BT * D * 4, T_WORK), k = talloc(tr, BT * dkv * 4, T_WORK),
+           v = talloc(tr, BT * dkv * 4, T_WORK), kvh = talloc(tr, BT * dkv * 4, T_WORK);
+        tn *qh = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 4 */
+        tn *kh = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 5 repeated */
+        tn *vh = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 6 repeated */
+        if (tr->oom)
+            return none;
+        linear_fwd(be, F(*y1), F(l->w[LL_WQ]), NULL, F(q), BT, D, D);
+        linear_fwd(be, F(*y1), F(l->w[LL_WK]), NULL, F(k), BT, D, dkv);
+        linear_fwd(be, F(*y1), F(l->w[LL_WV]), NULL, F(v), BT, D, dkv);
+        be->permute(be, F(q), F(*qh), B, T, H, dh, D, 0, true);
+        be->permute(be, F(k), F(kvh), B, T, KV, dh, dkv, 0, true);
+        be->repeat_heads(be, F(kvh), F(*kh), B, KV, rep, T, dh, false);
+        be->permute(be, F(v), F(kvh), B, T, KV, dh, dkv, 0, true);
+        be->repeat_heads(be, F(kvh), F(*vh), B, KV, rep, T, dh, false);
+        tfree(tr, &q);
+        tfree(tr, &k);
+        tfree(tr, &v);
+        tfree(tr, &kvh);
+        tn S = talloc(tr, B * H * T * T * 4, T_WORK);
+        tn *P = keep(l, talloc(tr, B * H * T * T * 4, T_SAVED));   /* 7 softmax (fp32) */
+        if (tr->oom)
+            return none;
+        be->gemm_batched(be, false, true, (int)T, (int)T, (int)dh, 1.0f, F(*qh), (long)(T * dh),
+                         F(*kh), (long)(T * dh), 0.0f, F(S), (long)(T * T), (int)(B * H));
+        be->softmax_fwd(be, F(S), F(*P), B * H, T, scale);
+        tfree(tr, &S);
+        tn O = talloc(tr, BT * D * 4, T_WORK);
+        tn *om = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 8 o_proj input */
+        tn a = talloc(tr, BT * D * 4, T_WORK);
+        if (tr->oom)
+            return none;
+        be->gemm_batched(be, false, false, (int)T, (int)dh, (int)T, 1.0f, F(*P), (long)(T * T),
+                         F(*vh), (long)(T * dh), 0.0f, F(O), (long)(T * dh), (int)(B * H));
+        be->permute(be, F(O), F(*om), B, T, H, dh, D, 0, false);
+        tfree(tr, &O);
+        linear_fwd(be, F(*om), F(l->w[LL_WO]), NULL, F(a), BT, D, D);
+        tn *x2 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 9 */
+        tn *rs2 = keep(l, talloc(tr, BT * 4, T_SAVED));            /* 10 */
+        tn *h2 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 11 */
+        tn *y2 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 12 gate/up input */
+        tn *g = keep(l, talloc(tr, BT * F_ * 4, T_SAVED));         /* 13 silu input */
+        tn *sg = keep(l, talloc(tr, BT * F_ * 4, T_SAVED));        /* 14 silu output */
+        tn *u = keep(l, talloc(tr, BT * F_ * 4, T_SAVED));         /* 15 up output */
+        tn *pr = keep(l, talloc(tr, BT * F_ * 4, T_SAVED));        /* 16 down input */
+        if (tr->oom)
+            return none;
+        be->add(be, F(*x), F(a), F(*x2), BT * D);
+        tfree(tr, &a);
+        be->rmsnorm_fwd(be, F(*x2), F(l->w[LL_N2]), F(*rs2), F(*h2), F(*y2), BT, D);
+        linear_fwd(be, F(*y2), F(l->w[LL_WG]), NULL, F(*g), BT, D, F_);
+        linear_fwd(be, F(*y2), F(l->w[LL_WU]), NULL, F(*u), BT, D, F_);
+        be->silu_fwd(be, F(*g), F(*sg), BT * F_);
+        be->mul(be, F(*sg), F(*u), F(*pr), BT * F_);
+        tn y = talloc(tr, BT * D * 4, T_WORK);
+        if (tr->oom)
+            return none;
+        linear_fwd(be, F(*pr), F(l->w[LL_WD]), NULL, F(y), BT, F_, D);
+        be->add(be, F(*x2), F(y), F(y), BT * D);
         return y;
     }
     case K_LMHEAD: {
@@ -512,6 +608,85 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
         be->add(be, F(dx), F(dx2), F(dx), BT * D);
         tfree(tr, &dy2);
         tfree(tr, &dln);
+        tfree(tr, &dx2);
+        break;
+    }
+    case K_LLAMA: {
+        size_t KV = kv_of(d), rep = H / KV, dkv = KV * dh;
+        float scale = 1.0f / sqrtf((float)dh);
+        tn *S = l->saved;
+        tn *x = &S[0], *rs1 = &S[1], *h1 = &S[2], *y1 = &S[3], *qh = &S[4], *kh = &S[5],
+           *vh = &S[6], *P = &S[7], *om = &S[8], *rs2 = &S[10], *h2 = &S[11], *y2 = &S[12],
+           *g = &S[13], *sg = &S[14], *u = &S[15], *pr = &S[16];
+        tn dp = talloc(tr, BT * F_ * 4, T_WORK), dsg = talloc(tr, BT * F_ * 4, T_WORK),
+           du = talloc(tr, BT * F_ * 4, T_WORK), dyn = talloc(tr, BT * D * 4, T_WORK),
+           dx2 = talloc(tr, BT * D * 4, T_WORK);
+        if (tr->oom)
+            break;
+        linear_bwd(be, F(*pr), F(l->w[LL_WD]), F(*dy), F(dp), F(l->g[LL_WD]), NULL, BT, F_, D);
+        be->mul(be, F(dp), F(*u), F(dsg), BT * F_);
+        be->mul(be, F(dp), F(*sg), F(du), BT * F_);
+        be->silu_bwd(be, F(*g), F(dsg), F(dsg), BT * F_);
+        linear_bwd(be, F(*y2), F(l->w[LL_WG]), F(dsg), F(dyn), F(l->g[LL_WG]), NULL, BT, D, F_);
+        /* the up projection's input gradient adds to the gate's */
+        be->gemm(be, false, true, (int)BT, (int)D, (int)F_, 1.0f, F(du), F(l->w[LL_WU]), 1.0f,
+                 F(dyn));
+        be->gemm(be, true, false, (int)D, (int)F_, (int)BT, 1.0f, F(*y2), F(du), 1.0f,
+                 F(l->g[LL_WU]));
+        tfree(tr, &dp);
+        tfree(tr, &dsg);
+        tfree(tr, &du);
+        be->rmsnorm_bwd(be, F(*h2), F(*rs2), F(l->w[LL_N2]), F(dyn), F(dx2), F(l->g[LL_N2]), BT,
+                        D);
+        be->add(be, F(dx2), F(*dy), F(dx2), BT * D); /* residual */
+        tn dO = talloc(tr, BT * D * 4, T_WORK), dP = talloc(tr, B * H * T * T * 4, T_WORK);
+        tn dq = talloc(tr, BT * D * 4, T_WORK), dk = talloc(tr, BT * D * 4, T_WORK),
+           dv = talloc(tr, BT * D * 4, T_WORK), gkv = talloc(tr, BT * dkv * 4, T_WORK),
+           dr = talloc(tr, BT * dkv * 4, T_WORK);
+        if (tr->oom)
+            break;
+        linear_bwd(be, F(*om), F(l->w[LL_WO]), F(dx2), F(dyn), F(l->g[LL_WO]), NULL, BT, D, D);
+        be->permute(be, F(dyn), F(dO), B, T, H, dh, D, 0, true);
+        long tt = (long)(T * T), td = (long)(T * dh);
+        int bh = (int)(B * H);
+        be->gemm_batched(be, false, true, (int)T, (int)T, (int)dh, 1.0f, F(dO), td, F(*vh), td,
+                         0.0f, F(dP), tt, bh);
+        be->gemm_batched(be, true, false, (int)T, (int)dh, (int)T, 1.0f, F(*P), tt, F(dO), td,
+                         0.0f, F(dv), td, bh);
+        be->softmax_bwd(be, F(*P), F(dP), F(dP), B * H, T, scale);
+        be->gemm_batched(be, false, false, (int)T, (int)dh, (int)T, 1.0f, F(dP), tt, F(*kh), td,
+                         0.0f, F(dq), td, bh);
+        be->gemm_batched(be, true, false, (int)T, (int)dh, (int)T, 1.0f, F(dP), tt, F(*qh), td,
+                         0.0f, F(dk), td, bh);
+        tfree(tr, &dO);
+        tfree(tr, &dP);
+        /* q: heads back to rows; k, v: sum the repeated heads, then rows */
+        be->permute(be, F(dq), F(dyn), B, T, H, dh, D, 0, false);
+        linear_bwd(be, F(*y1), F(l->w[LL_WQ]), F(dyn), F(dq), F(l->g[LL_WQ]), NULL, BT, D, D);
+        be->repeat_heads(be, F(dk), F(gkv), B, KV, rep, T, dh, true);
+        be->permute(be, F(gkv), F(dr), B, T, KV, dh, dkv, 0, false);
+        be->gemm(be, false, true, (int)BT, (int)D, (int)dkv, 1.0f, F(dr), F(l->w[LL_WK]), 1.0f,
+                 F(dq));
+        be->gemm(be, true, false, (int)D, (int)dkv, (int)BT, 1.0f, F(*y1), F(dr), 1.0f,
+                 F(l->g[LL_WK]));
+        be->repeat_heads(be, F(dv), F(gkv), B, KV, rep, T, dh, true);
+        be->permute(be, F(gkv), F(dr), B, T, KV, dh, dkv, 0, false);
+        be->gemm(be, false, true, (int)BT, (int)D, (int)dkv, 1.0f, F(dr), F(l->w[LL_WV]), 1.0f,
+                 F(dq));
+        be->gemm(be, true, false, (int)D, (int)dkv, (int)BT, 1.0f, F(*y1), F(dr), 1.0f,
+                 F(l->g[LL_WV]));
+        tfree(tr, &dk);
+        tfree(tr, &dv);
+        tfree(tr, &gkv);
+        tfree(tr, &dr);
+        dx = talloc(tr, BT * D * 4, T_WORK);
+        if (tr->oom)
+            break;
+        be->rmsnorm_bwd(be, F(*h1), F(*rs1), F(l->w[LL_N1]), F(dq), F(dx), F(l->g[LL_N1]), BT, D);
+        be->add(be, F(dx), F(dx2), F(dx), BT * D);
+        (void)x;
+        tfree(tr, &dq);
+        tfree(tr, &dyn);
         tfree(tr, &dx2);
         break;
     }

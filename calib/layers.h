@@ -1,6 +1,7 @@
 /* Layers of the calibration runner, written once above the backend: a
  * tracking allocator, and forward/backward/Adam for linear, MLP, a GPT-2
- * style transformer block and an embedding + LM head + cross-entropy. Each
+ * style transformer block, an embedding + LM head + cross-entropy and a
+ * Llama-style block (RMSNorm, GQA attention, SwiGLU; no biases). Each
  * saves exactly the tensors PyTorch's eager autograd saves for the same layer
  * (docs/inventory.md), so its measured saved bytes are the ledger's
  * inventory (tests/unit/test_calib.c checks it). */
@@ -38,12 +39,13 @@ void tfree(tracker *tr, tn *t);
 /* notes the device's used memory (cudaMemGetInfo) as a candidate peak */
 void tracker_device_sample(tracker *tr);
 
-typedef enum { K_LINEAR, K_MLP, K_BLOCK, K_LMHEAD, K_COUNT } kind_t;
+typedef enum { K_LINEAR, K_MLP, K_BLOCK, K_LMHEAD, K_LLAMA, K_COUNT } kind_t;
 extern const char *const kind_names[K_COUNT];
 
 typedef struct {
     size_t B, T, D, H, F, V;
     float dropout;
+    size_t KV; /* kv heads of the Llama-style block (GQA); 0: H */
 } dims;
 
 #define MAX_PARAMS 16

@@ -50,6 +50,35 @@ for B in 4 8 16; do
         --calib "$OUT/h200-gpt2-blocks.yaml" >"$OUT/plan-gpt2-b$B-calib.json"
 done
 
+log "a Llama-style block (RMSNorm, SwiGLU, GQA 32/8 heads, D=4096) at micro-batch 1 and 2, T=2048"
+"$CAL" --backend cuda --layers llama_block --hidden 4096 --heads 32 --kv-heads 8 \
+    --points 1x2048,2x2048 --name h200-llama-block -o "$OUT/h200-llama-block.yaml" \
+    2>"$OUT/h200-llama-block.log"
+cat >"$OUT/llama-block.yaml" <<'YAML'
+name: llama-block
+model:
+  type: decoder
+  layers: 1
+  hidden: 4096
+  heads: 32
+  kv_heads: 8
+  ffn: 10944
+  activation: swiglu
+  norm: rmsnorm
+  vocab: 32000
+  position: none
+  bias: false
+  tied_embeddings: false
+  dropout: 0
+training:
+  seq_len: 2048
+YAML
+for B in 1 2; do
+    "$ML" plan "$OUT/llama-block.yaml" --micro-batch "$B" --format json >"$OUT/plan-llama-b$B.json"
+    "$ML" plan "$OUT/llama-block.yaml" --micro-batch "$B" --format json \
+        --calib "$OUT/h200-llama-block.yaml" >"$OUT/plan-llama-b$B-calib.json"
+done
+
 log "PyTorch + Hugging Face against the planner"
 /usr/bin/env python3 calib/torch_vs_plan.py --memledger "$ML" --out "$OUT" \
     --calib "$OUT/h200-fp32.yaml" >"$OUT/torch_vs_plan.log" 2>&1 || log "torch_vs_plan failed"

@@ -14,8 +14,9 @@
 static const char usage[] =
     "usage: memledger-calibrate --backend cpu|cuda [options]\n"
     "\n"
-    "Runs forward, backward and an Adam step of linear, mlp, transformer_block and\n"
-    "lm_head (embedding + LM head + cross-entropy) layers at a grid of shapes,\n"
+    "Runs forward, backward and an Adam step of linear, mlp, transformer_block,\n"
+    "lm_head (embedding + LM head + cross-entropy) and llama_block (RMSNorm, GQA\n"
+    "attention, SwiGLU) layers at a grid of shapes,\n"
     "recording live bytes per phase through a tracking allocator (and, on CUDA, the\n"
     "device's own view), fits saved bytes = c * B*T*D*4 + fixed per kind, measures\n"
     "GEMM throughput, and writes a profile for 'memledger plan --calib'.\n"
@@ -23,10 +24,11 @@ static const char usage[] =
     "  --backend cpu|cuda      OpenBLAS on the CPU, or cuBLAS on the first GPU\n"
     "  --dtype fp32|bf16       fp32 (default): layers and GEMMs; bf16: GEMM\n"
     "                          throughput only (the layers run in fp32)\n"
-    "  --layers KINDS          comma-separated subset of linear,mlp,transformer_block,lm_head\n"
+    "  --layers KINDS          comma-separated subset of linear,mlp,transformer_block,\n"
+    "                          lm_head,llama_block\n"
     "  --points BxT,...        shapes, e.g. 1x64,2x64,4x128 (default: 4 micro-batches x\n"
     "                          3 sequence lengths, sized to the backend)\n"
-    "  --hidden D --heads H --vocab V --dropout P   layer sizes\n"
+    "  --hidden D --heads H --kv-heads K --vocab V --dropout P   layer sizes\n"
     "  --peak-tflops X         the device's dense peak, for the efficiency figure\n"
     "  --check                 with --backend cuda: run every layer kind on the CPU and\n"
     "                          on the GPU with the same weights and inputs and compare\n"
@@ -261,7 +263,7 @@ int main(int argc, char **argv)
 {
     const char *backend = NULL, *dtype = "fp32", *layers = NULL, *grid = NULL, *out = NULL,
                *name = NULL;
-    size_t D = 0, H = 0, V = 0;
+    size_t D = 0, H = 0, V = 0, KVH = 0;
     double peak = 0, dropout = 0.1;
     bool check = false;
     for (int i = 1; i < argc; i++) {
@@ -297,6 +299,8 @@ int main(int argc, char **argv)
             H = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--vocab"))
             V = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--kv-heads"))
+            KVH = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--dropout"))
             dropout = strtod(v, NULL);
         else if (!strcmp(a, "--peak-tflops"))
@@ -331,8 +335,11 @@ int main(int argc, char **argv)
         H = gpu ? 16 : 4;
     if (!V)
         V = gpu ? 32000 : 4096;
-    if (D % H) {
-        fprintf(stderr, "memledger-calibrate: error: --heads must divide --hidden\n");
+    if (!KVH)
+        KVH = H >= 4 ? H / 4 : H; /* GQA by default for the Llama-style block */
+    if (D % H || H % KVH) {
+        fprintf(stderr, "memledger-calibrate: error: --heads must divide --hidden and "
+                        "--kv-heads divide --heads\n");
         be->destroy(be);
         return 2;
     }
@@ -354,7 +361,7 @@ int main(int argc, char **argv)
                 np++;
             }
     }
-    bool want[K_COUNT] = {true, true, true, true};
+    bool want[K_COUNT] = {true, true, true, true, true};
     if (layers) {
         memset(want, 0, sizeof want);
         char buf[256];
@@ -366,7 +373,7 @@ int main(int argc, char **argv)
                     break;
             if (k == K_COUNT) {
                 fprintf(stderr, "memledger-calibrate: error: --layers: unknown kind '%s' "
-                                "(linear, mlp, transformer_block, lm_head)\n", t);
+                                "(linear, mlp, transformer_block, lm_head, llama_block)\n", t);
                 be->destroy(be);
                 return 2;
             }
@@ -384,9 +391,10 @@ int main(int argc, char **argv)
             return 2;
         }
         dims d = {2, 64, D > 256 ? 256 : D, H > 8 ? 8 : H, 4 * (D > 256 ? 256 : D), 1000,
-                  (float)dropout};
+                  (float)dropout, 0};
         if (d.D % d.H)
             d.H = 4;
+        d.KV = d.H >= 4 ? d.H / 4 : d.H;
         int r = check_backends(be, cpu, &d);
         cpu->destroy(cpu);
         be->destroy(be);
@@ -420,7 +428,9 @@ int main(int argc, char **argv)
         if (!want[k])
             continue;
         for (size_t i = 0; i < np; i++) {
-            dims d = {Bs[i], Ts[i], D, H, 4 * D, V, (float)dropout};
+            dims d = {Bs[i], Ts[i], D, H, 4 * D, V, (float)dropout, KVH};
+            if (k == K_LLAMA)
+                d.F = (8 * D / 3 + 63) / 64 * 64; /* SwiGLU width, Llama's 8D/3 rounded */
             ml_profile_point pt;
             char what[64];
             snprintf(what, sizeof what, "%s B=%zu T=%zu", kind_names[k], d.B, d.T);

@@ -82,7 +82,7 @@ typedef struct ml_profile_gemm {
 } ml_profile_gemm;
 
 /* Layer kinds a profile may hold. */
-#define ML_PROFILE_KINDS "linear, mlp, transformer_block, lm_head"
+#define ML_PROFILE_KINDS "linear, mlp, transformer_block, lm_head, llama_block"
 
 ML_API ml_profile *ml_profile_new(void);
 /* Accepts NULL. */

@@ -898,9 +898,11 @@ static double inv_c(double slope, double fixed, double x)
 /* A measured profile replaces the transformer blocks' inventories with
  * c * B*T*D*b + fixed (docs/calibration.md) when it was measured in the
  * compute dtype; the share of the attention core scales with it. */
-static void apply_profile(ml_chain *ch, const ml_profile *p)
+static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m)
 {
-    const ml_profile_kind *k = ml_profile_find(p, "transformer_block");
+    /* the runner's two block kinds: GPT-2 layout and Llama layout */
+    const ml_profile_kind *k =
+        ml_profile_find(p, m->norm == ML_NORM_RMSNORM ? "llama_block" : "transformer_block");
     if (!k || ml_profile_dtype_bytes(p) != ch->prec.a || !(k->fit.slope > 0))
         return;
     /* points measured at this model's T and D give the exact per-sample
@@ -908,7 +910,7 @@ static void apply_profile(ml_chain *ch, const ml_profile *p)
     double x = (double)ch->c_tokens * (double)ch->c_width * (double)ch->prec.a;
     double slope = k->fit.slope, fixed = k->fit.fixed;
     double sx = 0, sy = 0, sxx = 0, sxy = 0;
-    size_t m = 0;
+    size_t npt = 0;
     for (size_t j = 0; j < k->npoints; j++) {
         const ml_profile_point *q = &k->points[j];
         if (q->T != ch->T || q->D != ch->c_width)
@@ -918,12 +920,12 @@ static void apply_profile(ml_chain *ch, const ml_profile *p)
         sy += (double)q->saved_bytes;
         sxx += qx * qx;
         sxy += qx * (double)q->saved_bytes;
-        m++;
+        npt++;
     }
-    double den = (double)m * sxx - sx * sx;
-    if (m >= 2 && den > 0) {
-        slope = ((double)m * sxy - sx * sy) / den;
-        fixed = (sy - slope * sx) / (double)m;
+    double den = (double)npt * sxx - sx * sx;
+    if (npt >= 2 && den > 0) {
+        slope = ((double)npt * sxy - sx * sy) / den;
+        fixed = (sy - slope * sx) / (double)npt;
         ch->calib_exact = true;
     }
     for (size_t i = 0; i < ch->n; i++) {
@@ -975,7 +977,7 @@ ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, 
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? build_sequential(m, cfg, ch)
                                                  : build_transformer(m, cfg, ch, err);
     if (st == ML_OK && cfg->calib && m->type != ML_MODEL_SEQUENTIAL)
-        apply_profile(ch, cfg->calib);
+        apply_profile(ch, cfg->calib, m);
     if (st == ML_OK && ch->nomem)
         st = ML_NOMEM;
     if (st == ML_OK && ch->overflow) {

@@ -31,7 +31,8 @@ struct ml_profile {
     double peak_tflops;
 };
 
-static const char *const kinds_known[] = {"linear", "mlp", "transformer_block", "lm_head"};
+static const char *const kinds_known[] = {"linear", "mlp", "transformer_block", "lm_head",
+                                          "llama_block"};
 
 ml_profile *ml_profile_new(void)
 {

@@ -25,7 +25,7 @@ static int teardown(void **state)
     return 0;
 }
 
-static const dims small = {2, 4, 8, 2, 16, 11, 0.25f};
+static const dims small = {2, 4, 8, 2, 16, 11, 0.25f, 1};
 
 static uint64_t rs = 12345;
 static float rnd(void)
@@ -161,8 +161,8 @@ static uint64_t ledger_sum(const char *yaml, const char *const *blocks)
 static void test_saved_bytes_match_the_ledger(void **state)
 {
     (void)state;
-    const dims shapes[] = {{2, 16, 32, 4, 128, 50, 0.1f}, {3, 8, 48, 6, 192, 30, 0.1f},
-                           {1, 24, 16, 2, 64, 20, 0.0f}};
+    const dims shapes[] = {{2, 16, 32, 4, 128, 50, 0.1f, 2}, {3, 8, 48, 6, 192, 30, 0.1f, 3},
+                           {1, 24, 16, 2, 64, 20, 0.0f, 1}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         const dims *d = &shapes[i];
         char y[1024];
@@ -191,6 +191,15 @@ static void test_saved_bytes_match_the_ledger(void **state)
                  d->T, d->D, d->D, d->B);
         const char *lin[] = {"0:linear", NULL};
         assert_int_equal(measured_saved(K_LINEAR, d), ledger_sum(y, lin));
+        /* Llama-style block: an RMSNorm/SwiGLU decoder with GQA, no biases,
+         * no positions (the runner has no rotary tables) */
+        snprintf(y, sizeof y,
+                 "model:\n  type: decoder\n  layers: 1\n  hidden: %zu\n  heads: %zu\n"
+                 "  kv_heads: %zu\n  ffn: %zu\n  activation: swiglu\n  norm: rmsnorm\n"
+                 "  vocab: %zu\n  position: none\n  bias: false\n  tied_embeddings: false\n"
+                 "  dropout: 0\ntraining:\n  micro_batch: %zu\n  seq_len: %zu\n",
+                 d->D, d->H, d->KV, d->F, d->V, d->B, d->T);
+        assert_int_equal(measured_saved(K_LLAMA, d), ledger_sum(y, blk));
     }
 }
 
