@@ -125,6 +125,7 @@ static int measure(ml_backend *be, kind_t k, const dims *d, ml_profile_point *ou
     out->B = d->B;
     out->T = d->T;
     out->D = d->D;
+    out->H = k == K_BLOCK || k == K_LLAMA ? d->H : 0;
     out->saved_bytes = saved;
     out->peak_forward = tr.peak[PH_FORWARD];
     out->peak_backward = tr.peak[PH_BACKWARD];
@@ -470,10 +471,14 @@ int main(int argc, char **argv)
     if (!rc) {
         for (size_t i = 0; i < ml_profile_kind_count(prof); i++) {
             const ml_profile_kind *k = ml_profile_kind_at(prof, i);
-            fprintf(stderr, "%-18s c = %8.4f, fixed %.0f B, R^2 %.6f, largest residual %.3f%% "
+            char attn[80] = "";
+            if (k->attn != 0)
+                snprintf(attn, sizeof attn, ", c_attention = %.4f, c_mask = %.4f", k->attn,
+                         k->mask);
+            fprintf(stderr, "%-18s c = %8.4f%s, fixed %.0f B, R^2 %.6f, largest residual %.3f%% "
                             "(%zu points)\n",
-                    k->kind, k->fit.slope, k->fit.fixed, k->fit.r2, 100 * k->fit.max_rel_residual,
-                    k->npoints);
+                    k->kind, k->fit.slope, attn, k->fit.fixed, k->fit.r2,
+                    100 * k->fit.max_rel_residual, k->npoints);
         }
         fprintf(stderr, "GEMM: best %.4g TFLOP/s%s\n", ml_profile_achieved_tflops(prof),
                 peak > 0 ? "" : " (give --peak-tflops for the efficiency)");

@@ -74,6 +74,7 @@ typedef struct ml_profile_point {
     uint64_t peak_step;
     uint64_t device_peak;     /* the device's own view (CUDA), 0 when unknown */
     double time_s;            /* forward + backward + step */
+    uint64_t H;               /* attention heads (blocks with attention); 0 = none/unknown */
 } ml_profile_point;
 
 typedef struct ml_profile_gemm {
@@ -95,17 +96,28 @@ ML_API ml_status ml_profile_add_point(ml_profile *p, const char *kind, const ml_
 ML_API ml_status ml_profile_add_gemm(ml_profile *p, const ml_profile_gemm *g);
 /* Device dense peak (TFLOP/s) the efficiency refers to; 0 = unknown. */
 ML_API void ml_profile_set_peak(ml_profile *p, double peak_tflops);
-/* Fits c and the fixed term per kind (saved = c * B*T*D*b + fixed) and the
- * achieved throughput; call after adding points. Returns ML_OK or ML_RANGE
- * (a kind with fewer than 2 distinct shapes). */
+/* Fits c and the fixed term per kind (saved = c * B*T*D*b + fixed); for the
+ * blocks with attention whose points name H and span enough shapes (several
+ * T and B), also the attention terms: saved = c * B*T*D*b + c_attention *
+ * B*H*T^2*b + c_mask * T^2 + fixed (or without c_mask when the points do not
+ * separate it). Call after adding points. Returns ML_OK or ML_RANGE (a kind with
+ * fewer than 2 distinct shapes). */
 ML_API ml_status ml_profile_fit(ml_profile *p, ml_error *err);
 
 typedef struct ml_profile_kind {
     const char *kind;
     size_t npoints;
     const ml_profile_point *points;
-    ml_linfit fit;    /* x = B*T*D*b, y = saved bytes: slope = c, fixed = fixed bytes */
+    ml_linfit fit;    /* x = B*T*D*b, y = saved bytes: slope = c, fixed = fixed bytes;
+                         r2 and max_rel_residual are those of the whole fit */
+    double attn;      /* c_attention: bytes per B*H*T^2*b element; 0 when not fitted */
+    double mask;      /* c_mask: bytes per T^2 element whatever B (a causal mask kept per
+                         block); 0 when not fitted */
 } ml_profile_kind;
+
+/* The fitted saved bytes of kind k at a shape (b bytes per element). */
+ML_API double ml_profile_kind_saved(const ml_profile_kind *k, uint64_t B, uint64_t T, uint64_t D,
+                                    uint64_t H, unsigned b);
 
 ML_API size_t ml_profile_kind_count(const ml_profile *p);
 ML_API const ml_profile_kind *ml_profile_kind_at(const ml_profile *p, size_t i);

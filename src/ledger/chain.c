@@ -903,17 +903,24 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m)
     /* the runner's two block kinds: GPT-2 layout and Llama layout */
     const ml_profile_kind *k =
         ml_profile_find(p, m->norm == ML_NORM_RMSNORM ? "llama_block" : "transformer_block");
-    if (!k || ml_profile_dtype_bytes(p) != ch->prec.a || !(k->fit.slope > 0))
+    /* the runner's attention is eager: its scores and probabilities say
+     * nothing about a flash kernel's saved tensors */
+    if (!k || ml_profile_dtype_bytes(p) != ch->prec.a || !(k->fit.slope > 0) ||
+        m->attention == ML_ATTN_FLASH)
         return;
-    /* points measured at this model's T and D give the exact per-sample
-     * bytes (attention's T^2 terms included); otherwise the global fit */
+    /* points measured at this model's T, D and H give the exact per-sample
+     * bytes (attention's T^2 terms included); otherwise the global fit,
+     * with its B*H*T^2 and T^2 terms when the profile has them */
     double x = (double)ch->c_tokens * (double)ch->c_width * (double)ch->prec.a;
     double slope = k->fit.slope, fixed = k->fit.fixed;
+    double attn = k->attn * (double)ch->c_tokens * (double)m->heads * (double)ch->T *
+                      (double)ch->prec.a +
+                  k->mask * (double)ch->T * (double)ch->T;
     double sx = 0, sy = 0, sxx = 0, sxy = 0;
     size_t npt = 0;
     for (size_t j = 0; j < k->npoints; j++) {
         const ml_profile_point *q = &k->points[j];
-        if (q->T != ch->T || q->D != ch->c_width)
+        if (q->T != ch->T || q->D != ch->c_width || (q->H && q->H != m->heads))
             continue;
         double qx = (double)q->B * (double)q->T * (double)q->D * (double)ch->prec.a;
         sx += qx;
@@ -926,13 +933,14 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m)
     if (npt >= 2 && den > 0) {
         slope = ((double)npt * sxy - sx * sy) / den;
         fixed = (sy - slope * sx) / (double)npt;
+        attn = 0; /* included in the slope at this T */
         ch->calib_exact = true;
     }
     for (size_t i = 0; i < ch->n; i++) {
         ml_cblock *b = &ch->blocks[i];
         if (b->ckpt_index < 0)
             continue;
-        double inv = slope * x + fixed;
+        double inv = slope * x + attn + fixed;
         double in = b->in_saved ? (double)b->in_bytes : 0;
         double saved = inv - in > 0 ? inv - in : 0;
         if (!(saved < 1.8e19))
@@ -943,7 +951,7 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m)
         b->measured = true;
         ch->calibrated++;
     }
-    ch->calib_c = inv_c(slope, fixed, x);
+    ch->calib_c = inv_c(slope, fixed + attn, x);
 }
 
 /* Sizes the arrays once: a transformer block lists at most ~24 saved

@@ -19,6 +19,8 @@ typedef struct {
     ml_profile_point *pts;
     size_t n, cap;
     ml_linfit fit;
+    double attn; /* bytes per B*H*T^2*b element; 0 when not fitted */
+    double mask; /* bytes per T^2 element, whatever the batch; 0 when not fitted */
     ml_profile_kind view;
 } kindrec;
 
@@ -138,23 +140,151 @@ unsigned ml_profile_dtype_bytes(const ml_profile *p)
     return !strcmp(d, "bf16") || !strcmp(d, "fp16") ? 2 : 4;
 }
 
+/* The kinds with attention keep tensors of B*H*T^2 elements (scores,
+ * probabilities, dropout masks) besides those of B*T*D. */
+static bool has_attention(const char *kind)
+{
+    return !strcmp(kind, "transformer_block") || !strcmp(kind, "llama_block");
+}
+
+/* y = fixed + sum_j coef[j] * x[j] by least squares over n points and k <= 3
+ * regressors, on centred and scaled columns (normal equations, Gaussian
+ * elimination with partial pivoting). Returns false when the regressors are
+ * (nearly) collinear over the points, e.g. all points at one T. */
+static bool fitk(double *const *x, size_t k, const double *y, size_t n, double *coef, ml_linfit *f)
+{
+    if (n < k + 1)
+        return false;
+    double mean[3] = {0}, scale[3] = {0}, my = 0;
+    for (size_t i = 0; i < n; i++) {
+        my += y[i];
+        for (size_t j = 0; j < k; j++)
+            mean[j] += x[j][i];
+    }
+    my /= (double)n;
+    for (size_t j = 0; j < k; j++) {
+        mean[j] /= (double)n;
+        for (size_t i = 0; i < n; i++)
+            scale[j] += (x[j][i] - mean[j]) * (x[j][i] - mean[j]);
+        scale[j] = sqrt(scale[j]);
+        if (!(scale[j] > 0))
+            return false;
+    }
+    /* A (k x k) | rhs, of unit-norm centred columns: A is their Gram matrix */
+    double A[3][4] = {{0}};
+    double syy = 0;
+    for (size_t i = 0; i < n; i++) {
+        double z[3], dy = y[i] - my;
+        for (size_t j = 0; j < k; j++)
+            z[j] = (x[j][i] - mean[j]) / scale[j];
+        for (size_t r = 0; r < k; r++) {
+            for (size_t c = 0; c < k; c++)
+                A[r][c] += z[r] * z[c];
+            A[r][k] += z[r] * dy;
+        }
+        syy += dy * dy;
+    }
+    for (size_t c = 0; c < k; c++) {
+        size_t piv = c;
+        for (size_t r = c + 1; r < k; r++)
+            if (fabs(A[r][c]) > fabs(A[piv][c]))
+                piv = r;
+        /* the Gram matrix of unit columns has a unit diagonal: a pivot this
+         * small means one column is a combination of the others */
+        if (!(fabs(A[piv][c]) > 1e-9))
+            return false;
+        for (size_t j = 0; j <= k; j++) {
+            double t = A[c][j];
+            A[c][j] = A[piv][j];
+            A[piv][j] = t;
+        }
+        for (size_t r = 0; r < k; r++) {
+            if (r == c)
+                continue;
+            double m = A[r][c] / A[c][c];
+            for (size_t j = c; j <= k; j++)
+                A[r][j] -= m * A[c][j];
+        }
+    }
+    /* a term worth less than 1e-9 of the largest measurement is rounding
+     * noise of an exact zero (bytes are whole numbers): it is reported as 0 */
+    double ymax = 0;
+    for (size_t i = 0; i < n; i++)
+        ymax = fmax(ymax, fabs(y[i]));
+    f->fixed = my;
+    for (size_t j = 0; j < k; j++) {
+        double xmax = 0;
+        for (size_t i = 0; i < n; i++)
+            xmax = fmax(xmax, fabs(x[j][i]));
+        coef[j] = A[j][k] / A[j][j] / scale[j];
+        if (fabs(coef[j]) * xmax < 1e-9 * ymax)
+            coef[j] = 0;
+        f->fixed -= coef[j] * mean[j];
+    }
+    if (fabs(f->fixed) < 1e-9 * ymax)
+        f->fixed = 0;
+    double ssr = 0, maxr = 0;
+    for (size_t i = 0; i < n; i++) {
+        double r = y[i] - f->fixed;
+        for (size_t j = 0; j < k; j++)
+            r -= coef[j] * x[j][i];
+        ssr += r * r;
+        double rel = y[i] != 0 ? fabs(r) / fabs(y[i]) : fabs(r);
+        if (rel > maxr)
+            maxr = rel;
+    }
+    f->slope = coef[0];
+    f->r2 = syy > 0 ? 1 - ssr / syy : 1;
+    f->max_rel_residual = maxr;
+    f->n = n;
+    return true;
+}
+
 ml_status ml_profile_fit(ml_profile *p, ml_error *err)
 {
     double b = ml_profile_dtype_bytes(p);
     for (size_t i = 0; i < p->nkinds; i++) {
         kindrec *k = &p->kinds[i];
-        double *x = malloc(k->n * sizeof *x), *y = malloc(k->n * sizeof *y);
-        if (!x || !y) {
-            free(x);
+        double *x[3], *y = malloc(k->n * sizeof *y);
+        bool ok = y != NULL;
+        for (int j = 0; j < 3; j++) {
+            x[j] = malloc(k->n * sizeof *x[j]);
+            ok = ok && x[j];
+        }
+        if (!ok) {
+            for (int j = 0; j < 3; j++)
+                free(x[j]);
             free(y);
             return ML_NOMEM;
         }
+        bool heads = has_attention(k->kind);
         for (size_t j = 0; j < k->n; j++) {
-            x[j] = (double)k->pts[j].B * (double)k->pts[j].T * (double)k->pts[j].D * b;
-            y[j] = (double)k->pts[j].saved_bytes;
+            const ml_profile_point *q = &k->pts[j];
+            double T = (double)q->T;
+            x[0][j] = (double)q->B * T * (double)q->D * b;
+            x[1][j] = (double)q->B * (double)q->H * T * T * b;
+            x[2][j] = T * T;
+            y[j] = (double)q->saved_bytes;
+            heads = heads && q->H > 0;
         }
-        ml_status st = ml_linfit_points(x, y, k->n, &k->fit, err);
-        free(x);
+        /* the fullest model the points determine: c, c_attention and c_mask,
+         * then c and c_attention, then c alone */
+        double coef[3] = {0};
+        size_t used = 0;
+        for (size_t nk = 3; heads && nk >= 2 && !used; nk--) {
+            memset(coef, 0, sizeof coef);
+            if (fitk(x, nk, y, k->n, coef, &k->fit))
+                used = nk;
+        }
+        ml_status st = ML_OK;
+        if (!used) {
+            memset(coef, 0, sizeof coef);
+            st = ml_linfit_points(x[0], y, k->n, &k->fit, err);
+        }
+        k->attn = coef[1];
+        k->mask = coef[2];
+        for (int j = 0; j < 3; j++)
+            free(x[j]);
         free(y);
         if (st) {
             if (err)
@@ -164,6 +294,14 @@ ml_status ml_profile_fit(ml_profile *p, ml_error *err)
         }
     }
     return ML_OK;
+}
+
+double ml_profile_kind_saved(const ml_profile_kind *k, uint64_t B, uint64_t T, uint64_t D,
+                             uint64_t H, unsigned b)
+{
+    double bt = (double)B * (double)T * (double)b;
+    return k->fit.fixed + k->fit.slope * bt * (double)D + k->attn * bt * (double)H * (double)T +
+           k->mask * (double)T * (double)T;
 }
 
 size_t ml_profile_kind_count(const ml_profile *p)
@@ -180,6 +318,8 @@ const ml_profile_kind *ml_profile_kind_at(const ml_profile *p, size_t i)
     k->view.npoints = k->n;
     k->view.points = k->pts;
     k->view.fit = k->fit;
+    k->view.attn = k->attn;
+    k->view.mask = k->mask;
     return &k->view;
 }
 
@@ -253,14 +393,22 @@ int ml_profile_write(FILE *f, const ml_profile *p)
     for (size_t i = 0; i < p->nkinds; i++) {
         const kindrec *k = &p->kinds[i];
         /* the fitted values are informative (recomputed on reading): 12 digits */
-        fprintf(f, "  %s:\n    c: %.12g\n    fixed_bytes: %.12g\n    r2: %.12g\n"
-                   "    max_rel_residual: %.12g\n    points:\n",
-                k->kind, k->fit.slope, k->fit.fixed, k->fit.r2, k->fit.max_rel_residual);
+        fprintf(f, "  %s:\n    c: %.12g\n", k->kind, k->fit.slope);
+        if (k->attn != 0)
+            fprintf(f, "    c_attention: %.12g\n", k->attn);
+        if (k->mask != 0)
+            fprintf(f, "    c_mask: %.12g\n", k->mask);
+        fprintf(f, "    fixed_bytes: %.12g\n    r2: %.12g\n    max_rel_residual: %.12g\n"
+                   "    points:\n",
+                k->fit.fixed, k->fit.r2, k->fit.max_rel_residual);
         for (size_t j = 0; j < k->n; j++) {
             const ml_profile_point *q = &k->pts[j];
-            fprintf(f, "      - {B: %llu, T: %llu, D: %llu, saved_bytes: %llu, peak_forward: %llu, "
+            fprintf(f, "      - {B: %llu, T: %llu, D: %llu, ", (unsigned long long)q->B,
+                    (unsigned long long)q->T, (unsigned long long)q->D);
+            if (q->H)
+                fprintf(f, "H: %llu, ", (unsigned long long)q->H);
+            fprintf(f, "saved_bytes: %llu, peak_forward: %llu, "
                        "peak_backward: %llu, peak_step: %llu, device_peak: %llu, time_s: %.9g}\n",
-                    (unsigned long long)q->B, (unsigned long long)q->T, (unsigned long long)q->D,
                     (unsigned long long)q->saved_bytes, (unsigned long long)q->peak_forward,
                     (unsigned long long)q->peak_backward, (unsigned long long)q->peak_step,
                     (unsigned long long)q->device_peak, q->time_s);
@@ -390,6 +538,7 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
             if ((st = u64(err, q, "B", where, true, &pt.B)) ||
                 (st = u64(err, q, "T", where, true, &pt.T)) ||
                 (st = u64(err, q, "D", where, true, &pt.D)) ||
+                (st = u64(err, q, "H", where, false, &pt.H)) ||
                 (st = u64(err, q, "saved_bytes", where, true, &pt.saved_bytes)) ||
                 (st = u64(err, q, "peak_forward", where, false, &pt.peak_forward)) ||
                 (st = u64(err, q, "peak_backward", where, false, &pt.peak_backward)) ||
@@ -398,7 +547,7 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
                 (st = num(err, q, "time_s", where, false, &pt.time_s)))
                 return st;
             if (!pt.B || !pt.T || !pt.D || pt.B > (1u << 24) || pt.T > (1u << 28) ||
-                pt.D > (1u << 20))
+                pt.D > (1u << 20) || pt.H > (1u << 16))
                 return ml_error_at(err, q, ML_RANGE, "%s: B, T and D must be at least 1 and within "
                                              "memledger's limits",
                            where);

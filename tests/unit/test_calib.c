@@ -203,11 +203,98 @@ static void test_saved_bytes_match_the_ledger(void **state)
     }
 }
 
+/* The runner measured over B and T: the profile's fit separates the B*T*D,
+ * B*H*T^2 and T^2 terms, and each comes out as counted by hand:
+ *  - GPT-2 block, dropout > 0, per token: ln_1 input 4D, ln_1 output 4D,
+ *    q k v 12D, c_proj input 4D, its dropout mask D, ln_2 input 4D, ln_2
+ *    output 4D, MLP dropout mask D (34D bytes); GELU input and output 8F;
+ *    two LayerNorms' mean and rstd 16: c = (34D + 8F + 16) / 4D (16.5 +
+ *    4/D when F = 4D). Per score element: softmax output 4 B, dropout mask 1 B,
+ *    dropout output 4 B: c_attention = 9/4. The bool causal mask, T^2 bytes
+ *    whatever B: c_mask = 1.
+ *  - Llama block, per token: x, x*rstd and the normed output for each
+ *    RMSNorm (3 x 4D each), q, repeated k and v, o_proj input (4 x 4D), the
+ *    residual sum: 10 x 4D; SwiGLU gate, silu(gate), up, product (4 x 4F);
+ *    two rstd (8 B): c = 10 + 4F/D + 2/D. Per score element the fp32 softmax
+ *    output: c_attention = 1, and no mask tensor: c_mask = 0.
+ * With the fit, a shape that was not measured is predicted to the byte, and
+ * the planner's extrapolated blocks equal its analytic inventory. */
+static void test_fit_separates_attention(void **state)
+{
+    (void)state;
+    const size_t D = 32, H = 4, F = 96, V = 20;
+    const size_t Bs[] = {1, 2, 3}, Ts[] = {8, 16, 24};
+    const kind_t kinds[] = {K_BLOCK, K_LLAMA};
+    const char *names[] = {"transformer_block", "llama_block"};
+    const double Dd = (double)D, Fd = (double)F;
+    const double c_hand[] = {(34 * Dd + 8 * Fd + 16) / (4 * Dd), 10 + 4.0 * Fd / Dd + 2.0 / Dd};
+    const double attn_hand[] = {9.0 / 4, 1}, mask_hand[] = {1, 0};
+    ml_profile *p = ml_profile_new();
+    ml_profile_set(p, "dtype", "fp32");
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < 3; i++)
+            for (size_t j = 0; j < 3; j++) {
+                dims d = {Bs[i], Ts[j], D, H, F, V, k == 0 ? 0.1f : 0.0f, 2};
+                ml_profile_point pt = {Bs[i], Ts[j], D, measured_saved(kinds[k], &d), 0, 0, 0, 0,
+                                       0, H};
+                assert_int_equal(ml_profile_add_point(p, names[k], &pt), ML_OK);
+            }
+    ml_error e;
+    assert_int_equal(ml_profile_fit(p, &e), ML_OK);
+    for (int k = 0; k < 2; k++) {
+        const ml_profile_kind *pk = ml_profile_find(p, names[k]);
+        assert_non_null(pk);
+        assert_rel_close(pk->fit.slope, c_hand[k], 1e-9);
+        assert_rel_close(pk->attn, attn_hand[k], 1e-9);
+        assert_true(fabs(pk->mask - mask_hand[k]) < 1e-6);
+        assert_true(fabs(pk->fit.fixed) < 1e-3);
+        assert_true(pk->fit.r2 > 1 - 1e-12);
+        /* an unmeasured shape: B = 5, T = 40 */
+        dims d = {5, 40, D, H, F, V, k == 0 ? 0.1f : 0.0f, 2};
+        double want = (double)measured_saved(kinds[k], &d);
+        assert_true(fabs(ml_profile_kind_saved(pk, 5, 40, D, H, 4) - want) < 0.5);
+    }
+    /* the planner extrapolates with the fit: block.0 at B = 5, T = 40 is
+     * marked measured and equals the analytic inventory */
+    char y[1024];
+    snprintf(y, sizeof y,
+             "model:\n  type: decoder\n  layers: 2\n  hidden: %zu\n  heads: %zu\n  ffn: %zu\n"
+             "  vocab: %zu\n  max_positions: 64\n  tied_embeddings: false\n  dropout: 0.1\n"
+             "training:\n  micro_batch: 5\n  seq_len: 40\n",
+             D, H, 4 * D, V);
+    /* the GPT-2 block in the fit above has F = 96, the model 4D = 128: refit
+     * the transformer block at F = 4D */
+    ml_profile *q = ml_profile_new();
+    ml_profile_set(q, "dtype", "fp32");
+    for (size_t i = 0; i < 3; i++)
+        for (size_t j = 0; j < 3; j++) {
+            dims d = {Bs[i], Ts[j], D, H, 4 * D, V, 0.1f, H};
+            ml_profile_point pt = {Bs[i], Ts[j], D, measured_saved(K_BLOCK, &d), 0, 0, 0, 0, 0, H};
+            ml_profile_add_point(q, "transformer_block", &pt);
+        }
+    assert_int_equal(ml_profile_fit(q, &e), ML_OK);
+    ml_model *m = load_str(y);
+    ml_config c = ml_model_config(m);
+    ml_ledger *plain = eval(m, &c, false);
+    c.calib = q;
+    ml_ledger *cal = eval(m, &c, false);
+    const ml_block_info *b0 = block_named(plain, "block.0"), *b1 = block_named(cal, "block.0");
+    assert_true(b1->measured);
+    assert_false(ml_ledger_summary(cal)->calibrated_at_shape);
+    assert_int_equal(b1->inventory_bytes, b0->inventory_bytes);
+    ml_ledger_destroy(plain);
+    ml_ledger_destroy(cal);
+    ml_model_destroy(m);
+    ml_profile_destroy(q);
+    ml_profile_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradients),
         cmocka_unit_test(test_saved_bytes_match_the_ledger),
+        cmocka_unit_test(test_fit_separates_attention),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -109,7 +109,7 @@ static void test_profile_round_trip(void **state)
     ml_profile_set(p, "device", "a test device");
     ml_profile_set_peak(p, 2.0);
     for (uint64_t b = 1; b <= 4; b *= 2) {
-        ml_profile_point pt = {b, 64, 128, 1000 + b * 64 * 128 * 4 * 21, 5, 6, 7, 0, 0.5};
+        ml_profile_point pt = {b, 64, 128, 1000 + b * 64 * 128 * 4 * 21, 5, 6, 7, 0, 0.5, 0};
         assert_int_equal(ml_profile_add_point(p, "transformer_block", &pt), ML_OK);
     }
     ml_profile_gemm g = {512, 512, 512, 0.5};
@@ -137,6 +137,74 @@ static void test_profile_round_trip(void **state)
     free(buf);
     ml_profile_destroy(p);
     ml_profile_destroy(q);
+}
+
+/* The attention terms from synthetic points: saved = 21 * BTDb + 2.25 *
+ * BHT^2b + 1 * T^2 + 4096, b = 4, with +-0.2 % deterministic noise, come
+ * back within the noise; at one T the attention terms cannot be separated
+ * and the fit falls back to c alone; points without H likewise. The
+ * profile keeps H and the fit across a write and a read. */
+static void test_attention_fit(void **state)
+{
+    (void)state;
+    const uint64_t D = 128, H = 8;
+    ml_profile *p = ml_profile_new(), *one_t = ml_profile_new(), *no_h = ml_profile_new();
+    ml_profile_set(p, "dtype", "fp32");
+    ml_profile_set(one_t, "dtype", "fp32");
+    ml_profile_set(no_h, "dtype", "fp32");
+    int n = 0;
+    for (uint64_t B = 1; B <= 8; B *= 2)
+        for (uint64_t T = 64; T <= 256; T *= 2) {
+            double exact = 21.0 * (double)(B * T * D * 4) + 2.25 * (double)(B * H * T * T * 4) +
+                           (double)(T * T) + 4096;
+            double noise = 0.002 * ((n++ % 3) - 1.0); /* -0.2 %, 0, +0.2 % */
+            ml_profile_point pt = {B, T, D, (uint64_t)llround(exact * (1 + noise)), 0, 0, 0, 0, 0,
+                                   H};
+            assert_int_equal(ml_profile_add_point(p, "transformer_block", &pt), ML_OK);
+            if (T == 128)
+                ml_profile_add_point(one_t, "transformer_block", &pt);
+            pt.H = 0;
+            ml_profile_add_point(no_h, "transformer_block", &pt);
+        }
+    ml_error e;
+    assert_int_equal(ml_profile_fit(p, &e), ML_OK);
+    const ml_profile_kind *k = ml_profile_find(p, "transformer_block");
+    assert_rel_close(k->fit.slope, 21, 0.01);
+    assert_rel_close(k->attn, 2.25, 0.01);
+    assert_true(k->fit.r2 > 0.9999 && k->fit.r2 < 1);
+    assert_true(k->fit.max_rel_residual < 0.004);
+    /* the fitted total at an unmeasured shape, within the noise */
+    double want = 21.0 * 4 * 512 * 128 * 4 + 2.25 * 4 * 8 * 512.0 * 512 * 4 + 512.0 * 512 + 4096;
+    assert_rel_close(ml_profile_kind_saved(k, 4, 512, D, H, 4), want, 0.005);
+
+    assert_int_equal(ml_profile_fit(one_t, &e), ML_OK);
+    k = ml_profile_find(one_t, "transformer_block");
+    assert_true(k->attn == 0 && k->mask == 0);
+    /* at one T the B*H*T^2 bytes are per-sample: c absorbs them */
+    assert_rel_close(k->fit.slope, 21 + 2.25 * 8 * 128 / 128.0, 0.01);
+    assert_int_equal(ml_profile_fit(no_h, &e), ML_OK);
+    assert_true(ml_profile_find(no_h, "transformer_block")->attn == 0);
+
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_int_equal(ml_profile_write(f, p), 0);
+    fclose(f);
+    assert_non_null(strstr(buf, "c_attention: "));
+    assert_non_null(strstr(buf, "H: 8, "));
+    ml_profile *q = NULL;
+    assert_int_equal(ml_profile_load_string(buf, len, "rt.yaml", &q, &e), ML_OK);
+    const ml_profile_kind *k2 = ml_profile_find(q, "transformer_block");
+    k = ml_profile_find(p, "transformer_block");
+    assert_int_equal(k2->points[0].H, H);
+    assert_rel_close(k2->attn, k->attn, 1e-12);
+    assert_rel_close(k2->mask, k->mask, 1e-9);
+    assert_rel_close(k2->fit.slope, k->fit.slope, 1e-12);
+    free(buf);
+    ml_profile_destroy(q);
+    ml_profile_destroy(p);
+    ml_profile_destroy(one_t);
+    ml_profile_destroy(no_h);
 }
 
 static void test_bad_profiles(void **state)
@@ -182,6 +250,7 @@ int main(void)
         cmocka_unit_test(test_design_example),
         cmocka_unit_test(test_csv_errors),
         cmocka_unit_test(test_profile_round_trip),
+        cmocka_unit_test(test_attention_fit),
         cmocka_unit_test(test_bad_profiles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
