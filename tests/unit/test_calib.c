@@ -285,6 +285,19 @@ static void test_fit_separates_attention(void **state)
     ml_ledger_destroy(plain);
     ml_ledger_destroy(cal);
     ml_model_destroy(m);
+    /* the same model with flash attention: the eager profile does not apply */
+    char *dot = strstr(y, "  dropout: 0.1\n");
+    assert_non_null(dot);
+    char yf[1100];
+    snprintf(yf, sizeof yf, "%.*s  attention: flash\n%s", (int)(dot - y), y, dot);
+    m = load_str(yf);
+    c = ml_model_config(m);
+    c.calib = q;
+    cal = eval(m, &c, false);
+    assert_false(block_named(cal, "block.0")->measured);
+    assert_int_equal(ml_ledger_summary(cal)->calibrated_blocks, 0);
+    ml_ledger_destroy(cal);
+    ml_model_destroy(m);
     ml_profile_destroy(q);
     ml_profile_destroy(p);
 }
