@@ -18,7 +18,8 @@ static const char usage[] =
     "lm_head (embedding + LM head + cross-entropy) and llama_block (RMSNorm, GQA\n"
     "attention, SwiGLU) layers at a grid of shapes,\n"
     "recording live bytes per phase through a tracking allocator (and, on CUDA, the\n"
-    "device's own view), fits saved bytes = c * B*T*D*4 + fixed per kind, measures\n"
+    "device's own view), fits saved bytes = c * B*T*D*4 + fixed per kind (the\n"
+    "blocks also + c_attention * B*H*T^2*4 + c_mask * T^2), measures\n"
     "GEMM throughput, and writes a profile for 'memledger plan --calib'.\n"
     "\n"
     "  --backend cpu|cuda      OpenBLAS on the CPU, or cuBLAS on the first GPU\n"
@@ -26,7 +27,7 @@ static const char usage[] =
     "                          throughput only (the layers run in fp32)\n"
     "  --layers KINDS          comma-separated subset of linear,mlp,transformer_block,\n"
     "                          lm_head,llama_block\n"
-    "  --points BxT,...        shapes, e.g. 1x64,2x64,4x128 (default: 4 micro-batches x\n"
+    "  --points BxT,...        shapes, e.g. 1x64,2x64,4x128 or 1\u00d764 (default: 4 micro-batches x\n"
     "                          3 sequence lengths, sized to the backend)\n"
     "  --hidden D --heads H --kv-heads K --vocab V --dropout P   layer sizes\n"
     "  --peak-tflops X         the device's dense peak, for the efficiency figure\n"
@@ -236,23 +237,39 @@ static int check_backends(ml_backend *gpu, ml_backend *cpu, const dims *d)
     return bad ? 1 : 0;
 }
 
+/* A whole number of at most 9 digits at *s (no sign, no space). */
+static bool grid_num(const char **s, unsigned long *v)
+{
+    const char *p = *s;
+    *v = 0;
+    while (*p >= '0' && *p <= '9' && p - *s < 9)
+        *v = *v * 10 + (unsigned long)(*p++ - '0');
+    if (p == *s || (*p >= '0' && *p <= '9'))
+        return false;
+    *s = p;
+    return true;
+}
+
+/* "1x64,2x128" (x, X or the multiplication sign U+00D7) into B[] and T[]. */
 static bool parse_grid(const char *s, size_t *B, size_t *T, size_t *n, size_t cap)
 {
     *n = 0;
-    while (*s && *n < cap) {
-        char *end;
-        unsigned long b = strtoul(s, &end, 10);
-        if (end == s || (*end != 'x' && *end != 'X'))
+    while (*s) {
+        unsigned long b, t;
+        if (*n == cap || !grid_num(&s, &b))
             return false;
-        s = end + 1;
-        unsigned long t = strtoul(s, &end, 10);
-        if (end == s || b == 0 || t == 0 || b > 4096 || t > 65536)
+        if (*s == 'x' || *s == 'X')
+            s++;
+        else if ((unsigned char)s[0] == 0xC3 && (unsigned char)s[1] == 0x97)
+            s += 2;
+        else
+            return false;
+        if (!grid_num(&s, &t) || b == 0 || t == 0 || b > 4096 || t > 65536)
             return false;
         B[*n] = b;
         T[*n] = t;
         (*n)++;
-        s = end;
-        if (*s == ',')
+        if (*s == ',' && s[1])
             s++;
         else if (*s)
             return false;
@@ -347,8 +364,9 @@ int main(int argc, char **argv)
     size_t Bs[64], Ts[64], np = 0;
     if (grid) {
         if (!parse_grid(grid, Bs, Ts, &np, 64)) {
-            fprintf(stderr, "memledger-calibrate: error: --points: '%s' is not a list such as "
-                            "1x64,2x128\n", grid);
+            fprintf(stderr, "memledger-calibrate: error: --points: '%s' is not a list of at most 64 "
+                            "BxT points such as 1x64,2x128 (1 <= B <= 4096, 1 <= T <= 65536)\n",
+                    grid);
             be->destroy(be);
             return 2;
         }

@@ -12,7 +12,7 @@
 static const char usage[] =
     "usage: memledger calibrate --points FILE.csv [--budget SIZE] [--at N] [--format text|json]\n"
     "       memledger calibrate --backend cpu|cuda [--dtype fp32|bf16] [--layers KINDS]\n"
-    "                           [--points-grid BxT,...] [--peak-tflops X] [-o PROFILE.yaml]\n"
+    "                           [--points BxT,...] [--peak-tflops X] [-o PROFILE.yaml]\n"
     "\n"
     "--points: fits your own measurements (a CSV with a header naming the columns\n"
     "micro_batch and peak; peaks as sizes such as 5.4GiB or in bytes, e.g. from\n"
@@ -21,8 +21,11 @@ static const char usage[] =
     "an extrapolation past the measured points), the largest measured micro-batch\n"
     "within the budget, and with --at N the predicted peak at N.\n"
     "\n"
-    "--backend: runs real forward/backward passes and writes a profile (see\n"
-    "'memledger-calibrate --help'); use it with 'memledger plan --calib PROFILE'.\n"
+    "--backend: runs real forward/backward passes at each micro-batch x sequence\n"
+    "length point (default a 4 x 3 grid; write 2x512 or 2\u00d7512), fits per layer kind\n"
+    "saved = c*B*T*D*b + fixed, plus c_attention*B*H*T^2*b + c_mask*T^2 for the\n"
+    "blocks, and writes a profile (see 'memledger-calibrate --help'); use it with\n"
+    "'memledger plan --calib PROFILE'.\n"
     "\n"
     "Exit status: 0 done (and, with --at and --budget, the peak at N fits),\n"
     "1 the peak at N is over the budget, 2 bad input or usage, 3 output failure.\n";

@@ -392,13 +392,14 @@ int ml_profile_write(FILE *f, const ml_profile *p)
     fputs("layers:\n", f);
     for (size_t i = 0; i < p->nkinds; i++) {
         const kindrec *k = &p->kinds[i];
-        /* the fitted values are informative (recomputed on reading): 12 digits */
-        fprintf(f, "  %s:\n    c: %.12g\n", k->kind, k->fit.slope);
+        /* the fitted values are informative (recomputed on reading): 10
+         * digits for the coefficients, past the fit's rounding noise */
+        fprintf(f, "  %s:\n    c: %.10g\n", k->kind, k->fit.slope);
         if (k->attn != 0)
-            fprintf(f, "    c_attention: %.12g\n", k->attn);
+            fprintf(f, "    c_attention: %.10g\n", k->attn);
         if (k->mask != 0)
-            fprintf(f, "    c_mask: %.12g\n", k->mask);
-        fprintf(f, "    fixed_bytes: %.12g\n    r2: %.12g\n    max_rel_residual: %.12g\n"
+            fprintf(f, "    c_mask: %.10g\n", k->mask);
+        fprintf(f, "    fixed_bytes: %.10g\n    r2: %.12g\n    max_rel_residual: %.12g\n"
                    "    points:\n",
                 k->fit.fixed, k->fit.r2, k->fit.max_rel_residual);
         for (size_t j = 0; j < k->n; j++) {
