@@ -121,7 +121,8 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
              FL(s->flops_backward, b), FL(s->flops_recompute, ck));
     row(f, "FLOPs per iteration", buf);
     if (s->step_time_s >= 0) {
-        snprintf(buf, sizeof buf, "%.4g s", s->step_time_s);
+        snprintf(buf, sizeof buf, "%.4g s%s", s->step_time_s,
+                 s->time_measured ? " (from the profile's measured GEMM throughput)" : "");
         row(f, "estimated step time", buf);
     }
     fputs("</table>\n", f);

@@ -51,8 +51,9 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
                 s->plan_fits_budget ? "" : "  (no checkpoint plan meets the budget: this is the "
                                            "one with the lowest peak)");
     if (cfg->calib) {
+        const char *dev = ml_profile_get(cfg->calib, "device");
         fprintf(f, "calibration: profile %s (%s, %s): ", ml_profile_get(cfg->calib, "name"),
-                ml_profile_get(cfg->calib, "device"), ml_profile_get(cfg->calib, "dtype"));
+                *dev ? dev : "device not recorded", ml_profile_get(cfg->calib, "dtype"));
         if (s->calibrated_blocks)
             fprintf(f, "measured c = %.3f for %zu blocks (marked *; %s)", s->calibrated_c,
                     s->calibrated_blocks,
@@ -131,7 +132,12 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         ml_format_bytes((uint64_t)s->comm_bytes, a, sizeof a);
         fprintf(f, "  communication: %s sent per device per iteration\n", a);
     }
-    if (s->step_time_s >= 0)
+    if (s->time_measured)
+        fprintf(f, "  step time %.4g s at %.4g TFLOP/s, the GEMM throughput measured by profile "
+                   "%s\n",
+                s->step_time_s, ml_profile_achieved_tflops(cfg->calib),
+                ml_profile_get(cfg->calib, "name"));
+    else if (s->step_time_s >= 0)
         fprintf(f, "  step time %.4g s at %g TFLOP/s x %.0f%% efficiency%s\n", s->step_time_s,
                 cfg->device.peak_tflops, cfg->device.efficiency * 100,
                 cfg->device.efficiency >= 1 ? " (a lower bound)" : "");

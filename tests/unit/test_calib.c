@@ -282,6 +282,16 @@ static void test_fit_separates_attention(void **state)
     assert_true(b1->measured);
     assert_false(ml_ledger_summary(cal)->calibrated_at_shape);
     assert_int_equal(b1->inventory_bytes, b0->inventory_bytes);
+    /* no GEMM figures in the profile: the time stays analytic */
+    assert_false(ml_ledger_summary(cal)->time_measured);
+    ml_ledger_destroy(cal);
+    /* with a measured 0.5 TFLOP/s the step time is the FLOPs over it */
+    ml_profile_gemm g = {512, 512, 512, 0.5};
+    ml_profile_add_gemm(q, &g);
+    cal = eval(m, &c, false);
+    const ml_summary *sm = ml_ledger_summary(cal);
+    assert_true(sm->time_measured);
+    assert_rel_close(sm->step_time_s, sm->flops_total / 0.5e12, 1e-15);
     ml_ledger_destroy(plain);
     ml_ledger_destroy(cal);
     ml_model_destroy(m);
