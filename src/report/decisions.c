@@ -90,11 +90,15 @@ int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
     fputs(", \"plan\": ", f);
     jstr(f, r->plan);
     if (r->fits)
-        fprintf(f, ", \"peak_total\": %llu, \"budget\": %llu, \"fits\": true, \"headroom\": %lld",
+        /* the budget line is for the allocator peak: peak = budget - headroom,
+         * peak_total = peak + runtime reserve */
+        fprintf(f, ", \"peak_total\": %llu, \"budget\": %llu, \"fits\": true, \"headroom\": %lld"
+                   ", \"peak\": %lld",
                 (unsigned long long)r->peak_total, (unsigned long long)r->budget,
-                (long long)r->headroom);
+                (long long)r->headroom, (long long)r->budget - (long long)r->headroom);
     else
-        fputs(", \"peak_total\": null, \"budget\": null, \"fits\": false, \"headroom\": null", f);
+        fputs(", \"peak_total\": null, \"budget\": null, \"fits\": false, \"headroom\": null"
+              ", \"peak\": null", f);
     if (req->global_batch)
         fprintf(f, ", \"global_batch\": %llu, \"exact\": %s", (unsigned long long)req->global_batch,
                 r->exact ? "true" : "false");
