@@ -39,6 +39,7 @@ typedef struct ml_fit_result {
     uint64_t budget;
     int64_t headroom;
     double flops_recompute;     /* per iteration at the chosen point */
+    uint64_t peak;              /* allocator peak (peak_total less the runtime reserve) */
     double step_time_s;         /* < 0 when unknown */
     unsigned evaluations;       /* ledger evaluations the search made */
     char note[512];             /* why the choice, or why nothing fits */

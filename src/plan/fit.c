@@ -163,6 +163,7 @@ done:
         return st;
     r->fits = ok;
     r->peak_total = sum.peak_total;
+    r->peak = sum.peak;
     r->budget = sum.budget;
     r->headroom = sum.headroom;
     r->flops_recompute = sum.flops_recompute;

@@ -90,12 +90,12 @@ int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
     fputs(", \"plan\": ", f);
     jstr(f, r->plan);
     if (r->fits)
-        /* the budget line is for the allocator peak: peak = budget - headroom,
-         * peak_total = peak + runtime reserve */
+        /* the budget line is for the allocator peak; peak_total adds the
+         * runtime reserve */
         fprintf(f, ", \"peak_total\": %llu, \"budget\": %llu, \"fits\": true, \"headroom\": %lld"
-                   ", \"peak\": %lld",
+                   ", \"peak\": %llu",
                 (unsigned long long)r->peak_total, (unsigned long long)r->budget,
-                (long long)r->headroom, (long long)r->budget - (long long)r->headroom);
+                (long long)r->headroom, (unsigned long long)r->peak);
     else
         fputs(", \"peak_total\": null, \"budget\": null, \"fits\": false, \"headroom\": null"
               ", \"peak\": null", f);
