@@ -19,7 +19,8 @@ static const char usage[] =
     "attention, SwiGLU) layers at a grid of shapes,\n"
     "recording live bytes per phase through a tracking allocator (and, on CUDA, the\n"
     "device's own view), fits saved bytes = c * B*T*D*4 + fixed per kind (the\n"
-    "blocks also + c_attention * B*H*T^2*4 + c_mask * T^2), measures\n"
+    "blocks also + c_attention * B*H*T^2*4 + c_mask * T^2, lm_head + c_positions\n"
+    "* T), measures\n"
     "GEMM throughput, and writes a profile for 'memledger plan --calib'.\n"
     "\n"
     "  --backend cpu|cuda      OpenBLAS on the CPU, or cuBLAS on the first GPU\n"
@@ -493,6 +494,8 @@ int main(int argc, char **argv)
             if (k->attn != 0)
                 snprintf(attn, sizeof attn, ", c_attention = %.4f, c_mask = %.4f", k->attn,
                          k->mask);
+            else if (k->pos != 0)
+                snprintf(attn, sizeof attn, ", c_positions = %.4f", k->pos);
             fprintf(stderr, "%-18s c = %8.4f%s, fixed %.0f B, R^2 %.6f, largest residual %.3f%% "
                             "(%zu points)\n",
                     k->kind, k->fit.slope, attn, k->fit.fixed, k->fit.r2,

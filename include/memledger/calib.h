@@ -100,7 +100,7 @@ ML_API void ml_profile_set_peak(ml_profile *p, double peak_tflops);
  * blocks with attention whose points name H and span enough shapes (several
  * T and B), also the attention terms: saved = c * B*T*D*b + c_attention *
  * B*H*T^2*b + c_mask * T^2 + fixed (or without c_mask when the points do not
- * separate it). Call after adding points. Returns ML_OK or ML_RANGE (a kind with
+ * separate it); for lm_head, c * B*T*D*b + c_positions * T + fixed. Call after adding points. Returns ML_OK or ML_RANGE (a kind with
  * fewer than 2 distinct shapes). */
 ML_API ml_status ml_profile_fit(ml_profile *p, ml_error *err);
 
@@ -113,6 +113,8 @@ typedef struct ml_profile_kind {
     double attn;      /* c_attention: bytes per B*H*T^2*b element; 0 when not fitted */
     double mask;      /* c_mask: bytes per T^2 element whatever B (a causal mask kept per
                          block); 0 when not fitted */
+    double pos;       /* c_positions: bytes per position whatever B (lm_head's position
+                         ids); 0 when not fitted */
 } ml_profile_kind;
 
 /* The fitted saved bytes of kind k at a shape (b bytes per element). */

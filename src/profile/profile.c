@@ -21,6 +21,7 @@ typedef struct {
     ml_linfit fit;
     double attn; /* bytes per B*H*T^2*b element; 0 when not fitted */
     double mask; /* bytes per T^2 element, whatever the batch; 0 when not fitted */
+    double pos;  /* bytes per position, whatever the batch (lm_head); 0 when not fitted */
     ml_profile_kind view;
 } kindrec;
 
@@ -221,8 +222,9 @@ static bool fitk(double *const *x, size_t k, const double *y, size_t n, double *
             coef[j] = 0;
         f->fixed -= coef[j] * mean[j];
     }
-    if (fabs(f->fixed) < 1e-9 * ymax)
-        f->fixed = 0;
+    /* bytes are whole: an exact fit's fixed term is an integer up to noise */
+    if (fabs(f->fixed - round(f->fixed)) < 1e-9 * ymax)
+        f->fixed = round(f->fixed);
     double ssr = 0, maxr = 0;
     for (size_t i = 0; i < n; i++) {
         double r = y[i] - f->fixed;
@@ -257,21 +259,22 @@ ml_status ml_profile_fit(ml_profile *p, ml_error *err)
             free(y);
             return ML_NOMEM;
         }
-        bool heads = has_attention(k->kind);
+        bool heads = has_attention(k->kind), lm = !strcmp(k->kind, "lm_head");
         for (size_t j = 0; j < k->n; j++) {
             const ml_profile_point *q = &k->pts[j];
             double T = (double)q->T;
             x[0][j] = (double)q->B * T * (double)q->D * b;
-            x[1][j] = (double)q->B * (double)q->H * T * T * b;
+            /* lm_head's second term: its position ids, T of them whatever B */
+            x[1][j] = lm ? T : (double)q->B * (double)q->H * T * T * b;
             x[2][j] = T * T;
             y[j] = (double)q->saved_bytes;
             heads = heads && q->H > 0;
         }
         /* the fullest model the points determine: c, c_attention and c_mask,
-         * then c and c_attention, then c alone */
+         * then c and c_attention (lm_head: c and c_positions), then c alone */
         double coef[3] = {0};
         size_t used = 0;
-        for (size_t nk = 3; heads && nk >= 2 && !used; nk--) {
+        for (size_t nk = heads ? 3 : lm ? 2 : 0; nk >= 2 && !used; nk--) {
             memset(coef, 0, sizeof coef);
             if (fitk(x, nk, y, k->n, coef, &k->fit))
                 used = nk;
@@ -281,8 +284,9 @@ ml_status ml_profile_fit(ml_profile *p, ml_error *err)
             memset(coef, 0, sizeof coef);
             st = ml_linfit_points(x[0], y, k->n, &k->fit, err);
         }
-        k->attn = coef[1];
-        k->mask = coef[2];
+        k->attn = heads ? coef[1] : 0;
+        k->mask = heads ? coef[2] : 0;
+        k->pos = lm ? coef[1] : 0;
         for (int j = 0; j < 3; j++)
             free(x[j]);
         free(y);
@@ -301,7 +305,7 @@ double ml_profile_kind_saved(const ml_profile_kind *k, uint64_t B, uint64_t T, u
 {
     double bt = (double)B * (double)T * (double)b;
     return k->fit.fixed + k->fit.slope * bt * (double)D + k->attn * bt * (double)H * (double)T +
-           k->mask * (double)T * (double)T;
+           k->mask * (double)T * (double)T + k->pos * (double)T;
 }
 
 size_t ml_profile_kind_count(const ml_profile *p)
@@ -320,6 +324,7 @@ const ml_profile_kind *ml_profile_kind_at(const ml_profile *p, size_t i)
     k->view.fit = k->fit;
     k->view.attn = k->attn;
     k->view.mask = k->mask;
+    k->view.pos = k->pos;
     return &k->view;
 }
 
@@ -399,6 +404,8 @@ int ml_profile_write(FILE *f, const ml_profile *p)
             fprintf(f, "    c_attention: %.10g\n", k->attn);
         if (k->mask != 0)
             fprintf(f, "    c_mask: %.10g\n", k->mask);
+        if (k->pos != 0)
+            fprintf(f, "    c_positions: %.10g\n", k->pos);
         fprintf(f, "    fixed_bytes: %.10g\n    r2: %.12g\n    max_rel_residual: %.12g\n"
                    "    points:\n",
                 k->fit.fixed, k->fit.r2, k->fit.max_rel_residual);

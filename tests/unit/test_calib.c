@@ -254,6 +254,27 @@ static void test_fit_separates_attention(void **state)
         double want = (double)measured_saved(kinds[k], &d);
         assert_true(fabs(ml_profile_kind_saved(pk, 5, 40, D, H, 4) - want) < 0.5);
     }
+    /* lm_head, per token: input ids and targets (int64, 16 B), the
+     * embedding dropout mask D, ln_f input 4D, its mean and rstd 8, ln_f
+     * output 4D, the log-softmax output 4V: c = (9D + 24 + 4V) / 4D; the T
+     * position ids (int64) whatever B: c_positions = 8; nll's total_weight:
+     * fixed 4 B */
+    ml_profile *lm = ml_profile_new();
+    ml_profile_set(lm, "dtype", "fp32");
+    for (size_t i = 0; i < 3; i++)
+        for (size_t j = 0; j < 3; j++) {
+            dims d = {Bs[i], Ts[j], D, H, F, V, 0.1f, 2};
+            ml_profile_point pt = {Bs[i], Ts[j], D, measured_saved(K_LMHEAD, &d), 0, 0, 0, 0, 0, 0};
+            ml_profile_add_point(lm, "lm_head", &pt);
+        }
+    assert_int_equal(ml_profile_fit(lm, &e), ML_OK);
+    const ml_profile_kind *lk = ml_profile_find(lm, "lm_head");
+    assert_rel_close(lk->fit.slope, (9 * Dd + 24 + 4 * (double)V) / (4 * Dd), 1e-9);
+    assert_rel_close(lk->pos, 8, 1e-9);
+    assert_rel_close(lk->fit.fixed, 4, 1e-6);
+    assert_true(lk->attn == 0 && lk->mask == 0);
+    ml_profile_destroy(lm);
+
     /* the planner extrapolates with the fit: block.0 at B = 5, T = 40 is
      * marked measured and equals the analytic inventory */
     char y[1024];
