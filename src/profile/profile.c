@@ -224,7 +224,7 @@ static bool fitk(double *const *x, size_t k, const double *y, size_t n, double *
     }
     /* bytes are whole: an exact fit's fixed term is an integer up to noise */
     if (fabs(f->fixed - round(f->fixed)) < 1e-9 * ymax)
-        f->fixed = round(f->fixed);
+        f->fixed = round(f->fixed) + 0.0; /* + 0.0: no -0 */
     double ssr = 0, maxr = 0;
     for (size_t i = 0; i < n; i++) {
         double r = y[i] - f->fixed;
