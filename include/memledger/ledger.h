@@ -97,7 +97,8 @@ typedef struct ml_summary {
     uint64_t peak_breakdown[ML_CAT_COUNT];
     uint64_t category_max[ML_CAT_COUNT];
     uint64_t runtime_reserve;
-    uint64_t peak_total;             /* peak + runtime_reserve */
+    uint64_t fragmentation;          /* peak x device.fragmentation, to the byte */
+    uint64_t peak_total;             /* peak + fragmentation + runtime_reserve */
     /* FLOPs (doubles) */
     double flops_forward;            /* per iteration (all micro-batches) */
     double flops_backward;

@@ -100,6 +100,9 @@ typedef struct ml_device {
     uint64_t runtime_reserve;  /* CUDA context + library workspaces, bytes */
     double peak_tflops;        /* dense peak at the compute dtype; 0 = unknown */
     double efficiency;         /* achieved fraction of peak_tflops, (0, 1] */
+    double fragmentation;      /* allowance for the caching allocator's reserved bytes
+                                  over its allocated peak, a fraction in [0, 1];
+                                  0 = none (docs/ledger.md) */
 } ml_device;
 
 struct ml_profile;

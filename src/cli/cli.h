@@ -30,7 +30,7 @@ typedef struct {
     ml_format format;
     /* raw flag values, NULL when not given */
     const char *micro_batch, *seq_len, *grad_accum, *precision, *optimizer, *optimizer_impl,
-        *checkpoint, *device, *budget, *runtime_reserve, *peak_tflops, *efficiency,
+        *checkpoint, *device, *budget, *runtime_reserve, *peak_tflops, *efficiency, *fragmentation,
         *data_parallel, *zero, *offload, *global_batch, *max_micro_batch, *reduce_bucket,
         *allgather_bucket;
     bool auto_checkpoint; /* --checkpoint auto (fit) */

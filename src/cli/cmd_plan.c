@@ -30,6 +30,8 @@ static const char usage[] =
     "  --runtime-reserve SIZE CUDA context + library workspaces (default 512MiB)\n"
     "  --peak-tflops X        dense peak at the compute dtype, for the step time\n"
     "  --efficiency X         achieved fraction of the peak, 0 < X <= 1 (default 1)\n"
+    "  --fragmentation X      allowance for the caching allocator's reserved bytes\n"
+    "                         over its peak, a fraction 0..1 (default 0)\n"
     "Model\n"
     "  --hf config.json       a Hugging Face config instead of a model file (llama,\n"
     "                         mistral, qwen2, gpt2, gpt_neox, bert, vit)\n"

@@ -55,6 +55,7 @@ static const struct {
     {"--runtime-reserve", offsetof(ml_cli_opts, runtime_reserve)},
     {"--peak-tflops", offsetof(ml_cli_opts, peak_tflops)},
     {"--efficiency", offsetof(ml_cli_opts, efficiency)},
+    {"--fragmentation", offsetof(ml_cli_opts, fragmentation)},
     {"--data-parallel", offsetof(ml_cli_opts, data_parallel)},
     {"--zero", offsetof(ml_cli_opts, zero)},
     {"--offload", offsetof(ml_cli_opts, offload)},
@@ -298,6 +299,8 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
         rc = real("--peak-tflops", o->peak_tflops, 0, 1e9, &d->peak_tflops);
     if (!rc && o->efficiency)
         rc = real("--efficiency", o->efficiency, 1e-6, 1, &d->efficiency);
+    if (!rc && o->fragmentation)
+        rc = real("--fragmentation", o->fragmentation, 0, 1, &d->fragmentation);
     if (!rc && d->present && d->budget > d->memory)
         rc = bad_flag("--budget", "the budget is above the device memory");
     if (!rc && d->present && d->runtime_reserve >= d->memory)

@@ -397,6 +397,8 @@ static const char *validate(const ml_config *cfg)
         return "device.runtime_reserve: not below device.memory";
     if (!(dv->efficiency > 0 && dv->efficiency <= 1))
         return "device.efficiency: must be in (0, 1]";
+    if (!(dv->fragmentation >= 0 && dv->fragmentation <= 1))
+        return "device.fragmentation: must be in [0, 1]";
     if (!(dv->peak_tflops >= 0) || !isfinite(dv->peak_tflops))
         return "device.peak_tflops: must be a number >= 0";
     return NULL;
@@ -580,9 +582,14 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
         s->time_measured = true;
     }
     s->runtime_reserve = dv->runtime_reserve;
-    if (__builtin_add_overflow(s->peak, s->runtime_reserve, &s->peak_total)) {
+    /* the caching allocator's reserved bytes over its allocated peak */
+    double frag = (double)s->peak * dv->fragmentation;
+    s->fragmentation = frag < 1.8e19 ? (uint64_t)llround(frag) : UINT64_MAX;
+    if (__builtin_add_overflow(s->peak, s->runtime_reserve, &s->peak_total) ||
+        __builtin_add_overflow(s->peak_total, s->fragmentation, &s->peak_total)) {
         err->code = ML_OVERFLOW;
-        snprintf(err->msg, sizeof err->msg, "peak plus runtime reserve exceeds 64 bits");
+        snprintf(err->msg, sizeof err->msg,
+                 "peak plus fragmentation allowance and runtime reserve exceeds 64 bits");
         return ML_OVERFLOW;
     }
     s->has_device = dv->present;
@@ -724,15 +731,18 @@ static void opt_model(const evalctx *x, const ml_summary *res, ml_opt_block *ob,
     oc->blk = ob;
     oc->base_f = R + E;
     oc->base_t = R + E + tail + gather;
-    oc->budget = res->budget < res->memory - x->cfg->device.runtime_reserve
-                     ? res->budget
-                     : res->memory - x->cfg->device.runtime_reserve;
+    /* the allocator peak the device admits: peak * (1 + fragmentation) +
+     * reserve <= memory (the replay checks the rounding) */
+    uint64_t dev = (uint64_t)((double)(res->memory - x->cfg->device.runtime_reserve) /
+                              (1 + x->cfg->device.fragmentation));
+    oc->budget = res->budget < dev ? res->budget : dev;
 }
 
 /* checkpoint: optimal. Solves on the chain model, replays the plan, and
  * tightens the model's budget by any excess until the replay fits (a few
- * rounds at most). Falls back to the fixed policy with the lowest peak when
- * nothing fits; *fits tells which. */
+ * rounds at most). Otherwise falls back to the fixed policies: the one with
+ * the least recompute that fits, else the one with the lowest peak; *fits
+ * tells whether the plan fits. */
 static ml_status plan_optimal(evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err)
 {
     const ml_chain *ch = x->ch;
@@ -785,11 +795,14 @@ static ml_status plan_optimal(evalctx *x, int *seg, ml_ledger *l, bool *fits, ml
         return st;
     if (*fits)
         return ML_OK;
-    /* nothing fits: the fixed policy with the lowest peak */
+    /* the chain model found no plan under the line (it is conservative: the
+     * replay can admit what the model rejects): the fixed policy with the
+     * least recompute among those whose replay fits, else the lowest peak */
     static const ml_checkpoint_kind kinds[] = {ML_CKPT_FULL, ML_CKPT_SQRT, ML_CKPT_EVERY,
                                                ML_CKPT_EVERY, ML_CKPT_NONE};
     static const uint32_t every[] = {0, 0, 2, 4, 0};
     uint64_t best = UINT64_MAX;
+    double best_fit = INFINITY;
     int *tmp = calloc(n ? n : 1, sizeof *tmp);
     if (!tmp) {
         err->code = ML_NOMEM;
@@ -803,7 +816,11 @@ static ml_status plan_optimal(evalctx *x, int *seg, ml_ledger *l, bool *fits, ml
         cp.every = every[i];
         if ((st = segments(ch, &cp, tmp, err)) || (st = run_plan(x, tmp, false, l, err)))
             break;
-        if (l->sum.peak < best) {
+        if (l->sum.fits && l->sum.flops_recompute < best_fit) {
+            best_fit = l->sum.flops_recompute;
+            *fits = true;
+            memcpy(seg, tmp, n * sizeof *seg);
+        } else if (!*fits && l->sum.peak < best) {
             best = l->sum.peak;
             memcpy(seg, tmp, n * sizeof *seg);
         }

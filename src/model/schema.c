@@ -737,7 +737,7 @@ static ml_status parse_training(ctx *c, const ml_node *t, ml_model *m)
 static ml_status parse_device(ctx *c, const ml_node *d, ml_model *m)
 {
     static const char *const keys[] = {"memory", "budget", "runtime_reserve", "peak_tflops",
-                                       "efficiency"};
+                                       "efficiency", "fragmentation"};
     ml_status st;
     if ((st = need_map(c, d, "device")) || (st = check_keys(c, d, "device", keys, COUNT(keys))))
         return st;
@@ -750,7 +750,8 @@ static ml_status parse_device(ctx *c, const ml_node *d, ml_model *m)
         (st = get_size(c, d, "budget", "device", &dv->budget)) ||
         (st = get_size(c, d, "runtime_reserve", "device", &dv->runtime_reserve)) ||
         (st = get_double(c, d, "peak_tflops", "device", 0, 1e9, false, &dv->peak_tflops)) ||
-        (st = get_double(c, d, "efficiency", "device", 1e-6, 1, false, &dv->efficiency)))
+        (st = get_double(c, d, "efficiency", "device", 1e-6, 1, false, &dv->efficiency)) ||
+        (st = get_double(c, d, "fragmentation", "device", 0, 1, false, &dv->fragmentation)))
         return st;
     if (dv->budget > dv->memory)
         return fail(c, get(d, "budget"), ML_RANGE, "device.budget: %s is above device.memory",

@@ -31,8 +31,11 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     char a[32], b[32], c[32], ck[1200];
     const ml_device *d = &cfg->device;
     uint64_t budget = d->budget ? d->budget : d->memory - d->runtime_reserve;
-    fprintf(f, "memledger fit: %s on %s (budget %s for the allocator peak, runtime reserve %s)\n",
+    fprintf(f, "memledger fit: %s on %s (budget %s for the allocator peak, runtime reserve %s",
             ml_model_name(m), B(d->memory, a), B(budget, b), B(d->runtime_reserve, c));
+    if (d->fragmentation > 0)
+        fprintf(f, ", fragmentation allowance %g x the peak", d->fragmentation);
+    fputs(")\n", f);
     fprintf(f, "config: seq_len %llu, precision %s, optimizer %s (%s), %llu device%s, ZeRO %u\n\n",
             (unsigned long long)cfg->training.seq_len, ml_precision_name(cfg->training.precision),
             ml_optimizer_name(cfg->training.optimizer),
@@ -128,8 +131,11 @@ int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
     if (cfg->device.present) {
         uint64_t budget = cfg->device.budget ? cfg->device.budget
                                              : cfg->device.memory - cfg->device.runtime_reserve;
-        fprintf(f, "device %s, budget %s, runtime reserve %s\n", B(cfg->device.memory, a),
+        fprintf(f, "device %s, budget %s, runtime reserve %s", B(cfg->device.memory, a),
                 B(budget, b), B(cfg->device.runtime_reserve, c));
+        if (cfg->device.fragmentation > 0)
+            fprintf(f, ", fragmentation allowance %g x the peak", cfg->device.fragmentation);
+        fputc('\n', f);
     }
     fprintf(f, "\n%-12s %12s %12s %14s %10s %11s %s\n", "checkpoint", "peak total", "saved acts",
             "recompute", "% of 3F", "step time", "fits");

@@ -118,6 +118,9 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     for (int c = 0; c < ML_CAT_COUNT; c++)
         fprintf(f, "  %-22s %12s\n", ml_category_name((ml_category)c),
                 B(s->peak_breakdown[c], a));
+    if (cfg->device.fragmentation > 0)
+        fprintf(f, "  %-22s %12s   (%g x the peak)\n", "+ fragmentation", B(s->fragmentation, a),
+                cfg->device.fragmentation);
     fprintf(f, "  %-22s %12s\n", "+ runtime reserve", B(s->runtime_reserve, a));
     fprintf(f, "  %-22s %12s\n\n", "= peak total", B(s->peak_total, a));
 
@@ -145,8 +148,11 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         fprintf(f, "  step time: unknown (give device.peak_tflops or --peak-tflops)\n");
 
     if (s->has_device) {
-        fprintf(f, "\nDevice: %s, runtime reserve %s, budget %s (for the allocator peak)\n",
+        fprintf(f, "\nDevice: %s, runtime reserve %s, budget %s (for the allocator peak)",
                 B(s->memory, a), B(s->runtime_reserve, b2), B(s->budget, c3));
+        if (cfg->device.fragmentation > 0)
+            fprintf(f, ", fragmentation allowance %g x the peak", cfg->device.fragmentation);
+        fputc('\n', f);
         if (s->fits)
             fprintf(f, "  verdict: FITS, headroom %s\n", B((uint64_t)s->headroom, a));
         else {

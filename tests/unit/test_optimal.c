@@ -227,6 +227,54 @@ static void test_optimal_matches_subset_search(void **state)
     ml_model_destroy(m);
 }
 
+/* Whenever one of the fixed policies fits the device (its replay), the
+ * optimal plan fits too, with no more recompute than that policy; with a
+ * fragmentation allowance the verdict counts it. Budgets from 6.0 to 7.5 GiB
+ * on an 8 GiB device, allowances 0 to 0.15 (0.08 and up make the device, not
+ * the budget, the binding line). */
+static void test_optimal_never_worse_than_a_fixed_policy(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    const char *fixed[] = {"full", "sqrt", "every-2", "every-4", "none"};
+    /* 6.945 and 6.95 GiB: the chain model rejects every-4, whose replay fits */
+    const double gib[] = {6.0, 6.5, 6.93, 6.945, 6.95, 7.0, 7.5};
+    for (size_t bi = 0; bi < sizeof gib / sizeof gib[0]; bi++)
+        for (int fi = 0; fi <= 3; fi++) {
+            ml_config c = ml_model_config(m);
+            c.training.precision = ML_PREC_AMP_BF16;
+            c.device.present = true;
+            c.device.memory = 8ull << 30;
+            c.device.budget = (uint64_t)(gib[bi] * (double)(1ull << 30));
+            c.device.fragmentation = 0.05 * fi;
+            double least = INFINITY;
+            for (size_t k = 0; k < sizeof fixed / sizeof fixed[0]; k++) {
+                ml_error e;
+                assert_int_equal(ml_parse_checkpoint(fixed[k], &c.training.checkpoint, &e), ML_OK);
+                ml_ledger *l = eval(m, &c, false);
+                const ml_summary *s = ml_ledger_summary(l);
+                assert_int_equal(s->fragmentation,
+                                 (uint64_t)llround((double)s->peak * c.device.fragmentation));
+                assert_int_equal(s->peak_total, s->peak + s->fragmentation + s->runtime_reserve);
+                if (s->fits && s->flops_recompute < least)
+                    least = s->flops_recompute;
+                ml_ledger_destroy(l);
+            }
+            c.training.checkpoint.kind = ML_CKPT_OPTIMAL;
+            ml_ledger *l = eval(m, &c, false);
+            const ml_summary *s = ml_ledger_summary(l);
+            if (isfinite(least)) {
+                assert_true(s->fits);
+                assert_true(s->plan_fits_budget);
+                assert_true(s->flops_recompute <= least * (1 + 1e-12));
+            }
+            if (s->fits)
+                assert_true(s->peak_total <= c.device.memory && s->peak <= c.device.budget);
+            ml_ledger_destroy(l);
+        }
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -235,6 +283,7 @@ int main(void)
         cmocka_unit_test(test_thinned_search_stays_within_budget),
         cmocka_unit_test(test_optimal_on_presets),
         cmocka_unit_test(test_optimal_matches_subset_search),
+        cmocka_unit_test(test_optimal_never_worse_than_a_fixed_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
