@@ -112,22 +112,25 @@ def main():
                         rows.append(rec)
     with open(os.path.join(a.out, "results.md"), "w") as md:
         md.write("| model | B | precision | ckpt | measured max allocated | predicted peak | "
-                 "error | measured step time | predicted (calibrated) | error |\n")
-        md.write("|---|---|---|---|---|---|---|---|---|---|\n")
+                 "error | measured step time | predicted (calibrated) | error | "
+                 "reserved / allocated - 1 (--fragmentation) |\n")
+        md.write("|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
             m, p, pc = r["measured"], r["plan"], r["plan_calib"]
             if "error" in m or "bytes" not in p:
-                md.write("| %s | %d | %s | %s | %s | | | | | |\n" % (
+                md.write("| %s | %d | %s | %s | %s | | | | | | |\n" % (
                     r["model"], r["B"], "amp-bf16" if r["amp"] else "fp32", r["ckpt"],
                     m.get("error", "")))
                 continue
             meas, pred = m["max_allocated"], p["bytes"]["peak"]
             tp = (pc or {}).get("step_time_s")
-            md.write("| %s | %d | %s | %s | %d | %d | %+.1f%% | %.4f s | %s | %s |\n" % (
+            frag = m["max_reserved"] / meas - 1 if meas else 0.0
+            md.write("| %s | %d | %s | %s | %d | %d | %+.1f%% | %.4f s | %s | %s | %.3f |\n" % (
                 r["model"], r["B"], "amp-bf16" if r["amp"] else "fp32", r["ckpt"], meas, pred,
                 100.0 * (pred - meas) / meas, m["step_time_s"],
                 "%.4f s" % tp if tp else "-",
-                "%+.1f%%" % (100.0 * (tp - m["step_time_s"]) / m["step_time_s"]) if tp else "-"))
+                "%+.1f%%" % (100.0 * (tp - m["step_time_s"]) / m["step_time_s"]) if tp else "-",
+                frag))
 
 
 if __name__ == "__main__":
