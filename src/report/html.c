@@ -91,11 +91,15 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         fprintf(f, "<div class=\"verdict %s\">%s</div> ", s->fits ? "fits" : "nofit",
                 s->fits ? "FITS" : "DOES NOT FIT");
         char c1[32], c2[32];
-        char c3[32];
-        fprintf(f, "<span class=\"cfg\">peak %s + fragmentation %s + runtime reserve %s = %s on a "
-                   "%s device, budget %s; ",
-                B(s->peak, a), B(s->fragmentation, c3), B(s->runtime_reserve, b),
-                B(s->peak_total, buf), B(s->memory, c1), B(s->budget, c2));
+        char c3[48] = "";
+        if (s->fragmentation) {
+            char fr[32];
+            snprintf(c3, sizeof c3, " + fragmentation %s", B(s->fragmentation, fr));
+        }
+        fprintf(f, "<span class=\"cfg\">peak %s%s + runtime reserve %s = %s on a %s device, "
+                   "budget %s; ",
+                B(s->peak, a), c3, B(s->runtime_reserve, b), B(s->peak_total, buf),
+                B(s->memory, c1), B(s->budget, c2));
         if (s->fits)
             fprintf(f, "headroom %s</span>\n", B((uint64_t)s->headroom, b));
         else
