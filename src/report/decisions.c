@@ -182,7 +182,8 @@ int ml_report_compare_json(FILE *f, const ml_compare_row *rows, size_t n)
             fprintf(f, "%.17g", r->step_time_s);
         else
             fputs("null", f);
-        fprintf(f, ", \"fits\": %s}", !r->has_device ? "null" : r->fits ? "true" : "false");
+        fprintf(f, ", \"fits\": %s, \"peak\": %llu}",
+                !r->has_device ? "null" : r->fits ? "true" : "false", (unsigned long long)r->peak);
     }
     fputs("\n]\n", f);
     return ferror(f) ? -1 : 0;
