@@ -216,11 +216,20 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     /* device lines */
     if (s->has_device) {
         hline(f, &c, s->memory, "#222", NULL, "device", false);
-        if (s->budget == s->memory - s->runtime_reserve) {
-            hline(f, &c, s->budget, "#d62728", "6,4", "budget = device - runtime reserve", true);
+        /* the allocator curve's device line: what is left after the reserve,
+         * over 1 + the fragmentation allowance */
+        double frac = s->peak ? (double)s->fragmentation / (double)s->peak : 0;
+        uint64_t lim = s->memory - s->runtime_reserve;
+        if (frac > 0)
+            lim = (uint64_t)((double)lim / (1 + frac));
+        const char *lname = frac > 0 ? "(device - runtime reserve) / (1 + fragmentation)"
+                                     : "device - runtime reserve";
+        if (s->budget == lim) {
+            char both[96];
+            snprintf(both, sizeof both, "budget = %s", lname);
+            hline(f, &c, s->budget, "#d62728", "6,4", both, true);
         } else {
-            hline(f, &c, s->memory - s->runtime_reserve, "#777", "2,3",
-                  "device - runtime reserve", false);
+            hline(f, &c, lim, "#777", "2,3", lname, false);
             hline(f, &c, s->budget, "#d62728", "6,4", "budget", true);
         }
     }
