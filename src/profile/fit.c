@@ -266,10 +266,25 @@ ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64
     }
     if (budget && r.fit.slope > 0) {
         double b = floor(((double)budget - r.fit.fixed) / r.fit.slope);
-        /* guard the floor against rounding: the fit at b must be within the budget */
-        while (b >= 1 && r.fit.fixed + r.fit.slope * b > (double)budget)
-            b -= 1;
-        r.max_micro_batch = b >= 1 ? (b > 1e15 ? (uint64_t)1e15 : (uint64_t)b) : 0;
+        if (!(b >= 1))
+            b = 0;
+        if (b > 1e15)
+            b = 1e15;
+        /* guard the floor against rounding: the fit at b must be within the
+         * budget. A bisection, not a walk down by 1: past 2^53 a double
+         * minus 1 is the same double (a fuzzed CSV hung here) */
+        if (b >= 1 && r.fit.fixed + r.fit.slope * b > (double)budget) {
+            double lo = 0, hi = b;
+            while (hi - lo > 1) {
+                double mid = floor((lo + hi) / 2);
+                if (r.fit.fixed + r.fit.slope * mid <= (double)budget)
+                    lo = mid;
+                else
+                    hi = mid;
+            }
+            b = lo;
+        }
+        r.max_micro_batch = (uint64_t)b;
         r.extrapolated = r.max_micro_batch > max_measured_b;
     }
     if (at)

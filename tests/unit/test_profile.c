@@ -66,6 +66,21 @@ static void test_design_example(void **state)
     assert_rel_close(r.fixed_bytes, 0, 0);
     assert_int_equal(r.max_micro_batch, 0); /* no budget asked */
     free(p);
+    /* a nearly flat line: 1 byte more over 10^9 samples; under 6.5 GiB the
+     * fit admits ~7e18, past 2^53, where a walk down by 1 would never move
+     * (a fuzzed CSV hung there): the answer is capped at 10^15 */
+    const ml_point flat[] = {{1, 1000, 2}, {1000000001, 1001, 3}};
+    assert_int_equal(ml_points_analyse(flat, 2, 6979321856ull, 0, &r, &e), ML_OK);
+    assert_int_equal(r.max_micro_batch, 1000000000000000ull);
+    assert_true(r.extrapolated);
+    /* just under the budget at a large b: the bisection lands on the last
+     * micro-batch whose fitted peak is within it. 10 B fixed + 3 B per
+     * sample, budget 3,000,000,010 -> 1,000,000,000 */
+    const ml_point line3[] = {{1, 13, 2}, {2, 16, 3}};
+    assert_int_equal(ml_points_analyse(line3, 2, 3000000010ull, 0, &r, &e), ML_OK);
+    assert_int_equal(r.max_micro_batch, 1000000000ull);
+    assert_int_equal(ml_points_analyse(line3, 2, 3000000009ull, 0, &r, &e), ML_OK);
+    assert_int_equal(r.max_micro_batch, 999999999ull);
 }
 
 static void test_csv_errors(void **state)
