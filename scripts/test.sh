@@ -60,7 +60,9 @@ fuzz() {
     rc=0
     for t in model hf units profile points; do
         cp -r "tests/fuzz/corpus/$t" "$work/$t"
+        # a fixed seed keeps the gate reproducible (FUZZ_SEED=0: a random one)
         "$PWD/build-fuzz/tests/fuzz/fuzz_$t" -max_total_time="${FUZZ_SECONDS:-60}" \
+            -seed="${FUZZ_SEED:-1}" \
             -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
             -artifact_prefix="$PWD/build-fuzz/crash-$t-" \
             "$work/$t" >"$work/$t.log" 2>&1
