@@ -4,20 +4,7 @@
 #include <string.h>
 
 #include "memledger/report.h"
-
-static void jstr(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
-}
+#include "report/report_internal.h"
 
 static const char *B(uint64_t v, char *buf)
 {
@@ -78,7 +65,7 @@ int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
     char ck[1200];
     ml_checkpoint_format(&r->checkpoint, ck, sizeof ck);
     fputs("{\"model\": ", f);
-    jstr(f, ml_model_name(m));
+    ml_json_string(f, ml_model_name(m));
     if (r->fits)
         fprintf(f, ", \"micro_batch\": %llu, \"grad_accum\": %llu, \"data_parallel\": %llu, "
                    "\"effective_batch\": %llu, ",
@@ -89,9 +76,9 @@ int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
                    "\"effective_batch\": null, ",
                 (unsigned long long)r->data_parallel);
     fputs("\"checkpoint\": ", f);
-    jstr(f, ck);
+    ml_json_string(f, ck);
     fputs(", \"plan\": ", f);
-    jstr(f, r->plan);
+    ml_json_string(f, r->plan);
     if (r->fits)
         /* the budget line is for the allocator peak; peak_total adds the
          * runtime reserve */
@@ -110,7 +97,7 @@ int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
     fprintf(f, ", \"max_micro_batch\": %llu, \"flops_recompute\": %.17g, \"evaluations\": %u",
             (unsigned long long)r->max_micro_batch, r->flops_recompute, r->evaluations);
     fputs(", \"note\": ", f);
-    jstr(f, r->note);
+    ml_json_string(f, r->note);
     fputs("}\n", f);
     return ferror(f) ? -1 : 0;
 }
@@ -171,9 +158,9 @@ int ml_report_compare_json(FILE *f, const ml_compare_row *rows, size_t n)
         const ml_compare_row *r = &rows[i];
         name_of(r, name, sizeof name);
         fputs(i ? ",\n {\"checkpoint\": " : "\n {\"checkpoint\": ", f);
-        jstr(f, name);
+        ml_json_string(f, name);
         fputs(", \"plan\": ", f);
-        jstr(f, r->plan);
+        ml_json_string(f, r->plan);
         fprintf(f, ", \"peak_total\": %llu, \"activations_saved\": %llu, \"flops_recompute\": "
                    "%.17g, \"flops_total\": %.17g, \"recompute_pct\": %.17g, \"step_time_s\": ",
                 (unsigned long long)r->peak_total, (unsigned long long)r->activations_saved,

@@ -6,8 +6,9 @@
 
 #include "memledger/calib.h"
 #include "memledger/report.h"
+#include "report/report_internal.h"
 
-static void str(FILE *f, const char *s)
+void ml_json_string(FILE *f, const char *s)
 {
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
@@ -36,7 +37,7 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     char ck[1200];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
     fputs("{\"model\": ", f);
-    str(f, ml_model_name(m));
+    ml_json_string(f, ml_model_name(m));
     fprintf(f, ", \"params\": %llu,\n", (unsigned long long)s->params);
     fprintf(f, " \"config\": {\"micro_batch\": %llu, \"seq_len\": %llu, \"grad_accum\": %llu, "
                "\"precision\": \"%s\", \"optimizer\": \"%s\", \"optimizer_impl\": \"%s\", "
@@ -44,16 +45,16 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
             (unsigned long long)t->micro_batch, (unsigned long long)t->seq_len,
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl));
-    str(f, ck);
+    ml_json_string(f, ck);
     fprintf(f, ", \"data_parallel\": %llu, \"zero\": %u, \"offload\": \"%s\"},\n",
             (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));
     fputs(" \"plan\": ", f);
-    str(f, s->plan);
+    ml_json_string(f, s->plan);
     fprintf(f, ", \"plan_fits_budget\": %s,\n", s->plan_fits_budget ? "true" : "false");
     fputs(" \"calibration\": ", f);
     if (cfg->calib) {
         fputs("{\"profile\": ", f);
-        str(f, ml_profile_get(cfg->calib, "name"));
+        ml_json_string(f, ml_profile_get(cfg->calib, "name"));
         fprintf(f, ", \"measured_blocks\": %zu, \"c\": ", s->calibrated_blocks);
         num(f, s->calibrated_c);
         fprintf(f, ", \"at_shape\": %s, \"time_measured\": %s},\n",
@@ -72,7 +73,7 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
             (unsigned long long)s->peak_total, (unsigned long long)s->bytes_host,
             (unsigned long long)s->fragmentation);
     fprintf(f, " \"peak\": {\"phase\": \"%s\", \"step\": ", ml_phase_name(s->peak_phase));
-    str(f, s->peak_step);
+    ml_json_string(f, s->peak_step);
     fputs(", \"breakdown\": {", f);
     for (int c = 0; c < ML_CAT_COUNT; c++)
         fprintf(f, "%s\"%s\": %llu", c ? ", " : "", ml_category_name((ml_category)c),
@@ -82,7 +83,7 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     for (size_t i = 0; i < n; i++) {
         const ml_block_info *b = ml_ledger_block(l, i);
         fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
-        str(f, b->name);
+        ml_json_string(f, b->name);
         fprintf(f, ", \"params\": %llu, \"activations_saved\": %llu, \"inventory_bytes\": %llu, "
                    "\"c\": ",
                 (unsigned long long)b->params, (unsigned long long)b->activations_saved,
