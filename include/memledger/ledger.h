@@ -99,6 +99,7 @@ typedef struct ml_summary {
     uint64_t runtime_reserve;
     uint64_t fragmentation;          /* peak x device.fragmentation, to the byte */
     uint64_t peak_total;             /* peak + fragmentation + runtime_reserve */
+    uint64_t device_limit;           /* ml_device_limit: the allocator peak the device admits */
     /* FLOPs (doubles) */
     double flops_forward;            /* per iteration (all micro-batches) */
     double flops_backward;

@@ -154,6 +154,13 @@ ML_API const char *ml_model_name(const ml_model *m);
 /* The training and device settings written in the file (defaults filled in). */
 ML_API ml_config ml_model_config(const ml_model *m);
 
+/* The line the allocator peak is compared with: device.budget, or memory -
+ * runtime_reserve when that is 0. */
+ML_API uint64_t ml_device_budget(const ml_device *d);
+/* The allocator peak the device itself admits: (memory - runtime_reserve) /
+ * (1 + fragmentation), rounded down (docs/ledger.md). */
+ML_API uint64_t ml_device_limit(const ml_device *d);
+
 /* Parses a size such as "8GiB", "6.5 GiB", "512MiB", "16GB" or "1024"
  * (bytes). Binary units B, KiB, MiB, GiB, TiB; decimal KB, MB, GB, TB.
  * Returns ML_OK, or ML_RANGE (negative, overflow) / ML_USAGE (syntax) with a

@@ -595,7 +595,8 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
     s->has_device = dv->present;
     if (dv->present) {
         s->memory = dv->memory;
-        s->budget = dv->budget ? dv->budget : dv->memory - dv->runtime_reserve;
+        s->budget = ml_device_budget(dv);
+        s->device_limit = ml_device_limit(dv);
         s->fits = s->peak <= s->budget && s->peak_total <= s->memory;
         int64_t h1 = (int64_t)s->budget - (int64_t)s->peak;
         int64_t h2 = (int64_t)s->memory - (int64_t)s->peak_total;
@@ -731,11 +732,8 @@ static void opt_model(const evalctx *x, const ml_summary *res, ml_opt_block *ob,
     oc->blk = ob;
     oc->base_f = R + E;
     oc->base_t = R + E + tail + gather;
-    /* the allocator peak the device admits: peak * (1 + fragmentation) +
-     * reserve <= memory (the replay checks the rounding) */
-    uint64_t dev = (uint64_t)((double)(res->memory - x->cfg->device.runtime_reserve) /
-                              (1 + x->cfg->device.fragmentation));
-    oc->budget = res->budget < dev ? res->budget : dev;
+    /* the replay checks the limit's rounding */
+    oc->budget = res->budget < res->device_limit ? res->budget : res->device_limit;
 }
 
 /* checkpoint: optimal. Solves on the chain model, replays the plan, and

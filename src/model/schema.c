@@ -923,3 +923,14 @@ ml_config ml_model_config(const ml_model *m)
 {
     return m->config;
 }
+
+uint64_t ml_device_budget(const ml_device *d)
+{
+    return d->budget ? d->budget : d->memory - d->runtime_reserve;
+}
+
+uint64_t ml_device_limit(const ml_device *d)
+{
+    uint64_t avail = d->memory - d->runtime_reserve;
+    return d->fragmentation > 0 ? (uint64_t)((double)avail / (1 + d->fragmentation)) : avail;
+}

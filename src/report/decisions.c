@@ -17,7 +17,7 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
 {
     char a[32], b[32], c[32], ck[1200];
     const ml_device *d = &cfg->device;
-    uint64_t budget = d->budget ? d->budget : d->memory - d->runtime_reserve;
+    uint64_t budget = ml_device_budget(d);
     fprintf(f, "memledger fit: %s on %s (budget %s for the allocator peak, runtime reserve %s",
             ml_model_name(m), B(d->memory, a), B(budget, b), B(d->runtime_reserve, c));
     if (d->fragmentation > 0)
@@ -116,8 +116,7 @@ int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
             (unsigned long long)cfg->training.seq_len, (unsigned long long)cfg->training.grad_accum,
             ml_precision_name(cfg->training.precision));
     if (cfg->device.present) {
-        uint64_t budget = cfg->device.budget ? cfg->device.budget
-                                             : cfg->device.memory - cfg->device.runtime_reserve;
+        uint64_t budget = ml_device_budget(&cfg->device);
         fprintf(f, "device %s, budget %s, runtime reserve %s", B(cfg->device.memory, a),
                 B(budget, b), B(cfg->device.runtime_reserve, c));
         if (cfg->device.fragmentation > 0)

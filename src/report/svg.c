@@ -216,14 +216,11 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     /* device lines */
     if (s->has_device) {
         hline(f, &c, s->memory, "#222", NULL, "device", false);
-        /* the allocator curve's device line: what is left after the reserve,
-         * over 1 + the fragmentation allowance */
-        double frac = s->peak ? (double)s->fragmentation / (double)s->peak : 0;
-        uint64_t lim = s->memory - s->runtime_reserve;
-        if (frac > 0)
-            lim = (uint64_t)((double)lim / (1 + frac));
-        const char *lname = frac > 0 ? "(device - runtime reserve) / (1 + fragmentation)"
-                                     : "device - runtime reserve";
+        /* the allocator curve's device line */
+        uint64_t lim = s->device_limit;
+        const char *lname = lim < s->memory - s->runtime_reserve
+                                ? "(device - runtime reserve) / (1 + fragmentation)"
+                                : "device - runtime reserve";
         if (s->budget == lim) {
             char both[96];
             snprintf(both, sizeof both, "budget = %s", lname);

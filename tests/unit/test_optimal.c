@@ -237,6 +237,15 @@ static void test_optimal_never_worse_than_a_fixed_policy(void **state)
     (void)state;
     ml_model *m = load_preset("gpt2-small");
     const char *fixed[] = {"full", "sqrt", "every-2", "every-4", "none"};
+    /* the two lines, by hand: 8 GiB - 512 MiB = 8,053,063,680 B; over 1.1,
+     * 7,320,966,981.8 -> 7,320,966,981 */
+    ml_device d = {true, 8ull << 30, 0, 512ull << 20, 0, 1, 0.1};
+    assert_int_equal(ml_device_budget(&d), 8053063680ull);
+    assert_int_equal(ml_device_limit(&d), 7320966981ull);
+    d.fragmentation = 0;
+    d.budget = 6979321856ull;
+    assert_int_equal(ml_device_budget(&d), 6979321856ull);
+    assert_int_equal(ml_device_limit(&d), 8053063680ull);
     /* 6.945 and 6.95 GiB: the chain model rejects every-4, whose replay fits */
     const double gib[] = {6.0, 6.5, 6.93, 6.945, 6.95, 7.0, 7.5};
     for (size_t bi = 0; bi < sizeof gib / sizeof gib[0]; bi++)
@@ -268,6 +277,7 @@ static void test_optimal_never_worse_than_a_fixed_policy(void **state)
                 assert_true(s->plan_fits_budget);
                 assert_true(s->flops_recompute <= least * (1 + 1e-12));
             }
+            assert_int_equal(s->device_limit, ml_device_limit(&c.device));
             if (s->fits)
                 assert_true(s->peak_total <= c.device.memory && s->peak <= c.device.budget);
             ml_ledger_destroy(l);
