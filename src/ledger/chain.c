@@ -889,14 +889,8 @@ static ml_status build_sequential(const ml_model *m, const ml_config *cfg, ml_ch
     return st;
 }
 
-/* c of a block of x = B*T*D*b elements: its inventory over x. */
-static double inv_c(double slope, double fixed, double x)
-{
-    return x > 0 ? (slope * x + fixed) / x : slope;
-}
-
-/* A measured profile replaces the transformer blocks' inventories with
- * c * B*T*D*b + fixed (docs/calibration.md) when it was measured in the
+/* A measured profile replaces the transformer blocks' inventories with its
+ * fit at the model's shape (docs/calibration.md) when it was measured in the
  * compute dtype; the share of the attention core scales with it. */
 static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m)
 {
@@ -908,39 +902,33 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m)
     if (!k || ml_profile_dtype_bytes(p) != ch->prec.a || !(k->fit.slope > 0) ||
         m->attention == ML_ATTN_FLASH)
         return;
-    /* points measured at this model's T, D and H give the exact per-sample
-     * bytes (attention's T^2 terms included); otherwise the global fit,
-     * with its B*H*T^2 and T^2 terms when the profile has them */
+    /* the profile's fit at this shape (its B*H*T^2 and T^2 terms included);
+     * points measured at this model's T, D and H give the exact per-sample
+     * bytes instead: a straight line in B through them */
     double x = (double)ch->c_tokens * (double)ch->c_width * (double)ch->prec.a;
-    double slope = k->fit.slope, fixed = k->fit.fixed;
-    double attn = k->attn * (double)ch->c_tokens * (double)m->heads * (double)ch->T *
-                      (double)ch->prec.a +
-                  k->mask * (double)ch->T * (double)ch->T;
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    double inv = ml_profile_kind_saved(k, ch->B, ch->T, ch->c_width, m->heads, ch->prec.a);
+    double *qx = malloc((k->npoints ? k->npoints : 1) * sizeof *qx);
+    double *qy = malloc((k->npoints ? k->npoints : 1) * sizeof *qy);
     size_t npt = 0;
-    for (size_t j = 0; j < k->npoints; j++) {
+    for (size_t j = 0; qx && qy && j < k->npoints; j++) {
         const ml_profile_point *q = &k->points[j];
         if (q->T != ch->T || q->D != ch->c_width || (q->H && q->H != m->heads))
             continue;
-        double qx = (double)q->B * (double)q->T * (double)q->D * (double)ch->prec.a;
-        sx += qx;
-        sy += (double)q->saved_bytes;
-        sxx += qx * qx;
-        sxy += qx * (double)q->saved_bytes;
-        npt++;
+        qx[npt] = (double)q->B * (double)q->T * (double)q->D * (double)ch->prec.a;
+        qy[npt++] = (double)q->saved_bytes;
     }
-    double den = (double)npt * sxx - sx * sx;
-    if (npt >= 2 && den > 0) {
-        slope = ((double)npt * sxy - sx * sy) / den;
-        fixed = (sy - slope * sx) / (double)npt;
-        attn = 0; /* included in the slope at this T */
+    ml_linfit f;
+    /* (out of memory: the global fit stands) */
+    if (npt >= 2 && ml_linfit_points(qx, qy, npt, &f, NULL) == ML_OK) {
+        inv = f.slope * x + f.fixed;
         ch->calib_exact = true;
     }
+    free(qx);
+    free(qy);
     for (size_t i = 0; i < ch->n; i++) {
         ml_cblock *b = &ch->blocks[i];
         if (b->ckpt_index < 0)
             continue;
-        double inv = slope * x + attn + fixed;
         double in = b->in_saved ? (double)b->in_bytes : 0;
         double saved = inv - in > 0 ? inv - in : 0;
         if (!(saved < 1.8e19))
@@ -951,7 +939,7 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m)
         b->measured = true;
         ch->calibrated++;
     }
-    ch->calib_c = inv_c(slope, fixed + attn, x);
+    ch->calib_c = x > 0 ? inv / x : 0;
 }
 
 /* Sizes the arrays once: a transformer block lists at most ~24 saved
