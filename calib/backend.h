@@ -1,13 +1,15 @@
 /* The calibration runner's backend interface: memory, GEMMs and the
  * elementwise kernels the layers need. One CPU implementation (CBLAS + C)
  * and one CUDA implementation (cuBLAS + kernels); the layer code above is
- * written once. Row-major fp32 throughout. */
+ * written once. Row-major; tensors are fp32 except the bf16 copies autocast
+ * keeps (layers.c), which only `cast` and `gemm_mixed` read or write. */
 #ifndef ML_CALIB_BACKEND_H
 #define ML_CALIB_BACKEND_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct ml_backend ml_backend;
 struct ml_backend {
@@ -30,6 +32,17 @@ struct ml_backend {
                          long sC, int batch);
     /* bf16 GEMM throughput (inputs are uninitialised scratch); NULL when not supported */
     double (*gemm_bf16_tflops)(ml_backend *be, int M, int N, int K, int reps);
+    /* n values between fp32 and bf16 (to_bf16: fp32 -> bf16, rounded to
+     * nearest even like torch's .to(torch.bfloat16); else bf16 -> fp32) */
+    void (*cast)(ml_backend *be, const void *src, void *dst, size_t n, bool to_bf16);
+    /* autocast's matmul, strided-batched like gemm_batched: either operand
+     * may be bf16 (a_bf16, b_bf16). The product is taken on bf16 values
+     * with fp32 accumulation (an fp32 operand is rounded to bf16 first);
+     * C is fp32. Sets `failed` when its scratch cannot be allocated. */
+    void (*gemm_mixed)(ml_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                       const void *A, bool a_bf16, long sA, const void *B, bool b_bf16, long sB,
+                       float beta, float *C, long sC, int batch);
+    bool failed; /* a kernel could not run: the measurement is void */
 
     void (*add)(ml_backend *be, const float *a, const float *b, float *y, size_t n);
     void (*bias_add)(ml_backend *be, float *y, const float *bias, size_t rows, size_t cols);
@@ -88,6 +101,25 @@ struct ml_backend {
 /* NULL when the backend is not built or no device is present; *why says why. */
 ml_backend *ml_backend_cpu(const char **why);
 ml_backend *ml_backend_cuda(const char **why);
+
+/* bf16 is the top half of an fp32: round to nearest even (NaN stays NaN). */
+static inline uint16_t ml_bf16_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float ml_f32_of(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 /* Counter-based dropout: keep element i when hash(seed, i) >= p * 2^32. */
 static inline uint32_t ml_dropout_hash(uint64_t seed, uint64_t i)

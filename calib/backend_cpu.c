@@ -47,6 +47,46 @@ static void cpu_gemm_batched(ml_backend *be, bool ta, bool tb, int M, int N, int
         cpu_gemm(be, ta, tb, M, N, K, alpha, A + i * sA, B + i * sB, beta, C + i * sC);
 }
 
+static void cpu_cast(ml_backend *be, const void *src, void *dst, size_t n, bool to_bf16)
+{
+    (void)be;
+    if (to_bf16)
+        for (size_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = ml_bf16_of(((const float *)src)[i]);
+    else
+        for (size_t i = 0; i < n; i++)
+            ((float *)dst)[i] = ml_f32_of(((const uint16_t *)src)[i]);
+}
+
+/* An operand's values as fp32 after rounding to bf16 (n values from p). */
+static float *bf16_values(const void *p, bool is_bf16, size_t n)
+{
+    float *f = malloc((n ? n : 1) * sizeof *f);
+    if (!f)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        f[i] = is_bf16 ? ml_f32_of(((const uint16_t *)p)[i])
+                       : ml_f32_of(ml_bf16_of(((const float *)p)[i]));
+    return f;
+}
+
+/* bf16 products, fp32 accumulation: the operands are rounded to bf16 and
+ * widened back (exact), then multiplied by sgemm. */
+static void cpu_gemm_mixed(ml_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                           const void *A, bool a_bf16, long sA, const void *B, bool b_bf16,
+                           long sB, float beta, float *C, long sC, int batch)
+{
+    size_t na = (size_t)(batch - 1) * (size_t)sA + (size_t)M * (size_t)K;
+    size_t nb = (size_t)(batch - 1) * (size_t)sB + (size_t)K * (size_t)N;
+    float *fa = bf16_values(A, a_bf16, na), *fb = bf16_values(B, b_bf16, nb);
+    if (fa && fb)
+        cpu_gemm_batched(be, ta, tb, M, N, K, alpha, fa, sA, fb, sB, beta, C, sC, batch);
+    else
+        be->failed = true;
+    free(fa);
+    free(fb);
+}
+
 static void cpu_add(ml_backend *be, const float *a, const float *b, float *y, size_t n)
 {
     (void)be;
@@ -401,6 +441,8 @@ ml_backend *ml_backend_cpu(const char **why)
     be->gemm = cpu_gemm;
     be->gemm_batched = cpu_gemm_batched;
     be->gemm_bf16_tflops = NULL;
+    be->cast = cpu_cast;
+    be->gemm_mixed = cpu_gemm_mixed;
     be->add = cpu_add;
     be->bias_add = cpu_bias_add;
     be->bias_grad = cpu_bias_grad;

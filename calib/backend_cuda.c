@@ -43,6 +43,7 @@ void ml_cu_rms_bwd(const float *h, const float *rsqrt, const float *w, const flo
 void ml_cu_silu_fwd(const float *x, float *y, size_t n);
 void ml_cu_silu_bwd(const float *x, const float *dy, float *dx, size_t n);
 void ml_cu_mul(const float *a, const float *b, float *y, size_t n);
+void ml_cu_cast(const void *src, void *dst, size_t n, int to_bf16);
 void ml_cu_repeat(const float *src, float *dst, size_t B, size_t KV, size_t rep, size_t T,
                   size_t dh, int backward);
 
@@ -141,6 +142,48 @@ static double cu_gemm_bf16(ml_backend *be, int M, int N, int K, int reps)
     cudaFree(C);
     double t = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     return st == CUBLAS_STATUS_SUCCESS && t > 0 ? 2.0 * M * (double)N * K * reps / t / 1e12 : 0;
+}
+
+static void cu_cast(ml_backend *be, const void *src, void *dst, size_t n, bool to_bf16)
+{
+    (void)be;
+    ml_cu_cast(src, dst, n, to_bf16);
+}
+
+/* An fp32 operand of a mixed GEMM rounded into a bf16 scratch buffer
+ * (cudaMalloc'd here; the device view sees it). */
+static const void *as_bf16(const void *p, bool is_bf16, size_t n, void **scratch)
+{
+    *scratch = NULL;
+    if (is_bf16)
+        return p;
+    if (cudaMalloc(scratch, (n ? n : 1) * 2) != cudaSuccess) {
+        *scratch = NULL;
+        return NULL;
+    }
+    ml_cu_cast(p, *scratch, n, 1);
+    return *scratch;
+}
+
+/* cublasGemmStridedBatchedEx on bf16 A and B, fp32 C, fp32 compute; the
+ * row-major to column-major swap as in cu_gemm. */
+static void cu_gemm_mixed(ml_backend *be, bool ta, bool tb, int M, int N, int K, float alpha,
+                          const void *A, bool a_bf16, long sA, const void *B, bool b_bf16, long sB,
+                          float beta, float *C, long sC, int batch)
+{
+    size_t na = (size_t)(batch - 1) * (size_t)sA + (size_t)M * (size_t)K;
+    size_t nb = (size_t)(batch - 1) * (size_t)sB + (size_t)K * (size_t)N;
+    void *sa, *sb;
+    const void *a = as_bf16(A, a_bf16, na, &sa), *b = as_bf16(B, b_bf16, nb, &sb);
+    if (!a || !b ||
+        cublasGemmStridedBatchedEx(H(be), tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, b, CUDA_R_16BF,
+                                   tb ? K : N, sB, a, CUDA_R_16BF, ta ? M : K, sA, &beta, C,
+                                   CUDA_R_32F, N, sC, batch, CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+        be->failed = true;
+    cudaFree(sa);
+    cudaFree(sb);
 }
 
 static void cu_add(ml_backend *be, const float *a, const float *b, float *y, size_t n)
@@ -347,6 +390,8 @@ ml_backend *ml_backend_cuda(const char **why)
     be->gemm = cu_gemm;
     be->gemm_batched = cu_gemm_batched;
     be->gemm_bf16_tflops = cu_gemm_bf16;
+    be->cast = cu_cast;
+    be->gemm_mixed = cu_gemm_mixed;
     be->add = cu_add;
     be->bias_add = cu_bias_add;
     be->bias_grad = cu_bias_grad;

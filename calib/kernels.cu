@@ -15,6 +15,23 @@ __device__ static uint32_t hash32(uint64_t seed, uint64_t i)
     return (uint32_t)((z ^ (z >> 31)) >> 32);
 }
 
+// fp32 <-> bf16 with the same rounding as ml_bf16_of (backend.h): nearest
+// even on the top 16 bits, NaN kept quiet
+__global__ void k_to_bf16(const float *x, uint16_t *y, size_t n)
+{
+    LOOP(i, n)
+    {
+        uint32_t u = __float_as_uint(x[i]);
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            y[i] = (uint16_t)((u >> 16) | 0x40u);
+        else
+            y[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+}
+__global__ void k_from_bf16(const uint16_t *x, float *y, size_t n)
+{
+    LOOP(i, n) y[i] = __uint_as_float((uint32_t)x[i] << 16);
+}
 __global__ void k_add(const float *a, const float *b, float *y, size_t n)
 {
     LOOP(i, n) y[i] = a[i] + b[i];
@@ -301,6 +318,13 @@ void ml_cu_silu_bwd(const float *x, const float *dy, float *dx, size_t n)
     k_silu_bwd<<<GRID(n)>>>(x, dy, dx, n);
 }
 void ml_cu_mul(const float *a, const float *b, float *y, size_t n) { k_mul<<<GRID(n)>>>(a, b, y, n); }
+void ml_cu_cast(const void *src, void *dst, size_t n, int to_bf16)
+{
+    if (to_bf16)
+        k_to_bf16<<<GRID(n)>>>((const float *)src, (uint16_t *)dst, n);
+    else
+        k_from_bf16<<<GRID(n)>>>((const uint16_t *)src, (float *)dst, n);
+}
 void ml_cu_repeat(const float *src, float *dst, size_t B, size_t KV, size_t rep, size_t T,
                   size_t dh, int backward)
 {

@@ -16,7 +16,7 @@ void tracker_init(tracker *tr, ml_backend *be)
 
 tn talloc(tracker *tr, size_t bytes, int cat)
 {
-    tn t = {NULL, bytes, cat};
+    tn t = {NULL, bytes, cat, false};
     if (tr->oom)
         return t;
     t.p = tr->be->alloc(tr->be, bytes);
@@ -195,24 +195,111 @@ static tn *keep(layer *l, tn t)
     return &l->saved[l->nsaved++];
 }
 
-/* y = x W + b over rows */
-static void linear_fwd(ml_backend *be, const float *x, const float *W, const float *b, float *y,
-                       size_t rows, size_t in, size_t out)
+/* ---- autocast (amp) ------------------------------------------------------
+ * Under torch.autocast(dtype=bfloat16) (aten/src/ATen/autocast_mode.cpp)
+ * a matmul runs on bf16 casts of its inputs and saves those casts; weights
+ * are cast once per forward and cached; layer_norm, softmax and
+ * log_softmax run in fp32. The runner stores exactly the tensors autograd
+ * keeps in those dtypes; its elementwise kernels are fp32 only, so an op
+ * whose result autograd keeps in bf16 writes an fp32 staging buffer (T_WORK)
+ * that is then cast (slot, settle). The saved bytes are autocast's; the
+ * transient workspace is larger than PyTorch's. */
+
+/* A bf16 cast of n fp32 values, in category cat. */
+static tn low_copy(tracker *tr, const float *src, size_t n, int cat)
 {
-    be->gemm(be, false, false, (int)rows, (int)out, (int)in, 1.0f, x, W, 0.0f, y);
-    if (b)
-        be->bias_add(be, y, b, rows, out);
+    tn c = talloc(tr, n * 2, cat);
+    c.low = true;
+    if (c.p)
+        tr->be->cast(tr->be, src, c.p, n, true);
+    return c;
 }
 
-/* dx = dy W^T (if dx), dW += x^T dy, db += sum dy */
-static void linear_bwd(ml_backend *be, const float *x, const float *W, const float *dy, float *dx,
-                       float *dW, float *db, size_t rows, size_t in, size_t out)
+/* Where an op writes a tensor autograd keeps in the compute dtype: the kept
+ * fp32 tensor itself, or under amp an fp32 staging buffer (*stage) whose
+ * bf16 cast settle() keeps. */
+static tn *slot(layer *l, tracker *tr, size_t n, tn *stage)
+{
+    *stage = (tn){NULL, 0, T_WORK, false};
+    if (!l->d.amp)
+        return keep(l, talloc(tr, n * 4, T_SAVED));
+    *stage = talloc(tr, n * 4, T_WORK);
+    return stage;
+}
+
+static tn *settle(layer *l, tracker *tr, tn *t, tn *stage)
+{
+    if (t != stage)
+        return t;
+    tn *k = keep(l, low_copy(tr, stage->p, stage->bytes / 4, T_SAVED));
+    tfree(tr, stage);
+    return k;
+}
+
+/* Another bf16 cast of the same fp32 input, for a second projection of it:
+ * casts of non-leaf tensors are not cached, so autograd keeps each one
+ * (backward reads the first; the values are equal). */
+static void extra_copy(layer *l, tracker *tr, const float *src, size_t n)
+{
+    l->extra[l->nextra++] = low_copy(tr, src, n, T_SAVED);
+}
+
+/* The weight a matmul multiplies by: the parameter, or under amp its bf16
+ * copy, cast on first use and kept until backward is done. */
+static const tn *wt(layer *l, tracker *tr, int i)
+{
+    if (!l->d.amp)
+        return &l->w[i];
+    if (!l->wc[i].p && !tr->oom)
+        l->wc[i] = low_copy(tr, l->w[i].p, l->wn[i], T_CAST);
+    return &l->wc[i];
+}
+
+/* fp32 values of t for an elementwise kernel: t itself, or an fp32 copy of
+ * a bf16 tensor in *tmp (tfree it after; NULL when out of memory). */
+static float *f32(tracker *tr, const tn *t, tn *tmp)
+{
+    *tmp = (tn){NULL, 0, T_WORK, false};
+    if (!t->low)
+        return t->p;
+    *tmp = talloc(tr, t->bytes * 2, T_WORK);
+    if (tmp->p)
+        tr->be->cast(tr->be, t->p, tmp->p, t->bytes / 2, false);
+    return tmp->p;
+}
+
+/* C = alpha op(A) op(B) + beta C over `batch` strided matrices, through
+ * the mixed-precision GEMM when an operand is bf16. */
+static void mm(ml_backend *be, bool ta, bool tb, int M, int N, int K, float alpha, const tn *A,
+               long sA, const tn *B, long sB, float beta, float *C, long sC, int batch)
+{
+    if (A->low || B->low)
+        be->gemm_mixed(be, ta, tb, M, N, K, alpha, A->p, A->low, sA, B->p, B->low, sB, beta, C,
+                       sC, batch);
+    else if (batch == 1)
+        be->gemm(be, ta, tb, M, N, K, alpha, A->p, B->p, beta, C);
+    else
+        be->gemm_batched(be, ta, tb, M, N, K, alpha, A->p, sA, B->p, sB, beta, C, sC, batch);
+}
+
+/* y = x W + b over rows */
+static void linear_fwd(ml_backend *be, const tn *x, const tn *W, const tn *b, float *y,
+                       size_t rows, size_t in, size_t out)
+{
+    mm(be, false, false, (int)rows, (int)out, (int)in, 1.0f, x, 0, W, 0, 0.0f, y, 0, 1);
+    if (b)
+        be->bias_add(be, y, b->p, rows, out);
+}
+
+/* dx = dy W^T (if dx; beta_dx 1 adds to it), dW += x^T dy, db += sum dy */
+static void linear_bwd(ml_backend *be, const tn *x, const tn *W, const tn *dy, float *dx,
+                       float beta_dx, float *dW, float *db, size_t rows, size_t in, size_t out)
 {
     if (dx)
-        be->gemm(be, false, true, (int)rows, (int)in, (int)out, 1.0f, dy, W, 0.0f, dx);
-    be->gemm(be, true, false, (int)in, (int)out, (int)rows, 1.0f, x, dy, 1.0f, dW);
+        mm(be, false, true, (int)rows, (int)in, (int)out, 1.0f, dy, 0, W, 0, beta_dx, dx, 0, 1);
+    mm(be, true, false, (int)in, (int)out, (int)rows, 1.0f, x, 0, dy, 0, 1.0f, dW, 0, 1);
     if (db)
-        be->bias_grad(be, dy, db, rows, out);
+        be->bias_grad(be, dy->p, db, rows, out);
 }
 
 static void grads_alloc(layer *l, tracker *tr)
@@ -229,27 +316,42 @@ tn layer_forward(layer *l, tracker *tr, tn *x)
     ml_backend *be = tr->be;
     const dims *d = &l->d;
     size_t B = d->B, T = d->T, D = d->D, H = d->H, F_ = d->F, BT = B * T, dh = H ? D / H : 0;
-    tn none = {NULL, 0, T_WORK};
+    bool amp = d->amp;
+    tn none = {NULL, 0, T_WORK, false};
     l->nsaved = 0;
+    l->nextra = 0;
     switch (l->kind) {
-    case K_LINEAR: {
-        keep(l, *x); /* addmm saves its input */
-        tn y = talloc(tr, BT * D * 4, T_WORK);
-        if (tr->oom)
-            return none;
-        linear_fwd(be, F(*x), F(l->w[LIN_W]), F(l->w[LIN_B]), F(y), BT, D, D);
-        return y;
-    }
+    case K_LINEAR:
     case K_MLP: {
-        keep(l, *x);
-        tn *h = keep(l, talloc(tr, BT * F_ * 4, T_SAVED)); /* gelu saves its input */
-        tn *a = keep(l, talloc(tr, BT * F_ * 4, T_SAVED)); /* the 2nd linear its input */
+        /* addmm saves its input; under amp its bf16 cast instead, and the
+         * fp32 input is no longer needed */
+        tn *xs = x;
+        if (amp) {
+            xs = keep(l, low_copy(tr, x->p, BT * D, T_SAVED));
+            tfree(tr, x);
+        } else {
+            keep(l, *x);
+        }
         tn y = talloc(tr, BT * D * 4, T_WORK);
         if (tr->oom)
             return none;
-        linear_fwd(be, F(*x), F(l->w[MLP_W1]), F(l->w[MLP_B1]), F(*h), BT, D, F_);
+        if (l->kind == K_LINEAR) {
+            linear_fwd(be, xs, wt(l, tr, LIN_W), &l->w[LIN_B], F(y), BT, D, D);
+            return y;
+        }
+        tn hs, as;
+        tn *h = slot(l, tr, BT * F_, &hs); /* gelu saves its input */
+        tn *a = slot(l, tr, BT * F_, &as); /* the 2nd linear its input */
+        const tn *w1 = wt(l, tr, MLP_W1), *w2 = wt(l, tr, MLP_W2);
+        if (tr->oom)
+            return none;
+        linear_fwd(be, xs, w1, &l->w[MLP_B1], F(*h), BT, D, F_);
         be->gelu_fwd(be, F(*h), F(*a), BT * F_);
-        linear_fwd(be, F(*a), F(l->w[MLP_W2]), F(l->w[MLP_B2]), F(y), BT, F_, D);
+        settle(l, tr, h, &hs);
+        a = settle(l, tr, a, &as);
+        if (tr->oom)
+            return none;
+        linear_fwd(be, a, w2, &l->w[MLP_B2], F(y), BT, F_, D);
         return y;
     }
     case K_BLOCK: {
@@ -257,51 +359,68 @@ tn layer_forward(layer *l, tracker *tr, tn *x)
         keep(l, *x);                                               /* 0 ln_1 input */
         tn *mean1 = keep(l, talloc(tr, BT * 4, T_SAVED));          /* 1 */
         tn *rstd1 = keep(l, talloc(tr, BT * 4, T_SAVED));          /* 2 */
-        tn *ln1 = keep(l, talloc(tr, BT * D * 4, T_SAVED));        /* 3 qkv input */
+        tn st, sq, sk, sv;
+        tn *ln1 = slot(l, tr, BT * D, &st);                        /* 3 qkv input */
         if (tr->oom)
             return none;
         be->layernorm_fwd(be, F(*x), F(l->w[BL_G1]), F(l->w[BL_B1]), F(*ln1), F(*mean1),
                           F(*rstd1), BT, D);
+        ln1 = settle(l, tr, ln1, &st);
         tn qkv = talloc(tr, BT * 3 * D * 4, T_WORK);
-        tn *q = keep(l, talloc(tr, BT * D * 4, T_SAVED));          /* 4 */
-        tn *k = keep(l, talloc(tr, BT * D * 4, T_SAVED));          /* 5 */
-        tn *v = keep(l, talloc(tr, BT * D * 4, T_SAVED));          /* 6 */
+        tn *q = slot(l, tr, BT * D, &sq);                          /* 4 */
+        tn *k = slot(l, tr, BT * D, &sk);                          /* 5 */
+        tn *v = slot(l, tr, BT * D, &sv);                          /* 6 */
+        const tn *wqkv = wt(l, tr, BL_WQKV);
         if (tr->oom)
             return none;
-        linear_fwd(be, F(*ln1), F(l->w[BL_WQKV]), F(l->w[BL_BQKV]), F(qkv), BT, D, 3 * D);
+        linear_fwd(be, ln1, wqkv, &l->w[BL_BQKV], F(qkv), BT, D, 3 * D);
         be->permute(be, F(qkv), F(*q), B, T, H, dh, 3 * D, 0, true);
         be->permute(be, F(qkv), F(*k), B, T, H, dh, 3 * D, D, true);
         be->permute(be, F(qkv), F(*v), B, T, H, dh, 3 * D, 2 * D, true);
         tfree(tr, &qkv);
+        q = settle(l, tr, q, &sq);
+        k = settle(l, tr, k, &sk);
+        v = settle(l, tr, v, &sv);
         /* masked_fill keeps a bool T x T mask; the softmax kernel masks by
          * index, but the tensor is kept as PyTorch keeps it */
         keep(l, talloc(tr, T * T, T_SAVED));                       /* 7 */
         tn S = talloc(tr, B * H * T * T * 4, T_WORK);
-        tn *P = keep(l, talloc(tr, B * H * T * T * 4, T_SAVED));   /* 8 softmax output */
+        /* 8 softmax output (fp32 under amp: softmax is on autocast's fp32 list) */
+        tn *P = keep(l, talloc(tr, B * H * T * T * 4, T_SAVED));
         if (tr->oom)
             return none;
-        be->gemm_batched(be, false, true, (int)T, (int)T, (int)dh, 1.0f, F(*q), (long)(T * dh),
-                         F(*k), (long)(T * dh), 0.0f, F(S), (long)(T * T), (int)(B * H));
+        mm(be, false, true, (int)T, (int)T, (int)dh, 1.0f, q, (long)(T * dh), k, (long)(T * dh),
+           0.0f, F(S), (long)(T * T), (int)(B * H));
         be->softmax_fwd(be, F(S), F(*P), B * H, T, scale);
         tfree(tr, &S);
         tn *Pd = P;
         if (p > 0) {
-            tn *dm = keep(l, talloc(tr, B * H * T * T, T_SAVED));    /* 9 mask */
-            Pd = keep(l, talloc(tr, B * H * T * T * 4, T_SAVED));    /* 10 dropout output */
+            keep(l, talloc(tr, B * H * T * T, T_SAVED));             /* 9 mask */
+            tn sd;
+            Pd = slot(l, tr, B * H * T * T, &sd);                    /* 10 dropout output */
             if (tr->oom)
                 return none;
-            be->dropout_fwd(be, F(*P), U8(*dm), F(*Pd), B * H * T * T, p, l->seed + 1);
+            be->dropout_fwd(be, F(*P), U8(l->saved[9]), F(*Pd), B * H * T * T, p, l->seed + 1);
+            Pd = settle(l, tr, Pd, &sd);
+        } else if (amp) {
+            /* PV's bf16 cast of the probabilities */
+            Pd = keep(l, low_copy(tr, P->p, B * H * T * T, T_SAVED)); /* 9 */
         }
         tn O = talloc(tr, BT * D * 4, T_WORK);
-        tn *om = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* proj input */
+        tn so;
+        tn *om = slot(l, tr, BT * D, &so);                         /* proj input */
         tn a = talloc(tr, BT * D * 4, T_WORK);
+        const tn *wo = wt(l, tr, BL_WO);
         if (tr->oom)
             return none;
-        be->gemm_batched(be, false, false, (int)T, (int)dh, (int)T, 1.0f, F(*Pd), (long)(T * T),
-                         F(*v), (long)(T * dh), 0.0f, F(O), (long)(T * dh), (int)(B * H));
+        mm(be, false, false, (int)T, (int)dh, (int)T, 1.0f, Pd, (long)(T * T), v, (long)(T * dh),
+           0.0f, F(O), (long)(T * dh), (int)(B * H));
         be->permute(be, F(O), F(*om), B, T, H, dh, D, 0, false);
         tfree(tr, &O);
-        linear_fwd(be, F(*om), F(l->w[BL_WO]), F(l->w[BL_BO]), F(a), BT, D, D);
+        om = settle(l, tr, om, &so);
+        if (tr->oom)
+            return none;
+        linear_fwd(be, om, wo, &l->w[BL_BO], F(a), BT, D, D);
         if (p > 0) {
             tn *rm = keep(l, talloc(tr, BT * D, T_SAVED));
             if (tr->oom)
@@ -311,21 +430,28 @@ tn layer_forward(layer *l, tracker *tr, tn *x)
         tn *x2 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* ln_2 input */
         tn *mean2 = keep(l, talloc(tr, BT * 4, T_SAVED));
         tn *rstd2 = keep(l, talloc(tr, BT * 4, T_SAVED));
-        tn *ln2 = keep(l, talloc(tr, BT * D * 4, T_SAVED));        /* fc input */
-        tn *h = keep(l, talloc(tr, BT * F_ * 4, T_SAVED));         /* gelu input */
-        tn *g = keep(l, talloc(tr, BT * F_ * 4, T_SAVED));         /* proj input */
+        tn s2, shh, sg;
+        tn *ln2 = slot(l, tr, BT * D, &s2);                        /* fc input */
         if (tr->oom)
             return none;
         be->add(be, F(*x), F(a), F(*x2), BT * D);
         tfree(tr, &a);
         be->layernorm_fwd(be, F(*x2), F(l->w[BL_G2]), F(l->w[BL_B2]), F(*ln2), F(*mean2),
                           F(*rstd2), BT, D);
-        linear_fwd(be, F(*ln2), F(l->w[BL_W1]), F(l->w[BL_BF1]), F(*h), BT, D, F_);
+        ln2 = settle(l, tr, ln2, &s2);
+        tn *h = slot(l, tr, BT * F_, &shh);                        /* gelu input */
+        tn *g = slot(l, tr, BT * F_, &sg);                         /* proj input */
+        const tn *w1 = wt(l, tr, BL_W1), *w2 = wt(l, tr, BL_W2);
+        if (tr->oom)
+            return none;
+        linear_fwd(be, ln2, w1, &l->w[BL_BF1], F(*h), BT, D, F_);
         be->gelu_fwd(be, F(*h), F(*g), BT * F_);
+        settle(l, tr, h, &shh);
+        g = settle(l, tr, g, &sg);
         tn y = talloc(tr, BT * D * 4, T_WORK);
         if (tr->oom)
             return none;
-        linear_fwd(be, F(*g), F(l->w[BL_W2]), F(l->w[BL_BF2]), F(y), BT, F_, D);
+        linear_fwd(be, g, w2, &l->w[BL_BF2], F(y), BT, F_, D);
         if (p > 0) {
             tn *rm2 = keep(l, talloc(tr, BT * D, T_SAVED));
             if (tr->oom)
@@ -341,20 +467,27 @@ tn layer_forward(layer *l, tracker *tr, tn *x)
         keep(l, *x);                                               /* 0 rmsnorm input */
         tn *rs1 = keep(l, talloc(tr, BT * 4, T_SAVED));            /* 1 rsqrt */
         tn *h1 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 2 normalised */
-        tn *y1 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 3 q/k/v input */
+        tn s1, sq, sk, sv;
+        tn *y1 = slot(l, tr, BT * D, &s1);                         /* 3 q/k/v input */
         if (tr->oom)
             return none;
         be->rmsnorm_fwd(be, F(*x), F(l->w[LL_N1]), F(*rs1), F(*h1), F(*y1), BT, D);
+        if (amp) { /* q_proj's cast is kept at 3; k_proj's and v_proj's are two more */
+            extra_copy(l, tr, F(*y1), BT * D);
+            extra_copy(l, tr, F(*y1), BT * D);
+        }
+        y1 = settle(l, tr, y1, &s1);
         tn q = talloc(tr, BT * D * 4, T_WORK), k = talloc(tr, BT * dkv * 4, T_WORK),
            v = talloc(tr, BT * dkv * 4, T_WORK), kvh = talloc(tr, BT * dkv * 4, T_WORK);
-        tn *qh = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 4 */
-        tn *kh = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 5 repeated */
-        tn *vh = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 6 repeated */
+        tn *qh = slot(l, tr, BT * D, &sq);                         /* 4 */
+        tn *kh = slot(l, tr, BT * D, &sk);                         /* 5 repeated */
+        tn *vh = slot(l, tr, BT * D, &sv);                         /* 6 repeated */
+        const tn *wq = wt(l, tr, LL_WQ), *wk = wt(l, tr, LL_WK), *wv = wt(l, tr, LL_WV);
         if (tr->oom)
             return none;
-        linear_fwd(be, F(*y1), F(l->w[LL_WQ]), NULL, F(q), BT, D, D);
-        linear_fwd(be, F(*y1), F(l->w[LL_WK]), NULL, F(k), BT, D, dkv);
-        linear_fwd(be, F(*y1), F(l->w[LL_WV]), NULL, F(v), BT, D, dkv);
+        linear_fwd(be, y1, wq, NULL, F(q), BT, D, D);
+        linear_fwd(be, y1, wk, NULL, F(k), BT, D, dkv);
+        linear_fwd(be, y1, wv, NULL, F(v), BT, D, dkv);
         be->permute(be, F(q), F(*qh), B, T, H, dh, D, 0, true);
         be->permute(be, F(k), F(kvh), B, T, KV, dh, dkv, 0, true);
         be->repeat_heads(be, F(kvh), F(*kh), B, KV, rep, T, dh, false);
@@ -364,45 +497,67 @@ tn layer_forward(layer *l, tracker *tr, tn *x)
         tfree(tr, &k);
         tfree(tr, &v);
         tfree(tr, &kvh);
+        qh = settle(l, tr, qh, &sq);
+        kh = settle(l, tr, kh, &sk);
+        vh = settle(l, tr, vh, &sv);
         tn S = talloc(tr, B * H * T * T * 4, T_WORK);
         tn *P = keep(l, talloc(tr, B * H * T * T * 4, T_SAVED));   /* 7 softmax (fp32) */
         if (tr->oom)
             return none;
-        be->gemm_batched(be, false, true, (int)T, (int)T, (int)dh, 1.0f, F(*qh), (long)(T * dh),
-                         F(*kh), (long)(T * dh), 0.0f, F(S), (long)(T * T), (int)(B * H));
+        mm(be, false, true, (int)T, (int)T, (int)dh, 1.0f, qh, (long)(T * dh), kh, (long)(T * dh),
+           0.0f, F(S), (long)(T * T), (int)(B * H));
         be->softmax_fwd(be, F(S), F(*P), B * H, T, scale);
         tfree(tr, &S);
+        /* under amp PV takes a bf16 cast of the fp32 probabilities: 8, and
+         * what follows moves up by one */
+        tn *Pv = amp ? keep(l, low_copy(tr, P->p, B * H * T * T, T_SAVED)) : P;
         tn O = talloc(tr, BT * D * 4, T_WORK);
-        tn *om = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 8 o_proj input */
+        tn so;
+        tn *om = slot(l, tr, BT * D, &so);                         /* 8 o_proj input */
         tn a = talloc(tr, BT * D * 4, T_WORK);
+        const tn *wo = wt(l, tr, LL_WO);
         if (tr->oom)
             return none;
-        be->gemm_batched(be, false, false, (int)T, (int)dh, (int)T, 1.0f, F(*P), (long)(T * T),
-                         F(*vh), (long)(T * dh), 0.0f, F(O), (long)(T * dh), (int)(B * H));
+        mm(be, false, false, (int)T, (int)dh, (int)T, 1.0f, Pv, (long)(T * T), vh, (long)(T * dh),
+           0.0f, F(O), (long)(T * dh), (int)(B * H));
         be->permute(be, F(O), F(*om), B, T, H, dh, D, 0, false);
         tfree(tr, &O);
-        linear_fwd(be, F(*om), F(l->w[LL_WO]), NULL, F(a), BT, D, D);
+        om = settle(l, tr, om, &so);
+        if (tr->oom)
+            return none;
+        linear_fwd(be, om, wo, NULL, F(a), BT, D, D);
         tn *x2 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 9 */
         tn *rs2 = keep(l, talloc(tr, BT * 4, T_SAVED));            /* 10 */
         tn *h2 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 11 */
-        tn *y2 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 12 gate/up input */
-        tn *g = keep(l, talloc(tr, BT * F_ * 4, T_SAVED));         /* 13 silu input */
-        tn *sg = keep(l, talloc(tr, BT * F_ * 4, T_SAVED));        /* 14 silu output */
-        tn *u = keep(l, talloc(tr, BT * F_ * 4, T_SAVED));         /* 15 up output */
-        tn *pr = keep(l, talloc(tr, BT * F_ * 4, T_SAVED));        /* 16 down input */
+        tn s2, sgt, ssg, su, spr;
+        tn *y2 = slot(l, tr, BT * D, &s2);                         /* 12 gate/up input */
         if (tr->oom)
             return none;
         be->add(be, F(*x), F(a), F(*x2), BT * D);
         tfree(tr, &a);
         be->rmsnorm_fwd(be, F(*x2), F(l->w[LL_N2]), F(*rs2), F(*h2), F(*y2), BT, D);
-        linear_fwd(be, F(*y2), F(l->w[LL_WG]), NULL, F(*g), BT, D, F_);
-        linear_fwd(be, F(*y2), F(l->w[LL_WU]), NULL, F(*u), BT, D, F_);
+        if (amp) /* gate_proj's cast is kept at 12, up_proj's is another */
+            extra_copy(l, tr, F(*y2), BT * D);
+        y2 = settle(l, tr, y2, &s2);
+        tn *g = slot(l, tr, BT * F_, &sgt);                        /* 13 silu input */
+        tn *sg = slot(l, tr, BT * F_, &ssg);                       /* 14 silu output */
+        tn *u = slot(l, tr, BT * F_, &su);                         /* 15 up output */
+        tn *pr = slot(l, tr, BT * F_, &spr);                       /* 16 down input */
+        const tn *wg = wt(l, tr, LL_WG), *wu = wt(l, tr, LL_WU), *wd = wt(l, tr, LL_WD);
+        if (tr->oom)
+            return none;
+        linear_fwd(be, y2, wg, NULL, F(*g), BT, D, F_);
+        linear_fwd(be, y2, wu, NULL, F(*u), BT, D, F_);
         be->silu_fwd(be, F(*g), F(*sg), BT * F_);
         be->mul(be, F(*sg), F(*u), F(*pr), BT * F_);
+        settle(l, tr, g, &sgt);
+        settle(l, tr, sg, &ssg);
+        settle(l, tr, u, &su);
+        pr = settle(l, tr, pr, &spr);
         tn y = talloc(tr, BT * D * 4, T_WORK);
         if (tr->oom)
             return none;
-        linear_fwd(be, F(*pr), F(l->w[LL_WD]), NULL, F(y), BT, F_, D);
+        linear_fwd(be, pr, wd, NULL, F(y), BT, F_, D);
         be->add(be, F(*x2), F(y), F(y), BT * D);
         return y;
     }
@@ -453,7 +608,8 @@ tn layer_forward(layer *l, tracker *tr, tn *x)
         tn *xf = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* ln_f input */
         tn *mf = keep(l, talloc(tr, BT * 4, T_SAVED));
         tn *rf = keep(l, talloc(tr, BT * 4, T_SAVED));
-        tn *lnf = keep(l, talloc(tr, BT * D * 4, T_SAVED));        /* lm_head input */
+        tn sl;
+        tn *lnf = slot(l, tr, BT * D, &sl);                        /* lm_head input */
         if (tr->oom)
             return none;
         /* xf = xe: the residual stream entering the head (a copy here, the
@@ -463,13 +619,16 @@ tn layer_forward(layer *l, tracker *tr, tn *x)
         tfree(tr, &e);
         be->layernorm_fwd(be, F(*xf), F(l->w[LM_GF]), F(l->w[LM_BF]), F(*lnf), F(*mf), F(*rf),
                           BT, D);
+        lnf = settle(l, tr, lnf, &sl);
         tn logits = talloc(tr, BT * V * 4, T_WORK);
-        tn *logp = keep(l, talloc(tr, BT * V * 4, T_SAVED));       /* log-softmax output */
+        /* log-softmax output: fp32 (under amp too: autocast's fp32 list) */
+        tn *logp = keep(l, talloc(tr, BT * V * 4, T_SAVED));
         keep(l, talloc(tr, 4, T_SAVED));                           /* nll total_weight */
         tn loss = talloc(tr, 4, T_WORK);
+        const tn *wh = wt(l, tr, LM_WH);
         if (tr->oom)
             return none;
-        linear_fwd(be, F(*lnf), F(l->w[LM_WH]), NULL, F(logits), BT, D, V);
+        linear_fwd(be, lnf, wh, NULL, F(logits), BT, D, V);
         float hl;
         be->xent_fwd(be, F(logits), I64(*tgt), F(*logp), &hl, BT, V);
         tfree(tr, &logits);
@@ -486,6 +645,11 @@ static void free_saved(layer *l, tracker *tr)
     for (int i = 0; i < l->nsaved; i++)
         tfree(tr, &l->saved[i]);
     l->nsaved = 0;
+    for (int i = 0; i < l->nextra; i++)
+        tfree(tr, &l->extra[i]);
+    l->nextra = 0;
+    for (int i = 0; i < l->nparams; i++)
+        tfree(tr, &l->wc[i]);
 }
 
 tn layer_backward(layer *l, tracker *tr, tn *dy)
@@ -493,7 +657,8 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
     ml_backend *be = tr->be;
     const dims *d = &l->d;
     size_t B = d->B, T = d->T, D = d->D, H = d->H, F_ = d->F, BT = B * T, dh = H ? D / H : 0;
-    tn none = {NULL, 0, T_WORK};
+    bool amp = d->amp;
+    tn none = {NULL, 0, T_WORK, false};
     grads_alloc(l, tr);
     if (tr->oom)
         return none;
@@ -503,20 +668,24 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
         dx = talloc(tr, BT * D * 4, T_WORK);
         if (tr->oom)
             break;
-        linear_bwd(be, F(l->saved[0]), F(l->w[LIN_W]), F(*dy), F(dx), F(l->g[LIN_W]),
+        linear_bwd(be, &l->saved[0], wt(l, tr, LIN_W), dy, F(dx), 0.0f, F(l->g[LIN_W]),
                    F(l->g[LIN_B]), BT, D, D);
         break;
     }
     case K_MLP: {
         tn *x = &l->saved[0], *h = &l->saved[1], *a = &l->saved[2];
-        tn da = talloc(tr, BT * F_ * 4, T_WORK);
+        tn da = talloc(tr, BT * F_ * 4, T_WORK), th;
         dx = talloc(tr, BT * D * 4, T_WORK);
         if (tr->oom)
             break;
-        linear_bwd(be, F(*a), F(l->w[MLP_W2]), F(*dy), F(da), F(l->g[MLP_W2]), F(l->g[MLP_B2]),
+        linear_bwd(be, a, wt(l, tr, MLP_W2), dy, F(da), 0.0f, F(l->g[MLP_W2]), F(l->g[MLP_B2]),
                    BT, F_, D);
-        be->gelu_bwd(be, F(*h), F(da), F(da), BT * F_);
-        linear_bwd(be, F(*x), F(l->w[MLP_W1]), F(da), F(dx), F(l->g[MLP_W1]), F(l->g[MLP_B1]),
+        float *hf = f32(tr, h, &th);
+        if (tr->oom)
+            break;
+        be->gelu_bwd(be, hf, F(da), F(da), BT * F_);
+        tfree(tr, &th);
+        linear_bwd(be, x, wt(l, tr, MLP_W1), &da, F(dx), 0.0f, F(l->g[MLP_W1]), F(l->g[MLP_B1]),
                    BT, D, F_);
         tfree(tr, &da);
         break;
@@ -528,17 +697,17 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
            *ln1 = &l->saved[i++], *q = &l->saved[i++], *k = &l->saved[i++], *v = &l->saved[i++];
         i++; /* causal mask */
         tn *P = &l->saved[i++], *dm = NULL, *Pd = P;
-        if (p > 0) {
+        if (p > 0)
             dm = &l->saved[i++];
+        if (p > 0 || amp)
             Pd = &l->saved[i++];
-        }
         tn *om = &l->saved[i++], *rm = p > 0 ? &l->saved[i++] : NULL;
         tn *x2 = &l->saved[i++], *mean2 = &l->saved[i++], *rstd2 = &l->saved[i++],
            *ln2 = &l->saved[i++], *h = &l->saved[i++], *g = &l->saved[i++];
         tn *rm2 = p > 0 ? &l->saved[i++] : NULL;
         /* MLP */
         tn dy2 = talloc(tr, BT * D * 4, T_WORK), dg = talloc(tr, BT * F_ * 4, T_WORK);
-        tn dln = talloc(tr, BT * D * 4, T_WORK), dx2 = talloc(tr, BT * D * 4, T_WORK);
+        tn dln = talloc(tr, BT * D * 4, T_WORK), dx2 = talloc(tr, BT * D * 4, T_WORK), th;
         if (tr->oom)
             break;
         if (p > 0)
@@ -547,10 +716,14 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
             be->zero(be, dy2.p, BT * D * 4);
             be->add(be, F(dy2), F(*dy), F(dy2), BT * D);
         }
-        linear_bwd(be, F(*g), F(l->w[BL_W2]), F(dy2), F(dg), F(l->g[BL_W2]), F(l->g[BL_BF2]), BT,
-                   F_, D);
-        be->gelu_bwd(be, F(*h), F(dg), F(dg), BT * F_);
-        linear_bwd(be, F(*ln2), F(l->w[BL_W1]), F(dg), F(dln), F(l->g[BL_W1]), F(l->g[BL_BF1]),
+        linear_bwd(be, g, wt(l, tr, BL_W2), &dy2, F(dg), 0.0f, F(l->g[BL_W2]), F(l->g[BL_BF2]),
+                   BT, F_, D);
+        float *hf = f32(tr, h, &th);
+        if (tr->oom)
+            break;
+        be->gelu_bwd(be, hf, F(dg), F(dg), BT * F_);
+        tfree(tr, &th);
+        linear_bwd(be, ln2, wt(l, tr, BL_W1), &dg, F(dln), 0.0f, F(l->g[BL_W1]), F(l->g[BL_BF1]),
                    BT, D, F_);
         tfree(tr, &dg);
         be->layernorm_bwd(be, F(*x2), F(l->w[BL_G2]), F(*mean2), F(*rstd2), F(dln), F(dx2),
@@ -571,24 +744,20 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
            dv = talloc(tr, BT * D * 4, T_WORK);
         if (tr->oom)
             break;
-        linear_bwd(be, F(*om), F(l->w[BL_WO]), F(da), F(dln), F(l->g[BL_WO]), F(l->g[BL_BO]), BT,
-                   D, D);
+        linear_bwd(be, om, wt(l, tr, BL_WO), &da, F(dln), 0.0f, F(l->g[BL_WO]), F(l->g[BL_BO]),
+                   BT, D, D);
         be->permute(be, F(dln), F(dO), B, T, H, dh, D, 0, true);
         long tt = (long)(T * T), td = (long)(T * dh);
         int bh = (int)(B * H);
         /* O = Pd v: dPd = dO v^T, dv = Pd^T dO */
-        be->gemm_batched(be, false, true, (int)T, (int)T, (int)dh, 1.0f, F(dO), td, F(*v), td,
-                         0.0f, F(dP), tt, bh);
-        be->gemm_batched(be, true, false, (int)T, (int)dh, (int)T, 1.0f, F(*Pd), tt, F(dO), td,
-                         0.0f, F(dv), td, bh);
+        mm(be, false, true, (int)T, (int)T, (int)dh, 1.0f, &dO, td, v, td, 0.0f, F(dP), tt, bh);
+        mm(be, true, false, (int)T, (int)dh, (int)T, 1.0f, Pd, tt, &dO, td, 0.0f, F(dv), td, bh);
         if (p > 0)
             be->dropout_bwd(be, U8(*dm), F(dP), F(dP), B * H * T * T, p);
         be->softmax_bwd(be, F(*P), F(dP), F(dP), B * H, T, scale);
         /* S = q k^T: dq = dS k, dk = dS^T q */
-        be->gemm_batched(be, false, false, (int)T, (int)dh, (int)T, 1.0f, F(dP), tt, F(*k), td,
-                         0.0f, F(dq), td, bh);
-        be->gemm_batched(be, true, false, (int)T, (int)dh, (int)T, 1.0f, F(dP), tt, F(*q), td,
-                         0.0f, F(dk), td, bh);
+        mm(be, false, false, (int)T, (int)dh, (int)T, 1.0f, &dP, tt, k, td, 0.0f, F(dq), td, bh);
+        mm(be, true, false, (int)T, (int)dh, (int)T, 1.0f, &dP, tt, q, td, 0.0f, F(dk), td, bh);
         be->permute(be, F(dq), F(dqkv), B, T, H, dh, 3 * D, 0, false);
         be->permute(be, F(dk), F(dqkv), B, T, H, dh, 3 * D, D, false);
         be->permute(be, F(dv), F(dqkv), B, T, H, dh, 3 * D, 2 * D, false);
@@ -597,7 +766,7 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
         tfree(tr, &dq);
         tfree(tr, &dk);
         tfree(tr, &dv);
-        linear_bwd(be, F(*ln1), F(l->w[BL_WQKV]), F(dqkv), F(dln), F(l->g[BL_WQKV]),
+        linear_bwd(be, ln1, wt(l, tr, BL_WQKV), &dqkv, F(dln), 0.0f, F(l->g[BL_WQKV]),
                    F(l->g[BL_BQKV]), BT, D, 3 * D);
         tfree(tr, &dqkv);
         dx = talloc(tr, BT * D * 4, T_WORK);
@@ -615,24 +784,32 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
         size_t KV = kv_of(d), rep = H / KV, dkv = KV * dh;
         float scale = 1.0f / sqrtf((float)dh);
         tn *S = l->saved;
-        tn *x = &S[0], *rs1 = &S[1], *h1 = &S[2], *y1 = &S[3], *qh = &S[4], *kh = &S[5],
-           *vh = &S[6], *P = &S[7], *om = &S[8], *rs2 = &S[10], *h2 = &S[11], *y2 = &S[12],
-           *g = &S[13], *sg = &S[14], *u = &S[15], *pr = &S[16];
+        int o = amp ? 1 : 0; /* amp keeps PV's cast of P at 8 */
+        tn *rs1 = &S[1], *h1 = &S[2], *y1 = &S[3], *qh = &S[4], *kh = &S[5], *vh = &S[6],
+           *P = &S[7], *Pv = &S[7 + o], *om = &S[8 + o], *rs2 = &S[10 + o], *h2 = &S[11 + o],
+           *y2 = &S[12 + o], *g = &S[13 + o], *sg = &S[14 + o], *u = &S[15 + o],
+           *pr = &S[16 + o];
         tn dp = talloc(tr, BT * F_ * 4, T_WORK), dsg = talloc(tr, BT * F_ * 4, T_WORK),
            du = talloc(tr, BT * F_ * 4, T_WORK), dyn = talloc(tr, BT * D * 4, T_WORK),
-           dx2 = talloc(tr, BT * D * 4, T_WORK);
+           dx2 = talloc(tr, BT * D * 4, T_WORK), t1, t2;
         if (tr->oom)
             break;
-        linear_bwd(be, F(*pr), F(l->w[LL_WD]), F(*dy), F(dp), F(l->g[LL_WD]), NULL, BT, F_, D);
-        be->mul(be, F(dp), F(*u), F(dsg), BT * F_);
-        be->mul(be, F(dp), F(*sg), F(du), BT * F_);
-        be->silu_bwd(be, F(*g), F(dsg), F(dsg), BT * F_);
-        linear_bwd(be, F(*y2), F(l->w[LL_WG]), F(dsg), F(dyn), F(l->g[LL_WG]), NULL, BT, D, F_);
+        linear_bwd(be, pr, wt(l, tr, LL_WD), dy, F(dp), 0.0f, F(l->g[LL_WD]), NULL, BT, F_, D);
+        float *uf = f32(tr, u, &t1), *sgf = f32(tr, sg, &t2);
+        if (tr->oom)
+            break;
+        be->mul(be, F(dp), uf, F(dsg), BT * F_);
+        be->mul(be, F(dp), sgf, F(du), BT * F_);
+        tfree(tr, &t1);
+        tfree(tr, &t2);
+        float *gf = f32(tr, g, &t1);
+        if (tr->oom)
+            break;
+        be->silu_bwd(be, gf, F(dsg), F(dsg), BT * F_);
+        tfree(tr, &t1);
+        linear_bwd(be, y2, wt(l, tr, LL_WG), &dsg, F(dyn), 0.0f, F(l->g[LL_WG]), NULL, BT, D, F_);
         /* the up projection's input gradient adds to the gate's */
-        be->gemm(be, false, true, (int)BT, (int)D, (int)F_, 1.0f, F(du), F(l->w[LL_WU]), 1.0f,
-                 F(dyn));
-        be->gemm(be, true, false, (int)D, (int)F_, (int)BT, 1.0f, F(*y2), F(du), 1.0f,
-                 F(l->g[LL_WU]));
+        linear_bwd(be, y2, wt(l, tr, LL_WU), &du, F(dyn), 1.0f, F(l->g[LL_WU]), NULL, BT, D, F_);
         tfree(tr, &dp);
         tfree(tr, &dsg);
         tfree(tr, &du);
@@ -645,36 +822,26 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
            dr = talloc(tr, BT * dkv * 4, T_WORK);
         if (tr->oom)
             break;
-        linear_bwd(be, F(*om), F(l->w[LL_WO]), F(dx2), F(dyn), F(l->g[LL_WO]), NULL, BT, D, D);
+        linear_bwd(be, om, wt(l, tr, LL_WO), &dx2, F(dyn), 0.0f, F(l->g[LL_WO]), NULL, BT, D, D);
         be->permute(be, F(dyn), F(dO), B, T, H, dh, D, 0, true);
         long tt = (long)(T * T), td = (long)(T * dh);
         int bh = (int)(B * H);
-        be->gemm_batched(be, false, true, (int)T, (int)T, (int)dh, 1.0f, F(dO), td, F(*vh), td,
-                         0.0f, F(dP), tt, bh);
-        be->gemm_batched(be, true, false, (int)T, (int)dh, (int)T, 1.0f, F(*P), tt, F(dO), td,
-                         0.0f, F(dv), td, bh);
+        mm(be, false, true, (int)T, (int)T, (int)dh, 1.0f, &dO, td, vh, td, 0.0f, F(dP), tt, bh);
+        mm(be, true, false, (int)T, (int)dh, (int)T, 1.0f, Pv, tt, &dO, td, 0.0f, F(dv), td, bh);
         be->softmax_bwd(be, F(*P), F(dP), F(dP), B * H, T, scale);
-        be->gemm_batched(be, false, false, (int)T, (int)dh, (int)T, 1.0f, F(dP), tt, F(*kh), td,
-                         0.0f, F(dq), td, bh);
-        be->gemm_batched(be, true, false, (int)T, (int)dh, (int)T, 1.0f, F(dP), tt, F(*qh), td,
-                         0.0f, F(dk), td, bh);
+        mm(be, false, false, (int)T, (int)dh, (int)T, 1.0f, &dP, tt, kh, td, 0.0f, F(dq), td, bh);
+        mm(be, true, false, (int)T, (int)dh, (int)T, 1.0f, &dP, tt, qh, td, 0.0f, F(dk), td, bh);
         tfree(tr, &dO);
         tfree(tr, &dP);
         /* q: heads back to rows; k, v: sum the repeated heads, then rows */
         be->permute(be, F(dq), F(dyn), B, T, H, dh, D, 0, false);
-        linear_bwd(be, F(*y1), F(l->w[LL_WQ]), F(dyn), F(dq), F(l->g[LL_WQ]), NULL, BT, D, D);
+        linear_bwd(be, y1, wt(l, tr, LL_WQ), &dyn, F(dq), 0.0f, F(l->g[LL_WQ]), NULL, BT, D, D);
         be->repeat_heads(be, F(dk), F(gkv), B, KV, rep, T, dh, true);
         be->permute(be, F(gkv), F(dr), B, T, KV, dh, dkv, 0, false);
-        be->gemm(be, false, true, (int)BT, (int)D, (int)dkv, 1.0f, F(dr), F(l->w[LL_WK]), 1.0f,
-                 F(dq));
-        be->gemm(be, true, false, (int)D, (int)dkv, (int)BT, 1.0f, F(*y1), F(dr), 1.0f,
-                 F(l->g[LL_WK]));
+        linear_bwd(be, y1, wt(l, tr, LL_WK), &dr, F(dq), 1.0f, F(l->g[LL_WK]), NULL, BT, D, dkv);
         be->repeat_heads(be, F(dv), F(gkv), B, KV, rep, T, dh, true);
         be->permute(be, F(gkv), F(dr), B, T, KV, dh, dkv, 0, false);
-        be->gemm(be, false, true, (int)BT, (int)D, (int)dkv, 1.0f, F(dr), F(l->w[LL_WV]), 1.0f,
-                 F(dq));
-        be->gemm(be, true, false, (int)D, (int)dkv, (int)BT, 1.0f, F(*y1), F(dr), 1.0f,
-                 F(l->g[LL_WV]));
+        linear_bwd(be, y1, wt(l, tr, LL_WV), &dr, F(dq), 1.0f, F(l->g[LL_WV]), NULL, BT, D, dkv);
         tfree(tr, &dk);
         tfree(tr, &dv);
         tfree(tr, &gkv);
@@ -684,7 +851,6 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
             break;
         be->rmsnorm_bwd(be, F(*h1), F(*rs1), F(l->w[LL_N1]), F(dq), F(dx), F(l->g[LL_N1]), BT, D);
         be->add(be, F(dx), F(dx2), F(dx), BT * D);
-        (void)x;
         tfree(tr, &dq);
         tfree(tr, &dyn);
         tfree(tr, &dx2);
@@ -705,7 +871,7 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
         if (tr->oom)
             break;
         be->xent_bwd(be, F(*logp), I64(*tgt), F(dl), BT, V);
-        linear_bwd(be, F(*lnf), F(l->w[LM_WH]), F(dl), F(dln), F(l->g[LM_WH]), NULL, BT, D, V);
+        linear_bwd(be, lnf, wt(l, tr, LM_WH), &dl, F(dln), 0.0f, F(l->g[LM_WH]), NULL, BT, D, V);
         tfree(tr, &dl);
         be->layernorm_bwd(be, F(*xf), F(l->w[LM_GF]), F(*mf), F(*rf), F(dln), F(dxf),
                           F(l->g[LM_GF]), F(l->g[LM_BF]), BT, D);

@@ -14,7 +14,8 @@
 
 #include "backend.h"
 
-enum { T_PARAM, T_GRAD, T_STATE, T_SAVED, T_WORK, T_NCAT };
+/* T_CAST: autocast's cached bf16 weight copies, kept for backward */
+enum { T_PARAM, T_GRAD, T_STATE, T_SAVED, T_WORK, T_CAST, T_NCAT };
 enum { PH_FORWARD, PH_BACKWARD, PH_STEP, PH_N };
 
 typedef struct {
@@ -31,6 +32,7 @@ typedef struct {
     void *p;
     size_t bytes;
     int cat;
+    bool low; /* bf16 values (2 bytes each); otherwise fp32, int64 or bytes */
 } tn;
 
 void tracker_init(tracker *tr, ml_backend *be);
@@ -46,6 +48,8 @@ typedef struct {
     size_t B, T, D, H, F, V;
     float dropout;
     size_t KV; /* kv heads of the Llama-style block (GQA); 0: H */
+    bool amp;  /* torch.autocast(dtype=bfloat16) rules: fp32 parameters, matmuls on
+                  bf16 copies, fp32 norms and softmax (docs/calibration.md) */
 } dims;
 
 #define MAX_PARAMS 16
@@ -59,6 +63,10 @@ typedef struct {
     int nparams;
     tn saved[MAX_SAVED];
     int nsaved;
+    tn wc[MAX_PARAMS]; /* autocast's weight copies (T_CAST), made on first use */
+    tn extra[4];       /* further autocast copies autograd keeps that backward does
+                          not read again (each projection's own cast of one input) */
+    int nextra;
     int step;
     uint64_t seed;
 } layer;
@@ -66,7 +74,8 @@ typedef struct {
 /* Allocates parameters (random) and Adam states. Returns 0, or -1 when out of memory. */
 int layer_init(layer *l, kind_t kind, const dims *d, tracker *tr, uint64_t seed);
 /* Forward on x (the layer saves what autograd saves; x is passed in as
- * T_SAVED when the layer saves it). Returns the output (T_WORK). For K_LMHEAD,
+ * T_SAVED, and under amp a layer that keeps only a bf16 cast of it (linear,
+ * mlp) frees it). Returns the output (T_WORK). For K_LMHEAD,
  * x holds int64 token ids and the output is the 1-element loss. */
 tn layer_forward(layer *l, tracker *tr, tn *x);
 /* Backward from dy; frees the saved tensors (x included); returns dx (T_WORK,

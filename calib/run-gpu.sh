@@ -28,6 +28,9 @@ CAL=build-gpu/calib/memledger-calibrate
 
 log "the same layers on the GPU and the CPU, compared (fp32 tolerance)"
 "$CAL" --backend cuda --check >"$OUT/check.log" 2>&1 || log "GPU and CPU results differ: see check.log"
+log "the same under autocast bf16 rules (cuBLAS bf16 GEMMs vs the CPU's emulation, 2e-2)"
+"$CAL" --backend cuda --check --dtype bf16 >"$OUT/check-bf16.log" 2>&1 ||
+    log "GPU and CPU bf16 results differ: see check-bf16.log"
 
 # Dense peaks from NVIDIA's H200 SXM datasheet: 67 TFLOP/s fp32 (CUDA cores),
 # 989 TFLOP/s bf16 tensor cores without sparsity. They only scale the
@@ -35,7 +38,7 @@ log "the same layers on the GPU and the CPU, compared (fp32 tolerance)"
 log "calibrate fp32 (default sweep)"
 "$CAL" --backend cuda --dtype fp32 --peak-tflops 67 --name h200-fp32 \
     -o "$OUT/h200-fp32.yaml" 2>"$OUT/h200-fp32.log"
-log "calibrate bf16 (GEMM throughput)"
+log "calibrate bf16 (autocast layers and bf16 GEMM throughput)"
 "$CAL" --backend cuda --dtype bf16 --peak-tflops 989 --name h200-bf16 \
     -o "$OUT/h200-bf16.yaml" 2>"$OUT/h200-bf16.log"
 

@@ -75,6 +75,9 @@ typedef struct ml_profile_point {
     uint64_t device_peak;     /* the device's own view (CUDA), 0 when unknown */
     double time_s;            /* forward + backward + step */
     uint64_t H;               /* attention heads (blocks with attention); 0 = none/unknown */
+    uint64_t cast_bytes;      /* autocast's bf16 weight copies kept for backward (amp
+                                 runs); not in saved_bytes, not fitted: they scale with
+                                 the weights, and the planner counts them itself */
 } ml_profile_point;
 
 typedef struct ml_profile_gemm {
@@ -89,7 +92,9 @@ ML_API ml_profile *ml_profile_new(void);
 /* Accepts NULL. */
 ML_API void ml_profile_destroy(ml_profile *p);
 /* Descriptive fields: "name", "backend", "device", "dtype", "driver",
- * "library", "created", "notes". Returns ML_OK, ML_USAGE or ML_NOMEM. */
+ * "library", "created", "notes", "precision" (the policy the layers ran
+ * under: "fp32" or "amp-bf16"; empty in profiles that predate it). Returns
+ * ML_OK, ML_USAGE or ML_NOMEM. */
 ML_API ml_status ml_profile_set(ml_profile *p, const char *key, const char *value);
 ML_API const char *ml_profile_get(const ml_profile *p, const char *key);
 ML_API ml_status ml_profile_add_point(ml_profile *p, const char *kind, const ml_profile_point *pt);

@@ -173,8 +173,10 @@ static void linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t 
  * matmul saves it for the input gradient (only when its input needs one). */
 static void weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems)
 {
-    if (ch->prec.autocast)
+    if (ch->prec.autocast) {
         save(ch, b, "weight cast copy (autocast)", elems, 2, 0);
+        b->cast_bytes = ml_add(ch, b->cast_bytes, ml_mul(ch, elems, 2));
+    }
 }
 
 /* ---- transformer pieces ------------------------------------------------ */
@@ -890,10 +892,17 @@ static ml_status build_sequential(const ml_model *m, const ml_config *cfg, ml_ch
 }
 
 /* A measured profile replaces the transformer blocks' inventories with its
- * fit at the model's shape (docs/calibration.md) when it was measured in the
- * compute dtype; the share of the attention core scales with it. */
-static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m)
+ * fit at the model's shape (docs/calibration.md) when it was measured under
+ * the model's precision policy (older profiles name only the dtype: then
+ * its bytes must be the compute dtype's); the share of the attention core
+ * scales with it. The profile's saved bytes leave out autocast's weight
+ * copies, which depend on the weights' shapes only: the ledger's own count
+ * of them is added back. */
+static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, ml_precision prec)
 {
+    const char *pp = ml_profile_get(p, "precision");
+    if (*pp && strcmp(pp, ml_precision_name(prec)))
+        return;
     /* the runner's two block kinds: GPT-2 layout and Llama layout */
     const ml_profile_kind *k =
         ml_profile_find(p, m->norm == ML_NORM_RMSNORM ? "llama_block" : "transformer_block");
@@ -930,12 +939,14 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m)
         if (b->ckpt_index < 0)
             continue;
         double in = b->in_saved ? (double)b->in_bytes : 0;
-        double saved = inv - in > 0 ? inv - in : 0;
+        double act = inv - in > 0 ? inv - in : 0; /* activations, weight copies apart */
+        double saved = act + (double)b->cast_bytes;
         if (!(saved < 1.8e19))
             continue;
-        double share = b->saved_bytes ? (double)b->core_bytes / (double)b->saved_bytes : 0;
+        uint64_t old_act = b->saved_bytes - b->cast_bytes;
+        double share = old_act ? (double)b->core_bytes / (double)old_act : 0;
         b->saved_bytes = (uint64_t)llround(saved);
-        b->core_bytes = (uint64_t)llround(saved * share);
+        b->core_bytes = (uint64_t)llround(act * share);
         b->measured = true;
         ch->calibrated++;
     }
@@ -973,7 +984,7 @@ ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, 
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? build_sequential(m, cfg, ch)
                                                  : build_transformer(m, cfg, ch, err);
     if (st == ML_OK && cfg->calib && m->type != ML_MODEL_SEQUENTIAL)
-        apply_profile(ch, cfg->calib, m);
+        apply_profile(ch, cfg->calib, m, cfg->training.precision);
     if (st == ML_OK && ch->nomem)
         st = ML_NOMEM;
     if (st == ML_OK && ch->overflow) {

@@ -45,6 +45,7 @@ typedef struct {
     size_t saved_first, nsaved;
     uint64_t saved_bytes;    /* inventory without the boundary tensors */
     uint64_t core_bytes;     /* part flagged ML_SV_CORE */
+    uint64_t cast_bytes;     /* part that is autocast's weight copies */
     /* The boundary tensor between block k-1 and block k is block k's input.
      * Who saves it decides when it is resident (docs/ledger.md). */
     uint64_t in_bytes;       /* the block's input tensor */

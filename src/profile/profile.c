@@ -8,11 +8,12 @@
 #include <string.h>
 
 #include "memledger/calib.h"
+#include "memledger/model.h"
 #include "model/tree.h"
 
-#define NKEYS 8
-static const char *const meta_keys[NKEYS] = {"name",   "backend", "device",  "dtype",
-                                             "driver", "library", "created", "notes"};
+#define NKEYS 9
+static const char *const meta_keys[NKEYS] = {"name",    "backend", "device", "dtype",    "driver",
+                                             "library", "created", "notes",  "precision"};
 
 typedef struct {
     char kind[32];
@@ -415,6 +416,8 @@ int ml_profile_write(FILE *f, const ml_profile *p)
                     (unsigned long long)q->T, (unsigned long long)q->D);
             if (q->H)
                 fprintf(f, "H: %llu, ", (unsigned long long)q->H);
+            if (q->cast_bytes)
+                fprintf(f, "cast_bytes: %llu, ", (unsigned long long)q->cast_bytes);
             fprintf(f, "saved_bytes: %llu, peak_forward: %llu, "
                        "peak_backward: %llu, peak_step: %llu, device_peak: %llu, time_s: %.9g}\n",
                     (unsigned long long)q->saved_bytes, (unsigned long long)q->peak_forward,
@@ -476,7 +479,7 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
         return ml_error_at(err, r, ML_SCHEMA, "a profile is a mapping (profile_version, device, layers, "
                                       "...)");
     static const char *const top[] = {"profile_version", "name", "backend", "device", "dtype",
-                                      "driver", "library", "created", "notes", "peak_tflops",
+                                      "driver", "library", "created", "notes", "precision", "peak_tflops",
                                       "achieved_tflops", "efficiency", "gemm", "layers"};
     for (size_t i = 0; i < r->count; i++) {
         size_t j;
@@ -507,6 +510,13 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
     if (strcmp(dt, "fp32") && strcmp(dt, "bf16") && strcmp(dt, "fp16"))
         return ml_error_at(err, get(r, "dtype") ? get(r, "dtype") : r, ML_SCHEMA,
                    "dtype: '%s' is not fp32, bf16 or fp16", dt);
+    const char *pr = ml_profile_get(p, "precision");
+    ml_precision pp;
+    if (*pr && !ml_precision_parse(pr, &pp))
+        return ml_error_at(err, get(r, "precision"), ML_SCHEMA,
+                           "precision: '%s' is not a precision policy (fp32, amp-bf16, amp-fp16, "
+                           "bf16-master, fp16-master, bf16)",
+                           pr);
     double peak = 0;
     if ((st = num(err, r, "peak_tflops", "profile", false, &peak)))
         return st;
@@ -548,6 +558,7 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
                 (st = u64(err, q, "D", where, true, &pt.D)) ||
                 (st = u64(err, q, "H", where, false, &pt.H)) ||
                 (st = u64(err, q, "saved_bytes", where, true, &pt.saved_bytes)) ||
+                (st = u64(err, q, "cast_bytes", where, false, &pt.cast_bytes)) ||
                 (st = u64(err, q, "peak_forward", where, false, &pt.peak_forward)) ||
                 (st = u64(err, q, "peak_backward", where, false, &pt.peak_backward)) ||
                 (st = u64(err, q, "peak_step", where, false, &pt.peak_step)) ||

@@ -52,15 +52,17 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
                                            "one with the lowest peak)");
     if (cfg->calib) {
         const char *dev = ml_profile_get(cfg->calib, "device");
+        const char *pp = ml_profile_get(cfg->calib, "precision");
         fprintf(f, "calibration: profile %s (%s, %s): ", ml_profile_get(cfg->calib, "name"),
-                *dev ? dev : "device not recorded", ml_profile_get(cfg->calib, "dtype"));
+                *dev ? dev : "device not recorded",
+                *pp ? pp : ml_profile_get(cfg->calib, "dtype"));
         if (s->calibrated_blocks)
             fprintf(f, "measured c = %.3f for %zu blocks (marked *; %s)", s->calibrated_c,
                     s->calibrated_blocks,
                     s->calibrated_at_shape ? "measured at this seq_len and hidden"
                                            : "extrapolated by the profile's fit from other shapes");
         else
-            fprintf(f, "no measured c applies (profile dtype or kinds differ, or the "
+            fprintf(f, "no measured c applies (profile precision or kinds differ, or the "
                        "model's attention is flash and the runner's eager): analytic c");
         fprintf(f, "; step time %s\n", s->time_measured ? "from the measured GEMM throughput"
                                                          : "analytic");

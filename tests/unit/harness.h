@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -53,6 +54,24 @@ static inline ml_ledger *eval(const ml_model *m, const ml_config *c, bool events
     if (st != ML_OK)
         fail_msg("evaluate failed: %s: %s", ml_status_name(st), e.msg);
     return l;
+}
+
+/* p written as YAML and read back (the caller destroys the copy), or fail. */
+static inline ml_profile *profile_round_trip(const ml_profile *p)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f || ml_profile_write(f, p) != 0)
+        fail_msg("writing the profile failed");
+    fclose(f);
+    ml_profile *q = NULL;
+    ml_error e;
+    ml_status st = ml_profile_load_string(buf, len, "round-trip.yaml", &q, &e);
+    free(buf);
+    if (st != ML_OK)
+        fail_msg("reading the profile back failed: %u:%u: %s", e.line, e.col, e.msg);
+    return q;
 }
 
 /* The block named `name`, or fail. */

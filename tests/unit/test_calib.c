@@ -25,7 +25,7 @@ static int teardown(void **state)
     return 0;
 }
 
-static const dims small = {2, 4, 8, 2, 16, 11, 0.25f, 1};
+static const dims small = {2, 4, 8, 2, 16, 11, 0.25f, 1, false};
 
 static uint64_t rs = 12345;
 static float rnd(void)
@@ -48,6 +48,19 @@ static double loss_of(layer *l, tracker *tr, const void *x, size_t xbytes, const
     tfree(tr, &y);
     layer_forget(l, tr);
     return L;
+}
+
+/* After a backward: frees the step's tensors, runs Adam, destroys the
+ * layer; every tensor was returned, so the tracker balances. */
+static void end_step(layer *l, tracker *tr, tn *y, tn *dy, tn *dx)
+{
+    tfree(tr, y);
+    tfree(tr, dy);
+    tfree(tr, dx);
+    layer_step(l, tr);
+    layer_destroy(l, tr);
+    for (int c = 0; c < T_NCAT; c++)
+        assert_int_equal(tr->live[c], 0);
 }
 
 static void gradcheck(kind_t k)
@@ -109,14 +122,7 @@ static void gradcheck(kind_t k)
         }
     }
     assert_true(checked > 5);
-    tfree(&tr, &y);
-    tfree(&tr, &dy);
-    tfree(&tr, &dx);
-    layer_step(&l, &tr);
-    layer_destroy(&l, &tr);
-    /* every tensor returned: the tracker balances */
-    for (int c = 0; c < T_NCAT; c++)
-        assert_int_equal(tr.live[c], 0);
+    end_step(&l, &tr, &y, &dy, &dx);
     free(x);
     free(R);
 }
@@ -128,21 +134,32 @@ static void test_gradients(void **state)
         gradcheck((kind_t)k);
 }
 
-static uint64_t measured_saved(kind_t k, const dims *d)
+/* Saved bytes after a forward (the input included when it is saved); with
+ * cast, also autocast's weight copies (T_CAST), which saved leaves out. */
+static uint64_t measured(kind_t k, const dims *d, uint64_t *cast)
 {
     tracker tr;
     tracker_init(&tr, be);
     layer l;
     assert_int_equal(layer_init(&l, k, d, &tr, 7), 0);
     tn x = talloc(&tr, layer_input_bytes(&l), T_SAVED);
-    if (k == K_LMHEAD)
-        memset(x.p, 0, x.bytes);
+    memset(x.p, 0, x.bytes); /* values do not matter here, only sizes */
     tn y = layer_forward(&l, &tr, &x);
+    assert_false(tr.oom);
     uint64_t saved = tr.live[T_SAVED];
+    if (cast)
+        *cast = tr.live[T_CAST];
     tfree(&tr, &y);
-    layer_forget(&l, &tr);
+    layer_forget(&l, &tr); /* x too: the layer saved it, or (amp linear, mlp) freed it */
     layer_destroy(&l, &tr);
+    for (int c = 0; c < T_NCAT; c++)
+        assert_int_equal(tr.live[c], 0);
     return saved;
+}
+
+static uint64_t measured_saved(kind_t k, const dims *d)
+{
+    return measured(k, d, NULL);
 }
 
 static uint64_t ledger_sum(const char *yaml, const char *const *blocks)
@@ -158,48 +175,77 @@ static uint64_t ledger_sum(const char *yaml, const char *const *blocks)
     return s;
 }
 
+/* The runner's saved bytes (plus, under amp, its weight copies) equal the
+ * ledger's inventory for the same shapes: fp32, and amp-bf16 (what
+ * torch.autocast's eager autograd keeps). Under amp the linear and MLP sit
+ * after a LayerNorm, whose fp32 output is what autocast casts. */
+static void check_inventory(const dims *d)
+{
+    const char *prec = d->amp ? "  precision: amp-bf16\n" : "";
+    const char *first = d->amp ? "    - layernorm: {}\n" : "";
+    const char *const blk[] = {"block.0", NULL}, *const lm[] = {"embedding", "head", "loss", NULL};
+    const char *const mlp32[] = {"0:linear", "1:gelu", "2:linear", NULL},
+                      *const mlp16[] = {"1:linear", "2:gelu", "3:linear", NULL};
+    const char *const lin32[] = {"0:linear", NULL}, *const lin16[] = {"1:linear", NULL};
+    size_t dkv = d->KV * (d->D / d->H);
+    uint64_t cast, s;
+    char y[1024];
+    /* transformer block: a GPT-2 decoder's block.0; and its embedding + LM
+     * head + cross-entropy */
+    snprintf(y, sizeof y,
+             "model:\n  type: decoder\n  layers: 1\n  hidden: %zu\n  heads: %zu\n  ffn: %zu\n"
+             "  vocab: %zu\n  max_positions: %zu\n  tied_embeddings: false\n  dropout: %g\n"
+             "training:\n  micro_batch: %zu\n  seq_len: %zu\n%s",
+             d->D, d->H, d->F, d->V, d->T, (double)d->dropout, d->B, d->T, prec);
+    s = measured(K_BLOCK, d, &cast);
+    assert_int_equal(s + cast, ledger_sum(y, blk));
+    /* the weight copies: c_attn D x 3D, c_proj D x D, c_fc and mlp c_proj
+     * D x F each, 2 bytes per element */
+    assert_int_equal(cast, d->amp ? 2 * (4 * d->D * d->D + 2 * d->D * d->F) : 0);
+    s = measured(K_LMHEAD, d, &cast);
+    assert_int_equal(s + cast, ledger_sum(y, lm));
+    assert_int_equal(cast, d->amp ? 2 * d->V * d->D : 0); /* the head's weight */
+    /* MLP and linear: sequential models over [T, D] */
+    snprintf(y, sizeof y,
+             "model:\n  type: sequential\n  input: [%zu, %zu]\n  layers:\n%s"
+             "    - linear: {out: %zu}\n    - gelu: {}\n    - linear: {out: %zu}\n"
+             "  loss: mse\ntraining:\n  micro_batch: %zu\n%s",
+             d->T, d->D, first, d->F, d->D, d->B, prec);
+    s = measured(K_MLP, d, &cast);
+    assert_int_equal(s + cast, ledger_sum(y, d->amp ? mlp16 : mlp32));
+    assert_int_equal(cast, d->amp ? 2 * 2 * d->D * d->F : 0);
+    snprintf(y, sizeof y,
+             "model:\n  type: sequential\n  input: [%zu, %zu]\n  layers:\n%s"
+             "    - linear: {out: %zu}\n  loss: mse\ntraining:\n  micro_batch: %zu\n%s",
+             d->T, d->D, first, d->D, d->B, prec);
+    s = measured(K_LINEAR, d, &cast);
+    assert_int_equal(s + cast, ledger_sum(y, d->amp ? lin16 : lin32));
+    /* the input, or its bf16 cast */
+    assert_int_equal(s, d->B * d->T * d->D * (d->amp ? 2 : 4));
+    /* Llama-style block: an RMSNorm/SwiGLU decoder with GQA, no biases,
+     * no positions (the runner has no rotary tables) */
+    snprintf(y, sizeof y,
+             "model:\n  type: decoder\n  layers: 1\n  hidden: %zu\n  heads: %zu\n"
+             "  kv_heads: %zu\n  ffn: %zu\n  activation: swiglu\n  norm: rmsnorm\n"
+             "  vocab: %zu\n  position: none\n  bias: false\n  tied_embeddings: false\n"
+             "  dropout: 0\ntraining:\n  micro_batch: %zu\n  seq_len: %zu\n%s",
+             d->D, d->H, d->KV, d->F, d->V, d->B, d->T, prec);
+    s = measured(K_LLAMA, d, &cast);
+    assert_int_equal(s + cast, ledger_sum(y, blk));
+    assert_int_equal(cast, d->amp ? 2 * (2 * d->D * d->D + 2 * d->D * dkv + 3 * d->D * d->F) : 0);
+}
+
 static void test_saved_bytes_match_the_ledger(void **state)
 {
     (void)state;
-    const dims shapes[] = {{2, 16, 32, 4, 128, 50, 0.1f, 2}, {3, 8, 48, 6, 192, 30, 0.1f, 3},
-                           {1, 24, 16, 2, 64, 20, 0.0f, 1}};
+    const dims shapes[] = {{2, 16, 32, 4, 128, 50, 0.1f, 2, false},
+                           {3, 8, 48, 6, 192, 30, 0.1f, 3, false},
+                           {1, 24, 16, 2, 64, 20, 0.0f, 1, false}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        const dims *d = &shapes[i];
-        char y[1024];
-        /* transformer block: a GPT-2 decoder's block.0 */
-        snprintf(y, sizeof y,
-                 "model:\n  type: decoder\n  layers: 1\n  hidden: %zu\n  heads: %zu\n  ffn: %zu\n"
-                 "  vocab: %zu\n  max_positions: %zu\n  tied_embeddings: false\n  dropout: %g\n"
-                 "training:\n  micro_batch: %zu\n  seq_len: %zu\n",
-                 d->D, d->H, d->F, d->V, d->T, (double)d->dropout, d->B, d->T);
-        const char *blk[] = {"block.0", NULL};
-        assert_int_equal(measured_saved(K_BLOCK, d), ledger_sum(y, blk));
-        /* embedding + LM head + cross-entropy */
-        const char *lm[] = {"embedding", "head", "loss", NULL};
-        assert_int_equal(measured_saved(K_LMHEAD, d), ledger_sum(y, lm));
-        /* MLP and linear: sequential models over [T, D] */
-        snprintf(y, sizeof y,
-                 "model:\n  type: sequential\n  input: [%zu, %zu]\n  layers:\n"
-                 "    - linear: {out: %zu}\n    - gelu: {}\n    - linear: {out: %zu}\n"
-                 "  loss: mse\ntraining:\n  micro_batch: %zu\n",
-                 d->T, d->D, d->F, d->D, d->B);
-        const char *mlp[] = {"0:linear", "1:gelu", "2:linear", NULL};
-        assert_int_equal(measured_saved(K_MLP, d), ledger_sum(y, mlp));
-        snprintf(y, sizeof y,
-                 "model:\n  type: sequential\n  input: [%zu, %zu]\n  layers:\n"
-                 "    - linear: {out: %zu}\n  loss: mse\ntraining:\n  micro_batch: %zu\n",
-                 d->T, d->D, d->D, d->B);
-        const char *lin[] = {"0:linear", NULL};
-        assert_int_equal(measured_saved(K_LINEAR, d), ledger_sum(y, lin));
-        /* Llama-style block: an RMSNorm/SwiGLU decoder with GQA, no biases,
-         * no positions (the runner has no rotary tables) */
-        snprintf(y, sizeof y,
-                 "model:\n  type: decoder\n  layers: 1\n  hidden: %zu\n  heads: %zu\n"
-                 "  kv_heads: %zu\n  ffn: %zu\n  activation: swiglu\n  norm: rmsnorm\n"
-                 "  vocab: %zu\n  position: none\n  bias: false\n  tied_embeddings: false\n"
-                 "  dropout: 0\ntraining:\n  micro_batch: %zu\n  seq_len: %zu\n",
-                 d->D, d->H, d->KV, d->F, d->V, d->B, d->T);
-        assert_int_equal(measured_saved(K_LLAMA, d), ledger_sum(y, blk));
+        dims d = shapes[i];
+        check_inventory(&d);
+        d.amp = true;
+        check_inventory(&d);
     }
 }
 
@@ -234,9 +280,9 @@ static void test_fit_separates_attention(void **state)
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; i < 3; i++)
             for (size_t j = 0; j < 3; j++) {
-                dims d = {Bs[i], Ts[j], D, H, F, V, k == 0 ? 0.1f : 0.0f, 2};
+                dims d = {Bs[i], Ts[j], D, H, F, V, k == 0 ? 0.1f : 0.0f, 2, false};
                 ml_profile_point pt = {Bs[i], Ts[j], D, measured_saved(kinds[k], &d), 0, 0, 0, 0,
-                                       0, H};
+                                       0, H, 0};
                 assert_int_equal(ml_profile_add_point(p, names[k], &pt), ML_OK);
             }
     ml_error e;
@@ -250,7 +296,7 @@ static void test_fit_separates_attention(void **state)
         assert_true(fabs(pk->fit.fixed) < 1e-3);
         assert_true(pk->fit.r2 > 1 - 1e-12);
         /* an unmeasured shape: B = 5, T = 40 */
-        dims d = {5, 40, D, H, F, V, k == 0 ? 0.1f : 0.0f, 2};
+        dims d = {5, 40, D, H, F, V, k == 0 ? 0.1f : 0.0f, 2, false};
         double want = (double)measured_saved(kinds[k], &d);
         assert_true(fabs(ml_profile_kind_saved(pk, 5, 40, D, H, 4) - want) < 0.5);
     }
@@ -263,8 +309,8 @@ static void test_fit_separates_attention(void **state)
     ml_profile_set(lm, "dtype", "fp32");
     for (size_t i = 0; i < 3; i++)
         for (size_t j = 0; j < 3; j++) {
-            dims d = {Bs[i], Ts[j], D, H, F, V, 0.1f, 2};
-            ml_profile_point pt = {Bs[i], Ts[j], D, measured_saved(K_LMHEAD, &d), 0, 0, 0, 0, 0, 0};
+            dims d = {Bs[i], Ts[j], D, H, F, V, 0.1f, 2, false};
+            ml_profile_point pt = {Bs[i], Ts[j], D, measured_saved(K_LMHEAD, &d), 0, 0, 0, 0, 0, 0, 0};
             ml_profile_add_point(lm, "lm_head", &pt);
         }
     assert_int_equal(ml_profile_fit(lm, &e), ML_OK);
@@ -289,8 +335,8 @@ static void test_fit_separates_attention(void **state)
     ml_profile_set(q, "dtype", "fp32");
     for (size_t i = 0; i < 3; i++)
         for (size_t j = 0; j < 3; j++) {
-            dims d = {Bs[i], Ts[j], D, H, 4 * D, V, 0.1f, H};
-            ml_profile_point pt = {Bs[i], Ts[j], D, measured_saved(K_BLOCK, &d), 0, 0, 0, 0, 0, H};
+            dims d = {Bs[i], Ts[j], D, H, 4 * D, V, 0.1f, H, false};
+            ml_profile_point pt = {Bs[i], Ts[j], D, measured_saved(K_BLOCK, &d), 0, 0, 0, 0, 0, H, 0};
             ml_profile_add_point(q, "transformer_block", &pt);
         }
     assert_int_equal(ml_profile_fit(q, &e), ML_OK);
@@ -333,12 +379,175 @@ static void test_fit_separates_attention(void **state)
     ml_profile_destroy(p);
 }
 
+/* ---- autocast (amp-bf16) -------------------------------------------------- */
+
+/* One forward + backward of kind k from fixed weights and inputs; returns
+ * the output, the input gradient and every weight gradient, concatenated. */
+static float *run_once(kind_t k, bool amp, size_t *n)
+{
+    dims d = small;
+    d.amp = amp;
+    tracker tr;
+    tracker_init(&tr, be);
+    layer l;
+    assert_int_equal(layer_init(&l, k, &d, &tr, 99), 0);
+    tn x = talloc(&tr, layer_input_bytes(&l), T_SAVED);
+    rs = 4321;
+    for (size_t i = 0; i < x.bytes / (k == K_LMHEAD ? 8 : 4); i++)
+        if (k == K_LMHEAD)
+            ((int64_t *)x.p)[i] = (int64_t)((i * 5 + 3) % d.V);
+        else
+            ((float *)x.p)[i] = rnd();
+    tn y = layer_forward(&l, &tr, &x);
+    tn dy = talloc(&tr, y.bytes, T_WORK);
+    for (size_t i = 0; i < y.bytes / 4; i++)
+        ((float *)dy.p)[i] = rnd();
+    size_t ny = y.bytes / 4, total = ny + d.B * d.T * d.D;
+    for (int p = 0; p < l.nparams; p++)
+        total += l.wn[p];
+    float *out = calloc(total, sizeof *out);
+    memcpy(out, y.p, y.bytes);
+    tn dx = layer_backward(&l, &tr, &dy);
+    assert_false(tr.oom);
+    assert_false(be->failed);
+    size_t at = ny;
+    if (dx.p)
+        memcpy(out + at, dx.p, dx.bytes);
+    at += d.B * d.T * d.D;
+    for (int p = 0; p < l.nparams; p++) {
+        memcpy(out + at, l.g[p].p, l.wn[p] * 4);
+        at += l.wn[p];
+    }
+    end_step(&l, &tr, &y, &dy, &dx);
+    *n = total;
+    return out;
+}
+
+/* amp's output and gradients are fp32's up to bf16 rounding: within 3 % of
+ * each run's largest magnitude, and not bit-equal (the casts happened). A
+ * wrong saved tensor or weight in an amp backward is off by O(1). */
+static void test_amp_matches_fp32_within_bf16(void **state)
+{
+    (void)state;
+    for (int k = 0; k < K_COUNT; k++) {
+        size_t n32, n16;
+        float *a = run_once((kind_t)k, false, &n32), *b = run_once((kind_t)k, true, &n16);
+        assert_int_equal(n32, n16);
+        double scale = 1e-12, worst = 0;
+        for (size_t i = 0; i < n32; i++)
+            scale = fmax(scale, fabs((double)a[i]));
+        for (size_t i = 0; i < n32; i++)
+            worst = fmax(worst, fabs((double)a[i] - (double)b[i]) / scale);
+        if (!(worst < 3e-2) || !(worst > 0))
+            fail_msg("%s: amp vs fp32 largest relative difference %.3g", kind_names[k], worst);
+        free(a);
+        free(b);
+    }
+}
+
+/* bf16 rounding: nearest, ties to even, NaN kept (torch's .to(bfloat16)). */
+static void test_bf16_rounding(void **state)
+{
+    (void)state;
+    assert_int_equal(ml_bf16_of(1.0f), 0x3f80);
+    /* 7 mantissa bits: the spacing above 1 is 1/128 */
+    assert_true(ml_f32_of(ml_bf16_of(1.0f + 1.0f / 256)) == 1.0f);              /* tie: down to even */
+    assert_true(ml_f32_of(ml_bf16_of(1.0f + 3.0f / 256)) == 1.0f + 1.0f / 64);  /* tie: up to even */
+    assert_true(ml_f32_of(ml_bf16_of(1.0f + 0.7f / 128)) == 1.0f + 1.0f / 128); /* nearest */
+    assert_true(isnan(ml_f32_of(ml_bf16_of(NAN))));
+    uint16_t h[3];
+    float f[3] = {3.0f, -0.15625f, 65280.0f}, g[3];
+    be->cast(be, f, h, 3, true);
+    be->cast(be, h, g, 3, false);
+    for (int i = 0; i < 3; i++)
+        assert_true(g[i] == f[i]); /* exactly representable */
+}
+
+/* The amp block's fit, counted by hand from the inventory (per token, 2 =
+ * b bytes per element):
+ *  - GPT-2: x 4D, ln_1 stats 8, ln_1 output's cast 2D, q k v 6D, c_proj
+ *    input 2D, its dropout mask D, ln_2 input 4D, stats 8, ln_2 cast 2D,
+ *    MLP dropout mask D; GELU input and output 4F: c = (22D + 4F + 16)/2D.
+ *    Per score: fp32 softmax 4, dropout mask 1, PV's bf16 cast 2:
+ *    c_attention = 7/2; c_mask = 1.
+ *  - Llama: x, x*rstd (4D each) and three casts of the normed output (6D)
+ *    for q/k/v; q, k, v 6D; o_proj input 2D; x2 and its normalised 8D, two
+ *    casts for gate/up 4D: 34D; gate, silu, up, product 8F; rstds 8:
+ *    c = (34D + 8F + 8)/2D. Per score: fp32 softmax 4 + PV's cast 2:
+ *    c_attention = 3.
+ * The planner applies the profile to an amp-bf16 model, adding its own
+ * weight copies back (at the measured shape it equals the analytic
+ * inventory), and not to pure bf16 nor fp32. */
+static void test_amp_fit_and_planner(void **state)
+{
+    (void)state;
+    const size_t D = 32, H = 4, V = 20;
+    const size_t Bs[] = {1, 2, 3}, Ts[] = {8, 16, 24};
+    const double Dd = (double)D;
+    ml_profile *p = ml_profile_new();
+    ml_profile_set(p, "dtype", "bf16");
+    ml_profile_set(p, "precision", "amp-bf16");
+    const size_t Fl = 96;
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < 3; i++)
+            for (size_t j = 0; j < 3; j++) {
+                dims d = {Bs[i], Ts[j], D, H, k ? Fl : 4 * D, V, k ? 0.0f : 0.1f, k ? 2 : H,
+                          true};
+                uint64_t cast;
+                uint64_t s = measured(k ? K_LLAMA : K_BLOCK, &d, &cast);
+                ml_profile_point pt = {Bs[i], Ts[j], D, s, 0, 0, 0, 0, 0, H, cast};
+                ml_profile_add_point(p, k ? "llama_block" : "transformer_block", &pt);
+            }
+    ml_error e;
+    assert_int_equal(ml_profile_fit(p, &e), ML_OK);
+    const ml_profile_kind *g = ml_profile_find(p, "transformer_block");
+    assert_rel_close(g->fit.slope, (22 * Dd + 4 * 4 * Dd + 16) / (2 * Dd), 1e-9);
+    assert_rel_close(g->attn, 3.5, 1e-9);
+    assert_rel_close(g->mask, 1, 1e-6);
+    assert_true(fabs(g->fit.fixed) < 1e-3);
+    const ml_profile_kind *lk = ml_profile_find(p, "llama_block");
+    assert_rel_close(lk->fit.slope, (34 * Dd + 8 * (double)Fl + 8) / (2 * Dd), 1e-9);
+    assert_rel_close(lk->attn, 3, 1e-9);
+    assert_true(fabs(lk->mask) < 1e-6);
+    /* the profile round-trips with its weight copies */
+    ml_profile *r = profile_round_trip(p);
+    assert_string_equal(ml_profile_get(r, "precision"), "amp-bf16");
+    assert_int_equal(ml_profile_find(r, "transformer_block")->points[0].cast_bytes,
+                     2 * 12 * D * D);
+    ml_profile_destroy(r);
+
+    const char *prec[] = {"amp-bf16", "bf16", "fp32"};
+    for (int i = 0; i < 3; i++) {
+        char y[1024];
+        snprintf(y, sizeof y,
+                 "model:\n  type: decoder\n  layers: 2\n  hidden: %zu\n  heads: %zu\n  ffn: %zu\n"
+                 "  vocab: %zu\n  max_positions: 64\n  tied_embeddings: false\n  dropout: 0.1\n"
+                 "training:\n  micro_batch: 5\n  seq_len: 40\n  precision: %s\n",
+                 D, H, 4 * D, V, prec[i]);
+        ml_model *m = load_str(y);
+        ml_config c = ml_model_config(m);
+        ml_ledger *plain = eval(m, &c, false);
+        c.calib = p;
+        ml_ledger *cal = eval(m, &c, false);
+        const ml_block_info *b0 = block_named(plain, "block.0"), *b1 = block_named(cal, "block.0");
+        assert_int_equal(b1->measured, i == 0);
+        assert_int_equal(b1->inventory_bytes, b0->inventory_bytes);
+        ml_ledger_destroy(plain);
+        ml_ledger_destroy(cal);
+        ml_model_destroy(m);
+    }
+    ml_profile_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradients),
         cmocka_unit_test(test_saved_bytes_match_the_ledger),
         cmocka_unit_test(test_fit_separates_attention),
+        cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_amp_matches_fp32_within_bf16),
+        cmocka_unit_test(test_amp_fit_and_planner),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
