@@ -34,6 +34,9 @@ static const char usage[] =
     "  --points BxT,...        shapes, e.g. 1x64,2x64,4x128 or 1\u00d764 (default: 4 micro-batches x\n"
     "                          3 sequence lengths, sized to the backend)\n"
     "  --hidden D --heads H --kv-heads K --vocab V --dropout P   layer sizes\n"
+    "  --ffn F                 MLP width (default 4D; the Llama block 8D/3 rounded up to\n"
+    "                          64); the planner applies a profile to models with the\n"
+    "                          same F/D only\n"
     "  --peak-tflops X         the device's dense peak, for the efficiency figure\n"
     "  --check                 with --backend cuda: run every layer kind on the CPU and\n"
     "                          on the GPU with the same weights and inputs and compare\n"
@@ -133,6 +136,7 @@ static int measure(ml_backend *be, kind_t k, const dims *d, ml_profile_point *ou
     out->T = d->T;
     out->D = d->D;
     out->H = k == K_BLOCK || k == K_LLAMA ? d->H : 0;
+    out->F = k == K_MLP || k == K_BLOCK || k == K_LLAMA ? d->F : 0;
     out->saved_bytes = saved;
     out->cast_bytes = cast;
     out->peak_forward = tr.peak[PH_FORWARD];
@@ -251,6 +255,19 @@ static int check_backends(ml_backend *gpu, ml_backend *cpu, const dims *d)
     return bad ? 1 : 0;
 }
 
+/* A layer size option: a whole number from 1 to 2^22, or 0 with a message. */
+static size_t size_opt(const char *opt, const char *v)
+{
+    char *end = NULL;
+    unsigned long long n = (*v >= '0' && *v <= '9') ? strtoull(v, &end, 10) : 0;
+    if (!end || *end || n < 1 || n > (1ull << 22)) {
+        fprintf(stderr, "memledger-calibrate: error: %s: '%s' is not a whole number from 1 to "
+                        "4194304\n", opt, v);
+        return 0;
+    }
+    return (size_t)n;
+}
+
 /* A whole number of at most 9 digits at *s (no sign, no space). */
 static bool grid_num(const char **s, unsigned long *v)
 {
@@ -295,7 +312,7 @@ int main(int argc, char **argv)
 {
     const char *backend = NULL, *dtype = "fp32", *layers = NULL, *grid = NULL, *out = NULL,
                *name = NULL;
-    size_t D = 0, H = 0, V = 0, KVH = 0;
+    size_t D = 0, H = 0, V = 0, KVH = 0, FF = 0;
     double peak = 0, dropout = 0.1;
     bool check = false;
     for (int i = 1; i < argc; i++) {
@@ -325,14 +342,17 @@ int main(int argc, char **argv)
             out = v;
         else if (!strcmp(a, "--name"))
             name = v;
-        else if (!strcmp(a, "--hidden"))
-            D = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--heads"))
-            H = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--vocab"))
-            V = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--kv-heads"))
-            KVH = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--hidden") || !strcmp(a, "--heads") || !strcmp(a, "--vocab") ||
+                 !strcmp(a, "--kv-heads") || !strcmp(a, "--ffn")) {
+            size_t n = size_opt(a, v);
+            if (!n)
+                return 2;
+            *(!strcmp(a, "--hidden")  ? &D
+              : !strcmp(a, "--heads") ? &H
+              : !strcmp(a, "--vocab") ? &V
+              : !strcmp(a, "--ffn")   ? &FF
+                                      : &KVH) = n;
+        }
         else if (!strcmp(a, "--dropout"))
             dropout = strtod(v, NULL);
         else if (!strcmp(a, "--peak-tflops"))
@@ -469,8 +489,8 @@ int main(int argc, char **argv)
         if (!want[k])
             continue;
         for (size_t i = 0; i < np; i++) {
-            dims d = {Bs[i], Ts[i], D, H, 4 * D, V, (float)dropout, KVH, bf16};
-            if (k == K_LLAMA)
+            dims d = {Bs[i], Ts[i], D, H, FF ? FF : 4 * D, V, (float)dropout, KVH, bf16};
+            if (k == K_LLAMA && !FF)
                 d.F = (8 * D / 3 + 63) / 64 * 64; /* SwiGLU width, Llama's 8D/3 rounded */
             ml_profile_point pt;
             char what[64];

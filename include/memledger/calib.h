@@ -78,6 +78,7 @@ typedef struct ml_profile_point {
     uint64_t cast_bytes;      /* autocast's bf16 weight copies kept for backward (amp
                                  runs); not in saved_bytes, not fitted: they scale with
                                  the weights, and the planner counts them itself */
+    uint64_t F;               /* MLP width (mlp and the blocks); 0 = not recorded */
 } ml_profile_point;
 
 typedef struct ml_profile_gemm {

@@ -88,6 +88,8 @@ typedef struct ml_summary {
     size_t calibrated_blocks;        /* blocks whose saved bytes come from the profile */
     double calibrated_c;             /* the measured c applied to them */
     bool calibrated_at_shape;        /* measured at this T and D; else extrapolated by the fit */
+    const char *calibration_note;    /* why the profile's c was not applied (static text);
+                                        NULL when it was, or without a profile */
     bool time_measured;              /* step time from the profile's achieved TFLOP/s */
     /* the peak of the allocator view */
     uint64_t peak;

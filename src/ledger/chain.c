@@ -901,16 +901,35 @@ static ml_status build_sequential(const ml_model *m, const ml_config *cfg, ml_ch
 static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, ml_precision prec)
 {
     const char *pp = ml_profile_get(p, "precision");
-    if (*pp && strcmp(pp, ml_precision_name(prec)))
-        return;
+    bool llama = m->norm == ML_NORM_RMSNORM;
     /* the runner's two block kinds: GPT-2 layout and Llama layout */
-    const ml_profile_kind *k =
-        ml_profile_find(p, m->norm == ML_NORM_RMSNORM ? "llama_block" : "transformer_block");
+    const ml_profile_kind *k = ml_profile_find(p, llama ? "llama_block" : "transformer_block");
+    if (*pp ? strcmp(pp, ml_precision_name(prec)) != 0 : ml_profile_dtype_bytes(p) != ch->prec.a) {
+        ch->calib_note = "the profile was measured under another precision policy";
+        return;
+    }
+    if (!k || !(k->fit.slope > 0)) {
+        ch->calib_note = llama ? "the profile has no llama_block measurements"
+                               : "the profile has no transformer_block measurements";
+        return;
+    }
     /* the runner's attention is eager: its scores and probabilities say
      * nothing about a flash kernel's saved tensors */
-    if (!k || ml_profile_dtype_bytes(p) != ch->prec.a || !(k->fit.slope > 0) ||
-        m->attention == ML_ATTN_FLASH)
+    if (m->attention == ML_ATTN_FLASH) {
+        ch->calib_note = "the model's attention is flash, the runner's eager";
         return;
+    }
+    /* c holds the MLP's B*T*F terms at the measured F/D: another ratio
+     * (Llama-2's 11008/4096 against the runner's 704/256) would carry them
+     * over wrongly */
+    for (size_t j = 0; j < k->npoints; j++) {
+        const ml_profile_point *q = &k->points[j];
+        if (q->F && (double)q->F * (double)ch->c_width != (double)m->ffn * (double)q->D) {
+            ch->calib_note = "the profile's blocks were measured at another ffn/hidden ratio "
+                             "(re-measure with memledger-calibrate --ffn F)";
+            return;
+        }
+    }
     /* the profile's fit at this shape (its B*H*T^2 and T^2 terms included);
      * points measured at this model's T, D and H give the exact per-sample
      * bytes instead: a straight line in B through them */

@@ -84,6 +84,7 @@ typedef struct {
     size_t calibrated;          /* blocks with measured inventories */
     double calib_c;
     bool calib_exact;           /* measured at this T and D (else the global fit) */
+    const char *calib_note;     /* why a profile did not apply (static text) */
     uint64_t ckpt_side;         /* tensors a checkpoint keeps besides block inputs:
                                    the attention mask passed to every block */
     /* scratch while building a block */

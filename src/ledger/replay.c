@@ -576,6 +576,7 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
     s->calibrated_blocks = ch->calibrated;
     s->calibrated_c = ch->calib_c;
     s->calibrated_at_shape = ch->calib_exact;
+    s->calibration_note = x->cfg->calib ? ch->calib_note : NULL;
     if (x->cfg->calib && ml_profile_achieved_tflops(x->cfg->calib) > 0) {
         /* measured throughput replaces peak x efficiency */
         s->step_time_s = s->flops_total / (ml_profile_achieved_tflops(x->cfg->calib) * 1e12);

@@ -416,6 +416,8 @@ int ml_profile_write(FILE *f, const ml_profile *p)
                     (unsigned long long)q->T, (unsigned long long)q->D);
             if (q->H)
                 fprintf(f, "H: %llu, ", (unsigned long long)q->H);
+            if (q->F)
+                fprintf(f, "F: %llu, ", (unsigned long long)q->F);
             if (q->cast_bytes)
                 fprintf(f, "cast_bytes: %llu, ", (unsigned long long)q->cast_bytes);
             fprintf(f, "saved_bytes: %llu, peak_forward: %llu, "
@@ -557,6 +559,7 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
                 (st = u64(err, q, "T", where, true, &pt.T)) ||
                 (st = u64(err, q, "D", where, true, &pt.D)) ||
                 (st = u64(err, q, "H", where, false, &pt.H)) ||
+                (st = u64(err, q, "F", where, false, &pt.F)) ||
                 (st = u64(err, q, "saved_bytes", where, true, &pt.saved_bytes)) ||
                 (st = u64(err, q, "cast_bytes", where, false, &pt.cast_bytes)) ||
                 (st = u64(err, q, "peak_forward", where, false, &pt.peak_forward)) ||
@@ -566,7 +569,7 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
                 (st = num(err, q, "time_s", where, false, &pt.time_s)))
                 return st;
             if (!pt.B || !pt.T || !pt.D || pt.B > (1u << 24) || pt.T > (1u << 28) ||
-                pt.D > (1u << 20) || pt.H > (1u << 16))
+                pt.D > (1u << 20) || pt.H > (1u << 16) || pt.F > (1u << 22))
                 return ml_error_at(err, q, ML_RANGE, "%s: B, T and D must be at least 1 and within "
                                              "memledger's limits",
                            where);

@@ -57,8 +57,13 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         ml_json_string(f, ml_profile_get(cfg->calib, "name"));
         fprintf(f, ", \"measured_blocks\": %zu, \"c\": ", s->calibrated_blocks);
         num(f, s->calibrated_c);
-        fprintf(f, ", \"at_shape\": %s, \"time_measured\": %s},\n",
+        fprintf(f, ", \"at_shape\": %s, \"time_measured\": %s, \"note\": ",
                 s->calibrated_at_shape ? "true" : "false", s->time_measured ? "true" : "false");
+        if (s->calibration_note)
+            ml_json_string(f, s->calibration_note);
+        else
+            fputs("null", f);
+        fputs("},\n", f);
     } else {
         fputs("null,\n", f);
     }

@@ -62,8 +62,8 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
                     s->calibrated_at_shape ? "measured at this seq_len and hidden"
                                            : "extrapolated by the profile's fit from other shapes");
         else
-            fprintf(f, "no measured c applies (profile precision or kinds differ, or the "
-                       "model's attention is flash and the runner's eager): analytic c");
+            fprintf(f, "analytic c, since %s",
+                    s->calibration_note ? s->calibration_note : "no block can take it");
         fprintf(f, "; step time %s\n", s->time_measured ? "from the measured GEMM throughput"
                                                          : "analytic");
     }

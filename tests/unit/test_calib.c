@@ -281,8 +281,8 @@ static void test_fit_separates_attention(void **state)
         for (size_t i = 0; i < 3; i++)
             for (size_t j = 0; j < 3; j++) {
                 dims d = {Bs[i], Ts[j], D, H, F, V, k == 0 ? 0.1f : 0.0f, 2, false};
-                ml_profile_point pt = {Bs[i], Ts[j], D, measured_saved(kinds[k], &d), 0, 0, 0, 0,
-                                       0, H, 0};
+                ml_profile_point pt = {.B = Bs[i], .T = Ts[j], .D = D, .H = H, .F = F,
+                                       .saved_bytes = measured_saved(kinds[k], &d)};
                 assert_int_equal(ml_profile_add_point(p, names[k], &pt), ML_OK);
             }
     ml_error e;
@@ -310,7 +310,8 @@ static void test_fit_separates_attention(void **state)
     for (size_t i = 0; i < 3; i++)
         for (size_t j = 0; j < 3; j++) {
             dims d = {Bs[i], Ts[j], D, H, F, V, 0.1f, 2, false};
-            ml_profile_point pt = {Bs[i], Ts[j], D, measured_saved(K_LMHEAD, &d), 0, 0, 0, 0, 0, 0, 0};
+            ml_profile_point pt = {.B = Bs[i], .T = Ts[j], .D = D,
+                                   .saved_bytes = measured_saved(K_LMHEAD, &d)};
             ml_profile_add_point(lm, "lm_head", &pt);
         }
     assert_int_equal(ml_profile_fit(lm, &e), ML_OK);
@@ -336,7 +337,8 @@ static void test_fit_separates_attention(void **state)
     for (size_t i = 0; i < 3; i++)
         for (size_t j = 0; j < 3; j++) {
             dims d = {Bs[i], Ts[j], D, H, 4 * D, V, 0.1f, H, false};
-            ml_profile_point pt = {Bs[i], Ts[j], D, measured_saved(K_BLOCK, &d), 0, 0, 0, 0, 0, H, 0};
+            ml_profile_point pt = {.B = Bs[i], .T = Ts[j], .D = D, .H = H, .F = 4 * D,
+                                   .saved_bytes = measured_saved(K_BLOCK, &d)};
             ml_profile_add_point(q, "transformer_block", &pt);
         }
     assert_int_equal(ml_profile_fit(q, &e), ML_OK);
@@ -463,6 +465,30 @@ static void test_bf16_rounding(void **state)
         assert_true(g[i] == f[i]); /* exactly representable */
 }
 
+/* Plans the model in yaml with and without profile p: with why == NULL
+ * the profile applies (block.1 marked measured), otherwise it does not and
+ * the summary's note contains why; either way block.1 keeps the analytic
+ * inventory (the profiles here are exact). */
+static void check_applied(const char *yaml, const ml_profile *p, const char *why)
+{
+    ml_model *m = load_str(yaml);
+    ml_config c = ml_model_config(m);
+    ml_ledger *plain = eval(m, &c, false);
+    c.calib = p;
+    ml_ledger *cal = eval(m, &c, false);
+    const ml_block_info *b0 = block_named(plain, "block.1"), *b1 = block_named(cal, "block.1");
+    assert_int_equal(b1->measured, why == NULL);
+    assert_int_equal(b1->inventory_bytes, b0->inventory_bytes);
+    const char *note = ml_ledger_summary(cal)->calibration_note;
+    if (!why)
+        assert_null(note);
+    else if (!note || !strstr(note, why))
+        fail_msg("calibration note '%s' does not say '%s'", note ? note : "(none)", why);
+    ml_ledger_destroy(plain);
+    ml_ledger_destroy(cal);
+    ml_model_destroy(m);
+}
+
 /* The amp block's fit, counted by hand from the inventory (per token, 2 =
  * b bytes per element):
  *  - GPT-2: x 4D, ln_1 stats 8, ln_1 output's cast 2D, q k v 6D, c_proj
@@ -495,7 +521,8 @@ static void test_amp_fit_and_planner(void **state)
                           true};
                 uint64_t cast;
                 uint64_t s = measured(k ? K_LLAMA : K_BLOCK, &d, &cast);
-                ml_profile_point pt = {Bs[i], Ts[j], D, s, 0, 0, 0, 0, 0, H, cast};
+                ml_profile_point pt = {.B = Bs[i], .T = Ts[j], .D = D, .H = H, .F = d.F,
+                                       .saved_bytes = s, .cast_bytes = cast};
                 ml_profile_add_point(p, k ? "llama_block" : "transformer_block", &pt);
             }
     ml_error e;
@@ -524,17 +551,22 @@ static void test_amp_fit_and_planner(void **state)
                  "  vocab: %zu\n  max_positions: 64\n  tied_embeddings: false\n  dropout: 0.1\n"
                  "training:\n  micro_batch: 5\n  seq_len: 40\n  precision: %s\n",
                  D, H, 4 * D, V, prec[i]);
-        ml_model *m = load_str(y);
-        ml_config c = ml_model_config(m);
-        ml_ledger *plain = eval(m, &c, false);
-        c.calib = p;
-        ml_ledger *cal = eval(m, &c, false);
-        const ml_block_info *b0 = block_named(plain, "block.0"), *b1 = block_named(cal, "block.0");
-        assert_int_equal(b1->measured, i == 0);
-        assert_int_equal(b1->inventory_bytes, b0->inventory_bytes);
-        ml_ledger_destroy(plain);
-        ml_ledger_destroy(cal);
-        ml_model_destroy(m);
+        check_applied(y, p, i == 0 ? NULL : "precision");
+    }
+    /* the Llama points were measured at F = 96 = 3D: a Llama model with
+     * that ratio takes them; at F = 4D their c would carry the MLP's
+     * B*T*F terms at the wrong width, so the analytic c stays, and says why */
+    const size_t ffn[] = {Fl, 4 * D};
+    for (int i = 0; i < 2; i++) {
+        char y[1024];
+        snprintf(y, sizeof y,
+                 "model:\n  type: decoder\n  layers: 2\n  hidden: %zu\n  heads: %zu\n"
+                 "  kv_heads: 2\n  ffn: %zu\n  activation: swiglu\n  norm: rmsnorm\n"
+                 "  vocab: %zu\n  position: none\n  bias: false\n  tied_embeddings: false\n"
+                 "  dropout: 0\ntraining:\n  micro_batch: 5\n  seq_len: 40\n"
+                 "  precision: amp-bf16\n",
+                 D, H, ffn[i], V);
+        check_applied(y, p, i == 0 ? NULL : "ffn/hidden");
     }
     ml_profile_destroy(p);
 }

@@ -124,7 +124,9 @@ static void test_profile_round_trip(void **state)
     ml_profile_set(p, "device", "a test device");
     ml_profile_set_peak(p, 2.0);
     for (uint64_t b = 1; b <= 4; b *= 2) {
-        ml_profile_point pt = {b, 64, 128, 1000 + b * 64 * 128 * 4 * 21, 5, 6, 7, 0, 0.5, 0, 0};
+        ml_profile_point pt = {.B = b, .T = 64, .D = 128,
+                               .saved_bytes = 1000 + b * 64 * 128 * 4 * 21, .peak_forward = 5,
+                               .peak_backward = 6, .peak_step = 7, .time_s = 0.5};
         assert_int_equal(ml_profile_add_point(p, "transformer_block", &pt), ML_OK);
     }
     ml_profile_gemm g = {512, 512, 512, 0.5};
@@ -166,8 +168,8 @@ static void test_attention_fit(void **state)
             double exact = 21.0 * (double)(B * T * D * 4) + 2.25 * (double)(B * H * T * T * 4) +
                            (double)(T * T) + 4096;
             double noise = 0.002 * ((n++ % 3) - 1.0); /* -0.2 %, 0, +0.2 % */
-            ml_profile_point pt = {B, T, D, (uint64_t)llround(exact * (1 + noise)), 0, 0, 0, 0, 0,
-                                   H, 0};
+            ml_profile_point pt = {.B = B, .T = T, .D = D, .H = H,
+                                   .saved_bytes = (uint64_t)llround(exact * (1 + noise))};
             assert_int_equal(ml_profile_add_point(p, "transformer_block", &pt), ML_OK);
             if (T == 128)
                 ml_profile_add_point(one_t, "transformer_block", &pt);
