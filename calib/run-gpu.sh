@@ -53,8 +53,8 @@ for B in 4 8 16; do
         --calib "$OUT/h200-gpt2-blocks.yaml" >"$OUT/plan-gpt2-b$B-calib.json"
 done
 
-log "a Llama-style block (RMSNorm, SwiGLU, GQA 32/8 heads, D=4096) at micro-batch 1 and 2, T=2048"
-"$CAL" --backend cuda --layers llama_block --hidden 4096 --heads 32 --kv-heads 8 \
+log "a Llama-2-7B-shaped block (RMSNorm, SwiGLU, GQA 32/8 heads, D=4096, F=11008) at micro-batch 1 and 2, T=2048"
+"$CAL" --backend cuda --layers llama_block --hidden 4096 --heads 32 --kv-heads 8 --ffn 11008 \
     --points 1x2048,2x2048 --name h200-llama-block -o "$OUT/h200-llama-block.yaml" \
     2>"$OUT/h200-llama-block.log"
 cat >"$OUT/llama-block.yaml" <<'YAML'
@@ -65,7 +65,7 @@ model:
   hidden: 4096
   heads: 32
   kv_heads: 8
-  ffn: 10944
+  ffn: 11008
   activation: swiglu
   norm: rmsnorm
   vocab: 32000
