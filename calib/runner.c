@@ -353,10 +353,16 @@ int main(int argc, char **argv)
               : !strcmp(a, "--ffn")   ? &FF
                                       : &KVH) = n;
         }
-        else if (!strcmp(a, "--dropout"))
-            dropout = strtod(v, NULL);
-        else if (!strcmp(a, "--peak-tflops"))
-            peak = strtod(v, NULL);
+        else if (!strcmp(a, "--dropout") || !strcmp(a, "--peak-tflops")) {
+            char *end = NULL;
+            double x = strtod(v, &end);
+            if (end == v || *end || !isfinite(x) || x < 0) {
+                fprintf(stderr, "memledger-calibrate: error: %s: '%s' is not a number >= 0\n",
+                        a, v);
+                return 2;
+            }
+            *(!strcmp(a, "--dropout") ? &dropout : &peak) = x;
+        }
         else {
             fprintf(stderr, "memledger-calibrate: error: unknown option '%s'\n", a);
             return 2;
