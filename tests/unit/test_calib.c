@@ -463,6 +463,28 @@ static void test_bf16_rounding(void **state)
     be->cast(be, h, g, 3, false);
     for (int i = 0; i < 3; i++)
         assert_true(g[i] == f[i]); /* exactly representable */
+    /* gemm_mixed: [[1 2 3] [4 5 6+1/256]] (fp32; 6+1/256 rounds to 6 in
+     * bf16) times [[1 0] [0 1] [1 1]] (bf16) = [[4 5] [10 11]]; the same
+     * with A stored transposed, and as a batch of two with strides */
+    float A[6] = {1, 2, 3, 4, 5, 6.0f + 1.0f / 256}, At[6] = {1, 4, 2, 5, 3, 6.0f + 1.0f / 256};
+    float Bf[6] = {1, 0, 0, 1, 1, 1}, C[8];
+    uint16_t Bh[12];
+    be->cast(be, Bf, Bh, 6, true);
+    be->cast(be, Bf, Bh + 6, 6, true);
+    const float want[4] = {4, 5, 10, 11};
+    be->gemm_mixed(be, false, false, 2, 2, 3, 1.0f, A, false, 0, Bh, true, 0, 0.0f, C, 0, 1);
+    for (int i = 0; i < 4; i++)
+        assert_true(C[i] == want[i]);
+    be->gemm_mixed(be, true, false, 2, 2, 3, 1.0f, At, false, 0, Bh, true, 0, 0.0f, C, 0, 1);
+    for (int i = 0; i < 4; i++)
+        assert_true(C[i] == want[i]);
+    float A2[12];
+    memcpy(A2, A, sizeof A);
+    memcpy(A2 + 6, A, sizeof A);
+    be->gemm_mixed(be, false, false, 2, 2, 3, 1.0f, A2, false, 6, Bh, true, 6, 0.0f, C, 4, 2);
+    for (int i = 0; i < 8; i++)
+        assert_true(C[i] == want[i % 4]);
+    assert_false(be->failed);
 }
 
 /* Plans the model in yaml with and without profile p: with why == NULL
