@@ -19,8 +19,9 @@ static const char usage[] =
     "attention, SwiGLU) layers at a grid of shapes,\n"
     "recording live bytes per phase through a tracking allocator (and, on CUDA, the\n"
     "device's own view), fits saved bytes = c * B*T*D*b + fixed per kind (b = 4\n"
-    "fp32, 2 bf16; the blocks also + c_attention * B*H*T^2*b + c_mask * T^2,\n"
-    "lm_head + c_positions * T; autocast's weight copies are recorded apart), measures\n"
+    "fp32, 2 bf16; + c_tokens * B*T from a second width D/2; the blocks also +\n"
+    "c_attention * B*H*T^2*b + c_mask * T^2, lm_head + c_positions * T; autocast's\n"
+    "weight copies are recorded apart), measures\n"
     "GEMM throughput, and writes a profile for 'memledger plan --calib'.\n"
     "\n"
     "  --backend cpu|cuda      OpenBLAS on the CPU, or cuBLAS on the first GPU\n"
@@ -488,19 +489,25 @@ int main(int argc, char **argv)
                           "(tests/unit/test_calib.c)");
     ml_profile_set_peak(prof, peak);
     int rc = 0;
-    size_t total = 0, done = 0;
-    for (int k = 0; k < K_COUNT; k++)
-        total += want[k] ? np : 0;
+    /* Every kind is measured at D and, when the sizes divide, at D/2 with F/2
+     * (the same F/D): bytes per token that do not grow with D (the norms'
+     * statistics, int64 ids) then separate from those that do (c_tokens). */
+    size_t Fk[K_COUNT], nw[K_COUNT], total = 0, done = 0;
+    for (int k = 0; k < K_COUNT; k++) {
+        Fk[k] = FF ? FF : k == K_LLAMA ? (8 * D / 3 + 63) / 64 * 64 /* Llama's 8D/3 rounded */
+                                       : 4 * D;
+        nw[k] = D % 2 == 0 && (D / 2) % H == 0 && Fk[k] % 2 == 0 ? 2 : 1;
+        total += want[k] ? np * nw[k] : 0;
+    }
     for (int k = 0; k < K_COUNT; k++) {
         if (!want[k])
             continue;
+        for (size_t w = 0; w < nw[k]; w++)
         for (size_t i = 0; i < np; i++) {
-            dims d = {Bs[i], Ts[i], D, H, FF ? FF : 4 * D, V, (float)dropout, KVH, bf16};
-            if (k == K_LLAMA && !FF)
-                d.F = (8 * D / 3 + 63) / 64 * 64; /* SwiGLU width, Llama's 8D/3 rounded */
+            dims d = {Bs[i], Ts[i], D >> w, H, Fk[k] >> w, V, (float)dropout, KVH, bf16};
             ml_profile_point pt;
-            char what[64];
-            snprintf(what, sizeof what, "%s B=%zu T=%zu", kind_names[k], d.B, d.T);
+            char what[80];
+            snprintf(what, sizeof what, "%s B=%zu T=%zu D=%zu", kind_names[k], d.B, d.T, d.D);
             progress(done, total, what);
             if (measure(be, (kind_t)k, &d, &pt) != 0) {
                 fprintf(stderr, "\nmemledger-calibrate: %s: out of device memory; skipped\n",
@@ -535,12 +542,15 @@ int main(int argc, char **argv)
     if (!rc) {
         for (size_t i = 0; i < ml_profile_kind_count(prof); i++) {
             const ml_profile_kind *k = ml_profile_kind_at(prof, i);
-            char attn[80] = "";
+            char attn[120] = "";
+            int at = 0;
+            if (k->tokens != 0)
+                at = snprintf(attn, sizeof attn, ", c_tokens = %.4f", k->tokens);
             if (k->attn != 0)
-                snprintf(attn, sizeof attn, ", c_attention = %.4f, c_mask = %.4f", k->attn,
-                         k->mask);
+                snprintf(attn + at, sizeof attn - (size_t)at, ", c_attention = %.4f, c_mask = %.4f",
+                         k->attn, k->mask);
             else if (k->pos != 0)
-                snprintf(attn, sizeof attn, ", c_positions = %.4f", k->pos);
+                snprintf(attn + at, sizeof attn - (size_t)at, ", c_positions = %.4f", k->pos);
             fprintf(stderr, "%-18s c = %8.4f%s, fixed %.0f B, R^2 %.6f, largest residual %.3f%% "
                             "(%zu points)\n",
                     k->kind, k->fit.slope, attn, k->fit.fixed, k->fit.r2,

@@ -106,7 +106,8 @@ ML_API void ml_profile_set_peak(ml_profile *p, double peak_tflops);
  * blocks with attention whose points name H and span enough shapes (several
  * T and B), also the attention terms: saved = c * B*T*D*b + c_attention *
  * B*H*T^2*b + c_mask * T^2 + fixed (or without c_mask when the points do not
- * separate it); for lm_head, c * B*T*D*b + c_positions * T + fixed. Call after adding points. Returns ML_OK or ML_RANGE (a kind with
+ * separate it); for lm_head, c * B*T*D*b + c_positions * T + fixed; and, when
+ * the points span two or more D, + c_tokens * B*T for every kind. Call after adding points. Returns ML_OK or ML_RANGE (a kind with
  * fewer than 2 distinct shapes). */
 ML_API ml_status ml_profile_fit(ml_profile *p, ml_error *err);
 
@@ -121,6 +122,9 @@ typedef struct ml_profile_kind {
                          block); 0 when not fitted */
     double pos;       /* c_positions: bytes per position whatever B (lm_head's position
                          ids); 0 when not fitted */
+    double tokens;    /* c_tokens: bytes per token whatever D (the norms' statistics,
+                         int64 ids); fitted only from points at two or more D, else 0
+                         (then folded into c at the measured D) */
 } ml_profile_kind;
 
 /* The fitted saved bytes of kind k at a shape (b bytes per element). */

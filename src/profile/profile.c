@@ -23,6 +23,7 @@ typedef struct {
     double attn; /* bytes per B*H*T^2*b element; 0 when not fitted */
     double mask; /* bytes per T^2 element, whatever the batch; 0 when not fitted */
     double pos;  /* bytes per position, whatever the batch (lm_head); 0 when not fitted */
+    double tokens; /* bytes per token whatever D; 0 when not fitted */
     ml_profile_kind view;
 } kindrec;
 
@@ -149,7 +150,9 @@ static bool has_attention(const char *kind)
     return !strcmp(kind, "transformer_block") || !strcmp(kind, "llama_block");
 }
 
-/* y = fixed + sum_j coef[j] * x[j] by least squares over n points and k <= 3
+#define FITK_MAX 4
+
+/* y = fixed + sum_j coef[j] * x[j] by least squares over n points and k <= 4
  * regressors, on centred and scaled columns (normal equations, Gaussian
  * elimination with partial pivoting). Returns false when the regressors are
  * (nearly) collinear over the points, e.g. all points at one T. */
@@ -157,7 +160,9 @@ static bool fitk(double *const *x, size_t k, const double *y, size_t n, double *
 {
     if (n < k + 1)
         return false;
-    double mean[3] = {0}, scale[3] = {0}, my = 0;
+    if (k > FITK_MAX)
+        return false;
+    double mean[FITK_MAX] = {0}, scale[FITK_MAX] = {0}, my = 0;
     for (size_t i = 0; i < n; i++) {
         my += y[i];
         for (size_t j = 0; j < k; j++)
@@ -173,10 +178,10 @@ static bool fitk(double *const *x, size_t k, const double *y, size_t n, double *
             return false;
     }
     /* A (k x k) | rhs, of unit-norm centred columns: A is their Gram matrix */
-    double A[3][4] = {{0}};
+    double A[FITK_MAX][FITK_MAX + 1] = {{0}};
     double syy = 0;
     for (size_t i = 0; i < n; i++) {
-        double z[3], dy = y[i] - my;
+        double z[FITK_MAX], dy = y[i] - my;
         for (size_t j = 0; j < k; j++)
             z[j] = (x[j][i] - mean[j]) / scale[j];
         for (size_t r = 0; r < k; r++) {
@@ -243,19 +248,29 @@ static bool fitk(double *const *x, size_t k, const double *y, size_t n, double *
     return true;
 }
 
+/* The models the fit tries, fullest first, as columns of: 0 B*T*D*b, 1 B*T
+ * (bytes per token whatever D: the norms' statistics, int64 ids), 2 the
+ * attention's B*H*T^2*b (lm_head: its T position ids), 3 T^2 (a causal mask
+ * whatever B). B*T is separable from B*T*D only over points at two or more
+ * D; the first model the points determine is used. */
+static const signed char fit_heads[][5] = {{0, 1, 2, 3, -1}, {0, 1, 2, -1}, {0, 2, 3, -1},
+                                           {0, 2, -1},       {0, 1, -1}};
+static const signed char fit_lm[][5] = {{0, 1, 2, -1}, {0, 2, -1}, {0, 1, -1}};
+static const signed char fit_plain[][5] = {{0, 1, -1}};
+
 ml_status ml_profile_fit(ml_profile *p, ml_error *err)
 {
     double b = ml_profile_dtype_bytes(p);
     for (size_t i = 0; i < p->nkinds; i++) {
         kindrec *k = &p->kinds[i];
-        double *x[3], *y = malloc(k->n * sizeof *y);
+        double *x[FITK_MAX], *y = malloc(k->n * sizeof *y);
         bool ok = y != NULL;
-        for (int j = 0; j < 3; j++) {
+        for (int j = 0; j < FITK_MAX; j++) {
             x[j] = malloc(k->n * sizeof *x[j]);
             ok = ok && x[j];
         }
         if (!ok) {
-            for (int j = 0; j < 3; j++)
+            for (int j = 0; j < FITK_MAX; j++)
                 free(x[j]);
             free(y);
             return ML_NOMEM;
@@ -265,30 +280,40 @@ ml_status ml_profile_fit(ml_profile *p, ml_error *err)
             const ml_profile_point *q = &k->pts[j];
             double T = (double)q->T;
             x[0][j] = (double)q->B * T * (double)q->D * b;
-            /* lm_head's second term: its position ids, T of them whatever B */
-            x[1][j] = lm ? T : (double)q->B * (double)q->H * T * T * b;
-            x[2][j] = T * T;
+            x[1][j] = (double)q->B * T;
+            /* lm_head's third term: its position ids, T of them whatever B */
+            x[2][j] = lm ? T : (double)q->B * (double)q->H * T * T * b;
+            x[3][j] = T * T;
             y[j] = (double)q->saved_bytes;
             heads = heads && q->H > 0;
         }
-        /* the fullest model the points determine: c, c_attention and c_mask,
-         * then c and c_attention (lm_head: c and c_positions), then c alone */
-        double coef[3] = {0};
-        size_t used = 0;
-        for (size_t nk = heads ? 3 : lm ? 2 : 0; nk >= 2 && !used; nk--) {
-            memset(coef, 0, sizeof coef);
-            if (fitk(x, nk, y, k->n, coef, &k->fit))
-                used = nk;
+        const signed char(*models)[5] = heads ? fit_heads : lm ? fit_lm : fit_plain;
+        size_t nmodels = heads ? sizeof fit_heads / sizeof fit_heads[0]
+                       : lm    ? sizeof fit_lm / sizeof fit_lm[0]
+                               : sizeof fit_plain / sizeof fit_plain[0];
+        double all[FITK_MAX] = {0};
+        bool fitted = false;
+        for (size_t mi = 0; mi < nmodels && !fitted; mi++) {
+            double *cols[FITK_MAX], coef[FITK_MAX] = {0};
+            size_t nk = 0;
+            while (nk < FITK_MAX && models[mi][nk] >= 0) {
+                cols[nk] = x[models[mi][nk]];
+                nk++;
+            }
+            if (fitk(cols, nk, y, k->n, coef, &k->fit)) {
+                fitted = true;
+                for (size_t c = 0; c < nk; c++)
+                    all[models[mi][c]] = coef[c];
+            }
         }
         ml_status st = ML_OK;
-        if (!used) {
-            memset(coef, 0, sizeof coef);
+        if (!fitted)
             st = ml_linfit_points(x[0], y, k->n, &k->fit, err);
-        }
-        k->attn = heads ? coef[1] : 0;
-        k->mask = heads ? coef[2] : 0;
-        k->pos = lm ? coef[1] : 0;
-        for (int j = 0; j < 3; j++)
+        k->tokens = all[1];
+        k->attn = heads ? all[2] : 0;
+        k->mask = heads ? all[3] : 0;
+        k->pos = lm ? all[2] : 0;
+        for (int j = 0; j < FITK_MAX; j++)
             free(x[j]);
         free(y);
         if (st) {
@@ -306,7 +331,8 @@ double ml_profile_kind_saved(const ml_profile_kind *k, uint64_t B, uint64_t T, u
 {
     double bt = (double)B * (double)T * (double)b;
     return k->fit.fixed + k->fit.slope * bt * (double)D + k->attn * bt * (double)H * (double)T +
-           k->mask * (double)T * (double)T + k->pos * (double)T;
+           k->mask * (double)T * (double)T + k->pos * (double)T +
+           k->tokens * (double)B * (double)T;
 }
 
 size_t ml_profile_kind_count(const ml_profile *p)
@@ -326,6 +352,7 @@ const ml_profile_kind *ml_profile_kind_at(const ml_profile *p, size_t i)
     k->view.attn = k->attn;
     k->view.mask = k->mask;
     k->view.pos = k->pos;
+    k->view.tokens = k->tokens;
     return &k->view;
 }
 
@@ -407,6 +434,8 @@ int ml_profile_write(FILE *f, const ml_profile *p)
             fprintf(f, "    c_mask: %.10g\n", k->mask);
         if (k->pos != 0)
             fprintf(f, "    c_positions: %.10g\n", k->pos);
+        if (k->tokens != 0)
+            fprintf(f, "    c_tokens: %.10g\n", k->tokens);
         fprintf(f, "    fixed_bytes: %.10g\n    r2: %.12g\n    max_rel_residual: %.12g\n"
                    "    points:\n",
                 k->fit.fixed, k->fit.r2, k->fit.max_rel_residual);

@@ -593,6 +593,69 @@ static void test_amp_fit_and_planner(void **state)
     ml_profile_destroy(p);
 }
 
+/* Points at two widths (D = 32 and 16, F/D held) separate the bytes per
+ * token that do not grow with D from those that do, as the runner measures
+ * by default; counted by hand per token (b = 4 fp32, 2 amp):
+ *  - GPT-2 block, F = 4D: c = (34D + 8F)/4D = 16.5 fp32, (22D + 4F)/2D = 19
+ *    amp; the LayerNorms' mean and rstd c_tokens = 16;
+ *  - Llama block, F = 3D: c = (40D + 16F)/4D = 22 fp32, (34D + 8F)/2D = 29
+ *    amp; the two rsqrt c_tokens = 8;
+ * and the planner's block at a third width, D = 64, equals its analytic
+ * inventory to the byte (with c alone, fitted at one width, the statistics
+ * scale with D and it is off by 16*B*T*(64/32 - 1) bytes). */
+static void test_fit_across_widths(void **state)
+{
+    (void)state;
+    const size_t H = 4, V = 20, Ds[] = {32, 16};
+    const size_t Bs[] = {1, 2, 3}, Ts[] = {8, 16, 24};
+    for (int amp = 0; amp < 2; amp++) {
+        ml_profile *p = ml_profile_new();
+        ml_profile_set(p, "dtype", amp ? "bf16" : "fp32");
+        ml_profile_set(p, "precision", amp ? "amp-bf16" : "fp32");
+        for (int k = 0; k < 2; k++)
+            for (size_t w = 0; w < 2; w++)
+                for (size_t i = 0; i < 3; i++)
+                    for (size_t j = 0; j < 3; j++) {
+                        size_t D = Ds[w], F = k ? 3 * D : 4 * D;
+                        dims d = {Bs[i], Ts[j], D, H, F, V, k ? 0.0f : 0.1f, 2, amp == 1};
+                        uint64_t cast;
+                        ml_profile_point pt = {.B = Bs[i], .T = Ts[j], .D = D, .H = H, .F = F};
+                        pt.saved_bytes = measured(k ? K_LLAMA : K_BLOCK, &d, &cast);
+                        pt.cast_bytes = cast;
+                        ml_profile_add_point(p, k ? "llama_block" : "transformer_block", &pt);
+                    }
+        ml_error e;
+        assert_int_equal(ml_profile_fit(p, &e), ML_OK);
+        const ml_profile_kind *g = ml_profile_find(p, "transformer_block"),
+                              *l = ml_profile_find(p, "llama_block");
+        assert_rel_close(g->fit.slope, amp ? 19 : 16.5, 1e-9);
+        assert_rel_close(g->tokens, 16, 1e-9);
+        assert_rel_close(g->attn, amp ? 3.5 : 2.25, 1e-9);
+        assert_rel_close(g->mask, 1, 1e-6);
+        assert_rel_close(l->fit.slope, amp ? 29 : 22, 1e-9);
+        assert_rel_close(l->tokens, 8, 1e-9);
+        assert_rel_close(l->attn, amp ? 3 : 1, 1e-9);
+        assert_true(fabs(g->fit.fixed) < 1e-3 && fabs(l->fit.fixed) < 1e-3);
+        /* a third width: both layouts, extrapolated, to the byte */
+        char y[1024];
+        const char *prec = amp ? "amp-bf16" : "fp32";
+        snprintf(y, sizeof y,
+                 "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: %zu\n  ffn: 256\n"
+                 "  vocab: %zu\n  max_positions: 64\n  tied_embeddings: false\n  dropout: 0.1\n"
+                 "training:\n  micro_batch: 5\n  seq_len: 40\n  precision: %s\n",
+                 H, V, prec);
+        check_applied(y, p, NULL);
+        snprintf(y, sizeof y,
+                 "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: %zu\n"
+                 "  kv_heads: 2\n  ffn: 192\n  activation: swiglu\n  norm: rmsnorm\n"
+                 "  vocab: %zu\n  position: none\n  bias: false\n  tied_embeddings: false\n"
+                 "  dropout: 0\ntraining:\n  micro_batch: 5\n  seq_len: 40\n  precision: %s\n",
+                 H, V, prec);
+        check_applied(y, p, NULL);
+        ml_profile_destroy(p);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -602,6 +665,7 @@ int main(void)
         cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_amp_matches_fp32_within_bf16),
         cmocka_unit_test(test_amp_fit_and_planner),
+        cmocka_unit_test(test_fit_across_widths),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
