@@ -311,6 +311,100 @@ static void grads_alloc(layer *l, tracker *tr)
     }
 }
 
+/* Eager attention after the head-major q, k, v (B*H, T, dh): S = q k^T
+ * (workspace), P = softmax(scale S) kept in fp32; with dropout p its mask
+ * and output kept, else under amp PV's bf16 cast of P; O = P' v back into
+ * (B, T, D) rows, the output projection's input (kept); then the projection
+ * (weight wo, bias bo or NULL). Returns its output (T_WORK), empty when out
+ * of memory. Both block layouts share it. */
+static tn attention_fwd(layer *l, tracker *tr, const tn *q, const tn *k, const tn *v, float p,
+                        int wo, const tn *bo)
+{
+    ml_backend *be = tr->be;
+    const dims *d = &l->d;
+    size_t B = d->B, T = d->T, D = d->D, H = d->H, dh = D / H, BHTT = B * H * T * T;
+    float scale = 1.0f / sqrtf((float)dh);
+    tn none = {NULL, 0, T_WORK, false};
+    tn S = talloc(tr, BHTT * 4, T_WORK);
+    /* softmax output (fp32 under amp: softmax is on autocast's fp32 list) */
+    tn *P = keep(l, talloc(tr, BHTT * 4, T_SAVED));
+    if (tr->oom)
+        return none;
+    mm(be, false, true, (int)T, (int)T, (int)dh, 1.0f, q, (long)(T * dh), k, (long)(T * dh),
+       0.0f, F(S), (long)(T * T), (int)(B * H));
+    be->softmax_fwd(be, F(S), F(*P), B * H, T, scale);
+    tfree(tr, &S);
+    tn *Pd = P;
+    if (p > 0) {
+        tn *mask = keep(l, talloc(tr, BHTT, T_SAVED)), sd;
+        Pd = slot(l, tr, BHTT, &sd); /* the dropout output */
+        if (tr->oom)
+            return none;
+        be->dropout_fwd(be, F(*P), U8(*mask), F(*Pd), BHTT, p, l->seed + 1);
+        Pd = settle(l, tr, Pd, &sd);
+    } else if (d->amp) {
+        Pd = keep(l, low_copy(tr, P->p, BHTT, T_SAVED)); /* PV's bf16 cast */
+    }
+    tn O = talloc(tr, B * T * D * 4, T_WORK);
+    tn so;
+    tn *om = slot(l, tr, B * T * D, &so);
+    tn a = talloc(tr, B * T * D * 4, T_WORK);
+    const tn *w = wt(l, tr, wo);
+    if (tr->oom)
+        return none;
+    mm(be, false, false, (int)T, (int)dh, (int)T, 1.0f, Pd, (long)(T * T), v, (long)(T * dh),
+       0.0f, F(O), (long)(T * dh), (int)(B * H));
+    be->permute(be, F(O), F(*om), B, T, H, dh, D, 0, false);
+    tfree(tr, &O);
+    om = settle(l, tr, om, &so);
+    if (tr->oom)
+        return none;
+    linear_fwd(be, om, w, bo, F(a), B * T, D, D);
+    return a;
+}
+
+/* What attention_fwd kept, in its order from saved[i]; advances i. */
+typedef struct {
+    const tn *P, *mask, *pv, *om;
+} attn_kept;
+
+static attn_kept attention_kept(const layer *l, int *i)
+{
+    attn_kept r = {&l->saved[*i], NULL, NULL, NULL};
+    ++*i;
+    if (l->d.dropout > 0 && l->kind == K_BLOCK)
+        r.mask = &l->saved[(*i)++];
+    r.pv = r.mask || l->d.amp ? &l->saved[(*i)++] : r.P;
+    r.om = &l->saved[(*i)++];
+    return r;
+}
+
+/* Backward of attention_fwd from da, the projection output's gradient:
+ * the projection's weight gradient (and bias gradient into dbo), and dq, dk,
+ * dv head-major in the caller's (B*H, T, dh) buffers; rows is a (B, T, D)
+ * scratch buffer. */
+static void attention_bwd(layer *l, tracker *tr, const attn_kept *r, const tn *q, const tn *k,
+                          const tn *v, const tn *da, int wo, float *dbo, float *rows, tn *dO,
+                          tn *dP, float *dq, float *dk, float *dv)
+{
+    ml_backend *be = tr->be;
+    const dims *d = &l->d;
+    size_t B = d->B, T = d->T, D = d->D, H = d->H, dh = D / H;
+    long tt = (long)(T * T), td = (long)(T * dh);
+    int bh = (int)(B * H);
+    linear_bwd(be, r->om, wt(l, tr, wo), da, rows, 0.0f, F(l->g[wo]), dbo, B * T, D, D);
+    be->permute(be, rows, F(*dO), B, T, H, dh, D, 0, true);
+    /* O = P' v: dP' = dO v^T, dv = P'^T dO */
+    mm(be, false, true, (int)T, (int)T, (int)dh, 1.0f, dO, td, v, td, 0.0f, F(*dP), tt, bh);
+    mm(be, true, false, (int)T, (int)dh, (int)T, 1.0f, r->pv, tt, dO, td, 0.0f, dv, td, bh);
+    if (r->mask)
+        be->dropout_bwd(be, U8(*r->mask), F(*dP), F(*dP), B * H * T * T, d->dropout);
+    be->softmax_bwd(be, F(*r->P), F(*dP), F(*dP), B * H, T, 1.0f / sqrtf((float)dh));
+    /* S = q k^T: dq = dS k, dk = dS^T q */
+    mm(be, false, false, (int)T, (int)dh, (int)T, 1.0f, dP, tt, k, td, 0.0f, dq, td, bh);
+    mm(be, true, false, (int)T, (int)dh, (int)T, 1.0f, dP, tt, q, td, 0.0f, dk, td, bh);
+}
+
 tn layer_forward(layer *l, tracker *tr, tn *x)
 {
     ml_backend *be = tr->be;
@@ -355,7 +449,7 @@ tn layer_forward(layer *l, tracker *tr, tn *x)
         return y;
     }
     case K_BLOCK: {
-        float p = d->dropout, scale = 1.0f / sqrtf((float)dh);
+        float p = d->dropout;
         keep(l, *x);                                               /* 0 ln_1 input */
         tn *mean1 = keep(l, talloc(tr, BT * 4, T_SAVED));          /* 1 */
         tn *rstd1 = keep(l, talloc(tr, BT * 4, T_SAVED));          /* 2 */
@@ -384,43 +478,9 @@ tn layer_forward(layer *l, tracker *tr, tn *x)
         /* masked_fill keeps a bool T x T mask; the softmax kernel masks by
          * index, but the tensor is kept as PyTorch keeps it */
         keep(l, talloc(tr, T * T, T_SAVED));                       /* 7 */
-        tn S = talloc(tr, B * H * T * T * 4, T_WORK);
-        /* 8 softmax output (fp32 under amp: softmax is on autocast's fp32 list) */
-        tn *P = keep(l, talloc(tr, B * H * T * T * 4, T_SAVED));
+        tn a = attention_fwd(l, tr, q, k, v, p, BL_WO, &l->w[BL_BO]); /* 8.. */
         if (tr->oom)
             return none;
-        mm(be, false, true, (int)T, (int)T, (int)dh, 1.0f, q, (long)(T * dh), k, (long)(T * dh),
-           0.0f, F(S), (long)(T * T), (int)(B * H));
-        be->softmax_fwd(be, F(S), F(*P), B * H, T, scale);
-        tfree(tr, &S);
-        tn *Pd = P;
-        if (p > 0) {
-            keep(l, talloc(tr, B * H * T * T, T_SAVED));             /* 9 mask */
-            tn sd;
-            Pd = slot(l, tr, B * H * T * T, &sd);                    /* 10 dropout output */
-            if (tr->oom)
-                return none;
-            be->dropout_fwd(be, F(*P), U8(l->saved[9]), F(*Pd), B * H * T * T, p, l->seed + 1);
-            Pd = settle(l, tr, Pd, &sd);
-        } else if (amp) {
-            /* PV's bf16 cast of the probabilities */
-            Pd = keep(l, low_copy(tr, P->p, B * H * T * T, T_SAVED)); /* 9 */
-        }
-        tn O = talloc(tr, BT * D * 4, T_WORK);
-        tn so;
-        tn *om = slot(l, tr, BT * D, &so);                         /* proj input */
-        tn a = talloc(tr, BT * D * 4, T_WORK);
-        const tn *wo = wt(l, tr, BL_WO);
-        if (tr->oom)
-            return none;
-        mm(be, false, false, (int)T, (int)dh, (int)T, 1.0f, Pd, (long)(T * T), v, (long)(T * dh),
-           0.0f, F(O), (long)(T * dh), (int)(B * H));
-        be->permute(be, F(O), F(*om), B, T, H, dh, D, 0, false);
-        tfree(tr, &O);
-        om = settle(l, tr, om, &so);
-        if (tr->oom)
-            return none;
-        linear_fwd(be, om, wo, &l->w[BL_BO], F(a), BT, D, D);
         if (p > 0) {
             tn *rm = keep(l, talloc(tr, BT * D, T_SAVED));
             if (tr->oom)
@@ -463,7 +523,6 @@ tn layer_forward(layer *l, tracker *tr, tn *x)
     }
     case K_LLAMA: {
         size_t KV = kv_of(d), rep = H / KV, dkv = KV * dh;
-        float scale = 1.0f / sqrtf((float)dh);
         keep(l, *x);                                               /* 0 rmsnorm input */
         tn *rs1 = keep(l, talloc(tr, BT * 4, T_SAVED));            /* 1 rsqrt */
         tn *h1 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 2 normalised */
@@ -500,32 +559,10 @@ tn layer_forward(layer *l, tracker *tr, tn *x)
         qh = settle(l, tr, qh, &sq);
         kh = settle(l, tr, kh, &sk);
         vh = settle(l, tr, vh, &sv);
-        tn S = talloc(tr, B * H * T * T * 4, T_WORK);
-        tn *P = keep(l, talloc(tr, B * H * T * T * 4, T_SAVED));   /* 7 softmax (fp32) */
+        /* 7.. softmax (fp32), under amp PV's cast, o_proj input */
+        tn a = attention_fwd(l, tr, qh, kh, vh, 0, LL_WO, NULL);
         if (tr->oom)
             return none;
-        mm(be, false, true, (int)T, (int)T, (int)dh, 1.0f, qh, (long)(T * dh), kh, (long)(T * dh),
-           0.0f, F(S), (long)(T * T), (int)(B * H));
-        be->softmax_fwd(be, F(S), F(*P), B * H, T, scale);
-        tfree(tr, &S);
-        /* under amp PV takes a bf16 cast of the fp32 probabilities: 8, and
-         * what follows moves up by one */
-        tn *Pv = amp ? keep(l, low_copy(tr, P->p, B * H * T * T, T_SAVED)) : P;
-        tn O = talloc(tr, BT * D * 4, T_WORK);
-        tn so;
-        tn *om = slot(l, tr, BT * D, &so);                         /* 8 o_proj input */
-        tn a = talloc(tr, BT * D * 4, T_WORK);
-        const tn *wo = wt(l, tr, LL_WO);
-        if (tr->oom)
-            return none;
-        mm(be, false, false, (int)T, (int)dh, (int)T, 1.0f, Pv, (long)(T * T), vh, (long)(T * dh),
-           0.0f, F(O), (long)(T * dh), (int)(B * H));
-        be->permute(be, F(O), F(*om), B, T, H, dh, D, 0, false);
-        tfree(tr, &O);
-        om = settle(l, tr, om, &so);
-        if (tr->oom)
-            return none;
-        linear_fwd(be, om, wo, NULL, F(a), BT, D, D);
         tn *x2 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 9 */
         tn *rs2 = keep(l, talloc(tr, BT * 4, T_SAVED));            /* 10 */
         tn *h2 = keep(l, talloc(tr, BT * D * 4, T_SAVED));         /* 11 */
@@ -657,7 +694,6 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
     ml_backend *be = tr->be;
     const dims *d = &l->d;
     size_t B = d->B, T = d->T, D = d->D, H = d->H, F_ = d->F, BT = B * T, dh = H ? D / H : 0;
-    bool amp = d->amp;
     tn none = {NULL, 0, T_WORK, false};
     grads_alloc(l, tr);
     if (tr->oom)
@@ -691,17 +727,13 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
         break;
     }
     case K_BLOCK: {
-        float p = d->dropout, scale = 1.0f / sqrtf((float)dh);
+        float p = d->dropout;
         int i = 0;
         tn *x = &l->saved[i++], *mean1 = &l->saved[i++], *rstd1 = &l->saved[i++],
            *ln1 = &l->saved[i++], *q = &l->saved[i++], *k = &l->saved[i++], *v = &l->saved[i++];
         i++; /* causal mask */
-        tn *P = &l->saved[i++], *dm = NULL, *Pd = P;
-        if (p > 0)
-            dm = &l->saved[i++];
-        if (p > 0 || amp)
-            Pd = &l->saved[i++];
-        tn *om = &l->saved[i++], *rm = p > 0 ? &l->saved[i++] : NULL;
+        attn_kept ak = attention_kept(l, &i);
+        tn *rm = p > 0 ? &l->saved[i++] : NULL;
         tn *x2 = &l->saved[i++], *mean2 = &l->saved[i++], *rstd2 = &l->saved[i++],
            *ln2 = &l->saved[i++], *h = &l->saved[i++], *g = &l->saved[i++];
         tn *rm2 = p > 0 ? &l->saved[i++] : NULL;
@@ -744,20 +776,8 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
            dv = talloc(tr, BT * D * 4, T_WORK);
         if (tr->oom)
             break;
-        linear_bwd(be, om, wt(l, tr, BL_WO), &da, F(dln), 0.0f, F(l->g[BL_WO]), F(l->g[BL_BO]),
-                   BT, D, D);
-        be->permute(be, F(dln), F(dO), B, T, H, dh, D, 0, true);
-        long tt = (long)(T * T), td = (long)(T * dh);
-        int bh = (int)(B * H);
-        /* O = Pd v: dPd = dO v^T, dv = Pd^T dO */
-        mm(be, false, true, (int)T, (int)T, (int)dh, 1.0f, &dO, td, v, td, 0.0f, F(dP), tt, bh);
-        mm(be, true, false, (int)T, (int)dh, (int)T, 1.0f, Pd, tt, &dO, td, 0.0f, F(dv), td, bh);
-        if (p > 0)
-            be->dropout_bwd(be, U8(*dm), F(dP), F(dP), B * H * T * T, p);
-        be->softmax_bwd(be, F(*P), F(dP), F(dP), B * H, T, scale);
-        /* S = q k^T: dq = dS k, dk = dS^T q */
-        mm(be, false, false, (int)T, (int)dh, (int)T, 1.0f, &dP, tt, k, td, 0.0f, F(dq), td, bh);
-        mm(be, true, false, (int)T, (int)dh, (int)T, 1.0f, &dP, tt, q, td, 0.0f, F(dk), td, bh);
+        attention_bwd(l, tr, &ak, q, k, v, &da, BL_WO, F(l->g[BL_BO]), F(dln), &dO, &dP, F(dq),
+                      F(dk), F(dv));
         be->permute(be, F(dq), F(dqkv), B, T, H, dh, 3 * D, 0, false);
         be->permute(be, F(dk), F(dqkv), B, T, H, dh, 3 * D, D, false);
         be->permute(be, F(dv), F(dqkv), B, T, H, dh, 3 * D, 2 * D, false);
@@ -782,13 +802,13 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
     }
     case K_LLAMA: {
         size_t KV = kv_of(d), rep = H / KV, dkv = KV * dh;
-        float scale = 1.0f / sqrtf((float)dh);
         tn *S = l->saved;
-        int o = amp ? 1 : 0; /* amp keeps PV's cast of P at 8 */
-        tn *rs1 = &S[1], *h1 = &S[2], *y1 = &S[3], *qh = &S[4], *kh = &S[5], *vh = &S[6],
-           *P = &S[7], *Pv = &S[7 + o], *om = &S[8 + o], *rs2 = &S[10 + o], *h2 = &S[11 + o],
-           *y2 = &S[12 + o], *g = &S[13 + o], *sg = &S[14 + o], *u = &S[15 + o],
-           *pr = &S[16 + o];
+        tn *rs1 = &S[1], *h1 = &S[2], *y1 = &S[3], *qh = &S[4], *kh = &S[5], *vh = &S[6];
+        int i = 7;
+        attn_kept ak = attention_kept(l, &i);
+        i++; /* the residual sum x2, the second RMSNorm's input */
+        tn *rs2 = &S[i++], *h2 = &S[i++], *y2 = &S[i++], *g = &S[i++], *sg = &S[i++],
+           *u = &S[i++], *pr = &S[i++];
         tn dp = talloc(tr, BT * F_ * 4, T_WORK), dsg = talloc(tr, BT * F_ * 4, T_WORK),
            du = talloc(tr, BT * F_ * 4, T_WORK), dyn = talloc(tr, BT * D * 4, T_WORK),
            dx2 = talloc(tr, BT * D * 4, T_WORK), t1, t2;
@@ -822,15 +842,8 @@ tn layer_backward(layer *l, tracker *tr, tn *dy)
            dr = talloc(tr, BT * dkv * 4, T_WORK);
         if (tr->oom)
             break;
-        linear_bwd(be, om, wt(l, tr, LL_WO), &dx2, F(dyn), 0.0f, F(l->g[LL_WO]), NULL, BT, D, D);
-        be->permute(be, F(dyn), F(dO), B, T, H, dh, D, 0, true);
-        long tt = (long)(T * T), td = (long)(T * dh);
-        int bh = (int)(B * H);
-        mm(be, false, true, (int)T, (int)T, (int)dh, 1.0f, &dO, td, vh, td, 0.0f, F(dP), tt, bh);
-        mm(be, true, false, (int)T, (int)dh, (int)T, 1.0f, Pv, tt, &dO, td, 0.0f, F(dv), td, bh);
-        be->softmax_bwd(be, F(*P), F(dP), F(dP), B * H, T, scale);
-        mm(be, false, false, (int)T, (int)dh, (int)T, 1.0f, &dP, tt, kh, td, 0.0f, F(dq), td, bh);
-        mm(be, true, false, (int)T, (int)dh, (int)T, 1.0f, &dP, tt, qh, td, 0.0f, F(dk), td, bh);
+        attention_bwd(l, tr, &ak, qh, kh, vh, &dx2, LL_WO, NULL, F(dyn), &dO, &dP, F(dq), F(dk),
+                      F(dv));
         tfree(tr, &dO);
         tfree(tr, &dP);
         /* q: heads back to rows; k, v: sum the repeated heads, then rows */
