@@ -9,6 +9,8 @@
 
 char *ml_read_file(const char *path, size_t *len, ml_error *err)
 {
+    memset(err, 0, sizeof *err);
+    snprintf(err->path, sizeof err->path, "%s", path);
     FILE *f = fopen(path, "rb");
     if (!f) {
         err->code = ML_IO;
@@ -37,13 +39,15 @@ char *ml_read_file(const char *path, size_t *len, ml_error *err)
         cap *= 2;
     }
     bool bad = ferror(f) != 0;
+    int why = errno; /* e.g. EISDIR: a folder opens, but reading it fails */
     fclose(f);
     if (!buf || bad || too_big) {
         free(buf);
         err->code = !buf ? ML_NOMEM : too_big ? ML_RANGE : ML_IO;
         err->line = err->col = 0;
-        snprintf(err->msg, sizeof err->msg, "%s",
-                 !buf ? "out of memory" : too_big ? "file larger than 16 MiB" : "read error");
+        snprintf(err->msg, sizeof err->msg, "%s%s",
+                 !buf ? "out of memory" : too_big ? "file larger than 16 MiB" : "cannot read: ",
+                 !buf || too_big ? "" : strerror(why));
         return NULL;
     }
     *len = n;

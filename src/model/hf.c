@@ -229,8 +229,6 @@ ml_status ml_model_load_hf(const char *config_path, const char *training_path, m
     ml_error local;
     if (!err)
         err = &local;
-    memset(err, 0, sizeof *err);
-    snprintf(err->path, sizeof err->path, "%s", config_path);
     size_t len = 0;
     char *text = ml_read_file(config_path, &len, err);
     if (!text)
@@ -288,8 +286,6 @@ static ml_status load_hf(const char *text, size_t len, const char *config_path,
             st = ml_schema_settings(t, tlen, training_path, m, err);
             free(t);
         }
-        if (st && err->path[0] == '\0')
-            snprintf(err->path, sizeof err->path, "%s", training_path);
     }
     if (st) {
         ml_model_destroy(m);

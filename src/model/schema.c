@@ -895,8 +895,6 @@ ml_status ml_model_load_file(const char *path, ml_model **out, ml_error *err)
     ml_error local;
     if (!err)
         err = &local;
-    memset(err, 0, sizeof *err);
-    snprintf(err->path, sizeof err->path, "%s", path);
     size_t len = 0;
     char *buf = ml_read_file(path, &len, err);
     if (!buf)

@@ -33,9 +33,10 @@ struct ml_node {
 ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *err);
 void ml_tree_free(ml_node *n);
 
-/* Reads a whole input file (at most ML_TREE_MAX_BYTES). Returns a buffer the
- * caller frees, or NULL with err's code and message set (ML_IO, ML_RANGE,
- * ML_NOMEM). */
+/* Reads a whole input file (at most ML_TREE_MAX_BYTES). Starts err afresh,
+ * naming the file in err->path (so every loader's messages name it). Returns
+ * a buffer the caller frees, or NULL with err's code and message set (ML_IO,
+ * ML_RANGE, ML_NOMEM). */
 char *ml_read_file(const char *path, size_t *len, ml_error *err);
 
 /* Sets err (code, the node's position or 0:0, a formatted message) and

@@ -222,8 +222,6 @@ ml_status ml_points_load_csv(const char *path, ml_point **out, size_t *n, ml_err
     ml_error local;
     if (!err)
         err = &local;
-    memset(err, 0, sizeof *err);
-    snprintf(err->path, sizeof err->path, "%s", path);
     size_t len = 0;
     char *buf = ml_read_file(path, &len, err);
     if (!buf)

@@ -646,8 +646,6 @@ ml_status ml_profile_load_file(const char *path, ml_profile **out, ml_error *err
     ml_error local;
     if (!err)
         err = &local;
-    memset(err, 0, sizeof *err);
-    snprintf(err->path, sizeof err->path, "%s", path);
     size_t len = 0;
     char *buf = ml_read_file(path, &len, err);
     if (!buf)
