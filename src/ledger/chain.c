@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "ledger/chain.h"
+#include "model/tree.h"
 #include "memledger/calib.h"
 #include "model/shape.h"
 
@@ -1014,10 +1015,8 @@ ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, 
                  (unsigned long long)cfg->training.seq_len);
         st = ML_OVERFLOW;
     }
-    if (st == ML_NOMEM) {
-        err->code = ML_NOMEM;
-        snprintf(err->msg, sizeof err->msg, "out of memory");
-    }
+    if (st == ML_NOMEM)
+        ml_error_at(err, NULL, ML_NOMEM, "out of memory");
     if (st)
         ml_chain_free(ch);
     return st;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ledger/chain.h"
+#include "model/tree.h"
 #include "memledger/calib.h"
 #include "plan/optimal.h"
 
@@ -540,9 +541,7 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
     else
         snprintf(s->peak_step, sizeof s->peak_step, "optimizer.step");
     if (r.nomem) {
-        err->code = ML_NOMEM;
-        snprintf(err->msg, sizeof err->msg, "out of memory");
-        return ML_NOMEM;
+        return ml_error_at(err, NULL, ML_NOMEM, "out of memory");
     }
     if (r.overflow || ch->overflow) {
         err->code = ML_OVERFLOW;
@@ -758,9 +757,7 @@ static ml_status plan_optimal(evalctx *x, int *seg, ml_ledger *l, bool *fits, ml
     if (!ob || !oseg) {
         free(ob);
         free(oseg);
-        err->code = ML_NOMEM;
-        snprintf(err->msg, sizeof err->msg, "out of memory");
-        return ML_NOMEM;
+        return ml_error_at(err, NULL, ML_NOMEM, "out of memory");
     }
     size_t lo, hi;
     ml_opt_chain oc;
@@ -804,9 +801,7 @@ static ml_status plan_optimal(evalctx *x, int *seg, ml_ledger *l, bool *fits, ml
     double best_fit = INFINITY;
     int *tmp = calloc(n ? n : 1, sizeof *tmp);
     if (!tmp) {
-        err->code = ML_NOMEM;
-        snprintf(err->msg, sizeof err->msg, "out of memory");
-        return ML_NOMEM;
+        return ml_error_at(err, NULL, ML_NOMEM, "out of memory");
     }
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         ml_checkpoint cp;
@@ -864,8 +859,7 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
         l->blocks = calloc(ch.n + 1, sizeof *l->blocks);
     if (!l || !seg || !x.bd || !x.rb || !x.bl || !x.blc || !l->blocks) {
         st = ML_NOMEM;
-        err->code = ML_NOMEM;
-        snprintf(err->msg, sizeof err->msg, "out of memory");
+        ml_error_at(err, NULL, ML_NOMEM, "out of memory");
         goto done;
     }
     bool opt_fits = true;

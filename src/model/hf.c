@@ -248,9 +248,7 @@ static ml_status load_hf(const char *text, size_t len, const char *config_path,
     ml_model *m = calloc(1, sizeof *m);
     if (!m) {
         ml_tree_free(root);
-        err->code = ML_NOMEM;
-        snprintf(err->msg, sizeof err->msg, "out of memory");
-        return ML_NOMEM;
+        return ml_error_at(err, NULL, ML_NOMEM, "out of memory");
     }
     if (!root || root->type != ML_NODE_MAP)
         st = ml_error_at(err, root, ML_SCHEMA, "expected a JSON object (a Hugging Face config.json)");

@@ -862,9 +862,7 @@ static ml_status load(const char *text, size_t len, const char *path, ml_model *
     ml_model *m = calloc(1, sizeof *m);
     if (!m) {
         ml_tree_free(root);
-        err->code = ML_NOMEM;
-        snprintf(err->msg, sizeof err->msg, "out of memory");
-        return ML_NOMEM;
+        return ml_error_at(err, NULL, ML_NOMEM, "out of memory");
     }
     /* default name: the file name without directories and extension */
     const char *base = path ? strrchr(path, '/') : NULL;
