@@ -21,17 +21,13 @@ static const char usage[] =
 int ml_cmd_timeline(int argc, char **argv)
 {
     ml_cli_opts o;
-    int rc = ml_cli_parse(argc, argv, "timeline", usage, &o);
-    if (rc == 1)
-        return ML_EXIT_OK;
-    if (rc)
+    ml_model *m = NULL;
+    ml_config cfg;
+    int rc;
+    if (!ml_cli_start(argc, argv, "timeline", usage, &o, &m, &cfg, &rc))
         return rc;
     if (!o.format_given)
         o.format = ML_FMT_CSV;
-    ml_model *m = NULL;
-    ml_config cfg;
-    if ((rc = ml_cli_load(&o, &m, &cfg)))
-        return rc;
     ml_ledger *l = NULL;
     ml_error e;
     ml_status st = ml_ledger_evaluate(m, &cfg, true, &l, &e);
