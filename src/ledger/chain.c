@@ -12,6 +12,7 @@
 
 #include "ledger/chain.h"
 #include "model/tree.h"
+#include "util/grow.h"
 #include "memledger/calib.h"
 #include "model/shape.h"
 
@@ -58,16 +59,12 @@ ml_prec ml_prec_of(ml_precision p)
 
 static ml_cblock *block_begin(ml_chain *ch, const char *name, int ckpt_index)
 {
-    if (ch->n == ch->cap) {
-        size_t cap = ch->cap ? ch->cap * 2 : 16;
-        ml_cblock *b = realloc(ch->blocks, cap * sizeof *b);
-        if (!b) {
-            ch->nomem = true;
-            return NULL;
-        }
-        ch->blocks = b;
-        ch->cap = cap;
+    ml_cblock *grown = ml_grow(ch->blocks, ch->n, &ch->cap, sizeof *grown, 16);
+    if (!grown) {
+        ch->nomem = true;
+        return NULL;
     }
+    ch->blocks = grown;
     ml_cblock *b = &ch->blocks[ch->n++];
     memset(b, 0, sizeof *b);
     size_t len = strlen(name);
@@ -101,16 +98,12 @@ static void save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, u
         note_tensor(ch, bytes, true);
         return;
     }
-    if (ch->nsaved == ch->savedcap) {
-        size_t cap = ch->savedcap ? ch->savedcap * 2 : 64;
-        ml_saved *s = realloc(ch->saved, cap * sizeof *s);
-        if (!s) {
-            ch->nomem = true;
-            return;
-        }
-        ch->saved = s;
-        ch->savedcap = cap;
+    ml_saved *s = ml_grow(ch->saved, ch->nsaved, &ch->savedcap, sizeof *s, 64);
+    if (!s) {
+        ch->nomem = true;
+        return;
     }
+    ch->saved = s;
     ch->saved[ch->nsaved++] = (ml_saved){what, bytes, flags};
     b->nsaved++;
     b->saved_bytes = ml_add(ch, b->saved_bytes, bytes);
@@ -129,16 +122,12 @@ static void tmp(ml_chain *ch, uint64_t elems, unsigned bpe)
 static void param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols)
 {
     uint64_t numel = cols ? ml_mul(ch, rows, cols) : rows;
-    if (ch->nparams == ch->paramcap) {
-        size_t cap = ch->paramcap ? ch->paramcap * 2 : 64;
-        ml_ptensor *p = realloc(ch->params, cap * sizeof *p);
-        if (!p) {
-            ch->nomem = true;
-            return;
-        }
-        ch->params = p;
-        ch->paramcap = cap;
+    ml_ptensor *p = ml_grow(ch->params, ch->nparams, &ch->paramcap, sizeof *p, 64);
+    if (!p) {
+        ch->nomem = true;
+        return;
     }
+    ch->params = p;
     ch->params[ch->nparams++] = (ml_ptensor){numel, cols ? rows : 0, cols};
     b->params = ml_add(ch, b->params, numel);
     if (numel > ch->max_param_numel)

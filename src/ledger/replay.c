@@ -7,6 +7,7 @@
 
 #include "ledger/chain.h"
 #include "model/tree.h"
+#include "util/grow.h"
 #include "memledger/calib.h"
 #include "plan/optimal.h"
 
@@ -78,17 +79,13 @@ static void event(rstate *r, ml_category c, int64_t delta)
     if (!r->keep)
         return;
     ml_ledger *l = r->l;
-    if (l->nevents == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 256;
-        ml_event *e = realloc(l->events, cap * sizeof *e);
-        if (!e) {
-            r->nomem = true;
-            r->keep = false;
-            return;
-        }
-        l->events = e;
-        l->cap = cap;
+    ml_event *grown = ml_grow(l->events, l->nevents, &l->cap, sizeof *grown, 256);
+    if (!grown) {
+        r->nomem = true;
+        r->keep = false;
+        return;
     }
+    l->events = grown;
     ml_event *e = &l->events[l->nevents++];
     e->phase = r->phase;
     e->block = r->block;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "plan/optimal.h"
+#include "util/grow.h"
 
 static bool add_ok(uint64_t a, uint64_t b, uint64_t *r)
 {
@@ -120,14 +121,10 @@ typedef struct {
 
 static bool push(level *L, state s)
 {
-    if (L->n == L->cap) {
-        size_t cap = L->cap ? L->cap * 2 : 16;
-        state *v = realloc(L->v, cap * sizeof *v);
-        if (!v)
-            return false;
-        L->v = v;
-        L->cap = cap;
-    }
+    state *v = ml_grow(L->v, L->n, &L->cap, sizeof *v, 16);
+    if (!v)
+        return false;
+    L->v = v;
     L->v[L->n++] = s;
     return true;
 }

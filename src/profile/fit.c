@@ -10,6 +10,7 @@
 #include "memledger/calib.h"
 #include "memledger/model.h"
 #include "model/tree.h"
+#include "util/grow.h"
 
 #if defined(__GNUC__)
 __attribute__((format(printf, 5, 6)))
@@ -187,19 +188,16 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
             return fail(err, ML_SCHEMA, lineno, 1, "the row lacks the %s column",
                         got_b ? "peak" : "micro_batch");
         }
-        if (count == cap) {
-            cap = cap ? cap * 2 : 16;
-            if (cap > 1000000) {
-                free(pts);
-                return fail(err, ML_RANGE, lineno, 1, "more than 1000000 points");
-            }
-            ml_point *np = realloc(pts, cap * sizeof *np);
-            if (!np) {
-                free(pts);
-                return fail(err, ML_NOMEM, 0, 0, "out of memory");
-            }
-            pts = np;
+        if (count == 1000000) {
+            free(pts);
+            return fail(err, ML_RANGE, lineno, 1, "more than 1000000 points");
         }
+        ml_point *np = ml_grow(pts, count, &cap, sizeof *np, 16);
+        if (!np) {
+            free(pts);
+            return fail(err, ML_NOMEM, 0, 0, "out of memory");
+        }
+        pts = np;
         pts[count++] = p;
     }
     if (!header) {

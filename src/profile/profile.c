@@ -10,6 +10,7 @@
 #include "memledger/calib.h"
 #include "memledger/model.h"
 #include "model/tree.h"
+#include "util/grow.h"
 
 #define NKEYS 9
 static const char *const meta_keys[NKEYS] = {"name",    "backend", "device", "dtype",    "driver",
@@ -106,28 +107,20 @@ ml_status ml_profile_add_point(ml_profile *p, const char *kind, const ml_profile
     kindrec *k = kind_of(p, kind, true);
     if (!k)
         return ML_USAGE;
-    if (k->n == k->cap) {
-        size_t cap = k->cap ? k->cap * 2 : 16;
-        ml_profile_point *np = realloc(k->pts, cap * sizeof *np);
-        if (!np)
-            return ML_NOMEM;
-        k->pts = np;
-        k->cap = cap;
-    }
+    ml_profile_point *np = ml_grow(k->pts, k->n, &k->cap, sizeof *np, 16);
+    if (!np)
+        return ML_NOMEM;
+    k->pts = np;
     k->pts[k->n++] = *pt;
     return ML_OK;
 }
 
 ml_status ml_profile_add_gemm(ml_profile *p, const ml_profile_gemm *g)
 {
-    if (p->ngemm == p->gcap) {
-        size_t cap = p->gcap ? p->gcap * 2 : 8;
-        ml_profile_gemm *ng = realloc(p->gemm, cap * sizeof *ng);
-        if (!ng)
-            return ML_NOMEM;
-        p->gemm = ng;
-        p->gcap = cap;
-    }
+    ml_profile_gemm *ng = ml_grow(p->gemm, p->ngemm, &p->gcap, sizeof *ng, 8);
+    if (!ng)
+        return ML_NOMEM;
+    p->gemm = ng;
     p->gemm[p->ngemm++] = *g;
     return ML_OK;
 }

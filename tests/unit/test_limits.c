@@ -99,6 +99,33 @@ static void test_value_bounds(void **state)
 /* A trillion parameters: 128 blocks of hidden 25,600 (12 D^2 + 13 D each),
  * untied 50,000-token embeddings and head. The count is exact in 64 bits, the
  * FLOPs finite, 3F for training. */
+/* A points CSV holds up to 1,000,000 rows (the count, not the array's
+ * capacity: it stopped at 524,288, the capacity's doubling past 10^6); the
+ * next row is refused at its line. */
+static void test_points_count(void **state)
+{
+    (void)state;
+    const size_t rows = 1000001;
+    char *csv = malloc(16 + rows * 4);
+    assert_non_null(csv);
+    size_t len = (size_t)sprintf(csv, "micro_batch,peak\n");
+    for (size_t i = 0; i < rows; i++)
+        len += (size_t)sprintf(csv + len, "%zu,%zu\n", i % 9 + 1, i % 7 + 1);
+    ml_point *p = NULL;
+    size_t n = 0;
+    ml_error e;
+    /* the first 600,000 rows (the header and 600,000 lines of 4 bytes) */
+    assert_int_equal(ml_points_parse_csv(csv, 17 + 600000 * 4, "p.csv", &p, &n, &e), ML_OK);
+    assert_int_equal(n, 600000);
+    free(p);
+    p = NULL;
+    assert_int_equal(ml_points_parse_csv(csv, len, "p.csv", &p, &n, &e), ML_RANGE);
+    assert_int_equal(e.line, 1000002);
+    assert_non_null(strstr(e.msg, "more than 1000000 points"));
+    assert_null(p);
+    free(csv);
+}
+
 static void test_trillion_parameters(void **state)
 {
     (void)state;
@@ -128,6 +155,7 @@ int main(void)
         cmocka_unit_test(test_file_size),         cmocka_unit_test(test_nesting_depth),
         cmocka_unit_test(test_node_count),        cmocka_unit_test(test_residual_depth),
         cmocka_unit_test(test_value_bounds),      cmocka_unit_test(test_trillion_parameters),
+        cmocka_unit_test(test_points_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,23 @@
+/* Growing an array by doubling: the one pattern every builder of a list in
+ * memledger uses (blocks, saved tensors, events, points, YAML nodes). */
+#ifndef ML_UTIL_GROW_H
+#define ML_UTIL_GROW_H
+
+#include <stdlib.h>
+
+/* Room for element n of v (cap allocated, elem bytes each): v itself when
+ * n < *cap, else v reallocated to twice the capacity (first when empty) with
+ * *cap updated. NULL when out of memory; v is then unchanged and still the
+ * caller's. */
+static inline void *ml_grow(void *v, size_t n, size_t *cap, size_t elem, size_t first)
+{
+    if (n < *cap)
+        return v;
+    size_t c = *cap ? *cap * 2 : first;
+    void *nv = realloc(v, c * elem);
+    if (nv)
+        *cap = c;
+    return nv;
+}
+
+#endif
