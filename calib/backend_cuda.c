@@ -1,5 +1,6 @@
-/* CUDA backend: cuBLAS GEMMs (fp32 and a bf16 throughput probe through
- * cublasGemmEx), the kernels of kernels.cu, cudaMemGetInfo for the device's
+/* CUDA backend: cuBLAS GEMMs (fp32; autocast's bf16 products and a bf16
+ * throughput probe through cublasGemm(StridedBatched)Ex), the kernels of
+ * kernels.cu (most assigned as they stand), cudaMemGetInfo for the device's
  * own view of used memory. Host code in plain C. */
 #ifdef ML_HAVE_CUDA
 #include <cublas_v2.h>
@@ -10,42 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend.h"
-
-void ml_cu_add(const float *a, const float *b, float *y, size_t n);
-void ml_cu_bias_add(float *y, const float *bias, size_t rows, size_t cols);
-void ml_cu_bias_grad(const float *dy, float *db, size_t rows, size_t cols);
-void ml_cu_gelu_fwd(const float *x, float *y, size_t n);
-void ml_cu_gelu_bwd(const float *x, const float *dy, float *dx, size_t n);
-void ml_cu_ln_fwd(const float *x, const float *g, const float *b, float *y, float *mean,
-                  float *rstd, size_t rows, size_t cols);
-void ml_cu_ln_bwd(const float *x, const float *g, const float *mean, const float *rstd,
-                  const float *dy, float *dx, float *dg, float *db, size_t rows, size_t cols);
-void ml_cu_softmax_fwd(const float *S, float *P, size_t bh, size_t T, float scale);
-void ml_cu_softmax_bwd(const float *P, const float *dP, float *dS, size_t bh, size_t T,
-                       float scale);
-void ml_cu_dropout_fwd(const float *x, uint8_t *mask, float *y, size_t n, float p, uint64_t seed);
-void ml_cu_dropout_bwd(const uint8_t *mask, const float *dy, float *dx, size_t n, float p);
-void ml_cu_permute(const float *src, float *dst, size_t B, size_t T, size_t H, size_t dh,
-                   size_t stride, size_t off, int to_heads);
-void ml_cu_emb_fwd(const int64_t *ids, const float *W, float *y, size_t n, size_t D);
-void ml_cu_emb_bwd(const int64_t *ids, const float *dy, float *dW, size_t n, size_t D);
-void ml_cu_xent_fwd(const float *l, const int64_t *tgt, float *logp, float *nll, size_t rows,
-                    size_t V);
-void ml_cu_xent_bwd(const float *logp, const int64_t *tgt, float *dl, size_t rows, size_t V);
-void ml_cu_adam(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
-                float b2, float eps, float bc1, float bc2);
-
-void ml_cu_rms_fwd(const float *x, const float *w, float *rsqrt, float *h, float *y, size_t rows,
-                   size_t cols);
-void ml_cu_rms_bwd(const float *h, const float *rsqrt, const float *w, const float *dy, float *dx,
-                   float *dw, size_t rows, size_t cols);
-void ml_cu_silu_fwd(const float *x, float *y, size_t n);
-void ml_cu_silu_bwd(const float *x, const float *dy, float *dx, size_t n);
-void ml_cu_mul(const float *a, const float *b, float *y, size_t n);
-void ml_cu_cast(const void *src, void *dst, size_t n, int to_bf16);
-void ml_cu_repeat(const float *src, float *dst, size_t B, size_t KV, size_t rep, size_t T,
-                  size_t dh, int backward);
+#include "kernels.h"
 
 typedef struct {
     cublasHandle_t h;
@@ -144,12 +110,6 @@ static double cu_gemm_bf16(ml_backend *be, int M, int N, int K, int reps)
     return st == CUBLAS_STATUS_SUCCESS && t > 0 ? 2.0 * M * (double)N * K * reps / t / 1e12 : 0;
 }
 
-static void cu_cast(ml_backend *be, const void *src, void *dst, size_t n, bool to_bf16)
-{
-    (void)be;
-    ml_cu_cast(src, dst, n, to_bf16);
-}
-
 /* An fp32 operand of a mixed GEMM rounded into a bf16 scratch buffer
  * (cudaMalloc'd here; the device view sees it). */
 static const void *as_bf16(const void *p, bool is_bf16, size_t n, void **scratch)
@@ -161,7 +121,7 @@ static const void *as_bf16(const void *p, bool is_bf16, size_t n, void **scratch
         *scratch = NULL;
         return NULL;
     }
-    ml_cu_cast(p, *scratch, n, 1);
+    ml_cu_cast(NULL, p, *scratch, n, true);
     return *scratch;
 }
 
@@ -186,92 +146,15 @@ static void cu_gemm_mixed(ml_backend *be, bool ta, bool tb, int M, int N, int K,
     cudaFree(sb);
 }
 
-static void cu_add(ml_backend *be, const float *a, const float *b, float *y, size_t n)
-{
-    (void)be;
-    ml_cu_add(a, b, y, n);
-}
-static void cu_bias_add(ml_backend *be, float *y, const float *bias, size_t r, size_t c)
-{
-    (void)be;
-    ml_cu_bias_add(y, bias, r, c);
-}
-static void cu_bias_grad(ml_backend *be, const float *dy, float *db, size_t r, size_t c)
-{
-    (void)be;
-    ml_cu_bias_grad(dy, db, r, c);
-}
-static void cu_gelu_fwd(ml_backend *be, const float *x, float *y, size_t n)
-{
-    (void)be;
-    ml_cu_gelu_fwd(x, y, n);
-}
-static void cu_gelu_bwd(ml_backend *be, const float *x, const float *dy, float *dx, size_t n)
-{
-    (void)be;
-    ml_cu_gelu_bwd(x, dy, dx, n);
-}
-static void cu_ln_fwd(ml_backend *be, const float *x, const float *g, const float *b, float *y,
-                      float *mean, float *rstd, size_t rows, size_t cols)
-{
-    (void)be;
-    ml_cu_ln_fwd(x, g, b, y, mean, rstd, rows, cols);
-}
-static void cu_ln_bwd(ml_backend *be, const float *x, const float *g, const float *mean,
-                      const float *rstd, const float *dy, float *dx, float *dg, float *db,
-                      size_t rows, size_t cols)
-{
-    (void)be;
-    ml_cu_ln_bwd(x, g, mean, rstd, dy, dx, dg, db, rows, cols);
-}
-static void cu_softmax_fwd(ml_backend *be, const float *S, float *P, size_t bh, size_t T, float s)
-{
-    (void)be;
-    ml_cu_softmax_fwd(S, P, bh, T, s);
-}
-static void cu_softmax_bwd(ml_backend *be, const float *P, const float *dP, float *dS, size_t bh,
-                           size_t T, float s)
-{
-    (void)be;
-    ml_cu_softmax_bwd(P, dP, dS, bh, T, s);
-}
-static void cu_dropout_fwd(ml_backend *be, const float *x, uint8_t *mask, float *y, size_t n,
-                           float p, uint64_t seed)
-{
-    (void)be;
-    ml_cu_dropout_fwd(x, mask, y, n, p, seed);
-}
-static void cu_dropout_bwd(ml_backend *be, const uint8_t *mask, const float *dy, float *dx,
-                           size_t n, float p)
-{
-    (void)be;
-    ml_cu_dropout_bwd(mask, dy, dx, n, p);
-}
-static void cu_permute(ml_backend *be, const float *src, float *dst, size_t B, size_t T, size_t Hh,
-                       size_t dh, size_t stride, size_t off, bool to_heads)
-{
-    (void)be;
-    ml_cu_permute(src, dst, B, T, Hh, dh, stride, off, to_heads);
-}
-static void cu_emb_fwd(ml_backend *be, const int64_t *ids, const float *W, float *y, size_t n,
-                       size_t D)
-{
-    (void)be;
-    ml_cu_emb_fwd(ids, W, y, n, D);
-}
-static void cu_emb_bwd(ml_backend *be, const int64_t *ids, const float *dy, float *dW, size_t n,
-                       size_t D)
-{
-    (void)be;
-    ml_cu_emb_bwd(ids, dy, dW, n, D);
-}
 static void cu_xent_fwd(ml_backend *be, const float *l, const int64_t *tgt, float *logp,
                         float *loss, size_t rows, size_t V)
 {
     float *nll = NULL;
     *loss = 0;
-    if (cudaMalloc((void **)&nll, rows * sizeof *nll) != cudaSuccess)
+    if (cudaMalloc((void **)&nll, rows * sizeof *nll) != cudaSuccess) {
+        be->failed = true; /* no loss: the measurement is void */
         return;
+    }
     ml_cu_xent_fwd(l, tgt, logp, nll, rows, V);
     float *h = malloc(rows * sizeof *h);
     if (h) {
@@ -281,14 +164,10 @@ static void cu_xent_fwd(ml_backend *be, const float *l, const int64_t *tgt, floa
             s += h[r];
         *loss = (float)(s / (double)rows);
         free(h);
+    } else {
+        be->failed = true;
     }
     cudaFree(nll);
-}
-static void cu_xent_bwd(ml_backend *be, const float *logp, const int64_t *tgt, float *dl,
-                        size_t rows, size_t V)
-{
-    (void)be;
-    ml_cu_xent_bwd(logp, tgt, dl, rows, V);
 }
 static void cu_adam(ml_backend *be, float *p, const float *g, float *m, float *v, size_t n,
                     float lr, float b1, float b2, float eps, int step)
@@ -296,39 +175,6 @@ static void cu_adam(ml_backend *be, float *p, const float *g, float *m, float *v
     (void)be;
     ml_cu_adam(p, g, m, v, n, lr, b1, b2, eps, 1.0f - powf(b1, (float)step),
                1.0f - powf(b2, (float)step));
-}
-static void cu_rms_fwd(ml_backend *be, const float *x, const float *w, float *rsqrt, float *h,
-                       float *y, size_t rows, size_t cols)
-{
-    (void)be;
-    ml_cu_rms_fwd(x, w, rsqrt, h, y, rows, cols);
-}
-static void cu_rms_bwd(ml_backend *be, const float *h, const float *rsqrt, const float *w,
-                       const float *dy, float *dx, float *dw, size_t rows, size_t cols)
-{
-    (void)be;
-    ml_cu_rms_bwd(h, rsqrt, w, dy, dx, dw, rows, cols);
-}
-static void cu_silu_fwd(ml_backend *be, const float *x, float *y, size_t n)
-{
-    (void)be;
-    ml_cu_silu_fwd(x, y, n);
-}
-static void cu_silu_bwd(ml_backend *be, const float *x, const float *dy, float *dx, size_t n)
-{
-    (void)be;
-    ml_cu_silu_bwd(x, dy, dx, n);
-}
-static void cu_mul(ml_backend *be, const float *a, const float *b, float *y, size_t n)
-{
-    (void)be;
-    ml_cu_mul(a, b, y, n);
-}
-static void cu_repeat(ml_backend *be, const float *src, float *dst, size_t B, size_t KV,
-                      size_t rep, size_t T, size_t dh, bool backward)
-{
-    (void)be;
-    ml_cu_repeat(src, dst, B, KV, rep, T, dh, backward);
 }
 static void cu_sync(ml_backend *be)
 {
@@ -390,30 +236,30 @@ ml_backend *ml_backend_cuda(const char **why)
     be->gemm = cu_gemm;
     be->gemm_batched = cu_gemm_batched;
     be->gemm_bf16_tflops = cu_gemm_bf16;
-    be->cast = cu_cast;
+    be->cast = ml_cu_cast;
     be->gemm_mixed = cu_gemm_mixed;
-    be->add = cu_add;
-    be->bias_add = cu_bias_add;
-    be->bias_grad = cu_bias_grad;
-    be->gelu_fwd = cu_gelu_fwd;
-    be->gelu_bwd = cu_gelu_bwd;
-    be->layernorm_fwd = cu_ln_fwd;
-    be->layernorm_bwd = cu_ln_bwd;
-    be->softmax_fwd = cu_softmax_fwd;
-    be->softmax_bwd = cu_softmax_bwd;
-    be->dropout_fwd = cu_dropout_fwd;
-    be->dropout_bwd = cu_dropout_bwd;
-    be->permute = cu_permute;
-    be->embedding_fwd = cu_emb_fwd;
-    be->embedding_bwd = cu_emb_bwd;
+    be->add = ml_cu_add;
+    be->bias_add = ml_cu_bias_add;
+    be->bias_grad = ml_cu_bias_grad;
+    be->gelu_fwd = ml_cu_gelu_fwd;
+    be->gelu_bwd = ml_cu_gelu_bwd;
+    be->layernorm_fwd = ml_cu_ln_fwd;
+    be->layernorm_bwd = ml_cu_ln_bwd;
+    be->softmax_fwd = ml_cu_softmax_fwd;
+    be->softmax_bwd = ml_cu_softmax_bwd;
+    be->dropout_fwd = ml_cu_dropout_fwd;
+    be->dropout_bwd = ml_cu_dropout_bwd;
+    be->permute = ml_cu_permute;
+    be->embedding_fwd = ml_cu_emb_fwd;
+    be->embedding_bwd = ml_cu_emb_bwd;
     be->xent_fwd = cu_xent_fwd;
-    be->xent_bwd = cu_xent_bwd;
-    be->rmsnorm_fwd = cu_rms_fwd;
-    be->rmsnorm_bwd = cu_rms_bwd;
-    be->silu_fwd = cu_silu_fwd;
-    be->silu_bwd = cu_silu_bwd;
-    be->mul = cu_mul;
-    be->repeat_heads = cu_repeat;
+    be->xent_bwd = ml_cu_xent_bwd;
+    be->rmsnorm_fwd = ml_cu_rms_fwd;
+    be->rmsnorm_bwd = ml_cu_rms_bwd;
+    be->silu_fwd = ml_cu_silu_fwd;
+    be->silu_bwd = ml_cu_silu_bwd;
+    be->mul = ml_cu_mul;
+    be->repeat_heads = ml_cu_repeat;
     be->adam = cu_adam;
     be->sync = cu_sync;
     be->device_used = cu_used;

@@ -1,7 +1,10 @@
-// CUDA kernels of the calibration runner, with C launchers for
-// backend_cuda.c. Row-major fp32; grid-stride loops; one thread per row for
-// the row-wise ops (correctness and measurement, not peak speed).
+// CUDA kernels of the calibration runner, with the C launchers kernels.h
+// declares (most are backend entry points as they stand). Row-major fp32;
+// grid-stride loops; one thread per row for the row-wise ops (correctness and
+// measurement, not peak speed).
 #include <stdint.h>
+
+#include "kernels.h"
 
 #define GRID(n) (unsigned)(((n) + 255) / 256 > 4096 ? 4096 : ((n) + 255) / 256), 256
 #define LOOP(i, n) for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
@@ -300,106 +303,126 @@ __global__ void k_repeat_bwd(const float *src, float *dst, size_t B, size_t KV, 
     }
 }
 
-extern "C" {
-void ml_cu_rms_fwd(const float *x, const float *w, float *rsqrt, float *h, float *y, size_t rows,
-                   size_t cols)
+// The backend entry points: `be` is unused on CUDA (one device, the
+// default stream).
+void ml_cu_rms_fwd(ml_backend *, const float *x, const float *w, float *rsqrt, float *h,
+                   float *y, size_t rows, size_t cols)
 {
     k_rms_fwd<<<GRID(rows)>>>(x, w, rsqrt, h, y, rows, cols);
 }
-void ml_cu_rms_bwd(const float *h, const float *rsqrt, const float *w, const float *dy, float *dx,
-                   float *dw, size_t rows, size_t cols)
+void ml_cu_rms_bwd(ml_backend *, const float *h, const float *rsqrt, const float *w,
+                   const float *dy, float *dx, float *dw, size_t rows, size_t cols)
 {
     k_rms_bwd_rows<<<GRID(rows)>>>(h, rsqrt, w, dy, dx, rows, cols);
     k_rms_bwd_cols<<<GRID(cols)>>>(h, dy, dw, rows, cols);
 }
-void ml_cu_silu_fwd(const float *x, float *y, size_t n) { k_silu_fwd<<<GRID(n)>>>(x, y, n); }
-void ml_cu_silu_bwd(const float *x, const float *dy, float *dx, size_t n)
+void ml_cu_silu_fwd(ml_backend *, const float *x, float *y, size_t n)
+{
+    k_silu_fwd<<<GRID(n)>>>(x, y, n);
+}
+void ml_cu_silu_bwd(ml_backend *, const float *x, const float *dy, float *dx, size_t n)
 {
     k_silu_bwd<<<GRID(n)>>>(x, dy, dx, n);
 }
-void ml_cu_mul(const float *a, const float *b, float *y, size_t n) { k_mul<<<GRID(n)>>>(a, b, y, n); }
-void ml_cu_cast(const void *src, void *dst, size_t n, int to_bf16)
+void ml_cu_mul(ml_backend *, const float *a, const float *b, float *y, size_t n)
+{
+    k_mul<<<GRID(n)>>>(a, b, y, n);
+}
+void ml_cu_cast(ml_backend *, const void *src, void *dst, size_t n, bool to_bf16)
 {
     if (to_bf16)
         k_to_bf16<<<GRID(n)>>>((const float *)src, (uint16_t *)dst, n);
     else
         k_from_bf16<<<GRID(n)>>>((const uint16_t *)src, (float *)dst, n);
 }
-void ml_cu_repeat(const float *src, float *dst, size_t B, size_t KV, size_t rep, size_t T,
-                  size_t dh, int backward)
+void ml_cu_repeat(ml_backend *, const float *src, float *dst, size_t B, size_t KV, size_t rep,
+                  size_t T, size_t dh, bool backward)
 {
     if (backward)
         k_repeat_bwd<<<GRID(B * KV * T * dh)>>>(src, dst, B, KV, rep, T * dh);
     else
         k_repeat_fwd<<<GRID(B * KV * rep * T * dh)>>>(src, dst, B, KV, rep, T * dh);
 }
-
-void ml_cu_add(const float *a, const float *b, float *y, size_t n) { k_add<<<GRID(n)>>>(a, b, y, n); }
-void ml_cu_bias_add(float *y, const float *bias, size_t rows, size_t cols)
+void ml_cu_add(ml_backend *, const float *a, const float *b, float *y, size_t n)
+{
+    k_add<<<GRID(n)>>>(a, b, y, n);
+}
+void ml_cu_bias_add(ml_backend *, float *y, const float *bias, size_t rows, size_t cols)
 {
     k_bias_add<<<GRID(rows * cols)>>>(y, bias, rows, cols);
 }
-void ml_cu_bias_grad(const float *dy, float *db, size_t rows, size_t cols)
+void ml_cu_bias_grad(ml_backend *, const float *dy, float *db, size_t rows, size_t cols)
 {
     k_bias_grad<<<GRID(cols)>>>(dy, db, rows, cols);
 }
-void ml_cu_gelu_fwd(const float *x, float *y, size_t n) { k_gelu_fwd<<<GRID(n)>>>(x, y, n); }
-void ml_cu_gelu_bwd(const float *x, const float *dy, float *dx, size_t n)
+void ml_cu_gelu_fwd(ml_backend *, const float *x, float *y, size_t n)
+{
+    k_gelu_fwd<<<GRID(n)>>>(x, y, n);
+}
+void ml_cu_gelu_bwd(ml_backend *, const float *x, const float *dy, float *dx, size_t n)
 {
     k_gelu_bwd<<<GRID(n)>>>(x, dy, dx, n);
 }
-void ml_cu_ln_fwd(const float *x, const float *g, const float *b, float *y, float *mean,
-                  float *rstd, size_t rows, size_t cols)
+void ml_cu_ln_fwd(ml_backend *, const float *x, const float *g, const float *b, float *y,
+                  float *mean, float *rstd, size_t rows, size_t cols)
 {
     k_ln_fwd<<<GRID(rows)>>>(x, g, b, y, mean, rstd, rows, cols);
 }
-void ml_cu_ln_bwd(const float *x, const float *g, const float *mean, const float *rstd,
-                  const float *dy, float *dx, float *dg, float *db, size_t rows, size_t cols)
+void ml_cu_ln_bwd(ml_backend *, const float *x, const float *g, const float *mean,
+                  const float *rstd, const float *dy, float *dx, float *dg, float *db, size_t rows,
+                  size_t cols)
 {
     k_ln_bwd_rows<<<GRID(rows)>>>(x, g, mean, rstd, dy, dx, rows, cols);
     k_ln_bwd_cols<<<GRID(cols)>>>(x, mean, rstd, dy, dg, db, rows, cols);
 }
-void ml_cu_softmax_fwd(const float *S, float *P, size_t bh, size_t T, float scale)
+void ml_cu_softmax_fwd(ml_backend *, const float *S, float *P, size_t bh, size_t T, float scale)
 {
     k_softmax_fwd<<<GRID(bh * T)>>>(S, P, bh * T, T, scale);
 }
-void ml_cu_softmax_bwd(const float *P, const float *dP, float *dS, size_t bh, size_t T, float scale)
+void ml_cu_softmax_bwd(ml_backend *, const float *P, const float *dP, float *dS, size_t bh,
+                       size_t T, float scale)
 {
     k_softmax_bwd<<<GRID(bh * T)>>>(P, dP, dS, bh * T, T, scale);
 }
-void ml_cu_dropout_fwd(const float *x, uint8_t *mask, float *y, size_t n, float p, uint64_t seed)
+void ml_cu_dropout_fwd(ml_backend *, const float *x, uint8_t *mask, float *y, size_t n, float p,
+                       uint64_t seed)
 {
-    k_dropout_fwd<<<GRID(n)>>>(x, mask, y, n, (uint32_t)(p * 4294967296.0), 1.0f / (1.0f - p), seed);
+    k_dropout_fwd<<<GRID(n)>>>(x, mask, y, n, (uint32_t)(p * 4294967296.0), 1.0f / (1.0f - p),
+                               seed);
 }
-void ml_cu_dropout_bwd(const uint8_t *mask, const float *dy, float *dx, size_t n, float p)
+void ml_cu_dropout_bwd(ml_backend *, const uint8_t *mask, const float *dy, float *dx, size_t n,
+                       float p)
 {
     k_dropout_bwd<<<GRID(n)>>>(mask, dy, dx, n, 1.0f / (1.0f - p));
 }
-void ml_cu_permute(const float *src, float *dst, size_t B, size_t T, size_t H, size_t dh,
-                   size_t stride, size_t off, int to_heads)
+void ml_cu_permute(ml_backend *, const float *src, float *dst, size_t B, size_t T, size_t H,
+                   size_t dh, size_t stride, size_t off, bool to_heads)
 {
     k_permute<<<GRID(B * H * T * dh)>>>(src, dst, B, T, H, dh, stride, off, to_heads);
 }
-void ml_cu_emb_fwd(const int64_t *ids, const float *W, float *y, size_t n, size_t D)
+void ml_cu_emb_fwd(ml_backend *, const int64_t *ids, const float *W, float *y, size_t n, size_t D)
 {
     k_emb_fwd<<<GRID(n * D)>>>(ids, W, y, n, D);
 }
-void ml_cu_emb_bwd(const int64_t *ids, const float *dy, float *dW, size_t n, size_t D)
+void ml_cu_emb_bwd(ml_backend *, const int64_t *ids, const float *dy, float *dW, size_t n,
+                   size_t D)
 {
     k_emb_bwd<<<GRID(n * D)>>>(ids, dy, dW, n, D);
 }
+void ml_cu_xent_bwd(ml_backend *, const float *logp, const int64_t *tgt, float *dl, size_t rows,
+                    size_t V)
+{
+    k_xent_bwd<<<GRID(rows * V)>>>(logp, tgt, dl, rows, V);
+}
+
+// Helpers backend_cuda.c wraps.
 void ml_cu_xent_fwd(const float *l, const int64_t *tgt, float *logp, float *nll, size_t rows,
                     size_t V)
 {
     k_xent_fwd<<<GRID(rows)>>>(l, tgt, logp, nll, rows, V);
 }
-void ml_cu_xent_bwd(const float *logp, const int64_t *tgt, float *dl, size_t rows, size_t V)
-{
-    k_xent_bwd<<<GRID(rows * V)>>>(logp, tgt, dl, rows, V);
-}
 void ml_cu_adam(float *p, const float *g, float *m, float *v, size_t n, float lr, float b1,
                 float b2, float eps, float bc1, float bc2)
 {
     k_adam<<<GRID(n)>>>(p, g, m, v, n, lr, b1, b2, eps, bc1, bc2);
-}
 }
