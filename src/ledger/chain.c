@@ -958,8 +958,10 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
         b->core_bytes = (uint64_t)llround(act * share);
         b->measured = true;
         ch->calibrated++;
+        /* the blocks' c as the table prints it: the measured bytes (input
+         * included) and the ledger's weight copies */
+        ch->calib_c = x > 0 ? (inv + (double)b->cast_bytes) / x : 0;
     }
-    ch->calib_c = x > 0 ? inv / x : 0;
 }
 
 /* Sizes the arrays once: a transformer block lists at most ~24 saved

@@ -502,6 +502,8 @@ static void check_applied(const char *yaml, const ml_profile *p, const char *why
     assert_int_equal(b1->measured, why == NULL);
     assert_int_equal(b1->inventory_bytes, b0->inventory_bytes);
     const char *note = ml_ledger_summary(cal)->calibration_note;
+    if (!why) /* the report's measured c is the blocks' c in the table */
+        assert_rel_close(ml_ledger_summary(cal)->calibrated_c, b1->c, 1e-12);
     if (!why)
         assert_null(note);
     else if (!note || !strstr(note, why))
