@@ -106,7 +106,7 @@ static void test_points_count(void **state)
 {
     (void)state;
     const size_t rows = 1000001;
-    char *csv = malloc(16 + rows * 4);
+    char *csv = malloc(32 + rows * 4); /* the header, 4 bytes a row, the terminator */
     assert_non_null(csv);
     size_t len = (size_t)sprintf(csv, "micro_batch,peak\n");
     for (size_t i = 0; i < rows; i++)
