@@ -207,6 +207,20 @@ static unsigned norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const td
     return w;
 }
 
+/* Whether the attention runs a fused kernel (no T x T tensor). sdpa is
+ * torch's scaled_dot_product_attention as its dispatcher picks a kernel
+ * (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp): flash, memory-
+ * efficient or cuDNN, except that none of them takes fp32 inputs with
+ * grouped-query heads (enable_gqa, as transformers passes them), where it
+ * runs the math kernel, which keeps what eager attention keeps (measured on
+ * an H200: docs/calibration-h200.md). */
+static bool fused_attention(const ml_chain *ch, const ml_model *m)
+{
+    if (m->attention == ML_ATTN_SDPA)
+        return !(ch->prec.a == 4 && m->kv_heads && m->kv_heads < m->heads);
+    return m->attention == ML_ATTN_FLASH;
+}
+
 /* Self-attention after its input projection(s). src_bpe: bytes per element of
  * the projection input. Adds parameters, FLOPs and saved tensors. */
 static void attention_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const tdims *d,
@@ -233,7 +247,7 @@ static void attention_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const t
     double attn_core = 4.0 * (double)d->B * (double)d->H * (double)d->T * (double)d->T *
                        (double)d->dh;
     b->flops_fwd += 2.0 * (double)d->BT * (double)d->D * (double)qkv_out + attn_core;
-    if (m->attention == ML_ATTN_FLASH) {
+    if (fused_attention(ch, m)) {
         /* scaled_dot_product_attention (flash): saves q, k, v, the output and
          * the per-row logsumexp; no T x T tensor exists */
         save(ch, b, "q, k, v (flash)", ml_mul(ch, d->BT, qkv_out), a, 0);
@@ -905,8 +919,8 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
     }
     /* the runner's attention is eager: its scores and probabilities say
      * nothing about a flash kernel's saved tensors */
-    if (m->attention == ML_ATTN_FLASH) {
-        ch->calib_note = "the model's attention is flash, the runner's eager";
+    if (fused_attention(ch, m)) {
+        ch->calib_note = "the model's attention is a fused kernel, the runner's eager";
         return;
     }
     /* c holds the MLP's B*T*F terms at the measured F/D: another ratio

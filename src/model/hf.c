@@ -77,6 +77,35 @@ static const char *str_of(const ml_node *root, const char *key)
     return n && n->type == ML_NODE_SCALAR && !is_null(n) ? n->text : NULL;
 }
 
+/* attn_implementation, the key PretrainedConfig's constructor takes
+ * (transformers' configuration_utils.py): "eager" keeps the T x T scores;
+ * "sdpa" is torch's scaled_dot_product_attention as dispatched (the ledger's
+ * sdpa); the flash kernels save q, k, v, the output and a logsumexp (the
+ * ledger's flash inventory). Absent: eager, the reference layout. */
+static ml_status attention_of(const ml_node *r, ml_model *m, ml_error *err)
+{
+    static const char *const flash[] = {"flash_attention_2", "flash_attention_3"};
+    m->attention = ML_ATTN_EAGER;
+    const ml_node *n = get(r, "attn_implementation");
+    if (!n || is_null(n))
+        return ML_OK;
+    if (n->type == ML_NODE_SCALAR && !strcmp(n->text, "eager"))
+        return ML_OK;
+    if (n->type == ML_NODE_SCALAR && !strcmp(n->text, "sdpa")) {
+        m->attention = ML_ATTN_SDPA;
+        return ML_OK;
+    }
+    for (size_t i = 0; n->type == ML_NODE_SCALAR && i < sizeof flash / sizeof *flash; i++)
+        if (!strcmp(n->text, flash[i])) {
+            m->attention = ML_ATTN_FLASH;
+            return ML_OK;
+        }
+    return ml_error_at(err, n, ML_SCHEMA,
+                       "attn_implementation: '%s' is not modelled (eager, sdpa, "
+                       "flash_attention_2 or flash_attention_3)",
+                       n->type == ML_NODE_SCALAR ? n->text : "(not a string)");
+}
+
 #define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
@@ -96,7 +125,8 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
                     supported);
     ml_status st;
     m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;
-    m->attention = ML_ATTN_EAGER;
+    if ((st = attention_of(r, m, err)))
+        return st;
     if ((st = uint_of(err, r, KEYS("num_hidden_layers", "n_layer"), true, 1, 100000, &m->layers)) ||
         (st = uint_of(err, r, KEYS("hidden_size", "n_embd"), true, 1, 1u << 20, &m->hidden)) ||
         (st = uint_of(err, r, KEYS("num_attention_heads", "n_head"), true, 1, 1u << 20, &m->heads)))

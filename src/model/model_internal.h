@@ -11,7 +11,10 @@ typedef enum { ML_MODEL_DECODER, ML_MODEL_ENCODER, ML_MODEL_SEQUENTIAL } ml_mode
 typedef enum { ML_ACT_GELU, ML_ACT_RELU, ML_ACT_SWIGLU } ml_activation;
 typedef enum { ML_NORM_LAYERNORM, ML_NORM_RMSNORM } ml_norm;
 typedef enum { ML_POS_LEARNED, ML_POS_ROPE, ML_POS_NONE } ml_position;
-typedef enum { ML_ATTN_EAGER, ML_ATTN_FLASH } ml_attention;
+/* eager: the matmul/softmax layout; flash: a fused kernel's inventory;
+ * sdpa: scaled_dot_product_attention as PyTorch dispatches it (a fused
+ * kernel, or the math kernel where none accepts the inputs) */
+typedef enum { ML_ATTN_EAGER, ML_ATTN_FLASH, ML_ATTN_SDPA } ml_attention;
 typedef enum { ML_LOSS_CROSS_ENTROPY, ML_LOSS_MSE } ml_loss;
 
 typedef enum {

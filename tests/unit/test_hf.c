@@ -136,12 +136,92 @@ static void test_errors_and_training(void **state)
     assert_null(m);
 }
 
+/* attn_implementation (PretrainedConfig's key): sdpa and the flash kernels
+ * are the ledger's flash inventory, eager (or no key) the eager one; the same
+ * model written as YAML with `attention:` is the reference. */
+/* the saved activations of a model at its own settings; destroys it */
+static uint64_t saved_and_destroy(ml_model *m)
+{
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, false);
+    uint64_t saved = ml_ledger_summary(l)->bytes_activations;
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    return saved;
+}
+
+static uint64_t saved_of_json(const char *attn, const char *precision)
+{
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": "
+             "176, \"vocab_size\": 100, \"max_position_embeddings\": 32%s%s%s}",
+             attn ? ", \"attn_implementation\": \"" : "", attn ? attn : "", attn ? "\"" : "");
+    ml_model *m = NULL;
+    ml_error e;
+    char training[128];
+    snprintf(training, sizeof training, "training:\n  micro_batch: 2\n  seq_len: 32\n"
+             "  precision: %s\n", precision);
+    if (load_json(json, training, &m, &e) != ML_OK)
+        fail_msg("%s: %s", attn ? attn : "(none)", e.msg);
+    return saved_and_destroy(m);
+}
+
+static uint64_t saved_of_yaml(const char *attn, const char *precision)
+{
+    char yaml[512];
+    snprintf(yaml, sizeof yaml,
+             "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  kv_heads: 2\n"
+             "  ffn: 176\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 100\n"
+             "  position: rope\n  bias: false\n  tied_embeddings: false\n  dropout: 0\n"
+             "  attention: %s\ntraining:\n  micro_batch: 2\n  seq_len: 32\n"
+             "  precision: %s\n",
+             attn, precision);
+    return saved_and_destroy(load_str(yaml));
+}
+
+static void test_attn_implementation(void **state)
+{
+    (void)state;
+    for (int p = 0; p < 2; p++) {
+        const char *prec = p ? "amp-bf16" : "fp32";
+        uint64_t eager = saved_of_yaml("eager", prec), flash = saved_of_yaml("flash", prec);
+        /* the two inventories differ (the eager path keeps the softmax
+         * output, B*H*T^2*4 = 32768 B a block in fp32, which a flash kernel
+         * never materialises), so each equality below tells which one was
+         * taken */
+        assert_true(eager > flash);
+        assert_int_equal(saved_of_json(NULL, prec), eager);
+        assert_int_equal(saved_of_json("eager", prec), eager);
+        assert_int_equal(saved_of_json("flash_attention_2", prec), flash);
+        /* sdpa with 4 query heads on 2 key/value heads: in fp32 no fused
+         * kernel takes grouped heads and PyTorch runs the math kernel (the
+         * eager inventory); under autocast the inputs are bf16 and the flash
+         * kernel runs */
+        assert_int_equal(saved_of_yaml("sdpa", prec), p ? flash : eager);
+        assert_int_equal(saved_of_json("sdpa", prec), p ? flash : eager);
+    }
+    ml_model *m = NULL;
+    ml_error e;
+    assert_int_equal(load_json("{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, "
+                               "\"n_head\": 4, \"vocab_size\": 10, \"n_positions\": 8,\n"
+                               " \"attn_implementation\": \"flex_attention\"}",
+                               NULL, &m, &e),
+                     ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "attn_implementation: 'flex_attention' is not modelled"));
+    assert_int_equal(e.line, 2);
+    assert_int_equal(e.col, 25);
+    assert_null(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_published_counts),
         cmocka_unit_test(test_mapping),
         cmocka_unit_test(test_errors_and_training),
+        cmocka_unit_test(test_attn_implementation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
