@@ -9,7 +9,7 @@
 #include "model/tree.h"
 #include "util/grow.h"
 #include "memledger/calib.h"
-#include "plan/optimal.h"
+#include "ledger/optimal.h"
 
 struct ml_ledger {
     ml_summary sum;
@@ -641,7 +641,7 @@ static ml_status run_plan(evalctx *x, const int *seg, bool keep_events, ml_ledge
     return ML_OK;
 }
 
-/* The chain model of plan/optimal.h for this chain and config. Quantities
+/* The chain model of ledger/optimal.h for this chain and config. Quantities
  * are the replay's own (docs/optimal.md, "from the ledger"): the solver's
  * plan is then replayed and checked against the budget. */
 static void opt_model(const evalctx *x, const ml_summary *res, ml_opt_block *ob, size_t *lo_out,

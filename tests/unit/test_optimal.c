@@ -3,7 +3,7 @@
 #include <stdlib.h>
 
 #include "harness.h"
-#include "plan/optimal.h"
+#include "ledger/optimal.h"
 
 static uint32_t rng = 2463534242u;
 static uint32_t next(void)

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan/optimal.h"
+#include "ledger/optimal.h"
 #include "util/grow.h"
 
 static bool add_ok(uint64_t a, uint64_t b, uint64_t *r)
