@@ -179,6 +179,11 @@ ML_API const char *ml_offload_name(ml_offload o);
 ML_API bool ml_offload_parse(const char *s, ml_offload *out);
 /* Writes the policy's YAML spelling ("every-2", "[0, 3]") into buf. */
 ML_API void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size);
+/* "1.50 GiB", "512.00 MiB", "12 B": binary units, two decimals (report.h's
+ * users have them through model.h). */
+ML_API void ml_format_bytes(uint64_t bytes, char *buf, size_t size);
+/* "12.3 TFLOP", "4.56 GFLOP": decimal prefixes, as FLOPs always are. */
+ML_API void ml_format_flops(double flops, char *buf, size_t size);
 
 /* Reverse lookups; return false when the name is unknown. */
 ML_API bool ml_precision_parse(const char *s, ml_precision *out);

@@ -55,11 +55,6 @@ ML_API int ml_report_emit(FILE *f, const char *kind, const ml_model *m, const ml
 /* Writes s with XML/HTML special characters escaped. */
 ML_API void ml_svg_escape(FILE *f, const char *s);
 
-/* "1.50 GiB", "512.00 MiB", "12 B": binary units, two decimals. */
-ML_API void ml_format_bytes(uint64_t bytes, char *buf, size_t size);
-/* "12.3 TFLOP", "4.56 GFLOP": decimal prefixes, as FLOPs always are. */
-ML_API void ml_format_flops(double flops, char *buf, size_t size);
-
 #ifdef __cplusplus
 }
 #endif

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "memledger/model.h"
-#include "memledger/report.h"
 
 static ml_status usage(ml_error *err, ml_status code, const char *fmt, const char *arg)
 {
