@@ -7,8 +7,9 @@ expandable-segments allocator, and the loop that keeps the logits.
 Usage: h200_report.py DIR [MEMLEDGER]   (DIR holds results.jsonl,
 results-kept.jsonl, results-expandable.jsonl); prints Markdown. With a
 memledger binary, also plans every run again with it (from the cases'
-config keys; no GPU needed) and lists the runs whose planned peak changed:
-what the planner now says against the same measurements."""
+config keys; no GPU needed), lists the runs whose planned peak changed, and
+counts the runs within 5 % of the measured peak now: what the planner
+says today against the same measurements."""
 import json
 import os
 import shutil
@@ -21,6 +22,8 @@ here = os.path.dirname(os.path.abspath(__file__))
 tvp = types.ModuleType("torch_vs_plan")
 src = os.path.join(here, "torch_vs_plan.py")
 exec(compile(open(src).read(), src, "exec"), tvp.__dict__)
+CASES = {c[0]: c for c in tvp.CASES}
+err = tvp.error_pct
 
 
 def load(path):
@@ -30,19 +33,20 @@ def load(path):
     return [r for r in recs if "model" in r and "steady" in r["measured"]]
 
 
-def err(pred, meas):
-    return 100.0 * (pred - meas) / meas
+def peak_err(r, plan=None):
+    return err((plan or r["plan"])["bytes"]["peak"], r["measured"]["steady"]["allocated"])
 
 
-def gqa(r):
-    return r["model"].startswith(("llama", "qwen2"))
+def step_errs(rs):
+    return [err(r["plan"]["step_time_s"], r["measured"]["step_time_s"]) for r in rs
+            if r["plan"].get("step_time_s")]
 
 
 def group(r):
-    """The groups the errors are reported by: the SDPA fp32 runs of the GQA
-    models dispatch to the math kernel (sdpa_probe.py), which the plan's
-    SDPA inventory does not describe."""
-    if r["attn"] == "sdpa" and not r["amp"] and gqa(r):
+    """The groups the errors are reported by: the SDPA fp32 runs of the
+    grouped-query models run PyTorch's math kernel (sdpa_probe.py), which the
+    plan of the day counted as a fused kernel."""
+    if r["attn"] == "sdpa" and not r["amp"] and tvp.grouped_heads(CASES[r["model"]]):
         return "SDPA, fp32, grouped-query heads (math kernel)"
     return "%s, checkpoint %s" % ("eager" if r["attn"] == "eager" else "SDPA (fused kernel)",
                                  "full" if r["ckpt"] else "none")
@@ -52,100 +56,121 @@ def span(v):
     return "%+.1f %% to %+.1f %%" % (min(v), max(v)) if v else "-"
 
 
-def replan(ml, base):
-    """The runs whose plan differs with this memledger: first checks that the
-    cases' keys reproduce the recorded plan where nothing changed."""
-    tmp = tempfile.mkdtemp()
-    print("\n### Planned again with this memledger (runs whose planned peak changed)\n")
-    print("| model | B×T | attention | ckpt | precision | AdamW | measured MiB | "
-          "planned then MiB | error | planned now MiB | error |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    cases = {c[0]: c for c in tvp.CASES}
-    calib = {False: os.path.join(here, "profiles", "h200-fp32.yaml"),
-             True: os.path.join(here, "profiles", "h200-bf16.yaml")}
-    same = 0
-    for r in base:
-        p = tvp.plan(ml, cases[r["model"]], r["attn"], r["ckpt"], r["amp"], r["impl"],
-                     calib[r["amp"]], tmp)
-        then, now = r["plan"]["bytes"]["peak"], p["bytes"]["peak"]
-        meas = r["measured"]["steady"]["allocated"]
-        if then == now:
-            same += 1
-            continue
-        print(tvp.label(r) + " %.1f | %.1f | %+.1f %% | %.1f | %+.1f %% |" % (
-            meas / MIB, then / MIB, err(then, meas), now / MIB, err(now, meas)))
-    print("\n%d of %d runs plan the same peak as on the day." % (same, len(base)))
-    shutil.rmtree(tmp)
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return (v[n // 2] + v[(n - 1) // 2]) / 2
 
 
-def main():
-    d = sys.argv[1]
-    base = load(os.path.join(d, "results.jsonl"))
-    kept = load(os.path.join(d, "results-kept.jsonl"))
-    exp = load(os.path.join(d, "results-expandable.jsonl"))
-    print("### Every configuration (steady state unless named)\n")
-    print(tvp.HEADER, end="")
-    for r in base:
-        print(tvp.row(r))
-    print("\n### Errors of the planned allocator peak against the measured steady-state "
-          "`max_memory_allocated`, by group\n")
-    print("| group | runs | error range | median abs. error | step-time error range |")
-    print("|---|---|---|---|---|")
+def table(title, header):
+    print("\n### %s\n" % title)
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+
+
+def errors_by_group(base):
+    table("Errors of the planned allocator peak against the measured steady-state "
+          "`max_memory_allocated`, by group",
+          ["group", "runs", "error range", "median abs. error", "step-time error range"])
     groups = {}
     for r in base:
         groups.setdefault(group(r), []).append(r)
     for g in sorted(groups):
         rs = groups[g]
-        e = sorted(err(r["plan"]["bytes"]["peak"], r["measured"]["steady"]["allocated"])
-                   for r in rs)
-        med = sorted(abs(x) for x in e)[len(e) // 2]
-        t = [err(r["plan"]["step_time_s"], r["measured"]["step_time_s"]) for r in rs
-             if r["plan"].get("step_time_s")]
-        print("| %s | %d | %s | %.1f %% | %s |" % (g, len(rs), span(e), med, span(t)))
-    print("\n### Step time by precision (plan: FLOPs at the profile's best GEMM rate)\n")
-    print("| precision | runs | error range |")
-    print("|---|---|---|")
+        e = [peak_err(r) for r in rs]
+        print("| %s | %d | %s | %.1f %% | %s |" % (g, len(rs), span(e),
+                                                  median([abs(x) for x in e]),
+                                                  span(step_errs(rs))))
+    table("Step time by precision (plan: FLOPs at the profile's best GEMM rate)",
+          ["precision", "runs", "error range", "median planned / measured"])
     for amp in (False, True):
-        t = [err(r["plan"]["step_time_s"], r["measured"]["step_time_s"]) for r in base
-             if r["amp"] == amp and r["plan"].get("step_time_s")]
-        print("| %s | %d | %s |" % ("amp-bf16" if amp else "fp32", len(t), span(t)))
-    print("\n### Reserved over allocated (steady state), default allocator and "
-          "`expandable_segments:True`\n")
-    print("| model | attention | precision | default: reserved / allocated - 1 | "
-          "expandable: reserved / allocated - 1 |")
-    print("|---|---|---|---|---|")
-    ex = {(r["index"]): r for r in exp}
+        rs = [r for r in base if r["amp"] == amp and r["plan"].get("step_time_s")]
+        ratio = [r["plan"]["step_time_s"] / r["measured"]["step_time_s"] for r in rs]
+        print("| %s | %d | %s | %.2f |" % ("amp-bf16" if amp else "fp32", len(rs),
+                                           span(step_errs(rs)), median(ratio)))
+
+
+def reserved(base, exp):
+    table("Reserved over allocated (steady state), default allocator and "
+          "`expandable_segments:True`",
+          ["model", "attention", "precision", "default: reserved / allocated - 1",
+           "expandable: reserved / allocated - 1"])
+    ex = {tvp.key(r): r for r in exp}
+    excess = {"default": [], "expandable": []}
     for r in base:
         if r["ckpt"] or r["impl"] != "foreach":
             continue
-        i = tvp.configurations().index(next(c for c in tvp.configurations()
-                                            if c[0][0] == r["model"] and c[1] == r["attn"]
-                                            and c[2] == r["ckpt"] and c[3] == r["amp"]
-                                            and c[4] == r["impl"]))
         m = r["measured"]["steady"]
-        x = ex.get(i)
-        xs = "%.3f" % (x["measured"]["steady"]["reserved"] /
-                       x["measured"]["steady"]["allocated"] - 1) if x else "-"
-        print("| %s | %s | %s | %.3f | %s |" % (r["model"], r["attn"],
-                                               "amp-bf16" if r["amp"] else "fp32",
-                                               m["reserved"] / m["allocated"] - 1, xs))
+        d = m["reserved"] / m["allocated"] - 1
+        excess["default"].append(d)
+        x = ex.get(tvp.key(r))
+        xs = "-"
+        if x:
+            xm = x["measured"]["steady"]
+            excess["expandable"].append(xm["reserved"] / xm["allocated"] - 1)
+            xs = "%.3f" % excess["expandable"][-1]
+        print("| %s | %s | %s | %.3f | %s |" % (r["model"], r["attn"], tvp.precision(r), d, xs))
+    print()
+    for k, v in excess.items():
+        if v:
+            print("%s: %.1f %% to %.1f %%, median %.1f %% (%d runs)." % (
+                k, 100 * min(v), 100 * max(v), 100 * median(v), len(v)))
+
+
+def logits_kept(base, kept):
+    table("The loop that keeps the logits to the end of the iteration",
+          ["model", "attention", "precision", "first iteration: kept - released MiB",
+           "steady: kept - released MiB"])
+    rel = {tvp.key(r): r for r in base}
+    for k in kept:
+        b = rel.get(tvp.key(k))
+        if not b:
+            continue
+        km, bm = k["measured"], b["measured"]
+        print("| %s | %s | %s | %+.1f | %+.1f |" % (
+            k["model"], k["attn"], tvp.precision(k),
+            (km["first"]["allocated"] - bm["first"]["allocated"]) / MIB,
+            (km["steady"]["allocated"] - bm["steady"]["allocated"]) / MIB))
+
+
+def replan(ml, base):
+    """Plans every run again with memledger ml; lists those whose planned
+    peak changed, then counts the runs now within 5 % of the measured
+    peak."""
+    tmp = tempfile.mkdtemp()
+    table("Planned again with this memledger (runs whose planned peak changed)",
+          ["model", "B×T", "attention", "ckpt", "precision", "AdamW", "measured MiB",
+           "planned then MiB", "error", "planned now MiB", "error"])
+    calib = {False: os.path.join(here, "profiles", "h200-fp32.yaml"),
+             True: os.path.join(here, "profiles", "h200-bf16.yaml")}
+    now = []
+    for r in base:
+        p = tvp.plan(ml, CASES[r["model"]], r["attn"], r["ckpt"], r["amp"], r["impl"],
+                     calib[r["amp"]], tmp)
+        now.append(peak_err(r, p))
+        if p["bytes"]["peak"] != r["plan"]["bytes"]["peak"]:
+            print(tvp.label(r) + " %.1f | %.1f | %+.1f %% | %.1f | %+.1f %% |" % (
+                r["measured"]["steady"]["allocated"] / MIB, r["plan"]["bytes"]["peak"] / MIB,
+                peak_err(r), p["bytes"]["peak"] / MIB, now[-1]))
+    shutil.rmtree(tmp)
+    close = [e for e in now if abs(e) <= 5]
+    print("\nPlanned now: %d of %d runs within 5 %% of the measured peak (%s); "
+          "the others: %s." % (len(close), len(now), span(close),
+        ", ".join("%+.1f %%" % e for e in now if abs(e) > 5) or "none"))
+
+
+def main():
+    d = sys.argv[1]
+    base = load(os.path.join(d, "results.jsonl"))
+    print("### Every configuration (steady state unless named)\n")
+    print(tvp.HEADER, end="")
+    for r in base:
+        print(tvp.row(r))
+    errors_by_group(base)
+    reserved(base, load(os.path.join(d, "results-expandable.jsonl")))
+    kept = load(os.path.join(d, "results-kept.jsonl"))
     if kept:
-        print("\n### The loop that keeps the logits to the end of the iteration\n")
-        print("| model | attention | precision | first iteration: kept - released MiB | "
-              "steady: kept - released MiB |")
-        print("|---|---|---|---|---|")
-        rel = {(r["model"], r["attn"], r["ckpt"], r["amp"], r["impl"]): r for r in base}
-        for k in kept:
-            b = rel.get((k["model"], k["attn"], k["ckpt"], k["amp"], k["impl"]))
-            if not b:
-                continue
-            km, bm = k["measured"], b["measured"]
-            print("| %s | %s | %s | %+.1f | %+.1f |" % (
-                k["model"], k["attn"], "amp-bf16" if k["amp"] else "fp32",
-                (km["first"]["allocated"] - bm["first"]["allocated"]) / MIB,
-                (km["steady"]["allocated"] - bm["steady"]["allocated"]) / MIB))
-
-
+        logits_kept(base, kept)
     if len(sys.argv) > 2:
         replan(sys.argv[2], base)
 

@@ -86,6 +86,27 @@ def configurations():
     return out
 
 
+def grouped_heads(case):
+    """Fewer key/value heads than query heads (the Llama and Qwen2 cases):
+    in fp32, PyTorch's SDPA runs its math kernel for them."""
+    keys = case[2]
+    heads = keys.get("num_attention_heads", keys.get("n_head"))
+    return keys.get("num_key_value_heads", heads) < heads
+
+
+def precision(rec):
+    return "amp-bf16" if rec["amp"] else "fp32"
+
+
+def key(rec):
+    """A run's configuration, the same across the campaign's result files."""
+    return (rec["model"], rec["attn"], rec["ckpt"], rec["amp"], rec["impl"])
+
+
+def error_pct(pred, meas):
+    return 100.0 * (pred - meas) / meas
+
+
 def hf_config(case, attn):
     """The transformers config object for a case (imported lazily: the dry
     run of this script has no transformers)."""
@@ -225,13 +246,13 @@ def plan(ml, case, attn, ckpt, amp, impl, calib, tmp, cfg=None):
 
 
 def pct(pred, meas):
-    return "%+.1f%%" % (100.0 * (pred - meas) / meas) if meas and pred is not None else "-"
+    return "%+.1f%%" % error_pct(pred, meas) if meas and pred is not None else "-"
 
 
 def label(rec):
     return "| %s | %d×%d | %s | %s | %s | %s |" % (
         rec["model"], rec["B"], rec["T"], rec["attn"], "full" if rec["ckpt"] else "none",
-        "amp-bf16" if rec["amp"] else "fp32", rec["impl"])
+        precision(rec), rec["impl"])
 
 
 def row(rec):

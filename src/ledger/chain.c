@@ -217,7 +217,7 @@ static unsigned norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const td
 static bool fused_attention(const ml_chain *ch, const ml_model *m)
 {
     if (m->attention == ML_ATTN_SDPA)
-        return !(ch->prec.a == 4 && m->kv_heads && m->kv_heads < m->heads);
+        return !(ch->prec.a == 4 && m->kv_heads < m->heads);
     return m->attention == ML_ATTN_FLASH;
 }
 
@@ -920,7 +920,8 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
     /* the runner's attention is eager: its scores and probabilities say
      * nothing about a flash kernel's saved tensors */
     if (fused_attention(ch, m)) {
-        ch->calib_note = "the model's attention is a fused kernel, the runner's eager";
+        ch->calib_note = "the model's attention runs a fused kernel (flash, or sdpa as "
+                         "dispatched), the runner's eager";
         return;
     }
     /* c holds the MLP's B*T*F terms at the measured F/D: another ratio

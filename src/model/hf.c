@@ -84,20 +84,20 @@ static const char *str_of(const ml_node *root, const char *key)
  * ledger's flash inventory). Absent: eager, the reference layout. */
 static ml_status attention_of(const ml_node *r, ml_model *m, ml_error *err)
 {
-    static const char *const flash[] = {"flash_attention_2", "flash_attention_3"};
+    static const struct {
+        const char *name;
+        ml_attention attention;
+    } kinds[] = {{"eager", ML_ATTN_EAGER},
+                 {"sdpa", ML_ATTN_SDPA},
+                 {"flash_attention_2", ML_ATTN_FLASH},
+                 {"flash_attention_3", ML_ATTN_FLASH}};
     m->attention = ML_ATTN_EAGER;
     const ml_node *n = get(r, "attn_implementation");
     if (!n || is_null(n))
         return ML_OK;
-    if (n->type == ML_NODE_SCALAR && !strcmp(n->text, "eager"))
-        return ML_OK;
-    if (n->type == ML_NODE_SCALAR && !strcmp(n->text, "sdpa")) {
-        m->attention = ML_ATTN_SDPA;
-        return ML_OK;
-    }
-    for (size_t i = 0; n->type == ML_NODE_SCALAR && i < sizeof flash / sizeof *flash; i++)
-        if (!strcmp(n->text, flash[i])) {
-            m->attention = ML_ATTN_FLASH;
+    for (size_t i = 0; n->type == ML_NODE_SCALAR && i < sizeof kinds / sizeof *kinds; i++)
+        if (!strcmp(n->text, kinds[i].name)) {
+            m->attention = kinds[i].attention;
             return ML_OK;
         }
     return ml_error_at(err, n, ML_SCHEMA,

@@ -33,6 +33,9 @@ mod.measure = lambda *a: {"first": {"allocated": 1100 * MIB, "reserved": 1200 * 
 mod.hf_config = lambda case, attn: None
 mod.plan = lambda *a, **k: {"bytes": {"peak": 1100 * MIB}, "step_time_s": 0.4}
 fails = []
+if [c[0] for c in mod.CASES if mod.grouped_heads(c)] != ["llama-0.2b", "llama-1.1b",
+                                                        "qwen2-0.5b", "qwen2-1.5b"]:
+    fails.append("grouped_heads: not the Llama and Qwen2 cases")
 out = tempfile.mkdtemp()
 n = len(mod.configurations())
 sys.argv = ["torch_vs_plan.py", "--memledger", ml, "--out", out]
@@ -54,8 +57,9 @@ recs = [json.loads(l) for l in open(os.path.join(out, "results.jsonl"))][1:]
 if any(r["measured"] != {"error": "skipped: deadline"} for r in recs):
     fails.append("--deadline 0 measured something")
 # the real planner on every configuration's config.json
-saved = {}
+saved, grouped = {}, {}
 for case, attn, ckpt, amp, impl in mod.configurations():
+    grouped[case[0]] = mod.grouped_heads(case)
     p = real_plan(ml, case, attn, ckpt, amp, impl, None, out)
     if "bytes" not in p:
         fails.append("%s %s: %s" % (case[0], attn, p))
@@ -69,9 +73,9 @@ for (name, attn, ckpt, amp), v in saved.items():
     if attn != "sdpa" or ckpt:
         continue
     eager = saved[(name, "eager", ckpt, amp)]
-    # fp32 with grouped-query heads (the Llama and Qwen2 cases): PyTorch
-    # runs the math kernel, the eager inventory; otherwise a fused kernel
-    math = not amp and not name.startswith("gpt2")
+    # fp32 with grouped-query heads: PyTorch runs the math kernel, the
+    # eager inventory; otherwise a fused kernel
+    math = not amp and grouped[name]
     if (v != eager) if math else not v < eager:
         fails.append("%s %s: sdpa saves %d, eager %d" % (name, "bf16" if amp else "fp32", v, eager))
 shutil.rmtree(out)

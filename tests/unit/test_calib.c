@@ -579,18 +579,27 @@ static void test_amp_fit_and_planner(void **state)
     }
     /* the Llama points were measured at F = 96 = 3D: a Llama model with
      * that ratio takes them; at F = 4D their c would carry the MLP's
-     * B*T*F terms at the wrong width, so the analytic c stays, and says why */
-    const size_t ffn[] = {Fl, 4 * D};
-    for (int i = 0; i < 2; i++) {
+     * B*T*F terms at the wrong width, so the analytic c stays, and says why.
+     * Then the model the profile fits with a fused attention: flash, and
+     * sdpa under autocast (bf16 inputs: the flash kernel takes grouped
+     * heads) keep no scores, so the runner's eager c does not apply */
+    const struct {
+        size_t ffn;
+        const char *attention, *why;
+    } llama[] = {{Fl, "eager", NULL},
+                 {4 * D, "eager", "ffn/hidden"},
+                 {Fl, "flash", "fused kernel"},
+                 {Fl, "sdpa", "fused kernel"}};
+    for (size_t i = 0; i < sizeof llama / sizeof *llama; i++) {
         char y[1024];
         snprintf(y, sizeof y,
                  "model:\n  type: decoder\n  layers: 2\n  hidden: %zu\n  heads: %zu\n"
                  "  kv_heads: 2\n  ffn: %zu\n  activation: swiglu\n  norm: rmsnorm\n"
                  "  vocab: %zu\n  position: none\n  bias: false\n  tied_embeddings: false\n"
-                 "  dropout: 0\ntraining:\n  micro_batch: 5\n  seq_len: 40\n"
+                 "  dropout: 0\n  attention: %s\ntraining:\n  micro_batch: 5\n  seq_len: 40\n"
                  "  precision: amp-bf16\n",
-                 D, H, ffn[i], V);
-        check_applied(y, p, i == 0 ? NULL : "ffn/hidden");
+                 D, H, llama[i].ffn, V, llama[i].attention);
+        check_applied(y, p, llama[i].why);
     }
     ml_profile_destroy(p);
 }
