@@ -1,0 +1,237 @@
+/* The op kit of the chain builders (chain_kit.h): checked arithmetic, the
+ * precision table, block bookkeeping and the attention core. Each call
+ * records what PyTorch's eager autograd keeps for one op; sources in
+ * docs/inventory.md. */
+#include <string.h>
+
+#include "ledger/chain_kit.h"
+#include "util/grow.h"
+
+uint64_t ml_mul(ml_chain *ch, uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (__builtin_mul_overflow(a, b, &r)) {
+        ch->overflow = true;
+        return 0;
+    }
+    return r;
+}
+
+uint64_t ml_add(ml_chain *ch, uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (__builtin_add_overflow(a, b, &r)) {
+        ch->overflow = true;
+        return 0;
+    }
+    return r;
+}
+
+uint64_t ml_ck_mul3(ml_chain *ch, uint64_t a, uint64_t b, uint64_t c)
+{
+    return ml_mul(ch, ml_mul(ch, a, b), c);
+}
+
+ml_prec ml_prec_of(ml_precision p)
+{
+    /*                        param grad master state a  w  autocast */
+    static const ml_prec t[ML_PREC_COUNT] = {
+        [ML_PREC_FP32] = {4, 4, 0, 4, 4, 4, false},
+        [ML_PREC_AMP_BF16] = {4, 4, 0, 4, 2, 4, true},
+        [ML_PREC_AMP_FP16] = {4, 4, 0, 4, 2, 4, true},
+        [ML_PREC_BF16_MASTER] = {2, 2, 4, 4, 2, 2, false},
+        [ML_PREC_FP16_MASTER] = {2, 2, 4, 4, 2, 2, false},
+        [ML_PREC_BF16] = {2, 2, 0, 2, 2, 2, false},
+    };
+    return t[p];
+}
+
+/* ---- building blocks ------------------------------------------------- */
+
+ml_cblock *ml_ck_begin(ml_chain *ch, const char *name, int ckpt_index)
+{
+    ml_cblock *grown = ml_grow(ch->blocks, ch->n, &ch->cap, sizeof *grown, 16);
+    if (!grown) {
+        ch->nomem = true;
+        return NULL;
+    }
+    ch->blocks = grown;
+    ml_cblock *b = &ch->blocks[ch->n++];
+    memset(b, 0, sizeof *b);
+    size_t len = strlen(name);
+    if (len >= sizeof b->name)
+        len = sizeof b->name - 1;
+    memcpy(b->name, name, len);
+    b->name[len] = '\0';
+    b->fwd_phase = ML_PHASE_FORWARD;
+    b->ckpt_index = ckpt_index;
+    b->saved_first = ch->nsaved;
+    ch->max_unsaved = ch->max_tensor = 0;
+    return b;
+}
+
+void ml_ck_note(ml_chain *ch, uint64_t bytes, bool saved)
+{
+    if (bytes > ch->max_tensor)
+        ch->max_tensor = bytes;
+    if (!saved && bytes > ch->max_unsaved)
+        ch->max_unsaved = bytes;
+}
+
+/* Records one saved storage of `elems` elements of `bpe` bytes. */
+void ml_ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, unsigned bpe,
+                unsigned flags)
+{
+    uint64_t bytes = ml_mul(ch, elems, bpe);
+    if (flags & ML_SV_INPUT) {
+        /* the block's input is a boundary tensor, accounted by the replay */
+        b->in_saved = true;
+        ml_ck_note(ch, bytes, true);
+        return;
+    }
+    ml_saved *s = ml_grow(ch->saved, ch->nsaved, &ch->savedcap, sizeof *s, 64);
+    if (!s) {
+        ch->nomem = true;
+        return;
+    }
+    ch->saved = s;
+    ch->saved[ch->nsaved++] = (ml_saved){what, bytes, flags};
+    b->nsaved++;
+    b->saved_bytes = ml_add(ch, b->saved_bytes, bytes);
+    if (flags & ML_SV_CORE)
+        b->core_bytes = ml_add(ch, b->core_bytes, bytes);
+    ml_ck_note(ch, bytes, true);
+}
+
+/* An intermediate that nothing saves. */
+void ml_ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe)
+{
+    ml_ck_note(ch, ml_mul(ch, elems, bpe), false);
+}
+
+/* A parameter tensor of the block: rows x cols (cols 0 for a vector). */
+void ml_ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols)
+{
+    uint64_t numel = cols ? ml_mul(ch, rows, cols) : rows;
+    ml_ptensor *p = ml_grow(ch->params, ch->nparams, &ch->paramcap, sizeof *p, 64);
+    if (!p) {
+        ch->nomem = true;
+        return;
+    }
+    ch->params = p;
+    ch->params[ch->nparams++] = (ml_ptensor){numel, cols ? rows : 0, cols};
+    b->params = ml_add(ch, b->params, numel);
+    if (numel > ch->max_param_numel)
+        ch->max_param_numel = numel;
+}
+
+/* Closes a block: transients from its largest tensors (docs/ledger.md,
+ * "transients"), gradients its backward creates. */
+void ml_ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
+{
+    b->ws_fwd = ml_add(ch, b->ws_fwd, ml_mul(ch, 2, ch->max_unsaved));
+    b->ws_nograd = ml_mul(ch, 2, ch->max_tensor);
+    b->ws_bwd = ml_add(ch, b->ws_bwd, ml_add(ch, out_bytes, ml_mul(ch, 2, ch->max_tensor)));
+    uint64_t g = ml_mul(ch, b->params, ch->prec.grad);
+    b->grad_bytes = ml_add(ch, b->grad_bytes, g);
+    b->grad_accum_bytes = ml_add(ch, b->grad_accum_bytes, g);
+}
+
+/* Saved input of a linear layer whose input storage has `bpe` bytes per
+ * element: autocast saves a bf16/fp16 cast copy per consumer (casts of
+ * non-leaf tensors are not cached), otherwise the storage itself. The caller
+ * passes already_saved when another op saved the same storage. */
+void ml_ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
+                        unsigned bpe, bool already_saved, unsigned flags)
+{
+    if (ch->prec.autocast && bpe == 4)
+        ml_ck_save(ch, b, what, elems, 2, flags & ~(unsigned)ML_SV_INPUT);
+    else if (!already_saved)
+        ml_ck_save(ch, b, what, elems, bpe, flags);
+}
+
+/* autocast caches one low-precision copy of each weight per forward; the
+ * matmul saves it for the input gradient (only when its input needs one). */
+void ml_ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems)
+{
+    if (ch->prec.autocast) {
+        ml_ck_save(ch, b, "weight cast copy (autocast)", elems, 2, 0);
+        b->cast_bytes = ml_add(ch, b->cast_bytes, ml_mul(ch, elems, 2));
+    }
+}
+
+/* Whether the attention runs a fused kernel (no T x T tensor). sdpa is
+ * torch's scaled_dot_product_attention as its dispatcher picks a kernel
+ * (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp): flash, memory-
+ * efficient or cuDNN, except that none of them takes fp32 inputs with
+ * grouped-query heads (enable_gqa, as transformers passes them), where it
+ * runs the math kernel, which keeps what eager attention keeps (measured on
+ * an H200: docs/calibration-h200.md). */
+bool ml_ck_fused_attention(const ml_chain *ch, const ml_model *m)
+{
+    if (m->attention == ML_ATTN_SDPA)
+        return !(ch->prec.a == 4 && m->kv_heads < m->heads);
+    return m->attention == ML_ATTN_FLASH;
+}
+
+/* Self-attention after its input projection(s). src_bpe: bytes per element of
+ * the projection input. Adds parameters, FLOPs and saved tensors. */
+void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                     unsigned src_bpe, bool src_saved, bool fused_qkv, bool causal_mask,
+                     bool softmax_fp32, unsigned in_flags)
+{
+    const unsigned a = ch->prec.a, w = ch->prec.w;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    uint64_t qkv_out = ml_add(ch, d->D, ml_mul(ch, 2, d->Dkv));
+    uint64_t BHTT = ml_ck_mul3(ch, d->B, d->H, ml_mul(ch, d->T, d->T));
+    /* q/k/v projections */
+    unsigned ncast = fused_qkv ? 1 : 3;
+    if (ch->prec.autocast && src_bpe == 4) {
+        for (unsigned i = 0; i < ncast; i++)
+            ml_ck_save(ch, b, "q/k/v projection input (cast copy)", BTD, 2, 0);
+    } else if (!src_saved) {
+        ml_ck_save(ch, b, "q/k/v projection input", BTD, src_bpe, in_flags);
+    }
+    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, qkv_out));
+    ml_ck_param(ch, b, d->D, qkv_out);
+    if (m->qkv_bias)
+        ml_ck_param(ch, b, qkv_out, 0);
+    ml_ck_tmp(ch, ml_mul(ch, d->BT, qkv_out), a);
+    double attn_core = 4.0 * (double)d->B * (double)d->H * (double)d->T * (double)d->T *
+                       (double)d->dh;
+    b->flops_fwd += 2.0 * (double)d->BT * (double)d->D * (double)qkv_out + attn_core;
+    if (ml_ck_fused_attention(ch, m)) {
+        /* scaled_dot_product_attention (flash): saves q, k, v, the output and
+         * the per-row logsumexp; no T x T tensor exists */
+        ml_ck_save(ch, b, "q, k, v (flash)", ml_mul(ch, d->BT, qkv_out), a, 0);
+        ml_ck_save(ch, b, "attention output (flash)", BTD, a, 0);
+        ml_ck_save(ch, b, "logsumexp (flash)", ml_ck_mul3(ch, d->B, d->H, d->T), 4, 0);
+    } else {
+        /* matmul of the permuted head views reshapes them into contiguous
+         * copies, which bmm saves: q and k for QK^T, v for PV */
+        ml_ck_save(ch, b, "q, k, v contiguous copies (bmm)", ml_mul(ch, 3, BTD), a, 0);
+        ml_ck_tmp(ch, BHTT, a);
+        b->flops_core = attn_core;
+        if (causal_mask)
+            ml_ck_save(ch, b, "causal mask (masked_fill, bool)", ml_mul(ch, d->T, d->T), 1,
+                       ML_SV_CORE);
+        unsigned sm = softmax_fp32 ? 4 : w;
+        ml_ck_save(ch, b, "softmax output", BHTT, sm, ML_SV_CORE);
+        if (d->drop)
+            ml_ck_save(ch, b, "attention dropout mask", BHTT, 1, ML_SV_CORE);
+        if (sm != a)
+            ml_ck_save(ch, b, "attention probabilities cast for PV", BHTT, a, ML_SV_CORE);
+        else if (d->drop)
+            ml_ck_save(ch, b, "attention dropout output", BHTT, sm, ML_SV_CORE);
+    }
+    /* output projection: input is the contiguous (B, T, D) attention output */
+    ml_ck_save(ch, b, "output projection input", BTD, a, 0);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
+    ml_ck_param(ch, b, d->D, d->D);
+    if (m->bias)
+        ml_ck_param(ch, b, d->D, 0);
+    b->flops_fwd += 2.0 * (double)d->BT * (double)d->D * (double)d->D;
+    if (d->drop)
+        ml_ck_save(ch, b, "residual dropout mask", BTD, 1, 0);
+    ml_ck_tmp(ch, BTD, a);
+}

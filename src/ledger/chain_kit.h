@@ -1,0 +1,52 @@
+/* The op kit the chain builders share (chain_transformer.c,
+ * chain_sequential.c): opening and closing a block, recording a saved
+ * storage, an unsaved intermediate or a parameter tensor, autocast's cast
+ * copies, and the self-attention core both families use. Internal to
+ * src/ledger/: the `ml_ck_` prefix marks functions that cross files but are
+ * not the library's API. Formulas and sources: docs/inventory.md. */
+#ifndef ML_CHAIN_KIT_H
+#define ML_CHAIN_KIT_H
+
+#include "ledger/chain.h"
+
+/* Shapes of a transformer block (or of a sequential attention layer). */
+typedef struct {
+    uint64_t B, T, BT, D, F, H, Hkv, dh, Dkv, V;
+    bool drop;
+} ml_ck_dims;
+
+uint64_t ml_ck_mul3(ml_chain *ch, uint64_t a, uint64_t b, uint64_t c);
+
+/* Appends a block named `name`; NULL (and ch->nomem) when out of memory. */
+ml_cblock *ml_ck_begin(ml_chain *ch, const char *name, int ckpt_index);
+/* Notes a tensor's size for the block's transient estimate. */
+void ml_ck_note(ml_chain *ch, uint64_t bytes, bool saved);
+/* Records one saved storage of `elems` elements of `bpe` bytes. */
+void ml_ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, unsigned bpe,
+                unsigned flags);
+/* An intermediate that nothing saves. */
+void ml_ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe);
+/* A parameter tensor of the block: rows x cols (cols 0 for a vector). */
+void ml_ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols);
+/* Closes a block: transients, gradients its backward creates. */
+void ml_ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes);
+/* The saved input of a linear layer (autocast: a cast copy per consumer). */
+void ml_ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
+                        unsigned bpe, bool already_saved, unsigned flags);
+/* autocast's low-precision weight copy, saved by the matmul. */
+void ml_ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems);
+
+/* Whether the model's attention runs a fused kernel (no T x T tensor). */
+bool ml_ck_fused_attention(const ml_chain *ch, const ml_model *m);
+/* Self-attention after its input projection(s): parameters, FLOPs, saved
+ * tensors. src_bpe: bytes per element of the projection input. */
+void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                     unsigned src_bpe, bool src_saved, bool fused_qkv, bool causal_mask,
+                     bool softmax_fp32, unsigned in_flags);
+
+/* The families' builders, called by ml_chain_build. */
+ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                                     ml_error *err);
+ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch);
+
+#endif

@@ -1,0 +1,420 @@
+/* Transformer chains (GPT-2, Llama, BERT, ViT layouts): the embedding, one
+ * block per layer, the head and the loss, each with the storages PyTorch's
+ * eager autograd keeps for its backward in the reference implementation
+ * named in docs/inventory.md (nanoGPT/HF GPT-2, HF Llama, HF BERT, timm
+ * ViT). A storage saved by several ops is listed once, where it is first
+ * saved. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ledger/chain_kit.h"
+
+/* A norm on x (w bytes per element). Returns the output's bytes per element
+ * and sets *out_saved when the norm itself saved its output. */
+static unsigned norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m,
+                         const ml_ck_dims *d, unsigned xflags, uint64_t *params)
+{
+    const unsigned w = ch->prec.w;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    if (m->norm == ML_NORM_LAYERNORM) {
+        /* native_layer_norm saves input, mean and rstd (fp32 per row) */
+        ml_ck_save(ch, b, "layernorm input", BTD, w, xflags);
+        ml_ck_save(ch, b, "layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+        *params = m->bias ? 2 * d->D : d->D;
+        ml_ck_tmp(ch, BTD, w);
+        return w;
+    }
+    /* HF LlamaRMSNorm: x.to(fp32); pow(2) and mul save x32; rsqrt saves its
+     * result; weight * h.to(dtype) saves the normalised h. */
+    if (w == 4) {
+        ml_ck_save(ch, b, "rmsnorm input", BTD, 4, xflags);
+        ml_ck_save(ch, b, "rmsnorm rsqrt", d->BT, 4, 0);
+        ml_ck_save(ch, b, "rmsnorm normalised", BTD, 4, 0);
+    } else {
+        ml_ck_save(ch, b, "rmsnorm fp32 copy of input", BTD, 4, 0);
+        ml_ck_save(ch, b, "rmsnorm rsqrt", d->BT, 4, 0);
+        ml_ck_save(ch, b, "rmsnorm normalised (cast back)", BTD, w, 0);
+    }
+    *params = d->D;
+    ml_ck_tmp(ch, BTD, w);
+    return w;
+}
+
+static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                    unsigned src_bpe, bool src_saved)
+{
+    const unsigned a = ch->prec.a;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D), BTF = ml_mul(ch, d->BT, d->F);
+    uint64_t DF = ml_mul(ch, d->D, d->F);
+    bool glu = m->activation == ML_ACT_SWIGLU;
+    unsigned nin = glu ? 2 : 1;
+    if (ch->prec.autocast && src_bpe == 4) {
+        for (unsigned i = 0; i < nin; i++)
+            ml_ck_save(ch, b, "MLP input (cast copy)", BTD, 2, 0);
+    } else if (!src_saved) {
+        ml_ck_save(ch, b, "MLP input", BTD, src_bpe, 0);
+    }
+    for (unsigned i = 0; i < nin + 1; i++)
+        ml_ck_weight_copy(ch, b, DF);
+    if (glu) {
+        /* down(silu(gate(x)) * up(x)): silu saves gate, mul saves silu and
+         * up, down saves the product */
+        ml_ck_save(ch, b, "gate projection output (silu input)", BTF, a, 0);
+        ml_ck_save(ch, b, "silu output", BTF, a, 0);
+        ml_ck_save(ch, b, "up projection output", BTF, a, 0);
+        ml_ck_save(ch, b, "gated product (down input)", BTF, a, 0);
+        ml_ck_param(ch, b, d->D, d->F);
+        ml_ck_param(ch, b, d->D, d->F);
+        ml_ck_param(ch, b, d->F, d->D);
+        if (m->bias) {
+            ml_ck_param(ch, b, d->F, 0);
+            ml_ck_param(ch, b, d->F, 0);
+        }
+    } else if (m->activation == ML_ACT_GELU) {
+        ml_ck_save(ch, b, "fc output (gelu input)", BTF, a, 0);
+        ml_ck_save(ch, b, "gelu output (proj input)", BTF, a, 0);
+        ml_ck_param(ch, b, d->D, d->F);
+        ml_ck_param(ch, b, d->F, d->D);
+        if (m->bias)
+            ml_ck_param(ch, b, d->F, 0);
+    } else {
+        /* relu saves its result, which is also the projection's input */
+        ml_ck_tmp(ch, BTF, a);
+        ml_ck_save(ch, b, "relu output (proj input)", BTF, a, 0);
+        ml_ck_param(ch, b, d->D, d->F);
+        ml_ck_param(ch, b, d->F, d->D);
+        if (m->bias)
+            ml_ck_param(ch, b, d->F, 0);
+    }
+    if (m->bias)
+        ml_ck_param(ch, b, d->D, 0);
+    b->flops_fwd += (double)(nin + 1) * 2.0 * (double)d->BT * (double)d->D * (double)d->F;
+    if (d->drop)
+        ml_ck_save(ch, b, "residual dropout mask", BTD, 1, 0);
+    ml_ck_tmp(ch, BTD, a);
+}
+
+/* Pre-norm block: x + attn(norm(x)); x + mlp(norm(x)). GPT-2 (layernorm,
+ * fused qkv, masked_fill causal mask), Llama (rmsnorm, separate q/k/v,
+ * additive mask, fp32 softmax), ViT (layernorm, fused qkv, no mask). */
+static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+{
+    const bool llama = m->norm == ML_NORM_RMSNORM;
+    const bool causal = m->type == ML_MODEL_DECODER;
+    uint64_t np;
+    unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np);
+    ml_ck_param(ch, b, np, 0);
+    ml_ck_attention(ch, b, m, d, nb, false, !llama, causal && !llama, llama, 0);
+    if (m->parallel_residual) {
+        /* x + attn(ln1(x)) + mlp(ln2(x)): ln2 reads the block input that
+         * ln1 already saved; only its statistics are new */
+        ml_ck_save(ch, b, "ln_2 mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+        np = m->bias ? 2 * d->D : d->D;
+        nb = ch->prec.w;
+    } else {
+        nb = norm_fwd(ch, b, m, d, 0, &np);
+    }
+    ml_ck_param(ch, b, np, 0);
+    mlp_fwd(ch, b, m, d, nb, false);
+}
+
+/* Post-norm block (BERT): x1 = LN(x + attn(x)); out = LN(x1 + mlp(x1)). */
+static void postnorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+{
+    const unsigned w = ch->prec.w;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    ml_ck_attention(ch, b, m, d, w, false, false, false, false, ML_SV_INPUT);
+    uint64_t np;
+    unsigned nb = norm_fwd(ch, b, m, d, 0, &np);
+    ml_ck_param(ch, b, np, 0);
+    mlp_fwd(ch, b, m, d, nb, false);
+    nb = norm_fwd(ch, b, m, d, 0, &np);
+    ml_ck_param(ch, b, np, 0);
+    (void)BTD;
+}
+
+/* The shapes of one training micro-batch through the model; ML_RANGE when
+ * the sequence is longer than learned positions allow. */
+static ml_status dims_of(const ml_model *m, const ml_training *t, ml_chain *ch,
+                         ml_ck_dims *d, ml_error *err)
+{
+    d->B = t->micro_batch;
+    d->T = t->seq_len;
+    if (m->image_size) {
+        uint64_t g = m->image_size / m->patch_size;
+        d->T = g * g + 1;
+    }
+    if (m->position == ML_POS_LEARNED && m->max_positions && d->T > m->max_positions) {
+        err->code = ML_RANGE;
+        snprintf(err->msg, sizeof err->msg,
+                 "training.seq_len: %llu exceeds model.max_positions (%llu) of learned positions",
+                 (unsigned long long)d->T, (unsigned long long)m->max_positions);
+        return ML_RANGE;
+    }
+    d->BT = ml_mul(ch, d->B, d->T);
+    d->D = m->hidden;
+    d->F = m->ffn;
+    d->H = m->heads;
+    d->Hkv = m->kv_heads;
+    d->dh = m->hidden / m->heads;
+    d->Dkv = d->Hkv * d->dh;
+    d->V = m->vocab;
+    d->drop = m->dropout > 0;
+    ch->B = d->B;
+    ch->T = d->T;
+    ch->c_tokens = d->BT;
+    ch->c_width = d->D;
+    return ML_OK;
+}
+
+/* ViT: conv patchify (its input needs no grad), class token, positions. */
+static void patch_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+{
+    const unsigned w = ch->prec.w;
+    uint64_t px = ml_mul(ch, ml_ck_mul3(ch, d->B, m->channels, m->image_size), m->image_size);
+    if (ch->prec.autocast)
+        ml_ck_save(ch, b, "image cast copy (patch conv input)", px, 2, 0);
+    else
+        ml_ck_save(ch, b, "image (patch conv input)", px, w, ML_SV_INPUT);
+    uint64_t kin = ml_ck_mul3(ch, m->channels, m->patch_size, m->patch_size);
+    ml_ck_param(ch, b, d->D, kin);
+    ml_ck_param(ch, b, d->D, 0);
+    ml_ck_param(ch, b, d->D, 0);                  /* class token */
+    ml_ck_param(ch, b, ml_mul(ch, d->T, d->D), 0); /* positions */
+    b->flops_fwd = 2.0 * (double)d->B * (double)(d->T - 1) * (double)kin * (double)d->D;
+    b->flops_bwd = b->flops_fwd; /* weight gradient only */
+    ml_ck_tmp(ch, ml_mul(ch, d->BT, d->D), ch->prec.a);
+    b->in_bytes = ml_mul(ch, px, w);
+}
+
+/* Token embedding with learned or rotary positions (BERT: token types and
+ * a LayerNorm). */
+static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+{
+    const unsigned w = ch->prec.w;
+    const bool enc = m->type == ML_MODEL_ENCODER;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    ml_ck_save(ch, b, "token ids (int64)", d->BT, 8, ML_SV_INPUT);
+    b->in_bytes = ml_mul(ch, d->BT, 8);
+    ml_ck_param(ch, b, d->V, d->D);
+    if (m->position == ML_POS_LEARNED) {
+        ml_ck_save(ch, b, "position ids (int64)", d->T, 8, 0);
+        ml_ck_param(ch, b, m->max_positions, d->D);
+    }
+    if (enc && m->token_types) {
+        ml_ck_save(ch, b, "token type ids (int64)", d->BT, 8, 0);
+        ml_ck_param(ch, b, m->token_types, d->D);
+    }
+    if (m->position == ML_POS_ROPE)
+        ml_ck_save(ch, b, "rotary cos and sin (shared by all blocks)",
+                   ml_ck_mul3(ch, 2, d->BT, d->dh), w, 0);
+    if (enc) {
+        /* BERT: LayerNorm(word + position + type) then dropout */
+        ml_ck_save(ch, b, "embedding layernorm input", BTD, w, 0);
+        ml_ck_save(ch, b, "embedding layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+        ml_ck_param(ch, b, d->D, 0);
+        ml_ck_param(ch, b, d->D, 0);
+    }
+    ml_ck_tmp(ch, BTD, w);
+    /* embedding backward builds a dense (V, D) gradient; with tied
+     * weights .grad already exists (head backward ran first) and it
+     * is added in place, so the dense copy is a transient */
+    if (m->tied_embeddings && !enc)
+        b->ws_bwd = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
+}
+
+static ml_status embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+{
+    const bool enc = m->type == ML_MODEL_ENCODER;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    ml_cblock *b = ml_ck_begin(ch, "embedding", -1);
+    if (!b)
+        return ML_NOMEM;
+    if (m->image_size)
+        patch_embedding(ch, b, m, d);
+    else
+        token_embedding(ch, b, m, d);
+    if (d->drop)
+        ml_ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
+    ml_ck_end(ch, b, ml_mul(ch, BTD, ch->prec.w));
+    if (!m->image_size && m->tied_embeddings && !enc) {
+        /* the tied table's gradient is created by the head's backward */
+        uint64_t g = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
+        b->grad_bytes -= g;
+    }
+    return ML_OK;
+}
+
+/* "block.<i>" without snprintf: this runs for every block of every
+ * evaluation (fit and optimal evaluate thousands of plans). */
+static void block_name(char name[48], uint64_t i)
+{
+    char digits[24];
+    size_t nd = 0;
+    do {
+        digits[nd++] = (char)('0' + i % 10);
+        i /= 10;
+    } while (i);
+    memcpy(name, "block.", 6);
+    for (size_t k = 0; k < nd; k++)
+        name[6 + k] = digits[nd - 1 - k];
+    name[6 + nd] = '\0';
+}
+
+static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+{
+    const bool enc = m->type == ML_MODEL_ENCODER;
+    const unsigned w = ch->prec.w;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    for (uint64_t i = 0; i < m->layers; i++) {
+        char name[48];
+        block_name(name, i);
+        ml_cblock *b = ml_ck_begin(ch, name, (int)i);
+        if (!b)
+            return ML_NOMEM;
+        b->in_bytes = ml_mul(ch, BTD, w);
+        if (m->prenorm)
+            prenorm_block(ch, b, m, d);
+        else
+            postnorm_block(ch, b, m, d);
+        ml_ck_end(ch, b, ml_mul(ch, BTD, w));
+        if (ch->overflow || ch->nomem)
+            break;
+    }
+    ch->n_ckpt = m->layers;
+    /* torch.utils.checkpoint saves every tensor argument of the block: the
+     * HF BERT extended mask (B, 1, 1, T) and the HF Llama causal mask, a
+     * (1, 1, T, T) tensor expanded over the batch (docs/inventory.md) */
+    if (enc && !m->image_size)
+        ch->ckpt_side = ml_mul(ch, d->BT, w);
+    else if (!enc && m->norm == ML_NORM_RMSNORM)
+        ch->ckpt_side = ml_mul(ch, ml_mul(ch, d->T, d->T), w);
+    return ML_OK;
+}
+
+/* Decoder head: final norm and the LM head (tied or not). Returns the
+ * logits' columns; *rows their rows. */
+static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                        uint64_t *rows)
+{
+    uint64_t np, BTD = ml_mul(ch, d->BT, d->D);
+    unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np);
+    ml_ck_param(ch, b, np, 0);
+    ml_ck_linear_input(ch, b, "lm head input", BTD, nb, false, 0);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
+    if (!m->tied_embeddings) {
+        ml_ck_param(ch, b, d->V, d->D);
+    } else {
+        /* the tied table's gradient is first created here; with
+         * accumulation this block's contribution is a transient */
+        b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
+        b->grad_accum_bytes = b->grad_bytes;
+    }
+    *rows = d->BT;
+    b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)d->V;
+    return d->V;
+}
+
+/* Encoder head: (ViT's final norm,) the first token, an optional pooler,
+ * dropout and the classifier. Returns the classes; *rows the logits' rows. */
+static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
+                                const ml_ck_dims *d, uint64_t *rows)
+{
+    const unsigned w = ch->prec.w, a = ch->prec.a;
+    uint64_t np, BTD = ml_mul(ch, d->BT, d->D), BD = ml_mul(ch, d->B, d->D);
+    unsigned src = w;
+    bool src_saved = false;
+    if (m->prenorm) { /* ViT: final norm, then the class token */
+        unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np);
+        ml_ck_param(ch, b, np, 0);
+        src = nb;
+    }
+    /* x[:, 0] is a view: a saving consumer keeps the whole (B, T, D)
+     * storage alive unless autocast cast it to a (B, D) copy */
+    if (m->pooler) {
+        if (ch->prec.autocast && src == 4)
+            ml_ck_save(ch, b, "pooler input (cast copy of first token)", BD, 2, 0);
+        else
+            ml_ck_save(ch, b, "pooler input (view keeps the full hidden state)", BTD, src,
+                       m->prenorm ? 0 : ML_SV_INPUT);
+        ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
+        ml_ck_param(ch, b, d->D, d->D);
+        ml_ck_param(ch, b, d->D, 0);
+        ml_ck_save(ch, b, "pooler tanh output", BD, a, 0);
+        b->flops_fwd += 2.0 * (double)d->B * (double)d->D * (double)d->D;
+        src = a;
+        src_saved = true;
+    }
+    if (d->drop) {
+        ml_ck_save(ch, b, "classifier dropout mask", BD, 1, 0);
+        src_saved = false;
+        if (!m->pooler)
+            src = w;
+        ml_ck_linear_input(ch, b, "classifier input (dropout output)", BD, src, false, 0);
+    } else if (!m->pooler) {
+        if (ch->prec.autocast && src == 4)
+            ml_ck_save(ch, b, "classifier input (cast copy of first token)", BD, 2, 0);
+        else
+            ml_ck_save(ch, b, "classifier input (view keeps the full hidden state)", BTD, src,
+                       m->prenorm ? 0 : ML_SV_INPUT);
+    } else {
+        ml_ck_linear_input(ch, b, "classifier input", BD, src, src_saved, 0);
+    }
+    ml_ck_weight_copy(ch, b, ml_mul(ch, m->classes, d->D));
+    ml_ck_param(ch, b, m->classes, d->D);
+    ml_ck_param(ch, b, m->classes, 0);
+    *rows = d->B;
+    b->flops_fwd += 2.0 * (double)d->B * (double)d->D * (double)m->classes;
+    return m->classes;
+}
+
+/* The head block, then the loss: cross-entropy = log_softmax (saves its
+ * output; autocast runs it in fp32) + nll_loss (saves the int64 targets). */
+static ml_status head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+{
+    const unsigned w = ch->prec.w, a = ch->prec.a;
+    ml_cblock *b = ml_ck_begin(ch, "head", -1);
+    if (!b)
+        return ML_NOMEM;
+    b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), w);
+    uint64_t rows; /* rows of the logits */
+    uint64_t out_classes = m->type != ML_MODEL_ENCODER ? lm_head(ch, b, m, d, &rows)
+                                                       : classifier_head(ch, b, m, d, &rows);
+    uint64_t logits = ml_mul(ch, rows, out_classes);
+    ml_ck_end(ch, b, ml_mul(ch, logits, a));
+
+    b = ml_ck_begin(ch, "loss", -1);
+    if (!b)
+        return ML_NOMEM;
+    b->fwd_phase = ML_PHASE_LOSS;
+    unsigned lsb = ch->prec.autocast ? 4 : w;
+    ml_ck_save(ch, b, "log-softmax output", logits, lsb, 0);
+    ml_ck_save(ch, b, "targets (int64)", rows, 8, 0);
+    ml_ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
+    if (ch->prec.autocast)
+        b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */
+    /* backward: grad of log-probs and grad of logits coexist */
+    b->ws_bwd = ml_mul(ch, ml_mul(ch, logits, lsb), 2);
+    b->in_bytes = ml_mul(ch, logits, a);
+    b->in_held = true; /* the model returns the logits to the caller */
+    return ML_OK;
+}
+
+ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                                     ml_error *err)
+{
+    ml_ck_dims d;
+    ml_status st = dims_of(m, &cfg->training, ch, &d, err);
+    if (st == ML_OK)
+        st = embedding_block(ch, m, &d);
+    if (st == ML_OK)
+        st = layer_blocks(ch, m, &d);
+    if (st == ML_OK)
+        st = head_and_loss(ch, m, &d);
+    if (st != ML_OK)
+        return st;
+    for (size_t i = 0; i < ch->n; i++)
+        if (ch->blocks[i].flops_bwd == 0)
+            ch->blocks[i].flops_bwd = 2.0 * ch->blocks[i].flops_fwd;
+    return ML_OK;
+}
