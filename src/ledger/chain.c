@@ -8,7 +8,7 @@
 
 #include "ledger/chain_kit.h"
 #include "memledger/calib.h"
-#include "model/tree.h"
+#include "util/error.h"
 
 /* A measured profile replaces the transformer blocks' inventories with its
  * fit at the model's shape (docs/calibration.md) when it was measured under
@@ -129,15 +129,14 @@ ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, 
     if (st == ML_OK && ch->nomem)
         st = ML_NOMEM;
     if (st == ML_OK && ch->overflow) {
-        err->code = ML_OVERFLOW;
-        snprintf(err->msg, sizeof err->msg,
-                 "byte counts exceed 64 bits for micro_batch %llu x seq_len %llu: use smaller values",
-                 (unsigned long long)cfg->training.micro_batch,
-                 (unsigned long long)cfg->training.seq_len);
-        st = ML_OVERFLOW;
+        st = ml_errorf(err, ML_OVERFLOW,
+                       "byte counts exceed 64 bits for micro_batch %llu x seq_len %llu: use "
+                       "smaller values",
+                       (unsigned long long)cfg->training.micro_batch,
+                       (unsigned long long)cfg->training.seq_len);
     }
     if (st == ML_NOMEM)
-        ml_error_at(err, NULL, ML_NOMEM, "out of memory");
+        ml_errorf(err, ML_NOMEM, "out of memory");
     if (st)
         ml_chain_free(ch);
     return st;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "ledger/chain_kit.h"
+#include "util/error.h"
 
 /* A norm on x (w bytes per element). Returns the output's bytes per element
  * and sets *out_saved when the norm itself saved its output. */
@@ -145,11 +146,10 @@ static ml_status dims_of(const ml_model *m, const ml_training *t, ml_chain *ch,
         d->T = g * g + 1;
     }
     if (m->position == ML_POS_LEARNED && m->max_positions && d->T > m->max_positions) {
-        err->code = ML_RANGE;
-        snprintf(err->msg, sizeof err->msg,
-                 "training.seq_len: %llu exceeds model.max_positions (%llu) of learned positions",
-                 (unsigned long long)d->T, (unsigned long long)m->max_positions);
-        return ML_RANGE;
+        return ml_errorf(err, ML_RANGE,
+                         "training.seq_len: %llu exceeds model.max_positions (%llu) of "
+                         "learned positions",
+                         (unsigned long long)d->T, (unsigned long long)m->max_positions);
     }
     d->BT = ml_mul(ch, d->B, d->T);
     d->D = m->hidden;

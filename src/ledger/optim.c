@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "ledger/chain.h"
+#include "util/error.h"
 
 /* bitsandbytes keeps tensors smaller than min_8bit_size (4096) in 32-bit
  * state, and quantises the rest blockwise (block of 256, one fp32 absmax
@@ -37,11 +38,9 @@ ml_status ml_optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_o
     default: break;
     }
     if (t->optimizer == ML_OPT_ADAFACTOR && t->optimizer_impl == ML_IMPL_FUSED) {
-        err->code = ML_RANGE;
-        snprintf(err->msg, sizeof err->msg,
-                 "training.optimizer_impl: torch.optim.Adafactor has no fused implementation; "
-                 "use for-loop or foreach");
-        return ML_RANGE;
+        return ml_errorf(err, ML_RANGE,
+                         "training.optimizer_impl: torch.optim.Adafactor has no fused "
+                         "implementation; use for-loop or foreach");
     }
     states = ml_mul(ch, ml_mul(ch, P, per), s);
     if (t->optimizer == ML_OPT_ADAFACTOR) {

@@ -1,4 +1,7 @@
-#include "memledger/error.h"
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "model/tree.h"
 
 static const char *const names[] = {
 #define ML_STATUS_NAME_(name, msg) "ML_" #name,
@@ -20,4 +23,16 @@ const char *ml_status_name(ml_status s)
 const char *ml_status_message(ml_status s)
 {
     return (unsigned)s < ML_STATUS_COUNT ? messages[s] : "unknown status";
+}
+
+ml_status ml_error_at(ml_error *err, const ml_node *at, ml_status code, const char *fmt, ...)
+{
+    err->code = code;
+    err->line = at ? at->line : 0;
+    err->col = at ? at->col : 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    return code;
 }

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "memledger/error.h"
+#include "util/error.h"
 
 typedef enum { ML_NODE_SCALAR, ML_NODE_MAP, ML_NODE_SEQ } ml_node_type;
 
@@ -26,18 +26,12 @@ struct ml_node {
 /* Limits that keep a hostile file bounded. */
 #define ML_TREE_MAX_DEPTH 64
 #define ML_TREE_MAX_NODES 200000
-#define ML_TREE_MAX_BYTES (16u << 20)
+#define ML_TREE_MAX_BYTES ML_INPUT_MAX_BYTES
 
 /* Parses text into *root (NULL for an empty document). Returns ML_OK,
  * ML_SYNTAX or ML_NOMEM with err filled (err->path is set by the caller). */
 ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *err);
 void ml_tree_free(ml_node *n);
-
-/* Reads a whole input file (at most ML_TREE_MAX_BYTES). Starts err afresh,
- * naming the file in err->path (so every loader's messages name it). Returns
- * a buffer the caller frees, or NULL with err's code and message set (ML_IO,
- * ML_RANGE, ML_NOMEM). */
-char *ml_read_file(const char *path, size_t *len, ml_error *err);
 
 /* Sets err (code, the node's position or 0:0, a formatted message) and
  * returns code. */

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "memledger/plan.h"
-#include "memledger/report.h"
+#include "util/error.h"
 
 ml_fit_request ml_fit_request_defaults(void)
 {
@@ -229,10 +229,8 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
         err = &local;
     memset(err, 0, sizeof *err);
     if (!cfg->device.present) {
-        err->code = ML_USAGE;
-        snprintf(err->msg, sizeof err->msg,
-                 "fit needs a device: give --device SIZE or a device: section");
-        return ML_USAGE;
+        return ml_errorf(err, ML_USAGE,
+                         "fit needs a device: give --device SIZE or a device: section");
     }
     search s = {m, *cfg, 0, err};
     ml_fit_result best;

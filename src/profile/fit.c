@@ -9,7 +9,7 @@
 
 #include "memledger/calib.h"
 #include "memledger/model.h"
-#include "model/tree.h"
+#include "util/error.h"
 #include "util/grow.h"
 
 #if defined(__GNUC__)

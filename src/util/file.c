@@ -1,11 +1,13 @@
-/* Reading an input file whole, with the size limit every parser shares. */
+/* Reading an input file whole, with the size limit every parser shares;
+ * ml_errorf. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tree.h"
+#include "util/error.h"
 
 char *ml_read_file(const char *path, size_t *len, ml_error *err)
 {
@@ -25,7 +27,7 @@ char *ml_read_file(const char *path, size_t *len, ml_error *err)
         n += fread(buf + n, 1, cap - n, f);
         if (n < cap)
             break;
-        if (cap > ML_TREE_MAX_BYTES) {
+        if (cap > ML_INPUT_MAX_BYTES) {
             too_big = true;
             break;
         }
@@ -54,11 +56,10 @@ char *ml_read_file(const char *path, size_t *len, ml_error *err)
     return buf;
 }
 
-ml_status ml_error_at(ml_error *err, const ml_node *at, ml_status code, const char *fmt, ...)
+ml_status ml_errorf(ml_error *err, ml_status code, const char *fmt, ...)
 {
     err->code = code;
-    err->line = at ? at->line : 0;
-    err->col = at ? at->col : 0;
+    err->line = err->col = 0;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err->msg, sizeof err->msg, fmt, ap);

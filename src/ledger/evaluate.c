@@ -1,0 +1,535 @@
+/* The plan of one steady-state training iteration: checks the config,
+ * builds the chain, chooses the checkpoint segments, and replays the
+ * iteration (model states, each micro-batch through replay.c, the
+ * optimizer step) into a ledger with its summary, per-block table and
+ * events (docs/ledger.md). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ledger/replay.h"
+#include "memledger/calib.h"
+#include "util/error.h"
+
+static const char *const cat_names[ML_CAT_COUNT] = {
+    "params", "master_params", "grads", "optimizer_states", "activations_saved", "recompute",
+    "workspace"};
+static const char *const phase_names[ML_PHASE_COUNT] = {"forward", "loss", "backward",
+                                                        "optimizer"};
+
+const char *ml_category_name(ml_category c)
+{
+    return (unsigned)c < ML_CAT_COUNT ? cat_names[c] : "?";
+}
+
+const char *ml_phase_name(ml_phase p)
+{
+    return (unsigned)p < ML_PHASE_COUNT ? phase_names[p] : "?";
+}
+
+uint64_t ml_ceil_div(uint64_t a, uint64_t b)
+{
+    return a / b + (a % b != 0);
+}
+
+/* Which blocks sit in checkpoint segments: seg[i] = segment id or -1. */
+ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err)
+{
+    size_t n = ch->n, nc = ch->n_ckpt;
+    for (size_t i = 0; i < n; i++)
+        seg[i] = -1;
+    uint64_t k = 0;
+    switch (cp->kind) {
+    case ML_CKPT_NONE:
+    case ML_CKPT_SELECTIVE:
+        return ML_OK;
+    case ML_CKPT_FULL: k = 1; break;
+    case ML_CKPT_EVERY: k = cp->every; break;
+    case ML_CKPT_SQRT: {
+        k = (uint64_t)ceil(sqrt((double)nc));
+        while (k > 1 && (k - 1) * (k - 1) >= nc)
+            k--;
+        while (k * k < nc)
+            k++;
+        break;
+    }
+    case ML_CKPT_LIST:
+        for (uint32_t j = 0; j < cp->count; j++) {
+            if (cp->blocks[j] >= nc) {
+                return ml_errorf(err, ML_RANGE,
+                                 "training.checkpoint: block %u does not exist; the model has "
+                                 "%zu checkpointable blocks (0 to %zu)",
+                                 cp->blocks[j], nc, nc ? nc - 1 : 0);
+            }
+            for (size_t i = 0; i < n; i++)
+                if (ch->blocks[i].ckpt_index == (int)cp->blocks[j])
+                    seg[i] = (int)cp->blocks[j];
+        }
+        return ML_OK;
+    default:
+        return ML_OK;
+    }
+    if (k == 0)
+        k = 1;
+    for (size_t i = 0; i < n; i++)
+        if (ch->blocks[i].ckpt_index >= 0)
+            seg[i] = (int)((uint64_t)ch->blocks[i].ckpt_index / k);
+    return ML_OK;
+}
+
+/* "none", "every-2", or for optimal the segments: "optimal: [0-3] [8]"
+ * (checkpoint indices). */
+static void describe_plan(const ml_chain *ch, const ml_checkpoint *cp, const int *seg, char *buf,
+                          size_t size)
+{
+    ml_checkpoint_format(cp, buf, size);
+    if (cp->kind != ML_CKPT_OPTIMAL)
+        return;
+    size_t o = strlen(buf);
+    o += (size_t)snprintf(buf + o, size > o ? size - o : 0, ":");
+    bool any = false;
+    for (size_t k = 0; k < ch->n && o < size; k++) {
+        if (seg[k] < 0 || (k > 0 && seg[k - 1] == seg[k]))
+            continue;
+        size_t e = k;
+        while (e + 1 < ch->n && seg[e + 1] == seg[k])
+            e++;
+        int a = ch->blocks[k].ckpt_index, b = ch->blocks[e].ckpt_index;
+        o += (size_t)(a == b ? snprintf(buf + o, size - o, " [%d]", a)
+                             : snprintf(buf + o, size - o, " [%d-%d]", a, b));
+        any = true;
+    }
+    if (!any && o < size)
+        snprintf(buf + o, size - o, " none");
+}
+
+static const char *validate(const ml_config *cfg)
+{
+    const ml_training *t = &cfg->training;
+    const ml_device *dv = &cfg->device;
+    if (t->micro_batch == 0 || t->micro_batch > (1ull << 24))
+        return "training.micro_batch: must be between 1 and 16777216";
+    if (t->seq_len == 0 || t->seq_len > (1ull << 28))
+        return "training.seq_len: must be between 1 and 268435456";
+    if (t->grad_accum == 0 || t->grad_accum > (1ull << 20))
+        return "training.grad_accum: must be between 1 and 1048576";
+    if ((unsigned)t->precision >= ML_PREC_COUNT || (unsigned)t->optimizer >= ML_OPT_COUNT ||
+        (unsigned)t->optimizer_impl >= ML_IMPL_COUNT ||
+        (unsigned)t->checkpoint.kind >= ML_CKPT_COUNT)
+        return "training: unknown precision, optimizer, implementation or checkpoint policy";
+    if (t->data_parallel == 0 || t->data_parallel > (1u << 20))
+        return "training.data_parallel: must be between 1 and 1048576";
+    if (t->zero > 3)
+        return "training.zero: must be 0, 1, 2 or 3";
+    if ((unsigned)t->offload >= ML_OFFLOAD_COUNT)
+        return "training.offload: unknown";
+    if (t->offload == ML_OFFLOAD_PARAMS && t->zero != 3)
+        return "training.offload: params offload needs zero: 3";
+    if (t->reduce_bucket == 0 || t->allgather_bucket == 0)
+        return "training: bucket sizes must be at least 1 element";
+    if (t->checkpoint.kind == ML_CKPT_EVERY && t->checkpoint.every == 0)
+        return "training.checkpoint: every-K needs K >= 1";
+    if (t->checkpoint.kind == ML_CKPT_OPTIMAL && !dv->present)
+        return "training.checkpoint: optimal needs a budget: give a device (--device SIZE or a "
+               "device: section)";
+    if (dv->present && dv->memory == 0)
+        return "device.memory: must be at least 1 byte";
+    if (dv->present && dv->budget > dv->memory)
+        return "device.budget: above device.memory";
+    if (dv->present && dv->runtime_reserve >= dv->memory)
+        return "device.runtime_reserve: not below device.memory";
+    if (!(dv->efficiency > 0 && dv->efficiency <= 1))
+        return "device.efficiency: must be in (0, 1]";
+    if (!(dv->fragmentation >= 0 && dv->fragmentation <= 1))
+        return "device.fragmentation: must be in [0, 1]";
+    if (!(dv->peak_tflops >= 0) || !isfinite(dv->peak_tflops))
+        return "device.peak_tflops: must be a number >= 0";
+    return NULL;
+}
+
+/* Where each boundary tensor lives under the plan (docs/ledger.md,
+ * "boundary tensors"). */
+static void boundaries(const ml_chain *ch, const int *seg, ml_boundary *bd)
+{
+    for (size_t k = 0; k < ch->n; k++) {
+        const ml_cblock *b = &ch->blocks[k];
+        bool prod = k > 0 && ch->blocks[k - 1].out_saved && seg[k - 1] < 0;
+        bool cons = b->in_saved && seg[k] < 0;
+        bool start = seg[k] >= 0 && (k == 0 || seg[k - 1] != seg[k]);
+        bd[k].kept = prod || cons || start || b->in_held;
+        bd[k].cat = (prod || cons || start) ? ML_CAT_ACTIVATIONS : ML_CAT_WORKSPACE;
+        bd[k].by_consumer = !prod && (cons || start);
+        bd[k].alias = k > 0 && ch->blocks[k - 1].identity && bd[k - 1].kept;
+    }
+}
+
+/* Parameters, master weights, gradients, optimizer states and step
+ * temporaries per device: ZeRO stage z shards states (z >= 1), gradients
+ * (z >= 2) and parameters (z = 3) over N devices; offload moves them to the
+ * host (docs/sharding.md). */
+static void model_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
+                         ml_summary *s)
+{
+    uint64_t P = 0;
+    for (size_t i = 0; i < ch->nparams; i++)
+        P = ml_add(ch, P, ch->params[i].numel);
+    s->params = P;
+    const uint64_t N = t->data_parallel ? t->data_parallel : 1;
+    const unsigned z = t->zero;
+    uint64_t params_all = ml_mul(ch, P, ch->prec.param);
+    uint64_t master_all = ml_mul(ch, P, ch->prec.master);
+    s->bytes_params = z >= 3 ? ml_ceil_div(params_all, N) : params_all;
+    s->bytes_master = z >= 1 ? ml_ceil_div(master_all, N) : master_all;
+    s->bytes_optimizer = z >= 1 ? ml_ceil_div(ob->states, N) : ob->states;
+    s->bytes_step_temp = z >= 1 ? ml_ceil_div(ob->step_temp, N) : ob->step_temp;
+    uint64_t grads_all = 0;
+    for (size_t k = 0; k < ch->n; k++)
+        grads_all = ml_add(ch, grads_all, z >= 2 ? ml_ceil_div(ch->blocks[k].grad_bytes, N)
+                                                 : ch->blocks[k].grad_bytes);
+    s->bytes_grads = grads_all;
+    if (t->offload != ML_OFFLOAD_NONE) {
+        /* ZeRO-Offload: fp32 master weights, states and the update live on
+         * the host, with an fp32 copy of the gradient partition */
+        s->bytes_host = ml_add(ch, ml_add(ch, s->bytes_master, s->bytes_optimizer),
+                               ml_ceil_div(ml_mul(ch, P, 4), z >= 1 ? N : 1));
+        s->bytes_master = s->bytes_optimizer = s->bytes_step_temp = 0;
+    }
+    if (t->offload == ML_OFFLOAD_PARAMS) {
+        s->bytes_host = ml_add(ch, s->bytes_host, s->bytes_params);
+        s->bytes_params = 0;
+    }
+}
+
+/* Bytes each device sends per step: ring collectives send (N-1)/N of the
+ * buffer (docs/sharding.md). */
+static double communication(const ml_chain *ch, const ml_training *t, uint64_t P)
+{
+    const uint64_t N = t->data_parallel ? t->data_parallel : 1;
+    const unsigned z = t->zero;
+    double f = (double)(N - 1) / (double)N, A = (double)t->grad_accum;
+    double pg = (double)P * ch->prec.grad, pp = (double)P * ch->prec.param;
+    if (N <= 1)
+        return 0;
+    if (z == 0)
+        return 2 * f * pg;            /* all-reduce, once per step */
+    if (z == 1)
+        return f * pg + f * pp;       /* reduce-scatter + all-gather */
+    if (z == 2)
+        return A * f * pg + f * pp;   /* per micro-batch reduce-scatter */
+    return A * (2 * f * pp + f * pg); /* gather fwd + bwd, reduce-scatter */
+}
+
+/* The iteration's events: model states, each micro-batch (two stand for
+ * any accumulation: the second one's are every later one's), the optimizer
+ * step, zero_grad. Returns the recompute FLOPs of one micro-batch. */
+static double iteration(ml_replay *r, const ml_training *t, const ml_summary *s)
+{
+    const ml_chain *ch = r->ch;
+    ml_replay_alloc(r, ML_CAT_PARAMS, s->bytes_params);
+    ml_replay_alloc(r, ML_CAT_MASTER, s->bytes_master);
+    ml_replay_alloc(r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
+    double flops_re = 0;
+    unsigned micros = t->grad_accum > 1 ? 2 : 1;
+    for (unsigned mb = 0; mb < micros; mb++) {
+        r->micro = mb;
+        r->flops_recompute = 0;
+        ml_replay_micro_batch(r);
+        flops_re = r->flops_recompute; /* identical for every micro-batch */
+    }
+    r->phase = ML_PHASE_OPTIMIZER;
+    r->block = -1;
+    /* ZeRO-1/2 all-gather the updated parameters through a bucket */
+    uint64_t ag = 0;
+    if (t->zero == 1 || t->zero == 2)
+        ag = ml_mul((ml_chain *)ch, t->allgather_bucket < s->params ? t->allgather_bucket
+                                                                     : s->params,
+                    ch->prec.param);
+    ml_replay_alloc(r, ML_CAT_WORKSPACE, s->bytes_step_temp);
+    ml_replay_free(r, ML_CAT_WORKSPACE, s->bytes_step_temp);
+    ml_replay_alloc(r, ML_CAT_WORKSPACE, ag);
+    ml_replay_free(r, ML_CAT_WORKSPACE, ag);
+    ml_replay_free(r, ML_CAT_GRADS, r->live[ML_CAT_GRADS]); /* zero_grad(set_to_none=True) */
+    return flops_re;
+}
+
+/* Out of memory, overflow, or a replay that does not balance. */
+static ml_status replay_status(const ml_replay *r, const ml_chain *ch, ml_error *err)
+{
+    if (r->nomem)
+        return ml_errorf(err, ML_NOMEM, "out of memory");
+    if (r->overflow || ch->overflow)
+        return ml_errorf(err, ML_OVERFLOW,
+                         "byte counts exceed 64 bits: use a smaller micro_batch or seq_len");
+    if (r->underflow || r->live[ML_CAT_GRADS] || r->live[ML_CAT_ACTIVATIONS] ||
+        r->live[ML_CAT_RECOMPUTE] || r->live[ML_CAT_WORKSPACE]) {
+        /* the schedule freed something twice or leaked: a planner bug */
+        return ml_errorf(err, ML_RANGE, "internal: the replay does not balance");
+    }
+    return ML_OK;
+}
+
+/* FLOPs of the step and its time: peak x efficiency, or a profile's
+ * measured throughput (docs/flops.md). */
+static void flops_and_time(const ml_chain *ch, const ml_config *cfg, double flops_re,
+                           ml_summary *s)
+{
+    const ml_training *t = &cfg->training;
+    const ml_device *dv = &cfg->device;
+    double ff = 0, fb = 0;
+    for (size_t k = 0; k < ch->n; k++) {
+        ff += ch->blocks[k].flops_fwd;
+        fb += ch->blocks[k].flops_bwd;
+    }
+    double A = (double)t->grad_accum;
+    s->flops_forward = ff * A;
+    s->flops_backward = fb * A;
+    s->flops_recompute = flops_re * A;
+    s->flops_total = s->flops_forward + s->flops_backward + s->flops_recompute;
+    s->flops_per_micro_batch = s->flops_total / A;
+    s->step_time_s = dv->peak_tflops > 0
+                         ? s->flops_total / (dv->peak_tflops * 1e12 * dv->efficiency)
+                         : -1.0;
+    s->calibrated_blocks = ch->calibrated;
+    s->calibrated_c = ch->calib_c;
+    s->calibrated_at_shape = ch->calib_exact;
+    s->calibration_note = cfg->calib ? ch->calib_note : NULL;
+    if (cfg->calib && ml_profile_achieved_tflops(cfg->calib) > 0) {
+        /* measured throughput replaces peak x efficiency */
+        s->step_time_s = s->flops_total / (ml_profile_achieved_tflops(cfg->calib) * 1e12);
+        s->time_measured = true;
+    }
+}
+
+/* The peak total (fragmentation allowance, runtime reserve) and whether it
+ * fits the device. */
+static ml_status verdict(const ml_chain *ch, const ml_device *dv, ml_summary *s, ml_error *err)
+{
+    s->runtime_reserve = dv->runtime_reserve;
+    /* the caching allocator's reserved bytes over its allocated peak */
+    double frag = (double)s->peak * dv->fragmentation;
+    s->fragmentation = frag < 1.8e19 ? (uint64_t)llround(frag) : UINT64_MAX;
+    if (__builtin_add_overflow(s->peak, s->runtime_reserve, &s->peak_total) ||
+        __builtin_add_overflow(s->peak_total, s->fragmentation, &s->peak_total)) {
+        return ml_errorf(err, ML_OVERFLOW,
+                         "peak plus fragmentation allowance and runtime reserve exceeds 64 "
+                         "bits");
+    }
+    s->has_device = dv->present;
+    if (dv->present) {
+        s->memory = dv->memory;
+        s->budget = ml_device_budget(dv);
+        s->device_limit = ml_device_limit(dv);
+        s->fits = s->peak <= s->budget && s->peak_total <= s->memory;
+        int64_t h1 = (int64_t)s->budget - (int64_t)s->peak;
+        int64_t h2 = (int64_t)s->memory - (int64_t)s->peak_total;
+        s->headroom = h1 < h2 ? h1 : h2;
+    }
+    s->c_tokens = ch->c_tokens;
+    s->c_width = ch->c_width;
+    s->c_dtype_bytes = ch->prec.a;
+    s->plan_fits_budget = !dv->present || s->fits;
+    return ML_OK;
+}
+
+/* The per-block report: inventory and c without a plan, and what the plan
+ * keeps of each block at the end of forward. */
+static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
+{
+    const ml_chain *ch = x->ch;
+    const size_t n = ch->n;
+    const ml_boundary *bd = x->bd;
+    const bool selective = x->cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE;
+    double norm = (double)ch->c_tokens * (double)ch->c_width * (double)ch->prec.a;
+    for (size_t k = 0; k < n; k++) {
+        const ml_cblock *b = &ch->blocks[k];
+        ml_block_info *bi = &l->blocks[k];
+        memcpy(bi->name, b->name, sizeof bi->name);
+        bi->params = b->params;
+        bi->checkpointed = seg[k] >= 0;
+        bi->segment = seg[k];
+        bi->ckpt_index = b->ckpt_index;
+        bi->measured = b->measured;
+        bi->flops_forward = b->flops_fwd;
+        /* inventory without a plan: a boundary counts with the block that
+         * saves it first, the producer when it saves its own output (the
+         * module running when autograd saved it) */
+        uint64_t inv = b->saved_bytes;
+        if (b->in_saved && !(k > 0 && ch->blocks[k - 1].out_saved))
+            inv += b->in_bytes;
+        if (b->out_saved && k + 1 < n)
+            inv += ch->blocks[k + 1].in_bytes;
+        bi->inventory_bytes = inv;
+        bi->c = norm > 0 ? (double)inv / norm : 0;
+        uint64_t kept = seg[k] < 0 ? b->saved_bytes - (selective ? b->core_bytes : 0) : 0;
+        if (bd[k].kept && bd[k].cat == ML_CAT_ACTIVATIONS && bd[k].by_consumer && !bd[k].alias)
+            kept += b->in_bytes;
+        if (k + 1 < n && bd[k + 1].kept && bd[k + 1].cat == ML_CAT_ACTIVATIONS &&
+            !bd[k + 1].by_consumer && !bd[k + 1].alias)
+            kept += ch->blocks[k + 1].in_bytes;
+        if ((int)k == x->side_block)
+            kept += ch->ckpt_side;
+        bi->activations_saved = kept;
+    }
+    l->nblocks = n;
+}
+
+ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
+                      ml_error *err)
+{
+    ml_chain *ch = (ml_chain *)x->ch; /* only the overflow flag changes */
+    const ml_training *t = &x->cfg->training;
+    const size_t n = ch->n;
+    memset(x->recomputed, 0, (n + 1) * sizeof *x->recomputed);
+    memset(x->held, 0, (n + 1) * sizeof *x->held);
+    boundaries(ch, seg, x->bd);
+
+    ml_summary *s = &l->sum;
+    memset(s, 0, sizeof *s);
+    l->nevents = 0;
+    model_states(ch, t, &x->ob, s);
+    const uint64_t N = t->data_parallel ? t->data_parallel : 1;
+    const unsigned z = t->zero;
+    /* the side inputs a checkpoint keeps (attention masks): once, with the
+     * first checkpointed block (docs/ledger.md) */
+    x->side_block = -1;
+    for (size_t k = 0; k < n && ch->ckpt_side; k++)
+        if (seg[k] >= 0) {
+            x->side_block = (int)k;
+            break;
+        }
+    ml_shard sh = {N, z, z >= 2, z >= 3, ch->prec.param, 0, x->side_block, ch->ckpt_side};
+    if (z >= 2) {
+        uint64_t e = t->reduce_bucket < s->params ? t->reduce_bucket : s->params;
+        sh.reduce_ws = ml_mul(ch, e, ch->prec.grad);
+    }
+    s->comm_bytes = communication(ch, t, s->params);
+    s->peak_block = -1;
+
+    ml_replay r;
+    memset(&r, 0, sizeof r);
+    r.l = l;
+    r.ch = ch;
+    r.sh = &sh;
+    r.seg = seg;
+    r.bd = x->bd;
+    r.selective = t->checkpoint.kind == ML_CKPT_SELECTIVE;
+    r.held = x->held;
+    r.held_cat = x->held_cat;
+    r.recomputed = x->recomputed;
+    r.keep = keep_events;
+    r.block = -1;
+    r.sub = "";
+    r.phase = ML_PHASE_FORWARD;
+    double flops_re = iteration(&r, t, s);
+    s->bytes_activations = r.act_end;
+    if (s->peak_block >= 0)
+        snprintf(s->peak_step, sizeof s->peak_step, "%s%s", ch->blocks[s->peak_block].name,
+                 r.peak_sub ? r.peak_sub : "");
+    else
+        snprintf(s->peak_step, sizeof s->peak_step, "optimizer.step");
+    ml_status st = replay_status(&r, ch, err);
+    if (st)
+        return st;
+    flops_and_time(ch, x->cfg, flops_re, s);
+    if ((st = verdict(ch, &x->cfg->device, s, err)))
+        return st;
+    block_table(x, seg, l);
+    describe_plan(ch, &t->checkpoint, seg, s->plan, sizeof s->plan);
+    return ML_OK;
+}
+
+ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_events,
+                             ml_ledger **out, ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    const char *bad = validate(cfg);
+    if (bad) {
+        return ml_errorf(err, ML_RANGE, "%s", bad);
+    }
+    const ml_training *t = &cfg->training;
+    ml_chain ch;
+    ml_status st = ml_chain_build(m, cfg, &ch, err);
+    if (st)
+        return st;
+    ml_evalctx x;
+    memset(&x, 0, sizeof x);
+    x.ch = &ch;
+    x.cfg = cfg;
+    if ((st = ml_optim_bytes_of(&ch, t, &x.ob, err))) {
+        ml_chain_free(&ch);
+        return st;
+    }
+    ml_ledger *l = calloc(1, sizeof *l);
+    int *seg = calloc(ch.n + 1, sizeof *seg);
+    x.bd = calloc(ch.n + 1, sizeof *x.bd);
+    x.recomputed = calloc(ch.n + 1, sizeof *x.recomputed);
+    x.held = calloc(ch.n + 1, sizeof *x.held);
+    x.held_cat = calloc(ch.n + 1, sizeof *x.held_cat);
+    if (l)
+        l->blocks = calloc(ch.n + 1, sizeof *l->blocks);
+    if (!l || !seg || !x.bd || !x.recomputed || !x.held || !x.held_cat || !l->blocks) {
+        st = ML_NOMEM;
+        ml_errorf(err, ML_NOMEM, "out of memory");
+        goto done;
+    }
+    bool opt_fits = true;
+    if (t->checkpoint.kind == ML_CKPT_OPTIMAL)
+        st = ml_eval_optimal(&x, seg, l, &opt_fits, err);
+    else
+        st = ml_eval_segments(&ch, &t->checkpoint, seg, err);
+    if (st)
+        goto done;
+    if ((st = ml_eval_run(&x, seg, keep_events, l, err)))
+        goto done;
+    if (t->checkpoint.kind == ML_CKPT_OPTIMAL)
+        l->sum.plan_fits_budget = opt_fits;
+    *out = l;
+    l = NULL;
+done:
+    free(seg);
+    free(x.bd);
+    free(x.recomputed);
+    free(x.held);
+    free(x.held_cat);
+    ml_ledger_destroy(l);
+    ml_chain_free(&ch);
+    return st;
+}
+
+void ml_ledger_destroy(ml_ledger *l)
+{
+    if (!l)
+        return;
+    free(l->blocks);
+    free(l->events);
+    free(l);
+}
+
+const ml_summary *ml_ledger_summary(const ml_ledger *l)
+{
+    return &l->sum;
+}
+
+size_t ml_ledger_block_count(const ml_ledger *l)
+{
+    return l->nblocks;
+}
+
+const ml_block_info *ml_ledger_block(const ml_ledger *l, size_t i)
+{
+    return i < l->nblocks ? &l->blocks[i] : NULL;
+}
+
+size_t ml_ledger_event_count(const ml_ledger *l)
+{
+    return l->nevents;
+}
+
+const ml_event *ml_ledger_events(const ml_ledger *l)
+{
+    return l->events;
+}

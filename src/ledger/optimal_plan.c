@@ -1,0 +1,190 @@
+/* checkpoint: optimal on a chain: the solver's model of the chain (from
+ * the replay's own quantities), the solve, the replay of its plan, and the
+ * fallback to fixed policies (docs/optimal.md). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ledger/optimal.h"
+#include "ledger/replay.h"
+#include "util/error.h"
+
+/* The chain model of ledger/optimal.h for this chain and config. Quantities
+ * are the replay's own (docs/optimal.md, "from the ledger"): the solver's
+ * plan is then replayed and checked against the budget. */
+static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *ob, size_t *lo_out,
+                      size_t *hi_out, ml_opt_chain *oc)
+{
+    const ml_chain *ch = x->ch;
+    const ml_training *t = &x->cfg->training;
+    const size_t n = ch->n;
+    const uint64_t N = t->data_parallel;
+    const bool accum = t->grad_accum > 1, gsh = t->zero >= 2;
+    size_t lo = n, hi = 0;
+    for (size_t k = 0; k < n; k++)
+        if (ch->blocks[k].ckpt_index >= 0) {
+            if (lo == n)
+                lo = k;
+            hi = k + 1;
+        }
+    *lo_out = lo;
+    *hi_out = hi;
+    /* resident: states, params, and with accumulation every gradient */
+    uint64_t R = res->bytes_params + res->bytes_master + res->bytes_optimizer +
+                 (accum ? res->bytes_grads : 0);
+    uint64_t gather = 0; /* ZeRO-3: the largest pair of gathered blocks */
+    if (t->zero >= 3)
+        for (size_t k = 0; k + 1 < n; k++) {
+            uint64_t e = (ch->blocks[k].params + ch->blocks[k + 1].params) * ch->prec.param;
+            if (e > gather)
+                gather = e;
+        }
+    uint64_t reduce = 0;
+    if (gsh) {
+        uint64_t e = t->reduce_bucket < res->params ? t->reduce_bucket : res->params;
+        reduce = e * ch->prec.grad;
+    }
+    /* what a block keeps when not checkpointed, boundaries included */
+#define KEEP(k)                                                                               \
+    (ch->blocks[k].saved_bytes + (ch->blocks[k].in_saved ? ch->blocks[k].in_bytes : 0) +      \
+     ((k) + 1 < n && ch->blocks[k].out_saved && !ch->blocks[(k) + 1].in_saved                 \
+          ? ch->blocks[(k) + 1].in_bytes                                                      \
+          : 0))
+#define GRAD(k) (gsh ? ml_ceil_div(ch->blocks[k].grad_bytes, N) : ch->blocks[k].grad_bytes)
+    uint64_t E = 0; /* kept by the blocks before the range (embedding) */
+    for (size_t k = 0; k < lo; k++)
+        E += KEEP(k);
+    /* gradients created after block k's backward has started: blocks > k */
+    uint64_t later = 0;
+    for (size_t k = n; k-- > hi;)
+        later += accum ? 0 : GRAD(k);
+    for (size_t k = hi; k-- > lo;) {
+        const ml_cblock *b = &ch->blocks[k];
+        ml_opt_block *o = &ob[k - lo];
+        uint64_t out = k + 1 < n ? ch->blocks[k + 1].in_bytes : 0;
+        o->keep = KEEP(k);
+        o->input = b->in_bytes;
+        o->recomp = o->keep - (b->in_saved ? b->in_bytes : 0);
+        o->fwd = b->in_bytes + b->saved_bytes + b->ws_fwd + out + gather;
+        o->fwd_ng = b->in_bytes + b->ws_nograd + out + gather;
+        uint64_t g = accum ? b->grad_accum_bytes : GRAD(k);
+        o->bwd = b->ws_bwd + g + (gsh ? b->grad_bytes : 0) + gather + reduce;
+        o->base_b = R + E + later;
+        o->flops = b->flops_fwd;
+        later += accum ? 0 : GRAD(k);
+    }
+    /* the tail (head, loss): everything kept before it stays live */
+    uint64_t tail = 0, kept_tail = 0, g_tail = 0;
+    for (size_t k = hi; k < n; k++) {
+        const ml_cblock *b = &ch->blocks[k];
+        uint64_t out = k + 1 < n ? ch->blocks[k + 1].in_bytes : 0;
+        uint64_t f = kept_tail + b->in_bytes + b->saved_bytes + b->ws_fwd + out;
+        if (f > tail)
+            tail = f;
+        kept_tail += KEEP(k) + (b->in_held && !b->in_saved ? b->in_bytes : 0);
+    }
+    for (size_t k = n; k-- > hi;) {
+        const ml_cblock *b = &ch->blocks[k];
+        uint64_t g = accum ? b->grad_accum_bytes : GRAD(k);
+        uint64_t bw = kept_tail + b->ws_bwd + g_tail + g + (gsh ? b->grad_bytes : 0) + reduce;
+        if (bw > tail)
+            tail = bw;
+        g_tail += accum ? 0 : GRAD(k);
+    }
+#undef KEEP
+#undef GRAD
+    oc->n = hi - lo;
+    oc->blk = ob;
+    oc->base_f = R + E;
+    oc->base_t = R + E + tail + gather;
+    /* the replay checks the limit's rounding */
+    oc->budget = res->budget < res->device_limit ? res->budget : res->device_limit;
+}
+
+/* checkpoint: optimal. Solves on the chain model, replays the plan, and
+ * tightens the model's budget by any excess until the replay fits (a few
+ * rounds at most). Otherwise falls back to the fixed policies: the one with
+ * the least recompute that fits, else the one with the lowest peak; *fits
+ * tells whether the plan fits. */
+ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err)
+{
+    const ml_chain *ch = x->ch;
+    const size_t n = ch->n;
+    for (size_t k = 0; k < n; k++)
+        seg[k] = -1;
+    /* residents from a plain replay */
+    ml_status st = ml_eval_run(x, seg, false, l, err);
+    if (st)
+        return st;
+    ml_summary res = l->sum;
+    ml_opt_block *ob = calloc(n ? n : 1, sizeof *ob);
+    int *oseg = calloc(n ? n : 1, sizeof *oseg);
+    if (!ob || !oseg) {
+        free(ob);
+        free(oseg);
+        return ml_errorf(err, ML_NOMEM, "out of memory");
+    }
+    size_t lo, hi;
+    ml_opt_chain oc;
+    opt_model(x, &res, ob, &lo, &hi, &oc);
+    const uint64_t target = oc.budget;
+    *fits = false;
+    for (int round = 0; round < 8 && !*fits; round++) {
+        bool feasible = false;
+        double cost = 0;
+        if ((st = ml_opt_solve(&oc, 0, oseg, &cost, &feasible)))
+            break;
+        if (!feasible)
+            break;
+        for (size_t k = 0; k < n; k++)
+            seg[k] = k >= lo && k < hi ? oseg[k - lo] : -1;
+        if ((st = ml_eval_run(x, seg, false, l, err)))
+            break;
+        uint64_t peak = l->sum.peak;
+        if (l->sum.fits) {
+            *fits = true;
+            break;
+        }
+        uint64_t over = peak > target ? peak - target : 1;
+        if (over >= oc.budget)
+            break;
+        oc.budget -= over;
+    }
+    free(ob);
+    free(oseg);
+    if (st)
+        return st;
+    if (*fits)
+        return ML_OK;
+    /* the chain model found no plan under the line (it is conservative: the
+     * replay can admit what the model rejects): the fixed policy with the
+     * least recompute among those whose replay fits, else the lowest peak */
+    static const ml_checkpoint_kind kinds[] = {ML_CKPT_FULL, ML_CKPT_SQRT, ML_CKPT_EVERY,
+                                               ML_CKPT_EVERY, ML_CKPT_NONE};
+    static const uint32_t every[] = {0, 0, 2, 4, 0};
+    uint64_t best = UINT64_MAX;
+    double best_fit = INFINITY;
+    int *tmp = calloc(n ? n : 1, sizeof *tmp);
+    if (!tmp) {
+        return ml_errorf(err, ML_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        ml_checkpoint cp;
+        memset(&cp, 0, sizeof cp);
+        cp.kind = kinds[i];
+        cp.every = every[i];
+        if ((st = ml_eval_segments(ch, &cp, tmp, err)) || (st = ml_eval_run(x, tmp, false, l, err)))
+            break;
+        if (l->sum.fits && l->sum.flops_recompute < best_fit) {
+            best_fit = l->sum.flops_recompute;
+            *fits = true;
+            memcpy(seg, tmp, n * sizeof *seg);
+        } else if (!*fits && l->sum.peak < best) {
+            best = l->sum.peak;
+            memcpy(seg, tmp, n * sizeof *seg);
+        }
+    }
+    free(tmp);
+    return st;
+}
+

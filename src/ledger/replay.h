@@ -1,0 +1,93 @@
+/* The replay engine (replay.c) and what the plan entry point (evaluate.c)
+ * and the optimal planner (optimal_plan.c) share. Internal to src/ledger/.
+ * The rules: docs/ledger.md. */
+#ifndef ML_REPLAY_H
+#define ML_REPLAY_H
+
+#include "ledger/chain.h"
+
+struct ml_ledger {
+    ml_summary sum;
+    ml_block_info *blocks;
+    size_t nblocks;
+    ml_event *events;
+    size_t nevents, cap;
+};
+
+/* Per-device sharding (docs/sharding.md). */
+typedef struct {
+    uint64_t N;            /* data-parallel degree */
+    unsigned zero;
+    bool grads_sharded;    /* zero >= 2 */
+    bool gather_params;    /* zero == 3: all-gather each block's params */
+    unsigned pbytes;       /* param dtype bytes */
+    uint64_t reduce_ws;    /* reduce-scatter bucket during backward */
+    int side_block;        /* first checkpointed block: keeps the side inputs */
+    uint64_t side_bytes;   /* tensors every checkpoint keeps once (masks) */
+} ml_shard;
+
+/* The rules of docs/ledger.md, "boundary tensors": boundary k is block k's
+ * input (block k-1's output). */
+typedef struct {
+    bool alias;     /* the same storage as the previous boundary, which is kept */
+    bool kept;      /* resident after its consumer's forward */
+    ml_category cat;
+    bool by_consumer; /* attributed to the consumer block */
+} ml_boundary;
+
+/* One replay: the live bytes per category and the events it writes into
+ * the ledger, walking the chain under a segment plan (seg[k]: the
+ * checkpoint segment of block k, -1 when not checkpointed). */
+typedef struct {
+    ml_ledger *l;
+    const ml_chain *ch;
+    const ml_shard *sh;
+    const int *seg;
+    const ml_boundary *bd;
+    bool selective;          /* checkpoint: selective (the attention core) */
+    /* per boundary k, n + 1 entries each */
+    uint64_t *held;          /* bytes of boundary k still allocated, 0 once freed */
+    ml_category *held_cat;   /* the category boundary k is counted in */
+    uint64_t *recomputed;    /* bytes of boundary k's copy made by a recompute */
+    /* results of a micro-batch */
+    double flops_recompute;  /* recompute FLOPs of this micro-batch */
+    uint64_t act_end;        /* activations live at the end of forward */
+    /* running state */
+    uint64_t live[ML_CAT_COUNT];
+    uint64_t total;
+    ml_phase phase;
+    int32_t block;
+    uint32_t micro;
+    const char *sub; /* "" or " (recompute)" */
+    const char *peak_sub;
+    bool keep, nomem, overflow, underflow;
+} ml_replay;
+
+void ml_replay_alloc(ml_replay *r, ml_category c, uint64_t b);
+void ml_replay_free(ml_replay *r, ml_category c, uint64_t b);
+/* Forward and backward of one micro-batch (r->micro: its index). */
+void ml_replay_micro_batch(ml_replay *r);
+
+/* What one evaluation needs besides the segment plan. */
+typedef struct {
+    const ml_chain *ch;
+    const ml_config *cfg;
+    ml_optim_bytes ob;
+    /* scratch, n + 1 entries each */
+    ml_boundary *bd;
+    uint64_t *recomputed, *held;
+    ml_category *held_cat;
+    int side_block; /* set by ml_eval_run */
+} ml_evalctx;
+
+/* Which blocks sit in checkpoint segments under a fixed policy. */
+ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err);
+/* Replays the chain under the plan seg[] into l (summary, blocks, events). */
+ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
+                      ml_error *err);
+/* checkpoint: optimal (optimal_plan.c): fills seg[], *fits. */
+ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err);
+
+uint64_t ml_ceil_div(uint64_t a, uint64_t b);
+
+#endif

@@ -1,0 +1,26 @@
+/* Filling an ml_error, and reading an input file whole: the two things
+ * every layer's error path needs, without the YAML tree (model/tree.h adds
+ * positions in a document). */
+#ifndef ML_UTIL_ERROR_H
+#define ML_UTIL_ERROR_H
+
+#include <stddef.h>
+
+#include "memledger/error.h"
+
+/* The largest input file any loader reads. */
+#define ML_INPUT_MAX_BYTES (16u << 20)
+
+/* Sets err (code, no position, a formatted message) and returns code. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+ml_status ml_errorf(ml_error *err, ml_status code, const char *fmt, ...);
+
+/* Reads a whole input file (at most ML_INPUT_MAX_BYTES). Starts err afresh,
+ * naming the file in err->path (so every loader's messages name it). Returns
+ * a buffer the caller frees, or NULL with err's code and message set (ML_IO,
+ * ML_RANGE, ML_NOMEM). */
+char *ml_read_file(const char *path, size_t *len, ml_error *err);
+
+#endif
