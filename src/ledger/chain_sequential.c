@@ -235,10 +235,6 @@ static tref *seq_layers(seqctx *s, const ml_layer *ls, size_t n, tref *x, ml_sha
     return x;
 }
 
-static const char *const kind_names[ML_L_KIND_COUNT] = {
-    "linear", "conv2d",  "batchnorm", "layernorm", "relu",     "gelu",      "silu",
-    "dropout", "maxpool", "avgpool",   "flatten",   "residual", "embedding", "attention"};
-
 /* The loss on the model output x: cross-entropy (log_softmax + nll_loss)
  * or mean squared error. */
 static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
@@ -293,7 +289,7 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
     ml_status st = ML_OK;
     for (size_t i = 0; i < m->nseq && !ch->overflow && !ch->nomem; i++) {
         char name[48];
-        snprintf(name, sizeof name, "%zu:%s", i, kind_names[m->seq[i].kind]);
+        snprintf(name, sizeof name, "%zu:%s", i, ml_layer_kind_name(m->seq[i].kind));
         ml_cblock *b = ml_ck_begin(ch, name, (int)i);
         if (!b) {
             st = ML_NOMEM;

@@ -80,11 +80,21 @@ struct ml_model {
 };
 
 void ml_layers_free(ml_layer *layers, size_t n);
+/* "linear", "conv2d", ...: the YAML name of a layer kind (schema_layers.c). */
+const char *ml_layer_kind_name(ml_layer_kind k);
+
+/* Limits of the model file that keep every product representable
+ * (docs/ledger.md, "robustness"). */
+#define ML_MAX_LAYERS 100000ull
+#define ML_MAX_HIDDEN (1ull << 20)
+#define ML_MAX_FFN (1ull << 24)
+#define ML_MAX_VOCAB (1ull << 28)
+#define ML_MAX_TOKENS (1ull << 28)
+#define ML_MAX_BATCH (1ull << 24)
 
 /* Reads a YAML document holding only training: and device: sections (and an
  * optional name:) into m->config (schema.c). */
 ml_status ml_schema_settings(const char *text, size_t len, const char *path, ml_model *m,
                              ml_error *err);
-
 
 #endif
