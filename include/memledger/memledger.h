@@ -11,7 +11,6 @@
 #include "model.h"
 #include "plan.h"
 #include "report.h"
-
-#define ML_VERSION "0.1.0"
+#include "memledger/version.h"
 
 #endif

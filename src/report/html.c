@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "memledger/report.h"
+#include "memledger/version.h"
 #include "report/svg_internal.h"
 
 static const char *B(uint64_t v, char *buf)
@@ -228,7 +229,7 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         }
         fputs("</p>\n", f);
     }
-    fputs("<p class=\"note\">memledger " "0.1.0" ": every figure is derived in the project's docs/ "
+    fputs("<p class=\"note\">memledger " ML_VERSION ": every figure is derived in the project's docs/ "
           "(inventory, ledger, FLOPs).</p>\n",
           f);
     fprintf(f, "<script>\n%s</script>\n</body></html>\n", script);
