@@ -159,6 +159,40 @@ def replan(ml, base):
         ", ".join("%+.1f %%" % e for e in now if abs(e) > 5) or "none"))
 
 
+def three_peaks(ml, runs, title, logits):
+    """Plans each run with an evaluation pass at its own shape and the
+    given --logits; prints the first-iteration, steady and evaluation
+    errors against the measured max_memory_allocated of each phase."""
+    tmp = tempfile.mkdtemp()
+    table(title, ["model", "B×T", "attention", "ckpt", "precision", "AdamW",
+                  "first iteration", "steady", "evaluation"])
+    calib = {False: os.path.join(here, "profiles", "h200-fp32.yaml"),
+             True: os.path.join(here, "profiles", "h200-bf16.yaml")}
+    errs = {"first_iteration": [], "steady": [], "eval": []}
+    meas_key = {"first_iteration": "first", "steady": "steady", "eval": "eval"}
+    for r in runs:
+        case = CASES[r["model"]]
+        p = tvp.plan(ml, case, r["attn"], r["ckpt"], r["amp"], r["impl"], calib[r["amp"]], tmp,
+                     extra=("--logits", logits, "--eval-batch", str(case[4]),
+                            "--eval-seq-len", str(case[3])))
+        row = []
+        for k in ("first_iteration", "steady", "eval"):
+            e = err(p["peaks"][k], r["measured"][meas_key[k]]["allocated"])
+            errs[k].append(e)
+            row.append("%+.1f %%" % e)
+        print(tvp.label(r) + " " + " | ".join(row) + " |")
+    shutil.rmtree(tmp)
+    print()
+    for k, name in (("first_iteration", "first iteration"), ("steady", "steady state"),
+                    ("eval", "evaluation")):
+        v = errs[k]
+        close = [e for e in v if abs(e) <= 5]
+        print("- %s: %d of %d within 5 %% (%s); the others: %s." % (
+            name, len(close), len(v), span(close),
+            ", ".join("%+.1f %%" % e for e in v if abs(e) > 5) or "none"))
+    print()
+
+
 def main():
     d = sys.argv[1]
     base = load(os.path.join(d, "results.jsonl"))
@@ -173,6 +207,11 @@ def main():
         logits_kept(base, kept)
     if len(sys.argv) > 2:
         replan(sys.argv[2], base)
+        if kept:
+            three_peaks(sys.argv[2], kept, "The three peaks, planned now with --logits kept: "
+                        "the loop that keeps the output", "kept")
+        three_peaks(sys.argv[2], base, "The three peaks, planned now with --logits kept: "
+                    "the campaign's loop (output deleted between backward and step)", "kept")
 
 
 if __name__ == "__main__":

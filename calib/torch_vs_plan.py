@@ -229,7 +229,7 @@ def measure(case, attn, ckpt, amp, impl, trace_path=None, loop="released"):
     return r
 
 
-def plan(ml, case, attn, ckpt, amp, impl, calib, tmp, cfg=None):
+def plan(ml, case, attn, ckpt, amp, impl, calib, tmp, cfg=None, extra=()):
     path = os.path.join(tmp, "config.json")
     with open(path, "w") as f:
         json.dump(config_json(case, attn, cfg), f)
@@ -239,6 +239,7 @@ def plan(ml, case, attn, ckpt, amp, impl, calib, tmp, cfg=None):
             "--device", "141GB", "--format", "json"]
     if calib:
         args += ["--calib", calib]
+    args += list(extra)
     out = subprocess.run(args, capture_output=True, text=True)
     if out.stdout:
         return json.loads(out.stdout)

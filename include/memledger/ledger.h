@@ -68,6 +68,17 @@ typedef struct ml_event {
     uint64_t live[ML_CAT_COUNT];
 } ml_event;
 
+/* Which of the iteration's peaks the verdict uses: the largest. */
+typedef enum ml_peak_kind {
+    ML_PEAK_STEADY,          /* a steady-state iteration (`peak`) */
+    ML_PEAK_FIRST_ITERATION, /* the first: optimizer states created by its step() */
+    ML_PEAK_EVAL,            /* the evaluation pass (training.eval_batch) */
+    ML_PEAK_KIND_COUNT
+} ml_peak_kind;
+
+/* "steady", "first_iteration", "eval". */
+ML_API const char *ml_peak_kind_name(ml_peak_kind k);
+
 typedef struct ml_summary {
     uint64_t params;                 /* parameter count */
     /* resident and end-of-forward bytes */
@@ -119,6 +130,13 @@ typedef struct ml_summary {
     uint64_t c_tokens;               /* B*T */
     uint64_t c_width;                /* D (hidden or per-sample input width) */
     unsigned c_dtype_bytes;          /* b */
+    /* the peaks besides the steady state's (docs/ledger.md, "first iteration
+     * and evaluation"); appended, so the fields above keep their offsets */
+    uint64_t peak_first_iteration;   /* the first iteration's allocator peak */
+    bool has_eval;                   /* an evaluation pass was planned */
+    uint64_t peak_eval;              /* its allocator peak (0 without one) */
+    ml_peak_kind binding;            /* the largest of the three; peak_total,
+                                        fits and headroom are computed from it */
 } ml_summary;
 
 typedef struct ml_ledger ml_ledger;

@@ -74,6 +74,17 @@ typedef enum ml_offload {
     ML_OFFLOAD_COUNT
 } ml_offload;
 
+/* What the training loop does with the model output (the logits) once the
+ * loss is computed (docs/ledger.md, "the loop's references"). */
+typedef enum ml_logits {
+    ML_LOGITS_KEPT,     /* held until the iteration ends (a plain loop, nanoGPT) */
+    ML_LOGITS_RELEASED, /* dropped once the loss is computed (HF Trainer, Lightning,
+                           torchtitan) */
+    ML_LOGITS_FUSED,    /* a chunked linear-cross-entropy: never whole (refused: not
+                           modelled yet) */
+    ML_LOGITS_COUNT
+} ml_logits;
+
 typedef struct ml_training {
     uint64_t micro_batch;   /* samples per forward/backward */
     uint64_t seq_len;       /* tokens per sample (transformers) */
@@ -90,6 +101,10 @@ typedef struct ml_training {
     ml_offload offload;
     uint64_t reduce_bucket;        /* elements; DeepSpeed reduce_bucket_size 5e8 */
     uint64_t allgather_bucket;     /* elements; DeepSpeed allgather_bucket_size 5e8 */
+    ml_logits logits;              /* the loop's reference to the model output */
+    /* the evaluation pass (model.eval(), no_grad); 0: none planned */
+    uint64_t eval_batch;           /* samples per evaluation forward */
+    uint64_t eval_seq_len;         /* tokens per evaluation sample; 0: seq_len */
 } ml_training;
 
 typedef struct ml_device {
@@ -117,7 +132,7 @@ typedef struct ml_config {
 
 /* Defaults: micro_batch 1, seq_len 1 (overridden by the model), grad_accum 1,
  * fp32, adamw, foreach, no checkpointing, data_parallel 1, zero 0, no
- * offload, buckets of 5e8 elements; no device, runtime_reserve 512 MiB,
+ * offload, buckets of 5e8 elements, logits kept, no evaluation pass; no device, runtime_reserve 512 MiB,
  * efficiency 1.0. */
 ML_API ml_config ml_config_defaults(void);
 
@@ -176,6 +191,7 @@ ML_API const char *ml_precision_name(ml_precision p);
 ML_API const char *ml_optimizer_name(ml_optimizer o);
 ML_API const char *ml_optimizer_impl_name(ml_optimizer_impl i);
 ML_API const char *ml_offload_name(ml_offload o);
+ML_API const char *ml_logits_name(ml_logits l);
 ML_API bool ml_offload_parse(const char *s, ml_offload *out);
 /* Writes the policy's YAML spelling ("every-2", "[0, 3]") into buf. */
 ML_API void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size);

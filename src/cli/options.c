@@ -64,6 +64,9 @@ static const struct {
     {"--calib", offsetof(ml_cli_opts, calib)},
     {"--reduce-bucket-size", offsetof(ml_cli_opts, reduce_bucket)},
     {"--allgather-bucket-size", offsetof(ml_cli_opts, allgather_bucket)},
+    {"--logits", offsetof(ml_cli_opts, logits)},
+    {"--eval-batch", offsetof(ml_cli_opts, eval_batch)},
+    {"--eval-seq-len", offsetof(ml_cli_opts, eval_seq_len)},
 };
 
 static int usage_error(const char *verb, const char *fmt, const char *arg)
@@ -272,6 +275,23 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
     if (!rc && o->allgather_bucket)
         rc = ml_cli_whole("--allgather-bucket-size", o->allgather_bucket, 1, 1ull << 40,
                           &t->allgather_bucket);
+    if (!rc && o->logits) {
+        if (!strcmp(o->logits, "kept"))
+            t->logits = ML_LOGITS_KEPT;
+        else if (!strcmp(o->logits, "released"))
+            t->logits = ML_LOGITS_RELEASED;
+        else if (!strcmp(o->logits, "fused"))
+            rc = bad_flag("--logits", "fused (a chunked linear-cross-entropy) is not modelled "
+                                      "yet; use kept or released");
+        else
+            rc = bad_flag("--logits", "unknown; use kept or released");
+    }
+    if (!rc && o->eval_batch)
+        rc = ml_cli_whole("--eval-batch", o->eval_batch, 1, 1u << 24, &t->eval_batch);
+    if (!rc && o->eval_seq_len)
+        rc = ml_cli_whole("--eval-seq-len", o->eval_seq_len, 1, 1u << 28, &t->eval_seq_len);
+    if (!rc && o->eval_seq_len && !t->eval_batch)
+        rc = bad_flag("--eval-seq-len", "needs an evaluation pass: add --eval-batch N");
     if (!rc && o->offload && !ml_offload_parse(o->offload, &t->offload))
         rc = bad_flag("--offload", "unknown; use none, optimizer or params");
     if (!rc && t->offload == ML_OFFLOAD_PARAMS && t->zero != 3)

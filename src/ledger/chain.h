@@ -63,6 +63,8 @@ typedef struct {
     uint64_t grad_accum_bytes; /* gradients it produces into existing .grad (accumulation) */
     double flops_fwd, flops_bwd, flops_core;
     bool measured;           /* saved bytes from a calibration profile */
+    uint64_t cache_bytes;    /* keys and values the forward returns (HF use_cache):
+                                held by the output in evaluation */
 } ml_cblock;
 
 typedef struct {

@@ -264,6 +264,9 @@ static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
     if (ch->prec.autocast)
         b->ws_fwd = ml_mul(ch, x->elems, 4);
     b->ws_bwd = ml_mul(ch, ml_mul(ch, x->elems, lsb), 2);
+    /* under no_grad (evaluation) what the loss saves is transient, beside
+     * the fp32 cast */
+    b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
     return ML_OK;
 }
 

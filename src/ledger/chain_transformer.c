@@ -278,6 +278,8 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
         else
             postnorm_block(ch, b, m, d);
         ml_ck_end(ch, b, ml_mul(ch, BTD, w));
+        if (m->kv_cache)
+            b->cache_bytes = ml_mul(ch, ml_mul(ch, 2, ml_mul(ch, d->BT, d->Dkv)), ch->prec.a);
         if (ch->overflow || ch->nomem)
             break;
     }
@@ -395,6 +397,9 @@ static ml_status head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
         b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */
     /* backward: grad of log-probs and grad of logits coexist */
     b->ws_bwd = ml_mul(ch, ml_mul(ch, logits, lsb), 2);
+    /* under no_grad (evaluation) what the loss saves is transient, beside
+     * the fp32 cast */
+    b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
     b->in_bytes = ml_mul(ch, logits, a);
     b->in_held = true; /* the model returns the logits to the caller */
     return ML_OK;

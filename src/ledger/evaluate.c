@@ -28,6 +28,12 @@ const char *ml_phase_name(ml_phase p)
     return (unsigned)p < ML_PHASE_COUNT ? phase_names[p] : "?";
 }
 
+const char *ml_peak_kind_name(ml_peak_kind k)
+{
+    static const char *const names[ML_PEAK_KIND_COUNT] = {"steady", "first_iteration", "eval"};
+    return (unsigned)k < ML_PEAK_KIND_COUNT ? names[k] : "?";
+}
+
 uint64_t ml_ceil_div(uint64_t a, uint64_t b)
 {
     return a / b + (a % b != 0);
@@ -128,6 +134,15 @@ static const char *validate(const ml_config *cfg)
         return "training.offload: params offload needs zero: 3";
     if (t->reduce_bucket == 0 || t->allgather_bucket == 0)
         return "training: bucket sizes must be at least 1 element";
+    if ((unsigned)t->logits >= ML_LOGITS_COUNT)
+        return "training.logits: unknown; use kept or released";
+    if (t->logits == ML_LOGITS_FUSED)
+        return "training.logits: fused (a chunked linear-cross-entropy) is not modelled yet; use "
+               "kept or released";
+    if (t->eval_batch > (1ull << 24))
+        return "training.eval_batch: must be between 1 and 16777216";
+    if (t->eval_seq_len > (1ull << 28))
+        return "training.eval_seq_len: must be between 1 and 268435456";
     if (t->checkpoint.kind == ML_CKPT_EVERY && t->checkpoint.every == 0)
         return "training.checkpoint: every-K needs K >= 1";
     if (t->checkpoint.kind == ML_CKPT_OPTIMAL && !dv->present)
@@ -150,14 +165,14 @@ static const char *validate(const ml_config *cfg)
 
 /* Where each boundary tensor lives under the plan (docs/ledger.md,
  * "boundary tensors"). */
-static void boundaries(const ml_chain *ch, const int *seg, ml_boundary *bd)
+static void boundaries(const ml_chain *ch, const int *seg, bool held, ml_boundary *bd)
 {
     for (size_t k = 0; k < ch->n; k++) {
         const ml_cblock *b = &ch->blocks[k];
         bool prod = k > 0 && ch->blocks[k - 1].out_saved && seg[k - 1] < 0;
         bool cons = b->in_saved && seg[k] < 0;
         bool start = seg[k] >= 0 && (k == 0 || seg[k - 1] != seg[k]);
-        bd[k].kept = prod || cons || start || b->in_held;
+        bd[k].kept = prod || cons || start || (held && b->in_held);
         bd[k].cat = (prod || cons || start) ? ML_CAT_ACTIVATIONS : ML_CAT_WORKSPACE;
         bd[k].by_consumer = !prod && (cons || start);
         bd[k].alias = k > 0 && ch->blocks[k - 1].identity && bd[k - 1].kept;
@@ -239,6 +254,10 @@ static double iteration(ml_replay *r, const ml_training *t, const ml_summary *s)
     }
     r->phase = ML_PHASE_OPTIMIZER;
     r->block = -1;
+    /* the first iteration's step() creates the states: from here on it
+     * holds what the steady iteration holds */
+    if (r->total > r->peak_first)
+        r->peak_first = r->total;
     /* ZeRO-1/2 all-gather the updated parameters through a bucket */
     uint64_t ag = 0;
     if (t->zero == 1 || t->zero == 2)
@@ -250,6 +269,9 @@ static double iteration(ml_replay *r, const ml_training *t, const ml_summary *s)
     ml_replay_alloc(r, ML_CAT_WORKSPACE, ag);
     ml_replay_free(r, ML_CAT_WORKSPACE, ag);
     ml_replay_free(r, ML_CAT_GRADS, r->live[ML_CAT_GRADS]); /* zero_grad(set_to_none=True) */
+    /* logits: kept — the loop's reference ends with the iteration */
+    ml_replay_free(r, r->prev_out_cat, r->prev_out);
+    r->prev_out = 0;
     return flops_re;
 }
 
@@ -306,10 +328,21 @@ static void flops_and_time(const ml_chain *ch, const ml_config *cfg, double flop
 static ml_status verdict(const ml_chain *ch, const ml_device *dv, ml_summary *s, ml_error *err)
 {
     s->runtime_reserve = dv->runtime_reserve;
+    /* the largest of the steady, first-iteration and evaluation peaks */
+    uint64_t peak = s->peak;
+    s->binding = ML_PEAK_STEADY;
+    if (s->peak_first_iteration > peak) {
+        peak = s->peak_first_iteration;
+        s->binding = ML_PEAK_FIRST_ITERATION;
+    }
+    if (s->has_eval && s->peak_eval > peak) {
+        peak = s->peak_eval;
+        s->binding = ML_PEAK_EVAL;
+    }
     /* the caching allocator's reserved bytes over its allocated peak */
-    double frag = (double)s->peak * dv->fragmentation;
+    double frag = (double)peak * dv->fragmentation;
     s->fragmentation = frag < 1.8e19 ? (uint64_t)llround(frag) : UINT64_MAX;
-    if (__builtin_add_overflow(s->peak, s->runtime_reserve, &s->peak_total) ||
+    if (__builtin_add_overflow(peak, s->runtime_reserve, &s->peak_total) ||
         __builtin_add_overflow(s->peak_total, s->fragmentation, &s->peak_total)) {
         return ml_errorf(err, ML_OVERFLOW,
                          "peak plus fragmentation allowance and runtime reserve exceeds 64 "
@@ -320,8 +353,8 @@ static ml_status verdict(const ml_chain *ch, const ml_device *dv, ml_summary *s,
         s->memory = dv->memory;
         s->budget = ml_device_budget(dv);
         s->device_limit = ml_device_limit(dv);
-        s->fits = s->peak <= s->budget && s->peak_total <= s->memory;
-        int64_t h1 = (int64_t)s->budget - (int64_t)s->peak;
+        s->fits = peak <= s->budget && s->peak_total <= s->memory;
+        int64_t h1 = (int64_t)s->budget - (int64_t)peak;
         int64_t h2 = (int64_t)s->memory - (int64_t)s->peak_total;
         s->headroom = h1 < h2 ? h1 : h2;
     }
@@ -374,6 +407,103 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
     l->nblocks = n;
 }
 
+/* Scratch of one evaluation pass: n + 1 entries each. */
+typedef struct {
+    int *seg;
+    ml_boundary *bd;
+    uint64_t *held, *recomputed;
+    ml_category *held_cat;
+} eval_scratch;
+
+static void eval_scratch_free(eval_scratch *e)
+{
+    free(e->seg);
+    free(e->bd);
+    free(e->held);
+    free(e->recomputed);
+    free(e->held_cat);
+}
+
+static bool eval_scratch_alloc(eval_scratch *e, size_t n)
+{
+    e->seg = calloc(n + 1, sizeof *e->seg);
+    e->bd = calloc(n + 1, sizeof *e->bd);
+    e->held = calloc(n + 1, sizeof *e->held);
+    e->recomputed = calloc(n + 1, sizeof *e->recomputed);
+    e->held_cat = calloc(n + 1, sizeof *e->held_cat);
+    return e->seg && e->bd && e->held && e->recomputed && e->held_cat;
+}
+
+/* model.eval() under torch.no_grad(): every block runs as a checkpointed
+ * block's first forward does (nothing saved, its would-be saved tensors
+ * transient), each boundary freed once consumed, except the model output,
+ * which the evaluation loop keeps (to compute the loss and metrics). The
+ * resident states are the training's: parameters, master weights and the
+ * optimizer states the steps before created; no gradients (zero_grad
+ * set them to None). */
+ml_status ml_eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err)
+{
+    const ml_training *t = &x->cfg->training;
+    x->has_eval = t->eval_batch > 0;
+    x->eval_peak = 0;
+    if (!x->has_eval)
+        return ML_OK;
+    ml_config ec = *x->cfg;
+    ec.training.micro_batch = t->eval_batch;
+    ec.training.seq_len = t->eval_seq_len ? t->eval_seq_len : t->seq_len;
+    ec.training.checkpoint.kind = ML_CKPT_NONE;
+    ml_chain ch;
+    ml_status st = ml_chain_build(m, &ec, &ch, err);
+    if (st)
+        return st;
+    const size_t n = ch.n;
+    eval_scratch e;
+    memset(&e, 0, sizeof e);
+    ml_ledger sl;
+    memset(&sl, 0, sizeof sl);
+    if (!eval_scratch_alloc(&e, n)) {
+        eval_scratch_free(&e);
+        ml_chain_free(&ch);
+        return ml_errorf(err, ML_NOMEM, "out of memory");
+    }
+    for (size_t k = 0; k < n; k++) {
+        e.bd[k].kept = ch.blocks[k].in_held;
+        e.bd[k].cat = ML_CAT_WORKSPACE;
+        e.bd[k].alias = k > 0 && ch.blocks[k - 1].identity && e.bd[k - 1].kept;
+    }
+    ml_summary *s = &sl.sum;
+    model_states(&ch, &ec.training, &x->ob, s);
+    const uint64_t N = t->data_parallel ? t->data_parallel : 1;
+    ml_shard sh = {N, t->zero, t->zero >= 2, t->zero >= 3, ch.prec.param, 0, -1, 0};
+    ml_replay r;
+    memset(&r, 0, sizeof r);
+    r.l = &sl;
+    r.ch = &ch;
+    r.sh = &sh;
+    r.seg = e.seg;
+    r.bd = e.bd;
+    r.held = e.held;
+    r.held_cat = e.held_cat;
+    r.recomputed = e.recomputed;
+    r.hold_cache = true;
+    r.block = -1;
+    r.sub = "";
+    r.phase = ML_PHASE_FORWARD;
+    ml_replay_alloc(&r, ML_CAT_PARAMS, s->bytes_params);
+    ml_replay_alloc(&r, ML_CAT_MASTER, s->bytes_master);
+    ml_replay_alloc(&r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
+    ml_replay_forward(&r);
+    x->eval_peak = s->peak;
+    bool overflow = r.overflow || ch.overflow;
+    eval_scratch_free(&e);
+    ml_chain_free(&ch);
+    if (overflow)
+        return ml_errorf(err, ML_OVERFLOW,
+                         "byte counts exceed 64 bits in the evaluation pass: use a smaller "
+                         "eval_batch or eval_seq_len");
+    return ML_OK;
+}
+
 ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
                       ml_error *err)
 {
@@ -382,7 +512,7 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
     const size_t n = ch->n;
     memset(x->recomputed, 0, (n + 1) * sizeof *x->recomputed);
     memset(x->held, 0, (n + 1) * sizeof *x->held);
-    boundaries(ch, seg, x->bd);
+    boundaries(ch, seg, t->logits == ML_LOGITS_KEPT, x->bd);
 
     ml_summary *s = &l->sum;
     memset(s, 0, sizeof *s);
@@ -414,6 +544,7 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
     r.seg = seg;
     r.bd = x->bd;
     r.selective = t->checkpoint.kind == ML_CKPT_SELECTIVE;
+    r.keep_output = t->logits == ML_LOGITS_KEPT;
     r.held = x->held;
     r.held_cat = x->held_cat;
     r.recomputed = x->recomputed;
@@ -431,6 +562,9 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
     ml_status st = replay_status(&r, ch, err);
     if (st)
         return st;
+    s->peak_first_iteration = r.peak_first;
+    s->has_eval = x->has_eval;
+    s->peak_eval = x->eval_peak;
     flops_and_time(ch, x->cfg, flops_re, s);
     if ((st = verdict(ch, &x->cfg->device, s, err)))
         return st;
@@ -459,7 +593,7 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
     memset(&x, 0, sizeof x);
     x.ch = &ch;
     x.cfg = cfg;
-    if ((st = ml_optim_bytes_of(&ch, t, &x.ob, err))) {
+    if ((st = ml_optim_bytes_of(&ch, t, &x.ob, err)) || (st = ml_eval_pass(m, &x, err))) {
         ml_chain_free(&ch);
         return st;
     }

@@ -54,6 +54,13 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *
     uint64_t E = 0; /* kept by the blocks before the range (embedding) */
     for (size_t k = 0; k < lo; k++)
         E += KEEP(k);
+    /* logits: kept — the model output the loop holds through every block's
+     * backward */
+    uint64_t held = 0;
+    if (t->logits == ML_LOGITS_KEPT)
+        for (size_t k = hi; k < n; k++)
+            if (ch->blocks[k].in_held)
+                held += ch->blocks[k].in_bytes;
     /* gradients created after block k's backward has started: blocks > k */
     uint64_t later = 0;
     for (size_t k = n; k-- > hi;)
@@ -69,7 +76,7 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *
         o->fwd_ng = b->in_bytes + b->ws_nograd + out + gather;
         uint64_t g = accum ? b->grad_accum_bytes : GRAD(k);
         o->bwd = b->ws_bwd + g + (gsh ? b->grad_bytes : 0) + gather + reduce;
-        o->base_b = R + E + later;
+        o->base_b = R + E + held + later;
         o->flops = b->flops_fwd;
         later += accum ? 0 : GRAD(k);
     }

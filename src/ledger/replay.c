@@ -19,6 +19,12 @@ static void event(ml_replay *r, ml_category c, int64_t delta)
             r->overflow = true;
         if (r->live[c] > s->category_max[c])
             s->category_max[c] = r->live[c];
+        /* the first iteration: the same events without the optimizer
+         * states before the step creates them */
+        uint64_t first = r->phase == ML_PHASE_OPTIMIZER ? r->total
+                                                         : r->total - r->live[ML_CAT_OPTIMIZER];
+        if (first > r->peak_first)
+            r->peak_first = first;
         if (r->total > s->peak) {
             s->peak = r->total;
             s->peak_phase = r->phase;
@@ -97,20 +103,23 @@ static void boundary_alloc(ml_replay *r, size_t k, uint64_t bytes)
     ml_replay_alloc(r, r->held_cat[k], bytes);
 }
 
-/* Frees boundary k and the recompute's copy of it, if still allocated. */
+/* Frees boundary k and the recompute's copy of it, if still allocated; the
+ * model output the loop holds (logits: kept) stays. */
 static void boundary_release(ml_replay *r, size_t k)
 {
     if (r->recomputed[k]) {
         ml_replay_free(r, ML_CAT_RECOMPUTE, r->recomputed[k]);
         r->recomputed[k] = 0;
     }
+    if (r->keep_output && r->ch->blocks[k].in_held)
+        return;
     if (r->held[k]) {
         ml_replay_free(r, r->held_cat[k], r->held[k]);
         r->held[k] = 0;
     }
 }
 
-static void forward(ml_replay *r)
+void ml_replay_forward(ml_replay *r)
 {
     const ml_chain *ch = r->ch;
     const ml_shard *sh = r->sh;
@@ -139,9 +148,16 @@ static void forward(ml_replay *r)
             boundary_alloc(r, k + 1, r->bd[k + 1].alias ? 0 : B[k + 1].in_bytes);
         ml_replay_free(r, ML_CAT_WORKSPACE, ws);
         ml_replay_free(r, ML_CAT_WORKSPACE, gat);
+        if (r->hold_cache) /* the output's keys and values; autocast's weight copies */
+            ml_replay_alloc(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes);
         if (!r->bd[k].kept) {
             ml_replay_free(r, r->held_cat[k], r->held[k]);
             r->held[k] = 0;
+        }
+        /* the loop rebinds its reference once this loss is computed */
+        if (b->in_held && r->prev_out) {
+            ml_replay_free(r, r->prev_out_cat, r->prev_out);
+            r->prev_out = 0;
         }
     }
     r->act_end = r->live[ML_CAT_ACTIVATIONS];
@@ -236,11 +252,18 @@ void ml_replay_micro_batch(ml_replay *r)
 {
     const size_t n = r->ch->n;
     r->sub = "";
-    forward(r);
+    ml_replay_forward(r);
     r->phase = ML_PHASE_BACKWARD;
     r->block = (int32_t)(n - 1);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
     for (size_t k = n; k-- > 0;)
         backward_block(r, k);
     ml_replay_free(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
+    /* logits: kept — what the loop still holds after backward */
+    for (size_t k = 0; k < n && r->keep_output; k++)
+        if (r->ch->blocks[k].in_held && r->held[k]) {
+            r->prev_out = r->held[k];
+            r->prev_out_cat = r->held_cat[k];
+            r->held[k] = 0;
+        }
 }

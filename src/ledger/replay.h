@@ -45,13 +45,22 @@ typedef struct {
     const int *seg;
     const ml_boundary *bd;
     bool selective;          /* checkpoint: selective (the attention core) */
+    bool keep_output;        /* logits: kept — the loop holds the model output */
+    bool hold_cache;         /* evaluation: the output holds each layer's keys and
+                                values (cache_bytes) */
     /* per boundary k, n + 1 entries each */
     uint64_t *held;          /* bytes of boundary k still allocated, 0 once freed */
     ml_category *held_cat;   /* the category boundary k is counted in */
     uint64_t *recomputed;    /* bytes of boundary k's copy made by a recompute */
+    /* the model output a previous micro-batch's loop still holds (logits:
+     * kept), freed once this micro-batch's loss is computed */
+    uint64_t prev_out;
+    ml_category prev_out_cat;
     /* results of a micro-batch */
     double flops_recompute;  /* recompute FLOPs of this micro-batch */
     uint64_t act_end;        /* activations live at the end of forward */
+    uint64_t peak_first;     /* the first iteration's peak: optimizer states exist
+                                only from the first step() on */
     /* running state */
     uint64_t live[ML_CAT_COUNT];
     uint64_t total;
@@ -65,6 +74,9 @@ typedef struct {
 
 void ml_replay_alloc(ml_replay *r, ml_category c, uint64_t b);
 void ml_replay_free(ml_replay *r, ml_category c, uint64_t b);
+/* The forward of one micro-batch; blocks with seg[k] >= 0 run under
+ * no_grad (nothing saved). */
+void ml_replay_forward(ml_replay *r);
 /* Forward and backward of one micro-batch (r->micro: its index). */
 void ml_replay_micro_batch(ml_replay *r);
 
@@ -78,7 +90,16 @@ typedef struct {
     uint64_t *recomputed, *held;
     ml_category *held_cat;
     int side_block; /* set by ml_eval_run */
+    /* the evaluation pass, planned once (it does not depend on the
+     * checkpoint plan): ml_eval_pass */
+    bool has_eval;
+    uint64_t eval_peak;
 } ml_evalctx;
+
+/* The evaluation pass (training.eval_batch): the resident model states and
+ * one forward under no_grad at the evaluation shape, the loop holding the
+ * model output. Sets x->has_eval and x->eval_peak. */
+ml_status ml_eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err);
 
 /* Which blocks sit in checkpoint segments under a fixed policy. */
 ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err);

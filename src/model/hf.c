@@ -125,6 +125,10 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
                     supported);
     ml_status st;
     m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;
+    /* PretrainedConfig: use_cache defaults to true; the decoders return
+     * past_key_values unless training with gradient checkpointing */
+    m->kv_cache = m->type == ML_MODEL_DECODER;
+    bool_of(r, "use_cache", &m->kv_cache);
     if ((st = attention_of(r, m, err)))
         return st;
     if ((st = uint_of(err, r, KEYS("num_hidden_layers", "n_layer"), true, 1, 100000, &m->layers)) ||

@@ -67,6 +67,8 @@ struct ml_model {
     bool tied_embeddings, bias, pooler;
     bool qkv_bias;          /* biases on the q/k/v projections (default: bias) */
     bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, GPT-J) */
+    bool kv_cache;          /* the forward returns every layer's keys and values
+                               (HF use_cache, on by default for decoders) */
     ml_attention attention;
     double dropout;
     /* sequential */

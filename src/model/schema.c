@@ -151,7 +151,8 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
                                        "precision",      "optimizer",     "optimizer_impl",
                                        "checkpoint",     "data_parallel", "zero",
                                        "offload",        "reduce_bucket_size",
-                                       "allgather_bucket_size"};
+                                       "allgather_bucket_size", "logits",
+                                       "eval_batch",     "eval_seq_len"};
     ml_status st;
     if ((st = ml_tree_need_map(err, t, "training")) ||
         (st = ml_tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
@@ -164,8 +165,22 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
         (st = ml_tree_uint(err, t, "reduce_bucket_size", "training", 1, 1ull << 40,
                            &tr->reduce_bucket)) ||
         (st = ml_tree_uint(err, t, "allgather_bucket_size", "training", 1, 1ull << 40,
-                           &tr->allgather_bucket)))
+                           &tr->allgather_bucket)) ||
+        (st = ml_tree_uint(err, t, "eval_batch", "training", 1, ML_MAX_BATCH, &tr->eval_batch)) ||
+        (st = ml_tree_uint(err, t, "eval_seq_len", "training", 1, ML_MAX_TOKENS,
+                           &tr->eval_seq_len)))
         return st;
+    const char *logits_names[ML_LOGITS_COUNT];
+    for (unsigned i = 0; i < ML_LOGITS_COUNT; i++)
+        logits_names[i] = ml_logits_name((ml_logits)i);
+    unsigned lg = tr->logits;
+    if ((st = ml_tree_enum(err, t, "logits", "training", logits_names, ML_LOGITS_COUNT, &lg)))
+        return st;
+    if (lg == ML_LOGITS_FUSED)
+        return ml_error_at(err, ml_tree_get(t, "logits"), ML_SCHEMA,
+                           "training.logits: fused (a chunked linear-cross-entropy) is not "
+                           "modelled yet; use kept or released");
+    tr->logits = (ml_logits)lg;
     uint64_t zero = tr->zero;
     if ((st = ml_tree_uint(err, t, "zero", "training", 0, 3, &zero)))
         return st;

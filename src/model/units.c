@@ -100,6 +100,7 @@ static const char *const opt_names[ML_OPT_COUNT] = {
     "sgd", "sgd-momentum", "adam", "adamw", "adafactor", "adam-8bit", "lion"};
 static const char *const impl_names[ML_IMPL_COUNT] = {"for-loop", "foreach", "fused"};
 static const char *const offload_names[ML_OFFLOAD_COUNT] = {"none", "optimizer", "params"};
+static const char *const logits_names[ML_LOGITS_COUNT] = {"kept", "released", "fused"};
 
 const char *ml_precision_name(ml_precision p)
 {
@@ -117,6 +118,11 @@ const char *ml_optimizer_impl_name(ml_optimizer_impl i)
 const char *ml_offload_name(ml_offload o)
 {
     return (unsigned)o < ML_OFFLOAD_COUNT ? offload_names[o] : "?";
+}
+
+const char *ml_logits_name(ml_logits l)
+{
+    return (unsigned)l < ML_LOGITS_COUNT ? logits_names[l] : "?";
 }
 
 static bool lookup(const char *const *names, unsigned n, const char *s, unsigned *out)
@@ -267,6 +273,7 @@ ml_config ml_config_defaults(void)
     c.training.offload = ML_OFFLOAD_NONE;
     c.training.reduce_bucket = 500000000;    /* DeepSpeed reduce_bucket_size */
     c.training.allgather_bucket = 500000000; /* DeepSpeed allgather_bucket_size */
+    c.training.logits = ML_LOGITS_KEPT;
     c.device.runtime_reserve = 512ull << 20;
     c.device.efficiency = 1.0;
     return c;

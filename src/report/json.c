@@ -46,8 +46,10 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl));
     ml_json_string(f, ck);
-    fprintf(f, ", \"data_parallel\": %llu, \"zero\": %u, \"offload\": \"%s\"},\n",
-            (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));
+    fprintf(f, ", \"data_parallel\": %llu, \"zero\": %u, \"offload\": \"%s\", "
+               "\"logits\": \"%s\"},\n",
+            (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload),
+            ml_logits_name(t->logits));
     fputs(" \"plan\": ", f);
     ml_json_string(f, s->plan);
     fprintf(f, ", \"plan_fits_budget\": %s,\n", s->plan_fits_budget ? "true" : "false");
@@ -83,7 +85,13 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     for (int c = 0; c < ML_CAT_COUNT; c++)
         fprintf(f, "%s\"%s\": %llu", c ? ", " : "", ml_category_name((ml_category)c),
                 (unsigned long long)s->peak_breakdown[c]);
-    fputs("}},\n \"blocks\": [", f);
+    fprintf(f, "}},\n \"peaks\": {\"steady\": %llu, \"first_iteration\": %llu, \"eval\": ",
+            (unsigned long long)s->peak, (unsigned long long)s->peak_first_iteration);
+    if (s->has_eval)
+        fprintf(f, "%llu", (unsigned long long)s->peak_eval);
+    else
+        fputs("null", f);
+    fprintf(f, ", \"binding\": \"%s\"},\n \"blocks\": [", ml_peak_kind_name(s->binding));
     size_t n = ml_ledger_block_count(l);
     for (size_t i = 0; i < n; i++) {
         const ml_block_info *b = ml_ledger_block(l, i);

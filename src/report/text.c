@@ -124,7 +124,17 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         fprintf(f, "  %-22s %12s   (%g x the peak)\n", "+ fragmentation", B(s->fragmentation, a),
                 cfg->device.fragmentation);
     fprintf(f, "  %-22s %12s\n", "+ runtime reserve", B(s->runtime_reserve, a));
-    fprintf(f, "  %-22s %12s\n\n", "= peak total", B(s->peak_total, a));
+    fprintf(f, "  %-22s %12s%s\n", "= peak total", B(s->peak_total, a),
+            s->binding == ML_PEAK_STEADY ? ""
+            : s->binding == ML_PEAK_EVAL  ? "   (from the evaluation peak, which binds)"
+                                          : "   (from the first iteration's peak, which binds)");
+    fprintf(f, "  first iteration        %12s   (optimizer states created by its step)\n",
+            B(s->peak_first_iteration, a));
+    if (s->has_eval)
+        fprintf(f, "  evaluation             %12s   (no_grad, batch %llu x %llu, output kept)\n",
+                B(s->peak_eval, a), (unsigned long long)t->eval_batch,
+                (unsigned long long)(t->eval_seq_len ? t->eval_seq_len : t->seq_len));
+    fputc('\n', f);
 
     ml_format_flops(s->flops_forward, a, sizeof a);
     ml_format_flops(s->flops_backward, b2, sizeof b2);

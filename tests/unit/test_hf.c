@@ -215,6 +215,41 @@ static void test_attn_implementation(void **state)
     assert_null(m);
 }
 
+static uint64_t eval_peak_of(const char *use_cache)
+{
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": "
+             "176, \"vocab_size\": 5000, \"max_position_embeddings\": 32%s%s}",
+             use_cache ? ", \"use_cache\": " : "", use_cache ? use_cache : "");
+    ml_model *m = NULL;
+    ml_error e;
+    if (load_json(json, "training:\n  micro_batch: 2\n  seq_len: 32\n  eval_batch: 2\n", &m,
+                  &e) != ML_OK)
+        fail_msg("%s", e.msg);
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, false);
+    assert_true(ml_ledger_summary(l)->has_eval);
+    uint64_t peak = ml_ledger_summary(l)->peak_eval;
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    return peak;
+}
+
+/* use_cache (true unless the config says false): the evaluation output
+ * holds every layer's keys and values. Here 2 layers x (K and V) x B*T = 64
+ * tokens x 2 key/value heads x 16 = 32 values x 4 B = 32,768 B more at the
+ * evaluation peak, which is at the loss (the 64 x 5000 logits and their
+ * log-softmax, 2.56 MB, dwarf every block). */
+static void test_use_cache(void **state)
+{
+    (void)state;
+    uint64_t with = eval_peak_of(NULL), off = eval_peak_of("false");
+    assert_int_equal(eval_peak_of("true"), with);
+    assert_int_equal(with - off, 2ull * 2 * 64 * 32 * 4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -222,6 +257,7 @@ int main(void)
         cmocka_unit_test(test_mapping),
         cmocka_unit_test(test_errors_and_training),
         cmocka_unit_test(test_attn_implementation),
+        cmocka_unit_test(test_use_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -98,6 +98,19 @@ static void test_invariants_every_preset_and_policy(void **state)
                 }
                 if (k != 5) /* segments: recompute = their forward */
                     assert_rel_close(s->flops_recompute, ckpt_fwd * (double)accum, 1e-12);
+                /* a loop that releases the output never peaks higher than
+                 * one that keeps it under the same plan (optimal may choose
+                 * another plan for each); the first iteration never above
+                 * the steady one */
+                assert_true(s->peak_first_iteration <= s->peak);
+                ml_config cr = c;
+                cr.training.logits = ML_LOGITS_RELEASED;
+                ml_ledger *lr = eval(m, &cr, true);
+                check_events(presets[p], policies[k], lr);
+                const ml_summary *sr = ml_ledger_summary(lr);
+                if (c.training.checkpoint.kind != ML_CKPT_OPTIMAL)
+                    assert_true(sr->peak <= s->peak);
+                ml_ledger_destroy(lr);
                 ml_ledger_destroy(l);
             }
         }
@@ -162,12 +175,15 @@ static void test_checkpoint_lowers_gpt2_peak(void **state)
  *   linear 16->4: 48 + 2*192 = 432; loss: 2 x 48 (grad of y twice) = 96.
  * Gradients: W1 128 x 4 = 512 (block 0), W2 64 x 4 = 256 (block 2).
  * Forward: 768 + 96 + 192 + 192 + 48 + target 48 = 1344.
- * Backward, loss: +96 -48 (target) -48 (y) -96 -> 1248.
- *   block 2: +432 +256 = 1936, then -192 (a) -432 -> 1312.
- *   block 1: +576 = 1888, -192 (z1) -576 -> 1120.
- *   block 0: +384 +512 = 2016  <- the peak: params 768, grads 768, x 96,
- *            workspace 384; then -96 -384 -> 1536.
- * Step: grads freed -> 768. */
+ * The loop holds y, the model output, to the end (logits: kept, the default).
+ * Backward, loss: +96 -48 (target) -96 -> 1296.
+ *   block 2: +432 +256 = 1984, then -192 (a) -432 -> 1360.
+ *   block 1: +576 = 1936, -192 (z1) -576 -> 1168.
+ *   block 0: +384 +512 = 2064  <- the peak: params 768, grads 768, x 96,
+ *            y 48, workspace 384; then -96 -384 -> 1584.
+ * Step: grads freed -> 816; the iteration ends, y freed -> 768.
+ * logits: released: y goes with the loss's backward (-48 there): the peak is
+ * 2016, without y. */
 static void test_mlp_timeline_by_hand(void **state)
 {
     (void)state;
@@ -178,12 +194,12 @@ static void test_mlp_timeline_by_hand(void **state)
     ml_config c = ml_model_config(m);
     ml_ledger *l = eval(m, &c, true);
     const ml_summary *s = ml_ledger_summary(l);
-    assert_int_equal(s->peak, 2016);
+    assert_int_equal(s->peak, 2064);
     assert_int_equal(s->peak_phase, ML_PHASE_BACKWARD);
     assert_string_equal(s->peak_step, "0:linear");
     assert_int_equal(s->peak_breakdown[ML_CAT_PARAMS], 768);
     assert_int_equal(s->peak_breakdown[ML_CAT_GRADS], 768);
-    assert_int_equal(s->peak_breakdown[ML_CAT_ACTIVATIONS], 96);
+    assert_int_equal(s->peak_breakdown[ML_CAT_ACTIVATIONS], 96 + 48);
     assert_int_equal(s->peak_breakdown[ML_CAT_WORKSPACE], 384);
     assert_int_equal(s->bytes_activations, 576);
     /* the total after the forward pass, read off the event list */
@@ -196,6 +212,74 @@ static void test_mlp_timeline_by_hand(void **state)
                 end_fwd += ev[i].live[k];
         }
     assert_int_equal(end_fwd, 1344);
+    /* the last two events: the step frees the grads (816), the iteration's
+     * end frees y (768) */
+    size_t ne = ml_ledger_event_count(l);
+    assert_true(ne >= 2);
+    assert_int_equal(ev[ne - 2].delta, -768);
+    assert_int_equal(ev[ne - 1].delta, -48);
+    assert_int_equal(ev[ne - 1].phase, ML_PHASE_OPTIMIZER);
+    ml_ledger_destroy(l);
+    c.training.logits = ML_LOGITS_RELEASED;
+    l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->peak, 2016);
+    assert_int_equal(ml_ledger_summary(l)->peak_breakdown[ML_CAT_ACTIVATIONS], 96);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* The three peaks of one model, by hand from the rules of docs/ledger.md:
+ * the MLP above at B = 30 with Adam (foreach). Params 768, states 2 x 768 =
+ * 1536, step temporary 768 (one sqrt per state value); R = 2304 resident.
+ * Boundaries: x 960, z1 1920, a 1920, y 480; the target 480.
+ * Transients: ws_bwd linear 8->16: 1920 + 2*960 = 3840; gelu 1920 + 2*1920 =
+ * 5760; linear 16->4: 480 + 2*1920 = 4320; loss 2*480 = 960. Under no_grad a
+ * block's transient is 2 x its largest tensor (linear 8->16: 2*960 = 1920;
+ * gelu and linear 16->4: 2*1920 = 3840), the loss's its saved target (480).
+ * Steady (logits kept): forward ends at R + 5760 = 8064; loss backward +960
+ * -480 (target) -960 = 7584; block 2: +4320 +256 (W2's grad) = 12160, the
+ * peak (R 2304, grads 256, x z1 a y 5280, workspace 4320).
+ * First iteration: the same without the states until the step: 12160 - 1536
+ * = 10624; its step holds R + grads 768 + y 480 + 768 = 4320.
+ * Evaluation at B = 30: R + x 960, block 0 +1920 +z1 1920 = 7104, -1920 -960
+ * = 4224; block 1 +3840 +a 1920 = 9984, the eval peak. At B = 60 every
+ * activation term doubles: 2304 + 2 x 7680 = 17664, above the steady peak:
+ * it binds, and the verdict and peak_total use it. */
+static void test_three_peaks_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("model:\n  type: sequential\n  input: [8]\n  layers:\n"
+                           "    - linear: {out: 16, bias: false}\n    - gelu: {}\n"
+                           "    - linear: {out: 4, bias: false}\n  loss: mse\n"
+                           "training:\n  micro_batch: 30\n  optimizer: adam\n"
+                           "  optimizer_impl: foreach\n");
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, false);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_int_equal(s->peak, 12160);
+    assert_string_equal(s->peak_step, "2:linear");
+    assert_int_equal(s->peak_first_iteration, 10624);
+    assert_false(s->has_eval);
+    assert_int_equal(s->binding, ML_PEAK_STEADY);
+    ml_ledger_destroy(l);
+    c.training.eval_batch = 30;
+    l = eval(m, &c, false);
+    s = ml_ledger_summary(l);
+    assert_true(s->has_eval);
+    assert_int_equal(s->peak_eval, 9984);
+    assert_int_equal(s->binding, ML_PEAK_STEADY);
+    ml_ledger_destroy(l);
+    c.training.eval_batch = 60;
+    c.device.present = true;
+    c.device.memory = 1ull << 30;
+    c.device.runtime_reserve = 512ull << 20;
+    l = eval(m, &c, false);
+    s = ml_ledger_summary(l);
+    assert_int_equal(s->peak, 12160); /* bytes.peak stays the steady state's */
+    assert_int_equal(s->peak_eval, 17664);
+    assert_int_equal(s->binding, ML_PEAK_EVAL);
+    assert_int_equal(s->peak_total, 17664 + (512ull << 20));
+    assert_int_equal(s->headroom, (int64_t)(512ull << 20) - 17664);
     ml_ledger_destroy(l);
     ml_model_destroy(m);
 }
@@ -207,6 +291,7 @@ int main(void)
         cmocka_unit_test(test_accumulation_keeps_grads),
         cmocka_unit_test(test_checkpoint_lowers_gpt2_peak),
         cmocka_unit_test(test_mlp_timeline_by_hand),
+        cmocka_unit_test(test_three_peaks_by_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
