@@ -15,6 +15,7 @@ static const struct {
     {"timeline", ml_cmd_timeline, "every event of the iteration as CSV, JSON or an SVG chart"},
     {"report", ml_cmd_report, "a self-contained HTML report"},
     {"calibrate", ml_cmd_calibrate, "fit measured peaks, or measure on this machine's GPU/CPU"},
+    {"allocator", ml_cmd_allocator, "an allocation trace through PyTorch's caching allocator"},
 };
 
 static void help(FILE *f)

@@ -12,29 +12,11 @@
 #include "util/error.h"
 #include "util/grow.h"
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 5, 6)))
-#endif
-static ml_status fail(ml_error *err, ml_status code, unsigned line, unsigned col, const char *fmt,
-                      ...)
-{
-    if (!err)
-        return code;
-    err->code = code;
-    err->line = line;
-    err->col = col;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
 ml_status ml_linfit_points(const double *x, const double *y, size_t n, ml_linfit *out,
                            ml_error *err)
 {
     if (n < 2)
-        return fail(err, ML_RANGE, 0, 0, "a fit needs at least 2 points, got %zu", n);
+        return ml_errorf_at(err, ML_RANGE, 0, 0, "a fit needs at least 2 points, got %zu", n);
     double mx = 0, my = 0;
     for (size_t i = 0; i < n; i++) {
         mx += x[i];
@@ -49,7 +31,7 @@ ml_status ml_linfit_points(const double *x, const double *y, size_t n, ml_linfit
         syy += (y[i] - my) * (y[i] - my);
     }
     if (!(sxx > 0))
-        return fail(err, ML_RANGE, 0, 0, "a fit needs at least 2 distinct x values");
+        return ml_errorf_at(err, ML_RANGE, 0, 0, "a fit needs at least 2 distinct x values");
     ml_linfit f;
     f.slope = sxy / sxx;
     f.fixed = my - f.slope * mx;
@@ -101,7 +83,7 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
     memset(err, 0, sizeof *err);
     snprintf(err->path, sizeof err->path, "%s", name ? name : "<points>");
     if (len > (16u << 20))
-        return fail(err, ML_RANGE, 0, 0, "file larger than 16 MiB");
+        return ml_errorf_at(err, ML_RANGE, 0, 0, "file larger than 16 MiB");
     int col_b = -1, col_p = -1;
     size_t cap = 0, count = 0;
     ml_point *pts = NULL;
@@ -126,7 +108,7 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
             continue; /* blank or comment */
         if (memchr(line, '\0', llen)) {
             free(pts);
-            return fail(err, ML_SCHEMA, lineno, 1, "a NUL byte in the CSV");
+            return ml_errorf_at(err, ML_SCHEMA, lineno, 1, "a NUL byte in the CSV");
         }
         char buf[128];
         size_t pos = 0;
@@ -134,7 +116,7 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
             for (int c = 0; pos < llen || c == 0; c++) {
                 if (c > 64) {
                     free(pts);
-                    return fail(err, ML_RANGE, lineno, 1, "more than 64 columns");
+                    return ml_errorf_at(err, ML_RANGE, lineno, 1, "more than 64 columns");
                 }
                 field(line, llen, &pos, buf, sizeof buf);
                 if (!strcmp(buf, "micro_batch"))
@@ -146,10 +128,10 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
             }
             if (col_b < 0 || col_p < 0) {
                 free(pts);
-                return fail(err, ML_SCHEMA, lineno, 1,
-                            "the header must name the columns micro_batch and peak (e.g. "
-                            "\"micro_batch,peak\"), got \"%.*s\"",
-                            (int)(llen > 80 ? 80 : llen), line);
+                return ml_errorf_at(err, ML_SCHEMA, lineno, 1,
+                                    "the header must name the columns micro_batch and peak (e.g. "
+                                    "\"micro_batch,peak\"), got \"%.*s\"",
+                                    (int)(llen > 80 ? 80 : llen), line);
             }
             header = true;
             continue;
@@ -165,9 +147,9 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
                 unsigned long long v = strtoull(buf, &end, 10);
                 if (!buf[0] || *end || errno || buf[0] == '-' || v == 0 || v > (1ull << 24)) {
                     free(pts);
-                    return fail(err, ML_SCHEMA, lineno, colno,
-                                "micro_batch: '%s' is not a whole number between 1 and 16777216",
-                                buf);
+                    return ml_errorf_at(
+                        err, ML_SCHEMA, lineno, colno,
+                        "micro_batch: '%s' is not a whole number between 1 and 16777216", buf);
                 }
                 p.micro_batch = v;
                 got_b = true;
@@ -176,7 +158,7 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
                 memset(&e2, 0, sizeof e2);
                 if (ml_parse_size(buf, &p.peak, &e2) != ML_OK) {
                     free(pts);
-                    return fail(err, ML_SCHEMA, lineno, colno, "peak: %s", e2.msg);
+                    return ml_errorf_at(err, ML_SCHEMA, lineno, colno, "peak: %s", e2.msg);
                 }
                 got_p = true;
             }
@@ -185,30 +167,31 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
         }
         if (!got_b || !got_p) {
             free(pts);
-            return fail(err, ML_SCHEMA, lineno, 1, "the row lacks the %s column",
-                        got_b ? "peak" : "micro_batch");
+            return ml_errorf_at(err, ML_SCHEMA, lineno, 1, "the row lacks the %s column",
+                                got_b ? "peak" : "micro_batch");
         }
         if (count == 1000000) {
             free(pts);
-            return fail(err, ML_RANGE, lineno, 1, "more than 1000000 points");
+            return ml_errorf_at(err, ML_RANGE, lineno, 1, "more than 1000000 points");
         }
         ml_point *np = ml_grow(pts, count, &cap, sizeof *np, 16);
         if (!np) {
             free(pts);
-            return fail(err, ML_NOMEM, 0, 0, "out of memory");
+            return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
         }
         pts = np;
         pts[count++] = p;
     }
     if (!header) {
         free(pts);
-        return fail(err, ML_SCHEMA, 0, 0, "the file is empty: expected a header \"micro_batch,peak\" "
-                                          "and one row per measurement");
+        return ml_errorf_at(err, ML_SCHEMA, 0, 0,
+                            "the file is empty: expected a header \"micro_batch,peak\" "
+                            "and one row per measurement");
     }
     if (count < 2) {
         free(pts);
-        return fail(err, ML_RANGE, lineno, 1, "a fit needs at least 2 measurements, got %zu",
-                    count);
+        return ml_errorf_at(err, ML_RANGE, lineno, 1,
+                            "a fit needs at least 2 measurements, got %zu", count);
     }
     *out = pts;
     *n = count;
@@ -233,12 +216,12 @@ ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64
                             ml_points_fit *out, ml_error *err)
 {
     if (n < 2)
-        return fail(err, ML_RANGE, 0, 0, "a fit needs at least 2 points, got %zu", n);
+        return ml_errorf_at(err, ML_RANGE, 0, 0, "a fit needs at least 2 points, got %zu", n);
     double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
     if (!x || !y) {
         free(x);
         free(y);
-        return fail(err, ML_NOMEM, 0, 0, "out of memory");
+        return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
         x[i] = (double)p[i].micro_batch;

@@ -4,6 +4,7 @@
 #ifndef ML_UTIL_ERROR_H
 #define ML_UTIL_ERROR_H
 
+#include <stdarg.h>
 #include <stddef.h>
 
 #include "memledger/error.h"
@@ -16,6 +17,16 @@
 __attribute__((format(printf, 3, 4)))
 #endif
 ml_status ml_errorf(ml_error *err, ml_status code, const char *fmt, ...);
+
+/* Sets err's code, position (line and column, 1-based; 0 for none) and
+ * formatted message, leaving its path; accepts a NULL err. Returns code. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 5, 6)))
+#endif
+ml_status ml_errorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
+                       const char *fmt, ...);
+ml_status ml_verrorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
+                        const char *fmt, va_list ap);
 
 /* Reads a whole input file (at most ML_INPUT_MAX_BYTES). Starts err afresh,
  * naming the file in err->path (so every loader's messages name it). Returns

@@ -66,3 +66,25 @@ ml_status ml_errorf(ml_error *err, ml_status code, const char *fmt, ...)
     va_end(ap);
     return code;
 }
+
+ml_status ml_verrorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
+                        const char *fmt, va_list ap)
+{
+    if (!err)
+        return code;
+    err->code = code;
+    err->line = line;
+    err->col = col;
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    return code;
+}
+
+ml_status ml_errorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
+                       const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ml_verrorf_at(err, code, line, col, fmt, ap);
+    va_end(ap);
+    return code;
+}

@@ -1,0 +1,499 @@
+/* The caching-allocator simulator (alloc.h). Each function names the
+ * DeviceCachingAllocator method it models (PyTorch 2.x,
+ * c10/cuda/CUDACachingAllocator.cpp); docs/allocator.md derives the rules
+ * and lists what is simplified. Blocks live in one table and are named by
+ * index; free blocks sit in treaps (blocks.c), so a request costs
+ * O(log n) in the number of cached blocks. Expandable segments: expandable.c. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc/sim.h"
+
+ml_alloc_config ml_alloc_config_defaults(void)
+{
+    ml_alloc_config c;
+    memset(&c, 0, sizeof c);
+    c.mode = ML_ALLOC_CACHING;
+    return c;
+}
+
+static const char *const mode_names[] = {"caching", "expandable", "none"};
+
+const char *ml_alloc_mode_name(ml_alloc_mode m)
+{
+    return (unsigned)m < 3 ? mode_names[m] : "?";
+}
+
+bool ml_alloc_mode_parse(const char *s, ml_alloc_mode *out)
+{
+    for (unsigned i = 0; i < 3; i++)
+        if (!strcmp(s, mode_names[i])) {
+            *out = (ml_alloc_mode)i;
+            return true;
+        }
+    return false;
+}
+
+/* roundup_power2_next_division: the next of `div` equal steps between the
+ * powers of two around size. */
+static uint64_t power2_division(uint64_t size, unsigned div)
+{
+    if ((size & (size - 1)) == 0)
+        return size;
+    uint64_t floor2 = 1;
+    while (floor2 <= size / 2)
+        floor2 <<= 1;
+    unsigned lg = 0;
+    while ((2u << lg) <= div)
+        lg++;
+    uint64_t step = floor2 >> lg;
+    if (!step)
+        return floor2 << 1;
+    uint64_t r = size & ~(step - 1);
+    return r == size ? size : r + step;
+}
+
+uint64_t ml_alloc_round_size(const ml_alloc_config *cfg, uint64_t bytes)
+{
+    if (bytes < ML_ALLOC_MIN_BLOCK)
+        return ML_ALLOC_MIN_BLOCK;
+    unsigned d = cfg ? cfg->roundup_power2_divisions : 0;
+    if (d > 1 && bytes > (uint64_t)ML_ALLOC_MIN_BLOCK * d)
+        return power2_division(bytes, d);
+    return up(bytes, ML_ALLOC_MIN_BLOCK);
+}
+
+uint64_t ml_alloc_segment_size(uint64_t rounded)
+{
+    if (rounded <= ML_ALLOC_SMALL_SIZE)
+        return ML_ALLOC_SMALL_BUFFER;
+    if (rounded < ML_ALLOC_MIN_LARGE_ALLOC)
+        return ML_ALLOC_LARGE_BUFFER;
+    return up(rounded, ML_ALLOC_ROUND_LARGE);
+}
+
+ml_alloc_result ml_alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **out)
+{
+    const uint64_t lim = 1ull << 62;
+    unsigned d = cfg->roundup_power2_divisions;
+    if ((unsigned)cfg->mode > ML_ALLOC_NONE || cfg->device_bytes > lim ||
+        (cfg->max_split_size && (cfg->max_split_size <= ML_ALLOC_LARGE_BUFFER ||
+                                 cfg->max_split_size > lim)) ||
+        (cfg->max_non_split_rounding && (cfg->max_non_split_rounding < ML_ALLOC_LARGE_BUFFER ||
+                                         cfg->max_non_split_rounding > lim)) ||
+        !(cfg->gc_threshold >= 0 && cfg->gc_threshold < 1) || d > 64 || (d & (d - 1)))
+        return ML_ALLOC_BAD_CONFIG;
+    ml_alloc_sim *s = calloc(1, sizeof *s);
+    if (!s)
+        return ML_ALLOC_NOMEM;
+    s->cfg = *cfg;
+    s->max_split = cfg->max_split_size ? cfg->max_split_size : UINT64_MAX;
+    s->non_split = cfg->max_non_split_rounding ? cfg->max_non_split_rounding
+                                               : ML_ALLOC_LARGE_BUFFER;
+    /* ExpandableSegment reserves address space for 1 1/8 of the device */
+    uint64_t dev = cfg->device_bytes ? cfg->device_bytes : 1ull << 46;
+    for (int p = 0; p < 2; p++)
+        s->va[p] = up(dev + dev / 8, page(p));
+    s->t.rng = 0x9E3779B97F4A7C15ull;
+    s->next_addr = 1ull << 32;
+    if (!ml_ab_reserve(&s->t, 16)) {
+        free(s);
+        return ML_ALLOC_NOMEM;
+    }
+    *out = s;
+    return ML_ALLOC_OK;
+}
+
+void ml_alloc_sim_destroy(ml_alloc_sim *s)
+{
+    if (!s)
+        return;
+    ml_ab_table_free(&s->t);
+    free(s->scratch);
+    free(s);
+}
+
+/* ---- the free sets ---- */
+
+void ml_as_cache(ml_alloc_sim *s, uint32_t x) /* BlockPool::insert_into_blocks */
+{
+    ml_ab *b = BLK(s, x);
+    pool_t *p = &s->pool[b->pool];
+    b->state = ML_AB_FREE;
+    b->gc_base = (int64_t)p->calls;
+    ml_ab_insert(&s->t, &p->blocks, x, false);
+    p->nfree++;
+}
+
+void ml_as_uncache(ml_alloc_sim *s, uint32_t x)
+{
+    pool_t *p = &s->pool[BLK(s, x)->pool];
+    ml_ab_erase(&s->t, &p->blocks, x, false);
+    p->nfree--;
+    BLK(s, x)->state = ML_AB_DETACHED;
+}
+
+void ml_as_unmapped_add(ml_alloc_sim *s, uint32_t x)
+{
+    pool_t *p = &s->pool[BLK(s, x)->pool];
+    BLK(s, x)->state = ML_AB_UNMAPPED;
+    ml_ab_insert(&s->t, &p->unmapped, x, true);
+    p->nunmapped++;
+}
+
+void ml_as_unmapped_del(ml_alloc_sim *s, uint32_t x)
+{
+    pool_t *p = &s->pool[BLK(s, x)->pool];
+    ml_ab_erase(&s->t, &p->unmapped, x, true);
+    p->nunmapped--;
+    BLK(s, x)->state = ML_AB_DETACHED;
+}
+
+/* try_merge_blocks: dst (in no set) absorbs its neighbour src when src is
+ * in state `want` (free for a mapped dst, unmapped for an unmapped one). */
+void ml_as_try_merge(ml_alloc_sim *s, uint32_t dst, uint32_t src, int want)
+{
+    if (!src || BLK(s, src)->state != want)
+        return;
+    if (want == ML_AB_FREE)
+        ml_as_uncache(s, src);
+    else
+        ml_as_unmapped_del(s, src);
+    ml_ab *d = BLK(s, dst), *c = BLK(s, src);
+    if (d->prev == src) {
+        d->addr = c->addr;
+        d->prev = c->prev;
+        if (d->prev)
+            BLK(s, d->prev)->next = dst;
+    } else {
+        d->next = c->next;
+        if (d->next)
+            BLK(s, d->next)->prev = dst;
+    }
+    d->size += c->size;
+    ml_ab_release(&s->t, src);
+}
+
+/* A new block [addr, addr + size) spliced between prev and next. */
+uint32_t ml_as_piece(ml_alloc_sim *s, uint32_t like, uint64_t addr, uint64_t size,
+                      uint32_t prev, uint32_t next)
+{
+    uint32_t n = ml_ab_new(&s->t);
+    ml_ab *b = BLK(s, n);
+    b->addr = addr;
+    b->size = size;
+    b->pool = BLK(s, like)->pool;
+    b->expandable = BLK(s, like)->expandable;
+    b->prev = prev;
+    b->next = next;
+    if (prev)
+        BLK(s, prev)->next = n;
+    if (next)
+        BLK(s, next)->prev = n;
+    return n;
+}
+
+bool ml_as_is_split(const ml_alloc_sim *s, uint32_t x)
+{
+    return s->t.b[x].prev || s->t.b[x].next;
+}
+
+/* ---- releasing ---- */
+
+/* release_block: cudaFree of a whole cached segment. */
+static void release_block(ml_alloc_sim *s, uint32_t x)
+{
+    uint64_t size = BLK(s, x)->size;
+    ml_as_uncache(s, x);
+    stat_sub(&s->st.reserved, size);
+    stat_sub(&s->st.segments, 1);
+    s->st.device_frees++;
+    ml_ab_release(&s->t, x);
+}
+
+/* release_blocks of each pool, large first (release_cached_blocks). */
+static void release_cached(ml_alloc_sim *s)
+{
+    for (int pi = LARGE; pi >= SMALL; pi--) {
+        size_t n = ml_ab_collect(&s->t, s->pool[pi].blocks, s->scratch, s->scratch_cap);
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t x = s->scratch[i];
+            if (BLK(s, x)->expandable)
+                s->scratch[k++] = x; /* unmapping changes the set: after the walk */
+            else if (!ml_as_is_split(s, x))
+                release_block(s, x);
+        }
+        for (size_t i = 0; i < k; i++) {
+            uint32_t x = s->scratch[i];
+            ml_as_unmap_block(s, x);
+            if (BLK(s, x)->state == ML_AB_UNMAPPED && !ml_as_is_split(s, x)) {
+                ml_as_unmapped_del(s, x); /* release_expandable_segment */
+                ml_ab_release(&s->t, x);
+                stat_sub(&s->st.segments, 1);
+            }
+        }
+    }
+}
+
+/* release_available_cached_blocks: with max_split_size, cudaFree oversize
+ * cached blocks, one large enough or several from the largest down. */
+static bool release_available(ml_alloc_sim *s, int pi, uint64_t size)
+{
+    if (s->max_split == UINT64_MAX || s->cfg.mode == ML_ALLOC_EXPANDABLE)
+        return false;
+    pool_t *p = &s->pool[pi];
+    uint64_t key = size < s->max_split ? s->max_split : size;
+    uint32_t it = ml_ab_lower_bound(&s->t, p->blocks, key);
+    if (it) {
+        if (ml_as_is_split(s, it))
+            return false; /* PyTorch would cudaFree a split block; oversize ones never are */
+        release_block(s, it);
+        return true;
+    }
+    uint64_t total = 0;
+    uint32_t cur = ml_ab_last(&s->t, p->blocks);
+    while (cur && total < key && BLK(s, cur)->size >= s->max_split && !ml_as_is_split(s, cur)) {
+        uint32_t prev = ml_ab_before(&s->t, p->blocks, cur, false);
+        total += BLK(s, cur)->size;
+        release_block(s, cur);
+        cur = prev;
+    }
+    return total >= key;
+}
+
+/* garbage_collect_cached_blocks: above the threshold, cudaFree the cached
+ * whole segments of the large pool that have waited longest (in
+ * get_free_block calls), older than the average first. */
+static void garbage_collect(ml_alloc_sim *s)
+{
+    uint64_t thr = (uint64_t)(s->cfg.gc_threshold * (double)s->cfg.device_bytes);
+    if (s->st.reserved.current <= thr)
+        return;
+    uint64_t target = s->st.reserved.current - thr, reclaimed = 0, total_age = 0, count = 0;
+    pool_t *p = &s->pool[LARGE];
+    size_t n = ml_ab_collect(&s->t, p->blocks, s->scratch, s->scratch_cap);
+    for (size_t i = 0; i < n; i++)
+        if (!ml_as_is_split(s, s->scratch[i])) {
+            total_age += p->calls - (uint64_t)BLK(s, s->scratch[i])->gc_base;
+            count++;
+        }
+    bool freed = true;
+    while (reclaimed < target && freed && count > 0) {
+        double age_threshold = (double)total_age / (double)count;
+        freed = false;
+        n = ml_ab_collect(&s->t, p->blocks, s->scratch, s->scratch_cap);
+        for (size_t i = 0; i < n; i++) {
+            uint32_t x = s->scratch[i];
+            uint64_t age = p->calls - (uint64_t)BLK(s, x)->gc_base;
+            if (!ml_as_is_split(s, x) && (double)age >= age_threshold) {
+                freed = true;
+                reclaimed += BLK(s, x)->size;
+                total_age -= age;
+                count--;
+                release_block(s, x);
+            }
+        }
+    }
+}
+
+/* ---- finding and making blocks ---- */
+
+/* get_free_block: the smallest cached block that fits, unless the
+ * max_split_size rules refuse it (only that one block is considered). */
+static uint32_t get_free_block(ml_alloc_sim *s, int pi, uint64_t size)
+{
+    pool_t *p = &s->pool[pi];
+    if (s->cfg.gc_threshold > 0 && s->cfg.device_bytes)
+        p->calls++;
+    uint32_t it = ml_ab_lower_bound(&s->t, p->blocks, size);
+    if (!it)
+        return 0;
+    if (BLK(s, it)->expandable) {
+        /* best fit counts what a block at the mapped end could grow to */
+        uint32_t nx = ml_ab_after(&s->t, p->blocks, it, false);
+        while (nx && ml_as_expandable_size(s, nx) < ml_as_expandable_size(s, it)) {
+            it = nx;
+            nx = ml_ab_after(&s->t, p->blocks, it, false);
+        }
+    }
+    uint64_t bs = BLK(s, it)->size;
+    if (size < s->max_split && bs >= s->max_split)
+        return 0; /* no oversize block for a smaller request */
+    if (size >= s->max_split && bs >= size + s->non_split)
+        return 0; /* an oversize block may be only so much larger */
+    ml_as_uncache(s, it);
+    return it;
+}
+
+/* alloc_block: a new segment from the device (or pages), or 0 when the
+ * device is full. */
+static uint32_t alloc_block(ml_alloc_sim *s, int pi, uint64_t size, uint64_t alloc_size,
+                            bool retry)
+{
+    if (retry)
+        s->st.num_alloc_retries++;
+    if (s->cfg.mode == ML_ALLOC_EXPANDABLE)
+        return ml_as_try_allocate_expandable(s, pi, size);
+    if (s->cfg.device_bytes && s->st.reserved.current + alloc_size > s->cfg.device_bytes)
+        return 0;
+    uint32_t x = ml_ab_new(&s->t);
+    ml_ab *b = BLK(s, x);
+    b->addr = s->next_addr;
+    b->size = alloc_size;
+    b->pool = (uint8_t)pi;
+    s->next_addr += up(alloc_size, ML_ALLOC_ROUND_LARGE);
+    stat_add(&s->st.segments, 1);
+    stat_add(&s->st.reserved, alloc_size);
+    s->st.device_allocs++;
+    return x;
+}
+
+/* should_split: whether the block's remainder after size becomes a cached block. */
+static bool should_split(const ml_alloc_sim *s, uint32_t x, uint64_t size)
+{
+    uint64_t rest = s->t.b[x].size - size;
+    if (s->t.b[x].pool == SMALL || s->cfg.mode == ML_ALLOC_EXPANDABLE)
+        return rest >= ML_ALLOC_MIN_BLOCK;
+    return size < s->max_split && rest > ML_ALLOC_SMALL_SIZE;
+}
+
+/* alloc_found_block: the front of x serves the request, the rest is cached. */
+static uint64_t found(ml_alloc_sim *s, uint32_t x, uint64_t size, uint64_t bytes, bool split)
+{
+    if (split) {
+        ml_ab *r = BLK(s, x);
+        uint32_t n = ml_as_piece(s, x, r->addr, size, r->prev, x);
+        r = BLK(s, x);
+        r->addr += size;
+        r->size -= size;
+        ml_as_cache(s, x);
+        x = n;
+    }
+    ml_ab *b = BLK(s, x);
+    b->state = ML_AB_ALLOC;
+    b->gen++;
+    b->requested = bytes;
+    stat_add(&s->st.allocated, b->size);
+    stat_add(&s->st.requested, bytes);
+    return ((uint64_t)b->gen << 32) | x;
+}
+
+static ml_alloc_result oom(ml_alloc_sim *s)
+{
+    s->st.num_ooms++;
+    if (!s->st.oom_event)
+        s->st.oom_event = s->st.events;
+    return ML_ALLOC_OOM;
+}
+
+/* Room for what one call may add: blocks (an unmapping splits each free
+ * block in up to three) and the scratch list of a pool's free blocks. */
+static bool room(ml_alloc_sim *s)
+{
+    size_t n = s->pool[0].nfree + s->pool[1].nfree + s->pool[0].nunmapped +
+               s->pool[1].nunmapped + 16;
+    if (!ml_ab_reserve(&s->t, s->cfg.mode == ML_ALLOC_EXPANDABLE ? 3 * n : 8))
+        return false;
+    if (s->scratch_cap < n) {
+        size_t cap = s->scratch_cap ? s->scratch_cap : 64;
+        while (cap < n)
+            cap *= 2;
+        uint32_t *ns = realloc(s->scratch, cap * sizeof *ns);
+        if (!ns)
+            return false;
+        s->scratch = ns;
+        s->scratch_cap = cap;
+    }
+    return true;
+}
+
+ml_alloc_result ml_alloc_sim_malloc(ml_alloc_sim *s, uint64_t bytes, uint64_t *handle)
+{
+    if (!room(s))
+        return ML_ALLOC_NOMEM;
+    s->st.events++;
+    if (!bytes) {
+        *handle = 0;
+        return ML_ALLOC_OK;
+    }
+    if (bytes >= ML_ALLOC_MAX_REQUEST)
+        return oom(s);
+    uint64_t size = ml_alloc_round_size(&s->cfg, bytes);
+    int pi = size <= ML_ALLOC_SMALL_SIZE ? SMALL : LARGE;
+    if (s->cfg.mode == ML_ALLOC_NONE) {
+        uint32_t x = alloc_block(s, pi, size, size, false);
+        if (!x)
+            return oom(s);
+        *handle = found(s, x, size, bytes, false);
+        return ML_ALLOC_OK;
+    }
+    uint64_t alloc_size = ml_alloc_segment_size(size);
+    uint32_t x = get_free_block(s, pi, size);
+    if (!x) {
+        if (s->cfg.gc_threshold > 0 && s->cfg.device_bytes)
+            garbage_collect(s);
+        x = alloc_block(s, pi, size, alloc_size, false);
+        if (!x && release_available(s, pi, size))
+            x = alloc_block(s, pi, size, alloc_size, false);
+        if (!x) {
+            release_cached(s);
+            x = alloc_block(s, pi, size, alloc_size, true);
+        }
+    }
+    if (!x)
+        return oom(s);
+    *handle = found(s, x, size, bytes, should_split(s, x, size));
+    return ML_ALLOC_OK;
+}
+
+ml_alloc_result ml_alloc_sim_free(ml_alloc_sim *s, uint64_t handle)
+{
+    if (!handle) {
+        s->st.events++;
+        return ML_ALLOC_OK;
+    }
+    uint32_t x = (uint32_t)handle;
+    if (x == 0 || x >= s->t.n || BLK(s, x)->state != ML_AB_ALLOC ||
+        BLK(s, x)->gen != (uint32_t)(handle >> 32))
+        return ML_ALLOC_BAD_HANDLE;
+    s->st.events++;
+    ml_ab *b = BLK(s, x);
+    stat_sub(&s->st.allocated, b->size);
+    stat_sub(&s->st.requested, b->requested);
+    if (s->cfg.mode == ML_ALLOC_NONE) {
+        stat_sub(&s->st.reserved, b->size);
+        stat_sub(&s->st.segments, 1);
+        s->st.device_frees++;
+        ml_ab_release(&s->t, x);
+        return ML_ALLOC_OK;
+    }
+    /* free_block: merge with free neighbours, back into the pool */
+    b->state = ML_AB_DETACHED;
+    ml_as_try_merge(s, x, b->prev, ML_AB_FREE);
+    ml_as_try_merge(s, x, BLK(s, x)->next, ML_AB_FREE);
+    ml_as_cache(s, x);
+    return ML_ALLOC_OK;
+}
+
+ml_alloc_result ml_alloc_sim_empty_cache(ml_alloc_sim *s)
+{
+    if (!room(s))
+        return ML_ALLOC_NOMEM;
+    if (s->cfg.mode != ML_ALLOC_NONE)
+        release_cached(s);
+    return ML_ALLOC_OK;
+}
+
+void ml_alloc_sim_reset_peaks(ml_alloc_sim *s)
+{
+    ml_alloc_stat *st[] = {&s->st.allocated, &s->st.requested, &s->st.reserved,
+                           &s->st.segments};
+    for (size_t i = 0; i < sizeof st / sizeof st[0]; i++)
+        st[i]->peak = st[i]->current;
+}
+
+void ml_alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out)
+{
+    *out = s->st;
+}
