@@ -32,12 +32,15 @@ static ml_model *decoder(unsigned layers)
     return m;
 }
 
-static void evals_per_second(unsigned layers, double seconds)
+/* Plans per second; with an allocator, each plan also simulates PyTorch's
+ * caching allocator over three iterations (docs/allocator.md). */
+static void evals_per_second(unsigned layers, double seconds, ml_allocator alloc)
 {
     ml_model *m = decoder(layers);
     if (!m)
         return;
     ml_config c = ml_model_config(m);
+    c.device.allocator = alloc;
     unsigned long n = 0;
     double t0 = now(), t = t0;
     do {
@@ -49,8 +52,10 @@ static void evals_per_second(unsigned layers, double seconds)
         n++;
         t = now();
     } while (t - t0 < seconds);
-    printf("plan evaluations, %4u-block decoder: %10.0f per second (%lu in %.2f s)\n", layers,
-           (double)n / (t - t0), n, t - t0);
+    printf("plan evaluations, %4u-block decoder%s: %10.0f per second (%lu in %.2f s, "
+           "%.3f ms each)\n",
+           layers, alloc == ML_ALLOCATOR_CACHING ? ", caching allocator simulated" : "",
+           (double)n / (t - t0), n, t - t0, (t - t0) / (double)(n ? n : 1) * 1e3);
     ml_model_destroy(m);
 }
 
@@ -112,8 +117,11 @@ int main(int argc, char **argv)
 {
     double secs = argc > 1 ? 2.0 : 1.0;
     (void)argv;
-    evals_per_second(32, secs);
-    evals_per_second(1000, secs);
+    evals_per_second(32, secs, ML_ALLOCATOR_NONE);
+    evals_per_second(32, secs, ML_ALLOCATOR_CACHING);
+    evals_per_second(96, secs, ML_ALLOCATOR_NONE);
+    evals_per_second(96, secs, ML_ALLOCATOR_CACHING);
+    evals_per_second(1000, secs, ML_ALLOCATOR_NONE);
     fit_time(32);
     optimal_time(32);
     optimal_time(96);

@@ -193,6 +193,36 @@ def three_peaks(ml, runs, title, logits):
     print()
 
 
+def reserved_planned(ml, runs, alloc):
+    """Plans each run with --allocator ALLOC (and its evaluation pass) and
+    compares the simulated reserved peak with the measured
+    max_memory_reserved over the run (first iteration, steady state and
+    evaluation: the cache keeps its segments, so it is the steady value)."""
+    tmp = tempfile.mkdtemp()
+    calib = {False: os.path.join(here, "profiles", "h200-fp32.yaml"),
+             True: os.path.join(here, "profiles", "h200-bf16.yaml")}
+    errs = []
+    table("Reserved, planned now with --allocator %s (simulated on the plan's events)" % alloc,
+          ["model", "B×T", "attention", "ckpt", "precision", "AdamW", "measured MiB",
+           "planned MiB", "error"])
+    for r in runs:
+        case = CASES[r["model"]]
+        p = tvp.plan(ml, case, r["attn"], r["ckpt"], r["amp"], r["impl"], calib[r["amp"]], tmp,
+                     extra=("--allocator", alloc, "--eval-batch", str(case[4]),
+                            "--eval-seq-len", str(case[3])))
+        m = r["measured"]
+        meas = max(m["first"]["reserved"], m["steady"]["reserved"], m["eval"]["reserved"])
+        errs.append(err(p["reserved"]["peak"], meas))
+        print(tvp.label(r) + " %.1f | %.1f | %+.1f %% |" % (
+            meas / MIB, p["reserved"]["peak"] / MIB, errs[-1]))
+    shutil.rmtree(tmp)
+    close = [e for e in errs if abs(e) <= 5]
+    srt = sorted(abs(e) for e in errs)
+    print("\nReserved planned with --allocator %s: %d of %d runs within 5 %% (%s); "
+          "all within %s; median |error| %.1f %%.\n" % (
+              alloc, len(close), len(errs), span(close), span(errs), srt[len(srt) // 2]))
+
+
 def main():
     d = sys.argv[1]
     base = load(os.path.join(d, "results.jsonl"))
@@ -212,6 +242,10 @@ def main():
                         "the loop that keeps the output", "kept")
         three_peaks(sys.argv[2], base, "The three peaks, planned now with --logits kept: "
                     "the campaign's loop (output deleted between backward and step)", "kept")
+        reserved_planned(sys.argv[2], base, "caching")
+        expandable = load(os.path.join(d, "results-expandable.jsonl"))
+        if expandable:
+            reserved_planned(sys.argv[2], expandable, "expandable")
 
 
 if __name__ == "__main__":

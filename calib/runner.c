@@ -1,6 +1,7 @@
 /* memledger-calibrate: runs real training steps of the layer kinds the
  * planner models, measures what they keep and how fast the GEMMs run, fits
  * c and a fixed term per kind, and writes a profile (docs/calibration.md). */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -326,8 +327,10 @@ int main(int argc, char **argv)
             check = true;
             continue;
         }
-        if (!v) {
-            fprintf(stderr, "memledger-calibrate: error: %s needs a value\n", a);
+        /* a value that is itself a flag ("-o --points"): none was given */
+        if (!v || !*v || (v[0] == '-' && v[1] && !isdigit((unsigned char)v[1]))) {
+            fprintf(stderr, "memledger-calibrate: error: %s needs a %s\n", a,
+                    !strcmp(a, "-o") ? "file name" : "value");
             return 2;
         }
         i++;

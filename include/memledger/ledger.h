@@ -137,7 +137,21 @@ typedef struct ml_summary {
     uint64_t peak_eval;              /* its allocator peak (0 without one) */
     ml_peak_kind binding;            /* the largest of the three; peak_total,
                                         fits and headroom are computed from it */
+    /* the caching allocator simulated over the first iteration, two steady
+     * ones and the evaluation pass (device.allocator; docs/allocator.md) */
+    bool has_reserved;
+    uint64_t reserved_peak;          /* max_memory_reserved() */
+    uint64_t reserved_segments;      /* segments at most (cudaMalloc'd, or expandable) */
+    bool reserved_oom;               /* the simulation ran out of the device */
 } ml_summary;
+
+/* Checks a configuration's values against the planner's limits (sizes,
+ * enums, the device's lines); ML_OK, or ML_RANGE with a message naming the
+ * key ("training.seq_len: must be between 1 and 268435456").
+ * ml_ledger_evaluate checks the same. */
+ML_API ml_status ml_config_check(const ml_config *cfg, ml_error *err);
+/* The same message, or NULL when the configuration is within the limits. */
+ML_API const char *ml_config_problem(const ml_config *cfg);
 
 typedef struct ml_ledger ml_ledger;
 

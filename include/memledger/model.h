@@ -107,6 +107,17 @@ typedef struct ml_training {
     uint64_t eval_seq_len;         /* tokens per evaluation sample; 0: seq_len */
 } ml_training;
 
+/* PyTorch's CUDA caching allocator as the planner simulates it
+ * (docs/allocator.md): not at all (the allocated bytes and the
+ * fragmentation allowance), its default configuration, or
+ * expandable_segments:True. */
+typedef enum ml_allocator {
+    ML_ALLOCATOR_NONE,
+    ML_ALLOCATOR_CACHING,
+    ML_ALLOCATOR_EXPANDABLE,
+    ML_ALLOCATOR_COUNT
+} ml_allocator;
+
 typedef struct ml_device {
     bool present;              /* a device was given: verdict is computed */
     uint64_t memory;           /* capacity, bytes */
@@ -118,6 +129,8 @@ typedef struct ml_device {
     double fragmentation;      /* allowance for the caching allocator's reserved bytes
                                   over its allocated peak, a fraction in [0, 1];
                                   0 = none (docs/ledger.md) */
+    ml_allocator allocator;    /* simulate the caching allocator: reserved bytes */
+    uint64_t max_split_size;   /* max_split_size_mb in bytes; 0 = unlimited */
 } ml_device;
 
 struct ml_profile;
@@ -192,6 +205,7 @@ ML_API const char *ml_optimizer_name(ml_optimizer o);
 ML_API const char *ml_optimizer_impl_name(ml_optimizer_impl i);
 ML_API const char *ml_offload_name(ml_offload o);
 ML_API const char *ml_logits_name(ml_logits l);
+ML_API const char *ml_allocator_name(ml_allocator a);
 ML_API bool ml_offload_parse(const char *s, ml_offload *out);
 /* Writes the policy's YAML spelling ("every-2", "[0, 3]") into buf. */
 ML_API void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size);

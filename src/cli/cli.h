@@ -32,7 +32,7 @@ typedef struct {
     const char *micro_batch, *seq_len, *grad_accum, *precision, *optimizer, *optimizer_impl,
         *checkpoint, *device, *budget, *runtime_reserve, *peak_tflops, *efficiency, *fragmentation,
         *data_parallel, *zero, *offload, *global_batch, *max_micro_batch, *reduce_bucket,
-        *allgather_bucket, *logits, *eval_batch, *eval_seq_len;
+        *allgather_bucket, *logits, *eval_batch, *eval_seq_len, *allocator, *max_split_size;
     bool auto_checkpoint; /* --checkpoint auto (fit) */
 } ml_cli_opts;
 
@@ -57,16 +57,45 @@ void ml_cli_free(ml_model *m, ml_config *cfg);
 void ml_cli_print_error(const ml_error *e);
 
 /* Atomic output (output.c): open a temporary beside path (or stdout for
- * NULL or "-"), then rename on success or remove on failure. */
+ * NULL, "-" or a path naming standard output), then rename on success or
+ * remove on failure. A device or FIFO (also through a symbolic link) is
+ * written in place; a link to a regular file has its target replaced. */
 typedef struct {
     FILE *f;
     bool direct; /* a device or pipe, written in place */
+    FILE *raw;   /* with ml_out_text: the real stream; f buffers the text */
+    char *text;
+    size_t text_len;
+    const char *names[4]; /* with ml_out_text: each shown on one line wherever it occurs */
     char tmp[4096];
     char path[4096];
 } ml_out;
 int ml_out_open(ml_out *o, const char *path);
+/* Prose for people (after ml_out_open): control bytes other than newline
+ * and tab reach the output as visible \xNN escapes, so a name from a model
+ * file cannot drive the reader's terminal. name (or NULL), a string from the
+ * input such as a file name, alive until ml_out_close, has its newlines
+ * escaped too wherever it occurs: it cannot forge a line of the report.
+ * Returns 0, or 3 with the output closed and the message printed. */
+int ml_out_text(ml_out *o, const char *name);
+/* ml_out_text for a report on m: the model's name and the calibration
+ * profile's name, device and precision are the strings kept on one line. */
+int ml_out_text_model(ml_out *o, const ml_model *m, const ml_config *cfg);
 /* ok: the writer succeeded. Returns 0 or an exit status (message printed). */
 int ml_out_close(ml_out *o, bool ok);
+/* 2 (printed) when out and in name the same existing file (device and
+ * inode): an output must never replace an input. NULL and "-" never match. */
+int ml_out_refuse_input(const char *out, const char *in);
+/* s to f with control bytes (C0 other than tab, DEL, and C1 encoded in
+ * UTF-8) as \xNN escapes; newlines kept when lines (prose), else escaped
+ * (a one-line message, where a name must not start a forged line). */
+void ml_cli_put_safe(FILE *f, const char *s, size_t len, bool lines);
+/* "memledger: error: " and the message, made safe by ml_cli_put_safe, to stderr. */
+void ml_cli_errorf(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
 
 int ml_cmd_plan(int argc, char **argv);
 int ml_cmd_timeline(int argc, char **argv);

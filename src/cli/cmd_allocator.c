@@ -1,5 +1,6 @@
 /* memledger allocator TRACE.csv: a trace of allocations and frees replayed
  * through the model of PyTorch's CUDA caching allocator (docs/allocator.md). */
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,11 +40,12 @@ static const char usage[] =
     "Exit status: 0 ran (and fits the device), 1 out of memory on the device,\n"
     "2 bad input or usage, 3 output could not be written.\n";
 
-static int usage_error(const char *msg, const char *arg)
+static int usage_error(const char *fmt, const char *arg)
 {
-    fprintf(stderr, "memledger: error: ");
-    fprintf(stderr, msg, arg);
-    fprintf(stderr, "\nTry 'memledger allocator --help'.\n");
+    char msg[4200];
+    snprintf(msg, sizeof msg, fmt, arg);
+    ml_cli_errorf("%s", msg);
+    fprintf(stderr, "Try 'memledger allocator --help'.\n");
     return ML_EXIT_BAD_INPUT;
 }
 
@@ -88,9 +90,17 @@ static int parse(int argc, char **argv, opts *o)
                 break;
         if (k == sizeof flags / sizeof flags[0])
             return usage_error("unknown option '%s'", arg);
-        const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        /* the next argument is the value unless it is itself a flag ("-o
+         * --device": -o was given no file name); "-" is standard output */
+        const char *val = eq ? eq + 1 : i + 1 < argc ? argv[i + 1] : NULL;
+        if (!eq && val && val[0] == '-' && val[1] && !isdigit((unsigned char)val[1]))
+            val = NULL;
         if (!val || !*val)
-            return usage_error("%s needs a value", flags[k].flag);
+            return usage_error(flags[k].off == offsetof(opts, output) ? "%s needs a file name"
+                                                                      : "%s needs a value",
+                               flags[k].flag);
+        if (!eq)
+            i++;
         if (!flags[k].off) { /* --format */
             if (strcmp(val, "text") && strcmp(val, "json"))
                 return usage_error("--format: '%s' is not a format; use text or json", val);
@@ -101,12 +111,12 @@ static int parse(int argc, char **argv, opts *o)
     }
     if (!o->trace)
         return usage_error("%s", "missing the trace (a CSV with the header action,id,bytes)");
-    return 0;
+    return ml_out_refuse_input(o->output, o->trace);
 }
 
 static int bad_flag(const char *flag, const char *msg, const char *val)
 {
-    fprintf(stderr, "memledger: error: %s: '%s' %s\n", flag, val, msg);
+    ml_cli_errorf("%s: '%s' %s", flag, val, msg);
     return ML_EXIT_BAD_INPUT;
 }
 
@@ -117,7 +127,7 @@ static int config(const opts *o, ml_alloc_config *c)
     ml_error e;
     memset(&e, 0, sizeof e);
     if (o->device && ml_parse_size(o->device, &c->device_bytes, &e) != ML_OK) {
-        fprintf(stderr, "memledger: error: --device: %s\n", e.msg);
+        ml_cli_errorf("--device: %s", e.msg);
         return ML_EXIT_BAD_INPUT;
     }
     if (o->device && !c->device_bytes)
@@ -265,7 +275,10 @@ int ml_cmd_allocator(int argc, char **argv)
         return ar == ML_ALLOC_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
     ml_out out;
-    if ((rc = ml_out_open(&out, o.output)) == 0) {
+    rc = ml_out_open(&out, o.output);
+    if (!rc && !o.json)
+        rc = ml_out_text(&out, o.trace);
+    if (rc == 0) {
         if (o.json)
             write_json(out.f, &o, &c, t, &r);
         else

@@ -1,5 +1,6 @@
 /* memledger calibrate: fit a user's measured peaks (--points), or run the
  * calibration runner (memledger-calibrate, built with OpenBLAS or CUDA). */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -31,40 +32,53 @@ static const char usage[] =
     "Exit status: 0 done (and, with --at and --budget, the peak at N fits),\n"
     "1 the peak at N is over the budget, 2 bad input or usage, 3 output failure.\n";
 
+/* A usage error of calibrate --points (printed); returns 2. */
+static int points_usage(const char *fmt, const char *arg)
+{
+    char msg[4200];
+    snprintf(msg, sizeof msg, fmt, arg);
+    ml_cli_errorf("%s", msg);
+    fputs("Try 'memledger calibrate --help'.\n", stderr);
+    return ML_EXIT_BAD_INPUT;
+}
+
 static int points(int argc, char **argv)
 {
     const char *path = NULL, *budget_s = NULL, *at_s = NULL, *out_path = NULL;
     bool json = false;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
+        const char **slot = !strcmp(a, "--points")                       ? &path
+                            : !strcmp(a, "--budget")                     ? &budget_s
+                            : !strcmp(a, "--at")                         ? &at_s
+                            : !strcmp(a, "-o") || !strcmp(a, "--output") ? &out_path
+                                                                         : NULL;
+        if (!slot && strcmp(a, "--format"))
+            return points_usage("calibrate --points: unexpected '%s'", a);
+        /* the value: the next argument, unless missing, empty or itself a
+         * flag ("-o --points": -o was given no file name); "-" is stdout */
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--points") && v)
-            path = argv[++i];
-        else if (!strcmp(a, "--budget") && v)
-            budget_s = argv[++i];
-        else if (!strcmp(a, "--at") && v)
-            at_s = argv[++i];
-        else if (!strcmp(a, "-o") && v)
-            out_path = argv[++i];
-        else if (!strcmp(a, "--format") && v) {
-            if (!strcmp(v, "json"))
-                json = true;
-            else if (strcmp(v, "text")) {
-                fprintf(stderr, "memledger: error: --format: '%s' is not a format; use text or "
-                                "json\n", v);
-                return ML_EXIT_BAD_INPUT;
-            }
-            i++;
-        } else {
-            fprintf(stderr, "memledger: error: calibrate --points: unexpected '%s'\n"
-                            "Try 'memledger calibrate --help'.\n", a);
-            return ML_EXIT_BAD_INPUT;
+        if (!v || !*v || (v[0] == '-' && v[1] && !isdigit((unsigned char)v[1])))
+            return points_usage(slot == &path || slot == &out_path ? "%s needs a file name"
+                                                                  : "%s needs a value",
+                                a);
+        i++;
+        if (slot) {
+            *slot = v;
+        } else if (!strcmp(v, "json")) {
+            json = true;
+        } else if (strcmp(v, "text")) {
+            return points_usage("--format: '%s' is not a format; use text or json", v);
         }
     }
+    if (!path)
+        return points_usage("%s", "calibrate: --points needs a file name");
+    if (ml_out_refuse_input(out_path, path))
+        return ML_EXIT_BAD_INPUT;
     uint64_t budget = 0, at = 0;
     ml_error e;
     if (budget_s && ml_parse_size(budget_s, &budget, &e) != ML_OK) {
-        fprintf(stderr, "memledger: error: --budget: %s\n", e.msg);
+        ml_cli_errorf("--budget: %s", e.msg);
         return ML_EXIT_BAD_INPUT;
     }
     if (at_s && ml_cli_whole("--at", at_s, 1, 1u << 24, &at))
@@ -84,6 +98,8 @@ static int points(int argc, char **argv)
     }
     ml_out out;
     int rc = ml_out_open(&out, out_path);
+    if (!rc && !json)
+        rc = ml_out_text(&out, path);
     if (rc) {
         free(p);
         return rc;

@@ -54,7 +54,10 @@ int ml_cmd_compare(int argc, char **argv)
         }
     }
     ml_out out;
-    if ((rc = ml_out_open(&out, o.output)) == 0) {
+    rc = ml_out_open(&out, o.output);
+    if (!rc && o.format == ML_FMT_TEXT)
+        rc = ml_out_text_model(&out, m, &cfg);
+    if (rc == 0) {
         int w = o.format == ML_FMT_JSON  ? ml_report_compare_json(out.f, rows, n)
                 : o.format == ML_FMT_CSV ? ml_report_compare_csv(out.f, rows, n)
                 : o.format == ML_FMT_SVG

@@ -63,8 +63,20 @@ int ml_cmd_fit(int argc, char **argv)
             goto out;
         }
     }
+    /* --emit with nothing that fits: no settings to write, and the prose
+     * report is not what the reader of -o (a config file) expects */
+    if (o.emit && !r.fits) {
+        fprintf(stderr, "memledger: --emit %s: nothing fits, nothing written: ", o.emit);
+        ml_cli_put_safe(stderr, r.note, strlen(r.note), false);
+        fputc('\n', stderr);
+        rc = ML_EXIT_NO_FIT;
+        goto out;
+    }
     ml_out out;
-    if ((rc = ml_out_open(&out, o.output)) == 0) {
+    rc = ml_out_open(&out, o.output);
+    if (!rc && !chosen && o.format == ML_FMT_TEXT)
+        rc = ml_out_text_model(&out, m, &cfg);
+    if (rc == 0) {
         int w = chosen                  ? ml_report_emit(out.f, o.emit, m, &cc, chosen)
                 : o.format == ML_FMT_JSON ? ml_report_fit_json(out.f, m, &req, &r)
                                           : ml_report_fit_text(out.f, m, &cfg, &req, &r);
@@ -72,8 +84,11 @@ int ml_cmd_fit(int argc, char **argv)
     }
     ml_ledger_destroy(chosen);
     if (rc == 0) {
-        if (!r.fits)
-            fprintf(stderr, "memledger: %s\n", r.note);
+        if (!r.fits) {
+            fputs("memledger: ", stderr);
+            ml_cli_put_safe(stderr, r.note, strlen(r.note), false);
+            fputc('\n', stderr);
+        }
         rc = r.fits ? ML_EXIT_OK : ML_EXIT_NO_FIT;
     }
 out:

@@ -37,6 +37,9 @@ static const char usage[] =
     "  --efficiency X         achieved fraction of the peak, 0 < X <= 1 (default 1)\n"
     "  --fragmentation X      allowance for the caching allocator's reserved bytes\n"
     "                         over its peak, a fraction 0..1 (default 0)\n"
+    "  --allocator A          none (default) | caching | expandable: simulate PyTorch's\n"
+    "                         CUDA caching allocator on the plan; reserved peak and verdict\n"
+    "  --max-split-size MB    max_split_size_mb for the simulation (a whole MiB count > 20)\n"
     "Model\n"
     "  --hf config.json       a Hugging Face config instead of a model file (llama,\n"
     "                         mistral, qwen2, gpt2, gpt_neox, bert, vit)\n"
@@ -69,7 +72,10 @@ int ml_cmd_plan(int argc, char **argv)
         return rc;
     }
     ml_out out;
-    if ((rc = ml_out_open(&out, o.output)) == 0) {
+    rc = ml_out_open(&out, o.output);
+    if (!rc && !o.emit && o.format == ML_FMT_TEXT)
+        rc = ml_out_text_model(&out, m, &cfg);
+    if (rc == 0) {
         int w = o.emit                  ? ml_report_emit(out.f, o.emit, m, &cfg, l)
                 : o.format == ML_FMT_JSON ? ml_report_json(out.f, m, &cfg, l)
                                           : ml_report_text(out.f, m, &cfg, l);

@@ -46,7 +46,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
         if (!strcmp(argv[1], verbs[i].name))
             return verbs[i].run(argc - 2, argv + 2);
-    fprintf(stderr, "memledger: error: unknown verb '%s'\n", argv[1]);
+    ml_cli_errorf("unknown verb '%s'", argv[1]);
     help(stderr);
     return ML_EXIT_BAD_INPUT;
 }

@@ -1,22 +1,44 @@
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+
+/* The offending line is shown only from a regular file: a FIFO, a pipe or
+ * a terminal cannot be read twice, and opening one may block. stat first,
+ * then open without blocking and check what was opened. */
+static FILE *open_regular(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return NULL;
+    FILE *f = NULL;
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode))
+        f = fdopen(fd, "rb");
+    if (!f)
+        close(fd);
+    return f;
+}
 
 void ml_cli_print_error(const ml_error *e)
 {
     if (e->line)
-        fprintf(stderr, "memledger: error: %s:%u:%u: %s\n", e->path, e->line, e->col, e->msg);
+        ml_cli_errorf("%s:%u:%u: %s", e->path, e->line, e->col, e->msg);
     else if (e->path[0])
-        fprintf(stderr, "memledger: error: %s: %s\n", e->path, e->msg);
+        ml_cli_errorf("%s: %s", e->path, e->msg);
     else
-        fprintf(stderr, "memledger: error: %s\n", e->msg);
+        ml_cli_errorf("%s", e->msg);
     if (!e->line || !e->path[0])
         return;
-    FILE *f = fopen(e->path, "rb");
+    FILE *f = open_regular(e->path);
     if (!f)
         return;
     char buf[512];
@@ -27,9 +49,28 @@ void ml_cli_print_error(const ml_error *e)
         if (line == e->line) {
             while (len && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
                 buf[--len] = '\0';
-            fprintf(stderr, "  %s\n  ", buf);
-            for (unsigned i = 1; i < e->col && i < sizeof buf; i++)
-                fputc(buf[i - 1] == '\t' ? '\t' : ' ', stderr);
+            fputs("  ", stderr);
+            ml_cli_put_safe(stderr, buf, len, false);
+            fputs("\n  ", stderr);
+            /* the caret under column col (characters, as the YAML parser
+             * counts them): a tab stays a tab, an escaped byte takes the
+             * width of its \xNN */
+            unsigned ch = 1;
+            for (size_t i = 0; i < len && ch < e->col; i++) {
+                unsigned char c = (unsigned char)buf[i];
+                if ((c & 0xc0) == 0x80)
+                    continue; /* a UTF-8 continuation byte */
+                if (c == '\t')
+                    fputc('\t', stderr);
+                else if (c < 0x20 || c == 0x7f)
+                    fputs("    ", stderr);
+                else if (c == 0xc2 && i + 1 < len && (unsigned char)buf[i + 1] <= 0x9f &&
+                         (unsigned char)buf[i + 1] >= 0x80)
+                    fputs("        ", stderr);
+                else
+                    fputc(' ', stderr);
+                ch++;
+            }
             fputs("^\n", stderr);
             break;
         }
@@ -67,14 +108,33 @@ static const struct {
     {"--logits", offsetof(ml_cli_opts, logits)},
     {"--eval-batch", offsetof(ml_cli_opts, eval_batch)},
     {"--eval-seq-len", offsetof(ml_cli_opts, eval_seq_len)},
+    {"--allocator", offsetof(ml_cli_opts, allocator)},
+    {"--max-split-size", offsetof(ml_cli_opts, max_split_size)},
 };
 
 static int usage_error(const char *verb, const char *fmt, const char *arg)
 {
-    fprintf(stderr, "memledger: error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nTry 'memledger %s --help'.\n", verb);
+    char msg[4200];
+    snprintf(msg, sizeof msg, fmt, arg);
+    ml_cli_errorf("%s", msg);
+    fprintf(stderr, "Try 'memledger %s --help'.\n", verb);
     return ML_EXIT_BAD_INPUT;
+}
+
+/* A flag's value: after '=', or the next argument unless that is itself a
+ * flag ("-o --points": -o was given no file name, and --points is not one).
+ * "-" (standard output) and negative numbers (for the range checks to
+ * refuse by name) are values. NULL when there is none. */
+static const char *flag_value(int argc, char **argv, int *i, const char *eq)
+{
+    if (eq)
+        return eq + 1;
+    if (*i + 1 >= argc)
+        return NULL;
+    const char *v = argv[*i + 1];
+    if (v[0] == '-' && v[1] && !isdigit((unsigned char)v[1]) && v[1] != '.')
+        return NULL;
+    return argv[++*i];
 }
 
 int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o)
@@ -91,28 +151,31 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
             size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
             const char *val = NULL;
             if ((!strcmp(arg, "-o") || (!strncmp(arg, "--output", len) && len == 8))) {
-                val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+                val = flag_value(argc, argv, &i, eq);
                 if (!val || !*val)
-                    return usage_error(verb, "%s needs a file name", "-o");
+                    return usage_error(verb, "%s needs a file name", len == 2 ? "-o" : "--output");
                 o->output = val;
                 continue;
             }
             if (!strncmp(arg, "--emit", len) && len == 6) {
-                val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+                val = flag_value(argc, argv, &i, eq);
                 if (strcmp(verb, "plan") && strcmp(verb, "fit"))
                     return usage_error(verb, "%s is for 'memledger plan' and 'memledger fit'",
                                        "--emit");
-                if (!val || (strcmp(val, "deepspeed") && strcmp(val, "hf-trainer") &&
+                if (!val || !*val)
+                    return usage_error(verb, "%s needs a target: deepspeed, hf-trainer or torch",
+                                       "--emit");
+                if ((strcmp(val, "deepspeed") && strcmp(val, "hf-trainer") &&
                              strcmp(val, "torch")))
                     return usage_error(verb, "--emit: '%s' is not a target; use deepspeed, "
                                              "hf-trainer or torch",
-                                       val ? val : "");
+                                       val);
                 o->emit = val;
                 continue;
             }
             if ((!strncmp(arg, "--hf", len) && len == 4) ||
                 (!strncmp(arg, "--training", len) && len == 10)) {
-                val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+                val = flag_value(argc, argv, &i, eq);
                 if (!val || !*val)
                     return usage_error(verb, "%s needs a file", len == 4 ? "--hf" : "--training");
                 if (len == 4)
@@ -122,9 +185,12 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                 continue;
             }
             if (!strncmp(arg, "--format", len) && len == 8) {
-                val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-                if (!val)
-                    return usage_error(verb, "%s needs a value: text or json", "--format");
+                val = flag_value(argc, argv, &i, eq);
+                if (!val || !*val)
+                    return usage_error(verb, "--format needs a value: %s",
+                                       !strcmp(verb, "compare")    ? "text, json, csv or svg"
+                                       : !strcmp(verb, "timeline") ? "csv, json or svg"
+                                                                   : "text or json");
                 if (!strcmp(val, "text"))
                     o->format = ML_FMT_TEXT;
                 else if (!strcmp(val, "json"))
@@ -152,8 +218,8 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                     break;
             if (k == sizeof flags / sizeof flags[0])
                 return usage_error(verb, "unknown option '%s'", arg);
-            val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!val)
+            val = flag_value(argc, argv, &i, eq);
+            if (!val || !*val)
                 return usage_error(verb, "%s needs a value", flags[k].flag);
             *(const char **)((char *)o + flags[k].off) = val;
             if (!strcmp(flags[k].flag, "--checkpoint") && !strcmp(val, "auto")) {
@@ -182,6 +248,11 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                                        "--hf config.json");
     if (o->hf)
         o->model_path = o->hf;
+    /* -o naming an input would replace it with the report */
+    const char *inputs[] = {o->model_path, o->training, o->calib};
+    for (size_t k = 0; k < sizeof inputs / sizeof inputs[0]; k++)
+        if (ml_out_refuse_input(o->output, inputs[k]))
+            return ML_EXIT_BAD_INPUT;
     return 0;
 }
 
@@ -321,6 +392,20 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
         rc = real("--efficiency", o->efficiency, 1e-6, 1, &d->efficiency);
     if (!rc && o->fragmentation)
         rc = real("--fragmentation", o->fragmentation, 0, 1, &d->fragmentation);
+    if (!rc && o->allocator) {
+        unsigned a = 0;
+        while (a < ML_ALLOCATOR_COUNT && strcmp(o->allocator, ml_allocator_name((ml_allocator)a)))
+            a++;
+        if (a == ML_ALLOCATOR_COUNT)
+            rc = bad_flag("--allocator", "unknown; use caching, expandable or none");
+        else
+            d->allocator = (ml_allocator)a;
+    }
+    if (!rc && o->max_split_size) {
+        uint64_t mb = 0;
+        rc = ml_cli_whole("--max-split-size", o->max_split_size, 21, 1ull << 40, &mb);
+        d->max_split_size = mb << 20;
+    }
     if (!rc && d->present && d->budget > d->memory)
         rc = bad_flag("--budget", "the budget is above the device memory");
     if (!rc && d->present && d->runtime_reserve >= d->memory)

@@ -59,6 +59,10 @@ typedef struct {
     uint64_t ws_nograd;      /* the same under no_grad (checkpointed forward),
                                 where saved tensors are transients too */
     uint64_t ws_bwd;         /* transient bytes while its backward runs */
+    uint64_t unit_fwd, unit;  /* the tensors the transients are made of: the largest
+                                 unsaved one (forward), the largest (no_grad and
+                                 backward); for the allocator simulation */
+    uint64_t bwd_in;          /* the incoming gradient, part of ws_bwd */
     uint64_t grad_bytes;     /* gradients first created by its backward */
     uint64_t grad_accum_bytes; /* gradients it produces into existing .grad (accumulation) */
     double flops_fwd, flops_bwd, flops_core;
@@ -102,6 +106,10 @@ void ml_chain_free(ml_chain *ch);
 typedef struct {
     uint64_t states;
     uint64_t step_temp;
+    unsigned state_tensors;  /* state tensors per parameter tensor (Adam: exp_avg and
+                                exp_avg_sq), for the allocator simulation */
+    bool temp_per_tensor;    /* the step's temporaries are one per parameter tensor
+                                (foreach), not one at a time (for-loop) */
 } ml_optim_bytes;
 ml_status ml_optim_bytes_of(const ml_chain *ch, const ml_training *t, ml_optim_bytes *out,
                             ml_error *err);

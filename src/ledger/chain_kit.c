@@ -131,6 +131,9 @@ void ml_ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
 {
     b->ws_fwd = ml_add(ch, b->ws_fwd, ml_mul(ch, 2, ch->max_unsaved));
     b->ws_nograd = ml_mul(ch, 2, ch->max_tensor);
+    b->unit_fwd = ch->max_unsaved;
+    b->unit = ch->max_tensor;
+    b->bwd_in = out_bytes;
     b->ws_bwd = ml_add(ch, b->ws_bwd, ml_add(ch, out_bytes, ml_mul(ch, 2, ch->max_tensor)));
     uint64_t g = ml_mul(ch, b->params, ch->prec.grad);
     b->grad_bytes = ml_add(ch, b->grad_bytes, g);
@@ -182,7 +185,10 @@ void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
 {
     const unsigned a = ch->prec.a, w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    uint64_t qkv_out = ml_add(ch, d->D, ml_mul(ch, 2, d->Dkv));
+    /* the queries and the attention output are H heads of dh: D wide unless
+     * the model sets a head size (HF head_dim, docs/inventory.md) */
+    uint64_t Dq = ml_mul(ch, d->H, d->dh), BTQ = ml_mul(ch, d->BT, Dq);
+    uint64_t qkv_out = ml_add(ch, Dq, ml_mul(ch, 2, d->Dkv));
     uint64_t BHTT = ml_ck_mul3(ch, d->B, d->H, ml_mul(ch, d->T, d->T));
     /* q/k/v projections */
     unsigned ncast = fused_qkv ? 1 : 3;
@@ -204,12 +210,12 @@ void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
         /* scaled_dot_product_attention (flash): saves q, k, v, the output and
          * the per-row logsumexp; no T x T tensor exists */
         ml_ck_save(ch, b, "q, k, v (flash)", ml_mul(ch, d->BT, qkv_out), a, 0);
-        ml_ck_save(ch, b, "attention output (flash)", BTD, a, 0);
+        ml_ck_save(ch, b, "attention output (flash)", BTQ, a, 0);
         ml_ck_save(ch, b, "logsumexp (flash)", ml_ck_mul3(ch, d->B, d->H, d->T), 4, 0);
     } else {
         /* matmul of the permuted head views reshapes them into contiguous
          * copies, which bmm saves: q and k for QK^T, v for PV */
-        ml_ck_save(ch, b, "q, k, v contiguous copies (bmm)", ml_mul(ch, 3, BTD), a, 0);
+        ml_ck_save(ch, b, "q, k, v contiguous copies (bmm)", ml_mul(ch, 3, BTQ), a, 0);
         ml_ck_tmp(ch, BHTT, a);
         b->flops_core = attn_core;
         if (causal_mask)
@@ -224,13 +230,13 @@ void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
         else if (d->drop)
             ml_ck_save(ch, b, "attention dropout output", BHTT, sm, ML_SV_CORE);
     }
-    /* output projection: input is the contiguous (B, T, D) attention output */
-    ml_ck_save(ch, b, "output projection input", BTD, a, 0);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
-    ml_ck_param(ch, b, d->D, d->D);
-    if (m->bias)
+    /* output projection: input is the contiguous (B, T, H*dh) attention output */
+    ml_ck_save(ch, b, "output projection input", BTQ, a, 0);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, Dq, d->D));
+    ml_ck_param(ch, b, Dq, d->D);
+    if (m->bias || m->out_bias)
         ml_ck_param(ch, b, d->D, 0);
-    b->flops_fwd += 2.0 * (double)d->BT * (double)d->D * (double)d->D;
+    b->flops_fwd += 2.0 * (double)d->BT * (double)Dq * (double)d->D;
     if (d->drop)
         ml_ck_save(ch, b, "residual dropout mask", BTD, 1, 0);
     ml_ck_tmp(ch, BTD, a);

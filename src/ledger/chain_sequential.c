@@ -267,6 +267,8 @@ static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
     /* under no_grad (evaluation) what the loss saves is transient, beside
      * the fp32 cast */
     b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
+    b->unit_fwd = b->ws_fwd;
+    b->unit = ml_mul(ch, x->elems, lsb);
     return ML_OK;
 }
 

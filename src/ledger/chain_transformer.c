@@ -48,6 +48,7 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     uint64_t BTD = ml_mul(ch, d->BT, d->D), BTF = ml_mul(ch, d->BT, d->F);
     uint64_t DF = ml_mul(ch, d->D, d->F);
     bool glu = m->activation == ML_ACT_SWIGLU;
+    bool bias = m->bias || m->mlp_bias;
     unsigned nin = glu ? 2 : 1;
     if (ch->prec.autocast && src_bpe == 4) {
         for (unsigned i = 0; i < nin; i++)
@@ -67,7 +68,7 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
         ml_ck_param(ch, b, d->D, d->F);
         ml_ck_param(ch, b, d->D, d->F);
         ml_ck_param(ch, b, d->F, d->D);
-        if (m->bias) {
+        if (bias) {
             ml_ck_param(ch, b, d->F, 0);
             ml_ck_param(ch, b, d->F, 0);
         }
@@ -76,7 +77,7 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
         ml_ck_save(ch, b, "gelu output (proj input)", BTF, a, 0);
         ml_ck_param(ch, b, d->D, d->F);
         ml_ck_param(ch, b, d->F, d->D);
-        if (m->bias)
+        if (bias)
             ml_ck_param(ch, b, d->F, 0);
     } else {
         /* relu saves its result, which is also the projection's input */
@@ -84,10 +85,10 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
         ml_ck_save(ch, b, "relu output (proj input)", BTF, a, 0);
         ml_ck_param(ch, b, d->D, d->F);
         ml_ck_param(ch, b, d->F, d->D);
-        if (m->bias)
+        if (bias)
             ml_ck_param(ch, b, d->F, 0);
     }
-    if (m->bias)
+    if (bias)
         ml_ck_param(ch, b, d->D, 0);
     b->flops_fwd += (double)(nin + 1) * 2.0 * (double)d->BT * (double)d->D * (double)d->F;
     if (d->drop)
@@ -151,12 +152,21 @@ static ml_status dims_of(const ml_model *m, const ml_training *t, ml_chain *ch,
                          "learned positions",
                          (unsigned long long)d->T, (unsigned long long)m->max_positions);
     }
+    /* a window shorter than the sequence changes the attention's mask, its
+     * kernels and FLOPs: not modelled (docs/hf.md) */
+    if (m->sliding_window && d->T > m->sliding_window)
+        return ml_errorf(err, ML_RANGE,
+                         "a sequence of %llu tokens exceeds the model's sliding_window "
+                         "(%llu); attention over a sliding window is not modelled: plan at "
+                         "most %llu tokens (seq_len, eval_seq_len)",
+                         (unsigned long long)d->T, (unsigned long long)m->sliding_window,
+                         (unsigned long long)m->sliding_window);
     d->BT = ml_mul(ch, d->B, d->T);
     d->D = m->hidden;
     d->F = m->ffn;
     d->H = m->heads;
     d->Hkv = m->kv_heads;
-    d->dh = m->hidden / m->heads;
+    d->dh = m->head_dim ? m->head_dim : m->hidden / m->heads;
     d->Dkv = d->Hkv * d->dh;
     d->V = m->vocab;
     d->drop = m->dropout > 0;
@@ -400,6 +410,8 @@ static ml_status head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
     /* under no_grad (evaluation) what the loss saves is transient, beside
      * the fp32 cast */
     b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
+    b->unit_fwd = b->ws_fwd;               /* the fp32 cast */
+    b->unit = ml_mul(ch, logits, lsb);     /* two tensors of the logits' size */
     b->in_bytes = ml_mul(ch, logits, a);
     b->in_held = true; /* the model returns the logits to the caller */
     return ML_OK;

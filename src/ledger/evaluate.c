@@ -110,62 +110,10 @@ static void describe_plan(const ml_chain *ch, const ml_checkpoint *cp, const int
         snprintf(buf + o, size - o, " none");
 }
 
-static const char *validate(const ml_config *cfg)
-{
-    const ml_training *t = &cfg->training;
-    const ml_device *dv = &cfg->device;
-    if (t->micro_batch == 0 || t->micro_batch > (1ull << 24))
-        return "training.micro_batch: must be between 1 and 16777216";
-    if (t->seq_len == 0 || t->seq_len > (1ull << 28))
-        return "training.seq_len: must be between 1 and 268435456";
-    if (t->grad_accum == 0 || t->grad_accum > (1ull << 20))
-        return "training.grad_accum: must be between 1 and 1048576";
-    if ((unsigned)t->precision >= ML_PREC_COUNT || (unsigned)t->optimizer >= ML_OPT_COUNT ||
-        (unsigned)t->optimizer_impl >= ML_IMPL_COUNT ||
-        (unsigned)t->checkpoint.kind >= ML_CKPT_COUNT)
-        return "training: unknown precision, optimizer, implementation or checkpoint policy";
-    if (t->data_parallel == 0 || t->data_parallel > (1u << 20))
-        return "training.data_parallel: must be between 1 and 1048576";
-    if (t->zero > 3)
-        return "training.zero: must be 0, 1, 2 or 3";
-    if ((unsigned)t->offload >= ML_OFFLOAD_COUNT)
-        return "training.offload: unknown";
-    if (t->offload == ML_OFFLOAD_PARAMS && t->zero != 3)
-        return "training.offload: params offload needs zero: 3";
-    if (t->reduce_bucket == 0 || t->allgather_bucket == 0)
-        return "training: bucket sizes must be at least 1 element";
-    if ((unsigned)t->logits >= ML_LOGITS_COUNT)
-        return "training.logits: unknown; use kept or released";
-    if (t->logits == ML_LOGITS_FUSED)
-        return "training.logits: fused (a chunked linear-cross-entropy) is not modelled yet; use "
-               "kept or released";
-    if (t->eval_batch > (1ull << 24))
-        return "training.eval_batch: must be between 1 and 16777216";
-    if (t->eval_seq_len > (1ull << 28))
-        return "training.eval_seq_len: must be between 1 and 268435456";
-    if (t->checkpoint.kind == ML_CKPT_EVERY && t->checkpoint.every == 0)
-        return "training.checkpoint: every-K needs K >= 1";
-    if (t->checkpoint.kind == ML_CKPT_OPTIMAL && !dv->present)
-        return "training.checkpoint: optimal needs a budget: give a device (--device SIZE or a "
-               "device: section)";
-    if (dv->present && dv->memory == 0)
-        return "device.memory: must be at least 1 byte";
-    if (dv->present && dv->budget > dv->memory)
-        return "device.budget: above device.memory";
-    if (dv->present && dv->runtime_reserve >= dv->memory)
-        return "device.runtime_reserve: not below device.memory";
-    if (!(dv->efficiency > 0 && dv->efficiency <= 1))
-        return "device.efficiency: must be in (0, 1]";
-    if (!(dv->fragmentation >= 0 && dv->fragmentation <= 1))
-        return "device.fragmentation: must be in [0, 1]";
-    if (!(dv->peak_tflops >= 0) || !isfinite(dv->peak_tflops))
-        return "device.peak_tflops: must be a number >= 0";
-    return NULL;
-}
 
 /* Where each boundary tensor lives under the plan (docs/ledger.md,
  * "boundary tensors"). */
-static void boundaries(const ml_chain *ch, const int *seg, bool held, ml_boundary *bd)
+void ml_eval_boundaries(const ml_chain *ch, const int *seg, bool held, ml_boundary *bd)
 {
     for (size_t k = 0; k < ch->n; k++) {
         const ml_cblock *b = &ch->blocks[k];
@@ -183,8 +131,8 @@ static void boundaries(const ml_chain *ch, const int *seg, bool held, ml_boundar
  * temporaries per device: ZeRO stage z shards states (z >= 1), gradients
  * (z >= 2) and parameters (z = 3) over N devices; offload moves them to the
  * host (docs/sharding.md). */
-static void model_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
-                         ml_summary *s)
+void ml_eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
+                          ml_summary *s)
 {
     uint64_t P = 0;
     for (size_t i = 0; i < ch->nparams; i++)
@@ -235,15 +183,31 @@ static double communication(const ml_chain *ch, const ml_training *t, uint64_t P
     return A * (2 * f * pp + f * pg); /* gather fwd + bwd, reduce-scatter */
 }
 
-/* The iteration's events: model states, each micro-batch (two stand for
- * any accumulation: the second one's are every later one's), the optimizer
- * step, zero_grad. Returns the recompute FLOPs of one micro-batch. */
-static double iteration(ml_replay *r, const ml_training *t, const ml_summary *s)
+/* The resident model states: parameters and master weights, as one tensor
+ * per parameter tensor unless sharded into flat buffers; with `states`, the
+ * optimizer states too (state_tensors per parameter tensor). */
+void ml_eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, bool states)
 {
+    const ml_training *t = &x->cfg->training;
+    ml_replay_alloc_as(r, ML_CAT_PARAMS, s->bytes_params, t->zero >= 3 ? ML_T_ONE : ML_T_ALL_PARAMS,
+                       0, 1);
+    ml_replay_alloc_as(r, ML_CAT_MASTER, s->bytes_master, t->zero >= 1 ? ML_T_ONE : ML_T_ALL_PARAMS,
+                       0, 1);
+    if (states)
+        ml_replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer,
+                           t->zero >= 1 ? ML_T_ONE : ML_T_ALL_PARAMS, 0, x->ob.state_tensors);
+}
+
+/* The iteration's events after the resident states: each micro-batch (two
+ * stand for any accumulation: the second one's are every later one's), the
+ * optimizer step (which first creates the states when create_states: the
+ * first iteration), zero_grad. Returns the recompute FLOPs of one
+ * micro-batch. */
+double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
+                         bool create_states)
+{
+    const ml_training *t = &x->cfg->training;
     const ml_chain *ch = r->ch;
-    ml_replay_alloc(r, ML_CAT_PARAMS, s->bytes_params);
-    ml_replay_alloc(r, ML_CAT_MASTER, s->bytes_master);
-    ml_replay_alloc(r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
     double flops_re = 0;
     unsigned micros = t->grad_accum > 1 ? 2 : 1;
     for (unsigned mb = 0; mb < micros; mb++) {
@@ -256,6 +220,9 @@ static double iteration(ml_replay *r, const ml_training *t, const ml_summary *s)
     r->block = -1;
     /* the first iteration's step() creates the states: from here on it
      * holds what the steady iteration holds */
+    if (create_states)
+        ml_replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer,
+                           t->zero >= 1 ? ML_T_ONE : ML_T_ALL_PARAMS, 0, x->ob.state_tensors);
     if (r->total > r->peak_first)
         r->peak_first = r->total;
     /* ZeRO-1/2 all-gather the updated parameters through a bucket */
@@ -264,7 +231,8 @@ static double iteration(ml_replay *r, const ml_training *t, const ml_summary *s)
         ag = ml_mul((ml_chain *)ch, t->allgather_bucket < s->params ? t->allgather_bucket
                                                                      : s->params,
                     ch->prec.param);
-    ml_replay_alloc(r, ML_CAT_WORKSPACE, s->bytes_step_temp);
+    ml_replay_alloc_as(r, ML_CAT_WORKSPACE, s->bytes_step_temp,
+                       x->ob.temp_per_tensor && t->zero == 0 ? ML_T_ALL_PARAMS : ML_T_ONE, 0, 1);
     ml_replay_free(r, ML_CAT_WORKSPACE, s->bytes_step_temp);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, ag);
     ml_replay_free(r, ML_CAT_WORKSPACE, ag);
@@ -339,9 +307,12 @@ static ml_status verdict(const ml_chain *ch, const ml_device *dv, ml_summary *s,
         peak = s->peak_eval;
         s->binding = ML_PEAK_EVAL;
     }
-    /* the caching allocator's reserved bytes over its allocated peak */
+    /* the caching allocator's reserved bytes over its allocated peak: the
+     * allowance given, else the simulated reserved peak (docs/allocator.md) */
     double frag = (double)peak * dv->fragmentation;
     s->fragmentation = frag < 1.8e19 ? (uint64_t)llround(frag) : UINT64_MAX;
+    if (s->has_reserved && !(dv->fragmentation > 0) && s->reserved_peak > peak)
+        s->fragmentation = s->reserved_peak - peak;
     if (__builtin_add_overflow(peak, s->runtime_reserve, &s->peak_total) ||
         __builtin_add_overflow(s->peak_total, s->fragmentation, &s->peak_total)) {
         return ml_errorf(err, ML_OVERFLOW,
@@ -353,7 +324,7 @@ static ml_status verdict(const ml_chain *ch, const ml_device *dv, ml_summary *s,
         s->memory = dv->memory;
         s->budget = ml_device_budget(dv);
         s->device_limit = ml_device_limit(dv);
-        s->fits = peak <= s->budget && s->peak_total <= s->memory;
+        s->fits = peak <= s->budget && s->peak_total <= s->memory && !s->reserved_oom;
         int64_t h1 = (int64_t)s->budget - (int64_t)peak;
         int64_t h2 = (int64_t)s->memory - (int64_t)s->peak_total;
         s->headroom = h1 < h2 ? h1 : h2;
@@ -407,119 +378,16 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
     l->nblocks = n;
 }
 
-/* Scratch of one evaluation pass: n + 1 entries each. */
-typedef struct {
-    int *seg;
-    ml_boundary *bd;
-    uint64_t *held, *recomputed;
-    ml_category *held_cat;
-} eval_scratch;
-
-static void eval_scratch_free(eval_scratch *e)
+void ml_eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml_replay *r)
 {
-    free(e->seg);
-    free(e->bd);
-    free(e->held);
-    free(e->recomputed);
-    free(e->held_cat);
-}
-
-static bool eval_scratch_alloc(eval_scratch *e, size_t n)
-{
-    e->seg = calloc(n + 1, sizeof *e->seg);
-    e->bd = calloc(n + 1, sizeof *e->bd);
-    e->held = calloc(n + 1, sizeof *e->held);
-    e->recomputed = calloc(n + 1, sizeof *e->recomputed);
-    e->held_cat = calloc(n + 1, sizeof *e->held_cat);
-    return e->seg && e->bd && e->held && e->recomputed && e->held_cat;
-}
-
-/* model.eval() under torch.no_grad(): every block runs as a checkpointed
- * block's first forward does (nothing saved, its would-be saved tensors
- * transient), each boundary freed once consumed, except the model output,
- * which the evaluation loop keeps (to compute the loss and metrics). The
- * resident states are the training's: parameters, master weights and the
- * optimizer states the steps before created; no gradients (zero_grad
- * set them to None). */
-ml_status ml_eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err)
-{
-    const ml_training *t = &x->cfg->training;
-    x->has_eval = t->eval_batch > 0;
-    x->eval_peak = 0;
-    if (!x->has_eval)
-        return ML_OK;
-    ml_config ec = *x->cfg;
-    ec.training.micro_batch = t->eval_batch;
-    ec.training.seq_len = t->eval_seq_len ? t->eval_seq_len : t->seq_len;
-    ec.training.checkpoint.kind = ML_CKPT_NONE;
-    ml_chain ch;
-    ml_status st = ml_chain_build(m, &ec, &ch, err);
-    if (st)
-        return st;
-    const size_t n = ch.n;
-    eval_scratch e;
-    memset(&e, 0, sizeof e);
-    ml_ledger sl;
-    memset(&sl, 0, sizeof sl);
-    if (!eval_scratch_alloc(&e, n)) {
-        eval_scratch_free(&e);
-        ml_chain_free(&ch);
-        return ml_errorf(err, ML_NOMEM, "out of memory");
-    }
-    for (size_t k = 0; k < n; k++) {
-        e.bd[k].kept = ch.blocks[k].in_held;
-        e.bd[k].cat = ML_CAT_WORKSPACE;
-        e.bd[k].alias = k > 0 && ch.blocks[k - 1].identity && e.bd[k - 1].kept;
-    }
-    ml_summary *s = &sl.sum;
-    model_states(&ch, &ec.training, &x->ob, s);
-    const uint64_t N = t->data_parallel ? t->data_parallel : 1;
-    ml_shard sh = {N, t->zero, t->zero >= 2, t->zero >= 3, ch.prec.param, 0, -1, 0};
-    ml_replay r;
-    memset(&r, 0, sizeof r);
-    r.l = &sl;
-    r.ch = &ch;
-    r.sh = &sh;
-    r.seg = e.seg;
-    r.bd = e.bd;
-    r.held = e.held;
-    r.held_cat = e.held_cat;
-    r.recomputed = e.recomputed;
-    r.hold_cache = true;
-    r.block = -1;
-    r.sub = "";
-    r.phase = ML_PHASE_FORWARD;
-    ml_replay_alloc(&r, ML_CAT_PARAMS, s->bytes_params);
-    ml_replay_alloc(&r, ML_CAT_MASTER, s->bytes_master);
-    ml_replay_alloc(&r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
-    ml_replay_forward(&r);
-    x->eval_peak = s->peak;
-    bool overflow = r.overflow || ch.overflow;
-    eval_scratch_free(&e);
-    ml_chain_free(&ch);
-    if (overflow)
-        return ml_errorf(err, ML_OVERFLOW,
-                         "byte counts exceed 64 bits in the evaluation pass: use a smaller "
-                         "eval_batch or eval_seq_len");
-    return ML_OK;
-}
-
-ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
-                      ml_error *err)
-{
-    ml_chain *ch = (ml_chain *)x->ch; /* only the overflow flag changes */
+    const ml_chain *ch = x->ch;
     const ml_training *t = &x->cfg->training;
     const size_t n = ch->n;
-    memset(x->recomputed, 0, (n + 1) * sizeof *x->recomputed);
-    memset(x->held, 0, (n + 1) * sizeof *x->held);
-    boundaries(ch, seg, t->logits == ML_LOGITS_KEPT, x->bd);
-
-    ml_summary *s = &l->sum;
-    memset(s, 0, sizeof *s);
-    l->nevents = 0;
-    model_states(ch, t, &x->ob, s);
     const uint64_t N = t->data_parallel ? t->data_parallel : 1;
     const unsigned z = t->zero;
+    memset(x->recomputed, 0, (n + 1) * sizeof *x->recomputed);
+    memset(x->held, 0, (n + 1) * sizeof *x->held);
+    ml_eval_boundaries(ch, seg, t->logits == ML_LOGITS_KEPT, x->bd);
     /* the side inputs a checkpoint keeps (attention masks): once, with the
      * first checkpointed block (docs/ledger.md) */
     x->side_block = -1;
@@ -528,31 +396,44 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
             x->side_block = (int)k;
             break;
         }
-    ml_shard sh = {N, z, z >= 2, z >= 3, ch->prec.param, 0, x->side_block, ch->ckpt_side};
+    *sh = (ml_shard){N, z, z >= 2, z >= 3, ch->prec.param, 0, x->side_block, ch->ckpt_side};
     if (z >= 2) {
-        uint64_t e = t->reduce_bucket < s->params ? t->reduce_bucket : s->params;
-        sh.reduce_ws = ml_mul(ch, e, ch->prec.grad);
+        uint64_t e = t->reduce_bucket < l->sum.params ? t->reduce_bucket : l->sum.params;
+        sh->reduce_ws = ml_mul((ml_chain *)ch, e, ch->prec.grad);
     }
+    memset(r, 0, sizeof *r);
+    r->l = l;
+    r->ch = ch;
+    r->sh = sh;
+    r->seg = seg;
+    r->bd = x->bd;
+    r->selective = t->checkpoint.kind == ML_CKPT_SELECTIVE;
+    r->keep_output = t->logits == ML_LOGITS_KEPT;
+    r->held = x->held;
+    r->held_cat = x->held_cat;
+    r->recomputed = x->recomputed;
+    r->block = -1;
+    r->sub = "";
+    r->phase = ML_PHASE_FORWARD;
+}
+
+ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
+                      ml_error *err)
+{
+    ml_chain *ch = (ml_chain *)x->ch; /* only the overflow flag changes */
+    const ml_training *t = &x->cfg->training;
+    ml_summary *s = &l->sum;
+    memset(s, 0, sizeof *s);
+    l->nevents = 0;
+    ml_eval_model_states(ch, t, &x->ob, s);
+    ml_shard sh;
+    ml_replay r;
+    ml_eval_setup(x, seg, l, &sh, &r);
     s->comm_bytes = communication(ch, t, s->params);
     s->peak_block = -1;
-
-    ml_replay r;
-    memset(&r, 0, sizeof r);
-    r.l = l;
-    r.ch = ch;
-    r.sh = &sh;
-    r.seg = seg;
-    r.bd = x->bd;
-    r.selective = t->checkpoint.kind == ML_CKPT_SELECTIVE;
-    r.keep_output = t->logits == ML_LOGITS_KEPT;
-    r.held = x->held;
-    r.held_cat = x->held_cat;
-    r.recomputed = x->recomputed;
     r.keep = keep_events;
-    r.block = -1;
-    r.sub = "";
-    r.phase = ML_PHASE_FORWARD;
-    double flops_re = iteration(&r, t, s);
+    ml_eval_residents(&r, x, s, true);
+    double flops_re = ml_eval_iteration(&r, x, s, false);
     s->bytes_activations = r.act_end;
     if (s->peak_block >= 0)
         snprintf(s->peak_step, sizeof s->peak_step, "%s%s", ch->blocks[s->peak_block].name,
@@ -580,13 +461,12 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
     if (!err)
         err = &local;
     memset(err, 0, sizeof *err);
-    const char *bad = validate(cfg);
-    if (bad) {
-        return ml_errorf(err, ML_RANGE, "%s", bad);
-    }
+    ml_status st = ml_config_check(cfg, err);
+    if (st)
+        return st;
     const ml_training *t = &cfg->training;
     ml_chain ch;
-    ml_status st = ml_chain_build(m, cfg, &ch, err);
+    st = ml_chain_build(m, cfg, &ch, err);
     if (st)
         return st;
     ml_evalctx x;
@@ -618,6 +498,10 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
     if (st)
         goto done;
     if ((st = ml_eval_run(&x, seg, keep_events, l, err)))
+        goto done;
+    if (cfg->device.allocator != ML_ALLOCATOR_NONE &&
+        ((st = ml_eval_reserved(m, &x, seg, &l->sum, err)) ||
+         (st = verdict(&ch, &cfg->device, &l->sum, err))))
         goto done;
     if (t->checkpoint.kind == ML_CKPT_OPTIMAL)
         l->sum.plan_fits_budget = opt_fits;

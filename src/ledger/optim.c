@@ -79,5 +79,7 @@ ml_status ml_optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_o
         temp = 0; /* bitsandbytes updates in one kernel per tensor */
     out->states = states;
     out->step_temp = temp;
+    out->state_tensors = per ? per : (states ? 1 : 0);
+    out->temp_per_tensor = t->optimizer_impl == ML_IMPL_FOREACH;
     return ML_OK;
 }

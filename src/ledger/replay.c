@@ -60,13 +60,21 @@ static void event(ml_replay *r, ml_category c, int64_t delta)
     memcpy(e->live, r->live, sizeof r->live);
 }
 
-void ml_replay_alloc(ml_replay *r, ml_category c, uint64_t b)
+void ml_replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
+                        size_t block, unsigned copies)
 {
     if (b > (uint64_t)INT64_MAX) {
         r->overflow = true;
         return;
     }
     event(r, c, (int64_t)b);
+    if (r->rsim)
+        ml_rsim_alloc(r->rsim, c, b, split, block, copies);
+}
+
+void ml_replay_alloc(ml_replay *r, ml_category c, uint64_t b)
+{
+    ml_replay_alloc_as(r, c, b, ML_T_ONE, 0, 1);
 }
 
 void ml_replay_free(ml_replay *r, ml_category c, uint64_t b)
@@ -76,6 +84,8 @@ void ml_replay_free(ml_replay *r, ml_category c, uint64_t b)
         return;
     }
     event(r, c, -(int64_t)b);
+    if (r->rsim)
+        ml_rsim_free(r->rsim, c, b);
 }
 
 /* ZeRO-3 / FSDP: a block's parameters are gathered for its forward and its
@@ -138,10 +148,11 @@ void ml_replay_forward(ml_replay *r)
         uint64_t ws = seg[k] < 0 ? b->ws_fwd : b->ws_nograd;
         uint64_t gat = gathered(r, k, false);
         ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
-        ml_replay_alloc(r, ML_CAT_WORKSPACE, ws);
+        ml_replay_alloc_as(r, ML_CAT_WORKSPACE, ws, seg[k] < 0 ? ML_T_UNITS_FWD : ML_T_UNITS, k, 1);
         if (seg[k] < 0)
-            ml_replay_alloc(r, ML_CAT_ACTIVATIONS,
-                            b->saved_bytes - (r->selective ? b->core_bytes : 0));
+            ml_replay_alloc_as(r, ML_CAT_ACTIVATIONS,
+                               b->saved_bytes - (r->selective ? b->core_bytes : 0),
+                               r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
         if ((int)k == sh->side_block)
             ml_replay_alloc(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
         if (k + 1 < n)
@@ -173,8 +184,8 @@ static void recompute_segment(ml_replay *r, size_t s0, size_t k)
     r->sub = " (recompute)";
     for (size_t j = s0; j <= k; j++) {
         r->block = (int32_t)j;
-        ml_replay_alloc(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
-        ml_replay_alloc(r, ML_CAT_RECOMPUTE, B[j].saved_bytes);
+        ml_replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
+        ml_replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
         if (j < k && (B[j].out_saved || B[j + 1].in_saved)) {
             r->recomputed[j + 1] = B[j + 1].in_bytes;
             ml_replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[j + 1]);
@@ -210,20 +221,21 @@ static void backward_block(ml_replay *r, size_t k)
     }
     if (r->selective && seg[k] < 0 && b->core_bytes) {
         r->sub = " (recompute)";
-        ml_replay_alloc(r, ML_CAT_RECOMPUTE, b->core_bytes);
+        ml_replay_alloc_as(r, ML_CAT_RECOMPUTE, b->core_bytes, ML_T_SAVED_CORE, k, 1);
         r->flops_recompute += b->flops_core;
         r->sub = "";
     }
-    ml_replay_alloc(r, ML_CAT_WORKSPACE, b->ws_bwd);
+    ml_replay_alloc_as(r, ML_CAT_WORKSPACE, b->ws_bwd, ML_T_UNITS_BWD, k, 1);
     /* sharded gradients: the full gradient is a transient until its
      * reduce-scatter; the device keeps its 1/N partition */
     uint64_t gfull = sh->grads_sharded ? b->grad_bytes : 0;
     ml_replay_alloc(r, ML_CAT_WORKSPACE, gfull);
     if (r->micro == 0)
-        ml_replay_alloc(r, ML_CAT_GRADS,
-                        sh->grads_sharded ? ml_ceil_div(b->grad_bytes, sh->N) : b->grad_bytes);
+        ml_replay_alloc_as(r, ML_CAT_GRADS,
+                           sh->grads_sharded ? ml_ceil_div(b->grad_bytes, sh->N) : b->grad_bytes,
+                           sh->grads_sharded ? ML_T_ONE : ML_T_BLOCK_PARAMS, k, 1);
     else
-        ml_replay_alloc(r, ML_CAT_WORKSPACE, b->grad_accum_bytes);
+        ml_replay_alloc_as(r, ML_CAT_WORKSPACE, b->grad_accum_bytes, ML_T_BLOCK_PARAMS, k, 1);
     /* the block's saved tensors are released once its gradient is done */
     if (seg[k] >= 0) {
         ml_replay_free(r, ML_CAT_RECOMPUTE, b->saved_bytes);

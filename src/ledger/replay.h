@@ -5,6 +5,7 @@
 #define ML_REPLAY_H
 
 #include "ledger/chain.h"
+#include "ledger/reserved.h"
 
 struct ml_ledger {
     ml_summary sum;
@@ -70,9 +71,13 @@ typedef struct {
     const char *sub; /* "" or " (recompute)" */
     const char *peak_sub;
     bool keep, nomem, overflow, underflow;
+    ml_rsim *rsim;           /* the allocator simulation, or NULL */
 } ml_replay;
 
 void ml_replay_alloc(ml_replay *r, ml_category c, uint64_t b);
+/* The same, telling the allocator simulation which tensors make up b. */
+void ml_replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
+                        size_t block, unsigned copies);
 void ml_replay_free(ml_replay *r, ml_category c, uint64_t b);
 /* The forward of one micro-batch; blocks with seg[k] >= 0 run under
  * no_grad (nothing saved). */
@@ -100,6 +105,22 @@ typedef struct {
  * one forward under no_grad at the evaluation shape, the loop holding the
  * model output. Sets x->has_eval and x->eval_peak. */
 ml_status ml_eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err);
+/* The caching-allocator simulation of the plan seg[] (device.allocator):
+ * fills out's reserved figures (passes.c). */
+ml_status ml_eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml_summary *out,
+                           ml_error *err);
+
+/* The steps of an evaluation (evaluate.c) the allocator simulation
+ * (simulate.c) replays again: where each boundary lives under a plan; the
+ * per-device model states; a replay of the chain under seg[] writing into
+ * l; the resident states; one iteration after them. */
+void ml_eval_boundaries(const ml_chain *ch, const int *seg, bool held, ml_boundary *bd);
+void ml_eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
+                          ml_summary *s);
+void ml_eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml_replay *r);
+void ml_eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, bool states);
+double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
+                         bool create_states);
 
 /* Which blocks sit in checkpoint segments under a fixed policy. */
 ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err);

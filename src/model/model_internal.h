@@ -58,6 +58,8 @@ struct ml_model {
     ml_model_type type;
     /* transformer shorthand */
     uint64_t layers, hidden, heads, kv_heads, ffn, vocab, max_positions;
+    uint64_t head_dim;      /* the head size (HF head_dim): q projects D -> heads * head_dim,
+                               k and v D -> kv_heads * head_dim; default hidden / heads */
     uint64_t classes, token_types;             /* encoder classifier */
     uint64_t image_size, patch_size, channels; /* vision encoder (ViT) */
     ml_activation activation;
@@ -66,6 +68,12 @@ struct ml_model {
     ml_position position;
     bool tied_embeddings, bias, pooler;
     bool qkv_bias;          /* biases on the q/k/v projections (default: bias) */
+    bool out_bias;          /* a bias on the attention output projection even without
+                               `bias` (HF Llama's attention_bias) */
+    bool mlp_bias;          /* biases on the MLP's projections even without `bias`
+                               (HF Llama's mlp_bias) */
+    uint64_t sliding_window; /* HF sliding_window: a longer planned sequence is refused
+                                (the window is not modelled); 0 = none */
     bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, GPT-J) */
     bool kv_cache;          /* the forward returns every layer's keys and values
                                (HF use_cache, on by default for decoders) */
@@ -93,6 +101,58 @@ const char *ml_layer_kind_name(ml_layer_kind k);
 #define ML_MAX_VOCAB (1ull << 28)
 #define ML_MAX_TOKENS (1ull << 28)
 #define ML_MAX_BATCH (1ull << 24)
+
+/* How the Hugging Face import treats each config.json key (hf.c; the table
+ * of docs/hf.md is generated from it and checked by tests/unit/test_hf.c). */
+typedef enum {
+    ML_HF_HONOURED,      /* read into the model (values it cannot model are refused) */
+    ML_HF_INERT,         /* changes nothing the planner computes; note says why */
+    ML_HF_APPROXIMATED,  /* planned approximately; note says how */
+    ML_HF_REFUSED_UNLESS /* refused unless its value is one of ok (or, ok NULL, as noted) */
+} ml_hf_use;
+
+enum {
+    ML_HF_LLAMA = 1u << 0,
+    ML_HF_MISTRAL = 1u << 1,
+    ML_HF_QWEN2 = 1u << 2,
+    ML_HF_GPT2 = 1u << 3,
+    ML_HF_NEOX = 1u << 4,
+    ML_HF_BERT = 1u << 5,
+    ML_HF_VIT = 1u << 6,
+    ML_HF_FAMILY_COUNT = 7
+};
+#define ML_HF_LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2) /* the Llama-layout families */
+#define ML_HF_SUPPORTED "llama, mistral, qwen2, gpt2, gpt_neox, bert, vit"
+
+/* A family: its model_type, its bit, the class it is planned as and that
+ * class's head (hf_keys.c). */
+typedef struct {
+    const char *type;
+    unsigned bit;
+    const char *arch;
+    const char *head;
+} ml_hf_family_info;
+/* ML_HF_FAMILY_COUNT entries. */
+const ml_hf_family_info *ml_hf_families(void);
+
+typedef struct {
+    const char *key;
+    unsigned families; /* ML_HF_* bits */
+    ml_hf_use use;
+    const char *ok;    /* ML_HF_REFUSED_UNLESS: the accepted values as JSON literals,
+                          separated by '|' ("{}" an empty object); NULL: checked by the
+                          loader against other keys, as the note says */
+    const char *note;  /* what is honoured, why inert, or why refused */
+} ml_hf_key;
+
+/* The key table (all families), in the order docs/hf.md lists it. */
+const ml_hf_key *ml_hf_keys(size_t *count);
+/* The ML_HF_* bit of a model_type ("llama", "gpt_neox", ...), 0 when unsupported. */
+unsigned ml_hf_family(const char *model_type);
+/* The model_type of one ML_HF_* bit. */
+const char *ml_hf_family_name(unsigned bit);
+/* The entry for key in a family (one ML_HF_* bit), or NULL: the key is refused. */
+const ml_hf_key *ml_hf_key_find(unsigned family, const char *key);
 
 /* Reads a YAML document holding only training: and device: sections (and an
  * optional name:) into m->config (schema.c). */

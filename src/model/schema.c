@@ -23,7 +23,7 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
         "type", "layers", "hidden", "heads", "kv_heads", "ffn", "activation", "norm",
         "norm_position", "vocab", "position", "max_positions", "tied_embeddings", "bias",
         "attention", "dropout", "classes", "pooler", "token_types", "image_size", "patch_size",
-        "channels", "qkv_bias", "parallel_residual"};
+        "channels", "qkv_bias", "parallel_residual", "head_dim"};
     ml_status st;
     if ((st = ml_tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))))
         return st;
@@ -38,10 +38,22 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
         (st = ml_tree_uint(err, mm, "hidden", "model", 1, ML_MAX_HIDDEN, &m->hidden)) ||
         (st = ml_tree_uint(err, mm, "heads", "model", 1, ML_MAX_HIDDEN, &m->heads)))
         return st;
-    if (m->hidden % m->heads)
+    /* head_dim (HF's key): the attention's own width, heads * head_dim;
+     * without it each head is hidden / heads wide */
+    m->head_dim = 0;
+    if ((st = ml_tree_uint(err, mm, "head_dim", "model", 1, ML_MAX_HIDDEN, &m->head_dim)))
+        return st;
+    if (!m->head_dim && m->hidden % m->heads)
         return ml_error_at(err, ml_tree_get(mm, "heads"), ML_SCHEMA,
                            "model.heads: %llu does not divide hidden (%llu)",
                            (unsigned long long)m->heads, (unsigned long long)m->hidden);
+    if (!m->head_dim)
+        m->head_dim = m->hidden / m->heads;
+    else if (m->heads * m->head_dim > ML_MAX_HIDDEN)
+        return ml_error_at(err, ml_tree_get(mm, "head_dim"), ML_RANGE,
+                           "model.head_dim: heads x head_dim = %llu is above %llu",
+                           (unsigned long long)(m->heads * m->head_dim),
+                           (unsigned long long)ML_MAX_HIDDEN);
     m->kv_heads = m->heads;
     if ((st = ml_tree_uint(err, mm, "kv_heads", "model", 1, ML_MAX_HIDDEN, &m->kv_heads)))
         return st;
@@ -138,10 +150,13 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
         return ml_error_at(err, mm, ML_SCHEMA,
                            "model.max_positions: missing; learned positions need "
                            "max_positions (or set position: rope or none)");
-    if (m->position == ML_POS_ROPE && (m->hidden / m->heads) % 2)
-        return ml_error_at(err, ml_tree_get(mm, "position"), ML_SCHEMA,
-                           "model.position: rope needs an even head size, hidden/heads = %llu",
-                           (unsigned long long)(m->hidden / m->heads));
+    if (m->position == ML_POS_ROPE && m->head_dim % 2)
+        return ml_error_at(err,
+                           ml_tree_get(mm, "head_dim") ? ml_tree_get(mm, "head_dim")
+                                                       : ml_tree_get(mm, "position"),
+                           ML_SCHEMA, "model.position: rope needs an even head size, %s = %llu",
+                           ml_tree_get(mm, "head_dim") ? "head_dim" : "hidden/heads",
+                           (unsigned long long)m->head_dim);
     return ML_OK;
 }
 
@@ -253,8 +268,9 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
 
 static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
 {
-    static const char *const keys[] = {"memory", "budget", "runtime_reserve", "peak_tflops",
-                                       "efficiency", "fragmentation"};
+    static const char *const keys[] = {"memory",     "budget",        "runtime_reserve",
+                                       "peak_tflops", "efficiency",   "fragmentation",
+                                       "allocator",  "max_split_size"};
     ml_status st;
     if ((st = ml_tree_need_map(err, d, "device")) ||
         (st = ml_tree_check_keys(err, d, "device", keys, ML_COUNT(keys))))
@@ -270,8 +286,21 @@ static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
         (st = ml_tree_size(err, d, "runtime_reserve", "device", &dv->runtime_reserve)) ||
         (st = ml_tree_double(err, d, "peak_tflops", "device", 0, 1e9, false, &dv->peak_tflops)) ||
         (st = ml_tree_double(err, d, "efficiency", "device", 1e-6, 1, false, &dv->efficiency)) ||
-        (st = ml_tree_double(err, d, "fragmentation", "device", 0, 1, false, &dv->fragmentation)))
+        (st = ml_tree_double(err, d, "fragmentation", "device", 0, 1, false,
+                             &dv->fragmentation)) ||
+        (st = ml_tree_size(err, d, "max_split_size", "device", &dv->max_split_size)))
         return st;
+    const char *alloc_names[ML_ALLOCATOR_COUNT];
+    for (unsigned i = 0; i < ML_ALLOCATOR_COUNT; i++)
+        alloc_names[i] = ml_allocator_name((ml_allocator)i);
+    unsigned ak = dv->allocator;
+    if ((st = ml_tree_enum(err, d, "allocator", "device", alloc_names, ML_ALLOCATOR_COUNT, &ak)))
+        return st;
+    dv->allocator = (ml_allocator)ak;
+    if (dv->max_split_size && dv->max_split_size <= (20ull << 20))
+        return ml_error_at(err, ml_tree_get(d, "max_split_size"), ML_RANGE,
+                           "device.max_split_size: must be above 20MiB (PyTorch's "
+                           "max_split_size_mb refuses 20 and less)");
     if (dv->budget > dv->memory)
         return ml_error_at(err, ml_tree_get(d, "budget"), ML_RANGE,
                            "device.budget: %s is above device.memory",

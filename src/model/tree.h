@@ -59,6 +59,11 @@ ml_status ml_tree_need_scalar(ml_error *err, const ml_node *n, const char *field
 /* Rejects unknown keys (naming the closest allowed one) and repeated keys. */
 ml_status ml_tree_check_keys(ml_error *err, const ml_node *map, const char *field,
                              const char *const *allowed, size_t n);
+/* Refuses a key repeated in any mapping of the document (a JSON object's
+ * duplicate keys: Python keeps the last, a first-match reader the first),
+ * naming the second occurrence's position and the first's line. ML_OK,
+ * ML_SCHEMA or ML_NOMEM. */
+ml_status ml_tree_check_unique(ml_error *err, const ml_node *root);
 /* parent.key as a whole number in [lo, hi]. */
 ml_status ml_tree_uint(ml_error *err, const ml_node *map, const char *key, const char *parent,
                        uint64_t lo, uint64_t hi, uint64_t *out);

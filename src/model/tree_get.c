@@ -242,3 +242,75 @@ ml_status ml_tree_size(ml_error *err, const ml_node *map, const char *key, const
     return ML_OK;
 }
 
+
+/* ---- repeated keys anywhere in a document ------------------------------- */
+
+typedef struct {
+    const ml_node *key;
+    size_t index;
+} key_ref;
+
+static int key_ref_cmp(const void *a, const void *b)
+{
+    const key_ref *x = a, *y = b;
+    int c = strcmp(x->key->text, y->key->text);
+    return c ? c : (x->index > y->index) - (x->index < y->index);
+}
+
+/* Sorting the keys keeps a hostile mapping of 100,000 keys at n log n. */
+static ml_status unique_in(ml_error *err, const ml_node *n, char *path, size_t len, size_t cap,
+                           unsigned depth)
+{
+    if (n->type == ML_NODE_MAP && n->count > 1) {
+        key_ref *v = malloc(n->count * sizeof *v);
+        if (!v)
+            return ml_error_at(err, n, ML_NOMEM, "out of memory");
+        for (size_t i = 0; i < n->count; i++)
+            v[i] = (key_ref){n->keys[i], i};
+        qsort(v, n->count, sizeof *v, key_ref_cmp);
+        /* of every run of equal keys, the second occurrence; report the one
+         * that comes first in the file */
+        const key_ref *first = NULL, *second = NULL;
+        for (size_t i = 1; i < n->count; i++)
+            if (!strcmp(v[i].key->text, v[i - 1].key->text) &&
+                (i == 1 || strcmp(v[i - 1].key->text, v[i - 2].key->text)) &&
+                (!second || v[i].index < second->index)) {
+                first = &v[i - 1];
+                second = &v[i];
+            }
+        if (second) {
+            ml_status st = ml_error_at(
+                err, second->key, ML_SCHEMA,
+                "%.*s%s%s: key given twice (first at line %u, column %u); Python's json, and so "
+                "transformers, would keep this last value, so the file is refused rather than "
+                "read either way",
+                (int)len, path, len ? "." : "", second->key->text, first->key->line,
+                first->key->col);
+            free(v);
+            return st;
+        }
+        free(v);
+    }
+    if (depth >= ML_TREE_MAX_DEPTH)
+        return ML_OK;
+    for (size_t i = 0; i < n->count; i++) {
+        size_t l = len;
+        if (n->type == ML_NODE_MAP)
+            l += (size_t)snprintf(path + len, cap - len, "%s%s", len ? "." : "",
+                                  n->keys[i]->text);
+        else
+            l += (size_t)snprintf(path + len, cap - len, "[%zu]", i);
+        if (l >= cap)
+            l = cap - 1;
+        ml_status st = unique_in(err, n->items[i], path, l, cap, depth + 1);
+        if (st)
+            return st;
+    }
+    return ML_OK;
+}
+
+ml_status ml_tree_check_unique(ml_error *err, const ml_node *root)
+{
+    char path[256] = "";
+    return root ? unique_in(err, root, path, 0, sizeof path, 0) : ML_OK;
+}

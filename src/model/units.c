@@ -101,6 +101,7 @@ static const char *const opt_names[ML_OPT_COUNT] = {
 static const char *const impl_names[ML_IMPL_COUNT] = {"for-loop", "foreach", "fused"};
 static const char *const offload_names[ML_OFFLOAD_COUNT] = {"none", "optimizer", "params"};
 static const char *const logits_names[ML_LOGITS_COUNT] = {"kept", "released", "fused"};
+static const char *const allocator_names[ML_ALLOCATOR_COUNT] = {"none", "caching", "expandable"};
 
 const char *ml_precision_name(ml_precision p)
 {
@@ -123,6 +124,11 @@ const char *ml_offload_name(ml_offload o)
 const char *ml_logits_name(ml_logits l)
 {
     return (unsigned)l < ML_LOGITS_COUNT ? logits_names[l] : "?";
+}
+
+const char *ml_allocator_name(ml_allocator a)
+{
+    return (unsigned)a < ML_ALLOCATOR_COUNT ? allocator_names[a] : "?";
 }
 
 static bool lookup(const char *const *names, unsigned n, const char *s, unsigned *out)

@@ -5,6 +5,23 @@
 
 #include "memledger/report.h"
 
+/* s inside a '#' comment of emitted Python or shell: printable ASCII as
+ * is, every other byte (a newline would end the comment and start a
+ * statement; a stray byte makes the file invalid UTF-8 for Python) and the
+ * backslash as \xNN / \\, so the comment stays one line whatever a model
+ * file's name: or config.json's _name_or_path holds. */
+static void comment_text(FILE *f, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '\\')
+            fputs("\\\\", f);
+        else if (*p < 0x20 || *p >= 0x7f)
+            fprintf(f, "\\x%02x", *p);
+        else
+            fputc(*p, f);
+    }
+}
+
 static bool is_bf16(ml_precision p)
 {
     return p == ML_PREC_AMP_BF16 || p == ML_PREC_BF16_MASTER || p == ML_PREC_BF16;
@@ -72,10 +89,12 @@ static int hf_trainer(FILE *f, const ml_config *cfg, const ml_ledger *l)
             (unsigned long long)t->micro_batch, (unsigned long long)t->grad_accum,
             (unsigned long long)t->data_parallel, t->data_parallel == 1 ? "" : "s",
             (unsigned long long)(t->micro_batch * t->grad_accum * t->data_parallel));
-    if (t->checkpoint.kind != ML_CKPT_NONE && t->checkpoint.kind != ML_CKPT_FULL)
-        fprintf(f, "# the plan is '%s': TrainingArguments can only checkpoint every layer, so\n"
-                   "# --gradient_checkpointing below recomputes more than the plan needs\n",
-                ck);
+    if (t->checkpoint.kind != ML_CKPT_NONE && t->checkpoint.kind != ML_CKPT_FULL) {
+        fputs("# the plan is '", f);
+        comment_text(f, ck);
+        fputs("': TrainingArguments can only checkpoint every layer, so\n"
+              "# --gradient_checkpointing below recomputes more than the plan needs\n", f);
+    }
     fprintf(f, "--per_device_train_batch_size %llu \\\n--gradient_accumulation_steps %llu",
             (unsigned long long)t->micro_batch, (unsigned long long)t->grad_accum);
     if (ns || t->checkpoint.kind == ML_CKPT_SELECTIVE)
@@ -107,7 +126,11 @@ static int torch_snippet(FILE *f, const ml_model *m, const ml_config *cfg, const
     size_t ns = segments_of(l, seg, 1024);
     char ck[1200];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
-    fprintf(f, "# memledger plan for %s: checkpoint %s\n", ml_model_name(m), ck);
+    fputs("# memledger plan for ", f);
+    comment_text(f, ml_model_name(m));
+    fputs(": checkpoint ", f);
+    comment_text(f, ck);
+    fputc('\n', f);
     fputs("import torch\nfrom torch.utils.checkpoint import checkpoint\n\n", f);
     fprintf(f, "MICRO_BATCH = %llu\nGRAD_ACCUM = %llu\n", (unsigned long long)t->micro_batch,
             (unsigned long long)t->grad_accum);

@@ -91,7 +91,14 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         fprintf(f, "%llu", (unsigned long long)s->peak_eval);
     else
         fputs("null", f);
-    fprintf(f, ", \"binding\": \"%s\"},\n \"blocks\": [", ml_peak_kind_name(s->binding));
+    fprintf(f, ", \"binding\": \"%s\"},\n \"reserved\": ", ml_peak_kind_name(s->binding));
+    if (s->has_reserved)
+        fprintf(f, "{\"peak\": %llu, \"segments\": %llu, \"allocator\": \"%s\", \"oom\": %s}",
+                (unsigned long long)s->reserved_peak, (unsigned long long)s->reserved_segments,
+                ml_allocator_name(cfg->device.allocator), s->reserved_oom ? "true" : "false");
+    else
+        fputs("null", f);
+    fputs(",\n \"blocks\": [", f);
     size_t n = ml_ledger_block_count(l);
     for (size_t i = 0; i < n; i++) {
         const ml_block_info *b = ml_ledger_block(l, i);

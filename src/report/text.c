@@ -123,6 +123,9 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     if (cfg->device.fragmentation > 0)
         fprintf(f, "  %-22s %12s   (%g x the peak)\n", "+ fragmentation", B(s->fragmentation, a),
                 cfg->device.fragmentation);
+    else if (s->has_reserved)
+        fprintf(f, "  %-22s %12s   (the simulated reserved peak over it)\n", "+ allocator cache",
+                B(s->fragmentation, a));
     fprintf(f, "  %-22s %12s\n", "+ runtime reserve", B(s->runtime_reserve, a));
     fprintf(f, "  %-22s %12s%s\n", "= peak total", B(s->peak_total, a),
             s->binding == ML_PEAK_STEADY ? ""
@@ -134,6 +137,11 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         fprintf(f, "  evaluation             %12s   (no_grad, batch %llu x %llu, output kept)\n",
                 B(s->peak_eval, a), (unsigned long long)t->eval_batch,
                 (unsigned long long)(t->eval_seq_len ? t->eval_seq_len : t->seq_len));
+    if (s->has_reserved)
+        fprintf(f, "  reserved               %12s   (%s allocator simulated: %llu segments%s)\n",
+                B(s->reserved_peak, a), ml_allocator_name(cfg->device.allocator),
+                (unsigned long long)s->reserved_segments,
+                s->reserved_oom ? "; OUT OF MEMORY on the device" : "");
     fputc('\n', f);
 
     ml_format_flops(s->flops_forward, a, sizeof a);

@@ -1,6 +1,8 @@
 #!/bin/sh
-# An output interrupted mid-write (SIGINT, SIGTERM) leaves the previous file
-# intact and no temporary behind; the exit status says it was killed.
+# An output interrupted mid-write (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2,
+# SIGALRM, SIGPIPE) leaves the previous file intact and no temporary behind;
+# the exit status says it was killed. A signal ignored by the caller (nohup)
+# stays ignored, and a file over RLIMIT_FSIZE (SIGXFSZ) is an output failure.
 set -u
 exe=$1
 tmp=$(mktemp -d)
@@ -20,11 +22,13 @@ training:
 YAML
 pass=0
 fail=0
-for sig in TERM INT; do
+for sig in TERM INT HUP USR1 USR2 ALRM PIPE; do
     caught=0
     for attempt in 1 2 3 4 5 6 7 8 9 10; do
         echo OLD >"$tmp/out.csv"
-        "$exe" timeline "$tmp/big.yaml" -o "$tmp/out.csv" &
+        # a background job of a non-interactive shell starts with SIGINT
+        # ignored, and an ignored signal stays ignored: restore the default
+        env --default-signal="$sig" "$exe" timeline "$tmp/big.yaml" -o "$tmp/out.csv" &
         pid=$!
         # wait until the temporary file exists: the write has begun
         i=0
@@ -73,6 +77,48 @@ if [ -n "${2:-}" ]; then
         echo "FAIL SIGTERM during calibrate -o: exit $rc, file $(head -c 40 "$tmp/prof.yaml")"
         fail=$((fail + 1))
     fi
+fi
+# SIGHUP ignored at the start (nohup, a scheduler): the run survives it and
+# completes the write
+caught=0
+for attempt in 1 2 3 4 5 6 7 8 9 10; do
+    echo OLD >"$tmp/out.csv"
+    (trap '' HUP && exec "$exe" timeline "$tmp/big.yaml" -o "$tmp/out.csv") &
+    pid=$!
+    i=0
+    while [ $i -lt 400 ] && ! ls "$tmp"/out.csv.tmp.* >/dev/null 2>&1; do
+        sleep 0.01
+        i=$((i + 1))
+    done
+    if ls "$tmp"/out.csv.tmp.* >/dev/null 2>&1; then
+        kill -s HUP "$pid"
+        wait "$pid"
+        rc=$?
+        caught=1
+        break
+    fi
+    wait "$pid"
+done
+if [ $caught = 1 ] && [ "$rc" = 0 ] && head -1 "$tmp/out.csv" | grep -q '^index,' &&
+    ! ls "$tmp"/out.csv.tmp.* >/dev/null 2>&1; then
+    echo "ok   SIGHUP ignored at the start stays ignored: the write completes"
+    pass=$((pass + 1))
+else
+    echo "FAIL SIGHUP ignored at the start: caught $caught, exit $rc, file $(head -c 40 "$tmp/out.csv")"
+    fail=$((fail + 1))
+fi
+# a file-size limit (ulimit -f, 512-byte blocks) under the timeline's size:
+# SIGXFSZ must not kill the run and leave the temporary; the write fails
+echo OLD >"$tmp/out.csv"
+(ulimit -f 64 && exec "$exe" timeline "$tmp/big.yaml" -o "$tmp/out.csv") 2>"$tmp/err"
+rc=$?
+if [ "$rc" = 3 ] && [ "$(cat "$tmp/out.csv")" = OLD ] && grep -q 'File too large' "$tmp/err" &&
+    ! ls "$tmp"/out.csv.tmp.* >/dev/null 2>&1; then
+    echo "ok   past RLIMIT_FSIZE: exit 3, 'File too large', previous file intact, no temporary"
+    pass=$((pass + 1))
+else
+    echo "FAIL RLIMIT_FSIZE: exit $rc, file $(head -c 40 "$tmp/out.csv"), $(cat "$tmp/err"), $(ls "$tmp")"
+    fail=$((fail + 1))
 fi
 # a completed write replaces the file whole
 echo OLD >"$tmp/out.csv"

@@ -103,11 +103,45 @@ static void test_hf_trainer_and_torch(void **state)
     ml_model_destroy(m);
 }
 
+/* A model name is data, never code: a newline in it would end the torch
+ * snippet's '#' comment and make the rest a Python statement. Every emitted
+ * line is checked, for each target, and the output is plain ASCII. */
+static void test_name_cannot_inject(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("name: \"x\\nimport os; os.system(\\\"id\\\")\\r\\n#\\xff\\u2028\"\n"
+                           "model:\n  type: sequential\n  input: [4]\n"
+                           "  layers:\n    - linear: {out: 2}\n  loss: mse\n");
+    ml_config c = ml_model_config(m);
+    ml_parse_checkpoint("[0]", &c.training.checkpoint, NULL);
+    static const char *const kinds[] = {"torch", "hf-trainer", "deepspeed"};
+    for (size_t k = 0; k < 3; k++) {
+        char *t = emit(kinds[k], m, &c);
+        for (const char *line = t; *line; line = strchr(line, '\n') + 1) {
+            if (!strncmp(line, "import os", 9))
+                fail_msg("%s: the name became a statement:\n%s", kinds[k], t);
+            if (!strchr(line, '\n'))
+                fail_msg("%s: no final newline:\n%s", kinds[k], t);
+        }
+        for (const unsigned char *p = (const unsigned char *)t; *p; p++)
+            if ((*p < 0x20 && *p != '\n') || *p >= 0x7f)
+                fail_msg("%s: byte 0x%02x in:\n%s", kinds[k], *p, t);
+        free(t);
+    }
+    char *t = emit("torch", m, &c);
+    /* the name on the comment line, each odd byte as \xNN (U+2028 is e2 80 a8) */
+    has(t, "# memledger plan for x\\x0aimport os; os.system(\"id\")\\x0d\\x0a#\\xc3\\xbf"
+           "\\xe2\\x80\\xa8: checkpoint [0]\n");
+    free(t);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deepspeed),
         cmocka_unit_test(test_hf_trainer_and_torch),
+        cmocka_unit_test(test_name_cannot_inject),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

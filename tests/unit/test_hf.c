@@ -1,8 +1,11 @@
 /* Hugging Face config.json import: the shipped configs' parameter counts
  * against the published counts, recomputed here from the architecture. */
+#include <dirent.h>
 #include <stdlib.h>
 
 #include "harness.h"
+#include "model/model_internal.h"
+#include "model/tree.h"
 
 static uint64_t hf_params(const char *dir, ml_model **keep)
 {
@@ -33,6 +36,52 @@ static uint64_t llama(uint64_t L, uint64_t D, uint64_t kv, uint64_t F, uint64_t 
            L * (2 * D * D + 2 * D * kv + 3 * D * F + 2 * D + (qkv_bias ? D + 2 * kv : 0)) + D;
 }
 
+/* The same with a head size of its own: q D x Dq and o_proj Dq x D, k and
+ * v D x Dkv (Dq = heads * head_dim, Dkv = kv_heads * head_dim). */
+static uint64_t llama_hd(uint64_t L, uint64_t D, uint64_t Dq, uint64_t Dkv, uint64_t F, uint64_t V,
+                         bool tied, bool qkv_bias)
+{
+    return (tied ? 1 : 2) * V * D +
+           L * (2 * D * Dq + 2 * D * Dkv + 3 * D * F + 2 * D + (qkv_bias ? Dq + 2 * Dkv : 0)) +
+           D;
+}
+
+/* A shipped config's text, with one string replaced (the first occurrence). */
+static char *shipped_text(const char *dir, const char *from, const char *to)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/hf/%s/config.json", ML_MODELS_DIR, dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot open %s", path);
+    static char text[1 << 16], out[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    const char *at = from ? strstr(text, from) : NULL;
+    if (!at)
+        return text;
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    return out;
+}
+
+static uint64_t bert_as_classifier_params(void)
+{
+    const char *t = shipped_text("bert-base-uncased", "BertForMaskedLM",
+                                 "BertForSequenceClassification");
+    ml_model *m = NULL;
+    ml_error e;
+    if (ml_model_load_hf_string(t, strlen(t), "config.json", &m, &e) != ML_OK)
+        fail_msg("%u:%u: %s", e.line, e.col, e.msg);
+    ml_config c = ml_model_config(m);
+    c.training.seq_len = 64;
+    ml_ledger *l = eval(m, &c, false);
+    uint64_t p = ml_ledger_summary(l)->params;
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    return p;
+}
+
 static void test_published_counts(void **state)
 {
     (void)state;
@@ -56,10 +105,26 @@ static void test_published_counts(void **state)
     assert_int_equal(neox, 162322944);
     assert_int_equal(hf_params("pythia-160m", NULL), 162322944);
     /* bert-base-uncased: BertModel 109,482,240 plus the classification head
-     * for PretrainedConfig's default 2 labels: 768*2 + 2 */
-    assert_int_equal(hf_params("bert-base-uncased", NULL), 109482240 + 768 * 2 + 2);
+     * for PretrainedConfig's default 2 labels: 768*2 + 2. The shipped config
+     * names BertForMaskedLM, which is refused (test_bert_masked_lm_refused);
+     * as the class the planner builds it is the fine-tuned classifier */
+    assert_int_equal(bert_as_classifier_params(), 109482240 + 768 * 2 + 2);
     /* google/vit-base-patch16-224: 86,567,656 (1000 labels) */
     assert_int_equal(hf_params("vit-base-patch16-224", NULL), 86567656);
+    /* mistralai/Mistral-Nemo-Base-2407: 12,247,782,400. head_dim 128, not
+     * 5120 / 32 = 160: untied 2 x 131072 x 5120 = 1,342,177,280; per layer
+     * q 5120 x 4096 = 20,971,520, k and v 5120 x 1024 = 5,242,880 each,
+     * o_proj 4096 x 5120 = 20,971,520, SwiGLU 3 x 5120 x 14336 =
+     * 220,200,960, two RMSNorms 10,240: 272,640,000 x 40 layers =
+     * 10,905,600,000; final norm 5120. (With 160-wide heads it would be
+     * 12,772,070,400, 4.3 % more.) */
+    assert_int_equal(2ull * 131072 * 5120, 1342177280ull);
+    assert_int_equal(20971520ull * 2 + 5242880ull * 2 + 220200960ull + 10240, 272640000ull);
+    assert_int_equal(llama_hd(40, 5120, 4096, 1024, 14336, 131072, false, false),
+                     1342177280ull + 40 * 272640000ull + 5120);
+    assert_int_equal(llama_hd(40, 5120, 4096, 1024, 14336, 131072, false, false),
+                     12247782400ull);
+    assert_int_equal(hf_params("mistral-nemo-12b", NULL), 12247782400ull);
 }
 
 static void test_mapping(void **state)
@@ -250,6 +315,454 @@ static void test_use_cache(void **state)
     assert_int_equal(with - off, 2ull * 2 * 64 * 32 * 4);
 }
 
+/* The shipped bert-base-uncased config names BertForMaskedLM (an MLM head
+ * over the vocabulary); the planner builds BertForSequenceClassification, so
+ * it is refused at the class name rather than planned as a classifier. */
+static void test_bert_masked_lm_refused(void **state)
+{
+    (void)state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/hf/bert-base-uncased/config.json", ML_MODELS_DIR);
+    ml_model *m = NULL;
+    ml_error e;
+    assert_int_equal(ml_model_load_hf(path, NULL, &m, &e), ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "architectures: 'BertForMaskedLM' is not modelled: for "
+                                  "model_type 'bert' memledger plans "
+                                  "BertForSequenceClassification"));
+    assert_int_equal(e.line, 3);
+    assert_int_equal(e.col, 5);
+    assert_null(m);
+    /* a decoder's classification head is another model too */
+    assert_int_equal(load_json("{\"model_type\": \"llama\", \"num_hidden_layers\": 2, "
+                               "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+                               "\"vocab_size\": 100,\n \"architectures\": "
+                               "[\"LlamaForSequenceClassification\"]}",
+                               NULL, &m, &e),
+                     ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "'LlamaForSequenceClassification' is not modelled: for "
+                                  "model_type 'llama' memledger plans LlamaForCausalLM"));
+    assert_int_equal(e.line, 2);
+    assert_int_equal(e.col, 20);
+    assert_int_equal(load_json("{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, "
+                               "\"n_head\": 4, \"vocab_size\": 10, \"n_positions\": 8, "
+                               "\"architectures\": \"GPT2LMHeadModel\"}",
+                               NULL, &m, &e),
+                     ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "architectures: expected a list of class names"));
+    assert_int_equal(load_json("{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, "
+                               "\"n_head\": 4, \"vocab_size\": 10, \"n_positions\": 8, "
+                               "\"architectures\": [\"GPT2LMHeadModel\"]}",
+                               NULL, &m, &e),
+                     ML_OK);
+    ml_model_destroy(m);
+}
+
+/* Python's json keeps the last of repeated keys, a first-match reader the
+ * first: a config that says two things is refused at the second. */
+static void test_duplicate_keys(void **state)
+{
+    (void)state;
+    ml_model *m = NULL;
+    ml_error e;
+    assert_int_equal(load_json("{\"model_type\": \"llama\", \"num_hidden_layers\": 2,\n"
+                               " \"hidden_size\": 64, \"num_attention_heads\": 4,\n"
+                               " \"vocab_size\": 100, \"hidden_size\": 128}",
+                               NULL, &m, &e),
+                     ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "hidden_size: key given twice (first at line 2, column 2)"));
+    assert_non_null(strstr(e.msg, "would keep this last value"));
+    assert_int_equal(e.line, 3);
+    assert_int_equal(e.col, 21);
+    assert_null(m);
+    /* in a nested object too */
+    assert_int_equal(load_json("{\"model_type\": \"llama\", \"num_hidden_layers\": 2, "
+                               "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+                               "\"vocab_size\": 100,\n \"rope_scaling\": {\"type\": \"linear\", "
+                               "\"factor\": 2.0, \"factor\": 4.0}}",
+                               NULL, &m, &e),
+                     ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "rope_scaling.factor: key given twice (first at line 2, "
+                                  "column 37)"));
+    assert_int_equal(e.line, 2);
+    assert_int_equal(e.col, 52);
+}
+
+/* head_dim (Mistral-NeMo's 128 against 5120 / 32): the JSON planned as the
+ * YAML model with model.head_dim, whose block test_inventory.c derives by
+ * hand (23,616 B saved, 12,352 parameters, 212,992 forward FLOPs). */
+static void test_head_dim(void **state)
+{
+    (void)state;
+    const char *json = "{\"model_type\": \"mistral\", \"num_hidden_layers\": 2, \"hidden_size\": "
+                       "32, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                       "\"head_dim\": 16, \"intermediate_size\": 64, \"vocab_size\": 50}";
+    ml_model *m = NULL;
+    ml_error e;
+    if (load_json(json, "training:\n  micro_batch: 1\n  seq_len: 8\n", &m, &e) != ML_OK)
+        fail_msg("%s", e.msg);
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(block_named(l, "block.0")->inventory_bytes, 23616);
+    assert_int_equal(block_named(l, "block.0")->params, 12352);
+    assert_rel_close(block_named(l, "block.0")->flops_forward, 212992, 0);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    /* with head_dim, heads need not divide hidden_size (5120 / 32 does, 40 / 3
+     * does not): q is 3 x 16 = 48 wide */
+    assert_int_equal(load_json("{\"model_type\": \"llama\", \"num_hidden_layers\": 1, "
+                               "\"hidden_size\": 40, \"num_attention_heads\": 3, \"head_dim\": "
+                               "16, \"vocab_size\": 10}",
+                               NULL, &m, &e),
+                     ML_OK);
+    ml_model_destroy(m);
+    /* the families whose head size is hidden / heads */
+    assert_int_equal(load_json("{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, "
+                               "\"n_head\": 4, \"vocab_size\": 10, \"n_positions\": 8,\n "
+                               "\"head_dim\": 32}",
+                               NULL, &m, &e),
+                     ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "head_dim: 32 is not modelled for gpt2, whose head size is "
+                                  "hidden_size / num_attention_heads (64 / 4)"));
+    assert_int_equal(e.line, 2);
+    assert_int_equal(load_json("{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, "
+                               "\"n_head\": 4, \"vocab_size\": 10, \"n_positions\": 8, "
+                               "\"head_dim\": 16}",
+                               NULL, &m, &e),
+                     ML_OK);
+    ml_model_destroy(m);
+    /* rotary embeddings rotate pairs */
+    assert_int_equal(load_json("{\"model_type\": \"qwen2\", \"num_hidden_layers\": 1, "
+                               "\"hidden_size\": 64, \"num_attention_heads\": 4, \"head_dim\": 9, "
+                               "\"vocab_size\": 10}",
+                               NULL, &m, &e),
+                     ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "rotary embeddings need an even head size (9)"));
+}
+
+/* A llama-family config of 2 layers, D = 64, 4 heads, F = 4D, with extra
+ * keys; its status and message. */
+static ml_status load_extra(const char *type, const char *extra, ml_error *e)
+{
+    char json[1024];
+    if (!strcmp(type, "gpt2"))
+        snprintf(json, sizeof json,
+                 "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, \"n_head\": 4, "
+                 "\"vocab_size\": 100, \"n_positions\": 64,\n %s}",
+                 extra);
+    else
+        snprintf(json, sizeof json,
+                 "{\"model_type\": \"%s\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+                 "\"num_attention_heads\": 4, \"vocab_size\": 100, \"max_position_embeddings\": "
+                 "64,\n %s}",
+                 type, extra);
+    ml_model *m = NULL;
+    ml_status st = load_json(json, NULL, &m, e);
+    ml_model_destroy(m);
+    return st;
+}
+
+/* Keys that change parameters, saved tensors or FLOPs without being
+ * modelled are refused at their value, naming why (docs/hf.md). */
+static void test_refused_keys(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *type, *extra, *want;
+    } cases[] = {
+        {"llama", "\"num_local_experts\": 8",
+         "num_local_experts: 8 is refused (accepted: 0 or 1 or null): mixture-of-experts"},
+        {"mistral", "\"num_experts_per_tok\": 2", "num_experts_per_tok: 2 is refused"},
+        {"llama", "\"partial_rotary_factor\": 0.5",
+         "partial_rotary_factor: 0.5 is refused (accepted: 1 or null): these attentions rotate "
+         "the whole head"},
+        {"llama", "\"output_attentions\": true", "output_attentions: true is refused"},
+        {"llama", "\"quantization_config\": {\"bits\": 4}",
+         "quantization_config: a mapping is refused (accepted: null)"},
+        {"llama", "\"attn_logit_softcapping\": 50.0", "attn_logit_softcapping: 50.0 is refused"},
+        {"llama", "\"final_logit_softcapping\": 30.0", "B·T·V"},
+        {"llama", "\"query_pre_attn_scalar\": 256", "Gemma 2's score scale"},
+        {"llama", "\"hidden_activation\": \"gelu_pytorch_tanh\"", "Gemma's activation key"},
+        {"llama", "\"attention_dropout\": 0.1", "attention dropout alone is not modelled"},
+        {"llama", "\"pretraining_tp\": 2", "pretraining_tp: 2 is refused"},
+        {"llama", "\"sliding_window\": 4096",
+         "sliding_window: not a key memledger knows for model_type 'llama'"},
+        {"llama", "\"rope_thetta\": 10000", "did you mean 'rope_theta'?"},
+        {"mistral", "\"attention_bias\": true", "MistralAttention has no biases"},
+        {"qwen2", "\"attention_bias\": false", "Qwen2Attention always has q, k and v biases"},
+        {"gpt_neox", "\"attention_bias\": false", "attention_bias: false is refused"},
+        {"gpt_neox", "\"hidden_dropout\": 0.1",
+         "attention_dropout: 0 while hidden_dropout is 0.1: the planner has one dropout switch"},
+        {"gpt2", "\"attn_pdrop\": 0.0", "attn_pdrop: 0 while resid_pdrop is 0.1"},
+        {"gpt2", "\"reorder_and_upcast_attn\": true", "reorder_and_upcast_attn: true is refused"},
+        {"gpt2", "\"activation_function\": \"gelu_fast\"",
+         "activation_function: 'gelu_fast' is not modelled for gpt2"},
+        {"gpt2", "\"hidden_size\": 64", "hidden_size: names the same value as n_embd"},
+        {"gpt2", "\"intermediate_size\": 256",
+         "intermediate_size: not a key memledger knows for model_type 'gpt2'"},
+        {"bert", "\"position_embedding_type\": \"relative_key\"",
+         "position_embedding_type: relative_key is refused"},
+        {"bert", "\"num_labels\": 1", "regression (MSELoss)"},
+        {"bert", "\"num_labels\": 3, \"id2label\": {\"0\": \"a\", \"1\": \"b\"}",
+         "num_labels: 3 but id2label names 2 labels"},
+        {"bert", "\"problem_type\": \"multi_label_classification\"", "problem_type"},
+        {"bert", "\"is_decoder\": true", "BERT as a decoder"},
+        {"bert", "\"gradient_checkpointing\": true", "give training.checkpoint instead"},
+        {"bert", "\"use_cache\": 1", NULL}, /* inert for encoders: any value */
+        {"llama", "\"use_cache\": 1", "use_cache: expected true or false"},
+        {"llama", "\"tie_word_embeddings\": \"false\"",
+         "tie_word_embeddings: expected true or false"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ml_error e;
+        ml_status st = load_extra(cases[i].type, cases[i].extra, &e);
+        if (!cases[i].want) {
+            if (st != ML_OK)
+                fail_msg("%s {%s}: %s", cases[i].type, cases[i].extra, e.msg);
+            continue;
+        }
+        if (st != ML_SCHEMA || !strstr(e.msg, cases[i].want))
+            fail_msg("%s {%s}: got %s '%s', expected '%s'", cases[i].type, cases[i].extra,
+                     ml_status_name(st), st ? e.msg : "", cases[i].want);
+        if (e.line != 2) /* at the key or its value, on the extra line */
+            fail_msg("%s {%s}: line %u", cases[i].type, cases[i].extra, e.line);
+    }
+    /* the accepted values of the same keys, and inert keys, load */
+    static const char *const fine[] = {
+        "\"num_local_experts\": 1, \"num_experts_per_tok\": 1, \"partial_rotary_factor\": 1.0",
+        "\"output_attentions\": false, \"pruned_heads\": {}, \"quantization_config\": null",
+        "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}, \"rope_theta\": 500000.0",
+        "\"torch_dtype\": \"bfloat16\", \"attention_dropout\": 0.0, \"pretraining_tp\": 1",
+        "\"problem_type\": \"regression\", \"num_labels\": 1, \"id2label\": {\"0\": \"x\"}",
+    };
+    for (size_t i = 0; i < sizeof fine / sizeof *fine; i++) {
+        ml_error e;
+        if (load_extra("llama", fine[i], &e) != ML_OK)
+            fail_msg("llama {%s}: %s", fine[i], e.msg);
+    }
+}
+
+static uint64_t params_of_extra(const char *extra)
+{
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+             "\"num_attention_heads\": 4, \"vocab_size\": 100%s%s}",
+             extra ? ", " : "", extra ? extra : "");
+    ml_model *m = NULL;
+    ml_error e;
+    if (load_json(json, "training:\n  seq_len: 16\n", &m, &e) != ML_OK)
+        fail_msg("%s", e.msg);
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, false);
+    uint64_t p = ml_ledger_summary(l)->params;
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    return p;
+}
+
+/* The plan of a model with a sliding window of 16 at seq_len T: ML_OK, or
+ * ML_RANGE when T is above the window. */
+static ml_status window_plan(const char *type, const char *extra, uint64_t T, ml_error *e)
+{
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"%s\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+             "\"num_attention_heads\": 4, \"vocab_size\": 100, \"sliding_window\": 16%s%s}",
+             type, extra ? ", " : "", extra ? extra : "");
+    ml_model *m = NULL;
+    if (load_json(json, NULL, &m, e) != ML_OK)
+        fail_msg("%s", e->msg);
+    ml_config c = ml_model_config(m);
+    c.training.seq_len = T;
+    ml_ledger *l = NULL;
+    ml_status st = ml_ledger_evaluate(m, &c, false, &l, e);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    return st;
+}
+
+/* Honoured keys: Llama's attention_bias (q, k, v and o_proj) and mlp_bias
+ * (gate, up, down); Mistral's and Qwen2's sliding windows. */
+static void test_honoured_keys(void **state)
+{
+    (void)state;
+    /* D = 64, F = 256, 2 layers: q 64 + k 64 + v 64 + o 64 = 256 and gate
+     * 256 + up 256 + down 64 = 576 per layer */
+    uint64_t base = params_of_extra(NULL);
+    assert_int_equal(params_of_extra("\"attention_bias\": true") - base, 2 * 256);
+    assert_int_equal(params_of_extra("\"mlp_bias\": true") - base, 2 * 576);
+    assert_int_equal(params_of_extra("\"attention_bias\": false, \"mlp_bias\": false"), base);
+    ml_error e;
+    assert_int_equal(window_plan("mistral", NULL, 16, &e), ML_OK);
+    assert_int_equal(window_plan("mistral", NULL, 32, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "a sequence of 32 tokens exceeds the model's "
+                                  "sliding_window (16); attention over a sliding window is not "
+                                  "modelled"));
+    /* Qwen2: only with use_sliding_window, on the layers from
+     * max_window_layers (or layer_types' sliding_attention) */
+    assert_int_equal(window_plan("qwen2", NULL, 32, &e), ML_OK);
+    assert_int_equal(window_plan("qwen2", "\"use_sliding_window\": true, \"max_window_layers\": 1",
+                                 32, &e),
+                     ML_RANGE);
+    assert_int_equal(window_plan("qwen2", "\"use_sliding_window\": true, \"max_window_layers\": 2",
+                                 32, &e),
+                     ML_OK);
+    assert_int_equal(window_plan("qwen2",
+                                 "\"use_sliding_window\": true, \"layer_types\": "
+                                 "[\"full_attention\", \"sliding_attention\"]",
+                                 32, &e),
+                     ML_RANGE);
+}
+
+/* Reads a file whole (or fails the test). */
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    assert_non_null(buf);
+    *len = fread(buf, 1, (size_t)n, f);
+    buf[*len] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* Every key of every config shipped under models/hf/ is in its family's
+ * table (honoured, inert, approximated or refused unless a value): the
+ * loader's own table, so the lists cannot drift from the code. A new config
+ * with a key in none of them fails here. Each loads, except the one whose
+ * refusal is documented. */
+static void test_shipped_config_keys(void **state)
+{
+    (void)state;
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/hf", ML_MODELS_DIR);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    size_t configs = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char path[1400];
+        snprintf(path, sizeof path, "%s/%s/config.json", dir, de->d_name);
+        size_t len;
+        char *text = slurp(path, &len);
+        ml_node *root = NULL;
+        ml_error e;
+        memset(&e, 0, sizeof e);
+        if (ml_tree_parse(text, len, &root, &e) != ML_OK || !root || root->type != ML_NODE_MAP)
+            fail_msg("%s: not a JSON object", path);
+        const ml_node *mt = ml_tree_get(root, "model_type");
+        unsigned fam = mt ? ml_hf_family(mt->text) : 0;
+        if (!fam)
+            fail_msg("%s: model_type is not a supported family", path);
+        for (size_t i = 0; i < root->count; i++)
+            if (!ml_hf_key_find(fam, root->keys[i]->text))
+                fail_msg("%s:%u: '%s' is in none of %s's key lists (src/model/hf.c)", path,
+                         root->keys[i]->line, root->keys[i]->text, mt->text);
+        ml_tree_free(root);
+        free(text);
+        ml_model *m = NULL;
+        ml_status st = ml_model_load_hf(path, NULL, &m, &e);
+        if (!strcmp(de->d_name, "bert-base-uncased")) {
+            /* BertForMaskedLM: docs/hf.md */
+            assert_int_equal(st, ML_SCHEMA);
+            assert_non_null(strstr(e.msg, "architectures:"));
+        } else if (st != ML_OK) {
+            fail_msg("%s:%u:%u: %s", path, e.line, e.col, e.msg);
+        }
+        ml_model_destroy(m);
+        configs++;
+    }
+    closedir(d);
+    assert_true(configs >= 8);
+}
+
+/* One row of docs/hf.md's key table, from the code's table. */
+static void key_row(char *buf, size_t size, const ml_hf_key *k)
+{
+    char fams[160] = "", use[200];
+    if (k->families == (1u << ML_HF_FAMILY_COUNT) - 1) {
+        snprintf(fams, sizeof fams, "all");
+    } else {
+        size_t n = 0;
+        for (unsigned b = 0; b < ML_HF_FAMILY_COUNT; b++)
+            if (k->families & (1u << b))
+                n += (size_t)snprintf(fams + n, sizeof fams - n, "%s%s", n ? ", " : "",
+                                      ml_hf_family_name(1u << b));
+    }
+    static const char *const uses[] = {"honoured", "inert", "approximated", "refused unless "};
+    size_t n = (size_t)snprintf(use, sizeof use, "%s", uses[k->use]);
+    if (k->use == ML_HF_REFUSED_UNLESS && !k->ok)
+        snprintf(use, sizeof use, "refused (see note)");
+    for (const char *p = k->ok; k->use == ML_HF_REFUSED_UNLESS && p && *p;) {
+        size_t l = strcspn(p, "|");
+        n += (size_t)snprintf(use + n, sizeof use - n, "%s`%.*s`", p == k->ok ? "" : " or ",
+                              (int)l, p);
+        p += l + (p[l] == '|');
+    }
+    snprintf(buf, size, "| `%s` | %s | %s | %s |", k->key, fams, use, k->note);
+}
+
+/* docs/hf.md's key table is the code's, row for row. On a difference the
+ * expected table is written to hf-keys.md in the working directory. */
+static void test_docs_key_table(void **state)
+{
+    (void)state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/../docs/hf.md", ML_MODELS_DIR);
+    size_t len;
+    char *doc = slurp(path, &len);
+    const char *begin = strstr(doc, "<!-- keys:begin"), *end = strstr(doc, "<!-- keys:end");
+    if (!begin || !end || end < begin)
+        begin = end = doc; /* no table: every row differs */
+    size_t nkeys;
+    const ml_hf_key *keys = ml_hf_keys(&nkeys);
+    size_t cap = nkeys * 1024, n = 0;
+    char *want = malloc(cap);
+    assert_non_null(want);
+    want[0] = '\0';
+    for (size_t i = 0; i < nkeys; i++) {
+        char row[1024];
+        key_row(row, sizeof row, &keys[i]);
+        n += (size_t)snprintf(want + n, cap - n, "%s\n", row);
+    }
+    /* the rows of the document: lines starting "| `" between the markers */
+    char *got = calloc(1, (size_t)(end - begin) + 1);
+    assert_non_null(got);
+    size_t g = 0;
+    for (const char *p = begin; p < end;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t l = nl ? (size_t)(nl - p) + 1 : (size_t)(end - p);
+        if (!strncmp(p, "| `", 3)) {
+            memcpy(got + g, p, l);
+            g += l;
+        }
+        p += l;
+    }
+    if (strcmp(got, want)) {
+        FILE *f = fopen("hf-keys.md", "w");
+        if (f) {
+            fputs(want, f);
+            fclose(f);
+        }
+        size_t i = 0, line = 1;
+        while (got[i] && got[i] == want[i])
+            line += got[i++] == '\n';
+        fail_msg("docs/hf.md's key table differs from src/model/hf.c's at row %zu; the "
+                 "expected rows are in hf-keys.md (the test's working directory)",
+                 line);
+    }
+    free(got);
+    free(want);
+    free(doc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -258,6 +771,13 @@ int main(void)
         cmocka_unit_test(test_errors_and_training),
         cmocka_unit_test(test_attn_implementation),
         cmocka_unit_test(test_use_cache),
+        cmocka_unit_test(test_bert_masked_lm_refused),
+        cmocka_unit_test(test_duplicate_keys),
+        cmocka_unit_test(test_head_dim),
+        cmocka_unit_test(test_refused_keys),
+        cmocka_unit_test(test_honoured_keys),
+        cmocka_unit_test(test_shipped_config_keys),
+        cmocka_unit_test(test_docs_key_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

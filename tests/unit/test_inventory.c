@@ -131,6 +131,57 @@ static void test_llama_block(void **state)
     ml_model_destroy(m);
 }
 
+/* The Llama block above with a head size of its own (HF head_dim, as
+ * Mistral-NeMo's 128 against 5120 / 32 = 160): head_dim 16 where D / H = 8,
+ * so the queries and the attention output are H * dh = 64 wide, k and v
+ * kv_heads * dh = 32. B*T = 8, B*T*D = 256, B*T*H*dh = 512.
+ *   RMSNorm x2: 2 x 2080; q/k/v projection input (D wide) 1024;
+ *   q, k, v copies for bmm (k and v repeated to 4 heads): 3 x 512 x 4 = 6144;
+ *   softmax (fp32) B*H*T*T*4 = 1024; o_proj input 512 x 4 = 2048;
+ *   MLP input 1024; gated terms 4 x 2048
+ *   = 4160 + 1024 + 6144 + 1024 + 2048 + 1024 + 8192 = 23,616 B
+ * (the 19,520 of D / H heads + 3072 more copies + 1024 more o_proj input).
+ * Parameters: q 32x64, k and v 32x32, o 64x32, MLP 3 x 32x64, norms 2 x 32
+ * = 2048 + 2048 + 2048 + 6144 + 64 = 12,352.
+ * Forward FLOPs: q/k/v 2*8*32*(64 + 2*32) = 65,536; QK^T and PV
+ * 4*B*H*T*T*dh = 4*4*64*16 = 16,384; o_proj 2*8*64*32 = 32,768; SwiGLU
+ * 3 x 2*8*32*64 = 98,304; = 212,992.
+ * Embedding: int64 ids 64 + rotary cos and sin 2*B*T*dh*4 = 1024 = 1088. */
+#define LLAMA_HD(attn)                                                                       \
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 32\n  heads: 4\n  kv_heads: 2\n"        \
+    "  head_dim: 16\n  ffn: 64\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 50\n"        \
+    "  position: rope\n  tied_embeddings: false\n  bias: false\n  dropout: 0\n"              \
+    "  attention: " attn "\ntraining:\n  micro_batch: 1\n  seq_len: 8\n  precision: fp32\n"
+
+static void test_llama_head_dim(void **state)
+{
+    (void)state;
+    assert_int_equal(inventory(LLAMA_HD("eager"), "block.0", NULL, NULL), 23616);
+    assert_int_equal(inventory(LLAMA_HD("eager"), "embedding", NULL, NULL), 1088);
+    /* flash: q, k, v B*T*(64 + 2*32)*4 = 4096, the output B*T*64*4 = 2048
+     * and the logsumexp B*H*T*4 = 128 in place of the copies and softmax:
+     * 23,616 - 6144 - 1024 + 4096 + 2048 + 128 = 22,720 */
+    assert_int_equal(inventory(LLAMA_HD("flash"), "block.0", NULL, NULL), 22720);
+    ml_model *m = load_str(LLAMA_HD("eager"));
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(block_named(l, "block.0")->params, 12352);
+    /* untied: embedding 50x32, head 50x32 + final norm 32 */
+    assert_int_equal(ml_ledger_summary(l)->params, 2 * 12352 + 1600 + 1600 + 32);
+    assert_rel_close(block_named(l, "block.0")->flops_forward, 212992, 0);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    /* rotary embeddings rotate pairs: an odd head size is refused */
+    ml_model *bad = NULL;
+    ml_error e;
+    const char *odd = "model:\n  type: decoder\n  layers: 1\n  hidden: 32\n  heads: 4\n"
+                      "  head_dim: 9\n  vocab: 50\n  position: rope\n";
+    assert_int_equal(ml_model_load_string(odd, strlen(odd), "odd.yaml", &bad, &e), ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "rope needs an even head size, head_dim = 9"));
+    assert_int_equal(e.line, 6);
+    assert_null(bad);
+}
+
 /* The two-layer MLP of the design notes: z1 = x W1, a = gelu(z1), y = a W2,
  * with B=3, 8 -> 16 -> 4, fp32, MSE loss.
  *   x: the first linear saves its input although x needs no gradient: 3x8x4 = 96
@@ -223,6 +274,7 @@ int main(void)
         cmocka_unit_test(test_gpt2_block_amp),
         cmocka_unit_test(test_gpt2_block_flash),
         cmocka_unit_test(test_llama_block),
+        cmocka_unit_test(test_llama_head_dim),
         cmocka_unit_test(test_mlp_inventory),
         cmocka_unit_test(test_cnn_inventory),
         cmocka_unit_test(test_video_hidden_activation),

@@ -284,6 +284,65 @@ static void test_three_peaks_by_hand(void **state)
     ml_model_destroy(m);
 }
 
+/* The caching allocator on the plan (docs/allocator.md): the tiny MLP's
+ * tensors are all under 1 MiB, each rounds up to 512 B and they never
+ * number 4,096 at once, so one 2 MiB small-pool segment holds them all:
+ * reserved 2,097,152 B in 1 segment, expandable segments the same (one 2 MiB
+ * small page). Without a simulation, nothing is reported. */
+static void test_reserved_tiny_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("model:\n  type: sequential\n  input: [8]\n  layers:\n"
+                           "    - linear: {out: 16, bias: false}\n    - gelu: {}\n"
+                           "    - linear: {out: 4, bias: false}\n  loss: mse\n"
+                           "training:\n  micro_batch: 30\n  optimizer: adam\n");
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, false);
+    assert_false(ml_ledger_summary(l)->has_reserved);
+    ml_ledger_destroy(l);
+    for (int a = ML_ALLOCATOR_CACHING; a <= ML_ALLOCATOR_EXPANDABLE; a++) {
+        c.device.allocator = (ml_allocator)a;
+        l = eval(m, &c, false);
+        const ml_summary *s = ml_ledger_summary(l);
+        assert_true(s->has_reserved);
+        assert_false(s->reserved_oom);
+        assert_int_equal(s->reserved_peak, 2097152);
+        assert_int_equal(s->reserved_segments, 1);
+        ml_ledger_destroy(l);
+    }
+    ml_model_destroy(m);
+}
+
+/* On every preset and fixed policy, without a device: the simulated
+ * reserved peak holds the allocated one (each tensor rounded up, in whole
+ * segments of 2 MiB multiples), and the allocated figures are those of the
+ * plan without a simulation. */
+static void test_reserved_invariants(void **state)
+{
+    (void)state;
+    for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++) {
+        ml_model *m = load_preset(presets[p]);
+        for (size_t k = 0; k < 6; k++) {
+            ml_config c = ml_model_config(m);
+            ml_error e;
+            assert_int_equal(ml_parse_checkpoint(policies[k], &c.training.checkpoint, &e), ML_OK);
+            c.device.present = false;
+            ml_ledger *l0 = eval(m, &c, false);
+            c.device.allocator = ML_ALLOCATOR_CACHING;
+            ml_ledger *l = eval(m, &c, false);
+            const ml_summary *s = ml_ledger_summary(l), *s0 = ml_ledger_summary(l0);
+            assert_int_equal(s->peak, s0->peak);
+            assert_int_equal(s->peak_first_iteration, s0->peak_first_iteration);
+            assert_false(s->reserved_oom);
+            assert_true(s->reserved_peak >= s->peak);
+            assert_int_equal(s->reserved_peak % (2u << 20), 0);
+            ml_ledger_destroy(l);
+            ml_ledger_destroy(l0);
+        }
+        ml_model_destroy(m);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -292,6 +351,8 @@ int main(void)
         cmocka_unit_test(test_checkpoint_lowers_gpt2_peak),
         cmocka_unit_test(test_mlp_timeline_by_hand),
         cmocka_unit_test(test_three_peaks_by_hand),
+        cmocka_unit_test(test_reserved_tiny_by_hand),
+        cmocka_unit_test(test_reserved_invariants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -149,12 +149,35 @@ static void test_trillion_parameters(void **state)
     ml_model_destroy(m);
 }
 
+/* ml_config_check: the defaults pass; each limit names its key. */
+static void test_config_check(void **state)
+{
+    (void)state;
+    ml_config c = ml_config_defaults();
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    assert_int_equal(ml_config_check(&c, &e), ML_OK);
+    assert_null(ml_config_problem(&c));
+    c.training.seq_len = 0;
+    assert_int_equal(ml_config_check(&c, &e), ML_RANGE);
+    assert_string_equal(e.msg, "training.seq_len: must be between 1 and 268435456");
+    c = ml_config_defaults();
+    c.training.eval_batch = (1ull << 24) + 1;
+    assert_int_equal(ml_config_check(&c, &e), ML_RANGE);
+    assert_string_equal(e.msg, "training.eval_batch: must be between 1 and 16777216");
+    c = ml_config_defaults();
+    c.training.logits = ML_LOGITS_FUSED;
+    assert_int_equal(ml_config_check(&c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "not modelled yet"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_file_size),         cmocka_unit_test(test_nesting_depth),
         cmocka_unit_test(test_node_count),        cmocka_unit_test(test_residual_depth),
         cmocka_unit_test(test_value_bounds),      cmocka_unit_test(test_trillion_parameters),
+        cmocka_unit_test(test_config_check),
         cmocka_unit_test(test_points_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

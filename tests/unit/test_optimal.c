@@ -239,7 +239,8 @@ static void test_optimal_never_worse_than_a_fixed_policy(void **state)
     const char *fixed[] = {"full", "sqrt", "every-2", "every-4", "none"};
     /* the two lines, by hand: 8 GiB - 512 MiB = 8,053,063,680 B; over 1.1,
      * 7,320,966,981.8 -> 7,320,966,981 */
-    ml_device d = {true, 8ull << 30, 0, 512ull << 20, 0, 1, 0.1};
+    ml_device d = {.present = true, .memory = 8ull << 30, .runtime_reserve = 512ull << 20,
+                   .efficiency = 1, .fragmentation = 0.1};
     assert_int_equal(ml_device_budget(&d), 8053063680ull);
     assert_int_equal(ml_device_limit(&d), 7320966981ull);
     d.fragmentation = 0;

@@ -1,0 +1,265 @@
+/* The replay's aggregates as tensors through the allocator simulator
+ * (reserved.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ledger/reserved.h"
+#include "util/error.h"
+#include "util/grow.h"
+
+/* One aggregate the replay allocated: its tensors' handles are
+ * h[first .. first + n). */
+typedef struct {
+    ml_category cat;
+    uint64_t bytes;
+    size_t first, n;
+} group;
+
+struct ml_rsim {
+    ml_alloc_sim *sim;
+    const ml_chain *ch;
+    size_t nblocks;
+    size_t *pfirst, *pcount; /* per block: its parameter tensors in ch->params */
+    uint64_t P;              /* parameter elements */
+    group *g;
+    size_t ng, gcap;
+    uint64_t *h;
+    size_t nh, hcap;
+    /* per category, the live groups in allocation order */
+    size_t *live[ML_CAT_COUNT];
+    size_t nlive[ML_CAT_COUNT], livecap[ML_CAT_COUNT];
+    uint64_t live_bytes[ML_CAT_COUNT];
+    uint64_t *sizes; /* scratch: one aggregate's tensor sizes */
+    size_t sizecap;
+    bool oom, nomem;
+};
+
+/* Blocks list their parameter tensors in order (chain_kit.c): block k's
+ * are the next ones whose elements add up to its params. */
+static void partition_params(ml_rsim *r, const ml_chain *ch)
+{
+    size_t i = 0;
+    for (size_t k = 0; k < ch->n; k++) {
+        uint64_t need = ch->blocks[k].params, got = 0;
+        r->pfirst[k] = i;
+        while (got < need && i < ch->nparams)
+            got += ch->params[i++].numel;
+        r->pcount[k] = i - r->pfirst[k];
+    }
+    for (size_t j = 0; j < ch->nparams; j++)
+        r->P += ch->params[j].numel;
+}
+
+ml_status ml_rsim_create(const ml_alloc_config *cfg, const ml_chain *ch, ml_rsim **out,
+                         ml_error *err)
+{
+    ml_rsim *r = calloc(1, sizeof *r);
+    if (r) {
+        r->pfirst = calloc(ch->n + 1, sizeof *r->pfirst);
+        r->pcount = calloc(ch->n + 1, sizeof *r->pcount);
+    }
+    ml_alloc_result ar = r && r->pfirst && r->pcount ? ml_alloc_sim_create(cfg, &r->sim)
+                                                     : ML_ALLOC_NOMEM;
+    if (ar != ML_ALLOC_OK) {
+        ml_rsim_destroy(r);
+        return ar == ML_ALLOC_NOMEM
+                   ? ml_errorf(err, ML_NOMEM, "out of memory")
+                   : ml_errorf(err, ML_RANGE,
+                               "device.max_split_size: must be above 20 MiB (PyTorch's "
+                               "max_split_size_mb)");
+    }
+    r->ch = ch;
+    r->nblocks = ch->n;
+    partition_params(r, ch);
+    *out = r;
+    return ML_OK;
+}
+
+void ml_rsim_destroy(ml_rsim *r)
+{
+    if (!r)
+        return;
+    ml_alloc_sim_destroy(r->sim);
+    free(r->pfirst);
+    free(r->pcount);
+    free(r->g);
+    free(r->h);
+    for (int c = 0; c < ML_CAT_COUNT; c++)
+        free(r->live[c]);
+    free(r->sizes);
+    free(r);
+}
+
+void ml_rsim_use_chain(ml_rsim *r, const ml_chain *ch)
+{
+    r->ch = ch;
+}
+
+static bool push_size(ml_rsim *r, size_t *n, uint64_t v)
+{
+    uint64_t *grown = ml_grow(r->sizes, *n, &r->sizecap, sizeof *grown, 64);
+    if (!grown)
+        return false;
+    r->sizes = grown;
+    r->sizes[(*n)++] = v;
+    return true;
+}
+
+/* The tensor sizes of an aggregate into r->sizes; their count, or 0 when
+ * they do not add up to `bytes` (then it is one tensor). */
+static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, size_t block,
+                          unsigned copies)
+{
+    const ml_chain *ch = r->ch;
+    size_t n = 0;
+    uint64_t sum = 0;
+    if ((split == ML_T_SAVED || split == ML_T_SAVED_NONCORE || split == ML_T_SAVED_CORE) &&
+        block < ch->n) {
+        const ml_cblock *b = &ch->blocks[block];
+        for (size_t i = b->saved_first; i < b->saved_first + b->nsaved; i++) {
+            bool core = ch->saved[i].flags & ML_SV_CORE;
+            if ((split == ML_T_SAVED_NONCORE && core) || (split == ML_T_SAVED_CORE && !core))
+                continue;
+            if (!push_size(r, &n, ch->saved[i].bytes))
+                return 0;
+            sum += ch->saved[i].bytes;
+        }
+    } else if (split == ML_T_BLOCK_PARAMS && block < r->nblocks && ch->blocks[block].params) {
+        uint64_t per = bytes / ch->blocks[block].params; /* bytes per element */
+        for (size_t i = r->pfirst[block]; i < r->pfirst[block] + r->pcount[block]; i++) {
+            if (!push_size(r, &n, ch->params[i].numel * per))
+                return 0;
+            sum += ch->params[i].numel * per;
+        }
+    } else if ((split == ML_T_UNITS_FWD || split == ML_T_UNITS || split == ML_T_UNITS_BWD) &&
+               block < ch->n) {
+        /* the incoming gradient, whole tensors of the block's largest size,
+         * the rest one more */
+        const ml_cblock *b = &ch->blocks[block];
+        uint64_t unit = split == ML_T_UNITS_FWD ? b->unit_fwd : b->unit;
+        uint64_t left = bytes;
+        if (split == ML_T_UNITS_BWD && b->bwd_in && b->bwd_in <= left) {
+            if (!push_size(r, &n, b->bwd_in))
+                return 0;
+            left -= b->bwd_in;
+        }
+        while (unit && left >= unit && n < 8) {
+            if (!push_size(r, &n, unit))
+                return 0;
+            left -= unit;
+        }
+        if (left && !push_size(r, &n, left))
+            return 0;
+        sum = bytes;
+    } else if (split == ML_T_ALL_PARAMS && r->P && copies) {
+        uint64_t per = bytes / (r->P * copies);
+        for (size_t i = 0; i < ch->nparams; i++)
+            for (unsigned k = 0; k < copies; k++) {
+                if (!push_size(r, &n, ch->params[i].numel * per))
+                    return 0;
+                sum += ch->params[i].numel * per;
+            }
+    }
+    return sum == bytes ? n : 0;
+}
+
+static bool add_live(ml_rsim *r, ml_category c, size_t gi)
+{
+    size_t *grown = ml_grow(r->live[c], r->nlive[c], &r->livecap[c], sizeof *grown, 64);
+    if (!grown)
+        return false;
+    r->live[c] = grown;
+    r->live[c][r->nlive[c]++] = gi;
+    r->live_bytes[c] += r->g[gi].bytes;
+    return true;
+}
+
+void ml_rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split split,
+                   size_t block, unsigned copies)
+{
+    if (!bytes || r->oom || r->nomem)
+        return;
+    size_t n = split == ML_T_ONE ? 0 : split_sizes(r, bytes, split, block, copies);
+    if (!n) {
+        n = 0;
+        if (!push_size(r, &n, bytes)) {
+            r->nomem = true;
+            return;
+        }
+    }
+    group *gg = ml_grow(r->g, r->ng, &r->gcap, sizeof *gg, 256);
+    if (!gg) {
+        r->nomem = true;
+        return;
+    }
+    r->g = gg;
+    while (r->nh + n > r->hcap) {
+        uint64_t *hh = ml_grow(r->h, r->hcap, &r->hcap, sizeof *hh, 1024);
+        if (!hh) {
+            r->nomem = true;
+            return;
+        }
+        r->h = hh;
+    }
+    group *g = &r->g[r->ng];
+    *g = (group){c, bytes, r->nh, 0};
+    for (size_t i = 0; i < n; i++) {
+        uint64_t handle = 0;
+        ml_alloc_result ar = ml_alloc_sim_malloc(r->sim, r->sizes[i], &handle);
+        if (ar != ML_ALLOC_OK) {
+            r->oom = ar == ML_ALLOC_OOM;
+            r->nomem = ar != ML_ALLOC_OOM;
+            return;
+        }
+        r->h[r->nh + g->n++] = handle;
+    }
+    r->nh += g->n;
+    if (!add_live(r, c, r->ng++))
+        r->nomem = true;
+}
+
+static void release(ml_rsim *r, ml_category c, size_t at)
+{
+    group *g = &r->g[r->live[c][at]];
+    for (size_t i = 0; i < g->n; i++)
+        ml_alloc_sim_free(r->sim, r->h[g->first + i]);
+    r->live_bytes[c] -= g->bytes;
+    memmove(&r->live[c][at], &r->live[c][at + 1], (r->nlive[c] - at - 1) * sizeof *r->live[c]);
+    r->nlive[c]--;
+    /* the stores shrink when the latest group goes */
+    if (g == &r->g[r->ng - 1] && g->first + g->n == r->nh) {
+        r->nh = g->first;
+        r->ng--;
+    }
+}
+
+void ml_rsim_free(ml_rsim *r, ml_category c, uint64_t bytes)
+{
+    if (!bytes || r->oom || r->nomem)
+        return;
+    for (size_t k = r->nlive[c]; k-- > 0;)
+        if (r->g[r->live[c][k]].bytes == bytes) {
+            release(r, c, k);
+            return;
+        }
+    /* no single allocation of that size: the category's sum (zero_grad),
+     * else the latest ones until the bytes are covered */
+    uint64_t left = bytes;
+    while (r->nlive[c] && left) {
+        uint64_t b = r->g[r->live[c][r->nlive[c] - 1]].bytes;
+        release(r, c, r->nlive[c] - 1);
+        left = b < left ? left - b : 0;
+    }
+}
+
+bool ml_rsim_ok(const ml_rsim *r, bool *nomem)
+{
+    if (nomem)
+        *nomem = r->nomem;
+    return !r->oom && !r->nomem;
+}
+
+void ml_rsim_stats(const ml_rsim *r, ml_alloc_stats *out)
+{
+    ml_alloc_sim_stats(r->sim, out);
+}

@@ -1,0 +1,51 @@
+/* The replay's events through the caching-allocator simulator (src/alloc/):
+ * each aggregate the replay allocates (a block's saved tensors, its
+ * gradients, the optimizer states) is split into the tensors PyTorch
+ * allocates one by one, and each free releases the tensors of the matching
+ * allocation. Internal to src/ledger/; docs/allocator.md, "On the plan". */
+#ifndef ML_RESERVED_H
+#define ML_RESERVED_H
+
+#include "alloc/alloc.h"
+#include "ledger/chain.h"
+
+/* How an aggregate splits into tensors. */
+typedef enum {
+    ML_T_ONE,            /* one tensor */
+    ML_T_SAVED,          /* block's saved tensors */
+    ML_T_SAVED_NONCORE,  /* ... without the attention core (selective) */
+    ML_T_SAVED_CORE,     /* ... the attention core only */
+    ML_T_BLOCK_PARAMS,   /* one tensor per parameter tensor of the block */
+    ML_T_ALL_PARAMS,     /* one tensor per parameter tensor of the model, the
+                            bytes shared out by their sizes */
+    ML_T_UNITS_FWD,      /* a forward transient: tensors of the block's unit_fwd */
+    ML_T_UNITS,          /* a no_grad transient: tensors of the block's unit */
+    ML_T_UNITS_BWD,      /* a backward transient: the incoming gradient (bwd_in),
+                            then tensors of the block's unit */
+} ml_tensor_split;
+
+typedef struct ml_rsim ml_rsim;
+
+/* A simulator with an empty cache for the chain's blocks. */
+ml_status ml_rsim_create(const ml_alloc_config *cfg, const ml_chain *ch, ml_rsim **out,
+                         ml_error *err);
+void ml_rsim_destroy(ml_rsim *r);
+/* The chain whose saved tensors ML_T_SAVED* name (the evaluation pass
+ * builds its own, with the same parameters). */
+void ml_rsim_use_chain(ml_rsim *r, const ml_chain *ch);
+
+/* Allocates `bytes` of category c as the tensors `split` says (`copies`
+ * tensors for each, for ML_T_ALL_PARAMS: Adam's two states per parameter).
+ * When the tensors do not add up to `bytes` (a calibrated inventory, a
+ * tied table) it is one tensor. */
+void ml_rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split split,
+                   size_t block, unsigned copies);
+/* Frees the latest live allocation of category c of exactly `bytes`, or
+ * every live one of c when `bytes` is their sum (zero_grad). */
+void ml_rsim_free(ml_rsim *r, ml_category c, uint64_t bytes);
+
+/* False once a request failed: the device ran out, or the host (*nomem). */
+bool ml_rsim_ok(const ml_rsim *r, bool *nomem);
+void ml_rsim_stats(const ml_rsim *r, ml_alloc_stats *out);
+
+#endif

@@ -1,0 +1,320 @@
+/* The Hugging Face import's tables (hf.c): the families with the one
+ * transformers class each is planned as, and every config.json key with
+ * what the import does with it — honoured, inert, approximated or refused —
+ * and why. docs/hf.md's key table is checked against this one
+ * (tests/unit/test_hf.c). */
+#include <string.h>
+
+#include "model/model_internal.h"
+
+
+/* The families, each with the one transformers class the planner builds
+ * (chain_transformer.c): the head and the loss it models. */
+static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
+    {"llama", ML_HF_LLAMA, "LlamaForCausalLM", "a causal LM head over vocab_size, cross-entropy"},
+    {"mistral", ML_HF_MISTRAL, "MistralForCausalLM",
+     "a causal LM head over vocab_size, cross-entropy"},
+    {"qwen2", ML_HF_QWEN2, "Qwen2ForCausalLM", "a causal LM head over vocab_size, cross-entropy"},
+    {"gpt2", ML_HF_GPT2, "GPT2LMHeadModel", "a causal LM head over vocab_size, cross-entropy"},
+    {"gpt_neox", ML_HF_NEOX, "GPTNeoXForCausalLM",
+     "a causal LM head over vocab_size, cross-entropy"},
+    {"bert", ML_HF_BERT, "BertForSequenceClassification",
+     "the pooler, dropout and a num_labels classifier on the first token, cross-entropy"},
+    {"vit", ML_HF_VIT, "ViTForImageClassification",
+     "a num_labels classifier on the class token, cross-entropy"},
+};
+
+/* ---- the key table ------------------------------------------------------ */
+
+#define LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2)
+#define DEC (LM3 | ML_HF_GPT2 | ML_HF_NEOX)
+#define ENC (ML_HF_BERT | ML_HF_VIT)
+#define ALL (DEC | ENC)
+#define H ML_HF_HONOURED
+#define I ML_HF_INERT
+#define A ML_HF_APPROXIMATED
+#define R ML_HF_REFUSED_UNLESS
+
+#define ACT_NOTE                                                                               \
+    "gelu and gelu_pytorch_tanh: the single-op GELU; relu; gelu_new (HF GPT-2's default): "  \
+    "planned as the single-op GELU, which saves 3 B·T·F tensors fewer than its composite "    \
+    "of elementwise ops (docs/inventory.md); any other value is refused"
+#define DROP_NOTE                                                                              \
+    "a dropout probability: the planner has one switch (masks on the attention "              \
+    "probabilities, the residual branches and the embeddings, or none), so values that are "  \
+    "0 in some places and not in others are refused"
+#define EPS_NOTE "the norm's epsilon: a value, not a size"
+#define ROPE_NOTE "the rotation's frequencies: values of the same cos and sin tensors"
+#define TOKEN_NOTE "a token id: a value, not a size"
+#define DTYPE_NOTE                                                                             \
+    "the checkpoint's storage dtype; the training precision comes from the training "         \
+    "settings (--precision)"
+#define GEN_NOTE "a generation setting: training does not generate"
+#define SUMMARY_NOTE "GPT2DoubleHeadsModel's multiple-choice head; GPT2LMHeadModel has none"
+#define LEGACY_NOTE "a key of Google's original BERT configs that transformers does not read"
+#define VIT_POOLER_NOTE "ViTModel's pooler; ViTForImageClassification has none"
+#define RAW_ROTARY_NOTE                                                                        \
+    "cos and sin are counted full width (2·B·T·dh·w, once for all blocks): an over-estimate " \
+    "by the fraction 1 − rotary_pct of that; the rotation has no parameters"
+#define MOE_NOTE                                                                               \
+    "mixture-of-experts layers are not modelled (these families' transformers classes "        \
+    "would ignore the key: the config is another family's)"
+#define WINDOW_NOTE                                                                            \
+    "attention over a sliding window is not modelled: planning more tokens than the window "  \
+    "is refused"
+
+static const ml_hf_key keys[] = {
+    /* the family, the head, the name */
+    {"model_type", ALL, H, NULL, "the family (the table above)"},
+    {"architectures", ALL, H, NULL,
+     "the head: only the class the planner builds is accepted (the list above); absent or "
+     "null: that class"},
+    {"_name_or_path", ALL, H, NULL, "the plan's name (its last path component)"},
+    {"attn_implementation", ALL, H, NULL,
+     "eager, sdpa, flash_attention_2, flash_attention_3 (above); others refused"},
+    /* shapes */
+    {"num_hidden_layers", ALL, H, NULL, "the layers (GPT-2: the alias of n_layer)"},
+    {"hidden_size", ALL, H, NULL, "D (GPT-2: the alias of n_embd)"},
+    {"num_attention_heads", ALL, H, NULL, "H (GPT-2: the alias of n_head)"},
+    {"n_layer", ML_HF_GPT2, H, NULL, "the layers"},
+    {"n_embd", ML_HF_GPT2, H, NULL, "D"},
+    {"n_head", ML_HF_GPT2, H, NULL, "H"},
+    {"n_inner", ML_HF_GPT2, H, NULL, "F; null: 4 · n_embd"},
+    {"n_positions", ML_HF_GPT2, H, NULL,
+     "learned positions (n_positions × D parameters) and the longest sequence"},
+    {"max_position_embeddings", ML_HF_GPT2 | ML_HF_BERT, H, NULL,
+     "learned positions (max_position_embeddings × D parameters) and the longest sequence "
+     "(GPT-2: the alias of n_positions)"},
+    {"max_position_embeddings", LM3 | ML_HF_NEOX, H, NULL,
+     "the default sequence length, the smaller of it and 2048 (rotary positions have no "
+     "parameters)"},
+    {"num_key_value_heads", LM3, H, NULL, "Hkv (grouped-query attention); default H"},
+    {"head_dim", LM3, H, NULL,
+     "dh: q projects D to H·dh, k and v to Hkv·dh, o_proj H·dh back to D; default D / H"},
+    {"head_dim", ML_HF_GPT2 | ML_HF_NEOX | ENC, R, NULL,
+     "these families' head size is hidden_size / num_attention_heads: another value is "
+     "refused"},
+    {"intermediate_size", LM3 | ML_HF_NEOX | ENC, H, NULL, "F"},
+    {"vocab_size", DEC | ML_HF_BERT, H, NULL, "V"},
+    {"type_vocab_size", ML_HF_BERT, H, NULL, "token-type embeddings (default 2)"},
+    {"image_size", ML_HF_VIT, H, NULL, "the image side; T = (image_size / patch_size)² + 1"},
+    {"patch_size", ML_HF_VIT, H, NULL, "the patch side (must divide image_size)"},
+    {"num_channels", ML_HF_VIT, H, NULL, "the image channels (default 3)"},
+    /* the layer's layout */
+    {"hidden_act", LM3, H, NULL, "silu (SwiGLU); any other value is refused"},
+    {"hidden_act", ML_HF_NEOX | ENC, H, NULL, ACT_NOTE},
+    {"activation_function", ML_HF_GPT2, H, NULL, ACT_NOTE},
+    {"attention_bias", ML_HF_LLAMA, H, NULL, "biases on q, k, v and o_proj (default false)"},
+    {"attention_bias", ML_HF_MISTRAL, R, "false|null",
+     "MistralAttention has no biases (it does not read the key)"},
+    {"attention_bias", ML_HF_QWEN2, R, "true|null",
+     "Qwen2Attention always has q, k and v biases (it does not read the key)"},
+    {"attention_bias", ML_HF_NEOX, R, "true|null",
+     "false drops the attention's biases but not the MLP's, which is not modelled"},
+    {"mlp_bias", ML_HF_LLAMA, H, NULL,
+     "biases on gate_proj, up_proj and down_proj (default false)"},
+    {"qkv_bias", ML_HF_VIT, H, NULL, "biases on q, k and v (default true)"},
+    {"use_parallel_residual", ML_HF_NEOX, H, NULL, "x + attn(ln1(x)) + mlp(ln2(x)) (default true)"},
+    {"tie_word_embeddings", DEC, H, NULL,
+     "the LM head shares the embedding table (default true for gpt2, false for the others)"},
+    {"tie_word_embeddings", ENC, I, NULL, "the classifier has no output embedding to tie"},
+    {"position_embedding_type", ML_HF_BERT, R, "\"absolute\"|null",
+     "relative_key and relative_key_query add distance embeddings and B·H·T²·dh products, "
+     "which are not modelled"},
+    {"pretraining_tp", ML_HF_LLAMA, R, "1|null",
+     "above 1, older transformers split every projection into slices, which is not modelled"},
+    {"reorder_and_upcast_attn", ML_HF_GPT2, R, "false|null",
+     "true computes the scores in fp32 with autocast off, which saves other tensors; not "
+     "modelled"},
+    {"scale_attn_weights", ML_HF_GPT2, I, NULL,
+     "divides the scores by a Python scalar, which saves nothing"},
+    {"scale_attn_by_inverse_layer_idx", ML_HF_GPT2, I, NULL,
+     "divides the scores by a Python scalar, which saves nothing"},
+    /* positions */
+    {"rope_theta", LM3 | ML_HF_NEOX, I, NULL, ROPE_NOTE},
+    {"rotary_emb_base", ML_HF_NEOX, I, NULL, ROPE_NOTE},
+    {"rope_scaling", LM3 | ML_HF_NEOX, I, NULL,
+     "linear, dynamic, yarn, llama3 or longrope rescaling of the rotation's frequencies: "
+     "values of the same cos and sin tensors"},
+    {"rope_parameters", LM3 | ML_HF_NEOX, I, NULL,
+     "rope_theta and rope_scaling in one object (transformers 5): values of the same cos and "
+     "sin tensors"},
+    {"rotary_pct", ML_HF_NEOX, A, NULL, RAW_ROTARY_NOTE},
+    {"partial_rotary_factor", ML_HF_NEOX, A, NULL, RAW_ROTARY_NOTE},
+    {"partial_rotary_factor", LM3, R, "1|null", "these attentions rotate the whole head"},
+    /* sliding windows */
+    {"sliding_window", ML_HF_MISTRAL, H, NULL,
+     "the window (default 4096; null: none); " WINDOW_NOTE},
+    {"sliding_window", ML_HF_QWEN2, H, NULL,
+     "the window when use_sliding_window is true and a layer uses it; " WINDOW_NOTE},
+    {"use_sliding_window", ML_HF_QWEN2, H, NULL, "turns sliding_window on (default false)"},
+    {"max_window_layers", ML_HF_QWEN2, H, NULL,
+     "the layers from this index on use the window (default 28)"},
+    {"layer_types", ML_HF_QWEN2, H, NULL,
+     "full_attention or sliding_attention per layer (instead of max_window_layers)"},
+    /* dropout */
+    {"attention_dropout", LM3, R, "0|null",
+     "attention dropout alone is not modelled: the planner's dropout also masks the residual "
+     "branches and the embeddings, which these models do not"},
+    {"attention_dropout", ML_HF_NEOX, H, NULL, DROP_NOTE},
+    {"hidden_dropout", ML_HF_NEOX, H, NULL, DROP_NOTE},
+    {"resid_pdrop", ML_HF_GPT2, H, NULL, DROP_NOTE},
+    {"embd_pdrop", ML_HF_GPT2, H, NULL, DROP_NOTE},
+    {"attn_pdrop", ML_HF_GPT2, H, NULL, DROP_NOTE},
+    {"hidden_dropout_prob", ENC, H, NULL, DROP_NOTE},
+    {"attention_probs_dropout_prob", ENC, H, NULL, DROP_NOTE},
+    {"classifier_dropout", ML_HF_BERT, H, NULL, "null: hidden_dropout_prob; " DROP_NOTE},
+    {"classifier_dropout", ML_HF_NEOX, I, NULL,
+     "GPTNeoXForSequenceClassification's; the causal LM has no classifier"},
+    /* the head */
+    {"num_labels", ENC, H, NULL,
+     "the classes; refused when id2label has another count, and 1 (a regression, MSELoss) is "
+     "refused"},
+    {"id2label", ENC, H, NULL, "the classes: its count (default 2)"},
+    {"num_labels", DEC, I, NULL, "the causal LM head has vocab_size outputs"},
+    {"id2label", DEC, I, NULL, "the causal LM head has vocab_size outputs"},
+    {"label2id", ALL, I, NULL, "label names"},
+    {"problem_type", ENC, R, "null|\"single_label_classification\"",
+     "the regression (MSELoss) and multi-label (BCEWithLogitsLoss) heads are not modelled"},
+    {"problem_type", DEC, I, NULL, "read only by the *ForSequenceClassification classes"},
+    {"use_cache", DEC, H, NULL,
+     "the evaluation output holds every layer's keys and values (default true)"},
+    {"use_cache", ENC, I, NULL, "BERT and ViT return no cache (BERT only as a decoder, refused)"},
+    /* inert per family */
+    {"rms_norm_eps", LM3, I, NULL, EPS_NOTE},
+    {"layer_norm_eps", ML_HF_NEOX | ENC, I, NULL, EPS_NOTE},
+    {"layer_norm_epsilon", ML_HF_GPT2, I, NULL, EPS_NOTE},
+    {"n_ctx", ML_HF_GPT2, I, NULL, "the legacy context length; transformers reads n_positions"},
+    {"summary_type", ML_HF_GPT2, I, NULL, SUMMARY_NOTE},
+    {"summary_use_proj", ML_HF_GPT2, I, NULL, SUMMARY_NOTE},
+    {"summary_activation", ML_HF_GPT2, I, NULL, SUMMARY_NOTE},
+    {"summary_proj_to_labels", ML_HF_GPT2, I, NULL, SUMMARY_NOTE},
+    {"summary_first_dropout", ML_HF_GPT2, I, NULL, SUMMARY_NOTE},
+    {"encoder_stride", ML_HF_VIT, I, NULL, "ViTForMaskedImageModeling's decoder"},
+    {"pooler_output_size", ML_HF_VIT, I, NULL, VIT_POOLER_NOTE},
+    {"pooler_act", ML_HF_VIT, I, NULL, VIT_POOLER_NOTE},
+    {"directionality", ML_HF_BERT, I, NULL, LEGACY_NOTE},
+    {"pooler_fc_size", ML_HF_BERT, I, NULL, LEGACY_NOTE},
+    {"pooler_num_attention_heads", ML_HF_BERT, I, NULL, LEGACY_NOTE},
+    {"pooler_num_fc_layers", ML_HF_BERT, I, NULL, LEGACY_NOTE},
+    {"pooler_size_per_head", ML_HF_BERT, I, NULL, LEGACY_NOTE},
+    {"pooler_type", ML_HF_BERT, I, NULL, LEGACY_NOTE},
+    /* PretrainedConfig's own keys */
+    {"is_decoder", DEC, I, NULL, "the causal LMs do not read it"},
+    {"is_decoder", ENC, R, "false|null", "BERT as a decoder (causal mask, cache) is not modelled"},
+    {"initializer_range", ALL, I, NULL, "initialisation only"},
+    {"bos_token_id", ALL, I, NULL, TOKEN_NOTE},
+    {"eos_token_id", ALL, I, NULL, TOKEN_NOTE},
+    {"pad_token_id", ALL, I, NULL,
+     TOKEN_NOTE " (the embedding's padding row gets a zero gradient in the same tensors)"},
+    {"sep_token_id", ALL, I, NULL, TOKEN_NOTE},
+    {"decoder_start_token_id", ALL, I, NULL, TOKEN_NOTE},
+    {"torch_dtype", ALL, I, NULL, DTYPE_NOTE},
+    {"dtype", ALL, I, NULL, DTYPE_NOTE},
+    {"use_bfloat16", ALL, I, NULL, "TensorFlow and JAX only"},
+    {"tf_legacy_loss", ALL, I, NULL, "TensorFlow and JAX only"},
+    {"transformers_version", ALL, I, NULL, "provenance"},
+    {"_commit_hash", ALL, I, NULL, "provenance"},
+    {"_attn_implementation_autoset", ALL, I, NULL, "transformers' bookkeeping"},
+    {"return_dict", ALL, I, NULL, "the output container's type"},
+    {"tokenizer_class", ALL, I, NULL, "a tokenizer setting"},
+    {"prefix", ALL, I, NULL, "a tokenizer setting"},
+    {"finetuning_task", ALL, I, NULL, "a label"},
+    {"task_specific_params", ALL, I, NULL, "pipeline settings"},
+    {"max_length", ALL, I, NULL, GEN_NOTE},
+    {"min_length", ALL, I, NULL, GEN_NOTE},
+    {"do_sample", ALL, I, NULL, GEN_NOTE},
+    {"early_stopping", ALL, I, NULL, GEN_NOTE},
+    {"num_beams", ALL, I, NULL, GEN_NOTE},
+    {"num_beam_groups", ALL, I, NULL, GEN_NOTE},
+    {"diversity_penalty", ALL, I, NULL, GEN_NOTE},
+    {"temperature", ALL, I, NULL, GEN_NOTE},
+    {"top_k", ALL, I, NULL, GEN_NOTE},
+    {"top_p", ALL, I, NULL, GEN_NOTE},
+    {"typical_p", ALL, I, NULL, GEN_NOTE},
+    {"repetition_penalty", ALL, I, NULL, GEN_NOTE},
+    {"length_penalty", ALL, I, NULL, GEN_NOTE},
+    {"no_repeat_ngram_size", ALL, I, NULL, GEN_NOTE},
+    {"encoder_no_repeat_ngram_size", ALL, I, NULL, GEN_NOTE},
+    {"bad_words_ids", ALL, I, NULL, GEN_NOTE},
+    {"num_return_sequences", ALL, I, NULL, GEN_NOTE},
+    {"output_scores", ALL, I, NULL, GEN_NOTE},
+    {"return_dict_in_generate", ALL, I, NULL, GEN_NOTE},
+    {"forced_bos_token_id", ALL, I, NULL, GEN_NOTE},
+    {"forced_eos_token_id", ALL, I, NULL, GEN_NOTE},
+    {"remove_invalid_values", ALL, I, NULL, GEN_NOTE},
+    {"exponential_decay_length_penalty", ALL, I, NULL, GEN_NOTE},
+    {"suppress_tokens", ALL, I, NULL, GEN_NOTE},
+    {"begin_suppress_tokens", ALL, I, NULL, GEN_NOTE},
+    {"gradient_checkpointing", ALL, R, "false|null",
+     "true turned checkpointing on in older transformers: give training.checkpoint instead"},
+    {"output_hidden_states", ALL, R, "false|null",
+     "the output would hold every layer's hidden states, which is not modelled"},
+    {"output_attentions", ALL, R, "false|null",
+     "the output would hold every layer's attention probabilities, which is not modelled"},
+    {"torchscript", ALL, R, "false|null",
+     "true clones tied embeddings into two parameters, which is not modelled"},
+    {"pruned_heads", ALL, R, "{}|null", "pruned heads shrink the projections, not modelled"},
+    {"chunk_size_feed_forward", ALL, R, "0|null",
+     "a chunked feed-forward keeps other tensors, not modelled"},
+    {"add_cross_attention", ALL, R, "false|null", "cross-attention layers are not modelled"},
+    {"cross_attention_hidden_size", ALL, R, "null", "cross-attention layers are not modelled"},
+    {"is_encoder_decoder", ALL, R, "false|null", "encoder-decoder models are not modelled"},
+    {"tie_encoder_decoder", ALL, R, "false|null", "encoder-decoder models are not modelled"},
+    {"quantization_config", ALL, R, "null", "quantized weights are not modelled"},
+    /* other families' keys that change parameters, saved tensors or FLOPs */
+    {"num_local_experts", ALL, R, "0|1|null", MOE_NOTE},
+    {"num_experts", ALL, R, "0|1|null", MOE_NOTE},
+    {"num_experts_per_tok", ALL, R, "0|1|null", MOE_NOTE},
+    {"n_routed_experts", ALL, R, "0|null", MOE_NOTE},
+    {"moe_intermediate_size", ALL, R, "0|null", MOE_NOTE},
+    {"shared_expert_intermediate_size", ALL, R, "0|null", MOE_NOTE},
+    {"hidden_activation", ALL, R, "null",
+     "Gemma's activation key: these families do not read it, the config is Gemma's"},
+    {"query_pre_attn_scalar", ALL, R, "null",
+     "Gemma 2's score scale: these families do not read it, the config is Gemma 2's"},
+    {"attn_logit_softcapping", ALL, R, "null",
+     "soft-capped scores (tanh) keep other B·H·T² tensors, not modelled"},
+    {"final_logit_softcapping", ALL, R, "null",
+     "soft-capped logits (tanh) keep other B·T·V tensors, not modelled"},
+};
+
+#undef H
+#undef I
+#undef A
+#undef R
+
+const ml_hf_key *ml_hf_keys(size_t *count)
+{
+    *count = sizeof keys / sizeof *keys;
+    return keys;
+}
+
+unsigned ml_hf_family(const char *model_type)
+{
+    for (size_t i = 0; i < ML_HF_FAMILY_COUNT; i++)
+        if (!strcmp(families[i].type, model_type))
+            return families[i].bit;
+    return 0;
+}
+
+const char *ml_hf_family_name(unsigned bit)
+{
+    for (size_t i = 0; i < ML_HF_FAMILY_COUNT; i++)
+        if (families[i].bit == bit)
+            return families[i].type;
+    return "?";
+}
+
+const ml_hf_key *ml_hf_key_find(unsigned family, const char *key)
+{
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        if ((keys[i].families & family) && !strcmp(keys[i].key, key))
+            return &keys[i];
+    return NULL;
+}
+
+const ml_hf_family_info *ml_hf_families(void)
+{
+    return families;
+}
