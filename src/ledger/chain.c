@@ -39,6 +39,13 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
                          "dispatched), the runner's eager";
         return;
     }
+    /* the runner's blocks have D/H-wide heads: a model whose head size
+     * differs (head_dim) has other projection and attention shapes */
+    if (m->head_dim && m->head_dim * m->heads != m->hidden) {
+        ch->calib_note = "the model's head size (head_dim) is not hidden/heads, the "
+                         "runner's blocks' is";
+        return;
+    }
     /* c holds the MLP's B*T*F terms at the measured F/D: another ratio
      * (Llama-2's 11008/4096 against the runner's 704/256) would carry them
      * over wrongly */

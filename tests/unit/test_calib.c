@@ -582,23 +582,29 @@ static void test_amp_fit_and_planner(void **state)
      * B*T*F terms at the wrong width, so the analytic c stays, and says why.
      * Then the model the profile fits with a fused attention: flash, and
      * sdpa under autocast (bf16 inputs: the flash kernel takes grouped
-     * heads) keep no scores, so the runner's eager c does not apply */
+     * heads) keep no scores, so the runner's eager c does not apply; nor
+     * does it to heads wider than hidden/heads (head_dim), whose projections
+     * and scores have other shapes than the runner's blocks */
     const struct {
         size_t ffn;
         const char *attention, *why;
-    } llama[] = {{Fl, "eager", NULL},
-                 {4 * D, "eager", "ffn/hidden"},
-                 {Fl, "flash", "fused kernel"},
-                 {Fl, "sdpa", "fused kernel"}};
+        size_t head_dim;
+    } llama[] = {{Fl, "eager", NULL, 0},
+                 {4 * D, "eager", "ffn/hidden", 0},
+                 {Fl, "flash", "fused kernel", 0},
+                 {Fl, "sdpa", "fused kernel", 0},
+                 {Fl, "eager", "head size", 2 * D / H}};
     for (size_t i = 0; i < sizeof llama / sizeof *llama; i++) {
-        char y[1024];
+        char y[1024], hd[32] = "";
+        if (llama[i].head_dim)
+            snprintf(hd, sizeof hd, "  head_dim: %zu\n", llama[i].head_dim);
         snprintf(y, sizeof y,
                  "model:\n  type: decoder\n  layers: 2\n  hidden: %zu\n  heads: %zu\n"
                  "  kv_heads: 2\n  ffn: %zu\n  activation: swiglu\n  norm: rmsnorm\n"
                  "  vocab: %zu\n  position: none\n  bias: false\n  tied_embeddings: false\n"
-                 "  dropout: 0\n  attention: %s\ntraining:\n  micro_batch: 5\n  seq_len: 40\n"
+                 "  dropout: 0\n  attention: %s\n%straining:\n  micro_batch: 5\n  seq_len: 40\n"
                  "  precision: amp-bf16\n",
-                 D, H, llama[i].ffn, V, llama[i].attention);
+                 D, H, llama[i].ffn, V, llama[i].attention, hd);
         check_applied(y, p, llama[i].why);
     }
     ml_profile_destroy(p);
