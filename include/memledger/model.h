@@ -85,6 +85,13 @@ typedef enum ml_logits {
     ML_LOGITS_COUNT
 } ml_logits;
 
+/* What optimizer.zero_grad() does between iterations. */
+typedef enum ml_zero_grad {
+    ML_ZERO_GRAD_SET_TO_NONE, /* frees every .grad (PyTorch 2.x's default) */
+    ML_ZERO_GRAD_ZERO,        /* fills them with zeros: they stay allocated */
+    ML_ZERO_GRAD_COUNT
+} ml_zero_grad;
+
 typedef struct ml_training {
     uint64_t micro_batch;   /* samples per forward/backward */
     uint64_t seq_len;       /* tokens per sample (transformers) */
@@ -105,6 +112,7 @@ typedef struct ml_training {
     /* the evaluation pass (model.eval(), no_grad); 0: none planned */
     uint64_t eval_batch;           /* samples per evaluation forward */
     uint64_t eval_seq_len;         /* tokens per evaluation sample; 0: seq_len */
+    ml_zero_grad zero_grad;        /* set_to_none (default) or zero */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it
@@ -206,6 +214,7 @@ ML_API const char *ml_optimizer_impl_name(ml_optimizer_impl i);
 ML_API const char *ml_offload_name(ml_offload o);
 ML_API const char *ml_logits_name(ml_logits l);
 ML_API const char *ml_allocator_name(ml_allocator a);
+ML_API const char *ml_zero_grad_name(ml_zero_grad z);
 ML_API bool ml_offload_parse(const char *s, ml_offload *out);
 /* Writes the policy's YAML spelling ("every-2", "[0, 3]") into buf. */
 ML_API void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size);

@@ -32,7 +32,8 @@ typedef struct {
     const char *micro_batch, *seq_len, *grad_accum, *precision, *optimizer, *optimizer_impl,
         *checkpoint, *device, *budget, *runtime_reserve, *peak_tflops, *efficiency, *fragmentation,
         *data_parallel, *zero, *offload, *global_batch, *max_micro_batch, *reduce_bucket,
-        *allgather_bucket, *logits, *eval_batch, *eval_seq_len, *allocator, *max_split_size;
+        *allgather_bucket, *logits, *eval_batch, *eval_seq_len, *allocator, *max_split_size,
+        *zero_grad;
     bool auto_checkpoint; /* --checkpoint auto (fit) */
 } ml_cli_opts;
 

@@ -27,6 +27,8 @@ static const char usage[] =
     "  --logits L             kept | released: the loop holds the model output to the\n"
     "                         iteration's end (a plain loop, default) or drops it once\n"
     "                         the loss is computed (HF Trainer, Lightning)\n"
+    "  --zero-grad Z          set_to_none (default) | zero: gradients freed after the step,\n"
+    "                         or kept allocated and zeroed\n"
     "  --eval-batch N         also plan an evaluation pass (no_grad) of N samples\n"
     "  --eval-seq-len N       tokens per evaluation sample (default: --seq-len)\n"
     "Device (override the file's device: section)\n"

@@ -110,6 +110,7 @@ static const struct {
     {"--eval-seq-len", offsetof(ml_cli_opts, eval_seq_len)},
     {"--allocator", offsetof(ml_cli_opts, allocator)},
     {"--max-split-size", offsetof(ml_cli_opts, max_split_size)},
+    {"--zero-grad", offsetof(ml_cli_opts, zero_grad)},
 };
 
 static int usage_error(const char *verb, const char *fmt, const char *arg)
@@ -356,6 +357,14 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
                                       "yet; use kept or released");
         else
             rc = bad_flag("--logits", "unknown; use kept or released");
+    }
+    if (!rc && o->zero_grad) {
+        if (!strcmp(o->zero_grad, "set_to_none"))
+            t->zero_grad = ML_ZERO_GRAD_SET_TO_NONE;
+        else if (!strcmp(o->zero_grad, "zero"))
+            t->zero_grad = ML_ZERO_GRAD_ZERO;
+        else
+            rc = bad_flag("--zero-grad", "unknown; use set_to_none or zero");
     }
     if (!rc && o->eval_batch)
         rc = ml_cli_whole("--eval-batch", o->eval_batch, 1, 1u << 24, &t->eval_batch);

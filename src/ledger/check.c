@@ -36,6 +36,8 @@ const char *ml_config_problem(const ml_config *cfg)
     if (t->logits == ML_LOGITS_FUSED)
         return "training.logits: fused (a chunked linear-cross-entropy) is not modelled yet; use "
                "kept or released";
+    if ((unsigned)t->zero_grad >= ML_ZERO_GRAD_COUNT)
+        return "training.zero_grad: unknown; use set_to_none or zero";
     if (t->eval_batch > (1ull << 24))
         return "training.eval_batch: must be between 1 and 16777216";
     if (t->eval_seq_len > (1ull << 28))

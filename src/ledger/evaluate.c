@@ -236,7 +236,10 @@ double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
     ml_replay_free(r, ML_CAT_WORKSPACE, s->bytes_step_temp);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, ag);
     ml_replay_free(r, ML_CAT_WORKSPACE, ag);
-    ml_replay_free(r, ML_CAT_GRADS, r->live[ML_CAT_GRADS]); /* zero_grad(set_to_none=True) */
+    if (t->zero_grad == ML_ZERO_GRAD_SET_TO_NONE)
+        ml_replay_free(r, ML_CAT_GRADS, r->live[ML_CAT_GRADS]); /* zero_grad(set_to_none=True) */
+    else
+        r->grads_exist = true; /* zero_grad(set_to_none=False): zeroed in place */
     /* logits: kept — the loop's reference ends with the iteration */
     ml_replay_free(r, r->prev_out_cat, r->prev_out);
     r->prev_out = 0;
@@ -244,14 +247,15 @@ double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
 }
 
 /* Out of memory, overflow, or a replay that does not balance. */
-static ml_status replay_status(const ml_replay *r, const ml_chain *ch, ml_error *err)
+static ml_status replay_status(const ml_replay *r, const ml_chain *ch, uint64_t grads_kept,
+                               ml_error *err)
 {
     if (r->nomem)
         return ml_errorf(err, ML_NOMEM, "out of memory");
     if (r->overflow || ch->overflow)
         return ml_errorf(err, ML_OVERFLOW,
                          "byte counts exceed 64 bits: use a smaller micro_batch or seq_len");
-    if (r->underflow || r->live[ML_CAT_GRADS] || r->live[ML_CAT_ACTIVATIONS] ||
+    if (r->underflow || r->live[ML_CAT_GRADS] != grads_kept || r->live[ML_CAT_ACTIVATIONS] ||
         r->live[ML_CAT_RECOMPUTE] || r->live[ML_CAT_WORKSPACE]) {
         /* the schedule freed something twice or leaked: a planner bug */
         return ml_errorf(err, ML_RANGE, "internal: the replay does not balance");
@@ -417,6 +421,21 @@ void ml_eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml
     r->phase = ML_PHASE_FORWARD;
 }
 
+/* zero_grad: zero — the first iteration has no gradients yet: its backward
+ * creates them as set_to_none's does. Its peak from a replay without them. */
+static uint64_t first_without_grads(ml_evalctx *x, const int *seg)
+{
+    ml_ledger sl;
+    memset(&sl, 0, sizeof sl);
+    ml_eval_model_states((ml_chain *)x->ch, &x->cfg->training, &x->ob, &sl.sum);
+    ml_shard sh;
+    ml_replay r;
+    ml_eval_setup(x, seg, &sl, &sh, &r);
+    ml_eval_residents(&r, x, &sl.sum, true);
+    ml_eval_iteration(&r, x, &sl.sum, false);
+    return r.peak_first;
+}
+
 ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
                       ml_error *err)
 {
@@ -433,6 +452,12 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
     s->peak_block = -1;
     r.keep = keep_events;
     ml_eval_residents(&r, x, s, true);
+    const bool zero = t->zero_grad == ML_ZERO_GRAD_ZERO;
+    if (zero) { /* the gradients the previous iteration left, zeroed */
+        ml_replay_alloc_as(&r, ML_CAT_GRADS, s->bytes_grads,
+                           t->zero >= 2 ? ML_T_ONE : ML_T_ALL_PARAMS, 0, 1);
+        r.grads_exist = true;
+    }
     double flops_re = ml_eval_iteration(&r, x, s, false);
     s->bytes_activations = r.act_end;
     if (s->peak_block >= 0)
@@ -440,10 +465,10 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
                  r.peak_sub ? r.peak_sub : "");
     else
         snprintf(s->peak_step, sizeof s->peak_step, "optimizer.step");
-    ml_status st = replay_status(&r, ch, err);
+    ml_status st = replay_status(&r, ch, zero ? s->bytes_grads : 0, err);
     if (st)
         return st;
-    s->peak_first_iteration = r.peak_first;
+    s->peak_first_iteration = zero ? first_without_grads(x, seg) : r.peak_first;
     s->has_eval = x->has_eval;
     s->peak_eval = x->eval_peak;
     flops_and_time(ch, x->cfg, flops_re, s);

@@ -19,7 +19,10 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *
     const ml_training *t = &x->cfg->training;
     const size_t n = ch->n;
     const uint64_t N = t->data_parallel;
-    const bool accum = t->grad_accum > 1, gsh = t->zero >= 2;
+    /* gradients resident all iteration: with accumulation, or never freed
+     * (zero_grad: zero); backward then adds into them through a transient */
+    const bool accum = t->grad_accum > 1 || t->zero_grad == ML_ZERO_GRAD_ZERO,
+               gsh = t->zero >= 2;
     size_t lo = n, hi = 0;
     for (size_t k = 0; k < n; k++)
         if (ch->blocks[k].ckpt_index >= 0) {

@@ -90,6 +90,8 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     ml_replay_alloc(&r, ML_CAT_PARAMS, s->bytes_params);
     ml_replay_alloc(&r, ML_CAT_MASTER, s->bytes_master);
     ml_replay_alloc(&r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
+    if (t->zero_grad == ML_ZERO_GRAD_ZERO) /* zeroed, still allocated */
+        ml_replay_alloc(&r, ML_CAT_GRADS, s->bytes_grads);
     /* a simulation has the resident states already, from training */
     r.rsim = rsim;
     if (rsim)

@@ -230,7 +230,7 @@ static void backward_block(ml_replay *r, size_t k)
      * reduce-scatter; the device keeps its 1/N partition */
     uint64_t gfull = sh->grads_sharded ? b->grad_bytes : 0;
     ml_replay_alloc(r, ML_CAT_WORKSPACE, gfull);
-    if (r->micro == 0)
+    if (r->micro == 0 && !r->grads_exist)
         ml_replay_alloc_as(r, ML_CAT_GRADS,
                            sh->grads_sharded ? ml_ceil_div(b->grad_bytes, sh->N) : b->grad_bytes,
                            sh->grads_sharded ? ML_T_ONE : ML_T_BLOCK_PARAMS, k, 1);
@@ -255,7 +255,7 @@ static void backward_block(ml_replay *r, size_t k)
         ml_replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
     ml_replay_free(r, ML_CAT_WORKSPACE, b->ws_bwd);
     ml_replay_free(r, ML_CAT_WORKSPACE, gfull);
-    if (r->micro != 0)
+    if (r->micro != 0 || r->grads_exist)
         ml_replay_free(r, ML_CAT_WORKSPACE, b->grad_accum_bytes);
     ml_replay_free(r, ML_CAT_WORKSPACE, gat);
 }

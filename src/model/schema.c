@@ -167,7 +167,7 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
                                        "checkpoint",     "data_parallel", "zero",
                                        "offload",        "reduce_bucket_size",
                                        "allgather_bucket_size", "logits",
-                                       "eval_batch",     "eval_seq_len"};
+                                       "eval_batch",     "eval_seq_len",  "zero_grad"};
     ml_status st;
     if ((st = ml_tree_need_map(err, t, "training")) ||
         (st = ml_tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
@@ -196,6 +196,13 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
                            "training.logits: fused (a chunked linear-cross-entropy) is not "
                            "modelled yet; use kept or released");
     tr->logits = (ml_logits)lg;
+    const char *zg_names[ML_ZERO_GRAD_COUNT];
+    for (unsigned i = 0; i < ML_ZERO_GRAD_COUNT; i++)
+        zg_names[i] = ml_zero_grad_name((ml_zero_grad)i);
+    unsigned zg = tr->zero_grad;
+    if ((st = ml_tree_enum(err, t, "zero_grad", "training", zg_names, ML_ZERO_GRAD_COUNT, &zg)))
+        return st;
+    tr->zero_grad = (ml_zero_grad)zg;
     uint64_t zero = tr->zero;
     if ((st = ml_tree_uint(err, t, "zero", "training", 0, 3, &zero)))
         return st;

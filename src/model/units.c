@@ -102,6 +102,7 @@ static const char *const impl_names[ML_IMPL_COUNT] = {"for-loop", "foreach", "fu
 static const char *const offload_names[ML_OFFLOAD_COUNT] = {"none", "optimizer", "params"};
 static const char *const logits_names[ML_LOGITS_COUNT] = {"kept", "released", "fused"};
 static const char *const allocator_names[ML_ALLOCATOR_COUNT] = {"none", "caching", "expandable"};
+static const char *const zero_grad_names[ML_ZERO_GRAD_COUNT] = {"set_to_none", "zero"};
 
 const char *ml_precision_name(ml_precision p)
 {
@@ -124,6 +125,11 @@ const char *ml_offload_name(ml_offload o)
 const char *ml_logits_name(ml_logits l)
 {
     return (unsigned)l < ML_LOGITS_COUNT ? logits_names[l] : "?";
+}
+
+const char *ml_zero_grad_name(ml_zero_grad z)
+{
+    return (unsigned)z < ML_ZERO_GRAD_COUNT ? zero_grad_names[z] : "?";
 }
 
 const char *ml_allocator_name(ml_allocator a)

@@ -123,7 +123,19 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     snprintf(buf, sizeof buf, "%s during %s at %s", B(s->peak, a), ml_phase_name(s->peak_phase),
              s->peak_step);
     row(f, "peak (allocator view)", buf);
-    row(f, "peak + runtime reserve", B(s->peak_total, a));
+    row(f, "first iteration's peak (optimizer states created by its step)",
+        B(s->peak_first_iteration, a));
+    if (s->has_eval)
+        row(f, "evaluation pass's peak (no_grad)", B(s->peak_eval, a));
+    if (s->has_reserved) {
+        snprintf(buf, sizeof buf, "%s in %llu segments (%s allocator simulated)%s",
+                 B(s->reserved_peak, a), (unsigned long long)s->reserved_segments,
+                 ml_allocator_name(cfg->device.allocator),
+                 s->reserved_oom ? "; out of memory on the device" : "");
+        row(f, "reserved (max_memory_reserved)", buf);
+    }
+    row(f, "peak total (binding peak, allowance or reserved, runtime reserve)",
+        B(s->peak_total, a));
     snprintf(buf, sizeof buf, "forward %s, backward %s, recompute %s", FL(s->flops_forward, a),
              FL(s->flops_backward, b), FL(s->flops_recompute, ck));
     row(f, "FLOPs per iteration", buf);

@@ -173,6 +173,8 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     chart c = {ML_SVG_X0, 70, ML_SVG_W, 420, (double)s->peak};
     if (s->has_device && (double)s->memory > c.ymax)
         c.ymax = (double)s->memory;
+    if (s->has_reserved && (double)s->reserved_peak > c.ymax)
+        c.ymax = (double)s->reserved_peak;
     if (c.ymax <= 0)
         c.ymax = 1;
     c.ymax *= 1.06;
@@ -230,6 +232,9 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
             hline(f, &c, s->budget, "#d62728", "6,4", "budget", true);
         }
     }
+    /* the allocator's simulated reserved peak (--allocator) */
+    if (s->has_reserved)
+        hline(f, &c, s->reserved_peak, "#9467bd", "8,3", "reserved (simulated)", false);
     /* the peak */
     size_t pi = 0;
     for (size_t i = 0; i < n; i++)

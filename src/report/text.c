@@ -46,6 +46,9 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
             (unsigned long long)t->micro_batch, (unsigned long long)s->c_tokens / t->micro_batch,
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck);
+    if (t->logits != ML_LOGITS_KEPT || t->zero_grad != ML_ZERO_GRAD_SET_TO_NONE)
+        fprintf(f, "loop: logits %s, zero_grad %s\n", ml_logits_name(t->logits),
+                ml_zero_grad_name(t->zero_grad));
     if (t->checkpoint.kind == ML_CKPT_OPTIMAL)
         fprintf(f, "plan: %s%s\n", s->plan,
                 s->plan_fits_budget ? "" : "  (no checkpoint plan meets the budget: this is the "

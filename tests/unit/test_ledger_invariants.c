@@ -8,8 +8,10 @@ static const char *const presets[] = {"mlp2",       "cifar10-resnet", "agnews-cl
 static const char *const policies[] = {"none", "full", "every-2", "every-4",
                                        "sqrt", "selective", "[0, 1]", "optimal"};
 
-/* Replays the event list independently and checks it against the summary. */
-static void check_events(const char *name, const char *pol, const ml_ledger *l)
+/* Replays the event list independently and checks it against the summary;
+ * grads_end: the gradients still allocated at the end (zero_grad: zero). */
+static void check_events(const char *name, const char *pol, const ml_ledger *l,
+                         uint64_t grads_end)
 {
     const ml_summary *s = ml_ledger_summary(l);
     size_t n = ml_ledger_event_count(l);
@@ -37,7 +39,7 @@ static void check_events(const char *name, const char *pol, const ml_ledger *l)
             peak = total;
     }
     /* every transient is freed; the end equals the resident state */
-    assert_int_equal(live[ML_CAT_GRADS], 0);
+    assert_int_equal(live[ML_CAT_GRADS], grads_end);
     assert_int_equal(live[ML_CAT_ACTIVATIONS], 0);
     assert_int_equal(live[ML_CAT_RECOMPUTE], 0);
     assert_int_equal(live[ML_CAT_WORKSPACE], 0);
@@ -78,7 +80,7 @@ static void test_invariants_every_preset_and_policy(void **state)
                 c.training.grad_accum = accum;
                 ml_ledger *l = eval(m, &c, true);
                 const ml_summary *s = ml_ledger_summary(l);
-                check_events(presets[p], policies[k], l);
+                check_events(presets[p], policies[k], l, 0);
                 double ckpt_fwd = 0;
                 for (size_t b = 0; b < ml_ledger_block_count(l); b++)
                     if (ml_ledger_block(l, b)->checkpointed)
@@ -106,11 +108,20 @@ static void test_invariants_every_preset_and_policy(void **state)
                 ml_config cr = c;
                 cr.training.logits = ML_LOGITS_RELEASED;
                 ml_ledger *lr = eval(m, &cr, true);
-                check_events(presets[p], policies[k], lr);
+                check_events(presets[p], policies[k], lr, 0);
                 const ml_summary *sr = ml_ledger_summary(lr);
                 if (c.training.checkpoint.kind != ML_CKPT_OPTIMAL)
                     assert_true(sr->peak <= s->peak);
                 ml_ledger_destroy(lr);
+                /* zero_grad: zero keeps the gradients allocated to the end,
+                 * and the first iteration (which creates them) stays below */
+                ml_config cz = c;
+                cz.training.zero_grad = ML_ZERO_GRAD_ZERO;
+                ml_ledger *lz = eval(m, &cz, true);
+                const ml_summary *sz = ml_ledger_summary(lz);
+                check_events(presets[p], policies[k], lz, sz->bytes_grads);
+                assert_true(sz->peak_first_iteration <= sz->peak);
+                ml_ledger_destroy(lz);
                 ml_ledger_destroy(l);
             }
         }
@@ -244,7 +255,7 @@ static void test_mlp_timeline_by_hand(void **state)
  * Evaluation at B = 30: R + x 960, block 0 +1920 +z1 1920 = 7104, -1920 -960
  * = 4224; block 1 +3840 +a 1920 = 9984, the eval peak. At B = 60 every
  * activation term doubles: 2304 + 2 x 7680 = 17664, above the steady peak:
- * it binds, and the verdict and peak_total use it. */
+ * it binds, and the verdict and peak_total use it. Then zero_grad: zero. */
 static void test_three_peaks_by_hand(void **state)
 {
     (void)state;
@@ -280,6 +291,22 @@ static void test_three_peaks_by_hand(void **state)
     assert_int_equal(s->binding, ML_PEAK_EVAL);
     assert_int_equal(s->peak_total, 17664 + (512ull << 20));
     assert_int_equal(s->headroom, (int64_t)(512ull << 20) - 17664);
+    ml_ledger_destroy(l);
+    /* zero_grad: zero — every .grad (768 B) stays allocated, and backward
+     * adds into it through a transient of the block's gradient: at block 2,
+     * 12160 - 256 (no new W2 grad) + 768 + 256 (the transient) = 12928. The
+     * first iteration has no gradients yet: 10624 as before; the
+     * evaluation at B = 30 carries them: 9984 + 768 = 10752. */
+    c.device.present = false;
+    c.training.eval_batch = 30;
+    c.training.zero_grad = ML_ZERO_GRAD_ZERO;
+    l = eval(m, &c, true);
+    s = ml_ledger_summary(l);
+    assert_int_equal(s->peak, 12928);
+    assert_int_equal(s->peak_breakdown[ML_CAT_GRADS], 768);
+    assert_int_equal(s->peak_breakdown[ML_CAT_WORKSPACE], 4320 + 256);
+    assert_int_equal(s->peak_first_iteration, 10624);
+    assert_int_equal(s->peak_eval, 10752);
     ml_ledger_destroy(l);
     ml_model_destroy(m);
 }
