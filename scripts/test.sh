@@ -62,6 +62,7 @@ fuzz() {
         cp -r "tests/fuzz/corpus/$t" "$work/$t"
         # a fixed seed keeps the gate reproducible (FUZZ_SEED=0: a random one)
         "$PWD/build-fuzz/tests/fuzz/fuzz_$t" -max_total_time="${FUZZ_SECONDS:-60}" \
+            -dict="$PWD/tests/fuzz/dict/$t.dict" \
             -seed="${FUZZ_SEED:-1}" \
             -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 \
             -artifact_prefix="$PWD/build-fuzz/crash-$t-" \
