@@ -122,7 +122,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=5)
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    files = inputs(a.src)
+    files = inputs(os.path.abspath(a.src))
     t0 = time.time()
     bad = done = 0
     with tempfile.TemporaryDirectory() as outdir:
@@ -133,8 +133,9 @@ def main():
             args = argv_for(rng, files, outdir)
             why = None
             try:
-                p = subprocess.run([a.exe] + args, capture_output=True, timeout=a.timeout,
-                                   stdin=subprocess.DEVNULL)
+                # in the scratch folder: a relative output name lands there
+                p = subprocess.run([os.path.abspath(a.exe)] + args, capture_output=True,
+                                   timeout=a.timeout, stdin=subprocess.DEVNULL, cwd=outdir)
                 err = p.stderr.decode("utf-8", "replace")
                 if p.returncode not in (0, 1, 2, 3):
                     why = "exit status %d" % p.returncode
@@ -143,6 +144,9 @@ def main():
             except subprocess.TimeoutExpired:
                 why = "ran over %g s" % a.timeout
             left = [n for n in os.listdir(outdir) if ".tmp" in n or n.startswith(".")]
+            for n in os.listdir(outdir):  # outputs the run was asked for: not kept
+                if n not in left and n != "sub":
+                    os.remove(os.path.join(outdir, n))
             left += [os.path.join("sub", n) for n in os.listdir(os.path.join(outdir, "sub"))
                      if ".tmp" in n or n.startswith(".")]
             if left and not why:
