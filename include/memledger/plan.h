@@ -75,6 +75,127 @@ typedef struct ml_compare_row {
 ML_API ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *rows,
                             size_t *nrows, ml_error *err);
 
+/* triage: what the peak of a configuration that ran out of memory is made
+ * of, and every remedy that applies, each re-planned with the ledger and
+ * ranked (docs/cli.md, "triage"). */
+
+/* The phase the run failed in (torch.cuda.OutOfMemoryError's traceback):
+ * remedies that act on it rank first among those that fit. */
+typedef enum ml_triage_phase {
+    ML_TRIAGE_ANY,       /* not given: rank by slowdown alone */
+    ML_TRIAGE_FORWARD,   /* activations: micro-batch, checkpointing, attention, logits */
+    ML_TRIAGE_BACKWARD,  /* gradients and states: precision, optimizer, ZeRO, offload */
+    ML_TRIAGE_OPTIMIZER, /* the step: states, master weights, ZeRO, offload */
+    ML_TRIAGE_EVAL,      /* the evaluation pass: its batch */
+    ML_TRIAGE_PHASE_COUNT
+} ml_triage_phase;
+
+/* "any", "forward", "backward", "optimizer", "eval". */
+ML_API const char *ml_triage_phase_name(ml_triage_phase p);
+/* Reverse lookup; false when the name is unknown. */
+ML_API bool ml_triage_phase_parse(const char *s, ml_triage_phase *out);
+
+typedef enum ml_remedy_kind {
+    /* in this order, least intrusive first, they break ties in the ranking */
+    ML_REMEDY_LOGITS_RELEASED, /* the loop drops the model output after the loss */
+    ML_REMEDY_ZERO_GRAD_NONE,  /* zero_grad(set_to_none=True) where it was zero */
+    ML_REMEDY_EVAL_BATCH,      /* half the evaluation batch, when the eval pass binds */
+    ML_REMEDY_EXPANDABLE,      /* expandable_segments:True, when fragmentation counts */
+    ML_REMEDY_ATTENTION_SDPA,  /* transformers whose attention is eager */
+    ML_REMEDY_MICRO_BATCH,     /* a smaller micro-batch, more accumulation: same effective batch */
+    ML_REMEDY_CKPT_FULL,
+    ML_REMEDY_CKPT_EVERY_2,
+    ML_REMEDY_CKPT_EVERY_4,
+    ML_REMEDY_CKPT_SQRT,
+    ML_REMEDY_CKPT_SELECTIVE,  /* models with attention */
+    ML_REMEDY_CKPT_OPTIMAL,    /* with a device */
+    ML_REMEDY_ZERO_1,          /* data_parallel > 1, above the current stage */
+    ML_REMEDY_ZERO_2,
+    ML_REMEDY_ZERO_3,
+    ML_REMEDY_AMP_BF16,        /* from fp32 */
+    ML_REMEDY_BF16_MASTER,     /* from fp32 */
+    ML_REMEDY_ADAM_8BIT,       /* from adam/adamw */
+    ML_REMEDY_ADAFACTOR,       /* from adam/adamw */
+    ML_REMEDY_OFFLOAD_OPTIMIZER,
+    ML_REMEDY_OFFLOAD_PARAMS,  /* with zero 3 */
+    ML_REMEDY_COUNT
+} ml_remedy_kind;
+
+/* "micro-batch", "checkpoint-full", ..., "expandable-segments". */
+ML_API const char *ml_remedy_name(ml_remedy_kind k);
+
+/* At most one remedy of each kind; room for kinds appended later. */
+#define ML_TRIAGE_MAX_REMEDIES 32
+
+typedef struct ml_triage_request {
+    ml_triage_phase oom_phase; /* default ML_TRIAGE_ANY */
+    uint64_t allocated;        /* observed max_memory_allocated() of the failing run, bytes;
+                                  0 = not given */
+    uint64_t reserved;         /* observed max_memory_reserved(), bytes; 0 = not given */
+    double host_bandwidth;     /* bytes/s between host and device, to price offload's
+                                  transfers; default 25e9 (PCIe 4.0 x16 as achieved) */
+} ml_triage_request;
+
+ML_API ml_triage_request ml_triage_request_defaults(void);
+
+typedef struct ml_remedy {
+    ml_remedy_kind kind;
+    char flags[160];         /* the command-line flags that apply it ("--micro-batch 4
+                                --grad-accum 8"); for attention-sdpa the model's
+                                attention: sdpa, which no flag sets */
+    ml_config config;        /* the variant as planned (for attention-sdpa the model's
+                                attention changes too) */
+    uint64_t peak;           /* its binding allocator peak (steady, first or eval) */
+    uint64_t peak_total;     /* + fragmentation and runtime reserve */
+    bool has_device;
+    bool fits;               /* false without a device */
+    bool in_focus;           /* acts on req->oom_phase */
+    double flops_total;      /* per iteration */
+    double flops_ratio;      /* flops_total over the configuration's */
+    double step_time_s;      /* < 0 when unknown; offload adds its host transfers */
+    double slowdown;         /* step time ratio when known, else flops_ratio */
+    uint64_t host_bytes;     /* offloaded to host memory, per device */
+    double host_transfer;    /* bytes over the host link per iteration, per device */
+    double comm_bytes;       /* bytes each device sends per iteration */
+    char changes[640];       /* what it changes in training, one paragraph */
+} ml_remedy;
+
+typedef struct ml_triage_observed {
+    bool has_allocated, has_reserved;
+    uint64_t allocated, reserved;     /* as given */
+    uint64_t planned_allocated;       /* the binding allocator peak */
+    uint64_t planned_reserved;        /* the simulated reserved peak (device.allocator), else
+                                         planned_allocated + the fragmentation allowance */
+    bool reserved_simulated;
+    int64_t allocated_error;          /* planned - observed: > 0 the plan over-states */
+    int64_t reserved_error;
+    double fragmentation;             /* reserved / allocated - 1, with both given */
+    bool fragmented;                  /* fragmentation above 20 %: expandable segments */
+} ml_triage_observed;
+
+typedef struct ml_triage_result {
+    ml_summary current;               /* the configuration as given */
+    uint64_t peak;                    /* its binding allocator peak */
+    double host_transfer;             /* its offload's bytes over the host link per
+                                         iteration (0 without offload) */
+    double step_time_s;               /* current.step_time_s plus that transfer; < 0 unknown */
+    ml_triage_phase focus;            /* req->oom_phase */
+    bool has_observed;
+    ml_triage_observed observed;
+    size_t count;                     /* remedies that apply, ranked */
+    ml_remedy remedies[ML_TRIAGE_MAX_REMEDIES];
+} ml_triage_result;
+
+/* Plans cfg, then every remedy that applies to it (each re-planned with
+ * ml_ledger_evaluate; one that does not lower the peak total is not listed,
+ * except expandable segments when fragmentation is observed), ranked: those
+ * that fit first, by least slowdown (those in the focus phase first); then
+ * those that do not, by lowest peak total. *out is written only on success
+ * (it is large: about 67 KiB). Returns ML_OK, or the status of evaluating cfg
+ * (ML_RANGE, ML_OVERFLOW, ML_NOMEM); ML_NOMEM from a remedy's evaluation. */
+ML_API ml_status ml_triage(const ml_model *m, const ml_config *cfg, const ml_triage_request *req,
+                           ml_triage_result *out, ml_error *err);
+
 #ifdef __cplusplus
 }
 #endif

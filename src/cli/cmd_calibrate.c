@@ -94,7 +94,7 @@ static int points(int argc, char **argv)
         snprintf(e.path, sizeof e.path, "%s", path);
         ml_cli_print_error(&e);
         free(p);
-        return ML_EXIT_BAD_INPUT;
+        return e.code == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
     ml_out out;
     int rc = ml_out_open(&out, out_path);

@@ -3,6 +3,10 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "report/report_internal.h"
+
+/* --emit wrote settings that lack a part of the plan (docs/cli.md) */
+enum { EXIT_EMIT_PARTIAL = 4 };
 
 static const char usage[] =
     "usage: memledger fit MODEL.yaml [options]\n"
@@ -25,7 +29,8 @@ static const char usage[] =
     "  and every 'memledger plan' option (--seq-len, --precision, --zero, ...)\n"
     "\n"
     "Exit status: 0 a micro-batch fits, 1 even micro-batch 1 does not fit,\n"
-    "2 bad input or usage, 3 output could not be written.\n";
+    "2 bad input or usage (or --emit refused), 3 output could not be written,\n"
+    "4 --emit wrote settings that lack a part of the plan (named on stderr).\n";
 
 int ml_cmd_fit(int argc, char **argv)
 {
@@ -63,6 +68,17 @@ int ml_cmd_fit(int argc, char **argv)
             goto out;
         }
     }
+    /* --emit for the chosen point: refused (nothing written, exit 2) or
+     * partial (written, exit 4) as for 'memledger plan' (docs/cli.md) */
+    char why[4096];
+    int emit = chosen ? ml_report_emit_check(o.emit, &cc, chosen, why, sizeof why)
+                      : ML_EMIT_EXACT;
+    if (emit == ML_EMIT_REFUSED) {
+        ml_cli_errorf("--emit %s: %s", o.emit, why);
+        ml_ledger_destroy(chosen);
+        rc = ML_EXIT_BAD_INPUT;
+        goto out;
+    }
     /* --emit with nothing that fits: no settings to write, and the prose
      * report is not what the reader of -o (a config file) expects */
     if (o.emit && !r.fits) {
@@ -90,6 +106,13 @@ int ml_cmd_fit(int argc, char **argv)
             fputc('\n', stderr);
         }
         rc = r.fits ? ML_EXIT_OK : ML_EXIT_NO_FIT;
+        if (emit == ML_EMIT_PARTIAL) {
+            fprintf(stderr, "memledger: note: --emit %s: not in these settings: ", o.emit);
+            ml_cli_put_safe(stderr, why, strlen(why), false);
+            fputc('\n', stderr);
+            if (rc == ML_EXIT_OK)
+                rc = EXIT_EMIT_PARTIAL;
+        }
     }
 out:
     ml_cli_free(m, &cfg);

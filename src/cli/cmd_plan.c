@@ -3,6 +3,10 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "report/report_internal.h"
+
+/* --emit wrote settings that lack a part of the plan (docs/cli.md) */
+enum { EXIT_EMIT_PARTIAL = 4 };
 
 static const char usage[] =
     "usage: memledger plan MODEL.yaml [options]\n"
@@ -52,10 +56,13 @@ static const char usage[] =
     "  -o FILE                write the report to FILE (atomically) instead of stdout\n"
     "  --emit TARGET          instead of the report, settings for this plan:\n"
     "                         deepspeed (a DeepSpeed config), hf-trainer (Trainer flags),\n"
-    "                         torch (a PyTorch training-step snippet)\n"
+    "                         torch (a PyTorch training-step snippet); nothing\n"
+    "                         (exit 2) when the target would run a different setup\n"
+    "                         (docs/hf.md)\n"
     "\n"
-    "Exit status: 0 ran (and fits), 1 does not fit, 2 bad input or usage,\n"
-    "3 output could not be written.\n";
+    "Exit status: 0 ran (and fits), 1 does not fit, 2 bad input or usage (or --emit\n"
+    "refused), 3 output could not be written, 4 --emit wrote settings that lack a part\n"
+    "of the plan (named on stderr).\n";
 
 int ml_cmd_plan(int argc, char **argv)
 {
@@ -73,6 +80,17 @@ int ml_cmd_plan(int argc, char **argv)
         ml_cli_free(m, &cfg);
         return rc;
     }
+    /* --emit: a target that would run a different setup writes nothing (an
+     * -o file stays as it was); one that cannot hold a part of the plan
+     * writes the rest and says which part (docs/cli.md, exit status 4) */
+    char why[4096];
+    int emit = o.emit ? ml_report_emit_check(o.emit, &cfg, l, why, sizeof why) : ML_EMIT_EXACT;
+    if (emit == ML_EMIT_REFUSED) {
+        ml_cli_errorf("--emit %s: %s", o.emit, why);
+        ml_ledger_destroy(l);
+        ml_cli_free(m, &cfg);
+        return ML_EXIT_BAD_INPUT;
+    }
     ml_out out;
     rc = ml_out_open(&out, o.output);
     if (!rc && !o.emit && o.format == ML_FMT_TEXT)
@@ -86,6 +104,13 @@ int ml_cmd_plan(int argc, char **argv)
     if (rc == 0) {
         const ml_summary *s = ml_ledger_summary(l);
         rc = s->has_device && !s->fits ? ML_EXIT_NO_FIT : ML_EXIT_OK;
+        if (emit == ML_EMIT_PARTIAL) {
+            fprintf(stderr, "memledger: note: --emit %s: not in these settings: ", o.emit);
+            ml_cli_put_safe(stderr, why, strlen(why), false);
+            fputc('\n', stderr);
+            if (rc == ML_EXIT_OK)
+                rc = EXIT_EMIT_PARTIAL;
+        }
     }
     ml_ledger_destroy(l);
     ml_cli_free(m, &cfg);

@@ -16,6 +16,7 @@ static const struct {
     {"report", ml_cmd_report, "a self-contained HTML report"},
     {"calibrate", ml_cmd_calibrate, "fit measured peaks, or measure on this machine's GPU/CPU"},
     {"allocator", ml_cmd_allocator, "an allocation trace through PyTorch's caching allocator"},
+    {"triage", ml_cmd_triage, "what an out-of-memory peak is made of, and each remedy"},
 };
 
 static void help(FILE *f)
@@ -26,7 +27,8 @@ static void help(FILE *f)
         fprintf(f, "  %-10s %s\n", verbs[i].name, verbs[i].summary);
     fprintf(f, "\n'memledger VERB --help' lists a verb's options.\n"
                "Exit status: 0 ran (and fits), 1 does not fit, 2 bad input or usage,\n"
-               "3 output could not be written.\n");
+               "3 output could not be written, 4 (--emit) settings written but part of\n"
+               "the plan must be applied in code.\n");
 }
 
 int main(int argc, char **argv)

@@ -1,6 +1,8 @@
 /* A small document tree built from libyaml events, so that schema checks can
- * walk it with positions. Anchors, aliases and tags are refused when parsing:
- * an alias bomb cannot expand here. */
+ * walk it with positions. Anchors, aliases and tags are refused when parsing,
+ * each at its position: an alias bomb cannot expand here, and every tag,
+ * core ones such as !!str and !!float included, since the tree keeps text
+ * only and a tag it ignored would mislead the file's writer. */
 #ifndef ML_TREE_H
 #define ML_TREE_H
 
@@ -30,7 +32,8 @@ struct ml_node {
 #define ML_TREE_MAX_BYTES ML_INPUT_MAX_BYTES
 
 /* Parses text into *root (NULL for an empty document). Returns ML_OK,
- * ML_SYNTAX or ML_NOMEM with err filled (err->path is set by the caller). */
+ * ML_SYNTAX, ML_RANGE (the limits above) or ML_NOMEM (libyaml's own
+ * allocations included) with err filled (err->path is set by the caller). */
 ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *err);
 void ml_tree_free(ml_node *n);
 

@@ -113,6 +113,21 @@ static ml_status handle(builder *b, yaml_event_t *ev)
         if (anchor)
             return fail(err, ML_SYNTAX, mk,
                         "YAML anchors (&name) are not supported: write the value out in full");
+        /* every tag, core ones included: a reader of the tree sees text, so
+         * "!!float 2" would be read as the number 2 and "!!str 2" too, and a
+         * tag changing nothing is a tag misleading its reader */
+        const yaml_char_t *tag = ev->type == YAML_SCALAR_EVENT ? ev->data.scalar.tag
+                                 : ev->type == YAML_SEQUENCE_START_EVENT
+                                     ? ev->data.sequence_start.tag
+                                     : ev->data.mapping_start.tag;
+        if (tag) {
+            char msg[200];
+            snprintf(msg, sizeof msg,
+                     "YAML tags (here %.80s) are not supported: write the value without it "
+                     "(numbers plain, strings quoted)",
+                     (const char *)tag);
+            return fail(err, ML_SYNTAX, mk, msg);
+        }
         if (ev->type == YAML_SCALAR_EVENT) {
             n = node_new(b, ML_NODE_SCALAR, mk);
             if (!n)
@@ -182,6 +197,12 @@ ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *
     for (;;) {
         yaml_event_t ev;
         if (!yaml_parser_parse(&parser, &ev)) {
+            /* libyaml's own allocation failed: out of memory, not a syntax
+             * error (its problem is then NULL) */
+            if (parser.error == YAML_MEMORY_ERROR) {
+                st = fail(err, ML_NOMEM, NULL, "out of memory");
+                break;
+            }
             char msg[400];
             snprintf(msg, sizeof msg, "YAML syntax: %s%s%s",
                      parser.problem ? parser.problem : "unknown problem",

@@ -19,7 +19,13 @@ typedef struct {
     ml_config cfg;
     unsigned evals;
     ml_error *err;
+    bool accum_over; /* the global batch needs more steps than FIT_MAX_ACCUM */
 } search;
+
+/* training.grad_accum's limit, the one ml_config_problem checks
+ * (src/ledger/check.c): a global batch that needs more steps is refused
+ * naming the global batch, not the accumulation the search derived. */
+#define FIT_MAX_ACCUM (1ull << 20)
 
 /* Evaluates at micro-batch b; *fits gets the verdict. */
 static ml_status try_b(search *s, uint64_t b, bool *fits, ml_summary *sum)
@@ -127,7 +133,8 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
     if (!req->global_batch) {
         r->micro_batch = r->max_micro_batch;
         r->grad_accum = s->cfg.training.grad_accum;
-    } else if (req->global_batch % dp == 0) {
+    } else if (req->global_batch % dp == 0 &&
+               per / largest_divisor_at_most(per, r->max_micro_batch) <= FIT_MAX_ACCUM) {
         r->micro_batch = largest_divisor_at_most(per, r->max_micro_batch);
         r->grad_accum = per / r->micro_batch;
         if (r->micro_batch * 2 <= r->max_micro_batch) {
@@ -140,15 +147,46 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
                      (unsigned long long)(r->max_micro_batch * acc * dp));
         }
     } else {
+        /* also when the divisor of per is so small that its steps pass the
+         * limit: the largest micro-batch, the batch rounded up */
         r->micro_batch = r->max_micro_batch;
         r->grad_accum = per / r->micro_batch + (per % r->micro_batch != 0);
         r->exact = false;
+    }
+    if (r->grad_accum > FIT_MAX_ACCUM) {
+        uint64_t most;
+        if (__builtin_mul_overflow(r->max_micro_batch, FIT_MAX_ACCUM, &most) ||
+            __builtin_mul_overflow(most, dp, &most))
+            most = UINT64_MAX;
+        s->accum_over = true;
+        return ml_errorf(s->err, ML_RANGE,
+                         "--global-batch %llu: needs %llu accumulation steps of micro-batch %llu "
+                         "(the largest that fits, up to --max-micro-batch) on %llu device%s, "
+                         "past the limit of %llu steps (training.grad_accum): the global batch "
+                         "can be at most %llu here (micro-batch x %llu x devices); give a "
+                         "smaller --global-batch or more --data-parallel devices",
+                         (unsigned long long)req->global_batch,
+                         (unsigned long long)r->grad_accum,
+                         (unsigned long long)r->max_micro_batch, (unsigned long long)dp,
+                         dp == 1 ? "" : "s", FIT_MAX_ACCUM, (unsigned long long)most,
+                         FIT_MAX_ACCUM);
     }
 done:
     s->cfg.training.grad_accum = r->grad_accum;
     r->data_parallel = dp;
     r->effective_batch = r->micro_batch * r->grad_accum * dp;
-    if (req->global_batch && r->effective_batch != req->global_batch) {
+    if (req->global_batch && r->effective_batch != req->global_batch &&
+        req->global_batch % dp == 0) {
+        /* per splits evenly, but only by a micro-batch too small for the
+         * accumulation limit (above) */
+        r->exact = false;
+        snprintf(r->note, sizeof r->note,
+                 "no micro-batch up to %llu divides %llu per device in at most %llu steps: the "
+                 "effective batch becomes %llu (micro-batch %llu x %llu steps x %llu devices)",
+                 (unsigned long long)r->max_micro_batch, (unsigned long long)per, FIT_MAX_ACCUM,
+                 (unsigned long long)r->effective_batch, (unsigned long long)r->micro_batch,
+                 (unsigned long long)r->grad_accum, (unsigned long long)dp);
+    } else if (req->global_batch && r->effective_batch != req->global_batch) {
         r->exact = false;
         snprintf(r->note, sizeof r->note,
                  "global batch %llu does not split evenly over %llu devices: the effective batch "
@@ -172,17 +210,32 @@ done:
     return ML_OK;
 }
 
-/* Why micro-batch 1 does not fit, and what would help (docs/choosing.md). */
-static void explain(search *s, ml_fit_result *r)
+/* Why micro-batch 1 does not fit, and what would help (docs/choosing.md).
+ * ML_NOMEM passes up; other failures of an evaluation become the note. */
+static ml_status explain(search *s, ml_fit_result *r)
 {
     char a[32], b[32];
     s->cfg.training.micro_batch = 1;
     s->cfg.training.grad_accum = 1;
     s->cfg.training.checkpoint.kind = ML_CKPT_FULL;
     ml_ledger *l = NULL;
-    if (ml_ledger_evaluate(s->m, &s->cfg, false, &l, s->err) != ML_OK) {
-        snprintf(r->note, sizeof r->note, "even micro-batch 1 does not fit");
-        return;
+    ml_status st = ml_ledger_evaluate(s->m, &s->cfg, false, &l, s->err);
+    if (st == ML_NOMEM)
+        return st;
+    if (st == ML_OVERFLOW) {
+        /* not a verdict on the device: no micro-batch, checkpointing or
+         * sharding makes the counts fit in 64 bits */
+        snprintf(r->note, sizeof r->note,
+                 "even micro-batch 1 cannot be planned: at seq_len %llu, with full "
+                 "checkpointing, its byte counts exceed 64 bits (over 16 EiB), whatever the "
+                 "device; shorten seq_len or make the model smaller",
+                 (unsigned long long)s->cfg.training.seq_len);
+        return ML_OK;
+    }
+    if (st) {
+        snprintf(r->note, sizeof r->note, "even micro-batch 1 cannot be planned: %s",
+                 s->err->msg);
+        return ML_OK;
     }
     const ml_summary *x = ml_ledger_summary(l);
     uint64_t states = x->bytes_params + x->bytes_master + x->bytes_grads + x->bytes_optimizer;
@@ -196,10 +249,12 @@ static void explain(search *s, ml_fit_result *r)
     c.training.zero = 3;
     for (uint64_t n = 2; n <= 4096 && !need; n *= 2) {
         c.training.data_parallel = n;
-        if (ml_ledger_evaluate(s->m, &c, false, &l, s->err) == ML_OK) {
+        if ((st = ml_ledger_evaluate(s->m, &c, false, &l, s->err)) == ML_OK) {
             if (ml_ledger_summary(l)->fits)
                 need = n;
             ml_ledger_destroy(l);
+        } else if (st == ML_NOMEM) {
+            return st;
         }
     }
     char shard[160] = "";
@@ -219,6 +274,7 @@ static void explain(search *s, ml_fit_result *r)
                  "micro-batch 1 does not fit even with full checkpointing (model states %s, "
                  "budget %s): shorten seq_len, use a lower precision, or %s",
                  a, b, shard);
+    return ML_OK;
 }
 
 ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *req,
@@ -232,7 +288,7 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
         return ml_errorf(err, ML_USAGE,
                          "fit needs a device: give --device SIZE or a device: section");
     }
-    search s = {m, *cfg, 0, err};
+    search s = {m, *cfg, 0, err, false};
     ml_fit_result best;
     memset(&best, 0, sizeof best);
     ml_status st;
@@ -246,12 +302,27 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
         static const char *const cands[] = {"none", "selective", "every-4", "every-2",
                                             "sqrt", "full", "optimal"};
         bool have = false;
+        /* a policy admitting too small a micro-batch for the global batch's
+         * steps is passed over; if none admits one, the message of the one
+         * with the largest micro-batch (the highest limit) stands */
+        ml_error over;
+        uint64_t over_b = 0;
+        bool any_over = false;
         for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
             ml_fit_result r;
             memset(&r, 0, sizeof r);
             s.cfg = *cfg;
+            s.accum_over = false;
             ml_parse_checkpoint(cands[i], &s.cfg.training.checkpoint, NULL);
-            if ((st = fit_policy(&s, req, &r)))
+            if ((st = fit_policy(&s, req, &r)) == ML_RANGE && s.accum_over) {
+                if (!any_over || r.max_micro_batch > over_b) {
+                    over = *err;
+                    over_b = r.max_micro_batch;
+                }
+                any_over = true;
+                continue;
+            }
+            if (st)
                 return st;
             if (!r.max_micro_batch)
                 continue;
@@ -266,6 +337,10 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
                 have = true;
             }
         }
+        if (!have && any_over) {
+            *err = over;
+            return over.code;
+        }
     }
     best.evaluations = s.evals;
     if (!best.max_micro_batch) {
@@ -273,7 +348,8 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
         best.data_parallel = cfg->training.data_parallel;
         best.checkpoint = cfg->training.checkpoint;
         s.cfg = *cfg;
-        explain(&s, &best);
+        if ((st = explain(&s, &best)))
+            return st;
         best.evaluations = s.evals;
     }
     *out = best;

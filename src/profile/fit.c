@@ -30,7 +30,9 @@ ml_status ml_linfit_points(const double *x, const double *y, size_t n, ml_linfit
         sxy += (x[i] - mx) * (y[i] - my);
         syy += (y[i] - my) * (y[i] - my);
     }
-    if (!(sxx > 0))
+    /* relative, not only > 0: equal x values whose products rounded apart
+     * (B*T*D past 2^53) leave a spread of rounding noise, not a slope */
+    if (!(sxx > 0) || !(sqrt(sxx) > 1e-12 * fabs(mx) * sqrt((double)n)))
         return ml_errorf_at(err, ML_RANGE, 0, 0, "a fit needs at least 2 distinct x values");
     ml_linfit f;
     f.slope = sxy / sxx;
@@ -50,25 +52,48 @@ ml_status ml_linfit_points(const double *x, const double *y, size_t n, ml_linfit
     return ML_OK;
 }
 
-/* ---- CSV */
+/* ---- CSV
+ *
+ * The limits (docs/calibration.md, "Limits of --points"), each refused with
+ * a message rather than cut:
+ * - the file: ML_INPUT_MAX_BYTES (16 MiB), as every input memledger reads;
+ * - rows: POINTS_MAX_ROWS. The shortest row ("1,1" and a newline) is 4
+ *   bytes, so a 16 MiB file may hold 4.2 million: the row limit binds for
+ *   rows up to 16 bytes, the file limit for longer ones;
+ * - a field: POINTS_MAX_FIELD bytes once trimmed (a number or a size is far
+ *   shorter; a longer one was cut at 127 bytes, so 10^20 behind 110 zeros
+ *   read as 10^16);
+ * - micro_batch: 1 to 2^24 (the planner's limit), peak: 1 B to
+ *   POINTS_MAX_PEAK. */
+#define POINTS_MAX_ROWS 1000000u
+#define POINTS_MAX_FIELD 127u
+/* 1 PiB: some 3,900 times the largest single accelerator's memory (288 GB),
+ * so a larger peak is a unit mistake (bits, a sum over runs). It also keeps
+ * every fitted value well inside 64 bits and exact in a double (2^53). */
+#define POINTS_MAX_PEAK (1ull << 50)
+/* A fit's fixed term and its prediction at --at must be exact in a double
+ * and printable as a 64-bit count: 2^53 B (8 PiB). */
+#define POINTS_MAX_FIT 9007199254740992.0
 
-static size_t field(const char *line, size_t len, size_t *pos, char *buf, size_t size)
+/* The next comma-separated field of line, trimmed, into buf (NUL-terminated);
+ * *pos moves past the comma. Returns the field's start (0-based column);
+ * *too_long is set when the trimmed field does not fit buf (buf then holds
+ * an empty string). */
+static size_t field(const char *line, size_t len, size_t *pos, char *buf, size_t size,
+                    bool *too_long)
 {
-    size_t start = *pos, k = 0;
-    while (*pos < len && line[*pos] != ',') {
-        if (k + 1 < size)
-            buf[k++] = line[*pos];
+    size_t start = *pos;
+    while (*pos < len && line[*pos] != ',')
         (*pos)++;
-    }
+    size_t a = start, b = *pos;
+    while (a < b && isspace((unsigned char)line[a]))
+        a++;
+    while (b > a && isspace((unsigned char)line[b - 1]))
+        b--;
+    *too_long = b - a >= size;
+    size_t k = *too_long ? 0 : b - a;
+    memcpy(buf, line + a, k);
     buf[k] = '\0';
-    /* trim */
-    char *b = buf;
-    while (isspace((unsigned char)*b))
-        b++;
-    memmove(buf, b, strlen(b) + 1);
-    k = strlen(buf);
-    while (k && isspace((unsigned char)buf[k - 1]))
-        buf[--k] = '\0';
     if (*pos < len)
         (*pos)++; /* the comma */
     return start;
@@ -82,14 +107,18 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
         err = &local;
     memset(err, 0, sizeof *err);
     snprintf(err->path, sizeof err->path, "%s", name ? name : "<points>");
-    if (len > (16u << 20))
+    if (len > ML_INPUT_MAX_BYTES)
         return ml_errorf_at(err, ML_RANGE, 0, 0, "file larger than 16 MiB");
     int col_b = -1, col_p = -1;
     size_t cap = 0, count = 0;
     ml_point *pts = NULL;
     unsigned lineno = 0;
     size_t i = 0;
-    bool header = false;
+    bool header = false, too_long = false;
+    /* a UTF-8 byte order mark, as spreadsheets write one: skipped, as the
+     * YAML and JSON readers skip it */
+    if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3))
+        i = 3;
     while (i < len) {
         size_t e = i;
         while (e < len && text[e] != '\n')
@@ -110,7 +139,7 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
             free(pts);
             return ml_errorf_at(err, ML_SCHEMA, lineno, 1, "a NUL byte in the CSV");
         }
-        char buf[128];
+        char buf[POINTS_MAX_FIELD + 1];
         size_t pos = 0;
         if (!header) {
             for (int c = 0; pos < llen || c == 0; c++) {
@@ -118,7 +147,8 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
                     free(pts);
                     return ml_errorf_at(err, ML_RANGE, lineno, 1, "more than 64 columns");
                 }
-                field(line, llen, &pos, buf, sizeof buf);
+                /* a name too long for buf is neither of ours: ignored */
+                field(line, llen, &pos, buf, sizeof buf, &too_long);
                 if (!strcmp(buf, "micro_batch"))
                     col_b = c;
                 else if (!strcmp(buf, "peak"))
@@ -139,8 +169,15 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
         ml_point p = {0, 0, lineno};
         bool got_b = false, got_p = false;
         for (int c = 0;; c++) {
-            size_t at = field(line, llen, &pos, buf, sizeof buf);
+            size_t at = field(line, llen, &pos, buf, sizeof buf, &too_long);
             unsigned colno = (unsigned)at + 1;
+            if ((c == col_b || c == col_p) && too_long) {
+                free(pts);
+                return ml_errorf_at(err, ML_SCHEMA, lineno, colno,
+                                    "%s: a field longer than %u bytes; a number or a size is "
+                                    "shorter",
+                                    c == col_b ? "micro_batch" : "peak", POINTS_MAX_FIELD);
+            }
             if (c == col_b) {
                 char *end = NULL;
                 errno = 0;
@@ -160,6 +197,14 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
                     free(pts);
                     return ml_errorf_at(err, ML_SCHEMA, lineno, colno, "peak: %s", e2.msg);
                 }
+                if (p.peak > POINTS_MAX_PEAK) { /* (0 is refused by ml_parse_size) */
+                    free(pts);
+                    return ml_errorf_at(
+                        err, ML_RANGE, lineno, colno,
+                        "peak: '%s' is past 1 PiB (2^50 B), thousands of times any device's "
+                        "memory: check the column's unit",
+                        buf);
+                }
                 got_p = true;
             }
             if (pos >= llen)
@@ -170,9 +215,9 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
             return ml_errorf_at(err, ML_SCHEMA, lineno, 1, "the row lacks the %s column",
                                 got_b ? "peak" : "micro_batch");
         }
-        if (count == 1000000) {
+        if (count == POINTS_MAX_ROWS) {
             free(pts);
-            return ml_errorf_at(err, ML_RANGE, lineno, 1, "more than 1000000 points");
+            return ml_errorf_at(err, ML_RANGE, lineno, 1, "more than %u points", POINTS_MAX_ROWS);
         }
         ml_point *np = ml_grow(pts, count, &cap, sizeof *np, 16);
         if (!np) {
@@ -234,17 +279,57 @@ ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64
     free(y);
     if (st)
         return st;
+    uint64_t min_b = UINT64_MAX, max_b = 0, max_peak = 0;
+    for (size_t i = 0; i < n; i++) {
+        min_b = p[i].micro_batch < min_b ? p[i].micro_batch : min_b;
+        max_b = p[i].micro_batch > max_b ? p[i].micro_batch : max_b;
+        max_peak = p[i].peak > max_peak ? p[i].peak : max_peak;
+    }
+    /* A larger micro-batch keeps more, never less. A line falling by under
+     * 1% of the largest peak across the measured micro-batches is a flat
+     * peak (one reached in the optimizer step, say) with noise; a steeper
+     * fall is refused, naming a falling pair: the highest peak and the
+     * lowest one at a larger micro-batch. */
+    if (-r.fit.slope * (double)(max_b - min_b) > 0.01 * (double)max_peak) {
+        size_t hi = 0, lo = n;
+        for (size_t i = 1; i < n; i++)
+            if (p[i].peak > p[hi].peak)
+                hi = i;
+        for (size_t i = 0; i < n; i++)
+            if (p[i].micro_batch > p[hi].micro_batch && p[i].peak < p[hi].peak &&
+                (lo == n || p[i].peak < p[lo].peak))
+                lo = i;
+        char a[32], b[32], pair[200] = "";
+        if (lo < n) {
+            ml_format_bytes(p[lo].peak, a, sizeof a);
+            ml_format_bytes(p[hi].peak, b, sizeof b);
+            snprintf(pair, sizeof pair, " (%s at micro-batch %llu, below %s at %llu on line %u)",
+                     a, (unsigned long long)p[lo].micro_batch, b,
+                     (unsigned long long)p[hi].micro_batch, p[hi].line);
+        }
+        return ml_errorf_at(err, ML_RANGE, lo < n ? p[lo].line : 0, lo < n ? 1 : 0,
+                            "the peaks fall as the micro-batch grows%s, %.0f B per sample by the "
+                            "fit: a larger micro-batch cannot need less memory; check that the "
+                            "columns are micro_batch and peak and that each peak was measured "
+                            "from a reset (torch.cuda.reset_peak_memory_stats())",
+                            pair, r.fit.slope);
+    }
+    if (!(fabs(r.fit.fixed) <= POINTS_MAX_FIT))
+        return ml_errorf_at(err, ML_RANGE, 0, 0,
+                            "the fit's fixed term is %.4g B, past 8 PiB (2^53 B): the points do "
+                            "not lie on a line through a plausible memory use",
+                            r.fit.fixed);
     r.fixed_bytes = r.fit.fixed;
     r.per_sample_bytes = r.fit.slope;
-    uint64_t max_measured_b = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (p[i].micro_batch > max_measured_b)
-            max_measured_b = p[i].micro_batch;
+    for (size_t i = 0; i < n; i++)
         if (budget && p[i].peak <= budget && p[i].micro_batch > r.max_measured_micro_batch)
             r.max_measured_micro_batch = p[i].micro_batch;
-    }
-    if (budget && r.fit.slope > 0) {
-        double b = floor(((double)budget - r.fit.fixed) / r.fit.slope);
+    if (budget) {
+        /* a flat line (slope <= 0, above) under the budget admits any
+         * micro-batch: the cap below */
+        double b = r.fit.slope > 0 ? floor(((double)budget - r.fit.fixed) / r.fit.slope)
+                   : r.fit.fixed <= (double)budget ? 1e15
+                                                   : 0;
         if (!(b >= 1))
             b = 0;
         if (b > 1e15)
@@ -264,10 +349,21 @@ ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64
             b = lo;
         }
         r.max_micro_batch = (uint64_t)b;
-        r.extrapolated = r.max_micro_batch > max_measured_b;
+        r.extrapolated = r.max_micro_batch > max_b;
     }
-    if (at)
+    if (at) {
         r.peak_at = r.fit.fixed + r.fit.slope * (double)at;
+        /* a prediction is a count of bytes: not below zero (the line does
+         * not reach down to `at`), not past what a double holds exactly */
+        if (!(r.peak_at >= 0) || !(r.peak_at <= POINTS_MAX_FIT))
+            return ml_errorf_at(err, ML_RANGE, 0, 0,
+                                "--at %llu: the fit predicts %.4g B there, %s: the straight line "
+                                "through the measurements does not extend to micro-batch %llu; "
+                                "measure nearer it",
+                                (unsigned long long)at, r.peak_at,
+                                r.peak_at < 0 ? "below zero" : "past 8 PiB (2^53 B)",
+                                (unsigned long long)at);
+    }
     *out = r;
     return ML_OK;
 }

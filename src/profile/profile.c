@@ -167,7 +167,9 @@ static bool fitk(double *const *x, size_t k, const double *y, size_t n, double *
         for (size_t i = 0; i < n; i++)
             scale[j] += (x[j][i] - mean[j]) * (x[j][i] - mean[j]);
         scale[j] = sqrt(scale[j]);
-        if (!(scale[j] > 0))
+        /* relative: a column whose values are equal but rounded apart (a
+         * product past 2^53) varies by noise, not by shape */
+        if (!(scale[j] > 1e-12 * fabs(mean[j]) * sqrt((double)n)))
             return false;
     }
     /* A (k x k) | rhs, of unit-norm centred columns: A is their Gram matrix */
@@ -253,6 +255,13 @@ static const signed char fit_plain[][5] = {{0, 1, -1}};
 
 ml_status ml_profile_fit(ml_profile *p, ml_error *err)
 {
+    /* a run whose every point was skipped (out of device memory) must not
+     * write a profile of no layers over a measured one */
+    if (!p->nkinds)
+        return ml_errorf_at(err, ML_RANGE, 0, 0,
+                            "the profile has no measured point (were they all skipped?): a "
+                            "profile needs points of at least one layer kind (%s)",
+                            ML_PROFILE_KINDS);
     double b = ml_profile_dtype_bytes(p);
     for (size_t i = 0; i < p->nkinds; i++) {
         kindrec *k = &p->kinds[i];
@@ -497,6 +506,61 @@ static ml_status u64(ml_error *err, const ml_node *map, const char *key, const c
     return ML_OK;
 }
 
+/* What a profile may claim (docs/calibration.md, "What a profile may
+ * claim"). 1 PiB of bytes: some 3,900 times the largest single
+ * accelerator's memory (288 GB), and every count stays exact in a double.
+ * 100,000 TFLOP/s (100 PFLOP/s): five times the highest figure quoted for
+ * one device (about 20 PFLOP/s, sparse FP4); a GEMM figure past it would
+ * make the step time vanish (1e300 did). */
+#define PROFILE_MAX_BYTES (1ull << 50)
+#define PROFILE_MAX_TFLOPS 1e5
+
+static ml_status bytes(ml_error *err, const ml_node *map, const char *key, const char *where,
+                       bool required, uint64_t *out)
+{
+    ml_status st = u64(err, map, key, where, required, out);
+    if (!st && *out > PROFILE_MAX_BYTES)
+        return ml_error_at(err, get(map, key), ML_RANGE,
+                           "%s.%s: %llu B is past 1 PiB (2^50 B), thousands of times any "
+                           "device's memory: a unit mistake?",
+                           where, key, (unsigned long long)*out);
+    return st;
+}
+
+static ml_status tflops(ml_error *err, const ml_node *map, const char *key, const char *where,
+                        bool required, double *out)
+{
+    ml_status st = num(err, map, key, where, required, out);
+    if (!st && *out > PROFILE_MAX_TFLOPS)
+        return ml_error_at(err, get(map, key), ML_RANGE,
+                           "%s%s%s: %g TFLOP/s is past 100000 (100 PFLOP/s), five times the "
+                           "fastest device's quoted figure (about 20 PFLOP/s, sparse FP4): a "
+                           "unit or timing mistake; measure it again",
+                           where, *where ? "." : "", key, *out);
+    return st;
+}
+
+static uint64_t gcd64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* Whether two points have the same B*T*D, exactly: B*T fits 64 bits (B <=
+ * 2^24, T <= 2^28, checked on reading), the product with D (<= 2^20) may
+ * not. With da, db coprime, x*da == y*db exactly when db divides x, da
+ * divides y and the quotients agree. */
+static bool same_size(const ml_profile_point *a, const ml_profile_point *b)
+{
+    uint64_t x = a->B * a->T, y = b->B * b->T, g = gcd64(a->D, b->D);
+    uint64_t da = a->D / g, db = b->D / g;
+    return x % db == 0 && y % da == 0 && x / db == y / da;
+}
+
 static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
 {
     if (!r || r->type != ML_NODE_MAP)
@@ -542,7 +606,7 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
                            "bf16-master, fp16-master, bf16)",
                            pr);
     double peak = 0;
-    if ((st = num(err, r, "peak_tflops", "profile", false, &peak)))
+    if ((st = tflops(err, r, "peak_tflops", "", false, &peak)))
         return st;
     ml_profile_set_peak(p, peak);
     const ml_node *g = get(r, "gemm");
@@ -553,7 +617,7 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
         if ((st = u64(err, g->items[i], "m", "gemm[]", true, &q.m)) ||
             (st = u64(err, g->items[i], "n", "gemm[]", true, &q.n)) ||
             (st = u64(err, g->items[i], "k", "gemm[]", true, &q.k)) ||
-            (st = num(err, g->items[i], "tflops", "gemm[]", true, &q.tflops)))
+            (st = tflops(err, g->items[i], "tflops", "gemm[]", true, &q.tflops)))
             return st;
         if (ml_profile_add_gemm(p, &q))
             return ml_error_at(err, g, ML_NOMEM, "out of memory");
@@ -563,8 +627,29 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
         return ml_error_at(err, ls ? ls : r, ML_SCHEMA, "layers: missing; a profile maps layer kinds (%s) "
                                                 "to their measured points",
                    ML_PROFILE_KINDS);
+    if (!ls->count)
+        return ml_error_at(err, ls, ML_SCHEMA,
+                           "layers: no layer kind; a profile maps layer kinds (%s) to their "
+                           "measured points",
+                           ML_PROFILE_KINDS);
+    const ml_node *seen[sizeof kinds_known / sizeof kinds_known[0]] = {NULL};
     for (size_t i = 0; i < ls->count; i++) {
         const char *kind = ls->keys[i]->text;
+        size_t ki = 0;
+        while (ki < sizeof kinds_known / sizeof kinds_known[0] && strcmp(kinds_known[ki], kind))
+            ki++;
+        if (ki == sizeof kinds_known / sizeof kinds_known[0])
+            return ml_error_at(err, ls->keys[i], ML_SCHEMA,
+                               "layers.%s: unknown layer kind; expected one of: %s", kind,
+                               ML_PROFILE_KINDS);
+        /* both lists were merged into one fit (a second transformer_block
+         * 1000 times larger flipped gpt2-small's verdict unnoticed) */
+        if (seen[ki])
+            return ml_error_at(err, ls->keys[i], ML_SCHEMA,
+                               "layers.%s: given twice (first at line %u, column %u); merge the "
+                               "two lists of points under one key",
+                               kind, seen[ki]->line, seen[ki]->col);
+        seen[ki] = ls->keys[i];
         const ml_node *k = ls->items[i];
         const ml_node *pts = get(k, "points");
         if (!pts || pts->type != ML_NODE_SEQ)
@@ -582,12 +667,12 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
                 (st = u64(err, q, "D", where, true, &pt.D)) ||
                 (st = u64(err, q, "H", where, false, &pt.H)) ||
                 (st = u64(err, q, "F", where, false, &pt.F)) ||
-                (st = u64(err, q, "saved_bytes", where, true, &pt.saved_bytes)) ||
-                (st = u64(err, q, "cast_bytes", where, false, &pt.cast_bytes)) ||
-                (st = u64(err, q, "peak_forward", where, false, &pt.peak_forward)) ||
-                (st = u64(err, q, "peak_backward", where, false, &pt.peak_backward)) ||
-                (st = u64(err, q, "peak_step", where, false, &pt.peak_step)) ||
-                (st = u64(err, q, "device_peak", where, false, &pt.device_peak)) ||
+                (st = bytes(err, q, "saved_bytes", where, true, &pt.saved_bytes)) ||
+                (st = bytes(err, q, "cast_bytes", where, false, &pt.cast_bytes)) ||
+                (st = bytes(err, q, "peak_forward", where, false, &pt.peak_forward)) ||
+                (st = bytes(err, q, "peak_backward", where, false, &pt.peak_backward)) ||
+                (st = bytes(err, q, "peak_step", where, false, &pt.peak_step)) ||
+                (st = bytes(err, q, "device_peak", where, false, &pt.device_peak)) ||
                 (st = num(err, q, "time_s", where, false, &pt.time_s)))
                 return st;
             if (!pt.B || !pt.T || !pt.D || pt.B > (1u << 24) || pt.T > (1u << 28) ||
@@ -603,8 +688,32 @@ static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
             if (st)
                 return ml_error_at(err, q, ML_NOMEM, "out of memory");
         }
+        /* the fit needs B*T*D to vary: with one size every model's first
+         * column is constant (and a B*T*D past 2^53 rounded apart made a
+         * fit of noise) */
+        const kindrec *kr = kind_of(p, kind, false);
+        size_t np = kr ? kr->n : 0, j = 1;
+        while (j < np && same_size(&kr->pts[0], &kr->pts[j]))
+            j++;
+        if (j >= np) {
+            char sz[96] = "";
+            if (np > 1)
+                snprintf(sz, sizeof sz, ", all of one size B*T*D = %llu*%llu*%llu",
+                         (unsigned long long)kr->pts[0].B, (unsigned long long)kr->pts[0].T,
+                         (unsigned long long)kr->pts[0].D);
+            return ml_error_at(err, ls->keys[i], ML_RANGE,
+                               "layers.%s: %zu point%s%s; the fit needs at least 2 points of "
+                               "different sizes B*T*D: measure at another micro-batch or "
+                               "sequence length",
+                               kind, np, np == 1 ? "" : "s", sz);
+        }
     }
-    return ml_profile_fit(p, err);
+    st = ml_profile_fit(p, err);
+    if (st && !err->line) {
+        err->line = ls->line;
+        err->col = ls->col;
+    }
+    return st;
 }
 
 ml_status ml_profile_load_string(const char *text, size_t len, const char *name, ml_profile **out,
@@ -624,7 +733,11 @@ ml_status ml_profile_load_string(const char *text, size_t len, const char *name,
         ml_tree_free(root);
         return ml_error_at(err, NULL, ML_NOMEM, "out of memory");
     }
+    /* a key given twice anywhere is refused, not read either way (a layer
+     * kind twice gets its own message from read_profile) */
     st = read_profile(root, p, err);
+    if (st == ML_OK)
+        st = ml_tree_check_unique(err, root);
     ml_tree_free(root);
     if (st) {
         ml_profile_destroy(p);

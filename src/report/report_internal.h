@@ -10,4 +10,19 @@
  * characters as \u00XX. */
 void ml_json_string(FILE *f, const char *s);
 
+/* --emit's verdict on a plan (docs/hf.md, "--emit"). */
+enum { ML_EMIT_EXACT = 0, ML_EMIT_PARTIAL = 1, ML_EMIT_REFUSED = 2 };
+
+/* Whether target `kind` ("deepspeed", "hf-trainer", "torch") carries the
+ * plan l, evaluated from cfg. Returns ML_EMIT_EXACT; ML_EMIT_PARTIAL: the
+ * settings are written, but a part of the plan is the model's or the loop's
+ * code, which they cannot hold (why: the notes, "; "-separated; they are
+ * also comments in the torch and hf-trainer outputs); ML_EMIT_REFUSED: the
+ * target would run a different setup, nothing may be written (why: the
+ * reason); -2 for an unknown kind. why (size bytes) is always terminated
+ * when size > 0. ml_report_emit() returns -3 for a refused plan, writing
+ * nothing. */
+int ml_report_emit_check(const char *kind, const ml_config *cfg, const ml_ledger *l, char *why,
+                         size_t size);
+
 #endif

@@ -2,7 +2,8 @@
 """Random and mutated command lines against the memledger binary.
 
 Every invocation must end with an exit status the CLI documents (0 ran and
-fits, 1 does not fit, 2 bad input or usage, 3 output failure), within
+fits, 1 does not fit, 2 bad input or usage, 3 output failure, 4 --emit
+settings written with part of the plan left to code), within
 --timeout seconds, without a sanitizer report on stderr, and without
 leaving a temporary output file behind. The command lines mix every verb,
 real flags with valid, edge and hostile values, flags where values belong,
@@ -21,7 +22,8 @@ import sys
 import tempfile
 import time
 
-VERBS = ["plan", "fit", "compare", "timeline", "report", "calibrate", "allocator", "bogus", ""]
+VERBS = ["plan", "fit", "compare", "timeline", "report", "calibrate", "allocator", "triage",
+         "bogus", ""]
 FLAGS = {
     "--micro-batch": "int", "--seq-len": "int", "--grad-accum": "int",
     "--precision": ["fp32", "amp-bf16", "amp-fp16", "bf16-master", "fp16-master", "bf16"],
@@ -45,6 +47,8 @@ FLAGS = {
     "--hf": "file", "--training": "file", "--calib": "file", "--points": "file",
     "--at": "int", "-o": "out", "--output": "out",
     "--backend": ["cpu", "cuda", "none"], "--dtype": ["fp32", "bf16", "fp8"],
+    "--oom-phase": ["forward", "backward", "optimizer", "eval", "loss"],
+    "--allocated": "size", "--reserved": "size",
     "--help": None, "-h": None,
 }
 HOSTILE = ["", "-", "--", "-1", "0", "00", "1e3", "1.5", "nan", "inf", "-inf", "0x10",
@@ -137,7 +141,7 @@ def main():
                 p = subprocess.run([os.path.abspath(a.exe)] + args, capture_output=True,
                                    timeout=a.timeout, stdin=subprocess.DEVNULL, cwd=outdir)
                 err = p.stderr.decode("utf-8", "replace")
-                if p.returncode not in (0, 1, 2, 3):
+                if p.returncode not in (0, 1, 2, 3, 4):
                     why = "exit status %d" % p.returncode
                 elif "Sanitizer" in err or "runtime error:" in err:
                     why = "sanitizer report: " + err.strip().splitlines()[0][:200]

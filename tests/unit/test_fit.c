@@ -199,6 +199,76 @@ static void test_compare_rows(void **state)
     ml_model_destroy(m);
 }
 
+/* A model whose byte counts exceed 64 bits at micro-batch 1: the note says
+ * so (it said only "even micro-batch 1 does not fit", and the ZeRO-3 advice
+ * was skipped for the same reason, silently). */
+static void test_no_fit_overflow(void **state)
+{
+    (void)state;
+    /* parameters alone: 100,000 layers x 2 x 2^20 x 2^24 x 4 B = 2^63.6 */
+    ml_model *m = load_str("model:\n  type: decoder\n  layers: 100000\n  hidden: 1048576\n"
+                           "  heads: 1\n  ffn: 16777216\n  vocab: 10\n  position: none\n"
+                           "training:\n  seq_len: 1\ndevice:\n  memory: 80GiB\n");
+    ml_config c = ml_model_config(m);
+    ml_fit_request req = ml_fit_request_defaults();
+    ml_fit_result r;
+    ml_error e;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_false(r.fits);
+    assert_non_null(strstr(r.note, "even micro-batch 1 cannot be planned"));
+    assert_non_null(strstr(r.note, "exceed 64 bits"));
+    assert_non_null(strstr(r.note, "whatever the device"));
+    ml_model_destroy(m);
+}
+
+/* A global batch needing more than 2^20 accumulation steps (training.grad_
+ * accum's limit) is refused naming the global batch and its limit here (it
+ * blamed training.grad_accum, which nobody gave). gpt2-small on 80 GiB
+ * (budget 79.5 GiB): the largest micro-batch is 29 without checkpointing,
+ * so the limit is 29 x 2^20 = 30,408,704 on one device. */
+static void test_global_batch_limit(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    c.device.memory = 80ull << 30;
+    c.device.budget = 0;
+    ml_fit_request req = ml_fit_request_defaults();
+    ml_fit_result r;
+    ml_error e;
+    req.global_batch = 1ull << 40;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "--global-batch 1099511627776"));
+    assert_non_null(strstr(e.msg, "micro-batch 29"));
+    assert_non_null(strstr(e.msg, "at most 30408704"));
+    assert_null(strstr(e.msg, "must be between"));
+    /* auto: every policy passes over it; the message of the largest
+     * micro-batch (the highest limit) stands */
+    req.auto_checkpoint = true;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "--global-batch 1099511627776"));
+    req.auto_checkpoint = false;
+    /* at the limit: 29 x 1,048,576 steps */
+    req.global_batch = 30408704;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.micro_batch, 29);
+    assert_int_equal(r.grad_accum, 1048576);
+    assert_true(r.exact);
+    req.global_batch = 30408705;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "needs 1048577 accumulation steps"));
+    /* 30,408,703 = 13 x 2,339,131 (prime): its largest divisor up to 29, 13,
+     * needs 2,339,131 steps, past 2^20; 29 x 1,048,576 steps gives
+     * 30,408,704 (not exact) */
+    req.global_batch = 30408703;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.micro_batch, 29);
+    assert_int_equal(r.grad_accum, 1048576);
+    assert_false(r.exact);
+    assert_non_null(strstr(r.note, "no micro-batch up to 29 divides 30408703"));
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -208,6 +278,8 @@ int main(void)
         cmocka_unit_test(test_no_fit_explains),
         cmocka_unit_test(test_auto_checkpoint),
         cmocka_unit_test(test_compare_rows),
+        cmocka_unit_test(test_no_fit_overflow),
+        cmocka_unit_test(test_global_batch_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

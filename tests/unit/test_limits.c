@@ -171,6 +171,81 @@ static void test_config_check(void **state)
     assert_non_null(strstr(e.msg, "not modelled yet"));
 }
 
+/* The points CSV's limits as a file meets them (docs/calibration.md): the
+ * shortest row is 4 bytes, so 1,000,000 rows fit 4 MB, far inside the
+ * 16 MiB every input may have; the next row is refused by the row limit, a
+ * 16 MiB + 1 file by the file limit, each with its own message. */
+static void test_points_limits_file(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/memledger-points-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    assert_non_null(f);
+    fputs("micro_batch,peak\n", f);
+    for (size_t i = 0; i < 1000000; i++)
+        fprintf(f, "%zu,%zu\n", i % 9 + 1, i % 7 + 1);
+    fflush(f);
+    ml_point *p = NULL;
+    size_t n = 0;
+    ml_error e;
+    assert_int_equal(ml_points_load_csv(path, &p, &n, &e), ML_OK);
+    assert_int_equal(n, 1000000);
+    free(p);
+    p = NULL;
+    fputs("1,1\n", f);
+    fflush(f);
+    assert_int_equal(ml_points_load_csv(path, &p, &n, &e), ML_RANGE);
+    assert_int_equal(e.line, 1000002);
+    assert_non_null(strstr(e.msg, "more than 1000000 points"));
+    assert_null(p);
+    /* past 16 MiB: a long comment after the header */
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long have = ftell(f);
+    assert_true(have > 0);
+    for (long k = have; k <= (16l << 20); k++)
+        fputc('#', f);
+    fclose(f);
+    assert_int_equal(ml_points_load_csv(path, &p, &n, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "file larger than 16 MiB"));
+    assert_null(p);
+    remove(path);
+}
+
+/* YAML tags are refused like anchors and aliases, core tags included, at
+ * the tagged node ("!!str 2" and "!!float 2" passed as 2). */
+static void test_yaml_tags(void **state)
+{
+    (void)state;
+    static const char pre[] = "model:\n  type: sequential\n";
+    struct {
+        const char *y, *tag;
+        unsigned line, col;
+    } cases[] = {
+        {"  layers: !!float 2\n", "tag:yaml.org,2002:float", 3, 11},
+        {"  name: !!str 2\n", "tag:yaml.org,2002:str", 3, 9},
+        {"  name: ! x\n", "(here !)", 3, 9},
+        {"  input: !shape [1]\n", "(here !shape)", 3, 10},
+        {"  x: !!map {a: 1}\n", "tag:yaml.org,2002:map", 3, 6},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char buf[256];
+        int len = snprintf(buf, sizeof buf, "%s%s", pre, cases[i].y);
+        ml_model *m = NULL;
+        ml_error e;
+        ml_status st = ml_model_load_string(buf, (size_t)len, "tags.yaml", &m, &e);
+        if (st != ML_SYNTAX)
+            fail_msg("case %zu: got %s (%s), expected ML_SYNTAX", i, ml_status_name(st), e.msg);
+        if (!strstr(e.msg, "YAML tags") || !strstr(e.msg, cases[i].tag))
+            fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, cases[i].tag);
+        if (e.line != cases[i].line || e.col != cases[i].col)
+            fail_msg("case %zu: at %u:%u, expected %u:%u", i, e.line, e.col, cases[i].line,
+                     cases[i].col);
+        assert_null(m);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -179,6 +254,8 @@ int main(void)
         cmocka_unit_test(test_value_bounds),      cmocka_unit_test(test_trillion_parameters),
         cmocka_unit_test(test_config_check),
         cmocka_unit_test(test_points_count),
+        cmocka_unit_test(test_points_limits_file),
+        cmocka_unit_test(test_yaml_tags),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

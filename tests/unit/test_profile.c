@@ -253,6 +253,176 @@ static void test_bad_profiles(void **state)
     }
 }
 
+/* Hostile points CSVs (docs/robustness.md): each refused at its line and
+ * column, or, for a byte order mark, read as the YAML and JSON readers read
+ * one. */
+static void test_csv_hostile(void **state)
+{
+    (void)state;
+    char longf[300];
+    /* 10^20 behind 110 zeros: 131 bytes, cut at 127 it read as 10^16 */
+    snprintf(longf, sizeof longf, "micro_batch,peak\n1,1000\n2,%0110d%s\n", 0,
+             "100000000000000000000");
+    struct {
+        const char *csv, *msg;
+        unsigned line, col;
+    } cases[] = {
+        /* 2^64 - 1: past 1 PiB (it reached (uint64_t)2^64, undefined) */
+        {"micro_batch,peak\n1,1GiB\n2,18446744073709551615\n", "past 1 PiB", 3, 3},
+        {"micro_batch,peak\n1,1GiB\n2,1025TiB\n", "past 1 PiB", 3, 3},
+        {"micro_batch,peak\n1,1GiB\n2,0\n", "is zero", 3, 3},
+        {longf, "peak: a field longer than 127 bytes", 3, 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ml_point *p = NULL;
+        size_t n = 0;
+        ml_error e;
+        ml_status st = ml_points_parse_csv(cases[i].csv, strlen(cases[i].csv), "p.csv", &p, &n, &e);
+        if (st == ML_OK)
+            fail_msg("case %zu parsed", i);
+        if (!strstr(e.msg, cases[i].msg))
+            fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, cases[i].msg);
+        if (e.line != cases[i].line || e.col != cases[i].col)
+            fail_msg("case %zu: at %u:%u, expected %u:%u", i, e.line, e.col, cases[i].line,
+                     cases[i].col);
+        assert_null(p);
+    }
+    ml_point *p = NULL;
+    size_t n = 0;
+    ml_error e;
+    /* a field of exactly 127 bytes once trimmed is read whole: 1000 */
+    char f127[400];
+    snprintf(f127, sizeof f127, "micro_batch,peak\n1,   %0123d1000   \n2,2000\n", 0);
+    assert_int_equal(ml_points_parse_csv(f127, strlen(f127), "p.csv", &p, &n, &e), ML_OK);
+    assert_int_equal(p[0].peak, 1000);
+    free(p);
+    /* a UTF-8 byte order mark before the header (was: "the header must name
+     * the columns") */
+    const char *bom = "\xEF\xBB\xBFmicro_batch,peak\n1,1000\n2,2000\n";
+    assert_int_equal(ml_points_parse_csv(bom, strlen(bom), "p.csv", &p, &n, &e), ML_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(p[1].peak, 2000);
+    free(p);
+    /* the largest peak accepted, 1 PiB */
+    const char *pib = "micro_batch,peak\n1,1TiB\n2,1125899906842624\n";
+    assert_int_equal(ml_points_parse_csv(pib, strlen(pib), "p.csv", &p, &n, &e), ML_OK);
+    free(p);
+}
+
+/* The analysis of points that parse but do not describe memory. */
+static void test_points_implausible(void **state)
+{
+    (void)state;
+    const uint64_t GiB = 1ull << 30;
+    ml_points_fit r;
+    ml_error e;
+    /* 8/16/32 -> 5/3/1 GiB: the fit falls 0.16 GiB per sample (was accepted,
+     * peak_at 40 = -0.43 GiB); the pair named is 1 GiB at 32 (line 4) below
+     * 5 GiB at 8 (line 2) */
+    const ml_point fall[] = {{8, 5 * GiB, 2}, {16, 3 * GiB, 3}, {32, 1 * GiB, 4}};
+    memset(&e, 0, sizeof e);
+    assert_int_equal(ml_points_analyse(fall, 3, 0, 40, &r, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "the peaks fall as the micro-batch grows"));
+    assert_non_null(strstr(e.msg, "1.00 GiB at micro-batch 32, below 5.00 GiB at 8 on line 2"));
+    assert_int_equal(e.line, 4);
+    /* a flat peak (reached in the optimizer step) with 1 MiB of noise
+     * falling: 1 MiB over 48 micro-batches is under 1 % of 10 GiB, kept; its
+     * line never reaches a 12 GiB budget, so any micro-batch fits (capped) */
+    const ml_point flat[] = {{16, 10 * GiB + (1 << 20), 2}, {32, 10 * GiB, 3}, {64, 10 * GiB, 4}};
+    assert_int_equal(ml_points_analyse(flat, 3, 12 * GiB, 8, &r, &e), ML_OK);
+    assert_true(r.per_sample_bytes < 0);
+    assert_int_equal(r.max_micro_batch, 1000000000000000ull);
+    assert_true(r.extrapolated);
+    assert_int_equal(r.max_measured_micro_batch, 64);
+    /* a prediction below zero: 10 -> 1 KB, 20 -> 11 KB is 1000 B per sample
+     * from -9000 B; at micro-batch 1 the line gives -8000 B */
+    const ml_point steep[] = {{10, 1000, 2}, {20, 11000, 3}};
+    assert_int_equal(ml_points_analyse(steep, 2, 0, 1, &r, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "--at 1: the fit predicts -8000 B there, below zero"));
+    assert_int_equal(ml_points_analyse(steep, 2, 0, 10, &r, &e), ML_OK);
+    assert_rel_close(r.peak_at, 1000, 1e-12);
+    /* a prediction past 2^53 B: 1 PiB per sample at --at 2^24 */
+    const ml_point pib[] = {{1, 1, 2}, {2, 1ull << 50, 3}};
+    assert_int_equal(ml_points_analyse(pib, 2, 0, 1u << 24, &r, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "past 8 PiB"));
+    /* the fixed term past 2^53 B: 1 B at 2^24 - 1, 1 PiB at 2^24, a line
+     * from -2^74 B */
+    const ml_point far[] = {{(1u << 24) - 1, 1, 2}, {1u << 24, 1ull << 50, 3}};
+    assert_int_equal(ml_points_analyse(far, 2, 0, 0, &r, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "fixed term"));
+}
+
+/* Hostile profiles: each refused at the offending node with what to do. */
+static void test_profile_hostile(void **state)
+{
+    (void)state;
+#define HDR "profile_version: 1\ndtype: fp32\n"
+#define TB2 "  transformer_block:\n    points:\n      - {B: 1, T: 32, D: 64, saved_bytes: 100000}\n" \
+            "      - {B: 2, T: 32, D: 64, saved_bytes: 200000}\n"
+    struct {
+        const char *y, *msg;
+        unsigned line, col;
+    } cases[] = {
+        /* every point at one shape: B*T*D = 11*268435455*1048575 rounds apart
+         * in doubles and was fitted to noise (c = 0.003) */
+        {HDR "layers:\n  transformer_block:\n    points:\n"
+             "      - {B: 11, T: 268435455, D: 1048575, H: 5, saved_bytes: 100000}\n"
+             "      - {B: 11, T: 268435455, D: 1048575, H: 5, saved_bytes: 100000}\n"
+             "      - {B: 11, T: 268435455, D: 1048575, H: 5, saved_bytes: 100001}\n",
+         "all of one size B*T*D = 11*268435455*1048575", 4, 3},
+        /* two shapes of one B*T*D: the fit cannot tell them apart */
+        {HDR "layers:\n  linear:\n    points:\n      - {B: 1, T: 64, D: 64, saved_bytes: 1}\n"
+             "      - {B: 2, T: 32, D: 64, saved_bytes: 2}\n      - {B: 4, T: 32, D: 32, "
+             "saved_bytes: 2}\n",
+         "all of one size", 4, 3},
+        {HDR "layers:\n  linear:\n    points: []\n", "0 points", 4, 3},
+        /* a kind twice: both lists were merged into one fit (a second list
+         * 1000 times larger flipped gpt2-small's verdict unnoticed) */
+        {HDR "layers:\n" TB2 "  transformer_block:\n    points:\n"
+             "      - {B: 1, T: 32, D: 64, saved_bytes: 100000000}\n"
+             "      - {B: 2, T: 32, D: 64, saved_bytes: 200000000}\n",
+         "layers.transformer_block: given twice (first at line 4, column 3)", 8, 3},
+        /* any other key twice */
+        {HDR "dtype: bf16\nlayers:\n" TB2, "dtype: key given twice (first at line 2", 3, 1},
+        {HDR "layers: {}\n", "layers: no layer kind", 3, 9},
+        /* GEMM figures past 100 PFLOP/s: 1e300 made the step time vanish */
+        {HDR "gemm:\n  - {m: 1024, n: 1024, k: 1024, tflops: 1e300}\nlayers:\n" TB2,
+         "gemm[].tflops: 1e+300 TFLOP/s is past 100000", 4, 41},
+        {HDR "peak_tflops: 100001\nlayers:\n" TB2, "peak_tflops: 100001 TFLOP/s", 3, 14},
+        /* bytes past 1 PiB */
+        {HDR "layers:\n  linear:\n    points:\n      - {B: 1, T: 1, D: 1, saved_bytes: 1}\n"
+             "      - {B: 2, T: 1, D: 1, saved_bytes: 1125899906842625}\n",
+         "saved_bytes: 1125899906842625 B is past 1 PiB", 7, 41},
+        /* tags, core ones included */
+        {HDR "layers:\n  linear:\n    points:\n      - {B: !!int 1, T: 1, D: 1, saved_bytes: 1}\n",
+         "YAML tags (here tag:yaml.org,2002:int)", 6, 13},
+    };
+#undef HDR
+#undef TB2
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ml_profile *p = NULL;
+        ml_error e;
+        ml_status st = ml_profile_load_string(cases[i].y, strlen(cases[i].y), "bad.yaml", &p, &e);
+        if (st == ML_OK)
+            fail_msg("case %zu loaded", i);
+        if (!strstr(e.msg, cases[i].msg))
+            fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, cases[i].msg);
+        if (e.line != cases[i].line || e.col != cases[i].col)
+            fail_msg("case %zu: at %u:%u, expected %u:%u", i, e.line, e.col, cases[i].line,
+                     cases[i].col);
+        assert_null(p);
+    }
+    /* the runner's profile when every point was skipped: nothing to write
+     * (it replaced a measured profile with "layers: {}") */
+    ml_profile *p = ml_profile_new();
+    ml_profile_set(p, "dtype", "fp32");
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    assert_int_equal(ml_profile_fit(p, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "no measured point"));
+    ml_profile_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -262,6 +432,9 @@ int main(void)
         cmocka_unit_test(test_profile_round_trip),
         cmocka_unit_test(test_attention_fit),
         cmocka_unit_test(test_bad_profiles),
+        cmocka_unit_test(test_csv_hostile),
+        cmocka_unit_test(test_points_implausible),
+        cmocka_unit_test(test_profile_hostile),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
