@@ -53,14 +53,18 @@ static uint64_t power2_division(uint64_t size, unsigned div)
     return r == size ? size : r + step;
 }
 
-uint64_t ml_alloc_round_size(const ml_alloc_config *cfg, uint64_t bytes)
+static inline uint64_t round_size(unsigned divisions, uint64_t bytes)
 {
     if (bytes < ML_ALLOC_MIN_BLOCK)
         return ML_ALLOC_MIN_BLOCK;
-    unsigned d = cfg ? cfg->roundup_power2_divisions : 0;
-    if (d > 1 && bytes > (uint64_t)ML_ALLOC_MIN_BLOCK * d)
-        return power2_division(bytes, d);
-    return up(bytes, ML_ALLOC_MIN_BLOCK);
+    if (divisions > 1 && bytes > (uint64_t)ML_ALLOC_MIN_BLOCK * divisions)
+        return power2_division(bytes, divisions);
+    return (bytes + ML_ALLOC_MIN_BLOCK - 1) & ~(uint64_t)(ML_ALLOC_MIN_BLOCK - 1);
+}
+
+uint64_t ml_alloc_round_size(const ml_alloc_config *cfg, uint64_t bytes)
+{
+    return round_size(cfg ? cfg->roundup_power2_divisions : 0, bytes);
 }
 
 uint64_t ml_alloc_segment_size(uint64_t rounded)
@@ -102,6 +106,11 @@ ml_alloc_result ml_alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **o
     }
     *out = s;
     return ML_ALLOC_OK;
+}
+
+ml_alloc_result ml_alloc_sim_reserve(ml_alloc_sim *s, size_t blocks)
+{
+    return ml_ab_reserve(&s->t, blocks) ? ML_ALLOC_OK : ML_ALLOC_NOMEM;
 }
 
 void ml_alloc_sim_destroy(ml_alloc_sim *s)
@@ -149,16 +158,9 @@ void ml_as_unmapped_del(ml_alloc_sim *s, uint32_t x)
     BLK(s, x)->state = ML_AB_DETACHED;
 }
 
-/* try_merge_blocks: dst (in no set) absorbs its neighbour src when src is
- * in state `want` (free for a mapped dst, unmapped for an unmapped one). */
-void ml_as_try_merge(ml_alloc_sim *s, uint32_t dst, uint32_t src, int want)
+/* dst absorbs its neighbour src, both in no set; src's slot is released. */
+static void join(ml_alloc_sim *s, uint32_t dst, uint32_t src)
 {
-    if (!src || BLK(s, src)->state != want)
-        return;
-    if (want == ML_AB_FREE)
-        ml_as_uncache(s, src);
-    else
-        ml_as_unmapped_del(s, src);
     ml_ab *d = BLK(s, dst), *c = BLK(s, src);
     if (d->prev == src) {
         d->addr = c->addr;
@@ -174,23 +176,17 @@ void ml_as_try_merge(ml_alloc_sim *s, uint32_t dst, uint32_t src, int want)
     ml_ab_release(&s->t, src);
 }
 
-/* A new block [addr, addr + size) spliced between prev and next. */
-uint32_t ml_as_piece(ml_alloc_sim *s, uint32_t like, uint64_t addr, uint64_t size,
-                      uint32_t prev, uint32_t next)
+/* try_merge_blocks: dst (in no set) absorbs its neighbour src when src is
+ * in state `want` (free for a mapped dst, unmapped for an unmapped one). */
+void ml_as_try_merge(ml_alloc_sim *s, uint32_t dst, uint32_t src, int want)
 {
-    uint32_t n = ml_ab_new(&s->t);
-    ml_ab *b = BLK(s, n);
-    b->addr = addr;
-    b->size = size;
-    b->pool = BLK(s, like)->pool;
-    b->expandable = BLK(s, like)->expandable;
-    b->prev = prev;
-    b->next = next;
-    if (prev)
-        BLK(s, prev)->next = n;
-    if (next)
-        BLK(s, next)->prev = n;
-    return n;
+    if (!src || BLK(s, src)->state != want)
+        return;
+    if (want == ML_AB_FREE)
+        ml_as_uncache(s, src);
+    else
+        ml_as_unmapped_del(s, src);
+    join(s, dst, src);
 }
 
 bool ml_as_is_split(const ml_alloc_sim *s, uint32_t x)
@@ -300,13 +296,17 @@ static void garbage_collect(ml_alloc_sim *s)
 /* ---- finding and making blocks ---- */
 
 /* get_free_block: the smallest cached block that fits, unless the
- * max_split_size rules refuse it (only that one block is considered). */
-static uint32_t get_free_block(ml_alloc_sim *s, int pi, uint64_t size)
+ * max_split_size rules refuse it (only that one block is considered). The
+ * block stays in its pool's set; *link holds it there and *pred is the
+ * block before it (*link NULL: the expandable walk passed the lower bound). */
+static uint32_t get_free_block(ml_alloc_sim *s, int pi, uint64_t size, uint32_t **link,
+                               uint32_t *pred)
 {
     pool_t *p = &s->pool[pi];
     if (s->cfg.gc_threshold > 0 && s->cfg.device_bytes)
         p->calls++;
-    uint32_t it = ml_ab_lower_bound(&s->t, p->blocks, size);
+    uint32_t *lk = NULL, pr = 0;
+    uint32_t it = ml_ab_lower_bound_at(&s->t, &p->blocks, size, &lk, &pr);
     if (!it)
         return 0;
     if (BLK(s, it)->expandable) {
@@ -314,6 +314,7 @@ static uint32_t get_free_block(ml_alloc_sim *s, int pi, uint64_t size)
         uint32_t nx = ml_ab_after(&s->t, p->blocks, it, false);
         while (nx && ml_as_expandable_size(s, nx) < ml_as_expandable_size(s, it)) {
             it = nx;
+            lk = NULL;
             nx = ml_ab_after(&s->t, p->blocks, it, false);
         }
     }
@@ -322,7 +323,8 @@ static uint32_t get_free_block(ml_alloc_sim *s, int pi, uint64_t size)
         return 0; /* no oversize block for a smaller request */
     if (size >= s->max_split && bs >= size + s->non_split)
         return 0; /* an oversize block may be only so much larger */
-    ml_as_uncache(s, it);
+    *link = lk;
+    *pred = pr;
     return it;
 }
 
@@ -358,18 +360,54 @@ static bool should_split(const ml_alloc_sim *s, uint32_t x, uint64_t size)
     return size < s->max_split && rest > ML_ALLOC_SMALL_SIZE;
 }
 
-/* alloc_found_block: the front of x serves the request, the rest is cached. */
-static uint64_t found(ml_alloc_sim *s, uint32_t x, uint64_t size, uint64_t bytes, bool split)
+/* alloc_found_block, the split: the front of x (in no set) becomes a new
+ * block that serves the request, the rest stays x and is cached. */
+static uint32_t split_front(ml_alloc_sim *s, uint32_t x, uint64_t size)
 {
-    if (split) {
-        ml_ab *r = BLK(s, x);
-        uint32_t n = ml_as_piece(s, x, r->addr, size, r->prev, x);
-        r = BLK(s, x);
-        r->addr += size;
-        r->size -= size;
-        ml_as_cache(s, x);
-        x = n;
+    ml_ab *r = BLK(s, x);
+    uint32_t n = ml_as_piece(s, x, r->addr, size, r->prev, x);
+    r = BLK(s, x);
+    r->addr += size;
+    r->size -= size;
+    ml_as_cache(s, x);
+    return n;
+}
+
+/* alloc_found_block for x, the cached block get_free_block chose (link and
+ * pred as it gave them): returns the block that serves the request. When
+ * split, the rest is x's key made smaller; if it still sorts after pred,
+ * x keeps its place in the set and is re-keyed there, sparing an erase and
+ * an insert (the set's order is what BlockPool::blocks holds either way). */
+static uint32_t take_cached(ml_alloc_sim *s, uint32_t x, uint64_t size, uint32_t *link,
+                            uint32_t pred)
+{
+    ml_ab *b = BLK(s, x);
+    bool split = should_split(s, x, size);
+    if (split && link) {
+        uint64_t rs = b->size - size, ra = b->addr + size;
+        const ml_ab *q = pred ? BLK(s, pred) : NULL;
+        if (!q || q->size < rs || (q->size == rs && q->addr < ra)) {
+            uint32_t n = ml_as_piece(s, x, b->addr, size, b->prev, x);
+            b = BLK(s, x);
+            b->addr = ra;
+            b->size = rs;
+            b->gc_base = (int64_t)s->pool[b->pool].calls; /* as insert_into_blocks stamps it */
+            return n;
+        }
     }
+    if (link) {
+        ml_ab_erase_at(&s->t, link);
+        s->pool[b->pool].nfree--;
+        b->state = ML_AB_DETACHED;
+    } else {
+        ml_as_uncache(s, x);
+    }
+    return split ? split_front(s, x, size) : x;
+}
+
+/* The allocation of block x (in no set): its handle. */
+static uint64_t give_out(ml_alloc_sim *s, uint32_t x, uint64_t bytes)
+{
     ml_ab *b = BLK(s, x);
     b->state = ML_AB_ALLOC;
     b->gen++;
@@ -387,13 +425,9 @@ static ml_alloc_result oom(ml_alloc_sim *s)
     return ML_ALLOC_OOM;
 }
 
-/* Room for what one call may add: blocks (an unmapping splits each free
- * block in up to three) and the scratch list of a pool's free blocks. */
-static bool room(ml_alloc_sim *s)
+static bool room_grow(ml_alloc_sim *s, size_t n, size_t need)
 {
-    size_t n = s->pool[0].nfree + s->pool[1].nfree + s->pool[0].nunmapped +
-               s->pool[1].nunmapped + 16;
-    if (!ml_ab_reserve(&s->t, s->cfg.mode == ML_ALLOC_EXPANDABLE ? 3 * n : 8))
+    if (!ml_ab_reserve(&s->t, need))
         return false;
     if (s->scratch_cap < n) {
         size_t cap = s->scratch_cap ? s->scratch_cap : 64;
@@ -408,7 +442,20 @@ static bool room(ml_alloc_sim *s)
     return true;
 }
 
-ml_alloc_result ml_alloc_sim_malloc(ml_alloc_sim *s, uint64_t bytes, uint64_t *handle)
+/* Room for what one call may add: blocks (an unmapping splits each free
+ * block in up to three) and the scratch list of a pool's free blocks. */
+static inline bool room(ml_alloc_sim *s)
+{
+    size_t n = s->pool[0].nfree + s->pool[1].nfree + s->pool[0].nunmapped +
+               s->pool[1].nunmapped + 16;
+    size_t need = s->cfg.mode == ML_ALLOC_EXPANDABLE ? 3 * n : 8;
+    if (s->t.free_count + (s->t.cap - s->t.n) >= need && s->scratch_cap >= n)
+        return true; /* the usual case */
+    return room_grow(s, n, need);
+}
+
+/* One allocation: ml_alloc_sim_malloc and ml_alloc_sim_malloc_many. */
+static inline ml_alloc_result malloc_one(ml_alloc_sim *s, uint64_t bytes, uint64_t *handle)
 {
     if (!room(s))
         return ML_ALLOC_NOMEM;
@@ -419,18 +466,21 @@ ml_alloc_result ml_alloc_sim_malloc(ml_alloc_sim *s, uint64_t bytes, uint64_t *h
     }
     if (bytes >= ML_ALLOC_MAX_REQUEST)
         return oom(s);
-    uint64_t size = ml_alloc_round_size(&s->cfg, bytes);
+    uint64_t size = round_size(s->cfg.roundup_power2_divisions, bytes);
     int pi = size <= ML_ALLOC_SMALL_SIZE ? SMALL : LARGE;
     if (s->cfg.mode == ML_ALLOC_NONE) {
         uint32_t x = alloc_block(s, pi, size, size, false);
         if (!x)
             return oom(s);
-        *handle = found(s, x, size, bytes, false);
+        *handle = give_out(s, x, bytes);
         return ML_ALLOC_OK;
     }
-    uint64_t alloc_size = ml_alloc_segment_size(size);
-    uint32_t x = get_free_block(s, pi, size);
-    if (!x) {
+    uint32_t *link = NULL, pred = 0;
+    uint32_t x = get_free_block(s, pi, size, &link, &pred);
+    if (x) {
+        x = take_cached(s, x, size, link, pred);
+    } else {
+        uint64_t alloc_size = ml_alloc_segment_size(size);
         if (s->cfg.gc_threshold > 0 && s->cfg.device_bytes)
             garbage_collect(s);
         x = alloc_block(s, pi, size, alloc_size, false);
@@ -440,11 +490,37 @@ ml_alloc_result ml_alloc_sim_malloc(ml_alloc_sim *s, uint64_t bytes, uint64_t *h
             release_cached(s);
             x = alloc_block(s, pi, size, alloc_size, true);
         }
+        if (!x)
+            return oom(s);
+        if (should_split(s, x, size))
+            x = split_front(s, x, size);
     }
-    if (!x)
-        return oom(s);
-    *handle = found(s, x, size, bytes, should_split(s, x, size));
+    *handle = give_out(s, x, bytes);
     return ML_ALLOC_OK;
+}
+
+ml_alloc_result ml_alloc_sim_malloc(ml_alloc_sim *s, uint64_t bytes, uint64_t *handle)
+{
+    return malloc_one(s, bytes, handle);
+}
+
+ml_alloc_result ml_alloc_sim_malloc_many(ml_alloc_sim *s, const uint64_t *bytes, size_t n,
+                                         uint64_t *handles, size_t *done)
+{
+    ml_alloc_result r = ML_ALLOC_OK;
+    size_t i = 0;
+    while (i < n && (r = malloc_one(s, bytes[i], &handles[i])) == ML_ALLOC_OK)
+        i++;
+    *done = i;
+    return r;
+}
+
+/* Whether handle names a block in state `state` (a live allocation: ML_AB_ALLOC). */
+static bool names(const ml_alloc_sim *s, uint64_t handle, int state)
+{
+    uint32_t x = (uint32_t)handle;
+    return x != 0 && x < s->t.n && s->t.b[x].state == state &&
+           s->t.b[x].gen == (uint32_t)(handle >> 32);
 }
 
 ml_alloc_result ml_alloc_sim_free(ml_alloc_sim *s, uint64_t handle)
@@ -454,8 +530,7 @@ ml_alloc_result ml_alloc_sim_free(ml_alloc_sim *s, uint64_t handle)
         return ML_ALLOC_OK;
     }
     uint32_t x = (uint32_t)handle;
-    if (x == 0 || x >= s->t.n || BLK(s, x)->state != ML_AB_ALLOC ||
-        BLK(s, x)->gen != (uint32_t)(handle >> 32))
+    if (!names(s, handle, ML_AB_ALLOC))
         return ML_ALLOC_BAD_HANDLE;
     s->st.events++;
     ml_ab *b = BLK(s, x);
@@ -474,6 +549,56 @@ ml_alloc_result ml_alloc_sim_free(ml_alloc_sim *s, uint64_t handle)
     ml_as_try_merge(s, x, BLK(s, x)->next, ML_AB_FREE);
     ml_as_cache(s, x);
     return ML_ALLOC_OK;
+}
+
+/* free_block for n allocations in one pass: each block is marked, then
+ * each run of adjacent free blocks merges and enters its pool's set once,
+ * where n single frees would insert and erase a block per merge. The state
+ * is theirs: every free block joins its free neighbours, so a segment's
+ * free blocks end as its maximal free runs whatever the order, and frees
+ * move no peak and call no get_free_block (the GC clock). */
+ml_alloc_result ml_alloc_sim_free_many(ml_alloc_sim *s, const uint64_t *handles, size_t n)
+{
+    ml_alloc_result res = ML_ALLOC_OK;
+    if (s->cfg.mode == ML_ALLOC_NONE) {
+        for (size_t i = 0; i < n; i++)
+            if (ml_alloc_sim_free(s, handles[i]) != ML_ALLOC_OK)
+                res = ML_ALLOC_BAD_HANDLE;
+        return res;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (handles[i] && !names(s, handles[i], ML_AB_ALLOC)) {
+            res = ML_ALLOC_BAD_HANDLE; /* skipped, as ml_alloc_sim_free would */
+            continue;
+        }
+        s->st.events++;
+        if (!handles[i])
+            continue;
+        ml_ab *b = BLK(s, (uint32_t)handles[i]);
+        stat_sub(&s->st.allocated, b->size);
+        stat_sub(&s->st.requested, b->requested);
+        b->state = ML_AB_PENDING;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!handles[i] || !names(s, handles[i], ML_AB_PENDING))
+            continue; /* a bad handle, or merged into an earlier one's run */
+        uint32_t x = (uint32_t)handles[i], y;
+        BLK(s, x)->state = ML_AB_DETACHED;
+        while ((y = BLK(s, x)->prev) != 0 && (BLK(s, y)->state == ML_AB_PENDING ||
+                                              BLK(s, y)->state == ML_AB_FREE)) {
+            if (BLK(s, y)->state == ML_AB_FREE)
+                ml_as_uncache(s, y);
+            join(s, x, y);
+        }
+        while ((y = BLK(s, x)->next) != 0 && (BLK(s, y)->state == ML_AB_PENDING ||
+                                              BLK(s, y)->state == ML_AB_FREE)) {
+            if (BLK(s, y)->state == ML_AB_FREE)
+                ml_as_uncache(s, y);
+            join(s, x, y);
+        }
+        ml_as_cache(s, x);
+    }
+    return res;
 }
 
 ml_alloc_result ml_alloc_sim_empty_cache(ml_alloc_sim *s)

@@ -91,6 +91,10 @@ typedef struct ml_alloc_sim ml_alloc_sim;
  * set (the caller destroys it), ML_ALLOC_BAD_CONFIG (a value out of range,
  * *out untouched) or ML_ALLOC_NOMEM. */
 ml_alloc_result ml_alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **out);
+/* Room for `blocks` blocks before the simulator allocates again (a hint:
+ * no result depends on it). Returns ML_ALLOC_OK or ML_ALLOC_NOMEM (then
+ * nothing changed). */
+ml_alloc_result ml_alloc_sim_reserve(ml_alloc_sim *s, size_t blocks);
 /* Frees the simulator and every block; NULL is accepted. */
 void ml_alloc_sim_destroy(ml_alloc_sim *s);
 
@@ -101,9 +105,19 @@ void ml_alloc_sim_destroy(ml_alloc_sim *s);
  * recorded in the stats; nothing is allocated). ML_ALLOC_NOMEM: see above.
  * *handle is written only on ML_ALLOC_OK. */
 ml_alloc_result ml_alloc_sim_malloc(ml_alloc_sim *s, uint64_t bytes, uint64_t *handle);
+/* ml_alloc_sim_malloc for bytes[0], bytes[1], ... in turn (n events),
+ * stopping at the first that does not return ML_ALLOC_OK, whose result it
+ * returns; *done: how many succeeded (handles[0 .. *done) are written). */
+ml_alloc_result ml_alloc_sim_malloc_many(ml_alloc_sim *s, const uint64_t *bytes, size_t n,
+                                         uint64_t *handles, size_t *done);
 /* Frees an allocation (handle 0: nothing). One event. Returns ML_ALLOC_OK
  * or ML_ALLOC_BAD_HANDLE (unchanged simulator, no event counted). */
 ml_alloc_result ml_alloc_sim_free(ml_alloc_sim *s, uint64_t handle);
+/* Frees n allocations, as n ml_alloc_sim_free calls in any order would
+ * (n events; the same state and statistics), in one pass: the blocks of
+ * one run merge once. Returns ML_ALLOC_OK, or ML_ALLOC_BAD_HANDLE when a
+ * handle is not live (that one is skipped; the others are freed). */
+ml_alloc_result ml_alloc_sim_free_many(ml_alloc_sim *s, const uint64_t *handles, size_t n);
 /* torch.cuda.empty_cache(): releases every cached segment (or unused page)
  * that holds no allocation. Returns ML_ALLOC_OK or ML_ALLOC_NOMEM. */
 ml_alloc_result ml_alloc_sim_empty_cache(ml_alloc_sim *s);

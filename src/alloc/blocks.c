@@ -28,39 +28,6 @@ bool ml_ab_reserve(ml_ab_table *t, size_t need)
     return true;
 }
 
-uint32_t ml_ab_new(ml_ab_table *t)
-{
-    uint32_t i;
-    if (t->free_head) {
-        i = t->free_head;
-        t->free_head = t->b[i].next;
-        t->free_count--;
-    } else {
-        i = (uint32_t)t->n++;
-        t->b[i].gen = 0;
-    }
-    uint32_t gen = t->b[i].gen;
-    memset(&t->b[i], 0, sizeof t->b[i]);
-    t->b[i].gen = gen;
-    t->b[i].state = ML_AB_DETACHED;
-    /* xorshift64 (Marsaglia 2003) */
-    uint64_t r = t->rng;
-    r ^= r << 13;
-    r ^= r >> 7;
-    r ^= r << 17;
-    t->rng = r;
-    t->b[i].prio = (uint32_t)(r >> 32);
-    return i;
-}
-
-void ml_ab_release(ml_ab_table *t, uint32_t i)
-{
-    t->b[i].state = ML_AB_SLOT;
-    t->b[i].next = t->free_head;
-    t->free_head = i;
-    t->free_count++;
-}
-
 void ml_ab_table_free(ml_ab_table *t)
 {
     free(t->b);
@@ -74,62 +41,83 @@ static bool less(const ml_ab *a, const ml_ab *b, bool by_addr)
     return a->addr < b->addr;
 }
 
-/* Splits the treap n into the keys below key's (*l) and the rest (*r),
- * walking down once: each step hangs a node on the left or right result. */
-static void split(ml_ab_table *t, uint32_t n, const ml_ab *key, bool by_addr, uint32_t *l,
-                  uint32_t *r)
-{
-    while (n) {
-        if (less(&t->b[n], key, by_addr)) {
-            *l = n;
-            l = &t->b[n].right;
-            n = t->b[n].right;
-        } else {
-            *r = n;
-            r = &t->b[n].left;
-            n = t->b[n].left;
-        }
-    }
-    *l = *r = 0;
-}
-
 /* Joins two treaps, every key of a below every key of b. */
 static uint32_t merge(ml_ab_table *t, uint32_t a, uint32_t b)
 {
     uint32_t root = 0, *link = &root;
     while (a && b) {
-        if (t->b[a].prio > t->b[b].prio) {
-            *link = a;
-            link = &t->b[a].right;
-            a = t->b[a].right;
-        } else {
-            *link = b;
-            link = &t->b[b].left;
-            b = t->b[b].left;
-        }
+        /* the higher priority on top: a with its right side to merge on,
+         * or b with its left */
+        bool take_b = t->b[a].prio <= t->b[b].prio;
+        uint32_t n = take_b ? b : a;
+        *link = n;
+        link = &t->b[n].kid[!take_b];
+        a = take_b ? a : *link;
+        b = take_b ? *link : b;
     }
     *link = a ? a : b;
     return root;
 }
 
+#ifdef __SIZEOF_INT128__
+__extension__ typedef unsigned __int128 key128; /* (size, address) as one number */
+#endif
+
+/* x's key below n's: the order with by_addr a constant once inlined.
+ * Without branches, as the walks below: which way a walk turns is a coin
+ * toss a branch predictor loses half the time, and a lost guess costs
+ * more than the comparisons (cmov instead). */
+static inline bool below(const ml_ab *n, uint64_t size, uint64_t addr, bool by_addr)
+{
+    if (by_addr)
+        return addr < n->addr;
+#ifdef __SIZEOF_INT128__
+    return ((key128)size << 64 | addr) < ((key128)n->size << 64 | n->addr);
+#else
+    return (size < n->size) | ((size == n->size) & (addr < n->addr));
+#endif
+}
+
+static inline void insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr)
+{
+    /* down to where x's priority belongs, then split what hangs there into
+     * the keys below x's (x's left) and above (its right), walking down once */
+    ml_ab *b = t->b;
+    const uint64_t size = b[x].size, addr = b[x].addr;
+    const uint32_t prio = b[x].prio;
+    uint32_t *link = root, n;
+    while ((n = *link) != 0 && b[n].prio >= prio)
+        link = &b[n].kid[!below(&b[n], size, addr, by_addr)];
+    /* open[0]: where the next key below x's hangs, open[1]: above; n goes
+     * to its side, and the walk goes on into its subtree toward x's key */
+    uint32_t *open[2] = {&b[x].kid[0], &b[x].kid[1]};
+    while (n) {
+        int side = below(&b[n], size, addr, by_addr);
+        *open[side] = n;
+        open[side] = &b[n].kid[!side];
+        n = *open[side];
+    }
+    *open[0] = *open[1] = 0;
+    *link = x;
+}
+
 void ml_ab_insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr)
 {
-    /* down to where x's priority belongs, then split what hangs there */
-    uint32_t *link = root;
-    while (*link && t->b[*link].prio >= t->b[x].prio)
-        link = less(&t->b[x], &t->b[*link], by_addr) ? &t->b[*link].left : &t->b[*link].right;
-    split(t, *link, &t->b[x], by_addr, &t->b[x].left, &t->b[x].right);
-    *link = x;
+    if (by_addr)
+        insert(t, root, x, true);
+    else
+        insert(t, root, x, false);
 }
 
 void ml_ab_erase(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr)
 {
     uint32_t *link = root;
+    const uint64_t size = t->b[x].size, addr = t->b[x].addr;
     while (*link && *link != x)
-        link = less(&t->b[x], &t->b[*link], by_addr) ? &t->b[*link].left : &t->b[*link].right;
+        link = &t->b[*link].kid[!below(&t->b[*link], size, addr, by_addr)];
     if (*link) /* else not in the set: a caller's bug, harmless here */
-        *link = merge(t, t->b[x].left, t->b[x].right);
-    t->b[x].left = t->b[x].right = 0;
+        *link = merge(t, t->b[x].kid[0], t->b[x].kid[1]);
+    t->b[x].kid[0] = t->b[x].kid[1] = 0;
 }
 
 uint32_t ml_ab_lower_bound(const ml_ab_table *t, uint32_t n, uint64_t size)
@@ -138,12 +126,38 @@ uint32_t ml_ab_lower_bound(const ml_ab_table *t, uint32_t n, uint64_t size)
     while (n) {
         if (t->b[n].size >= size) {
             best = n; /* keys (size, addr) >= (size, 0) */
-            n = t->b[n].left;
+            n = t->b[n].kid[0];
         } else {
-            n = t->b[n].right;
+            n = t->b[n].kid[1];
         }
     }
     return best;
+}
+
+uint32_t ml_ab_lower_bound_at(ml_ab_table *t, uint32_t *root, uint64_t size, uint32_t **link,
+                              uint32_t *pred)
+{
+    /* the last node the walk leaves to the right is the largest below the
+     * result: nodes passed later lie in the left subtree of the result */
+    uint32_t under = 0, *at = root, *best_at = NULL;
+    for (uint32_t n; (n = *at) != 0;) {
+        bool fits = t->b[n].size >= size;
+        best_at = fits ? at : best_at; /* it holds n, the best so far */
+        under = fits ? under : n;
+        at = &t->b[n].kid[!fits];
+    }
+    if (!best_at)
+        return 0;
+    *link = best_at;
+    *pred = under;
+    return *best_at;
+}
+
+void ml_ab_erase_at(ml_ab_table *t, uint32_t *link)
+{
+    uint32_t x = *link;
+    *link = merge(t, t->b[x].kid[0], t->b[x].kid[1]);
+    t->b[x].kid[0] = t->b[x].kid[1] = 0;
 }
 
 uint32_t ml_ab_after(const ml_ab_table *t, uint32_t n, uint32_t x, bool by_addr)
@@ -152,9 +166,9 @@ uint32_t ml_ab_after(const ml_ab_table *t, uint32_t n, uint32_t x, bool by_addr)
     while (n) {
         if (less(&t->b[x], &t->b[n], by_addr)) {
             best = n;
-            n = t->b[n].left;
+            n = t->b[n].kid[0];
         } else {
-            n = t->b[n].right;
+            n = t->b[n].kid[1];
         }
     }
     return best;
@@ -166,9 +180,9 @@ uint32_t ml_ab_before(const ml_ab_table *t, uint32_t n, uint32_t x, bool by_addr
     while (n) {
         if (less(&t->b[n], &t->b[x], by_addr)) {
             best = n;
-            n = t->b[n].right;
+            n = t->b[n].kid[1];
         } else {
-            n = t->b[n].left;
+            n = t->b[n].kid[0];
         }
     }
     return best;
@@ -176,26 +190,26 @@ uint32_t ml_ab_before(const ml_ab_table *t, uint32_t n, uint32_t x, bool by_addr
 
 uint32_t ml_ab_first(const ml_ab_table *t, uint32_t n)
 {
-    while (n && t->b[n].left)
-        n = t->b[n].left;
+    while (n && t->b[n].kid[0])
+        n = t->b[n].kid[0];
     return n;
 }
 
 uint32_t ml_ab_last(const ml_ab_table *t, uint32_t n)
 {
-    while (n && t->b[n].right)
-        n = t->b[n].right;
+    while (n && t->b[n].kid[1])
+        n = t->b[n].kid[1];
     return n;
 }
 
 static void collect(const ml_ab_table *t, uint32_t n, uint32_t *out, size_t room, size_t *k)
 {
     while (n) {
-        collect(t, t->b[n].left, out, room, k);
+        collect(t, t->b[n].kid[0], out, room, k);
         if (*k < room)
             out[*k] = n;
         (*k)++;
-        n = t->b[n].right; /* the right spine iteratively */
+        n = t->b[n].kid[1]; /* the right spine iteratively */
     }
 }
 

@@ -63,9 +63,25 @@ void ml_as_unmapped_del(ml_alloc_sim *s, uint32_t x);
 /* try_merge_blocks: dst (in no set) absorbs neighbour src when src is in
  * state want (ML_AB_FREE for a mapped dst, ML_AB_UNMAPPED for an unmapped one). */
 void ml_as_try_merge(ml_alloc_sim *s, uint32_t dst, uint32_t src, int want);
-/* A new block [addr, addr + size), of like's pool, spliced between prev and next. */
-uint32_t ml_as_piece(ml_alloc_sim *s, uint32_t like, uint64_t addr, uint64_t size,
-                     uint32_t prev, uint32_t next);
+/* A new block [addr, addr + size), of like's pool, spliced between prev and
+ * next (inline: every split makes one). */
+static inline uint32_t ml_as_piece(ml_alloc_sim *s, uint32_t like, uint64_t addr,
+                                   uint64_t size, uint32_t prev, uint32_t next)
+{
+    uint32_t n = ml_ab_new(&s->t);
+    ml_ab *b = BLK(s, n);
+    b->addr = addr;
+    b->size = size;
+    b->pool = BLK(s, like)->pool;
+    b->expandable = BLK(s, like)->expandable;
+    b->prev = prev;
+    b->next = next;
+    if (prev)
+        BLK(s, prev)->next = n;
+    if (next)
+        BLK(s, next)->prev = n;
+    return n;
+}
 bool ml_as_is_split(const ml_alloc_sim *s, uint32_t x);
 
 /* expandable.c */

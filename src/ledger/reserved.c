@@ -1,5 +1,6 @@
 /* The replay's aggregates as tensors through the allocator simulator
  * (reserved.h). */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,6 +72,10 @@ ml_status ml_rsim_create(const ml_alloc_config *cfg, const ml_chain *ch, ml_rsim
     r->ch = ch;
     r->nblocks = ch->n;
     partition_params(r, ch);
+    /* the simulator's block table at the size a training run's replay
+     * reaches (about 60 blocks per chain block), so that it seldom grows
+     * and copies itself: a hint, whose failure changes nothing */
+    ml_alloc_sim_reserve(r->sim, 64 * (ch->n + 8));
     *out = r;
     return ML_OK;
 }
@@ -95,40 +100,51 @@ void ml_rsim_use_chain(ml_rsim *r, const ml_chain *ch)
     r->ch = ch;
 }
 
-static bool push_size(ml_rsim *r, size_t *n, uint64_t v)
+/* Room for n sizes in r->sizes: false when the host is out of memory. */
+static bool sizes_room(ml_rsim *r, size_t n)
 {
-    uint64_t *grown = ml_grow(r->sizes, *n, &r->sizecap, sizeof *grown, 64);
+    if (n <= r->sizecap)
+        return true;
+    size_t cap = r->sizecap ? r->sizecap : 64;
+    while (cap < n)
+        cap *= 2;
+    uint64_t *grown = realloc(r->sizes, cap * sizeof *grown);
     if (!grown)
         return false;
     r->sizes = grown;
-    r->sizes[(*n)++] = v;
+    r->sizecap = cap;
     return true;
 }
 
 /* The tensor sizes of an aggregate into r->sizes; their count, or 0 when
- * they do not add up to `bytes` (then it is one tensor). */
+ * they do not add up to `bytes` (then it is one tensor). SIZE_MAX: the
+ * host is out of memory. */
 static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, size_t block,
                           unsigned copies)
 {
     const ml_chain *ch = r->ch;
     size_t n = 0;
-    uint64_t sum = 0;
+    uint64_t sum = 0, *out;
     if ((split == ML_T_SAVED || split == ML_T_SAVED_NONCORE || split == ML_T_SAVED_CORE) &&
         block < ch->n) {
         const ml_cblock *b = &ch->blocks[block];
+        if (!sizes_room(r, b->nsaved))
+            return SIZE_MAX;
+        out = r->sizes;
         for (size_t i = b->saved_first; i < b->saved_first + b->nsaved; i++) {
             bool core = ch->saved[i].flags & ML_SV_CORE;
             if ((split == ML_T_SAVED_NONCORE && core) || (split == ML_T_SAVED_CORE && !core))
                 continue;
-            if (!push_size(r, &n, ch->saved[i].bytes))
-                return 0;
+            out[n++] = ch->saved[i].bytes;
             sum += ch->saved[i].bytes;
         }
     } else if (split == ML_T_BLOCK_PARAMS && block < r->nblocks && ch->blocks[block].params) {
         uint64_t per = bytes / ch->blocks[block].params; /* bytes per element */
+        if (!sizes_room(r, r->pcount[block]))
+            return SIZE_MAX;
+        out = r->sizes;
         for (size_t i = r->pfirst[block]; i < r->pfirst[block] + r->pcount[block]; i++) {
-            if (!push_size(r, &n, ch->params[i].numel * per))
-                return 0;
+            out[n++] = ch->params[i].numel * per;
             sum += ch->params[i].numel * per;
         }
     } else if ((split == ML_T_UNITS_FWD || split == ML_T_UNITS || split == ML_T_UNITS_BWD) &&
@@ -138,25 +154,28 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
         const ml_cblock *b = &ch->blocks[block];
         uint64_t unit = split == ML_T_UNITS_FWD ? b->unit_fwd : b->unit;
         uint64_t left = bytes;
+        if (!sizes_room(r, 10))
+            return SIZE_MAX;
+        out = r->sizes;
         if (split == ML_T_UNITS_BWD && b->bwd_in && b->bwd_in <= left) {
-            if (!push_size(r, &n, b->bwd_in))
-                return 0;
+            out[n++] = b->bwd_in;
             left -= b->bwd_in;
         }
         while (unit && left >= unit && n < 8) {
-            if (!push_size(r, &n, unit))
-                return 0;
+            out[n++] = unit;
             left -= unit;
         }
-        if (left && !push_size(r, &n, left))
-            return 0;
+        if (left)
+            out[n++] = left;
         sum = bytes;
     } else if (split == ML_T_ALL_PARAMS && r->P && copies) {
         uint64_t per = bytes / (r->P * copies);
+        if (!sizes_room(r, ch->nparams * copies))
+            return SIZE_MAX;
+        out = r->sizes;
         for (size_t i = 0; i < ch->nparams; i++)
             for (unsigned k = 0; k < copies; k++) {
-                if (!push_size(r, &n, ch->params[i].numel * per))
-                    return 0;
+                out[n++] = ch->params[i].numel * per;
                 sum += ch->params[i].numel * per;
             }
     }
@@ -180,13 +199,12 @@ void ml_rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split sp
     if (!bytes || r->oom || r->nomem)
         return;
     size_t n = split == ML_T_ONE ? 0 : split_sizes(r, bytes, split, block, copies);
-    if (!n) {
-        n = 0;
-        if (!push_size(r, &n, bytes)) {
-            r->nomem = true;
-            return;
-        }
+    if (n == SIZE_MAX || (!n && !sizes_room(r, 1))) {
+        r->nomem = true;
+        return;
     }
+    if (!n)
+        r->sizes[n++] = bytes;
     group *gg = ml_grow(r->g, r->ng, &r->gcap, sizeof *gg, 256);
     if (!gg) {
         r->nomem = true;
@@ -203,15 +221,11 @@ void ml_rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split sp
     }
     group *g = &r->g[r->ng];
     *g = (group){c, bytes, r->nh, 0};
-    for (size_t i = 0; i < n; i++) {
-        uint64_t handle = 0;
-        ml_alloc_result ar = ml_alloc_sim_malloc(r->sim, r->sizes[i], &handle);
-        if (ar != ML_ALLOC_OK) {
-            r->oom = ar == ML_ALLOC_OOM;
-            r->nomem = ar != ML_ALLOC_OOM;
-            return;
-        }
-        r->h[r->nh + g->n++] = handle;
+    ml_alloc_result ar = ml_alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n);
+    if (ar != ML_ALLOC_OK) {
+        r->oom = ar == ML_ALLOC_OOM;
+        r->nomem = ar != ML_ALLOC_OOM;
+        return;
     }
     r->nh += g->n;
     if (!add_live(r, c, r->ng++))
@@ -221,8 +235,7 @@ void ml_rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split sp
 static void release(ml_rsim *r, ml_category c, size_t at)
 {
     group *g = &r->g[r->live[c][at]];
-    for (size_t i = 0; i < g->n; i++)
-        ml_alloc_sim_free(r->sim, r->h[g->first + i]);
+    ml_alloc_sim_free_many(r->sim, &r->h[g->first], g->n);
     r->live_bytes[c] -= g->bytes;
     memmove(&r->live[c][at], &r->live[c][at + 1], (r->nlive[c] - at - 1) * sizeof *r->live[c]);
     r->nlive[c]--;

@@ -589,6 +589,80 @@ static void differential(void **state)
     }
 }
 
+/* ml_alloc_sim_malloc_many and ml_alloc_sim_free_many (the planner's
+ * calls: one per aggregate of tensors) against the reference's one call
+ * per tensor: the same results and statistics after every batch, frees in
+ * a random order, now and then a stale or repeated handle among them. */
+static void batches(void **state)
+{
+    (void)state;
+    rng_state = 20261201;
+    enum { TRACES = 1500, MAXLIVE = 256, MAXBATCH = 24 };
+    for (int tr = 0; tr < TRACES; tr++) {
+        ml_alloc_config c = random_config();
+        ml_alloc_sim *s = NULL;
+        assert_int_equal(ml_alloc_sim_create(&c, &s), ML_ALLOC_OK);
+        if (below(2))
+            assert_int_equal(ml_alloc_sim_reserve(s, below(5000)), ML_ALLOC_OK);
+        ref_sim *r = ref_create(&c);
+        assert_non_null(r);
+        uint64_t hs[MAXLIVE], hr[MAXLIVE], seen[64], bytes[MAXBATCH], got[MAXBATCH];
+        uint64_t stale_s = 0, stale_r = 0; /* a handle freed already */
+        size_t live = 0, nseen = 0, n = 10 + below(60);
+        for (size_t ev = 0; ev < n; ev++) {
+            size_t k = 1 + below(MAXBATCH - 2);
+            if (live && below(100) < 45) {
+                /* free k live handles, picked at random */
+                uint64_t fs[MAXBATCH];
+                size_t m = 0;
+                for (; m < k && live; m++) {
+                    size_t j = below(live);
+                    fs[m] = hs[j];
+                    assert_int_equal(ref_free(r, hr[j]), ML_ALLOC_OK);
+                    stale_s = hs[j];
+                    stale_r = hr[j];
+                    hs[j] = hs[live - 1];
+                    hr[j] = hr[live - 1];
+                    live--;
+                }
+                bool bad = stale_s && below(4) == 0;
+                if (bad) { /* the last one freed, named twice, or one freed earlier */
+                    fs[m++] = stale_s;
+                    assert_int_equal(ref_free(r, stale_r), ML_ALLOC_BAD_HANDLE);
+                }
+                assert_int_equal(ml_alloc_sim_free_many(s, fs, m),
+                                 bad ? ML_ALLOC_BAD_HANDLE : ML_ALLOC_OK);
+            } else {
+                k = k < MAXLIVE - live ? k : MAXLIVE - live;
+                for (size_t i = 0; i < k; i++) {
+                    bytes[i] = random_size(seen, nseen);
+                    if (nseen < 64)
+                        seen[nseen++] = bytes[i];
+                    else
+                        seen[below(64)] = bytes[i];
+                }
+                size_t done = SIZE_MAX, want = 0;
+                ml_alloc_result a = ml_alloc_sim_malloc_many(s, bytes, k, got, &done);
+                ml_alloc_result b = ML_ALLOC_OK;
+                while (want < k &&
+                       (b = ref_malloc(r, bytes[want], &hr[live + want])) == ML_ALLOC_OK)
+                    want++;
+                if (a != b || done != want)
+                    fail_msg("trace %d batch %zu: malloc_many gave %d after %zu, the reference "
+                             "%d after %zu", tr, ev, a, done, b, want);
+                memcpy(&hs[live], got, done * sizeof got[0]);
+                live += done;
+            }
+            ml_alloc_stats x, y;
+            ml_alloc_sim_stats(s, &x);
+            ref_stats(r, &y);
+            same_stats(&x, &y, tr, ev);
+        }
+        ml_alloc_sim_destroy(s);
+        ref_destroy(r);
+    }
+}
+
 /* ---- host out of memory, both ways (sqlite's malloc tests) ---- */
 
 static void nomem(void **state)
@@ -656,6 +730,7 @@ int main(void)
         cmocka_unit_test(handles_and_config),
         cmocka_unit_test(trace_parse),
         cmocka_unit_test(differential),
+        cmocka_unit_test(batches),
         cmocka_unit_test(nomem),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
