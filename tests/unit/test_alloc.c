@@ -21,46 +21,8 @@
 #define KiB (1ull << 10)
 #define MiB (1ull << 20)
 
-/* ---- host allocation failures (armed only around the simulator's calls) ---- */
-
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t m);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t n, size_t m);
-void *__wrap_realloc(void *p, size_t n);
-
-static long countdown = -1; /* < 0: disarmed */
-static bool persistent;     /* every allocation after the countdown fails */
-static unsigned failures;
-
-static bool fail_now(void)
-{
-    if (countdown < 0)
-        return false;
-    if (countdown == 0 || --countdown == 0) {
-        failures++;
-        if (!persistent)
-            countdown = -1;
-        return true;
-    }
-    return false;
-}
-
-void *__wrap_malloc(size_t n)
-{
-    return fail_now() ? NULL : __real_malloc(n);
-}
-
-void *__wrap_calloc(size_t n, size_t m)
-{
-    return fail_now() ? NULL : __real_calloc(n, m);
-}
-
-void *__wrap_realloc(void *p, size_t n)
-{
-    return fail_now() ? NULL : __real_realloc(p, n);
-}
+/* host allocation failures (armed only around the simulator's calls) */
+#include "fault_inject.h"
 
 /* ---- helpers ---- */
 

@@ -12,44 +12,7 @@
 
 #include "harness.h"
 
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t m);
-void *__real_realloc(void *p, size_t n);
-void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t n, size_t m);
-void *__wrap_realloc(void *p, size_t n);
-
-static long countdown = -1; /* < 0: disarmed */
-static bool persistent;      /* once failed, fail every later call */
-static unsigned failures;
-
-static bool fail_now(void)
-{
-    if (countdown < 0)
-        return false;
-    if (countdown == 0 || --countdown == 0) {
-        failures++;
-        if (!persistent)
-            countdown = -1;
-        return true;
-    }
-    return false;
-}
-
-void *__wrap_malloc(size_t n)
-{
-    return fail_now() ? NULL : __real_malloc(n);
-}
-
-void *__wrap_calloc(size_t n, size_t m)
-{
-    return fail_now() ? NULL : __real_calloc(n, m);
-}
-
-void *__wrap_realloc(void *p, size_t n)
-{
-    return fail_now() ? NULL : __real_realloc(p, n);
-}
+#include "fault_inject.h"
 
 static const char *model =
     "name: nomem\nmodel:\n  type: decoder\n  layers: 4\n  hidden: 32\n  heads: 4\n"
