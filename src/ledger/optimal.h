@@ -38,11 +38,48 @@ typedef struct {
 bool ml_opt_check(const ml_opt_chain *c, const int *seg, double *cost, uint64_t *peak);
 
 /* Solves. On ML_OK, *feasible says whether any plan fits; when it does, seg
- * (n entries) holds the plan and *cost its recompute FLOPs. max_states caps
- * the Pareto set per block boundary (0: 4096 up to 128 blocks, 256 beyond);
- * beyond it the set is thinned, never above the budget. Segments are at most
- * max(16, 2 ceil(sqrt(n))) blocks. ML_NOMEM otherwise. */
-ml_status ml_opt_solve(const ml_opt_chain *c, size_t max_states, int *seg, double *cost,
+ * (n entries) holds the plan and *cost its recompute FLOPs (summed as
+ * ml_opt_check does). cells is S, the most cells of the memory grid, each
+ * q bytes wide, q the least power of two above budget / S: at most one
+ * state per cell and block boundary (0: 2^22 / (n + 1), between 256 and
+ * 65536). Segments of any length are searched. Every returned plan meets
+ * every constraint (the prefixes are exact); its cost is at most that of
+ * any plan with t kept blocks and segments that meets the constraints with
+ * the budget lowered by t q, and it is the optimum when q = 1 or when no
+ * cell merged states (ml_opt_stats.merges; docs/optimal.md, "Guarantee").
+ * ML_NOMEM when out of memory, ML_RANGE for 2^31 blocks or states or more. */
+ml_status ml_opt_solve(const ml_opt_chain *c, size_t cells, int *seg, double *cost,
                        bool *feasible);
+
+/* The work of one solve, for tests and benchmarks. The bounds, with n
+ * blocks, S cells and rho the longest segment whose recomputed bytes fit
+ * the budget, are derived in docs/optimal.md, "Complexity". */
+typedef struct {
+    size_t cells;       /* S as used (at most the cells asked for) */
+    uint64_t cell_bytes; /* q: 1 means the search is exact */
+    size_t states;      /* front states over all boundaries: <= n S */
+    size_t segments;    /* open segments entered into cells: <= states + 1 */
+    size_t visits;      /* cells visited building the fronts: <= n S */
+    size_t steps;       /* segment extensions tried: <= n (rho + 1) */
+    size_t moves;       /* groups moved or dropped within cells:
+                           <= 2 segments (rho + 1) */
+    size_t merges;      /* times a cell kept a state over one with a smaller
+                           prefix: 0 means the plan is optimal */
+} ml_opt_stats;
+
+/* ml_opt_solve, and on ML_OK (feasible or not) *stats, when not NULL. */
+ml_status ml_opt_solve_stats(const ml_opt_chain *c, size_t cells, int *seg, double *cost,
+                             bool *feasible, ml_opt_stats *stats);
+
+/* Memory that successive solves share (the planner's rounds), so that a
+ * solve after the first touches no fresh pages. Create returns NULL when
+ * out of memory; destroy accepts NULL. */
+typedef struct ml_opt_work ml_opt_work;
+ml_opt_work *ml_opt_work_create(void);
+void ml_opt_work_destroy(ml_opt_work *w);
+
+/* ml_opt_solve_stats in w's memory; w stays usable after any status. */
+ml_status ml_opt_solve_in(ml_opt_work *w, const ml_opt_chain *c, size_t cells, int *seg,
+                          double *cost, bool *feasible, ml_opt_stats *stats);
 
 #endif

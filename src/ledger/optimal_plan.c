@@ -129,9 +129,11 @@ ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_
     ml_summary res = l->sum;
     ml_opt_block *ob = calloc(n ? n : 1, sizeof *ob);
     int *oseg = calloc(n ? n : 1, sizeof *oseg);
-    if (!ob || !oseg) {
+    ml_opt_work *ow = ml_opt_work_create(); /* shared by the rounds */
+    if (!ob || !oseg || !ow) {
         free(ob);
         free(oseg);
+        ml_opt_work_destroy(ow);
         return ml_errorf(err, ML_NOMEM, "out of memory");
     }
     size_t lo, hi;
@@ -142,7 +144,7 @@ ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_
     for (int round = 0; round < 8 && !*fits; round++) {
         bool feasible = false;
         double cost = 0;
-        if ((st = ml_opt_solve(&oc, 0, oseg, &cost, &feasible)))
+        if ((st = ml_opt_solve_in(ow, &oc, 0, oseg, &cost, &feasible, NULL)))
             break;
         if (!feasible)
             break;
@@ -162,6 +164,7 @@ ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_
     }
     free(ob);
     free(oseg);
+    ml_opt_work_destroy(ow);
     if (st)
         return st;
     if (*fits)

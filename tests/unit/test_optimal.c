@@ -286,6 +286,301 @@ static void test_optimal_never_worse_than_a_fixed_policy(void **state)
     ml_model_destroy(m);
 }
 
+/* An independent exact solver for longer chains than brute force reaches:
+ * every transition of every boundary, sorted and pruned to the Pareto front
+ * of (prefix, cost, blocks recomputed), segments of any length, the
+ * constraints written out as docs/optimal.md states them (the test chains'
+ * bytes are small: no overflow). */
+typedef struct {
+    uint64_t P;
+    double cost;
+    uint32_t nrec;
+} ref_state;
+
+static int ref_order(const void *a, const void *b)
+{
+    const ref_state *x = a, *y = b;
+    if (x->P != y->P)
+        return x->P < y->P ? -1 : 1;
+    if (x->cost != y->cost)
+        return x->cost < y->cost ? -1 : 1;
+    return (x->nrec > y->nrec) - (x->nrec < y->nrec);
+}
+
+static bool reference(const ml_opt_chain *c, double *best)
+{
+    const size_t n = c->n;
+    const uint64_t M = c->budget;
+    ref_state **lv = calloc(n + 1, sizeof *lv);
+    size_t *cnt = calloc(n + 1, sizeof *cnt), *cap = calloc(n + 1, sizeof *cap);
+    assert_non_null(lv);
+    assert_non_null(cnt);
+    assert_non_null(cap);
+#define REF_PUSH(l, s)                                                                        \
+    do {                                                                                      \
+        if (cnt[l] == cap[l]) {                                                               \
+            cap[l] = cap[l] ? 2 * cap[l] : 64;                                                \
+            lv[l] = realloc(lv[l], cap[l] * sizeof *lv[l]);                                   \
+            assert_non_null(lv[l]);                                                           \
+        }                                                                                     \
+        lv[l][cnt[l]++] = (s);                                                                \
+    } while (0)
+    REF_PUSH(0, ((ref_state){0, 0, 0}));
+    for (size_t i = 0; i <= n; i++) {
+        qsort(lv[i], cnt[i], sizeof *lv[i], ref_order);
+        size_t k = 0;
+        for (size_t j = 0; j < cnt[i]; j++) {
+            const ref_state *s = &lv[i][j];
+            if (k == 0 || s->cost < lv[i][k - 1].cost ||
+                (s->cost == lv[i][k - 1].cost && s->nrec < lv[i][k - 1].nrec))
+                lv[i][k++] = *s;
+        }
+        cnt[i] = k;
+        if (i == n)
+            break;
+        const ml_opt_block *b = &c->blk[i];
+        for (size_t j = 0; j < cnt[i]; j++) {
+            const ref_state s = lv[i][j];
+            if (c->base_f + s.P + b->fwd <= M && b->base_b + s.P + b->keep + b->bwd <= M)
+                REF_PUSH(i + 1, ((ref_state){s.P + b->keep, s.cost, s.nrec}));
+            uint64_t R = 0;
+            double f = s.cost;
+            for (size_t e = i; e < n; e++) {
+                const ml_opt_block *be = &c->blk[e];
+                R += be->recomp;
+                f += be->flops;
+                if (c->base_f + s.P + (e > i ? b->input : 0) + be->fwd_ng > M ||
+                    be->base_b + s.P + b->input + R + be->bwd > M)
+                    break;
+                REF_PUSH(e + 1, ((ref_state){s.P + b->input, f, s.nrec + (uint32_t)(e - i + 1)}));
+            }
+        }
+    }
+#undef REF_PUSH
+    bool any = false;
+    for (size_t j = 0; j < cnt[n]; j++)
+        if (c->base_t + lv[n][j].P <= M && (!any || lv[n][j].cost < *best)) {
+            *best = lv[n][j].cost;
+            any = true;
+        }
+    for (size_t i = 0; i <= n; i++)
+        free(lv[i]);
+    free(lv);
+    free(cnt);
+    free(cap);
+    return any;
+}
+
+/* Kept blocks plus segments: the transitions t of docs/optimal.md's bound. */
+static size_t transitions(const int *seg, size_t n)
+{
+    size_t t = 0;
+    for (size_t i = 0; i < n; i++)
+        t += seg[i] < 0 || i == 0 || seg[i] != seg[i - 1];
+    return t;
+}
+
+/* Chains of 13 to 60 blocks with budgets under 65,536 bytes (one byte per
+ * cell: the search is exact) against the reference. */
+static void test_exact_equals_reference(void **state)
+{
+    (void)state;
+    enum { N = 60 };
+    ml_opt_block blk[N];
+    int seg[N];
+    size_t feasible_cases = 0;
+    for (int trial = 0; trial < 120; trial++) {
+        size_t n = 13 + (size_t)(next() % (N - 12));
+        random_chain(blk, n);
+        /* every other chain bound by its forward passes: large no_grad
+         * high-water marks, small backward needs */
+        for (size_t i = 0; trial % 2 && i < n; i++) {
+            blk[i].fwd_ng = blk[i].input + between(100, 700);
+            blk[i].bwd = between(0, 20);
+            blk[i].base_b = between(0, 50);
+        }
+        uint64_t total = 0;
+        for (size_t i = 0; i < n; i++)
+            total += blk[i].keep;
+        ml_opt_chain c = {n, blk, between(0, 300), between(0, 800), 0};
+        c.budget = between(1200, 1500 + total);
+        double best = 0, cost = 0;
+        bool feasible = false;
+        ml_opt_stats st;
+        bool any = reference(&c, &best);
+        assert_int_equal(ml_opt_solve_stats(&c, 0, seg, &cost, &feasible, &st), ML_OK);
+        assert_int_equal(st.cell_bytes, 1);
+        assert_int_equal(feasible, any);
+        if (!any)
+            continue;
+        feasible_cases++;
+        assert_rel_close(cost, best, 0);
+        double c2;
+        uint64_t peak;
+        assert_true(ml_opt_check(&c, seg, &c2, &peak));
+        assert_rel_close(c2, cost, 0);
+        assert_true(peak <= c.budget);
+    }
+    assert_true(feasible_cases > 60);
+}
+
+/* The guarantee with q-byte cells (docs/optimal.md, "Guarantee"): the plan
+ * fits the budget, costs no more than any plan with t kept blocks and
+ * segments that fits the budget lowered by t q (the plans to beat: the
+ * exact optima at lowered budgets), and is the optimum when no cell merged
+ * states. */
+static void test_grid_gap_is_bounded(void **state)
+{
+    (void)state;
+    enum { N = 30 };
+    ml_opt_block blk[N];
+    int seg[N], eseg[N];
+    const size_t cells[] = {4, 16, 64, 256, 2048};
+    size_t compared = 0, exact_cases = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        size_t n = 5 + (size_t)(next() % (N - 4));
+        random_chain(blk, n);
+        uint64_t total = 0;
+        for (size_t i = 0; i < n; i++)
+            total += blk[i].keep;
+        ml_opt_chain c = {n, blk, between(0, 300), between(0, 800), 0};
+        c.budget = between(1500, 1500 + total);
+        for (size_t s = 0; s < sizeof cells / sizeof cells[0]; s++) {
+            double cost = 0, ecost = 0;
+            bool feasible = false, efeasible = false;
+            ml_opt_stats st;
+            assert_int_equal(ml_opt_solve_stats(&c, cells[s], seg, &cost, &feasible, &st), ML_OK);
+            assert_true(st.cells <= cells[s]);
+            assert_true(st.cell_bytes > c.budget / cells[s]);
+            if (feasible) {
+                uint64_t peak;
+                assert_true(ml_opt_check(&c, seg, NULL, &peak));
+                assert_true(peak <= c.budget);
+            }
+            /* no merge: the exact optimum */
+            assert_int_equal(ml_opt_solve(&c, 65536, eseg, &ecost, &efeasible), ML_OK);
+            if (st.merges == 0) {
+                exact_cases++;
+                assert_int_equal(feasible, efeasible);
+                if (feasible)
+                    assert_rel_close(cost, ecost, 0);
+            }
+            ml_opt_chain lowered = c;
+            for (uint64_t k = 1; k <= n && k * st.cell_bytes <= c.budget; k++) {
+                lowered.budget = c.budget - k * st.cell_bytes;
+                assert_int_equal(ml_opt_solve(&lowered, 65536, eseg, &ecost, &efeasible), ML_OK);
+                if (!efeasible || transitions(eseg, n) > k)
+                    continue;
+                compared++;
+                assert_true(feasible);
+                assert_true(cost <= ecost);
+            }
+        }
+    }
+    assert_true(compared > 100);
+    assert_true(exact_cases > 5);
+}
+
+/* The work of a solve (docs/optimal.md, "Complexity"), counted, never
+ * timed: at most one state per cell and boundary, one open segment per
+ * state, each cell visited at most once per boundary, segment extensions
+ * bounded by the longest segment whose recomputed bytes fit the budget. */
+static void check_work(const ml_opt_chain *c, size_t cells)
+{
+    const size_t n = c->n;
+    size_t rho = 0;
+    for (size_t s = 0; s < n; s++) {
+        uint64_t R = 0;
+        size_t e = s;
+        while (e < n && (R += c->blk[e].recomp) <= c->budget)
+            e++;
+        if (e - s > rho)
+            rho = e - s;
+    }
+    int *seg = malloc(n * sizeof *seg);
+    assert_non_null(seg);
+    double cost;
+    bool feasible;
+    ml_opt_stats st;
+    assert_int_equal(ml_opt_solve_stats(c, cells, seg, &cost, &feasible, &st), ML_OK);
+    const size_t S = st.cells;
+    if (cells)
+        assert_true(S <= cells);
+    if (st.states > n * S || st.visits > n * S || st.segments > st.states + 1 ||
+        st.steps > n * (rho + 1) || st.moves > 2 * st.segments * (rho + 1))
+        fail_msg("n=%zu S=%zu rho=%zu: states %zu visits %zu segments %zu steps %zu moves %zu", n,
+                 S, rho, st.states, st.visits, st.segments, st.steps, st.moves);
+    assert_true(feasible);
+    uint64_t peak;
+    assert_true(ml_opt_check(c, seg, NULL, &peak));
+    assert_true(peak <= c->budget);
+    free(seg);
+}
+
+static void test_work_is_bounded(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {100, 1000, 4000};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = sizes[k];
+        ml_opt_block *blk = calloc(n, sizeof *blk);
+        assert_non_null(blk);
+        /* a decoder's blocks: all alike, large kept tensors, small inputs;
+         * a budget for about a quarter of them */
+        for (size_t i = 0; i < n; i++)
+            blk[i] = (ml_opt_block){630, 20, 610, 700, 220, 50, 1000, 7};
+        ml_opt_chain c = {n, blk, 1000, 1500, 3000 + 630 * (uint64_t)n / 4};
+        check_work(&c, 256);
+        check_work(&c, 0);
+        /* and a heterogeneous chain */
+        random_chain(blk, n);
+        uint64_t total = 0;
+        for (size_t i = 0; i < n; i++)
+            total += blk[i].keep;
+        c.base_f = c.base_t = 100;
+        c.budget = 2000 + total / 3;
+        check_work(&c, 256);
+        check_work(&c, 0);
+        free(blk);
+    }
+}
+
+/* One work for many solves (the planner's rounds): the same plans as fresh
+ * solves, whatever the sizes and grids before. */
+static void test_work_reuse(void **state)
+{
+    (void)state;
+    enum { N = 60 };
+    ml_opt_block blk[N];
+    int seg[N], wseg[N];
+    ml_opt_work *w = ml_opt_work_create();
+    assert_non_null(w);
+    for (int trial = 0; trial < 60; trial++) {
+        size_t n = 1 + (size_t)(next() % N);
+        random_chain(blk, n);
+        uint64_t total = 0;
+        for (size_t i = 0; i < n; i++)
+            total += blk[i].keep;
+        ml_opt_chain c = {n, blk, between(0, 300), between(0, 800), 0};
+        c.budget = between(300, 1500 + total);
+        size_t cells = trial % 3 ? 0 : (size_t)between(2, 300);
+        double cost = 0, wcost = 0;
+        bool feasible = false, wfeasible = false;
+        ml_opt_stats st, wst;
+        assert_int_equal(ml_opt_solve_stats(&c, cells, seg, &cost, &feasible, &st), ML_OK);
+        assert_int_equal(ml_opt_solve_in(w, &c, cells, wseg, &wcost, &wfeasible, &wst), ML_OK);
+        assert_int_equal(feasible, wfeasible);
+        assert_int_equal(st.states, wst.states);
+        assert_int_equal(st.merges, wst.merges);
+        if (feasible) {
+            assert_rel_close(cost, wcost, 0);
+            assert_memory_equal(seg, wseg, n * sizeof *seg);
+        }
+    }
+    ml_opt_work_destroy(w);
+    ml_opt_work_destroy(NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -295,6 +590,10 @@ int main(void)
         cmocka_unit_test(test_optimal_on_presets),
         cmocka_unit_test(test_optimal_matches_subset_search),
         cmocka_unit_test(test_optimal_never_worse_than_a_fixed_policy),
+        cmocka_unit_test(test_exact_equals_reference),
+        cmocka_unit_test(test_grid_gap_is_bounded),
+        cmocka_unit_test(test_work_is_bounded),
+        cmocka_unit_test(test_work_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
