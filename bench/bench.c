@@ -114,10 +114,12 @@ static void optimal_time(unsigned layers)
                   (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
     double t0 = now();
     bool fits = false;
+    double recompute = 0;
     for (int i = 0; i < reps; i++) {
         if (ml_ledger_evaluate(m, &c, false, &l, NULL) != ML_OK)
             break;
         fits = ml_ledger_summary(l)->fits;
+        recompute = ml_ledger_summary(l)->flops_recompute;
         ml_ledger_destroy(l);
     }
     double t = (now() - t0) / reps;
@@ -125,10 +127,10 @@ static void optimal_time(unsigned layers)
     double cpu = ((double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
                   (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6 - cpu0) /
                  reps;
-    printf("checkpoint optimal, %5u blocks: %8.2f ms per plan, %8.2f ms CPU (fits: %s; peak RSS "
-           "%.1f MiB, %.1f MiB before)\n",
-           layers, t * 1e3, cpu * 1e3, fits ? "yes" : "no", (double)ru.ru_maxrss / 1024,
-           (double)rss0 / 1024);
+    printf("checkpoint optimal, %5u blocks: %8.2f ms per plan, %8.2f ms CPU (fits: %s; "
+           "recompute %.4g FLOP; peak RSS %.1f MiB, %.1f MiB before)\n",
+           layers, t * 1e3, cpu * 1e3, fits ? "yes" : "no", recompute,
+           (double)ru.ru_maxrss / 1024, (double)rss0 / 1024);
     ml_model_destroy(m);
 }
 

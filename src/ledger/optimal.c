@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ledger/optimal.h"
+#include "ledger/optimal_cell.h"
 #include "util/grow.h"
 
 static bool add_ok(uint64_t a, uint64_t b, uint64_t *r)
@@ -36,7 +37,7 @@ static bool kept_ok(const ml_opt_chain *c, size_t i, uint64_t P, uint64_t *peak)
 
 /* Segment [s..e] at prefix P: extends a running check block by block. */
 typedef struct {
-    uint64_t recomputed; /* sum of recomp over s..j */
+    uint64_t recomputed; /* recreated bytes of s..j */
     bool ok;
 } segstate;
 
@@ -53,9 +54,11 @@ static void seg_step(const ml_opt_chain *c, size_t s, size_t j, uint64_t P, segs
     }
     if (!fits3(c->base_f, px, b->fwd_ng, c->budget, peak))
         st->ok = false;
-    /* backward of j after the recompute: blocks s..j recomputed */
+    /* backward of j after the recompute: blocks s..j recreated, the first
+     * without its input (the segment's x), the others whole (each one's
+     * input is the previous one's recreated output) */
     uint64_t r;
-    if (!add_ok(st->recomputed, b->recomp, &r)) {
+    if (!add_ok(st->recomputed, j == s ? b->recomp : b->keep, &r)) {
         st->ok = false;
         return;
     }
@@ -135,228 +138,6 @@ typedef struct {
 typedef uint32_t link;
 #define SEG 0x80000000u
 #define LCHUNK ((size_t)1 << 16)
-
-/* An open segment: it starts from state id (at some level s) and can end
- * at levels s+1..until. Its cost at level i is key + F(i) and its
- * nrec nkey + i, with F the prefix sums of the FLOPs, so open segments from
- * different starts compare the same at every level. */
-typedef struct {
-    uint64_t P; /* prefix after the segment: the state's P plus the input x */
-    double key;
-    int32_t nkey;
-    uint32_t until, id;
-} entry;
-
-/* Open segments of one cell with equal (P, key, nkey) form a group: they
- * differ only in where they start, which decides ties (the earliest start
- * that is still open wins, see better()). Its members, in a pool, are
- * linked oldest first; a member that closes no later than a younger one
- * is useless and never kept, so their until rises along the list. */
-typedef struct {
-    uint32_t id, until, next;
-} member;
-#define NIL UINT32_MAX
-
-typedef struct {
-    member *v;
-    size_t n, cap;
-    uint32_t free; /* a list through next */
-} pool;
-
-typedef struct {
-    uint64_t P;
-    double key;
-    int32_t nkey;
-    uint32_t until;       /* its last (longest-open) member's */
-    uint32_t first, last; /* members */
-    member oldest;        /* a copy of the first: read at every visit */
-} group;
-
-/* The groups of one memory cell, v[head..n): until ascending, each strictly
- * better than the next. A group that closes no earlier and is no worse
- * than another makes that one useless, so the cell's best open segment is
- * always the oldest open member of v[head] (a staircase; docs/optimal.md). */
-typedef struct {
-    group *v;
-    uint32_t head, n;
-    size_t cap;
-} cell;
-
-/* a strictly better than b: cheaper, then fewer recomputed blocks, then the
- * smaller prefix, then the lower rank: the earlier predecessor (by id), and
- * from the same one keeping before a segment (the order in which the search
- * meets them, so equal plans resolve the same way every time) */
-static bool better(double ca, int64_t ra, uint64_t pa, uint64_t ka, double cb, int64_t rb,
-                   uint64_t pb, uint64_t kb)
-{
-    if (ca != cb)
-        return ca < cb;
-    if (ra != rb)
-        return ra < rb;
-    if (pa != pb)
-        return pa < pb;
-    return ka < kb;
-}
-
-static uint64_t rank(uint32_t id, bool segment)
-{
-    return (uint64_t)id << 1 | segment;
-}
-
-/* group g against the open segment e, by value only */
-static bool group_better(const group *g, const entry *e)
-{
-    return better(g->key, g->nkey, g->P, 0, e->key, e->nkey, e->P, 0);
-}
-
-static bool entry_better(const entry *e, const group *g)
-{
-    return better(e->key, e->nkey, e->P, 0, g->key, g->nkey, g->P, 0);
-}
-
-static uint32_t member_new(pool *pl, const entry *e)
-{
-    uint32_t i = pl->free;
-    if (i != NIL) {
-        pl->free = pl->v[i].next;
-    } else {
-        member *v = pl->n < NIL ? ml_grow(pl->v, pl->n, &pl->cap, sizeof *v, 1024) : NULL;
-        if (!v)
-            return NIL;
-        pl->v = v;
-        i = (uint32_t)pl->n++;
-    }
-    pl->v[i] = (member){e->id, e->until, NIL};
-    return i;
-}
-
-static void members_free(pool *pl, uint32_t first, uint32_t last)
-{
-    if (first == NIL)
-        return;
-    pl->v[last].next = pl->free;
-    pl->free = first;
-}
-
-/* Enters e into its cell: as a new member of its group, as a new group
- * (dropping the groups it makes useless), or not at all. */
-static bool cell_put(cell *c, pool *pl, const entry *e, ml_opt_stats *sx)
-{
-    /* the first group no better than e (values worsen along v) */
-    uint32_t lo = c->head, hi = c->n;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (group_better(&c->v[mid], e))
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo < c->n && !entry_better(e, &c->v[lo])) { /* equal value: a member */
-        group *g = &c->v[lo];
-        if (e->until <= g->until)
-            return true;
-        uint32_t m = member_new(pl, e);
-        if (m == NIL)
-            return false;
-        pl->v[g->last].next = m;
-        if (g->first == g->last)
-            g->oldest.next = m;
-        g->last = m;
-        g->until = e->until;
-        uint32_t j = lo + 1; /* worse and now closing no later */
-        while (j < c->n && c->v[j].until <= e->until) {
-            sx->merges += c->v[j].P < e->P;
-            members_free(pl, c->v[j].first, c->v[j].last);
-            j++;
-        }
-        memmove(c->v + lo + 1, c->v + j, (c->n - j) * sizeof *c->v);
-        sx->moves += (j - lo - 1) + (c->n - j);
-        c->n -= j - lo - 1;
-        return true;
-    }
-    /* a new value: its place by until (usually after every group) */
-    lo = c->head;
-    hi = c->n;
-    if (hi > lo && c->v[hi - 1].until < e->until)
-        lo = hi;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (c->v[mid].until < e->until)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    uint32_t p = lo;
-    if (p < c->n && group_better(&c->v[p], e)) { /* better and open as long */
-        sx->merges += e->P < c->v[p].P;
-        return true;
-    }
-    uint32_t end = p < c->n && c->v[p].until == e->until ? p + 1 : p;
-    uint32_t k = p;
-    while (k > c->head && !group_better(&c->v[k - 1], e))
-        k--;
-    uint32_t m = member_new(pl, e);
-    if (m == NIL)
-        return false;
-    const group ng = {e->P, e->key, e->nkey, e->until, m, m, pl->v[m]};
-    for (uint32_t j = k; j < end; j++) {
-        sx->merges += c->v[j].P < e->P;
-        members_free(pl, c->v[j].first, c->v[j].last);
-    }
-    sx->moves += end - k;
-    if (k < end) { /* ng replaces v[k..end) */
-        c->v[k] = ng;
-        memmove(c->v + k + 1, c->v + end, (c->n - end) * sizeof *c->v);
-        c->n -= end - k - 1;
-        sx->moves += c->n - k - 1;
-        return true;
-    }
-    if (c->head && c->n == c->cap) { /* reuse the closed groups' room */
-        memmove(c->v, c->v + c->head, (c->n - c->head) * sizeof *c->v);
-        p -= c->head;
-        c->n -= c->head;
-        sx->moves += c->n;
-        c->head = 0;
-    }
-    group *v = ml_grow(c->v, c->n, &c->cap, sizeof *v, 4);
-    if (!v) {
-        members_free(pl, m, m);
-        return false;
-    }
-    c->v = v;
-    memmove(v + p + 1, v + p, (c->n - p) * sizeof *v);
-    sx->moves += c->n - p;
-    v[p] = ng;
-    c->n++;
-    return true;
-}
-
-/* The cell's best open segment at level L: closed groups and members
- * released; false when none is left. */
-static bool cell_best(cell *c, pool *pl, uint32_t L, const group **g, const member **mb)
-{
-    while (c->head < c->n && c->v[c->head].until < L) {
-        members_free(pl, c->v[c->head].first, c->v[c->head].last);
-        c->head++;
-    }
-    if (c->head == c->n) {
-        c->head = c->n = 0;
-        return false;
-    }
-    group *h = &c->v[c->head];
-    while (h->oldest.until < L) { /* the last member is open */
-        uint32_t nx = h->oldest.next;
-        members_free(pl, h->first, h->first);
-        h->first = nx;
-        h->oldest = pl->v[nx];
-        /* the next to close, usually at the next boundary */
-        if (h->oldest.next != NIL)
-            __builtin_prefetch(&pl->v[h->oldest.next]);
-    }
-    *g = h;
-    *mb = &h->oldest;
-    return true;
-}
 
 /* Room for need elements of elem bytes in *v (capacity *cap). */
 static bool reserve(void **v, size_t *cap, size_t need, size_t elem)
@@ -499,8 +280,40 @@ static bool work_ready(ml_opt_work *w, size_t n, size_t ncell)
     return reserve((void **)&w->cur, &w->capcur, 1, sizeof *w->cur);
 }
 
-ml_status ml_opt_solve_in(ml_opt_work *w, const ml_opt_chain *c, size_t cells, int *seg,
-                          double *cost, bool *feasible, ml_opt_stats *stats)
+/* One solve in progress: the grid, the current front (w->cur, m states)
+ * and the links pushed so far. */
+typedef struct {
+    ml_opt_work *w;
+    const ml_opt_chain *c;
+    uint64_t M;    /* the budget */
+    uint64_t Pend; /* the largest prefix the tail admits */
+    unsigned qs;   /* a prefix's cell is P >> qs */
+    size_t ncell, nw;
+    size_t m;   /* states on the current front */
+    size_t nln; /* links pushed */
+    ml_opt_stats sx;
+} solve;
+
+/* Links live in fixed chunks: never copied as they grow. */
+static ml_status push_link(solve *s, link l)
+{
+    ml_opt_work *w = s->w;
+    if (s->nln >= SEG)
+        return ML_RANGE;
+    if (s->nln / LCHUNK == w->nchunks) {
+        if (!reserve((void **)&w->ln, &w->capln, w->nchunks + 1, sizeof *w->ln) ||
+            !(w->ln[w->nchunks] = malloc(LCHUNK * sizeof **w->ln)))
+            return ML_NOMEM;
+        w->nchunks++;
+    }
+    w->ln[s->nln / LCHUNK][s->nln % LCHUNK] = l;
+    s->nln++;
+    return ML_OK;
+}
+
+/* The grid for c (at most `cells` cells), the per-block needs, and the
+ * front of boundary 0: the empty prefix. */
+static ml_status solve_begin(solve *s, ml_opt_work *w, const ml_opt_chain *c, size_t cells)
 {
     const size_t n = c->n;
     const uint64_t M = c->budget;
@@ -516,232 +329,229 @@ ml_status ml_opt_solve_in(ml_opt_work *w, const ml_opt_chain *c, size_t cells, i
     unsigned qs = 0;
     while (qs < 63 && (M >> qs) >= cells)
         qs++;
-    const uint64_t q = (uint64_t)1 << qs;
-    const size_t ncell = (size_t)(M >> qs) + 1;
-    ml_opt_stats sx = {ncell, q, 0, 0, 0, 0, 0, 0};
+    *s = (solve){w, c, M, 0, qs, (size_t)(M >> qs) + 1, 0, 1, 0, {0}};
+    s->nw = (s->ncell + 63) / 64;
+    s->sx = (ml_opt_stats){s->ncell, (uint64_t)1 << qs, 0, 0, 0, 0, 0, 0};
     /* prefixes never fall and the tail needs base_t + P <= M: a state
      * above Pend is dead (when base_t > M, the tail rejects every one) */
-    const uint64_t Pend = c->base_t <= M ? M - c->base_t : 0;
-    if (!work_ready(w, n, ncell))
+    s->Pend = c->base_t <= M ? M - c->base_t : 0;
+    if (!work_ready(w, n, s->ncell))
         return ML_NOMEM;
     /* per block: what its forward (base_f + v) and its backward (b + w)
      * need besides the prefix, the segment input and the recomputed bytes;
      * ok false when either is beyond 64 bits (then nothing fits) */
-    double *F = w->F;
-    uint64_t *needF = w->needF, *needB = w->needB, *thr = w->thr;
-    bool *ok = w->ok;
-    size_t *off = w->off;
-    /* fronts grow as needed (at most ncell states) */
-    node *cur = w->cur, *nxt = w->nxt, *kc = w->kc;
-    uint32_t *kfrom = w->kfrom;
-    size_t capcur = w->capcur, capnxt = w->capnxt, capkc = w->capkc, capkf = w->capkf;
-    cell *cl = w->cl;
-    const size_t nw = (ncell + 63) / 64;
-    uint64_t *bits = w->bits;
-    /* links in fixed chunks: never copied as they grow */
-    size_t nln = 0;
-    pool *pl = &w->pl;
-    ml_status st = ML_OK;
-    F[0] = 0;
+    w->F[0] = 0;
     for (size_t i = 0; i < n; i++) {
         const ml_opt_block *b = &c->blk[i];
-        F[i + 1] = F[i] + b->flops;
-        ok[i] = add_ok(c->base_f, b->fwd_ng, &needF[i]) && add_ok(b->base_b, b->bwd, &needB[i]);
+        w->F[i + 1] = w->F[i] + b->flops;
+        w->ok[i] = add_ok(c->base_f, b->fwd_ng, &w->needF[i]) &&
+                   add_ok(b->base_b, b->bwd, &w->needB[i]);
     }
-#define PUSH_LINK(l_)                                                                         \
-    do {                                                                                      \
-        if (nln >= SEG) {                                                                     \
-            st = ML_RANGE;                                                                    \
-            goto out;                                                                         \
-        }                                                                                     \
-        if (nln / LCHUNK == w->nchunks) {                                                     \
-            if (!reserve((void **)&w->ln, &w->capln, w->nchunks + 1, sizeof *w->ln) ||        \
-                !(w->ln[w->nchunks] = malloc(LCHUNK * sizeof **w->ln))) {                     \
-                st = ML_NOMEM;                                                                \
-                goto out;                                                                     \
-            }                                                                                 \
-            w->nchunks++;                                                                     \
-        }                                                                                     \
-        w->ln[nln / LCHUNK][nln % LCHUNK] = (l_);                                             \
-        nln++;                                                                                \
-    } while (0)
-    size_t m = 1;
-    cur[0] = (node){0, 0, 0};
-    off[0] = 0;
-    PUSH_LINK(0);
-    off[1] = 1;
-    for (size_t i = 0; i < n; i++) {
-        const ml_opt_block *b = &c->blk[i];
-        /* segments starting at i: thr[r] is the largest prefix with which
-         * the segment i..i+r meets every constraint (non-increasing in r):
-         * at most M - needF(i) (its forward, the input not yet kept) and
-         * M - x - U, U the largest need of the blocks so far (seg_step) */
-        size_t reach = 0;
-        uint64_t Tf, Mx, lim;
-        if (ok[i] && needF[i] <= M && cur[0].P <= M - needF[i] &&
-            add_ok(b->input, cur[0].P, &lim) && lim <= M) {
-            Tf = M - needF[i];
-            Mx = M - b->input;
-            lim = Mx - cur[0].P;
-            uint64_t U = 0, R = 0;
-            for (size_t e = i; e < n; e++) {
-                uint64_t need;
-                sx.steps++;
-                if (!ok[e] || !add_ok(R, c->blk[e].recomp, &R) || !add_ok(needB[e], R, &need))
-                    break;
-                if (e > i && needF[e] > need)
-                    need = needF[e];
-                if (need > U)
-                    U = need;
-                if (U > lim)
-                    break;
-                thr[reach++] = Mx - U < Tf ? Mx - U : Tf;
-            }
-        }
-        /* fronts are P ascending, so each state reaches no further than
-         * the one before it */
-        for (size_t k = 0, r = reach; k < m; k++) {
-            while (r && thr[r - 1] < cur[k].P)
-                r--;
-            if (!r)
-                break;
-            entry en = {cur[k].P + b->input, cur[k].cost - F[i],
-                        (int32_t)cur[k].nrec - (int32_t)i, (uint32_t)(i + r),
-                        (uint32_t)(off[i] + k)};
-            if (en.P > Pend)
-                break;
-            size_t ci = (size_t)(en.P >> qs);
-            sx.segments++;
-            const bool fresh = !cl[ci].cap;
-            if ((fresh && !reserve((void **)&w->used, &w->capused, w->nused + 1,
-                                   sizeof *w->used)) ||
-                !cell_put(&cl[ci], pl, &en, &sx)) {
-                st = ML_NOMEM;
-                goto out;
-            }
-            if (fresh && cl[ci].cap)
-                w->used[w->nused++] = (uint32_t)ci;
-            bits[ci / 64] |= 1ull << (ci % 64);
-        }
-        /* keeping block i */
-        size_t mk = 0;
-        uint64_t K1, K2;
-        if (!reserve((void **)&kc, &capkc, m, sizeof *kc) ||
-            !reserve((void **)&kfrom, &capkf, m, sizeof *kfrom) ||
-            !reserve((void **)&nxt, &capnxt, m + 1, sizeof *nxt)) {
-            st = ML_NOMEM;
-            goto out;
-        }
-        const uint64_t kf[] = {c->base_f, b->fwd};
-        const uint64_t kb[] = {b->base_b, b->keep, b->bwd};
-        if (room(M, kf, 2, &K1) && room(M, kb, 3, &K2) && b->keep <= Pend) {
-            uint64_t K = K1 < K2 ? K1 : K2;
-            if (K > Pend - b->keep)
-                K = Pend - b->keep;
-            for (size_t k = 0; k < m && cur[k].P <= K; k++) {
-                kc[mk] = (node){cur[k].P + b->keep, cur[k].cost, cur[k].nrec};
-                kfrom[mk++] = (uint32_t)k;
-            }
-        }
-        /* the front of level L = i + 1: per cell the best of the kept
-         * states and of the cell's best open segment, then the Pareto
-         * front over the cells (P ascending, cost strictly descending) */
-        const uint32_t L = (uint32_t)(i + 1);
-        size_t m2 = 0, kp = 0, ce = next_bit(bits, nw, 0, ncell);
-        for (;;) {
-            size_t ck = kp < mk ? (size_t)(kc[kp].P >> qs) : ncell;
-            size_t ci = ce < ck ? ce : ck;
-            if (ci >= ncell)
-                break;
-            const bool open = ce == ci;
-            if (open) { /* the next cell with open segments, fetched early */
-                ce = next_bit(bits, nw, ci + 1, ncell);
-                if (ce < ncell)
-                    __builtin_prefetch(&cl[ce].v[cl[ce].head]);
-            }
-            sx.visits++;
-            bool have = false;
-            node best = {0, 0, 0};
-            link from = 0;
-            uint64_t brank = 0;
-            uint64_t lowest = UINT64_MAX; /* the smallest prefix among the cell's candidates */
-            if (open) {
-                const group *h;
-                const member *hm;
-                if (!cell_best(&cl[ci], pl, L, &h, &hm)) {
-                    bits[ci / 64] &= ~(1ull << (ci % 64));
-                } else {
-                    best = (node){h->P, h->key + F[L], (uint32_t)(h->nkey + (int32_t)L)};
-                    from = hm->id | SEG;
-                    brank = rank(hm->id, true);
-                    have = true;
-                    /* the worse open segments below it */
-                    for (const group *g = h; g < cl[ci].v + cl[ci].n; g++)
-                        if (g->P < lowest)
-                            lowest = g->P;
-                }
-            }
-            for (; kp < mk && (size_t)(kc[kp].P >> qs) == ci; kp++) {
-                const uint32_t kid = (uint32_t)off[i] + kfrom[kp];
-                if (kc[kp].P < lowest)
-                    lowest = kc[kp].P;
-                uint64_t kr = rank(kid, false);
-                if (!have || better(kc[kp].cost, kc[kp].nrec, kc[kp].P, kr, best.cost, best.nrec,
-                                    best.P, brank)) {
-                    best = kc[kp];
-                    from = kid;
-                    brank = kr;
-                    have = true;
-                }
-            }
-            if (!have)
-                continue;
-            /* a candidate with a smaller prefix lost to a cheaper one */
-            sx.merges += lowest < best.P;
-            if (m2 && !better(best.cost, best.nrec, 0, 0, nxt[m2 - 1].cost, nxt[m2 - 1].nrec, 0, 0))
-                continue;
-            if (!reserve((void **)&nxt, &capnxt, m2 + 1, sizeof *nxt)) {
-                st = ML_NOMEM;
-                goto out;
-            }
-            nxt[m2++] = best;
-            PUSH_LINK(from);
-        }
-        off[L + 1] = nln;
-        sx.states += m2;
-        node *t = cur;
-        cur = nxt;
-        nxt = t;
-        size_t tc = capcur;
-        capcur = capnxt;
-        capnxt = tc;
-        m = m2;
-        if (!m)
-            break; /* nothing reaches this boundary: infeasible */
+    w->cur[0] = (node){0, 0, 0};
+    w->off[0] = 0;
+    w->off[1] = 1;
+    return push_link(s, 0);
+}
+
+/* How far segments starting at block i reach: thr[r] is the largest prefix
+ * with which the segment i..i+r meets every constraint (non-increasing in
+ * r): at most M - needF(i) (its forward, the input not yet kept) and
+ * M - x - U, U the largest need of the blocks so far (seg_step). */
+static size_t segment_reach(solve *s, size_t i)
+{
+    const ml_opt_chain *c = s->c;
+    const ml_opt_block *b = &c->blk[i];
+    const uint64_t M = s->M, *needF = s->w->needF, *needB = s->w->needB;
+    const bool *ok = s->w->ok;
+    uint64_t *thr = s->w->thr, lim;
+    size_t reach = 0;
+    if (!ok[i] || needF[i] > M || s->w->cur[0].P > M - needF[i] ||
+        !add_ok(b->input, s->w->cur[0].P, &lim) || lim > M)
+        return 0;
+    const uint64_t Tf = M - needF[i], Mx = M - b->input;
+    lim = Mx - s->w->cur[0].P;
+    uint64_t U = 0, R = 0;
+    for (size_t e = i; e < c->n; e++) {
+        uint64_t need;
+        s->sx.steps++;
+        /* the first block is recreated without its input (the kept x),
+         * the later ones whole */
+        const uint64_t re = e == i ? b->recomp : c->blk[e].keep;
+        if (!ok[e] || !add_ok(R, re, &R) || !add_ok(needB[e], R, &need))
+            break;
+        if (e > i && needF[e] > need)
+            need = needF[e];
+        if (need > U)
+            U = need;
+        if (U > lim)
+            break;
+        thr[reach++] = Mx - U < Tf ? Mx - U : Tf;
     }
-#undef PUSH_LINK
-    /* the tail: head and loss above everything kept; the front's cost
-     * falls as P rises, so the last state that fits is the cheapest */
-    size_t best = SIZE_MAX;
-    if (m) /* m = 0: the loop stopped at a boundary nothing reaches */
-        for (size_t k = 0; k < m; k++) {
-            uint64_t t;
-            if (add_ok(c->base_t, cur[k].P, &t) && t <= M)
-                best = k;
+    return reach;
+}
+
+/* Opens the segments starting at block i from the current front: each
+ * state's longest, entered into the cell of its prefix after the input. */
+static ml_status open_segments(solve *s, size_t i)
+{
+    ml_opt_work *w = s->w;
+    const uint64_t input = s->c->blk[i].input;
+    const node *cur = w->cur;
+    const uint64_t *thr = w->thr;
+    /* fronts are P ascending, so each state reaches no further than the
+     * one before it */
+    for (size_t k = 0, r = segment_reach(s, i); k < s->m; k++) {
+        while (r && thr[r - 1] < cur[k].P)
+            r--;
+        if (!r)
+            break;
+        entry en = {cur[k].P + input, cur[k].cost - w->F[i],
+                    (int32_t)cur[k].nrec - (int32_t)i, (uint32_t)(i + r),
+                    (uint32_t)(w->off[i] + k)};
+        if (en.P > s->Pend)
+            break;
+        size_t ci = (size_t)(en.P >> s->qs);
+        cell *cl = &w->cl[ci];
+        s->sx.segments++;
+        const bool fresh = !cl->cap;
+        if ((fresh && !reserve((void **)&w->used, &w->capused, w->nused + 1, sizeof *w->used)) ||
+            !ml_oc_put(cl, &w->pl, &en, &s->sx))
+            return ML_NOMEM;
+        if (fresh && cl->cap)
+            w->used[w->nused++] = (uint32_t)ci;
+        w->bits[ci / 64] |= 1ull << (ci % 64);
+    }
+    return ML_OK;
+}
+
+/* The states that keep block i (into w->kc, from w->kfrom); *mk of them. */
+static ml_status keep_block(solve *s, size_t i, size_t *mk)
+{
+    ml_opt_work *w = s->w;
+    const ml_opt_chain *c = s->c;
+    const ml_opt_block *b = &c->blk[i];
+    *mk = 0;
+    if (!reserve((void **)&w->kc, &w->capkc, s->m, sizeof *w->kc) ||
+        !reserve((void **)&w->kfrom, &w->capkf, s->m, sizeof *w->kfrom) ||
+        !reserve((void **)&w->nxt, &w->capnxt, s->m + 1, sizeof *w->nxt))
+        return ML_NOMEM;
+    const uint64_t kf[] = {c->base_f, b->fwd};
+    const uint64_t kb[] = {b->base_b, b->keep, b->bwd};
+    uint64_t K1, K2;
+    if (!room(s->M, kf, 2, &K1) || !room(s->M, kb, 3, &K2) || b->keep > s->Pend)
+        return ML_OK;
+    uint64_t K = K1 < K2 ? K1 : K2;
+    if (K > s->Pend - b->keep)
+        K = s->Pend - b->keep;
+    const node *cur = w->cur;
+    for (size_t k = 0; k < s->m && cur[k].P <= K; k++) {
+        w->kc[*mk] = (node){cur[k].P + b->keep, cur[k].cost, cur[k].nrec};
+        w->kfrom[(*mk)++] = (uint32_t)k;
+    }
+    return ML_OK;
+}
+
+/* The best candidate of one cell at level L. */
+typedef struct {
+    bool have;
+    node best;
+    link from;
+    uint64_t rank;
+    uint64_t lowest; /* the smallest prefix among the cell's candidates */
+} candidate;
+
+static void offer_open(solve *s, size_t ci, uint32_t L, candidate *cd)
+{
+    ml_opt_work *w = s->w;
+    const group *h;
+    const member *hm;
+    if (!ml_oc_best(&w->cl[ci], &w->pl, L, &h, &hm)) {
+        w->bits[ci / 64] &= ~(1ull << (ci % 64));
+        return;
+    }
+    cd->best = (node){h->P, h->key + w->F[L], (uint32_t)(h->nkey + (int32_t)L)};
+    cd->from = hm->id | SEG;
+    cd->rank = ml_oc_rank(hm->id, true);
+    cd->have = true;
+    /* the worse open segments below it */
+    for (const group *g = h; g < w->cl[ci].v + w->cl[ci].n; g++)
+        if (g->P < cd->lowest)
+            cd->lowest = g->P;
+}
+
+/* The front of level L = i + 1 into w->nxt: per cell the best of the kept
+ * states (mk of them in w->kc) and of the cell's best open segment, then
+ * the Pareto front over the cells (P ascending, cost strictly descending);
+ * it becomes the current front. */
+static ml_status next_front(solve *s, size_t i, size_t mk)
+{
+    ml_opt_work *w = s->w;
+    const uint32_t L = (uint32_t)(i + 1);
+    const unsigned qs = s->qs;
+    const node *kc = w->kc;
+    size_t m2 = 0, kp = 0, ce = next_bit(w->bits, s->nw, 0, s->ncell);
+    ml_status st;
+    for (;;) {
+        size_t ck = kp < mk ? (size_t)(kc[kp].P >> qs) : s->ncell;
+        size_t ci = ce < ck ? ce : ck;
+        if (ci >= s->ncell)
+            break;
+        candidate cd = {false, {0, 0, 0}, 0, 0, UINT64_MAX};
+        if (ce == ci) { /* the next cell with open segments, fetched early */
+            ce = next_bit(w->bits, s->nw, ci + 1, s->ncell);
+            if (ce < s->ncell)
+                __builtin_prefetch(&w->cl[ce].v[w->cl[ce].head]);
+            offer_open(s, ci, L, &cd);
         }
-    *feasible = best != SIZE_MAX;
-    if (stats)
-        *stats = sx;
-    if (!*feasible)
-        goto out;
-    /* walk back; segment ids count from the end */
-    size_t lvl = n, g = off[n] + best;
+        s->sx.visits++;
+        for (; kp < mk && (size_t)(kc[kp].P >> qs) == ci; kp++) {
+            const uint32_t kid = (uint32_t)w->off[i] + w->kfrom[kp];
+            if (kc[kp].P < cd.lowest)
+                cd.lowest = kc[kp].P;
+            uint64_t kr = ml_oc_rank(kid, false);
+            if (!cd.have || ml_oc_better(kc[kp].cost, kc[kp].nrec, kc[kp].P, kr, cd.best.cost,
+                                         cd.best.nrec, cd.best.P, cd.rank))
+                cd = (candidate){true, kc[kp], kid, kr, cd.lowest};
+        }
+        if (!cd.have)
+            continue;
+        /* a candidate with a smaller prefix lost to a cheaper one */
+        s->sx.merges += cd.lowest < cd.best.P;
+        if (m2 && !ml_oc_better(cd.best.cost, cd.best.nrec, 0, 0, w->nxt[m2 - 1].cost,
+                                w->nxt[m2 - 1].nrec, 0, 0))
+            continue;
+        if (!reserve((void **)&w->nxt, &w->capnxt, m2 + 1, sizeof *w->nxt))
+            return ML_NOMEM;
+        w->nxt[m2++] = cd.best;
+        if ((st = push_link(s, cd.from)))
+            return st;
+    }
+    w->off[L + 1] = s->nln;
+    s->sx.states += m2;
+    node *t = w->cur;
+    w->cur = w->nxt;
+    w->nxt = t;
+    size_t tc = w->capcur;
+    w->capcur = w->capnxt;
+    w->capnxt = tc;
+    s->m = m2;
+    return ML_OK;
+}
+
+/* The plan of state `best` of the last front, walked back through the
+ * links into seg (segment ids count from the end); its cost as
+ * ml_opt_check sums it, block by block. */
+static double walk_back(const solve *s, size_t best, int *seg)
+{
+    const ml_opt_work *w = s->w;
+    const size_t n = s->c->n;
+    size_t lvl = n, g = w->off[n] + best;
     int id = 0;
     while (lvl > 0) {
         const link l = w->ln[g / LCHUNK][g % LCHUNK];
         g = l & ~SEG;
         size_t from = lvl - 1; /* the predecessor's level */
-        while (off[from] > g)
+        while (w->off[from] > g)
             from--;
         if (l & SEG) {
             for (size_t j = from; j < lvl; j++)
@@ -752,23 +562,42 @@ ml_status ml_opt_solve_in(ml_opt_work *w, const ml_opt_chain *c, size_t cells, i
         }
         lvl = from;
     }
-    /* the cost as ml_opt_check sums it, block by block */
     double f = 0;
     for (size_t j = 0; j < n; j++)
         if (seg[j] >= 0)
-            f += c->blk[j].flops;
-    *cost = f;
-out:
-    /* the arrays, grown or swapped, go back to the work */
-    w->cur = cur;
-    w->nxt = nxt;
-    w->kc = kc;
-    w->kfrom = kfrom;
-    w->capcur = capcur;
-    w->capnxt = capnxt;
-    w->capkc = capkc;
-    w->capkf = capkf;
-    return st;
+            f += s->c->blk[j].flops;
+    return f;
+}
+
+ml_status ml_opt_solve_in(ml_opt_work *w, const ml_opt_chain *c, size_t cells, int *seg,
+                          double *cost, bool *feasible, ml_opt_stats *stats)
+{
+    solve s;
+    ml_status st = solve_begin(&s, w, c, cells);
+    for (size_t i = 0; !st && i < c->n; i++) {
+        size_t mk;
+        if ((st = open_segments(&s, i)) || (st = keep_block(&s, i, &mk)) ||
+            (st = next_front(&s, i, mk)))
+            break;
+        if (!s.m)
+            break; /* nothing reaches this boundary: infeasible */
+    }
+    if (st)
+        return st;
+    /* the tail: head and loss above everything kept; the front's cost
+     * falls as P rises, so the last state that fits is the cheapest */
+    size_t best = SIZE_MAX;
+    for (size_t k = 0; k < s.m; k++) {
+        uint64_t t;
+        if (add_ok(c->base_t, w->cur[k].P, &t) && t <= s.M)
+            best = k;
+    }
+    *feasible = best != SIZE_MAX;
+    if (stats)
+        *stats = s.sx;
+    if (*feasible)
+        *cost = walk_back(&s, best, seg);
+    return ML_OK;
 }
 
 ml_status ml_opt_solve_stats(const ml_opt_chain *c, size_t cells, int *seg, double *cost,

@@ -15,8 +15,10 @@
 typedef struct {
     uint64_t keep;    /* a: kept from forward to backward when not checkpointed */
     uint64_t input;   /* x: the block's input, kept by a segment that starts here */
-    uint64_t recomp;  /* r: bytes recomputed for it inside a segment (keep less
-                         the input when it is part of keep) */
+    uint64_t recomp;  /* r: bytes recreated for it when it starts a segment (keep
+                         less the input when it is part of keep: the segment
+                         keeps that as x); a later block of a segment
+                         recreates all of keep, its input included */
     uint64_t fwd;     /* u: forward high-water when not checkpointed (incl. keep) */
     uint64_t fwd_ng;  /* v: forward high-water under no_grad (incl. its input) */
     uint64_t bwd;     /* w: backward high-water besides its own kept/recomputed bytes */

@@ -144,8 +144,12 @@ ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_
     for (int round = 0; round < 8 && !*fits; round++) {
         bool feasible = false;
         double cost = 0;
-        if ((st = ml_opt_solve_in(ow, &oc, 0, oseg, &cost, &feasible, NULL)))
+        if ((st = ml_opt_solve_in(ow, &oc, 0, oseg, &cost, &feasible, NULL))) {
+            /* the solver sets no message of its own */
+            ml_errorf(err, st,
+                      st == ML_NOMEM ? "out of memory" : "too many blocks for the optimal solver");
             break;
+        }
         if (!feasible)
             break;
         for (size_t k = 0; k < n; k++)

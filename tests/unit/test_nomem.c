@@ -54,16 +54,21 @@ static void reports(const ml_model *m, const ml_config *c, const ml_ledger *l,
     fclose(f);
 }
 
-/* One whole use of the library; returns its first failing status. */
-static ml_status use(const char *text, bool is_hf, const ml_profile *calib, answer *a)
+/* One whole use of the library; returns its first failing status, with its
+ * message in *e. */
+static ml_status use(const char *text, bool is_hf, const ml_profile *calib, answer *a,
+                     ml_error *e_out)
 {
     ml_model *m = NULL;
     ml_error e;
+    memset(&e, 0, sizeof e);
     memset(a, 0, sizeof *a);
     ml_status st = is_hf ? ml_model_load_hf_string(text, strlen(text), "config.json", &m, &e)
                          : ml_model_load_string(text, strlen(text), "nomem.yaml", &m, &e);
-    if (st)
+    if (st) {
+        *e_out = e;
         return st;
+    }
     ml_config c = ml_model_config(m);
     c.calib = calib;
     ml_compare_row rows[ML_COMPARE_ROWS];
@@ -93,20 +98,23 @@ static ml_status use(const char *text, bool is_hf, const ml_profile *calib, answ
         a->fit_batch = r.micro_batch;
     }
     ml_model_destroy(m);
+    *e_out = e;
     return st;
 }
 
 static void sweep(const char *text, bool is_hf, const ml_profile *calib)
 {
     answer want, got;
-    assert_int_equal(use(text, is_hf, calib, &want), ML_OK);
+    ml_error e;
+    assert_int_equal(use(text, is_hf, calib, &want, &e), ML_OK);
     for (int mode = 0; mode < 2; mode++) {
         persistent = mode == 1;
         unsigned nomem = 0;
         for (long n = 1;; n++) {
             unsigned before = failures;
             countdown = n;
-            ml_status st = use(text, is_hf, calib, &got);
+            memset(&e, 0, sizeof e);
+            ml_status st = use(text, is_hf, calib, &got, &e);
             countdown = -1;
             if (failures == before) {
                 /* no allocation was failed: the whole run succeeded */
@@ -116,6 +124,9 @@ static void sweep(const char *text, bool is_hf, const ml_profile *calib)
             if (st != ML_NOMEM && st != ML_OK)
                 fail_msg("allocation %ld failed (%s) and the call returned %s", n,
                          persistent ? "persistent" : "transient", ml_status_name(st));
+            if (st == ML_NOMEM && !strstr(e.msg, "out of memory"))
+                fail_msg("allocation %ld failed (%s): ML_NOMEM with the message \"%s\"", n,
+                         persistent ? "persistent" : "transient", e.msg);
             if (st == ML_NOMEM)
                 nomem++;
             else if (memcmp(&got, &want, sizeof got) != 0)

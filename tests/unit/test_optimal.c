@@ -347,7 +347,7 @@ static bool reference(const ml_opt_chain *c, double *best)
             double f = s.cost;
             for (size_t e = i; e < n; e++) {
                 const ml_opt_block *be = &c->blk[e];
-                R += be->recomp;
+                R += e == i ? be->recomp : be->keep;
                 f += be->flops;
                 if (c->base_f + s.P + (e > i ? b->input : 0) + be->fwd_ng > M ||
                     be->base_b + s.P + b->input + R + be->bwd > M)
@@ -492,7 +492,7 @@ static void check_work(const ml_opt_chain *c, size_t cells)
     for (size_t s = 0; s < n; s++) {
         uint64_t R = 0;
         size_t e = s;
-        while (e < n && (R += c->blk[e].recomp) <= c->budget)
+        while (e < n && (R += e == s ? c->blk[e].recomp : c->blk[e].keep) <= c->budget)
             e++;
         if (e - s > rho)
             rho = e - s;

@@ -418,9 +418,9 @@ static void check_ranked(const ml_triage_result *r)
 }
 
 /* The ranking: the deep MLP on 7 MiB (triage-forward's why): with the focus
- * on forward the smaller micro-batch (512 x 2, FLOPs x 1) and the segment
- * policies (FLOPs x 19/14: recompute adds the forward's 5F to 14F) come
- * first; with the focus on the optimizer, the state remedies that fit do. */
+ * on forward the smaller micro-batch (512 x 2, FLOPs x 1), the optimal plan
+ * (x 16/14) and the fixed segment policies (FLOPs x 19/14: recompute adds
+ * the forward's 5F to 14F) come first; with the focus on the optimizer, the state remedies that fit do. */
 static void test_ranking(void **state)
 {
     (void)state;
@@ -433,9 +433,15 @@ static void test_ranking(void **state)
     check_ranked(r);
     assert_int_equal(r->remedies[0].kind, ML_REMEDY_MICRO_BATCH);
     assert_int_equal(r->remedies[0].config.training.micro_batch, 512);
-    assert_int_equal(r->remedies[1].kind, ML_REMEDY_CKPT_EVERY_2);
-    assert_rel_close(r->remedies[1].flops_ratio, 19.0 / 14.0, 1e-12);
-    assert_int_equal(r->remedies[1].peak, 1966080 + 9 * 524288 + 131072);
+    /* optimal: the three boundaries over budget are dropped by one segment
+     * of four blocks, which recomputes two linears (16/14); peak exactly the
+     * budget, R + 10u + G (triage-forward's why) */
+    assert_int_equal(r->remedies[1].kind, ML_REMEDY_CKPT_OPTIMAL);
+    assert_rel_close(r->remedies[1].flops_ratio, 16.0 / 14.0, 1e-12);
+    assert_int_equal(r->remedies[1].peak, 1966080 + 10 * 524288 + 131072);
+    assert_int_equal(r->remedies[2].kind, ML_REMEDY_CKPT_EVERY_2);
+    assert_rel_close(r->remedies[2].flops_ratio, 19.0 / 14.0, 1e-12);
+    assert_int_equal(r->remedies[2].peak, 1966080 + 9 * 524288 + 131072);
     free(r);
     req.oom_phase = ML_TRIAGE_ANY;
     r = triage(m, &c, req);
