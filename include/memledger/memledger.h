@@ -8,6 +8,7 @@
 #include "calib.h"
 #include "error.h"
 #include "ledger.h"
+#include "lengths.h"
 #include "model.h"
 #include "plan.h"
 #include "report.h"

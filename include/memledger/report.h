@@ -7,6 +7,7 @@
 
 #include "export.h"
 #include "ledger.h"
+#include "lengths.h"
 #include "model.h"
 #include "plan.h"
 
@@ -18,6 +19,21 @@ extern "C" {
 ML_API int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l);
 /* One JSON object (docs/cli.md lists the keys). Returns 0 or -1. */
 ML_API int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l);
+
+/* A plan under a length distribution (docs/lengths.md): the text section
+ * that follows ml_report_text's report, and the JSON object of the plan
+ * with a "lengths" key. Return 0 or -1 on a write error. */
+ML_API int ml_report_lengths_text(FILE *f, const ml_config *cfg, const ml_lengths *d,
+                                  const char *source, const ml_lengths_request *req,
+                                  const ml_lengths_result *r);
+ML_API int ml_report_json_lengths(FILE *f, const ml_model *m, const ml_config *cfg,
+                                  const ml_ledger *l, const ml_lengths *d,
+                                  const ml_lengths_request *req, const ml_lengths_result *r);
+/* The "lengths" object alone: {"p50_peak", "p99_peak", "max_peak",
+ * "p_over_budget", ...}. */
+ML_API int ml_report_lengths_json_object(FILE *f, const ml_lengths *d,
+                                         const ml_lengths_request *req,
+                                         const ml_lengths_result *r);
 
 /* fit: text and JSON (docs/cli.md). Return 0 or -1 on a write error. */
 ML_API int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,

@@ -34,6 +34,9 @@ typedef struct {
         *data_parallel, *zero, *offload, *global_batch, *max_micro_batch, *reduce_bucket,
         *allgather_bucket, *logits, *eval_batch, *eval_seq_len, *allocator, *max_split_size,
         *zero_grad;
+    /* length distributions (plan, fit): --lengths FILE|QUANTILES, --batching,
+     * --max-tokens N|auto, --buckets K */
+    const char *lengths, *batching, *max_tokens, *buckets;
     bool auto_checkpoint; /* --checkpoint auto (fit) */
 } ml_cli_opts;
 
@@ -97,6 +100,12 @@ void ml_cli_errorf(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)))
 #endif
     ;
+
+/* plan and fit with --lengths (cmd_lengths.c): the whole verb's output
+ * and exit status; l is the plan at the config's own shape (plan). */
+int ml_cli_plan_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
+                        const ml_ledger *l);
+int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg);
 
 int ml_cmd_plan(int argc, char **argv);
 int ml_cmd_timeline(int argc, char **argv);

@@ -23,6 +23,9 @@ static const char usage[] =
     "  --max-micro-batch N    upper end of the search (default 65536)\n"
     "  --checkpoint C|auto    a policy, or auto: the cheapest (recompute FLOPs) that\n"
     "                         admits the largest useful micro-batch\n"
+    "  --lengths FILE|Q       sample lengths (see 'memledger plan --help'), with\n"
+    "  --max-tokens auto      the largest token budget per batch whose worst batch fits,\n"
+    "  or --batching bucketed the largest micro-batch per length bucket (--buckets K)\n"
     "  --format text|json     (default text)\n"
     "  --emit TARGET          settings for the chosen point: deepspeed, hf-trainer, torch\n"
     "  -o FILE                write to FILE (atomically) instead of stdout\n"
@@ -40,6 +43,10 @@ int ml_cmd_fit(int argc, char **argv)
     int rc;
     if (!ml_cli_start(argc, argv, "fit", usage, &o, &m, &cfg, &rc))
         return rc;
+    if (o.lengths || o.batching || o.max_tokens || o.buckets) { /* docs/lengths.md */
+        rc = ml_cli_fit_lengths(&o, m, &cfg);
+        goto out;
+    }
     ml_fit_request req = ml_fit_request_defaults();
     req.auto_checkpoint = o.auto_checkpoint;
     if (o.global_batch &&

@@ -35,6 +35,14 @@ static const char usage[] =
     "                         or kept allocated and zeroed\n"
     "  --eval-batch N         also plan an evaluation pass (no_grad) of N samples\n"
     "  --eval-seq-len N       tokens per evaluation sample (default: --seq-len)\n"
+    "Lengths (docs/lengths.md)\n"
+    "  --lengths FILE|Q       sample lengths: a CSV (one length per line, or length,count)\n"
+    "                         or quantiles p50=120,p90=300,p99=480,max=512; adds the\n"
+    "                         peak of the median, P99 and worst batch\n"
+    "  --batching B           padded (default: random batches padded to their longest\n"
+    "                         sample) | bucketed | packed (rows of --seq-len tokens)\n"
+    "  --max-tokens N         a token budget per batch: micro-batch floor(N / longest)\n"
+    "  --buckets K            bucketed: K buckets of equal shares (default 4)\n"
     "Device (override the file's device: section)\n"
     "  --device SIZE          device memory, e.g. 8GiB (binary) or 16GB (decimal)\n"
     "  --budget SIZE          line for the allocator peak (default: memory - reserve)\n"
@@ -60,9 +68,9 @@ static const char usage[] =
     "                         (exit 2) when the target would run a different setup\n"
     "                         (docs/hf.md)\n"
     "\n"
-    "Exit status: 0 ran (and fits), 1 does not fit, 2 bad input or usage (or --emit\n"
-    "refused), 3 output could not be written, 4 --emit wrote settings that lack a part\n"
-    "of the plan (named on stderr).\n";
+    "Exit status: 0 ran (and fits; with --lengths: every batch fits), 1 does not fit,\n"
+    "2 bad input or usage (or --emit refused), 3 output could not be written, 4 --emit\n"
+    "wrote settings that lack a part of the plan (named on stderr).\n";
 
 int ml_cmd_plan(int argc, char **argv)
 {
@@ -77,6 +85,12 @@ int ml_cmd_plan(int argc, char **argv)
     ml_status st = ml_ledger_evaluate(m, &cfg, false, &l, &e);
     if (st) {
         rc = ml_cli_eval_failed(&o, &e, st);
+        ml_cli_free(m, &cfg);
+        return rc;
+    }
+    if (o.lengths || o.batching || o.max_tokens || o.buckets) { /* docs/lengths.md */
+        rc = ml_cli_plan_lengths(&o, m, &cfg, l);
+        ml_ledger_destroy(l);
         ml_cli_free(m, &cfg);
         return rc;
     }

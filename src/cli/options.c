@@ -111,6 +111,10 @@ static const struct {
     {"--allocator", offsetof(ml_cli_opts, allocator)},
     {"--max-split-size", offsetof(ml_cli_opts, max_split_size)},
     {"--zero-grad", offsetof(ml_cli_opts, zero_grad)},
+    {"--lengths", offsetof(ml_cli_opts, lengths)},
+    {"--batching", offsetof(ml_cli_opts, batching)},
+    {"--max-tokens", offsetof(ml_cli_opts, max_tokens)},
+    {"--buckets", offsetof(ml_cli_opts, buckets)},
 };
 
 static int usage_error(const char *verb, const char *fmt, const char *arg)
@@ -228,6 +232,11 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                     return usage_error(verb, "--checkpoint auto is for 'memledger fit'%s", "");
                 o->auto_checkpoint = true;
             }
+            if ((!strcmp(flags[k].flag, "--lengths") || !strcmp(flags[k].flag, "--batching") ||
+                 !strcmp(flags[k].flag, "--max-tokens") || !strcmp(flags[k].flag, "--buckets")) &&
+                strcmp(verb, "plan") && strcmp(verb, "fit"))
+                return usage_error(verb, "%s is for 'memledger plan' and 'memledger fit'",
+                                   flags[k].flag);
             if (((!strcmp(flags[k].flag, "--global-batch") && strcmp(verb, "report")) ||
                  !strcmp(flags[k].flag, "--max-micro-batch")) &&
                 strcmp(verb, "fit"))

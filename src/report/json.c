@@ -30,7 +30,8 @@ static void num(FILE *f, double v)
         fprintf(f, "%.17g", v);
 }
 
-int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+/* The plan's JSON object without its closing brace. */
+static void json_body(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
 {
     const ml_summary *s = ml_ledger_summary(l);
     const ml_training *t = &cfg->training;
@@ -138,6 +139,22 @@ int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
                 s->fits ? "true" : "false", (long long)s->headroom);
     else
         fputs("null", f);
+}
+
+int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+{
+    json_body(f, m, cfg, l);
+    fputs("}\n", f);
+    return ferror(f) ? -1 : 0;
+}
+
+int ml_report_json_lengths(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                           const ml_lengths *d, const ml_lengths_request *req,
+                           const ml_lengths_result *r)
+{
+    json_body(f, m, cfg, l);
+    fputs(",\n \"lengths\": ", f);
+    ml_report_lengths_json_object(f, d, req, r);
     fputs("}\n", f);
     return ferror(f) ? -1 : 0;
 }

@@ -4,7 +4,9 @@
 Every invocation must end with an exit status the CLI documents (0 ran and
 fits, 1 does not fit, 2 bad input or usage, 3 output failure, 4 --emit
 settings written with part of the plan left to code), within
---timeout seconds, without a sanitizer report on stderr, and without
+--timeout seconds of CPU time (the wall clock only catches a blocked run,
+at 12 times that: a loaded machine must not fail a fast run), without a
+sanitizer report on stderr, and without
 leaving a temporary output file behind. The command lines mix every verb,
 real flags with valid, edge and hostile values, flags where values belong,
 unknown flags, and inputs from models/ and the golden cases' files.
@@ -16,6 +18,7 @@ runs done by then count)."""
 import argparse
 import os
 import random
+import resource
 import shlex
 import subprocess
 import sys
@@ -49,6 +52,8 @@ FLAGS = {
     "--backend": ["cpu", "cuda", "none"], "--dtype": ["fp32", "bf16", "fp8"],
     "--oom-phase": ["forward", "backward", "optimizer", "eval", "loss"],
     "--allocated": "size", "--reserved": "size",
+    "--lengths": "file", "--batching": ["padded", "bucketed", "packed", "sorted"],
+    "--max-tokens": "int", "--buckets": "int",
     "--help": None, "-h": None,
 }
 HOSTILE = ["", "-", "--", "-1", "0", "00", "1e3", "1.5", "nan", "inf", "-inf", "0x10",
@@ -106,7 +111,7 @@ def argv_for(rng, files, outdir):
 
 def inputs(src):
     files = []
-    for d, pats in ((os.path.join(src, "models"), (".yaml",)),
+    for d, pats in ((os.path.join(src, "models"), (".yaml", ".csv")),
                     (os.path.join(src, "tests", "cli", "cases"), (".yaml", ".csv", ".json")),
                     (os.path.join(src, "calib", "profiles"), (".yaml",))):
         for root, _, names in os.walk(d):
@@ -136,17 +141,22 @@ def main():
                 break
             args = argv_for(rng, files, outdir)
             why = None
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             try:
                 # in the scratch folder: a relative output name lands there
                 p = subprocess.run([os.path.abspath(a.exe)] + args, capture_output=True,
-                                   timeout=a.timeout, stdin=subprocess.DEVNULL, cwd=outdir)
+                                   timeout=12 * a.timeout, stdin=subprocess.DEVNULL, cwd=outdir)
                 err = p.stderr.decode("utf-8", "replace")
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
                 if p.returncode not in (0, 1, 2, 3, 4):
                     why = "exit status %d" % p.returncode
                 elif "Sanitizer" in err or "runtime error:" in err:
                     why = "sanitizer report: " + err.strip().splitlines()[0][:200]
+                elif cpu > a.timeout:
+                    why = "used %.1f s of CPU time (over %g s)" % (cpu, a.timeout)
             except subprocess.TimeoutExpired:
-                why = "ran over %g s" % a.timeout
+                why = "blocked: ran over %g s of wall-clock time" % (12 * a.timeout)
             left = [n for n in os.listdir(outdir) if ".tmp" in n or n.startswith(".")]
             for n in os.listdir(outdir):  # outputs the run was asked for: not kept
                 if n not in left and n != "sub":

@@ -1,0 +1,200 @@
+/* plan and fit under a length distribution: --lengths FILE|QUANTILES,
+ * --batching padded|bucketed|packed, --max-tokens N|auto, --buckets K
+ * (docs/lengths.md). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "report/report_internal.h"
+
+/* The flags that need --lengths. */
+static int needs_lengths(const ml_cli_opts *o)
+{
+    const char *flag = o->batching ? "--batching" : o->max_tokens ? "--max-tokens"
+                                                  : o->buckets    ? "--buckets"
+                                                                  : NULL;
+    if (flag && !o->lengths) {
+        ml_cli_errorf("%s needs --lengths FILE or --lengths p50=...,max=...", flag);
+        return ML_EXIT_BAD_INPUT;
+    }
+    return 0;
+}
+
+/* The distribution and the request from the flags; 0 or an exit status
+ * (message printed). *auto_tokens: --max-tokens auto. */
+static int lengths_request(const ml_cli_opts *o, ml_lengths **d, ml_lengths_request *req,
+                           bool *auto_tokens)
+{
+    *d = NULL;
+    *req = ml_lengths_request_defaults();
+    *auto_tokens = false;
+    int rc0 = needs_lengths(o);
+    if (rc0)
+        return rc0;
+    if (o->batching && !ml_batching_parse(o->batching, &req->batching)) {
+        ml_cli_errorf("--batching: unknown '%s'; use padded, bucketed or packed", o->batching);
+        return ML_EXIT_BAD_INPUT;
+    }
+    uint64_t v;
+    if (o->buckets) {
+        if (req->batching != ML_BATCHING_BUCKETED) {
+            ml_cli_errorf("--buckets goes with --batching bucketed");
+            return ML_EXIT_BAD_INPUT;
+        }
+        int rc = ml_cli_whole("--buckets", o->buckets, 1, ML_LENGTHS_MAX_BUCKETS, &v);
+        if (rc)
+            return rc;
+        req->buckets = (unsigned)v;
+    }
+    if (o->max_tokens) {
+        if (req->batching != ML_BATCHING_PADDED) {
+            ml_cli_errorf("--max-tokens goes with --batching padded (the default)");
+            return ML_EXIT_BAD_INPUT;
+        }
+        if (!strcmp(o->max_tokens, "auto"))
+            *auto_tokens = true;
+        else if (ml_cli_whole("--max-tokens", o->max_tokens, 1, 1ull << 34, &req->max_tokens))
+            return ML_EXIT_BAD_INPUT;
+    }
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    ml_status st = strchr(o->lengths, '=') ? ml_lengths_parse_quantiles(o->lengths, d, &e)
+                                            : ml_lengths_load(o->lengths, d, &e);
+    if (st) {
+        if (strchr(o->lengths, '='))
+            ml_cli_errorf("--lengths: %s",
+                          strncmp(e.msg, "lengths: ", 9) ? e.msg : e.msg + 9);
+        else
+            ml_cli_print_error(&e);
+        return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+    }
+    return 0;
+}
+
+static int failed(const ml_cli_opts *o, ml_error *e, ml_status st)
+{
+    if (st == ML_USAGE || (st == ML_RANGE && !strncmp(e->msg, "lengths:", 8))) {
+        ml_cli_errorf("%s", e->msg);
+        return ML_EXIT_BAD_INPUT;
+    }
+    return ml_cli_eval_failed(o, e, st);
+}
+
+/* Writes the report: plan's (l: the plan at the configured shape, then the
+ * lengths section) or fit's (l NULL: the model, the answer, the lengths
+ * section); found: fit --max-tokens auto's answer. 0 or an exit status. */
+static int write_report(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
+                        const ml_ledger *l, const ml_lengths *d, const ml_lengths_request *req,
+                        const ml_lengths_result *r, bool found)
+{
+    ml_out out;
+    int rc = ml_out_open(&out, o->output);
+    if (!rc && o->format == ML_FMT_TEXT)
+        rc = ml_out_text_model(&out, m, cfg);
+    if (rc)
+        return rc;
+    FILE *f = out.f;
+    int w;
+    if (l)
+        w = o->format == ML_FMT_JSON ? ml_report_json_lengths(f, m, cfg, l, d, req, r)
+                                     : ml_report_text(f, m, cfg, l) ||
+                                           ml_report_lengths_text(f, cfg, d, o->lengths, req, r);
+    else if (o->format == ML_FMT_JSON) {
+        fputs("{\"model\": ", f);
+        ml_json_string(f, ml_model_name(m));
+        fprintf(f, ", \"device\": {\"memory\": %llu, \"budget\": %llu},\n \"lengths\": ",
+                (unsigned long long)cfg->device.memory,
+                (unsigned long long)ml_device_budget(&cfg->device));
+        w = ml_report_lengths_json_object(f, d, req, r);
+        fputs("}\n", f);
+    } else {
+        char mem[32], bud[32];
+        ml_format_bytes(cfg->device.memory, mem, sizeof mem);
+        ml_format_bytes(ml_device_budget(&cfg->device), bud, sizeof bud);
+        fprintf(f, "memledger fit: %s on %s (budget %s for the allocator peak)\n",
+                ml_model_name(m), mem, bud);
+        if (found)
+            fprintf(f, "largest token budget whose worst batch fits: %llu tokens per batch "
+                       "(--max-tokens %llu)\n",
+                    (unsigned long long)req->max_tokens, (unsigned long long)req->max_tokens);
+        w = ml_report_lengths_text(f, cfg, d, o->lengths, req, r);
+    }
+    return ml_out_close(&out, w == 0 && !ferror(f));
+}
+
+int ml_cli_plan_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
+                        const ml_ledger *l)
+{
+    ml_lengths *d;
+    ml_lengths_request req;
+    bool auto_tokens;
+    int rc = lengths_request(o, &d, &req, &auto_tokens);
+    if (rc)
+        return rc;
+    if (auto_tokens) {
+        ml_cli_errorf("--max-tokens auto is for 'memledger fit'; plan takes a number");
+        ml_lengths_destroy(d);
+        return ML_EXIT_BAD_INPUT;
+    }
+    if (o->emit) {
+        ml_cli_errorf("--emit plans one batch shape; it does not go with --lengths");
+        ml_lengths_destroy(d);
+        return ML_EXIT_BAD_INPUT;
+    }
+    ml_lengths_result r;
+    ml_error e;
+    ml_status st = ml_lengths_plan(m, cfg, d, &req, &r, &e);
+    if (st)
+        rc = failed(o, &e, st);
+    else if (!(rc = write_report(o, m, cfg, l, d, &req, &r, false)))
+        rc = cfg->device.present && r.p_over_budget > 0 ? ML_EXIT_NO_FIT : ML_EXIT_OK;
+    ml_lengths_destroy(d);
+    return rc;
+}
+
+int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg)
+{
+    ml_lengths *d;
+    ml_lengths_request req;
+    bool auto_tokens;
+    int rc = lengths_request(o, &d, &req, &auto_tokens);
+    if (rc)
+        return rc;
+    if (!auto_tokens && req.batching != ML_BATCHING_BUCKETED) {
+        ml_cli_errorf("fit --lengths: give --max-tokens auto (the largest token budget whose "
+                      "worst batch fits) or --batching bucketed (the micro-batch per bucket)");
+        ml_lengths_destroy(d);
+        return ML_EXIT_BAD_INPUT;
+    }
+    ml_error e;
+    ml_status st = ML_OK;
+    unsigned evals = 0;
+    if (auto_tokens && (st = ml_lengths_fit_tokens(m, cfg, d, &req.max_tokens, &evals, &e))) {
+        rc = failed(o, &e, st);
+        goto out;
+    }
+    if (auto_tokens && !req.max_tokens) {
+        fprintf(stderr, "memledger: fit --max-tokens auto: even one sample of the longest "
+                        "length (%llu tokens) does not fit\n",
+                (unsigned long long)ml_lengths_max(d));
+        rc = ML_EXIT_NO_FIT;
+        goto out;
+    }
+    if (!cfg->device.present) {
+        ml_cli_errorf("fit needs a device (--device SIZE or a device: section)");
+        rc = ML_EXIT_BAD_INPUT;
+        goto out;
+    }
+    ml_lengths_result r;
+    if ((st = ml_lengths_plan(m, cfg, d, &req, &r, &e))) {
+        rc = failed(o, &e, st);
+        goto out;
+    }
+    r.evaluations += evals;
+    rc = write_report(o, m, cfg, NULL, d, &req, &r, auto_tokens);
+    if (!rc)
+        rc = r.p_over_budget > 0 ? ML_EXIT_NO_FIT : ML_EXIT_OK;
+out:
+    ml_lengths_destroy(d);
+    return rc;
+}

@@ -1,0 +1,361 @@
+/* Planning under a length distribution: the ledger evaluated at the batch
+ * shapes the distribution produces — padded random batches (the longest of
+ * b samples), a token budget, buckets, packing — and the largest token
+ * budget whose worst batch fits (docs/lengths.md). */
+#include <math.h>
+#include <string.h>
+
+#include "memledger/lengths.h"
+#include "memledger/plan.h"
+#include "model/model_internal.h"
+#include "util/error.h"
+
+#define MAX_TOKENS (1ull << 34)
+/* batch shapes a token budget may ask to evaluate (docs/lengths.md) */
+#define MAX_RANGES 4096u
+
+ml_lengths_request ml_lengths_request_defaults(void)
+{
+    ml_lengths_request r;
+    memset(&r, 0, sizeof r);
+    r.batching = ML_BATCHING_PADDED;
+    r.buckets = 4;
+    return r;
+}
+
+typedef struct {
+    const ml_model *m;
+    ml_config cfg;
+    unsigned evaluations;
+    ml_error *err;
+} planner;
+
+/* The ledger at micro-batch b and sequence length t. */
+static ml_status point_at(planner *p, uint64_t b, uint64_t t, ml_length_point *out)
+{
+    ml_config c = p->cfg;
+    c.training.micro_batch = b;
+    c.training.seq_len = t;
+    ml_ledger *l = NULL;
+    p->evaluations++;
+    ml_status st = ml_ledger_evaluate(p->m, &c, false, &l, p->err);
+    if (st)
+        return st;
+    const ml_summary *s = ml_ledger_summary(l);
+    const uint64_t peaks[] = {s->peak, s->peak_first_iteration, s->peak_eval};
+    *out = (ml_length_point){b, t, peaks[s->binding], s->peak_total, s->has_device && s->fits};
+    ml_ledger_destroy(l);
+    return ML_OK;
+}
+
+/* Samples of a token budget's batch whose longest sample has t tokens. */
+static uint64_t budget_batch(uint64_t tokens, uint64_t t)
+{
+    return tokens / t ? tokens / t : 1;
+}
+
+/* What every plan needs: a model with a sequence, lengths within its
+ * positions. */
+static ml_status check_model(const ml_model *m, const ml_lengths *d, ml_error *err)
+{
+    if (m->type == ML_MODEL_SEQUENTIAL || m->image_size)
+        return ml_errorf(err, ML_USAGE,
+                         "lengths: %s has no token sequence (a sequential or vision model); "
+                         "length distributions apply to text decoders and encoders",
+                         ml_model_name(m));
+    if (m->position == ML_POS_LEARNED && ml_lengths_max(d) > m->max_positions)
+        return ml_errorf(err, ML_RANGE,
+                         "lengths: the longest sample has %llu tokens, beyond the model's %llu "
+                         "learned positions (model.max_positions): truncate the samples to "
+                         "%llu tokens, as the tokenizer's max_length would",
+                         (unsigned long long)ml_lengths_max(d),
+                         (unsigned long long)m->max_positions,
+                         (unsigned long long)m->max_positions);
+    return ML_OK;
+}
+
+/* The longest length in (lo, hi] whose batch of b samples fits, or lo when
+ * none does: bisection, since at a fixed micro-batch the peak rises with the
+ * length. */
+static ml_status longest_fitting(planner *p, uint64_t b, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo + 1) / 2;
+        ml_length_point pt;
+        ml_status st = point_at(p, b, mid, &pt);
+        if (st)
+            return st;
+        if (pt.fits)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    *out = lo;
+    return ML_OK;
+}
+
+/* Padded random batches of the config's micro-batch: the longest of b
+ * samples at the median and P99, the worst batch, the longest that fits
+ * and the probability of a batch over the device: 1 - F(T_fit)^b. */
+static ml_status padded_fixed(planner *p, const ml_lengths *d, ml_lengths_result *out)
+{
+    const uint64_t b = p->cfg.training.micro_batch;
+    ml_status st;
+    if ((st = point_at(p, b, ml_lengths_batch_max_quantile(d, b, 0.5), &out->p50)) ||
+        (st = point_at(p, b, ml_lengths_batch_max_quantile(d, b, 0.99), &out->p99)) ||
+        (st = point_at(p, b, ml_lengths_max(d), &out->max)))
+        return st;
+    if (!p->cfg.device.present)
+        return ML_OK;
+    uint64_t lo = ml_lengths_max(d);
+    if (!out->max.fits && (st = longest_fitting(p, b, 0, lo - 1, &lo)))
+        return st;
+    out->longest_fit = lo;
+    out->p_over_budget = 1 - pow(ml_lengths_cdf(d, lo), (double)b);
+    return ML_OK;
+}
+
+/* The lengths t of d's support range whose batches have the same size
+ * budget_batch(tokens, t): [t, last]. */
+static uint64_t same_batch_last(uint64_t tokens, uint64_t t, uint64_t tmax)
+{
+    uint64_t b = budget_batch(tokens, t);
+    uint64_t last = b > 1 || tokens / t ? tokens / b : tmax; /* floor(N/b) keeps b */
+    return last < tmax ? last : tmax;
+}
+
+/* The largest token budget whose batches of the shortest samples stay
+ * within the micro-batch limit (2^24). */
+static uint64_t budget_limit(const ml_lengths *d)
+{
+    const uint64_t tmin = ml_lengths_min(d);
+    return tmin <= MAX_TOKENS >> 24 ? tmin << 24 : MAX_TOKENS;
+}
+
+/* The same-batch ranges of a token budget that hold a sample; ML_RANGE
+ * past MAX_RANGES (each costs a ledger evaluation or more). */
+static ml_status count_ranges(const ml_lengths *d, uint64_t tokens, ml_error *err)
+{
+    const uint64_t tmax = ml_lengths_max(d);
+    unsigned n = 0;
+    for (uint64_t t = ml_lengths_min(d); t <= tmax;) {
+        const uint64_t end = same_batch_last(tokens, t, tmax);
+        n += ml_lengths_floor(d, end) >= t;
+        if (n > MAX_RANGES)
+            return ml_errorf(err, ML_RANGE,
+                             "lengths: a budget of %llu tokens over lengths %llu to %llu makes "
+                             "more than %u batch sizes to plan; use a smaller --max-tokens, "
+                             "or lengths from a CSV (only the lengths that occur are planned)",
+                             (unsigned long long)tokens, (unsigned long long)ml_lengths_min(d),
+                             (unsigned long long)tmax, MAX_RANGES);
+        t = end + 1;
+    }
+    return ML_OK;
+}
+
+/* A token budget: batches of floor(N / t) samples of length <= t. Within a
+ * range of lengths with the same batch size the peak rises with t, so the
+ * worst batch is at some range's longest length, and the lengths that fit
+ * are a prefix of each range. */
+static ml_status token_budget(planner *p, const ml_lengths *d, uint64_t tokens,
+                              ml_lengths_result *out)
+{
+    ml_status st = count_ranges(d, tokens, p->err);
+    if (st)
+        return st;
+    const uint64_t q50 = ml_lengths_quantile(d, 0.5), q99 = ml_lengths_quantile(d, 0.99);
+    if ((st = point_at(p, budget_batch(tokens, q50), q50, &out->p50)) ||
+        (st = point_at(p, budget_batch(tokens, q99), q99, &out->p99)))
+        return st;
+    const uint64_t tmin = ml_lengths_min(d), tmax = ml_lengths_max(d);
+    bool have = false;
+    double over = 0;
+    for (uint64_t t = tmin; t <= tmax;) {
+        const uint64_t end = same_batch_last(tokens, t, tmax), b = budget_batch(tokens, t);
+        const uint64_t last = ml_lengths_floor(d, end);
+        if (last < t) { /* no sample has a length in [t, end] */
+            t = end + 1;
+            continue;
+        }
+        ml_length_point top;
+        if ((st = point_at(p, b, last, &top)))
+            return st;
+        if (!have || top.peak > out->max.peak)
+            out->max = top;
+        have = true;
+        if (p->cfg.device.present && !top.fits) {
+            /* the longest of [t, last] that fits: the rest is over */
+            uint64_t lo;
+            if ((st = longest_fitting(p, b, t - 1, last - 1, &lo)))
+                return st;
+            over += ml_lengths_cdf(d, last) - ml_lengths_cdf(d, lo);
+        }
+        t = end + 1;
+    }
+    out->p_over_budget = p->cfg.device.present ? over : NAN;
+    return ML_OK;
+}
+
+/* K buckets of equal shares (by the quantiles k/K); each at its longest
+ * length with the largest micro-batch that fits (ml_fit), or the config's
+ * micro-batch without a device. */
+static ml_status bucketed(planner *p, const ml_lengths *d, unsigned k, ml_lengths_result *out)
+{
+    ml_status st;
+    uint64_t lo = ml_lengths_min(d);
+    for (unsigned i = 1; i <= k && lo <= ml_lengths_max(d); i++) {
+        uint64_t hi = i == k ? ml_lengths_max(d) : ml_lengths_quantile(d, (double)i / k);
+        if (hi < lo)
+            continue;
+        ml_length_bucket *bk = &out->buckets[out->nbuckets++];
+        bk->lo = lo;
+        bk->hi = hi;
+        bk->share = ml_lengths_cdf(d, hi) - ml_lengths_cdf(d, lo - 1);
+        uint64_t b = p->cfg.training.micro_batch;
+        if (p->cfg.device.present) {
+            ml_config c = p->cfg;
+            c.training.seq_len = hi;
+            ml_fit_request req = ml_fit_request_defaults();
+            ml_fit_result fr;
+            if ((st = ml_fit(p->m, &c, &req, &fr, p->err)))
+                return st;
+            p->evaluations += fr.evaluations;
+            b = fr.fits ? fr.micro_batch : 1;
+        }
+        if ((st = point_at(p, b, hi, &bk->point)))
+            return st;
+        lo = hi + 1;
+    }
+    /* the worst bucket's batch; the median and P99 samples' buckets */
+    const uint64_t q50 = ml_lengths_quantile(d, 0.5), q99 = ml_lengths_quantile(d, 0.99);
+    double over = 0;
+    for (size_t i = 0; i < out->nbuckets; i++) {
+        const ml_length_bucket *bk = &out->buckets[i];
+        if (!i || bk->point.peak > out->max.peak)
+            out->max = bk->point;
+        if (q50 >= bk->lo && q50 <= bk->hi)
+            out->p50 = bk->point;
+        if (q99 >= bk->lo && q99 <= bk->hi)
+            out->p99 = bk->point;
+        if (!bk->point.fits)
+            over += bk->share;
+    }
+    out->p_over_budget = p->cfg.device.present ? over : NAN;
+    return ML_OK;
+}
+
+ml_status ml_lengths_plan(const ml_model *m, const ml_config *cfg, const ml_lengths *d,
+                          const ml_lengths_request *req, ml_lengths_result *out, ml_error *err)
+{
+    memset(out, 0, sizeof *out);
+    out->p_over_budget = NAN;
+    ml_status st = check_model(m, d, err);
+    if (st)
+        return st;
+    if (req->max_tokens > budget_limit(d))
+        return ml_errorf(err, ML_RANGE,
+                         "lengths: a budget of %llu tokens makes batches of more than 16777216 "
+                         "samples of the shortest length (%llu tokens): at most %llu",
+                         (unsigned long long)req->max_tokens,
+                         (unsigned long long)ml_lengths_min(d),
+                         (unsigned long long)budget_limit(d));
+    if (req->batching == ML_BATCHING_BUCKETED &&
+        (req->buckets < 1 || req->buckets > ML_LENGTHS_MAX_BUCKETS))
+        return ml_errorf(err, ML_RANGE, "buckets: must be between 1 and %d, got %u",
+                         ML_LENGTHS_MAX_BUCKETS, req->buckets);
+    planner p = {m, *cfg, 0, err};
+    switch (req->batching) {
+    case ML_BATCHING_PACKED: /* every batch: micro_batch rows of seq_len tokens */
+        if ((st = point_at(&p, cfg->training.micro_batch, cfg->training.seq_len, &out->max)))
+            break;
+        out->p50 = out->p99 = out->max;
+        out->longest_fit = out->max.fits ? out->max.seq_len : 0;
+        out->p_over_budget = cfg->device.present ? (out->max.fits ? 0 : 1) : NAN;
+        break;
+    case ML_BATCHING_BUCKETED:
+        st = bucketed(&p, d, req->buckets, out);
+        break;
+    case ML_BATCHING_PADDED:
+    default:
+        st = req->max_tokens ? token_budget(&p, d, req->max_tokens, out)
+                             : padded_fixed(&p, d, out);
+        if (!st && !cfg->device.present)
+            out->p_over_budget = NAN;
+        break;
+    }
+    out->evaluations = p.evaluations;
+    return st;
+}
+
+/* Whether every batch of a token budget fits: each same-batch range at its
+ * longest length. */
+static ml_status budget_fits(planner *p, const ml_lengths *d, uint64_t tokens, bool *fits)
+{
+    const uint64_t tmax = ml_lengths_max(d);
+    *fits = true;
+    ml_status rs = count_ranges(d, tokens, p->err);
+    if (rs)
+        return rs;
+    for (uint64_t t = ml_lengths_min(d); t <= tmax && *fits;) {
+        const uint64_t end = same_batch_last(tokens, t, tmax);
+        const uint64_t last = ml_lengths_floor(d, end);
+        if (last >= t) {
+            ml_length_point pt;
+            ml_status st = point_at(p, budget_batch(tokens, t), last, &pt);
+            if (st)
+                return st;
+            *fits = pt.fits;
+        }
+        t = end + 1;
+    }
+    return ML_OK;
+}
+
+ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const ml_lengths *d,
+                                uint64_t *tokens, unsigned *evaluations, ml_error *err)
+{
+    *tokens = 0;
+    ml_status st = check_model(m, d, err);
+    if (st)
+        return st;
+    if (!cfg->device.present)
+        return ml_errorf(err, ML_USAGE,
+                         "max_tokens auto needs a device (device.memory or --device SIZE)");
+    planner p = {m, *cfg, 0, err};
+    /* N >= the longest sample (else it would get a batch of its own); the
+     * worst batch grows with N: doubling to a failure, then bisection
+     * between the largest that fits (lo) and the smallest that fails (hi) */
+    uint64_t lo = ml_lengths_max(d), hi = 0;
+    bool fits;
+    if (lo > budget_limit(d)) {
+        st = ml_errorf(err, ML_RANGE,
+                       "lengths: the longest sample (%llu tokens) is more than 16777216 times "
+                       "the shortest (%llu): no token budget fits both",
+                       (unsigned long long)lo, (unsigned long long)ml_lengths_min(d));
+        goto done;
+    }
+    if ((st = budget_fits(&p, d, lo, &fits)) || !fits)
+        goto done;
+    const uint64_t limit = budget_limit(d);
+    for (uint64_t n = lo * 2; !hi && lo < limit; n *= 2) {
+        if (n > limit)
+            n = limit;
+        if ((st = budget_fits(&p, d, n, &fits)))
+            goto done;
+        if (!fits)
+            hi = n;
+        else
+            lo = n;
+    }
+    while (hi && lo + 1 < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if ((st = budget_fits(&p, d, mid, &fits)))
+            goto done;
+        *(fits ? &lo : &hi) = mid;
+    }
+    *tokens = lo;
+done:
+    if (evaluations)
+        *evaluations = p.evaluations;
+    return st;
+}

@@ -1,0 +1,594 @@
+#!/usr/bin/python3
+"""Live-bytes oracle: the memory curve of real PyTorch training iterations
+against memledger's timeline and peaks (docs/validation.md, "Live bytes: the
+peak against real PyTorch").
+
+Method. Each loop runs, from building the model to deleting it, inside
+torch.profiler.profile(profile_memory=True) on the CPU (Debian's PyTorch 1.13,
+one intra-op thread). Every allocation and free of the CPU allocator while
+the profiler is on is an `[memory]` event; in 1.13 the profiler's event tree
+(`prof.profiler.kineto_results.experimental_event_tree()`) gives each one its
+pointer, signed size, timestamp, the allocator's running total
+(`total_allocated`) and the ops it happened in. The oracle orders the events
+by time, checks that the sum of the deltas reproduces `total_allocated` at
+every event, pairs frees with allocations by pointer (a free of a pointer not
+allocated in the window fails the run: everything is created inside it), and
+rebuilds the live-bytes curve. Phases and blocks are record_function ranges
+opened with `torch.ops.profiler._record_function_enter_new`, the
+non-allocating form (1.13's `torch.profiler.record_function` allocates a
+4-byte handle tensor and a 288-byte RecordFunction holder at each range; the
+hand-counted examples show it: they would be in the curve).
+
+The raw curve is the CPU's. The "device view" compared with memledger removes
+the CPU-only artefacts, each identified by op and tensor, never by a tolerance:
+  scalars   Python numbers wrapped as 0-dim tensors (8 B doubles, e.g. the
+            attention scale), their casts to the op's dtype (`aten::_to_copy`
+            of <= 8 B), and the optimizers' per-parameter `step` counters
+            (`torch.tensor(0.)`): host memory on a GPU.
+  foreach2  1.13's `_multi_tensor_adam` keeps `denom = _foreach_add(sqrt, eps)`
+            beside `exp_avg_sq_sqrt`; 2.x adds eps in place (one temporary).
+  mean      1.13's `mean` backward keeps its input: RMSNorm's x^2 and the
+            input of global average pooling live until backward; in 2.x they
+            are freed when the mean has run. Removed from that moment.
+  rng       torch.utils.checkpoint saves the CPU RNG state (a uint8 tensor)
+            per checkpointed call: host memory on a GPU.
+  onednn    oneDNN convolution weight/activation reorder buffers (allocations
+            under `aten::mkldnn_convolution` and its backward that do not
+            outlive the op): CPU only.
+
+usage: livebytes.py MEMLEDGER MODELS_DIR [--doc OUT.md] [--quick]
+Prints the checks and a table; ends with "N passed, N failed".
+"""
+import bisect
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import crosscheck as xc  # noqa: E402  (the reference implementations)
+
+torch.set_num_threads(1)  # every allocation on the profiled (main) thread
+
+EMPTY = ("aten::empty", "aten::empty_strided", "aten::empty_like")
+PHASE_OF = {"step": "optimizer", "zero_grad": "optimizer", "end": "optimizer"}
+
+
+class Mark:
+    """A record_function range that allocates nothing (see the docstring)."""
+
+    def __init__(self, name):
+        self.name = "ml:" + name
+
+    def __enter__(self):
+        self.h = torch.ops.profiler._record_function_enter_new(self.name, None)
+        return self
+
+    def __exit__(self, *a):
+        torch.ops.profiler._record_function_exit._RecordFunction(self.h)
+
+
+def tag(kind, t):
+    """Marks `t`'s storage, at this moment, as a CPU artefact of kind `kind`."""
+    with Mark("tag:%s:%d" % (kind, t.storage().data_ptr())):
+        pass
+
+
+# --------------------------------------------------------------------------
+# The curve
+
+class Curve:
+    def __init__(self, prof):
+        allocs, marks = [], []
+
+        def walk(n, anc):
+            ef = n.extra_fields
+            if type(ef).__name__ == "_ExtraFields_Allocation":
+                allocs.append((n.start_time_ns, len(allocs), ef.ptr, ef.alloc_size,
+                               ef.total_allocated, tuple(anc)))
+            elif n.name.startswith("ml:"):
+                marks.append((n.start_time_ns, n.end_time_ns, n.name[3:]))
+            for c in n.children:
+                walk(c, anc + [n.name])
+        for r in prof.profiler.kineto_results.experimental_event_tree():
+            walk(r, [])
+        allocs.sort()
+        self.errors = []
+        # (1) the allocator's running total, reproduced at every event
+        run = None
+        for i, (t, _, ptr, d, tot, anc) in enumerate(allocs):
+            run = tot - d if run is None else run
+            run += d
+            if run != tot:
+                self.errors.append("event %d: running total %d, allocator %d" % (i, run, tot))
+                run = tot
+        # (2) frees paired with allocations by pointer; live bytes from zero
+        live, self.ev = {}, []
+        total = 0
+        for t, _, ptr, d, tot, anc in allocs:
+            if d > 0:
+                if ptr in live:
+                    self.errors.append("pointer %#x allocated twice" % ptr)
+                live[ptr] = len(self.ev)
+                self.ev.append({"t": t, "d": d, "anc": anc, "ptr": ptr, "free": None})
+            else:
+                a = live.pop(ptr, None)
+                if a is None or self.ev[a]["d"] != -d:
+                    self.errors.append("free of %d B at %#x not allocated in the window" % (-d, ptr))
+                    continue
+                self.ev[a]["free"] = len(self.ev)
+                self.ev.append({"t": t, "d": d, "anc": anc, "ptr": ptr, "alloc": a})
+            total += d
+        self.leaked = sum(self.ev[i]["d"] for i in live.values())
+        self.marks = marks
+        self.times = [e["t"] for e in self.ev]
+
+    def range(self, name):
+        for s, e, n in self.marks:
+            if n == name:
+                return s, e
+        raise KeyError(name)
+
+    def live_at(self, t, view=None):
+        """Live bytes just before time t."""
+        k = bisect.bisect_left(self.times, t)
+        deltas = view if view is not None else [e["d"] for e in self.ev]
+        return sum(deltas[:k])
+
+    # -- the device view ----------------------------------------------------
+    def device_view(self):
+        """Per event deltas with the CPU artefacts removed, plus artefact bytes by kind."""
+        d = [e["d"] for e in self.ev]
+        kind = [None] * len(self.ev)
+        for i, e in enumerate(self.ev):
+            if e["d"] <= 0 or "ml:setup" in e["anc"]:
+                continue  # what the setup builds (buffers too) is resident on a GPU
+            ops = [a for a in e["anc"] if a.startswith("aten::") and a not in EMPTY]
+            inner = ops[-1] if ops else None
+            if e["d"] <= 8 and (inner is None or inner in ("aten::_to_copy", "aten::lift_fresh",
+                                                          "aten::scalar_tensor")):
+                kind[i] = "scalars"
+            elif "aten::_foreach_add" in e["anc"] and any("Adam" in a for a in e["anc"]):
+                kind[i] = "foreach2"
+            elif any("mkldnn_convolution" in a for a in e["anc"]) and e["free"] is not None \
+                    and self.ev[e["free"]]["anc"][:len(e["anc"])] == e["anc"][:len(self.ev[e["free"]]["anc"])] \
+                    and any("mkldnn_convolution" in a for a in self.ev[e["free"]]["anc"]):
+                kind[i] = "onednn"
+        extra = []  # (time, delta) pseudo-events for tagged tensors
+        for s, _, n in self.marks:
+            if not n.startswith("tag:"):
+                continue
+            _, k, ptr = n.split(":")
+            ptr = int(ptr)
+            j = bisect.bisect_left(self.times, s) - 1
+            while j >= 0 and not (self.ev[j]["ptr"] == ptr and self.ev[j]["d"] > 0):
+                j -= 1
+            if j < 0:
+                self.errors.append("tag %s: no allocation at %#x" % (k, ptr))
+                continue
+            kind[j] = k
+            extra.append((s, j))
+        whole = set(j for s, j in extra if bisect.bisect_left(self.times, s) == j + 1)
+        out = []
+        for i, e in enumerate(self.ev):
+            a = e.get("alloc")
+            src = a if a is not None else i
+            if kind[src] is None:
+                out.append(e["d"])
+            elif a is None and src in {j for _, j in extra} and src not in whole:
+                out.append(e["d"])  # a tagged tensor: removed from the tag on
+            else:
+                out.append(0)
+        for s, j in extra:
+            k = bisect.bisect_left(self.times, s)
+            if j not in whole and k < len(out):
+                out[k] -= self.ev[j]["d"]
+        return out, kind
+
+    def phases(self, it, view):
+        """{phase: max live}, the peak, its phase and op, start and end live, for iteration it."""
+        s0, e0 = self.range("iter%d" % it)
+        spans = []
+        for s, e, n in self.marks:
+            if s0 <= s <= e0 and (n.startswith("blk:") or n in ("backward", "step", "zero_grad", "end")):
+                name = n[4:] if n.startswith("blk:") else n
+                ph = "loss" if name == "loss" else ("forward" if n.startswith("blk:") else PHASE_OF.get(n, n))
+                spans.append((s, e, ph))
+        spans.sort()
+        starts = [sp[0] for sp in spans]
+        k0 = bisect.bisect_left(self.times, s0)
+        k1 = bisect.bisect_left(self.times, e0)
+        live = sum(view[:k0])
+        start = live
+        best, peak, cur = {}, (start, "forward", ""), None
+        for k in range(k0, k1):
+            t = self.times[k]
+            i = bisect.bisect_right(starts, t) - 1
+            ph = spans[i][2] if i >= 0 else "forward"
+            if ph != cur:
+                cur = ph
+                best[ph] = max(best.get(ph, 0), live)
+            live += view[k]
+            if view[k] != 0:
+                best[ph] = max(best[ph], live)
+                if live > peak[0]:
+                    ops = [a for a in self.ev[k]["anc"] if not a.startswith("ml:") and a not in EMPTY]
+                    peak = (live, ph, ops[-1] if ops else "")
+        return {"start": start, "end": live, "phases": best, "peak": peak[0],
+                "peak_phase": peak[1], "peak_op": peak[2]}
+
+
+# --------------------------------------------------------------------------
+# The training loop
+
+class Blocks:
+    """Stands for crosscheck's Recorder: each `rec.block = name` opens a range."""
+
+    def __init__(self):
+        self.pinned = {}
+        self.cur = None
+
+    def __setattr__(self, k, v):
+        if k == "block":
+            self.close()
+            object.__setattr__(self, "cur", Mark("blk:" + v).__enter__())
+        else:
+            object.__setattr__(self, k, v)
+
+    def close(self):
+        if self.cur is not None:
+            self.cur.__exit__()
+            object.__setattr__(self, "cur", None)
+
+
+class FShim:
+    """crosscheck's `F` with the loss functions' input held (logits: kept)."""
+
+    def __init__(self, held):
+        self.held = held
+
+    def __getattr__(self, k):
+        return getattr(F, k)
+
+    def cross_entropy(self, x, *a, **kw):
+        self.held.append(x)
+        return F.cross_entropy(x, *a, **kw)
+
+    def mse_loss(self, x, *a, **kw):
+        self.held.append(x)
+        return F.mse_loss(x, *a, **kw)
+
+
+def rmsnorm_forward(s, x):  # crosscheck.RMSNorm.forward, tagging 1.13's kept x^2
+    dt = x.dtype
+    h = x.to(torch.float32)
+    p = h.pow(2)
+    var = p.mean(-1, keepdim=True)
+    if torch.is_grad_enabled():
+        tag("mean", p)
+    del p
+    h = h * torch.rsqrt(var + s.eps)
+    return s.weight * h.to(dt)
+
+
+def avgpool_forward(s, x):  # nn.AdaptiveAvgPool2d(1): 1.13's mean keeps x
+    y = F.adaptive_avg_pool2d(x, s.output_size)
+    if torch.is_grad_enabled():
+        tag("mean", x)
+    return y
+
+
+def make_optimizer(name, impl, params):
+    if name in ("adam", "adamw"):
+        cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+        return cls(params, foreach=(impl == "foreach"))
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=False)
+    return torch.optim.SGD(params, lr=0.1, foreach=False)
+
+
+class QuietRange(Mark):
+    """torch.autograd.profiler.record_function for the optimizers' own ranges
+    (`Optimizer.step#Adam.step`, `Optimizer.zero_grad#...`), without 1.13's
+    4 B handle and 288 B holder tensors: a profiler artefact, removed at the
+    source."""
+
+    def __init__(self, name, args=None):
+        self.name = name
+
+
+def run_loop(build, make_batch, step_fn, optim, impl, logits, iters=3):
+    """Runs `iters` iterations under the profiler; returns (Curve, facts)."""
+    facts = {}
+    saved_rf = torch.autograd.profiler.record_function
+    torch.autograd.profiler.record_function = QuietRange
+    try:
+        return _run_loop(build, make_batch, step_fn, optim, impl, logits, iters, facts)
+    finally:
+        torch.autograd.profiler.record_function = saved_rf
+
+
+def _run_loop(build, make_batch, step_fn, optim, impl, logits, iters, facts):
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with Mark("setup"):
+            model = build()
+            opt = make_optimizer(optim, impl, model.parameters())
+            batch = make_batch(model)
+        for it in range(iters):
+            held = []
+            with Mark("iter%d" % it):
+                loss = step_fn(model, batch, held, logits)
+                with Mark("backward"):
+                    loss.backward()
+                with Mark("step"):
+                    opt.step()
+                with Mark("zero_grad"):
+                    opt.zero_grad(set_to_none=True)
+                with Mark("end"):
+                    del loss
+                    held.clear()
+        facts["params"] = sum(p.numel() * p.element_size() for p in model.parameters())
+        facts["buffers"] = sum(b.numel() * b.element_size() for b in model.buffers())
+        facts["batch"] = sum(t.numel() * t.element_size() for t in batch)
+        facts["states"] = facts["counters"] = 0
+        for st in opt.state.values():
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    facts["counters" if k == "step" else "states"] += v.numel() * v.element_size()
+        st = k = v = None  # the loop's names would keep the last state alive
+        with Mark("teardown"):
+            del model, opt, batch, held
+            gc.collect()
+    return Curve(prof), facts
+
+
+# --------------------------------------------------------------------------
+# Hand-counted examples: one Linear(6 -> 5) with bias, batch N = 4,
+# cross-entropy over C = 5 classes. fp32 throughout, so:
+#   x = 4*6*4 = 96 B, targets (int64) = 4*8 = 32 B, W = 5*6*4 = 120 B,
+#   b = 5*4 = 20 B, logits = N*C*4 = 80 B.
+# Resident at the start of the first iteration: W + b + x + y = 268 B.
+
+def hand_build():
+    torch.manual_seed(0)
+    return nn.Linear(6, 5)
+
+
+def hand_batch(model):
+    return torch.randn(4, 6), torch.randint(0, 5, (4,))
+
+
+def hand_step(model, batch, held, logits):
+    x, y = batch
+    with Mark("blk:linear"):
+        out = model(x)                 # addmm: + logits 80
+    with Mark("blk:loss"):
+        loss = F.cross_entropy(out, y)  # log_softmax out + 80 (saved); nll: loss + 4, total_weight + 4
+    if logits == "kept":
+        held.append(out)
+    return loss
+# released: `out` dies when hand_step returns, after the loss range: the
+# log-softmax does not save its input, so the logits go then (1.13 and 2.x).
+#
+# Expected raw (CPU) figures, relative to the resident state R at the start of
+# the iteration, "phase: maximum live - R" (a phase's maximum includes the
+# level it starts at; 1.13, one thread, with the profiler's own ranges quiet):
+#   forward  addmm: logits +80                                      -> 80
+#   loss     _log_softmax out +80 (saved), nll_loss: loss +4,
+#            total_weight +4 (saved)                                -> 168
+#            released: then the logits -80                          -> 88
+#   backward (kept) ones_like seed +4 = 172; nll_loss_backward grad_input
+#            (zeros N*C) +80 = 252; total_weight freed -4 = 248;
+#            _log_softmax_backward_data +80 = 328 (the maximum); nll grad
+#            -80 = 248; log-probs (saved) -80 = 168; dW = grad^T x: mm +120 =
+#            288; db = sum +20 = 308; grad of the logits -80 = 228; seed -4
+#            -> max 328, ends at 224 (logits 80 + loss 4 + grads 140).
+#            released: the same without the 80 B logits -> max 248, ends 144.
+#   optimizer SGD (lr, no momentum, for-loop): p.add_(grad, alpha=-lr)
+#            allocates nothing (alpha is a c10::Scalar): max = level at
+#            entry, 224 (kept) / 144 (released); zero_grad -140; end: loss -4,
+#            logits -80 (kept) -> 0.
+#   optimizer Adam (for-loop), steady (R = 268 + states 280 + counters 8 = 556):
+#            per parameter: step_t += 1, exp_avg.mul_(beta1),
+#            exp_avg_sq.mul_(beta2), each a Python float wrapped as an 8 B
+#            double and cast to a 4 B float (+12, -12); exp_avg_sq.sqrt() +n;
+#            / bc2_sqrt: +8 +4, denom +n, -4 -8; sqrt -n; .add_(eps) +12 -12.
+#            W (n = 120): 224 + 120 (sqrt) + 12 + 120 (denom) = 476, the
+#            maximum; b (n = 20) while W's denom is still bound to `denom`
+#            (the loop rebinds it only at b's): 224 + 120 + 20 + 12 + 20 = 396.
+#            -> max 476 (kept), 396 (released: 476 - 80).
+#            First iteration (R = 268): states created in the step first,
+#            step = tensor(0.) 4 + exp_avg 120 + exp_avg_sq 120, 4 + 20 + 20
+#            = +288, then as above: 224 + 288 + 252 = 764; ends at R + 288.
+#   Device view: minus the scalars (12 at Adam's maximum; the counters, 8,
+#            from the resident state): steady 548 + 464, first 268 + 744.
+
+HAND = [
+    # (optimizer, logits, iteration, start, {phase: max - start}, end - start, device view max - start)
+    ("sgd", "kept", 1, 268, {"forward": 80, "loss": 168, "backward": 328, "optimizer": 224}, 0, 328),
+    ("sgd", "released", 1, 268, {"forward": 80, "loss": 168, "backward": 248, "optimizer": 144}, 0, 248),
+    ("adam", "kept", 0, 268, {"forward": 80, "loss": 168, "backward": 328, "optimizer": 764}, 288, 744),
+    ("adam", "kept", 1, 556, {"forward": 80, "loss": 168, "backward": 328, "optimizer": 476}, 0, 464),
+    ("adam", "released", 1, 556, {"forward": 80, "loss": 168, "backward": 248, "optimizer": 396}, 0, 384),
+]
+
+
+# --------------------------------------------------------------------------
+# The cross-check models
+
+def model_step_fn(ckpt):
+    def step(model, batch, held, logits):
+        rec = Blocks()
+        xc.F = FShim(held if logits == "kept" else [])
+        try:
+            loss = model.run(rec, batch, ckpt)
+        finally:
+            rec.close()
+            xc.F = F
+        return loss
+    return step
+
+
+def planned(memledger, path, B, T, ckpt, optim, impl, logits):
+    args = ["--micro-batch", str(B), "--checkpoint", "full" if ckpt else "none",
+            "--optimizer", optim, "--optimizer-impl", impl, "--logits", logits]
+    if T:
+        args += ["--seq-len", str(T)]
+    out = subprocess.run([memledger, "plan", path, "--format", "json"] + args,
+                         capture_output=True, text=True)
+    if out.returncode not in (0, 1):
+        raise SystemExit("memledger plan failed: %s" % out.stderr)
+    j = json.loads(out.stdout)
+    out = subprocess.run([memledger, "timeline", path, "--format", "csv"] + args,
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit("memledger timeline failed: %s" % out.stderr)
+    lines = out.stdout.strip().split("\n")
+    hdr = lines[0].split(",")
+    best, cur, live = {}, None, 0
+    for ln in lines[1:]:
+        r = dict(zip(hdr, ln.split(",")))
+        if r["step"] == "resident":
+            live = int(r["total"])
+            continue
+        if r["phase"] != cur:
+            cur = r["phase"]
+            best[cur] = max(best.get(cur, 0), live)
+        live = int(r["total"])
+        best[cur] = max(best[cur], live)
+    j["phase_max"] = best
+    return j
+
+
+def pct(m, p):
+    return "%+.1f%%" % ((p - m) / m * 100) if m else "-"
+
+
+def main():
+    if len(sys.argv) < 3:
+        raise SystemExit(__doc__)
+    t_start = time.time()
+    memledger, models = sys.argv[1], sys.argv[2]
+    doc_out = sys.argv[sys.argv.index("--doc") + 1] if "--doc" in sys.argv else None
+    quick = "--quick" in sys.argv
+    passed = failed = 0
+
+    def check(label, got, want):
+        nonlocal passed, failed
+        ok = got == want
+        print("%s %s: got %s, expected %s" % ("ok  " if ok else "FAIL", label, got, want))
+        passed, failed = passed + ok, failed + (not ok)
+        return ok
+
+    # (1) the hand-counted examples, byte for byte
+    for optim, logits, it, start, ph, end, dev in HAND:
+        c, f = run_loop(hand_build, hand_batch, hand_step, optim, "for-loop", logits)
+        name = "hand Linear(6,5)+CE %s logits %s iter %d" % (optim, logits, it)
+        check(name + " oracle errors", c.errors, [])
+        r = c.phases(it, [e["d"] for e in c.ev])
+        check(name + " start", r["start"], start)
+        check(name + " phase maxima", {k: v - r["start"] for k, v in r["phases"].items()}, ph)
+        check(name + " end", r["end"] - r["start"], end)
+        v, _ = c.device_view()
+        rd = c.phases(it, v)
+        check(name + " device-view peak", rd["peak"] - rd["start"], dev)
+
+    # (2), (3) the cross-check models
+    xc.RMSNorm.forward = rmsnorm_forward
+    nn.AdaptiveAvgPool2d.forward = avgpool_forward
+    orig_rng = torch.get_rng_state
+
+    def tagged_rng():
+        t = orig_rng()
+        tag("rng", t)
+        return t
+    torch.get_rng_state = tagged_rng
+    rows = []
+    files = sorted(f for f in os.listdir(models) if f.endswith(".yaml"))
+    for fn in files:
+        path = os.path.join(models, fn)
+        with open(path) as fh:
+            doc = xc.yaml.safe_load(fh)
+        seq = doc["model"]["type"] == "sequential"
+        B = doc.get("training", {}).get("micro_batch", 2)
+        T = None if seq else doc.get("training", {}).get("seq_len", 16)
+        own = doc.get("training", {}).get("optimizer", "adamw")
+        adam = own if own in ("adam", "adamw") else "adam"
+        confs = [(False, adam, impl, lg) for impl in ("for-loop", "foreach") for lg in ("kept", "released")]
+        confs += [(False, "sgd-momentum", "for-loop", lg) for lg in ("kept", "released")]
+        confs += [(True, adam, "foreach", lg) for lg in ("kept", "released")]
+        if quick:
+            confs = confs[:1]
+        for ckpt, optim, impl, logits in confs:
+            name = "%s B=%d%s%s %s %s logits %s" % (doc["name"], B, "" if seq else " T=%d" % T,
+                                                  " ckpt=full" if ckpt else "", optim,
+                                                  impl if optim != "sgd-momentum" else "", logits)
+            name = " ".join(name.split())
+
+            def build(doc=doc, ckpt=ckpt):
+                torch.manual_seed(1)
+                xc.INPLACE[0] = not ckpt
+                m = xc.build(doc)
+                m.train()
+                return m
+            c, f = run_loop(build, lambda m: xc.batch_for(doc, m, B, T or 1), model_step_fn(ckpt),
+                            optim, impl, logits)
+            j = planned(memledger, path, B, T, ckpt, optim, impl, logits)
+            check(name + " oracle (running total, pairing)", c.errors, [])
+            check(name + " nothing left after teardown", c.leaked, 0)
+            raw = [e["d"] for e in c.ev]
+            view, kind = c.device_view()
+            r = [c.phases(i, view) for i in range(3)]
+            rr = [c.phases(i, raw) for i in range(3)]
+            other = f["buffers"] + f["batch"]
+            # exact today: model states and the resident state
+            check(name + " params bytes", j["bytes"]["params"], f["params"])
+            check(name + " optimizer states bytes", j["bytes"]["optimizer_states"], f["states"])
+            check(name + " first iteration starts at params + buffers + batch",
+                  rr[0]["start"], f["params"] + other)
+            check(name + " steady iteration starts at the resident state",
+                  rr[1]["start"], f["params"] + f["states"] + f["counters"] + other)
+            check(name + " device view: resident = planned resident + buffers + batch",
+                  r[1]["start"], j["bytes"]["params"] + j["bytes"]["master_params"]
+                  + j["bytes"]["optimizer_states"] + other)
+            check(name + " steady iteration ends where it started", rr[1]["end"], rr[1]["start"])
+            check(name + " first iteration ends at the resident state", rr[0]["end"], rr[1]["start"])
+            check(name + " iterations 2 and 3 identical", (rr[2]["peak"], rr[2]["phases"]),
+                  (rr[1]["peak"], rr[1]["phases"]))
+            arts = {}
+            for i, k in enumerate(kind):
+                if k is not None:
+                    arts[k] = arts.get(k, 0) + 1
+            rows.append((name, r[1], r[0], rr[1], j, other, arts))
+    # (3) the report
+    hdr = ("| model and loop | steady peak: measured / planned (B) | diff | first iteration: measured / planned | diff "
+           "| peak phase (op): measured / planned | forward max m / p | backward max m / p | optimizer max m / p "
+           "| buffers + batch in measured (B) | raw CPU steady peak (B) | artefacts removed (allocations) |")
+    lines = [hdr, "|" + "---|" * 12]
+    for name, st, fi, raw, j, other, arts in rows:
+        pm = j["phase_max"]
+        lines.append("| %s | %d / %d | %s | %d / %d | %s | %s (%s) / %s | %d / %d | %d / %d | %d / %d | %d | %d | %s |" % (
+            name, st["peak"], j["peaks"]["steady"], pct(st["peak"], j["peaks"]["steady"]),
+            fi["peak"], j["peaks"]["first_iteration"], pct(fi["peak"], j["peaks"]["first_iteration"]),
+            st["peak_phase"], st["peak_op"], "%s %s" % (j["peak"]["phase"], j["peak"]["step"]),
+            st["phases"].get("forward", 0), pm.get("forward", 0),
+            st["phases"].get("backward", 0), pm.get("backward", 0),
+            st["phases"].get("optimizer", 0), pm.get("optimizer", 0),
+            other, raw["peak"], ", ".join("%s %d" % kv for kv in sorted(arts.items())) or "none"))
+    print("\n".join(lines))
+    if doc_out:
+        with open(doc_out, "w") as out:
+            out.write("\n".join(lines) + "\n")
+    print("%d passed, %d failed (%.1f s)" % (passed, failed, time.time() - t_start))
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
