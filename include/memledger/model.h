@@ -55,6 +55,8 @@ typedef enum ml_checkpoint_kind {
     ML_CKPT_SELECTIVE, /* recompute the attention core only (Korthikanti 2022) */
     ML_CKPT_LIST,      /* the listed blocks, each its own segment */
     ML_CKPT_OPTIMAL,   /* least recompute whose peak fits the budget (docs/optimal.md) */
+    ML_CKPT_SEGMENTS,  /* the listed segments of consecutive blocks, each recomputed
+                          as one: "[0-3] [8]", what an optimal plan prints */
     ML_CKPT_COUNT
 } ml_checkpoint_kind;
 
@@ -63,8 +65,12 @@ typedef enum ml_checkpoint_kind {
 typedef struct ml_checkpoint {
     ml_checkpoint_kind kind;
     uint32_t every;                     /* ML_CKPT_EVERY: blocks per segment */
-    uint32_t count;                     /* ML_CKPT_LIST: entries in blocks[] */
-    uint32_t blocks[ML_CKPT_LIST_MAX];  /* ML_CKPT_LIST: block indices */
+    uint32_t count;                     /* ML_CKPT_LIST: entries in blocks[];
+                                           ML_CKPT_SEGMENTS: segments */
+    uint32_t blocks[ML_CKPT_LIST_MAX];  /* ML_CKPT_LIST: block indices;
+                                           ML_CKPT_SEGMENTS: first and last block
+                                           of each (pairs, ascending, at most
+                                           ML_CKPT_LIST_MAX / 2 segments) */
 } ml_checkpoint;
 
 typedef enum ml_offload {

@@ -169,6 +169,11 @@ int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config 
     ml_error e;
     ml_status st = ML_OK;
     unsigned evals = 0;
+    if (!cfg->device.present) {
+        ml_cli_errorf("fit needs a device (--device SIZE or a device: section)");
+        rc = ML_EXIT_BAD_INPUT;
+        goto out;
+    }
     if (auto_tokens && (st = ml_lengths_fit_tokens(m, cfg, d, &req.max_tokens, &evals, &e))) {
         rc = failed(o, &e, st);
         goto out;
@@ -178,11 +183,6 @@ int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config 
                         "length (%llu tokens) does not fit\n",
                 (unsigned long long)ml_lengths_max(d));
         rc = ML_EXIT_NO_FIT;
-        goto out;
-    }
-    if (!cfg->device.present) {
-        ml_cli_errorf("fit needs a device (--device SIZE or a device: section)");
-        rc = ML_EXIT_BAD_INPUT;
         goto out;
     }
     ml_lengths_result r;

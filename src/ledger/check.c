@@ -44,6 +44,18 @@ const char *ml_config_problem(const ml_config *cfg)
         return "training.eval_seq_len: must be between 1 and 268435456";
     if (t->checkpoint.kind == ML_CKPT_EVERY && t->checkpoint.every == 0)
         return "training.checkpoint: every-K needs K >= 1";
+    if (t->checkpoint.kind == ML_CKPT_LIST && t->checkpoint.count > ML_CKPT_LIST_MAX)
+        return "training.checkpoint: more than 256 blocks listed";
+    if (t->checkpoint.kind == ML_CKPT_SEGMENTS) {
+        const ml_checkpoint *c = &t->checkpoint;
+        if (c->count == 0 || c->count > ML_CKPT_LIST_MAX / 2)
+            return "training.checkpoint: segments: between 1 and 128 of them";
+        for (uint32_t i = 0; i < c->count; i++)
+            if (c->blocks[2 * i] > c->blocks[2 * i + 1] ||
+                (i && c->blocks[2 * i] <= c->blocks[2 * i - 1]))
+                return "training.checkpoint: segments must be [first-last] with first <= last, "
+                       "ascending and not overlapping";
+    }
     if (t->checkpoint.kind == ML_CKPT_OPTIMAL && !dv->present)
         return "training.checkpoint: optimal needs a budget: give a device (--device SIZE or a "
                "device: section)";

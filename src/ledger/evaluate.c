@@ -73,6 +73,19 @@ ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg
                     seg[i] = (int)cp->blocks[j];
         }
         return ML_OK;
+    case ML_CKPT_SEGMENTS:
+        for (uint32_t j = 0; j < cp->count && j < ML_CKPT_LIST_MAX / 2; j++) {
+            const uint32_t a = cp->blocks[2 * j], b = cp->blocks[2 * j + 1];
+            if (b >= nc)
+                return ml_errorf(err, ML_RANGE,
+                                 "training.checkpoint: segment [%u-%u] reaches past the last "
+                                 "block; the model has %zu checkpointable blocks (0 to %zu)",
+                                 a, b, nc, nc ? nc - 1 : 0);
+            for (size_t i = 0; i < n; i++)
+                if (ch->blocks[i].ckpt_index >= (int)a && ch->blocks[i].ckpt_index <= (int)b)
+                    seg[i] = (int)a;
+        }
+        return ML_OK;
     default:
         return ML_OK;
     }

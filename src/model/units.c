@@ -198,6 +198,67 @@ static bool parse_u32(const char **pp, uint32_t *out)
     return true;
 }
 
+static const char *skip_space(const char *p)
+{
+    while (isspace((unsigned char)*p))
+        p++;
+    return p;
+}
+
+/* Segments "[0-3] [8] [10-12]" (the form an optimal plan prints; commas
+ * between groups allowed): ascending, not overlapping. */
+static ml_status parse_segments(const char *text, const char *p, ml_checkpoint *c, ml_error *err)
+{
+    c->kind = ML_CKPT_SEGMENTS;
+    for (p = skip_space(p); *p; p = skip_space(p)) {
+        uint32_t a, b;
+        if (*p++ != '[')
+            return usage(err, ML_USAGE, "checkpoint '%s': expected a segment such as [0-3]",
+                         text);
+        p = skip_space(p);
+        if (!parse_u32(&p, &a))
+            return usage(err, ML_USAGE, "checkpoint '%s': a segment starts with a block index",
+                         text);
+        p = skip_space(p);
+        b = a;
+        if (*p == '-') {
+            p = skip_space(p + 1);
+            if (!parse_u32(&p, &b) || b < a)
+                return usage(err, ML_USAGE,
+                             "checkpoint '%s': a segment [A-B] needs whole A <= B", text);
+            p = skip_space(p);
+        }
+        if (*p++ != ']')
+            return usage(err, ML_USAGE, "checkpoint '%s': a segment ends with ]", text);
+        if (c->count && a <= c->blocks[2 * c->count - 1])
+            return usage(err, ML_USAGE,
+                         "checkpoint '%s': segments must be in ascending order and must not "
+                         "overlap",
+                         text);
+        if (c->count == ML_CKPT_LIST_MAX / 2)
+            return usage(err, ML_RANGE, "checkpoint '%s': more than 128 segments", text);
+        c->blocks[2 * c->count] = a;
+        c->blocks[2 * c->count + 1] = b;
+        c->count++;
+        p = skip_space(p);
+        if (*p == ',')
+            p++;
+    }
+    if (!c->count)
+        return usage(err, ML_USAGE, "checkpoint '%s': no segment", text);
+    return ML_OK;
+}
+
+/* "optimal: [0-3] [8]", "[0-3] [8]", "[4-7]", "[2] [5]": a range, or more
+ * than one bracket group (a list "[0, 3, 6]" has neither). */
+static bool is_segments(const char *text)
+{
+    if (strncmp(text, "optimal:", 8) == 0)
+        return true;
+    const char *close = text[0] == '[' ? strchr(text, ']') : NULL;
+    return close && (memchr(text, '-', (size_t)(close - text)) || strchr(close, '['));
+}
+
 ml_status ml_parse_checkpoint(const char *text, ml_checkpoint *out, ml_error *err)
 {
     ml_checkpoint c;
@@ -219,6 +280,11 @@ ml_status ml_parse_checkpoint(const char *text, ml_checkpoint *out, ml_error *er
         if (!parse_u32(&p, &c.every) || *p || c.every == 0)
             return usage(err, ML_USAGE, "checkpoint '%s': every-K needs a whole K >= 1", text);
         c.kind = ML_CKPT_EVERY;
+    } else if (is_segments(text)) {
+        /* segments, as an optimal plan prints them ("optimal: [0-3] [8]") */
+        ml_status st = parse_segments(text, text[0] == 'o' ? text + 8 : text, &c, err);
+        if (st)
+            return st;
     } else if (text[0] == '[') {
         const char *p = text + 1;
         c.kind = ML_CKPT_LIST;
@@ -256,6 +322,17 @@ void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size)
     case ML_CKPT_SELECTIVE: snprintf(buf, size, "selective"); return;
     case ML_CKPT_OPTIMAL: snprintf(buf, size, "optimal"); return;
     case ML_CKPT_EVERY: snprintf(buf, size, "every-%u", c->every); return;
+    case ML_CKPT_SEGMENTS: {
+        size_t n = 0;
+        if (size)
+            buf[0] = '\0';
+        for (uint32_t i = 0; i < c->count && i < ML_CKPT_LIST_MAX / 2 && n < size; i++) {
+            const uint32_t a = c->blocks[2 * i], b = c->blocks[2 * i + 1];
+            n += (size_t)(a == b ? snprintf(buf + n, size - n, "%s[%u]", i ? " " : "", a)
+                                 : snprintf(buf + n, size - n, "%s[%u-%u]", i ? " " : "", a, b));
+        }
+        return;
+    }
     case ML_CKPT_LIST:
     default: {
         size_t n = 0;

@@ -144,7 +144,7 @@ static ml_status count_ranges(const ml_lengths *d, uint64_t tokens, ml_error *er
         if (n > MAX_RANGES)
             return ml_errorf(err, ML_RANGE,
                              "lengths: a budget of %llu tokens over lengths %llu to %llu makes "
-                             "more than %u batch sizes to plan; use a smaller --max-tokens, "
+                             "more than %u batch sizes to plan; use a smaller max_tokens, "
                              "or lengths from a CSV (only the lengths that occur are planned)",
                              (unsigned long long)tokens, (unsigned long long)ml_lengths_min(d),
                              (unsigned long long)tmax, MAX_RANGES);
@@ -320,7 +320,7 @@ ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const m
         return st;
     if (!cfg->device.present)
         return ml_errorf(err, ML_USAGE,
-                         "max_tokens auto needs a device (device.memory or --device SIZE)");
+                         "max_tokens auto needs a device (device.memory)");
     planner p = {m, *cfg, 0, err};
     /* N >= the longest sample (else it would get a batch of its own); the
      * worst batch grows with N: doubling to a failure, then bisection

@@ -75,14 +75,14 @@ static char *partial(const char *kind, const ml_model *m, const ml_config *c, co
 
 static void has(const char *text, const char *part)
 {
-    if (!strstr(text, part))
-        fail_msg("missing '%s' in:\n%s", part, text);
+    if (!text || !strstr(text, part))
+        fail_msg("missing '%s' in:\n%s", part, text ? text : "(no output)");
 }
 
 static void lacks(const char *text, const char *part)
 {
-    if (strstr(text, part))
-        fail_msg("unexpected '%s' in:\n%s", part, text);
+    if (!text || strstr(text, part))
+        fail_msg("unexpected '%s' in:\n%s", part, text ? text : "(no output)");
 }
 
 static ml_config tiny_config(const ml_model *m, ml_precision p, ml_optimizer o,

@@ -173,6 +173,30 @@ static void test_optimal_on_presets(void **state)
             fail_msg("%s: optimal does not fit (%s), full does", presets[p], so->plan);
         assert_true(so->plan_fits_budget);
         assert_true(so->flops_recompute <= sf->flops_recompute);
+        /* the printed plan, passed back as --checkpoint, runs the same plan */
+        ml_config again = c;
+        ml_error e;
+        if (strcmp(so->plan, "optimal: none") != 0) {
+            if (ml_parse_checkpoint(so->plan, &again.training.checkpoint, &e))
+                fail_msg("%s: the plan \"%s\" does not parse: %s", presets[p], so->plan, e.msg);
+            assert_int_equal(again.training.checkpoint.kind, ML_CKPT_SEGMENTS);
+            ml_ledger *back = eval(m, &again, false);
+            const ml_summary *sb = ml_ledger_summary(back);
+            assert_int_equal(sb->peak, so->peak);
+            assert_int_equal(sb->peak_total, so->peak_total);
+            assert_true(sb->flops_recompute == so->flops_recompute);
+            assert_string_equal(sb->plan, so->plan + strlen("optimal: "));
+            /* the same grouping (segment ids are labels: compare who is
+             * checkpointed and who shares a segment with the next block) */
+            for (size_t i = 0; i < ml_ledger_block_count(opt); i++) {
+                const ml_block_info *x = ml_ledger_block(back, i), *y = ml_ledger_block(opt, i);
+                assert_int_equal(x->segment < 0, y->segment < 0);
+                if (i + 1 < ml_ledger_block_count(opt))
+                    assert_int_equal(x->segment == ml_ledger_block(back, i + 1)->segment,
+                                     y->segment == ml_ledger_block(opt, i + 1)->segment);
+            }
+            ml_ledger_destroy(back);
+        }
         ml_ledger_destroy(opt);
         ml_ledger_destroy(full);
         /* a device far above none's peak: nothing to recompute */

@@ -62,10 +62,11 @@ static void test_checkpoint_policies(void **state)
     ml_error e;
     char buf[128];
     const char *ok[] = {"none", "full", "sqrt", "selective", "every-2", "every-12", "[0, 3, 6]",
-                        "[]", "[5]"};
+                        "[]", "[5]", "[0-3] [8]", "[4-7]", "[2] [5]"};
     const ml_checkpoint_kind kinds[] = {ML_CKPT_NONE, ML_CKPT_FULL, ML_CKPT_SQRT,
                                         ML_CKPT_SELECTIVE, ML_CKPT_EVERY, ML_CKPT_EVERY,
-                                        ML_CKPT_LIST, ML_CKPT_LIST, ML_CKPT_LIST};
+                                        ML_CKPT_LIST, ML_CKPT_LIST, ML_CKPT_LIST,
+                                        ML_CKPT_SEGMENTS, ML_CKPT_SEGMENTS, ML_CKPT_SEGMENTS};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         assert_int_equal(ml_parse_checkpoint(ok[i], &c, &e), ML_OK);
         assert_int_equal(c.kind, kinds[i]);
@@ -77,7 +78,17 @@ static void test_checkpoint_policies(void **state)
     assert_int_equal(ml_parse_checkpoint("[0, 3, 6]", &c, &e), ML_OK);
     assert_int_equal(c.count, 3);
     assert_int_equal(c.blocks[2], 6);
-    const char *bad[] = {"every-0", "every-", "every-x", "all", "[0, x]", "[1", "FULL"};
+    /* segments as an optimal plan prints them: first and last block of each */
+    assert_int_equal(ml_parse_checkpoint("optimal: [0-3] [8] [10 - 11]", &c, &e), ML_OK);
+    assert_int_equal(c.kind, ML_CKPT_SEGMENTS);
+    assert_int_equal(c.count, 3);
+    const uint32_t pairs[] = {0, 3, 8, 8, 10, 11};
+    for (size_t i = 0; i < 6; i++)
+        assert_int_equal(c.blocks[i], pairs[i]);
+    ml_checkpoint_format(&c, buf, sizeof buf);
+    assert_string_equal(buf, "[0-3] [8] [10-11]");
+    const char *bad[] = {"every-0", "every-", "every-x", "all", "[0, x]", "[1", "FULL",
+                         "[3-1]", "[0-3] [2]", "[0-3] [3-4]", "optimal:", "[0-3] 8", "[0-]"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_int_not_equal(ml_parse_checkpoint(bad[i], &c, &e), ML_OK);
 }
