@@ -66,6 +66,13 @@ typedef struct ml_event {
     ml_category cat;
     int64_t delta;       /* bytes allocated (>0) or freed (<0) */
     uint64_t live[ML_CAT_COUNT];
+    /* when (docs/ledger.md, "Time"): the FLOPs the iteration has run
+     * before this event (forward, recompute and backward of the blocks,
+     * the middle micro-batches of an accumulation included), and that as
+     * seconds at the step time's throughput; t_s < 0 when no throughput is
+     * known (no --peak-tflops and no profile) */
+    double flops_before;
+    double t_s;
 } ml_event;
 
 /* Which of the iteration's peaks the verdict uses: the largest. */

@@ -225,6 +225,10 @@ double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
     unsigned micros = t->grad_accum > 1 ? 2 : 1;
     for (unsigned mb = 0; mb < micros; mb++) {
         r->micro = mb;
+        /* the later micro-batch stands for the last one: the middle ones
+         * (identical) have run before it */
+        if (mb == 1)
+            r->flops_done *= (double)(t->grad_accum - 1);
         r->flops_recompute = 0;
         ml_replay_micro_batch(r);
         flops_re = r->flops_recompute; /* identical for every micro-batch */
@@ -485,6 +489,10 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
     s->has_eval = x->has_eval;
     s->peak_eval = x->eval_peak;
     flops_and_time(ch, x->cfg, flops_re, s);
+    /* each event's time at the step's throughput (docs/ledger.md, "Time") */
+    const double rate = s->step_time_s > 0 ? s->flops_total / s->step_time_s : 0;
+    for (size_t i = 0; i < l->nevents; i++)
+        l->events[i].t_s = rate > 0 ? l->events[i].flops_before / rate : -1;
     if ((st = verdict(ch, &x->cfg->device, s, err)))
         return st;
     block_table(x, seg, l);

@@ -58,6 +58,8 @@ static void event(ml_replay *r, ml_category c, int64_t delta)
     e->cat = c;
     e->delta = delta;
     memcpy(e->live, r->live, sizeof r->live);
+    e->flops_before = r->flops_done;
+    e->t_s = -1; /* set once the step time is known */
 }
 
 void ml_replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
@@ -157,6 +159,7 @@ void ml_replay_forward(ml_replay *r)
             ml_replay_alloc(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
         if (k + 1 < n)
             boundary_alloc(r, k + 1, r->bd[k + 1].alias ? 0 : B[k + 1].in_bytes);
+        r->flops_done += b->flops_fwd; /* the block runs: what follows is after it */
         ml_replay_free(r, ML_CAT_WORKSPACE, ws);
         ml_replay_free(r, ML_CAT_WORKSPACE, gat);
         if (r->hold_cache) /* the output's keys and values; autocast's weight copies */
@@ -194,6 +197,7 @@ static void recompute_segment(ml_replay *r, size_t s0, size_t k)
             r->recomputed[k + 1] = B[k + 1].in_bytes; /* a recomputed copy of the output */
             ml_replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[k + 1]);
         }
+        r->flops_done += B[j].flops_fwd;
         ml_replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
         r->flops_recompute += B[j].flops_fwd;
     }
@@ -223,6 +227,7 @@ static void backward_block(ml_replay *r, size_t k)
         r->sub = " (recompute)";
         ml_replay_alloc_as(r, ML_CAT_RECOMPUTE, b->core_bytes, ML_T_SAVED_CORE, k, 1);
         r->flops_recompute += b->flops_core;
+        r->flops_done += b->flops_core;
         r->sub = "";
     }
     ml_replay_alloc_as(r, ML_CAT_WORKSPACE, b->ws_bwd, ML_T_UNITS_BWD, k, 1);
@@ -236,6 +241,7 @@ static void backward_block(ml_replay *r, size_t k)
                            sh->grads_sharded ? ML_T_ONE : ML_T_BLOCK_PARAMS, k, 1);
     else
         ml_replay_alloc_as(r, ML_CAT_WORKSPACE, b->grad_accum_bytes, ML_T_BLOCK_PARAMS, k, 1);
+    r->flops_done += b->flops_bwd; /* its backward runs */
     /* the block's saved tensors are released once its gradient is done */
     if (seg[k] >= 0) {
         ml_replay_free(r, ML_CAT_RECOMPUTE, b->saved_bytes);

@@ -61,6 +61,7 @@ typedef struct {
     ml_category prev_out_cat;
     /* results of a micro-batch */
     double flops_recompute;  /* recompute FLOPs of this micro-batch */
+    double flops_done;       /* FLOPs of the iteration run so far (events' time) */
     uint64_t act_end;        /* activations live at the end of forward */
     uint64_t peak_first;     /* the first iteration's peak: optimizer states exist
                                 only from the first step() on */

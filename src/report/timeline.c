@@ -16,7 +16,7 @@ int ml_report_timeline_csv(FILE *f, const ml_ledger *l)
     fputs("index,micro_batch,phase,step,category,delta_bytes", f);
     for (int c = 0; c < ML_CAT_COUNT; c++)
         fprintf(f, ",%s", ml_category_name((ml_category)c));
-    fputs(",total\n", f);
+    fputs(",total,flops_before,t_s\n", f);
     const ml_event *ev = ml_ledger_events(l);
     for (size_t i = 0; i < ml_ledger_event_count(l); i++) {
         const ml_event *e = &ev[i];
@@ -27,7 +27,10 @@ int ml_report_timeline_csv(FILE *f, const ml_ledger *l)
             fprintf(f, ",%llu", (unsigned long long)e->live[c]);
             total += e->live[c];
         }
-        fprintf(f, ",%llu\n", (unsigned long long)total);
+        fprintf(f, ",%llu,%.17g,", (unsigned long long)total, e->flops_before);
+        if (e->t_s >= 0)
+            fprintf(f, "%.9g", e->t_s);
+        fputc('\n', f);
     }
     return ferror(f) ? -1 : 0;
 }
@@ -49,7 +52,12 @@ int ml_report_timeline_json(FILE *f, const ml_ledger *l)
                     (unsigned long long)e->live[c]);
             total += e->live[c];
         }
-        fprintf(f, "}, \"total\": %llu}", (unsigned long long)total);
+        fprintf(f, "}, \"total\": %llu, \"flops_before\": %.17g, \"t_s\": ",
+                (unsigned long long)total, e->flops_before);
+        if (e->t_s >= 0)
+            fprintf(f, "%.9g}", e->t_s);
+        else
+            fputs("null}", f);
     }
     fputs("\n]\n", f);
     return ferror(f) ? -1 : 0;

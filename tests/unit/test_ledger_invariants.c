@@ -231,6 +231,47 @@ static void test_mlp_timeline_by_hand(void **state)
     assert_int_equal(ev[ne - 1].delta, -48);
     assert_int_equal(ev[ne - 1].phase, ML_PHASE_OPTIMIZER);
     ml_ledger_destroy(l);
+    /* time: FLOPs per micro-batch of 3 samples (docs/flops.md): forward
+     * 2*3*8*16 = 768 + 2*3*16*4 = 384 (GELU 0); backward 0:linear 768 (its
+     * input needs no gradient), 2:linear 2*384 = 768: 2,688 in all. At
+     * 1e-9 TFLOP/s (1,000 FLOP/s) an event's t_s is its FLOPs before / 1000:
+     * event 0 at 0; the peak (event 17, 0:linear's gradient, allocated
+     * before 0:linear's backward runs) after the forward 1,152 + 2:linear's
+     * 768 = 1,920: 1.92 s; the last at 2,688: 2.688 s (the step time) */
+    c.device.peak_tflops = 1e-9;
+    c.device.efficiency = 1;
+    l = eval(m, &c, true);
+    ev = ml_ledger_events(l);
+    ne = ml_ledger_event_count(l);
+    assert_rel_close(ml_ledger_summary(l)->step_time_s, 2.688, 1e-12);
+    assert_true(ev[0].t_s == 0);
+    assert_int_equal(ev[17].delta, 512);
+    assert_rel_close(ev[17].flops_before, 1920, 0);
+    assert_rel_close(ev[17].t_s, 1.92, 1e-12);
+    assert_rel_close(ev[ne - 1].t_s, 2.688, 1e-12);
+    for (size_t i = 1; i < ne; i++)
+        assert_true(ev[i].t_s >= ev[i - 1].t_s);
+    ml_ledger_destroy(l);
+    /* accumulation over 3: the later micro-batch stands for the last, after
+     * 2 x 2,688; the iteration ends at 3 x 2,688 = 8,064 = flops_total */
+    c.training.grad_accum = 3;
+    l = eval(m, &c, true);
+    ev = ml_ledger_events(l);
+    ne = ml_ledger_event_count(l);
+    size_t first_later = 0;
+    while (first_later < ne && ev[first_later].micro == 0)
+        first_later++;
+    assert_true(first_later < ne);
+    assert_rel_close(ev[first_later].flops_before, 2 * 2688, 0);
+    assert_rel_close(ev[ne - 1].flops_before, 8064, 0);
+    assert_rel_close(ml_ledger_summary(l)->flops_total, 8064, 0);
+    ml_ledger_destroy(l);
+    /* no throughput: no time */
+    c.training.grad_accum = 1;
+    c.device.peak_tflops = 0;
+    l = eval(m, &c, true);
+    assert_true(ml_ledger_events(l)[5].t_s < 0);
+    ml_ledger_destroy(l);
     c.training.logits = ML_LOGITS_RELEASED;
     l = eval(m, &c, false);
     assert_int_equal(ml_ledger_summary(l)->peak, 2016);
