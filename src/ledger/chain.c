@@ -154,5 +154,6 @@ void ml_chain_free(ml_chain *ch)
     free(ch->blocks);
     free(ch->saved);
     free(ch->params);
+    free(ch->nodes);
     memset(ch, 0, sizeof *ch);
 }

@@ -35,7 +35,30 @@ typedef struct {
     const char *what;  /* static description, e.g. "softmax output" */
     uint64_t bytes;
     unsigned flags;
+    uint32_t node;     /* the backward node (index in its block's node list) that
+                          releases it, ML_NODE_NONE: released when the block's
+                          backward ends */
 } ml_saved;
+
+#define ML_NODE_NONE UINT32_MAX
+
+/* One autograd node of a block's backward (docs/ledger.md, "Backward, node
+ * by node"). A block's nodes are kept in the order the engine runs them
+ * (engine.cpp's ready queue pops the highest sequence number first: the
+ * reverse of the forward's op order). Gradient buffers are counted by
+ * bytes: the sum of grad_in over a block equals the sum of grad_out, the
+ * block's incoming gradient buffer becoming its input's gradient. */
+typedef struct {
+    const char *what;     /* static: the node, e.g. "AddmmBackward0 (MLP out)" */
+    uint64_t grad_in;     /* gradients w.r.t. its inputs it allocates */
+    uint64_t param_grad;  /* parameter gradients it produces (AccumulateGrad
+                             steals them as .grad, or adds them into .grad) */
+    uint64_t scratch;     /* allocated and freed inside the node */
+    uint64_t grad_out;    /* earlier gradient bytes freed once it has run: its
+                             grad_output unless a residual's InputBuffer still
+                             holds it; for an accumulation node, the gradient
+                             added in place into the buffer */
+} ml_bnode;
 
 typedef struct {
     char name[48];
@@ -43,6 +66,8 @@ typedef struct {
     int ckpt_index;          /* index in checkpoint lists, -1: not checkpointable */
     uint64_t params;         /* elements */
     size_t saved_first, nsaved;
+    size_t node_first, nnodes; /* backward nodes in execution order; 0: the
+                                  block-level backward (ws_bwd) */
     uint64_t saved_bytes;    /* inventory without the boundary tensors */
     uint64_t core_bytes;     /* part flagged ML_SV_CORE */
     uint64_t cast_bytes;     /* part that is autocast's weight copies */
@@ -82,6 +107,9 @@ typedef struct {
     size_t nsaved, savedcap;
     ml_ptensor *params;
     size_t nparams, paramcap;
+    ml_bnode *nodes;
+    size_t nnodes, nodecap;
+    bool record_nodes;          /* the builder lists backward nodes for this block */
     bool overflow, nomem;
     ml_prec prec;
     uint64_t B, T;

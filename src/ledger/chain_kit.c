@@ -66,6 +66,7 @@ ml_cblock *ml_ck_begin(ml_chain *ch, const char *name, int ckpt_index)
     b->fwd_phase = ML_PHASE_FORWARD;
     b->ckpt_index = ckpt_index;
     b->saved_first = ch->nsaved;
+    b->node_first = ch->nnodes;
     ch->max_unsaved = ch->max_tensor = 0;
     return b;
 }
@@ -79,28 +80,109 @@ void ml_ck_note(ml_chain *ch, uint64_t bytes, bool saved)
 }
 
 /* Records one saved storage of `elems` elements of `bpe` bytes. */
-void ml_ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, unsigned bpe,
-                unsigned flags)
+size_t ml_ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, unsigned bpe,
+                  unsigned flags)
 {
     uint64_t bytes = ml_mul(ch, elems, bpe);
     if (flags & ML_SV_INPUT) {
         /* the block's input is a boundary tensor, accounted by the replay */
         b->in_saved = true;
         ml_ck_note(ch, bytes, true);
-        return;
+        return SIZE_MAX;
     }
     ml_saved *s = ml_grow(ch->saved, ch->nsaved, &ch->savedcap, sizeof *s, 64);
     if (!s) {
         ch->nomem = true;
-        return;
+        return SIZE_MAX;
     }
     ch->saved = s;
-    ch->saved[ch->nsaved++] = (ml_saved){what, bytes, flags};
+    size_t idx = ch->nsaved;
+    ch->saved[ch->nsaved++] = (ml_saved){what, bytes, flags, ML_NODE_NONE};
     b->nsaved++;
     b->saved_bytes = ml_add(ch, b->saved_bytes, bytes);
     if (flags & ML_SV_CORE)
         b->core_bytes = ml_add(ch, b->core_bytes, bytes);
     ml_ck_note(ch, bytes, true);
+    return idx;
+}
+
+/* ---- backward nodes (docs/ledger.md, "Backward, node by node") -------- */
+
+static ml_bnode *node_append(ml_chain *ch, ml_cblock *b)
+{
+    ml_bnode *n = ml_grow(ch->nodes, ch->nnodes, &ch->nodecap, sizeof *n, 64);
+    if (!n) {
+        ch->nomem = true;
+        return NULL;
+    }
+    ch->nodes = n;
+    b->nnodes++;
+    n = &ch->nodes[ch->nnodes++];
+    memset(n, 0, sizeof *n);
+    return n;
+}
+
+static void node_claims(ml_chain *ch, ml_cblock *b, size_t s)
+{
+    if (s != SIZE_MAX && s < ch->nsaved && s >= b->saved_first)
+        ch->saved[s].node = (uint32_t)(b->nnodes - 1);
+}
+
+void ml_ck_node(ml_chain *ch, ml_cblock *b, const char *what, uint64_t grad_in,
+                uint64_t param_grad, uint64_t grad_out, size_t s0, size_t s1)
+{
+    if (!ch->record_nodes)
+        return;
+    ml_bnode *n = node_append(ch, b);
+    if (!n)
+        return;
+    *n = (ml_bnode){what, grad_in, param_grad, 0, grad_out};
+    node_claims(ch, b, s0);
+    node_claims(ch, b, s1);
+}
+
+void ml_ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes)
+{
+    if (ch->record_nodes && b->nnodes)
+        ch->nodes[ch->nnodes - 1].scratch = bytes;
+}
+
+void ml_ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes)
+{
+    ml_ck_node(ch, b, "InputBuffer accumulation (in place)", 0, 0, bytes, SIZE_MAX, SIZE_MAX);
+}
+
+/* Puts the block's nodes in execution order (the reverse of the forward's)
+ * and checks them: the gradients balance and the parameter gradients are
+ * the block's. A list that does not is dropped (the block-level backward
+ * runs), never replayed wrong. */
+static void nodes_close(ml_chain *ch, ml_cblock *b)
+{
+    if (!b->nnodes)
+        return;
+    ml_bnode *n = &ch->nodes[b->node_first];
+    size_t m = b->nnodes;
+    uint64_t gin = 0, gout = 0, pg = 0;
+    for (size_t i = 0; i < m; i++) {
+        gin = ml_add(ch, gin, n[i].grad_in);
+        gout = ml_add(ch, gout, n[i].grad_out);
+        pg = ml_add(ch, pg, n[i].param_grad);
+    }
+    if (gin != gout || pg != b->grad_bytes || b->measured) {
+        ch->nnodes -= m;
+        b->nnodes = 0;
+        for (size_t s = b->saved_first; s < b->saved_first + b->nsaved; s++)
+            ch->saved[s].node = ML_NODE_NONE;
+        return;
+    }
+    for (size_t i = 0; i < m / 2; i++) {
+        ml_bnode t = n[i];
+        n[i] = n[m - 1 - i];
+        n[m - 1 - i] = t;
+    }
+    for (size_t s = b->saved_first; s < b->saved_first + b->nsaved; s++)
+        if (ch->saved[s].node != ML_NODE_NONE)
+            ch->saved[s].node = (uint32_t)(m - 1 - ch->saved[s].node);
 }
 
 /* An intermediate that nothing saves. */
@@ -138,6 +220,7 @@ void ml_ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
     uint64_t g = ml_mul(ch, b->params, ch->prec.grad);
     b->grad_bytes = ml_add(ch, b->grad_bytes, g);
     b->grad_accum_bytes = ml_add(ch, b->grad_accum_bytes, g);
+    nodes_close(ch, b);
 }
 
 /* Saved input of a linear layer whose input storage has `bpe` bytes per
@@ -192,20 +275,72 @@ void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
     uint64_t BHTT = ml_ck_mul3(ch, d->B, d->H, ml_mul(ch, d->T, d->T));
     /* q/k/v projections */
     unsigned ncast = fused_qkv ? 1 : 3;
+    size_t s_in = SIZE_MAX;
     if (ch->prec.autocast && src_bpe == 4) {
         for (unsigned i = 0; i < ncast; i++)
             ml_ck_save(ch, b, "q/k/v projection input (cast copy)", BTD, 2, 0);
     } else if (!src_saved) {
-        ml_ck_save(ch, b, "q/k/v projection input", BTD, src_bpe, in_flags);
+        s_in = ml_ck_save(ch, b, "q/k/v projection input", BTD, src_bpe, in_flags);
     }
     ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, qkv_out));
     ml_ck_param(ch, b, d->D, qkv_out);
     if (m->qkv_bias)
         ml_ck_param(ch, b, qkv_out, 0);
     ml_ck_tmp(ch, ml_mul(ch, d->BT, qkv_out), a);
+    /* backward nodes of the projections (docs/ledger.md, "Backward, node by
+     * node"): the input's gradient buffer exists already when the input is
+     * the block's residual stream (post-norm: the skip holds it); otherwise
+     * the first projection gradient to arrive becomes it */
+    const unsigned g = ch->prec.grad;
+    const bool xbuf = (in_flags & ML_SV_INPUT) != 0;
+    uint64_t gBTD = ml_mul(ch, BTD, src_bpe), gQ = ml_mul(ch, BTQ, a);
+    uint64_t gKV = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), a);
+    if (fused_qkv) {
+        uint64_t gqkv = ml_mul(ch, ml_mul(ch, d->BT, qkv_out), a);
+        if (xbuf)
+            ml_ck_accum(ch, b, gBTD);
+        ml_ck_node(ch, b, "AddmmBackward0 (qkv projection)", gBTD,
+                   ml_mul(ch, ml_add(ch, ml_mul(ch, d->D, qkv_out), m->qkv_bias ? qkv_out : 0), g),
+                   gqkv, s_in, SIZE_MAX);
+        ml_ck_node(ch, b, "SplitBackward0 (cat of q, k, v)", gqkv, 0,
+                   ml_add(ch, gQ, ml_mul(ch, 2, gKV)), SIZE_MAX, SIZE_MAX);
+        ml_ck_node(ch, b, "ViewBackward0 (q, contiguous copy)", gQ, 0, gQ, SIZE_MAX, SIZE_MAX);
+        ml_ck_node(ch, b, "ViewBackward0 (k, contiguous copy)", gKV, 0, gKV, SIZE_MAX, SIZE_MAX);
+    } else {
+        /* q, k, v: backward runs v, k, q (the reverse of their creation) */
+        static const char *const lin[3] = {"MmBackward0 (q projection)",
+                                           "MmBackward0 (k projection)",
+                                           "MmBackward0 (v projection)"};
+        for (unsigned i = 0; i < 3; i++) {
+            uint64_t w_el = i == 0 ? ml_mul(ch, d->D, Dq) : ml_mul(ch, d->D, d->Dkv);
+            uint64_t gh = i == 0 ? gQ : gKV;
+            if (xbuf || i < 2)
+                ml_ck_accum(ch, b, gBTD);
+            uint64_t bias_el = m->qkv_bias ? (i == 0 ? Dq : d->Dkv) : 0;
+            ml_ck_node(ch, b, lin[i], gBTD, ml_mul(ch, ml_add(ch, w_el, bias_el), g), gh,
+                       i == 0 ? s_in : SIZE_MAX, SIZE_MAX);
+            ml_ck_node(ch, b, "ViewBackward0 (head view, contiguous copy)", gh, 0, gh, SIZE_MAX,
+                       SIZE_MAX);
+        }
+        if (m->position == ML_POS_ROPE) {
+            /* q * cos + rotate_half(q) * sin (and k): the gradient through
+             * the two products and the cat, one tensor of the head's size */
+            ml_ck_node(ch, b, "MulBackward0/CatBackward0 (rotary on q)", gQ, 0, gQ, SIZE_MAX,
+                       SIZE_MAX);
+            ml_ck_node(ch, b, "MulBackward0/CatBackward0 (rotary on k)", gKV, 0, gKV, SIZE_MAX,
+                       SIZE_MAX);
+        }
+        if (d->Hkv < d->H) {
+            /* repeat_kv: expand + reshape, whose backward sums the groups */
+            ml_ck_node(ch, b, "ExpandBackward0 (repeat_kv of k)", gKV, 0, gQ, SIZE_MAX, SIZE_MAX);
+            ml_ck_node(ch, b, "ExpandBackward0 (repeat_kv of v)", gKV, 0, gQ, SIZE_MAX, SIZE_MAX);
+            gKV = gQ;
+        }
+    }
     double attn_core = 4.0 * (double)d->B * (double)d->H * (double)d->T * (double)d->T *
                        (double)d->dh;
     b->flops_fwd += 2.0 * (double)d->BT * (double)d->D * (double)qkv_out + attn_core;
+    size_t s_pv = SIZE_MAX;
     if (ml_ck_fused_attention(ch, m)) {
         /* scaled_dot_product_attention (flash): saves q, k, v, the output and
          * the per-row logsumexp; no T x T tensor exists */
@@ -215,29 +350,52 @@ void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
     } else {
         /* matmul of the permuted head views reshapes them into contiguous
          * copies, which bmm saves: q and k for QK^T, v for PV */
-        ml_ck_save(ch, b, "q, k, v contiguous copies (bmm)", ml_mul(ch, 3, BTQ), a, 0);
+        size_t s_qkv = ml_ck_save(ch, b, "q, k, v contiguous copies (bmm)", ml_mul(ch, 3, BTQ), a, 0);
         ml_ck_tmp(ch, BHTT, a);
         b->flops_core = attn_core;
-        if (causal_mask)
-            ml_ck_save(ch, b, "causal mask (masked_fill, bool)", ml_mul(ch, d->T, d->T), 1,
-                       ML_SV_CORE);
+        uint64_t gS = ml_mul(ch, BHTT, a);
+        ml_ck_node(ch, b, "BmmBackward0 (q k^T)", ml_mul(ch, 2, gQ), 0, gS, s_qkv, SIZE_MAX);
+        ml_ck_node(ch, b, "MulBackward0/DivBackward0 (scale)", gS, 0, gS, SIZE_MAX, SIZE_MAX);
+        if (causal_mask) {
+            size_t s = ml_ck_save(ch, b, "causal mask (masked_fill, bool)",
+                                  ml_mul(ch, d->T, d->T), 1, ML_SV_CORE);
+            ml_ck_node(ch, b, "MaskedFillBackward0", gS, 0, gS, s, SIZE_MAX);
+        }
         unsigned sm = softmax_fp32 ? 4 : w;
-        ml_ck_save(ch, b, "softmax output", BHTT, sm, ML_SV_CORE);
-        if (d->drop)
-            ml_ck_save(ch, b, "attention dropout mask", BHTT, 1, ML_SV_CORE);
+        size_t s = ml_ck_save(ch, b, "softmax output", BHTT, sm, ML_SV_CORE);
+        uint64_t gP = ml_mul(ch, BHTT, sm);
+        ml_ck_node(ch, b, "SoftmaxBackward0", gS, 0, gP, s, SIZE_MAX);
+        if (d->drop) {
+            s = ml_ck_save(ch, b, "attention dropout mask", BHTT, 1, ML_SV_CORE);
+            ml_ck_node(ch, b, "NativeDropoutBackward0 (attention)", gP, 0, gP, s, SIZE_MAX);
+        }
         if (sm != a)
-            ml_ck_save(ch, b, "attention probabilities cast for PV", BHTT, a, ML_SV_CORE);
+            s_pv = ml_ck_save(ch, b, "attention probabilities cast for PV", BHTT, a, ML_SV_CORE);
         else if (d->drop)
-            ml_ck_save(ch, b, "attention dropout output", BHTT, sm, ML_SV_CORE);
+            s_pv = ml_ck_save(ch, b, "attention dropout output", BHTT, sm, ML_SV_CORE);
+        if (sm != a)
+            ml_ck_node(ch, b, "ToCopyBackward0 (probabilities)", gP, 0, gS, SIZE_MAX, SIZE_MAX);
+        ml_ck_node(ch, b, "BmmBackward0 (P v)", ml_add(ch, gS, gKV), 0, gQ, s_pv, SIZE_MAX);
+        ml_ck_node(ch, b, "UnsafeViewBackward0 (attention output)", gQ, 0, gQ, SIZE_MAX,
+                   SIZE_MAX);
     }
     /* output projection: input is the contiguous (B, T, H*dh) attention output */
-    ml_ck_save(ch, b, "output projection input", BTQ, a, 0);
+    size_t s_o = ml_ck_save(ch, b, "output projection input", BTQ, a, 0);
     ml_ck_weight_copy(ch, b, ml_mul(ch, Dq, d->D));
     ml_ck_param(ch, b, Dq, d->D);
-    if (m->bias || m->out_bias)
+    bool obias = m->bias || m->out_bias;
+    if (obias)
         ml_ck_param(ch, b, d->D, 0);
     b->flops_fwd += 2.0 * (double)d->BT * (double)Dq * (double)d->D;
-    if (d->drop)
-        ml_ck_save(ch, b, "residual dropout mask", BTD, 1, 0);
+    /* the projection's output feeds the residual add, whose gradient the
+     * skip's buffer holds: freed there, not here (or by the dropout) */
+    uint64_t gD = ml_mul(ch, BTD, a);
+    ml_ck_node(ch, b, "AddmmBackward0 (output projection)", gQ,
+               ml_mul(ch, ml_add(ch, ml_mul(ch, Dq, d->D), obias ? d->D : 0), g),
+               d->drop ? gD : 0, s_o, SIZE_MAX);
+    if (d->drop) {
+        size_t s = ml_ck_save(ch, b, "residual dropout mask", BTD, 1, 0);
+        ml_ck_node(ch, b, "NativeDropoutBackward0 (residual)", gD, 0, 0, s, SIZE_MAX);
+    }
     ml_ck_tmp(ch, BTD, a);
 }

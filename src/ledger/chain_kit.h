@@ -21,13 +21,24 @@ uint64_t ml_ck_mul3(ml_chain *ch, uint64_t a, uint64_t b, uint64_t c);
 ml_cblock *ml_ck_begin(ml_chain *ch, const char *name, int ckpt_index);
 /* Notes a tensor's size for the block's transient estimate. */
 void ml_ck_note(ml_chain *ch, uint64_t bytes, bool saved);
-/* Records one saved storage of `elems` elements of `bpe` bytes. */
-void ml_ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, unsigned bpe,
+/* Records one saved storage of `elems` elements of `bpe` bytes; returns its
+ * index in ch->saved, SIZE_MAX when it is not listed (the block's input). */
+size_t ml_ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, unsigned bpe,
                 unsigned flags);
 /* An intermediate that nothing saves. */
 void ml_ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe);
 /* A parameter tensor of the block: rows x cols (cols 0 for a vector). */
 void ml_ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols);
+/* Records the backward node of the op just built (forward order: ml_ck_end
+ * puts the block's nodes in execution order) when ch->record_nodes; it
+ * releases the saved storages s0 and s1 (SIZE_MAX: none). */
+void ml_ck_node(ml_chain *ch, ml_cblock *b, const char *what, uint64_t grad_in,
+                uint64_t param_grad, uint64_t grad_out, size_t s0, size_t s1);
+/* Scratch of the node just recorded (allocated and freed inside it). */
+void ml_ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes);
+/* InputBuffer accumulation: a gradient of `bytes` added in place into the
+ * buffer already held for the same tensor (input_buffer.cpp), then freed. */
+void ml_ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes);
 /* Closes a block: transients, gradients its backward creates. */
 void ml_ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes);
 /* The saved input of a linear layer (autocast: a cast copy per consumer). */

@@ -11,60 +11,86 @@
 #include "util/error.h"
 
 /* A norm on x (w bytes per element). Returns the output's bytes per element
- * and sets *out_saved when the norm itself saved its output. */
+ * and sets *params to its parameter count. xbuf: x's gradient buffer exists
+ * before the norm's gradient arrives (a pre-norm block's residual stream,
+ * whose skip holds it): the norm's input gradient is accumulated into it. */
 static unsigned norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m,
-                         const ml_ck_dims *d, unsigned xflags, uint64_t *params)
+                         const ml_ck_dims *d, unsigned xflags, uint64_t *params, bool xbuf)
 {
-    const unsigned w = ch->prec.w;
+    const unsigned w = ch->prec.w, g = ch->prec.grad;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    uint64_t gD = ml_mul(ch, BTD, w);
     if (m->norm == ML_NORM_LAYERNORM) {
         /* native_layer_norm saves input, mean and rstd (fp32 per row) */
-        ml_ck_save(ch, b, "layernorm input", BTD, w, xflags);
-        ml_ck_save(ch, b, "layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+        size_t s0 = ml_ck_save(ch, b, "layernorm input", BTD, w, xflags);
+        size_t s1 = ml_ck_save(ch, b, "layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
         *params = m->bias ? 2 * d->D : d->D;
         ml_ck_tmp(ch, BTD, w);
+        if (xbuf)
+            ml_ck_accum(ch, b, gD);
+        ml_ck_node(ch, b, "NativeLayerNormBackward0", gD, ml_mul(ch, *params, g), gD, s0, s1);
         return w;
     }
     /* HF LlamaRMSNorm: x.to(fp32); pow(2) and mul save x32; rsqrt saves its
      * result; weight * h.to(dtype) saves the normalised h. */
+    size_t s0, s1, s2;
     if (w == 4) {
-        ml_ck_save(ch, b, "rmsnorm input", BTD, 4, xflags);
-        ml_ck_save(ch, b, "rmsnorm rsqrt", d->BT, 4, 0);
-        ml_ck_save(ch, b, "rmsnorm normalised", BTD, 4, 0);
+        s0 = ml_ck_save(ch, b, "rmsnorm input", BTD, 4, xflags);
+        s1 = ml_ck_save(ch, b, "rmsnorm rsqrt", d->BT, 4, 0);
+        s2 = ml_ck_save(ch, b, "rmsnorm normalised", BTD, 4, 0);
     } else {
-        ml_ck_save(ch, b, "rmsnorm fp32 copy of input", BTD, 4, 0);
-        ml_ck_save(ch, b, "rmsnorm rsqrt", d->BT, 4, 0);
-        ml_ck_save(ch, b, "rmsnorm normalised (cast back)", BTD, w, 0);
+        s0 = ml_ck_save(ch, b, "rmsnorm fp32 copy of input", BTD, 4, 0);
+        s1 = ml_ck_save(ch, b, "rmsnorm rsqrt", d->BT, 4, 0);
+        s2 = ml_ck_save(ch, b, "rmsnorm normalised (cast back)", BTD, w, 0);
     }
     *params = d->D;
     ml_ck_tmp(ch, BTD, w);
+    /* backward, in execution order: weight * h (its weight gradient sums
+     * grad * h, a scratch of x's size), x * rsqrt (the same for rsqrt's),
+     * its x gradient into x's buffer (or the buffer, when none exists);
+     * rsqrt; mean (expands to x's size); pow; its x gradient into the buffer
+     * (derivatives.yaml: mul, rsqrt, mean, pow) */
+    uint64_t gR = ml_mul(ch, d->BT, 4);
+    ml_ck_accum(ch, b, gD);
+    ml_ck_node(ch, b, "PowBackward0 (x^2)", gD, 0, gD, s0, SIZE_MAX);
+    ml_ck_node(ch, b, "MeanBackward1", gD, 0, gR, SIZE_MAX, SIZE_MAX);
+    ml_ck_node(ch, b, "RsqrtBackward0", gR, 0, gR, s1, SIZE_MAX);
+    if (xbuf)
+        ml_ck_accum(ch, b, gD);
+    ml_ck_node(ch, b, "MulBackward0 (x * rsqrt)", ml_add(ch, gD, gR), 0, gD, SIZE_MAX, SIZE_MAX);
+    ml_ck_node_scratch(ch, b, gD);
+    ml_ck_node(ch, b, "MulBackward0 (weight * h)", gD, ml_mul(ch, d->D, g), gD, s2, SIZE_MAX);
+    ml_ck_node_scratch(ch, b, gD);
     return w;
 }
 
+/* The MLP. in_buf: its input's gradient buffer exists before the MLP's
+ * input gradient arrives (post-norm: the residual skip holds it). */
 static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                    unsigned src_bpe, bool src_saved)
+                    unsigned src_bpe, bool src_saved, bool in_buf)
 {
-    const unsigned a = ch->prec.a;
+    const unsigned a = ch->prec.a, g = ch->prec.grad;
     uint64_t BTD = ml_mul(ch, d->BT, d->D), BTF = ml_mul(ch, d->BT, d->F);
     uint64_t DF = ml_mul(ch, d->D, d->F);
     bool glu = m->activation == ML_ACT_SWIGLU;
     bool bias = m->bias || m->mlp_bias;
     unsigned nin = glu ? 2 : 1;
+    size_t s_in = SIZE_MAX, s1 = SIZE_MAX, s2 = SIZE_MAX, s3 = SIZE_MAX, s4 = SIZE_MAX;
     if (ch->prec.autocast && src_bpe == 4) {
         for (unsigned i = 0; i < nin; i++)
             ml_ck_save(ch, b, "MLP input (cast copy)", BTD, 2, 0);
     } else if (!src_saved) {
-        ml_ck_save(ch, b, "MLP input", BTD, src_bpe, 0);
+        s_in = ml_ck_save(ch, b, "MLP input", BTD, src_bpe, 0);
     }
     for (unsigned i = 0; i < nin + 1; i++)
         ml_ck_weight_copy(ch, b, DF);
     if (glu) {
         /* down(silu(gate(x)) * up(x)): silu saves gate, mul saves silu and
          * up, down saves the product */
-        ml_ck_save(ch, b, "gate projection output (silu input)", BTF, a, 0);
-        ml_ck_save(ch, b, "silu output", BTF, a, 0);
-        ml_ck_save(ch, b, "up projection output", BTF, a, 0);
-        ml_ck_save(ch, b, "gated product (down input)", BTF, a, 0);
+        s1 = ml_ck_save(ch, b, "gate projection output (silu input)", BTF, a, 0);
+        s2 = ml_ck_save(ch, b, "silu output", BTF, a, 0);
+        s3 = ml_ck_save(ch, b, "up projection output", BTF, a, 0);
+        s4 = ml_ck_save(ch, b, "gated product (down input)", BTF, a, 0);
         ml_ck_param(ch, b, d->D, d->F);
         ml_ck_param(ch, b, d->D, d->F);
         ml_ck_param(ch, b, d->F, d->D);
@@ -73,8 +99,8 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
             ml_ck_param(ch, b, d->F, 0);
         }
     } else if (m->activation == ML_ACT_GELU) {
-        ml_ck_save(ch, b, "fc output (gelu input)", BTF, a, 0);
-        ml_ck_save(ch, b, "gelu output (proj input)", BTF, a, 0);
+        s1 = ml_ck_save(ch, b, "fc output (gelu input)", BTF, a, 0);
+        s2 = ml_ck_save(ch, b, "gelu output (proj input)", BTF, a, 0);
         ml_ck_param(ch, b, d->D, d->F);
         ml_ck_param(ch, b, d->F, d->D);
         if (bias)
@@ -82,7 +108,7 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     } else {
         /* relu saves its result, which is also the projection's input */
         ml_ck_tmp(ch, BTF, a);
-        ml_ck_save(ch, b, "relu output (proj input)", BTF, a, 0);
+        s2 = ml_ck_save(ch, b, "relu output (proj input)", BTF, a, 0);
         ml_ck_param(ch, b, d->D, d->F);
         ml_ck_param(ch, b, d->F, d->D);
         if (bias)
@@ -91,8 +117,37 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     if (bias)
         ml_ck_param(ch, b, d->D, 0);
     b->flops_fwd += (double)(nin + 1) * 2.0 * (double)d->BT * (double)d->D * (double)d->F;
-    if (d->drop)
-        ml_ck_save(ch, b, "residual dropout mask", BTD, 1, 0);
+    /* backward nodes, forward order (docs/ledger.md, "Backward, node by
+     * node"); the last one's output gradient is the residual's, held by the
+     * skip's buffer */
+    uint64_t gD = ml_mul(ch, BTD, src_bpe), gF = ml_mul(ch, BTF, a), gO = ml_mul(ch, BTD, a);
+    uint64_t pin = ml_mul(ch, ml_add(ch, DF, bias ? d->F : 0), g);
+    uint64_t pout = ml_mul(ch, ml_add(ch, DF, bias ? d->D : 0), g);
+    if (glu) {
+        /* gate and up read the same input: up's gradient arrives first and
+         * becomes the buffer (unless the skip holds one), gate's is added */
+        ml_ck_accum(ch, b, gD);
+        ml_ck_node(ch, b, "MmBackward0 (gate projection)", gD, pin, gF, s_in, SIZE_MAX);
+        ml_ck_node(ch, b, "SiluBackward0", gF, 0, gF, s1, SIZE_MAX);
+        if (in_buf)
+            ml_ck_accum(ch, b, gD);
+        ml_ck_node(ch, b, "MmBackward0 (up projection)", gD, pin, gF, SIZE_MAX, SIZE_MAX);
+        ml_ck_node(ch, b, "MulBackward0 (silu * up)", ml_mul(ch, 2, gF), 0, gF, s2, s3);
+        ml_ck_node(ch, b, "MmBackward0 (down projection)", gF, pout, d->drop ? gO : 0, s4,
+                   SIZE_MAX);
+    } else {
+        if (in_buf)
+            ml_ck_accum(ch, b, gD);
+        ml_ck_node(ch, b, "AddmmBackward0 (MLP in)", gD, pin, gF, s_in, SIZE_MAX);
+        ml_ck_node(ch, b, m->activation == ML_ACT_GELU ? "GeluBackward0" : "ReluBackward0", gF,
+                   0, gF, m->activation == ML_ACT_GELU ? s1 : s2, SIZE_MAX);
+        ml_ck_node(ch, b, "AddmmBackward0 (MLP out)", gF, pout, d->drop ? gO : 0,
+                   m->activation == ML_ACT_GELU ? s2 : SIZE_MAX, SIZE_MAX);
+    }
+    if (d->drop) {
+        size_t s = ml_ck_save(ch, b, "residual dropout mask", BTD, 1, 0);
+        ml_ck_node(ch, b, "NativeDropoutBackward0 (residual)", gO, 0, 0, s, SIZE_MAX);
+    }
     ml_ck_tmp(ch, BTD, a);
 }
 
@@ -104,7 +159,7 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     const bool llama = m->norm == ML_NORM_RMSNORM;
     const bool causal = m->type == ML_MODEL_DECODER;
     uint64_t np;
-    unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np);
+    unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, true);
     ml_ck_param(ch, b, np, 0);
     ml_ck_attention(ch, b, m, d, nb, false, !llama, causal && !llama, llama, 0);
     if (m->parallel_residual) {
@@ -114,10 +169,10 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
         np = m->bias ? 2 * d->D : d->D;
         nb = ch->prec.w;
     } else {
-        nb = norm_fwd(ch, b, m, d, 0, &np);
+        nb = norm_fwd(ch, b, m, d, 0, &np, true);
     }
     ml_ck_param(ch, b, np, 0);
-    mlp_fwd(ch, b, m, d, nb, false);
+    mlp_fwd(ch, b, m, d, nb, false, false);
 }
 
 /* Post-norm block (BERT): x1 = LN(x + attn(x)); out = LN(x1 + mlp(x1)). */
@@ -127,10 +182,10 @@ static void postnorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const 
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     ml_ck_attention(ch, b, m, d, w, false, false, false, false, ML_SV_INPUT);
     uint64_t np;
-    unsigned nb = norm_fwd(ch, b, m, d, 0, &np);
+    unsigned nb = norm_fwd(ch, b, m, d, 0, &np, false);
     ml_ck_param(ch, b, np, 0);
-    mlp_fwd(ch, b, m, d, nb, false);
-    nb = norm_fwd(ch, b, m, d, 0, &np);
+    mlp_fwd(ch, b, m, d, nb, false, true);
+    nb = norm_fwd(ch, b, m, d, 0, &np, false);
     ml_ck_param(ch, b, np, 0);
     (void)BTD;
 }
@@ -276,6 +331,9 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     const bool enc = m->type == ML_MODEL_ENCODER;
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    /* the node-level backward (docs/ledger.md): fp32 eager blocks for now */
+    ch->record_nodes = ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast &&
+                       !ml_ck_fused_attention(ch, m) && !m->parallel_residual;
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
         block_name(name, i);
@@ -293,6 +351,7 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
         if (ch->overflow || ch->nomem)
             break;
     }
+    ch->record_nodes = false;
     ch->n_ckpt = m->layers;
     /* torch.utils.checkpoint saves every tensor argument of the block: the
      * HF BERT extended mask (B, 1, 1, T) and the HF Llama causal mask, a
@@ -310,7 +369,7 @@ static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
                         uint64_t *rows)
 {
     uint64_t np, BTD = ml_mul(ch, d->BT, d->D);
-    unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np);
+    unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, false);
     ml_ck_param(ch, b, np, 0);
     ml_ck_linear_input(ch, b, "lm head input", BTD, nb, false, 0);
     ml_ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
@@ -337,7 +396,7 @@ static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
     unsigned src = w;
     bool src_saved = false;
     if (m->prenorm) { /* ViT: final norm, then the class token */
-        unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np);
+        unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, false);
         ml_ck_param(ch, b, np, 0);
         src = nb;
     }

@@ -230,6 +230,10 @@ static void backward_block(ml_replay *r, size_t k)
         r->flops_done += b->flops_core;
         r->sub = "";
     }
+    /* the incoming gradient a node-level block handed over is part of
+     * this block's estimate (ws_bwd counts it) */
+    ml_replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
+    r->grad_carry = 0;
     ml_replay_alloc_as(r, ML_CAT_WORKSPACE, b->ws_bwd, ML_T_UNITS_BWD, k, 1);
     /* sharded gradients: the full gradient is a transient until its
      * reduce-scatter; the device keeps its 1/N partition */
@@ -266,6 +270,72 @@ static void backward_block(ml_replay *r, size_t k)
     ml_replay_free(r, ML_CAT_WORKSPACE, gat);
 }
 
+/* Whether block k's backward replays node by node: it has a node list, runs
+ * without recompute and keeps its gradients whole (docs/ledger.md). */
+static bool by_nodes(const ml_replay *r, size_t k)
+{
+    const ml_cblock *b = &r->ch->blocks[k];
+    return b->nnodes && r->seg[k] < 0 && !r->selective && !r->sh->grads_sharded &&
+           !b->measured;
+}
+
+/* The backward of block k node by node (docs/ledger.md, "Backward, node by
+ * node"): each node allocates its input gradients and, through
+ * AccumulateGrad, its parameters' gradients (new .grad tensors in the first
+ * micro-batch, added in place into .grad after); then its grad_output (unless
+ * a residual's buffer holds it) and the saved tensors it was the last user of
+ * are freed (engine.cpp: the node's inputs are released and, without
+ * retain_graph, release_variables() drops its saved tensors). */
+static void backward_nodes(ml_replay *r, size_t k)
+{
+    const ml_chain *ch = r->ch;
+    const ml_shard *sh = r->sh;
+    const size_t n = ch->n;
+    const ml_cblock *B = ch->blocks, *b = &B[k];
+    r->block = (int32_t)k;
+    uint64_t gat = gathered(r, k, true);
+    ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
+    /* the gradient of the block's output: handed over by a node-level block
+     * after this one, else made by the block-level backward before it */
+    if (!r->grad_carry) {
+        r->grad_carry = b->bwd_in;
+        ml_replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
+    }
+    const bool create = r->micro == 0 && !r->grads_exist;
+    const ml_bnode *nd = &ch->nodes[b->node_first];
+    const ml_saved *sv = &ch->saved[b->saved_first];
+    uint64_t freed = 0;
+    for (size_t j = 0; j < b->nnodes; j++) {
+        const ml_bnode *x = &nd[j];
+        ml_replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
+        ml_replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
+        ml_replay_alloc(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, x->param_grad);
+        ml_replay_free(r, ML_CAT_WORKSPACE, x->scratch);
+        if (!create)
+            ml_replay_free(r, ML_CAT_WORKSPACE, x->param_grad);
+        ml_replay_free(r, ML_CAT_WORKSPACE, x->grad_out);
+        for (size_t s = 0; s < b->nsaved; s++)
+            if (sv[s].node == j) {
+                /* the allocator simulation releases the block's saved
+                 * tensors as the one allocation the forward made, below */
+                event(r, ML_CAT_ACTIVATIONS, -(int64_t)sv[s].bytes);
+                freed += sv[s].bytes;
+            }
+    }
+    event(r, ML_CAT_ACTIVATIONS, -(int64_t)(b->saved_bytes - freed));
+    if (r->rsim)
+        ml_rsim_free(r->rsim, ML_CAT_ACTIVATIONS, b->saved_bytes);
+    if (k + 1 < n)
+        boundary_release(r, k + 1);
+    if (k == 0 || !(B[k - 1].out_saved))
+        boundary_release(r, k);
+    if ((int)k == sh->side_block)
+        ml_replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
+    ml_replay_free(r, ML_CAT_WORKSPACE, gat);
+    /* the incoming buffer now holds the gradient of the block's input */
+    r->grad_carry = b->in_bytes;
+}
+
 void ml_replay_micro_batch(ml_replay *r)
 {
     const size_t n = r->ch->n;
@@ -274,8 +344,15 @@ void ml_replay_micro_batch(ml_replay *r)
     r->phase = ML_PHASE_BACKWARD;
     r->block = (int32_t)(n - 1);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
-    for (size_t k = n; k-- > 0;)
-        backward_block(r, k);
+    r->grad_carry = 0;
+    for (size_t k = n; k-- > 0;) {
+        if (by_nodes(r, k))
+            backward_nodes(r, k);
+        else
+            backward_block(r, k);
+    }
+    ml_replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
+    r->grad_carry = 0;
     ml_replay_free(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
     /* logits: kept — what the loop still holds after backward */
     for (size_t k = 0; k < n && r->keep_output; k++)

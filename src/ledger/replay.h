@@ -71,6 +71,8 @@ typedef struct {
     ml_phase phase;
     int32_t block;
     uint32_t micro;
+    uint64_t grad_carry;     /* the gradient a node-level block's backward hands
+                                to the block before it (its input's), 0 if none */
     const char *sub; /* "" or " (recompute)" */
     const char *peak_sub;
     bool keep, nomem, overflow, underflow;
