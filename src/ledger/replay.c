@@ -322,6 +322,9 @@ static void backward_nodes(ml_replay *r, size_t k)
                 freed += sv[s].bytes;
             }
     }
+    /* time: the nodes carry no FLOPs of their own; the block's backward
+     * FLOPs are counted once its nodes have run (docs/ledger.md, "Time") */
+    r->flops_done += b->flops_bwd;
     event(r, ML_CAT_ACTIVATIONS, -(int64_t)(b->saved_bytes - freed));
     if (r->rsim)
         ml_rsim_free(r->rsim, ML_CAT_ACTIVATIONS, b->saved_bytes);

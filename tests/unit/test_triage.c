@@ -345,9 +345,32 @@ static void test_applicability(void **state)
     ml_parse_checkpoint("every-2", &cs.training.checkpoint, NULL);
     assert_false(has(seq, &cs, ML_REMEDY_CKPT_EVERY_2));
     ml_model_destroy(seq);
-    /* the loop's references and zero_grad */
+    /* the loop's references: releasing the logits is offered only where it
+     * lowers the peak. This decoder's peak is in forward (block.3's, node-
+     * level backward keeps below it), before the logits exist: not offered.
+     * With a 5,000-token vocabulary the logits (8 x 64 x 5000 x 4 B =
+     * 10,240,000) dominate and the peak is the loss's backward, where the
+     * loop holds them (cross-entropy saves its log-softmax, not its input):
+     * releasing them lowers the peak by exactly their size */
     c = ml_model_config(m);
-    assert_true(has(m, &c, ML_REMEDY_LOGITS_RELEASED));
+    ml_ledger *l0 = NULL;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &l0, NULL), ML_OK);
+    assert_int_equal(ml_ledger_summary(l0)->peak_phase, ML_PHASE_FORWARD);
+    ml_ledger_destroy(l0);
+    assert_false(has(m, &c, ML_REMEDY_LOGITS_RELEASED));
+    ml_model *wide = load_str(
+        "name: dec\nmodel:\n  type: decoder\n  layers: 4\n  hidden: 64\n  heads: 4\n"
+        "  vocab: 5000\n  max_positions: 64\n  dropout: 0.1\n  attention: eager\n"
+        "training:\n  micro_batch: 8\n  seq_len: 64\n  optimizer: adamw\n"
+        "  optimizer_impl: fused\n");
+    ml_config cw = ml_model_config(wide);
+    ml_triage_result *rw = triage(wide, &cw, ml_triage_request_defaults());
+    const ml_remedy *rel = find(rw, ML_REMEDY_LOGITS_RELEASED);
+    assert_non_null(rel);
+    assert_int_equal(rw->peak - rel->peak, 10240000);
+    free(rw);
+    ml_model_destroy(wide);
+    /* zero_grad */
     assert_false(has(m, &c, ML_REMEDY_ZERO_GRAD_NONE));
     c.training.logits = ML_LOGITS_RELEASED;
     c.training.zero_grad = ML_ZERO_GRAD_ZERO;
