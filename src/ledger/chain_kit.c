@@ -262,61 +262,63 @@ bool ml_ck_fused_attention(const ml_chain *ch, const ml_model *m)
 
 /* Self-attention after its input projection(s). src_bpe: bytes per element of
  * the projection input. Adds parameters, FLOPs and saved tensors. */
-void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                     unsigned src_bpe, bool src_saved, bool fused_qkv, bool causal_mask,
-                     bool softmax_fp32, unsigned in_flags)
+/* Sizes the three parts of the attention share (elements, and the q and
+ * k/v gradients in bytes). */
+typedef struct {
+    uint64_t BTD, Dq, BTQ, qkv_out, BHTT, gQ, gKV;
+} attn_sizes;
+
+/* The q/k/v projections: their saved input, weights, and backward nodes. */
+static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                             attn_sizes *z, unsigned src_bpe, bool src_saved, bool fused_qkv,
+                             unsigned in_flags)
 {
-    const unsigned a = ch->prec.a, w = ch->prec.w;
-    uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    /* the queries and the attention output are H heads of dh: D wide unless
-     * the model sets a head size (HF head_dim, docs/inventory.md) */
-    uint64_t Dq = ml_mul(ch, d->H, d->dh), BTQ = ml_mul(ch, d->BT, Dq);
-    uint64_t qkv_out = ml_add(ch, Dq, ml_mul(ch, 2, d->Dkv));
-    uint64_t BHTT = ml_ck_mul3(ch, d->B, d->H, ml_mul(ch, d->T, d->T));
+    const unsigned a = ch->prec.a;
     /* q/k/v projections */
     unsigned ncast = fused_qkv ? 1 : 3;
     size_t s_in = SIZE_MAX;
     if (ch->prec.autocast && src_bpe == 4) {
         for (unsigned i = 0; i < ncast; i++)
-            ml_ck_save(ch, b, "q/k/v projection input (cast copy)", BTD, 2, 0);
+            ml_ck_save(ch, b, "q/k/v projection input (cast copy)", z->BTD, 2, 0);
     } else if (!src_saved) {
-        s_in = ml_ck_save(ch, b, "q/k/v projection input", BTD, src_bpe, in_flags);
+        s_in = ml_ck_save(ch, b, "q/k/v projection input", z->BTD, src_bpe, in_flags);
     }
-    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, qkv_out));
-    ml_ck_param(ch, b, d->D, qkv_out);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, z->qkv_out));
+    ml_ck_param(ch, b, d->D, z->qkv_out);
     if (m->qkv_bias)
-        ml_ck_param(ch, b, qkv_out, 0);
-    ml_ck_tmp(ch, ml_mul(ch, d->BT, qkv_out), a);
+        ml_ck_param(ch, b, z->qkv_out, 0);
+    ml_ck_tmp(ch, ml_mul(ch, d->BT, z->qkv_out), a);
     /* backward nodes of the projections (docs/ledger.md, "Backward, node by
      * node"): the input's gradient buffer exists already when the input is
      * the block's residual stream (post-norm: the skip holds it); otherwise
      * the first projection gradient to arrive becomes it */
     const unsigned g = ch->prec.grad;
     const bool xbuf = (in_flags & ML_SV_INPUT) != 0;
-    uint64_t gBTD = ml_mul(ch, BTD, src_bpe), gQ = ml_mul(ch, BTQ, a);
-    uint64_t gKV = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), a);
+    uint64_t gBTD = ml_mul(ch, z->BTD, src_bpe);
+    z->gQ = ml_mul(ch, z->BTQ, a);
+    z->gKV = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), a);
     if (fused_qkv) {
-        uint64_t gqkv = ml_mul(ch, ml_mul(ch, d->BT, qkv_out), a);
+        uint64_t gqkv = ml_mul(ch, ml_mul(ch, d->BT, z->qkv_out), a);
         if (xbuf)
             ml_ck_accum(ch, b, gBTD);
         ml_ck_node(ch, b, "AddmmBackward0 (qkv projection)", gBTD,
-                   ml_mul(ch, ml_add(ch, ml_mul(ch, d->D, qkv_out), m->qkv_bias ? qkv_out : 0), g),
+                   ml_mul(ch, ml_add(ch, ml_mul(ch, d->D, z->qkv_out), m->qkv_bias ? z->qkv_out : 0), g),
                    gqkv, s_in, SIZE_MAX);
         ml_ck_node(ch, b, "SplitBackward0 (cat of q, k, v)", gqkv, 0,
-                   ml_add(ch, gQ, ml_mul(ch, 2, gKV)), SIZE_MAX, SIZE_MAX);
-        ml_ck_node(ch, b, "ViewBackward0 (q, contiguous copy)", gQ, 0, gQ, SIZE_MAX, SIZE_MAX);
-        ml_ck_node(ch, b, "ViewBackward0 (k, contiguous copy)", gKV, 0, gKV, SIZE_MAX, SIZE_MAX);
+                   ml_add(ch, z->gQ, ml_mul(ch, 2, z->gKV)), SIZE_MAX, SIZE_MAX);
+        ml_ck_node(ch, b, "ViewBackward0 (q, contiguous copy)", z->gQ, 0, z->gQ, SIZE_MAX, SIZE_MAX);
+        ml_ck_node(ch, b, "ViewBackward0 (k, contiguous copy)", z->gKV, 0, z->gKV, SIZE_MAX, SIZE_MAX);
     } else {
         /* q, k, v: backward runs v, k, q (the reverse of their creation) */
         static const char *const lin[3] = {"MmBackward0 (q projection)",
                                            "MmBackward0 (k projection)",
                                            "MmBackward0 (v projection)"};
         for (unsigned i = 0; i < 3; i++) {
-            uint64_t w_el = i == 0 ? ml_mul(ch, d->D, Dq) : ml_mul(ch, d->D, d->Dkv);
-            uint64_t gh = i == 0 ? gQ : gKV;
+            uint64_t w_el = i == 0 ? ml_mul(ch, d->D, z->Dq) : ml_mul(ch, d->D, d->Dkv);
+            uint64_t gh = i == 0 ? z->gQ : z->gKV;
             if (xbuf || i < 2)
                 ml_ck_accum(ch, b, gBTD);
-            uint64_t bias_el = m->qkv_bias ? (i == 0 ? Dq : d->Dkv) : 0;
+            uint64_t bias_el = m->qkv_bias ? (i == 0 ? z->Dq : d->Dkv) : 0;
             ml_ck_node(ch, b, lin[i], gBTD, ml_mul(ch, ml_add(ch, w_el, bias_el), g), gh,
                        i == 0 ? s_in : SIZE_MAX, SIZE_MAX);
             ml_ck_node(ch, b, "ViewBackward0 (head view, contiguous copy)", gh, 0, gh, SIZE_MAX,
@@ -325,36 +327,44 @@ void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
         if (m->position == ML_POS_ROPE) {
             /* q * cos + rotate_half(q) * sin (and k): the gradient through
              * the two products and the cat, one tensor of the head's size */
-            ml_ck_node(ch, b, "MulBackward0/CatBackward0 (rotary on q)", gQ, 0, gQ, SIZE_MAX,
+            ml_ck_node(ch, b, "MulBackward0/CatBackward0 (rotary on q)", z->gQ, 0, z->gQ, SIZE_MAX,
                        SIZE_MAX);
-            ml_ck_node(ch, b, "MulBackward0/CatBackward0 (rotary on k)", gKV, 0, gKV, SIZE_MAX,
+            ml_ck_node(ch, b, "MulBackward0/CatBackward0 (rotary on k)", z->gKV, 0, z->gKV, SIZE_MAX,
                        SIZE_MAX);
         }
         if (d->Hkv < d->H) {
             /* repeat_kv: expand + reshape, whose backward sums the groups */
-            ml_ck_node(ch, b, "ExpandBackward0 (repeat_kv of k)", gKV, 0, gQ, SIZE_MAX, SIZE_MAX);
-            ml_ck_node(ch, b, "ExpandBackward0 (repeat_kv of v)", gKV, 0, gQ, SIZE_MAX, SIZE_MAX);
-            gKV = gQ;
+            ml_ck_node(ch, b, "ExpandBackward0 (repeat_kv of k)", z->gKV, 0, z->gQ, SIZE_MAX, SIZE_MAX);
+            ml_ck_node(ch, b, "ExpandBackward0 (repeat_kv of v)", z->gKV, 0, z->gQ, SIZE_MAX, SIZE_MAX);
+            z->gKV = z->gQ;
         }
     }
+}
+
+/* The attention core: a fused kernel's q, k, v, output and logsumexp, or the
+ * eager matmul/softmax layout with its T x T tensors and nodes. */
+static void attn_core(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                      const attn_sizes *z, bool causal_mask, bool softmax_fp32)
+{
+    const unsigned a = ch->prec.a, w = ch->prec.w;
     double attn_core = 4.0 * (double)d->B * (double)d->H * (double)d->T * (double)d->T *
                        (double)d->dh;
-    b->flops_fwd += 2.0 * (double)d->BT * (double)d->D * (double)qkv_out + attn_core;
+    b->flops_fwd += 2.0 * (double)d->BT * (double)d->D * (double)z->qkv_out + attn_core;
     size_t s_pv = SIZE_MAX;
     if (ml_ck_fused_attention(ch, m)) {
         /* scaled_dot_product_attention (flash): saves q, k, v, the output and
          * the per-row logsumexp; no T x T tensor exists */
-        ml_ck_save(ch, b, "q, k, v (flash)", ml_mul(ch, d->BT, qkv_out), a, 0);
-        ml_ck_save(ch, b, "attention output (flash)", BTQ, a, 0);
+        ml_ck_save(ch, b, "q, k, v (flash)", ml_mul(ch, d->BT, z->qkv_out), a, 0);
+        ml_ck_save(ch, b, "attention output (flash)", z->BTQ, a, 0);
         ml_ck_save(ch, b, "logsumexp (flash)", ml_ck_mul3(ch, d->B, d->H, d->T), 4, 0);
     } else {
         /* matmul of the permuted head views reshapes them into contiguous
          * copies, which bmm saves: q and k for QK^T, v for PV */
-        size_t s_qkv = ml_ck_save(ch, b, "q, k, v contiguous copies (bmm)", ml_mul(ch, 3, BTQ), a, 0);
-        ml_ck_tmp(ch, BHTT, a);
+        size_t s_qkv = ml_ck_save(ch, b, "q, k, v contiguous copies (bmm)", ml_mul(ch, 3, z->BTQ), a, 0);
+        ml_ck_tmp(ch, z->BHTT, a);
         b->flops_core = attn_core;
-        uint64_t gS = ml_mul(ch, BHTT, a);
-        ml_ck_node(ch, b, "BmmBackward0 (q k^T)", ml_mul(ch, 2, gQ), 0, gS, s_qkv, SIZE_MAX);
+        uint64_t gS = ml_mul(ch, z->BHTT, a);
+        ml_ck_node(ch, b, "BmmBackward0 (q k^T)", ml_mul(ch, 2, z->gQ), 0, gS, s_qkv, SIZE_MAX);
         ml_ck_node(ch, b, "MulBackward0/DivBackward0 (scale)", gS, 0, gS, SIZE_MAX, SIZE_MAX);
         if (causal_mask) {
             size_t s = ml_ck_save(ch, b, "causal mask (masked_fill, bool)",
@@ -362,40 +372,64 @@ void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
             ml_ck_node(ch, b, "MaskedFillBackward0", gS, 0, gS, s, SIZE_MAX);
         }
         unsigned sm = softmax_fp32 ? 4 : w;
-        size_t s = ml_ck_save(ch, b, "softmax output", BHTT, sm, ML_SV_CORE);
-        uint64_t gP = ml_mul(ch, BHTT, sm);
+        size_t s = ml_ck_save(ch, b, "softmax output", z->BHTT, sm, ML_SV_CORE);
+        uint64_t gP = ml_mul(ch, z->BHTT, sm);
         ml_ck_node(ch, b, "SoftmaxBackward0", gS, 0, gP, s, SIZE_MAX);
         if (d->drop) {
-            s = ml_ck_save(ch, b, "attention dropout mask", BHTT, 1, ML_SV_CORE);
+            s = ml_ck_save(ch, b, "attention dropout mask", z->BHTT, 1, ML_SV_CORE);
             ml_ck_node(ch, b, "NativeDropoutBackward0 (attention)", gP, 0, gP, s, SIZE_MAX);
         }
         if (sm != a)
-            s_pv = ml_ck_save(ch, b, "attention probabilities cast for PV", BHTT, a, ML_SV_CORE);
+            s_pv = ml_ck_save(ch, b, "attention probabilities cast for PV", z->BHTT, a, ML_SV_CORE);
         else if (d->drop)
-            s_pv = ml_ck_save(ch, b, "attention dropout output", BHTT, sm, ML_SV_CORE);
+            s_pv = ml_ck_save(ch, b, "attention dropout output", z->BHTT, sm, ML_SV_CORE);
         if (sm != a)
             ml_ck_node(ch, b, "ToCopyBackward0 (probabilities)", gP, 0, gS, SIZE_MAX, SIZE_MAX);
-        ml_ck_node(ch, b, "BmmBackward0 (P v)", ml_add(ch, gS, gKV), 0, gQ, s_pv, SIZE_MAX);
-        ml_ck_node(ch, b, "UnsafeViewBackward0 (attention output)", gQ, 0, gQ, SIZE_MAX,
+        ml_ck_node(ch, b, "BmmBackward0 (P v)", ml_add(ch, gS, z->gKV), 0, z->gQ, s_pv, SIZE_MAX);
+        ml_ck_node(ch, b, "UnsafeViewBackward0 (attention output)", z->gQ, 0, z->gQ, SIZE_MAX,
                    SIZE_MAX);
     }
+}
+
+/* The output projection and the residual dropout. */
+static void attn_output(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                        const attn_sizes *z)
+{
+    const unsigned a = ch->prec.a, g = ch->prec.grad;
     /* output projection: input is the contiguous (B, T, H*dh) attention output */
-    size_t s_o = ml_ck_save(ch, b, "output projection input", BTQ, a, 0);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, Dq, d->D));
-    ml_ck_param(ch, b, Dq, d->D);
+    size_t s_o = ml_ck_save(ch, b, "output projection input", z->BTQ, a, 0);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, z->Dq, d->D));
+    ml_ck_param(ch, b, z->Dq, d->D);
     bool obias = m->bias || m->out_bias;
     if (obias)
         ml_ck_param(ch, b, d->D, 0);
-    b->flops_fwd += 2.0 * (double)d->BT * (double)Dq * (double)d->D;
+    b->flops_fwd += 2.0 * (double)d->BT * (double)z->Dq * (double)d->D;
     /* the projection's output feeds the residual add, whose gradient the
      * skip's buffer holds: freed there, not here (or by the dropout) */
-    uint64_t gD = ml_mul(ch, BTD, a);
-    ml_ck_node(ch, b, "AddmmBackward0 (output projection)", gQ,
-               ml_mul(ch, ml_add(ch, ml_mul(ch, Dq, d->D), obias ? d->D : 0), g),
+    uint64_t gD = ml_mul(ch, z->BTD, a);
+    ml_ck_node(ch, b, "AddmmBackward0 (output projection)", z->gQ,
+               ml_mul(ch, ml_add(ch, ml_mul(ch, z->Dq, d->D), obias ? d->D : 0), g),
                d->drop ? gD : 0, s_o, SIZE_MAX);
     if (d->drop) {
-        size_t s = ml_ck_save(ch, b, "residual dropout mask", BTD, 1, 0);
+        size_t s = ml_ck_save(ch, b, "residual dropout mask", z->BTD, 1, 0);
         ml_ck_node(ch, b, "NativeDropoutBackward0 (residual)", gD, 0, 0, s, SIZE_MAX);
     }
-    ml_ck_tmp(ch, BTD, a);
+    ml_ck_tmp(ch, z->BTD, a);
+}
+
+void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                     unsigned src_bpe, bool src_saved, bool fused_qkv, bool causal_mask,
+                     bool softmax_fp32, unsigned in_flags)
+{
+    attn_sizes z;
+    z.BTD = ml_mul(ch, d->BT, d->D);
+    /* the queries and the attention output are H heads of dh: D wide unless
+     * the model sets a head size (HF head_dim, docs/inventory.md) */
+    z.Dq = ml_mul(ch, d->H, d->dh);
+    z.BTQ = ml_mul(ch, d->BT, z.Dq);
+    z.qkv_out = ml_add(ch, z.Dq, ml_mul(ch, 2, d->Dkv));
+    z.BHTT = ml_ck_mul3(ch, d->B, d->H, ml_mul(ch, d->T, d->T));
+    attn_projections(ch, b, m, d, &z, src_bpe, src_saved, fused_qkv, in_flags);
+    attn_core(ch, b, m, d, &z, causal_mask, softmax_fp32);
+    attn_output(ch, b, m, d, &z);
 }
