@@ -1,8 +1,8 @@
 /* CUDA backend: cuBLAS GEMMs (fp32; autocast's bf16 products and a bf16
  * throughput probe through cublasGemm(StridedBatched)Ex), the kernels of
  * kernels.cu (most assigned as they stand), cudaMemGetInfo for the device's
- * own view of used memory. Host code in plain C. */
-#ifdef ML_HAVE_CUDA
+ * own view of used memory. Host code in plain C. Compiled only when meson
+ * finds CUDA and cuBLAS (calib/meson.build). */
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -266,4 +266,3 @@ ml_backend *ml_backend_cuda(const char **why)
     be->destroy = cu_destroy;
     return be;
 }
-#endif

@@ -3,7 +3,8 @@
  * c10/cuda/CUDACachingAllocator.cpp); docs/allocator.md derives the rules
  * and lists what is simplified. Blocks live in one table and are named by
  * index; free blocks sit in treaps (blocks.c), so a request costs
- * O(log n) in the number of cached blocks. Expandable segments: expandable.c. */
+ * O(log n) in the number of cached blocks. Expandable segments: expandable.c;
+ * freeing: free.c. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,7 +160,7 @@ void ml_as_unmapped_del(ml_alloc_sim *s, uint32_t x)
 }
 
 /* dst absorbs its neighbour src, both in no set; src's slot is released. */
-static void join(ml_alloc_sim *s, uint32_t dst, uint32_t src)
+void ml_as_join(ml_alloc_sim *s, uint32_t dst, uint32_t src)
 {
     ml_ab *d = BLK(s, dst), *c = BLK(s, src);
     if (d->prev == src) {
@@ -186,7 +187,7 @@ void ml_as_try_merge(ml_alloc_sim *s, uint32_t dst, uint32_t src, int want)
         ml_as_uncache(s, src);
     else
         ml_as_unmapped_del(s, src);
-    join(s, dst, src);
+    ml_as_join(s, dst, src);
 }
 
 bool ml_as_is_split(const ml_alloc_sim *s, uint32_t x)
@@ -513,92 +514,6 @@ ml_alloc_result ml_alloc_sim_malloc_many(ml_alloc_sim *s, const uint64_t *bytes,
         i++;
     *done = i;
     return r;
-}
-
-/* Whether handle names a block in state `state` (a live allocation: ML_AB_ALLOC). */
-static bool names(const ml_alloc_sim *s, uint64_t handle, int state)
-{
-    uint32_t x = (uint32_t)handle;
-    return x != 0 && x < s->t.n && s->t.b[x].state == state &&
-           s->t.b[x].gen == (uint32_t)(handle >> 32);
-}
-
-ml_alloc_result ml_alloc_sim_free(ml_alloc_sim *s, uint64_t handle)
-{
-    if (!handle) {
-        s->st.events++;
-        return ML_ALLOC_OK;
-    }
-    uint32_t x = (uint32_t)handle;
-    if (!names(s, handle, ML_AB_ALLOC))
-        return ML_ALLOC_BAD_HANDLE;
-    s->st.events++;
-    ml_ab *b = BLK(s, x);
-    stat_sub(&s->st.allocated, b->size);
-    stat_sub(&s->st.requested, b->requested);
-    if (s->cfg.mode == ML_ALLOC_NONE) {
-        stat_sub(&s->st.reserved, b->size);
-        stat_sub(&s->st.segments, 1);
-        s->st.device_frees++;
-        ml_ab_release(&s->t, x);
-        return ML_ALLOC_OK;
-    }
-    /* free_block: merge with free neighbours, back into the pool */
-    b->state = ML_AB_DETACHED;
-    ml_as_try_merge(s, x, b->prev, ML_AB_FREE);
-    ml_as_try_merge(s, x, BLK(s, x)->next, ML_AB_FREE);
-    ml_as_cache(s, x);
-    return ML_ALLOC_OK;
-}
-
-/* free_block for n allocations in one pass: each block is marked, then
- * each run of adjacent free blocks merges and enters its pool's set once,
- * where n single frees would insert and erase a block per merge. The state
- * is theirs: every free block joins its free neighbours, so a segment's
- * free blocks end as its maximal free runs whatever the order, and frees
- * move no peak and call no get_free_block (the GC clock). */
-ml_alloc_result ml_alloc_sim_free_many(ml_alloc_sim *s, const uint64_t *handles, size_t n)
-{
-    ml_alloc_result res = ML_ALLOC_OK;
-    if (s->cfg.mode == ML_ALLOC_NONE) {
-        for (size_t i = 0; i < n; i++)
-            if (ml_alloc_sim_free(s, handles[i]) != ML_ALLOC_OK)
-                res = ML_ALLOC_BAD_HANDLE;
-        return res;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (handles[i] && !names(s, handles[i], ML_AB_ALLOC)) {
-            res = ML_ALLOC_BAD_HANDLE; /* skipped, as ml_alloc_sim_free would */
-            continue;
-        }
-        s->st.events++;
-        if (!handles[i])
-            continue;
-        ml_ab *b = BLK(s, (uint32_t)handles[i]);
-        stat_sub(&s->st.allocated, b->size);
-        stat_sub(&s->st.requested, b->requested);
-        b->state = ML_AB_PENDING;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (!handles[i] || !names(s, handles[i], ML_AB_PENDING))
-            continue; /* a bad handle, or merged into an earlier one's run */
-        uint32_t x = (uint32_t)handles[i], y;
-        BLK(s, x)->state = ML_AB_DETACHED;
-        while ((y = BLK(s, x)->prev) != 0 && (BLK(s, y)->state == ML_AB_PENDING ||
-                                              BLK(s, y)->state == ML_AB_FREE)) {
-            if (BLK(s, y)->state == ML_AB_FREE)
-                ml_as_uncache(s, y);
-            join(s, x, y);
-        }
-        while ((y = BLK(s, x)->next) != 0 && (BLK(s, y)->state == ML_AB_PENDING ||
-                                              BLK(s, y)->state == ML_AB_FREE)) {
-            if (BLK(s, y)->state == ML_AB_FREE)
-                ml_as_uncache(s, y);
-            join(s, x, y);
-        }
-        ml_as_cache(s, x);
-    }
-    return res;
 }
 
 ml_alloc_result ml_alloc_sim_empty_cache(ml_alloc_sim *s)

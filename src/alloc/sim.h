@@ -1,6 +1,6 @@
 /* Private to src/alloc/: the simulator's state and the helpers its files
  * share (ml_as_ prefix). alloc.c keeps the free sets and the caching rules,
- * expandable.c the expandable segments. */
+ * free.c the frees, expandable.c the expandable segments. */
 #ifndef ML_ALLOC_SIM_H
 #define ML_ALLOC_SIM_H
 
@@ -63,6 +63,8 @@ void ml_as_unmapped_del(ml_alloc_sim *s, uint32_t x);
 /* try_merge_blocks: dst (in no set) absorbs neighbour src when src is in
  * state want (ML_AB_FREE for a mapped dst, ML_AB_UNMAPPED for an unmapped one). */
 void ml_as_try_merge(ml_alloc_sim *s, uint32_t dst, uint32_t src, int want);
+/* dst absorbs its neighbour src, both in no set; src's slot is released. */
+void ml_as_join(ml_alloc_sim *s, uint32_t dst, uint32_t src);
 /* A new block [addr, addr + size), of like's pool, spliced between prev and
  * next (inline: every split makes one). */
 static inline uint32_t ml_as_piece(ml_alloc_sim *s, uint32_t like, uint64_t addr,

@@ -109,180 +109,220 @@ static bool field(const char *line, size_t len, size_t *pos, size_t *start, size
     return true;
 }
 
+/* The parse in progress: the trace built so far, the ids seen, the
+ * capacities of the trace's arrays, and where errors point. */
+typedef struct {
+    ml_alloc_trace *t;
+    id_table ids;
+    size_t cap, ids_cap, names_cap; /* of t->ev (and t->ids), t->ids, t->names */
+    const char *path;
+    ml_error *err;
+    unsigned lineno;
+} trace_parser;
+
+/* One line of the trace: its fields (start, length) and what they say. */
+typedef struct {
+    const char *text;
+    size_t len;
+    size_t f[4], fl[4];
+    int nf;
+    bool is_free;
+    unsigned long long bytes;
+} trace_line;
+
+static ml_status check_header(trace_parser *p, const trace_line *l)
+{
+    const char *line = l->text;
+    if (l->nf != 3 || l->fl[0] != 6 || memcmp(line + l->f[0], "action", 6) || l->fl[1] != 2 ||
+        memcmp(line + l->f[1], "id", 2) || l->fl[2] != 5 || memcmp(line + l->f[2], "bytes", 5))
+        return fail(p->err, ML_SCHEMA, p->path, p->lineno, 1,
+                    "the header must be \"%s\" (an allocator trace), got \"%.*s\"; "
+                    "calib/snapshot_to_trace.py converts a PyTorch memory snapshot",
+                    header_text, (int)(l->len > 80 ? 80 : l->len), line);
+    return ML_OK;
+}
+
+/* The bytes field of an alloc (or a free that gives one) into l->bytes. */
+static ml_status parse_bytes(trace_parser *p, trace_line *l)
+{
+    char buf[32];
+    char *end = NULL;
+    unsigned col = (unsigned)l->f[2] + 1;
+    if (l->nf < 3 || !l->fl[2] || l->fl[2] >= sizeof buf)
+        return fail(p->err, l->fl[2] >= sizeof buf ? ML_RANGE : ML_SCHEMA, p->path, p->lineno,
+                    col, "bytes: expected a whole number of bytes");
+    memcpy(buf, l->text + l->f[2], l->fl[2]);
+    buf[l->fl[2]] = '\0';
+    errno = 0;
+    l->bytes = strtoull(buf, &end, 10);
+    if (*end || buf[0] < '0' || buf[0] > '9')
+        return fail(p->err, ML_SCHEMA, p->path, p->lineno, col,
+                    "bytes: '%s' is not a whole number of bytes (write 1048576, not 1MiB "
+                    "or 1e6)", buf);
+    if (errno == ERANGE)
+        return fail(p->err, ML_RANGE, p->path, p->lineno, col,
+                    "bytes: '%s' does not fit in 64 bits", buf);
+    return ML_OK;
+}
+
+/* An event line's action, field count, id and bytes. */
+static ml_status parse_event(trace_parser *p, trace_line *l)
+{
+    const char *line = l->text;
+    l->is_free = l->fl[0] == 4 && !memcmp(line + l->f[0], "free", 4);
+    if (!l->is_free && !(l->fl[0] == 5 && !memcmp(line + l->f[0], "alloc", 5)))
+        return fail(p->err, ML_SCHEMA, p->path, p->lineno, (unsigned)l->f[0] + 1,
+                    "unknown action '%.*s': use alloc or free",
+                    (int)(l->fl[0] > 40 ? 40 : l->fl[0]), line + l->f[0]);
+    if (l->nf > 3 || (l->nf < 3 && !(l->is_free && l->nf == 2)))
+        return fail(p->err, ML_SCHEMA, p->path, p->lineno, 1,
+                    "expected 3 fields (action,id,bytes), got %s%d",
+                    l->nf > 3 ? "more than " : "", l->nf > 3 ? 3 : l->nf);
+    if (!l->fl[1])
+        return fail(p->err, ML_SCHEMA, p->path, p->lineno, (unsigned)l->f[1] + 1,
+                    "the id is empty: name each allocation with a token");
+    l->bytes = 0;
+    if (!l->is_free || (l->nf == 3 && l->fl[2]))
+        return parse_bytes(p, l);
+    return ML_OK;
+}
+
+/* Whether the id's state allows the event: a free of a live allocation, an
+ * alloc of an id that is not live. */
+static ml_status check_id(trace_parser *p, const trace_line *l, const id_entry *e)
+{
+    const char *id = l->text + l->f[1];
+    unsigned idcol = (unsigned)l->f[1] + 1;
+    int idl = (int)(l->fl[1] > 60 ? 60 : l->fl[1]);
+    if (l->is_free && e->name && !e->live)
+        return fail(p->err, ML_SCHEMA, p->path, p->lineno, idcol,
+                    "free of '%.*s', which line %u freed already: each alloc is freed "
+                    "once", idl, id, e->line);
+    if (l->is_free && !e->name)
+        return fail(p->err, ML_SCHEMA, p->path, p->lineno, idcol,
+                    "free of '%.*s', which no earlier line allocates: drop the line, or "
+                    "add its alloc before it", idl, id);
+    if (!l->is_free && e->name && e->live)
+        return fail(p->err, ML_SCHEMA, p->path, p->lineno, idcol,
+                    "'%.*s' is already allocated (line %u) and not freed: free it first or "
+                    "use another id", idl, id, e->line);
+    return ML_OK;
+}
+
+/* Room for one more event (t->ev, t->ids) and, for a new id, its interned
+ * name in t->names and the table. */
+static ml_status make_room(trace_parser *p, const trace_line *l, id_entry *e)
+{
+    ml_alloc_trace *t = p->t;
+    ml_alloc_event *nev = ml_grow(t->ev, t->n, &p->cap, sizeof *nev, 1024);
+    if (!nev)
+        return fail(p->err, ML_NOMEM, p->path, 0, 0, "out of memory");
+    t->ev = nev;
+    if (p->ids_cap < p->cap) {
+        char **ni = realloc(t->ids, p->cap * sizeof *ni);
+        if (!ni)
+            return fail(p->err, ML_NOMEM, p->path, 0, 0, "out of memory");
+        t->ids = ni;
+        p->ids_cap = p->cap;
+    }
+    if (!e->name) {
+        char **nn = ml_grow(t->names, t->nnames, &p->names_cap, sizeof *nn, 256);
+        char *name = nn ? malloc(l->fl[1] + 1) : NULL;
+        if (nn)
+            t->names = nn;
+        if (!name)
+            return fail(p->err, ML_NOMEM, p->path, 0, 0, "out of memory");
+        memcpy(name, l->text + l->f[1], l->fl[1]);
+        name[l->fl[1]] = '\0';
+        t->names[t->nnames++] = name;
+        e->name = name;
+        p->ids.used++;
+    }
+    return ML_OK;
+}
+
+/* The event of line l appended to the trace, its id's entry updated. */
+static ml_status add_event(trace_parser *p, const trace_line *l)
+{
+    ml_alloc_trace *t = p->t;
+    ml_status st;
+    if (t->n >= UINT32_MAX - 1)
+        return fail(p->err, ML_RANGE, p->path, p->lineno, 1, "more than %u events",
+                    UINT32_MAX - 2);
+    if (!id_room(&p->ids))
+        return fail(p->err, ML_NOMEM, p->path, 0, 0, "out of memory");
+    id_entry *e = lookup(&p->ids, l->text + l->f[1], l->fl[1]);
+    if ((st = check_id(p, l, e)) || (st = make_room(p, l, e)))
+        return st;
+    ml_alloc_event *ev = &t->ev[t->n];
+    ev->line = p->lineno;
+    ev->free = l->is_free;
+    if (l->is_free) {
+        ev->slot = e->slot;
+        ev->bytes = t->ev[e->slot].bytes;
+        t->ids[t->n] = NULL;
+        e->live = false;
+        t->frees++;
+    } else {
+        ev->slot = (uint32_t)t->n;
+        ev->bytes = l->bytes;
+        t->ids[t->n] = e->name;
+        e->slot = (uint32_t)t->n;
+        e->live = true;
+        t->allocs++;
+    }
+    e->line = p->lineno;
+    t->n++;
+    return ML_OK;
+}
+
 ml_status ml_alloc_trace_parse(const char *text, size_t len, const char *path,
                                ml_alloc_trace **out, ml_error *err)
 {
-    ml_alloc_trace *t = calloc(1, sizeof *t);
-    id_table ids = {NULL, 0, 0};
-    size_t cap = 0, ids_cap = 0, names_cap = 0;
+    trace_parser p = {calloc(1, sizeof *p.t), {NULL, 0, 0}, 0, 0, 0, path, err, 0};
     ml_status st = ML_OK;
     bool header = false;
-    unsigned lineno = 0;
-    if (!t)
+    if (!p.t)
         return fail(err, ML_NOMEM, path, 0, 0, "out of memory");
     for (size_t i = 0; i < len && !st;) {
-        const char *line = text + i;
-        const char *nl = memchr(line, '\n', len - i);
-        size_t ll = nl ? (size_t)(nl - line) : len - i;
-        i += ll + 1;
-        lineno++;
-        if (ll && line[ll - 1] == '\r')
-            ll--;
+        trace_line l = {.text = text + i};
+        const char *nl = memchr(l.text, '\n', len - i);
+        l.len = nl ? (size_t)(nl - l.text) : len - i;
+        i += l.len + 1;
+        p.lineno++;
+        if (l.len && l.text[l.len - 1] == '\r')
+            l.len--;
         size_t k = 0;
-        while (k < ll && (line[k] == ' ' || line[k] == '\t'))
+        while (k < l.len && (l.text[k] == ' ' || l.text[k] == '\t'))
             k++;
-        if (k == ll || line[k] == '#')
+        if (k == l.len || l.text[k] == '#')
             continue;
-        if (memchr(line, '\0', ll)) {
-            st = fail(err, ML_SCHEMA, path, lineno, 1, "a NUL byte in the trace");
+        if (memchr(l.text, '\0', l.len)) {
+            st = fail(err, ML_SCHEMA, path, p.lineno, 1, "a NUL byte in the trace");
             break;
         }
-        size_t pos = 0, f[4], fl[4];
-        int nf = 0;
-        while (nf < 4 && field(line, ll, &pos, &f[nf], &fl[nf]))
-            nf++;
+        size_t pos = 0;
+        l.nf = 0;
+        while (l.nf < 4 && field(l.text, l.len, &pos, &l.f[l.nf], &l.fl[l.nf]))
+            l.nf++;
         if (!header) {
-            if (nf != 3 || fl[0] != 6 || memcmp(line + f[0], "action", 6) || fl[1] != 2 ||
-                memcmp(line + f[1], "id", 2) || fl[2] != 5 || memcmp(line + f[2], "bytes", 5))
-                st = fail(err, ML_SCHEMA, path, lineno, 1,
-                          "the header must be \"%s\" (an allocator trace), got \"%.*s\"; "
-                          "calib/snapshot_to_trace.py converts a PyTorch memory snapshot",
-                          header_text, (int)(ll > 80 ? 80 : ll), line);
+            st = check_header(&p, &l);
             header = true;
             continue;
         }
-        bool is_free = fl[0] == 4 && !memcmp(line + f[0], "free", 4);
-        if (!is_free && !(fl[0] == 5 && !memcmp(line + f[0], "alloc", 5))) {
-            st = fail(err, ML_SCHEMA, path, lineno, (unsigned)f[0] + 1,
-                      "unknown action '%.*s': use alloc or free", (int)(fl[0] > 40 ? 40 : fl[0]),
-                      line + f[0]);
-            break;
-        }
-        if (nf > 3 || (nf < 3 && !(is_free && nf == 2))) {
-            st = fail(err, ML_SCHEMA, path, lineno, 1,
-                      "expected 3 fields (action,id,bytes), got %s%d", nf > 3 ? "more than " : "",
-                      nf > 3 ? 3 : nf);
-            break;
-        }
-        if (!fl[1]) {
-            st = fail(err, ML_SCHEMA, path, lineno, (unsigned)f[1] + 1,
-                      "the id is empty: name each allocation with a token");
-            break;
-        }
-        unsigned long long bytes = 0;
-        if (!is_free || (nf == 3 && fl[2])) {
-            char buf[32];
-            char *end = NULL;
-            unsigned col = (unsigned)f[2] + 1;
-            if (nf < 3 || !fl[2] || fl[2] >= sizeof buf) {
-                st = fail(err, fl[2] >= sizeof buf ? ML_RANGE : ML_SCHEMA, path, lineno, col,
-                          "bytes: expected a whole number of bytes");
-                break;
-            }
-            memcpy(buf, line + f[2], fl[2]);
-            buf[fl[2]] = '\0';
-            errno = 0;
-            bytes = strtoull(buf, &end, 10);
-            if (*end || buf[0] < '0' || buf[0] > '9') {
-                st = fail(err, ML_SCHEMA, path, lineno, col,
-                          "bytes: '%s' is not a whole number of bytes (write 1048576, not 1MiB "
-                          "or 1e6)", buf);
-                break;
-            }
-            if (errno == ERANGE) {
-                st = fail(err, ML_RANGE, path, lineno, col, "bytes: '%s' does not fit in 64 bits",
-                          buf);
-                break;
-            }
-        }
-        if (t->n >= UINT32_MAX - 1) {
-            st = fail(err, ML_RANGE, path, lineno, 1, "more than %u events", UINT32_MAX - 2);
-            break;
-        }
-        if (!id_room(&ids)) {
-            st = fail(err, ML_NOMEM, path, 0, 0, "out of memory");
-            break;
-        }
-        id_entry *e = lookup(&ids, line + f[1], fl[1]);
-        unsigned idcol = (unsigned)f[1] + 1;
-        int idl = (int)(fl[1] > 60 ? 60 : fl[1]);
-        if (is_free && (!e->name || !e->live)) {
-            if (e->name)
-                st = fail(err, ML_SCHEMA, path, lineno, idcol,
-                          "free of '%.*s', which line %u freed already: each alloc is freed "
-                          "once", idl, line + f[1], e->line);
-            else
-                st = fail(err, ML_SCHEMA, path, lineno, idcol,
-                          "free of '%.*s', which no earlier line allocates: drop the line, or "
-                          "add its alloc before it", idl, line + f[1]);
-            break;
-        }
-        if (!is_free && e->name && e->live) {
-            st = fail(err, ML_SCHEMA, path, lineno, idcol,
-                      "'%.*s' is already allocated (line %u) and not freed: free it first or "
-                      "use another id", idl, line + f[1], e->line);
-            break;
-        }
-        ml_alloc_event *nev = ml_grow(t->ev, t->n, &cap, sizeof *nev, 1024);
-        if (!nev) {
-            st = fail(err, ML_NOMEM, path, 0, 0, "out of memory");
-            break;
-        }
-        t->ev = nev;
-        if (ids_cap < cap) {
-            char **ni = realloc(t->ids, cap * sizeof *ni);
-            if (!ni) {
-                st = fail(err, ML_NOMEM, path, 0, 0, "out of memory");
-                break;
-            }
-            t->ids = ni;
-            ids_cap = cap;
-        }
-        if (!e->name) {
-            char **nn = ml_grow(t->names, t->nnames, &names_cap, sizeof *nn, 256);
-            char *name = nn ? malloc(fl[1] + 1) : NULL;
-            if (nn)
-                t->names = nn;
-            if (!name) {
-                st = fail(err, ML_NOMEM, path, 0, 0, "out of memory");
-                break;
-            }
-            memcpy(name, line + f[1], fl[1]);
-            name[fl[1]] = '\0';
-            t->names[t->nnames++] = name;
-            e->name = name;
-            ids.used++;
-        }
-        ml_alloc_event *ev = &t->ev[t->n];
-        ev->line = lineno;
-        ev->free = is_free;
-        if (is_free) {
-            ev->slot = e->slot;
-            ev->bytes = t->ev[e->slot].bytes;
-            t->ids[t->n] = NULL;
-            e->live = false;
-            t->frees++;
-        } else {
-            ev->slot = (uint32_t)t->n;
-            ev->bytes = bytes;
-            t->ids[t->n] = e->name;
-            e->slot = (uint32_t)t->n;
-            e->live = true;
-            t->allocs++;
-        }
-        e->line = lineno;
-        t->n++;
+        if (!(st = parse_event(&p, &l)))
+            st = add_event(&p, &l);
     }
-    free(ids.e);
+    free(p.ids.e);
     if (!st && !header)
         st = fail(err, ML_SCHEMA, path, 0, 0,
                   "the file is empty: expected the header \"%s\" and one alloc or free per line",
                   header_text);
     if (st) {
-        ml_alloc_trace_free(t);
+        ml_alloc_trace_free(p.t);
         return st;
     }
-    *out = t;
+    *out = p.t;
     return ML_OK;
 }
 

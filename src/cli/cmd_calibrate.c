@@ -42,6 +42,92 @@ static int points_usage(const char *fmt, const char *arg)
     return ML_EXIT_BAD_INPUT;
 }
 
+/* What calibrate --points reports: the measurements, their fit, and the
+ * budget and --at asked for (0: not asked). */
+typedef struct {
+    const char *path;
+    const ml_point *p;
+    size_t n;
+    const ml_points_fit *r;
+    uint64_t budget, at;
+} points_report;
+
+static void points_json(FILE *f, const points_report *q)
+{
+    const ml_points_fit *r = q->r;
+    const size_t n = q->n;
+    const uint64_t budget = q->budget, at = q->at;
+    fprintf(f, "{\"points\": %zu, \"fixed_bytes\": %.0f, \"per_sample_bytes\": %.0f, "
+               "\"r2\": %.17g, \"max_rel_residual\": %.17g",
+            n, r->fixed_bytes, r->per_sample_bytes, r->fit.r2, r->fit.max_rel_residual);
+    if (budget)
+        fprintf(f, ", \"budget\": %llu, \"max_micro_batch\": %llu, "
+                   "\"max_measured_micro_batch\": %llu, \"extrapolated\": %s",
+                (unsigned long long)budget, (unsigned long long)r->max_micro_batch,
+                (unsigned long long)r->max_measured_micro_batch,
+                r->extrapolated ? "true" : "false");
+    else
+        fputs(", \"budget\": null, \"max_micro_batch\": null, \"max_measured_micro_batch\": "
+              "null, \"extrapolated\": false", f);
+    if (at)
+        fprintf(f, ", \"at\": %llu, \"peak_at\": %.0f", (unsigned long long)at, r->peak_at);
+    fputs("}\n", f);
+}
+
+static void points_text(FILE *f, const points_report *q)
+{
+    const ml_points_fit *r = q->r;
+    const ml_point *p = q->p;
+    const size_t n = q->n;
+    const uint64_t budget = q->budget, at = q->at;
+    char a[32], b[32];
+    const double GiB = 1073741824.0;
+    fprintf(f, "memledger calibrate --points %s: %zu measurements\n", q->path, n);
+    fprintf(f, "fit: peak = %.3f GiB + %.3f GiB per sample  (R^2 %.6f, largest residual "
+               "%.2f%%)\n",
+            r->fixed_bytes / GiB, r->per_sample_bytes / GiB, r->fit.r2,
+            100 * r->fit.max_rel_residual);
+    fprintf(f, "  %-12s %12s %12s %10s\n", "micro_batch", "measured", "fit", "residual");
+    for (size_t i = 0; i < n; i++) {
+        double fit = r->fixed_bytes + r->per_sample_bytes * (double)p[i].micro_batch;
+        ml_format_bytes(p[i].peak, a, sizeof a);
+        ml_format_bytes(fit > 0 ? (uint64_t)fit : 0, b, sizeof b);
+        double res = p[i].peak ? 100 * ((double)p[i].peak - fit) / (double)p[i].peak : 0;
+        if (res > -0.005 && res < 0.005)
+            res = 0; /* no "-0.00%" */
+        fprintf(f, "  %-12llu %12s %12s %+9.2f%%\n", (unsigned long long)p[i].micro_batch, a,
+                b, res);
+    }
+    if (budget) {
+        ml_format_bytes(budget, a, sizeof a);
+        fprintf(f, "budget %s:\n", a);
+        if (r->max_micro_batch)
+            fprintf(f, "  largest micro-batch by the fit: %llu%s\n",
+                    (unsigned long long)r->max_micro_batch,
+                    r->extrapolated ? " (extrapolated past the measured points: measure it "
+                                     "before relying on it)"
+                                   : "");
+        else
+            fprintf(f, "  no micro-batch fits by the fit\n");
+        if (r->max_measured_micro_batch)
+            fprintf(f, "  largest measured micro-batch within the budget: %llu (the safe "
+                       "choice)\n",
+                    (unsigned long long)r->max_measured_micro_batch);
+        else
+            fprintf(f, "  no measured micro-batch is within the budget\n");
+    }
+    if (at) {
+        ml_format_bytes(r->peak_at > 0 ? (uint64_t)r->peak_at : 0, a, sizeof a);
+        fprintf(f, "at micro-batch %llu: %s", (unsigned long long)at, a);
+        if (budget) {
+            ml_format_bytes(budget, b, sizeof b);
+            fprintf(f, " (%s the %s budget)", r->peak_at > (double)budget ? "over" : "within",
+                    b);
+        }
+        fputc('\n', f);
+    }
+}
+
 static int points(int argc, char **argv)
 {
     const char *path = NULL, *budget_s = NULL, *at_s = NULL, *out_path = NULL;
@@ -105,70 +191,11 @@ static int points(int argc, char **argv)
         return rc;
     }
     FILE *f = out.f;
-    char a[32], b[32];
-    const double GiB = 1073741824.0;
-    if (json) {
-        fprintf(f, "{\"points\": %zu, \"fixed_bytes\": %.0f, \"per_sample_bytes\": %.0f, "
-                   "\"r2\": %.17g, \"max_rel_residual\": %.17g",
-                n, r.fixed_bytes, r.per_sample_bytes, r.fit.r2, r.fit.max_rel_residual);
-        if (budget)
-            fprintf(f, ", \"budget\": %llu, \"max_micro_batch\": %llu, "
-                       "\"max_measured_micro_batch\": %llu, \"extrapolated\": %s",
-                    (unsigned long long)budget, (unsigned long long)r.max_micro_batch,
-                    (unsigned long long)r.max_measured_micro_batch,
-                    r.extrapolated ? "true" : "false");
-        else
-            fputs(", \"budget\": null, \"max_micro_batch\": null, \"max_measured_micro_batch\": "
-                  "null, \"extrapolated\": false", f);
-        if (at)
-            fprintf(f, ", \"at\": %llu, \"peak_at\": %.0f", (unsigned long long)at, r.peak_at);
-        fputs("}\n", f);
-    } else {
-        fprintf(f, "memledger calibrate --points %s: %zu measurements\n", path, n);
-        fprintf(f, "fit: peak = %.3f GiB + %.3f GiB per sample  (R^2 %.6f, largest residual "
-                   "%.2f%%)\n",
-                r.fixed_bytes / GiB, r.per_sample_bytes / GiB, r.fit.r2,
-                100 * r.fit.max_rel_residual);
-        fprintf(f, "  %-12s %12s %12s %10s\n", "micro_batch", "measured", "fit", "residual");
-        for (size_t i = 0; i < n; i++) {
-            double fit = r.fixed_bytes + r.per_sample_bytes * (double)p[i].micro_batch;
-            ml_format_bytes(p[i].peak, a, sizeof a);
-            ml_format_bytes(fit > 0 ? (uint64_t)fit : 0, b, sizeof b);
-            double res = p[i].peak ? 100 * ((double)p[i].peak - fit) / (double)p[i].peak : 0;
-            if (res > -0.005 && res < 0.005)
-                res = 0; /* no "-0.00%" */
-            fprintf(f, "  %-12llu %12s %12s %+9.2f%%\n", (unsigned long long)p[i].micro_batch, a,
-                    b, res);
-        }
-        if (budget) {
-            ml_format_bytes(budget, a, sizeof a);
-            fprintf(f, "budget %s:\n", a);
-            if (r.max_micro_batch)
-                fprintf(f, "  largest micro-batch by the fit: %llu%s\n",
-                        (unsigned long long)r.max_micro_batch,
-                        r.extrapolated ? " (extrapolated past the measured points: measure it "
-                                         "before relying on it)"
-                                       : "");
-            else
-                fprintf(f, "  no micro-batch fits by the fit\n");
-            if (r.max_measured_micro_batch)
-                fprintf(f, "  largest measured micro-batch within the budget: %llu (the safe "
-                           "choice)\n",
-                        (unsigned long long)r.max_measured_micro_batch);
-            else
-                fprintf(f, "  no measured micro-batch is within the budget\n");
-        }
-        if (at) {
-            ml_format_bytes(r.peak_at > 0 ? (uint64_t)r.peak_at : 0, a, sizeof a);
-            fprintf(f, "at micro-batch %llu: %s", (unsigned long long)at, a);
-            if (budget) {
-                ml_format_bytes(budget, b, sizeof b);
-                fprintf(f, " (%s the %s budget)", r.peak_at > (double)budget ? "over" : "within",
-                        b);
-            }
-            fputc('\n', f);
-        }
-    }
+    points_report q = {path, p, n, &r, budget, at};
+    if (json)
+        points_json(f, &q);
+    else
+        points_text(f, &q);
     rc = ml_out_close(&out, !ferror(f));
     free(p);
     if (!rc && at && budget && r.peak_at > (double)budget)

@@ -142,6 +142,89 @@ static const char *flag_value(int argc, char **argv, int *i, const char *eq)
     return argv[++*i];
 }
 
+/* --format VALUE for verb: the formats the verb writes. */
+static int parse_format(const char *verb, const char *val, ml_cli_opts *o)
+{
+    if (!val || !*val)
+        return usage_error(verb, "--format needs a value: %s",
+                           !strcmp(verb, "compare")    ? "text, json, csv or svg"
+                           : !strcmp(verb, "timeline") ? "csv, json or svg"
+                                                       : "text or json");
+    if (!strcmp(val, "text"))
+        o->format = ML_FMT_TEXT;
+    else if (!strcmp(val, "json"))
+        o->format = ML_FMT_JSON;
+    else if (!strcmp(val, "csv") && (!strcmp(verb, "compare") || !strcmp(verb, "timeline")))
+        o->format = ML_FMT_CSV;
+    else if (!strcmp(val, "svg") && (!strcmp(verb, "compare") || !strcmp(verb, "timeline")))
+        o->format = ML_FMT_SVG;
+    else
+        return usage_error(verb, !strcmp(verb, "compare")
+                                     ? "--format: '%s' is not a format; use text, "
+                                       "json, csv or svg"
+                                 : !strcmp(verb, "timeline")
+                                     ? "--format: '%s' is not a format; use csv, "
+                                       "json or svg"
+                                     : "--format: '%s' is not a format; use text or "
+                                       "json",
+                           val);
+    o->format_given = true;
+    return 0;
+}
+
+/* A flag of the table (its value stored raw in o), and the verbs it is for. */
+static int parse_table_flag(const char *verb, int argc, char **argv, int *i, const char *eq,
+                            size_t len, ml_cli_opts *o)
+{
+    const char *arg = argv[*i];
+    size_t k;
+    for (k = 0; k < sizeof flags / sizeof flags[0]; k++)
+        if (strlen(flags[k].flag) == len && !strncmp(arg, flags[k].flag, len))
+            break;
+    if (k == sizeof flags / sizeof flags[0])
+        return usage_error(verb, "unknown option '%s'", arg);
+    const char *val = flag_value(argc, argv, i, eq);
+    if (!val || !*val)
+        return usage_error(verb, "%s needs a value", flags[k].flag);
+    *(const char **)((char *)o + flags[k].off) = val;
+    if (!strcmp(flags[k].flag, "--checkpoint") && !strcmp(val, "auto")) {
+        if (strcmp(verb, "fit"))
+            return usage_error(verb, "--checkpoint auto is for 'memledger fit'%s", "");
+        o->auto_checkpoint = true;
+    }
+    if ((!strcmp(flags[k].flag, "--lengths") || !strcmp(flags[k].flag, "--batching") ||
+         !strcmp(flags[k].flag, "--max-tokens") || !strcmp(flags[k].flag, "--buckets")) &&
+        strcmp(verb, "plan") && strcmp(verb, "fit"))
+        return usage_error(verb, "%s is for 'memledger plan' and 'memledger fit'", flags[k].flag);
+    if (((!strcmp(flags[k].flag, "--global-batch") && strcmp(verb, "report")) ||
+         !strcmp(flags[k].flag, "--max-micro-batch")) &&
+        strcmp(verb, "fit"))
+        return usage_error(verb, "%s is for 'memledger fit'", flags[k].flag);
+    return 0;
+}
+
+/* What the flags must say together once all are read. */
+static int check_parsed(const char *verb, ml_cli_opts *o)
+{
+    if (o->hf && o->model_path)
+        return usage_error(verb, "give a model file or --hf config.json, not both (%s)",
+                           o->model_path);
+    if (o->training && !o->hf)
+        return usage_error(verb, "%s", "--training goes with --hf (a model file has its own "
+                                       "training: section)");
+    if (!o->model_path && !o->hf)
+        return usage_error(verb, "%s", "missing the model file (e.g. models/gpt2-small.yaml) or "
+                                       "--hf config.json");
+    if (o->hf)
+        o->model_path = o->hf;
+    /* -o naming an input would replace it with the report */
+    const char *inputs[] = {o->model_path, o->training, o->calib};
+    for (size_t k = 0; k < sizeof inputs / sizeof inputs[0]; k++)
+        if (ml_out_refuse_input(o->output, inputs[k]))
+            return ML_EXIT_BAD_INPUT;
+    return 0;
+}
+
 int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -190,80 +273,21 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                 continue;
             }
             if (!strncmp(arg, "--format", len) && len == 8) {
-                val = flag_value(argc, argv, &i, eq);
-                if (!val || !*val)
-                    return usage_error(verb, "--format needs a value: %s",
-                                       !strcmp(verb, "compare")    ? "text, json, csv or svg"
-                                       : !strcmp(verb, "timeline") ? "csv, json or svg"
-                                                                   : "text or json");
-                if (!strcmp(val, "text"))
-                    o->format = ML_FMT_TEXT;
-                else if (!strcmp(val, "json"))
-                    o->format = ML_FMT_JSON;
-                else if (!strcmp(val, "csv") && (!strcmp(verb, "compare") || !strcmp(verb, "timeline")))
-                    o->format = ML_FMT_CSV;
-                else if (!strcmp(val, "svg") && (!strcmp(verb, "compare") || !strcmp(verb, "timeline")))
-                    o->format = ML_FMT_SVG;
-                else
-                    return usage_error(verb, !strcmp(verb, "compare")
-                                                 ? "--format: '%s' is not a format; use text, "
-                                                   "json, csv or svg"
-                                             : !strcmp(verb, "timeline")
-                                                 ? "--format: '%s' is not a format; use csv, "
-                                                   "json or svg"
-                                                 : "--format: '%s' is not a format; use text or "
-                                                   "json",
-                                       val);
-                o->format_given = true;
+                int rc = parse_format(verb, flag_value(argc, argv, &i, eq), o);
+                if (rc)
+                    return rc;
                 continue;
             }
-            size_t k;
-            for (k = 0; k < sizeof flags / sizeof flags[0]; k++)
-                if (strlen(flags[k].flag) == len && !strncmp(arg, flags[k].flag, len))
-                    break;
-            if (k == sizeof flags / sizeof flags[0])
-                return usage_error(verb, "unknown option '%s'", arg);
-            val = flag_value(argc, argv, &i, eq);
-            if (!val || !*val)
-                return usage_error(verb, "%s needs a value", flags[k].flag);
-            *(const char **)((char *)o + flags[k].off) = val;
-            if (!strcmp(flags[k].flag, "--checkpoint") && !strcmp(val, "auto")) {
-                if (strcmp(verb, "fit"))
-                    return usage_error(verb, "--checkpoint auto is for 'memledger fit'%s", "");
-                o->auto_checkpoint = true;
-            }
-            if ((!strcmp(flags[k].flag, "--lengths") || !strcmp(flags[k].flag, "--batching") ||
-                 !strcmp(flags[k].flag, "--max-tokens") || !strcmp(flags[k].flag, "--buckets")) &&
-                strcmp(verb, "plan") && strcmp(verb, "fit"))
-                return usage_error(verb, "%s is for 'memledger plan' and 'memledger fit'",
-                                   flags[k].flag);
-            if (((!strcmp(flags[k].flag, "--global-batch") && strcmp(verb, "report")) ||
-                 !strcmp(flags[k].flag, "--max-micro-batch")) &&
-                strcmp(verb, "fit"))
-                return usage_error(verb, "%s is for 'memledger fit'", flags[k].flag);
+            int rc = parse_table_flag(verb, argc, argv, &i, eq, len, o);
+            if (rc)
+                return rc;
             continue;
         }
         if (o->model_path)
             return usage_error(verb, "one model file only; '%s' is a second one", arg);
         o->model_path = arg;
     }
-    if (o->hf && o->model_path)
-        return usage_error(verb, "give a model file or --hf config.json, not both (%s)",
-                           o->model_path);
-    if (o->training && !o->hf)
-        return usage_error(verb, "%s", "--training goes with --hf (a model file has its own "
-                                       "training: section)");
-    if (!o->model_path && !o->hf)
-        return usage_error(verb, "%s", "missing the model file (e.g. models/gpt2-small.yaml) or "
-                                       "--hf config.json");
-    if (o->hf)
-        o->model_path = o->hf;
-    /* -o naming an input would replace it with the report */
-    const char *inputs[] = {o->model_path, o->training, o->calib};
-    for (size_t k = 0; k < sizeof inputs / sizeof inputs[0]; k++)
-        if (ml_out_refuse_input(o->output, inputs[k]))
-            return ML_EXIT_BAD_INPUT;
-    return 0;
+    return check_parsed(verb, o);
 }
 
 static int bad_flag(const char *flag, const char *msg)
@@ -312,19 +336,11 @@ static int real(const char *flag, const char *v, double lo, double hi, double *o
     return 0;
 }
 
-int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
+/* The training flags over the model file's settings: 0, or the exit status
+ * of the first bad one (its message printed). */
+static int training_flags(const ml_cli_opts *o, ml_training *t)
 {
     ml_error e;
-    ml_model *m = NULL;
-    ml_status st = o->hf ? ml_model_load_hf(o->hf, o->training, &m, &e)
-                         : ml_model_load_file(o->model_path, &m, &e);
-    if (st) {
-        ml_cli_print_error(&e);
-        return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
-    }
-    ml_config c = ml_model_config(m);
-    ml_training *t = &c.training;
-    ml_device *d = &c.device;
     int rc = 0;
     if (!rc && o->micro_batch)
         rc = ml_cli_whole("--micro-batch", o->micro_batch, 1, 1u << 24, &t->micro_batch);
@@ -390,6 +406,14 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
         if (ml_parse_checkpoint(o->checkpoint, &t->checkpoint, &e))
             rc = bad_flag("--checkpoint", e.msg);
     }
+    return rc;
+}
+
+/* The device flags over the model file's device: 0, or the exit status of
+ * the first bad one (its message printed). */
+static int device_flags(const ml_cli_opts *o, ml_device *d)
+{
+    int rc = 0;
     if (!rc && o->device) {
         rc = size_flag("--device", o->device, &d->memory);
         /* a new capacity invalidates the file's budget line: back to the
@@ -428,6 +452,23 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
         rc = bad_flag("--budget", "the budget is above the device memory");
     if (!rc && d->present && d->runtime_reserve >= d->memory)
         rc = bad_flag("--runtime-reserve", "the reserve is not below the device memory");
+    return rc;
+}
+
+int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
+{
+    ml_error e;
+    ml_model *m = NULL;
+    ml_status st = o->hf ? ml_model_load_hf(o->hf, o->training, &m, &e)
+                         : ml_model_load_file(o->model_path, &m, &e);
+    if (st) {
+        ml_cli_print_error(&e);
+        return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+    }
+    ml_config c = ml_model_config(m);
+    int rc = training_flags(o, &c.training);
+    if (!rc)
+        rc = device_flags(o, &c.device);
     if (!rc && o->calib) {
         ml_profile *p = NULL;
         memset(&e, 0, sizeof e);

@@ -167,49 +167,31 @@ static mode_t final_mode(const struct stat *old)
     return 0666 & ~mask;
 }
 
-int ml_out_open(ml_out *o, const char *path)
+/* A device, pipe or socket (/dev/null, /dev/full, a FIFO), also through a
+ * link, is written in place: renaming a temporary over it would replace the
+ * node itself. sb: path's stat. */
+static int open_in_place(ml_out *o, const char *path, const struct stat *sb)
 {
-    memset(o, 0, sizeof *o);
-    if (!path || !strcmp(path, "-")) {
-        o->f = stdout;
-        return 0;
-    }
-    /* the path names standard output's file (/dev/stdout, /dev/fd/1, or the
-     * file stdout is redirected to): write to stdout itself, where the
-     * shell's > or >> put it */
-    struct stat sb, so;
-    bool exists = stat(path, &sb) == 0;
-    if (exists && fstat(STDOUT_FILENO, &so) == 0 && sb.st_dev == so.st_dev &&
-        sb.st_ino == so.st_ino) {
-        o->f = stdout;
-        return 0;
-    }
-    /* a device, pipe or socket (/dev/null, /dev/full, a FIFO), also through
-     * a link, is written in place: renaming a temporary over it would
-     * replace the node itself */
-    if (exists && !S_ISREG(sb.st_mode)) {
-        if (S_ISDIR(sb.st_mode)) {
-            ml_cli_errorf("%s: is a directory", path);
-            return ML_EXIT_FAILURE;
-        }
-        snprintf(o->path, sizeof o->path, "%s", path);
-        o->f = fopen(path, "w");
-        o->direct = true;
-        if (!o->f) {
-            ml_cli_errorf("%s: %s", path, strerror(errno));
-            return ML_EXIT_FAILURE;
-        }
-        errno = 0;
-        return 0;
-    }
-    /* a symbolic link keeps pointing at its file: replace the target */
-    int why = resolve_links(path, o->path, sizeof o->path);
-    if (why) {
-        ml_cli_errorf("%s: cannot create the output file: %s", path, strerror(why));
+    if (S_ISDIR(sb->st_mode)) {
+        ml_cli_errorf("%s: is a directory", path);
         return ML_EXIT_FAILURE;
     }
-    /* the temporary's name fits the folder's name limit (NAME_MAX, 255 bytes
-     * on Linux file systems) whatever the output's: the name is cut short */
+    snprintf(o->path, sizeof o->path, "%s", path);
+    o->f = fopen(path, "w");
+    o->direct = true;
+    if (!o->f) {
+        ml_cli_errorf("%s: %s", path, strerror(errno));
+        return ML_EXIT_FAILURE;
+    }
+    errno = 0;
+    return 0;
+}
+
+/* o->tmp: the temporary next to o->path. Its name fits the folder's name
+ * limit (NAME_MAX, 255 bytes on Linux file systems) whatever the output's:
+ * the name is cut short. */
+static int temp_name(ml_out *o, const char *path)
+{
     static const char suffix[] = ".tmp.XXXXXX";
     const char *slash = strrchr(o->path, '/');
     size_t dl = slash ? (size_t)(slash - o->path) + 1 : 0;
@@ -230,6 +212,13 @@ int ml_out_open(ml_out *o, const char *path)
         ml_cli_errorf("%s: path too long", path);
         return ML_EXIT_BAD_INPUT;
     }
+    return 0;
+}
+
+/* The temporary o->tmp created (removed on a fatal signal until closed),
+ * with the mode and group of the file it replaces, opened as o->f. */
+static int open_temp(ml_out *o, const char *path)
+{
     struct stat tb;
     bool replacing = stat(o->path, &tb) == 0 && S_ISREG(tb.st_mode);
     mode_t mode = final_mode(replacing ? &tb : NULL);
@@ -264,6 +253,35 @@ int ml_out_open(ml_out *o, const char *path)
     }
     errno = 0;
     return 0;
+}
+
+int ml_out_open(ml_out *o, const char *path)
+{
+    memset(o, 0, sizeof *o);
+    if (!path || !strcmp(path, "-")) {
+        o->f = stdout;
+        return 0;
+    }
+    /* the path names standard output's file (/dev/stdout, /dev/fd/1, or the
+     * file stdout is redirected to): write to stdout itself, where the
+     * shell's > or >> put it */
+    struct stat sb, so;
+    bool exists = stat(path, &sb) == 0;
+    if (exists && fstat(STDOUT_FILENO, &so) == 0 && sb.st_dev == so.st_dev &&
+        sb.st_ino == so.st_ino) {
+        o->f = stdout;
+        return 0;
+    }
+    if (exists && !S_ISREG(sb.st_mode))
+        return open_in_place(o, path, &sb);
+    /* a symbolic link keeps pointing at its file: replace the target */
+    int why = resolve_links(path, o->path, sizeof o->path);
+    if (why) {
+        ml_cli_errorf("%s: cannot create the output file: %s", path, strerror(why));
+        return ML_EXIT_FAILURE;
+    }
+    int rc = temp_name(o, path);
+    return rc ? rc : open_temp(o, path);
 }
 
 /* Whether s holds a byte that ml_cli_put_safe would escape (or the lead of

@@ -1,186 +1,17 @@
 /* Hugging Face config.json → ml_model. The JSON is read with the YAML tree
  * parser (JSON's flow syntax is YAML). Every key of the config is honoured,
  * inert (changes nothing the planner computes), approximated as documented,
- * or refused with its position: the key table below is the one list, and
+ * or refused with its position: the key table (hf_keys.c) is the one list, and
  * docs/hf.md's table is generated from it (tests/unit/test_hf.c). */
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/hf_read.h"
 #include "model/model_internal.h"
 #include "model/tree.h"
-
-/* ---- reading values ------------------------------------------------------ */
-
-#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
-
-static const ml_node *get(const ml_node *map, const char *key)
-{
-    for (size_t i = 0; map && i < map->count; i++)
-        if (strcmp(map->keys[i]->text, key) == 0)
-            return map->items[i];
-    return NULL;
-}
-
-static bool is_null(const ml_node *n)
-{
-    return !n || (n->type == ML_NODE_SCALAR && n->plain && !strcmp(n->text, "null"));
-}
-
-/* The key of keys (NULL-terminated: a name and its aliases) that is present;
- * required: an error when none is. Two aliases at once are refused
- * (GPT2Config's attribute_map makes them one value). */
-static ml_status uint_of(ml_error *err, const ml_node *root, const char *const *keys_,
-                         bool required, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    const char *found = NULL;
-    const ml_node *fn = NULL;
-    for (const char *const *k = keys_; *k; k++) {
-        const ml_node *n = get(root, *k);
-        if (is_null(n))
-            continue;
-        if (found) {
-            /* at the one written second */
-            bool later = n->line > fn->line || (n->line == fn->line && n->col > fn->col);
-            return ml_error_at(err, later ? n : fn, ML_SCHEMA,
-                               "%s: names the same value as %s (an alias); give one of them",
-                               later ? *k : found, later ? found : *k);
-        }
-        found = *k;
-        fn = n;
-        char *end = NULL;
-        errno = 0;
-        unsigned long long v = n->type == ML_NODE_SCALAR ? strtoull(n->text, &end, 10) : 0;
-        if (n->type != ML_NODE_SCALAR || !end || end == n->text || *end || errno ||
-            n->text[0] == '-')
-            return ml_error_at(err, n, ML_SCHEMA, "%s: expected a whole number", *k);
-        if (v < lo || v > hi)
-            return ml_error_at(err, n, ML_RANGE, "%s: %llu is out of range (%llu to %llu)", *k, v,
-                               (unsigned long long)lo, (unsigned long long)hi);
-        *out = v;
-    }
-    if (!found && required)
-        return ml_error_at(err, root, ML_SCHEMA, "%s: missing from the config", keys_[0]);
-    return ML_OK;
-}
-
-/* true or false; absent or null leaves *out. */
-static ml_status bool_of(ml_error *err, const ml_node *root, const char *key, bool *out)
-{
-    const ml_node *n = get(root, key);
-    if (is_null(n))
-        return ML_OK;
-    if (n->type == ML_NODE_SCALAR && n->plain && !strcmp(n->text, "true"))
-        *out = true;
-    else if (n->type == ML_NODE_SCALAR && n->plain && !strcmp(n->text, "false"))
-        *out = false;
-    else
-        return ml_error_at(err, n, ML_SCHEMA, "%s: expected true or false", key);
-    return ML_OK;
-}
-
-/* A probability in [0, 1]; absent or null leaves *out. */
-static ml_status prob_of(ml_error *err, const ml_node *root, const char *key, double *out)
-{
-    const ml_node *n = get(root, key);
-    if (is_null(n))
-        return ML_OK;
-    char *end = NULL;
-    double v = n->type == ML_NODE_SCALAR && n->plain ? strtod(n->text, &end) : -1;
-    if (!end || end == n->text || *end || !(v >= 0 && v <= 1))
-        return ml_error_at(err, n, ML_SCHEMA, "%s: expected a probability from 0 to 1", key);
-    *out = v;
-    return ML_OK;
-}
-
-/* A string; absent or null: NULL. */
-static ml_status str_of(ml_error *err, const ml_node *root, const char *key, const char **out)
-{
-    const ml_node *n = get(root, key);
-    *out = NULL;
-    if (is_null(n))
-        return ML_OK;
-    if (n->type != ML_NODE_SCALAR || n->plain)
-        return ml_error_at(err, n, ML_SCHEMA, "%s: expected a string", key);
-    *out = n->text;
-    return ML_OK;
-}
-
-/* Whether n is one of the JSON literals of ok ("false|null", "{}",
- * "\"absolute\""); numbers compare by value (0 and 0.0 alike). */
-static bool value_is(const ml_node *n, const char *ok)
-{
-    while (*ok) {
-        size_t len = strcspn(ok, "|");
-        char t[64];
-        snprintf(t, sizeof t, "%.*s", (int)len, ok);
-        ok += len + (ok[len] == '|');
-        if (!strcmp(t, "{}") || !strcmp(t, "[]")) {
-            if (n->type == (t[0] == '{' ? ML_NODE_MAP : ML_NODE_SEQ) && n->count == 0)
-                return true;
-            continue;
-        }
-        if (n->type != ML_NODE_SCALAR)
-            continue;
-        if (t[0] == '"') {
-            if (!n->plain && strlen(n->text) + 2 == strlen(t) &&
-                !strncmp(n->text, t + 1, strlen(n->text)))
-                return true;
-            continue;
-        }
-        if (!n->plain)
-            continue;
-        if (!strcmp(n->text, t))
-            return true;
-        char *e1 = NULL, *e2 = NULL;
-        double a = strtod(n->text, &e1), b = strtod(t, &e2);
-        if (e1 != n->text && !*e1 && e2 != t && !*e2 && a == b)
-            return true;
-    }
-    return false;
-}
-
-/* Every key of the config is in the family's table; a key refused unless its
- * value is one of the table's is checked here, the others by map_config. */
-static ml_status check_keys(const ml_node *r, unsigned fam, const char *type, ml_error *err)
-{
-    for (size_t i = 0; i < r->count; i++) {
-        const char *k = r->keys[i]->text;
-        const ml_hf_key *e = ml_hf_key_find(fam, k);
-        if (!e) {
-            size_t count, n = 0;
-            const ml_hf_key *keys = ml_hf_keys(&count);
-            const char **names = malloc(count * sizeof *names);
-            for (size_t j = 0; names && j < count; j++)
-                if (keys[j].families & fam)
-                    names[n++] = keys[j].key;
-            /* (out of memory: no suggestion) */
-            const char *near = names ? ml_closest_name(k, names, n) : NULL;
-            free(names);
-            return ml_error_at(err, r->keys[i], ML_SCHEMA,
-                               "%s: not a key memledger knows for model_type '%s': it is "
-                               "refused rather than ignored, since it may change what is "
-                               "planned%s%s%s (docs/hf.md lists every key)",
-                               k, type, near ? "; did you mean '" : "", near ? near : "",
-                               near ? "'?" : "");
-        }
-        const ml_node *v = r->items[i];
-        if (e->use == ML_HF_REFUSED_UNLESS && e->ok && !value_is(v, e->ok)) {
-            char accepted[96];
-            size_t a = 0;
-            for (const char *p = e->ok; *p && a + 8 < sizeof accepted; p++)
-                a += (size_t)(*p == '|' ? snprintf(accepted + a, sizeof accepted - a, " or ")
-                                        : snprintf(accepted + a, sizeof accepted - a, "%c", *p));
-            return ml_error_at(err, v, ML_SCHEMA, "%s: %s is refused (accepted: %s): %s", k,
-                               v->type == ML_NODE_SCALAR ? v->text : ml_tree_type_name(v),
-                               accepted, e->note);
-        }
-    }
-    return ML_OK;
-}
 
 /* ---- the mapping --------------------------------------------------------- */
 
@@ -199,8 +30,8 @@ static ml_status attention_of(const ml_node *r, ml_model *m, ml_error *err)
                  {"flash_attention_2", ML_ATTN_FLASH},
                  {"flash_attention_3", ML_ATTN_FLASH}};
     m->attention = ML_ATTN_EAGER;
-    const ml_node *n = get(r, "attn_implementation");
-    if (!n || is_null(n))
+    const ml_node *n = ml_tree_get(r, "attn_implementation");
+    if (!n || ml_hf_is_null(n))
         return ML_OK;
     for (size_t i = 0; n->type == ML_NODE_SCALAR && i < sizeof kinds / sizeof *kinds; i++)
         if (!strcmp(n->text, kinds[i].name)) {
@@ -219,8 +50,8 @@ static ml_status attention_of(const ml_node *r, ml_model *m, ml_error *err)
 static ml_status architectures_of(const ml_node *r, size_t f, ml_error *err)
 {
     const ml_hf_family_info *families = ml_hf_families();
-    const ml_node *n = get(r, "architectures");
-    if (is_null(n))
+    const ml_node *n = ml_tree_get(r, "architectures");
+    if (ml_hf_is_null(n))
         return ML_OK;
     if (n->type != ML_NODE_SEQ)
         return ml_error_at(err, n, ML_SCHEMA, "architectures: expected a list of class names");
@@ -251,7 +82,7 @@ static ml_status activation_of(const ml_node *r, const char *key, const char *ty
                 {"gelu_new", ML_ACT_GELU},
                 {"relu", ML_ACT_RELU}};
     const char *v;
-    ml_status st = str_of(err, r, key, &v);
+    ml_status st = ml_hf_str(err, r, key, &v);
     if (st)
         return st;
     m->activation = ML_ACT_GELU; /* every family's default: gelu or gelu_new */
@@ -262,7 +93,7 @@ static ml_status activation_of(const ml_node *r, const char *key, const char *ty
             m->activation = acts[i].act;
             return ML_OK;
         }
-    return ml_error_at(err, get(r, key), ML_SCHEMA,
+    return ml_error_at(err, ml_tree_get(r, key), ML_SCHEMA,
                        "%s: '%s' is not modelled for %s (gelu, gelu_pytorch_tanh, gelu_new or "
                        "relu)",
                        key, v, type);
@@ -280,16 +111,17 @@ static ml_status dropout_of(const ml_node *r, const prob_key *pk, size_t n, ml_m
                             ml_error *err)
 {
     double p0 = pk[0].def;
-    ml_status st = prob_of(err, r, pk[0].key, &p0);
+    ml_status st = ml_hf_prob(err, r, pk[0].key, &p0);
     if (st)
         return st;
     m->dropout = p0;
     for (size_t i = 1; i < n; i++) {
         double p = pk[i].def == pk[i].def ? pk[i].def : p0;
-        if ((st = prob_of(err, r, pk[i].key, &p)))
+        if ((st = ml_hf_prob(err, r, pk[i].key, &p)))
             return st;
         if ((p > 0) != (p0 > 0)) {
-            const ml_node *at = get(r, pk[i].key) ? get(r, pk[i].key) : get(r, pk[0].key);
+            const ml_node *at = ml_tree_get(r, pk[i].key) ? ml_tree_get(r, pk[i].key)
+                                                          : ml_tree_get(r, pk[0].key);
             return ml_error_at(err, at ? at : r, ML_SCHEMA,
                                "%s: %g while %s is %g: the planner has one dropout switch "
                                "(masks on the attention probabilities, the residual branches "
@@ -306,11 +138,11 @@ static ml_status dropout_of(const ml_node *r, const prob_key *pk, size_t n, ml_m
 static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_error *err)
 {
     const char *act;
-    ml_status st = str_of(err, r, "hidden_act", &act);
+    ml_status st = ml_hf_str(err, r, "hidden_act", &act);
     if (st)
         return st;
     if (act && strcmp(act, "silu"))
-        return ml_error_at(err, get(r, "hidden_act"), ML_SCHEMA,
+        return ml_error_at(err, ml_tree_get(r, "hidden_act"), ML_SCHEMA,
                            "hidden_act: '%s' is not modelled for %s (silu: SwiGLU)", act, t);
     m->activation = ML_ACT_SWIGLU;
     m->norm = ML_NORM_RMSNORM;
@@ -320,25 +152,25 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
     m->qkv_bias = !strcmp(t, "qwen2");
     m->tied_embeddings = false;
     m->dropout = 0; /* attention_dropout > 0 is refused by the key table */
-    if ((st = bool_of(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+    if ((st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
         return st;
     if (!strcmp(t, "llama")) {
         /* modeling_llama: q, k, v and o_proj take attention_bias, the MLP
          * mlp_bias */
         bool ab = false, mb = false;
-        if ((st = bool_of(err, r, "attention_bias", &ab)) ||
-            (st = bool_of(err, r, "mlp_bias", &mb)))
+        if ((st = ml_hf_bool(err, r, "attention_bias", &ab)) ||
+            (st = ml_hf_bool(err, r, "mlp_bias", &mb)))
             return st;
         m->qkv_bias = m->out_bias = ab;
         m->mlp_bias = mb;
     } else if (!strcmp(t, "mistral")) {
         /* MistralConfig: sliding_window defaults to 4096; null: none */
         uint64_t w = 4096;
-        const ml_node *n = get(r, "sliding_window");
-        if (n && is_null(n))
+        const ml_node *n = ml_tree_get(r, "sliding_window");
+        if (n && ml_hf_is_null(n))
             w = 0;
-        else if ((st = uint_of(err, r, KEYS("sliding_window"), false, 0,
-                               1ull << 40, &w)))
+        else if ((st = ml_hf_uint(err, r, KEYS("sliding_window"), false, 0,
+                                    1ull << 40, &w)))
             return st;
         m->sliding_window = w;
     } else {
@@ -347,19 +179,19 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
          * layer_types names sliding_attention */
         bool on = false;
         uint64_t w = 4096, from = 28;
-        const ml_node *n = get(r, "sliding_window");
-        if (n && is_null(n))
+        const ml_node *n = ml_tree_get(r, "sliding_window");
+        if (n && ml_hf_is_null(n))
             w = 0;
-        else if ((st = uint_of(err, r, KEYS("sliding_window"), false, 0,
-                               1ull << 40, &w)))
+        else if ((st = ml_hf_uint(err, r, KEYS("sliding_window"), false, 0,
+                                    1ull << 40, &w)))
             return st;
-        if ((st = bool_of(err, r, "use_sliding_window", &on)) ||
-            (st = uint_of(err, r, KEYS("max_window_layers"), false, 0,
-                          1ull << 40, &from)))
+        if ((st = ml_hf_bool(err, r, "use_sliding_window", &on)) ||
+            (st = ml_hf_uint(err, r, KEYS("max_window_layers"), false, 0,
+                             1ull << 40, &from)))
             return st;
         bool windowed = from < m->layers;
-        const ml_node *lt = get(r, "layer_types");
-        if (!is_null(lt)) {
+        const ml_node *lt = ml_tree_get(r, "layer_types");
+        if (!ml_hf_is_null(lt)) {
             if (lt->type != ML_NODE_SEQ || lt->count != m->layers)
                 return ml_error_at(err, lt, ML_SCHEMA,
                                    "layer_types: expected a list of num_hidden_layers (%llu) "
@@ -382,57 +214,60 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
     return ML_OK;
 }
 
-static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
+/* The family model_type names: *t its name, *fam its bit, *f its index in
+ * ml_hf_families(); *mt the model_type node (for later messages). */
+static ml_status family_of(const ml_node *r, const ml_node **mt, const char **t, unsigned *fam,
+                           size_t *f, ml_error *err)
 {
     const ml_hf_family_info *families = ml_hf_families();
-    const ml_node *mt = get(r, "model_type");
-    if (!mt || mt->type != ML_NODE_SCALAR)
+    *mt = ml_tree_get(r, "model_type");
+    if (!*mt || (*mt)->type != ML_NODE_SCALAR)
         return ml_error_at(err, r, ML_SCHEMA,
                            "model_type: missing; a Hugging Face config.json names its model_type "
                            "(supported: %s)",
                            ML_HF_SUPPORTED);
-    const char *t = mt->text;
-    unsigned fam = ml_hf_family(t);
-    if (!fam)
-        return ml_error_at(err, mt, ML_SCHEMA, "model_type '%s' is not supported; supported: %s",
-                           t, ML_HF_SUPPORTED);
-    size_t f = 0;
-    while (families[f].bit != fam)
-        f++;
-    const bool llama = fam & ML_HF_LM3, gpt2 = fam == ML_HF_GPT2, neox = fam == ML_HF_NEOX,
-               bert = fam == ML_HF_BERT, vit = fam == ML_HF_VIT;
+    *t = (*mt)->text;
+    *fam = ml_hf_family(*t);
+    if (!*fam)
+        return ml_error_at(err, *mt, ML_SCHEMA, "model_type '%s' is not supported; supported: %s",
+                           *t, ML_HF_SUPPORTED);
+    *f = 0;
+    while (families[*f].bit != *fam)
+        (*f)++;
+    return ML_OK;
+}
+
+/* The transformer's sizes, shared by every family: layers, hidden, heads
+ * (and key/value heads), the MLP's width, the vocabulary, the positions
+ * and the head size. */
+static ml_status sizes_of(const ml_node *r, const char *t, bool llama, bool vit, ml_model *m,
+                          ml_error *err)
+{
     ml_status st;
-    if ((st = check_keys(r, fam, t, err)) || (st = architectures_of(r, f, err)))
-        return st;
-    m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;
-    /* PretrainedConfig: use_cache defaults to true; the decoders return
-     * past_key_values unless training with gradient checkpointing; BERT and
-     * ViT keep none */
-    m->kv_cache = m->type == ML_MODEL_DECODER;
-    if (m->kv_cache && (st = bool_of(err, r, "use_cache", &m->kv_cache)))
-        return st;
-    if ((st = attention_of(r, m, err)))
-        return st;
-    if ((st = uint_of(err, r, KEYS("num_hidden_layers", "n_layer"), true, 1, 100000, &m->layers)) ||
-        (st = uint_of(err, r, KEYS("hidden_size", "n_embd"), true, 1, 1u << 20, &m->hidden)) ||
-        (st = uint_of(err, r, KEYS("num_attention_heads", "n_head"), true, 1, 1u << 20, &m->heads)))
+    if ((st = ml_hf_uint(err, r, KEYS("num_hidden_layers", "n_layer"), true, 1, 100000,
+                         &m->layers)) ||
+        (st = ml_hf_uint(err, r, KEYS("hidden_size", "n_embd"), true, 1, 1u << 20, &m->hidden)) ||
+        (st = ml_hf_uint(err, r, KEYS("num_attention_heads", "n_head"), true, 1, 1u << 20,
+                         &m->heads)))
         return st;
     m->kv_heads = m->heads;
     m->ffn = 4 * m->hidden;
-    if ((st = uint_of(err, r, KEYS("num_key_value_heads"), false, 1, 1u << 20, &m->kv_heads)) ||
-        (st = uint_of(err, r, KEYS("intermediate_size", "n_inner"), false, 1, 1u << 24, &m->ffn)))
+    if ((st = ml_hf_uint(err, r, KEYS("num_key_value_heads"), false, 1, 1u << 20,
+                         &m->kv_heads)) ||
+        (st = ml_hf_uint(err, r, KEYS("intermediate_size", "n_inner"), false, 1, 1u << 24,
+                         &m->ffn)))
         return st;
-    if (!vit && (st = uint_of(err, r, KEYS("vocab_size"), true, 1, 1u << 28, &m->vocab)))
+    if (!vit && (st = ml_hf_uint(err, r, KEYS("vocab_size"), true, 1, 1u << 28, &m->vocab)))
         return st;
-    if ((st = uint_of(err, r, KEYS("max_position_embeddings", "n_positions"), false, 1, 1u << 28,
-                      &m->max_positions)))
+    if ((st = ml_hf_uint(err, r, KEYS("max_position_embeddings", "n_positions"), false, 1,
+                         1u << 28, &m->max_positions)))
         return st;
     /* head_dim: LlamaConfig, MistralConfig and Qwen2's attention read it
      * (default hidden_size // num_attention_heads); the other families' head
      * size is hidden / heads, so another value is refused */
-    const ml_node *hd = get(r, "head_dim");
+    const ml_node *hd = ml_tree_get(r, "head_dim");
     m->head_dim = 0;
-    if ((st = uint_of(err, r, KEYS("head_dim"), false, 1, 1u << 20, &m->head_dim)))
+    if ((st = ml_hf_uint(err, r, KEYS("head_dim"), false, 1, 1u << 20, &m->head_dim)))
         return st;
     if (m->head_dim && m->heads * m->head_dim > (1u << 20))
         return ml_error_at(err, hd, ML_RANGE,
@@ -445,118 +280,182 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
                            (unsigned long long)m->head_dim, t, (unsigned long long)m->hidden,
                            (unsigned long long)m->heads);
     if (!m->head_dim && m->hidden % m->heads)
-        return ml_error_at(err, get(r, "num_attention_heads"), ML_SCHEMA,
+        return ml_error_at(err, ml_tree_get(r, "num_attention_heads"), ML_SCHEMA,
                     "num_attention_heads: %llu does not divide hidden_size (%llu)",
                     (unsigned long long)m->heads, (unsigned long long)m->hidden);
     if (!m->head_dim)
         m->head_dim = m->hidden / m->heads;
     if (m->kv_heads > m->heads || m->heads % m->kv_heads)
-        return ml_error_at(err, get(r, "num_key_value_heads"), ML_SCHEMA,
+        return ml_error_at(err, ml_tree_get(r, "num_key_value_heads"), ML_SCHEMA,
                     "num_key_value_heads: %llu does not divide num_attention_heads (%llu)",
                     (unsigned long long)m->kv_heads, (unsigned long long)m->heads);
-    if (llama) {
-        if ((st = map_llama(r, t, m, err)))
-            return st;
-    } else if (gpt2) {
-        if ((st = activation_of(r, "activation_function", t, m, err)))
-            return st;
-        m->norm = ML_NORM_LAYERNORM;
-        m->prenorm = true;
+    return ML_OK;
+}
+
+/* GPT2LMHeadModel: LayerNorm, learned positions, biases, tied embeddings. */
+static ml_status map_gpt2(const ml_node *r, const char *t, ml_model *m, ml_error *err)
+{
+    ml_status st;
+    if ((st = activation_of(r, "activation_function", t, m, err)))
+        return st;
+    m->norm = ML_NORM_LAYERNORM;
+    m->prenorm = true;
+    m->position = ML_POS_LEARNED;
+    m->bias = m->qkv_bias = true;
+    m->tied_embeddings = true;
+    if ((st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
+        (st = dropout_of(r,
+                         (const prob_key[]){{"resid_pdrop", 0.1},
+                                            {"embd_pdrop", 0.1},
+                                            {"attn_pdrop", 0.1}},
+                         3, m, err)))
+        return st;
+    return ML_OK;
+}
+
+/* GPTNeoX: fused qkv with biases, parallel residual, rotary, untied */
+static ml_status map_neox(const ml_node *r, const char *t, ml_model *m, ml_error *err)
+{
+    ml_status st;
+    if ((st = activation_of(r, "hidden_act", t, m, err)))
+        return st;
+    m->norm = ML_NORM_LAYERNORM;
+    m->prenorm = true;
+    m->position = ML_POS_ROPE;
+    m->bias = m->qkv_bias = true;
+    m->tied_embeddings = false;
+    m->parallel_residual = true;
+    if ((st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
+        (st = ml_hf_bool(err, r, "use_parallel_residual", &m->parallel_residual)) ||
+        (st = dropout_of(r,
+                         (const prob_key[]){{"hidden_dropout", 0}, {"attention_dropout", 0}},
+                         2, m, err)))
+        return st;
+    return ML_OK;
+}
+
+/* The classifier's classes. PretrainedConfig: id2label's count, else
+ * num_labels, else 2; arch names the class for the regression message. */
+static ml_status classes_of(const ml_node *r, const char *arch, ml_model *m, ml_error *err)
+{
+    ml_status st;
+    m->classes = 2;
+    const ml_node *labels = ml_tree_get(r, "id2label");
+    if (!ml_hf_is_null(labels) && labels->type != ML_NODE_MAP)
+        return ml_error_at(err, labels, ML_SCHEMA, "id2label: expected an object");
+    uint64_t nl = 0;
+    if ((st = ml_hf_uint(err, r, KEYS("num_labels"), false, 1, 1u << 24, &nl)))
+        return st;
+    if (!ml_hf_is_null(labels) && labels->count) {
+        if (nl && nl != labels->count)
+            return ml_error_at(err, ml_tree_get(r, "num_labels"), ML_SCHEMA,
+                               "num_labels: %llu but id2label names %zu labels; transformers "
+                               "takes id2label's, so say one thing",
+                               (unsigned long long)nl, labels->count);
+        m->classes = labels->count;
+    } else if (nl) {
+        m->classes = nl;
+    }
+    if (m->classes == 1)
+        return ml_error_at(err, ml_tree_get(r, "num_labels") ? ml_tree_get(r, "num_labels")
+                                                              : labels,
+                           ML_SCHEMA,
+                           "num_labels: 1 makes %s a regression (MSELoss), which is not "
+                           "modelled",
+                           arch);
+    return ML_OK;
+}
+
+/* BertForSequenceClassification and ViTForImageClassification: LayerNorm
+ * (post-norm for BERT), biases, the classifier; BERT's pooler and token
+ * types, ViT's patches. */
+static ml_status map_encoder(const ml_node *r, const char *t, bool vit, const char *arch,
+                             ml_model *m, ml_error *err)
+{
+    const bool bert = !vit;
+    ml_status st;
+    if ((st = activation_of(r, "hidden_act", t, m, err)))
+        return st;
+    m->norm = ML_NORM_LAYERNORM;
+    m->prenorm = vit;
+    m->bias = m->qkv_bias = true;
+    if (vit && (st = ml_hf_bool(err, r, "qkv_bias", &m->qkv_bias)))
+        return st;
+    /* BertConfig: 0.1 and 0.1, classifier_dropout null (hidden's);
+     * ViTConfig: 0 and 0 */
+    double d0 = bert ? 0.1 : 0;
+    if ((st = dropout_of(r,
+                         (const prob_key[]){{"hidden_dropout_prob", d0},
+                                            {"attention_probs_dropout_prob", d0},
+                                            {"classifier_dropout", NAN}},
+                         bert ? 3 : 2, m, err)))
+        return st;
+    if ((st = classes_of(r, arch, m, err)))
+        return st;
+    if (bert) {
         m->position = ML_POS_LEARNED;
-        m->bias = m->qkv_bias = true;
-        m->tied_embeddings = true;
-        if ((st = bool_of(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
-            (st = dropout_of(r,
-                             (const prob_key[]){{"resid_pdrop", 0.1},
-                                                {"embd_pdrop", 0.1},
-                                                {"attn_pdrop", 0.1}},
-                             3, m, err)))
-            return st;
-    } else if (neox) {
-        /* GPTNeoX: fused qkv with biases, parallel residual, rotary, untied */
-        if ((st = activation_of(r, "hidden_act", t, m, err)))
-            return st;
-        m->norm = ML_NORM_LAYERNORM;
-        m->prenorm = true;
-        m->position = ML_POS_ROPE;
-        m->bias = m->qkv_bias = true;
-        m->tied_embeddings = false;
-        m->parallel_residual = true;
-        if ((st = bool_of(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
-            (st = bool_of(err, r, "use_parallel_residual", &m->parallel_residual)) ||
-            (st = dropout_of(r,
-                             (const prob_key[]){{"hidden_dropout", 0}, {"attention_dropout", 0}},
-                             2, m, err)))
+        m->pooler = true;
+        m->token_types = 2;
+        if ((st = ml_hf_uint(err, r, KEYS("type_vocab_size"), false, 1, 1u << 16,
+                             &m->token_types)))
             return st;
     } else {
-        /* BertForSequenceClassification and ViTForImageClassification */
-        if ((st = activation_of(r, "hidden_act", t, m, err)))
+        m->position = ML_POS_LEARNED;
+        m->pooler = false;
+        m->channels = 3;
+        if ((st = ml_hf_uint(err, r, KEYS("image_size"), true, 1, 1u << 16, &m->image_size)) ||
+            (st = ml_hf_uint(err, r, KEYS("patch_size"), true, 1, 1u << 16, &m->patch_size)) ||
+            (st = ml_hf_uint(err, r, KEYS("num_channels"), false, 1, 1u << 16, &m->channels)))
             return st;
-        m->norm = ML_NORM_LAYERNORM;
-        m->prenorm = vit;
-        m->bias = m->qkv_bias = true;
-        if (vit && (st = bool_of(err, r, "qkv_bias", &m->qkv_bias)))
-            return st;
-        /* BertConfig: 0.1 and 0.1, classifier_dropout null (hidden's);
-         * ViTConfig: 0 and 0 */
-        double d0 = bert ? 0.1 : 0;
-        if ((st = dropout_of(r,
-                             (const prob_key[]){{"hidden_dropout_prob", d0},
-                                                {"attention_probs_dropout_prob", d0},
-                                                {"classifier_dropout", NAN}},
-                             bert ? 3 : 2, m, err)))
-            return st;
-        /* PretrainedConfig: id2label's count, else num_labels, else 2 */
-        m->classes = 2;
-        const ml_node *labels = get(r, "id2label");
-        if (!is_null(labels) && labels->type != ML_NODE_MAP)
-            return ml_error_at(err, labels, ML_SCHEMA, "id2label: expected an object");
-        uint64_t nl = 0;
-        if ((st = uint_of(err, r, KEYS("num_labels"), false, 1, 1u << 24, &nl)))
-            return st;
-        if (!is_null(labels) && labels->count) {
-            if (nl && nl != labels->count)
-                return ml_error_at(err, get(r, "num_labels"), ML_SCHEMA,
-                                   "num_labels: %llu but id2label names %zu labels; transformers "
-                                   "takes id2label's, so say one thing",
-                                   (unsigned long long)nl, labels->count);
-            m->classes = labels->count;
-        } else if (nl) {
-            m->classes = nl;
-        }
-        if (m->classes == 1)
-            return ml_error_at(err, get(r, "num_labels") ? get(r, "num_labels") : labels,
-                               ML_SCHEMA,
-                               "num_labels: 1 makes %s a regression (MSELoss), which is not "
-                               "modelled",
-                               families[f].arch);
-        if (bert) {
-            m->position = ML_POS_LEARNED;
-            m->pooler = true;
-            m->token_types = 2;
-            if ((st = uint_of(err, r, KEYS("type_vocab_size"), false, 1, 1u << 16,
-                              &m->token_types)))
-                return st;
-        } else {
-            m->position = ML_POS_LEARNED;
-            m->pooler = false;
-            m->channels = 3;
-            if ((st = uint_of(err, r, KEYS("image_size"), true, 1, 1u << 16, &m->image_size)) ||
-                (st = uint_of(err, r, KEYS("patch_size"), true, 1, 1u << 16, &m->patch_size)) ||
-                (st = uint_of(err, r, KEYS("num_channels"), false, 1, 1u << 16, &m->channels)))
-                return st;
-            if (m->image_size % m->patch_size)
-                return ml_error_at(err, get(r, "patch_size"), ML_SCHEMA,
-                            "patch_size: %llu does not divide image_size (%llu)",
-                            (unsigned long long)m->patch_size, (unsigned long long)m->image_size);
-        }
+        if (m->image_size % m->patch_size)
+            return ml_error_at(err, ml_tree_get(r, "patch_size"), ML_SCHEMA,
+                        "patch_size: %llu does not divide image_size (%llu)",
+                        (unsigned long long)m->patch_size, (unsigned long long)m->image_size);
     }
+    return ML_OK;
+}
+
+static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
+{
+    const ml_hf_family_info *families = ml_hf_families();
+    const ml_node *mt = NULL;
+    const char *t = NULL;
+    unsigned fam = 0;
+    size_t f = 0;
+    ml_status st;
+    if ((st = family_of(r, &mt, &t, &fam, &f, err)))
+        return st;
+    const bool llama = fam & ML_HF_LM3, gpt2 = fam == ML_HF_GPT2, neox = fam == ML_HF_NEOX,
+               bert = fam == ML_HF_BERT, vit = fam == ML_HF_VIT;
+    if ((st = ml_hf_check_keys(r, fam, t, err)) || (st = architectures_of(r, f, err)))
+        return st;
+    m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;
+    /* PretrainedConfig: use_cache defaults to true; the decoders return
+     * past_key_values unless training with gradient checkpointing; BERT and
+     * ViT keep none */
+    m->kv_cache = m->type == ML_MODEL_DECODER;
+    if (m->kv_cache && (st = ml_hf_bool(err, r, "use_cache", &m->kv_cache)))
+        return st;
+    if ((st = attention_of(r, m, err)) || (st = sizes_of(r, t, llama, vit, m, err)))
+        return st;
+    if (llama)
+        st = map_llama(r, t, m, err);
+    else if (gpt2)
+        st = map_gpt2(r, t, m, err);
+    else if (neox)
+        st = map_neox(r, t, m, err);
+    else
+        st = map_encoder(r, t, vit, families[f].arch, m, err);
+    if (st)
+        return st;
+    const ml_node *hd = ml_tree_get(r, "head_dim");
     if (m->position == ML_POS_ROPE && m->head_dim % 2)
-        return ml_error_at(err, !is_null(hd) ? hd : mt, ML_SCHEMA,
+        return ml_error_at(err, !ml_hf_is_null(hd) ? hd : mt, ML_SCHEMA,
                            "rotary embeddings need an even head size (%llu)",
                            (unsigned long long)m->head_dim);
     if (m->position == ML_POS_LEARNED && !m->max_positions && !m->image_size)
-        return ml_error_at(err, r, ML_SCHEMA, "max_position_embeddings: missing for learned positions");
+        return ml_error_at(err, r, ML_SCHEMA,
+                           "max_position_embeddings: missing for learned positions");
     /* defaults for the training settings, as the YAML loader does */
     m->config = ml_config_defaults();
     if (m->image_size) {
@@ -611,13 +510,14 @@ static ml_status load_hf(const char *text, size_t len, const char *config_path,
         return ml_error_at(err, NULL, ML_NOMEM, "out of memory");
     }
     if (!root || root->type != ML_NODE_MAP)
-        st = ml_error_at(err, root, ML_SCHEMA, "expected a JSON object (a Hugging Face config.json)");
+        st = ml_error_at(err, root, ML_SCHEMA,
+                         "expected a JSON object (a Hugging Face config.json)");
     else if (!(st = ml_tree_check_unique(err, root)))
         st = map_config(root, m, err);
     if (!st) {
         /* name: _name_or_path, else the config's directory */
         const char *n = NULL;
-        st = str_of(err, root, "_name_or_path", &n);
+        st = ml_hf_str(err, root, "_name_or_path", &n);
         if (!st && n && *n) {
             const char *slash = strrchr(n, '/');
             snprintf(m->name, sizeof m->name, "%s", slash ? slash + 1 : n);

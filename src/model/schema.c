@@ -17,17 +17,12 @@ static const char *const normpos_names[] = {"pre", "post"};
 static const char *const pos_names[] = {"learned", "rope", "none"};
 static const char *const attn_names[] = {"eager", "flash", "sdpa"};
 static const char *const type_names[] = {"decoder", "encoder", "sequential"};
-static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m)
+/* The transformer's sizes: layers, hidden, heads, the head size and the
+ * key/value heads. */
+static ml_status transformer_sizes(ml_error *err, const ml_node *mm, ml_model *m)
 {
-    static const char *const keys[] = {
-        "type", "layers", "hidden", "heads", "kv_heads", "ffn", "activation", "norm",
-        "norm_position", "vocab", "position", "max_positions", "tied_embeddings", "bias",
-        "attention", "dropout", "classes", "pooler", "token_types", "image_size", "patch_size",
-        "channels", "qkv_bias", "parallel_residual", "head_dim"};
-    ml_status st;
-    if ((st = ml_tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))))
-        return st;
     const bool enc = m->type == ML_MODEL_ENCODER;
+    ml_status st;
     const char *req[] = {"layers", "hidden", "heads"};
     for (size_t i = 0; i < ML_COUNT(req); i++)
         if (!ml_tree_get(mm, req[i]))
@@ -61,6 +56,16 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
         return ml_error_at(err, ml_tree_get(mm, "kv_heads"), ML_SCHEMA,
                            "model.kv_heads: %llu does not divide heads (%llu)",
                            (unsigned long long)m->kv_heads, (unsigned long long)m->heads);
+    return ML_OK;
+}
+
+/* The transformer's kinds and switches (activation, norm, positions,
+ * attention, biases, dropout), each with its default, and the other sizes
+ * (ffn, vocab, positions, classes, image). */
+static ml_status transformer_options(ml_error *err, const ml_node *mm, ml_model *m)
+{
+    const bool enc = m->type == ML_MODEL_ENCODER;
+    ml_status st;
     m->ffn = 4 * m->hidden;
     unsigned e;
     m->activation = ML_ACT_GELU;
@@ -109,6 +114,16 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
         (st = ml_tree_bool(err, mm, "qkv_bias", "model", &m->qkv_bias)) ||
         (st = ml_tree_bool(err, mm, "parallel_residual", "model", &m->parallel_residual)))
         return st;
+    return ML_OK;
+}
+
+/* What the keys say together: a parallel residual is pre-norm, an image
+ * encoder has patches (and 3 channels unless told) and no vocabulary, an
+ * encoder has classes, learned positions have a count, rotary heads are
+ * even. */
+static ml_status transformer_consistent(ml_error *err, const ml_node *mm, ml_model *m)
+{
+    const bool enc = m->type == ML_MODEL_ENCODER;
     if (m->parallel_residual && !m->prenorm)
         return ml_error_at(err, ml_tree_get(mm, "parallel_residual"), ML_SCHEMA,
                            "model.parallel_residual: needs norm_position: pre");
@@ -160,31 +175,25 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
     return ML_OK;
 }
 
-static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
+static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m)
 {
-    static const char *const keys[] = {"micro_batch",    "seq_len",       "grad_accum",
-                                       "precision",      "optimizer",     "optimizer_impl",
-                                       "checkpoint",     "data_parallel", "zero",
-                                       "offload",        "reduce_bucket_size",
-                                       "allgather_bucket_size", "logits",
-                                       "eval_batch",     "eval_seq_len",  "zero_grad"};
+    static const char *const keys[] = {
+        "type", "layers", "hidden", "heads", "kv_heads", "ffn", "activation", "norm",
+        "norm_position", "vocab", "position", "max_positions", "tied_embeddings", "bias",
+        "attention", "dropout", "classes", "pooler", "token_types", "image_size", "patch_size",
+        "channels", "qkv_bias", "parallel_residual", "head_dim"};
     ml_status st;
-    if ((st = ml_tree_need_map(err, t, "training")) ||
-        (st = ml_tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
+    if ((st = ml_tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))) ||
+        (st = transformer_sizes(err, mm, m)) || (st = transformer_options(err, mm, m)))
         return st;
-    ml_training *tr = &m->config.training;
-    if ((st = ml_tree_uint(err, t, "micro_batch", "training", 1, ML_MAX_BATCH, &tr->micro_batch)) ||
-        (st = ml_tree_uint(err, t, "seq_len", "training", 1, ML_MAX_TOKENS, &tr->seq_len)) ||
-        (st = ml_tree_uint(err, t, "grad_accum", "training", 1, 1u << 20, &tr->grad_accum)) ||
-        (st = ml_tree_uint(err, t, "data_parallel", "training", 1, 1u << 20, &tr->data_parallel)) ||
-        (st = ml_tree_uint(err, t, "reduce_bucket_size", "training", 1, 1ull << 40,
-                           &tr->reduce_bucket)) ||
-        (st = ml_tree_uint(err, t, "allgather_bucket_size", "training", 1, 1ull << 40,
-                           &tr->allgather_bucket)) ||
-        (st = ml_tree_uint(err, t, "eval_batch", "training", 1, ML_MAX_BATCH, &tr->eval_batch)) ||
-        (st = ml_tree_uint(err, t, "eval_seq_len", "training", 1, ML_MAX_TOKENS,
-                           &tr->eval_seq_len)))
-        return st;
+    return transformer_consistent(err, mm, m);
+}
+
+/* training's kinds: logits, zero_grad, the ZeRO stage and offload, the
+ * precision and the optimizer with its implementation. */
+static ml_status training_kinds(ml_error *err, const ml_node *t, ml_training *tr)
+{
+    ml_status st;
     const char *logits_names[ML_LOGITS_COUNT];
     for (unsigned i = 0; i < ML_LOGITS_COUNT; i++)
         logits_names[i] = ml_logits_name((ml_logits)i);
@@ -233,44 +242,79 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
     if ((st = ml_tree_enum(err, t, "optimizer_impl", "training", impl, ML_COUNT(impl), &e)))
         return st;
     tr->optimizer_impl = (ml_optimizer_impl)e;
-    const ml_node *ck = ml_tree_get(t, "checkpoint");
-    if (ck) {
-        ml_error e2;
-        memset(&e2, 0, sizeof e2);
-        if (ck->type == ML_NODE_SEQ) {
-            ml_checkpoint cp;
-            memset(&cp, 0, sizeof cp);
-            cp.kind = ML_CKPT_LIST;
-            if (ck->count > ML_CKPT_LIST_MAX)
-                return ml_error_at(err, ck, ML_RANGE,
-                                   "training.checkpoint: more than %u blocks listed",
-                                   ML_CKPT_LIST_MAX);
-            for (size_t i = 0; i < ck->count; i++) {
-                const ml_node *d = ck->items[i];
-                char *end = NULL;
-                if (d->type != ML_NODE_SCALAR || !isdigit((unsigned char)d->text[0]))
-                    return ml_error_at(err, d, ML_SCHEMA,
-                                       "training.checkpoint[%zu]: expected a block "
-                                       "index (a whole number)",
-                                       i);
-                errno = 0;
-                unsigned long long v = strtoull(d->text, &end, 10);
-                if (*end || errno || v >= 0xffffffffull)
-                    return ml_error_at(err, d, ML_SCHEMA,
-                                       "training.checkpoint[%zu]: '%s' is not a block "
-                                       "index",
-                                       i, d->text);
-                cp.blocks[cp.count++] = (uint32_t)v;
-            }
-            tr->checkpoint = cp;
-        } else {
-            if ((st = ml_tree_need_scalar(err, ck, "training.checkpoint", "a policy name")))
-                return st;
-            if ((st = ml_parse_checkpoint(ck->text, &tr->checkpoint, &e2)))
-                return ml_error_at(err, ck, ML_SCHEMA, "training.%s", e2.msg);
+    return ML_OK;
+}
+
+/* training.checkpoint, ck: a list of block indices, or a policy name. */
+static ml_status training_checkpoint(ml_error *err, const ml_node *ck, ml_training *tr)
+{
+    ml_status st;
+    ml_error e2;
+    memset(&e2, 0, sizeof e2);
+    if (ck->type == ML_NODE_SEQ) {
+        ml_checkpoint cp;
+        memset(&cp, 0, sizeof cp);
+        cp.kind = ML_CKPT_LIST;
+        if (ck->count > ML_CKPT_LIST_MAX)
+            return ml_error_at(err, ck, ML_RANGE,
+                               "training.checkpoint: more than %u blocks listed",
+                               ML_CKPT_LIST_MAX);
+        for (size_t i = 0; i < ck->count; i++) {
+            const ml_node *d = ck->items[i];
+            char *end = NULL;
+            if (d->type != ML_NODE_SCALAR || !isdigit((unsigned char)d->text[0]))
+                return ml_error_at(err, d, ML_SCHEMA,
+                                   "training.checkpoint[%zu]: expected a block "
+                                   "index (a whole number)",
+                                   i);
+            errno = 0;
+            unsigned long long v = strtoull(d->text, &end, 10);
+            if (*end || errno || v >= 0xffffffffull)
+                return ml_error_at(err, d, ML_SCHEMA,
+                                   "training.checkpoint[%zu]: '%s' is not a block "
+                                   "index",
+                                   i, d->text);
+            cp.blocks[cp.count++] = (uint32_t)v;
         }
+        tr->checkpoint = cp;
+    } else {
+        if ((st = ml_tree_need_scalar(err, ck, "training.checkpoint", "a policy name")))
+            return st;
+        if ((st = ml_parse_checkpoint(ck->text, &tr->checkpoint, &e2)))
+            return ml_error_at(err, ck, ML_SCHEMA, "training.%s", e2.msg);
     }
     return ML_OK;
+}
+
+static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
+{
+    static const char *const keys[] = {"micro_batch",    "seq_len",       "grad_accum",
+                                       "precision",      "optimizer",     "optimizer_impl",
+                                       "checkpoint",     "data_parallel", "zero",
+                                       "offload",        "reduce_bucket_size",
+                                       "allgather_bucket_size", "logits",
+                                       "eval_batch",     "eval_seq_len",  "zero_grad"};
+    ml_status st;
+    if ((st = ml_tree_need_map(err, t, "training")) ||
+        (st = ml_tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
+        return st;
+    ml_training *tr = &m->config.training;
+    if ((st = ml_tree_uint(err, t, "micro_batch", "training", 1, ML_MAX_BATCH, &tr->micro_batch)) ||
+        (st = ml_tree_uint(err, t, "seq_len", "training", 1, ML_MAX_TOKENS, &tr->seq_len)) ||
+        (st = ml_tree_uint(err, t, "grad_accum", "training", 1, 1u << 20, &tr->grad_accum)) ||
+        (st = ml_tree_uint(err, t, "data_parallel", "training", 1, 1u << 20, &tr->data_parallel)) ||
+        (st = ml_tree_uint(err, t, "reduce_bucket_size", "training", 1, 1ull << 40,
+                           &tr->reduce_bucket)) ||
+        (st = ml_tree_uint(err, t, "allgather_bucket_size", "training", 1, 1ull << 40,
+                           &tr->allgather_bucket)) ||
+        (st = ml_tree_uint(err, t, "eval_batch", "training", 1, ML_MAX_BATCH, &tr->eval_batch)) ||
+        (st = ml_tree_uint(err, t, "eval_seq_len", "training", 1, ML_MAX_TOKENS,
+                           &tr->eval_seq_len)))
+        return st;
+    if ((st = training_kinds(err, t, tr)))
+        return st;
+    const ml_node *ck = ml_tree_get(t, "checkpoint");
+    return ck ? training_checkpoint(err, ck, tr) : ML_OK;
 }
 
 static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)

@@ -19,19 +19,12 @@ static const char *const layer_names[ML_L_KIND_COUNT] = {
 static ml_status parse_layers(ml_error *err, const ml_node *seq, const char *field, ml_layer **out,
                               size_t *nout, unsigned depth);
 
-static ml_status parse_layer(ml_error *err, const ml_node *item, const char *field, ml_layer *l,
-                             unsigned depth)
+/* The layer kind named by key (the entry's one key), or an error naming
+ * the closest kind. */
+static ml_status layer_kind_of(ml_error *err, const ml_node *key, const char *field,
+                               ml_layer_kind *out)
 {
-    ml_status st;
-    if (item->type != ML_NODE_MAP || item->count != 1)
-        return ml_error_at(
-            err, item, ML_SCHEMA,
-            "%s: each layer is a one-key mapping such as '- linear: {out: 10}', got %s", field,
-            item->type == ML_NODE_MAP ? "a mapping with several keys" : ml_tree_type_name(item));
-    const char *kind = item->keys[0]->text;
-    const ml_node *p = item->items[0];
-    l->line = item->keys[0]->line;
-    l->col = item->keys[0]->col;
+    const char *kind = key->text;
     unsigned k;
     for (k = 0; k < ML_L_KIND_COUNT; k++)
         if (strcmp(kind, layer_names[k]) == 0)
@@ -41,46 +34,49 @@ static ml_status parse_layer(ml_error *err, const ml_node *item, const char *fie
         char list[300];
         ml_join_names(list, sizeof list, layer_names, ML_L_KIND_COUNT);
         if (near)
-            return ml_error_at(err, item->keys[0], ML_SCHEMA,
+            return ml_error_at(err, key, ML_SCHEMA,
                                "%s: unknown layer kind '%s'; did you mean '%s'?", field, kind,
                                near);
-        return ml_error_at(err, item->keys[0], ML_SCHEMA,
+        return ml_error_at(err, key, ML_SCHEMA,
                            "%s: unknown layer kind '%s'; expected one of: %s", field, kind, list);
     }
-    l->kind = (ml_layer_kind)k;
-    l->bias = true;
-    l->stride = 1;
-    char f[128];
-    snprintf(f, sizeof f, "%s.%s", field, kind);
-    if (l->kind == ML_L_RESIDUAL) {
-        if (p->type == ML_NODE_SEQ)
-            return parse_layers(err, p, f, &l->body, &l->nbody, depth + 1);
-        if ((st = ml_tree_need_map(err, p, f)))
-            return st;
-        static const char *const rk[] = {"body", "shortcut"};
-        if ((st = ml_tree_check_keys(err, p, f, rk, ML_COUNT(rk))))
-            return st;
-        const ml_node *body = ml_tree_get(p, "body"), *sc = ml_tree_get(p, "shortcut");
-        if (!body)
-            return ml_error_at(err, p, ML_SCHEMA,
-                               "%s.body: missing; a residual mapping needs 'body:' (a "
-                               "list of layers) and optionally 'shortcut:'",
-                               f);
-        char fb[160];
-        snprintf(fb, sizeof fb, "%s.body", f);
-        if ((st = parse_layers(err, body, fb, &l->body, &l->nbody, depth + 1)))
-            return st;
-        if (sc) {
-            snprintf(fb, sizeof fb, "%s.shortcut", f);
-            if ((st = parse_layers(err, sc, fb, &l->shortcut, &l->nshortcut, depth + 1)))
-                return st;
-        }
-        return ML_OK;
-    }
-    if (p->type == ML_NODE_SCALAR && p->text[0] == '\0' && p->plain) {
-        /* "- relu:" with nothing after it: same as {} */
-    } else if ((st = ml_tree_need_map(err, p, f)))
+    *out = (ml_layer_kind)k;
+    return ML_OK;
+}
+
+/* A residual group: a list (its body), or {body, shortcut}. f names it. */
+static ml_status parse_residual(ml_error *err, const ml_node *p, const char *f, ml_layer *l,
+                                unsigned depth)
+{
+    ml_status st;
+    if (p->type == ML_NODE_SEQ)
+        return parse_layers(err, p, f, &l->body, &l->nbody, depth + 1);
+    if ((st = ml_tree_need_map(err, p, f)))
         return st;
+    static const char *const rk[] = {"body", "shortcut"};
+    if ((st = ml_tree_check_keys(err, p, f, rk, ML_COUNT(rk))))
+        return st;
+    const ml_node *body = ml_tree_get(p, "body"), *sc = ml_tree_get(p, "shortcut");
+    if (!body)
+        return ml_error_at(err, p, ML_SCHEMA,
+                           "%s.body: missing; a residual mapping needs 'body:' (a "
+                           "list of layers) and optionally 'shortcut:'",
+                           f);
+    char fb[160];
+    snprintf(fb, sizeof fb, "%s.body", f);
+    if ((st = parse_layers(err, body, fb, &l->body, &l->nbody, depth + 1)))
+        return st;
+    if (sc) {
+        snprintf(fb, sizeof fb, "%s.shortcut", f);
+        if ((st = parse_layers(err, sc, fb, &l->shortcut, &l->nshortcut, depth + 1)))
+            return st;
+    }
+    return ML_OK;
+}
+
+/* The keys a layer of kind k may have (every kind: eps). */
+static const char *const *layer_keys(ml_layer_kind k, size_t *n)
+{
     static const char *const k_linear[] = {"out", "bias"};
     static const char *const k_conv[] = {"out", "kernel", "stride", "padding", "bias"};
     static const char *const k_pool[] = {"kernel", "stride", "padding", "global"};
@@ -88,29 +84,30 @@ static ml_status parse_layer(ml_error *err, const ml_node *item, const char *fie
     static const char *const k_emb[] = {"vocab", "dim"};
     static const char *const k_attn[] = {"heads", "causal", "bias", "dropout"};
     static const char *const k_none[] = {"eps"};
-    const char *const *allowed = k_none;
-    size_t nallowed = ML_COUNT(k_none);
-    switch (l->kind) {
-    case ML_L_LINEAR: allowed = k_linear; nallowed = ML_COUNT(k_linear); break;
-    case ML_L_CONV2D: allowed = k_conv; nallowed = ML_COUNT(k_conv); break;
+    switch (k) {
+    case ML_L_LINEAR: *n = ML_COUNT(k_linear); return k_linear;
+    case ML_L_CONV2D: *n = ML_COUNT(k_conv); return k_conv;
     case ML_L_MAXPOOL:
-    case ML_L_AVGPOOL: allowed = k_pool; nallowed = ML_COUNT(k_pool); break;
-    case ML_L_DROPOUT: allowed = k_drop; nallowed = ML_COUNT(k_drop); break;
-    case ML_L_EMBEDDING: allowed = k_emb; nallowed = ML_COUNT(k_emb); break;
-    case ML_L_ATTENTION: allowed = k_attn; nallowed = ML_COUNT(k_attn); break;
-    default: break;
+    case ML_L_AVGPOOL: *n = ML_COUNT(k_pool); return k_pool;
+    case ML_L_DROPOUT: *n = ML_COUNT(k_drop); return k_drop;
+    case ML_L_EMBEDDING: *n = ML_COUNT(k_emb); return k_emb;
+    case ML_L_ATTENTION: *n = ML_COUNT(k_attn); return k_attn;
+    default: *n = ML_COUNT(k_none); return k_none;
     }
-    if (p->type == ML_NODE_MAP && (st = ml_tree_check_keys(err, p, f, allowed, nallowed)))
-        return st;
-    const ml_node *pm = p->type == ML_NODE_MAP ? p : NULL;
-    double eps = 1e-5;
-    if ((st = ml_tree_double(err, pm, "eps", f, 0, 1, false, &eps)))
-        return st;
+}
+
+/* The values of a layer's keys (pm: its mapping, NULL for none; key: the
+ * entry's key, where a missing value is reported; f names the layer). */
+static ml_status parse_values(ml_error *err, const ml_node *pm, const ml_node *key, const char *f,
+                              ml_layer *l)
+{
+    ml_status st = ML_OK;
+    const char *kind = key->text;
     switch (l->kind) {
     case ML_L_LINEAR:
     case ML_L_CONV2D:
         if (!ml_tree_get(pm, "out"))
-            return ml_error_at(err, item->keys[0], ML_SCHEMA,
+            return ml_error_at(err, key, ML_SCHEMA,
                                "%s.out: missing; %s needs its output %s", f, kind,
                                l->kind == ML_L_LINEAR ? "features (out: N)" : "channels (out: N)");
         if ((st = ml_tree_uint(err, pm, "out", f, 1, ML_MAX_FFN, &l->out)) ||
@@ -118,7 +115,7 @@ static ml_status parse_layer(ml_error *err, const ml_node *item, const char *fie
             return st;
         if (l->kind == ML_L_CONV2D) {
             if (!ml_tree_get(pm, "kernel"))
-                return ml_error_at(err, item->keys[0], ML_SCHEMA,
+                return ml_error_at(err, key, ML_SCHEMA,
                                    "%s.kernel: missing; conv2d needs "
                                    "'kernel: K'",
                                    f);
@@ -134,7 +131,7 @@ static ml_status parse_layer(ml_error *err, const ml_node *item, const char *fie
             return st;
         if (!l->global) {
             if (!ml_tree_get(pm, "kernel"))
-                return ml_error_at(err, item->keys[0], ML_SCHEMA,
+                return ml_error_at(err, key, ML_SCHEMA,
                                    "%s.kernel: missing; write 'kernel: K'%s", f,
                                    l->kind == ML_L_AVGPOOL ? " or 'global: true'" : "");
             if ((st = ml_tree_uint(err, pm, "kernel", f, 1, 1024, &l->kernel)))
@@ -152,15 +149,14 @@ static ml_status parse_layer(ml_error *err, const ml_node *item, const char *fie
         break;
     case ML_L_EMBEDDING:
         if (!ml_tree_get(pm, "vocab") || !ml_tree_get(pm, "dim"))
-            return ml_error_at(err, item->keys[0], ML_SCHEMA, "%s: needs 'vocab: N' and 'dim: D'",
-                               f);
+            return ml_error_at(err, key, ML_SCHEMA, "%s: needs 'vocab: N' and 'dim: D'", f);
         if ((st = ml_tree_uint(err, pm, "vocab", f, 1, ML_MAX_VOCAB, &l->vocab)) ||
             (st = ml_tree_uint(err, pm, "dim", f, 1, ML_MAX_HIDDEN, &l->dim)))
             return st;
         break;
     case ML_L_ATTENTION:
         if (!ml_tree_get(pm, "heads"))
-            return ml_error_at(err, item->keys[0], ML_SCHEMA,
+            return ml_error_at(err, key, ML_SCHEMA,
                                "%s.heads: missing; attention needs 'heads: H'", f);
         if ((st = ml_tree_uint(err, pm, "heads", f, 1, ML_MAX_HIDDEN, &l->heads)) ||
             (st = ml_tree_bool(err, pm, "causal", f, &l->causal)) ||
@@ -172,6 +168,42 @@ static ml_status parse_layer(ml_error *err, const ml_node *item, const char *fie
         break;
     }
     return ML_OK;
+}
+
+static ml_status parse_layer(ml_error *err, const ml_node *item, const char *field, ml_layer *l,
+                             unsigned depth)
+{
+    ml_status st;
+    if (item->type != ML_NODE_MAP || item->count != 1)
+        return ml_error_at(
+            err, item, ML_SCHEMA,
+            "%s: each layer is a one-key mapping such as '- linear: {out: 10}', got %s", field,
+            item->type == ML_NODE_MAP ? "a mapping with several keys" : ml_tree_type_name(item));
+    const char *kind = item->keys[0]->text;
+    const ml_node *p = item->items[0];
+    l->line = item->keys[0]->line;
+    l->col = item->keys[0]->col;
+    if ((st = layer_kind_of(err, item->keys[0], field, &l->kind)))
+        return st;
+    l->bias = true;
+    l->stride = 1;
+    char f[128];
+    snprintf(f, sizeof f, "%s.%s", field, kind);
+    if (l->kind == ML_L_RESIDUAL)
+        return parse_residual(err, p, f, l, depth);
+    if (p->type == ML_NODE_SCALAR && p->text[0] == '\0' && p->plain) {
+        /* "- relu:" with nothing after it: same as {} */
+    } else if ((st = ml_tree_need_map(err, p, f)))
+        return st;
+    size_t nallowed;
+    const char *const *allowed = layer_keys(l->kind, &nallowed);
+    if (p->type == ML_NODE_MAP && (st = ml_tree_check_keys(err, p, f, allowed, nallowed)))
+        return st;
+    const ml_node *pm = p->type == ML_NODE_MAP ? p : NULL;
+    double eps = 1e-5;
+    if ((st = ml_tree_double(err, pm, "eps", f, 0, 1, false, &eps)))
+        return st;
+    return parse_values(err, pm, item->keys[0], f, l);
 }
 
 static ml_status parse_layers(ml_error *err, const ml_node *seq, const char *field, ml_layer **out,

@@ -47,6 +47,57 @@ static void shape_str(const ml_shape *s, char *buf, size_t size)
                  (unsigned long long)s->d[1], (unsigned long long)s->d[2]);
 }
 
+/* conv2d, maxpool and avgpool: a [channels, height, width] input, the
+ * window sliding over height and width (sh: the input as text). */
+static bool window_step(const ml_layer *l, const ml_shape *in, ml_shape *o, const char *sh,
+                        char *msg, size_t size)
+{
+    const char *name = l->kind == ML_L_CONV2D    ? "conv2d"
+                       : l->kind == ML_L_MAXPOOL ? "maxpool"
+                                                 : "avgpool";
+    if (in->rank != 3) {
+        snprintf(msg, size, "%s needs a [channels, height, width] input, got %s", name, sh);
+        return false;
+    }
+    if (l->kind == ML_L_CONV2D)
+        o->d[0] = l->out;
+    if (l->kind == ML_L_AVGPOOL && l->global) {
+        o->d[1] = o->d[2] = 1;
+        return true;
+    }
+    if (!pool_dim(in->d[1], l->kernel, l->stride, l->padding, &o->d[1]) ||
+        !pool_dim(in->d[2], l->kernel, l->stride, l->padding, &o->d[2])) {
+        snprintf(msg, size, "%s kernel %llu does not fit the input %s",
+                 l->kind == ML_L_CONV2D ? "conv2d" : "pool", (unsigned long long)l->kernel, sh);
+        return false;
+    }
+    return true;
+}
+
+/* A residual group: the body's output and the shortcut's (the input when
+ * there is none) must agree; *where is left at the failing layer. */
+static bool residual_step(const ml_layer *l, const ml_shape *in, ml_shape *o, char *msg,
+                          size_t size, const ml_layer **where)
+{
+    ml_shape b, s = *in;
+    if (!seq_step(l->body, l->nbody, in, &b, msg, size, where))
+        return false;
+    if (l->nshortcut && !seq_step(l->shortcut, l->nshortcut, in, &s, msg, size, where))
+        return false;
+    *where = l;
+    if (b.rank != s.rank || b.d[0] != s.d[0] || b.d[1] != s.d[1] || b.d[2] != s.d[2]) {
+        char bs[96], ss[96];
+        shape_str(&b, bs, sizeof bs);
+        shape_str(&s, ss, sizeof ss);
+        snprintf(msg, size, "residual: the body gives %s but the %s gives %s; add a shortcut "
+                 "(e.g. a 1x1 conv2d with the same stride) so both match", bs,
+                 l->nshortcut ? "shortcut" : "identity shortcut", ss);
+        return false;
+    }
+    *o = b;
+    return true;
+}
+
 bool ml_shape_step(const ml_layer *l, const ml_shape *in, ml_shape *out, char *msg, size_t size,
                    const ml_layer **where)
 {
@@ -68,35 +119,10 @@ bool ml_shape_step(const ml_layer *l, const ml_shape *in, ml_shape *out, char *m
         o.d[o.rank - 1] = l->out;
         break;
     case ML_L_CONV2D:
-        if (in->rank != 3) {
-            snprintf(msg, size, "conv2d needs a [channels, height, width] input, got %s", sh);
-            return false;
-        }
-        o.d[0] = l->out;
-        if (!pool_dim(in->d[1], l->kernel, l->stride, l->padding, &o.d[1]) ||
-            !pool_dim(in->d[2], l->kernel, l->stride, l->padding, &o.d[2])) {
-            snprintf(msg, size, "conv2d kernel %llu does not fit the input %s",
-                     (unsigned long long)l->kernel, sh);
-            return false;
-        }
-        break;
     case ML_L_MAXPOOL:
     case ML_L_AVGPOOL:
-        if (in->rank != 3) {
-            snprintf(msg, size, "%s needs a [channels, height, width] input, got %s",
-                     l->kind == ML_L_MAXPOOL ? "maxpool" : "avgpool", sh);
+        if (!window_step(l, in, &o, sh, msg, size))
             return false;
-        }
-        if (l->kind == ML_L_AVGPOOL && l->global) {
-            o.d[1] = o.d[2] = 1;
-            break;
-        }
-        if (!pool_dim(in->d[1], l->kernel, l->stride, l->padding, &o.d[1]) ||
-            !pool_dim(in->d[2], l->kernel, l->stride, l->padding, &o.d[2])) {
-            snprintf(msg, size, "pool kernel %llu does not fit the input %s",
-                     (unsigned long long)l->kernel, sh);
-            return false;
-        }
         break;
     case ML_L_BATCHNORM:
         if (in->rank == 2) {
@@ -136,25 +162,10 @@ bool ml_shape_step(const ml_layer *l, const ml_shape *in, ml_shape *out, char *m
             return false;
         }
         break;
-    case ML_L_RESIDUAL: {
-        ml_shape b, s = *in;
-        if (!seq_step(l->body, l->nbody, in, &b, msg, size, where))
+    case ML_L_RESIDUAL:
+        if (!residual_step(l, in, &o, msg, size, where))
             return false;
-        if (l->nshortcut && !seq_step(l->shortcut, l->nshortcut, in, &s, msg, size, where))
-            return false;
-        *where = l;
-        if (b.rank != s.rank || b.d[0] != s.d[0] || b.d[1] != s.d[1] || b.d[2] != s.d[2]) {
-            char bs[96], ss[96];
-            shape_str(&b, bs, sizeof bs);
-            shape_str(&s, ss, sizeof ss);
-            snprintf(msg, size, "residual: the body gives %s but the %s gives %s; add a shortcut "
-                     "(e.g. a 1x1 conv2d with the same stride) so both match", bs,
-                     l->nshortcut ? "shortcut" : "identity shortcut", ss);
-            return false;
-        }
-        o = b;
         break;
-    }
     default:
         snprintf(msg, size, "unknown layer");
         return false;

@@ -94,77 +94,101 @@ static int attach(builder *b, ml_node *n)
     return 0;
 }
 
-static ml_status handle(builder *b, yaml_event_t *ev)
+/* Anchors and every tag are refused, at the event's position. */
+static ml_status refuse_anchor_tag(builder *b, const yaml_event_t *ev)
+{
+    const yaml_mark_t *mk = &ev->start_mark;
+    const yaml_char_t *anchor = ev->type == YAML_SCALAR_EVENT ? ev->data.scalar.anchor
+                                : ev->type == YAML_SEQUENCE_START_EVENT
+                                    ? ev->data.sequence_start.anchor
+                                    : ev->data.mapping_start.anchor;
+    if (anchor)
+        return fail(b->err, ML_SYNTAX, mk,
+                    "YAML anchors (&name) are not supported: write the value out in full");
+    /* every tag, core ones included: a reader of the tree sees text, so
+     * "!!float 2" would be read as the number 2 and "!!str 2" too, and a
+     * tag changing nothing is a tag misleading its reader */
+    const yaml_char_t *tag = ev->type == YAML_SCALAR_EVENT ? ev->data.scalar.tag
+                             : ev->type == YAML_SEQUENCE_START_EVENT
+                                 ? ev->data.sequence_start.tag
+                                 : ev->data.mapping_start.tag;
+    if (tag) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "YAML tags (here %.80s) are not supported: write the value without it "
+                 "(numbers plain, strings quoted)",
+                 (const char *)tag);
+        return fail(b->err, ML_SYNTAX, mk, msg);
+    }
+    return ML_OK;
+}
+
+/* A node that could not be made: past the node limit, or out of memory. */
+static ml_status node_failed(builder *b, const yaml_mark_t *mk)
+{
+    if (b->nodes >= ML_TREE_MAX_NODES)
+        return fail(b->err, ML_RANGE, mk, "more than 200000 YAML nodes");
+    return fail(b->err, ML_NOMEM, mk, "out of memory");
+}
+
+/* The node of a scalar, sequence start or mapping start event, attached to
+ * its parent; a sequence or mapping becomes the open one. */
+static ml_status add_node(builder *b, const yaml_event_t *ev)
 {
     ml_error *err = b->err;
     const yaml_mark_t *mk = &ev->start_mark;
     ml_node *n = NULL;
+    if (ev->type == YAML_SCALAR_EVENT) {
+        n = node_new(b, ML_NODE_SCALAR, mk);
+        if (!n)
+            return node_failed(b, mk);
+        n->text = malloc(ev->data.scalar.length + 1);
+        if (!n->text) {
+            free(n);
+            return node_failed(b, mk);
+        }
+        memcpy(n->text, ev->data.scalar.value, ev->data.scalar.length);
+        n->text[ev->data.scalar.length] = '\0';
+        if (strlen(n->text) != ev->data.scalar.length) {
+            ml_tree_free(n);
+            return fail(err, ML_SYNTAX, mk, "NUL byte inside a scalar");
+        }
+        n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+    } else {
+        if (b->depth >= ML_TREE_MAX_DEPTH)
+            return fail(err, ML_SYNTAX, mk, "nesting deeper than 64 levels");
+        n = node_new(b, ev->type == YAML_MAPPING_START_EVENT ? ML_NODE_MAP : ML_NODE_SEQ, mk);
+        if (!n)
+            return node_failed(b, mk);
+    }
+    int rc = attach(b, n);
+    if (rc == -2) {
+        ml_tree_free(n);
+        return fail(err, ML_SYNTAX, mk, "a mapping key must be a plain scalar");
+    }
+    if (rc != 0) {
+        ml_tree_free(n);
+        return fail(err, ML_NOMEM, mk, "out of memory");
+    }
+    if (n->type != ML_NODE_SCALAR)
+        b->stack[b->depth++] = n;
+    return ML_OK;
+}
+
+static ml_status handle(builder *b, yaml_event_t *ev)
+{
+    const yaml_mark_t *mk = &ev->start_mark;
+    ml_status st;
     switch (ev->type) {
     case YAML_ALIAS_EVENT:
-        return fail(err, ML_SYNTAX, mk,
+        return fail(b->err, ML_SYNTAX, mk,
                     "YAML aliases (*name) are not supported: write the value out in full");
     case YAML_SCALAR_EVENT:
     case YAML_SEQUENCE_START_EVENT:
-    case YAML_MAPPING_START_EVENT: {
-        const yaml_char_t *anchor = ev->type == YAML_SCALAR_EVENT ? ev->data.scalar.anchor
-                                    : ev->type == YAML_SEQUENCE_START_EVENT
-                                        ? ev->data.sequence_start.anchor
-                                        : ev->data.mapping_start.anchor;
-        if (anchor)
-            return fail(err, ML_SYNTAX, mk,
-                        "YAML anchors (&name) are not supported: write the value out in full");
-        /* every tag, core ones included: a reader of the tree sees text, so
-         * "!!float 2" would be read as the number 2 and "!!str 2" too, and a
-         * tag changing nothing is a tag misleading its reader */
-        const yaml_char_t *tag = ev->type == YAML_SCALAR_EVENT ? ev->data.scalar.tag
-                                 : ev->type == YAML_SEQUENCE_START_EVENT
-                                     ? ev->data.sequence_start.tag
-                                     : ev->data.mapping_start.tag;
-        if (tag) {
-            char msg[200];
-            snprintf(msg, sizeof msg,
-                     "YAML tags (here %.80s) are not supported: write the value without it "
-                     "(numbers plain, strings quoted)",
-                     (const char *)tag);
-            return fail(err, ML_SYNTAX, mk, msg);
-        }
-        if (ev->type == YAML_SCALAR_EVENT) {
-            n = node_new(b, ML_NODE_SCALAR, mk);
-            if (!n)
-                break;
-            n->text = malloc(ev->data.scalar.length + 1);
-            if (!n->text) {
-                free(n);
-                n = NULL;
-                break;
-            }
-            memcpy(n->text, ev->data.scalar.value, ev->data.scalar.length);
-            n->text[ev->data.scalar.length] = '\0';
-            if (strlen(n->text) != ev->data.scalar.length) {
-                ml_tree_free(n);
-                return fail(err, ML_SYNTAX, mk, "NUL byte inside a scalar");
-            }
-            n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
-        } else {
-            if (b->depth >= ML_TREE_MAX_DEPTH)
-                return fail(err, ML_SYNTAX, mk, "nesting deeper than 64 levels");
-            n = node_new(b, ev->type == YAML_MAPPING_START_EVENT ? ML_NODE_MAP : ML_NODE_SEQ, mk);
-            if (!n)
-                break;
-        }
-        int rc = attach(b, n);
-        if (rc == -2) {
-            ml_tree_free(n);
-            return fail(err, ML_SYNTAX, mk, "a mapping key must be a plain scalar");
-        }
-        if (rc != 0) {
-            ml_tree_free(n);
-            return fail(err, ML_NOMEM, mk, "out of memory");
-        }
-        if (n->type != ML_NODE_SCALAR)
-            b->stack[b->depth++] = n;
-        return ML_OK;
-    }
+    case YAML_MAPPING_START_EVENT:
+        if ((st = refuse_anchor_tag(b, ev)))
+            return st;
+        return add_node(b, ev);
     case YAML_SEQUENCE_END_EVENT:
     case YAML_MAPPING_END_EVENT:
         if (b->depth > 0)
@@ -172,14 +196,11 @@ static ml_status handle(builder *b, yaml_event_t *ev)
         return ML_OK;
     case YAML_DOCUMENT_START_EVENT:
         if (b->root)
-            return fail(err, ML_SYNTAX, mk, "more than one YAML document in the file");
+            return fail(b->err, ML_SYNTAX, mk, "more than one YAML document in the file");
         return ML_OK;
     default:
         return ML_OK;
     }
-    if (b->nodes >= ML_TREE_MAX_NODES)
-        return fail(err, ML_RANGE, mk, "more than 200000 YAML nodes");
-    return fail(err, ML_NOMEM, mk, "out of memory");
 }
 
 ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *err)

@@ -99,37 +99,13 @@ static uint64_t largest_divisor_at_most(uint64_t n, uint64_t cap)
 }
 
 /* Micro-batch and accumulation for one policy. */
-static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result *r)
+/* The micro-batch and the accumulation steps for the largest micro-batch
+ * r->max_micro_batch (per: the per-device share of the global batch):
+ * without a global batch, the largest; else the largest dividing per, or
+ * the batch rounded up. ML_RANGE when the steps pass FIT_MAX_ACCUM. */
+static ml_status split_batch(search *s, const ml_fit_request *req, ml_fit_result *r, uint64_t per)
 {
     const uint64_t dp = s->cfg.training.data_parallel;
-    uint64_t cap = req->max_micro_batch ? req->max_micro_batch : 65536;
-    uint64_t per = 0;
-    ml_status st;
-    r->exact = true;
-    r->note[0] = '\0';
-    if (req->global_batch) {
-        per = req->global_batch / dp + (req->global_batch % dp != 0);
-        if (per < cap)
-            cap = per;
-        /* no accumulation needed if the whole per-device batch fits */
-        s->cfg.training.grad_accum = 1;
-        bool ok = false;
-        if (per <= cap && (st = try_b(s, per, &ok, NULL)))
-            return st;
-        if (ok && req->global_batch % dp == 0) {
-            r->max_micro_batch = per;
-            r->micro_batch = per;
-            r->grad_accum = 1;
-            goto done;
-        }
-        /* accumulation keeps gradients resident across micro-batches: search
-         * with it on (any count > 1 has the same peak) */
-        s->cfg.training.grad_accum = 2;
-    }
-    if ((st = largest(s, cap, &r->max_micro_batch)))
-        return st;
-    if (!r->max_micro_batch)
-        return ML_OK;
     if (!req->global_batch) {
         r->micro_batch = r->max_micro_batch;
         r->grad_accum = s->cfg.training.grad_accum;
@@ -171,7 +147,15 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
                          dp == 1 ? "" : "s", FIT_MAX_ACCUM, (unsigned long long)most,
                          FIT_MAX_ACCUM);
     }
-done:
+    return ML_OK;
+}
+
+/* The result for the chosen micro-batch: the effective batch, a note where
+ * it is not the global batch asked for, and the plan's figures. */
+static ml_status finish(search *s, const ml_fit_request *req, ml_fit_result *r, uint64_t per)
+{
+    const uint64_t dp = s->cfg.training.data_parallel;
+    ml_status st;
     s->cfg.training.grad_accum = r->grad_accum;
     r->data_parallel = dp;
     r->effective_batch = r->micro_batch * r->grad_accum * dp;
@@ -208,6 +192,42 @@ done:
     r->step_time_s = sum.step_time_s;
     snprintf(r->plan, sizeof r->plan, "%s", sum.plan);
     return ML_OK;
+}
+
+static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result *r)
+{
+    const uint64_t dp = s->cfg.training.data_parallel;
+    uint64_t cap = req->max_micro_batch ? req->max_micro_batch : 65536;
+    uint64_t per = 0;
+    ml_status st;
+    r->exact = true;
+    r->note[0] = '\0';
+    if (req->global_batch) {
+        per = req->global_batch / dp + (req->global_batch % dp != 0);
+        if (per < cap)
+            cap = per;
+        /* no accumulation needed if the whole per-device batch fits */
+        s->cfg.training.grad_accum = 1;
+        bool ok = false;
+        if (per <= cap && (st = try_b(s, per, &ok, NULL)))
+            return st;
+        if (ok && req->global_batch % dp == 0) {
+            r->max_micro_batch = per;
+            r->micro_batch = per;
+            r->grad_accum = 1;
+            return finish(s, req, r, per);
+        }
+        /* accumulation keeps gradients resident across micro-batches: search
+         * with it on (any count > 1 has the same peak) */
+        s->cfg.training.grad_accum = 2;
+    }
+    if ((st = largest(s, cap, &r->max_micro_batch)))
+        return st;
+    if (!r->max_micro_batch)
+        return ML_OK;
+    if ((st = split_batch(s, req, r, per)))
+        return st;
+    return finish(s, req, r, per);
 }
 
 /* Why micro-batch 1 does not fit, and what would help (docs/choosing.md).

@@ -99,6 +99,80 @@ static size_t field(const char *line, size_t len, size_t *pos, char *buf, size_t
     return start;
 }
 
+/* The header row: the columns of micro_batch and peak into *col_b, *col_p. */
+static ml_status read_header(const char *line, size_t llen, unsigned lineno, int *col_b,
+                             int *col_p, ml_error *err)
+{
+    char buf[POINTS_MAX_FIELD + 1];
+    size_t pos = 0;
+    bool too_long = false;
+    for (int c = 0; pos < llen || c == 0; c++) {
+        if (c > 64)
+            return ml_errorf_at(err, ML_RANGE, lineno, 1, "more than 64 columns");
+        /* a name too long for buf is neither of ours: ignored */
+        field(line, llen, &pos, buf, sizeof buf, &too_long);
+        if (!strcmp(buf, "micro_batch"))
+            *col_b = c;
+        else if (!strcmp(buf, "peak"))
+            *col_p = c;
+        if (pos >= llen)
+            break;
+    }
+    if (*col_b < 0 || *col_p < 0)
+        return ml_errorf_at(err, ML_SCHEMA, lineno, 1,
+                            "the header must name the columns micro_batch and peak (e.g. "
+                            "\"micro_batch,peak\"), got \"%.*s\"",
+                            (int)(llen > 80 ? 80 : llen), line);
+    return ML_OK;
+}
+
+/* A measurement row: its micro_batch and peak (columns col_b, col_p) into *p. */
+static ml_status read_row(const char *line, size_t llen, unsigned lineno, int col_b, int col_p,
+                          ml_point *p, ml_error *err)
+{
+    char buf[POINTS_MAX_FIELD + 1];
+    size_t pos = 0;
+    bool too_long = false, got_b = false, got_p = false;
+    for (int c = 0;; c++) {
+        size_t at = field(line, llen, &pos, buf, sizeof buf, &too_long);
+        unsigned colno = (unsigned)at + 1;
+        if ((c == col_b || c == col_p) && too_long)
+            return ml_errorf_at(err, ML_SCHEMA, lineno, colno,
+                                "%s: a field longer than %u bytes; a number or a size is "
+                                "shorter",
+                                c == col_b ? "micro_batch" : "peak", POINTS_MAX_FIELD);
+        if (c == col_b) {
+            char *end = NULL;
+            errno = 0;
+            unsigned long long v = strtoull(buf, &end, 10);
+            if (!buf[0] || *end || errno || buf[0] == '-' || v == 0 || v > (1ull << 24))
+                return ml_errorf_at(
+                    err, ML_SCHEMA, lineno, colno,
+                    "micro_batch: '%s' is not a whole number between 1 and 16777216", buf);
+            p->micro_batch = v;
+            got_b = true;
+        } else if (c == col_p) {
+            ml_error e2;
+            memset(&e2, 0, sizeof e2);
+            if (ml_parse_size(buf, &p->peak, &e2) != ML_OK)
+                return ml_errorf_at(err, ML_SCHEMA, lineno, colno, "peak: %s", e2.msg);
+            if (p->peak > POINTS_MAX_PEAK) /* (0 is refused by ml_parse_size) */
+                return ml_errorf_at(
+                    err, ML_RANGE, lineno, colno,
+                    "peak: '%s' is past 1 PiB (2^50 B), thousands of times any device's "
+                    "memory: check the column's unit",
+                    buf);
+            got_p = true;
+        }
+        if (pos >= llen)
+            break;
+    }
+    if (!got_b || !got_p)
+        return ml_errorf_at(err, ML_SCHEMA, lineno, 1, "the row lacks the %s column",
+                            got_b ? "peak" : "micro_batch");
+    return ML_OK;
+}
+
 ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml_point **out,
                               size_t *n, ml_error *err)
 {
@@ -114,12 +188,13 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
     ml_point *pts = NULL;
     unsigned lineno = 0;
     size_t i = 0;
-    bool header = false, too_long = false;
+    bool header = false;
+    ml_status st = ML_OK;
     /* a UTF-8 byte order mark, as spreadsheets write one: skipped, as the
      * YAML and JSON readers skip it */
     if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3))
         i = 3;
-    while (i < len) {
+    while (i < len && !st) {
         size_t e = i;
         while (e < len && text[e] != '\n')
             e++;
@@ -136,107 +211,39 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
         if (k == llen || line[k] == '#')
             continue; /* blank or comment */
         if (memchr(line, '\0', llen)) {
-            free(pts);
-            return ml_errorf_at(err, ML_SCHEMA, lineno, 1, "a NUL byte in the CSV");
+            st = ml_errorf_at(err, ML_SCHEMA, lineno, 1, "a NUL byte in the CSV");
+            break;
         }
-        char buf[POINTS_MAX_FIELD + 1];
-        size_t pos = 0;
         if (!header) {
-            for (int c = 0; pos < llen || c == 0; c++) {
-                if (c > 64) {
-                    free(pts);
-                    return ml_errorf_at(err, ML_RANGE, lineno, 1, "more than 64 columns");
-                }
-                /* a name too long for buf is neither of ours: ignored */
-                field(line, llen, &pos, buf, sizeof buf, &too_long);
-                if (!strcmp(buf, "micro_batch"))
-                    col_b = c;
-                else if (!strcmp(buf, "peak"))
-                    col_p = c;
-                if (pos >= llen)
-                    break;
-            }
-            if (col_b < 0 || col_p < 0) {
-                free(pts);
-                return ml_errorf_at(err, ML_SCHEMA, lineno, 1,
-                                    "the header must name the columns micro_batch and peak (e.g. "
-                                    "\"micro_batch,peak\"), got \"%.*s\"",
-                                    (int)(llen > 80 ? 80 : llen), line);
-            }
+            st = read_header(line, llen, lineno, &col_b, &col_p, err);
             header = true;
             continue;
         }
         ml_point p = {0, 0, lineno};
-        bool got_b = false, got_p = false;
-        for (int c = 0;; c++) {
-            size_t at = field(line, llen, &pos, buf, sizeof buf, &too_long);
-            unsigned colno = (unsigned)at + 1;
-            if ((c == col_b || c == col_p) && too_long) {
-                free(pts);
-                return ml_errorf_at(err, ML_SCHEMA, lineno, colno,
-                                    "%s: a field longer than %u bytes; a number or a size is "
-                                    "shorter",
-                                    c == col_b ? "micro_batch" : "peak", POINTS_MAX_FIELD);
-            }
-            if (c == col_b) {
-                char *end = NULL;
-                errno = 0;
-                unsigned long long v = strtoull(buf, &end, 10);
-                if (!buf[0] || *end || errno || buf[0] == '-' || v == 0 || v > (1ull << 24)) {
-                    free(pts);
-                    return ml_errorf_at(
-                        err, ML_SCHEMA, lineno, colno,
-                        "micro_batch: '%s' is not a whole number between 1 and 16777216", buf);
-                }
-                p.micro_batch = v;
-                got_b = true;
-            } else if (c == col_p) {
-                ml_error e2;
-                memset(&e2, 0, sizeof e2);
-                if (ml_parse_size(buf, &p.peak, &e2) != ML_OK) {
-                    free(pts);
-                    return ml_errorf_at(err, ML_SCHEMA, lineno, colno, "peak: %s", e2.msg);
-                }
-                if (p.peak > POINTS_MAX_PEAK) { /* (0 is refused by ml_parse_size) */
-                    free(pts);
-                    return ml_errorf_at(
-                        err, ML_RANGE, lineno, colno,
-                        "peak: '%s' is past 1 PiB (2^50 B), thousands of times any device's "
-                        "memory: check the column's unit",
-                        buf);
-                }
-                got_p = true;
-            }
-            if (pos >= llen)
-                break;
-        }
-        if (!got_b || !got_p) {
-            free(pts);
-            return ml_errorf_at(err, ML_SCHEMA, lineno, 1, "the row lacks the %s column",
-                                got_b ? "peak" : "micro_batch");
-        }
+        if ((st = read_row(line, llen, lineno, col_b, col_p, &p, err)))
+            break;
         if (count == POINTS_MAX_ROWS) {
-            free(pts);
-            return ml_errorf_at(err, ML_RANGE, lineno, 1, "more than %u points", POINTS_MAX_ROWS);
+            st = ml_errorf_at(err, ML_RANGE, lineno, 1, "more than %u points", POINTS_MAX_ROWS);
+            break;
         }
         ml_point *np = ml_grow(pts, count, &cap, sizeof *np, 16);
         if (!np) {
-            free(pts);
-            return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
+            st = ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
+            break;
         }
         pts = np;
         pts[count++] = p;
     }
-    if (!header) {
+    if (!st && !header)
+        st = ml_errorf_at(err, ML_SCHEMA, 0, 0,
+                          "the file is empty: expected a header \"micro_batch,peak\" "
+                          "and one row per measurement");
+    if (!st && count < 2)
+        st = ml_errorf_at(err, ML_RANGE, lineno, 1,
+                          "a fit needs at least 2 measurements, got %zu", count);
+    if (st) {
         free(pts);
-        return ml_errorf_at(err, ML_SCHEMA, 0, 0,
-                            "the file is empty: expected a header \"micro_batch,peak\" "
-                            "and one row per measurement");
-    }
-    if (count < 2) {
-        free(pts);
-        return ml_errorf_at(err, ML_RANGE, lineno, 1,
-                            "a fit needs at least 2 measurements, got %zu", count);
+        return st;
     }
     *out = pts;
     *n = count;
@@ -255,6 +262,75 @@ ml_status ml_points_load_csv(const char *path, ml_point **out, size_t *n, ml_err
     ml_status st = ml_points_parse_csv(buf, len, path, out, n, err);
     free(buf);
     return st;
+}
+
+/* A larger micro-batch keeps more, never less. A line falling by under 1%
+ * of the largest peak across the measured micro-batches is a flat peak (one
+ * reached in the optimizer step, say) with noise; a steeper fall is
+ * refused, naming a falling pair: the highest peak and the lowest one at a
+ * larger micro-batch. */
+static ml_status check_rising(const ml_point *p, size_t n, double slope, ml_error *err)
+{
+    uint64_t min_b = UINT64_MAX, max_b = 0, max_peak = 0;
+    for (size_t i = 0; i < n; i++) {
+        min_b = p[i].micro_batch < min_b ? p[i].micro_batch : min_b;
+        max_b = p[i].micro_batch > max_b ? p[i].micro_batch : max_b;
+        max_peak = p[i].peak > max_peak ? p[i].peak : max_peak;
+    }
+    if (!(-slope * (double)(max_b - min_b) > 0.01 * (double)max_peak))
+        return ML_OK;
+    size_t hi = 0, lo = n;
+    for (size_t i = 1; i < n; i++)
+        if (p[i].peak > p[hi].peak)
+            hi = i;
+    for (size_t i = 0; i < n; i++)
+        if (p[i].micro_batch > p[hi].micro_batch && p[i].peak < p[hi].peak &&
+            (lo == n || p[i].peak < p[lo].peak))
+            lo = i;
+    char a[32], b[32], pair[200] = "";
+    if (lo < n) {
+        ml_format_bytes(p[lo].peak, a, sizeof a);
+        ml_format_bytes(p[hi].peak, b, sizeof b);
+        snprintf(pair, sizeof pair, " (%s at micro-batch %llu, below %s at %llu on line %u)",
+                 a, (unsigned long long)p[lo].micro_batch, b,
+                 (unsigned long long)p[hi].micro_batch, p[hi].line);
+    }
+    return ml_errorf_at(err, ML_RANGE, lo < n ? p[lo].line : 0, lo < n ? 1 : 0,
+                        "the peaks fall as the micro-batch grows%s, %.0f B per sample by the "
+                        "fit: a larger micro-batch cannot need less memory; check that the "
+                        "columns are micro_batch and peak and that each peak was measured "
+                        "from a reset (torch.cuda.reset_peak_memory_stats())",
+                        pair, slope);
+}
+
+/* The largest micro-batch whose fitted peak is within budget (0: none;
+ * at most 10^15). */
+static uint64_t max_micro_batch(const ml_linfit *fit, uint64_t budget)
+{
+    /* a flat line (slope <= 0, above) under the budget admits any
+     * micro-batch: the cap below */
+    double b = fit->slope > 0 ? floor(((double)budget - fit->fixed) / fit->slope)
+               : fit->fixed <= (double)budget ? 1e15
+                                              : 0;
+    if (!(b >= 1))
+        b = 0;
+    if (b > 1e15)
+        b = 1e15;
+    /* guard the floor against rounding: the fit at b must be within the
+     * budget. A bisection, not a walk down by 1: past 2^53 a double
+     * minus 1 is the same double (a fuzzed CSV hung here) */
+    if (b >= 1 && fit->fixed + fit->slope * b > (double)budget) {
+        double lo = 0, hi = b;
+        while (hi - lo > 1) {
+            double mid = floor((lo + hi) / 2);
+            if (fit->fixed + fit->slope * mid <= (double)budget)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        b = lo;
+    }
+    return (uint64_t)b;
 }
 
 ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64_t at,
@@ -279,41 +355,11 @@ ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64
     free(y);
     if (st)
         return st;
-    uint64_t min_b = UINT64_MAX, max_b = 0, max_peak = 0;
-    for (size_t i = 0; i < n; i++) {
-        min_b = p[i].micro_batch < min_b ? p[i].micro_batch : min_b;
+    uint64_t max_b = 0;
+    for (size_t i = 0; i < n; i++)
         max_b = p[i].micro_batch > max_b ? p[i].micro_batch : max_b;
-        max_peak = p[i].peak > max_peak ? p[i].peak : max_peak;
-    }
-    /* A larger micro-batch keeps more, never less. A line falling by under
-     * 1% of the largest peak across the measured micro-batches is a flat
-     * peak (one reached in the optimizer step, say) with noise; a steeper
-     * fall is refused, naming a falling pair: the highest peak and the
-     * lowest one at a larger micro-batch. */
-    if (-r.fit.slope * (double)(max_b - min_b) > 0.01 * (double)max_peak) {
-        size_t hi = 0, lo = n;
-        for (size_t i = 1; i < n; i++)
-            if (p[i].peak > p[hi].peak)
-                hi = i;
-        for (size_t i = 0; i < n; i++)
-            if (p[i].micro_batch > p[hi].micro_batch && p[i].peak < p[hi].peak &&
-                (lo == n || p[i].peak < p[lo].peak))
-                lo = i;
-        char a[32], b[32], pair[200] = "";
-        if (lo < n) {
-            ml_format_bytes(p[lo].peak, a, sizeof a);
-            ml_format_bytes(p[hi].peak, b, sizeof b);
-            snprintf(pair, sizeof pair, " (%s at micro-batch %llu, below %s at %llu on line %u)",
-                     a, (unsigned long long)p[lo].micro_batch, b,
-                     (unsigned long long)p[hi].micro_batch, p[hi].line);
-        }
-        return ml_errorf_at(err, ML_RANGE, lo < n ? p[lo].line : 0, lo < n ? 1 : 0,
-                            "the peaks fall as the micro-batch grows%s, %.0f B per sample by the "
-                            "fit: a larger micro-batch cannot need less memory; check that the "
-                            "columns are micro_batch and peak and that each peak was measured "
-                            "from a reset (torch.cuda.reset_peak_memory_stats())",
-                            pair, r.fit.slope);
-    }
+    if ((st = check_rising(p, n, r.fit.slope, err)))
+        return st;
     if (!(fabs(r.fit.fixed) <= POINTS_MAX_FIT))
         return ml_errorf_at(err, ML_RANGE, 0, 0,
                             "the fit's fixed term is %.4g B, past 8 PiB (2^53 B): the points do "
@@ -325,30 +371,7 @@ ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64
         if (budget && p[i].peak <= budget && p[i].micro_batch > r.max_measured_micro_batch)
             r.max_measured_micro_batch = p[i].micro_batch;
     if (budget) {
-        /* a flat line (slope <= 0, above) under the budget admits any
-         * micro-batch: the cap below */
-        double b = r.fit.slope > 0 ? floor(((double)budget - r.fit.fixed) / r.fit.slope)
-                   : r.fit.fixed <= (double)budget ? 1e15
-                                                   : 0;
-        if (!(b >= 1))
-            b = 0;
-        if (b > 1e15)
-            b = 1e15;
-        /* guard the floor against rounding: the fit at b must be within the
-         * budget. A bisection, not a walk down by 1: past 2^53 a double
-         * minus 1 is the same double (a fuzzed CSV hung here) */
-        if (b >= 1 && r.fit.fixed + r.fit.slope * b > (double)budget) {
-            double lo = 0, hi = b;
-            while (hi - lo > 1) {
-                double mid = floor((lo + hi) / 2);
-                if (r.fit.fixed + r.fit.slope * mid <= (double)budget)
-                    lo = mid;
-                else
-                    hi = mid;
-            }
-            b = lo;
-        }
-        r.max_micro_batch = (uint64_t)b;
+        r.max_micro_batch = max_micro_batch(&r.fit, budget);
         r.extrapolated = r.max_micro_batch > max_b;
     }
     if (at) {

@@ -1,20 +1,21 @@
-/* Calibration profiles: built by the runner, saved as YAML, read back by
- * the planner. The fitted values are always recomputed from the raw points. */
-#include <errno.h>
+/* Calibration profiles: built by the runner, fitted, saved as YAML (read back
+ * by profile_read.c). The fitted values are always recomputed from the raw
+ * points. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "memledger/calib.h"
 #include "memledger/model.h"
-#include "model/tree.h"
+#include "profile/profile_internal.h"
+#include "util/error.h"
 #include "util/grow.h"
 
-#define NKEYS 9
-static const char *const meta_keys[NKEYS] = {"name",    "backend", "device", "dtype",    "driver",
-                                             "library", "created", "notes",  "precision"};
+#define NKEYS ML_PROFILE_NMETA
+const char *const ml_profile_meta_keys[NKEYS] = {"name",    "backend", "device", "dtype",
+                                                 "driver",  "library", "created", "notes",
+                                                 "precision"};
 
 typedef struct {
     char kind[32];
@@ -37,8 +38,8 @@ struct ml_profile {
     double peak_tflops;
 };
 
-static const char *const kinds_known[] = {"linear", "mlp", "transformer_block", "lm_head",
-                                          "llama_block"};
+const char *const ml_profile_kinds_known[ML_PROFILE_NKINDS] = {
+    "linear", "mlp", "transformer_block", "lm_head", "llama_block"};
 
 ml_profile *ml_profile_new(void)
 {
@@ -60,7 +61,7 @@ void ml_profile_destroy(ml_profile *p)
 static int meta_index(const char *key)
 {
     for (int i = 0; i < NKEYS; i++)
-        if (!strcmp(meta_keys[i], key))
+        if (!strcmp(ml_profile_meta_keys[i], key))
             return i;
     return -1;
 }
@@ -92,8 +93,8 @@ static kindrec *kind_of(ml_profile *p, const char *kind, bool create)
     if (!create || p->nkinds == 8)
         return NULL;
     bool known = false;
-    for (size_t i = 0; i < sizeof kinds_known / sizeof kinds_known[0]; i++)
-        known = known || !strcmp(kinds_known[i], kind);
+    for (size_t i = 0; i < ML_PROFILE_NKINDS; i++)
+        known = known || !strcmp(ml_profile_kinds_known[i], kind);
     if (!known)
         return NULL;
     kindrec *k = &p->kinds[p->nkinds++];
@@ -145,23 +146,18 @@ static bool has_attention(const char *kind)
 
 #define FITK_MAX 4
 
-/* y = fixed + sum_j coef[j] * x[j] by least squares over n points and k <= 4
- * regressors, on centred and scaled columns (normal equations, Gaussian
- * elimination with partial pivoting). Returns false when the regressors are
- * (nearly) collinear over the points, e.g. all points at one T. */
-static bool fitk(double *const *x, size_t k, const double *y, size_t n, double *coef, ml_linfit *f)
+/* The columns' means and spreads (mean[j], scale[j]) and y's mean, *my.
+ * False when a column does not vary over the points. */
+static bool centre(double *const *x, size_t k, const double *y, size_t n, double *mean,
+                   double *scale, double *my)
 {
-    if (n < k + 1)
-        return false;
-    if (k > FITK_MAX)
-        return false;
-    double mean[FITK_MAX] = {0}, scale[FITK_MAX] = {0}, my = 0;
+    *my = 0;
     for (size_t i = 0; i < n; i++) {
-        my += y[i];
+        *my += y[i];
         for (size_t j = 0; j < k; j++)
             mean[j] += x[j][i];
     }
-    my /= (double)n;
+    *my /= (double)n;
     for (size_t j = 0; j < k; j++) {
         mean[j] /= (double)n;
         for (size_t i = 0; i < n; i++)
@@ -172,20 +168,13 @@ static bool fitk(double *const *x, size_t k, const double *y, size_t n, double *
         if (!(scale[j] > 1e-12 * fabs(mean[j]) * sqrt((double)n)))
             return false;
     }
-    /* A (k x k) | rhs, of unit-norm centred columns: A is their Gram matrix */
-    double A[FITK_MAX][FITK_MAX + 1] = {{0}};
-    double syy = 0;
-    for (size_t i = 0; i < n; i++) {
-        double z[FITK_MAX], dy = y[i] - my;
-        for (size_t j = 0; j < k; j++)
-            z[j] = (x[j][i] - mean[j]) / scale[j];
-        for (size_t r = 0; r < k; r++) {
-            for (size_t c = 0; c < k; c++)
-                A[r][c] += z[r] * z[c];
-            A[r][k] += z[r] * dy;
-        }
-        syy += dy * dy;
-    }
+    return true;
+}
+
+/* Gauss-Jordan elimination of A (k x k) | rhs with partial pivoting, in
+ * place: A[j][k] / A[j][j] is then unknown j. False when A is singular. */
+static bool eliminate(double A[FITK_MAX][FITK_MAX + 1], size_t k)
+{
     for (size_t c = 0; c < k; c++) {
         size_t piv = c;
         for (size_t r = c + 1; r < k; r++)
@@ -208,6 +197,59 @@ static bool fitk(double *const *x, size_t k, const double *y, size_t n, double *
                 A[r][j] -= m * A[c][j];
         }
     }
+    return true;
+}
+
+/* f's r2 (syy: y's sum of squares about its mean), largest relative
+ * residual and count, from the fitted f->fixed and coef. */
+static void residuals(double *const *x, size_t k, const double *y, size_t n, const double *coef,
+                      double syy, ml_linfit *f)
+{
+    double ssr = 0, maxr = 0;
+    for (size_t i = 0; i < n; i++) {
+        double r = y[i] - f->fixed;
+        for (size_t j = 0; j < k; j++)
+            r -= coef[j] * x[j][i];
+        ssr += r * r;
+        double rel = y[i] != 0 ? fabs(r) / fabs(y[i]) : fabs(r);
+        if (rel > maxr)
+            maxr = rel;
+    }
+    f->slope = coef[0];
+    f->r2 = syy > 0 ? 1 - ssr / syy : 1;
+    f->max_rel_residual = maxr;
+    f->n = n;
+}
+
+/* y = fixed + sum_j coef[j] * x[j] by least squares over n points and k <= 4
+ * regressors, on centred and scaled columns (normal equations, Gaussian
+ * elimination with partial pivoting). Returns false when the regressors are
+ * (nearly) collinear over the points, e.g. all points at one T. */
+static bool fitk(double *const *x, size_t k, const double *y, size_t n, double *coef, ml_linfit *f)
+{
+    if (n < k + 1)
+        return false;
+    if (k > FITK_MAX)
+        return false;
+    double mean[FITK_MAX] = {0}, scale[FITK_MAX] = {0}, my = 0;
+    if (!centre(x, k, y, n, mean, scale, &my))
+        return false;
+    /* A (k x k) | rhs, of unit-norm centred columns: A is their Gram matrix */
+    double A[FITK_MAX][FITK_MAX + 1] = {{0}};
+    double syy = 0;
+    for (size_t i = 0; i < n; i++) {
+        double z[FITK_MAX], dy = y[i] - my;
+        for (size_t j = 0; j < k; j++)
+            z[j] = (x[j][i] - mean[j]) / scale[j];
+        for (size_t r = 0; r < k; r++) {
+            for (size_t c = 0; c < k; c++)
+                A[r][c] += z[r] * z[c];
+            A[r][k] += z[r] * dy;
+        }
+        syy += dy * dy;
+    }
+    if (!eliminate(A, k))
+        return false;
     /* a term worth less than 1e-9 of the largest measurement is rounding
      * noise of an exact zero (bytes are whole numbers): it is reported as 0 */
     double ymax = 0;
@@ -226,20 +268,7 @@ static bool fitk(double *const *x, size_t k, const double *y, size_t n, double *
     /* bytes are whole: an exact fit's fixed term is an integer up to noise */
     if (fabs(f->fixed - round(f->fixed)) < 1e-9 * ymax)
         f->fixed = round(f->fixed) + 0.0; /* + 0.0: no -0 */
-    double ssr = 0, maxr = 0;
-    for (size_t i = 0; i < n; i++) {
-        double r = y[i] - f->fixed;
-        for (size_t j = 0; j < k; j++)
-            r -= coef[j] * x[j][i];
-        ssr += r * r;
-        double rel = y[i] != 0 ? fabs(r) / fabs(y[i]) : fabs(r);
-        if (rel > maxr)
-            maxr = rel;
-    }
-    f->slope = coef[0];
-    f->r2 = syy > 0 ? 1 - ssr / syy : 1;
-    f->max_rel_residual = maxr;
-    f->n = n;
+    residuals(x, k, y, n, coef, syy, f);
     return true;
 }
 
@@ -411,7 +440,7 @@ int ml_profile_write(FILE *f, const ml_profile *p)
           f);
     fputs("profile_version: 1\n", f);
     for (int i = 0; i < NKEYS; i++) {
-        fprintf(f, "%s: ", meta_keys[i]);
+        fprintf(f, "%s: ", ml_profile_meta_keys[i]);
         qstr(f, p->meta[i] ? p->meta[i] : "");
         fputc('\n', f);
     }
@@ -461,302 +490,4 @@ int ml_profile_write(FILE *f, const ml_profile *p)
     if (!p->nkinds)
         fputs("  {}\n", f);
     return ferror(f) ? -1 : 0;
-}
-
-/* ---- YAML in */
-
-
-static const ml_node *get(const ml_node *map, const char *key)
-{
-    for (size_t i = 0; map && map->type == ML_NODE_MAP && i < map->count; i++)
-        if (!strcmp(map->keys[i]->text, key))
-            return map->items[i];
-    return NULL;
-}
-
-static ml_status num(ml_error *err, const ml_node *map, const char *key, const char *where,
-                     bool required, double *out)
-{
-    const ml_node *n = get(map, key);
-    if (!n) {
-        if (required)
-            return ml_error_at(err, map, ML_SCHEMA, "%s.%s: missing", where, key);
-        return ML_OK;
-    }
-    char *end = NULL;
-    errno = 0;
-    double v = n->type == ML_NODE_SCALAR ? strtod(n->text, &end) : NAN;
-    if (n->type != ML_NODE_SCALAR || !end || *end || end == n->text || !isfinite(v) || v < 0 ||
-        errno)
-        return ml_error_at(err, n, ML_SCHEMA, "%s.%s: expected a number >= 0", where, key);
-    *out = v;
-    return ML_OK;
-}
-
-static ml_status u64(ml_error *err, const ml_node *map, const char *key, const char *where,
-                     bool required, uint64_t *out)
-{
-    double v = 0;
-    ml_status st = num(err, map, key, where, required, &v);
-    if (st)
-        return st;
-    if (v > 1.8e19 || v != floor(v))
-        return ml_error_at(err, get(map, key), ML_SCHEMA, "%s.%s: expected a whole number", where, key);
-    *out = (uint64_t)v;
-    return ML_OK;
-}
-
-/* What a profile may claim (docs/calibration.md, "What a profile may
- * claim"). 1 PiB of bytes: some 3,900 times the largest single
- * accelerator's memory (288 GB), and every count stays exact in a double.
- * 100,000 TFLOP/s (100 PFLOP/s): five times the highest figure quoted for
- * one device (about 20 PFLOP/s, sparse FP4); a GEMM figure past it would
- * make the step time vanish (1e300 did). */
-#define PROFILE_MAX_BYTES (1ull << 50)
-#define PROFILE_MAX_TFLOPS 1e5
-
-static ml_status bytes(ml_error *err, const ml_node *map, const char *key, const char *where,
-                       bool required, uint64_t *out)
-{
-    ml_status st = u64(err, map, key, where, required, out);
-    if (!st && *out > PROFILE_MAX_BYTES)
-        return ml_error_at(err, get(map, key), ML_RANGE,
-                           "%s.%s: %llu B is past 1 PiB (2^50 B), thousands of times any "
-                           "device's memory: a unit mistake?",
-                           where, key, (unsigned long long)*out);
-    return st;
-}
-
-static ml_status tflops(ml_error *err, const ml_node *map, const char *key, const char *where,
-                        bool required, double *out)
-{
-    ml_status st = num(err, map, key, where, required, out);
-    if (!st && *out > PROFILE_MAX_TFLOPS)
-        return ml_error_at(err, get(map, key), ML_RANGE,
-                           "%s%s%s: %g TFLOP/s is past 100000 (100 PFLOP/s), five times the "
-                           "fastest device's quoted figure (about 20 PFLOP/s, sparse FP4): a "
-                           "unit or timing mistake; measure it again",
-                           where, *where ? "." : "", key, *out);
-    return st;
-}
-
-static uint64_t gcd64(uint64_t a, uint64_t b)
-{
-    while (b) {
-        uint64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
-/* Whether two points have the same B*T*D, exactly: B*T fits 64 bits (B <=
- * 2^24, T <= 2^28, checked on reading), the product with D (<= 2^20) may
- * not. With da, db coprime, x*da == y*db exactly when db divides x, da
- * divides y and the quotients agree. */
-static bool same_size(const ml_profile_point *a, const ml_profile_point *b)
-{
-    uint64_t x = a->B * a->T, y = b->B * b->T, g = gcd64(a->D, b->D);
-    uint64_t da = a->D / g, db = b->D / g;
-    return x % db == 0 && y % da == 0 && x / db == y / da;
-}
-
-static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
-{
-    if (!r || r->type != ML_NODE_MAP)
-        return ml_error_at(err, r, ML_SCHEMA, "a profile is a mapping (profile_version, device, layers, "
-                                      "...)");
-    static const char *const top[] = {"profile_version", "name", "backend", "device", "dtype",
-                                      "driver", "library", "created", "notes", "precision", "peak_tflops",
-                                      "achieved_tflops", "efficiency", "gemm", "layers"};
-    for (size_t i = 0; i < r->count; i++) {
-        size_t j;
-        for (j = 0; j < sizeof top / sizeof top[0]; j++)
-            if (!strcmp(r->keys[i]->text, top[j]))
-                break;
-        if (j == sizeof top / sizeof top[0])
-            return ml_error_at(err, r->keys[i], ML_SCHEMA, "%s: unknown key in a profile",
-                       r->keys[i]->text);
-    }
-    double ver = 0;
-    ml_status st = num(err, r, "profile_version", "profile", true, &ver);
-    if (st)
-        return st;
-    if (ver != 1)
-        return ml_error_at(err, get(r, "profile_version"), ML_SCHEMA,
-                   "profile_version: %g is not supported (this memledger reads version 1)", ver);
-    for (int i = 0; i < NKEYS; i++) {
-        const ml_node *n = get(r, meta_keys[i]);
-        if (!n)
-            continue;
-        if (n->type != ML_NODE_SCALAR)
-            return ml_error_at(err, n, ML_SCHEMA, "%s: expected a string", meta_keys[i]);
-        if (ml_profile_set(p, meta_keys[i], n->text))
-            return ml_error_at(err, n, ML_NOMEM, "out of memory");
-    }
-    const char *dt = ml_profile_get(p, "dtype");
-    if (strcmp(dt, "fp32") && strcmp(dt, "bf16") && strcmp(dt, "fp16"))
-        return ml_error_at(err, get(r, "dtype") ? get(r, "dtype") : r, ML_SCHEMA,
-                   "dtype: '%s' is not fp32, bf16 or fp16", dt);
-    const char *pr = ml_profile_get(p, "precision");
-    ml_precision pp;
-    if (*pr && !ml_precision_parse(pr, &pp))
-        return ml_error_at(err, get(r, "precision"), ML_SCHEMA,
-                           "precision: '%s' is not a precision policy (fp32, amp-bf16, amp-fp16, "
-                           "bf16-master, fp16-master, bf16)",
-                           pr);
-    double peak = 0;
-    if ((st = tflops(err, r, "peak_tflops", "", false, &peak)))
-        return st;
-    ml_profile_set_peak(p, peak);
-    const ml_node *g = get(r, "gemm");
-    if (g && g->type != ML_NODE_SEQ)
-        return ml_error_at(err, g, ML_SCHEMA, "gemm: expected a list of {m, n, k, tflops}");
-    for (size_t i = 0; g && i < g->count; i++) {
-        ml_profile_gemm q;
-        if ((st = u64(err, g->items[i], "m", "gemm[]", true, &q.m)) ||
-            (st = u64(err, g->items[i], "n", "gemm[]", true, &q.n)) ||
-            (st = u64(err, g->items[i], "k", "gemm[]", true, &q.k)) ||
-            (st = tflops(err, g->items[i], "tflops", "gemm[]", true, &q.tflops)))
-            return st;
-        if (ml_profile_add_gemm(p, &q))
-            return ml_error_at(err, g, ML_NOMEM, "out of memory");
-    }
-    const ml_node *ls = get(r, "layers");
-    if (!ls || ls->type != ML_NODE_MAP)
-        return ml_error_at(err, ls ? ls : r, ML_SCHEMA, "layers: missing; a profile maps layer kinds (%s) "
-                                                "to their measured points",
-                   ML_PROFILE_KINDS);
-    if (!ls->count)
-        return ml_error_at(err, ls, ML_SCHEMA,
-                           "layers: no layer kind; a profile maps layer kinds (%s) to their "
-                           "measured points",
-                           ML_PROFILE_KINDS);
-    const ml_node *seen[sizeof kinds_known / sizeof kinds_known[0]] = {NULL};
-    for (size_t i = 0; i < ls->count; i++) {
-        const char *kind = ls->keys[i]->text;
-        size_t ki = 0;
-        while (ki < sizeof kinds_known / sizeof kinds_known[0] && strcmp(kinds_known[ki], kind))
-            ki++;
-        if (ki == sizeof kinds_known / sizeof kinds_known[0])
-            return ml_error_at(err, ls->keys[i], ML_SCHEMA,
-                               "layers.%s: unknown layer kind; expected one of: %s", kind,
-                               ML_PROFILE_KINDS);
-        /* both lists were merged into one fit (a second transformer_block
-         * 1000 times larger flipped gpt2-small's verdict unnoticed) */
-        if (seen[ki])
-            return ml_error_at(err, ls->keys[i], ML_SCHEMA,
-                               "layers.%s: given twice (first at line %u, column %u); merge the "
-                               "two lists of points under one key",
-                               kind, seen[ki]->line, seen[ki]->col);
-        seen[ki] = ls->keys[i];
-        const ml_node *k = ls->items[i];
-        const ml_node *pts = get(k, "points");
-        if (!pts || pts->type != ML_NODE_SEQ)
-            return ml_error_at(err, k ? k : ls->keys[i], ML_SCHEMA, "layers.%s.points: missing", kind);
-        for (size_t j = 0; j < pts->count; j++) {
-            const ml_node *q = pts->items[j];
-            ml_profile_point pt;
-            memset(&pt, 0, sizeof pt);
-            char where[64];
-            snprintf(where, sizeof where, "layers.%s.points[%zu]", kind, j);
-            if (!q || q->type != ML_NODE_MAP)
-                return ml_error_at(err, q, ML_SCHEMA, "%s: expected a mapping", where);
-            if ((st = u64(err, q, "B", where, true, &pt.B)) ||
-                (st = u64(err, q, "T", where, true, &pt.T)) ||
-                (st = u64(err, q, "D", where, true, &pt.D)) ||
-                (st = u64(err, q, "H", where, false, &pt.H)) ||
-                (st = u64(err, q, "F", where, false, &pt.F)) ||
-                (st = bytes(err, q, "saved_bytes", where, true, &pt.saved_bytes)) ||
-                (st = bytes(err, q, "cast_bytes", where, false, &pt.cast_bytes)) ||
-                (st = bytes(err, q, "peak_forward", where, false, &pt.peak_forward)) ||
-                (st = bytes(err, q, "peak_backward", where, false, &pt.peak_backward)) ||
-                (st = bytes(err, q, "peak_step", where, false, &pt.peak_step)) ||
-                (st = bytes(err, q, "device_peak", where, false, &pt.device_peak)) ||
-                (st = num(err, q, "time_s", where, false, &pt.time_s)))
-                return st;
-            if (!pt.B || !pt.T || !pt.D || pt.B > (1u << 24) || pt.T > (1u << 28) ||
-                pt.D > (1u << 20) || pt.H > (1u << 16) || pt.F > (1u << 22))
-                return ml_error_at(err, q, ML_RANGE, "%s: B, T and D must be at least 1 and within "
-                                             "memledger's limits",
-                           where);
-            st = ml_profile_add_point(p, kind, &pt);
-            if (st == ML_USAGE)
-                return ml_error_at(err, ls->keys[i], ML_SCHEMA, "layers.%s: unknown layer kind; "
-                                                        "expected one of: %s",
-                           kind, ML_PROFILE_KINDS);
-            if (st)
-                return ml_error_at(err, q, ML_NOMEM, "out of memory");
-        }
-        /* the fit needs B*T*D to vary: with one size every model's first
-         * column is constant (and a B*T*D past 2^53 rounded apart made a
-         * fit of noise) */
-        const kindrec *kr = kind_of(p, kind, false);
-        size_t np = kr ? kr->n : 0, j = 1;
-        while (j < np && same_size(&kr->pts[0], &kr->pts[j]))
-            j++;
-        if (j >= np) {
-            char sz[96] = "";
-            if (np > 1)
-                snprintf(sz, sizeof sz, ", all of one size B*T*D = %llu*%llu*%llu",
-                         (unsigned long long)kr->pts[0].B, (unsigned long long)kr->pts[0].T,
-                         (unsigned long long)kr->pts[0].D);
-            return ml_error_at(err, ls->keys[i], ML_RANGE,
-                               "layers.%s: %zu point%s%s; the fit needs at least 2 points of "
-                               "different sizes B*T*D: measure at another micro-batch or "
-                               "sequence length",
-                               kind, np, np == 1 ? "" : "s", sz);
-        }
-    }
-    st = ml_profile_fit(p, err);
-    if (st && !err->line) {
-        err->line = ls->line;
-        err->col = ls->col;
-    }
-    return st;
-}
-
-ml_status ml_profile_load_string(const char *text, size_t len, const char *name, ml_profile **out,
-                                 ml_error *err)
-{
-    ml_error local;
-    if (!err)
-        err = &local;
-    memset(err, 0, sizeof *err);
-    snprintf(err->path, sizeof err->path, "%s", name ? name : "<profile>");
-    ml_node *root = NULL;
-    ml_status st = ml_tree_parse(text, len, &root, err);
-    if (st)
-        return st;
-    ml_profile *p = ml_profile_new();
-    if (!p) {
-        ml_tree_free(root);
-        return ml_error_at(err, NULL, ML_NOMEM, "out of memory");
-    }
-    /* a key given twice anywhere is refused, not read either way (a layer
-     * kind twice gets its own message from read_profile) */
-    st = read_profile(root, p, err);
-    if (st == ML_OK)
-        st = ml_tree_check_unique(err, root);
-    ml_tree_free(root);
-    if (st) {
-        ml_profile_destroy(p);
-        return st;
-    }
-    *out = p;
-    return ML_OK;
-}
-
-ml_status ml_profile_load_file(const char *path, ml_profile **out, ml_error *err)
-{
-    ml_error local;
-    if (!err)
-        err = &local;
-    size_t len = 0;
-    char *buf = ml_read_file(path, &len, err);
-    if (!buf)
-        return err->code;
-    ml_status st = ml_profile_load_string(buf, len, path, out, err);
-    free(buf);
-    return st;
 }

@@ -67,10 +67,9 @@ static const char script[] =
     "document.body.setAttribute('data-ready','1');\n"
     "})();\n";
 
-int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
-                   const ml_compare_row *rows, size_t nrows, const ml_fit_result *fit)
+/* The title, the configuration line and the verdict. */
+static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml_summary *s)
 {
-    const ml_summary *s = ml_ledger_summary(l);
     char a[32], b[32], ck[1200], buf[256];
     ml_checkpoint_format(&cfg->training.checkpoint, ck, sizeof ck);
     fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>memledger: ", f);
@@ -108,7 +107,12 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     } else {
         fputs("<div class=\"verdict nodev\">no device given</div>\n", f);
     }
+}
 
+/* The summary table: the model states, the peaks, the FLOPs, the time. */
+static void html_summary(FILE *f, const ml_config *cfg, const ml_summary *s)
+{
+    char a[32], b[32], c[32], buf[256];
     fputs("<h2>Summary</h2>\n<table>\n", f);
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)s->params);
     row(f, "parameters", buf);
@@ -137,7 +141,7 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     row(f, "peak total (binding peak, allowance or reserved, runtime reserve)",
         B(s->peak_total, a));
     snprintf(buf, sizeof buf, "forward %s, backward %s, recompute %s", FL(s->flops_forward, a),
-             FL(s->flops_backward, b), FL(s->flops_recompute, ck));
+             FL(s->flops_backward, b), FL(s->flops_recompute, c));
     row(f, "FLOPs per iteration", buf);
     if (s->step_time_s >= 0) {
         snprintf(buf, sizeof buf, "%.4g s%s", s->step_time_s,
@@ -145,9 +149,14 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         row(f, "estimated step time", buf);
     }
     fputs("</table>\n", f);
+}
 
+/* The timeline chart (the SVG without its XML declaration) and the sampled
+ * points the hover reads: [x, step, phase, live...]. -1 when the chart
+ * could not be drawn. */
+static int html_chart(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+{
     fputs("<h2>Memory over one iteration</h2>\n<div id=\"chart\">\n", f);
-    /* the chart, without its XML declaration */
     char *svg = NULL;
     size_t svglen = 0;
     FILE *mf = open_memstream(&svg, &svglen);
@@ -164,7 +173,6 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     free(svg);
     fputs("<div id=\"cursor\"></div><div id=\"tip\"></div></div>\n", f);
     fputs("<p class=\"note\">Hover over the chart for the step and the bytes by category.</p>\n", f);
-    /* the sampled points the hover reads: [x, step, phase, live...] */
     size_t idx[ML_SVG_POINTS];
     size_t n = ml_ledger_event_count(l), np = n ? ml_svg_sample(l, idx, ML_SVG_POINTS) : 0;
     const ml_event *ev = ml_ledger_events(l);
@@ -180,7 +188,13 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         fputc(']', f);
     }
     fputs("]</script>\n", f);
+    return 0;
+}
 
+/* The ledger: each block's parameters, saved activations and FLOPs. */
+static void html_ledger(FILE *f, const ml_ledger *l)
+{
+    char a[32], b[32];
     fputs("<h2>Ledger: saved activations per block</h2>\n<table><tr><th>block</th><th>params</th>"
           "<th>saved</th><th>c</th><th>forward FLOPs</th><th>checkpointed</th></tr>\n", f);
     for (size_t i = 0; i < ml_ledger_block_count(l); i++) {
@@ -192,55 +206,80 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
                 FL(bi->flops_forward, b), bi->checkpointed ? "yes" : "");
     }
     fputs("</table>\n", f);
+}
 
-    if (nrows) {
-        fputs("<h2>Checkpoint policies</h2>\n<table><tr><th>policy</th><th>peak total</th>"
-              "<th>saved activations</th><th>recompute</th><th>% of 3F</th><th>step time</th>"
-              "<th>fits</th></tr>\n",
-              f);
-        for (size_t i = 0; i < nrows; i++) {
-            const ml_compare_row *r = &rows[i];
-            char name[64], st[32];
-            ml_checkpoint_format(&r->checkpoint, name, sizeof name);
-            if (r->step_time_s >= 0)
-                snprintf(st, sizeof st, "%.4g s", r->step_time_s);
-            else
-                snprintf(st, sizeof st, "-");
-            fprintf(f, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%.1f%%</td><td>%s</td>"
-                       "<td>%s</td></tr>\n",
-                    name, B(r->peak_total, a), B(r->activations_saved, b),
-                    FL(r->flops_recompute, ck), r->recompute_pct, st,
-                    !r->has_device ? "-" : r->fits ? "yes" : "no");
-        }
-        fputs("</table>\n", f);
-        for (size_t i = 0; i < nrows; i++)
-            if (rows[i].checkpoint.kind == ML_CKPT_OPTIMAL) {
-                fputs("<p class=\"note\">", f);
-                ml_svg_escape(f, rows[i].plan);
-                fputs("</p>\n", f);
-            }
+/* The checkpoint policies compared (nothing when nrows is 0), and the
+ * optimal plans' notes. */
+static void html_compare(FILE *f, const ml_compare_row *rows, size_t nrows)
+{
+    char a[32], b[32], c[32];
+    if (!nrows)
+        return;
+    fputs("<h2>Checkpoint policies</h2>\n<table><tr><th>policy</th><th>peak total</th>"
+          "<th>saved activations</th><th>recompute</th><th>% of 3F</th><th>step time</th>"
+          "<th>fits</th></tr>\n",
+          f);
+    for (size_t i = 0; i < nrows; i++) {
+        const ml_compare_row *r = &rows[i];
+        char name[64], st[32];
+        ml_checkpoint_format(&r->checkpoint, name, sizeof name);
+        if (r->step_time_s >= 0)
+            snprintf(st, sizeof st, "%.4g s", r->step_time_s);
+        else
+            snprintf(st, sizeof st, "-");
+        fprintf(f, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%.1f%%</td><td>%s</td>"
+                   "<td>%s</td></tr>\n",
+                name, B(r->peak_total, a), B(r->activations_saved, b),
+                FL(r->flops_recompute, c), r->recompute_pct, st,
+                !r->has_device ? "-" : r->fits ? "yes" : "no");
     }
-    if (fit) {
-        fputs("<h2>Micro-batch and accumulation</h2>\n<p>", f);
-        if (fit->fits) {
-            char name[64];
-            ml_checkpoint_format(&fit->checkpoint, name, sizeof name);
-            fprintf(f, "Largest micro-batch that fits: <b>%llu</b> (checkpoint %s). Recommended: "
-                       "micro-batch %llu &times; %llu accumulation steps &times; %llu device%s = "
-                       "effective batch %llu; peak total %s.",
-                    (unsigned long long)fit->max_micro_batch, name,
-                    (unsigned long long)fit->micro_batch, (unsigned long long)fit->grad_accum,
-                    (unsigned long long)fit->data_parallel, fit->data_parallel == 1 ? "" : "s",
-                    (unsigned long long)fit->effective_batch, B(fit->peak_total, a));
-        } else {
-            fputs("Even micro-batch 1 does not fit. ", f);
+    fputs("</table>\n", f);
+    for (size_t i = 0; i < nrows; i++)
+        if (rows[i].checkpoint.kind == ML_CKPT_OPTIMAL) {
+            fputs("<p class=\"note\">", f);
+            ml_svg_escape(f, rows[i].plan);
+            fputs("</p>\n", f);
         }
-        if (fit->note[0]) {
-            fputs(" ", f);
-            ml_svg_escape(f, fit->note);
-        }
-        fputs("</p>\n", f);
+}
+
+/* The fit's recommendation (nothing without one). */
+static void html_fit(FILE *f, const ml_fit_result *fit)
+{
+    char a[32];
+    if (!fit)
+        return;
+    fputs("<h2>Micro-batch and accumulation</h2>\n<p>", f);
+    if (fit->fits) {
+        char name[64];
+        ml_checkpoint_format(&fit->checkpoint, name, sizeof name);
+        fprintf(f, "Largest micro-batch that fits: <b>%llu</b> (checkpoint %s). Recommended: "
+                   "micro-batch %llu &times; %llu accumulation steps &times; %llu device%s = "
+                   "effective batch %llu; peak total %s.",
+                (unsigned long long)fit->max_micro_batch, name,
+                (unsigned long long)fit->micro_batch, (unsigned long long)fit->grad_accum,
+                (unsigned long long)fit->data_parallel, fit->data_parallel == 1 ? "" : "s",
+                (unsigned long long)fit->effective_batch, B(fit->peak_total, a));
+    } else {
+        fputs("Even micro-batch 1 does not fit. ", f);
     }
+    if (fit->note[0]) {
+        fputs(" ", f);
+        ml_svg_escape(f, fit->note);
+    }
+    fputs("</p>\n", f);
+}
+
+int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                   const ml_compare_row *rows, size_t nrows, const ml_fit_result *fit)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    html_head(f, m, cfg, s);
+    html_summary(f, cfg, s);
+    if (html_chart(f, m, cfg, l))
+        return -1;
+    html_ledger(f, l);
+    html_compare(f, rows, nrows);
+    html_fit(f, fit);
     fputs("<p class=\"note\">memledger " ML_VERSION ": every figure is derived in the project's docs/ "
           "(inventory, ledger, FLOPs).</p>\n",
           f);

@@ -163,6 +163,115 @@ static void title(FILE *f, const ml_model *m, const ml_config *cfg, const char *
     fputs("</text>\n", f);
 }
 
+/* The phase bands behind the chart, each labelled where it is wide enough
+ * (den: the event count less one, or 1). */
+static void phase_bands(FILE *f, const chart *c, const ml_event *ev, size_t n, double den)
+{
+    size_t a = 0;
+    int shade = 0;
+    for (size_t i = 1; i <= n; i++) {
+        if (i < n && ev[i].phase == ev[a].phase && ev[i].micro == ev[a].micro)
+            continue;
+        double x1 = px(c, (double)a / den), x2 = px(c, (double)(i - 1) / den);
+        if (x2 - x1 < 1)
+            x2 = x1 + 1;
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n",
+                x1, c->y0, x2 - x1, c->h, shade ? "#f0f0f0" : "#f8f8f8");
+        if (x2 - x1 > 50)
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#666\" "
+                       "text-anchor=\"middle\">%s%s</text>\n",
+                    (x1 + x2) / 2, c->y0 + 14, ml_phase_name(ev[a].phase),
+                    ev[a].micro ? " (later micro-batches)" : "");
+        shade ^= 1;
+        a = i;
+    }
+}
+
+/* The categories' stacked areas over the sampled events idx[0..np). */
+static void stacked_areas(FILE *f, const chart *c, const ml_event *ev, const size_t *idx,
+                          size_t np, double den)
+{
+    for (int k = ML_CAT_COUNT - 1; k >= 0; k--) {
+        ml_category cat = stack_order[k];
+        fprintf(f, "<path fill=\"%s\" stroke=\"none\" d=\"", cat_color[cat]);
+        for (size_t j = 0; j < np; j++) {
+            uint64_t top = 0;
+            for (int q = 0; q <= k; q++)
+                top += ev[idx[j]].live[stack_order[q]];
+            fprintf(f, "%s%.1f %.1f", j ? " L" : "M", px(c, (double)idx[j] / den),
+                    py(c, (double)top));
+        }
+        fprintf(f, " L%.1f %.1f L%.1f %.1f Z\"/>\n", px(c, (double)idx[np ? np - 1 : 0] / den),
+                py(c, 0), px(c, 0), py(c, 0));
+    }
+}
+
+/* The device's lines: its memory, the allocator curve's limit and the
+ * budget (one line when they agree); nothing without a device. */
+static void device_lines(FILE *f, const chart *c, const ml_summary *s)
+{
+    if (s->has_device) {
+        hline(f, c, s->memory, "#222", NULL, "device", false);
+        /* the allocator curve's device line */
+        uint64_t lim = s->device_limit;
+        const char *lname = lim < s->memory - s->runtime_reserve
+                                ? "(device - runtime reserve) / (1 + fragmentation)"
+                                : "device - runtime reserve";
+        if (s->budget == lim) {
+            char both[96];
+            snprintf(both, sizeof both, "budget = %s", lname);
+            hline(f, c, s->budget, "#d62728", "6,4", both, true);
+        } else {
+            hline(f, c, lim, "#777", "2,3", lname, false);
+            hline(f, c, s->budget, "#d62728", "6,4", "budget", true);
+        }
+    }
+}
+
+/* The peak's marker and label, at its first event. */
+static void peak_marker(FILE *f, const chart *c, const ml_summary *s, const ml_event *ev,
+                        size_t n, double den)
+{
+    size_t pi = 0;
+    for (size_t i = 0; i < n; i++)
+        if (total_of(&ev[i]) == s->peak) {
+            pi = i;
+            break;
+        }
+    if (n) {
+        char b[32];
+        ml_format_bytes(s->peak, b, sizeof b);
+        double x = px(c, (double)pi / den), y = py(c, (double)s->peak);
+        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"none\" stroke=\"#d62728\" "
+                   "stroke-width=\"2\"/>\n",
+                x, y);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"bold\" "
+                   "fill=\"#d62728\" text-anchor=\"%s\">peak %s at ",
+                x + (x > c->x0 + c->w * 0.7 ? -8 : 8), y - 8,
+                x > c->x0 + c->w * 0.7 ? "end" : "start", b);
+        ml_svg_escape(f, s->peak_step);
+        fprintf(f, " (%s)</text>\n", ml_phase_name(s->peak_phase));
+    }
+}
+
+/* The legend: each category with its largest size. */
+static void legend(FILE *f, const chart *c, const ml_summary *s)
+{
+    double ly = c->y0 + 10;
+    for (int k = ML_CAT_COUNT - 1; k >= 0; k--) {
+        ml_category cat = stack_order[k];
+        char b[32];
+        ml_format_bytes(s->category_max[cat], b, sizeof b);
+        fprintf(f, "<rect x=\"830\" y=\"%.1f\" width=\"14\" height=\"14\" fill=\"%s\"/>\n", ly,
+                cat_color[cat]);
+        fprintf(f, "<text x=\"850\" y=\"%.1f\" font-size=\"12\">%s</text>\n", ly + 11,
+                cat_label[cat]);
+        fprintf(f, "<text x=\"850\" y=\"%.1f\" font-size=\"10\" fill=\"#666\">max %s</text>\n",
+                ly + 24, b);
+        ly += 36;
+    }
+}
+
 int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
 {
     const ml_summary *s = ml_ledger_summary(l);
@@ -180,99 +289,19 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     c.ymax *= 1.06;
     header(f, 1040, 580);
     title(f, m, cfg, "memory over one training iteration");
-    /* phase bands */
     const double den = n > 1 ? (double)(n - 1) : 1;
-    size_t a = 0;
-    int shade = 0;
-    for (size_t i = 1; i <= n; i++) {
-        if (i < n && ev[i].phase == ev[a].phase && ev[i].micro == ev[a].micro)
-            continue;
-        double x1 = px(&c, (double)a / den), x2 = px(&c, (double)(i - 1) / den);
-        if (x2 - x1 < 1)
-            x2 = x1 + 1;
-        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n",
-                x1, c.y0, x2 - x1, c.h, shade ? "#f0f0f0" : "#f8f8f8");
-        if (x2 - x1 > 50)
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" fill=\"#666\" "
-                       "text-anchor=\"middle\">%s%s</text>\n",
-                    (x1 + x2) / 2, c.y0 + 14, ml_phase_name(ev[a].phase),
-                    ev[a].micro ? " (later micro-batches)" : "");
-        shade ^= 1;
-        a = i;
-    }
+    phase_bands(f, &c, ev, n, den);
     y_axis(f, &c);
-    /* stacked areas */
-    for (int k = ML_CAT_COUNT - 1; k >= 0; k--) {
-        ml_category cat = stack_order[k];
-        fprintf(f, "<path fill=\"%s\" stroke=\"none\" d=\"", cat_color[cat]);
-        for (size_t j = 0; j < np; j++) {
-            uint64_t top = 0;
-            for (int q = 0; q <= k; q++)
-                top += ev[idx[j]].live[stack_order[q]];
-            fprintf(f, "%s%.1f %.1f", j ? " L" : "M", px(&c, (double)idx[j] / den),
-                    py(&c, (double)top));
-        }
-        fprintf(f, " L%.1f %.1f L%.1f %.1f Z\"/>\n", px(&c, (double)idx[np ? np - 1 : 0] / den),
-                py(&c, 0), px(&c, 0), py(&c, 0));
-    }
-    /* device lines */
-    if (s->has_device) {
-        hline(f, &c, s->memory, "#222", NULL, "device", false);
-        /* the allocator curve's device line */
-        uint64_t lim = s->device_limit;
-        const char *lname = lim < s->memory - s->runtime_reserve
-                                ? "(device - runtime reserve) / (1 + fragmentation)"
-                                : "device - runtime reserve";
-        if (s->budget == lim) {
-            char both[96];
-            snprintf(both, sizeof both, "budget = %s", lname);
-            hline(f, &c, s->budget, "#d62728", "6,4", both, true);
-        } else {
-            hline(f, &c, lim, "#777", "2,3", lname, false);
-            hline(f, &c, s->budget, "#d62728", "6,4", "budget", true);
-        }
-    }
+    stacked_areas(f, &c, ev, idx, np, den);
+    device_lines(f, &c, s);
     /* the allocator's simulated reserved peak (--allocator) */
     if (s->has_reserved)
         hline(f, &c, s->reserved_peak, "#9467bd", "8,3", "reserved (simulated)", false);
-    /* the peak */
-    size_t pi = 0;
-    for (size_t i = 0; i < n; i++)
-        if (total_of(&ev[i]) == s->peak) {
-            pi = i;
-            break;
-        }
-    if (n) {
-        char b[32];
-        ml_format_bytes(s->peak, b, sizeof b);
-        double x = px(&c, (double)pi / den), y = py(&c, (double)s->peak);
-        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"none\" stroke=\"#d62728\" "
-                   "stroke-width=\"2\"/>\n",
-                x, y);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"bold\" "
-                   "fill=\"#d62728\" text-anchor=\"%s\">peak %s at ",
-                x + (x > c.x0 + c.w * 0.7 ? -8 : 8), y - 8, x > c.x0 + c.w * 0.7 ? "end" : "start",
-                b);
-        ml_svg_escape(f, s->peak_step);
-        fprintf(f, " (%s)</text>\n", ml_phase_name(s->peak_phase));
-    }
+    peak_marker(f, &c, s, ev, n, den);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">events of "
                "one training iteration (%zu)</text>\n",
             c.x0 + c.w / 2, c.y0 + c.h + 34, n);
-    /* legend */
-    double ly = c.y0 + 10;
-    for (int k = ML_CAT_COUNT - 1; k >= 0; k--) {
-        ml_category cat = stack_order[k];
-        char b[32];
-        ml_format_bytes(s->category_max[cat], b, sizeof b);
-        fprintf(f, "<rect x=\"830\" y=\"%.1f\" width=\"14\" height=\"14\" fill=\"%s\"/>\n", ly,
-                cat_color[cat]);
-        fprintf(f, "<text x=\"850\" y=\"%.1f\" font-size=\"12\">%s</text>\n", ly + 11,
-                cat_label[cat]);
-        fprintf(f, "<text x=\"850\" y=\"%.1f\" font-size=\"10\" fill=\"#666\">max %s</text>\n",
-                ly + 24, b);
-        ly += 36;
-    }
+    legend(f, &c, s);
     fputs("</svg>\n", f);
     return ferror(f) ? -1 : 0;
 }

@@ -33,11 +33,12 @@ static bool same_block(const ml_block_info *a, const ml_block_info *b)
            a->checkpointed == b->checkpointed;
 }
 
-int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+/* The plan's head: the model, the configuration, the loop, the optimal
+ * plan, the calibration and the sharding. */
+static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const ml_summary *s)
 {
-    const ml_summary *s = ml_ledger_summary(l);
     const ml_training *t = &cfg->training;
-    char a[32], b2[32], c3[32], ck[1200], num[40];
+    char ck[1200], num[40];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
     commas(s->params, num, sizeof num);
     fprintf(f, "memledger plan: %s (%s parameters)\n", ml_model_name(m), num);
@@ -75,7 +76,12 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
                 (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));
     }
     fputc('\n', f);
+}
 
+/* The model states, each with when it is resident. */
+static void text_states(FILE *f, const ml_summary *s)
+{
+    char a[32];
     fprintf(f, "Model states (resident all iteration unless noted)\n");
     fprintf(f, "  %-22s %12s\n", "params", B(s->bytes_params, a));
     fprintf(f, "  %-22s %12s\n", "master params", B(s->bytes_master, a));
@@ -88,7 +94,13 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         fprintf(f, "  %-22s %12s   (offloaded: host memory, not on the device)\n", "host",
                 B(s->bytes_host, a));
     fprintf(f, "\n");
+}
 
+/* The saved activations per block, runs of three or more like blocks on one
+ * line. */
+static void text_activations(FILE *f, const ml_ledger *l, const ml_summary *s)
+{
+    char a[32], b2[32], c3[32], num[40];
     fprintf(f, "Saved activations at the end of forward (c = inventory / (B*T*D*b), "
                "B*T = %llu, D = %llu, b = %u)\n",
             (unsigned long long)s->c_tokens, (unsigned long long)s->c_width, s->c_dtype_bytes);
@@ -117,7 +129,14 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
         i = j;
     }
     fprintf(f, "  %-22s %14s %12s\n\n", "total", "", B(s->bytes_activations, a));
+}
 
+/* The allocator-view peak by category, what is added over it, and the other
+ * peaks (first iteration, evaluation, reserved). */
+static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
+{
+    const ml_training *t = &cfg->training;
+    char a[32];
     fprintf(f, "Peak (allocator view): %s during %s, at %s\n", B(s->peak, a),
             ml_phase_name(s->peak_phase), s->peak_step);
     for (int c = 0; c < ML_CAT_COUNT; c++)
@@ -146,7 +165,13 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
                 (unsigned long long)s->reserved_segments,
                 s->reserved_oom ? "; OUT OF MEMORY on the device" : "");
     fputc('\n', f);
+}
 
+/* The FLOPs, the communication and the step time. */
+static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
+{
+    const ml_training *t = &cfg->training;
+    char a[32], b2[32], c3[32];
     ml_format_flops(s->flops_forward, a, sizeof a);
     ml_format_flops(s->flops_backward, b2, sizeof b2);
     ml_format_flops(s->flops_recompute, c3, sizeof c3);
@@ -169,7 +194,12 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
                 cfg->device.efficiency >= 1 ? " (a lower bound)" : "");
     else
         fprintf(f, "  step time: unknown (give device.peak_tflops or --peak-tflops)\n");
+}
 
+/* The device and the verdict (nothing without a device). */
+static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s)
+{
+    char a[32], b2[32], c3[32];
     if (s->has_device) {
         fprintf(f, "\nDevice: %s, runtime reserve %s, budget %s (for the allocator peak)",
                 B(s->memory, a), B(s->runtime_reserve, b2), B(s->budget, c3));
@@ -183,5 +213,16 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
             fprintf(f, "  verdict: DOES NOT FIT, over by %s\n", B(over, a));
         }
     }
+}
+
+int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    text_header(f, m, cfg, s);
+    text_states(f, s);
+    text_activations(f, l, s);
+    text_peak(f, cfg, s);
+    text_flops(f, cfg, s);
+    text_device(f, cfg, s);
     return ferror(f) ? -1 : 0;
 }

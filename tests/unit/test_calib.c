@@ -25,7 +25,7 @@ static int teardown(void **state)
     return 0;
 }
 
-static const dims small = {2, 4, 8, 2, 16, 11, 0.25f, 1, false};
+static const layer_dims small = {2, 4, 8, 2, 16, 11, 0.25f, 1, false};
 
 static uint64_t rs = 12345;
 static float rnd(void)
@@ -38,32 +38,32 @@ static float rnd(void)
  * and discards what the forward saved. */
 static double loss_of(layer *l, tracker *tr, const void *x, size_t xbytes, const float *R)
 {
-    tn xi = talloc(tr, xbytes, T_SAVED);
+    tensor xi = tensor_alloc(tr, xbytes, T_SAVED);
     memcpy(xi.p, x, xbytes);
-    tn y = layer_forward(l, tr, &xi);
+    tensor y = layer_forward(l, tr, &xi);
     double L = 0;
     size_t n = y.bytes / 4;
     for (size_t i = 0; i < n; i++)
-        L += (double)((float *)y.p)[i] * (l->kind == K_LMHEAD ? 1.0 : R[i]);
-    tfree(tr, &y);
+        L += (double)((float *)y.p)[i] * (l->kind == LAYER_LM_HEAD ? 1.0 : R[i]);
+    tensor_free(tr, &y);
     layer_forget(l, tr);
     return L;
 }
 
 /* After a backward: frees the step's tensors, runs Adam, destroys the
  * layer; every tensor was returned, so the tracker balances. */
-static void end_step(layer *l, tracker *tr, tn *y, tn *dy, tn *dx)
+static void end_step(layer *l, tracker *tr, tensor *y, tensor *dy, tensor *dx)
 {
-    tfree(tr, y);
-    tfree(tr, dy);
-    tfree(tr, dx);
+    tensor_free(tr, y);
+    tensor_free(tr, dy);
+    tensor_free(tr, dx);
     layer_step(l, tr);
     layer_destroy(l, tr);
     for (int c = 0; c < T_NCAT; c++)
         assert_int_equal(tr->live[c], 0);
 }
 
-static void gradcheck(kind_t k)
+static void gradcheck(layer_kind k)
 {
     tracker tr;
     tracker_init(&tr, be);
@@ -71,23 +71,23 @@ static void gradcheck(kind_t k)
     assert_int_equal(layer_init(&l, k, &small, &tr, 99), 0);
     size_t xbytes = layer_input_bytes(&l);
     void *x = malloc(xbytes);
-    if (k == K_LMHEAD)
+    if (k == LAYER_LM_HEAD)
         for (size_t i = 0; i < xbytes / 8; i++)
             ((int64_t *)x)[i] = (int64_t)((i * 5 + 3) % small.V);
     else
         for (size_t i = 0; i < xbytes / 4; i++)
             ((float *)x)[i] = rnd();
-    size_t ny = k == K_LMHEAD ? 1 : small.B * small.T * small.D;
+    size_t ny = k == LAYER_LM_HEAD ? 1 : small.B * small.T * small.D;
     float *R = malloc(ny * sizeof *R);
     for (size_t i = 0; i < ny; i++)
         R[i] = rnd();
     /* analytic */
-    tn xi = talloc(&tr, xbytes, T_SAVED);
+    tensor xi = tensor_alloc(&tr, xbytes, T_SAVED);
     memcpy(xi.p, x, xbytes);
-    tn y = layer_forward(&l, &tr, &xi);
-    tn dy = talloc(&tr, y.bytes, T_WORK);
+    tensor y = layer_forward(&l, &tr, &xi);
+    tensor dy = tensor_alloc(&tr, y.bytes, T_WORK);
     memcpy(dy.p, R, y.bytes);
-    tn dx = layer_backward(&l, &tr, &dy);
+    tensor dx = layer_backward(&l, &tr, &dy);
     const double eps = 1e-2;
     int checked = 0;
     for (int p = 0; p < l.nparams; p++) {
@@ -101,12 +101,12 @@ static void gradcheck(kind_t k)
             w[j] = keepv;
             double num = (lp - lm) / (2 * eps), ana = g[j];
             if (fabs(num - ana) > 3e-2 * fmax(fabs(num), fabs(ana)) + 2e-3)
-                fail_msg("%s param %d[%zu]: numeric %.6g, analytic %.6g", kind_names[k], p, j,
-                         num, ana);
+                fail_msg("%s param %d[%zu]: numeric %.6g, analytic %.6g", layer_kind_name(k), p,
+                         j, num, ana);
             checked++;
         }
     }
-    if (k != K_LMHEAD) {
+    if (k != LAYER_LM_HEAD) {
         float *xf = x;
         for (size_t j = 0; j < xbytes / 4; j += 1 + xbytes / 4 / 7) {
             float keepv = xf[j];
@@ -117,7 +117,8 @@ static void gradcheck(kind_t k)
             xf[j] = keepv;
             double num = (lp - lm) / (2 * eps), ana = ((float *)dx.p)[j];
             if (fabs(num - ana) > 3e-2 * fmax(fabs(num), fabs(ana)) + 2e-3)
-                fail_msg("%s input[%zu]: numeric %.6g, analytic %.6g", kind_names[k], j, num, ana);
+                fail_msg("%s input[%zu]: numeric %.6g, analytic %.6g", layer_kind_name(k), j, num,
+                         ana);
             checked++;
         }
     }
@@ -130,26 +131,26 @@ static void gradcheck(kind_t k)
 static void test_gradients(void **state)
 {
     (void)state;
-    for (int k = 0; k < K_COUNT; k++)
-        gradcheck((kind_t)k);
+    for (int k = 0; k < LAYER_KIND_COUNT; k++)
+        gradcheck((layer_kind)k);
 }
 
 /* Saved bytes after a forward (the input included when it is saved); with
  * cast, also autocast's weight copies (T_CAST), which saved leaves out. */
-static uint64_t measured(kind_t k, const dims *d, uint64_t *cast)
+static uint64_t measured(layer_kind k, const layer_dims *d, uint64_t *cast)
 {
     tracker tr;
     tracker_init(&tr, be);
     layer l;
     assert_int_equal(layer_init(&l, k, d, &tr, 7), 0);
-    tn x = talloc(&tr, layer_input_bytes(&l), T_SAVED);
+    tensor x = tensor_alloc(&tr, layer_input_bytes(&l), T_SAVED);
     memset(x.p, 0, x.bytes); /* values do not matter here, only sizes */
-    tn y = layer_forward(&l, &tr, &x);
+    tensor y = layer_forward(&l, &tr, &x);
     assert_false(tr.oom);
     uint64_t saved = tr.live[T_SAVED];
     if (cast)
         *cast = tr.live[T_CAST];
-    tfree(&tr, &y);
+    tensor_free(&tr, &y);
     layer_forget(&l, &tr); /* x too: the layer saved it, or (amp linear, mlp) freed it */
     layer_destroy(&l, &tr);
     for (int c = 0; c < T_NCAT; c++)
@@ -157,7 +158,7 @@ static uint64_t measured(kind_t k, const dims *d, uint64_t *cast)
     return saved;
 }
 
-static uint64_t measured_saved(kind_t k, const dims *d)
+static uint64_t measured_saved(layer_kind k, const layer_dims *d)
 {
     return measured(k, d, NULL);
 }
@@ -179,7 +180,7 @@ static uint64_t ledger_sum(const char *yaml, const char *const *blocks)
  * ledger's inventory for the same shapes: fp32, and amp-bf16 (what
  * torch.autocast's eager autograd keeps). Under amp the linear and MLP sit
  * after a LayerNorm, whose fp32 output is what autocast casts. */
-static void check_inventory(const dims *d)
+static void check_inventory(const layer_dims *d)
 {
     const char *prec = d->amp ? "  precision: amp-bf16\n" : "";
     const char *first = d->amp ? "    - layernorm: {}\n" : "";
@@ -197,12 +198,12 @@ static void check_inventory(const dims *d)
              "  vocab: %zu\n  max_positions: %zu\n  tied_embeddings: false\n  dropout: %g\n"
              "training:\n  micro_batch: %zu\n  seq_len: %zu\n%s",
              d->D, d->H, d->F, d->V, d->T, (double)d->dropout, d->B, d->T, prec);
-    s = measured(K_BLOCK, d, &cast);
+    s = measured(LAYER_BLOCK, d, &cast);
     assert_int_equal(s + cast, ledger_sum(y, blk));
     /* the weight copies: c_attn D x 3D, c_proj D x D, c_fc and mlp c_proj
      * D x F each, 2 bytes per element */
     assert_int_equal(cast, d->amp ? 2 * (4 * d->D * d->D + 2 * d->D * d->F) : 0);
-    s = measured(K_LMHEAD, d, &cast);
+    s = measured(LAYER_LM_HEAD, d, &cast);
     assert_int_equal(s + cast, ledger_sum(y, lm));
     assert_int_equal(cast, d->amp ? 2 * d->V * d->D : 0); /* the head's weight */
     /* MLP and linear: sequential models over [T, D] */
@@ -211,14 +212,14 @@ static void check_inventory(const dims *d)
              "    - linear: {out: %zu}\n    - gelu: {}\n    - linear: {out: %zu}\n"
              "  loss: mse\ntraining:\n  micro_batch: %zu\n%s",
              d->T, d->D, first, d->F, d->D, d->B, prec);
-    s = measured(K_MLP, d, &cast);
+    s = measured(LAYER_MLP, d, &cast);
     assert_int_equal(s + cast, ledger_sum(y, d->amp ? mlp16 : mlp32));
     assert_int_equal(cast, d->amp ? 2 * 2 * d->D * d->F : 0);
     snprintf(y, sizeof y,
              "model:\n  type: sequential\n  input: [%zu, %zu]\n  layers:\n%s"
              "    - linear: {out: %zu}\n  loss: mse\ntraining:\n  micro_batch: %zu\n%s",
              d->T, d->D, first, d->D, d->B, prec);
-    s = measured(K_LINEAR, d, &cast);
+    s = measured(LAYER_LINEAR, d, &cast);
     assert_int_equal(s + cast, ledger_sum(y, d->amp ? lin16 : lin32));
     /* the input, or its bf16 cast */
     assert_int_equal(s, d->B * d->T * d->D * (d->amp ? 2 : 4));
@@ -230,7 +231,7 @@ static void check_inventory(const dims *d)
              "  vocab: %zu\n  position: none\n  bias: false\n  tied_embeddings: false\n"
              "  dropout: 0\ntraining:\n  micro_batch: %zu\n  seq_len: %zu\n%s",
              d->D, d->H, d->KV, d->F, d->V, d->B, d->T, prec);
-    s = measured(K_LLAMA, d, &cast);
+    s = measured(LAYER_LLAMA, d, &cast);
     assert_int_equal(s + cast, ledger_sum(y, blk));
     assert_int_equal(cast, d->amp ? 2 * (2 * d->D * d->D + 2 * d->D * dkv + 3 * d->D * d->F) : 0);
 }
@@ -238,11 +239,11 @@ static void check_inventory(const dims *d)
 static void test_saved_bytes_match_the_ledger(void **state)
 {
     (void)state;
-    const dims shapes[] = {{2, 16, 32, 4, 128, 50, 0.1f, 2, false},
+    const layer_dims shapes[] = {{2, 16, 32, 4, 128, 50, 0.1f, 2, false},
                            {3, 8, 48, 6, 192, 30, 0.1f, 3, false},
                            {1, 24, 16, 2, 64, 20, 0.0f, 1, false}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-        dims d = shapes[i];
+        layer_dims d = shapes[i];
         check_inventory(&d);
         d.amp = true;
         check_inventory(&d);
@@ -270,7 +271,7 @@ static void test_fit_separates_attention(void **state)
     (void)state;
     const size_t D = 32, H = 4, F = 96, V = 20;
     const size_t Bs[] = {1, 2, 3}, Ts[] = {8, 16, 24};
-    const kind_t kinds[] = {K_BLOCK, K_LLAMA};
+    const layer_kind kinds[] = {LAYER_BLOCK, LAYER_LLAMA};
     const char *names[] = {"transformer_block", "llama_block"};
     const double Dd = (double)D, Fd = (double)F;
     const double c_hand[] = {(34 * Dd + 8 * Fd + 16) / (4 * Dd), 10 + 4.0 * Fd / Dd + 2.0 / Dd};
@@ -280,7 +281,7 @@ static void test_fit_separates_attention(void **state)
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; i < 3; i++)
             for (size_t j = 0; j < 3; j++) {
-                dims d = {Bs[i], Ts[j], D, H, F, V, k == 0 ? 0.1f : 0.0f, 2, false};
+                layer_dims d = {Bs[i], Ts[j], D, H, F, V, k == 0 ? 0.1f : 0.0f, 2, false};
                 ml_profile_point pt = {.B = Bs[i], .T = Ts[j], .D = D, .H = H, .F = F,
                                        .saved_bytes = measured_saved(kinds[k], &d)};
                 assert_int_equal(ml_profile_add_point(p, names[k], &pt), ML_OK);
@@ -296,7 +297,7 @@ static void test_fit_separates_attention(void **state)
         assert_true(fabs(pk->fit.fixed) < 1e-3);
         assert_true(pk->fit.r2 > 1 - 1e-12);
         /* an unmeasured shape: B = 5, T = 40 */
-        dims d = {5, 40, D, H, F, V, k == 0 ? 0.1f : 0.0f, 2, false};
+        layer_dims d = {5, 40, D, H, F, V, k == 0 ? 0.1f : 0.0f, 2, false};
         double want = (double)measured_saved(kinds[k], &d);
         assert_true(fabs(ml_profile_kind_saved(pk, 5, 40, D, H, 4) - want) < 0.5);
     }
@@ -309,9 +310,9 @@ static void test_fit_separates_attention(void **state)
     ml_profile_set(lm, "dtype", "fp32");
     for (size_t i = 0; i < 3; i++)
         for (size_t j = 0; j < 3; j++) {
-            dims d = {Bs[i], Ts[j], D, H, F, V, 0.1f, 2, false};
+            layer_dims d = {Bs[i], Ts[j], D, H, F, V, 0.1f, 2, false};
             ml_profile_point pt = {.B = Bs[i], .T = Ts[j], .D = D,
-                                   .saved_bytes = measured_saved(K_LMHEAD, &d)};
+                                   .saved_bytes = measured_saved(LAYER_LM_HEAD, &d)};
             ml_profile_add_point(lm, "lm_head", &pt);
         }
     assert_int_equal(ml_profile_fit(lm, &e), ML_OK);
@@ -336,9 +337,9 @@ static void test_fit_separates_attention(void **state)
     ml_profile_set(q, "dtype", "fp32");
     for (size_t i = 0; i < 3; i++)
         for (size_t j = 0; j < 3; j++) {
-            dims d = {Bs[i], Ts[j], D, H, 4 * D, V, 0.1f, H, false};
+            layer_dims d = {Bs[i], Ts[j], D, H, 4 * D, V, 0.1f, H, false};
             ml_profile_point pt = {.B = Bs[i], .T = Ts[j], .D = D, .H = H, .F = 4 * D,
-                                   .saved_bytes = measured_saved(K_BLOCK, &d)};
+                                   .saved_bytes = measured_saved(LAYER_BLOCK, &d)};
             ml_profile_add_point(q, "transformer_block", &pt);
         }
     assert_int_equal(ml_profile_fit(q, &e), ML_OK);
@@ -385,23 +386,23 @@ static void test_fit_separates_attention(void **state)
 
 /* One forward + backward of kind k from fixed weights and inputs; returns
  * the output, the input gradient and every weight gradient, concatenated. */
-static float *run_once(kind_t k, bool amp, size_t *n)
+static float *run_once(layer_kind k, bool amp, size_t *n)
 {
-    dims d = small;
+    layer_dims d = small;
     d.amp = amp;
     tracker tr;
     tracker_init(&tr, be);
     layer l;
     assert_int_equal(layer_init(&l, k, &d, &tr, 99), 0);
-    tn x = talloc(&tr, layer_input_bytes(&l), T_SAVED);
+    tensor x = tensor_alloc(&tr, layer_input_bytes(&l), T_SAVED);
     rs = 4321;
-    for (size_t i = 0; i < x.bytes / (k == K_LMHEAD ? 8 : 4); i++)
-        if (k == K_LMHEAD)
+    for (size_t i = 0; i < x.bytes / (k == LAYER_LM_HEAD ? 8 : 4); i++)
+        if (k == LAYER_LM_HEAD)
             ((int64_t *)x.p)[i] = (int64_t)((i * 5 + 3) % d.V);
         else
             ((float *)x.p)[i] = rnd();
-    tn y = layer_forward(&l, &tr, &x);
-    tn dy = talloc(&tr, y.bytes, T_WORK);
+    tensor y = layer_forward(&l, &tr, &x);
+    tensor dy = tensor_alloc(&tr, y.bytes, T_WORK);
     for (size_t i = 0; i < y.bytes / 4; i++)
         ((float *)dy.p)[i] = rnd();
     size_t ny = y.bytes / 4, total = ny + d.B * d.T * d.D;
@@ -409,7 +410,7 @@ static float *run_once(kind_t k, bool amp, size_t *n)
         total += l.wn[p];
     float *out = calloc(total, sizeof *out);
     memcpy(out, y.p, y.bytes);
-    tn dx = layer_backward(&l, &tr, &dy);
+    tensor dx = layer_backward(&l, &tr, &dy);
     assert_false(tr.oom);
     assert_false(be->failed);
     size_t at = ny;
@@ -431,9 +432,9 @@ static float *run_once(kind_t k, bool amp, size_t *n)
 static void test_amp_matches_fp32_within_bf16(void **state)
 {
     (void)state;
-    for (int k = 0; k < K_COUNT; k++) {
+    for (int k = 0; k < LAYER_KIND_COUNT; k++) {
         size_t n32, n16;
-        float *a = run_once((kind_t)k, false, &n32), *b = run_once((kind_t)k, true, &n16);
+        float *a = run_once((layer_kind)k, false, &n32), *b = run_once((layer_kind)k, true, &n16);
         assert_int_equal(n32, n16);
         double scale = 1e-12, worst = 0;
         for (size_t i = 0; i < n32; i++)
@@ -441,7 +442,8 @@ static void test_amp_matches_fp32_within_bf16(void **state)
         for (size_t i = 0; i < n32; i++)
             worst = fmax(worst, fabs((double)a[i] - (double)b[i]) / scale);
         if (!(worst < 3e-2) || !(worst > 0))
-            fail_msg("%s: amp vs fp32 largest relative difference %.3g", kind_names[k], worst);
+            fail_msg("%s: amp vs fp32 largest relative difference %.3g",
+                     layer_kind_name((layer_kind)k), worst);
         free(a);
         free(b);
     }
@@ -541,10 +543,10 @@ static void test_amp_fit_and_planner(void **state)
     for (int k = 0; k < 2; k++)
         for (size_t i = 0; i < 3; i++)
             for (size_t j = 0; j < 3; j++) {
-                dims d = {Bs[i], Ts[j], D, H, k ? Fl : 4 * D, V, k ? 0.0f : 0.1f, k ? 2 : H,
+                layer_dims d = {Bs[i], Ts[j], D, H, k ? Fl : 4 * D, V, k ? 0.0f : 0.1f, k ? 2 : H,
                           true};
                 uint64_t cast;
-                uint64_t s = measured(k ? K_LLAMA : K_BLOCK, &d, &cast);
+                uint64_t s = measured(k ? LAYER_LLAMA : LAYER_BLOCK, &d, &cast);
                 ml_profile_point pt = {.B = Bs[i], .T = Ts[j], .D = D, .H = H, .F = d.F,
                                        .saved_bytes = s, .cast_bytes = cast};
                 ml_profile_add_point(p, k ? "llama_block" : "transformer_block", &pt);
@@ -634,10 +636,10 @@ static void test_fit_across_widths(void **state)
                 for (size_t i = 0; i < 3; i++)
                     for (size_t j = 0; j < 3; j++) {
                         size_t D = Ds[w], F = k ? 3 * D : 4 * D;
-                        dims d = {Bs[i], Ts[j], D, H, F, V, k ? 0.0f : 0.1f, 2, amp == 1};
+                        layer_dims d = {Bs[i], Ts[j], D, H, F, V, k ? 0.0f : 0.1f, 2, amp == 1};
                         uint64_t cast;
                         ml_profile_point pt = {.B = Bs[i], .T = Ts[j], .D = D, .H = H, .F = F};
-                        pt.saved_bytes = measured(k ? K_LLAMA : K_BLOCK, &d, &cast);
+                        pt.saved_bytes = measured(k ? LAYER_LLAMA : LAYER_BLOCK, &d, &cast);
                         pt.cast_bytes = cast;
                         ml_profile_add_point(p, k ? "llama_block" : "transformer_block", &pt);
                     }

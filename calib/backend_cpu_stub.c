@@ -1,4 +1,5 @@
-/* Stand-in when OpenBLAS was not found at build time. */
+/* ml_backend_cpu() when OpenBLAS was not found at build time
+ * (calib/meson.build compiles this file instead of backend_cpu.c). */
 #include <stddef.h>
 
 #include "backend.h"

@@ -1,0 +1,167 @@
+/* Reading a Hugging Face config.json's values (hf_read.h): whole numbers
+ * under a name and its aliases, booleans, probabilities, strings, and the
+ * check of every key against the family's key table (hf_keys.c). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/hf_read.h"
+#include "model/model_internal.h"
+
+bool ml_hf_is_null(const ml_node *n)
+{
+    return !n || (n->type == ML_NODE_SCALAR && n->plain && !strcmp(n->text, "null"));
+}
+
+/* The key of keys (NULL-terminated: a name and its aliases) that is present;
+ * required: an error when none is. Two aliases at once are refused
+ * (GPT2Config's attribute_map makes them one value). */
+ml_status ml_hf_uint(ml_error *err, const ml_node *root, const char *const *keys_, bool required,
+                     uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    const char *found = NULL;
+    const ml_node *fn = NULL;
+    for (const char *const *k = keys_; *k; k++) {
+        const ml_node *n = ml_tree_get(root, *k);
+        if (ml_hf_is_null(n))
+            continue;
+        if (found) {
+            /* at the one written second */
+            bool later = n->line > fn->line || (n->line == fn->line && n->col > fn->col);
+            return ml_error_at(err, later ? n : fn, ML_SCHEMA,
+                               "%s: names the same value as %s (an alias); give one of them",
+                               later ? *k : found, later ? found : *k);
+        }
+        found = *k;
+        fn = n;
+        char *end = NULL;
+        errno = 0;
+        unsigned long long v = n->type == ML_NODE_SCALAR ? strtoull(n->text, &end, 10) : 0;
+        if (n->type != ML_NODE_SCALAR || !end || end == n->text || *end || errno ||
+            n->text[0] == '-')
+            return ml_error_at(err, n, ML_SCHEMA, "%s: expected a whole number", *k);
+        if (v < lo || v > hi)
+            return ml_error_at(err, n, ML_RANGE, "%s: %llu is out of range (%llu to %llu)", *k, v,
+                               (unsigned long long)lo, (unsigned long long)hi);
+        *out = v;
+    }
+    if (!found && required)
+        return ml_error_at(err, root, ML_SCHEMA, "%s: missing from the config", keys_[0]);
+    return ML_OK;
+}
+
+/* true or false; absent or null leaves *out. */
+ml_status ml_hf_bool(ml_error *err, const ml_node *root, const char *key, bool *out)
+{
+    const ml_node *n = ml_tree_get(root, key);
+    if (ml_hf_is_null(n))
+        return ML_OK;
+    if (n->type == ML_NODE_SCALAR && n->plain && !strcmp(n->text, "true"))
+        *out = true;
+    else if (n->type == ML_NODE_SCALAR && n->plain && !strcmp(n->text, "false"))
+        *out = false;
+    else
+        return ml_error_at(err, n, ML_SCHEMA, "%s: expected true or false", key);
+    return ML_OK;
+}
+
+/* A probability in [0, 1]; absent or null leaves *out. */
+ml_status ml_hf_prob(ml_error *err, const ml_node *root, const char *key, double *out)
+{
+    const ml_node *n = ml_tree_get(root, key);
+    if (ml_hf_is_null(n))
+        return ML_OK;
+    char *end = NULL;
+    double v = n->type == ML_NODE_SCALAR && n->plain ? strtod(n->text, &end) : -1;
+    if (!end || end == n->text || *end || !(v >= 0 && v <= 1))
+        return ml_error_at(err, n, ML_SCHEMA, "%s: expected a probability from 0 to 1", key);
+    *out = v;
+    return ML_OK;
+}
+
+/* A string; absent or null: NULL. */
+ml_status ml_hf_str(ml_error *err, const ml_node *root, const char *key, const char **out)
+{
+    const ml_node *n = ml_tree_get(root, key);
+    *out = NULL;
+    if (ml_hf_is_null(n))
+        return ML_OK;
+    if (n->type != ML_NODE_SCALAR || n->plain)
+        return ml_error_at(err, n, ML_SCHEMA, "%s: expected a string", key);
+    *out = n->text;
+    return ML_OK;
+}
+
+/* Whether n is one of the JSON literals of ok ("false|null", "{}",
+ * "\"absolute\""); numbers compare by value (0 and 0.0 alike). */
+static bool value_is(const ml_node *n, const char *ok)
+{
+    while (*ok) {
+        size_t len = strcspn(ok, "|");
+        char t[64];
+        snprintf(t, sizeof t, "%.*s", (int)len, ok);
+        ok += len + (ok[len] == '|');
+        if (!strcmp(t, "{}") || !strcmp(t, "[]")) {
+            if (n->type == (t[0] == '{' ? ML_NODE_MAP : ML_NODE_SEQ) && n->count == 0)
+                return true;
+            continue;
+        }
+        if (n->type != ML_NODE_SCALAR)
+            continue;
+        if (t[0] == '"') {
+            if (!n->plain && strlen(n->text) + 2 == strlen(t) &&
+                !strncmp(n->text, t + 1, strlen(n->text)))
+                return true;
+            continue;
+        }
+        if (!n->plain)
+            continue;
+        if (!strcmp(n->text, t))
+            return true;
+        char *e1 = NULL, *e2 = NULL;
+        double a = strtod(n->text, &e1), b = strtod(t, &e2);
+        if (e1 != n->text && !*e1 && e2 != t && !*e2 && a == b)
+            return true;
+    }
+    return false;
+}
+
+/* Every key of the config is in the family's table; a key refused unless its
+ * value is one of the table's is checked here, the others by map_config. */
+ml_status ml_hf_check_keys(const ml_node *r, unsigned fam, const char *type, ml_error *err)
+{
+    for (size_t i = 0; i < r->count; i++) {
+        const char *k = r->keys[i]->text;
+        const ml_hf_key *e = ml_hf_key_find(fam, k);
+        if (!e) {
+            size_t count, n = 0;
+            const ml_hf_key *keys = ml_hf_keys(&count);
+            const char **names = malloc(count * sizeof *names);
+            for (size_t j = 0; names && j < count; j++)
+                if (keys[j].families & fam)
+                    names[n++] = keys[j].key;
+            /* (out of memory: no suggestion) */
+            const char *near = names ? ml_closest_name(k, names, n) : NULL;
+            free(names);
+            return ml_error_at(err, r->keys[i], ML_SCHEMA,
+                               "%s: not a key memledger knows for model_type '%s': it is "
+                               "refused rather than ignored, since it may change what is "
+                               "planned%s%s%s (docs/hf.md lists every key)",
+                               k, type, near ? "; did you mean '" : "", near ? near : "",
+                               near ? "'?" : "");
+        }
+        const ml_node *v = r->items[i];
+        if (e->use == ML_HF_REFUSED_UNLESS && e->ok && !value_is(v, e->ok)) {
+            char accepted[96];
+            size_t a = 0;
+            for (const char *p = e->ok; *p && a + 8 < sizeof accepted; p++)
+                a += (size_t)(*p == '|' ? snprintf(accepted + a, sizeof accepted - a, " or ")
+                                        : snprintf(accepted + a, sizeof accepted - a, "%c", *p));
+            return ml_error_at(err, v, ML_SCHEMA, "%s: %s is refused (accepted: %s): %s", k,
+                               v->type == ML_NODE_SCALAR ? v->text : ml_tree_type_name(v),
+                               accepted, e->note);
+        }
+    }
+    return ML_OK;
+}

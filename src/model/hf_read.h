@@ -1,0 +1,33 @@
+/* Private to the Hugging Face import (hf.c, hf_read.c): reading a
+ * config.json's values with their positions, and checking its keys against
+ * the key table (hf_keys.c). Each reader sets err at the offending node. */
+#ifndef ML_HF_READ_H
+#define ML_HF_READ_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/tree.h"
+
+/* A NULL-terminated list of a key and its aliases, for ml_hf_uint. */
+#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* Absent, or JSON's null. */
+bool ml_hf_is_null(const ml_node *n);
+/* The key of keys (NULL-terminated: a name and its aliases) that is present,
+ * as a whole number in [lo, hi]; required: an error when none is. Two
+ * aliases at once are refused. ML_OK, ML_SCHEMA or ML_RANGE. */
+ml_status ml_hf_uint(ml_error *err, const ml_node *root, const char *const *keys_, bool required,
+                     uint64_t lo, uint64_t hi, uint64_t *out);
+/* true or false; absent or null leaves *out. ML_OK or ML_SCHEMA. */
+ml_status ml_hf_bool(ml_error *err, const ml_node *root, const char *key, bool *out);
+/* A probability in [0, 1]; absent or null leaves *out. ML_OK or ML_SCHEMA. */
+ml_status ml_hf_prob(ml_error *err, const ml_node *root, const char *key, double *out);
+/* A string (borrowed from the tree); absent or null: NULL. ML_OK or ML_SCHEMA. */
+ml_status ml_hf_str(ml_error *err, const ml_node *root, const char *key, const char **out);
+/* Every key of the config is in family fam's table, and a key the table
+ * refuses unless its value is one of its own has such a value; type is the
+ * model_type for messages. ML_OK or ML_SCHEMA. */
+ml_status ml_hf_check_keys(const ml_node *r, unsigned fam, const char *type, ml_error *err);
+
+#endif

@@ -1,0 +1,14 @@
+/* Private to the calibration profile (profile.c, profile_read.c): the lists
+ * a profile's YAML is written from and checked against. */
+#ifndef ML_PROFILE_INTERNAL_H
+#define ML_PROFILE_INTERNAL_H
+
+/* The metadata keys, each a string, in the order a profile is written. */
+#define ML_PROFILE_NMETA 9
+extern const char *const ml_profile_meta_keys[ML_PROFILE_NMETA];
+
+/* The layer kinds a profile may measure (ML_PROFILE_KINDS says them). */
+#define ML_PROFILE_NKINDS 5
+extern const char *const ml_profile_kinds_known[ML_PROFILE_NKINDS];
+
+#endif
