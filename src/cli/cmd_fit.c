@@ -35,6 +35,40 @@ static const char usage[] =
     "2 bad input or usage (or --emit refused), 3 output could not be written,\n"
     "4 --emit wrote settings that lack a part of the plan (named on stderr).\n";
 
+/* The search's request from the flags; 0 or an exit status. */
+static int fit_request(const ml_cli_opts *o, ml_fit_request *req)
+{
+    *req = ml_fit_request_defaults();
+    req->auto_checkpoint = o->auto_checkpoint;
+    int rc = 0;
+    if (o->global_batch &&
+        (rc = ml_cli_whole("--global-batch", o->global_batch, 1, 1ull << 40, &req->global_batch)))
+        return rc;
+    if (o->max_micro_batch && (rc = ml_cli_whole("--max-micro-batch", o->max_micro_batch, 1,
+                                                 1u << 24, &req->max_micro_batch)))
+        return rc;
+    return 0;
+}
+
+/* After the report: why nothing fits, --emit's notes; the exit status. */
+static int fit_status(const ml_cli_opts *o, const ml_fit_result *r, int emit, const char *why)
+{
+    if (!r->fits) {
+        fputs("memledger: ", stderr);
+        ml_cli_put_safe(stderr, r->note, strlen(r->note), false);
+        fputc('\n', stderr);
+    }
+    int rc = r->fits ? ML_EXIT_OK : ML_EXIT_NO_FIT;
+    if (emit == ML_EMIT_PARTIAL) {
+        fprintf(stderr, "memledger: note: --emit %s: not in these settings: ", o->emit);
+        ml_cli_put_safe(stderr, why, strlen(why), false);
+        fputc('\n', stderr);
+        if (rc == ML_EXIT_OK)
+            rc = EXIT_EMIT_PARTIAL;
+    }
+    return rc;
+}
+
 int ml_cmd_fit(int argc, char **argv)
 {
     ml_cli_opts o;
@@ -47,13 +81,8 @@ int ml_cmd_fit(int argc, char **argv)
         rc = ml_cli_fit_lengths(&o, m, &cfg);
         goto out;
     }
-    ml_fit_request req = ml_fit_request_defaults();
-    req.auto_checkpoint = o.auto_checkpoint;
-    if (o.global_batch &&
-        (rc = ml_cli_whole("--global-batch", o.global_batch, 1, 1ull << 40, &req.global_batch)))
-        goto out;
-    if (o.max_micro_batch && (rc = ml_cli_whole("--max-micro-batch", o.max_micro_batch, 1,
-                                                1u << 24, &req.max_micro_batch)))
+    ml_fit_request req;
+    if ((rc = fit_request(&o, &req)))
         goto out;
     ml_fit_result r;
     ml_error e;
@@ -106,21 +135,8 @@ int ml_cmd_fit(int argc, char **argv)
         rc = ml_out_close(&out, w == 0);
     }
     ml_ledger_destroy(chosen);
-    if (rc == 0) {
-        if (!r.fits) {
-            fputs("memledger: ", stderr);
-            ml_cli_put_safe(stderr, r.note, strlen(r.note), false);
-            fputc('\n', stderr);
-        }
-        rc = r.fits ? ML_EXIT_OK : ML_EXIT_NO_FIT;
-        if (emit == ML_EMIT_PARTIAL) {
-            fprintf(stderr, "memledger: note: --emit %s: not in these settings: ", o.emit);
-            ml_cli_put_safe(stderr, why, strlen(why), false);
-            fputc('\n', stderr);
-            if (rc == ML_EXIT_OK)
-                rc = EXIT_EMIT_PARTIAL;
-        }
-    }
+    if (rc == 0)
+        rc = fit_status(&o, &r, emit, why);
 out:
     ml_cli_free(m, &cfg);
     return rc;

@@ -30,8 +30,8 @@ static void num(FILE *f, double v)
         fprintf(f, "%.17g", v);
 }
 
-/* The plan's JSON object without its closing brace. */
-static void json_body(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+/* "model", "params", "config", "plan". */
+static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
 {
     const ml_summary *s = ml_ledger_summary(l);
     const ml_training *t = &cfg->training;
@@ -54,6 +54,11 @@ static void json_body(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     fputs(" \"plan\": ", f);
     ml_json_string(f, s->plan);
     fprintf(f, ", \"plan_fits_budget\": %s,\n", s->plan_fits_budget ? "true" : "false");
+}
+
+/* "calibration": what the profile replaced, or null. */
+static void json_calibration(FILE *f, const ml_config *cfg, const ml_summary *s)
+{
     fputs(" \"calibration\": ", f);
     if (cfg->calib) {
         fputs("{\"profile\": ", f);
@@ -70,6 +75,11 @@ static void json_body(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     } else {
         fputs("null,\n", f);
     }
+}
+
+/* "bytes", "peak", "peaks" and "reserved". */
+static void json_bytes(FILE *f, const ml_config *cfg, const ml_summary *s)
+{
     fprintf(f, " \"bytes\": {\"params\": %llu, \"master_params\": %llu, \"grads\": %llu, "
                "\"optimizer_states\": %llu, \"optimizer_step_temp\": %llu, "
                "\"activations_saved\": %llu, \"peak\": %llu, \"runtime_reserve\": %llu, "
@@ -99,6 +109,11 @@ static void json_body(FILE *f, const ml_model *m, const ml_config *cfg, const ml
                 ml_allocator_name(cfg->device.allocator), s->reserved_oom ? "true" : "false");
     else
         fputs("null", f);
+}
+
+/* "blocks", "flops", "communication", "step_time_s" and "device". */
+static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *s)
+{
     fputs(",\n \"blocks\": [", f);
     size_t n = ml_ledger_block_count(l);
     for (size_t i = 0; i < n; i++) {
@@ -139,6 +154,16 @@ static void json_body(FILE *f, const ml_model *m, const ml_config *cfg, const ml
                 s->fits ? "true" : "false", (long long)s->headroom);
     else
         fputs("null", f);
+}
+
+/* The plan's JSON object without its closing brace. */
+static void json_body(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    json_head(f, m, cfg, l);
+    json_calibration(f, cfg, s);
+    json_bytes(f, cfg, s);
+    json_blocks_and_time(f, l, s);
 }
 
 int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
