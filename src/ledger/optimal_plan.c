@@ -9,6 +9,75 @@
 #include "ledger/replay.h"
 #include "util/error.h"
 
+/* What block k keeps when not checkpointed, boundaries included. */
+static uint64_t keep_of(const ml_chain *ch, size_t k)
+{
+    const ml_cblock *b = &ch->blocks[k];
+    uint64_t out = k + 1 < ch->n && b->out_saved && !ch->blocks[k + 1].in_saved
+                       ? ch->blocks[k + 1].in_bytes
+                       : 0;
+    return b->saved_bytes + (b->in_saved ? b->in_bytes : 0) + out;
+}
+
+/* The sizes every block's constraints share. */
+typedef struct {
+    bool accum;      /* gradients resident all iteration: accumulation, or
+                        zero_grad: zero (backward adds through a transient) */
+    bool gsh;        /* gradients sharded (ZeRO >= 2) */
+    uint64_t N;      /* devices */
+    uint64_t gather; /* ZeRO-3: the largest pair of gathered blocks */
+    uint64_t reduce; /* ZeRO >= 2: the reduce bucket */
+} opt_shared;
+
+/* Block k's gradient as the device holds it. */
+static uint64_t grad_of(const ml_chain *ch, const opt_shared *z, size_t k)
+{
+    return z->gsh ? ml_ceil_div(ch->blocks[k].grad_bytes, z->N) : ch->blocks[k].grad_bytes;
+}
+
+/* The tail (head, loss) above everything kept before it: its forward and
+ * its backward high-water. */
+static uint64_t tail_need(const ml_chain *ch, const opt_shared *z, size_t hi)
+{
+    const size_t n = ch->n;
+    uint64_t tail = 0, kept_tail = 0, g_tail = 0;
+    for (size_t k = hi; k < n; k++) {
+        const ml_cblock *b = &ch->blocks[k];
+        uint64_t out = k + 1 < n ? ch->blocks[k + 1].in_bytes : 0;
+        uint64_t f = kept_tail + b->in_bytes + b->saved_bytes + b->ws_fwd + out;
+        if (f > tail)
+            tail = f;
+        kept_tail += keep_of(ch, k) + (b->in_held && !b->in_saved ? b->in_bytes : 0);
+    }
+    for (size_t k = n; k-- > hi;) {
+        const ml_cblock *b = &ch->blocks[k];
+        uint64_t g = z->accum ? b->grad_accum_bytes : grad_of(ch, z, k);
+        uint64_t bw = kept_tail + b->ws_bwd + g_tail + g + (z->gsh ? b->grad_bytes : 0) + z->reduce;
+        if (bw > tail)
+            tail = bw;
+        g_tail += z->accum ? 0 : grad_of(ch, z, k);
+    }
+    return tail;
+}
+
+/* The shared sizes of a config. */
+static opt_shared shared_of(const ml_chain *ch, const ml_training *t, const ml_summary *res)
+{
+    opt_shared z = {t->grad_accum > 1 || t->zero_grad == ML_ZERO_GRAD_ZERO, t->zero >= 2,
+                    t->data_parallel, 0, 0};
+    if (t->zero >= 3)
+        for (size_t k = 0; k + 1 < ch->n; k++) {
+            uint64_t e = (ch->blocks[k].params + ch->blocks[k + 1].params) * ch->prec.param;
+            if (e > z.gather)
+                z.gather = e;
+        }
+    if (z.gsh) {
+        uint64_t e = t->reduce_bucket < res->params ? t->reduce_bucket : res->params;
+        z.reduce = e * ch->prec.grad;
+    }
+    return z;
+}
+
 /* The chain model of ledger/optimal.h for this chain and config. Quantities
  * are the replay's own (docs/optimal.md, "from the ledger"): the solver's
  * plan is then replayed and checked against the budget. */
@@ -18,11 +87,7 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *
     const ml_chain *ch = x->ch;
     const ml_training *t = &x->cfg->training;
     const size_t n = ch->n;
-    const uint64_t N = t->data_parallel;
-    /* gradients resident all iteration: with accumulation, or never freed
-     * (zero_grad: zero); backward then adds into them through a transient */
-    const bool accum = t->grad_accum > 1 || t->zero_grad == ML_ZERO_GRAD_ZERO,
-               gsh = t->zero >= 2;
+    const opt_shared z = shared_of(ch, t, res);
     size_t lo = n, hi = 0;
     for (size_t k = 0; k < n; k++)
         if (ch->blocks[k].ckpt_index >= 0) {
@@ -34,29 +99,10 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *
     *hi_out = hi;
     /* resident: states, params, and with accumulation every gradient */
     uint64_t R = res->bytes_params + res->bytes_master + res->bytes_optimizer +
-                 (accum ? res->bytes_grads : 0);
-    uint64_t gather = 0; /* ZeRO-3: the largest pair of gathered blocks */
-    if (t->zero >= 3)
-        for (size_t k = 0; k + 1 < n; k++) {
-            uint64_t e = (ch->blocks[k].params + ch->blocks[k + 1].params) * ch->prec.param;
-            if (e > gather)
-                gather = e;
-        }
-    uint64_t reduce = 0;
-    if (gsh) {
-        uint64_t e = t->reduce_bucket < res->params ? t->reduce_bucket : res->params;
-        reduce = e * ch->prec.grad;
-    }
-    /* what a block keeps when not checkpointed, boundaries included */
-#define KEEP(k)                                                                               \
-    (ch->blocks[k].saved_bytes + (ch->blocks[k].in_saved ? ch->blocks[k].in_bytes : 0) +      \
-     ((k) + 1 < n && ch->blocks[k].out_saved && !ch->blocks[(k) + 1].in_saved                 \
-          ? ch->blocks[(k) + 1].in_bytes                                                      \
-          : 0))
-#define GRAD(k) (gsh ? ml_ceil_div(ch->blocks[k].grad_bytes, N) : ch->blocks[k].grad_bytes)
+                 (z.accum ? res->bytes_grads : 0);
     uint64_t E = 0; /* kept by the blocks before the range (embedding) */
     for (size_t k = 0; k < lo; k++)
-        E += KEEP(k);
+        E += keep_of(ch, k);
     /* logits: kept — the model output the loop holds through every block's
      * backward */
     uint64_t held = 0;
@@ -67,48 +113,65 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *
     /* gradients created after block k's backward has started: blocks > k */
     uint64_t later = 0;
     for (size_t k = n; k-- > hi;)
-        later += accum ? 0 : GRAD(k);
+        later += z.accum ? 0 : grad_of(ch, &z, k);
     for (size_t k = hi; k-- > lo;) {
         const ml_cblock *b = &ch->blocks[k];
         ml_opt_block *o = &ob[k - lo];
         uint64_t out = k + 1 < n ? ch->blocks[k + 1].in_bytes : 0;
-        o->keep = KEEP(k);
+        o->keep = keep_of(ch, k);
         o->input = b->in_bytes;
         o->recomp = o->keep - (b->in_saved ? b->in_bytes : 0);
-        o->fwd = b->in_bytes + b->saved_bytes + b->ws_fwd + out + gather;
-        o->fwd_ng = b->in_bytes + b->ws_nograd + out + gather;
-        uint64_t g = accum ? b->grad_accum_bytes : GRAD(k);
-        o->bwd = b->ws_bwd + g + (gsh ? b->grad_bytes : 0) + gather + reduce;
+        o->fwd = b->in_bytes + b->saved_bytes + b->ws_fwd + out + z.gather;
+        o->fwd_ng = b->in_bytes + b->ws_nograd + out + z.gather;
+        uint64_t g = z.accum ? b->grad_accum_bytes : grad_of(ch, &z, k);
+        o->bwd = b->ws_bwd + g + (z.gsh ? b->grad_bytes : 0) + z.gather + z.reduce;
         o->base_b = R + E + held + later;
         o->flops = b->flops_fwd;
-        later += accum ? 0 : GRAD(k);
+        later += z.accum ? 0 : grad_of(ch, &z, k);
     }
-    /* the tail (head, loss): everything kept before it stays live */
-    uint64_t tail = 0, kept_tail = 0, g_tail = 0;
-    for (size_t k = hi; k < n; k++) {
-        const ml_cblock *b = &ch->blocks[k];
-        uint64_t out = k + 1 < n ? ch->blocks[k + 1].in_bytes : 0;
-        uint64_t f = kept_tail + b->in_bytes + b->saved_bytes + b->ws_fwd + out;
-        if (f > tail)
-            tail = f;
-        kept_tail += KEEP(k) + (b->in_held && !b->in_saved ? b->in_bytes : 0);
-    }
-    for (size_t k = n; k-- > hi;) {
-        const ml_cblock *b = &ch->blocks[k];
-        uint64_t g = accum ? b->grad_accum_bytes : GRAD(k);
-        uint64_t bw = kept_tail + b->ws_bwd + g_tail + g + (gsh ? b->grad_bytes : 0) + reduce;
-        if (bw > tail)
-            tail = bw;
-        g_tail += accum ? 0 : GRAD(k);
-    }
-#undef KEEP
-#undef GRAD
     oc->n = hi - lo;
     oc->blk = ob;
     oc->base_f = R + E;
-    oc->base_t = R + E + tail + gather;
+    oc->base_t = R + E + tail_need(ch, &z, hi) + z.gather;
     /* the replay checks the limit's rounding */
     oc->budget = res->budget < res->device_limit ? res->budget : res->device_limit;
+}
+
+/* The chain model found no plan under the line (it is conservative: the
+ * replay can admit what the model rejects): the fixed policy with the least
+ * recompute among those whose replay fits, else the lowest peak. */
+static ml_status fixed_fallback(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err)
+{
+    const ml_chain *ch = x->ch;
+    const size_t n = ch->n;
+    ml_status st = ML_OK;
+    static const ml_checkpoint_kind kinds[] = {ML_CKPT_FULL, ML_CKPT_SQRT, ML_CKPT_EVERY,
+                                               ML_CKPT_EVERY, ML_CKPT_NONE};
+    static const uint32_t every[] = {0, 0, 2, 4, 0};
+    uint64_t best = UINT64_MAX;
+    double best_fit = INFINITY;
+    int *tmp = calloc(n ? n : 1, sizeof *tmp);
+    if (!tmp) {
+        return ml_errorf(err, ML_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        ml_checkpoint cp;
+        memset(&cp, 0, sizeof cp);
+        cp.kind = kinds[i];
+        cp.every = every[i];
+        if ((st = ml_eval_segments(ch, &cp, tmp, err)) || (st = ml_eval_run(x, tmp, false, l, err)))
+            break;
+        if (l->sum.fits && l->sum.flops_recompute < best_fit) {
+            best_fit = l->sum.flops_recompute;
+            *fits = true;
+            memcpy(seg, tmp, n * sizeof *seg);
+        } else if (!*fits && l->sum.peak < best) {
+            best = l->sum.peak;
+            memcpy(seg, tmp, n * sizeof *seg);
+        }
+    }
+    free(tmp);
+    return st;
 }
 
 /* checkpoint: optimal. Solves on the chain model, replays the plan, and
@@ -173,35 +236,6 @@ ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_
         return st;
     if (*fits)
         return ML_OK;
-    /* the chain model found no plan under the line (it is conservative: the
-     * replay can admit what the model rejects): the fixed policy with the
-     * least recompute among those whose replay fits, else the lowest peak */
-    static const ml_checkpoint_kind kinds[] = {ML_CKPT_FULL, ML_CKPT_SQRT, ML_CKPT_EVERY,
-                                               ML_CKPT_EVERY, ML_CKPT_NONE};
-    static const uint32_t every[] = {0, 0, 2, 4, 0};
-    uint64_t best = UINT64_MAX;
-    double best_fit = INFINITY;
-    int *tmp = calloc(n ? n : 1, sizeof *tmp);
-    if (!tmp) {
-        return ml_errorf(err, ML_NOMEM, "out of memory");
-    }
-    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
-        ml_checkpoint cp;
-        memset(&cp, 0, sizeof cp);
-        cp.kind = kinds[i];
-        cp.every = every[i];
-        if ((st = ml_eval_segments(ch, &cp, tmp, err)) || (st = ml_eval_run(x, tmp, false, l, err)))
-            break;
-        if (l->sum.fits && l->sum.flops_recompute < best_fit) {
-            best_fit = l->sum.flops_recompute;
-            *fits = true;
-            memcpy(seg, tmp, n * sizeof *seg);
-        } else if (!*fits && l->sum.peak < best) {
-            best = l->sum.peak;
-            memcpy(seg, tmp, n * sizeof *seg);
-        }
-    }
-    free(tmp);
-    return st;
+    return fixed_fallback(x, seg, l, fits, err);
 }
 
