@@ -131,7 +131,8 @@ static void node_claims(ml_chain *ch, ml_cblock *b, size_t s)
 void ml_ck_node(ml_chain *ch, ml_cblock *b, const char *what, uint64_t grad_in,
                 uint64_t param_grad, uint64_t grad_out, size_t s0, size_t s1)
 {
-    if (!ch->record_nodes)
+    /* a chain that overflowed is refused: no node list for it */
+    if (!ch->record_nodes || ch->overflow)
         return;
     ml_bnode *n = node_append(ch, b);
     if (!n)

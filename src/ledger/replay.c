@@ -9,7 +9,8 @@
 
 static void event(ml_replay *r, ml_category c, int64_t delta)
 {
-    if (delta == 0)
+    /* after an overflow the plan is refused: nothing more to count */
+    if (delta == 0 || r->overflow)
         return;
     ml_summary *s = &r->l->sum;
     if (delta > 0) {
