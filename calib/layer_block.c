@@ -221,5 +221,5 @@ static double block_flops(const layer *l)
            2 * BT * D * D + 4 * BT * D * F;
 }
 
-const layer_ops layer__block_ops = {"transformer_block", block_init, block_forward,
+const layer_ops layer__block_ops = {block_init, block_forward,
                                     block_backward, block_flops};

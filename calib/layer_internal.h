@@ -18,7 +18,6 @@
  * of memory; backward runs after the gradients are allocated and before the
  * kept tensors are freed, and returns dx. */
 typedef struct {
-    const char *name;
     int (*init)(layer *l, tracker *tr);
     tensor (*forward)(layer *l, tracker *tr, tensor *x);
     tensor (*backward)(layer *l, tracker *tr, tensor *dy);

@@ -231,5 +231,5 @@ static double llama_flops(const layer *l)
            2 * BT * D * D + 6 * BT * D * F;
 }
 
-const layer_ops layer__llama_ops = {"llama_block", llama_init, llama_forward, llama_backward,
+const layer_ops layer__llama_ops = {llama_init, llama_forward, llama_backward,
                                     llama_flops};

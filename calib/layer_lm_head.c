@@ -149,5 +149,5 @@ static double lm_head_flops(const layer *l)
     return 2 * BT * D * (double)l->d.V;
 }
 
-const layer_ops layer__lm_head_ops = {"lm_head", lm_head_init, lm_head_forward,
+const layer_ops layer__lm_head_ops = {lm_head_init, lm_head_forward,
                                       lm_head_backward, lm_head_flops};

@@ -56,7 +56,7 @@ static double linear_flops(const layer *l)
     return 2 * BT * D * D;
 }
 
-const layer_ops layer__linear_ops = {"linear", linear_init, linear_forward, linear_backward,
+const layer_ops layer__linear_ops = {linear_init, linear_forward, linear_backward,
                                      linear_flops};
 
 static int mlp_init(layer *l, tracker *tr)
@@ -118,4 +118,4 @@ static double mlp_flops(const layer *l)
     return 4 * BT * D * F;
 }
 
-const layer_ops layer__mlp_ops = {"mlp", mlp_init, mlp_forward, mlp_backward, mlp_flops};
+const layer_ops layer__mlp_ops = {mlp_init, mlp_forward, mlp_backward, mlp_flops};

@@ -19,8 +19,7 @@ static const layer_ops *ops_of(layer_kind kind)
 
 const char *layer_kind_name(layer_kind kind)
 {
-    const layer_ops *ops = ops_of(kind);
-    return ops ? ops->name : NULL;
+    return ml_profile_kind_name((ml_profile_kind_id)kind);
 }
 
 int layer_init(layer *l, layer_kind kind, const layer_dims *d, tracker *tr, uint64_t seed)

@@ -14,21 +14,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "memledger/calib.h"
+
 #include "backend.h"
 #include "layer_kept.h"
 #include "tracker.h"
 
+/* The kinds are the profile's (memledger/calib.h, ml_profile_kind_id):
+ * one list for what is measured and what is read back. */
 typedef enum {
-    LAYER_LINEAR,
-    LAYER_MLP,
-    LAYER_BLOCK,   /* GPT-2 style transformer block */
-    LAYER_LM_HEAD, /* embedding + LM head + cross-entropy */
-    LAYER_LLAMA,   /* Llama-style block */
-    LAYER_KIND_COUNT
+    LAYER_LINEAR = ML_PK_LINEAR,
+    LAYER_MLP = ML_PK_MLP,
+    LAYER_BLOCK = ML_PK_TRANSFORMER_BLOCK, /* GPT-2 style transformer block */
+    LAYER_LM_HEAD = ML_PK_LM_HEAD,         /* embedding + LM head + cross-entropy */
+    LAYER_LLAMA = ML_PK_LLAMA_BLOCK,       /* Llama-style block */
+    LAYER_KIND_COUNT = ML_PK_COUNT
 } layer_kind;
 
-/* The kind's name in profiles and on the command line ("linear", "mlp",
- * "transformer_block", "lm_head", "llama_block"); NULL for no kind. */
+/* The kind's name in profiles and on the command line
+ * (ml_profile_kind_name); NULL for no kind. */
 const char *layer_kind_name(layer_kind kind);
 
 typedef struct {

@@ -86,8 +86,23 @@ typedef struct ml_profile_gemm {
     double tflops;
 } ml_profile_gemm;
 
-/* Layer kinds a profile may hold. */
+/* Layer kinds a profile may hold: the one list, which the calibration
+ * runner's layers are indexed by too. */
+typedef enum ml_profile_kind_id {
+    ML_PK_LINEAR,
+    ML_PK_MLP,
+    ML_PK_TRANSFORMER_BLOCK, /* GPT-2 style */
+    ML_PK_LM_HEAD,           /* embedding + LM head + cross-entropy */
+    ML_PK_LLAMA_BLOCK,       /* Llama style */
+    ML_PK_COUNT
+} ml_profile_kind_id;
 #define ML_PROFILE_KINDS "linear, mlp, transformer_block, lm_head, llama_block"
+
+/* "linear", "mlp", "transformer_block", "lm_head", "llama_block"; NULL out
+ * of range. */
+ML_API const char *ml_profile_kind_name(ml_profile_kind_id k);
+/* The id of a kind's name; false when it is none. */
+ML_API bool ml_profile_kind_parse(const char *name, ml_profile_kind_id *out);
 
 ML_API ml_profile *ml_profile_new(void);
 /* Accepts NULL. */

@@ -38,8 +38,25 @@ struct ml_profile {
     double peak_tflops;
 };
 
-const char *const ml_profile_kinds_known[ML_PROFILE_NKINDS] = {
-    "linear", "mlp", "transformer_block", "lm_head", "llama_block"};
+static const char *const kind_names[ML_PK_COUNT] = {
+    [ML_PK_LINEAR] = "linear",           [ML_PK_MLP] = "mlp",
+    [ML_PK_TRANSFORMER_BLOCK] = "transformer_block", [ML_PK_LM_HEAD] = "lm_head",
+    [ML_PK_LLAMA_BLOCK] = "llama_block"};
+
+const char *ml_profile_kind_name(ml_profile_kind_id k)
+{
+    return (unsigned)k < ML_PK_COUNT ? kind_names[k] : NULL;
+}
+
+bool ml_profile_kind_parse(const char *name, ml_profile_kind_id *out)
+{
+    for (unsigned i = 0; i < ML_PK_COUNT; i++)
+        if (!strcmp(name, kind_names[i])) {
+            *out = (ml_profile_kind_id)i;
+            return true;
+        }
+    return false;
+}
 
 ml_profile *ml_profile_new(void)
 {
@@ -92,9 +109,8 @@ static kindrec *kind_of(ml_profile *p, const char *kind, bool create)
             return &p->kinds[i];
     if (!create || p->nkinds == 8)
         return NULL;
-    bool known = false;
-    for (size_t i = 0; i < ML_PROFILE_NKINDS; i++)
-        known = known || !strcmp(ml_profile_kinds_known[i], kind);
+    ml_profile_kind_id id;
+    bool known = ml_profile_kind_parse(kind, &id);
     if (!known)
         return NULL;
     kindrec *k = &p->kinds[p->nkinds++];
@@ -141,7 +157,8 @@ unsigned ml_profile_dtype_bytes(const ml_profile *p)
  * probabilities, dropout masks) besides those of B*T*D. */
 static bool has_attention(const char *kind)
 {
-    return !strcmp(kind, "transformer_block") || !strcmp(kind, "llama_block");
+    return !strcmp(kind, ml_profile_kind_name(ML_PK_TRANSFORMER_BLOCK)) ||
+           !strcmp(kind, ml_profile_kind_name(ML_PK_LLAMA_BLOCK));
 }
 
 #define FITK_MAX 4
@@ -306,7 +323,7 @@ ml_status ml_profile_fit(ml_profile *p, ml_error *err)
             free(y);
             return ML_NOMEM;
         }
-        bool heads = has_attention(k->kind), lm = !strcmp(k->kind, "lm_head");
+        bool heads = has_attention(k->kind), lm = !strcmp(k->kind, ml_profile_kind_name(ML_PK_LM_HEAD));
         for (size_t j = 0; j < k->n; j++) {
             const ml_profile_point *q = &k->pts[j];
             double T = (double)q->T;

@@ -7,8 +7,4 @@
 #define ML_PROFILE_NMETA 9
 extern const char *const ml_profile_meta_keys[ML_PROFILE_NMETA];
 
-/* The layer kinds a profile may measure (ML_PROFILE_KINDS says them). */
-#define ML_PROFILE_NKINDS 5
-extern const char *const ml_profile_kinds_known[ML_PROFILE_NKINDS];
-
 #endif

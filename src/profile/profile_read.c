@@ -251,14 +251,12 @@ static ml_status read_layers(const ml_node *r, const ml_node *ls, ml_profile *p,
                            "layers: no layer kind; a profile maps layer kinds (%s) to their "
                            "measured points",
                            ML_PROFILE_KINDS);
-    const ml_node *seen[ML_PROFILE_NKINDS] = {NULL};
+    const ml_node *seen[ML_PK_COUNT] = {NULL};
     ml_status st;
     for (size_t i = 0; i < ls->count; i++) {
         const char *kind = ls->keys[i]->text;
-        size_t ki = 0;
-        while (ki < ML_PROFILE_NKINDS && strcmp(ml_profile_kinds_known[ki], kind))
-            ki++;
-        if (ki == ML_PROFILE_NKINDS)
+        ml_profile_kind_id ki;
+        if (!ml_profile_kind_parse(kind, &ki))
             return ml_error_at(err, ls->keys[i], ML_SCHEMA,
                                "layers.%s: unknown layer kind; expected one of: %s", kind,
                                ML_PROFILE_KINDS);

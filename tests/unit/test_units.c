@@ -96,6 +96,16 @@ static void test_checkpoint_policies(void **state)
 static void test_enum_names_round_trip(void **state)
 {
     (void)state;
+    /* the profile's layer kinds: one table (memledger/calib.h) */
+    for (int k = 0; k < ML_PK_COUNT; k++) {
+        ml_profile_kind_id q;
+        assert_true(ml_profile_kind_parse(ml_profile_kind_name((ml_profile_kind_id)k), &q));
+        assert_int_equal(q, k);
+    }
+    assert_string_equal(ml_profile_kind_name(ML_PK_TRANSFORMER_BLOCK), "transformer_block");
+    assert_null(ml_profile_kind_name(ML_PK_COUNT));
+    ml_profile_kind_id none;
+    assert_false(ml_profile_kind_parse("block", &none));
     for (int p = 0; p < ML_PREC_COUNT; p++) {
         ml_precision q;
         assert_true(ml_precision_parse(ml_precision_name((ml_precision)p), &q));
