@@ -184,6 +184,14 @@ static void nodes_close(ml_chain *ch, ml_cblock *b)
     for (size_t s = b->saved_first; s < b->saved_first + b->nsaved; s++)
         if (ch->saved[s].node != ML_NODE_NONE)
             ch->saved[s].node = (uint32_t)(m - 1 - ch->saved[s].node);
+    /* a block like the one before it (the repeated layers) shares its list:
+     * node lists take memory for the distinct blocks only */
+    const ml_cblock *prev = b > ch->blocks ? b - 1 : NULL;
+    if (prev && prev->nnodes == m && prev->node_first + m <= b->node_first &&
+        !memcmp(&ch->nodes[prev->node_first], n, m * sizeof *n)) {
+        ch->nnodes -= m;
+        b->node_first = prev->node_first;
+    }
 }
 
 /* An intermediate that nothing saves. */

@@ -142,7 +142,7 @@ void ml_replay_forward(ml_replay *r)
     r->phase = ML_PHASE_FORWARD;
     r->block = 0;
     boundary_alloc(r, 0, B[0].in_bytes);
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0; k < n && !r->overflow; k++) { /* an overflow ends the plan */
         const ml_cblock *b = &B[k];
         r->phase = b->fwd_phase;
         r->block = (int32_t)k;
@@ -349,7 +349,7 @@ void ml_replay_micro_batch(ml_replay *r)
     r->block = (int32_t)(n - 1);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
     r->grad_carry = 0;
-    for (size_t k = n; k-- > 0;) {
+    for (size_t k = n; k-- > 0 && !r->overflow;) { /* an overflow ends the plan */
         if (by_nodes(r, k))
             backward_nodes(r, k);
         else
