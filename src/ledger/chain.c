@@ -21,9 +21,8 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
 {
     const char *pp = ml_profile_get(p, "precision");
     bool llama = m->norm == ML_NORM_RMSNORM;
-    /* the runner's two block kinds: GPT-2 layout and Llama layout */
-    const ml_profile_kind *k = ml_profile_find(
-        p, ml_profile_kind_name(llama ? ML_PK_LLAMA_BLOCK : ML_PK_TRANSFORMER_BLOCK));
+    const ml_profile_kind_id kid = llama ? ML_PK_LLAMA_BLOCK : ML_PK_TRANSFORMER_BLOCK;
+    const ml_profile_kind *k = ml_profile_find(p, ml_profile_kind_name(kid));
     if (*pp ? strcmp(pp, ml_precision_name(prec)) != 0 : ml_profile_dtype_bytes(p) != ch->prec.a) {
         ch->calib_note = "the profile was measured under another precision policy";
         return;

@@ -138,31 +138,28 @@ void ml_opt_work_destroy(ml_opt_work *w)
     free(w);
 }
 
+/* *v reallocated to n elements of elem bytes; false (and *v unchanged)
+ * when out of memory. */
+static bool resize(void **v, size_t n, size_t elem)
+{
+    void *nv = realloc(*v, n * elem);
+    if (nv)
+        *v = nv;
+    return nv != NULL;
+}
+
 /* Room for the per-block arrays of n blocks and ncell cells, all cells and
  * the pool empty. */
 static bool work_ready(ml_opt_work *w, size_t n, size_t ncell)
 {
-    if (n + 2 > w->capn) {
-        size_t c = n + 2;
-        double *F = realloc(w->F, c * sizeof *F);
-        if (F)
-            w->F = F;
-        uint64_t *a = realloc(w->needF, c * sizeof *a);
-        if (a)
-            w->needF = a;
-        uint64_t *b = realloc(w->needB, c * sizeof *b);
-        if (b)
-            w->needB = b;
-        uint64_t *t = realloc(w->thr, c * sizeof *t);
-        if (t)
-            w->thr = t;
-        bool *o = realloc(w->ok, c * sizeof *o);
-        if (o)
-            w->ok = o;
-        size_t *of = realloc(w->off, c * sizeof *of);
-        if (of)
-            w->off = of;
-        if (!F || !a || !b || !t || !o || !of)
+    if (n + 2 > w->capn) { /* each array keeps what it got if a later one fails */
+        const size_t c = n + 2;
+        if (!resize((void **)&w->F, c, sizeof *w->F) ||
+            !resize((void **)&w->needF, c, sizeof *w->needF) ||
+            !resize((void **)&w->needB, c, sizeof *w->needB) ||
+            !resize((void **)&w->thr, c, sizeof *w->thr) ||
+            !resize((void **)&w->ok, c, sizeof *w->ok) ||
+            !resize((void **)&w->off, c, sizeof *w->off))
             return false;
         w->capn = c;
     }
