@@ -213,6 +213,20 @@ ML_API ml_status ml_parse_size(const char *text, uint64_t *out, ml_error *err);
  * "[0, 3, 6]". Returns ML_OK or ML_USAGE. */
 ML_API ml_status ml_parse_checkpoint(const char *text, ml_checkpoint *out, ml_error *err);
 
+/* The checkpoint policies the planner weighs on its own: fit's
+ * --checkpoint auto, compare's rows (in this order), triage's remedies and
+ * the optimal solver's fallback. `segments` marks the policies that cut the
+ * chain into recomputed segments (not selective, not optimal);
+ * `needs_device` the one that needs a budget. Returns the table and its
+ * length; the table is static and constant. */
+typedef struct ml_checkpoint_candidate {
+    const char *name;  /* as ml_parse_checkpoint reads it */
+    bool segments;
+    bool needs_device;
+} ml_checkpoint_candidate;
+
+ML_API const ml_checkpoint_candidate *ml_checkpoint_candidates(size_t *count);
+
 /* Names as written in YAML and JSON ("amp-bf16", "adamw", "foreach"). */
 ML_API const char *ml_precision_name(ml_precision p);
 ML_API const char *ml_optimizer_name(ml_optimizer o);

@@ -138,35 +138,37 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *
 }
 
 /* The chain model found no plan under the line (it is conservative: the
- * replay can admit what the model rejects): the fixed policy with the least
- * recompute among those whose replay fits, else the lowest peak. */
+ * replay can admit what the model rejects): the segment policy with the
+ * least recompute among those whose replay fits, else the lowest peak (of
+ * equal peaks, the least recompute); of equals, the first in the table. */
 static ml_status fixed_fallback(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err)
 {
     const ml_chain *ch = x->ch;
     const size_t n = ch->n;
     ml_status st = ML_OK;
-    static const ml_checkpoint_kind kinds[] = {ML_CKPT_FULL, ML_CKPT_SQRT, ML_CKPT_EVERY,
-                                               ML_CKPT_EVERY, ML_CKPT_NONE};
-    static const uint32_t every[] = {0, 0, 2, 4, 0};
+    size_t ncand = 0;
+    const ml_checkpoint_candidate *cands = ml_checkpoint_candidates(&ncand);
     uint64_t best = UINT64_MAX;
-    double best_fit = INFINITY;
+    double best_fit = INFINITY, best_rec = INFINITY;
     int *tmp = calloc(n ? n : 1, sizeof *tmp);
     if (!tmp) {
         return ml_errorf(err, ML_NOMEM, "out of memory");
     }
-    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+    for (size_t i = 0; i < ncand; i++) {
+        if (!cands[i].segments)
+            continue;
         ml_checkpoint cp;
-        memset(&cp, 0, sizeof cp);
-        cp.kind = kinds[i];
-        cp.every = every[i];
+        ml_parse_checkpoint(cands[i].name, &cp, NULL);
         if ((st = ml_eval_segments(ch, &cp, tmp, err)) || (st = ml_eval_run(x, tmp, false, l, err)))
             break;
-        if (l->sum.fits && l->sum.flops_recompute < best_fit) {
-            best_fit = l->sum.flops_recompute;
+        const double rec = l->sum.flops_recompute;
+        if (l->sum.fits && rec < best_fit) {
+            best_fit = rec;
             *fits = true;
             memcpy(seg, tmp, n * sizeof *seg);
-        } else if (!*fits && l->sum.peak < best) {
+        } else if (!*fits && (l->sum.peak < best || (l->sum.peak == best && rec < best_rec))) {
             best = l->sum.peak;
+            best_rec = rec;
             memcpy(seg, tmp, n * sizeof *seg);
         }
     }

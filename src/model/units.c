@@ -313,6 +313,17 @@ ml_status ml_parse_checkpoint(const char *text, ml_checkpoint *out, ml_error *er
     return ML_OK;
 }
 
+const ml_checkpoint_candidate *ml_checkpoint_candidates(size_t *count)
+{
+    static const ml_checkpoint_candidate table[] = {
+        {"none", true, false},      {"full", true, false},       {"every-2", true, false},
+        {"every-4", true, false},   {"sqrt", true, false},       {"selective", false, false},
+        {"optimal", false, true},
+    };
+    *count = sizeof table / sizeof table[0];
+    return table;
+}
+
 void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size)
 {
     switch (c->kind) {

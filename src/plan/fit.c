@@ -318,9 +318,9 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
         best.checkpoint = cfg->training.checkpoint;
     } else {
         /* the cheapest policy (recompute FLOPs) that admits the largest
-         * useful micro-batch */
-        static const char *const cands[] = {"none", "selective", "every-4", "every-2",
-                                            "sqrt", "full", "optimal"};
+         * useful micro-batch; of equals, the first in the table */
+        size_t ncand = 0;
+        const ml_checkpoint_candidate *cands = ml_checkpoint_candidates(&ncand);
         bool have = false;
         /* a policy admitting too small a micro-batch for the global batch's
          * steps is passed over; if none admits one, the message of the one
@@ -328,12 +328,12 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
         ml_error over;
         uint64_t over_b = 0;
         bool any_over = false;
-        for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
+        for (size_t i = 0; i < ncand; i++) {
             ml_fit_result r;
             memset(&r, 0, sizeof r);
             s.cfg = *cfg;
             s.accum_over = false;
-            ml_parse_checkpoint(cands[i], &s.cfg.training.checkpoint, NULL);
+            ml_parse_checkpoint(cands[i].name, &s.cfg.training.checkpoint, NULL);
             if ((st = fit_policy(&s, req, &r)) == ML_RANGE && s.accum_over) {
                 if (!any_over || r.max_micro_batch > over_b) {
                     over = *err;
@@ -379,14 +379,14 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
 ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *rows, size_t *nrows,
                      ml_error *err)
 {
-    static const char *const pols[] = {"none", "full", "every-2", "every-4", "sqrt",
-                                       "selective", "optimal"};
+    size_t npol = 0;
+    const ml_checkpoint_candidate *pols = ml_checkpoint_candidates(&npol);
     size_t n = 0;
     double base_total = 0;
-    for (size_t i = 0; i < sizeof pols / sizeof pols[0]; i++) {
+    for (size_t i = 0; i < npol; i++) {
         ml_config c = *cfg;
-        ml_parse_checkpoint(pols[i], &c.training.checkpoint, NULL);
-        if (c.training.checkpoint.kind == ML_CKPT_OPTIMAL && !c.device.present)
+        ml_parse_checkpoint(pols[i].name, &c.training.checkpoint, NULL);
+        if (pols[i].needs_device && !c.device.present)
             continue;
         ml_ledger *l = NULL;
         ml_status st = ml_ledger_evaluate(m, &c, false, &l, err);

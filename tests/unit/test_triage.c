@@ -572,6 +572,27 @@ static void test_names_and_errors(void **state)
                                     ml_remedy_name((ml_remedy_kind)b));
     }
     assert_string_equal(ml_remedy_name(ML_REMEDY_COUNT), "?");
+    /* the checkpoint remedies are the planner's candidate policies, one
+     * each ("none" is no remedy): the two lists cannot drift apart */
+    size_t ncand = 0, ckpt_remedies = 0;
+    const ml_checkpoint_candidate *cand = ml_checkpoint_candidates(&ncand);
+    assert_string_equal(cand[0].name, "none");
+    for (int a = 0; a < ML_REMEDY_COUNT; a++)
+        ckpt_remedies += !strncmp(ml_remedy_name((ml_remedy_kind)a), "checkpoint-", 11);
+    assert_int_equal(ckpt_remedies, ncand - 1);
+    for (size_t i = 1; i < ncand; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "checkpoint-%s", cand[i].name);
+        int found = 0;
+        for (int a = 0; a < ML_REMEDY_COUNT; a++)
+            found += !strcmp(ml_remedy_name((ml_remedy_kind)a), want);
+        assert_int_equal(found, 1);
+        ml_checkpoint ck;
+        assert_int_equal(ml_parse_checkpoint(cand[i].name, &ck, NULL), ML_OK);
+        assert_int_equal(cand[i].needs_device, ck.kind == ML_CKPT_OPTIMAL);
+        assert_int_equal(cand[i].segments,
+                         ck.kind != ML_CKPT_OPTIMAL && ck.kind != ML_CKPT_SELECTIVE);
+    }
     for (int p = 0; p < ML_TRIAGE_PHASE_COUNT; p++) {
         ml_triage_phase q;
         assert_true(ml_triage_phase_parse(ml_triage_phase_name((ml_triage_phase)p), &q));
