@@ -227,6 +227,12 @@ typedef struct ml_checkpoint_candidate {
 
 ML_API const ml_checkpoint_candidate *ml_checkpoint_candidates(size_t *count);
 
+/* The accepted range of a whole-number setting, by its YAML key
+ * ("training.micro_batch", "training.zero"): true and *lo, *hi set, or
+ * false for a key with no such limit. The same numbers the loader and
+ * ml_config_problem apply. */
+ML_API bool ml_config_range(const char *key, uint64_t *lo, uint64_t *hi);
+
 /* Names as written in YAML and JSON ("amp-bf16", "adamw", "foreach"). */
 ML_API const char *ml_precision_name(ml_precision p);
 ML_API const char *ml_optimizer_name(ml_optimizer o);

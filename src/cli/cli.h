@@ -55,6 +55,16 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **m, ml_config *cfg);
 /* Reports a failed evaluation of the model in o (the message names the
  * file, with no position) and returns the exit status for st. */
 int ml_cli_eval_failed(const ml_cli_opts *o, ml_error *e, ml_status st);
+/* The flag of a library key ("training.micro_batch" -> "--micro-batch"),
+ * or NULL (src/cli/flags.c holds the table). */
+const char *ml_cli_flag_of(const char *key);
+/* Rewrites a library message in place in the flags' words: each key in it
+ * becomes its flag, except a leading "KEY:" (the subject) whose value came
+ * from the model file. True when the subject is a flag the user gave. */
+bool ml_cli_decorate(const ml_cli_opts *o, char *msg, size_t size);
+/* Prints a library error about the configuration, decorated: the subject
+ * is a flag, or the key with the model file's name before it. */
+void ml_cli_config_error(const ml_cli_opts *o, ml_error *e);
 /* Frees what ml_cli_load made: the model and the calibration profile. */
 void ml_cli_free(ml_model *m, ml_config *cfg);
 /* Prints "memledger: error: path:line:col: msg", the line and a caret. */

@@ -177,6 +177,9 @@ static int points(int argc, char **argv)
     }
     ml_points_fit r;
     if (ml_points_analyse(p, n, budget, at, &r, &e) != ML_OK) {
+        ml_cli_opts none; /* no training flags: only --at's name */
+        memset(&none, 0, sizeof none);
+        ml_cli_decorate(&none, e.msg, sizeof e.msg);
         snprintf(e.path, sizeof e.path, "%s", path);
         ml_cli_print_error(&e);
         free(p);

@@ -91,6 +91,7 @@ int ml_cmd_fit(int argc, char **argv)
         rc = ml_cli_eval_failed(&o, &e, st);
         goto out;
     }
+    ml_cli_decorate(&o, r.note, sizeof r.note);
     /* --emit: the settings of the chosen point */
     ml_ledger *chosen = NULL;
     ml_config cc = cfg;

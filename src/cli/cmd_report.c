@@ -52,6 +52,8 @@ int ml_cmd_report(int argc, char **argv)
             goto out;
         st = ml_fit(m, &cfg, &req, &fit, &e);
         have_fit = st == ML_OK;
+        if (have_fit)
+            ml_cli_decorate(&o, fit.note, sizeof fit.note);
     }
     if (st) {
         rc = ml_cli_eval_failed(&o, &e, st);

@@ -336,6 +336,16 @@ static int real(const char *flag, const char *v, double lo, double hi, double *o
     return 0;
 }
 
+/* A whole-number flag within its setting's range (ml_config_range). */
+static int limited(const char *v, const char *key, uint64_t *out)
+{
+    uint64_t lo = 0, hi = 0;
+    bool known = ml_config_range(key, &lo, &hi);
+    if (!known)
+        lo = 0, hi = UINT64_MAX;
+    return ml_cli_whole(ml_cli_flag_of(key), v, lo, hi, out);
+}
+
 /* The training flags over the model file's settings: 0, or the exit status
  * of the first bad one (its message printed). */
 static int training_flags(const ml_cli_opts *o, ml_training *t)
@@ -343,11 +353,11 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
     ml_error e;
     int rc = 0;
     if (!rc && o->micro_batch)
-        rc = ml_cli_whole("--micro-batch", o->micro_batch, 1, 1u << 24, &t->micro_batch);
+        rc = limited(o->micro_batch, "training.micro_batch", &t->micro_batch);
     if (!rc && o->seq_len)
-        rc = ml_cli_whole("--seq-len", o->seq_len, 1, 1u << 28, &t->seq_len);
+        rc = limited(o->seq_len, "training.seq_len", &t->seq_len);
     if (!rc && o->grad_accum)
-        rc = ml_cli_whole("--grad-accum", o->grad_accum, 1, 1u << 20, &t->grad_accum);
+        rc = limited(o->grad_accum, "training.grad_accum", &t->grad_accum);
     if (!rc && o->precision && !ml_precision_parse(o->precision, &t->precision))
         rc = bad_flag("--precision", "unknown; use fp32, amp-bf16, amp-fp16, bf16-master, "
                                      "fp16-master or bf16");
@@ -357,21 +367,20 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
     if (!rc && o->optimizer_impl && !ml_optimizer_impl_parse(o->optimizer_impl, &t->optimizer_impl))
         rc = bad_flag("--optimizer-impl", "unknown; use for-loop, foreach or fused");
     if (!rc && o->data_parallel)
-        rc = ml_cli_whole("--data-parallel", o->data_parallel, 1, 1u << 20, &t->data_parallel);
+        rc = limited(o->data_parallel, "training.data_parallel", &t->data_parallel);
     if (!rc && o->zero) {
         uint64_t z = 0;
         if (!strcmp(o->zero, "fsdp"))
             z = 3;
         else
-            rc = ml_cli_whole("--zero", o->zero, 0, 3, &z);
+            rc = limited(o->zero, "training.zero", &z);
         t->zero = (unsigned)z;
     }
     if (!rc && o->reduce_bucket)
-        rc = ml_cli_whole("--reduce-bucket-size", o->reduce_bucket, 1, 1ull << 40,
-                          &t->reduce_bucket);
+        rc = limited(o->reduce_bucket, "training.reduce_bucket_size", &t->reduce_bucket);
     if (!rc && o->allgather_bucket)
-        rc = ml_cli_whole("--allgather-bucket-size", o->allgather_bucket, 1, 1ull << 40,
-                          &t->allgather_bucket);
+        rc = limited(o->allgather_bucket, "training.allgather_bucket_size",
+                     &t->allgather_bucket);
     if (!rc && o->logits) {
         if (!strcmp(o->logits, "kept"))
             t->logits = ML_LOGITS_KEPT;
@@ -392,15 +401,13 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
             rc = bad_flag("--zero-grad", "unknown; use set_to_none or zero");
     }
     if (!rc && o->eval_batch)
-        rc = ml_cli_whole("--eval-batch", o->eval_batch, 1, 1u << 24, &t->eval_batch);
+        rc = limited(o->eval_batch, "training.eval_batch", &t->eval_batch);
     if (!rc && o->eval_seq_len)
-        rc = ml_cli_whole("--eval-seq-len", o->eval_seq_len, 1, 1u << 28, &t->eval_seq_len);
+        rc = limited(o->eval_seq_len, "training.eval_seq_len", &t->eval_seq_len);
     if (!rc && o->eval_seq_len && !t->eval_batch)
         rc = bad_flag("--eval-seq-len", "needs an evaluation pass: add --eval-batch N");
     if (!rc && o->offload && !ml_offload_parse(o->offload, &t->offload))
         rc = bad_flag("--offload", "unknown; use none, optimizer or params");
-    if (!rc && t->offload == ML_OFFLOAD_PARAMS && t->zero != 3)
-        rc = bad_flag("--offload", "params offload needs --zero 3");
     if (!rc && o->checkpoint && !o->auto_checkpoint) {
         memset(&e, 0, sizeof e);
         if (ml_parse_checkpoint(o->checkpoint, &t->checkpoint, &e))
@@ -448,10 +455,6 @@ static int device_flags(const ml_cli_opts *o, ml_device *d)
         rc = ml_cli_whole("--max-split-size", o->max_split_size, 21, 1ull << 40, &mb);
         d->max_split_size = mb << 20;
     }
-    if (!rc && d->present && d->budget > d->memory)
-        rc = bad_flag("--budget", "the budget is above the device memory");
-    if (!rc && d->present && d->runtime_reserve >= d->memory)
-        rc = bad_flag("--runtime-reserve", "the reserve is not below the device memory");
     return rc;
 }
 
@@ -502,9 +505,7 @@ bool ml_cli_start(int argc, char **argv, const char *verb, const char *usage, ml
 
 int ml_cli_eval_failed(const ml_cli_opts *o, ml_error *e, ml_status st)
 {
-    snprintf(e->path, sizeof e->path, "%s", o->model_path);
-    e->line = e->col = 0;
-    ml_cli_print_error(e);
+    ml_cli_config_error(o, e);
     return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
 }
 

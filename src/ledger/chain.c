@@ -53,7 +53,7 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
         const ml_profile_point *q = &k->points[j];
         if (q->F && (double)q->F * (double)ch->c_width != (double)m->ffn * (double)q->D) {
             ch->calib_note = "the profile's blocks were measured at another ffn/hidden ratio "
-                             "(re-measure with memledger-calibrate --ffn F)";
+                             "(re-measure at the model's ffn width: docs/calibration.md)";
             return;
         }
     }

@@ -5,32 +5,28 @@
 #include <stdio.h>
 
 #include "memledger/ledger.h"
+#include "model/limits.h"
 #include "util/error.h"
 
 const char *ml_config_problem(const ml_config *cfg)
 {
     const ml_training *t = &cfg->training;
     const ml_device *dv = &cfg->device;
-    if (t->micro_batch == 0 || t->micro_batch > (1ull << 24))
-        return "training.micro_batch: must be between 1 and 16777216";
-    if (t->seq_len == 0 || t->seq_len > (1ull << 28))
-        return "training.seq_len: must be between 1 and 268435456";
-    if (t->grad_accum == 0 || t->grad_accum > (1ull << 20))
-        return "training.grad_accum: must be between 1 and 1048576";
+    size_t nlim = 0;
+    const ml_uint_limit *lim = ml_uint_limits(&nlim);
+    for (size_t i = 0; i < nlim; i++) {
+        const uint64_t v = ml_uint_limit_get(&lim[i], cfg);
+        if ((v < lim[i].lo || v > lim[i].hi) && !(v == 0 && lim[i].zero_unset))
+            return lim[i].problem;
+    }
     if ((unsigned)t->precision >= ML_PREC_COUNT || (unsigned)t->optimizer >= ML_OPT_COUNT ||
         (unsigned)t->optimizer_impl >= ML_IMPL_COUNT ||
         (unsigned)t->checkpoint.kind >= ML_CKPT_COUNT)
         return "training: unknown precision, optimizer, implementation or checkpoint policy";
-    if (t->data_parallel == 0 || t->data_parallel > (1u << 20))
-        return "training.data_parallel: must be between 1 and 1048576";
-    if (t->zero > 3)
-        return "training.zero: must be 0, 1, 2 or 3";
     if ((unsigned)t->offload >= ML_OFFLOAD_COUNT)
         return "training.offload: unknown";
     if (t->offload == ML_OFFLOAD_PARAMS && t->zero != 3)
-        return "training.offload: params offload needs zero: 3";
-    if (t->reduce_bucket == 0 || t->allgather_bucket == 0)
-        return "training: bucket sizes must be at least 1 element";
+        return "training.offload: params offload needs training.zero 3";
     if ((unsigned)t->logits >= ML_LOGITS_COUNT)
         return "training.logits: unknown; use kept or released";
     if (t->logits == ML_LOGITS_FUSED)
@@ -38,10 +34,6 @@ const char *ml_config_problem(const ml_config *cfg)
                "kept or released";
     if ((unsigned)t->zero_grad >= ML_ZERO_GRAD_COUNT)
         return "training.zero_grad: unknown; use set_to_none or zero";
-    if (t->eval_batch > (1ull << 24))
-        return "training.eval_batch: must be between 1 and 16777216";
-    if (t->eval_seq_len > (1ull << 28))
-        return "training.eval_seq_len: must be between 1 and 268435456";
     if (t->checkpoint.kind == ML_CKPT_EVERY && t->checkpoint.every == 0)
         return "training.checkpoint: every-K needs K >= 1";
     if (t->checkpoint.kind == ML_CKPT_LIST && t->checkpoint.count > ML_CKPT_LIST_MAX)
@@ -57,14 +49,13 @@ const char *ml_config_problem(const ml_config *cfg)
                        "ascending and not overlapping";
     }
     if (t->checkpoint.kind == ML_CKPT_OPTIMAL && !dv->present)
-        return "training.checkpoint: optimal needs a budget: give a device (--device SIZE or a "
-               "device: section)";
+        return "training.checkpoint: optimal needs a budget: give a device (device.memory)";
     if (dv->present && dv->memory == 0)
         return "device.memory: must be at least 1 byte";
     if (dv->present && dv->budget > dv->memory)
-        return "device.budget: above device.memory";
+        return "device.budget: the budget is above the device memory";
     if (dv->present && dv->runtime_reserve >= dv->memory)
-        return "device.runtime_reserve: not below device.memory";
+        return "device.runtime_reserve: the reserve is not below the device memory";
     if (!(dv->efficiency > 0 && dv->efficiency <= 1))
         return "device.efficiency: must be in (0, 1]";
     if (!(dv->fragmentation >= 0 && dv->fragmentation <= 1))

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/limits.h"
 #include "model/schema.h"
 #include "model/shape.h"
 
@@ -189,6 +190,16 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
     return transformer_consistent(err, mm, m);
 }
 
+/* training.KEY within the limits table's range (model/limits.h); a key
+ * whose 0 means "not given" takes 1 and up when written. */
+static ml_status training_uint(ml_error *err, const ml_node *t, const char *key, uint64_t *out)
+{
+    char full[64];
+    snprintf(full, sizeof full, "training.%s", key);
+    const ml_uint_limit *l = ml_uint_limit_of(full);
+    return ml_tree_uint(err, t, key, "training", l->zero_unset ? 1 : l->lo, l->hi, out);
+}
+
 /* training's kinds: logits, zero_grad, the ZeRO stage and offload, the
  * precision and the optimizer with its implementation. */
 static ml_status training_kinds(ml_error *err, const ml_node *t, ml_training *tr)
@@ -213,7 +224,7 @@ static ml_status training_kinds(ml_error *err, const ml_node *t, ml_training *tr
         return st;
     tr->zero_grad = (ml_zero_grad)zg;
     uint64_t zero = tr->zero;
-    if ((st = ml_tree_uint(err, t, "zero", "training", 0, 3, &zero)))
+    if ((st = training_uint(err, t, "zero", &zero)))
         return st;
     tr->zero = (unsigned)zero;
     static const char *const offl[] = {"none", "optimizer", "params"};
@@ -299,17 +310,14 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
         (st = ml_tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
         return st;
     ml_training *tr = &m->config.training;
-    if ((st = ml_tree_uint(err, t, "micro_batch", "training", 1, ML_MAX_BATCH, &tr->micro_batch)) ||
-        (st = ml_tree_uint(err, t, "seq_len", "training", 1, ML_MAX_TOKENS, &tr->seq_len)) ||
-        (st = ml_tree_uint(err, t, "grad_accum", "training", 1, 1u << 20, &tr->grad_accum)) ||
-        (st = ml_tree_uint(err, t, "data_parallel", "training", 1, 1u << 20, &tr->data_parallel)) ||
-        (st = ml_tree_uint(err, t, "reduce_bucket_size", "training", 1, 1ull << 40,
-                           &tr->reduce_bucket)) ||
-        (st = ml_tree_uint(err, t, "allgather_bucket_size", "training", 1, 1ull << 40,
-                           &tr->allgather_bucket)) ||
-        (st = ml_tree_uint(err, t, "eval_batch", "training", 1, ML_MAX_BATCH, &tr->eval_batch)) ||
-        (st = ml_tree_uint(err, t, "eval_seq_len", "training", 1, ML_MAX_TOKENS,
-                           &tr->eval_seq_len)))
+    if ((st = training_uint(err, t, "micro_batch", &tr->micro_batch)) ||
+        (st = training_uint(err, t, "seq_len", &tr->seq_len)) ||
+        (st = training_uint(err, t, "grad_accum", &tr->grad_accum)) ||
+        (st = training_uint(err, t, "data_parallel", &tr->data_parallel)) ||
+        (st = training_uint(err, t, "reduce_bucket_size", &tr->reduce_bucket)) ||
+        (st = training_uint(err, t, "allgather_bucket_size", &tr->allgather_bucket)) ||
+        (st = training_uint(err, t, "eval_batch", &tr->eval_batch)) ||
+        (st = training_uint(err, t, "eval_seq_len", &tr->eval_seq_len)))
         return st;
     if ((st = training_kinds(err, t, tr)))
         return st;

@@ -136,11 +136,11 @@ static ml_status split_batch(search *s, const ml_fit_request *req, ml_fit_result
             most = UINT64_MAX;
         s->accum_over = true;
         return ml_errorf(s->err, ML_RANGE,
-                         "--global-batch %llu: needs %llu accumulation steps of micro-batch %llu "
-                         "(the largest that fits, up to --max-micro-batch) on %llu device%s, "
+                         "global_batch %llu: needs %llu accumulation steps of micro-batch %llu "
+                         "(the largest that fits, up to max_micro_batch) on %llu device%s, "
                          "past the limit of %llu steps (training.grad_accum): the global batch "
                          "can be at most %llu here (micro-batch x %llu x devices); give a "
-                         "smaller --global-batch or more --data-parallel devices",
+                         "smaller global_batch or more devices (training.data_parallel)",
                          (unsigned long long)req->global_batch,
                          (unsigned long long)r->grad_accum,
                          (unsigned long long)r->max_micro_batch, (unsigned long long)dp,
@@ -287,7 +287,7 @@ static ml_status explain(search *s, ml_fit_result *r)
         snprintf(r->note, sizeof r->note,
                  "model states alone need %s per device (params, grads, optimizer states) "
                  "against a budget of %s: checkpointing cannot help; %s or offload the "
-                 "optimizer (--offload optimizer)",
+                 "optimizer (training.offload optimizer)",
                  a, b, shard);
     else
         snprintf(r->note, sizeof r->note,
@@ -306,7 +306,7 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
     memset(err, 0, sizeof *err);
     if (!cfg->device.present) {
         return ml_errorf(err, ML_USAGE,
-                         "fit needs a device: give --device SIZE or a device: section");
+                         "fit needs a device: give device.memory");
     }
     search s = {m, *cfg, 0, err, false};
     ml_fit_result best;

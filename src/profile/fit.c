@@ -380,7 +380,7 @@ ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64
          * not reach down to `at`), not past what a double holds exactly */
         if (!(r.peak_at >= 0) || !(r.peak_at <= POINTS_MAX_FIT))
             return ml_errorf_at(err, ML_RANGE, 0, 0,
-                                "--at %llu: the fit predicts %.4g B there, %s: the straight line "
+                                "points.at %llu: the fit predicts %.4g B there, %s: the straight line "
                                 "through the measurements does not extend to micro-batch %llu; "
                                 "measure nearer it",
                                 (unsigned long long)at, r.peak_at,

@@ -171,6 +171,101 @@ static void test_config_check(void **state)
     assert_non_null(strstr(e.msg, "not modelled yet"));
 }
 
+/* One range per whole-number setting: the YAML loader takes the key at
+ * the top of ml_config_range's range and refuses one more (with the key's
+ * position), and ml_config_problem refuses the same value by the key's
+ * name. The keys written out here, not taken from the table. */
+static void test_config_ranges_agree(void **state)
+{
+    (void)state;
+    static const char *const keys[] = {"micro_batch", "seq_len", "grad_accum",
+                                       "data_parallel", "zero", "reduce_bucket_size",
+                                       "allgather_bucket_size", "eval_batch", "eval_seq_len"};
+    static const char base[] = "name: t\nmodel: {type: decoder, layers: 1, hidden: 8, heads: 2, "
+                               "vocab: 16, max_positions: 8}\n";
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        char key[64], text[512];
+        snprintf(key, sizeof key, "training.%s", keys[i]);
+        uint64_t lo = 0, hi = 0;
+        assert_true(ml_config_range(key, &lo, &hi));
+        assert_true(lo <= hi);
+        const char *extra = strcmp(keys[i], "zero") ? "" : ", data_parallel: 2";
+        for (int over = 0; over <= 1; over++) {
+            int n = snprintf(text, sizeof text, "%straining: {%s: %llu%s}\n", base, keys[i],
+                             (unsigned long long)(hi + (uint64_t)over), extra);
+            ml_model *m = NULL;
+            ml_error e;
+            ml_status st = ml_model_load_string(text, (size_t)n, "r.yaml", &m, &e);
+            if (over) {
+                assert_int_equal(st, ML_RANGE);
+                assert_int_equal(e.line, 3);
+                assert_non_null(strstr(e.msg, key));
+                ml_config c = ml_config_defaults();
+                /* the same value, set through the API */
+                if (!strcmp(keys[i], "zero"))
+                    c.training.zero = (unsigned)(hi + 1);
+                else if (!strcmp(keys[i], "micro_batch"))
+                    c.training.micro_batch = hi + 1;
+                else if (!strcmp(keys[i], "seq_len"))
+                    c.training.seq_len = hi + 1;
+                else if (!strcmp(keys[i], "grad_accum"))
+                    c.training.grad_accum = hi + 1;
+                else if (!strcmp(keys[i], "data_parallel"))
+                    c.training.data_parallel = hi + 1;
+                else if (!strcmp(keys[i], "reduce_bucket_size"))
+                    c.training.reduce_bucket = hi + 1;
+                else if (!strcmp(keys[i], "allgather_bucket_size"))
+                    c.training.allgather_bucket = hi + 1;
+                else if (!strcmp(keys[i], "eval_batch"))
+                    c.training.eval_batch = hi + 1;
+                else
+                    c.training.eval_seq_len = hi + 1;
+                const char *bad = ml_config_problem(&c);
+                assert_non_null(bad);
+                assert_int_equal(strncmp(bad, key, strlen(key)), 0);
+            } else {
+                if (st != ML_OK)
+                    fail_msg("%s at %llu: %s", key, (unsigned long long)hi, e.msg);
+                ml_model_destroy(m);
+            }
+        }
+    }
+    uint64_t lo, hi;
+    assert_false(ml_config_range("training.precision", &lo, &hi));
+}
+
+/* No library message names a command-line flag: the CLI adds the flag's
+ * name (src/cli/flags.c). Every problem ml_config_problem can state. */
+static void test_config_messages_name_keys(void **state)
+{
+    (void)state;
+    ml_config cs[12];
+    for (size_t i = 0; i < 12; i++)
+        cs[i] = ml_config_defaults();
+    cs[0].training.micro_batch = 0;
+    cs[1].training.zero = 4;
+    cs[2].training.offload = ML_OFFLOAD_PARAMS;
+    cs[3].training.checkpoint.kind = ML_CKPT_OPTIMAL;
+    cs[4].device.present = true;
+    cs[4].device.memory = 10;
+    cs[4].device.budget = 11;
+    cs[5].device.present = true;
+    cs[5].device.memory = 10;
+    cs[5].device.runtime_reserve = 10;
+    cs[6].training.checkpoint.kind = ML_CKPT_EVERY;
+    cs[7].training.logits = ML_LOGITS_FUSED;
+    cs[8].device.efficiency = 0;
+    cs[9].device.fragmentation = 2;
+    cs[10].training.eval_seq_len = 1ull << 40;
+    cs[11].training.reduce_bucket = 0;
+    for (size_t i = 0; i < 12; i++) {
+        const char *bad = ml_config_problem(&cs[i]);
+        assert_non_null(bad);
+        if (strstr(bad, "--"))
+            fail_msg("config %zu: '%s' names a flag", i, bad);
+    }
+}
+
 /* The points CSV's limits as a file meets them (docs/calibration.md): the
  * shortest row is 4 bytes, so 1,000,000 rows fit 4 MB, far inside the
  * 16 MiB every input may have; the next row is refused by the row limit, a
@@ -253,6 +348,8 @@ int main(void)
         cmocka_unit_test(test_node_count),        cmocka_unit_test(test_residual_depth),
         cmocka_unit_test(test_value_bounds),      cmocka_unit_test(test_trillion_parameters),
         cmocka_unit_test(test_config_check),
+        cmocka_unit_test(test_config_ranges_agree),
+        cmocka_unit_test(test_config_messages_name_keys),
         cmocka_unit_test(test_points_count),
         cmocka_unit_test(test_points_limits_file),
         cmocka_unit_test(test_yaml_tags),

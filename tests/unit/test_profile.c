@@ -338,7 +338,7 @@ static void test_points_implausible(void **state)
      * from -9000 B; at micro-batch 1 the line gives -8000 B */
     const ml_point steep[] = {{10, 1000, 2}, {20, 11000, 3}};
     assert_int_equal(ml_points_analyse(steep, 2, 0, 1, &r, &e), ML_RANGE);
-    assert_non_null(strstr(e.msg, "--at 1: the fit predicts -8000 B there, below zero"));
+    assert_non_null(strstr(e.msg, "points.at 1: the fit predicts -8000 B there, below zero"));
     assert_int_equal(ml_points_analyse(steep, 2, 0, 10, &r, &e), ML_OK);
     assert_rel_close(r.peak_at, 1000, 1e-12);
     /* a prediction past 2^53 B: 1 PiB per sample at --at 2^24 */

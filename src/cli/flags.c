@@ -1,0 +1,127 @@
+/* The library names a setting by its YAML key ("training.micro_batch") or
+ * its request field ("global_batch"); on the command line the same setting
+ * is a flag. One table maps the two, and ml_cli_decorate rewrites a
+ * library message in the flags' words. */
+#include <ctype.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const struct {
+    const char *key;  /* as the library writes it */
+    const char *flag; /* as the user types it */
+    const char *hint; /* the flag with its value, where a sentence asks for
+                         it; NULL: the flag */
+    size_t given;     /* offset of the flag's raw value in ml_cli_opts; 0: a
+                         flag-only setting, always the flag */
+} table[] = {
+#define OPT(field) offsetof(ml_cli_opts, field)
+    {"training.micro_batch", "--micro-batch", NULL, OPT(micro_batch)},
+    {"training.seq_len", "--seq-len", NULL, OPT(seq_len)},
+    {"training.grad_accum", "--grad-accum", NULL, OPT(grad_accum)},
+    {"training.precision", "--precision", NULL, OPT(precision)},
+    {"training.optimizer", "--optimizer", NULL, OPT(optimizer)},
+    {"training.optimizer_impl", "--optimizer-impl", NULL, OPT(optimizer_impl)},
+    {"training.checkpoint", "--checkpoint", NULL, OPT(checkpoint)},
+    {"training.data_parallel", "--data-parallel", NULL, OPT(data_parallel)},
+    {"training.zero", "--zero", NULL, OPT(zero)},
+    {"training.offload", "--offload", NULL, OPT(offload)},
+    {"training.reduce_bucket_size", "--reduce-bucket-size", NULL, OPT(reduce_bucket)},
+    {"training.allgather_bucket_size", "--allgather-bucket-size", NULL, OPT(allgather_bucket)},
+    {"training.logits", "--logits", NULL, OPT(logits)},
+    {"training.zero_grad", "--zero-grad", NULL, OPT(zero_grad)},
+    {"training.eval_batch", "--eval-batch", NULL, OPT(eval_batch)},
+    {"training.eval_seq_len", "--eval-seq-len", NULL, OPT(eval_seq_len)},
+    {"device.memory", "--device", "--device SIZE or a device: section", OPT(device)},
+    {"device.budget", "--budget", NULL, OPT(budget)},
+    {"device.runtime_reserve", "--runtime-reserve", NULL, OPT(runtime_reserve)},
+    {"device.peak_tflops", "--peak-tflops", NULL, OPT(peak_tflops)},
+    {"device.efficiency", "--efficiency", NULL, OPT(efficiency)},
+    {"device.fragmentation", "--fragmentation", NULL, OPT(fragmentation)},
+    {"device.allocator", "--allocator", NULL, OPT(allocator)},
+    {"device.max_split_size", "--max-split-size", NULL, OPT(max_split_size)},
+    {"global_batch", "--global-batch", NULL, 0},
+    {"max_micro_batch", "--max-micro-batch", NULL, 0},
+    {"points.at", "--at", NULL, 0},
+#undef OPT
+};
+
+#define NKEYS (sizeof table / sizeof table[0])
+
+/* The row of the key spelled by s[0..n), or NKEYS. */
+static size_t find(const char *s, size_t n)
+{
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strlen(table[i].key) == n && !memcmp(table[i].key, s, n))
+            return i;
+    return NKEYS;
+}
+
+static bool given(const ml_cli_opts *o, size_t row)
+{
+    if (!table[row].given)
+        return true;
+    const char *v;
+    memcpy(&v, (const char *)o + table[row].given, sizeof v);
+    return v != NULL;
+}
+
+const char *ml_cli_flag_of(const char *key)
+{
+    size_t row = find(key, strlen(key));
+    return row < NKEYS ? table[row].flag : NULL;
+}
+
+static bool key_char(char c)
+{
+    return islower((unsigned char)c) || isdigit((unsigned char)c) || c == '_' || c == '.';
+}
+
+bool ml_cli_decorate(const ml_cli_opts *o, char *msg, size_t size)
+{
+    char out[sizeof((ml_error *)0)->msg];
+    size_t w = 0;
+    bool from_flag = false;
+    for (size_t r = 0; msg[r];) {
+        size_t n = 0;
+        while (key_char(msg[r + n]))
+            n++;
+        while (n > 1 && msg[r + n - 1] == '.') /* a sentence's full stop */
+            n--;
+        const char *put = msg + r;
+        size_t len = n ? n : 1;
+        size_t row = n ? find(msg + r, n) : NKEYS;
+        if (row < NKEYS) {
+            /* the message's subject ("KEY: ...") is the file's key unless
+             * a flag set it; a key elsewhere is a setting to change, and
+             * the flag changes it */
+            const bool subject = r == 0;
+            if (!subject || given(o, row)) {
+                put = subject || !table[row].hint ? table[row].flag : table[row].hint;
+                len = strlen(put);
+                from_flag |= subject;
+            }
+        }
+        if (w + len < sizeof out) {
+            memcpy(out + w, put, len);
+            w += len;
+        }
+        r += n ? n : 1;
+    }
+    out[w] = '\0';
+    snprintf(msg, size, "%s", out);
+    return from_flag;
+}
+
+void ml_cli_config_error(const ml_cli_opts *o, ml_error *e)
+{
+    const char *file = o->model_path ? o->model_path : o->hf;
+    if (ml_cli_decorate(o, e->msg, sizeof e->msg) || !file)
+        e->path[0] = '\0';
+    else
+        snprintf(e->path, sizeof e->path, "%s", file);
+    e->line = e->col = 0;
+    ml_cli_print_error(e);
+}
