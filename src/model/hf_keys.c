@@ -48,7 +48,7 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
 #define TOKEN_NOTE "a token id: a value, not a size"
 #define DTYPE_NOTE                                                                             \
     "the checkpoint's storage dtype; the training precision comes from the training "         \
-    "settings (--precision)"
+    "settings (training.precision)"
 #define GEN_NOTE "a generation setting: training does not generate"
 #define SUMMARY_NOTE "GPT2DoubleHeadsModel's multiple-choice head; GPT2LMHeadModel has none"
 #define LEGACY_NOTE "a key of Google's original BERT configs that transformers does not read"
