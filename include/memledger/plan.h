@@ -66,6 +66,10 @@ typedef struct ml_compare_row {
     double step_time_s;     /* < 0 when unknown */
     bool has_device;
     bool fits;
+    /* this row fits, and another fitting row recomputes less: the index of
+     * the one that recomputes least (its freed memory is not needed, and
+     * this row's extra step time buys nothing); -1 otherwise */
+    int cheaper;
 } ml_compare_row;
 
 #define ML_COMPARE_ROWS 7
@@ -74,6 +78,20 @@ typedef struct ml_compare_row {
  * at cfg's micro-batch. Writes up to ML_COMPARE_ROWS rows and their count. */
 ML_API ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *rows,
                             size_t *nrows, ml_error *err);
+
+/* The advice a plan gets when its recompute buys memory the run does not
+ * need: a candidate policy (ml_checkpoint_candidates) that fits with less
+ * recompute. cheaper_fits is false when the plan has no device, does not
+ * fit, recomputes nothing, is `optimal`, or no cheaper policy fits. */
+typedef struct ml_advice {
+    bool cheaper_fits;
+    ml_compare_row row; /* the fitting policy that recomputes least */
+} ml_advice;
+
+/* s is cfg's summary (ml_ledger_summary). Evaluates the candidates as
+ * ml_compare does when s has recompute and fits; errors as ml_compare. */
+ML_API ml_status ml_checkpoint_advice(const ml_model *m, const ml_config *cfg, const ml_summary *s,
+                                      ml_advice *out, ml_error *err);
 
 /* triage: what the peak of a configuration that ran out of memory is made
  * of, and every remedy that applies, each re-planned with the ledger and

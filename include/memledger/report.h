@@ -40,6 +40,13 @@ ML_API int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
                               const ml_fit_request *req, const ml_fit_result *r);
 ML_API int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
                               const ml_fit_result *r);
+/* plan's advice when a cheaper checkpoint policy fits too (ml_advice): a
+ * line after the text report (nothing without advice), and the plan's JSON
+ * with an "advice" key (null without). */
+ML_API int ml_report_advice_text(FILE *f, const ml_summary *s, const ml_advice *a);
+ML_API int ml_report_json_advice(FILE *f, const ml_model *m, const ml_config *cfg,
+                                 const ml_ledger *l, const ml_advice *a);
+
 /* compare: text, JSON (an array) and CSV (with a header row). */
 ML_API int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
                                   const ml_compare_row *rows, size_t n);

@@ -37,7 +37,7 @@ int ml_cmd_compare(int argc, char **argv)
     }
     /* the SVG overlays each policy's whole timeline */
     ml_ledger *ls[ML_COMPARE_ROWS] = {0};
-    char names[ML_COMPARE_ROWS][64];
+    char names[ML_COMPARE_ROWS][96];
     const char *np[ML_COMPARE_ROWS];
     if (o.format == ML_FMT_SVG) {
         for (size_t i = 0; i < n && st == ML_OK; i++) {
@@ -45,6 +45,12 @@ int ml_cmd_compare(int argc, char **argv)
             c.training.checkpoint = rows[i].checkpoint;
             st = ml_ledger_evaluate(m, &c, true, &ls[i], &e);
             ml_checkpoint_format(&rows[i].checkpoint, names[i], sizeof names[i]);
+            if (rows[i].cheaper >= 0) { /* its recompute buys nothing here */
+                char cheaper[40];
+                ml_checkpoint_format(&rows[rows[i].cheaper].checkpoint, cheaper, sizeof cheaper);
+                size_t len = strlen(names[i]);
+                snprintf(names[i] + len, sizeof names[i] - len, ", not needed: %s fits", cheaper);
+            }
             np[i] = names[i];
         }
         if (st) {

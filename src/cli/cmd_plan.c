@@ -104,14 +104,26 @@ int ml_cmd_plan(int argc, char **argv)
         ml_cli_free(m, &cfg);
         return ML_EXIT_BAD_INPUT;
     }
+    /* a checkpoint policy whose freed memory is not needed: said with the
+     * report (docs/choosing.md, "When recompute is not worth it") */
+    ml_advice advice;
+    memset(&advice, 0, sizeof advice);
+    if (!o.emit && (st = ml_checkpoint_advice(m, &cfg, ml_ledger_summary(l), &advice, &e))) {
+        rc = ml_cli_eval_failed(&o, &e, st);
+        ml_ledger_destroy(l);
+        ml_cli_free(m, &cfg);
+        return rc;
+    }
     ml_out out;
     rc = ml_out_open(&out, o.output);
     if (!rc && !o.emit && o.format == ML_FMT_TEXT)
         rc = ml_out_text_model(&out, m, &cfg);
     if (rc == 0) {
         int w = o.emit                  ? ml_report_emit(out.f, o.emit, m, &cfg, l)
-                : o.format == ML_FMT_JSON ? ml_report_json(out.f, m, &cfg, l)
+                : o.format == ML_FMT_JSON ? ml_report_json_advice(out.f, m, &cfg, l, &advice)
                                           : ml_report_text(out.f, m, &cfg, l);
+        if (w == 0 && !o.emit && o.format == ML_FMT_TEXT)
+            w = ml_report_advice_text(out.f, ml_ledger_summary(l), &advice);
         rc = ml_out_close(&out, w == 0);
     }
     if (rc == 0) {

@@ -1,4 +1,5 @@
-/* fit and compare: searches and tables over the exact ledger. */
+/* fit: the largest micro-batch and the accumulation steps, a search over the
+ * exact ledger. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -230,6 +231,80 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
     return finish(s, req, r, per);
 }
 
+/* Whether c (micro-batch 1, full checkpointing) fits; ML_NOMEM passes up,
+ * another failure is "does not fit". */
+static ml_status fits_with(search *s, const ml_config *c, bool *fits)
+{
+    ml_ledger *l = NULL;
+    ml_status st = ml_ledger_evaluate(s->m, c, false, &l, s->err);
+    *fits = st == ML_OK && ml_ledger_summary(l)->fits;
+    ml_ledger_destroy(l);
+    return st == ML_NOMEM ? st : ML_OK;
+}
+
+/* The longest seq_len below the configured one at which micro-batch 1
+ * fits (bisection: the peak grows with T), or 0. */
+static ml_status longest_seq(search *s, uint64_t *out)
+{
+    ml_config c = s->cfg;
+    uint64_t lo = 0, hi = c.training.seq_len; /* fits at lo (0: none yet), not at hi */
+    bool ok = false;
+    *out = 0;
+    c.training.seq_len = 1;
+    ml_status st = hi > 1 ? fits_with(s, &c, &ok) : ML_OK;
+    if (st || !ok)
+        return st;
+    lo = 1;
+    while (hi - lo > 1) {
+        c.training.seq_len = lo + (hi - lo) / 2;
+        if ((st = fits_with(s, &c, &ok)))
+            return st;
+        *(ok ? &lo : &hi) = c.training.seq_len;
+    }
+    *out = lo;
+    return ML_OK;
+}
+
+/* The sharding that would make micro-batch 1 fit with full checkpointing:
+ * ZeRO-3 over the devices there are (when not sharded fully yet), else over
+ * the fewest more of them, in powers of two up to training.data_parallel's
+ * limit; "" when sharding cannot help (a single device's share still does
+ * not fit). */
+static ml_status shard_fix(search *s, char *out, size_t size)
+{
+    ml_config c = s->cfg;
+    const uint64_t dp = c.training.data_parallel;
+    const bool sharded = c.training.zero == 3;
+    uint64_t lo = 1, hi = 1;
+    ml_config_range("training.data_parallel", &lo, &hi);
+    out[0] = '\0';
+    c.training.zero = 3;
+    uint64_t first = sharded || dp < 2 ? 2 : dp;
+    while (first <= dp && sharded)
+        first *= 2;
+    /* 4,096 devices at most, or 8x what the run has (the search is the
+     * note's, on a configuration that already does not fit) */
+    const uint64_t most = dp >= 512 && dp * 8 < hi ? dp * 8 : dp >= 512 ? hi : 4096;
+    for (uint64_t n = first; n <= most; n *= 2) {
+        c.training.data_parallel = n;
+        bool fits = false;
+        ml_status st = fits_with(s, &c, &fits);
+        if (st)
+            return st;
+        if (fits) {
+            if (sharded || n > dp)
+                snprintf(out, size, "shard (ZeRO-3) across %llu devices%s",
+                         (unsigned long long)n, dp > 1 ? " (training.data_parallel)" : "");
+            else
+                snprintf(out, size, "shard the model states fully over the %llu devices "
+                                    "(training.zero 3)",
+                         (unsigned long long)n);
+            return ML_OK;
+        }
+    }
+    return ML_OK;
+}
+
 /* Why micro-batch 1 does not fit, and what would help (docs/choosing.md).
  * ML_NOMEM passes up; other failures of an evaluation become the note. */
 static ml_status explain(search *s, ml_fit_result *r)
@@ -263,37 +338,52 @@ static ml_status explain(search *s, ml_fit_result *r)
     ml_format_bytes(x->budget, b, sizeof b);
     bool states_alone = states > x->budget || states + x->runtime_reserve > x->memory;
     ml_ledger_destroy(l);
-    /* how many devices would ZeRO-3 need? */
-    uint64_t need = 0;
+    char fixes[4][192];
+    size_t nf = 0;
     ml_config c = s->cfg;
-    c.training.zero = 3;
-    for (uint64_t n = 2; n <= 4096 && !need; n *= 2) {
-        c.training.data_parallel = n;
-        if ((st = ml_ledger_evaluate(s->m, &c, false, &l, s->err)) == ML_OK) {
-            if (ml_ledger_summary(l)->fits)
-                need = n;
-            ml_ledger_destroy(l);
-        } else if (st == ML_NOMEM) {
-            return st;
-        }
+    bool ok = false;
+    uint64_t tmax = 0;
+    if (!states_alone && (st = longest_seq(s, &tmax)))
+        return st;
+    if (tmax)
+        snprintf(fixes[nf++], sizeof fixes[0], "shorten seq_len to %llu (training.seq_len)",
+                 (unsigned long long)tmax);
+    c.training.precision = ML_PREC_BF16;
+    if (s->cfg.training.precision != ML_PREC_BF16 && (st = fits_with(s, &c, &ok)))
+        return st;
+    if (ok)
+        snprintf(fixes[nf++], sizeof fixes[0], "keep the parameters in bf16 "
+                                               "(training.precision bf16)");
+    if ((st = shard_fix(s, fixes[nf], sizeof fixes[0])))
+        return st;
+    nf += fixes[nf][0] != '\0';
+    c = s->cfg;
+    c.training.offload = ML_OFFLOAD_OPTIMIZER;
+    ok = false;
+    if (s->cfg.training.offload == ML_OFFLOAD_NONE && (st = fits_with(s, &c, &ok)))
+        return st;
+    if (ok)
+        snprintf(fixes[nf++], sizeof fixes[0], "offload the optimizer (training.offload "
+                                               "optimizer)");
+    char list[800] = "";
+    for (size_t k = 0; k < nf; k++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%s%s",
+                 k == 0 ? "" : k + 1 == nf ? (nf > 2 ? ", or " : " or ") : ", ", fixes[k]);
     }
-    char shard[160] = "";
-    if (need)
-        snprintf(shard, sizeof shard, "shard (ZeRO-3) across %llu devices",
-                 (unsigned long long)need);
-    else
-        snprintf(shard, sizeof shard, "shard (ZeRO-3) across many devices");
+    if (!nf)
+        snprintf(list, sizeof list, "no single change makes it fit (memledger triage ranks "
+                                    "them); combine them, or a larger device");
     if (states_alone)
         snprintf(r->note, sizeof r->note,
                  "model states alone need %s per device (params, grads, optimizer states) "
-                 "against a budget of %s: checkpointing cannot help; %s or offload the "
-                 "optimizer (training.offload optimizer)",
-                 a, b, shard);
+                 "against a budget of %s: checkpointing cannot help; %s",
+                 a, b, list);
     else
         snprintf(r->note, sizeof r->note,
                  "micro-batch 1 does not fit even with full checkpointing (model states %s, "
-                 "budget %s): shorten seq_len, use a lower precision, or %s",
-                 a, b, shard);
+                 "budget %s): %s",
+                 a, b, list);
     return ML_OK;
 }
 
@@ -373,46 +463,5 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
         best.evaluations = s.evals;
     }
     *out = best;
-    return ML_OK;
-}
-
-ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *rows, size_t *nrows,
-                     ml_error *err)
-{
-    size_t npol = 0;
-    const ml_checkpoint_candidate *pols = ml_checkpoint_candidates(&npol);
-    size_t n = 0;
-    double base_total = 0;
-    for (size_t i = 0; i < npol; i++) {
-        ml_config c = *cfg;
-        ml_parse_checkpoint(pols[i].name, &c.training.checkpoint, NULL);
-        if (pols[i].needs_device && !c.device.present)
-            continue;
-        ml_ledger *l = NULL;
-        ml_status st = ml_ledger_evaluate(m, &c, false, &l, err);
-        if (st)
-            return st;
-        const ml_summary *s = ml_ledger_summary(l);
-        ml_compare_row *r = &rows[n++];
-        memset(r, 0, sizeof *r);
-        r->checkpoint = c.training.checkpoint;
-        snprintf(r->plan, sizeof r->plan, "%s", s->plan);
-        r->peak = s->peak;
-        r->peak_total = s->peak_total;
-        r->activations_saved = s->bytes_activations;
-        r->flops_recompute = s->flops_recompute;
-        r->flops_total = s->flops_total;
-        if (i == 0)
-            base_total = s->flops_total;
-        r->recompute_pct = base_total > 0 ? 100.0 * s->flops_recompute / base_total : 0;
-        r->step_time_s = s->step_time_s;
-        r->has_device = s->has_device;
-        r->fits = s->has_device ? (r->checkpoint.kind == ML_CKPT_OPTIMAL ? s->plan_fits_budget &&
-                                                                                 s->fits
-                                                                           : s->fits)
-                                : false;
-        ml_ledger_destroy(l);
-    }
-    *nrows = n;
     return ML_OK;
 }

@@ -107,6 +107,34 @@ static void name_of(const ml_compare_row *r, char *buf, size_t size)
     ml_checkpoint_format(&r->checkpoint, buf, size);
 }
 
+/* The rows whose recompute buys memory the run does not need. */
+static void compare_not_needed(FILE *f, const ml_compare_row *rows, size_t n)
+{
+    int cheaper = -1;
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].cheaper >= 0)
+            cheaper = rows[i].cheaper;
+    if (cheaper < 0)
+        return;
+    char name[64], fl[32];
+    fputs("\nNot worth it here:", f);
+    for (size_t i = 0, k = 0; i < n; i++)
+        if (rows[i].cheaper >= 0) {
+            name_of(&rows[i], name, sizeof name);
+            fprintf(f, "%s %s", k++ ? "," : "", name);
+        }
+    const ml_compare_row *c = &rows[cheaper];
+    name_of(c, name, sizeof name);
+    char with[48] = "no recompute";
+    if (c->flops_recompute > 0) {
+        ml_format_flops(c->flops_recompute, fl, sizeof fl);
+        snprintf(with, sizeof with, "%s of recompute", fl);
+    }
+    fprintf(f, " (%s fits too, with %s: their extra recompute buys memory this run does not "
+               "use; a larger micro-batch can use it: memledger fit).\n",
+            name, with);
+}
+
 int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
                            const ml_compare_row *rows, size_t n)
 {
@@ -142,6 +170,7 @@ int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
         if (rows[i].checkpoint.kind == ML_CKPT_OPTIMAL)
             fprintf(f, "\n%s%s\n", rows[i].plan,
                     rows[i].fits ? "" : " (no plan meets the budget: the lowest peak is shown)");
+    compare_not_needed(f, rows, n);
     if (!cfg->device.present)
         fprintf(f, "\n(no device: give --device SIZE for the verdicts and the optimal plan)\n");
     fprintf(f, "\nPeak total includes the runtime reserve. %% of 3F: recompute FLOPs over "
@@ -168,8 +197,15 @@ int ml_report_compare_json(FILE *f, const ml_compare_row *rows, size_t n)
             fprintf(f, "%.17g", r->step_time_s);
         else
             fputs("null", f);
-        fprintf(f, ", \"fits\": %s, \"peak\": %llu}",
+        fprintf(f, ", \"fits\": %s, \"peak\": %llu, \"cheaper_fits\": ",
                 !r->has_device ? "null" : r->fits ? "true" : "false", (unsigned long long)r->peak);
+        if (r->cheaper >= 0) {
+            name_of(&rows[r->cheaper], name, sizeof name);
+            ml_json_string(f, name);
+        } else {
+            fputs("null", f);
+        }
+        fputc('}', f);
     }
     fputs("\n]\n", f);
     return ferror(f) ? -1 : 0;
@@ -179,7 +215,7 @@ int ml_report_compare_csv(FILE *f, const ml_compare_row *rows, size_t n)
 {
     char name[64];
     fputs("checkpoint,peak_total,activations_saved,flops_recompute,recompute_pct,flops_total,"
-          "step_time_s,fits\n", f);
+          "step_time_s,fits,cheaper_fits\n", f);
     for (size_t i = 0; i < n; i++) {
         const ml_compare_row *r = &rows[i];
         name_of(r, name, sizeof name);
@@ -188,7 +224,62 @@ int ml_report_compare_csv(FILE *f, const ml_compare_row *rows, size_t n)
                 r->flops_total);
         if (r->step_time_s >= 0)
             fprintf(f, "%.17g", r->step_time_s);
-        fprintf(f, ",%s\n", !r->has_device ? "" : r->fits ? "true" : "false");
+        fprintf(f, ",%s,", !r->has_device ? "" : r->fits ? "true" : "false");
+        if (r->cheaper >= 0) {
+            name_of(&rows[r->cheaper], name, sizeof name);
+            fputs(name, f);
+        }
+        fputc('\n', f);
     }
+    return ferror(f) ? -1 : 0;
+}
+
+int ml_report_advice_text(FILE *f, const ml_summary *s, const ml_advice *a)
+{
+    if (!a->cheaper_fits)
+        return ferror(f) ? -1 : 0;
+    const ml_compare_row *c = &a->row;
+    char name[64], pt[32], hr[32], fl[32], with[48] = "no recompute";
+    name_of(c, name, sizeof name);
+    if (c->flops_recompute > 0) {
+        ml_format_flops(c->flops_recompute, fl, sizeof fl);
+        snprintf(with, sizeof with, "%s of recompute", fl);
+    }
+    uint64_t budget = s->budget;
+    fprintf(f, "  advice: checkpoint %s fits too (peak total %s, headroom %s) with %s;", name,
+            B(c->peak_total, pt), B(c->peak <= budget ? budget - c->peak : 0, hr), with);
+    ml_format_flops(s->flops_recompute - c->flops_recompute, fl, sizeof fl);
+    const double pct = c->flops_total > 0 ? 100.0 * (s->flops_total - c->flops_total) / c->flops_total
+                                          : 0;
+    fprintf(f, " this plan's extra %s of recompute per iteration (+%.1f%% FLOPs", fl, pct);
+    if (s->step_time_s >= 0 && c->step_time_s >= 0)
+        fprintf(f, ", step time %.4g s against %.4g s", s->step_time_s, c->step_time_s);
+    fputs(") buys memory the run does not use\n", f);
+    return ferror(f) ? -1 : 0;
+}
+
+int ml_report_json_advice(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                          const ml_advice *a)
+{
+    ml_report_json_open(f, m, cfg, l);
+    fputs(",\n \"advice\": ", f);
+    if (a->cheaper_fits) {
+        char name[64];
+        name_of(&a->row, name, sizeof name);
+        fputs("{\"cheaper_fits\": ", f);
+        ml_json_string(f, name);
+        fputs(", \"plan\": ", f);
+        ml_json_string(f, a->row.plan);
+        fprintf(f, ", \"peak_total\": %llu, \"flops_recompute\": %.17g, \"flops_total\": %.17g, "
+                   "\"step_time_s\": ",
+                (unsigned long long)a->row.peak_total, a->row.flops_recompute, a->row.flops_total);
+        if (a->row.step_time_s >= 0)
+            fprintf(f, "%.17g}", a->row.step_time_s);
+        else
+            fputs("null}", f);
+    } else {
+        fputs("null", f);
+    }
+    fputs("}\n", f);
     return ferror(f) ? -1 : 0;
 }

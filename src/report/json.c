@@ -157,7 +157,7 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
 }
 
 /* The plan's JSON object without its closing brace. */
-static void json_body(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+void ml_report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
 {
     const ml_summary *s = ml_ledger_summary(l);
     json_head(f, m, cfg, l);
@@ -168,7 +168,7 @@ static void json_body(FILE *f, const ml_model *m, const ml_config *cfg, const ml
 
 int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
 {
-    json_body(f, m, cfg, l);
+    ml_report_json_open(f, m, cfg, l);
     fputs("}\n", f);
     return ferror(f) ? -1 : 0;
 }
@@ -177,7 +177,7 @@ int ml_report_json_lengths(FILE *f, const ml_model *m, const ml_config *cfg, con
                            const ml_lengths *d, const ml_lengths_request *req,
                            const ml_lengths_result *r)
 {
-    json_body(f, m, cfg, l);
+    ml_report_json_open(f, m, cfg, l);
     fputs(",\n \"lengths\": ", f);
     ml_report_lengths_json_object(f, d, req, r);
     fputs("}\n", f);

@@ -10,6 +10,10 @@
  * characters as \u00XX. */
 void ml_json_string(FILE *f, const char *s);
 
+/* The plan's JSON object (ml_report_json) without its closing brace, for
+ * the writers that add keys after it. */
+void ml_report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l);
+
 /* --emit's verdict on a plan (docs/hf.md, "--emit"). */
 enum { ML_EMIT_EXACT = 0, ML_EMIT_PARTIAL = 1, ML_EMIT_REFUSED = 2 };
 

@@ -135,6 +135,26 @@ static void test_no_fit_explains(void **state)
     assert_non_null(strstr(r.note, "checkpointing cannot help"));
     /* 6.74e9 x 16 B over N devices plus activations must fit 79 GiB: N = 2 */
     assert_non_null(strstr(r.note, "shard (ZeRO-3) across 2 devices"));
+    /* pure bf16 AdamW: 6.74e9 x 8 B = 50.2 GiB fits 79 GiB; offloading the
+     * optimizer leaves 4 B/param on the device */
+    assert_non_null(strstr(r.note, "training.precision bf16"));
+    assert_non_null(strstr(r.note, "training.offload optimizer"));
+    /* already bf16 and sharded 1,024 ways on a 1 GiB device (50.2 MiB of
+     * states each; ZeRO-3's gathered blocks do not fit 768 MiB): no remedy
+     * that is already in place (bf16, ZeRO-3 over 2 devices), no device
+     * count at or below the run's */
+    c.training.precision = ML_PREC_BF16;
+    c.training.zero = 3;
+    c.training.data_parallel = 1024;
+    c.device.memory = 1ull << 30;
+    c.device.runtime_reserve = 256ull << 20;
+    c.device.budget = 0;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_false(r.fits);
+    assert_null(strstr(r.note, "bf16"));
+    assert_null(strstr(r.note, "across 2 devices"));
+    assert_null(strstr(r.note, "across 1024 devices"));
+    assert_non_null(strstr(r.note, "no single change makes it fit"));
     /* no device: a usage error */
     c.device.present = false;
     assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_USAGE);
@@ -196,6 +216,66 @@ static void test_compare_rows(void **state)
     assert_int_equal(ml_compare(m, &c, rows, &n, &e), ML_OK);
     assert_int_equal(n, 6);
     assert_false(rows[0].has_device);
+    ml_model_destroy(m);
+}
+
+/* The advice for a policy whose recompute buys memory the run does not
+ * need: the fitting policy with the least recompute, or none. gpt2-small at
+ * B=8, T=1024 (compare's figures, docs/choosing.md): peak totals none
+ * 22.86 GiB, selective 12.72 GiB, full and every-K 8.2-9.5 GiB, all of
+ * those recomputing the same twelve block forwards. */
+static void test_advice(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    c.training.checkpoint.kind = ML_CKPT_FULL;
+    ml_error e;
+    ml_advice a;
+    ml_ledger *l = NULL;
+    /* 24 GiB: none fits, so full's recompute is not needed */
+    c.device.present = true;
+    c.device.memory = 24ull << 30;
+    c.device.budget = 0;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_OK);
+    assert_int_equal(ml_checkpoint_advice(m, &c, ml_ledger_summary(l), &a, &e), ML_OK);
+    assert_true(a.cheaper_fits);
+    assert_int_equal(a.row.checkpoint.kind, ML_CKPT_NONE);
+    assert_rel_close(a.row.flops_recompute, 0, 0);
+    ml_ledger_destroy(l);
+    /* 16 GiB: none does not fit, selective does and recomputes only the
+     * attention core */
+    c.device.memory = 16ull << 30;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_OK);
+    assert_int_equal(ml_checkpoint_advice(m, &c, ml_ledger_summary(l), &a, &e), ML_OK);
+    assert_true(a.cheaper_fits);
+    assert_int_equal(a.row.checkpoint.kind, ML_CKPT_SELECTIVE);
+    assert_true(a.row.flops_recompute > 0);
+    assert_true(a.row.flops_recompute < ml_ledger_summary(l)->flops_recompute);
+    ml_ledger_destroy(l);
+    /* 10 GiB: the segment policies recompute as much as full; optimal
+     * leaves a block out of its segments and fits with less */
+    c.device.memory = 10ull << 30;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_OK);
+    assert_true(ml_ledger_summary(l)->fits);
+    assert_int_equal(ml_checkpoint_advice(m, &c, ml_ledger_summary(l), &a, &e), ML_OK);
+    assert_true(a.cheaper_fits);
+    assert_int_equal(a.row.checkpoint.kind, ML_CKPT_OPTIMAL);
+    assert_true(a.row.flops_recompute < ml_ledger_summary(l)->flops_recompute);
+    ml_ledger_destroy(l);
+    /* optimal itself gets no advice: it is the least recompute that fits */
+    c.training.checkpoint.kind = ML_CKPT_OPTIMAL;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_OK);
+    assert_int_equal(ml_checkpoint_advice(m, &c, ml_ledger_summary(l), &a, &e), ML_OK);
+    assert_false(a.cheaper_fits);
+    ml_ledger_destroy(l);
+    c.training.checkpoint.kind = ML_CKPT_FULL;
+    /* no device: no verdict, no advice */
+    c.device.present = false;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_OK);
+    assert_int_equal(ml_checkpoint_advice(m, &c, ml_ledger_summary(l), &a, &e), ML_OK);
+    assert_false(a.cheaper_fits);
+    ml_ledger_destroy(l);
     ml_model_destroy(m);
 }
 
@@ -282,6 +362,7 @@ int main(void)
         cmocka_unit_test(test_no_fit_explains),
         cmocka_unit_test(test_auto_checkpoint),
         cmocka_unit_test(test_compare_rows),
+        cmocka_unit_test(test_advice),
         cmocka_unit_test(test_no_fit_overflow),
         cmocka_unit_test(test_global_batch_limit),
     };
