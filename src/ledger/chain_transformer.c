@@ -1,9 +1,9 @@
-/* Transformer chains (GPT-2, Llama, BERT, ViT layouts): the embedding, one
- * block per layer, the head and the loss, each with the storages PyTorch's
- * eager autograd keeps for its backward in the reference implementation
- * named in docs/inventory.md (nanoGPT/HF GPT-2, HF Llama, HF BERT, timm
- * ViT). A storage saved by several ops is listed once, where it is first
- * saved. */
+/* Transformer chains (GPT-2, Llama, Gemma, BERT, ViT layouts): the
+ * embedding, one block per layer, the head and the loss, each with the
+ * storages PyTorch's eager autograd keeps for its backward in the reference
+ * implementation named in docs/inventory.md (nanoGPT/HF GPT-2, HF Llama, HF
+ * Gemma, HF BERT, timm ViT). A storage saved by several ops is listed once,
+ * where it is first saved. */
 #include <stdio.h>
 #include <string.h>
 
@@ -198,8 +198,9 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
 }
 
 /* Pre-norm block: x + attn(norm(x)); x + mlp(norm(x)). GPT-2 (layernorm,
- * fused qkv, masked_fill causal mask), Llama (rmsnorm, separate q/k/v,
- * additive mask, fp32 softmax), ViT (layernorm, fused qkv, no mask). */
+ * fused qkv, masked_fill causal mask), Llama and Gemma (their RMSNorms,
+ * separate q/k/v, additive mask, fp32 softmax), ViT (layernorm, fused qkv,
+ * no mask). */
 static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
     const bool llama = m->norm != ML_NORM_LAYERNORM; /* Llama or Gemma layout */
