@@ -131,7 +131,11 @@ ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, 
     ch->prec = ml_prec_of(cfg->training.precision);
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml_chain_build_sequential(m, cfg, ch)
                                                  : ml_chain_build_transformer(m, cfg, ch, err);
-    if (st == ML_OK && cfg->calib && m->type != ML_MODEL_SEQUENTIAL)
+    /* the runner's blocks are GPT-2's and Llama's: a Gemma block's norm and
+     * MLP keep other tensors (docs/inventory.md), so no profile applies */
+    if (st == ML_OK && cfg->calib && m->norm == ML_NORM_GEMMA_RMSNORM)
+        ch->calib_note = "the runner measures no Gemma blocks ((1 + weight) RMSNorm, GeGLU)";
+    else if (st == ML_OK && cfg->calib && m->type != ML_MODEL_SEQUENTIAL)
         apply_profile(ch, cfg->calib, m, cfg->training.precision);
     if (st == ML_OK && ch->nomem)
         st = ML_NOMEM;

@@ -1,14 +1,64 @@
-/* Transformer chains (GPT-2, Llama, BERT, ViT layouts): the embedding, one
- * block per layer, the head and the loss, each with the storages PyTorch's
- * eager autograd keeps for its backward in the reference implementation
- * named in docs/inventory.md (nanoGPT/HF GPT-2, HF Llama, HF BERT, timm
- * ViT). A storage saved by several ops is listed once, where it is first
- * saved. */
+/* Transformer chains (GPT-2, Llama, Gemma, BERT, ViT layouts): the
+ * embedding, one block per layer, the head and the loss, each with the
+ * storages PyTorch's eager autograd keeps for its backward in the reference
+ * implementation named in docs/inventory.md (nanoGPT/HF GPT-2, HF Llama, HF
+ * Gemma, HF BERT, timm ViT). A storage saved by several ops is listed once,
+ * where it is first saved. */
 #include <stdio.h>
 #include <string.h>
 
 #include "ledger/chain_kit.h"
 #include "util/error.h"
+
+/* The RMSNorms (docs/inventory.md, "Llama block", "Gemma block"): x in
+ * fp32 (x itself, or a copy when the stream is bf16/fp16), pow(2) and the
+ * mul by rsqrt save it; rsqrt saves its result; the scale saves the
+ * normalised h: HF LlamaRMSNorm's weight * h.to(dtype) the cast h, HF
+ * GemmaRMSNorm's h * (1 + weight.float()) the fp32 h and, since h needs a
+ * gradient, the fp32 (1 + weight) vector (D * 4 B); its result is cast back
+ * (.type_as(x): nothing saved). */
+static unsigned rmsnorm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m,
+                            const ml_ck_dims *d, unsigned xflags, uint64_t *params, bool xbuf)
+{
+    const unsigned w = ch->prec.w, g = ch->prec.grad;
+    const bool gemma = m->norm == ML_NORM_GEMMA_RMSNORM;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    uint64_t gD = ml_mul(ch, BTD, w);
+    size_t s0, s1, s2, s3 = SIZE_MAX;
+    if (w == 4)
+        s0 = ml_ck_save(ch, b, "rmsnorm input", BTD, 4, xflags);
+    else
+        s0 = ml_ck_save(ch, b, "rmsnorm fp32 copy of input", BTD, 4, 0);
+    s1 = ml_ck_save(ch, b, "rmsnorm rsqrt", d->BT, 4, 0);
+    if (gemma) {
+        s2 = ml_ck_save(ch, b, "rmsnorm normalised (fp32)", BTD, 4, 0);
+        s3 = ml_ck_save(ch, b, "rmsnorm 1 + weight (fp32)", d->D, 4, 0);
+    } else {
+        s2 = ml_ck_save(ch, b, w == 4 ? "rmsnorm normalised" : "rmsnorm normalised (cast back)",
+                        BTD, w, 0);
+    }
+    *params = d->D;
+    ml_ck_tmp(ch, BTD, w);
+    /* backward, in execution order: the scale (its weight gradient sums
+     * grad * h, a scratch of x's size; Gemma's add of 1 passes it on), x *
+     * rsqrt (the same for rsqrt's), its x gradient into x's buffer (or the
+     * buffer, when none exists); rsqrt; mean (expands to x's size); pow; its
+     * x gradient into the buffer (derivatives.yaml: mul, add, rsqrt, mean,
+     * pow). Recorded for fp32 only, where Gemma's casts are no-ops. */
+    uint64_t gR = ml_mul(ch, d->BT, 4);
+    ml_ck_accum(ch, b, gD);
+    ml_ck_node(ch, b, "PowBackward0 (x^2)", gD, 0, gD, s0, SIZE_MAX);
+    ml_ck_node(ch, b, "MeanBackward1", gD, 0, gR, SIZE_MAX, SIZE_MAX);
+    ml_ck_node(ch, b, "RsqrtBackward0", gR, 0, gR, s1, SIZE_MAX);
+    if (xbuf)
+        ml_ck_accum(ch, b, gD);
+    ml_ck_node(ch, b, "MulBackward0 (x * rsqrt)", ml_add(ch, gD, gR), 0, gD, SIZE_MAX, SIZE_MAX);
+    ml_ck_node_scratch(ch, b, gD);
+    ml_ck_node(ch, b, gemma ? "MulBackward0 (h * (1 + weight))" : "MulBackward0 (weight * h)",
+               gD, ml_mul(ch, d->D, g), gD, s2, s3);
+    ml_ck_node_scratch(ch, b, gD);
+    return w;
+}
 
 /* A norm on x (w bytes per element). Returns the output's bytes per element
  * and sets *params to its parameter count. xbuf: x's gradient buffer exists
@@ -31,37 +81,54 @@ static unsigned norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m,
         ml_ck_node(ch, b, "NativeLayerNormBackward0", gD, ml_mul(ch, *params, g), gD, s0, s1);
         return w;
     }
-    /* HF LlamaRMSNorm: x.to(fp32); pow(2) and mul save x32; rsqrt saves its
-     * result; weight * h.to(dtype) saves the normalised h. */
-    size_t s0, s1, s2;
-    if (w == 4) {
-        s0 = ml_ck_save(ch, b, "rmsnorm input", BTD, 4, xflags);
-        s1 = ml_ck_save(ch, b, "rmsnorm rsqrt", d->BT, 4, 0);
-        s2 = ml_ck_save(ch, b, "rmsnorm normalised", BTD, 4, 0);
-    } else {
-        s0 = ml_ck_save(ch, b, "rmsnorm fp32 copy of input", BTD, 4, 0);
-        s1 = ml_ck_save(ch, b, "rmsnorm rsqrt", d->BT, 4, 0);
-        s2 = ml_ck_save(ch, b, "rmsnorm normalised (cast back)", BTD, w, 0);
+    return rmsnorm_fwd(ch, b, m, d, xflags, params, xbuf);
+}
+
+/* What the MLP's ops keep for its backward (indices in ch->saved,
+ * SIZE_MAX: none, or a storage another op saved). */
+typedef struct {
+    size_t in, act_in, act_out, up, prod;
+} mlp_kept;
+
+/* The gated MLP's saved tensors and parameters: down(act(gate(x)) * up(x)),
+ * act silu (SwiGLU, Llama) or gelu, exact or tanh (GeGLU, Gemma): the
+ * activation saves gate's output (derivatives.yaml: silu, gelu), the mul
+ * its output and up's, down the product. */
+static void glu_saves(ml_chain *ch, ml_cblock *b, const ml_ck_dims *d, bool geglu, bool bias,
+                      mlp_kept *k)
+{
+    const unsigned a = ch->prec.a;
+    uint64_t BTF = ml_mul(ch, d->BT, d->F);
+    k->act_in = ml_ck_save(ch, b, geglu ? "gate projection output (gelu input)"
+                                        : "gate projection output (silu input)", BTF, a, 0);
+    k->act_out = ml_ck_save(ch, b, geglu ? "gelu output" : "silu output", BTF, a, 0);
+    k->up = ml_ck_save(ch, b, "up projection output", BTF, a, 0);
+    k->prod = ml_ck_save(ch, b, "gated product (down input)", BTF, a, 0);
+    ml_ck_param(ch, b, d->D, d->F);
+    ml_ck_param(ch, b, d->D, d->F);
+    ml_ck_param(ch, b, d->F, d->D);
+    if (bias) {
+        ml_ck_param(ch, b, d->F, 0);
+        ml_ck_param(ch, b, d->F, 0);
     }
-    *params = d->D;
-    ml_ck_tmp(ch, BTD, w);
-    /* backward, in execution order: weight * h (its weight gradient sums
-     * grad * h, a scratch of x's size), x * rsqrt (the same for rsqrt's),
-     * its x gradient into x's buffer (or the buffer, when none exists);
-     * rsqrt; mean (expands to x's size); pow; its x gradient into the buffer
-     * (derivatives.yaml: mul, rsqrt, mean, pow) */
-    uint64_t gR = ml_mul(ch, d->BT, 4);
+}
+
+/* The gated MLP's backward nodes, forward order. gate and up read the same
+ * input: up's gradient arrives first and becomes the buffer (unless the
+ * skip holds one, in_buf), gate's is added. gO: the down projection's
+ * output gradient it frees (0: the residual's buffer holds it). */
+static void glu_nodes(ml_chain *ch, ml_cblock *b, const mlp_kept *k, bool geglu, bool in_buf,
+                      uint64_t gD, uint64_t gF, uint64_t pin, uint64_t pout, uint64_t gO)
+{
     ml_ck_accum(ch, b, gD);
-    ml_ck_node(ch, b, "PowBackward0 (x^2)", gD, 0, gD, s0, SIZE_MAX);
-    ml_ck_node(ch, b, "MeanBackward1", gD, 0, gR, SIZE_MAX, SIZE_MAX);
-    ml_ck_node(ch, b, "RsqrtBackward0", gR, 0, gR, s1, SIZE_MAX);
-    if (xbuf)
+    ml_ck_node(ch, b, "MmBackward0 (gate projection)", gD, pin, gF, k->in, SIZE_MAX);
+    ml_ck_node(ch, b, geglu ? "GeluBackward0" : "SiluBackward0", gF, 0, gF, k->act_in, SIZE_MAX);
+    if (in_buf)
         ml_ck_accum(ch, b, gD);
-    ml_ck_node(ch, b, "MulBackward0 (x * rsqrt)", ml_add(ch, gD, gR), 0, gD, SIZE_MAX, SIZE_MAX);
-    ml_ck_node_scratch(ch, b, gD);
-    ml_ck_node(ch, b, "MulBackward0 (weight * h)", gD, ml_mul(ch, d->D, g), gD, s2, SIZE_MAX);
-    ml_ck_node_scratch(ch, b, gD);
-    return w;
+    ml_ck_node(ch, b, "MmBackward0 (up projection)", gD, pin, gF, SIZE_MAX, SIZE_MAX);
+    ml_ck_node(ch, b, geglu ? "MulBackward0 (gelu * up)" : "MulBackward0 (silu * up)",
+               ml_mul(ch, 2, gF), 0, gF, k->act_out, k->up);
+    ml_ck_node(ch, b, "MmBackward0 (down projection)", gF, pout, gO, k->prod, SIZE_MAX);
 }
 
 /* The MLP. in_buf: its input's gradient buffer exists before the MLP's
@@ -72,35 +139,24 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     const unsigned a = ch->prec.a, g = ch->prec.grad;
     uint64_t BTD = ml_mul(ch, d->BT, d->D), BTF = ml_mul(ch, d->BT, d->F);
     uint64_t DF = ml_mul(ch, d->D, d->F);
-    bool glu = m->activation == ML_ACT_SWIGLU;
+    bool glu = m->activation == ML_ACT_SWIGLU || m->activation == ML_ACT_GEGLU;
+    bool geglu = m->activation == ML_ACT_GEGLU;
     bool bias = m->bias || m->mlp_bias;
     unsigned nin = glu ? 2 : 1;
-    size_t s_in = SIZE_MAX, s1 = SIZE_MAX, s2 = SIZE_MAX, s3 = SIZE_MAX, s4 = SIZE_MAX;
+    mlp_kept k = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
     if (ch->prec.autocast && src_bpe == 4) {
         for (unsigned i = 0; i < nin; i++)
             ml_ck_save(ch, b, "MLP input (cast copy)", BTD, 2, 0);
     } else if (!src_saved) {
-        s_in = ml_ck_save(ch, b, "MLP input", BTD, src_bpe, 0);
+        k.in = ml_ck_save(ch, b, "MLP input", BTD, src_bpe, 0);
     }
     for (unsigned i = 0; i < nin + 1; i++)
         ml_ck_weight_copy(ch, b, DF);
     if (glu) {
-        /* down(silu(gate(x)) * up(x)): silu saves gate, mul saves silu and
-         * up, down saves the product */
-        s1 = ml_ck_save(ch, b, "gate projection output (silu input)", BTF, a, 0);
-        s2 = ml_ck_save(ch, b, "silu output", BTF, a, 0);
-        s3 = ml_ck_save(ch, b, "up projection output", BTF, a, 0);
-        s4 = ml_ck_save(ch, b, "gated product (down input)", BTF, a, 0);
-        ml_ck_param(ch, b, d->D, d->F);
-        ml_ck_param(ch, b, d->D, d->F);
-        ml_ck_param(ch, b, d->F, d->D);
-        if (bias) {
-            ml_ck_param(ch, b, d->F, 0);
-            ml_ck_param(ch, b, d->F, 0);
-        }
+        glu_saves(ch, b, d, geglu, bias, &k);
     } else if (m->activation == ML_ACT_GELU) {
-        s1 = ml_ck_save(ch, b, "fc output (gelu input)", BTF, a, 0);
-        s2 = ml_ck_save(ch, b, "gelu output (proj input)", BTF, a, 0);
+        k.act_in = ml_ck_save(ch, b, "fc output (gelu input)", BTF, a, 0);
+        k.act_out = ml_ck_save(ch, b, "gelu output (proj input)", BTF, a, 0);
         ml_ck_param(ch, b, d->D, d->F);
         ml_ck_param(ch, b, d->F, d->D);
         if (bias)
@@ -108,7 +164,7 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     } else {
         /* relu saves its result, which is also the projection's input */
         ml_ck_tmp(ch, BTF, a);
-        s2 = ml_ck_save(ch, b, "relu output (proj input)", BTF, a, 0);
+        k.act_out = ml_ck_save(ch, b, "relu output (proj input)", BTF, a, 0);
         ml_ck_param(ch, b, d->D, d->F);
         ml_ck_param(ch, b, d->F, d->D);
         if (bias)
@@ -124,25 +180,15 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     uint64_t pin = ml_mul(ch, ml_add(ch, DF, bias ? d->F : 0), g);
     uint64_t pout = ml_mul(ch, ml_add(ch, DF, bias ? d->D : 0), g);
     if (glu) {
-        /* gate and up read the same input: up's gradient arrives first and
-         * becomes the buffer (unless the skip holds one), gate's is added */
-        ml_ck_accum(ch, b, gD);
-        ml_ck_node(ch, b, "MmBackward0 (gate projection)", gD, pin, gF, s_in, SIZE_MAX);
-        ml_ck_node(ch, b, "SiluBackward0", gF, 0, gF, s1, SIZE_MAX);
-        if (in_buf)
-            ml_ck_accum(ch, b, gD);
-        ml_ck_node(ch, b, "MmBackward0 (up projection)", gD, pin, gF, SIZE_MAX, SIZE_MAX);
-        ml_ck_node(ch, b, "MulBackward0 (silu * up)", ml_mul(ch, 2, gF), 0, gF, s2, s3);
-        ml_ck_node(ch, b, "MmBackward0 (down projection)", gF, pout, d->drop ? gO : 0, s4,
-                   SIZE_MAX);
+        glu_nodes(ch, b, &k, geglu, in_buf, gD, gF, pin, pout, d->drop ? gO : 0);
     } else {
         if (in_buf)
             ml_ck_accum(ch, b, gD);
-        ml_ck_node(ch, b, "AddmmBackward0 (MLP in)", gD, pin, gF, s_in, SIZE_MAX);
+        ml_ck_node(ch, b, "AddmmBackward0 (MLP in)", gD, pin, gF, k.in, SIZE_MAX);
         ml_ck_node(ch, b, m->activation == ML_ACT_GELU ? "GeluBackward0" : "ReluBackward0", gF,
-                   0, gF, m->activation == ML_ACT_GELU ? s1 : s2, SIZE_MAX);
+                   0, gF, m->activation == ML_ACT_GELU ? k.act_in : k.act_out, SIZE_MAX);
         ml_ck_node(ch, b, "AddmmBackward0 (MLP out)", gF, pout, d->drop ? gO : 0,
-                   m->activation == ML_ACT_GELU ? s2 : SIZE_MAX, SIZE_MAX);
+                   m->activation == ML_ACT_GELU ? k.act_out : SIZE_MAX, SIZE_MAX);
     }
     if (d->drop) {
         size_t s = ml_ck_save(ch, b, "residual dropout mask", BTD, 1, 0);
@@ -152,11 +198,12 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
 }
 
 /* Pre-norm block: x + attn(norm(x)); x + mlp(norm(x)). GPT-2 (layernorm,
- * fused qkv, masked_fill causal mask), Llama (rmsnorm, separate q/k/v,
- * additive mask, fp32 softmax), ViT (layernorm, fused qkv, no mask). */
+ * fused qkv, masked_fill causal mask), Llama and Gemma (their RMSNorms,
+ * separate q/k/v, additive mask, fp32 softmax), ViT (layernorm, fused qkv,
+ * no mask). */
 static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
-    const bool llama = m->norm == ML_NORM_RMSNORM;
+    const bool llama = m->norm != ML_NORM_LAYERNORM; /* Llama or Gemma layout */
     const bool causal = m->type == ML_MODEL_DECODER;
     uint64_t np;
     unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, true);
@@ -262,6 +309,13 @@ static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
     ml_ck_save(ch, b, "token ids (int64)", d->BT, 8, ML_SV_INPUT);
     b->in_bytes = ml_mul(ch, d->BT, 8);
     ml_ck_param(ch, b, d->V, d->D);
+    /* Gemma: embeds * normalizer, sqrt(D) as a 0-dim tensor made without a
+     * device (modeling_gemma.py, GemmaModel.forward): mul saves it for the
+     * embedding's gradient (derivatives.yaml, mul.Tensor: self's gradient is
+     * grad * other), a host tensor on a GPU, so nothing on the device; the
+     * product is the block's output and the lookup's result a transient */
+    if (m->embed_scale)
+        ml_ck_tmp(ch, BTD, w);
     if (m->position == ML_POS_LEARNED) {
         ml_ck_save(ch, b, "position ids (int64)", d->T, 8, 0);
         ml_ck_param(ch, b, m->max_positions, d->D);
@@ -358,7 +412,7 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
      * (1, 1, T, T) tensor expanded over the batch (docs/inventory.md) */
     if (enc && !m->image_size)
         ch->ckpt_side = ml_mul(ch, d->BT, w);
-    else if (!enc && m->norm == ML_NORM_RMSNORM)
+    else if (!enc && m->norm != ML_NORM_LAYERNORM)
         ch->ckpt_side = ml_mul(ch, ml_mul(ch, d->T, d->T), w);
     return ML_OK;
 }

@@ -214,6 +214,43 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
     return ML_OK;
 }
 
+/* GemmaForCausalLM (modeling_gemma.py): Llama's attention (q, k, v, o_proj,
+ * attention_bias, rotary, repeat_kv) with GemmaRMSNorm's (1 + weight) scale
+ * in fp32, a GeGLU MLP, the embeddings times sqrt(hidden_size), a tied head
+ * by default (GemmaConfig). */
+static ml_status map_gemma(const ml_node *r, ml_model *m, ml_error *err)
+{
+    /* transformers versions read hidden_activation (null: gelu_pytorch_tanh)
+     * or hidden_act; exact and tanh GELU are the one F.gelu op, which saves
+     * its input either way, so both keys must name one of the two */
+    static const char *const act_keys[] = {"hidden_activation", "hidden_act"};
+    ml_status st;
+    for (size_t i = 0; i < 2; i++) {
+        const char *v;
+        if ((st = ml_hf_str(err, r, act_keys[i], &v)))
+            return st;
+        if (v && strcmp(v, "gelu") && strcmp(v, "gelu_pytorch_tanh"))
+            return ml_error_at(err, ml_tree_get(r, act_keys[i]), ML_SCHEMA,
+                               "%s: '%s' is not modelled for gemma (gelu or gelu_pytorch_tanh: "
+                               "GeGLU)",
+                               act_keys[i], v);
+    }
+    bool ab = false;
+    m->activation = ML_ACT_GEGLU;
+    m->norm = ML_NORM_GEMMA_RMSNORM;
+    m->prenorm = true;
+    m->position = ML_POS_ROPE;
+    m->bias = false;
+    m->embed_scale = true;
+    m->tied_embeddings = true;
+    m->dropout = 0; /* attention_dropout > 0 is refused by the key table */
+    if ((st = ml_hf_bool(err, r, "attention_bias", &ab)) ||
+        (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+        return st;
+    m->qkv_bias = m->out_bias = ab;
+    return ML_OK;
+}
+
 /* The family model_type names: *t its name, *fam its bit, *f its index in
  * ml_hf_families(); *mt the model_type node (for later messages). */
 static ml_status family_of(const ml_node *r, const ml_node **mt, const char **t, unsigned *fam,
@@ -262,9 +299,9 @@ static ml_status sizes_of(const ml_node *r, const char *t, bool llama, bool vit,
     if ((st = ml_hf_uint(err, r, KEYS("max_position_embeddings", "n_positions"), false, 1,
                          1u << 28, &m->max_positions)))
         return st;
-    /* head_dim: LlamaConfig, MistralConfig and Qwen2's attention read it
-     * (default hidden_size // num_attention_heads); the other families' head
-     * size is hidden / heads, so another value is refused */
+    /* head_dim: LlamaConfig, MistralConfig, GemmaConfig and Qwen2's
+     * attention read it (default hidden_size // num_attention_heads); the
+     * other families' head size is hidden / heads: another value is refused */
     const ml_node *hd = ml_tree_get(r, "head_dim");
     m->head_dim = 0;
     if ((st = ml_hf_uint(err, r, KEYS("head_dim"), false, 1, 1u << 20, &m->head_dim)))
@@ -426,7 +463,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     if ((st = family_of(r, &mt, &t, &fam, &f, err)))
         return st;
     const bool llama = fam & ML_HF_LM3, gpt2 = fam == ML_HF_GPT2, neox = fam == ML_HF_NEOX,
-               bert = fam == ML_HF_BERT, vit = fam == ML_HF_VIT;
+               bert = fam == ML_HF_BERT, vit = fam == ML_HF_VIT, gemma = fam == ML_HF_GEMMA;
     if ((st = ml_hf_check_keys(r, fam, t, err)) || (st = architectures_of(r, f, err)))
         return st;
     m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;
@@ -436,10 +473,12 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     m->kv_cache = m->type == ML_MODEL_DECODER;
     if (m->kv_cache && (st = ml_hf_bool(err, r, "use_cache", &m->kv_cache)))
         return st;
-    if ((st = attention_of(r, m, err)) || (st = sizes_of(r, t, llama, vit, m, err)))
+    if ((st = attention_of(r, m, err)) || (st = sizes_of(r, t, llama || gemma, vit, m, err)))
         return st;
     if (llama)
         st = map_llama(r, t, m, err);
+    else if (gemma)
+        st = map_gemma(r, m, err);
     else if (gpt2)
         st = map_gpt2(r, t, m, err);
     else if (neox)

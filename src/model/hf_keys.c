@@ -22,12 +22,15 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
      "the pooler, dropout and a num_labels classifier on the first token, cross-entropy"},
     {"vit", ML_HF_VIT, "ViTForImageClassification",
      "a num_labels classifier on the class token, cross-entropy"},
+    {"gemma", ML_HF_GEMMA, "GemmaForCausalLM",
+     "a causal LM head over vocab_size (tied by default), cross-entropy"},
 };
 
 /* ---- the key table ------------------------------------------------------ */
 
 #define LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2)
-#define DEC (LM3 | ML_HF_GPT2 | ML_HF_NEOX)
+#define GEM ML_HF_GEMMA
+#define DEC (LM3 | GEM | ML_HF_GPT2 | ML_HF_NEOX)
 #define ENC (ML_HF_BERT | ML_HF_VIT)
 #define ALL (DEC | ENC)
 #define H ML_HF_HONOURED
@@ -39,6 +42,11 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
     "gelu and gelu_pytorch_tanh: the single-op GELU; relu; gelu_new (HF GPT-2's default): "  \
     "planned as the single-op GELU, which saves 3 B·T·F tensors fewer than its composite "    \
     "of elementwise ops (docs/inventory.md); any other value is refused"
+#define GEMMA_ACT_NOTE                                                                         \
+    "gelu or gelu_pytorch_tanh (GeGLU): transformers versions differ in which key they read "  \
+    "(hidden_activation, null meaning gelu_pytorch_tanh, where it exists; hidden_act "          \
+    "elsewhere), and both values are the one F.gelu op, which saves its input either way, so " \
+    "the plan is the same; any other value of either key is refused"
 #define DROP_NOTE                                                                              \
     "a dropout probability: the planner has one switch (masks on the attention "              \
     "probabilities, the residual branches and the embeddings, or none), so values that are "  \
@@ -85,16 +93,16 @@ static const ml_hf_key keys[] = {
     {"max_position_embeddings", ML_HF_GPT2 | ML_HF_BERT, H, NULL,
      "learned positions (max_position_embeddings × D parameters) and the longest sequence "
      "(GPT-2: the alias of n_positions)"},
-    {"max_position_embeddings", LM3 | ML_HF_NEOX, H, NULL,
+    {"max_position_embeddings", LM3 | GEM | ML_HF_NEOX, H, NULL,
      "the default sequence length, the smaller of it and 2048 (rotary positions have no "
      "parameters)"},
-    {"num_key_value_heads", LM3, H, NULL, "Hkv (grouped-query attention); default H"},
-    {"head_dim", LM3, H, NULL,
+    {"num_key_value_heads", LM3 | GEM, H, NULL, "Hkv (grouped-query attention); default H"},
+    {"head_dim", LM3 | GEM, H, NULL,
      "dh: q projects D to H·dh, k and v to Hkv·dh, o_proj H·dh back to D; default D / H"},
     {"head_dim", ML_HF_GPT2 | ML_HF_NEOX | ENC, R, NULL,
      "these families' head size is hidden_size / num_attention_heads: another value is "
      "refused"},
-    {"intermediate_size", LM3 | ML_HF_NEOX | ENC, H, NULL, "F"},
+    {"intermediate_size", LM3 | GEM | ML_HF_NEOX | ENC, H, NULL, "F"},
     {"vocab_size", DEC | ML_HF_BERT, H, NULL, "V"},
     {"type_vocab_size", ML_HF_BERT, H, NULL, "token-type embeddings (default 2)"},
     {"image_size", ML_HF_VIT, H, NULL, "the image side; T = (image_size / patch_size)² + 1"},
@@ -103,8 +111,10 @@ static const ml_hf_key keys[] = {
     /* the layer's layout */
     {"hidden_act", LM3, H, NULL, "silu (SwiGLU); any other value is refused"},
     {"hidden_act", ML_HF_NEOX | ENC, H, NULL, ACT_NOTE},
+    {"hidden_act", GEM, H, NULL, GEMMA_ACT_NOTE},
+    {"hidden_activation", GEM, H, NULL, GEMMA_ACT_NOTE},
     {"activation_function", ML_HF_GPT2, H, NULL, ACT_NOTE},
-    {"attention_bias", ML_HF_LLAMA, H, NULL, "biases on q, k, v and o_proj (default false)"},
+    {"attention_bias", ML_HF_LLAMA | GEM, H, NULL, "biases on q, k, v and o_proj (default false)"},
     {"attention_bias", ML_HF_MISTRAL, R, "false|null",
      "MistralAttention has no biases (it does not read the key)"},
     {"attention_bias", ML_HF_QWEN2, R, "true|null",
@@ -116,7 +126,8 @@ static const ml_hf_key keys[] = {
     {"qkv_bias", ML_HF_VIT, H, NULL, "biases on q, k and v (default true)"},
     {"use_parallel_residual", ML_HF_NEOX, H, NULL, "x + attn(ln1(x)) + mlp(ln2(x)) (default true)"},
     {"tie_word_embeddings", DEC, H, NULL,
-     "the LM head shares the embedding table (default true for gpt2, false for the others)"},
+     "the LM head shares the embedding table (default true for gpt2 and gemma, false for the "
+     "others)"},
     {"tie_word_embeddings", ENC, I, NULL, "the classifier has no output embedding to tie"},
     {"position_embedding_type", ML_HF_BERT, R, "\"absolute\"|null",
      "relative_key and relative_key_query add distance embeddings and B·H·T²·dh products, "
@@ -131,17 +142,17 @@ static const ml_hf_key keys[] = {
     {"scale_attn_by_inverse_layer_idx", ML_HF_GPT2, I, NULL,
      "divides the scores by a Python scalar, which saves nothing"},
     /* positions */
-    {"rope_theta", LM3 | ML_HF_NEOX, I, NULL, ROPE_NOTE},
+    {"rope_theta", LM3 | GEM | ML_HF_NEOX, I, NULL, ROPE_NOTE},
     {"rotary_emb_base", ML_HF_NEOX, I, NULL, ROPE_NOTE},
-    {"rope_scaling", LM3 | ML_HF_NEOX, I, NULL,
+    {"rope_scaling", LM3 | GEM | ML_HF_NEOX, I, NULL,
      "linear, dynamic, yarn, llama3 or longrope rescaling of the rotation's frequencies: "
      "values of the same cos and sin tensors"},
-    {"rope_parameters", LM3 | ML_HF_NEOX, I, NULL,
+    {"rope_parameters", LM3 | GEM | ML_HF_NEOX, I, NULL,
      "rope_theta and rope_scaling in one object (transformers 5): values of the same cos and "
      "sin tensors"},
     {"rotary_pct", ML_HF_NEOX, A, NULL, RAW_ROTARY_NOTE},
     {"partial_rotary_factor", ML_HF_NEOX, A, NULL, RAW_ROTARY_NOTE},
-    {"partial_rotary_factor", LM3, R, "1|null", "these attentions rotate the whole head"},
+    {"partial_rotary_factor", LM3 | GEM, R, "1|null", "these attentions rotate the whole head"},
     /* sliding windows */
     {"sliding_window", ML_HF_MISTRAL, H, NULL,
      "the window (default 4096; null: none); " WINDOW_NOTE},
@@ -153,7 +164,7 @@ static const ml_hf_key keys[] = {
     {"layer_types", ML_HF_QWEN2, H, NULL,
      "full_attention or sliding_attention per layer (instead of max_window_layers)"},
     /* dropout */
-    {"attention_dropout", LM3, R, "0|null",
+    {"attention_dropout", LM3 | GEM, R, "0|null",
      "attention dropout alone is not modelled: the planner's dropout also masks the residual "
      "branches and the embeddings, which these models do not"},
     {"attention_dropout", ML_HF_NEOX, H, NULL, DROP_NOTE},
@@ -181,7 +192,7 @@ static const ml_hf_key keys[] = {
      "the evaluation output holds every layer's keys and values (default true)"},
     {"use_cache", ENC, I, NULL, "BERT and ViT return no cache (BERT only as a decoder, refused)"},
     /* inert per family */
-    {"rms_norm_eps", LM3, I, NULL, EPS_NOTE},
+    {"rms_norm_eps", LM3 | GEM, I, NULL, EPS_NOTE},
     {"layer_norm_eps", ML_HF_NEOX | ENC, I, NULL, EPS_NOTE},
     {"layer_norm_epsilon", ML_HF_GPT2, I, NULL, EPS_NOTE},
     {"n_ctx", ML_HF_GPT2, I, NULL, "the legacy context length; transformers reads n_positions"},
@@ -269,7 +280,9 @@ static const ml_hf_key keys[] = {
     {"n_routed_experts", ALL, R, "0|null", MOE_NOTE},
     {"moe_intermediate_size", ALL, R, "0|null", MOE_NOTE},
     {"shared_expert_intermediate_size", ALL, R, "0|null", MOE_NOTE},
-    {"hidden_activation", ALL, R, "null",
+    {"use_bidirectional_attention", GEM, R, "false|null",
+     "attention without the causal mask (EmbeddingGemma's) is not the causal LM planned"},
+    {"hidden_activation", ALL & ~GEM, R, "null",
      "Gemma's activation key: these families do not read it, the config is Gemma's"},
     {"query_pre_attn_scalar", ALL, R, "null",
      "Gemma 2's score scale: these families do not read it, the config is Gemma 2's"},
@@ -279,6 +292,7 @@ static const ml_hf_key keys[] = {
      "soft-capped logits (tanh) keep other B·T·V tensors, not modelled"},
 };
 
+#undef GEM
 #undef H
 #undef I
 #undef A

@@ -8,8 +8,13 @@
 #include "memledger/model.h"
 
 typedef enum { ML_MODEL_DECODER, ML_MODEL_ENCODER, ML_MODEL_SEQUENTIAL } ml_model_type;
-typedef enum { ML_ACT_GELU, ML_ACT_RELU, ML_ACT_SWIGLU } ml_activation;
-typedef enum { ML_NORM_LAYERNORM, ML_NORM_RMSNORM } ml_norm;
+/* swiglu: down(silu(gate(x)) * up(x)) (Llama); geglu: the same gated MLP with
+ * GELU, exact or tanh-approximated (Gemma): one op that saves its input
+ * either way (docs/inventory.md) */
+typedef enum { ML_ACT_GELU, ML_ACT_RELU, ML_ACT_SWIGLU, ML_ACT_GEGLU } ml_activation;
+/* rmsnorm: HF LlamaRMSNorm, weight * h.to(dtype); gemma_rmsnorm: HF
+ * GemmaRMSNorm, (h * (1 + weight)) in fp32, then cast (docs/inventory.md) */
+typedef enum { ML_NORM_LAYERNORM, ML_NORM_RMSNORM, ML_NORM_GEMMA_RMSNORM } ml_norm;
 typedef enum { ML_POS_LEARNED, ML_POS_ROPE, ML_POS_NONE } ml_position;
 /* eager: the matmul/softmax layout; flash: a fused kernel's inventory;
  * sdpa: scaled_dot_product_attention as PyTorch dispatches it (a fused
@@ -77,6 +82,9 @@ struct ml_model {
     bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, GPT-J) */
     bool kv_cache;          /* the forward returns every layer's keys and values
                                (HF use_cache, on by default for decoders) */
+    bool embed_scale;       /* the embeddings are multiplied by sqrt(hidden) (Gemma's
+                               normalizer, a 0-dim host tensor: saves nothing on the
+                               device) */
     ml_attention attention;
     double dropout;
     /* sequential */
@@ -119,10 +127,11 @@ enum {
     ML_HF_NEOX = 1u << 4,
     ML_HF_BERT = 1u << 5,
     ML_HF_VIT = 1u << 6,
-    ML_HF_FAMILY_COUNT = 7
+    ML_HF_GEMMA = 1u << 7,
+    ML_HF_FAMILY_COUNT = 8
 };
 #define ML_HF_LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2) /* the Llama-layout families */
-#define ML_HF_SUPPORTED "llama, mistral, qwen2, gpt2, gpt_neox, bert, vit"
+#define ML_HF_SUPPORTED "llama, mistral, qwen2, gemma, gpt2, gpt_neox, bert, vit"
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head (hf_keys.c). */

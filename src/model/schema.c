@@ -12,8 +12,8 @@
 #include "model/shape.h"
 
 
-static const char *const act_names[] = {"gelu", "relu", "swiglu"};
-static const char *const norm_names[] = {"layernorm", "rmsnorm"};
+static const char *const act_names[] = {"gelu", "relu", "swiglu", "geglu"};
+static const char *const norm_names[] = {"layernorm", "rmsnorm", "gemma_rmsnorm"};
 static const char *const normpos_names[] = {"pre", "post"};
 static const char *const pos_names[] = {"learned", "rope", "none"};
 static const char *const attn_names[] = {"eager", "flash", "sdpa"};
@@ -113,7 +113,8 @@ static ml_status transformer_options(ml_error *err, const ml_node *mm, ml_model 
     m->qkv_bias = m->bias;
     if ((st = ml_tree_bool(err, mm, "pooler", "model", &m->pooler)) ||
         (st = ml_tree_bool(err, mm, "qkv_bias", "model", &m->qkv_bias)) ||
-        (st = ml_tree_bool(err, mm, "parallel_residual", "model", &m->parallel_residual)))
+        (st = ml_tree_bool(err, mm, "parallel_residual", "model", &m->parallel_residual)) ||
+        (st = ml_tree_bool(err, mm, "embedding_scale", "model", &m->embed_scale)))
         return st;
     return ML_OK;
 }
@@ -182,7 +183,7 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
         "type", "layers", "hidden", "heads", "kv_heads", "ffn", "activation", "norm",
         "norm_position", "vocab", "position", "max_positions", "tied_embeddings", "bias",
         "attention", "dropout", "classes", "pooler", "token_types", "image_size", "patch_size",
-        "channels", "qkv_bias", "parallel_residual", "head_dim"};
+        "channels", "qkv_bias", "parallel_residual", "head_dim", "embedding_scale"};
     ml_status st;
     if ((st = ml_tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))) ||
         (st = transformer_sizes(err, mm, m)) || (st = transformer_options(err, mm, m)))

@@ -33,7 +33,10 @@ TOL = 0.01
 INPLACE = [True]
 # amp-bf16 through CPU autocast; its one difference from CUDA autocast that
 # these models meet is accounted in known_cpu_autocast().
-AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-bert"}
+AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-bert"}
+# Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
+# vectors are 0.15 % of it, under the 1 % tolerance.
+EXACT_MODELS = {"xc-gemma"}
 torch.manual_seed(0)
 
 
@@ -152,6 +155,18 @@ class RMSNorm(nn.Module):
         return s.weight * h.to(dt)
 
 
+class GemmaRMSNorm(nn.Module):
+    def __init__(s, D, eps=1e-6):
+        super().__init__()
+        s.weight = nn.Parameter(torch.zeros(D))
+        s.eps = eps
+
+    def forward(s, x):  # HF GemmaRMSNorm: the scale (1 + w) in fp32, then the cast
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + s.eps)
+        return (h * (1.0 + s.weight.float())).type_as(x)
+
+
 def rotate_half(x):
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
     return torch.cat((-x2, x1), dim=-1)
@@ -159,26 +174,27 @@ def rotate_half(x):
 
 class Llama(nn.Module):
     """HF modeling_llama eager: RMSNorm, rotary, GQA repeat_kv, SwiGLU, untied."""
+    Norm = RMSNorm
 
     def __init__(s, m):
         super().__init__()
         D, H, KV, F_, V = m["hidden"], m["heads"], m.get("kv_heads", m["heads"]), m["ffn"], m["vocab"]
-        s.D, s.H, s.KV, s.dh = D, H, KV, D // H
+        s.D, s.H, s.KV, s.dh = D, H, KV, m.get("head_dim", D // H)
         s.embed = nn.Embedding(V, D)
         s.blocks = nn.ModuleList()
         for _ in range(m["layers"]):
             b = nn.Module()
-            b.ln1 = RMSNorm(D)
+            b.ln1 = s.Norm(D)
             b.q = nn.Linear(D, H * s.dh, bias=False)
             b.k = nn.Linear(D, KV * s.dh, bias=False)
             b.v = nn.Linear(D, KV * s.dh, bias=False)
             b.o = nn.Linear(H * s.dh, D, bias=False)
-            b.ln2 = RMSNorm(D)
+            b.ln2 = s.Norm(D)
             b.gate = nn.Linear(D, F_, bias=False)
             b.up = nn.Linear(D, F_, bias=False)
             b.down = nn.Linear(F_, D, bias=False)
             s.blocks.append(b)
-        s.norm = RMSNorm(D)
+        s.norm = s.Norm(D)
         s.lm_head = nn.Linear(D, V, bias=False)
         s.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, s.dh, 2).float() / s.dh)))
 
@@ -198,16 +214,22 @@ class Llama(nn.Module):
         att = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(s.dh)
         att = att + mask
         att = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
-        y = torch.matmul(att, v).transpose(1, 2).contiguous().reshape(B, T, s.D)
+        y = torch.matmul(att, v).transpose(1, 2).contiguous().reshape(B, T, s.H * s.dh)
         x = x + b.o(y)
         h = b.ln2(x)
-        return x + b.down(F.silu(b.gate(h)) * b.up(h))
+        return x + b.down(s.act(b.gate(h)) * b.up(h))
+
+    def act(s, x):
+        return F.silu(x)
+
+    def embed_tokens(s, idx):
+        return s.embed(idx)
 
     def run(s, rec, batch, ckpt):
         idx, tgt = batch
         B, T = idx.shape
         rec.block = "embedding"
-        x = s.embed(idx)
+        x = s.embed_tokens(idx)
         pos = torch.arange(T)[None].expand(B, T)
         freqs = (s.inv_freq[None, :, None] @ pos[:, None, :].float()).transpose(1, 2)
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -227,6 +249,25 @@ class Llama(nn.Module):
         logits = s.lm_head(s.norm(x))
         rec.block = "loss"
         return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
+
+
+class Gemma(Llama):
+    """HF modeling_gemma eager: Llama's attention (head_dim of its own, MQA)
+    with GemmaRMSNorm, GeGLU with tanh GELU, embeddings times sqrt(D), tied."""
+    Norm = GemmaRMSNorm
+
+    def __init__(s, m):
+        super().__init__(m)
+        s.lm_head.weight = s.embed.weight  # tie_word_embeddings (GemmaConfig: true)
+
+    def act(s, x):
+        return F.gelu(x, approximate="tanh")  # gelu_pytorch_tanh
+
+    def embed_tokens(s, idx):
+        x = s.embed(idx)
+        # GemmaModel.forward: a 0-dim tensor made without a device, which mul
+        # saves (known_1_13: host memory on a GPU)
+        return x * torch.tensor(s.D ** 0.5, dtype=x.dtype)
 
 
 class Bert(nn.Module):
@@ -375,6 +416,8 @@ def build(doc):
         return Sequential(m)
     if m["type"] == "encoder":
         return Bert(m)
+    if m.get("norm", "layernorm") == "gemma_rmsnorm":
+        return Gemma(m)
     if m.get("norm", "layernorm") == "rmsnorm":
         return Llama(m)
     return GPT2(m)
@@ -401,7 +444,7 @@ def known_1_13(doc, B, T):
     """Per-block extra bytes a 1.13 CPU run saves (docs/validation.md)."""
     m = doc["model"]
     extra = {}
-    if m["type"] != "sequential" and m.get("norm") == "rmsnorm":
+    if m["type"] != "sequential" and m.get("norm") in ("rmsnorm", "gemma_rmsnorm"):
         # 1.13's mean backward keeps its input: RMSNorm's x^2, fp32, B*T*D
         x2 = B * T * m["hidden"] * 4
         for i in range(m["layers"]):
@@ -413,6 +456,10 @@ def known_1_13(doc, B, T):
         # lives on the CPU, so on a GPU it is host memory: not in the ledger.
         for i in range(m["layers"]):
             extra["block.%d" % i] = extra.get("block.%d" % i, 0) + 8
+    if m.get("embedding_scale"):
+        # Gemma's sqrt(D) normalizer, a 0-dim fp32 tensor made without a
+        # device, saved by the mul: on a GPU it is host memory
+        extra["embedding"] = extra.get("embedding", 0) + 4
     if m["type"] == "sequential":
         shape = list(m["input"])
         for i, item in enumerate(m["layers"]):
@@ -533,12 +580,13 @@ def main():
                 pred_total = j["bytes"]["activations_saved"] + sum(extra.values())
                 check(name + " params", j["params"], params, 0)
                 check(name + " optimizer states", j["bytes"]["optimizer_states"], states, 0)
-                ok = check(name + " activations saved", pred_total, saved)
+                rel = 0 if doc["name"] in EXACT_MODELS else TOL
+                ok = check(name + " activations saved", pred_total, saved, rel)
                 blocks_ok = True
                 for b in j["blocks"]:
                     pb = b["activations_saved"] + extra.get(b["name"], 0)
                     mb = per_block.get(b["name"], 0)
-                    blocks_ok = check("%s %s" % (name, b["name"]), pb, mb) and blocks_ok
+                    blocks_ok = check("%s %s" % (name, b["name"]), pb, mb, rel) and blocks_ok
                 for k in per_block:
                     if k not in {b["name"] for b in j["blocks"]}:
                         check("%s unattributed block %s" % (name, k), 0, per_block[k], 0)

@@ -278,6 +278,17 @@ def rmsnorm_forward(s, x):  # crosscheck.RMSNorm.forward, tagging 1.13's kept x^
     return s.weight * h.to(dt)
 
 
+def gemma_rmsnorm_forward(s, x):  # crosscheck.GemmaRMSNorm.forward, tagging x^2
+    h = x.float()
+    p = h.pow(2)
+    var = p.mean(-1, keepdim=True)
+    if torch.is_grad_enabled():
+        tag("mean", p)
+    del p
+    h = h * torch.rsqrt(var + s.eps)
+    return (h * (1.0 + s.weight.float())).type_as(x)
+
+
 def avgpool_forward(s, x):  # nn.AdaptiveAvgPool2d(1): 1.13's mean keeps x
     y = F.adaptive_avg_pool2d(x, s.output_size)
     if torch.is_grad_enabled():
@@ -502,6 +513,7 @@ def main():
 
     # (2), (3) the cross-check models
     xc.RMSNorm.forward = rmsnorm_forward
+    xc.GemmaRMSNorm.forward = gemma_rmsnorm_forward
     nn.AdaptiveAvgPool2d.forward = avgpool_forward
     orig_rng = torch.get_rng_state
 
