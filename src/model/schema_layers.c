@@ -1,7 +1,8 @@
 /* The layers of a sequential model in a model file: each `- kind: {...}`
  * entry with its keys checked for its kind, residual bodies and shortcuts
- * nested, and the sequence's shapes checked from model.input through to the
- * loss (shape.c). */
+ * nested, `- repeat: {times: N, layers: [...]}` groups expanded into N
+ * copies as they are read, and the sequence's shapes checked from
+ * model.input through to the loss (shape.c). */
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
@@ -16,7 +17,20 @@ static const char *const layer_names[ML_L_KIND_COUNT] = {
     "linear", "conv2d",  "batchnorm", "layernorm", "relu",     "gelu",      "silu",
     "dropout", "maxpool", "avgpool",   "flatten",   "residual", "embedding", "attention"};
 
-static ml_status parse_layers(ml_error *err, const ml_node *seq, const char *field, ml_layer **out,
+/* What the reading of one model's layers carries down the nesting. */
+typedef struct {
+    ml_error *err;
+    uint64_t made;  /* layers made so far: nested ones and repeat copies included */
+    bool repeated;  /* a repeat was expanded: model.layers[i] counts its copies */
+} lctx;
+
+/* A list of layers being filled: v[0..n) made, cap allocated. */
+typedef struct {
+    ml_layer *v;
+    size_t n, cap;
+} lvec;
+
+static ml_status parse_layers(lctx *c, const ml_node *seq, const char *field, ml_layer **out,
                               size_t *nout, unsigned depth);
 
 /* The layer kind named by key (the entry's one key), or an error naming
@@ -30,9 +44,13 @@ static ml_status layer_kind_of(ml_error *err, const ml_node *key, const char *fi
         if (strcmp(kind, layer_names[k]) == 0)
             break;
     if (k == ML_L_KIND_COUNT) {
-        const char *near = ml_closest_name(kind, layer_names, ML_L_KIND_COUNT);
-        char list[300];
-        ml_join_names(list, sizeof list, layer_names, ML_L_KIND_COUNT);
+        /* repeat is no layer kind but is written where one is */
+        const char *names[ML_L_KIND_COUNT + 1];
+        memcpy(names, layer_names, sizeof layer_names);
+        names[ML_L_KIND_COUNT] = "repeat";
+        const char *near = ml_closest_name(kind, names, ML_L_KIND_COUNT + 1);
+        char list[320];
+        ml_join_names(list, sizeof list, names, ML_L_KIND_COUNT + 1);
         if (near)
             return ml_error_at(err, key, ML_SCHEMA,
                                "%s: unknown layer kind '%s'; did you mean '%s'?", field, kind,
@@ -45,12 +63,13 @@ static ml_status layer_kind_of(ml_error *err, const ml_node *key, const char *fi
 }
 
 /* A residual group: a list (its body), or {body, shortcut}. f names it. */
-static ml_status parse_residual(ml_error *err, const ml_node *p, const char *f, ml_layer *l,
+static ml_status parse_residual(lctx *c, const ml_node *p, const char *f, ml_layer *l,
                                 unsigned depth)
 {
+    ml_error *err = c->err;
     ml_status st;
     if (p->type == ML_NODE_SEQ)
-        return parse_layers(err, p, f, &l->body, &l->nbody, depth + 1);
+        return parse_layers(c, p, f, &l->body, &l->nbody, depth + 1);
     if ((st = ml_tree_need_map(err, p, f)))
         return st;
     static const char *const rk[] = {"body", "shortcut"};
@@ -64,11 +83,11 @@ static ml_status parse_residual(ml_error *err, const ml_node *p, const char *f, 
                            f);
     char fb[160];
     snprintf(fb, sizeof fb, "%s.body", f);
-    if ((st = parse_layers(err, body, fb, &l->body, &l->nbody, depth + 1)))
+    if ((st = parse_layers(c, body, fb, &l->body, &l->nbody, depth + 1)))
         return st;
     if (sc) {
         snprintf(fb, sizeof fb, "%s.shortcut", f);
-        if ((st = parse_layers(err, sc, fb, &l->shortcut, &l->nshortcut, depth + 1)))
+        if ((st = parse_layers(c, sc, fb, &l->shortcut, &l->nshortcut, depth + 1)))
             return st;
     }
     return ML_OK;
@@ -170,15 +189,12 @@ static ml_status parse_values(ml_error *err, const ml_node *pm, const ml_node *k
     return ML_OK;
 }
 
-static ml_status parse_layer(ml_error *err, const ml_node *item, const char *field, ml_layer *l,
+/* One `- kind: {...}` entry (item: a one-key mapping, checked by the caller). */
+static ml_status parse_layer(lctx *c, const ml_node *item, const char *field, ml_layer *l,
                              unsigned depth)
 {
+    ml_error *err = c->err;
     ml_status st;
-    if (item->type != ML_NODE_MAP || item->count != 1)
-        return ml_error_at(
-            err, item, ML_SCHEMA,
-            "%s: each layer is a one-key mapping such as '- linear: {out: 10}', got %s", field,
-            item->type == ML_NODE_MAP ? "a mapping with several keys" : ml_tree_type_name(item));
     const char *kind = item->keys[0]->text;
     const ml_node *p = item->items[0];
     l->line = item->keys[0]->line;
@@ -190,7 +206,7 @@ static ml_status parse_layer(ml_error *err, const ml_node *item, const char *fie
     char f[128];
     snprintf(f, sizeof f, "%s.%s", field, kind);
     if (l->kind == ML_L_RESIDUAL)
-        return parse_residual(err, p, f, l, depth);
+        return parse_residual(c, p, f, l, depth);
     if (p->type == ML_NODE_SCALAR && p->text[0] == '\0' && p->plain) {
         /* "- relu:" with nothing after it: same as {} */
     } else if ((st = ml_tree_need_map(err, p, f)))
@@ -206,31 +222,183 @@ static ml_status parse_layer(ml_error *err, const ml_node *item, const char *fie
     return parse_values(err, pm, item->keys[0], f, l);
 }
 
-static ml_status parse_layers(ml_error *err, const ml_node *seq, const char *field, ml_layer **out,
+/* Room for k more layers in v (zeroed). Doubling: entries after a repeat
+ * are appended one by one; c->made bounds what is asked for. */
+static bool lvec_reserve(lvec *v, size_t k)
+{
+    if (v->n + k <= v->cap)
+        return true;
+    size_t cap = v->n + k > 2 * v->cap ? v->n + k : 2 * v->cap;
+    ml_layer *nv = realloc(v->v, cap * sizeof *nv);
+    if (!nv)
+        return false;
+    memset(nv + v->cap, 0, (cap - v->cap) * sizeof *nv);
+    v->v = nv;
+    v->cap = cap;
+    return true;
+}
+
+/* Counts one more layer made (at, for the message, is its entry). */
+static ml_status count_made(lctx *c, const ml_node *at, const char *field, uint64_t k)
+{
+    if (k > ML_MAX_LAYERS - c->made)
+        return ml_error_at(c->err, at, ML_RANGE,
+                           "%s: the model has more than %llu layers (each layer of a residual "
+                           "group and of every repeat copy counts); use fewer layers",
+                           field, (unsigned long long)ML_MAX_LAYERS);
+    c->made += k;
+    return ML_OK;
+}
+
+/* A copy of src[0..n) with its own residual lists, or NULL (out of memory,
+ * nothing left allocated). */
+static ml_layer *layers_clone(const ml_layer *src, size_t n)
+{
+    ml_layer *d = calloc(n, sizeof *d);
+    if (!d)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        d[i] = src[i];
+        d[i].body = d[i].shortcut = NULL;
+        d[i].nbody = d[i].nshortcut = 0;
+        if (src[i].nbody && !(d[i].body = layers_clone(src[i].body, src[i].nbody))) {
+            ml_layers_free(d, i);
+            return NULL;
+        }
+        d[i].nbody = src[i].nbody;
+        if (src[i].nshortcut &&
+            !(d[i].shortcut = layers_clone(src[i].shortcut, src[i].nshortcut))) {
+            ml_layers_free(d, i + 1);
+            return NULL;
+        }
+        d[i].nshortcut = src[i].nshortcut;
+    }
+    return d;
+}
+
+/* `- repeat: {times: N, layers: [...]}` (key: the entry's key, p: its
+ * value, f names it): the layers are read once (so c->made counts one copy
+ * of them, nested repeats expanded), then N copies are appended to v, each
+ * exactly as if written out; the N - 1 further copies are counted against
+ * ML_MAX_LAYERS before any is made. */
+static ml_status parse_repeat(lctx *c, const ml_node *key, const ml_node *p, const char *f,
+                              lvec *v, unsigned depth)
+{
+    ml_error *err = c->err;
+    ml_status st;
+    char fr[160];
+    snprintf(fr, sizeof fr, "%s.repeat", f);
+    if (p->type != ML_NODE_MAP)
+        return ml_error_at(err, p, ML_SCHEMA,
+                           "%s: expected a mapping such as {times: 3, layers: [...]}, got %s", fr,
+                           ml_tree_type_name(p));
+    static const char *const rk[] = {"times", "layers"};
+    if ((st = ml_tree_check_keys(err, p, fr, rk, ML_COUNT(rk))))
+        return st;
+    const ml_node *ls = ml_tree_get(p, "layers");
+    if (!ml_tree_get(p, "times"))
+        return ml_error_at(err, key, ML_SCHEMA,
+                           "%s.times: missing; write 'times: N' (the number of copies, >= 1)", fr);
+    if (!ls)
+        return ml_error_at(err, key, ML_SCHEMA,
+                           "%s.layers: missing; list the layers to repeat under 'layers:'", fr);
+    uint64_t times = 1;
+    if ((st = ml_tree_uint(err, p, "times", fr, 1, ML_MAX_LAYERS, &times)))
+        return st;
+    uint64_t made = c->made;
+    ml_layer *one = NULL;
+    size_t n = 0;
+    char fl[168];
+    snprintf(fl, sizeof fl, "%s.layers", fr);
+    if ((st = parse_layers(c, ls, fl, &one, &n, depth + 1)))
+        return st;
+    /* one copy is c->made - made layers; times - 1 more of them (the
+     * product is below 2^34: both factors are at most ML_MAX_LAYERS) */
+    uint64_t per = c->made - made;
+    if (times - 1 > (ML_MAX_LAYERS - c->made) / per) {
+        ml_layers_free(one, n);
+        return ml_error_at(err, key, ML_RANGE,
+                           "%s: %llu copies make %llu layers in all, past the limit of %llu "
+                           "(each layer of a residual group and of every copy counts); lower "
+                           "'times' or repeat fewer layers",
+                           fr, (unsigned long long)times,
+                           (unsigned long long)(c->made + (times - 1) * per),
+                           (unsigned long long)ML_MAX_LAYERS);
+    }
+    if (!lvec_reserve(v, (size_t)times * n)) {
+        ml_layers_free(one, n);
+        return ml_error_at(err, key, ML_NOMEM, "out of memory");
+    }
+    c->made += (times - 1) * per;
+    c->repeated = true;
+    for (uint64_t k = 1; k < times; k++) {
+        ml_layer *copy = layers_clone(one, n);
+        if (!copy) {
+            ml_layers_free(one, n);
+            return ml_error_at(err, key, ML_NOMEM, "out of memory");
+        }
+        memcpy(v->v + v->n, copy, n * sizeof *copy);
+        v->n += n;
+        free(copy);
+    }
+    memcpy(v->v + v->n, one, n * sizeof *one);
+    v->n += n;
+    free(one);
+    return ML_OK;
+}
+
+static ml_status parse_layers(lctx *c, const ml_node *seq, const char *field, ml_layer **out,
                               size_t *nout, unsigned depth)
 {
+    ml_error *err = c->err;
     if (depth > 16)
-        return ml_error_at(err, seq, ML_RANGE, "%s: residual groups nested deeper than 16", field);
+        return ml_error_at(err, seq, ML_RANGE,
+                           "%s: residual or repeat groups nested deeper than 16", field);
     if (seq->type != ML_NODE_SEQ)
         return ml_error_at(err, seq, ML_SCHEMA,
                            "%s: expected a list of layers ('- kind: {...}' lines), got %s", field,
                            ml_tree_type_name(seq));
     if (seq->count == 0)
         return ml_error_at(err, seq, ML_SCHEMA, "%s: the layer list is empty", field);
-    ml_layer *ls = calloc(seq->count, sizeof *ls);
-    if (!ls)
+    lvec v = {NULL, 0, 0};
+    if (!lvec_reserve(&v, seq->count))
         return ml_error_at(err, seq, ML_NOMEM, "out of memory");
+    ml_status st = ML_OK;
     for (size_t i = 0; i < seq->count; i++) {
+        const ml_node *item = seq->items[i];
         char f[128];
         snprintf(f, sizeof f, "%s[%zu]", field, i);
-        ml_status st = parse_layer(err, seq->items[i], f, &ls[i], depth);
-        if (st) {
-            ml_layers_free(ls, i + 1);
-            return st;
+        if (item->type != ML_NODE_MAP || item->count != 1) {
+            st = ml_error_at(err, item, ML_SCHEMA,
+                             "%s: each layer is a one-key mapping such as '- linear: {out: 10}', "
+                             "got %s",
+                             f,
+                             item->type == ML_NODE_MAP ? "a mapping with several keys"
+                                                       : ml_tree_type_name(item));
+            break;
         }
+        if (strcmp(item->keys[0]->text, "repeat") == 0) {
+            if ((st = parse_repeat(c, item->keys[0], item->items[0], f, &v, depth)))
+                break;
+            continue;
+        }
+        if ((st = count_made(c, item->keys[0], f, 1)))
+            break;
+        if (!lvec_reserve(&v, 1)) {
+            st = ml_error_at(err, item, ML_NOMEM, "out of memory");
+            break;
+        }
+        /* counted before it is checked: a layer that fails may hold a
+         * residual's lists, which the free below releases */
+        if ((st = parse_layer(c, item, f, &v.v[v.n++], depth)))
+            break;
     }
-    *out = ls;
-    *nout = seq->count;
+    if (st) {
+        ml_layers_free(v.v, v.n);
+        return st;
+    }
+    *out = v.v;
+    *nout = v.n;
     return ML_OK;
 }
 
@@ -279,7 +447,8 @@ ml_status ml_schema_sequential(ml_error *err, const ml_node *mm, ml_model *m)
         return ml_error_at(err, mm, ML_SCHEMA,
                            "model.layers: missing; list the layers, e.g. "
                            "'- linear: {out: 10}'");
-    if ((st = parse_layers(err, ls, "model.layers", &m->seq, &m->nseq, 0)))
+    lctx c = {err, 0, false};
+    if ((st = parse_layers(&c, ls, "model.layers", &m->seq, &m->nseq, 0)))
         return st;
     unsigned e = ML_LOSS_CROSS_ENTROPY;
     if ((st = ml_tree_enum(err, mm, "loss", "model", loss_names, ML_COUNT(loss_names), &e)))
@@ -303,7 +472,8 @@ ml_status ml_schema_sequential(ml_error *err, const ml_node *mm, ml_model *m)
             err->code = ML_SCHEMA;
             err->line = where->line;
             err->col = where->col;
-            snprintf(err->msg, sizeof err->msg, "model.layers[%zu]: %s", i, msg);
+            snprintf(err->msg, sizeof err->msg, "model.layers[%zu]%s: %s", i,
+                     c.repeated ? " (counting repeat copies)" : "", msg);
             return ML_SCHEMA;
         }
         s = o;

@@ -335,6 +335,32 @@ class Residual(nn.Module):
         return s.body(x) + (s.shortcut(x) if s.shortcut is not None else x)
 
 
+def expand_repeats(layers):
+    """A layer list with every `repeat: {times: N, layers: [...]}` replaced
+    by N copies of its layers, in residual bodies and shortcuts too: the
+    flat model the YAML means, expanded here independently of the C loader."""
+    out = []
+    for item in layers:
+        (kind, a), = item.items()
+        if kind == "repeat":
+            out += expand_repeats(a["layers"]) * a["times"]
+        elif kind == "residual" and isinstance(a, list):
+            out.append({kind: expand_repeats(a)})
+        elif kind == "residual":
+            out.append({kind: {k: expand_repeats(v) for k, v in a.items()}})
+        else:
+            out.append(item)
+    return out
+
+
+def load(fh):
+    """A model file as a document, its sequential layers expanded."""
+    doc = yaml.safe_load(fh)
+    if doc["model"]["type"] == "sequential":
+        doc["model"]["layers"] = expand_repeats(doc["model"]["layers"])
+    return doc
+
+
 def seq_layers(spec, shape):
     """nn.Sequential for a YAML layer list; returns (module, output shape)."""
     mods = []
@@ -556,7 +582,7 @@ def main():
     for f in files:
         path = os.path.join(models, f)
         with open(path) as fh:
-            doc = yaml.safe_load(fh)
+            doc = load(fh)
         seq = doc["model"]["type"] == "sequential"
         B0 = doc.get("training", {}).get("micro_batch", 2)
         T0 = None if seq else doc.get("training", {}).get("seq_len", 16)

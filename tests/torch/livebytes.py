@@ -527,7 +527,7 @@ def main():
     for fn in files:
         path = os.path.join(models, fn)
         with open(path) as fh:
-            doc = xc.yaml.safe_load(fh)
+            doc = xc.load(fh)
         seq = doc["model"]["type"] == "sequential"
         B = doc.get("training", {}).get("micro_batch", 2)
         T = None if seq else doc.get("training", {}).get("seq_len", 16)

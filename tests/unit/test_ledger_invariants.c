@@ -2,9 +2,10 @@
  * checkpoint policy, checked on the event list itself. */
 #include "harness.h"
 
-static const char *const presets[] = {"mlp2",       "cifar10-resnet", "agnews-classifier",
-                                      "gpt2-small", "gpt2-medium",    "llama-2-7b",
-                                      "llama-3-8b", "vit-b16",        "video-tokens"};
+static const char *const presets[] = {"mlp2",        "cifar10-resnet", "resnet50-imagenet",
+                                      "agnews-classifier", "gpt2-small", "gpt2-medium",
+                                      "llama-2-7b",  "llama-3-8b",     "vit-b16",
+                                      "video-tokens"};
 static const char *const policies[] = {"none", "full", "every-2", "every-4",
                                        "sqrt", "selective", "[0, 1]", "optimal"};
 

@@ -66,7 +66,7 @@ static void test_residual_depth(void **state)
     for (int i = 0; i < depth; i++)
         k += (size_t)snprintf(buf + k, sizeof buf - k, "%*s- residual:\n", 4 + 4 * i, "");
     k += (size_t)snprintf(buf + k, sizeof buf - k, "%*s- relu: {}\n", 4 + 4 * depth, "");
-    expect(buf, k, ML_RANGE, "residual groups nested deeper than 16");
+    expect(buf, k, ML_RANGE, "residual or repeat groups nested deeper than 16");
 }
 
 static void test_value_bounds(void **state)

@@ -24,6 +24,10 @@ static const char *seq =
     "model:\n  type: sequential\n  input: [3, 8, 8]\n  layers:\n"
     "    - conv2d: {out: 4, kernel: 3, padding: 1}\n    - batchnorm: {}\n    - relu: {}\n"
     "    - residual:\n        - conv2d: {out: 4, kernel: 3, padding: 1}\n"
+    "    - repeat:\n        times: 2\n        layers:\n"
+    "          - residual: {body: [repeat: {times: 2, layers: [conv2d: {out: 4, kernel: 1}]}],\n"
+    "                       shortcut: [conv2d: {out: 4, kernel: 1}]}\n"
+    "          - relu: {}\n"
     "    - flatten: {}\n    - linear: {out: 10}\n";
 
 static const char *hf =

@@ -72,6 +72,36 @@ static void test_resnet18_cifar(void **state)
     assert_int_equal(params_of("cifar10-resnet"), 11173962);
 }
 
+/* torchvision resnet50 (v1.5), derived per stage: a Bottleneck of width w
+ * from cin channels is 1x1 cin->w, 3x3 w->w, 1x1 w->4w, batchnorm 2w, 2w,
+ * 2*4w; a stage's first block adds the projection 1x1 cin->4w + batchnorm
+ * 2*4w. Stem 7x7 3->64 + batchnorm 128; fc 2048*1000 + 1000. */
+static uint64_t bottleneck(uint64_t cin, uint64_t w)
+{
+    return CONV(1, cin, w) + CONV(3, w, w) + CONV(1, w, 4 * w) + 2 * w + 2 * w + 2 * 4 * w;
+}
+
+static uint64_t stage(uint64_t cin, uint64_t w, uint64_t blocks)
+{
+    return bottleneck(cin, w) + CONV(1, cin, 4 * w) + 2 * 4 * w +
+           (blocks - 1) * bottleneck(4 * w, w);
+}
+
+static void test_resnet50_imagenet(void **state)
+{
+    (void)state;
+    uint64_t stem = CONV(7, 3, 64) + 2 * 64;
+    /* 215,808 + 1,219,584 + 7,098,368 + 14,964,736 */
+    assert_int_equal(stage(64, 64, 3), 215808);
+    assert_int_equal(stage(256, 128, 4), 1219584);
+    assert_int_equal(stage(512, 256, 6), 7098368);
+    assert_int_equal(stage(1024, 512, 3), 14964736);
+    uint64_t total = stem + stage(64, 64, 3) + stage(256, 128, 4) + stage(512, 256, 6) +
+                     stage(1024, 512, 3) + 2048 * 1000 + 1000;
+    assert_int_equal(total, 25557032); /* torchvision.models.resnet50 */
+    assert_int_equal(params_of("resnet50-imagenet"), 25557032);
+}
+
 static void test_small_presets(void **state)
 {
     (void)state;
@@ -115,6 +145,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_published_counts),
         cmocka_unit_test(test_resnet18_cifar),
+        cmocka_unit_test(test_resnet50_imagenet),
         cmocka_unit_test(test_small_presets),
         cmocka_unit_test(test_budget_example),
     };
