@@ -93,6 +93,37 @@ typedef struct ml_advice {
 ML_API ml_status ml_checkpoint_advice(const ml_model *m, const ml_config *cfg, const ml_summary *s,
                                       ml_advice *out, ml_error *err);
 
+/* colocate: jobs sharing one device, each its own process with its own
+ * runtime reserve (docs/colocate.md). */
+typedef struct ml_colocate_result {
+    uint64_t memory;        /* the device */
+    uint64_t worst_total;   /* the jobs' peak totals summed: some phase lines the
+                               peaks up when the jobs run unsynchronised */
+    bool fits;              /* worst_total <= memory: at every phase */
+    int64_t headroom;       /* memory - worst_total */
+    bool timed;             /* every job has a step time and its events */
+    bool aligned_known;     /* aligned_* computed (timed, and not too many
+                               instants: ML_COLOCATE_MAX_INSTANTS) */
+    uint64_t aligned_total; /* started together: the highest sum of the jobs'
+                               steady curves (allocated + reserve + allowance) */
+    double aligned_at_s;    /* when, seconds after the common start */
+    double p_time_over;     /* two timed jobs at independent, uniform phases: the
+                               share of time their sum is over memory; -1 when
+                               not computed */
+} ml_colocate_result;
+
+#define ML_COLOCATE_MAX_INSTANTS 20000000u
+
+/* jobs: ledgers evaluated with keep_events (their steady iteration's curve
+ * and step time); ML_USAGE for fewer than two, ML_OVERFLOW, ML_NOMEM. */
+ML_API ml_status ml_colocate(const ml_ledger *const *jobs, size_t n, uint64_t memory,
+                             ml_colocate_result *out, ml_error *err);
+/* A job's level at t_s seconds into its periodic steady iteration: the
+ * allocator's bytes after the last event at or before it, plus the runtime
+ * reserve and fragmentation allowance; the reserve alone without events or
+ * a step time. */
+ML_API uint64_t ml_colocate_level(const ml_ledger *l, double t_s);
+
 /* triage: what the peak of a configuration that ran out of memory is made
  * of, and every remedy that applies, each re-planned with the ledger and
  * ranked (docs/cli.md, "triage"). */

@@ -47,6 +47,18 @@ ML_API int ml_report_advice_text(FILE *f, const ml_summary *s, const ml_advice *
 ML_API int ml_report_json_advice(FILE *f, const ml_model *m, const ml_config *cfg,
                                  const ml_ledger *l, const ml_advice *a);
 
+/* colocate: the jobs (names[j]: how the user gave job j) and ml_colocate's
+ * result as text, JSON and an SVG of the jobs started together. */
+ML_API int ml_report_colocate_text(FILE *f, const ml_ledger *const *jobs,
+                                   const char *const *names, size_t n,
+                                   const ml_colocate_result *r);
+ML_API int ml_report_colocate_json(FILE *f, const ml_ledger *const *jobs,
+                                   const char *const *names, size_t n,
+                                   const ml_colocate_result *r);
+ML_API int ml_report_colocate_svg(FILE *f, const ml_ledger *const *jobs,
+                                  const char *const *names, size_t n,
+                                  const ml_colocate_result *r);
+
 /* compare: text, JSON (an array) and CSV (with a header row). */
 ML_API int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
                                   const ml_compare_row *rows, size_t n);

@@ -17,6 +17,7 @@ static const struct {
     {"calibrate", ml_cmd_calibrate, "fit measured peaks, or measure on this machine's GPU/CPU"},
     {"allocator", ml_cmd_allocator, "an allocation trace through PyTorch's caching allocator"},
     {"triage", ml_cmd_triage, "what an out-of-memory peak is made of, and each remedy"},
+    {"colocate", ml_cmd_colocate, "training jobs sharing one device: the sum, in time"},
 };
 
 static void help(FILE *f)

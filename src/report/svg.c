@@ -24,20 +24,19 @@ static const char *const cat_label[ML_CAT_COUNT] = {
     [ML_CAT_ACTIVATIONS] = "saved activations", [ML_CAT_RECOMPUTE] = "recompute",
     [ML_CAT_WORKSPACE] = "workspace"};
 
-typedef struct {
-    double x0, y0, w, h; /* plot area */
-    double ymax;
-} chart;
+typedef ml_svg_chart chart;
 
 static double px(const chart *c, double t)
 {
     return c->x0 + t * c->w;
 }
 
-static double py(const chart *c, double bytes)
+double ml_svg_py(const chart *c, double bytes)
 {
     return c->y0 + c->h - bytes / c->ymax * c->h;
 }
+
+#define py ml_svg_py
 
 void ml_svg_escape(FILE *f, const char *s)
 {
@@ -56,7 +55,7 @@ void ml_svg_escape(FILE *f, const char *s)
 }
 
 /* Axis: a binary unit and a 1-2-5 step giving 4 to 10 ticks. */
-static void y_axis(FILE *f, const chart *c)
+void ml_svg_y_axis(FILE *f, const chart *c)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
     int u = 0;
@@ -85,7 +84,7 @@ static void y_axis(FILE *f, const chart *c)
 
 /* A horizontal line with its label at the right end, or at the left end
  * (left) so that two close lines do not overprint each other. */
-static void hline(FILE *f, const chart *c, uint64_t bytes, const char *color, const char *dash,
+void ml_svg_hline(FILE *f, const chart *c, uint64_t bytes, const char *color, const char *dash,
                   const char *label, bool left)
 {
     char b[32];
@@ -131,7 +130,7 @@ size_t ml_svg_sample(const ml_ledger *l, size_t *idx, size_t cap)
 
 #define SVG_POINTS ML_SVG_POINTS
 
-static void header(FILE *f, int w, int h)
+void ml_svg_header(FILE *f, int w, int h)
 {
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
@@ -211,7 +210,7 @@ static void stacked_areas(FILE *f, const chart *c, const ml_event *ev, const siz
 static void device_lines(FILE *f, const chart *c, const ml_summary *s)
 {
     if (s->has_device) {
-        hline(f, c, s->memory, "#222", NULL, "device", false);
+        ml_svg_hline(f, c, s->memory, "#222", NULL, "device", false);
         /* the allocator curve's device line */
         uint64_t lim = s->device_limit;
         const char *lname = lim < s->memory - s->runtime_reserve
@@ -220,10 +219,10 @@ static void device_lines(FILE *f, const chart *c, const ml_summary *s)
         if (s->budget == lim) {
             char both[96];
             snprintf(both, sizeof both, "budget = %s", lname);
-            hline(f, c, s->budget, "#d62728", "6,4", both, true);
+            ml_svg_hline(f, c, s->budget, "#d62728", "6,4", both, true);
         } else {
-            hline(f, c, lim, "#777", "2,3", lname, false);
-            hline(f, c, s->budget, "#d62728", "6,4", "budget", true);
+            ml_svg_hline(f, c, lim, "#777", "2,3", lname, false);
+            ml_svg_hline(f, c, s->budget, "#d62728", "6,4", "budget", true);
         }
     }
 }
@@ -287,16 +286,16 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     if (c.ymax <= 0)
         c.ymax = 1;
     c.ymax *= 1.06;
-    header(f, 1040, 580);
+    ml_svg_header(f, 1040, 580);
     title(f, m, cfg, "memory over one training iteration");
     const double den = n > 1 ? (double)(n - 1) : 1;
     phase_bands(f, &c, ev, n, den);
-    y_axis(f, &c);
+    ml_svg_y_axis(f, &c);
     stacked_areas(f, &c, ev, idx, np, den);
     device_lines(f, &c, s);
     /* the allocator's simulated reserved peak (--allocator) */
     if (s->has_reserved)
-        hline(f, &c, s->reserved_peak, "#9467bd", "8,3", "reserved (simulated)", false);
+        ml_svg_hline(f, &c, s->reserved_peak, "#9467bd", "8,3", "reserved (simulated)", false);
     peak_marker(f, &c, s, ev, n, den);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">events of "
                "one training iteration (%zu)</text>\n",
@@ -320,9 +319,9 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
             c.ymax = (double)s->memory;
     }
     c.ymax *= 1.06;
-    header(f, 1040, 580);
+    ml_svg_header(f, 1040, 580);
     title(f, m, cfg, "checkpoint policies compared");
-    y_axis(f, &c);
+    ml_svg_y_axis(f, &c);
     size_t idx[SVG_POINTS];
     for (size_t i = 0; i < n; i++) {
         const ml_event *ev = ml_ledger_events(ls[i]);
@@ -348,8 +347,8 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
     }
     const ml_summary *s0 = n ? ml_ledger_summary(ls[0]) : NULL;
     if (s0 && s0->has_device) {
-        hline(f, &c, s0->memory, "#222", NULL, "device", false);
-        hline(f, &c, s0->budget, "#d62728", "6,4", "budget", true);
+        ml_svg_hline(f, &c, s0->memory, "#222", NULL, "device", false);
+        ml_svg_hline(f, &c, s0->budget, "#d62728", "6,4", "budget", true);
     }
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">progress "
                "through one training iteration (each policy's events, normalised)</text>\n",

@@ -26,7 +26,7 @@ import tempfile
 import time
 
 VERBS = ["plan", "fit", "compare", "timeline", "report", "calibrate", "allocator", "triage",
-         "bogus", ""]
+         "colocate", "bogus", ""]
 FLAGS = {
     "--micro-batch": "int", "--seq-len": "int", "--grad-accum": "int",
     "--precision": ["fp32", "amp-bf16", "amp-fp16", "bf16-master", "fp16-master", "bf16"],
@@ -96,6 +96,15 @@ def argv_for(rng, files, outdir):
             args.append(flag)  # the value missing
         else:
             args += [flag, v]
+    if verb == "colocate":  # jobs: a model file with its own options in one argument
+        for _ in range(rng.randint(0, 3)):
+            job = [rng.choice(files)]
+            for _ in range(rng.randint(0, 3)):
+                flag = rng.choice(["--micro-batch", "--peak-tflops", "--precision", "--device",
+                                   "--seq-len", "--checkpoint", "-o"])
+                kind = FLAGS.get(flag)
+                job += [flag, value(kind, rng, files, outdir)]
+            args.append(" ".join(job) if rng.random() < 0.9 else "'" + " ".join(job))
     if rng.random() < 0.1 and args:  # mutate: drop, duplicate or swap one argument
         i = rng.randrange(len(args))
         op = rng.choice(["drop", "dup", "swap"])

@@ -1,0 +1,221 @@
+/* memledger colocate JOB JOB... --device SIZE: training jobs sharing one
+ * device, each in its own process (ml_colocate, docs/colocate.md). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const char usage[] =
+    "usage: memledger colocate --device SIZE [options] JOB JOB [JOB...]\n"
+    "\n"
+    "Training jobs sharing one device, each in its own process with its own runtime\n"
+    "reserve. A JOB is one argument: a model file and, in the same quotes, its own\n"
+    "'memledger plan' options, e.g. \"models/gpt2-small.yaml --micro-batch 2\".\n"
+    "Prints each job's peak total and step time, then:\n"
+    "  unsynchronised: the peaks summed (some phase lines them up); the verdict\n"
+    "  started together: the highest sum when the iterations start at once\n"
+    "  independent phases (two jobs): the share of time the sum is over the device\n"
+    "The last two need every job's step time (a device peak in its file, or\n"
+    "--peak-tflops in its options).\n"
+    "\n"
+    "  --device SIZE          the shared device's memory (required)\n"
+    "  --format text|json|svg (default text; svg: the jobs stacked, started together)\n"
+    "  -o FILE                write to FILE (atomically) instead of stdout\n"
+    "\n"
+    "Exit status: 0 the jobs fit at every phase, 1 they do not, 2 bad input or usage,\n"
+    "3 output could not be written.\n";
+
+#define MAX_JOBS 8
+#define MAX_TOKENS 64
+
+typedef struct {
+    const char *spec;
+    char buf[4096];
+    char *tok[MAX_TOKENS + 1];
+    int ntok;
+    ml_cli_opts o;
+    ml_model *m;
+    ml_config cfg;
+    ml_ledger *l;
+} job;
+
+static int bad(const char *fmt, const char *arg)
+{
+    char msg[4300];
+    snprintf(msg, sizeof msg, fmt, arg);
+    ml_cli_errorf("%s", msg);
+    fputs("Try 'memledger colocate --help'.\n", stderr);
+    return ML_EXIT_BAD_INPUT;
+}
+
+/* Splits a job's argument at blanks; '...' and "..." quote. */
+static int split(job *j)
+{
+    if (strlen(j->spec) >= sizeof j->buf)
+        return bad("a job is longer than 4095 bytes: '%.60s...'", j->spec);
+    const char *s = j->spec;
+    char *w = j->buf;
+    j->ntok = 0;
+    while (*s) {
+        while (*s == ' ' || *s == '\t')
+            s++;
+        if (!*s)
+            break;
+        if (j->ntok == MAX_TOKENS)
+            return bad("a job has more than 64 words: '%.60s...'", j->spec);
+        j->tok[j->ntok++] = w;
+        for (char q = 0; *s && (q || (*s != ' ' && *s != '\t')); s++) {
+            if (!q && (*s == '\'' || *s == '"'))
+                q = *s;
+            else if (q && *s == q)
+                q = 0;
+            else
+                *w++ = *s;
+        }
+        *w++ = '\0';
+    }
+    j->tok[j->ntok] = NULL;
+    return j->ntok ? 0 : bad("%sa job is empty: give a model file", "");
+}
+
+/* One job: its options parsed as plan's, the shared device put in, its
+ * ledger evaluated with the events. */
+static int load_job(job *j, uint64_t memory, size_t index)
+{
+    int rc = split(j);
+    if (rc)
+        return rc;
+    rc = ml_cli_parse(j->ntok, j->tok, "colocate", usage, &j->o);
+    if (rc)
+        return rc == 1 ? ML_EXIT_BAD_INPUT : rc;
+    const ml_cli_opts *o = &j->o;
+    if (o->device || o->budget || o->output || o->format_given || o->emit || o->lengths)
+        return bad("job '%s': --device, --budget, -o, --format, --emit and --lengths are "
+                   "colocate's own (or not for colocate): give --device once, before the jobs",
+                   j->spec);
+    if ((rc = ml_cli_load(o, &j->m, &j->cfg)))
+        return rc;
+    j->cfg.device.present = true;
+    j->cfg.device.memory = memory;
+    j->cfg.device.budget = 0;
+    ml_error e;
+    ml_status st = ml_ledger_evaluate(j->m, &j->cfg, true, &j->l, &e);
+    (void)index;
+    return st ? ml_cli_eval_failed(o, &e, st) : 0;
+}
+
+static int write_report(const char *output, ml_format fmt, job *jobs, size_t n,
+                        const ml_colocate_result *r)
+{
+    const ml_ledger *ls[MAX_JOBS];
+    const char *names[MAX_JOBS];
+    for (size_t j = 0; j < n; j++) {
+        ls[j] = jobs[j].l;
+        names[j] = jobs[j].spec;
+    }
+    ml_out out;
+    int rc = ml_out_open(&out, output);
+    if (!rc && fmt == ML_FMT_TEXT)
+        rc = ml_out_text(&out, NULL);
+    if (rc)
+        return rc;
+    int w = fmt == ML_FMT_JSON  ? ml_report_colocate_json(out.f, ls, names, n, r)
+            : fmt == ML_FMT_SVG ? ml_report_colocate_svg(out.f, ls, names, n, r)
+                                : ml_report_colocate_text(out.f, ls, names, n, r);
+    return ml_out_close(&out, w == 0);
+}
+
+typedef struct {
+    const char *device, *output, *format;
+    const char *specs[MAX_JOBS];
+    size_t n;
+} colocate_args;
+
+static int parse_args(int argc, char **argv, colocate_args *a)
+{
+    memset(a, 0, sizeof *a);
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+            fputs(usage, stdout);
+            return 1;
+        }
+        const char **slot = !strcmp(arg, "--device")   ? &a->device
+                            : !strcmp(arg, "--format") ? &a->format
+                            : !strcmp(arg, "-o") || !strcmp(arg, "--output") ? &a->output
+                                                                             : NULL;
+        if (slot) {
+            if (i + 1 >= argc || !argv[i + 1][0] || argv[i + 1][0] == '-')
+                return bad("%s needs a value", arg);
+            *slot = argv[++i];
+            continue;
+        }
+        if (arg[0] == '-')
+            return bad("'%s' is not a colocate option: a job's own options go inside its "
+                       "quotes, after its model file", arg);
+        if (a->n == MAX_JOBS)
+            return bad("more than 8 jobs ('%s' is the ninth)", arg);
+        a->specs[a->n++] = arg;
+    }
+    if (!a->device)
+        return bad("%scolocate needs the shared device: --device SIZE", "");
+    if (a->n < 2)
+        return bad("%scolocate needs two jobs or more, each a quoted model file with its "
+                   "options", "");
+    return 0;
+}
+
+int ml_cmd_colocate(int argc, char **argv)
+{
+    colocate_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc)
+        return rc == 1 ? ML_EXIT_OK : rc;
+    uint64_t memory = 0;
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    if (ml_parse_size(a.device, &memory, &e) != ML_OK || memory == 0)
+        return bad("--device: %s", e.msg[0] ? e.msg : "must be at least 1 byte");
+    ml_format fmt = ML_FMT_TEXT;
+    if (a.format && !strcmp(a.format, "json"))
+        fmt = ML_FMT_JSON;
+    else if (a.format && !strcmp(a.format, "svg"))
+        fmt = ML_FMT_SVG;
+    else if (a.format && strcmp(a.format, "text"))
+        return bad("--format: '%s' is not one of text, json, svg", a.format);
+    if (ml_out_refuse_input(a.output, NULL))
+        return ML_EXIT_BAD_INPUT;
+    job *jobs = calloc(a.n, sizeof *jobs);
+    if (!jobs) {
+        ml_cli_errorf("out of memory");
+        return ML_EXIT_FAILURE;
+    }
+    for (size_t j = 0; j < a.n && !rc; j++) {
+        jobs[j].spec = a.specs[j];
+        rc = load_job(&jobs[j], memory, j);
+        if (!rc && ml_out_refuse_input(a.output, jobs[j].o.model_path))
+            rc = ML_EXIT_BAD_INPUT;
+    }
+    ml_colocate_result r;
+    if (!rc) {
+        const ml_ledger *ls[MAX_JOBS];
+        for (size_t j = 0; j < a.n; j++)
+            ls[j] = jobs[j].l;
+        ml_status st = ml_colocate(ls, a.n, memory, &r, &e);
+        if (st) {
+            ml_cli_print_error(&e);
+            rc = st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+        }
+    }
+    if (!rc)
+        rc = write_report(a.output, fmt, jobs, a.n, &r);
+    if (!rc && !r.fits)
+        rc = ML_EXIT_NO_FIT;
+    for (size_t j = 0; j < a.n; j++) {
+        ml_ledger_destroy(jobs[j].l);
+        ml_cli_free(jobs[j].m, &jobs[j].cfg);
+    }
+    free(jobs);
+    return rc;
+}

@@ -1,0 +1,222 @@
+/* colocate: jobs sharing one device, each in its own process (its own CUDA
+ * context and runtime reserve). The worst case is the sum of the peaks (some
+ * phase lines them up); with a time axis, the peak when the jobs start
+ * together and the share of time their sum is over the device when their
+ * phases are independent (docs/colocate.md). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memledger/plan.h"
+#include "util/error.h"
+
+/* One job's steady iteration as a periodic curve: event i holds `v[i]`
+ * (the allocator's bytes after it, plus the job's reserve and allowance)
+ * from t[i] until the next event; the period is T. */
+typedef struct {
+    const ml_event *ev;
+    size_t n;
+    double T;
+    uint64_t offset;
+} curve;
+
+static uint64_t event_total(const ml_event *e)
+{
+    uint64_t s = 0;
+    for (int k = 0; k < ML_CAT_COUNT; k++)
+        s += e->live[k];
+    return s;
+}
+
+static void curve_of(const ml_ledger *l, curve *c)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    memset(c, 0, sizeof *c);
+    c->ev = ml_ledger_events(l);
+    c->n = ml_ledger_event_count(l);
+    c->T = s->step_time_s;
+    c->offset = s->runtime_reserve + s->fragmentation;
+}
+
+/* The last event at or before u (events are in time order; the first is
+ * at 0). */
+static size_t last_at(const curve *c, double u)
+{
+    size_t lo = 0, hi = c->n;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->ev[mid].t_s <= u)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static double phase(const curve *c, double t)
+{
+    double u = fmod(t, c->T);
+    return u < 0 ? u + c->T : u;
+}
+
+uint64_t ml_colocate_level(const ml_ledger *l, double t_s)
+{
+    curve c;
+    curve_of(l, &c);
+    if (!c.n || !(c.T > 0))
+        return c.offset;
+    return event_total(&c.ev[last_at(&c, phase(&c, t_s))]) + c.offset;
+}
+
+/* The most the job holds at the instant t: its level, or higher while the
+ * events at exactly that time run (they take no time on this axis; the
+ * step's events at T are those of the next iteration's 0 too). */
+static uint64_t instant_max(const curve *c, double t)
+{
+    const double u = phase(c, t);
+    size_t k = last_at(c, u);
+    uint64_t best = event_total(&c->ev[k]);
+    for (size_t i = k + 1; i-- > 0 && c->ev[i].t_s == u;)
+        best = best > event_total(&c->ev[i]) ? best : event_total(&c->ev[i]);
+    for (size_t i = c->n; u == 0 && i-- > 0 && c->ev[i].t_s >= c->T;)
+        best = best > event_total(&c->ev[i]) ? best : event_total(&c->ev[i]);
+    return best + c->offset;
+}
+
+/* Started together: the highest sum at any event of any job (the others at
+ * their level then), over the longest period. *work bounds the candidate
+ * instants (a short period repeats within the long one). */
+static void aligned(const ml_ledger *const *ls, size_t n, ml_colocate_result *r)
+{
+    double H = 0;
+    size_t work = 0;
+    for (size_t j = 0; j < n; j++)
+        H = fmax(H, ml_ledger_summary(ls[j])->step_time_s);
+    for (size_t j = 0; j < n; j++) {
+        const ml_summary *s = ml_ledger_summary(ls[j]);
+        work += ml_ledger_event_count(ls[j]) * (size_t)ceil(H / s->step_time_s);
+    }
+    if (work > ML_COLOCATE_MAX_INSTANTS)
+        return;
+    for (size_t j = 0; j < n; j++) {
+        curve c;
+        curve_of(ls[j], &c);
+        for (double base = 0; base < H; base += c.T)
+            for (size_t k = 0; k < c.n; k++) {
+                const double at = base + c.ev[k].t_s;
+                if (at > H)
+                    break;
+                uint64_t sum = event_total(&c.ev[k]) + c.offset;
+                for (size_t i = 0; i < n; i++)
+                    if (i != j) {
+                        curve o;
+                        curve_of(ls[i], &o);
+                        sum += o.n && o.T > 0 ? instant_max(&o, at) : o.offset;
+                    }
+                if (sum > r->aligned_total) {
+                    r->aligned_total = sum;
+                    r->aligned_at_s = at;
+                }
+            }
+    }
+    r->aligned_known = true;
+}
+
+typedef struct {
+    uint64_t v;
+    double w; /* share of the period */
+} seg;
+
+static int by_value(const void *a, const void *b)
+{
+    const seg *x = a, *y = b;
+    return x->v < y->v ? -1 : x->v > y->v;
+}
+
+/* The job's levels with the share of its period each holds. */
+static seg *segments(const ml_ledger *l, size_t *out)
+{
+    curve c;
+    curve_of(l, &c);
+    seg *s = malloc((c.n ? c.n : 1) * sizeof *s);
+    if (!s)
+        return NULL;
+    size_t m = 0;
+    for (size_t k = 0; k < c.n; k++) {
+        const double end = k + 1 < c.n ? c.ev[k + 1].t_s : c.T;
+        const double d = fmin(end, c.T) - c.ev[k].t_s;
+        if (d > 0)
+            s[m++] = (seg){event_total(&c.ev[k]) + c.offset, d / c.T};
+    }
+    *out = m;
+    return s;
+}
+
+/* Two jobs at independent uniform phases: P(a + b > memory). */
+static ml_status time_over(const ml_ledger *a, const ml_ledger *b, uint64_t memory, double *p,
+                           ml_error *err)
+{
+    size_t na = 0, nb = 0;
+    seg *sa = segments(a, &na), *sb = segments(b, &nb);
+    if (!sa || !sb) {
+        free(sa);
+        free(sb);
+        return ml_errorf(err, ML_NOMEM, "out of memory");
+    }
+    qsort(sb, nb, sizeof *sb, by_value);
+    /* tail[i]: the share of b's period at levels sb[i..] */
+    for (size_t i = nb; i-- > 1;)
+        sb[i - 1].w += sb[i].w;
+    double over = 0;
+    for (size_t k = 0; k < na; k++) {
+        if (sa[k].v > memory) {
+            over += sa[k].w;
+            continue;
+        }
+        const uint64_t room = memory - sa[k].v; /* b over room is over the device */
+        size_t lo = 0, hi = nb;                 /* first level above room */
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (sb[mid].v > room)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        if (lo < nb)
+            over += sa[k].w * sb[lo].w;
+    }
+    *p = fmin(1.0, over);
+    free(sa);
+    free(sb);
+    return ML_OK;
+}
+
+ml_status ml_colocate(const ml_ledger *const *jobs, size_t n, uint64_t memory,
+                      ml_colocate_result *out, ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    memset(out, 0, sizeof *out);
+    out->memory = memory;
+    out->p_time_over = -1;
+    if (n < 2)
+        return ml_errorf(err, ML_USAGE, "colocate needs two jobs or more");
+    out->timed = true;
+    for (size_t j = 0; j < n; j++) {
+        const ml_summary *s = ml_ledger_summary(jobs[j]);
+        if (__builtin_add_overflow(out->worst_total, s->peak_total, &out->worst_total))
+            return ml_errorf(err, ML_OVERFLOW, "the jobs' peaks together exceed 64 bits");
+        out->timed &= s->step_time_s > 0 && ml_ledger_event_count(jobs[j]) > 0;
+    }
+    out->fits = out->worst_total <= memory;
+    out->headroom = out->fits ? (int64_t)(memory - out->worst_total)
+                              : -(int64_t)(out->worst_total - memory);
+    if (!out->timed)
+        return ML_OK;
+    aligned(jobs, n, out);
+    if (n == 2)
+        return time_over(jobs[0], jobs[1], memory, &out->p_time_over, err);
+    return ML_OK;
+}

@@ -1,0 +1,145 @@
+/* colocate's reports: text, JSON and an SVG of the jobs started together
+ * (docs/colocate.md). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "memledger/report.h"
+#include "report/report_internal.h"
+#include "report/svg_internal.h"
+
+static const char *B(uint64_t v, char *buf)
+{
+    ml_format_bytes(v, buf, 32);
+    return buf;
+}
+
+int ml_report_colocate_text(FILE *f, const ml_ledger *const *jobs, const char *const *names,
+                            size_t n, const ml_colocate_result *r)
+{
+    char a[32], b[32];
+    fprintf(f, "memledger colocate: %zu jobs on one %s device, each in its own process (its "
+               "own runtime reserve)\n\n",
+            n, B(r->memory, a));
+    fprintf(f, "%-3s %12s %12s  %s\n", "", "peak total", "step time", "job");
+    for (size_t j = 0; j < n; j++) {
+        const ml_summary *s = ml_ledger_summary(jobs[j]);
+        char st[32] = "-";
+        if (s->step_time_s > 0)
+            snprintf(st, sizeof st, "%.4g s", s->step_time_s);
+        fprintf(f, "%-3zu %12s %12s  %s\n", j + 1, B(s->peak_total, a), st, names[j]);
+    }
+    char h[32];
+    fprintf(f, "\nunsynchronised, the peaks lined up: %s of %s: %s %s\n", B(r->worst_total, a),
+            B(r->memory, b), r->fits ? "FITS, headroom" : "DOES NOT FIT, over by",
+            B(r->fits ? (uint64_t)r->headroom : (uint64_t)(-r->headroom), h));
+    if (!r->timed) {
+        fputs("started together, independent phases: unknown (a time axis needs every job's "
+              "step time: a device peak in its file or --peak-tflops)\n",
+              f);
+        return ferror(f) ? -1 : 0;
+    }
+    if (r->aligned_known)
+        fprintf(f, "started together: at most %s, %.4g s after the start\n",
+                B(r->aligned_total, a), r->aligned_at_s);
+    else
+        fputs("started together: not computed (the periods are too unequal)\n", f);
+    if (r->p_time_over >= 0)
+        fprintf(f, "independent phases: over the device %.2f%% of the time\n",
+                100.0 * r->p_time_over);
+    return ferror(f) ? -1 : 0;
+}
+
+int ml_report_colocate_json(FILE *f, const ml_ledger *const *jobs, const char *const *names,
+                            size_t n, const ml_colocate_result *r)
+{
+    fprintf(f, "{\"device\": {\"memory\": %llu},\n \"jobs\": [", (unsigned long long)r->memory);
+    for (size_t j = 0; j < n; j++) {
+        const ml_summary *s = ml_ledger_summary(jobs[j]);
+        fputs(j ? ",\n  {\"job\": " : "\n  {\"job\": ", f);
+        ml_json_string(f, names[j]);
+        fprintf(f, ", \"peak\": %llu, \"peak_total\": %llu, \"runtime_reserve\": %llu, "
+                   "\"step_time_s\": ",
+                (unsigned long long)s->peak, (unsigned long long)s->peak_total,
+                (unsigned long long)s->runtime_reserve);
+        if (s->step_time_s > 0)
+            fprintf(f, "%.17g}", s->step_time_s);
+        else
+            fputs("null}", f);
+    }
+    fprintf(f, "],\n \"worst\": {\"peak_total\": %llu, \"fits\": %s, \"headroom\": %lld},\n"
+               " \"aligned\": ",
+            (unsigned long long)r->worst_total, r->fits ? "true" : "false",
+            (long long)r->headroom);
+    if (r->aligned_known)
+        fprintf(f, "{\"peak_total\": %llu, \"at_s\": %.17g}", (unsigned long long)r->aligned_total,
+                r->aligned_at_s);
+    else
+        fputs("null", f);
+    fputs(",\n \"p_time_over\": ", f);
+    if (r->p_time_over >= 0)
+        fprintf(f, "%.17g}\n", r->p_time_over);
+    else
+        fputs("null}\n", f);
+    return ferror(f) ? -1 : 0;
+}
+
+#define COLOCATE_POINTS 1200
+
+/* The jobs' curves stacked over the longest period, started together. */
+static void stacked(FILE *f, const ml_svg_chart *c, const ml_ledger *const *jobs, size_t n,
+                    double H)
+{
+    static const char *const colors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759",
+                                         "#76b7b2", "#edc948", "#b07aa1", "#9c755f"};
+    for (size_t j = n; j-- > 0;) {
+        /* the top edge of jobs 0..j: later jobs drawn first, underneath */
+        fprintf(f, "<polygon fill=\"%s\" fill-opacity=\"0.85\" points=\"%.1f,%.1f", colors[j % 8],
+                c->x0, ml_svg_py(c, 0));
+        for (int k = 0; k <= COLOCATE_POINTS; k++) {
+            const double t = H * k / COLOCATE_POINTS;
+            uint64_t sum = 0;
+            for (size_t i = 0; i <= j; i++)
+                sum += ml_colocate_level(jobs[i], t);
+            fprintf(f, " %.1f,%.1f", c->x0 + c->w * k / COLOCATE_POINTS,
+                    ml_svg_py(c, (double)sum));
+        }
+        fprintf(f, " %.1f,%.1f\"/>\n", c->x0 + c->w, ml_svg_py(c, 0));
+        fprintf(f, "<rect x=\"830\" y=\"%.1f\" width=\"14\" height=\"10\" fill=\"%s\"/>\n",
+                c->y0 + 4 + 20.0 * (double)j, colors[j % 8]);
+    }
+}
+
+int ml_report_colocate_svg(FILE *f, const ml_ledger *const *jobs, const char *const *names,
+                           size_t n, const ml_colocate_result *r)
+{
+    ml_svg_chart c = {90, 70, 720, 420, 1};
+    c.ymax = (double)(r->worst_total > r->memory ? r->worst_total : r->memory) * 1.06;
+    double H = 0;
+    for (size_t j = 0; j < n; j++)
+        H = fmax(H, ml_ledger_summary(jobs[j])->step_time_s);
+    ml_svg_header(f, 1040, 580);
+    fprintf(f, "<text x=\"20\" y=\"26\" font-size=\"17\" font-weight=\"bold\">%zu jobs on one "
+               "device, started together</text>\n",
+            n);
+    ml_svg_y_axis(f, &c);
+    if (r->timed && H > 0)
+        stacked(f, &c, jobs, n, H);
+    for (size_t j = 0; j < n; j++) {
+        fprintf(f, "<text x=\"850\" y=\"%.1f\" font-size=\"12\">", c.y0 + 13 + 20.0 * (double)j);
+        ml_svg_escape(f, names[j]);
+        fputs("</text>\n", f);
+    }
+    ml_svg_hline(f, &c, r->memory, "#222", NULL, "device", false);
+    ml_svg_hline(f, &c, r->worst_total, "#d62728", "6,4", "peaks lined up", true);
+    if (r->timed && H > 0)
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">seconds "
+                   "after the common start (0 to %.4g s, the longest step)</text>\n",
+                c.x0 + c.w / 2, c.y0 + c.h + 34, H);
+    else
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">no time "
+                   "axis: a job has no step time</text>\n",
+                c.x0 + c.w / 2, c.y0 + c.h + 34);
+    fputs("</svg>\n", f);
+    return ferror(f) ? -1 : 0;
+}
