@@ -361,6 +361,75 @@ static void test_three_peaks_by_hand(void **state)
     ml_model_destroy(m);
 }
 
+/* Two residual blocks' backward node by node (docs/ledger.md, "Backward,
+ * node by node"), by hand. One sample of 2 x 4 x 4, fp32, SGD:
+ * 0 conv 2->2 (3x3, pad 1); 1 residual, identity shortcut: conv, batchnorm,
+ * relu, conv, batchnorm (every tensor 32 values = 128 B; a conv's weight 36
+ * values = 144 B, a batchnorm's weight and bias 16 B, its save_mean and
+ * save_invstd 16 B); 2 relu; 3 residual with a projection shortcut: body conv
+ * 2->4 (3x3, stride 2: 288 B of weight) + batchnorm, shortcut conv 2->4
+ * (1x1, stride 2: 32 B) + batchnorm (outputs 16 values = 64 B, batchnorm
+ * weights and statistics 32 B each); flatten; linear 16->3; cross-entropy.
+ * Block 3 starts holding its output's gradient G (64); the shortcut runs
+ * first: its batchnorm +64 (input gradient) +32 (weight, bias), leaves G to
+ * the body's buffer, releases its input and statistics -64 -32; its conv
+ * +128 (x's gradient: the first to reach x's buffer, which keeps it) +32,
+ * frees the batchnorm's gradient -64; the body's batchnorm +64 +32, frees G
+ * -64, releases -64 -32; its conv +128 +288 -64, and its x gradient is added
+ * into the buffer in place and freed -128. Block 1 (identity): G (128) is
+ * x's buffer itself, so the last batchnorm frees nothing: +128 +16 -128 -16;
+ * conv +128 +144 -128; relu +128 -128, releasing its output -128; batchnorm
+ * +128 +16 -128 -128 -16; conv +128 +144 -128; accumulation -128; then its
+ * input, saved by its first conv, -128. */
+static void test_residual_nodes_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(
+        "model:\n  type: sequential\n  input: [2, 4, 4]\n  layers:\n"
+        "    - conv2d: {out: 2, kernel: 3, padding: 1, bias: false}\n"
+        "    - residual:\n"
+        "        - conv2d: {out: 2, kernel: 3, padding: 1, bias: false}\n"
+        "        - batchnorm: {}\n        - relu: {}\n"
+        "        - conv2d: {out: 2, kernel: 3, padding: 1, bias: false}\n"
+        "        - batchnorm: {}\n"
+        "    - relu: {}\n"
+        "    - residual:\n        body:\n"
+        "          - conv2d: {out: 4, kernel: 3, stride: 2, padding: 1, bias: false}\n"
+        "          - batchnorm: {}\n        shortcut:\n"
+        "          - conv2d: {out: 4, kernel: 1, stride: 2, bias: false}\n"
+        "          - batchnorm: {}\n"
+        "    - flatten: {}\n    - linear: {out: 3}\n  loss: cross_entropy\n"
+        "training:\n  micro_batch: 1\n  optimizer: sgd\n");
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, true);
+    static const int64_t proj[] = {64,  32, -64, -32, 128, 32, -64, 64,
+                                   32, -64, -64, -32, 128, 288, -64, -128};
+    static const int64_t ident[] = {128, 16,   -128, -16,  128, 144, -128,
+                                    128, -128, -128, 128,  16,  -128, -128,
+                                    -16, 128,  144,  -128, -128, -128};
+    const struct {
+        int32_t block;
+        const int64_t *d;
+        size_t n;
+    } want[] = {{3, proj, sizeof proj / sizeof *proj}, {1, ident, sizeof ident / sizeof *ident}};
+    const ml_event *ev = ml_ledger_events(l);
+    size_t ne = ml_ledger_event_count(l);
+    for (size_t w = 0; w < 2; w++) {
+        size_t got = 0;
+        for (size_t i = 0; i < ne; i++)
+            if (ev[i].phase == ML_PHASE_BACKWARD && ev[i].block == want[w].block) {
+                assert_true(got < want[w].n);
+                assert_int_equal(ev[i].delta, want[w].d[got]);
+                got++;
+            }
+        assert_int_equal(got, want[w].n);
+    }
+    /* the peak falls inside block 3, at its body conv's node */
+    assert_string_equal(ml_ledger_summary(l)->peak_step, "3:residual");
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 /* The caching allocator on the plan (docs/allocator.md): the tiny MLP's
  * tensors are all under 1 MiB, each rounds up to 512 B and they never
  * number 4,096 at once, so one 2 MiB small-pool segment holds them all:
@@ -428,6 +497,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_lowers_gpt2_peak),
         cmocka_unit_test(test_mlp_timeline_by_hand),
         cmocka_unit_test(test_three_peaks_by_hand),
+        cmocka_unit_test(test_residual_nodes_by_hand),
         cmocka_unit_test(test_reserved_tiny_by_hand),
         cmocka_unit_test(test_reserved_invariants),
     };
