@@ -46,8 +46,10 @@ typedef struct {
  * by node"). A block's nodes are kept in the order the engine runs them
  * (engine.cpp's ready queue pops the highest sequence number first: the
  * reverse of the forward's op order). Gradient buffers are counted by
- * bytes: the sum of grad_in over a block equals the sum of grad_out, the
- * block's incoming gradient buffer becoming its input's gradient. */
+ * bytes: the block starts holding its output's gradient (bwd_in) and ends
+ * holding its input's (in_bytes, none when in_nograd), so the sum of
+ * grad_in plus bwd_in equals the sum of grad_out plus the input's gradient
+ * (a transformer block's two are one buffer). */
 typedef struct {
     const char *what;     /* static: the node, e.g. "AddmmBackward0 (MLP out)" */
     uint64_t grad_in;     /* gradients w.r.t. its inputs it allocates */
@@ -80,6 +82,10 @@ typedef struct {
                                 dropout): the two boundaries share a storage */
     bool in_held;            /* the caller holds the input until this block's
                                 backward is done (the logits before the loss) */
+    bool in_nograd;          /* the input needs no gradient (the model's input):
+                                its backward ends with none to hand over */
+    bool nodes_off;          /* an op of the block has no node rule: its node
+                                list is dropped and the block-level rule runs */
     uint64_t ws_fwd;         /* transient bytes while its forward runs */
     uint64_t ws_nograd;      /* the same under no_grad (checkpointed forward),
                                 where saved tensors are transients too */

@@ -154,8 +154,8 @@ void ml_ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes)
 }
 
 /* Puts the block's nodes in execution order (the reverse of the forward's)
- * and checks them: the gradients balance and the parameter gradients are
- * the block's. A list that does not is dropped (the block-level backward
+ * and checks them: the gradients balance (the output's gradient in, the
+ * input's out) and the parameter gradients are the block's. A list that does not is dropped (the block-level backward
  * runs), never replayed wrong. */
 static void nodes_close(ml_chain *ch, ml_cblock *b)
 {
@@ -169,7 +169,9 @@ static void nodes_close(ml_chain *ch, ml_cblock *b)
         gout = ml_add(ch, gout, n[i].grad_out);
         pg = ml_add(ch, pg, n[i].param_grad);
     }
-    if (gin != gout || pg != b->grad_bytes || b->measured) {
+    uint64_t in_grad = b->in_nograd ? 0 : b->in_bytes;
+    if (ml_add(ch, gin, b->bwd_in) != ml_add(ch, gout, in_grad) || pg != b->grad_bytes ||
+        b->measured || b->nodes_off) {
         ch->nnodes -= m;
         b->nnodes = 0;
         for (size_t s = b->saved_first; s < b->saved_first + b->nsaved; s++)

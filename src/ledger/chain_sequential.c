@@ -17,6 +17,9 @@ typedef struct tref {
     unsigned bpe;
     bool saved;
     bool model_input; /* needs no gradient */
+    unsigned later;   /* consumers recorded after the one being built (a
+                         residual's shortcut): their gradients reach its
+                         InputBuffer first, so this one's is accumulated */
     struct tref *next;
 } tref;
 
@@ -26,6 +29,8 @@ typedef struct {
     uint64_t B;
     tref *in;    /* the current block's input */
     tref *all;   /* every tref, freed at the end */
+    const tref *last_out; /* the output of the last backward node recorded */
+    unsigned depth;       /* residuals entered */
 } seqctx;
 
 static tref *new_ref(seqctx *s, uint64_t per_sample, unsigned bpe)
@@ -45,21 +50,47 @@ static tref *new_ref(seqctx *s, uint64_t per_sample, unsigned bpe)
 }
 
 /* Saves t once; autocast saves a cast copy instead for matmul-class
- * consumers of fp32 tensors. */
-static void save_ref(seqctx *s, tref *t, const char *what, bool matmul)
+ * consumers of fp32 tensors. Returns the storage's index when this op is
+ * the first to save it (its node releases it), else SIZE_MAX. */
+static size_t save_ref(seqctx *s, tref *t, const char *what, bool matmul)
 {
     ml_chain *ch = s->ch;
-    if (matmul && ch->prec.autocast && t->bpe == 4) {
-        ml_ck_save(ch, s->b, what, t->elems, 2, 0);
-        return;
-    }
-    if (t == s->in) {
-        ml_ck_save(ch, s->b, what, t->elems, t->bpe, ML_SV_INPUT);
-        return;
-    }
+    if (matmul && ch->prec.autocast && t->bpe == 4)
+        return ml_ck_save(ch, s->b, what, t->elems, 2, 0);
+    if (t == s->in)
+        return ml_ck_save(ch, s->b, what, t->elems, t->bpe, ML_SV_INPUT);
+    size_t idx = SIZE_MAX;
     if (!t->saved)
-        ml_ck_save(ch, s->b, what, t->elems, t->bpe, 0);
+        idx = ml_ck_save(ch, s->b, what, t->elems, t->bpe, 0);
     t->saved = true;
+    return idx;
+}
+
+static uint64_t ref_bytes(seqctx *s, const tref *t)
+{
+    return ml_mul(s->ch, t->elems, t->bpe);
+}
+
+/* The backward node of the op that made y from x (docs/ledger.md,
+ * "Backward, node by node"): x's gradient (none for the model's input; an
+ * InputBuffer accumulation after it when a later-built consumer's gradient
+ * reached x first), its parameters' gradients, y's gradient freed once it
+ * has run; it releases the saved storages s0 and s1. */
+static void seq_node(seqctx *s, const char *what, const tref *x, uint64_t param_elems,
+                     const tref *y, size_t s0, size_t s1)
+{
+    ml_chain *ch = s->ch;
+    if (x->model_input && !param_elems) {
+        /* y needs no gradient either: no node in autograd's graph */
+        s->b->nodes_off = true;
+        return;
+    }
+    uint64_t gx = x->model_input ? 0 : ref_bytes(s, x);
+    if (gx && x->later)
+        ml_ck_accum(ch, s->b, gx);
+    ml_ck_node(ch, s->b, what, gx, ml_mul(ch, param_elems, ch->prec.grad), ref_bytes(s, y), s0,
+               s1);
+    s->last_out = y;
 }
 
 static tref *seq_layers(seqctx *s, const ml_layer *ls, size_t n, tref *x, ml_shape *sh);
@@ -74,7 +105,7 @@ static tref *seq_matmul(seqctx *s, const ml_layer *l, tref *x, const ml_shape *s
     uint64_t kin = lin ? sh->d[sh->rank - 1] : ml_ck_mul3(ch, sh->d[0], l->kernel, l->kernel);
     uint64_t rows = lin ? ml_mul(ch, s->B, sh->rank == 2 ? sh->d[0] : 1)
                         : ml_mul(ch, s->B, o->d[1] * o->d[2]);
-    save_ref(s, x, lin ? "linear input" : "conv2d input", true);
+    size_t sx = save_ref(s, x, lin ? "linear input" : "conv2d input", true);
     if (!x->model_input)
         ml_ck_weight_copy(ch, b, ml_mul(ch, kin, l->out));
     ml_ck_param(ch, b, l->out, kin);
@@ -85,7 +116,14 @@ static tref *seq_matmul(seqctx *s, const ml_layer *l, tref *x, const ml_shape *s
     double f = 2.0 * (double)rows * (double)kin * (double)l->out;
     b->flops_fwd += f;
     b->flops_bwd += x->model_input ? f : 2 * f;
-    return new_ref(s, out_ps, ch->prec.autocast ? 2 : x->bpe);
+    tref *y = new_ref(s, out_ps, ch->prec.autocast ? 2 : x->bpe);
+    /* addmm/mm: the input's gradient (grad @ W), the weight's (grad^T @ x),
+     * the bias's (a sum); convolution_backward the same three, its
+     * output_mask skipping the input's when it needs none */
+    uint64_t pe = ml_add(ch, ml_mul(ch, l->out, kin), l->bias ? l->out : 0);
+    seq_node(s, lin ? (l->bias ? "AddmmBackward0" : "MmBackward0") : "ConvolutionBackward0", x, pe,
+             y, sx, SIZE_MAX);
+    return y;
 }
 
 /* native/cudnn batch_norm saves input, save_mean, save_invstd; layer_norm
@@ -94,22 +132,30 @@ static tref *seq_norm(seqctx *s, const ml_layer *l, tref *x, const ml_shape *sh,
 {
     ml_chain *ch = s->ch;
     ml_cblock *b = s->b;
+    /* backward: the input's gradient and the weight's and bias's
+     * (native_batch_norm_backward, native_layer_norm_backward) */
     if (l->kind == ML_L_BATCHNORM) {
-        save_ref(s, x, "batchnorm input", false);
-        ml_ck_save(ch, b, "batchnorm save_mean+save_invstd", ml_mul(ch, sh->d[0], 2), 4, 0);
+        size_t sx = save_ref(s, x, "batchnorm input", false);
+        size_t st = ml_ck_save(ch, b, "batchnorm save_mean+save_invstd", ml_mul(ch, sh->d[0], 2),
+                               4, 0);
         ml_ck_param(ch, b, sh->d[0], 0);
         ml_ck_param(ch, b, sh->d[0], 0);
-        return new_ref(s, out_ps, x->bpe);
+        tref *y = new_ref(s, out_ps, x->bpe);
+        seq_node(s, "NativeBatchNormBackward0", x, ml_mul(ch, 2, sh->d[0]), y, sx, st);
+        return y;
     }
     uint64_t last = sh->d[sh->rank - 1];
+    size_t sx;
     if (ch->prec.autocast && x->bpe == 2)
-        ml_ck_save(ch, b, "layernorm input (fp32 cast, autocast)", x->elems, 4, 0);
+        sx = ml_ck_save(ch, b, "layernorm input (fp32 cast, autocast)", x->elems, 4, 0);
     else
-        save_ref(s, x, "layernorm input", false);
-    ml_ck_save(ch, b, "layernorm mean+rstd", ml_mul(ch, x->elems / last, 2), 4, 0);
+        sx = save_ref(s, x, "layernorm input", false);
+    size_t st = ml_ck_save(ch, b, "layernorm mean+rstd", ml_mul(ch, x->elems / last, 2), 4, 0);
     ml_ck_param(ch, b, last, 0);
     ml_ck_param(ch, b, last, 0);
-    return new_ref(s, out_ps, ch->prec.autocast ? 4 : x->bpe);
+    tref *y = new_ref(s, out_ps, ch->prec.autocast ? 4 : x->bpe);
+    seq_node(s, "NativeLayerNormBackward0", x, ml_mul(ch, 2, last), y, sx, st);
+    return y;
 }
 
 /* An attention layer on (T, D) samples: the transformer's attention core
@@ -135,11 +181,41 @@ static tref *seq_attention(seqctx *s, const ml_layer *l, tref *x, const ml_shape
     fake.attention = ML_ATTN_EAGER;
     bool cast = ch->prec.autocast && x->bpe == 4;
     bool is_in = x == s->in;
+    /* the kit's attention nodes assume a residual around them: no node
+     * rule for a bare attention layer yet */
+    s->b->nodes_off = true;
     ml_ck_attention(ch, s->b, &fake, &d, x->bpe, !is_in && !cast && x->saved, true, l->causal,
                     false, is_in ? ML_SV_INPUT : 0);
     if (!cast)
         x->saved = true;
     return new_ref(s, out_ps, ch->prec.autocast ? 2 : x->bpe);
+}
+
+/* The residual's sum in backward (docs/ledger.md, "Backward, node by
+ * node"): AddBackward0 hands the sum's gradient G itself to both branches.
+ * The shortcut runs first (its nodes are younger); a projection's last
+ * node leaves G to the body, whose last node frees it. An identity
+ * shortcut makes G x's gradient buffer, so the body's last node frees
+ * nothing. nb, ns: the node counts after the body and after the shortcut. */
+static void residual_nodes(seqctx *s, const tref *x, const tref *yb, const tref *ys,
+                           size_t n0, size_t nb, const tref *ob, size_t ns, const tref *os)
+{
+    ml_chain *ch = s->ch;
+    if (!ch->record_nodes || s->b->nodes_off)
+        return;
+    if (s->depth > 1 || nb == n0 || ob != yb) {
+        /* a residual nested in a residual, a body ending in a view: no rule */
+        s->b->nodes_off = true;
+        return;
+    }
+    if (ys != x) {
+        if (ns > nb && os == ys)
+            ch->nodes[ns - 1].grad_out = 0;
+        else
+            s->b->nodes_off = true;
+    } else if (!x->model_input) {
+        ch->nodes[nb - 1].grad_out = 0;
+    }
 }
 
 /* A residual: body and shortcut from the same input, met in a sum. */
@@ -148,8 +224,17 @@ static tref *seq_residual(seqctx *s, const ml_layer *l, tref *x, const ml_shape 
 {
     ml_chain *ch = s->ch;
     ml_shape s1 = *sh, s2 = *sh;
+    s->depth++;
+    size_t n0 = ch->nnodes;
+    /* the shortcut (or the sum, for an identity) consumes x after the body */
+    x->later++;
     tref *yb = seq_layers(s, l->body, l->nbody, x, &s1);
+    x->later--;
+    size_t nb = ch->nnodes;
+    const tref *ob = s->last_out;
     tref *ys = l->nshortcut ? seq_layers(s, l->shortcut, l->nshortcut, x, &s2) : x;
+    residual_nodes(s, x, yb, ys, n0, nb, ob, ch->nnodes, s->last_out);
+    s->depth--;
     /* the two branches meet in the sum, which saves nothing */
     if (yb != s->in)
         ml_ck_note(ch, ml_mul(ch, yb->elems, yb->bpe), yb->saved);
@@ -168,6 +253,7 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
     ml_shape_step(l, sh, &o, msg, sizeof msg, &where); /* validated at load */
     uint64_t out_ps = ml_shape_elems(&o);
     tref *y = x;
+    size_t s0 = SIZE_MAX, s1 = SIZE_MAX;
     switch (l->kind) {
     case ML_L_LINEAR:
     case ML_L_CONV2D:
@@ -180,36 +266,47 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
     case ML_L_RELU:
         /* threshold_backward uses the result; in-place relu saves the same */
         y = new_ref(s, out_ps, x->bpe);
-        save_ref(s, y, "relu output", false);
+        s0 = save_ref(s, y, "relu output", false);
+        seq_node(s, "ReluBackward0", x, 0, y, s0, SIZE_MAX);
         break;
     case ML_L_GELU:
     case ML_L_SILU:
-        save_ref(s, x, l->kind == ML_L_GELU ? "gelu input" : "silu input", false);
+        s0 = save_ref(s, x, l->kind == ML_L_GELU ? "gelu input" : "silu input", false);
         y = new_ref(s, out_ps, x->bpe);
+        seq_node(s, l->kind == ML_L_GELU ? "GeluBackward0" : "SiluBackward0", x, 0, y, s0,
+                 SIZE_MAX);
         break;
     case ML_L_DROPOUT:
         if (l->p > 0) {
-            ml_ck_save(ch, b, "dropout mask (bool)", x->elems, 1, 0);
+            s0 = ml_ck_save(ch, b, "dropout mask (bool)", x->elems, 1, 0);
             y = new_ref(s, out_ps, x->bpe);
+            seq_node(s, "NativeDropoutBackward0", x, 0, y, s0, SIZE_MAX);
         }
         break;
     case ML_L_MAXPOOL:
-        save_ref(s, x, "maxpool input", false);
-        ml_ck_save(ch, b, "maxpool indices (int64)", ml_mul(ch, s->B, out_ps), 8, 0);
+        /* the backward scatters into a zeroed gradient of the input */
+        s0 = save_ref(s, x, "maxpool input", false);
+        s1 = ml_ck_save(ch, b, "maxpool indices (int64)", ml_mul(ch, s->B, out_ps), 8, 0);
         y = new_ref(s, out_ps, x->bpe);
+        seq_node(s, "MaxPool2DWithIndicesBackward0", x, 0, y, s0, s1);
         break;
     case ML_L_AVGPOOL:
-        /* global pooling is mean(-1,-2), whose backward keeps only sizes */
+        /* global pooling is mean(-1,-2), whose backward keeps only sizes:
+         * its gradient is the expanded grad divided by the count, a new
+         * tensor of the input's size */
         if (!l->global)
-            save_ref(s, x, "avgpool input", false);
+            s0 = save_ref(s, x, "avgpool input", false);
         y = new_ref(s, out_ps, x->bpe);
+        seq_node(s, l->global ? "MeanBackward1" : "AvgPool2DBackward0", x, 0, y, s0, SIZE_MAX);
         break;
     case ML_L_FLATTEN:
-        break; /* a view: same storage */
+        break; /* a view: same storage, and its gradient a view of y's */
     case ML_L_EMBEDDING:
         save_ref(s, x, "token ids (int64)", false);
         ml_ck_param(ch, b, l->vocab, l->dim);
         y = new_ref(s, out_ps, ch->prec.w);
+        /* embedding_dense_backward: the dense (V, D) weight gradient */
+        seq_node(s, "EmbeddingBackward0", x, ml_mul(ch, l->vocab, l->dim), y, SIZE_MAX, SIZE_MAX);
         break;
     case ML_L_ATTENTION:
         y = seq_attention(s, l, x, sh, out_ps);
@@ -291,6 +388,8 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
     ch->c_width = in_ps;
     tref *x = new_ref(&s, in_ps, sh.ids ? 8 : ch->prec.w);
     x->model_input = true;
+    /* the node-level backward (docs/ledger.md): fp32 layers for now */
+    ch->record_nodes = ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast;
     ml_status st = ML_OK;
     for (size_t i = 0; i < m->nseq && !ch->overflow && !ch->nomem; i++) {
         char name[48];
@@ -303,32 +402,40 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
         s.b = b;
         s.in = x;
         b->in_bytes = ml_mul(ch, x->elems, x->bpe);
+        b->in_nograd = x->model_input;
         tref *y = seq_layer(&s, &m->seq[i], x, &sh);
         uint64_t out_bytes = ml_mul(ch, y->elems, y->bpe);
         if (y != x && y->saved) {
-            /* the block saved its own output (relu): a boundary tensor */
+            /* the block saved its own output (relu): a boundary tensor,
+             * released by the replay, not by a node */
             b->out_saved = true;
             b->saved_bytes -= out_bytes;
             for (size_t k = ch->nsaved; k-- > b->saved_first;)
                 if (ch->saved[k].bytes == out_bytes && !(ch->saved[k].flags & ML_SV_OUTPUT)) {
                     ch->saved[k].flags |= ML_SV_OUTPUT;
+                    ch->saved[k].node = ML_NODE_NONE;
                     break;
                 }
         }
         if (y == x) {
             /* identity block (flatten, dropout p=0): in and out are one
-             * storage; whoever saves it, the replay counts it once */
+             * storage; whoever saves it, the replay counts it once. Its
+             * backward is a view of the output's gradient: a node that
+             * allocates and frees nothing */
             b->identity = true;
             if (b->in_saved) {
                 b->in_saved = false;
                 b->out_saved = true;
             }
+            if (!x->model_input)
+                ml_ck_node(ch, b, "ViewBackward0 (flatten; dropout p=0: none)", 0, 0, 0, SIZE_MAX, SIZE_MAX);
         }
         ml_ck_end(ch, b, out_bytes);
         if (y != x)
             y->model_input = false;
         x = y;
     }
+    ch->record_nodes = false;
     ch->n_ckpt = m->nseq;
     if (st == ML_OK)
         st = seq_loss(ch, m, x, &sh, s.B);

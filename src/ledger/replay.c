@@ -336,8 +336,9 @@ static void backward_nodes(ml_replay *r, size_t k)
     if ((int)k == sh->side_block)
         ml_replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
     ml_replay_free(r, ML_CAT_WORKSPACE, gat);
-    /* the incoming buffer now holds the gradient of the block's input */
-    r->grad_carry = b->in_bytes;
+    /* the incoming buffer now holds the gradient of the block's input
+     * (none when the input needs none: the model's input) */
+    r->grad_carry = b->in_nograd ? 0 : b->in_bytes;
 }
 
 void ml_replay_micro_batch(ml_replay *r)

@@ -30,11 +30,16 @@ the CPU-only artefacts, each identified by op and tensor, never by a tolerance:
   mean      1.13's `mean` backward keeps its input: RMSNorm's x^2 and the
             input of global average pooling live until backward; in 2.x they
             are freed when the mean has run. Removed from that moment.
+  bn-grad2  1.13's CPU batch-norm backward allocates grad_input twice and
+            frees the first at once (SCRATCH_OPS below).
   rng       torch.utils.checkpoint saves the CPU RNG state (a uint8 tensor)
             per checkpointed call: host memory on a GPU.
   onednn    oneDNN convolution weight/activation reorder buffers (allocations
             under `aten::mkldnn_convolution` and its backward that do not
-            outlive the op): CPU only.
+            outlive the op; in backward, those under `aten::convolution_backward`
+            freed before that op ends, its gradients being the ones that
+            outlive it): CPU only. A GPU's cuDNN takes a workspace instead,
+            sized by the algorithm it picks: not modelled (docs/validation.md).
 
 usage: livebytes.py MEMLEDGER MODELS_DIR [--doc OUT.md] [--quick]
 Prints the checks and a table; ends with "N passed, N failed".
@@ -58,6 +63,15 @@ import crosscheck as xc  # noqa: E402  (the reference implementations)
 torch.set_num_threads(1)  # every allocation on the profiled (main) thread
 
 EMPTY = ("aten::empty", "aten::empty_strided", "aten::empty_like")
+# Backward ops whose allocations freed before the op ends are CPU artefacts,
+# by kind (their results, the gradients, outlive them): 1.13's CPU
+# convolution_backward calls oneDNN through a stub, without an op record,
+# and its reorder buffers are those; 1.13's CPU native_batch_norm_backward
+# allocates grad_input twice on its contiguous path (Normalization.cpp,
+# batch_norm_backward_cpu_template: `empty_like(input)` before the layout
+# test and again inside it), the first freed at once.
+SCRATCH_OPS = {"aten::convolution_backward": "onednn",
+               "aten::native_batch_norm_backward": "bn-grad2"}
 PHASE_OF = {"step": "optimizer", "zero_grad": "optimizer", "end": "optimizer"}
 
 
@@ -88,22 +102,24 @@ class Curve:
     def __init__(self, prof):
         allocs, marks = [], []
 
-        def walk(n, anc):
+        def walk(n, anc, cb_end):
             ef = n.extra_fields
             if type(ef).__name__ == "_ExtraFields_Allocation":
                 allocs.append((n.start_time_ns, len(allocs), ef.ptr, ef.alloc_size,
-                               ef.total_allocated, tuple(anc)))
+                               ef.total_allocated, tuple(anc), cb_end))
             elif n.name.startswith("ml:"):
                 marks.append((n.start_time_ns, n.end_time_ns, n.name[3:]))
+            if n.name in SCRATCH_OPS:  # the op's own end, for its artefact kind
+                cb_end = (SCRATCH_OPS[n.name], n.end_time_ns)
             for c in n.children:
-                walk(c, anc + [n.name])
+                walk(c, anc + [n.name], cb_end)
         for r in prof.profiler.kineto_results.experimental_event_tree():
-            walk(r, [])
+            walk(r, [], None)
         allocs.sort()
         self.errors = []
         # (1) the allocator's running total, reproduced at every event
         run = None
-        for i, (t, _, ptr, d, tot, anc) in enumerate(allocs):
+        for i, (t, _, ptr, d, tot, anc, _cb) in enumerate(allocs):
             run = tot - d if run is None else run
             run += d
             if run != tot:
@@ -112,12 +128,13 @@ class Curve:
         # (2) frees paired with allocations by pointer; live bytes from zero
         live, self.ev = {}, []
         total = 0
-        for t, _, ptr, d, tot, anc in allocs:
+        for t, _, ptr, d, tot, anc, cb_end in allocs:
             if d > 0:
                 if ptr in live:
                     self.errors.append("pointer %#x allocated twice" % ptr)
                 live[ptr] = len(self.ev)
-                self.ev.append({"t": t, "d": d, "anc": anc, "ptr": ptr, "free": None})
+                self.ev.append({"t": t, "d": d, "anc": anc, "ptr": ptr, "free": None,
+                                "scratch_of": cb_end})
             else:
                 a = live.pop(ptr, None)
                 if a is None or self.ev[a]["d"] != -d:
@@ -161,6 +178,9 @@ class Curve:
                     and self.ev[e["free"]]["anc"][:len(e["anc"])] == e["anc"][:len(self.ev[e["free"]]["anc"])] \
                     and any("mkldnn_convolution" in a for a in self.ev[e["free"]]["anc"]):
                 kind[i] = "onednn"
+            elif e["scratch_of"] is not None and e["free"] is not None \
+                    and self.ev[e["free"]]["t"] <= e["scratch_of"][1]:
+                kind[i] = e["scratch_of"][0]  # see SCRATCH_OPS
         extra = []  # (time, delta) pseudo-events for tagged tensors
         for s, _, n in self.marks:
             if not n.startswith("tag:"):

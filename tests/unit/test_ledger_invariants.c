@@ -182,20 +182,23 @@ static void test_checkpoint_lowers_gpt2_peak(void **state)
  * no step temporaries). Params 192 x 4 B = 768.
  * Boundaries (all saved by their consumer): x 96, z1 192, a 192, y 48.
  * Transients: ws_fwd = 2 x largest unsaved intermediate = 0 (each block is
- * one layer); ws_bwd = incoming gradient + 2 x largest tensor touched:
- *   linear 8->16: 192 + 2*96 = 384; gelu: 192 + 2*192 = 576;
- *   linear 16->4: 48 + 2*192 = 432; loss: 2 x 48 (grad of y twice) = 96.
- * Gradients: W1 128 x 4 = 512 (block 0), W2 64 x 4 = 256 (block 2).
+ * one layer); the loss's ws_bwd = 2 x 48 (grad of y twice) = 96. The three
+ * layers run their backward node by node ("Backward, node by node"):
+ *   2:linear, MmBackward0: y's gradient 48 (handed in), a's gradient 192,
+ *     W2's 64 x 4 = 256; frees y's gradient, then a (its last user);
+ *   1:gelu, GeluBackward0: z1's gradient 192; frees a's, then z1;
+ *   0:linear, MmBackward0: x needs no gradient, so only W1's 128 x 4 = 512;
+ *     frees z1's gradient, then x.
  * Forward: 768 + 96 + 192 + 192 + 48 + target 48 = 1344.
  * The loop holds y, the model output, to the end (logits: kept, the default).
  * Backward, loss: +96 -48 (target) -96 -> 1296.
- *   block 2: +432 +256 = 1984, then -192 (a) -432 -> 1360.
- *   block 1: +576 = 1936, -192 (z1) -576 -> 1168.
- *   block 0: +384 +512 = 2064  <- the peak: params 768, grads 768, x 96,
- *            y 48, workspace 384; then -96 -384 -> 1584.
+ *   block 2: +48 +192 +256 = 1792, -48 -192 (a) -> 1552.
+ *   block 1: +192 = 1744, -192 -192 (z1) -> 1360.
+ *   block 0: +512 = 1872  <- the peak: params 768, grads 768, x 96, y 48,
+ *            workspace 192 (z1's gradient); then -192 -96 (x) -> 1584.
  * Step: grads freed -> 816; the iteration ends, y freed -> 768.
  * logits: released: y goes with the loss's backward (-48 there): the peak is
- * 2016, without y. */
+ * 1824, without y. */
 static void test_mlp_timeline_by_hand(void **state)
 {
     (void)state;
@@ -206,13 +209,13 @@ static void test_mlp_timeline_by_hand(void **state)
     ml_config c = ml_model_config(m);
     ml_ledger *l = eval(m, &c, true);
     const ml_summary *s = ml_ledger_summary(l);
-    assert_int_equal(s->peak, 2064);
+    assert_int_equal(s->peak, 1872);
     assert_int_equal(s->peak_phase, ML_PHASE_BACKWARD);
     assert_string_equal(s->peak_step, "0:linear");
     assert_int_equal(s->peak_breakdown[ML_CAT_PARAMS], 768);
     assert_int_equal(s->peak_breakdown[ML_CAT_GRADS], 768);
     assert_int_equal(s->peak_breakdown[ML_CAT_ACTIVATIONS], 96 + 48);
-    assert_int_equal(s->peak_breakdown[ML_CAT_WORKSPACE], 384);
+    assert_int_equal(s->peak_breakdown[ML_CAT_WORKSPACE], 192);
     assert_int_equal(s->bytes_activations, 576);
     /* the total after the forward pass, read off the event list */
     const ml_event *ev = ml_ledger_events(l);
@@ -236,9 +239,11 @@ static void test_mlp_timeline_by_hand(void **state)
      * 2*3*8*16 = 768 + 2*3*16*4 = 384 (GELU 0); backward 0:linear 768 (its
      * input needs no gradient), 2:linear 2*384 = 768: 2,688 in all. At
      * 1e-9 TFLOP/s (1,000 FLOP/s) an event's t_s is its FLOPs before / 1000:
-     * event 0 at 0; the peak (event 17, 0:linear's gradient, allocated
-     * before 0:linear's backward runs) after the forward 1,152 + 2:linear's
-     * 768 = 1,920: 1.92 s; the last at 2,688: 2.688 s (the step time) */
+     * event 0 at 0; the peak (event 17, W1's gradient, allocated before
+     * 0:linear's backward FLOPs are counted: a node carries none of its own)
+     * after the forward 1,152 + 2:linear's 768 = 1,920: 1.92 s; the last at
+     * 2,688: 2.688 s (the step time). Events: 0 resident, 1-5 forward and
+     * loss, 6-8 the loss's backward, 9-13 block 2, 14-16 block 1 */
     c.device.peak_tflops = 1e-9;
     c.device.efficiency = 1;
     l = eval(m, &c, true);
@@ -275,7 +280,7 @@ static void test_mlp_timeline_by_hand(void **state)
     ml_ledger_destroy(l);
     c.training.logits = ML_LOGITS_RELEASED;
     l = eval(m, &c, false);
-    assert_int_equal(ml_ledger_summary(l)->peak, 2016);
+    assert_int_equal(ml_ledger_summary(l)->peak, 1824);
     assert_int_equal(ml_ledger_summary(l)->peak_breakdown[ML_CAT_ACTIVATIONS], 96);
     ml_ledger_destroy(l);
     ml_model_destroy(m);
@@ -285,17 +290,20 @@ static void test_mlp_timeline_by_hand(void **state)
  * the MLP above at B = 30 with Adam (foreach). Params 768, states 2 x 768 =
  * 1536, step temporary 768 (one sqrt per state value); R = 2304 resident.
  * Boundaries: x 960, z1 1920, a 1920, y 480; the target 480.
- * Transients: ws_bwd linear 8->16: 1920 + 2*960 = 3840; gelu 1920 + 2*1920 =
- * 5760; linear 16->4: 480 + 2*1920 = 4320; loss 2*480 = 960. Under no_grad a
- * block's transient is 2 x its largest tensor (linear 8->16: 2*960 = 1920;
- * gelu and linear 16->4: 2*1920 = 3840), the loss's its saved target (480).
+ * Transients: the loss's ws_bwd 2*480 = 960; the layers' backward runs node
+ * by node (test_mlp_timeline_by_hand). Under no_grad a block's transient is
+ * 2 x its largest tensor (linear 8->16: 2*960 = 1920; gelu and linear
+ * 16->4: 2*1920 = 3840), the loss's its saved target (480).
  * Steady (logits kept): forward ends at R + 5760 = 8064; loss backward +960
- * -480 (target) -960 = 7584; block 2: +4320 +256 (W2's grad) = 12160, the
- * peak (R 2304, grads 256, x z1 a y 5280, workspace 4320).
- * First iteration: the same without the states until the step: 12160 - 1536
- * = 10624; its step holds R + grads 768 + y 480 + 768 = 4320.
+ * -480 (target) -960 = 7584; block 2: y's gradient +480, a's +1920, W2's
+ * +256 = 10240, the peak (R 2304, grads 256, x z1 a y 5280, workspace 2400);
+ * then -480 -1920 (a) = 7840; block 1 +1920 -1920 -1920 (z1) = 5920; block
+ * 0 +512 (W1's) = 6432, -1920 -960 (x) = 3552.
+ * First iteration: the same without the states until the step: 10240 - 1536
+ * = 8704; its step holds R + grads 768 + y 480 + 768 = 4320.
  * Evaluation at B = 30: R + x 960, block 0 +1920 +z1 1920 = 7104, -1920 -960
- * = 4224; block 1 +3840 +a 1920 = 9984, the eval peak. At B = 60 every
+ * = 4224; block 1 +3840 +a 1920 = 9984, the eval peak, below the steady
+ * 10240. At B = 60 every
  * activation term doubles: 2304 + 2 x 7680 = 17664, above the steady peak:
  * it binds, and the verdict and peak_total use it. Then zero_grad: zero. */
 static void test_three_peaks_by_hand(void **state)
@@ -309,9 +317,9 @@ static void test_three_peaks_by_hand(void **state)
     ml_config c = ml_model_config(m);
     ml_ledger *l = eval(m, &c, false);
     const ml_summary *s = ml_ledger_summary(l);
-    assert_int_equal(s->peak, 12160);
+    assert_int_equal(s->peak, 10240);
     assert_string_equal(s->peak_step, "2:linear");
-    assert_int_equal(s->peak_first_iteration, 10624);
+    assert_int_equal(s->peak_first_iteration, 8704);
     assert_false(s->has_eval);
     assert_int_equal(s->binding, ML_PEAK_STEADY);
     ml_ledger_destroy(l);
@@ -328,27 +336,97 @@ static void test_three_peaks_by_hand(void **state)
     c.device.runtime_reserve = 512ull << 20;
     l = eval(m, &c, false);
     s = ml_ledger_summary(l);
-    assert_int_equal(s->peak, 12160); /* bytes.peak stays the steady state's */
+    assert_int_equal(s->peak, 10240); /* bytes.peak stays the steady state's */
     assert_int_equal(s->peak_eval, 17664);
     assert_int_equal(s->binding, ML_PEAK_EVAL);
     assert_int_equal(s->peak_total, 17664 + (512ull << 20));
     assert_int_equal(s->headroom, (int64_t)(512ull << 20) - 17664);
     ml_ledger_destroy(l);
-    /* zero_grad: zero — every .grad (768 B) stays allocated, and backward
-     * adds into it through a transient of the block's gradient: at block 2,
-     * 12160 - 256 (no new W2 grad) + 768 + 256 (the transient) = 12928. The
-     * first iteration has no gradients yet: 10624 as before; the
-     * evaluation at B = 30 carries them: 9984 + 768 = 10752. */
+    /* zero_grad: zero — every .grad (768 B) stays allocated, and each node
+     * adds its parameters' gradient into it through a transient of the same
+     * size (AccumulateGrad): at block 2, 10240 - 256 (no new W2 grad) + 768
+     * + 256 (the transient) = 11008, workspace 2400 + 256. The first
+     * iteration has no gradients yet: 8704 as before; the evaluation at
+     * B = 30 carries them: 9984 + 768 = 10752. */
     c.device.present = false;
     c.training.eval_batch = 30;
     c.training.zero_grad = ML_ZERO_GRAD_ZERO;
     l = eval(m, &c, true);
     s = ml_ledger_summary(l);
-    assert_int_equal(s->peak, 12928);
+    assert_int_equal(s->peak, 11008);
     assert_int_equal(s->peak_breakdown[ML_CAT_GRADS], 768);
-    assert_int_equal(s->peak_breakdown[ML_CAT_WORKSPACE], 4320 + 256);
-    assert_int_equal(s->peak_first_iteration, 10624);
+    assert_int_equal(s->peak_breakdown[ML_CAT_WORKSPACE], 2400 + 256);
+    assert_int_equal(s->peak_first_iteration, 8704);
     assert_int_equal(s->peak_eval, 10752);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* Two residual blocks' backward node by node (docs/ledger.md, "Backward,
+ * node by node"), by hand. One sample of 2 x 4 x 4, fp32, SGD:
+ * 0 conv 2->2 (3x3, pad 1); 1 residual, identity shortcut: conv, batchnorm,
+ * relu, conv, batchnorm (every tensor 32 values = 128 B; a conv's weight 36
+ * values = 144 B, a batchnorm's weight and bias 16 B, its save_mean and
+ * save_invstd 16 B); 2 relu; 3 residual with a projection shortcut: body conv
+ * 2->4 (3x3, stride 2: 288 B of weight) + batchnorm, shortcut conv 2->4
+ * (1x1, stride 2: 32 B) + batchnorm (outputs 16 values = 64 B, batchnorm
+ * weights and statistics 32 B each); flatten; linear 16->3; cross-entropy.
+ * Block 3 starts holding its output's gradient G (64); the shortcut runs
+ * first: its batchnorm +64 (input gradient) +32 (weight, bias), leaves G to
+ * the body's buffer, releases its input and statistics -64 -32; its conv
+ * +128 (x's gradient: the first to reach x's buffer, which keeps it) +32,
+ * frees the batchnorm's gradient -64; the body's batchnorm +64 +32, frees G
+ * -64, releases -64 -32; its conv +128 +288 -64, and its x gradient is added
+ * into the buffer in place and freed -128. Block 1 (identity): G (128) is
+ * x's buffer itself, so the last batchnorm frees nothing: +128 +16 -128 -16;
+ * conv +128 +144 -128; relu +128 -128, releasing its output -128; batchnorm
+ * +128 +16 -128 -128 -16; conv +128 +144 -128; accumulation -128; then its
+ * input, saved by its first conv, -128. */
+static void test_residual_nodes_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(
+        "model:\n  type: sequential\n  input: [2, 4, 4]\n  layers:\n"
+        "    - conv2d: {out: 2, kernel: 3, padding: 1, bias: false}\n"
+        "    - residual:\n"
+        "        - conv2d: {out: 2, kernel: 3, padding: 1, bias: false}\n"
+        "        - batchnorm: {}\n        - relu: {}\n"
+        "        - conv2d: {out: 2, kernel: 3, padding: 1, bias: false}\n"
+        "        - batchnorm: {}\n"
+        "    - relu: {}\n"
+        "    - residual:\n        body:\n"
+        "          - conv2d: {out: 4, kernel: 3, stride: 2, padding: 1, bias: false}\n"
+        "          - batchnorm: {}\n        shortcut:\n"
+        "          - conv2d: {out: 4, kernel: 1, stride: 2, bias: false}\n"
+        "          - batchnorm: {}\n"
+        "    - flatten: {}\n    - linear: {out: 3}\n  loss: cross_entropy\n"
+        "training:\n  micro_batch: 1\n  optimizer: sgd\n");
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, true);
+    static const int64_t proj[] = {64,  32, -64, -32, 128, 32, -64, 64,
+                                   32, -64, -64, -32, 128, 288, -64, -128};
+    static const int64_t ident[] = {128, 16,   -128, -16,  128, 144, -128,
+                                    128, -128, -128, 128,  16,  -128, -128,
+                                    -16, 128,  144,  -128, -128, -128};
+    const struct {
+        int32_t block;
+        const int64_t *d;
+        size_t n;
+    } want[] = {{3, proj, sizeof proj / sizeof *proj}, {1, ident, sizeof ident / sizeof *ident}};
+    const ml_event *ev = ml_ledger_events(l);
+    size_t ne = ml_ledger_event_count(l);
+    for (size_t w = 0; w < 2; w++) {
+        size_t got = 0;
+        for (size_t i = 0; i < ne; i++)
+            if (ev[i].phase == ML_PHASE_BACKWARD && ev[i].block == want[w].block) {
+                assert_true(got < want[w].n);
+                assert_int_equal(ev[i].delta, want[w].d[got]);
+                got++;
+            }
+        assert_int_equal(got, want[w].n);
+    }
+    /* the peak falls inside block 3, at its body conv's node */
+    assert_string_equal(ml_ledger_summary(l)->peak_step, "3:residual");
     ml_ledger_destroy(l);
     ml_model_destroy(m);
 }
@@ -420,6 +498,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_lowers_gpt2_peak),
         cmocka_unit_test(test_mlp_timeline_by_hand),
         cmocka_unit_test(test_three_peaks_by_hand),
+        cmocka_unit_test(test_residual_nodes_by_hand),
         cmocka_unit_test(test_reserved_tiny_by_hand),
         cmocka_unit_test(test_reserved_invariants),
     };
