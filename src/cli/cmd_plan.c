@@ -55,7 +55,7 @@ static const char usage[] =
     "  --max-split-size MB    max_split_size_mb for the simulation (a whole MiB count > 20)\n"
     "Model\n"
     "  --hf config.json       a Hugging Face config instead of a model file (llama,\n"
-    "                         mistral, qwen2, gemma, gpt2, gpt_neox, bert, vit)\n"
+    "                         mistral, qwen2, gemma, phi3, gpt2, gpt_neox, bert, vit)\n"
     "  --training FILE.yaml   training: and device: sections to go with --hf\n"
     "  --calib PROFILE.yaml   use a calibration profile's measured c and throughput\n"
     "Output\n"

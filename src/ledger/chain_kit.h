@@ -55,6 +55,9 @@ void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
                      unsigned src_bpe, bool src_saved, bool fused_qkv, bool causal_mask,
                      bool softmax_fp32, unsigned in_flags);
 
+/* The transformer's embedding block (chain_embed.c); ML_NOMEM. */
+ml_status ml_ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
+
 /* The families' builders, called by ml_chain_build. */
 ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                      ml_error *err);

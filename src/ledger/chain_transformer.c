@@ -93,19 +93,32 @@ typedef struct {
 /* The gated MLP's saved tensors and parameters: down(act(gate(x)) * up(x)),
  * act silu (SwiGLU, Llama) or gelu, exact or tanh (GeGLU, Gemma): the
  * activation saves gate's output (derivatives.yaml: silu, gelu), the mul
- * its output and up's, down the product. */
+ * its output and up's, down the product. fused (Phi-3's gate_up_proj, then
+ * chunk(2)): gate and up are views of one (B, T, 2F) output, which the
+ * activation and the mul keep alive as one storage (docs/inventory.md). */
 static void glu_saves(ml_chain *ch, ml_cblock *b, const ml_ck_dims *d, bool geglu, bool bias,
-                      mlp_kept *k)
+                      bool fused, mlp_kept *k)
 {
     const unsigned a = ch->prec.a;
     uint64_t BTF = ml_mul(ch, d->BT, d->F);
-    k->act_in = ml_ck_save(ch, b, geglu ? "gate projection output (gelu input)"
-                                        : "gate projection output (silu input)", BTF, a, 0);
-    k->act_out = ml_ck_save(ch, b, geglu ? "gelu output" : "silu output", BTF, a, 0);
-    k->up = ml_ck_save(ch, b, "up projection output", BTF, a, 0);
+    if (fused) {
+        k->act_in = ml_ck_save(ch, b, "gate_up projection output (gate and up views)",
+                               ml_mul(ch, 2, BTF), a, 0);
+        k->act_out = ml_ck_save(ch, b, geglu ? "gelu output" : "silu output", BTF, a, 0);
+        k->up = SIZE_MAX;
+    } else {
+        k->act_in = ml_ck_save(ch, b, geglu ? "gate projection output (gelu input)"
+                                            : "gate projection output (silu input)", BTF, a, 0);
+        k->act_out = ml_ck_save(ch, b, geglu ? "gelu output" : "silu output", BTF, a, 0);
+        k->up = ml_ck_save(ch, b, "up projection output", BTF, a, 0);
+    }
     k->prod = ml_ck_save(ch, b, "gated product (down input)", BTF, a, 0);
-    ml_ck_param(ch, b, d->D, d->F);
-    ml_ck_param(ch, b, d->D, d->F);
+    if (fused) {
+        ml_ck_param(ch, b, d->D, ml_mul(ch, 2, d->F));
+    } else {
+        ml_ck_param(ch, b, d->D, d->F);
+        ml_ck_param(ch, b, d->D, d->F);
+    }
     ml_ck_param(ch, b, d->F, d->D);
     if (bias) {
         ml_ck_param(ch, b, d->F, 0);
@@ -143,9 +156,12 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     bool geglu = m->activation == ML_ACT_GEGLU;
     bool bias = m->bias || m->mlp_bias;
     unsigned nin = glu ? 2 : 1;
+    /* autocast casts the (fp32) input once per projection that reads it:
+     * gate and up, or Phi-3's one gate_up_proj */
+    unsigned ncast = m->fused_proj ? 1 : nin;
     mlp_kept k = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
     if (ch->prec.autocast && src_bpe == 4) {
-        for (unsigned i = 0; i < nin; i++)
+        for (unsigned i = 0; i < ncast; i++)
             ml_ck_save(ch, b, "MLP input (cast copy)", BTD, 2, 0);
     } else if (!src_saved) {
         k.in = ml_ck_save(ch, b, "MLP input", BTD, src_bpe, 0);
@@ -153,7 +169,7 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     for (unsigned i = 0; i < nin + 1; i++)
         ml_ck_weight_copy(ch, b, DF);
     if (glu) {
-        glu_saves(ch, b, d, geglu, bias, &k);
+        glu_saves(ch, b, d, geglu, bias, m->fused_proj, &k);
     } else if (m->activation == ML_ACT_GELU) {
         k.act_in = ml_ck_save(ch, b, "fc output (gelu input)", BTF, a, 0);
         k.act_out = ml_ck_save(ch, b, "gelu output (proj input)", BTF, a, 0);
@@ -199,8 +215,10 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
 
 /* Pre-norm block: x + attn(norm(x)); x + mlp(norm(x)). GPT-2 (layernorm,
  * fused qkv, masked_fill causal mask), Llama and Gemma (their RMSNorms,
- * separate q/k/v, additive mask, fp32 softmax), ViT (layernorm, fused qkv,
- * no mask). */
+ * separate q/k/v, additive mask, fp32 softmax), Phi-3 (Llama's with one
+ * qkv_proj: the q, k and v slices are views of its output, which nothing
+ * saves, so only the autocast casts of its input and the weight differ),
+ * ViT (layernorm, fused qkv, no mask). */
 static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
     const bool llama = m->norm != ML_NORM_LAYERNORM; /* Llama or Gemma layout */
@@ -208,7 +226,7 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     uint64_t np;
     unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, true);
     ml_ck_param(ch, b, np, 0);
-    ml_ck_attention(ch, b, m, d, nb, false, !llama, causal && !llama, llama, 0);
+    ml_ck_attention(ch, b, m, d, nb, false, !llama || m->fused_proj, causal && !llama, llama, 0);
     if (m->parallel_residual) {
         /* x + attn(ln1(x)) + mlp(ln2(x)): ln2 reads the block input that
          * ln1 already saved; only its statistics are new */
@@ -279,91 +297,6 @@ static ml_status dims_of(const ml_model *m, const ml_training *t, ml_chain *ch,
     return ML_OK;
 }
 
-/* ViT: conv patchify (its input needs no grad), class token, positions. */
-static void patch_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
-{
-    const unsigned w = ch->prec.w;
-    uint64_t px = ml_mul(ch, ml_ck_mul3(ch, d->B, m->channels, m->image_size), m->image_size);
-    if (ch->prec.autocast)
-        ml_ck_save(ch, b, "image cast copy (patch conv input)", px, 2, 0);
-    else
-        ml_ck_save(ch, b, "image (patch conv input)", px, w, ML_SV_INPUT);
-    uint64_t kin = ml_ck_mul3(ch, m->channels, m->patch_size, m->patch_size);
-    ml_ck_param(ch, b, d->D, kin);
-    ml_ck_param(ch, b, d->D, 0);
-    ml_ck_param(ch, b, d->D, 0);                  /* class token */
-    ml_ck_param(ch, b, ml_mul(ch, d->T, d->D), 0); /* positions */
-    b->flops_fwd = 2.0 * (double)d->B * (double)(d->T - 1) * (double)kin * (double)d->D;
-    b->flops_bwd = b->flops_fwd; /* weight gradient only */
-    ml_ck_tmp(ch, ml_mul(ch, d->BT, d->D), ch->prec.a);
-    b->in_bytes = ml_mul(ch, px, w);
-}
-
-/* Token embedding with learned or rotary positions (BERT: token types and
- * a LayerNorm). */
-static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
-{
-    const unsigned w = ch->prec.w;
-    const bool enc = m->type == ML_MODEL_ENCODER;
-    uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    ml_ck_save(ch, b, "token ids (int64)", d->BT, 8, ML_SV_INPUT);
-    b->in_bytes = ml_mul(ch, d->BT, 8);
-    ml_ck_param(ch, b, d->V, d->D);
-    /* Gemma: embeds * normalizer, sqrt(D) as a 0-dim tensor made without a
-     * device (modeling_gemma.py, GemmaModel.forward): mul saves it for the
-     * embedding's gradient (derivatives.yaml, mul.Tensor: self's gradient is
-     * grad * other), a host tensor on a GPU, so nothing on the device; the
-     * product is the block's output and the lookup's result a transient */
-    if (m->embed_scale)
-        ml_ck_tmp(ch, BTD, w);
-    if (m->position == ML_POS_LEARNED) {
-        ml_ck_save(ch, b, "position ids (int64)", d->T, 8, 0);
-        ml_ck_param(ch, b, m->max_positions, d->D);
-    }
-    if (enc && m->token_types) {
-        ml_ck_save(ch, b, "token type ids (int64)", d->BT, 8, 0);
-        ml_ck_param(ch, b, m->token_types, d->D);
-    }
-    if (m->position == ML_POS_ROPE)
-        ml_ck_save(ch, b, "rotary cos and sin (shared by all blocks)",
-                   ml_ck_mul3(ch, 2, d->BT, d->dh), w, 0);
-    if (enc) {
-        /* BERT: LayerNorm(word + position + type) then dropout */
-        ml_ck_save(ch, b, "embedding layernorm input", BTD, w, 0);
-        ml_ck_save(ch, b, "embedding layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
-        ml_ck_param(ch, b, d->D, 0);
-        ml_ck_param(ch, b, d->D, 0);
-    }
-    ml_ck_tmp(ch, BTD, w);
-    /* embedding backward builds a dense (V, D) gradient; with tied
-     * weights .grad already exists (head backward ran first) and it
-     * is added in place, so the dense copy is a transient */
-    if (m->tied_embeddings && !enc)
-        b->ws_bwd = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
-}
-
-static ml_status embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
-{
-    const bool enc = m->type == ML_MODEL_ENCODER;
-    uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    ml_cblock *b = ml_ck_begin(ch, "embedding", -1);
-    if (!b)
-        return ML_NOMEM;
-    if (m->image_size)
-        patch_embedding(ch, b, m, d);
-    else
-        token_embedding(ch, b, m, d);
-    if (d->drop)
-        ml_ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
-    ml_ck_end(ch, b, ml_mul(ch, BTD, ch->prec.w));
-    if (!m->image_size && m->tied_embeddings && !enc) {
-        /* the tied table's gradient is created by the head's backward */
-        uint64_t g = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
-        b->grad_bytes -= g;
-    }
-    return ML_OK;
-}
-
 /* "block.<i>" without snprintf: this runs for every block of every
  * evaluation (fit and optimal evaluate thousands of plans). */
 static void block_name(char name[48], uint64_t i)
@@ -386,8 +319,11 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     /* the node-level backward (docs/ledger.md): fp32 eager blocks for now */
+    /* Phi-3's sliced projections (SliceBackward0 and chunk's SplitBackward0,
+     * each a zero-filled gradient of the whole output) are not recorded
+     * yet: its blocks take the block-level backward (docs/inventory.md) */
     ch->record_nodes = ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast &&
-                       !ml_ck_fused_attention(ch, m) && !m->parallel_residual;
+                       !ml_ck_fused_attention(ch, m) && !m->parallel_residual && !m->fused_proj;
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
         block_name(name, i);
@@ -437,6 +373,47 @@ static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
     }
     *rows = d->BT;
     b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)d->V;
+    return d->V;
+}
+
+/* BertForMaskedLM's head (modeling_bert.py, BertLMPredictionHead): dense
+ * D x D on every token, the activation, LayerNorm, then the decoder over the
+ * vocabulary (tied to the word embeddings by default) with its own bias.
+ * Saved: the dense input (the last block's output: the boundary), the
+ * activation's (gelu: its input; relu: its result), the LayerNorm's input
+ * (autocast runs it in fp32: a cast copy) and statistics, the decoder's
+ * input (docs/inventory.md, "Heads and losses"). Returns V; *rows B*T. */
+static uint64_t mlm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                         uint64_t *rows)
+{
+    const unsigned w = ch->prec.w, a = ch->prec.a;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    ml_ck_linear_input(ch, b, "mlm dense input", BTD, w, false, ML_SV_INPUT);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
+    ml_ck_param(ch, b, d->D, d->D);
+    ml_ck_param(ch, b, d->D, 0);
+    bool gelu = m->activation == ML_ACT_GELU;
+    ml_ck_save(ch, b, gelu ? "mlm dense output (gelu input)" : "mlm relu output", BTD, a, 0);
+    if (gelu || a != w)
+        ml_ck_save(ch, b, a != w ? "mlm layernorm input (fp32 cast)" : "mlm layernorm input",
+                   BTD, w, 0);
+    ml_ck_save(ch, b, "mlm layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+    ml_ck_param(ch, b, d->D, 0);
+    ml_ck_param(ch, b, d->D, 0);
+    ml_ck_tmp(ch, BTD, w);
+    ml_ck_linear_input(ch, b, "mlm decoder input (layernorm output)", BTD, w, false, 0);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
+    if (!m->tied_embeddings) {
+        ml_ck_param(ch, b, d->V, d->D);
+    } else {
+        /* the word embeddings' gradient is first created here, as a tied
+         * LM head's (lm_head) */
+        b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
+        b->grad_accum_bytes = b->grad_bytes;
+    }
+    ml_ck_param(ch, b, d->V, 0);
+    *rows = d->BT;
+    b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * ((double)d->D + (double)d->V);
     return d->V;
 }
 
@@ -504,7 +481,8 @@ static ml_status head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
     b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), w);
     uint64_t rows; /* rows of the logits */
     uint64_t out_classes = m->type != ML_MODEL_ENCODER ? lm_head(ch, b, m, d, &rows)
-                                                       : classifier_head(ch, b, m, d, &rows);
+                           : m->mlm_head              ? mlm_head(ch, b, m, d, &rows)
+                                                      : classifier_head(ch, b, m, d, &rows);
     uint64_t logits = ml_mul(ch, rows, out_classes);
     ml_ck_end(ch, b, ml_mul(ch, logits, a));
 
@@ -536,7 +514,7 @@ ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml
     ml_ck_dims d;
     ml_status st = dims_of(m, &cfg->training, ch, &d, err);
     if (st == ML_OK)
-        st = embedding_block(ch, m, &d);
+        st = ml_ck_embedding_block(ch, m, &d);
     if (st == ML_OK)
         st = layer_blocks(ch, m, &d);
     if (st == ML_OK)

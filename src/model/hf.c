@@ -45,27 +45,38 @@ static ml_status attention_of(const ml_node *r, ml_model *m, ml_error *err)
 }
 
 /* architectures: the classes the checkpoint was saved from. The planner
- * builds one class per family (its head and loss); another is refused, since
- * planning BertForMaskedLM as a classifier is planning another model. */
-static ml_status architectures_of(const ml_node *r, size_t f, ml_error *err)
+ * builds one class per family (its head and loss), two for BERT
+ * (BertForSequenceClassification, BertForMaskedLM); another is refused,
+ * since planning BertForPreTraining as a classifier is planning another
+ * model. *second: the family's second class is named. */
+static ml_status architectures_of(const ml_node *r, size_t f, bool *second, ml_error *err)
 {
-    const ml_hf_family_info *families = ml_hf_families();
+    const ml_hf_family_info *fi = &ml_hf_families()[f];
     const ml_node *n = ml_tree_get(r, "architectures");
+    *second = false;
     if (ml_hf_is_null(n))
         return ML_OK;
     if (n->type != ML_NODE_SEQ)
         return ml_error_at(err, n, ML_SCHEMA, "architectures: expected a list of class names");
     for (size_t i = 0; i < n->count; i++) {
         const ml_node *c = n->items[i];
-        if (c->type == ML_NODE_SCALAR && !strcmp(c->text, families[f].arch))
+        bool one = c->type == ML_NODE_SCALAR && !strcmp(c->text, fi->arch);
+        bool two = c->type == ML_NODE_SCALAR && fi->arch2 && !strcmp(c->text, fi->arch2);
+        if ((one && *second) || (two && i > 0 && !*second))
+            return ml_error_at(err, c, ML_SCHEMA,
+                               "architectures: names both %s and %s; plan one of them",
+                               fi->arch, fi->arch2);
+        *second = two;
+        if (one || two)
             continue;
         return ml_error_at(err, c, ML_SCHEMA,
                            "architectures: '%s' is not modelled: for model_type '%s' memledger "
-                           "plans %s (%s); to plan this checkpoint trained as that class, set "
-                           "architectures to [\"%s\"]",
-                           c->type == ML_NODE_SCALAR ? c->text : "(not a string)",
-                           families[f].type, families[f].arch, families[f].head,
-                           families[f].arch);
+                           "plans %s (%s)%s%s%s%s; to plan this checkpoint trained as that class, "
+                           "set architectures to [\"%s\"]",
+                           c->type == ML_NODE_SCALAR ? c->text : "(not a string)", fi->type,
+                           fi->arch, fi->head, fi->arch2 ? " and " : "",
+                           fi->arch2 ? fi->arch2 : "", fi->arch2 ? " (" : "",
+                           fi->arch2 ? fi->head2 : "", fi->arch);
     }
     return ML_OK;
 }
@@ -211,43 +222,6 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
         }
         m->sliding_window = on && windowed ? w : 0;
     }
-    return ML_OK;
-}
-
-/* GemmaForCausalLM (modeling_gemma.py): Llama's attention (q, k, v, o_proj,
- * attention_bias, rotary, repeat_kv) with GemmaRMSNorm's (1 + weight) scale
- * in fp32, a GeGLU MLP, the embeddings times sqrt(hidden_size), a tied head
- * by default (GemmaConfig). */
-static ml_status map_gemma(const ml_node *r, ml_model *m, ml_error *err)
-{
-    /* transformers versions read hidden_activation (null: gelu_pytorch_tanh)
-     * or hidden_act; exact and tanh GELU are the one F.gelu op, which saves
-     * its input either way, so both keys must name one of the two */
-    static const char *const act_keys[] = {"hidden_activation", "hidden_act"};
-    ml_status st;
-    for (size_t i = 0; i < 2; i++) {
-        const char *v;
-        if ((st = ml_hf_str(err, r, act_keys[i], &v)))
-            return st;
-        if (v && strcmp(v, "gelu") && strcmp(v, "gelu_pytorch_tanh"))
-            return ml_error_at(err, ml_tree_get(r, act_keys[i]), ML_SCHEMA,
-                               "%s: '%s' is not modelled for gemma (gelu or gelu_pytorch_tanh: "
-                               "GeGLU)",
-                               act_keys[i], v);
-    }
-    bool ab = false;
-    m->activation = ML_ACT_GEGLU;
-    m->norm = ML_NORM_GEMMA_RMSNORM;
-    m->prenorm = true;
-    m->position = ML_POS_ROPE;
-    m->bias = false;
-    m->embed_scale = true;
-    m->tied_embeddings = true;
-    m->dropout = 0; /* attention_dropout > 0 is refused by the key table */
-    if ((st = ml_hf_bool(err, r, "attention_bias", &ab)) ||
-        (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
-        return st;
-    m->qkv_bias = m->out_bias = ab;
     return ML_OK;
 }
 
@@ -405,9 +379,11 @@ static ml_status classes_of(const ml_node *r, const char *arch, ml_model *m, ml_
 
 /* BertForSequenceClassification and ViTForImageClassification: LayerNorm
  * (post-norm for BERT), biases, the classifier; BERT's pooler and token
- * types, ViT's patches. */
-static ml_status map_encoder(const ml_node *r, const char *t, bool vit, const char *arch,
-                             ml_model *m, ml_error *err)
+ * types, ViT's patches. mlm: BertForMaskedLM (modeling_bert.py: BertModel
+ * without its pooler, the MLM head tied to the word embeddings by default,
+ * no classifier, so no classes and no classifier dropout). */
+static ml_status map_encoder(const ml_node *r, const char *t, bool vit, bool mlm,
+                             const char *arch, ml_model *m, ml_error *err)
 {
     const bool bert = !vit;
     ml_status st;
@@ -425,13 +401,17 @@ static ml_status map_encoder(const ml_node *r, const char *t, bool vit, const ch
                          (const prob_key[]){{"hidden_dropout_prob", d0},
                                             {"attention_probs_dropout_prob", d0},
                                             {"classifier_dropout", NAN}},
-                         bert ? 3 : 2, m, err)))
+                         bert && !mlm ? 3 : 2, m, err)))
         return st;
-    if ((st = classes_of(r, arch, m, err)))
+    m->mlm_head = mlm;
+    m->tied_embeddings = mlm;
+    if (mlm && (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+        return st;
+    if (!mlm && (st = classes_of(r, arch, m, err)))
         return st;
     if (bert) {
         m->position = ML_POS_LEARNED;
-        m->pooler = true;
+        m->pooler = !mlm;
         m->token_types = 2;
         if ((st = ml_hf_uint(err, r, KEYS("type_vocab_size"), false, 1, 1u << 16,
                              &m->token_types)))
@@ -463,8 +443,10 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     if ((st = family_of(r, &mt, &t, &fam, &f, err)))
         return st;
     const bool llama = fam & ML_HF_LM3, gpt2 = fam == ML_HF_GPT2, neox = fam == ML_HF_NEOX,
-               bert = fam == ML_HF_BERT, vit = fam == ML_HF_VIT, gemma = fam == ML_HF_GEMMA;
-    if ((st = ml_hf_check_keys(r, fam, t, err)) || (st = architectures_of(r, f, err)))
+               bert = fam == ML_HF_BERT, vit = fam == ML_HF_VIT, gemma = fam == ML_HF_GEMMA,
+               phi3 = fam == ML_HF_PHI3;
+    bool mlm = false;
+    if ((st = ml_hf_check_keys(r, fam, t, err)) || (st = architectures_of(r, f, &mlm, err)))
         return st;
     m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;
     /* PretrainedConfig: use_cache defaults to true; the decoders return
@@ -473,18 +455,20 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     m->kv_cache = m->type == ML_MODEL_DECODER;
     if (m->kv_cache && (st = ml_hf_bool(err, r, "use_cache", &m->kv_cache)))
         return st;
-    if ((st = attention_of(r, m, err)) || (st = sizes_of(r, t, llama || gemma, vit, m, err)))
+    if ((st = attention_of(r, m, err)) || (st = sizes_of(r, t, llama || gemma || phi3, vit, m, err)))
         return st;
     if (llama)
         st = map_llama(r, t, m, err);
     else if (gemma)
-        st = map_gemma(r, m, err);
+        st = ml_hf_map_gemma(r, m, err);
+    else if (phi3)
+        st = ml_hf_map_phi3(r, m, err);
     else if (gpt2)
         st = map_gpt2(r, t, m, err);
     else if (neox)
         st = map_neox(r, t, m, err);
     else
-        st = map_encoder(r, t, vit, families[f].arch, m, err);
+        st = map_encoder(r, t, vit, mlm, families[f].arch, m, err);
     if (st)
         return st;
     const ml_node *hd = ml_tree_get(r, "head_dim");

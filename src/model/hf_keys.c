@@ -11,26 +11,35 @@
 /* The families, each with the one transformers class the planner builds
  * (chain_transformer.c): the head and the loss it models. */
 static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
-    {"llama", ML_HF_LLAMA, "LlamaForCausalLM", "a causal LM head over vocab_size, cross-entropy"},
+    {"llama", ML_HF_LLAMA, "LlamaForCausalLM", "a causal LM head over vocab_size, cross-entropy",
+     NULL, NULL},
     {"mistral", ML_HF_MISTRAL, "MistralForCausalLM",
-     "a causal LM head over vocab_size, cross-entropy"},
-    {"qwen2", ML_HF_QWEN2, "Qwen2ForCausalLM", "a causal LM head over vocab_size, cross-entropy"},
-    {"gpt2", ML_HF_GPT2, "GPT2LMHeadModel", "a causal LM head over vocab_size, cross-entropy"},
+     "a causal LM head over vocab_size, cross-entropy", NULL, NULL},
+    {"qwen2", ML_HF_QWEN2, "Qwen2ForCausalLM", "a causal LM head over vocab_size, cross-entropy",
+     NULL, NULL},
+    {"gpt2", ML_HF_GPT2, "GPT2LMHeadModel", "a causal LM head over vocab_size, cross-entropy",
+     NULL, NULL},
     {"gpt_neox", ML_HF_NEOX, "GPTNeoXForCausalLM",
-     "a causal LM head over vocab_size, cross-entropy"},
+     "a causal LM head over vocab_size, cross-entropy", NULL, NULL},
     {"bert", ML_HF_BERT, "BertForSequenceClassification",
-     "the pooler, dropout and a num_labels classifier on the first token, cross-entropy"},
+     "the pooler, dropout and a num_labels classifier on the first token, cross-entropy",
+     "BertForMaskedLM",
+     "no pooler; the MLM head (dense, activation, LayerNorm, the decoder tied to the word "
+     "embeddings and its bias) over vocab_size at every token, cross-entropy"},
     {"vit", ML_HF_VIT, "ViTForImageClassification",
-     "a num_labels classifier on the class token, cross-entropy"},
+     "a num_labels classifier on the class token, cross-entropy", NULL, NULL},
     {"gemma", ML_HF_GEMMA, "GemmaForCausalLM",
-     "a causal LM head over vocab_size (tied by default), cross-entropy"},
+     "a causal LM head over vocab_size (tied by default), cross-entropy", NULL, NULL},
+    {"phi3", ML_HF_PHI3, "Phi3ForCausalLM", "a causal LM head over vocab_size, cross-entropy",
+     NULL, NULL},
 };
 
 /* ---- the key table ------------------------------------------------------ */
 
 #define LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2)
 #define GEM ML_HF_GEMMA
-#define DEC (LM3 | GEM | ML_HF_GPT2 | ML_HF_NEOX)
+#define PHI ML_HF_PHI3
+#define DEC (LM3 | GEM | PHI | ML_HF_GPT2 | ML_HF_NEOX)
 #define ENC (ML_HF_BERT | ML_HF_VIT)
 #define ALL (DEC | ENC)
 #define H ML_HF_HONOURED
@@ -67,6 +76,9 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
 #define MOE_NOTE                                                                               \
     "mixture-of-experts layers are not modelled (these families' transformers classes "        \
     "would ignore the key: the config is another family's)"
+#define PHI_DROP_NOTE                                                                          \
+    "Phi-3's dropouts (on the attention probabilities after their cast, the residual "          \
+    "branches, the embeddings) are not modelled in its block"
 #define WINDOW_NOTE                                                                            \
     "attention over a sliding window is not modelled: planning more tokens than the window "  \
     "is refused"
@@ -93,23 +105,24 @@ static const ml_hf_key keys[] = {
     {"max_position_embeddings", ML_HF_GPT2 | ML_HF_BERT, H, NULL,
      "learned positions (max_position_embeddings × D parameters) and the longest sequence "
      "(GPT-2: the alias of n_positions)"},
-    {"max_position_embeddings", LM3 | GEM | ML_HF_NEOX, H, NULL,
+    {"max_position_embeddings", LM3 | GEM | PHI | ML_HF_NEOX, H, NULL,
      "the default sequence length, the smaller of it and 2048 (rotary positions have no "
      "parameters)"},
-    {"num_key_value_heads", LM3 | GEM, H, NULL, "Hkv (grouped-query attention); default H"},
-    {"head_dim", LM3 | GEM, H, NULL,
+    {"num_key_value_heads", LM3 | GEM | PHI, H, NULL, "Hkv (grouped-query attention); default H"},
+    {"head_dim", LM3 | GEM | PHI, H, NULL,
      "dh: q projects D to H·dh, k and v to Hkv·dh, o_proj H·dh back to D; default D / H"},
     {"head_dim", ML_HF_GPT2 | ML_HF_NEOX | ENC, R, NULL,
      "these families' head size is hidden_size / num_attention_heads: another value is "
      "refused"},
     {"intermediate_size", LM3 | GEM | ML_HF_NEOX | ENC, H, NULL, "F"},
+    {"intermediate_size", PHI, H, NULL, "F: gate_up_proj projects D to 2·F, down_proj F to D"},
     {"vocab_size", DEC | ML_HF_BERT, H, NULL, "V"},
     {"type_vocab_size", ML_HF_BERT, H, NULL, "token-type embeddings (default 2)"},
     {"image_size", ML_HF_VIT, H, NULL, "the image side; T = (image_size / patch_size)² + 1"},
     {"patch_size", ML_HF_VIT, H, NULL, "the patch side (must divide image_size)"},
     {"num_channels", ML_HF_VIT, H, NULL, "the image channels (default 3)"},
     /* the layer's layout */
-    {"hidden_act", LM3, H, NULL, "silu (SwiGLU); any other value is refused"},
+    {"hidden_act", LM3 | PHI, H, NULL, "silu (SwiGLU); any other value is refused"},
     {"hidden_act", ML_HF_NEOX | ENC, H, NULL, ACT_NOTE},
     {"hidden_act", GEM, H, NULL, GEMMA_ACT_NOTE},
     {"hidden_activation", GEM, H, NULL, GEMMA_ACT_NOTE},
@@ -117,6 +130,8 @@ static const ml_hf_key keys[] = {
     {"attention_bias", ML_HF_LLAMA | GEM, H, NULL, "biases on q, k, v and o_proj (default false)"},
     {"attention_bias", ML_HF_MISTRAL, R, "false|null",
      "MistralAttention has no biases (it does not read the key)"},
+    {"attention_bias", PHI, R, "false|null",
+     "Phi3Attention's qkv_proj and o_proj have no biases (it does not read the key)"},
     {"attention_bias", ML_HF_QWEN2, R, "true|null",
      "Qwen2Attention always has q, k and v biases (it does not read the key)"},
     {"attention_bias", ML_HF_NEOX, R, "true|null",
@@ -128,7 +143,10 @@ static const ml_hf_key keys[] = {
     {"tie_word_embeddings", DEC, H, NULL,
      "the LM head shares the embedding table (default true for gpt2 and gemma, false for the "
      "others)"},
-    {"tie_word_embeddings", ENC, I, NULL, "the classifier has no output embedding to tie"},
+    {"tie_word_embeddings", ML_HF_BERT, H, NULL,
+     "BertForMaskedLM: its decoder shares the word embeddings (default true; false adds a "
+     "vocab_size × D decoder); the classifier has no output embedding to tie"},
+    {"tie_word_embeddings", ML_HF_VIT, I, NULL, "the classifier has no output embedding to tie"},
     {"position_embedding_type", ML_HF_BERT, R, "\"absolute\"|null",
      "relative_key and relative_key_query add distance embeddings and B·H·T²·dh products, "
      "which are not modelled"},
@@ -142,22 +160,27 @@ static const ml_hf_key keys[] = {
     {"scale_attn_by_inverse_layer_idx", ML_HF_GPT2, I, NULL,
      "divides the scores by a Python scalar, which saves nothing"},
     /* positions */
-    {"rope_theta", LM3 | GEM | ML_HF_NEOX, I, NULL, ROPE_NOTE},
+    {"rope_theta", LM3 | GEM | PHI | ML_HF_NEOX, I, NULL, ROPE_NOTE},
     {"rotary_emb_base", ML_HF_NEOX, I, NULL, ROPE_NOTE},
-    {"rope_scaling", LM3 | GEM | ML_HF_NEOX, I, NULL,
+    {"rope_scaling", LM3 | GEM | PHI | ML_HF_NEOX, I, NULL,
      "linear, dynamic, yarn, llama3 or longrope rescaling of the rotation's frequencies: "
      "values of the same cos and sin tensors"},
-    {"rope_parameters", LM3 | GEM | ML_HF_NEOX, I, NULL,
+    {"rope_parameters", LM3 | GEM | PHI | ML_HF_NEOX, I, NULL,
      "rope_theta and rope_scaling in one object (transformers 5): values of the same cos and "
      "sin tensors"},
     {"rotary_pct", ML_HF_NEOX, A, NULL, RAW_ROTARY_NOTE},
     {"partial_rotary_factor", ML_HF_NEOX, A, NULL, RAW_ROTARY_NOTE},
-    {"partial_rotary_factor", LM3 | GEM, R, "1|null", "these attentions rotate the whole head"},
+    {"partial_rotary_factor", LM3 | GEM | PHI, R, "1|null", "these attentions rotate the whole head"},
     /* sliding windows */
     {"sliding_window", ML_HF_MISTRAL, H, NULL,
      "the window (default 4096; null: none); " WINDOW_NOTE},
     {"sliding_window", ML_HF_QWEN2, H, NULL,
      "the window when use_sliding_window is true and a layer uses it; " WINDOW_NOTE},
+    {"sliding_window", PHI, H, NULL,
+     "the window (Phi3Config's default null: none; Phi-3-mini-4k: 2047); " WINDOW_NOTE},
+    {"original_max_position_embeddings", PHI, I, NULL,
+     "the pre-training context that longrope's rescaling reads: values of the same cos and "
+     "sin tensors"},
     {"use_sliding_window", ML_HF_QWEN2, H, NULL, "turns sliding_window on (default false)"},
     {"max_window_layers", ML_HF_QWEN2, H, NULL,
      "the layers from this index on use the window (default 28)"},
@@ -168,20 +191,27 @@ static const ml_hf_key keys[] = {
      "attention dropout alone is not modelled: the planner's dropout also masks the residual "
      "branches and the embeddings, which these models do not"},
     {"attention_dropout", ML_HF_NEOX, H, NULL, DROP_NOTE},
+    {"attention_dropout", PHI, R, "0|null", PHI_DROP_NOTE},
+    {"resid_pdrop", PHI, R, "0|null", PHI_DROP_NOTE},
+    {"embd_pdrop", PHI, R, "0|null", PHI_DROP_NOTE},
     {"hidden_dropout", ML_HF_NEOX, H, NULL, DROP_NOTE},
     {"resid_pdrop", ML_HF_GPT2, H, NULL, DROP_NOTE},
     {"embd_pdrop", ML_HF_GPT2, H, NULL, DROP_NOTE},
     {"attn_pdrop", ML_HF_GPT2, H, NULL, DROP_NOTE},
     {"hidden_dropout_prob", ENC, H, NULL, DROP_NOTE},
     {"attention_probs_dropout_prob", ENC, H, NULL, DROP_NOTE},
-    {"classifier_dropout", ML_HF_BERT, H, NULL, "null: hidden_dropout_prob; " DROP_NOTE},
+    {"classifier_dropout", ML_HF_BERT, H, NULL,
+     "null: hidden_dropout_prob; " DROP_NOTE "; BertForMaskedLM has no classifier and does not "
+     "read it"},
     {"classifier_dropout", ML_HF_NEOX, I, NULL,
      "GPTNeoXForSequenceClassification's; the causal LM has no classifier"},
     /* the head */
     {"num_labels", ENC, H, NULL,
      "the classes; refused when id2label has another count, and 1 (a regression, MSELoss) is "
-     "refused"},
-    {"id2label", ENC, H, NULL, "the classes: its count (default 2)"},
+     "refused; BertForMaskedLM's head has vocab_size outputs and does not read it"},
+    {"id2label", ENC, H, NULL,
+     "the classes: its count (default 2); BertForMaskedLM's head has vocab_size outputs and "
+     "does not read it"},
     {"num_labels", DEC, I, NULL, "the causal LM head has vocab_size outputs"},
     {"id2label", DEC, I, NULL, "the causal LM head has vocab_size outputs"},
     {"label2id", ALL, I, NULL, "label names"},
@@ -192,7 +222,7 @@ static const ml_hf_key keys[] = {
      "the evaluation output holds every layer's keys and values (default true)"},
     {"use_cache", ENC, I, NULL, "BERT and ViT return no cache (BERT only as a decoder, refused)"},
     /* inert per family */
-    {"rms_norm_eps", LM3 | GEM, I, NULL, EPS_NOTE},
+    {"rms_norm_eps", LM3 | GEM | PHI, I, NULL, EPS_NOTE},
     {"layer_norm_eps", ML_HF_NEOX | ENC, I, NULL, EPS_NOTE},
     {"layer_norm_epsilon", ML_HF_GPT2, I, NULL, EPS_NOTE},
     {"n_ctx", ML_HF_GPT2, I, NULL, "the legacy context length; transformers reads n_positions"},
@@ -225,6 +255,9 @@ static const ml_hf_key keys[] = {
     {"use_bfloat16", ALL, I, NULL, "TensorFlow and JAX only"},
     {"tf_legacy_loss", ALL, I, NULL, "TensorFlow and JAX only"},
     {"transformers_version", ALL, I, NULL, "provenance"},
+    {"auto_map", ALL, I, NULL,
+     "the hub's remote code, read only with trust_remote_code=True; without it transformers "
+     "builds its own class for model_type, which is what is planned"},
     {"_commit_hash", ALL, I, NULL, "provenance"},
     {"_attn_implementation_autoset", ALL, I, NULL, "transformers' bookkeeping"},
     {"return_dict", ALL, I, NULL, "the output container's type"},
@@ -293,6 +326,7 @@ static const ml_hf_key keys[] = {
 };
 
 #undef GEM
+#undef PHI
 #undef H
 #undef I
 #undef A

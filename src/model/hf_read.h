@@ -1,4 +1,4 @@
-/* Private to the Hugging Face import (hf.c, hf_read.c): reading a
+/* Private to the Hugging Face import (hf.c, hf_read.c, hf_gated.c): reading a
  * config.json's values with their positions, and checking its keys against
  * the key table (hf_keys.c). Each reader sets err at the offending node. */
 #ifndef ML_HF_READ_H
@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "memledger/model.h"
 #include "model/tree.h"
 
 /* A NULL-terminated list of a key and its aliases, for ml_hf_uint. */
@@ -29,5 +30,11 @@ ml_status ml_hf_str(ml_error *err, const ml_node *root, const char *key, const c
  * refuses unless its value is one of its own has such a value; type is the
  * model_type for messages. ML_OK or ML_SCHEMA. */
 ml_status ml_hf_check_keys(const ml_node *r, unsigned fam, const char *type, ml_error *err);
+
+/* The Llama-layout families with a layer of their own (hf_gated.c): the
+ * norm, MLP, positions, biases and head of model_type gemma and phi3, after
+ * hf.c has read the sizes. ML_OK or ML_SCHEMA (err at the key). */
+ml_status ml_hf_map_gemma(const ml_node *r, ml_model *m, ml_error *err);
+ml_status ml_hf_map_phi3(const ml_node *r, ml_model *m, ml_error *err);
 
 #endif

@@ -82,6 +82,10 @@ struct ml_model {
     bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, GPT-J) */
     bool kv_cache;          /* the forward returns every layer's keys and values
                                (HF use_cache, on by default for decoders) */
+    bool fused_proj;        /* one qkv_proj and one gate_up_proj whose outputs are sliced
+                               and chunked (HF Phi-3; docs/inventory.md, "Phi-3 block") */
+    bool mlm_head;          /* an encoder's masked-LM head over the vocabulary instead of
+                               the classifier (HF BertForMaskedLM) */
     bool embed_scale;       /* the embeddings are multiplied by sqrt(hidden) (Gemma's
                                normalizer, a 0-dim host tensor: saves nothing on the
                                device) */
@@ -128,18 +132,22 @@ enum {
     ML_HF_BERT = 1u << 5,
     ML_HF_VIT = 1u << 6,
     ML_HF_GEMMA = 1u << 7,
-    ML_HF_FAMILY_COUNT = 8
+    ML_HF_PHI3 = 1u << 8,
+    ML_HF_FAMILY_COUNT = 9
 };
 #define ML_HF_LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2) /* the Llama-layout families */
-#define ML_HF_SUPPORTED "llama, mistral, qwen2, gemma, gpt2, gpt_neox, bert, vit"
+#define ML_HF_SUPPORTED "llama, mistral, qwen2, gemma, phi3, gpt2, gpt_neox, bert, vit"
 
 /* A family: its model_type, its bit, the class it is planned as and that
- * class's head (hf_keys.c). */
+ * class's head, and a second class the planner builds too (NULL: none;
+ * BERT's BertForMaskedLM) with its head (hf_keys.c). */
 typedef struct {
     const char *type;
     unsigned bit;
     const char *arch;
     const char *head;
+    const char *arch2;
+    const char *head2;
 } ml_hf_family_info;
 /* ML_HF_FAMILY_COUNT entries. */
 const ml_hf_family_info *ml_hf_families(void);

@@ -109,9 +109,14 @@ static ml_status transformer_options(ml_error *err, const ml_node *mm, ml_model 
         (st = ml_tree_uint(err, mm, "patch_size", "model", 1, 1u << 16, &m->patch_size)) ||
         (st = ml_tree_uint(err, mm, "channels", "model", 1, 1u << 16, &m->channels)))
         return st;
-    m->pooler = enc && m->image_size == 0;
+    if ((st = ml_tree_bool(err, mm, "mlm_head", "model", &m->mlm_head)))
+        return st;
+    if (m->mlm_head && !ml_tree_get(mm, "tied_embeddings"))
+        m->tied_embeddings = true; /* BertConfig's tie_word_embeddings */
+    m->pooler = enc && m->image_size == 0 && !m->mlm_head;
     m->qkv_bias = m->bias;
     if ((st = ml_tree_bool(err, mm, "pooler", "model", &m->pooler)) ||
+        (st = ml_tree_bool(err, mm, "fused_projections", "model", &m->fused_proj)) ||
         (st = ml_tree_bool(err, mm, "qkv_bias", "model", &m->qkv_bias)) ||
         (st = ml_tree_bool(err, mm, "parallel_residual", "model", &m->parallel_residual)) ||
         (st = ml_tree_bool(err, mm, "embedding_scale", "model", &m->embed_scale)))
@@ -151,10 +156,21 @@ static ml_status transformer_consistent(ml_error *err, const ml_node *mm, ml_mod
                            "model.vocab: missing; a %s needs its vocabulary size",
                            enc ? "text encoder" : "decoder");
     }
-    if (enc && !m->classes)
+    if (m->fused_proj && (enc || m->norm == ML_NORM_LAYERNORM ||
+                          (m->activation != ML_ACT_SWIGLU && m->activation != ML_ACT_GEGLU)))
+        return ml_error_at(err, ml_tree_get(mm, "fused_projections"), ML_SCHEMA,
+                           "model.fused_projections: one qkv_proj and one gate_up_proj (Phi-3) "
+                           "need a decoder with norm: rmsnorm or gemma_rmsnorm and a gated "
+                           "activation (swiglu, geglu)");
+    if (m->mlm_head && (!enc || m->image_size || m->classes))
+        return ml_error_at(err, ml_tree_get(mm, "mlm_head"), ML_SCHEMA,
+                           "model.mlm_head: the masked-LM head (BertForMaskedLM) is for a text "
+                           "encoder (type: encoder, vocab) and predicts the vocabulary: remove "
+                           "classes");
+    if (enc && !m->classes && !m->mlm_head)
         return ml_error_at(err, mm, ML_SCHEMA,
                            "model.classes: missing; an encoder is planned as a "
-                           "classifier and needs 'classes: N'");
+                           "classifier and needs 'classes: N' (or mlm_head: true)");
     if (!enc && (m->classes || m->token_types || ml_tree_get(mm, "pooler")))
         return ml_error_at(err,
                            ml_tree_get(mm, "classes")       ? ml_tree_get(mm, "classes")
@@ -183,7 +199,8 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
         "type", "layers", "hidden", "heads", "kv_heads", "ffn", "activation", "norm",
         "norm_position", "vocab", "position", "max_positions", "tied_embeddings", "bias",
         "attention", "dropout", "classes", "pooler", "token_types", "image_size", "patch_size",
-        "channels", "qkv_bias", "parallel_residual", "head_dim", "embedding_scale"};
+        "channels", "qkv_bias", "parallel_residual", "head_dim", "embedding_scale",
+        "fused_projections", "mlm_head"};
     ml_status st;
     if ((st = ml_tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))) ||
         (st = transformer_sizes(err, mm, m)) || (st = transformer_options(err, mm, m)))

@@ -58,7 +58,8 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import crosscheck as xc  # noqa: E402  (the reference implementations)
+import crosscheck as xc  # noqa: E402  (the measurement and the checks)
+import twins as tw  # noqa: E402  (the reference implementations)
 
 torch.set_num_threads(1)  # every allocation on the profiled (main) thread
 
@@ -457,12 +458,12 @@ HAND = [
 def model_step_fn(ckpt):
     def step(model, batch, held, logits):
         rec = Blocks()
-        xc.F = FShim(held if logits == "kept" else [])
+        tw.F = FShim(held if logits == "kept" else [])
         try:
             loss = model.run(rec, batch, ckpt)
         finally:
             rec.close()
-            xc.F = F
+            tw.F = F
         return loss
     return step
 

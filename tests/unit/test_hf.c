@@ -105,9 +105,9 @@ static void test_published_counts(void **state)
     assert_int_equal(neox, 162322944);
     assert_int_equal(hf_params("pythia-160m", NULL), 162322944);
     /* bert-base-uncased: BertModel 109,482,240 plus the classification head
-     * for PretrainedConfig's default 2 labels: 768*2 + 2. The shipped config
-     * names BertForMaskedLM, which is refused (test_bert_masked_lm_refused);
-     * as the class the planner builds it is the fine-tuned classifier */
+     * for PretrainedConfig's default 2 labels: 768*2 + 2, with the shipped
+     * config's architectures set to the classifier (as BertForMaskedLM, its
+     * own class, tests/unit/test_hf_bert_mlm.c checks 109,514,298) */
     assert_int_equal(bert_as_classifier_params(), 109482240 + 768 * 2 + 2);
     /* google/vit-base-patch16-224: 86,567,656 (1000 labels) */
     assert_int_equal(hf_params("vit-base-patch16-224", NULL), 86567656);
@@ -172,7 +172,7 @@ static void test_errors_and_training(void **state)
     assert_int_equal(load_json("{\"model_type\": \"t5\", \"d_model\": 512}", NULL, &m, &e),
                      ML_SCHEMA);
     assert_non_null(strstr(e.msg, "model_type 't5' is not supported; supported: llama, mistral, "
-                                  "qwen2, gemma, gpt2, gpt_neox, bert, vit"));
+                                  "qwen2, gemma, phi3, gpt2, gpt_neox, bert, vit"));
     assert_int_equal(e.line, 1);
     assert_int_equal(load_json("{\"n_embd\": 64}", NULL, &m, &e), ML_SCHEMA);
     assert_non_null(strstr(e.msg, "model_type: missing"));
@@ -315,23 +315,35 @@ static void test_use_cache(void **state)
     assert_int_equal(with - off, 2ull * 2 * 64 * 32 * 4);
 }
 
-/* The shipped bert-base-uncased config names BertForMaskedLM (an MLM head
- * over the vocabulary); the planner builds BertForSequenceClassification, so
- * it is refused at the class name rather than planned as a classifier. */
-static void test_bert_masked_lm_refused(void **state)
+/* A class the planner does not build is refused at its name rather than
+ * planned as another head: BERT's two (BertForSequenceClassification,
+ * BertForMaskedLM: tests/unit/test_hf_bert_mlm.c) are named, and a list
+ * naming both is refused too. */
+static void test_other_heads_refused(void **state)
 {
     (void)state;
-    char path[1024];
-    snprintf(path, sizeof path, "%s/hf/bert-base-uncased/config.json", ML_MODELS_DIR);
     ml_model *m = NULL;
     ml_error e;
-    assert_int_equal(ml_model_load_hf(path, NULL, &m, &e), ML_SCHEMA);
-    assert_non_null(strstr(e.msg, "architectures: 'BertForMaskedLM' is not modelled: for "
+    static const char bert[] = "{\"model_type\": \"bert\", \"num_hidden_layers\": 2, "
+                               "\"hidden_size\": 64, \"num_attention_heads\": 4, "
+                               "\"vocab_size\": 100, \"max_position_embeddings\": 32,\n "
+                               "\"architectures\": [%s]}";
+    char json[512];
+    snprintf(json, sizeof json, bert, "\"BertForPreTraining\"");
+    assert_int_equal(load_json(json, NULL, &m, &e), ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "architectures: 'BertForPreTraining' is not modelled: for "
                                   "model_type 'bert' memledger plans "
-                                  "BertForSequenceClassification"));
-    assert_int_equal(e.line, 3);
-    assert_int_equal(e.col, 5);
+                                  "BertForSequenceClassification (the pooler, "));
+    assert_non_null(strstr(e.msg, ") and BertForMaskedLM (no pooler; the MLM head"));
+    assert_int_equal(e.line, 2);
+    assert_int_equal(e.col, 20);
     assert_null(m);
+    snprintf(json, sizeof json, bert,
+             "\"BertForMaskedLM\", \"BertForSequenceClassification\"");
+    assert_int_equal(load_json(json, NULL, &m, &e), ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "architectures: names both BertForSequenceClassification and "
+                                  "BertForMaskedLM; plan one of them"));
+    assert_int_equal(e.col, 39);
     /* a decoder's classification head is another model too */
     assert_int_equal(load_json("{\"model_type\": \"llama\", \"num_hidden_layers\": 2, "
                                "\"hidden_size\": 64, \"num_attention_heads\": 4, "
@@ -669,11 +681,7 @@ static void test_shipped_config_keys(void **state)
         free(text);
         ml_model *m = NULL;
         ml_status st = ml_model_load_hf(path, NULL, &m, &e);
-        if (!strcmp(de->d_name, "bert-base-uncased")) {
-            /* BertForMaskedLM: docs/hf.md */
-            assert_int_equal(st, ML_SCHEMA);
-            assert_non_null(strstr(e.msg, "architectures:"));
-        } else if (st != ML_OK) {
+        if (st != ML_OK) {
             fail_msg("%s:%u:%u: %s", path, e.line, e.col, e.msg);
         }
         ml_model_destroy(m);
@@ -771,7 +779,7 @@ int main(void)
         cmocka_unit_test(test_errors_and_training),
         cmocka_unit_test(test_attn_implementation),
         cmocka_unit_test(test_use_cache),
-        cmocka_unit_test(test_bert_masked_lm_refused),
+        cmocka_unit_test(test_other_heads_refused),
         cmocka_unit_test(test_duplicate_keys),
         cmocka_unit_test(test_head_dim),
         cmocka_unit_test(test_refused_keys),

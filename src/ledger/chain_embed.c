@@ -1,0 +1,91 @@
+/* The transformer chains' first block (chain_transformer.c builds the
+ * rest): token ids with learned or rotary positions (BERT: token types and
+ * a LayerNorm; Gemma: the sqrt(D) scale) or ViT's patches, with what eager
+ * autograd keeps for each (docs/inventory.md, "Embeddings"). */
+#include "ledger/chain_kit.h"
+
+/* ViT: conv patchify (its input needs no grad), class token, positions. */
+static void patch_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+{
+    const unsigned w = ch->prec.w;
+    uint64_t px = ml_mul(ch, ml_ck_mul3(ch, d->B, m->channels, m->image_size), m->image_size);
+    if (ch->prec.autocast)
+        ml_ck_save(ch, b, "image cast copy (patch conv input)", px, 2, 0);
+    else
+        ml_ck_save(ch, b, "image (patch conv input)", px, w, ML_SV_INPUT);
+    uint64_t kin = ml_ck_mul3(ch, m->channels, m->patch_size, m->patch_size);
+    ml_ck_param(ch, b, d->D, kin);
+    ml_ck_param(ch, b, d->D, 0);
+    ml_ck_param(ch, b, d->D, 0);                  /* class token */
+    ml_ck_param(ch, b, ml_mul(ch, d->T, d->D), 0); /* positions */
+    b->flops_fwd = 2.0 * (double)d->B * (double)(d->T - 1) * (double)kin * (double)d->D;
+    b->flops_bwd = b->flops_fwd; /* weight gradient only */
+    ml_ck_tmp(ch, ml_mul(ch, d->BT, d->D), ch->prec.a);
+    b->in_bytes = ml_mul(ch, px, w);
+}
+
+/* Token embedding with learned or rotary positions (BERT: token types and
+ * a LayerNorm). */
+static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+{
+    const unsigned w = ch->prec.w;
+    const bool enc = m->type == ML_MODEL_ENCODER;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    ml_ck_save(ch, b, "token ids (int64)", d->BT, 8, ML_SV_INPUT);
+    b->in_bytes = ml_mul(ch, d->BT, 8);
+    ml_ck_param(ch, b, d->V, d->D);
+    /* Gemma: embeds * normalizer, sqrt(D) as a 0-dim tensor made without a
+     * device (modeling_gemma.py, GemmaModel.forward): mul saves it for the
+     * embedding's gradient (derivatives.yaml, mul.Tensor: self's gradient is
+     * grad * other), a host tensor on a GPU, so nothing on the device; the
+     * product is the block's output and the lookup's result a transient */
+    if (m->embed_scale)
+        ml_ck_tmp(ch, BTD, w);
+    if (m->position == ML_POS_LEARNED) {
+        ml_ck_save(ch, b, "position ids (int64)", d->T, 8, 0);
+        ml_ck_param(ch, b, m->max_positions, d->D);
+    }
+    if (enc && m->token_types) {
+        ml_ck_save(ch, b, "token type ids (int64)", d->BT, 8, 0);
+        ml_ck_param(ch, b, m->token_types, d->D);
+    }
+    if (m->position == ML_POS_ROPE)
+        ml_ck_save(ch, b, "rotary cos and sin (shared by all blocks)",
+                   ml_ck_mul3(ch, 2, d->BT, d->dh), w, 0);
+    if (enc) {
+        /* BERT: LayerNorm(word + position + type) then dropout */
+        ml_ck_save(ch, b, "embedding layernorm input", BTD, w, 0);
+        ml_ck_save(ch, b, "embedding layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+        ml_ck_param(ch, b, d->D, 0);
+        ml_ck_param(ch, b, d->D, 0);
+    }
+    ml_ck_tmp(ch, BTD, w);
+    /* embedding backward builds a dense (V, D) gradient; with tied
+     * weights (a decoder's LM head, BERT's MLM decoder) .grad already
+     * exists (head backward ran first) and it is added in place, so the
+     * dense copy is a transient */
+    if (m->tied_embeddings && (!enc || m->mlm_head))
+        b->ws_bwd = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
+}
+
+ml_status ml_ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+{
+    const bool enc = m->type == ML_MODEL_ENCODER;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    ml_cblock *b = ml_ck_begin(ch, "embedding", -1);
+    if (!b)
+        return ML_NOMEM;
+    if (m->image_size)
+        patch_embedding(ch, b, m, d);
+    else
+        token_embedding(ch, b, m, d);
+    if (d->drop)
+        ml_ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
+    ml_ck_end(ch, b, ml_mul(ch, BTD, ch->prec.w));
+    if (!m->image_size && m->tied_embeddings && (!enc || m->mlm_head)) {
+        /* the tied table's gradient is created by the head's backward */
+        uint64_t g = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
+        b->grad_bytes -= g;
+    }
+    return ML_OK;
+}

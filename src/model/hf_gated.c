@@ -1,0 +1,79 @@
+/* The Hugging Face import's Llama-layout families with a layer of their
+ * own (hf.c calls them after the shared sizes): Gemma's norm, MLP and
+ * embedding scale; Phi-3's fused projections. Every key they read is in the
+ * key table (hf_keys.c); the block each maps to is docs/inventory.md's. */
+#include <string.h>
+
+#include "model/hf_read.h"
+#include "model/model_internal.h"
+#include "model/tree.h"
+
+/* GemmaForCausalLM (modeling_gemma.py): Llama's attention (q, k, v, o_proj,
+ * attention_bias, rotary, repeat_kv) with GemmaRMSNorm's (1 + weight) scale
+ * in fp32, a GeGLU MLP, the embeddings times sqrt(hidden_size), a tied head
+ * by default (GemmaConfig). */
+ml_status ml_hf_map_gemma(const ml_node *r, ml_model *m, ml_error *err)
+{
+    /* transformers versions read hidden_activation (null: gelu_pytorch_tanh)
+     * or hidden_act; exact and tanh GELU are the one F.gelu op, which saves
+     * its input either way, so both keys must name one of the two */
+    static const char *const act_keys[] = {"hidden_activation", "hidden_act"};
+    ml_status st;
+    for (size_t i = 0; i < 2; i++) {
+        const char *v;
+        if ((st = ml_hf_str(err, r, act_keys[i], &v)))
+            return st;
+        if (v && strcmp(v, "gelu") && strcmp(v, "gelu_pytorch_tanh"))
+            return ml_error_at(err, ml_tree_get(r, act_keys[i]), ML_SCHEMA,
+                               "%s: '%s' is not modelled for gemma (gelu or gelu_pytorch_tanh: "
+                               "GeGLU)",
+                               act_keys[i], v);
+    }
+    bool ab = false;
+    m->activation = ML_ACT_GEGLU;
+    m->norm = ML_NORM_GEMMA_RMSNORM;
+    m->prenorm = true;
+    m->position = ML_POS_ROPE;
+    m->bias = false;
+    m->embed_scale = true;
+    m->tied_embeddings = true;
+    m->dropout = 0; /* attention_dropout > 0 is refused by the key table */
+    if ((st = ml_hf_bool(err, r, "attention_bias", &ab)) ||
+        (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+        return st;
+    m->qkv_bias = m->out_bias = ab;
+    return ML_OK;
+}
+
+/* Phi3ForCausalLM (modeling_phi3.py): Llama's RMSNorm, rotary attention
+ * and SwiGLU MLP, but q, k and v come from one qkv_proj (sliced) and gate
+ * and up from one gate_up_proj (chunked): the same parameters and bytes,
+ * other storages (docs/inventory.md, "Phi-3 block"); no biases, untied by
+ * default (Phi3Config). The dropouts are refused unless 0 by the key table;
+ * sliding_window (default null) refuses longer sequences when planning. */
+ml_status ml_hf_map_phi3(const ml_node *r, ml_model *m, ml_error *err)
+{
+    const char *act;
+    ml_status st = ml_hf_str(err, r, "hidden_act", &act);
+    if (st)
+        return st;
+    if (act && strcmp(act, "silu"))
+        return ml_error_at(err, ml_tree_get(r, "hidden_act"), ML_SCHEMA,
+                           "hidden_act: '%s' is not modelled for phi3 (silu: SwiGLU)", act);
+    m->activation = ML_ACT_SWIGLU;
+    m->norm = ML_NORM_RMSNORM;
+    m->prenorm = true;
+    m->position = ML_POS_ROPE;
+    m->bias = m->qkv_bias = m->out_bias = false;
+    m->fused_proj = true;
+    m->tied_embeddings = false;
+    m->dropout = 0;
+    uint64_t w = 0;
+    if ((st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+        return st;
+    if (!ml_hf_is_null(ml_tree_get(r, "sliding_window")) &&
+        (st = ml_hf_uint(err, r, KEYS("sliding_window"), false, 1, 1ull << 40, &w)))
+        return st;
+    m->sliding_window = w;
+    return ML_OK;
+}

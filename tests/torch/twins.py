@@ -1,0 +1,469 @@
+"""The reference implementations the torch checks build from a model YAML
+(tests/torch/models/*.yaml): the eager layouts of docs/inventory.md written
+out in PyTorch, one class per family, with the batch each trains on.
+crosscheck.py measures what they save; livebytes.py replays their memory
+curve (it patches `F` and the RMSNorms' forward here).
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as tcp
+import yaml
+
+# In-place ReLU, except in checkpointed runs (seq_layers)
+INPLACE = [True]
+
+
+def dropout(x, p):
+    # CUDA's fused dropout keeps a 1-byte mask; 1.13's CPU nn.Dropout keeps a
+    # float noise tensor instead, so the cross-check calls native_dropout,
+    # which keeps the bool mask on the CPU too (docs/validation.md).
+    if p <= 0:
+        return x
+    return torch.native_dropout(x, p, True)[0]
+
+
+class GPT2(nn.Module):
+    """nanoGPT / HF GPT-2 eager: pre-LN, fused qkv, masked_fill causal mask."""
+
+    def __init__(s, m):
+        super().__init__()
+        D, H, F_, V, P = m["hidden"], m["heads"], m.get("ffn", 4 * m["hidden"]), m["vocab"], m["max_positions"]
+        s.D, s.H, s.p = D, H, float(m.get("dropout", 0))
+        s.wte = nn.Embedding(V, D)
+        s.wpe = nn.Embedding(P, D)
+        s.blocks = nn.ModuleList()
+        for _ in range(m["layers"]):
+            b = nn.Module()
+            b.ln_1 = nn.LayerNorm(D)
+            b.c_attn = nn.Linear(D, 3 * D)
+            b.c_proj = nn.Linear(D, D)
+            b.ln_2 = nn.LayerNorm(D)
+            b.c_fc = nn.Linear(D, F_)
+            b.mlp_proj = nn.Linear(F_, D)
+            s.blocks.append(b)
+        s.ln_f = nn.LayerNorm(D)
+        s.lm_head = nn.Linear(D, V, bias=False)
+        s.lm_head.weight = s.wte.weight  # tied
+        s.register_buffer("mask", torch.tril(torch.ones(P, P)).view(1, 1, P, P))
+
+    def block(s, b, x):
+        B, T, C = x.size()
+        H, dh = s.H, C // s.H
+        q, k, v = b.c_attn(b.ln_1(x)).split(C, dim=2)
+        q = q.view(B, T, H, dh).transpose(1, 2)
+        k = k.view(B, T, H, dh).transpose(1, 2)
+        v = v.view(B, T, H, dh).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(dh))
+        att = att.masked_fill(s.mask[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        att = dropout(att, s.p)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + dropout(b.c_proj(y), s.p)
+        h = b.mlp_proj(F.gelu(b.c_fc(b.ln_2(x))))
+        return x + dropout(h, s.p)
+
+    def run(s, rec, batch, ckpt):
+        idx, tgt = batch
+        B, T = idx.shape
+        rec.block = "embedding"
+        pos = torch.arange(0, T, dtype=torch.long)
+        x = dropout(s.wte(idx) + s.wpe(pos), s.p)
+        for i, b in enumerate(s.blocks):
+            rec.block = "block.%d" % i
+            x = tcp.checkpoint(s.block, b, x) if ckpt else s.block(b, x)
+        rec.block = "head"
+        logits = s.lm_head(s.ln_f(x))
+        rec.block = "loss"
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
+
+
+class RMSNorm(nn.Module):
+    def __init__(s, D, eps=1e-6):
+        super().__init__()
+        s.weight = nn.Parameter(torch.ones(D))
+        s.eps = eps
+
+    def forward(s, x):  # HF LlamaRMSNorm
+        dt = x.dtype
+        h = x.to(torch.float32)
+        var = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(var + s.eps)
+        return s.weight * h.to(dt)
+
+
+class GemmaRMSNorm(nn.Module):
+    def __init__(s, D, eps=1e-6):
+        super().__init__()
+        s.weight = nn.Parameter(torch.zeros(D))
+        s.eps = eps
+
+    def forward(s, x):  # HF GemmaRMSNorm: the scale (1 + w) in fp32, then the cast
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + s.eps)
+        return (h * (1.0 + s.weight.float())).type_as(x)
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Llama(nn.Module):
+    """HF modeling_llama eager: RMSNorm, rotary, GQA repeat_kv, SwiGLU, untied."""
+    Norm = RMSNorm
+
+    def __init__(s, m):
+        super().__init__()
+        D, H, KV, F_, V = m["hidden"], m["heads"], m.get("kv_heads", m["heads"]), m["ffn"], m["vocab"]
+        s.D, s.H, s.KV, s.dh = D, H, KV, m.get("head_dim", D // H)
+        s.embed = nn.Embedding(V, D)
+        s.blocks = nn.ModuleList()
+        for _ in range(m["layers"]):
+            b = nn.Module()
+            b.ln1 = s.Norm(D)
+            b.q = nn.Linear(D, H * s.dh, bias=False)
+            b.k = nn.Linear(D, KV * s.dh, bias=False)
+            b.v = nn.Linear(D, KV * s.dh, bias=False)
+            b.o = nn.Linear(H * s.dh, D, bias=False)
+            b.ln2 = s.Norm(D)
+            b.gate = nn.Linear(D, F_, bias=False)
+            b.up = nn.Linear(D, F_, bias=False)
+            b.down = nn.Linear(F_, D, bias=False)
+            s.blocks.append(b)
+        s.norm = s.Norm(D)
+        s.lm_head = nn.Linear(D, V, bias=False)
+        s.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, s.dh, 2).float() / s.dh)))
+
+    def block(s, b, x, cos, sin, mask):
+        B, T, _ = x.shape
+        h = b.ln1(x)
+        q = b.q(h).view(B, T, s.H, s.dh).transpose(1, 2)
+        k = b.k(h).view(B, T, s.KV, s.dh).transpose(1, 2)
+        v = b.v(h).view(B, T, s.KV, s.dh).transpose(1, 2)
+        c, sn = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = (q * c) + (rotate_half(q) * sn)
+        k = (k * c) + (rotate_half(k) * sn)
+        rep = s.H // s.KV
+        if rep > 1:
+            k = k[:, :, None].expand(B, s.KV, rep, T, s.dh).reshape(B, s.H, T, s.dh)
+            v = v[:, :, None].expand(B, s.KV, rep, T, s.dh).reshape(B, s.H, T, s.dh)
+        att = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(s.dh)
+        att = att + mask
+        att = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
+        y = torch.matmul(att, v).transpose(1, 2).contiguous().reshape(B, T, s.H * s.dh)
+        x = x + b.o(y)
+        h = b.ln2(x)
+        return x + b.down(s.act(b.gate(h)) * b.up(h))
+
+    def act(s, x):
+        return F.silu(x)
+
+    def embed_tokens(s, idx):
+        return s.embed(idx)
+
+    def run(s, rec, batch, ckpt):
+        idx, tgt = batch
+        B, T = idx.shape
+        rec.block = "embedding"
+        x = s.embed_tokens(idx)
+        pos = torch.arange(T)[None].expand(B, T)
+        freqs = (s.inv_freq[None, :, None] @ pos[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        # the tables are made here and saved by every block: counted once,
+        # with the embedding block (docs/inventory.md)
+        rec.pinned[cos.storage().data_ptr()] = "embedding"
+        rec.pinned[sin.storage().data_ptr()] = "embedding"
+        mask = torch.full((T, T), float("-inf")).triu(1)[None, None].expand(B, 1, T, T)
+        for i, b in enumerate(s.blocks):
+            rec.block = "block.%d" % i
+            if ckpt:
+                x = tcp.checkpoint(s.block, b, x, cos, sin, mask)
+            else:
+                x = s.block(b, x, cos, sin, mask)
+        rec.block = "head"
+        logits = s.lm_head(s.norm(x))
+        rec.block = "loss"
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
+
+
+class Gemma(Llama):
+    """HF modeling_gemma eager: Llama's attention (head_dim of its own, MQA)
+    with GemmaRMSNorm, GeGLU with tanh GELU, embeddings times sqrt(D), tied."""
+    Norm = GemmaRMSNorm
+
+    def __init__(s, m):
+        super().__init__(m)
+        s.lm_head.weight = s.embed.weight  # tie_word_embeddings (GemmaConfig: true)
+
+    def act(s, x):
+        return F.gelu(x, approximate="tanh")  # gelu_pytorch_tanh
+
+    def embed_tokens(s, idx):
+        x = s.embed(idx)
+        # GemmaModel.forward: a 0-dim tensor made without a device, which mul
+        # saves (known_1_13: host memory on a GPU)
+        return x * torch.tensor(s.D ** 0.5, dtype=x.dtype)
+
+
+class Phi3(Llama):
+    """HF modeling_phi3 eager (Phi3Attention, Phi3MLP): Llama's block with one
+    qkv_proj whose output is sliced into q, k, v and one gate_up_proj whose
+    output is chunked into gate and up; untied (Phi3Config)."""
+
+    def __init__(s, m):
+        super().__init__(m)
+        D, F_ = m["hidden"], m["ffn"]
+        for b in s.blocks:
+            del b.q, b.k, b.v, b.gate, b.up
+            b.qkv = nn.Linear(D, (s.H + 2 * s.KV) * s.dh, bias=False)
+            b.gate_up = nn.Linear(D, 2 * F_, bias=False)
+
+    def block(s, b, x, cos, sin, mask):
+        B, T, _ = x.shape
+        qkv = b.qkv(b.ln1(x))
+        qp, kp = s.H * s.dh, s.KV * s.dh
+        q = qkv[..., :qp].view(B, T, -1, s.dh).transpose(1, 2)
+        k = qkv[..., qp:qp + kp].view(B, T, -1, s.dh).transpose(1, 2)
+        v = qkv[..., qp + kp:].view(B, T, -1, s.dh).transpose(1, 2)
+        # apply_rotary_pos_emb: the rotated part and the (empty) passed part
+        c, sn = cos.unsqueeze(1), sin.unsqueeze(1)
+        rd = c.shape[-1]
+        q = torch.cat([(q[..., :rd] * c) + (rotate_half(q[..., :rd]) * sn), q[..., rd:]], dim=-1)
+        k = torch.cat([(k[..., :rd] * c) + (rotate_half(k[..., :rd]) * sn), k[..., rd:]], dim=-1)
+        rep = s.H // s.KV
+        if rep > 1:
+            k = k[:, :, None].expand(B, s.KV, rep, T, s.dh).reshape(B, s.H, T, s.dh)
+            v = v[:, :, None].expand(B, s.KV, rep, T, s.dh).reshape(B, s.H, T, s.dh)
+        att = torch.matmul(q, k.transpose(2, 3)) * s.dh ** -0.5
+        att = F.softmax(att + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+        y = torch.matmul(att, v).transpose(1, 2).contiguous().reshape(B, T, -1)
+        x = x + b.o(y)
+        gate, up = b.gate_up(b.ln2(x)).chunk(2, dim=-1)
+        return x + b.down(up * F.silu(gate))
+
+
+class Bert(nn.Module):
+    """HF BERT eager: post-LN, separate q/k/v, pooler, classifier."""
+
+    def __init__(s, m):
+        super().__init__()
+        D, H, F_, V = m["hidden"], m["heads"], m.get("ffn", 4 * m["hidden"]), m["vocab"]
+        s.D, s.H, s.p = D, H, float(m.get("dropout", 0))
+        s.word = nn.Embedding(V, D)
+        s.pos = nn.Embedding(m["max_positions"], D)
+        s.typ = nn.Embedding(m.get("token_types", 2), D)
+        s.ln = nn.LayerNorm(D)
+        s.blocks = nn.ModuleList()
+        for _ in range(m["layers"]):
+            b = nn.Module()
+            b.q, b.k, b.v, b.o = (nn.Linear(D, D) for _ in range(4))
+            b.ln1 = nn.LayerNorm(D)
+            b.inter = nn.Linear(D, F_)
+            b.out = nn.Linear(F_, D)
+            b.ln2 = nn.LayerNorm(D)
+            s.blocks.append(b)
+        s.pooler = nn.Linear(D, D)
+        s.cls = nn.Linear(D, m.get("classes", 2))
+
+    def block(s, b, x, mask):
+        B, T, D = x.shape
+        H, dh = s.H, D // s.H
+
+        def heads(t):
+            return t.view(B, T, H, dh).permute(0, 2, 1, 3)
+
+        q, k, v = heads(b.q(x)), heads(b.k(x)), heads(b.v(x))
+        sc = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dh)
+        p = dropout(F.softmax(sc + mask, dim=-1), s.p)
+        ctx = torch.matmul(p, v).permute(0, 2, 1, 3).contiguous().view(B, T, D)
+        a = b.ln1(dropout(b.o(ctx), s.p) + x)
+        h = dropout(b.out(F.gelu(b.inter(a))), s.p)
+        return b.ln2(h + a)
+
+    def run(s, rec, batch, ckpt):
+        idx, tgt = batch
+        B, T = idx.shape
+        rec.block = "embedding"
+        pos = torch.arange(T)
+        types = torch.zeros(B, T, dtype=torch.long)
+        x = dropout(s.ln(s.word(idx) + s.pos(pos) + s.typ(types)), s.p)
+        mask = torch.zeros(B, 1, 1, T)
+        for i, b in enumerate(s.blocks):
+            rec.block = "block.%d" % i
+            x = tcp.checkpoint(s.block, b, x, mask) if ckpt else s.block(b, x, mask)
+        rec.block = "head"
+        return s.head(rec, x, tgt)
+
+    def head(s, rec, x, tgt):
+        pooled = torch.tanh(s.pooler(x[:, 0]))
+        logits = s.cls(dropout(pooled, s.p))
+        rec.block = "loss"
+        return F.cross_entropy(logits, tgt)
+
+
+class BertMLM(Bert):
+    """HF BertForMaskedLM: BertModel without its pooler, BertLMPredictionHead
+    (dense, gelu, LayerNorm, the decoder tied to the word embeddings with its
+    own bias), cross-entropy over the vocabulary at every token."""
+
+    def __init__(s, m):
+        super().__init__(m)
+        D, V = m["hidden"], m["vocab"]
+        del s.pooler, s.cls
+        s.dense = nn.Linear(D, D)
+        s.head_ln = nn.LayerNorm(D)
+        s.decoder = nn.Linear(D, V)
+        s.decoder.weight = s.word.weight  # tie_word_embeddings (BertConfig: true)
+
+    def head(s, rec, x, tgt):
+        h = F.gelu(s.dense(x))
+        if torch.is_autocast_cpu_enabled():
+            # CUDA autocast runs layer_norm in fp32 (the fp32 cast is what it
+            # saves); 1.13's CPU autocast does not list it and would fail on
+            # a bf16 input with fp32 weights: cast as CUDA autocast does
+            h = h.float()
+        logits = s.decoder(s.head_ln(h))
+        rec.block = "loss"
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
+
+
+class Residual(nn.Module):
+    def __init__(s, body, shortcut):
+        super().__init__()
+        s.body, s.shortcut = body, shortcut
+
+    def forward(s, x):
+        return s.body(x) + (s.shortcut(x) if s.shortcut is not None else x)
+
+
+def expand_repeats(layers):
+    """A layer list with every `repeat: {times: N, layers: [...]}` replaced
+    by N copies of its layers, in residual bodies and shortcuts too: the
+    flat model the YAML means, expanded here independently of the C loader."""
+    out = []
+    for item in layers:
+        (kind, a), = item.items()
+        if kind == "repeat":
+            out += expand_repeats(a["layers"]) * a["times"]
+        elif kind == "residual" and isinstance(a, list):
+            out.append({kind: expand_repeats(a)})
+        elif kind == "residual":
+            out.append({kind: {k: expand_repeats(v) for k, v in a.items()}})
+        else:
+            out.append(item)
+    return out
+
+
+def load(fh):
+    """A model file as a document, its sequential layers expanded."""
+    doc = yaml.safe_load(fh)
+    if doc["model"]["type"] == "sequential":
+        doc["model"]["layers"] = expand_repeats(doc["model"]["layers"])
+    return doc
+
+
+def seq_layers(spec, shape):
+    """nn.Sequential for a YAML layer list; returns (module, output shape)."""
+    mods = []
+    for item in spec:
+        (kind, a), = item.items()
+        a = a or {}
+        if kind == "linear":
+            mods.append(nn.Linear(shape[-1], a["out"], bias=a.get("bias", True)))
+            shape = shape[:-1] + [a["out"]]
+        elif kind == "conv2d":
+            k, st, pd = a["kernel"], a.get("stride", 1), a.get("padding", 0)
+            mods.append(nn.Conv2d(shape[0], a["out"], k, st, pd, bias=a.get("bias", True)))
+            shape = [a["out"]] + [(d + 2 * pd - k) // st + 1 for d in shape[1:]]
+        elif kind == "batchnorm":
+            mods.append(nn.BatchNorm2d(shape[0]) if len(shape) == 3 else nn.BatchNorm1d(shape[0]))
+        elif kind == "layernorm":
+            mods.append(nn.LayerNorm(shape[-1]))
+        elif kind == "relu":
+            # torchvision's in-place ReLU; checkpoint cannot recompute an
+            # in-place op on its own input, so checkpointed runs use the
+            # out-of-place ReLU, which saves the same storage size
+            mods.append(nn.ReLU(inplace=INPLACE[0]))
+        elif kind == "gelu":
+            mods.append(nn.GELU())
+        elif kind == "silu":
+            mods.append(nn.SiLU())
+        elif kind == "maxpool":
+            k = a["kernel"]
+            st = a.get("stride", k)
+            mods.append(nn.MaxPool2d(k, st, a.get("padding", 0)))
+            shape = [shape[0]] + [(d + 2 * a.get("padding", 0) - k) // st + 1 for d in shape[1:]]
+        elif kind == "avgpool":
+            assert a.get("global")
+            mods.append(nn.AdaptiveAvgPool2d(1))
+            shape = [shape[0], 1, 1]
+        elif kind == "flatten":
+            mods.append(nn.Flatten())
+            shape = [math.prod(shape)]
+        elif kind == "residual":
+            if isinstance(a, list):
+                body, bs = seq_layers(a, shape)
+                sc = None
+            else:
+                body, bs = seq_layers(a["body"], shape)
+                sc, _ = seq_layers(a["shortcut"], shape) if "shortcut" in a else (None, shape)
+            mods.append(Residual(body, sc))
+            shape = bs
+        else:
+            raise SystemExit("crosscheck: layer kind %s not built here" % kind)
+    return nn.Sequential(*mods), shape
+
+
+class Sequential(nn.Module):
+    def __init__(s, m):
+        super().__init__()
+        s.input = list(m["input"])
+        s.loss = m.get("loss", "cross_entropy")
+        s.layers = nn.ModuleList()
+        shape = list(s.input)
+        s.names = []
+        for i, item in enumerate(m["layers"]):
+            mod, shape = seq_layers([item], shape)
+            s.layers.append(mod)
+            s.names.append("%d:%s" % (i, next(iter(item))))
+        s.out = shape
+
+    def run(s, rec, batch, ckpt):
+        x, tgt = batch
+        for name, mod in zip(s.names, s.layers):
+            rec.block = name
+            x = tcp.checkpoint(mod, x) if ckpt and x.requires_grad else mod(x)
+        rec.block = "loss"
+        return F.mse_loss(x, tgt) if s.loss == "mse" else F.cross_entropy(x, tgt)
+
+
+def build(doc):
+    m = doc["model"]
+    if m["type"] == "sequential":
+        return Sequential(m)
+    if m["type"] == "encoder":
+        return BertMLM(m) if m.get("mlm_head") else Bert(m)
+    if m.get("fused_projections"):
+        return Phi3(m)
+    if m.get("norm", "layernorm") == "gemma_rmsnorm":
+        return Gemma(m)
+    if m.get("norm", "layernorm") == "rmsnorm":
+        return Llama(m)
+    return GPT2(m)
+
+
+def batch_for(doc, model, B, T):
+    m = doc["model"]
+    if m["type"] == "sequential":
+        x = torch.randn([B] + list(m["input"]))
+        if model.loss == "mse":
+            return x, torch.randn([B] + model.out)
+        return x, torch.randint(0, model.out[-1], (B,))
+    idx = torch.randint(0, m["vocab"], (B, T))
+    if m["type"] == "encoder" and not m.get("mlm_head"):
+        return idx, torch.randint(0, m["classes"], (B,))
+    return idx, torch.randint(0, m["vocab"], (B, T))
