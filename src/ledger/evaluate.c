@@ -6,7 +6,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <ctype.h>
 #include <string.h>
 
 #include "ledger/replay.h"
@@ -281,33 +280,6 @@ static ml_status replay_status(const ml_replay *r, const ml_chain *ch, uint64_t 
     return ML_OK;
 }
 
-/* Why a profile's measured GEMM throughput does not time this plan (NULL
- * when it does): it was measured on another device, or at another compute
- * dtype (docs/devices.md, "Step time"). With no device at all, the
- * profile's device is the plan's. */
-static bool same_nocase(const char *a, const char *b)
-{
-    while (*a && tolower((unsigned char)*a) == tolower((unsigned char)*b))
-        a++, b++;
-    return tolower((unsigned char)*a) == tolower((unsigned char)*b);
-}
-
-static const char *profile_time_note(const ml_config *cfg)
-{
-    const ml_device *dv = &cfg->device;
-    const char *pdev = ml_profile_get(cfg->calib, "device");
-    const char *pdt = ml_profile_get(cfg->calib, "dtype");
-    if (dv->present && !dv->preset)
-        return "the device is given by its size only; name it (--device h200) to use a profile "
-               "measured on it";
-    if (dv->present && (!pdev || !same_nocase(pdev, dv->preset->product)))
-        return "the profile was measured on another device";
-    ml_compute_dtype c = ml_precision_compute_dtype(cfg->training.precision);
-    if (pdt && *pdt && strcmp(pdt, ml_compute_dtype_name(c)))
-        return "the profile's GEMMs ran at another dtype than the plan's";
-    return NULL;
-}
-
 /* FLOPs of the step and its time: peak x efficiency, or a profile's
  * measured throughput (docs/flops.md). */
 static void flops_and_time(const ml_chain *ch, const ml_config *cfg, double flops_re,
@@ -335,7 +307,7 @@ static void flops_and_time(const ml_chain *ch, const ml_config *cfg, double flop
     s->calibrated_at_shape = ch->calib_exact;
     s->calibration_note = cfg->calib ? ch->calib_note : NULL;
     if (cfg->calib && ml_profile_achieved_tflops(cfg->calib) > 0) {
-        s->time_note = profile_time_note(cfg);
+        s->time_note = ml_profile_time_mismatch(cfg->calib, cfg);
         if (!s->time_note) {
             /* measured throughput replaces peak x efficiency */
             s->step_time_s = s->flops_total / (ml_profile_achieved_tflops(cfg->calib) * 1e12);
