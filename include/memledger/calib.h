@@ -155,6 +155,12 @@ ML_API unsigned ml_profile_dtype_bytes(const ml_profile *p);
 /* Best measured GEMM throughput (TFLOP/s) and its fraction of the peak (0
  * when the peak is unknown). */
 ML_API double ml_profile_achieved_tflops(const ml_profile *p);
+/* Why the profile's measured throughput does not time a plan under cfg
+ * (static text), or NULL when it does: it must have been measured on the
+ * plan's device (no device given, or a named device whose driver name is
+ * the profile's "device") at the plan's compute dtype (docs/devices.md). */
+struct ml_config;
+ML_API const char *ml_profile_time_mismatch(const ml_profile *p, const struct ml_config *cfg);
 ML_API double ml_profile_efficiency(const ml_profile *p);
 ML_API size_t ml_profile_gemm_count(const ml_profile *p);
 ML_API const ml_profile_gemm *ml_profile_gemm_at(const ml_profile *p, size_t i);

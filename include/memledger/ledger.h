@@ -150,6 +150,11 @@ typedef struct ml_summary {
     uint64_t reserved_peak;          /* max_memory_reserved() */
     uint64_t reserved_segments;      /* segments at most (cudaMalloc'd, or expandable) */
     bool reserved_oom;               /* the simulation ran out of the device */
+    /* the peak the step time used (ml_device_peak; 0 when the time is
+     * measured or unknown), and why a profile's measured throughput was
+     * not used (static text; NULL when it was, or without one) */
+    double peak_tflops_used;
+    const char *time_note;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

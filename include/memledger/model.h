@@ -132,6 +132,36 @@ typedef enum ml_allocator {
     ML_ALLOCATOR_COUNT
 } ml_allocator;
 
+/* The dtype a plan's matrix products run in, which picks the device's peak
+ * (docs/devices.md): fp32 plans multiply in fp32 (PyTorch's default since
+ * 1.12: torch.backends.cuda.matmul.allow_tf32 = False), amp-bf16, bf16 and
+ * bf16-master in bf16, amp-fp16 and fp16-master in fp16. tf32 and fp8 are
+ * listed for the presets' tables; no precision policy selects them. */
+typedef enum ml_compute_dtype {
+    ML_COMPUTE_FP32,
+    ML_COMPUTE_TF32,
+    ML_COMPUTE_BF16,
+    ML_COMPUTE_FP16,
+    ML_COMPUTE_FP8,
+    ML_COMPUTE_COUNT
+} ml_compute_dtype;
+
+/* A named accelerator (docs/devices.md, one source per row): its capacity
+ * and its dense (not 2:4 sparse) peak per compute dtype. Rows are static
+ * and constant. */
+typedef struct ml_device_preset {
+    const char *name;      /* "h100-sxm": what --device and device.name take */
+    const char *aliases;   /* other spellings, space-separated ("h100 h100-80gb") */
+    const char *product;   /* the name the driver reports
+                              (torch.cuda.get_device_name), e.g. "NVIDIA H200";
+                              a calibration profile's `device` is matched to it */
+    uint64_t memory;       /* bytes: the total the driver reports (nvidia-smi's
+                              MiB) where a reading is published, else the
+                              nominal capacity in GiB (docs/devices.md) */
+    double peak_tflops[ML_COMPUTE_COUNT]; /* dense TFLOP/s; 0 = unsupported or
+                                             not published */
+} ml_device_preset;
+
 typedef struct ml_device {
     bool present;              /* a device was given: verdict is computed */
     uint64_t memory;           /* capacity, bytes */
@@ -145,6 +175,10 @@ typedef struct ml_device {
                                   0 = none (docs/ledger.md) */
     ml_allocator allocator;    /* simulate the caching allocator: reserved bytes */
     uint64_t max_split_size;   /* max_split_size_mb in bytes; 0 = unlimited */
+    /* the named device this one started from (ml_device_preset_apply), or
+     * NULL; with no peak_tflops of its own the step time takes the preset's
+     * peak at the plan's compute dtype (ml_device_peak) */
+    const ml_device_preset *preset;
 } ml_device;
 
 struct ml_profile;
@@ -202,6 +236,27 @@ ML_API uint64_t ml_device_budget(const ml_device *d);
 /* The allocator peak the device itself admits: (memory - runtime_reserve) /
  * (1 + fragmentation), rounded down (docs/ledger.md). */
 ML_API uint64_t ml_device_limit(const ml_device *d);
+
+/* The device presets (docs/devices.md): the table and its length; static
+ * and constant. */
+ML_API const ml_device_preset *ml_device_presets(size_t *count);
+/* The preset named `name` or one of its aliases, compared without case and
+ * ignoring '-', '_', ' ' and '.' ("H100 SXM", "h100_sxm"); NULL when none. */
+ML_API const ml_device_preset *ml_device_preset_find(const char *name);
+/* Makes *d the named device: present, its memory, the preset, the budget
+ * back to its default (memory - runtime_reserve) and no peak_tflops of its
+ * own; the other fields (runtime_reserve, efficiency, allocator, ...) are
+ * kept. ML_OK, or ML_USAGE with a message listing the known names (*d
+ * untouched). */
+ML_API ml_status ml_device_preset_apply(const char *name, ml_device *d, ml_error *err);
+/* The compute dtype of a precision policy, and its name ("fp32", "tf32",
+ * "bf16", "fp16", "fp8"). */
+ML_API ml_compute_dtype ml_precision_compute_dtype(ml_precision p);
+ML_API const char *ml_compute_dtype_name(ml_compute_dtype c);
+/* The dense peak (TFLOP/s) a plan at precision p gets on d: d->peak_tflops
+ * when set (the user's or the model file's figure), else the preset's peak
+ * at p's compute dtype, else 0 (unknown: no step time). */
+ML_API double ml_device_peak(const ml_device *d, ml_precision p);
 
 /* Parses a size such as "8GiB", "6.5 GiB", "512MiB", "16GB" or "1024"
  * (bytes). Binary units B, KiB, MiB, GiB, TiB; decimal KB, MB, GB, TB.

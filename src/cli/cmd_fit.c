@@ -16,7 +16,7 @@ static const char usage[] =
     "(effective = micro-batch x accumulation x data-parallel devices). The search is\n"
     "exact on the ledger (bisection), not an extrapolation.\n"
     "\n"
-    "  --device SIZE          device memory (or a device: section in the file)\n"
+    "  --device NAME|SIZE     a named device or its memory (or a device: section)\n"
     "  --budget SIZE          line for the allocator peak (default memory - reserve)\n"
     "  --global-batch N       target effective batch\n"
     "  --data-parallel N      devices (default 1)\n"

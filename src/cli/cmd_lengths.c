@@ -170,7 +170,7 @@ int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config 
     ml_status st = ML_OK;
     unsigned evals = 0;
     if (!cfg->device.present) {
-        ml_cli_errorf("fit needs a device (--device SIZE or a device: section)");
+        ml_cli_errorf("fit needs a device (--device NAME|SIZE or a device: section)");
         rc = ML_EXIT_BAD_INPUT;
         goto out;
     }

@@ -416,22 +416,40 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
     return rc;
 }
 
+/* --device NAME (a preset) or SIZE (memory only). Either is a new device:
+ * the file's budget line goes back to the default (memory - reserve) unless
+ * --budget gives one, and the file's peak_tflops (its own device's) no
+ * longer applies unless --peak-tflops gives one (docs/devices.md). */
+static int device_flag(const char *v, ml_device *d)
+{
+    if (isdigit((unsigned char)v[0]) || v[0] == '.' || v[0] == '-' || v[0] == '+') {
+        int rc = size_flag("--device", v, &d->memory);
+        d->present = true;
+        d->budget = 0;
+        d->peak_tflops = 0;
+        d->preset = NULL;
+        return rc;
+    }
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    if (ml_device_preset_apply(v, d, &e)) {
+        fprintf(stderr, "memledger: error: --device: %s (or a size, e.g. 8GiB)\n", e.msg);
+        return ML_EXIT_BAD_INPUT;
+    }
+    return 0;
+}
+
 /* The device flags over the model file's device: 0, or the exit status of
  * the first bad one (its message printed). */
 static int device_flags(const ml_cli_opts *o, ml_device *d)
 {
     int rc = 0;
-    if (!rc && o->device) {
-        rc = size_flag("--device", o->device, &d->memory);
-        /* a new capacity invalidates the file's budget line: back to the
-         * default (memory - reserve) unless --budget gives one */
-        d->present = true;
-        d->budget = 0;
-    }
+    if (!rc && o->device)
+        rc = device_flag(o->device, d);
     if (!rc && o->budget) {
         rc = size_flag("--budget", o->budget, &d->budget);
         if (!rc && !d->present)
-            rc = bad_flag("--budget", "needs a device: add --device SIZE or a device: section");
+            rc = bad_flag("--budget", "needs a device: add --device NAME|SIZE or a device: section");
     }
     if (!rc && o->runtime_reserve)
         rc = size_flag("--runtime-reserve", o->runtime_reserve, &d->runtime_reserve);

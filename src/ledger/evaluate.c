@@ -298,17 +298,22 @@ static void flops_and_time(const ml_chain *ch, const ml_config *cfg, double flop
     s->flops_recompute = flops_re * A;
     s->flops_total = s->flops_forward + s->flops_backward + s->flops_recompute;
     s->flops_per_micro_batch = s->flops_total / A;
-    s->step_time_s = dv->peak_tflops > 0
-                         ? s->flops_total / (dv->peak_tflops * 1e12 * dv->efficiency)
+    s->peak_tflops_used = ml_device_peak(dv, t->precision);
+    s->step_time_s = s->peak_tflops_used > 0
+                         ? s->flops_total / (s->peak_tflops_used * 1e12 * dv->efficiency)
                          : -1.0;
     s->calibrated_blocks = ch->calibrated;
     s->calibrated_c = ch->calib_c;
     s->calibrated_at_shape = ch->calib_exact;
     s->calibration_note = cfg->calib ? ch->calib_note : NULL;
     if (cfg->calib && ml_profile_achieved_tflops(cfg->calib) > 0) {
-        /* measured throughput replaces peak x efficiency */
-        s->step_time_s = s->flops_total / (ml_profile_achieved_tflops(cfg->calib) * 1e12);
-        s->time_measured = true;
+        s->time_note = ml_profile_time_mismatch(cfg->calib, cfg);
+        if (!s->time_note) {
+            /* measured throughput replaces peak x efficiency */
+            s->step_time_s = s->flops_total / (ml_profile_achieved_tflops(cfg->calib) * 1e12);
+            s->time_measured = true;
+            s->peak_tflops_used = 0;
+        }
     }
 }
 

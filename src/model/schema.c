@@ -343,20 +343,35 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
     return ck ? training_checkpoint(err, ck, tr) : ML_OK;
 }
 
+/* device.name: a preset (docs/devices.md) whose memory and peaks the
+ * section's own keys then override. */
+static ml_status device_name(ml_error *err, const ml_node *name, ml_device *dv)
+{
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    if (!name->text || ml_device_preset_apply(name->text, dv, &e))
+        return ml_error_at(err, name, ML_SCHEMA, "device.name: %s",
+                           name->text ? e.msg : "expected a device name, e.g. h100-sxm");
+    return ML_OK;
+}
+
 static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
 {
-    static const char *const keys[] = {"memory",     "budget",        "runtime_reserve",
-                                       "peak_tflops", "efficiency",   "fragmentation",
-                                       "allocator",  "max_split_size"};
+    static const char *const keys[] = {"name",        "memory",     "budget",
+                                       "runtime_reserve", "peak_tflops", "efficiency",
+                                       "fragmentation", "allocator",  "max_split_size"};
     ml_status st;
     if ((st = ml_tree_need_map(err, d, "device")) ||
         (st = ml_tree_check_keys(err, d, "device", keys, ML_COUNT(keys))))
         return st;
     ml_device *dv = &m->config.device;
-    if (!ml_tree_get(d, "memory"))
+    const ml_node *name = ml_tree_get(d, "name");
+    if (!name && !ml_tree_get(d, "memory"))
         return ml_error_at(err, d, ML_SCHEMA,
                            "device.memory: missing; give the device capacity, e.g. "
-                           "'memory: 8GiB'");
+                           "'memory: 8GiB', or its name, e.g. 'name: h100-sxm'");
+    if (name && (st = device_name(err, name, dv)))
+        return st;
     dv->present = true;
     if ((st = ml_tree_size(err, d, "memory", "device", &dv->memory)) ||
         (st = ml_tree_size(err, d, "budget", "device", &dv->budget)) ||

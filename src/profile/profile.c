@@ -1,6 +1,7 @@
 /* Calibration profiles: built by the runner, fitted, saved as YAML (read back
  * by profile_read.c). The fitted values are always recomputed from the raw
  * points. */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -507,4 +508,29 @@ int ml_profile_write(FILE *f, const ml_profile *p)
     if (!p->nkinds)
         fputs("  {}\n", f);
     return ferror(f) ? -1 : 0;
+}
+
+/* docs/devices.md, "Step time": with no device at all, the profile's device
+ * is the plan's; a named device must be the profile's by driver name. */
+static bool same_nocase(const char *a, const char *b)
+{
+    while (*a && tolower((unsigned char)*a) == tolower((unsigned char)*b))
+        a++, b++;
+    return tolower((unsigned char)*a) == tolower((unsigned char)*b);
+}
+
+const char *ml_profile_time_mismatch(const ml_profile *p, const ml_config *cfg)
+{
+    const ml_device *dv = &cfg->device;
+    const char *pdev = ml_profile_get(p, "device");
+    const char *pdt = ml_profile_get(p, "dtype");
+    if (dv->present && !dv->preset)
+        return "the device is given by its size only; name it (--device h200) to use a profile "
+               "measured on it";
+    if (dv->present && (!pdev || !same_nocase(pdev, dv->preset->product)))
+        return "the profile was measured on another device";
+    ml_compute_dtype c = ml_precision_compute_dtype(cfg->training.precision);
+    if (pdt && *pdt && strcmp(pdt, ml_compute_dtype_name(c)))
+        return "the profile's GEMMs ran at another dtype than the plan's";
+    return NULL;
 }

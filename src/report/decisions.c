@@ -172,7 +172,7 @@ int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
                     rows[i].fits ? "" : " (no plan meets the budget: the lowest peak is shown)");
     compare_not_needed(f, rows, n);
     if (!cfg->device.present)
-        fprintf(f, "\n(no device: give --device SIZE for the verdicts and the optimal plan)\n");
+        fprintf(f, "\n(no device: give --device NAME|SIZE for the verdicts and the optimal plan)\n");
     fprintf(f, "\nPeak total includes the runtime reserve. %% of 3F: recompute FLOPs over "
                "the iteration's FLOPs without recompute.\n");
     return ferror(f) ? -1 : 0;

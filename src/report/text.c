@@ -167,6 +167,38 @@ static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
     fputc('\n', f);
 }
 
+/* The step time and the peak it used: the device's own figure, or its
+ * preset's at the plan's compute dtype (docs/devices.md). */
+static void text_step_time(FILE *f, const ml_config *cfg, const ml_summary *s)
+{
+    const ml_device *dv = &cfg->device;
+    const char *dt = ml_compute_dtype_name(ml_precision_compute_dtype(cfg->training.precision));
+    if (s->time_measured) {
+        fprintf(f, "  step time %.4g s at %.4g TFLOP/s, the GEMM throughput measured by profile "
+                   "%s\n",
+                s->step_time_s, ml_profile_achieved_tflops(cfg->calib),
+                ml_profile_get(cfg->calib, "name"));
+        return;
+    }
+    if (s->step_time_s >= 0 && !(dv->peak_tflops > 0) && dv->preset)
+        fprintf(f, "  step time %.4g s at %g TFLOP/s (%s, dense %s) x %.0f%% efficiency%s\n",
+                s->step_time_s, s->peak_tflops_used, dv->preset->name, dt, dv->efficiency * 100,
+                dv->efficiency >= 1 ? " (a lower bound)" : "");
+    else if (s->step_time_s >= 0)
+        fprintf(f, "  step time %.4g s at %g TFLOP/s x %.0f%% efficiency%s\n", s->step_time_s,
+                s->peak_tflops_used, dv->efficiency * 100,
+                dv->efficiency >= 1 ? " (a lower bound)" : "");
+    else if (dv->preset)
+        fprintf(f, "  step time: unknown (%s has no published dense %s peak; give --peak-tflops)\n",
+                dv->preset->name, dt);
+    else
+        fprintf(f, "  step time: unknown (name the device, e.g. --device h100-sxm, or give "
+                   "--peak-tflops)\n");
+    if (s->time_note)
+        fprintf(f, "  (profile %s's measured throughput not used: %s)\n",
+                ml_profile_get(cfg->calib, "name"), s->time_note);
+}
+
 /* The FLOPs, the communication and the step time. */
 static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
 {
@@ -183,17 +215,7 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
         ml_format_bytes((uint64_t)s->comm_bytes, a, sizeof a);
         fprintf(f, "  communication: %s sent per device per iteration\n", a);
     }
-    if (s->time_measured)
-        fprintf(f, "  step time %.4g s at %.4g TFLOP/s, the GEMM throughput measured by profile "
-                   "%s\n",
-                s->step_time_s, ml_profile_achieved_tflops(cfg->calib),
-                ml_profile_get(cfg->calib, "name"));
-    else if (s->step_time_s >= 0)
-        fprintf(f, "  step time %.4g s at %g TFLOP/s x %.0f%% efficiency%s\n", s->step_time_s,
-                cfg->device.peak_tflops, cfg->device.efficiency * 100,
-                cfg->device.efficiency >= 1 ? " (a lower bound)" : "");
-    else
-        fprintf(f, "  step time: unknown (give device.peak_tflops or --peak-tflops)\n");
+    text_step_time(f, cfg, s);
 }
 
 /* The device and the verdict (nothing without a device). */

@@ -1,0 +1,141 @@
+/* Device presets: one table of accelerators with their capacity and dense
+ * peaks per compute dtype. Every figure and its source is in
+ * docs/devices.md; tests/unit/test_devices.c restates them independently. */
+#include <ctype.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "memledger/model.h"
+#include "util/error.h"
+
+#define MIB(n) ((uint64_t)(n) << 20)
+#define GIB(n) ((uint64_t)(n) << 30)
+
+/* Peaks in TFLOP/s, dense: the datasheets print most tensor figures with
+ * 2:4 sparsity (marked *) and the dense figure is half of it. Order: fp32,
+ * tf32, bf16, fp16, fp8. fp32 is the non-tensor FP32 peak (NVIDIA) or the
+ * FP32 matrix peak (AMD, whose BLAS runs fp32 GEMMs on the matrix cores). */
+static const ml_device_preset presets[] = {
+    {"h100-sxm", "h100 h100-sxm5 h100-80gb", "NVIDIA H100 80GB HBM3", MIB(81559),
+     {67, 494.5, 989.5, 989.5, 1979}},
+    {"h100-pcie", "", "NVIDIA H100 PCIe", GIB(80), {51, 378, 756.5, 756.5, 1513}},
+    {"h200", "h200-sxm h200-141gb", "NVIDIA H200", MIB(143771),
+     {67, 494.5, 989.5, 989.5, 1979}},
+    {"a100-40gb", "a100-sxm4-40gb", "NVIDIA A100-SXM4-40GB", MIB(40960), {19.5, 156, 312, 312, 0}},
+    {"a100-80gb", "a100-sxm4-80gb", "NVIDIA A100-SXM4-80GB", MIB(81920), {19.5, 156, 312, 312, 0}},
+    {"l4", "", "NVIDIA L4", MIB(23034), {30.3, 60, 121, 121, 242.5}},
+    {"l40s", "", "NVIDIA L40S", MIB(46068), {91.6, 183, 362.05, 362.05, 733}},
+    {"a10", "", "NVIDIA A10", MIB(23028), {31.2, 62.5, 125, 125, 0}},
+    /* AWS's A10G: no vendor publishes its per-dtype peaks (docs/devices.md) */
+    {"a10g", "", "NVIDIA A10G", MIB(23028), {0, 0, 0, 0, 0}},
+    {"t4", "tesla-t4", "Tesla T4", MIB(15360), {8.1, 0, 0, 65, 0}},
+    {"v100-16gb", "v100 v100-sxm2-16gb", "Tesla V100-SXM2-16GB", GIB(16), {15.7, 0, 0, 125, 0}},
+    {"v100-32gb", "v100-sxm2-32gb", "Tesla V100-SXM2-32GB", GIB(32), {15.7, 0, 0, 125, 0}},
+    {"rtx4090", "4090 geforce-rtx-4090", "NVIDIA GeForce RTX 4090", GIB(24),
+     {82.6, 82.6, 165.2, 165.2, 330.3}},
+    {"rtx3090", "3090 geforce-rtx-3090", "NVIDIA GeForce RTX 3090", GIB(24),
+     {35.6, 35.6, 71, 71, 0}},
+    {"mi300x", "instinct-mi300x", "AMD Instinct MI300X", GIB(192),
+     {163.4, 653.7, 1307.4, 1307.4, 2614.9}},
+};
+
+const ml_device_preset *ml_device_presets(size_t *count)
+{
+    *count = sizeof presets / sizeof presets[0];
+    return presets;
+}
+
+/* Lower case without '-', '_', ' ' and '.', at most size-1 characters;
+ * false when the name does not fit. */
+static bool squeeze(const char *s, size_t n, char *out, size_t size)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n && s[i]; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '-' || c == '_' || c == ' ' || c == '.')
+            continue;
+        if (k + 1 >= size)
+            return false;
+        out[k++] = (char)tolower(c);
+    }
+    out[k] = 0;
+    return true;
+}
+
+/* Whether the squeezed `key` equals the name or one of the aliases. */
+static bool matches(const ml_device_preset *p, const char *key)
+{
+    char buf[64];
+    if (squeeze(p->name, strlen(p->name), buf, sizeof buf) && !strcmp(buf, key))
+        return true;
+    for (const char *a = p->aliases; *a;) {
+        size_t n = strcspn(a, " ");
+        if (n && squeeze(a, n, buf, sizeof buf) && !strcmp(buf, key))
+            return true;
+        a += n;
+        a += strspn(a, " ");
+    }
+    return false;
+}
+
+const ml_device_preset *ml_device_preset_find(const char *name)
+{
+    char key[64];
+    if (!name || !squeeze(name, strlen(name), key, sizeof key) || !key[0])
+        return NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (matches(&presets[i], key))
+            return &presets[i];
+    return NULL;
+}
+
+ml_status ml_device_preset_apply(const char *name, ml_device *d, ml_error *err)
+{
+    const ml_device_preset *p = ml_device_preset_find(name);
+    if (!p) {
+        char known[256];
+        size_t k = 0;
+        for (size_t i = 0; i < sizeof presets / sizeof presets[0] && k < sizeof known; i++)
+            k += (size_t)snprintf(known + k, sizeof known - k, "%s%s", i ? ", " : "",
+                                  presets[i].name);
+        return ml_errorf(err, ML_USAGE,
+                         "unknown device '%.40s'; the known names: %s", name ? name : "",
+                         known);
+    }
+    d->present = true;
+    d->memory = p->memory;
+    d->budget = 0;
+    d->peak_tflops = 0;
+    d->preset = p;
+    return ML_OK;
+}
+
+ml_compute_dtype ml_precision_compute_dtype(ml_precision p)
+{
+    switch (p) {
+    case ML_PREC_AMP_BF16:
+    case ML_PREC_BF16_MASTER:
+    case ML_PREC_BF16:
+        return ML_COMPUTE_BF16;
+    case ML_PREC_AMP_FP16:
+    case ML_PREC_FP16_MASTER:
+        return ML_COMPUTE_FP16;
+    default:
+        return ML_COMPUTE_FP32;
+    }
+}
+
+const char *ml_compute_dtype_name(ml_compute_dtype c)
+{
+    static const char *const names[ML_COMPUTE_COUNT] = {"fp32", "tf32", "bf16", "fp16", "fp8"};
+    return (unsigned)c < ML_COMPUTE_COUNT ? names[c] : "?";
+}
+
+double ml_device_peak(const ml_device *d, ml_precision p)
+{
+    if (d->peak_tflops > 0)
+        return d->peak_tflops;
+    if (d->preset)
+        return d->preset->peak_tflops[ml_precision_compute_dtype(p)];
+    return 0;
+}

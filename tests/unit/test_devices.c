@@ -1,0 +1,169 @@
+/* Device presets: every row's memory and dense peaks against the figures
+ * written here again from the sources docs/devices.md cites (datasheet
+ * tensor figures marked "with sparsity" are halved by hand), the lookup by
+ * name and alias, the compute dtype of each precision, and the peak a plan
+ * gets. */
+#include "harness.h"
+
+#define MIB(n) ((uint64_t)(n) * 1048576ull)
+#define GIB(n) ((uint64_t)(n) * 1073741824ull)
+
+typedef struct expect {
+    const char *name;
+    uint64_t memory;
+    double fp32, tf32, bf16, fp16, fp8;
+} expect;
+
+/* sparse/2 written as the datasheet's sparse figure over 2 */
+static const expect rows[] = {
+    /* H100 datasheet, SXM: FP32 67; TF32 989*; BF16, FP16 1,979*; FP8 3,958*.
+     * nvidia-smi: 81,559 MiB */
+    {"h100-sxm", MIB(81559), 67, 989 / 2.0, 1979 / 2.0, 1979 / 2.0, 3958 / 2.0},
+    /* H100 datasheet, PCIe: FP32 51; TF32 756*; BF16, FP16 1,513*; FP8 3,026*;
+     * 80 GB, nominal */
+    {"h100-pcie", GIB(80), 51, 756 / 2.0, 1513 / 2.0, 1513 / 2.0, 3026 / 2.0},
+    /* H200 datasheet: as H100 SXM; nvidia-smi 143,771 MiB (calib/results log) */
+    {"h200", MIB(143771), 67, 989 / 2.0, 1979 / 2.0, 1979 / 2.0, 3958 / 2.0},
+    /* A100 datasheet: FP32 19.5; TF32 156; BF16, FP16 312; no FP8 */
+    {"a100-40gb", MIB(40960), 19.5, 156, 312, 312, 0},
+    {"a100-80gb", MIB(81920), 19.5, 156, 312, 312, 0},
+    /* L4 datasheet: FP32 30.3; TF32 120*; BF16, FP16 242*; FP8 485* */
+    {"l4", MIB(23034), 30.3, 120 / 2.0, 242 / 2.0, 242 / 2.0, 485 / 2.0},
+    /* L40S datasheet: FP32 91.6; TF32 183; BF16, FP16 362.05; FP8 733 */
+    {"l40s", MIB(46068), 91.6, 183, 362.05, 362.05, 733},
+    /* A10 datasheet: FP32 31.2; TF32 62.5; BF16, FP16 125 */
+    {"a10", MIB(23028), 31.2, 62.5, 125, 125, 0},
+    /* A10G: no published per-dtype figures */
+    {"a10g", MIB(23028), 0, 0, 0, 0, 0},
+    /* T4 datasheet: single precision 8.1; mixed precision (FP16/FP32) 65 */
+    {"t4", MIB(15360), 8.1, 0, 0, 65, 0},
+    /* V100 datasheet, SXM2: single precision 15.7; tensor performance 125 */
+    {"v100-16gb", GIB(16), 15.7, 0, 0, 125, 0},
+    {"v100-32gb", GIB(32), 15.7, 0, 0, 125, 0},
+    /* Ada whitepaper, RTX 4090 (FP32 accumulate): FP32 82.6; TF32 82.6;
+     * BF16, FP16 165.2; FP8 330.3 */
+    {"rtx4090", GIB(24), 82.6, 82.6, 165.2, 165.2, 330.3},
+    /* Ampere GA102 whitepaper, RTX 3090 (FP32 accumulate): FP32 35.6;
+     * TF32 35.6; BF16, FP16 71 */
+    {"rtx3090", GIB(24), 35.6, 35.6, 71, 71, 0},
+    /* MI300X datasheet: FP32 matrix 163.4; TF32 653.7; BF16, FP16 1,307.4;
+     * FP8 2,614.9 */
+    {"mi300x", GIB(192), 163.4, 653.7, 1307.4, 1307.4, 2614.9},
+};
+
+static void test_rows(void **state)
+{
+    (void)state;
+    size_t n = 0;
+    const ml_device_preset *t = ml_device_presets(&n);
+    assert_int_equal(n, sizeof rows / sizeof rows[0]);
+    for (size_t i = 0; i < n; i++) {
+        const expect *e = &rows[i];
+        assert_string_equal(t[i].name, e->name);
+        assert_true(ml_device_preset_find(e->name) == &t[i]);
+        assert_int_equal(t[i].memory, e->memory);
+        const double want[ML_COMPUTE_COUNT] = {e->fp32, e->tf32, e->bf16, e->fp16, e->fp8};
+        for (unsigned c = 0; c < ML_COMPUTE_COUNT; c++) {
+            if (want[c] == 0)
+                assert_true(t[i].peak_tflops[c] == 0);
+            else
+                assert_rel_close(t[i].peak_tflops[c], want[c], 1e-12);
+        }
+        assert_non_null(t[i].product);
+        assert_true(t[i].product[0] != 0);
+    }
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    const ml_device_preset *h = ml_device_preset_find("h100-sxm");
+    assert_non_null(h);
+    assert_true(ml_device_preset_find("H100 SXM") == h);
+    assert_true(ml_device_preset_find("h100_sxm5") == h);
+    assert_true(ml_device_preset_find("H100") == h);
+    assert_true(ml_device_preset_find("RTX 4090") == ml_device_preset_find("rtx4090"));
+    assert_true(ml_device_preset_find("V100") == ml_device_preset_find("v100-16gb"));
+    assert_null(ml_device_preset_find("a100"));
+    assert_null(ml_device_preset_find(""));
+    assert_null(ml_device_preset_find("--"));
+    assert_null(ml_device_preset_find(NULL));
+    assert_null(ml_device_preset_find("h100-sxm-h100-sxm-h100-sxm-h100-sxm-h100-sxm-h100-sxm-h100"));
+}
+
+static void test_apply(void **state)
+{
+    (void)state;
+    ml_config c = ml_config_defaults();
+    c.device.budget = 5;
+    c.device.peak_tflops = 82.6;
+    c.device.runtime_reserve = 1ull << 30;
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    assert_int_equal(ml_device_preset_apply("a100-40gb", &c.device, &e), ML_OK);
+    assert_true(c.device.present);
+    assert_int_equal(c.device.memory, MIB(40960));
+    assert_int_equal(c.device.budget, 0);
+    assert_int_equal(c.device.runtime_reserve, 1ull << 30);
+    assert_true(c.device.peak_tflops == 0);
+    ml_device before = c.device;
+    assert_int_equal(ml_device_preset_apply("a100", &c.device, &e), ML_USAGE);
+    assert_non_null(strstr(e.msg, "a100-40gb, a100-80gb"));
+    assert_non_null(strstr(e.msg, "mi300x"));
+    assert_memory_equal(&before, &c.device, sizeof before);
+}
+
+static void test_peak_by_precision(void **state)
+{
+    (void)state;
+    assert_int_equal(ml_precision_compute_dtype(ML_PREC_FP32), ML_COMPUTE_FP32);
+    assert_int_equal(ml_precision_compute_dtype(ML_PREC_AMP_BF16), ML_COMPUTE_BF16);
+    assert_int_equal(ml_precision_compute_dtype(ML_PREC_BF16_MASTER), ML_COMPUTE_BF16);
+    assert_int_equal(ml_precision_compute_dtype(ML_PREC_BF16), ML_COMPUTE_BF16);
+    assert_int_equal(ml_precision_compute_dtype(ML_PREC_AMP_FP16), ML_COMPUTE_FP16);
+    assert_int_equal(ml_precision_compute_dtype(ML_PREC_FP16_MASTER), ML_COMPUTE_FP16);
+    assert_string_equal(ml_compute_dtype_name(ML_COMPUTE_TF32), "tf32");
+    ml_device d = ml_config_defaults().device;
+    assert_true(ml_device_peak(&d, ML_PREC_FP32) == 0); /* no device: no peak */
+    ml_error e;
+    assert_int_equal(ml_device_preset_apply("h200", &d, &e), ML_OK);
+    assert_rel_close(ml_device_peak(&d, ML_PREC_FP32), 67, 1e-12);
+    assert_rel_close(ml_device_peak(&d, ML_PREC_AMP_BF16), 989.5, 1e-12);
+    d.peak_tflops = 500; /* the user's figure wins at every dtype */
+    assert_rel_close(ml_device_peak(&d, ML_PREC_AMP_BF16), 500, 1e-12);
+    assert_int_equal(ml_device_preset_apply("t4", &d, &e), ML_OK);
+    assert_true(ml_device_peak(&d, ML_PREC_AMP_BF16) == 0); /* Turing: no bf16 */
+}
+
+/* The step time of a plan on a named device is FLOPs / the preset's peak at
+ * the plan's compute dtype. */
+static void test_step_time(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("mlp2");
+    ml_config c = ml_model_config(m);
+    ml_error e;
+    assert_int_equal(ml_device_preset_apply("l40s", &c.device, &e), ML_OK);
+    c.training.precision = ML_PREC_AMP_BF16;
+    ml_ledger *l = eval(m, &c, false);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_rel_close(s->flops_total, 25.6e9, 1e-12);
+    assert_rel_close(s->step_time_s, 25.6e9 / 362.05e12, 1e-12);
+    assert_rel_close(s->peak_tflops_used, 362.05, 1e-12);
+    ml_ledger_destroy(l);
+    c.device = ml_config_defaults().device; /* no device: no step time */
+    l = eval(m, &c, false);
+    assert_true(ml_ledger_summary(l)->step_time_s < 0);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rows),           cmocka_unit_test(test_names),
+        cmocka_unit_test(test_apply),          cmocka_unit_test(test_peak_by_precision),
+        cmocka_unit_test(test_step_time),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
