@@ -126,5 +126,6 @@ int ml_cmd_compare(int argc, char **argv);
 int ml_cmd_allocator(int argc, char **argv);
 int ml_cmd_triage(int argc, char **argv);
 int ml_cmd_colocate(int argc, char **argv);
+int ml_cmd_devices(int argc, char **argv);
 
 #endif

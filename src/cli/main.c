@@ -18,6 +18,7 @@ static const struct {
     {"allocator", ml_cmd_allocator, "an allocation trace through PyTorch's caching allocator"},
     {"triage", ml_cmd_triage, "what an out-of-memory peak is made of, and each remedy"},
     {"colocate", ml_cmd_colocate, "training jobs sharing one device: the sum, in time"},
+    {"devices", ml_cmd_devices, "the device presets --device NAME takes"},
 };
 
 static void help(FILE *f)

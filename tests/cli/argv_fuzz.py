@@ -26,7 +26,7 @@ import tempfile
 import time
 
 VERBS = ["plan", "fit", "compare", "timeline", "report", "calibrate", "allocator", "triage",
-         "colocate", "bogus", ""]
+         "colocate", "devices", "bogus", ""]
 FLAGS = {
     "--micro-batch": "int", "--seq-len": "int", "--grad-accum": "int",
     "--precision": ["fp32", "amp-bf16", "amp-fp16", "bf16-master", "fp16-master", "bf16"],

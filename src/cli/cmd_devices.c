@@ -1,0 +1,91 @@
+/* memledger devices: the device presets --device NAME takes (docs/devices.md). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "report/report_internal.h"
+
+static const char usage[] =
+    "usage: memledger devices [--format text|json] [-o FILE]\n"
+    "\n"
+    "The devices --device NAME and a model file's device.name take: the name and\n"
+    "its aliases, the memory the driver reports, and the dense peak per compute\n"
+    "dtype in TFLOP/s (0: not supported or not published). Sources: docs/devices.md.\n"
+    "\n"
+    "Exit status: 0 listed, 2 usage, 3 output could not be written.\n";
+
+static void text(FILE *f, const ml_device_preset *p, size_t n)
+{
+    char mem[32];
+    fprintf(f, "%-11s %12s", "name", "memory");
+    for (int k = 0; k < ML_COMPUTE_COUNT; k++)
+        fprintf(f, " %7s", ml_compute_dtype_name((ml_compute_dtype)k));
+    fputs("  product (aliases)\n", f);
+    for (size_t i = 0; i < n; i++) {
+        ml_format_bytes(p[i].memory, mem, sizeof mem);
+        fprintf(f, "%-11s %12s", p[i].name, mem);
+        for (int k = 0; k < ML_COMPUTE_COUNT; k++)
+            fprintf(f, " %7.5g", p[i].peak_tflops[k]);
+        fprintf(f, "  %s", p[i].product);
+        if (p[i].aliases && p[i].aliases[0])
+            fprintf(f, " (%s)", p[i].aliases);
+        fputc('\n', f);
+    }
+    fputs("\nTFLOP/s dense, per compute dtype; memory as the driver reports it.\n", f);
+}
+
+static void json(FILE *f, const ml_device_preset *p, size_t n)
+{
+    fputc('[', f);
+    for (size_t i = 0; i < n; i++) {
+        fputs(i ? ",\n {\"name\": " : "\n {\"name\": ", f);
+        ml_json_string(f, p[i].name);
+        fputs(", \"product\": ", f);
+        ml_json_string(f, p[i].product);
+        fputs(", \"aliases\": ", f);
+        ml_json_string(f, p[i].aliases ? p[i].aliases : "");
+        fprintf(f, ", \"memory\": %llu, \"peak_tflops\": {", (unsigned long long)p[i].memory);
+        for (int k = 0; k < ML_COMPUTE_COUNT; k++)
+            fprintf(f, "%s\"%s\": %.17g", k ? ", " : "", ml_compute_dtype_name((ml_compute_dtype)k),
+                    p[i].peak_tflops[k]);
+        fputs("}}", f);
+    }
+    fputs("\n]\n", f);
+}
+
+int ml_cmd_devices(int argc, char **argv)
+{
+    const char *output = NULL, *format = "text";
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            fputs(usage, stdout);
+            return ML_EXIT_OK;
+        }
+        const bool fmt = !strcmp(argv[i], "--format");
+        if ((fmt || !strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) && i + 1 < argc &&
+            argv[i + 1][0] && argv[i + 1][0] != '-') {
+            *(fmt ? &format : &output) = argv[++i];
+            continue;
+        }
+        ml_cli_errorf("devices: '%s' is not an option here (--format text|json, -o FILE)",
+                      argv[i]);
+        fputs("Try 'memledger devices --help'.\n", stderr);
+        return ML_EXIT_BAD_INPUT;
+    }
+    const bool as_json = !strcmp(format, "json");
+    if (!as_json && strcmp(format, "text")) {
+        ml_cli_errorf("--format: '%s' is not one of text, json", format);
+        return ML_EXIT_BAD_INPUT;
+    }
+    size_t n = 0;
+    const ml_device_preset *p = ml_device_presets(&n);
+    ml_out out;
+    int rc = ml_out_open(&out, output);
+    if (rc)
+        return rc;
+    if (as_json)
+        json(out.f, p, n);
+    else
+        text(out.f, p, n);
+    return ml_out_close(&out, !ferror(out.f));
+}
