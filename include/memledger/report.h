@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "calib.h"
 #include "export.h"
 #include "ledger.h"
 #include "lengths.h"
@@ -46,6 +47,12 @@ ML_API int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *
 ML_API int ml_report_advice_text(FILE *f, const ml_summary *s, const ml_advice *a);
 ML_API int ml_report_json_advice(FILE *f, const ml_model *m, const ml_config *cfg,
                                  const ml_ledger *l, const ml_advice *a);
+
+/* calibrate --points: the fit of n measured peaks (ml_points_analyse with
+ * budget and at; 0: not asked) as one JSON object (docs/cli.md). Returns 0
+ * or -1 on a write error. */
+ML_API int ml_report_points_json(FILE *f, size_t n, const ml_points_fit *r, uint64_t budget,
+                                 uint64_t at);
 
 /* compare: text, JSON (an array) and CSV (with a header row). */
 ML_API int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
