@@ -14,7 +14,7 @@ import tempfile
 RANK = {"util": 0, "alloc": 0, "model": 1, "profile": 2, "ledger": 3, "plan": 4,
         "report": 5, "cli": 6}
 PUBLIC = {"error.h": 0, "export.h": 0, "model.h": 1, "calib.h": 2, "ledger.h": 3,
-          "plan.h": 4, "lengths.h": 4, "report.h": 5, "memledger.h": 6, "version.h": 0}
+          "plan.h": 4, "lengths.h": 4, "report.h": 5, "json.h": 5, "memledger.h": 6, "version.h": 0}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

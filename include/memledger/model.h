@@ -288,6 +288,22 @@ ML_API const ml_checkpoint_candidate *ml_checkpoint_candidates(size_t *count);
  * ml_config_problem apply. */
 ML_API bool ml_config_range(const char *key, uint64_t *lo, uint64_t *hi);
 
+/* Sets one training or device setting of cfg from its text, by its YAML key
+ * ("training.micro_batch", "device.memory"), the value read as the command
+ * line reads the key's flag: a whole number within ml_config_range
+ * ("training.zero" also takes "fsdp"), a size ("8GiB", "6.5 GiB", bytes;
+ * device.max_split_size too, above 20MiB), a number (device.peak_tflops,
+ * efficiency, fragmentation) or a name (precision, optimizer, optimizer_impl,
+ * checkpoint as ml_parse_checkpoint, offload, logits, zero_grad, allocator).
+ * Order matters as it does for the flags: device.memory marks the device
+ * present and drops a budget set before it; device.budget needs the device
+ * present; training.eval_seq_len needs training.eval_batch. On success cfg
+ * is changed and err is cleared; on failure cfg is unchanged and err (no
+ * position) names the key. Returns ML_OK, ML_RANGE (a number outside its
+ * range, a bad size) or ML_USAGE (an unknown key or name, NULL argument, the
+ * order above). */
+ML_API ml_status ml_config_set(ml_config *cfg, const char *key, const char *value, ml_error *err);
+
 /* Names as written in YAML and JSON ("amp-bf16", "adamw", "foreach"). */
 ML_API const char *ml_precision_name(ml_precision p);
 ML_API const char *ml_optimizer_name(ml_optimizer o);

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "calib.h"
 #include "export.h"
 #include "ledger.h"
 #include "lengths.h"
@@ -58,6 +59,12 @@ ML_API int ml_report_colocate_json(FILE *f, const ml_ledger *const *jobs,
 ML_API int ml_report_colocate_svg(FILE *f, const ml_ledger *const *jobs,
                                   const char *const *names, size_t n,
                                   const ml_colocate_result *r);
+
+/* calibrate --points: the fit of n measured peaks (ml_points_analyse with
+ * budget and at; 0: not asked) as one JSON object (docs/cli.md). Returns 0
+ * or -1 on a write error. */
+ML_API int ml_report_points_json(FILE *f, size_t n, const ml_points_fit *r, uint64_t budget,
+                                 uint64_t at);
 
 /* compare: text, JSON (an array) and CSV (with a header row). */
 ML_API int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,

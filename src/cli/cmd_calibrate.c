@@ -52,28 +52,6 @@ typedef struct {
     uint64_t budget, at;
 } points_report;
 
-static void points_json(FILE *f, const points_report *q)
-{
-    const ml_points_fit *r = q->r;
-    const size_t n = q->n;
-    const uint64_t budget = q->budget, at = q->at;
-    fprintf(f, "{\"points\": %zu, \"fixed_bytes\": %.0f, \"per_sample_bytes\": %.0f, "
-               "\"r2\": %.17g, \"max_rel_residual\": %.17g",
-            n, r->fixed_bytes, r->per_sample_bytes, r->fit.r2, r->fit.max_rel_residual);
-    if (budget)
-        fprintf(f, ", \"budget\": %llu, \"max_micro_batch\": %llu, "
-                   "\"max_measured_micro_batch\": %llu, \"extrapolated\": %s",
-                (unsigned long long)budget, (unsigned long long)r->max_micro_batch,
-                (unsigned long long)r->max_measured_micro_batch,
-                r->extrapolated ? "true" : "false");
-    else
-        fputs(", \"budget\": null, \"max_micro_batch\": null, \"max_measured_micro_batch\": "
-              "null, \"extrapolated\": false", f);
-    if (at)
-        fprintf(f, ", \"at\": %llu, \"peak_at\": %.0f", (unsigned long long)at, r->peak_at);
-    fputs("}\n", f);
-}
-
 static void points_text(FILE *f, const points_report *q)
 {
     const ml_points_fit *r = q->r;
@@ -196,7 +174,7 @@ static int points(int argc, char **argv)
     FILE *f = out.f;
     points_report q = {path, p, n, &r, budget, at};
     if (json)
-        points_json(f, &q);
+        ml_report_points_json(f, n, &r, budget, at);
     else
         points_text(f, &q);
     rc = ml_out_close(&out, !ferror(f));

@@ -283,3 +283,24 @@ int ml_report_json_advice(FILE *f, const ml_model *m, const ml_config *cfg, cons
     fputs("}\n", f);
     return ferror(f) ? -1 : 0;
 }
+
+int ml_report_points_json(FILE *f, size_t n, const ml_points_fit *r, uint64_t budget,
+                          uint64_t at)
+{
+    fprintf(f, "{\"points\": %zu, \"fixed_bytes\": %.0f, \"per_sample_bytes\": %.0f, "
+               "\"r2\": %.17g, \"max_rel_residual\": %.17g",
+            n, r->fixed_bytes, r->per_sample_bytes, r->fit.r2, r->fit.max_rel_residual);
+    if (budget)
+        fprintf(f, ", \"budget\": %llu, \"max_micro_batch\": %llu, "
+                   "\"max_measured_micro_batch\": %llu, \"extrapolated\": %s",
+                (unsigned long long)budget, (unsigned long long)r->max_micro_batch,
+                (unsigned long long)r->max_measured_micro_batch,
+                r->extrapolated ? "true" : "false");
+    else
+        fputs(", \"budget\": null, \"max_micro_batch\": null, \"max_measured_micro_batch\": "
+              "null, \"extrapolated\": false", f);
+    if (at)
+        fprintf(f, ", \"at\": %llu, \"peak_at\": %.0f", (unsigned long long)at, r->peak_at);
+    fputs("}\n", f);
+    return ferror(f) ? -1 : 0;
+}

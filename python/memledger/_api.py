@@ -1,0 +1,186 @@
+"""The verbs: plan, fit, compare, timeline and calibrate_points, with
+keyword arguments named like the command line's flags (--micro-batch is
+micro_batch=), returning what `memledger VERB --format json` prints
+(docs/cli.md) as plain Python values."""
+import ctypes
+import difflib
+import json
+import os
+
+from . import _native
+from ._native import Error, lib
+
+# keyword -> the library's key (ml_job_set), in the order the command line
+# applies its flags: training, then device (device before budget: a new
+# capacity drops the budget line), then fit's request and the profile
+SETTINGS = (
+    ("micro_batch", "training.micro_batch"), ("seq_len", "training.seq_len"),
+    ("grad_accum", "training.grad_accum"), ("precision", "training.precision"),
+    ("optimizer", "training.optimizer"), ("optimizer_impl", "training.optimizer_impl"),
+    ("data_parallel", "training.data_parallel"), ("zero", "training.zero"),
+    ("reduce_bucket_size", "training.reduce_bucket_size"),
+    ("allgather_bucket_size", "training.allgather_bucket_size"),
+    ("logits", "training.logits"), ("zero_grad", "training.zero_grad"),
+    ("eval_batch", "training.eval_batch"), ("eval_seq_len", "training.eval_seq_len"),
+    ("offload", "training.offload"), ("checkpoint", "training.checkpoint"),
+    ("device", "device.memory"), ("budget", "device.budget"),
+    ("runtime_reserve", "device.runtime_reserve"), ("peak_tflops", "device.peak_tflops"),
+    ("efficiency", "device.efficiency"), ("fragmentation", "device.fragmentation"),
+    ("allocator", "device.allocator"), ("max_split_size", "device.max_split_size"),
+    ("global_batch", "global_batch"), ("max_micro_batch", "max_micro_batch"),
+    ("calib", "calib"),
+)
+FIT_ONLY = ("global_batch", "max_micro_batch")
+
+
+def _text(name, value):
+    """A keyword's value as the flag's text."""
+    if isinstance(value, bool):
+        raise TypeError("memledger: %s=%r: not a flag value" % (name, value))
+    if name == "max_split_size" and isinstance(value, int):
+        return "%dMiB" % value  # --max-split-size counts MiB
+    if name == "checkpoint" and isinstance(value, (list, tuple)):
+        return "[%s]" % ", ".join(str(int(b)) for b in value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    raise TypeError("memledger: %s=%r: give a number or a string" % (name, value))
+
+
+def _check_names(verb, settings, training):
+    known = [k for k, _ in SETTINGS]
+    for name in settings:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = "; did you mean %r?" % near[0] if near else ""
+            raise TypeError("memledger.%s: unknown keyword %r%s" % (verb, name, hint))
+        if name in FIT_ONLY and verb != "fit":
+            raise TypeError("memledger.%s: %s is for fit" % (verb, name))
+    if training is not None and verb == "calibrate_points":
+        raise TypeError("memledger.calibrate_points: no model, no training file")
+
+
+def _load_model(model, training):
+    """An ml_model handle from a path (model YAML, or a Hugging Face
+    config.json), a memledger model dict, or a Hugging Face config (a dict
+    with model_type, or an object with to_dict(): PretrainedConfig)."""
+    handle, err = ctypes.c_void_p(), _native.new_error()
+    if hasattr(model, "to_dict") and callable(model.to_dict):
+        model = model.to_dict()
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fsencode(model)
+        if path.endswith(b".json"):
+            train = os.fsencode(training) if training is not None else None
+            st = lib.ml_model_load_hf(path, train, ctypes.byref(handle), ctypes.byref(err))
+        elif training is not None:
+            raise TypeError("memledger: training= goes with a Hugging Face config.json "
+                            "(a model file has its own training: section)")
+        else:
+            st = lib.ml_model_load_file(path, ctypes.byref(handle), ctypes.byref(err))
+    elif isinstance(model, dict):
+        if training is not None:
+            raise TypeError("memledger: training= goes with a config.json path; give the "
+                            "settings as keywords")
+        # JSON is YAML (flow style): the library's own loader reads the dict
+        text = json.dumps(model, default=str).encode()
+        if "model_type" in model and "model" not in model:
+            name = str(model.get("_name_or_path") or model["model_type"]).encode()
+            st = lib.ml_model_load_hf_string(text, len(text), name, ctypes.byref(handle),
+                                             ctypes.byref(err))
+        else:
+            st = lib.ml_model_load_string(text, len(text), b"<dict>", ctypes.byref(handle),
+                                          ctypes.byref(err))
+    else:
+        raise TypeError("memledger: the model is a YAML or config.json path, a dict, or a "
+                        "Hugging Face config (to_dict()), not %s" % type(model).__name__)
+    _native.check(st, err)
+    return handle
+
+
+def _run(verb, model, settings, training=None):
+    """Loads the model, applies the settings and returns the verb's JSON."""
+    _check_names(verb, settings, training)
+    handle = _load_model(model, training)
+    job = ctypes.c_void_p()
+    try:
+        err = _native.new_error()
+        _native.check(lib.ml_job_create(handle, ctypes.byref(job), ctypes.byref(err)), err)
+        for name, key in SETTINGS:
+            value = settings.get(name)
+            if value is None:
+                continue
+            st = lib.ml_job_set(job, key.encode(), _text(name, value).encode(),
+                                ctypes.byref(err))
+            if st:
+                err.msg = ("%s=%r: " % (name, value)).encode()[:100] + err.msg[:400]
+            _native.check(st, err)
+        call = getattr(lib, "ml_job_%s_json" % verb)
+        return json.loads(_native.take_json(call, job))
+    finally:
+        lib.ml_job_destroy(job)
+        lib.ml_model_destroy(handle)
+
+
+def plan(model, training=None, **settings):
+    """The ledger of one training iteration (memledger plan --format json):
+    a dict with params, config, bytes, peak, flops, verdict, advice, ...
+    model: a model YAML path, a dict in the model file's schema, a Hugging
+    Face config.json path, config dict or PretrainedConfig; training: a YAML
+    with training: and device: sections for a config.json path (--training).
+    Keywords as the flags: micro_batch=4, precision="amp-bf16",
+    checkpoint="full", device="8GiB", budget="6.5GiB", zero=3, calib=PATH..."""
+    return _run("plan", model, settings, training)
+
+
+def fit(model, training=None, **settings):
+    """The largest micro-batch that fits and the accumulation steps
+    (memledger fit --format json); also global_batch=, max_micro_batch=,
+    checkpoint="auto". Needs a device (device= or the model's device:)."""
+    return _run("fit", model, settings, training)
+
+
+def compare(model, training=None, **settings):
+    """Checkpoint policies side by side: a list of row dicts
+    (memledger compare --format json)."""
+    return _run("compare", model, settings, training)
+
+
+def timeline(model, training=None, **settings):
+    """Every allocation and free of one iteration: a list of event dicts
+    (memledger timeline --format json)."""
+    return _run("timeline", model, settings, training)
+
+
+def _size(name, value):
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    out, err = ctypes.c_uint64(), _native.new_error()
+    st = lib.ml_parse_size(_text(name, value).encode(), ctypes.byref(out), ctypes.byref(err))
+    if st:
+        err.msg = ("%s=%r: " % (name, value)).encode()[:100] + err.msg[:400]
+    _native.check(st, err)
+    return out.value
+
+
+def calibrate_points(points, budget=None, at=None):
+    """Fits measured peaks to fixed + per-sample bytes (memledger calibrate
+    --points FILE --format json). points: a CSV path (columns micro_batch
+    and peak), or (micro_batch, peak) pairs or dicts with those keys (peak
+    in bytes or as a size, "5.4GiB"); budget: bytes or a size; at: a
+    micro-batch whose peak to predict."""
+    if isinstance(points, (str, os.PathLike)):
+        name = os.fsencode(points)
+        with open(points, "rb") as f:
+            text = f.read()
+    else:
+        rows = ["micro_batch,peak"]
+        for p in points:
+            mb, peak = (p["micro_batch"], p["peak"]) if isinstance(p, dict) else p
+            rows.append("%s,%s" % (_text("micro_batch", mb), _text("peak", peak)))
+        name, text = b"<points>", ("\n".join(rows) + "\n").encode()
+    b = _size("budget", budget) if budget is not None else 0
+    a = int(at) if at is not None else 0
+    if a < 0 or (at is not None and a == 0):
+        raise ValueError("memledger.calibrate_points: at=%r: a micro-batch of at least 1" % at)
+    return json.loads(_native.take_json(lib.ml_points_json, text, len(text), name, b, a))

@@ -1,0 +1,172 @@
+"""The Python package against values derived by hand (README.md, the
+golden cases' `why` files) and against the command line's JSON.
+
+Runs against the installed package, or with PYTHONPATH=python and
+MEMLEDGER_LIBRARY=build/src/libmemledger.so (the meson test). With
+MEMLEDGER_CLI (the memledger binary of the same build) the reports are also
+compared with `memledger VERB --format json`, key for key."""
+import json
+import os
+import subprocess
+
+import pytest
+
+import memledger
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS = os.path.join(ROOT, "models")
+GPT2 = os.path.join(MODELS, "gpt2-small.yaml")
+MLP2 = os.path.join(MODELS, "mlp2.yaml")
+CLI = os.environ.get("MEMLEDGER_CLI")
+
+# models/mlp2.yaml as a dict: 1000 -> 10000 -> 1000, no biases, fp32 Adam
+MLP2_DICT = {
+    "name": "mlp2",
+    "model": {"type": "sequential", "input": [1000], "loss": "mse",
+              "layers": [{"linear": {"out": 10000, "bias": False}}, {"gelu": {}},
+                         {"linear": {"out": 1000, "bias": False}}]},
+    "training": {"micro_batch": 256, "precision": "fp32", "optimizer": "adam",
+                 "optimizer_impl": "foreach"},
+    "device": {"memory": "8GiB", "budget": "6.5GiB", "runtime_reserve": "512MiB"},
+}
+
+
+def test_gpt2_params():
+    # README: 50257 x 768 token + 1024 x 768 position embeddings, 12 blocks of
+    # 7,087,872, the final LayerNorm's 1,536
+    want = 50257 * 768 + 1024 * 768 + 12 * 7087872 + 1536
+    assert want == 124439808
+    r = memledger.plan(GPT2, micro_batch=4)
+    assert r["params"] == want
+    assert r["config"]["micro_batch"] == 4
+
+
+def check_mlp2(r):
+    # tests/cli/cases/plan-mlp2-json/why: at the step, params 80,000,000 +
+    # grads 80,000,000 + Adam's states 160,000,000 + the step's temporary
+    # 80,000,000, plus the output the loop keeps, 256 x 1000 x 4 = 1,024,000
+    assert r["params"] == 2 * 1000 * 10000
+    peak = 80000000 + 80000000 + 160000000 + 80000000 + 256 * 1000 * 4
+    assert peak == 401024000
+    assert r["bytes"]["peak"] == peak
+    assert r["bytes"]["peak_total"] == peak + (512 << 20)
+    assert r["peak"]["phase"] == "optimizer"
+    assert r["bytes"]["activations_saved"] == 23552000
+
+
+def test_mlp2_peak_from_yaml_and_dict():
+    check_mlp2(memledger.plan(MLP2))
+    check_mlp2(memledger.plan(MLP2_DICT))
+
+
+def test_keywords_override_the_file():
+    r = memledger.plan(MLP2, micro_batch=128, precision="amp-bf16", device="16GiB",
+                       budget="12GiB", checkpoint="none", zero=0)
+    assert r["config"]["micro_batch"] == 128
+    assert r["config"]["precision"] == "amp-bf16"
+    assert r["device"]["memory"] == 16 << 30
+    assert r["device"]["budget"] == 12 << 30
+    # --device drops the file's budget line: memory - reserve
+    r = memledger.plan(MLP2, device="16GiB")
+    assert r["device"]["budget"] == (16 << 30) - (512 << 20)
+
+
+def test_fit_and_global_batch():
+    r = memledger.fit(GPT2, precision="amp-bf16", device="8GiB", budget="6.5GiB",
+                      global_batch=64, checkpoint="auto")
+    assert r["fits"] is True
+    mb, acc = r["micro_batch"], r["grad_accum"]
+    assert mb * acc == 64 and r["effective_batch"] == 64
+    # the chosen micro-batch fits, and one more sample does not at its policy
+    p = memledger.plan(GPT2, precision="amp-bf16", device="8GiB", budget="6.5GiB",
+                       micro_batch=mb, checkpoint=r["plan"].split(":")[0])
+    assert p["device"]["fits"] is True
+
+
+def test_compare_and_timeline():
+    rows = memledger.compare(MLP2)
+    names = [row["checkpoint"] for row in rows]
+    assert names[:2] == ["none", "full"] and "sqrt" in names
+    events = memledger.timeline(MLP2)
+    assert isinstance(events, list) and events
+    # the curve's highest point is the plan's allocator peak
+    assert max(sum(e["live"].values()) for e in events) == 401024000
+
+
+def test_calibrate_points():
+    # peak = 1 GiB + 0.5 GiB per sample; budget 5.25 GiB: (5.25 - 1) / 0.5 = 8.5
+    pts = [(1, "1.5GiB"), (2, 2 << 30), {"micro_batch": 4, "peak": 3 << 30}]
+    r = memledger.calibrate_points(pts, budget="5.25GiB", at=8)
+    assert r["points"] == 3
+    assert r["fixed_bytes"] == 1 << 30 and r["per_sample_bytes"] == 1 << 29
+    assert r["max_micro_batch"] == 8 and r["extrapolated"] is True
+    assert r["peak_at"] == 5 << 30
+
+
+class FakeConfig:
+    """What transformers.PretrainedConfig offers the binding: to_dict()."""
+
+    def __init__(self, d):
+        self.d = d
+
+    def to_dict(self):
+        return dict(self.d)
+
+
+def test_hugging_face_config():
+    path = os.path.join(MODELS, "hf", "gpt2", "config.json")
+    with open(path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    by_path = memledger.plan(path, micro_batch=2, seq_len=512)
+    by_dict = memledger.plan(cfg, micro_batch=2, seq_len=512)
+    by_obj = memledger.plan(FakeConfig(cfg), micro_batch=2, seq_len=512)
+    # GPT-2 small from its config.json: the preset's count
+    assert by_path["params"] == by_dict["params"] == by_obj["params"] == 124439808
+    assert by_dict["bytes"] == by_path["bytes"]
+
+
+def test_errors():
+    with pytest.raises(memledger.Error) as e:
+        memledger.plan(MLP2, micro_batch=0)
+    assert e.value.code == "ML_RANGE"
+    assert "micro_batch=0" in e.value.message and "training.micro_batch" in e.value.message
+    bad = dict(MLP2_DICT, model=dict(MLP2_DICT["model"], type="transformer"))
+    with pytest.raises(memledger.Error) as e:
+        memledger.plan(bad)
+    assert e.value.code == "ML_SCHEMA" and e.value.path == "<dict>" and e.value.line == 1
+    with pytest.raises(memledger.Error) as e:
+        memledger.plan(os.path.join(MODELS, "no-such.yaml"))
+    assert e.value.code == "ML_IO"
+    with pytest.raises(memledger.Error) as e:
+        memledger.fit(MLP2, global_batch=0)
+    assert e.value.code == "ML_RANGE"
+    with pytest.raises(memledger.Error) as e:
+        memledger.plan(MLP2, checkpoint="auto")
+    assert "auto is for fit" in e.value.message
+    with pytest.raises(TypeError, match="did you mean 'micro_batch'"):
+        memledger.plan(MLP2, micro_batches=4)
+    with pytest.raises(TypeError, match="is for fit"):
+        memledger.plan(MLP2, global_batch=8)
+
+
+@pytest.mark.skipif(not CLI, reason="MEMLEDGER_CLI (the memledger binary) not given")
+@pytest.mark.parametrize("verb,flags,kw", [
+    ("plan", ["--micro-batch", "4", "--device", "8GiB", "--checkpoint", "full"],
+     dict(micro_batch=4, device="8GiB", checkpoint="full")),
+    ("fit", ["--global-batch", "64", "--checkpoint", "auto", "--precision", "amp-bf16"],
+     dict(global_batch=64, checkpoint="auto", precision="amp-bf16")),
+    ("compare", ["--micro-batch", "2", "--budget", "6.5GiB"],
+     dict(micro_batch=2, budget="6.5GiB")),
+    ("timeline", ["--micro-batch", "1", "--seq-len", "128"], dict(micro_batch=1, seq_len=128)),
+])
+def test_same_json_as_the_cli(verb, flags, kw):
+    out = subprocess.run([CLI, verb, GPT2, "--format", "json"] + flags,
+                         stdout=subprocess.PIPE, check=False).stdout
+    assert getattr(memledger, verb)(GPT2, **kw) == json.loads(out)
+
+
+def test_example_runs(capsys):
+    import runpy
+    runpy.run_path(os.path.join(ROOT, "python", "examples", "plan_in_python.py"))
+    out = capsys.readouterr().out
+    assert "params 124439808" in out and "ML_RANGE" in out

@@ -1,0 +1,257 @@
+/* ml_job: a model, its settings and the verbs' JSON reports in memory
+ * (json.h). The reports are the writers the command line uses, run on a
+ * memory stream, so a binding reads what --format json prints. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memledger/json.h"
+#include "memledger/report.h"
+#include "util/error.h"
+
+struct ml_job {
+    const ml_model *model; /* borrowed */
+    ml_config cfg;
+    ml_fit_request req;
+    ml_profile *calib; /* owned; cfg.calib points at it */
+};
+
+ml_status ml_job_create(const ml_model *m, ml_job **out, ml_error *err)
+{
+    if (err)
+        memset(err, 0, sizeof *err);
+    if (!m || !out)
+        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_create: NULL argument");
+    ml_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
+    j->model = m;
+    j->cfg = ml_model_config(m);
+    j->cfg.calib = NULL;
+    j->req = ml_fit_request_defaults();
+    *out = j;
+    return ML_OK;
+}
+
+void ml_job_destroy(ml_job *j)
+{
+    if (!j)
+        return;
+    ml_profile_destroy(j->calib);
+    free(j);
+}
+
+/* A whole number of fit's request, in the flags' range. */
+static ml_status request_count(const char *key, const char *v, uint64_t hi, uint64_t *out,
+                               ml_error *err)
+{
+    char *end = NULL;
+    unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+    if (!end || *end || x < 1 || x > hi)
+        return ml_errorf_at(err, ML_RANGE, 0, 0,
+                            "%s: '%s' is not a whole number between 1 and %llu", key, v,
+                            (unsigned long long)hi);
+    *out = x;
+    return ML_OK;
+}
+
+static ml_status set_calib(ml_job *j, const char *path, ml_error *err)
+{
+    ml_profile *p = NULL;
+    ml_status st = ml_profile_load_file(path, &p, err);
+    if (st)
+        return st;
+    ml_profile_destroy(j->calib);
+    j->calib = p;
+    j->cfg.calib = p;
+    return ML_OK;
+}
+
+ml_status ml_job_set(ml_job *j, const char *key, const char *value, ml_error *err)
+{
+    if (err)
+        memset(err, 0, sizeof *err);
+    if (!j || !key || !value)
+        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_set: NULL argument");
+    /* the same ranges as fit's --global-batch and --max-micro-batch */
+    if (!strcmp(key, "global_batch"))
+        return request_count(key, value, 1ull << 40, &j->req.global_batch, err);
+    if (!strcmp(key, "max_micro_batch"))
+        return request_count(key, value, 1u << 24, &j->req.max_micro_batch, err);
+    if (!strcmp(key, "calib"))
+        return set_calib(j, value, err);
+    if (!strcmp(key, "training.checkpoint") && !strcmp(value, "auto")) {
+        j->req.auto_checkpoint = true;
+        return ML_OK;
+    }
+    ml_status st = ml_config_set(&j->cfg, key, value, err);
+    if (st == ML_OK && !strcmp(key, "training.checkpoint"))
+        j->req.auto_checkpoint = false;
+    return st;
+}
+
+/* The report that write() puts on a memory stream, as a string. */
+typedef int (*writer)(FILE *f, const void *ctx);
+
+static ml_status to_string(writer write, const void *ctx, char **out, size_t *len,
+                           ml_error *err)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f)
+        return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory (a memory stream)");
+    /* a memory stream fails a write only when it cannot grow */
+    int w = write(f, ctx);
+    if (fclose(f) != 0 || w != 0) {
+        free(buf);
+        return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory (writing the report)");
+    }
+    *out = buf;
+    if (len)
+        *len = n;
+    return ML_OK;
+}
+
+static ml_status no_auto(const ml_job *j, const char *verb, ml_error *err)
+{
+    if (j->req.auto_checkpoint)
+        return ml_errorf_at(err, ML_USAGE, 0, 0,
+                            "training.checkpoint: auto is for fit, not %s", verb);
+    return ML_OK;
+}
+
+typedef struct {
+    const ml_job *j;
+    const ml_ledger *l;
+    const ml_advice *advice;
+} plan_ctx;
+
+static int write_plan(FILE *f, const void *ctx)
+{
+    const plan_ctx *c = ctx;
+    return ml_report_json_advice(f, c->j->model, &c->j->cfg, c->l, c->advice);
+}
+
+ml_status ml_job_plan_json(const ml_job *j, char **out, size_t *len, ml_error *err)
+{
+    if (err)
+        memset(err, 0, sizeof *err);
+    ml_status st = no_auto(j, "plan", err);
+    ml_ledger *l = NULL;
+    if (st || (st = ml_ledger_evaluate(j->model, &j->cfg, false, &l, err)))
+        return st;
+    ml_advice advice;
+    memset(&advice, 0, sizeof advice);
+    st = ml_checkpoint_advice(j->model, &j->cfg, ml_ledger_summary(l), &advice, err);
+    plan_ctx c = {j, l, &advice};
+    if (!st)
+        st = to_string(write_plan, &c, out, len, err);
+    ml_ledger_destroy(l);
+    return st;
+}
+
+typedef struct {
+    const ml_job *j;
+    const ml_fit_result *r;
+} fit_ctx;
+
+static int write_fit(FILE *f, const void *ctx)
+{
+    const fit_ctx *c = ctx;
+    return ml_report_fit_json(f, c->j->model, &c->j->req, c->r);
+}
+
+ml_status ml_job_fit_json(const ml_job *j, char **out, size_t *len, ml_error *err)
+{
+    if (err)
+        memset(err, 0, sizeof *err);
+    ml_fit_result *r = malloc(sizeof *r);
+    if (!r)
+        return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
+    ml_status st = ml_fit(j->model, &j->cfg, &j->req, r, err);
+    fit_ctx c = {j, r};
+    if (!st)
+        st = to_string(write_fit, &c, out, len, err);
+    free(r);
+    return st;
+}
+
+typedef struct {
+    const ml_compare_row *rows;
+    size_t n;
+} compare_ctx;
+
+static int write_compare(FILE *f, const void *ctx)
+{
+    const compare_ctx *c = ctx;
+    return ml_report_compare_json(f, c->rows, c->n);
+}
+
+ml_status ml_job_compare_json(const ml_job *j, char **out, size_t *len, ml_error *err)
+{
+    if (err)
+        memset(err, 0, sizeof *err);
+    ml_compare_row rows[ML_COMPARE_ROWS];
+    compare_ctx c = {rows, 0};
+    ml_status st = no_auto(j, "compare", err);
+    if (!st)
+        st = ml_compare(j->model, &j->cfg, rows, &c.n, err);
+    if (!st)
+        st = to_string(write_compare, &c, out, len, err);
+    return st;
+}
+
+static int write_timeline(FILE *f, const void *ctx)
+{
+    return ml_report_timeline_json(f, ctx);
+}
+
+ml_status ml_job_timeline_json(const ml_job *j, char **out, size_t *len, ml_error *err)
+{
+    if (err)
+        memset(err, 0, sizeof *err);
+    ml_status st = no_auto(j, "timeline", err);
+    ml_ledger *l = NULL;
+    if (st || (st = ml_ledger_evaluate(j->model, &j->cfg, true, &l, err)))
+        return st;
+    st = to_string(write_timeline, l, out, len, err);
+    ml_ledger_destroy(l);
+    return st;
+}
+
+typedef struct {
+    size_t n;
+    const ml_points_fit *r;
+    uint64_t budget, at;
+} points_ctx;
+
+static int write_points(FILE *f, const void *ctx)
+{
+    const points_ctx *c = ctx;
+    return ml_report_points_json(f, c->n, c->r, c->budget, c->at);
+}
+
+ml_status ml_points_json(const char *text, size_t len, const char *name, uint64_t budget,
+                         uint64_t at, char **out, size_t *out_len, ml_error *err)
+{
+    ml_point *p = NULL;
+    size_t n = 0;
+    ml_status st = ml_points_parse_csv(text, len, name, &p, &n, err);
+    if (st)
+        return st;
+    ml_points_fit r;
+    if ((st = ml_points_analyse(p, n, budget, at, &r, err)) == ML_OK) {
+        points_ctx c = {n, &r, budget, at};
+        st = to_string(write_points, &c, out, out_len, err);
+    } else if (err) {
+        snprintf(err->path, sizeof err->path, "%s", name);
+    }
+    free(p);
+    return st;
+}
+
+void ml_json_free(char *s)
+{
+    free(s);
+}

@@ -1,0 +1,170 @@
+/* ml_config_set and the verbs' JSON reports in memory (json.h): each
+ * setting read as its flag reads it, order rules, the job's verbs and
+ * calibrate --points' fit, with values derived by hand. */
+#include "harness.h"
+
+static void config_set_values(void **state)
+{
+    (void)state;
+    ml_config c = ml_config_defaults();
+    ml_error e;
+    assert_int_equal(ml_config_set(&c, "training.micro_batch", "4", &e), ML_OK);
+    assert_int_equal(c.training.micro_batch, 4);
+    assert_int_equal(ml_config_set(&c, "training.zero", "fsdp", &e), ML_OK);
+    assert_int_equal(c.training.zero, 3);
+    assert_int_equal(ml_config_set(&c, "training.precision", "amp-bf16", &e), ML_OK);
+    assert_int_equal(c.training.precision, ML_PREC_AMP_BF16);
+    assert_int_equal(ml_config_set(&c, "training.checkpoint", "every-2", &e), ML_OK);
+    assert_int_equal(c.training.checkpoint.kind, ML_CKPT_EVERY);
+    assert_int_equal(c.training.checkpoint.every, 2);
+    assert_int_equal(ml_config_set(&c, "training.logits", "released", &e), ML_OK);
+    assert_int_equal(c.training.logits, ML_LOGITS_RELEASED);
+    assert_int_equal(ml_config_set(&c, "device.memory", "8GiB", &e), ML_OK);
+    assert_true(c.device.present);
+    assert_int_equal(c.device.memory, 8ull << 30);
+    assert_int_equal(ml_config_set(&c, "device.budget", "6.5GiB", &e), ML_OK);
+    assert_int_equal(c.device.budget, 13ull << 29);
+    /* a new capacity drops the budget line, as --device does */
+    assert_int_equal(ml_config_set(&c, "device.memory", "16GB", &e), ML_OK);
+    assert_int_equal(c.device.memory, 16000000000ull);
+    assert_int_equal(c.device.budget, 0);
+    assert_int_equal(ml_config_set(&c, "device.max_split_size", "128MiB", &e), ML_OK);
+    assert_int_equal(c.device.max_split_size, 128ull << 20);
+    assert_int_equal(ml_config_set(&c, "device.allocator", "expandable", &e), ML_OK);
+    assert_int_equal(c.device.allocator, ML_ALLOCATOR_EXPANDABLE);
+    assert_int_equal(ml_config_set(&c, "device.efficiency", "0.5", &e), ML_OK);
+    assert_rel_close(c.device.efficiency, 0.5, 0);
+}
+
+static void config_set_refusals(void **state)
+{
+    (void)state;
+    ml_config c = ml_config_defaults();
+    ml_config before = c;
+    ml_error e;
+    assert_int_equal(ml_config_set(&c, "training.micro_batch", "0", &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "training.micro_batch: '0' is not a whole number"));
+    assert_int_equal(e.line, 0);
+    assert_int_equal(ml_config_set(&c, "training.micro_batch", "4x", &e), ML_RANGE);
+    assert_int_equal(ml_config_set(&c, "device.budget", "6GiB", &e), ML_USAGE);
+    assert_non_null(strstr(e.msg, "needs a device"));
+    assert_int_equal(ml_config_set(&c, "training.eval_seq_len", "128", &e), ML_USAGE);
+    assert_int_equal(ml_config_set(&c, "training.precision", "fp8", &e), ML_USAGE);
+    assert_int_equal(ml_config_set(&c, "training.logits", "fused", &e), ML_USAGE);
+    assert_int_equal(ml_config_set(&c, "training.hidden", "3", &e), ML_USAGE);
+    assert_int_equal(ml_config_set(&c, "micro_batch", "3", &e), ML_USAGE);
+    assert_int_equal(ml_config_set(&c, "device.max_split_size", "20MiB", &e), ML_RANGE);
+    assert_int_equal(ml_config_set(&c, "device.efficiency", "2", &e), ML_RANGE);
+    assert_int_equal(ml_config_set(&c, "device.memory", "-1GiB", &e), ML_RANGE);
+    assert_int_equal(ml_config_set(&c, "training.checkpoint", "every-0", &e), ML_USAGE);
+    assert_int_equal(ml_config_set(NULL, "training.zero", "1", &e), ML_USAGE);
+    assert_int_equal(ml_config_set(&c, "training.zero", "1", NULL), ML_OK);
+    c.training.zero = before.training.zero;
+    assert_memory_equal(&c, &before, sizeof c);
+}
+
+/* A job's report, or fail. */
+static char *job_json(ml_job *j, ml_status (*verb)(const ml_job *, char **, size_t *, ml_error *))
+{
+    char *s = NULL;
+    size_t n = 0;
+    ml_error e;
+    ml_status st = verb(j, &s, &n, &e);
+    if (st)
+        fail_msg("%s: %s", ml_status_name(st), e.msg);
+    assert_int_equal(strlen(s), n);
+    return s;
+}
+
+static void job_verbs(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_job *j = NULL;
+    ml_error e;
+    assert_int_equal(ml_job_create(m, &j, &e), ML_OK);
+    assert_int_equal(ml_job_set(j, "training.micro_batch", "4", &e), ML_OK);
+    /* the README's parameter count: 50257 x 768 + 1024 x 768 embeddings,
+     * 12 x 7,087,872 per block, 1,536 for the final LayerNorm */
+    char *s = job_json(j, ml_job_plan_json);
+    assert_int_equal(50257ull * 768 + 1024 * 768 + 12 * 7087872ull + 1536, 124439808ull);
+    assert_non_null(strstr(s, "\"params\": 124439808,"));
+    assert_non_null(strstr(s, "\"micro_batch\": 4,"));
+    ml_json_free(s);
+    assert_int_equal(ml_job_set(j, "device.memory", "8GiB", &e), ML_OK);
+    assert_int_equal(ml_job_set(j, "global_batch", "0", &e), ML_RANGE);
+    assert_int_equal(ml_job_set(j, "global_batch", "64", &e), ML_OK);
+    assert_int_equal(ml_job_set(j, "training.checkpoint", "auto", &e), ML_OK);
+    s = job_json(j, ml_job_fit_json);
+    assert_non_null(strstr(s, "\"global_batch\": 64"));
+    ml_json_free(s);
+    assert_int_equal(ml_job_plan_json(j, &s, NULL, &e), ML_USAGE);
+    assert_non_null(strstr(e.msg, "auto is for fit"));
+    assert_int_equal(ml_job_set(j, "training.checkpoint", "none", &e), ML_OK);
+    s = job_json(j, ml_job_compare_json);
+    assert_int_equal(s[0], '[');
+    assert_non_null(strstr(s, "\"checkpoint\": \"selective\""));
+    ml_json_free(s);
+    s = job_json(j, ml_job_timeline_json);
+    assert_int_equal(s[0], '[');
+    ml_json_free(s);
+    assert_int_equal(ml_job_set(j, "calib", "/nonexistent/profile.yaml", &e), ML_IO);
+    assert_int_equal(ml_job_set(j, "device.peak", "1", &e), ML_USAGE);
+    ml_job_destroy(j);
+    ml_job_destroy(NULL);
+    ml_json_free(NULL);
+    ml_model_destroy(m);
+}
+
+/* fit needs a device, and a model without one has none */
+static void job_no_device(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("name: t\nmodel:\n  type: sequential\n  input: [10]\n"
+                           "  layers:\n    - linear: {out: 10}\n  loss: mse\n");
+    ml_job *j = NULL;
+    ml_error e;
+    assert_int_equal(ml_job_create(m, &j, &e), ML_OK);
+    char *s = NULL;
+    assert_int_equal(ml_job_fit_json(j, &s, NULL, &e), ML_USAGE);
+    assert_null(s);
+    /* 10 x 10 weights and 10 biases */
+    s = job_json(j, ml_job_plan_json);
+    assert_non_null(strstr(s, "\"params\": 110,"));
+    ml_json_free(s);
+    ml_job_destroy(j);
+    ml_model_destroy(m);
+}
+
+static void points_fit(void **state)
+{
+    (void)state;
+    /* peak = 1 GiB + 0.5 GiB per sample, exactly */
+    const char csv[] = "micro_batch,peak\n1,1.5GiB\n2,2GiB\n4,3GiB\n";
+    char *s = NULL;
+    ml_error e;
+    assert_int_equal(ml_points_json(csv, strlen(csv), "p.csv", 21ull << 28, 8, &s, NULL, &e),
+                     ML_OK);
+    assert_non_null(strstr(s, "\"points\": 3, \"fixed_bytes\": 1073741824, "
+                              "\"per_sample_bytes\": 536870912"));
+    /* budget 5.25 GiB: (5.25 - 1) / 0.5 = 8.5, so 8 samples; 1 + 8 x 0.5 = 5 GiB at 8 */
+    assert_non_null(strstr(s, "\"max_micro_batch\": 8,"));
+    assert_non_null(strstr(s, "\"peak_at\": 5368709120"));
+    ml_json_free(s);
+    const char bad[] = "micro_batch,peak\n1,lots\n";
+    assert_int_not_equal(ml_points_json(bad, strlen(bad), "bad.csv", 0, 0, &s, NULL, &e), ML_OK);
+    assert_string_equal(e.path, "bad.csv");
+    assert_int_equal(e.line, 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(config_set_values),
+        cmocka_unit_test(config_set_refusals),
+        cmocka_unit_test(job_verbs),
+        cmocka_unit_test(job_no_device),
+        cmocka_unit_test(points_fit),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
