@@ -71,6 +71,18 @@ def test_keywords_override_the_file():
     assert r["device"]["budget"] == (16 << 30) - (512 << 20)
 
 
+def test_device_by_name_or_size():
+    # a preset: mlp2's 25.6 GFLOP per iteration (fp32) at the A100's dense
+    # fp32 19.5 TFLOP/s (docs/devices.md), efficiency 1
+    r = memledger.plan(MLP2, device="a100-80gb")
+    assert r["device"]["memory"] == 80 * 2**30
+    assert abs(r["step_time_s"] - 25.6e9 / 19.5e12) < 1e-15
+    # a size is memory only: no step time from the model file's own figure
+    assert memledger.plan(MLP2, device="8GiB")["step_time_s"] is None
+    with pytest.raises(memledger.Error):
+        memledger.plan(MLP2, device="h300")
+
+
 def test_fit_and_global_batch():
     r = memledger.fit(GPT2, precision="amp-bf16", device="8GiB", budget="6.5GiB",
                       global_batch=64, checkpoint="auto")

@@ -2,6 +2,7 @@
  * key. The command line's flags and a binding's keyword arguments say the
  * same settings as text; the values read here as the flags read them (a
  * whole number within ml_config_range, a size, a name). */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -151,12 +152,21 @@ static ml_status device_set(const char *key, const char *v, ml_device *d, ml_err
     const char *k = key + strlen("device.");
     ml_status st = ML_OK;
     unsigned u = 0;
-    if (!strcmp(k, "memory")) {
-        /* a new capacity invalidates a budget line set before it: back to
-         * memory - reserve, as the command line's --device does */
+    if (!strcmp(k, "memory") || !strcmp(k, "name")) {
+        /* as the command line's --device NAME|SIZE: a preset's name sets its
+         * memory and peaks; a size is memory only (no peak of the model
+         * file's device carried over); either invalidates a budget line set
+         * before it (back to memory - reserve) */
+        if (!isdigit((unsigned char)v[0]) && v[0] != '.' && v[0] != '-' && v[0] != '+')
+            return ml_device_preset_apply(v, d, err);
+        if (!strcmp(k, "name"))
+            return ml_errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is a size, not a device name",
+                                key, v);
         if (!(st = size(key, v, &d->memory, err))) {
             d->present = true;
             d->budget = 0;
+            d->peak_tflops = 0;
+            d->preset = NULL;
         }
     } else if (!strcmp(k, "budget")) {
         if (!d->present)
