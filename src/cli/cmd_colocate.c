@@ -12,7 +12,7 @@ static const char usage[] =
     "Training jobs sharing one device, each in its own process with its own runtime\n"
     "reserve. A JOB is one argument: a model file and, in the same quotes, its own\n"
     "'memledger plan' options, e.g. \"models/gpt2-small.yaml --micro-batch 2\".\n"
-    "Prints each job's peak total and step time, then:\n"
+    "Prints each job's device total and step time, then:\n"
     "  unsynchronised: the peaks summed (some phase lines them up); the verdict\n"
     "  started together: the highest sum when the iterations start at once\n"
     "  independent phases (two jobs): the share of time the sum is over the device\n"

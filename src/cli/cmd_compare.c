@@ -9,7 +9,7 @@ static const char usage[] =
     "\n"
     "Checkpoint policies side by side at the configured micro-batch: none, full,\n"
     "every-2, every-4, sqrt, selective and (with a device) optimal for the budget.\n"
-    "Each row: peak total, saved activations, recompute FLOPs and their share of the\n"
+    "Each row: device total, saved activations, recompute FLOPs and their share of the\n"
     "iteration without recompute, estimated step time, fits or not.\n"
     "\n"
     "  --format text|json|csv|svg  (default text; svg overlays the policies' curves)\n"

@@ -152,7 +152,7 @@ static void text_peak(FILE *f, const ml_triage_result *r)
 {
     const ml_summary *s = &r->current;
     char a[32], b[32];
-    fprintf(f, "\nPeak (allocator view): %s during %s, at %s\n", B(s->peak, a),
+    fprintf(f, "\nAllocator peak: %s during %s, at %s\n", B(s->peak, a),
             ml_phase_name(s->peak_phase), s->peak_step);
     for (int c = 0; c < ML_CAT_COUNT; c++)
         fprintf(f, "  %-22s %12s\n", ml_category_name((ml_category)c),
@@ -164,7 +164,7 @@ static void text_peak(FILE *f, const ml_triage_result *r)
     if (s->fragmentation)
         fprintf(f, "  %-22s %12s\n", "+ fragmentation", B(s->fragmentation, a));
     fprintf(f, "  %-22s %12s\n", "+ runtime reserve", B(s->runtime_reserve, a));
-    fprintf(f, "  %-22s %12s\n", "= peak total", B(s->peak_total, a));
+    fprintf(f, "  %-22s %12s\n", "= device total", B(s->peak_total, a));
     if (!s->has_device)
         fputs("  verdict: none (no device given)\n", f);
     else if (s->fits)
@@ -188,7 +188,7 @@ static void text_remedies(FILE *f, const ml_triage_result *r)
         fputs("\nRemedies (no device: lowest peak first", f);
     if (r->focus != ML_TRIAGE_ANY)
         fprintf(f, "; * acts on the %s phase", ml_triage_phase_name(r->focus));
-    fprintf(f, ")\n  %2s  %-22s %12s %12s %12s %8s  %s\n", "#", "remedy", "peak", "peak total",
+    fprintf(f, ")\n  %2s  %-22s %12s %12s %12s %8s  %s\n", "#", "remedy", "alloc peak", "device total",
             "step time", "FLOPs", "fits");
     for (size_t i = 0; i < r->count; i++) {
         const ml_remedy *x = &r->remedies[i];

@@ -21,7 +21,7 @@ int ml_report_colocate_text(FILE *f, const ml_ledger *const *jobs, const char *c
     fprintf(f, "memledger colocate: %zu jobs on one %s device, each in its own process (its "
                "own runtime reserve)\n\n",
             n, B(r->memory, a));
-    fprintf(f, "%-3s %12s %12s  %s\n", "", "peak total", "step time", "job");
+    fprintf(f, "%-3s %12s %12s  %s\n", "", "device total", "step time", "job");
     for (size_t j = 0; j < n; j++) {
         const ml_summary *s = ml_ledger_summary(jobs[j]);
         char st[32] = "-";

@@ -49,7 +49,7 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     fputc('\n', f);
     if (r->note[0])
         fprintf(f, "note: %s\n", r->note);
-    fprintf(f, "peak total %s, headroom %s; recompute ", B(r->peak_total, a),
+    fprintf(f, "device total %s, headroom %s; recompute ", B(r->peak_total, a),
             B((uint64_t)(r->headroom < 0 ? 0 : r->headroom), b));
     ml_format_flops(r->flops_recompute, c, sizeof c);
     fprintf(f, "%s per iteration", c);
@@ -151,7 +151,7 @@ int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
             fprintf(f, ", fragmentation allowance %g x the peak", cfg->device.fragmentation);
         fputc('\n', f);
     }
-    fprintf(f, "\n%-12s %12s %12s %14s %10s %11s %s\n", "checkpoint", "peak total", "saved acts",
+    fprintf(f, "\n%-12s %12s %12s %14s %10s %11s %s\n", "checkpoint", "device total", "saved acts",
             "recompute", "% of 3F", "step time", "fits");
     for (size_t i = 0; i < n; i++) {
         const ml_compare_row *r = &rows[i];
@@ -173,8 +173,9 @@ int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
     compare_not_needed(f, rows, n);
     if (!cfg->device.present)
         fprintf(f, "\n(no device: give --device NAME|SIZE for the verdicts and the optimal plan)\n");
-    fprintf(f, "\nPeak total includes the runtime reserve. %% of 3F: recompute FLOPs over "
-               "the iteration's FLOPs without recompute.\n");
+    fprintf(f, "\nDevice total: the allocator peak, its fragmentation allowance and the runtime "
+               "reserve. %% of 3F: recompute FLOPs over the iteration's FLOPs without "
+               "recompute.\n");
     return ferror(f) ? -1 : 0;
 }
 
@@ -246,7 +247,7 @@ int ml_report_advice_text(FILE *f, const ml_summary *s, const ml_advice *a)
         snprintf(with, sizeof with, "%s of recompute", fl);
     }
     uint64_t budget = s->budget;
-    fprintf(f, "  advice: checkpoint %s fits too (peak total %s, headroom %s) with %s;", name,
+    fprintf(f, "  advice: checkpoint %s fits too (device total %s, headroom %s) with %s;", name,
             B(c->peak_total, pt), B(c->peak <= budget ? budget - c->peak : 0, hr), with);
     ml_format_flops(s->flops_recompute - c->flops_recompute, fl, sizeof fl);
     const double pct = c->flops_total > 0 ? 100.0 * (s->flops_total - c->flops_total) / c->flops_total

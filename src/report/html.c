@@ -96,7 +96,7 @@ static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
             char fr[32];
             snprintf(c3, sizeof c3, " + fragmentation %s", B(s->fragmentation, fr));
         }
-        fprintf(f, "<span class=\"cfg\">peak %s%s + runtime reserve %s = %s on a %s device, "
+        fprintf(f, "<span class=\"cfg\">allocator peak %s%s + runtime reserve %s = device total %s on a %s device, "
                    "budget %s; ",
                 B(s->peak, a), c3, B(s->runtime_reserve, b), B(s->peak_total, buf),
                 B(s->memory, c1), B(s->budget, c2));
@@ -126,7 +126,7 @@ static void html_summary(FILE *f, const ml_config *cfg, const ml_summary *s)
     row(f, "saved activations (end of forward)", B(s->bytes_activations, a));
     snprintf(buf, sizeof buf, "%s during %s at %s", B(s->peak, a), ml_phase_name(s->peak_phase),
              s->peak_step);
-    row(f, "peak (allocator view)", buf);
+    row(f, "allocator peak", buf);
     row(f, "first iteration's peak (optimizer states created by its step)",
         B(s->peak_first_iteration, a));
     if (s->has_eval)
@@ -138,7 +138,7 @@ static void html_summary(FILE *f, const ml_config *cfg, const ml_summary *s)
                  s->reserved_oom ? "; out of memory on the device" : "");
         row(f, "reserved (max_memory_reserved)", buf);
     }
-    row(f, "peak total (binding peak, allowance or reserved, runtime reserve)",
+    row(f, "device total (the binding allocator peak, allowance or reserved, runtime reserve)",
         B(s->peak_total, a));
     snprintf(buf, sizeof buf, "forward %s, backward %s, recompute %s", FL(s->flops_forward, a),
              FL(s->flops_backward, b), FL(s->flops_recompute, c));
@@ -215,7 +215,7 @@ static void html_compare(FILE *f, const ml_compare_row *rows, size_t nrows)
     char a[32], b[32], c[32];
     if (!nrows)
         return;
-    fputs("<h2>Checkpoint policies</h2>\n<table><tr><th>policy</th><th>peak total</th>"
+    fputs("<h2>Checkpoint policies</h2>\n<table><tr><th>policy</th><th>device total</th>"
           "<th>saved activations</th><th>recompute</th><th>% of 3F</th><th>step time</th>"
           "<th>fits</th></tr>\n",
           f);
@@ -254,7 +254,7 @@ static void html_fit(FILE *f, const ml_fit_result *fit)
         ml_checkpoint_format(&fit->checkpoint, name, sizeof name);
         fprintf(f, "Largest micro-batch that fits: <b>%llu</b> (checkpoint %s). Recommended: "
                    "micro-batch %llu &times; %llu accumulation steps &times; %llu device%s = "
-                   "effective batch %llu; peak total %s.",
+                   "effective batch %llu; device total %s.",
                 (unsigned long long)fit->max_micro_batch, name,
                 (unsigned long long)fit->micro_batch, (unsigned long long)fit->grad_accum,
                 (unsigned long long)fit->data_parallel, fit->data_parallel == 1 ? "" : "s",

@@ -63,8 +63,8 @@ int ml_report_lengths_text(FILE *f, const ml_config *cfg, const ml_lengths *d, c
 {
     const bool dev = cfg->device.present;
     describe(f, cfg, d, source, req);
-    fprintf(f, "  %-22s %11s %8s %12s %12s  %s\n", "batch", "micro-batch", "seq_len", "peak",
-            "peak total", "fits");
+    fprintf(f, "  %-22s %11s %8s %12s %12s  %s\n", "batch", "micro-batch", "seq_len", "alloc peak",
+            "device total", "fits");
     if (req->batching == ML_BATCHING_BUCKETED) {
         for (size_t i = 0; i < r->nbuckets; i++) {
             const ml_length_bucket *b = &r->buckets[i];

@@ -245,7 +245,7 @@ static void peak_marker(FILE *f, const chart *c, const ml_summary *s, const ml_e
                    "stroke-width=\"2\"/>\n",
                 x, y);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"bold\" "
-                   "fill=\"#d62728\" text-anchor=\"%s\">peak %s at ",
+                   "fill=\"#d62728\" text-anchor=\"%s\">allocator peak %s at ",
                 x + (x > c->x0 + c->w * 0.7 ? -8 : 8), y - 8,
                 x > c->x0 + c->w * 0.7 ? "end" : "start", b);
         ml_svg_escape(f, s->peak_step);
@@ -343,7 +343,7 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
         fputs("<text x=\"850\" y=\"", f);
         fprintf(f, "%.1f\" font-size=\"12\">", ly + 11);
         ml_svg_escape(f, names[i]);
-        fprintf(f, " (peak %s)</text>\n", b);
+        fprintf(f, " (allocator peak %s)</text>\n", b);
     }
     const ml_summary *s0 = n ? ml_ledger_summary(ls[0]) : NULL;
     if (s0 && s0->has_device) {

@@ -137,7 +137,7 @@ static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
 {
     const ml_training *t = &cfg->training;
     char a[32];
-    fprintf(f, "Peak (allocator view): %s during %s, at %s\n", B(s->peak, a),
+    fprintf(f, "Allocator peak: %s during %s, at %s\n", B(s->peak, a),
             ml_phase_name(s->peak_phase), s->peak_step);
     for (int c = 0; c < ML_CAT_COUNT; c++)
         fprintf(f, "  %-22s %12s\n", ml_category_name((ml_category)c),
@@ -149,7 +149,7 @@ static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
         fprintf(f, "  %-22s %12s   (the simulated reserved peak over it)\n", "+ allocator cache",
                 B(s->fragmentation, a));
     fprintf(f, "  %-22s %12s\n", "+ runtime reserve", B(s->runtime_reserve, a));
-    fprintf(f, "  %-22s %12s%s\n", "= peak total", B(s->peak_total, a),
+    fprintf(f, "  %-22s %12s%s\n", "= device total", B(s->peak_total, a),
             s->binding == ML_PEAK_STEADY ? ""
             : s->binding == ML_PEAK_EVAL  ? "   (from the evaluation peak, which binds)"
                                           : "   (from the first iteration's peak, which binds)");
