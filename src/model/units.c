@@ -265,7 +265,8 @@ ml_status ml_parse_checkpoint(const char *text, ml_checkpoint *out, ml_error *er
     memset(&c, 0, sizeof c);
     const char *bad = "checkpoint '%s' is not a policy: use none, full, every-K (e.g. every-2), "
                       "sqrt, selective, optimal or a block list such as [0, 3, 6]";
-    if (strcmp(text, "none") == 0)
+    /* "optimal: none" is what an optimal plan that keeps everything prints */
+    if (strcmp(text, "none") == 0 || strcmp(text, "optimal: none") == 0)
         c.kind = ML_CKPT_NONE;
     else if (strcmp(text, "full") == 0)
         c.kind = ML_CKPT_FULL;

@@ -87,6 +87,9 @@ static void test_checkpoint_policies(void **state)
         assert_int_equal(c.blocks[i], pairs[i]);
     ml_checkpoint_format(&c, buf, sizeof buf);
     assert_string_equal(buf, "[0-3] [8] [10-11]");
+    /* an optimal plan that checkpoints nothing prints "optimal: none" */
+    assert_int_equal(ml_parse_checkpoint("optimal: none", &c, &e), ML_OK);
+    assert_int_equal(c.kind, ML_CKPT_NONE);
     const char *bad[] = {"every-0", "every-", "every-x", "all", "[0, x]", "[1", "FULL",
                          "[3-1]", "[0-3] [2]", "[0-3] [3-4]", "optimal:", "[0-3] 8", "[0-]"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
