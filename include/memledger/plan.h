@@ -70,6 +70,8 @@ typedef struct ml_compare_row {
      * the one that recomputes least (its freed memory is not needed, and
      * this row's extra step time buys nothing); -1 otherwise */
     int cheaper;
+    int64_t headroom;       /* as ml_summary.headroom (the binding peak's); 0
+                               without a device */
 } ml_compare_row;
 
 #define ML_COMPARE_ROWS 7

@@ -7,7 +7,7 @@
 #include "cli/cli.h"
 
 static const char usage[] =
-    "usage: memledger colocate --device SIZE [options] JOB JOB [JOB...]\n"
+    "usage: memledger colocate --device NAME|SIZE [options] JOB JOB [JOB...]\n"
     "\n"
     "Training jobs sharing one device, each in its own process with its own runtime\n"
     "reserve. A JOB is one argument: a model file and, in the same quotes, its own\n"
@@ -16,10 +16,12 @@ static const char usage[] =
     "  unsynchronised: the peaks summed (some phase lines them up); the verdict\n"
     "  started together: the highest sum when the iterations start at once\n"
     "  independent phases (two jobs): the share of time the sum is over the device\n"
-    "The last two need every job's step time (a device peak in its file, or\n"
-    "--peak-tflops in its options).\n"
+    "The last two need every job's step time (a named device, or --peak-tflops in\n"
+    "the job's options). A job's checkpoint may not be optimal (it would plan\n"
+    "against the whole shared device).\n"
     "\n"
-    "  --device SIZE          the shared device's memory (required)\n"
+    "  --device NAME|SIZE     the shared device: a preset (memledger devices; its peaks\n"
+    "                         time each job) or a memory size (required)\n"
     "  --format text|json|svg (default text; svg: the jobs stacked, started together)\n"
     "  -o FILE                write to FILE (atomically) instead of stdout\n"
     "\n"
@@ -58,14 +60,15 @@ static int split(job *j)
     char *w = j->buf;
     j->ntok = 0;
     while (*s) {
-        while (*s == ' ' || *s == '\t')
+        while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')
             s++;
         if (!*s)
             break;
         if (j->ntok == MAX_TOKENS)
             return bad("a job has more than 64 words: '%.60s...'", j->spec);
         j->tok[j->ntok++] = w;
-        for (char q = 0; *s && (q || (*s != ' ' && *s != '\t')); s++) {
+        char q = 0;
+        for (; *s && (q || !strchr(" \t\n\r", *s)); s++) {
             if (!q && (*s == '\'' || *s == '"'))
                 q = *s;
             else if (q && *s == q)
@@ -73,6 +76,8 @@ static int split(job *j)
             else
                 *w++ = *s;
         }
+        if (q)
+            return bad("a job has an unterminated quote: '%s'", j->spec);
         *w++ = '\0';
     }
     j->tok[j->ntok] = NULL;
@@ -81,7 +86,7 @@ static int split(job *j)
 
 /* One job: its options parsed as plan's, the shared device put in, its
  * ledger evaluated with the events. */
-static int load_job(job *j, uint64_t memory, size_t index)
+static int load_job(job *j, const char *device, uint64_t memory, size_t index)
 {
     int rc = split(j);
     if (rc)
@@ -96,10 +101,25 @@ static int load_job(job *j, uint64_t memory, size_t index)
                    j->spec);
     if ((rc = ml_cli_load(o, &j->m, &j->cfg)))
         return rc;
-    j->cfg.device.present = true;
-    j->cfg.device.memory = memory;
-    j->cfg.device.budget = 0;
+    if (j->cfg.training.checkpoint.kind == ML_CKPT_OPTIMAL)
+        return bad("job '%s': checkpoint optimal would plan against the whole device, which "
+                   "the jobs share: give the job a fixed policy (its plan's segments, e.g. "
+                   "\"[0-3] [4-7]\")", j->spec);
+    /* the shared device as --device NAME|SIZE reads for plan: a name brings
+     * its peaks, a size is memory only (the job's own --peak-tflops stays) */
     ml_error e;
+    memset(&e, 0, sizeof e);
+    const double own_peak = o->peak_tflops ? j->cfg.device.peak_tflops : 0;
+    if (memory == 0) {
+        if (ml_device_preset_apply(device, &j->cfg.device, &e) != ML_OK)
+            return bad("--device: %s", e.msg);
+    } else {
+        j->cfg.device.present = true;
+        j->cfg.device.memory = memory;
+        j->cfg.device.budget = 0;
+        j->cfg.device.preset = NULL;
+    }
+    j->cfg.device.peak_tflops = own_peak; /* over a preset's figure too */
     ml_status st = ml_ledger_evaluate(j->m, &j->cfg, true, &j->l, &e);
     (void)index;
     return st ? ml_cli_eval_failed(o, &e, st) : 0;
@@ -151,7 +171,9 @@ static int parse_args(int argc, char **argv, colocate_args *a)
             *slot = argv[++i];
             continue;
         }
-        if (arg[0] == '-')
+        /* a job may start with a flag ("--hf config.json ..."): it is one
+         * argument with a blank in it */
+        if (arg[0] == '-' && !strpbrk(arg, " \t\n"))
             return bad("'%s' is not a colocate option: a job's own options go inside its "
                        "quotes, after its model file", arg);
         if (a->n == MAX_JOBS)
@@ -159,7 +181,7 @@ static int parse_args(int argc, char **argv, colocate_args *a)
         a->specs[a->n++] = arg;
     }
     if (!a->device)
-        return bad("%scolocate needs the shared device: --device SIZE", "");
+        return bad("%scolocate needs the shared device: --device NAME|SIZE", "");
     if (a->n < 2)
         return bad("%scolocate needs two jobs or more, each a quoted model file with its "
                    "options", "");
@@ -175,8 +197,14 @@ int ml_cmd_colocate(int argc, char **argv)
     uint64_t memory = 0;
     ml_error e;
     memset(&e, 0, sizeof e);
-    if (ml_parse_size(a.device, &memory, &e) != ML_OK || memory == 0)
-        return bad("--device: %s", e.msg[0] ? e.msg : "must be at least 1 byte");
+    /* --device NAME|SIZE as for plan: a preset (memory 0 here: each job
+     * takes the preset's figures), or a size */
+    if (ml_device_preset_find(a.device)) {
+        memory = 0;
+    } else if (ml_parse_size(a.device, &memory, &e) != ML_OK || memory == 0) {
+        return bad("--device: %s (or a device name: memledger devices)",
+                   e.msg[0] ? e.msg : "must be at least 1 byte");
+    }
     ml_format fmt = ML_FMT_TEXT;
     if (a.format && !strcmp(a.format, "json"))
         fmt = ML_FMT_JSON;
@@ -193,16 +221,18 @@ int ml_cmd_colocate(int argc, char **argv)
     }
     for (size_t j = 0; j < a.n && !rc; j++) {
         jobs[j].spec = a.specs[j];
-        rc = load_job(&jobs[j], memory, j);
-        if (!rc && ml_out_refuse_input(a.output, jobs[j].o.model_path))
-            rc = ML_EXIT_BAD_INPUT;
+        rc = load_job(&jobs[j], a.device, memory, j);
+        const char *inputs[] = {jobs[j].o.model_path, jobs[j].o.training, jobs[j].o.calib};
+        for (size_t k = 0; !rc && k < 3; k++)
+            if (ml_out_refuse_input(a.output, inputs[k]))
+                rc = ML_EXIT_BAD_INPUT;
     }
     ml_colocate_result r;
     if (!rc) {
         const ml_ledger *ls[MAX_JOBS];
         for (size_t j = 0; j < a.n; j++)
             ls[j] = jobs[j].l;
-        ml_status st = ml_colocate(ls, a.n, memory, &r, &e);
+        ml_status st = ml_colocate(ls, a.n, jobs[0].cfg.device.memory, &r, &e);
         if (st) {
             ml_cli_print_error(&e);
             rc = st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;

@@ -9,7 +9,8 @@ static const char usage[] =
     "usage: memledger devices [--format text|json] [-o FILE]\n"
     "\n"
     "The devices --device NAME and a model file's device.name take: the name and\n"
-    "its aliases, the memory the driver reports, and the dense peak per compute\n"
+    "its aliases, the memory (the driver's total, or nominal where unpublished), and\n"
+    "the dense peak per compute\n"
     "dtype in TFLOP/s (0: not supported or not published). Sources: docs/devices.md.\n"
     "\n"
     "Exit status: 0 listed, 2 usage, 3 output could not be written.\n";
@@ -31,7 +32,9 @@ static void text(FILE *f, const ml_device_preset *p, size_t n)
             fprintf(f, " (%s)", p[i].aliases);
         fputc('\n', f);
     }
-    fputs("\nTFLOP/s dense, per compute dtype; memory as the driver reports it.\n", f);
+    fputs("\nTFLOP/s dense, per compute dtype; memory: the driver's total where a reading "
+          "is published, else the nominal size (docs/devices.md).\n",
+          f);
 }
 
 static void json(FILE *f, const ml_device_preset *p, size_t n)

@@ -79,6 +79,12 @@ static bool key_char(char c)
     return islower((unsigned char)c) || isdigit((unsigned char)c) || c == '_' || c == '.';
 }
 
+/* A key stands alone: not inside a path, a file name or a longer word. */
+static bool word_edge(char c)
+{
+    return !c || !(isalnum((unsigned char)c) || strchr("/_.-\\", c));
+}
+
 bool ml_cli_decorate(const ml_cli_opts *o, char *msg, size_t size)
 {
     char out[sizeof((ml_error *)0)->msg];
@@ -92,7 +98,11 @@ bool ml_cli_decorate(const ml_cli_opts *o, char *msg, size_t size)
             n--;
         const char *put = msg + r;
         size_t len = n ? n : 1;
-        size_t row = n ? find(msg + r, n) : NKEYS;
+        const char after = msg[r + n];
+        const bool right = word_edge(after) || (after == '.' && word_edge(msg[r + n + 1]));
+        size_t row = n && (r == 0 || word_edge(msg[r - 1])) && right
+                         ? find(msg + r, n)
+                         : NKEYS;
         if (row < NKEYS) {
             /* the message's subject ("KEY: ...") is the file's key unless
              * a flag set it; a key elsewhere is a setting to change, and
@@ -104,10 +114,10 @@ bool ml_cli_decorate(const ml_cli_opts *o, char *msg, size_t size)
                 from_flag |= subject;
             }
         }
-        if (w + len < sizeof out) {
-            memcpy(out + w, put, len);
-            w += len;
-        }
+        if (w + len >= sizeof out) /* no room for the rest: stop here */
+            break;
+        memcpy(out + w, put, len);
+        w += len;
         r += n ? n : 1;
     }
     out[w] = '\0';
@@ -117,7 +127,10 @@ bool ml_cli_decorate(const ml_cli_opts *o, char *msg, size_t size)
 
 void ml_cli_config_error(const ml_cli_opts *o, ml_error *e)
 {
-    const char *file = o->model_path ? o->model_path : o->hf;
+    /* with --hf, the training: and device: keys come from --training */
+    const bool from_training = o->training && (!strncmp(e->msg, "training.", 9) ||
+                                               !strncmp(e->msg, "device.", 7));
+    const char *file = from_training ? o->training : o->model_path ? o->model_path : o->hf;
     if (ml_cli_decorate(o, e->msg, sizeof e->msg) || !file)
         e->path[0] = '\0';
     else

@@ -422,7 +422,9 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
  * longer applies unless --peak-tflops gives one (docs/devices.md). */
 static int device_flag(const char *v, ml_device *d)
 {
-    if (isdigit((unsigned char)v[0]) || v[0] == '.' || v[0] == '-' || v[0] == '+') {
+    /* a preset's name first: "4090" is the RTX 4090, not 4,090 bytes */
+    if (!ml_device_preset_find(v) &&
+        (isdigit((unsigned char)v[0]) || v[0] == '.' || v[0] == '-' || v[0] == '+')) {
         int rc = size_flag("--device", v, &d->memory);
         d->present = true;
         d->budget = 0;

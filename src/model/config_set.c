@@ -157,7 +157,8 @@ static ml_status device_set(const char *key, const char *v, ml_device *d, ml_err
          * memory and peaks; a size is memory only (no peak of the model
          * file's device carried over); either invalidates a budget line set
          * before it (back to memory - reserve) */
-        if (!isdigit((unsigned char)v[0]) && v[0] != '.' && v[0] != '-' && v[0] != '+')
+        if (ml_device_preset_find(v) ||
+            (!isdigit((unsigned char)v[0]) && v[0] != '.' && v[0] != '-' && v[0] != '+'))
             return ml_device_preset_apply(v, d, err);
         if (!strcmp(k, "name"))
             return ml_errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is a size, not a device name",

@@ -4,6 +4,7 @@
  * together and the share of time their sum is over the device when their
  * phases are independent (docs/colocate.md). */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,12 +74,17 @@ uint64_t ml_colocate_level(const ml_ledger *l, double t_s)
  * step's events at T are those of the next iteration's 0 too). */
 static uint64_t instant_max(const curve *c, double t)
 {
-    const double u = phase(c, t);
-    size_t k = last_at(c, u);
+    /* "the same instant" within a billionth of the period: the phase of a
+     * sum of periods loses the last bits */
+    const double tol = 1e-9 * c->T;
+    double u = phase(c, t);
+    if (c->T - u <= tol)
+        u = 0;
+    size_t k = last_at(c, u + tol);
     uint64_t best = event_total(&c->ev[k]);
-    for (size_t i = k + 1; i-- > 0 && c->ev[i].t_s == u;)
+    for (size_t i = k + 1; i-- > 0 && c->ev[i].t_s >= u - tol;)
         best = best > event_total(&c->ev[i]) ? best : event_total(&c->ev[i]);
-    for (size_t i = c->n; u == 0 && i-- > 0 && c->ev[i].t_s >= c->T;)
+    for (size_t i = c->n; u <= tol && i-- > 0 && c->ev[i].t_s >= c->T - tol;)
         best = best > event_total(&c->ev[i]) ? best : event_total(&c->ev[i]);
     return best + c->offset;
 }
@@ -88,23 +94,23 @@ static uint64_t instant_max(const curve *c, double t)
  * instants (a short period repeats within the long one). */
 static void aligned(const ml_ledger *const *ls, size_t n, ml_colocate_result *r)
 {
-    double H = 0;
-    size_t work = 0;
+    double H = 0, work = 0;
     for (size_t j = 0; j < n; j++)
         H = fmax(H, ml_ledger_summary(ls[j])->step_time_s);
-    for (size_t j = 0; j < n; j++) {
-        const ml_summary *s = ml_ledger_summary(ls[j]);
-        work += ml_ledger_event_count(ls[j]) * (size_t)ceil(H / s->step_time_s);
-    }
-    if (work > ML_COLOCATE_MAX_INSTANTS)
+    /* counted in doubles: a period ratio past 2^64 must not wrap the count */
+    for (size_t j = 0; j < n; j++)
+        work += (double)ml_ledger_event_count(ls[j]) *
+                ceil(H / ml_ledger_summary(ls[j])->step_time_s);
+    if (!(work <= ML_COLOCATE_MAX_INSTANTS))
         return;
     for (size_t j = 0; j < n; j++) {
         curve c;
         curve_of(ls[j], &c);
-        for (double base = 0; base < H; base += c.T)
+        const uint64_t reps = (uint64_t)ceil(H / c.T);
+        for (uint64_t b = 0; b < reps; b++)
             for (size_t k = 0; k < c.n; k++) {
-                const double at = base + c.ev[k].t_s;
-                if (at > H)
+                const double at = (double)b * c.T + c.ev[k].t_s;
+                if (at > H * (1 + 1e-12))
                     break;
                 uint64_t sum = event_total(&c.ev[k]) + c.offset;
                 for (size_t i = 0; i < n; i++)
@@ -211,8 +217,10 @@ ml_status ml_colocate(const ml_ledger *const *jobs, size_t n, uint64_t memory,
         out->timed &= s->step_time_s > 0 && ml_ledger_event_count(jobs[j]) > 0;
     }
     out->fits = out->worst_total <= memory;
-    out->headroom = out->fits ? (int64_t)(memory - out->worst_total)
-                              : -(int64_t)(out->worst_total - memory);
+    const uint64_t gap = out->fits ? memory - out->worst_total : out->worst_total - memory;
+    out->headroom = gap > (uint64_t)INT64_MAX ? (out->fits ? INT64_MAX : INT64_MIN)
+                    : out->fits               ? (int64_t)gap
+                                              : -(int64_t)gap;
     if (!out->timed)
         return ML_OK;
     aligned(jobs, n, out);

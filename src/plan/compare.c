@@ -55,6 +55,7 @@ ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *ro
                                                                            : s->fits)
                                 : false;
         r->cheaper = -1;
+        r->headroom = s->has_device ? s->headroom : 0;
         ml_ledger_destroy(l);
     }
     mark_cheaper(rows, n);

@@ -293,8 +293,9 @@ static ml_status shard_fix(search *s, char *out, size_t size)
             return st;
         if (fits) {
             if (sharded || n > dp)
-                snprintf(out, size, "shard (ZeRO-3) across %llu devices%s",
-                         (unsigned long long)n, dp > 1 ? " (training.data_parallel)" : "");
+                snprintf(out, size, "shard (ZeRO-3) across %llu devices "
+                                    "(training.data_parallel %llu, training.zero 3)",
+                         (unsigned long long)n, (unsigned long long)n);
             else
                 snprintf(out, size, "shard the model states fully over the %llu devices "
                                     "(training.zero 3)",
@@ -337,7 +338,16 @@ static ml_status explain(search *s, ml_fit_result *r)
     ml_format_bytes(states, a, sizeof a);
     ml_format_bytes(x->budget, b, sizeof b);
     bool states_alone = states > x->budget || states + x->runtime_reserve > x->memory;
+    const bool full_fits = x->fits;
     ml_ledger_destroy(l);
+    if (full_fits) {
+        /* the configured policy keeps too much: checkpointing is the remedy */
+        snprintf(r->note, sizeof r->note,
+                 "micro-batch 1 does not fit with the plan's checkpointing, but does with full "
+                 "checkpointing (training.checkpoint full), or let fit choose the policy "
+                 "(training.checkpoint auto)");
+        return ML_OK;
+    }
     char fixes[4][192];
     size_t nf = 0;
     ml_config c = s->cfg;

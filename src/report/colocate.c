@@ -35,7 +35,7 @@ int ml_report_colocate_text(FILE *f, const ml_ledger *const *jobs, const char *c
             B(r->fits ? (uint64_t)r->headroom : (uint64_t)(-r->headroom), h));
     if (!r->timed) {
         fputs("started together, independent phases: unknown (a time axis needs every job's "
-              "step time: a device peak in its file or --peak-tflops)\n",
+              "step time: a named device, or --peak-tflops in its options)\n",
               f);
         return ferror(f) ? -1 : 0;
     }
@@ -45,7 +45,8 @@ int ml_report_colocate_text(FILE *f, const ml_ledger *const *jobs, const char *c
     else
         fputs("started together: not computed (the periods are too unequal)\n", f);
     if (r->p_time_over >= 0)
-        fprintf(f, "independent phases: over the device %.2f%% of the time\n",
+        fprintf(f, "independent phases: over the device %.2f%% of the time (instants that "
+                   "take no time on this axis, such as the optimizer step, not counted)\n",
                 100.0 * r->p_time_over);
     return ferror(f) ? -1 : 0;
 }

@@ -246,9 +246,8 @@ int ml_report_advice_text(FILE *f, const ml_summary *s, const ml_advice *a)
         ml_format_flops(c->flops_recompute, fl, sizeof fl);
         snprintf(with, sizeof with, "%s of recompute", fl);
     }
-    uint64_t budget = s->budget;
     fprintf(f, "  advice: checkpoint %s fits too (device total %s, headroom %s) with %s;", name,
-            B(c->peak_total, pt), B(c->peak <= budget ? budget - c->peak : 0, hr), with);
+            B(c->peak_total, pt), B(c->headroom > 0 ? (uint64_t)c->headroom : 0, hr), with);
     ml_format_flops(s->flops_recompute - c->flops_recompute, fl, sizeof fl);
     const double pct = c->flops_total > 0 ? 100.0 * (s->flops_total - c->flops_total) / c->flops_total
                                           : 0;
