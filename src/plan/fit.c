@@ -306,6 +306,49 @@ static ml_status shard_fix(search *s, char *out, size_t size)
     return ML_OK;
 }
 
+/* The single changes that make micro-batch 1 (full checkpointing) fit,
+ * each planned, as one "a, b, or c" phrase in list. */
+static ml_status fix_list(search *s, bool states_alone, char *list, size_t size)
+{
+    ml_status st;
+    char fixes[4][192];
+    size_t nf = 0;
+    ml_config c = s->cfg;
+    bool ok = false;
+    uint64_t tmax = 0;
+    if (!states_alone && (st = longest_seq(s, &tmax)))
+        return st;
+    if (tmax)
+        snprintf(fixes[nf++], sizeof fixes[0], "shorten seq_len to %llu (training.seq_len)",
+                 (unsigned long long)tmax);
+    c.training.precision = ML_PREC_BF16;
+    if (s->cfg.training.precision != ML_PREC_BF16 && (st = fits_with(s, &c, &ok)))
+        return st;
+    if (ok)
+        snprintf(fixes[nf++], sizeof fixes[0], "keep the parameters in bf16 "
+                                               "(training.precision bf16)");
+    if ((st = shard_fix(s, fixes[nf], sizeof fixes[0])))
+        return st;
+    nf += fixes[nf][0] != '\0';
+    c = s->cfg;
+    c.training.offload = ML_OFFLOAD_OPTIMIZER;
+    ok = false;
+    if (s->cfg.training.offload == ML_OFFLOAD_NONE && (st = fits_with(s, &c, &ok)))
+        return st;
+    if (ok)
+        snprintf(fixes[nf++], sizeof fixes[0], "offload the optimizer (training.offload "
+                                               "optimizer)");
+    for (size_t k = 0; k < nf; k++) {
+        size_t len = strlen(list);
+        snprintf(list + len, size - len, "%s%s",
+                 k == 0 ? "" : k + 1 == nf ? (nf > 2 ? ", or " : " or ") : ", ", fixes[k]);
+    }
+    if (!nf)
+        snprintf(list, size, "no single change makes it fit (memledger triage ranks "
+                                    "them); combine them, or a larger device");
+    return ML_OK;
+}
+
 /* Why micro-batch 1 does not fit, and what would help (docs/choosing.md).
  * ML_NOMEM passes up; other failures of an evaluation become the note. */
 static ml_status explain(search *s, ml_fit_result *r)
@@ -348,42 +391,9 @@ static ml_status explain(search *s, ml_fit_result *r)
                  "(training.checkpoint auto)");
         return ML_OK;
     }
-    char fixes[4][192];
-    size_t nf = 0;
-    ml_config c = s->cfg;
-    bool ok = false;
-    uint64_t tmax = 0;
-    if (!states_alone && (st = longest_seq(s, &tmax)))
-        return st;
-    if (tmax)
-        snprintf(fixes[nf++], sizeof fixes[0], "shorten seq_len to %llu (training.seq_len)",
-                 (unsigned long long)tmax);
-    c.training.precision = ML_PREC_BF16;
-    if (s->cfg.training.precision != ML_PREC_BF16 && (st = fits_with(s, &c, &ok)))
-        return st;
-    if (ok)
-        snprintf(fixes[nf++], sizeof fixes[0], "keep the parameters in bf16 "
-                                               "(training.precision bf16)");
-    if ((st = shard_fix(s, fixes[nf], sizeof fixes[0])))
-        return st;
-    nf += fixes[nf][0] != '\0';
-    c = s->cfg;
-    c.training.offload = ML_OFFLOAD_OPTIMIZER;
-    ok = false;
-    if (s->cfg.training.offload == ML_OFFLOAD_NONE && (st = fits_with(s, &c, &ok)))
-        return st;
-    if (ok)
-        snprintf(fixes[nf++], sizeof fixes[0], "offload the optimizer (training.offload "
-                                               "optimizer)");
     char list[800] = "";
-    for (size_t k = 0; k < nf; k++) {
-        size_t len = strlen(list);
-        snprintf(list + len, sizeof list - len, "%s%s",
-                 k == 0 ? "" : k + 1 == nf ? (nf > 2 ? ", or " : " or ") : ", ", fixes[k]);
-    }
-    if (!nf)
-        snprintf(list, sizeof list, "no single change makes it fit (memledger triage ranks "
-                                    "them); combine them, or a larger device");
+    if ((st = fix_list(s, states_alone, list, sizeof list)))
+        return st;
     if (states_alone)
         snprintf(r->note, sizeof r->note,
                  "model states alone need %s per device (params, grads, optimizer states) "
