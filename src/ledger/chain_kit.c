@@ -279,6 +279,65 @@ typedef struct {
     uint64_t BTD, Dq, BTQ, qkv_out, BHTT, gQ, gKV;
 } attn_sizes;
 
+/* The rotary embedding's and repeat_kv's nodes on the heads (Llama's
+ * layout). Phi-3's apply_rotary_pos_emb splits q into the rotated part and
+ * the passed one, q[..., rotary_dim:], empty when the whole head rotates,
+ * and cats them back: the empty slice's SliceBackward0 still makes a
+ * zero-filled gradient of q's size, the first to reach q's InputBuffer
+ * (its node is the younger), so the rotary's gradient is added into it
+ * (derivatives.yaml: slice_backward). */
+static void rope_repeat_nodes(ml_chain *ch, ml_cblock *b, const ml_model *m,
+                              const ml_ck_dims *d, attn_sizes *z)
+{
+    if (m->position == ML_POS_ROPE) {
+        /* q * cos + rotate_half(q) * sin (and k): the gradient through
+         * the two products and the cat, one tensor of the head's size */
+        static const char *const what[2][2] = {
+            {"MulBackward0/CatBackward0 (rotary on q)", "SliceBackward0 (q pass, empty)"},
+            {"MulBackward0/CatBackward0 (rotary on k)", "SliceBackward0 (k pass, empty)"}};
+        for (unsigned i = 0; i < 2; i++) {
+            uint64_t g = i == 0 ? z->gQ : z->gKV;
+            if (m->fused_proj)
+                ml_ck_accum(ch, b, g);
+            ml_ck_node(ch, b, what[i][0], g, 0, g, SIZE_MAX, SIZE_MAX);
+            if (m->fused_proj)
+                ml_ck_node(ch, b, what[i][1], g, 0, 0, SIZE_MAX, SIZE_MAX);
+        }
+    }
+    if (d->Hkv < d->H) {
+        /* repeat_kv: expand + reshape, whose backward sums the groups */
+        ml_ck_node(ch, b, "ExpandBackward0 (repeat_kv of k)", z->gKV, 0, z->gQ, SIZE_MAX, SIZE_MAX);
+        ml_ck_node(ch, b, "ExpandBackward0 (repeat_kv of v)", z->gKV, 0, z->gQ, SIZE_MAX, SIZE_MAX);
+        z->gKV = z->gQ;
+    }
+}
+
+/* Phi-3's qkv_proj: q, k and v are slices of its output, each viewed into
+ * heads. Backward, per slice: the head view's reshape copies the
+ * (transposed) gradient, SliceBackward0 makes a zero-filled gradient of the
+ * whole output and copies it in; the first to arrive becomes the output's
+ * InputBuffer, the two others are added and freed; then the projection. */
+static void phi3_projection_nodes(ml_chain *ch, ml_cblock *b, const ml_ck_dims *d,
+                                  const attn_sizes *z, uint64_t gBTD, uint64_t pgrad, size_t s_in,
+                                  bool xbuf)
+{
+    const unsigned a = ch->prec.a;
+    uint64_t gqkv = ml_mul(ch, ml_mul(ch, d->BT, z->qkv_out), a);
+    if (xbuf)
+        ml_ck_accum(ch, b, gBTD);
+    ml_ck_node(ch, b, "MmBackward0 (qkv projection)", gBTD, pgrad, gqkv, s_in, SIZE_MAX);
+    static const char *const sl[3] = {"SliceBackward0 (q of qkv)", "SliceBackward0 (k of qkv)",
+                                      "SliceBackward0 (v of qkv)"};
+    for (unsigned i = 0; i < 3; i++) {
+        uint64_t gh = i == 0 ? z->gQ : z->gKV;
+        if (i < 2)
+            ml_ck_accum(ch, b, gqkv);
+        ml_ck_node(ch, b, sl[i], gqkv, 0, gh, SIZE_MAX, SIZE_MAX);
+        ml_ck_node(ch, b, "ViewBackward0 (head view, contiguous copy)", gh, 0, gh, SIZE_MAX,
+                   SIZE_MAX);
+    }
+}
+
 /* The q/k/v projections: their saved input, weights, and backward nodes. */
 static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
                              attn_sizes *z, unsigned src_bpe, bool src_saved, bool fused_qkv,
@@ -308,7 +367,13 @@ static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
     uint64_t gBTD = ml_mul(ch, z->BTD, src_bpe);
     z->gQ = ml_mul(ch, z->BTQ, a);
     z->gKV = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), a);
-    if (fused_qkv) {
+    if (fused_qkv && m->fused_proj) {
+        phi3_projection_nodes(ch, b, d, z, gBTD,
+                              ml_mul(ch, ml_add(ch, ml_mul(ch, d->D, z->qkv_out),
+                                                m->qkv_bias ? z->qkv_out : 0), g),
+                              s_in, xbuf);
+        rope_repeat_nodes(ch, b, m, d, z);
+    } else if (fused_qkv) {
         uint64_t gqkv = ml_mul(ch, ml_mul(ch, d->BT, z->qkv_out), a);
         if (xbuf)
             ml_ck_accum(ch, b, gBTD);
@@ -335,20 +400,7 @@ static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
             ml_ck_node(ch, b, "ViewBackward0 (head view, contiguous copy)", gh, 0, gh, SIZE_MAX,
                        SIZE_MAX);
         }
-        if (m->position == ML_POS_ROPE) {
-            /* q * cos + rotate_half(q) * sin (and k): the gradient through
-             * the two products and the cat, one tensor of the head's size */
-            ml_ck_node(ch, b, "MulBackward0/CatBackward0 (rotary on q)", z->gQ, 0, z->gQ, SIZE_MAX,
-                       SIZE_MAX);
-            ml_ck_node(ch, b, "MulBackward0/CatBackward0 (rotary on k)", z->gKV, 0, z->gKV, SIZE_MAX,
-                       SIZE_MAX);
-        }
-        if (d->Hkv < d->H) {
-            /* repeat_kv: expand + reshape, whose backward sums the groups */
-            ml_ck_node(ch, b, "ExpandBackward0 (repeat_kv of k)", z->gKV, 0, z->gQ, SIZE_MAX, SIZE_MAX);
-            ml_ck_node(ch, b, "ExpandBackward0 (repeat_kv of v)", z->gKV, 0, z->gQ, SIZE_MAX, SIZE_MAX);
-            z->gKV = z->gQ;
-        }
+        rope_repeat_nodes(ch, b, m, d, z);
     }
 }
 

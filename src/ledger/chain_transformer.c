@@ -128,11 +128,31 @@ static void glu_saves(ml_chain *ch, ml_cblock *b, const ml_ck_dims *d, bool gegl
 
 /* The gated MLP's backward nodes, forward order. gate and up read the same
  * input: up's gradient arrives first and becomes the buffer (unless the
- * skip holds one, in_buf), gate's is added. gO: the down projection's
+ * skip holds one, in_buf), gate's is added; fused: Phi-3's gate_up_proj. gO: the down projection's
  * output gradient it frees (0: the residual's buffer holds it). */
-static void glu_nodes(ml_chain *ch, ml_cblock *b, const mlp_kept *k, bool geglu, bool in_buf,
-                      uint64_t gD, uint64_t gF, uint64_t pin, uint64_t pout, uint64_t gO)
+static void glu_nodes(ml_chain *ch, ml_cblock *b, const mlp_kept *k, bool geglu, bool fused,
+                      bool in_buf, uint64_t gD, uint64_t gF, uint64_t pin, uint64_t pout,
+                      uint64_t gO)
 {
+    if (fused) {
+        /* Phi-3's gate_up_proj and chunk(2): the mul runs first (up's
+         * gradient and the activation output's), then the activation, which
+         * releases the one (B, T, 2F) storage both views kept;
+         * SplitBackward0 cats the two gradients into one of the whole
+         * output (split_backward), then the projection */
+        uint64_t g2F = ml_mul(ch, 2, gF);
+        if (in_buf)
+            ml_ck_accum(ch, b, gD);
+        ml_ck_node(ch, b, "MmBackward0 (gate_up projection)", gD, ml_mul(ch, 2, pin), g2F, k->in,
+                   SIZE_MAX);
+        ml_ck_node(ch, b, "SplitBackward0 (chunk into gate, up)", g2F, 0, g2F, SIZE_MAX, SIZE_MAX);
+        ml_ck_node(ch, b, geglu ? "GeluBackward0" : "SiluBackward0", gF, 0, gF, k->act_in,
+                   SIZE_MAX);
+        ml_ck_node(ch, b, geglu ? "MulBackward0 (up * gelu)" : "MulBackward0 (up * silu)", g2F, 0,
+                   gF, k->act_out, SIZE_MAX);
+        ml_ck_node(ch, b, "MmBackward0 (down projection)", gF, pout, gO, k->prod, SIZE_MAX);
+        return;
+    }
     ml_ck_accum(ch, b, gD);
     ml_ck_node(ch, b, "MmBackward0 (gate projection)", gD, pin, gF, k->in, SIZE_MAX);
     ml_ck_node(ch, b, geglu ? "GeluBackward0" : "SiluBackward0", gF, 0, gF, k->act_in, SIZE_MAX);
@@ -196,7 +216,7 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     uint64_t pin = ml_mul(ch, ml_add(ch, DF, bias ? d->F : 0), g);
     uint64_t pout = ml_mul(ch, ml_add(ch, DF, bias ? d->D : 0), g);
     if (glu) {
-        glu_nodes(ch, b, &k, geglu, in_buf, gD, gF, pin, pout, d->drop ? gO : 0);
+        glu_nodes(ch, b, &k, geglu, m->fused_proj, in_buf, gD, gF, pin, pout, d->drop ? gO : 0);
     } else {
         if (in_buf)
             ml_ck_accum(ch, b, gD);
@@ -319,11 +339,8 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     /* the node-level backward (docs/ledger.md): fp32 eager blocks for now */
-    /* Phi-3's sliced projections (SliceBackward0 and chunk's SplitBackward0,
-     * each a zero-filled gradient of the whole output) are not recorded
-     * yet: its blocks take the block-level backward (docs/inventory.md) */
     ch->record_nodes = ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast &&
-                       !ml_ck_fused_attention(ch, m) && !m->parallel_residual && !m->fused_proj;
+                       !ml_ck_fused_attention(ch, m) && !m->parallel_residual;
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
         block_name(name, i);

@@ -178,6 +178,15 @@ void ml_replay_forward(ml_replay *r)
     r->act_end = r->live[ML_CAT_ACTIVATIONS];
 }
 
+/* The first block of the checkpoint segment block k ends. */
+static size_t segment_start(const int *seg, size_t k)
+{
+    size_t s0 = k;
+    while (s0 > 0 && seg[s0 - 1] == seg[k])
+        s0--;
+    return s0;
+}
+
 /* Before the backward of block k, the last of its segment: the segment
  * s0..k runs its forward again, with grad. */
 static void recompute_segment(ml_replay *r, size_t s0, size_t k)
@@ -218,12 +227,8 @@ static void backward_block(ml_replay *r, size_t k)
     r->block = (int32_t)k;
     uint64_t gat = gathered(r, k, true);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
-    if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k])) {
-        size_t s0 = k;
-        while (s0 > 0 && seg[s0 - 1] == seg[k])
-            s0--;
-        recompute_segment(r, s0, k);
-    }
+    if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k]))
+        recompute_segment(r, segment_start(seg, k), k);
     if (r->selective && seg[k] < 0 && b->core_bytes) {
         r->sub = " (recompute)";
         ml_replay_alloc_as(r, ML_CAT_RECOMPUTE, b->core_bytes, ML_T_SAVED_CORE, k, 1);
@@ -271,13 +276,67 @@ static void backward_block(ml_replay *r, size_t k)
     ml_replay_free(r, ML_CAT_WORKSPACE, gat);
 }
 
-/* Whether block k's backward replays node by node: it has a node list, runs
- * without recompute and keeps its gradients whole (docs/ledger.md). */
+/* Whether block k's backward replays node by node: it has a node list and
+ * keeps its gradients whole, without selective recompute; a checkpointed
+ * block when every block of its segment has a node list (r->seg_nodes, set
+ * at the segment's last block: docs/ledger.md, "Checkpointed segments, node
+ * by node"). */
 static bool by_nodes(const ml_replay *r, size_t k)
 {
     const ml_cblock *b = &r->ch->blocks[k];
-    return b->nnodes && r->seg[k] < 0 && !r->selective && !r->sh->grads_sharded &&
-           !b->measured;
+    if (r->selective || r->sh->grads_sharded)
+        return false;
+    return r->seg[k] < 0 ? b->nnodes && !b->measured : r->seg_nodes;
+}
+
+static bool segment_by_nodes(const ml_chain *ch, size_t s0, size_t k)
+{
+    for (size_t j = s0; j <= k; j++)
+        if (!ch->blocks[j].nnodes || ch->blocks[j].measured)
+            return false;
+    return true;
+}
+
+/* The recompute of a node-level segment s0..k (non-reentrant
+ * torch.utils.checkpoint: the first saved tensor its backward unpacks
+ * re-runs the segment's forward with grad, docs/ledger.md, "Checkpointed
+ * segments, node by node"): each block's forward again as in forward, its
+ * saved tensors recreated (recompute) until their node releases them, an
+ * interior boundary that a block of the segment saves recreated until its
+ * users are done, one that nothing saves freed once its consumer has run.
+ * The segment's output, unless saved, is not made again: 2.x stops the
+ * recompute once the last saved tensor is recreated (early stop), and in
+ * 1.13, which runs to the end, it is the last op's result, one of the pair
+ * ws_fwd counts. */
+static void recompute_nodes(ml_replay *r, size_t s0, size_t k)
+{
+    const ml_chain *ch = r->ch;
+    const ml_cblock *B = ch->blocks;
+    r->sub = " (recompute)";
+    uint64_t tin = 0; /* the block's input when nothing saves it */
+    for (size_t j = s0; j <= k; j++) {
+        r->block = (int32_t)j;
+        ml_replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
+        ml_replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
+        uint64_t tout = 0;
+        if (j + 1 < ch->n) {
+            uint64_t ob = r->bd[j + 1].alias ? 0 : B[j + 1].in_bytes;
+            if (B[j].out_saved || (j < k && B[j + 1].in_saved)) {
+                r->recomputed[j + 1] = ob;
+                ml_replay_alloc(r, ML_CAT_RECOMPUTE, ob);
+            } else if (j < k) {
+                tout = ob;
+                ml_replay_alloc(r, ML_CAT_WORKSPACE, tout);
+            }
+        }
+        r->flops_done += B[j].flops_fwd;
+        r->flops_recompute += B[j].flops_fwd;
+        ml_replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
+        ml_replay_free(r, ML_CAT_WORKSPACE, tin);
+        tin = tout;
+    }
+    r->sub = "";
+    r->block = (int32_t)k;
 }
 
 /* The backward of block k node by node (docs/ledger.md, "Backward, node by
@@ -303,6 +362,8 @@ static void backward_nodes(ml_replay *r, size_t k)
         ml_replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
     }
     const bool create = r->micro == 0 && !r->grads_exist;
+    /* a checkpointed block's saved tensors are the recompute's */
+    const ml_category scat = r->seg[k] >= 0 ? ML_CAT_RECOMPUTE : ML_CAT_ACTIVATIONS;
     const ml_bnode *nd = &ch->nodes[b->node_first];
     const ml_saved *sv = &ch->saved[b->saved_first];
     uint64_t freed = 0;
@@ -319,16 +380,16 @@ static void backward_nodes(ml_replay *r, size_t k)
             if (sv[s].node == j) {
                 /* the allocator simulation releases the block's saved
                  * tensors as the one allocation the forward made, below */
-                event(r, ML_CAT_ACTIVATIONS, -(int64_t)sv[s].bytes);
+                event(r, scat, -(int64_t)sv[s].bytes);
                 freed += sv[s].bytes;
             }
     }
     /* time: the nodes carry no FLOPs of their own; the block's backward
      * FLOPs are counted once its nodes have run (docs/ledger.md, "Time") */
     r->flops_done += b->flops_bwd;
-    event(r, ML_CAT_ACTIVATIONS, -(int64_t)(b->saved_bytes - freed));
+    event(r, scat, -(int64_t)(b->saved_bytes - freed));
     if (r->rsim)
-        ml_rsim_free(r->rsim, ML_CAT_ACTIVATIONS, b->saved_bytes);
+        ml_rsim_free(r->rsim, scat, b->saved_bytes);
     if (k + 1 < n)
         boundary_release(r, k + 1);
     if (k == 0 || !(B[k - 1].out_saved))
@@ -351,6 +412,20 @@ void ml_replay_micro_batch(ml_replay *r)
     ml_replay_alloc(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
     r->grad_carry = 0;
     for (size_t k = n; k-- > 0 && !r->overflow;) { /* an overflow ends the plan */
+        const int *seg = r->seg;
+        if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k])) {
+            size_t s0 = segment_start(seg, k);
+            r->seg_nodes = segment_by_nodes(r->ch, s0, k);
+            if (by_nodes(r, k)) {
+                /* the gradient of the segment's output exists before its
+                 * first node unpacks a saved tensor */
+                if (!r->grad_carry) {
+                    r->grad_carry = r->ch->blocks[k].bwd_in;
+                    ml_replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
+                }
+                recompute_nodes(r, s0, k);
+            }
+        }
         if (by_nodes(r, k))
             backward_nodes(r, k);
         else

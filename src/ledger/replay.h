@@ -73,6 +73,8 @@ typedef struct {
     uint32_t micro;
     uint64_t grad_carry;     /* the gradient a node-level block's backward hands
                                 to the block before it (its input's), 0 if none */
+    bool seg_nodes;          /* the checkpoint segment being replayed backward
+                                runs node by node (every block has a node list) */
     const char *sub; /* "" or " (recompute)" */
     const char *peak_sub;
     bool keep, nomem, overflow, underflow;

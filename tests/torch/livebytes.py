@@ -41,7 +41,8 @@ the CPU-only artefacts, each identified by op and tensor, never by a tolerance:
             outlive it): CPU only. A GPU's cuDNN takes a workspace instead,
             sized by the algorithm it picks: not modelled (docs/validation.md).
 
-usage: livebytes.py MEMLEDGER MODELS_DIR [--doc OUT.md] [--quick]
+usage: livebytes.py MEMLEDGER MODELS_DIR [--doc OUT.md] [--quick] [--only TEXT]
+(--only: the rows whose name contains TEXT, e.g. "ckpt=full")
 Prints the checks and a table; ends with "N passed, N failed".
 """
 import bisect
@@ -312,7 +313,10 @@ def gemma_rmsnorm_forward(s, x):  # crosscheck.GemmaRMSNorm.forward, tagging x^2
 
 def avgpool_forward(s, x):  # nn.AdaptiveAvgPool2d(1): 1.13's mean keeps x
     y = F.adaptive_avg_pool2d(x, s.output_size)
-    if torch.is_grad_enabled():
+    # not inside a checkpoint: its input is the segment's, which the
+    # checkpoint keeps (non-reentrant: the mean saves a holder, and its
+    # recompute a detached alias of that input)
+    if torch.is_grad_enabled() and not tw.IN_CHECKPOINT[0]:
         tag("mean", x)
     return y
 
@@ -510,6 +514,9 @@ def main():
     memledger, models = sys.argv[1], sys.argv[2]
     doc_out = sys.argv[sys.argv.index("--doc") + 1] if "--doc" in sys.argv else None
     quick = "--quick" in sys.argv
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    # the planner models the non-reentrant checkpoint (twins.py, REENTRANT)
+    tw.REENTRANT[0] = False
     passed = failed = 0
 
     def check(label, got, want):
@@ -564,6 +571,8 @@ def main():
                                                   " ckpt=full" if ckpt else "", optim,
                                                   impl if optim != "sgd-momentum" else "", logits)
             name = " ".join(name.split())
+            if only and only not in name:
+                continue
 
             def build(doc=doc, ckpt=ckpt):
                 torch.manual_seed(1)

@@ -14,6 +14,30 @@ import yaml
 
 # In-place ReLU, except in checkpointed runs (seq_layers)
 INPLACE = [True]
+# torch.utils.checkpoint's implementation. 1.13's default is the reentrant
+# one (an autograd Function whose backward re-runs the segment and calls a
+# nested backward); the planner models the non-reentrant one (saved-tensor
+# hooks), which its emitted scripts and Hugging Face's
+# gradient_checkpointing_kwargs ask for (docs/ledger.md, "Checkpointed
+# segments, node by node"). crosscheck.py keeps the reentrant one: its outer
+# saved_tensors_hooks see the segment inputs that ctx.save_for_backward
+# keeps, where the non-reentrant hooks, innermost, would hide them.
+# livebytes.py sets False.
+REENTRANT = [True]
+# > 0 while a checkpointed function runs (its forward or its recompute):
+# livebytes.py's `mean` artefact does not apply there, the checkpoint
+# keeping the segment's input anyway
+IN_CHECKPOINT = [0]
+
+
+def checkpoint(fn, *args):
+    def run(*a):
+        IN_CHECKPOINT[0] += 1
+        try:
+            return fn(*a)
+        finally:
+            IN_CHECKPOINT[0] -= 1
+    return tcp.checkpoint(run, *args, use_reentrant=REENTRANT[0])
 
 
 def dropout(x, p):
@@ -73,7 +97,7 @@ class GPT2(nn.Module):
         x = dropout(s.wte(idx) + s.wpe(pos), s.p)
         for i, b in enumerate(s.blocks):
             rec.block = "block.%d" % i
-            x = tcp.checkpoint(s.block, b, x) if ckpt else s.block(b, x)
+            x = checkpoint(s.block, b, x) if ckpt else s.block(b, x)
         rec.block = "head"
         logits = s.lm_head(s.ln_f(x))
         rec.block = "loss"
@@ -181,7 +205,7 @@ class Llama(nn.Module):
         for i, b in enumerate(s.blocks):
             rec.block = "block.%d" % i
             if ckpt:
-                x = tcp.checkpoint(s.block, b, x, cos, sin, mask)
+                x = checkpoint(s.block, b, x, cos, sin, mask)
             else:
                 x = s.block(b, x, cos, sin, mask)
         rec.block = "head"
@@ -294,7 +318,7 @@ class Bert(nn.Module):
         mask = torch.zeros(B, 1, 1, T)
         for i, b in enumerate(s.blocks):
             rec.block = "block.%d" % i
-            x = tcp.checkpoint(s.block, b, x, mask) if ckpt else s.block(b, x, mask)
+            x = checkpoint(s.block, b, x, mask) if ckpt else s.block(b, x, mask)
         rec.block = "head"
         return s.head(rec, x, tgt)
 
@@ -436,7 +460,7 @@ class Sequential(nn.Module):
         x, tgt = batch
         for name, mod in zip(s.names, s.layers):
             rec.block = name
-            x = tcp.checkpoint(mod, x) if ckpt and x.requires_grad else mod(x)
+            x = checkpoint(mod, x) if ckpt and x.requires_grad else mod(x)
         rec.block = "loss"
         return F.mse_loss(x, tgt) if s.loss == "mse" else F.cross_entropy(x, tgt)
 

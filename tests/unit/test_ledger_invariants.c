@@ -431,6 +431,68 @@ static void test_residual_nodes_by_hand(void **state)
     ml_model_destroy(m);
 }
 
+/* A checkpointed segment of two blocks, node by node (docs/ledger.md,
+ * "Checkpointed segments, node by node"): linear 8->16, dropout 0.5, linear
+ * 16->4 (no biases), MSE, B = 3, SGD, checkpoint every-2: segments {0, 1}
+ * and {2}. Bytes: x 96, z1 192, the dropout output d 192, its bool mask 48,
+ * y 48, the target 48; W1 512, W2 256. Forward under no_grad keeps x (the
+ * first segment's input), d (the second's) and y (the loop holds it): the
+ * loss's backward ends at R 768 + 96 + 192 + 48 = 1104. Block 2 (a segment
+ * of one) recomputes nothing (a linear saves only its input, the segment's;
+ * its output y is not made again); its node: y's gradient 48 in, d's 192,
+ * W2's 256 (1600), y's gradient freed, d released: 1360. Then the segment
+ * {0, 1} recomputes: the linear makes z1 again, which nothing saves (a
+ * transient, +192 = 1552), the dropout its mask (+48 recompute = 1600), z1
+ * is freed once the dropout has run (1408), d is not made again. The
+ * dropout's node: z1's gradient +192 (1600), d's gradient freed (1408), the
+ * mask released (1360). The linear's node: W1's gradient +512 = 1872, the
+ * peak (params 768, grads 768, x and y 144, z1's gradient 192), z1's
+ * gradient freed (its input needs none), x released: 1584. Recompute FLOPs:
+ * the forward of every checkpointed block, 2*3*8*16 + 2*3*16*4 = 1152. */
+static void test_checkpoint_nodes_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("model:\n  type: sequential\n  input: [8]\n  layers:\n"
+                           "    - linear: {out: 16, bias: false}\n    - dropout: {p: 0.5}\n"
+                           "    - linear: {out: 4, bias: false}\n  loss: mse\n"
+                           "training:\n  micro_batch: 3\n  optimizer: sgd\n");
+    ml_config c = ml_model_config(m);
+    ml_error e;
+    assert_int_equal(ml_parse_checkpoint("every-2", &c.training.checkpoint, &e), ML_OK);
+    ml_ledger *l = eval(m, &c, true);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_int_equal(s->peak, 1872);
+    assert_string_equal(s->peak_step, "0:linear");
+    assert_int_equal(s->peak_breakdown[ML_CAT_GRADS], 768);
+    assert_int_equal(s->peak_breakdown[ML_CAT_ACTIVATIONS], 144);
+    assert_int_equal(s->peak_breakdown[ML_CAT_RECOMPUTE], 0);
+    assert_int_equal(s->peak_breakdown[ML_CAT_WORKSPACE], 192);
+    assert_int_equal(s->category_max[ML_CAT_RECOMPUTE], 48);
+    assert_rel_close(s->flops_recompute, 1152, 0);
+    static const struct {
+        int32_t block;
+        ml_category cat;
+        int64_t delta;
+    } want[] = {
+        {0, ML_CAT_WORKSPACE, 192},   {1, ML_CAT_RECOMPUTE, 48},  {1, ML_CAT_WORKSPACE, -192},
+        {1, ML_CAT_WORKSPACE, 192},   {1, ML_CAT_WORKSPACE, -192}, {1, ML_CAT_RECOMPUTE, -48},
+        {0, ML_CAT_GRADS, 512},       {0, ML_CAT_WORKSPACE, -192}, {0, ML_CAT_ACTIVATIONS, -96},
+    };
+    const ml_event *ev = ml_ledger_events(l);
+    size_t ne = ml_ledger_event_count(l), got = 0;
+    for (size_t i = 0; i < ne; i++)
+        if (ev[i].phase == ML_PHASE_BACKWARD && ev[i].block <= 1) {
+            assert_true(got < sizeof want / sizeof *want);
+            assert_int_equal(ev[i].block, want[got].block);
+            assert_int_equal(ev[i].cat, want[got].cat);
+            assert_int_equal(ev[i].delta, want[got].delta);
+            got++;
+        }
+    assert_int_equal(got, sizeof want / sizeof *want);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 /* The caching allocator on the plan (docs/allocator.md): the tiny MLP's
  * tensors are all under 1 MiB, each rounds up to 512 B and they never
  * number 4,096 at once, so one 2 MiB small-pool segment holds them all:
@@ -499,6 +561,7 @@ int main(void)
         cmocka_unit_test(test_mlp_timeline_by_hand),
         cmocka_unit_test(test_three_peaks_by_hand),
         cmocka_unit_test(test_residual_nodes_by_hand),
+        cmocka_unit_test(test_checkpoint_nodes_by_hand),
         cmocka_unit_test(test_reserved_tiny_by_hand),
         cmocka_unit_test(test_reserved_invariants),
     };
