@@ -185,6 +185,25 @@ ML_API const ml_block_info *ml_ledger_block(const ml_ledger *l, size_t i);
 ML_API size_t ml_ledger_event_count(const ml_ledger *l);
 ML_API const ml_event *ml_ledger_events(const ml_ledger *l);
 
+/* One point of the live-bytes curve: the total live bytes (all categories)
+ * from t_s seconds into the iteration until the next point's t_s. */
+typedef struct ml_curve_point {
+    double t_s;
+    uint64_t bytes;
+} ml_curve_point;
+
+/* The memory curve of one iteration as (t, bytes) points of a step function
+ * (docs/ledger.md, "Time"): the events in order, each run of events at the
+ * same instant collapsed to its highest total, then, when lower, the total
+ * after its last event; so a spike of zero width (the optimizer step's
+ * temporaries, an op's workspace) keeps its true height as a vertical
+ * segment, and the highest point is the summary's peak. Writes at most cap
+ * points (points may be NULL when cap is 0) and returns how many the whole
+ * curve has, so a caller can size the array with a first call. Returns 0
+ * when the ledger kept no events or its events have no time (no
+ * throughput: every t_s < 0). Allocates nothing; never fails. */
+ML_API size_t ml_ledger_curve(const ml_ledger *l, ml_curve_point *points, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif
