@@ -297,6 +297,23 @@ static void stacked_areas(FILE *f, const chart *c, const xmap *x, const size_t *
     }
 }
 
+/* On a time axis, the total's outline over the areas: a spike of zero width
+ * (many events at one instant) has no area to fill, so this stroke is what
+ * shows it, up to its true height. */
+static void total_outline(FILE *f, const chart *c, const xmap *x, const size_t *idx, size_t np)
+{
+    if (!(x->T > 0) || !np)
+        return;
+    fputs("<path fill=\"none\" stroke=\"#333\" stroke-width=\"1.2\" d=\"", f);
+    for (size_t j = 0; j < np; j++) {
+        if (j)
+            fprintf(f, " H%.1f", ex(c, x, idx[j]));
+        fprintf(f, "%s%.1f %.1f", j ? " L" : "M", ex(c, x, idx[j]),
+                py(c, (double)total_of(&x->ev[idx[j]])));
+    }
+    fputs("\"/>\n", f);
+}
+
 /* The device's lines: its memory, the allocator curve's limit and the
  * budget (one line when they agree); nothing without a device. */
 static void device_lines(FILE *f, const chart *c, const ml_summary *s)
@@ -384,6 +401,7 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     phase_bands(f, &c, &x, n);
     ml_svg_y_axis(f, &c);
     stacked_areas(f, &c, &x, idx, np);
+    total_outline(f, &c, &x, idx, np);
     device_lines(f, &c, s);
     /* the allocator's simulated reserved peak (--allocator) */
     if (s->has_reserved)
