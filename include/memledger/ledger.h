@@ -70,9 +70,14 @@ typedef struct ml_event {
      * before this event (forward, recompute and backward of the blocks,
      * the middle micro-batches of an accumulation included), and that as
      * seconds at the step time's throughput; t_s < 0 when no throughput is
-     * known (no --peak-tflops and no profile) */
+     * known (no --peak-tflops and no profile). t_s adds the communication
+     * and host transfers before the event when their bandwidths are given
+     * (device.interconnect_gbps, device.pcie_gbps), run serially: no overlap
+     * with compute (docs/sharding.md, "Time") */
     double flops_before;
     double t_s;
+    double comm_before;  /* bytes this device sent over the interconnect before it */
+    double host_before;  /* bytes it moved over the host link before it (offload) */
 } ml_event;
 
 /* Which of the iteration's peaks the verdict uses: the largest. */
@@ -99,6 +104,8 @@ typedef struct ml_summary {
      * device; what was moved to the host is counted here */
     uint64_t bytes_host;             /* offloaded states, master weights, params, grads */
     double comm_bytes;               /* bytes each device sends per iteration */
+    double host_transfer_bytes;      /* bytes over the host link per iteration, per
+                                        device (offload; 0 without) */
     /* the checkpoint plan as run: "none", "every-2", "optimal: [0-3] [8]" */
     char plan[256];
     bool plan_fits_budget;           /* optimal: false when no plan met the budget */
@@ -126,7 +133,15 @@ typedef struct ml_summary {
     double flops_recompute;
     double flops_total;
     double flops_per_micro_batch;    /* total / grad_accum */
-    double step_time_s;              /* < 0 when the device peak is unknown */
+    double step_time_s;              /* < 0 when the device peak is unknown; else
+                                        time_compute_s plus the parts below that
+                                        are timed (not overlapped) */
+    double time_compute_s;           /* FLOPs / throughput; < 0 unknown */
+    double time_communication_s;     /* comm_bytes / device.interconnect_gbps; 0
+                                        without communication, < 0 not timed
+                                        (no bandwidth given) */
+    double time_host_transfer_s;     /* host_transfer_bytes / device.pcie_gbps;
+                                        0 without offload, < 0 not timed */
     /* verdict (valid when has_device) */
     bool has_device;
     uint64_t memory;
@@ -184,6 +199,25 @@ ML_API const ml_block_info *ml_ledger_block(const ml_ledger *l, size_t i);
 /* Empty unless evaluated with keep_events. */
 ML_API size_t ml_ledger_event_count(const ml_ledger *l);
 ML_API const ml_event *ml_ledger_events(const ml_ledger *l);
+
+/* One point of the live-bytes curve: the total live bytes (all categories)
+ * from t_s seconds into the iteration until the next point's t_s. */
+typedef struct ml_curve_point {
+    double t_s;
+    uint64_t bytes;
+} ml_curve_point;
+
+/* The memory curve of one iteration as (t, bytes) points of a step function
+ * (docs/ledger.md, "Time"): the events in order, each run of events at the
+ * same instant collapsed to its highest total, then, when lower, the total
+ * after its last event; so a spike of zero width (the optimizer step's
+ * temporaries, an op's workspace) keeps its true height as a vertical
+ * segment, and the highest point is the summary's peak. Writes at most cap
+ * points (points may be NULL when cap is 0) and returns how many the whole
+ * curve has, so a caller can size the array with a first call. Returns 0
+ * when the ledger kept no events or its events have no time (no
+ * throughput: every t_s < 0). Allocates nothing; never fails. */
+ML_API size_t ml_ledger_curve(const ml_ledger *l, ml_curve_point *points, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -175,6 +175,11 @@ typedef struct ml_device {
                                   0 = none (docs/ledger.md) */
     ml_allocator allocator;    /* simulate the caching allocator: reserved bytes */
     uint64_t max_split_size;   /* max_split_size_mb in bytes; 0 = unlimited */
+    /* bandwidths that time communication and host transfers (docs/sharding.md,
+     * "Time"), GB/s = 1e9 bytes/s; 0 = not given: that part is not timed and
+     * the step time leaves it out */
+    double interconnect_gbps;  /* per device, collective bus bandwidth (NCCL's busbw) */
+    double pcie_gbps;          /* host <-> device, each way */
     /* the named device this one started from (ml_device_preset_apply), or
      * NULL; with no peak_tflops of its own the step time takes the preset's
      * peak at the plan's compute dtype (ml_device_peak) */

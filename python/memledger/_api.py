@@ -26,6 +26,7 @@ SETTINGS = (
     ("device", "device.memory"), ("budget", "device.budget"),
     ("runtime_reserve", "device.runtime_reserve"), ("peak_tflops", "device.peak_tflops"),
     ("efficiency", "device.efficiency"), ("fragmentation", "device.fragmentation"),
+    ("interconnect", "device.interconnect_gbps"), ("pcie", "device.pcie_gbps"),
     ("allocator", "device.allocator"), ("max_split_size", "device.max_split_size"),
     ("global_batch", "global_batch"), ("max_micro_batch", "max_micro_batch"),
     ("calib", "calib"),

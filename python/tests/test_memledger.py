@@ -170,6 +170,10 @@ def test_errors():
     ("compare", ["--micro-batch", "2", "--budget", "6.5GiB"],
      dict(micro_batch=2, budget="6.5GiB")),
     ("timeline", ["--micro-batch", "1", "--seq-len", "128"], dict(micro_batch=1, seq_len=128)),
+    ("plan", ["--data-parallel", "4", "--zero", "3", "--offload", "params", "--device",
+              "h100-sxm", "--interconnect", "200", "--pcie", "25"],
+     dict(data_parallel=4, zero=3, offload="params", device="h100-sxm", interconnect=200,
+          pcie=25)),
 ])
 def test_same_json_as_the_cli(verb, flags, kw):
     out = subprocess.run([CLI, verb, GPT2, "--format", "json"] + flags,

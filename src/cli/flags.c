@@ -39,6 +39,8 @@ static const struct {
     {"device.runtime_reserve", "--runtime-reserve", NULL, OPT(runtime_reserve)},
     {"device.peak_tflops", "--peak-tflops", NULL, OPT(peak_tflops)},
     {"device.efficiency", "--efficiency", NULL, OPT(efficiency)},
+    {"device.interconnect_gbps", "--interconnect", NULL, OPT(interconnect)},
+    {"device.pcie_gbps", "--pcie", NULL, OPT(pcie)},
     {"device.fragmentation", "--fragmentation", NULL, OPT(fragmentation)},
     {"device.allocator", "--allocator", NULL, OPT(allocator)},
     {"device.max_split_size", "--max-split-size", NULL, OPT(max_split_size)},

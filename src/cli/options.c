@@ -96,6 +96,8 @@ static const struct {
     {"--runtime-reserve", offsetof(ml_cli_opts, runtime_reserve)},
     {"--peak-tflops", offsetof(ml_cli_opts, peak_tflops)},
     {"--efficiency", offsetof(ml_cli_opts, efficiency)},
+    {"--interconnect", offsetof(ml_cli_opts, interconnect)},
+    {"--pcie", offsetof(ml_cli_opts, pcie)},
     {"--fragmentation", offsetof(ml_cli_opts, fragmentation)},
     {"--data-parallel", offsetof(ml_cli_opts, data_parallel)},
     {"--zero", offsetof(ml_cli_opts, zero)},
@@ -459,6 +461,10 @@ static int device_flags(const ml_cli_opts *o, ml_device *d)
         rc = real("--peak-tflops", o->peak_tflops, 0, 1e9, &d->peak_tflops);
     if (!rc && o->efficiency)
         rc = real("--efficiency", o->efficiency, 1e-6, 1, &d->efficiency);
+    if (!rc && o->interconnect)
+        rc = real("--interconnect", o->interconnect, 1e-6, 1e6, &d->interconnect_gbps);
+    if (!rc && o->pcie)
+        rc = real("--pcie", o->pcie, 1e-6, 1e6, &d->pcie_gbps);
     if (!rc && o->fragmentation)
         rc = real("--fragmentation", o->fragmentation, 0, 1, &d->fragmentation);
     if (!rc && o->allocator) {

@@ -60,6 +60,12 @@ const char *ml_config_problem(const ml_config *cfg)
         return "device.efficiency: must be in (0, 1]";
     if (!(dv->fragmentation >= 0 && dv->fragmentation <= 1))
         return "device.fragmentation: must be in [0, 1]";
+    /* 0: not given (not timed); else the range the YAML and flags take */
+    if (!(dv->interconnect_gbps == 0 ||
+          (dv->interconnect_gbps >= 1e-6 && dv->interconnect_gbps <= 1e6)))
+        return "device.interconnect_gbps: must be 0 (not timed) or in [1e-6, 1e6] GB/s";
+    if (!(dv->pcie_gbps == 0 || (dv->pcie_gbps >= 1e-6 && dv->pcie_gbps <= 1e6)))
+        return "device.pcie_gbps: must be 0 (not timed) or in [1e-6, 1e6] GB/s";
     if (!(dv->peak_tflops >= 0) || !isfinite(dv->peak_tflops))
         return "device.peak_tflops: must be a number >= 0";
     return NULL;

@@ -177,25 +177,6 @@ void ml_eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_byt
     }
 }
 
-/* Bytes each device sends per step: ring collectives send (N-1)/N of the
- * buffer (docs/sharding.md). */
-static double communication(const ml_chain *ch, const ml_training *t, uint64_t P)
-{
-    const uint64_t N = t->data_parallel ? t->data_parallel : 1;
-    const unsigned z = t->zero;
-    double f = (double)(N - 1) / (double)N, A = (double)t->grad_accum;
-    double pg = (double)P * ch->prec.grad, pp = (double)P * ch->prec.param;
-    if (N <= 1)
-        return 0;
-    if (z == 0)
-        return 2 * f * pg;            /* all-reduce, once per step */
-    if (z == 1)
-        return f * pg + f * pp;       /* reduce-scatter + all-gather */
-    if (z == 2)
-        return A * f * pg + f * pp;   /* per micro-batch reduce-scatter */
-    return A * (2 * f * pp + f * pg); /* gather fwd + bwd, reduce-scatter */
-}
-
 /* The resident model states: parameters and master weights, as one tensor
  * per parameter tensor unless sharded into flat buffers; with `states`, the
  * optimizer states too (state_tensors per parameter tensor). */
@@ -227,14 +208,18 @@ double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
         r->micro = mb;
         /* the later micro-batch stands for the last one: the middle ones
          * (identical) have run before it */
-        if (mb == 1)
+        if (mb == 1) {
             r->flops_done *= (double)(t->grad_accum - 1);
+            r->comm_done *= (double)(t->grad_accum - 1);
+            r->host_done *= (double)(t->grad_accum - 1);
+        }
         r->flops_recompute = 0;
         ml_replay_micro_batch(r);
         flops_re = r->flops_recompute; /* identical for every micro-batch */
     }
     r->phase = ML_PHASE_OPTIMIZER;
     r->block = -1;
+    ml_time_before_step(r, t, s->params);
     /* the first iteration's step() creates the states: from here on it
      * holds what the steady iteration holds */
     if (create_states)
@@ -252,6 +237,7 @@ double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
                        x->ob.temp_per_tensor && t->zero == 0 ? ML_T_ALL_PARAMS : ML_T_ONE, 0, 1);
     ml_replay_free(r, ML_CAT_WORKSPACE, s->bytes_step_temp);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, ag);
+    ml_time_after_step(r, t, s->params);
     ml_replay_free(r, ML_CAT_WORKSPACE, ag);
     if (t->zero_grad == ML_ZERO_GRAD_SET_TO_NONE)
         ml_replay_free(r, ML_CAT_GRADS, r->live[ML_CAT_GRADS]); /* zero_grad(set_to_none=True) */
@@ -422,7 +408,8 @@ void ml_eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml
             x->side_block = (int)k;
             break;
         }
-    *sh = (ml_shard){N, z, z >= 2, z >= 3, ch->prec.param, 0, x->side_block, ch->ckpt_side};
+    *sh = (ml_shard){N, z, z >= 2, z >= 3, ch->prec.param, 0, x->side_block, ch->ckpt_side,
+                     (double)(N - 1) / (double)N, t->offload == ML_OFFLOAD_PARAMS};
     if (z >= 2) {
         uint64_t e = t->reduce_bucket < l->sum.params ? t->reduce_bucket : l->sum.params;
         sh->reduce_ws = ml_mul((ml_chain *)ch, e, ch->prec.grad);
@@ -470,7 +457,8 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
     ml_shard sh;
     ml_replay r;
     ml_eval_setup(x, seg, l, &sh, &r);
-    s->comm_bytes = communication(ch, t, s->params);
+    s->comm_bytes = ml_eval_communication(ch, t, s->params);
+    s->host_transfer_bytes = ml_eval_host_transfer(t, &ch->prec, s->params);
     s->peak_block = -1;
     r.keep = keep_events;
     ml_eval_residents(&r, x, s, true);
@@ -494,10 +482,7 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
     s->has_eval = x->has_eval;
     s->peak_eval = x->eval_peak;
     flops_and_time(ch, x->cfg, flops_re, s);
-    /* each event's time at the step's throughput (docs/ledger.md, "Time") */
-    const double rate = s->step_time_s > 0 ? s->flops_total / s->step_time_s : 0;
-    for (size_t i = 0; i < l->nevents; i++)
-        l->events[i].t_s = rate > 0 ? l->events[i].flops_before / rate : -1;
+    ml_time_finish(&x->cfg->device, l); /* docs/ledger.md, "Time" */
     if ((st = verdict(ch, &x->cfg->device, s, err)))
         return st;
     block_table(x, seg, l);

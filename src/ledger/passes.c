@@ -72,7 +72,7 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     ml_summary *s = &sl.sum;
     ml_eval_model_states(&ch, &ec.training, &x->ob, s);
     const uint64_t N = t->data_parallel ? t->data_parallel : 1;
-    ml_shard sh = {N, t->zero, t->zero >= 2, t->zero >= 3, ch.prec.param, 0, -1, 0};
+    ml_shard sh = {N, t->zero, t->zero >= 2, t->zero >= 3, ch.prec.param, 0, -1, 0, 0, false};
     ml_replay r;
     memset(&r, 0, sizeof r);
     r.l = &sl;

@@ -60,6 +60,8 @@ static void event(ml_replay *r, ml_category c, int64_t delta)
     e->delta = delta;
     memcpy(e->live, r->live, sizeof r->live);
     e->flops_before = r->flops_done;
+    e->comm_before = r->comm_done;
+    e->host_before = r->host_done;
     e->t_s = -1; /* set once the step time is known */
 }
 
@@ -108,6 +110,20 @@ static uint64_t gathered(ml_replay *r, size_t k, bool backward)
     return b;
 }
 
+/* ZeRO-3: once its buffer is allocated, block k's own parameters are
+ * all-gathered into it (from the host first under offload: params); the
+ * prefetched next block's count when it runs (docs/sharding.md, "Time"). */
+static void gather_time(ml_replay *r, size_t k)
+{
+    const ml_shard *sh = r->sh;
+    if (!sh->gather_params)
+        return;
+    double own = (double)r->ch->blocks[k].params * sh->pbytes;
+    r->comm_done += sh->ring * own;
+    if (sh->host_params)
+        r->host_done += own / (double)sh->N;
+}
+
 /* Allocates boundary k (block k's input) as its producer writes it. */
 static void boundary_alloc(ml_replay *r, size_t k, uint64_t bytes)
 {
@@ -151,6 +167,7 @@ void ml_replay_forward(ml_replay *r)
         uint64_t ws = seg[k] < 0 ? b->ws_fwd : b->ws_nograd;
         uint64_t gat = gathered(r, k, false);
         ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
+        gather_time(r, k);
         ml_replay_alloc_as(r, ML_CAT_WORKSPACE, ws, seg[k] < 0 ? ML_T_UNITS_FWD : ML_T_UNITS, k, 1);
         if (seg[k] < 0)
             ml_replay_alloc_as(r, ML_CAT_ACTIVATIONS,
@@ -227,6 +244,7 @@ static void backward_block(ml_replay *r, size_t k)
     r->block = (int32_t)k;
     uint64_t gat = gathered(r, k, true);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
+    gather_time(r, k);
     if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k]))
         recompute_segment(r, segment_start(seg, k), k);
     if (r->selective && seg[k] < 0 && b->core_bytes) {
@@ -252,6 +270,9 @@ static void backward_block(ml_replay *r, size_t k)
     else
         ml_replay_alloc_as(r, ML_CAT_WORKSPACE, b->grad_accum_bytes, ML_T_BLOCK_PARAMS, k, 1);
     r->flops_done += b->flops_bwd; /* its backward runs */
+    /* stages 2 and 3: the block's gradient is reduce-scattered */
+    if (sh->grads_sharded)
+        r->comm_done += sh->ring * (double)b->grad_bytes;
     /* the block's saved tensors are released once its gradient is done */
     if (seg[k] >= 0) {
         ml_replay_free(r, ML_CAT_RECOMPUTE, b->saved_bytes);
@@ -355,6 +376,7 @@ static void backward_nodes(ml_replay *r, size_t k)
     r->block = (int32_t)k;
     uint64_t gat = gathered(r, k, true);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
+    gather_time(r, k);
     /* the gradient of the block's output: handed over by a node-level block
      * after this one, else made by the block-level backward before it */
     if (!r->grad_carry) {

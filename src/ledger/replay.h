@@ -25,6 +25,8 @@ typedef struct {
     uint64_t reduce_ws;    /* reduce-scatter bucket during backward */
     int side_block;        /* first checkpointed block: keeps the side inputs */
     uint64_t side_bytes;   /* tensors every checkpoint keeps once (masks) */
+    double ring;           /* (N-1)/N: what a ring collective sends per byte */
+    bool host_params;      /* offload: params: partitions come from the host */
 } ml_shard;
 
 /* The rules of docs/ledger.md, "boundary tensors": boundary k is block k's
@@ -62,6 +64,8 @@ typedef struct {
     /* results of a micro-batch */
     double flops_recompute;  /* recompute FLOPs of this micro-batch */
     double flops_done;       /* FLOPs of the iteration run so far (events' time) */
+    double comm_done;        /* bytes sent over the interconnect so far */
+    double host_done;        /* bytes moved over the host link so far */
     uint64_t act_end;        /* activations live at the end of forward */
     uint64_t peak_first;     /* the first iteration's peak: optimizer states exist
                                 only from the first step() on */
@@ -138,5 +142,17 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
 ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err);
 
 uint64_t ml_ceil_div(uint64_t a, uint64_t b);
+
+/* Time (timing.c; docs/sharding.md, "Time"). The bytes each device sends per
+ * iteration; the bytes it moves over the host link per iteration. */
+double ml_eval_communication(const ml_chain *ch, const ml_training *t, uint64_t P);
+double ml_eval_host_transfer(const ml_training *t, const ml_prec *p, uint64_t P);
+/* The collectives and host transfers of the step, serially where they
+ * happen: before the optimizer step (gradients reduced, offloaded ones sent
+ * down), after it (parameters sent up, gathered). */
+void ml_time_before_step(ml_replay *r, const ml_training *t, uint64_t P);
+void ml_time_after_step(ml_replay *r, const ml_training *t, uint64_t P);
+/* The step time's parts and every event's t_s (after flops are known). */
+void ml_time_finish(const ml_device *dv, ml_ledger *l);
 
 #endif

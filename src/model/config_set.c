@@ -177,6 +177,10 @@ static ml_status device_set(const char *key, const char *v, ml_device *d, ml_err
         st = size(key, v, &d->runtime_reserve, err);
     } else if (!strcmp(k, "peak_tflops")) {
         st = real(key, v, 0, 1e9, &d->peak_tflops, err);
+    } else if (!strcmp(k, "interconnect_gbps")) {
+        st = real(key, v, 1e-6, 1e6, &d->interconnect_gbps, err);
+    } else if (!strcmp(k, "pcie_gbps")) {
+        st = real(key, v, 1e-6, 1e6, &d->pcie_gbps, err);
     } else if (!strcmp(k, "efficiency")) {
         st = real(key, v, 1e-6, 1, &d->efficiency, err);
     } else if (!strcmp(k, "fragmentation")) {

@@ -359,7 +359,8 @@ static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
 {
     static const char *const keys[] = {"name",        "memory",     "budget",
                                        "runtime_reserve", "peak_tflops", "efficiency",
-                                       "fragmentation", "allocator",  "max_split_size"};
+                                       "fragmentation", "allocator",  "max_split_size",
+                                       "interconnect_gbps", "pcie_gbps"};
     ml_status st;
     if ((st = ml_tree_need_map(err, d, "device")) ||
         (st = ml_tree_check_keys(err, d, "device", keys, ML_COUNT(keys))))
@@ -380,7 +381,10 @@ static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
         (st = ml_tree_double(err, d, "efficiency", "device", 1e-6, 1, false, &dv->efficiency)) ||
         (st = ml_tree_double(err, d, "fragmentation", "device", 0, 1, false,
                              &dv->fragmentation)) ||
-        (st = ml_tree_size(err, d, "max_split_size", "device", &dv->max_split_size)))
+        (st = ml_tree_size(err, d, "max_split_size", "device", &dv->max_split_size)) ||
+        (st = ml_tree_double(err, d, "interconnect_gbps", "device", 1e-6, 1e6, false,
+                             &dv->interconnect_gbps)) ||
+        (st = ml_tree_double(err, d, "pcie_gbps", "device", 1e-6, 1e6, false, &dv->pcie_gbps)))
         return st;
     const char *alloc_names[ML_ALLOCATOR_COUNT];
     for (unsigned i = 0; i < ML_ALLOCATOR_COUNT; i++)

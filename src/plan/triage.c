@@ -292,26 +292,24 @@ static bool variant(const ctx *x, ml_remedy_kind k, ml_config *c)
     }
 }
 
-/* Bytes over the host link per iteration, per device, of a plan's offload
- * (docs/cli.md, "triage"): optimizer offload sends the gradient partition
- * down and the updated parameters up once per step; parameter offload
- * (ZeRO-3) sends the gradient partition and brings the parameter partition
- * up for every micro-batch's forward and backward, the update staying on
- * the host. */
-static double host_transfer(const ml_training *t, uint64_t params)
+/* The host link's bandwidth, bytes/s: the device's pcie_gbps when given,
+ * else the request's (docs/cli.md, "triage"). */
+static double host_bandwidth(const ctx *x)
 {
-    ml_prec p = ml_prec_of(t->precision);
-    double N = t->zero >= 1 ? (double)t->data_parallel : 1.0, P = (double)params;
-    if (t->offload == ML_OFFLOAD_OPTIMIZER)
-        return P * (p.grad + p.param) / N;
-    if (t->offload == ML_OFFLOAD_PARAMS)
-        return P * p.grad / N + 2.0 * (double)t->grad_accum * P * p.param / N;
-    return 0;
+    double g = x->cfg->device.pcie_gbps;
+    return g > 0 ? g * 1e9 : x->req->host_bandwidth;
 }
 
-static double step_time(const ctx *x, const ml_summary *s, double transfer)
+/* The step time with offload's host transfers (the library's
+ * host_transfer_bytes, docs/sharding.md), counted without overlap: the
+ * summary's step time has them already when the device's pcie_gbps timed
+ * them. */
+static double step_time(const ctx *x, const ml_summary *s)
 {
-    return s->step_time_s < 0 ? -1.0 : s->step_time_s + transfer / x->req->host_bandwidth;
+    if (s->step_time_s < 0)
+        return -1.0;
+    return s->step_time_s +
+           (s->time_host_transfer_s < 0 ? s->host_transfer_bytes / host_bandwidth(x) : 0);
 }
 
 /* Appends to the string in buf, truncating at size. */
@@ -415,7 +413,7 @@ static void describe_figures(const ctx *x, ml_remedy *r)
                 : "optimizer states, master weights and the update",
             r->kind == ML_REMEDY_OFFLOAD_PARAMS ? "ZeRO-3 offload_param, ZeRO-Infinity"
                                                 : "ZeRO-Offload, CPU Adam",
-            a, b, r->host_transfer / x->req->host_bandwidth, x->req->host_bandwidth / 1e9);
+            a, b, r->host_transfer / host_bandwidth(x), host_bandwidth(x) / 1e9);
     }
 }
 
@@ -499,9 +497,9 @@ static ml_status add_remedy(const ctx *x, ml_remedy_kind k, ml_triage_result *r)
     rm->flops_total = s.flops_total;
     rm->flops_ratio = r->current.flops_total > 0 ? s.flops_total / r->current.flops_total : 1;
     rm->host_bytes = s.bytes_host;
-    rm->host_transfer = host_transfer(&c.training, s.params);
+    rm->host_transfer = s.host_transfer_bytes;
     rm->comm_bytes = s.comm_bytes;
-    rm->step_time_s = step_time(x, &s, rm->host_transfer);
+    rm->step_time_s = step_time(x, &s);
     rm->slowdown = rm->step_time_s >= 0 && r->step_time_s > 0 ? rm->step_time_s / r->step_time_s
                                                                : rm->flops_ratio;
     describe(x, rm, &s);
@@ -582,9 +580,9 @@ ml_status ml_triage(const ml_model *m, const ml_config *cfg, const ml_triage_req
         return st;
     }
     r->peak = binding_peak(&r->current);
-    r->host_transfer = host_transfer(&cfg->training, r->current.params);
+    r->host_transfer = r->current.host_transfer_bytes;
     ctx x = {m, cfg, req, r, traits_of(m), err};
-    r->step_time_s = step_time(&x, &r->current, r->host_transfer);
+    r->step_time_s = step_time(&x, &r->current);
     r->focus = req->oom_phase;
     observe(req, r);
     for (unsigned k = 0; k < ML_REMEDY_COUNT && !st; k++)

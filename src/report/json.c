@@ -111,7 +111,17 @@ static void json_bytes(FILE *f, const ml_config *cfg, const ml_summary *s)
         fputs("null", f);
 }
 
-/* "blocks", "flops", "communication", "step_time_s" and "device". */
+/* x, or null when negative (unknown). */
+static void num_or_null(FILE *f, double x)
+{
+    if (x >= 0)
+        num(f, x);
+    else
+        fputs("null", f);
+}
+
+/* "blocks", "flops", "communication", "host_transfer", "step_time_s", "time" and
+ * "device". */
 static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *s)
 {
     fputs(",\n \"blocks\": [", f);
@@ -142,11 +152,18 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
     num(f, s->flops_per_micro_batch);
     fputs("},\n \"communication\": {\"bytes_per_device\": ", f);
     num(f, s->comm_bytes);
+    fputs("},\n \"host_transfer\": {\"bytes_per_device\": ", f);
+    num(f, s->host_transfer_bytes);
     fputs("},\n \"step_time_s\": ", f);
-    if (s->step_time_s >= 0)
-        num(f, s->step_time_s);
-    else
-        fputs("null", f);
+    num_or_null(f, s->step_time_s);
+    /* the step time's parts; null: unknown, or not timed (no bandwidth) */
+    fputs(",\n \"time\": {\"compute_s\": ", f);
+    num_or_null(f, s->time_compute_s);
+    fputs(", \"communication_s\": ", f);
+    num_or_null(f, s->time_communication_s);
+    fputs(", \"host_transfer_s\": ", f);
+    num_or_null(f, s->time_host_transfer_s);
+    fputc('}', f);
     fputs(",\n \"device\": ", f);
     if (s->has_device)
         fprintf(f, "{\"memory\": %llu, \"budget\": %llu, \"fits\": %s, \"headroom\": %lld}",

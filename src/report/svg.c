@@ -130,6 +130,93 @@ size_t ml_svg_sample(const ml_ledger *l, size_t *idx, size_t cap)
 
 #define SVG_POINTS ML_SVG_POINTS
 
+/* Where an event sits on the x axis: at its time when every event has one
+ * (T > 0, the axis' end in seconds), else at its index (den: the event
+ * count less one, or 1). */
+typedef struct {
+    const ml_event *ev;
+    double den;
+    double T;
+} xmap;
+
+static double ex(const chart *c, const xmap *a, size_t i)
+{
+    return px(c, a->T > 0 ? a->ev[i].t_s / a->T : (double)i / a->den);
+}
+
+/* The latest event time when every event has one, else 0 (an axis of
+ * events: no throughput, or only events at time 0). */
+static double time_end(const ml_ledger *l)
+{
+    size_t n = ml_ledger_event_count(l);
+    const ml_event *ev = ml_ledger_events(l);
+    double T = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!(ev[i].t_s >= 0))
+            return 0;
+        if (ev[i].t_s > T)
+            T = ev[i].t_s;
+    }
+    return T;
+}
+
+/* On a time axis of T seconds, the events kept for drawing: per column of
+ * cols, the highest event and the column's last (in event order), so that
+ * a step function through them climbs to every spike at its true height
+ * however many events share its instant (docs/cli.md, "timeline"). */
+static size_t sample_time(const ml_ledger *l, double T, size_t *idx, size_t cols)
+{
+    size_t n = ml_ledger_event_count(l), m = 0, cur = 0, mi = 0, li = 0;
+    const ml_event *ev = ml_ledger_events(l);
+    for (size_t i = 0; i <= n; i++) {
+        size_t col = cols;
+        if (i < n) {
+            double x = ev[i].t_s / T * (double)cols;
+            col = x < (double)(cols - 1) ? (size_t)x : cols - 1;
+        }
+        if (i > 0 && i < n && col == cur) {
+            li = i;
+            if (total_of(&ev[i]) > total_of(&ev[mi]))
+                mi = i;
+            continue;
+        }
+        if (i > 0) { /* the column ends: its highest, then its last */
+            idx[m++] = mi;
+            if (li != mi)
+                idx[m++] = li;
+        }
+        cur = col;
+        mi = li = i;
+    }
+    return m;
+}
+
+/* The events to draw on either axis (at most SVG_POINTS). */
+static size_t sample(const ml_ledger *l, const xmap *a, size_t *idx)
+{
+    if (!ml_ledger_event_count(l))
+        return 0;
+    return a->T > 0 ? sample_time(l, a->T, idx, SVG_POINTS / 2)
+                    : ml_svg_sample(l, idx, SVG_POINTS);
+}
+
+/* The x axis's ticks in seconds: a 1-2-5 step giving 4 to 10 of them. */
+static void x_axis_time(FILE *f, const chart *c, double T)
+{
+    double step = pow(10, floor(log10(T)));
+    while (T / step > 10)
+        step *= 2;
+    while (T / step < 4)
+        step /= 2;
+    for (double v = 0; v <= T * (1 + 1e-9); v += step) {
+        double x = px(c, v / T);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", x,
+                c->y0 + c->h, x, c->y0 + c->h + 4);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\" text-anchor=\"middle\">%g</text>\n",
+                x, c->y0 + c->h + 16, v);
+    }
+}
+
 void ml_svg_header(FILE *f, int w, int h)
 {
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
@@ -162,16 +249,18 @@ static void title(FILE *f, const ml_model *m, const ml_config *cfg, const char *
     fputs("</text>\n", f);
 }
 
-/* The phase bands behind the chart, each labelled where it is wide enough
- * (den: the event count less one, or 1). */
-static void phase_bands(FILE *f, const chart *c, const ml_event *ev, size_t n, double den)
+/* The phase bands behind the chart, each labelled where it is wide enough;
+ * on a time axis a band ends where the next begins. */
+static void phase_bands(FILE *f, const chart *c, const xmap *x, size_t n)
 {
+    const ml_event *ev = x->ev;
     size_t a = 0;
     int shade = 0;
     for (size_t i = 1; i <= n; i++) {
         if (i < n && ev[i].phase == ev[a].phase && ev[i].micro == ev[a].micro)
             continue;
-        double x1 = px(c, (double)a / den), x2 = px(c, (double)(i - 1) / den);
+        double x1 = ex(c, x, a);
+        double x2 = x->T <= 0 ? ex(c, x, i - 1) : i < n ? ex(c, x, i) : px(c, 1);
         if (x2 - x1 < 1)
             x2 = x1 + 1;
         fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n",
@@ -186,10 +275,12 @@ static void phase_bands(FILE *f, const chart *c, const ml_event *ev, size_t n, d
     }
 }
 
-/* The categories' stacked areas over the sampled events idx[0..np). */
-static void stacked_areas(FILE *f, const chart *c, const ml_event *ev, const size_t *idx,
-                          size_t np, double den)
+/* The categories' stacked areas over the sampled events idx[0..np): on a
+ * time axis a step function (each level holds until the next event's time,
+ * then a vertical segment), else straight lines between events. */
+static void stacked_areas(FILE *f, const chart *c, const xmap *x, const size_t *idx, size_t np)
 {
+    const ml_event *ev = x->ev;
     for (int k = ML_CAT_COUNT - 1; k >= 0; k--) {
         ml_category cat = stack_order[k];
         fprintf(f, "<path fill=\"%s\" stroke=\"none\" d=\"", cat_color[cat]);
@@ -197,12 +288,30 @@ static void stacked_areas(FILE *f, const chart *c, const ml_event *ev, const siz
             uint64_t top = 0;
             for (int q = 0; q <= k; q++)
                 top += ev[idx[j]].live[stack_order[q]];
-            fprintf(f, "%s%.1f %.1f", j ? " L" : "M", px(c, (double)idx[j] / den),
-                    py(c, (double)top));
+            if (j && x->T > 0)
+                fprintf(f, " H%.1f", ex(c, x, idx[j]));
+            fprintf(f, "%s%.1f %.1f", j ? " L" : "M", ex(c, x, idx[j]), py(c, (double)top));
         }
-        fprintf(f, " L%.1f %.1f L%.1f %.1f Z\"/>\n", px(c, (double)idx[np ? np - 1 : 0] / den),
+        fprintf(f, " L%.1f %.1f L%.1f %.1f Z\"/>\n", np ? ex(c, x, idx[np - 1]) : px(c, 0),
                 py(c, 0), px(c, 0), py(c, 0));
     }
+}
+
+/* On a time axis, the total's outline over the areas: a spike of zero width
+ * (many events at one instant) has no area to fill, so this stroke is what
+ * shows it, up to its true height. */
+static void total_outline(FILE *f, const chart *c, const xmap *x, const size_t *idx, size_t np)
+{
+    if (!(x->T > 0) || !np)
+        return;
+    fputs("<path fill=\"none\" stroke=\"#333\" stroke-width=\"1.2\" d=\"", f);
+    for (size_t j = 0; j < np; j++) {
+        if (j)
+            fprintf(f, " H%.1f", ex(c, x, idx[j]));
+        fprintf(f, "%s%.1f %.1f", j ? " L" : "M", ex(c, x, idx[j]),
+                py(c, (double)total_of(&x->ev[idx[j]])));
+    }
+    fputs("\"/>\n", f);
 }
 
 /* The device's lines: its memory, the allocator curve's limit and the
@@ -228,9 +337,9 @@ static void device_lines(FILE *f, const chart *c, const ml_summary *s)
 }
 
 /* The peak's marker and label, at its first event. */
-static void peak_marker(FILE *f, const chart *c, const ml_summary *s, const ml_event *ev,
-                        size_t n, double den)
+static void peak_marker(FILE *f, const chart *c, const ml_summary *s, const xmap *xm, size_t n)
 {
+    const ml_event *ev = xm->ev;
     size_t pi = 0;
     for (size_t i = 0; i < n; i++)
         if (total_of(&ev[i]) == s->peak) {
@@ -240,7 +349,7 @@ static void peak_marker(FILE *f, const chart *c, const ml_summary *s, const ml_e
     if (n) {
         char b[32];
         ml_format_bytes(s->peak, b, sizeof b);
-        double x = px(c, (double)pi / den), y = py(c, (double)s->peak);
+        double x = ex(c, xm, pi), y = py(c, (double)s->peak);
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"none\" stroke=\"#d62728\" "
                    "stroke-width=\"2\"/>\n",
                 x, y);
@@ -276,8 +385,9 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     const ml_summary *s = ml_ledger_summary(l);
     const ml_event *ev = ml_ledger_events(l);
     size_t n = ml_ledger_event_count(l);
+    const xmap x = {ev, n > 1 ? (double)(n - 1) : 1, time_end(l)};
     size_t idx[SVG_POINTS];
-    size_t np = n ? ml_svg_sample(l, idx, SVG_POINTS) : 0;
+    size_t np = sample(l, &x, idx);
     chart c = {ML_SVG_X0, 70, ML_SVG_W, 420, (double)s->peak};
     if (s->has_device && (double)s->memory > c.ymax)
         c.ymax = (double)s->memory;
@@ -288,18 +398,22 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     c.ymax *= 1.06;
     ml_svg_header(f, 1040, 580);
     title(f, m, cfg, "memory over one training iteration");
-    const double den = n > 1 ? (double)(n - 1) : 1;
-    phase_bands(f, &c, ev, n, den);
+    phase_bands(f, &c, &x, n);
     ml_svg_y_axis(f, &c);
-    stacked_areas(f, &c, ev, idx, np, den);
+    stacked_areas(f, &c, &x, idx, np);
+    total_outline(f, &c, &x, idx, np);
     device_lines(f, &c, s);
     /* the allocator's simulated reserved peak (--allocator) */
     if (s->has_reserved)
         ml_svg_hline(f, &c, s->reserved_peak, "#9467bd", "8,3", "reserved (simulated)", false);
-    peak_marker(f, &c, s, ev, n, den);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">events of "
-               "one training iteration (%zu)</text>\n",
-            c.x0 + c.w / 2, c.y0 + c.h + 34, n);
+    peak_marker(f, &c, s, &x, n);
+    if (x.T > 0)
+        x_axis_time(f, &c, x.T);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">",
+            c.x0 + c.w / 2, c.y0 + c.h + 34);
+    fprintf(f, x.T > 0 ? "seconds into one training iteration (%zu events)</text>\n"
+                       : "events of one training iteration (%zu)</text>\n",
+            n);
     legend(f, &c, s);
     fputs("</svg>\n", f);
     return ferror(f) ? -1 : 0;
@@ -322,18 +436,33 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
     ml_svg_header(f, 1040, 580);
     title(f, m, cfg, "checkpoint policies compared");
     ml_svg_y_axis(f, &c);
+    /* a common seconds axis when every policy's events have a time: a
+     * policy that recomputes more draws a longer curve */
+    double T = 0;
+    for (size_t i = 0; i < n; i++) {
+        double Ti = time_end(ls[i]);
+        if (!(Ti > 0)) {
+            T = 0;
+            break;
+        }
+        T = fmax(T, Ti);
+    }
     size_t idx[SVG_POINTS];
     for (size_t i = 0; i < n; i++) {
         const ml_event *ev = ml_ledger_events(ls[i]);
         size_t ne = ml_ledger_event_count(ls[i]);
-        size_t np = ml_svg_sample(ls[i], idx, SVG_POINTS);
-        double den = ne > 1 ? (double)(ne - 1) : 1;
+        const xmap x = {ev, ne > 1 ? (double)(ne - 1) : 1, T};
+        size_t np = sample(ls[i], &x, idx);
         /* later curves dashed, so that identical plans stay visible */
         fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\"%s points=\"",
                 colors[i % 8], i ? " stroke-dasharray=\"5,3\"" : "");
-        for (size_t j = 0; j < np; j++)
-            fprintf(f, "%s%.1f,%.1f", j ? " " : "", px(&c, (double)idx[j] / den),
+        for (size_t j = 0; j < np; j++) {
+            if (j && T > 0) /* a step: the level holds until the event */
+                fprintf(f, " %.1f,%.1f", ex(&c, &x, idx[j]),
+                        py(&c, (double)total_of(&ev[idx[j - 1]])));
+            fprintf(f, "%s%.1f,%.1f", j ? " " : "", ex(&c, &x, idx[j]),
                     py(&c, (double)total_of(&ev[idx[j]])));
+        }
         fputs("\"/>\n", f);
         char b[32];
         ml_format_bytes(ml_ledger_summary(ls[i])->peak, b, sizeof b);
@@ -350,9 +479,12 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
         ml_svg_hline(f, &c, s0->memory, "#222", NULL, "device", false);
         ml_svg_hline(f, &c, s0->budget, "#d62728", "6,4", "budget", true);
     }
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">progress "
-               "through one training iteration (each policy's events, normalised)</text>\n",
-            c.x0 + c.w / 2, c.y0 + c.h + 34);
+    if (T > 0)
+        x_axis_time(f, &c, T);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n",
+            c.x0 + c.w / 2, c.y0 + c.h + 34,
+            T > 0 ? "seconds into one training iteration (each policy at its own step time)"
+                  : "progress through one training iteration (each policy's events, normalised)");
     fputs("</svg>\n", f);
     return ferror(f) ? -1 : 0;
 }

@@ -176,16 +176,16 @@ static void text_step_time(FILE *f, const ml_config *cfg, const ml_summary *s)
     if (s->time_measured) {
         fprintf(f, "  step time %.4g s at %.4g TFLOP/s, the GEMM throughput measured by profile "
                    "%s\n",
-                s->step_time_s, ml_profile_achieved_tflops(cfg->calib),
+                s->time_compute_s, ml_profile_achieved_tflops(cfg->calib),
                 ml_profile_get(cfg->calib, "name"));
         return;
     }
     if (s->step_time_s >= 0 && !(dv->peak_tflops > 0) && dv->preset)
         fprintf(f, "  step time %.4g s at %g TFLOP/s (%s, dense %s) x %.0f%% efficiency%s\n",
-                s->step_time_s, s->peak_tflops_used, dv->preset->name, dt, dv->efficiency * 100,
+                s->time_compute_s, s->peak_tflops_used, dv->preset->name, dt, dv->efficiency * 100,
                 dv->efficiency >= 1 ? " (a lower bound)" : "");
     else if (s->step_time_s >= 0)
-        fprintf(f, "  step time %.4g s at %g TFLOP/s x %.0f%% efficiency%s\n", s->step_time_s,
+        fprintf(f, "  step time %.4g s at %g TFLOP/s x %.0f%% efficiency%s\n", s->time_compute_s,
                 s->peak_tflops_used, dv->efficiency * 100,
                 dv->efficiency >= 1 ? " (a lower bound)" : "");
     else if (dv->preset)
@@ -197,6 +197,16 @@ static void text_step_time(FILE *f, const ml_config *cfg, const ml_summary *s)
     if (s->time_note)
         fprintf(f, "  (profile %s's measured throughput not used: %s)\n",
                 ml_profile_get(cfg->calib, "name"), s->time_note);
+}
+
+/* A part of the step time: its seconds at the bandwidth given, or the flag
+ * that would time it (docs/sharding.md, "Time"). */
+static void text_part(FILE *f, double sec, double gbps, const char *flag)
+{
+    if (sec >= 0)
+        fprintf(f, ", %.4g s at %g GB/s\n", sec, gbps);
+    else
+        fprintf(f, " (not timed: give %s GBps)\n", flag);
 }
 
 /* The FLOPs, the communication and the step time. */
@@ -213,9 +223,19 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
     fprintf(f, "  total %s (%s per micro-batch)\n", a, b2);
     if (t->data_parallel > 1) {
         ml_format_bytes((uint64_t)s->comm_bytes, a, sizeof a);
-        fprintf(f, "  communication: %s sent per device per iteration\n", a);
+        fprintf(f, "  communication: %s sent per device per iteration", a);
+        text_part(f, s->time_communication_s, cfg->device.interconnect_gbps, "--interconnect");
+    }
+    if (s->host_transfer_bytes > 0) {
+        ml_format_bytes((uint64_t)s->host_transfer_bytes, a, sizeof a);
+        fprintf(f, "  host transfers: %s per device per iteration", a);
+        text_part(f, s->time_host_transfer_s, cfg->device.pcie_gbps, "--pcie");
     }
     text_step_time(f, cfg, s);
+    /* the step time with the timed parts, run serially after the compute */
+    if (s->step_time_s >= 0 && s->step_time_s > s->time_compute_s)
+        fprintf(f, "  step time with communication and host transfers (not overlapped): %.4g s\n",
+                s->step_time_s);
 }
 
 /* The device and the verdict (nothing without a device). */

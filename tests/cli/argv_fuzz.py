@@ -36,6 +36,7 @@ FLAGS = {
                      "[0, 1]", "[99]", "[", "auto"],
     "--device": "size", "--budget": "size", "--runtime-reserve": "size",
     "--peak-tflops": "real", "--efficiency": "real", "--fragmentation": "real",
+    "--interconnect": "real", "--pcie": "real",
     "--data-parallel": "int", "--zero": ["0", "1", "2", "3", "4", "fsdp"],
     "--offload": ["none", "optimizer", "params", "gpu"],
     "--global-batch": "int", "--max-micro-batch": "int",

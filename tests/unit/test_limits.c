@@ -239,8 +239,8 @@ static void test_config_ranges_agree(void **state)
 static void test_config_messages_name_keys(void **state)
 {
     (void)state;
-    ml_config cs[12];
-    for (size_t i = 0; i < 12; i++)
+    ml_config cs[14];
+    for (size_t i = 0; i < 14; i++)
         cs[i] = ml_config_defaults();
     cs[0].training.micro_batch = 0;
     cs[1].training.zero = 4;
@@ -258,7 +258,9 @@ static void test_config_messages_name_keys(void **state)
     cs[9].device.fragmentation = 2;
     cs[10].training.eval_seq_len = 1ull << 40;
     cs[11].training.reduce_bucket = 0;
-    for (size_t i = 0; i < 12; i++) {
+    cs[12].device.interconnect_gbps = -1;
+    cs[13].device.pcie_gbps = NAN;
+    for (size_t i = 0; i < 14; i++) {
         const char *bad = ml_config_problem(&cs[i]);
         assert_non_null(bad);
         if (strstr(bad, "--"))

@@ -1,0 +1,97 @@
+/* Time beyond the FLOPs: the collectives of data parallelism and ZeRO, the
+ * host transfers of offload, each timed at its bandwidth where it happens
+ * on the timeline, serially (no overlap with compute), and every event's
+ * time (docs/sharding.md, "Time"; docs/ledger.md, "Time"). */
+#include <math.h>
+
+#include "ledger/replay.h"
+
+/* Bytes each device sends per step: ring collectives send (N-1)/N of the
+ * buffer, all-reduce twice that (docs/sharding.md). */
+double ml_eval_communication(const ml_chain *ch, const ml_training *t, uint64_t P)
+{
+    const uint64_t N = t->data_parallel ? t->data_parallel : 1;
+    const unsigned z = t->zero;
+    double f = (double)(N - 1) / (double)N, A = (double)t->grad_accum;
+    double pg = (double)P * ch->prec.grad, pp = (double)P * ch->prec.param;
+    if (N <= 1)
+        return 0;
+    if (z == 0)
+        return 2 * f * pg;            /* all-reduce, once per step */
+    if (z == 1)
+        return f * pg + f * pp;       /* reduce-scatter + all-gather */
+    if (z == 2)
+        return A * f * pg + f * pp;   /* per micro-batch reduce-scatter */
+    return A * (2 * f * pp + f * pg); /* gather fwd + bwd, reduce-scatter */
+}
+
+/* Bytes over the host link per iteration, per device, of a plan's offload
+ * (docs/sharding.md, "Offload"): optimizer offload sends the gradient
+ * partition down and the updated parameters up once per step; parameter
+ * offload (ZeRO-3) sends the gradient partition down and brings each
+ * block's parameter partition up for every micro-batch's forward and
+ * backward, the update staying on the host. */
+double ml_eval_host_transfer(const ml_training *t, const ml_prec *p, uint64_t P)
+{
+    double N = t->zero >= 1 && t->data_parallel ? (double)t->data_parallel : 1.0;
+    double n = (double)P;
+    if (t->offload == ML_OFFLOAD_OPTIMIZER)
+        return n * (p->grad + p->param) / N;
+    if (t->offload == ML_OFFLOAD_PARAMS)
+        return n * p->grad / N + 2.0 * (double)t->grad_accum * n * p->param / N;
+    return 0;
+}
+
+static double host_shards(const ml_training *t)
+{
+    return t->zero >= 1 && t->data_parallel ? (double)t->data_parallel : 1.0;
+}
+
+void ml_time_before_step(ml_replay *r, const ml_training *t, uint64_t P)
+{
+    const ml_shard *sh = r->sh;
+    const double G = (double)P * r->ch->prec.grad;
+    /* DDP's all-reduce (no_sync while accumulating) and ZeRO-1's
+     * reduce-scatter, after the last backward; stages 2 and 3 reduce-scatter
+     * block by block in backward (replay.c) */
+    if (sh->zero == 0)
+        r->comm_done += 2 * sh->ring * G;
+    else if (sh->zero == 1)
+        r->comm_done += sh->ring * G;
+    /* offload: the gradient partition goes down to the host's update */
+    if (t->offload != ML_OFFLOAD_NONE)
+        r->host_done += G / host_shards(t);
+}
+
+void ml_time_after_step(ml_replay *r, const ml_training *t, uint64_t P)
+{
+    const ml_shard *sh = r->sh;
+    const double W = (double)P * r->ch->prec.param;
+    /* optimizer offload: the updated parameter partition comes back up */
+    if (t->offload == ML_OFFLOAD_OPTIMIZER)
+        r->host_done += W / host_shards(t);
+    /* ZeRO-1/2: the updated partitions are all-gathered */
+    if (sh->zero == 1 || sh->zero == 2)
+        r->comm_done += sh->ring * W;
+}
+
+void ml_time_finish(const ml_device *dv, ml_ledger *l)
+{
+    ml_summary *s = &l->sum;
+    const double ic = dv->interconnect_gbps * 1e9, hb = dv->pcie_gbps * 1e9;
+    s->time_compute_s = s->step_time_s;
+    s->time_communication_s = !(s->comm_bytes > 0) ? 0 : ic > 0 ? s->comm_bytes / ic : -1;
+    s->time_host_transfer_s =
+        !(s->host_transfer_bytes > 0) ? 0 : hb > 0 ? s->host_transfer_bytes / hb : -1;
+    if (s->step_time_s >= 0)
+        s->step_time_s += fmax(s->time_communication_s, 0) + fmax(s->time_host_transfer_s, 0);
+    /* each event's time: its FLOPs at the step's throughput, plus what was
+     * sent before it at the bandwidths given */
+    const double rate = s->time_compute_s > 0 ? s->flops_total / s->time_compute_s : 0;
+    for (size_t i = 0; i < l->nevents; i++) {
+        ml_event *e = &l->events[i];
+        e->t_s = rate > 0 ? e->flops_before / rate + (ic > 0 ? e->comm_before / ic : 0) +
+                                (hb > 0 ? e->host_before / hb : 0)
+                          : -1;
+    }
+}
