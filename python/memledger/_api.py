@@ -43,7 +43,9 @@ def _text(name, value):
     if name == "checkpoint" and isinstance(value, (list, tuple)):
         return "[%s]" % ", ".join(str(int(b)) for b in value)
     if isinstance(value, os.PathLike):
-        return os.fspath(value)
+        value = os.fspath(value)
+    if isinstance(value, str) and "\0" in value:
+        raise ValueError("memledger: %s=%r: a NUL character" % (name, value))
     if isinstance(value, (int, float, str)):
         return str(value)
     raise TypeError("memledger: %s=%r: give a number or a string" % (name, value))
@@ -155,6 +157,8 @@ def timeline(model, training=None, **settings):
 
 def _size(name, value):
     if isinstance(value, int) and not isinstance(value, bool):
+        if not 0 <= value < 2**64:
+            raise ValueError("memledger: %s=%r: a byte count from 0 to 2**64 - 1" % (name, value))
         return value
     out, err = ctypes.c_uint64(), _native.new_error()
     st = lib.ml_parse_size(_text(name, value).encode(), ctypes.byref(out), ctypes.byref(err))
@@ -181,7 +185,10 @@ def calibrate_points(points, budget=None, at=None):
             rows.append("%s,%s" % (_text("micro_batch", mb), _text("peak", peak)))
         name, text = b"<points>", ("\n".join(rows) + "\n").encode()
     b = _size("budget", budget) if budget is not None else 0
-    a = int(at) if at is not None else 0
-    if a < 0 or (at is not None and a == 0):
-        raise ValueError("memledger.calibrate_points: at=%r: a micro-batch of at least 1" % at)
+    if at is not None and (isinstance(at, bool) or not isinstance(at, int)):
+        raise TypeError("memledger.calibrate_points: at=%r: a whole micro-batch" % (at,))
+    a = at if at is not None else 0
+    if at is not None and not 1 <= a <= 2**24:
+        raise ValueError("memledger.calibrate_points: at=%r: a micro-batch from 1 to 16777216"
+                         % at)
     return json.loads(_native.take_json(lib.ml_points_json, text, len(text), name, b, a))

@@ -186,3 +186,15 @@ def test_example_runs(capsys):
     runpy.run_path(os.path.join(ROOT, "python", "examples", "plan_in_python.py"))
     out = capsys.readouterr().out
     assert "params 124439808" in out and "ML_RANGE" in out
+
+
+def test_bad_numbers_are_refused():
+    # a negative or oversized byte count would wrap in C's uint64
+    with pytest.raises(ValueError):
+        memledger.calibrate_points([(1, 100), (2, 200)], budget=-5)
+    with pytest.raises(ValueError):
+        memledger.calibrate_points([(1, 100), (2, 200)], at=2**70)
+    with pytest.raises(TypeError):
+        memledger.calibrate_points([(1, 100), (2, 200)], at=2.7)
+    with pytest.raises(ValueError):
+        memledger.plan(MLP2, precision="fp32\0x")

@@ -137,6 +137,8 @@ ml_status ml_job_plan_json(const ml_job *j, char **out, size_t *len, ml_error *e
 {
     if (err)
         memset(err, 0, sizeof *err);
+    if (!j || !out)
+        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_plan_json: a job and an output pointer");
     ml_status st = no_auto(j, "plan", err);
     ml_ledger *l = NULL;
     if (st || (st = ml_ledger_evaluate(j->model, &j->cfg, false, &l, err)))
@@ -166,6 +168,8 @@ ml_status ml_job_fit_json(const ml_job *j, char **out, size_t *len, ml_error *er
 {
     if (err)
         memset(err, 0, sizeof *err);
+    if (!j || !out)
+        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_fit_json: a job and an output pointer");
     ml_fit_result *r = malloc(sizeof *r);
     if (!r)
         return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
@@ -192,6 +196,8 @@ ml_status ml_job_compare_json(const ml_job *j, char **out, size_t *len, ml_error
 {
     if (err)
         memset(err, 0, sizeof *err);
+    if (!j || !out)
+        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_compare_json: a job and an output pointer");
     ml_compare_row rows[ML_COMPARE_ROWS];
     compare_ctx c = {rows, 0};
     ml_status st = no_auto(j, "compare", err);
@@ -211,6 +217,8 @@ ml_status ml_job_timeline_json(const ml_job *j, char **out, size_t *len, ml_erro
 {
     if (err)
         memset(err, 0, sizeof *err);
+    if (!j || !out)
+        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_timeline_json: a job and an output pointer");
     ml_status st = no_auto(j, "timeline", err);
     ml_ledger *l = NULL;
     if (st || (st = ml_ledger_evaluate(j->model, &j->cfg, true, &l, err)))

@@ -128,6 +128,11 @@ static void job_no_device(void **state)
     char *s = NULL;
     assert_int_equal(ml_job_fit_json(j, &s, NULL, &e), ML_USAGE);
     assert_null(s);
+    /* no job or no place for the answer: refused, not dereferenced */
+    assert_int_equal(ml_job_plan_json(NULL, &s, NULL, &e), ML_USAGE);
+    assert_int_equal(ml_job_compare_json(j, NULL, NULL, &e), ML_USAGE);
+    assert_int_equal(ml_job_timeline_json(NULL, NULL, NULL, NULL), ML_USAGE);
+    assert_null(s);
     /* 10 x 10 weights and 10 biases */
     s = job_json(j, ml_job_plan_json);
     assert_non_null(strstr(s, "\"params\": 110,"));
