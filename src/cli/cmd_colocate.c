@@ -86,7 +86,7 @@ static int split(job *j)
 
 /* One job: its options parsed as plan's, the shared device put in, its
  * ledger evaluated with the events. */
-static int load_job(job *j, const char *device, uint64_t memory, size_t index)
+static int load_job(job *j, const char *device, uint64_t memory)
 {
     int rc = split(j);
     if (rc)
@@ -121,7 +121,6 @@ static int load_job(job *j, const char *device, uint64_t memory, size_t index)
     }
     j->cfg.device.peak_tflops = own_peak; /* over a preset's figure too */
     ml_status st = ml_ledger_evaluate(j->m, &j->cfg, true, &j->l, &e);
-    (void)index;
     return st ? ml_cli_eval_failed(o, &e, st) : 0;
 }
 
@@ -221,7 +220,7 @@ int ml_cmd_colocate(int argc, char **argv)
     }
     for (size_t j = 0; j < a.n && !rc; j++) {
         jobs[j].spec = a.specs[j];
-        rc = load_job(&jobs[j], a.device, memory, j);
+        rc = load_job(&jobs[j], a.device, memory);
         const char *inputs[] = {jobs[j].o.model_path, jobs[j].o.training, jobs[j].o.calib};
         for (size_t k = 0; !rc && k < 3; k++)
             if (ml_out_refuse_input(a.output, inputs[k]))

@@ -107,6 +107,18 @@ static void name_of(const ml_compare_row *r, char *buf, size_t size)
     ml_checkpoint_format(&r->checkpoint, buf, size);
 }
 
+/* "no recompute" or "1.70 TFLOP of recompute". */
+static void recompute_words(double flops, char *buf, size_t size)
+{
+    char fl[32];
+    if (!(flops > 0)) {
+        snprintf(buf, size, "no recompute");
+        return;
+    }
+    ml_format_flops(flops, fl, sizeof fl);
+    snprintf(buf, size, "%s of recompute", fl);
+}
+
 /* The rows whose recompute buys memory the run does not need. */
 static void compare_not_needed(FILE *f, const ml_compare_row *rows, size_t n)
 {
@@ -116,7 +128,7 @@ static void compare_not_needed(FILE *f, const ml_compare_row *rows, size_t n)
             cheaper = rows[i].cheaper;
     if (cheaper < 0)
         return;
-    char name[64], fl[32];
+    char name[64];
     fputs("\nNot worth it here:", f);
     for (size_t i = 0, k = 0; i < n; i++)
         if (rows[i].cheaper >= 0) {
@@ -125,11 +137,8 @@ static void compare_not_needed(FILE *f, const ml_compare_row *rows, size_t n)
         }
     const ml_compare_row *c = &rows[cheaper];
     name_of(c, name, sizeof name);
-    char with[48] = "no recompute";
-    if (c->flops_recompute > 0) {
-        ml_format_flops(c->flops_recompute, fl, sizeof fl);
-        snprintf(with, sizeof with, "%s of recompute", fl);
-    }
+    char with[48];
+    recompute_words(c->flops_recompute, with, sizeof with);
     fprintf(f, " (%s fits too, with %s: their extra recompute buys memory this run does not "
                "use; a larger micro-batch can use it: memledger fit).\n",
             name, with);
@@ -240,12 +249,9 @@ int ml_report_advice_text(FILE *f, const ml_summary *s, const ml_advice *a)
     if (!a->cheaper_fits)
         return ferror(f) ? -1 : 0;
     const ml_compare_row *c = &a->row;
-    char name[64], pt[32], hr[32], fl[32], with[48] = "no recompute";
+    char name[64], pt[32], hr[32], fl[32], with[48];
     name_of(c, name, sizeof name);
-    if (c->flops_recompute > 0) {
-        ml_format_flops(c->flops_recompute, fl, sizeof fl);
-        snprintf(with, sizeof with, "%s of recompute", fl);
-    }
+    recompute_words(c->flops_recompute, with, sizeof with);
     fprintf(f, "  advice: checkpoint %s fits too (device total %s, headroom %s) with %s;", name,
             B(c->peak_total, pt), B(c->headroom > 0 ? (uint64_t)c->headroom : 0, hr), with);
     ml_format_flops(s->flops_recompute - c->flops_recompute, fl, sizeof fl);
