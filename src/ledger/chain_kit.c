@@ -218,6 +218,15 @@ void ml_ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols)
         ch->max_param_numel = numel;
 }
 
+/* A Linear's parameters as nn.Linear registers them: the (out, in) weight,
+ * then its bias when it has one. */
+void ml_ck_linear(ml_chain *ch, ml_cblock *b, uint64_t in, uint64_t out, bool bias)
+{
+    ml_ck_param(ch, b, in, out);
+    if (bias)
+        ml_ck_param(ch, b, out, 0);
+}
+
 /* Closes a block: transients from its largest tensors (docs/ledger.md,
  * "transients"), gradients its backward creates. */
 void ml_ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
@@ -354,9 +363,13 @@ static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
         s_in = ml_ck_save(ch, b, "q/k/v projection input", z->BTD, src_bpe, in_flags);
     }
     ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, z->qkv_out));
-    ml_ck_param(ch, b, d->D, z->qkv_out);
-    if (m->qkv_bias)
-        ml_ck_param(ch, b, z->qkv_out, 0);
+    if (fused_qkv) {
+        ml_ck_linear(ch, b, d->D, z->qkv_out, m->qkv_bias);
+    } else { /* q_proj, k_proj, v_proj: three modules */
+        ml_ck_linear(ch, b, d->D, z->Dq, m->qkv_bias);
+        ml_ck_linear(ch, b, d->D, d->Dkv, m->qkv_bias);
+        ml_ck_linear(ch, b, d->D, d->Dkv, m->qkv_bias);
+    }
     ml_ck_tmp(ch, ml_mul(ch, d->BT, z->qkv_out), a);
     /* backward nodes of the projections (docs/ledger.md, "Backward, node by
      * node"): the input's gradient buffer exists already when the input is
@@ -462,10 +475,8 @@ static void attn_output(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
     /* output projection: input is the contiguous (B, T, H*dh) attention output */
     size_t s_o = ml_ck_save(ch, b, "output projection input", z->BTQ, a, 0);
     ml_ck_weight_copy(ch, b, ml_mul(ch, z->Dq, d->D));
-    ml_ck_param(ch, b, z->Dq, d->D);
     bool obias = m->bias || m->out_bias;
-    if (obias)
-        ml_ck_param(ch, b, d->D, 0);
+    ml_ck_linear(ch, b, z->Dq, d->D, obias);
     b->flops_fwd += 2.0 * (double)d->BT * (double)z->Dq * (double)d->D;
     /* the projection's output feeds the residual add, whose gradient the
      * skip's buffer holds: freed there, not here (or by the dropout) */

@@ -29,6 +29,8 @@ size_t ml_ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, 
 void ml_ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe);
 /* A parameter tensor of the block: rows x cols (cols 0 for a vector). */
 void ml_ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols);
+/* A Linear's weight (in x out) and, with bias, its bias. */
+void ml_ck_linear(ml_chain *ch, ml_cblock *b, uint64_t in, uint64_t out, bool bias);
 /* Records the backward node of the op just built (forward order: ml_ck_end
  * puts the block's nodes in execution order) when ch->record_nodes; it
  * releases the saved storages s0 and s1 (SIZE_MAX: none). */

@@ -84,6 +84,15 @@ static unsigned norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m,
     return rmsnorm_fwd(ch, b, m, d, xflags, params, xbuf);
 }
 
+/* A norm's np parameters as the module registers them: the weight (D),
+ * then a LayerNorm's bias. */
+static void norm_params(ml_chain *ch, ml_cblock *b, uint64_t np, uint64_t D)
+{
+    ml_ck_param(ch, b, D, 0);
+    if (np > D)
+        ml_ck_param(ch, b, np - D, 0);
+}
+
 /* What the MLP's ops keep for its backward (indices in ch->saved,
  * SIZE_MAX: none, or a storage another op saved). */
 typedef struct {
@@ -113,17 +122,13 @@ static void glu_saves(ml_chain *ch, ml_cblock *b, const ml_ck_dims *d, bool gegl
         k->up = ml_ck_save(ch, b, "up projection output", BTF, a, 0);
     }
     k->prod = ml_ck_save(ch, b, "gated product (down input)", BTF, a, 0);
-    if (fused) {
-        ml_ck_param(ch, b, d->D, ml_mul(ch, 2, d->F));
-    } else {
-        ml_ck_param(ch, b, d->D, d->F);
-        ml_ck_param(ch, b, d->D, d->F);
+    if (fused) { /* gate_up_proj, down_proj */
+        ml_ck_linear(ch, b, d->D, ml_mul(ch, 2, d->F), bias);
+    } else {     /* gate_proj, up_proj, down_proj */
+        ml_ck_linear(ch, b, d->D, d->F, bias);
+        ml_ck_linear(ch, b, d->D, d->F, bias);
     }
-    ml_ck_param(ch, b, d->F, d->D);
-    if (bias) {
-        ml_ck_param(ch, b, d->F, 0);
-        ml_ck_param(ch, b, d->F, 0);
-    }
+    ml_ck_linear(ch, b, d->F, d->D, bias);
 }
 
 /* The gated MLP's backward nodes, forward order. gate and up read the same
@@ -193,21 +198,15 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     } else if (m->activation == ML_ACT_GELU) {
         k.act_in = ml_ck_save(ch, b, "fc output (gelu input)", BTF, a, 0);
         k.act_out = ml_ck_save(ch, b, "gelu output (proj input)", BTF, a, 0);
-        ml_ck_param(ch, b, d->D, d->F);
-        ml_ck_param(ch, b, d->F, d->D);
-        if (bias)
-            ml_ck_param(ch, b, d->F, 0);
+        ml_ck_linear(ch, b, d->D, d->F, bias);
+        ml_ck_linear(ch, b, d->F, d->D, bias);
     } else {
         /* relu saves its result, which is also the projection's input */
         ml_ck_tmp(ch, BTF, a);
         k.act_out = ml_ck_save(ch, b, "relu output (proj input)", BTF, a, 0);
-        ml_ck_param(ch, b, d->D, d->F);
-        ml_ck_param(ch, b, d->F, d->D);
-        if (bias)
-            ml_ck_param(ch, b, d->F, 0);
+        ml_ck_linear(ch, b, d->D, d->F, bias);
+        ml_ck_linear(ch, b, d->F, d->D, bias);
     }
-    if (bias)
-        ml_ck_param(ch, b, d->D, 0);
     b->flops_fwd += (double)(nin + 1) * 2.0 * (double)d->BT * (double)d->D * (double)d->F;
     /* backward nodes, forward order (docs/ledger.md, "Backward, node by
      * node"); the last one's output gradient is the residual's, held by the
@@ -233,6 +232,30 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     ml_ck_tmp(ch, BTD, a);
 }
 
+/* HF's Llama-layout decoder layers (LlamaDecoderLayer, and Gemma's,
+ * Mistral's, Qwen2's, Phi3DecoderLayer) register self_attn, mlp, then
+ * input_layernorm and post_attention_layernorm; Phi3Attention registers
+ * o_proj before qkv_proj. The block was emitted [norm1 | attention | norm2 |
+ * mlp] with the attention's projections before its output projection. */
+static void llama_param_order(ml_chain *ch, const ml_model *m, size_t first, size_t attn,
+                              size_t norm2, size_t mlp)
+{
+    /* emitted: norm1 [first, attn), attention [attn, norm2), norm2
+     * [norm2, mlp), MLP [mlp, end) */
+    ml_ptensor tmp[32];
+    const size_t end = ch->nparams, n = end - first;
+    if (ch->nomem || n > sizeof tmp / sizeof tmp[0])
+        return;
+    const size_t n_o = m->fused_proj ? ((m->bias || m->out_bias) ? 2u : 1u) : 0u;
+    const size_t from[5] = {norm2 - n_o, attn, mlp, first, norm2};
+    const size_t to[5] = {norm2, norm2 - n_o, end, attn, mlp};
+    size_t k = 0;
+    for (size_t i = 0; i < 5; i++)
+        for (size_t j = from[i]; j < to[i]; j++)
+            tmp[k++] = ch->params[j];
+    memcpy(ch->params + first, tmp, n * sizeof tmp[0]);
+}
+
 /* Pre-norm block: x + attn(norm(x)); x + mlp(norm(x)). GPT-2 (layernorm,
  * fused qkv, masked_fill causal mask), Llama and Gemma (their RMSNorms,
  * separate q/k/v, additive mask, fp32 softmax), Phi-3 (Llama's with one
@@ -244,9 +267,12 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     const bool llama = m->norm != ML_NORM_LAYERNORM; /* Llama or Gemma layout */
     const bool causal = m->type == ML_MODEL_DECODER;
     uint64_t np;
+    const size_t first = ch->nparams;
     unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, true);
-    ml_ck_param(ch, b, np, 0);
+    norm_params(ch, b, np, d->D);
+    const size_t attn = ch->nparams;
     ml_ck_attention(ch, b, m, d, nb, false, !llama || m->fused_proj, causal && !llama, llama, 0);
+    const size_t norm2 = ch->nparams;
     if (m->parallel_residual) {
         /* x + attn(ln1(x)) + mlp(ln2(x)): ln2 reads the block input that
          * ln1 already saved; only its statistics are new */
@@ -256,8 +282,11 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     } else {
         nb = norm_fwd(ch, b, m, d, 0, &np, true);
     }
-    ml_ck_param(ch, b, np, 0);
+    norm_params(ch, b, np, d->D);
+    const size_t mlp = ch->nparams;
     mlp_fwd(ch, b, m, d, nb, false, false);
+    if (llama)
+        llama_param_order(ch, m, first, attn, norm2, mlp);
 }
 
 /* Post-norm block (BERT): x1 = LN(x + attn(x)); out = LN(x1 + mlp(x1)). */
@@ -268,10 +297,10 @@ static void postnorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const 
     ml_ck_attention(ch, b, m, d, w, false, false, false, false, ML_SV_INPUT);
     uint64_t np;
     unsigned nb = norm_fwd(ch, b, m, d, 0, &np, false);
-    ml_ck_param(ch, b, np, 0);
+    norm_params(ch, b, np, d->D);
     mlp_fwd(ch, b, m, d, nb, false, true);
     nb = norm_fwd(ch, b, m, d, 0, &np, false);
-    ml_ck_param(ch, b, np, 0);
+    norm_params(ch, b, np, d->D);
     (void)BTD;
 }
 
@@ -377,7 +406,7 @@ static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
 {
     uint64_t np, BTD = ml_mul(ch, d->BT, d->D);
     unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, false);
-    ml_ck_param(ch, b, np, 0);
+    norm_params(ch, b, np, d->D);
     ml_ck_linear_input(ch, b, "lm head input", BTD, nb, false, 0);
     ml_ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
     if (!m->tied_embeddings) {
@@ -405,6 +434,9 @@ static uint64_t mlm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
 {
     const unsigned w = ch->prec.w, a = ch->prec.a;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    /* the decoder's bias is the head module's own parameter, registered
+     * before its submodules' (model.parameters() lists it first) */
+    ml_ck_param(ch, b, d->V, 0);
     ml_ck_linear_input(ch, b, "mlm dense input", BTD, w, false, ML_SV_INPUT);
     ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
     ml_ck_param(ch, b, d->D, d->D);
@@ -428,7 +460,6 @@ static uint64_t mlm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
         b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
         b->grad_accum_bytes = b->grad_bytes;
     }
-    ml_ck_param(ch, b, d->V, 0);
     *rows = d->BT;
     b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * ((double)d->D + (double)d->V);
     return d->V;
@@ -445,7 +476,7 @@ static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
     bool src_saved = false;
     if (m->prenorm) { /* ViT: final norm, then the class token */
         unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, false);
-        ml_ck_param(ch, b, np, 0);
+        norm_params(ch, b, np, d->D);
         src = nb;
     }
     /* x[:, 0] is a view: a saving consumer keeps the whole (B, T, D)

@@ -11,6 +11,30 @@
 #define BNB_MIN_8BIT 4096u
 #define BNB_BLOCK 256u
 
+/* Adam's and AdamW's for-loop (`_single_tensor_adam`) binds `denom` in the
+ * loop's scope: the previous parameter's denom is freed only when the next
+ * one is assigned, so it is alive beside the sqrt and the quotient. */
+static bool carries_denom(ml_optimizer o)
+{
+    return o == ML_OPT_ADAM || o == ML_OPT_ADAMW;
+}
+
+/* The for-loop's largest moment, in elements: per parameter, in the order
+ * model.parameters() gives them, t_loop temporaries of its size, plus the
+ * previous parameter's denom where the loop carries it. */
+static uint64_t loop_temp_elems(ml_chain *ch, unsigned t_loop, bool carry)
+{
+    uint64_t best = 0, prev = 0;
+    for (size_t i = 0; i < ch->nparams; i++) {
+        uint64_t n = ch->params[i].numel;
+        uint64_t at = ml_add(ch, ml_mul(ch, n, t_loop), carry ? prev : 0);
+        if (at > best)
+            best = at;
+        prev = n;
+    }
+    return best;
+}
+
 ml_status ml_optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_optim_bytes *out,
                             ml_error *err)
 {
@@ -66,7 +90,7 @@ ml_status ml_optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_o
             temp = ml_add(ch, temp, ml_mul(ch, P, 4));
         break;
     case ML_IMPL_FOR_LOOP:
-        temp = ml_mul(ch, ml_mul(ch, maxn, t_loop), s);
+        temp = ml_mul(ch, loop_temp_elems(ch, t_loop, carries_denom(t->optimizer)), s);
         if (master)
             temp = ml_add(ch, temp, ml_mul(ch, maxn, 4));
         break;

@@ -371,6 +371,7 @@ def _run_loop(build, make_batch, step_fn, optim, impl, logits, iters, facts):
                     del loss
                     held.clear()
         facts["params"] = sum(p.numel() * p.element_size() for p in model.parameters())
+        facts["numels"] = [p.numel() for p in model.parameters()]
         facts["buffers"] = sum(b.numel() * b.element_size() for b in model.buffers())
         facts["batch"] = sum(t.numel() * t.element_size() for t in batch)
         facts["states"] = facts["counters"] = 0
@@ -593,6 +594,14 @@ def main():
             # exact today: model states and the resident state
             check(name + " params bytes", j["bytes"]["params"], f["params"])
             check(name + " optimizer states bytes", j["bytes"]["optimizer_states"], f["states"])
+            if optim in ("adam", "adamw") and impl == "for-loop":
+                # _single_tensor_adam: the previous parameter's `denom` is
+                # alive beside this one's sqrt and quotient, in
+                # model.parameters() order (fp32 states)
+                n = f["numels"]
+                check(name + " for-loop step temporaries (model.parameters() order)",
+                      j["bytes"]["optimizer_step_temp"],
+                      4 * max((n[i - 1] if i else 0) + 2 * n[i] for i in range(len(n))))
             check(name + " first iteration starts at params + buffers + batch",
                   rr[0]["start"], f["params"] + other)
             check(name + " steady iteration starts at the resident state",

@@ -146,16 +146,19 @@ class Llama(nn.Module):
         s.embed = nn.Embedding(V, D)
         s.blocks = nn.ModuleList()
         for _ in range(m["layers"]):
+            # registered as LlamaDecoderLayer does (model.parameters() order,
+            # the order torch.optim's for-loop visits): self_attn (q, k, v,
+            # o), mlp (gate, up, down), input_layernorm, post_attention_layernorm
             b = nn.Module()
-            b.ln1 = s.Norm(D)
             b.q = nn.Linear(D, H * s.dh, bias=False)
             b.k = nn.Linear(D, KV * s.dh, bias=False)
             b.v = nn.Linear(D, KV * s.dh, bias=False)
             b.o = nn.Linear(H * s.dh, D, bias=False)
-            b.ln2 = s.Norm(D)
             b.gate = nn.Linear(D, F_, bias=False)
             b.up = nn.Linear(D, F_, bias=False)
             b.down = nn.Linear(F_, D, bias=False)
+            b.ln1 = s.Norm(D)
+            b.ln2 = s.Norm(D)
             s.blocks.append(b)
         s.norm = s.Norm(D)
         s.lm_head = nn.Linear(D, V, bias=False)
@@ -242,9 +245,14 @@ class Phi3(Llama):
         super().__init__(m)
         D, F_ = m["hidden"], m["ffn"]
         for b in s.blocks:
-            del b.q, b.k, b.v, b.gate, b.up
+            # Phi3Attention registers o_proj before qkv_proj; Phi3MLP
+            # gate_up_proj before down_proj; the norms come last
+            o, down, ln1, ln2 = b.o, b.down, b.ln1, b.ln2
+            del b.q, b.k, b.v, b.o, b.gate, b.up, b.down, b.ln1, b.ln2
+            b.o = o
             b.qkv = nn.Linear(D, (s.H + 2 * s.KV) * s.dh, bias=False)
             b.gate_up = nn.Linear(D, 2 * F_, bias=False)
+            b.down, b.ln1, b.ln2 = down, ln1, ln2
 
     def block(s, b, x, cos, sin, mask):
         B, T, _ = x.shape
@@ -338,10 +346,14 @@ class BertMLM(Bert):
         super().__init__(m)
         D, V = m["hidden"], m["vocab"]
         del s.pooler, s.cls
+        # BertLMPredictionHead's own `bias` (the decoder's) is listed before
+        # its submodules' parameters by model.parameters()
+        s.mlm_bias = nn.Parameter(torch.zeros(V))
         s.dense = nn.Linear(D, D)
         s.head_ln = nn.LayerNorm(D)
-        s.decoder = nn.Linear(D, V)
+        s.decoder = nn.Linear(D, V, bias=False)
         s.decoder.weight = s.word.weight  # tie_word_embeddings (BertConfig: true)
+        s.decoder.bias = s.mlm_bias
 
     def head(s, rec, x, tgt):
         h = F.gelu(s.dense(x))

@@ -130,6 +130,55 @@ static void test_optimizer_states(void **state)
     ml_model_destroy(m);
 }
 
+/* Adam's for-loop keeps the previous parameter's denom alive while it
+ * computes the next one's sqrt and quotient, so its largest moment is
+ * max over i of n[i-1] + 2 n[i], in model.parameters() order. */
+static void test_for_loop_adam_order(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *yaml;
+        uint64_t temp;
+    } want[] = {
+        /* Llama layout, D 8, 2 heads of 4, 1 kv head, ffn 20, vocab 10:
+         * embed 80 | q 64, k 32, v 32, o 64, gate 160, up 160, down 160,
+         * ln1 8, ln2 8 | norm 8, lm_head 80. Largest: up (or down) after a
+         * 160: 160 + 2 x 160 = 480 elements, x 4 B */
+        {"model: {type: decoder, layers: 1, hidden: 8, heads: 2, kv_heads: 1, ffn: 20,"
+         " activation: swiglu, norm: rmsnorm, vocab: 10, position: rope,"
+         " tied_embeddings: false, bias: false, dropout: 0}\n",
+         480 * 4},
+        /* Phi-3 layout: o_proj 64 before qkv_proj 8 x 16 = 128, gate_up
+         * 8 x 40 = 320, down 160, then the norms: gate_up after qkv,
+         * 128 + 2 x 320 = 768 (after a norm it would be 648) */
+        {"model: {type: decoder, layers: 1, hidden: 8, heads: 2, kv_heads: 1, ffn: 20,"
+         " activation: swiglu, norm: rmsnorm, fused_projections: true, vocab: 10,"
+         " position: rope, tied_embeddings: false, bias: false, dropout: 0}\n",
+         768 * 4},
+        /* GPT-2 layout, D 8, ffn 32, biases after their weights: c_fc
+         * 256, its bias 32, c_proj 256: 32 + 2 x 256 = 544 (with the two
+         * weights adjacent it would be 768) */
+        {"model: {type: decoder, layers: 1, hidden: 8, heads: 2, ffn: 32, activation: gelu,"
+         " norm: layernorm, vocab: 10, position: learned, max_positions: 16,"
+         " tied_embeddings: true, bias: true, dropout: 0}\ntraining: {seq_len: 16}\n",
+         544 * 4},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        ml_model *m = load_str(want[i].yaml);
+        ml_config c = ml_model_config(m);
+        c.training.optimizer = ML_OPT_ADAMW;
+        c.training.optimizer_impl = ML_IMPL_FOR_LOOP;
+        c.training.precision = ML_PREC_FP32;
+        ml_ledger *l;
+        const ml_summary *s = run(m, &c, &l);
+        if (s->bytes_step_temp != want[i].temp)
+            fail_msg("case %zu: %llu, expected %llu", i, (unsigned long long)s->bytes_step_temp,
+                     (unsigned long long)want[i].temp);
+        ml_ledger_destroy(l);
+        ml_model_destroy(m);
+    }
+}
+
 static void test_step_temporaries(void **state)
 {
     (void)state;
@@ -222,6 +271,7 @@ int main(void)
         cmocka_unit_test(test_bf16_master_16_bytes_per_param),
         cmocka_unit_test(test_optimizer_states),
         cmocka_unit_test(test_step_temporaries),
+        cmocka_unit_test(test_for_loop_adam_order),
         cmocka_unit_test(test_verdict),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
