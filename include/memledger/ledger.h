@@ -28,6 +28,8 @@ typedef enum ml_category {
     ML_CAT_ACTIVATIONS, /* tensors saved for backward (and checkpoint inputs) */
     ML_CAT_RECOMPUTE,   /* saved tensors recomputed during backward */
     ML_CAT_WORKSPACE,   /* transients: intermediates, gradient buffers, step temporaries */
+    ML_CAT_BATCH,       /* the batch the training loop holds: inputs and targets */
+    ML_CAT_BUFFERS,     /* module buffers: BatchNorm statistics, rotary inv_freq, masks */
     ML_CAT_COUNT
 } ml_category;
 
@@ -170,6 +172,11 @@ typedef struct ml_summary {
      * not used (static text; NULL when it was, or without one) */
     double peak_tflops_used;
     const char *time_note;
+    /* resident besides the model states (docs/ledger.md, "The batch and
+     * the buffers"): the micro-batch's inputs and targets the training loop
+     * holds, and the model's buffers */
+    uint64_t bytes_batch;
+    uint64_t bytes_buffers;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

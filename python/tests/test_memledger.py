@@ -44,14 +44,18 @@ def test_gpt2_params():
 def check_mlp2(r):
     # tests/cli/cases/plan-mlp2-json/why: at the step, params 80,000,000 +
     # grads 80,000,000 + Adam's states 160,000,000 + the step's temporary
-    # 80,000,000, plus the output the loop keeps, 256 x 1000 x 4 = 1,024,000
+    # 80,000,000, plus the output the loop keeps, 256 x 1000 x 4 = 1,024,000,
+    # and the batch it holds, the input and the mse target, 2 x 1,024,000
     assert r["params"] == 2 * 1000 * 10000
-    peak = 80000000 + 80000000 + 160000000 + 80000000 + 256 * 1000 * 4
-    assert peak == 401024000
+    peak = 80000000 + 80000000 + 160000000 + 80000000 + 3 * 256 * 1000 * 4
+    assert peak == 403072000
     assert r["bytes"]["peak"] == peak
     assert r["bytes"]["peak_total"] == peak + (512 << 20)
     assert r["peak"]["phase"] == "optimizer"
-    assert r["bytes"]["activations_saved"] == 23552000
+    # saved at the end of forward: z1 and a, 256 x 10000 x 4 each, and y; the
+    # input and the target are the batch's
+    assert r["bytes"]["activations_saved"] == 2 * 10240000 + 1024000
+    assert r["bytes"]["batch"] == 2 * 1024000
 
 
 def test_mlp2_peak_from_yaml_and_dict():
@@ -102,7 +106,7 @@ def test_compare_and_timeline():
     events = memledger.timeline(MLP2)
     assert isinstance(events, list) and events
     # the curve's highest point is the plan's allocator peak
-    assert max(sum(e["live"].values()) for e in events) == 401024000
+    assert max(sum(e["live"].values()) for e in events) == 403072000
 
 
 def test_calibrate_points():

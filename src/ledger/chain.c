@@ -137,6 +137,13 @@ ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, 
         ch->calib_note = "the runner measures no Gemma blocks ((1 + weight) RMSNorm, GeGLU)";
     else if (st == ML_OK && cfg->calib && m->type != ML_MODEL_SEQUENTIAL)
         apply_profile(ch, cfg->calib, m, cfg->training.precision);
+    if (st == ML_OK && ch->n > 0) {
+        /* the model's input is the batch the loop holds all iteration, not
+         * a boundary the first block's backward frees */
+        ch->batch_input = ch->blocks[0].in_bytes;
+        ch->blocks[0].in_bytes = 0;
+        ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, m->buffers); /* declared */
+    }
     if (st == ML_OK && ch->nomem)
         st = ML_NOMEM;
     if (st == ML_OK && ch->overflow) {

@@ -29,6 +29,7 @@ enum {
     ML_SV_INPUT = 1,  /* the block's input: a boundary tensor, not in saved_bytes */
     ML_SV_CORE = 2,   /* attention core: dropped and recomputed under `selective` */
     ML_SV_OUTPUT = 4, /* the block's own output: a boundary tensor, not in saved_bytes */
+    ML_SV_BATCH = 8,  /* part of the batch the loop holds (the targets): resident */
 };
 
 typedef struct {
@@ -127,6 +128,11 @@ typedef struct {
     const char *calib_note;     /* why a profile did not apply (static text) */
     uint64_t ckpt_side;         /* tensors a checkpoint keeps besides block inputs:
                                    the attention mask passed to every block */
+    /* resident besides the model states (docs/ledger.md, "The batch and the
+     * buffers"): the model's input (block 0's input, moved here once the
+     * chain is built) and targets; the module buffers */
+    uint64_t batch_input, batch_targets;
+    uint64_t buffer_bytes;
     /* scratch while building a block */
     uint64_t max_unsaved, max_tensor;
     uint64_t max_param_numel;

@@ -49,9 +49,14 @@ static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
         ml_ck_save(ch, b, "token type ids (int64)", d->BT, 8, 0);
         ml_ck_param(ch, b, m->token_types, d->D);
     }
-    if (m->position == ML_POS_ROPE)
+    if (m->position == ML_POS_ROPE) {
         ml_ck_save(ch, b, "rotary cos and sin (shared by all blocks)",
                    ml_ck_mul3(ch, 2, d->BT, d->dh), w, 0);
+        /* the model's rotary embedding registers inv_freq, head_dim / 2
+         * fp32 values, as a buffer (modeling_llama.py, LlamaRotaryEmbedding,
+         * one per model) */
+        ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, d->dh / 2, 4));
+    }
     if (enc) {
         /* BERT: LayerNorm(word + position + type) then dropout */
         ml_ck_save(ch, b, "embedding layernorm input", BTD, w, 0);

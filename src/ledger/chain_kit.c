@@ -84,6 +84,12 @@ size_t ml_ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, 
                   unsigned flags)
 {
     uint64_t bytes = ml_mul(ch, elems, bpe);
+    if (flags & ML_SV_BATCH) {
+        /* held by the loop all iteration: the batch, not this block's */
+        ch->batch_targets = ml_add(ch, ch->batch_targets, bytes);
+        ml_ck_note(ch, bytes, true);
+        return SIZE_MAX;
+    }
     if (flags & ML_SV_INPUT) {
         /* the block's input is a boundary tensor, accounted by the replay */
         b->in_saved = true;

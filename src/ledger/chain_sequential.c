@@ -140,6 +140,10 @@ static tref *seq_norm(seqctx *s, const ml_layer *l, tref *x, const ml_shape *sh,
                                4, 0);
         ml_ck_param(ch, b, sh->d[0], 0);
         ml_ck_param(ch, b, sh->d[0], 0);
+        /* buffers: running_mean and running_var (the parameters' dtype),
+         * num_batches_tracked (int64; torch/nn/modules/batchnorm.py) */
+        ch->buffer_bytes = ml_add(ch, ch->buffer_bytes,
+                                  ml_add(ch, ml_mul(ch, ml_mul(ch, 2, sh->d[0]), ch->prec.param), 8));
         tref *y = new_ref(s, out_ps, x->bpe);
         seq_node(s, "NativeBatchNormBackward0", x, ml_mul(ch, 2, sh->d[0]), y, sx, st);
         return y;
@@ -347,7 +351,7 @@ static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
     if (m->loss == ML_LOSS_CROSS_ENTROPY) {
         uint64_t rows = sh->rank == 2 ? ml_mul(ch, B, sh->d[0]) : B;
         ml_ck_save(ch, b, "log-softmax output", x->elems, lsb, 0);
-        ml_ck_save(ch, b, "targets (int64)", rows, 8, 0);
+        ml_ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
         ml_ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
     } else {
         /* mse_loss saves input and target; autocast runs it in fp32, so
@@ -356,7 +360,7 @@ static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
             ml_ck_save(ch, b, "mse input (fp32 cast)", x->elems, 4, 0);
         else
             ml_ck_save(ch, b, "mse input", x->elems, x->bpe, ML_SV_INPUT);
-        ml_ck_save(ch, b, "mse target", x->elems, ch->prec.w, 0);
+        ml_ck_save(ch, b, "mse target", x->elems, ch->prec.w, ML_SV_BATCH);
     }
     if (ch->prec.autocast)
         b->ws_fwd = ml_mul(ch, x->elems, 4);

@@ -540,7 +540,7 @@ static ml_status head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
     b->fwd_phase = ML_PHASE_LOSS;
     unsigned lsb = ch->prec.autocast ? 4 : w;
     ml_ck_save(ch, b, "log-softmax output", logits, lsb, 0);
-    ml_ck_save(ch, b, "targets (int64)", rows, 8, 0);
+    ml_ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
     ml_ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
     if (ch->prec.autocast)
         b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */

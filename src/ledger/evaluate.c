@@ -14,7 +14,7 @@
 
 static const char *const cat_names[ML_CAT_COUNT] = {
     "params", "master_params", "grads", "optimizer_states", "activations_saved", "recompute",
-    "workspace"};
+    "workspace", "batch", "buffers"};
 static const char *const phase_names[ML_PHASE_COUNT] = {"forward", "loss", "backward",
                                                         "optimizer"};
 
@@ -151,6 +151,8 @@ void ml_eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_byt
     for (size_t i = 0; i < ch->nparams; i++)
         P = ml_add(ch, P, ch->params[i].numel);
     s->params = P;
+    s->bytes_batch = ml_add(ch, ch->batch_input, ch->batch_targets);
+    s->bytes_buffers = ch->buffer_bytes;
     const uint64_t N = t->data_parallel ? t->data_parallel : 1;
     const unsigned z = t->zero;
     uint64_t params_all = ml_mul(ch, P, ch->prec.param);
@@ -187,10 +189,13 @@ void ml_eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, b
                        0, 1);
     ml_replay_alloc_as(r, ML_CAT_MASTER, s->bytes_master, t->zero >= 1 ? ML_T_ONE : ML_T_ALL_PARAMS,
                        0, 1);
+    ml_replay_alloc(r, ML_CAT_BUFFERS, s->bytes_buffers);
     if (states)
         ml_replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer,
                            t->zero >= 1 ? ML_T_ONE : ML_T_ALL_PARAMS, 0, x->ob.state_tensors);
+    ml_eval_batch(r, x->ch);
 }
+
 
 /* The iteration's events after the resident states: each micro-batch (two
  * stand for any accumulation: the second one's are every later one's), the

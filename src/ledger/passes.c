@@ -35,6 +35,14 @@ static bool eval_scratch_alloc(eval_scratch *e, size_t n)
     return e->seg && e->bd && e->held && e->recomputed && e->held_cat;
 }
 
+/* The batch the training loop holds through the iteration: the input
+ * tensor and the targets (docs/ledger.md, "The batch and the buffers"). */
+void ml_eval_batch(ml_replay *r, const ml_chain *ch)
+{
+    ml_replay_alloc(r, ML_CAT_BATCH, ch->batch_input);
+    ml_replay_alloc(r, ML_CAT_BATCH, ch->batch_targets);
+}
+
 /* model.eval() under torch.no_grad(): every block runs as a checkpointed
  * block's first forward does (nothing saved, its would-be saved tensors
  * transient), each boundary freed once consumed, except the model output,
@@ -92,10 +100,15 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     ml_replay_alloc(&r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
     if (t->zero_grad == ML_ZERO_GRAD_ZERO) /* zeroed, still allocated */
         ml_replay_alloc(&r, ML_CAT_GRADS, s->bytes_grads);
+    /* the buffers, and the training batch the loop still holds (a plain
+     * loop's names are rebound only by the next batch) */
+    ml_replay_alloc(&r, ML_CAT_BUFFERS, x->ch->buffer_bytes);
+    ml_eval_batch(&r, x->ch);
     /* a simulation has the resident states already, from training */
     r.rsim = rsim;
     if (rsim)
         ml_rsim_use_chain(rsim, &ch);
+    ml_eval_batch(&r, &ch); /* the evaluation's own batch */
     ml_replay_forward(&r);
     if (rsim)
         ml_rsim_use_chain(rsim, x->ch);

@@ -130,6 +130,8 @@ void ml_eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_byt
                           ml_summary *s);
 void ml_eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml_replay *r);
 void ml_eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, bool states);
+/* The micro-batch's input and targets, held by the training loop. */
+void ml_eval_batch(ml_replay *r, const ml_chain *ch);
 double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
                          bool create_states);
 

@@ -89,6 +89,8 @@ struct ml_model {
     bool embed_scale;       /* the embeddings are multiplied by sqrt(hidden) (Gemma's
                                normalizer, a 0-dim host tensor: saves nothing on the
                                device) */
+    uint64_t buffers;       /* module buffers the YAML declares (model.buffers, bytes),
+                               beside those the layers imply */
     ml_attention attention;
     double dropout;
     /* sequential */

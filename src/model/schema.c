@@ -119,7 +119,8 @@ static ml_status transformer_options(ml_error *err, const ml_node *mm, ml_model 
         (st = ml_tree_bool(err, mm, "fused_projections", "model", &m->fused_proj)) ||
         (st = ml_tree_bool(err, mm, "qkv_bias", "model", &m->qkv_bias)) ||
         (st = ml_tree_bool(err, mm, "parallel_residual", "model", &m->parallel_residual)) ||
-        (st = ml_tree_bool(err, mm, "embedding_scale", "model", &m->embed_scale)))
+        (st = ml_tree_bool(err, mm, "embedding_scale", "model", &m->embed_scale)) ||
+        (st = ml_tree_size(err, mm, "buffers", "model", &m->buffers)))
         return st;
     return ML_OK;
 }
@@ -200,7 +201,7 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
         "norm_position", "vocab", "position", "max_positions", "tied_embeddings", "bias",
         "attention", "dropout", "classes", "pooler", "token_types", "image_size", "patch_size",
         "channels", "qkv_bias", "parallel_residual", "head_dim", "embedding_scale",
-        "fused_projections", "mlm_head"};
+        "fused_projections", "mlm_head", "buffers"};
     ml_status st;
     if ((st = ml_tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))) ||
         (st = transformer_sizes(err, mm, m)) || (st = transformer_options(err, mm, m)))

@@ -415,9 +415,10 @@ void ml_layers_free(ml_layer *layers, size_t n)
 
 ml_status ml_schema_sequential(ml_error *err, const ml_node *mm, ml_model *m)
 {
-    static const char *const keys[] = {"type", "input", "layers", "loss"};
+    static const char *const keys[] = {"type", "input", "layers", "loss", "buffers"};
     ml_status st;
-    if ((st = ml_tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))))
+    if ((st = ml_tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))) ||
+        (st = ml_tree_size(err, mm, "buffers", "model", &m->buffers)))
         return st;
     const ml_node *in = ml_tree_get(mm, "input"), *ls = ml_tree_get(mm, "layers");
     if (!in)

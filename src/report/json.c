@@ -83,13 +83,15 @@ static void json_bytes(FILE *f, const ml_config *cfg, const ml_summary *s)
     fprintf(f, " \"bytes\": {\"params\": %llu, \"master_params\": %llu, \"grads\": %llu, "
                "\"optimizer_states\": %llu, \"optimizer_step_temp\": %llu, "
                "\"activations_saved\": %llu, \"peak\": %llu, \"runtime_reserve\": %llu, "
-               "\"peak_total\": %llu, \"host\": %llu, \"fragmentation\": %llu},\n",
+               "\"peak_total\": %llu, \"host\": %llu, \"fragmentation\": %llu, "
+               "\"batch\": %llu, \"buffers\": %llu},\n",
             (unsigned long long)s->bytes_params, (unsigned long long)s->bytes_master,
             (unsigned long long)s->bytes_grads, (unsigned long long)s->bytes_optimizer,
             (unsigned long long)s->bytes_step_temp, (unsigned long long)s->bytes_activations,
             (unsigned long long)s->peak, (unsigned long long)s->runtime_reserve,
             (unsigned long long)s->peak_total, (unsigned long long)s->bytes_host,
-            (unsigned long long)s->fragmentation);
+            (unsigned long long)s->fragmentation, (unsigned long long)s->bytes_batch,
+            (unsigned long long)s->bytes_buffers);
     fprintf(f, " \"peak\": {\"phase\": \"%s\", \"step\": ", ml_phase_name(s->peak_phase));
     ml_json_string(f, s->peak_step);
     fputs(", \"breakdown\": {", f);

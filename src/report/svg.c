@@ -11,18 +11,22 @@
 
 /* bottom to top: what is resident all iteration first */
 static const ml_category stack_order[ML_CAT_COUNT] = {
-    ML_CAT_PARAMS, ML_CAT_MASTER, ML_CAT_OPTIMIZER, ML_CAT_GRADS,
-    ML_CAT_ACTIVATIONS, ML_CAT_RECOMPUTE, ML_CAT_WORKSPACE};
+    ML_CAT_PARAMS, ML_CAT_MASTER, ML_CAT_BUFFERS, ML_CAT_OPTIMIZER, ML_CAT_BATCH,
+    ML_CAT_GRADS, ML_CAT_ACTIVATIONS, ML_CAT_RECOMPUTE, ML_CAT_WORKSPACE};
 static const char *const cat_color[ML_CAT_COUNT] = {
     [ML_CAT_PARAMS] = "#4e79a7",      [ML_CAT_MASTER] = "#a0cbe8",
     [ML_CAT_GRADS] = "#f28e2b",       [ML_CAT_OPTIMIZER] = "#ffbe7d",
     [ML_CAT_ACTIVATIONS] = "#59a14f", [ML_CAT_RECOMPUTE] = "#8cd17d",
-    [ML_CAT_WORKSPACE] = "#b6992d"};
+    [ML_CAT_WORKSPACE] = "#b6992d",   [ML_CAT_BATCH] = "#9c755f",
+    [ML_CAT_BUFFERS] = "#bab0ac"};
 static const char *const cat_label[ML_CAT_COUNT] = {
     [ML_CAT_PARAMS] = "params",           [ML_CAT_MASTER] = "master weights",
     [ML_CAT_GRADS] = "grads",             [ML_CAT_OPTIMIZER] = "optimizer states",
     [ML_CAT_ACTIVATIONS] = "saved activations", [ML_CAT_RECOMPUTE] = "recompute",
-    [ML_CAT_WORKSPACE] = "workspace"};
+    [ML_CAT_WORKSPACE] = "workspace",     [ML_CAT_BATCH] = "batch",
+    [ML_CAT_BUFFERS] = "buffers"};
+/* every category has a place, a colour and a label */
+_Static_assert(sizeof stack_order / sizeof stack_order[0] == ML_CAT_COUNT, "stack_order");
 
 typedef ml_svg_chart chart;
 

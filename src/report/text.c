@@ -93,6 +93,10 @@ static void text_states(FILE *f, const ml_summary *s)
     if (s->bytes_host)
         fprintf(f, "  %-22s %12s   (offloaded: host memory, not on the device)\n", "host",
                 B(s->bytes_host, a));
+    fprintf(f, "  %-22s %12s   (inputs and targets the loop holds)\n", "batch",
+            B(s->bytes_batch, a));
+    if (s->bytes_buffers)
+        fprintf(f, "  %-22s %12s   (module buffers)\n", "buffers", B(s->bytes_buffers, a));
     fprintf(f, "\n");
 }
 

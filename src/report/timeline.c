@@ -13,10 +13,15 @@ static const char *step_of(const ml_ledger *l, const ml_event *e)
 
 int ml_report_timeline_csv(FILE *f, const ml_ledger *l)
 {
+    /* the categories added later (batch, buffers) follow t_s: columns are
+     * only ever appended */
     fputs("index,micro_batch,phase,step,category,delta_bytes", f);
-    for (int c = 0; c < ML_CAT_COUNT; c++)
+    for (int c = 0; c < ML_CAT_BATCH; c++)
         fprintf(f, ",%s", ml_category_name((ml_category)c));
-    fputs(",total,flops_before,t_s\n", f);
+    fputs(",total,flops_before,t_s", f);
+    for (int c = ML_CAT_BATCH; c < ML_CAT_COUNT; c++)
+        fprintf(f, ",%s", ml_category_name((ml_category)c));
+    fputc('\n', f);
     const ml_event *ev = ml_ledger_events(l);
     for (size_t i = 0; i < ml_ledger_event_count(l); i++) {
         const ml_event *e = &ev[i];
@@ -24,12 +29,15 @@ int ml_report_timeline_csv(FILE *f, const ml_ledger *l)
         fprintf(f, "%zu,%u,%s,%s,%s,%lld", i, e->micro, ml_phase_name(e->phase), step_of(l, e),
                 ml_category_name(e->cat), (long long)e->delta);
         for (int c = 0; c < ML_CAT_COUNT; c++) {
-            fprintf(f, ",%llu", (unsigned long long)e->live[c]);
+            if (c < ML_CAT_BATCH)
+                fprintf(f, ",%llu", (unsigned long long)e->live[c]);
             total += e->live[c];
         }
         fprintf(f, ",%llu,%.17g,", (unsigned long long)total, e->flops_before);
         if (e->t_s >= 0)
             fprintf(f, "%.9g", e->t_s);
+        for (int c = ML_CAT_BATCH; c < ML_CAT_COUNT; c++)
+            fprintf(f, ",%llu", (unsigned long long)e->live[c]);
         fputc('\n', f);
     }
     return ferror(f) ? -1 : 0;

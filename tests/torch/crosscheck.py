@@ -138,6 +138,13 @@ def measure(doc, B, T, ckpt, amp=False):
     model.train()
     batch = batch_for(doc, model, B, T)
     rec = Recorder(model)
+    # the batch the loop holds is counted once, as the plan's `batch`
+    # (docs/ledger.md, "The batch and the buffers"), not as a block's saved
+    # tensor: the first layer saves the input and nll/mse_loss the targets
+    for t in batch:
+        rec.exclude.add(t.storage().data_ptr())
+    batch_bytes = sum(t.numel() * t.element_size() for t in batch)
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
     with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
             loss = model.run(rec, batch, ckpt)
@@ -159,7 +166,7 @@ def measure(doc, B, T, ckpt, amp=False):
         for k, v in st.items():
             if torch.is_tensor(v) and k != "step":
                 states += v.numel() * v.element_size()
-    return saved_total, per_block, params, states
+    return saved_total, per_block, params, states, batch_bytes, buffer_bytes
 
 
 def plan(memledger, path, B, T, ckpt, amp=False):
@@ -208,7 +215,7 @@ def main():
             if True:
                 name = "%s B=%d%s%s%s" % (doc["name"], B, "" if seq else " T=%d" % T,
                                           " ckpt=full" if ckpt else "", " amp-bf16" if amp else "")
-                saved, per_block, params, states = measure(doc, B, T or 1, ckpt, amp)
+                saved, per_block, params, states, batch_b, buffers_b = measure(doc, B, T or 1, ckpt, amp)
                 extra = known_1_13(doc, B, T or 1)
                 if amp:
                     for k, v in known_cpu_autocast(doc, B, T or 1).items():
@@ -220,6 +227,8 @@ def main():
                 pred_total = j["bytes"]["activations_saved"] + sum(extra.values())
                 check(name + " params", j["params"], params, 0)
                 check(name + " optimizer states", j["bytes"]["optimizer_states"], states, 0)
+                check(name + " batch", j["bytes"]["batch"], batch_b, 0)
+                check(name + " buffers", j["bytes"]["buffers"], buffers_b, 0)
                 rel = 0 if doc["name"] in EXACT_MODELS else TOL
                 ok = check(name + " activations saved", pred_total, saved, rel)
                 blocks_ok = True

@@ -594,6 +594,10 @@ def main():
             # exact today: model states and the resident state
             check(name + " params bytes", j["bytes"]["params"], f["params"])
             check(name + " optimizer states bytes", j["bytes"]["optimizer_states"], f["states"])
+            # the batch the loop holds and the model's buffers (docs/ledger.md,
+            # "The batch and the buffers")
+            check(name + " batch bytes", j["bytes"]["batch"], f["batch"])
+            check(name + " buffers bytes", j["bytes"]["buffers"], f["buffers"])
             if optim in ("adam", "adamw") and impl == "for-loop":
                 # _single_tensor_adam: the previous parameter's `denom` is
                 # alive beside this one's sqrt and quotient, in
@@ -606,9 +610,9 @@ def main():
                   rr[0]["start"], f["params"] + other)
             check(name + " steady iteration starts at the resident state",
                   rr[1]["start"], f["params"] + f["states"] + f["counters"] + other)
-            check(name + " device view: resident = planned resident + buffers + batch",
+            check(name + " device view: resident = planned resident (with buffers and batch)",
                   r[1]["start"], j["bytes"]["params"] + j["bytes"]["master_params"]
-                  + j["bytes"]["optimizer_states"] + other)
+                  + j["bytes"]["optimizer_states"] + j["bytes"]["batch"] + j["bytes"]["buffers"])
             check(name + " steady iteration ends where it started", rr[1]["end"], rr[1]["start"])
             check(name + " first iteration ends at the resident state", rr[0]["end"], rr[1]["start"])
             check(name + " iterations 2 and 3 identical", (rr[2]["peak"], rr[2]["phases"]),
@@ -621,7 +625,7 @@ def main():
     # (3) the report
     hdr = ("| model and loop | steady peak: measured / planned (B) | diff | first iteration: measured / planned | diff "
            "| peak phase (op): measured / planned | forward max m / p | backward max m / p | optimizer max m / p "
-           "| buffers + batch in measured (B) | raw CPU steady peak (B) | artefacts removed (allocations) |")
+           "| buffers + batch, measured and planned (B) | raw CPU steady peak (B) | artefacts removed (allocations) |")
     lines = [hdr, "|" + "---|" * 12]
     for name, st, fi, raw, j, other, arts in rows:
         pm = j["phase_max"]

@@ -62,15 +62,16 @@ static ml_ledger *job(const char *preset, uint64_t b, double tflops, uint64_t me
 static void test_worst_is_the_sum(void **state)
 {
     (void)state;
-    /* mlp2: peak total 937,894,912 B (tests/cli/cases/plan-mlp2-json) */
+    /* mlp2: peak total 403,072,000 + the 512 MiB reserve = 939,942,912 B
+     * (tests/unit/test_model_states.c derives the peak) */
     ml_ledger *a = job("mlp2", 256, 0, 1ull << 30), *b = job("mlp2", 256, 0, 1ull << 30);
     const ml_ledger *ls[2] = {a, b};
     ml_colocate_result r;
     ml_error e;
     assert_int_equal(ml_colocate(ls, 2, 1ull << 30, &r, &e), ML_OK);
-    assert_int_equal(r.worst_total, 2 * 937894912ull);
+    assert_int_equal(r.worst_total, 2 * 939942912ull);
     assert_false(r.fits);
-    assert_int_equal(r.headroom, (int64_t)(1ull << 30) - 2 * 937894912ll);
+    assert_int_equal(r.headroom, (int64_t)(1ull << 30) - 2 * 939942912ll);
     /* no step time: no time axis */
     assert_false(r.timed);
     assert_false(r.aligned_known);
@@ -141,7 +142,7 @@ static void test_periods_too_unequal(void **state)
     assert_int_equal(ml_colocate(ls, 2, 8ull << 30, &r, &e), ML_OK);
     assert_true(r.timed);
     assert_false(r.aligned_known);
-    assert_int_equal(r.worst_total, 2 * 937894912ull);
+    assert_int_equal(r.worst_total, 2 * 939942912ull);
     ml_ledger_destroy(a);
     ml_ledger_destroy(b);
 }

@@ -47,15 +47,16 @@ static void test_gpt2_block_fp32(void **state)
     assert_int_equal(blk, 154368);
     /* c = 154368 / (B*T*D*4 B) = 154368 / 8192 */
     assert_rel_close(c, 154368.0 / 8192.0, 1e-12);
-    /* embedding: int64 ids B*T*8 = 256, position ids T*8 = 128, dropout mask
-     * B*T*D = 2048 -> 2432. head: LN input 8192 + stats 256 + lm_head input
-     * 8192 = 16640. loss: log-softmax B*T*V*4 = 12800 + int64 targets 256
-     * + nll_loss's fp32 total_weight scalar 4. The logits (held by the
-     * caller) are not saved for backward. */
-    assert_int_equal(inventory(GPT_SMALL("fp32", "0.1", "eager"), "embedding", NULL, NULL), 2432);
+    /* embedding: position ids T*8 = 128, dropout mask B*T*D = 2048 -> 2176
+     * (the int64 ids it saves, B*T*8 = 256, are the batch's storage). head:
+     * LN input 8192 + stats 256 + lm_head input 8192 = 16640. loss:
+     * log-softmax B*T*V*4 = 12800 + nll_loss's fp32 total_weight scalar 4
+     * (the int64 targets, 256, are the batch's). The logits (held by the
+     * caller) are not saved for backward. The batch: ids + targets = 512. */
+    assert_int_equal(inventory(GPT_SMALL("fp32", "0.1", "eager"), "embedding", NULL, NULL), 2176);
     assert_int_equal(inventory(GPT_SMALL("fp32", "0.1", "eager"), "head", NULL, NULL), 16640);
-    assert_int_equal(inventory(GPT_SMALL("fp32", "0.1", "eager"), "loss", NULL, NULL), 13060);
-    assert_int_equal(total, 2432 + 2 * 154368 + 16640 + 13060);
+    assert_int_equal(inventory(GPT_SMALL("fp32", "0.1", "eager"), "loss", NULL, NULL), 12804);
+    assert_int_equal(total, 2176 + 2 * 154368 + 16640 + 12804);
 }
 
 /* dropout 0: no masks, and dropout(p=0) returns its input, so PV saves the
@@ -146,7 +147,8 @@ static void test_llama_block(void **state)
  * Forward FLOPs: q/k/v 2*8*32*(64 + 2*32) = 65,536; QK^T and PV
  * 4*B*H*T*T*dh = 4*4*64*16 = 16,384; o_proj 2*8*64*32 = 32,768; SwiGLU
  * 3 x 2*8*32*64 = 98,304; = 212,992.
- * Embedding: int64 ids 64 + rotary cos and sin 2*B*T*dh*4 = 1024 = 1088. */
+ * Embedding: rotary cos and sin 2*B*T*dh*4 = 1024 (its int64 ids, 64 B,
+ * are the batch's storage). */
 #define LLAMA_HD(attn)                                                                       \
     "model:\n  type: decoder\n  layers: 2\n  hidden: 32\n  heads: 4\n  kv_heads: 2\n"        \
     "  head_dim: 16\n  ffn: 64\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 50\n"        \
@@ -157,7 +159,7 @@ static void test_llama_head_dim(void **state)
 {
     (void)state;
     assert_int_equal(inventory(LLAMA_HD("eager"), "block.0", NULL, NULL), 23616);
-    assert_int_equal(inventory(LLAMA_HD("eager"), "embedding", NULL, NULL), 1088);
+    assert_int_equal(inventory(LLAMA_HD("eager"), "embedding", NULL, NULL), 1024);
     /* flash: q, k, v B*T*(64 + 2*32)*4 = 4096, the output B*T*64*4 = 2048
      * and the logsumexp B*H*T*4 = 128 in place of the copies and softmax:
      * 23,616 - 6144 - 1024 + 4096 + 2048 + 128 = 22,720 */
@@ -182,13 +184,58 @@ static void test_llama_head_dim(void **state)
     assert_null(bad);
 }
 
+/* Buffers (docs/ledger.md, "The batch and the buffers"): the rotary
+ * embedding's inv_freq, head_dim / 2 fp32 values (16 / 2 x 4 = 32 B), and
+ * what model.buffers declares on top (1 KiB); the batch: the int64 ids and
+ * targets, B*T*8 = 64 B each. Both resident: the first event of forward sees
+ * params + buffers + batch. A size that is not one is refused at its key. */
+static void test_buffers_and_batch(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(LLAMA_HD("eager"));
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, true);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_int_equal(s->bytes_buffers, 32);
+    assert_int_equal(s->bytes_batch, 128);
+    const ml_event *ev = ml_ledger_events(l);
+    size_t i = 0;
+    while (i < ml_ledger_event_count(l) && ev[i].block < 0)
+        i++;
+    assert_true(i < ml_ledger_event_count(l));
+    assert_int_equal(ev[i].live[ML_CAT_BUFFERS], 32);
+    assert_int_equal(ev[i].live[ML_CAT_BATCH], 128);
+    assert_int_equal(ev[i].live[ML_CAT_PARAMS], s->bytes_params);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    char y[1024];
+    snprintf(y, sizeof y, "%s", LLAMA_HD("eager"));
+    char *at = strstr(y, "  dropout: 0\n");
+    assert_non_null(at);
+    char z[1100];
+    snprintf(z, sizeof z, "%.*s  buffers: 1KiB\n%s", (int)(at - y), y, at);
+    m = load_str(z);
+    c = ml_model_config(m);
+    l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->bytes_buffers, 1024 + 32);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    snprintf(z, sizeof z, "%.*s  buffers: lots\n%s", (int)(at - y), y, at);
+    ml_error e;
+    ml_model *bad = NULL;
+    assert_int_equal(ml_model_load_string(z, strlen(z), "t.yaml", &bad, &e), ML_SCHEMA);
+    assert_null(bad);
+    assert_non_null(strstr(e.msg, "model.buffers"));
+}
+
 /* The two-layer MLP of the design notes: z1 = x W1, a = gelu(z1), y = a W2,
  * with B=3, 8 -> 16 -> 4, fp32, MSE loss.
- *   x: the first linear saves its input although x needs no gradient: 3x8x4 = 96
+ *   x: the first linear saves its input although x needs no gradient:
+ *      3x8x4 = 96, the batch's storage (held by the loop all iteration)
  *   z1: gelu saves its input: 3x16x4 = 192
  *   a: the second linear saves its input: 192
- *   loss: mse_loss saves y (48) and the target (48)
- * total 576 B. FLOPs: 2*3*8*16 + 2*3*16*4 = 1152 forward; backward skips
+ *   loss: mse_loss saves y (48) and the target (48, the batch's)
+ * blocks' own: 192 + 192 + 48 = 432 B; the batch x + target = 144 B. FLOPs: 2*3*8*16 + 2*3*16*4 = 1152 forward; backward skips
  * the first layer's input gradient: 768 + 2*384 = 1536. */
 static void test_mlp_inventory(void **state)
 {
@@ -201,11 +248,13 @@ static void test_mlp_inventory(void **state)
     ml_config c = ml_model_config(m);
     ml_ledger *l = eval(m, &c, false);
     const ml_summary *s = ml_ledger_summary(l);
-    assert_int_equal(block_named(l, "0:linear")->inventory_bytes, 96);
+    assert_int_equal(block_named(l, "0:linear")->inventory_bytes, 0);
     assert_int_equal(block_named(l, "1:gelu")->inventory_bytes, 192);
     assert_int_equal(block_named(l, "2:linear")->inventory_bytes, 192);
-    assert_int_equal(block_named(l, "loss")->inventory_bytes, 96);
-    assert_int_equal(s->bytes_activations, 576);
+    assert_int_equal(block_named(l, "loss")->inventory_bytes, 48);
+    assert_int_equal(s->bytes_activations, 432);
+    assert_int_equal(s->bytes_batch, 144);
+    assert_int_equal(s->bytes_buffers, 0);
     assert_int_equal(s->params, 192);
     assert_rel_close(s->flops_forward, 1152, 0);
     assert_rel_close(s->flops_backward, 1536, 0);
@@ -214,7 +263,8 @@ static void test_mlp_inventory(void **state)
 }
 
 /* A small CNN, B=2, fp32, 3x8x8 input:
- *   conv2d (3->4, 3x3, pad 1) saves the image: 2x192x4 = 1536
+ *   conv2d (3->4, 3x3, pad 1) saves the image: 2x192x4 = 1536, the
+ *     batch's storage
  *   batchnorm saves its input (the conv output, 2x4x8x8x4 = 2048) and
  *     save_mean + save_invstd (2 x 4 channels x 4 B = 32): 2080
  *   relu saves its output (2048), which maxpool saves as its input too:
@@ -222,8 +272,11 @@ static void test_mlp_inventory(void **state)
  *   maxpool: int64 indices 2x4x4x4x8 = 1024 (its input is relu's output)
  *   flatten: a view, nothing
  *   linear (64 -> 10) saves its input (the pooled map) 2x64x4 = 512
- *   loss: log-softmax 2x10x4 = 80 + int64 targets 16 + total_weight 4 = 100
- * total 7300 B. */
+ *   loss: log-softmax 2x10x4 = 80 + total_weight 4 = 84 (the int64
+ *     targets, 16, are the batch's)
+ * blocks' own: 2080 + 2048 + 1024 + 512 + 84 = 5748 B; the batch: image +
+ * targets = 1552 B; the buffers: batchnorm's running_mean and running_var
+ * (4 fp32 each) and num_batches_tracked (int64) = 40 B. */
 static void test_cnn_inventory(void **state)
 {
     (void)state;
@@ -235,14 +288,16 @@ static void test_cnn_inventory(void **state)
     ml_model *m = load_str(y);
     ml_config c = ml_model_config(m);
     ml_ledger *l = eval(m, &c, false);
-    assert_int_equal(block_named(l, "0:conv2d")->inventory_bytes, 1536);
+    assert_int_equal(block_named(l, "0:conv2d")->inventory_bytes, 0);
     assert_int_equal(block_named(l, "1:batchnorm")->inventory_bytes, 2080);
     assert_int_equal(block_named(l, "2:relu")->inventory_bytes, 2048);
     assert_int_equal(block_named(l, "3:maxpool")->inventory_bytes, 1024);
     assert_int_equal(block_named(l, "4:flatten")->inventory_bytes, 0);
     assert_int_equal(block_named(l, "5:linear")->inventory_bytes, 512);
-    assert_int_equal(block_named(l, "loss")->inventory_bytes, 100);
-    assert_int_equal(ml_ledger_summary(l)->bytes_activations, 7300);
+    assert_int_equal(block_named(l, "loss")->inventory_bytes, 84);
+    assert_int_equal(ml_ledger_summary(l)->bytes_activations, 5748);
+    assert_int_equal(ml_ledger_summary(l)->bytes_batch, 1552);
+    assert_int_equal(ml_ledger_summary(l)->bytes_buffers, 40);
     /* 3x3x3x4 conv + 8 batchnorm + 640 + 10 linear */
     assert_int_equal(ml_ledger_summary(l)->params, 108 + 8 + 650);
     ml_ledger_destroy(l);
@@ -275,6 +330,7 @@ int main(void)
         cmocka_unit_test(test_gpt2_block_flash),
         cmocka_unit_test(test_llama_block),
         cmocka_unit_test(test_llama_head_dim),
+        cmocka_unit_test(test_buffers_and_batch),
         cmocka_unit_test(test_mlp_inventory),
         cmocka_unit_test(test_cnn_inventory),
         cmocka_unit_test(test_video_hidden_activation),

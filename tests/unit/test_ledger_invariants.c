@@ -180,7 +180,9 @@ static void test_checkpoint_lowers_gpt2_peak(void **state)
 /* The whole timeline of a tiny MLP, by hand from the rules of docs/ledger.md.
  * B=3, 8 -> 16 -> 4 without biases, gelu, MSE, fp32, plain SGD (no states,
  * no step temporaries). Params 192 x 4 B = 768.
- * Boundaries (all saved by their consumer): x 96, z1 192, a 192, y 48.
+ * The batch the loop holds all iteration: x 96 and the mse target 48
+ * (docs/ledger.md, "The batch and the buffers"): resident 768 + 144 = 912.
+ * Boundaries (all saved by their consumer): z1 192, a 192, y 48.
  * Transients: ws_fwd = 2 x largest unsaved intermediate = 0 (each block is
  * one layer); the loss's ws_bwd = 2 x 48 (grad of y twice) = 96. The three
  * layers run their backward node by node ("Backward, node by node"):
@@ -188,17 +190,17 @@ static void test_checkpoint_lowers_gpt2_peak(void **state)
  *     W2's 64 x 4 = 256; frees y's gradient, then a (its last user);
  *   1:gelu, GeluBackward0: z1's gradient 192; frees a's, then z1;
  *   0:linear, MmBackward0: x needs no gradient, so only W1's 128 x 4 = 512;
- *     frees z1's gradient, then x.
- * Forward: 768 + 96 + 192 + 192 + 48 + target 48 = 1344.
+ *     frees z1's gradient (x is the batch's).
+ * Forward: 912 + 192 + 192 + 48 = 1344.
  * The loop holds y, the model output, to the end (logits: kept, the default).
- * Backward, loss: +96 -48 (target) -96 -> 1296.
- *   block 2: +48 +192 +256 = 1792, -48 -192 (a) -> 1552.
- *   block 1: +192 = 1744, -192 -192 (z1) -> 1360.
- *   block 0: +512 = 1872  <- the peak: params 768, grads 768, x 96, y 48,
- *            workspace 192 (z1's gradient); then -192 -96 (x) -> 1584.
- * Step: grads freed -> 816; the iteration ends, y freed -> 768.
+ * Backward, loss: +96 -96 -> 1344 (the target it saved is the batch's).
+ *   block 2: +48 +192 +256 = 1840, -48 -192 (a) -> 1600.
+ *   block 1: +192 = 1792, -192 -192 (z1) -> 1408.
+ *   block 0: +512 = 1920  <- the peak: params 768, grads 768, batch 144,
+ *            y 48, workspace 192 (z1's gradient); then -192 -> 1728.
+ * Step: grads freed -> 960; the iteration ends, y freed -> 912.
  * logits: released: y goes with the loss's backward (-48 there): the peak is
- * 1824, without y. */
+ * 1872, without y. */
 static void test_mlp_timeline_by_hand(void **state)
 {
     (void)state;
@@ -209,14 +211,16 @@ static void test_mlp_timeline_by_hand(void **state)
     ml_config c = ml_model_config(m);
     ml_ledger *l = eval(m, &c, true);
     const ml_summary *s = ml_ledger_summary(l);
-    assert_int_equal(s->peak, 1872);
+    assert_int_equal(s->peak, 1920);
     assert_int_equal(s->peak_phase, ML_PHASE_BACKWARD);
     assert_string_equal(s->peak_step, "0:linear");
     assert_int_equal(s->peak_breakdown[ML_CAT_PARAMS], 768);
     assert_int_equal(s->peak_breakdown[ML_CAT_GRADS], 768);
-    assert_int_equal(s->peak_breakdown[ML_CAT_ACTIVATIONS], 96 + 48);
+    assert_int_equal(s->peak_breakdown[ML_CAT_ACTIVATIONS], 48);
+    assert_int_equal(s->peak_breakdown[ML_CAT_BATCH], 144);
     assert_int_equal(s->peak_breakdown[ML_CAT_WORKSPACE], 192);
-    assert_int_equal(s->bytes_activations, 576);
+    assert_int_equal(s->bytes_activations, 432);
+    assert_int_equal(s->bytes_batch, 144);
     /* the total after the forward pass, read off the event list */
     const ml_event *ev = ml_ledger_events(l);
     uint64_t end_fwd = 0;
@@ -227,8 +231,8 @@ static void test_mlp_timeline_by_hand(void **state)
                 end_fwd += ev[i].live[k];
         }
     assert_int_equal(end_fwd, 1344);
-    /* the last two events: the step frees the grads (816), the iteration's
-     * end frees y (768) */
+    /* the last two events: the step frees the grads (960), the iteration's
+     * end frees y (912) */
     size_t ne = ml_ledger_event_count(l);
     assert_true(ne >= 2);
     assert_int_equal(ev[ne - 2].delta, -768);
@@ -239,11 +243,12 @@ static void test_mlp_timeline_by_hand(void **state)
      * 2*3*8*16 = 768 + 2*3*16*4 = 384 (GELU 0); backward 0:linear 768 (its
      * input needs no gradient), 2:linear 2*384 = 768: 2,688 in all. At
      * 1e-9 TFLOP/s (1,000 FLOP/s) an event's t_s is its FLOPs before / 1000:
-     * event 0 at 0; the peak (event 17, W1's gradient, allocated before
+     * event 0 at 0; the peak (event 16, W1's gradient, allocated before
      * 0:linear's backward FLOPs are counted: a node carries none of its own)
      * after the forward 1,152 + 2:linear's 768 = 1,920: 1.92 s; the last at
-     * 2,688: 2.688 s (the step time). Events: 0 resident, 1-5 forward and
-     * loss, 6-8 the loss's backward, 9-13 block 2, 14-16 block 1 */
+     * 2,688: 2.688 s (the step time). Events: 0-2 resident (params, x,
+     * target), 3-5 forward (z1, a, y), 6-7 the loss's backward, 8-12 block
+     * 2, 13-15 block 1 */
     c.device.peak_tflops = 1e-9;
     c.device.efficiency = 1;
     l = eval(m, &c, true);
@@ -251,9 +256,9 @@ static void test_mlp_timeline_by_hand(void **state)
     ne = ml_ledger_event_count(l);
     assert_rel_close(ml_ledger_summary(l)->step_time_s, 2.688, 1e-12);
     assert_true(ev[0].t_s == 0);
-    assert_int_equal(ev[17].delta, 512);
-    assert_rel_close(ev[17].flops_before, 1920, 0);
-    assert_rel_close(ev[17].t_s, 1.92, 1e-12);
+    assert_int_equal(ev[16].delta, 512);
+    assert_rel_close(ev[16].flops_before, 1920, 0);
+    assert_rel_close(ev[16].t_s, 1.92, 1e-12);
     assert_rel_close(ev[ne - 1].t_s, 2.688, 1e-12);
     for (size_t i = 1; i < ne; i++)
         assert_true(ev[i].t_s >= ev[i - 1].t_s);
@@ -280,32 +285,36 @@ static void test_mlp_timeline_by_hand(void **state)
     ml_ledger_destroy(l);
     c.training.logits = ML_LOGITS_RELEASED;
     l = eval(m, &c, false);
-    assert_int_equal(ml_ledger_summary(l)->peak, 1824);
-    assert_int_equal(ml_ledger_summary(l)->peak_breakdown[ML_CAT_ACTIVATIONS], 96);
+    assert_int_equal(ml_ledger_summary(l)->peak, 1872);
+    assert_int_equal(ml_ledger_summary(l)->peak_breakdown[ML_CAT_ACTIVATIONS], 0);
     ml_ledger_destroy(l);
     ml_model_destroy(m);
 }
 
 /* The three peaks of one model, by hand from the rules of docs/ledger.md:
  * the MLP above at B = 30 with Adam (foreach). Params 768, states 2 x 768 =
- * 1536, step temporary 768 (one sqrt per state value); R = 2304 resident.
- * Boundaries: x 960, z1 1920, a 1920, y 480; the target 480.
+ * 1536, step temporary 768 (one sqrt per state value); R = 2304 resident,
+ * plus the batch the loop holds, x 960 and the target 480: R' = 3744.
+ * Boundaries: z1 1920, a 1920, y 480.
  * Transients: the loss's ws_bwd 2*480 = 960; the layers' backward runs node
  * by node (test_mlp_timeline_by_hand). Under no_grad a block's transient is
  * 2 x its largest tensor (linear 8->16: 2*960 = 1920; gelu and linear
- * 16->4: 2*1920 = 3840), the loss's its saved target (480).
- * Steady (logits kept): forward ends at R + 5760 = 8064; loss backward +960
- * -480 (target) -960 = 7584; block 2: y's gradient +480, a's +1920, W2's
- * +256 = 10240, the peak (R 2304, grads 256, x z1 a y 5280, workspace 2400);
- * then -480 -1920 (a) = 7840; block 1 +1920 -1920 -1920 (z1) = 5920; block
- * 0 +512 (W1's) = 6432, -1920 -960 (x) = 3552.
- * First iteration: the same without the states until the step: 10240 - 1536
- * = 8704; its step holds R + grads 768 + y 480 + 768 = 4320.
- * Evaluation at B = 30: R + x 960, block 0 +1920 +z1 1920 = 7104, -1920 -960
- * = 4224; block 1 +3840 +a 1920 = 9984, the eval peak, below the steady
- * 10240. At B = 60 every
- * activation term doubles: 2304 + 2 x 7680 = 17664, above the steady peak:
- * it binds, and the verdict and peak_total use it. Then zero_grad: zero. */
+ * 16->4: 2*1920 = 3840); the loss saves nothing of its own (y is the
+ * output, the target the batch's).
+ * Steady (logits kept): forward ends at R' + 4320 = 8064; loss backward
+ * +960 -960 = 8064; block 2: y's gradient +480, a's +1920, W2's +256 =
+ * 10720, the peak (R 2304, grads 256, batch 1440, z1 a y 4320, workspace
+ * 2400); then -480 -1920 (a) = 8320; block 1 +1920 -1920 -1920 (z1) = 6400;
+ * block 0 +512 (W1's) = 6912, -1920 = 4992.
+ * First iteration: the same without the states until the step: 10720 - 1536
+ * = 9184; its step holds R + batch 1440 + grads 768 + y 480 + 768 = 5760.
+ * Evaluation at B = 30: R' (the training batch is still bound in the loop)
+ * + the evaluation's own batch 1440 = 5184; block 0 +1920 +z1 1920 = 9024,
+ * -1920 = 7104; block 1 +3840 +a 1920 = 12864, the eval peak, above the
+ * steady 10720: it binds. At B = 60 the evaluation batch and every
+ * activation term double: 3744 + 2880 = 6624, block 0 +3840 +3840 = 14304,
+ * -3840 = 10464, block 1 +7680 +3840 = 21984; the verdict and peak_total
+ * use it. Then zero_grad: zero. */
 static void test_three_peaks_by_hand(void **state)
 {
     (void)state;
@@ -317,9 +326,10 @@ static void test_three_peaks_by_hand(void **state)
     ml_config c = ml_model_config(m);
     ml_ledger *l = eval(m, &c, false);
     const ml_summary *s = ml_ledger_summary(l);
-    assert_int_equal(s->peak, 10240);
+    assert_int_equal(s->peak, 10720);
     assert_string_equal(s->peak_step, "2:linear");
-    assert_int_equal(s->peak_first_iteration, 8704);
+    assert_int_equal(s->peak_breakdown[ML_CAT_BATCH], 1440);
+    assert_int_equal(s->peak_first_iteration, 9184);
     assert_false(s->has_eval);
     assert_int_equal(s->binding, ML_PEAK_STEADY);
     ml_ledger_destroy(l);
@@ -327,8 +337,8 @@ static void test_three_peaks_by_hand(void **state)
     l = eval(m, &c, false);
     s = ml_ledger_summary(l);
     assert_true(s->has_eval);
-    assert_int_equal(s->peak_eval, 9984);
-    assert_int_equal(s->binding, ML_PEAK_STEADY);
+    assert_int_equal(s->peak_eval, 12864);
+    assert_int_equal(s->binding, ML_PEAK_EVAL);
     ml_ledger_destroy(l);
     c.training.eval_batch = 60;
     c.device.present = true;
@@ -336,28 +346,28 @@ static void test_three_peaks_by_hand(void **state)
     c.device.runtime_reserve = 512ull << 20;
     l = eval(m, &c, false);
     s = ml_ledger_summary(l);
-    assert_int_equal(s->peak, 10240); /* bytes.peak stays the steady state's */
-    assert_int_equal(s->peak_eval, 17664);
+    assert_int_equal(s->peak, 10720); /* bytes.peak stays the steady state's */
+    assert_int_equal(s->peak_eval, 21984);
     assert_int_equal(s->binding, ML_PEAK_EVAL);
-    assert_int_equal(s->peak_total, 17664 + (512ull << 20));
-    assert_int_equal(s->headroom, (int64_t)(512ull << 20) - 17664);
+    assert_int_equal(s->peak_total, 21984 + (512ull << 20));
+    assert_int_equal(s->headroom, (int64_t)(512ull << 20) - 21984);
     ml_ledger_destroy(l);
     /* zero_grad: zero — every .grad (768 B) stays allocated, and each node
      * adds its parameters' gradient into it through a transient of the same
-     * size (AccumulateGrad): at block 2, 10240 - 256 (no new W2 grad) + 768
-     * + 256 (the transient) = 11008, workspace 2400 + 256. The first
-     * iteration has no gradients yet: 8704 as before; the evaluation at
-     * B = 30 carries them: 9984 + 768 = 10752. */
+     * size (AccumulateGrad): at block 2, 10720 - 256 (no new W2 grad) + 768
+     * + 256 (the transient) = 11488, workspace 2400 + 256. The first
+     * iteration has no gradients yet: 9184 as before; the evaluation at
+     * B = 30 carries them: 12864 + 768 = 13632. */
     c.device.present = false;
     c.training.eval_batch = 30;
     c.training.zero_grad = ML_ZERO_GRAD_ZERO;
     l = eval(m, &c, true);
     s = ml_ledger_summary(l);
-    assert_int_equal(s->peak, 11008);
+    assert_int_equal(s->peak, 11488);
     assert_int_equal(s->peak_breakdown[ML_CAT_GRADS], 768);
     assert_int_equal(s->peak_breakdown[ML_CAT_WORKSPACE], 2400 + 256);
-    assert_int_equal(s->peak_first_iteration, 8704);
-    assert_int_equal(s->peak_eval, 10752);
+    assert_int_equal(s->peak_first_iteration, 9184);
+    assert_int_equal(s->peak_eval, 13632);
     ml_ledger_destroy(l);
     ml_model_destroy(m);
 }
@@ -435,19 +445,20 @@ static void test_residual_nodes_by_hand(void **state)
  * "Checkpointed segments, node by node"): linear 8->16, dropout 0.5, linear
  * 16->4 (no biases), MSE, B = 3, SGD, checkpoint every-2: segments {0, 1}
  * and {2}. Bytes: x 96, z1 192, the dropout output d 192, its bool mask 48,
- * y 48, the target 48; W1 512, W2 256. Forward under no_grad keeps x (the
- * first segment's input), d (the second's) and y (the loop holds it): the
- * loss's backward ends at R 768 + 96 + 192 + 48 = 1104. Block 2 (a segment
- * of one) recomputes nothing (a linear saves only its input, the segment's;
- * its output y is not made again); its node: y's gradient 48 in, d's 192,
- * W2's 256 (1600), y's gradient freed, d released: 1360. Then the segment
- * {0, 1} recomputes: the linear makes z1 again, which nothing saves (a
- * transient, +192 = 1552), the dropout its mask (+48 recompute = 1600), z1
- * is freed once the dropout has run (1408), d is not made again. The
- * dropout's node: z1's gradient +192 (1600), d's gradient freed (1408), the
- * mask released (1360). The linear's node: W1's gradient +512 = 1872, the
- * peak (params 768, grads 768, x and y 144, z1's gradient 192), z1's
- * gradient freed (its input needs none), x released: 1584. Recompute FLOPs:
+ * y 48, the target 48; W1 512, W2 256. x and the target are the batch the
+ * loop holds all iteration (144). Forward under no_grad keeps x (the first
+ * segment's input: the batch), d (the second's) and y (the loop holds it):
+ * the loss's backward ends at R 768 + 144 + 192 + 48 = 1152. Block 2 (a
+ * segment of one) recomputes nothing (a linear saves only its input, the
+ * segment's; its output y is not made again); its node: y's gradient 48
+ * in, d's 192, W2's 256 (1648), y's gradient freed, d released: 1408. Then
+ * the segment {0, 1} recomputes: the linear makes z1 again, which nothing
+ * saves (a transient, +192 = 1600), the dropout its mask (+48 recompute =
+ * 1648), z1 is freed once the dropout has run (1456), d is not made again.
+ * The dropout's node: z1's gradient +192 (1648), d's gradient freed (1456),
+ * the mask released (1408). The linear's node: W1's gradient +512 = 1920,
+ * the peak (params 768, grads 768, batch 144, y 48, z1's gradient 192), z1's
+ * gradient freed (its input needs none): 1728. Recompute FLOPs:
  * the forward of every checkpointed block, 2*3*8*16 + 2*3*16*4 = 1152. */
 static void test_checkpoint_nodes_by_hand(void **state)
 {
@@ -461,10 +472,11 @@ static void test_checkpoint_nodes_by_hand(void **state)
     assert_int_equal(ml_parse_checkpoint("every-2", &c.training.checkpoint, &e), ML_OK);
     ml_ledger *l = eval(m, &c, true);
     const ml_summary *s = ml_ledger_summary(l);
-    assert_int_equal(s->peak, 1872);
+    assert_int_equal(s->peak, 1920);
     assert_string_equal(s->peak_step, "0:linear");
     assert_int_equal(s->peak_breakdown[ML_CAT_GRADS], 768);
-    assert_int_equal(s->peak_breakdown[ML_CAT_ACTIVATIONS], 144);
+    assert_int_equal(s->peak_breakdown[ML_CAT_ACTIVATIONS], 48);
+    assert_int_equal(s->peak_breakdown[ML_CAT_BATCH], 144);
     assert_int_equal(s->peak_breakdown[ML_CAT_RECOMPUTE], 0);
     assert_int_equal(s->peak_breakdown[ML_CAT_WORKSPACE], 192);
     assert_int_equal(s->category_max[ML_CAT_RECOMPUTE], 48);
@@ -476,7 +488,7 @@ static void test_checkpoint_nodes_by_hand(void **state)
     } want[] = {
         {0, ML_CAT_WORKSPACE, 192},   {1, ML_CAT_RECOMPUTE, 48},  {1, ML_CAT_WORKSPACE, -192},
         {1, ML_CAT_WORKSPACE, 192},   {1, ML_CAT_WORKSPACE, -192}, {1, ML_CAT_RECOMPUTE, -48},
-        {0, ML_CAT_GRADS, 512},       {0, ML_CAT_WORKSPACE, -192}, {0, ML_CAT_ACTIVATIONS, -96},
+        {0, ML_CAT_GRADS, 512},       {0, ML_CAT_WORKSPACE, -192},
     };
     const ml_event *ev = ml_ledger_events(l);
     size_t ne = ml_ledger_event_count(l), got = 0;

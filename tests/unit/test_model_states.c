@@ -33,17 +33,21 @@ static void test_design_20m_fp32_adam(void **state)
     /* the foreach step materialises sqrt(exp_avg_sq) for all 20M values
      * (4 B each) while params, grads and states are resident:
      * 80M + 80M + 160M + 80M = 400,000,000 B; the loop (logits: kept, the
-     * default) still holds the model output y, 256 x 1000 x 4 = 1,024,000 B:
-     * 401,024,000 B, the iteration's peak */
+     * default) still holds the model output y, 256 x 1000 x 4 = 1,024,000 B,
+     * and its batch, x and the mse target, 2 x 256 x 1000 x 4 = 2,048,000 B:
+     * 403,072,000 B, the iteration's peak */
     assert_int_equal(s->bytes_step_temp, 80000000);
-    assert_int_equal(s->peak, 401024000);
+    assert_int_equal(s->bytes_batch, 2048000);
+    assert_int_equal(s->bytes_buffers, 0);
+    assert_int_equal(s->peak, 403072000);
     assert_int_equal(s->peak_phase, ML_PHASE_OPTIMIZER);
     ml_ledger_destroy(l);
     /* a loop that drops its reference once the loss is computed: y goes
-     * with the loss's backward (mse saved it), and the step holds 400,000,000 */
+     * with the loss's backward (mse saved it), and the step holds
+     * 400,000,000 + the batch 2,048,000 */
     c.training.logits = ML_LOGITS_RELEASED;
     s = run(m, &c, &l);
-    assert_int_equal(s->peak, 400000000);
+    assert_int_equal(s->peak, 402048000);
     assert_int_equal(s->peak_phase, ML_PHASE_OPTIMIZER);
     ml_ledger_destroy(l);
     ml_model_destroy(m);
@@ -235,7 +239,7 @@ static void test_step_temporaries(void **state)
 static void test_verdict(void **state)
 {
     (void)state;
-    ml_model *m = load_preset("mlp2"); /* peak 401,024,000 B (above) */
+    ml_model *m = load_preset("mlp2"); /* peak 403,072,000 B (above) */
     ml_config c = ml_model_config(m);
     c.device.present = true;
     c.device.memory = 1ull << 30;
@@ -245,11 +249,11 @@ static void test_verdict(void **state)
     const ml_summary *s = run(m, &c, &l);
     assert_int_equal(s->budget, 536870912);
     assert_true(s->fits);
-    assert_int_equal(s->peak_total, 401024000ull + 536870912ull);
-    assert_int_equal(s->headroom, 536870912 - 401024000);
+    assert_int_equal(s->peak_total, 403072000ull + 536870912ull);
+    assert_int_equal(s->headroom, 536870912 - 403072000);
     ml_ledger_destroy(l);
     /* an explicit budget below the peak */
-    c.device.budget = 401023999;
+    c.device.budget = 403071999;
     s = run(m, &c, &l);
     assert_false(s->fits);
     assert_int_equal(s->headroom, -1);
@@ -259,7 +263,7 @@ static void test_verdict(void **state)
     c.device.runtime_reserve = 700ull << 20; /* 734,003,200 */
     s = run(m, &c, &l);
     assert_false(s->fits);
-    assert_int_equal(s->headroom, (int64_t)(1ull << 30) - 401024000 - 734003200);
+    assert_int_equal(s->headroom, (int64_t)(1ull << 30) - 403072000 - 734003200);
     ml_ledger_destroy(l);
     ml_model_destroy(m);
 }
