@@ -1,0 +1,44 @@
+/* What triage's entry point and ranking (triage.c) and its remedies
+ * (triage_remedies.c) share. Internal to src/plan/. The rules: docs/cli.md,
+ * "triage". */
+#ifndef ML_TRIAGE_INTERNAL_H
+#define ML_TRIAGE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "memledger/plan.h"
+
+/* What a model has that decides whether a remedy applies or what it changes
+ * in training. */
+typedef struct {
+    bool transformer; /* decoder/encoder shorthand: its attention is m->attention */
+    bool attention;   /* any attention (selective checkpointing acts on it) */
+    bool dropout;     /* recomputed dropout needs the RNG state */
+    bool batchnorm;   /* batch statistics depend on the micro-batch */
+} ml_triage_traits;
+
+/* One triage: the configuration as given and what it found so far. */
+typedef struct {
+    const ml_model *m;
+    const ml_config *cfg;           /* as given */
+    const ml_triage_request *req;
+    const ml_triage_result *r;      /* current, observed */
+    ml_triage_traits tr;
+    ml_error *err;
+} ml_triage_ctx;
+
+/* The allocator peak the verdict uses: the largest of the three. */
+uint64_t ml_triage_binding_peak(const ml_summary *s);
+/* c's summary (ml_ledger_evaluate without events); its statuses. */
+ml_status ml_triage_evaluate(const ml_model *m, const ml_config *c, ml_summary *out,
+                             ml_error *err);
+/* s's step time with offload's host transfers counted without overlap; < 0
+ * when unknown. */
+double ml_triage_step_time(const ml_triage_ctx *x, const ml_summary *s);
+/* Plans remedy k and appends it to r when it applies and lowers the peak
+ * total (expandable segments also when the run was seen fragmented).
+ * ML_OK, or an evaluation's status other than ML_OVERFLOW. */
+ml_status ml_triage_add_remedy(const ml_triage_ctx *x, ml_remedy_kind k, ml_triage_result *r);
+
+#endif
