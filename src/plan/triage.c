@@ -39,6 +39,7 @@ ml_triage_request ml_triage_request_defaults(void)
     memset(&r, 0, sizeof r);
     r.oom_phase = ML_TRIAGE_ANY;
     r.host_bandwidth = 25e9;
+    r.batching = ml_lengths_request_defaults();
     return r;
 }
 
@@ -95,15 +96,19 @@ static void observe(const ml_triage_request *req, ml_triage_result *r)
 }
 
 /* Whether a ranks before b: those that fit first; within each group those in
- * the focus phase first; then the least slowdown (fitting) or the lowest
- * peak total (not fitting, or no device); then the table's order. */
+ * the focus phase first; then the least slowdown (fitting; a slowdown not
+ * derived after the known ones) or the lowest peak total (not fitting, or no
+ * device); then the table's order. */
 static bool before(const ml_remedy *a, const ml_remedy *b)
 {
     if (a->fits != b->fits)
         return a->fits;
     if (a->in_focus != b->in_focus)
         return a->in_focus;
-    if (a->fits && fabs(a->slowdown - b->slowdown) > 1e-9 * fmax(a->slowdown, b->slowdown))
+    if (a->fits && (a->slowdown < 0) != (b->slowdown < 0))
+        return b->slowdown < 0; /* not derived: after those whose slowdown is known */
+    if (a->fits && a->slowdown >= 0 && b->slowdown >= 0 &&
+        fabs(a->slowdown - b->slowdown) > 1e-9 * fmax(a->slowdown, b->slowdown))
         return a->slowdown < b->slowdown;
     if (!a->fits && a->peak_total != b->peak_total)
         return a->peak_total < b->peak_total;
@@ -133,14 +138,17 @@ ml_status ml_triage(const ml_model *m, const ml_config *cfg, const ml_triage_req
     ml_triage_result *r = calloc(1, sizeof *r);
     if (!r)
         return ml_errorf(err, ML_NOMEM, "out of memory");
-    ml_status st = ml_triage_evaluate(m, cfg, &r->current, err);
+    ml_config worst = *cfg; /* the configuration triaged */
+    ml_status st = req->lengths ? ml_triage_worst_batch(m, cfg, req, r, &worst, err) : ML_OK;
+    if (!st)
+        st = ml_triage_evaluate(m, &worst, &r->current, err);
     if (st) {
         free(r);
         return st;
     }
     r->peak = ml_triage_binding_peak(&r->current);
     r->host_transfer = r->current.host_transfer_bytes;
-    ml_triage_ctx x = {m, cfg, req, r, traits_of(m), err};
+    ml_triage_ctx x = {m, &worst, req, r, traits_of(m), err, cfg};
     r->step_time_s = ml_triage_step_time(&x, &r->current);
     r->focus = req->oom_phase;
     observe(req, r);

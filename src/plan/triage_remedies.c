@@ -69,6 +69,8 @@ static const struct {
         "moment: a different optimizer (retune the learning rate)"},
     [ML_REMEDY_OFFLOAD_OPTIMIZER] = {"offload-optimizer", B | O, NULL, NULL},
     [ML_REMEDY_OFFLOAD_PARAMS] = {"offload-params", B | O, NULL, NULL},
+    [ML_REMEDY_TOKEN_BUDGET] = {"token-budget", F | B, NULL, NULL},
+    [ML_REMEDY_LENGTH_BUCKETS] = {"length-buckets", F | B, NULL, NULL},
 };
 
 const char *ml_remedy_name(ml_remedy_kind k)
@@ -242,11 +244,7 @@ double ml_triage_step_time(const ml_triage_ctx *x, const ml_summary *s)
            (s->time_host_transfer_s < 0 ? s->host_transfer_bytes / host_bandwidth(x) : 0);
 }
 
-/* Appends to the string in buf, truncating at size. */
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static void put(char *buf, size_t size, const char *fmt, ...)
+void ml_triage_put(char *buf, size_t size, const char *fmt, ...)
 {
     size_t n = strlen(buf);
     if (n + 1 >= size)
@@ -265,35 +263,35 @@ static void flags_of(const ml_config *c0, const ml_config *c, ml_remedy_kind k, 
     char ck[64];
     buf[0] = '\0';
     if (t->micro_batch != a->micro_batch)
-        put(buf, size, " --micro-batch %llu", (unsigned long long)t->micro_batch);
+        ml_triage_put(buf, size, " --micro-batch %llu", (unsigned long long)t->micro_batch);
     if (t->grad_accum != a->grad_accum)
-        put(buf, size, " --grad-accum %llu", (unsigned long long)t->grad_accum);
+        ml_triage_put(buf, size, " --grad-accum %llu", (unsigned long long)t->grad_accum);
     if (t->precision != a->precision)
-        put(buf, size, " --precision %s", ml_precision_name(t->precision));
+        ml_triage_put(buf, size, " --precision %s", ml_precision_name(t->precision));
     if (t->optimizer != a->optimizer)
-        put(buf, size, " --optimizer %s", ml_optimizer_name(t->optimizer));
+        ml_triage_put(buf, size, " --optimizer %s", ml_optimizer_name(t->optimizer));
     if (t->optimizer_impl != a->optimizer_impl)
-        put(buf, size, " --optimizer-impl %s", ml_optimizer_impl_name(t->optimizer_impl));
+        ml_triage_put(buf, size, " --optimizer-impl %s", ml_optimizer_impl_name(t->optimizer_impl));
     if (memcmp(&t->checkpoint, &a->checkpoint, sizeof t->checkpoint)) {
         ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
-        put(buf, size, " --checkpoint %s", ck);
+        ml_triage_put(buf, size, " --checkpoint %s", ck);
     }
     if (t->zero != a->zero)
-        put(buf, size, " --zero %u", t->zero);
+        ml_triage_put(buf, size, " --zero %u", t->zero);
     if (t->offload != a->offload)
-        put(buf, size, " --offload %s", ml_offload_name(t->offload));
+        ml_triage_put(buf, size, " --offload %s", ml_offload_name(t->offload));
     if (t->logits != a->logits)
-        put(buf, size, " --logits %s", ml_logits_name(t->logits));
+        ml_triage_put(buf, size, " --logits %s", ml_logits_name(t->logits));
     if (t->zero_grad != a->zero_grad)
-        put(buf, size, " --zero-grad %s", ml_zero_grad_name(t->zero_grad));
+        ml_triage_put(buf, size, " --zero-grad %s", ml_zero_grad_name(t->zero_grad));
     if (t->eval_batch != a->eval_batch)
-        put(buf, size, " --eval-batch %llu", (unsigned long long)t->eval_batch);
+        ml_triage_put(buf, size, " --eval-batch %llu", (unsigned long long)t->eval_batch);
     if (c->device.allocator != c0->device.allocator)
-        put(buf, size, " --allocator %s", ml_allocator_name(c->device.allocator));
+        ml_triage_put(buf, size, " --allocator %s", ml_allocator_name(c->device.allocator));
     if (c->device.fragmentation != c0->device.fragmentation)
-        put(buf, size, " --fragmentation %g", c->device.fragmentation);
+        ml_triage_put(buf, size, " --fragmentation %g", c->device.fragmentation);
     if (k == ML_REMEDY_ATTENTION_SDPA)
-        put(buf, size, " model.attention: sdpa");
+        ml_triage_put(buf, size, " model.attention: sdpa");
     if (buf[0] == ' ')
         memmove(buf, buf + 1, strlen(buf));
 }
@@ -308,25 +306,25 @@ static void describe_figures(const ml_triage_ctx *x, ml_remedy *r)
     const size_t n = sizeof r->changes;
     switch (r->kind) {
     case ML_REMEDY_MICRO_BATCH:
-        put(o, n, "micro-batch %llu x %llu accumulation steps: the effective batch stays %llu "
+        ml_triage_put(o, n, "micro-batch %llu x %llu accumulation steps: the effective batch stays %llu "
                   "(x %llu devices); smaller GEMMs may run less efficiently (not modelled)",
             (unsigned long long)t->micro_batch, (unsigned long long)t->grad_accum,
             (unsigned long long)(t->micro_batch * t->grad_accum * t->data_parallel),
             (unsigned long long)t->data_parallel);
         if (x->tr.batchnorm)
-            put(o, n, "; BatchNorm normalises over %llu samples instead of %llu: noisier batch "
+            ml_triage_put(o, n, "; BatchNorm normalises over %llu samples instead of %llu: noisier batch "
                       "statistics (SyncBatchNorm or GroupNorm avoid it)",
                 (unsigned long long)t->micro_batch, (unsigned long long)t0->micro_batch);
         return;
     case ML_REMEDY_EVAL_BATCH:
-        put(o, n, "evaluation at %llu samples per forward instead of %llu: twice the "
+        ml_triage_put(o, n, "evaluation at %llu samples per forward instead of %llu: twice the "
                   "evaluation steps, the same metrics; training unchanged",
             (unsigned long long)t->eval_batch, (unsigned long long)t0->eval_batch);
         return;
     case ML_REMEDY_ZERO_1:
     case ML_REMEDY_ZERO_2:
     case ML_REMEDY_ZERO_3:
-        put(o, n, "ZeRO stage %u over %llu devices shards %s: the same updates", t->zero,
+        ml_triage_put(o, n, "ZeRO stage %u over %llu devices shards %s: the same updates", t->zero,
             (unsigned long long)t->data_parallel,
             t->zero == 1   ? "optimizer states and master weights"
             : t->zero == 2 ? "optimizer states, master weights and gradients"
@@ -335,7 +333,7 @@ static void describe_figures(const ml_triage_ctx *x, ml_remedy *r)
     default: /* offload */
         ml_format_bytes(r->host_bytes, a, sizeof a);
         ml_format_bytes((uint64_t)r->host_transfer, b, sizeof b);
-        put(o, n, "%s on the host (%s): needs %s of host memory per device and moves %s over "
+        ml_triage_put(o, n, "%s on the host (%s): needs %s of host memory per device and moves %s over "
                   "the host link per iteration (%.3g s at %.3g GB/s, counted without overlap); "
                   "the host's optimizer step time is not modelled",
             r->kind == ML_REMEDY_OFFLOAD_PARAMS
@@ -356,31 +354,36 @@ static void describe(const ml_triage_ctx *x, ml_remedy *r, const ml_summary *s)
     char *o = r->changes;
     const size_t n = sizeof r->changes;
     if (remedies[k].changes) {
-        put(o, n, "%s", remedies[k].changes);
+        ml_triage_put(o, n, "%s", remedies[k].changes);
     } else if (remedies[k].policy) {
         ml_format_flops(s->flops_recompute, a, sizeof a);
-        put(o, n, "recomputes %s per iteration (FLOPs x %.3f); the same math", a, r->flops_ratio);
+        ml_triage_put(o, n, "recomputes %s per iteration (FLOPs x %.3f); the same math", a, r->flops_ratio);
         if (k == ML_REMEDY_CKPT_OPTIMAL)
-            put(o, n, "; %s", s->plan);
+            ml_triage_put(o, n, "; %s", s->plan);
         if (k == ML_REMEDY_CKPT_SELECTIVE)
-            put(o, n, "; only the attention core is recomputed%s",
+            ml_triage_put(o, n, "; only the attention core is recomputed%s",
                 x->tr.dropout ? "; its dropout mask is regenerated from the saved RNG state" : "");
         else if (x->tr.dropout)
-            put(o, n, "; dropout in recomputed blocks: torch.utils.checkpoint saves and "
+            ml_triage_put(o, n, "; dropout in recomputed blocks: torch.utils.checkpoint saves and "
                       "restores the RNG state (preserve_rng_state=True) so the masks match");
     } else {
         describe_figures(x, r);
     }
     if (k == ML_REMEDY_ATTENTION_SDPA && x->tr.dropout)
-        put(o, n, " (its dropout draws a different random stream)");
+        ml_triage_put(o, n, " (its dropout draws a different random stream)");
     if (k == ML_REMEDY_EXPANDABLE && x->r->observed.fragmented)
-        put(o, n, "; the failing run reserved %.0f%% more than it allocated",
+        ml_triage_put(o, n, "; the failing run reserved %.0f%% more than it allocated",
             100 * x->r->observed.fragmentation);
     if (s->comm_bytes != x->r->current.comm_bytes) {
         ml_format_bytes((uint64_t)x->r->current.comm_bytes, a, sizeof a);
         ml_format_bytes((uint64_t)s->comm_bytes, b, sizeof b);
-        put(o, n, "; communication per device %s -> %s per iteration", a, b);
+        ml_triage_put(o, n, "; communication per device %s -> %s per iteration", a, b);
     }
+}
+
+bool ml_triage_in_focus(const ml_triage_ctx *x, ml_remedy_kind k)
+{
+    return x->req->oom_phase != ML_TRIAGE_ANY && (remedies[k].focus & (1u << x->req->oom_phase));
 }
 
 /* Expandable segments are listed when the run was seen fragmented even
@@ -390,8 +393,12 @@ ml_status ml_triage_add_remedy(const ml_triage_ctx *x, ml_remedy_kind k, ml_tria
     ml_config c = *x->cfg;
     bool ok = false;
     ml_status st = ML_OK;
+    if (k == ML_REMEDY_TOKEN_BUDGET || k == ML_REMEDY_LENGTH_BUCKETS)
+        return ml_triage_add_lengths_remedy(x, k, r);
     if (k == ML_REMEDY_MICRO_BATCH)
-        st = x->cfg->training.micro_batch > 1 ? micro_batch_variant(x, &c, &ok) : ML_OK;
+        st = x->cfg->training.micro_batch > 1 && ml_triage_fixed_micro_batch(x->req)
+                 ? micro_batch_variant(x, &c, &ok)
+                 : ML_OK;
     else
         ok = variant(x, k, &c);
     if (st || !ok)
@@ -421,8 +428,7 @@ ml_status ml_triage_add_remedy(const ml_triage_ctx *x, ml_remedy_kind k, ml_tria
     rm->peak_total = s.peak_total;
     rm->has_device = s.has_device;
     rm->fits = fits(&s);
-    rm->in_focus = x->req->oom_phase != ML_TRIAGE_ANY &&
-                   (remedies[k].focus & (1u << x->req->oom_phase));
+    rm->in_focus = ml_triage_in_focus(x, k);
     rm->flops_total = s.flops_total;
     rm->flops_ratio = r->current.flops_total > 0 ? s.flops_total / r->current.flops_total : 1;
     rm->host_bytes = s.bytes_host;
