@@ -11,6 +11,7 @@
 #include "error.h"
 #include "export.h"
 #include "ledger.h"
+#include "lengths.h"
 #include "model.h"
 
 #ifdef __cplusplus
@@ -169,6 +170,8 @@ typedef enum ml_remedy_kind {
     ML_REMEDY_ADAFACTOR,       /* from adam/adamw */
     ML_REMEDY_OFFLOAD_OPTIMIZER,
     ML_REMEDY_OFFLOAD_PARAMS,  /* with zero 3 */
+    ML_REMEDY_TOKEN_BUDGET,    /* lengths, padded, a device: the largest budget that fits */
+    ML_REMEDY_LENGTH_BUCKETS,  /* lengths, padded: --batching bucketed */
     ML_REMEDY_COUNT
 } ml_remedy_kind;
 
@@ -185,6 +188,11 @@ typedef struct ml_triage_request {
     uint64_t reserved;         /* observed max_memory_reserved(), bytes; 0 = not given */
     double host_bandwidth;     /* bytes/s between host and device, to price offload's
                                   transfers; default 25e9 (PCIe 4.0 x16 as achieved) */
+    const ml_lengths *lengths; /* a length distribution (borrowed); NULL: the config's one
+                                  batch shape. With one, the triaged peak is its worst
+                                  batch (docs/lengths.md, "Triage") */
+    ml_lengths_request batching; /* how batches are drawn from lengths; default
+                                    ml_lengths_request_defaults() */
 } ml_triage_request;
 
 ML_API ml_triage_request ml_triage_request_defaults(void);
@@ -201,14 +209,18 @@ typedef struct ml_remedy {
     bool has_device;
     bool fits;               /* false without a device */
     bool in_focus;           /* acts on req->oom_phase */
-    double flops_total;      /* per iteration */
-    double flops_ratio;      /* flops_total over the configuration's */
+    double flops_total;      /* per iteration; < 0 not derived (token-budget,
+                                length-buckets: the batch size varies) */
+    double flops_ratio;      /* flops_total over the configuration's; < 0 not derived */
     double step_time_s;      /* < 0 when unknown; offload adds its host transfers */
-    double slowdown;         /* step time ratio when known, else flops_ratio */
+    double slowdown;         /* step time ratio when known, else flops_ratio; < 0 not
+                                derived (ranks after the known ones) */
     uint64_t host_bytes;     /* offloaded to host memory, per device */
     double host_transfer;    /* bytes over the host link per iteration, per device */
     double comm_bytes;       /* bytes each device sends per iteration */
     char changes[640];       /* what it changes in training, one paragraph */
+    ml_lengths_request batching; /* with lengths: the batching it plans (token-budget's
+                                    max_tokens, length-buckets' buckets) */
 } ml_remedy;
 
 typedef struct ml_triage_observed {
@@ -235,6 +247,9 @@ typedef struct ml_triage_result {
     ml_triage_observed observed;
     size_t count;                     /* remedies that apply, ranked */
     ml_remedy remedies[ML_TRIAGE_MAX_REMEDIES];
+    bool has_lengths;                 /* req->lengths given: current is the worst batch
+                                         (lengths.max's micro-batch and seq_len) */
+    ml_lengths_result lengths;        /* the configuration's batches (ml_lengths_plan) */
 } ml_triage_result;
 
 /* Plans cfg, then every remedy that applies to it (each re-planned with
@@ -242,8 +257,13 @@ typedef struct ml_triage_result {
  * except expandable segments when fragmentation is observed), ranked: those
  * that fit first, by least slowdown (those in the focus phase first); then
  * those that do not, by lowest peak total. *out is written only on success
- * (it is large: about 67 KiB). Returns ML_OK, or the status of evaluating cfg
- * (ML_RANGE, ML_OVERFLOW, ML_NOMEM); ML_NOMEM from a remedy's evaluation. */
+ * (it is large: about 70 KiB). With req->lengths, cfg's batches are planned
+ * first (ml_lengths_plan with req->batching) and the configuration triaged is
+ * cfg at the worst batch's micro-batch and seq_len; the token-budget and
+ * length-buckets remedies join (docs/lengths.md, "Triage"). Returns ML_OK,
+ * or the status of evaluating cfg (ML_RANGE, ML_OVERFLOW, ML_NOMEM; with
+ * lengths also ml_lengths_plan's: ML_USAGE for a model without a sequence,
+ * ML_RANGE); ML_NOMEM from a remedy's evaluation. */
 ML_API ml_status ml_triage(const ml_model *m, const ml_config *cfg, const ml_triage_request *req,
                            ml_triage_result *out, ml_error *err);
 

@@ -34,7 +34,7 @@ typedef struct {
         *data_parallel, *zero, *offload, *global_batch, *max_micro_batch, *reduce_bucket,
         *allgather_bucket, *logits, *eval_batch, *eval_seq_len, *allocator, *max_split_size,
         *zero_grad, *interconnect, *pcie;
-    /* length distributions (plan, fit): --lengths FILE|QUANTILES, --batching,
+    /* length distributions (plan, fit, triage): --lengths FILE|QUANTILES, --batching,
      * --max-tokens N|auto, --buckets K */
     const char *lengths, *batching, *max_tokens, *buckets;
     bool auto_checkpoint; /* --checkpoint auto (fit) */
@@ -116,6 +116,13 @@ void ml_cli_errorf(const char *fmt, ...)
 int ml_cli_plan_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
                         const ml_ledger *l);
 int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg);
+/* triage's --lengths: the distribution (*d, NULL without --lengths; the
+ * caller destroys it) and the request; 0 or an exit status (message
+ * printed). --max-tokens auto is refused: the token-budget remedy is it. */
+int ml_cli_triage_lengths(const ml_cli_opts *o, ml_lengths **d, ml_lengths_request *req);
+/* A failed ml_lengths_plan / ml_triage with lengths: the message, and exit
+ * 2 for a model without a sequence or lengths beyond its positions. */
+int ml_cli_lengths_failed(const ml_cli_opts *o, ml_error *e, ml_status st);
 
 int ml_cmd_plan(int argc, char **argv);
 int ml_cmd_timeline(int argc, char **argv);

@@ -71,7 +71,7 @@ static int lengths_request(const ml_cli_opts *o, ml_lengths **d, ml_lengths_requ
     return 0;
 }
 
-static int failed(const ml_cli_opts *o, ml_error *e, ml_status st)
+int ml_cli_lengths_failed(const ml_cli_opts *o, ml_error *e, ml_status st)
 {
     if (st == ML_USAGE || (st == ML_RANGE && !strncmp(e->msg, "lengths:", 8))) {
         ml_cli_errorf("%s", e->msg);
@@ -122,6 +122,25 @@ static int write_report(const ml_cli_opts *o, const ml_model *m, const ml_config
     return ml_out_close(&out, w == 0 && !ferror(f));
 }
 
+int ml_cli_triage_lengths(const ml_cli_opts *o, ml_lengths **d, ml_lengths_request *req)
+{
+    bool auto_tokens;
+    if (!o->lengths && !o->batching && !o->max_tokens && !o->buckets) {
+        *d = NULL;
+        *req = ml_lengths_request_defaults();
+        return 0;
+    }
+    int rc = lengths_request(o, d, req, &auto_tokens);
+    if (!rc && auto_tokens) {
+        ml_cli_errorf("--max-tokens auto is for 'memledger fit'; triage takes a number (its "
+                      "token-budget remedy is the largest budget that fits)");
+        ml_lengths_destroy(*d);
+        *d = NULL;
+        rc = ML_EXIT_BAD_INPUT;
+    }
+    return rc;
+}
+
 int ml_cli_plan_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
                         const ml_ledger *l)
 {
@@ -145,7 +164,7 @@ int ml_cli_plan_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config
     ml_error e;
     ml_status st = ml_lengths_plan(m, cfg, d, &req, &r, &e);
     if (st)
-        rc = failed(o, &e, st);
+        rc = ml_cli_lengths_failed(o, &e, st);
     else if (!(rc = write_report(o, m, cfg, l, d, &req, &r, false)))
         rc = cfg->device.present && r.p_over_budget > 0 ? ML_EXIT_NO_FIT : ML_EXIT_OK;
     ml_lengths_destroy(d);
@@ -175,7 +194,7 @@ int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config 
         goto out;
     }
     if (auto_tokens && (st = ml_lengths_fit_tokens(m, cfg, d, &req.max_tokens, &evals, &e))) {
-        rc = failed(o, &e, st);
+        rc = ml_cli_lengths_failed(o, &e, st);
         goto out;
     }
     if (auto_tokens && !req.max_tokens) {
@@ -187,7 +206,7 @@ int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config 
     }
     ml_lengths_result r;
     if ((st = ml_lengths_plan(m, cfg, d, &req, &r, &e))) {
-        rc = failed(o, &e, st);
+        rc = ml_cli_lengths_failed(o, &e, st);
         goto out;
     }
     r.evaluations += evals;

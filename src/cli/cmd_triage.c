@@ -23,6 +23,11 @@ static const char usage[] =
     "                         remedies acting on that phase rank first\n"
     "  --allocated SIZE       torch.cuda.max_memory_allocated() of the failing run\n"
     "  --reserved SIZE        torch.cuda.max_memory_reserved() of the failing run\n"
+    "  --lengths FILE|Q       sample lengths (see 'memledger plan --help'): the peak\n"
+    "                         triaged is the worst batch's, and padded batches gain the\n"
+    "                         remedies token-budget (the largest --max-tokens whose\n"
+    "                         worst batch fits) and length-buckets\n"
+    "  --batching B, --max-tokens N, --buckets K   as under plan (not --max-tokens auto)\n"
     "  --format text|json     (default text)\n"
     "  -o FILE                write to FILE (atomically) instead of stdout\n"
     "  and every 'memledger plan' option (--micro-batch, --device, --eval-batch, ...)\n"
@@ -177,7 +182,7 @@ static void text_peak(FILE *f, const ml_triage_result *r)
 
 static void text_remedies(FILE *f, const ml_triage_result *r)
 {
-    char a[32], b[32], t[32];
+    char a[32], b[32], t[32], x1[32];
     if (!r->count) {
         fputs("\nRemedies: none applies\n", f);
         return;
@@ -196,8 +201,12 @@ static void text_remedies(FILE *f, const ml_triage_result *r)
             snprintf(t, sizeof t, "%.4g s", x->step_time_s);
         else
             snprintf(t, sizeof t, "-");
-        fprintf(f, "  %2zu  %-22s %12s %12s %12s %7.3fx  %s%s\n", i + 1, ml_remedy_name(x->kind),
-                B(x->peak, a), B(x->peak_total, b), t, x->flops_ratio,
+        if (x->flops_ratio >= 0)
+            snprintf(x1, sizeof x1, "%.3fx", x->flops_ratio);
+        else
+            snprintf(x1, sizeof x1, "-");
+        fprintf(f, "  %2zu  %-22s %12s %12s %12s %8s  %s%s\n", i + 1, ml_remedy_name(x->kind),
+                B(x->peak, a), B(x->peak_total, b), t, x1,
                 !x->has_device ? "-" : x->fits ? "yes" : "no", x->in_focus ? "  *" : "");
     }
     fputs("\nWhat each changes\n", f);
@@ -208,8 +217,34 @@ static void text_remedies(FILE *f, const ml_triage_result *r)
     }
 }
 
-static int write_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_triage_result *r)
+/* The configuration triaged: cfg, at the worst batch's shape with lengths. */
+static ml_config triaged(const ml_config *cfg, const ml_triage_result *r)
 {
+    ml_config c = *cfg;
+    if (r->has_lengths) {
+        c.training.micro_batch = r->lengths.max.micro_batch;
+        c.training.seq_len = r->lengths.max.seq_len;
+    }
+    return c;
+}
+
+/* Which batch the peak is with lengths (docs/lengths.md, "Triage"). */
+static void text_worst(FILE *f, const ml_triage_request *req, const ml_triage_result *r)
+{
+    const ml_length_point *w = &r->lengths.max;
+    fprintf(f, "lengths: the peak triaged is the worst batch's, %llu x %llu tokens (%s), "
+               "the binding allocator peak of that shape; remedies are planned at that shape\n",
+            (unsigned long long)w->micro_batch, (unsigned long long)w->seq_len,
+            req->batching.batching == ML_BATCHING_BUCKETED ? "the bucket with the highest peak"
+            : req->batching.batching == ML_BATCHING_PACKED ? "packed: every batch"
+            : req->batching.max_tokens ? "the token budget's batch with the highest peak"
+                                       : "the longest sample");
+}
+
+static int write_text(FILE *f, const ml_model *m, const ml_config *given, const ml_triage_result *r,
+                      const ml_cli_opts *o, const ml_lengths *d, const ml_triage_request *req)
+{
+    const ml_config tc = triaged(given, r), *cfg = &tc;
     const ml_training *t = &cfg->training;
     char ck[64], a[32], b[32];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
@@ -225,9 +260,14 @@ static int write_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     if (cfg->device.present)
         fprintf(f, "device: %s, runtime reserve %s\n", B(cfg->device.memory, a),
                 B(cfg->device.runtime_reserve, b));
+    if (r->has_lengths)
+        text_worst(f, req, r);
     text_peak(f, r);
     if (r->step_time_s >= 0)
         fprintf(f, "  step time %.4g s\n", r->step_time_s);
+    if (r->has_lengths &&
+        ml_report_lengths_text(f, given, d, o->lengths, &req->batching, &r->lengths))
+        return -1;
     if (r->has_observed)
         text_observed(f, cfg, r);
     text_remedies(f, r);
@@ -256,7 +296,8 @@ static void json_i64(FILE *f, bool known, int64_t v)
         fputs("null", f);
 }
 
-static void json_time(FILE *f, double s)
+/* v, or null when it is below 0 (not known, not derived) */
+static void json_known(FILE *f, double s)
 {
     if (s >= 0)
         json_num(f, s);
@@ -293,11 +334,11 @@ static void json_remedy(FILE *f, const ml_remedy *x)
     ml_json_string(f, x->flags);
     fprintf(f, ", \"peak\": %llu, \"peak_total\": %llu, \"step_time_s\": ",
             (unsigned long long)x->peak, (unsigned long long)x->peak_total);
-    json_time(f, x->step_time_s);
+    json_known(f, x->step_time_s);
     fputs(", \"flops_ratio\": ", f);
-    json_num(f, x->flops_ratio);
+    json_known(f, x->flops_ratio);
     fputs(", \"slowdown\": ", f);
-    json_num(f, x->slowdown);
+    json_known(f, x->slowdown);
     fprintf(f, ", \"fits\": %s, \"in_focus\": %s, \"host_bytes\": %llu, \"changes\": ",
             !x->has_device ? "null" : x->fits ? "true" : "false", x->in_focus ? "true" : "false",
             (unsigned long long)x->host_bytes);
@@ -305,8 +346,10 @@ static void json_remedy(FILE *f, const ml_remedy *x)
     fputc('}', f);
 }
 
-static int write_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_triage_result *r)
+static int write_json(FILE *f, const ml_model *m, const ml_config *given, const ml_triage_result *r,
+                      const ml_lengths *d, const ml_triage_request *req)
 {
+    const ml_config tc = triaged(given, r), *cfg = &tc;
     const ml_training *t = &cfg->training;
     const ml_summary *s = &r->current;
     char ck[64];
@@ -322,6 +365,11 @@ static int write_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck,
             (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload),
             ml_logits_name(t->logits), (unsigned long long)t->eval_batch);
+    if (r->has_lengths) { /* the configuration above is its worst batch */
+        fputs(" \"lengths\": ", f);
+        ml_report_lengths_json_object(f, d, &req->batching, &r->lengths);
+        fputs(",\n", f);
+    }
     fprintf(f, " \"peak\": {\"phase\": \"%s\", \"step\": ", ml_phase_name(s->peak_phase));
     ml_json_string(f, s->peak_step);
     fputs(", \"breakdown\": {", f);
@@ -333,7 +381,7 @@ static int write_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml
             (unsigned long long)s->peak, ml_peak_kind_name(s->binding),
             (unsigned long long)r->peak, (unsigned long long)s->peak_total,
             !s->has_device ? "null" : s->fits ? "true" : "false");
-    json_time(f, r->step_time_s);
+    json_known(f, r->step_time_s);
     fprintf(f, ", \"flops_total\": ");
     json_num(f, s->flops_total);
     fputs("},\n \"observed\": ", f);
@@ -350,20 +398,25 @@ static int write_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     return ferror(f) ? -1 : 0;
 }
 
-static int run(const ml_cli_opts *o, ml_model *m, const ml_config *cfg,
-               const ml_triage_request *req)
+static int run(const ml_cli_opts *o, ml_model *m, const ml_config *cfg, ml_triage_request *req)
 {
+    ml_lengths *d;
+    int rc = ml_cli_triage_lengths(o, &d, &req->batching);
+    if (rc)
+        return rc;
+    req->lengths = d;
     ml_triage_result *r = malloc(sizeof *r);
     if (!r) {
         ml_cli_errorf("out of memory");
+        ml_lengths_destroy(d);
         return ML_EXIT_FAILURE;
     }
     ml_error e;
     ml_status st = ml_triage(m, cfg, req, r, &e);
-    int rc;
     if (st) {
-        rc = ml_cli_eval_failed(o, &e, st);
+        rc = d ? ml_cli_lengths_failed(o, &e, st) : ml_cli_eval_failed(o, &e, st);
         free(r);
+        ml_lengths_destroy(d);
         return rc;
     }
     ml_out out;
@@ -371,13 +424,14 @@ static int run(const ml_cli_opts *o, ml_model *m, const ml_config *cfg,
     if (!rc && o->format == ML_FMT_TEXT)
         rc = ml_out_text_model(&out, m, cfg);
     if (rc == 0) {
-        int w = o->format == ML_FMT_JSON ? write_json(out.f, m, cfg, r)
-                                         : write_text(out.f, m, cfg, r);
+        int w = o->format == ML_FMT_JSON ? write_json(out.f, m, cfg, r, d, req)
+                                         : write_text(out.f, m, cfg, r, o, d, req);
         rc = ml_out_close(&out, w == 0);
     }
     if (rc == 0)
         rc = r->current.has_device && !r->current.fits ? ML_EXIT_NO_FIT : ML_EXIT_OK;
     free(r);
+    ml_lengths_destroy(d);
     return rc;
 }
 

@@ -196,8 +196,10 @@ static int parse_table_flag(const char *verb, int argc, char **argv, int *i, con
     }
     if ((!strcmp(flags[k].flag, "--lengths") || !strcmp(flags[k].flag, "--batching") ||
          !strcmp(flags[k].flag, "--max-tokens") || !strcmp(flags[k].flag, "--buckets")) &&
-        strcmp(verb, "plan") && strcmp(verb, "fit"))
-        return usage_error(verb, "%s is for 'memledger plan' and 'memledger fit'", flags[k].flag);
+        strcmp(verb, "plan") && strcmp(verb, "fit") && strcmp(verb, "triage"))
+        return usage_error(verb, "%s is for 'memledger plan' and 'memledger fit' (and 'memledger "
+                                 "triage')",
+                           flags[k].flag);
     if (((!strcmp(flags[k].flag, "--global-batch") && strcmp(verb, "report")) ||
          !strcmp(flags[k].flag, "--max-micro-batch")) &&
         strcmp(verb, "fit"))
