@@ -448,6 +448,17 @@ static void attn_core(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck
         uint64_t gS = ml_mul(ch, z->BHTT, a);
         ml_ck_node(ch, b, "BmmBackward0 (q k^T)", ml_mul(ch, 2, z->gQ), 0, gS, s_qkv, SIZE_MAX);
         ml_ck_node(ch, b, "MulBackward0/DivBackward0 (scale)", gS, 0, gS, SIZE_MAX, SIZE_MAX);
+        if (m->attn_softcap > 0 && m->attention == ML_ATTN_EAGER) {
+            /* Gemma 2's scores / cap, tanh, * cap: tanh keeps its result
+             * (tanh_backward(grad, result)); the scalar divide and multiply
+             * keep a host scalar only. sdpa (transformers passes it no cap)
+             * and flash (the kernel caps in place) keep nothing for it */
+            size_t s = ml_ck_save(ch, b, "attention softcap tanh output", z->BHTT, a,
+                                  ML_SV_CORE);
+            ml_ck_node(ch, b, "DivBackward0 (scores / softcap)", gS, 0, gS, SIZE_MAX, SIZE_MAX);
+            ml_ck_node(ch, b, "TanhBackward0 (softcap)", gS, 0, gS, s, SIZE_MAX);
+            ml_ck_node(ch, b, "MulBackward0 (tanh * softcap)", gS, 0, gS, SIZE_MAX, SIZE_MAX);
+        }
         if (causal_mask) {
             size_t s = ml_ck_save(ch, b, "causal mask (masked_fill, bool)",
                                   ml_mul(ch, d->T, d->T), 1, ML_SV_CORE);
@@ -485,11 +496,12 @@ static void attn_output(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
     ml_ck_linear(ch, b, z->Dq, d->D, obias);
     b->flops_fwd += 2.0 * (double)d->BT * (double)z->Dq * (double)d->D;
     /* the projection's output feeds the residual add, whose gradient the
-     * skip's buffer holds: freed there, not here (or by the dropout) */
+     * skip's buffer holds: freed there, not here (or by the dropout, or by
+     * Gemma 2's post norm, which made it) */
     uint64_t gD = ml_mul(ch, z->BTD, a);
     ml_ck_node(ch, b, "AddmmBackward0 (output projection)", z->gQ,
                ml_mul(ch, ml_add(ch, ml_mul(ch, z->Dq, d->D), obias ? d->D : 0), g),
-               d->drop ? gD : 0, s_o, SIZE_MAX);
+               (d->drop || m->post_norms) ? gD : 0, s_o, SIZE_MAX);
     if (d->drop) {
         size_t s = ml_ck_save(ch, b, "residual dropout mask", z->BTD, 1, 0);
         ml_ck_node(ch, b, "NativeDropoutBackward0 (residual)", gD, 0, 0, s, SIZE_MAX);

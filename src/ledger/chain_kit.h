@@ -57,6 +57,23 @@ void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
                      unsigned src_bpe, bool src_saved, bool fused_qkv, bool causal_mask,
                      bool softmax_fp32, unsigned in_flags);
 
+/* What a norm reads: x's bytes per element (xw), its flags (ML_SV_INPUT:
+ * the block's input), whether x's gradient buffer exists before the norm's
+ * gradient arrives (xbuf: a pre-norm block's residual stream, whose skip
+ * holds it) and whether the output's gradient is the residual's, held by
+ * its buffer (out_held: Gemma 2's post norms). */
+typedef struct {
+    unsigned xw, xflags;
+    bool xbuf, out_held;
+} ml_ck_norm_io;
+/* A norm (LayerNorm or an RMSNorm) on x (chain_norm.c): its saved tensors
+ * and backward nodes. Returns the output's bytes per element and sets
+ * *params to its parameter count. */
+unsigned ml_ck_norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                        const ml_ck_norm_io *io, uint64_t *params);
+/* A norm's parameters as the module registers them: weight, then bias. */
+void ml_ck_norm_params(ml_chain *ch, ml_cblock *b, uint64_t np, uint64_t D);
+
 /* The transformer's embedding block (chain_embed.c); ML_NOMEM. */
 ml_status ml_ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
 

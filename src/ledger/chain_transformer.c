@@ -10,87 +10,13 @@
 #include "ledger/chain_kit.h"
 #include "util/error.h"
 
-/* The RMSNorms (docs/inventory.md, "Llama block", "Gemma block"): x in
- * fp32 (x itself, or a copy when the stream is bf16/fp16), pow(2) and the
- * mul by rsqrt save it; rsqrt saves its result; the scale saves the
- * normalised h: HF LlamaRMSNorm's weight * h.to(dtype) the cast h, HF
- * GemmaRMSNorm's h * (1 + weight.float()) the fp32 h and, since h needs a
- * gradient, the fp32 (1 + weight) vector (D * 4 B); its result is cast back
- * (.type_as(x): nothing saved). */
-static unsigned rmsnorm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m,
-                            const ml_ck_dims *d, unsigned xflags, uint64_t *params, bool xbuf)
+/* A norm on the stream (w bytes per element): the block's input or the
+ * residual's (chain_norm.c). */
+static unsigned norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                         unsigned xflags, uint64_t *params, bool xbuf)
 {
-    const unsigned w = ch->prec.w, g = ch->prec.grad;
-    const bool gemma = m->norm == ML_NORM_GEMMA_RMSNORM;
-    uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    uint64_t gD = ml_mul(ch, BTD, w);
-    size_t s0, s1, s2, s3 = SIZE_MAX;
-    if (w == 4)
-        s0 = ml_ck_save(ch, b, "rmsnorm input", BTD, 4, xflags);
-    else
-        s0 = ml_ck_save(ch, b, "rmsnorm fp32 copy of input", BTD, 4, 0);
-    s1 = ml_ck_save(ch, b, "rmsnorm rsqrt", d->BT, 4, 0);
-    if (gemma) {
-        s2 = ml_ck_save(ch, b, "rmsnorm normalised (fp32)", BTD, 4, 0);
-        s3 = ml_ck_save(ch, b, "rmsnorm 1 + weight (fp32)", d->D, 4, 0);
-    } else {
-        s2 = ml_ck_save(ch, b, w == 4 ? "rmsnorm normalised" : "rmsnorm normalised (cast back)",
-                        BTD, w, 0);
-    }
-    *params = d->D;
-    ml_ck_tmp(ch, BTD, w);
-    /* backward, in execution order: the scale (its weight gradient sums
-     * grad * h, a scratch of x's size; Gemma's add of 1 passes it on), x *
-     * rsqrt (the same for rsqrt's), its x gradient into x's buffer (or the
-     * buffer, when none exists); rsqrt; mean (expands to x's size); pow; its
-     * x gradient into the buffer (derivatives.yaml: mul, add, rsqrt, mean,
-     * pow). Recorded for fp32 only, where Gemma's casts are no-ops. */
-    uint64_t gR = ml_mul(ch, d->BT, 4);
-    ml_ck_accum(ch, b, gD);
-    ml_ck_node(ch, b, "PowBackward0 (x^2)", gD, 0, gD, s0, SIZE_MAX);
-    ml_ck_node(ch, b, "MeanBackward1", gD, 0, gR, SIZE_MAX, SIZE_MAX);
-    ml_ck_node(ch, b, "RsqrtBackward0", gR, 0, gR, s1, SIZE_MAX);
-    if (xbuf)
-        ml_ck_accum(ch, b, gD);
-    ml_ck_node(ch, b, "MulBackward0 (x * rsqrt)", ml_add(ch, gD, gR), 0, gD, SIZE_MAX, SIZE_MAX);
-    ml_ck_node_scratch(ch, b, gD);
-    ml_ck_node(ch, b, gemma ? "MulBackward0 (h * (1 + weight))" : "MulBackward0 (weight * h)",
-               gD, ml_mul(ch, d->D, g), gD, s2, s3);
-    ml_ck_node_scratch(ch, b, gD);
-    return w;
-}
-
-/* A norm on x (w bytes per element). Returns the output's bytes per element
- * and sets *params to its parameter count. xbuf: x's gradient buffer exists
- * before the norm's gradient arrives (a pre-norm block's residual stream,
- * whose skip holds it): the norm's input gradient is accumulated into it. */
-static unsigned norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m,
-                         const ml_ck_dims *d, unsigned xflags, uint64_t *params, bool xbuf)
-{
-    const unsigned w = ch->prec.w, g = ch->prec.grad;
-    uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    uint64_t gD = ml_mul(ch, BTD, w);
-    if (m->norm == ML_NORM_LAYERNORM) {
-        /* native_layer_norm saves input, mean and rstd (fp32 per row) */
-        size_t s0 = ml_ck_save(ch, b, "layernorm input", BTD, w, xflags);
-        size_t s1 = ml_ck_save(ch, b, "layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
-        *params = m->bias ? 2 * d->D : d->D;
-        ml_ck_tmp(ch, BTD, w);
-        if (xbuf)
-            ml_ck_accum(ch, b, gD);
-        ml_ck_node(ch, b, "NativeLayerNormBackward0", gD, ml_mul(ch, *params, g), gD, s0, s1);
-        return w;
-    }
-    return rmsnorm_fwd(ch, b, m, d, xflags, params, xbuf);
-}
-
-/* A norm's np parameters as the module registers them: the weight (D),
- * then a LayerNorm's bias. */
-static void norm_params(ml_chain *ch, ml_cblock *b, uint64_t np, uint64_t D)
-{
-    ml_ck_param(ch, b, D, 0);
-    if (np > D)
-        ml_ck_param(ch, b, np - D, 0);
+    const ml_ck_norm_io io = {ch->prec.w, xflags, xbuf, false};
+    return ml_ck_norm_fwd(ch, b, m, d, &io, params);
 }
 
 /* What the MLP's ops keep for its backward (indices in ch->saved,
@@ -215,7 +141,8 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     uint64_t pin = ml_mul(ch, ml_add(ch, DF, bias ? d->F : 0), g);
     uint64_t pout = ml_mul(ch, ml_add(ch, DF, bias ? d->D : 0), g);
     if (glu) {
-        glu_nodes(ch, b, &k, geglu, m->fused_proj, in_buf, gD, gF, pin, pout, d->drop ? gO : 0);
+        glu_nodes(ch, b, &k, geglu, m->fused_proj, in_buf, gD, gF, pin, pout,
+                  (d->drop || m->post_norms) ? gO : 0);
     } else {
         if (in_buf)
             ml_ck_accum(ch, b, gD);
@@ -234,31 +161,46 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
 
 /* HF's Llama-layout decoder layers (LlamaDecoderLayer, and Gemma's,
  * Mistral's, Qwen2's, Phi3DecoderLayer) register self_attn, mlp, then
- * input_layernorm and post_attention_layernorm; Phi3Attention registers
- * o_proj before qkv_proj. The block was emitted [norm1 | attention | norm2 |
- * mlp] with the attention's projections before its output projection. */
-static void llama_param_order(ml_chain *ch, const ml_model *m, size_t first, size_t attn,
-                              size_t norm2, size_t mlp)
+ * input_layernorm and post_attention_layernorm; Gemma2DecoderLayer then
+ * pre_feedforward_layernorm and post_feedforward_layernorm (its
+ * post_attention_layernorm is the attention output's); Phi3Attention
+ * registers o_proj before qkv_proj. The block was emitted [norm1 |
+ * attention | post-attention norm | norm2 | mlp | post-MLP norm] (the post
+ * norms Gemma 2's only) with the attention's projections before its output
+ * projection: at[] holds where each part starts. */
+static void llama_param_order(ml_chain *ch, const ml_model *m, const size_t at[6])
 {
-    /* emitted: norm1 [first, attn), attention [attn, norm2), norm2
-     * [norm2, mlp), MLP [mlp, end) */
+    enum { FIRST, ATTN, POST_ATTN, NORM2, MLP, POST_MLP };
     ml_ptensor tmp[32];
-    const size_t end = ch->nparams, n = end - first;
+    const size_t first = at[FIRST], end = ch->nparams, n = end - first;
     if (ch->nomem || n > sizeof tmp / sizeof tmp[0])
         return;
     const size_t n_o = m->fused_proj ? ((m->bias || m->out_bias) ? 2u : 1u) : 0u;
-    const size_t from[5] = {norm2 - n_o, attn, mlp, first, norm2};
-    const size_t to[5] = {norm2, norm2 - n_o, end, attn, mlp};
+    const size_t pa = at[POST_ATTN];
+    const size_t from[7] = {pa - n_o, at[ATTN], at[MLP], first, pa, at[NORM2], at[POST_MLP]};
+    const size_t to[7] = {pa, pa - n_o, at[POST_MLP], at[ATTN], at[NORM2], at[MLP], end};
     size_t k = 0;
-    for (size_t i = 0; i < 5; i++)
+    for (size_t i = 0; i < 7; i++)
         for (size_t j = from[i]; j < to[i]; j++)
             tmp[k++] = ch->params[j];
     memcpy(ch->params + first, tmp, n * sizeof tmp[0]);
 }
 
+/* Gemma 2's norm on a residual branch's output (the attention's, the
+ * MLP's: a bytes per element) before the add: its input's gradient has no
+ * buffer yet, its output's is the residual's, held by the skip. */
+static void post_norm(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+{
+    const ml_ck_norm_io io = {ch->prec.a, 0, false, true};
+    uint64_t np;
+    ml_ck_norm_fwd(ch, b, m, d, &io, &np);
+    ml_ck_norm_params(ch, b, np, d->D);
+}
+
 /* Pre-norm block: x + attn(norm(x)); x + mlp(norm(x)). GPT-2 (layernorm,
  * fused qkv, masked_fill causal mask), Llama and Gemma (their RMSNorms,
- * separate q/k/v, additive mask, fp32 softmax), Phi-3 (Llama's with one
+ * separate q/k/v, additive mask, fp32 softmax), Gemma 2 (x + norm(attn(
+ * norm(x))); x + norm(mlp(norm(x))): post_norms), Phi-3 (Llama's with one
  * qkv_proj: the q, k and v slices are views of its output, which nothing
  * saves, so only the autocast casts of its input and the weight differ),
  * ViT (layernorm, fused qkv, no mask). */
@@ -267,12 +209,16 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     const bool llama = m->norm != ML_NORM_LAYERNORM; /* Llama or Gemma layout */
     const bool causal = m->type == ML_MODEL_DECODER;
     uint64_t np;
-    const size_t first = ch->nparams;
+    size_t at[6];
+    at[0] = ch->nparams;
     unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, true);
-    norm_params(ch, b, np, d->D);
-    const size_t attn = ch->nparams;
+    ml_ck_norm_params(ch, b, np, d->D);
+    at[1] = ch->nparams;
     ml_ck_attention(ch, b, m, d, nb, false, !llama || m->fused_proj, causal && !llama, llama, 0);
-    const size_t norm2 = ch->nparams;
+    at[2] = ch->nparams;
+    if (m->post_norms)
+        post_norm(ch, b, m, d);
+    at[3] = ch->nparams;
     if (m->parallel_residual) {
         /* x + attn(ln1(x)) + mlp(ln2(x)): ln2 reads the block input that
          * ln1 already saved; only its statistics are new */
@@ -282,11 +228,14 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     } else {
         nb = norm_fwd(ch, b, m, d, 0, &np, true);
     }
-    norm_params(ch, b, np, d->D);
-    const size_t mlp = ch->nparams;
+    ml_ck_norm_params(ch, b, np, d->D);
+    at[4] = ch->nparams;
     mlp_fwd(ch, b, m, d, nb, false, false);
+    at[5] = ch->nparams;
+    if (m->post_norms)
+        post_norm(ch, b, m, d);
     if (llama)
-        llama_param_order(ch, m, first, attn, norm2, mlp);
+        llama_param_order(ch, m, at);
 }
 
 /* Post-norm block (BERT): x1 = LN(x + attn(x)); out = LN(x1 + mlp(x1)). */
@@ -297,10 +246,10 @@ static void postnorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const 
     ml_ck_attention(ch, b, m, d, w, false, false, false, false, ML_SV_INPUT);
     uint64_t np;
     unsigned nb = norm_fwd(ch, b, m, d, 0, &np, false);
-    norm_params(ch, b, np, d->D);
+    ml_ck_norm_params(ch, b, np, d->D);
     mlp_fwd(ch, b, m, d, nb, false, true);
     nb = norm_fwd(ch, b, m, d, 0, &np, false);
-    norm_params(ch, b, np, d->D);
+    ml_ck_norm_params(ch, b, np, d->D);
     (void)BTD;
 }
 
@@ -406,7 +355,7 @@ static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
 {
     uint64_t np, BTD = ml_mul(ch, d->BT, d->D);
     unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, false);
-    norm_params(ch, b, np, d->D);
+    ml_ck_norm_params(ch, b, np, d->D);
     ml_ck_linear_input(ch, b, "lm head input", BTD, nb, false, 0);
     ml_ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
     if (!m->tied_embeddings) {
@@ -416,6 +365,16 @@ static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
          * accumulation this block's contribution is a transient */
         b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
         b->grad_accum_bytes = b->grad_bytes;
+    }
+    if (m->final_softcap > 0) {
+        /* Gemma 2's logits / cap, tanh, * cap (Gemma2ForCausalLM.forward):
+         * tanh keeps its result (derivatives.yaml: tanh_backward(grad,
+         * result)), as large as the logits; dividing and multiplying by a
+         * Python float keep only a host scalar. The head's output, the
+         * logits the loss reads, is the product (docs/inventory.md) */
+        uint64_t BTV = ml_mul(ch, d->BT, d->V);
+        ml_ck_tmp(ch, BTV, ch->prec.a);
+        ml_ck_save(ch, b, "final softcap tanh output", BTV, ch->prec.a, 0);
     }
     *rows = d->BT;
     b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)d->V;
@@ -476,7 +435,7 @@ static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
     bool src_saved = false;
     if (m->prenorm) { /* ViT: final norm, then the class token */
         unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, false);
-        norm_params(ch, b, np, d->D);
+        ml_ck_norm_params(ch, b, np, d->D);
         src = nb;
     }
     /* x[:, 0] is a view: a saving consumer keeps the whole (B, T, D)

@@ -201,25 +201,8 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
                              1ull << 40, &from)))
             return st;
         bool windowed = from < m->layers;
-        const ml_node *lt = ml_tree_get(r, "layer_types");
-        if (!ml_hf_is_null(lt)) {
-            if (lt->type != ML_NODE_SEQ || lt->count != m->layers)
-                return ml_error_at(err, lt, ML_SCHEMA,
-                                   "layer_types: expected a list of num_hidden_layers (%llu) "
-                                   "names",
-                                   (unsigned long long)m->layers);
-            windowed = false;
-            for (size_t i = 0; i < lt->count; i++) {
-                const ml_node *e = lt->items[i];
-                bool sl = e->type == ML_NODE_SCALAR && !strcmp(e->text, "sliding_attention");
-                if (!sl && !(e->type == ML_NODE_SCALAR && !strcmp(e->text, "full_attention")))
-                    return ml_error_at(err, e, ML_SCHEMA,
-                                       "layer_types[%zu]: expected full_attention or "
-                                       "sliding_attention",
-                                       i);
-                windowed = windowed || sl;
-            }
-        }
+        if ((st = ml_hf_layer_types(err, r, m->layers, &windowed)))
+            return st;
         m->sliding_window = on && windowed ? w : 0;
     }
     return ML_OK;
@@ -444,7 +427,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
         return st;
     const bool llama = fam & ML_HF_LM3, gpt2 = fam == ML_HF_GPT2, neox = fam == ML_HF_NEOX,
                bert = fam == ML_HF_BERT, vit = fam == ML_HF_VIT, gemma = fam == ML_HF_GEMMA,
-               phi3 = fam == ML_HF_PHI3;
+               phi3 = fam == ML_HF_PHI3, gemma2 = fam == ML_HF_GEMMA2;
     bool mlm = false;
     if ((st = ml_hf_check_keys(r, fam, t, err)) || (st = architectures_of(r, f, &mlm, err)))
         return st;
@@ -455,12 +438,14 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     m->kv_cache = m->type == ML_MODEL_DECODER;
     if (m->kv_cache && (st = ml_hf_bool(err, r, "use_cache", &m->kv_cache)))
         return st;
-    if ((st = attention_of(r, m, err)) || (st = sizes_of(r, t, llama || gemma || phi3, vit, m, err)))
+    if ((st = attention_of(r, m, err)) || (st = sizes_of(r, t, llama || gemma || gemma2 || phi3, vit, m, err)))
         return st;
     if (llama)
         st = map_llama(r, t, m, err);
     else if (gemma)
         st = ml_hf_map_gemma(r, m, err);
+    else if (gemma2)
+        st = ml_hf_map_gemma2(r, m, err);
     else if (phi3)
         st = ml_hf_map_phi3(r, m, err);
     else if (gpt2)

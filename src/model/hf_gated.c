@@ -45,6 +45,44 @@ ml_status ml_hf_map_gemma(const ml_node *r, ml_model *m, ml_error *err)
     return ML_OK;
 }
 
+/* Gemma2ForCausalLM (modeling_gemma2.py): Gemma's layer with a norm on the
+ * attention's and on the MLP's output (post_norms), the scores scaled by
+ * query_pre_attn_scalar^-0.5 (a value), soft-capped scores and logits, and
+ * a sliding window on the layers layer_types names (Gemma2Config: every
+ * other one from the first). Gemma2Config's defaults: query_pre_attn_scalar
+ * 256, attn_logit_softcapping 50, final_logit_softcapping 30,
+ * sliding_window 4096; null: none. With eager attention the window only
+ * changes the mask's values, so a sequence within it plans exactly and a
+ * longer one is refused when planning (docs/hf.md). */
+ml_status ml_hf_map_gemma2(const ml_node *r, ml_model *m, ml_error *err)
+{
+    ml_status st = ml_hf_map_gemma(r, m, err);
+    if (st)
+        return st;
+    m->post_norms = true;
+    m->attn_scalar = 256;
+    m->attn_softcap = 50;
+    m->final_softcap = 30;
+    uint64_t w = 4096;
+    bool windowed = m->layers > 0;
+    if ((st = ml_hf_positive(err, r, "query_pre_attn_scalar", &m->attn_scalar)) ||
+        (st = ml_hf_positive(err, r, "attn_logit_softcapping", &m->attn_softcap)) ||
+        (st = ml_hf_positive(err, r, "final_logit_softcapping", &m->final_softcap)) ||
+        (st = ml_hf_layer_types(err, r, m->layers, &windowed)))
+        return st;
+    if (m->attn_scalar == 0)
+        return ml_error_at(err, ml_tree_get(r, "query_pre_attn_scalar"), ML_SCHEMA,
+                           "query_pre_attn_scalar: null is not a score scale; give a number "
+                           "(head_dim for 1 / sqrt(head_dim))");
+    const ml_node *n = ml_tree_get(r, "sliding_window");
+    if (n && ml_hf_is_null(n))
+        w = 0;
+    else if ((st = ml_hf_uint(err, r, KEYS("sliding_window"), false, 1, 1ull << 40, &w)))
+        return st;
+    m->sliding_window = windowed ? w : 0;
+    return ML_OK;
+}
+
 /* Phi3ForCausalLM (modeling_phi3.py): Llama's RMSNorm, rotary attention
  * and SwiGLU MLP, but q, k and v come from one qkv_proj (sliced) and gate
  * and up from one gate_up_proj (chunked): the same parameters and bytes,

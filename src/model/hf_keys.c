@@ -32,12 +32,16 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
      "a causal LM head over vocab_size (tied by default), cross-entropy", NULL, NULL},
     {"phi3", ML_HF_PHI3, "Phi3ForCausalLM", "a causal LM head over vocab_size, cross-entropy",
      NULL, NULL},
+    {"gemma2", ML_HF_GEMMA2, "Gemma2ForCausalLM",
+     "a causal LM head over vocab_size (tied by default), the logits soft-capped, cross-entropy",
+     NULL, NULL},
 };
 
 /* ---- the key table ------------------------------------------------------ */
 
 #define LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2)
-#define GEM ML_HF_GEMMA
+#define GEM (ML_HF_GEMMA | ML_HF_GEMMA2) /* Gemma and Gemma 2 */
+#define GEM2 ML_HF_GEMMA2
 #define PHI ML_HF_PHI3
 #define DEC (LM3 | GEM | PHI | ML_HF_GPT2 | ML_HF_NEOX)
 #define ENC (ML_HF_BERT | ML_HF_VIT)
@@ -317,15 +321,37 @@ static const ml_hf_key keys[] = {
      "attention without the causal mask (EmbeddingGemma's) is not the causal LM planned"},
     {"hidden_activation", ALL & ~GEM, R, "null",
      "Gemma's activation key: these families do not read it, the config is Gemma's"},
-    {"query_pre_attn_scalar", ALL, R, "null",
+    {"query_pre_attn_scalar", ALL & ~GEM2, R, "null",
      "Gemma 2's score scale: these families do not read it, the config is Gemma 2's"},
-    {"attn_logit_softcapping", ALL, R, "null",
-     "soft-capped scores (tanh) keep other B·H·T² tensors, not modelled"},
-    {"final_logit_softcapping", ALL, R, "null",
-     "soft-capped logits (tanh) keep other B·T·V tensors, not modelled"},
+    {"attn_logit_softcapping", ALL & ~GEM2, R, "null",
+     "soft-capped scores are Gemma 2's: these families do not read it"},
+    {"final_logit_softcapping", ALL & ~GEM2, R, "null",
+     "soft-capped logits are Gemma 2's: these families do not read it"},
+    /* Gemma 2 */
+    {"query_pre_attn_scalar", GEM2, H, NULL,
+     "the scores are scaled by its -0.5 power (default 256): a value, not a size; null is "
+     "refused"},
+    {"attn_logit_softcapping", GEM2, H, NULL,
+     "eager attention's scores / cap, tanh, * cap: tanh keeps a B·H·T² tensor per layer "
+     "(default 50; null: none)"},
+    {"final_logit_softcapping", GEM2, H, NULL,
+     "the logits / cap, tanh, * cap: tanh keeps a B·T·V tensor (default 30; null: none)"},
+    {"sliding_window", GEM2, H, NULL,
+     "the window of the layers layer_types names sliding_attention (default 4096, every "
+     "other layer from the first; null: none); eager attention's window only changes the "
+     "mask's values: " WINDOW_NOTE},
+    {"layer_types", GEM2, H, NULL,
+     "full_attention or sliding_attention per layer (default: sliding_attention on the "
+     "even layers)"},
+    {"sliding_window_size", GEM2, I, NULL,
+     "an early name of the window that Gemma2Config does not read (sliding_window is the "
+     "window)"},
+    {"cache_implementation", GEM2, I, NULL,
+     "the generation cache's class (hybrid): training does not generate"},
 };
 
 #undef GEM
+#undef GEM2
 #undef PHI
 #undef H
 #undef I

@@ -165,3 +165,47 @@ ml_status ml_hf_check_keys(const ml_node *r, unsigned fam, const char *type, ml_
     }
     return ML_OK;
 }
+
+/* layer_types (Qwen2Config, Gemma2Config): a list of num_hidden_layers
+ * names, full_attention or sliding_attention; absent or null leaves
+ * *windowed, else sets it to whether a layer slides. */
+ml_status ml_hf_layer_types(ml_error *err, const ml_node *r, uint64_t layers, bool *windowed)
+{
+    const ml_node *lt = ml_tree_get(r, "layer_types");
+    if (ml_hf_is_null(lt))
+        return ML_OK;
+    if (lt->type != ML_NODE_SEQ || lt->count != layers)
+        return ml_error_at(err, lt, ML_SCHEMA,
+                           "layer_types: expected a list of num_hidden_layers (%llu) names",
+                           (unsigned long long)layers);
+    *windowed = false;
+    for (size_t i = 0; i < lt->count; i++) {
+        const ml_node *e = lt->items[i];
+        bool sl = e->type == ML_NODE_SCALAR && !strcmp(e->text, "sliding_attention");
+        if (!sl && !(e->type == ML_NODE_SCALAR && !strcmp(e->text, "full_attention")))
+            return ml_error_at(err, e, ML_SCHEMA,
+                               "layer_types[%zu]: expected full_attention or sliding_attention",
+                               i);
+        *windowed = *windowed || sl;
+    }
+    return ML_OK;
+}
+
+/* A positive finite number; absent leaves *out, null sets 0 (none).
+ * ML_OK or ML_SCHEMA. */
+ml_status ml_hf_positive(ml_error *err, const ml_node *root, const char *key, double *out)
+{
+    const ml_node *n = ml_tree_get(root, key);
+    if (!n)
+        return ML_OK;
+    if (ml_hf_is_null(n)) {
+        *out = 0;
+        return ML_OK;
+    }
+    char *end = NULL;
+    double v = n->type == ML_NODE_SCALAR && n->plain ? strtod(n->text, &end) : -1;
+    if (!end || end == n->text || *end || !(v > 0 && v <= 1e12))
+        return ml_error_at(err, n, ML_SCHEMA, "%s: expected a positive number or null", key);
+    *out = v;
+    return ML_OK;
+}

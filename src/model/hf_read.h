@@ -26,6 +26,13 @@ ml_status ml_hf_bool(ml_error *err, const ml_node *root, const char *key, bool *
 ml_status ml_hf_prob(ml_error *err, const ml_node *root, const char *key, double *out);
 /* A string (borrowed from the tree); absent or null: NULL. ML_OK or ML_SCHEMA. */
 ml_status ml_hf_str(ml_error *err, const ml_node *root, const char *key, const char **out);
+/* layer_types: num_hidden_layers names, full_attention or
+ * sliding_attention; absent or null leaves *windowed, else sets it to
+ * whether a layer slides. ML_OK or ML_SCHEMA. */
+ml_status ml_hf_layer_types(ml_error *err, const ml_node *r, uint64_t layers, bool *windowed);
+/* A positive number up to 1e12; absent leaves *out, null sets 0. ML_OK or
+ * ML_SCHEMA. */
+ml_status ml_hf_positive(ml_error *err, const ml_node *root, const char *key, double *out);
 /* Every key of the config is in family fam's table, and a key the table
  * refuses unless its value is one of its own has such a value; type is the
  * model_type for messages. ML_OK or ML_SCHEMA. */
@@ -36,5 +43,8 @@ ml_status ml_hf_check_keys(const ml_node *r, unsigned fam, const char *type, ml_
  * hf.c has read the sizes. ML_OK or ML_SCHEMA (err at the key). */
 ml_status ml_hf_map_gemma(const ml_node *r, ml_model *m, ml_error *err);
 ml_status ml_hf_map_phi3(const ml_node *r, ml_model *m, ml_error *err);
+/* model_type gemma2: Gemma's layer with the post norms, the score scale,
+ * the soft-caps and the alternating sliding window (hf_gated.c). */
+ml_status ml_hf_map_gemma2(const ml_node *r, ml_model *m, ml_error *err);
 
 #endif

@@ -89,6 +89,14 @@ struct ml_model {
     bool embed_scale;       /* the embeddings are multiplied by sqrt(hidden) (Gemma's
                                normalizer, a 0-dim host tensor: saves nothing on the
                                device) */
+    bool post_norms;        /* Gemma 2's layer: a norm on the attention's and on the MLP's
+                               output before each residual add (four per layer) */
+    double attn_scalar;     /* the scores are scaled by attn_scalar^-0.5 (HF
+                               query_pre_attn_scalar); 0 = head_dim: a value, not a size */
+    double attn_softcap;    /* scores / cap, tanh, * cap before the mask (HF
+                               attn_logit_softcapping); 0 = none */
+    double final_softcap;   /* the same on the LM logits (HF final_logit_softcapping);
+                               0 = none */
     uint64_t buffers;       /* module buffers the YAML declares (model.buffers, bytes),
                                beside those the layers imply */
     ml_attention attention;
@@ -135,10 +143,12 @@ enum {
     ML_HF_VIT = 1u << 6,
     ML_HF_GEMMA = 1u << 7,
     ML_HF_PHI3 = 1u << 8,
-    ML_HF_FAMILY_COUNT = 9
+    ML_HF_GEMMA2 = 1u << 9,
+    ML_HF_FAMILY_COUNT = 10
 };
 #define ML_HF_LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2) /* the Llama-layout families */
-#define ML_HF_SUPPORTED "llama, mistral, qwen2, gemma, phi3, gpt2, gpt_neox, bert, vit"
+#define ML_HF_SUPPORTED \
+    "llama, mistral, qwen2, gemma, gemma2, phi3, gpt2, gpt_neox, bert, vit"
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head, and a second class the planner builds too (NULL: none;

@@ -172,7 +172,7 @@ static void test_errors_and_training(void **state)
     assert_int_equal(load_json("{\"model_type\": \"t5\", \"d_model\": 512}", NULL, &m, &e),
                      ML_SCHEMA);
     assert_non_null(strstr(e.msg, "model_type 't5' is not supported; supported: llama, mistral, "
-                                  "qwen2, gemma, phi3, gpt2, gpt_neox, bert, vit"));
+                                  "qwen2, gemma, gemma2, phi3, gpt2, gpt_neox, bert, vit"));
     assert_int_equal(e.line, 1);
     assert_int_equal(load_json("{\"n_embd\": 64}", NULL, &m, &e), ML_SCHEMA);
     assert_non_null(strstr(e.msg, "model_type: missing"));
@@ -491,7 +491,7 @@ static void test_refused_keys(void **state)
         {"llama", "\"quantization_config\": {\"bits\": 4}",
          "quantization_config: a mapping is refused (accepted: null)"},
         {"llama", "\"attn_logit_softcapping\": 50.0", "attn_logit_softcapping: 50.0 is refused"},
-        {"llama", "\"final_logit_softcapping\": 30.0", "B·T·V"},
+        {"llama", "\"final_logit_softcapping\": 30.0", "soft-capped logits are Gemma 2's"},
         {"llama", "\"query_pre_attn_scalar\": 256", "Gemma 2's score scale"},
         {"llama", "\"hidden_activation\": \"gelu_pytorch_tanh\"", "Gemma's activation key"},
         {"llama", "\"attention_dropout\": 0.1", "attention dropout alone is not modelled"},
