@@ -253,13 +253,14 @@ void ml_ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
  * element: autocast saves a bf16/fp16 cast copy per consumer (casts of
  * non-leaf tensors are not cached), otherwise the storage itself. The caller
  * passes already_saved when another op saved the same storage. */
-void ml_ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
-                        unsigned bpe, bool already_saved, unsigned flags)
+size_t ml_ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
+                          unsigned bpe, bool already_saved, unsigned flags)
 {
     if (ch->prec.autocast && bpe == 4)
-        ml_ck_save(ch, b, what, elems, 2, flags & ~(unsigned)ML_SV_INPUT);
-    else if (!already_saved)
-        ml_ck_save(ch, b, what, elems, bpe, flags);
+        return ml_ck_save(ch, b, what, elems, 2, flags & ~(unsigned)ML_SV_INPUT);
+    if (!already_saved)
+        return ml_ck_save(ch, b, what, elems, bpe, flags);
+    return SIZE_MAX;
 }
 
 /* autocast caches one low-precision copy of each weight per forward; the

@@ -43,9 +43,10 @@ void ml_ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes);
 void ml_ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes);
 /* Closes a block: transients, gradients its backward creates. */
 void ml_ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes);
-/* The saved input of a linear layer (autocast: a cast copy per consumer). */
-void ml_ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
-                        unsigned bpe, bool already_saved, unsigned flags);
+/* The saved input of a linear layer (autocast: a cast copy per consumer);
+ * returns its index in ch->saved (SIZE_MAX: none recorded). */
+size_t ml_ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
+                          unsigned bpe, bool already_saved, unsigned flags);
 /* autocast's low-precision weight copy, saved by the matmul. */
 void ml_ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems);
 

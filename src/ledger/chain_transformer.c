@@ -311,14 +311,20 @@ static void block_name(char name[48], uint64_t i)
     name[6 + nd] = '\0';
 }
 
+/* Whether the blocks record their backward nodes (docs/ledger.md,
+ * "Backward, node by node"): fp32 eager blocks for now. */
+static bool node_level(const ml_chain *ch, const ml_model *m)
+{
+    return ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast &&
+           !ml_ck_fused_attention(ch, m) && !m->parallel_residual;
+}
+
 static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
 {
     const bool enc = m->type == ML_MODEL_ENCODER;
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    /* the node-level backward (docs/ledger.md): fp32 eager blocks for now */
-    ch->record_nodes = ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast &&
-                       !ml_ck_fused_attention(ch, m) && !m->parallel_residual;
+    ch->record_nodes = node_level(ch, m);
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
         block_name(name, i);
@@ -356,7 +362,7 @@ static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
     uint64_t np, BTD = ml_mul(ch, d->BT, d->D);
     unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, false);
     ml_ck_norm_params(ch, b, np, d->D);
-    ml_ck_linear_input(ch, b, "lm head input", BTD, nb, false, 0);
+    size_t s_in = ml_ck_linear_input(ch, b, "lm head input", BTD, nb, false, 0);
     ml_ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
     if (!m->tied_embeddings) {
         ml_ck_param(ch, b, d->V, d->D);
@@ -372,9 +378,17 @@ static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
          * result)), as large as the logits; dividing and multiplying by a
          * Python float keep only a host scalar. The head's output, the
          * logits the loss reads, is the product (docs/inventory.md) */
-        uint64_t BTV = ml_mul(ch, d->BT, d->V);
+        uint64_t BTV = ml_mul(ch, d->BT, d->V), gV = ml_mul(ch, BTV, ch->prec.a);
         ml_ck_tmp(ch, BTV, ch->prec.a);
-        ml_ck_save(ch, b, "final softcap tanh output", BTV, ch->prec.a, 0);
+        size_t s = ml_ck_save(ch, b, "final softcap tanh output", BTV, ch->prec.a, 0);
+        /* backward (recorded in fp32, head_and_loss): the LM head's mm
+         * (its input's gradient, the weight's; it frees the logits'), then
+         * the three soft-cap nodes, each a new gradient of the logits' size */
+        ml_ck_node(ch, b, "MmBackward0 (LM head)", ml_mul(ch, BTD, nb),
+                   ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad), gV, s_in, SIZE_MAX);
+        ml_ck_node(ch, b, "DivBackward0 (logits / softcap)", gV, 0, gV, SIZE_MAX, SIZE_MAX);
+        ml_ck_node(ch, b, "TanhBackward0 (final softcap)", gV, 0, gV, s, SIZE_MAX);
+        ml_ck_node(ch, b, "MulBackward0 (tanh * softcap)", gV, 0, gV, SIZE_MAX, SIZE_MAX);
     }
     *rows = d->BT;
     b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)d->V;
@@ -486,12 +500,16 @@ static ml_status head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
     if (!b)
         return ML_NOMEM;
     b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), w);
+    /* a soft-capped LM head replays its backward node by node (its three
+     * logits-sized gradients in turn); the other heads keep the block rule */
+    ch->record_nodes = m->final_softcap > 0 && node_level(ch, m);
     uint64_t rows; /* rows of the logits */
     uint64_t out_classes = m->type != ML_MODEL_ENCODER ? lm_head(ch, b, m, d, &rows)
                            : m->mlm_head              ? mlm_head(ch, b, m, d, &rows)
                                                       : classifier_head(ch, b, m, d, &rows);
     uint64_t logits = ml_mul(ch, rows, out_classes);
     ml_ck_end(ch, b, ml_mul(ch, logits, a));
+    ch->record_nodes = false;
 
     b = ml_ck_begin(ch, "loss", -1);
     if (!b)

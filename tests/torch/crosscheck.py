@@ -34,12 +34,13 @@ from twins import (  # noqa: E402  (the reference implementations: twins.py)
 TOL = 0.01
 # amp-bf16 through CPU autocast; its one difference from CUDA autocast that
 # these models meet is accounted in known_cpu_autocast().
-AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-bert",
-              "xc-phi3", "xc-bert-mlm"}
+AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
+              "xc-bert", "xc-phi3", "xc-bert-mlm"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
 # vectors are 0.15 % of it, under the 1 % tolerance; Phi-3's fused
-# projections and BERT's MLM head are new layouts, held to every byte.
-EXACT_MODELS = {"xc-gemma", "xc-phi3", "xc-bert-mlm"}
+# projections, BERT's MLM head and Gemma 2's post norms and soft-caps are
+# new layouts, held to every byte.
+EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm"}
 torch.manual_seed(0)
 
 
@@ -88,15 +89,22 @@ def known_1_13(doc, B, T):
     if m["type"] != "sequential" and m.get("norm") in ("rmsnorm", "gemma_rmsnorm"):
         # 1.13's mean backward keeps its input: RMSNorm's x^2, fp32, B*T*D
         x2 = B * T * m["hidden"] * 4
+        norms = 4 if m.get("post_norms") else 2  # Gemma 2: four per layer
         for i in range(m["layers"]):
-            extra["block.%d" % i] = 2 * x2
+            extra["block.%d" % i] = norms * x2
         extra["head"] = x2
     if m["type"] != "sequential" and m.get("attention", "eager") == "eager":
         # the attention scale is a Python float: autograd saves it as a 0-dim
         # double "wrapped number" (8 B) for the mul/div backward. That tensor
         # lives on the CPU, so on a GPU it is host memory: not in the ledger.
+        # Gemma 2's soft-cap divides and multiplies by Python floats: two
+        # more such host scalars per block
+        per = 8 + (16 if float(m.get("attn_softcap", 0)) > 0 else 0)
         for i in range(m["layers"]):
-            extra["block.%d" % i] = extra.get("block.%d" % i, 0) + 8
+            extra["block.%d" % i] = extra.get("block.%d" % i, 0) + per
+    if float(m.get("final_softcap", 0)) > 0:
+        # the logits' soft-cap: the same two host scalars in the head
+        extra["head"] = extra.get("head", 0) + 16
     if m.get("embedding_scale"):
         # Gemma's sqrt(D) normalizer, a 0-dim fp32 tensor made without a
         # device, saved by the mul: on a GPU it is host memory

@@ -212,9 +212,12 @@ class Llama(nn.Module):
             else:
                 x = s.block(b, x, cos, sin, mask)
         rec.block = "head"
-        logits = s.lm_head(s.norm(x))
+        logits = s.head_logits(x)
         rec.block = "loss"
         return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
+
+    def head_logits(s, x):
+        return s.lm_head(s.norm(x))
 
 
 class Gemma(Llama):
@@ -234,6 +237,64 @@ class Gemma(Llama):
         # GemmaModel.forward: a 0-dim tensor made without a device, which mul
         # saves (known_1_13: host memory on a GPU)
         return x * torch.tensor(s.D ** 0.5, dtype=x.dtype)
+
+
+class Gemma2(Gemma):
+    """HF modeling_gemma2 eager (Gemma2DecoderLayer, eager_attention_forward,
+    Gemma2ForCausalLM): Gemma's layer with a GemmaRMSNorm on the attention's
+    and on the MLP's output before each residual add, the scores scaled by
+    attn_scalar ** -0.5, soft-capped scores (/ cap, tanh, * cap) before the
+    mask, and soft-capped logits. The rotary tables are made once (the
+    model's rotary_emb, as in today's transformers); no sliding layer (the
+    tiny model's sequence is within any window, where its mask's values are
+    the causal mask's)."""
+
+    def __init__(s, m):
+        super().__init__(m)
+        s.scaling = float(m.get("attn_scalar", s.dh)) ** -0.5
+        s.softcap = float(m.get("attn_softcap", 0))
+        s.final_softcap = float(m.get("final_softcap", 0))
+        for b in s.blocks:
+            # Gemma2DecoderLayer registers input_layernorm,
+            # post_attention_layernorm, pre_feedforward_layernorm,
+            # post_feedforward_layernorm after self_attn and mlp
+            del b.ln2
+            b.ln_attn = s.Norm(s.D)
+            b.ln2 = s.Norm(s.D)
+            b.ln_mlp = s.Norm(s.D)
+
+    def block(s, b, x, cos, sin, mask):
+        B, T, _ = x.shape
+        h = b.ln1(x)
+        q = b.q(h).view(B, T, s.H, s.dh).transpose(1, 2)
+        k = b.k(h).view(B, T, s.KV, s.dh).transpose(1, 2)
+        v = b.v(h).view(B, T, s.KV, s.dh).transpose(1, 2)
+        c, sn = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = (q * c) + (rotate_half(q) * sn)
+        k = (k * c) + (rotate_half(k) * sn)
+        rep = s.H // s.KV
+        if rep > 1:
+            k = k[:, :, None].expand(B, s.KV, rep, T, s.dh).reshape(B, s.H, T, s.dh)
+            v = v[:, :, None].expand(B, s.KV, rep, T, s.dh).reshape(B, s.H, T, s.dh)
+        att = torch.matmul(q, k.transpose(2, 3)) * s.scaling
+        if s.softcap:
+            att = att / s.softcap
+            att = torch.tanh(att)
+            att = att * s.softcap
+        att = att + mask
+        att = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
+        y = torch.matmul(att, v).transpose(1, 2).contiguous().reshape(B, T, s.H * s.dh)
+        x = x + b.ln_attn(b.o(y))
+        h = b.ln2(x)
+        return x + b.ln_mlp(b.down(s.act(b.gate(h)) * b.up(h)))
+
+    def head_logits(s, x):
+        logits = s.lm_head(s.norm(x))
+        if s.final_softcap:
+            logits = logits / s.final_softcap
+            logits = torch.tanh(logits)
+            logits = logits * s.final_softcap
+        return logits
 
 
 class Phi3(Llama):
@@ -485,6 +546,8 @@ def build(doc):
         return BertMLM(m) if m.get("mlm_head") else Bert(m)
     if m.get("fused_projections"):
         return Phi3(m)
+    if m.get("post_norms"):
+        return Gemma2(m)
     if m.get("norm", "layernorm") == "gemma_rmsnorm":
         return Gemma(m)
     if m.get("norm", "layernorm") == "rmsnorm":
