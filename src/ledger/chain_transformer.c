@@ -518,15 +518,94 @@ static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
     return m->classes;
 }
 
+/* Liger Kernel's chunk (liger_kernel/ops/fused_linear_cross_entropy.py,
+ * fused_linear_cross_entropy_forward): next_power_of_2(ceil(BT / ceil(V /
+ * D))) rows, or training.logits_chunk; at most the BT rows there are. */
+static uint64_t fused_chunk_rows(const ml_ck_dims *d, uint64_t asked)
+{
+    uint64_t rows = asked;
+    if (!rows) {
+        uint64_t inc = (d->V + d->D - 1) / d->D;
+        uint64_t want = (d->BT + inc - 1) / inc;
+        rows = 1;
+        while (rows < want && rows < (1ull << 62))
+            rows <<= 1;
+    }
+    return rows < d->BT ? rows : d->BT;
+}
+
+/* logits: fused, the loss block of a decoder (docs/ledger.md, "The loop's
+ * references"): Liger's fused linear cross-entropy on the final norm's
+ * output x (BT x D, nb bytes). Its forward allocates the LM head weight's
+ * gradient (zeros_like(weight)) and x's (zeros_like(x)), an fp32 loss per
+ * row and the bool target mask, then per chunk of rows: logits = x_chunk @
+ * W^T, the cross-entropy's gradient written over them in place, x's
+ * gradient rows = logits @ W (a temporary, copied in), W's gradient +=
+ * logits^T x_chunk (addmm into it). The loop rebinds `logits_chunk` only
+ * when the next chunk's product exists, so two chunks' logits are alive at
+ * that moment. The backward returns the two gradients (grad_output is 1):
+ * nothing new. FLOPs: the three products, all in forward. */
+static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                       uint64_t chunk_asked, unsigned nb)
+{
+    const unsigned a = ch->prec.a;
+    uint64_t rows = fused_chunk_rows(d, chunk_asked);
+    uint64_t second = d->BT > rows ? (d->BT - rows < rows ? d->BT - rows : rows) : 0;
+    uint64_t two = ml_mul(ch, ml_add(ch, rows, second), ml_mul(ch, d->V, a));
+    uint64_t one = ml_mul(ch, rows, ml_mul(ch, ml_add(ch, d->V, d->D), a));
+    uint64_t rowwise = ml_mul(ch, d->BT, 5); /* loss_1d (fp32) and the target mask */
+    b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
+    b->ws_fwd = ml_add(ch, two > one ? two : one, rowwise);
+    b->unit_fwd = ml_mul(ch, ml_mul(ch, rows, d->V), a);
+    ml_ck_save(ch, b, "targets (int64)", d->BT, 8, ML_SV_BATCH);
+    if (!m->tied_embeddings) {
+        ml_ck_param(ch, b, d->V, d->D);
+    } else { /* the tied table's gradient is first created here */
+        b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
+        b->grad_accum_bytes = b->grad_bytes;
+    }
+    b->grads_in_fwd = true;
+    b->flops_fwd = 6.0 * (double)d->BT * (double)d->D * (double)d->V;
+    ml_ck_node(ch, b, "LigerFusedLinearCrossEntropyFunctionBackward (hands over)", 0, 0, 0,
+               SIZE_MAX, SIZE_MAX);
+    uint64_t ws = b->ws_fwd;
+    ml_ck_end(ch, b, 0);
+    /* ml_ck_end's estimates are for ops that save: this one's forward
+     * transient is the chunks', its backward allocates nothing, and under
+     * no_grad its two gradients are transients too */
+    b->ws_fwd = ws;
+    b->ws_bwd = 0;
+    b->unit = b->unit_fwd;
+    b->ws_nograd = ml_add(ch, ws, ml_add(ch, b->in_bytes, b->grad_bytes));
+}
+
 /* The head block, then the loss: cross-entropy = log_softmax (saves its
- * output; autocast runs it in fp32) + nll_loss (saves the int64 targets). */
-static ml_status head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+ * output; autocast runs it in fp32) + nll_loss (saves the int64 targets);
+ * with logits: fused, the final norm and the fused linear cross-entropy. */
+static ml_status head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                               const ml_training *t)
 {
     const unsigned w = ch->prec.w, a = ch->prec.a;
     ml_cblock *b = ml_ck_begin(ch, "head", -1);
     if (!b)
         return ML_NOMEM;
     b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), w);
+    if (t->logits == ML_LOGITS_FUSED) {
+        /* node lists: the norm's, and the fused op's hand-over */
+        ch->record_nodes = !ch->prec.autocast;
+        uint64_t np;
+        unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, false);
+        norm_params(ch, b, np, d->D);
+        uint64_t out = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
+        ml_ck_end(ch, b, out);
+        b = ml_ck_begin(ch, "loss", -1);
+        if (!b)
+            return ML_NOMEM;
+        b->fwd_phase = ML_PHASE_LOSS;
+        fused_loss(ch, b, m, d, t->logits_chunk, nb);
+        ch->record_nodes = false;
+        return ML_OK;
+    }
     uint64_t rows; /* rows of the logits */
     uint64_t out_classes = m->type != ML_MODEL_ENCODER ? lm_head(ch, b, m, d, &rows)
                            : m->mlm_head              ? mlm_head(ch, b, m, d, &rows)
@@ -566,11 +645,11 @@ ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml
     if (st == ML_OK)
         st = layer_blocks(ch, m, &d);
     if (st == ML_OK)
-        st = head_and_loss(ch, m, &d);
+        st = head_and_loss(ch, m, &d, &cfg->training);
     if (st != ML_OK)
         return st;
     for (size_t i = 0; i < ch->n; i++)
-        if (ch->blocks[i].flops_bwd == 0)
+        if (ch->blocks[i].flops_bwd == 0 && !ch->blocks[i].grads_in_fwd)
             ch->blocks[i].flops_bwd = 2.0 * ch->blocks[i].flops_fwd;
     return ML_OK;
 }
