@@ -86,8 +86,8 @@ typedef enum ml_logits {
     ML_LOGITS_KEPT,     /* held until the iteration ends (a plain loop, nanoGPT) */
     ML_LOGITS_RELEASED, /* dropped once the loss is computed (HF Trainer, Lightning,
                            torchtitan) */
-    ML_LOGITS_FUSED,    /* a chunked linear-cross-entropy: never whole (refused: not
-                           modelled yet) */
+    ML_LOGITS_FUSED,    /* a chunked linear-cross-entropy that computes the head's
+                           gradients in forward (Liger Kernel): never whole */
     ML_LOGITS_COUNT
 } ml_logits;
 
@@ -119,6 +119,8 @@ typedef struct ml_training {
     uint64_t eval_batch;           /* samples per evaluation forward */
     uint64_t eval_seq_len;         /* tokens per evaluation sample; 0: seq_len */
     ml_zero_grad zero_grad;        /* set_to_none (default) or zero */
+    uint64_t logits_chunk;         /* logits: fused, tokens per chunk; 0: Liger's rule
+                                      (docs/ledger.md, "The loop's references") */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it

@@ -172,6 +172,7 @@ typedef enum ml_remedy_kind {
     ML_REMEDY_OFFLOAD_PARAMS,  /* with zero 3 */
     ML_REMEDY_TOKEN_BUDGET,    /* lengths, padded, a device: the largest budget that fits */
     ML_REMEDY_LENGTH_BUCKETS,  /* lengths, padded: --batching bucketed */
+    ML_REMEDY_LOGITS_FUSED,    /* decoders: Liger's fused linear cross-entropy */
     ML_REMEDY_COUNT
 } ml_remedy_kind;
 

@@ -34,6 +34,7 @@ static const struct {
     {"training.zero_grad", "--zero-grad", NULL, OPT(zero_grad)},
     {"training.eval_batch", "--eval-batch", NULL, OPT(eval_batch)},
     {"training.eval_seq_len", "--eval-seq-len", NULL, OPT(eval_seq_len)},
+    {"training.logits_chunk", "--logits-chunk", NULL, OPT(logits_chunk)},
     {"device.memory", "--device", "--device NAME|SIZE or a device: section", OPT(device)},
     {"device.budget", "--budget", NULL, OPT(budget)},
     {"device.runtime_reserve", "--runtime-reserve", NULL, OPT(runtime_reserve)},

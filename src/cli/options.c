@@ -110,6 +110,7 @@ static const struct {
     {"--logits", offsetof(ml_cli_opts, logits)},
     {"--eval-batch", offsetof(ml_cli_opts, eval_batch)},
     {"--eval-seq-len", offsetof(ml_cli_opts, eval_seq_len)},
+    {"--logits-chunk", offsetof(ml_cli_opts, logits_chunk)},
     {"--allocator", offsetof(ml_cli_opts, allocator)},
     {"--max-split-size", offsetof(ml_cli_opts, max_split_size)},
     {"--zero-grad", offsetof(ml_cli_opts, zero_grad)},
@@ -391,11 +392,14 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
         else if (!strcmp(o->logits, "released"))
             t->logits = ML_LOGITS_RELEASED;
         else if (!strcmp(o->logits, "fused"))
-            rc = bad_flag("--logits", "fused (a chunked linear-cross-entropy) is not modelled "
-                                      "yet; use kept or released");
+            t->logits = ML_LOGITS_FUSED;
         else
-            rc = bad_flag("--logits", "unknown; use kept or released");
+            rc = bad_flag("--logits", "unknown; use kept, released or fused");
     }
+    if (!rc && o->logits_chunk)
+        rc = limited(o->logits_chunk, "training.logits_chunk", &t->logits_chunk);
+    if (!rc && t->logits_chunk && t->logits != ML_LOGITS_FUSED)
+        rc = bad_flag("--logits-chunk", "only with --logits fused");
     if (!rc && o->zero_grad) {
         if (!strcmp(o->zero_grad, "set_to_none"))
             t->zero_grad = ML_ZERO_GRAD_SET_TO_NONE;

@@ -124,11 +124,46 @@ static void reserve(ml_chain *ch, const ml_model *m)
     }
 }
 
+/* logits: fused is the fused linear cross-entropy of a language model's
+ * head, as modelled (docs/ledger.md, "The loop's references"). */
+static ml_status fused_refused(const ml_model *m, const ml_config *cfg, const ml_prec *p,
+                               ml_error *err)
+{
+    const ml_training *t = &cfg->training;
+    if (t->logits != ML_LOGITS_FUSED)
+        return ML_OK;
+    if (m->type != ML_MODEL_DECODER)
+        return ml_errorf(err, ML_RANGE,
+                         "training.logits: fused is a language model's head (a decoder's LM "
+                         "head and cross-entropy); this model's loss is another: use kept or "
+                         "released");
+    if (p->autocast)
+        return ml_errorf(err, ML_RANGE,
+                         "training.logits: fused is modelled without autocast (fp32, bf16, "
+                         "bf16-master, fp16-master); under %s its products' dtypes are not: "
+                         "use kept or released, or another precision",
+                         ml_precision_name(t->precision));
+    if (m->final_softcap > 0)
+        return ml_errorf(err, ML_RANGE,
+                         "training.logits: fused with the model's final_softcap (Gemma 2's "
+                         "soft-capped logits) is not modelled: use kept or released");
+    if (t->zero >= 2)
+        return ml_errorf(err, ML_RANGE,
+                         "training.logits: fused with training.zero %u (sharded gradients) is "
+                         "not modelled: use zero 0 or 1, or logits kept or released",
+                         t->zero);
+    return ML_OK;
+}
+
 ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err)
 {
     memset(ch, 0, sizeof *ch);
+    ml_prec prec = ml_prec_of(cfg->training.precision);
+    ml_status refused = fused_refused(m, cfg, &prec, err);
+    if (refused)
+        return refused;
     reserve(ch, m);
-    ch->prec = ml_prec_of(cfg->training.precision);
+    ch->prec = prec;
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml_chain_build_sequential(m, cfg, ch)
                                                  : ml_chain_build_transformer(m, cfg, ch, err);
     /* the runner's blocks are GPT-2's and Llama's: a Gemma block's norm and

@@ -101,6 +101,9 @@ typedef struct {
     bool measured;           /* saved bytes from a calibration profile */
     uint64_t cache_bytes;    /* keys and values the forward returns (HF use_cache):
                                 held by the output in evaluation */
+    bool grads_in_fwd;       /* its forward computes its input's gradient (in_bytes)
+                                and its parameters' (grad_bytes), as logits: fused's
+                                linear-cross-entropy does; its backward hands them over */
 } ml_cblock;
 
 typedef struct {

@@ -175,8 +175,11 @@ static void nodes_close(ml_chain *ch, ml_cblock *b)
         gout = ml_add(ch, gout, n[i].grad_out);
         pg = ml_add(ch, pg, n[i].param_grad);
     }
-    uint64_t in_grad = b->in_nograd ? 0 : b->in_bytes;
-    if (ml_add(ch, gin, b->bwd_in) != ml_add(ch, gout, in_grad) || pg != b->grad_bytes ||
+    /* a block whose forward made its gradients hands them over: its nodes
+     * allocate neither */
+    uint64_t in_grad = b->in_nograd || b->grads_in_fwd ? 0 : b->in_bytes;
+    uint64_t own_pg = b->grads_in_fwd ? 0 : b->grad_bytes;
+    if (ml_add(ch, gin, b->bwd_in) != ml_add(ch, gout, in_grad) || pg != own_pg ||
         b->measured || b->nodes_off) {
         ch->nnodes -= m;
         b->nnodes = 0;

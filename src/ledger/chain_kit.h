@@ -72,8 +72,20 @@ typedef struct {
  * *params to its parameter count. */
 unsigned ml_ck_norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
                         const ml_ck_norm_io *io, uint64_t *params);
+/* A norm on the residual stream (w bytes per element, its output's
+ * gradient freed by the norm): the block's or the head's input (xflags,
+ * xbuf as in ml_ck_norm_io). */
+unsigned ml_ck_stream_norm(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                           unsigned xflags, uint64_t *params, bool xbuf);
 /* A norm's parameters as the module registers them: weight, then bias. */
 void ml_ck_norm_params(ml_chain *ch, ml_cblock *b, uint64_t np, uint64_t D);
+
+/* Whether the transformer's blocks record their backward nodes
+ * (chain_head.c; docs/ledger.md, "Backward, node by node"). */
+bool ml_ck_node_level(const ml_chain *ch, const ml_model *m);
+/* The head block, then the loss (chain_head.c); ML_NOMEM. */
+ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                              const ml_training *t);
 
 /* The transformer's embedding block (chain_embed.c); ML_NOMEM. */
 ml_status ml_ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);

@@ -76,6 +76,13 @@ unsigned ml_ck_norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
     return rmsnorm_fwd(ch, b, m, d, io, params);
 }
 
+unsigned ml_ck_stream_norm(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                           unsigned xflags, uint64_t *params, bool xbuf)
+{
+    const ml_ck_norm_io io = {ch->prec.w, xflags, xbuf, false};
+    return ml_ck_norm_fwd(ch, b, m, d, &io, params);
+}
+
 /* A norm's np parameters as the module registers them: the weight (D),
  * then a LayerNorm's bias. */
 void ml_ck_norm_params(ml_chain *ch, ml_cblock *b, uint64_t np, uint64_t D)

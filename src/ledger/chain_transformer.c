@@ -10,15 +10,6 @@
 #include "ledger/chain_kit.h"
 #include "util/error.h"
 
-/* A norm on the stream (w bytes per element): the block's input or the
- * residual's (chain_norm.c). */
-static unsigned norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                         unsigned xflags, uint64_t *params, bool xbuf)
-{
-    const ml_ck_norm_io io = {ch->prec.w, xflags, xbuf, false};
-    return ml_ck_norm_fwd(ch, b, m, d, &io, params);
-}
-
 /* What the MLP's ops keep for its backward (indices in ch->saved,
  * SIZE_MAX: none, or a storage another op saved). */
 typedef struct {
@@ -211,7 +202,7 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     uint64_t np;
     size_t at[6];
     at[0] = ch->nparams;
-    unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, true);
+    unsigned nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, true);
     ml_ck_norm_params(ch, b, np, d->D);
     at[1] = ch->nparams;
     ml_ck_attention(ch, b, m, d, nb, false, !llama || m->fused_proj, causal && !llama, llama, 0);
@@ -226,7 +217,7 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
         np = m->bias ? 2 * d->D : d->D;
         nb = ch->prec.w;
     } else {
-        nb = norm_fwd(ch, b, m, d, 0, &np, true);
+        nb = ml_ck_stream_norm(ch, b, m, d, 0, &np, true);
     }
     ml_ck_norm_params(ch, b, np, d->D);
     at[4] = ch->nparams;
@@ -245,10 +236,10 @@ static void postnorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const 
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     ml_ck_attention(ch, b, m, d, w, false, false, false, false, ML_SV_INPUT);
     uint64_t np;
-    unsigned nb = norm_fwd(ch, b, m, d, 0, &np, false);
+    unsigned nb = ml_ck_stream_norm(ch, b, m, d, 0, &np, false);
     ml_ck_norm_params(ch, b, np, d->D);
     mlp_fwd(ch, b, m, d, nb, false, true);
-    nb = norm_fwd(ch, b, m, d, 0, &np, false);
+    nb = ml_ck_stream_norm(ch, b, m, d, 0, &np, false);
     ml_ck_norm_params(ch, b, np, d->D);
     (void)BTD;
 }
@@ -311,20 +302,12 @@ static void block_name(char name[48], uint64_t i)
     name[6 + nd] = '\0';
 }
 
-/* Whether the blocks record their backward nodes (docs/ledger.md,
- * "Backward, node by node"): fp32 eager blocks for now. */
-static bool node_level(const ml_chain *ch, const ml_model *m)
-{
-    return ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast &&
-           !ml_ck_fused_attention(ch, m) && !m->parallel_residual;
-}
-
 static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
 {
     const bool enc = m->type == ML_MODEL_ENCODER;
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    ch->record_nodes = node_level(ch, m);
+    ch->record_nodes = ml_ck_node_level(ch, m);
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
         block_name(name, i);
@@ -354,185 +337,6 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     return ML_OK;
 }
 
-/* Decoder head: final norm and the LM head (tied or not). Returns the
- * logits' columns; *rows their rows. */
-static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                        uint64_t *rows)
-{
-    uint64_t np, BTD = ml_mul(ch, d->BT, d->D);
-    unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, false);
-    ml_ck_norm_params(ch, b, np, d->D);
-    size_t s_in = ml_ck_linear_input(ch, b, "lm head input", BTD, nb, false, 0);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
-    if (!m->tied_embeddings) {
-        ml_ck_param(ch, b, d->V, d->D);
-    } else {
-        /* the tied table's gradient is first created here; with
-         * accumulation this block's contribution is a transient */
-        b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
-        b->grad_accum_bytes = b->grad_bytes;
-    }
-    if (m->final_softcap > 0) {
-        /* Gemma 2's logits / cap, tanh, * cap (Gemma2ForCausalLM.forward):
-         * tanh keeps its result (derivatives.yaml: tanh_backward(grad,
-         * result)), as large as the logits; dividing and multiplying by a
-         * Python float keep only a host scalar. The head's output, the
-         * logits the loss reads, is the product (docs/inventory.md) */
-        uint64_t BTV = ml_mul(ch, d->BT, d->V), gV = ml_mul(ch, BTV, ch->prec.a);
-        ml_ck_tmp(ch, BTV, ch->prec.a);
-        size_t s = ml_ck_save(ch, b, "final softcap tanh output", BTV, ch->prec.a, 0);
-        /* backward (recorded in fp32, head_and_loss): the LM head's mm
-         * (its input's gradient, the weight's; it frees the logits'), then
-         * the three soft-cap nodes, each a new gradient of the logits' size */
-        ml_ck_node(ch, b, "MmBackward0 (LM head)", ml_mul(ch, BTD, nb),
-                   ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad), gV, s_in, SIZE_MAX);
-        ml_ck_node(ch, b, "DivBackward0 (logits / softcap)", gV, 0, gV, SIZE_MAX, SIZE_MAX);
-        ml_ck_node(ch, b, "TanhBackward0 (final softcap)", gV, 0, gV, s, SIZE_MAX);
-        ml_ck_node(ch, b, "MulBackward0 (tanh * softcap)", gV, 0, gV, SIZE_MAX, SIZE_MAX);
-    }
-    *rows = d->BT;
-    b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)d->V;
-    return d->V;
-}
-
-/* BertForMaskedLM's head (modeling_bert.py, BertLMPredictionHead): dense
- * D x D on every token, the activation, LayerNorm, then the decoder over the
- * vocabulary (tied to the word embeddings by default) with its own bias.
- * Saved: the dense input (the last block's output: the boundary), the
- * activation's (gelu: its input; relu: its result), the LayerNorm's input
- * (autocast runs it in fp32: a cast copy) and statistics, the decoder's
- * input (docs/inventory.md, "Heads and losses"). Returns V; *rows B*T. */
-static uint64_t mlm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                         uint64_t *rows)
-{
-    const unsigned w = ch->prec.w, a = ch->prec.a;
-    uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    /* the decoder's bias is the head module's own parameter, registered
-     * before its submodules' (model.parameters() lists it first) */
-    ml_ck_param(ch, b, d->V, 0);
-    ml_ck_linear_input(ch, b, "mlm dense input", BTD, w, false, ML_SV_INPUT);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
-    ml_ck_param(ch, b, d->D, d->D);
-    ml_ck_param(ch, b, d->D, 0);
-    bool gelu = m->activation == ML_ACT_GELU;
-    ml_ck_save(ch, b, gelu ? "mlm dense output (gelu input)" : "mlm relu output", BTD, a, 0);
-    if (gelu || a != w)
-        ml_ck_save(ch, b, a != w ? "mlm layernorm input (fp32 cast)" : "mlm layernorm input",
-                   BTD, w, 0);
-    ml_ck_save(ch, b, "mlm layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
-    ml_ck_param(ch, b, d->D, 0);
-    ml_ck_param(ch, b, d->D, 0);
-    ml_ck_tmp(ch, BTD, w);
-    ml_ck_linear_input(ch, b, "mlm decoder input (layernorm output)", BTD, w, false, 0);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
-    if (!m->tied_embeddings) {
-        ml_ck_param(ch, b, d->V, d->D);
-    } else {
-        /* the word embeddings' gradient is first created here, as a tied
-         * LM head's (lm_head) */
-        b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
-        b->grad_accum_bytes = b->grad_bytes;
-    }
-    *rows = d->BT;
-    b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * ((double)d->D + (double)d->V);
-    return d->V;
-}
-
-/* Encoder head: (ViT's final norm,) the first token, an optional pooler,
- * dropout and the classifier. Returns the classes; *rows the logits' rows. */
-static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
-                                const ml_ck_dims *d, uint64_t *rows)
-{
-    const unsigned w = ch->prec.w, a = ch->prec.a;
-    uint64_t np, BTD = ml_mul(ch, d->BT, d->D), BD = ml_mul(ch, d->B, d->D);
-    unsigned src = w;
-    bool src_saved = false;
-    if (m->prenorm) { /* ViT: final norm, then the class token */
-        unsigned nb = norm_fwd(ch, b, m, d, ML_SV_INPUT, &np, false);
-        ml_ck_norm_params(ch, b, np, d->D);
-        src = nb;
-    }
-    /* x[:, 0] is a view: a saving consumer keeps the whole (B, T, D)
-     * storage alive unless autocast cast it to a (B, D) copy */
-    if (m->pooler) {
-        if (ch->prec.autocast && src == 4)
-            ml_ck_save(ch, b, "pooler input (cast copy of first token)", BD, 2, 0);
-        else
-            ml_ck_save(ch, b, "pooler input (view keeps the full hidden state)", BTD, src,
-                       m->prenorm ? 0 : ML_SV_INPUT);
-        ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
-        ml_ck_param(ch, b, d->D, d->D);
-        ml_ck_param(ch, b, d->D, 0);
-        ml_ck_save(ch, b, "pooler tanh output", BD, a, 0);
-        b->flops_fwd += 2.0 * (double)d->B * (double)d->D * (double)d->D;
-        src = a;
-        src_saved = true;
-    }
-    if (d->drop) {
-        ml_ck_save(ch, b, "classifier dropout mask", BD, 1, 0);
-        src_saved = false;
-        if (!m->pooler)
-            src = w;
-        ml_ck_linear_input(ch, b, "classifier input (dropout output)", BD, src, false, 0);
-    } else if (!m->pooler) {
-        if (ch->prec.autocast && src == 4)
-            ml_ck_save(ch, b, "classifier input (cast copy of first token)", BD, 2, 0);
-        else
-            ml_ck_save(ch, b, "classifier input (view keeps the full hidden state)", BTD, src,
-                       m->prenorm ? 0 : ML_SV_INPUT);
-    } else {
-        ml_ck_linear_input(ch, b, "classifier input", BD, src, src_saved, 0);
-    }
-    ml_ck_weight_copy(ch, b, ml_mul(ch, m->classes, d->D));
-    ml_ck_param(ch, b, m->classes, d->D);
-    ml_ck_param(ch, b, m->classes, 0);
-    *rows = d->B;
-    b->flops_fwd += 2.0 * (double)d->B * (double)d->D * (double)m->classes;
-    return m->classes;
-}
-
-/* The head block, then the loss: cross-entropy = log_softmax (saves its
- * output; autocast runs it in fp32) + nll_loss (saves the int64 targets). */
-static ml_status head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
-{
-    const unsigned w = ch->prec.w, a = ch->prec.a;
-    ml_cblock *b = ml_ck_begin(ch, "head", -1);
-    if (!b)
-        return ML_NOMEM;
-    b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), w);
-    /* a soft-capped LM head replays its backward node by node (its three
-     * logits-sized gradients in turn); the other heads keep the block rule */
-    ch->record_nodes = m->final_softcap > 0 && node_level(ch, m);
-    uint64_t rows; /* rows of the logits */
-    uint64_t out_classes = m->type != ML_MODEL_ENCODER ? lm_head(ch, b, m, d, &rows)
-                           : m->mlm_head              ? mlm_head(ch, b, m, d, &rows)
-                                                      : classifier_head(ch, b, m, d, &rows);
-    uint64_t logits = ml_mul(ch, rows, out_classes);
-    ml_ck_end(ch, b, ml_mul(ch, logits, a));
-    ch->record_nodes = false;
-
-    b = ml_ck_begin(ch, "loss", -1);
-    if (!b)
-        return ML_NOMEM;
-    b->fwd_phase = ML_PHASE_LOSS;
-    unsigned lsb = ch->prec.autocast ? 4 : w;
-    ml_ck_save(ch, b, "log-softmax output", logits, lsb, 0);
-    ml_ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
-    ml_ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
-    if (ch->prec.autocast)
-        b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */
-    /* backward: grad of log-probs and grad of logits coexist */
-    b->ws_bwd = ml_mul(ch, ml_mul(ch, logits, lsb), 2);
-    /* under no_grad (evaluation) what the loss saves is transient, beside
-     * the fp32 cast */
-    b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
-    b->unit_fwd = b->ws_fwd;               /* the fp32 cast */
-    b->unit = ml_mul(ch, logits, lsb);     /* two tensors of the logits' size */
-    b->in_bytes = ml_mul(ch, logits, a);
-    b->in_held = true; /* the model returns the logits to the caller */
-    return ML_OK;
-}
-
 ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                      ml_error *err)
 {
@@ -543,11 +347,11 @@ ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml
     if (st == ML_OK)
         st = layer_blocks(ch, m, &d);
     if (st == ML_OK)
-        st = head_and_loss(ch, m, &d);
+        st = ml_ck_head_and_loss(ch, m, &d, &cfg->training);
     if (st != ML_OK)
         return st;
     for (size_t i = 0; i < ch->n; i++)
-        if (ch->blocks[i].flops_bwd == 0)
+        if (ch->blocks[i].flops_bwd == 0 && !ch->blocks[i].grads_in_fwd)
             ch->blocks[i].flops_bwd = 2.0 * ch->blocks[i].flops_fwd;
     return ML_OK;
 }

@@ -28,10 +28,9 @@ const char *ml_config_problem(const ml_config *cfg)
     if (t->offload == ML_OFFLOAD_PARAMS && t->zero != 3)
         return "training.offload: params offload needs training.zero 3";
     if ((unsigned)t->logits >= ML_LOGITS_COUNT)
-        return "training.logits: unknown; use kept or released";
-    if (t->logits == ML_LOGITS_FUSED)
-        return "training.logits: fused (a chunked linear-cross-entropy) is not modelled yet; use "
-               "kept or released";
+        return "training.logits: unknown; use kept, released or fused";
+    if (t->logits_chunk && t->logits != ML_LOGITS_FUSED)
+        return "training.logits_chunk: only with training.logits fused";
     if ((unsigned)t->zero_grad >= ML_ZERO_GRAD_COUNT)
         return "training.zero_grad: unknown; use set_to_none or zero";
     if (t->checkpoint.kind == ML_CKPT_EVERY && t->checkpoint.every == 0)

@@ -148,6 +148,35 @@ static void boundary_release(ml_replay *r, size_t k)
     }
 }
 
+/* A block whose forward computes its gradients (logits: fused) allocates
+ * them first: its parameters' (the new .grad in the first micro-batch, a
+ * gradient added into .grad at its backward after) and its input's, which
+ * its backward hands to the block before it. */
+static void fwd_grads(ml_replay *r, size_t k)
+{
+    const ml_cblock *b = &r->ch->blocks[k];
+    if (!b->grads_in_fwd)
+        return;
+    bool create = r->micro == 0 && !r->grads_exist;
+    ml_replay_alloc_as(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, b->grad_bytes,
+                       ML_T_BLOCK_PARAMS, k, 1);
+    ml_replay_alloc(r, ML_CAT_WORKSPACE, b->in_bytes);
+}
+
+/* Its backward: the gradient added into .grad after the first micro-batch
+ * is freed; the input's goes to the block before it (node-level: as the
+ * carried gradient; block-level: that block's estimate counts its own). */
+static void fwd_grads_done(ml_replay *r, size_t k, bool carried)
+{
+    const ml_cblock *b = &r->ch->blocks[k];
+    if (!b->grads_in_fwd)
+        return;
+    if (r->micro != 0 || r->grads_exist)
+        ml_replay_free(r, ML_CAT_WORKSPACE, b->grad_bytes);
+    if (!carried)
+        ml_replay_free(r, ML_CAT_WORKSPACE, b->in_bytes);
+}
+
 void ml_replay_forward(ml_replay *r)
 {
     const ml_chain *ch = r->ch;
@@ -168,6 +197,8 @@ void ml_replay_forward(ml_replay *r)
         uint64_t gat = gathered(r, k, false);
         ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
         gather_time(r, k);
+        if (seg[k] < 0)
+            fwd_grads(r, k);
         ml_replay_alloc_as(r, ML_CAT_WORKSPACE, ws, seg[k] < 0 ? ML_T_UNITS_FWD : ML_T_UNITS, k, 1);
         if (seg[k] < 0)
             ml_replay_alloc_as(r, ML_CAT_ACTIVATIONS,
@@ -263,7 +294,9 @@ static void backward_block(ml_replay *r, size_t k)
      * reduce-scatter; the device keeps its 1/N partition */
     uint64_t gfull = sh->grads_sharded ? b->grad_bytes : 0;
     ml_replay_alloc(r, ML_CAT_WORKSPACE, gfull);
-    if (r->micro == 0 && !r->grads_exist)
+    if (b->grads_in_fwd)
+        fwd_grads_done(r, k, false);
+    else if (r->micro == 0 && !r->grads_exist)
         ml_replay_alloc_as(r, ML_CAT_GRADS,
                            sh->grads_sharded ? ml_ceil_div(b->grad_bytes, sh->N) : b->grad_bytes,
                            sh->grads_sharded ? ML_T_ONE : ML_T_BLOCK_PARAMS, k, 1);
@@ -292,7 +325,7 @@ static void backward_block(ml_replay *r, size_t k)
         ml_replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
     ml_replay_free(r, ML_CAT_WORKSPACE, b->ws_bwd);
     ml_replay_free(r, ML_CAT_WORKSPACE, gfull);
-    if (r->micro != 0 || r->grads_exist)
+    if ((r->micro != 0 || r->grads_exist) && !b->grads_in_fwd)
         ml_replay_free(r, ML_CAT_WORKSPACE, b->grad_accum_bytes);
     ml_replay_free(r, ML_CAT_WORKSPACE, gat);
 }
@@ -409,6 +442,7 @@ static void backward_nodes(ml_replay *r, size_t k)
     /* time: the nodes carry no FLOPs of their own; the block's backward
      * FLOPs are counted once its nodes have run (docs/ledger.md, "Time") */
     r->flops_done += b->flops_bwd;
+    fwd_grads_done(r, k, true);
     event(r, scat, -(int64_t)(b->saved_bytes - freed));
     if (r->rsim)
         ml_rsim_free(r->rsim, scat, b->saved_bytes);

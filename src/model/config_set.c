@@ -88,10 +88,7 @@ static ml_status training_named(const char *key, const char *k, const char *v, m
             st = ml_errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is unknown; use none, optimizer or params",
                            key, v);
     } else if (!strcmp(k, "logits")) {
-        if (!strcmp(v, "fused"))
-            return ml_errorf_at(err, ML_USAGE, 0, 0, "%s: fused (a chunked linear-cross-entropy) is not "
-                             "modelled yet; use kept or released", key);
-        if (!(st = named(key, v, logits_name, ML_LOGITS_COUNT, &u, "kept or released", err)))
+        if (!(st = named(key, v, logits_name, ML_LOGITS_COUNT, &u, "kept, released or fused", err)))
             t->logits = (ml_logits)u;
     } else if (!strcmp(k, "zero_grad")) {
         if (!(st = named(key, v, zero_grad_name, ML_ZERO_GRAD_COUNT, &u, "set_to_none or zero",
@@ -125,6 +122,7 @@ static ml_status training_set(const char *key, const char *v, ml_training *t, ml
         {"allgather_bucket_size", offsetof(ml_training, allgather_bucket)},
         {"eval_batch", offsetof(ml_training, eval_batch)},
         {"eval_seq_len", offsetof(ml_training, eval_seq_len)},
+        {"logits_chunk", offsetof(ml_training, logits_chunk)},
     };
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         if (!strcmp(k, counts[i].name)) {

@@ -232,10 +232,6 @@ static ml_status training_kinds(ml_error *err, const ml_node *t, ml_training *tr
     unsigned lg = tr->logits;
     if ((st = ml_tree_enum(err, t, "logits", "training", logits_names, ML_LOGITS_COUNT, &lg)))
         return st;
-    if (lg == ML_LOGITS_FUSED)
-        return ml_error_at(err, ml_tree_get(t, "logits"), ML_SCHEMA,
-                           "training.logits: fused (a chunked linear-cross-entropy) is not "
-                           "modelled yet; use kept or released");
     tr->logits = (ml_logits)lg;
     const char *zg_names[ML_ZERO_GRAD_COUNT];
     for (unsigned i = 0; i < ML_ZERO_GRAD_COUNT; i++)
@@ -325,7 +321,8 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
                                        "checkpoint",     "data_parallel", "zero",
                                        "offload",        "reduce_bucket_size",
                                        "allgather_bucket_size", "logits",
-                                       "eval_batch",     "eval_seq_len",  "zero_grad"};
+                                       "eval_batch",     "eval_seq_len",  "zero_grad",
+                                       "logits_chunk"};
     ml_status st;
     if ((st = ml_tree_need_map(err, t, "training")) ||
         (st = ml_tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
@@ -338,10 +335,15 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
         (st = training_uint(err, t, "reduce_bucket_size", &tr->reduce_bucket)) ||
         (st = training_uint(err, t, "allgather_bucket_size", &tr->allgather_bucket)) ||
         (st = training_uint(err, t, "eval_batch", &tr->eval_batch)) ||
-        (st = training_uint(err, t, "eval_seq_len", &tr->eval_seq_len)))
+        (st = training_uint(err, t, "eval_seq_len", &tr->eval_seq_len)) ||
+        (st = training_uint(err, t, "logits_chunk", &tr->logits_chunk)))
         return st;
     if ((st = training_kinds(err, t, tr)))
         return st;
+    if (tr->logits_chunk && tr->logits != ML_LOGITS_FUSED)
+        return ml_error_at(err, ml_tree_get(t, "logits_chunk"), ML_SCHEMA,
+                           "training.logits_chunk: only with logits: fused (the chunked "
+                           "linear-cross-entropy); remove it or set logits: fused");
     const ml_node *ck = ml_tree_get(t, "checkpoint");
     return ck ? training_checkpoint(err, ck, tr) : ML_OK;
 }

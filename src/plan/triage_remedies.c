@@ -71,6 +71,10 @@ static const struct {
     [ML_REMEDY_OFFLOAD_PARAMS] = {"offload-params", B | O, NULL, NULL},
     [ML_REMEDY_TOKEN_BUDGET] = {"token-budget", F | B, NULL, NULL},
     [ML_REMEDY_LENGTH_BUCKETS] = {"length-buckets", F | B, NULL, NULL},
+    [ML_REMEDY_LOGITS_FUSED] = {"fused-cross-entropy", F | B, NULL,
+        "Liger Kernel's fused linear cross-entropy (liger-kernel; Hugging Face's Trainer: "
+        "use_liger_kernel=True): the LM head and the loss run chunk by chunk, the logits never "
+        "exist whole, the head's gradients are made in forward; the same math"},
 };
 
 const char *ml_remedy_name(ml_remedy_kind k)
@@ -206,6 +210,11 @@ static bool variant(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
     case ML_REMEDY_LOGITS_RELEASED:
         t->logits = ML_LOGITS_RELEASED;
         return t0->logits == ML_LOGITS_KEPT;
+    case ML_REMEDY_LOGITS_FUSED: /* where the plan models it (docs/ledger.md) */
+        t->logits = ML_LOGITS_FUSED;
+        t->logits_chunk = 0;
+        return x->m->type == ML_MODEL_DECODER && t0->logits != ML_LOGITS_FUSED &&
+               !ml_prec_of(t0->precision).autocast && t0->zero < 2 && !(x->m->final_softcap > 0);
     case ML_REMEDY_ZERO_GRAD_NONE:
         t->zero_grad = ML_ZERO_GRAD_SET_TO_NONE;
         return t0->zero_grad == ML_ZERO_GRAD_ZERO;

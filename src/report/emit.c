@@ -195,6 +195,11 @@ static void ds_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape s,
                         "(number_checkpoints does not choose layers); wrap the planned segments in "
                         "torch.utils.checkpoint or deepspeed.checkpointing.checkpoint "
                         "(--emit torch: run_blocks)");
+    if (t->logits == ML_LOGITS_FUSED)
+        ml_emit_note(v, "the loss is Liger Kernel's fused linear cross-entropy (--logits fused): "
+                        "the model's code computes it (liger_kernel.transformers' "
+                        "LigerFusedLinearCrossEntropyLoss on the final norm's output and the LM "
+                        "head's weight); DeepSpeed has no setting for it");
     if (!ds_optimizer_type(t))
         ml_emit_note(v, "DeepSpeed has no %s of its own: build it as --emit torch's "
                         "make_optimizer() does and pass it to deepspeed.initialize(optimizer=...)",
@@ -403,6 +408,8 @@ static int hf_trainer(FILE *f, const ml_config *cfg, ml_ckpt_shape s,
     default: /* refused by hf_check */
         break;
     }
+    if (t->logits == ML_LOGITS_FUSED) /* Liger's patches, FusedLinearCrossEntropy among them */
+        fputs(" \\\n--use_liger_kernel True", f);
     if (ds)
         fputs(" \\\n--deepspeed ds_config.json  # memledger plan ... --emit deepspeed > "
               "ds_config.json", f);

@@ -32,6 +32,11 @@ void ml_emit_torch_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape
         ml_emit_note(v, "selective checkpointing is inside each block: in the block's forward, "
                         "wrap the attention core (QK^T, softmax, dropout, PV) in checkpoint(..., "
                         "use_reentrant=False) and keep the projections and the MLP outside");
+    if (t->logits == ML_LOGITS_FUSED)
+        ml_emit_note(v, "the loss is Liger Kernel's fused linear cross-entropy (--logits fused): "
+                        "in forward_loss, compute it with liger_kernel.transformers' "
+                        "LigerFusedLinearCrossEntropyLoss()(lm_head.weight, hidden_states, "
+                        "targets) on the final norm's output instead of the logits");
     if (t->data_parallel > 1)
         ml_emit_note(v, "data_parallel %llu: one process per device, the model wrapped in "
                         "DistributedDataParallel(model, gradient_as_bucket_view=True) after "

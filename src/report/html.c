@@ -177,12 +177,17 @@ static int html_chart(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     size_t n = ml_ledger_event_count(l), np = n ? ml_svg_sample(l, idx, ML_SVG_POINTS) : 0;
     const ml_event *ev = ml_ledger_events(l);
     double den = n > 1 ? (double)(n - 1) : 1;
+    /* x as the chart places the event: at its time on a time axis, else
+     * at its index */
+    const double T = ml_svg_time_end(l);
     fputs("<script type=\"application/json\" id=\"points\">[", f);
     for (size_t j = 0; j < np; j++) {
         const ml_event *e = &ev[idx[j]];
         const ml_block_info *bi = e->block >= 0 ? ml_ledger_block(l, (size_t)e->block) : NULL;
-        fprintf(f, "%s[%.1f,\"%s\",\"%s\"", j ? "," : "", ML_SVG_X0 + (double)idx[j] / den * ML_SVG_W,
-                bi ? bi->name : "optimizer.step", ml_phase_name(e->phase));
+        double at = T > 0 ? e->t_s / T : (double)idx[j] / den;
+        fprintf(f, "%s[%.1f,\"%s\",\"%s\"", j ? "," : "", ML_SVG_X0 + at * ML_SVG_W,
+                bi ? bi->name : e->phase == ML_PHASE_OPTIMIZER ? "optimizer.step" : "resident",
+                ml_phase_name(e->phase));
         for (int c = 0; c < ML_CAT_COUNT; c++)
             fprintf(f, ",%llu", (unsigned long long)e->live[c]);
         fputc(']', f);

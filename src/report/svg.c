@@ -150,7 +150,7 @@ static double ex(const chart *c, const xmap *a, size_t i)
 
 /* The latest event time when every event has one, else 0 (an axis of
  * events: no throughput, or only events at time 0). */
-static double time_end(const ml_ledger *l)
+double ml_svg_time_end(const ml_ledger *l)
 {
     size_t n = ml_ledger_event_count(l);
     const ml_event *ev = ml_ledger_events(l);
@@ -389,7 +389,7 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     const ml_summary *s = ml_ledger_summary(l);
     const ml_event *ev = ml_ledger_events(l);
     size_t n = ml_ledger_event_count(l);
-    const xmap x = {ev, n > 1 ? (double)(n - 1) : 1, time_end(l)};
+    const xmap x = {ev, n > 1 ? (double)(n - 1) : 1, ml_svg_time_end(l)};
     size_t idx[SVG_POINTS];
     size_t np = sample(l, &x, idx);
     chart c = {ML_SVG_X0, 70, ML_SVG_W, 420, (double)s->peak};
@@ -444,7 +444,7 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
      * policy that recomputes more draws a longer curve */
     double T = 0;
     for (size_t i = 0; i < n; i++) {
-        double Ti = time_end(ls[i]);
+        double Ti = ml_svg_time_end(ls[i]);
         if (!(Ti > 0)) {
             T = 0;
             break;

@@ -30,6 +30,10 @@ void ml_svg_y_axis(FILE *f, const ml_svg_chart *c);
 void ml_svg_hline(FILE *f, const ml_svg_chart *c, uint64_t bytes, const char *color,
                   const char *dash, const char *label, bool left);
 
+/* The latest event time when every event has one, else 0: the chart's x
+ * axis is then seconds (0..T), else the event index. */
+double ml_svg_time_end(const ml_ledger *l);
+
 /* Up to cap event indices, each the highest event of its bucket. */
 size_t ml_svg_sample(const ml_ledger *l, size_t *idx, size_t cap);
 

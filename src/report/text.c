@@ -47,7 +47,10 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
             (unsigned long long)t->micro_batch, (unsigned long long)s->c_tokens / t->micro_batch,
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck);
-    if (t->logits != ML_LOGITS_KEPT || t->zero_grad != ML_ZERO_GRAD_SET_TO_NONE)
+    if (t->logits == ML_LOGITS_FUSED && t->logits_chunk)
+        fprintf(f, "loop: logits fused (%llu tokens per chunk), zero_grad %s\n",
+                (unsigned long long)t->logits_chunk, ml_zero_grad_name(t->zero_grad));
+    else if (t->logits != ML_LOGITS_KEPT || t->zero_grad != ML_ZERO_GRAD_SET_TO_NONE)
         fprintf(f, "loop: logits %s, zero_grad %s\n", ml_logits_name(t->logits),
                 ml_zero_grad_name(t->zero_grad));
     if (t->checkpoint.kind == ML_CKPT_OPTIMAL)

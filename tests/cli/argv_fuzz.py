@@ -43,7 +43,7 @@ FLAGS = {
     "--reduce-bucket-size": "int", "--allgather-bucket-size": "int",
     "--logits": ["kept", "released", "fused", "x"],
     "--zero-grad": ["set_to_none", "zero", "none"],
-    "--eval-batch": "int", "--eval-seq-len": "int",
+    "--eval-batch": "int", "--eval-seq-len": "int", "--logits-chunk": "int",
     "--allocator": ["none", "caching", "expandable", "buddy"],
     "--max-split-size": "int",
     "--format": ["text", "json", "csv", "svg", "html", "yaml"],

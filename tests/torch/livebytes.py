@@ -464,11 +464,13 @@ def model_step_fn(ckpt):
     def step(model, batch, held, logits):
         rec = Blocks()
         tw.F = FShim(held if logits == "kept" else [])
+        tw.FUSED[0] = logits == "fused"
         try:
             loss = model.run(rec, batch, ckpt)
         finally:
             rec.close()
             tw.F = F
+            tw.FUSED[0] = False
         return loss
     return step
 
@@ -565,6 +567,10 @@ def main():
         confs = [(False, adam, impl, lg) for impl in ("for-loop", "foreach") for lg in ("kept", "released")]
         confs += [(False, "sgd-momentum", "for-loop", lg) for lg in ("kept", "released")]
         confs += [(True, adam, "foreach", lg) for lg in ("kept", "released")]
+        # Liger's fused linear cross-entropy (refused with soft-capped logits)
+        if doc["model"]["type"] == "decoder" and not doc["model"].get("final_softcap"):
+            confs += [(False, adam, impl, "fused") for impl in ("for-loop", "foreach")]
+            confs += [(False, "sgd-momentum", "for-loop", "fused"), (True, adam, "foreach", "fused")]
         if quick:
             confs = confs[:1]
         for ckpt, optim, impl, logits in confs:
@@ -624,16 +630,18 @@ def main():
             rows.append((name, r[1], r[0], rr[1], j, other, arts))
     # (3) the report
     hdr = ("| model and loop | steady peak: measured / planned (B) | diff | first iteration: measured / planned | diff "
-           "| peak phase (op): measured / planned | forward max m / p | backward max m / p | optimizer max m / p "
+           "| peak phase (op): measured / planned | forward max m / p | loss max m / p | backward max m / p "
+           "| optimizer max m / p "
            "| buffers + batch, measured and planned (B) | raw CPU steady peak (B) | artefacts removed (allocations) |")
-    lines = [hdr, "|" + "---|" * 12]
+    lines = [hdr, "|" + "---|" * 13]
     for name, st, fi, raw, j, other, arts in rows:
         pm = j["phase_max"]
-        lines.append("| %s | %d / %d | %s | %d / %d | %s | %s (%s) / %s | %d / %d | %d / %d | %d / %d | %d | %d | %s |" % (
+        lines.append("| %s | %d / %d | %s | %d / %d | %s | %s (%s) / %s | %d / %d | %d / %d | %d / %d | %d / %d | %d | %d | %s |" % (
             name, st["peak"], j["peaks"]["steady"], pct(st["peak"], j["peaks"]["steady"]),
             fi["peak"], j["peaks"]["first_iteration"], pct(fi["peak"], j["peaks"]["first_iteration"]),
             st["peak_phase"], st["peak_op"], "%s %s" % (j["peak"]["phase"], j["peak"]["step"]),
             st["phases"].get("forward", 0), pm.get("forward", 0),
+            st["phases"].get("loss", 0), pm.get("loss", 0),
             st["phases"].get("backward", 0), pm.get("backward", 0),
             st["phases"].get("optimizer", 0), pm.get("optimizer", 0),
             other, raw["peak"], ", ".join("%s %d" % kv for kv in sorted(arts.items())) or "none"))

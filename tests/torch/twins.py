@@ -40,6 +40,87 @@ def checkpoint(fn, *args):
     return tcp.checkpoint(run, *args, use_reentrant=REENTRANT[0])
 
 
+# logits: fused (livebytes.py sets it): the decoders' LM head and loss run
+# as Liger Kernel's fused linear cross-entropy (FusedLinearCE)
+FUSED = [False]
+
+
+def liger_chunk_rows(BT, D, V):
+    # liger_kernel/ops/fused_linear_cross_entropy.py: next_power_of_2(
+    # ceil(BT / ceil(V / D))), at most the rows there are
+    inc = -(-V // D)
+    want, rows = -(-BT // inc), 1
+    while rows < want:
+        rows *= 2
+    return min(rows, BT)
+
+
+class FusedLinearCE(torch.autograd.Function):
+    """Liger Kernel's fused linear cross-entropy, its allocations in plain
+    PyTorch: the forward makes W's and x's gradients (zeros_like), an fp32
+    loss per row and the target mask, then per chunk of rows the logits,
+    turned into their gradient in place (Liger's Triton kernel writes over
+    them), x's gradient rows through a temporary and W's by addmm_ into it.
+    `logits` is rebound only once the next chunk's product exists, as in
+    Liger's loop. The backward hands the two gradients over (grad_output is
+    1). The small per-row temporaries of the in-place softmax are deleted at
+    once: the kernel has none."""
+
+    @staticmethod
+    def forward(ctx, x, weight, target):
+        BT, D = x.shape
+        V = weight.shape[0]
+        rows = liger_chunk_rows(BT, D, V)
+        grad_weight = torch.zeros_like(weight)
+        grad_input = torch.zeros_like(x)
+        loss_1d = torch.zeros(BT, dtype=torch.float32)
+        target_mask = target != -100
+        n = int(target_mask.sum().item())
+        logits = None
+        for s0 in range(0, BT, rows):
+            e = min(s0 + rows, BT)
+            xc, tc = x[s0:e], target[s0:e]
+            logits = xc @ weight.t()
+            m = logits.amax(-1, keepdim=True)
+            logits.sub_(m)
+            del m
+            logits.exp_()
+            z = logits.sum(-1, keepdim=True)
+            logits.div_(z)
+            del z
+            p_t = logits.gather(1, tc[:, None])
+            loss_1d[s0:e] = p_t[:, 0].log().neg_()
+            del p_t
+            logits.scatter_add_(1, tc[:, None], torch.full((e - s0, 1), -1.0))
+            logits.div_(n)
+            grad_input[s0:e] = logits @ weight
+            grad_weight.addmm_(logits.t(), xc)
+        loss = loss_1d.sum() / n
+        ctx.save_for_backward(grad_input.detach(), grad_weight.detach())
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_input, grad_weight = ctx.saved_tensors
+        return grad_input, grad_weight, None
+
+
+def lm_loss(rec, h, lm_head, tgt, softcap=0.0):
+    """The LM head and the cross-entropy over the vocabulary at every token:
+    as two modules (the loop may hold the logits), or fused. softcap: Gemma
+    2's logits / cap, tanh, * cap (the planner refuses it fused)."""
+    if FUSED[0]:
+        rec.block = "loss"
+        return FusedLinearCE.apply(h.reshape(-1, h.size(-1)), lm_head.weight, tgt.reshape(-1))
+    logits = lm_head(h)
+    if softcap:
+        logits = logits / softcap
+        logits = torch.tanh(logits)
+        logits = logits * softcap
+    rec.block = "loss"
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
+
+
 def dropout(x, p):
     # CUDA's fused dropout keeps a 1-byte mask; 1.13's CPU nn.Dropout keeps a
     # float noise tensor instead, so the cross-check calls native_dropout,
@@ -99,9 +180,7 @@ class GPT2(nn.Module):
             rec.block = "block.%d" % i
             x = checkpoint(s.block, b, x) if ckpt else s.block(b, x)
         rec.block = "head"
-        logits = s.lm_head(s.ln_f(x))
-        rec.block = "loss"
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
+        return lm_loss(rec, s.ln_f(x), s.lm_head, tgt)
 
 
 class RMSNorm(nn.Module):
@@ -138,6 +217,7 @@ def rotate_half(x):
 class Llama(nn.Module):
     """HF modeling_llama eager: RMSNorm, rotary, GQA repeat_kv, SwiGLU, untied."""
     Norm = RMSNorm
+    final_softcap = 0.0  # Gemma 2's logits soft-cap (Gemma2 sets it)
 
     def __init__(s, m):
         super().__init__()
@@ -212,12 +292,7 @@ class Llama(nn.Module):
             else:
                 x = s.block(b, x, cos, sin, mask)
         rec.block = "head"
-        logits = s.head_logits(x)
-        rec.block = "loss"
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
-
-    def head_logits(s, x):
-        return s.lm_head(s.norm(x))
+        return lm_loss(rec, s.norm(x), s.lm_head, tgt, s.final_softcap)
 
 
 class Gemma(Llama):
@@ -288,13 +363,6 @@ class Gemma2(Gemma):
         h = b.ln2(x)
         return x + b.ln_mlp(b.down(s.act(b.gate(h)) * b.up(h)))
 
-    def head_logits(s, x):
-        logits = s.lm_head(s.norm(x))
-        if s.final_softcap:
-            logits = logits / s.final_softcap
-            logits = torch.tanh(logits)
-            logits = logits * s.final_softcap
-        return logits
 
 
 class Phi3(Llama):

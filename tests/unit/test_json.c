@@ -50,7 +50,7 @@ static void config_set_refusals(void **state)
     assert_non_null(strstr(e.msg, "needs a device"));
     assert_int_equal(ml_config_set(&c, "training.eval_seq_len", "128", &e), ML_USAGE);
     assert_int_equal(ml_config_set(&c, "training.precision", "fp8", &e), ML_USAGE);
-    assert_int_equal(ml_config_set(&c, "training.logits", "fused", &e), ML_USAGE);
+    assert_int_equal(ml_config_set(&c, "training.logits", "sparse", &e), ML_USAGE);
     assert_int_equal(ml_config_set(&c, "training.hidden", "3", &e), ML_USAGE);
     assert_int_equal(ml_config_set(&c, "micro_batch", "3", &e), ML_USAGE);
     assert_int_equal(ml_config_set(&c, "device.max_split_size", "20MiB", &e), ML_RANGE);

@@ -166,9 +166,12 @@ static void test_config_check(void **state)
     assert_int_equal(ml_config_check(&c, &e), ML_RANGE);
     assert_string_equal(e.msg, "training.eval_batch: must be between 1 and 16777216");
     c = ml_config_defaults();
-    c.training.logits = ML_LOGITS_FUSED;
+    c.training.logits = ML_LOGITS_FUSED; /* the model decides (test_fused.c) */
+    assert_int_equal(ml_config_check(&c, &e), ML_OK);
+    c.training.logits = ML_LOGITS_KEPT;
+    c.training.logits_chunk = 8;
     assert_int_equal(ml_config_check(&c, &e), ML_RANGE);
-    assert_non_null(strstr(e.msg, "not modelled yet"));
+    assert_non_null(strstr(e.msg, "training.logits_chunk: only with training.logits fused"));
 }
 
 /* One range per whole-number setting: the YAML loader takes the key at
@@ -253,7 +256,7 @@ static void test_config_messages_name_keys(void **state)
     cs[5].device.memory = 10;
     cs[5].device.runtime_reserve = 10;
     cs[6].training.checkpoint.kind = ML_CKPT_EVERY;
-    cs[7].training.logits = ML_LOGITS_FUSED;
+    cs[7].training.logits_chunk = 8;
     cs[8].device.efficiency = 0;
     cs[9].device.fragmentation = 2;
     cs[10].training.eval_seq_len = 1ull << 40;

@@ -1,0 +1,268 @@
+/* The transformer chains' last blocks (chain_transformer.c builds the
+ * rest): a decoder's final norm and LM head (Gemma 2: its soft-capped
+ * logits), BERT's masked-LM head, the encoder classifiers, then the loss,
+ * or the fused linear cross-entropy (logits: fused), with what eager
+ * autograd keeps for each (docs/inventory.md, "Heads and losses"). */
+#include "ledger/chain_kit.h"
+
+/* Whether the blocks record their backward nodes (docs/ledger.md,
+ * "Backward, node by node"): fp32 eager blocks for now. */
+bool ml_ck_node_level(const ml_chain *ch, const ml_model *m)
+{
+    return ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast &&
+           !ml_ck_fused_attention(ch, m) && !m->parallel_residual;
+}
+
+/* The V x D weight over the vocabulary (an LM head, BERT's MLM decoder,
+ * the fused cross-entropy's): its own parameter, or, tied, the word
+ * embeddings, whose gradient is first created here (with accumulation this
+ * block's contribution is a transient). */
+static void vocab_weight(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+{
+    if (!m->tied_embeddings) {
+        ml_ck_param(ch, b, d->V, d->D);
+    } else {
+        b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
+        b->grad_accum_bytes = b->grad_bytes;
+    }
+}
+
+/* Decoder head: final norm and the LM head (tied or not). Returns the
+ * logits' columns; *rows their rows. */
+static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                        uint64_t *rows)
+{
+    uint64_t np, BTD = ml_mul(ch, d->BT, d->D);
+    unsigned nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
+    ml_ck_norm_params(ch, b, np, d->D);
+    size_t s_in = ml_ck_linear_input(ch, b, "lm head input", BTD, nb, false, 0);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
+    vocab_weight(ch, b, m, d);
+    if (m->final_softcap > 0) {
+        /* Gemma 2's logits / cap, tanh, * cap (Gemma2ForCausalLM.forward):
+         * tanh keeps its result (derivatives.yaml: tanh_backward(grad,
+         * result)), as large as the logits; dividing and multiplying by a
+         * Python float keep only a host scalar. The head's output, the
+         * logits the loss reads, is the product (docs/inventory.md) */
+        uint64_t BTV = ml_mul(ch, d->BT, d->V), gV = ml_mul(ch, BTV, ch->prec.a);
+        ml_ck_tmp(ch, BTV, ch->prec.a);
+        size_t s = ml_ck_save(ch, b, "final softcap tanh output", BTV, ch->prec.a, 0);
+        /* backward (recorded in fp32, head_and_loss): the LM head's mm
+         * (its input's gradient, the weight's; it frees the logits'), then
+         * the three soft-cap nodes, each a new gradient of the logits' size */
+        ml_ck_node(ch, b, "MmBackward0 (LM head)", ml_mul(ch, BTD, nb),
+                   ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad), gV, s_in, SIZE_MAX);
+        ml_ck_node(ch, b, "DivBackward0 (logits / softcap)", gV, 0, gV, SIZE_MAX, SIZE_MAX);
+        ml_ck_node(ch, b, "TanhBackward0 (final softcap)", gV, 0, gV, s, SIZE_MAX);
+        ml_ck_node(ch, b, "MulBackward0 (tanh * softcap)", gV, 0, gV, SIZE_MAX, SIZE_MAX);
+    }
+    *rows = d->BT;
+    b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)d->V;
+    return d->V;
+}
+
+/* BertForMaskedLM's head (modeling_bert.py, BertLMPredictionHead): dense
+ * D x D on every token, the activation, LayerNorm, then the decoder over the
+ * vocabulary (tied to the word embeddings by default) with its own bias.
+ * Saved: the dense input (the last block's output: the boundary), the
+ * activation's (gelu: its input; relu: its result), the LayerNorm's input
+ * (autocast runs it in fp32: a cast copy) and statistics, the decoder's
+ * input (docs/inventory.md, "Heads and losses"). Returns V; *rows B*T. */
+static uint64_t mlm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                         uint64_t *rows)
+{
+    const unsigned w = ch->prec.w, a = ch->prec.a;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    /* the decoder's bias is the head module's own parameter, registered
+     * before its submodules' (model.parameters() lists it first) */
+    ml_ck_param(ch, b, d->V, 0);
+    ml_ck_linear_input(ch, b, "mlm dense input", BTD, w, false, ML_SV_INPUT);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
+    ml_ck_param(ch, b, d->D, d->D);
+    ml_ck_param(ch, b, d->D, 0);
+    bool gelu = m->activation == ML_ACT_GELU;
+    ml_ck_save(ch, b, gelu ? "mlm dense output (gelu input)" : "mlm relu output", BTD, a, 0);
+    if (gelu || a != w)
+        ml_ck_save(ch, b, a != w ? "mlm layernorm input (fp32 cast)" : "mlm layernorm input",
+                   BTD, w, 0);
+    ml_ck_save(ch, b, "mlm layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+    ml_ck_param(ch, b, d->D, 0);
+    ml_ck_param(ch, b, d->D, 0);
+    ml_ck_tmp(ch, BTD, w);
+    ml_ck_linear_input(ch, b, "mlm decoder input (layernorm output)", BTD, w, false, 0);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
+    vocab_weight(ch, b, m, d);
+    *rows = d->BT;
+    b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * ((double)d->D + (double)d->V);
+    return d->V;
+}
+
+/* Encoder head: (ViT's final norm,) the first token, an optional pooler,
+ * dropout and the classifier. Returns the classes; *rows the logits' rows. */
+static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
+                                const ml_ck_dims *d, uint64_t *rows)
+{
+    const unsigned w = ch->prec.w, a = ch->prec.a;
+    uint64_t np, BTD = ml_mul(ch, d->BT, d->D), BD = ml_mul(ch, d->B, d->D);
+    unsigned src = w;
+    bool src_saved = false;
+    if (m->prenorm) { /* ViT: final norm, then the class token */
+        unsigned nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
+        ml_ck_norm_params(ch, b, np, d->D);
+        src = nb;
+    }
+    /* x[:, 0] is a view: a saving consumer keeps the whole (B, T, D)
+     * storage alive unless autocast cast it to a (B, D) copy */
+    if (m->pooler) {
+        if (ch->prec.autocast && src == 4)
+            ml_ck_save(ch, b, "pooler input (cast copy of first token)", BD, 2, 0);
+        else
+            ml_ck_save(ch, b, "pooler input (view keeps the full hidden state)", BTD, src,
+                       m->prenorm ? 0 : ML_SV_INPUT);
+        ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
+        ml_ck_param(ch, b, d->D, d->D);
+        ml_ck_param(ch, b, d->D, 0);
+        ml_ck_save(ch, b, "pooler tanh output", BD, a, 0);
+        b->flops_fwd += 2.0 * (double)d->B * (double)d->D * (double)d->D;
+        src = a;
+        src_saved = true;
+    }
+    if (d->drop) {
+        ml_ck_save(ch, b, "classifier dropout mask", BD, 1, 0);
+        src_saved = false;
+        if (!m->pooler)
+            src = w;
+        ml_ck_linear_input(ch, b, "classifier input (dropout output)", BD, src, false, 0);
+    } else if (!m->pooler) {
+        if (ch->prec.autocast && src == 4)
+            ml_ck_save(ch, b, "classifier input (cast copy of first token)", BD, 2, 0);
+        else
+            ml_ck_save(ch, b, "classifier input (view keeps the full hidden state)", BTD, src,
+                       m->prenorm ? 0 : ML_SV_INPUT);
+    } else {
+        ml_ck_linear_input(ch, b, "classifier input", BD, src, src_saved, 0);
+    }
+    ml_ck_weight_copy(ch, b, ml_mul(ch, m->classes, d->D));
+    ml_ck_param(ch, b, m->classes, d->D);
+    ml_ck_param(ch, b, m->classes, 0);
+    *rows = d->B;
+    b->flops_fwd += 2.0 * (double)d->B * (double)d->D * (double)m->classes;
+    return m->classes;
+}
+
+/* Liger Kernel's chunk (liger_kernel/ops/fused_linear_cross_entropy.py,
+ * fused_linear_cross_entropy_forward): next_power_of_2(ceil(BT / ceil(V /
+ * D))) rows, or training.logits_chunk; at most the BT rows there are. */
+static uint64_t fused_chunk_rows(const ml_ck_dims *d, uint64_t asked)
+{
+    uint64_t rows = asked;
+    if (!rows) {
+        uint64_t inc = (d->V + d->D - 1) / d->D;
+        uint64_t want = (d->BT + inc - 1) / inc;
+        rows = 1;
+        while (rows < want && rows < (1ull << 62))
+            rows <<= 1;
+    }
+    return rows < d->BT ? rows : d->BT;
+}
+
+/* logits: fused, the loss block of a decoder (docs/ledger.md, "The loop's
+ * references"): Liger's fused linear cross-entropy on the final norm's
+ * output x (BT x D, nb bytes). Its forward allocates the LM head weight's
+ * gradient (zeros_like(weight)) and x's (zeros_like(x)), an fp32 loss per
+ * row and the bool target mask, then per chunk of rows: logits = x_chunk @
+ * W^T, the cross-entropy's gradient written over them in place, x's
+ * gradient rows = logits @ W (a temporary, copied in), W's gradient +=
+ * logits^T x_chunk (addmm into it). The loop rebinds `logits_chunk` only
+ * when the next chunk's product exists, so two chunks' logits are alive at
+ * that moment. The backward returns the two gradients (grad_output is 1):
+ * nothing new. FLOPs: the three products, all in forward. */
+static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                       uint64_t chunk_asked, unsigned nb)
+{
+    const unsigned a = ch->prec.a;
+    uint64_t rows = fused_chunk_rows(d, chunk_asked);
+    uint64_t second = d->BT > rows ? (d->BT - rows < rows ? d->BT - rows : rows) : 0;
+    uint64_t two = ml_mul(ch, ml_add(ch, rows, second), ml_mul(ch, d->V, a));
+    uint64_t one = ml_mul(ch, rows, ml_mul(ch, ml_add(ch, d->V, d->D), a));
+    uint64_t rowwise = ml_mul(ch, d->BT, 5); /* loss_1d (fp32) and the target mask */
+    b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
+    b->ws_fwd = ml_add(ch, two > one ? two : one, rowwise);
+    b->unit_fwd = ml_mul(ch, ml_mul(ch, rows, d->V), a);
+    ml_ck_save(ch, b, "targets (int64)", d->BT, 8, ML_SV_BATCH);
+    vocab_weight(ch, b, m, d);
+    b->grads_in_fwd = true;
+    b->flops_fwd = 6.0 * (double)d->BT * (double)d->D * (double)d->V;
+    ml_ck_node(ch, b, "LigerFusedLinearCrossEntropyFunctionBackward (hands over)", 0, 0, 0,
+               SIZE_MAX, SIZE_MAX);
+    uint64_t ws = b->ws_fwd;
+    ml_ck_end(ch, b, 0);
+    /* ml_ck_end's estimates are for ops that save: this one's forward
+     * transient is the chunks', its backward allocates nothing, and under
+     * no_grad its two gradients are transients too */
+    b->ws_fwd = ws;
+    b->ws_bwd = 0;
+    b->unit = b->unit_fwd;
+    b->ws_nograd = ml_add(ch, ws, ml_add(ch, b->in_bytes, b->grad_bytes));
+}
+
+/* The head block, then the loss: cross-entropy = log_softmax (saves its
+ * output; autocast runs it in fp32) + nll_loss (saves the int64 targets);
+ * with logits: fused, the final norm and the fused linear cross-entropy. */
+ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                              const ml_training *t)
+{
+    const unsigned w = ch->prec.w, a = ch->prec.a;
+    ml_cblock *b = ml_ck_begin(ch, "head", -1);
+    if (!b)
+        return ML_NOMEM;
+    b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), w);
+    if (t->logits == ML_LOGITS_FUSED) {
+        /* node lists: the norm's, and the fused op's hand-over */
+        ch->record_nodes = !ch->prec.autocast;
+        uint64_t np;
+        unsigned nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
+        ml_ck_norm_params(ch, b, np, d->D);
+        uint64_t out = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
+        ml_ck_end(ch, b, out);
+        b = ml_ck_begin(ch, "loss", -1);
+        if (!b)
+            return ML_NOMEM;
+        b->fwd_phase = ML_PHASE_LOSS;
+        fused_loss(ch, b, m, d, t->logits_chunk, nb);
+        ch->record_nodes = false;
+        return ML_OK;
+    }
+    /* a soft-capped LM head replays its backward node by node (its three
+     * logits-sized gradients in turn); the other heads keep the block rule */
+    ch->record_nodes = m->final_softcap > 0 && ml_ck_node_level(ch, m);
+    uint64_t rows; /* rows of the logits */
+    uint64_t out_classes = m->type != ML_MODEL_ENCODER ? lm_head(ch, b, m, d, &rows)
+                           : m->mlm_head              ? mlm_head(ch, b, m, d, &rows)
+                                                      : classifier_head(ch, b, m, d, &rows);
+    uint64_t logits = ml_mul(ch, rows, out_classes);
+    ml_ck_end(ch, b, ml_mul(ch, logits, a));
+    ch->record_nodes = false;
+
+    b = ml_ck_begin(ch, "loss", -1);
+    if (!b)
+        return ML_NOMEM;
+    b->fwd_phase = ML_PHASE_LOSS;
+    unsigned lsb = ch->prec.autocast ? 4 : w;
+    ml_ck_save(ch, b, "log-softmax output", logits, lsb, 0);
+    ml_ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
+    ml_ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
+    if (ch->prec.autocast)
+        b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */
+    /* backward: grad of log-probs and grad of logits coexist */
+    b->ws_bwd = ml_mul(ch, ml_mul(ch, logits, lsb), 2);
+    /* under no_grad (evaluation) what the loss saves is transient, beside
+     * the fp32 cast */
+    b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
+    b->unit_fwd = b->ws_fwd;               /* the fp32 cast */
+    b->unit = ml_mul(ch, logits, lsb);     /* two tensors of the logits' size */
+    b->in_bytes = ml_mul(ch, logits, a);
+    b->in_held = true; /* the model returns the logits to the caller */
+    return ML_OK;
+}
+
