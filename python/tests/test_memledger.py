@@ -75,6 +75,25 @@ def test_keywords_override_the_file():
     assert r["device"]["budget"] == (16 << 30) - (512 << 20)
 
 
+def test_fused_logits_keywords():
+    # tests/unit/test_fused.c: the fused loss's forward transient with
+    # 4-row chunks of a 1000-token vocabulary over D = 8, BT = 16:
+    # 2 x 4 x 1000 x 4 + 16 x 5 = 32,080 B, its chunk echoed in the config
+    model = {"name": "f", "model": {"type": "decoder", "layers": 1, "hidden": 8,
+                                    "heads": 2, "ffn": 16, "activation": "swiglu",
+                                    "norm": "rmsnorm", "vocab": 1000, "position": "none",
+                                    "tied_embeddings": False, "bias": False, "dropout": 0},
+             "training": {"micro_batch": 1, "seq_len": 16, "optimizer": "sgd"}}
+    r = memledger.plan(model, logits="fused", logits_chunk=4)
+    assert r["config"]["logits"] == "fused" and r["config"]["logits_chunk"] == 4
+    loss = [b for b in r["blocks"] if b["name"] == "loss"][0]
+    assert loss["params"] == 8000 and loss["activations_saved"] == 0
+    events = memledger.timeline(model, logits="fused", logits_chunk=4)
+    assert 32080 in [e["delta"] for e in events if e["phase"] == "loss"]
+    with pytest.raises(memledger.Error):
+        memledger.plan(model, logits_chunk=4)
+
+
 def test_device_by_name_or_size():
     # a preset: mlp2's 25.6 GFLOP per iteration (fp32) at the A100's dense
     # fp32 19.5 TFLOP/s (docs/devices.md), efficiency 1

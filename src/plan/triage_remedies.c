@@ -174,7 +174,19 @@ static bool checkpoint_variant(const ml_triage_ctx *x, ml_remedy_kind k, ml_conf
 
 /* The variant of remedy k on top of cfg; false when it does not apply
  * (docs/cli.md, "triage", lists the rules). */
+static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c);
+
+/* ... and false where the plan refuses the result: the fused linear
+ * cross-entropy under autocast or with sharded gradients (docs/ledger.md). */
 static bool variant(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
+{
+    if (!variant_of(x, k, c))
+        return false;
+    const ml_training *t = &c->training;
+    return t->logits != ML_LOGITS_FUSED || (!ml_prec_of(t->precision).autocast && t->zero < 2);
+}
+
+static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
 {
     const ml_training *t0 = &x->cfg->training;
     const ml_summary *s0 = &x->r->current;

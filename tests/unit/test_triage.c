@@ -296,6 +296,49 @@ static bool has(const ml_model *m, const ml_config *c, ml_remedy_kind k)
     return found;
 }
 
+/* The fused cross-entropy remedy: a decoder's logits not fused yet, without
+ * autocast or sharded gradients; its peak is the plan with --logits fused,
+ * whose forward makes no logits (test_fused.c derives that plan). */
+static void test_fused_remedy(void **state)
+{
+    (void)state;
+    /* a vocabulary large enough for the logits (8 x 64 x 5000 x 4 B) to
+     * set the peak */
+    ml_model *m = load_str("name: lm\nmodel:\n  type: decoder\n  layers: 2\n  hidden: 64\n"
+                           "  heads: 4\n  vocab: 5000\n  max_positions: 64\n  dropout: 0\n"
+                           "training:\n  micro_batch: 8\n  seq_len: 64\n");
+    ml_config c = ml_model_config(m);
+    device(&c, 1ull << 30, 0, 512ull << 20);
+    ml_triage_result *r = triage(m, &c, ml_triage_request_defaults());
+    const ml_remedy *f = find(r, ML_REMEDY_LOGITS_FUSED);
+    assert_non_null(f);
+    assert_int_equal(f->config.training.logits, ML_LOGITS_FUSED);
+    assert_string_equal(f->flags, "--logits fused");
+    ml_config cf = c;
+    cf.training.logits = ML_LOGITS_FUSED;
+    ml_ledger *l = eval(m, &cf, false);
+    assert_int_equal(f->peak, binding(ml_ledger_summary(l)));
+    ml_ledger_destroy(l);
+    free(r);
+    c.training.precision = ML_PREC_AMP_BF16; /* not modelled under autocast */
+    assert_false(has(m, &c, ML_REMEDY_LOGITS_FUSED));
+    c.training.precision = ML_PREC_FP32;
+    c.training.logits = ML_LOGITS_FUSED; /* already fused */
+    assert_false(has(m, &c, ML_REMEDY_LOGITS_FUSED));
+    /* on a fused plan, the remedies the plan would refuse are not listed
+     * (autocast; ZeRO 2 and 3) rather than failing the triage */
+    assert_false(has(m, &c, ML_REMEDY_AMP_BF16));
+    assert_true(has(m, &c, ML_REMEDY_BF16_MASTER));
+    c.training.data_parallel = 4;
+    assert_false(has(m, &c, ML_REMEDY_ZERO_2));
+    assert_false(has(m, &c, ML_REMEDY_ZERO_3));
+    ml_model_destroy(m);
+    m = load_str(deep); /* an MLP's loss: not a language model's */
+    c = ml_model_config(m);
+    assert_false(has(m, &c, ML_REMEDY_LOGITS_FUSED));
+    ml_model_destroy(m);
+}
+
 /* Which remedies apply (docs/cli.md, "triage"). */
 static void test_applicability(void **state)
 {
@@ -625,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_remedies_match_direct_evaluation),
         cmocka_unit_test(test_micro_batch_search),
         cmocka_unit_test(test_applicability),
+        cmocka_unit_test(test_fused_remedy),
         cmocka_unit_test(test_eval_batch),
         cmocka_unit_test(test_ranking),
         cmocka_unit_test(test_observed),
