@@ -465,18 +465,22 @@ def model_step_fn(ckpt):
         rec = Blocks()
         tw.F = FShim(held if logits == "kept" else [])
         tw.FUSED[0] = logits == "fused"
+        tw.CKPT_EVERY[0] = 2 if ckpt == 2 else 1
         try:
             loss = model.run(rec, batch, ckpt)
         finally:
             rec.close()
             tw.F = F
             tw.FUSED[0] = False
+            tw.CKPT_EVERY[0] = 1
         return loss
     return step
 
 
 def planned(memledger, path, B, T, ckpt, optim, impl, logits):
-    args = ["--micro-batch", str(B), "--checkpoint", "full" if ckpt else "none",
+    # ckpt: False, True (full) or 2 (every-2, the transformers' blocks)
+    args = ["--micro-batch", str(B),
+            "--checkpoint", "every-2" if ckpt == 2 else "full" if ckpt else "none",
             "--optimizer", optim, "--optimizer-impl", impl, "--logits", logits]
     if T:
         args += ["--seq-len", str(T)]
@@ -567,6 +571,8 @@ def main():
         confs = [(False, adam, impl, lg) for impl in ("for-loop", "foreach") for lg in ("kept", "released")]
         confs += [(False, "sgd-momentum", "for-loop", lg) for lg in ("kept", "released")]
         confs += [(True, adam, "foreach", lg) for lg in ("kept", "released")]
+        if not seq:  # checkpoint every-2: segments of two layer blocks
+            confs += [(2, adam, "foreach", "kept"), (2, "sgd-momentum", "for-loop", "released")]
         # Liger's fused linear cross-entropy (refused with soft-capped logits)
         if doc["model"]["type"] == "decoder" and not doc["model"].get("final_softcap"):
             confs += [(False, adam, impl, "fused") for impl in ("for-loop", "foreach")]
@@ -575,6 +581,7 @@ def main():
             confs = confs[:1]
         for ckpt, optim, impl, logits in confs:
             name = "%s B=%d%s%s %s %s logits %s" % (doc["name"], B, "" if seq else " T=%d" % T,
+                                                  " ckpt=every-2" if ckpt == 2 else
                                                   " ckpt=full" if ckpt else "", optim,
                                                   impl if optim != "sgd-momentum" else "", logits)
             name = " ".join(name.split())

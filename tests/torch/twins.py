@@ -30,6 +30,32 @@ REENTRANT = [True]
 IN_CHECKPOINT = [0]
 
 
+# Blocks per checkpoint segment of a transformer (livebytes.py sets 2 for
+# its every-2 rows; checkpoint: every-K segments the blocks from the first)
+CKPT_EVERY = [1]
+
+
+def run_blocks(rec, blocks, fn, x, ckpt, *extra):
+    """The layer blocks, each run as fn(block, x, *extra): with ckpt, in
+    segments of CKPT_EVERY blocks under one checkpoint each. A segment's
+    range is named after its first block (a range opened inside it would
+    open again in the recompute, during backward)."""
+    k = CKPT_EVERY[0] if ckpt else 1
+    for i in range(0, len(blocks), k):
+        rec.block = "block.%d" % i
+        group = list(blocks[i:i + k])
+        if not ckpt:
+            x = fn(group[0], x, *extra)
+            continue
+
+        def segment(x, *e, group=group):
+            for b in group:
+                x = fn(b, x, *e)
+            return x
+        x = checkpoint(segment, x, *extra)
+    return x
+
+
 def checkpoint(fn, *args):
     def run(*a):
         IN_CHECKPOINT[0] += 1
@@ -176,9 +202,7 @@ class GPT2(nn.Module):
         rec.block = "embedding"
         pos = torch.arange(0, T, dtype=torch.long)
         x = dropout(s.wte(idx) + s.wpe(pos), s.p)
-        for i, b in enumerate(s.blocks):
-            rec.block = "block.%d" % i
-            x = checkpoint(s.block, b, x) if ckpt else s.block(b, x)
+        x = run_blocks(rec, s.blocks, s.block, x, ckpt)
         rec.block = "head"
         return lm_loss(rec, s.ln_f(x), s.lm_head, tgt)
 
@@ -285,12 +309,7 @@ class Llama(nn.Module):
         rec.pinned[cos.storage().data_ptr()] = "embedding"
         rec.pinned[sin.storage().data_ptr()] = "embedding"
         mask = torch.full((T, T), float("-inf")).triu(1)[None, None].expand(B, 1, T, T)
-        for i, b in enumerate(s.blocks):
-            rec.block = "block.%d" % i
-            if ckpt:
-                x = checkpoint(s.block, b, x, cos, sin, mask)
-            else:
-                x = s.block(b, x, cos, sin, mask)
+        x = run_blocks(rec, s.blocks, s.block, x, ckpt, cos, sin, mask)
         rec.block = "head"
         return lm_loss(rec, s.norm(x), s.lm_head, tgt, s.final_softcap)
 
@@ -453,9 +472,7 @@ class Bert(nn.Module):
         types = torch.zeros(B, T, dtype=torch.long)
         x = dropout(s.ln(s.word(idx) + s.pos(pos) + s.typ(types)), s.p)
         mask = torch.zeros(B, 1, 1, T)
-        for i, b in enumerate(s.blocks):
-            rec.block = "block.%d" % i
-            x = checkpoint(s.block, b, x, mask) if ckpt else s.block(b, x, mask)
+        x = run_blocks(rec, s.blocks, s.block, x, ckpt, mask)
         rec.block = "head"
         return s.head(rec, x, tgt)
 
