@@ -1,7 +1,8 @@
 #!/bin/sh
 # Runs a fixed set of memledger command lines (every preset: plan text/JSON/device
 # under four checkpoint policies, compare, timeline CSV/JSON/SVG, fit, report,
-# ZeRO-3 with offload; every shipped config.json; every calibration profile)
+# ZeRO-3 with offload, triage, the for-loop optimizer step, fused logits; every
+# shipped config.json; every calibration profile)
 # and stores each output, so that two builds can be compared byte for byte:
 #   sh scripts/compare-outputs.sh OLD/memledger /tmp/old
 #   sh scripts/compare-outputs.sh NEW/memledger /tmp/new
@@ -33,6 +34,10 @@ for m in models/*.yaml; do
     run fit "$m" --device 24GiB --checkpoint auto
     run report "$m" -o "$O/$i.html"
     run plan "$m" --zero 3 --data-parallel 8 --offload optimizer
+    run triage "$m" --device 8GiB
+    run triage "$m" --device 24GiB --format json --oom-phase backward
+    run plan "$m" --optimizer-impl for-loop --format json
+    run plan "$m" --logits fused --precision bf16 --format json
 done
 for h in models/hf/*/config.json; do
     run plan --hf "$h" --seq-len 512 --micro-batch 2
