@@ -46,6 +46,18 @@ static inline ml_model *load_preset(const char *name)
     return m;
 }
 
+/* A shipped Hugging Face config, models/hf/DIR/config.json, or fail. */
+static inline ml_model *load_hf_config(const char *dir)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/hf/%s/config.json", ML_MODELS_DIR, dir);
+    ml_model *m = NULL;
+    ml_error e;
+    if (ml_model_load_hf(path, NULL, &m, &e) != ML_OK)
+        fail_msg("%s:%u:%u: %s", e.path, e.line, e.col, e.msg);
+    return m;
+}
+
 static inline ml_ledger *eval(const ml_model *m, const ml_config *c, bool events)
 {
     ml_ledger *l = NULL;

@@ -8,13 +8,7 @@
 
 static ml_model *bert_base_mlm(void)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/hf/bert-base-uncased/config.json", ML_MODELS_DIR);
-    ml_model *m = NULL;
-    ml_error e;
-    if (ml_model_load_hf(path, NULL, &m, &e) != ML_OK)
-        fail_msg("%s:%u:%u: %s", e.path, e.line, e.col, e.msg);
-    return m;
+    return load_hf_config("bert-base-uncased");
 }
 
 /* bert-base-uncased as BertForMaskedLM: 109,514,298 parameters (what

@@ -8,13 +8,7 @@
 
 static ml_model *gemma_2b(void)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/hf/gemma-2b/config.json", ML_MODELS_DIR);
-    ml_model *m = NULL;
-    ml_error e;
-    if (ml_model_load_hf(path, NULL, &m, &e) != ML_OK)
-        fail_msg("%s:%u:%u: %s", e.path, e.line, e.col, e.msg);
-    return m;
+    return load_hf_config("gemma-2b");
 }
 
 /* google/gemma-2b: 2,506,172,416 parameters (the published figure).

@@ -8,16 +8,6 @@
 #include "harness.h"
 #include "model/model_internal.h"
 
-static ml_model *hf_model(const char *name)
-{
-    char path[1024];
-    snprintf(path, sizeof path, "%s/hf/%s/config.json", ML_MODELS_DIR, name);
-    ml_model *m = NULL;
-    ml_error e;
-    if (ml_model_load_hf(path, NULL, &m, &e) != ML_OK)
-        fail_msg("%s:%u:%u: %s", e.path, e.line, e.col, e.msg);
-    return m;
-}
 
 /* Published counts: the model cards' and the Gemma 2 report's (Gemma Team,
  * "Gemma 2: Improving Open Language Models at a Practical Size", 2024,
@@ -50,7 +40,7 @@ static void test_gemma2_counts(void **state)
     } want[] = {{"gemma-2-2b", 2614341888ull, 77865984, 589824000, 2304},
                 {"gemma-2-9b", 9241705984ull, 198195200, 917504000, 3584}};
     for (size_t i = 0; i < 2; i++) {
-        ml_model *m = hf_model(want[i].name);
+        ml_model *m = load_hf_config(want[i].name);
         ml_config c = ml_model_config(m);
         c.training.seq_len = 64;
         ml_ledger *l = eval(m, &c, false);
@@ -66,7 +56,7 @@ static void test_gemma2_counts(void **state)
 static void test_gemma2_mapping(void **state)
 {
     (void)state;
-    ml_model *m = hf_model("gemma-2-2b");
+    ml_model *m = load_hf_config("gemma-2-2b");
     assert_int_equal(m->activation, ML_ACT_GEGLU);
     assert_int_equal(m->norm, ML_NORM_GEMMA_RMSNORM);
     assert_true(m->post_norms && m->embed_scale && m->tied_embeddings && m->prenorm);

@@ -8,13 +8,7 @@
 
 static ml_model *phi3_mini(void)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/hf/phi-3-mini-4k/config.json", ML_MODELS_DIR);
-    ml_model *m = NULL;
-    ml_error e;
-    if (ml_model_load_hf(path, NULL, &m, &e) != ML_OK)
-        fail_msg("%s:%u:%u: %s", e.path, e.line, e.col, e.msg);
-    return m;
+    return load_hf_config("phi-3-mini-4k");
 }
 
 /* microsoft/Phi-3-mini-4k-instruct: 3,821,079,552 parameters (the published
