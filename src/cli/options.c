@@ -398,8 +398,6 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
     }
     if (!rc && o->logits_chunk)
         rc = limited(o->logits_chunk, "training.logits_chunk", &t->logits_chunk);
-    if (!rc && t->logits_chunk && t->logits != ML_LOGITS_FUSED)
-        rc = bad_flag("--logits-chunk", "only with --logits fused");
     if (!rc && o->zero_grad) {
         if (!strcmp(o->zero_grad, "set_to_none"))
             t->zero_grad = ML_ZERO_GRAD_SET_TO_NONE;

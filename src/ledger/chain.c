@@ -126,10 +126,9 @@ static void reserve(ml_chain *ch, const ml_model *m)
 
 /* logits: fused is the fused linear cross-entropy of a language model's
  * head, as modelled (docs/ledger.md, "The loop's references"). */
-static ml_status fused_refused(const ml_model *m, const ml_config *cfg, const ml_prec *p,
-                               ml_error *err)
+ml_status ml_chain_fused_refused(const ml_model *m, const ml_training *t, ml_error *err)
 {
-    const ml_training *t = &cfg->training;
+    const ml_prec prec = ml_prec_of(t->precision), *p = &prec;
     if (t->logits != ML_LOGITS_FUSED)
         return ML_OK;
     if (m->type != ML_MODEL_DECODER)
@@ -158,12 +157,11 @@ static ml_status fused_refused(const ml_model *m, const ml_config *cfg, const ml
 ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err)
 {
     memset(ch, 0, sizeof *ch);
-    ml_prec prec = ml_prec_of(cfg->training.precision);
-    ml_status refused = fused_refused(m, cfg, &prec, err);
+    ml_status refused = ml_chain_fused_refused(m, &cfg->training, err);
     if (refused)
         return refused;
     reserve(ch, m);
-    ch->prec = prec;
+    ch->prec = ml_prec_of(cfg->training.precision);
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml_chain_build_sequential(m, cfg, ch)
                                                  : ml_chain_build_transformer(m, cfg, ch, err);
     /* the runner's blocks are GPT-2's and Llama's: a Gemma block's norm and

@@ -176,14 +176,12 @@ static bool checkpoint_variant(const ml_triage_ctx *x, ml_remedy_kind k, ml_conf
  * (docs/cli.md, "triage", lists the rules). */
 static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c);
 
-/* ... and false where the plan refuses the result: the fused linear
- * cross-entropy under autocast or with sharded gradients (docs/ledger.md). */
+/* ... and false where the plan refuses the result (the fused linear
+ * cross-entropy where it is not modelled: the chain's own rule). */
 static bool variant(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
 {
-    if (!variant_of(x, k, c))
-        return false;
-    const ml_training *t = &c->training;
-    return t->logits != ML_LOGITS_FUSED || (!ml_prec_of(t->precision).autocast && t->zero < 2);
+    ml_error e;
+    return variant_of(x, k, c) && ml_chain_fused_refused(x->m, &c->training, &e) == ML_OK;
 }
 
 static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
@@ -222,11 +220,10 @@ static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
     case ML_REMEDY_LOGITS_RELEASED:
         t->logits = ML_LOGITS_RELEASED;
         return t0->logits == ML_LOGITS_KEPT;
-    case ML_REMEDY_LOGITS_FUSED: /* where the plan models it (docs/ledger.md) */
+    case ML_REMEDY_LOGITS_FUSED: /* where modelled: variant() asks the chain */
         t->logits = ML_LOGITS_FUSED;
         t->logits_chunk = 0;
-        return x->m->type == ML_MODEL_DECODER && t0->logits != ML_LOGITS_FUSED &&
-               !ml_prec_of(t0->precision).autocast && t0->zero < 2 && !(x->m->final_softcap > 0);
+        return t0->logits != ML_LOGITS_FUSED;
     case ML_REMEDY_ZERO_GRAD_NONE:
         t->zero_grad = ML_ZERO_GRAD_SET_TO_NONE;
         return t0->zero_grad == ML_ZERO_GRAD_ZERO;
