@@ -154,9 +154,11 @@ ml_status ml_chain_fused_refused(const ml_model *m, const ml_training *t, ml_err
     return ML_OK;
 }
 
-ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err)
+static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_chain *ch,
+                       ml_error *err)
 {
     memset(ch, 0, sizeof *ch);
+    ch->eval_mode = eval;
     ml_status refused = ml_chain_fused_refused(m, &cfg->training, err);
     if (refused)
         return refused;
@@ -191,6 +193,17 @@ ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, 
     if (st)
         ml_chain_free(ch);
     return st;
+}
+
+ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err)
+{
+    return build(m, cfg, false, ch, err);
+}
+
+ml_status ml_chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                              ml_error *err)
+{
+    return build(m, cfg, true, ch, err);
 }
 
 void ml_chain_free(ml_chain *ch)

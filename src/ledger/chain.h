@@ -121,6 +121,8 @@ typedef struct {
     size_t nnodes, nodecap;
     bool record_nodes;          /* the builder lists backward nodes for this block */
     bool overflow, nomem;
+    bool eval_mode;             /* model.eval() (the evaluation pass): dropout off,
+                                   BatchNorm on its running statistics */
     ml_prec prec;
     uint64_t B, T;
     uint64_t c_tokens, c_width; /* normalisation of c: B*T and D */
@@ -147,6 +149,9 @@ ml_status ml_chain_fused_refused(const ml_model *m, const ml_training *t, ml_err
 
 /* Builds the chain; returns ML_OK, ML_RANGE (with err), ML_OVERFLOW or ML_NOMEM. */
 ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err);
+/* The same for the evaluation pass: the model in eval mode (eval_mode). */
+ml_status ml_chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                              ml_error *err);
 void ml_chain_free(ml_chain *ch);
 
 /* Optimizer model (optim.c): resident state bytes and step temporaries. */

@@ -252,6 +252,12 @@ void ml_ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
     nodes_close(ch, b);
 }
 
+void ml_ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
+{
+    if (!g->bad && g->live == out && g->peak >= out)
+        b->ws_nograd = g->peak - out;
+}
+
 /* Saved input of a linear layer whose input storage has `bpe` bytes per
  * element: autocast saves a bf16/fp16 cast copy per consumer (casts of
  * non-leaf tensors are not cached), otherwise the storage itself. The caller

@@ -50,6 +50,37 @@ size_t ml_ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t
 /* autocast's low-precision weight copy, saved by the matmul. */
 void ml_ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems);
 
+/* The live intermediates of one block's forward under no_grad, op by op
+ * (docs/ledger.md, "Forward under no_grad"): each op allocates its output,
+ * then the tensors whose last reference went are freed. The block's input
+ * is not counted (its caller holds it). */
+typedef struct {
+    uint64_t live, peak;
+    bool bad; /* a free of more than is live, or an overflow */
+} ml_ck_ng;
+static inline void ml_ck_ng_put(ml_ck_ng *g, uint64_t bytes)
+{
+    if (__builtin_add_overflow(g->live, bytes, &g->live))
+        g->bad = true;
+    if (g->live > g->peak)
+        g->peak = g->live;
+}
+static inline void ml_ck_ng_drop(ml_ck_ng *g, uint64_t bytes)
+{
+    if (bytes > g->live)
+        g->bad = true;
+    else
+        g->live -= bytes;
+}
+/* Sets b->ws_nograd from a complete program: one that ends holding the
+ * block's output only (out bytes, 0 for a view of the input). The replay
+ * holds ws_nograd beside the output, so ws_nograd is the program's peak
+ * less the output. An incomplete program leaves the block rule. */
+void ml_ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
+/* A transformer layer block's program (chain_nograd.c), for the layouts it
+ * knows; the others keep the block rule. eval: model.eval(), dropout off. */
+void ml_ck_nograd_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d);
+
 /* Whether the model's attention runs a fused kernel (no T x T tensor). */
 bool ml_ck_fused_attention(const ml_chain *ch, const ml_model *m);
 /* Self-attention after its input projection(s): parameters, FLOPs, saved

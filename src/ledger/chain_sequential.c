@@ -20,6 +20,7 @@ typedef struct tref {
     unsigned later;   /* consumers recorded after the one being built (a
                          residual's shortcut): their gradients reach its
                          InputBuffer first, so this one's is accumulated */
+    unsigned held;    /* under no_grad: a residual's frame still holds it */
     struct tref *next;
 } tref;
 
@@ -31,6 +32,7 @@ typedef struct {
     tref *all;   /* every tref, freed at the end */
     const tref *last_out; /* the output of the last backward node recorded */
     unsigned depth;       /* residuals entered */
+    ml_ck_ng ng;          /* the block's forward under no_grad (docs/ledger.md) */
 } seqctx;
 
 static tref *new_ref(seqctx *s, uint64_t per_sample, unsigned bpe)
@@ -69,6 +71,20 @@ static size_t save_ref(seqctx *s, tref *t, const char *what, bool matmul)
 static uint64_t ref_bytes(seqctx *s, const tref *t)
 {
     return ml_mul(s->ch, t->elems, t->bpe);
+}
+
+/* Under no_grad, y made from x: y allocated beside the scratch the op
+ * frees at once (the statistics, indices or mask its functional does not
+ * return), then x freed unless a later op of the block reads it or it is
+ * the block's input (nn.Sequential rebinds its one name; docs/ledger.md,
+ * "Forward under no_grad"). */
+static void ng_made(seqctx *s, const tref *x, const tref *y, uint64_t scratch)
+{
+    ml_ck_ng_put(&s->ng, ref_bytes(s, y));
+    ml_ck_ng_put(&s->ng, scratch);
+    ml_ck_ng_drop(&s->ng, scratch);
+    if (x != s->in && !x->held)
+        ml_ck_ng_drop(&s->ng, ref_bytes(s, x));
 }
 
 /* The backward node of the op that made y from x (docs/ledger.md,
@@ -232,11 +248,13 @@ static tref *seq_residual(seqctx *s, const ml_layer *l, tref *x, const ml_shape 
     size_t n0 = ch->nnodes;
     /* the shortcut (or the sum, for an identity) consumes x after the body */
     x->later++;
+    x->held++; /* under no_grad, the residual's frame holds x until the sum */
     tref *yb = seq_layers(s, l->body, l->nbody, x, &s1);
     x->later--;
     size_t nb = ch->nnodes;
     const tref *ob = s->last_out;
     tref *ys = l->nshortcut ? seq_layers(s, l->shortcut, l->nshortcut, x, &s2) : x;
+    x->held--;
     residual_nodes(s, x, yb, ys, n0, nb, ob, ch->nnodes, s->last_out);
     s->depth--;
     /* the two branches meet in the sum, which saves nothing */
@@ -244,7 +262,16 @@ static tref *seq_residual(seqctx *s, const ml_layer *l, tref *x, const ml_shape 
         ml_ck_note(ch, ml_mul(ch, yb->elems, yb->bpe), yb->saved);
     if (ys != s->in)
         ml_ck_note(ch, ml_mul(ch, ys->elems, ys->bpe), ys->saved);
-    return new_ref(s, out_ps, yb->bpe > ys->bpe ? yb->bpe : ys->bpe);
+    tref *y = new_ref(s, out_ps, yb->bpe > ys->bpe ? yb->bpe : ys->bpe);
+    /* the sum, then the branches' outputs and x go */
+    ml_ck_ng_put(&s->ng, ref_bytes(s, y));
+    if (yb != x)
+        ml_ck_ng_drop(&s->ng, ref_bytes(s, yb));
+    if (ys != x)
+        ml_ck_ng_drop(&s->ng, ref_bytes(s, ys));
+    if (x != s->in && !x->held)
+        ml_ck_ng_drop(&s->ng, ref_bytes(s, x));
+    return y;
 }
 
 static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
@@ -258,6 +285,8 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
     uint64_t out_ps = ml_shape_elems(&o);
     tref *y = x;
     size_t s0 = SIZE_MAX, s1 = SIZE_MAX;
+    uint64_t scratch = 0; /* freed inside the op under no_grad */
+    const bool train = !ch->eval_mode;
     switch (l->kind) {
     case ML_L_LINEAR:
     case ML_L_CONV2D:
@@ -266,6 +295,13 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
     case ML_L_BATCHNORM:
     case ML_L_LAYERNORM:
         y = seq_norm(s, l, x, sh, out_ps);
+        /* the statistics the functional drops: batch norm's save_mean and
+         * save_invstd in training (eval mode reads the running ones),
+         * layer norm's mean and rstd */
+        if (l->kind == ML_L_LAYERNORM)
+            scratch = ml_mul(ch, ml_mul(ch, x->elems / sh->d[sh->rank - 1], 2), 4);
+        else if (train)
+            scratch = ml_mul(ch, ml_mul(ch, sh->d[0], 2), 4);
         break;
     case ML_L_RELU:
         /* threshold_backward uses the result; in-place relu saves the same */
@@ -285,12 +321,16 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
             s0 = ml_ck_save(ch, b, "dropout mask (bool)", x->elems, 1, 0);
             y = new_ref(s, out_ps, x->bpe);
             seq_node(s, "NativeDropoutBackward0", x, 0, y, s0, SIZE_MAX);
+            scratch = x->elems;
+            if (!train) /* eval mode: the identity, y names x's storage */
+                s->ng.bad = s->ng.bad || x == s->in;
         }
         break;
     case ML_L_MAXPOOL:
         /* the backward scatters into a zeroed gradient of the input */
         s0 = save_ref(s, x, "maxpool input", false);
         s1 = ml_ck_save(ch, b, "maxpool indices (int64)", ml_mul(ch, s->B, out_ps), 8, 0);
+        scratch = ml_mul(ch, ml_mul(ch, s->B, out_ps), 8); /* CUDA's kernel always makes them */
         y = new_ref(s, out_ps, x->bpe);
         seq_node(s, "MaxPool2DWithIndicesBackward0", x, 0, y, s0, s1);
         break;
@@ -314,6 +354,7 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
         break;
     case ML_L_ATTENTION:
         y = seq_attention(s, l, x, sh, out_ps);
+        s->ng.bad = true; /* no program for a bare attention layer: the block rule */
         break;
     case ML_L_RESIDUAL:
         y = seq_residual(s, l, x, sh, out_ps);
@@ -325,6 +366,8 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
      * input and output are boundaries, accounted by the replay) */
     if (x != s->in && y != x)
         ml_ck_note(ch, ml_mul(ch, x->elems, x->bpe), x->saved);
+    if (y != x && !(l->kind == ML_L_DROPOUT && !train))
+        ng_made(s, x, y, scratch);
     *sh = o;
     return y;
 }
@@ -364,11 +407,18 @@ static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
     }
     if (ch->prec.autocast)
         b->ws_fwd = ml_mul(ch, x->elems, 4);
+    b->unit_fwd = b->ws_fwd;
+    if (m->loss != ML_LOSS_CROSS_ENTROPY) {
+        /* mse_loss computes the elementwise loss, input-sized, then its
+         * mean (aten/src/ATen/native/Loss.cpp, mse_loss and
+         * apply_loss_reduction) */
+        b->unit_fwd = ml_mul(ch, x->elems, lsb);
+        b->ws_fwd = ml_add(ch, b->ws_fwd, b->unit_fwd);
+    }
     b->ws_bwd = ml_mul(ch, ml_mul(ch, x->elems, lsb), 2);
     /* under no_grad (evaluation) what the loss saves is transient, beside
      * the fp32 cast */
     b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
-    b->unit_fwd = b->ws_fwd;
     b->unit = ml_mul(ch, x->elems, lsb);
     return ML_OK;
 }
@@ -405,6 +455,7 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
         }
         s.b = b;
         s.in = x;
+        memset(&s.ng, 0, sizeof s.ng);
         b->in_bytes = ml_mul(ch, x->elems, x->bpe);
         b->in_nograd = x->model_input;
         tref *y = seq_layer(&s, &m->seq[i], x, &sh);
@@ -435,6 +486,7 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
                 ml_ck_node(ch, b, "ViewBackward0 (flatten; dropout p=0: none)", 0, 0, 0, SIZE_MAX, SIZE_MAX);
         }
         ml_ck_end(ch, b, out_bytes);
+        ml_ck_ng_close(b, &s.ng, y == x ? 0 : out_bytes);
         if (y != x)
             y->model_input = false;
         x = y;

@@ -59,7 +59,7 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     ec.training.seq_len = t->eval_seq_len ? t->eval_seq_len : t->seq_len;
     ec.training.checkpoint.kind = ML_CKPT_NONE;
     ml_chain ch;
-    ml_status st = ml_chain_build(m, &ec, &ch, err);
+    ml_status st = ml_chain_build_eval(m, &ec, &ch, err);
     if (st)
         return st;
     const size_t n = ch.n;

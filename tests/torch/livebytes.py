@@ -34,6 +34,16 @@ the CPU-only artefacts, each identified by op and tensor, never by a tolerance:
             frees the first at once (SCRATCH_OPS below).
   rng       torch.utils.checkpoint saves the CPU RNG state (a uint8 tensor)
             per checkpointed call: host memory on a GPU.
+  mse-out   1.13's CPU `mse_loss` writes its mean into a storage of the
+            input's size (allocated before `mean_out` resizes it to a
+            scalar), which lives as long as the loss; 2.x's result is the
+            mean's own 0-dim tensor.
+  dropout-cast
+            1.13's CPU `native_dropout` computes `input.mul(mask)` with its
+            bool mask, which TensorIterator first copies to the input's
+            dtype (`aten::_to_copy` under `aten::native_dropout`), freed with
+            the op; CUDA's fused dropout kernel writes the output and the
+            mask directly.
   onednn    oneDNN convolution weight/activation reorder buffers (allocations
             under `aten::mkldnn_convolution` and its backward that do not
             outlive the op; in backward, those under `aten::convolution_backward`
@@ -174,6 +184,11 @@ class Curve:
             if e["d"] <= 8 and (inner is None or inner in ("aten::_to_copy", "aten::lift_fresh",
                                                           "aten::scalar_tensor")):
                 kind[i] = "scalars"
+            elif inner == "aten::_to_copy" and "aten::native_dropout" in e["anc"]:
+                kind[i] = "dropout-cast"
+            elif inner == "aten::mse_loss" and e["free"] is not None \
+                    and "aten::mse_loss" not in self.ev[e["free"]]["anc"]:
+                kind[i] = "mse-out"
             elif "aten::_foreach_add" in e["anc"] and any("Adam" in a for a in e["anc"]):
                 kind[i] = "foreach2"
             elif any("mkldnn_convolution" in a for a in e["anc"]) and e["free"] is not None \
@@ -307,7 +322,13 @@ def gemma_rmsnorm_forward(s, x):  # crosscheck.GemmaRMSNorm.forward, tagging x^2
     if torch.is_grad_enabled():
         tag("mean", p)
     del p
-    h = h * torch.rsqrt(var + s.eps)
+    # HF's _norm is one expression: the mean goes after the add, the sum
+    # after the rsqrt, the rsqrt after the product
+    r = var + s.eps
+    del var
+    r = torch.rsqrt(r)
+    h = h * r
+    del r
     return (h * (1.0 + s.weight.float())).type_as(x)
 
 

@@ -180,21 +180,38 @@ class GPT2(nn.Module):
         s.lm_head.weight = s.wte.weight  # tied
         s.register_buffer("mask", torch.tril(torch.ones(P, P)).view(1, 1, P, P))
 
-    def block(s, b, x):
+    # Written with nanoGPT's modules' own scoping (Block, CausalSelfAttention,
+    # MLP): under no_grad (a checkpointed forward) a tensor lives until its
+    # last Python reference goes (docs/ledger.md, "Forward under no_grad").
+    def attn(s, b, x):  # CausalSelfAttention.forward
         B, T, C = x.size()
         H, dh = s.H, C // s.H
-        q, k, v = b.c_attn(b.ln_1(x)).split(C, dim=2)
-        q = q.view(B, T, H, dh).transpose(1, 2)
+        q, k, v = b.c_attn(x).split(C, dim=2)
         k = k.view(B, T, H, dh).transpose(1, 2)
+        q = q.view(B, T, H, dh).transpose(1, 2)
         v = v.view(B, T, H, dh).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(dh))
         att = att.masked_fill(s.mask[:, :, :T, :T] == 0, float("-inf"))
         att = F.softmax(att, dim=-1)
         att = dropout(att, s.p)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-        x = x + dropout(b.c_proj(y), s.p)
-        h = b.mlp_proj(F.gelu(b.c_fc(b.ln_2(x))))
-        return x + dropout(h, s.p)
+        y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = dropout(b.c_proj(y), s.p)
+        return y
+
+    def mlp(s, b, x):  # MLP.forward
+        # nanoGPT rebinds x; called as a module, its argument tuple keeps
+        # the input until forward returns, as this name does here
+        h = b.c_fc(x)
+        h = F.gelu(h)
+        h = b.mlp_proj(h)
+        h = dropout(h, s.p)
+        return h
+
+    def block(s, b, x):  # Block.forward
+        x = x + s.attn(b, b.ln_1(x))
+        x = x + s.mlp(b, b.ln_2(x))
+        return x
 
     def run(s, rec, batch, ckpt):
         idx, tgt = batch
@@ -238,6 +255,30 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def apply_rotary_pos_emb(q, k, cos, sin):  # HF modeling_llama
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+def apply_rotary_pos_emb_partial(q, k, cos, sin):  # HF modeling_phi3
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    rd = cos.shape[-1]
+    q_rot, q_pass = q[..., :rd], q[..., rd:]
+    k_rot, k_pass = k[..., :rd], k[..., rd:]
+    q_embed = torch.cat([(q_rot * cos) + (rotate_half(q_rot) * sin), q_pass], dim=-1)
+    k_embed = torch.cat([(k_rot * cos) + (rotate_half(k_rot) * sin), k_pass], dim=-1)
+    return q_embed, k_embed
+
+
+def repeat_kv(x, rep):  # HF modeling_llama
+    if rep == 1:
+        return x
+    B, KV, T, dh = x.shape
+    return x[:, :, None].expand(B, KV, rep, T, dh).reshape(B, KV * rep, T, dh)
+
+
 class Llama(nn.Module):
     """HF modeling_llama eager: RMSNorm, rotary, GQA repeat_kv, SwiGLU, untied."""
     Norm = RMSNorm
@@ -247,6 +288,8 @@ class Llama(nn.Module):
         super().__init__()
         D, H, KV, F_, V = m["hidden"], m["heads"], m.get("kv_heads", m["heads"]), m["ffn"], m["vocab"]
         s.D, s.H, s.KV, s.dh = D, H, KV, m.get("head_dim", D // H)
+        s.scaling = s.dh ** -0.5
+        s.softcap = 0.0
         s.embed = nn.Embedding(V, D)
         s.blocks = nn.ModuleList()
         for _ in range(m["layers"]):
@@ -268,26 +311,57 @@ class Llama(nn.Module):
         s.lm_head = nn.Linear(D, V, bias=False)
         s.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, s.dh, 2).float() / s.dh)))
 
-    def block(s, b, x, cos, sin, mask):
-        B, T, _ = x.shape
+    # Written with HF's own scoping (LlamaDecoderLayer, LlamaAttention,
+    # eager_attention_forward, LlamaMLP): under no_grad (a checkpointed
+    # forward) a tensor lives until its last Python reference goes — the
+    # attention weights the layer keeps in `_` until it returns
+    # (docs/ledger.md, "Forward under no_grad").
+    def attn(s, b, h, cos, sin, mask):  # LlamaAttention.forward
+        B, T, _ = h.shape
+        q = b.q(h).view(B, T, -1, s.dh).transpose(1, 2)
+        k = b.k(h).view(B, T, -1, s.dh).transpose(1, 2)
+        v = b.v(h).view(B, T, -1, s.dh).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        y, w = s.eager(q, k, v, mask)
+        y = y.reshape(B, T, -1).contiguous()
+        y = b.o(y)
+        return y, w
+
+    def eager(s, q, k, v, mask):  # eager_attention_forward
+        kr = repeat_kv(k, s.H // s.KV)
+        vr = repeat_kv(v, s.H // s.KV)
+        w = torch.matmul(q, kr.transpose(2, 3)) * s.scaling
+        if s.softcap:
+            w = w / s.softcap
+            w = torch.tanh(w)
+            w = w * s.softcap
+        w = w + mask
+        w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        y = torch.matmul(w, vr)
+        y = y.transpose(1, 2).contiguous()
+        return y, w
+
+    def mlp(s, b, h):  # LlamaMLP.forward
+        return b.down(s.act(b.gate(h)) * b.up(h))
+
+    def post_attn(s, b, h):  # Gemma 2's post_attention_layernorm
+        return h
+
+    def post_mlp(s, b, h):  # Gemma 2's post_feedforward_layernorm
+        return h
+
+    def block(s, b, x, cos, sin, mask):  # LlamaDecoderLayer.forward
+        r = x
         h = b.ln1(x)
-        q = b.q(h).view(B, T, s.H, s.dh).transpose(1, 2)
-        k = b.k(h).view(B, T, s.KV, s.dh).transpose(1, 2)
-        v = b.v(h).view(B, T, s.KV, s.dh).transpose(1, 2)
-        c, sn = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = (q * c) + (rotate_half(q) * sn)
-        k = (k * c) + (rotate_half(k) * sn)
-        rep = s.H // s.KV
-        if rep > 1:
-            k = k[:, :, None].expand(B, s.KV, rep, T, s.dh).reshape(B, s.H, T, s.dh)
-            v = v[:, :, None].expand(B, s.KV, rep, T, s.dh).reshape(B, s.H, T, s.dh)
-        att = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(s.dh)
-        att = att + mask
-        att = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
-        y = torch.matmul(att, v).transpose(1, 2).contiguous().reshape(B, T, s.H * s.dh)
-        x = x + b.o(y)
-        h = b.ln2(x)
-        return x + b.down(s.act(b.gate(h)) * b.up(h))
+        h, _ = s.attn(b, h, cos, sin, mask)
+        h = s.post_attn(b, h)
+        h = r + h
+        r = h
+        h = b.ln2(h)
+        h = s.mlp(b, h)
+        h = s.post_mlp(b, h)
+        h = r + h
+        return h
 
     def act(s, x):
         return F.silu(x)
@@ -295,15 +369,18 @@ class Llama(nn.Module):
     def embed_tokens(s, idx):
         return s.embed(idx)
 
+    def rotary(s, x, pos):  # LlamaRotaryEmbedding.forward: its locals go at return
+        freqs = (s.inv_freq[None, :, None] @ pos[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
     def run(s, rec, batch, ckpt):
         idx, tgt = batch
         B, T = idx.shape
         rec.block = "embedding"
         x = s.embed_tokens(idx)
         pos = torch.arange(T)[None].expand(B, T)
-        freqs = (s.inv_freq[None, :, None] @ pos[:, None, :].float()).transpose(1, 2)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos, sin = s.rotary(x, pos)
         # the tables are made here and saved by every block: counted once,
         # with the embedding block (docs/inventory.md)
         rec.pinned[cos.storage().data_ptr()] = "embedding"
@@ -357,31 +434,11 @@ class Gemma2(Gemma):
             b.ln2 = s.Norm(s.D)
             b.ln_mlp = s.Norm(s.D)
 
-    def block(s, b, x, cos, sin, mask):
-        B, T, _ = x.shape
-        h = b.ln1(x)
-        q = b.q(h).view(B, T, s.H, s.dh).transpose(1, 2)
-        k = b.k(h).view(B, T, s.KV, s.dh).transpose(1, 2)
-        v = b.v(h).view(B, T, s.KV, s.dh).transpose(1, 2)
-        c, sn = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = (q * c) + (rotate_half(q) * sn)
-        k = (k * c) + (rotate_half(k) * sn)
-        rep = s.H // s.KV
-        if rep > 1:
-            k = k[:, :, None].expand(B, s.KV, rep, T, s.dh).reshape(B, s.H, T, s.dh)
-            v = v[:, :, None].expand(B, s.KV, rep, T, s.dh).reshape(B, s.H, T, s.dh)
-        att = torch.matmul(q, k.transpose(2, 3)) * s.scaling
-        if s.softcap:
-            att = att / s.softcap
-            att = torch.tanh(att)
-            att = att * s.softcap
-        att = att + mask
-        att = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
-        y = torch.matmul(att, v).transpose(1, 2).contiguous().reshape(B, T, s.H * s.dh)
-        x = x + b.ln_attn(b.o(y))
-        h = b.ln2(x)
-        return x + b.ln_mlp(b.down(s.act(b.gate(h)) * b.up(h)))
+    def post_attn(s, b, h):
+        return b.ln_attn(h)
 
+    def post_mlp(s, b, h):
+        return b.ln_mlp(h)
 
 
 class Phi3(Llama):
@@ -402,28 +459,27 @@ class Phi3(Llama):
             b.gate_up = nn.Linear(D, 2 * F_, bias=False)
             b.down, b.ln1, b.ln2 = down, ln1, ln2
 
-    def block(s, b, x, cos, sin, mask):
-        B, T, _ = x.shape
-        qkv = b.qkv(b.ln1(x))
+    def attn(s, b, h, cos, sin, mask):  # Phi3Attention.forward
+        B, T, _ = h.shape
+        qkv = b.qkv(h)
         qp, kp = s.H * s.dh, s.KV * s.dh
-        q = qkv[..., :qp].view(B, T, -1, s.dh).transpose(1, 2)
-        k = qkv[..., qp:qp + kp].view(B, T, -1, s.dh).transpose(1, 2)
-        v = qkv[..., qp + kp:].view(B, T, -1, s.dh).transpose(1, 2)
-        # apply_rotary_pos_emb: the rotated part and the (empty) passed part
-        c, sn = cos.unsqueeze(1), sin.unsqueeze(1)
-        rd = c.shape[-1]
-        q = torch.cat([(q[..., :rd] * c) + (rotate_half(q[..., :rd]) * sn), q[..., rd:]], dim=-1)
-        k = torch.cat([(k[..., :rd] * c) + (rotate_half(k[..., :rd]) * sn), k[..., rd:]], dim=-1)
-        rep = s.H // s.KV
-        if rep > 1:
-            k = k[:, :, None].expand(B, s.KV, rep, T, s.dh).reshape(B, s.H, T, s.dh)
-            v = v[:, :, None].expand(B, s.KV, rep, T, s.dh).reshape(B, s.H, T, s.dh)
-        att = torch.matmul(q, k.transpose(2, 3)) * s.dh ** -0.5
-        att = F.softmax(att + mask, dim=-1, dtype=torch.float32).to(q.dtype)
-        y = torch.matmul(att, v).transpose(1, 2).contiguous().reshape(B, T, -1)
-        x = x + b.o(y)
-        gate, up = b.gate_up(b.ln2(x)).chunk(2, dim=-1)
-        return x + b.down(up * F.silu(gate))
+        q = qkv[..., :qp]
+        k = qkv[..., qp:qp + kp]
+        v = qkv[..., qp + kp:]
+        q = q.view(B, T, -1, s.dh).transpose(1, 2)
+        k = k.view(B, T, -1, s.dh).transpose(1, 2)
+        v = v.view(B, T, -1, s.dh).transpose(1, 2)
+        q, k = apply_rotary_pos_emb_partial(q, k, cos, sin)
+        y, w = s.eager(q, k, v, mask)
+        y = y.reshape(B, T, -1).contiguous()
+        y = b.o(y)
+        return y, w
+
+    def mlp(s, b, h):  # Phi3MLP.forward
+        up = b.gate_up(h)
+        gate, up = up.chunk(2, dim=-1)
+        up = up * F.silu(gate)
+        return b.down(up)
 
 
 class Bert(nn.Module):
@@ -449,20 +505,54 @@ class Bert(nn.Module):
         s.pooler = nn.Linear(D, D)
         s.cls = nn.Linear(D, m.get("classes", 2))
 
-    def block(s, b, x, mask):
+    # Written with HF's own scoping (BertLayer, BertAttention,
+    # BertSelfAttention, BertSelfOutput, feed_forward_chunk,
+    # BertIntermediate, BertOutput): under no_grad (a checkpointed forward)
+    # a tensor lives until its last Python reference goes (docs/ledger.md,
+    # "Forward under no_grad").
+    def self_attn(s, b, x, mask):  # BertSelfAttention.forward (eager)
         B, T, D = x.shape
         H, dh = s.H, D // s.H
 
         def heads(t):
             return t.view(B, T, H, dh).permute(0, 2, 1, 3)
 
-        q, k, v = heads(b.q(x)), heads(b.k(x)), heads(b.v(x))
-        sc = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dh)
-        p = dropout(F.softmax(sc + mask, dim=-1), s.p)
-        ctx = torch.matmul(p, v).permute(0, 2, 1, 3).contiguous().view(B, T, D)
-        a = b.ln1(dropout(b.o(ctx), s.p) + x)
-        h = dropout(b.out(F.gelu(b.inter(a))), s.p)
-        return b.ln2(h + a)
+        mq = b.q(x)
+        kl = heads(b.k(x))
+        vl = heads(b.v(x))
+        ql = heads(mq)
+        sc = torch.matmul(ql, kl.transpose(-1, -2))
+        sc = sc / math.sqrt(dh)
+        sc = sc + mask
+        p = F.softmax(sc, dim=-1)
+        p = dropout(p, s.p)
+        ctx = torch.matmul(p, vl)
+        ctx = ctx.permute(0, 2, 1, 3).contiguous()
+        ctx = ctx.view(B, T, D)
+        return (ctx,)
+
+    def attention(s, b, x, mask):  # BertAttention.forward, BertSelfOutput
+        so = s.self_attn(b, x, mask)
+        h = b.o(so[0])
+        h = dropout(h, s.p)
+        h = b.ln1(h + x)
+        return (h,) + so[1:]
+
+    def output(s, b, h, a):  # BertOutput.forward
+        h = b.out(h)
+        h = dropout(h, s.p)
+        h = b.ln2(h + a)
+        return h
+
+    def ffn(s, b, a):  # feed_forward_chunk, BertIntermediate
+        i = b.inter(a)
+        i = F.gelu(i)
+        return s.output(b, i, a)
+
+    def block(s, b, x, mask):  # BertLayer.forward
+        ao = s.attention(b, x, mask)
+        a = ao[0]
+        return s.ffn(b, a)
 
     def run(s, rec, batch, ckpt):
         idx, tgt = batch

@@ -191,7 +191,8 @@ static void test_checkpoint_lowers_gpt2_peak(void **state)
  *   1:gelu, GeluBackward0: z1's gradient 192; frees a's, then z1;
  *   0:linear, MmBackward0: x needs no gradient, so only W1's 128 x 4 = 512;
  *     frees z1's gradient (x is the batch's).
- * Forward: 912 + 192 + 192 + 48 = 1344.
+ * Forward: 912 + 192 + 192 + 48 = 1344. The loss computes the elementwise
+ * (y - target)^2, y's size, before its mean: +48 -48 (mse_loss).
  * The loop holds y, the model output, to the end (logits: kept, the default).
  * Backward, loss: +96 -96 -> 1344 (the target it saved is the batch's).
  *   block 2: +48 +192 +256 = 1840, -48 -192 (a) -> 1600.
@@ -243,12 +244,12 @@ static void test_mlp_timeline_by_hand(void **state)
      * 2*3*8*16 = 768 + 2*3*16*4 = 384 (GELU 0); backward 0:linear 768 (its
      * input needs no gradient), 2:linear 2*384 = 768: 2,688 in all. At
      * 1e-9 TFLOP/s (1,000 FLOP/s) an event's t_s is its FLOPs before / 1000:
-     * event 0 at 0; the peak (event 16, W1's gradient, allocated before
+     * event 0 at 0; the peak (event 18, W1's gradient, allocated before
      * 0:linear's backward FLOPs are counted: a node carries none of its own)
      * after the forward 1,152 + 2:linear's 768 = 1,920: 1.92 s; the last at
      * 2,688: 2.688 s (the step time). Events: 0-2 resident (params, x,
-     * target), 3-5 forward (z1, a, y), 6-7 the loss's backward, 8-12 block
-     * 2, 13-15 block 1 */
+     * target), 3-5 forward (z1, a, y), 6-7 the loss (its elementwise
+     * loss), 8-9 the loss's backward, 10-14 block 2, 15-17 block 1 */
     c.device.peak_tflops = 1e-9;
     c.device.efficiency = 1;
     l = eval(m, &c, true);
@@ -256,9 +257,9 @@ static void test_mlp_timeline_by_hand(void **state)
     ne = ml_ledger_event_count(l);
     assert_rel_close(ml_ledger_summary(l)->step_time_s, 2.688, 1e-12);
     assert_true(ev[0].t_s == 0);
-    assert_int_equal(ev[16].delta, 512);
-    assert_rel_close(ev[16].flops_before, 1920, 0);
-    assert_rel_close(ev[16].t_s, 1.92, 1e-12);
+    assert_int_equal(ev[18].delta, 512);
+    assert_rel_close(ev[18].flops_before, 1920, 0);
+    assert_rel_close(ev[18].t_s, 1.92, 1e-12);
     assert_rel_close(ev[ne - 1].t_s, 2.688, 1e-12);
     for (size_t i = 1; i < ne; i++)
         assert_true(ev[i].t_s >= ev[i - 1].t_s);
@@ -297,24 +298,25 @@ static void test_mlp_timeline_by_hand(void **state)
  * plus the batch the loop holds, x 960 and the target 480: R' = 3744.
  * Boundaries: z1 1920, a 1920, y 480.
  * Transients: the loss's ws_bwd 2*480 = 960; the layers' backward runs node
- * by node (test_mlp_timeline_by_hand). Under no_grad a block's transient is
- * 2 x its largest tensor (linear 8->16: 2*960 = 1920; gelu and linear
- * 16->4: 2*1920 = 3840); the loss saves nothing of its own (y is the
- * output, the target the batch's).
- * Steady (logits kept): forward ends at R' + 4320 = 8064; loss backward
- * +960 -960 = 8064; block 2: y's gradient +480, a's +1920, W2's +256 =
+ * by node (test_mlp_timeline_by_hand). Under no_grad a layer holds its input
+ * (the caller's) and makes its output, nothing else (docs/ledger.md,
+ * "Forward under no_grad"); the loss saves nothing of its own (y is the
+ * output, the target the batch's) and computes the elementwise loss, y's
+ * size (480), before its mean.
+ * Steady (logits kept): forward ends at R' + 4320 = 8064; the loss +480
+ * -480; loss backward +960 -960 = 8064; block 2: y's gradient +480, a's +1920, W2's +256 =
  * 10720, the peak (R 2304, grads 256, batch 1440, z1 a y 4320, workspace
  * 2400); then -480 -1920 (a) = 8320; block 1 +1920 -1920 -1920 (z1) = 6400;
  * block 0 +512 (W1's) = 6912, -1920 = 4992.
  * First iteration: the same without the states until the step: 10720 - 1536
  * = 9184; its step holds R + batch 1440 + grads 768 + y 480 + 768 = 5760.
  * Evaluation at B = 30: R' (the training batch is still bound in the loop)
- * + the evaluation's own batch 1440 = 5184; block 0 +1920 +z1 1920 = 9024,
- * -1920 = 7104; block 1 +3840 +a 1920 = 12864, the eval peak, above the
- * steady 10720: it binds. At B = 60 the evaluation batch and every
- * activation term double: 3744 + 2880 = 6624, block 0 +3840 +3840 = 14304,
- * -3840 = 10464, block 1 +7680 +3840 = 21984; the verdict and peak_total
- * use it. Then zero_grad: zero. */
+ * + the evaluation's own batch 1440 = 5184; block 0 makes z1: 7104; block 1
+ * makes a beside it: 9024, the eval peak; z1 goes: 7104; block 2 makes y
+ * (7584) and a goes. 9024 is below the steady 10720: the steady state
+ * binds. At B = 60 the evaluation batch and every activation term double:
+ * 3744 + 2880 = 6624, + z1 3840 + a 3840 = 14304, above 10720: it binds; the
+ * verdict and peak_total use it. Then zero_grad: zero. */
 static void test_three_peaks_by_hand(void **state)
 {
     (void)state;
@@ -337,8 +339,8 @@ static void test_three_peaks_by_hand(void **state)
     l = eval(m, &c, false);
     s = ml_ledger_summary(l);
     assert_true(s->has_eval);
-    assert_int_equal(s->peak_eval, 12864);
-    assert_int_equal(s->binding, ML_PEAK_EVAL);
+    assert_int_equal(s->peak_eval, 9024);
+    assert_int_equal(s->binding, ML_PEAK_STEADY);
     ml_ledger_destroy(l);
     c.training.eval_batch = 60;
     c.device.present = true;
@@ -347,17 +349,17 @@ static void test_three_peaks_by_hand(void **state)
     l = eval(m, &c, false);
     s = ml_ledger_summary(l);
     assert_int_equal(s->peak, 10720); /* bytes.peak stays the steady state's */
-    assert_int_equal(s->peak_eval, 21984);
+    assert_int_equal(s->peak_eval, 14304);
     assert_int_equal(s->binding, ML_PEAK_EVAL);
-    assert_int_equal(s->peak_total, 21984 + (512ull << 20));
-    assert_int_equal(s->headroom, (int64_t)(512ull << 20) - 21984);
+    assert_int_equal(s->peak_total, 14304 + (512ull << 20));
+    assert_int_equal(s->headroom, (int64_t)(512ull << 20) - 14304);
     ml_ledger_destroy(l);
     /* zero_grad: zero — every .grad (768 B) stays allocated, and each node
      * adds its parameters' gradient into it through a transient of the same
      * size (AccumulateGrad): at block 2, 10720 - 256 (no new W2 grad) + 768
      * + 256 (the transient) = 11488, workspace 2400 + 256. The first
      * iteration has no gradients yet: 9184 as before; the evaluation at
-     * B = 30 carries them: 12864 + 768 = 13632. */
+     * B = 30 carries them: 9024 + 768 = 9792. */
     c.device.present = false;
     c.training.eval_batch = 30;
     c.training.zero_grad = ML_ZERO_GRAD_ZERO;
@@ -367,7 +369,7 @@ static void test_three_peaks_by_hand(void **state)
     assert_int_equal(s->peak_breakdown[ML_CAT_GRADS], 768);
     assert_int_equal(s->peak_breakdown[ML_CAT_WORKSPACE], 2400 + 256);
     assert_int_equal(s->peak_first_iteration, 9184);
-    assert_int_equal(s->peak_eval, 13632);
+    assert_int_equal(s->peak_eval, 9792);
     ml_ledger_destroy(l);
     ml_model_destroy(m);
 }

@@ -1,0 +1,367 @@
+/* A transformer layer's forward under no_grad, op by op (docs/ledger.md,
+ * "Forward under no_grad"): what a checkpointed layer's first forward and
+ * the evaluation pass hold while the layer runs. Nothing is saved there, so
+ * each tensor lives from the op that makes it until its last Python
+ * reference goes: the program follows the reference implementations' own
+ * variable scoping (nanoGPT's Block, CausalSelfAttention and MLP; Hugging
+ * Face's LlamaDecoderLayer, LlamaAttention with eager_attention_forward,
+ * LlamaMLP, Phi3MLP and Gemma2DecoderLayer; BertLayer with
+ * BertSelfAttention, BertSelfOutput, BertIntermediate and BertOutput) and
+ * the copies ATen makes (matmul reshapes a non-contiguous head view into a
+ * contiguous copy for bmm, aten/src/ATen/native/LinearAlgebra.cpp). */
+#include "ledger/chain_kit.h"
+
+/* The sizes the programs use, in bytes. */
+typedef struct {
+    ml_ck_ng g;
+    uint64_t E;      /* (B, T, D), the residual stream's dtype */
+    uint64_t E32;    /* (B, T, D) in fp32: an RMSNorm's upcast */
+    uint64_t st;     /* (B, T) fp32: a norm's statistics */
+    uint64_t Eq, Ek; /* q (B, T, H * dh) and k, v (B, T, Hkv * dh) */
+    uint64_t S, S32; /* the scores (B, H, T, T) in the compute dtype, in fp32 */
+    uint64_t Sb;     /* the scores' shape in bytes: a dropout mask */
+    uint64_t EF;     /* (B, T, F) */
+    uint64_t Eb;     /* (B, T, D) bytes: a residual dropout mask */
+    uint64_t TT;     /* (T, T) bool: masked_fill's mask */
+    uint64_t Dw;     /* (D) fp32: Gemma's 1 + weight */
+    bool drop;       /* the dropouts run (p > 0, training mode) */
+} prog;
+
+static void put(prog *p, uint64_t b) { ml_ck_ng_put(&p->g, b); }
+static void drop(prog *p, uint64_t b) { ml_ck_ng_drop(&p->g, b); }
+
+/* A dropout on a tensor of x bytes (native_dropout: its output and its
+ * mask of `mask` bytes; the mask dropped at once), then its input freed. */
+static void dropout(prog *p, uint64_t x, uint64_t mask)
+{
+    if (!p->drop)
+        return;
+    put(p, x);
+    put(p, mask);
+    drop(p, mask);
+    drop(p, x);
+}
+
+/* LayerNorm: native_layer_norm's output, mean and rstd; the statistics go
+ * as the functional returns only the output. */
+static void layernorm(prog *p)
+{
+    put(p, p->E);
+    put(p, 2 * p->st);
+    drop(p, 2 * p->st);
+}
+
+/* HF LlamaRMSNorm: h = x.to(fp32); variance = h.pow(2).mean(-1); h = h *
+ * rsqrt(variance + eps); return weight * h.to(x.dtype). */
+static void llama_rmsnorm(prog *p)
+{
+    const bool up = p->E != p->E32; /* a low-precision stream is upcast */
+    if (up)
+        put(p, p->E32);
+    put(p, p->E32); /* pow */
+    put(p, p->st);  /* mean */
+    drop(p, p->E32);
+    put(p, p->st);  /* + eps */
+    put(p, p->st);  /* rsqrt */
+    drop(p, p->st);
+    put(p, p->E32); /* h * rsqrt */
+    drop(p, p->st);
+    if (up) {
+        drop(p, p->E32); /* the upcast, rebound */
+        put(p, p->E);    /* h.to(dtype) */
+    }
+    put(p, p->E); /* weight * h */
+    if (up)
+        drop(p, p->E);
+    drop(p, p->E32 + p->st); /* h and variance, at return */
+}
+
+/* HF GemmaRMSNorm: out = _norm(x.float()) (x * rsqrt(x.pow(2).mean(-1) +
+ * eps)); out = out * (1.0 + weight.float()); return out.type_as(x). */
+static void gemma_rmsnorm(prog *p)
+{
+    const bool up = p->E != p->E32;
+    if (up)
+        put(p, p->E32);
+    put(p, p->E32); /* pow */
+    put(p, p->st);  /* mean */
+    drop(p, p->E32);
+    put(p, p->st);  /* + eps */
+    drop(p, p->st);
+    put(p, p->st);  /* rsqrt */
+    drop(p, p->st);
+    put(p, p->E32); /* x * rsqrt */
+    drop(p, p->st);
+    if (up)
+        drop(p, p->E32); /* x.float(), once _norm returns */
+    put(p, p->Dw);       /* 1.0 + weight.float() */
+    put(p, p->E32);
+    drop(p, p->Dw + p->E32);
+    if (up) {
+        put(p, p->E); /* type_as */
+        drop(p, p->E32);
+    }
+}
+
+static void norm(prog *p, const ml_model *m)
+{
+    if (m->norm == ML_NORM_LAYERNORM)
+        layernorm(p);
+    else if (m->norm == ML_NORM_GEMMA_RMSNORM)
+        gemma_rmsnorm(p);
+    else
+        llama_rmsnorm(p);
+}
+
+/* rotate-half rotary embedding of one (B, H, T, dh) tensor of x bytes:
+ * (q * cos) + (cat(-q2, q1) * sin); leaves the result. */
+static void rope(prog *p, uint64_t x)
+{
+    put(p, x);     /* q * cos */
+    put(p, x / 2); /* -q2 */
+    put(p, x);     /* cat */
+    drop(p, x / 2);
+    put(p, x);     /* * sin */
+    drop(p, x);    /* the cat */
+    put(p, x);     /* the sum */
+    drop(p, 2 * x);
+}
+
+/* The attention core after the projections, from q k^T to the
+ * contiguous (B, T, H * dh) output; leaves it and the probabilities (the
+ * last tensor bound to them, which the caller frees or keeps). copy_q,
+ * copy_k, copy_v: the operands matmul copies (a non-contiguous head view:
+ * its reshape into bmm's (B * H, T, dh) cannot be a view); fp32: the
+ * softmax runs in fp32 (dtype=torch.float32, then .to(dtype)); mask:
+ * masked_fill's (T, T) bool (nanoGPT) or an additive mask (HF), none for
+ * an encoder without one; keep_scores: the masked scores stay bound to
+ * their own name (BertSelfAttention's attention_scores) until the
+ * attention returns. */
+typedef struct {
+    bool copy_q, copy_k, copy_v, fp32, masked_fill, add_mask, softcap, keep_scores;
+} core_kind;
+
+static void attention_core(prog *p, const core_kind *k)
+{
+    const uint64_t S = p->S, Eq = p->Eq;
+    const uint64_t cqk = (k->copy_q ? Eq : 0) + (k->copy_k ? Eq : 0);
+    put(p, cqk);
+    put(p, S); /* bmm: q k^T */
+    drop(p, cqk);
+    put(p, S); /* * scaling */
+    drop(p, S);
+    if (k->softcap) /* / cap, tanh, * cap */
+        for (int i = 0; i < 3; i++)
+            put(p, S), drop(p, S);
+    if (k->masked_fill) {
+        put(p, p->TT); /* bias[:, :, :T, :T] == 0 */
+        put(p, S);
+        drop(p, p->TT + S);
+    } else if (k->add_mask) {
+        put(p, S);
+        drop(p, S);
+    }
+    const uint64_t sm = k->fp32 ? p->S32 : S;
+    put(p, sm); /* softmax */
+    if (!k->keep_scores)
+        drop(p, S);
+    if (sm != S) { /* .to(dtype) */
+        put(p, S);
+        drop(p, sm);
+    }
+    dropout(p, S, p->Sb);
+    const uint64_t cv = k->copy_v ? Eq : 0;
+    put(p, cv);
+    put(p, Eq); /* bmm: probabilities v */
+    drop(p, cv);
+    put(p, Eq); /* transpose(1, 2).contiguous() */
+    drop(p, Eq);
+}
+
+/* The output projection and its residual dropout; frees the attention
+ * output it read (rebound). Leaves the projection's (dropped) output. */
+static void attention_out(prog *p)
+{
+    put(p, p->E);
+    dropout(p, p->E, p->Eb);
+    drop(p, p->Eq);
+}
+
+/* A pre-norm layer's attention on its normed input (nanoGPT's
+ * CausalSelfAttention; HF LlamaAttention, Phi3Attention, Gemma's). Leaves
+ * its output; returns what the layer still holds after it: HF's eager
+ * attention returns its weights, which the decoder layer's
+ * `hidden_states, _ = self.self_attn(...)` keeps until it returns. */
+static uint64_t prenorm_attention(prog *p, const ml_model *m, const ml_ck_dims *d)
+{
+    const bool hf = m->norm != ML_NORM_LAYERNORM; /* the Llama layout */
+    const bool rot = hf && m->position == ML_POS_ROPE;
+    const bool sliced = !hf || m->fused_proj; /* one projection, sliced */
+    const bool cat = hf && m->fused_proj && rot; /* Phi-3: cat([rotated, pass]) */
+    const uint64_t rep = d->H / d->Hkv, Eq = p->Eq, Ek = p->Ek;
+    const uint64_t qkv = Eq + 2 * Ek;
+    if (sliced) {
+        put(p, qkv);
+    } else {
+        put(p, Eq);
+        put(p, Ek);
+        put(p, Ek);
+    }
+    if (rot) {
+        /* apply_rotary_pos_emb makes both; the caller's rebinding then
+         * frees the unrotated q and k (Phi-3's are views of qkv) */
+        rope(p, Eq);
+        if (cat)
+            put(p, Eq), drop(p, Eq);
+        rope(p, Ek);
+        if (cat)
+            put(p, Ek), drop(p, Ek);
+        if (!sliced)
+            drop(p, Eq + Ek);
+    }
+    /* repeat_kv: k and v expanded to H heads and reshaped, a copy unless
+     * there is one kv head (then the reshape is a view with a zero stride,
+     * which matmul copies instead) */
+    const bool repeated = hf && rep > 1 && d->Hkv > 1;
+    if (repeated)
+        put(p, 2 * Eq);
+    /* a rotated head keeps the view's layout; cat's and repeat_kv's
+     * results are contiguous */
+    const bool causal = m->type == ML_MODEL_DECODER;
+    const core_kind k = {!cat,          !repeated && !(cat && rep == 1), !repeated, hf,
+                         !hf && causal, hf && causal, m->attn_softcap > 0, false};
+    attention_core(p, &k);
+    if (repeated)
+        drop(p, 2 * Eq); /* eager_attention_forward returns */
+    attention_out(p);
+    /* the attention returns: q, k, v (rotated) and the probabilities go,
+     * except the weights HF returns */
+    drop(p, qkv + (cat ? Eq + Ek : 0));
+    if (hf)
+        return p->S;
+    drop(p, p->S);
+    return 0;
+}
+
+/* The MLP on its normed input; leaves its (dropped) output. */
+static void mlp(prog *p, const ml_model *m)
+{
+    const uint64_t EF = p->EF, E = p->E;
+    if (m->activation == ML_ACT_SWIGLU || m->activation == ML_ACT_GEGLU) {
+        if (m->fused_proj) {
+            /* Phi3MLP: gate, up = gate_up_proj(x).chunk(2); up = up * act(gate) */
+            put(p, 2 * EF);
+            put(p, EF); /* act(gate) */
+            put(p, EF); /* up * act */
+            drop(p, EF);
+            put(p, E);  /* down_proj */
+            drop(p, EF + 2 * EF); /* the product and gate_up's storage, at return */
+        } else {
+            /* LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)) */
+            put(p, EF); /* gate */
+            put(p, EF); /* act */
+            drop(p, EF);
+            put(p, EF); /* up */
+            put(p, EF); /* act * up */
+            drop(p, 2 * EF);
+            put(p, E);  /* down */
+            drop(p, EF);
+        }
+    } else {
+        /* nanoGPT's MLP, BertIntermediate + BertOutput's dense: fc, act, proj */
+        put(p, EF);
+        put(p, EF);
+        drop(p, EF);
+        put(p, E);
+        drop(p, EF);
+    }
+    dropout(p, E, p->Eb);
+}
+
+/* Pre-norm: x + attn(norm(x)), then + mlp(norm(.)); Gemma 2 normalises
+ * each branch's output before its add. */
+static void prenorm_layer(prog *p, const ml_model *m, const ml_ck_dims *d)
+{
+    const uint64_t E = p->E;
+    norm(p, m);
+    uint64_t held = prenorm_attention(p, m, d);
+    drop(p, E); /* the norm's output, rebound */
+    if (m->post_norms) {
+        norm(p, m);
+        drop(p, E);
+    }
+    put(p, E); /* residual + attention */
+    drop(p, E);
+    norm(p, m);
+    mlp(p, m);
+    drop(p, E); /* the norm's output, rebound */
+    if (m->post_norms) {
+        norm(p, m);
+        drop(p, E);
+    }
+    put(p, E); /* residual + MLP: the layer's output */
+    drop(p, E);
+    drop(p, E + held); /* the first residual sum and the weights, at return */
+}
+
+/* HF BertLayer: BertSelfAttention (query, key, value; the scores and the
+ * probabilities local to it), BertSelfOutput (dense, dropout,
+ * LayerNorm(h + input)), then feed_forward_chunk: BertIntermediate (dense,
+ * act), whose output it holds through BertOutput (dense, dropout,
+ * LayerNorm(h + attention output)). */
+static void postnorm_layer(prog *p)
+{
+    const uint64_t E = p->E, Eq = p->Eq, EF = p->EF;
+    put(p, 3 * Eq); /* query, key, value */
+    const core_kind k = {true, true, true, false, false, true, false, true};
+    attention_core(p, &k);
+    drop(p, 3 * Eq + 2 * p->S); /* BertSelfAttention returns the context only */
+    put(p, E);                  /* BertSelfOutput: dense */
+    dropout(p, E, p->Eb);
+    put(p, E); /* + input */
+    layernorm(p);
+    drop(p, 2 * E); /* the sum, then the dropped dense output (rebound) */
+    drop(p, Eq);    /* the context, once BertAttention returns */
+    put(p, EF);     /* BertIntermediate: dense */
+    put(p, EF);     /* act */
+    drop(p, EF);
+    put(p, E); /* BertOutput: dense */
+    dropout(p, E, p->Eb);
+    put(p, E); /* + attention output */
+    layernorm(p);
+    drop(p, 2 * E); /* the sum, the dropped dense output */
+    drop(p, EF + E); /* the intermediate output, the attention output, at return */
+}
+
+void ml_ck_nograd_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+{
+    /* the layouts written out: eager attention, no autocast casts, no
+     * parallel residual, no vision encoder */
+    if (ch->prec.autocast || m->attention != ML_ATTN_EAGER || m->parallel_residual ||
+        m->image_size || ch->overflow)
+        return;
+    const unsigned a = ch->prec.a, w = ch->prec.w;
+    const uint64_t BTD = ml_mul(ch, d->BT, d->D), BHTT = ml_mul(ch, ml_mul(ch, d->B, d->H),
+                                                                 ml_mul(ch, d->T, d->T));
+    prog p = {0};
+    p.E = ml_mul(ch, BTD, w);
+    p.E32 = ml_mul(ch, BTD, 4);
+    p.st = ml_mul(ch, d->BT, 4);
+    p.Eq = ml_mul(ch, ml_mul(ch, d->BT, ml_mul(ch, d->H, d->dh)), a);
+    p.Ek = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), a);
+    p.S = ml_mul(ch, BHTT, a);
+    p.S32 = ml_mul(ch, BHTT, 4);
+    p.Sb = BHTT;
+    p.EF = ml_mul(ch, ml_mul(ch, d->BT, d->F), a);
+    p.Eb = BTD;
+    p.TT = ml_mul(ch, d->T, d->T);
+    p.Dw = ml_mul(ch, d->D, 4);
+    p.drop = d->drop && !ch->eval_mode;
+    if (ch->overflow)
+        return;
+    if (m->prenorm)
+        prenorm_layer(&p, m, d);
+    else
+        postnorm_layer(&p);
+    ml_ck_ng_close(b, &p.g, p.E);
+}
