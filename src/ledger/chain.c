@@ -159,6 +159,7 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
 {
     memset(ch, 0, sizeof *ch);
     ch->eval_mode = eval;
+    ch->selective = cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE;
     ml_status refused = ml_chain_fused_refused(m, &cfg->training, err);
     if (refused)
         return refused;

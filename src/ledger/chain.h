@@ -123,6 +123,8 @@ typedef struct {
     bool overflow, nomem;
     bool eval_mode;             /* model.eval() (the evaluation pass): dropout off,
                                    BatchNorm on its running statistics */
+    bool selective;             /* checkpoint: selective (the attention core is
+                                   dropped in forward) */
     ml_prec prec;
     uint64_t B, T;
     uint64_t c_tokens, c_width; /* normalisation of c: B*T and D */

@@ -258,6 +258,13 @@ void ml_ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
         b->ws_nograd = g->peak - out;
 }
 
+void ml_ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
+{
+    uint64_t end = b->saved_bytes + out;
+    if (!g->bad && end >= out && g->live == end && g->peak >= end)
+        b->ws_fwd = g->peak - end;
+}
+
 /* Saved input of a linear layer whose input storage has `bpe` bytes per
  * element: autocast saves a bf16/fp16 cast copy per consumer (casts of
  * non-leaf tensors are not cached), otherwise the storage itself. The caller

@@ -77,9 +77,16 @@ static inline void ml_ck_ng_drop(ml_ck_ng *g, uint64_t bytes)
  * holds ws_nograd beside the output, so ws_nograd is the program's peak
  * less the output. An incomplete program leaves the block rule. */
 void ml_ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
-/* A transformer layer block's program (chain_nograd.c), for the layouts it
- * knows; the others keep the block rule. eval: model.eval(), dropout off. */
+/* The same for a program with grad, whose saved tensors stay: complete
+ * when it ends holding the block's saved tensors and its output; sets
+ * b->ws_fwd, what the replay holds beside them while the block runs. */
+void ml_ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
+/* A transformer layer block's programs (chain_nograd.c), under no_grad and
+ * with grad, for the layouts they know; the others keep the block rule. */
 void ml_ck_nograd_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d);
+/* The same for the head block (before the loss; fused: the norm only). */
+void ml_ck_nograd_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                       bool fused);
 
 /* Whether the model's attention runs a fused kernel (no T x T tensor). */
 bool ml_ck_fused_attention(const ml_chain *ch, const ml_model *m);

@@ -1,19 +1,26 @@
-/* A transformer layer's forward under no_grad, op by op (docs/ledger.md,
- * "Forward under no_grad"): what a checkpointed layer's first forward and
- * the evaluation pass hold while the layer runs. Nothing is saved there, so
- * each tensor lives from the op that makes it until its last Python
- * reference goes: the program follows the reference implementations' own
- * variable scoping (nanoGPT's Block, CausalSelfAttention and MLP; Hugging
- * Face's LlamaDecoderLayer, LlamaAttention with eager_attention_forward,
- * LlamaMLP, Phi3MLP and Gemma2DecoderLayer; BertLayer with
- * BertSelfAttention, BertSelfOutput, BertIntermediate and BertOutput) and
- * the copies ATen makes (matmul reshapes a non-contiguous head view into a
- * contiguous copy for bmm, aten/src/ATen/native/LinearAlgebra.cpp). */
+/* A transformer layer's forward, op by op (docs/ledger.md, "The forward,
+ * op by op"): what the layer holds while it runs, with grad (the saved
+ * tensors stay) and under no_grad (a checkpointed layer's first forward,
+ * the evaluation pass: nothing stays). A tensor lives from the op that
+ * makes it until its last Python reference goes — the program follows the
+ * reference implementations' own variable scoping (nanoGPT's Block,
+ * CausalSelfAttention and MLP; Hugging Face's LlamaDecoderLayer,
+ * LlamaAttention with eager_attention_forward, LlamaMLP, Phi3MLP and
+ * Gemma2DecoderLayer; BertLayer with BertSelfAttention, BertSelfOutput,
+ * BertIntermediate and BertOutput) and the copies ATen makes (matmul
+ * reshapes a head view it cannot fold into bmm's batch into a contiguous
+ * copy, aten/src/ATen/native/LinearAlgebra.cpp) — or, with grad, until the
+ * backward when autograd saves it (tools/autograd/derivatives.yaml; the
+ * inventory of docs/inventory.md, which the program's end must reproduce). */
+#include <string.h>
+
 #include "ledger/chain_kit.h"
 
 /* The sizes the programs use, in bytes. */
 typedef struct {
     ml_ck_ng g;
+    bool grad;       /* with grad: saved tensors stay */
+    bool drop;       /* the dropouts run (p > 0, training mode) */
     uint64_t E;      /* (B, T, D), the residual stream's dtype */
     uint64_t E32;    /* (B, T, D) in fp32: an RMSNorm's upcast */
     uint64_t st;     /* (B, T) fp32: a norm's statistics */
@@ -24,35 +31,49 @@ typedef struct {
     uint64_t Eb;     /* (B, T, D) bytes: a residual dropout mask */
     uint64_t TT;     /* (T, T) bool: masked_fill's mask */
     uint64_t Dw;     /* (D) fp32: Gemma's 1 + weight */
-    bool drop;       /* the dropouts run (p > 0, training mode) */
 } prog;
 
 static void put(prog *p, uint64_t b) { ml_ck_ng_put(&p->g, b); }
+/* A tensor's last reference goes: freed unless autograd saved it. */
 static void drop(prog *p, uint64_t b) { ml_ck_ng_drop(&p->g, b); }
+static void drop_saved(prog *p, uint64_t b)
+{
+    if (!p->grad)
+        ml_ck_ng_drop(&p->g, b);
+}
+static void drop_if(prog *p, uint64_t b, bool saved)
+{
+    if (saved)
+        drop_saved(p, b);
+    else
+        drop(p, b);
+}
 
-/* A dropout on a tensor of x bytes (native_dropout: its output and its
- * mask of `mask` bytes; the mask dropped at once), then its input freed. */
-static void dropout(prog *p, uint64_t x, uint64_t mask)
+/* A dropout on a tensor of x bytes (native_dropout: its output and the
+ * mask it saves), then its input's reference goes; in_saved: another op
+ * saved the input. */
+static void dropout(prog *p, uint64_t x, uint64_t mask, bool in_saved)
 {
     if (!p->drop)
         return;
     put(p, x);
     put(p, mask);
-    drop(p, mask);
-    drop(p, x);
+    drop_saved(p, mask);
+    drop_if(p, x, in_saved);
 }
 
-/* LayerNorm: native_layer_norm's output, mean and rstd; the statistics go
- * as the functional returns only the output. */
+/* LayerNorm: native_layer_norm's output, mean and rstd (saved with its
+ * input). */
 static void layernorm(prog *p)
 {
     put(p, p->E);
     put(p, 2 * p->st);
-    drop(p, 2 * p->st);
+    drop_saved(p, 2 * p->st);
 }
 
 /* HF LlamaRMSNorm: h = x.to(fp32); variance = h.pow(2).mean(-1); h = h *
- * rsqrt(variance + eps); return weight * h.to(x.dtype). */
+ * rsqrt(variance + eps); return weight * h.to(x.dtype). Saved: x in fp32
+ * (pow, the mul), rsqrt, the normalised h as the scale reads it. */
 static void llama_rmsnorm(prog *p)
 {
     const bool up = p->E != p->E32; /* a low-precision stream is upcast */
@@ -65,19 +86,24 @@ static void llama_rmsnorm(prog *p)
     put(p, p->st);  /* rsqrt */
     drop(p, p->st);
     put(p, p->E32); /* h * rsqrt */
-    drop(p, p->st);
+    drop_saved(p, p->st);
     if (up) {
-        drop(p, p->E32); /* the upcast, rebound */
-        put(p, p->E);    /* h.to(dtype) */
+        drop_saved(p, p->E32); /* the upcast, rebound */
+        put(p, p->E);          /* h.to(dtype) */
     }
     put(p, p->E); /* weight * h */
-    if (up)
-        drop(p, p->E);
-    drop(p, p->E32 + p->st); /* h and variance, at return */
+    if (up) {
+        drop_saved(p, p->E);
+        drop(p, p->E32);
+    } else {
+        drop_saved(p, p->E32);
+    }
+    drop(p, p->st); /* variance, at return */
 }
 
 /* HF GemmaRMSNorm: out = _norm(x.float()) (x * rsqrt(x.pow(2).mean(-1) +
- * eps)); out = out * (1.0 + weight.float()); return out.type_as(x). */
+ * eps)); out = out * (1.0 + weight.float()); return out.type_as(x). Saved:
+ * x in fp32, rsqrt, the normalised h and 1 + weight. */
 static void gemma_rmsnorm(prog *p)
 {
     const bool up = p->E != p->E32;
@@ -91,12 +117,12 @@ static void gemma_rmsnorm(prog *p)
     put(p, p->st);  /* rsqrt */
     drop(p, p->st);
     put(p, p->E32); /* x * rsqrt */
-    drop(p, p->st);
+    drop_saved(p, p->st);
     if (up)
-        drop(p, p->E32); /* x.float(), once _norm returns */
-    put(p, p->Dw);       /* 1.0 + weight.float() */
+        drop_saved(p, p->E32); /* x.float(), once _norm returns */
+    put(p, p->Dw);             /* 1.0 + weight.float() */
     put(p, p->E32);
-    drop(p, p->Dw + p->E32);
+    drop_saved(p, p->Dw + p->E32);
     if (up) {
         put(p, p->E); /* type_as */
         drop(p, p->E32);
@@ -114,7 +140,8 @@ static void norm(prog *p, const ml_model *m)
 }
 
 /* rotate-half rotary embedding of one (B, H, T, dh) tensor of x bytes:
- * (q * cos) + (cat(-q2, q1) * sin); leaves the result. */
+ * (q * cos) + (cat(-q2, q1) * sin); leaves the result (the products save
+ * cos and sin, which need no gradient: nothing of q). */
 static void rope(prog *p, uint64_t x)
 {
     put(p, x);     /* q * cos */
@@ -130,8 +157,8 @@ static void rope(prog *p, uint64_t x)
 /* The attention core after the projections, from q k^T to the
  * contiguous (B, T, H * dh) output; leaves it and the probabilities (the
  * last tensor bound to them, which the caller frees or keeps). copy_q,
- * copy_k, copy_v: the operands matmul copies (a non-contiguous head view:
- * its reshape into bmm's (B * H, T, dh) cannot be a view); fp32: the
+ * copy_k, copy_v: the operands matmul copies (a head view whose reshape
+ * into bmm's (B * H, T, dh) cannot be a view), which bmm saves; fp32: the
  * softmax runs in fp32 (dtype=torch.float32, then .to(dtype)); mask:
  * masked_fill's (T, T) bool (nanoGPT) or an additive mask (HF), none for
  * an encoder without one; keep_scores: the masked scores stay bound to
@@ -147,44 +174,50 @@ static void attention_core(prog *p, const core_kind *k)
     const uint64_t cqk = (k->copy_q ? Eq : 0) + (k->copy_k ? Eq : 0);
     put(p, cqk);
     put(p, S); /* bmm: q k^T */
-    drop(p, cqk);
-    put(p, S); /* * scaling */
+    drop_saved(p, cqk);
+    put(p, S); /* * scaling (a Python number: nothing saved) */
     drop(p, S);
-    if (k->softcap) /* / cap, tanh, * cap */
-        for (int i = 0; i < 3; i++)
-            put(p, S), drop(p, S);
-    if (k->masked_fill) {
-        put(p, p->TT); /* bias[:, :, :T, :T] == 0 */
+    if (k->softcap) { /* / cap, tanh (saves its result), * cap */
         put(p, S);
-        drop(p, p->TT + S);
+        drop(p, S);
+        put(p, S);
+        drop(p, S);
+        put(p, S);
+        drop_saved(p, S);
+    }
+    if (k->masked_fill) {
+        put(p, p->TT); /* bias[:, :, :T, :T] == 0, saved by masked_fill */
+        put(p, S);
+        drop_saved(p, p->TT);
+        drop(p, S);
     } else if (k->add_mask) {
         put(p, S);
         drop(p, S);
     }
     const uint64_t sm = k->fp32 ? p->S32 : S;
-    put(p, sm); /* softmax */
+    put(p, sm); /* softmax: saves its result */
     if (!k->keep_scores)
         drop(p, S);
-    if (sm != S) { /* .to(dtype) */
+    if (sm != S) { /* .to(dtype), which the PV bmm saves */
         put(p, S);
-        drop(p, sm);
+        drop_saved(p, sm);
     }
-    dropout(p, S, p->Sb);
+    dropout(p, S, p->Sb, true);
     const uint64_t cv = k->copy_v ? Eq : 0;
     put(p, cv);
-    put(p, Eq); /* bmm: probabilities v */
-    drop(p, cv);
-    put(p, Eq); /* transpose(1, 2).contiguous() */
+    put(p, Eq); /* bmm: probabilities v (saves both) */
+    drop_saved(p, cv);
+    put(p, Eq); /* transpose(1, 2).contiguous(), the projection's input */
     drop(p, Eq);
 }
 
-/* The output projection and its residual dropout; frees the attention
- * output it read (rebound). Leaves the projection's (dropped) output. */
+/* The output projection and its residual dropout; the attention output it
+ * read (saved by it) is rebound. Leaves the projection's (dropped) output. */
 static void attention_out(prog *p)
 {
     put(p, p->E);
-    dropout(p, p->E, p->Eb);
-    drop(p, p->Eq);
+    dropout(p, p->E, p->Eb, false);
+    drop_saved(p, p->Eq);
 }
 
 /* A pre-norm layer's attention on its normed input (nanoGPT's
@@ -219,89 +252,97 @@ static uint64_t prenorm_attention(prog *p, const ml_model *m, const ml_ck_dims *
         if (!sliced)
             drop(p, Eq + Ek);
     }
-    /* repeat_kv: k and v expanded to H heads and reshaped, a copy unless
-     * there is one kv head (then the reshape is a view with a zero stride,
-     * which matmul copies instead) */
+    /* repeat_kv: k and v expanded to H heads and reshaped, copies bmm
+     * saves, unless there is one kv head (then the reshape is a view with a
+     * zero stride, which matmul copies instead) */
     const bool repeated = hf && rep > 1 && d->Hkv > 1;
     if (repeated)
         put(p, 2 * Eq);
     /* a rotated head keeps the view's layout; cat's and repeat_kv's
-     * results are contiguous */
+     * results are contiguous (bmm saves them themselves) */
     const bool causal = m->type == ML_MODEL_DECODER;
     const core_kind k = {!cat,          !repeated && !(cat && rep == 1), !repeated, hf,
                          !hf && causal, hf && causal, m->attn_softcap > 0, false};
     attention_core(p, &k);
     if (repeated)
-        drop(p, 2 * Eq); /* eager_attention_forward returns */
+        drop_saved(p, 2 * Eq); /* eager_attention_forward returns */
     attention_out(p);
-    /* the attention returns: q, k, v (rotated) and the probabilities go,
-     * except the weights HF returns */
-    drop(p, qkv + (cat ? Eq + Ek : 0));
+    /* the attention returns: q, k, v and the probabilities go, except the
+     * weights HF returns (and what bmm saved: Phi-3's contiguous rotated q,
+     * and k with one group) */
+    drop(p, qkv);
+    if (cat) {
+        drop_saved(p, Eq);
+        drop_if(p, Ek, rep == 1);
+    }
     if (hf)
         return p->S;
-    drop(p, p->S);
+    drop_saved(p, p->S);
     return 0;
 }
 
-/* The MLP on its normed input; leaves its (dropped) output. */
+/* The MLP on its normed input (saved by its first projections); leaves its
+ * (dropped) output. */
 static void mlp(prog *p, const ml_model *m)
 {
     const uint64_t EF = p->EF, E = p->E;
     if (m->activation == ML_ACT_SWIGLU || m->activation == ML_ACT_GEGLU) {
         if (m->fused_proj) {
-            /* Phi3MLP: gate, up = gate_up_proj(x).chunk(2); up = up * act(gate) */
+            /* Phi3MLP: gate, up = gate_up_proj(x).chunk(2); up = up * act(gate):
+             * the activation saves the gate view, keeping the whole output */
             put(p, 2 * EF);
             put(p, EF); /* act(gate) */
             put(p, EF); /* up * act */
-            drop(p, EF);
+            drop_saved(p, EF);
             put(p, E);  /* down_proj */
-            drop(p, EF + 2 * EF); /* the product and gate_up's storage, at return */
+            drop_saved(p, EF + 2 * EF); /* the product and gate_up's output, at return */
         } else {
             /* LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)) */
             put(p, EF); /* gate */
             put(p, EF); /* act */
-            drop(p, EF);
+            drop_saved(p, EF);
             put(p, EF); /* up */
             put(p, EF); /* act * up */
-            drop(p, 2 * EF);
+            drop_saved(p, 2 * EF);
             put(p, E);  /* down */
-            drop(p, EF);
+            drop_saved(p, EF);
         }
     } else {
-        /* nanoGPT's MLP, BertIntermediate + BertOutput's dense: fc, act, proj */
+        /* nanoGPT's MLP: fc, act, proj, each saving its input (ReLU saves
+         * its result instead) */
         put(p, EF);
         put(p, EF);
-        drop(p, EF);
+        drop_if(p, EF, m->activation != ML_ACT_RELU);
         put(p, E);
-        drop(p, EF);
+        drop_saved(p, EF);
     }
-    dropout(p, E, p->Eb);
+    dropout(p, E, p->Eb, false);
 }
 
 /* Pre-norm: x + attn(norm(x)), then + mlp(norm(.)); Gemma 2 normalises
- * each branch's output before its add. */
+ * each branch's output before its add (that norm saves its input). */
 static void prenorm_layer(prog *p, const ml_model *m, const ml_ck_dims *d)
 {
     const uint64_t E = p->E;
     norm(p, m);
     uint64_t held = prenorm_attention(p, m, d);
-    drop(p, E); /* the norm's output, rebound */
+    drop_saved(p, E); /* the norm's output, rebound */
     if (m->post_norms) {
         norm(p, m);
-        drop(p, E);
+        drop_saved(p, E);
     }
-    put(p, E); /* residual + attention */
+    put(p, E); /* residual + attention, the second norm's input */
     drop(p, E);
     norm(p, m);
     mlp(p, m);
-    drop(p, E); /* the norm's output, rebound */
+    drop_saved(p, E); /* the norm's output, rebound */
     if (m->post_norms) {
         norm(p, m);
-        drop(p, E);
+        drop_saved(p, E);
     }
     put(p, E); /* residual + MLP: the layer's output */
     drop(p, E);
-    drop(p, E + held); /* the first residual sum and the weights, at return */
+    drop_saved(p, E + held); /* the first residual sum and the weights, at return */
 }
 
 /* HF BertLayer: BertSelfAttention (query, key, value; the scores and the
@@ -312,38 +353,89 @@ static void prenorm_layer(prog *p, const ml_model *m, const ml_ck_dims *d)
 static void postnorm_layer(prog *p)
 {
     const uint64_t E = p->E, Eq = p->Eq, EF = p->EF;
-    put(p, 3 * Eq); /* query, key, value */
+    put(p, 3 * Eq); /* query, key, value: their head views are copied for bmm */
     const core_kind k = {true, true, true, false, false, true, false, true};
     attention_core(p, &k);
-    drop(p, 3 * Eq + 2 * p->S); /* BertSelfAttention returns the context only */
-    put(p, E);                  /* BertSelfOutput: dense */
-    dropout(p, E, p->Eb);
-    put(p, E); /* + input */
+    drop(p, 3 * Eq + p->S); /* BertSelfAttention returns the context only */
+    drop_saved(p, p->S);    /* the probabilities */
+    put(p, E);              /* BertSelfOutput: dense */
+    dropout(p, E, p->Eb, false);
+    put(p, E); /* + input: LayerNorm's input */
     layernorm(p);
-    drop(p, 2 * E); /* the sum, then the dropped dense output (rebound) */
-    drop(p, Eq);    /* the context, once BertAttention returns */
-    put(p, EF);     /* BertIntermediate: dense */
-    put(p, EF);     /* act */
-    drop(p, EF);
+    drop_saved(p, E); /* the sum */
+    drop(p, E);       /* the dropped dense output, rebound */
+    drop_saved(p, Eq); /* the context, once BertAttention returns */
+    put(p, EF);        /* BertIntermediate: dense */
+    put(p, EF);        /* act */
+    drop_saved(p, EF);
     put(p, E); /* BertOutput: dense */
-    dropout(p, E, p->Eb);
+    dropout(p, E, p->Eb, false);
     put(p, E); /* + attention output */
     layernorm(p);
-    drop(p, 2 * E); /* the sum, the dropped dense output */
-    drop(p, EF + E); /* the intermediate output, the attention output, at return */
+    drop_saved(p, E); /* the sum */
+    drop(p, E);       /* the dropped dense output */
+    drop_saved(p, EF + E); /* the intermediate output, the attention output, at return */
 }
 
-void ml_ck_nograd_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+/* The head (HF LlamaForCausalLM, Gemma2ForCausalLM, nanoGPT's GPT): the
+ * final norm, whose output the LM head saves, then the logits (L bytes),
+ * soft-capped by Gemma 2 (/ cap, tanh: saves its result, * cap); with
+ * logits: fused the norm only (the fused loss reads its output). HF
+ * BertLMPredictionHead: dense, act, LayerNorm (each output the next op's
+ * saved input, rebound), then the decoder. */
+static void head(prog *p, const ml_model *m, uint64_t L, bool fused)
+{
+    const uint64_t E = p->E;
+    if (m->mlm_head) {
+        put(p, E); /* dense */
+        put(p, E); /* act */
+        drop_if(p, E, m->activation != ML_ACT_RELU);
+        layernorm(p);
+        drop_saved(p, E);
+    } else {
+        norm(p, m);
+    }
+    if (fused)
+        return;
+    put(p, L); /* LM head / decoder */
+    drop_saved(p, E);
+    if (m->final_softcap > 0) {
+        put(p, L);
+        drop(p, L);
+        put(p, L);
+        drop(p, L);
+        put(p, L);
+        drop_saved(p, L);
+    }
+}
+
+static void run(prog *p, const ml_model *m, const ml_ck_dims *d, uint64_t L, bool fused)
+{
+    memset(&p->g, 0, sizeof p->g);
+    if (L || fused)
+        head(p, m, L, fused);
+    else if (m->prenorm)
+        prenorm_layer(p, m, d);
+    else
+        postnorm_layer(p);
+}
+
+/* The programs of a layer (L = 0) or of a head making L bytes of logits
+ * (fused: the head ends at its norm). */
+static void programs(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                     uint64_t L, bool fused)
 {
     /* the layouts written out: eager attention, no autocast casts, no
-     * parallel residual, no vision encoder */
+     * parallel residual, no vision encoder; with grad, every saved tensor
+     * kept (not selective checkpointing) */
     if (ch->prec.autocast || m->attention != ML_ATTN_EAGER || m->parallel_residual ||
         m->image_size || ch->overflow)
         return;
     const unsigned a = ch->prec.a, w = ch->prec.w;
     const uint64_t BTD = ml_mul(ch, d->BT, d->D), BHTT = ml_mul(ch, ml_mul(ch, d->B, d->H),
                                                                  ml_mul(ch, d->T, d->T));
-    prog p = {0};
+    prog p;
+    memset(&p, 0, sizeof p);
     p.E = ml_mul(ch, BTD, w);
     p.E32 = ml_mul(ch, BTD, 4);
     p.st = ml_mul(ch, d->BT, 4);
@@ -356,12 +448,31 @@ void ml_ck_nograd_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
     p.Eb = BTD;
     p.TT = ml_mul(ch, d->T, d->T);
     p.Dw = ml_mul(ch, d->D, 4);
-    p.drop = d->drop && !ch->eval_mode;
     if (ch->overflow)
         return;
-    if (m->prenorm)
-        prenorm_layer(&p, m, d);
-    else
-        postnorm_layer(&p);
-    ml_ck_ng_close(b, &p.g, p.E);
+    p.drop = d->drop && !ch->eval_mode;
+    const uint64_t out = L ? L : p.E;
+    run(&p, m, d, L, fused);
+    ml_ck_ng_close(b, &p.g, out);
+    if (ch->selective)
+        return;
+    p.grad = true;
+    run(&p, m, d, L, fused);
+    ml_ck_grad_close(b, &p.g, out);
+}
+
+void ml_ck_nograd_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+{
+    programs(ch, b, m, d, 0, false);
+}
+
+void ml_ck_nograd_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                       bool fused)
+{
+    /* a decoder's LM head or BERT's masked-LM head; the classifiers' (B, D)
+     * tensors keep the block rule */
+    if (m->type == ML_MODEL_ENCODER && !m->mlm_head)
+        return;
+    uint64_t L = ml_mul(ch, ml_mul(ch, d->BT, d->V), ch->prec.a);
+    programs(ch, b, m, d, fused ? 0 : L, fused);
 }

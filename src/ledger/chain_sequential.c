@@ -32,7 +32,8 @@ typedef struct {
     tref *all;   /* every tref, freed at the end */
     const tref *last_out; /* the output of the last backward node recorded */
     unsigned depth;       /* residuals entered */
-    ml_ck_ng ng;          /* the block's forward under no_grad (docs/ledger.md) */
+    ml_ck_ng ng, g;       /* the block's forward under no_grad and with grad, whose
+                             saved tensors stay (docs/ledger.md) */
 } seqctx;
 
 static tref *new_ref(seqctx *s, uint64_t per_sample, unsigned bpe)
@@ -83,8 +84,32 @@ static void ng_made(seqctx *s, const tref *x, const tref *y, uint64_t scratch)
     ml_ck_ng_put(&s->ng, ref_bytes(s, y));
     ml_ck_ng_put(&s->ng, scratch);
     ml_ck_ng_drop(&s->ng, scratch);
-    if (x != s->in && !x->held)
+    /* with grad the scratch is saved (statistics, indices, mask), and so
+     * is x when an op saved it */
+    ml_ck_ng_put(&s->g, ref_bytes(s, y));
+    ml_ck_ng_put(&s->g, scratch);
+    if (x != s->in && !x->held) {
         ml_ck_ng_drop(&s->ng, ref_bytes(s, x));
+        if (!x->saved)
+            ml_ck_ng_drop(&s->g, ref_bytes(s, x));
+    }
+}
+
+/* The residual's sum: y, then the branches' outputs and x go (with grad,
+ * unless saved). */
+static void ng_sum(seqctx *s, const tref *x, const tref *yb, const tref *ys, const tref *y)
+{
+    const tref *gone[3] = {yb != x ? yb : NULL, ys != x ? ys : NULL,
+                           x != s->in && !x->held ? x : NULL};
+    ml_ck_ng_put(&s->ng, ref_bytes(s, y));
+    ml_ck_ng_put(&s->g, ref_bytes(s, y));
+    for (int i = 0; i < 3; i++) {
+        if (!gone[i])
+            continue;
+        ml_ck_ng_drop(&s->ng, ref_bytes(s, gone[i]));
+        if (!gone[i]->saved)
+            ml_ck_ng_drop(&s->g, ref_bytes(s, gone[i]));
+    }
 }
 
 /* The backward node of the op that made y from x (docs/ledger.md,
@@ -263,14 +288,7 @@ static tref *seq_residual(seqctx *s, const ml_layer *l, tref *x, const ml_shape 
     if (ys != s->in)
         ml_ck_note(ch, ml_mul(ch, ys->elems, ys->bpe), ys->saved);
     tref *y = new_ref(s, out_ps, yb->bpe > ys->bpe ? yb->bpe : ys->bpe);
-    /* the sum, then the branches' outputs and x go */
-    ml_ck_ng_put(&s->ng, ref_bytes(s, y));
-    if (yb != x)
-        ml_ck_ng_drop(&s->ng, ref_bytes(s, yb));
-    if (ys != x)
-        ml_ck_ng_drop(&s->ng, ref_bytes(s, ys));
-    if (x != s->in && !x->held)
-        ml_ck_ng_drop(&s->ng, ref_bytes(s, x));
+    ng_sum(s, x, yb, ys, y);
     return y;
 }
 
@@ -456,6 +474,7 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
         s.b = b;
         s.in = x;
         memset(&s.ng, 0, sizeof s.ng);
+        memset(&s.g, 0, sizeof s.g);
         b->in_bytes = ml_mul(ch, x->elems, x->bpe);
         b->in_nograd = x->model_input;
         tref *y = seq_layer(&s, &m->seq[i], x, &sh);
@@ -487,6 +506,8 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
         }
         ml_ck_end(ch, b, out_bytes);
         ml_ck_ng_close(b, &s.ng, y == x ? 0 : out_bytes);
+        if (!ch->prec.autocast && !ch->selective)
+            ml_ck_grad_close(b, &s.g, y == x ? 0 : out_bytes);
         if (y != x)
             y->model_input = false;
         x = y;

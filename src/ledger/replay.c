@@ -194,6 +194,11 @@ void ml_replay_forward(ml_replay *r)
         /* a checkpointed block runs under no_grad: nothing is saved, and
          * what would be saved is transient */
         uint64_t ws = seg[k] < 0 ? b->ws_fwd : b->ws_nograd;
+        /* the attention mask the model's forward makes before its layers
+         * and holds through them (docs/ledger.md, "Boundary tensors") */
+        const bool layer = b->ckpt_index >= 0;
+        if (layer && b->ckpt_index == 0)
+            ml_replay_alloc(r, ML_CAT_WORKSPACE, ch->ckpt_side);
         uint64_t gat = gathered(r, k, false);
         ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
         gather_time(r, k);
@@ -204,8 +209,10 @@ void ml_replay_forward(ml_replay *r)
             ml_replay_alloc_as(r, ML_CAT_ACTIVATIONS,
                                b->saved_bytes - (r->selective ? b->core_bytes : 0),
                                r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
-        if ((int)k == sh->side_block)
+        if ((int)k == sh->side_block) { /* a checkpoint keeps it for the backward */
+            ml_replay_free(r, ML_CAT_WORKSPACE, ch->ckpt_side);
             ml_replay_alloc(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
+        }
         if (k + 1 < n)
             boundary_alloc(r, k + 1, r->bd[k + 1].alias ? 0 : B[k + 1].in_bytes);
         r->flops_done += b->flops_fwd; /* the block runs: what follows is after it */
@@ -217,6 +224,9 @@ void ml_replay_forward(ml_replay *r)
             ml_replay_free(r, r->held_cat[k], r->held[k]);
             r->held[k] = 0;
         }
+        /* the model's forward returns after its last layer */
+        if (layer && sh->side_block < 0 && (k + 1 == n || B[k + 1].ckpt_index < 0))
+            ml_replay_free(r, ML_CAT_WORKSPACE, ch->ckpt_side);
         /* the loop rebinds its reference once this loss is computed */
         if (b->in_held && r->prev_out) {
             ml_replay_free(r, r->prev_out_cat, r->prev_out);

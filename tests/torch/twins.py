@@ -387,6 +387,7 @@ class Llama(nn.Module):
         rec.pinned[sin.storage().data_ptr()] = "embedding"
         mask = torch.full((T, T), float("-inf")).triu(1)[None, None].expand(B, 1, T, T)
         x = run_blocks(rec, s.blocks, s.block, x, ckpt, cos, sin, mask)
+        del mask  # LlamaModel.forward's: it returns after the layers (and its norm)
         rec.block = "head"
         return lm_loss(rec, s.norm(x), s.lm_head, tgt, s.final_softcap)
 
@@ -563,6 +564,7 @@ class Bert(nn.Module):
         x = dropout(s.ln(s.word(idx) + s.pos(pos) + s.typ(types)), s.p)
         mask = torch.zeros(B, 1, 1, T)
         x = run_blocks(rec, s.blocks, s.block, x, ckpt, mask)
+        del mask  # BertModel.forward's extended mask: it returns after the layers
         rec.block = "head"
         return s.head(rec, x, tgt)
 
@@ -592,13 +594,17 @@ class BertMLM(Bert):
         s.decoder.bias = s.mlm_bias
 
     def head(s, rec, x, tgt):
-        h = F.gelu(s.dense(x))
+        # BertLMPredictionHead: transform (dense, act, LayerNorm, each
+        # rebinding one name), then the decoder
+        h = s.dense(x)
+        h = F.gelu(h)
         if torch.is_autocast_cpu_enabled():
             # CUDA autocast runs layer_norm in fp32 (the fp32 cast is what it
             # saves); 1.13's CPU autocast does not list it and would fail on
             # a bf16 input with fp32 weights: cast as CUDA autocast does
             h = h.float()
-        logits = s.decoder(s.head_ln(h))
+        h = s.head_ln(h)
+        logits = s.decoder(h)
         rec.block = "loss"
         return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
 

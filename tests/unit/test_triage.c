@@ -90,6 +90,10 @@ static ml_config variant_of(const ml_config *c, const ml_remedy *rm)
                                       "optimal"};
     switch (rm->kind) {
     case ML_REMEDY_LOGITS_RELEASED: t->logits = ML_LOGITS_RELEASED; break;
+    case ML_REMEDY_LOGITS_FUSED:
+        t->logits = ML_LOGITS_FUSED;
+        t->logits_chunk = 0;
+        break;
     case ML_REMEDY_ZERO_GRAD_NONE: t->zero_grad = ML_ZERO_GRAD_SET_TO_NONE; break;
     case ML_REMEDY_EVAL_BATCH: t->eval_batch /= 2; break;
     case ML_REMEDY_EXPANDABLE:
@@ -390,18 +394,23 @@ static void test_applicability(void **state)
     assert_false(has(seq, &cs, ML_REMEDY_CKPT_EVERY_2));
     ml_model_destroy(seq);
     /* the loop's references: releasing the logits is offered only where it
-     * lowers the peak. This decoder's peak is in forward (block.3's, node-
-     * level backward keeps below it), before the logits exist: not offered.
-     * With a 5,000-token vocabulary the logits (8 x 64 x 5000 x 4 B =
-     * 10,240,000) dominate and the peak is the loss's backward, where the
-     * loop holds them (cross-entropy saves its log-softmax, not its input):
-     * releasing them lowers the peak by exactly their size */
+     * lowers the binding peak. This decoder's steady peak is the loss's
+     * backward, where the loop holds the logits (cross-entropy saves its
+     * log-softmax, not its input): offered. With an evaluation batch of 128
+     * the evaluation pass binds (its peak does not depend on what the
+     * training loop holds): not offered. With a 5,000-token vocabulary the
+     * logits (8 x 64 x 5000 x 4 B = 10,240,000) dominate: releasing them
+     * lowers the peak by exactly their size */
     c = ml_model_config(m);
     ml_ledger *l0 = NULL;
     assert_int_equal(ml_ledger_evaluate(m, &c, false, &l0, NULL), ML_OK);
-    assert_int_equal(ml_ledger_summary(l0)->peak_phase, ML_PHASE_FORWARD);
+    assert_int_equal(ml_ledger_summary(l0)->peak_phase, ML_PHASE_BACKWARD);
+    assert_string_equal(ml_ledger_summary(l0)->peak_step, "loss");
     ml_ledger_destroy(l0);
+    assert_true(has(m, &c, ML_REMEDY_LOGITS_RELEASED));
+    c.training.eval_batch = 128;
     assert_false(has(m, &c, ML_REMEDY_LOGITS_RELEASED));
+    c.training.eval_batch = 0;
     ml_model *wide = load_str(
         "name: dec\nmodel:\n  type: decoder\n  layers: 4\n  hidden: 64\n  heads: 4\n"
         "  vocab: 5000\n  max_positions: 64\n  dropout: 0.1\n  attention: eager\n"
