@@ -95,6 +95,33 @@ static void ng_made(seqctx *s, const tref *x, const tref *y, uint64_t scratch)
     }
 }
 
+/* Layer l made y from x: its scratch under no_grad (the statistics, indices
+ * or mask the functional drops: layer norm's mean and rstd, batch norm's
+ * save_mean and save_invstd in training, max pooling's int64 indices, which
+ * CUDA's kernel always makes, dropout's mask), then ng_made. In eval mode
+ * (the evaluation pass) batch norm reads its running statistics and dropout
+ * is the identity: y names x's storage. */
+static void ng_layer(seqctx *s, const ml_layer *l, const tref *x, const tref *y,
+                     const ml_shape *sh, uint64_t out_ps)
+{
+    ml_chain *ch = s->ch;
+    const bool train = !ch->eval_mode;
+    uint64_t scratch = 0;
+    if (l->kind == ML_L_LAYERNORM)
+        scratch = ml_mul(ch, ml_mul(ch, x->elems / sh->d[sh->rank - 1], 2), 4);
+    else if (l->kind == ML_L_BATCHNORM && train)
+        scratch = ml_mul(ch, ml_mul(ch, sh->d[0], 2), 4);
+    else if (l->kind == ML_L_MAXPOOL)
+        scratch = ml_mul(ch, ml_mul(ch, s->B, out_ps), 8);
+    else if (l->kind == ML_L_DROPOUT)
+        scratch = x->elems;
+    if (l->kind == ML_L_DROPOUT && !train) {
+        s->ng.bad = s->ng.bad || x == s->in; /* the name's storage is the caller's */
+        return;
+    }
+    ng_made(s, x, y, scratch);
+}
+
 /* The residual's sum: y, then the branches' outputs and x go (with grad,
  * unless saved). */
 static void ng_sum(seqctx *s, const tref *x, const tref *yb, const tref *ys, const tref *y)
@@ -227,8 +254,9 @@ static tref *seq_attention(seqctx *s, const ml_layer *l, tref *x, const ml_shape
     bool cast = ch->prec.autocast && x->bpe == 4;
     bool is_in = x == s->in;
     /* the kit's attention nodes assume a residual around them: no node
-     * rule for a bare attention layer yet */
+     * rule for a bare attention layer yet, nor a forward program */
     s->b->nodes_off = true;
+    s->ng.bad = true;
     ml_ck_attention(ch, s->b, &fake, &d, x->bpe, !is_in && !cast && x->saved, true, l->causal,
                     false, is_in ? ML_SV_INPUT : 0);
     if (!cast)
@@ -292,6 +320,29 @@ static tref *seq_residual(seqctx *s, const ml_layer *l, tref *x, const ml_shape 
     return y;
 }
 
+/* Max pooling (its backward scatters into a zeroed gradient of the input)
+ * or average pooling (global: mean(-1, -2), whose backward keeps only
+ * sizes: its gradient is the expanded grad divided by the count, a new
+ * tensor of the input's size). */
+static tref *seq_pool(seqctx *s, const ml_layer *l, tref *x, uint64_t out_ps)
+{
+    size_t s0 = SIZE_MAX, s1 = SIZE_MAX;
+    tref *y;
+    if (l->kind == ML_L_MAXPOOL) {
+        s0 = save_ref(s, x, "maxpool input", false);
+        s1 = ml_ck_save(s->ch, s->b, "maxpool indices (int64)", ml_mul(s->ch, s->B, out_ps), 8,
+                        0);
+        y = new_ref(s, out_ps, x->bpe);
+        seq_node(s, "MaxPool2DWithIndicesBackward0", x, 0, y, s0, s1);
+        return y;
+    }
+    if (!l->global)
+        s0 = save_ref(s, x, "avgpool input", false);
+    y = new_ref(s, out_ps, x->bpe);
+    seq_node(s, l->global ? "MeanBackward1" : "AvgPool2DBackward0", x, 0, y, s0, SIZE_MAX);
+    return y;
+}
+
 static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
 {
     ml_chain *ch = s->ch;
@@ -302,9 +353,7 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
     ml_shape_step(l, sh, &o, msg, sizeof msg, &where); /* validated at load */
     uint64_t out_ps = ml_shape_elems(&o);
     tref *y = x;
-    size_t s0 = SIZE_MAX, s1 = SIZE_MAX;
-    uint64_t scratch = 0; /* freed inside the op under no_grad */
-    const bool train = !ch->eval_mode;
+    size_t s0 = SIZE_MAX;
     switch (l->kind) {
     case ML_L_LINEAR:
     case ML_L_CONV2D:
@@ -313,13 +362,6 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
     case ML_L_BATCHNORM:
     case ML_L_LAYERNORM:
         y = seq_norm(s, l, x, sh, out_ps);
-        /* the statistics the functional drops: batch norm's save_mean and
-         * save_invstd in training (eval mode reads the running ones),
-         * layer norm's mean and rstd */
-        if (l->kind == ML_L_LAYERNORM)
-            scratch = ml_mul(ch, ml_mul(ch, x->elems / sh->d[sh->rank - 1], 2), 4);
-        else if (train)
-            scratch = ml_mul(ch, ml_mul(ch, sh->d[0], 2), 4);
         break;
     case ML_L_RELU:
         /* threshold_backward uses the result; in-place relu saves the same */
@@ -339,27 +381,11 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
             s0 = ml_ck_save(ch, b, "dropout mask (bool)", x->elems, 1, 0);
             y = new_ref(s, out_ps, x->bpe);
             seq_node(s, "NativeDropoutBackward0", x, 0, y, s0, SIZE_MAX);
-            scratch = x->elems;
-            if (!train) /* eval mode: the identity, y names x's storage */
-                s->ng.bad = s->ng.bad || x == s->in;
         }
         break;
     case ML_L_MAXPOOL:
-        /* the backward scatters into a zeroed gradient of the input */
-        s0 = save_ref(s, x, "maxpool input", false);
-        s1 = ml_ck_save(ch, b, "maxpool indices (int64)", ml_mul(ch, s->B, out_ps), 8, 0);
-        scratch = ml_mul(ch, ml_mul(ch, s->B, out_ps), 8); /* CUDA's kernel always makes them */
-        y = new_ref(s, out_ps, x->bpe);
-        seq_node(s, "MaxPool2DWithIndicesBackward0", x, 0, y, s0, s1);
-        break;
     case ML_L_AVGPOOL:
-        /* global pooling is mean(-1,-2), whose backward keeps only sizes:
-         * its gradient is the expanded grad divided by the count, a new
-         * tensor of the input's size */
-        if (!l->global)
-            s0 = save_ref(s, x, "avgpool input", false);
-        y = new_ref(s, out_ps, x->bpe);
-        seq_node(s, l->global ? "MeanBackward1" : "AvgPool2DBackward0", x, 0, y, s0, SIZE_MAX);
+        y = seq_pool(s, l, x, out_ps);
         break;
     case ML_L_FLATTEN:
         break; /* a view: same storage, and its gradient a view of y's */
@@ -372,7 +398,6 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
         break;
     case ML_L_ATTENTION:
         y = seq_attention(s, l, x, sh, out_ps);
-        s->ng.bad = true; /* no program for a bare attention layer: the block rule */
         break;
     case ML_L_RESIDUAL:
         y = seq_residual(s, l, x, sh, out_ps);
@@ -384,8 +409,8 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
      * input and output are boundaries, accounted by the replay) */
     if (x != s->in && y != x)
         ml_ck_note(ch, ml_mul(ch, x->elems, x->bpe), x->saved);
-    if (y != x && !(l->kind == ML_L_DROPOUT && !train))
-        ng_made(s, x, y, scratch);
+    if (y != x)
+        ng_layer(s, l, x, y, sh, out_ps);
     *sh = o;
     return y;
 }
@@ -473,8 +498,7 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
         }
         s.b = b;
         s.in = x;
-        memset(&s.ng, 0, sizeof s.ng);
-        memset(&s.g, 0, sizeof s.g);
+        s.ng = s.g = (ml_ck_ng){0};
         b->in_bytes = ml_mul(ch, x->elems, x->bpe);
         b->in_nograd = x->model_input;
         tref *y = seq_layer(&s, &m->seq[i], x, &sh);

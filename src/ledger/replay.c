@@ -261,11 +261,17 @@ static void recompute_segment(ml_replay *r, size_t s0, size_t k)
             r->recomputed[j + 1] = B[j + 1].in_bytes;
             ml_replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[j + 1]);
         }
+        uint64_t tout = 0; /* the segment's output, made and dropped (ml_replay's
+                              recompute_nodes) */
         if (j == k && B[k].out_saved && k + 1 < n) {
             r->recomputed[k + 1] = B[k + 1].in_bytes; /* a recomputed copy of the output */
             ml_replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[k + 1]);
+        } else if (j == k && k + 1 < n && !r->bd[k + 1].alias) {
+            tout = B[k + 1].in_bytes;
+            ml_replay_alloc(r, ML_CAT_WORKSPACE, tout);
         }
         r->flops_done += B[j].flops_fwd;
+        ml_replay_free(r, ML_CAT_WORKSPACE, tout);
         ml_replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
         r->flops_recompute += B[j].flops_fwd;
     }
@@ -368,10 +374,10 @@ static bool segment_by_nodes(const ml_chain *ch, size_t s0, size_t k)
  * saved tensors recreated (recompute) until their node releases them, an
  * interior boundary that a block of the segment saves recreated until its
  * users are done, one that nothing saves freed once its consumer has run.
- * The segment's output, unless saved, is not made again: 2.x stops the
- * recompute once the last saved tensor is recreated (early stop), and in
- * 1.13, which runs to the end, it is the last op's result, one of the pair
- * ws_fwd counts. */
+ * The segment's output, unless saved, is a transient: the recompute runs
+ * the forward to its end (1.13; 2.x's early stop may end it once the last
+ * saved tensor is recreated, docs/ledger.md), so the block's transient is
+ * its forward's (ws_fwd) with the output beside it. */
 static void recompute_nodes(ml_replay *r, size_t s0, size_t k)
 {
     const ml_chain *ch = r->ch;
@@ -388,7 +394,9 @@ static void recompute_nodes(ml_replay *r, size_t s0, size_t k)
             if (B[j].out_saved || (j < k && B[j + 1].in_saved)) {
                 r->recomputed[j + 1] = ob;
                 ml_replay_alloc(r, ML_CAT_RECOMPUTE, ob);
-            } else if (j < k) {
+            } else {
+                /* made, and freed once its consumer has run (the segment's
+                 * last: at once) */
                 tout = ob;
                 ml_replay_alloc(r, ML_CAT_WORKSPACE, tout);
             }
@@ -399,6 +407,7 @@ static void recompute_nodes(ml_replay *r, size_t s0, size_t k)
         ml_replay_free(r, ML_CAT_WORKSPACE, tin);
         tin = tout;
     }
+    ml_replay_free(r, ML_CAT_WORKSPACE, tin);
     r->sub = "";
     r->block = (int32_t)k;
 }

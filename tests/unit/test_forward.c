@@ -1,0 +1,102 @@
+/* The forward, op by op (docs/ledger.md, "The forward, op by op"), by hand:
+ * how far above the level it starts at a block's forward climbs, with grad
+ * (its saved tensors stay) and under no_grad (checkpoint: full, where
+ * nothing stays), read off the plan's events. */
+#include "harness.h"
+
+/* The highest total of block `blk`'s forward events above the total just
+ * before its first one. */
+static uint64_t climb(const ml_model *m, const ml_config *c, int32_t blk)
+{
+    ml_ledger *l = eval(m, c, true);
+    const ml_event *ev = ml_ledger_events(l);
+    uint64_t before = 0, top = 0;
+    bool seen = false;
+    for (size_t i = 0; i < ml_ledger_event_count(l); i++) {
+        uint64_t total = 0;
+        for (int k = 0; k < ML_CAT_COUNT; k++)
+            total += ev[i].live[k];
+        if (ev[i].phase == ML_PHASE_FORWARD && ev[i].block == blk) {
+            if (!seen)
+                before = total - (uint64_t)ev[i].delta;
+            seen = true;
+            if (total > top)
+                top = total;
+        } else if (seen) {
+            break;
+        }
+    }
+    ml_ledger_destroy(l);
+    assert_true(seen);
+    return top - before;
+}
+
+/* One nanoGPT layer, fp32, no dropout: B = 1, T = 2, D = 4, one head,
+ * F = 8. Bytes: E = (B, T, D) = 32, the norm statistics 2 x (B, T) x 4 =
+ * 16, S = (B, H, T, T) = 16, (T, T) bool 4, EF = (B, T, F) = 64.
+ * Under no_grad (the block's input is its caller's): ln_1 +32 (+16 its
+ * statistics, gone) = 32; c_attn +96 = 128; matmul copies q and k for bmm
+ * +64 = 192, the scores +16 = 208, the copies go (144); * scale +16 -16;
+ * == 0 +4, masked_fill +16, both inputs go (144); softmax +16 -16; the PV
+ * bmm's copy of v +32 and its output +32 = 208, the copy goes (176);
+ * contiguous +32 = 208, the bmm output goes (176); c_proj +32 = 208, its
+ * input goes (176); the attention returns: qkv and the probabilities go
+ * (64), then ln_1's output (32 = the attention's output); the residual sum
+ * +32, the attention output goes (32); ln_2 +32 (+16) = 64; c_fc +64 = 128,
+ * gelu +64 = 192, c_fc's output goes (128), the projection +32 = 160, gelu's
+ * output goes (96); the MLP returns and ln_2's output goes (64: the sum and
+ * the projection); the output +32 = 96, then those two go: 32. The climb
+ * is 208.
+ * With grad the saved tensors stay: the statistics 16 + 16, ln_1's output
+ * 32 (c_attn's input), the copies of q, k, v 96, the bool 4, the softmax
+ * output 16, c_proj's input 32, the residual sum 32 (ln_2's input), ln_2's
+ * output 32, c_fc's 64 and gelu's 64: 404. Walked the same way, the level
+ * reaches 436 + the output 32 = 468 at the last sum, the climb. */
+static void test_gpt2_layer_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("model:\n  type: decoder\n  layers: 1\n  hidden: 4\n  heads: 1\n"
+                           "  ffn: 8\n  activation: gelu\n  norm: layernorm\n  vocab: 10\n"
+                           "  position: learned\n  max_positions: 2\n  attention: eager\n"
+                           "  dropout: 0\ntraining:\n  micro_batch: 1\n  seq_len: 2\n"
+                           "  optimizer: sgd\n");
+    ml_config c = ml_model_config(m);
+    assert_int_equal(climb(m, &c, 1), 468); /* block 1: block.0 */
+    ml_error e;
+    assert_int_equal(ml_parse_checkpoint("full", &c.training.checkpoint, &e), ML_OK);
+    assert_int_equal(climb(m, &c, 1), 208);
+    ml_model_destroy(m);
+}
+
+/* A residual of three layers on a (B, 16) input, B = 2, fp32: linear,
+ * gelu, linear inside, an identity shortcut. Each tensor is 2 x 16 x 4 =
+ * 128 B. Under no_grad: the first linear's output a (128), gelu's b (256),
+ * a goes (128), the second linear's c (256), b goes (128), the sum (256), c
+ * goes: the output. The climb is 256. With grad gelu saves a and the
+ * second linear b (256 saved; the first linear saves the block's input):
+ * a, b, c, the sum: 512, then c goes, leaving the saved 256 and the
+ * output. The climb is 512. */
+static void test_residual_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("model:\n  type: sequential\n  input: [16]\n  layers:\n"
+                           "    - linear: {out: 16, bias: false}\n"
+                           "    - residual:\n        - linear: {out: 16, bias: false}\n"
+                           "        - gelu: {}\n        - linear: {out: 16, bias: false}\n"
+                           "  loss: mse\ntraining:\n  micro_batch: 2\n  optimizer: sgd\n");
+    ml_config c = ml_model_config(m);
+    assert_int_equal(climb(m, &c, 1), 512);
+    ml_error e;
+    assert_int_equal(ml_parse_checkpoint("full", &c.training.checkpoint, &e), ML_OK);
+    assert_int_equal(climb(m, &c, 1), 256);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpt2_layer_by_hand),
+        cmocka_unit_test(test_residual_by_hand),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
