@@ -330,11 +330,14 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     ch->n_ckpt = m->layers;
     /* torch.utils.checkpoint saves every tensor argument of the block: the
      * HF BERT extended mask (B, 1, 1, T) and the HF Llama causal mask, a
-     * (1, 1, T, T) tensor expanded over the batch (docs/inventory.md) */
+     * (1, 1, T, T) tensor expanded over the batch, with the rotary models'
+     * position ids (cache_position, T int64: position_ids is a view of it)
+     * (docs/inventory.md) */
     if (enc && !m->image_size)
         ch->ckpt_side = ml_mul(ch, d->BT, w);
     else if (!enc && m->norm != ML_NORM_LAYERNORM)
-        ch->ckpt_side = ml_mul(ch, ml_mul(ch, d->T, d->T), w);
+        ch->ckpt_side = ml_add(ch, ml_mul(ch, ml_mul(ch, d->T, d->T), w),
+                               m->position == ML_POS_ROPE ? ml_mul(ch, d->T, 8) : 0);
     return ML_OK;
 }
 

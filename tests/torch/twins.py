@@ -350,7 +350,7 @@ class Llama(nn.Module):
     def post_mlp(s, b, h):  # Gemma 2's post_feedforward_layernorm
         return h
 
-    def block(s, b, x, cos, sin, mask):  # LlamaDecoderLayer.forward
+    def block(s, b, x, cos, sin, mask, pos):  # LlamaDecoderLayer.forward (pos: position_ids)
         r = x
         h = b.ln1(x)
         h, _ = s.attn(b, h, cos, sin, mask)
@@ -386,8 +386,8 @@ class Llama(nn.Module):
         rec.pinned[cos.storage().data_ptr()] = "embedding"
         rec.pinned[sin.storage().data_ptr()] = "embedding"
         mask = torch.full((T, T), float("-inf")).triu(1)[None, None].expand(B, 1, T, T)
-        x = run_blocks(rec, s.blocks, s.block, x, ckpt, cos, sin, mask)
-        del mask  # LlamaModel.forward's: it returns after the layers (and its norm)
+        x = run_blocks(rec, s.blocks, s.block, x, ckpt, cos, sin, mask, pos)
+        del mask, pos  # LlamaModel.forward's: it returns after the layers (and its norm)
         rec.block = "head"
         return lm_loss(rec, s.norm(x), s.lm_head, tgt, s.final_softcap)
 
