@@ -240,6 +240,19 @@ class Curve:
                 spans.append((s, e, ph))
         spans.sort()
         starts = [sp[0] for sp in spans]
+        # the block each backward moment belongs to: the last whose output's
+        # gradient arrived (twins.py's bwd_mark), the loss before any
+        bwd = sorted((s, n[4:]) for s, _, n in self.marks if s0 <= s <= e0 and n.startswith("bwd:"))
+        bwd_t = [b[0] for b in bwd]
+        blk = sorted((s, n[4:]) for s, _, n in self.marks if s0 <= s <= e0 and n.startswith("blk:"))
+        blk_t = [b[0] for b in blk]
+
+        def step_at(t, ph):
+            if ph == "optimizer":
+                return "optimizer.step"
+            marks, times = (bwd, bwd_t) if ph == "backward" else (blk, blk_t)
+            i = bisect.bisect_right(times, t) - 1
+            return marks[i][1] if i >= 0 else "loss"
         k0 = bisect.bisect_left(self.times, s0)
         k1 = bisect.bisect_left(self.times, e0)
         live = sum(view[:k0])
@@ -257,9 +270,10 @@ class Curve:
                 best[ph] = max(best[ph], live)
                 if live > peak[0]:
                     ops = [a for a in self.ev[k]["anc"] if not a.startswith("ml:") and a not in EMPTY]
-                    peak = (live, ph, ops[-1] if ops else "")
+                    peak = (live, ph, ops[-1] if ops else "", step_at(t, ph))
         return {"start": start, "end": live, "phases": best, "peak": peak[0],
-                "peak_phase": peak[1], "peak_op": peak[2]}
+                "peak_phase": peak[1], "peak_op": peak[2],
+                "peak_step": peak[3] if len(peak) > 3 else "loss"}
 
 
 # --------------------------------------------------------------------------
@@ -578,6 +592,11 @@ def main():
         tag("rng", t)
         return t
     torch.get_rng_state = tagged_rng
+
+    def bwd_mark(name):  # a block's backward starts (twins.py, bwd_mark)
+        with Mark("bwd:" + name):
+            pass
+    tw.BWD_MARK[0] = bwd_mark
     rows = []
     files = sorted(f for f in os.listdir(models) if f.endswith(".yaml"))
     for fn in files:
@@ -651,6 +670,12 @@ def main():
             check(name + " first iteration ends at the resident state", rr[0]["end"], rr[1]["start"])
             check(name + " iterations 2 and 3 identical", (rr[2]["peak"], rr[2]["phases"]),
                   (rr[1]["peak"], rr[1]["phases"]))
+            # the peak's phase and step: the planned step (a recompute is its
+            # block's) among the measured block's names (a segment's blocks)
+            want = j["peak"]["step"].replace(" (recompute)", "")
+            check(name + " peak phase and step as measured",
+                  (r[1]["peak_phase"], want in r[1]["peak_step"].split("|")),
+                  (j["peak"]["phase"], True))
             arts = {}
             for i, k in enumerate(kind):
                 if k is not None:
@@ -658,7 +683,7 @@ def main():
             rows.append((name, r[1], r[0], rr[1], j, other, arts))
     # (3) the report
     hdr = ("| model and loop | steady peak: measured / planned (B) | diff | first iteration: measured / planned | diff "
-           "| peak phase (op): measured / planned | forward max m / p | loss max m / p | backward max m / p "
+           "| peak phase and step (op): measured / planned | forward max m / p | loss max m / p | backward max m / p "
            "| optimizer max m / p "
            "| buffers + batch, measured and planned (B) | raw CPU steady peak (B) | artefacts removed (allocations) |")
     lines = [hdr, "|" + "---|" * 13]
@@ -667,7 +692,8 @@ def main():
         lines.append("| %s | %d / %d | %s | %d / %d | %s | %s (%s) / %s | %d / %d | %d / %d | %d / %d | %d / %d | %d | %d | %s |" % (
             name, st["peak"], j["peaks"]["steady"], pct(st["peak"], j["peaks"]["steady"]),
             fi["peak"], j["peaks"]["first_iteration"], pct(fi["peak"], j["peaks"]["first_iteration"]),
-            st["peak_phase"], st["peak_op"], "%s %s" % (j["peak"]["phase"], j["peak"]["step"]),
+            "%s %s" % (st["peak_phase"], st["peak_step"].replace("|", "+")), st["peak_op"],
+            "%s %s" % (j["peak"]["phase"], j["peak"]["step"]),
             st["phases"].get("forward", 0), pm.get("forward", 0),
             st["phases"].get("loss", 0), pm.get("loss", 0),
             st["phases"].get("backward", 0), pm.get("backward", 0),

@@ -30,6 +30,19 @@ REENTRANT = [True]
 IN_CHECKPOINT = [0]
 
 
+# livebytes.py: called with a block's name when the gradient of its output
+# arrives (the block's backward starts); None: no marks
+BWD_MARK = [None]
+
+
+def bwd_mark(name, t):
+    """Marks the start of block `name`'s backward: a hook on its output (its
+    handle, None when none is set)."""
+    if BWD_MARK[0] is not None and t.requires_grad:
+        return t.register_hook(lambda g, n=name: BWD_MARK[0](n))
+    return None
+
+
 # Blocks per checkpoint segment of a transformer (livebytes.py sets 2 for
 # its every-2 rows; checkpoint: every-K segments the blocks from the first)
 CKPT_EVERY = [1]
@@ -38,14 +51,17 @@ CKPT_EVERY = [1]
 def run_blocks(rec, blocks, fn, x, ckpt, *extra):
     """The layer blocks, each run as fn(block, x, *extra): with ckpt, in
     segments of CKPT_EVERY blocks under one checkpoint each. A segment's
-    range is named after its first block (a range opened inside it would
-    open again in the recompute, during backward)."""
+    range is named after its blocks, joined by "|" (a range opened inside it
+    would open again in the recompute, during backward); bwd_mark marks
+    where each one's backward starts."""
     k = CKPT_EVERY[0] if ckpt else 1
     for i in range(0, len(blocks), k):
-        rec.block = "block.%d" % i
         group = list(blocks[i:i + k])
+        names = "|".join("block.%d" % (i + j) for j in range(len(group)))
+        rec.block = names
         if not ckpt:
             x = fn(group[0], x, *extra)
+            bwd_mark(names, x)
             continue
 
         def segment(x, *e, group=group):
@@ -53,6 +69,7 @@ def run_blocks(rec, blocks, fn, x, ckpt, *extra):
                 x = fn(b, x, *e)
             return x
         x = checkpoint(segment, x, *extra)
+        bwd_mark(names, x)
     return x
 
 
@@ -136,6 +153,7 @@ def lm_loss(rec, h, lm_head, tgt, softcap=0.0):
     as two modules (the loop may hold the logits), or fused. softcap: Gemma
     2's logits / cap, tanh, * cap (the planner refuses it fused)."""
     if FUSED[0]:
+        bwd_mark("head", h)
         rec.block = "loss"
         return FusedLinearCE.apply(h.reshape(-1, h.size(-1)), lm_head.weight, tgt.reshape(-1))
     logits = lm_head(h)
@@ -143,6 +161,7 @@ def lm_loss(rec, h, lm_head, tgt, softcap=0.0):
         logits = logits / softcap
         logits = torch.tanh(logits)
         logits = logits * softcap
+    bwd_mark("head", logits)
     rec.block = "loss"
     return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
 
@@ -219,6 +238,7 @@ class GPT2(nn.Module):
         rec.block = "embedding"
         pos = torch.arange(0, T, dtype=torch.long)
         x = dropout(s.wte(idx) + s.wpe(pos), s.p)
+        bwd_mark("embedding", x)
         x = run_blocks(rec, s.blocks, s.block, x, ckpt)
         rec.block = "head"
         return lm_loss(rec, s.ln_f(x), s.lm_head, tgt)
@@ -386,6 +406,7 @@ class Llama(nn.Module):
         rec.pinned[cos.storage().data_ptr()] = "embedding"
         rec.pinned[sin.storage().data_ptr()] = "embedding"
         mask = torch.full((T, T), float("-inf")).triu(1)[None, None].expand(B, 1, T, T)
+        bwd_mark("embedding", x)
         x = run_blocks(rec, s.blocks, s.block, x, ckpt, cos, sin, mask, pos)
         del mask, pos  # LlamaModel.forward's: it returns after the layers (and its norm)
         rec.block = "head"
@@ -563,6 +584,7 @@ class Bert(nn.Module):
         types = torch.zeros(B, T, dtype=torch.long)
         x = dropout(s.ln(s.word(idx) + s.pos(pos) + s.typ(types)), s.p)
         mask = torch.zeros(B, 1, 1, T)
+        bwd_mark("embedding", x)
         x = run_blocks(rec, s.blocks, s.block, x, ckpt, mask)
         del mask  # BertModel.forward's extended mask: it returns after the layers
         rec.block = "head"
@@ -571,6 +593,7 @@ class Bert(nn.Module):
     def head(s, rec, x, tgt):
         pooled = torch.tanh(s.pooler(x[:, 0]))
         logits = s.cls(dropout(pooled, s.p))
+        bwd_mark("head", logits)
         rec.block = "loss"
         return F.cross_entropy(logits, tgt)
 
@@ -605,6 +628,7 @@ class BertMLM(Bert):
             h = h.float()
         h = s.head_ln(h)
         logits = s.decoder(h)
+        bwd_mark("head", logits)
         rec.block = "loss"
         return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
 
@@ -712,9 +736,17 @@ class Sequential(nn.Module):
 
     def run(s, rec, batch, ckpt):
         x, tgt = batch
+        names, mark = "", None
         for name, mod in zip(s.names, s.layers):
             rec.block = name
-            x = checkpoint(mod, x) if ckpt and x.requires_grad else mod(x)
+            y = checkpoint(mod, x) if ckpt and x.requires_grad else mod(x)
+            # an in-place layer (ReLU) returns its input, whose hook autograd
+            # moves to the new node: one mark for both blocks
+            names = names + "|" + name if y is x else name
+            if y is x and mark is not None:
+                mark.remove()
+            x = y
+            mark = bwd_mark(names, x)
         rec.block = "loss"
         return F.mse_loss(x, tgt) if s.loss == "mse" else F.cross_entropy(x, tgt)
 
