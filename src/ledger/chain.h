@@ -85,6 +85,9 @@ typedef struct {
                                 backward is done (the logits before the loss) */
     bool in_nograd;          /* the input needs no gradient (the model's input):
                                 its backward ends with none to hand over */
+    bool inplace;            /* its op overwrites its input (relu inplace: true): the
+                                replay frees the input before the output exists,
+                                unless something keeps the input */
     bool nodes_off;          /* an op of the block has no node rule: its node
                                 list is dropped and the block-level rule runs */
     uint64_t ws_fwd;         /* transient bytes while its forward runs */

@@ -364,9 +364,13 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
         y = seq_norm(s, l, x, sh, out_ps);
         break;
     case ML_L_RELU:
-        /* threshold_backward uses the result; in-place relu saves the same */
-        y = new_ref(s, out_ps, x->bpe);
-        s0 = save_ref(s, y, "relu output", false);
+        /* threshold_backward uses the result; in place, that is x's storage:
+         * inside a block, y is x; on the block's input, the replay frees
+         * the input before the output exists (unless a checkpoint or the
+         * producer keeps it) */
+        y = l->inplace && x != s->in && !x->held && !x->later ? x : new_ref(s, out_ps, x->bpe);
+        b->inplace = b->inplace || (l->inplace && x == s->in && !s->depth);
+        s0 = save_ref(s, y, y == x ? "relu output (in place)" : "relu output", false);
         seq_node(s, "ReluBackward0", x, 0, y, s0, SIZE_MAX);
         break;
     case ML_L_GELU:

@@ -213,6 +213,12 @@ void ml_replay_forward(ml_replay *r)
             ml_replay_free(r, ML_CAT_WORKSPACE, ch->ckpt_side);
             ml_replay_alloc(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
         }
+        /* an in-place op (relu inplace: true) makes its output in its
+         * input's storage: the input goes first when nothing keeps it */
+        if (b->inplace && !r->bd[k].kept) {
+            ml_replay_free(r, r->held_cat[k], r->held[k]);
+            r->held[k] = 0;
+        }
         if (k + 1 < n)
             boundary_alloc(r, k + 1, r->bd[k + 1].alias ? 0 : B[k + 1].in_bytes);
         r->flops_done += b->flops_fwd; /* the block runs: what follows is after it */

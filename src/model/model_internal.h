@@ -50,6 +50,8 @@ struct ml_layer {
     uint64_t heads;          /* attention */
     bool bias;
     bool global;             /* avgpool */
+    bool inplace;            /* relu: nn.ReLU(inplace=True), its result in its input's
+                                storage */
     bool causal;             /* attention */
     double p;                /* dropout */
     ml_layer *body;          /* residual */

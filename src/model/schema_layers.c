@@ -99,7 +99,8 @@ static const char *const *layer_keys(ml_layer_kind k, size_t *n)
     static const char *const k_linear[] = {"out", "bias"};
     static const char *const k_conv[] = {"out", "kernel", "stride", "padding", "bias"};
     static const char *const k_pool[] = {"kernel", "stride", "padding", "global"};
-    static const char *const k_drop[] = {"p"};
+    static const char *const k_drop[] = {"p", "inplace"};
+    static const char *const k_act[] = {"eps", "inplace"};
     static const char *const k_emb[] = {"vocab", "dim"};
     static const char *const k_attn[] = {"heads", "causal", "bias", "dropout"};
     static const char *const k_none[] = {"eps"};
@@ -109,10 +110,31 @@ static const char *const *layer_keys(ml_layer_kind k, size_t *n)
     case ML_L_MAXPOOL:
     case ML_L_AVGPOOL: *n = ML_COUNT(k_pool); return k_pool;
     case ML_L_DROPOUT: *n = ML_COUNT(k_drop); return k_drop;
+    case ML_L_RELU:
+    case ML_L_GELU:
+    case ML_L_SILU: *n = ML_COUNT(k_act); return k_act;
     case ML_L_EMBEDDING: *n = ML_COUNT(k_emb); return k_emb;
     case ML_L_ATTENTION: *n = ML_COUNT(k_attn); return k_attn;
     default: *n = ML_COUNT(k_none); return k_none;
     }
+}
+
+/* `inplace: true`: ReLU's is modelled (docs/ledger.md, "The forward, op by
+ * op"); the others are refused with the reason. */
+static ml_status parse_inplace(ml_error *err, const ml_node *pm, const char *f, ml_layer *l)
+{
+    ml_status st = ml_tree_bool(err, pm, "inplace", f, &l->inplace);
+    if (st || !l->inplace || l->kind == ML_L_RELU)
+        return st;
+    const char *why = l->kind == ML_L_GELU
+                          ? "nn.GELU has no in-place form"
+                      : l->kind == ML_L_SILU
+                          ? "an in-place silu overwrites the input its backward needs: not "
+                            "modelled"
+                          : "an in-place dropout keeps a noise tensor of the input's dtype "
+                            "instead of a bool mask: not modelled";
+    return ml_error_at(err, ml_tree_get(pm, "inplace"), ML_SCHEMA,
+                       "%s.inplace: %s; remove it to plan the out-of-place op", f, why);
 }
 
 /* The values of a layer's keys (pm: its mapping, NULL for none; key: the
@@ -163,7 +185,14 @@ static ml_status parse_values(ml_error *err, const ml_node *pm, const ml_node *k
         break;
     case ML_L_DROPOUT:
         l->p = 0.5; /* torch.nn.Dropout's default */
-        if ((st = ml_tree_double(err, pm, "p", f, 0, 1, true, &l->p)))
+        if ((st = ml_tree_double(err, pm, "p", f, 0, 1, true, &l->p)) ||
+            (st = parse_inplace(err, pm, f, l)))
+            return st;
+        break;
+    case ML_L_RELU:
+    case ML_L_GELU:
+    case ML_L_SILU:
+        if ((st = parse_inplace(err, pm, f, l)))
             return st;
         break;
     case ML_L_EMBEDDING:

@@ -668,8 +668,9 @@ def load(fh):
     return doc
 
 
-def seq_layers(spec, shape):
-    """nn.Sequential for a YAML layer list; returns (module, output shape)."""
+def seq_layers(spec, shape, top=False):
+    """nn.Sequential for a YAML layer list; returns (module, output shape).
+    top: the model's own entries, each its own block (and checkpoint)."""
     mods = []
     for item in spec:
         (kind, a), = item.items()
@@ -686,10 +687,12 @@ def seq_layers(spec, shape):
         elif kind == "layernorm":
             mods.append(nn.LayerNorm(shape[-1]))
         elif kind == "relu":
-            # torchvision's in-place ReLU; checkpoint cannot recompute an
-            # in-place op on its own input, so checkpointed runs use the
-            # out-of-place ReLU, which saves the same storage size
-            mods.append(nn.ReLU(inplace=INPLACE[0]))
+            # `inplace: true` (torchvision's ReLU); a checkpointed entry that
+            # is an in-place ReLU would overwrite the checkpoint's input,
+            # which torch.utils.checkpoint cannot recompute: checkpointed
+            # runs (INPLACE False) run those out of place, as the planner
+            # plans them (docs/ledger.md)
+            mods.append(nn.ReLU(inplace=bool(a.get("inplace")) and (INPLACE[0] or not top)))
         elif kind == "gelu":
             mods.append(nn.GELU())
         elif kind == "silu":
@@ -729,7 +732,7 @@ class Sequential(nn.Module):
         shape = list(s.input)
         s.names = []
         for i, item in enumerate(m["layers"]):
-            mod, shape = seq_layers([item], shape)
+            mod, shape = seq_layers([item], shape, top=True)
             s.layers.append(mod)
             s.names.append("%d:%s" % (i, next(iter(item))))
         s.out = shape

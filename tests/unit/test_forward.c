@@ -92,11 +92,36 @@ static void test_residual_by_hand(void **state)
     ml_model_destroy(m);
 }
 
+/* The residual of test_residual_by_hand with an in-place ReLU in place of
+ * the gelu (relu: {inplace: true}): its result is a's storage, which it
+ * saves, as the second linear does. Under no_grad: a (128), the ReLU adds
+ * nothing, c (256), a goes (128), the sum (256), c goes: the climb is 256.
+ * With grad: a stays (saved), c (256), the sum (384), c goes, leaving the
+ * saved 128 and the output: the climb is 384 (out of place it would be 512,
+ * the ReLU's result a tensor of its own). */
+static void test_inplace_relu_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("model:\n  type: sequential\n  input: [16]\n  layers:\n"
+                           "    - linear: {out: 16, bias: false}\n"
+                           "    - residual:\n        - linear: {out: 16, bias: false}\n"
+                           "        - relu: {inplace: true}\n"
+                           "        - linear: {out: 16, bias: false}\n"
+                           "  loss: mse\ntraining:\n  micro_batch: 2\n  optimizer: sgd\n");
+    ml_config c = ml_model_config(m);
+    assert_int_equal(climb(m, &c, 1), 384);
+    ml_error e;
+    assert_int_equal(ml_parse_checkpoint("full", &c.training.checkpoint, &e), ML_OK);
+    assert_int_equal(climb(m, &c, 1), 256);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_layer_by_hand),
         cmocka_unit_test(test_residual_by_hand),
+        cmocka_unit_test(test_inplace_relu_by_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
