@@ -71,19 +71,28 @@ static void layernorm(prog *p)
     drop_saved(p, 2 * p->st);
 }
 
-/* HF LlamaRMSNorm: h = x.to(fp32); variance = h.pow(2).mean(-1); h = h *
- * rsqrt(variance + eps); return weight * h.to(x.dtype). Saved: x in fp32
- * (pow, the mul), rsqrt, the normalised h as the scale reads it. */
-static void llama_rmsnorm(prog *p)
+/* An RMSNorm's start: x in fp32 (a copy when the stream is not fp32:
+ * returns whether it is), x^2, its mean over the last dimension; the square
+ * goes once the mean is made (2.x's mean keeps no input). */
+static bool square_mean(prog *p)
 {
-    const bool up = p->E != p->E32; /* a low-precision stream is upcast */
+    const bool up = p->E != p->E32;
     if (up)
         put(p, p->E32);
     put(p, p->E32); /* pow */
     put(p, p->st);  /* mean */
     drop(p, p->E32);
-    put(p, p->st);  /* + eps */
-    put(p, p->st);  /* rsqrt */
+    return up;
+}
+
+/* HF LlamaRMSNorm: h = x.to(fp32); variance = h.pow(2).mean(-1); h = h *
+ * rsqrt(variance + eps); return weight * h.to(x.dtype). Saved: x in fp32
+ * (pow, the mul), rsqrt, the normalised h as the scale reads it. */
+static void llama_rmsnorm(prog *p)
+{
+    const bool up = square_mean(p);
+    put(p, p->st); /* + eps */
+    put(p, p->st); /* rsqrt */
     drop(p, p->st);
     put(p, p->E32); /* h * rsqrt */
     drop_saved(p, p->st);
@@ -106,13 +115,8 @@ static void llama_rmsnorm(prog *p)
  * x in fp32, rsqrt, the normalised h and 1 + weight. */
 static void gemma_rmsnorm(prog *p)
 {
-    const bool up = p->E != p->E32;
-    if (up)
-        put(p, p->E32);
-    put(p, p->E32); /* pow */
-    put(p, p->st);  /* mean */
-    drop(p, p->E32);
-    put(p, p->st);  /* + eps */
+    const bool up = square_mean(p);
+    put(p, p->st); /* + eps */
     drop(p, p->st);
     put(p, p->st);  /* rsqrt */
     drop(p, p->st);

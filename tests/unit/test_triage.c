@@ -393,6 +393,33 @@ static void test_applicability(void **state)
     ml_parse_checkpoint("every-2", &cs.training.checkpoint, NULL);
     assert_false(has(seq, &cs, ML_REMEDY_CKPT_EVERY_2));
     ml_model_destroy(seq);
+    /* zero_grad */
+    c = ml_model_config(m);
+    assert_false(has(m, &c, ML_REMEDY_ZERO_GRAD_NONE));
+    c.training.logits = ML_LOGITS_RELEASED;
+    c.training.zero_grad = ML_ZERO_GRAD_ZERO;
+    assert_false(has(m, &c, ML_REMEDY_LOGITS_RELEASED));
+    assert_true(has(m, &c, ML_REMEDY_ZERO_GRAD_NONE));
+    /* offload: optimizer unless offloaded; params unless they are */
+    c = ml_model_config(m);
+    c.training.zero = 3;
+    c.training.offload = ML_OFFLOAD_PARAMS;
+    assert_false(has(m, &c, ML_REMEDY_OFFLOAD_OPTIMIZER));
+    assert_false(has(m, &c, ML_REMEDY_OFFLOAD_PARAMS));
+    /* the allocator: only when the plan counts a cache, or the run showed one */
+    c = ml_model_config(m);
+    assert_false(has(m, &c, ML_REMEDY_EXPANDABLE));
+    c.device.fragmentation = 0.3;
+    assert_true(has(m, &c, ML_REMEDY_EXPANDABLE));
+    ml_model_destroy(m);
+}
+
+/* The loop's references: the logits-released remedy on the small decoder
+ * of test_applicability. */
+static void test_logits_released(void **state)
+{
+    (void)state;
+    ml_model *m = decoder("eager");
     /* the loop's references: releasing the logits is offered only where it
      * lowers the binding peak. This decoder's steady peak is the loss's
      * backward, where the loop holds the logits (cross-entropy saves its
@@ -401,7 +428,7 @@ static void test_applicability(void **state)
      * training loop holds): not offered. With a 5,000-token vocabulary the
      * logits (8 x 64 x 5000 x 4 B = 10,240,000) dominate: releasing them
      * lowers the peak by exactly their size */
-    c = ml_model_config(m);
+    ml_config c = ml_model_config(m);
     ml_ledger *l0 = NULL;
     assert_int_equal(ml_ledger_evaluate(m, &c, false, &l0, NULL), ML_OK);
     assert_int_equal(ml_ledger_summary(l0)->peak_phase, ML_PHASE_BACKWARD);
@@ -423,23 +450,6 @@ static void test_applicability(void **state)
     assert_int_equal(rw->peak - rel->peak, 10240000);
     free(rw);
     ml_model_destroy(wide);
-    /* zero_grad */
-    assert_false(has(m, &c, ML_REMEDY_ZERO_GRAD_NONE));
-    c.training.logits = ML_LOGITS_RELEASED;
-    c.training.zero_grad = ML_ZERO_GRAD_ZERO;
-    assert_false(has(m, &c, ML_REMEDY_LOGITS_RELEASED));
-    assert_true(has(m, &c, ML_REMEDY_ZERO_GRAD_NONE));
-    /* offload: optimizer unless offloaded; params unless they are */
-    c = ml_model_config(m);
-    c.training.zero = 3;
-    c.training.offload = ML_OFFLOAD_PARAMS;
-    assert_false(has(m, &c, ML_REMEDY_OFFLOAD_OPTIMIZER));
-    assert_false(has(m, &c, ML_REMEDY_OFFLOAD_PARAMS));
-    /* the allocator: only when the plan counts a cache, or the run showed one */
-    c = ml_model_config(m);
-    assert_false(has(m, &c, ML_REMEDY_EXPANDABLE));
-    c.device.fragmentation = 0.3;
-    assert_true(has(m, &c, ML_REMEDY_EXPANDABLE));
     ml_model_destroy(m);
 }
 
@@ -679,6 +689,7 @@ int main(void)
         cmocka_unit_test(test_remedies_match_direct_evaluation),
         cmocka_unit_test(test_micro_batch_search),
         cmocka_unit_test(test_applicability),
+        cmocka_unit_test(test_logits_released),
         cmocka_unit_test(test_fused_remedy),
         cmocka_unit_test(test_eval_batch),
         cmocka_unit_test(test_ranking),
