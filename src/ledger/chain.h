@@ -21,6 +21,7 @@ typedef struct {
     unsigned a;      /* matmul-class activations: the compute dtype */
     unsigned w;      /* residual stream and ops kept in fp32 by autocast */
     bool autocast;   /* torch.autocast: linear inputs and weights are cast copies */
+    bool fp16;       /* the 2-byte dtype is float16 (else bfloat16) */
 } ml_prec;
 
 ml_prec ml_prec_of(ml_precision p);
@@ -128,6 +129,9 @@ typedef struct {
                                    BatchNorm on its running statistics */
     bool selective;             /* checkpoint: selective (the attention core is
                                    dropped in forward) */
+    bool mask_in_forward;       /* the model's forward holds ckpt_side (its attention
+                                   mask, position ids) through its layers: eager
+                                   attention (sdpa and flash get no 4-D mask) */
     ml_prec prec;
     uint64_t B, T;
     uint64_t c_tokens, c_width; /* normalisation of c: B*T and D */

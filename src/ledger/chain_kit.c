@@ -34,14 +34,14 @@ uint64_t ml_ck_mul3(ml_chain *ch, uint64_t a, uint64_t b, uint64_t c)
 
 ml_prec ml_prec_of(ml_precision p)
 {
-    /*                        param grad master state a  w  autocast */
+    /*                        param grad master state a  w  autocast fp16 */
     static const ml_prec t[ML_PREC_COUNT] = {
-        [ML_PREC_FP32] = {4, 4, 0, 4, 4, 4, false},
-        [ML_PREC_AMP_BF16] = {4, 4, 0, 4, 2, 4, true},
-        [ML_PREC_AMP_FP16] = {4, 4, 0, 4, 2, 4, true},
-        [ML_PREC_BF16_MASTER] = {2, 2, 4, 4, 2, 2, false},
-        [ML_PREC_FP16_MASTER] = {2, 2, 4, 4, 2, 2, false},
-        [ML_PREC_BF16] = {2, 2, 0, 2, 2, 2, false},
+        [ML_PREC_FP32] = {4, 4, 0, 4, 4, 4, false, false},
+        [ML_PREC_AMP_BF16] = {4, 4, 0, 4, 2, 4, true, false},
+        [ML_PREC_AMP_FP16] = {4, 4, 0, 4, 2, 4, true, true},
+        [ML_PREC_BF16_MASTER] = {2, 2, 4, 4, 2, 2, false, false},
+        [ML_PREC_FP16_MASTER] = {2, 2, 4, 4, 2, 2, false, true},
+        [ML_PREC_BF16] = {2, 2, 0, 2, 2, 2, false, false},
     };
     return t[p];
 }

@@ -21,6 +21,11 @@ typedef struct {
     ml_ck_ng g;
     bool grad;       /* with grad: saved tensors stay */
     bool drop;       /* the dropouts run (p > 0, training mode) */
+    bool fp16;       /* the 2-byte dtype is float16 (else bfloat16) */
+    bool keeps_in;   /* the norms save their input (LayerNorm; an RMSNorm on an
+                        fp32 stream): else an RMSNorm saves its fp32 copy */
+    uint64_t later;  /* kept past the attention's return (a KV cache), freed
+                        at the layer's end */
     uint64_t E;      /* (B, T, D), the residual stream's dtype */
     uint64_t E32;    /* (B, T, D) in fp32: an RMSNorm's upcast */
     uint64_t st;     /* (B, T) fp32: a norm's statistics */
@@ -199,14 +204,21 @@ static void attention_core(prog *p, const core_kind *k)
         drop(p, S);
     }
     const uint64_t sm = k->fp32 ? p->S32 : S;
+    /* softmax(x, dtype=float32): fp16 on CUDA converts inside the kernel
+     * (half_to_float); bf16 is first copied to fp32 (aten's SoftMax.cpp,
+     * softmax with a dtype) */
+    const uint64_t conv = sm != S && !p->fp16 ? sm : 0;
+    put(p, conv);
     put(p, sm); /* softmax: saves its result */
+    drop(p, conv);
     if (!k->keep_scores)
         drop(p, S);
     if (sm != S) { /* .to(dtype), which the PV bmm saves */
         put(p, S);
         drop_saved(p, sm);
     }
-    dropout(p, S, p->Sb, true);
+    /* the dropout's input: the softmax result (saved), or its cast (not) */
+    dropout(p, S, p->Sb, sm == S);
     const uint64_t cv = k->copy_v ? Eq : 0;
     put(p, cv);
     put(p, Eq); /* bmm: probabilities v (saves both) */
@@ -264,9 +276,11 @@ static uint64_t prenorm_attention(prog *p, const ml_model *m, const ml_ck_dims *
         put(p, 2 * Eq);
     /* a rotated head keeps the view's layout; cat's and repeat_kv's
      * results are contiguous (bmm saves them themselves) */
+    /* nanoGPT masks with masked_fill; HF adds its causal mask, and an
+     * encoder's extended attention mask */
     const bool causal = m->type == ML_MODEL_DECODER;
     const core_kind k = {!cat,          !repeated && !(cat && rep == 1), !repeated, hf,
-                         !hf && causal, hf && causal, m->attn_softcap > 0, false};
+                         !hf && causal, hf ? causal : !causal, m->attn_softcap > 0, false};
     attention_core(p, &k);
     if (repeated)
         drop_saved(p, 2 * Eq); /* eager_attention_forward returns */
@@ -274,7 +288,10 @@ static uint64_t prenorm_attention(prog *p, const ml_model *m, const ml_ck_dims *
     /* the attention returns: q, k, v and the probabilities go, except the
      * weights HF returns (and what bmm saved: Phi-3's contiguous rotated q,
      * and k with one group) */
-    drop(p, qkv);
+    /* in evaluation a KV cache keeps the rotated k and v (HF's
+     * DynamicCache.update): they stay to the layer's end, where the replay
+     * counts the cache */
+    drop(p, qkv - p->later);
     if (cat) {
         drop_saved(p, Eq);
         drop_if(p, Ek, rep == 1);
@@ -328,12 +345,13 @@ static void mlp(prog *p, const ml_model *m)
 static void prenorm_layer(prog *p, const ml_model *m, const ml_ck_dims *d)
 {
     const uint64_t E = p->E;
+    const bool in = p->keeps_in;
     norm(p, m);
     uint64_t held = prenorm_attention(p, m, d);
     drop_saved(p, E); /* the norm's output, rebound */
-    if (m->post_norms) {
+    if (m->post_norms) { /* a norm of the attention's output */
         norm(p, m);
-        drop_saved(p, E);
+        drop_if(p, E, in);
     }
     put(p, E); /* residual + attention, the second norm's input */
     drop(p, E);
@@ -342,11 +360,13 @@ static void prenorm_layer(prog *p, const ml_model *m, const ml_ck_dims *d)
     drop_saved(p, E); /* the norm's output, rebound */
     if (m->post_norms) {
         norm(p, m);
-        drop_saved(p, E);
+        drop_if(p, E, in);
     }
     put(p, E); /* residual + MLP: the layer's output */
     drop(p, E);
-    drop_saved(p, E + held); /* the first residual sum and the weights, at return */
+    drop_if(p, E, in);       /* the first residual sum, at return */
+    drop_saved(p, held);     /* the weights */
+    drop(p, p->later);       /* what the cache took over: the replay adds it */
 }
 
 /* HF BertLayer: BertSelfAttention (query, key, value; the scores and the
@@ -354,7 +374,7 @@ static void prenorm_layer(prog *p, const ml_model *m, const ml_ck_dims *d)
  * LayerNorm(h + input)), then feed_forward_chunk: BertIntermediate (dense,
  * act), whose output it holds through BertOutput (dense, dropout,
  * LayerNorm(h + attention output)). */
-static void postnorm_layer(prog *p)
+static void postnorm_layer(prog *p, const ml_model *m)
 {
     const uint64_t E = p->E, Eq = p->Eq, EF = p->EF;
     put(p, 3 * Eq); /* query, key, value: their head views are copied for bmm */
@@ -370,8 +390,8 @@ static void postnorm_layer(prog *p)
     drop(p, E);       /* the dropped dense output, rebound */
     drop_saved(p, Eq); /* the context, once BertAttention returns */
     put(p, EF);        /* BertIntermediate: dense */
-    put(p, EF);        /* act */
-    drop_saved(p, EF);
+    put(p, EF);        /* act (ReLU saves its result, not its input) */
+    drop_if(p, EF, m->activation != ML_ACT_RELU);
     put(p, E); /* BertOutput: dense */
     dropout(p, E, p->Eb, false);
     put(p, E); /* + attention output */
@@ -421,7 +441,7 @@ static void run(prog *p, const ml_model *m, const ml_ck_dims *d, uint64_t L, boo
     else if (m->prenorm)
         prenorm_layer(p, m, d);
     else
-        postnorm_layer(p);
+        postnorm_layer(p, m);
 }
 
 /* The programs of a layer (L = 0) or of a head making L bytes of logits
@@ -432,8 +452,14 @@ static void programs(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
     /* the layouts written out: eager attention, no autocast casts, no
      * parallel residual, no vision encoder; with grad, every saved tensor
      * kept (not selective checkpointing) */
+    const bool layernorm = m->norm == ML_NORM_LAYERNORM;
+    const bool glu = m->activation == ML_ACT_SWIGLU || m->activation == ML_ACT_GEGLU;
     if (ch->prec.autocast || m->attention != ML_ATTN_EAGER || m->parallel_residual ||
         m->image_size || ch->overflow)
+        return;
+    /* the nanoGPT layout has no rotary; the post-norm one is BERT's */
+    if ((layernorm && m->position == ML_POS_ROPE) ||
+        (!m->prenorm && (!layernorm || glu || m->position == ML_POS_ROPE)))
         return;
     const unsigned a = ch->prec.a, w = ch->prec.w;
     const uint64_t BTD = ml_mul(ch, d->BT, d->D), BHTT = ml_mul(ch, ml_mul(ch, d->B, d->H),
@@ -455,6 +481,11 @@ static void programs(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
     if (ch->overflow)
         return;
     p.drop = d->drop && !ch->eval_mode;
+    p.fp16 = ch->prec.fp16;
+    p.keeps_in = layernorm || w == 4;
+    /* a KV cache in evaluation: HF's Llama layout with separate k and v */
+    if (ch->eval_mode && m->kv_cache && !layernorm && !m->fused_proj && !L && !fused)
+        p.later = 2 * p.Ek;
     const uint64_t out = L ? L : p.E;
     run(&p, m, d, L, fused);
     ml_ck_ng_close(b, &p.g, out);

@@ -122,6 +122,18 @@ static void ng_layer(seqctx *s, const ml_layer *l, const tref *x, const tref *y,
     ng_made(s, x, y, scratch);
 }
 
+/* The block's transients from its programs (out: its output's bytes, 0
+ * when it is its input); autocast's cast copies are not in them, nor is
+ * selective checkpointing: the block rule. */
+static void ng_close(seqctx *s, ml_cblock *b, uint64_t out)
+{
+    if (s->ch->prec.autocast)
+        return;
+    ml_ck_ng_close(b, &s->ng, out);
+    if (!s->ch->selective)
+        ml_ck_grad_close(b, &s->g, out);
+}
+
 /* The residual's sum: y, then the branches' outputs and x go (with grad,
  * unless saved). */
 static void ng_sum(seqctx *s, const tref *x, const tref *yb, const tref *ys, const tref *y)
@@ -256,7 +268,7 @@ static tref *seq_attention(seqctx *s, const ml_layer *l, tref *x, const ml_shape
     /* the kit's attention nodes assume a residual around them: no node
      * rule for a bare attention layer yet, nor a forward program */
     s->b->nodes_off = true;
-    s->ng.bad = true;
+    s->ng.bad = s->g.bad = true;
     ml_ck_attention(ch, s->b, &fake, &d, x->bpe, !is_in && !cast && x->saved, true, l->causal,
                     false, is_in ? ML_SV_INPUT : 0);
     if (!cast)
@@ -533,9 +545,7 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
                 ml_ck_node(ch, b, "ViewBackward0 (flatten; dropout p=0: none)", 0, 0, 0, SIZE_MAX, SIZE_MAX);
         }
         ml_ck_end(ch, b, out_bytes);
-        ml_ck_ng_close(b, &s.ng, y == x ? 0 : out_bytes);
-        if (!ch->prec.autocast && !ch->selective)
-            ml_ck_grad_close(b, &s.g, y == x ? 0 : out_bytes);
+        ng_close(&s, b, y == x ? 0 : out_bytes);
         if (y != x)
             y->model_input = false;
         x = y;

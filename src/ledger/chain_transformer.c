@@ -333,6 +333,7 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
      * (1, 1, T, T) tensor expanded over the batch, with the rotary models'
      * position ids (cache_position, T int64: position_ids is a view of it)
      * (docs/inventory.md) */
+    ch->mask_in_forward = m->attention == ML_ATTN_EAGER;
     if (enc && !m->image_size)
         ch->ckpt_side = ml_mul(ch, d->BT, w);
     else if (!enc && m->norm != ML_NORM_LAYERNORM)

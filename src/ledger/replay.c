@@ -197,8 +197,9 @@ void ml_replay_forward(ml_replay *r)
         /* the attention mask the model's forward makes before its layers
          * and holds through them (docs/ledger.md, "Boundary tensors") */
         const bool layer = b->ckpt_index >= 0;
+        const uint64_t mask = ch->mask_in_forward ? ch->ckpt_side : 0;
         if (layer && b->ckpt_index == 0)
-            ml_replay_alloc(r, ML_CAT_WORKSPACE, ch->ckpt_side);
+            ml_replay_alloc(r, ML_CAT_WORKSPACE, mask);
         uint64_t gat = gathered(r, k, false);
         ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
         gather_time(r, k);
@@ -210,7 +211,7 @@ void ml_replay_forward(ml_replay *r)
                                b->saved_bytes - (r->selective ? b->core_bytes : 0),
                                r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
         if ((int)k == sh->side_block) { /* a checkpoint keeps it for the backward */
-            ml_replay_free(r, ML_CAT_WORKSPACE, ch->ckpt_side);
+            ml_replay_free(r, ML_CAT_WORKSPACE, mask);
             ml_replay_alloc(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
         }
         /* an in-place op (relu inplace: true) makes its output in its
@@ -232,7 +233,7 @@ void ml_replay_forward(ml_replay *r)
         }
         /* the model's forward returns after its last layer */
         if (layer && sh->side_block < 0 && (k + 1 == n || B[k + 1].ckpt_index < 0))
-            ml_replay_free(r, ML_CAT_WORKSPACE, ch->ckpt_side);
+            ml_replay_free(r, ML_CAT_WORKSPACE, mask);
         /* the loop rebinds its reference once this loss is computed */
         if (b->in_held && r->prev_out) {
             ml_replay_free(r, r->prev_out_cat, r->prev_out);

@@ -75,6 +75,40 @@ static void test_gpt2_layer_by_hand(void **state)
                  468, 208); /* block 1: block.0 */
 }
 
+/* One HF Llama-layout layer in a 2-byte dtype under checkpoint: full
+ * (no_grad): B = 1, T = 8, D = 4, one head (dh 4), F = 8, SwiGLU, rotary.
+ * Bytes: E = q = k = v = 8 x 4 x 2 = 64, the scores S = 8 x 8 x 2 = 128 (in
+ * fp32 256), EF = 8 x 8 x 2 = 128; the RMSNorm's fp32 tensors 8 x 4 x 4 =
+ * 128 and its (B, T) statistics 32. Before the attention core the layer
+ * holds the norm's output, q and k rotated and v: 256; the matmul's copies
+ * of q and k (+128) and the scores (+128), the copies go (384); the scale
+ * and the mask, one S at a time (384). softmax(dtype=float32) on bf16 first
+ * copies the scores to fp32 (+256 = 640), then makes its fp32 result (+256
+ * = 896), the layer's highest moment (the MLP's product reaches 640, the
+ * norms 512); fp16 converts inside the kernel: 640 there, and the MLP's
+ * 640 is the highest. The climb adds the mask and position ids the forward
+ * holds through the layers (8 x 8 x 2 + 8 x 8 = 192) and the output is
+ * allocated beside the transient (the layer's 896 includes it): 1088 and
+ * 832. */
+static void test_softmax_upcast_by_hand(void **state)
+{
+    (void)state;
+    static const char *y = "model:\n  type: decoder\n  layers: 1\n  hidden: 4\n  heads: 1\n"
+                           "  ffn: 8\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 10\n"
+                           "  position: rope\n  attention: eager\n  dropout: 0\n"
+                           "  tied_embeddings: false\n  bias: false\ntraining:\n"
+                           "  micro_batch: 1\n  seq_len: 8\n  optimizer: sgd\n";
+    ml_model *m = load_str(y);
+    ml_config c = ml_model_config(m);
+    ml_error e;
+    assert_int_equal(ml_parse_checkpoint("full", &c.training.checkpoint, &e), ML_OK);
+    c.training.precision = ML_PREC_BF16;
+    assert_int_equal(climb(m, &c, 1), 1088);
+    c.training.precision = ML_PREC_FP16_MASTER;
+    assert_int_equal(climb(m, &c, 1), 832);
+    ml_model_destroy(m);
+}
+
 #define RESIDUAL(act)                                                                        \
     "model:\n  type: sequential\n  input: [16]\n  layers:\n"                               \
     "    - linear: {out: 16, bias: false}\n"                                                 \
@@ -108,6 +142,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_layer_by_hand),
         cmocka_unit_test(test_residual_by_hand),
+        cmocka_unit_test(test_softmax_upcast_by_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
