@@ -10,6 +10,34 @@
 #include "memledger/calib.h"
 #include "util/error.h"
 
+/* A block's inventory from profile kind k at the chain's shape (x = B*T*D
+ * times the dtype's bytes): the profile's fit (its B*H*T^2 and T^2 terms
+ * included), or, from points measured at this model's T, D and H, the exact
+ * per-sample bytes: a straight line in B through them (ch->calib_exact). */
+static double profile_inventory(ml_chain *ch, const ml_profile_kind *k, uint64_t heads, double x)
+{
+    double inv = ml_profile_kind_saved(k, ch->B, ch->T, ch->c_width, heads, ch->prec.a);
+    double *qx = malloc((k->npoints ? k->npoints : 1) * sizeof *qx);
+    double *qy = malloc((k->npoints ? k->npoints : 1) * sizeof *qy);
+    size_t npt = 0;
+    for (size_t j = 0; qx && qy && j < k->npoints; j++) {
+        const ml_profile_point *q = &k->points[j];
+        if (q->T != ch->T || q->D != ch->c_width || (q->H && q->H != heads))
+            continue;
+        qx[npt] = (double)q->B * (double)q->T * (double)q->D * (double)ch->prec.a;
+        qy[npt++] = (double)q->saved_bytes;
+    }
+    ml_linfit f;
+    /* (out of memory: the global fit stands) */
+    if (npt >= 2 && ml_linfit_points(qx, qy, npt, &f, NULL) == ML_OK) {
+        inv = f.slope * x + f.fixed;
+        ch->calib_exact = true;
+    }
+    free(qx);
+    free(qy);
+    return inv;
+}
+
 /* A measured profile replaces the transformer blocks' inventories with its
  * fit at the model's shape (docs/calibration.md) when it was measured under
  * the model's precision policy (older profiles name only the dtype: then
@@ -57,29 +85,10 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
             return;
         }
     }
-    /* the profile's fit at this shape (its B*H*T^2 and T^2 terms included);
-     * points measured at this model's T, D and H give the exact per-sample
-     * bytes instead: a straight line in B through them */
+    /* the profile's fit at this shape (its B*H*T^2 and T^2 terms included),
+     * or the exact one through the points measured at this shape */
     double x = (double)ch->c_tokens * (double)ch->c_width * (double)ch->prec.a;
-    double inv = ml_profile_kind_saved(k, ch->B, ch->T, ch->c_width, m->heads, ch->prec.a);
-    double *qx = malloc((k->npoints ? k->npoints : 1) * sizeof *qx);
-    double *qy = malloc((k->npoints ? k->npoints : 1) * sizeof *qy);
-    size_t npt = 0;
-    for (size_t j = 0; qx && qy && j < k->npoints; j++) {
-        const ml_profile_point *q = &k->points[j];
-        if (q->T != ch->T || q->D != ch->c_width || (q->H && q->H != m->heads))
-            continue;
-        qx[npt] = (double)q->B * (double)q->T * (double)q->D * (double)ch->prec.a;
-        qy[npt++] = (double)q->saved_bytes;
-    }
-    ml_linfit f;
-    /* (out of memory: the global fit stands) */
-    if (npt >= 2 && ml_linfit_points(qx, qy, npt, &f, NULL) == ML_OK) {
-        inv = f.slope * x + f.fixed;
-        ch->calib_exact = true;
-    }
-    free(qx);
-    free(qy);
+    double inv = profile_inventory(ch, k, m->heads, x);
     for (size_t i = 0; i < ch->n; i++) {
         ml_cblock *b = &ch->blocks[i];
         if (b->ckpt_index < 0)
@@ -94,6 +103,10 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
         b->saved_bytes = (uint64_t)llround(saved);
         b->core_bytes = (uint64_t)llround(act * share);
         b->measured = true;
+        /* the forward program's ws_fwd is what stays beside the ledger's
+         * inventory (docs/ledger.md, "The forward, op by op"): a measured
+         * one gets the block rule */
+        b->ws_fwd = ml_mul(ch, 2, b->unit_fwd);
         ch->calibrated++;
         /* the blocks' c as the table prints it: the measured bytes (input
          * included) and the ledger's weight copies */

@@ -225,7 +225,7 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
         ml_ck_norm_params(ch, b, np, d->D);
         uint64_t out = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
         ml_ck_end(ch, b, out);
-        ml_ck_nograd_head(ch, b, m, d, true);
+        ml_ck_forward_head(ch, b, m, d, true);
         b = ml_ck_begin(ch, "loss", -1);
         if (!b)
             return ML_NOMEM;
@@ -243,7 +243,7 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
                                                       : classifier_head(ch, b, m, d, &rows);
     uint64_t logits = ml_mul(ch, rows, out_classes);
     ml_ck_end(ch, b, ml_mul(ch, logits, a));
-    ml_ck_nograd_head(ch, b, m, d, false);
+    ml_ck_forward_head(ch, b, m, d, false);
     ch->record_nodes = false;
 
     b = ml_ck_begin(ch, "loss", -1);

@@ -260,7 +260,7 @@ void ml_ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
 
 void ml_ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
 {
-    uint64_t end = b->saved_bytes + out;
+    uint64_t end = b->saved_bytes + out; /* end < out: the sum wrapped */
     if (!g->bad && end >= out && g->live == end && g->peak >= end)
         b->ws_fwd = g->peak - end;
 }

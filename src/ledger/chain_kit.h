@@ -81,11 +81,11 @@ void ml_ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
  * when it ends holding the block's saved tensors and its output; sets
  * b->ws_fwd, what the replay holds beside them while the block runs. */
 void ml_ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
-/* A transformer layer block's programs (chain_nograd.c), under no_grad and
+/* A transformer layer block's programs (chain_forward.c), under no_grad and
  * with grad, for the layouts they know; the others keep the block rule. */
-void ml_ck_nograd_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d);
+void ml_ck_forward_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d);
 /* The same for the head block (before the loss; fused: the norm only). */
-void ml_ck_nograd_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+void ml_ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
                        bool fused);
 
 /* Whether the model's attention runs a fused kernel (no T x T tensor). */

@@ -320,7 +320,7 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
         else
             postnorm_block(ch, b, m, d);
         ml_ck_end(ch, b, ml_mul(ch, BTD, w));
-        ml_ck_nograd_layer(ch, b, m, d);
+        ml_ck_forward_layer(ch, b, m, d);
         if (m->kv_cache)
             b->cache_bytes = ml_mul(ch, ml_mul(ch, 2, ml_mul(ch, d->BT, d->Dkv)), ch->prec.a);
         if (ch->overflow || ch->nomem)

@@ -257,7 +257,7 @@ class Curve:
         k1 = bisect.bisect_left(self.times, e0)
         live = sum(view[:k0])
         start = live
-        best, peak, cur = {}, (start, "forward", ""), None
+        best, peak, cur = {}, (start, "forward", "", "embedding"), None
         for k in range(k0, k1):
             t = self.times[k]
             i = bisect.bisect_right(starts, t) - 1
@@ -273,7 +273,7 @@ class Curve:
                     peak = (live, ph, ops[-1] if ops else "", step_at(t, ph))
         return {"start": start, "end": live, "phases": best, "peak": peak[0],
                 "peak_phase": peak[1], "peak_op": peak[2],
-                "peak_step": peak[3] if len(peak) > 3 else "loss"}
+                "peak_step": peak[3]}
 
 
 # --------------------------------------------------------------------------

@@ -496,12 +496,12 @@ static void programs(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
     ml_ck_grad_close(b, &p.g, out);
 }
 
-void ml_ck_nograd_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+void ml_ck_forward_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
     programs(ch, b, m, d, 0, false);
 }
 
-void ml_ck_nograd_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+void ml_ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
                        bool fused)
 {
     /* a decoder's LM head or BERT's masked-LM head; the classifiers' (B, D)
