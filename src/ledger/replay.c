@@ -177,6 +177,16 @@ static void fwd_grads_done(ml_replay *r, size_t k, bool carried)
         ml_replay_free(r, ML_CAT_WORKSPACE, b->in_bytes);
 }
 
+/* Block k's forward has consumed its input: freed unless something keeps
+ * it (once: held[k] is 0 after). */
+static void input_done(ml_replay *r, size_t k)
+{
+    if (r->bd[k].kept)
+        return;
+    ml_replay_free(r, r->held_cat[k], r->held[k]);
+    r->held[k] = 0;
+}
+
 void ml_replay_forward(ml_replay *r)
 {
     const ml_chain *ch = r->ch;
@@ -215,11 +225,9 @@ void ml_replay_forward(ml_replay *r)
             ml_replay_alloc(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
         }
         /* an in-place op (relu inplace: true) makes its output in its
-         * input's storage: the input goes first when nothing keeps it */
-        if (b->inplace && !r->bd[k].kept) {
-            ml_replay_free(r, r->held_cat[k], r->held[k]);
-            r->held[k] = 0;
-        }
+         * input's storage: the input goes first */
+        if (b->inplace)
+            input_done(r, k);
         if (k + 1 < n)
             boundary_alloc(r, k + 1, r->bd[k + 1].alias ? 0 : B[k + 1].in_bytes);
         r->flops_done += b->flops_fwd; /* the block runs: what follows is after it */
@@ -227,10 +235,7 @@ void ml_replay_forward(ml_replay *r)
         ml_replay_free(r, ML_CAT_WORKSPACE, gat);
         if (r->hold_cache) /* the output's keys and values; autocast's weight copies */
             ml_replay_alloc(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes);
-        if (!r->bd[k].kept) {
-            ml_replay_free(r, r->held_cat[k], r->held[k]);
-            r->held[k] = 0;
-        }
+        input_done(r, k);
         /* the model's forward returns after its last layer */
         if (layer && sh->side_block < 0 && (k + 1 == n || B[k + 1].ckpt_index < 0))
             ml_replay_free(r, ML_CAT_WORKSPACE, mask);
@@ -268,7 +273,7 @@ static void recompute_segment(ml_replay *r, size_t s0, size_t k)
             r->recomputed[j + 1] = B[j + 1].in_bytes;
             ml_replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[j + 1]);
         }
-        uint64_t tout = 0; /* the segment's output, made and dropped (ml_replay's
+        uint64_t tout = 0; /* the segment's output, made and dropped (as in
                               recompute_nodes) */
         if (j == k && B[k].out_saved && k + 1 < n) {
             r->recomputed[k + 1] = B[k + 1].in_bytes; /* a recomputed copy of the output */
