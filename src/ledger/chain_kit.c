@@ -403,7 +403,11 @@ static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
     uint64_t gBTD = ml_mul(ch, z->BTD, src_bpe);
     z->gQ = ml_mul(ch, z->BTQ, a);
     z->gKV = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), a);
-    if (fused_qkv && m->fused_proj) {
+    if (fused_qkv && (m->fused_proj || m->shared_norm)) {
+        /* Falcon's query_key_value: q a slice, k and v index lists of its
+         * output (their IndexBackward0 make zero-filled gradients of the
+         * whole output as SliceBackward0 does), rotary, then the matmul's
+         * expand over the heads */
         phi3_projection_nodes(ch, b, d, z, gBTD,
                               ml_mul(ch, ml_add(ch, ml_mul(ch, d->D, z->qkv_out),
                                                 m->qkv_bias ? z->qkv_out : 0), g),

@@ -65,7 +65,7 @@ unsigned ml_ck_norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
         /* native_layer_norm saves input, mean and rstd (fp32 per row) */
         size_t s0 = ml_ck_save(ch, b, "layernorm input", BTD, w, io->xflags);
         size_t s1 = ml_ck_save(ch, b, "layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
-        *params = m->bias ? 2 * d->D : d->D;
+        *params = m->norm_bias ? 2 * d->D : d->D;
         ml_ck_tmp(ch, BTD, w);
         if (io->xbuf)
             ml_ck_accum(ch, b, gD);

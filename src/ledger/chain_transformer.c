@@ -205,27 +205,49 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     unsigned nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, true);
     ml_ck_norm_params(ch, b, np, d->D);
     at[1] = ch->nparams;
-    ml_ck_attention(ch, b, m, d, nb, false, !llama || m->fused_proj, causal && !llama, llama, 0);
+    /* Falcon (shared_norm): an additive mask, and the softmax in the
+     * stream's dtype (softmax(dtype=hidden_states.dtype)) */
+    const bool falcon = m->shared_norm;
+    if (falcon && d->Hkv == 1) {
+        /* _split_heads picks the key and the value with index lists
+         * (fused_qkv[..., [-2], :]): IndexBackward0 saves each list, one
+         * int64 on the device */
+        ml_ck_save(ch, b, "key index list (multi_query)", 1, 8, 0);
+        ml_ck_save(ch, b, "value index list (multi_query)", 1, 8, 0);
+    }
+    /* the norm's output gradient: the MLP's (its backward runs first)
+     * becomes the buffer, the q/k/v projection's is added in place */
+    if (falcon)
+        ml_ck_accum(ch, b, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
+    ml_ck_attention(ch, b, m, d, nb, false, !llama || m->fused_proj,
+                    causal && !llama && !falcon, falcon ? ch->prec.w == 4 : llama, 0);
     at[2] = ch->nparams;
     if (m->post_norms)
         post_norm(ch, b, m, d);
     at[3] = ch->nparams;
-    if (m->parallel_residual) {
+    bool mlp_in_saved = false;
+    if (falcon) {
+        /* x + attn(ln(x)) + mlp(ln(x)): the MLP reads the tensor the q/k/v
+         * projection saved (autocast casts it again, a copy of its own) */
+        np = 0;
+        mlp_in_saved = true;
+    } else if (m->parallel_residual) {
         /* x + attn(ln1(x)) + mlp(ln2(x)): ln2 reads the block input that
          * ln1 already saved; only its statistics are new */
         ml_ck_save(ch, b, "ln_2 mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
-        np = m->bias ? 2 * d->D : d->D;
+        np = m->norm_bias ? 2 * d->D : d->D;
         nb = ch->prec.w;
     } else {
         nb = ml_ck_stream_norm(ch, b, m, d, 0, &np, true);
     }
-    ml_ck_norm_params(ch, b, np, d->D);
+    if (np)
+        ml_ck_norm_params(ch, b, np, d->D);
     at[4] = ch->nparams;
-    mlp_fwd(ch, b, m, d, nb, false, false);
+    mlp_fwd(ch, b, m, d, nb, mlp_in_saved, false);
     at[5] = ch->nparams;
     if (m->post_norms)
         post_norm(ch, b, m, d);
-    if (llama)
+    if (llama || falcon)
         llama_param_order(ch, m, at);
 }
 
@@ -332,11 +354,11 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
      * HF BERT extended mask (B, 1, 1, T) and the HF Llama causal mask, a
      * (1, 1, T, T) tensor expanded over the batch, with the rotary models'
      * position ids (cache_position, T int64: position_ids is a view of it)
-     * (docs/inventory.md) */
+     * (docs/inventory.md); HF Falcon's layers take the same two */
     ch->mask_in_forward = m->attention == ML_ATTN_EAGER;
     if (enc && !m->image_size)
         ch->ckpt_side = ml_mul(ch, d->BT, w);
-    else if (!enc && m->norm != ML_NORM_LAYERNORM)
+    else if (!enc && (m->norm != ML_NORM_LAYERNORM || m->shared_norm))
         ch->ckpt_side = ml_add(ch, ml_mul(ch, ml_mul(ch, d->T, d->T), w),
                                m->position == ML_POS_ROPE ? ml_mul(ch, d->T, 8) : 0);
     return ML_OK;

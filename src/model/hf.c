@@ -427,7 +427,8 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
         return st;
     const bool llama = fam & ML_HF_LM3, gpt2 = fam == ML_HF_GPT2, neox = fam == ML_HF_NEOX,
                bert = fam == ML_HF_BERT, vit = fam == ML_HF_VIT, gemma = fam == ML_HF_GEMMA,
-               phi3 = fam == ML_HF_PHI3, gemma2 = fam == ML_HF_GEMMA2;
+               phi3 = fam == ML_HF_PHI3, gemma2 = fam == ML_HF_GEMMA2,
+               falcon = fam == ML_HF_FALCON;
     bool mlm = false;
     if ((st = ml_hf_check_keys(r, fam, t, err)) || (st = architectures_of(r, f, &mlm, err)))
         return st;
@@ -452,10 +453,14 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
         st = map_gpt2(r, t, m, err);
     else if (neox)
         st = map_neox(r, t, m, err);
+    else if (falcon)
+        st = ml_hf_map_falcon(r, m, err);
     else
         st = map_encoder(r, t, vit, mlm, families[f].arch, m, err);
     if (st)
         return st;
+    if (!falcon)
+        m->norm_bias = m->bias; /* Falcon's LayerNorms keep their bias */
     const ml_node *hd = ml_tree_get(r, "head_dim");
     if (m->position == ML_POS_ROPE && m->head_dim % 2)
         return ml_error_at(err, !ml_hf_is_null(hd) ? hd : mt, ML_SCHEMA,

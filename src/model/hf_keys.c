@@ -35,6 +35,8 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
     {"gemma2", ML_HF_GEMMA2, "Gemma2ForCausalLM",
      "a causal LM head over vocab_size (tied by default), the logits soft-capped, cross-entropy",
      NULL, NULL},
+    {"falcon", ML_HF_FALCON, "FalconForCausalLM",
+     "a causal LM head over vocab_size (tied by default), cross-entropy", NULL, NULL},
 };
 
 /* ---- the key table ------------------------------------------------------ */
@@ -43,7 +45,8 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
 #define GEM (ML_HF_GEMMA | ML_HF_GEMMA2) /* Gemma and Gemma 2 */
 #define GEM2 ML_HF_GEMMA2
 #define PHI ML_HF_PHI3
-#define DEC (LM3 | GEM | PHI | ML_HF_GPT2 | ML_HF_NEOX)
+#define FAL ML_HF_FALCON
+#define DEC (LM3 | GEM | PHI | ML_HF_GPT2 | ML_HF_NEOX | FAL)
 #define ENC (ML_HF_BERT | ML_HF_VIT)
 #define ALL (DEC | ENC)
 #define H ML_HF_HONOURED
@@ -109,13 +112,13 @@ static const ml_hf_key keys[] = {
     {"max_position_embeddings", ML_HF_GPT2 | ML_HF_BERT, H, NULL,
      "learned positions (max_position_embeddings × D parameters) and the longest sequence "
      "(GPT-2: the alias of n_positions)"},
-    {"max_position_embeddings", LM3 | GEM | PHI | ML_HF_NEOX, H, NULL,
+    {"max_position_embeddings", LM3 | GEM | PHI | ML_HF_NEOX | FAL, H, NULL,
      "the default sequence length, the smaller of it and 2048 (rotary positions have no "
      "parameters)"},
     {"num_key_value_heads", LM3 | GEM | PHI, H, NULL, "Hkv (grouped-query attention); default H"},
     {"head_dim", LM3 | GEM | PHI, H, NULL,
      "dh: q projects D to H·dh, k and v to Hkv·dh, o_proj H·dh back to D; default D / H"},
-    {"head_dim", ML_HF_GPT2 | ML_HF_NEOX | ENC, R, NULL,
+    {"head_dim", ML_HF_GPT2 | ML_HF_NEOX | FAL | ENC, R, NULL,
      "these families' head size is hidden_size / num_attention_heads: another value is "
      "refused"},
     {"intermediate_size", LM3 | GEM | ML_HF_NEOX | ENC, H, NULL, "F"},
@@ -145,8 +148,8 @@ static const ml_hf_key keys[] = {
     {"qkv_bias", ML_HF_VIT, H, NULL, "biases on q, k and v (default true)"},
     {"use_parallel_residual", ML_HF_NEOX, H, NULL, "x + attn(ln1(x)) + mlp(ln2(x)) (default true)"},
     {"tie_word_embeddings", DEC, H, NULL,
-     "the LM head shares the embedding table (default true for gpt2 and gemma, false for the "
-     "others)"},
+     "the LM head shares the embedding table (default true for gpt2, gemma and falcon, false "
+     "for the others)"},
     {"tie_word_embeddings", ML_HF_BERT, H, NULL,
      "BertForMaskedLM: its decoder shares the word embeddings (default true; false adds a "
      "vocab_size × D decoder); the classifier has no output embedding to tie"},
@@ -164,12 +167,12 @@ static const ml_hf_key keys[] = {
     {"scale_attn_by_inverse_layer_idx", ML_HF_GPT2, I, NULL,
      "divides the scores by a Python scalar, which saves nothing"},
     /* positions */
-    {"rope_theta", LM3 | GEM | PHI | ML_HF_NEOX, I, NULL, ROPE_NOTE},
+    {"rope_theta", LM3 | GEM | PHI | ML_HF_NEOX | FAL, I, NULL, ROPE_NOTE},
     {"rotary_emb_base", ML_HF_NEOX, I, NULL, ROPE_NOTE},
-    {"rope_scaling", LM3 | GEM | PHI | ML_HF_NEOX, I, NULL,
+    {"rope_scaling", LM3 | GEM | PHI | ML_HF_NEOX | FAL, I, NULL,
      "linear, dynamic, yarn, llama3 or longrope rescaling of the rotation's frequencies: "
      "values of the same cos and sin tensors"},
-    {"rope_parameters", LM3 | GEM | PHI | ML_HF_NEOX, I, NULL,
+    {"rope_parameters", LM3 | GEM | PHI | ML_HF_NEOX | FAL, I, NULL,
      "rope_theta and rope_scaling in one object (transformers 5): values of the same cos and "
      "sin tensors"},
     {"rotary_pct", ML_HF_NEOX, A, NULL, RAW_ROTARY_NOTE},
@@ -228,7 +231,7 @@ static const ml_hf_key keys[] = {
     /* inert per family */
     {"rms_norm_eps", LM3 | GEM | PHI, I, NULL, EPS_NOTE},
     {"layer_norm_eps", ML_HF_NEOX | ENC, I, NULL, EPS_NOTE},
-    {"layer_norm_epsilon", ML_HF_GPT2, I, NULL, EPS_NOTE},
+    {"layer_norm_epsilon", ML_HF_GPT2 | FAL, I, NULL, EPS_NOTE},
     {"n_ctx", ML_HF_GPT2, I, NULL, "the legacy context length; transformers reads n_positions"},
     {"summary_type", ML_HF_GPT2, I, NULL, SUMMARY_NOTE},
     {"summary_use_proj", ML_HF_GPT2, I, NULL, SUMMARY_NOTE},
@@ -327,6 +330,35 @@ static const ml_hf_key keys[] = {
      "soft-capped scores are Gemma 2's: these families do not read it"},
     {"final_logit_softcapping", ALL & ~GEM2, R, "null",
      "soft-capped logits are Gemma 2's: these families do not read it"},
+    /* Falcon */
+    {"alibi", FAL, R, "false|null",
+     "ALiBi adds a bias to the scores and runs another attention path; the rotary Falcons "
+     "(alibi: false) are planned"},
+    {"new_decoder_architecture", FAL, R, "false|null",
+     "the Falcon-40B/180B layer (grouped key/value heads, ln_attn and ln_mlp) is not modelled; "
+     "Falcon-7B's is"},
+    {"parallel_attn", FAL, R, "true|null",
+     "the sequential layer (post_attention_layernorm) is not modelled; true: x + attn(ln(x)) + "
+     "mlp(ln(x)), one LayerNorm for both branches"},
+    {"num_ln_in_parallel_attn", FAL, R, "1|null",
+     "2 belongs to the new decoder architecture (ln_attn and ln_mlp)"},
+    {"multi_query", FAL, H, NULL,
+     "one key/value head (default true); false: num_attention_heads of them"},
+    {"num_kv_heads", FAL, H, NULL,
+     "read only with multi_query false, where it must equal num_attention_heads (the old "
+     "architecture's reshape)"},
+    {"ffn_hidden_size", FAL, H, NULL, "F (default 4 · hidden_size)"},
+    {"activation", FAL, H, NULL,
+     "gelu (the default) or gelu_pytorch_tanh: the single-op GELU; relu; others refused"},
+    {"bias", FAL, H, NULL,
+     "biases on the four projections (default false); the LayerNorms keep theirs either way"},
+    {"hidden_dropout", FAL, R, "0|null",
+     "Falcon drops out the sum of both branches once (dropout_add), not each branch as the "
+     "planner's dropout does"},
+    {"attention_dropout", FAL, R, "0|null",
+     "the rotary eager and sdpa paths apply none, flash_attention_2 does: not modelled"},
+    {"apply_residual_connection_post_layernorm", FAL, I, NULL,
+     "FalconConfig keeps it; modeling_falcon.py does not read it"},
     /* Gemma 2 */
     {"query_pre_attn_scalar", GEM2, H, NULL,
      "the scores are scaled by its -0.5 power (default 256): a value, not a size; null is "
@@ -351,6 +383,7 @@ static const ml_hf_key keys[] = {
 };
 
 #undef GEM
+#undef FAL
 #undef GEM2
 #undef PHI
 #undef H

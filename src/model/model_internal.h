@@ -82,6 +82,10 @@ struct ml_model {
     uint64_t sliding_window; /* HF sliding_window: a longer planned sequence is refused
                                 (the window is not modelled); 0 = none */
     bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, GPT-J) */
+    bool shared_norm;       /* with parallel_residual: one norm feeds both branches,
+                               x + attn(ln(x)) + mlp(ln(x)) (HF Falcon's input_layernorm) */
+    bool norm_bias;         /* the LayerNorms have a bias (default: bias; HF Falcon's
+                               LayerNorms keep theirs while its projections have none) */
     bool kv_cache;          /* the forward returns every layer's keys and values
                                (HF use_cache, on by default for decoders) */
     bool fused_proj;        /* one qkv_proj and one gate_up_proj whose outputs are sliced
@@ -146,11 +150,12 @@ enum {
     ML_HF_GEMMA = 1u << 7,
     ML_HF_PHI3 = 1u << 8,
     ML_HF_GEMMA2 = 1u << 9,
-    ML_HF_FAMILY_COUNT = 10
+    ML_HF_FALCON = 1u << 10,
+    ML_HF_FAMILY_COUNT = 11
 };
 #define ML_HF_LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2) /* the Llama-layout families */
 #define ML_HF_SUPPORTED \
-    "llama, mistral, qwen2, gemma, gemma2, phi3, gpt2, gpt_neox, bert, vit"
+    "llama, mistral, qwen2, gemma, gemma2, phi3, gpt2, gpt_neox, falcon, bert, vit"
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head, and a second class the planner builds too (NULL: none;

@@ -115,7 +115,10 @@ static ml_status transformer_options(ml_error *err, const ml_node *mm, ml_model 
         m->tied_embeddings = true; /* BertConfig's tie_word_embeddings */
     m->pooler = enc && m->image_size == 0 && !m->mlm_head;
     m->qkv_bias = m->bias;
-    if ((st = ml_tree_bool(err, mm, "pooler", "model", &m->pooler)) ||
+    m->norm_bias = m->bias;
+    if ((st = ml_tree_bool(err, mm, "norm_bias", "model", &m->norm_bias)) ||
+        (st = ml_tree_bool(err, mm, "shared_norm", "model", &m->shared_norm)) ||
+        (st = ml_tree_bool(err, mm, "pooler", "model", &m->pooler)) ||
         (st = ml_tree_bool(err, mm, "fused_projections", "model", &m->fused_proj)) ||
         (st = ml_tree_bool(err, mm, "qkv_bias", "model", &m->qkv_bias)) ||
         (st = ml_tree_bool(err, mm, "parallel_residual", "model", &m->parallel_residual)) ||
@@ -135,6 +138,10 @@ static ml_status transformer_consistent(ml_error *err, const ml_node *mm, ml_mod
     if (m->parallel_residual && !m->prenorm)
         return ml_error_at(err, ml_tree_get(mm, "parallel_residual"), ML_SCHEMA,
                            "model.parallel_residual: needs norm_position: pre");
+    if (m->shared_norm && (!m->parallel_residual || m->norm != ML_NORM_LAYERNORM))
+        return ml_error_at(err, ml_tree_get(mm, "shared_norm"), ML_SCHEMA,
+                           "model.shared_norm: one norm for both branches needs "
+                           "parallel_residual: true and norm: layernorm (Falcon's layer)");
     if (m->image_size) {
         if (!enc)
             return ml_error_at(err, ml_tree_get(mm, "image_size"), ML_SCHEMA,
@@ -202,7 +209,7 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
         "attention", "dropout", "classes", "pooler", "token_types", "image_size", "patch_size",
         "channels", "qkv_bias", "parallel_residual", "head_dim", "embedding_scale",
         "fused_projections", "mlm_head", "buffers", "post_norms", "attn_scalar",
-        "attn_softcap", "final_softcap"};
+        "attn_softcap", "final_softcap", "norm_bias", "shared_norm"};
     ml_status st;
     if ((st = ml_tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))) ||
         (st = transformer_sizes(err, mm, m)) || (st = transformer_options(err, mm, m)) ||

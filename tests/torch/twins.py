@@ -504,6 +504,81 @@ class Phi3(Llama):
         return b.down(up)
 
 
+class Falcon(Llama):
+    """HF modeling_falcon (FalconForCausalLM, Falcon-7B's layout: rotary,
+    parallel_attn, the old decoder architecture), eager: one input_layernorm
+    feeds the attention and the MLP; one query_key_value projection with H
+    query heads and one key/value head (multi_query); FalconLinear is
+    `x @ weight.T`; the softmax runs in the stream's dtype; tied."""
+
+    def __init__(s, m):
+        nn.Module.__init__(s)
+        D, H, F_, V = m["hidden"], m["heads"], m["ffn"], m["vocab"]
+        s.D, s.H, s.KV, s.dh = D, H, m.get("kv_heads", H), D // H
+        s.final_softcap = 0.0
+        s.embed = nn.Embedding(V, D)
+        s.blocks = nn.ModuleList()
+        bias = m.get("bias", True)
+        for _ in range(m["layers"]):
+            # registered as FalconDecoderLayer does: self_attention
+            # (query_key_value, dense), mlp (dense_h_to_4h, dense_4h_to_h),
+            # input_layernorm
+            b = nn.Module()
+            b.qkv = nn.Linear(D, (H + 2 * s.KV) * s.dh, bias=bias)
+            b.dense = nn.Linear(D, D, bias=bias)
+            b.h_to_4h = nn.Linear(D, F_, bias=bias)
+            b.h4_to_h = nn.Linear(F_, D, bias=bias)
+            b.ln = nn.LayerNorm(D)
+            s.blocks.append(b)
+        s.norm = nn.LayerNorm(D)
+        s.lm_head = nn.Linear(D, V, bias=False)
+        s.lm_head.weight = s.embed.weight  # tied
+        s.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, s.dh, 2).float() / s.dh)))
+
+    @staticmethod
+    def linear(lin, x):  # FalconLinear.forward
+        y = x @ lin.weight.T
+        return y if lin.bias is None else y + lin.bias
+
+    def attn(s, b, h, cos, sin, mask):  # FalconAttention.forward (rotary, eager)
+        B, T, _ = h.shape
+        qkv = s.linear(b.qkv, h)
+        if s.KV == 1:  # _split_heads, multi_query: the key and value by index lists (copies)
+            qkv = qkv.view(B, T, s.H + 2, s.dh)
+            q, k, v = qkv[..., :-2, :], qkv[..., [-2], :], qkv[..., [-1], :]
+        else:
+            qkv = qkv.view(B, T, s.H, 3, s.dh)
+            q, k, v = qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
+        q = q.transpose(1, 2).reshape(B, s.H, T, s.dh)
+        k = k.transpose(1, 2).reshape(B, s.KV, T, s.dh)
+        v = v.transpose(1, 2).reshape(B, s.KV, T, s.dh)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        w = q @ k.transpose(-1, -2)
+        w /= math.sqrt(s.dh)
+        w = F.softmax(w + mask, dim=-1, dtype=h.dtype)
+        y = w @ v
+        y = y.view(B, s.H, T, s.dh)
+        y = y.permute(0, 2, 1, 3)
+        y = y.reshape(B, T, s.H * s.dh)
+        return s.linear(b.dense, y)
+
+    def mlp(s, b, h):  # FalconMLP.forward
+        h = s.act(s.linear(b.h_to_4h, h))
+        return s.linear(b.h4_to_h, h)
+
+    def act(s, x):
+        return F.gelu(x)
+
+    def block(s, b, x, cos, sin, mask, pos):  # FalconDecoderLayer.forward
+        r = x
+        h = b.ln(x)
+        a = s.attn(b, h, cos, sin, mask)
+        y = s.mlp(b, h)
+        y += a
+        # dropout_add with hidden_dropout 0: F.dropout(p=0) returns its input
+        return r + y
+
+
 class Bert(nn.Module):
     """HF BERT eager: post-LN, separate q/k/v, pooler, classifier."""
 
@@ -760,6 +835,8 @@ def build(doc):
         return Sequential(m)
     if m["type"] == "encoder":
         return BertMLM(m) if m.get("mlm_head") else Bert(m)
+    if m.get("shared_norm"):
+        return Falcon(m)
     if m.get("fused_projections"):
         return Phi3(m)
     if m.get("post_norms"):

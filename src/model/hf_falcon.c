@@ -1,0 +1,98 @@
+/* The Hugging Face import's Falcon (hf.c calls it after the shared sizes):
+ * FalconForCausalLM as modeling_falcon.py builds it for the configs of
+ * Falcon-7B's layout. Every key it reads is in the key table (hf_keys.c);
+ * the block it maps to is docs/inventory.md's "Falcon block". */
+#include <string.h>
+
+#include "model/hf_read.h"
+#include "model/model_internal.h"
+#include "model/tree.h"
+
+/* A boolean key that must have one value here; the sentence says why. */
+static ml_status only(const ml_node *r, const char *key, bool dflt, bool want, const char *why,
+                      ml_error *err)
+{
+    bool v = dflt;
+    ml_status st = ml_hf_bool(err, r, key, &v);
+    if (st)
+        return st;
+    if (v != want)
+        return ml_error_at(err, ml_tree_get(r, key), ML_SCHEMA, "%s: %s is not modelled: %s",
+                           key, v ? "true" : "false", why);
+    return ML_OK;
+}
+
+/* FalconDecoderLayer with parallel_attn and the old decoder architecture:
+ * one LayerNorm (input_layernorm) feeds the attention and the MLP, whose
+ * outputs are added to the residual (x + attn(ln(x)) + mlp(ln(x))); one
+ * fused query_key_value projection, H query heads and one key/value head
+ * (multi_query) or H; rotary positions; FalconLinear projections with
+ * `bias` (default false) while the LayerNorms keep their biases; a GELU
+ * MLP of ffn_hidden_size (default 4 * hidden_size); a tied head by
+ * default (FalconConfig). */
+ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err)
+{
+    ml_status st;
+    if ((st = only(r, "alibi", false, false,
+                   "ALiBi adds a B·H·T bias to the scores and runs another attention path; "
+                   "rotary Falcons (alibi: false) are planned",
+                   err)) ||
+        (st = only(r, "new_decoder_architecture", false, false,
+                   "the Falcon-40B/180B layer (grouped key/value heads, ln_attn and ln_mlp) is "
+                   "not modelled; Falcon-7B's layout is",
+                   err)) ||
+        (st = only(r, "parallel_attn", true, true,
+                   "the sequential Falcon layer (post_attention_layernorm) is not modelled",
+                   err)))
+        return st;
+    const char *act = NULL;
+    if ((st = ml_hf_str(err, r, "activation", &act)))
+        return st;
+    m->activation = ML_ACT_GELU;
+    if (act && !strcmp(act, "relu"))
+        m->activation = ML_ACT_RELU;
+    else if (act && strcmp(act, "gelu") && strcmp(act, "gelu_pytorch_tanh"))
+        return ml_error_at(err, ml_tree_get(r, "activation"), ML_SCHEMA,
+                           "activation: '%s' is not modelled for falcon (gelu, "
+                           "gelu_pytorch_tanh or relu)",
+                           act);
+    bool mq = true;
+    uint64_t kv = 0, nln = 1;
+    if ((st = ml_hf_bool(err, r, "multi_query", &mq)) ||
+        (st = ml_hf_uint(err, r, KEYS("num_kv_heads"), false, 1, 1u << 20,
+                         &kv)) ||
+        (st = ml_hf_uint(err, r, KEYS("num_ln_in_parallel_attn"), false,
+                         1, 2, &nln)) ||
+        (st = ml_hf_uint(err, r, KEYS("ffn_hidden_size"), false, 1,
+                         1u << 24, &m->ffn)))
+        return st;
+    /* FalconAttention: one key/value head with multi_query, else H
+     * (num_kv_heads is read only then, and a value other than H fails in
+     * its reshape) */
+    m->kv_heads = mq ? 1 : m->heads;
+    if (!mq && kv && kv != m->heads)
+        return ml_error_at(err, ml_tree_get(r, "num_kv_heads"), ML_SCHEMA,
+                           "num_kv_heads: %llu with multi_query false: the old decoder "
+                           "architecture has num_attention_heads (%llu) key/value heads",
+                           (unsigned long long)kv, (unsigned long long)m->heads);
+    /* the old architecture's parallel layer builds input_layernorm only
+     * when num_ln_in_parallel_attn is not 2 (with 2 its forward fails) */
+    if (nln != 1)
+        return ml_error_at(err, ml_tree_get(r, "num_ln_in_parallel_attn"), ML_SCHEMA,
+                           "num_ln_in_parallel_attn: 2 belongs to the new decoder "
+                           "architecture, which is not modelled");
+    m->norm = ML_NORM_LAYERNORM;
+    m->prenorm = true;
+    m->position = ML_POS_ROPE;
+    m->parallel_residual = true;
+    m->shared_norm = true;
+    m->norm_bias = true;
+    m->bias = false;
+    m->tied_embeddings = true;
+    m->dropout = 0; /* hidden_dropout and attention_dropout > 0 are refused by the key table */
+    if ((st = ml_hf_bool(err, r, "bias", &m->bias)) ||
+        (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+        return st;
+    m->qkv_bias = m->bias;
+    return ML_OK;
+}
