@@ -234,6 +234,15 @@ ML_API void ml_model_destroy(ml_model *m);
 /* The model's `name:`; never NULL. Owned by the model. */
 ML_API const char *ml_model_name(const ml_model *m);
 
+/* Plans the model with another attention implementation: "eager", "sdpa" or
+ * "flash", as the model file's model.attention and Hugging Face's
+ * attn_implementation say it (docs/inventory.md). ML_SCHEMA, the model
+ * unchanged, for another name or a model without attention (sequential). */
+ML_API ml_status ml_model_set_attention(ml_model *m, const char *name, ml_error *err);
+/* The attention implementation planned: "eager", "sdpa" or "flash"; NULL
+ * for a sequential model. */
+ML_API const char *ml_model_attention(const ml_model *m);
+
 /* The training and device settings written in the file (defaults filled in). */
 ML_API ml_config ml_model_config(const ml_model *m);
 

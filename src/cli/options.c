@@ -88,6 +88,7 @@ static const struct {
     {"--seq-len", offsetof(ml_cli_opts, seq_len)},
     {"--grad-accum", offsetof(ml_cli_opts, grad_accum)},
     {"--precision", offsetof(ml_cli_opts, precision)},
+    {"--attention", offsetof(ml_cli_opts, attention)},
     {"--optimizer", offsetof(ml_cli_opts, optimizer)},
     {"--optimizer-impl", offsetof(ml_cli_opts, optimizer_impl)},
     {"--checkpoint", offsetof(ml_cli_opts, checkpoint)},
@@ -497,6 +498,12 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
     if (st) {
         ml_cli_print_error(&e);
         return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+    }
+    if (o->attention && ml_model_set_attention(m, o->attention, &e) != ML_OK) {
+        fprintf(stderr, "memledger: error: --attention: %s\n",
+                strchr(e.msg, ':') ? strchr(e.msg, ':') + 2 : e.msg);
+        ml_model_destroy(m);
+        return ML_EXIT_BAD_INPUT;
     }
     ml_config c = ml_model_config(m);
     int rc = training_flags(o, &c.training);

@@ -450,12 +450,12 @@ static void programs(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
                      uint64_t L, bool fused)
 {
     /* the layouts written out: eager attention, no autocast casts, no
-     * parallel residual, no vision encoder; with grad, every saved tensor
+     * parallel residual, no vision encoder, no experts; with grad, every saved tensor
      * kept (not selective checkpointing) */
     const bool layernorm = m->norm == ML_NORM_LAYERNORM;
     const bool glu = m->activation == ML_ACT_SWIGLU || m->activation == ML_ACT_GEGLU;
     if (ch->prec.autocast || m->attention != ML_ATTN_EAGER || m->parallel_residual ||
-        m->image_size || ch->overflow)
+        m->image_size || m->experts || ch->overflow)
         return;
     /* the nanoGPT layout has no rotary; the post-norm one is BERT's */
     if ((layernorm && m->position == ML_POS_ROPE) ||

@@ -88,6 +88,11 @@ void ml_ck_forward_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
 void ml_ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
                        bool fused);
 
+/* A mixture-of-experts MLP (HF Mixtral's) after its norm (chain_moe.c):
+ * the router and the experts' parameters, FLOPs and saved tensors, for
+ * m->experts experts with m->experts_per_tok of them per token. */
+void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+               unsigned src_bpe, bool src_saved);
 /* Whether the model's attention runs a fused kernel (no T x T tensor). */
 bool ml_ck_fused_attention(const ml_chain *ch, const ml_model *m);
 /* Self-attention after its input projection(s): parameters, FLOPs, saved

@@ -162,7 +162,7 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
 static void llama_param_order(ml_chain *ch, const ml_model *m, const size_t at[6])
 {
     enum { FIRST, ATTN, POST_ATTN, NORM2, MLP, POST_MLP };
-    ml_ptensor tmp[32];
+    ml_ptensor tmp[256]; /* a Mixtral layer of 80 experts has 247 */
     const size_t first = at[FIRST], end = ch->nparams, n = end - first;
     if (ch->nomem || n > sizeof tmp / sizeof tmp[0])
         return;
@@ -243,7 +243,10 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     if (np)
         ml_ck_norm_params(ch, b, np, d->D);
     at[4] = ch->nparams;
-    mlp_fwd(ch, b, m, d, nb, mlp_in_saved, false);
+    if (m->experts)
+        ml_ck_moe(ch, b, m, d, nb, mlp_in_saved);
+    else
+        mlp_fwd(ch, b, m, d, nb, mlp_in_saved, false);
     at[5] = ch->nparams;
     if (m->post_norms)
         post_norm(ch, b, m, d);

@@ -174,9 +174,10 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
             return st;
         m->qkv_bias = m->out_bias = ab;
         m->mlp_bias = mb;
-    } else if (!strcmp(t, "mistral")) {
-        /* MistralConfig: sliding_window defaults to 4096; null: none */
-        uint64_t w = 4096;
+    } else if (!strcmp(t, "mistral") || !strcmp(t, "mixtral")) {
+        /* MistralConfig: sliding_window defaults to 4096, MixtralConfig's
+         * to null; null: none */
+        uint64_t w = strcmp(t, "mixtral") ? 4096 : 0;
         const ml_node *n = ml_tree_get(r, "sliding_window");
         if (n && ml_hf_is_null(n))
             w = 0;
@@ -184,6 +185,8 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
                                     1ull << 40, &w)))
             return st;
         m->sliding_window = w;
+        if (!strcmp(t, "mixtral") && (st = ml_hf_map_mixtral_experts(r, m, err)))
+            return st;
     } else {
         /* Qwen2Config: the window (default 4096) only with use_sliding_window,
          * on the layers from max_window_layers (default 28) on, or those

@@ -1,7 +1,8 @@
-/* The Hugging Face import's Falcon (hf.c calls it after the shared sizes):
- * FalconForCausalLM as modeling_falcon.py builds it for the configs of
- * Falcon-7B's layout. Every key it reads is in the key table (hf_keys.c);
- * the block it maps to is docs/inventory.md's "Falcon block". */
+/* The Hugging Face import's Falcon and Mixtral's experts (hf.c calls them
+ * after the shared sizes): FalconForCausalLM as modeling_falcon.py builds it
+ * for the configs of Falcon-7B's layout, and MixtralSparseMoeBlock's keys.
+ * Every key they read is in the key table (hf_keys.c); the blocks they map
+ * to are docs/inventory.md's "Falcon block" and "Mixtral block". */
 #include <string.h>
 
 #include "model/hf_read.h"
@@ -94,5 +95,26 @@ ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err)
         (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
         return st;
     m->qkv_bias = m->bias;
+    return ML_OK;
+}
+
+/* MixtralSparseMoeBlock (modeling_mixtral.py): num_local_experts SwiGLU
+ * experts of intermediate_size (MixtralConfig's default 8), each token
+ * routed to num_experts_per_tok of them (default 2); the rest of the layer
+ * is Mistral's (hf.c). */
+ml_status ml_hf_map_mixtral_experts(const ml_node *r, ml_model *m, ml_error *err)
+{
+    m->experts = 8;
+    m->experts_per_tok = 2;
+    ml_status st;
+    if ((st = ml_hf_uint(err, r, KEYS("num_local_experts"), false, 2, 4096, &m->experts)) ||
+        (st = ml_hf_uint(err, r, KEYS("num_experts_per_tok"), false, 1, 4096,
+                         &m->experts_per_tok)))
+        return st;
+    if (m->experts_per_tok > m->experts)
+        return ml_error_at(err, ml_tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
+                           "num_experts_per_tok: %llu is more than num_local_experts (%llu)",
+                           (unsigned long long)m->experts_per_tok,
+                           (unsigned long long)m->experts);
     return ML_OK;
 }

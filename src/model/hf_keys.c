@@ -15,6 +15,10 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
      NULL, NULL},
     {"mistral", ML_HF_MISTRAL, "MistralForCausalLM",
      "a causal LM head over vocab_size, cross-entropy", NULL, NULL},
+    {"mixtral", ML_HF_MIXTRAL, "MixtralForCausalLM",
+     "a causal LM head over vocab_size, cross-entropy (no auxiliary loss: output_router_logits "
+     "false)",
+     NULL, NULL},
     {"qwen2", ML_HF_QWEN2, "Qwen2ForCausalLM", "a causal LM head over vocab_size, cross-entropy",
      NULL, NULL},
     {"gpt2", ML_HF_GPT2, "GPT2LMHeadModel", "a causal LM head over vocab_size, cross-entropy",
@@ -41,7 +45,8 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
 
 /* ---- the key table ------------------------------------------------------ */
 
-#define LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2)
+#define MIX ML_HF_MIXTRAL
+#define LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | MIX)
 #define GEM (ML_HF_GEMMA | ML_HF_GEMMA2) /* Gemma and Gemma 2 */
 #define GEM2 ML_HF_GEMMA2
 #define PHI ML_HF_PHI3
@@ -135,8 +140,8 @@ static const ml_hf_key keys[] = {
     {"hidden_activation", GEM, H, NULL, GEMMA_ACT_NOTE},
     {"activation_function", ML_HF_GPT2, H, NULL, ACT_NOTE},
     {"attention_bias", ML_HF_LLAMA | GEM, H, NULL, "biases on q, k, v and o_proj (default false)"},
-    {"attention_bias", ML_HF_MISTRAL, R, "false|null",
-     "MistralAttention has no biases (it does not read the key)"},
+    {"attention_bias", ML_HF_MISTRAL | MIX, R, "false|null",
+     "MistralAttention and MixtralAttention have no biases (they do not read the key)"},
     {"attention_bias", PHI, R, "false|null",
      "Phi3Attention's qkv_proj and o_proj have no biases (it does not read the key)"},
     {"attention_bias", ML_HF_QWEN2, R, "true|null",
@@ -181,6 +186,7 @@ static const ml_hf_key keys[] = {
     /* sliding windows */
     {"sliding_window", ML_HF_MISTRAL, H, NULL,
      "the window (default 4096; null: none); " WINDOW_NOTE},
+    {"sliding_window", MIX, H, NULL, "the window (default null: none); " WINDOW_NOTE},
     {"sliding_window", ML_HF_QWEN2, H, NULL,
      "the window when use_sliding_window is true and a layer uses it; " WINDOW_NOTE},
     {"sliding_window", PHI, H, NULL,
@@ -314,9 +320,9 @@ static const ml_hf_key keys[] = {
     {"tie_encoder_decoder", ALL, R, "false|null", "encoder-decoder models are not modelled"},
     {"quantization_config", ALL, R, "null", "quantized weights are not modelled"},
     /* other families' keys that change parameters, saved tensors or FLOPs */
-    {"num_local_experts", ALL, R, "0|1|null", MOE_NOTE},
+    {"num_local_experts", ALL & ~MIX, R, "0|1|null", MOE_NOTE},
     {"num_experts", ALL, R, "0|1|null", MOE_NOTE},
-    {"num_experts_per_tok", ALL, R, "0|1|null", MOE_NOTE},
+    {"num_experts_per_tok", ALL & ~MIX, R, "0|1|null", MOE_NOTE},
     {"n_routed_experts", ALL, R, "0|null", MOE_NOTE},
     {"moe_intermediate_size", ALL, R, "0|null", MOE_NOTE},
     {"shared_expert_intermediate_size", ALL, R, "0|null", MOE_NOTE},
@@ -330,6 +336,19 @@ static const ml_hf_key keys[] = {
      "soft-capped scores are Gemma 2's: these families do not read it"},
     {"final_logit_softcapping", ALL & ~GEM2, R, "null",
      "soft-capped logits are Gemma 2's: these families do not read it"},
+    /* Mixtral */
+    {"num_local_experts", MIX, H, NULL,
+     "E SwiGLU experts of intermediate_size each (default 8): E·3·D·F parameters; every "
+     "token's rows saved once per expert it is routed to (docs/inventory.md)"},
+    {"num_experts_per_tok", MIX, H, NULL, "k, the experts each token is routed to (default 2)"},
+    {"output_router_logits", MIX, R, "false|null",
+     "true adds the load-balancing loss over every layer's router logits, which is not "
+     "modelled"},
+    {"router_aux_loss_coef", MIX, I, NULL,
+     "the load-balancing loss's weight, used only with output_router_logits (refused)"},
+    {"router_jitter_noise", MIX, R, "0|null",
+     "multiplies the router's input by uniform noise in place during training: not "
+     "modelled"},
     /* Falcon */
     {"alibi", FAL, R, "false|null",
      "ALiBi adds a bias to the scores and runs another attention path; the rotary Falcons "
@@ -383,6 +402,7 @@ static const ml_hf_key keys[] = {
 };
 
 #undef GEM
+#undef MIX
 #undef FAL
 #undef GEM2
 #undef PHI

@@ -43,6 +43,9 @@ ml_status ml_hf_check_keys(const ml_node *r, unsigned fam, const char *type, ml_
  * hf.c has read the sizes. ML_OK or ML_SCHEMA (err at the key). */
 ml_status ml_hf_map_gemma(const ml_node *r, ml_model *m, ml_error *err);
 ml_status ml_hf_map_phi3(const ml_node *r, ml_model *m, ml_error *err);
+/* MixtralForCausalLM's experts (hf_falcon.c): num_local_experts,
+ * num_experts_per_tok. */
+ml_status ml_hf_map_mixtral_experts(const ml_node *r, ml_model *m, ml_error *err);
 /* FalconForCausalLM (hf_falcon.c). */
 ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err);
 /* model_type gemma2: Gemma's layer with the post norms, the score scale,

@@ -84,6 +84,9 @@ struct ml_model {
     bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, GPT-J) */
     bool shared_norm;       /* with parallel_residual: one norm feeds both branches,
                                x + attn(ln(x)) + mlp(ln(x)) (HF Falcon's input_layernorm) */
+    uint64_t experts;       /* a mixture-of-experts MLP of this many SwiGLU experts (HF
+                               Mixtral's num_local_experts); 0 = one dense MLP */
+    uint64_t experts_per_tok; /* the experts each token is routed to (top-k) */
     bool norm_bias;         /* the LayerNorms have a bias (default: bias; HF Falcon's
                                LayerNorms keep theirs while its projections have none) */
     bool kv_cache;          /* the forward returns every layer's keys and values
@@ -151,11 +154,13 @@ enum {
     ML_HF_PHI3 = 1u << 8,
     ML_HF_GEMMA2 = 1u << 9,
     ML_HF_FALCON = 1u << 10,
-    ML_HF_FAMILY_COUNT = 11
+    ML_HF_MIXTRAL = 1u << 11,
+    ML_HF_FAMILY_COUNT = 12
 };
-#define ML_HF_LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2) /* the Llama-layout families */
+#define ML_HF_LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | ML_HF_MIXTRAL) /* the Llama-layout
+                                                                      families */
 #define ML_HF_SUPPORTED \
-    "llama, mistral, qwen2, gemma, gemma2, phi3, gpt2, gpt_neox, falcon, bert, vit"
+    "llama, mistral, mixtral, qwen2, gemma, gemma2, phi3, gpt2, gpt_neox, falcon, bert, vit"
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head, and a second class the planner builds too (NULL: none;

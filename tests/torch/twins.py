@@ -504,6 +504,52 @@ class Phi3(Llama):
         return b.down(up)
 
 
+class Mixtral(Llama):
+    """HF modeling_mixtral (MixtralForCausalLM) eager: Llama's attention and
+    norms; the MLP is MixtralSparseMoeBlock, a router over E SwiGLU experts
+    (w1, w2, w3) with each token sent to its top k, the experts run one by
+    one on their tokens (no capacity, no dropped tokens); no auxiliary loss
+    (output_router_logits false)."""
+
+    def __init__(s, m):
+        super().__init__(m)
+        D, F_, E = m["hidden"], m["ffn"], m["experts"]
+        s.E, s.k = E, m.get("experts_per_tok", 2)
+        for b in s.blocks:
+            # MixtralDecoderLayer registers self_attn, block_sparse_moe
+            # (gate, then experts[i].w1, w2, w3), the two norms
+            ln1, ln2 = b.ln1, b.ln2
+            del b.gate, b.up, b.down, b.ln1, b.ln2
+            b.router = nn.Linear(D, E, bias=False)
+            b.experts = nn.ModuleList()
+            for _ in range(E):
+                e = nn.Module()
+                e.w1 = nn.Linear(D, F_, bias=False)
+                e.w2 = nn.Linear(F_, D, bias=False)
+                e.w3 = nn.Linear(D, F_, bias=False)
+                b.experts.append(e)
+            b.ln1, b.ln2 = ln1, ln2
+
+    def mlp(s, b, h):  # MixtralSparseMoeBlock.forward
+        B, T, D = h.shape
+        h = h.view(-1, D)
+        logits = b.router(h)
+        w = F.softmax(logits, dim=1, dtype=torch.float)
+        w, chosen = torch.topk(w, s.k, dim=-1)
+        w /= w.sum(dim=-1, keepdim=True)
+        w = w.to(h.dtype)
+        out = torch.zeros((B * T, D), dtype=h.dtype)
+        mask = F.one_hot(chosen, num_classes=s.E).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+        for e in hit:
+            ex = b.experts[e]
+            idx, top_x = torch.where(mask[e].squeeze(0))
+            x = h[None, top_x].reshape(-1, D)
+            y = ex.w2(F.silu(ex.w1(x)) * ex.w3(x)) * w[top_x, idx, None]
+            out.index_add_(0, top_x, y.to(h.dtype))
+        return out.reshape(B, T, D)
+
+
 class Falcon(Llama):
     """HF modeling_falcon (FalconForCausalLM, Falcon-7B's layout: rotary,
     parallel_attn, the old decoder architecture), eager: one input_layernorm
@@ -837,6 +883,8 @@ def build(doc):
         return BertMLM(m) if m.get("mlm_head") else Bert(m)
     if m.get("shared_norm"):
         return Falcon(m)
+    if m.get("experts"):
+        return Mixtral(m)
     if m.get("fused_projections"):
         return Phi3(m)
     if m.get("post_norms"):

@@ -172,7 +172,8 @@ static void test_errors_and_training(void **state)
     assert_int_equal(load_json("{\"model_type\": \"t5\", \"d_model\": 512}", NULL, &m, &e),
                      ML_SCHEMA);
     assert_non_null(strstr(e.msg, "model_type 't5' is not supported; supported: llama, mistral, "
-                                  "qwen2, gemma, gemma2, phi3, gpt2, gpt_neox, falcon, bert, vit"));
+                                  "mixtral, qwen2, gemma, gemma2, phi3, gpt2, gpt_neox, falcon, "
+                                  "bert, vit"));
     assert_int_equal(e.line, 1);
     assert_int_equal(load_json("{\"n_embd\": 64}", NULL, &m, &e), ML_SCHEMA);
     assert_non_null(strstr(e.msg, "model_type: missing"));
@@ -499,7 +500,8 @@ static void test_refused_keys(void **state)
         {"llama", "\"sliding_window\": 4096",
          "sliding_window: not a key memledger knows for model_type 'llama'"},
         {"llama", "\"rope_thetta\": 10000", "did you mean 'rope_theta'?"},
-        {"mistral", "\"attention_bias\": true", "MistralAttention has no biases"},
+        {"mistral", "\"attention_bias\": true",
+         "MistralAttention and MixtralAttention have no biases"},
         {"qwen2", "\"attention_bias\": false", "Qwen2Attention always has q, k and v biases"},
         {"gpt_neox", "\"attention_bias\": false", "attention_bias: false is refused"},
         {"gpt_neox", "\"hidden_dropout\": 0.1",

@@ -162,6 +162,35 @@ static void test_falcon_block_fp32(void **state)
     ml_model_destroy(n);
 }
 
+/* ml_model_set_attention (the CLI's --attention): the same block with
+ * flash attention keeps, instead of the q, k, v copies (6144) and the
+ * softmax output (2048), the kernel's q, k, v, the fused projection's
+ * width BT*48*4 = 3072, its output BT*32*4 = 2048 and the logsumexp
+ * B*H*T*4 = 256: 30,864 - 8,192 + 5,376 = 28,048 B. */
+static void test_set_attention(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(TINY("true"));
+    ml_error e;
+    assert_string_equal(ml_model_attention(m), "eager");
+    assert_int_equal(ml_model_set_attention(m, "flash", &e), ML_OK);
+    assert_string_equal(ml_model_attention(m), "flash");
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(block_named(l, "block.0")->inventory_bytes, 28048);
+    ml_ledger_destroy(l);
+    assert_int_equal(ml_model_set_attention(m, "flex", &e), ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "'flex' is unknown; use eager, sdpa or flash"));
+    assert_string_equal(ml_model_attention(m), "flash");
+    ml_model_destroy(m);
+    static const char seq[] = "model:\n  type: sequential\n  input: [4]\n  layers:\n"
+                              "    - linear: {out: 2}\n";
+    ml_model *s = load_str(seq);
+    assert_int_equal(ml_model_set_attention(s, "sdpa", &e), ML_SCHEMA);
+    assert_null(ml_model_attention(s));
+    ml_model_destroy(s);
+}
+
 /* shared_norm is the parallel layer's: without parallel_residual it is
  * refused at the key. */
 static void test_falcon_yaml_refusals(void **state)
@@ -183,7 +212,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_falcon_7b_count),  cmocka_unit_test(test_falcon_mapping),
         cmocka_unit_test(test_falcon_keys),      cmocka_unit_test(test_falcon_block_fp32),
-        cmocka_unit_test(test_falcon_yaml_refusals),
+        cmocka_unit_test(test_falcon_yaml_refusals), cmocka_unit_test(test_set_attention),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,83 @@
+/* A mixture-of-experts MLP (chain_kit.h): HF Mixtral's block_sparse_moe,
+ * MixtralSparseMoeBlock.forward in transformers' modeling_mixtral.py, with
+ * what PyTorch's eager autograd keeps for each of its ops
+ * (tools/autograd/derivatives.yaml; docs/inventory.md, "Mixtral block"). */
+#include "ledger/chain_kit.h"
+
+/* The router: gate (D -> E), softmax in fp32, top-k, the in-place
+ * renormalisation, the cast back to the stream's dtype. */
+static void router(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                   unsigned src_bpe, bool src_saved)
+{
+    const uint64_t E = m->experts, k = m->experts_per_tok;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    /* gate's input is the norm's output viewed (B*T, D): mm saves it
+     * (autocast: its bf16 cast) */
+    if (ch->prec.autocast && src_bpe == 4)
+        ml_ck_save(ch, b, "router input (cast copy)", BTD, 2, 0);
+    else if (!src_saved)
+        ml_ck_save(ch, b, "router input (the norm's output)", BTD, src_bpe, 0);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, E));
+    ml_ck_linear(ch, b, d->D, E, false);
+    ml_ck_tmp(ch, ml_mul(ch, d->BT, E), ch->prec.a); /* router_logits */
+    /* softmax(dtype=float) keeps its fp32 result; topk keeps its int64
+     * indices; `routing_weights /= sum` keeps the sum and, in place, a
+     * copy of the top-k values it overwrites */
+    ml_ck_save(ch, b, "router softmax output (fp32)", ml_mul(ch, d->BT, E), 4, 0);
+    ml_ck_save(ch, b, "top-k indices (int64)", ml_mul(ch, d->BT, k), 8, 0);
+    ml_ck_save(ch, b, "top-k weight sum (fp32)", d->BT, 4, 0);
+    ml_ck_save(ch, b, "top-k weights before the in-place divide (fp32)", ml_mul(ch, d->BT, k), 4,
+               0);
+    b->flops_fwd += 2.0 * (double)d->BT * (double)d->D * (double)E;
+}
+
+void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+               unsigned src_bpe, bool src_saved)
+{
+    const unsigned a = ch->prec.a, w = ch->prec.w;
+    const uint64_t E = m->experts, k = m->experts_per_tok;
+    router(ch, b, m, d, src_bpe, src_saved);
+    /* N = k * B * T (token, expert) pairs; each expert e takes its n_e of
+     * them, and every saved tensor below is n_e rows: their sum over the
+     * experts is N rows whatever the routing (docs/inventory.md) */
+    const uint64_t N = ml_mul(ch, k, d->BT);
+    uint64_t ND = ml_mul(ch, N, d->D), NF = ml_mul(ch, N, d->F);
+    /* torch.where(expert_mask[e]) gives idx and top_x, two views of one
+     * (n_e, 2) int64 storage, which the indexing of the hidden states and
+     * of the routing weights and index_add_ save */
+    ml_ck_save(ch, b, "expert token indices (torch.where, int64)", ml_mul(ch, N, 2), 8, 0);
+    /* hidden_states[None, top_x]: a copy of the expert's rows, which w1
+     * and w3 save (autocast: each its own bf16 cast) */
+    if (ch->prec.autocast && w == 4) {
+        ml_ck_save(ch, b, "expert input cast for w1", ND, 2, 0);
+        ml_ck_save(ch, b, "expert input cast for w3", ND, 2, 0);
+    } else {
+        ml_ck_save(ch, b, "expert input (gathered rows)", ND, w, 0);
+    }
+    for (unsigned i = 0; i < 3; i++)
+        ml_ck_weight_copy(ch, b, ml_mul(ch, ml_mul(ch, E, d->D), d->F));
+    /* SwiGLU: silu keeps w1's output, the mul silu's and w3's outputs, w2
+     * the product */
+    ml_ck_save(ch, b, "expert w1 output (silu input)", NF, a, 0);
+    ml_ck_save(ch, b, "expert silu output", NF, a, 0);
+    ml_ck_save(ch, b, "expert w3 output", NF, a, 0);
+    ml_ck_save(ch, b, "expert product (w2 input)", NF, a, 0);
+    /* `expert(x) * routing_weights[top_x, idx, None]`: the mul keeps both,
+     * w2's output and the gathered weights (cast to the stream's dtype) */
+    ml_ck_save(ch, b, "expert output (weighted by the router)", ND, a, 0);
+    ml_ck_save(ch, b, "gathered routing weights", N, w, 0);
+    /* index_add_ keeps its source, the weighted output (in the stream's
+     * dtype: the weights promote it), for expand_as(source) in
+     * derivatives.yaml's formula */
+    ml_ck_save(ch, b, "weighted expert output (index_add_ source)", ND, w, 0);
+    for (uint64_t e = 0; e < E && !ch->overflow; e++) {
+        ml_ck_linear(ch, b, d->D, d->F, false); /* w1 */
+        ml_ck_linear(ch, b, d->F, d->D, false); /* w2 */
+        ml_ck_linear(ch, b, d->D, d->F, false); /* w3 */
+    }
+    /* the busiest expert's intermediates, balanced: N / E rows; and the
+     * (B*T, D) sum index_add_ builds */
+    ml_ck_tmp(ch, ml_mul(ch, (N + E - 1) / E, d->F), a);
+    ml_ck_tmp(ch, ml_mul(ch, d->BT, d->D), w);
+    b->flops_fwd += 3.0 * 2.0 * (double)N * (double)d->D * (double)d->F;
+}

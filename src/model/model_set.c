@@ -1,0 +1,33 @@
+/* Settings of a loaded model that the command line and the bindings may
+ * change (model.h): the attention implementation. */
+#include <string.h>
+
+#include "memledger/model.h"
+#include "model/model_internal.h"
+#include "util/error.h"
+
+ml_status ml_model_set_attention(ml_model *m, const char *name, ml_error *err)
+{
+    static const struct {
+        const char *name;
+        ml_attention a;
+    } names[] = {{"eager", ML_ATTN_EAGER}, {"sdpa", ML_ATTN_SDPA}, {"flash", ML_ATTN_FLASH}};
+    if (m->type == ML_MODEL_SEQUENTIAL)
+        return ml_errorf(err, ML_SCHEMA,
+                         "model.attention: %s has no attention to choose (a sequential model)",
+                         m->name);
+    for (size_t i = 0; name && i < sizeof names / sizeof *names; i++)
+        if (!strcmp(name, names[i].name)) {
+            m->attention = names[i].a;
+            return ML_OK;
+        }
+    return ml_errorf(err, ML_SCHEMA, "model.attention: '%s' is unknown; use eager, sdpa or flash",
+                     name ? name : "(null)");
+}
+
+const char *ml_model_attention(const ml_model *m)
+{
+    if (m->type == ML_MODEL_SEQUENTIAL)
+        return NULL;
+    return m->attention == ML_ATTN_SDPA ? "sdpa" : m->attention == ML_ATTN_FLASH ? "flash" : "eager";
+}

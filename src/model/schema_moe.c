@@ -1,0 +1,37 @@
+/* The model file's mixture-of-experts keys (schema.c calls this after the
+ * other transformer keys): experts, experts_per_tok (docs/cli.md, "The
+ * model file"; what they change: docs/inventory.md, "Mixtral block"). */
+#include "model/schema.h"
+
+ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
+{
+    ml_status st;
+    m->experts = 0;
+    m->experts_per_tok = 0;
+    if ((st = ml_tree_uint(err, mm, "experts", "model", 1, 4096, &m->experts)) ||
+        (st = ml_tree_uint(err, mm, "experts_per_tok", "model", 1, 4096, &m->experts_per_tok)))
+        return st;
+    const ml_node *at = ml_tree_get(mm, "experts") ? ml_tree_get(mm, "experts")
+                                                   : ml_tree_get(mm, "experts_per_tok");
+    if (!at)
+        return ML_OK;
+    if (m->experts < 2)
+        return ml_error_at(err, at, ML_SCHEMA,
+                           "model.experts: a mixture of experts needs experts: 2 or more (one "
+                           "dense MLP: leave the key out)");
+    if (!m->experts_per_tok)
+        m->experts_per_tok = 2; /* MixtralConfig's num_experts_per_tok */
+    if (m->experts_per_tok > m->experts)
+        return ml_error_at(err, ml_tree_get(mm, "experts_per_tok"), ML_SCHEMA,
+                           "model.experts_per_tok: %llu is more than the %llu experts",
+                           (unsigned long long)m->experts_per_tok,
+                           (unsigned long long)m->experts);
+    if (m->type != ML_MODEL_DECODER || !m->prenorm || m->norm == ML_NORM_LAYERNORM ||
+        m->activation != ML_ACT_SWIGLU || m->parallel_residual || m->fused_proj ||
+        m->post_norms || m->dropout > 0 || m->bias || m->mlp_bias)
+        return ml_error_at(err, at, ML_SCHEMA,
+                           "model.experts: planned for Mixtral's layer only: a pre-norm decoder "
+                           "with norm: rmsnorm, activation: swiglu, no biases, no "
+                           "parallel_residual, fused_projections or post_norms, and dropout: 0");
+    return ML_OK;
+}

@@ -1,0 +1,170 @@
+/* The Mixtral family: mistralai/Mixtral-8x7B-v0.1's published parameter
+ * count recomputed by hand, the import's mapping and refusals, and a
+ * Mixtral block's inventory derived from what its router and experts keep
+ * (docs/inventory.md, "Mixtral block"). Every expected value is derived in
+ * the comments, not taken from the program. */
+#include "harness.h"
+#include "model/model_internal.h"
+
+/* mistralai/Mixtral-8x7B-v0.1: 46,702,792,704 parameters (the model card's
+ * 46.7B).
+ *   embed_tokens and lm_head (untied) 2 x 32000 x 4096         =   262,144,000
+ *   per layer: q_proj and o_proj 2 x 4096 x 4096 = 33,554,432; k_proj and
+ *     v_proj 2 x 4096 x 1024 = 8,388,608; the router 4096 x 8 = 32,768; 8
+ *     experts x 3 x 4096 x 14336 = 1,409,286,144; two RMSNorms 8,192
+ *     -> 1,451,270,144 per layer x 32                      = 46,440,644,608
+ *   final norm                                                 =         4,096
+ *   total                                                      = 46,702,792,704 */
+static void test_mixtral_count(void **state)
+{
+    (void)state;
+    const uint64_t layer = 2 * 4096ull * 4096 + 2 * 4096ull * 1024 + 4096ull * 8 +
+                           8 * 3 * 4096ull * 14336 + 2 * 4096;
+    assert_int_equal(layer, 1451270144ull);
+    assert_int_equal(2 * 32000ull * 4096 + 32 * layer + 4096, 46702792704ull);
+    ml_model *m = load_hf_config("mixtral-8x7b");
+    ml_config c = ml_model_config(m);
+    c.training.seq_len = 64;
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->params, 46702792704ull);
+    assert_int_equal(block_named(l, "block.0")->params, 1451270144ull);
+    ml_ledger_destroy(l);
+    assert_int_equal(m->experts, 8);
+    assert_int_equal(m->experts_per_tok, 2);
+    assert_int_equal(m->kv_heads, 8);
+    assert_int_equal(m->ffn, 14336);
+    assert_int_equal(m->sliding_window, 0); /* "sliding_window": null */
+    assert_int_equal(m->activation, ML_ACT_SWIGLU);
+    assert_false(m->tied_embeddings || m->bias || m->qkv_bias);
+    ml_model_destroy(m);
+}
+
+/* A minimal Mixtral config with one key's text added. */
+static ml_status load_variant(const char *extra, ml_model **m, ml_error *e)
+{
+    char text[1024];
+    snprintf(text, sizeof text,
+             "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"hidden_size\": 32,\n"
+             " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,\n"
+             " \"intermediate_size\": 64, \"vocab_size\": 50%s}",
+             extra);
+    return ml_model_load_hf_string(text, strlen(text), "config.json", m, e);
+}
+
+static void test_mixtral_keys(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *extra, *msg;
+    } refused[] = {
+        {",\n \"output_router_logits\": true", "output_router_logits: true is refused"},
+        {",\n \"router_jitter_noise\": 0.01", "router_jitter_noise: 0.01 is refused"},
+        {",\n \"num_local_experts\": 1", "num_local_experts: 1 is out of range (2 to 4096)"},
+        {",\n \"num_local_experts\": 4, \"num_experts_per_tok\": 5",
+         "num_experts_per_tok: 5 is more than num_local_experts (4)"},
+        {",\n \"attention_bias\": true", "MixtralAttention have no biases"},
+        {",\n \"n_routed_experts\": 64", "n_routed_experts: 64 is refused"},
+        {",\n \"hidden_act\": \"gelu\"", "hidden_act: 'gelu' is not modelled for mixtral"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        ml_model *m = NULL;
+        ml_error e;
+        ml_status st = load_variant(refused[i].extra, &m, &e);
+        if ((st != ML_SCHEMA && st != ML_RANGE) || !strstr(e.msg, refused[i].msg))
+            fail_msg("%s: got '%s'", refused[i].extra, e.msg);
+        assert_int_equal(e.line, 4);
+        assert_null(m);
+    }
+    /* MixtralConfig's defaults: 8 experts, 2 per token, no window */
+    ml_model *m = NULL;
+    ml_error e;
+    assert_int_equal(load_variant(", \"router_aux_loss_coef\": 0.02", &m, &e), ML_OK);
+    assert_int_equal(m->experts, 8);
+    assert_int_equal(m->experts_per_tok, 2);
+    assert_int_equal(m->sliding_window, 0);
+    ml_model_destroy(m);
+}
+
+/* A tiny Mixtral-like decoder: B=2, T=8 (BT = 16), D=32, H=4, 2 kv heads,
+ * dh=8, F=64, E=4 experts, k=2 per token (N = k*BT = 32 routed rows). */
+#define TINY(moe)                                                                           \
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 32\n  heads: 4\n  kv_heads: 2\n"       \
+    "  ffn: 64\n  vocab: 50\n  position: rope\n  bias: false\n  tied_embeddings: false\n"   \
+    "  norm: rmsnorm\n  activation: swiglu\n" moe                                           \
+    "training:\n  micro_batch: 2\n  seq_len: 8\n"
+
+/* One fp32 Mixtral block:
+ *   Llama's attention half (test_hf_phi3.c's split block): the two
+ *     RMSNorms 2 x (2048 + 64 + 2048) = 8320, q/k/v's input 2048, the q, k,
+ *     v copies 6144, softmax 2048, o_proj's input 2048 -> 20,608
+ *   router: gate's input (the norm's output) BT*D*4 = 2048; the fp32
+ *     softmax BT*E*4 = 256; top-k's int64 indices BT*k*8 = 256; the sum
+ *     BT*4 = 64 and the top-k values the in-place divide overwrites
+ *     BT*k*4 = 128
+ *   experts, over their N = 32 rows in all: torch.where's int64 (row,
+ *     slot) pairs N*2*8 = 512; the gathered input N*D*4 = 4096; w1's,
+ *     silu's, w3's outputs and the product 4 x N*F*4 = 32768; w2's output
+ *     and the gathered weights N*D*4 + N*4 = 4224; index_add_'s source
+ *     N*D*4 = 4096
+ *   total 20,608 + 2,752 + 45,696 = 69,056 B.
+ * The dense MLP instead keeps its input 2048 and 4 x BT*F*4 = 16384.
+ * Parameters: q 1024, k and v 2 x 512, o 1024, router 32 x 4 = 128,
+ * experts 4 x 3 x 32 x 64 = 24576, norms 64 -> 27,840. FLOPs: q/k/v
+ * 2*BT*D*64 = 65,536; QK^T and PV 4*B*H*T*T*dh = 16,384; o_proj 32,768;
+ * router 2*BT*D*E = 4,096; experts 3 x 2*N*D*F = 393,216 -> 512,000. */
+static void test_mixtral_block_fp32(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(TINY("  experts: 4\n  experts_per_tok: 2\n"));
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, false);
+    const ml_block_info *b = block_named(l, "block.0");
+    assert_int_equal(b->inventory_bytes, 69056);
+    assert_int_equal(b->params, 27840);
+    assert_rel_close(b->flops_forward, 512000, 0);
+    ml_model *n = load_str(TINY(""));
+    ml_ledger *ln = eval(n, &c, false);
+    assert_int_equal(block_named(ln, "block.0")->inventory_bytes, 20608 + 2048 + 16384);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    ml_ledger_destroy(ln);
+    ml_model_destroy(n);
+}
+
+/* experts is Mixtral's layer: a GPT-2-layout model, or one expert, is
+ * refused at the key. */
+static void test_mixtral_yaml_refusals(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *yaml, *msg;
+    } bad[] = {
+        {"model:\n  type: decoder\n  layers: 1\n  hidden: 32\n  heads: 4\n  vocab: 50\n"
+         "  max_positions: 16\n  experts: 4\n",
+         "model.experts: planned for Mixtral's layer only"},
+        {TINY("  experts: 1\n"), "model.experts: a mixture of experts needs experts: 2 or more"},
+        {TINY("  experts: 4\n  experts_per_tok: 5\n"),
+         "model.experts_per_tok: 5 is more than the 4 experts"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ml_model *m = NULL;
+        ml_error e;
+        if (ml_model_load_string(bad[i].yaml, strlen(bad[i].yaml), "t.yaml", &m, &e) !=
+                ML_SCHEMA ||
+            !strstr(e.msg, bad[i].msg))
+            fail_msg("case %zu: got '%s'", i, e.msg);
+        assert_true(e.line > 0);
+        assert_null(m);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mixtral_count),
+        cmocka_unit_test(test_mixtral_keys),
+        cmocka_unit_test(test_mixtral_block_fp32),
+        cmocka_unit_test(test_mixtral_yaml_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
