@@ -121,6 +121,9 @@ typedef struct ml_training {
     ml_zero_grad zero_grad;        /* set_to_none (default) or zero */
     uint64_t logits_chunk;         /* logits: fused, tokens per chunk; 0: Liger's rule
                                       (docs/ledger.md, "The loop's references") */
+    double expert_imbalance;       /* a mixture of experts' busiest expert: its tokens over
+                                      an even share, >= 1 (default 1: a balanced router);
+                                      sizes its transients (docs/inventory.md) */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it
@@ -235,9 +238,10 @@ ML_API void ml_model_destroy(ml_model *m);
 ML_API const char *ml_model_name(const ml_model *m);
 
 /* Plans the model with another attention implementation: "eager", "sdpa" or
- * "flash", as the model file's model.attention and Hugging Face's
- * attn_implementation say it (docs/inventory.md). ML_SCHEMA, the model
- * unchanged, for another name or a model without attention (sequential). */
+ * "flash" (the model file's model.attention), or Hugging Face's names
+ * flash_attention_2 and flash_attention_3 for flash (docs/inventory.md).
+ * ML_SCHEMA, the model unchanged, for another name or a sequential model
+ * (its attention layers are planned eager). */
 ML_API ml_status ml_model_set_attention(ml_model *m, const char *name, ml_error *err);
 /* The attention implementation planned: "eager", "sdpa" or "flash"; NULL
  * for a sequential model. */

@@ -201,8 +201,7 @@ ML_API ml_triage_request ml_triage_request_defaults(void);
 typedef struct ml_remedy {
     ml_remedy_kind kind;
     char flags[160];         /* the command-line flags that apply it ("--micro-batch 4
-                                --grad-accum 8"); for attention-sdpa the model's
-                                attention: sdpa, which no flag sets */
+                                --grad-accum 8"; attention-sdpa: "--attention sdpa") */
     ml_config config;        /* the variant as planned (for attention-sdpa the model's
                                 attention changes too) */
     uint64_t peak;           /* its binding allocator peak (steady, first or eval) */

@@ -21,7 +21,7 @@ SETTINGS = (
     ("reduce_bucket_size", "training.reduce_bucket_size"),
     ("allgather_bucket_size", "training.allgather_bucket_size"),
     ("logits", "training.logits"), ("logits_chunk", "training.logits_chunk"),
-    ("zero_grad", "training.zero_grad"),
+    ("zero_grad", "training.zero_grad"), ("expert_imbalance", "training.expert_imbalance"),
     ("eval_batch", "training.eval_batch"), ("eval_seq_len", "training.eval_seq_len"),
     ("offload", "training.offload"), ("checkpoint", "training.checkpoint"),
     ("device", "device.memory"), ("budget", "device.budget"),
@@ -31,6 +31,7 @@ SETTINGS = (
     ("allocator", "device.allocator"), ("max_split_size", "device.max_split_size"),
     ("global_batch", "global_batch"), ("max_micro_batch", "max_micro_batch"),
     ("calib", "calib"),
+    ("attention", None),  # the model's: ml_model_set_attention, before the job
 )
 FIT_ONLY = ("global_batch", "max_micro_batch")
 
@@ -109,10 +110,17 @@ def _run(verb, model, settings, training=None):
     job = ctypes.c_void_p()
     try:
         err = _native.new_error()
+        if settings.get("attention") is not None:
+            value = settings["attention"]
+            st = lib.ml_model_set_attention(handle, _text("attention", value).encode(),
+                                            ctypes.byref(err))
+            if st:
+                err.msg = ("attention=%r: " % (value,)).encode()[:100] + err.msg[:400]
+            _native.check(st, err)
         _native.check(lib.ml_job_create(handle, ctypes.byref(job), ctypes.byref(err)), err)
         for name, key in SETTINGS:
             value = settings.get(name)
-            if value is None:
+            if value is None or key is None:
                 continue
             st = lib.ml_job_set(job, key.encode(), _text(name, value).encode(),
                                 ctypes.byref(err))

@@ -60,6 +60,7 @@ _SIGNATURES = {
     "ml_model_load_hf": (ctypes.c_int, [_S, _S, _PP, _PE]),
     "ml_model_load_hf_string": (ctypes.c_int, [_S, _N, _S, _PP, _PE]),
     "ml_model_destroy": (None, [_P]),
+    "ml_model_set_attention": (ctypes.c_int, [_P, _S, _PE]),
     "ml_job_create": (ctypes.c_int, [_P, _PP, _PE]),
     "ml_job_destroy": (None, [_P]),
     "ml_job_set": (ctypes.c_int, [_P, _S, _S, _PE]),

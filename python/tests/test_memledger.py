@@ -160,6 +160,19 @@ def test_hugging_face_config():
     assert by_dict["bytes"] == by_path["bytes"]
 
 
+def test_attention_keyword():
+    # the attention implementation is the model's: flash keeps no T x T
+    # tensor, so a GPT-2 block saves less than eager's; the plan says which
+    eager = memledger.plan(GPT2, micro_batch=2)
+    flash = memledger.plan(GPT2, micro_batch=2, attention="flash")
+    assert eager["config"]["attention"] == "eager" and flash["config"]["attention"] == "flash"
+    assert flash["bytes"]["activations_saved"] < eager["bytes"]["activations_saved"]
+    assert memledger.plan(MLP2)["config"]["attention"] is None
+    with pytest.raises(memledger.Error) as e:
+        memledger.plan(GPT2, attention="flex")
+    assert "attention='flex'" in str(e.value) and "use eager, sdpa or flash" in str(e.value)
+
+
 def test_errors():
     with pytest.raises(memledger.Error) as e:
         memledger.plan(MLP2, micro_batch=0)
@@ -193,6 +206,7 @@ def test_errors():
     ("compare", ["--micro-batch", "2", "--budget", "6.5GiB"],
      dict(micro_batch=2, budget="6.5GiB")),
     ("timeline", ["--micro-batch", "1", "--seq-len", "128"], dict(micro_batch=1, seq_len=128)),
+    ("plan", ["--attention", "flash", "--micro-batch", "2"], dict(attention="flash", micro_batch=2)),
     ("plan", ["--data-parallel", "4", "--zero", "3", "--offload", "params", "--device",
               "h100-sxm", "--interconnect", "200", "--pcie", "25"],
      dict(data_parallel=4, zero=3, offload="params", device="h100-sxm", interconnect=200,

@@ -89,6 +89,7 @@ static const struct {
     {"--grad-accum", offsetof(ml_cli_opts, grad_accum)},
     {"--precision", offsetof(ml_cli_opts, precision)},
     {"--attention", offsetof(ml_cli_opts, attention)},
+    {"--expert-imbalance", offsetof(ml_cli_opts, expert_imbalance)},
     {"--optimizer", offsetof(ml_cli_opts, optimizer)},
     {"--optimizer-impl", offsetof(ml_cli_opts, optimizer_impl)},
     {"--checkpoint", offsetof(ml_cli_opts, checkpoint)},
@@ -399,6 +400,8 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
     }
     if (!rc && o->logits_chunk)
         rc = limited(o->logits_chunk, "training.logits_chunk", &t->logits_chunk);
+    if (!rc && o->expert_imbalance)
+        rc = real("--expert-imbalance", o->expert_imbalance, 1, 1e6, &t->expert_imbalance);
     if (!rc && o->zero_grad) {
         if (!strcmp(o->zero_grad, "set_to_none"))
             t->zero_grad = ML_ZERO_GRAD_SET_TO_NONE;

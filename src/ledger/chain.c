@@ -144,7 +144,7 @@ ml_status ml_chain_fused_refused(const ml_model *m, const ml_training *t, ml_err
     const ml_prec prec = ml_prec_of(t->precision), *p = &prec;
     if (t->logits != ML_LOGITS_FUSED)
         return ML_OK;
-    if (m->type != ML_MODEL_DECODER)
+    if (m->type != ML_MODEL_DECODER || m->classes)
         return ml_errorf(err, ML_RANGE,
                          "training.logits: fused is a language model's head (a decoder's LM "
                          "head and cross-entropy); this model's loss is another: use kept or "
@@ -176,6 +176,11 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
     ml_status refused = ml_chain_fused_refused(m, &cfg->training, err);
     if (refused)
         return refused;
+    if (cfg->training.expert_imbalance > 1 && !m->experts)
+        return ml_errorf(err, ML_RANGE,
+                         "training.expert_imbalance: sizes a mixture of experts' busiest "
+                         "expert; %s has no experts (model.experts): remove it",
+                         m->name);
     reserve(ch, m);
     ch->prec = ml_prec_of(cfg->training.precision);
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml_chain_build_sequential(m, cfg, ch)

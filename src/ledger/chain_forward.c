@@ -407,9 +407,34 @@ static void postnorm_layer(prog *p, const ml_model *m)
  * logits: fused the norm only (the fused loss reads its output). HF
  * BertLMPredictionHead: dense, act, LayerNorm (each output the next op's
  * saved input, rebound), then the decoder. */
-static void head(prog *p, const ml_model *m, uint64_t L, bool fused)
+static void head(prog *p, const ml_model *m, const ml_ck_dims *d, uint64_t L, bool fused)
 {
     const uint64_t E = p->E;
+    if (m->classes && !m->mlm_head) {
+        /* GenericForSequenceClassification: score's (B, T, classes) logits
+         * (saving the norm's output); `input_ids != pad` (bool) .to(int32),
+         * arange(T) int32, their product, its argmax (int64, saved by the
+         * pooling index), arange(B) (int64, saved), then the pooled (B,
+         * classes) logits, the head's output (L). The logits, the int32
+         * mask and arange(T) stay in forward's scope through the loss: the
+         * loss block holds them (chain_head.c), so here they go at the end */
+        const uint64_t C = d->BT * (L / d->B), BT4 = d->BT * 4, T4 = d->T * 4, B8 = d->B * 8;
+        norm(p, m);
+        put(p, C);
+        drop_saved(p, E);
+        put(p, d->BT);
+        put(p, BT4);
+        drop(p, d->BT);
+        put(p, T4);
+        put(p, BT4);
+        put(p, B8);
+        drop(p, BT4);
+        put(p, B8);
+        put(p, L);
+        drop_saved(p, 2 * B8);
+        drop(p, C + BT4 + T4);
+        return;
+    }
     if (m->mlm_head) {
         put(p, E); /* dense */
         put(p, E); /* act */
@@ -437,7 +462,7 @@ static void run(prog *p, const ml_model *m, const ml_ck_dims *d, uint64_t L, boo
 {
     memset(&p->g, 0, sizeof p->g);
     if (L || fused)
-        head(p, m, L, fused);
+        head(p, m, d, L, fused);
     else if (m->prenorm)
         prenorm_layer(p, m, d);
     else
@@ -508,6 +533,7 @@ void ml_ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
      * tensors keep the block rule */
     if (m->type == ML_MODEL_ENCODER && !m->mlm_head)
         return;
-    uint64_t L = ml_mul(ch, ml_mul(ch, d->BT, d->V), ch->prec.a);
+    uint64_t L = m->classes ? ml_mul(ch, ml_mul(ch, d->B, m->classes), ch->prec.a)
+                            : ml_mul(ch, ml_mul(ch, d->BT, d->V), ch->prec.a);
     programs(ch, b, m, d, fused ? 0 : L, fused);
 }

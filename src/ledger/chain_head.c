@@ -61,6 +61,33 @@ static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
     return d->V;
 }
 
+/* A decoder's sequence-classification head (transformers'
+ * GenericForSequenceClassification, modeling_layers.py, as
+ * LlamaForSequenceClassification and the others use it): the final norm,
+ * `score` (D -> classes, no bias) on every token, then each sequence's last
+ * non-pad token, logits[arange(B), last], which IndexBackward0 keeps as its
+ * two int64 index tensors (without pad_token_id `last` is -1, a select:
+ * only arange). The (B, T, classes) logits are a transient; the loss reads
+ * the (B, classes) pooled ones (docs/inventory.md, "Heads and losses").
+ * Returns the classes; *rows B. */
+static uint64_t seq_cls_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                             uint64_t *rows)
+{
+    uint64_t np, BTD = ml_mul(ch, d->BT, d->D);
+    unsigned nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
+    ml_ck_norm_params(ch, b, np, d->D);
+    ml_ck_linear_input(ch, b, "score input (the norm's output)", BTD, nb, false, 0);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, m->classes, d->D));
+    ml_ck_param(ch, b, m->classes, d->D);
+    ml_ck_tmp(ch, ml_mul(ch, d->BT, m->classes), ch->prec.a);
+    ml_ck_save(ch, b, "pooling batch index (arange, int64)", d->B, 8, 0);
+    if (!m->cls_no_pad)
+        ml_ck_save(ch, b, "pooling last-token index (argmax, int64)", d->B, 8, 0);
+    *rows = d->B;
+    b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)m->classes;
+    return m->classes;
+}
+
 /* BertForMaskedLM's head (modeling_bert.py, BertLMPredictionHead): dense
  * D x D on every token, the activation, LayerNorm, then the decoder over the
  * vocabulary (tied to the word embeddings by default) with its own bias.
@@ -238,9 +265,11 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
      * logits-sized gradients in turn); the other heads keep the block rule */
     ch->record_nodes = m->final_softcap > 0 && ml_ck_node_level(ch, m);
     uint64_t rows; /* rows of the logits */
-    uint64_t out_classes = m->type != ML_MODEL_ENCODER ? lm_head(ch, b, m, d, &rows)
-                           : m->mlm_head              ? mlm_head(ch, b, m, d, &rows)
-                                                      : classifier_head(ch, b, m, d, &rows);
+    uint64_t out_classes = m->type != ML_MODEL_ENCODER
+                               ? (m->classes ? seq_cls_head(ch, b, m, d, &rows)
+                                             : lm_head(ch, b, m, d, &rows))
+                           : m->mlm_head ? mlm_head(ch, b, m, d, &rows)
+                                         : classifier_head(ch, b, m, d, &rows);
     uint64_t logits = ml_mul(ch, rows, out_classes);
     ml_ck_end(ch, b, ml_mul(ch, logits, a));
     ml_ck_forward_head(ch, b, m, d, false);
@@ -256,6 +285,13 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     ml_ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
     if (ch->prec.autocast)
         b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */
+    if (m->type == ML_MODEL_DECODER && m->classes)
+        /* the sequence-classification head's locals, alive until its
+         * forward returns after the loss: the (B, T, classes) logits, the
+         * int32 pad mask and positions (seq_cls_head) */
+        b->ws_fwd = ml_add(ch, b->ws_fwd,
+                           ml_add(ch, ml_mul(ch, ml_mul(ch, d->BT, m->classes), a),
+                                  ml_add(ch, ml_mul(ch, d->BT, 4), ml_mul(ch, d->T, 4))));
     /* backward: grad of log-probs and grad of logits coexist */
     b->ws_bwd = ml_mul(ch, ml_mul(ch, logits, lsb), 2);
     /* under no_grad (evaluation) what the loss saves is transient, beside

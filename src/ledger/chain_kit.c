@@ -295,11 +295,14 @@ void ml_ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems)
  * efficient or cuDNN, except that none of them takes fp32 inputs with
  * grouped-query heads (enable_gqa, as transformers passes them), where it
  * runs the math kernel, which keeps what eager attention keeps (measured on
- * an H200: docs/calibration-h200.md). */
+ * an H200: docs/calibration-h200.md). Falcon calls it with one key/value
+ * head against H query heads and no enable_gqa: the fused kernels need
+ * equal head counts (sdp_utils: check_batch_size_and_num_heads_dense), so
+ * it runs the math kernel in every dtype (docs/inventory.md). */
 bool ml_ck_fused_attention(const ml_chain *ch, const ml_model *m)
 {
     if (m->attention == ML_ATTN_SDPA)
-        return !(ch->prec.a == 4 && m->kv_heads < m->heads);
+        return !((ch->prec.a == 4 || m->shared_norm) && m->kv_heads < m->heads);
     return m->attention == ML_ATTN_FLASH;
 }
 
@@ -464,7 +467,8 @@ static void attn_core(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck
         /* matmul of the permuted head views reshapes them into contiguous
          * copies, which bmm saves: q and k for QK^T, v for PV */
         size_t s_qkv = ml_ck_save(ch, b, "q, k, v contiguous copies (bmm)", ml_mul(ch, 3, z->BTQ), a, 0);
-        ml_ck_tmp(ch, z->BHTT, a);
+        /* Falcon's fp32 mask promotes `scores + mask` to fp32 under autocast */
+        ml_ck_tmp(ch, z->BHTT, m->shared_norm && ch->prec.autocast ? 4 : a);
         b->flops_core = attn_core;
         uint64_t gS = ml_mul(ch, z->BHTT, a);
         ml_ck_node(ch, b, "BmmBackward0 (q k^T)", ml_mul(ch, 2, z->gQ), 0, gS, s_qkv, SIZE_MAX);

@@ -13,6 +13,7 @@
 typedef struct {
     uint64_t B, T, BT, D, F, H, Hkv, dh, Dkv, V;
     bool drop;
+    double expert_imbalance; /* training.expert_imbalance (mixtures of experts) */
 } ml_ck_dims;
 
 uint64_t ml_ck_mul3(ml_chain *ch, uint64_t a, uint64_t b, uint64_t c);

@@ -2,6 +2,8 @@
  * MixtralSparseMoeBlock.forward in transformers' modeling_mixtral.py, with
  * what PyTorch's eager autograd keeps for each of its ops
  * (tools/autograd/derivatives.yaml; docs/inventory.md, "Mixtral block"). */
+#include <math.h>
+
 #include "ledger/chain_kit.h"
 
 /* The router: gate (D -> E), softmax in fp32, top-k, the in-place
@@ -75,9 +77,13 @@ void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *
         ml_ck_linear(ch, b, d->F, d->D, false); /* w2 */
         ml_ck_linear(ch, b, d->D, d->F, false); /* w3 */
     }
-    /* the busiest expert's intermediates, balanced: N / E rows; and the
-     * (B*T, D) sum index_add_ builds */
-    ml_ck_tmp(ch, ml_mul(ch, (N + E - 1) / E, d->F), a);
+    /* the busiest expert's intermediates: its share of the N rows, N / E
+     * for a balanced router, times training.expert_imbalance, at most the
+     * B*T tokens (one row per token and expert); and the (B*T, D) sum
+     * index_add_ builds */
+    double busy = (double)N / (double)E * d->expert_imbalance;
+    uint64_t rows = busy >= (double)d->BT ? d->BT : (uint64_t)ceil(busy);
+    ml_ck_tmp(ch, ml_mul(ch, rows, d->F), a);
     ml_ck_tmp(ch, ml_mul(ch, d->BT, d->D), w);
     b->flops_fwd += 3.0 * 2.0 * (double)N * (double)d->D * (double)d->F;
 }

@@ -5,6 +5,7 @@
  * Gemma, HF BERT, timm ViT). A storage saved by several ops is listed once,
  * where it is first saved. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ledger/chain_kit.h"
@@ -162,10 +163,14 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
 static void llama_param_order(ml_chain *ch, const ml_model *m, const size_t at[6])
 {
     enum { FIRST, ATTN, POST_ATTN, NORM2, MLP, POST_MLP };
-    ml_ptensor tmp[256]; /* a Mixtral layer of 80 experts has 247 */
+    ml_ptensor small[32], *tmp = small; /* a Mixtral layer has 7 + 3 x experts */
     const size_t first = at[FIRST], end = ch->nparams, n = end - first;
-    if (ch->nomem || n > sizeof tmp / sizeof tmp[0])
+    if (ch->nomem)
         return;
+    if (n > sizeof small / sizeof small[0] && !(tmp = malloc(n * sizeof *tmp))) {
+        ch->nomem = true;
+        return;
+    }
     const size_t n_o = m->fused_proj ? ((m->bias || m->out_bias) ? 2u : 1u) : 0u;
     const size_t pa = at[POST_ATTN];
     const size_t from[7] = {pa - n_o, at[ATTN], at[MLP], first, pa, at[NORM2], at[POST_MLP]};
@@ -175,6 +180,8 @@ static void llama_param_order(ml_chain *ch, const ml_model *m, const size_t at[6
         for (size_t j = from[i]; j < to[i]; j++)
             tmp[k++] = ch->params[j];
     memcpy(ch->params + first, tmp, n * sizeof tmp[0]);
+    if (tmp != small)
+        free(tmp);
 }
 
 /* Gemma 2's norm on a residual branch's output (the attention's, the
@@ -208,7 +215,7 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     /* Falcon (shared_norm): an additive mask, and the softmax in the
      * stream's dtype (softmax(dtype=hidden_states.dtype)) */
     const bool falcon = m->shared_norm;
-    if (falcon && d->Hkv == 1) {
+    if (falcon && d->Hkv == 1 && d->H > 1) {
         /* _split_heads picks the key and the value with index lists
          * (fused_qkv[..., [-2], :]): IndexBackward0 saves each list, one
          * int64 on the device */
@@ -295,6 +302,15 @@ static ml_status dims_of(const ml_model *m, const ml_training *t, ml_chain *ch,
                          "most %llu tokens (seq_len, eval_seq_len)",
                          (unsigned long long)d->T, (unsigned long long)m->sliding_window,
                          (unsigned long long)m->sliding_window);
+    /* GenericForSequenceClassification without a pad token: "Cannot handle
+     * batch sizes > 1 if no padding token is defined." */
+    if (m->classes && m->type == ML_MODEL_DECODER && m->cls_no_pad && d->B > 1)
+        return ml_errorf(err, ML_RANGE,
+                         "a micro-batch of %llu with no pad_token_id: transformers' sequence "
+                         "classification finds each sequence's last token by its padding and "
+                         "refuses batches above 1 without one; set pad_token_id in the config, "
+                         "or set training.micro_batch to 1",
+                         (unsigned long long)d->B);
     d->BT = ml_mul(ch, d->B, d->T);
     d->D = m->hidden;
     d->F = m->ffn;
@@ -304,6 +320,7 @@ static ml_status dims_of(const ml_model *m, const ml_training *t, ml_chain *ch,
     d->Dkv = d->Hkv * d->dh;
     d->V = m->vocab;
     d->drop = m->dropout > 0;
+    d->expert_imbalance = t->expert_imbalance > 1 ? t->expert_imbalance : 1;
     ch->B = d->B;
     ch->T = d->T;
     ch->c_tokens = d->BT;

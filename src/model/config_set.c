@@ -134,6 +134,8 @@ static ml_status training_set(const char *key, const char *v, ml_training *t, ml
             memcpy((char *)t + counts[i].off, &x, sizeof x);
             return ML_OK;
         }
+    if (!strcmp(k, "expert_imbalance"))
+        return real(key, v, 1, 1e6, &t->expert_imbalance, err);
     if (!strcmp(k, "zero")) {
         if (!strcmp(v, "fsdp"))
             x = 3;

@@ -363,6 +363,27 @@ static ml_status classes_of(const ml_node *r, const char *arch, ml_model *m, ml_
     return ML_OK;
 }
 
+/* A decoder's *ForSequenceClassification (transformers'
+ * GenericForSequenceClassification): num_labels classes on each sequence's
+ * last non-pad token, found by pad_token_id; single-label cross-entropy. */
+static ml_status seq_cls_of(const ml_node *r, const char *arch, ml_model *m, ml_error *err)
+{
+    const char *pt = NULL;
+    ml_status st = classes_of(r, arch, m, err);
+    if (!st)
+        st = ml_hf_str(err, r, "problem_type", &pt);
+    if (st)
+        return st;
+    if (pt && strcmp(pt, "single_label_classification"))
+        return ml_error_at(err, ml_tree_get(r, "problem_type"), ML_SCHEMA,
+                           "problem_type: '%s' is not modelled for %s (null or "
+                           "single_label_classification: cross-entropy)",
+                           pt, arch);
+    const ml_node *pad = ml_tree_get(r, "pad_token_id");
+    m->cls_no_pad = ml_hf_is_null(pad);
+    return ML_OK;
+}
+
 /* BertForSequenceClassification and ViTForImageClassification: LayerNorm
  * (post-norm for BERT), biases, the classifier; BERT's pooler and token
  * types, ViT's patches. mlm: BertForMaskedLM (modeling_bert.py: BertModel
@@ -464,6 +485,8 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
         return st;
     if (!falcon)
         m->norm_bias = m->bias; /* Falcon's LayerNorms keep their bias */
+    if (mlm && m->type == ML_MODEL_DECODER && (st = seq_cls_of(r, families[f].arch2, m, err)))
+        return st;
     const ml_node *hd = ml_tree_get(r, "head_dim");
     if (m->position == ML_POS_ROPE && m->head_dim % 2)
         return ml_error_at(err, !ml_hf_is_null(hd) ? hd : mt, ML_SCHEMA,

@@ -8,23 +8,31 @@
 #include "model/model_internal.h"
 
 
+/* The decoders' second class: transformers' GenericForSequenceClassification
+ * (chain_head.c, seq_cls_head). */
+#define SEQ_CLS_HEAD                                                                           \
+    "the final norm, the score Linear (no bias) at every token, the logits of each "           \
+    "sequence's last non-pad token (pad_token_id), cross-entropy over num_labels"
+
 /* The families, each with the one transformers class the planner builds
  * (chain_transformer.c): the head and the loss it models. */
 static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
     {"llama", ML_HF_LLAMA, "LlamaForCausalLM", "a causal LM head over vocab_size, cross-entropy",
-     NULL, NULL},
+     "LlamaForSequenceClassification", SEQ_CLS_HEAD},
     {"mistral", ML_HF_MISTRAL, "MistralForCausalLM",
-     "a causal LM head over vocab_size, cross-entropy", NULL, NULL},
+     "a causal LM head over vocab_size, cross-entropy", "MistralForSequenceClassification",
+     SEQ_CLS_HEAD},
     {"mixtral", ML_HF_MIXTRAL, "MixtralForCausalLM",
      "a causal LM head over vocab_size, cross-entropy (no auxiliary loss: output_router_logits "
      "false)",
-     NULL, NULL},
+     "MixtralForSequenceClassification", SEQ_CLS_HEAD},
     {"qwen2", ML_HF_QWEN2, "Qwen2ForCausalLM", "a causal LM head over vocab_size, cross-entropy",
-     NULL, NULL},
+     "Qwen2ForSequenceClassification", SEQ_CLS_HEAD},
     {"gpt2", ML_HF_GPT2, "GPT2LMHeadModel", "a causal LM head over vocab_size, cross-entropy",
-     NULL, NULL},
+     "GPT2ForSequenceClassification", SEQ_CLS_HEAD},
     {"gpt_neox", ML_HF_NEOX, "GPTNeoXForCausalLM",
-     "a causal LM head over vocab_size, cross-entropy", NULL, NULL},
+     "a causal LM head over vocab_size, cross-entropy", "GPTNeoXForSequenceClassification",
+     SEQ_CLS_HEAD},
     {"bert", ML_HF_BERT, "BertForSequenceClassification",
      "the pooler, dropout and a num_labels classifier on the first token, cross-entropy",
      "BertForMaskedLM",
@@ -33,14 +41,16 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
     {"vit", ML_HF_VIT, "ViTForImageClassification",
      "a num_labels classifier on the class token, cross-entropy", NULL, NULL},
     {"gemma", ML_HF_GEMMA, "GemmaForCausalLM",
-     "a causal LM head over vocab_size (tied by default), cross-entropy", NULL, NULL},
+     "a causal LM head over vocab_size (tied by default), cross-entropy",
+     "GemmaForSequenceClassification", SEQ_CLS_HEAD},
     {"phi3", ML_HF_PHI3, "Phi3ForCausalLM", "a causal LM head over vocab_size, cross-entropy",
-     NULL, NULL},
+     "Phi3ForSequenceClassification", SEQ_CLS_HEAD},
     {"gemma2", ML_HF_GEMMA2, "Gemma2ForCausalLM",
      "a causal LM head over vocab_size (tied by default), the logits soft-capped, cross-entropy",
-     NULL, NULL},
+     "Gemma2ForSequenceClassification", SEQ_CLS_HEAD},
     {"falcon", ML_HF_FALCON, "FalconForCausalLM",
-     "a causal LM head over vocab_size (tied by default), cross-entropy", NULL, NULL},
+     "a causal LM head over vocab_size (tied by default), cross-entropy",
+     "FalconForSequenceClassification", SEQ_CLS_HEAD},
 };
 
 /* ---- the key table ------------------------------------------------------ */
@@ -217,7 +227,8 @@ static const ml_hf_key keys[] = {
      "null: hidden_dropout_prob; " DROP_NOTE "; BertForMaskedLM has no classifier and does not "
      "read it"},
     {"classifier_dropout", ML_HF_NEOX, I, NULL,
-     "GPTNeoXForSequenceClassification's; the causal LM has no classifier"},
+     "GPTNeoXForTokenClassification's; the causal LM and GPTNeoXForSequenceClassification "
+     "have no dropout before their head"},
     /* the head */
     {"num_labels", ENC, H, NULL,
      "the classes; refused when id2label has another count, and 1 (a regression, MSELoss) is "
@@ -225,12 +236,17 @@ static const ml_hf_key keys[] = {
     {"id2label", ENC, H, NULL,
      "the classes: its count (default 2); BertForMaskedLM's head has vocab_size outputs and "
      "does not read it"},
-    {"num_labels", DEC, I, NULL, "the causal LM head has vocab_size outputs"},
-    {"id2label", DEC, I, NULL, "the causal LM head has vocab_size outputs"},
+    {"num_labels", DEC, H, NULL,
+     "*ForSequenceClassification: the classes, as for the encoders (1, a regression, refused); "
+     "the causal LM head has vocab_size outputs and does not read it"},
+    {"id2label", DEC, H, NULL,
+     "*ForSequenceClassification: the classes (its count); the causal LM does not read it"},
     {"label2id", ALL, I, NULL, "label names"},
     {"problem_type", ENC, R, "null|\"single_label_classification\"",
      "the regression (MSELoss) and multi-label (BCEWithLogitsLoss) heads are not modelled"},
-    {"problem_type", DEC, I, NULL, "read only by the *ForSequenceClassification classes"},
+    {"problem_type", DEC, H, NULL,
+     "*ForSequenceClassification: null or single_label_classification, else refused (the "
+     "regression and multi-label losses are not modelled); the causal LM does not read it"},
     {"use_cache", DEC, H, NULL,
      "the evaluation output holds every layer's keys and values (default true)"},
     {"use_cache", ENC, I, NULL, "BERT and ViT return no cache (BERT only as a decoder, refused)"},
@@ -259,8 +275,12 @@ static const ml_hf_key keys[] = {
     {"initializer_range", ALL, I, NULL, "initialisation only"},
     {"bos_token_id", ALL, I, NULL, TOKEN_NOTE},
     {"eos_token_id", ALL, I, NULL, TOKEN_NOTE},
-    {"pad_token_id", ALL, I, NULL,
+    {"pad_token_id", ENC, I, NULL,
      TOKEN_NOTE " (the embedding's padding row gets a zero gradient in the same tensors)"},
+    {"pad_token_id", DEC, H, NULL,
+     "*ForSequenceClassification finds each sequence's last token by it; absent or null, a "
+     "micro-batch above 1 is refused, as transformers refuses it; the causal LM uses it as a "
+     "token id only"},
     {"sep_token_id", ALL, I, NULL, TOKEN_NOTE},
     {"decoder_start_token_id", ALL, I, NULL, TOKEN_NOTE},
     {"torch_dtype", ALL, I, NULL, DTYPE_NOTE},
@@ -369,8 +389,10 @@ static const ml_hf_key keys[] = {
     {"ffn_hidden_size", FAL, H, NULL, "F (default 4 · hidden_size)"},
     {"activation", FAL, H, NULL,
      "gelu (the default) or gelu_pytorch_tanh: the single-op GELU; relu; others refused"},
-    {"bias", FAL, H, NULL,
-     "biases on the four projections (default false); the LayerNorms keep theirs either way"},
+    {"bias", FAL, R, "false|null",
+     "FalconLinear adds its bias after the matmul, which under autocast promotes the "
+     "projections' outputs to fp32: not modelled (Falcon-7B has none; the LayerNorms keep "
+     "theirs either way)"},
     {"hidden_dropout", FAL, R, "0|null",
      "Falcon drops out the sum of both branches once (dropout_add), not each branch as the "
      "planner's dropout does"},

@@ -67,7 +67,11 @@ struct ml_model {
     uint64_t layers, hidden, heads, kv_heads, ffn, vocab, max_positions;
     uint64_t head_dim;      /* the head size (HF head_dim): q projects D -> heads * head_dim,
                                k and v D -> kv_heads * head_dim; default hidden / heads */
-    uint64_t classes, token_types;             /* encoder classifier */
+    uint64_t classes, token_types;             /* encoder classifier; a decoder's classes:
+                                                  the sequence-classification head (HF
+                                                  *ForSequenceClassification) */
+    bool cls_no_pad;        /* that head without pad_token_id: each sequence's last token
+                               by position, which transformers refuses above one sample */
     uint64_t image_size, patch_size, channels; /* vision encoder (ViT) */
     ml_activation activation;
     ml_norm norm;

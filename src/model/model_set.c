@@ -11,17 +11,25 @@ ml_status ml_model_set_attention(ml_model *m, const char *name, ml_error *err)
     static const struct {
         const char *name;
         ml_attention a;
-    } names[] = {{"eager", ML_ATTN_EAGER}, {"sdpa", ML_ATTN_SDPA}, {"flash", ML_ATTN_FLASH}};
+    } names[] = {{"eager", ML_ATTN_EAGER},
+                 {"sdpa", ML_ATTN_SDPA},
+                 {"flash", ML_ATTN_FLASH},
+                 {"flash_attention_2", ML_ATTN_FLASH},
+                 {"flash_attention_3", ML_ATTN_FLASH}};
     if (m->type == ML_MODEL_SEQUENTIAL)
         return ml_errorf(err, ML_SCHEMA,
-                         "model.attention: %s has no attention to choose (a sequential model)",
+                         "model.attention: %s is a sequential model, whose attention layers "
+                         "are planned eager (docs/inventory.md); the choice is a "
+                         "transformer's",
                          m->name);
     for (size_t i = 0; name && i < sizeof names / sizeof *names; i++)
         if (!strcmp(name, names[i].name)) {
             m->attention = names[i].a;
             return ML_OK;
         }
-    return ml_errorf(err, ML_SCHEMA, "model.attention: '%s' is unknown; use eager, sdpa or flash",
+    return ml_errorf(err, ML_SCHEMA,
+                     "model.attention: '%s' is unknown; use eager, sdpa or flash "
+                     "(flash_attention_2 and flash_attention_3 name flash)",
                      name ? name : "(null)");
 }
 

@@ -115,10 +115,7 @@ static ml_status transformer_options(ml_error *err, const ml_node *mm, ml_model 
         m->tied_embeddings = true; /* BertConfig's tie_word_embeddings */
     m->pooler = enc && m->image_size == 0 && !m->mlm_head;
     m->qkv_bias = m->bias;
-    m->norm_bias = m->bias;
-    if ((st = ml_tree_bool(err, mm, "norm_bias", "model", &m->norm_bias)) ||
-        (st = ml_tree_bool(err, mm, "shared_norm", "model", &m->shared_norm)) ||
-        (st = ml_tree_bool(err, mm, "pooler", "model", &m->pooler)) ||
+    if ((st = ml_tree_bool(err, mm, "pooler", "model", &m->pooler)) ||
         (st = ml_tree_bool(err, mm, "fused_projections", "model", &m->fused_proj)) ||
         (st = ml_tree_bool(err, mm, "qkv_bias", "model", &m->qkv_bias)) ||
         (st = ml_tree_bool(err, mm, "parallel_residual", "model", &m->parallel_residual)) ||
@@ -138,10 +135,6 @@ static ml_status transformer_consistent(ml_error *err, const ml_node *mm, ml_mod
     if (m->parallel_residual && !m->prenorm)
         return ml_error_at(err, ml_tree_get(mm, "parallel_residual"), ML_SCHEMA,
                            "model.parallel_residual: needs norm_position: pre");
-    if (m->shared_norm && (!m->parallel_residual || m->norm != ML_NORM_LAYERNORM))
-        return ml_error_at(err, ml_tree_get(mm, "shared_norm"), ML_SCHEMA,
-                           "model.shared_norm: one norm for both branches needs "
-                           "parallel_residual: true and norm: layernorm (Falcon's layer)");
     if (m->image_size) {
         if (!enc)
             return ml_error_at(err, ml_tree_get(mm, "image_size"), ML_SCHEMA,
@@ -179,14 +172,13 @@ static ml_status transformer_consistent(ml_error *err, const ml_node *mm, ml_mod
         return ml_error_at(err, mm, ML_SCHEMA,
                            "model.classes: missing; an encoder is planned as a "
                            "classifier and needs 'classes: N' (or mlm_head: true)");
-    if (!enc && (m->classes || m->token_types || ml_tree_get(mm, "pooler")))
+    if (!enc && (m->token_types || ml_tree_get(mm, "pooler")))
         return ml_error_at(err,
-                           ml_tree_get(mm, "classes")       ? ml_tree_get(mm, "classes")
-                           : ml_tree_get(mm, "token_types") ? ml_tree_get(mm, "token_types")
-                                                            : ml_tree_get(mm, "pooler"),
+                           ml_tree_get(mm, "token_types") ? ml_tree_get(mm, "token_types")
+                                                          : ml_tree_get(mm, "pooler"),
                            ML_SCHEMA,
-                           "model: classes, pooler and token_types are encoder keys "
-                           "(type: encoder)");
+                           "model: pooler and token_types are encoder keys (type: encoder); a "
+                           "decoder takes classes: N for a sequence-classification head");
     if (m->position == ML_POS_LEARNED && !m->max_positions && !m->image_size)
         return ml_error_at(err, mm, ML_SCHEMA,
                            "model.max_positions: missing; learned positions need "
@@ -215,7 +207,7 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
         (st = transformer_sizes(err, mm, m)) || (st = transformer_options(err, mm, m)) ||
         (st = transformer_consistent(err, mm, m)))
         return st;
-    if ((st = ml_schema_gemma2(err, mm, m)))
+    if ((st = ml_schema_gemma2(err, mm, m)) || (st = ml_schema_falcon(err, mm, m)))
         return st;
     return ml_schema_experts(err, mm, m);
 }
@@ -331,7 +323,7 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
                                        "offload",        "reduce_bucket_size",
                                        "allgather_bucket_size", "logits",
                                        "eval_batch",     "eval_seq_len",  "zero_grad",
-                                       "logits_chunk"};
+                                       "logits_chunk",   "expert_imbalance"};
     ml_status st;
     if ((st = ml_tree_need_map(err, t, "training")) ||
         (st = ml_tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
@@ -345,7 +337,9 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
         (st = training_uint(err, t, "allgather_bucket_size", &tr->allgather_bucket)) ||
         (st = training_uint(err, t, "eval_batch", &tr->eval_batch)) ||
         (st = training_uint(err, t, "eval_seq_len", &tr->eval_seq_len)) ||
-        (st = training_uint(err, t, "logits_chunk", &tr->logits_chunk)))
+        (st = training_uint(err, t, "logits_chunk", &tr->logits_chunk)) ||
+        (st = ml_tree_double(err, t, "expert_imbalance", "training", 1, 1e6, false,
+                             &tr->expert_imbalance)))
         return st;
     if ((st = training_kinds(err, t, tr)))
         return st;

@@ -14,7 +14,9 @@ ml_status ml_schema_sequential(ml_error *err, const ml_node *mm, ml_model *m);
 /* model:'s post_norms, attn_scalar, attn_softcap and final_softcap
  * (schema_gemma2.c), after the other transformer keys. */
 ml_status ml_schema_gemma2(ml_error *err, const ml_node *mm, ml_model *m);
-/* experts, experts_per_tok (schema_moe.c). */
+/* shared_norm, norm_bias (schema_variants.c). */
+ml_status ml_schema_falcon(ml_error *err, const ml_node *mm, ml_model *m);
+/* experts, experts_per_tok (schema_variants.c). */
 ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m);
 
 #endif

@@ -370,6 +370,7 @@ ml_config ml_config_defaults(void)
     c.training.optimizer_impl = ML_IMPL_FOREACH;
     c.training.checkpoint.kind = ML_CKPT_NONE;
     c.training.data_parallel = 1;
+    c.training.expert_imbalance = 1;
     c.training.zero = 0;
     c.training.offload = ML_OFFLOAD_NONE;
     c.training.reduce_bucket = 500000000;    /* DeepSpeed reduce_bucket_size */

@@ -309,7 +309,7 @@ static void flags_of(const ml_config *c0, const ml_config *c, ml_remedy_kind k, 
     if (c->device.fragmentation != c0->device.fragmentation)
         ml_triage_put(buf, size, " --fragmentation %g", c->device.fragmentation);
     if (k == ML_REMEDY_ATTENTION_SDPA)
-        ml_triage_put(buf, size, " model.attention: sdpa");
+        ml_triage_put(buf, size, " --attention sdpa");
     if (buf[0] == ' ')
         memmove(buf, buf + 1, strlen(buf));
 }

@@ -48,10 +48,16 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl));
     ml_json_string(f, ck);
     fprintf(f, ", \"data_parallel\": %llu, \"zero\": %u, \"offload\": \"%s\", "
-               "\"logits\": \"%s\", \"zero_grad\": \"%s\", \"logits_chunk\": %llu},\n",
+               "\"logits\": \"%s\", \"zero_grad\": \"%s\", \"logits_chunk\": %llu, "
+               "\"attention\": ",
             (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload),
             ml_logits_name(t->logits), ml_zero_grad_name(t->zero_grad),
             (unsigned long long)t->logits_chunk);
+    const char *attn = ml_model_attention(m);
+    if (attn)
+        fprintf(f, "\"%s\"},\n", attn);
+    else
+        fputs("null},\n", f);
     fputs(" \"plan\": ", f);
     ml_json_string(f, s->plan);
     fprintf(f, ", \"plan_fits_budget\": %s,\n", s->plan_fits_budget ? "true" : "false");

@@ -42,11 +42,13 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
     commas(s->params, num, sizeof num);
     fprintf(f, "memledger plan: %s (%s parameters)\n", ml_model_name(m), num);
+    const char *attn = ml_model_attention(m);
     fprintf(f, "config: micro_batch %llu, seq_len %llu, grad_accum %llu, precision %s, "
-               "optimizer %s (%s), checkpoint %s\n",
+               "optimizer %s (%s), checkpoint %s%s%s\n",
             (unsigned long long)t->micro_batch, (unsigned long long)s->c_tokens / t->micro_batch,
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
-            ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck);
+            ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck,
+            attn ? ", attention " : "", attn ? attn : "");
     if (t->logits == ML_LOGITS_FUSED && t->logits_chunk)
         fprintf(f, "loop: logits fused (%llu tokens per chunk), zero_grad %s\n",
                 (unsigned long long)t->logits_chunk, ml_zero_grad_name(t->zero_grad));

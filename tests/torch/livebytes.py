@@ -613,8 +613,10 @@ def main():
         confs += [(True, adam, "foreach", lg) for lg in ("kept", "released")]
         if not seq:  # checkpoint every-2: segments of two layer blocks
             confs += [(2, adam, "foreach", "kept"), (2, "sgd-momentum", "for-loop", "released")]
-        # Liger's fused linear cross-entropy (refused with soft-capped logits)
-        if doc["model"]["type"] == "decoder" and not doc["model"].get("final_softcap"):
+        # Liger's fused linear cross-entropy (refused with soft-capped logits
+        # and for a sequence-classification head)
+        if (doc["model"]["type"] == "decoder" and not doc["model"].get("final_softcap")
+                and not doc["model"].get("classes")):
             confs += [(False, adam, impl, "fused") for impl in ("for-loop", "foreach")]
             confs += [(False, "sgd-momentum", "for-loop", "fused"), (True, adam, "foreach", "fused")]
         if quick:

@@ -166,6 +166,24 @@ def lm_loss(rec, h, lm_head, tgt, softcap=0.0):
     return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
 
 
+def cls_loss(rec, h, score, idx, tgt, pad=0):
+    """A decoder's sequence-classification head (transformers'
+    GenericForSequenceClassification): score on every token, the logits of
+    each sequence's last non-pad token, cross-entropy over the classes."""
+    logits = score(h)
+    keep = (idx != pad).to(torch.int32)
+    pos = torch.arange(idx.shape[-1], dtype=torch.int32)
+    last = (pos * keep).argmax(-1)
+    pooled = logits[torch.arange(idx.shape[0]), last]
+    bwd_mark("head", pooled)
+    rec.block = "loss"
+    # the logits, the mask and the positions are the forward's locals until
+    # it returns, after the loss (ForSequenceClassificationLoss)
+    loss = F.cross_entropy(pooled.view(-1, pooled.size(-1)), tgt.view(-1))
+    del logits, keep, pos
+    return loss
+
+
 def dropout(x, p):
     # CUDA's fused dropout keeps a 1-byte mask; 1.13's CPU nn.Dropout keeps a
     # float noise tensor instead, so the cross-check calls native_dropout,
@@ -328,7 +346,9 @@ class Llama(nn.Module):
             b.ln2 = s.Norm(D)
             s.blocks.append(b)
         s.norm = s.Norm(D)
-        s.lm_head = nn.Linear(D, V, bias=False)
+        # LlamaForSequenceClassification's score, where the LM head would be
+        s.classes = m.get("classes", 0)
+        s.lm_head = nn.Linear(D, s.classes or V, bias=False)
         s.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, s.dh, 2).float() / s.dh)))
 
     # Written with HF's own scoping (LlamaDecoderLayer, LlamaAttention,
@@ -410,6 +430,8 @@ class Llama(nn.Module):
         x = run_blocks(rec, s.blocks, s.block, x, ckpt, cos, sin, mask, pos)
         del mask, pos  # LlamaModel.forward's: it returns after the layers (and its norm)
         rec.block = "head"
+        if s.classes:
+            return cls_loss(rec, s.norm(x), s.lm_head, idx, tgt)
         return lm_loss(rec, s.norm(x), s.lm_head, tgt, s.final_softcap)
 
 
@@ -577,8 +599,10 @@ class Falcon(Llama):
             b.ln = nn.LayerNorm(D)
             s.blocks.append(b)
         s.norm = nn.LayerNorm(D)
-        s.lm_head = nn.Linear(D, V, bias=False)
-        s.lm_head.weight = s.embed.weight  # tied
+        s.classes = m.get("classes", 0)
+        s.lm_head = nn.Linear(D, s.classes or V, bias=False)
+        if not s.classes:
+            s.lm_head.weight = s.embed.weight  # tied
         s.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, s.dh, 2).float() / s.dh)))
 
     @staticmethod
@@ -904,6 +928,6 @@ def batch_for(doc, model, B, T):
             return x, torch.randn([B] + model.out)
         return x, torch.randint(0, model.out[-1], (B,))
     idx = torch.randint(0, m["vocab"], (B, T))
-    if m["type"] == "encoder" and not m.get("mlm_head"):
+    if m.get("classes") and not m.get("mlm_head"):
         return idx, torch.randint(0, m["classes"], (B,))
     return idx, torch.randint(0, m["vocab"], (B, T))

@@ -345,14 +345,14 @@ static void test_other_heads_refused(void **state)
     assert_non_null(strstr(e.msg, "architectures: names both BertForSequenceClassification and "
                                   "BertForMaskedLM; plan one of them"));
     assert_int_equal(e.col, 39);
-    /* a decoder's classification head is another model too */
+    /* a decoder's token-classification head is another model too */
     assert_int_equal(load_json("{\"model_type\": \"llama\", \"num_hidden_layers\": 2, "
                                "\"hidden_size\": 64, \"num_attention_heads\": 4, "
                                "\"vocab_size\": 100,\n \"architectures\": "
-                               "[\"LlamaForSequenceClassification\"]}",
+                               "[\"LlamaForTokenClassification\"]}",
                                NULL, &m, &e),
                      ML_SCHEMA);
-    assert_non_null(strstr(e.msg, "'LlamaForSequenceClassification' is not modelled: for "
+    assert_non_null(strstr(e.msg, "'LlamaForTokenClassification' is not modelled: for "
                                   "model_type 'llama' memledger plans LlamaForCausalLM"));
     assert_int_equal(e.line, 2);
     assert_int_equal(e.col, 20);

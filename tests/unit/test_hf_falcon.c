@@ -87,8 +87,9 @@ static void test_falcon_keys(void **state)
         {",\n \"intermediate_size\": 64",
          "intermediate_size: not a key memledger knows for model_type 'falcon'"},
         {",\n \"head_dim\": 16", "head_dim"},
-        {",\n \"architectures\": [\"FalconForSequenceClassification\"]",
-         "'FalconForSequenceClassification' is not modelled: for model_type 'falcon' memledger "
+        {",\n \"bias\": true", "bias: true is refused"},
+        {",\n \"architectures\": [\"FalconForTokenClassification\"]",
+         "'FalconForTokenClassification' is not modelled: for model_type 'falcon' memledger "
          "plans FalconForCausalLM"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
@@ -100,17 +101,18 @@ static void test_falcon_keys(void **state)
         assert_null(m);
     }
     /* multi_query false: H key/value heads (num_kv_heads, if given, equal);
-     * bias: every projection's; the sentence-only keys are inert */
+     * the sentence-only keys are inert */
     ml_model *m = NULL;
     ml_error e;
-    assert_int_equal(load_variant(",\n \"multi_query\": false, \"num_kv_heads\": 4, \"bias\": true, "
+    assert_int_equal(load_variant(",\n \"multi_query\": false, \"num_kv_heads\": 4, \"bias\": false, "
                                   "\"apply_residual_connection_post_layernorm\": false, "
                                   "\"ffn_hidden_size\": 96, \"tie_word_embeddings\": false",
                                   &m, &e),
                      ML_OK);
     assert_int_equal(m->kv_heads, 4);
     assert_int_equal(m->ffn, 96);
-    assert_true(m->bias && m->qkv_bias && m->norm_bias);
+    assert_false(m->bias || m->qkv_bias);
+    assert_true(m->norm_bias);
     assert_false(m->tied_embeddings);
     ml_model_destroy(m);
 }
@@ -191,7 +193,7 @@ static void test_set_attention(void **state)
     ml_model_destroy(s);
 }
 
-/* shared_norm is the parallel layer's: without parallel_residual it is
+/* shared_norm is Falcon's parallel layer: without parallel_residual it is
  * refused at the key. */
 static void test_falcon_yaml_refusals(void **state)
 {
@@ -201,8 +203,8 @@ static void test_falcon_yaml_refusals(void **state)
     ml_model *m = NULL;
     ml_error e;
     assert_int_equal(ml_model_load_string(y, strlen(y), "t.yaml", &m, &e), ML_SCHEMA);
-    assert_non_null(strstr(e.msg, "model.shared_norm: one norm for both branches needs "
-                                  "parallel_residual: true"));
+    assert_non_null(strstr(e.msg, "model.shared_norm: Falcon's layer (one norm for both "
+                                  "branches, its attention) needs parallel_residual: true"));
     assert_int_equal(e.line, 8);
     assert_null(m);
 }

@@ -131,6 +131,50 @@ static void test_mixtral_block_fp32(void **state)
     ml_model_destroy(n);
 }
 
+/* The largest forward workspace event of the iteration. */
+static uint64_t forward_workspace(const ml_model *m, ml_config *c)
+{
+    ml_ledger *l = NULL;
+    ml_error e;
+    assert_int_equal(ml_ledger_evaluate(m, c, true, &l, &e), ML_OK);
+    uint64_t most = 0;
+    const ml_event *ev = ml_ledger_events(l);
+    for (size_t i = 0; i < ml_ledger_event_count(l); i++)
+        if (ev[i].phase == ML_PHASE_FORWARD && ev[i].cat == ML_CAT_WORKSPACE &&
+            ev[i].delta > (int64_t)most)
+            most = (uint64_t)ev[i].delta;
+    ml_ledger_destroy(l);
+    return most;
+}
+
+/* training.expert_imbalance sizes the busiest expert. With F = 256 the
+ * block's largest unsaved tensor is that expert's (rows, F) intermediate
+ * (the others: q/k/v's output BT*64*4 = 4096, the scores 2048, the router
+ * logits 256, index_add_'s sum 2048), and its forward keeps the block
+ * rule, twice the largest (docs/ledger.md): balanced, N / E = 8 rows,
+ * 8 x 256 x 4 = 8192 -> 16,384; at 2, 16 rows -> 32,768; at 8, 64 rows,
+ * but an expert takes a token once: at most B*T = 16 rows -> 32,768. */
+static void test_expert_imbalance(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(
+        "model:\n  type: decoder\n  layers: 2\n  hidden: 32\n  heads: 4\n  kv_heads: 2\n"
+        "  ffn: 256\n  vocab: 50\n  position: rope\n  bias: false\n  tied_embeddings: false\n"
+        "  norm: rmsnorm\n  activation: swiglu\n  experts: 4\n  experts_per_tok: 2\n"
+        "training:\n  micro_batch: 2\n  seq_len: 8\n");
+    ml_config c = ml_model_config(m);
+    assert_true(c.training.expert_imbalance == 1);
+    assert_int_equal(forward_workspace(m, &c), 16384);
+    ml_error e;
+    assert_int_equal(ml_config_set(&c, "training.expert_imbalance", "2", &e), ML_OK);
+    assert_int_equal(forward_workspace(m, &c), 32768);
+    c.training.expert_imbalance = 8;
+    assert_int_equal(forward_workspace(m, &c), 32768);
+    assert_int_not_equal(ml_config_set(&c, "training.expert_imbalance", "0.5", &e), ML_OK);
+    assert_non_null(strstr(e.msg, "training.expert_imbalance"));
+    ml_model_destroy(m);
+}
+
 /* experts is Mixtral's layer: a GPT-2-layout model, or one expert, is
  * refused at the key. */
 static void test_mixtral_yaml_refusals(void **state)
@@ -165,6 +209,7 @@ int main(void)
         cmocka_unit_test(test_mixtral_keys),
         cmocka_unit_test(test_mixtral_block_fp32),
         cmocka_unit_test(test_mixtral_yaml_refusals),
+        cmocka_unit_test(test_expert_imbalance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,8 +99,8 @@ static void test_phi3_keys(void **state)
         {",\n \"attention_bias\": true", "attention_bias"},
         {",\n \"partial_rotary_factor\": 0.75", "partial_rotary_factor"},
         {",\n \"mlp_bias\": true", "not a key memledger knows for model_type 'phi3'"},
-        {",\n \"architectures\": [\"Phi3ForSequenceClassification\"]",
-         "'Phi3ForSequenceClassification' is not modelled: for model_type 'phi3' memledger "
+        {",\n \"architectures\": [\"Phi3ForTokenClassification\"]",
+         "'Phi3ForTokenClassification' is not modelled: for model_type 'phi3' memledger "
          "plans Phi3ForCausalLM"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {

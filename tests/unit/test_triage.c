@@ -622,7 +622,7 @@ static void test_changes(void **state)
     assert_non_null(strstr(find(r, ML_REMEDY_AMP_BF16)->changes, "loss scaling"));
     assert_non_null(strstr(find(r, ML_REMEDY_ADAM_8BIT)->changes, "numerics"));
     assert_non_null(strstr(find(r, ML_REMEDY_OFFLOAD_OPTIMIZER)->changes, "host memory"));
-    assert_string_equal(find(r, ML_REMEDY_ATTENTION_SDPA)->flags, "model.attention: sdpa");
+    assert_string_equal(find(r, ML_REMEDY_ATTENTION_SDPA)->flags, "--attention sdpa");
     assert_string_equal(find(r, ML_REMEDY_ADAFACTOR)->flags,
                         "--optimizer adafactor --optimizer-impl foreach");
     free(r);

@@ -1,7 +1,30 @@
-/* The model file's mixture-of-experts keys (schema.c calls this after the
- * other transformer keys): experts, experts_per_tok (docs/cli.md, "The
- * model file"; what they change: docs/inventory.md, "Mixtral block"). */
+/* The model file's keys of two layer variants (schema.c calls these after
+ * the other transformer keys): Falcon's shared_norm and norm_bias, and the
+ * mixture of experts' experts and experts_per_tok (docs/cli.md, "The model
+ * file"; what they change: docs/inventory.md, "Falcon block" and "Mixtral
+ * block"). */
 #include "model/schema.h"
+
+ml_status ml_schema_falcon(ml_error *err, const ml_node *mm, ml_model *m)
+{
+    ml_status st;
+    m->norm_bias = m->bias;
+    if ((st = ml_tree_bool(err, mm, "norm_bias", "model", &m->norm_bias)) ||
+        (st = ml_tree_bool(err, mm, "shared_norm", "model", &m->shared_norm)))
+        return st;
+    if (m->shared_norm && (!m->parallel_residual || m->norm != ML_NORM_LAYERNORM ||
+                           m->dropout > 0 || m->bias ||
+                           (m->kv_heads != 1 && m->kv_heads != m->heads)))
+        return ml_error_at(err, ml_tree_get(mm, "shared_norm"), ML_SCHEMA,
+                           "model.shared_norm: Falcon's layer (one norm for both branches, its "
+                           "attention) needs parallel_residual: true, norm: layernorm, "
+                           "dropout: 0, bias: false (norm_bias: true) and kv_heads 1 or "
+                           "heads");
+    if (ml_tree_get(mm, "norm_bias") && m->norm != ML_NORM_LAYERNORM)
+        return ml_error_at(err, ml_tree_get(mm, "norm_bias"), ML_SCHEMA,
+                           "model.norm_bias: the LayerNorms' biases; an RMSNorm has none");
+    return ML_OK;
+}
 
 ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
 {
