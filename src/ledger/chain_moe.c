@@ -1,7 +1,10 @@
 /* A mixture-of-experts MLP (chain_kit.h): HF Mixtral's block_sparse_moe,
- * MixtralSparseMoeBlock.forward in transformers' modeling_mixtral.py, with
- * what PyTorch's eager autograd keeps for each of its ops
- * (tools/autograd/derivatives.yaml; docs/inventory.md, "Mixtral block"). */
+ * MixtralSparseMoeBlock.forward in transformers' modeling_mixtral.py, and
+ * Qwen2-MoE's Qwen2MoeSparseMoeBlock (modeling_qwen2_moe.py: the top-k
+ * weights renormalised only with norm_topk_prob, and a shared expert on
+ * every token gated by a sigmoid), with what PyTorch's eager autograd keeps
+ * for each of their ops (tools/autograd/derivatives.yaml; docs/inventory.md,
+ * "Mixtral block"). */
 #include <math.h>
 
 #include "ledger/chain_kit.h"
@@ -27,10 +30,44 @@ static void router(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_di
      * copy of the top-k values it overwrites */
     ml_ck_save(ch, b, "router softmax output (fp32)", ml_mul(ch, d->BT, E), 4, 0);
     ml_ck_save(ch, b, "top-k indices (int64)", ml_mul(ch, d->BT, k), 8, 0);
-    ml_ck_save(ch, b, "top-k weight sum (fp32)", d->BT, 4, 0);
-    ml_ck_save(ch, b, "top-k weights before the in-place divide (fp32)", ml_mul(ch, d->BT, k), 4,
-               0);
+    if (m->expert_renorm) {
+        ml_ck_save(ch, b, "top-k weight sum (fp32)", d->BT, 4, 0);
+        ml_ck_save(ch, b, "top-k weights before the in-place divide (fp32)",
+                   ml_mul(ch, d->BT, k), 4, 0);
+    }
     b->flops_fwd += 2.0 * (double)d->BT * (double)d->D * (double)E;
+}
+
+/* Qwen2-MoE's shared expert, a SwiGLU of width Fs on every token (its
+ * gate_proj and up_proj read the norm's output the router saved; autocast
+ * casts it once for each), scaled by sigmoid(shared_expert_gate(x)): the
+ * sigmoid keeps its (B*T, 1) result, the mul that result and the expert's
+ * output; the sum with the routed experts' keeps nothing. */
+static void shared_expert(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                          unsigned src_bpe)
+{
+    const unsigned a = ch->prec.a;
+    const uint64_t Fs = m->shared_expert_ffn;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D), BTF = ml_mul(ch, d->BT, Fs);
+    if (ch->prec.autocast && src_bpe == 4)
+        for (unsigned i = 0; i < 3; i++)
+            ml_ck_save(ch, b, "shared expert input (cast copy)", BTD, 2, 0);
+    for (unsigned i = 0; i < 3; i++)
+        ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, Fs));
+    ml_ck_weight_copy(ch, b, d->D);
+    ml_ck_save(ch, b, "shared expert gate_proj output (silu input)", BTF, a, 0);
+    ml_ck_save(ch, b, "shared expert silu output", BTF, a, 0);
+    ml_ck_save(ch, b, "shared expert up_proj output", BTF, a, 0);
+    ml_ck_save(ch, b, "shared expert product (down_proj input)", BTF, a, 0);
+    ml_ck_save(ch, b, "shared expert output (gated)", BTD, a, 0);
+    ml_ck_save(ch, b, "shared expert gate sigmoid output", d->BT, a, 0);
+    ml_ck_linear(ch, b, d->D, Fs, false); /* gate_proj */
+    ml_ck_linear(ch, b, d->D, Fs, false); /* up_proj */
+    ml_ck_linear(ch, b, Fs, d->D, false); /* down_proj */
+    ml_ck_linear(ch, b, d->D, 1, false);  /* shared_expert_gate */
+    ml_ck_tmp(ch, BTF, a);
+    b->flops_fwd += 3.0 * 2.0 * (double)d->BT * (double)d->D * (double)Fs +
+                    2.0 * (double)d->BT * (double)d->D;
 }
 
 void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
@@ -38,12 +75,13 @@ void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *
 {
     const unsigned a = ch->prec.a, w = ch->prec.w;
     const uint64_t E = m->experts, k = m->experts_per_tok;
+    const uint64_t F = m->expert_ffn ? m->expert_ffn : d->F;
     router(ch, b, m, d, src_bpe, src_saved);
     /* N = k * B * T (token, expert) pairs; each expert e takes its n_e of
      * them, and every saved tensor below is n_e rows: their sum over the
      * experts is N rows whatever the routing (docs/inventory.md) */
     const uint64_t N = ml_mul(ch, k, d->BT);
-    uint64_t ND = ml_mul(ch, N, d->D), NF = ml_mul(ch, N, d->F);
+    uint64_t ND = ml_mul(ch, N, d->D), NF = ml_mul(ch, N, F);
     /* torch.where(expert_mask[e]) gives idx and top_x, two views of one
      * (n_e, 2) int64 storage, which the indexing of the hidden states and
      * of the routing weights and index_add_ save */
@@ -57,7 +95,7 @@ void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *
         ml_ck_save(ch, b, "expert input (gathered rows)", ND, w, 0);
     }
     for (unsigned i = 0; i < 3; i++)
-        ml_ck_weight_copy(ch, b, ml_mul(ch, ml_mul(ch, E, d->D), d->F));
+        ml_ck_weight_copy(ch, b, ml_mul(ch, ml_mul(ch, E, d->D), F));
     /* SwiGLU: silu keeps w1's output, the mul silu's and w3's outputs, w2
      * the product */
     ml_ck_save(ch, b, "expert w1 output (silu input)", NF, a, 0);
@@ -73,9 +111,9 @@ void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *
      * derivatives.yaml's formula */
     ml_ck_save(ch, b, "weighted expert output (index_add_ source)", ND, w, 0);
     for (uint64_t e = 0; e < E && !ch->overflow; e++) {
-        ml_ck_linear(ch, b, d->D, d->F, false); /* w1 */
-        ml_ck_linear(ch, b, d->F, d->D, false); /* w2 */
-        ml_ck_linear(ch, b, d->D, d->F, false); /* w3 */
+        ml_ck_linear(ch, b, d->D, F, false); /* w1 (Qwen2-MoE: gate_proj) */
+        ml_ck_linear(ch, b, F, d->D, false); /* w2 (down_proj) */
+        ml_ck_linear(ch, b, d->D, F, false); /* w3 (up_proj) */
     }
     /* the busiest expert's intermediates: its share of the N rows, N / E
      * for a balanced router, times training.expert_imbalance, at most the
@@ -83,7 +121,9 @@ void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *
      * index_add_ builds */
     double busy = (double)N / (double)E * d->expert_imbalance;
     uint64_t rows = busy >= (double)d->BT ? d->BT : (uint64_t)ceil(busy);
-    ml_ck_tmp(ch, ml_mul(ch, rows, d->F), a);
+    ml_ck_tmp(ch, ml_mul(ch, rows, F), a);
     ml_ck_tmp(ch, ml_mul(ch, d->BT, d->D), w);
-    b->flops_fwd += 3.0 * 2.0 * (double)N * (double)d->D * (double)d->F;
+    b->flops_fwd += 3.0 * 2.0 * (double)N * (double)d->D * (double)F;
+    if (m->shared_expert_ffn)
+        shared_expert(ch, b, m, d, src_bpe);
 }

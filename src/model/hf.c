@@ -160,7 +160,7 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
     m->prenorm = true;
     m->position = ML_POS_ROPE;
     m->bias = false;
-    m->qkv_bias = !strcmp(t, "qwen2");
+    m->qkv_bias = !strncmp(t, "qwen2", 5); /* qwen2, qwen2_moe */
     m->tied_embeddings = false;
     m->dropout = 0; /* attention_dropout > 0 is refused by the key table */
     if ((st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
@@ -207,6 +207,8 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
         if ((st = ml_hf_layer_types(err, r, m->layers, &windowed)))
             return st;
         m->sliding_window = on && windowed ? w : 0;
+        if (!strcmp(t, "qwen2_moe") && (st = ml_hf_map_qwen2_moe_experts(r, m, err)))
+            return st;
     }
     return ML_OK;
 }

@@ -1,6 +1,7 @@
-/* The Hugging Face import's Falcon and Mixtral's experts (hf.c calls them
- * after the shared sizes): FalconForCausalLM as modeling_falcon.py builds it
- * for the configs of Falcon-7B's layout, and MixtralSparseMoeBlock's keys.
+/* The Hugging Face import's Falcon, and the experts of Mixtral and
+ * Qwen2-MoE (hf.c calls them after the shared sizes): FalconForCausalLM as
+ * modeling_falcon.py builds it for the configs of Falcon-7B's layout, and
+ * the sparse MoE blocks' keys.
  * Every key they read is in the key table (hf_keys.c); the blocks they map
  * to are docs/inventory.md's "Falcon block" and "Mixtral block". */
 #include <string.h>
@@ -106,6 +107,7 @@ ml_status ml_hf_map_mixtral_experts(const ml_node *r, ml_model *m, ml_error *err
 {
     m->experts = 8;
     m->experts_per_tok = 2;
+    m->expert_renorm = true; /* routing_weights /= routing_weights.sum(...) */
     ml_status st;
     if ((st = ml_hf_uint(err, r, KEYS("num_local_experts"), false, 2, 4096, &m->experts)) ||
         (st = ml_hf_uint(err, r, KEYS("num_experts_per_tok"), false, 1, 4096,
@@ -114,6 +116,39 @@ ml_status ml_hf_map_mixtral_experts(const ml_node *r, ml_model *m, ml_error *err
     if (m->experts_per_tok > m->experts)
         return ml_error_at(err, ml_tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
                            "num_experts_per_tok: %llu is more than num_local_experts (%llu)",
+                           (unsigned long long)m->experts_per_tok,
+                           (unsigned long long)m->experts);
+    return ML_OK;
+}
+
+/* Qwen2MoeSparseMoeBlock (modeling_qwen2_moe.py; Qwen2MoeConfig's defaults):
+ * num_experts (60) SwiGLU experts of moe_intermediate_size (1408), each
+ * token routed to num_experts_per_tok (4) of them, the top-k weights
+ * renormalised only with norm_topk_prob (false), and a shared expert of
+ * shared_expert_intermediate_size (5632) on every token. Every layer is
+ * sparse with decoder_sparse_step 1 and no mlp_only_layers; the key table
+ * refuses the others. */
+ml_status ml_hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *err)
+{
+    m->experts = 60;
+    m->experts_per_tok = 4;
+    m->expert_ffn = 1408;
+    m->shared_expert_ffn = 5632;
+    m->expert_renorm = false;
+    ml_status st;
+    if ((st = ml_hf_uint(err, r, KEYS("num_experts"), false, 2, 4096, &m->experts)) ||
+        (st = ml_hf_uint(err, r, KEYS("num_experts_per_tok"), false, 1, 4096,
+                         &m->experts_per_tok)) ||
+        (st = ml_hf_uint(err, r, KEYS("moe_intermediate_size"), false, 1, ML_MAX_FFN,
+                         &m->expert_ffn)) ||
+        (st = ml_hf_uint(err, r, KEYS("shared_expert_intermediate_size"), false, 0,
+                         ML_MAX_FFN, &m->shared_expert_ffn)) ||
+        (st = ml_hf_bool(err, r, "norm_topk_prob", &m->expert_renorm)) ||
+        (st = ml_hf_bool(err, r, "qkv_bias", &m->qkv_bias)))
+        return st;
+    if (m->experts_per_tok > m->experts)
+        return ml_error_at(err, ml_tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
+                           "num_experts_per_tok: %llu is more than num_experts (%llu)",
                            (unsigned long long)m->experts_per_tok,
                            (unsigned long long)m->experts);
     return ML_OK;

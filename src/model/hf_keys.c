@@ -28,6 +28,10 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
      "MixtralForSequenceClassification", SEQ_CLS_HEAD},
     {"qwen2", ML_HF_QWEN2, "Qwen2ForCausalLM", "a causal LM head over vocab_size, cross-entropy",
      "Qwen2ForSequenceClassification", SEQ_CLS_HEAD},
+    {"qwen2_moe", ML_HF_QWEN2MOE, "Qwen2MoeForCausalLM",
+     "a causal LM head over vocab_size, cross-entropy (no auxiliary loss: output_router_logits "
+     "false)",
+     "Qwen2MoeForSequenceClassification", SEQ_CLS_HEAD},
     {"gpt2", ML_HF_GPT2, "GPT2LMHeadModel", "a causal LM head over vocab_size, cross-entropy",
      "GPT2ForSequenceClassification", SEQ_CLS_HEAD},
     {"gpt_neox", ML_HF_NEOX, "GPTNeoXForCausalLM",
@@ -56,7 +60,9 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
 /* ---- the key table ------------------------------------------------------ */
 
 #define MIX ML_HF_MIXTRAL
-#define LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | MIX)
+#define QWM ML_HF_QWEN2MOE
+#define QW (ML_HF_QWEN2 | QWM)
+#define LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | QW | MIX)
 #define GEM (ML_HF_GEMMA | ML_HF_GEMMA2) /* Gemma and Gemma 2 */
 #define GEM2 ML_HF_GEMMA2
 #define PHI ML_HF_PHI3
@@ -136,7 +142,10 @@ static const ml_hf_key keys[] = {
     {"head_dim", ML_HF_GPT2 | ML_HF_NEOX | FAL | ENC, R, NULL,
      "these families' head size is hidden_size / num_attention_heads: another value is "
      "refused"},
-    {"intermediate_size", LM3 | GEM | ML_HF_NEOX | ENC, H, NULL, "F"},
+    {"intermediate_size", (LM3 & ~QWM) | GEM | ML_HF_NEOX | ENC, H, NULL, "F"},
+    {"intermediate_size", QWM, I, NULL,
+     "the dense MLP's width, for the layers decoder_sparse_step and mlp_only_layers leave "
+     "dense (refused): every layer planned is sparse"},
     {"intermediate_size", PHI, H, NULL, "F: gate_up_proj projects D to 2·F, down_proj F to D"},
     {"vocab_size", DEC | ML_HF_BERT, H, NULL, "V"},
     {"type_vocab_size", ML_HF_BERT, H, NULL, "token-type embeddings (default 2)"},
@@ -154,7 +163,7 @@ static const ml_hf_key keys[] = {
      "MistralAttention and MixtralAttention have no biases (they do not read the key)"},
     {"attention_bias", PHI, R, "false|null",
      "Phi3Attention's qkv_proj and o_proj have no biases (it does not read the key)"},
-    {"attention_bias", ML_HF_QWEN2, R, "true|null",
+    {"attention_bias", QW, R, "true|null",
      "Qwen2Attention always has q, k and v biases (it does not read the key)"},
     {"attention_bias", ML_HF_NEOX, R, "true|null",
      "false drops the attention's biases but not the MLP's, which is not modelled"},
@@ -197,17 +206,17 @@ static const ml_hf_key keys[] = {
     {"sliding_window", ML_HF_MISTRAL, H, NULL,
      "the window (default 4096; null: none); " WINDOW_NOTE},
     {"sliding_window", MIX, H, NULL, "the window (default null: none); " WINDOW_NOTE},
-    {"sliding_window", ML_HF_QWEN2, H, NULL,
+    {"sliding_window", QW, H, NULL,
      "the window when use_sliding_window is true and a layer uses it; " WINDOW_NOTE},
     {"sliding_window", PHI, H, NULL,
      "the window (Phi3Config's default null: none; Phi-3-mini-4k: 2047); " WINDOW_NOTE},
     {"original_max_position_embeddings", PHI, I, NULL,
      "the pre-training context that longrope's rescaling reads: values of the same cos and "
      "sin tensors"},
-    {"use_sliding_window", ML_HF_QWEN2, H, NULL, "turns sliding_window on (default false)"},
-    {"max_window_layers", ML_HF_QWEN2, H, NULL,
+    {"use_sliding_window", QW, H, NULL, "turns sliding_window on (default false)"},
+    {"max_window_layers", QW, H, NULL,
      "the layers from this index on use the window (default 28)"},
-    {"layer_types", ML_HF_QWEN2, H, NULL,
+    {"layer_types", QW, H, NULL,
      "full_attention or sliding_attention per layer (instead of max_window_layers)"},
     /* dropout */
     {"attention_dropout", LM3 | GEM, R, "0|null",
@@ -341,11 +350,11 @@ static const ml_hf_key keys[] = {
     {"quantization_config", ALL, R, "null", "quantized weights are not modelled"},
     /* other families' keys that change parameters, saved tensors or FLOPs */
     {"num_local_experts", ALL & ~MIX, R, "0|1|null", MOE_NOTE},
-    {"num_experts", ALL, R, "0|1|null", MOE_NOTE},
-    {"num_experts_per_tok", ALL & ~MIX, R, "0|1|null", MOE_NOTE},
+    {"num_experts", ALL & ~QWM, R, "0|1|null", MOE_NOTE},
+    {"num_experts_per_tok", ALL & ~(MIX | QWM), R, "0|1|null", MOE_NOTE},
     {"n_routed_experts", ALL, R, "0|null", MOE_NOTE},
-    {"moe_intermediate_size", ALL, R, "0|null", MOE_NOTE},
-    {"shared_expert_intermediate_size", ALL, R, "0|null", MOE_NOTE},
+    {"moe_intermediate_size", ALL & ~QWM, R, "0|null", MOE_NOTE},
+    {"shared_expert_intermediate_size", ALL & ~QWM, R, "0|null", MOE_NOTE},
     {"use_bidirectional_attention", GEM, R, "false|null",
      "attention without the causal mask (EmbeddingGemma's) is not the causal LM planned"},
     {"hidden_activation", ALL & ~GEM, R, "null",
@@ -361,14 +370,30 @@ static const ml_hf_key keys[] = {
      "E SwiGLU experts of intermediate_size each (default 8): E·3·D·F parameters; every "
      "token's rows saved once per expert it is routed to (docs/inventory.md)"},
     {"num_experts_per_tok", MIX, H, NULL, "k, the experts each token is routed to (default 2)"},
-    {"output_router_logits", MIX, R, "false|null",
+    {"output_router_logits", MIX | QWM, R, "false|null",
      "true adds the load-balancing loss over every layer's router logits, which is not "
      "modelled"},
-    {"router_aux_loss_coef", MIX, I, NULL,
+    {"router_aux_loss_coef", MIX | QWM, I, NULL,
      "the load-balancing loss's weight, used only with output_router_logits (refused)"},
     {"router_jitter_noise", MIX, R, "0|null",
      "multiplies the router's input by uniform noise in place during training: not "
      "modelled"},
+    /* Qwen2-MoE */
+    {"num_experts", QWM, H, NULL,
+     "E SwiGLU experts of moe_intermediate_size each (default 60): E·3·D·F parameters"},
+    {"num_experts_per_tok", QWM, H, NULL, "k, the experts each token is routed to (default 4)"},
+    {"moe_intermediate_size", QWM, H, NULL, "each expert's width F (default 1408)"},
+    {"shared_expert_intermediate_size", QWM, H, NULL,
+     "the shared expert's width, a SwiGLU on every token gated by sigmoid(shared_expert_gate) "
+     "(default 5632; 0: none)"},
+    {"norm_topk_prob", QWM, H, NULL,
+     "renormalise the top-k weights in place, which keeps their sum and a copy (default "
+     "false)"},
+    {"qkv_bias", QWM, H, NULL, "biases on q, k and v (default true)"},
+    {"decoder_sparse_step", QWM, R, "1|null",
+     "above 1 some layers have a dense MLP instead of the experts: not modelled"},
+    {"mlp_only_layers", QWM, R, "[]|null",
+     "the layers it names have a dense MLP instead of the experts: not modelled"},
     /* Falcon */
     {"alibi", FAL, R, "false|null",
      "ALiBi adds a bias to the scores and runs another attention path; the rotary Falcons "
@@ -425,6 +450,8 @@ static const ml_hf_key keys[] = {
 
 #undef GEM
 #undef MIX
+#undef QWM
+#undef QW
 #undef FAL
 #undef GEM2
 #undef PHI

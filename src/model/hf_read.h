@@ -46,6 +46,10 @@ ml_status ml_hf_map_phi3(const ml_node *r, ml_model *m, ml_error *err);
 /* MixtralForCausalLM's experts (hf_falcon.c): num_local_experts,
  * num_experts_per_tok. */
 ml_status ml_hf_map_mixtral_experts(const ml_node *r, ml_model *m, ml_error *err);
+/* Qwen2MoeForCausalLM's experts (hf_falcon.c): num_experts,
+ * num_experts_per_tok, moe_intermediate_size, the shared expert,
+ * norm_topk_prob. */
+ml_status ml_hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *err);
 /* FalconForCausalLM (hf_falcon.c). */
 ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err);
 /* model_type gemma2: Gemma's layer with the post norms, the score scale,

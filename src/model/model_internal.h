@@ -91,6 +91,12 @@ struct ml_model {
     uint64_t experts;       /* a mixture-of-experts MLP of this many SwiGLU experts (HF
                                Mixtral's num_local_experts); 0 = one dense MLP */
     uint64_t experts_per_tok; /* the experts each token is routed to (top-k) */
+    uint64_t expert_ffn;    /* each expert's width (HF moe_intermediate_size); 0 = ffn */
+    uint64_t shared_expert_ffn; /* a shared expert on every token, gated by a sigmoid
+                                   (HF Qwen2-MoE's shared_expert_intermediate_size);
+                                   0 = none */
+    bool expert_renorm;     /* the top-k weights renormalised to sum to 1 (Mixtral; HF
+                               norm_topk_prob) */
     bool norm_bias;         /* the LayerNorms have a bias (default: bias; HF Falcon's
                                LayerNorms keep theirs while its projections have none) */
     bool kv_cache;          /* the forward returns every layer's keys and values
@@ -159,12 +165,15 @@ enum {
     ML_HF_GEMMA2 = 1u << 9,
     ML_HF_FALCON = 1u << 10,
     ML_HF_MIXTRAL = 1u << 11,
-    ML_HF_FAMILY_COUNT = 12
+    ML_HF_QWEN2MOE = 1u << 12,
+    ML_HF_FAMILY_COUNT = 13
 };
-#define ML_HF_LM3 (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | ML_HF_MIXTRAL) /* the Llama-layout
-                                                                      families */
+#define ML_HF_LM3                                                                       \
+    (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | ML_HF_MIXTRAL | ML_HF_QWEN2MOE) /* the Llama-layout
+                                                                            families */
 #define ML_HF_SUPPORTED \
-    "llama, mistral, mixtral, qwen2, gemma, gemma2, phi3, gpt2, gpt_neox, falcon, bert, vit"
+    "llama, mistral, mixtral, qwen2, qwen2_moe, gemma, gemma2, phi3, gpt2, gpt_neox, falcon, "  \
+    "bert, vit"
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head, and a second class the planner builds too (NULL: none;

@@ -201,7 +201,8 @@ static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m
         "attention", "dropout", "classes", "pooler", "token_types", "image_size", "patch_size",
         "channels", "qkv_bias", "parallel_residual", "head_dim", "embedding_scale",
         "fused_projections", "mlm_head", "buffers", "post_norms", "attn_scalar",
-        "attn_softcap", "final_softcap", "norm_bias", "shared_norm", "experts", "experts_per_tok"};
+        "attn_softcap", "final_softcap", "norm_bias", "shared_norm", "experts", "experts_per_tok", "expert_ffn",
+        "shared_expert_ffn", "expert_renorm"};
     ml_status st;
     if ((st = ml_tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))) ||
         (st = transformer_sizes(err, mm, m)) || (st = transformer_options(err, mm, m)) ||

@@ -31,9 +31,20 @@ ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
     ml_status st;
     m->experts = 0;
     m->experts_per_tok = 0;
+    m->expert_ffn = m->shared_expert_ffn = 0;
+    m->expert_renorm = true;
     if ((st = ml_tree_uint(err, mm, "experts", "model", 1, 4096, &m->experts)) ||
-        (st = ml_tree_uint(err, mm, "experts_per_tok", "model", 1, 4096, &m->experts_per_tok)))
+        (st = ml_tree_uint(err, mm, "experts_per_tok", "model", 1, 4096, &m->experts_per_tok)) ||
+        (st = ml_tree_uint(err, mm, "expert_ffn", "model", 1, ML_MAX_FFN, &m->expert_ffn)) ||
+        (st = ml_tree_uint(err, mm, "shared_expert_ffn", "model", 1, ML_MAX_FFN,
+                           &m->shared_expert_ffn)) ||
+        (st = ml_tree_bool(err, mm, "expert_renorm", "model", &m->expert_renorm)))
         return st;
+    const char *const only[] = {"expert_ffn", "shared_expert_ffn", "expert_renorm"};
+    for (size_t i = 0; i < 3; i++)
+        if (ml_tree_get(mm, only[i]) && !ml_tree_get(mm, "experts"))
+            return ml_error_at(err, ml_tree_get(mm, only[i]), ML_SCHEMA,
+                               "model.%s: a mixture of experts' key: give experts: N", only[i]);
     const ml_node *at = ml_tree_get(mm, "experts") ? ml_tree_get(mm, "experts")
                                                    : ml_tree_get(mm, "experts_per_tok");
     if (!at)

@@ -35,13 +35,13 @@ TOL = 0.01
 # amp-bf16 through CPU autocast; its one difference from CUDA autocast that
 # these models meet is accounted in known_cpu_autocast().
 AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
-              "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls"}
+              "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
 # vectors are 0.15 % of it, under the 1 % tolerance; Phi-3's fused
 # projections, BERT's MLM head, Gemma 2's post norms and soft-caps, Falcon's
 # shared-norm parallel layer, Mixtral's experts and the decoders'
 # sequence-classification head are new layouts, held to every byte.
-EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls"}
+EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe"}
 torch.manual_seed(0)
 
 

@@ -675,9 +675,16 @@ def main():
             # the peak's phase and step: the planned step (a recompute is its
             # block's) among the measured block's names (a segment's blocks)
             want = j["peak"]["step"].replace(" (recompute)", "")
-            check(name + " peak phase and step as measured",
-                  (r[1]["peak_phase"], want in r[1]["peak_step"].split("|")),
-                  (j["peak"]["phase"], True))
+            if doc["model"].get("experts"):
+                # a mixture of experts' backward runs at block level, an upper
+                # bound (docs/validation.md): its peak can be placed in a later
+                # block than the measured one; the phase is still asserted
+                check(name + " peak phase as measured (block-level backward)",
+                      r[1]["peak_phase"], j["peak"]["phase"])
+            else:
+                check(name + " peak phase and step as measured",
+                      (r[1]["peak_phase"], want in r[1]["peak_step"].split("|")),
+                      (j["peak"]["phase"], True))
             arts = {}
             for i, k in enumerate(kind):
                 if k is not None:

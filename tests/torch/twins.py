@@ -335,9 +335,10 @@ class Llama(nn.Module):
             # the order torch.optim's for-loop visits): self_attn (q, k, v,
             # o), mlp (gate, up, down), input_layernorm, post_attention_layernorm
             b = nn.Module()
-            b.q = nn.Linear(D, H * s.dh, bias=False)
-            b.k = nn.Linear(D, KV * s.dh, bias=False)
-            b.v = nn.Linear(D, KV * s.dh, bias=False)
+            qb = m.get("qkv_bias", m.get("bias", False))  # Qwen2's q, k, v biases
+            b.q = nn.Linear(D, H * s.dh, bias=qb)
+            b.k = nn.Linear(D, KV * s.dh, bias=qb)
+            b.v = nn.Linear(D, KV * s.dh, bias=qb)
             b.o = nn.Linear(H * s.dh, D, bias=False)
             b.gate = nn.Linear(D, F_, bias=False)
             b.up = nn.Linear(D, F_, bias=False)
@@ -535,8 +536,11 @@ class Mixtral(Llama):
 
     def __init__(s, m):
         super().__init__(m)
-        D, F_, E = m["hidden"], m["ffn"], m["experts"]
+        D, E = m["hidden"], m["experts"]
+        F_ = m.get("expert_ffn", m["ffn"])
         s.E, s.k = E, m.get("experts_per_tok", 2)
+        s.renorm = m.get("expert_renorm", True)
+        Fs = m.get("shared_expert_ffn", 0)
         for b in s.blocks:
             # MixtralDecoderLayer registers self_attn, block_sparse_moe
             # (gate, then experts[i].w1, w2, w3), the two norms
@@ -550,6 +554,12 @@ class Mixtral(Llama):
                 e.w2 = nn.Linear(F_, D, bias=False)
                 e.w3 = nn.Linear(D, F_, bias=False)
                 b.experts.append(e)
+            if Fs:  # Qwen2MoeSparseMoeBlock: shared_expert, shared_expert_gate
+                b.shared = nn.Module()
+                b.shared.w1 = nn.Linear(D, Fs, bias=False)
+                b.shared.w3 = nn.Linear(D, Fs, bias=False)
+                b.shared.w2 = nn.Linear(Fs, D, bias=False)
+                b.shared_gate = nn.Linear(D, 1, bias=False)
             b.ln1, b.ln2 = ln1, ln2
 
     def mlp(s, b, h):  # MixtralSparseMoeBlock.forward
@@ -558,7 +568,8 @@ class Mixtral(Llama):
         logits = b.router(h)
         w = F.softmax(logits, dim=1, dtype=torch.float)
         w, chosen = torch.topk(w, s.k, dim=-1)
-        w /= w.sum(dim=-1, keepdim=True)
+        if s.renorm:  # Qwen2-MoE: only with norm_topk_prob
+            w /= w.sum(dim=-1, keepdim=True)
         w = w.to(h.dtype)
         out = torch.zeros((B * T, D), dtype=h.dtype)
         mask = F.one_hot(chosen, num_classes=s.E).permute(2, 1, 0)
@@ -569,6 +580,10 @@ class Mixtral(Llama):
             x = h[None, top_x].reshape(-1, D)
             y = ex.w2(F.silu(ex.w1(x)) * ex.w3(x)) * w[top_x, idx, None]
             out.index_add_(0, top_x, y.to(h.dtype))
+        if hasattr(b, "shared"):
+            sh = b.shared.w2(F.silu(b.shared.w1(h)) * b.shared.w3(h))
+            sh = torch.sigmoid(b.shared_gate(h)) * sh
+            out = out + sh
         return out.reshape(B, T, D)
 
 

@@ -131,6 +131,74 @@ static void test_mixtral_block_fp32(void **state)
     ml_model_destroy(n);
 }
 
+/* Qwen2-MoE's block on the same tiny shapes: without norm_topk_prob the
+ * router keeps neither the sum (BT*4 = 64) nor the overwritten top-k
+ * values (BT*k*4 = 128); the shared expert of width 48 keeps its gate_proj,
+ * silu and up_proj outputs and the product 4 x BT*48*4 = 12,288, its gated
+ * output BT*D*4 = 2,048 and the sigmoid's (BT, 1) result 64 (its inputs are
+ * the norm's output the router saved): 69,056 - 192 + 14,400 = 83,264 B.
+ * Parameters: + 3 x 32 x 48 + 32 (shared_expert_gate) = 4,640. */
+static void test_qwen2_moe_block_fp32(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(TINY("  experts: 4\n  experts_per_tok: 2\n  expert_renorm: false\n"
+                                "  shared_expert_ffn: 48\n"));
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(block_named(l, "block.0")->inventory_bytes, 83264);
+    assert_int_equal(block_named(l, "block.0")->params, 27840 + 4640);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* Qwen/Qwen1.5-MoE-A2.7B's config.json (models/hf/qwen1.5-moe-a2.7b; the
+ * model card's 14.3B): untied embeddings 2 x 151936 x 2048 = 622,329,856;
+ * per layer q, k, v with biases 3 x (2048^2 + 2048) = 12,589,056, o_proj
+ * 4,194,304, the router 2048 x 60 = 122,880, 60 experts x 3 x 2048 x 1408 =
+ * 519,045,120, the shared expert 3 x 2048 x 5632 = 34,603,008 and its gate
+ * 2,048, two norms 4,096 -> 570,560,512 x 24 = 13,693,452,288; the final
+ * norm 2,048: 14,315,784,192. */
+static void test_qwen2_moe_count(void **state)
+{
+    (void)state;
+    const uint64_t layer = 3 * (2048ull * 2048 + 2048) + 2048ull * 2048 + 2048ull * 60 +
+                           60 * 3 * 2048ull * 1408 + 3 * 2048ull * 5632 + 2048 + 2 * 2048;
+    assert_int_equal(layer, 570560512ull);
+    ml_model *m = load_hf_config("qwen1.5-moe-a2.7b");
+    assert_int_equal(m->experts, 60);
+    assert_int_equal(m->experts_per_tok, 4);
+    assert_int_equal(m->expert_ffn, 1408);
+    assert_int_equal(m->shared_expert_ffn, 5632);
+    assert_false(m->expert_renorm);
+    assert_true(m->qkv_bias);
+    ml_config c = ml_model_config(m);
+    c.training.seq_len = 64;
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->params, 2 * 151936ull * 2048 + 24 * layer + 2048);
+    assert_int_equal(ml_ledger_summary(l)->params, 14315784192ull);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    static const struct {
+        const char *extra, *msg;
+    } bad[] = {
+        {", \"decoder_sparse_step\": 2", "decoder_sparse_step: 2 is refused"},
+        {", \"mlp_only_layers\": [0]", "mlp_only_layers: a list is refused"},
+        {", \"num_local_experts\": 8", "num_local_experts: 8 is refused"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 2, "
+                 "\"hidden_size\": 32, \"num_attention_heads\": 4, \"vocab_size\": 50%s}",
+                 bad[i].extra);
+        ml_error e;
+        ml_model *q = NULL;
+        if (ml_model_load_hf_string(text, strlen(text), "config.json", &q, &e) != ML_SCHEMA ||
+            !strstr(e.msg, bad[i].msg))
+            fail_msg("%s: got '%s'", bad[i].extra, e.msg);
+    }
+}
+
 /* The largest forward workspace event of the iteration. */
 static uint64_t forward_workspace(const ml_model *m, ml_config *c)
 {
@@ -210,6 +278,8 @@ int main(void)
         cmocka_unit_test(test_mixtral_block_fp32),
         cmocka_unit_test(test_mixtral_yaml_refusals),
         cmocka_unit_test(test_expert_imbalance),
+        cmocka_unit_test(test_qwen2_moe_block_fp32),
+        cmocka_unit_test(test_qwen2_moe_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
