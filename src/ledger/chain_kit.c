@@ -332,10 +332,11 @@ static void rope_repeat_nodes(ml_chain *ch, ml_cblock *b, const ml_model *m,
             {"MulBackward0/CatBackward0 (rotary on k)", "SliceBackward0 (k pass, empty)"}};
         for (unsigned i = 0; i < 2; i++) {
             uint64_t g = i == 0 ? z->gQ : z->gKV;
-            if (m->fused_proj)
+            const bool pass = m->fused_proj || (m->parallel_residual && !m->shared_norm);
+            if (pass)
                 ml_ck_accum(ch, b, g);
             ml_ck_node(ch, b, what[i][0], g, 0, g, SIZE_MAX, SIZE_MAX);
-            if (m->fused_proj)
+            if (pass)
                 ml_ck_node(ch, b, what[i][1], g, 0, 0, SIZE_MAX, SIZE_MAX);
         }
     }
@@ -406,11 +407,12 @@ static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
     uint64_t gBTD = ml_mul(ch, z->BTD, src_bpe);
     z->gQ = ml_mul(ch, z->BTQ, a);
     z->gKV = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), a);
-    if (fused_qkv && (m->fused_proj || m->shared_norm)) {
+    if (fused_qkv && (m->fused_proj || m->parallel_residual)) {
         /* Falcon's query_key_value: q a slice, k and v index lists of its
          * output (their IndexBackward0 make zero-filled gradients of the
          * whole output as SliceBackward0 does), rotary, then the matmul's
-         * expand over the heads */
+         * expand over the heads; GPT-NeoX's: chunk's three views, rotary
+         * (its pass part an empty slice, as Phi-3's) */
         phi3_projection_nodes(ch, b, d, z, gBTD,
                               ml_mul(ch, ml_add(ch, ml_mul(ch, d->D, z->qkv_out),
                                                 m->qkv_bias ? z->qkv_out : 0), g),

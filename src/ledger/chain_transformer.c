@@ -226,8 +226,11 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
      * becomes the buffer, the q/k/v projection's is added in place */
     if (falcon)
         ml_ck_accum(ch, b, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
-    ml_ck_attention(ch, b, m, d, nb, false, !llama || m->fused_proj,
-                    causal && !llama && !falcon, falcon ? ch->prec.w == 4 : llama, 0);
+    /* HF GPT-NeoX (parallel_residual): eager_attention_forward's additive
+     * mask and fp32 softmax, as Llama's */
+    const bool hf = llama || m->parallel_residual;
+    ml_ck_attention(ch, b, m, d, nb, false, !llama || m->fused_proj, causal && !hf,
+                    falcon ? ch->prec.w == 4 : hf, 0);
     at[2] = ch->nparams;
     if (m->post_norms)
         post_norm(ch, b, m, d);
@@ -241,8 +244,14 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     } else if (m->parallel_residual) {
         /* x + attn(ln1(x)) + mlp(ln2(x)): ln2 reads the block input that
          * ln1 already saved; only its statistics are new */
-        ml_ck_save(ch, b, "ln_2 mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+        size_t s2 = ml_ck_save(ch, b, "ln_2 mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
         np = m->norm_bias ? 2 * d->D : d->D;
+        /* its backward: the input's gradient added into the buffer the
+         * skip holds, after the MLP's input gradient it consumes */
+        uint64_t gD = ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w);
+        ml_ck_accum(ch, b, gD);
+        ml_ck_node(ch, b, "NativeLayerNormBackward0 (ln_2)", gD, ml_mul(ch, np, ch->prec.grad),
+                   gD, s2, SIZE_MAX);
         nb = ch->prec.w;
     } else {
         nb = ml_ck_stream_norm(ch, b, m, d, 0, &np, true);
@@ -374,11 +383,11 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
      * HF BERT extended mask (B, 1, 1, T) and the HF Llama causal mask, a
      * (1, 1, T, T) tensor expanded over the batch, with the rotary models'
      * position ids (cache_position, T int64: position_ids is a view of it)
-     * (docs/inventory.md); HF Falcon's layers take the same two */
+     * (docs/inventory.md); HF GPT-NeoX's and Falcon's layers take the same two */
     ch->mask_in_forward = m->attention == ML_ATTN_EAGER;
     if (enc && !m->image_size)
         ch->ckpt_side = ml_mul(ch, d->BT, w);
-    else if (!enc && (m->norm != ML_NORM_LAYERNORM || m->shared_norm))
+    else if (!enc && (m->norm != ML_NORM_LAYERNORM || m->parallel_residual))
         ch->ckpt_side = ml_add(ch, ml_mul(ch, ml_mul(ch, d->T, d->T), w),
                                m->position == ML_POS_ROPE ? ml_mul(ch, d->T, 8) : 0);
     return ML_OK;

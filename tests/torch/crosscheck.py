@@ -35,13 +35,13 @@ TOL = 0.01
 # amp-bf16 through CPU autocast; its one difference from CUDA autocast that
 # these models meet is accounted in known_cpu_autocast().
 AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
-              "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe"}
+              "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
 # vectors are 0.15 % of it, under the 1 % tolerance; Phi-3's fused
 # projections, BERT's MLM head, Gemma 2's post norms and soft-caps, Falcon's
 # shared-norm parallel layer, Mixtral's experts and the decoders'
 # sequence-classification head are new layouts, held to every byte.
-EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe"}
+EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox"}
 torch.manual_seed(0)
 
 
@@ -128,10 +128,11 @@ def known_cpu_autocast(doc, B, T):
     CUDA autocast runs F.softmax in fp32; CPU autocast in 1.13 does not list
     softmax, so GPT-2's softmax output is bf16 (2 B, not 4), and without
     dropout the PV matmul saves it directly instead of a bf16 cast copy.
-    (Llama asks for dtype=float32 itself; BERT's and Falcon's fp32 additive
-    masks promote the scores to fp32: they agree.)"""
+    (Llama and GPT-NeoX ask for dtype=float32 themselves; BERT's and
+    Falcon's fp32 additive masks promote the scores to fp32: they agree.)"""
     m = doc["model"]
-    if m["type"] != "decoder" or m.get("norm", "layernorm") != "layernorm" or m.get("shared_norm"):
+    if (m["type"] != "decoder" or m.get("norm", "layernorm") != "layernorm"
+            or m.get("parallel_residual")):
         return {}
     bhtt = B * m["heads"] * T * T
     per = -bhtt * 2 - (0 if float(m.get("dropout", 0)) > 0 else bhtt * 2)

@@ -527,6 +527,55 @@ class Phi3(Llama):
         return b.down(up)
 
 
+class NeoX(Llama):
+    """HF modeling_gpt_neox (GPTNeoXForCausalLM) eager, use_parallel_residual:
+    x + attn(ln1(x)) + mlp(ln2(x)); one query_key_value with biases, viewed
+    (B, T, H, 3*dh) and chunked into q, k, v; rotary on the whole head
+    (rotary_pct 1); the additive mask and fp32 softmax of
+    eager_attention_forward; a GELU MLP with biases; untied embed_out."""
+
+    def __init__(s, m):
+        nn.Module.__init__(s)
+        D, H, F_, V = m["hidden"], m["heads"], m["ffn"], m["vocab"]
+        s.D, s.H, s.KV, s.dh = D, H, H, D // H
+        s.scaling = s.dh ** -0.5
+        s.softcap = s.final_softcap = 0.0
+        s.classes = 0
+        s.embed = nn.Embedding(V, D)
+        s.blocks = nn.ModuleList()
+        for _ in range(m["layers"]):
+            # registered as GPTNeoXLayer does: input_layernorm,
+            # post_attention_layernorm, attention (query_key_value, dense), mlp
+            b = nn.Module()
+            b.ln1 = nn.LayerNorm(D)
+            b.ln2 = nn.LayerNorm(D)
+            b.qkv = nn.Linear(D, 3 * D)
+            b.dense = nn.Linear(D, D)
+            b.h_to_4h = nn.Linear(D, F_)
+            b.h4_to_h = nn.Linear(F_, D)
+            s.blocks.append(b)
+        s.norm = nn.LayerNorm(D)
+        s.lm_head = nn.Linear(D, V, bias=False)
+        s.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, s.dh, 2).float() / s.dh)))
+
+    def attn(s, b, h, cos, sin, mask):  # GPTNeoXAttention.forward
+        B, T, _ = h.shape
+        qkv = b.qkv(h).view(B, T, -1, 3 * s.dh).transpose(1, 2)
+        q, k, v = qkv.chunk(3, dim=-1)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        y, w = s.eager(q, k, v, mask)
+        y = y.reshape(B, T, -1).contiguous()
+        return b.dense(y), w
+
+    def mlp(s, b, h):  # GPTNeoXMLP.forward
+        return b.h4_to_h(F.gelu(b.h_to_4h(h)))
+
+    def block(s, b, x, cos, sin, mask, pos):  # GPTNeoXLayer.forward
+        a, _ = s.attn(b, b.ln1(x), cos, sin, mask)
+        y = s.mlp(b, b.ln2(x))
+        return y + a + x
+
+
 class Mixtral(Llama):
     """HF modeling_mixtral (MixtralForCausalLM) eager: Llama's attention and
     norms; the MLP is MixtralSparseMoeBlock, a router over E SwiGLU experts
@@ -924,6 +973,8 @@ def build(doc):
         return Falcon(m)
     if m.get("experts"):
         return Mixtral(m)
+    if m.get("parallel_residual"):
+        return NeoX(m)
     if m.get("fused_projections"):
         return Phi3(m)
     if m.get("post_norms"):
