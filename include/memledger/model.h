@@ -246,6 +246,10 @@ ML_API ml_status ml_model_set_attention(ml_model *m, const char *name, ml_error 
 /* The attention implementation planned: "eager", "sdpa" or "flash"; NULL
  * for a sequential model. */
 ML_API const char *ml_model_attention(const ml_model *m);
+/* The largest micro-batch the model's reference code accepts: 1 for a
+ * decoder's sequence classifier without pad_token_id (transformers refuses
+ * more); 0: no limit. */
+ML_API uint64_t ml_model_max_micro_batch(const ml_model *m);
 
 /* The training and device settings written in the file (defaults filled in). */
 ML_API ml_config ml_model_config(const ml_model *m);

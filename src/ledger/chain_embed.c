@@ -26,6 +26,16 @@ static void patch_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
 
 /* Token embedding with learned or rotary positions (BERT: token types and
  * a LayerNorm). */
+/* Whether a head shares the word embeddings and creates their gradient:
+ * a decoder's LM head or BERT's MLM decoder (a decoder's sequence
+ * classifier has no output embedding: the table's gradient is the
+ * embedding's own). */
+static bool tied_head(const ml_model *m)
+{
+    const bool enc = m->type == ML_MODEL_ENCODER;
+    return m->tied_embeddings && ((!enc && !m->classes) || m->mlm_head);
+}
+
 static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
     const unsigned w = ch->prec.w;
@@ -69,13 +79,12 @@ static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
      * weights (a decoder's LM head, BERT's MLM decoder) .grad already
      * exists (head backward ran first) and it is added in place, so the
      * dense copy is a transient */
-    if (m->tied_embeddings && (!enc || m->mlm_head))
+    if (tied_head(m))
         b->ws_bwd = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
 }
 
 ml_status ml_ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
 {
-    const bool enc = m->type == ML_MODEL_ENCODER;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     ml_cblock *b = ml_ck_begin(ch, "embedding", -1);
     if (!b)
@@ -87,7 +96,7 @@ ml_status ml_ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dim
     if (d->drop)
         ml_ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
     ml_ck_end(ch, b, ml_mul(ch, BTD, ch->prec.w));
-    if (!m->image_size && m->tied_embeddings && (!enc || m->mlm_head)) {
+    if (!m->image_size && tied_head(m)) {
         /* the tied table's gradient is created by the head's backward */
         uint64_t g = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
         b->grad_bytes -= g;

@@ -422,6 +422,15 @@ static void head(prog *p, const ml_model *m, const ml_ck_dims *d, uint64_t L, bo
         norm(p, m);
         put(p, C);
         drop_saved(p, E);
+        if (m->cls_no_pad) {
+            /* no pad token: the last position, -1, a select; arange(B)
+             * (saved) and the pooled logits; the logits held to the loss */
+            put(p, B8);
+            put(p, L);
+            drop_saved(p, B8);
+            drop(p, C);
+            return;
+        }
         put(p, d->BT);
         put(p, BT4);
         drop(p, d->BT);

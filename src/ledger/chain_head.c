@@ -287,11 +287,13 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
         b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */
     if (m->type == ML_MODEL_DECODER && m->classes)
         /* the sequence-classification head's locals, alive until its
-         * forward returns after the loss: the (B, T, classes) logits, the
-         * int32 pad mask and positions (seq_cls_head) */
+         * forward returns after the loss: the (B, T, classes) logits and,
+         * with a pad token, the int32 pad mask and positions (seq_cls_head) */
         b->ws_fwd = ml_add(ch, b->ws_fwd,
                            ml_add(ch, ml_mul(ch, ml_mul(ch, d->BT, m->classes), a),
-                                  ml_add(ch, ml_mul(ch, d->BT, 4), ml_mul(ch, d->T, 4))));
+                                  m->cls_no_pad ? 0
+                                                : ml_add(ch, ml_mul(ch, d->BT, 4),
+                                                         ml_mul(ch, d->T, 4))));
     /* backward: grad of log-probs and grad of logits coexist */
     b->ws_bwd = ml_mul(ch, ml_mul(ch, logits, lsb), 2);
     /* under no_grad (evaluation) what the loss saves is transient, beside

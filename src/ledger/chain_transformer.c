@@ -315,11 +315,11 @@ static ml_status dims_of(const ml_model *m, const ml_training *t, ml_chain *ch,
      * batch sizes > 1 if no padding token is defined." */
     if (m->classes && m->type == ML_MODEL_DECODER && m->cls_no_pad && d->B > 1)
         return ml_errorf(err, ML_RANGE,
-                         "a micro-batch of %llu with no pad_token_id: transformers' sequence "
+                         "a batch of %llu with no pad_token_id: transformers' sequence "
                          "classification finds each sequence's last token by its padding and "
                          "refuses batches above 1 without one; set pad_token_id in the config, "
-                         "or set training.micro_batch to 1",
-                         (unsigned long long)d->B);
+                         "or set training.%s to 1",
+                         (unsigned long long)d->B, ch->eval_mode ? "eval_batch" : "micro_batch");
     d->BT = ml_mul(ch, d->B, d->T);
     d->D = m->hidden;
     d->F = m->ffn;

@@ -141,7 +141,7 @@ ml_status ml_hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *e
                          &m->experts_per_tok)) ||
         (st = ml_hf_uint(err, r, KEYS("moe_intermediate_size"), false, 1, ML_MAX_FFN,
                          &m->expert_ffn)) ||
-        (st = ml_hf_uint(err, r, KEYS("shared_expert_intermediate_size"), false, 0,
+        (st = ml_hf_uint(err, r, KEYS("shared_expert_intermediate_size"), false, 1,
                          ML_MAX_FFN, &m->shared_expert_ffn)) ||
         (st = ml_hf_bool(err, r, "norm_topk_prob", &m->expert_renorm)) ||
         (st = ml_hf_bool(err, r, "qkv_bias", &m->qkv_bias)))

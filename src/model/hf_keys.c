@@ -170,7 +170,9 @@ static const ml_hf_key keys[] = {
     {"mlp_bias", ML_HF_LLAMA, H, NULL,
      "biases on gate_proj, up_proj and down_proj (default false)"},
     {"qkv_bias", ML_HF_VIT, H, NULL, "biases on q, k and v (default true)"},
-    {"use_parallel_residual", ML_HF_NEOX, H, NULL, "x + attn(ln1(x)) + mlp(ln2(x)) (default true)"},
+    {"use_parallel_residual", ML_HF_NEOX, R, "true|null",
+     "x + attn(ln1(x)) + mlp(ln2(x)) (the default); false, the sequential NeoX layer with its "
+     "own attention layout, is not modelled"},
     {"tie_word_embeddings", DEC, H, NULL,
      "the LM head shares the embedding table (default true for gpt2, gemma and falcon, false "
      "for the others)"},
@@ -385,7 +387,7 @@ static const ml_hf_key keys[] = {
     {"moe_intermediate_size", QWM, H, NULL, "each expert's width F (default 1408)"},
     {"shared_expert_intermediate_size", QWM, H, NULL,
      "the shared expert's width, a SwiGLU on every token gated by sigmoid(shared_expert_gate) "
-     "(default 5632; 0: none)"},
+     "(default 5632; the block always builds it, so 0 is out of range)"},
     {"norm_topk_prob", QWM, H, NULL,
      "renormalise the top-k weights in place, which keeps their sum and a copy (default "
      "false)"},

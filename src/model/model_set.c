@@ -1,5 +1,6 @@
 /* Settings of a loaded model that the command line and the bindings may
- * change (model.h): the attention implementation. */
+ * change (model.h), the attention implementation, and a limit its
+ * reference code sets. */
 #include <string.h>
 
 #include "memledger/model.h"
@@ -38,4 +39,9 @@ const char *ml_model_attention(const ml_model *m)
     if (m->type == ML_MODEL_SEQUENTIAL)
         return NULL;
     return m->attention == ML_ATTN_SDPA ? "sdpa" : m->attention == ML_ATTN_FLASH ? "flash" : "eager";
+}
+
+uint64_t ml_model_max_micro_batch(const ml_model *m)
+{
+    return m->type == ML_MODEL_DECODER && m->classes && m->cls_no_pad ? 1 : 0;
 }

@@ -132,9 +132,12 @@ static ml_status transformer_options(ml_error *err, const ml_node *mm, ml_model 
 static ml_status transformer_consistent(ml_error *err, const ml_node *mm, ml_model *m)
 {
     const bool enc = m->type == ML_MODEL_ENCODER;
-    if (m->parallel_residual && !m->prenorm)
+    if (m->parallel_residual &&
+        (!m->prenorm || m->norm != ML_NORM_LAYERNORM || m->activation == ML_ACT_SWIGLU ||
+         m->activation == ML_ACT_GEGLU))
         return ml_error_at(err, ml_tree_get(mm, "parallel_residual"), ML_SCHEMA,
-                           "model.parallel_residual: needs norm_position: pre");
+                           "model.parallel_residual: GPT-NeoX's and Falcon's layer: needs "
+                           "norm_position: pre, norm: layernorm and activation: gelu or relu");
     if (m->image_size) {
         if (!enc)
             return ml_error_at(err, ml_tree_get(mm, "image_size"), ML_SCHEMA,

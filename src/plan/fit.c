@@ -199,6 +199,9 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
 {
     const uint64_t dp = s->cfg.training.data_parallel;
     uint64_t cap = req->max_micro_batch ? req->max_micro_batch : 65536;
+    uint64_t lim = ml_model_max_micro_batch(s->m);
+    if (lim && cap > lim)
+        cap = lim; /* a sequence classifier without pad_token_id */
     uint64_t per = 0;
     ml_status st;
     r->exact = true;

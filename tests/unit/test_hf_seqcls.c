@@ -83,12 +83,42 @@ static void test_no_pad(void **state)
     ml_ledger *l = NULL;
     ml_error e;
     assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_RANGE);
-    assert_non_null(strstr(e.msg, "a micro-batch of 2 with no pad_token_id"));
+    assert_non_null(strstr(e.msg, "a batch of 2 with no pad_token_id"));
     c.training.micro_batch = 1;
     l = eval(m, &c, false);
     /* 2 x 64 x 4096 x 4 + 64 x 4 + 64 x 4096 x 4 + 8 */
     assert_int_equal(block_named(l, "head")->inventory_bytes, 3 * 64 * 4096 * 4 + 256 + 8);
     ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* gpt2 (tied embeddings) as GPT2ForSequenceClassification: 124,439,808 +
+ * score 768 x 2 = 124,441,344 parameters; without an LM head the word
+ * embeddings' gradient is the embedding's own, so the gradients are every
+ * parameter's: 4 x 124,441,344 B. A sequence classifier without
+ * pad_token_id runs one sample at a time: fit caps its micro-batch at 1. */
+static void test_tied_and_fit(void **state)
+{
+    (void)state;
+    const char *json = "{\"model_type\": \"gpt2\", \"n_layer\": 12, \"n_embd\": 768, "
+                       "\"n_head\": 12, \"vocab_size\": 50257, \"n_positions\": 1024, "
+                       "\"architectures\": [\"GPT2ForSequenceClassification\"]}";
+    ml_model *m = NULL;
+    ml_error e;
+    assert_int_equal(ml_model_load_hf_string(json, strlen(json), "config.json", &m, &e), ML_OK);
+    assert_int_equal(ml_model_max_micro_batch(m), 1);
+    ml_config c = ml_model_config(m);
+    c.training.seq_len = 128;
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->params, 124441344ull);
+    assert_int_equal(ml_ledger_summary(l)->bytes_grads, 4 * 124441344ull);
+    ml_ledger_destroy(l);
+    c.device.present = true;
+    c.device.memory = 80ull << 30;
+    ml_fit_request req = ml_fit_request_defaults();
+    ml_fit_result r;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.micro_batch, 1);
     ml_model_destroy(m);
 }
 
@@ -139,6 +169,7 @@ int main(void)
         cmocka_unit_test(test_llama_seq_cls),
         cmocka_unit_test(test_no_pad),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_tied_and_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
