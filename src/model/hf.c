@@ -81,34 +81,6 @@ static ml_status architectures_of(const ml_node *r, size_t f, bool *second, ml_e
     return ML_OK;
 }
 
-/* The MLP's activation (hidden_act, or GPT-2's activation_function). */
-static ml_status activation_of(const ml_node *r, const char *key, const char *type, ml_model *m,
-                               ml_error *err)
-{
-    static const struct {
-        const char *name;
-        ml_activation act;
-    } acts[] = {{"gelu", ML_ACT_GELU},
-                {"gelu_pytorch_tanh", ML_ACT_GELU},
-                {"gelu_new", ML_ACT_GELU},
-                {"relu", ML_ACT_RELU}};
-    const char *v;
-    ml_status st = ml_hf_str(err, r, key, &v);
-    if (st)
-        return st;
-    m->activation = ML_ACT_GELU; /* every family's default: gelu or gelu_new */
-    if (!v)
-        return ML_OK;
-    for (size_t i = 0; i < sizeof acts / sizeof *acts; i++)
-        if (!strcmp(v, acts[i].name)) {
-            m->activation = acts[i].act;
-            return ML_OK;
-        }
-    return ml_error_at(err, ml_tree_get(r, key), ML_SCHEMA,
-                       "%s: '%s' is not modelled for %s (gelu, gelu_pytorch_tanh, gelu_new or "
-                       "relu)",
-                       key, v, type);
-}
 
 /* The planner's one dropout switch from the family's probabilities, each
  * with its config class's default (NaN: the first's value, as BERT's
@@ -295,7 +267,7 @@ static ml_status sizes_of(const ml_node *r, const char *t, bool llama, bool vit,
 static ml_status map_gpt2(const ml_node *r, const char *t, ml_model *m, ml_error *err)
 {
     ml_status st;
-    if ((st = activation_of(r, "activation_function", t, m, err)))
+    if ((st = ml_hf_activation(r, "activation_function", t, m, err)))
         return st;
     m->norm = ML_NORM_LAYERNORM;
     m->prenorm = true;
@@ -316,7 +288,7 @@ static ml_status map_gpt2(const ml_node *r, const char *t, ml_model *m, ml_error
 static ml_status map_neox(const ml_node *r, const char *t, ml_model *m, ml_error *err)
 {
     ml_status st;
-    if ((st = activation_of(r, "hidden_act", t, m, err)))
+    if ((st = ml_hf_activation(r, "hidden_act", t, m, err)))
         return st;
     m->norm = ML_NORM_LAYERNORM;
     m->prenorm = true;
@@ -396,7 +368,7 @@ static ml_status map_encoder(const ml_node *r, const char *t, bool vit, bool mlm
 {
     const bool bert = !vit;
     ml_status st;
-    if ((st = activation_of(r, "hidden_act", t, m, err)))
+    if ((st = ml_hf_activation(r, "hidden_act", t, m, err)))
         return st;
     m->norm = ML_NORM_LAYERNORM;
     m->prenorm = vit;

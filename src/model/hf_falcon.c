@@ -10,20 +10,6 @@
 #include "model/model_internal.h"
 #include "model/tree.h"
 
-/* A boolean key that must have one value here; the sentence says why. */
-static ml_status only(const ml_node *r, const char *key, bool dflt, bool want, const char *why,
-                      ml_error *err)
-{
-    bool v = dflt;
-    ml_status st = ml_hf_bool(err, r, key, &v);
-    if (st)
-        return st;
-    if (v != want)
-        return ml_error_at(err, ml_tree_get(r, key), ML_SCHEMA, "%s: %s is not modelled: %s",
-                           key, v ? "true" : "false", why);
-    return ML_OK;
-}
-
 /* FalconDecoderLayer with parallel_attn and the old decoder architecture:
  * one LayerNorm (input_layernorm) feeds the attention and the MLP, whose
  * outputs are added to the residual (x + attn(ln(x)) + mlp(ln(x))); one
@@ -34,39 +20,16 @@ static ml_status only(const ml_node *r, const char *key, bool dflt, bool want, c
  * default (FalconConfig). */
 ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err)
 {
-    ml_status st;
-    if ((st = only(r, "alibi", false, false,
-                   "ALiBi adds a B·H·T bias to the scores and runs another attention path; "
-                   "rotary Falcons (alibi: false) are planned",
-                   err)) ||
-        (st = only(r, "new_decoder_architecture", false, false,
-                   "the Falcon-40B/180B layer (grouped key/value heads, ln_attn and ln_mlp) is "
-                   "not modelled; Falcon-7B's layout is",
-                   err)) ||
-        (st = only(r, "parallel_attn", true, true,
-                   "the sequential Falcon layer (post_attention_layernorm) is not modelled",
-                   err)))
-        return st;
-    const char *act = NULL;
-    if ((st = ml_hf_str(err, r, "activation", &act)))
-        return st;
-    m->activation = ML_ACT_GELU;
-    if (act && !strcmp(act, "relu"))
-        m->activation = ML_ACT_RELU;
-    else if (act && strcmp(act, "gelu") && strcmp(act, "gelu_pytorch_tanh"))
-        return ml_error_at(err, ml_tree_get(r, "activation"), ML_SCHEMA,
-                           "activation: '%s' is not modelled for falcon (gelu, "
-                           "gelu_pytorch_tanh or relu)",
-                           act);
+    /* alibi, new_decoder_architecture, parallel_attn: false,
+     * num_ln_in_parallel_attn: 2 and bias: true are refused by the key
+     * table before this runs */
     bool mq = true;
-    uint64_t kv = 0, nln = 1;
-    if ((st = ml_hf_bool(err, r, "multi_query", &mq)) ||
-        (st = ml_hf_uint(err, r, KEYS("num_kv_heads"), false, 1, 1u << 20,
-                         &kv)) ||
-        (st = ml_hf_uint(err, r, KEYS("num_ln_in_parallel_attn"), false,
-                         1, 2, &nln)) ||
-        (st = ml_hf_uint(err, r, KEYS("ffn_hidden_size"), false, 1,
-                         1u << 24, &m->ffn)))
+    uint64_t kv = 0;
+    ml_status st;
+    if ((st = ml_hf_activation(r, "activation", "falcon", m, err)) ||
+        (st = ml_hf_bool(err, r, "multi_query", &mq)) ||
+        (st = ml_hf_uint(err, r, KEYS("num_kv_heads"), false, 1, 1u << 20, &kv)) ||
+        (st = ml_hf_uint(err, r, KEYS("ffn_hidden_size"), false, 1, 1u << 24, &m->ffn)))
         return st;
     /* FalconAttention: one key/value head with multi_query, else H
      * (num_kv_heads is read only then, and a value other than H fails in
@@ -77,25 +40,33 @@ ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err)
                            "num_kv_heads: %llu with multi_query false: the old decoder "
                            "architecture has num_attention_heads (%llu) key/value heads",
                            (unsigned long long)kv, (unsigned long long)m->heads);
-    /* the old architecture's parallel layer builds input_layernorm only
-     * when num_ln_in_parallel_attn is not 2 (with 2 its forward fails) */
-    if (nln != 1)
-        return ml_error_at(err, ml_tree_get(r, "num_ln_in_parallel_attn"), ML_SCHEMA,
-                           "num_ln_in_parallel_attn: 2 belongs to the new decoder "
-                           "architecture, which is not modelled");
     m->norm = ML_NORM_LAYERNORM;
     m->prenorm = true;
     m->position = ML_POS_ROPE;
     m->parallel_residual = true;
     m->shared_norm = true;
     m->norm_bias = true;
-    m->bias = false;
+    m->bias = m->qkv_bias = false;
     m->tied_embeddings = true;
     m->dropout = 0; /* hidden_dropout and attention_dropout > 0 are refused by the key table */
-    if ((st = ml_hf_bool(err, r, "bias", &m->bias)) ||
-        (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+    return ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings);
+}
+
+/* The experts (key `count`) and the experts per token, both already
+ * defaulted in m; at most as many per token as there are experts. */
+static ml_status experts_of(const ml_node *r, const char *count, ml_model *m, ml_error *err)
+{
+    ml_status st;
+    if ((st = ml_hf_uint(err, r, (const char *const[]){count, NULL}, false, 2, 4096,
+                         &m->experts)) ||
+        (st = ml_hf_uint(err, r, KEYS("num_experts_per_tok"), false, 1, 4096,
+                         &m->experts_per_tok)))
         return st;
-    m->qkv_bias = m->bias;
+    if (m->experts_per_tok > m->experts)
+        return ml_error_at(err, ml_tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
+                           "num_experts_per_tok: %llu is more than %s (%llu)",
+                           (unsigned long long)m->experts_per_tok, count,
+                           (unsigned long long)m->experts);
     return ML_OK;
 }
 
@@ -108,17 +79,7 @@ ml_status ml_hf_map_mixtral_experts(const ml_node *r, ml_model *m, ml_error *err
     m->experts = 8;
     m->experts_per_tok = 2;
     m->expert_renorm = true; /* routing_weights /= routing_weights.sum(...) */
-    ml_status st;
-    if ((st = ml_hf_uint(err, r, KEYS("num_local_experts"), false, 2, 4096, &m->experts)) ||
-        (st = ml_hf_uint(err, r, KEYS("num_experts_per_tok"), false, 1, 4096,
-                         &m->experts_per_tok)))
-        return st;
-    if (m->experts_per_tok > m->experts)
-        return ml_error_at(err, ml_tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
-                           "num_experts_per_tok: %llu is more than num_local_experts (%llu)",
-                           (unsigned long long)m->experts_per_tok,
-                           (unsigned long long)m->experts);
-    return ML_OK;
+    return experts_of(r, "num_local_experts", m, err);
 }
 
 /* Qwen2MoeSparseMoeBlock (modeling_qwen2_moe.py; Qwen2MoeConfig's defaults):
@@ -136,9 +97,7 @@ ml_status ml_hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *e
     m->shared_expert_ffn = 5632;
     m->expert_renorm = false;
     ml_status st;
-    if ((st = ml_hf_uint(err, r, KEYS("num_experts"), false, 2, 4096, &m->experts)) ||
-        (st = ml_hf_uint(err, r, KEYS("num_experts_per_tok"), false, 1, 4096,
-                         &m->experts_per_tok)) ||
+    if ((st = experts_of(r, "num_experts", m, err)) ||
         (st = ml_hf_uint(err, r, KEYS("moe_intermediate_size"), false, 1, ML_MAX_FFN,
                          &m->expert_ffn)) ||
         (st = ml_hf_uint(err, r, KEYS("shared_expert_intermediate_size"), false, 1,
@@ -146,10 +105,5 @@ ml_status ml_hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *e
         (st = ml_hf_bool(err, r, "norm_topk_prob", &m->expert_renorm)) ||
         (st = ml_hf_bool(err, r, "qkv_bias", &m->qkv_bias)))
         return st;
-    if (m->experts_per_tok > m->experts)
-        return ml_error_at(err, ml_tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
-                           "num_experts_per_tok: %llu is more than num_experts (%llu)",
-                           (unsigned long long)m->experts_per_tok,
-                           (unsigned long long)m->experts);
     return ML_OK;
 }

@@ -414,8 +414,7 @@ static const ml_hf_key keys[] = {
      "read only with multi_query false, where it must equal num_attention_heads (the old "
      "architecture's reshape)"},
     {"ffn_hidden_size", FAL, H, NULL, "F (default 4 · hidden_size)"},
-    {"activation", FAL, H, NULL,
-     "gelu (the default) or gelu_pytorch_tanh: the single-op GELU; relu; others refused"},
+    {"activation", FAL, H, NULL, ACT_NOTE " (default gelu)"},
     {"bias", FAL, R, "false|null",
      "FalconLinear adds its bias after the matmul, which under autocast promotes the "
      "projections' outputs to fp32: not modelled (Falcon-7B has none; the LayerNorms keep "

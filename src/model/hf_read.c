@@ -209,3 +209,32 @@ ml_status ml_hf_positive(ml_error *err, const ml_node *root, const char *key, do
     *out = v;
     return ML_OK;
 }
+
+/* The MLP's activation (hidden_act, or GPT-2's activation_function). */
+ml_status ml_hf_activation(const ml_node *r, const char *key, const char *type, ml_model *m,
+                           ml_error *err)
+{
+    static const struct {
+        const char *name;
+        ml_activation act;
+    } acts[] = {{"gelu", ML_ACT_GELU},
+                {"gelu_pytorch_tanh", ML_ACT_GELU},
+                {"gelu_new", ML_ACT_GELU},
+                {"relu", ML_ACT_RELU}};
+    const char *v;
+    ml_status st = ml_hf_str(err, r, key, &v);
+    if (st)
+        return st;
+    m->activation = ML_ACT_GELU; /* every family's default: gelu or gelu_new */
+    if (!v)
+        return ML_OK;
+    for (size_t i = 0; i < sizeof acts / sizeof *acts; i++)
+        if (!strcmp(v, acts[i].name)) {
+            m->activation = acts[i].act;
+            return ML_OK;
+        }
+    return ml_error_at(err, ml_tree_get(r, key), ML_SCHEMA,
+                       "%s: '%s' is not modelled for %s (gelu, gelu_pytorch_tanh, gelu_new or "
+                       "relu)",
+                       key, v, type);
+}

@@ -50,6 +50,11 @@ ml_status ml_hf_map_mixtral_experts(const ml_node *r, ml_model *m, ml_error *err
  * num_experts_per_tok, moe_intermediate_size, the shared expert,
  * norm_topk_prob. */
 ml_status ml_hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *err);
+/* The MLP's activation from `key` (hidden_act, GPT-2's activation_function,
+ * Falcon's activation): gelu, gelu_pytorch_tanh and gelu_new as the
+ * single-op GELU, relu; another value refused (`type` names the family). */
+ml_status ml_hf_activation(const ml_node *r, const char *key, const char *type, ml_model *m,
+                           ml_error *err);
 /* FalconForCausalLM (hf_falcon.c). */
 ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err);
 /* model_type gemma2: Gemma's layer with the post norms, the score scale,

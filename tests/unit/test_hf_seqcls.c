@@ -12,29 +12,20 @@
  * 6,607,355,904. */
 static ml_model *llama_cls(const char *pad)
 {
-    char *t = NULL;
-    size_t len = 0;
     char path[1024];
     snprintf(path, sizeof path, "%s/hf/llama-2-7b/config.json", ML_MODELS_DIR);
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
-    t = calloc(1, 1 << 16);
-    assert_non_null(t);
-    len = fread(t, 1, (1 << 16) - 1, f);
+    static char text[1 << 16], out[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
     fclose(f);
-    char *at = strstr(t, "\"LlamaForCausalLM\"");
+    text[n] = '\0';
+    /* the keys go first in the object; the class is renamed in place */
+    const char *brace = strchr(text, '{'), *at = strstr(text, "\"LlamaForCausalLM\"");
+    assert_non_null(brace);
     assert_non_null(at);
-    char out[1 << 16];
-    snprintf(out, sizeof out, "%.*s\"LlamaForSequenceClassification\"%s, \"num_labels\": 3%s}",
-             (int)(at - t), t, at + strlen("\"LlamaForCausalLM\""), pad);
-    free(t);
-    /* the closing brace of the original text is replaced by ours */
-    char *last = strrchr(out, '}');
-    char *prev = last;
-    while (prev > out && *--prev != '}')
-        ;
-    memmove(prev, prev + 1, strlen(prev + 1) + 1);
-    (void)len;
+    snprintf(out, sizeof out, "{\"num_labels\": 3%s,%.*s\"LlamaForSequenceClassification\"%s",
+             pad, (int)(at - brace - 1), brace + 1, at + strlen("\"LlamaForCausalLM\""));
     ml_model *m = NULL;
     ml_error e;
     if (ml_model_load_hf_string(out, strlen(out), "config.json", &m, &e) != ML_OK)
