@@ -181,6 +181,16 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
                          "training.expert_imbalance: sizes a mixture of experts' busiest "
                          "expert; %s has no experts (model.experts): remove it",
                          m->name);
+    /* multi-head latent attention's sdpa, with q/k heads wider than the
+     * value heads, dispatches to kernels whose saved tensors are not
+     * modelled (docs/inventory.md, "DeepSeek-V3 block") */
+    if (m->kv_lora && m->attention != ML_ATTN_EAGER)
+        return ml_errorf(err, ML_RANGE,
+                         "attention %s with multi-head latent attention (model.kv_lora_rank) "
+                         "is not modelled: its q/k heads are wider than its value heads, "
+                         "which sdpa and flash kernels handle in ways not planned; use "
+                         "--attention eager",
+                         m->attention == ML_ATTN_SDPA ? "sdpa" : "flash");
     reserve(ch, m);
     ch->prec = ml_prec_of(cfg->training.precision);
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml_chain_build_sequential(m, cfg, ch)
@@ -189,6 +199,8 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
      * MLP keep other tensors (docs/inventory.md), so no profile applies */
     if (st == ML_OK && cfg->calib && m->norm == ML_NORM_GEMMA_RMSNORM)
         ch->calib_note = "the runner measures no Gemma blocks ((1 + weight) RMSNorm, GeGLU)";
+    else if (st == ML_OK && cfg->calib && (m->kv_lora || m->experts))
+        ch->calib_note = "the runner measures no mixture-of-experts or latent-attention blocks";
     else if (st == ML_OK && cfg->calib && m->type != ML_MODEL_SEQUENTIAL)
         apply_profile(ch, cfg->calib, m, cfg->training.precision);
     if (st == ML_OK && ch->n > 0) {

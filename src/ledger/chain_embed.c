@@ -60,12 +60,14 @@ static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
         ml_ck_param(ch, b, m->token_types, d->D);
     }
     if (m->position == ML_POS_ROPE) {
+        /* multi-head latent attention rotates rope_dim of each head */
+        const uint64_t rot = m->kv_lora ? m->rope_dim : d->dh;
         ml_ck_save(ch, b, "rotary cos and sin (shared by all blocks)",
-                   ml_ck_mul3(ch, 2, d->BT, d->dh), w, 0);
+                   ml_ck_mul3(ch, 2, d->BT, rot), w, 0);
         /* the model's rotary embedding registers inv_freq, head_dim / 2
          * fp32 values, as a buffer (modeling_llama.py, LlamaRotaryEmbedding,
          * one per model) */
-        ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, d->dh / 2, 4));
+        ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, rot / 2, 4));
     }
     if (enc) {
         /* BERT: LayerNorm(word + position + type) then dropout */

@@ -489,7 +489,7 @@ static void programs(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
     const bool layernorm = m->norm == ML_NORM_LAYERNORM;
     const bool glu = m->activation == ML_ACT_SWIGLU || m->activation == ML_ACT_GEGLU;
     if (ch->prec.autocast || m->attention != ML_ATTN_EAGER || m->parallel_residual ||
-        m->image_size || m->experts || ch->overflow)
+        m->image_size || m->experts || m->kv_lora || ch->overflow)
         return;
     /* the nanoGPT layout has no rotary; the post-norm one is BERT's */
     if ((layernorm && m->position == ML_POS_ROPE) ||

@@ -94,6 +94,15 @@ void ml_ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
  * m->experts experts with m->experts_per_tok of them per token. */
 void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
                unsigned src_bpe, bool src_saved);
+/* DeepSeek-V3's (HF DeepseekV3MoE): the sigmoid router, the experts summed
+ * in the router's dtype, the ungated shared experts (chain_moe.c). */
+void ml_ck_moe_v3(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                  unsigned src_bpe);
+/* Multi-head latent attention (HF DeepseekV3Attention, eager) after its
+ * norm (chain_mla.c): parameters, FLOPs and saved tensors; src_bpe: bytes
+ * per element of its input. */
+void ml_ck_mla_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                         unsigned src_bpe);
 /* Whether the model's attention runs a fused kernel (no T x T tensor). */
 bool ml_ck_fused_attention(const ml_chain *ch, const ml_model *m);
 /* Self-attention after its input projection(s): parameters, FLOPs, saved

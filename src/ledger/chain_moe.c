@@ -127,3 +127,112 @@ void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *
     if (m->shared_expert_ffn)
         shared_expert(ch, b, m, d, src_bpe);
 }
+
+/* DeepseekV3TopkRouter.forward: F.linear on the input and the weight in
+ * fp32 (`.type(torch.float32)`: x itself in fp32, copies in bf16; autocast
+ * casts both to bf16 anyway), sigmoid (keeps its result: the scores), the
+ * top-k chosen under no_grad, gather (keeps the scores, the same storage,
+ * and its int64 index), the in-place renormalisation by sum + 1e-20 (keeps
+ * the denominator and a copy of what it overwrites), the scale by
+ * routed_scaling_factor (a Python float: nothing). Returns the scores'
+ * bytes per element. */
+static unsigned router_v3(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                          unsigned src_bpe)
+{
+    const uint64_t E = m->experts, k = m->experts_per_tok;
+    const bool amp = ch->prec.autocast;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D), BTE = ml_mul(ch, d->BT, E);
+    if (amp && src_bpe == 4)
+        ml_ck_save(ch, b, "router input (cast copy)", BTD, 2, 0);
+    else
+        ml_ck_save(ch, b, src_bpe == 4 ? "router input (the norm's output)"
+                                       : "router input (fp32 copy)", BTD, 4, 0);
+    if (amp)
+        ml_ck_weight_copy(ch, b, ml_mul(ch, E, d->D));
+    else if (ch->prec.param != 4)
+        ml_ck_save(ch, b, "router weight (fp32 copy)", ml_mul(ch, E, d->D), 4, 0);
+    const unsigned sdt = amp ? 2 : 4;
+    ml_ck_tmp(ch, BTE, sdt); /* router_logits */
+    ml_ck_save(ch, b, "router sigmoid scores", BTE, sdt, 0);
+    ml_ck_tmp(ch, ml_mul(ch, ml_mul(ch, d->BT, k), E), 8); /* moe()'s one_hot mask */
+    ml_ck_save(ch, b, "top-k indices (gather's index, int64)", ml_mul(ch, d->BT, k), 8, 0);
+    if (m->expert_renorm) {
+        ml_ck_save(ch, b, "top-k weight sum + 1e-20", d->BT, sdt, 0);
+        ml_ck_save(ch, b, "top-k weights before the in-place divide", ml_mul(ch, d->BT, k),
+                   sdt, 0);
+    }
+    /* the score-correction bias: a buffer of E fp32 values per layer */
+    ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, E, 4));
+    b->flops_fwd += 2.0 * (double)d->BT * (double)d->D * (double)E;
+    return sdt;
+}
+
+/* A SwiGLU expert's saved tensors on n rows of x (w bytes per element):
+ * gate_proj and up_proj keep x (autocast: a cast each), silu gate's
+ * output, the mul silu's and up's outputs, down_proj the product. */
+static void swiglu_saves(ml_chain *ch, ml_cblock *b, uint64_t nD, uint64_t nF, unsigned w,
+                         bool x_saved, const char *what)
+{
+    const unsigned a = ch->prec.a;
+    if (ch->prec.autocast && w == 4) {
+        ml_ck_save(ch, b, what, nD, 2, 0);
+        ml_ck_save(ch, b, what, nD, 2, 0);
+    } else if (!x_saved) {
+        ml_ck_save(ch, b, what, nD, w, 0);
+    }
+    ml_ck_save(ch, b, "gate_proj output (silu input)", nF, a, 0);
+    ml_ck_save(ch, b, "silu output", nF, a, 0);
+    ml_ck_save(ch, b, "up_proj output", nF, a, 0);
+    ml_ck_save(ch, b, "gated product (down_proj input)", nF, a, 0);
+}
+
+void ml_ck_moe_v3(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                  unsigned src_bpe)
+{
+    const unsigned a = ch->prec.a, w = src_bpe;
+    const uint64_t E = m->experts, k = m->experts_per_tok, Fs = m->shared_expert_ffn;
+    const uint64_t F = m->expert_ffn ? m->expert_ffn : d->F;
+    /* DeepseekV3MoE registers the experts, the router, the shared experts */
+    for (uint64_t e = 0; e < E && !ch->overflow; e++) {
+        ml_ck_linear(ch, b, d->D, F, false); /* gate_proj */
+        ml_ck_linear(ch, b, d->D, F, false); /* up_proj */
+        ml_ck_linear(ch, b, F, d->D, false); /* down_proj */
+    }
+    ml_ck_param(ch, b, E, d->D); /* gate.weight */
+    const unsigned sdt = router_v3(ch, b, m, d, src_bpe);
+    /* moe(): per expert, torch.where's (n_e, 2) int64 storage, the rows
+     * hidden_states[token_indices] (the norm's output, w bytes), the
+     * expert's SwiGLU, `expert_output * expert_weights.unsqueeze(-1)`
+     * (keeps both: down_proj's output, the gathered weights in the scores'
+     * dtype), index_add_ into the scores-dtype sum (keeps its source, the
+     * product, in the wider dtype); N = k * B * T rows in all */
+    const uint64_t N = ml_mul(ch, k, d->BT);
+    uint64_t ND = ml_mul(ch, N, d->D), NF = ml_mul(ch, N, F);
+    ml_ck_save(ch, b, "expert token indices (torch.where, int64)", ml_mul(ch, N, 2), 8, 0);
+    swiglu_saves(ch, b, ND, NF, w, false, "expert input (gathered rows)");
+    for (unsigned i = 0; i < 3; i++)
+        ml_ck_weight_copy(ch, b, ml_mul(ch, ml_mul(ch, E, d->D), F));
+    ml_ck_save(ch, b, "expert output (down_proj)", ND, a, 0);
+    ml_ck_save(ch, b, "gathered top-k weights", N, sdt, 0);
+    ml_ck_save(ch, b, "weighted expert output (index_add_ source)", ND, a > sdt ? a : sdt, 0);
+    double busy = (double)N / (double)E * d->expert_imbalance;
+    uint64_t rows = busy >= (double)d->BT ? d->BT : (uint64_t)ceil(busy);
+    ml_ck_tmp(ch, ml_mul(ch, rows, F), a);
+    ml_ck_tmp(ch, ml_mul(ch, d->BT, d->D), 4);
+    b->flops_fwd += 3.0 * 2.0 * (double)N * (double)d->D * (double)F;
+    /* the shared experts: one SwiGLU of moe_intermediate_size *
+     * n_shared_experts on the norm's output (in fp32 the router saved that
+     * tensor already), added without a gate */
+    if (Fs) {
+        uint64_t BTD = ml_mul(ch, d->BT, d->D), BTF = ml_mul(ch, d->BT, Fs);
+        swiglu_saves(ch, b, BTD, BTF, w, w == 4 && !ch->prec.autocast,
+                     "shared experts input");
+        for (unsigned i = 0; i < 3; i++)
+            ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, Fs));
+        ml_ck_linear(ch, b, d->D, Fs, false);
+        ml_ck_linear(ch, b, d->D, Fs, false);
+        ml_ck_linear(ch, b, Fs, d->D, false);
+        ml_ck_tmp(ch, BTF, a);
+        b->flops_fwd += 3.0 * 2.0 * (double)d->BT * (double)d->D * (double)Fs;
+    }
+}

@@ -229,8 +229,11 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     /* HF GPT-NeoX (parallel_residual): eager_attention_forward's additive
      * mask and fp32 softmax, as Llama's */
     const bool hf = llama || m->parallel_residual;
-    ml_ck_attention(ch, b, m, d, nb, false, !llama || m->fused_proj, causal && !hf,
-                    falcon ? ch->prec.w == 4 : hf, 0);
+    if (m->kv_lora)
+        ml_ck_mla_attention(ch, b, m, d, nb);
+    else
+        ml_ck_attention(ch, b, m, d, nb, false, !llama || m->fused_proj, causal && !hf,
+                        falcon ? ch->prec.w == 4 : hf, 0);
     at[2] = ch->nparams;
     if (m->post_norms)
         post_norm(ch, b, m, d);
@@ -259,10 +262,14 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     if (np)
         ml_ck_norm_params(ch, b, np, d->D);
     at[4] = ch->nparams;
-    if (m->experts)
-        ml_ck_moe(ch, b, m, d, nb, mlp_in_saved);
-    else
+    /* DeepSeek-V3's first dense_layers layers have one dense MLP */
+    const bool dense = !m->experts || (uint64_t)b->ckpt_index < m->dense_layers;
+    if (dense)
         mlp_fwd(ch, b, m, d, nb, mlp_in_saved, false);
+    else if (m->router_sigmoid)
+        ml_ck_moe_v3(ch, b, m, d, nb);
+    else
+        ml_ck_moe(ch, b, m, d, nb, mlp_in_saved);
     at[5] = ch->nparams;
     if (m->post_norms)
         post_norm(ch, b, m, d);

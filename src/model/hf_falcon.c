@@ -96,6 +96,7 @@ ml_status ml_hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *e
     m->expert_ffn = 1408;
     m->shared_expert_ffn = 5632;
     m->expert_renorm = false;
+    m->shared_expert_gate = true; /* sigmoid(shared_expert_gate(x)) */
     ml_status st;
     if ((st = experts_of(r, "num_experts", m, err)) ||
         (st = ml_hf_uint(err, r, KEYS("moe_intermediate_size"), false, 1, ML_MAX_FFN,

@@ -97,6 +97,18 @@ struct ml_model {
                                    0 = none */
     bool expert_renorm;     /* the top-k weights renormalised to sum to 1 (Mixtral; HF
                                norm_topk_prob) */
+    bool shared_expert_gate; /* the shared expert's output scaled by a sigmoid gate
+                                (Qwen2-MoE; DeepSeek-V3's shared experts have none) */
+    bool router_sigmoid;    /* DeepSeek-V3's router: sigmoid scores, the top-k gathered
+                               from them (HF DeepseekV3TopkRouter); else Mixtral's softmax */
+    uint64_t dense_layers;  /* the first dense_layers layers run one dense MLP of ffn
+                               instead of the experts (HF first_k_dense_replace) */
+    /* multi-head latent attention (HF DeepseekV3Attention), on when kv_lora > 0: k and
+       v from a kv_lora-wide compressed projection (kv_a_proj_with_mqa, RMSNorm,
+       kv_b_proj), q directly (q_lora 0: q_proj) or through a q_lora-wide one; the q/k
+       heads are head_dim wide, of which rope_dim rotate (one rotated key part shared by
+       every head), the value heads v_dim */
+    uint64_t kv_lora, q_lora, rope_dim, v_dim;
     bool norm_bias;         /* the LayerNorms have a bias (default: bias; HF Falcon's
                                LayerNorms keep theirs while its projections have none) */
     bool kv_cache;          /* the forward returns every layer's keys and values

@@ -198,22 +198,18 @@ static ml_status transformer_consistent(ml_error *err, const ml_node *mm, ml_mod
 
 static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m)
 {
-    static const char *const keys[] = {
-        "type", "layers", "hidden", "heads", "kv_heads", "ffn", "activation", "norm",
-        "norm_position", "vocab", "position", "max_positions", "tied_embeddings", "bias",
-        "attention", "dropout", "classes", "pooler", "token_types", "image_size", "patch_size",
-        "channels", "qkv_bias", "parallel_residual", "head_dim", "embedding_scale",
-        "fused_projections", "mlm_head", "buffers", "post_norms", "attn_scalar",
-        "attn_softcap", "final_softcap", "norm_bias", "shared_norm", "experts", "experts_per_tok", "expert_ffn",
-        "shared_expert_ffn", "expert_renorm"};
     ml_status st;
-    if ((st = ml_tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))) ||
+    size_t nkeys;
+    const char *const *keys = ml_schema_transformer_keys(&nkeys);
+    if ((st = ml_tree_check_keys(err, mm, "model", keys, nkeys)) ||
         (st = transformer_sizes(err, mm, m)) || (st = transformer_options(err, mm, m)) ||
         (st = transformer_consistent(err, mm, m)))
         return st;
     if ((st = ml_schema_gemma2(err, mm, m)) || (st = ml_schema_falcon(err, mm, m)))
         return st;
-    return ml_schema_experts(err, mm, m);
+    if ((st = ml_schema_experts(err, mm, m)))
+        return st;
+    return ml_schema_mla(err, mm, m);
 }
 
 /* training.KEY within the limits table's range (model/limits.h); a key

@@ -1,9 +1,27 @@
-/* The model file's keys of two layer variants (schema.c calls these after
- * the other transformer keys): Falcon's shared_norm and norm_bias, and the
- * mixture of experts' experts and experts_per_tok (docs/cli.md, "The model
- * file"; what they change: docs/inventory.md, "Falcon block" and "Mixtral
- * block"). */
+/* The model file's keys of the layer variants (schema.c calls these after
+ * the other transformer keys): Falcon's shared_norm and norm_bias, the
+ * mixture of experts' keys, and multi-head latent attention's (docs/cli.md,
+ * "The model file"; what they change: docs/inventory.md, "Falcon block",
+ * "Mixtral block" and "DeepSeek-V3 block"). */
+#include <string.h>
+
 #include "model/schema.h"
+
+static const char *const transformer_keys[] = {
+    "type", "layers", "hidden", "heads", "kv_heads", "ffn", "activation", "norm",
+    "norm_position", "vocab", "position", "max_positions", "tied_embeddings", "bias",
+    "attention", "dropout", "classes", "pooler", "token_types", "image_size", "patch_size",
+    "channels", "qkv_bias", "parallel_residual", "head_dim", "embedding_scale",
+    "fused_projections", "mlm_head", "buffers", "post_norms", "attn_scalar", "attn_softcap",
+    "final_softcap", "norm_bias", "shared_norm", "experts", "experts_per_tok", "expert_ffn",
+    "shared_expert_ffn", "expert_renorm", "shared_expert_gate", "router", "dense_layers",
+    "kv_lora_rank", "q_lora_rank", "rope_head_dim", "v_head_dim"};
+
+const char *const *ml_schema_transformer_keys(size_t *count)
+{
+    *count = sizeof transformer_keys / sizeof transformer_keys[0];
+    return transformer_keys;
+}
 
 ml_status ml_schema_falcon(ml_error *err, const ml_node *mm, ml_model *m)
 {
@@ -26,6 +44,44 @@ ml_status ml_schema_falcon(ml_error *err, const ml_node *mm, ml_model *m)
     return ML_OK;
 }
 
+/* router: softmax (Mixtral's) or sigmoid (DeepSeek-V3's), dense_layers and
+ * shared_expert_gate, after the expert counts. */
+static ml_status experts_kinds(ml_error *err, const ml_node *mm, ml_model *m)
+{
+    static const char *const routers[] = {"softmax", "sigmoid"};
+    unsigned r = 0;
+    ml_status st;
+    m->shared_expert_gate = true;
+    m->dense_layers = 0;
+    if ((st = ml_tree_enum(err, mm, "router", "model", routers, 2, &r)) ||
+        (st = ml_tree_uint(err, mm, "dense_layers", "model", 0, ML_MAX_LAYERS,
+                           &m->dense_layers)) ||
+        (st = ml_tree_bool(err, mm, "shared_expert_gate", "model", &m->shared_expert_gate)))
+        return st;
+    m->router_sigmoid = r == 1;
+    /* Qwen2-MoE's shared expert has a sigmoid gate, DeepSeek-V3's shared
+     * experts none: the two layers planned */
+    bool gate = m->shared_expert_gate;
+    m->shared_expert_gate = !m->router_sigmoid;
+    if (ml_tree_get(mm, "shared_expert_gate") && m->shared_expert_ffn &&
+        gate != m->shared_expert_gate)
+        return ml_error_at(err, ml_tree_get(mm, "shared_expert_gate"), ML_SCHEMA,
+                           "model.shared_expert_gate: %s is not modelled with router: %s (the "
+                           "planned layers: softmax with a gated shared expert, Qwen2-MoE's; "
+                           "sigmoid with ungated shared experts, DeepSeek-V3's)",
+                           gate ? "true" : "false", m->router_sigmoid ? "sigmoid" : "softmax");
+    if (ml_tree_get(mm, "shared_expert_gate") && !m->shared_expert_ffn)
+        return ml_error_at(err, ml_tree_get(mm, "shared_expert_gate"), ML_SCHEMA,
+                           "model.shared_expert_gate: the shared expert's gate; give "
+                           "shared_expert_ffn: N");
+    if (m->dense_layers >= m->layers && ml_tree_get(mm, "dense_layers"))
+        return ml_error_at(err, ml_tree_get(mm, "dense_layers"), ML_SCHEMA,
+                           "model.dense_layers: %llu of the %llu layers dense leaves no layer "
+                           "with experts: leave out experts instead",
+                           (unsigned long long)m->dense_layers, (unsigned long long)m->layers);
+    return ML_OK;
+}
+
 ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
@@ -33,6 +89,7 @@ ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
     m->experts_per_tok = 0;
     m->expert_ffn = m->shared_expert_ffn = 0;
     m->expert_renorm = true;
+    m->router_sigmoid = false;
     if ((st = ml_tree_uint(err, mm, "experts", "model", 1, 4096, &m->experts)) ||
         (st = ml_tree_uint(err, mm, "experts_per_tok", "model", 1, 4096, &m->experts_per_tok)) ||
         (st = ml_tree_uint(err, mm, "expert_ffn", "model", 1, ML_MAX_FFN, &m->expert_ffn)) ||
@@ -40,8 +97,9 @@ ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
                            &m->shared_expert_ffn)) ||
         (st = ml_tree_bool(err, mm, "expert_renorm", "model", &m->expert_renorm)))
         return st;
-    const char *const only[] = {"expert_ffn", "shared_expert_ffn", "expert_renorm"};
-    for (size_t i = 0; i < 3; i++)
+    const char *const only[] = {"expert_ffn", "shared_expert_ffn", "expert_renorm", "router",
+                                "dense_layers", "shared_expert_gate"};
+    for (size_t i = 0; i < sizeof only / sizeof only[0]; i++)
         if (ml_tree_get(mm, only[i]) && !ml_tree_get(mm, "experts"))
             return ml_error_at(err, ml_tree_get(mm, only[i]), ML_SCHEMA,
                                "model.%s: a mixture of experts' key: give experts: N", only[i]);
@@ -67,5 +125,50 @@ ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
                            "model.experts: planned for Mixtral's layer only: a pre-norm decoder "
                            "with norm: rmsnorm, activation: swiglu, no biases, no "
                            "parallel_residual, fused_projections or post_norms, and dropout: 0");
+    return experts_kinds(err, mm, m);
+}
+
+/* Multi-head latent attention (HF DeepseekV3Attention): kv_lora_rank turns
+ * it on; head_dim is the q/k head (qk_nope_head_dim + qk_rope_head_dim),
+ * rope_head_dim its rotated part, v_head_dim the value head. */
+ml_status ml_schema_mla(ml_error *err, const ml_node *mm, ml_model *m)
+{
+    ml_status st;
+    m->kv_lora = m->q_lora = m->rope_dim = m->v_dim = 0;
+    if ((st = ml_tree_uint(err, mm, "kv_lora_rank", "model", 1, ML_MAX_HIDDEN, &m->kv_lora)) ||
+        (st = ml_tree_uint(err, mm, "q_lora_rank", "model", 1, ML_MAX_HIDDEN, &m->q_lora)) ||
+        (st = ml_tree_uint(err, mm, "rope_head_dim", "model", 2, ML_MAX_HIDDEN,
+                           &m->rope_dim)) ||
+        (st = ml_tree_uint(err, mm, "v_head_dim", "model", 1, ML_MAX_HIDDEN, &m->v_dim)))
+        return st;
+    const char *const only[] = {"q_lora_rank", "rope_head_dim", "v_head_dim"};
+    for (size_t i = 0; i < 3; i++)
+        if (ml_tree_get(mm, only[i]) && !m->kv_lora)
+            return ml_error_at(err, ml_tree_get(mm, only[i]), ML_SCHEMA,
+                               "model.%s: a key of multi-head latent attention: give "
+                               "kv_lora_rank: N",
+                               only[i]);
+    if (!m->kv_lora)
+        return ML_OK;
+    const ml_node *at = ml_tree_get(mm, "kv_lora_rank");
+    uint64_t dh = m->head_dim ? m->head_dim : m->hidden / m->heads;
+    if (m->type != ML_MODEL_DECODER || !m->prenorm || m->norm != ML_NORM_RMSNORM ||
+        m->position != ML_POS_ROPE || m->bias || m->dropout > 0 || m->kv_heads != m->heads ||
+        m->parallel_residual || m->fused_proj || m->post_norms || m->attn_softcap > 0)
+        return ml_error_at(err, at, ML_SCHEMA,
+                           "model.kv_lora_rank: multi-head latent attention is planned in "
+                           "DeepSeek-V3's layer only: a pre-norm decoder with norm: rmsnorm, "
+                           "position: rope, bias: false, dropout: 0, kv_heads equal to heads, "
+                           "and no parallel_residual, fused_projections, post_norms or "
+                           "attn_softcap");
+    if (!m->rope_dim || m->rope_dim % 2 || m->rope_dim >= dh)
+        return ml_error_at(err, ml_tree_get(mm, "rope_head_dim") ? ml_tree_get(mm, "rope_head_dim")
+                                                                 : at,
+                           ML_SCHEMA,
+                           "model.rope_head_dim: the rotated part of the %llu-wide q/k head "
+                           "(head_dim) must be given, even and smaller than it",
+                           (unsigned long long)dh);
+    if (!m->v_dim)
+        m->v_dim = dh - m->rope_dim; /* DeepSeek's v_head_dim = qk_nope_head_dim */
     return ML_OK;
 }

@@ -636,6 +636,123 @@ class Mixtral(Llama):
         return out.reshape(B, T, D)
 
 
+def apply_rotary_pos_emb_interleave(q, k, cos, sin):  # HF modeling_deepseek_v3
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    b, h, t, d = q.shape
+    q = q.view(b, h, t, d // 2, 2).transpose(4, 3).reshape(b, h, t, d)
+    b, h, t, d = k.shape
+    k = k.view(b, h, t, d // 2, 2).transpose(4, 3).reshape(b, h, t, d)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+class DeepseekV3(Llama):
+    """HF modeling_deepseek_v3 (DeepseekV3ForCausalLM, transformers 4.5x) eager:
+    multi-head latent attention (q through q_a_proj, its RMSNorm and q_b_proj;
+    k and v from kv_a_proj_with_mqa's compressed output, its RMSNorm and
+    kv_b_proj; one rotated key part shared by the heads, interleaved rope),
+    the first dense_layers layers with a dense MLP, the others
+    DeepseekV3MoE: the sigmoid top-k router, SwiGLU experts run one by one
+    on their tokens, summed in the router's dtype, plus ungated shared
+    experts."""
+
+    def __init__(s, m):
+        super().__init__(m)
+        D, H, V = m["hidden"], m["heads"], m["vocab"]
+        s.dqk, s.dr = m["head_dim"], m["rope_head_dim"]
+        s.dn, s.dv = s.dqk - s.dr, m.get("v_head_dim", s.dqk - s.dr)
+        s.rkv, s.rq = m["kv_lora_rank"], m.get("q_lora_rank", 0)
+        s.E, s.k = m["experts"], m.get("experts_per_tok", 2)
+        s.renorm = m.get("expert_renorm", True)
+        s.scale = 2.5  # routed_scaling_factor: a value
+        F_, Fe, Fs = m["ffn"], m["expert_ffn"], m.get("shared_expert_ffn", 0)
+
+        def mlp_of(width):
+            e = nn.Module()
+            e.gate = nn.Linear(D, width, bias=False)
+            e.up = nn.Linear(D, width, bias=False)
+            e.down = nn.Linear(width, D, bias=False)
+            return e
+        s.blocks = nn.ModuleList()
+        for i in range(m["layers"]):
+            b = nn.Module()  # DeepseekV3DecoderLayer: self_attn, mlp, the two norms
+            if s.rq:
+                b.q_a = nn.Linear(D, s.rq, bias=False)
+                b.q_a_norm = RMSNorm(s.rq)
+                b.q_b = nn.Linear(s.rq, H * s.dqk, bias=False)
+            else:
+                b.q = nn.Linear(D, H * s.dqk, bias=False)
+            b.kv_a = nn.Linear(D, s.rkv + s.dr, bias=False)
+            b.kv_a_norm = RMSNorm(s.rkv)
+            b.kv_b = nn.Linear(s.rkv, H * (s.dn + s.dv), bias=False)
+            b.o = nn.Linear(H * s.dv, D, bias=False)
+            b.dense = i < m.get("dense_layers", 0)
+            if b.dense:
+                b.gate, b.up, b.down = nn.Linear(D, F_, bias=False), nn.Linear(D, F_, bias=False), nn.Linear(F_, D, bias=False)
+            else:
+                b.experts = nn.ModuleList([mlp_of(Fe) for _ in range(s.E)])
+                b.router = nn.Module()
+                b.router.weight = nn.Parameter(torch.randn(s.E, D) * 0.02)
+                b.router.register_buffer("e_score_correction_bias", torch.zeros(s.E))
+                if Fs:
+                    b.shared = mlp_of(Fs)
+            b.ln1, b.ln2 = RMSNorm(D), RMSNorm(D)
+            s.blocks.append(b)
+        s.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, s.dr, 2).float() / s.dr)))
+
+    def attn(s, b, h, cos, sin, mask):  # DeepseekV3Attention.forward
+        B, T, _ = h.shape
+        q = b.q_b(b.q_a_norm(b.q_a(h))) if s.rq else b.q(h)
+        q = q.view(B, T, -1, s.dqk).transpose(1, 2)
+        q_pass, q_rot = torch.split(q, [s.dn, s.dr], dim=-1)
+        ckv = b.kv_a(h)
+        k_pass, k_rot = torch.split(ckv, [s.rkv, s.dr], dim=-1)
+        k_pass = b.kv_b(b.kv_a_norm(k_pass)).view(B, T, -1, s.dn + s.dv).transpose(1, 2)
+        k_pass, v = torch.split(k_pass, [s.dn, s.dv], dim=-1)
+        k_rot = k_rot.view(B, 1, T, s.dr)
+        q_rot, k_rot = apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
+        k_rot = k_rot.expand(*k_pass.shape[:-1], -1)
+        q = torch.cat((q_pass, q_rot), dim=-1)
+        k = torch.cat((k_pass, k_rot), dim=-1)
+        y, w = s.eager(q, k, v, mask)
+        y = y.reshape(B, T, -1).contiguous()
+        return b.o(y), w
+
+    def route(s, b, h):  # DeepseekV3TopkRouter.forward (n_group 1: no group mask)
+        logits = F.linear(h.type(torch.float32), b.router.weight.type(torch.float32))
+        scores = logits.sigmoid()
+        with torch.no_grad():
+            choice = scores + b.router.e_score_correction_bias.unsqueeze(0)
+            idx = torch.topk(choice, k=s.k, dim=-1, sorted=False)[1]
+        w = scores.gather(1, idx)
+        if s.renorm:
+            den = w.sum(dim=-1, keepdim=True) + 1e-20
+            w /= den
+        return idx, w * s.scale
+
+    def mlp(s, b, h):  # DeepseekV3MLP, or DeepseekV3MoE.forward
+        if b.dense:
+            return super().mlp(b, h)
+        B, T, D = h.shape
+        r = h
+        idx, w = s.route(b, h.view(-1, D))
+        x = h.view(-1, D)
+        out = torch.zeros_like(x, dtype=w.dtype)  # DeepseekV3MoE.moe
+        mask = F.one_hot(idx, num_classes=s.E).permute(2, 0, 1)
+        for e in range(s.E):
+            ex = b.experts[e]
+            tok, wi = torch.where(mask[e])
+            if tok.numel() > 0:
+                ew = w[tok, wi]
+                xi = x[tok]
+                y = ex.down(F.silu(ex.gate(xi)) * ex.up(xi))
+                out.index_add_(0, tok, y * ew.unsqueeze(-1))
+        out = out.type(x.dtype).view(B, T, D)
+        if hasattr(b, "shared"):
+            sh = b.shared
+            out = out + sh.down(F.silu(sh.gate(r)) * sh.up(r))
+        return out
+
+
 class Falcon(Llama):
     """HF modeling_falcon (FalconForCausalLM, Falcon-7B's layout: rotary,
     parallel_attn, the old decoder architecture), eager: one input_layernorm
@@ -971,6 +1088,8 @@ def build(doc):
         return BertMLM(m) if m.get("mlm_head") else Bert(m)
     if m.get("shared_norm"):
         return Falcon(m)
+    if m.get("kv_lora_rank"):
+        return DeepseekV3(m)
     if m.get("experts"):
         return Mixtral(m)
     if m.get("parallel_residual"):
