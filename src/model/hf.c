@@ -426,7 +426,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     const bool llama = fam & ML_HF_LM3, gpt2 = fam == ML_HF_GPT2, neox = fam == ML_HF_NEOX,
                bert = fam == ML_HF_BERT, vit = fam == ML_HF_VIT, gemma = fam == ML_HF_GEMMA,
                phi3 = fam == ML_HF_PHI3, gemma2 = fam == ML_HF_GEMMA2,
-               falcon = fam == ML_HF_FALCON;
+               falcon = fam == ML_HF_FALCON, deepseek = fam == ML_HF_DEEPSEEK3;
     bool mlm = false;
     if ((st = ml_hf_check_keys(r, fam, t, err)) || (st = architectures_of(r, f, &mlm, err)))
         return st;
@@ -437,7 +437,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     m->kv_cache = m->type == ML_MODEL_DECODER;
     if (m->kv_cache && (st = ml_hf_bool(err, r, "use_cache", &m->kv_cache)))
         return st;
-    if ((st = attention_of(r, m, err)) || (st = sizes_of(r, t, llama || gemma || gemma2 || phi3, vit, m, err)))
+    if ((st = attention_of(r, m, err)) || (st = sizes_of(r, t, llama || gemma || gemma2 || phi3 || deepseek, vit, m, err)))
         return st;
     if (llama)
         st = map_llama(r, t, m, err);
@@ -453,6 +453,8 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
         st = map_neox(r, t, m, err);
     else if (falcon)
         st = ml_hf_map_falcon(r, m, err);
+    else if (deepseek)
+        st = ml_hf_map_deepseek_v3(r, m, err);
     else
         st = map_encoder(r, t, vit, mlm, families[f].arch, m, err);
     if (st)

@@ -178,14 +178,15 @@ enum {
     ML_HF_FALCON = 1u << 10,
     ML_HF_MIXTRAL = 1u << 11,
     ML_HF_QWEN2MOE = 1u << 12,
-    ML_HF_FAMILY_COUNT = 13
+    ML_HF_DEEPSEEK3 = 1u << 13,
+    ML_HF_FAMILY_COUNT = 14
 };
 #define ML_HF_LM3                                                                       \
     (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | ML_HF_MIXTRAL | ML_HF_QWEN2MOE) /* the Llama-layout
                                                                             families */
 #define ML_HF_SUPPORTED \
-    "llama, mistral, mixtral, qwen2, qwen2_moe, gemma, gemma2, phi3, gpt2, gpt_neox, falcon, "  \
-    "bert, vit"
+    "llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v3, gemma, gemma2, phi3, gpt2, "       \
+    "gpt_neox, falcon, bert, vit"
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head, and a second class the planner builds too (NULL: none;

@@ -43,6 +43,13 @@ def bwd_mark(name, t):
     return None
 
 
+# livebytes.py sets True: DeepSeek-V3's router sends row t to experts t*k ..
+# t*k + k - 1 (mod E), the same every iteration and balanced, as the plan
+# assumes; the saved bytes do not depend on the routing (crosscheck.py keeps
+# the learned one), its transients do
+FIXED_ROUTING = [False]
+
+
 # Blocks per checkpoint segment of a transformer (livebytes.py sets 2 for
 # its every-2 rows; checkpoint: every-K segments the blocks from the first)
 CKPT_EVERY = [1]
@@ -723,6 +730,9 @@ class DeepseekV3(Llama):
         with torch.no_grad():
             choice = scores + b.router.e_score_correction_bias.unsqueeze(0)
             idx = torch.topk(choice, k=s.k, dim=-1, sorted=False)[1]
+            if FIXED_ROUTING[0]:  # row t to experts t*k .. t*k + k - 1 (mod E)
+                n = idx.shape[0]
+                idx = (torch.arange(n)[:, None] * s.k + torch.arange(s.k)[None]) % s.E
         w = scores.gather(1, idx)
         if s.renorm:
             den = w.sum(dim=-1, keepdim=True) + 1e-20
