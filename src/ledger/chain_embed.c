@@ -62,8 +62,12 @@ static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
     if (m->position == ML_POS_ROPE) {
         /* multi-head latent attention rotates rope_dim of each head */
         const uint64_t rot = m->kv_lora ? m->rope_dim : d->dh;
-        ml_ck_save(ch, b, "rotary cos and sin (shared by all blocks)",
-                   ml_ck_mul3(ch, 2, d->BT, rot), w, 0);
+        if (m->rope_complex) /* DeepSeek-V2: (B, T, rot / 2) complex64 */
+            ml_ck_save(ch, b, "rotary freqs_cis, complex64 (shared by all blocks)",
+                       ml_mul(ch, d->BT, rot), 4, 0);
+        else
+            ml_ck_save(ch, b, "rotary cos and sin (shared by all blocks)",
+                       ml_ck_mul3(ch, 2, d->BT, rot), w, 0);
         /* the model's rotary embedding registers inv_freq, head_dim / 2
          * fp32 values, as a buffer (modeling_llama.py, LlamaRotaryEmbedding,
          * one per model) */

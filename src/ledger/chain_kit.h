@@ -98,6 +98,11 @@ void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *
  * in the router's dtype, the ungated shared experts (chain_moe.c). */
 void ml_ck_moe_v3(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
                   unsigned src_bpe);
+/* DeepSeek-V2's (HF DeepseekV2MoE): the softmax router, the pairs sorted
+ * by expert, the outputs scattered back, weighted and summed in fp32, the
+ * ungated shared experts (chain_moe.c). */
+void ml_ck_moe_v2(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                  unsigned src_bpe);
 /* Multi-head latent attention (HF DeepseekV3Attention, eager) after its
  * norm (chain_mla.c): parameters, FLOPs and saved tensors; src_bpe: bytes
  * per element of its input. */

@@ -268,6 +268,8 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
         mlp_fwd(ch, b, m, d, nb, mlp_in_saved, false);
     else if (m->router_sigmoid)
         ml_ck_moe_v3(ch, b, m, d, nb);
+    else if (m->expert_sort)
+        ml_ck_moe_v2(ch, b, m, d, nb);
     else
         ml_ck_moe(ch, b, m, d, nb, mlp_in_saved);
     at[5] = ch->nparams;

@@ -426,7 +426,8 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     const bool llama = fam & ML_HF_LM3, gpt2 = fam == ML_HF_GPT2, neox = fam == ML_HF_NEOX,
                bert = fam == ML_HF_BERT, vit = fam == ML_HF_VIT, gemma = fam == ML_HF_GEMMA,
                phi3 = fam == ML_HF_PHI3, gemma2 = fam == ML_HF_GEMMA2,
-               falcon = fam == ML_HF_FALCON, deepseek = fam == ML_HF_DEEPSEEK3;
+               falcon = fam == ML_HF_FALCON,
+               deepseek = fam == ML_HF_DEEPSEEK3 || fam == ML_HF_DEEPSEEK2;
     bool mlm = false;
     if ((st = ml_hf_check_keys(r, fam, t, err)) || (st = architectures_of(r, f, &mlm, err)))
         return st;
@@ -454,7 +455,8 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     else if (falcon)
         st = ml_hf_map_falcon(r, m, err);
     else if (deepseek)
-        st = ml_hf_map_deepseek_v3(r, m, err);
+        st = fam == ML_HF_DEEPSEEK3 ? ml_hf_map_deepseek_v3(r, m, err)
+                                    : ml_hf_map_deepseek_v2(r, m, err);
     else
         st = map_encoder(r, t, vit, mlm, families[f].arch, m, err);
     if (st)

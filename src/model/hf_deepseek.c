@@ -1,8 +1,9 @@
-/* The Hugging Face import's DeepSeek-V3 (hf.c calls it after the shared
- * sizes): DeepseekV3ForCausalLM as transformers 4.5x's
- * modeling_deepseek_v3.py builds it, with DeepseekV3Config's defaults. Every
- * key it reads is in the key table (hf_keys.c); the block it maps to is
- * docs/inventory.md's "DeepSeek-V3 block". */
+/* The Hugging Face import's DeepSeek-V2 and DeepSeek-V3 (hf.c calls them
+ * after the shared sizes): DeepseekV2ForCausalLM and DeepseekV3ForCausalLM
+ * as transformers 4.5x's modeling_deepseek_v2.py and modeling_deepseek_v3.py
+ * build them, with their configs' defaults. Every key they read is in the
+ * key table (hf_keys.c); the blocks they map to are docs/inventory.md's
+ * "DeepSeek-V3 block" and its DeepSeek-V2 paragraph. */
 #include <string.h>
 
 #include "model/hf_read.h"
@@ -22,15 +23,63 @@ static ml_status uint_or_null(ml_error *err, const ml_node *r, const char *key, 
     return ml_hf_uint(err, r, (const char *const[]){key, NULL}, false, lo, hi, out);
 }
 
-/* DeepseekV3DecoderLayer: RMSNorms, multi-head latent attention (q_lora_rank
- * null: q_proj), a dense SwiGLU MLP of intermediate_size in the first
- * first_k_dense_replace layers, DeepseekV3MoE in the others (n_routed_experts
- * SwiGLU experts of moe_intermediate_size, num_experts_per_tok per token
- * chosen by the sigmoid router, norm_topk_prob, and n_shared_experts shared
- * experts as one MLP of moe_intermediate_size * n_shared_experts, ungated);
- * rotary positions on qk_rope_head_dim of each q/k head; no biases; an
- * untied head by default. */
-ml_status ml_hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err)
+/* The two versions' defaults and what differs (DeepseekV2Config,
+ * DeepseekV3Config). */
+typedef struct {
+    const char *type;
+    uint64_t ffn, experts, per_tok, expert_ffn, shared, dense;
+    bool v3;
+} version_t;
+
+/* The mixture's keys: counts, widths, the dense layers, the top-k method. */
+static ml_status experts_of(const ml_node *r, const version_t *v, ml_model *m, uint64_t *shared,
+                            ml_error *err)
+{
+    ml_status st;
+    const char *method = NULL;
+    if ((st = ml_hf_uint(err, r, KEYS("n_routed_experts"), false, 2, 4096, &m->experts)) ||
+        (st = ml_hf_uint(err, r, KEYS("num_experts_per_tok"), !v->v3, 1, 4096,
+                         &m->experts_per_tok)) ||
+        (st = ml_hf_uint(err, r, KEYS("moe_intermediate_size"), false, 1, ML_MAX_FFN,
+                         &m->expert_ffn)) ||
+        (st = ml_hf_uint(err, r, KEYS("n_shared_experts"), false, 1, 4096, shared)) ||
+        (st = ml_hf_uint(err, r, KEYS("first_k_dense_replace"), false, 0, ML_MAX_LAYERS,
+                         &m->dense_layers)) ||
+        (st = ml_hf_str(err, r, "topk_method", &method)))
+        return st;
+    if (v->v3 && (st = ml_hf_bool(err, r, "norm_topk_prob", &m->expert_renorm)))
+        return st;
+    if (m->experts_per_tok > m->experts)
+        return ml_error_at(err, ml_tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
+                           "num_experts_per_tok: %llu is more than n_routed_experts (%llu)",
+                           (unsigned long long)m->experts_per_tok,
+                           (unsigned long long)m->experts);
+    /* DeepseekV2MoEGate: greedy or group_limited_greedy (the key table
+     * refuses the others), the latter over n_group groups of the experts */
+    m->grouped_topk = !v->v3 && method && !strcmp(method, "group_limited_greedy");
+    if (m->grouped_topk) {
+        uint64_t g = 0;
+        if ((st = ml_hf_uint(err, r, KEYS("n_group"), true, 1, 4096, &g)))
+            return st;
+        if (m->experts % g)
+            return ml_error_at(err, ml_tree_get(r, "n_group"), ML_SCHEMA,
+                               "n_group: %llu does not divide n_routed_experts (%llu), as "
+                               "group_limited_greedy's view needs",
+                               (unsigned long long)g, (unsigned long long)m->experts);
+    }
+    return ML_OK;
+}
+
+/* DeepseekV2DecoderLayer and DeepseekV3DecoderLayer: RMSNorms, multi-head
+ * latent attention (q_lora_rank null: q_proj), a dense SwiGLU MLP of
+ * intermediate_size in the first first_k_dense_replace layers, the mixture
+ * in the others (n_routed_experts SwiGLU experts of moe_intermediate_size,
+ * num_experts_per_tok per token, and n_shared_experts shared experts as one
+ * MLP of moe_intermediate_size * n_shared_experts, ungated); rotary
+ * positions on qk_rope_head_dim of each q/k head; no biases; an untied head
+ * by default. V3: the sigmoid router, norm_topk_prob; V2: the softmax
+ * router, the sorted dispatch, the complex rotary. */
+static ml_status map_deepseek(const ml_node *r, const version_t *v, ml_model *m, ml_error *err)
 {
     ml_status st;
     const char *act = NULL;
@@ -38,8 +87,8 @@ ml_status ml_hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err)
         return st;
     if (act && strcmp(act, "silu"))
         return ml_error_at(err, ml_tree_get(r, "hidden_act"), ML_SCHEMA,
-                           "hidden_act: '%s' is not modelled for deepseek_v3 (silu: SwiGLU)",
-                           act);
+                           "hidden_act: '%s' is not modelled for %s (silu: SwiGLU)", act,
+                           v->type);
     m->activation = ML_ACT_SWIGLU;
     m->norm = ML_NORM_RMSNORM;
     m->prenorm = true;
@@ -48,18 +97,19 @@ ml_status ml_hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err)
     m->tied_embeddings = false;
     m->dropout = 0;
     if (!ml_tree_get(r, "intermediate_size"))
-        m->ffn = 18432;
-    uint64_t nope = 128, shared = 1;
+        m->ffn = v->ffn;
+    uint64_t nope = 128, shared = v->shared;
     m->kv_lora = 512;
     m->q_lora = 1536;
     m->rope_dim = 64;
     m->v_dim = 128;
-    m->experts = 256;
-    m->experts_per_tok = 8;
-    m->expert_ffn = 2048;
-    m->dense_layers = 3;
-    m->expert_renorm = true;
-    m->router_sigmoid = true;
+    m->experts = v->experts;
+    m->experts_per_tok = v->per_tok;
+    m->expert_ffn = v->expert_ffn;
+    m->dense_layers = v->dense;
+    m->expert_renorm = v->v3;
+    m->router_sigmoid = v->v3;
+    m->expert_sort = m->rope_complex = !v->v3;
     m->shared_expert_gate = false;
     if ((st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
         (st = ml_hf_uint(err, r, KEYS("kv_lora_rank"), false, 1, ML_MAX_HIDDEN, &m->kv_lora)) ||
@@ -68,21 +118,8 @@ ml_status ml_hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err)
         (st = ml_hf_uint(err, r, KEYS("qk_rope_head_dim"), false, 2, ML_MAX_HIDDEN,
                          &m->rope_dim)) ||
         (st = ml_hf_uint(err, r, KEYS("v_head_dim"), false, 1, ML_MAX_HIDDEN, &m->v_dim)) ||
-        (st = ml_hf_uint(err, r, KEYS("n_routed_experts"), false, 2, 4096, &m->experts)) ||
-        (st = ml_hf_uint(err, r, KEYS("num_experts_per_tok"), false, 1, 4096,
-                         &m->experts_per_tok)) ||
-        (st = ml_hf_uint(err, r, KEYS("moe_intermediate_size"), false, 1, ML_MAX_FFN,
-                         &m->expert_ffn)) ||
-        (st = ml_hf_uint(err, r, KEYS("n_shared_experts"), false, 1, 4096, &shared)) ||
-        (st = ml_hf_uint(err, r, KEYS("first_k_dense_replace"), false, 0, ML_MAX_LAYERS,
-                         &m->dense_layers)) ||
-        (st = ml_hf_bool(err, r, "norm_topk_prob", &m->expert_renorm)))
+        (st = experts_of(r, v, m, &shared, err)))
         return st;
-    if (m->experts_per_tok > m->experts)
-        return ml_error_at(err, ml_tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
-                           "num_experts_per_tok: %llu is more than n_routed_experts (%llu)",
-                           (unsigned long long)m->experts_per_tok,
-                           (unsigned long long)m->experts);
     if (m->rope_dim % 2)
         return ml_error_at(err, ml_tree_get(r, "qk_rope_head_dim"), ML_SCHEMA,
                            "qk_rope_head_dim: %llu; rotary embeddings need an even size",
@@ -97,6 +134,7 @@ ml_status ml_hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err)
         /* every layer dense: no experts run */
         m->dense_layers = m->layers;
         m->experts = m->experts_per_tok = m->expert_ffn = 0;
+        m->expert_sort = m->grouped_topk = false;
     }
     m->head_dim = nope + m->rope_dim; /* qk_head_dim */
     if (m->heads * m->head_dim > ML_MAX_HIDDEN || m->heads * m->v_dim > ML_MAX_HIDDEN)
@@ -105,4 +143,16 @@ ml_status ml_hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err)
                            (unsigned long long)ML_MAX_HIDDEN);
     m->shared_expert_ffn = m->experts ? shared * m->expert_ffn : 0;
     return ML_OK;
+}
+
+ml_status ml_hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err)
+{
+    static const version_t v3 = {"deepseek_v3", 18432, 256, 8, 2048, 1, 3, true};
+    return map_deepseek(r, &v3, m, err);
+}
+
+ml_status ml_hf_map_deepseek_v2(const ml_node *r, ml_model *m, ml_error *err)
+{
+    static const version_t v2 = {"deepseek_v2", 11008, 64, 0, 1407, 2, 0, false};
+    return map_deepseek(r, &v2, m, err);
 }

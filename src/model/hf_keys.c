@@ -55,6 +55,9 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
     {"falcon", ML_HF_FALCON, "FalconForCausalLM",
      "a causal LM head over vocab_size (tied by default), cross-entropy",
      "FalconForSequenceClassification", SEQ_CLS_HEAD},
+    {"deepseek_v2", ML_HF_DEEPSEEK2, "DeepseekV2ForCausalLM",
+     "a causal LM head over vocab_size, cross-entropy (no auxiliary loss)",
+     "DeepseekV2ForSequenceClassification", SEQ_CLS_HEAD},
     {"deepseek_v3", ML_HF_DEEPSEEK3, "DeepseekV3ForCausalLM",
      "a causal LM head over vocab_size, cross-entropy (no auxiliary loss; no multi-token "
      "prediction module: transformers does not load it)",
@@ -72,7 +75,9 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
 #define PHI ML_HF_PHI3
 #define FAL ML_HF_FALCON
 #define DS3 ML_HF_DEEPSEEK3
-#define DEC (LM3 | GEM | PHI | ML_HF_GPT2 | ML_HF_NEOX | FAL | DS3)
+#define DS2 ML_HF_DEEPSEEK2
+#define DSK (DS2 | DS3)
+#define DEC (LM3 | GEM | PHI | ML_HF_GPT2 | ML_HF_NEOX | FAL | DSK)
 #define ENC (ML_HF_BERT | ML_HF_VIT)
 #define ALL (DEC | ENC)
 #define H ML_HF_HONOURED
@@ -138,11 +143,11 @@ static const ml_hf_key keys[] = {
     {"max_position_embeddings", ML_HF_GPT2 | ML_HF_BERT, H, NULL,
      "learned positions (max_position_embeddings × D parameters) and the longest sequence "
      "(GPT-2: the alias of n_positions)"},
-    {"max_position_embeddings", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DS3, H, NULL,
+    {"max_position_embeddings", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DSK, H, NULL,
      "the default sequence length, the smaller of it and 2048 (rotary positions have no "
      "parameters)"},
     {"num_key_value_heads", LM3 | GEM | PHI, H, NULL, "Hkv (grouped-query attention); default H"},
-    {"num_key_value_heads", DS3, H, NULL,
+    {"num_key_value_heads", DSK, H, NULL,
      "must equal num_attention_heads: latent attention makes H key and value heads, and "
      "repeating them is not modelled"},
     {"head_dim", LM3 | GEM | PHI, H, NULL,
@@ -161,7 +166,7 @@ static const ml_hf_key keys[] = {
     {"patch_size", ML_HF_VIT, H, NULL, "the patch side (must divide image_size)"},
     {"num_channels", ML_HF_VIT, H, NULL, "the image channels (default 3)"},
     /* the layer's layout */
-    {"hidden_act", LM3 | PHI | DS3, H, NULL, "silu (SwiGLU); any other value is refused"},
+    {"hidden_act", LM3 | PHI | DSK, H, NULL, "silu (SwiGLU); any other value is refused"},
     {"hidden_act", ML_HF_NEOX | ENC, H, NULL, ACT_NOTE},
     {"hidden_act", GEM, H, NULL, GEMMA_ACT_NOTE},
     {"hidden_activation", GEM, H, NULL, GEMMA_ACT_NOTE},
@@ -169,7 +174,7 @@ static const ml_hf_key keys[] = {
     {"attention_bias", ML_HF_LLAMA | GEM, H, NULL, "biases on q, k, v and o_proj (default false)"},
     {"attention_bias", ML_HF_MISTRAL | MIX, R, "false|null",
      "MistralAttention and MixtralAttention have no biases (they do not read the key)"},
-    {"attention_bias", DS3, R, "false|null",
+    {"attention_bias", DSK, R, "false|null",
      "biases on q_a_proj, kv_a_proj_with_mqa and o_proj are not modelled (DeepSeek-V3 has "
      "none)"},
     {"attention_bias", PHI, R, "false|null",
@@ -204,12 +209,12 @@ static const ml_hf_key keys[] = {
     {"scale_attn_by_inverse_layer_idx", ML_HF_GPT2, I, NULL,
      "divides the scores by a Python scalar, which saves nothing"},
     /* positions */
-    {"rope_theta", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DS3, I, NULL, ROPE_NOTE},
+    {"rope_theta", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DSK, I, NULL, ROPE_NOTE},
     {"rotary_emb_base", ML_HF_NEOX, I, NULL, ROPE_NOTE},
-    {"rope_scaling", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DS3, I, NULL,
+    {"rope_scaling", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DSK, I, NULL,
      "linear, dynamic, yarn, llama3 or longrope rescaling of the rotation's frequencies: "
      "values of the same cos and sin tensors"},
-    {"rope_parameters", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DS3, I, NULL,
+    {"rope_parameters", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DSK, I, NULL,
      "rope_theta and rope_scaling in one object (transformers 5): values of the same cos and "
      "sin tensors"},
     {"rotary_pct", ML_HF_NEOX, A, NULL, RAW_ROTARY_NOTE},
@@ -232,7 +237,7 @@ static const ml_hf_key keys[] = {
     {"layer_types", QW, H, NULL,
      "full_attention or sliding_attention per layer (instead of max_window_layers)"},
     /* dropout */
-    {"attention_dropout", LM3 | GEM | DS3, R, "0|null",
+    {"attention_dropout", LM3 | GEM | DSK, R, "0|null",
      "attention dropout alone is not modelled: the planner's dropout also masks the residual "
      "branches and the embeddings, which these models do not"},
     {"attention_dropout", ML_HF_NEOX, H, NULL, DROP_NOTE},
@@ -273,7 +278,7 @@ static const ml_hf_key keys[] = {
      "the evaluation output holds every layer's keys and values (default true)"},
     {"use_cache", ENC, I, NULL, "BERT and ViT return no cache (BERT only as a decoder, refused)"},
     /* inert per family */
-    {"rms_norm_eps", LM3 | GEM | PHI | DS3, I, NULL, EPS_NOTE},
+    {"rms_norm_eps", LM3 | GEM | PHI | DSK, I, NULL, EPS_NOTE},
     {"layer_norm_eps", ML_HF_NEOX | ENC, I, NULL, EPS_NOTE},
     {"layer_norm_epsilon", ML_HF_GPT2 | FAL, I, NULL, EPS_NOTE},
     {"n_ctx", ML_HF_GPT2, I, NULL, "the legacy context length; transformers reads n_positions"},
@@ -364,15 +369,15 @@ static const ml_hf_key keys[] = {
     /* other families' keys that change parameters, saved tensors or FLOPs */
     {"num_local_experts", ALL & ~MIX, R, "0|1|null", MOE_NOTE},
     {"num_experts", ALL & ~QWM, R, "0|1|null", MOE_NOTE},
-    {"num_experts_per_tok", ALL & ~(MIX | QWM | DS3), R, "0|1|null", MOE_NOTE},
-    {"n_routed_experts", ALL & ~DS3, R, "0|null", MOE_NOTE},
-    {"moe_intermediate_size", ALL & ~(QWM | DS3), R, "0|null", MOE_NOTE},
-    {"n_shared_experts", ALL & ~DS3, R, "0|null", MOE_NOTE},
-    {"first_k_dense_replace", ALL & ~DS3, R, "0|null", MOE_NOTE},
-    {"kv_lora_rank", ALL & ~DS3, R, "null",
+    {"num_experts_per_tok", ALL & ~(MIX | QWM | DSK), R, "0|1|null", MOE_NOTE},
+    {"n_routed_experts", ALL & ~DSK, R, "0|null", MOE_NOTE},
+    {"moe_intermediate_size", ALL & ~(QWM | DSK), R, "0|null", MOE_NOTE},
+    {"n_shared_experts", ALL & ~DSK, R, "0|null", MOE_NOTE},
+    {"first_k_dense_replace", ALL & ~DSK, R, "0|null", MOE_NOTE},
+    {"kv_lora_rank", ALL & ~DSK, R, "null",
      "multi-head latent attention is DeepSeek's: these families do not read it, the config "
      "is DeepSeek's"},
-    {"q_lora_rank", ALL & ~DS3, R, "null",
+    {"q_lora_rank", ALL & ~DSK, R, "null",
      "multi-head latent attention is DeepSeek's: these families do not read it"},
     {"shared_expert_intermediate_size", ALL & ~QWM, R, "0|null", MOE_NOTE},
     {"use_bidirectional_attention", GEM, R, "false|null",
@@ -444,62 +449,76 @@ static const ml_hf_key keys[] = {
      "the rotary eager and sdpa paths apply none, flash_attention_2 does: not modelled"},
     {"apply_residual_connection_post_layernorm", FAL, I, NULL,
      "FalconConfig keeps it; modeling_falcon.py does not read it"},
-    /* DeepSeek-V3 */
-    {"intermediate_size", DS3, H, NULL,
-     "the dense MLP's width F, in the first first_k_dense_replace layers (default 18432)"},
-    {"kv_lora_rank", DS3, H, NULL,
+    /* DeepSeek-V2 and DeepSeek-V3 */
+    {"intermediate_size", DSK, H, NULL,
+     "the dense MLP's width F, in the first first_k_dense_replace layers (default 18432 for "
+     "V3, 11008 for V2)"},
+    {"kv_lora_rank", DSK, H, NULL,
      "the compressed key/value width: kv_a_proj_with_mqa projects D to it plus "
      "qk_rope_head_dim, its RMSNorm, kv_b_proj to H·(qk_nope_head_dim + v_head_dim) "
      "(default 512)"},
-    {"q_lora_rank", DS3, H, NULL,
+    {"q_lora_rank", DSK, H, NULL,
      "the compressed query width: q_a_proj, its RMSNorm, q_b_proj to H·(qk_nope_head_dim + "
      "qk_rope_head_dim) (default 1536); null: one q_proj"},
-    {"qk_nope_head_dim", DS3, H, NULL, "each q/k head's part without rotary (default 128)"},
-    {"qk_rope_head_dim", DS3, H, NULL,
+    {"qk_nope_head_dim", DSK, H, NULL, "each q/k head's part without rotary (default 128)"},
+    {"qk_rope_head_dim", DSK, H, NULL,
      "each q/k head's rotated part, the key's shared by the heads (default 64)"},
-    {"v_head_dim", DS3, H, NULL, "each value head's width (default 128)"},
-    {"head_dim", DS3, I, NULL,
-     "DeepseekV3Config sets it to qk_rope_head_dim, the rotary's size, which "
-     "qk_rope_head_dim gives"},
-    {"qk_head_dim", DS3, I, NULL, "qk_nope_head_dim + qk_rope_head_dim, derived"},
+    {"v_head_dim", DSK, H, NULL, "each value head's width (default 128)"},
+    {"head_dim", DSK, I, NULL,
+     "the configs set it to qk_rope_head_dim, the rotary's size, which qk_rope_head_dim "
+     "gives"},
+    {"qk_head_dim", DSK, I, NULL, "qk_nope_head_dim + qk_rope_head_dim, derived"},
     {"rope_interleave", DS3, I, NULL,
      "true rotates interleaved pairs: a view, a transpose and a reshape copy that nothing "
      "saves, then the same products (checked by the PyTorch twin)"},
-    {"n_routed_experts", DS3, H, NULL,
-     "E SwiGLU experts of moe_intermediate_size each (default 256): E·3·D·F parameters"},
-    {"num_experts_per_tok", DS3, H, NULL, "k, the experts each token is routed to (default 8)"},
-    {"moe_intermediate_size", DS3, H, NULL, "each expert's width F (default 2048)"},
-    {"n_shared_experts", DS3, H, NULL,
+    {"n_routed_experts", DSK, H, NULL,
+     "E SwiGLU experts of moe_intermediate_size each (default 256 for V3, 64 for V2): "
+     "E·3·D·F parameters"},
+    {"num_experts_per_tok", DSK, H, NULL,
+     "k, the experts each token is routed to (V3's default 8; V2 has none: required)"},
+    {"moe_intermediate_size", DSK, H, NULL,
+     "each expert's width F (default 2048 for V3, 1407 for V2)"},
+    {"n_shared_experts", DSK, H, NULL,
      "the shared experts, one SwiGLU of moe_intermediate_size · n_shared_experts on every "
-     "token, ungated (default 1)"},
-    {"first_k_dense_replace", DS3, H, NULL,
+     "token, ungated (default 1 for V3, 2 for V2)"},
+    {"first_k_dense_replace", DSK, H, NULL,
      "the first layers with a dense MLP of intermediate_size instead of the experts "
-     "(default 3)"},
+     "(default 3 for V3, 0 for V2)"},
     {"norm_topk_prob", DS3, H, NULL,
      "renormalise the top-k weights by their sum + 1e-20 in place, which keeps the sum and a "
      "copy (default true)"},
-    {"routed_scaling_factor", DS3, I, NULL, "scales the top-k weights: a value, not a size"},
+    {"norm_topk_prob", DS2, I, NULL, "DeepseekV2MoEGate does not read it (no renormalisation)"},
+    {"routed_scaling_factor", DSK, I, NULL, "scales the top-k weights: a value, not a size"},
     {"n_group", DS3, I, NULL,
      "the expert groups the top-k is chosen within, under no_grad: values of transients"},
-    {"topk_group", DS3, I, NULL,
-     "the groups kept, under no_grad: values of transients"},
+    {"n_group", DS2, H, NULL,
+     "with group_limited_greedy: the groups of experts (must divide n_routed_experts); the "
+     "group choice's own nodes die before the forward ends"},
+    {"topk_group", DSK, I, NULL, "the groups kept: values of transients"},
     {"scoring_func", DS3, R, "\"sigmoid\"|null",
      "DeepseekV3TopkRouter always scores by sigmoid; softmax is DeepSeek-V2's router"},
+    {"scoring_func", DS2, R, "\"softmax\"|null", "DeepseekV2MoEGate always scores by softmax"},
     {"topk_method", DS3, R, "\"noaux_tc\"|null",
      "DeepseekV3TopkRouter always chooses as noaux_tc does; greedy and group_limited_greedy "
      "are DeepSeek-V2's"},
-    {"moe_layer_freq", DS3, R, "1|null",
-     "transformers' layer has experts in every layer from first_k_dense_replace on, as 1 "
+    {"topk_method", DS2, R, "\"greedy\"|\"group_limited_greedy\"|null",
+     "greedy: topk over the scores; group_limited_greedy: the scores outside the chosen groups "
+     "masked first (masked_fill keeps a B·T·E bool mask); DeepseekV2MoEGate has no other"},
+    {"moe_layer_freq", DSK, R, "1|null",
+     "transformers' layers have experts in every layer from first_k_dense_replace on, as 1 "
      "says; other values are the hub's remote code"},
-    {"ep_size", DS3, R, "1|null", "expert parallelism across devices is not modelled"},
-    {"aux_loss_alpha", DS3, I, NULL,
-     "the remote code's load-balancing loss weight; transformers' class computes no auxiliary "
-     "loss"},
-    {"seq_aux", DS3, I, NULL, "the remote code's sequence-level auxiliary loss; the same"},
+    {"ep_size", DSK, R, "1|null", "expert parallelism across devices is not modelled"},
+    {"mlp_bias", DS2, R, "false|null",
+     "biases on the experts' and shared experts' projections are not modelled (DeepSeek-V2 "
+     "has none)"},
+    {"aux_loss_alpha", DSK, I, NULL,
+     "the remote code's load-balancing loss weight; transformers' classes compute no "
+     "auxiliary loss"},
+    {"seq_aux", DSK, I, NULL, "the remote code's sequence-level auxiliary loss; the same"},
     {"num_nextn_predict_layers", DS3, I, NULL,
      "the multi-token prediction module's layers: transformers does not load them "
      "(_keys_to_ignore_on_load_unexpected)"},
-    {"pretraining_tp", DS3, I, NULL, "DeepseekV3Config keeps it; the model does not read it"},
+    {"pretraining_tp", DSK, I, NULL, "the configs keep it; the models do not read it"},
     /* Gemma 2 */
     {"query_pre_attn_scalar", GEM2, H, NULL,
      "the scores are scaled by its -0.5 power (default 256): a value, not a size; null is "
@@ -529,6 +548,8 @@ static const ml_hf_key keys[] = {
 #undef QW
 #undef FAL
 #undef DS3
+#undef DS2
+#undef DSK
 #undef GEM2
 #undef PHI
 #undef H

@@ -101,6 +101,14 @@ struct ml_model {
                                 (Qwen2-MoE; DeepSeek-V3's shared experts have none) */
     bool router_sigmoid;    /* DeepSeek-V3's router: sigmoid scores, the top-k gathered
                                from them (HF DeepseekV3TopkRouter); else Mixtral's softmax */
+    bool expert_sort;       /* DeepSeek-V2's dispatch (HF DeepseekV2MoE.moe): the (token,
+                               expert) pairs sorted by expert, the experts on slices, the
+                               outputs scattered back, weighted and summed in fp32; else
+                               Mixtral's torch.where per expert */
+    bool grouped_topk;      /* DeepSeek-V2's group_limited_greedy: the scores outside the
+                               chosen groups masked (masked_fill keeps the bool mask) */
+    bool rope_complex;      /* DeepSeek-V2's rotary as a complex product (apply_rotary_emb):
+                               one complex64 table instead of cos and sin */
     uint64_t dense_layers;  /* the first dense_layers layers run one dense MLP of ffn
                                instead of the experts (HF first_k_dense_replace) */
     /* multi-head latent attention (HF DeepseekV3Attention), on when kv_lora > 0: k and
@@ -179,14 +187,15 @@ enum {
     ML_HF_MIXTRAL = 1u << 11,
     ML_HF_QWEN2MOE = 1u << 12,
     ML_HF_DEEPSEEK3 = 1u << 13,
-    ML_HF_FAMILY_COUNT = 14
+    ML_HF_DEEPSEEK2 = 1u << 14,
+    ML_HF_FAMILY_COUNT = 15
 };
 #define ML_HF_LM3                                                                       \
     (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | ML_HF_MIXTRAL | ML_HF_QWEN2MOE) /* the Llama-layout
                                                                             families */
 #define ML_HF_SUPPORTED \
-    "llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v3, gemma, gemma2, phi3, gpt2, "       \
-    "gpt_neox, falcon, bert, vit"
+    "llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v2, deepseek_v3, gemma, gemma2, phi3, " \
+    "gpt2, gpt_neox, falcon, bert, vit"
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head, and a second class the planner builds too (NULL: none;

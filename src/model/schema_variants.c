@@ -15,7 +15,8 @@ static const char *const transformer_keys[] = {
     "fused_projections", "mlm_head", "buffers", "post_norms", "attn_scalar", "attn_softcap",
     "final_softcap", "norm_bias", "shared_norm", "experts", "experts_per_tok", "expert_ffn",
     "shared_expert_ffn", "expert_renorm", "shared_expert_gate", "router", "dense_layers",
-    "kv_lora_rank", "q_lora_rank", "rope_head_dim", "v_head_dim"};
+    "kv_lora_rank", "q_lora_rank", "rope_head_dim", "v_head_dim", "expert_dispatch",
+    "grouped_topk", "rope_complex"};
 
 const char *const *ml_schema_transformer_keys(size_t *count)
 {
@@ -44,8 +45,37 @@ ml_status ml_schema_falcon(ml_error *err, const ml_node *mm, ml_model *m)
     return ML_OK;
 }
 
-/* router: softmax (Mixtral's) or sigmoid (DeepSeek-V3's), dense_layers and
- * shared_expert_gate, after the expert counts. */
+/* DeepSeek-V2's dispatch keys: expert_dispatch: sort, grouped_topk. */
+static ml_status experts_dispatch(ml_error *err, const ml_node *mm, ml_model *m)
+{
+    static const char *const dispatch[] = {"where", "sort"};
+    unsigned dsp = 0;
+    ml_status st;
+    m->grouped_topk = false;
+    if ((st = ml_tree_enum(err, mm, "expert_dispatch", "model", dispatch, 2, &dsp)) ||
+        (st = ml_tree_bool(err, mm, "grouped_topk", "model", &m->grouped_topk)))
+        return st;
+    m->expert_sort = dsp == 1;
+    if (m->expert_sort && m->router_sigmoid)
+        return ml_error_at(err, ml_tree_get(mm, "expert_dispatch"), ML_SCHEMA,
+                           "model.expert_dispatch: sort is DeepSeek-V2's layer, whose router is "
+                           "a softmax: drop router: sigmoid (DeepSeek-V3's)");
+    if (m->expert_sort && ml_tree_get(mm, "expert_renorm") && m->expert_renorm)
+        return ml_error_at(err, ml_tree_get(mm, "expert_renorm"), ML_SCHEMA,
+                           "model.expert_renorm: DeepSeek-V2's router (expert_dispatch: sort) "
+                           "does not renormalise its top-k weights: set it false or leave it "
+                           "out");
+    if (m->expert_sort)
+        m->expert_renorm = false;
+    if (m->grouped_topk && !m->expert_sort)
+        return ml_error_at(err, ml_tree_get(mm, "grouped_topk"), ML_SCHEMA,
+                           "model.grouped_topk: DeepSeek-V2's group_limited_greedy; it needs "
+                           "expert_dispatch: sort");
+    return ML_OK;
+}
+
+/* router: softmax (Mixtral's) or sigmoid (DeepSeek-V3's), the dispatch,
+ * dense_layers and shared_expert_gate, after the expert counts. */
 static ml_status experts_kinds(ml_error *err, const ml_node *mm, ml_model *m)
 {
     static const char *const routers[] = {"softmax", "sigmoid"};
@@ -59,17 +89,21 @@ static ml_status experts_kinds(ml_error *err, const ml_node *mm, ml_model *m)
         (st = ml_tree_bool(err, mm, "shared_expert_gate", "model", &m->shared_expert_gate)))
         return st;
     m->router_sigmoid = r == 1;
-    /* Qwen2-MoE's shared expert has a sigmoid gate, DeepSeek-V3's shared
-     * experts none: the two layers planned */
+    if ((st = experts_dispatch(err, mm, m)))
+        return st;
+    /* Qwen2-MoE's shared expert has a sigmoid gate, DeepSeek-V2's and
+     * DeepSeek-V3's shared experts none: the layers planned */
     bool gate = m->shared_expert_gate;
-    m->shared_expert_gate = !m->router_sigmoid;
+    m->shared_expert_gate = !m->router_sigmoid && !m->expert_sort;
     if (ml_tree_get(mm, "shared_expert_gate") && m->shared_expert_ffn &&
         gate != m->shared_expert_gate)
         return ml_error_at(err, ml_tree_get(mm, "shared_expert_gate"), ML_SCHEMA,
-                           "model.shared_expert_gate: %s is not modelled with router: %s (the "
-                           "planned layers: softmax with a gated shared expert, Qwen2-MoE's; "
-                           "sigmoid with ungated shared experts, DeepSeek-V3's)",
-                           gate ? "true" : "false", m->router_sigmoid ? "sigmoid" : "softmax");
+                           "model.shared_expert_gate: %s is not modelled here (the planned "
+                           "layers: a gated shared expert with router: softmax and "
+                           "expert_dispatch: where, Qwen2-MoE's; ungated shared experts with "
+                           "router: sigmoid, DeepSeek-V3's, or expert_dispatch: sort, "
+                           "DeepSeek-V2's)",
+                           gate ? "true" : "false");
     if (ml_tree_get(mm, "shared_expert_gate") && !m->shared_expert_ffn)
         return ml_error_at(err, ml_tree_get(mm, "shared_expert_gate"), ML_SCHEMA,
                            "model.shared_expert_gate: the shared expert's gate; give "
@@ -89,7 +123,7 @@ ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
     m->experts_per_tok = 0;
     m->expert_ffn = m->shared_expert_ffn = 0;
     m->expert_renorm = true;
-    m->router_sigmoid = false;
+    m->router_sigmoid = m->expert_sort = m->grouped_topk = false;
     if ((st = ml_tree_uint(err, mm, "experts", "model", 1, 4096, &m->experts)) ||
         (st = ml_tree_uint(err, mm, "experts_per_tok", "model", 1, 4096, &m->experts_per_tok)) ||
         (st = ml_tree_uint(err, mm, "expert_ffn", "model", 1, ML_MAX_FFN, &m->expert_ffn)) ||
@@ -97,8 +131,9 @@ ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
                            &m->shared_expert_ffn)) ||
         (st = ml_tree_bool(err, mm, "expert_renorm", "model", &m->expert_renorm)))
         return st;
-    const char *const only[] = {"expert_ffn", "shared_expert_ffn", "expert_renorm", "router",
-                                "dense_layers", "shared_expert_gate"};
+    const char *const only[] = {"expert_ffn",         "shared_expert_ffn", "expert_renorm",
+                                "router",             "dense_layers",      "shared_expert_gate",
+                                "expert_dispatch",    "grouped_topk"};
     for (size_t i = 0; i < sizeof only / sizeof only[0]; i++)
         if (ml_tree_get(mm, only[i]) && !ml_tree_get(mm, "experts"))
             return ml_error_at(err, ml_tree_get(mm, only[i]), ML_SCHEMA,
@@ -135,14 +170,16 @@ ml_status ml_schema_mla(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
     m->kv_lora = m->q_lora = m->rope_dim = m->v_dim = 0;
+    m->rope_complex = false;
     if ((st = ml_tree_uint(err, mm, "kv_lora_rank", "model", 1, ML_MAX_HIDDEN, &m->kv_lora)) ||
+        (st = ml_tree_bool(err, mm, "rope_complex", "model", &m->rope_complex)) ||
         (st = ml_tree_uint(err, mm, "q_lora_rank", "model", 1, ML_MAX_HIDDEN, &m->q_lora)) ||
         (st = ml_tree_uint(err, mm, "rope_head_dim", "model", 2, ML_MAX_HIDDEN,
                            &m->rope_dim)) ||
         (st = ml_tree_uint(err, mm, "v_head_dim", "model", 1, ML_MAX_HIDDEN, &m->v_dim)))
         return st;
-    const char *const only[] = {"q_lora_rank", "rope_head_dim", "v_head_dim"};
-    for (size_t i = 0; i < 3; i++)
+    const char *const only[] = {"q_lora_rank", "rope_head_dim", "v_head_dim", "rope_complex"};
+    for (size_t i = 0; i < 4; i++)
         if (ml_tree_get(mm, only[i]) && !m->kv_lora)
             return ml_error_at(err, ml_tree_get(mm, only[i]), ML_SCHEMA,
                                "model.%s: a key of multi-head latent attention: give "

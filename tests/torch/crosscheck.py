@@ -36,14 +36,14 @@ TOL = 0.01
 # these models meet is accounted in known_cpu_autocast().
 AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
               "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
-              "xc-deepseek"}
+              "xc-deepseek", "xc-deepseek2"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
 # vectors are 0.15 % of it, under the 1 % tolerance; Phi-3's fused
 # projections, BERT's MLM head, Gemma 2's post norms and soft-caps, Falcon's
 # shared-norm parallel layer, Mixtral's experts and the decoders'
 # sequence-classification head are new layouts, held to every byte.
 EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
-                "xc-deepseek"}
+                "xc-deepseek", "xc-deepseek2"}
 torch.manual_seed(0)
 
 
@@ -102,7 +102,7 @@ def known_1_13(doc, B, T):
             extra["block.%d" % i] += lat
             # DeepSeek-V3's router scales its weights by a Python float: one
             # more host scalar (below) in each layer with experts
-            if m.get("router") == "sigmoid" and i >= m.get("dense_layers", 0):
+            if m.get("experts") and m.get("kv_lora_rank") and i >= m.get("dense_layers", 0):
                 extra["block.%d" % i] += 8
     if m["type"] != "sequential" and m.get("attention", "eager") == "eager":
         # the attention scale is a Python float: autograd saves it as a 0-dim

@@ -763,6 +763,117 @@ class DeepseekV3(Llama):
         return out
 
 
+def apply_rotary_emb(xq, xk, freqs_cis):  # HF modeling_deepseek_v2
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    freqs_cis = freqs_cis.unsqueeze(1)
+    xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3).type_as(xq)
+    xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3).type_as(xk)
+    return xq_out, xk_out
+
+
+class DeepseekV2(DeepseekV3):
+    """HF modeling_deepseek_v2 (DeepseekV2ForCausalLM, transformers 4.5x) eager:
+    DeepSeek-V3's latent attention with the rotary as a complex product
+    (Llama4TextRotaryEmbedding's freqs_cis), and DeepseekV2MoE: the softmax
+    router (greedy or group_limited_greedy top-k, no renormalisation), the
+    (token, expert) pairs sorted by expert, each expert on its slice, the
+    outputs scattered back, weighted in place and summed in fp32; ungated
+    shared experts."""
+
+    def __init__(s, m):
+        super().__init__(m)
+        s.grouped = m.get("grouped_topk", False)
+        s.n_group, s.topk_group = 2, 1
+        s.scale = 1.0  # routed_scaling_factor
+        for b in s.blocks:
+            if hasattr(b, "router"):  # DeepseekV2MoEGate has no correction bias
+                del b.router.e_score_correction_bias
+
+    def rotary(s, x, pos):  # Llama4TextRotaryEmbedding.forward
+        inv = s.inv_freq[None, :, None].float().expand(pos.shape[0], -1, 1)
+        freqs = (inv @ pos[:, None, :].float()).transpose(1, 2)
+        fc = torch.polar(torch.ones_like(freqs), freqs)
+        fc = fc * 1.0  # attention_scaling
+        return fc, fc
+
+    def attn(s, b, h, cos, sin, mask):  # DeepseekV2Attention.forward
+        B, T, _ = h.shape
+        q = b.q_b(b.q_a_norm(b.q_a(h))) if s.rq else b.q(h)
+        q = q.view(B, T, -1, s.dqk).transpose(1, 2)
+        q_nope, q_pe = torch.split(q, [s.dn, s.dr], dim=-1)
+        ckv = b.kv_a(h)
+        k_nope, k_pe = torch.split(ckv, [s.rkv, s.dr], dim=-1)
+        k_nope = b.kv_b(b.kv_a_norm(k_nope)).view(B, T, -1, s.dn + s.dv).transpose(1, 2)
+        k_nope, v = torch.split(k_nope, [s.dn, s.dv], dim=-1)
+        k_pe = k_pe.view(B, 1, T, s.dr)
+        q_pe, k_pe = apply_rotary_emb(q_pe, k_pe, cos)
+        k_pe = k_pe.expand(*k_nope.shape[:-1], -1)
+        q = torch.cat((q_nope, q_pe), dim=-1)
+        k = torch.cat((k_nope, k_pe), dim=-1)
+        y, w = s.eager(q, k, v, mask)
+        y = y.reshape(B, T, -1).contiguous()
+        return b.o(y), w
+
+    def route(s, b, h):  # DeepseekV2MoEGate.forward
+        logits = F.linear(h.type(torch.float32), b.router.weight.type(torch.float32), None)
+        scores = logits.softmax(dim=-1, dtype=torch.float32)
+        if FIXED_ROUTING[0]:  # as DeepseekV3's: the same pairs every iteration
+            n = scores.shape[0]
+            idx = (torch.arange(n)[:, None] * s.k + torch.arange(s.k)[None]) % s.E
+            src = scores.masked_fill(torch.zeros_like(scores, dtype=torch.bool), 0.0) if s.grouped else scores
+            w = src.gather(1, idx)
+        elif s.grouped:
+            n = scores.shape[0]
+            # HF runs max and topk on the groups with grad: their nodes keep
+            # int64 indices until the gate returns, then die with `gs`, so
+            # nothing of them is left at the end of the forward. Under
+            # no_grad here: the recorder keys storages by address, and a
+            # later tensor at a freed one's address would go uncounted
+            with torch.no_grad():
+                gs = scores.view(n, s.n_group, -1).max(dim=-1).values
+                gi = torch.topk(gs, k=s.topk_group, dim=-1, sorted=False)[1]
+            gm = torch.zeros_like(gs)
+            gm.scatter_(1, gi, 1)
+            sm = gm.unsqueeze(-1).expand(n, s.n_group, s.E // s.n_group).reshape(n, -1)
+            tmp = scores.masked_fill(~sm.bool(), 0.0)
+            w, idx = torch.topk(tmp, k=s.k, dim=-1, sorted=False)
+        else:
+            w, idx = torch.topk(scores, k=s.k, dim=-1, sorted=False)
+        return idx, w * s.scale
+
+    def mlp(s, b, h):  # DeepseekV2MLP, or DeepseekV2MoE.forward
+        if b.dense:
+            return Llama.mlp(s, b, h)
+        B, T, D = h.shape
+        r = h
+        ids, wt = s.route(b, h.view(-1, D))
+        x = h.view(-1, D)
+        cnts = ids.new_zeros((ids.shape[0], s.E))  # DeepseekV2MoE.moe
+        cnts.scatter_(1, ids, 1)
+        per = cnts.sum(dim=0)
+        order = ids.view(-1).argsort()
+        rows = x[order // ids.shape[1]]
+        outs, start = [], 0
+        for i, n in enumerate(per):
+            if n == 0:
+                continue
+            end = start + n
+            ex = b.experts[i]
+            xe = rows[start:end]
+            outs.append(ex.down(F.silu(ex.gate(xe)) * ex.up(xe)))
+            start = end
+        outs = torch.cat(outs, dim=0)
+        new_x = torch.empty_like(outs)
+        new_x[order] = outs
+        out = new_x.view(*ids.shape, -1).type(wt.dtype).mul_(wt.unsqueeze(dim=-1)).sum(dim=1).type(new_x.dtype)
+        out = out.view(B, T, D)
+        if hasattr(b, "shared"):
+            sh = b.shared
+            out = out + sh.down(F.silu(sh.gate(r)) * sh.up(r))
+        return out
+
+
 class Falcon(Llama):
     """HF modeling_falcon (FalconForCausalLM, Falcon-7B's layout: rotary,
     parallel_attn, the old decoder architecture), eager: one input_layernorm
@@ -1099,7 +1210,7 @@ def build(doc):
     if m.get("shared_norm"):
         return Falcon(m)
     if m.get("kv_lora_rank"):
-        return DeepseekV3(m)
+        return DeepseekV2(m) if m.get("rope_complex") else DeepseekV3(m)
     if m.get("experts"):
         return Mixtral(m)
     if m.get("parallel_residual"):

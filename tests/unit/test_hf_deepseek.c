@@ -186,7 +186,7 @@ static void test_deepseek_v3_block_fp32(void **state)
         {"model:\n  type: decoder\n  layers: 2\n  hidden: 32\n  heads: 4\n  vocab: 50\n"
          "  norm: rmsnorm\n  activation: swiglu\n  position: rope\n  bias: false\n"
          "  experts: 4\n  router: sigmoid\n  shared_expert_ffn: 16\n  shared_expert_gate: true\n",
-         "shared_expert_gate: true is not modelled with router: sigmoid"},
+         "shared_expert_gate: true is not modelled here"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         ml_model *q = NULL;
@@ -198,12 +198,91 @@ static void test_deepseek_v3_block_fp32(void **state)
     }
 }
 
+/* deepseek-ai/DeepSeek-V2-Lite (models/hf/deepseek-v2-lite; the model card's
+ * 15.7B total parameters):
+ *   attention per layer: q_proj 2048 x 16 x 192 = 6,291,456;
+ *     kv_a_proj_with_mqa 2048 x 576 = 1,179,648; its norm 512; kv_b_proj
+ *     512 x 16 x 256 = 2,097,152; o_proj 16 x 128 x 2048 = 4,194,304
+ *     -> 13,763,072; two norms 4,096
+ *   the dense layer: 3 x 2048 x 10944 = 67,239,936 -> 81,007,104
+ *   expert layers (26): 64 x 3 x 2048 x 1408 = 553,648,128, the router
+ *     64 x 2048 = 131,072, the two shared experts 3 x 2048 x 2816 =
+ *     17,301,504 -> 584,847,872
+ *   embeddings and lm_head 2 x 102400 x 2048 = 419,430,400; final norm 2,048
+ *   total 81,007,104 + 26 x 584,847,872 + 419,430,400 + 2,048
+ *       = 15,706,484,224.
+ * Its block.1 at B = 1, T = 128 in fp32 (W = 128 x 2048 x 4 = 1,048,576):
+ *   the stream norms 2 x (2 W + 512); the projections' input W; kv_a's
+ *   output 128 x 576 x 4 = 294,912, rsqrt 512, the normalised and kv_b's
+ *   input 2 x 262,144; query and key 2 x 128 x 16 x 192 x 4 = 3,145,728; the
+ *   value copy, softmax (16 x 128^2 x 4) and o_proj's input 3 x 1,048,576;
+ *   the router: x W, softmax 128 x 64 x 4 = 32,768, topk's indices
+ *   128 x 6 x 8 = 6,144; the dispatch over N = 768 pairs: argsort and
+ *   argsort // k 2 x 768 x 8 = 12,288, the sorted rows 768 x 2048 x 4 =
+ *   6,291,456, SwiGLU's four 4 x 768 x 1408 x 4 = 17,301,504, the copy the
+ *   in-place mul keeps 6,291,456, the scaled weights 128 x 6 x 4 = 3,072;
+ *   the shared experts' four 4 x 128 x 2816 x 4 = 5,767,168
+ *   -> 49,109,504 B; group_limited_greedy adds masked_fill's bool mask
+ *   128 x 64 = 8,192. The rotary table is one complex64 (1, 128, 32):
+ *   128 x 64 x 4 = 32,768 B, the embedding block's. */
+static void test_deepseek_v2_lite(void **state)
+{
+    (void)state;
+    const uint64_t attn = 2048ull * 16 * 192 + 2048ull * 576 + 512 + 512ull * 16 * 256 +
+                          16ull * 128 * 2048;
+    const uint64_t dense = attn + 2 * 2048 + 3 * 2048ull * 10944;
+    const uint64_t moe = attn + 2 * 2048 + 64 * 3 * 2048ull * 1408 + 64ull * 2048 +
+                         3 * 2048ull * 2816;
+    assert_int_equal(dense, 81007104ull);
+    assert_int_equal(moe, 584847872ull);
+    assert_int_equal(dense + 26 * moe + 2 * 102400ull * 2048 + 2048, 15706484224ull);
+    ml_model *m = load_hf_config("deepseek-v2-lite");
+    assert_true(m->expert_sort && m->rope_complex);
+    assert_false(m->router_sigmoid || m->expert_renorm || m->grouped_topk || m->q_lora);
+    assert_int_equal(m->shared_expert_ffn, 2816);
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 1;
+    c.training.seq_len = 128;
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->params, 15706484224ull);
+    assert_int_equal(block_named(l, "block.1")->inventory_bytes, 49109504);
+    assert_int_equal(block_named(l, "embedding")->inventory_bytes, 32768);
+    ml_ledger_destroy(l);
+    m->grouped_topk = true;
+    l = eval(m, &c, false);
+    assert_int_equal(block_named(l, "block.1")->inventory_bytes, 49109504 + 8192);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    static const struct {
+        const char *extra, *msg;
+    } refused[] = {
+        {",\n \"num_experts_per_tok\": 2, \"scoring_func\": \"sigmoid\"",
+         "scoring_func: sigmoid is refused"},
+        {",\n \"num_experts_per_tok\": 2, \"topk_method\": \"noaux_tc\"",
+         "topk_method: noaux_tc is refused"},
+        {",\n \"num_experts_per_tok\": 2, \"mlp_bias\": true", "mlp_bias: true is refused"},
+        {",\n \"num_experts_per_tok\": 2, \"topk_method\": \"group_limited_greedy\", "
+         "\"n_group\": 5",
+         "n_group: 5 does not divide n_routed_experts (64)"},
+        {",\n \"n_routed_experts\": 8", "num_experts_per_tok: missing"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        ml_model *q = NULL;
+        ml_error e;
+        ml_status st = load_variant("deepseek_v2", refused[i].extra, &q, &e);
+        if ((st != ML_SCHEMA && st != ML_RANGE) || !strstr(e.msg, refused[i].msg))
+            fail_msg("%s: got '%s'", refused[i].extra, e.msg);
+        assert_null(q);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deepseek_v3_count),
         cmocka_unit_test(test_deepseek_v3_keys),
         cmocka_unit_test(test_deepseek_v3_block_fp32),
+        cmocka_unit_test(test_deepseek_v2_lite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
