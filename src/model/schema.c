@@ -171,6 +171,10 @@ static ml_status transformer_consistent(ml_error *err, const ml_node *mm, ml_mod
                            "model.mlm_head: the masked-LM head (BertForMaskedLM) is for a text "
                            "encoder (type: encoder, vocab) and predicts the vocabulary: remove "
                            "classes");
+    if (m->classes == 1)
+        return ml_error_at(err, ml_tree_get(mm, "classes"), ML_SCHEMA,
+                           "model.classes: 1 would be a regression (transformers' MSELoss for "
+                           "one label), which is not modelled; give 2 or more classes");
     if (enc && !m->classes && !m->mlm_head)
         return ml_error_at(err, mm, ML_SCHEMA,
                            "model.classes: missing; an encoder is planned as a "
