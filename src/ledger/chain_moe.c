@@ -170,7 +170,10 @@ static unsigned router_v3(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     ml_ck_tmp(ch, ml_mul(ch, ml_mul(ch, d->BT, k), E), 8); /* moe()'s one_hot mask */
     ml_ck_save(ch, b, "top-k indices (gather's index, int64)", ml_mul(ch, d->BT, k), 8, 0);
     if (m->expert_renorm) {
-        ml_ck_save(ch, b, "top-k weight sum + 1e-20", d->BT, sdt, 0);
+        /* CUDA autocast runs sum in fp32 (autocast_mode.cpp's
+         * fp32_set_opt_dtype list; CPU autocast does not: a known
+         * difference, docs/validation.md) */
+        ml_ck_save(ch, b, "top-k weight sum + 1e-20", d->BT, ch->prec.autocast ? 4 : sdt, 0);
         ml_ck_save(ch, b, "top-k weights before the in-place divide", ml_mul(ch, d->BT, k),
                    sdt, 0);
     }

@@ -362,6 +362,22 @@ static void block_name(char name[48], uint64_t i)
     name[6 + nd] = '\0';
 }
 
+/* The keys and values a layer's forward returns with use_cache
+ * (DynamicCache keeps the tensors its first update is given). Latent
+ * attention: the keys, H heads of head_dim (fp32 under autocast, where the
+ * rotated part is fp32 and the cat promotes; DeepSeek-V2 casts it back),
+ * and the values, a view that keeps kv_b_proj's whole output alive. */
+static uint64_t kv_cache_bytes(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+{
+    const unsigned a = ch->prec.a;
+    if (!m->kv_lora)
+        return ml_mul(ch, ml_mul(ch, 2, ml_mul(ch, d->BT, d->Dkv)), a);
+    unsigned kb = ch->prec.autocast && !m->rope_complex ? 4 : a;
+    uint64_t keys = ml_mul(ch, ml_ck_mul3(ch, d->BT, d->H, d->dh), kb);
+    uint64_t kv_b = ml_ck_mul3(ch, d->BT, d->H, d->dh - m->rope_dim + m->v_dim);
+    return ml_add(ch, keys, ml_mul(ch, kv_b, a));
+}
+
 static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
 {
     const bool enc = m->type == ML_MODEL_ENCODER;
@@ -382,7 +398,7 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
         ml_ck_end(ch, b, ml_mul(ch, BTD, w));
         ml_ck_forward_layer(ch, b, m, d);
         if (m->kv_cache)
-            b->cache_bytes = ml_mul(ch, ml_mul(ch, 2, ml_mul(ch, d->BT, d->Dkv)), ch->prec.a);
+            b->cache_bytes = kv_cache_bytes(ch, m, d);
         if (ch->overflow || ch->nomem)
             break;
     }

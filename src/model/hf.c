@@ -250,7 +250,7 @@ static ml_status sizes_of(const ml_node *r, const char *t, bool llama, bool vit,
                            "hidden_size / num_attention_heads (%llu / %llu)",
                            (unsigned long long)m->head_dim, t, (unsigned long long)m->hidden,
                            (unsigned long long)m->heads);
-    if (!m->head_dim && m->hidden % m->heads)
+    if (!m->head_dim && m->hidden % m->heads && strncmp(t, "deepseek", 8))
         return ml_error_at(err, ml_tree_get(r, "num_attention_heads"), ML_SCHEMA,
                     "num_attention_heads: %llu does not divide hidden_size (%llu)",
                     (unsigned long long)m->heads, (unsigned long long)m->hidden);
@@ -466,7 +466,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     if (mlm && m->type == ML_MODEL_DECODER && (st = seq_cls_of(r, families[f].arch2, m, err)))
         return st;
     const ml_node *hd = ml_tree_get(r, "head_dim");
-    if (m->position == ML_POS_ROPE && m->head_dim % 2)
+    if (m->position == ML_POS_ROPE && m->head_dim % 2 && !m->kv_lora)
         return ml_error_at(err, !ml_hf_is_null(hd) ? hd : mt, ML_SCHEMA,
                            "rotary embeddings need an even head size (%llu)",
                            (unsigned long long)m->head_dim);

@@ -23,6 +23,26 @@ static ml_status uint_or_null(ml_error *err, const ml_node *r, const char *key, 
     return ml_hf_uint(err, r, (const char *const[]){key, NULL}, false, lo, hi, out);
 }
 
+/* Keys transformers' classes cannot build the layer from when null (they
+ * multiply or compare with them): refused rather than taking the default. */
+static ml_status no_nulls(const ml_node *r, const char *type, ml_error *err)
+{
+    static const char *const keys[] = {"n_routed_experts", "num_experts_per_tok",
+                                       "n_shared_experts", "moe_intermediate_size",
+                                       "kv_lora_rank",     "norm_topk_prob",
+                                       "first_k_dense_replace"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const ml_node *n = ml_tree_get(r, keys[i]);
+        if (n && ml_hf_is_null(n))
+            return ml_error_at(err, n, ML_SCHEMA,
+                               "%s: null is not modelled for %s (transformers' layer needs a "
+                               "value; the hub's remote code may read null as none): give "
+                               "the number",
+                               keys[i], type);
+    }
+    return ML_OK;
+}
+
 /* The two versions' defaults and what differs (DeepseekV2Config,
  * DeepseekV3Config). */
 typedef struct {
@@ -83,12 +103,16 @@ static ml_status map_deepseek(const ml_node *r, const version_t *v, ml_model *m,
 {
     ml_status st;
     const char *act = NULL;
-    if ((st = ml_hf_str(err, r, "hidden_act", &act)))
+    if ((st = no_nulls(r, v->type, err)) || (st = ml_hf_str(err, r, "hidden_act", &act)))
         return st;
     if (act && strcmp(act, "silu"))
         return ml_error_at(err, ml_tree_get(r, "hidden_act"), ML_SCHEMA,
                            "hidden_act: '%s' is not modelled for %s (silu: SwiGLU)", act,
                            v->type);
+    /* DeepseekV3Config's num_key_value_heads defaults to 128 (V2's, as
+     * LlamaConfig's, to num_attention_heads) */
+    if (v->v3 && !ml_tree_get(r, "num_key_value_heads"))
+        m->kv_heads = 128;
     m->activation = ML_ACT_SWIGLU;
     m->norm = ML_NORM_RMSNORM;
     m->prenorm = true;

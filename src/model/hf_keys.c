@@ -365,7 +365,9 @@ static const ml_hf_key keys[] = {
     {"cross_attention_hidden_size", ALL, R, "null", "cross-attention layers are not modelled"},
     {"is_encoder_decoder", ALL, R, "false|null", "encoder-decoder models are not modelled"},
     {"tie_encoder_decoder", ALL, R, "false|null", "encoder-decoder models are not modelled"},
-    {"quantization_config", ALL, R, "null", "quantized weights are not modelled"},
+    {"quantization_config", ALL, R, "null",
+     "quantized weights are not modelled; without the key the plan is the dequantized model's "
+     "(the precision training.precision names)"},
     /* other families' keys that change parameters, saved tensors or FLOPs */
     {"num_local_experts", ALL & ~MIX, R, "0|1|null", MOE_NOTE},
     {"num_experts", ALL & ~QWM, R, "0|1|null", MOE_NOTE},

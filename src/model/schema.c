@@ -190,7 +190,7 @@ static ml_status transformer_consistent(ml_error *err, const ml_node *mm, ml_mod
         return ml_error_at(err, mm, ML_SCHEMA,
                            "model.max_positions: missing; learned positions need "
                            "max_positions (or set position: rope or none)");
-    if (m->position == ML_POS_ROPE && m->head_dim % 2)
+    if (m->position == ML_POS_ROPE && m->head_dim % 2 && !ml_tree_get(mm, "kv_lora_rank"))
         return ml_error_at(err,
                            ml_tree_get(mm, "head_dim") ? ml_tree_get(mm, "head_dim")
                                                        : ml_tree_get(mm, "position"),

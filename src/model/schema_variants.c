@@ -190,12 +190,14 @@ ml_status ml_schema_mla(ml_error *err, const ml_node *mm, ml_model *m)
     const ml_node *at = ml_tree_get(mm, "kv_lora_rank");
     uint64_t dh = m->head_dim ? m->head_dim : m->hidden / m->heads;
     if (m->type != ML_MODEL_DECODER || !m->prenorm || m->norm != ML_NORM_RMSNORM ||
-        m->position != ML_POS_ROPE || m->bias || m->dropout > 0 || m->kv_heads != m->heads ||
+        m->position != ML_POS_ROPE || m->bias || m->qkv_bias || m->dropout > 0 ||
+        m->kv_heads != m->heads ||
         m->parallel_residual || m->fused_proj || m->post_norms || m->attn_softcap > 0)
         return ml_error_at(err, at, ML_SCHEMA,
                            "model.kv_lora_rank: multi-head latent attention is planned in "
                            "DeepSeek-V3's layer only: a pre-norm decoder with norm: rmsnorm, "
-                           "position: rope, bias: false, dropout: 0, kv_heads equal to heads, "
+                           "position: rope, bias: false, no qkv_bias, dropout: 0, kv_heads "
+                           "equal to heads, "
                            "and no parallel_residual, fused_projections, post_norms or "
                            "attn_softcap");
     if (!m->rope_dim || m->rope_dim % 2 || m->rope_dim >= dh)

@@ -216,7 +216,8 @@ static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
         t->offload = ML_OFFLOAD_PARAMS;
         return t0->offload != ML_OFFLOAD_PARAMS;
     case ML_REMEDY_ATTENTION_SDPA: /* the model's attention changes: see add_remedy */
-        return x->tr.transformer && x->m->attention == ML_ATTN_EAGER;
+        /* latent attention's sdpa is not modelled (the plan refuses it) */
+        return x->tr.transformer && x->m->attention == ML_ATTN_EAGER && !x->m->kv_lora;
     case ML_REMEDY_LOGITS_RELEASED:
         t->logits = ML_LOGITS_RELEASED;
         return t0->logits == ML_LOGITS_KEPT;

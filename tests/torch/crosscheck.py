@@ -32,8 +32,8 @@ from twins import (  # noqa: E402  (the reference implementations: twins.py)
     INPLACE, F, GemmaRMSNorm, RMSNorm, batch_for, build, load, seq_layers)
 
 TOL = 0.01
-# amp-bf16 through CPU autocast; its one difference from CUDA autocast that
-# these models meet is accounted in known_cpu_autocast().
+# amp-bf16 through CPU autocast; its differences from CUDA autocast that
+# these models meet are accounted in known_cpu_autocast().
 AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
               "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
               "xc-deepseek", "xc-deepseek2"}
@@ -141,6 +141,13 @@ def known_cpu_autocast(doc, B, T):
     (Llama and GPT-NeoX ask for dtype=float32 themselves; BERT's and
     Falcon's fp32 additive masks promote the scores to fp32: they agree.)"""
     m = doc["model"]
+    if m.get("router") == "sigmoid" and m.get("expert_renorm", True):
+        # CUDA autocast runs sum in fp32 (its fp32_set_opt_dtype list), CPU
+        # autocast in 1.13 does not: DeepSeek-V3's top-k weight sum, which
+        # the in-place divide keeps, is bf16 here, B*T*2 B fewer per layer
+        # with experts
+        return {"block.%d" % i: -B * T * 2
+                for i in range(m.get("dense_layers", 0), m["layers"])}
     if (m["type"] != "decoder" or m.get("norm", "layernorm") != "layernorm"
             or m.get("parallel_residual")):
         return {}

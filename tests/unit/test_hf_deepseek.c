@@ -4,6 +4,7 @@
  * experts keep (docs/inventory.md, "DeepSeek-V3 block"). Every expected
  * value is derived in the comments, not taken from the program. */
 #include "harness.h"
+#include "ledger/chain.h"
 #include "model/model_internal.h"
 
 /* deepseek-ai/DeepSeek-V3 (models/hf/deepseek-v3; the technical report's
@@ -64,7 +65,7 @@ static ml_status load_variant(const char *type, const char *extra, ml_model **m,
     char text[1024];
     snprintf(text, sizeof text,
              "{\"model_type\": \"%s\", \"num_hidden_layers\": 2, \"hidden_size\": 32,\n"
-             " \"num_attention_heads\": 4,\n"
+             " \"num_attention_heads\": 4, \"num_key_value_heads\": 4,\n"
              " \"intermediate_size\": 64, \"vocab_size\": 50%s}",
              type, extra);
     return ml_model_load_hf_string(text, strlen(text), "config.json", m, e);
@@ -82,7 +83,8 @@ static void test_deepseek_v3_keys(void **state)
         {"deepseek_v3", ",\n \"moe_layer_freq\": 2", "moe_layer_freq: 2 is refused"},
         {"deepseek_v3", ",\n \"attention_bias\": true", "attention_bias: true is refused"},
         {"deepseek_v3", ",\n \"hidden_act\": \"gelu\"", "not modelled for deepseek_v3"},
-        {"deepseek_v3", ",\n \"num_key_value_heads\": 2", "repeating them is not modelled"},
+        {"deepseek_v3", ",\n \"n_shared_experts\": null", "n_shared_experts: null is not modelled"},
+        {"deepseek_v3", ",\n \"norm_topk_prob\": null", "norm_topk_prob: null is not modelled"},
         {"deepseek_v3", ",\n \"quantization_config\": {}", "quantization_config: a mapping is refused"},
         {"deepseek_v3", ",\n \"n_routed_experts\": 4, \"num_experts_per_tok\": 5",
          "num_experts_per_tok: 5 is more than n_routed_experts (4)"},
@@ -98,6 +100,15 @@ static void test_deepseek_v3_keys(void **state)
         assert_int_equal(e.line, 4);
         assert_null(m);
     }
+    /* num_key_value_heads absent: DeepseekV3Config's 128, not the 4 heads */
+    static const char nokv[] = "{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 2, "
+                               "\"hidden_size\": 32, \"num_attention_heads\": 4, "
+                               "\"vocab_size\": 50}";
+    ml_model *q = NULL;
+    ml_error qe;
+    assert_int_equal(ml_model_load_hf_string(nokv, strlen(nokv), "config.json", &q, &qe),
+                     ML_SCHEMA);
+    assert_non_null(strstr(qe.msg, "num_key_value_heads: 128"));
     /* DeepseekV3Config's defaults, q_lora_rank null: one q_proj; every
      * layer dense when first_k_dense_replace covers them */
     ml_model *m = NULL;
@@ -174,6 +185,20 @@ static void test_deepseek_v3_block_fp32(void **state)
     assert_int_equal(block_named(l, "block.0")->params, 10532);
     assert_int_equal(block_named(l, "block.1")->params, 9124);
     ml_ledger_destroy(l);
+    /* the evaluation pass's cache per layer (use_cache): the keys, 4 heads
+     * of 12, BT*48*4 = 3,072 B, and the values' storage, kv_b_proj's whole
+     * output BT*4*(8 + 8)*4 = 4,096 B; under autocast the keys are fp32
+     * (3,072) and kv_b's output bf16 (2,048) */
+    ml_chain ch;
+    ml_error ce;
+    m->kv_cache = true; /* HF's use_cache (a YAML model keeps none) */
+    assert_int_equal(ml_chain_build_eval(m, &c, &ch, &ce), ML_OK);
+    assert_int_equal(ch.blocks[1].cache_bytes, 3072 + 4096);
+    ml_chain_free(&ch);
+    c.training.precision = ML_PREC_AMP_BF16;
+    assert_int_equal(ml_chain_build_eval(m, &c, &ch, &ce), ML_OK);
+    assert_int_equal(ch.blocks[1].cache_bytes, 3072 + 2048);
+    ml_chain_free(&ch);
     ml_model_destroy(m);
     /* the YAML's refusals: a latent-attention key alone, a gate on
      * DeepSeek's shared experts */
