@@ -10,7 +10,8 @@
 bool ml_ck_node_level(const ml_chain *ch, const ml_model *m)
 {
     return ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast &&
-           !ml_ck_fused_attention(ch, m) && !m->experts && !m->kv_lora;
+           !ml_ck_fused_attention(ch, m) && !m->kv_lora && !m->router_sigmoid &&
+           !m->expert_sort;
 }
 
 /* The V x D weight over the vocabulary (an LM head, BERT's MLM decoder,

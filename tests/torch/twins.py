@@ -43,7 +43,7 @@ def bwd_mark(name, t):
     return None
 
 
-# livebytes.py sets True: DeepSeek-V3's router sends row t to experts t*k ..
+# livebytes.py sets True: the MoE twins' routers send row t to experts t*k ..
 # t*k + k - 1 (mod E), the same every iteration and balanced, as the plan
 # assumes; the saved bytes do not depend on the routing (crosscheck.py keeps
 # the learned one), its transients do
@@ -623,7 +623,12 @@ class Mixtral(Llama):
         h = h.view(-1, D)
         logits = b.router(h)
         w = F.softmax(logits, dim=1, dtype=torch.float)
-        w, chosen = torch.topk(w, s.k, dim=-1)
+        if FIXED_ROUTING[0]:  # as DeepseekV3's; gather saves what topk does
+            n = w.shape[0]
+            chosen = (torch.arange(n)[:, None] * s.k + torch.arange(s.k)[None]) % s.E
+            w = w.gather(1, chosen)
+        else:
+            w, chosen = torch.topk(w, s.k, dim=-1)
         if s.renorm:  # Qwen2-MoE: only with norm_topk_prob
             w /= w.sum(dim=-1, keepdim=True)
         w = w.to(h.dtype)

@@ -4,6 +4,7 @@
  * (docs/inventory.md, "Mixtral block"). Every expected value is derived in
  * the comments, not taken from the program. */
 #include "harness.h"
+#include "ledger/chain.h"
 #include "model/model_internal.h"
 
 /* mistralai/Mixtral-8x7B-v0.1: 46,702,792,704 parameters (the model card's
@@ -129,6 +130,44 @@ static void test_mixtral_block_fp32(void **state)
     ml_model_destroy(m);
     ml_ledger_destroy(ln);
     ml_model_destroy(n);
+}
+
+/* The fp32 Mixtral block's backward, node by node (docs/inventory.md,
+ * "Mixtral block"): 4 experts of N / E = 8 rows each, in the engine's
+ * order: the last expert first, its index_add_ making the source's
+ * gradient (8 x 32 x 4 = 1,024 B), then the router's nodes last, the gate's
+ * mm making h's gradient (16 x 32 x 4 = 2,048 B) and its weight's
+ * (32 x 4 x 4 = 512 B). Per expert: 12 nodes (3 of them InputBuffer
+ * additions: into h's, x's and the weights' buffers; the last expert's
+ * gradients of h and of the weights are those buffers: 10); the router 6
+ * with the renormalisation. */
+static void test_mixtral_nodes(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(TINY("  experts: 4\n  experts_per_tok: 2\n"));
+    ml_config c = ml_model_config(m);
+    ml_chain ch;
+    ml_error e;
+    assert_int_equal(ml_chain_build(m, &c, &ch, &e), ML_OK);
+    const ml_cblock *b = &ch.blocks[1];
+    assert_string_equal(b->name, "block.0");
+    assert_true(b->nnodes > 0);
+    const ml_bnode *n = &ch.nodes[b->node_first];
+    size_t moe = 0;
+    while (moe < b->nnodes && strncmp(n[moe].what, "IndexAddBackward0", 17))
+        moe++;
+    assert_true(moe < b->nnodes);
+    assert_int_equal(n[moe].grad_in, 1024);
+    /* the MoE's nodes: the last expert's 10, 3 experts x 12, the router's
+     * 6, its gradient of h added into h's buffer last */
+    size_t end = moe + 10 + 3 * 12 + 6;
+    assert_string_equal(n[end - 2].what, "MmBackward0 (router)");
+    assert_int_equal(n[end - 2].grad_in, 2048);
+    assert_int_equal(n[end - 2].param_grad, 512);
+    assert_string_equal(n[end - 1].what, "InputBuffer accumulation (in place)");
+    assert_int_equal(n[end - 1].grad_out, 2048);
+    ml_chain_free(&ch);
+    ml_model_destroy(m);
 }
 
 /* Qwen2-MoE's block on the same tiny shapes: without norm_topk_prob the
@@ -276,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_mixtral_count),
         cmocka_unit_test(test_mixtral_keys),
         cmocka_unit_test(test_mixtral_block_fp32),
+        cmocka_unit_test(test_mixtral_nodes),
         cmocka_unit_test(test_mixtral_yaml_refusals),
         cmocka_unit_test(test_expert_imbalance),
         cmocka_unit_test(test_qwen2_moe_block_fp32),
