@@ -429,20 +429,37 @@ static emit_kind kind_of(const char *kind)
                                          : EMIT_UNKNOWN;
 }
 
-static void check(emit_kind k, const ml_config *cfg, ml_ckpt_shape s, ml_emit_verdict *v)
+/* Trainer trains the model the user loads: transformers picks sdpa on a
+ * GPU unless from_pretrained is told otherwise, so a plan of another
+ * attention names the argument (modeling_utils.py, attn_implementation). */
+static void hf_attention(ml_emit_verdict *v, const ml_model *m)
+{
+    const char *a = m ? ml_model_attention(m) : NULL; /* NULL: a sequential model */
+    if (a && strcmp(a, "sdpa"))
+        ml_emit_note(v, "the plan's attention is %s: load the model with from_pretrained(..., "
+                        "attn_implementation=\"%s\"); transformers picks sdpa on a GPU when none "
+                        "is given",
+                     a, !strcmp(a, "flash") ? "flash_attention_2" : a);
+}
+
+static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_shape s,
+                  ml_emit_verdict *v)
 {
     memset(v, 0, sizeof *v);
     const ml_training *t = &cfg->training;
-    if (k == EMIT_DEEPSPEED)
+    if (k == EMIT_DEEPSPEED) {
         ds_check(v, t, s, true);
-    else if (k == EMIT_HF_TRAINER)
+    } else if (k == EMIT_HF_TRAINER) {
         hf_check(v, t, s);
-    else
+        if (v->level != ML_EMIT_REFUSED)
+            hf_attention(v, m);
+    } else {
         ml_emit_torch_check(v, t, s);
+    }
 }
 
-int ml_report_emit_check(const char *kind, const ml_config *cfg, const ml_ledger *l, char *why,
-                         size_t size)
+int ml_report_emit_check(const char *kind, const ml_model *m, const ml_config *cfg,
+                         const ml_ledger *l, char *why, size_t size)
 {
     emit_kind k = kind_of(kind);
     if (size)
@@ -450,7 +467,7 @@ int ml_report_emit_check(const char *kind, const ml_config *cfg, const ml_ledger
     if (k == EMIT_UNKNOWN)
         return -2;
     ml_emit_verdict v;
-    check(k, cfg, shape_of(cfg, l), &v);
+    check(k, m, cfg, shape_of(cfg, l), &v);
     if (!size)
         return v.level;
     if (v.level == ML_EMIT_REFUSED) {
@@ -475,7 +492,7 @@ int ml_report_emit(FILE *f, const char *kind, const ml_model *m, const ml_config
         return -2;
     ml_ckpt_shape s = shape_of(cfg, l);
     ml_emit_verdict v;
-    check(k, cfg, s, &v);
+    check(k, m, cfg, s, &v);
     if (v.level == ML_EMIT_REFUSED)
         return -3; /* nothing written: the target would run a different setup */
     if (k == EMIT_DEEPSPEED)

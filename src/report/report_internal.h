@@ -26,7 +26,7 @@ enum { ML_EMIT_EXACT = 0, ML_EMIT_PARTIAL = 1, ML_EMIT_REFUSED = 2 };
  * reason); -2 for an unknown kind. why (size bytes) is always terminated
  * when size > 0. ml_report_emit() returns -3 for a refused plan, writing
  * nothing. */
-int ml_report_emit_check(const char *kind, const ml_config *cfg, const ml_ledger *l, char *why,
-                         size_t size);
+int ml_report_emit_check(const char *kind, const ml_model *m, const ml_config *cfg,
+                         const ml_ledger *l, char *why, size_t size);
 
 #endif

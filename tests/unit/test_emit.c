@@ -7,9 +7,11 @@
 #include "report/report_internal.h"
 
 /* A decoder of 4 blocks: small enough to evaluate many times. */
+/* attention: sdpa, transformers' own choice on a GPU, so that Trainer's
+ * flags carry the whole plan (test_hf_attention covers the others) */
 static const char tiny[] = "name: tiny\n"
                            "model:\n  type: decoder\n  layers: 4\n  hidden: 64\n  heads: 4\n"
-                           "  vocab: 128\n  max_positions: 32\n"
+                           "  vocab: 128\n  max_positions: 32\n  attention: sdpa\n"
                            "training:\n  micro_batch: 2\n  seq_len: 16\n";
 
 /* The emitted text (the caller frees it), or NULL when refused; *level and
@@ -21,7 +23,7 @@ static char *emit_v(const char *kind, const ml_model *m, const ml_config *c, int
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    int lv = ml_report_emit_check(kind, c, l, why, size);
+    int lv = ml_report_emit_check(kind, m, c, l, why, size);
     int rc = ml_report_emit(f, kind, m, c, l);
     fclose(f);
     ml_ledger_destroy(l);
@@ -99,6 +101,7 @@ static void test_deepspeed(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-medium");
+    assert_int_equal(ml_model_set_attention(m, "sdpa", NULL), ML_OK); /* as tiny */
     ml_config c = ml_model_config(m);
     c.training.micro_batch = 4;
     c.training.grad_accum = 8;
@@ -265,6 +268,7 @@ static void test_hf_trainer(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-small");
+    assert_int_equal(ml_model_set_attention(m, "sdpa", NULL), ML_OK); /* as tiny */
     ml_config c = ml_model_config(m);
     c.training.micro_batch = 4;
     c.training.grad_accum = 16;
@@ -512,6 +516,7 @@ static void test_torch_loop(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-small");
+    assert_int_equal(ml_model_set_attention(m, "sdpa", NULL), ML_OK); /* as tiny */
     ml_config c = ml_model_config(m);
     c.training.micro_batch = 4;
     c.training.grad_accum = 16;
@@ -541,6 +546,31 @@ static void test_torch_loop(void **state)
     ml_model_destroy(m);
 }
 
+/* Trainer trains the model the user loads, with sdpa on a GPU unless
+ * from_pretrained is told otherwise: a plan of eager or flash attention
+ * names the argument, and the settings are partial (exit status 4). */
+static void test_hf_attention(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = ml_model_config(m);
+    c.training.logits = ML_LOGITS_RELEASED;
+    static const char *const names[2][2] = {{"eager", "attn_implementation=\"eager\""},
+                                            {"flash", "attn_implementation=\"flash_attention_2\""}};
+    for (int i = 0; i < 2; i++) {
+        ml_error e;
+        assert_int_equal(ml_model_set_attention(m, names[i][0], &e), ML_OK);
+        int level;
+        char why[2048];
+        char *t = emit_v("hf-trainer", m, &c, &level, why, sizeof why);
+        assert_int_equal(level, ML_EMIT_PARTIAL);
+        assert_non_null(strstr(why, names[i][1]));
+        assert_non_null(strstr(t, names[i][1])); /* a comment in the output too */
+        free(t);
+    }
+    ml_model_destroy(m);
+}
+
 static void test_unknown_kind(void **state)
 {
     (void)state;
@@ -548,7 +578,7 @@ static void test_unknown_kind(void **state)
     ml_config c = ml_model_config(m);
     ml_ledger *l = eval(m, &c, false);
     char why[8] = "x";
-    assert_int_equal(ml_report_emit_check("fsdp", &c, l, why, sizeof why), -2);
+    assert_int_equal(ml_report_emit_check("fsdp", m, &c, l, why, sizeof why), -2);
     assert_string_equal(why, "");
     assert_int_equal(ml_report_emit(stdout, "fsdp", m, &c, l), -2);
     ml_ledger_destroy(l);
@@ -608,6 +638,7 @@ int main(void)
         cmocka_unit_test(test_torch_precisions),
         cmocka_unit_test(test_torch_refusals_and_notes),
         cmocka_unit_test(test_torch_loop),
+        cmocka_unit_test(test_hf_attention),
         cmocka_unit_test(test_unknown_kind),
         cmocka_unit_test(test_name_cannot_inject),
     };
