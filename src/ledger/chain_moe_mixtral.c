@@ -18,14 +18,24 @@
  * expert's rows; the others are added in place); gK: the top-k weights'. */
 typedef struct {
     uint64_t E, k, F, N, BTD, gD, gK;
-    unsigned w; /* bytes per element of h */
+    uint64_t hit;  /* the experts with rows */
+    uint64_t busy; /* the rows of the last of them, the first in backward:
+                      the busiest (training.expert_imbalance); 0: balanced */
+    unsigned w;    /* bytes per element of h */
 } moe_sizes;
 
 /* The rows expert e takes: N / E, one more for the first N mod E experts
- * (balanced; the twins' fixed routing sends pair p to expert p mod E). */
+ * (balanced; the twins' fixed routing sends pair p to expert p mod E); with
+ * an imbalance the last expert takes `busy` rows and the others share the
+ * rest the same way. */
 static uint64_t rows_of(const moe_sizes *z, uint64_t e)
 {
-    return z->N / z->E + (e < z->N % z->E ? 1 : 0);
+    if (!z->busy || z->hit < 2)
+        return z->N / z->E + (e < z->N % z->E ? 1 : 0);
+    if (e + 1 == z->hit)
+        return z->busy;
+    uint64_t rest = z->N - z->busy, n = z->hit - 1;
+    return rest / n + (e < rest % n ? 1 : 0);
 }
 
 /* The router: gate (D -> E), softmax in fp32, top-k, the in-place
@@ -195,15 +205,21 @@ void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *
     z.gD = ml_mul(ch, z.BTD, src_bpe);
     z.gK = ml_mul(ch, ml_mul(ch, d->BT, z.k), 4);
     router(ch, b, m, d, &z, src_saved);
+    /* the busiest expert's rows: N / E for a balanced router, times
+     * training.expert_imbalance, at most the B*T tokens (one row per token
+     * and expert) */
+    double busy = (double)z.N / (double)z.E * d->expert_imbalance;
+    uint64_t rows = busy >= (double)d->BT ? d->BT : (uint64_t)ceil(busy);
     /* N = k * B * T (token, expert) pairs; each expert e takes its n_e of
      * them, and every saved tensor above is n_e rows: their sum over the
      * experts is N rows whatever the routing (docs/inventory.md); the
      * experts with rows run (HF's expert_hitted), the last of them first
      * in backward */
-    const uint64_t hit = z.N < z.E ? z.N : z.E;
-    for (uint64_t e = 0; e < hit && !ch->overflow; e++)
-        expert(ch, b, d, &z, rows_of(&z, e), e + 1 == hit && !m->shared_expert_ffn,
-               e + 1 == hit);
+    z.hit = z.N < z.E ? z.N : z.E;
+    z.busy = d->expert_imbalance > 1 && rows < z.N ? rows : 0;
+    for (uint64_t e = 0; e < z.hit && !ch->overflow; e++)
+        expert(ch, b, d, &z, rows_of(&z, e), e + 1 == z.hit && !m->shared_expert_ffn,
+               e + 1 == z.hit);
     for (unsigned i = 0; i < 3; i++)
         ml_ck_weight_copy(ch, b, ml_mul(ch, ml_mul(ch, z.E, d->D), z.F));
     for (uint64_t e = 0; e < z.E && !ch->overflow; e++) {
@@ -211,12 +227,8 @@ void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *
         ml_ck_linear(ch, b, z.F, d->D, false); /* w2 (down_proj) */
         ml_ck_linear(ch, b, d->D, z.F, false); /* w3 (up_proj) */
     }
-    /* the busiest expert's intermediates: its share of the N rows, N / E
-     * for a balanced router, times training.expert_imbalance, at most the
-     * B*T tokens (one row per token and expert); and the (B*T, D) sum
-     * index_add_ builds */
-    double busy = (double)z.N / (double)z.E * d->expert_imbalance;
-    uint64_t rows = busy >= (double)d->BT ? d->BT : (uint64_t)ceil(busy);
+    /* the busiest expert's intermediates, and the (B*T, D) sum index_add_
+     * builds */
     ml_ck_tmp(ch, ml_mul(ch, rows, z.F), a);
     ml_ck_tmp(ch, z.BTD, w);
     b->flops_fwd += 3.0 * 2.0 * (double)z.N * (double)d->D * (double)z.F;

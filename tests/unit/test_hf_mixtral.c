@@ -167,6 +167,17 @@ static void test_mixtral_nodes(void **state)
     assert_string_equal(n[end - 1].what, "InputBuffer accumulation (in place)");
     assert_int_equal(n[end - 1].grad_out, 2048);
     ml_chain_free(&ch);
+    /* --expert-imbalance 2: the last expert, the first in backward, takes
+     * 2 x 8 = 16 rows (its source gradient 16 x 32 x 4 = 2,048 B), the
+     * three others share the other 16: 6, 5, 5 */
+    c.training.expert_imbalance = 2;
+    assert_int_equal(ml_chain_build(m, &c, &ch, &e), ML_OK);
+    b = &ch.blocks[1];
+    n = &ch.nodes[b->node_first];
+    assert_int_equal(n[moe].grad_in, 2048);
+    assert_int_equal(n[moe + 10].grad_in, 5 * 32 * 4); /* the third expert's */
+    assert_int_equal(n[moe + 10 + 3 * 12 - 12].grad_in, 6 * 32 * 4); /* the first's */
+    ml_chain_free(&ch);
     ml_model_destroy(m);
 }
 
