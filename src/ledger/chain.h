@@ -40,6 +40,9 @@ typedef struct {
     uint32_t node;     /* the backward node (index in its block's node list) that
                           releases it, ML_NODE_NONE: released when the block's
                           backward ends */
+    uint32_t next_same; /* the next saved tensor (index in the block's list) that
+                           node releases, ML_NODE_NONE: none (set when the block
+                           closes) */
 } ml_saved;
 
 #define ML_NODE_NONE UINT32_MAX
@@ -62,6 +65,9 @@ typedef struct {
                              grad_output unless a residual's InputBuffer still
                              holds it; for an accumulation node, the gradient
                              added in place into the buffer */
+    uint32_t first_saved; /* the first saved tensor (index in its block's list) it
+                             releases, ML_NODE_NONE: none; the others follow
+                             through ml_saved.next_same, in the list's order */
 } ml_bnode;
 
 typedef struct {

@@ -103,7 +103,7 @@ size_t ml_ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, 
     }
     ch->saved = s;
     size_t idx = ch->nsaved;
-    ch->saved[ch->nsaved++] = (ml_saved){what, bytes, flags, ML_NODE_NONE};
+    ch->saved[ch->nsaved++] = (ml_saved){what, bytes, flags, ML_NODE_NONE, ML_NODE_NONE};
     b->nsaved++;
     b->saved_bytes = ml_add(ch, b->saved_bytes, bytes);
     if (flags & ML_SV_CORE)
@@ -143,7 +143,7 @@ void ml_ck_node(ml_chain *ch, ml_cblock *b, const char *what, uint64_t grad_in,
     ml_bnode *n = node_append(ch, b);
     if (!n)
         return;
-    *n = (ml_bnode){what, grad_in, param_grad, 0, grad_out};
+    *n = (ml_bnode){what, grad_in, param_grad, 0, grad_out, ML_NODE_NONE};
     node_claims(ch, b, s0);
     node_claims(ch, b, s1);
 }
@@ -195,6 +195,16 @@ static void nodes_close(ml_chain *ch, ml_cblock *b)
     for (size_t s = b->saved_first; s < b->saved_first + b->nsaved; s++)
         if (ch->saved[s].node != ML_NODE_NONE)
             ch->saved[s].node = (uint32_t)(m - 1 - ch->saved[s].node);
+    /* each node's released tensors as a list in the saved list's order, so
+     * the replay visits every saved tensor once (not once per node) */
+    for (size_t s = b->saved_first + b->nsaved; s-- > b->saved_first;) {
+        ml_saved *v = &ch->saved[s];
+        v->next_same = ML_NODE_NONE;
+        if (v->node == ML_NODE_NONE)
+            continue;
+        v->next_same = n[v->node].first_saved;
+        n[v->node].first_saved = (uint32_t)(s - b->saved_first);
+    }
     /* a block like the one before it (the repeated layers) shares its list:
      * node lists take memory for the distinct blocks only */
     const ml_cblock *prev = b > ch->blocks ? b - 1 : NULL;

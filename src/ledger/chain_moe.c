@@ -3,19 +3,11 @@
  * modeling_deepseek_v2.py (Mixtral's and Qwen2-MoE's are in
  * chain_moe_mixtral.c), with what PyTorch's eager autograd keeps
  * for each of their ops (tools/autograd/derivatives.yaml; docs/inventory.md,
- * "Mixtral block"). */
+ * "DeepSeek-V3 block" and "DeepSeek-V2"). */
 #include <math.h>
 
 #include "ledger/chain_kit.h"
 
-/* DeepseekV3TopkRouter.forward: F.linear on the input and the weight in
- * fp32 (`.type(torch.float32)`: x itself in fp32, copies in bf16; autocast
- * casts both to bf16 anyway), sigmoid (keeps its result: the scores), the
- * top-k chosen under no_grad, gather (keeps the scores, the same storage,
- * and its int64 index), the in-place renormalisation by sum + 1e-20 (keeps
- * the denominator and a copy of what it overwrites), the scale by
- * routed_scaling_factor (a Python float: nothing). Returns the scores'
- * bytes per element. */
 /* The DeepSeek routers' `F.linear(x.type(float32), weight.type(float32))`:
  * x itself in fp32, fp32 copies of x and of the weight in bf16, bf16 casts
  * of both under autocast. Returns the logits' bytes per element. */
@@ -40,6 +32,14 @@ static unsigned router_fp32_linear(ml_chain *ch, ml_cblock *b, const ml_model *m
     return ldt;
 }
 
+/* DeepseekV3TopkRouter.forward: F.linear on the input and the weight in
+ * fp32 (`.type(torch.float32)`: x itself in fp32, copies in bf16; autocast
+ * casts both to bf16 anyway), sigmoid (keeps its result: the scores), the
+ * top-k chosen under no_grad, gather (keeps the scores, the same storage,
+ * and its int64 index), the in-place renormalisation by sum + 1e-20 (keeps
+ * the denominator and a copy of what it overwrites), the scale by
+ * routed_scaling_factor (a Python float: nothing). Returns the scores'
+ * bytes per element. */
 static unsigned router_v3(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
                           unsigned src_bpe)
 {

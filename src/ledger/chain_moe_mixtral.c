@@ -19,23 +19,24 @@
 typedef struct {
     uint64_t E, k, F, N, BTD, gD, gK;
     uint64_t hit;  /* the experts with rows */
-    uint64_t busy; /* the rows of the last of them, the first in backward:
-                      the busiest (training.expert_imbalance); 0: balanced */
+    uint64_t busy; /* the rows of the first of them, the last in backward
+                      (when every other expert's gradients exist): the
+                      busiest (training.expert_imbalance); 0: balanced */
     unsigned w;    /* bytes per element of h */
 } moe_sizes;
 
 /* The rows expert e takes: N / E, one more for the first N mod E experts
  * (balanced; the twins' fixed routing sends pair p to expert p mod E); with
- * an imbalance the last expert takes `busy` rows and the others share the
+ * an imbalance the first expert takes `busy` rows and the others share the
  * rest the same way. */
 static uint64_t rows_of(const moe_sizes *z, uint64_t e)
 {
     if (!z->busy || z->hit < 2)
         return z->N / z->E + (e < z->N % z->E ? 1 : 0);
-    if (e + 1 == z->hit)
+    if (e == 0)
         return z->busy;
     uint64_t rest = z->N - z->busy, n = z->hit - 1;
-    return rest / n + (e < rest % n ? 1 : 0);
+    return rest / n + (e - 1 < rest % n ? 1 : 0);
 }
 
 /* The router: gate (D -> E), softmax in fp32, top-k, the in-place
@@ -216,7 +217,9 @@ void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *
      * experts with rows run (HF's expert_hitted), the last of them first
      * in backward */
     z.hit = z.N < z.E ? z.N : z.E;
-    z.busy = d->expert_imbalance > 1 && rows < z.N ? rows : 0;
+    /* every other expert keeps a row (HF skips the experts without any) */
+    uint64_t most = z.N - (z.hit - 1);
+    z.busy = d->expert_imbalance > 1 ? (rows < most ? rows : most) : 0;
     for (uint64_t e = 0; e < z.hit && !ch->overflow; e++)
         expert(ch, b, d, &z, rows_of(&z, e), e + 1 == z.hit && !m->shared_expert_ffn,
                e + 1 == z.hit);

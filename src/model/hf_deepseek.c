@@ -86,6 +86,9 @@ static ml_status experts_of(const ml_node *r, const version_t *v, ml_model *m, u
                                "n_group: %llu does not divide n_routed_experts (%llu), as "
                                "group_limited_greedy's view needs",
                                (unsigned long long)g, (unsigned long long)m->experts);
+        uint64_t kg = 0;
+        if ((st = ml_hf_uint(err, r, KEYS("topk_group"), true, 1, g, &kg)))
+            return st; /* torch.topk over the n_group groups needs 1..n_group */
     }
     return ML_OK;
 }
@@ -148,6 +151,16 @@ static ml_status map_deepseek(const ml_node *r, const version_t *v, ml_model *m,
         return ml_error_at(err, ml_tree_get(r, "qk_rope_head_dim"), ML_SCHEMA,
                            "qk_rope_head_dim: %llu; rotary embeddings need an even size",
                            (unsigned long long)m->rope_dim);
+    /* DeepSeek-V2's view_as_complex on the rotated slice needs even strides
+     * and offsets: in fp32 (where .float() is the slice itself) an odd
+     * qk_nope_head_dim or kv_lora_rank fails in transformers */
+    if (!v->v3 && (nope % 2 || m->kv_lora % 2))
+        return ml_error_at(err, ml_tree_get(r, nope % 2 ? "qk_nope_head_dim" : "kv_lora_rank"),
+                           ML_SCHEMA,
+                           "%s: %llu is odd; DeepSeek-V2's complex rotary needs the rotated "
+                           "slice at an even offset (view_as_complex), which fails in fp32",
+                           nope % 2 ? "qk_nope_head_dim" : "kv_lora_rank",
+                           (unsigned long long)(nope % 2 ? nope : m->kv_lora));
     if (m->kv_heads != m->heads)
         return ml_error_at(err, ml_tree_get(r, "num_key_value_heads"), ML_SCHEMA,
                            "num_key_value_heads: %llu; multi-head latent attention makes "

@@ -496,7 +496,8 @@ static const ml_hf_key keys[] = {
     {"n_group", DS2, H, NULL,
      "with group_limited_greedy: the groups of experts (must divide n_routed_experts); the "
      "group choice's own nodes die before the forward ends"},
-    {"topk_group", DSK, I, NULL, "the groups kept: values of transients"},
+    {"topk_group", DS3, I, NULL, "the groups kept: values of transients"},
+    {"topk_group", DS2, H, NULL, "with group_limited_greedy: the groups kept, 1 to n_group"},
     {"scoring_func", DS3, R, "\"sigmoid\"|null",
      "DeepseekV3TopkRouter always scores by sigmoid; softmax is DeepSeek-V2's router"},
     {"scoring_func", DS2, R, "\"softmax\"|null", "DeepseekV2MoEGate always scores by softmax"},

@@ -429,17 +429,17 @@ static emit_kind kind_of(const char *kind)
                                          : EMIT_UNKNOWN;
 }
 
-/* Trainer trains the model the user loads: transformers picks sdpa on a
- * GPU unless from_pretrained is told otherwise, so a plan of another
+/* Trainer trains the model the user loads: transformers picks sdpa where
+ * torch has it unless from_pretrained is told otherwise, so a plan of another
  * attention names the argument (modeling_utils.py, attn_implementation). */
 static void hf_attention(ml_emit_verdict *v, const ml_model *m)
 {
     const char *a = m ? ml_model_attention(m) : NULL; /* NULL: a sequential model */
     if (a && strcmp(a, "sdpa"))
         ml_emit_note(v, "the plan's attention is %s: load the model with from_pretrained(..., "
-                        "attn_implementation=\"%s\"); transformers picks sdpa on a GPU when none "
-                        "is given",
-                     a, !strcmp(a, "flash") ? "flash_attention_2" : a);
+                        "attn_implementation=\"%s\") unless its config.json sets it; "
+                        "transformers picks sdpa where the installed torch has it",
+                     a, !strcmp(a, "flash") ? "flash_attention_2\" or \"flash_attention_3" : a);
 }
 
 static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_shape s,

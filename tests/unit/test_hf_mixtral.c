@@ -167,17 +167,37 @@ static void test_mixtral_nodes(void **state)
     assert_string_equal(n[end - 1].what, "InputBuffer accumulation (in place)");
     assert_int_equal(n[end - 1].grad_out, 2048);
     ml_chain_free(&ch);
-    /* --expert-imbalance 2: the last expert, the first in backward, takes
-     * 2 x 8 = 16 rows (its source gradient 16 x 32 x 4 = 2,048 B), the
-     * three others share the other 16: 6, 5, 5 */
+    /* --expert-imbalance 2: the first expert, the last in backward (when
+     * the others' gradients exist), takes 2 x 8 = 16 rows, the three
+     * others share the other 16 (6, 5, 5): the last expert's source
+     * gradient 5 x 32 x 4 = 640 B, the first's 16 x 32 x 4 = 2,048 B */
     c.training.expert_imbalance = 2;
     assert_int_equal(ml_chain_build(m, &c, &ch, &e), ML_OK);
     b = &ch.blocks[1];
     n = &ch.nodes[b->node_first];
-    assert_int_equal(n[moe].grad_in, 2048);
-    assert_int_equal(n[moe + 10].grad_in, 5 * 32 * 4); /* the third expert's */
-    assert_int_equal(n[moe + 10 + 3 * 12 - 12].grad_in, 6 * 32 * 4); /* the first's */
+    assert_int_equal(n[moe].grad_in, 640);
+    assert_int_equal(n[moe + 10 + 12].grad_in, 6 * 32 * 4); /* the second expert's */
+    assert_int_equal(n[moe + 10 + 24].grad_in, 2048);
     ml_chain_free(&ch);
+    ml_model_destroy(m);
+}
+
+/* An imbalance never lowers the planned peak: the busiest expert's rows
+ * come when every other expert's gradients exist. */
+static void test_imbalance_raises(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(TINY("  experts: 4\n  experts_per_tok: 2\n"));
+    ml_config c = ml_model_config(m);
+    c.training.optimizer = ML_OPT_SGD;
+    uint64_t last = 0;
+    for (double x = 1; x <= 4; x += 1) {
+        c.training.expert_imbalance = x;
+        ml_ledger *l = eval(m, &c, false);
+        assert_true(ml_ledger_summary(l)->peak >= last);
+        last = ml_ledger_summary(l)->peak;
+        ml_ledger_destroy(l);
+    }
     ml_model_destroy(m);
 }
 
@@ -327,6 +347,7 @@ int main(void)
         cmocka_unit_test(test_mixtral_keys),
         cmocka_unit_test(test_mixtral_block_fp32),
         cmocka_unit_test(test_mixtral_nodes),
+        cmocka_unit_test(test_imbalance_raises),
         cmocka_unit_test(test_mixtral_yaml_refusals),
         cmocka_unit_test(test_expert_imbalance),
         cmocka_unit_test(test_qwen2_moe_block_fp32),
