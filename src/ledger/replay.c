@@ -462,13 +462,12 @@ static void backward_nodes(ml_replay *r, size_t k)
         if (!create)
             ml_replay_free(r, ML_CAT_WORKSPACE, x->param_grad);
         ml_replay_free(r, ML_CAT_WORKSPACE, x->grad_out);
-        for (size_t s = 0; s < b->nsaved; s++)
-            if (sv[s].node == j) {
-                /* the allocator simulation releases the block's saved
-                 * tensors as the one allocation the forward made, below */
-                event(r, scat, -(int64_t)sv[s].bytes);
-                freed += sv[s].bytes;
-            }
+        for (uint32_t s = x->first_saved; s != ML_NODE_NONE; s = sv[s].next_same) {
+            /* the allocator simulation releases the block's saved tensors
+             * as the one allocation the forward made, below */
+            event(r, scat, -(int64_t)sv[s].bytes);
+            freed += sv[s].bytes;
+        }
     }
     /* time: the nodes carry no FLOPs of their own; the block's backward
      * FLOPs are counted once its nodes have run (docs/ledger.md, "Time") */
