@@ -94,6 +94,10 @@ void ml_ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
  * m->experts experts with m->experts_per_tok of them per token. */
 void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
                unsigned src_bpe, bool src_saved);
+/* The busiest expert's rows among N (token, expert) pairs over E experts:
+ * N / E for a balanced router, times training.expert_imbalance, at most the
+ * B*T tokens (one row per token and expert). */
+uint64_t ml_ck_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E);
 /* DeepSeek-V3's (HF DeepseekV3MoE): the sigmoid router, the experts summed
  * in the router's dtype, the ungated shared experts (chain_moe.c). */
 void ml_ck_moe_v3(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,

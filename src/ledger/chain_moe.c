@@ -4,7 +4,6 @@
  * chain_moe_mixtral.c), with what PyTorch's eager autograd keeps
  * for each of their ops (tools/autograd/derivatives.yaml; docs/inventory.md,
  * "DeepSeek-V3 block" and "DeepSeek-V2"). */
-#include <math.h>
 
 #include "ledger/chain_kit.h"
 
@@ -118,9 +117,7 @@ static void deepseek_expert_params(ml_chain *ch, ml_cblock *b, const ml_model *m
 static void busiest_expert(ml_chain *ch, const ml_ck_dims *d, uint64_t N, uint64_t E,
                            uint64_t F)
 {
-    double busy = (double)N / (double)E * d->expert_imbalance;
-    uint64_t rows = busy >= (double)d->BT ? d->BT : (uint64_t)ceil(busy);
-    ml_ck_tmp(ch, ml_mul(ch, rows, F), ch->prec.a);
+    ml_ck_tmp(ch, ml_mul(ch, ml_ck_busiest_rows(d, N, E), F), ch->prec.a);
     ml_ck_tmp(ch, ml_mul(ch, d->BT, d->D), 4);
 }
 

@@ -25,6 +25,12 @@ typedef struct {
     unsigned w;    /* bytes per element of h */
 } moe_sizes;
 
+uint64_t ml_ck_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E)
+{
+    double busy = (double)N / (double)E * d->expert_imbalance;
+    return busy >= (double)d->BT ? d->BT : (uint64_t)ceil(busy);
+}
+
 /* The rows expert e takes: N / E, one more for the first N mod E experts
  * (balanced; the twins' fixed routing sends pair p to expert p mod E); with
  * an imbalance the first expert takes `busy` rows and the others share the
@@ -206,11 +212,7 @@ void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *
     z.gD = ml_mul(ch, z.BTD, src_bpe);
     z.gK = ml_mul(ch, ml_mul(ch, d->BT, z.k), 4);
     router(ch, b, m, d, &z, src_saved);
-    /* the busiest expert's rows: N / E for a balanced router, times
-     * training.expert_imbalance, at most the B*T tokens (one row per token
-     * and expert) */
-    double busy = (double)z.N / (double)z.E * d->expert_imbalance;
-    uint64_t rows = busy >= (double)d->BT ? d->BT : (uint64_t)ceil(busy);
+    const uint64_t rows = ml_ck_busiest_rows(d, z.N, z.E);
     /* N = k * B * T (token, expert) pairs; each expert e takes its n_e of
      * them, and every saved tensor above is n_e rows: their sum over the
      * experts is N rows whatever the routing (docs/inventory.md); the

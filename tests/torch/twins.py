@@ -721,13 +721,16 @@ class DeepseekV3(Llama):
         k_pass = b.kv_b(b.kv_a_norm(k_pass)).view(B, T, -1, s.dn + s.dv).transpose(1, 2)
         k_pass, v = torch.split(k_pass, [s.dn, s.dv], dim=-1)
         k_rot = k_rot.view(B, 1, T, s.dr)
-        q_rot, k_rot = apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
+        q_rot, k_rot = s.rotate(q_rot, k_rot, cos, sin)
         k_rot = k_rot.expand(*k_pass.shape[:-1], -1)
         q = torch.cat((q_pass, q_rot), dim=-1)
         k = torch.cat((k_pass, k_rot), dim=-1)
         y, w = s.eager(q, k, v, mask)
         y = y.reshape(B, T, -1).contiguous()
         return b.o(y), w
+
+    def rotate(s, q, k, cos, sin):  # V3's interleaved rotary (V2: complex)
+        return apply_rotary_pos_emb_interleave(q, k, cos, sin)
 
     def route(s, b, h):  # DeepseekV3TopkRouter.forward (n_group 1: no group mask)
         logits = F.linear(h.type(torch.float32), b.router.weight.type(torch.float32))
@@ -802,23 +805,8 @@ class DeepseekV2(DeepseekV3):
         fc = fc * 1.0  # attention_scaling
         return fc, fc
 
-    def attn(s, b, h, cos, sin, mask):  # DeepseekV2Attention.forward
-        B, T, _ = h.shape
-        q = b.q_b(b.q_a_norm(b.q_a(h))) if s.rq else b.q(h)
-        q = q.view(B, T, -1, s.dqk).transpose(1, 2)
-        q_nope, q_pe = torch.split(q, [s.dn, s.dr], dim=-1)
-        ckv = b.kv_a(h)
-        k_nope, k_pe = torch.split(ckv, [s.rkv, s.dr], dim=-1)
-        k_nope = b.kv_b(b.kv_a_norm(k_nope)).view(B, T, -1, s.dn + s.dv).transpose(1, 2)
-        k_nope, v = torch.split(k_nope, [s.dn, s.dv], dim=-1)
-        k_pe = k_pe.view(B, 1, T, s.dr)
-        q_pe, k_pe = apply_rotary_emb(q_pe, k_pe, cos)
-        k_pe = k_pe.expand(*k_nope.shape[:-1], -1)
-        q = torch.cat((q_nope, q_pe), dim=-1)
-        k = torch.cat((k_nope, k_pe), dim=-1)
-        y, w = s.eager(q, k, v, mask)
-        y = y.reshape(B, T, -1).contiguous()
-        return b.o(y), w
+    def rotate(s, q, k, freqs_cis, _):  # DeepseekV2Attention: apply_rotary_emb
+        return apply_rotary_emb(q, k, freqs_cis)
 
     def route(s, b, h):  # DeepseekV2MoEGate.forward
         logits = F.linear(h.type(torch.float32), b.router.weight.type(torch.float32), None)
