@@ -14,6 +14,8 @@ static void patch_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
     else
         ml_ck_save(ch, b, "image (patch conv input)", px, w, ML_SV_INPUT);
     uint64_t kin = ml_ck_mul3(ch, m->channels, m->patch_size, m->patch_size);
+    /* autocast casts the conv's weight (ConvolutionBackward0 saves it) */
+    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, kin));
     ml_ck_param(ch, b, d->D, kin);
     ml_ck_param(ch, b, d->D, 0);
     ml_ck_param(ch, b, d->D, 0);                  /* class token */

@@ -155,7 +155,9 @@ static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
         src = a;
         src_saved = true;
     }
-    if (d->drop) {
+    /* ViTForImageClassification: the classifier reads the first token, no
+     * dropout between (BERT's classifier has one) */
+    if (d->drop && !m->image_size) {
         ml_ck_save(ch, b, "classifier dropout mask", BD, 1, 0);
         src_saved = false;
         if (!m->pooler)
@@ -275,8 +277,15 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     ml_ck_end(ch, b, ml_mul(ch, logits, a));
     ml_ck_forward_head(ch, b, m, d, false);
     ch->record_nodes = false;
+    return ml_ck_ce_loss(ch, m, d, rows, out_classes);
+}
 
-    b = ml_ck_begin(ch, "loss", -1);
+ml_status ml_ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t rows,
+                        uint64_t out_classes)
+{
+    const unsigned w = ch->prec.w, a = ch->prec.a;
+    uint64_t logits = ml_mul(ch, rows, out_classes);
+    ml_cblock *b = ml_ck_begin(ch, "loss", -1);
     if (!b)
         return ML_NOMEM;
     b->fwd_phase = ML_PHASE_LOSS;

@@ -2,7 +2,7 @@
  * embedding, one block per layer, the head and the loss, each with the
  * storages PyTorch's eager autograd keeps for its backward in the reference
  * implementation named in docs/inventory.md (nanoGPT/HF GPT-2, HF Llama, HF
- * Gemma, HF BERT, timm ViT). A storage saved by several ops is listed once,
+ * Gemma, HF BERT, HF ViT). A storage saved by several ops is listed once,
  * where it is first saved. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,7 +201,7 @@ static void post_norm(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck
  * norm(x))); x + norm(mlp(norm(x))): post_norms), Phi-3 (Llama's with one
  * qkv_proj: the q, k and v slices are views of its output, which nothing
  * saves, so only the autocast casts of its input and the weight differ),
- * ViT (layernorm, fused qkv, no mask). */
+ * ViT (layernorm, separate q/k/v as HF ViTSelfAttention, no mask). */
 static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
     const bool llama = m->norm != ML_NORM_LAYERNORM; /* Llama or Gemma layout */
@@ -232,8 +232,9 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     if (m->kv_lora)
         ml_ck_mla_attention(ch, b, m, d, nb);
     else
-        ml_ck_attention(ch, b, m, d, nb, false, !llama || m->fused_proj, causal && !hf,
-                        falcon ? ch->prec.w == 4 : hf, 0);
+        /* HF ViT: query, key and value, three Linears (ViTSelfAttention) */
+        ml_ck_attention(ch, b, m, d, nb, false, (!llama && !m->image_size) || m->fused_proj,
+                        causal && !hf, falcon ? ch->prec.w == 4 : hf, 0);
     at[2] = ch->nparams;
     if (m->post_norms)
         post_norm(ch, b, m, d);

@@ -36,13 +36,13 @@ TOL = 0.01
 # these models meet are accounted in known_cpu_autocast().
 AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
               "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
-              "xc-deepseek", "xc-deepseek2"}
+              "xc-deepseek", "xc-deepseek2", "xc-vit"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
 # vectors are 0.15 % of it, under the 1 % tolerance; Phi-3's fused
 # projections, BERT's MLM head, Gemma 2's post norms and soft-caps, Falcon's
 # shared-norm parallel layer, Mixtral's experts and the decoders'
 # sequence-classification head are new layouts, held to every byte.
-EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
+EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit",
                 "xc-deepseek", "xc-deepseek2"}
 torch.manual_seed(0)
 

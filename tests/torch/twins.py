@@ -1073,6 +1073,137 @@ class BertMLM(Bert):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
 
 
+class ViT(nn.Module):
+    """HF modeling_vit eager (transformers 4.5x: ViTForImageClassification,
+    ViTModel without its pooler): ViTEmbeddings (a Conv2d patch projection
+    with bias, flatten(2).transpose(1, 2), the class token expanded over the
+    batch and concatenated in front, + position_embeddings, dropout);
+    ViTLayer, pre-norm (layernorm_before, ViTSelfAttention's separate
+    query/key/value Linears, eager_attention_forward: q @ k^T * scaling,
+    softmax(dtype=float32).to(q.dtype), dropout, @ v; ViTSelfOutput dense +
+    dropout; the residual add; layernorm_after; ViTIntermediate dense + gelu;
+    ViTOutput dense + dropout + the residual); the final layernorm; the
+    classifier on sequence_output[:, 0, :], with no dropout and no pooler
+    before it (add_pooling_layer=False); CrossEntropyLoss. The scoping is
+    the 4.5x file's whose ViTLayer passes layernorm_before's output as a
+    temporary argument and keeps self_attention_outputs to its end; later
+    4.5x releases bind that output to a local (hidden_states_norm) and keep
+    the attention probabilities in ViTAttention's `_`: the same saved
+    tensors, longer-lived temporaries under no_grad."""
+
+    def __init__(s, m):
+        super().__init__()
+        D, H, F_ = m["hidden"], m["heads"], m.get("ffn", 4 * m["hidden"])
+        C, S, P = m.get("channels", 3), m["image_size"], m["patch_size"]
+        s.D, s.H, s.p = D, H, float(m.get("dropout", 0))
+        s.dh = D // H
+        s.scaling = s.dh ** -0.5  # ViTSelfAttention.scaling
+        s.classes = m.get("classes", 2)
+        T = (S // P) ** 2 + 1
+        # registered as ViTForImageClassification's are (model.parameters()
+        # order): ViTEmbeddings' own cls_token and position_embeddings, then
+        # its patch_embeddings.projection; each ViTLayer's query, key, value,
+        # output.dense, intermediate.dense, output.dense, layernorm_before,
+        # layernorm_after; vit.layernorm; the classifier
+        s.cls_token = nn.Parameter(torch.randn(1, 1, D))
+        s.pos = nn.Parameter(torch.randn(1, T, D))
+        s.patch = nn.Conv2d(C, D, kernel_size=P, stride=P)
+        qb = m.get("qkv_bias", m.get("bias", True))  # ViTConfig.qkv_bias
+        s.blocks = nn.ModuleList()
+        for _ in range(m["layers"]):
+            b = nn.Module()
+            b.q = nn.Linear(D, D, bias=qb)
+            b.k = nn.Linear(D, D, bias=qb)
+            b.v = nn.Linear(D, D, bias=qb)
+            b.o = nn.Linear(D, D)
+            b.inter = nn.Linear(D, F_)
+            b.out = nn.Linear(F_, D)
+            b.ln1 = nn.LayerNorm(D)
+            b.ln2 = nn.LayerNorm(D)
+            s.blocks.append(b)
+        s.ln = nn.LayerNorm(D)
+        s.cls = nn.Linear(D, s.classes)
+
+    # Written with HF's own scoping (ViTLayer, ViTAttention,
+    # ViTSelfAttention, eager_attention_forward, ViTSelfOutput,
+    # ViTIntermediate, ViTOutput): under no_grad (a checkpointed forward) a
+    # tensor lives until its last Python reference goes (docs/ledger.md,
+    # "Forward under no_grad").
+    def eager(s, q, k, v):  # eager_attention_forward (head_mask None)
+        w = torch.matmul(q, k.transpose(-1, -2)) * s.scaling
+        w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        w = dropout(w, s.p)
+        y = torch.matmul(w, v)
+        y = y.transpose(1, 2).contiguous()
+        return y, w
+
+    def self_attn(s, b, x):  # ViTSelfAttention.forward
+        B, T, D = x.shape
+
+        def heads(t):  # transpose_for_scores
+            t = t.view(B, T, s.H, s.dh)
+            return t.permute(0, 2, 1, 3)
+
+        kl = heads(b.k(x))
+        vl = heads(b.v(x))
+        ql = heads(b.q(x))
+        ctx, probs = s.eager(ql, kl, vl)
+        ctx = ctx.view(B, T, D)
+        return (ctx,)
+
+    def self_output(s, b, h):  # ViTSelfOutput.forward (input_tensor unused)
+        h = b.o(h)
+        h = dropout(h, s.p)
+        return h
+
+    def attention(s, b, x):  # ViTAttention.forward
+        so = s.self_attn(b, x)
+        ao = s.self_output(b, so[0])
+        return (ao,) + so[1:]
+
+    def intermediate(s, b, h):  # ViTIntermediate.forward
+        h = b.inter(h)
+        h = F.gelu(h)
+        return h
+
+    def output(s, b, h, r):  # ViTOutput.forward
+        h = b.out(h)
+        h = dropout(h, s.p)
+        h = h + r
+        return h
+
+    def block(s, b, x):  # ViTLayer.forward
+        sao = s.attention(b, b.ln1(x))
+        a = sao[0]
+        x = a + x
+        lo = b.ln2(x)
+        lo = s.intermediate(b, lo)
+        lo = s.output(b, lo, x)
+        return lo
+
+    def run(s, rec, batch, ckpt):
+        pix, tgt = batch
+        B = pix.shape[0]
+        rec.block = "embedding"
+        # ViTEmbeddings.forward, ViTPatchEmbeddings.forward
+        x = s.patch(pix).flatten(2).transpose(1, 2)
+        cls = s.cls_token.expand(B, -1, -1)
+        x = torch.cat((cls, x), dim=1)
+        x = x + s.pos
+        x = dropout(x, s.p)
+        del cls  # a view of the parameter; ViTEmbeddings.forward returns
+        bwd_mark("embedding", x)
+        x = run_blocks(rec, s.blocks, s.block, x, ckpt)
+        rec.block = "head"
+        # ViTModel.forward: the final layernorm; ViTForImageClassification:
+        # the classifier on the class token's row (a view of the norm's output)
+        seq = s.ln(x)
+        logits = s.cls(seq[:, 0, :])
+        bwd_mark("head", logits)
+        rec.block = "loss"
+        return F.cross_entropy(logits.view(-1, s.classes), tgt.view(-1))
+
+
 class Residual(nn.Module):
     def __init__(s, body, shortcut):
         super().__init__()
@@ -1198,6 +1329,8 @@ def build(doc):
     m = doc["model"]
     if m["type"] == "sequential":
         return Sequential(m)
+    if m["type"] == "encoder" and m.get("image_size"):
+        return ViT(m)
     if m["type"] == "encoder":
         return BertMLM(m) if m.get("mlm_head") else Bert(m)
     if m.get("shared_norm"):
@@ -1226,6 +1359,10 @@ def batch_for(doc, model, B, T):
         if model.loss == "mse":
             return x, torch.randn([B] + model.out)
         return x, torch.randint(0, model.out[-1], (B,))
+    if m.get("image_size"):  # ViT: pixel values and one class per image
+        S = m["image_size"]
+        x = torch.randn(B, m.get("channels", 3), S, S)
+        return x, torch.randint(0, m.get("classes", 2), (B,))
     idx = torch.randint(0, m["vocab"], (B, T))
     if m.get("classes") and not m.get("mlm_head"):
         return idx, torch.randint(0, m["classes"], (B,))
