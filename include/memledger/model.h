@@ -124,6 +124,8 @@ typedef struct ml_training {
     double expert_imbalance;       /* a mixture of experts' busiest expert: its tokens over
                                       an even share, >= 1 (default 1: a balanced router);
                                       sizes its transients (docs/inventory.md) */
+    uint64_t target_len;           /* an encoder-decoder's decoder tokens per sample (T5's
+                                      labels); 0: seq_len */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it
@@ -246,6 +248,9 @@ ML_API ml_status ml_model_set_attention(ml_model *m, const char *name, ml_error 
 /* The attention implementation planned: "eager", "sdpa" or "flash"; NULL
  * for a sequential model. */
 ML_API const char *ml_model_attention(const ml_model *m);
+/* An encoder-decoder's decoder tokens per sample under t (training.target_len,
+ * or seq_len when 0); 0 for the other models, which have one sequence. */
+ML_API uint64_t ml_model_target_len(const ml_model *m, const ml_training *t);
 /* The largest micro-batch the model's reference code accepts: 1 for a
  * decoder's sequence classifier without pad_token_id (transformers refuses
  * more); 0: no limit. */

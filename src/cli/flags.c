@@ -34,6 +34,7 @@ static const struct {
     {"training.zero_grad", "--zero-grad", NULL, OPT(zero_grad)},
     {"training.eval_batch", "--eval-batch", NULL, OPT(eval_batch)},
     {"training.eval_seq_len", "--eval-seq-len", NULL, OPT(eval_seq_len)},
+    {"training.target_len", "--target-len", NULL, OPT(target_len)},
     {"training.logits_chunk", "--logits-chunk", NULL, OPT(logits_chunk)},
     {"training.expert_imbalance", "--expert-imbalance", NULL, OPT(expert_imbalance)},
     {"device.memory", "--device", "--device NAME|SIZE or a device: section", OPT(device)},

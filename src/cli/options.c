@@ -112,6 +112,7 @@ static const struct {
     {"--logits", offsetof(ml_cli_opts, logits)},
     {"--eval-batch", offsetof(ml_cli_opts, eval_batch)},
     {"--eval-seq-len", offsetof(ml_cli_opts, eval_seq_len)},
+    {"--target-len", offsetof(ml_cli_opts, target_len)},
     {"--logits-chunk", offsetof(ml_cli_opts, logits_chunk)},
     {"--allocator", offsetof(ml_cli_opts, allocator)},
     {"--max-split-size", offsetof(ml_cli_opts, max_split_size)},
@@ -414,6 +415,8 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
         rc = limited(o->eval_batch, "training.eval_batch", &t->eval_batch);
     if (!rc && o->eval_seq_len)
         rc = limited(o->eval_seq_len, "training.eval_seq_len", &t->eval_seq_len);
+    if (!rc && o->target_len)
+        rc = limited(o->target_len, "training.target_len", &t->target_len);
     if (!rc && o->eval_seq_len && !t->eval_batch)
         rc = bad_flag("--eval-seq-len", "needs an evaluation pass: add --eval-batch N");
     if (!rc && o->offload && !ml_offload_parse(o->offload, &t->offload))

@@ -118,7 +118,7 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
  * tensors and ~16 parameter tensors, a sequential entry a handful per layer. */
 static void reserve(ml_chain *ch, const ml_model *m)
 {
-    size_t n = m->type == ML_MODEL_SEQUENTIAL ? m->nseq : (size_t)m->layers;
+    size_t n = m->type == ML_MODEL_SEQUENTIAL ? m->nseq : (size_t)(m->layers + m->dec_layers);
     size_t per = m->type == ML_MODEL_SEQUENTIAL ? 8 : 24;
     ch->cap = n + 4;
     ch->savedcap = per * (n + 4);
@@ -194,11 +194,14 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
     reserve(ch, m);
     ch->prec = ml_prec_of(cfg->training.precision);
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml_chain_build_sequential(m, cfg, ch)
-                                                 : ml_chain_build_transformer(m, cfg, ch, err);
+                   : m->type == ML_MODEL_ENCDEC   ? ml_chain_build_t5(m, cfg, ch, err)
+                                                  : ml_chain_build_transformer(m, cfg, ch, err);
     /* the runner's blocks are GPT-2's and Llama's: a Gemma block's norm and
      * MLP keep other tensors (docs/inventory.md), so no profile applies */
     if (st == ML_OK && cfg->calib && m->norm == ML_NORM_GEMMA_RMSNORM)
         ch->calib_note = "the runner measures no Gemma blocks ((1 + weight) RMSNorm, GeGLU)";
+    else if (st == ML_OK && cfg->calib && m->type == ML_MODEL_ENCDEC)
+        ch->calib_note = "the runner measures no encoder-decoder (T5) blocks";
     else if (st == ML_OK && cfg->calib && (m->kv_lora || m->experts))
         ch->calib_note = "the runner measures no mixture-of-experts or latent-attention blocks";
     else if (st == ML_OK && cfg->calib && m->type != ML_MODEL_SEQUENTIAL)

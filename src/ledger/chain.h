@@ -120,6 +120,24 @@ typedef struct {
     uint64_t numel, rows, cols; /* rows/cols: last two dims for matrices, 0 for vectors */
 } ml_ptensor;
 
+/* A tensor beside the stream of blocks (docs/ledger.md, "Side tensors"):
+ * made by block `from`'s forward, freed once block `to`'s forward ends or,
+ * with to_bwd, once its backward ends (something saved it); with
+ * ckpt_kept (an argument of the checkpointed blocks), a checkpointed block
+ * after `from`, up to `to`, keeps it until that block's backward. Its
+ * gradient (grad bytes; 0: none) exists from the start of block
+ * grad_from's backward to the end of block grad_to's. */
+typedef struct {
+    const char *what;
+    uint64_t bytes;
+    uint32_t from, to;
+    bool to_bwd, ckpt_kept;
+    uint64_t grad;
+    uint32_t grad_from, grad_to;
+} ml_side;
+
+#define ML_SIDES_MAX 16
+
 typedef struct {
     ml_cblock *blocks;
     size_t n, cap;
@@ -153,6 +171,8 @@ typedef struct {
      * chain is built) and targets; the module buffers */
     uint64_t batch_input, batch_targets;
     uint64_t buffer_bytes;
+    ml_side sides[ML_SIDES_MAX]; /* an encoder-decoder's (chain_t5.c) */
+    size_t nsides;
     /* scratch while building a block */
     uint64_t max_unsaved, max_tensor;
     uint64_t max_param_numel;

@@ -390,6 +390,10 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
             kept += ch->blocks[k + 1].in_bytes;
         if ((int)k == x->side_block)
             kept += ch->ckpt_side;
+        /* a side tensor kept for the backward counts with its maker */
+        for (size_t i = 0, end; i < ch->nsides; i++)
+            if (ch->sides[i].from == k && ml_side_end(ch, seg, &ch->sides[i], &end))
+                kept += ch->sides[i].bytes;
         bi->activations_saved = kept;
     }
     l->nblocks = n;

@@ -85,6 +85,11 @@ typedef struct {
     ml_rsim *rsim;           /* the allocator simulation, or NULL */
 } ml_replay;
 
+/* Where side tensor s is freed under the segment plan seg (docs/ledger.md,
+ * "Side tensors"): true, after the backward of *block; false, after its
+ * forward. */
+bool ml_side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *block);
+
 void ml_replay_alloc(ml_replay *r, ml_category c, uint64_t b);
 /* The same, telling the allocator simulation which tensors make up b. */
 void ml_replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,

@@ -123,6 +123,7 @@ static ml_status training_set(const char *key, const char *v, ml_training *t, ml
         {"eval_batch", offsetof(ml_training, eval_batch)},
         {"eval_seq_len", offsetof(ml_training, eval_seq_len)},
         {"logits_chunk", offsetof(ml_training, logits_chunk)},
+        {"target_len", offsetof(ml_training, target_len)},
     };
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         if (!strcmp(k, counts[i].name)) {

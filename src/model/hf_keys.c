@@ -1,68 +1,11 @@
-/* The Hugging Face import's tables (hf.c): the families with the one
- * transformers class each is planned as, and every config.json key with
- * what the import does with it — honoured, inert, approximated or refused —
- * and why. docs/hf.md's key table is checked against this one
- * (tests/unit/test_hf.c). */
+/* The Hugging Face import's key table (hf.c; the families: hf_families.c):
+ * every config.json key with what the import does with it — honoured,
+ * inert, approximated or refused — and why. docs/hf.md's key table is
+ * checked against this one (tests/unit/test_hf.c). */
 #include <string.h>
 
 #include "model/model_internal.h"
 
-
-/* The decoders' second class: transformers' GenericForSequenceClassification
- * (chain_head.c, seq_cls_head). */
-#define SEQ_CLS_HEAD                                                                           \
-    "the final norm, the score Linear (no bias) at every token, the logits of each "           \
-    "sequence's last non-pad token (pad_token_id), cross-entropy over num_labels"
-
-/* The families, each with the one transformers class the planner builds
- * (chain_transformer.c): the head and the loss it models. */
-static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
-    {"llama", ML_HF_LLAMA, "LlamaForCausalLM", "a causal LM head over vocab_size, cross-entropy",
-     "LlamaForSequenceClassification", SEQ_CLS_HEAD},
-    {"mistral", ML_HF_MISTRAL, "MistralForCausalLM",
-     "a causal LM head over vocab_size, cross-entropy", "MistralForSequenceClassification",
-     SEQ_CLS_HEAD},
-    {"mixtral", ML_HF_MIXTRAL, "MixtralForCausalLM",
-     "a causal LM head over vocab_size, cross-entropy (no auxiliary loss: output_router_logits "
-     "false)",
-     "MixtralForSequenceClassification", SEQ_CLS_HEAD},
-    {"qwen2", ML_HF_QWEN2, "Qwen2ForCausalLM", "a causal LM head over vocab_size, cross-entropy",
-     "Qwen2ForSequenceClassification", SEQ_CLS_HEAD},
-    {"qwen2_moe", ML_HF_QWEN2MOE, "Qwen2MoeForCausalLM",
-     "a causal LM head over vocab_size, cross-entropy (no auxiliary loss: output_router_logits "
-     "false)",
-     "Qwen2MoeForSequenceClassification", SEQ_CLS_HEAD},
-    {"gpt2", ML_HF_GPT2, "GPT2LMHeadModel", "a causal LM head over vocab_size, cross-entropy",
-     "GPT2ForSequenceClassification", SEQ_CLS_HEAD},
-    {"gpt_neox", ML_HF_NEOX, "GPTNeoXForCausalLM",
-     "a causal LM head over vocab_size, cross-entropy", "GPTNeoXForSequenceClassification",
-     SEQ_CLS_HEAD},
-    {"bert", ML_HF_BERT, "BertForSequenceClassification",
-     "the pooler, dropout and a num_labels classifier on the first token, cross-entropy",
-     "BertForMaskedLM",
-     "no pooler; the MLM head (dense, activation, LayerNorm, the decoder tied to the word "
-     "embeddings and its bias) over vocab_size at every token, cross-entropy"},
-    {"vit", ML_HF_VIT, "ViTForImageClassification",
-     "a num_labels classifier on the class token, cross-entropy", NULL, NULL},
-    {"gemma", ML_HF_GEMMA, "GemmaForCausalLM",
-     "a causal LM head over vocab_size (tied by default), cross-entropy",
-     "GemmaForSequenceClassification", SEQ_CLS_HEAD},
-    {"phi3", ML_HF_PHI3, "Phi3ForCausalLM", "a causal LM head over vocab_size, cross-entropy",
-     "Phi3ForSequenceClassification", SEQ_CLS_HEAD},
-    {"gemma2", ML_HF_GEMMA2, "Gemma2ForCausalLM",
-     "a causal LM head over vocab_size (tied by default), the logits soft-capped, cross-entropy",
-     "Gemma2ForSequenceClassification", SEQ_CLS_HEAD},
-    {"falcon", ML_HF_FALCON, "FalconForCausalLM",
-     "a causal LM head over vocab_size (tied by default), cross-entropy",
-     "FalconForSequenceClassification", SEQ_CLS_HEAD},
-    {"deepseek_v2", ML_HF_DEEPSEEK2, "DeepseekV2ForCausalLM",
-     "a causal LM head over vocab_size, cross-entropy (no auxiliary loss)",
-     "DeepseekV2ForSequenceClassification", SEQ_CLS_HEAD},
-    {"deepseek_v3", ML_HF_DEEPSEEK3, "DeepseekV3ForCausalLM",
-     "a causal LM head over vocab_size, cross-entropy (no auxiliary loss; no multi-token "
-     "prediction module: transformers does not load it)",
-     NULL, NULL},
-};
 
 /* ---- the key table ------------------------------------------------------ */
 
@@ -79,7 +22,8 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
 #define DSK (DS2 | DS3)
 #define DEC (LM3 | GEM | PHI | ML_HF_GPT2 | ML_HF_NEOX | FAL | DSK)
 #define ENC (ML_HF_BERT | ML_HF_VIT)
-#define ALL (DEC | ENC)
+#define T5 ML_HF_T5
+#define ALL (DEC | ENC | T5)
 #define H ML_HF_HONOURED
 #define I ML_HF_INERT
 #define A ML_HF_APPROXIMATED
@@ -129,11 +73,13 @@ static const ml_hf_key keys[] = {
      "null: that class"},
     {"_name_or_path", ALL, H, NULL, "the plan's name (its last path component)"},
     {"attn_implementation", ALL, H, NULL,
-     "eager, sdpa, flash_attention_2, flash_attention_3 (above); others refused"},
+     "eager, sdpa, flash_attention_2, flash_attention_3 (above); others refused (T5: eager "
+     "only, its position bias being added to the scores)"},
     /* shapes */
-    {"num_hidden_layers", ALL, H, NULL, "the layers (GPT-2: the alias of n_layer)"},
-    {"hidden_size", ALL, H, NULL, "D (GPT-2: the alias of n_embd)"},
-    {"num_attention_heads", ALL, H, NULL, "H (GPT-2: the alias of n_head)"},
+    {"num_hidden_layers", ALL, H, NULL,
+     "the layers (GPT-2: the alias of n_layer; T5: of num_layers, T5Config's attribute_map)"},
+    {"hidden_size", ALL, H, NULL, "D (GPT-2: the alias of n_embd; T5: of d_model)"},
+    {"num_attention_heads", ALL, H, NULL, "H (GPT-2: the alias of n_head; T5: of num_heads)"},
     {"n_layer", ML_HF_GPT2, H, NULL, "the layers"},
     {"n_embd", ML_HF_GPT2, H, NULL, "D"},
     {"n_head", ML_HF_GPT2, H, NULL, "H"},
@@ -160,7 +106,7 @@ static const ml_hf_key keys[] = {
      "the dense MLP's width, for the layers decoder_sparse_step and mlp_only_layers leave "
      "dense (refused): every layer planned is sparse"},
     {"intermediate_size", PHI, H, NULL, "F: gate_up_proj projects D to 2·F, down_proj F to D"},
-    {"vocab_size", DEC | ML_HF_BERT, H, NULL, "V"},
+    {"vocab_size", DEC | ML_HF_BERT | T5, H, NULL, "V"},
     {"type_vocab_size", ML_HF_BERT, H, NULL, "token-type embeddings (default 2)"},
     {"image_size", ML_HF_VIT, H, NULL, "the image side; T = (image_size / patch_size)² + 1"},
     {"patch_size", ML_HF_VIT, H, NULL, "the patch side (must divide image_size)"},
@@ -196,6 +142,9 @@ static const ml_hf_key keys[] = {
      "BertForMaskedLM: its decoder shares the word embeddings (default true; false adds a "
      "vocab_size × D decoder); the classifier has no output embedding to tie"},
     {"tie_word_embeddings", ML_HF_VIT, I, NULL, "the classifier has no output embedding to tie"},
+    {"tie_word_embeddings", T5, H, NULL,
+     "the LM head is the shared embedding (default true), the decoder's output rescaled by "
+     "d_model^-0.5 before it"},
     {"position_embedding_type", ML_HF_BERT, R, "\"absolute\"|null",
      "relative_key and relative_key_query add distance embeddings and B·H·T²·dh products, "
      "which are not modelled"},
@@ -277,6 +226,11 @@ static const ml_hf_key keys[] = {
     {"use_cache", DEC, H, NULL,
      "the evaluation output holds every layer's keys and values (default true)"},
     {"use_cache", ENC, I, NULL, "BERT and ViT return no cache (BERT only as a decoder, refused)"},
+    {"use_cache", T5, A, NULL,
+     "true (T5Config's default) makes a training forward without gradient checkpointing keep "
+     "every decoder attention's k and v projections in the returned cache; the plan leaves "
+     "that cache out (docs/inventory.md, \"T5\"): a loop that passes use_cache=False, or "
+     "checkpoints, trains what is planned"},
     /* inert per family */
     {"rms_norm_eps", LM3 | GEM | PHI | DSK, I, NULL, EPS_NOTE},
     {"layer_norm_eps", ML_HF_NEOX | ENC, I, NULL, EPS_NOTE},
@@ -302,6 +256,8 @@ static const ml_hf_key keys[] = {
     {"initializer_range", ALL, I, NULL, "initialisation only"},
     {"bos_token_id", ALL, I, NULL, TOKEN_NOTE},
     {"eos_token_id", ALL, I, NULL, TOKEN_NOTE},
+    {"pad_token_id", T5, I, NULL,
+     TOKEN_NOTE " (the decoder's start token and the labels' padding in _shift_right)"},
     {"pad_token_id", ENC, I, NULL,
      TOKEN_NOTE " (the embedding's padding row gets a zero gradient in the same tensors)"},
     {"pad_token_id", DEC, H, NULL,
@@ -363,7 +319,9 @@ static const ml_hf_key keys[] = {
      "a chunked feed-forward keeps other tensors, not modelled"},
     {"add_cross_attention", ALL, R, "false|null", "cross-attention layers are not modelled"},
     {"cross_attention_hidden_size", ALL, R, "null", "cross-attention layers are not modelled"},
-    {"is_encoder_decoder", ALL, R, "false|null", "encoder-decoder models are not modelled"},
+    {"is_encoder_decoder", ALL & ~T5, R, "false|null",
+     "encoder-decoder models are not modelled, except T5"},
+    {"is_encoder_decoder", T5, R, "true|null", "T5 is an encoder-decoder (T5Config: true)"},
     {"tie_encoder_decoder", ALL, R, "false|null", "encoder-decoder models are not modelled"},
     {"quantization_config", ALL, R, "null",
      "quantized weights are not modelled; without the key the plan is the dequantized model's "
@@ -543,9 +501,36 @@ static const ml_hf_key keys[] = {
      "window)"},
     {"cache_implementation", GEM2, I, NULL,
      "the generation cache's class (hybrid): training does not generate"},
+    /* T5 (T5Config, configuration_t5.py; hf_t5.c) */
+    {"d_model", T5, H, NULL, "D (default 512)"},
+    {"d_kv", T5, H, NULL, "each head's width (default 64): q, k, v project D to num_heads x d_kv"},
+    {"d_ff", T5, H, NULL, "F (default 2048)"},
+    {"num_layers", T5, H, NULL, "the encoder's blocks (default 6)"},
+    {"num_decoder_layers", T5, H, NULL, "the decoder's blocks (default num_layers)"},
+    {"num_heads", T5, H, NULL, "H (default 8)"},
+    {"relative_attention_num_buckets", T5, H, NULL,
+     "the buckets of each stack's relative_attention_bias (buckets x H parameters; default 32)"},
+    {"relative_attention_max_distance", T5, I, NULL,
+     "the distance the buckets reach (default 128): which bucket a pair falls in, not a size"},
+    {"dropout_rate", T5, H, NULL, "the dropout probability (default 0.1)"},
+    {"layer_norm_epsilon", T5, I, NULL, EPS_NOTE},
+    {"initializer_factor", T5, I, NULL, "initialisation only"},
+    {"feed_forward_proj", T5, R, "\"relu\"|null",
+     "relu: T5DenseActDense; gated-gelu (T5 v1.1, FLAN-T5) keeps a composite GELU's tensors, "
+     "not planned"},
+    {"dense_act_fn", T5, R, "\"relu\"|null", "set by T5Config from feed_forward_proj"},
+    {"is_gated_act", T5, R, "false|null", "set by T5Config from feed_forward_proj"},
+    {"is_decoder", T5, R, "false|null", "T5ForConditionalGeneration's config is not a decoder's"},
+    {"n_positions", T5, I, NULL,
+     "the length T5 was trained at (the default training.seq_len, 512): relative positions "
+     "take any length"},
+    {"output_past", T5, I, NULL, "a legacy generation switch transformers does not read"},
+    {"classifier_dropout", T5, I, NULL,
+     "T5ForSequenceClassification's head; T5ForConditionalGeneration has none"},
 };
 
 #undef GEM
+#undef T5
 #undef MIX
 #undef QWM
 #undef QW
@@ -566,31 +551,10 @@ const ml_hf_key *ml_hf_keys(size_t *count)
     return keys;
 }
 
-unsigned ml_hf_family(const char *model_type)
-{
-    for (size_t i = 0; i < ML_HF_FAMILY_COUNT; i++)
-        if (!strcmp(families[i].type, model_type))
-            return families[i].bit;
-    return 0;
-}
-
-const char *ml_hf_family_name(unsigned bit)
-{
-    for (size_t i = 0; i < ML_HF_FAMILY_COUNT; i++)
-        if (families[i].bit == bit)
-            return families[i].type;
-    return "?";
-}
-
 const ml_hf_key *ml_hf_key_find(unsigned family, const char *key)
 {
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
         if ((keys[i].families & family) && !strcmp(keys[i].key, key))
             return &keys[i];
     return NULL;
-}
-
-const ml_hf_family_info *ml_hf_families(void)
-{
-    return families;
 }

@@ -24,6 +24,7 @@ static const ml_uint_limit table[] = {
     LIMIT(training, eval_batch, eval_batch, 1, 16777216, true),
     LIMIT(training, eval_seq_len, eval_seq_len, 1, 268435456, true),
     LIMIT(training, logits_chunk, logits_chunk, 1, 268435456, true),
+    LIMIT(training, target_len, target_len, 1, 268435456, true),
 };
 
 _Static_assert(ML_MAX_BATCH == 16777216 && ML_MAX_TOKENS == 268435456,

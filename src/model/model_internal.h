@@ -7,7 +7,15 @@
 
 #include "memledger/model.h"
 
-typedef enum { ML_MODEL_DECODER, ML_MODEL_ENCODER, ML_MODEL_SEQUENTIAL } ml_model_type;
+/* encdec: T5's encoder-decoder (HF T5ForConditionalGeneration): layers encoder
+ * blocks, dec_layers decoder blocks with cross-attention, relative position
+ * biases (docs/inventory.md, "T5") */
+typedef enum {
+    ML_MODEL_DECODER,
+    ML_MODEL_ENCODER,
+    ML_MODEL_SEQUENTIAL,
+    ML_MODEL_ENCDEC
+} ml_model_type;
 /* swiglu: down(silu(gate(x)) * up(x)) (Llama); geglu: the same gated MLP with
  * GELU, exact or tanh-approximated (Gemma): one op that saves its input
  * either way (docs/inventory.md) */
@@ -117,6 +125,10 @@ struct ml_model {
        heads are head_dim wide, of which rope_dim rotate (one rotated key part shared by
        every head), the value heads v_dim */
     uint64_t kv_lora, q_lora, rope_dim, v_dim;
+    /* T5 (type encdec): the decoder's blocks, the relative position buckets
+       (HF relative_attention_num_buckets) and the distance they reach
+       (relative_attention_max_distance: a value, not a size) */
+    uint64_t dec_layers, rel_buckets, rel_max_distance;
     bool norm_bias;         /* the LayerNorms have a bias (default: bias; HF Falcon's
                                LayerNorms keep theirs while its projections have none) */
     bool kv_cache;          /* the forward returns every layer's keys and values
@@ -188,14 +200,15 @@ enum {
     ML_HF_QWEN2MOE = 1u << 12,
     ML_HF_DEEPSEEK3 = 1u << 13,
     ML_HF_DEEPSEEK2 = 1u << 14,
-    ML_HF_FAMILY_COUNT = 15
+    ML_HF_T5 = 1u << 15,
+    ML_HF_FAMILY_COUNT = 16
 };
 #define ML_HF_LM3                                                                       \
     (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | ML_HF_MIXTRAL | ML_HF_QWEN2MOE) /* the Llama-layout
                                                                             families */
 #define ML_HF_SUPPORTED \
     "llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v2, deepseek_v3, gemma, gemma2, phi3, " \
-    "gpt2, gpt_neox, falcon, bert, vit"
+    "gpt2, gpt_neox, falcon, bert, vit, t5"
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head, and a second class the planner builds too (NULL: none;

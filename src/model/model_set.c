@@ -25,6 +25,12 @@ ml_status ml_model_set_attention(ml_model *m, const char *name, ml_error *err)
                          m->name);
     for (size_t i = 0; name && i < sizeof names / sizeof *names; i++)
         if (!strcmp(name, names[i].name)) {
+            if (m->type == ML_MODEL_ENCDEC && names[i].a != ML_ATTN_EAGER)
+                return ml_errorf(err, ML_SCHEMA,
+                                 "model.attention: '%s' is not modelled for T5 (%s): its "
+                                 "position bias is added to the scores, and transformers runs "
+                                 "T5's attention eagerly; use eager",
+                                 name, m->name);
             m->attention = names[i].a;
             return ML_OK;
         }
@@ -39,6 +45,13 @@ const char *ml_model_attention(const ml_model *m)
     if (m->type == ML_MODEL_SEQUENTIAL)
         return NULL;
     return m->attention == ML_ATTN_SDPA ? "sdpa" : m->attention == ML_ATTN_FLASH ? "flash" : "eager";
+}
+
+uint64_t ml_model_target_len(const ml_model *m, const ml_training *t)
+{
+    if (m->type != ML_MODEL_ENCDEC)
+        return 0;
+    return t->target_len ? t->target_len : t->seq_len;
 }
 
 uint64_t ml_model_max_micro_batch(const ml_model *m)

@@ -17,7 +17,7 @@ static const char *const norm_names[] = {"layernorm", "rmsnorm", "gemma_rmsnorm"
 static const char *const normpos_names[] = {"pre", "post"};
 static const char *const pos_names[] = {"learned", "rope", "none"};
 static const char *const attn_names[] = {"eager", "flash", "sdpa"};
-static const char *const type_names[] = {"decoder", "encoder", "sequential"};
+static const char *const type_names[] = {"decoder", "encoder", "sequential", "encoder-decoder"};
 /* The transformer's sizes: layers, hidden, heads, the head size and the
  * key/value heads. */
 static ml_status transformer_sizes(ml_error *err, const ml_node *mm, ml_model *m)
@@ -327,7 +327,7 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
                                        "offload",        "reduce_bucket_size",
                                        "allgather_bucket_size", "logits",
                                        "eval_batch",     "eval_seq_len",  "zero_grad",
-                                       "logits_chunk",   "expert_imbalance"};
+                                       "logits_chunk",   "expert_imbalance", "target_len"};
     ml_status st;
     if ((st = ml_tree_need_map(err, t, "training")) ||
         (st = ml_tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
@@ -342,6 +342,7 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
         (st = training_uint(err, t, "eval_batch", &tr->eval_batch)) ||
         (st = training_uint(err, t, "eval_seq_len", &tr->eval_seq_len)) ||
         (st = training_uint(err, t, "logits_chunk", &tr->logits_chunk)) ||
+        (st = training_uint(err, t, "target_len", &tr->target_len)) ||
         (st = ml_tree_double(err, t, "expert_imbalance", "training", 1, 1e6, false,
                              &tr->expert_imbalance)))
         return st;
@@ -453,8 +454,8 @@ static ml_status build(ml_error *err, const ml_node *root, ml_model *m)
         return st;
     if (!ml_tree_get(mm, "type"))
         return ml_error_at(err, mm, ML_SCHEMA,
-                           "model.type: missing; expected decoder, encoder or "
-                           "sequential");
+                           "model.type: missing; expected decoder, encoder, "
+                           "encoder-decoder or sequential");
     unsigned e = 0;
     if ((st = ml_tree_enum(err, mm, "type", "model", type_names, ML_COUNT(type_names), &e)))
         return st;
@@ -462,21 +463,14 @@ static ml_status build(ml_error *err, const ml_node *root, ml_model *m)
     m->config = ml_config_defaults();
     if (m->type == ML_MODEL_SEQUENTIAL)
         st = ml_schema_sequential(err, mm, m);
+    else if (m->type == ML_MODEL_ENCDEC)
+        st = ml_schema_encdec(err, mm, m);
     else
         st = parse_transformer(err, mm, m);
     if (st)
         return st;
     /* sensible per-model defaults before training: overrides them */
-    if (m->type != ML_MODEL_SEQUENTIAL) {
-        if (m->image_size) {
-            uint64_t g = m->image_size / m->patch_size;
-            m->config.training.seq_len = g * g + 1;
-        } else if (m->max_positions) {
-            m->config.training.seq_len = m->max_positions;
-        } else {
-            m->config.training.seq_len = 2048;
-        }
-    }
+    ml_schema_seq_default(m);
     const ml_node *t = ml_tree_get(root, "training"), *d = ml_tree_get(root, "device");
     if (t && (st = parse_training(err, t, m)))
         return st;

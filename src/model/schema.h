@@ -21,6 +21,10 @@ ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m);
 /* kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim: multi-head latent
  * attention (schema_variants.c), after the experts' keys. */
 ml_status ml_schema_mla(ml_error *err, const ml_node *mm, ml_model *m);
+/* The per-model default of training.seq_len (schema_t5.c). */
+void ml_schema_seq_default(ml_model *m);
+/* model: of type encoder-decoder (T5; schema_t5.c). */
+ml_status ml_schema_encdec(ml_error *err, const ml_node *mm, ml_model *m);
 /* The keys a transformer's model: accepts (schema_variants.c). */
 const char *const *ml_schema_transformer_keys(size_t *count);
 

@@ -63,6 +63,12 @@ static ml_status check_model(const ml_model *m, const ml_lengths *d, ml_error *e
                          "lengths: %s has no token sequence (a sequential or vision model); "
                          "length distributions apply to text decoders and encoders",
                          ml_model_name(m));
+    if (m->type == ML_MODEL_ENCDEC)
+        return ml_errorf(err, ML_USAGE,
+                         "lengths: %s is an encoder-decoder, whose inputs and targets have "
+                         "lengths of their own; one distribution is not planned: plan the "
+                         "longest batch with --seq-len and --target-len",
+                         ml_model_name(m));
     if (m->position == ML_POS_LEARNED && ml_lengths_max(d) > m->max_positions)
         return ml_errorf(err, ML_RANGE,
                          "lengths: the longest sample has %llu tokens, beyond the model's %llu "

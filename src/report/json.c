@@ -55,9 +55,13 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
             (unsigned long long)t->logits_chunk);
     const char *attn = ml_model_attention(m);
     if (attn)
-        fprintf(f, "\"%s\"},\n", attn);
+        fprintf(f, "\"%s\"", attn);
     else
-        fputs("null},\n", f);
+        fputs("null", f);
+    /* an encoder-decoder's second length */
+    if (ml_model_target_len(m, t))
+        fprintf(f, ", \"target_len\": %llu", (unsigned long long)ml_model_target_len(m, t));
+    fputs("},\n", f);
     fputs(" \"plan\": ", f);
     ml_json_string(f, s->plan);
     fprintf(f, ", \"plan_fits_budget\": %s,\n", s->plan_fits_budget ? "true" : "false");

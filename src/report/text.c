@@ -43,9 +43,12 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
     commas(s->params, num, sizeof num);
     fprintf(f, "memledger plan: %s (%s parameters)\n", ml_model_name(m), num);
     const char *attn = ml_model_attention(m);
-    fprintf(f, "config: micro_batch %llu, seq_len %llu, grad_accum %llu, precision %s, "
+    char tl[48] = "";
+    if (ml_model_target_len(m, t))
+        snprintf(tl, sizeof tl, ", target_len %llu", (unsigned long long)ml_model_target_len(m, t));
+    fprintf(f, "config: micro_batch %llu, seq_len %llu%s, grad_accum %llu, precision %s, "
                "optimizer %s (%s), checkpoint %s%s%s\n",
-            (unsigned long long)t->micro_batch, (unsigned long long)s->c_tokens / t->micro_batch,
+            (unsigned long long)t->micro_batch, (unsigned long long)s->c_tokens / t->micro_batch, tl,
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck,
             attn ? ", attention " : "", attn ? attn : "");
@@ -105,6 +108,22 @@ static void text_states(FILE *f, const ml_summary *s)
     fprintf(f, "\n");
 }
 
+/* "block.1..block.31", or, past the column's 22 characters, the last
+ * name's part after their common prefix: "encoder.block.1..11". */
+static void range_name(char *out, size_t size, const char *first, const char *last)
+{
+    snprintf(out, size, "%s..%s", first, last);
+    if (strlen(out) <= 22)
+        return;
+    size_t p = 0, cut = 0;
+    while (first[p] && first[p] == last[p]) {
+        if (first[p] == '.')
+            cut = p + 1;
+        p++;
+    }
+    snprintf(out, size, "%s..%s", first, last + cut);
+}
+
 /* The saved activations per block, runs of three or more like blocks on one
  * line. */
 static void text_activations(FILE *f, const ml_ledger *l, const ml_summary *s)
@@ -120,9 +139,9 @@ static void text_activations(FILE *f, const ml_ledger *l, const ml_summary *s)
         size_t j = i + 1;
         while (j < n && same_block(b, ml_ledger_block(l, j)))
             j++;
-        char name[64];
+        char name[128];
         if (j - i >= 3)
-            snprintf(name, sizeof name, "%s..%s", b->name, ml_ledger_block(l, j - 1)->name);
+            range_name(name, sizeof name, b->name, ml_ledger_block(l, j - 1)->name);
         else {
             snprintf(name, sizeof name, "%s", b->name);
             j = i + 1;

@@ -29,20 +29,20 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from twins import (  # noqa: E402  (the reference implementations: twins.py)
-    INPLACE, F, GemmaRMSNorm, RMSNorm, batch_for, build, load, seq_layers)
+    INPLACE, F, GemmaRMSNorm, RMSNorm, batch_for, build, load, seq_layers, target_len)
 
 TOL = 0.01
 # amp-bf16 through CPU autocast; its differences from CUDA autocast that
 # these models meet are accounted in known_cpu_autocast().
 AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
               "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
-              "xc-deepseek", "xc-deepseek2", "xc-vit"}
+              "xc-deepseek", "xc-deepseek2", "xc-vit", "xc-t5"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
 # vectors are 0.15 % of it, under the 1 % tolerance; Phi-3's fused
 # projections, BERT's MLM head, Gemma 2's post norms and soft-caps, Falcon's
 # shared-norm parallel layer, Mixtral's experts and the decoders'
 # sequence-classification head are new layouts, held to every byte.
-EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit",
+EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5",
                 "xc-deepseek", "xc-deepseek2"}
 torch.manual_seed(0)
 
@@ -85,9 +85,28 @@ class Recorder:
 # Known differences between PyTorch 1.13 on the CPU and the planner's model
 # of 2.x eager autograd: each adds bytes the 1.13 run saves and 2.x does not.
 
+def known_1_13_t5(doc, B, T):
+    """T5's 1.13 extras: each T5LayerNorm's x^2 (mean's input, fp32), two
+    per encoder block, three per decoder block, one in the encoder's final
+    norm and in the head; and the tied head's rescale by d_model ** -0.5, a
+    Python float saved as a 0-dim double (host memory on a GPU). T5 scales
+    no attention scores: no per-block scalar."""
+    m = doc["model"]
+    Td = target_len(doc, T)
+    xs, xd = B * T * m["hidden"] * 4, B * Td * m["hidden"] * 4
+    extra = {"encoder.block.%d" % i: 2 * xs for i in range(m["layers"])}
+    for i in range(m.get("decoder_layers", m["layers"])):
+        extra["decoder.block.%d" % i] = 3 * xd
+    extra["encoder.final"] = xs
+    extra["head"] = xd + (8 if m.get("tied_embeddings", True) else 0)
+    return extra
+
+
 def known_1_13(doc, B, T):
     """Per-block extra bytes a 1.13 CPU run saves (docs/validation.md)."""
     m = doc["model"]
+    if m["type"] == "encoder-decoder":
+        return known_1_13_t5(doc, B, T)
     extra = {}
     if m["type"] != "sequential" and m.get("norm") in ("rmsnorm", "gemma_rmsnorm"):
         # 1.13's mean backward keeps its input: RMSNorm's x^2, fp32, B*T*D
@@ -196,12 +215,14 @@ def measure(doc, B, T, ckpt, amp=False):
     return saved_total, per_block, params, states, batch_bytes, buffer_bytes
 
 
-def plan(memledger, path, B, T, ckpt, amp=False):
+def plan(memledger, path, B, T, ckpt, amp=False, Td=None):
     args = [memledger, "plan", path, "--format", "json", "--micro-batch", str(B),
             "--checkpoint", "full" if ckpt else "none",
             "--precision", "amp-bf16" if amp else "fp32"]
     if T:
         args += ["--seq-len", str(T)]
+    if Td:
+        args += ["--target-len", str(Td)]
     out = subprocess.run(args, capture_output=True, text=True)
     if out.returncode not in (0, 1):
         raise SystemExit("memledger failed: %s\n%s" % (" ".join(args), out.stderr))
@@ -248,9 +269,9 @@ def main():
                     for k, v in known_cpu_autocast(doc, B, T or 1).items():
                         extra[k] = extra.get(k, 0) + v
                 if ckpt:  # checkpointed blocks save nothing of their own
-                    extra = {k: v for k, v in extra.items() if not k.startswith("block.")
+                    extra = {k: v for k, v in extra.items() if ".block." not in "." + k
                              and ":" not in k}
-                j = plan(memledger, path, B, T, ckpt, amp)
+                j = plan(memledger, path, B, T, ckpt, amp, target_len(doc, T or 1))
                 pred_total = j["bytes"]["activations_saved"] + sum(extra.values())
                 check(name + " params", j["params"], params, 0)
                 check(name + " optimizer states", j["bytes"]["optimizer_states"], states, 0)

@@ -71,6 +71,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import crosscheck as xc  # noqa: E402  (the measurement and the checks)
 import twins as tw  # noqa: E402  (the reference implementations)
+import twins_t5 as t5  # noqa: E402  (T5's)
 
 torch.set_num_threads(1)  # every allocation on the profiled (main) thread
 
@@ -329,6 +330,18 @@ def rmsnorm_forward(s, x):  # crosscheck.RMSNorm.forward, tagging 1.13's kept x^
     return s.weight * h.to(dt)
 
 
+def t5_layernorm_forward(s, hidden_states):  # twins_t5.T5LayerNorm.forward, tagging x^2
+    p = hidden_states.to(torch.float32).pow(2)
+    variance = p.mean(-1, keepdim=True)
+    if torch.is_grad_enabled():
+        tag("mean", p)
+    del p
+    hidden_states = hidden_states * torch.rsqrt(variance + s.variance_epsilon)
+    if s.weight.dtype in [torch.float16, torch.bfloat16]:
+        hidden_states = hidden_states.to(s.weight.dtype)
+    return s.weight * hidden_states
+
+
 def gemma_rmsnorm_forward(s, x):  # crosscheck.GemmaRMSNorm.forward, tagging x^2
     h = x.float()
     p = h.pow(2)
@@ -512,13 +525,15 @@ def model_step_fn(ckpt):
     return step
 
 
-def planned(memledger, path, B, T, ckpt, optim, impl, logits):
+def planned(memledger, path, B, T, ckpt, optim, impl, logits, Td=None):
     # ckpt: False, True (full) or 2 (every-2, the transformers' blocks)
     args = ["--micro-batch", str(B),
             "--checkpoint", "every-2" if ckpt == 2 else "full" if ckpt else "none",
             "--optimizer", optim, "--optimizer-impl", impl, "--logits", logits]
     if T:
         args += ["--seq-len", str(T)]
+    if Td:
+        args += ["--target-len", str(Td)]
     out = subprocess.run([memledger, "plan", path, "--format", "json"] + args,
                          capture_output=True, text=True)
     if out.returncode not in (0, 1):
@@ -584,6 +599,10 @@ def main():
     # (2), (3) the cross-check models
     xc.RMSNorm.forward = rmsnorm_forward
     xc.GemmaRMSNorm.forward = gemma_rmsnorm_forward
+    t5.T5LayerNorm.forward = t5_layernorm_forward
+    # the decoder's key/value cache a T5 forward with use_cache keeps is not
+    # planned (docs/inventory.md, "T5"): the loop passes use_cache=False
+    t5.USE_CACHE[0] = False
     tw.FIXED_ROUTING[0] = True
     nn.AdaptiveAvgPool2d.forward = avgpool_forward
     orig_rng = torch.get_rng_state
@@ -612,7 +631,9 @@ def main():
         confs = [(False, adam, impl, lg) for impl in ("for-loop", "foreach") for lg in ("kept", "released")]
         confs += [(False, "sgd-momentum", "for-loop", lg) for lg in ("kept", "released")]
         confs += [(True, adam, "foreach", lg) for lg in ("kept", "released")]
-        if not seq:  # checkpoint every-2: segments of two layer blocks
+        # checkpoint every-2: segments of two layer blocks (HF's T5 checkpoints
+        # each block: the twin ignores CKPT_EVERY)
+        if not seq and doc["model"]["type"] != "encoder-decoder":
             confs += [(2, adam, "foreach", "kept"), (2, "sgd-momentum", "for-loop", "released")]
         # Liger's fused linear cross-entropy (refused with soft-capped logits
         # and for a sequence-classification head)
@@ -639,7 +660,8 @@ def main():
                 return m
             c, f = run_loop(build, lambda m: xc.batch_for(doc, m, B, T or 1), model_step_fn(ckpt),
                             optim, impl, logits)
-            j = planned(memledger, path, B, T, ckpt, optim, impl, logits)
+            j = planned(memledger, path, B, T, ckpt, optim, impl, logits,
+                        tw.target_len(doc, T) if T else None)
             check(name + " oracle (running total, pairing)", c.errors, [])
             check(name + " nothing left after teardown", c.leaked, 0)
             raw = [e["d"] for e in c.ev]
@@ -676,10 +698,11 @@ def main():
             # the peak's phase and step: the planned step (a recompute is its
             # block's) among the measured block's names (a segment's blocks)
             want = j["peak"]["step"].replace(" (recompute)", "")
-            if doc["model"].get("experts"):
-                # a mixture of experts' backward runs at block level, an upper
-                # bound (docs/validation.md): its peak can be placed in a later
-                # block than the measured one; the phase is still asserted
+            if doc["model"].get("experts") or doc["model"]["type"] == "encoder-decoder":
+                # a mixture of experts' and T5's backward run at block level,
+                # an upper bound (docs/validation.md): the peak can be placed
+                # in a later block than the measured one; the phase is still
+                # asserted
                 check(name + " peak phase as measured (block-level backward)",
                       r[1]["peak_phase"], j["peak"]["phase"])
             else:

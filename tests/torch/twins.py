@@ -1325,8 +1325,21 @@ class Sequential(nn.Module):
         return F.mse_loss(x, tgt) if s.loss == "mse" else F.cross_entropy(x, tgt)
 
 
+def target_len(doc, T):
+    """An encoder-decoder's decoder length at encoder length T: the file's
+    target_len at its seq_len, scaled with T (None: not an encoder-decoder)."""
+    m, tr = doc["model"], doc.get("training", {})
+    if m["type"] != "encoder-decoder":
+        return None
+    T0 = tr.get("seq_len", 16)
+    return max(1, tr.get("target_len", T0) * T // T0)
+
+
 def build(doc):
     m = doc["model"]
+    if m["type"] == "encoder-decoder":
+        from twins_t5 import build_t5  # twins_t5 imports this module
+        return build_t5(doc)
     if m["type"] == "sequential":
         return Sequential(m)
     if m["type"] == "encoder" and m.get("image_size"):
@@ -1354,6 +1367,9 @@ def build(doc):
 
 def batch_for(doc, model, B, T):
     m = doc["model"]
+    if m["type"] == "encoder-decoder":
+        from twins_t5 import batch_t5
+        return batch_t5(doc, model, B, T, target_len(doc, T))
     if m["type"] == "sequential":
         x = torch.randn([B] + list(m["input"]))
         if model.loss == "mse":

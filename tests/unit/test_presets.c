@@ -50,6 +50,16 @@ static void test_published_counts(void **state)
                    D * 1000 + 1000;
     assert_int_equal(vit, 86567656);
     assert_int_equal(params_of("vit-b16"), 86567656);
+    /* T5-base: the shared table V*D (the LM head tied to it); an encoder
+     * block's q, k, v, o (D x H*dkv each), wi and wo (D x F), two norms D;
+     * a decoder block's two attentions, wi and wo, three norms; each
+     * stack's first block a 32 x H relative_attention_bias and each stack
+     * a final norm D: 222,903,552 (google-t5/t5-base) */
+    uint64_t I = 12 * 64, F = 3072;
+    uint64_t enc = 12 * (4 * D * I + 2 * D * F + 2 * D) + 32 * 12 + D;
+    uint64_t dec = 12 * (8 * D * I + 2 * D * F + 3 * D) + 32 * 12 + D;
+    assert_int_equal(32128 * D + enc + dec, 222903552);
+    assert_int_equal(params_of("t5-base"), 222903552);
 }
 
 static void test_resnet18_cifar(void **state)

@@ -1,0 +1,373 @@
+/* T5's chain (HF T5ForConditionalGeneration, transformers 4.5x
+ * modeling_t5.py): the encoder's embedding and blocks, its final norm, the
+ * decoder's embedding and blocks (self-attention, cross-attention over the
+ * encoder's output, feed-forward), the head and the loss. What each op
+ * keeps for its backward: docs/inventory.md, "T5". The tensors that live
+ * beside the stream of blocks (the position biases the stacks' loops hold,
+ * the encoder's output every cross-attention reads, and their gradients)
+ * are the chain's side tensors (docs/ledger.md, "Side tensors"). The
+ * blocks keep the block-level backward rule. */
+#include <stdio.h>
+
+#include "ledger/chain_kit.h"
+
+typedef struct {
+    uint64_t B, Ts, Td, D, I, F, H, V;
+    unsigned a, w; /* the compute dtype's and the residual stream's bytes */
+    bool drop;
+} t5d;
+
+/* T5LayerNorm on x (B*T rows of D, the stream's dtype; its weight, D,
+ * registered by the caller after the layer's module): variance of
+ * x.to(float32) squared, x * rsqrt(variance + eps), cast to the weight's
+ * dtype when it is half, then weight * h. pow saves its fp32 input (x
+ * itself when x is fp32, else a copy), the mul x and rsqrt's result, the
+ * scale the normalised h (derivatives.yaml: pow, mul, rsqrt). */
+static void t5_norm(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t BT, unsigned xflags)
+{
+    uint64_t BTD = ml_mul(ch, BT, t->D);
+    if (t->w == 4) {
+        ml_ck_save(ch, b, "layer norm input", BTD, 4, xflags);
+    } else {
+        ml_ck_save(ch, b, "layer norm fp32 copy of input (pow)", BTD, 4, 0);
+        ml_ck_save(ch, b, "layer norm input (x * rsqrt)", BTD, t->w, xflags);
+    }
+    ml_ck_save(ch, b, "layer norm rsqrt", BT, 4, 0);
+    ml_ck_save(ch, b, t->w == 4 ? "layer norm normalised" : "layer norm normalised (cast)", BTD,
+               t->w, 0);
+    ml_ck_tmp(ch, BTD, 4);
+}
+
+/* A Linear's input of `elems` stream-dtype elements: autocast saves a cast
+ * copy per Linear; otherwise the storage, once (already: another Linear
+ * saved it). */
+static void linear_in(ml_chain *ch, ml_cblock *b, const t5d *t, const char *what, uint64_t elems,
+                      bool already)
+{
+    if (ch->prec.autocast)
+        ml_ck_save(ch, b, what, elems, 2, 0);
+    else if (!already)
+        ml_ck_save(ch, b, what, elems, t->w, 0);
+}
+
+/* T5Attention, eager (no scaling; the position bias added in place to the
+ * scores; softmax over scores.float(), type_as the scores; dropout; the
+ * matmul with v; the output projection), then the layer's dropout and the
+ * residual. Tq query rows over Tk key rows; cross: k and v project the
+ * encoder's output (a side tensor: saved, not this block's). first: the
+ * stack's first block, whose self-attention embeds the relative-position
+ * buckets (its relative_attention_bias). */
+static void t5_attention(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t Tq, uint64_t Tk,
+                         bool cross, bool first, uint64_t buckets)
+{
+    const unsigned a = t->a;
+    uint64_t BTq = ml_mul(ch, t->B, Tq), BTk = ml_mul(ch, t->B, Tk);
+    uint64_t S = ml_ck_mul3(ch, ml_mul(ch, t->B, t->H), Tq, Tk);
+    t5_norm(ch, b, t, BTq, cross ? 0 : ML_SV_INPUT);
+    uint64_t qin = ml_mul(ch, BTq, t->D), kin = ml_mul(ch, BTk, t->D);
+    linear_in(ch, b, t, cross ? "q input" : "q/k/v input", qin, false);
+    if (cross && ch->prec.autocast) { /* k and v each cast the encoder's output */
+        ml_ck_save(ch, b, "k input (cast copy of the encoder output)", kin, 2, 0);
+        ml_ck_save(ch, b, "v input (cast copy of the encoder output)", kin, 2, 0);
+    } else if (!cross && ch->prec.autocast) {
+        ml_ck_save(ch, b, "q/k/v input (cast copy)", qin, 2, 0);
+        ml_ck_save(ch, b, "q/k/v input (cast copy)", qin, 2, 0);
+    }
+    ml_ck_weight_copy(ch, b, ml_mul(ch, 4, ml_mul(ch, t->D, t->I)));
+    for (int i = 0; i < 4; i++) /* q, k, v, o */
+        ml_ck_param(ch, b, t->D, t->I);
+    if (first && !cross) {
+        ml_ck_param(ch, b, buckets, t->H); /* relative_attention_bias */
+        ml_ck_save(ch, b, "relative position buckets (int64)", ml_mul(ch, Tq, Tk), 8, 0);
+    }
+    ml_ck_param(ch, b, t->D, 0); /* the layer's layer_norm */
+    ml_ck_save(ch, b, "q (scores matmul)", ml_mul(ch, BTq, t->I), a, 0);
+    ml_ck_save(ch, b, "k (scores matmul)", ml_mul(ch, BTk, t->I), a, 0);
+    ml_ck_tmp(ch, S, a);
+    /* the attention core, the T x T tensors: dropped and recomputed under
+     * checkpoint: selective */
+    ml_ck_save(ch, b, "softmax output (fp32)", S, 4, ML_SV_CORE);
+    if (t->drop) {
+        ml_ck_save(ch, b, "attention dropout mask", S, 1, ML_SV_CORE);
+        ml_ck_save(ch, b, "attention probabilities (dropout output)", S, a, ML_SV_CORE);
+    } else if (a != 4) {
+        ml_ck_save(ch, b, "attention probabilities (type_as cast)", S, a, ML_SV_CORE);
+    }
+    ml_ck_save(ch, b, "v (context matmul)", ml_mul(ch, BTk, t->I), a, 0);
+    ml_ck_save(ch, b, "o input (heads merged)", ml_mul(ch, BTq, t->I), a, 0);
+    uint64_t BTD = ml_mul(ch, BTq, t->D);
+    ml_ck_tmp(ch, BTD, a);
+    if (t->drop)
+        ml_ck_save(ch, b, "attention output dropout mask", BTD, 1, 0);
+    double proj = 2.0 * (double)t->B * (double)t->D * (double)t->I;
+    double core = 4.0 * (double)S * (double)(t->I / t->H);
+    b->flops_fwd += proj * (2.0 * (double)Tq + 2.0 * (double)Tk) + core;
+    b->flops_core += core;
+}
+
+/* T5LayerFF with T5DenseActDense: wi, relu, dropout, (under autocast the
+ * activation is cast to wo's fp32 weight dtype, which wo casts back), wo,
+ * then the layer's dropout and the residual. */
+static void t5_ff(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t T)
+{
+    const unsigned a = t->a;
+    uint64_t BT = ml_mul(ch, t->B, T), BTD = ml_mul(ch, BT, t->D), BTF = ml_mul(ch, BT, t->F);
+    t5_norm(ch, b, t, BT, 0);
+    linear_in(ch, b, t, "wi input", BTD, false);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, 2, ml_mul(ch, t->D, t->F)));
+    ml_ck_param(ch, b, t->D, t->F); /* wi */
+    ml_ck_param(ch, b, t->F, t->D); /* wo */
+    ml_ck_param(ch, b, t->D, 0);    /* layer_norm */
+    ml_ck_tmp(ch, BTF, a);
+    ml_ck_save(ch, b, "relu output", BTF, a, 0);
+    if (t->drop) {
+        ml_ck_save(ch, b, "feed-forward dropout mask", BTF, 1, 0);
+        if (!ch->prec.autocast)
+            ml_ck_save(ch, b, "wo input (dropout output)", BTF, a, 0);
+    }
+    if (ch->prec.autocast) {
+        ml_ck_tmp(ch, BTF, 4); /* .to(wo.weight.dtype) */
+        ml_ck_save(ch, b, "wo input (cast back from fp32)", BTF, 2, 0);
+    }
+    ml_ck_tmp(ch, BTD, a);
+    if (t->drop)
+        ml_ck_save(ch, b, "feed-forward output dropout mask", BTD, 1, 0);
+    b->flops_fwd += 4.0 * (double)BT * (double)t->D * (double)t->F;
+}
+
+/* Starts a block reading `in` bytes. */
+static ml_cblock *begin(ml_chain *ch, const char *name, int ckpt, uint64_t in)
+{
+    ml_cblock *b = ml_ck_begin(ch, name, ckpt);
+    if (b)
+        b->in_bytes = in;
+    return b;
+}
+
+/* An embedding of B*T ids into the shared table (dropout after): the ids
+ * are its input (saved). shared: the table's gradient is not created here
+ * (its dense gradient is added into .grad, a transient). */
+static ml_cblock *t5_embedding(ml_chain *ch, const t5d *t, const char *name, uint64_t T,
+                               bool params, bool creates_grad)
+{
+    uint64_t BT = ml_mul(ch, t->B, T), BTD = ml_mul(ch, BT, t->D);
+    ml_cblock *b = begin(ch, name, -1, ml_mul(ch, BT, 8));
+    if (!b)
+        return NULL;
+    ml_ck_save(ch, b, "token ids (int64)", BT, 8, ML_SV_INPUT);
+    b->in_nograd = true;
+    if (params)
+        ml_ck_param(ch, b, t->V, t->D);
+    ml_ck_tmp(ch, BTD, t->w);
+    if (t->drop)
+        ml_ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
+    ml_ck_end(ch, b, ml_mul(ch, BTD, t->w));
+    uint64_t g = ml_mul(ch, ml_mul(ch, t->V, t->D), ch->prec.grad);
+    if (params) {
+        b->grad_bytes -= g;
+        b->grad_accum_bytes -= g;
+    }
+    if (creates_grad) {
+        b->grad_bytes = ml_add(ch, b->grad_bytes, g);
+        b->grad_accum_bytes = ml_add(ch, b->grad_accum_bytes, g);
+    } else {
+        b->ws_bwd = ml_add(ch, b->ws_bwd, g);
+    }
+    return b;
+}
+
+/* A side tensor (chain.h); bytes 0: none. */
+static void side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to,
+                 bool to_bwd, bool ckpt_kept)
+{
+    if (!bytes)
+        return;
+    if (ch->nsides >= ML_SIDES_MAX) {
+        ch->overflow = true;
+        return;
+    }
+    ch->sides[ch->nsides++] = (ml_side){what, bytes, (uint32_t)from, (uint32_t)to, to_bwd,
+                                       ckpt_kept, 0, 0, 0};
+}
+
+/* The gradient of the side tensor added last. */
+static void side_grad(ml_chain *ch, uint64_t grad, size_t from, size_t to)
+{
+    if (ch->nsides && !ch->eval_mode) {
+        ml_side *s = &ch->sides[ch->nsides - 1];
+        s->grad = grad;
+        s->grad_from = (uint32_t)from;
+        s->grad_to = (uint32_t)to;
+    }
+}
+
+/* The tensors T5Stack.forward holds through its blocks (modeling_t5.py):
+ * the attention mask it makes of ones when given none (fp32), the extended
+ * or causal mask it passes to every block (the stream's dtype) with
+ * cache_position (int64), the embedding's output beside its dropout's;
+ * the decoder's also the encoder's mask of ones (int64) and its inverted
+ * (B, 1, 1, Ts) mask. The stack made at block `emb` returns at `end`. */
+static void stack_sides(ml_chain *ch, const t5d *t, bool dec, size_t emb, size_t end)
+{
+    uint64_t T = dec ? t->Td : t->Ts, BT = ml_mul(ch, t->B, T);
+    uint64_t BTs = ml_mul(ch, t->B, t->Ts);
+    side(ch, "attention mask of ones (fp32)", ml_mul(ch, BT, 4), emb, end, false, false);
+    side(ch, dec ? "causal mask (B, 1, T, T)" : "extended attention mask (B, 1, 1, T)",
+         ml_mul(ch, dec ? ml_mul(ch, BT, T) : BT, t->w), emb, end, false, true);
+    side(ch, "cache_position (int64)", ml_mul(ch, T, 8), emb, end, false, true);
+    if (t->drop)
+        side(ch, "embedding output (inputs_embeds, before its dropout)",
+             ml_ck_mul3(ch, BT, t->D, t->w), emb, end, false, false);
+    if (dec) {
+        side(ch, "encoder attention mask of ones (int64)", ml_mul(ch, BTs, 8), emb, end, false,
+             false);
+        side(ch, "inverted encoder mask (B, 1, 1, Ts)", ml_mul(ch, BTs, t->w), emb, end, false,
+             true);
+    }
+}
+
+/* The name "encoder.block.<i>" or "decoder.block.<i>". */
+static void stack_name(char name[48], const char *stack, uint64_t i)
+{
+    snprintf(name, 48, "%s.block.%llu", stack, (unsigned long long)i);
+}
+
+static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, size_t *enc_first)
+{
+    uint64_t BTD = ml_mul(ch, ml_mul(ch, t->B, t->Ts), t->D);
+    if (!t5_embedding(ch, t, "embedding", t->Ts, true, false))
+        return ML_NOMEM;
+    *enc_first = ch->n;
+    for (uint64_t i = 0; i < m->layers; i++) {
+        char name[48];
+        stack_name(name, "encoder", i);
+        ml_cblock *b = begin(ch, name, (int)i, ml_mul(ch, BTD, t->w));
+        if (!b)
+            return ML_NOMEM;
+        t5_attention(ch, b, t, t->Ts, t->Ts, false, i == 0, m->rel_buckets);
+        t5_ff(ch, b, t, t->Ts);
+        ml_ck_end(ch, b, ml_mul(ch, BTD, t->w));
+    }
+    /* final_layer_norm, dropout: the encoder's output */
+    ml_cblock *b = begin(ch, "encoder.final", -1, ml_mul(ch, BTD, t->w));
+    if (!b)
+        return ML_NOMEM;
+    t5_norm(ch, b, t, ml_mul(ch, t->B, t->Ts), ML_SV_INPUT);
+    ml_ck_param(ch, b, t->D, 0);
+    ml_ck_tmp(ch, BTD, t->w);
+    if (t->drop)
+        ml_ck_save(ch, b, "encoder output dropout mask", BTD, 1, 0);
+    /* its output is a side tensor; its boundary is the decoder's ids */
+    ml_ck_end(ch, b, 0);
+    b->bwd_in = 0;
+    return ML_OK;
+}
+
+static ml_status decoder(ml_chain *ch, const ml_model *m, const t5d *t, size_t *dec_first)
+{
+    uint64_t BTD = ml_mul(ch, ml_mul(ch, t->B, t->Td), t->D);
+    /* _shift_right(labels): the decoder's ids */
+    if (!t5_embedding(ch, t, "decoder.embedding", t->Td, false, !m->tied_embeddings))
+        return ML_NOMEM;
+    *dec_first = ch->n;
+    for (uint64_t i = 0; i < m->dec_layers; i++) {
+        char name[48];
+        stack_name(name, "decoder", i);
+        ml_cblock *b = begin(ch, name, (int)(m->layers + i), ml_mul(ch, BTD, t->w));
+        if (!b)
+            return ML_NOMEM;
+        t5_attention(ch, b, t, t->Td, t->Td, false, i == 0, m->rel_buckets);
+        t5_attention(ch, b, t, t->Td, t->Ts, true, i == 0, m->rel_buckets);
+        t5_ff(ch, b, t, t->Td);
+        ml_ck_end(ch, b, ml_mul(ch, BTD, t->w));
+    }
+    return ML_OK;
+}
+
+/* The decoder's final_layer_norm and dropout, the rescale by D^-0.5 when
+ * the head is tied to the shared table (a Python float: nothing saved), and
+ * lm_head; then the cross-entropy. */
+static ml_status head(ml_chain *ch, const ml_model *m, const t5d *t, const ml_ck_dims *d)
+{
+    uint64_t BT = ml_mul(ch, t->B, t->Td), BTD = ml_mul(ch, BT, t->D);
+    ml_cblock *b = begin(ch, "head", -1, ml_mul(ch, BTD, t->w));
+    if (!b)
+        return ML_NOMEM;
+    t5_norm(ch, b, t, BT, ML_SV_INPUT);
+    ml_ck_param(ch, b, t->D, 0); /* the decoder's final_layer_norm */
+    if (t->drop)
+        ml_ck_save(ch, b, "decoder output dropout mask", BTD, 1, 0);
+    ml_ck_tmp(ch, BTD, t->w);
+    linear_in(ch, b, t, "lm_head input", BTD, false);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, t->V, t->D));
+    uint64_t g = ml_mul(ch, ml_mul(ch, t->V, t->D), ch->prec.grad);
+    if (!m->tied_embeddings)
+        ml_ck_param(ch, b, t->V, t->D);
+    b->flops_fwd = 2.0 * (double)BT * (double)t->D * (double)t->V;
+    uint64_t logits = ml_mul(ch, BT, t->V);
+    ml_ck_end(ch, b, ml_mul(ch, logits, t->a));
+    if (m->tied_embeddings) { /* the shared table's .grad is created here */
+        b->grad_bytes = ml_add(ch, b->grad_bytes, g);
+        b->grad_accum_bytes = ml_add(ch, b->grad_accum_bytes, g);
+    }
+    return ml_ck_ce_loss(ch, m, d, BT, t->V);
+}
+
+ml_status ml_chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                            ml_error *err)
+{
+    const ml_training *tr = &cfg->training;
+    t5d t = {.B = tr->micro_batch,
+             .Ts = tr->seq_len,
+             .Td = tr->target_len ? tr->target_len : tr->seq_len,
+             .D = m->hidden,
+             .I = ml_mul(ch, m->heads, m->head_dim),
+             .F = m->ffn,
+             .H = m->heads,
+             .V = m->vocab,
+             .a = ch->prec.a,
+             .w = ch->prec.w,
+             .drop = m->dropout > 0 && !ch->eval_mode};
+    ml_ck_dims d = {.B = t.B, .T = t.Td, .BT = ml_mul(ch, t.B, t.Td), .D = t.D, .V = t.V};
+    ch->B = t.B;
+    ch->T = t.Ts;
+    ch->c_tokens = ml_mul(ch, t.B, t.Ts);
+    ch->c_width = t.D;
+    ch->record_nodes = false;
+    size_t enc0 = 0, dec0 = 0;
+    ml_status st = encoder(ch, m, &t, &enc0);
+    size_t fin = ch->n - 1;
+    if (st == ML_OK)
+        st = decoder(ch, m, &t, &dec0);
+    size_t hd = ch->n;
+    if (st == ML_OK)
+        st = head(ch, m, &t, &d);
+    if (st != ML_OK || ch->overflow)
+        return st;
+    (void)err;
+    ch->n_ckpt = m->layers + m->dec_layers;
+    const unsigned w = t.w;
+    uint64_t bias_s = ml_mul(ch, ml_ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Ts, t.Ts)), w);
+    uint64_t bias_d = ml_mul(ch, ml_ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Td, t.Td)), w);
+    uint64_t bias_x = ml_mul(ch, ml_ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Td, t.Ts)), w);
+    uint64_t enc_out = ml_mul(ch, ml_ck_mul3(ch, t.B, t.Ts, t.D), w);
+    size_t enc_last = fin - 1, dec_last = hd - 1, loss = ch->n - 1;
+    stack_sides(ch, &t, false, enc0 - 1, fin);
+    side(ch, "encoder position bias (B, H, Ts, Ts)", bias_s, enc0, fin, false, true);
+    side_grad(ch, bias_s, enc_last, enc0);
+    /* fp32: the cross-attentions' k and v save the encoder's output itself
+     * (released by the first decoder block's backward); under autocast they
+     * save casts, and the model's forward holds it until it returns */
+    bool saved = !ch->eval_mode && !ch->prec.autocast;
+    side(ch, "encoder output", enc_out, fin, saved ? dec0 : loss, saved, true);
+    side_grad(ch, enc_out, dec_last, fin);
+    stack_sides(ch, &t, true, dec0 - 1, hd);
+    side(ch, "decoder self-attention position bias (B, H, Td, Td)", bias_d, dec0, hd, false,
+         true);
+    side_grad(ch, bias_d, dec_last, dec0);
+    side(ch, "cross-attention position bias (B, H, Td, Ts)", bias_x, dec0, hd, false, true);
+    for (size_t i = 0; i < ch->n; i++)
+        if (ch->blocks[i].flops_bwd == 0)
+            ch->blocks[i].flops_bwd = 2.0 * ch->blocks[i].flops_fwd;
+    return ML_OK;
+}

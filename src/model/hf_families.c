@@ -1,0 +1,88 @@
+/* The Hugging Face import's families (hf.c): each model_type with the one
+ * transformers class the planner builds for it (chain_transformer.c,
+ * chain_t5.c), that class's head and loss, and a second class where there
+ * is one. docs/hf.md's family table lists them. */
+#include <string.h>
+
+#include "model/model_internal.h"
+
+/* The decoders' second class: transformers' GenericForSequenceClassification
+ * (chain_head.c, seq_cls_head). */
+#define SEQ_CLS_HEAD                                                                           \
+    "the final norm, the score Linear (no bias) at every token, the logits of each "           \
+    "sequence's last non-pad token (pad_token_id), cross-entropy over num_labels"
+
+/* The families, each with the one transformers class the planner builds
+ * (chain_transformer.c; T5: chain_t5.c): the head and the loss it models. */
+static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
+    {"llama", ML_HF_LLAMA, "LlamaForCausalLM", "a causal LM head over vocab_size, cross-entropy",
+     "LlamaForSequenceClassification", SEQ_CLS_HEAD},
+    {"mistral", ML_HF_MISTRAL, "MistralForCausalLM",
+     "a causal LM head over vocab_size, cross-entropy", "MistralForSequenceClassification",
+     SEQ_CLS_HEAD},
+    {"mixtral", ML_HF_MIXTRAL, "MixtralForCausalLM",
+     "a causal LM head over vocab_size, cross-entropy (no auxiliary loss: output_router_logits "
+     "false)",
+     "MixtralForSequenceClassification", SEQ_CLS_HEAD},
+    {"qwen2", ML_HF_QWEN2, "Qwen2ForCausalLM", "a causal LM head over vocab_size, cross-entropy",
+     "Qwen2ForSequenceClassification", SEQ_CLS_HEAD},
+    {"qwen2_moe", ML_HF_QWEN2MOE, "Qwen2MoeForCausalLM",
+     "a causal LM head over vocab_size, cross-entropy (no auxiliary loss: output_router_logits "
+     "false)",
+     "Qwen2MoeForSequenceClassification", SEQ_CLS_HEAD},
+    {"gpt2", ML_HF_GPT2, "GPT2LMHeadModel", "a causal LM head over vocab_size, cross-entropy",
+     "GPT2ForSequenceClassification", SEQ_CLS_HEAD},
+    {"gpt_neox", ML_HF_NEOX, "GPTNeoXForCausalLM",
+     "a causal LM head over vocab_size, cross-entropy", "GPTNeoXForSequenceClassification",
+     SEQ_CLS_HEAD},
+    {"bert", ML_HF_BERT, "BertForSequenceClassification",
+     "the pooler, dropout and a num_labels classifier on the first token, cross-entropy",
+     "BertForMaskedLM",
+     "no pooler; the MLM head (dense, activation, LayerNorm, the decoder tied to the word "
+     "embeddings and its bias) over vocab_size at every token, cross-entropy"},
+    {"vit", ML_HF_VIT, "ViTForImageClassification",
+     "a num_labels classifier on the class token, cross-entropy", NULL, NULL},
+    {"gemma", ML_HF_GEMMA, "GemmaForCausalLM",
+     "a causal LM head over vocab_size (tied by default), cross-entropy",
+     "GemmaForSequenceClassification", SEQ_CLS_HEAD},
+    {"phi3", ML_HF_PHI3, "Phi3ForCausalLM", "a causal LM head over vocab_size, cross-entropy",
+     "Phi3ForSequenceClassification", SEQ_CLS_HEAD},
+    {"gemma2", ML_HF_GEMMA2, "Gemma2ForCausalLM",
+     "a causal LM head over vocab_size (tied by default), the logits soft-capped, cross-entropy",
+     "Gemma2ForSequenceClassification", SEQ_CLS_HEAD},
+    {"falcon", ML_HF_FALCON, "FalconForCausalLM",
+     "a causal LM head over vocab_size (tied by default), cross-entropy",
+     "FalconForSequenceClassification", SEQ_CLS_HEAD},
+    {"deepseek_v2", ML_HF_DEEPSEEK2, "DeepseekV2ForCausalLM",
+     "a causal LM head over vocab_size, cross-entropy (no auxiliary loss)",
+     "DeepseekV2ForSequenceClassification", SEQ_CLS_HEAD},
+    {"deepseek_v3", ML_HF_DEEPSEEK3, "DeepseekV3ForCausalLM",
+     "a causal LM head over vocab_size, cross-entropy (no auxiliary loss; no multi-token "
+     "prediction module: transformers does not load it)",
+     NULL, NULL},
+    {"t5", ML_HF_T5, "T5ForConditionalGeneration",
+     "the decoder's final norm, the LM head over vocab_size (tied by default: the decoder's "
+     "output rescaled by d_model^-0.5 first), cross-entropy over the labels",
+     NULL, NULL},
+};
+
+unsigned ml_hf_family(const char *model_type)
+{
+    for (size_t i = 0; i < ML_HF_FAMILY_COUNT; i++)
+        if (!strcmp(families[i].type, model_type))
+            return families[i].bit;
+    return 0;
+}
+
+const char *ml_hf_family_name(unsigned bit)
+{
+    for (size_t i = 0; i < ML_HF_FAMILY_COUNT; i++)
+        if (families[i].bit == bit)
+            return families[i].type;
+    return "?";
+}
+
+const ml_hf_family_info *ml_hf_families(void)
+{
+    return families;
+}

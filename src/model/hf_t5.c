@@ -1,0 +1,82 @@
+/* The Hugging Face import's T5 (hf.c calls it once the keys are checked):
+ * T5ForConditionalGeneration as modeling_t5.py builds it from a T5Config.
+ * Every key it reads is in the key table (hf_keys.c); the chain it maps to
+ * is docs/inventory.md's "T5". */
+#include <string.h>
+
+#include "model/hf_read.h"
+#include "model/model_internal.h"
+#include "model/tree.h"
+
+/* The sizes, with T5Config's defaults (configuration_t5.py: vocab_size
+ * 32128, d_model 512, d_kv 64, d_ff 2048, num_layers 6, num_heads 8,
+ * num_decoder_layers = num_layers, 32 buckets reaching 128 positions) and
+ * its attribute_map's aliases (hidden_size, num_attention_heads,
+ * num_hidden_layers). */
+static ml_status t5_sizes(const ml_node *r, ml_model *m, ml_error *err)
+{
+    m->vocab = 32128;
+    m->hidden = 512;
+    m->head_dim = 64;
+    m->ffn = 2048;
+    m->layers = 6;
+    m->heads = 8;
+    m->rel_buckets = 32;
+    m->rel_max_distance = 128;
+    ml_status st;
+    if ((st = ml_hf_uint(err, r, KEYS("vocab_size"), false, 1, ML_MAX_VOCAB, &m->vocab)) ||
+        (st = ml_hf_uint(err, r, KEYS("d_model", "hidden_size"), false, 1, ML_MAX_HIDDEN,
+                         &m->hidden)) ||
+        (st = ml_hf_uint(err, r, KEYS("d_kv"), false, 1, ML_MAX_HIDDEN, &m->head_dim)) ||
+        (st = ml_hf_uint(err, r, KEYS("d_ff"), false, 1, ML_MAX_FFN, &m->ffn)) ||
+        (st = ml_hf_uint(err, r, KEYS("num_layers", "num_hidden_layers"), false, 1,
+                         ML_MAX_LAYERS, &m->layers)) ||
+        (st = ml_hf_uint(err, r, KEYS("num_heads", "num_attention_heads"), false, 1,
+                         ML_MAX_HIDDEN, &m->heads)) ||
+        (st = ml_hf_uint(err, r, KEYS("relative_attention_num_buckets"), false, 2, 1u << 16,
+                         &m->rel_buckets)) ||
+        (st = ml_hf_uint(err, r, KEYS("relative_attention_max_distance"), false, 1,
+                         ML_MAX_TOKENS, &m->rel_max_distance)))
+        return st;
+    m->dec_layers = m->layers;
+    if ((st = ml_hf_uint(err, r, KEYS("num_decoder_layers"), false, 1, ML_MAX_LAYERS,
+                         &m->dec_layers)))
+        return st;
+    if (m->heads * m->head_dim > ML_MAX_HIDDEN)
+        return ml_error_at(err, ml_tree_get(r, "d_kv"), ML_RANGE,
+                           "d_kv: num_heads x d_kv = %llu is above %llu",
+                           (unsigned long long)(m->heads * m->head_dim),
+                           (unsigned long long)ML_MAX_HIDDEN);
+    m->kv_heads = m->heads;
+    return ML_OK;
+}
+
+ml_status ml_hf_map_t5(const ml_node *r, ml_model *m, ml_error *err)
+{
+    /* feed_forward_proj other than relu, is_gated_act, dense_act_fn other
+     * than relu, is_decoder and is_encoder_decoder false are refused by the
+     * key table before this runs */
+    ml_status st = t5_sizes(r, m, err);
+    if (st)
+        return st;
+    m->type = ML_MODEL_ENCDEC;
+    m->activation = ML_ACT_RELU;
+    m->norm = ML_NORM_RMSNORM;
+    m->prenorm = true;
+    m->position = ML_POS_NONE;
+    m->bias = m->qkv_bias = m->mlp_bias = false;
+    m->tied_embeddings = true;
+    m->dropout = 0.1; /* T5Config's dropout_rate */
+    if ((st = ml_hf_prob(err, r, "dropout_rate", &m->dropout)) ||
+        (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+        return st;
+    if (m->attention != ML_ATTN_EAGER)
+        return ml_error_at(err, ml_tree_get(r, "attn_implementation"), ML_SCHEMA,
+                           "attn_implementation: T5's attention is eager (its position bias "
+                           "is added to the scores); use eager or remove the key");
+    /* the training settings' defaults, as the YAML loader's: T5 was
+     * trained on inputs of 512 tokens (n_positions) */
+    m->config = ml_config_defaults();
+    m->config.training.seq_len = 512;
+    return ML_OK;
+}

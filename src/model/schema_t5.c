@@ -1,0 +1,133 @@
+/* The model file's encoder-decoder (T5, HF T5ForConditionalGeneration:
+ * docs/cli.md, "The model file"; what it keeps: docs/inventory.md, "T5"),
+ * and the per-model default sequence length. */
+#include <string.h>
+
+#include "model/schema.h"
+
+void ml_schema_seq_default(ml_model *m)
+{
+    ml_training *t = &m->config.training;
+    if (m->type == ML_MODEL_SEQUENTIAL)
+        return;
+    if (m->type == ML_MODEL_ENCDEC) {
+        t->seq_len = 512; /* T5Config's n_positions: the length it was trained at */
+    } else if (m->image_size) {
+        uint64_t g = m->image_size / m->patch_size;
+        t->seq_len = g * g + 1;
+    } else if (m->max_positions) {
+        t->seq_len = m->max_positions;
+    } else {
+        t->seq_len = 2048;
+    }
+}
+
+static const char *const encdec_keys[] = {
+    "type",      "layers",           "decoder_layers",        "hidden",          "heads",
+    "head_dim",  "ffn",              "activation",            "norm",            "position",
+    "vocab",     "relative_buckets", "relative_max_distance", "tied_embeddings", "dropout",
+    "attention", "buffers"};
+
+/* The sizes: layers, hidden, heads and vocab are needed; the others have
+ * T5Config's defaults (decoder_layers = layers, head_dim = hidden / heads,
+ * 32 buckets reaching 128 positions) or the file's usual ones (ffn 4 x hidden). */
+static ml_status encdec_sizes(ml_error *err, const ml_node *mm, ml_model *m)
+{
+    const char *req[] = {"layers", "hidden", "heads", "vocab"};
+    for (size_t i = 0; i < ML_COUNT(req); i++)
+        if (!ml_tree_get(mm, req[i]))
+            return ml_error_at(err, mm, ML_SCHEMA,
+                               "model.%s: missing; an encoder-decoder needs layers, hidden, "
+                               "heads and vocab",
+                               req[i]);
+    ml_status st;
+    if ((st = ml_tree_uint(err, mm, "layers", "model", 1, ML_MAX_LAYERS, &m->layers)) ||
+        (st = ml_tree_uint(err, mm, "hidden", "model", 1, ML_MAX_HIDDEN, &m->hidden)) ||
+        (st = ml_tree_uint(err, mm, "heads", "model", 1, ML_MAX_HIDDEN, &m->heads)) ||
+        (st = ml_tree_uint(err, mm, "vocab", "model", 1, ML_MAX_VOCAB, &m->vocab)))
+        return st;
+    m->dec_layers = m->layers;
+    m->head_dim = 0;
+    m->ffn = 4 * m->hidden;
+    m->rel_buckets = 32;
+    m->rel_max_distance = 128;
+    if ((st = ml_tree_uint(err, mm, "decoder_layers", "model", 1, ML_MAX_LAYERS,
+                           &m->dec_layers)) ||
+        (st = ml_tree_uint(err, mm, "head_dim", "model", 1, ML_MAX_HIDDEN, &m->head_dim)) ||
+        (st = ml_tree_uint(err, mm, "ffn", "model", 1, ML_MAX_FFN, &m->ffn)) ||
+        (st = ml_tree_uint(err, mm, "relative_buckets", "model", 2, 1u << 16, &m->rel_buckets)) ||
+        (st = ml_tree_uint(err, mm, "relative_max_distance", "model", 1, ML_MAX_TOKENS,
+                           &m->rel_max_distance)))
+        return st;
+    if (!m->head_dim && m->hidden % m->heads)
+        return ml_error_at(err, ml_tree_get(mm, "heads"), ML_SCHEMA,
+                           "model.heads: %llu does not divide hidden (%llu); give head_dim "
+                           "(T5's d_kv)",
+                           (unsigned long long)m->heads, (unsigned long long)m->hidden);
+    if (!m->head_dim)
+        m->head_dim = m->hidden / m->heads;
+    if (m->heads * m->head_dim > ML_MAX_HIDDEN)
+        return ml_error_at(err, ml_tree_get(mm, "head_dim"), ML_RANGE,
+                           "model.head_dim: heads x head_dim = %llu is above %llu",
+                           (unsigned long long)(m->heads * m->head_dim),
+                           (unsigned long long)ML_MAX_HIDDEN);
+    m->kv_heads = m->heads;
+    return ML_OK;
+}
+
+/* A key whose only modelled value is `want`: absent, or that value. */
+static ml_status only_value(ml_error *err, const ml_node *mm, const char *key, const char *want,
+                            const char *why)
+{
+    const ml_node *n = ml_tree_get(mm, key);
+    if (!n)
+        return ML_OK;
+    ml_status st = ml_tree_need_scalar(err, n, key, "a name");
+    if (st)
+        return st;
+    if (strcmp(n->text, want) != 0)
+        return ml_error_at(err, n, ML_SCHEMA, "model.%s: '%s' %s; use %s: %s", key, n->text, why,
+                           key, want);
+    return ML_OK;
+}
+
+/* The kinds: T5's layer (T5LayerNorm, a ReLU feed-forward, relative
+ * position biases, eager attention) is the one modelled. */
+static ml_status encdec_kinds(ml_error *err, const ml_node *mm, ml_model *m)
+{
+    ml_status st;
+    if ((st = only_value(err, mm, "activation", "relu",
+                         "is not modelled for an encoder-decoder (T5 v1.1's and FLAN-T5's "
+                         "gated-gelu keeps a composite GELU's tensors, not planned yet)")) ||
+        (st = only_value(err, mm, "norm", "rmsnorm",
+                         "is not T5's layer norm (T5LayerNorm: a scale without mean or bias, "
+                         "as rmsnorm)")) ||
+        (st = only_value(err, mm, "position", "relative",
+                         "is not T5's positions (a learned bias per head over relative-"
+                         "position buckets)")) ||
+        (st = only_value(err, mm, "attention", "eager",
+                         "is not modelled for T5: its position bias is added to the scores, "
+                         "and transformers runs T5's attention eagerly")))
+        return st;
+    m->activation = ML_ACT_RELU;
+    m->norm = ML_NORM_RMSNORM;
+    m->prenorm = true;
+    m->position = ML_POS_NONE;
+    m->attention = ML_ATTN_EAGER;
+    m->bias = m->qkv_bias = m->mlp_bias = false;
+    m->tied_embeddings = true; /* T5Config's tie_word_embeddings */
+    if ((st = ml_tree_bool(err, mm, "tied_embeddings", "model", &m->tied_embeddings)) ||
+        (st = ml_tree_double(err, mm, "dropout", "model", 0, 1, true, &m->dropout)) ||
+        (st = ml_tree_size(err, mm, "buffers", "model", &m->buffers)))
+        return st;
+    return ML_OK;
+}
+
+ml_status ml_schema_encdec(ml_error *err, const ml_node *mm, ml_model *m)
+{
+    ml_status st;
+    if ((st = ml_tree_check_keys(err, mm, "model", encdec_keys, ML_COUNT(encdec_keys))) ||
+        (st = encdec_sizes(err, mm, m)) || (st = encdec_kinds(err, mm, m)))
+        return st;
+    return ML_OK;
+}
