@@ -15,6 +15,7 @@ typedef struct {
     uint64_t B, Ts, Td, D, I, F, H, V;
     unsigned a, w; /* the compute dtype's and the residual stream's bytes */
     bool drop;
+    bool gated;    /* T5DenseGatedActDense (T5 v1.1, FLAN-T5) */
 } t5d;
 
 /* T5LayerNorm on x (B*T rows of D, the stream's dtype; its weight, D,
@@ -105,34 +106,66 @@ static void t5_attention(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t Tq, 
     b->flops_core += core;
 }
 
-/* T5LayerFF with T5DenseActDense: wi, relu, dropout, (under autocast the
- * activation is cast to wo's fp32 weight dtype, which wo casts back), wo,
- * then the layer's dropout and the residual. */
+/* T5DenseGatedActDense's gelu_new(wi_0(x)) * wi_1(x) (NewGELUActivation,
+ * activations.py: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 *
+ * pow(x, 3))))): pow keeps x, tanh its result, the last mul 0.5 * x and
+ * 1 + tanh, the gate's mul the GELU's output and wi_1's; the Python floats
+ * keep nothing on the device. Under CUDA autocast pow runs in fp32
+ * (autocast_mode.cpp's fp32 list): it keeps an fp32 copy of x, and what
+ * follows it is fp32 by promotion (tanh, 1 + tanh, the GELU's output and
+ * the gated product) but 0.5 * x. Returns the gated product's bytes per
+ * element. */
+static unsigned gated_gelu(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t BTF)
+{
+    const unsigned a = t->a, p = ch->prec.autocast ? 4 : a;
+    ml_ck_save(ch, b, ch->prec.autocast ? "wi_0 output, fp32 copy (pow)" : "wi_0 output (pow)",
+               BTF, p, 0);
+    ml_ck_tmp(ch, BTF, p);
+    ml_ck_save(ch, b, "gelu_new tanh output", BTF, p, 0);
+    ml_ck_save(ch, b, "gelu_new 0.5 * x", BTF, a, 0);
+    ml_ck_save(ch, b, "gelu_new 1 + tanh", BTF, p, 0);
+    ml_ck_save(ch, b, "gelu_new output (gate)", BTF, p, 0);
+    ml_ck_save(ch, b, "wi_1 output", BTF, a, 0);
+    return p;
+}
+
+/* T5LayerFF with T5DenseActDense (wi, relu) or T5DenseGatedActDense
+ * (gelu_new(wi_0) * wi_1), then dropout, (an activation whose dtype is not
+ * wo's fp32 weight's is cast to it, which autocast casts back), wo, the
+ * layer's dropout and the residual. */
 static void t5_ff(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t T)
 {
     const unsigned a = t->a;
+    const unsigned nin = t->gated ? 2 : 1;
     uint64_t BT = ml_mul(ch, t->B, T), BTD = ml_mul(ch, BT, t->D), BTF = ml_mul(ch, BT, t->F);
     t5_norm(ch, b, t, BT, 0);
-    linear_in(ch, b, t, "wi input", BTD, false);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, 2, ml_mul(ch, t->D, t->F)));
-    ml_ck_param(ch, b, t->D, t->F); /* wi */
-    ml_ck_param(ch, b, t->F, t->D); /* wo */
-    ml_ck_param(ch, b, t->D, 0);    /* layer_norm */
+    for (unsigned i = 0; i < nin; i++)
+        linear_in(ch, b, t, t->gated ? "wi_0/wi_1 input" : "wi input", BTD, i > 0);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, nin + 1, ml_mul(ch, t->D, t->F)));
+    for (unsigned i = 0; i < nin; i++)
+        ml_ck_param(ch, b, t->D, t->F); /* wi, or wi_0 and wi_1 */
+    ml_ck_param(ch, b, t->F, t->D);     /* wo */
+    ml_ck_param(ch, b, t->D, 0);        /* layer_norm */
     ml_ck_tmp(ch, BTF, a);
-    ml_ck_save(ch, b, "relu output", BTF, a, 0);
-    if (t->drop) {
+    unsigned act = a; /* the activation's bytes per element */
+    if (t->gated)
+        act = gated_gelu(ch, b, t, BTF);
+    else
+        ml_ck_save(ch, b, "relu output", BTF, a, 0);
+    if (t->drop)
         ml_ck_save(ch, b, "feed-forward dropout mask", BTF, 1, 0);
-        if (!ch->prec.autocast)
-            ml_ck_save(ch, b, "wo input (dropout output)", BTF, a, 0);
-    }
     if (ch->prec.autocast) {
-        ml_ck_tmp(ch, BTF, 4); /* .to(wo.weight.dtype) */
-        ml_ck_save(ch, b, "wo input (cast back from fp32)", BTF, 2, 0);
+        if (act == 2)
+            ml_ck_tmp(ch, BTF, 4); /* .to(wo.weight.dtype) */
+        ml_ck_save(ch, b, "wo input (autocast's cast)", BTF, 2, 0);
+    } else if (t->drop || t->gated) {
+        ml_ck_save(ch, b, t->drop ? "wo input (dropout output)" : "wo input (gated product)",
+                   BTF, a, 0);
     }
     ml_ck_tmp(ch, BTD, a);
     if (t->drop)
         ml_ck_save(ch, b, "feed-forward output dropout mask", BTD, 1, 0);
-    b->flops_fwd += 4.0 * (double)BT * (double)t->D * (double)t->F;
+    b->flops_fwd += 2.0 * (nin + 1) * (double)BT * (double)t->D * (double)t->F;
 }
 
 /* Starts a block reading `in` bytes. */
@@ -327,7 +360,8 @@ ml_status ml_chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *c
              .V = m->vocab,
              .a = ch->prec.a,
              .w = ch->prec.w,
-             .drop = m->dropout > 0 && !ch->eval_mode};
+             .drop = m->dropout > 0 && !ch->eval_mode,
+             .gated = m->activation == ML_ACT_GEGLU};
     ml_ck_dims d = {.B = t.B, .T = t.Td, .BT = ml_mul(ch, t.B, t.Td), .D = t.D, .V = t.V};
     ch->B = t.B;
     ch->T = t.Ts;

@@ -515,11 +515,16 @@ static const ml_hf_key keys[] = {
     {"dropout_rate", T5, H, NULL, "the dropout probability (default 0.1)"},
     {"layer_norm_epsilon", T5, I, NULL, EPS_NOTE},
     {"initializer_factor", T5, I, NULL, "initialisation only"},
-    {"feed_forward_proj", T5, R, "\"relu\"|null",
-     "relu: T5DenseActDense; gated-gelu (T5 v1.1, FLAN-T5) keeps a composite GELU's tensors, "
-     "not planned"},
-    {"dense_act_fn", T5, R, "\"relu\"|null", "set by T5Config from feed_forward_proj"},
-    {"is_gated_act", T5, R, "false|null", "set by T5Config from feed_forward_proj"},
+    {"feed_forward_proj", T5, R, "\"relu\"|\"gated-gelu\"|null",
+     "relu (default): T5DenseActDense; gated-gelu (T5 v1.1, FLAN-T5): T5DenseGatedActDense "
+     "with gelu_new, a composite of elementwise ops (docs/inventory.md, \"T5\"); others "
+     "refused"},
+    {"dense_act_fn", T5, H, NULL,
+     "the activation T5Config derives from feed_forward_proj (a config.json's value overrides "
+     "it): relu without the gate, gelu_new with it; other pairs refused"},
+    {"is_gated_act", T5, H, NULL,
+     "whether the feed-forward is gated (T5Config: from feed_forward_proj; a config.json's "
+     "value overrides it)"},
     {"is_decoder", T5, R, "false|null", "T5ForConditionalGeneration's config is not a decoder's"},
     {"n_positions", T5, I, NULL,
      "the length T5 was trained at (the default training.seq_len, 512): relative positions "

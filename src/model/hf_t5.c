@@ -51,16 +51,44 @@ static ml_status t5_sizes(const ml_node *r, ml_model *m, ml_error *err)
     return ML_OK;
 }
 
+/* The feed-forward: T5Config derives is_gated_act and dense_act_fn from
+ * feed_forward_proj ("relu" or "gated-gelu" here: the key table refuses
+ * the others; gated-gelu's activation is gelu_new), and a config.json's
+ * own values of the two override them (PretrainedConfig sets every kwarg).
+ * relu without the gate and gelu_new with it are planned. */
+static ml_status t5_activation(const ml_node *r, ml_model *m, ml_error *err)
+{
+    const char *proj = NULL, *fn = NULL;
+    ml_status st;
+    if ((st = ml_hf_str(err, r, "feed_forward_proj", &proj)) ||
+        (st = ml_hf_str(err, r, "dense_act_fn", &fn)))
+        return st;
+    bool gated = proj && !strcmp(proj, "gated-gelu");
+    if (!fn)
+        fn = gated ? "gelu_new" : "relu";
+    if ((st = ml_hf_bool(err, r, "is_gated_act", &gated)))
+        return st;
+    if (strcmp(fn, gated ? "gelu_new" : "relu") != 0) {
+        const ml_node *n = ml_tree_get(r, "dense_act_fn");
+        return ml_error_at(err, n ? n : ml_tree_get(r, "is_gated_act"), ML_SCHEMA,
+                           "dense_act_fn: '%s' %s the gate is not modelled: T5's feed-forward "
+                           "is planned as relu without the gate (feed_forward_proj relu) or "
+                           "gelu_new with it (gated-gelu)",
+                           fn, gated ? "with" : "without");
+    }
+    m->activation = gated ? ML_ACT_GEGLU : ML_ACT_RELU;
+    return ML_OK;
+}
+
 ml_status ml_hf_map_t5(const ml_node *r, ml_model *m, ml_error *err)
 {
-    /* feed_forward_proj other than relu, is_gated_act, dense_act_fn other
-     * than relu, is_decoder and is_encoder_decoder false are refused by the
-     * key table before this runs */
+    /* feed_forward_proj other than relu and gated-gelu, is_decoder true and
+     * is_encoder_decoder false are refused by the key table before this
+     * runs */
     ml_status st = t5_sizes(r, m, err);
-    if (st)
+    if (st || (st = t5_activation(r, m, err)))
         return st;
     m->type = ML_MODEL_ENCDEC;
-    m->activation = ML_ACT_RELU;
     m->norm = ML_NORM_RMSNORM;
     m->prenorm = true;
     m->position = ML_POS_NONE;

@@ -96,10 +96,12 @@ static ml_status only_value(ml_error *err, const ml_node *mm, const char *key, c
 static ml_status encdec_kinds(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
-    if ((st = only_value(err, mm, "activation", "relu",
-                         "is not modelled for an encoder-decoder (T5 v1.1's and FLAN-T5's "
-                         "gated-gelu keeps a composite GELU's tensors, not planned yet)")) ||
-        (st = only_value(err, mm, "norm", "rmsnorm",
+    /* relu: T5DenseActDense; geglu: T5DenseGatedActDense with gelu_new */
+    static const char *const acts[] = {"relu", "geglu"};
+    unsigned act = 0;
+    if ((st = ml_tree_enum(err, mm, "activation", "model", acts, 2, &act)))
+        return st;
+    if ((st = only_value(err, mm, "norm", "rmsnorm",
                          "is not T5's layer norm (T5LayerNorm: a scale without mean or bias, "
                          "as rmsnorm)")) ||
         (st = only_value(err, mm, "position", "relative",
@@ -109,7 +111,7 @@ static ml_status encdec_kinds(ml_error *err, const ml_node *mm, ml_model *m)
                          "is not modelled for T5: its position bias is added to the scores, "
                          "and transformers runs T5's attention eagerly")))
         return st;
-    m->activation = ML_ACT_RELU;
+    m->activation = act ? ML_ACT_GEGLU : ML_ACT_RELU;
     m->norm = ML_NORM_RMSNORM;
     m->prenorm = true;
     m->position = ML_POS_NONE;

@@ -36,13 +36,13 @@ TOL = 0.01
 # these models meet are accounted in known_cpu_autocast().
 AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
               "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
-              "xc-deepseek", "xc-deepseek2", "xc-vit", "xc-t5"}
+              "xc-deepseek", "xc-deepseek2", "xc-vit", "xc-t5", "xc-t5-gated"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
 # vectors are 0.15 % of it, under the 1 % tolerance; Phi-3's fused
 # projections, BERT's MLM head, Gemma 2's post norms and soft-caps, Falcon's
 # shared-norm parallel layer, Mixtral's experts and the decoders'
 # sequence-classification head are new layouts, held to every byte.
-EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5",
+EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5", "xc-t5-gated",
                 "xc-deepseek", "xc-deepseek2"}
 torch.manual_seed(0)
 
@@ -94,9 +94,12 @@ def known_1_13_t5(doc, B, T):
     m = doc["model"]
     Td = target_len(doc, T)
     xs, xd = B * T * m["hidden"] * 4, B * Td * m["hidden"] * 4
-    extra = {"encoder.block.%d" % i: 2 * xs for i in range(m["layers"])}
+    # gelu_new's three Python floats (0.5, sqrt(2/pi), 0.044715) are 0-dim
+    # doubles its muls save: host memory on a GPU
+    g = 24 if m.get("activation") == "geglu" else 0
+    extra = {"encoder.block.%d" % i: 2 * xs + g for i in range(m["layers"])}
     for i in range(m.get("decoder_layers", m["layers"])):
-        extra["decoder.block.%d" % i] = 3 * xd
+        extra["decoder.block.%d" % i] = 3 * xd + g
     extra["encoder.final"] = xs
     extra["head"] = xd + (8 if m.get("tied_embeddings", True) else 0)
     return extra
@@ -160,6 +163,17 @@ def known_cpu_autocast(doc, B, T):
     (Llama and GPT-NeoX ask for dtype=float32 themselves; BERT's and
     Falcon's fp32 additive masks promote the scores to fp32: they agree.)"""
     m = doc["model"]
+    if m["type"] == "encoder-decoder" and m.get("activation") == "geglu":
+        # CUDA autocast runs pow in fp32 (autocast_mode.cpp's fp32 list):
+        # gelu_new keeps an fp32 copy of wi_0's output, and its tanh, 1 +
+        # tanh and output are fp32 by promotion; 1.13's CPU autocast does
+        # not list pow, so the four are bf16 here: 8 B per (B, T, F)
+        # element fewer in each gated feed-forward
+        F_, Td = m.get("ffn", 4 * m["hidden"]), target_len(doc, T)
+        out = {"encoder.block.%d" % i: -8 * B * T * F_ for i in range(m["layers"])}
+        for i in range(m.get("decoder_layers", m["layers"])):
+            out["decoder.block.%d" % i] = -8 * B * Td * F_
+        return out
     if m.get("router") == "sigmoid" and m.get("expert_renorm", True):
         # CUDA autocast runs sum in fp32 (its fp32_set_opt_dtype list), CPU
         # autocast in 1.13 does not: DeepSeek-V3's top-k weight sum, which

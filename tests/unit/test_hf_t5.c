@@ -43,6 +43,71 @@ static void test_t5_base_count(void **state)
     ml_model_destroy(m);
 }
 
+/* google/flan-t5-base: T5 v1.1's layout, the gated feed-forward (wi_0, wi_1,
+ * wo: 3 x 768 x 2048 per block) and an untied LM head (V x D more):
+ * 2 x 24,674,304 + 12 x (4 x 768^2 + 3 x 768 x 2048 + 2 x 768) + 384 + 768
+ * + 12 x (8 x 768^2 + 3 x 768 x 2048 + 3 x 768) + 384 + 768 = 247,577,856
+ * (the model card's 248M). */
+static void test_flan_t5_base(void **state)
+{
+    (void)state;
+    uint64_t D = 768, F = 2048, V = 32128;
+    uint64_t enc = 12 * (4 * D * D + 3 * D * F + 2 * D) + 32 * 12 + D;
+    uint64_t dec = 12 * (8 * D * D + 3 * D * F + 3 * D) + 32 * 12 + D;
+    assert_int_equal(2 * V * D + enc + dec, 247577856ull);
+    ml_model *m = load_hf_config("flan-t5-base");
+    assert_int_equal(m->activation, ML_ACT_GEGLU);
+    assert_false(m->tied_embeddings);
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 1;
+    c.training.seq_len = 16;
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->params, 247577856ull);
+    assert_int_equal(block_named(l, "head")->params, V * D + D); /* lm_head, final norm */
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* One gated feed-forward's saved bytes (docs/inventory.md, "T5"): B 2,
+ * Ts 8, Td 4, D 16, F 32, no dropout, so BTF = 2 x 8 x 32 = 512 elements
+ * in an encoder block. fp32: wi_0's output (pow's input), tanh, 0.5 x,
+ * 1 + tanh, the GELU's output, wi_1's output and the product (wo's input):
+ * 7 x 512 x 4 = 14,336 B over the ReLU block's relu output 2,048: the
+ * encoder block grows by 12,288 B, and by a wi_1 weight, 16 x 32. Under
+ * autocast: the fp32 copy pow keeps, tanh, 1 + tanh and the GELU's output
+ * in fp32 (4 x 4), 0.5 x and wi_1's output in bf16 (2 x 2), wo's bf16 cast
+ * of the fp32 product (2): 22 B per element, against ReLU's relu output
+ * (2) and wo's cast (2), and a second cast of wi's input (B x Ts x D x 2
+ * = 512 B) and of a weight (D x F x 2 = 1,024 B): 18 x 512 + 512 + 1,024 =
+ * 10,752 B more. */
+static void test_t5_gated_block(void **state)
+{
+    (void)state;
+    const char *y = "model:\n  type: encoder-decoder\n  layers: 1\n  hidden: 16\n  heads: 2\n"
+                    "  ffn: 32\n  vocab: 40\n  activation: %s\ntraining:\n  micro_batch: 2\n"
+                    "  seq_len: 8\n  target_len: 4\n";
+    uint64_t saved[2][2], params[2];
+    for (int g = 0; g < 2; g++) {
+        char text[512];
+        snprintf(text, sizeof text, y, g ? "geglu" : "relu");
+        ml_model *m = NULL;
+        ml_error e;
+        assert_int_equal(ml_model_load_string(text, strlen(text), "t5.yaml", &m, &e), ML_OK);
+        ml_config c = ml_model_config(m);
+        for (int amp = 0; amp < 2; amp++) {
+            c.training.precision = amp ? ML_PREC_AMP_BF16 : ML_PREC_FP32;
+            ml_ledger *l = eval(m, &c, false);
+            saved[g][amp] = block_named(l, "encoder.block.0")->activations_saved;
+            params[g] = block_named(l, "encoder.block.0")->params;
+            ml_ledger_destroy(l);
+        }
+        ml_model_destroy(m);
+    }
+    assert_int_equal(saved[1][0] - saved[0][0], 12288);
+    assert_int_equal(saved[1][1] - saved[0][1], 10752);
+    assert_int_equal(params[1] - params[0], 16 * 32);
+}
+
 static ml_status load_text(const char *text, ml_model **m, ml_error *e)
 {
     return ml_model_load_hf_string(text, strlen(text), "config.json", m, e);
@@ -99,9 +164,12 @@ static void test_t5_refusals(void **state)
     static const struct {
         const char *text, *msg;
     } refused[] = {
-        {"{\"model_type\": \"t5\",\n \"feed_forward_proj\": \"gated-gelu\"}",
-         "feed_forward_proj: gated-gelu is refused"},
-        {"{\"model_type\": \"t5\",\n \"is_gated_act\": true}", "is_gated_act: true is refused"},
+        {"{\"model_type\": \"t5\",\n \"feed_forward_proj\": \"gated-silu\"}",
+         "feed_forward_proj: gated-silu is refused"},
+        {"{\"model_type\": \"t5\",\n \"is_gated_act\": true, \"dense_act_fn\": \"relu\"}",
+         "dense_act_fn: 'relu' with the gate is not modelled"},
+        {"{\"model_type\": \"t5\",\n \"is_gated_act\": true}",
+         "dense_act_fn: 'relu' with the gate is not modelled"},
         {"{\"model_type\": \"t5\",\n \"is_encoder_decoder\": false}",
          "is_encoder_decoder: false is refused"},
         {"{\"model_type\": \"t5\",\n \"attn_implementation\": \"sdpa\"}",
@@ -163,6 +231,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_t5_base_count),
         cmocka_unit_test(test_t5_defaults),
+        cmocka_unit_test(test_flan_t5_base),
+        cmocka_unit_test(test_t5_gated_block),
         cmocka_unit_test(test_t5_refusals),
         cmocka_unit_test(test_t5_sides),
     };
