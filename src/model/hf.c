@@ -431,8 +431,8 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
     bool mlm = false;
     if ((st = ml_hf_check_keys(r, fam, t, err)) || (st = architectures_of(r, f, &mlm, err)))
         return st;
-    if (fam == ML_HF_T5) /* an encoder-decoder: none of the sizes below */
-        return (st = attention_of(r, m, err)) ? st : ml_hf_map_t5(r, m, err);
+    if (fam == ML_HF_T5 || fam == ML_HF_MT5) /* encoder-decoders: none of the sizes below */
+        return (st = attention_of(r, m, err)) ? st : ml_hf_map_t5(r, m, fam == ML_HF_MT5, err);
     m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;
     /* PretrainedConfig: use_cache defaults to true; the decoders return
      * past_key_values unless training with gradient checkpointing; BERT and

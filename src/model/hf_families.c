@@ -64,6 +64,10 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
      "the decoder's final norm, the LM head over vocab_size (tied by default: the decoder's "
      "output rescaled by d_model^-0.5 first), cross-entropy over the labels",
      NULL, NULL},
+    {"mt5", ML_HF_MT5, "MT5ForConditionalGeneration",
+     "T5's (modeling_mt5.py is modeling_t5.py's layers); MT5Config's defaults: the gated "
+     "feed-forward, an untied LM head over 250,112 tokens",
+     NULL, NULL},
 };
 
 unsigned ml_hf_family(const char *model_type)

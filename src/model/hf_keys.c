@@ -22,7 +22,7 @@
 #define DSK (DS2 | DS3)
 #define DEC (LM3 | GEM | PHI | ML_HF_GPT2 | ML_HF_NEOX | FAL | DSK)
 #define ENC (ML_HF_BERT | ML_HF_VIT)
-#define T5 ML_HF_T5
+#define T5 (ML_HF_T5 | ML_HF_MT5)
 #define ALL (DEC | ENC | T5)
 #define H ML_HF_HONOURED
 #define I ML_HF_INERT

@@ -60,10 +60,11 @@ ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err);
 /* model_type gemma2: Gemma's layer with the post norms, the score scale,
  * the soft-caps and the alternating sliding window (hf_gated.c). */
 ml_status ml_hf_map_gemma2(const ml_node *r, ml_model *m, ml_error *err);
-/* T5ForConditionalGeneration (hf_t5.c): the sizes and T5's layer, after
+/* T5ForConditionalGeneration and (mt5) MT5ForConditionalGeneration, with
+ * MT5Config's defaults (hf_t5.c): the sizes and T5's layer, after
  * hf.c has checked the keys and read attn_implementation; sets the training
  * defaults. */
-ml_status ml_hf_map_t5(const ml_node *r, ml_model *m, ml_error *err);
+ml_status ml_hf_map_t5(const ml_node *r, ml_model *m, bool mt5, ml_error *err);
 /* DeepseekV3ForCausalLM and DeepseekV2ForCausalLM (hf_deepseek.c). */
 ml_status ml_hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err);
 ml_status ml_hf_map_deepseek_v2(const ml_node *r, ml_model *m, ml_error *err);

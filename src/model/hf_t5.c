@@ -10,17 +10,18 @@
 
 /* The sizes, with T5Config's defaults (configuration_t5.py: vocab_size
  * 32128, d_model 512, d_kv 64, d_ff 2048, num_layers 6, num_heads 8,
- * num_decoder_layers = num_layers, 32 buckets reaching 128 positions) and
- * its attribute_map's aliases (hidden_size, num_attention_heads,
- * num_hidden_layers). */
-static ml_status t5_sizes(const ml_node *r, ml_model *m, ml_error *err)
+ * num_decoder_layers = num_layers, 32 buckets reaching 128 positions) or
+ * MT5Config's (configuration_mt5.py: vocab_size 250112, d_ff 1024,
+ * num_layers 8, num_heads 6), and the attribute_map's aliases
+ * (hidden_size, num_attention_heads, num_hidden_layers). */
+static ml_status t5_sizes(const ml_node *r, ml_model *m, bool mt5, ml_error *err)
 {
-    m->vocab = 32128;
+    m->vocab = mt5 ? 250112 : 32128;
     m->hidden = 512;
     m->head_dim = 64;
-    m->ffn = 2048;
-    m->layers = 6;
-    m->heads = 8;
+    m->ffn = mt5 ? 1024 : 2048;
+    m->layers = mt5 ? 8 : 6;
+    m->heads = mt5 ? 6 : 8;
     m->rel_buckets = 32;
     m->rel_max_distance = 128;
     ml_status st;
@@ -56,13 +57,15 @@ static ml_status t5_sizes(const ml_node *r, ml_model *m, ml_error *err)
  * the others; gated-gelu's activation is gelu_new), and a config.json's
  * own values of the two override them (PretrainedConfig sets every kwarg).
  * relu without the gate and gelu_new with it are planned. */
-static ml_status t5_activation(const ml_node *r, ml_model *m, ml_error *err)
+static ml_status t5_activation(const ml_node *r, ml_model *m, bool mt5, ml_error *err)
 {
     const char *proj = NULL, *fn = NULL;
     ml_status st;
     if ((st = ml_hf_str(err, r, "feed_forward_proj", &proj)) ||
         (st = ml_hf_str(err, r, "dense_act_fn", &fn)))
         return st;
+    if (!proj) /* the default: T5Config's relu, MT5Config's gated-gelu */
+        proj = mt5 ? "gated-gelu" : "relu";
     bool gated = proj && !strcmp(proj, "gated-gelu");
     if (!fn)
         fn = gated ? "gelu_new" : "relu";
@@ -80,21 +83,21 @@ static ml_status t5_activation(const ml_node *r, ml_model *m, ml_error *err)
     return ML_OK;
 }
 
-ml_status ml_hf_map_t5(const ml_node *r, ml_model *m, ml_error *err)
+ml_status ml_hf_map_t5(const ml_node *r, ml_model *m, bool mt5, ml_error *err)
 {
     /* feed_forward_proj other than relu and gated-gelu, is_decoder true and
      * is_encoder_decoder false are refused by the key table before this
      * runs */
-    ml_status st = t5_sizes(r, m, err);
-    if (st || (st = t5_activation(r, m, err)))
+    ml_status st = t5_sizes(r, m, mt5, err);
+    if (st || (st = t5_activation(r, m, mt5, err)))
         return st;
     m->type = ML_MODEL_ENCDEC;
     m->norm = ML_NORM_RMSNORM;
     m->prenorm = true;
     m->position = ML_POS_NONE;
     m->bias = m->qkv_bias = m->mlp_bias = false;
-    m->tied_embeddings = true;
-    m->dropout = 0.1; /* T5Config's dropout_rate */
+    m->tied_embeddings = !mt5; /* T5Config: true; MT5Config: false */
+    m->dropout = 0.1;          /* dropout_rate */
     if ((st = ml_hf_prob(err, r, "dropout_rate", &m->dropout)) ||
         (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
         return st;

@@ -201,14 +201,15 @@ enum {
     ML_HF_DEEPSEEK3 = 1u << 13,
     ML_HF_DEEPSEEK2 = 1u << 14,
     ML_HF_T5 = 1u << 15,
-    ML_HF_FAMILY_COUNT = 16
+    ML_HF_MT5 = 1u << 16,
+    ML_HF_FAMILY_COUNT = 17
 };
 #define ML_HF_LM3                                                                       \
     (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | ML_HF_MIXTRAL | ML_HF_QWEN2MOE) /* the Llama-layout
                                                                             families */
 #define ML_HF_SUPPORTED \
     "llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v2, deepseek_v3, gemma, gemma2, phi3, " \
-    "gpt2, gpt_neox, falcon, bert, vit, t5"
+    "gpt2, gpt_neox, falcon, bert, vit, t5, mt5"
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head, and a second class the planner builds too (NULL: none;

@@ -173,7 +173,7 @@ static void test_errors_and_training(void **state)
                      ML_SCHEMA);
     assert_non_null(strstr(e.msg, "model_type 'bart' is not supported; supported: llama, "
                                   "mistral, mixtral, qwen2, qwen2_moe, deepseek_v2, deepseek_v3, "
-                                  "gemma, gemma2, phi3, gpt2, gpt_neox, falcon, bert, vit, t5"));
+                                  "gemma, gemma2, phi3, gpt2, gpt_neox, falcon, bert, vit, t5, mt5"));
     assert_int_equal(e.line, 1);
     assert_int_equal(load_json("{\"n_embd\": 64}", NULL, &m, &e), ML_SCHEMA);
     assert_non_null(strstr(e.msg, "model_type: missing"));

@@ -158,6 +158,40 @@ static void test_t5_defaults(void **state)
     ml_model_destroy(m);
 }
 
+/* {"model_type": "mt5"} alone is MT5Config's defaults, google/mt5-small's
+ * shape: V 250112 untied (2 x 128,057,344), D 512, 6 heads of 64 (I 384),
+ * F 1024 gated (wi_0, wi_1, wo), 8 + 8 blocks: encoder 8 x (4 x 512 x 384
+ * + 3 x 512 x 1024 + 2 x 512) + 32 x 6 + 512 = 18,883,264, decoder
+ * 8 x (8 x 512 x 384 + 3 x 512 x 1024 + 3 x 512) + 32 x 6 + 512 =
+ * 25,178,816: 300,176,768 (mt5-small's published count). */
+static void test_mt5_defaults(void **state)
+{
+    (void)state;
+    uint64_t enc = 8 * (4 * 512 * 384 + 3 * 512 * 1024 + 2 * 512) + 32 * 6 + 512;
+    uint64_t dec = 8 * (8 * 512 * 384 + 3 * 512 * 1024 + 3 * 512) + 32 * 6 + 512;
+    assert_int_equal(enc, 18883264);
+    assert_int_equal(dec, 25178816);
+    assert_int_equal(2 * 250112ull * 512 + enc + dec, 300176768ull);
+    ml_model *m = NULL;
+    ml_error e;
+    assert_int_equal(load_text("{\"model_type\": \"mt5\"}", &m, &e), ML_OK);
+    assert_int_equal(m->activation, ML_ACT_GEGLU);
+    assert_false(m->tied_embeddings);
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 1;
+    c.training.seq_len = 16;
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->params, 300176768ull);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    /* MT5ForConditionalGeneration is the class planned */
+    assert_int_equal(load_text("{\"model_type\": \"mt5\",\n \"architectures\": "
+                               "[\"T5ForConditionalGeneration\"]}",
+                               &m, &e),
+                     ML_SCHEMA);
+    assert_non_null(strstr(e.msg, "memledger plans MT5ForConditionalGeneration"));
+}
+
 static void test_t5_refusals(void **state)
 {
     (void)state;
@@ -232,6 +266,7 @@ int main(void)
         cmocka_unit_test(test_t5_base_count),
         cmocka_unit_test(test_t5_defaults),
         cmocka_unit_test(test_flan_t5_base),
+        cmocka_unit_test(test_mt5_defaults),
         cmocka_unit_test(test_t5_gated_block),
         cmocka_unit_test(test_t5_refusals),
         cmocka_unit_test(test_t5_sides),
