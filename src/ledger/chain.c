@@ -144,6 +144,10 @@ ml_status ml_chain_fused_refused(const ml_model *m, const ml_training *t, ml_err
     const ml_prec prec = ml_prec_of(t->precision), *p = &prec;
     if (t->logits != ML_LOGITS_FUSED)
         return ML_OK;
+    if (m->type == ML_MODEL_ENCDEC)
+        return ml_errorf(err, ML_RANGE,
+                         "training.logits: fused is planned for a decoder's LM head; an "
+                         "encoder-decoder's (T5's) is not modelled: use kept or released");
     if (m->type != ML_MODEL_DECODER || m->classes)
         return ml_errorf(err, ML_RANGE,
                          "training.logits: fused is a language model's head (a decoder's LM "
@@ -167,13 +171,35 @@ ml_status ml_chain_fused_refused(const ml_model *m, const ml_training *t, ml_err
     return ML_OK;
 }
 
+ml_status ml_chain_refused(const ml_model *m, const ml_training *t, ml_error *err)
+{
+    ml_status st = ml_chain_fused_refused(m, t, err);
+    if (st)
+        return st;
+    /* the optimal solver's chain is one stream of layers: T5's side
+     * tensors (docs/ledger.md) and its non-layer blocks between the
+     * stacks are not in it */
+    if (m->type == ML_MODEL_ENCDEC && t->checkpoint.kind == ML_CKPT_OPTIMAL)
+        return ml_errorf(err, ML_RANGE,
+                         "training.checkpoint: optimal is not planned for an encoder-decoder "
+                         "(%s): use full (what Hugging Face's gradient checkpointing runs), "
+                         "every-K, sqrt or a list of blocks",
+                         m->name);
+    if (m->type != ML_MODEL_ENCDEC && t->target_len)
+        return ml_errorf(err, ML_RANGE,
+                         "training.target_len: the decoder's length of an encoder-decoder; %s "
+                         "has one sequence (training.seq_len): remove it",
+                         m->name);
+    return ML_OK;
+}
+
 static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_chain *ch,
                        ml_error *err)
 {
     memset(ch, 0, sizeof *ch);
     ch->eval_mode = eval;
     ch->selective = cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE;
-    ml_status refused = ml_chain_fused_refused(m, &cfg->training, err);
+    ml_status refused = ml_chain_refused(m, &cfg->training, err);
     if (refused)
         return refused;
     if (cfg->training.expert_imbalance > 1 && !m->experts)
@@ -217,10 +243,12 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
         st = ML_NOMEM;
     if (st == ML_OK && ch->overflow) {
         st = ml_errorf(err, ML_OVERFLOW,
-                       "byte counts exceed 64 bits for micro_batch %llu x seq_len %llu: use "
-                       "smaller values",
+                       "byte counts exceed 64 bits for micro_batch %llu x seq_len %llu%s%.0llu: "
+                       "use smaller values",
                        (unsigned long long)cfg->training.micro_batch,
-                       (unsigned long long)cfg->training.seq_len);
+                       (unsigned long long)cfg->training.seq_len,
+                       ml_model_target_len(m, &cfg->training) ? " x target_len " : "",
+                       (unsigned long long)ml_model_target_len(m, &cfg->training));
     }
     if (st == ML_NOMEM)
         ml_errorf(err, ML_NOMEM, "out of memory");

@@ -181,6 +181,10 @@ typedef struct {
 /* ML_RANGE, with the reason in err, when t asks for logits: fused where the
  * plan does not model it (docs/ledger.md, "`fused`"); else ML_OK. */
 ml_status ml_chain_fused_refused(const ml_model *m, const ml_training *t, ml_error *err);
+/* The same for every training setting the chain refuses for this model
+ * (fused logits, above; an encoder-decoder's optimal checkpointing; a
+ * target_len without a decoder stack); else ML_OK. */
+ml_status ml_chain_refused(const ml_model *m, const ml_training *t, ml_error *err);
 
 /* Builds the chain; returns ML_OK, ML_RANGE (with err), ML_OVERFLOW or ML_NOMEM. */
 ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err);

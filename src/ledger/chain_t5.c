@@ -209,24 +209,25 @@ static ml_cblock *t5_embedding(ml_chain *ch, const t5d *t, const char *name, uin
     return b;
 }
 
-/* A side tensor (chain.h); bytes 0: none. */
-static void side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to,
+/* A side tensor (chain.h); bytes 0: none. Whether it was added. */
+static bool side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to,
                  bool to_bwd, bool ckpt_kept)
 {
     if (!bytes)
-        return;
+        return false;
     if (ch->nsides >= ML_SIDES_MAX) {
         ch->overflow = true;
-        return;
+        return false;
     }
     ch->sides[ch->nsides++] = (ml_side){what, bytes, (uint32_t)from, (uint32_t)to, to_bwd,
                                        ckpt_kept, 0, 0, 0};
+    return true;
 }
 
-/* The gradient of the side tensor added last. */
-static void side_grad(ml_chain *ch, uint64_t grad, size_t from, size_t to)
+/* The gradient of the side tensor just added (added: side()'s answer). */
+static void side_grad(ml_chain *ch, bool added, uint64_t grad, size_t from, size_t to)
 {
-    if (ch->nsides && !ch->eval_mode) {
+    if (added && !ch->eval_mode) {
         ml_side *s = &ch->sides[ch->nsides - 1];
         s->grad = grad;
         s->grad_from = (uint32_t)from;
@@ -313,6 +314,12 @@ static ml_status decoder(ml_chain *ch, const ml_model *m, const t5d *t, size_t *
         t5_attention(ch, b, t, t->Td, t->Ts, true, i == 0, m->rel_buckets);
         t5_ff(ch, b, t, t->Td);
         ml_ck_end(ch, b, ml_mul(ch, BTD, t->w));
+        /* use_cache: the evaluation output holds the block's self- and
+         * cross-attention keys and values (EncoderDecoderCache), H x dkv
+         * wide over Td and Ts rows */
+        if (m->kv_cache)
+            b->cache_bytes = ml_mul(ch, ml_ck_mul3(ch, 2, t->B, ml_add(ch, t->Td, t->Ts)),
+                                    ml_mul(ch, t->I, t->a));
     }
     return ML_OK;
 }
@@ -387,18 +394,18 @@ ml_status ml_chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *c
     uint64_t enc_out = ml_mul(ch, ml_ck_mul3(ch, t.B, t.Ts, t.D), w);
     size_t enc_last = fin - 1, dec_last = hd - 1, loss = ch->n - 1;
     stack_sides(ch, &t, false, enc0 - 1, fin);
-    side(ch, "encoder position bias (B, H, Ts, Ts)", bias_s, enc0, fin, false, true);
-    side_grad(ch, bias_s, enc_last, enc0);
+    bool added = side(ch, "encoder position bias (B, H, Ts, Ts)", bias_s, enc0, fin, false, true);
+    side_grad(ch, added, bias_s, enc_last, enc0);
     /* fp32: the cross-attentions' k and v save the encoder's output itself
      * (released by the first decoder block's backward); under autocast they
      * save casts, and the model's forward holds it until it returns */
     bool saved = !ch->eval_mode && !ch->prec.autocast;
-    side(ch, "encoder output", enc_out, fin, saved ? dec0 : loss, saved, true);
-    side_grad(ch, enc_out, dec_last, fin);
+    added = side(ch, "encoder output", enc_out, fin, saved ? dec0 : loss, saved, true);
+    side_grad(ch, added, enc_out, dec_last, fin);
     stack_sides(ch, &t, true, dec0 - 1, hd);
-    side(ch, "decoder self-attention position bias (B, H, Td, Td)", bias_d, dec0, hd, false,
-         true);
-    side_grad(ch, bias_d, dec_last, dec0);
+    added = side(ch, "decoder self-attention position bias (B, H, Td, Td)", bias_d, dec0, hd,
+                 false, true);
+    side_grad(ch, added, bias_d, dec_last, dec0);
     side(ch, "cross-attention position bias (B, H, Td, Ts)", bias_x, dec0, hd, false, true);
     for (size_t i = 0; i < ch->n; i++)
         if (ch->blocks[i].flops_bwd == 0)

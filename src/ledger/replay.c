@@ -177,61 +177,6 @@ static void fwd_grads_done(ml_replay *r, size_t k, bool carried)
         ml_replay_free(r, ML_CAT_WORKSPACE, b->in_bytes);
 }
 
-/* A checkpointed block after the side tensor's maker keeps it as an input
- * until its own backward; the last of those to run backward is the first
- * of them. */
-bool ml_side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *block)
-{
-    *block = s->to;
-    if (s->to_bwd)
-        return true;
-    for (size_t j = (size_t)s->from + 1; j <= s->to && s->ckpt_kept && !ch->eval_mode; j++)
-        if (seg[j] >= 0) {
-            *block = j;
-            return true;
-        }
-    return false;
-}
-
-static bool side_end(const ml_replay *r, const ml_side *s, size_t *block)
-{
-    return ml_side_end(r->ch, r->seg, s, block);
-}
-
-/* The side tensors made by block k's forward (made: true), or freed at its
- * end (false). */
-static void sides_forward(ml_replay *r, size_t k, bool made)
-{
-    const ml_chain *ch = r->ch;
-    for (size_t i = 0; i < ch->nsides; i++) {
-        const ml_side *s = &ch->sides[i];
-        size_t end;
-        bool bwd = side_end(r, s, &end);
-        ml_category c = bwd ? ML_CAT_ACTIVATIONS : ML_CAT_WORKSPACE;
-        if (made && s->from == k)
-            ml_replay_alloc(r, c, s->bytes);
-        else if (!made && !bwd && end == k)
-            ml_replay_free(r, c, s->bytes);
-    }
-}
-
-/* The side tensors' gradients block k's backward starts (start: true),
- * and at its end those gradients and the side tensors that go. */
-static void sides_backward(ml_replay *r, size_t k, bool start)
-{
-    const ml_chain *ch = r->ch;
-    for (size_t i = 0; i < ch->nsides; i++) {
-        const ml_side *s = &ch->sides[i];
-        size_t end;
-        if (start && s->grad_from == k)
-            ml_replay_alloc(r, ML_CAT_WORKSPACE, s->grad);
-        if (!start && s->grad_to == k)
-            ml_replay_free(r, ML_CAT_WORKSPACE, s->grad);
-        if (!start && side_end(r, s, &end) && end == k)
-            ml_replay_free(r, ML_CAT_ACTIVATIONS, s->bytes);
-    }
-}
-
 /* Block k's forward has consumed its input: freed unless something keeps
  * it (once: held[k] is 0 after). */
 static void input_done(ml_replay *r, size_t k)
@@ -275,7 +220,7 @@ void ml_replay_forward(ml_replay *r)
             ml_replay_alloc_as(r, ML_CAT_ACTIVATIONS,
                                b->saved_bytes - (r->selective ? b->core_bytes : 0),
                                r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
-        sides_forward(r, k, true);
+        ml_sides_forward(r, k, true);
         if ((int)k == sh->side_block) { /* a checkpoint keeps it for the backward */
             ml_replay_free(r, ML_CAT_WORKSPACE, mask);
             ml_replay_alloc(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
@@ -292,7 +237,7 @@ void ml_replay_forward(ml_replay *r)
         if (r->hold_cache) /* the output's keys and values; autocast's weight copies */
             ml_replay_alloc(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes);
         input_done(r, k);
-        sides_forward(r, k, false);
+        ml_sides_forward(r, k, false);
         /* the model's forward returns after its last layer */
         if (layer && sh->side_block < 0 && (k + 1 == n || B[k + 1].ckpt_index < 0))
             ml_replay_free(r, ML_CAT_WORKSPACE, mask);
@@ -326,6 +271,7 @@ static void recompute_segment(ml_replay *r, size_t s0, size_t k)
         r->block = (int32_t)j;
         ml_replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
         ml_replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
+        ml_sides_recompute(r, s0, j, true);
         if (j < k && (B[j].out_saved || B[j + 1].in_saved)) {
             r->recomputed[j + 1] = B[j + 1].in_bytes;
             ml_replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[j + 1]);
@@ -344,6 +290,7 @@ static void recompute_segment(ml_replay *r, size_t s0, size_t k)
         ml_replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
         r->flops_recompute += B[j].flops_fwd;
     }
+    ml_sides_recompute(r, s0, k, false);
     r->sub = "";
     r->block = (int32_t)k;
 }
@@ -361,7 +308,7 @@ static void backward_block(ml_replay *r, size_t k)
     uint64_t gat = gathered(r, k, true);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
     gather_time(r, k);
-    sides_backward(r, k, true);
+    ml_sides_backward(r, k, true);
     if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k]))
         recompute_segment(r, segment_start(seg, k), k);
     if (r->selective && seg[k] < 0 && b->core_bytes) {
@@ -414,7 +361,7 @@ static void backward_block(ml_replay *r, size_t k)
     if ((r->micro != 0 || r->grads_exist) && !b->grads_in_fwd)
         ml_replay_free(r, ML_CAT_WORKSPACE, b->grad_accum_bytes);
     ml_replay_free(r, ML_CAT_WORKSPACE, gat);
-    sides_backward(r, k, false);
+    ml_sides_backward(r, k, false);
 }
 
 /* Whether block k's backward replays node by node: it has a node list and
@@ -459,6 +406,7 @@ static void recompute_nodes(ml_replay *r, size_t s0, size_t k)
         r->block = (int32_t)j;
         ml_replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
         ml_replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
+        ml_sides_recompute(r, s0, j, true);
         uint64_t tout = 0;
         if (j + 1 < ch->n) {
             uint64_t ob = r->bd[j + 1].alias ? 0 : B[j + 1].in_bytes;
@@ -479,6 +427,7 @@ static void recompute_nodes(ml_replay *r, size_t s0, size_t k)
         tin = tout;
     }
     ml_replay_free(r, ML_CAT_WORKSPACE, tin);
+    ml_sides_recompute(r, s0, k, false);
     r->sub = "";
     r->block = (int32_t)k;
 }
@@ -500,7 +449,7 @@ static void backward_nodes(ml_replay *r, size_t k)
     uint64_t gat = gathered(r, k, true);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
     gather_time(r, k);
-    sides_backward(r, k, true);
+    ml_sides_backward(r, k, true);
     /* the gradient of the block's output: handed over by a node-level block
      * after this one, else made by the block-level backward before it */
     if (!r->grad_carry) {
@@ -543,7 +492,7 @@ static void backward_nodes(ml_replay *r, size_t k)
     if ((int)k == sh->side_block)
         ml_replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
     ml_replay_free(r, ML_CAT_WORKSPACE, gat);
-    sides_backward(r, k, false);
+    ml_sides_backward(r, k, false);
     /* the incoming buffer now holds the gradient of the block's input
      * (none when the input needs none: the model's input) */
     r->grad_carry = b->in_nograd ? 0 : b->in_bytes;

@@ -89,6 +89,13 @@ typedef struct {
  * "Side tensors"): true, after the backward of *block; false, after its
  * forward. */
 bool ml_side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *block);
+/* The side tensors block k's forward makes (made: true) or frees at its
+ * end (false); those its backward's start makes (the gradients) or its
+ * end frees; those a recompute of s0..j makes again (made) or frees at the
+ * segment's end (j its last block) (sides.c). */
+void ml_sides_forward(ml_replay *r, size_t k, bool made);
+void ml_sides_backward(ml_replay *r, size_t k, bool start);
+void ml_sides_recompute(ml_replay *r, size_t s0, size_t j, bool made);
 
 void ml_replay_alloc(ml_replay *r, ml_category c, uint64_t b);
 /* The same, telling the allocator simulation which tensors make up b. */

@@ -227,10 +227,10 @@ static const ml_hf_key keys[] = {
      "the evaluation output holds every layer's keys and values (default true)"},
     {"use_cache", ENC, I, NULL, "BERT and ViT return no cache (BERT only as a decoder, refused)"},
     {"use_cache", T5, A, NULL,
-     "true (T5Config's default) makes a training forward without gradient checkpointing keep "
-     "every decoder attention's k and v projections in the returned cache; the plan leaves "
-     "that cache out (docs/inventory.md, \"T5\"): a loop that passes use_cache=False, or "
-     "checkpoints, trains what is planned"},
+     "true (default): the evaluation output holds every decoder layer's self- and "
+     "cross-attention keys and values (planned); a training forward without gradient "
+     "checkpointing keeps them too, which the plan leaves out (docs/inventory.md, \"T5\"): a "
+     "loop that sets use_cache=False, or checkpoints, trains what is planned"},
     /* inert per family */
     {"rms_norm_eps", LM3 | GEM | PHI | DSK, I, NULL, EPS_NOTE},
     {"layer_norm_eps", ML_HF_NEOX | ENC, I, NULL, EPS_NOTE},
@@ -317,12 +317,14 @@ static const ml_hf_key keys[] = {
     {"pruned_heads", ALL, R, "{}|null", "pruned heads shrink the projections, not modelled"},
     {"chunk_size_feed_forward", ALL, R, "0|null",
      "a chunked feed-forward keeps other tensors, not modelled"},
-    {"add_cross_attention", ALL, R, "false|null", "cross-attention layers are not modelled"},
+    {"add_cross_attention", ALL, R, "false|null",
+     "cross-attention layers added to a decoder are not modelled (T5's own are)"},
     {"cross_attention_hidden_size", ALL, R, "null", "cross-attention layers are not modelled"},
     {"is_encoder_decoder", ALL & ~T5, R, "false|null",
      "encoder-decoder models are not modelled, except T5"},
     {"is_encoder_decoder", T5, R, "true|null", "T5 is an encoder-decoder (T5Config: true)"},
-    {"tie_encoder_decoder", ALL, R, "false|null", "encoder-decoder models are not modelled"},
+    {"tie_encoder_decoder", ALL, R, "false|null",
+     "the encoder's weights tied to the decoder's are not modelled"},
     {"quantization_config", ALL, R, "null",
      "quantized weights are not modelled; without the key the plan is the dequantized model's "
      "(the precision training.precision names)"},

@@ -98,8 +98,10 @@ ml_status ml_hf_map_t5(const ml_node *r, ml_model *m, bool mt5, ml_error *err)
     m->bias = m->qkv_bias = m->mlp_bias = false;
     m->tied_embeddings = !mt5; /* T5Config: true; MT5Config: false */
     m->dropout = 0.1;          /* dropout_rate */
+    m->kv_cache = true; /* PretrainedConfig's use_cache */
     if ((st = ml_hf_prob(err, r, "dropout_rate", &m->dropout)) ||
-        (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+        (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
+        (st = ml_hf_bool(err, r, "use_cache", &m->kv_cache)))
         return st;
     if (m->attention != ML_ATTN_EAGER)
         return ml_error_at(err, ml_tree_get(r, "attn_implementation"), ML_SCHEMA,

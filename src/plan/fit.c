@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ledger/chain.h"
 #include "memledger/plan.h"
 #include "util/error.h"
 
@@ -447,6 +448,9 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
             s.cfg = *cfg;
             s.accum_over = false;
             ml_parse_checkpoint(cands[i].name, &s.cfg.training.checkpoint, NULL);
+            ml_error why;
+            if (ml_chain_refused(m, &s.cfg.training, &why) != ML_OK)
+                continue; /* a policy the model refuses (optimal, for T5) */
             if ((st = fit_policy(&s, req, &r)) == ML_RANGE && s.accum_over) {
                 if (!any_over || r.max_micro_batch > over_b) {
                     over = *err;

@@ -177,11 +177,12 @@ static bool checkpoint_variant(const ml_triage_ctx *x, ml_remedy_kind k, ml_conf
 static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c);
 
 /* ... and false where the plan refuses the result (the fused linear
- * cross-entropy where it is not modelled: the chain's own rule). */
+ * cross-entropy where it is not modelled, an encoder-decoder's optimal
+ * checkpointing: the chain's own rules, ml_chain_refused). */
 static bool variant(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
 {
     ml_error e;
-    return variant_of(x, k, c) && ml_chain_fused_refused(x->m, &c->training, &e) == ML_OK;
+    return variant_of(x, k, c) && ml_chain_refused(x->m, &c->training, &e) == ML_OK;
 }
 
 static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)

@@ -442,11 +442,35 @@ static void hf_attention(ml_emit_verdict *v, const ml_model *m)
                      a, !strcmp(a, "flash") ? "flash_attention_2\" or \"flash_attention_3" : a);
 }
 
+/* An encoder-decoder (T5): the torch snippet runs one stream of blocks; the
+ * training cache T5's forward keeps by default is not in the plan. */
+static void encdec_check(emit_kind k, const ml_model *m, const ml_training *t,
+                         ml_emit_verdict *v)
+{
+    if (!ml_model_target_len(m, t))
+        return;
+    if (k == EMIT_TORCH) {
+        ml_emit_refuse(v, "the snippet runs one stream of blocks; an encoder-decoder's two stacks "
+                          "(T5's encoder.block and decoder.block, whose blocks take the masks, "
+                          "the position biases and the encoder's output) are not emitted: "
+                          "--emit hf-trainer or deepspeed");
+        return;
+    }
+    if (t->checkpoint.kind == ML_CKPT_NONE || t->checkpoint.kind == ML_CKPT_SELECTIVE)
+        ml_emit_note(v, "T5's training forward keeps every decoder layer's keys and values in "
+                        "its returned cache (T5Config's use_cache: true) unless gradient "
+                        "checkpointing is on; the plan leaves that cache out: set "
+                        "model.config.use_cache = False");
+}
+
 static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_shape s,
                   ml_emit_verdict *v)
 {
     memset(v, 0, sizeof *v);
     const ml_training *t = &cfg->training;
+    encdec_check(k, m, t, v);
+    if (v->level == ML_EMIT_REFUSED)
+        return;
     if (k == EMIT_DEEPSPEED) {
         ds_check(v, t, s, true);
     } else if (k == EMIT_HF_TRAINER) {

@@ -1,0 +1,71 @@
+/* The replay's side tensors (docs/ledger.md, "Side tensors"): where each
+ * is made and freed, under the segment plan, in forward, backward and a
+ * checkpoint's recompute; replay.c calls these at each block. */
+#include "ledger/replay.h"
+
+/* A checkpointed block after the side tensor's maker keeps it as an input
+ * until its own backward; the last of those to run backward is the first
+ * of them. */
+bool ml_side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *block)
+{
+    *block = s->to;
+    if (s->to_bwd)
+        return true;
+    for (size_t j = (size_t)s->from + 1; j <= s->to && s->ckpt_kept && !ch->eval_mode; j++)
+        if (seg[j] >= 0) {
+            *block = j;
+            return true;
+        }
+    return false;
+}
+
+/* The side tensors made by block k's forward (made: true), or freed at its
+ * end (false). */
+void ml_sides_forward(ml_replay *r, size_t k, bool made)
+{
+    const ml_chain *ch = r->ch;
+    for (size_t i = 0; i < ch->nsides; i++) {
+        const ml_side *s = &ch->sides[i];
+        size_t end;
+        bool bwd = ml_side_end(r->ch, r->seg, s, &end);
+        ml_category c = bwd ? ML_CAT_ACTIVATIONS : ML_CAT_WORKSPACE;
+        if (made && s->from == k)
+            ml_replay_alloc(r, c, s->bytes);
+        else if (!made && !bwd && end == k)
+            ml_replay_free(r, c, s->bytes);
+    }
+}
+
+/* The side tensors' gradients block k's backward starts (start: true),
+ * and at its end those gradients and the side tensors that go. */
+void ml_sides_backward(ml_replay *r, size_t k, bool start)
+{
+    const ml_chain *ch = r->ch;
+    for (size_t i = 0; i < ch->nsides; i++) {
+        const ml_side *s = &ch->sides[i];
+        size_t end;
+        if (start && s->grad_from == k)
+            ml_replay_alloc(r, ML_CAT_WORKSPACE, s->grad);
+        if (!start && s->grad_to == k)
+            ml_replay_free(r, ML_CAT_WORKSPACE, s->grad);
+        if (!start && ml_side_end(r->ch, r->seg, s, &end) && end == k)
+            ml_replay_free(r, ML_CAT_ACTIVATIONS, s->bytes);
+    }
+}
+
+/* A recompute of blocks s0..k makes again the side tensors those blocks
+ * make (T5's first blocks compute their position biases inside the
+ * checkpoint): workspace from block j's recompute (made: true) to the
+ * segment's end (made: false, j = k), when the recomputed outputs go. */
+void ml_sides_recompute(ml_replay *r, size_t s0, size_t j, bool made)
+{
+    const ml_chain *ch = r->ch;
+    for (size_t i = 0; i < ch->nsides; i++) {
+        const ml_side *s = &ch->sides[i];
+        if (made && s->from == j)
+            ml_replay_alloc(r, ML_CAT_WORKSPACE, s->bytes);
+        else if (!made && s->from >= s0 && s->from <= j)
+            ml_replay_free(r, ML_CAT_WORKSPACE, s->bytes);
+    }
+}
+
