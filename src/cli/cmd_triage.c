@@ -250,9 +250,11 @@ static int write_text(FILE *f, const ml_model *m, const ml_config *given, const 
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
     fprintf(f, "memledger triage: %s (%llu parameters)\n", ml_model_name(m),
             (unsigned long long)r->current.params);
-    fprintf(f, "config: micro_batch %llu, seq_len %llu, grad_accum %llu, precision %s, optimizer "
+    char sl[80];
+    ml_report_lengths(m, t, sl, sizeof sl);
+    fprintf(f, "config: micro_batch %llu, %s, grad_accum %llu, precision %s, optimizer "
                "%s (%s), checkpoint %s, %llu device%s, ZeRO %u, offload %s\n",
-            (unsigned long long)t->micro_batch, (unsigned long long)t->seq_len,
+            (unsigned long long)t->micro_batch, sl,
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck,
             (unsigned long long)t->data_parallel, t->data_parallel == 1 ? "" : "s", t->zero,

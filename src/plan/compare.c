@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ledger/chain.h"
 #include "memledger/plan.h"
 
 /* Each fitting row whose recompute another fitting row undercuts points at
@@ -29,8 +30,10 @@ ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *ro
     for (size_t i = 0; i < npol; i++) {
         ml_config c = *cfg;
         ml_parse_checkpoint(pols[i].name, &c.training.checkpoint, NULL);
-        if (pols[i].needs_device && !c.device.present)
-            continue;
+        ml_error why;
+        if ((pols[i].needs_device && !c.device.present) ||
+            ml_chain_refused(m, &c.training, &why) != ML_OK)
+            continue; /* optimal without a budget, or for an encoder-decoder */
         ml_ledger *l = NULL;
         ml_status st = ml_ledger_evaluate(m, &c, false, &l, err);
         if (st)

@@ -23,8 +23,10 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     if (d->fragmentation > 0)
         fprintf(f, ", fragmentation allowance %g x the peak", d->fragmentation);
     fputs(")\n", f);
-    fprintf(f, "config: seq_len %llu, precision %s, optimizer %s (%s), %llu device%s, ZeRO %u\n\n",
-            (unsigned long long)cfg->training.seq_len, ml_precision_name(cfg->training.precision),
+    char sl[80];
+    ml_report_lengths(m, &cfg->training, sl, sizeof sl);
+    fprintf(f, "config: %s, precision %s, optimizer %s (%s), %llu device%s, ZeRO %u\n\n", sl,
+            ml_precision_name(cfg->training.precision),
             ml_optimizer_name(cfg->training.optimizer),
             ml_optimizer_impl_name(cfg->training.optimizer_impl),
             (unsigned long long)cfg->training.data_parallel,
@@ -148,9 +150,11 @@ int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
                            const ml_compare_row *rows, size_t n)
 {
     char a[32], b[32], c[32], name[64];
-    fprintf(f, "memledger compare: %s, micro_batch %llu, seq_len %llu, grad_accum %llu, %s\n",
-            ml_model_name(m), (unsigned long long)cfg->training.micro_batch,
-            (unsigned long long)cfg->training.seq_len, (unsigned long long)cfg->training.grad_accum,
+    char sl[80];
+    ml_report_lengths(m, &cfg->training, sl, sizeof sl);
+    fprintf(f, "memledger compare: %s, micro_batch %llu, %s, grad_accum %llu, %s\n",
+            ml_model_name(m), (unsigned long long)cfg->training.micro_batch, sl,
+            (unsigned long long)cfg->training.grad_accum,
             ml_precision_name(cfg->training.precision));
     if (cfg->device.present) {
         uint64_t budget = ml_device_budget(&cfg->device);

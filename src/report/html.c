@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "memledger/report.h"
+#include "report/report_internal.h"
 #include "memledger/version.h"
 #include "report/svg_internal.h"
 
@@ -77,8 +78,10 @@ static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     fprintf(f, "</title>\n<style>%s</style></head><body>\n<h1>", css);
     ml_svg_escape(f, ml_model_name(m));
     fputs(" — training memory plan</h1>\n<div class=\"cfg\">", f);
-    snprintf(buf, sizeof buf, "micro_batch %llu, seq_len %llu, grad_accum %llu, %s, %s (%s), checkpoint %s",
-             (unsigned long long)cfg->training.micro_batch, (unsigned long long)cfg->training.seq_len,
+    char sl[80];
+    ml_report_lengths(m, &cfg->training, sl, sizeof sl);
+    snprintf(buf, sizeof buf, "micro_batch %llu, %s, grad_accum %llu, %s, %s (%s), checkpoint %s",
+             (unsigned long long)cfg->training.micro_batch, sl,
              (unsigned long long)cfg->training.grad_accum, ml_precision_name(cfg->training.precision),
              ml_optimizer_name(cfg->training.optimizer),
              ml_optimizer_impl_name(cfg->training.optimizer_impl), ck);

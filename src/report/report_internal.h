@@ -14,6 +14,9 @@ void ml_json_string(FILE *f, const char *s);
  * the writers that add keys after it. */
 void ml_report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l);
 
+/* "seq_len N" and, for an encoder-decoder, ", target_len M" (text.c). */
+void ml_report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size);
+
 /* --emit's verdict on a plan (docs/hf.md, "--emit"). */
 enum { ML_EMIT_EXACT = 0, ML_EMIT_PARTIAL = 1, ML_EMIT_REFUSED = 2 };
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "memledger/report.h"
+#include "report/report_internal.h"
 #include "report/svg_internal.h"
 
 /* bottom to top: what is resident all iteration first */
@@ -237,9 +238,12 @@ static void title(FILE *f, const ml_model *m, const ml_config *cfg, const char *
     fputs("<text x=\"20\" y=\"26\" font-size=\"17\" font-weight=\"bold\">", f);
     ml_svg_escape(f, ml_model_name(m));
     fprintf(f, " — %s</text>\n", what);
-    char sl[48] = "";
-    if (cfg->training.seq_len > 1)
-        snprintf(sl, sizeof sl, ", seq_len %llu", (unsigned long long)cfg->training.seq_len);
+    char sl[96] = "";
+    if (cfg->training.seq_len > 1) {
+        sl[0] = ',';
+        sl[1] = ' ';
+        ml_report_lengths(m, &cfg->training, sl + 2, sizeof sl - 2);
+    }
     fprintf(f, "<text x=\"20\" y=\"46\" font-size=\"12\" fill=\"#444\">micro_batch %llu%s, "
                "grad_accum %llu, %s, %s (%s), checkpoint ",
             (unsigned long long)cfg->training.micro_batch, sl,

@@ -5,6 +5,7 @@
 
 #include "memledger/calib.h"
 #include "memledger/report.h"
+#include "report/report_internal.h"
 
 static void commas(uint64_t v, char *buf, size_t size)
 {
@@ -48,7 +49,8 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
         snprintf(tl, sizeof tl, ", target_len %llu", (unsigned long long)ml_model_target_len(m, t));
     fprintf(f, "config: micro_batch %llu, seq_len %llu%s, grad_accum %llu, precision %s, "
                "optimizer %s (%s), checkpoint %s%s%s\n",
-            (unsigned long long)t->micro_batch, (unsigned long long)s->c_tokens / t->micro_batch, tl,
+            (unsigned long long)t->micro_batch, (unsigned long long)s->c_tokens / t->micro_batch,
+            tl,
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck,
             attn ? ", attention " : "", attn ? attn : "");
@@ -106,6 +108,16 @@ static void text_states(FILE *f, const ml_summary *s)
     if (s->bytes_buffers)
         fprintf(f, "  %-22s %12s   (module buffers)\n", "buffers", B(s->bytes_buffers, a));
     fprintf(f, "\n");
+}
+
+void ml_report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size)
+{
+    uint64_t td = ml_model_target_len(m, t);
+    if (td)
+        snprintf(out, size, "seq_len %llu, target_len %llu", (unsigned long long)t->seq_len,
+                 (unsigned long long)td);
+    else
+        snprintf(out, size, "seq_len %llu", (unsigned long long)t->seq_len);
 }
 
 /* "block.1..block.31", or, past the column's 22 characters, the last
