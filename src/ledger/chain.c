@@ -220,7 +220,7 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
     reserve(ch, m);
     ch->prec = ml_prec_of(cfg->training.precision);
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml_chain_build_sequential(m, cfg, ch)
-                   : m->type == ML_MODEL_ENCDEC   ? ml_chain_build_t5(m, cfg, ch, err)
+                   : m->type == ML_MODEL_ENCDEC   ? ml_chain_build_t5(m, cfg, ch)
                                                   : ml_chain_build_transformer(m, cfg, ch, err);
     /* the runner's blocks are GPT-2's and Llama's: a Gemma block's norm and
      * MLP keep other tensors (docs/inventory.md), so no profile applies */

@@ -156,8 +156,7 @@ ml_status ml_ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dim
 ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                      ml_error *err);
 ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch);
-ml_status ml_chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch,
-                            ml_error *err);
+ml_status ml_chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch);
 /* The cross-entropy block over `rows` rows of `classes` logits
  * (chain_head.c); ML_NOMEM. */
 ml_status ml_ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t rows,

@@ -39,18 +39,6 @@ static void t5_norm(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t BT, unsig
     ml_ck_tmp(ch, BTD, 4);
 }
 
-/* A Linear's input of `elems` stream-dtype elements: autocast saves a cast
- * copy per Linear; otherwise the storage, once (already: another Linear
- * saved it). */
-static void linear_in(ml_chain *ch, ml_cblock *b, const t5d *t, const char *what, uint64_t elems,
-                      bool already)
-{
-    if (ch->prec.autocast)
-        ml_ck_save(ch, b, what, elems, 2, 0);
-    else if (!already)
-        ml_ck_save(ch, b, what, elems, t->w, 0);
-}
-
 /* T5Attention, eager (no scaling; the position bias added in place to the
  * scores; softmax over scores.float(), type_as the scores; dropout; the
  * matmul with v; the output projection), then the layer's dropout and the
@@ -65,15 +53,13 @@ static void t5_attention(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t Tq, 
     uint64_t BTq = ml_mul(ch, t->B, Tq), BTk = ml_mul(ch, t->B, Tk);
     uint64_t S = ml_ck_mul3(ch, ml_mul(ch, t->B, t->H), Tq, Tk);
     t5_norm(ch, b, t, BTq, cross ? 0 : ML_SV_INPUT);
+    /* q, k, v read the norm's output, or, crossing, k and v the encoder's
+     * (a side tensor, saved once): under autocast each Linear keeps a cast */
     uint64_t qin = ml_mul(ch, BTq, t->D), kin = ml_mul(ch, BTk, t->D);
-    linear_in(ch, b, t, cross ? "q input" : "q/k/v input", qin, false);
-    if (cross && ch->prec.autocast) { /* k and v each cast the encoder's output */
-        ml_ck_save(ch, b, "k input (cast copy of the encoder output)", kin, 2, 0);
-        ml_ck_save(ch, b, "v input (cast copy of the encoder output)", kin, 2, 0);
-    } else if (!cross && ch->prec.autocast) {
-        ml_ck_save(ch, b, "q/k/v input (cast copy)", qin, 2, 0);
-        ml_ck_save(ch, b, "q/k/v input (cast copy)", qin, 2, 0);
-    }
+    ml_ck_linear_input(ch, b, "q input", qin, t->w, false, 0);
+    for (int i = 0; i < 2; i++)
+        ml_ck_linear_input(ch, b, cross ? "k/v input (the encoder output)" : "k/v input",
+                           cross ? kin : qin, t->w, true, 0);
     ml_ck_weight_copy(ch, b, ml_mul(ch, 4, ml_mul(ch, t->D, t->I)));
     for (int i = 0; i < 4; i++) /* q, k, v, o */
         ml_ck_param(ch, b, t->D, t->I);
@@ -140,7 +126,8 @@ static void t5_ff(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t T)
     uint64_t BT = ml_mul(ch, t->B, T), BTD = ml_mul(ch, BT, t->D), BTF = ml_mul(ch, BT, t->F);
     t5_norm(ch, b, t, BT, 0);
     for (unsigned i = 0; i < nin; i++)
-        linear_in(ch, b, t, t->gated ? "wi_0/wi_1 input" : "wi input", BTD, i > 0);
+        ml_ck_linear_input(ch, b, t->gated ? "wi_0/wi_1 input" : "wi input", BTD, t->w, i > 0,
+                           0);
     ml_ck_weight_copy(ch, b, ml_mul(ch, nin + 1, ml_mul(ch, t->D, t->F)));
     for (unsigned i = 0; i < nin; i++)
         ml_ck_param(ch, b, t->D, t->F); /* wi, or wi_0 and wi_1 */
@@ -338,7 +325,7 @@ static ml_status head(ml_chain *ch, const ml_model *m, const t5d *t, const ml_ck
     if (t->drop)
         ml_ck_save(ch, b, "decoder output dropout mask", BTD, 1, 0);
     ml_ck_tmp(ch, BTD, t->w);
-    linear_in(ch, b, t, "lm_head input", BTD, false);
+    ml_ck_linear_input(ch, b, "lm_head input", BTD, t->w, false, 0);
     ml_ck_weight_copy(ch, b, ml_mul(ch, t->V, t->D));
     uint64_t g = ml_mul(ch, ml_mul(ch, t->V, t->D), ch->prec.grad);
     if (!m->tied_embeddings)
@@ -353,8 +340,7 @@ static ml_status head(ml_chain *ch, const ml_model *m, const t5d *t, const ml_ck
     return ml_ck_ce_loss(ch, m, d, BT, t->V);
 }
 
-ml_status ml_chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch,
-                            ml_error *err)
+ml_status ml_chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch)
 {
     const ml_training *tr = &cfg->training;
     t5d t = {.B = tr->micro_batch,
@@ -385,7 +371,6 @@ ml_status ml_chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *c
         st = head(ch, m, &t, &d);
     if (st != ML_OK || ch->overflow)
         return st;
-    (void)err;
     ch->n_ckpt = m->layers + m->dec_layers;
     const unsigned w = t.w;
     uint64_t bias_s = ml_mul(ch, ml_ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Ts, t.Ts)), w);

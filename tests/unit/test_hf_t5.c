@@ -113,6 +113,20 @@ static ml_status load_text(const char *text, ml_model **m, ml_error *e)
     return ml_model_load_hf_string(text, strlen(text), "config.json", m, e);
 }
 
+/* The parameters the plan counts for m (one sample of 16 tokens); m is
+ * destroyed. */
+static uint64_t planned_params(ml_model *m)
+{
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 1;
+    c.training.seq_len = 16;
+    ml_ledger *l = eval(m, &c, false);
+    uint64_t p = ml_ledger_summary(l)->params;
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    return p;
+}
+
 /* {"model_type": "t5"} alone is T5Config's defaults: t5-small's shape (V
  * 32128, D 512, dkv 64, F 2048, 6 + 6 blocks, 8 heads): 16,449,536 +
  * 18,881,280 + 25,175,808 = 60,506,624, t5-small's published count. */
@@ -133,13 +147,7 @@ static void test_t5_defaults(void **state)
     assert_int_equal(m->rel_buckets, 32);
     assert_true(m->tied_embeddings);
     assert_true(m->dropout == 0.1);
-    ml_config c = ml_model_config(m);
-    c.training.micro_batch = 1;
-    c.training.seq_len = 16;
-    ml_ledger *l = eval(m, &c, false);
-    assert_int_equal(ml_ledger_summary(l)->params, 60506624ull);
-    ml_ledger_destroy(l);
-    ml_model_destroy(m);
+    assert_int_equal(planned_params(m), 60506624ull);
     /* T5Config's attribute_map: hidden_size, num_attention_heads and
      * num_hidden_layers name d_model, num_heads and num_layers; d_kv may
      * make heads x d_kv differ from d_model (t5-v1_1-xl: 32 x 64 = 2048) */
@@ -177,13 +185,7 @@ static void test_mt5_defaults(void **state)
     assert_int_equal(load_text("{\"model_type\": \"mt5\"}", &m, &e), ML_OK);
     assert_int_equal(m->activation, ML_ACT_GEGLU);
     assert_false(m->tied_embeddings);
-    ml_config c = ml_model_config(m);
-    c.training.micro_batch = 1;
-    c.training.seq_len = 16;
-    ml_ledger *l = eval(m, &c, false);
-    assert_int_equal(ml_ledger_summary(l)->params, 300176768ull);
-    ml_ledger_destroy(l);
-    ml_model_destroy(m);
+    assert_int_equal(planned_params(m), 300176768ull);
     /* MT5ForConditionalGeneration is the class planned */
     assert_int_equal(load_text("{\"model_type\": \"mt5\",\n \"architectures\": "
                                "[\"T5ForConditionalGeneration\"]}",
