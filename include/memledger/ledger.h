@@ -59,6 +59,12 @@ typedef struct ml_block_info {
                                    recomputed together), -1 when not checkpointed */
     int32_t ckpt_index;         /* index in checkpoint lists, -1 for embedding/head/loss */
     bool measured;              /* inventory from a calibration profile */
+    bool unused_output;         /* a layer whose output nothing reads (a multimodal
+                                   model's vision layers after the one its projector
+                                   reads): it runs forward only, its saved tensors
+                                   freed once the image features are made; its
+                                   activations_saved is what is kept for the backward
+                                   (its input, when the projector saves that) */
 } ml_block_info;
 
 typedef struct ml_event {

@@ -251,6 +251,9 @@ ML_API const char *ml_model_attention(const ml_model *m);
 /* An encoder-decoder's decoder tokens per sample under t (training.target_len,
  * or seq_len when 0); 0 for the other models, which have one sequence. */
 ML_API uint64_t ml_model_target_len(const ml_model *m, const ml_training *t);
+/* A multimodal model's image tokens per sample (each sample one image; part
+ * of training.seq_len); 0 for the other models. */
+ML_API uint64_t ml_model_image_tokens(const ml_model *m);
 /* The largest micro-batch the model's reference code accepts: 1 for a
  * decoder's sequence classifier without pad_token_id (transformers refuses
  * more); 0: no limit. */

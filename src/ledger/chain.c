@@ -118,7 +118,9 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
  * tensors and ~16 parameter tensors, a sequential entry a handful per layer. */
 static void reserve(ml_chain *ch, const ml_model *m)
 {
-    size_t n = m->type == ML_MODEL_SEQUENTIAL ? m->nseq : (size_t)(m->layers + m->dec_layers);
+    size_t n = m->type == ML_MODEL_SEQUENTIAL
+                   ? m->nseq
+                   : (size_t)(m->layers + m->dec_layers + m->vis_layers + 2);
     size_t per = m->type == ML_MODEL_SEQUENTIAL ? 8 : 24;
     ch->cap = n + 4;
     ch->savedcap = per * (n + 4);
@@ -179,12 +181,12 @@ ml_status ml_chain_refused(const ml_model *m, const ml_training *t, ml_error *er
     /* the optimal solver's chain is one stream of layers: T5's side
      * tensors (docs/ledger.md) and its non-layer blocks between the
      * stacks are not in it */
-    if (m->type == ML_MODEL_ENCDEC && t->checkpoint.kind == ML_CKPT_OPTIMAL)
+    if ((m->type == ML_MODEL_ENCDEC || m->vis_layers) && t->checkpoint.kind == ML_CKPT_OPTIMAL)
         return ml_errorf(err, ML_RANGE,
-                         "training.checkpoint: optimal is not planned for an encoder-decoder "
-                         "(%s): use full (what Hugging Face's gradient checkpointing runs), "
-                         "every-K, sqrt or a list of blocks",
-                         m->name);
+                         "training.checkpoint: optimal is not planned for %s (%s): use full "
+                         "(what Hugging Face's gradient checkpointing runs), every-K, sqrt or "
+                         "a list of blocks",
+                         m->vis_layers ? "a multimodal model" : "an encoder-decoder", m->name);
     if (m->type != ML_MODEL_ENCDEC && t->target_len)
         return ml_errorf(err, ML_RANGE,
                          "training.target_len: the decoder's length of an encoder-decoder; %s "
@@ -221,6 +223,7 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
     ch->prec = ml_prec_of(cfg->training.precision);
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml_chain_build_sequential(m, cfg, ch)
                    : m->type == ML_MODEL_ENCDEC   ? ml_chain_build_t5(m, cfg, ch)
+                   : m->vis_layers                ? ml_chain_build_llava(m, cfg, ch, err)
                                                   : ml_chain_build_transformer(m, cfg, ch, err);
     /* the runner's blocks are GPT-2's and Llama's: a Gemma block's norm and
      * MLP keep other tensors (docs/inventory.md), so no profile applies */
@@ -228,6 +231,8 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
         ch->calib_note = "the runner measures no Gemma blocks ((1 + weight) RMSNorm, GeGLU)";
     else if (st == ML_OK && cfg->calib && m->type == ML_MODEL_ENCDEC)
         ch->calib_note = "the runner measures no encoder-decoder (T5) blocks";
+    else if (st == ML_OK && cfg->calib && m->vis_layers)
+        ch->calib_note = "the runner measures no vision-tower (CLIP) blocks";
     else if (st == ML_OK && cfg->calib && (m->kv_lora || m->experts))
         ch->calib_note = "the runner measures no mixture-of-experts or latent-attention blocks";
     else if (st == ML_OK && cfg->calib && m->type != ML_MODEL_SEQUENTIAL)
@@ -235,7 +240,7 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
     if (st == ML_OK && ch->n > 0) {
         /* the model's input is the batch the loop holds all iteration, not
          * a boundary the first block's backward frees */
-        ch->batch_input = ch->blocks[0].in_bytes;
+        ch->batch_input = ml_add(ch, ch->batch_input, ch->blocks[0].in_bytes);
         ch->blocks[0].in_bytes = 0;
         ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, m->buffers); /* declared */
     }

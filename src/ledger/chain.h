@@ -111,6 +111,10 @@ typedef struct {
     bool measured;           /* saved bytes from a calibration profile */
     uint64_t cache_bytes;    /* keys and values the forward returns (HF use_cache):
                                 held by the output in evaluation */
+    bool unused_out;         /* its output is not used (a vision layer after the
+                                one Llava's projector reads): its saved tensors
+                                and output are a side tensor freed with the
+                                projector's forward, it has no backward */
     bool grads_in_fwd;       /* its forward computes its input's gradient (in_bytes)
                                 and its parameters' (grad_bytes), as logits: fused's
                                 linear-cross-entropy does; its backward hands them over */
@@ -118,6 +122,8 @@ typedef struct {
 
 typedef struct {
     uint64_t numel, rows, cols; /* rows/cols: last two dims for matrices, 0 for vectors */
+    bool nograd;                /* gets no gradient (an unused vision layer's):
+                                   the optimizer makes no state for it */
 } ml_ptensor;
 
 /* A tensor beside the stream of blocks (docs/ledger.md, "Side tensors"):
@@ -166,6 +172,9 @@ typedef struct {
     const char *calib_note;     /* why a profile did not apply (static text) */
     uint64_t ckpt_side;         /* tensors a checkpoint keeps besides block inputs:
                                    the attention mask passed to every block */
+    uint64_t mask_ckpt0;        /* the checkpoint index of the first layer those
+                                   masks serve (Llava: the decoder's, after the
+                                   vision layers); 0 otherwise */
     /* resident besides the model states (docs/ledger.md, "The batch and the
      * buffers"): the model's input (block 0's input, moved here once the
      * chain is built) and targets; the module buffers */

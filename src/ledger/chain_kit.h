@@ -152,11 +152,24 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
 /* The transformer's embedding block (chain_embed.c); ML_NOMEM. */
 ml_status ml_ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
 
+/* The shapes of one micro-batch through a transformer (chain_transformer.c);
+ * ML_RANGE (with err) when the sequence does not fit the model. */
+ml_status ml_ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, ml_ck_dims *d,
+                        ml_error *err);
+/* A pre-norm transformer layer (GPT-2, Llama, Gemma, Phi-3, Falcon, ViT and
+ * CLIP layouts) into block b (chain_transformer.c). */
+void ml_ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d);
+/* The model's layer blocks, "block.<i>", checkpoint indices from
+ * ch->mask_ckpt0 (chain_transformer.c); ML_NOMEM. */
+ml_status ml_ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
+
 /* The families' builders, called by ml_chain_build. */
 ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                      ml_error *err);
 ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch);
 ml_status ml_chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch);
+ml_status ml_chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                               ml_error *err);
 /* The cross-entropy block over `rows` rows of `classes` logits
  * (chain_head.c); ML_NOMEM. */
 ml_status ml_ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t rows,

@@ -113,6 +113,17 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
         ml_ck_weight_copy(ch, b, DF);
     if (glu) {
         glu_saves(ch, b, d, geglu, bias, m->fused_proj, &k);
+    } else if (m->activation == ML_ACT_QUICK_GELU) {
+        /* x * sigmoid(1.702 * x) (activations.py, QuickGELUActivation): the
+         * scalar's mul keeps nothing on the device (its 0-dim scalar is host
+         * memory), sigmoid keeps its result, the product both factors; the
+         * product is fc2's input */
+        k.act_in = ml_ck_save(ch, b, "fc1 output (quick_gelu input)", BTF, a, 0);
+        ml_ck_tmp(ch, BTF, a); /* 1.702 * x */
+        k.act_out = ml_ck_save(ch, b, "quick_gelu sigmoid output", BTF, a, 0);
+        k.prod = ml_ck_save(ch, b, "quick_gelu output (fc2 input)", BTF, a, 0);
+        ml_ck_linear(ch, b, d->D, d->F, bias);
+        ml_ck_linear(ch, b, d->F, d->D, bias);
     } else if (m->activation == ML_ACT_GELU) {
         k.act_in = ml_ck_save(ch, b, "fc output (gelu input)", BTF, a, 0);
         k.act_out = ml_ck_save(ch, b, "gelu output (proj input)", BTF, a, 0);
@@ -202,7 +213,7 @@ static void post_norm(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck
  * qkv_proj: the q, k and v slices are views of its output, which nothing
  * saves, so only the autocast casts of its input and the weight differ),
  * ViT (layernorm, separate q/k/v as HF ViTSelfAttention, no mask). */
-static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+void ml_ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
     const bool llama = m->norm != ML_NORM_LAYERNORM; /* Llama or Gemma layout */
     const bool causal = m->type == ML_MODEL_DECODER;
@@ -264,7 +275,7 @@ static void prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
         ml_ck_norm_params(ch, b, np, d->D);
     at[4] = ch->nparams;
     /* DeepSeek-V3's first dense_layers layers have one dense MLP */
-    const bool dense = !m->experts || (uint64_t)b->ckpt_index < m->dense_layers;
+    const bool dense = !m->experts || (uint64_t)b->ckpt_index - ch->mask_ckpt0 < m->dense_layers;
     if (dense)
         mlp_fwd(ch, b, m, d, nb, mlp_in_saved, false);
     else if (m->router_sigmoid)
@@ -297,8 +308,8 @@ static void postnorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const 
 
 /* The shapes of one training micro-batch through the model; ML_RANGE when
  * the sequence is longer than learned positions allow. */
-static ml_status dims_of(const ml_model *m, const ml_training *t, ml_chain *ch,
-                         ml_ck_dims *d, ml_error *err)
+ml_status ml_ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, ml_ck_dims *d,
+                       ml_error *err)
 {
     d->B = t->micro_batch;
     d->T = t->seq_len;
@@ -379,7 +390,7 @@ static uint64_t kv_cache_bytes(ml_chain *ch, const ml_model *m, const ml_ck_dims
     return ml_add(ch, keys, ml_mul(ch, kv_b, a));
 }
 
-static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+ml_status ml_ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
 {
     const bool enc = m->type == ML_MODEL_ENCODER;
     const unsigned w = ch->prec.w;
@@ -388,12 +399,12 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
         block_name(name, i);
-        ml_cblock *b = ml_ck_begin(ch, name, (int)i);
+        ml_cblock *b = ml_ck_begin(ch, name, (int)(ch->mask_ckpt0 + i));
         if (!b)
             return ML_NOMEM;
         b->in_bytes = ml_mul(ch, BTD, w);
         if (m->prenorm)
-            prenorm_block(ch, b, m, d);
+            ml_ck_prenorm_block(ch, b, m, d);
         else
             postnorm_block(ch, b, m, d);
         ml_ck_end(ch, b, ml_mul(ch, BTD, w));
@@ -404,7 +415,7 @@ static ml_status layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
             break;
     }
     ch->record_nodes = false;
-    ch->n_ckpt = m->layers;
+    ch->n_ckpt = ch->mask_ckpt0 + m->layers;
     /* torch.utils.checkpoint saves every tensor argument of the block: the
      * HF BERT extended mask (B, 1, 1, T) and the HF Llama causal mask, a
      * (1, 1, T, T) tensor expanded over the batch, with the rotary models'
@@ -423,11 +434,11 @@ ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml
                                      ml_error *err)
 {
     ml_ck_dims d;
-    ml_status st = dims_of(m, &cfg->training, ch, &d, err);
+    ml_status st = ml_ck_dims_of(m, &cfg->training, ch, &d, err);
     if (st == ML_OK)
         st = ml_ck_embedding_block(ch, m, &d);
     if (st == ML_OK)
-        st = layer_blocks(ch, m, &d);
+        st = ml_ck_layer_blocks(ch, m, &d);
     if (st == ML_OK)
         st = ml_ck_head_and_loss(ch, m, &d, &cfg->training);
     if (st != ML_OK)

@@ -124,22 +124,6 @@ static void describe_plan(const ml_chain *ch, const ml_checkpoint *cp, const int
 }
 
 
-/* Where each boundary tensor lives under the plan (docs/ledger.md,
- * "boundary tensors"). */
-void ml_eval_boundaries(const ml_chain *ch, const int *seg, bool held, ml_boundary *bd)
-{
-    for (size_t k = 0; k < ch->n; k++) {
-        const ml_cblock *b = &ch->blocks[k];
-        bool prod = k > 0 && ch->blocks[k - 1].out_saved && seg[k - 1] < 0;
-        bool cons = b->in_saved && seg[k] < 0;
-        bool start = seg[k] >= 0 && (k == 0 || seg[k - 1] != seg[k]);
-        bd[k].kept = prod || cons || start || (held && b->in_held);
-        bd[k].cat = (prod || cons || start) ? ML_CAT_ACTIVATIONS : ML_CAT_WORKSPACE;
-        bd[k].by_consumer = !prod && (cons || start);
-        bd[k].alias = k > 0 && ch->blocks[k - 1].identity && bd[k - 1].kept;
-    }
-}
-
 /* Parameters, master weights, gradients, optimizer states and step
  * temporaries per device: ZeRO stage z shards states (z >= 1), gradients
  * (z >= 2) and parameters (z = 3) over N devices; offload moves them to the
@@ -371,6 +355,7 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
         bi->segment = seg[k];
         bi->ckpt_index = b->ckpt_index;
         bi->measured = b->measured;
+        bi->unused_output = b->unused_out;
         bi->flops_forward = b->flops_fwd;
         /* inventory without a plan: a boundary counts with the block that
          * saves it first, the producer when it saves its own output (the
@@ -380,9 +365,12 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
             inv += b->in_bytes;
         if (b->out_saved && k + 1 < n)
             inv += ch->blocks[k + 1].in_bytes;
+        if (b->unused_out) /* its norm saves its input, for a backward that never runs */
+            inv = b->saved_bytes + (k > 0 && ch->blocks[k - 1].unused_out ? 0 : b->in_bytes);
         bi->inventory_bytes = inv;
         bi->c = norm > 0 ? (double)inv / norm : 0;
-        uint64_t kept = seg[k] < 0 ? b->saved_bytes - (selective ? b->core_bytes : 0) : 0;
+        uint64_t kept = seg[k] < 0 && !b->unused_out
+                            ? b->saved_bytes - (selective ? b->core_bytes : 0) : 0;
         if (bd[k].kept && bd[k].cat == ML_CAT_ACTIVATIONS && bd[k].by_consumer && !bd[k].alias)
             kept += b->in_bytes;
         if (k + 1 < n && bd[k + 1].kept && bd[k + 1].cat == ML_CAT_ACTIVATIONS &&
@@ -413,7 +401,7 @@ void ml_eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml
      * first checkpointed block (docs/ledger.md) */
     x->side_block = -1;
     for (size_t k = 0; k < n && ch->ckpt_side; k++)
-        if (seg[k] >= 0) {
+        if (seg[k] >= 0 && ch->blocks[k].ckpt_index >= (int)ch->mask_ckpt0) {
             x->side_block = (int)k;
             break;
         }

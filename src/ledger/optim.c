@@ -26,6 +26,8 @@ static uint64_t loop_temp_elems(ml_chain *ch, unsigned t_loop, bool carry)
 {
     uint64_t best = 0, prev = 0;
     for (size_t i = 0; i < ch->nparams; i++) {
+        if (ch->params[i].nograd) /* not in the step's params_with_grad */
+            continue;
         uint64_t n = ch->params[i].numel;
         uint64_t at = ml_add(ch, ml_mul(ch, n, t_loop), carry ? prev : 0);
         if (at > best)
@@ -44,8 +46,11 @@ ml_status ml_optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_o
      * (docs/optimizers.md) */
     const bool master = ch->prec.master != 0;
     uint64_t P = 0, maxn = ch->max_param_numel;
+    /* torch.optim makes state for, and steps, the parameters with a
+     * gradient only (params_with_grad): an unused layer's have none */
     for (size_t i = 0; i < ch->nparams; i++)
-        P = ml_add(ch, P, ch->params[i].numel);
+        if (!ch->params[i].nograd)
+            P = ml_add(ch, P, ch->params[i].numel);
     uint64_t states = 0, temp = 0;
     unsigned per = 0;        /* full-size states per parameter */
     /* full-size temporaries: over all parameters at once (foreach) and over
@@ -72,11 +77,15 @@ ml_status ml_optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_o
          * the full tensor for vectors; no first moment (beta1 = None) */
         for (size_t i = 0; i < ch->nparams; i++) {
             const ml_ptensor *p = &ch->params[i];
+            if (p->nograd)
+                continue;
             uint64_t n = p->cols ? ml_add(ch, p->rows, p->cols) : p->numel;
             states = ml_add(ch, states, ml_mul(ch, n, s));
         }
     } else if (t->optimizer == ML_OPT_ADAM_8BIT) {
         for (size_t i = 0; i < ch->nparams; i++) {
+            if (ch->params[i].nograd)
+                continue;
             uint64_t n = ch->params[i].numel;
             uint64_t one = n < BNB_MIN_8BIT ? ml_mul(ch, n, 4)
                                             : ml_add(ch, n, ml_mul(ch, (n + BNB_BLOCK - 1) / BNB_BLOCK, 4));

@@ -206,9 +206,9 @@ void ml_replay_forward(ml_replay *r)
         uint64_t ws = seg[k] < 0 ? b->ws_fwd : b->ws_nograd;
         /* the attention mask the model's forward makes before its layers
          * and holds through them (docs/ledger.md, "Boundary tensors") */
-        const bool layer = b->ckpt_index >= 0;
+        const bool layer = b->ckpt_index >= (int)ch->mask_ckpt0;
         const uint64_t mask = ch->mask_in_forward ? ch->ckpt_side : 0;
-        if (layer && b->ckpt_index == 0)
+        if (layer && b->ckpt_index == (int)ch->mask_ckpt0)
             ml_replay_alloc(r, ML_CAT_WORKSPACE, mask);
         uint64_t gat = gathered(r, k, false);
         ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
@@ -216,7 +216,7 @@ void ml_replay_forward(ml_replay *r)
         if (seg[k] < 0)
             fwd_grads(r, k);
         ml_replay_alloc_as(r, ML_CAT_WORKSPACE, ws, seg[k] < 0 ? ML_T_UNITS_FWD : ML_T_UNITS, k, 1);
-        if (seg[k] < 0)
+        if (seg[k] < 0 && !b->unused_out) /* an unused layer's: a side tensor */
             ml_replay_alloc_as(r, ML_CAT_ACTIVATIONS,
                                b->saved_bytes - (r->selective ? b->core_bytes : 0),
                                r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
@@ -522,6 +522,8 @@ void ml_replay_micro_batch(ml_replay *r)
                 recompute_nodes(r, s0, k);
             }
         }
+        if (r->ch->blocks[k].unused_out) /* no gradient reaches it */
+            continue;
         if (by_nodes(r, k))
             backward_nodes(r, k);
         else

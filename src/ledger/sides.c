@@ -1,6 +1,8 @@
-/* The replay's side tensors (docs/ledger.md, "Side tensors"): where each
- * is made and freed, under the segment plan, in forward, backward and a
- * checkpoint's recompute; replay.c calls these at each block. */
+/* Where the tensors between and beside the blocks live: the boundary
+ * tensors (docs/ledger.md, "Boundary tensors") and the side tensors
+ * ("Side tensors"), made and freed under the segment plan in forward,
+ * backward and a checkpoint's recompute; replay.c calls these at each
+ * block. */
 #include "ledger/replay.h"
 
 /* A checkpointed block after the side tensor's maker keeps it as an input
@@ -69,3 +71,20 @@ void ml_sides_recompute(ml_replay *r, size_t s0, size_t j, bool made)
     }
 }
 
+/* Where each boundary tensor lives under the plan (docs/ledger.md,
+ * "boundary tensors"). */
+void ml_eval_boundaries(const ml_chain *ch, const int *seg, bool held, ml_boundary *bd)
+{
+    for (size_t k = 0; k < ch->n; k++) {
+        const ml_cblock *b = &ch->blocks[k];
+        bool prod = k > 0 && ch->blocks[k - 1].out_saved && seg[k - 1] < 0;
+        bool cons = b->in_saved && seg[k] < 0;
+        bool start = seg[k] >= 0 && (k == 0 || seg[k - 1] != seg[k]);
+        bd[k].kept = prod || cons || start || (held && b->in_held);
+        bd[k].cat = (prod || cons || start) ? ML_CAT_ACTIVATIONS : ML_CAT_WORKSPACE;
+        bd[k].by_consumer = !prod && (cons || start);
+        /* (an unused vision layer's output: its input, aliased or kept) */
+        bd[k].alias = k > 0 && ch->blocks[k - 1].identity &&
+                      (bd[k - 1].kept || (ch->blocks[k - 1].unused_out && bd[k - 1].alias));
+    }
+}

@@ -215,20 +215,22 @@ static ml_status sizes_of(const ml_node *r, const char *t, bool llama, bool vit,
                           ml_error *err)
 {
     ml_status st;
-    if ((st = ml_hf_uint(err, r, KEYS("num_hidden_layers", "n_layer"), true, 1, 100000,
+    /* a llava's llama text_config: LlamaConfig's defaults for absent sizes */
+    const bool req = !m->hf_llama_defaults;
+    if ((st = ml_hf_uint(err, r, KEYS("num_hidden_layers", "n_layer"), req, 1, 100000,
                          &m->layers)) ||
-        (st = ml_hf_uint(err, r, KEYS("hidden_size", "n_embd"), true, 1, 1u << 20, &m->hidden)) ||
-        (st = ml_hf_uint(err, r, KEYS("num_attention_heads", "n_head"), true, 1, 1u << 20,
+        (st = ml_hf_uint(err, r, KEYS("hidden_size", "n_embd"), req, 1, 1u << 20, &m->hidden)) ||
+        (st = ml_hf_uint(err, r, KEYS("num_attention_heads", "n_head"), req, 1, 1u << 20,
                          &m->heads)))
         return st;
     m->kv_heads = m->heads;
-    m->ffn = 4 * m->hidden;
+    m->ffn = req ? 4 * m->hidden : m->ffn;
     if ((st = ml_hf_uint(err, r, KEYS("num_key_value_heads"), false, 1, 1u << 20,
                          &m->kv_heads)) ||
         (st = ml_hf_uint(err, r, KEYS("intermediate_size", "n_inner"), false, 1, 1u << 24,
                          &m->ffn)))
         return st;
-    if (!vit && (st = ml_hf_uint(err, r, KEYS("vocab_size"), true, 1, 1u << 28, &m->vocab)))
+    if (!vit && (st = ml_hf_uint(err, r, KEYS("vocab_size"), req, 1, 1u << 28, &m->vocab)))
         return st;
     if ((st = ml_hf_uint(err, r, KEYS("max_position_embeddings", "n_positions"), false, 1,
                          1u << 28, &m->max_positions)))
@@ -413,7 +415,29 @@ static ml_status map_encoder(const ml_node *r, const char *t, bool vit, bool mlm
     return ML_OK;
 }
 
-static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
+/* A llava and the configs it nests: clip_vision_model only as its
+ * vision_config, llava only at the top; a llama text_config (nested) takes
+ * LlamaConfig's defaults for absent sizes (configuration_llama.py). */
+static ml_status nesting(const ml_node *mt, const char *t, unsigned fam, bool nested,
+                         ml_model *m, ml_error *err)
+{
+    if ((fam == ML_HF_CLIPV && !nested) || (fam == ML_HF_LLAVA && nested))
+        return ml_error_at(err, mt, ML_SCHEMA, "model_type '%s' is planned %s", t,
+                           nested ? "at a config's top level, not as a llava's text_config"
+                                  : "as a llava's vision_config only");
+    if (nested && fam == ML_HF_LLAMA) {
+        m->hf_llama_defaults = true;
+        m->layers = 32;
+        m->hidden = 4096;
+        m->heads = 32;
+        m->vocab = 32000;
+        m->ffn = 11008;
+        m->max_positions = 2048;
+    }
+    return ML_OK;
+}
+
+static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error *err)
 {
     const ml_hf_family_info *families = ml_hf_families();
     const ml_node *mt = NULL;
@@ -429,8 +453,11 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
                falcon = fam == ML_HF_FALCON,
                deepseek = fam == ML_HF_DEEPSEEK3 || fam == ML_HF_DEEPSEEK2;
     bool mlm = false;
-    if ((st = ml_hf_check_keys(r, fam, t, err)) || (st = architectures_of(r, f, &mlm, err)))
+    if ((st = nesting(mt, t, fam, nested, m, err)) || (st = ml_hf_check_keys(r, fam, t, err)) ||
+        (st = architectures_of(r, f, &mlm, err)))
         return st;
+    if (fam == ML_HF_LLAVA) /* attn_implementation: the language model's */
+        return (st = ml_hf_map_llava(r, m, err)) ? st : attention_of(r, m, err);
     if (fam == ML_HF_T5 || fam == ML_HF_MT5) /* encoder-decoders: none of the sizes below */
         return (st = attention_of(r, m, err)) ? st : ml_hf_map_t5(r, m, fam == ML_HF_MT5, err);
     m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;
@@ -490,6 +517,13 @@ static ml_status map_config(const ml_node *r, ml_model *m, ml_error *err)
 static ml_status load_hf(const char *text, size_t len, const char *config_path,
                          const char *training_path, ml_model **out, ml_error *err);
 
+ml_status ml_hf_map_text(const ml_node *r, ml_model *m, ml_error *err)
+{
+    ml_status st = map_config(r, m, true, err);
+    m->hf_llama_defaults = false;
+    return st;
+}
+
 ml_status ml_model_load_hf_string(const char *text, size_t len, const char *name, ml_model **out,
                                   ml_error *err)
 {
@@ -532,7 +566,7 @@ static ml_status load_hf(const char *text, size_t len, const char *config_path,
         st = ml_error_at(err, root, ML_SCHEMA,
                          "expected a JSON object (a Hugging Face config.json)");
     else if (!(st = ml_tree_check_unique(err, root)))
-        st = map_config(root, m, err);
+        st = map_config(root, m, false, err);
     if (!st) {
         /* name: _name_or_path, else the config's directory */
         const char *n = NULL;

@@ -68,6 +68,13 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
      "T5's (modeling_mt5.py is modeling_t5.py's layers); MT5Config's defaults: the gated "
      "feed-forward, an untied LM head over 250,112 tokens",
      NULL, NULL},
+    {"llava", ML_HF_LLAVA, "LlavaForConditionalGeneration",
+     "text_config's (a Llama's) causal LM head over its vocab_size, cross-entropy; one image "
+     "per sample through vision_config's tower and the projector",
+     NULL, NULL},
+    {"clip_vision_model", ML_HF_CLIPV, "CLIPVisionModel",
+     "none: planned as a llava's vision_config (the tower, its post_layernorm unused)", NULL,
+     NULL},
 };
 
 unsigned ml_hf_family(const char *model_type)

@@ -23,7 +23,9 @@
 #define DEC (LM3 | GEM | PHI | ML_HF_GPT2 | ML_HF_NEOX | FAL | DSK)
 #define ENC (ML_HF_BERT | ML_HF_VIT)
 #define T5 (ML_HF_T5 | ML_HF_MT5)
-#define ALL (DEC | ENC | T5)
+#define LLV ML_HF_LLAVA
+#define CLV ML_HF_CLIPV
+#define ALL (DEC | ENC | T5 | LLV | CLV)
 #define H ML_HF_HONOURED
 #define I ML_HF_INERT
 #define A ML_HF_APPROXIMATED
@@ -76,10 +78,10 @@ static const ml_hf_key keys[] = {
      "eager, sdpa, flash_attention_2, flash_attention_3 (above); others refused (T5: eager "
      "only, its position bias being added to the scores)"},
     /* shapes */
-    {"num_hidden_layers", ALL, H, NULL,
+    {"num_hidden_layers", ALL & ~LLV, H, NULL,
      "the layers (GPT-2: the alias of n_layer; T5: of num_layers, T5Config's attribute_map)"},
-    {"hidden_size", ALL, H, NULL, "D (GPT-2: the alias of n_embd; T5: of d_model)"},
-    {"num_attention_heads", ALL, H, NULL, "H (GPT-2: the alias of n_head; T5: of num_heads)"},
+    {"hidden_size", ALL & ~LLV, H, NULL, "D (GPT-2: the alias of n_embd; T5: of d_model)"},
+    {"num_attention_heads", ALL & ~LLV, H, NULL, "H (GPT-2: the alias of n_head; T5: of num_heads)"},
     {"n_layer", ML_HF_GPT2, H, NULL, "the layers"},
     {"n_embd", ML_HF_GPT2, H, NULL, "D"},
     {"n_head", ML_HF_GPT2, H, NULL, "H"},
@@ -101,16 +103,16 @@ static const ml_hf_key keys[] = {
     {"head_dim", ML_HF_GPT2 | ML_HF_NEOX | FAL | ENC, R, NULL,
      "these families' head size is hidden_size / num_attention_heads: another value is "
      "refused"},
-    {"intermediate_size", (LM3 & ~QWM) | GEM | ML_HF_NEOX | ENC, H, NULL, "F"},
+    {"intermediate_size", (LM3 & ~QWM) | GEM | ML_HF_NEOX | ENC | CLV, H, NULL, "F"},
     {"intermediate_size", QWM, I, NULL,
      "the dense MLP's width, for the layers decoder_sparse_step and mlp_only_layers leave "
      "dense (refused): every layer planned is sparse"},
     {"intermediate_size", PHI, H, NULL, "F: gate_up_proj projects D to 2·F, down_proj F to D"},
     {"vocab_size", DEC | ML_HF_BERT | T5, H, NULL, "V"},
     {"type_vocab_size", ML_HF_BERT, H, NULL, "token-type embeddings (default 2)"},
-    {"image_size", ML_HF_VIT, H, NULL, "the image side; T = (image_size / patch_size)² + 1"},
-    {"patch_size", ML_HF_VIT, H, NULL, "the patch side (must divide image_size)"},
-    {"num_channels", ML_HF_VIT, H, NULL, "the image channels (default 3)"},
+    {"image_size", ML_HF_VIT | CLV, H, NULL, "the image side; T = (image_size / patch_size)² + 1"},
+    {"patch_size", ML_HF_VIT | CLV, H, NULL, "the patch side (must divide image_size)"},
+    {"num_channels", ML_HF_VIT | CLV, H, NULL, "the image channels (default 3)"},
     /* the layer's layout */
     {"hidden_act", LM3 | PHI | DSK, H, NULL, "silu (SwiGLU); any other value is refused"},
     {"hidden_act", ML_HF_NEOX | ENC, H, NULL, ACT_NOTE},
@@ -233,7 +235,7 @@ static const ml_hf_key keys[] = {
      "loop that sets use_cache=False, or checkpoints, trains what is planned"},
     /* inert per family */
     {"rms_norm_eps", LM3 | GEM | PHI | DSK, I, NULL, EPS_NOTE},
-    {"layer_norm_eps", ML_HF_NEOX | ENC, I, NULL, EPS_NOTE},
+    {"layer_norm_eps", ML_HF_NEOX | ENC | CLV, I, NULL, EPS_NOTE},
     {"layer_norm_epsilon", ML_HF_GPT2 | FAL, I, NULL, EPS_NOTE},
     {"n_ctx", ML_HF_GPT2, I, NULL, "the legacy context length; transformers reads n_positions"},
     {"summary_type", ML_HF_GPT2, I, NULL, SUMMARY_NOTE},
@@ -516,7 +518,7 @@ static const ml_hf_key keys[] = {
      "the distance the buckets reach (default 128): which bucket a pair falls in, not a size"},
     {"dropout_rate", T5, H, NULL, "the dropout probability (default 0.1)"},
     {"layer_norm_epsilon", T5, I, NULL, EPS_NOTE},
-    {"initializer_factor", T5, I, NULL, "initialisation only"},
+    {"initializer_factor", T5 | CLV, I, NULL, "initialisation only"},
     {"feed_forward_proj", T5, R, "\"relu\"|\"gated-gelu\"|null",
      "relu (default): T5DenseActDense; gated-gelu (T5 v1.1, FLAN-T5): T5DenseGatedActDense "
      "with gelu_new, a composite of elementwise ops (docs/inventory.md, \"T5\"); others "
@@ -534,10 +536,13 @@ static const ml_hf_key keys[] = {
     {"output_past", T5, I, NULL, "a legacy generation switch transformers does not read"},
     {"classifier_dropout", T5, I, NULL,
      "T5ForSequenceClassification's head; T5ForConditionalGeneration has none"},
+#include "model/hf_keys_llava.h"
 };
 
 #undef GEM
 #undef T5
+#undef LLV
+#undef CLV
 #undef MIX
 #undef QWM
 #undef QW

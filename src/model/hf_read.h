@@ -69,4 +69,11 @@ ml_status ml_hf_map_t5(const ml_node *r, ml_model *m, bool mt5, ml_error *err);
 ml_status ml_hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err);
 ml_status ml_hf_map_deepseek_v2(const ml_node *r, ml_model *m, ml_error *err);
 
+/* A llava's text_config (hf.c): a decoder family's config, a llama's with
+ * LlamaConfig's defaults for absent sizes. */
+ml_status ml_hf_map_text(const ml_node *r, ml_model *m, ml_error *err);
+/* LlavaForConditionalGeneration (hf_llava.c): the text_config through
+ * ml_hf_map_text, the vision_config's tower, the projector. */
+ml_status ml_hf_map_llava(const ml_node *r, ml_model *m, ml_error *err);
+
 #endif

@@ -19,7 +19,8 @@ typedef enum {
 /* swiglu: down(silu(gate(x)) * up(x)) (Llama); geglu: the same gated MLP with
  * GELU, exact or tanh-approximated (Gemma): one op that saves its input
  * either way (docs/inventory.md) */
-typedef enum { ML_ACT_GELU, ML_ACT_RELU, ML_ACT_SWIGLU, ML_ACT_GEGLU } ml_activation;
+/* quick_gelu: x * sigmoid(1.702 * x) (CLIP's vision MLP, HF QuickGELUActivation) */
+typedef enum { ML_ACT_GELU, ML_ACT_RELU, ML_ACT_SWIGLU, ML_ACT_GEGLU, ML_ACT_QUICK_GELU } ml_activation;
 /* rmsnorm: HF LlamaRMSNorm, weight * h.to(dtype); gemma_rmsnorm: HF
  * GemmaRMSNorm, (h * (1 + weight)) in fp32, then cast (docs/inventory.md) */
 typedef enum { ML_NORM_LAYERNORM, ML_NORM_RMSNORM, ML_NORM_GEMMA_RMSNORM } ml_norm;
@@ -129,6 +130,19 @@ struct ml_model {
        (HF relative_attention_num_buckets) and the distance they reach
        (relative_attention_max_distance: a value, not a size) */
     uint64_t dec_layers, rel_buckets, rel_max_distance;
+    /* a multimodal decoder (HF LlavaForConditionalGeneration, on when vis_layers
+       > 0): a CLIP vision tower of vis_layers pre-norm layers (vis_hidden wide,
+       vis_heads heads, an MLP of vis_ffn, quick_gelu or gelu) over vis_image
+       square images cut in vis_patch patches of vis_channels channels; the
+       projector (linear, gelu, linear) reads the output of its first
+       vis_used layers (HF vision_feature_layer), the class token dropped
+       unless vis_full (vision_feature_select_strategy: full); the later
+       layers run, their output unused (docs/inventory.md, "Llava") */
+    uint64_t vis_layers, vis_hidden, vis_heads, vis_ffn, vis_image, vis_patch, vis_channels;
+    uint64_t vis_used;
+    bool vis_full, vis_quick_gelu, proj_bias;
+    bool hf_llama_defaults; /* the HF import reads a llava's llama text_config:
+                               absent sizes take LlamaConfig's defaults */
     bool norm_bias;         /* the LayerNorms have a bias (default: bias; HF Falcon's
                                LayerNorms keep theirs while its projections have none) */
     bool kv_cache;          /* the forward returns every layer's keys and values
@@ -202,14 +216,16 @@ enum {
     ML_HF_DEEPSEEK2 = 1u << 14,
     ML_HF_T5 = 1u << 15,
     ML_HF_MT5 = 1u << 16,
-    ML_HF_FAMILY_COUNT = 17
+    ML_HF_LLAVA = 1u << 17,
+    ML_HF_CLIPV = 1u << 18, /* clip_vision_model: a llava's vision_config only */
+    ML_HF_FAMILY_COUNT = 19
 };
 #define ML_HF_LM3                                                                       \
     (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | ML_HF_MIXTRAL | ML_HF_QWEN2MOE) /* the Llama-layout
                                                                             families */
 #define ML_HF_SUPPORTED \
     "llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v2, deepseek_v3, gemma, gemma2, phi3, " \
-    "gpt2, gpt_neox, falcon, bert, vit, t5, mt5"
+    "gpt2, gpt_neox, falcon, bert, vit, t5, mt5, llava"
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head, and a second class the planner builds too (NULL: none;

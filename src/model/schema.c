@@ -17,7 +17,9 @@ static const char *const norm_names[] = {"layernorm", "rmsnorm", "gemma_rmsnorm"
 static const char *const normpos_names[] = {"pre", "post"};
 static const char *const pos_names[] = {"learned", "rope", "none"};
 static const char *const attn_names[] = {"eager", "flash", "sdpa"};
-static const char *const type_names[] = {"decoder", "encoder", "sequential", "encoder-decoder"};
+/* "multimodal" is a decoder with a vision tower (schema_llava.c) */
+static const char *const type_names[] = {"decoder", "encoder", "sequential", "encoder-decoder",
+                                         "multimodal"};
 /* The transformer's sizes: layers, hidden, heads, the head size and the
  * key/value heads. */
 static ml_status transformer_sizes(ml_error *err, const ml_node *mm, ml_model *m)
@@ -200,7 +202,7 @@ static ml_status transformer_consistent(ml_error *err, const ml_node *mm, ml_mod
     return ML_OK;
 }
 
-static ml_status parse_transformer(ml_error *err, const ml_node *mm, ml_model *m)
+ml_status ml_schema_transformer(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
     size_t nkeys;
@@ -455,18 +457,20 @@ static ml_status build(ml_error *err, const ml_node *root, ml_model *m)
     if (!ml_tree_get(mm, "type"))
         return ml_error_at(err, mm, ML_SCHEMA,
                            "model.type: missing; expected decoder, encoder, "
-                           "encoder-decoder or sequential");
+                           "encoder-decoder, multimodal or sequential");
     unsigned e = 0;
     if ((st = ml_tree_enum(err, mm, "type", "model", type_names, ML_COUNT(type_names), &e)))
         return st;
-    m->type = (ml_model_type)e;
+    m->type = e == 4 ? ML_MODEL_DECODER : (ml_model_type)e;
     m->config = ml_config_defaults();
-    if (m->type == ML_MODEL_SEQUENTIAL)
+    if (e == 4)
+        st = ml_schema_multimodal(err, mm, m);
+    else if (m->type == ML_MODEL_SEQUENTIAL)
         st = ml_schema_sequential(err, mm, m);
     else if (m->type == ML_MODEL_ENCDEC)
         st = ml_schema_encdec(err, mm, m);
     else
-        st = parse_transformer(err, mm, m);
+        st = ml_schema_transformer(err, mm, m);
     if (st)
         return st;
     /* sensible per-model defaults before training: overrides them */

@@ -25,6 +25,12 @@ ml_status ml_schema_mla(ml_error *err, const ml_node *mm, ml_model *m);
 void ml_schema_seq_default(ml_model *m);
 /* model: of type encoder-decoder (T5; schema_t5.c). */
 ml_status ml_schema_encdec(ml_error *err, const ml_node *mm, ml_model *m);
+/* model: of a decoder or encoder, the keys of ml_schema_transformer_keys
+ * (schema.c). */
+ml_status ml_schema_transformer(ml_error *err, const ml_node *mm, ml_model *m);
+/* model: of type multimodal (Llava; schema_llava.c): a decoder model with
+ * a vision tower. */
+ml_status ml_schema_multimodal(ml_error *err, const ml_node *mm, ml_model *m);
 /* The keys a transformer's model: accepts (schema_variants.c). */
 const char *const *ml_schema_transformer_keys(size_t *count);
 

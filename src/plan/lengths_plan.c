@@ -63,6 +63,12 @@ static ml_status check_model(const ml_model *m, const ml_lengths *d, ml_error *e
                          "lengths: %s has no token sequence (a sequential or vision model); "
                          "length distributions apply to text decoders and encoders",
                          ml_model_name(m));
+    if (ml_model_image_tokens(m))
+        return ml_errorf(err, ML_USAGE,
+                         "lengths: %s is multimodal: each sample's %llu image tokens are part "
+                         "of its sequence, which one text-length distribution does not "
+                         "describe; plan the longest batch with --seq-len",
+                         ml_model_name(m), (unsigned long long)ml_model_image_tokens(m));
     if (m->type == ML_MODEL_ENCDEC)
         return ml_errorf(err, ML_USAGE,
                          "lengths: %s is an encoder-decoder, whose inputs and targets have "

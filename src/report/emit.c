@@ -442,11 +442,16 @@ static void hf_attention(ml_emit_verdict *v, const ml_model *m)
                      a, !strcmp(a, "flash") ? "flash_attention_2\" or \"flash_attention_3" : a);
 }
 
-/* An encoder-decoder (T5): the torch snippet runs one stream of blocks; the
- * training cache T5's forward keeps by default is not in the plan. */
+/* An encoder-decoder (T5) or a multimodal model (Llava): the torch snippet
+ * runs one stream of blocks; the training cache T5's forward keeps by
+ * default is not in the plan. */
 static void encdec_check(emit_kind k, const ml_model *m, const ml_training *t,
                          ml_emit_verdict *v)
 {
+    if (ml_model_image_tokens(m) && k == EMIT_TORCH)
+        ml_emit_refuse(v, "the snippet runs one stream of blocks; a multimodal model's vision "
+                          "tower, projector and decoder (Llava's) are not emitted: --emit "
+                          "hf-trainer or deepspeed");
     if (!ml_model_target_len(m, t))
         return;
     if (k == EMIT_TORCH) {

@@ -30,20 +30,23 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from twins import (  # noqa: E402  (the reference implementations: twins.py)
     INPLACE, F, GemmaRMSNorm, RMSNorm, batch_for, build, load, seq_layers, target_len)
+from twins_llava import image_tokens  # noqa: E402
 
 TOL = 0.01
 # amp-bf16 through CPU autocast; its differences from CUDA autocast that
 # these models meet are accounted in known_cpu_autocast().
 AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
               "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
-              "xc-deepseek", "xc-deepseek2", "xc-vit", "xc-t5", "xc-t5-gated"}
+              "xc-deepseek", "xc-deepseek2", "xc-vit", "xc-t5", "xc-t5-gated",
+              "xc-llava"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
 # vectors are 0.15 % of it, under the 1 % tolerance; Phi-3's fused
 # projections, BERT's MLM head, Gemma 2's post norms and soft-caps, Falcon's
 # shared-norm parallel layer, Mixtral's experts and the decoders'
-# sequence-classification head are new layouts, held to every byte.
+# sequence-classification head are new layouts, held to every byte (so are
+# Llava's vision tower, projector and merged sequence).
 EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5", "xc-t5-gated",
-                "xc-deepseek", "xc-deepseek2"}
+                "xc-deepseek", "xc-deepseek2", "xc-llava"}
 torch.manual_seed(0)
 
 
@@ -58,6 +61,11 @@ class Recorder:
         for t in list(model.parameters()) + list(model.buffers()):
             self.exclude.add(t.storage().data_ptr())
         self.seen = {}
+        # the storages counted, held until the recorder goes: a saved tensor
+        # freed during forward (what Llava's unused vision layers save dies
+        # when get_image_features returns) must not lend its address to a
+        # later one, which `seen` would then skip
+        self.keep = []
         self.block = "?"
         self.pinned = {}  # storage ptr -> block, for tensors attributed by origin
 
@@ -69,6 +77,7 @@ class Recorder:
         if ptr in self.exclude or ptr in self.seen:
             return t
         self.seen[ptr] = (st.nbytes(), self.pinned.get(ptr, self.block))
+        self.keep.append(st)
         return t
 
     def per_block(self):
@@ -105,11 +114,54 @@ def known_1_13_t5(doc, B, T):
     return extra
 
 
+def known_1_13_llava(doc, B, T):
+    """Llava's 1.13 extras (twins_llava.py). The Llama decoder's, under the
+    keys a decoder has: each block's two RMSNorm x^2 (mean's input, fp32,
+    B*T*D*4 each, T the merged sequence) and its attention scale, a Python
+    float saved as a 0-dim double (8 B, host memory on a GPU); the head's
+    final-norm x^2. Each CLIP vision layer (the unused last one too) has two
+    host scalars: its attention scale (`* scale`) and quick_gelu's 1.702
+    (`1.702 * x`: mul keeps the Python float as a 0-dim double for x's
+    gradient), 8 B each. The vision embedding (a bias-free conv, cat, the
+    position embedding, LayerNorm), post_layernorm and the projector (Linear,
+    exact GELU, masked_scatter) save nothing 2.x does not."""
+    st = doc["model"]["stacks"]
+    v, d = st["vision"], st["decoder"]
+    x2 = B * T * d["hidden"] * 4
+    extra = {"block.%d" % i: 2 * x2 + 8 for i in range(d["layers"])}
+    extra["head"] = x2
+    per = 8 + (8 if v.get("activation", "quick_gelu") == "quick_gelu" else 0)
+    for i in range(v["layers"]):
+        extra["vision.layer.%d" % i] = per
+    return extra
+
+
+def unused_checkpointed(doc, B):
+    """What a checkpointed unused vision layer (past Llava's
+    vision_feature_layer) packs, though nothing keeps it for the backward:
+    the checkpoint's input (the previous layer's output, fp32 B*Tv*Dv*4),
+    and for the tower's last layer post_layernorm's input (the layer's
+    output) and statistics (2*B*4). All die when get_image_features
+    returns; the plan's activations_saved, what the backward keeps, has
+    none of it (docs/inventory.md, "Llava")."""
+    v = doc["model"]["stacks"]["vision"]
+    g = v["image_size"] // v["patch_size"]
+    x = B * (g * g + 1) * v["hidden"] * 4
+    L = v["layers"]
+    at = L + 1 + v.get("feature_layer", -2) if v.get("feature_layer", -2) < 0 else v["feature_layer"]
+    out = {"vision.layer.%d" % i: x for i in range(at, L)}
+    if at < L:
+        out["vision.layer.%d" % (L - 1)] += x + 2 * B * 4
+    return out
+
+
 def known_1_13(doc, B, T):
     """Per-block extra bytes a 1.13 CPU run saves (docs/validation.md)."""
     m = doc["model"]
     if m["type"] == "encoder-decoder":
         return known_1_13_t5(doc, B, T)
+    if m["type"] == "multimodal":
+        return known_1_13_llava(doc, B, T)
     extra = {}
     if m["type"] != "sequential" and m.get("norm") in ("rmsnorm", "gemma_rmsnorm"):
         # 1.13's mean backward keeps its input: RMSNorm's x^2, fp32, B*T*D
@@ -161,8 +213,15 @@ def known_cpu_autocast(doc, B, T):
     softmax, so GPT-2's softmax output is bf16 (2 B, not 4), and without
     dropout the PV matmul saves it directly instead of a bf16 cast copy.
     (Llama and GPT-NeoX ask for dtype=float32 themselves; BERT's and
-    Falcon's fp32 additive masks promote the scores to fp32: they agree.)"""
+    Falcon's fp32 additive masks promote the scores to fp32: they agree.)
+    Llava agrees too: its decoder is Llama's, its CLIP layers ViT's layout
+    (softmax asked in fp32, LayerNorm on the fp32 residual stream), and
+    quick_gelu's mul and sigmoid, the projector's GELU and the patch conv
+    are on neither autocast's fp32 list (measured: the bf16 casts, weight
+    copies and fp32 statistics are those CUDA autocast makes)."""
     m = doc["model"]
+    if m["type"] == "multimodal":
+        return {}
     if m["type"] == "encoder-decoder" and m.get("activation") == "geglu":
         # CUDA autocast runs pow in fp32 (autocast_mode.cpp's fp32 list):
         # gelu_new keeps an fp32 copy of wi_0's output, and its tanh, 1 +
@@ -270,6 +329,10 @@ def main():
         B0 = doc.get("training", {}).get("micro_batch", 2)
         T0 = None if seq else doc.get("training", {}).get("seq_len", 16)
         sizes = [(B0, T0), (B0 * 2, T0 if seq else T0 // 2)]
+        if doc["model"]["type"] == "multimodal":
+            # the sequence holds the image tokens: halve the text only
+            n_img = image_tokens(doc)
+            sizes[1] = (B0 * 2, n_img + (T0 - n_img) // 2)
         runs = [(B, T, ckpt, False) for B, T in sizes for ckpt in (False, True)]
         if doc["name"] in AMP_MODELS:
             runs += [(B, T, False, True) for B, T in sizes]
@@ -284,9 +347,19 @@ def main():
                         extra[k] = extra.get(k, 0) + v
                 if ckpt:  # checkpointed blocks save nothing of their own
                     extra = {k: v for k, v in extra.items() if ".block." not in "." + k
-                             and ":" not in k}
+                             and ":" not in k and not k.startswith("vision.layer.")}
+                    if doc["model"]["type"] == "multimodal":
+                        for k, v in unused_checkpointed(doc, B).items():
+                            extra[k] = extra.get(k, 0) + v
                 j = plan(memledger, path, B, T, ckpt, amp, target_len(doc, T or 1))
-                pred_total = j["bytes"]["activations_saved"] + sum(extra.values())
+                # a block whose output nothing reads (Llava's vision layers
+                # past vision_feature_layer) keeps nothing (activations_saved
+                # 0), but its forward saved its inventory, which the recorder
+                # counts: compared with that (checkpointed, with
+                # activations_saved as usual)
+                unused = {b["name"] for b in j["blocks"] if b.get("unused_output") and not ckpt}
+                pred_total = (j["bytes"]["activations_saved"] + sum(extra.values())
+                              + sum(b["inventory_bytes"] for b in j["blocks"] if b["name"] in unused))
                 check(name + " params", j["params"], params, 0)
                 check(name + " optimizer states", j["bytes"]["optimizer_states"], states, 0)
                 check(name + " batch", j["bytes"]["batch"], batch_b, 0)
@@ -295,7 +368,8 @@ def main():
                 ok = check(name + " activations saved", pred_total, saved, rel)
                 blocks_ok = True
                 for b in j["blocks"]:
-                    pb = b["activations_saved"] + extra.get(b["name"], 0)
+                    own = b["inventory_bytes"] if b["name"] in unused else b["activations_saved"]
+                    pb = own + extra.get(b["name"], 0)
                     mb = per_block.get(b["name"], 0)
                     blocks_ok = check("%s %s" % (name, b["name"]), pb, mb, rel) and blocks_ok
                 for k in per_block:

@@ -1340,6 +1340,9 @@ def build(doc):
     if m["type"] == "encoder-decoder":
         from twins_t5 import build_t5  # twins_t5 imports this module
         return build_t5(doc)
+    if m["type"] == "multimodal":
+        from twins_llava import build_llava  # twins_llava imports this module
+        return build_llava(doc)
     if m["type"] == "sequential":
         return Sequential(m)
     if m["type"] == "encoder" and m.get("image_size"):
@@ -1370,6 +1373,9 @@ def batch_for(doc, model, B, T):
     if m["type"] == "encoder-decoder":
         from twins_t5 import batch_t5
         return batch_t5(doc, model, B, T, target_len(doc, T))
+    if m["type"] == "multimodal":
+        from twins_llava import batch_llava
+        return batch_llava(doc, model, B, T)
     if m["type"] == "sequential":
         x = torch.randn([B] + list(m["input"]))
         if model.loss == "mse":

@@ -60,6 +60,18 @@ static void test_published_counts(void **state)
     uint64_t dec = 12 * (8 * D * I + 2 * D * F + 3 * D) + 32 * 12 + D;
     assert_int_equal(32128 * D + enc + dec, 222903552);
     assert_int_equal(params_of("t5-base"), 222903552);
+    /* LLaVA-1.5-7B: the CLIP ViT-L/14-336 tower (class embedding, a patch
+     * conv without bias, 577 positions, pre_layrnorm; 24 layers of 4
+     * biased D x D projections, fc1, fc2 and two LayerNorms; post_layernorm),
+     * the projector 1024 x 4096 + 4096^2 with biases, and Vicuna-7B (vocab
+     * 32064): 7,063,427,072 (llava-hf/llava-1.5-7b-hf) */
+    uint64_t Dv = 1024, Fv = 4096, Dt = 4096;
+    uint64_t tower = Dv + 3 * 14 * 14 * Dv + 577 * Dv + 2 * Dv +
+                     24 * (4 * (Dv * Dv + Dv) + Dv * Fv + Fv + Fv * Dv + Dv + 4 * Dv) + 2 * Dv;
+    uint64_t projector = Dv * Dt + Dt + Dt * Dt + Dt;
+    uint64_t vicuna = 2 * 32064 * Dt + 32 * (4 * Dt * Dt + 3 * Dt * 11008 + 2 * Dt) + Dt;
+    assert_int_equal(tower + projector + vicuna, 7063427072ull);
+    assert_int_equal(params_of("llava-1.5-7b"), 7063427072ull);
 }
 
 static void test_resnet18_cifar(void **state)

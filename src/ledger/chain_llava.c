@@ -1,0 +1,260 @@
+/* Llava's chain (HF LlavaForConditionalGeneration, transformers 4.5x
+ * modeling_llava.py, with modeling_clip.py's vision tower): the token
+ * embedding, the CLIP vision embedding and layers, the projector with the
+ * merge of the image features into the token embeddings, then the decoder's
+ * layers, head and loss as a decoder's (chain_transformer.c). What each op
+ * keeps: docs/inventory.md, "Llava". The token embeddings wait beside the
+ * vision tower (a side tensor, docs/ledger.md, "Side tensors"); the layers
+ * after the one the projector reads run with their output unused. */
+#include <stdio.h>
+
+#include "ledger/chain_kit.h"
+#include "util/error.h"
+
+/* The vision tower as a pre-norm encoder: CLIPEncoderLayer's LayerNorms,
+ * q/k/v/out projections and MLP with biases, no dropout (CLIPConfig's
+ * attention_dropout 0), no mask. */
+static ml_model vision_model(const ml_model *m)
+{
+    ml_model v = *m;
+    v.type = ML_MODEL_ENCODER;
+    v.layers = m->vis_layers;
+    v.hidden = m->vis_hidden;
+    v.heads = v.kv_heads = m->vis_heads;
+    v.head_dim = m->vis_hidden / m->vis_heads;
+    v.ffn = m->vis_ffn;
+    v.activation = m->vis_quick_gelu ? ML_ACT_QUICK_GELU : ML_ACT_GELU;
+    v.norm = ML_NORM_LAYERNORM;
+    v.prenorm = true;
+    v.bias = v.qkv_bias = v.norm_bias = true;
+    v.out_bias = v.mlp_bias = false;
+    v.fused_proj = v.parallel_residual = v.shared_norm = v.post_norms = false;
+    v.attention = ML_ATTN_EAGER;
+    v.dropout = 0;
+    v.image_size = m->vis_image;
+    v.patch_size = m->vis_patch;
+    v.channels = m->vis_channels;
+    v.kv_cache = false;
+    v.experts = v.kv_lora = 0;
+    v.attn_scalar = v.attn_softcap = 0;
+    return v;
+}
+
+/* CLIPVisionEmbeddings and pre_layrnorm: the patch conv (no bias) on the
+ * pixels, the class embedding concatenated in front (cat promotes autocast's
+ * 16-bit patches to fp32), the position embedding looked up with the
+ * position_ids buffer, then the LayerNorm, which keeps its input and its
+ * statistics. The pixels are the batch the loop holds. */
+static ml_status vision_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+{
+    const unsigned w = ch->prec.w;
+    ml_cblock *b = ml_ck_begin(ch, "vision.embedding", -1);
+    if (!b)
+        return ML_NOMEM;
+    uint64_t px = ml_mul(ch, ml_ck_mul3(ch, d->B, m->vis_channels, m->vis_image), m->vis_image);
+    uint64_t kin = ml_ck_mul3(ch, m->vis_channels, m->vis_patch, m->vis_patch);
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    if (ch->prec.autocast)
+        ml_ck_save(ch, b, "image cast copy (patch conv input)", px, 2, 0);
+    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, kin));
+    ml_ck_param(ch, b, d->D, 0);                   /* class_embedding */
+    ml_ck_param(ch, b, d->D, kin);                 /* patch_embedding */
+    ml_ck_param(ch, b, d->T, d->D);                /* position_embedding */
+    ml_ck_param(ch, b, d->D, 0);                   /* pre_layrnorm */
+    ml_ck_param(ch, b, d->D, 0);
+    ml_ck_tmp(ch, ml_mul(ch, ml_mul(ch, d->B, d->T - 1), d->D), ch->prec.a);
+    ml_ck_tmp(ch, BTD, w); /* the cat */
+    ml_ck_save(ch, b, "pre_layrnorm input (embeddings)", BTD, w, 0);
+    ml_ck_save(ch, b, "pre_layrnorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+    b->flops_fwd = 2.0 * (double)d->B * (double)(d->T - 1) * (double)kin * (double)d->D;
+    ml_ck_end(ch, b, ml_mul(ch, BTD, w));
+    b->flops_bwd = b->flops_fwd; /* the weight's gradient only */
+    b->in_nograd = true;
+    /* position_ids, (1, T) int64, registered with persistent=False */
+    ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, d->T, 8));
+    ch->batch_input = ml_add(ch, ch->batch_input, ml_mul(ch, px, w));
+    return ML_OK;
+}
+
+/* A side tensor (chain.h) made by block `from`, freed after block `to`'s
+ * forward; bytes 0: none. The pointer to it, or NULL. */
+static ml_side *side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to)
+{
+    if (!bytes)
+        return NULL;
+    if (ch->nsides >= ML_SIDES_MAX) {
+        ch->overflow = true;
+        return NULL;
+    }
+    ml_side *s = &ch->sides[ch->nsides++];
+    *s = (ml_side){what, bytes, (uint32_t)from, (uint32_t)to, false, false, 0, 0, 0};
+    return s;
+}
+
+/* CLIPEncoderLayer i; `used`: the projector reads its output or a later
+ * one's. An unused layer (after vision_feature_layer's) still runs with
+ * grad: its saved tensors and its output live until get_image_features
+ * returns (a side tensor to the projector), its parameters get no gradient;
+ * its norm saves its input, which the projector keeps in fp32 (its linear
+ * saves the feature slice, a view of it). The last layer's pooled class
+ * token goes through post_layernorm, its output unused too. */
+static ml_status vision_layer(ml_chain *ch, const ml_model *vm, const ml_ck_dims *d, uint64_t i,
+                              bool used, bool last)
+{
+    const unsigned w = ch->prec.w;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    char name[48];
+    snprintf(name, sizeof name, "vision.layer.%llu", (unsigned long long)i);
+    size_t p0 = ch->nparams;
+    ml_cblock *b = ml_ck_begin(ch, name, used ? (int)i : -1);
+    if (!b)
+        return ML_NOMEM;
+    b->in_bytes = ml_mul(ch, BTD, w);
+    ml_ck_prenorm_block(ch, b, vm, d);
+    /* the output (B, D) of post_layernorm on the class tokens, a view of
+     * the layer's output, which the LayerNorm keeps with its statistics */
+    uint64_t pooled = last ? ml_mul(ch, ml_mul(ch, d->B, d->D), w) : 0, post = 0;
+    if (last) {
+        ml_ck_param(ch, b, d->D, 0);
+        ml_ck_param(ch, b, d->D, 0);
+        post = ml_mul(ch, d->B, 8);
+        if (!used) /* else the projector's input, kept by the stream */
+            ml_ck_save(ch, b, "post_layernorm input (the layer's output)", BTD, w, 0);
+        ml_ck_save(ch, b, "post_layernorm mean+rstd", ml_mul(ch, d->B, 2), 4, 0);
+    }
+    ml_ck_end(ch, b, ml_mul(ch, BTD, w));
+    if (used && !last)
+        return ML_OK;
+    if (used) { /* post_layernorm's parameters get no gradient */
+        for (size_t j = ch->nparams - 2; j < ch->nparams; j++)
+            ch->params[j].nograd = true;
+        uint64_t g = ml_mul(ch, 2 * d->D, ch->prec.grad);
+        b->grad_bytes -= g;
+        b->grad_accum_bytes -= g;
+        b->saved_bytes -= post; /* saved until get_image_features returns */
+        side(ch, "post_layernorm statistics and output (unused)", ml_add(ch, post, pooled),
+             ch->n - 1, ch->n);
+        return ML_OK;
+    }
+    b->unused_out = true;
+    b->identity = true; /* the projector's input is this layer's input */
+    /* the projector's linear keeps that input in fp32 when the feature is
+     * the whole hidden state (full); the class token dropped, it keeps a
+     * contiguous copy of the slice */
+    b->in_saved = !ch->prec.autocast && vm->vis_full;
+    for (size_t j = p0; j < ch->nparams; j++)
+        ch->params[j].nograd = true;
+    b->grad_bytes = b->grad_accum_bytes = 0;
+    b->flops_bwd = 0; /* it runs forward only */
+    side(ch, "an unused vision layer's saved tensors and output",
+         ml_add(ch, b->saved_bytes, last ? pooled : ml_mul(ch, BTD, w)), ch->n - 1, 0);
+    return ML_OK;
+}
+
+/* LlavaMultiModalProjector on the feature slice (hidden_states[feature][:,
+ * 1:], a view), then the image features cast to the embeddings' dtype and
+ * masked_scatter into the token embeddings where the image tokens are. The
+ * slice is linear_1's input (fp32: the view keeps the whole layer output,
+ * this block's input; autocast: a cast copy of the slice); gelu keeps
+ * linear_1's output, linear_2 gelu's; masked_scatter keeps the mask, a view
+ * of (input_ids == image_token_id), B*T bools (derivatives.yaml:
+ * masked_scatter). HF's check inputs_embeds[special_image_mask].numel()
+ * makes the selected rows and, under grad, their int64 indices (B*n x 3):
+ * transients. The output is the decoder's input. */
+static ml_status projector(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
+                           const ml_ck_dims *d, uint64_t n_img)
+{
+    const unsigned a = ch->prec.a, w = ch->prec.w;
+    ml_cblock *b = ml_ck_begin(ch, "projector", -1);
+    if (!b)
+        return ML_NOMEM;
+    b->in_bytes = ml_mul(ch, ml_mul(ch, vd->BT, vd->D), w);
+    uint64_t rows = ml_mul(ch, d->B, n_img), Dv = vd->D, Dt = d->D;
+    uint64_t nD = ml_mul(ch, rows, Dt);
+    if (ch->prec.autocast)
+        ml_ck_save(ch, b, "linear_1 input (cast copy of the feature)", ml_mul(ch, rows, Dv), 2,
+                   0);
+    else if (!m->vis_full) /* the slice is not contiguous: matmul's reshape copies it */
+        ml_ck_save(ch, b, "linear_1 input (contiguous copy of the slice)",
+                   ml_mul(ch, rows, Dv), a, 0);
+    else
+        b->in_saved = true; /* the hidden state itself */
+    ml_ck_weight_copy(ch, b, ml_mul(ch, Dv, Dt));
+    ml_ck_weight_copy(ch, b, ml_mul(ch, Dt, Dt));
+    ml_ck_linear(ch, b, Dv, Dt, m->proj_bias);
+    ml_ck_linear(ch, b, Dt, Dt, m->proj_bias);
+    ml_ck_save(ch, b, "linear_1 output (gelu input)", nD, a, 0);
+    ml_ck_save(ch, b, "gelu output (linear_2 input)", nD, a, 0);
+    ml_ck_tmp(ch, nD, a);                 /* linear_2's output */
+    if (a != w)
+        ml_ck_tmp(ch, nD, w);             /* .to(inputs_embeds.dtype) */
+    ml_ck_tmp(ch, nD, w);                 /* inputs_embeds[mask] */
+    ml_ck_tmp(ch, ml_mul(ch, nD, 3), 8);  /* its indices */
+    ml_ck_save(ch, b, "image token mask (bool)", d->BT, 1, 0);
+    b->flops_fwd = 2.0 * (double)rows * (double)Dt * (double)(Dv + Dt);
+    ml_ck_end(ch, b, ml_mul(ch, ml_mul(ch, d->BT, Dt), w));
+    return ML_OK;
+}
+
+/* The vision tower's blocks: its embedding and layers. */
+static ml_status vision_tower(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd)
+{
+    const ml_model vm = vision_model(m);
+    ml_status st = vision_embedding(ch, m, vd);
+    for (uint64_t i = 0; i < m->vis_layers && st == ML_OK; i++)
+        st = vision_layer(ch, &vm, vd, i, i < m->vis_used, i + 1 == m->vis_layers);
+    return st;
+}
+
+ml_status ml_chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                               ml_error *err)
+{
+    const ml_training *t = &cfg->training;
+    uint64_t n_img = ml_model_image_tokens(m);
+    if (t->seq_len < n_img)
+        return ml_errorf(err, ML_RANGE,
+                         "a sequence of %llu tokens holds no image: each sample's image is "
+                         "%llu tokens of it (model.stacks.vision); plan seq_len (and "
+                         "eval_seq_len) of at least %llu",
+                         (unsigned long long)t->seq_len, (unsigned long long)n_img,
+                         (unsigned long long)n_img);
+    ml_ck_dims d, vd;
+    ml_status st = ml_ck_dims_of(m, t, ch, &d, err);
+    if (st)
+        return st;
+    uint64_t g = m->vis_image / m->vis_patch;
+    vd = (ml_ck_dims){.B = d.B, .T = g * g + 1, .D = m->vis_hidden, .F = m->vis_ffn,
+                      .H = m->vis_heads, .Hkv = m->vis_heads,
+                      .dh = m->vis_hidden / m->vis_heads, .V = 0, .expert_imbalance = 1};
+    vd.BT = ml_mul(ch, vd.B, vd.T);
+    vd.Dkv = vd.D;
+    const unsigned w = ch->prec.w;
+    uint64_t BTD = ml_mul(ch, d.BT, d.D);
+    /* the token embeddings (the rotary tables with them), beside the tower */
+    if ((st = ml_ck_embedding_block(ch, m, &d)))
+        return st;
+    ml_cblock *e = &ch->blocks[0];
+    e->ws_bwd -= e->bwd_in; /* its output's gradient is the side tensor's */
+    e->bwd_in = 0;
+    ch->record_nodes = false;
+    if ((st = vision_tower(ch, m, &vd)) || (st = projector(ch, m, &vd, &d, n_img)))
+        return st;
+    size_t proj = ch->n - 1;
+    for (size_t i = 0; i < ch->nsides; i++)
+        ch->sides[i].to = (uint32_t)proj; /* get_image_features returns */
+    ml_side *s = side(ch, "token embeddings (inputs_embeds)", ml_mul(ch, BTD, w), 0, proj);
+    if (s && !ch->eval_mode) { /* masked_scatter's gradient for them */
+        s->grad = ml_mul(ch, BTD, w);
+        s->grad_from = (uint32_t)proj;
+        s->grad_to = 0;
+    }
+    ch->blocks[proj].in_nograd = false;
+    ch->mask_ckpt0 = m->vis_used;
+    if ((st = ml_ck_layer_blocks(ch, m, &d)) || (st = ml_ck_head_and_loss(ch, m, &d, t)))
+        return st;
+    for (size_t i = 0; i < ch->n; i++)
+        if (ch->blocks[i].flops_bwd == 0 && !ch->blocks[i].grads_in_fwd &&
+            !ch->blocks[i].unused_out)
+            ch->blocks[i].flops_bwd = 2.0 * ch->blocks[i].flops_fwd;
+    return ML_OK;
+}

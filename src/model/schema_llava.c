@@ -1,0 +1,173 @@
+/* The model file's multimodal model (Llava, HF LlavaForConditionalGeneration:
+ * docs/cli.md, "The model file"; what it keeps: docs/inventory.md, "Llava"):
+ * model.stacks with a CLIP vision tower, the projector and a decoder. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/schema.h"
+
+static const char *const mm_keys[] = {"type", "stacks", "buffers"};
+static const char *const stack_keys[] = {"vision", "projector", "decoder"};
+static const char *const vision_keys[] = {"layers",     "hidden",   "heads",
+                                          "ffn",        "image_size", "patch_size",
+                                          "channels",   "activation", "feature_layer",
+                                          "feature_select", "norm",   "attention"};
+static const char *const projector_keys[] = {"activation", "bias"};
+
+/* vision.feature_layer: an index into the tower's hidden states (HF
+ * vision_feature_layer: 0 the embeddings' output, i the output of layer
+ * i, negative from the end, -1 the last layer's) as the layers it reads. */
+static ml_status feature_layer(ml_error *err, const ml_node *v, ml_model *m)
+{
+    const ml_node *n = ml_tree_get(v, "feature_layer");
+    long long idx = -2; /* LlavaConfig's default */
+    if (n) {
+        ml_status st = ml_tree_need_scalar(err, n, "model.stacks.vision.feature_layer",
+                                           "a whole number");
+        if (st)
+            return st;
+        char *end = NULL;
+        errno = 0;
+        idx = strtoll(n->text, &end, 10);
+        if (errno || end == n->text || *end)
+            return ml_error_at(err, n, ML_SCHEMA,
+                               "model.stacks.vision.feature_layer: '%s' is not a whole number "
+                               "(an index into the tower's hidden states, -2: the output of "
+                               "the last layer but one)",
+                               n->text);
+    }
+    long long states = (long long)m->vis_layers + 1, at = idx < 0 ? states + idx : idx;
+    if (at < 0 || at >= states)
+        return ml_error_at(err, n ? n : v, ML_RANGE,
+                           "model.stacks.vision.feature_layer: %lld is outside the tower's %lld "
+                           "hidden states (-%lld to %lld)",
+                           idx, states, states, states - 1);
+    m->vis_used = (uint64_t)at;
+    return ML_OK;
+}
+
+/* A key whose only modelled value is `want`: absent, or that value. */
+static ml_status only(ml_error *err, const ml_node *map, const char *key, const char *want,
+                      const char *why)
+{
+    const ml_node *n = ml_tree_get(map, key);
+    if (!n)
+        return ML_OK;
+    ml_status st = ml_tree_need_scalar(err, n, key, "a name");
+    if (st)
+        return st;
+    if (strcmp(n->text, want) != 0)
+        return ml_error_at(err, n, ML_SCHEMA, "model.stacks.%s: '%s' %s; use %s", key, n->text,
+                           why, want);
+    return ML_OK;
+}
+
+static ml_status vision(ml_error *err, const ml_node *v, ml_model *m)
+{
+    const char *sec = "model.stacks.vision";
+    ml_status st;
+    if ((st = ml_tree_need_map(err, v, sec)) ||
+        (st = ml_tree_check_keys(err, v, sec, vision_keys, ML_COUNT(vision_keys))))
+        return st;
+    const char *req[] = {"layers", "hidden", "heads", "image_size", "patch_size"};
+    for (size_t i = 0; i < ML_COUNT(req); i++)
+        if (!ml_tree_get(v, req[i]))
+            return ml_error_at(err, v, ML_SCHEMA,
+                               "%s.%s: missing; the vision tower needs layers, hidden, heads, "
+                               "image_size and patch_size",
+                               sec, req[i]);
+    m->vis_channels = 3;
+    if ((st = ml_tree_uint(err, v, "layers", sec, 1, ML_MAX_LAYERS, &m->vis_layers)) ||
+        (st = ml_tree_uint(err, v, "hidden", sec, 1, ML_MAX_HIDDEN, &m->vis_hidden)) ||
+        (st = ml_tree_uint(err, v, "heads", sec, 1, ML_MAX_HIDDEN, &m->vis_heads)) ||
+        (st = ml_tree_uint(err, v, "image_size", sec, 1, 1u << 16, &m->vis_image)) ||
+        (st = ml_tree_uint(err, v, "patch_size", sec, 1, 1u << 16, &m->vis_patch)) ||
+        (st = ml_tree_uint(err, v, "channels", sec, 1, 1u << 16, &m->vis_channels)))
+        return st;
+    m->vis_ffn = 4 * m->vis_hidden;
+    if ((st = ml_tree_uint(err, v, "ffn", sec, 1, ML_MAX_FFN, &m->vis_ffn)))
+        return st;
+    if (m->vis_hidden % m->vis_heads)
+        return ml_error_at(err, ml_tree_get(v, "heads"), ML_SCHEMA,
+                           "%s.heads: %llu does not divide hidden (%llu)", sec,
+                           (unsigned long long)m->vis_heads, (unsigned long long)m->vis_hidden);
+    if (m->vis_image % m->vis_patch)
+        return ml_error_at(err, ml_tree_get(v, "patch_size"), ML_SCHEMA,
+                           "%s.patch_size: %llu does not divide image_size (%llu)", sec,
+                           (unsigned long long)m->vis_patch, (unsigned long long)m->vis_image);
+    /* quick_gelu: CLIP's (openai/clip-vit-*); gelu: the exact one */
+    static const char *const acts[] = {"quick_gelu", "gelu"};
+    static const char *const sel[] = {"default", "full"};
+    unsigned a = 0, s = 0;
+    if ((st = ml_tree_enum(err, v, "activation", sec, acts, 2, &a)) ||
+        (st = ml_tree_enum(err, v, "feature_select", sec, sel, 2, &s)) ||
+        (st = only(err, v, "norm", "layernorm", "is not CLIP's (its LayerNorms)")) ||
+        (st = only(err, v, "attention", "eager",
+                   "is not modelled for the vision tower (its eager layout is)")))
+        return st;
+    m->vis_quick_gelu = a == 0;
+    m->vis_full = s == 1;
+    return feature_layer(err, v, m);
+}
+
+static ml_status projector(ml_error *err, const ml_node *p, ml_model *m)
+{
+    const char *sec = "model.stacks.projector";
+    ml_status st;
+    m->proj_bias = true; /* LlavaConfig's multimodal_projector_bias */
+    if (!p)
+        return ML_OK;
+    if ((st = ml_tree_need_map(err, p, sec)) ||
+        (st = ml_tree_check_keys(err, p, sec, projector_keys, ML_COUNT(projector_keys))) ||
+        (st = only(err, p, "activation", "gelu",
+                   "is not modelled for the projector (LlavaConfig's projector_hidden_act "
+                   "gelu is)")) ||
+        (st = ml_tree_bool(err, p, "bias", sec, &m->proj_bias)))
+        return st;
+    return ML_OK;
+}
+
+ml_status ml_schema_multimodal(ml_error *err, const ml_node *mm, ml_model *m)
+{
+    ml_status st;
+    if ((st = ml_tree_check_keys(err, mm, "model", mm_keys, ML_COUNT(mm_keys))))
+        return st;
+    const ml_node *s = ml_tree_get(mm, "stacks");
+    if (!s)
+        return ml_error_at(err, mm, ML_SCHEMA,
+                           "model.stacks: missing; a multimodal model has stacks: vision, "
+                           "projector and decoder");
+    if ((st = ml_tree_need_map(err, s, "model.stacks")) ||
+        (st = ml_tree_check_keys(err, s, "model.stacks", stack_keys, ML_COUNT(stack_keys))))
+        return st;
+    const ml_node *v = ml_tree_get(s, "vision"), *d = ml_tree_get(s, "decoder");
+    if (!v || !d)
+        return ml_error_at(err, s, ML_SCHEMA,
+                           "model.stacks.%s: missing; a multimodal model has stacks: vision, "
+                           "projector and decoder",
+                           v ? "decoder" : "vision");
+    /* the decoder's keys are a decoder model's (their messages say model.) */
+    m->type = ML_MODEL_DECODER;
+    if ((st = ml_tree_need_map(err, d, "model.stacks.decoder")) ||
+        (st = ml_schema_transformer(err, d, m)))
+        return st;
+    if (ml_tree_get(d, "type") || m->image_size || m->classes || m->experts || m->kv_lora ||
+        m->parallel_residual || !m->prenorm)
+        return ml_error_at(err, d, ML_SCHEMA,
+                           "model.stacks.decoder: a multimodal model's decoder is planned as "
+                           "a pre-norm decoder with an LM head; remove type, image_size, "
+                           "classes, experts, kv_lora_rank and parallel_residual");
+    if ((st = vision(err, v, m)) || (st = projector(err, ml_tree_get(s, "projector"), m)) ||
+        (st = ml_tree_size(err, mm, "buffers", "model", &m->buffers)))
+        return st;
+    return ML_OK;
+}
+
+uint64_t ml_model_image_tokens(const ml_model *m)
+{
+    if (!m->vis_layers)
+        return 0;
+    uint64_t g = m->vis_image / m->vis_patch;
+    return g * g + (m->vis_full ? 1 : 0);
+}
