@@ -59,6 +59,8 @@ typedef struct ml_block_info {
                                    recomputed together), -1 when not checkpointed */
     int32_t ckpt_index;         /* index in checkpoint lists, -1 for embedding/head/loss */
     bool measured;              /* inventory from a calibration profile */
+    bool frozen;                /* a frozen vision tower's block (training.vision_tower:
+                                   frozen): it runs forward only and saves nothing */
     bool unused_output;         /* a layer whose output nothing reads (a multimodal
                                    model's vision layers after the one its projector
                                    reads): it runs forward only, its saved tensors

@@ -92,6 +92,19 @@ typedef enum ml_logits {
 } ml_logits;
 
 /* What optimizer.zero_grad() does between iterations. */
+/* A multimodal model's vision tower in training (docs/cli.md, "The model
+ * file"): trained and checkpointed as training.checkpoint says (same: what
+ * Hugging Face's gradient_checkpointing_enable does), trained with no layer
+ * or every layer checkpointed whatever the decoder's policy (none, full), or
+ * frozen (requires_grad_(False): no graph, gradient or optimizer state). */
+typedef enum ml_vision_tower {
+    ML_VT_SAME,
+    ML_VT_NONE,
+    ML_VT_FULL,
+    ML_VT_FROZEN,
+    ML_VT_COUNT
+} ml_vision_tower;
+
 typedef enum ml_zero_grad {
     ML_ZERO_GRAD_SET_TO_NONE, /* frees every .grad (PyTorch 2.x's default) */
     ML_ZERO_GRAD_ZERO,        /* fills them with zeros: they stay allocated */
@@ -126,6 +139,8 @@ typedef struct ml_training {
                                       sizes its transients (docs/inventory.md) */
     uint64_t target_len;           /* an encoder-decoder's decoder tokens per sample (T5's
                                       labels); 0: seq_len */
+    ml_vision_tower vision_tower;  /* a multimodal model's tower: same (default), none,
+                                      full or frozen */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it
@@ -344,6 +359,8 @@ ML_API const char *ml_offload_name(ml_offload o);
 ML_API const char *ml_logits_name(ml_logits l);
 ML_API const char *ml_allocator_name(ml_allocator a);
 ML_API const char *ml_zero_grad_name(ml_zero_grad z);
+/* "same", "none", "full", "frozen". */
+ML_API const char *ml_vision_tower_name(ml_vision_tower v);
 ML_API bool ml_offload_parse(const char *s, ml_offload *out);
 /* Writes the policy's YAML spelling ("every-2", "[0, 3]") into buf. */
 ML_API void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size);

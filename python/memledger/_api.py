@@ -23,7 +23,7 @@ SETTINGS = (
     ("logits", "training.logits"), ("logits_chunk", "training.logits_chunk"),
     ("zero_grad", "training.zero_grad"), ("expert_imbalance", "training.expert_imbalance"),
     ("eval_batch", "training.eval_batch"), ("eval_seq_len", "training.eval_seq_len"),
-    ("target_len", "training.target_len"),
+    ("target_len", "training.target_len"), ("vision_tower", "training.vision_tower"),
     ("offload", "training.offload"), ("checkpoint", "training.checkpoint"),
     ("device", "device.memory"), ("budget", "device.budget"),
     ("runtime_reserve", "device.runtime_reserve"), ("peak_tflops", "device.peak_tflops"),

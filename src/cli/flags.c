@@ -35,6 +35,7 @@ static const struct {
     {"training.eval_batch", "--eval-batch", NULL, OPT(eval_batch)},
     {"training.eval_seq_len", "--eval-seq-len", NULL, OPT(eval_seq_len)},
     {"training.target_len", "--target-len", NULL, OPT(target_len)},
+    {"training.vision_tower", "--vision-tower", NULL, OPT(vision_tower)},
     {"training.logits_chunk", "--logits-chunk", NULL, OPT(logits_chunk)},
     {"training.expert_imbalance", "--expert-imbalance", NULL, OPT(expert_imbalance)},
     {"device.memory", "--device", "--device NAME|SIZE or a device: section", OPT(device)},

@@ -117,6 +117,7 @@ static const struct {
     {"--allocator", offsetof(ml_cli_opts, allocator)},
     {"--max-split-size", offsetof(ml_cli_opts, max_split_size)},
     {"--zero-grad", offsetof(ml_cli_opts, zero_grad)},
+    {"--vision-tower", offsetof(ml_cli_opts, vision_tower)},
     {"--lengths", offsetof(ml_cli_opts, lengths)},
     {"--batching", offsetof(ml_cli_opts, batching)},
     {"--max-tokens", offsetof(ml_cli_opts, max_tokens)},
@@ -356,6 +357,17 @@ static int limited(const char *v, const char *key, uint64_t *out)
 
 /* The training flags over the model file's settings: 0, or the exit status
  * of the first bad one (its message printed). */
+/* --vision-tower: same, none, full or frozen. */
+static int vision_tower_flag(const char *v, ml_training *t)
+{
+    for (unsigned i = 0; i < ML_VT_COUNT; i++)
+        if (!strcmp(v, ml_vision_tower_name((ml_vision_tower)i))) {
+            t->vision_tower = (ml_vision_tower)i;
+            return 0;
+        }
+    return bad_flag("--vision-tower", "unknown; use same, none, full or frozen");
+}
+
 static int training_flags(const ml_cli_opts *o, ml_training *t)
 {
     ml_error e;
@@ -411,6 +423,8 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
         else
             rc = bad_flag("--zero-grad", "unknown; use set_to_none or zero");
     }
+    if (!rc && o->vision_tower)
+        rc = vision_tower_flag(o->vision_tower, t);
     if (!rc && o->eval_batch)
         rc = limited(o->eval_batch, "training.eval_batch", &t->eval_batch);
     if (!rc && o->eval_seq_len)

@@ -187,6 +187,11 @@ ml_status ml_chain_refused(const ml_model *m, const ml_training *t, ml_error *er
                          "(what Hugging Face's gradient checkpointing runs), every-K, sqrt or "
                          "a list of blocks",
                          m->vis_layers ? "a multimodal model" : "an encoder-decoder", m->name);
+    if (!m->vis_layers && t->vision_tower != ML_VT_SAME)
+        return ml_errorf(err, ML_RANGE,
+                         "training.vision_tower: a multimodal model's setting; %s has no "
+                         "vision tower: remove it",
+                         m->name);
     if (m->type != ML_MODEL_ENCDEC && t->target_len)
         return ml_errorf(err, ML_RANGE,
                          "training.target_len: the decoder's length of an encoder-decoder; %s "

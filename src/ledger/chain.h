@@ -111,6 +111,8 @@ typedef struct {
     bool measured;           /* saved bytes from a calibration profile */
     uint64_t cache_bytes;    /* keys and values the forward returns (HF use_cache):
                                 held by the output in evaluation */
+    bool frozen;             /* a frozen vision tower's (training.vision_tower:
+                                frozen): no graph, so nothing saved, no backward */
     bool unused_out;         /* its output is not used (a vision layer after the
                                 one Llava's projector reads): its saved tensors
                                 and output are a side tensor freed with the
@@ -172,6 +174,9 @@ typedef struct {
     const char *calib_note;     /* why a profile did not apply (static text) */
     uint64_t ckpt_side;         /* tensors a checkpoint keeps besides block inputs:
                                    the attention mask passed to every block */
+    ml_vision_tower vis_mode;   /* a multimodal model's training.vision_tower; the
+                                   tower's layers are checkpoint indices below
+                                   mask_ckpt0 */
     uint64_t mask_ckpt0;        /* the checkpoint index of the first layer those
                                    masks serve (Llava: the decoder's, after the
                                    vision layers); 0 otherwise */

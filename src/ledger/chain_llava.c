@@ -196,6 +196,46 @@ static ml_status projector(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd
     return ML_OK;
 }
 
+/* training.vision_tower: frozen (requires_grad_(False) on the tower): with
+ * neither its input nor its parameters needing a gradient the tower builds
+ * no graph, so blocks first..end-1 save nothing (what they would save is
+ * transient, as under no_grad), have no backward and their parameters
+ * (from p0 to p1) no gradient; the projector's input needs none. What the
+ * tower returns with output_hidden_states=True still holds every layer's
+ * output until get_image_features returns: at the last layer, the Lv - 1
+ * before its input (a side tensor to the projector). */
+static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t first,
+                   size_t end, size_t p0, size_t p1)
+{
+    for (size_t k = first; k < end; k++) {
+        ml_cblock *b = &ch->blocks[k];
+        b->saved_bytes = b->core_bytes = b->cast_bytes = 0;
+        b->ws_fwd = b->ws_nograd;
+        b->frozen = b->unused_out = true;
+        b->identity = b->in_saved = false;
+        b->ckpt_index = -1;
+        b->grad_bytes = b->grad_accum_bytes = 0;
+        b->flops_bwd = 0;
+    }
+    for (size_t j = p0; j < p1; j++)
+        ch->params[j].nograd = true;
+    ch->nsides = 0; /* the unused layers' saved tensors: none */
+    uint64_t h = ml_mul(ch, ml_mul(ch, vd->BT, vd->D), ch->prec.w);
+    side(ch, "the tower's hidden states (output_hidden_states)",
+         ml_mul(ch, m->vis_layers - 1, h), end - 1, end);
+    /* the projector's input needs no gradient: linear_1's mm keeps no weight
+     * (derivatives.yaml: mm keeps mat2 for self's gradient), so no autocast
+     * copy of it */
+    ml_cblock *p = &ch->blocks[end];
+    p->in_nograd = true;
+    if (ch->prec.autocast) {
+        uint64_t copy = ml_mul(ch, ml_mul(ch, m->vis_hidden, m->hidden), 2);
+        p->saved_bytes -= copy;
+        p->cast_bytes -= copy;
+    }
+    ch->mask_ckpt0 = 0;
+}
+
 /* The vision tower's blocks: its embedding and layers. */
 static ml_status vision_tower(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd)
 {
@@ -237,7 +277,11 @@ ml_status ml_chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain
     e->ws_bwd -= e->bwd_in; /* its output's gradient is the side tensor's */
     e->bwd_in = 0;
     ch->record_nodes = false;
-    if ((st = vision_tower(ch, m, &vd)) || (st = projector(ch, m, &vd, &d, n_img)))
+    size_t p0 = ch->nparams, p1 = 0;
+    if ((st = vision_tower(ch, m, &vd)))
+        return st;
+    p1 = ch->nparams;
+    if ((st = projector(ch, m, &vd, &d, n_img)))
         return st;
     size_t proj = ch->n - 1;
     for (size_t i = 0; i < ch->nsides; i++)
@@ -250,6 +294,9 @@ ml_status ml_chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain
     }
     ch->blocks[proj].in_nograd = false;
     ch->mask_ckpt0 = m->vis_used;
+    ch->vis_mode = t->vision_tower;
+    if (t->vision_tower == ML_VT_FROZEN)
+        freeze(ch, m, &vd, 1, proj, p0, p1);
     if ((st = ml_ck_layer_blocks(ch, m, &d)) || (st = ml_ck_head_and_loss(ch, m, &d, t)))
         return st;
     for (size_t i = 0; i < ch->n; i++)

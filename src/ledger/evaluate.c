@@ -355,7 +355,8 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
         bi->segment = seg[k];
         bi->ckpt_index = b->ckpt_index;
         bi->measured = b->measured;
-        bi->unused_output = b->unused_out;
+        bi->unused_output = b->unused_out && !b->frozen;
+        bi->frozen = b->frozen;
         bi->flops_forward = b->flops_fwd;
         /* inventory without a plan: a boundary counts with the block that
          * saves it first, the producer when it saves its own output (the
@@ -365,7 +366,7 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
             inv += b->in_bytes;
         if (b->out_saved && k + 1 < n)
             inv += ch->blocks[k + 1].in_bytes;
-        if (b->unused_out) /* its norm saves its input, for a backward that never runs */
+        if (b->unused_out && !b->frozen) /* its norm saves its input, for no backward */
             inv = b->saved_bytes + (k > 0 && ch->blocks[k - 1].unused_out ? 0 : b->in_bytes);
         bi->inventory_bytes = inv;
         bi->c = norm > 0 ? (double)inv / norm : 0;
@@ -530,6 +531,7 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
         st = ml_eval_segments(&ch, &t->checkpoint, seg, err);
     if (st)
         goto done;
+    ml_eval_stack_segments(&ch, seg);
     if ((st = ml_eval_run(&x, seg, keep_events, l, err)))
         goto done;
     if (cfg->device.allocator != ML_ALLOCATOR_NONE &&

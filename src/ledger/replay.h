@@ -149,6 +149,9 @@ double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
 
 /* Which blocks sit in checkpoint segments under a fixed policy. */
 ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err);
+/* training.vision_tower's policy for a multimodal model's tower over seg[]
+ * (sides.c). */
+void ml_eval_stack_segments(const ml_chain *ch, int *seg);
 /* Replays the chain under the plan seg[] into l (summary, blocks, events). */
 ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
                       ml_error *err);

@@ -71,6 +71,20 @@ void ml_sides_recompute(ml_replay *r, size_t s0, size_t j, bool made)
     }
 }
 
+/* A multimodal model's training.vision_tower over the plan seg[]: the
+ * tower's layers (checkpoint indices below mask_ckpt0) in no segment
+ * (none) or each in its own (full). */
+void ml_eval_stack_segments(const ml_chain *ch, int *seg)
+{
+    if (ch->vis_mode != ML_VT_NONE && ch->vis_mode != ML_VT_FULL)
+        return;
+    for (size_t k = 0; k < ch->n; k++) {
+        int c = ch->blocks[k].ckpt_index;
+        if (c >= 0 && (uint64_t)c < ch->mask_ckpt0)
+            seg[k] = ch->vis_mode == ML_VT_FULL ? c : -1;
+    }
+}
+
 /* Where each boundary tensor lives under the plan (docs/ledger.md,
  * "boundary tensors"). */
 void ml_eval_boundaries(const ml_chain *ch, const int *seg, bool held, ml_boundary *bd)

@@ -63,6 +63,10 @@ static ml_status named(const char *key, const char *v, const char *(*name)(unsig
 
 static const char *logits_name(unsigned i) { return ml_logits_name((ml_logits)i); }
 static const char *zero_grad_name(unsigned i) { return ml_zero_grad_name((ml_zero_grad)i); }
+static const char *vision_tower_name(unsigned i)
+{
+    return ml_vision_tower_name((ml_vision_tower)i);
+}
 static const char *allocator_name(unsigned i) { return ml_allocator_name((ml_allocator)i); }
 
 /* The training keys whose values are names. */
@@ -90,6 +94,10 @@ static ml_status training_named(const char *key, const char *k, const char *v, m
     } else if (!strcmp(k, "logits")) {
         if (!(st = named(key, v, logits_name, ML_LOGITS_COUNT, &u, "kept, released or fused", err)))
             t->logits = (ml_logits)u;
+    } else if (!strcmp(k, "vision_tower")) {
+        if (!(st = named(key, v, vision_tower_name, ML_VT_COUNT, &u, "same, none, full or frozen",
+                         err)))
+            t->vision_tower = (ml_vision_tower)u;
     } else if (!strcmp(k, "zero_grad")) {
         if (!(st = named(key, v, zero_grad_name, ML_ZERO_GRAD_COUNT, &u, "set_to_none or zero",
                          err)))

@@ -415,28 +415,6 @@ static ml_status map_encoder(const ml_node *r, const char *t, bool vit, bool mlm
     return ML_OK;
 }
 
-/* A llava and the configs it nests: clip_vision_model only as its
- * vision_config, llava only at the top; a llama text_config (nested) takes
- * LlamaConfig's defaults for absent sizes (configuration_llama.py). */
-static ml_status nesting(const ml_node *mt, const char *t, unsigned fam, bool nested,
-                         ml_model *m, ml_error *err)
-{
-    if ((fam == ML_HF_CLIPV && !nested) || (fam == ML_HF_LLAVA && nested))
-        return ml_error_at(err, mt, ML_SCHEMA, "model_type '%s' is planned %s", t,
-                           nested ? "at a config's top level, not as a llava's text_config"
-                                  : "as a llava's vision_config only");
-    if (nested && fam == ML_HF_LLAMA) {
-        m->hf_llama_defaults = true;
-        m->layers = 32;
-        m->hidden = 4096;
-        m->heads = 32;
-        m->vocab = 32000;
-        m->ffn = 11008;
-        m->max_positions = 2048;
-    }
-    return ML_OK;
-}
-
 static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error *err)
 {
     const ml_hf_family_info *families = ml_hf_families();
@@ -453,7 +431,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
                falcon = fam == ML_HF_FALCON,
                deepseek = fam == ML_HF_DEEPSEEK3 || fam == ML_HF_DEEPSEEK2;
     bool mlm = false;
-    if ((st = nesting(mt, t, fam, nested, m, err)) || (st = ml_hf_check_keys(r, fam, t, err)) ||
+    if ((st = ml_hf_nesting(mt, t, fam, nested, m, err)) || (st = ml_hf_check_keys(r, fam, t, err)) ||
         (st = architectures_of(r, f, &mlm, err)))
         return st;
     if (fam == ML_HF_LLAVA) /* attn_implementation: the language model's */

@@ -9,6 +9,28 @@
 #include "model/hf_read.h"
 #include "model/model_internal.h"
 
+/* A llava and the configs it nests: clip_vision_model only as its
+ * vision_config, llava only at the top; a llama text_config (nested) takes
+ * LlamaConfig's defaults for absent sizes (configuration_llama.py). */
+ml_status ml_hf_nesting(const ml_node *mt, const char *t, unsigned fam, bool nested, ml_model *m,
+                        ml_error *err)
+{
+    if ((fam == ML_HF_CLIPV && !nested) || (fam == ML_HF_LLAVA && nested))
+        return ml_error_at(err, mt, ML_SCHEMA, "model_type '%s' is planned %s", t,
+                           nested ? "at a config's top level, not as a llava's text_config"
+                                  : "as a llava's vision_config only");
+    if (nested && fam == ML_HF_LLAMA) {
+        m->hf_llama_defaults = true;
+        m->layers = 32;
+        m->hidden = 4096;
+        m->heads = 32;
+        m->vocab = 32000;
+        m->ffn = 11008;
+        m->max_positions = 2048;
+    }
+    return ML_OK;
+}
+
 /* vision_feature_layer: an index into the tower's hidden states (0: the
  * embeddings' output, negative from the end) as the layers it reads. */
 static ml_status feature_layer(const ml_node *r, ml_model *m, ml_error *err)

@@ -72,6 +72,11 @@ ml_status ml_hf_map_deepseek_v2(const ml_node *r, ml_model *m, ml_error *err);
 /* A llava's text_config (hf.c): a decoder family's config, a llama's with
  * LlamaConfig's defaults for absent sizes. */
 ml_status ml_hf_map_text(const ml_node *r, ml_model *m, ml_error *err);
+/* Where a family may stand (hf_llava.c): clip_vision_model only nested in
+ * a llava, llava only at the top; a nested llama takes LlamaConfig's
+ * defaults for absent sizes. ML_OK or ML_SCHEMA (at model_type). */
+ml_status ml_hf_nesting(const ml_node *mt, const char *t, unsigned fam, bool nested, ml_model *m,
+                        ml_error *err);
 /* LlavaForConditionalGeneration (hf_llava.c): the text_config through
  * ml_hf_map_text, the vision_config's tower, the projector. */
 ml_status ml_hf_map_llava(const ml_node *r, ml_model *m, ml_error *err);

@@ -329,7 +329,8 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
                                        "offload",        "reduce_bucket_size",
                                        "allgather_bucket_size", "logits",
                                        "eval_batch",     "eval_seq_len",  "zero_grad",
-                                       "logits_chunk",   "expert_imbalance", "target_len"};
+                                       "logits_chunk",   "expert_imbalance", "target_len",
+                                       "vision_tower"};
     ml_status st;
     if ((st = ml_tree_need_map(err, t, "training")) ||
         (st = ml_tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
@@ -348,7 +349,7 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
         (st = ml_tree_double(err, t, "expert_imbalance", "training", 1, 1e6, false,
                              &tr->expert_imbalance)))
         return st;
-    if ((st = training_kinds(err, t, tr)))
+    if ((st = training_kinds(err, t, tr)) || (st = ml_schema_vision_tower(err, t, tr)))
         return st;
     if (tr->logits_chunk && tr->logits != ML_LOGITS_FUSED)
         return ml_error_at(err, ml_tree_get(t, "logits_chunk"), ML_SCHEMA,

@@ -31,6 +31,8 @@ ml_status ml_schema_transformer(ml_error *err, const ml_node *mm, ml_model *m);
 /* model: of type multimodal (Llava; schema_llava.c): a decoder model with
  * a vision tower. */
 ml_status ml_schema_multimodal(ml_error *err, const ml_node *mm, ml_model *m);
+/* training.vision_tower (schema_llava.c). */
+ml_status ml_schema_vision_tower(ml_error *err, const ml_node *t, ml_training *tr);
 /* The keys a transformer's model: accepts (schema_variants.c). */
 const char *const *ml_schema_transformer_keys(size_t *count);
 

@@ -164,6 +164,17 @@ ml_status ml_schema_multimodal(ml_error *err, const ml_node *mm, ml_model *m)
     return ML_OK;
 }
 
+ml_status ml_schema_vision_tower(ml_error *err, const ml_node *t, ml_training *tr)
+{
+    const char *names[ML_VT_COUNT];
+    for (unsigned i = 0; i < ML_VT_COUNT; i++)
+        names[i] = ml_vision_tower_name((ml_vision_tower)i);
+    unsigned v = tr->vision_tower;
+    ml_status st = ml_tree_enum(err, t, "vision_tower", "training", names, ML_VT_COUNT, &v);
+    tr->vision_tower = (ml_vision_tower)v;
+    return st;
+}
+
 uint64_t ml_model_image_tokens(const ml_model *m)
 {
     if (!m->vis_layers)

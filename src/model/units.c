@@ -103,6 +103,7 @@ static const char *const offload_names[ML_OFFLOAD_COUNT] = {"none", "optimizer",
 static const char *const logits_names[ML_LOGITS_COUNT] = {"kept", "released", "fused"};
 static const char *const allocator_names[ML_ALLOCATOR_COUNT] = {"none", "caching", "expandable"};
 static const char *const zero_grad_names[ML_ZERO_GRAD_COUNT] = {"set_to_none", "zero"};
+static const char *const vision_tower_names[ML_VT_COUNT] = {"same", "none", "full", "frozen"};
 
 const char *ml_precision_name(ml_precision p)
 {
@@ -130,6 +131,11 @@ const char *ml_logits_name(ml_logits l)
 const char *ml_zero_grad_name(ml_zero_grad z)
 {
     return (unsigned)z < ML_ZERO_GRAD_COUNT ? zero_grad_names[z] : "?";
+}
+
+const char *ml_vision_tower_name(ml_vision_tower v)
+{
+    return (unsigned)v < ML_VT_COUNT ? vision_tower_names[v] : "?";
 }
 
 const char *ml_allocator_name(ml_allocator a)

@@ -61,6 +61,9 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     /* an encoder-decoder's second length */
     if (ml_model_target_len(m, t))
         fprintf(f, ", \"target_len\": %llu", (unsigned long long)ml_model_target_len(m, t));
+    if (ml_model_image_tokens(m))
+        fprintf(f, ", \"image_tokens\": %llu, \"vision_tower\": \"%s\"",
+                (unsigned long long)ml_model_image_tokens(m), ml_vision_tower_name(t->vision_tower));
     fputs("},\n", f);
     fputs(" \"plan\": ", f);
     ml_json_string(f, s->plan);
@@ -151,7 +154,8 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
         fputs(", \"flops_forward\": ", f);
         num(f, b->flops_forward);
         fprintf(f, ", \"checkpointed\": %s, \"measured\": %s%s}", b->checkpointed ? "true" : "false",
-                b->measured ? "true" : "false", b->unused_output ? ", \"unused_output\": true" : "");
+                b->measured ? "true" : "false",
+                b->unused_output ? ", \"unused_output\": true" : b->frozen ? ", \"frozen\": true" : "");
     }
     fputs("],\n \"flops\": {\"forward\": ", f);
     num(f, s->flops_forward);

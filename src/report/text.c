@@ -44,9 +44,13 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
     commas(s->params, num, sizeof num);
     fprintf(f, "memledger plan: %s (%s parameters)\n", ml_model_name(m), num);
     const char *attn = ml_model_attention(m);
-    char tl[48] = "";
+    char tl[80] = "";
     if (ml_model_target_len(m, t))
         snprintf(tl, sizeof tl, ", target_len %llu", (unsigned long long)ml_model_target_len(m, t));
+    else if (ml_model_image_tokens(m))
+        snprintf(tl, sizeof tl, " (%llu image tokens), vision tower %s",
+                 (unsigned long long)ml_model_image_tokens(m),
+                 ml_vision_tower_name(t->vision_tower));
     fprintf(f, "config: micro_batch %llu, seq_len %llu%s, grad_accum %llu, precision %s, "
                "optimizer %s (%s), checkpoint %s%s%s\n",
             (unsigned long long)t->micro_batch, (unsigned long long)s->c_tokens / t->micro_batch,

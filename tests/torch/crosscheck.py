@@ -38,7 +38,7 @@ TOL = 0.01
 AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
               "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
               "xc-deepseek", "xc-deepseek2", "xc-vit", "xc-t5", "xc-t5-gated",
-              "xc-llava"}
+              "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
 # vectors are 0.15 % of it, under the 1 % tolerance; Phi-3's fused
 # projections, BERT's MLM head, Gemma 2's post norms and soft-caps, Falcon's
@@ -46,7 +46,7 @@ AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc
 # sequence-classification head are new layouts, held to every byte (so are
 # Llava's vision tower, projector and merged sequence).
 EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5", "xc-t5-gated",
-                "xc-deepseek", "xc-deepseek2", "xc-llava"}
+                "xc-deepseek", "xc-deepseek2", "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full"}
 torch.manual_seed(0)
 
 
@@ -114,7 +114,7 @@ def known_1_13_t5(doc, B, T):
     return extra
 
 
-def known_1_13_llava(doc, B, T):
+def known_1_13_llava(doc, B, T, vision_only=False):
     """Llava's 1.13 extras (twins_llava.py). The Llama decoder's, under the
     keys a decoder has: each block's two RMSNorm x^2 (mean's input, fp32,
     B*T*D*4 each, T the merged sequence) and its attention scale, a Python
@@ -131,6 +131,8 @@ def known_1_13_llava(doc, B, T):
     extra = {"block.%d" % i: 2 * x2 + 8 for i in range(d["layers"])}
     extra["head"] = x2
     per = 8 + (8 if v.get("activation", "quick_gelu") == "quick_gelu" else 0)
+    if vision_only:  # (a tower not checkpointed beside a checkpointed decoder)
+        extra = {}
     for i in range(v["layers"]):
         extra["vision.layer.%d" % i] = per
     return extra
@@ -345,10 +347,19 @@ def main():
                 if amp:
                     for k, v in known_cpu_autocast(doc, B, T or 1).items():
                         extra[k] = extra.get(k, 0) + v
+                # a multimodal model's tower: checkpointed with the decoder
+                # (same), never (none), always (full); frozen, it saves nothing
+                vmode = doc.get("training", {}).get("vision_tower", "same")
+                vckpt = {"none": False, "full": True}.get(vmode, ckpt)
                 if ckpt:  # checkpointed blocks save nothing of their own
                     extra = {k: v for k, v in extra.items() if ".block." not in "." + k
                              and ":" not in k and not k.startswith("vision.layer.")}
-                    if doc["model"]["type"] == "multimodal":
+                if doc["model"]["type"] == "multimodal":
+                    if vmode == "frozen" or vckpt:
+                        extra = {k: v for k, v in extra.items() if not k.startswith("vision.layer.")}
+                    elif ckpt:
+                        extra.update(known_1_13_llava(doc, B, T or 1, vision_only=True))
+                    if vckpt and vmode != "frozen":
                         for k, v in unused_checkpointed(doc, B).items():
                             extra[k] = extra.get(k, 0) + v
                 j = plan(memledger, path, B, T, ckpt, amp, target_len(doc, T or 1))
@@ -357,7 +368,8 @@ def main():
                 # 0), but its forward saved its inventory, which the recorder
                 # counts: compared with that (checkpointed, with
                 # activations_saved as usual)
-                unused = {b["name"] for b in j["blocks"] if b.get("unused_output") and not ckpt}
+                unused = {b["name"] for b in j["blocks"] if b.get("unused_output")
+                          and not (vckpt if doc["model"]["type"] == "multimodal" else ckpt)}
                 pred_total = (j["bytes"]["activations_saved"] + sum(extra.values())
                               + sum(b["inventory_bytes"] for b in j["blocks"] if b["name"] in unused))
                 check(name + " params", j["params"], params, 0)

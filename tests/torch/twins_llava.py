@@ -150,7 +150,9 @@ class Llava(Llama):
         s.vision_tower = _module(vision_model=vm)
         D = dm["hidden"]
         # LlavaConfig.multimodal_projector_bias: True
-        s.multi_modal_projector = _module(linear_1=nn.Linear(Dv, D), linear_2=nn.Linear(D, D))
+        pb = pj.get("bias", True)
+        s.multi_modal_projector = _module(linear_1=nn.Linear(Dv, D, bias=pb),
+                                          linear_2=nn.Linear(D, D, bias=pb))
         # the decoder: the Llama twin's modules, registered after the tower
         # and the projector (LlamaModel's embed_tokens, layers, norm, its
         # rotary inv_freq buffer; then lm_head)
@@ -161,6 +163,13 @@ class Llava(Llama):
         s.register_buffer("inv_freq", dec.inv_freq)
         if s.classes:
             raise SystemExit("twins_llava: a classification head on the decoder")
+        # training.vision_tower: same (HF's gradient_checkpointing_enable:
+        # the tower's layers checkpointed with the decoder's), none, full, or
+        # frozen (model.vision_tower.requires_grad_(False), as LLaVA's
+        # fine-tuning freezes it)
+        s.vision_mode = doc.get("training", {}).get("vision_tower", "same")
+        if s.vision_mode == "frozen":
+            s.vision_tower.requires_grad_(False)
 
     # ------------------------------------------------------ the vision tower
 
@@ -222,6 +231,7 @@ class Llava(Llama):
         hidden_states)."""
         encoder_states = ()
         hidden_states = inputs_embeds
+        ckpt = {"none": False, "full": True}.get(s.vision_mode, ckpt)
         for idx, encoder_layer in enumerate(enc.layers):
             encoder_states = encoder_states + (hidden_states,)
             name = "vision.layer.%d" % idx

@@ -198,6 +198,55 @@ static void test_llava_tiny(void **state)
     ml_model_destroy(m);
 }
 
+/* training.vision_tower on the tiny model. frozen: the tower builds no
+ * graph, so its blocks keep nothing and its 2,176 + 3 x 8,544 + 64 = 27,872
+ * parameters get no AdamW state: (88,592 - 27,872) x 8; the projector keeps
+ * the same 16,432 (linear_1's weight needs its input). none under
+ * checkpoint full: the tower's layers keep their 70,720 each, the decoder's
+ * are checkpointed; full without checkpointing: each tower layer keeps only
+ * its input (4,352). */
+static void test_llava_vision_tower(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = ml_model_config(m);
+    c.training.vision_tower = ML_VT_FROZEN;
+    ml_ledger *l = eval(m, &c, false);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_int_equal(s->bytes_optimizer, (88592 - 27872) * 8);
+    assert_true(block_named(l, "vision.layer.0")->frozen);
+    assert_int_equal(block_named(l, "vision.layer.0")->activations_saved, 0);
+    assert_int_equal(block_named(l, "vision.layer.2")->inventory_bytes, 0);
+    assert_int_equal(block_named(l, "vision.embedding")->activations_saved, 0);
+    assert_int_equal(block_named(l, "projector")->activations_saved, 16432);
+    assert_int_equal(block_named(l, "block.0")->ckpt_index, 0); /* the decoder's first */
+    ml_ledger_destroy(l);
+    ml_error e;
+    c.training.vision_tower = ML_VT_NONE;
+    assert_int_equal(ml_parse_checkpoint("full", &c.training.checkpoint, &e), ML_OK);
+    l = eval(m, &c, false);
+    assert_false(block_named(l, "vision.layer.0")->checkpointed);
+    assert_int_equal(block_named(l, "vision.layer.0")->activations_saved, 70720);
+    assert_true(block_named(l, "block.0")->checkpointed);
+    ml_ledger_destroy(l);
+    c.training.vision_tower = ML_VT_FULL;
+    assert_int_equal(ml_parse_checkpoint("none", &c.training.checkpoint, &e), ML_OK);
+    l = eval(m, &c, false);
+    assert_true(block_named(l, "vision.layer.1")->checkpointed);
+    assert_int_equal(block_named(l, "vision.layer.1")->activations_saved, 4352);
+    assert_false(block_named(l, "block.0")->checkpointed);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    /* a model without a tower refuses the setting */
+    m = load_preset("gpt2-small");
+    c = ml_model_config(m);
+    c.training.vision_tower = ML_VT_FROZEN;
+    ml_ledger *bad = NULL;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &bad, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "has no vision tower"));
+    ml_model_destroy(m);
+}
+
 /* The model file's refusals: each names the key (line and column) and
  * the fix. */
 static void test_llava_yaml_refusals(void **state)
@@ -240,6 +289,7 @@ int main(void)
         cmocka_unit_test(test_llava_refusals),
         cmocka_unit_test(test_llava_tiny),
         cmocka_unit_test(test_llava_yaml_refusals),
+        cmocka_unit_test(test_llava_vision_tower),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
