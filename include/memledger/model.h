@@ -91,7 +91,6 @@ typedef enum ml_logits {
     ML_LOGITS_COUNT
 } ml_logits;
 
-/* What optimizer.zero_grad() does between iterations. */
 /* A multimodal model's vision tower in training (docs/cli.md, "The model
  * file"): trained and checkpointed as training.checkpoint says (same: what
  * Hugging Face's gradient_checkpointing_enable does), trained with no layer
@@ -105,6 +104,7 @@ typedef enum ml_vision_tower {
     ML_VT_COUNT
 } ml_vision_tower;
 
+/* What optimizer.zero_grad() does between iterations. */
 typedef enum ml_zero_grad {
     ML_ZERO_GRAD_SET_TO_NONE, /* frees every .grad (PyTorch 2.x's default) */
     ML_ZERO_GRAD_ZERO,        /* fills them with zeros: they stay allocated */

@@ -187,6 +187,20 @@ ml_status ml_chain_refused(const ml_model *m, const ml_training *t, ml_error *er
                          "(what Hugging Face's gradient checkpointing runs), every-K, sqrt or "
                          "a list of blocks",
                          m->vis_layers ? "a multimodal model" : "an encoder-decoder", m->name);
+    const ml_checkpoint *cp = &t->checkpoint;
+    uint32_t low = UINT32_MAX; /* the lowest block a list names */
+    for (uint32_t j = 0; (cp->kind == ML_CKPT_LIST || cp->kind == ML_CKPT_SEGMENTS) &&
+                         j < cp->count && j < ML_CKPT_LIST_MAX;
+         j++)
+        low = cp->blocks[j] < low ? cp->blocks[j] : low;
+    if (m->vis_layers && (t->vision_tower == ML_VT_NONE || t->vision_tower == ML_VT_FULL) &&
+        low < m->vis_used)
+        return ml_errorf(err, ML_RANGE,
+                         "training.checkpoint: block %u is a vision layer (0 to %llu), whose "
+                         "checkpointing training.vision_tower: %s sets; list the decoder's "
+                         "layers only (from %llu), or use vision_tower: same",
+                         low, (unsigned long long)m->vis_used - 1,
+                         ml_vision_tower_name(t->vision_tower), (unsigned long long)m->vis_used);
     if (!m->vis_layers && t->vision_tower != ML_VT_SAME)
         return ml_errorf(err, ML_RANGE,
                          "training.vision_tower: a multimodal model's setting; %s has no "
@@ -284,5 +298,6 @@ void ml_chain_free(ml_chain *ch)
     free(ch->saved);
     free(ch->params);
     free(ch->nodes);
+    free(ch->sides);
     memset(ch, 0, sizeof *ch);
 }

@@ -125,7 +125,10 @@ typedef struct {
 typedef struct {
     uint64_t numel, rows, cols; /* rows/cols: last two dims for matrices, 0 for vectors */
     bool nograd;                /* gets no gradient (an unused vision layer's):
-                                   the optimizer makes no state for it */
+                                   torch.optim makes no state for it */
+    bool frozen;                /* and needs none (requires_grad False: a frozen
+                                   tower's): no state, master copy or gradient
+                                   buffer under ZeRO either */
 } ml_ptensor;
 
 /* A tensor beside the stream of blocks (docs/ledger.md, "Side tensors"):
@@ -144,7 +147,6 @@ typedef struct {
     uint32_t grad_from, grad_to;
 } ml_side;
 
-#define ML_SIDES_MAX 16
 
 typedef struct {
     ml_cblock *blocks;
@@ -185,8 +187,9 @@ typedef struct {
      * chain is built) and targets; the module buffers */
     uint64_t batch_input, batch_targets;
     uint64_t buffer_bytes;
-    ml_side sides[ML_SIDES_MAX]; /* an encoder-decoder's (chain_t5.c) */
-    size_t nsides;
+    ml_side *sides;             /* an encoder-decoder's (chain_t5.c), a multimodal
+                                   model's (chain_llava.c) */
+    size_t nsides, sidecap;
     /* scratch while building a block */
     uint64_t max_unsaved, max_tensor;
     uint64_t max_param_numel;

@@ -222,6 +222,19 @@ void ml_ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe)
 }
 
 /* A parameter tensor of the block: rows x cols (cols 0 for a vector). */
+ml_side *ml_ck_side_new(ml_chain *ch)
+{
+    ml_side *s = ml_grow(ch->sides, ch->nsides, &ch->sidecap, sizeof *s, 8);
+    if (!s) {
+        ch->nomem = true;
+        return NULL;
+    }
+    ch->sides = s;
+    s = &ch->sides[ch->nsides++];
+    memset(s, 0, sizeof *s);
+    return s;
+}
+
 void ml_ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols)
 {
     uint64_t numel = cols ? ml_mul(ch, rows, cols) : rows;
@@ -231,7 +244,7 @@ void ml_ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols)
         return;
     }
     ch->params = p;
-    ch->params[ch->nparams++] = (ml_ptensor){numel, cols ? rows : 0, cols, false};
+    ch->params[ch->nparams++] = (ml_ptensor){numel, cols ? rows : 0, cols, false, false};
     b->params = ml_add(ch, b->params, numel);
     if (numel > ch->max_param_numel)
         ch->max_param_numel = numel;

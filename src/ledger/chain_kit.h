@@ -163,6 +163,10 @@ void ml_ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
  * ch->mask_ckpt0 (chain_transformer.c); ML_NOMEM. */
 ml_status ml_ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
 
+/* A new side tensor (chain.h), zeroed; NULL (ch->nomem set) when out of
+ * memory. */
+ml_side *ml_ck_side_new(ml_chain *ch);
+
 /* The families' builders, called by ml_chain_build. */
 ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                      ml_error *err);

@@ -82,12 +82,9 @@ static ml_side *side(ml_chain *ch, const char *what, uint64_t bytes, size_t from
 {
     if (!bytes)
         return NULL;
-    if (ch->nsides >= ML_SIDES_MAX) {
-        ch->overflow = true;
-        return NULL;
-    }
-    ml_side *s = &ch->sides[ch->nsides++];
-    *s = (ml_side){what, bytes, (uint32_t)from, (uint32_t)to, false, false, 0, 0, 0};
+    ml_side *s = ml_ck_side_new(ch);
+    if (s)
+        *s = (ml_side){what, bytes, (uint32_t)from, (uint32_t)to, false, false, 0, 0, 0};
     return s;
 }
 
@@ -203,7 +200,8 @@ static ml_status projector(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd
  * (from p0 to p1) no gradient; the projector's input needs none. What the
  * tower returns with output_hidden_states=True still holds every layer's
  * output until get_image_features returns: at the last layer, the Lv - 1
- * before its input (a side tensor to the projector). */
+ * before its input (a side tensor to the projector). The evaluation pass
+ * (no_grad) runs the tower the same way (p0 = p1: no parameter marked). */
 static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t first,
                    size_t end, size_t p0, size_t p1)
 {
@@ -218,7 +216,7 @@ static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t
         b->flops_bwd = 0;
     }
     for (size_t j = p0; j < p1; j++)
-        ch->params[j].nograd = true;
+        ch->params[j].nograd = ch->params[j].frozen = true;
     ch->nsides = 0; /* the unused layers' saved tensors: none */
     uint64_t h = ml_mul(ch, ml_mul(ch, vd->BT, vd->D), ch->prec.w);
     side(ch, "the tower's hidden states (output_hidden_states)",
@@ -228,6 +226,7 @@ static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t
      * copy of it */
     ml_cblock *p = &ch->blocks[end];
     p->in_nograd = true;
+    p->flops_bwd = p->flops_fwd; /* the weights' gradients only */
     if (ch->prec.autocast) {
         uint64_t copy = ml_mul(ch, ml_mul(ch, m->vis_hidden, m->hidden), 2);
         p->saved_bytes -= copy;
@@ -286,17 +285,17 @@ ml_status ml_chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain
     size_t proj = ch->n - 1;
     for (size_t i = 0; i < ch->nsides; i++)
         ch->sides[i].to = (uint32_t)proj; /* get_image_features returns */
+    ch->blocks[proj].in_nograd = false;
+    ch->mask_ckpt0 = m->vis_used;
+    ch->vis_mode = t->vision_tower;
+    if (t->vision_tower == ML_VT_FROZEN || ch->eval_mode)
+        freeze(ch, m, &vd, 1, proj, p0, ch->eval_mode ? p0 : p1);
     ml_side *s = side(ch, "token embeddings (inputs_embeds)", ml_mul(ch, BTD, w), 0, proj);
     if (s && !ch->eval_mode) { /* masked_scatter's gradient for them */
         s->grad = ml_mul(ch, BTD, w);
         s->grad_from = (uint32_t)proj;
         s->grad_to = 0;
     }
-    ch->blocks[proj].in_nograd = false;
-    ch->mask_ckpt0 = m->vis_used;
-    ch->vis_mode = t->vision_tower;
-    if (t->vision_tower == ML_VT_FROZEN)
-        freeze(ch, m, &vd, 1, proj, p0, p1);
     if ((st = ml_ck_layer_blocks(ch, m, &d)) || (st = ml_ck_head_and_loss(ch, m, &d, t)))
         return st;
     for (size_t i = 0; i < ch->n; i++)

@@ -202,12 +202,10 @@ static bool side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, si
 {
     if (!bytes)
         return false;
-    if (ch->nsides >= ML_SIDES_MAX) {
-        ch->overflow = true;
+    ml_side *s = ml_ck_side_new(ch);
+    if (!s)
         return false;
-    }
-    ch->sides[ch->nsides++] = (ml_side){what, bytes, (uint32_t)from, (uint32_t)to, to_bwd,
-                                       ckpt_kept, 0, 0, 0};
+    *s = (ml_side){what, bytes, (uint32_t)from, (uint32_t)to, to_bwd, ckpt_kept, 0, 0, 0};
     return true;
 }
 

@@ -243,9 +243,10 @@ void ml_ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
     if (m->kv_lora)
         ml_ck_mla_attention(ch, b, m, d, nb);
     else
-        /* HF ViT: query, key and value, three Linears (ViTSelfAttention) */
+        /* HF ViT and CLIP: query, key and value, three Linears; their
+         * eager_attention_forward asks softmax for fp32 and casts back */
         ml_ck_attention(ch, b, m, d, nb, false, (!llama && !m->image_size) || m->fused_proj,
-                        causal && !hf, falcon ? ch->prec.w == 4 : hf, 0);
+                        causal && !hf, falcon ? ch->prec.w == 4 : hf || m->image_size, 0);
     at[2] = ch->nparams;
     if (m->post_norms)
         post_norm(ch, b, m, d);

@@ -131,16 +131,18 @@ static void describe_plan(const ml_chain *ch, const ml_checkpoint *cp, const int
 void ml_eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
                           ml_summary *s)
 {
-    uint64_t P = 0;
-    for (size_t i = 0; i < ch->nparams; i++)
+    uint64_t P = 0, Pt = 0; /* all, and those that train (a frozen tower's do not) */
+    for (size_t i = 0; i < ch->nparams; i++) {
         P = ml_add(ch, P, ch->params[i].numel);
+        Pt = ch->params[i].frozen ? Pt : ml_add(ch, Pt, ch->params[i].numel);
+    }
     s->params = P;
     s->bytes_batch = ml_add(ch, ch->batch_input, ch->batch_targets);
     s->bytes_buffers = ch->buffer_bytes;
     const uint64_t N = t->data_parallel ? t->data_parallel : 1;
     const unsigned z = t->zero;
     uint64_t params_all = ml_mul(ch, P, ch->prec.param);
-    uint64_t master_all = ml_mul(ch, P, ch->prec.master);
+    uint64_t master_all = ml_mul(ch, Pt, ch->prec.master);
     s->bytes_params = z >= 3 ? ml_ceil_div(params_all, N) : params_all;
     s->bytes_master = z >= 1 ? ml_ceil_div(master_all, N) : master_all;
     s->bytes_optimizer = z >= 1 ? ml_ceil_div(ob->states, N) : ob->states;
@@ -154,7 +156,7 @@ void ml_eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_byt
         /* ZeRO-Offload: fp32 master weights, states and the update live on
          * the host, with an fp32 copy of the gradient partition */
         s->bytes_host = ml_add(ch, ml_add(ch, s->bytes_master, s->bytes_optimizer),
-                               ml_ceil_div(ml_mul(ch, P, 4), z >= 1 ? N : 1));
+                               ml_ceil_div(ml_mul(ch, Pt, 4), z >= 1 ? N : 1));
         s->bytes_master = s->bytes_optimizer = s->bytes_step_temp = 0;
     }
     if (t->offload == ML_OFFLOAD_PARAMS) {
@@ -367,7 +369,7 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
         if (b->out_saved && k + 1 < n)
             inv += ch->blocks[k + 1].in_bytes;
         if (b->unused_out && !b->frozen) /* its norm saves its input, for no backward */
-            inv = b->saved_bytes + (k > 0 && ch->blocks[k - 1].unused_out ? 0 : b->in_bytes);
+            inv = b->saved_bytes + b->in_bytes;
         bi->inventory_bytes = inv;
         bi->c = norm > 0 ? (double)inv / norm : 0;
         uint64_t kept = seg[k] < 0 && !b->unused_out

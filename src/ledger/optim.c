@@ -19,14 +19,23 @@ static bool carries_denom(ml_optimizer o)
     return o == ML_OPT_ADAM || o == ML_OPT_ADAMW;
 }
 
+/* Whether the step keeps state for parameter p: torch.optim steps the
+ * parameters with a gradient (params_with_grad), DeepSpeed's ZeRO every
+ * parameter that requires one (its groups are built from requires_grad: a
+ * layer whose output nothing reads still has a state); a frozen one neither. */
+static bool stepped(const ml_ptensor *p, unsigned zero)
+{
+    return !p->frozen && (!p->nograd || zero >= 1);
+}
+
 /* The for-loop's largest moment, in elements: per parameter, in the order
  * model.parameters() gives them, t_loop temporaries of its size, plus the
  * previous parameter's denom where the loop carries it. */
-static uint64_t loop_temp_elems(ml_chain *ch, unsigned t_loop, bool carry)
+static uint64_t loop_temp_elems(ml_chain *ch, unsigned t_loop, bool carry, unsigned zero)
 {
     uint64_t best = 0, prev = 0;
     for (size_t i = 0; i < ch->nparams; i++) {
-        if (ch->params[i].nograd) /* not in the step's params_with_grad */
+        if (!stepped(&ch->params[i], zero))
             continue;
         uint64_t n = ch->params[i].numel;
         uint64_t at = ml_add(ch, ml_mul(ch, n, t_loop), carry ? prev : 0);
@@ -46,10 +55,8 @@ ml_status ml_optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_o
      * (docs/optimizers.md) */
     const bool master = ch->prec.master != 0;
     uint64_t P = 0, maxn = ch->max_param_numel;
-    /* torch.optim makes state for, and steps, the parameters with a
-     * gradient only (params_with_grad): an unused layer's have none */
     for (size_t i = 0; i < ch->nparams; i++)
-        if (!ch->params[i].nograd)
+        if (stepped(&ch->params[i], t->zero))
             P = ml_add(ch, P, ch->params[i].numel);
     uint64_t states = 0, temp = 0;
     unsigned per = 0;        /* full-size states per parameter */
@@ -77,14 +84,14 @@ ml_status ml_optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_o
          * the full tensor for vectors; no first moment (beta1 = None) */
         for (size_t i = 0; i < ch->nparams; i++) {
             const ml_ptensor *p = &ch->params[i];
-            if (p->nograd)
+            if (!stepped(p, t->zero))
                 continue;
             uint64_t n = p->cols ? ml_add(ch, p->rows, p->cols) : p->numel;
             states = ml_add(ch, states, ml_mul(ch, n, s));
         }
     } else if (t->optimizer == ML_OPT_ADAM_8BIT) {
         for (size_t i = 0; i < ch->nparams; i++) {
-            if (ch->params[i].nograd)
+            if (!stepped(&ch->params[i], t->zero))
                 continue;
             uint64_t n = ch->params[i].numel;
             uint64_t one = n < BNB_MIN_8BIT ? ml_mul(ch, n, 4)
@@ -99,7 +106,7 @@ ml_status ml_optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_o
             temp = ml_add(ch, temp, ml_mul(ch, P, 4));
         break;
     case ML_IMPL_FOR_LOOP:
-        temp = ml_mul(ch, loop_temp_elems(ch, t_loop, carries_denom(t->optimizer)), s);
+        temp = ml_mul(ch, loop_temp_elems(ch, t_loop, carries_denom(t->optimizer), t->zero), s);
         if (master)
             temp = ml_add(ch, temp, ml_mul(ch, maxn, 4));
         break;

@@ -22,6 +22,8 @@ struct ml_rsim {
     size_t nblocks;
     size_t *pfirst, *pcount; /* per block: its parameter tensors in ch->params */
     uint64_t P;              /* parameter elements */
+    uint64_t Pt, Pg;         /* those that train (not frozen), and that also get a
+                                gradient (an unused layer's do not) */
     group *g;
     size_t ng, gcap;
     uint64_t *h;
@@ -47,8 +49,11 @@ static void partition_params(ml_rsim *r, const ml_chain *ch)
             got += ch->params[i++].numel;
         r->pcount[k] = i - r->pfirst[k];
     }
-    for (size_t j = 0; j < ch->nparams; j++)
+    for (size_t j = 0; j < ch->nparams; j++) {
         r->P += ch->params[j].numel;
+        r->Pt += ch->params[j].frozen ? 0 : ch->params[j].numel;
+        r->Pg += ch->params[j].frozen || ch->params[j].nograd ? 0 : ch->params[j].numel;
+    }
 }
 
 ml_status ml_rsim_create(const ml_alloc_config *cfg, const ml_chain *ch, ml_rsim **out,
@@ -169,15 +174,29 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
             out[n++] = left;
         sum = bytes;
     } else if (split == ML_T_ALL_PARAMS && r->P && copies) {
-        uint64_t per = bytes / (r->P * copies);
+        /* one tensor per parameter tensor of the set the bytes cover: all
+         * of them (the parameters), those that train (master weights), or
+         * those with a gradient too (torch.optim's states) */
+        int set = bytes % (r->P * copies) == 0                ? 0
+                  : r->Pt && bytes % (r->Pt * copies) == 0    ? 1
+                  : r->Pg && bytes % (r->Pg * copies) == 0    ? 2
+                                                              : -1;
+        uint64_t of = set == 0 ? r->P : set == 1 ? r->Pt : r->Pg;
+        if (set < 0)
+            return 0;
+        uint64_t per = bytes / (of * copies);
         if (!sizes_room(r, ch->nparams * copies))
             return SIZE_MAX;
         out = r->sizes;
-        for (size_t i = 0; i < ch->nparams; i++)
+        for (size_t i = 0; i < ch->nparams; i++) {
+            const ml_ptensor *p = &ch->params[i];
+            if ((set >= 1 && p->frozen) || (set == 2 && p->nograd))
+                continue;
             for (unsigned k = 0; k < copies; k++) {
-                out[n++] = ch->params[i].numel * per;
-                sum += ch->params[i].numel * per;
+                out[n++] = p->numel * per;
+                sum += p->numel * per;
             }
+        }
     }
     return sum == bytes ? n : 0;
 }

@@ -187,17 +187,18 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
 
 /* The family model_type names: *t its name, *fam its bit, *f its index in
  * ml_hf_families(); *mt the model_type node (for later messages). */
-static ml_status family_of(const ml_node *r, const ml_node **mt, const char **t, unsigned *fam,
-                           size_t *f, ml_error *err)
+static ml_status family_of(const ml_node *r, bool nested, const ml_node **mt, const char **t,
+                           unsigned *fam, size_t *f, ml_error *err)
 {
     const ml_hf_family_info *families = ml_hf_families();
     *mt = ml_tree_get(r, "model_type");
-    if (!*mt || (*mt)->type != ML_NODE_SCALAR)
+    /* LlavaConfig: a text_config without one is a llama's */
+    *t = !*mt && nested ? "llama" : *mt && (*mt)->type == ML_NODE_SCALAR ? (*mt)->text : NULL;
+    if (!*t)
         return ml_error_at(err, r, ML_SCHEMA,
                            "model_type: missing; a Hugging Face config.json names its model_type "
                            "(supported: %s)",
                            ML_HF_SUPPORTED);
-    *t = (*mt)->text;
     *fam = ml_hf_family(*t);
     if (!*fam)
         return ml_error_at(err, *mt, ML_SCHEMA, "model_type '%s' is not supported; supported: %s",
@@ -415,6 +416,19 @@ static ml_status map_encoder(const ml_node *r, const char *t, bool vit, bool mlm
     return ML_OK;
 }
 
+/* LlavaForConditionalGeneration (hf_llava.c); its attn_implementation is
+ * the language model's, unless the text_config names its own
+ * (PretrainedConfig keeps a sub-config's). */
+static ml_status llava_of(const ml_node *r, ml_model *m, ml_error *err)
+{
+    const ml_node *tc = ml_tree_get(r, "text_config");
+    ml_status st = ml_hf_map_llava(r, m, err);
+    if (st || !ml_tree_get(r, "attn_implementation") ||
+        (tc && tc->type == ML_NODE_MAP && ml_tree_get(tc, "attn_implementation")))
+        return st;
+    return attention_of(r, m, err);
+}
+
 static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error *err)
 {
     const ml_hf_family_info *families = ml_hf_families();
@@ -423,7 +437,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
     unsigned fam = 0;
     size_t f = 0;
     ml_status st;
-    if ((st = family_of(r, &mt, &t, &fam, &f, err)))
+    if ((st = family_of(r, nested, &mt, &t, &fam, &f, err)))
         return st;
     const bool llama = fam & ML_HF_LM3, gpt2 = fam == ML_HF_GPT2, neox = fam == ML_HF_NEOX,
                bert = fam == ML_HF_BERT, vit = fam == ML_HF_VIT, gemma = fam == ML_HF_GEMMA,
@@ -434,8 +448,8 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
     if ((st = ml_hf_nesting(mt, t, fam, nested, m, err)) || (st = ml_hf_check_keys(r, fam, t, err)) ||
         (st = architectures_of(r, f, &mlm, err)))
         return st;
-    if (fam == ML_HF_LLAVA) /* attn_implementation: the language model's */
-        return (st = ml_hf_map_llava(r, m, err)) ? st : attention_of(r, m, err);
+    if (fam == ML_HF_LLAVA)
+        return llava_of(r, m, err);
     if (fam == ML_HF_T5 || fam == ML_HF_MT5) /* encoder-decoders: none of the sizes below */
         return (st = attention_of(r, m, err)) ? st : ml_hf_map_t5(r, m, fam == ML_HF_MT5, err);
     m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;

@@ -9,7 +9,8 @@
      "keys); other towers are refused"},
     {"text_config", LLV, H, NULL,
      "the language model: a decoder family's config (llama: LlamaConfig's defaults for absent "
-     "keys; the others need their sizes); absent: LlamaConfig's"},
+     "keys; the others need their sizes; without model_type, llama's); absent: LlamaConfig's; "
+     "its own attn_implementation wins over the top level's"},
     {"vision_feature_layer", LLV, H, NULL,
      "the hidden state the projector reads (default -2: the last layer's input); the layers "
      "after it run with their output unused; a list of layers is refused"},
@@ -27,7 +28,8 @@
     {"vocab_size", LLV, H, NULL,
      "older configs' copy of text_config's vocab_size: another value is refused"},
     {"tie_word_embeddings", LLV, H, NULL,
-     "the LM head tied to the token embeddings (default: text_config's)"},
+     "true ties the LM head to the token embeddings whatever text_config says; false leaves "
+     "text_config's value (transformers ties by the text config's)"},
     {"hidden_act", CLV, H, NULL, "quick_gelu (CLIP's default) or gelu; others refused"},
     {"attention_dropout", CLV, R, "0|0.0|null", "dropout on the tower's attention probabilities"},
     {"dropout", CLV, I, NULL, "CLIPVisionConfig keeps it; the tower's layers do not read it"},

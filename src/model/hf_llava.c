@@ -113,6 +113,12 @@ static ml_status vision_of(const ml_node *r, const ml_node *vc, ml_model *m, ml_
         return ml_error_at(err, ml_tree_get(vc, "patch_size"), ML_SCHEMA,
                            "vision_config.patch_size: %llu does not divide image_size (%llu)",
                            (unsigned long long)m->vis_patch, (unsigned long long)m->vis_image);
+    uint64_t g = m->vis_image / m->vis_patch;
+    if (g * g + 1 > ML_MAX_TOKENS)
+        return ml_error_at(err, ml_tree_get(vc, "image_size"), ML_RANGE,
+                           "vision_config.image_size: %llu image tokens, above the %llu a "
+                           "sequence holds",
+                           (unsigned long long)(g * g), (unsigned long long)ML_MAX_TOKENS);
     (void)r;
     return ML_OK;
 }
@@ -123,11 +129,7 @@ static ml_status text_of(const ml_node *tc, ml_model *m, ml_error *err)
     if (!ml_hf_is_null(tc)) {
         if (tc->type != ML_NODE_MAP)
             return ml_error_at(err, tc, ML_SCHEMA, "text_config: expected an object");
-        if (!ml_tree_get(tc, "model_type"))
-            return ml_error_at(err, tc, ML_SCHEMA,
-                               "text_config.model_type: missing; name the language model's "
-                               "family (llama)");
-        return ml_hf_map_text(tc, m, err);
+        return ml_hf_map_text(tc, m, err); /* without model_type: llama's */
     }
     static const char dflt[] = "{\"model_type\": \"llama\"}";
     ml_node *root = NULL;
@@ -150,7 +152,7 @@ ml_status ml_hf_map_llava(const ml_node *r, ml_model *m, ml_error *err)
                            "text_config: a llava's language model is planned for the Llama "
                            "layout (llama, mistral, qwen2): this one is not modelled");
     uint64_t v = m->vocab;
-    bool tied = m->tied_embeddings;
+    bool tied = false;
     if ((st = vision_of(r, ml_tree_get(r, "vision_config"), m, err)) ||
         (st = feature_layer(r, m, err)) ||
         (st = ml_hf_uint(err, r, KEYS("vocab_size"), false, 1, 1u << 28, &v)) ||
@@ -161,7 +163,10 @@ ml_status ml_hf_map_llava(const ml_node *r, ml_model *m, ml_error *err)
                            "vocab_size: %llu differs from text_config's (%llu), which the "
                            "language model is built with; remove it or make them agree",
                            (unsigned long long)v, (unsigned long long)m->vocab);
-    m->tied_embeddings = tied;
+    /* transformers ties the LM head to the text config's
+     * tie_word_embeddings (tie_weights: get_text_config()); LlavaConfig
+     * carries a true top-level value down to it */
+    m->tied_embeddings = m->tied_embeddings || tied;
     const char *sel = NULL;
     if ((st = ml_hf_str(err, r, "vision_feature_select_strategy", &sel)))
         return st;

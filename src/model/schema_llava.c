@@ -48,8 +48,8 @@ static ml_status feature_layer(ml_error *err, const ml_node *v, ml_model *m)
 }
 
 /* A key whose only modelled value is `want`: absent, or that value. */
-static ml_status only(ml_error *err, const ml_node *map, const char *key, const char *want,
-                      const char *why)
+static ml_status only(ml_error *err, const ml_node *map, const char *sec, const char *key,
+                      const char *want, const char *why)
 {
     const ml_node *n = ml_tree_get(map, key);
     if (!n)
@@ -58,8 +58,8 @@ static ml_status only(ml_error *err, const ml_node *map, const char *key, const 
     if (st)
         return st;
     if (strcmp(n->text, want) != 0)
-        return ml_error_at(err, n, ML_SCHEMA, "model.stacks.%s: '%s' %s; use %s", key, n->text,
-                           why, want);
+        return ml_error_at(err, n, ML_SCHEMA, "%s.%s: '%s' %s; use %s", sec, key, n->text, why,
+                           want);
     return ML_OK;
 }
 
@@ -96,14 +96,21 @@ static ml_status vision(ml_error *err, const ml_node *v, ml_model *m)
         return ml_error_at(err, ml_tree_get(v, "patch_size"), ML_SCHEMA,
                            "%s.patch_size: %llu does not divide image_size (%llu)", sec,
                            (unsigned long long)m->vis_patch, (unsigned long long)m->vis_image);
+    uint64_t g = m->vis_image / m->vis_patch;
+    if (g * g + 1 > ML_MAX_TOKENS)
+        return ml_error_at(err, ml_tree_get(v, "image_size"), ML_RANGE,
+                           "%s.image_size: (image_size / patch_size)^2 = %llu image tokens, "
+                           "above the %llu a sequence holds: use larger patches or smaller "
+                           "images",
+                           sec, (unsigned long long)(g * g), (unsigned long long)ML_MAX_TOKENS);
     /* quick_gelu: CLIP's (openai/clip-vit-*); gelu: the exact one */
     static const char *const acts[] = {"quick_gelu", "gelu"};
     static const char *const sel[] = {"default", "full"};
     unsigned a = 0, s = 0;
     if ((st = ml_tree_enum(err, v, "activation", sec, acts, 2, &a)) ||
         (st = ml_tree_enum(err, v, "feature_select", sec, sel, 2, &s)) ||
-        (st = only(err, v, "norm", "layernorm", "is not CLIP's (its LayerNorms)")) ||
-        (st = only(err, v, "attention", "eager",
+        (st = only(err, v, sec, "norm", "layernorm", "is not CLIP's (its LayerNorms)")) ||
+        (st = only(err, v, sec, "attention", "eager",
                    "is not modelled for the vision tower (its eager layout is)")))
         return st;
     m->vis_quick_gelu = a == 0;
@@ -120,7 +127,7 @@ static ml_status projector(ml_error *err, const ml_node *p, ml_model *m)
         return ML_OK;
     if ((st = ml_tree_need_map(err, p, sec)) ||
         (st = ml_tree_check_keys(err, p, sec, projector_keys, ML_COUNT(projector_keys))) ||
-        (st = only(err, p, "activation", "gelu",
+        (st = only(err, p, sec, "activation", "gelu",
                    "is not modelled for the projector (LlavaConfig's projector_hidden_act "
                    "gelu is)")) ||
         (st = ml_tree_bool(err, p, "bias", sec, &m->proj_bias)))

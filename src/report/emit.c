@@ -452,6 +452,14 @@ static void encdec_check(emit_kind k, const ml_model *m, const ml_training *t,
         ml_emit_refuse(v, "the snippet runs one stream of blocks; a multimodal model's vision "
                           "tower, projector and decoder (Llava's) are not emitted: --emit "
                           "hf-trainer or deepspeed");
+    else if (ml_model_image_tokens(m) && t->vision_tower == ML_VT_FROZEN)
+        ml_emit_note(v, "the plan freezes the vision tower (training.vision_tower: frozen), "
+                        "which these settings cannot: call "
+                        "model.vision_tower.requires_grad_(False) before training");
+    else if (ml_model_image_tokens(m) && t->vision_tower != ML_VT_SAME)
+        ml_emit_note(v, "the plan checkpoints the vision tower apart from the decoder "
+                        "(training.vision_tower: none or full); gradient checkpointing covers "
+                        "both stacks: set the tower's encoder.gradient_checkpointing yourself");
     if (!ml_model_target_len(m, t))
         return;
     if (k == EMIT_TORCH) {

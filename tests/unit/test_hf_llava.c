@@ -247,6 +247,103 @@ static void test_llava_vision_tower(void **state)
     ml_model_destroy(m);
 }
 
+/* The tiny model in pure bf16: CLIP's eager attention asks softmax for
+ * fp32 (eager_attention_forward's dtype=torch.float32), then casts. A
+ * layer keeps 8 (34, 32) bf16 tensors 8 x 2,176 (its input included), two
+ * LayerNorms' fp32 statistics 2 x 272, the fp32 softmax 9,248 and its bf16
+ * cast 4,624 (PV's), fc1's output, the sigmoid's and the product
+ * 3 x 34 x 64 x 2 = 13,056: 44,880. */
+static void test_llava_bf16_tower(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = ml_model_config(m);
+    c.training.precision = ML_PREC_BF16;
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(block_named(l, "vision.layer.0")->activations_saved, 17408 + 544 + 9248 +
+                                                                              4624 + 13056);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* Optimizer states and master weights by who trains (fp32 masters under
+ * bf16-master, 4 B each; AdamW's two states, fp32, 8 B per parameter).
+ * Under ZeRO (DeepSpeed's groups are built from requires_grad) the unused
+ * layer's 8,544 and post_layernorm's 64 keep states: 88,592 x 8 on one
+ * device. Frozen, the tower's 27,872 have neither states nor masters:
+ * (88,592 - 27,872) x 4 = 242,880 of masters. */
+static void test_llava_states(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = ml_model_config(m);
+    c.training.zero = 1;
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->bytes_optimizer, 88592 * 8);
+    ml_ledger_destroy(l);
+    c.training.zero = 0;
+    c.training.precision = ML_PREC_BF16_MASTER;
+    c.training.vision_tower = ML_VT_FROZEN;
+    l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->bytes_master, (88592 - 27872) * 4);
+    assert_int_equal(ml_ledger_summary(l)->bytes_optimizer, (88592 - 27872) * 8);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* The token embeddings (B, T, D) fp32 = 2 x 24 x 48 x 4 = 9,216 B wait
+ * beside the tower, frozen or not: made by the embedding block's forward,
+ * freed once the projector's is done, and masked_scatter's gradient for
+ * them lives from the projector's backward to the embedding's. */
+static void test_llava_embedding_side(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    for (int frozen = 0; frozen < 2; frozen++) {
+        ml_config c = ml_model_config(m);
+        c.training.vision_tower = frozen ? ML_VT_FROZEN : ML_VT_SAME;
+        ml_ledger *l = eval(m, &c, true);
+        const ml_event *ev = ml_ledger_events(l);
+        size_t n = ml_ledger_event_count(l), made = 0, grads = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (ev[i].cat == ML_CAT_WORKSPACE && ev[i].delta == 9216 && ev[i].block == 0 &&
+                ev[i].phase == ML_PHASE_FORWARD)
+                made++;
+            if (ev[i].cat == ML_CAT_WORKSPACE && ev[i].delta == 9216 &&
+                ev[i].phase == ML_PHASE_BACKWARD &&
+                !strcmp(ml_ledger_block(l, (size_t)ev[i].block)->name, "projector"))
+                grads++;
+        }
+        assert_true(made >= 1);
+        assert_true(grads >= 1);
+        ml_ledger_destroy(l);
+    }
+    ml_model_destroy(m);
+}
+
+/* feature_layer 0 (the projector reads the embeddings' output) leaves
+ * every layer unused: 20 of them, each with a side tensor. */
+static void test_llava_many_unused(void **state)
+{
+    (void)state;
+    char text[2048];
+    const char *at = strstr(tiny, "      layers: 3\n"), *fl = strstr(tiny, "feature_layer: -2");
+    assert_non_null(at);
+    assert_non_null(fl);
+    snprintf(text, sizeof text, "%.*s      layers: 20\n%.*sfeature_layer: 0%s", (int)(at - tiny),
+             tiny, (int)(fl - at - 16), at + 16, fl + 17);
+    ml_model *m = load_str(text);
+    assert_int_equal(m->vis_used, 0);
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = eval(m, &c, false);
+    size_t unused = 0;
+    for (size_t k = 0; k < ml_ledger_block_count(l); k++)
+        unused += ml_ledger_block(l, k)->unused_output;
+    assert_int_equal(unused, 20);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 /* The model file's refusals: each names the key (line and column) and
  * the fix. */
 static void test_llava_yaml_refusals(void **state)
@@ -290,6 +387,10 @@ int main(void)
         cmocka_unit_test(test_llava_tiny),
         cmocka_unit_test(test_llava_yaml_refusals),
         cmocka_unit_test(test_llava_vision_tower),
+        cmocka_unit_test(test_llava_bf16_tower),
+        cmocka_unit_test(test_llava_states),
+        cmocka_unit_test(test_llava_embedding_side),
+        cmocka_unit_test(test_llava_many_unused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
