@@ -349,7 +349,7 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
         (st = ml_tree_double(err, t, "expert_imbalance", "training", 1, 1e6, false,
                              &tr->expert_imbalance)))
         return st;
-    if ((st = training_kinds(err, t, tr)) || (st = ml_schema_vision_tower(err, t, tr)))
+    if ((st = training_kinds(err, t, tr)) || (st = ml_schema_vision_tower(err, t, m)))
         return st;
     if (tr->logits_chunk && tr->logits != ML_LOGITS_FUSED)
         return ml_error_at(err, ml_tree_get(t, "logits_chunk"), ML_SCHEMA,

@@ -31,8 +31,9 @@ ml_status ml_schema_transformer(ml_error *err, const ml_node *mm, ml_model *m);
 /* model: of type multimodal (Llava; schema_llava.c): a decoder model with
  * a vision tower. */
 ml_status ml_schema_multimodal(ml_error *err, const ml_node *mm, ml_model *m);
-/* training.vision_tower (schema_llava.c). */
-ml_status ml_schema_vision_tower(ml_error *err, const ml_node *t, ml_training *tr);
+/* training.vision_tower, and for a multimodal model seq_len and
+ * eval_seq_len against its image tokens (schema_llava.c). */
+ml_status ml_schema_vision_tower(ml_error *err, const ml_node *t, ml_model *m);
 /* The keys a transformer's model: accepts (schema_variants.c). */
 const char *const *ml_schema_transformer_keys(size_t *count);
 

@@ -171,15 +171,34 @@ ml_status ml_schema_multimodal(ml_error *err, const ml_node *mm, ml_model *m)
     return ML_OK;
 }
 
-ml_status ml_schema_vision_tower(ml_error *err, const ml_node *t, ml_training *tr)
+ml_status ml_schema_vision_tower(ml_error *err, const ml_node *t, ml_model *m)
 {
+    ml_training *tr = &m->config.training;
     const char *names[ML_VT_COUNT];
     for (unsigned i = 0; i < ML_VT_COUNT; i++)
         names[i] = ml_vision_tower_name((ml_vision_tower)i);
     unsigned v = tr->vision_tower;
     ml_status st = ml_tree_enum(err, t, "vision_tower", "training", names, ML_VT_COUNT, &v);
     tr->vision_tower = (ml_vision_tower)v;
-    return st;
+    if (st)
+        return st;
+    if (v != ML_VT_SAME && !m->vis_layers)
+        return ml_error_at(err, ml_tree_get(t, "vision_tower"), ML_SCHEMA,
+                           "training.vision_tower: a multimodal model's setting; this model has "
+                           "no vision tower: remove it");
+    /* each sample's image is part of its sequence */
+    static const char *const lens[] = {"seq_len", "eval_seq_len"};
+    uint64_t n = ml_model_image_tokens(m);
+    for (size_t i = 0; i < 2 && n; i++) {
+        uint64_t len = i ? tr->eval_seq_len : tr->seq_len;
+        if (ml_tree_get(t, lens[i]) && len < n)
+            return ml_error_at(err, ml_tree_get(t, lens[i]), ML_RANGE,
+                               "training.%s: %llu tokens hold no image: each sample's image is "
+                               "%llu of them (model.stacks.vision); give at least %llu",
+                               lens[i], (unsigned long long)len, (unsigned long long)n,
+                               (unsigned long long)n);
+    }
+    return ML_OK;
 }
 
 uint64_t ml_model_image_tokens(const ml_model *m)
