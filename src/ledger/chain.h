@@ -111,12 +111,16 @@ typedef struct {
     bool measured;           /* saved bytes from a calibration profile */
     uint64_t cache_bytes;    /* keys and values the forward returns (HF use_cache):
                                 held by the output in evaluation */
+    bool fwd_only;           /* it runs forward only: no gradient reaches it (an
+                                unused or a frozen vision layer); the replay
+                                skips its backward and leaves its saved tensors,
+                                if any, to a side tensor */
     bool frozen;             /* a frozen vision tower's (training.vision_tower:
-                                frozen): no graph, so nothing saved, no backward */
+                                frozen): no graph, so nothing saved */
     bool unused_out;         /* its output is not used (a vision layer after the
                                 one Llava's projector reads): its saved tensors
                                 and output are a side tensor freed with the
-                                projector's forward, it has no backward */
+                                projector's forward */
     bool grads_in_fwd;       /* its forward computes its input's gradient (in_bytes)
                                 and its parameters' (grad_bytes), as logits: fused's
                                 linear-cross-entropy does; its backward hands them over */

@@ -222,8 +222,10 @@ void ml_ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe)
 }
 
 /* A parameter tensor of the block: rows x cols (cols 0 for a vector). */
-ml_side *ml_ck_side_new(ml_chain *ch)
+ml_side *ml_ck_side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to)
 {
+    if (!bytes)
+        return NULL;
     ml_side *s = ml_grow(ch->sides, ch->nsides, &ch->sidecap, sizeof *s, 8);
     if (!s) {
         ch->nomem = true;
@@ -231,7 +233,7 @@ ml_side *ml_ck_side_new(ml_chain *ch)
     }
     ch->sides = s;
     s = &ch->sides[ch->nsides++];
-    memset(s, 0, sizeof *s);
+    *s = (ml_side){what, bytes, (uint32_t)from, (uint32_t)to, false, false, 0, 0, 0};
     return s;
 }
 

@@ -163,9 +163,10 @@ void ml_ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
  * ch->mask_ckpt0 (chain_transformer.c); ML_NOMEM. */
 ml_status ml_ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
 
-/* A new side tensor (chain.h), zeroed; NULL (ch->nomem set) when out of
- * memory. */
-ml_side *ml_ck_side_new(ml_chain *ch);
+/* A side tensor (chain.h) made by block `from`'s forward and freed after
+ * block `to`'s, with no gradient (the caller sets the other fields); NULL
+ * when bytes is 0 (none) or out of memory (ch->nomem set). */
+ml_side *ml_ck_side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to);
 
 /* The families' builders, called by ml_chain_build. */
 ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,

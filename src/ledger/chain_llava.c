@@ -76,18 +76,6 @@ static ml_status vision_embedding(ml_chain *ch, const ml_model *m, const ml_ck_d
     return ML_OK;
 }
 
-/* A side tensor (chain.h) made by block `from`, freed after block `to`'s
- * forward; bytes 0: none. The pointer to it, or NULL. */
-static ml_side *side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to)
-{
-    if (!bytes)
-        return NULL;
-    ml_side *s = ml_ck_side_new(ch);
-    if (s)
-        *s = (ml_side){what, bytes, (uint32_t)from, (uint32_t)to, false, false, 0, 0, 0};
-    return s;
-}
-
 /* CLIPEncoderLayer i; `used`: the projector reads its output or a later
  * one's. An unused layer (after vision_feature_layer's) still runs with
  * grad: its saved tensors and its output live until get_image_features
@@ -110,13 +98,13 @@ static ml_status vision_layer(ml_chain *ch, const ml_model *vm, const ml_ck_dims
     ml_ck_prenorm_block(ch, b, vm, d);
     /* the output (B, D) of post_layernorm on the class tokens, a view of
      * the layer's output, which the LayerNorm keeps with its statistics */
-    uint64_t pooled = last ? ml_mul(ch, ml_mul(ch, d->B, d->D), w) : 0, post = 0;
+    uint64_t pooled = last ? ml_mul(ch, ml_mul(ch, d->B, d->D), w) : 0;
     if (last) {
         ml_ck_param(ch, b, d->D, 0);
         ml_ck_param(ch, b, d->D, 0);
-        post = ml_mul(ch, d->B, 8);
-        if (!used) /* else the projector's input, kept by the stream */
-            ml_ck_save(ch, b, "post_layernorm input (the layer's output)", BTD, w, 0);
+    }
+    if (last && !used) { /* (a used layer's: a side tensor, below) */
+        ml_ck_save(ch, b, "post_layernorm input (the layer's output)", BTD, w, 0);
         ml_ck_save(ch, b, "post_layernorm mean+rstd", ml_mul(ch, d->B, 2), 4, 0);
     }
     ml_ck_end(ch, b, ml_mul(ch, BTD, w));
@@ -128,12 +116,13 @@ static ml_status vision_layer(ml_chain *ch, const ml_model *vm, const ml_ck_dims
         uint64_t g = ml_mul(ch, 2 * d->D, ch->prec.grad);
         b->grad_bytes -= g;
         b->grad_accum_bytes -= g;
-        b->saved_bytes -= post; /* saved until get_image_features returns */
-        side(ch, "post_layernorm statistics and output (unused)", ml_add(ch, post, pooled),
-             ch->n - 1, ch->n);
+        /* its statistics and output live until get_image_features returns;
+         * its input is the projector's, kept by the stream */
+        ml_ck_side(ch, "post_layernorm statistics and output (unused)",
+                   ml_add(ch, ml_mul(ch, d->B, 8), pooled), ch->n - 1, ch->n);
         return ML_OK;
     }
-    b->unused_out = true;
+    b->unused_out = b->fwd_only = true;
     b->identity = true; /* the projector's input is this layer's input */
     /* the projector's linear keeps that input in fp32 when the feature is
      * the whole hidden state (full); the class token dropped, it keeps a
@@ -143,8 +132,8 @@ static ml_status vision_layer(ml_chain *ch, const ml_model *vm, const ml_ck_dims
         ch->params[j].nograd = true;
     b->grad_bytes = b->grad_accum_bytes = 0;
     b->flops_bwd = 0; /* it runs forward only */
-    side(ch, "an unused vision layer's saved tensors and output",
-         ml_add(ch, b->saved_bytes, last ? pooled : ml_mul(ch, BTD, w)), ch->n - 1, 0);
+    ml_ck_side(ch, "an unused vision layer's saved tensors and output",
+               ml_add(ch, b->saved_bytes, last ? pooled : ml_mul(ch, BTD, w)), ch->n - 1, 0);
     return ML_OK;
 }
 
@@ -209,7 +198,8 @@ static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t
         ml_cblock *b = &ch->blocks[k];
         b->saved_bytes = b->core_bytes = b->cast_bytes = 0;
         b->ws_fwd = b->ws_nograd;
-        b->frozen = b->unused_out = true;
+        b->frozen = b->fwd_only = true;
+        b->unused_out = false;
         b->identity = b->in_saved = false;
         b->ckpt_index = -1;
         b->grad_bytes = b->grad_accum_bytes = 0;
@@ -219,8 +209,8 @@ static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t
         ch->params[j].nograd = ch->params[j].frozen = true;
     ch->nsides = 0; /* the unused layers' saved tensors: none */
     uint64_t h = ml_mul(ch, ml_mul(ch, vd->BT, vd->D), ch->prec.w);
-    side(ch, "the tower's hidden states (output_hidden_states)",
-         ml_mul(ch, m->vis_layers - 1, h), end - 1, end);
+    ml_ck_side(ch, "the tower's hidden states (output_hidden_states)",
+               ml_mul(ch, m->vis_layers - 1, h), end - 1, end);
     /* the projector's input needs no gradient: linear_1's mm keeps no weight
      * (derivatives.yaml: mm keeps mat2 for self's gradient), so no autocast
      * copy of it */
@@ -290,7 +280,7 @@ ml_status ml_chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain
     ch->vis_mode = t->vision_tower;
     if (t->vision_tower == ML_VT_FROZEN || ch->eval_mode)
         freeze(ch, m, &vd, 1, proj, p0, ch->eval_mode ? p0 : p1);
-    ml_side *s = side(ch, "token embeddings (inputs_embeds)", ml_mul(ch, BTD, w), 0, proj);
+    ml_side *s = ml_ck_side(ch, "token embeddings (inputs_embeds)", ml_mul(ch, BTD, w), 0, proj);
     if (s && !ch->eval_mode) { /* masked_scatter's gradient for them */
         s->grad = ml_mul(ch, BTD, w);
         s->grad_from = (uint32_t)proj;
@@ -300,7 +290,7 @@ ml_status ml_chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain
         return st;
     for (size_t i = 0; i < ch->n; i++)
         if (ch->blocks[i].flops_bwd == 0 && !ch->blocks[i].grads_in_fwd &&
-            !ch->blocks[i].unused_out)
+            !ch->blocks[i].fwd_only)
             ch->blocks[i].flops_bwd = 2.0 * ch->blocks[i].flops_fwd;
     return ML_OK;
 }

@@ -200,13 +200,12 @@ static ml_cblock *t5_embedding(ml_chain *ch, const t5d *t, const char *name, uin
 static bool side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to,
                  bool to_bwd, bool ckpt_kept)
 {
-    if (!bytes)
-        return false;
-    ml_side *s = ml_ck_side_new(ch);
-    if (!s)
-        return false;
-    *s = (ml_side){what, bytes, (uint32_t)from, (uint32_t)to, to_bwd, ckpt_kept, 0, 0, 0};
-    return true;
+    ml_side *s = ml_ck_side(ch, what, bytes, from, to);
+    if (s) {
+        s->to_bwd = to_bwd;
+        s->ckpt_kept = ckpt_kept;
+    }
+    return s != NULL;
 }
 
 /* The gradient of the side tensor just added (added: side()'s answer). */

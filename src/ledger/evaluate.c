@@ -39,8 +39,10 @@ uint64_t ml_ceil_div(uint64_t a, uint64_t b)
     return a / b + (a % b != 0);
 }
 
-/* Which blocks sit in checkpoint segments: seg[i] = segment id or -1. */
-ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err)
+/* Which blocks sit in checkpoint segments under the policy cp: seg[i] =
+ * segment id or -1. */
+static ml_status policy_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg,
+                                 ml_error *err)
 {
     size_t n = ch->n, nc = ch->n_ckpt;
     for (size_t i = 0; i < n; i++)
@@ -95,6 +97,14 @@ ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg
         if (ch->blocks[i].ckpt_index >= 0)
             seg[i] = (int)((uint64_t)ch->blocks[i].ckpt_index / k);
     return ML_OK;
+}
+
+ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err)
+{
+    ml_status st = policy_segments(ch, cp, seg, err);
+    if (!st) /* a multimodal model's tower may have a policy of its own */
+        ml_eval_stack_segments(ch, seg);
+    return st;
 }
 
 /* "none", "every-2", or for optimal the segments: "optimal: [0-3] [8]"
@@ -357,7 +367,7 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
         bi->segment = seg[k];
         bi->ckpt_index = b->ckpt_index;
         bi->measured = b->measured;
-        bi->unused_output = b->unused_out && !b->frozen;
+        bi->unused_output = b->unused_out;
         bi->frozen = b->frozen;
         bi->flops_forward = b->flops_fwd;
         /* inventory without a plan: a boundary counts with the block that
@@ -368,11 +378,11 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
             inv += b->in_bytes;
         if (b->out_saved && k + 1 < n)
             inv += ch->blocks[k + 1].in_bytes;
-        if (b->unused_out && !b->frozen) /* its norm saves its input, for no backward */
+        if (b->unused_out) /* its norm saves its input, for no backward */
             inv = b->saved_bytes + b->in_bytes;
         bi->inventory_bytes = inv;
         bi->c = norm > 0 ? (double)inv / norm : 0;
-        uint64_t kept = seg[k] < 0 && !b->unused_out
+        uint64_t kept = seg[k] < 0 && !b->fwd_only
                             ? b->saved_bytes - (selective ? b->core_bytes : 0) : 0;
         if (bd[k].kept && bd[k].cat == ML_CAT_ACTIVATIONS && bd[k].by_consumer && !bd[k].alias)
             kept += b->in_bytes;
@@ -533,7 +543,6 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
         st = ml_eval_segments(&ch, &t->checkpoint, seg, err);
     if (st)
         goto done;
-    ml_eval_stack_segments(&ch, seg);
     if ((st = ml_eval_run(&x, seg, keep_events, l, err)))
         goto done;
     if (cfg->device.allocator != ML_ALLOCATOR_NONE &&

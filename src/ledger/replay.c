@@ -216,7 +216,7 @@ void ml_replay_forward(ml_replay *r)
         if (seg[k] < 0)
             fwd_grads(r, k);
         ml_replay_alloc_as(r, ML_CAT_WORKSPACE, ws, seg[k] < 0 ? ML_T_UNITS_FWD : ML_T_UNITS, k, 1);
-        if (seg[k] < 0 && !b->unused_out) /* an unused layer's: a side tensor */
+        if (seg[k] < 0 && !b->fwd_only) /* (an unused layer's: a side tensor) */
             ml_replay_alloc_as(r, ML_CAT_ACTIVATIONS,
                                b->saved_bytes - (r->selective ? b->core_bytes : 0),
                                r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
@@ -522,7 +522,7 @@ void ml_replay_micro_batch(ml_replay *r)
                 recompute_nodes(r, s0, k);
             }
         }
-        if (r->ch->blocks[k].unused_out) /* no gradient reaches it */
+        if (r->ch->blocks[k].fwd_only)
             continue;
         if (by_nodes(r, k))
             backward_nodes(r, k);

@@ -147,10 +147,11 @@ void ml_eval_batch(ml_replay *r, const ml_chain *ch);
 double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
                          bool create_states);
 
-/* Which blocks sit in checkpoint segments under a fixed policy. */
+/* Which blocks sit in checkpoint segments under a fixed policy (a
+ * multimodal model's training.vision_tower applied to its tower). */
 ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err);
 /* training.vision_tower's policy for a multimodal model's tower over seg[]
- * (sides.c). */
+ * (sides.c; ml_eval_segments applies it). */
 void ml_eval_stack_segments(const ml_chain *ch, int *seg);
 /* Replays the chain under the plan seg[] into l (summary, blocks, events). */
 ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,

@@ -212,12 +212,12 @@ static ml_status family_of(const ml_node *r, bool nested, const ml_node **mt, co
 /* The transformer's sizes, shared by every family: layers, hidden, heads
  * (and key/value heads), the MLP's width, the vocabulary, the positions
  * and the head size. */
-static ml_status sizes_of(const ml_node *r, const char *t, bool llama, bool vit, ml_model *m,
-                          ml_error *err)
+static ml_status sizes_of(const ml_node *r, const char *t, bool llama, bool vit, bool req,
+                          ml_model *m, ml_error *err)
 {
     ml_status st;
-    /* a llava's llama text_config: LlamaConfig's defaults for absent sizes */
-    const bool req = !m->hf_llama_defaults;
+    /* !req: a llava's llama text_config, whose absent sizes keep
+     * LlamaConfig's defaults (ml_hf_nesting set them) */
     if ((st = ml_hf_uint(err, r, KEYS("num_hidden_layers", "n_layer"), req, 1, 100000,
                          &m->layers)) ||
         (st = ml_hf_uint(err, r, KEYS("hidden_size", "n_embd"), req, 1, 1u << 20, &m->hidden)) ||
@@ -459,7 +459,8 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
     m->kv_cache = m->type == ML_MODEL_DECODER;
     if (m->kv_cache && (st = ml_hf_bool(err, r, "use_cache", &m->kv_cache)))
         return st;
-    if ((st = attention_of(r, m, err)) || (st = sizes_of(r, t, llama || gemma || gemma2 || phi3 || deepseek, vit, m, err)))
+    if ((st = attention_of(r, m, err)) || (st = sizes_of(r, t, llama || gemma || gemma2 || phi3 || deepseek, vit,
+                        !(nested && fam == ML_HF_LLAMA), m, err)))
         return st;
     if (llama)
         st = map_llama(r, t, m, err);
@@ -511,9 +512,7 @@ static ml_status load_hf(const char *text, size_t len, const char *config_path,
 
 ml_status ml_hf_map_text(const ml_node *r, ml_model *m, ml_error *err)
 {
-    ml_status st = map_config(r, m, true, err);
-    m->hf_llama_defaults = false;
-    return st;
+    return map_config(r, m, true, err);
 }
 
 ml_status ml_model_load_hf_string(const char *text, size_t len, const char *name, ml_model **out,

@@ -20,7 +20,6 @@ ml_status ml_hf_nesting(const ml_node *mt, const char *t, unsigned fam, bool nes
                            nested ? "at a config's top level, not as a llava's text_config"
                                   : "as a llava's vision_config only");
     if (nested && fam == ML_HF_LLAMA) {
-        m->hf_llama_defaults = true;
         m->layers = 32;
         m->hidden = 4096;
         m->heads = 32;

@@ -141,8 +141,6 @@ struct ml_model {
     uint64_t vis_layers, vis_hidden, vis_heads, vis_ffn, vis_image, vis_patch, vis_channels;
     uint64_t vis_used;
     bool vis_full, vis_quick_gelu, proj_bias;
-    bool hf_llama_defaults; /* the HF import reads a llava's llama text_config:
-                               absent sizes take LlamaConfig's defaults */
     bool norm_bias;         /* the LayerNorms have a bias (default: bias; HF Falcon's
                                LayerNorms keep theirs while its projections have none) */
     bool kv_cache;          /* the forward returns every layer's keys and values

@@ -31,6 +31,10 @@ ml_status ml_schema_transformer(ml_error *err, const ml_node *mm, ml_model *m);
 /* model: of type multimodal (Llava; schema_llava.c): a decoder model with
  * a vision tower. */
 ml_status ml_schema_multimodal(ml_error *err, const ml_node *mm, ml_model *m);
+/* sec.key: absent, or its only modelled value `want`; else refused with
+ * `why` and the fix (schema_t5.c). */
+ml_status ml_schema_only(ml_error *err, const ml_node *map, const char *sec, const char *key,
+                         const char *want, const char *why);
 /* training.vision_tower, and for a multimodal model seq_len and
  * eval_seq_len against its image tokens (schema_llava.c). */
 ml_status ml_schema_vision_tower(ml_error *err, const ml_node *t, ml_model *m);

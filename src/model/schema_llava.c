@@ -47,22 +47,6 @@ static ml_status feature_layer(ml_error *err, const ml_node *v, ml_model *m)
     return ML_OK;
 }
 
-/* A key whose only modelled value is `want`: absent, or that value. */
-static ml_status only(ml_error *err, const ml_node *map, const char *sec, const char *key,
-                      const char *want, const char *why)
-{
-    const ml_node *n = ml_tree_get(map, key);
-    if (!n)
-        return ML_OK;
-    ml_status st = ml_tree_need_scalar(err, n, key, "a name");
-    if (st)
-        return st;
-    if (strcmp(n->text, want) != 0)
-        return ml_error_at(err, n, ML_SCHEMA, "%s.%s: '%s' %s; use %s", sec, key, n->text, why,
-                           want);
-    return ML_OK;
-}
-
 static ml_status vision(ml_error *err, const ml_node *v, ml_model *m)
 {
     const char *sec = "model.stacks.vision";
@@ -109,8 +93,9 @@ static ml_status vision(ml_error *err, const ml_node *v, ml_model *m)
     unsigned a = 0, s = 0;
     if ((st = ml_tree_enum(err, v, "activation", sec, acts, 2, &a)) ||
         (st = ml_tree_enum(err, v, "feature_select", sec, sel, 2, &s)) ||
-        (st = only(err, v, sec, "norm", "layernorm", "is not CLIP's (its LayerNorms)")) ||
-        (st = only(err, v, sec, "attention", "eager",
+        (st = ml_schema_only(err, v, sec, "norm", "layernorm",
+                             "is not CLIP's (its LayerNorms)")) ||
+        (st = ml_schema_only(err, v, sec, "attention", "eager",
                    "is not modelled for the vision tower (its eager layout is)")))
         return st;
     m->vis_quick_gelu = a == 0;
@@ -127,7 +112,7 @@ static ml_status projector(ml_error *err, const ml_node *p, ml_model *m)
         return ML_OK;
     if ((st = ml_tree_need_map(err, p, sec)) ||
         (st = ml_tree_check_keys(err, p, sec, projector_keys, ML_COUNT(projector_keys))) ||
-        (st = only(err, p, sec, "activation", "gelu",
+        (st = ml_schema_only(err, p, sec, "activation", "gelu",
                    "is not modelled for the projector (LlavaConfig's projector_hidden_act "
                    "gelu is)")) ||
         (st = ml_tree_bool(err, p, "bias", sec, &m->proj_bias)))

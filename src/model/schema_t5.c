@@ -75,19 +75,18 @@ static ml_status encdec_sizes(ml_error *err, const ml_node *mm, ml_model *m)
     return ML_OK;
 }
 
-/* A key whose only modelled value is `want`: absent, or that value. */
-static ml_status only_value(ml_error *err, const ml_node *mm, const char *key, const char *want,
-                            const char *why)
+ml_status ml_schema_only(ml_error *err, const ml_node *map, const char *sec, const char *key,
+                         const char *want, const char *why)
 {
-    const ml_node *n = ml_tree_get(mm, key);
+    const ml_node *n = ml_tree_get(map, key);
     if (!n)
         return ML_OK;
     ml_status st = ml_tree_need_scalar(err, n, key, "a name");
     if (st)
         return st;
     if (strcmp(n->text, want) != 0)
-        return ml_error_at(err, n, ML_SCHEMA, "model.%s: '%s' %s; use %s: %s", key, n->text, why,
-                           key, want);
+        return ml_error_at(err, n, ML_SCHEMA, "%s.%s: '%s' %s; use %s: %s", sec, key, n->text,
+                           why, key, want);
     return ML_OK;
 }
 
@@ -101,13 +100,13 @@ static ml_status encdec_kinds(ml_error *err, const ml_node *mm, ml_model *m)
     unsigned act = 0;
     if ((st = ml_tree_enum(err, mm, "activation", "model", acts, 2, &act)))
         return st;
-    if ((st = only_value(err, mm, "norm", "rmsnorm",
+    if ((st = ml_schema_only(err, mm, "model", "norm", "rmsnorm",
                          "is not T5's layer norm (T5LayerNorm: a scale without mean or bias, "
                          "as rmsnorm)")) ||
-        (st = only_value(err, mm, "position", "relative",
+        (st = ml_schema_only(err, mm, "model", "position", "relative",
                          "is not T5's positions (a learned bias per head over relative-"
                          "position buckets)")) ||
-        (st = only_value(err, mm, "attention", "eager",
+        (st = ml_schema_only(err, mm, "model", "attention", "eager",
                          "is not modelled for T5: its position bias is added to the scores, "
                          "and transformers runs T5's attention eagerly")))
         return st;

@@ -114,7 +114,14 @@ def known_1_13_t5(doc, B, T):
     return extra
 
 
-def known_1_13_llava(doc, B, T, vision_only=False):
+def clip_host_scalars(doc):
+    """Each CLIP vision layer's 1.13 host scalars (known_1_13_llava)."""
+    v = doc["model"]["stacks"]["vision"]
+    per = 8 + (8 if v.get("activation", "quick_gelu") == "quick_gelu" else 0)
+    return {"vision.layer.%d" % i: per for i in range(v["layers"])}
+
+
+def known_1_13_llava(doc, B, T):
     """Llava's 1.13 extras (twins_llava.py). The Llama decoder's, under the
     keys a decoder has: each block's two RMSNorm x^2 (mean's input, fp32,
     B*T*D*4 each, T the merged sequence) and its attention scale, a Python
@@ -125,16 +132,11 @@ def known_1_13_llava(doc, B, T, vision_only=False):
     gradient), 8 B each. The vision embedding (a bias-free conv, cat, the
     position embedding, LayerNorm), post_layernorm and the projector (Linear,
     exact GELU, masked_scatter) save nothing 2.x does not."""
-    st = doc["model"]["stacks"]
-    v, d = st["vision"], st["decoder"]
+    d = doc["model"]["stacks"]["decoder"]
     x2 = B * T * d["hidden"] * 4
     extra = {"block.%d" % i: 2 * x2 + 8 for i in range(d["layers"])}
     extra["head"] = x2
-    per = 8 + (8 if v.get("activation", "quick_gelu") == "quick_gelu" else 0)
-    if vision_only:  # (a tower not checkpointed beside a checkpointed decoder)
-        extra = {}
-    for i in range(v["layers"]):
-        extra["vision.layer.%d" % i] = per
+    extra.update(clip_host_scalars(doc))
     return extra
 
 
@@ -357,8 +359,8 @@ def main():
                 if doc["model"]["type"] == "multimodal":
                     if vmode == "frozen" or vckpt:
                         extra = {k: v for k, v in extra.items() if not k.startswith("vision.layer.")}
-                    elif ckpt:
-                        extra.update(known_1_13_llava(doc, B, T or 1, vision_only=True))
+                    elif ckpt:  # a tower left unchecked beside a checkpointed decoder
+                        extra.update(clip_host_scalars(doc))
                     if vckpt and vmode != "frozen":
                         for k, v in unused_checkpointed(doc, B).items():
                             extra[k] = extra.get(k, 0) + v
