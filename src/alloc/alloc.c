@@ -102,6 +102,7 @@ ml_alloc_result ml_alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **o
     s->t.rng = 0x9E3779B97F4A7C15ull;
     s->next_addr = 1ull << 32;
     if (!ml_ab_reserve(&s->t, 16)) {
+        ml_ab_table_free(&s->t); /* the blocks may have grown, the nodes not */
         free(s);
         return ML_ALLOC_NOMEM;
     }
@@ -131,14 +132,20 @@ void ml_as_cache(ml_alloc_sim *s, uint32_t x) /* BlockPool::insert_into_blocks *
     pool_t *p = &s->pool[b->pool];
     b->state = ML_AB_FREE;
     b->gc_base = (int64_t)p->calls;
-    ml_ab_insert(&s->t, &p->blocks, x, false);
+    if (classed(s))
+        ml_ab_class_insert(&s->t, &p->cls, x);
+    else
+        ml_ab_insert(&s->t, &p->blocks, x, false);
     p->nfree++;
 }
 
 void ml_as_uncache(ml_alloc_sim *s, uint32_t x)
 {
     pool_t *p = &s->pool[BLK(s, x)->pool];
-    ml_ab_erase(&s->t, &p->blocks, x, false);
+    if (classed(s))
+        ml_ab_class_erase(&s->t, &p->cls, x);
+    else
+        ml_ab_erase(&s->t, &p->blocks, x, false);
     p->nfree--;
     BLK(s, x)->state = ML_AB_DETACHED;
 }
@@ -197,6 +204,16 @@ bool ml_as_is_split(const ml_alloc_sim *s, uint32_t x)
 
 /* ---- releasing ---- */
 
+/* A pool's free blocks into the scratch list (room() sized it); returns
+ * how many. In (size, address) order from a treap; from size classes, by
+ * size only: what the callers below do with them does not depend on it. */
+static size_t pool_blocks(ml_alloc_sim *s, int pi)
+{
+    const pool_t *p = &s->pool[pi];
+    return classed(s) ? ml_ab_class_collect(&s->t, &p->cls, s->scratch, s->scratch_cap)
+                      : ml_ab_collect(&s->t, p->blocks, s->scratch, s->scratch_cap);
+}
+
 /* release_block: cudaFree of a whole cached segment. */
 static void release_block(ml_alloc_sim *s, uint32_t x)
 {
@@ -212,7 +229,7 @@ static void release_block(ml_alloc_sim *s, uint32_t x)
 static void release_cached(ml_alloc_sim *s)
 {
     for (int pi = LARGE; pi >= SMALL; pi--) {
-        size_t n = ml_ab_collect(&s->t, s->pool[pi].blocks, s->scratch, s->scratch_cap);
+        size_t n = pool_blocks(s, pi);
         size_t k = 0;
         for (size_t i = 0; i < n; i++) {
             uint32_t x = s->scratch[i];
@@ -234,27 +251,40 @@ static void release_cached(ml_alloc_sim *s)
 }
 
 /* release_available_cached_blocks: with max_split_size, cudaFree oversize
- * cached blocks, one large enough or several from the largest down. */
+ * cached blocks, one large enough or several from the largest down. Only
+ * without expandable segments: the pools' free sets are size classes. */
 static bool release_available(ml_alloc_sim *s, int pi, uint64_t size)
 {
-    if (s->max_split == UINT64_MAX || s->cfg.mode == ML_ALLOC_EXPANDABLE)
+    if (s->max_split == UINT64_MAX || !classed(s))
         return false;
-    pool_t *p = &s->pool[pi];
     uint64_t key = size < s->max_split ? s->max_split : size;
-    uint32_t it = ml_ab_lower_bound(&s->t, p->blocks, key);
+    uint32_t it = ml_ab_class_lower_bound(&s->t, &s->pool[pi].cls, key);
     if (it) {
         if (ml_as_is_split(s, it))
             return false; /* PyTorch would cudaFree a split block; oversize ones never are */
         release_block(s, it);
         return true;
     }
+    /* the oversize blocks, released from the last in (size, address) order
+     * down (a rare path: each step looks for the largest left) */
+    size_t n = pool_blocks(s, pi), m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (BLK(s, s->scratch[i])->size >= s->max_split)
+            s->scratch[m++] = s->scratch[i];
     uint64_t total = 0;
-    uint32_t cur = ml_ab_last(&s->t, p->blocks);
-    while (cur && total < key && BLK(s, cur)->size >= s->max_split && !ml_as_is_split(s, cur)) {
-        uint32_t prev = ml_ab_before(&s->t, p->blocks, cur, false);
+    while (m && total < key) {
+        size_t top = 0;
+        for (size_t i = 1; i < m; i++) {
+            const ml_ab *a = BLK(s, s->scratch[i]), *b = BLK(s, s->scratch[top]);
+            if (a->size > b->size || (a->size == b->size && a->addr > b->addr))
+                top = i;
+        }
+        uint32_t cur = s->scratch[top];
+        if (ml_as_is_split(s, cur))
+            break;
+        s->scratch[top] = s->scratch[--m];
         total += BLK(s, cur)->size;
         release_block(s, cur);
-        cur = prev;
     }
     return total >= key;
 }
@@ -269,7 +299,7 @@ static void garbage_collect(ml_alloc_sim *s)
         return;
     uint64_t target = s->st.reserved.current - thr, reclaimed = 0, total_age = 0, count = 0;
     pool_t *p = &s->pool[LARGE];
-    size_t n = ml_ab_collect(&s->t, p->blocks, s->scratch, s->scratch_cap);
+    size_t n = pool_blocks(s, LARGE);
     for (size_t i = 0; i < n; i++)
         if (!ml_as_is_split(s, s->scratch[i])) {
             total_age += p->calls - (uint64_t)BLK(s, s->scratch[i])->gc_base;
@@ -279,7 +309,7 @@ static void garbage_collect(ml_alloc_sim *s)
     while (reclaimed < target && freed && count > 0) {
         double age_threshold = (double)total_age / (double)count;
         freed = false;
-        n = ml_ab_collect(&s->t, p->blocks, s->scratch, s->scratch_cap);
+        n = pool_blocks(s, LARGE);
         for (size_t i = 0; i < n; i++) {
             uint32_t x = s->scratch[i];
             uint64_t age = p->calls - (uint64_t)BLK(s, x)->gc_base;
@@ -307,7 +337,8 @@ static uint32_t get_free_block(ml_alloc_sim *s, int pi, uint64_t size, uint32_t 
     if (s->cfg.gc_threshold > 0 && s->cfg.device_bytes)
         p->calls++;
     uint32_t *lk = NULL, pr = 0;
-    uint32_t it = ml_ab_lower_bound_at(&s->t, &p->blocks, size, &lk, &pr);
+    uint32_t it = classed(s) ? ml_ab_class_lower_bound(&s->t, &p->cls, size)
+                             : ml_ab_lower_bound_at(&s->t, &p->blocks, size, &lk, &pr);
     if (!it)
         return 0;
     if (BLK(s, it)->expandable) {
@@ -384,14 +415,21 @@ static uint32_t take_cached(ml_alloc_sim *s, uint32_t x, uint64_t size, uint32_t
 {
     ml_ab *b = BLK(s, x);
     bool split = should_split(s, x, size);
+    if (split && classed(s)) {
+        uint64_t addr = b->addr;
+        if (ml_ab_class_shrink(&s->t, &s->pool[b->pool].cls, x, b->size - size, addr + size)) {
+            uint32_t n = ml_as_piece(s, x, addr, size, BLK(s, x)->prev, x);
+            BLK(s, x)->gc_base = (int64_t)s->pool[BLK(s, x)->pool].calls;
+            return n;
+        }
+    }
     if (split && link) {
         uint64_t rs = b->size - size, ra = b->addr + size;
         const ml_ab *q = pred ? BLK(s, pred) : NULL;
         if (!q || q->size < rs || (q->size == rs && q->addr < ra)) {
             uint32_t n = ml_as_piece(s, x, b->addr, size, b->prev, x);
+            ml_ab_rekey(&s->t, x, rs, ra);
             b = BLK(s, x);
-            b->addr = ra;
-            b->size = rs;
             b->gc_base = (int64_t)s->pool[b->pool].calls; /* as insert_into_blocks stamps it */
             return n;
         }

@@ -125,6 +125,9 @@ ml_alloc_result ml_alloc_sim_empty_cache(ml_alloc_sim *s);
 void ml_alloc_sim_reset_peaks(ml_alloc_sim *s);
 /* The statistics so far. */
 void ml_alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out);
+/* The device address a live allocation was placed at (docs/allocator.md,
+ * "Addresses"); 0 for handle 0 or one that is not live. */
+uint64_t ml_alloc_sim_address(const ml_alloc_sim *s, uint64_t handle);
 
 /* The size a request occupies: round_size() (512 B multiples, minimum
  * 512, or the power-of-two division with roundup_power2_divisions). */

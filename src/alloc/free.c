@@ -11,6 +11,11 @@ static bool names(const ml_alloc_sim *s, uint64_t handle, int state)
            s->t.b[x].gen == (uint32_t)(handle >> 32);
 }
 
+uint64_t ml_alloc_sim_address(const ml_alloc_sim *s, uint64_t handle)
+{
+    return names(s, handle, ML_AB_ALLOC) ? s->t.b[(uint32_t)handle].addr : 0;
+}
+
 ml_alloc_result ml_alloc_sim_free(ml_alloc_sim *s, uint64_t handle)
 {
     if (!handle) {

@@ -10,7 +10,11 @@
 enum { SMALL = 0, LARGE = 1 };
 
 typedef struct {
-    uint32_t blocks;   /* free mapped blocks by (size, address): BlockPool::blocks */
+    /* free mapped blocks by (size, address), BlockPool::blocks: size classes
+     * (blocks.h) with the caching allocator, a treap with expandable
+     * segments (whose best fit walks the order past the lower bound) */
+    ml_ab_classes cls;
+    uint32_t blocks;
     uint32_t unmapped; /* expandable address space without pages: BlockPool::unmapped */
     size_t nfree, nunmapped;
     uint64_t calls; /* get_free_blocks_call_count: get_free_block calls while GC is on */
@@ -51,6 +55,12 @@ static inline void stat_add(ml_alloc_stat *st, uint64_t n)
 static inline void stat_sub(ml_alloc_stat *st, uint64_t n)
 {
     st->current -= n;
+}
+
+/* Whether the pools' free blocks are in size classes (else in treaps). */
+static inline bool classed(const ml_alloc_sim *s)
+{
+    return s->cfg.mode == ML_ALLOC_CACHING;
 }
 
 /* The free sets: a mapped free block into / out of its pool's size-ordered

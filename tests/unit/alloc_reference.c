@@ -529,3 +529,8 @@ void ref_empty_cache(ref_sim *r)
     if (r->c.mode != ML_ALLOC_NONE)
         release_all(r);
 }
+
+uint64_t ref_address(const ref_sim *r, uint64_t handle)
+{
+    return handle && handle <= r->nh && r->h[handle - 1].live ? r->h[handle - 1].addr : 0;
+}

@@ -21,5 +21,7 @@ ml_alloc_result ref_malloc(ref_sim *r, uint64_t bytes, uint64_t *handle);
 ml_alloc_result ref_free(ref_sim *r, uint64_t handle);
 void ref_empty_cache(ref_sim *r);
 void ref_stats(const ref_sim *r, ml_alloc_stats *out);
+/* The address of a live allocation; 0: not live. */
+uint64_t ref_address(const ref_sim *r, uint64_t handle);
 
 #endif

@@ -502,6 +502,18 @@ static void same_stats(const ml_alloc_stats *a, const ml_alloc_stats *b, int tra
 #undef SAME
 }
 
+/* Every live allocation at the reference's address: the same block chosen
+ * at every request (best fit, ties by address), not only the same totals. */
+static void same_places(const ml_alloc_sim *s, const ref_sim *r, const uint64_t *hs,
+                        const uint64_t *hr, size_t live, int trace, size_t ev)
+{
+    for (size_t i = 0; i < live; i++)
+        if (ml_alloc_sim_address(s, hs[i]) != ref_address(r, hr[i]))
+            fail_msg("trace %d event %zu: allocation %zu at %#llx, the reference %#llx", trace,
+                     ev, i, (unsigned long long)ml_alloc_sim_address(s, hs[i]),
+                     (unsigned long long)ref_address(r, hr[i]));
+}
+
 static void differential(void **state)
 {
     (void)state;
@@ -545,6 +557,7 @@ static void differential(void **state)
             ml_alloc_sim_stats(s, &x);
             ref_stats(r, &y);
             same_stats(&x, &y, tr, ev);
+            same_places(s, r, hs, hr, live, tr, ev);
         }
         ml_alloc_sim_destroy(s);
         ref_destroy(r);
@@ -619,6 +632,7 @@ static void batches(void **state)
             ml_alloc_sim_stats(s, &x);
             ref_stats(r, &y);
             same_stats(&x, &y, tr, ev);
+            same_places(s, r, hs, hr, live, tr, ev);
         }
         ml_alloc_sim_destroy(s);
         ref_destroy(r);
