@@ -2,9 +2,9 @@
  * DeviceCachingAllocator method it models (PyTorch 2.x,
  * c10/cuda/CUDACachingAllocator.cpp); docs/allocator.md derives the rules
  * and lists what is simplified. Blocks live in one table and are named by
- * index; free blocks sit in treaps (blocks.c), so a request costs
- * O(log n) in the number of cached blocks. Expandable segments: expandable.c;
- * freeing: free.c. */
+ * index; free blocks sit in size classes (classes.c) or, with expandable
+ * segments, in treaps (blocks.c), so a request costs O(log n) in the
+ * cached blocks or less. Expandable segments: expandable.c; freeing: free.c. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,6 +77,19 @@ uint64_t ml_alloc_segment_size(uint64_t rounded)
     return up(rounded, ML_ALLOC_ROUND_LARGE);
 }
 
+/* Room for `need` more blocks, and with size classes a class slot for each
+ * block the table can hold (a class per free block at most), so that no
+ * call allocates once room() has passed. */
+static bool tables_reserve(ml_alloc_sim *s, size_t need)
+{
+    if (!ml_ab_reserve(&s->t, need))
+        return false;
+    if (!classed(s))
+        return true;
+    size_t live = s->ct.n ? s->ct.n - 1 - s->ct.free_count : 0;
+    return ml_ab_reserve(&s->ct, s->t.cap > live ? s->t.cap - live : 0);
+}
+
 ml_alloc_result ml_alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **out)
 {
     const uint64_t lim = 1ull << 62;
@@ -100,9 +113,11 @@ ml_alloc_result ml_alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **o
     for (int p = 0; p < 2; p++)
         s->va[p] = up(dev + dev / 8, page(p));
     s->t.rng = 0x9E3779B97F4A7C15ull;
+    s->ct.rng = 0xD1B54A32D192ED03ull;
     s->next_addr = 1ull << 32;
-    if (!ml_ab_reserve(&s->t, 16)) {
-        ml_ab_table_free(&s->t); /* the blocks may have grown, the nodes not */
+    if (!tables_reserve(s, 16)) {
+        ml_ab_table_free(&s->t);
+        ml_ab_table_free(&s->ct);
         free(s);
         return ML_ALLOC_NOMEM;
     }
@@ -112,7 +127,7 @@ ml_alloc_result ml_alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **o
 
 ml_alloc_result ml_alloc_sim_reserve(ml_alloc_sim *s, size_t blocks)
 {
-    return ml_ab_reserve(&s->t, blocks) ? ML_ALLOC_OK : ML_ALLOC_NOMEM;
+    return tables_reserve(s, blocks) ? ML_ALLOC_OK : ML_ALLOC_NOMEM;
 }
 
 void ml_alloc_sim_destroy(ml_alloc_sim *s)
@@ -120,6 +135,7 @@ void ml_alloc_sim_destroy(ml_alloc_sim *s)
     if (!s)
         return;
     ml_ab_table_free(&s->t);
+    ml_ab_table_free(&s->ct);
     free(s->scratch);
     free(s);
 }
@@ -133,7 +149,7 @@ void ml_as_cache(ml_alloc_sim *s, uint32_t x) /* BlockPool::insert_into_blocks *
     b->state = ML_AB_FREE;
     b->gc_base = (int64_t)p->calls;
     if (classed(s))
-        ml_ab_class_insert(&s->t, &p->cls, x);
+        ml_ab_class_insert(&s->t, &s->ct, &p->cls, x);
     else
         ml_ab_insert(&s->t, &p->blocks, x, false);
     p->nfree++;
@@ -143,7 +159,7 @@ void ml_as_uncache(ml_alloc_sim *s, uint32_t x)
 {
     pool_t *p = &s->pool[BLK(s, x)->pool];
     if (classed(s))
-        ml_ab_class_erase(&s->t, &p->cls, x);
+        ml_ab_class_erase(&s->t, &s->ct, &p->cls, x);
     else
         ml_ab_erase(&s->t, &p->blocks, x, false);
     p->nfree--;
@@ -210,7 +226,8 @@ bool ml_as_is_split(const ml_alloc_sim *s, uint32_t x)
 static size_t pool_blocks(ml_alloc_sim *s, int pi)
 {
     const pool_t *p = &s->pool[pi];
-    return classed(s) ? ml_ab_class_collect(&s->t, &p->cls, s->scratch, s->scratch_cap)
+    return classed(s) ? ml_ab_class_collect(&s->t, &s->ct, &p->cls, s->scratch,
+                                                          s->scratch_cap)
                       : ml_ab_collect(&s->t, p->blocks, s->scratch, s->scratch_cap);
 }
 
@@ -258,7 +275,7 @@ static bool release_available(ml_alloc_sim *s, int pi, uint64_t size)
     if (s->max_split == UINT64_MAX || !classed(s))
         return false;
     uint64_t key = size < s->max_split ? s->max_split : size;
-    uint32_t it = ml_ab_class_lower_bound(&s->t, &s->pool[pi].cls, key);
+    uint32_t it = ml_ab_class_lower_bound(&s->ct, &s->pool[pi].cls, key);
     if (it) {
         if (ml_as_is_split(s, it))
             return false; /* PyTorch would cudaFree a split block; oversize ones never are */
@@ -337,7 +354,7 @@ static uint32_t get_free_block(ml_alloc_sim *s, int pi, uint64_t size, uint32_t 
     if (s->cfg.gc_threshold > 0 && s->cfg.device_bytes)
         p->calls++;
     uint32_t *lk = NULL, pr = 0;
-    uint32_t it = classed(s) ? ml_ab_class_lower_bound(&s->t, &p->cls, size)
+    uint32_t it = classed(s) ? ml_ab_class_lower_bound(&s->ct, &p->cls, size)
                              : ml_ab_lower_bound_at(&s->t, &p->blocks, size, &lk, &pr);
     if (!it)
         return 0;
@@ -417,7 +434,8 @@ static uint32_t take_cached(ml_alloc_sim *s, uint32_t x, uint64_t size, uint32_t
     bool split = should_split(s, x, size);
     if (split && classed(s)) {
         uint64_t addr = b->addr;
-        if (ml_ab_class_shrink(&s->t, &s->pool[b->pool].cls, x, b->size - size, addr + size)) {
+        if (ml_ab_class_shrink(&s->t, &s->ct, &s->pool[b->pool].cls, x, b->size - size,
+                               addr + size)) {
             uint32_t n = ml_as_piece(s, x, addr, size, BLK(s, x)->prev, x);
             BLK(s, x)->gc_base = (int64_t)s->pool[BLK(s, x)->pool].calls;
             return n;
@@ -428,8 +446,9 @@ static uint32_t take_cached(ml_alloc_sim *s, uint32_t x, uint64_t size, uint32_t
         const ml_ab *q = pred ? BLK(s, pred) : NULL;
         if (!q || q->size < rs || (q->size == rs && q->addr < ra)) {
             uint32_t n = ml_as_piece(s, x, b->addr, size, b->prev, x);
-            ml_ab_rekey(&s->t, x, rs, ra);
             b = BLK(s, x);
+            b->addr = ra;
+            b->size = rs;
             b->gc_base = (int64_t)s->pool[b->pool].calls; /* as insert_into_blocks stamps it */
             return n;
         }
@@ -466,7 +485,7 @@ static ml_alloc_result oom(ml_alloc_sim *s)
 
 static bool room_grow(ml_alloc_sim *s, size_t n, size_t need)
 {
-    if (!ml_ab_reserve(&s->t, need))
+    if (!tables_reserve(s, need))
         return false;
     if (s->scratch_cap < n) {
         size_t cap = s->scratch_cap ? s->scratch_cap : 64;

@@ -1,6 +1,7 @@
-/* Class sets (blocks.h): size classes in a treap, each class's free blocks
- * in a pairing heap by address. Deterministic: the treap's priorities come
- * from the table's generator and a heap's shape from the order of calls. */
+/* Class sets (blocks.h): size classes in a treap of the class table, each
+ * class's free blocks in a pairing heap by address. Deterministic: the
+ * treap's priorities come from the class table's generator and a heap's
+ * shape from the order of calls. */
 #include "alloc/blocks.h"
 
 /* Two heap tops into one; x and y are roots (no parent, no sibling). */
@@ -72,154 +73,78 @@ static inline unsigned memo_slot(uint64_t size)
     return (unsigned)(((size >> 9) * 0x9E3779B97F4A7C15ull) >> 58); /* 64 slots */
 }
 
-/* The link holding the class node of exactly `size`; *link 0: none. */
-static uint32_t *class_link(ml_abn *nd, uint32_t *root, uint64_t size)
-{
-    uint32_t *link = root;
-    while (*link && nd[*link].size != size)
-        link = &nd[*link].kid[nd[*link].size < size];
-    return link;
-}
-
-/* Drops the spare class (an empty one kept in the treap), if any. */
-static void flush(ml_ab_table *t, ml_ab_classes *c)
-{
-    if (!c->spare)
-        return;
-    uint32_t *link = class_link(t->nd, &c->root, t->nd[c->spare].size);
-    if (*link == c->spare)
-        ml_ab_erase_at(t, link);
-    c->spare = 0;
-    c->found = 0; /* the classes changed */
-}
-
-/* The spare class re-keyed to size when it keeps its place in the order
- * (the classes around it are below and above size): the class for size
- * without a treap insert and erase. Else the spare is dropped; 0. */
-static uint32_t reuse_spare(ml_ab_table *t, ml_ab_classes *c, uint64_t size)
-{
-    ml_abn *nd = t->nd;
-    const uint32_t k = c->spare;
-    const uint64_t old = nd[k].size;
-    uint64_t lo = 0, hi = UINT64_MAX; /* the nearest classes' sizes around k */
-    uint32_t *link = &c->root;
-    while (*link && *link != k) {
-        uint32_t n = *link;
-        bool right = nd[n].size < old;
-        lo = right ? nd[n].size : lo;
-        hi = right ? hi : nd[n].size;
-        link = &nd[n].kid[right];
-    }
-    for (uint32_t n = nd[k].kid[0]; n; n = nd[n].kid[1])
-        lo = nd[n].size;
-    for (uint32_t n = nd[k].kid[1]; n; n = nd[n].kid[0])
-        hi = nd[n].size;
-    c->spare = 0;
-    c->found = 0;
-    if (lo < size && size < hi) {
-        nd[k].size = size;
-        return k;
-    }
-    if (*link == k)
-        ml_ab_erase_at(t, link);
-    return 0;
-}
-
-void ml_ab_class_insert(ml_ab_table *t, ml_ab_classes *c, uint32_t x)
+void ml_ab_class_insert(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x)
 {
     ml_ab *b = t->b;
     const uint64_t size = b[x].size;
     unsigned m = memo_slot(size);
-    uint32_t k = c->memo[m].node;
+    uint32_t k = c->memo[m].cls;
     if (!k || c->memo[m].size != size) {
-        k = *class_link(t->nd, &c->root, size);
-        if (!k && c->spare)
-            k = reuse_spare(t, c, size);
-        if (!k) {
-            k = ml_ab_node_new(t, size, 0, 0);
-            ml_ab_insert_node(t, &c->root, k);
-            c->found = 0;
-        }
+        k = ml_ab_new(ct); /* a slot per free block at most: reserved */
+        ct->b[k].size = size;
+        uint32_t in = ml_ab_insert_unique(ct, &c->root, k);
+        if (in != k)
+            ml_ab_release(ct, k); /* the class was there */
+        else
+            c->found = 0; /* the classes changed */
+        k = in;
         c->memo[m].size = size;
-        c->memo[m].node = k;
+        c->memo[m].cls = k;
     }
-    if (k == c->spare)
-        c->spare = 0; /* found by its size: in use again */
     b[x].hc = b[x].hs = b[x].hp = 0;
-    t->nd[k].blk = meld(b, t->nd[k].blk, x);
-    b[x].node = k;
+    ct->b[k].next = meld(b, ct->b[k].next, x);
+    b[x].cls = k;
 }
 
-void ml_ab_class_erase(ml_ab_table *t, ml_ab_classes *c, uint32_t x)
+void ml_ab_class_erase(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x)
 {
-    ml_ab *b = t->b;
-    uint32_t k = b[x].node;
+    uint32_t k = t->b[x].cls;
     if (!k)
         return; /* in no set: a caller's bug, harmless here */
-    b[x].node = 0;
-    uint32_t top = heap_erase(b, t->nd[k].blk, x);
-    t->nd[k].blk = top;
+    t->b[x].cls = 0;
+    uint32_t top = heap_erase(t->b, ct->b[k].next, x);
+    ct->b[k].next = top;
     if (top)
         return;
-    /* the class is empty: out of the memo, and kept as the spare (a free
-     * often empties a class and fills a new one at once) */
-    unsigned m = memo_slot(t->nd[k].size);
-    if (c->memo[m].node == k)
-        c->memo[m].node = 0;
-    flush(t, c);
-    c->spare = k;
+    /* the class is empty: out of the memo and the treap */
+    unsigned m = memo_slot(ct->b[k].size);
+    if (c->memo[m].cls == k)
+        c->memo[m].cls = 0;
+    ml_ab_erase(ct, &c->root, k, false);
+    ml_ab_release(ct, k);
+    c->found = 0;
 }
 
-bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_classes *c, uint32_t x, uint64_t size,
-                        uint64_t addr)
+uint32_t ml_ab_class_lower_bound(ml_ab_table *ct, ml_ab_classes *c, uint64_t size)
+{
+    unsigned m = memo_slot(size);
+    if (c->memo[m].cls && c->memo[m].size == size) {
+        c->found = 0; /* the class below it unknown */
+        return ct->b[c->memo[m].cls].next; /* a class of exactly that size */
+    }
+    uint32_t *link;
+    c->found = ml_ab_lower_bound_at(ct, &c->root, size, &link, &c->under);
+    return ct->b[c->found].next;
+}
+
+bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x,
+                        uint64_t size, uint64_t addr)
 {
     ml_ab *b = t->b;
-    uint32_t k = b[x].node;
-    if (!k || t->nd[k].blk != x || b[x].hc)
+    uint32_t k = b[x].cls;
+    if (!k || ct->b[k].next != x || b[x].hc)
         return false; /* not alone in its class */
-    /* the largest class below x's must stay below size */
-    const uint64_t old = b[x].size;
-    uint64_t under = c->under;
-    if (c->found != k) {
-        under = 0;
-        for (uint32_t n = c->root; n;) {
-            bool lower = t->nd[n].size < old;
-            under = lower ? t->nd[n].size : under;
-            n = t->nd[n].kid[lower];
-        }
-    }
-    if (under >= size)
+    /* the class below x's must stay below size */
+    uint32_t under = c->found == k ? c->under : ml_ab_before(ct, c->root, k, false);
+    if (under && ct->b[under].size >= size)
         return false;
-    unsigned m = memo_slot(old);
-    if (c->memo[m].node == k)
-        c->memo[m].node = 0;
-    t->nd[k].size = b[x].size = size;
+    unsigned m = memo_slot(ct->b[k].size);
+    if (c->memo[m].cls == k)
+        c->memo[m].cls = 0;
+    ct->b[k].size = b[x].size = size;
     b[x].addr = addr;
     c->found = 0;
     return true;
-}
-
-uint32_t ml_ab_class_lower_bound(ml_ab_table *t, ml_ab_classes *c, uint64_t size)
-{
-    flush(t, c);
-    unsigned m = memo_slot(size);
-    if (c->memo[m].node && c->memo[m].size == size) {
-        c->found = 0; /* the class below it unknown */
-        return t->nd[c->memo[m].node].blk; /* a class of exactly that size */
-    }
-    /* the walk also finds the largest class below, for ml_ab_class_shrink */
-    const ml_abn *nd = t->nd;
-    uint32_t best = 0;
-    uint64_t under = 0;
-    for (uint32_t n = c->root; n;) {
-        bool fits = nd[n].size >= size;
-        best = fits ? n : best;
-        under = fits ? under : nd[n].size;
-        n = nd[n].kid[!fits];
-    }
-    c->found = best;
-    c->under = under;
-    return nd[best].blk;
 }
 
 /* The blocks of the heap under top, appended to out[*n ..] (breadth
@@ -235,20 +160,11 @@ static void heap_collect(const ml_ab *b, uint32_t top, uint32_t *out, size_t roo
             out[(*n)++] = y;
 }
 
-static void classes_collect(const ml_ab_table *t, uint32_t k, uint32_t *out, size_t room,
-                            size_t *n)
-{
-    while (k) {
-        classes_collect(t, t->nd[k].kid[0], out, room, n);
-        heap_collect(t->b, t->nd[k].blk, out, room, n);
-        k = t->nd[k].kid[1];
-    }
-}
-
-size_t ml_ab_class_collect(const ml_ab_table *t, const ml_ab_classes *c, uint32_t *out,
-                           size_t room)
+size_t ml_ab_class_collect(const ml_ab_table *t, const ml_ab_table *ct, const ml_ab_classes *c,
+                           uint32_t *out, size_t room)
 {
     size_t n = 0;
-    classes_collect(t, c->root, out, room, &n);
+    for (uint32_t k = ml_ab_first(ct, c->root); k; k = ml_ab_after(ct, c->root, k, false))
+        heap_collect(t->b, ct->b[k].next, out, room, &n);
     return n;
 }
