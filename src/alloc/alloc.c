@@ -86,8 +86,11 @@ static bool tables_reserve(ml_alloc_sim *s, size_t need)
         return false;
     if (!classed(s))
         return true;
+    /* then ct.cap >= t.cap: a slot for each block the table can hold, as
+     * live classes plus the one class_insert takes before it knows whether
+     * the class is new never exceed the blocks (slot 0 is "none" in both) */
     size_t live = s->ct.n ? s->ct.n - 1 - s->ct.free_count : 0;
-    return ml_ab_reserve(&s->ct, s->t.cap > live ? s->t.cap - live : 0);
+    return ml_ab_reserve(&s->ct, s->t.cap > live + 1 ? s->t.cap - 1 - live : 0);
 }
 
 ml_alloc_result ml_alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **out)
@@ -507,8 +510,9 @@ static inline bool room(ml_alloc_sim *s)
     size_t n = s->pool[0].nfree + s->pool[1].nfree + s->pool[0].nunmapped +
                s->pool[1].nunmapped + 16;
     size_t need = s->cfg.mode == ML_ALLOC_EXPANDABLE ? 3 * n : 8;
-    if (s->t.free_count + (s->t.cap - s->t.n) >= need && s->scratch_cap >= n)
-        return true; /* the usual case */
+    if (s->t.free_count + (s->t.cap - s->t.n) >= need && s->scratch_cap >= n &&
+        (!classed(s) || s->ct.cap >= s->t.cap))
+        return true; /* the usual case; else also after a failed grow, retried */
     return room_grow(s, n, need);
 }
 

@@ -125,6 +125,10 @@ ml_alloc_result ml_alloc_sim_empty_cache(ml_alloc_sim *s);
 void ml_alloc_sim_reset_peaks(ml_alloc_sim *s);
 /* The statistics so far. */
 void ml_alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out);
+/* NULL when the simulator's structures agree with each other (every free
+ * block in its pool's set in order, the counts, the memo), else what does
+ * not; for the tests. */
+const char *ml_alloc_sim_check(const ml_alloc_sim *s);
 /* The device address a live allocation was placed at (docs/allocator.md,
  * "Addresses"); 0 for handle 0 or one that is not live. */
 uint64_t ml_alloc_sim_address(const ml_alloc_sim *s, uint64_t handle);

@@ -134,9 +134,10 @@ bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint3
     uint32_t k = b[x].cls;
     if (!k || ct->b[k].next != x || b[x].hc)
         return false; /* not alone in its class */
-    /* the class below x's must stay below size */
-    uint32_t under = c->found == k ? c->under : ml_ab_before(ct, c->root, k, false);
-    if (under && ct->b[under].size >= size)
+    /* the class below x's must stay below size; the walk that found x
+     * knows it (a class the memo gave is of the request's size exactly,
+     * whose blocks are taken whole) */
+    if (c->found != k || (c->under && ct->b[c->under].size >= size))
         return false;
     unsigned m = memo_slot(ct->b[k].size);
     if (c->memo[m].cls == k)

@@ -558,6 +558,9 @@ static void differential(void **state)
             ref_stats(r, &y);
             same_stats(&x, &y, tr, ev);
             same_places(s, r, hs, hr, live, tr, ev);
+            const char *why = ml_alloc_sim_check(s);
+            if (why)
+                fail_msg("trace %d event %zu: %s", tr, ev, why);
         }
         ml_alloc_sim_destroy(s);
         ref_destroy(r);
@@ -633,6 +636,9 @@ static void batches(void **state)
             ref_stats(r, &y);
             same_stats(&x, &y, tr, ev);
             same_places(s, r, hs, hr, live, tr, ev);
+            const char *why = ml_alloc_sim_check(s);
+            if (why)
+                fail_msg("trace %d event %zu: %s", tr, ev, why);
         }
         ml_alloc_sim_destroy(s);
         ref_destroy(r);
@@ -690,6 +696,42 @@ static void nomem(void **state)
     persistent = false;
 }
 
+/* A failed grow leaves the simulator usable (the call changed nothing):
+ * the block table grows, then the size classes' table fails to; the next
+ * allocation grows it again before it can be needed, and frees that leave
+ * many distinct sizes cached (a class each) stay within it. */
+static void nomem_then_frees(void **state)
+{
+    (void)state;
+    ml_alloc_sim *s = sim(ML_ALLOC_CACHING, 0, 0);
+    uint64_t h, hs[140];
+    give(s, take(s, 512));
+    persistent = false;
+    countdown = 2; /* the block table's realloc, then the class table's */
+    ml_alloc_result r = ml_alloc_sim_reserve(s, 200);
+    countdown = -1;
+    assert_int_equal(r, ML_ALLOC_NOMEM);
+    assert_int_equal(failures > 0, true);
+    for (int i = 0; i < 140; i++) /* 12, 14, ... MiB: a segment and a class each */
+        hs[i] = take(s, (12ull + 2 * (unsigned)i) * MiB);
+    for (int i = 0; i < 140; i++)
+        give(s, hs[i]);
+    assert_null(ml_alloc_sim_check(s));
+    ml_alloc_stats st;
+    ml_alloc_sim_stats(s, &st);
+    /* 140 segments of 12 + 2i MiB (rounded to 2 MiB: themselves) and the
+     * small pool's 2 MiB: all cached */
+    uint64_t want = 2 * MiB;
+    for (int i = 0; i < 140; i++)
+        want += (12ull + 2 * (unsigned)i) * MiB;
+    assert_int_equal(st.reserved.current, want);
+    assert_int_equal(st.allocated.current, 0);
+    assert_int_equal(ml_alloc_sim_malloc(s, 12 * MiB, &h), ML_ALLOC_OK); /* a cached one */
+    ml_alloc_sim_stats(s, &st);
+    assert_int_equal(st.reserved.current, want);
+    ml_alloc_sim_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -706,6 +748,7 @@ int main(void)
         cmocka_unit_test(handles_and_config),
         cmocka_unit_test(trace_parse),
         cmocka_unit_test(differential),
+        cmocka_unit_test(nomem_then_frees),
         cmocka_unit_test(batches),
         cmocka_unit_test(nomem),
     };
