@@ -78,20 +78,16 @@ static inline bool below(const ml_ab *n, uint64_t size, uint64_t addr, bool by_a
 #endif
 }
 
-static inline void insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr)
+/* x in place of the subtree at *link, which holds no key equal to x's:
+ * what hangs there splits into the keys below x's (x's left) and above
+ * (its right), walking down once. */
+static inline void split_under(ml_ab *b, uint32_t *link, uint32_t x, bool by_addr)
 {
-    /* down to where x's priority belongs, then split what hangs there into
-     * the keys below x's (x's left) and above (its right), walking down once */
-    ml_ab *b = t->b;
     const uint64_t size = b[x].size, addr = b[x].addr;
-    const uint32_t prio = b[x].prio;
-    uint32_t *link = root, n;
-    while ((n = *link) != 0 && b[n].prio >= prio)
-        link = &b[n].kid[!below(&b[n], size, addr, by_addr)];
     /* open[0]: where the next key below x's hangs, open[1]: above; n goes
      * to its side, and the walk goes on into its subtree toward x's key */
     uint32_t *open[2] = {&b[x].kid[0], &b[x].kid[1]};
-    while (n) {
+    for (uint32_t n = *link; n;) {
         int side = below(&b[n], size, addr, by_addr);
         *open[side] = n;
         open[side] = &b[n].kid[!side];
@@ -101,10 +97,22 @@ static inline void insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_ad
     *link = x;
 }
 
+static inline void insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr)
+{
+    /* down to where x's priority belongs, then the split */
+    ml_ab *b = t->b;
+    const uint64_t size = b[x].size, addr = b[x].addr;
+    const uint32_t prio = b[x].prio;
+    uint32_t *link = root, n;
+    while ((n = *link) != 0 && b[n].prio >= prio)
+        link = &b[n].kid[!below(&b[n], size, addr, by_addr)];
+    split_under(b, link, x, by_addr);
+}
+
 uint32_t ml_ab_insert_unique(ml_ab_table *t, uint32_t *root, uint32_t x)
 {
     /* the search for an equal key passes where x's priority belongs: the
-     * split starts there when the key is new (insert()'s second half) */
+     * split starts there when the key is new */
     ml_ab *b = t->b;
     const uint64_t size = b[x].size, addr = b[x].addr;
     const uint32_t prio = b[x].prio;
@@ -115,16 +123,7 @@ uint32_t ml_ab_insert_unique(ml_ab_table *t, uint32_t *root, uint32_t x)
         at = !at && b[n].prio < prio ? link : at;
         link = &b[n].kid[!below(&b[n], size, addr, false)];
     }
-    at = at ? at : link;
-    uint32_t *open[2] = {&b[x].kid[0], &b[x].kid[1]};
-    for (n = *at; n;) {
-        int side = below(&b[n], size, addr, false);
-        *open[side] = n;
-        open[side] = &b[n].kid[!side];
-        n = *open[side];
-    }
-    *open[0] = *open[1] = 0;
-    *at = x;
+    split_under(b, at ? at : link, x, false);
     return x;
 }
 

@@ -150,8 +150,9 @@ void ml_ab_class_erase(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32
  * 0: none. */
 uint32_t ml_ab_class_lower_bound(ml_ab_table *ct, ml_ab_classes *c, uint64_t size);
 /* Gives block x (in c) the key (size, addr), size below its own, in place
- * when x is alone in its class and no class lies between: the class keeps
- * its place in the order and takes the new size. Returns false (nothing
+ * when x is alone in its class and no class lies between (as the lower
+ * bound just before, which walked to x's class, saw): the class keeps its
+ * place in the order and takes the new size. Returns false (nothing
  * changed) otherwise. */
 bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x,
                         uint64_t size, uint64_t addr);

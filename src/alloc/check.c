@@ -57,8 +57,8 @@ static const char *check_pool(const ml_alloc_sim *s, int pi, uint32_t *queue, si
         return "a pool's count of free blocks differs from its classes";
     for (size_t m = 0; m < sizeof p->cls.memo / sizeof p->cls.memo[0]; m++) {
         uint32_t k = p->cls.memo[m].cls;
-        if (k && (k >= ct->n || ct->b[k].state == ML_AB_SLOT || ct->b[k].size != p->cls.memo[m].size ||
-                  s->t.b[ct->b[k].next].pool != pi))
+        if (k && (k >= ct->n || ct->b[k].state == ML_AB_SLOT ||
+                  ct->b[k].size != p->cls.memo[m].size || s->t.b[ct->b[k].next].pool != pi))
             return "a memo entry naming no class of its size";
     }
     return NULL;

@@ -151,7 +151,6 @@ typedef struct {
     uint32_t grad_from, grad_to;
 } ml_side;
 
-
 typedef struct {
     ml_cblock *blocks;
     size_t n, cap;

@@ -221,7 +221,6 @@ void ml_ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe)
     ml_ck_note(ch, ml_mul(ch, elems, bpe), false);
 }
 
-/* A parameter tensor of the block: rows x cols (cols 0 for a vector). */
 ml_side *ml_ck_side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to)
 {
     if (!bytes)
@@ -237,6 +236,7 @@ ml_side *ml_ck_side(ml_chain *ch, const char *what, uint64_t bytes, size_t from,
     return s;
 }
 
+/* A parameter tensor of the block: rows x cols (cols 0 for a vector). */
 void ml_ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols)
 {
     uint64_t numel = cols ? ml_mul(ch, rows, cols) : rows;

@@ -183,12 +183,12 @@ void ml_eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, b
     const ml_training *t = &x->cfg->training;
     ml_replay_alloc_as(r, ML_CAT_PARAMS, s->bytes_params, t->zero >= 3 ? ML_T_ONE : ML_T_ALL_PARAMS,
                        0, 1);
-    ml_replay_alloc_as(r, ML_CAT_MASTER, s->bytes_master, t->zero >= 1 ? ML_T_ONE : ML_T_ALL_PARAMS,
-                       0, 1);
+    ml_replay_alloc_as(r, ML_CAT_MASTER, s->bytes_master,
+                       t->zero >= 1 ? ML_T_ONE : ML_T_TRAINED_PARAMS, 0, 1);
     ml_replay_alloc(r, ML_CAT_BUFFERS, s->bytes_buffers);
     if (states)
         ml_replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer,
-                           t->zero >= 1 ? ML_T_ONE : ML_T_ALL_PARAMS, 0, x->ob.state_tensors);
+                           t->zero >= 1 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, x->ob.state_tensors);
     ml_eval_batch(r, x->ch);
 }
 
@@ -225,7 +225,7 @@ double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
      * holds what the steady iteration holds */
     if (create_states)
         ml_replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer,
-                           t->zero >= 1 ? ML_T_ONE : ML_T_ALL_PARAMS, 0, x->ob.state_tensors);
+                           t->zero >= 1 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, x->ob.state_tensors);
     if (r->total > r->peak_first)
         r->peak_first = r->total;
     /* ZeRO-1/2 all-gather the updated parameters through a bucket */
@@ -235,7 +235,7 @@ double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
                                                                      : s->params,
                     ch->prec.param);
     ml_replay_alloc_as(r, ML_CAT_WORKSPACE, s->bytes_step_temp,
-                       x->ob.temp_per_tensor && t->zero == 0 ? ML_T_ALL_PARAMS : ML_T_ONE, 0, 1);
+                       x->ob.temp_per_tensor && t->zero == 0 ? ML_T_GRAD_PARAMS : ML_T_ONE, 0, 1);
     ml_replay_free(r, ML_CAT_WORKSPACE, s->bytes_step_temp);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, ag);
     ml_time_after_step(r, t, s->params);
@@ -475,7 +475,7 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
     const bool zero = t->zero_grad == ML_ZERO_GRAD_ZERO;
     if (zero) { /* the gradients the previous iteration left, zeroed */
         ml_replay_alloc_as(&r, ML_CAT_GRADS, s->bytes_grads,
-                           t->zero >= 2 ? ML_T_ONE : ML_T_ALL_PARAMS, 0, 1);
+                           t->zero >= 2 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, 1);
         r.grads_exist = true;
     }
     double flops_re = ml_eval_iteration(&r, x, s, false);

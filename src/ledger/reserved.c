@@ -173,16 +173,12 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
         if (left)
             out[n++] = left;
         sum = bytes;
-    } else if (split == ML_T_ALL_PARAMS && r->P && copies) {
-        /* one tensor per parameter tensor of the set the bytes cover: all
-         * of them (the parameters), those that train (master weights), or
-         * those with a gradient too (torch.optim's states) */
-        int set = bytes % (r->P * copies) == 0                ? 0
-                  : r->Pt && bytes % (r->Pt * copies) == 0    ? 1
-                  : r->Pg && bytes % (r->Pg * copies) == 0    ? 2
-                                                              : -1;
-        uint64_t of = set == 0 ? r->P : set == 1 ? r->Pt : r->Pg;
-        if (set < 0)
+    } else if ((split == ML_T_ALL_PARAMS || split == ML_T_TRAINED_PARAMS ||
+                split == ML_T_GRAD_PARAMS) && copies) {
+        uint64_t of = split == ML_T_ALL_PARAMS       ? r->P
+                      : split == ML_T_TRAINED_PARAMS ? r->Pt
+                                                     : r->Pg;
+        if (!of)
             return 0;
         uint64_t per = bytes / (of * copies);
         if (!sizes_room(r, ch->nparams * copies))
@@ -190,7 +186,7 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
         out = r->sizes;
         for (size_t i = 0; i < ch->nparams; i++) {
             const ml_ptensor *p = &ch->params[i];
-            if ((set >= 1 && p->frozen) || (set == 2 && p->nograd))
+            if ((split != ML_T_ALL_PARAMS && p->frozen) || (split == ML_T_GRAD_PARAMS && p->nograd))
                 continue;
             for (unsigned k = 0; k < copies; k++) {
                 out[n++] = p->numel * per;

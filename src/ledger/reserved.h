@@ -18,6 +18,11 @@ typedef enum {
     ML_T_BLOCK_PARAMS,   /* one tensor per parameter tensor of the block */
     ML_T_ALL_PARAMS,     /* one tensor per parameter tensor of the model, the
                             bytes shared out by their sizes */
+    ML_T_TRAINED_PARAMS, /* ... of those that train (not a frozen tower's):
+                            master weights */
+    ML_T_GRAD_PARAMS,    /* ... of those that also get a gradient (not an unused
+                            layer's): gradients, torch.optim's states and its
+                            step's temporaries */
     ML_T_UNITS_FWD,      /* a forward transient: tensors of the block's unit_fwd */
     ML_T_UNITS,          /* a no_grad transient: tensors of the block's unit */
     ML_T_UNITS_BWD,      /* a backward transient: the incoming gradient (bwd_in),
@@ -35,7 +40,7 @@ void ml_rsim_destroy(ml_rsim *r);
 void ml_rsim_use_chain(ml_rsim *r, const ml_chain *ch);
 
 /* Allocates `bytes` of category c as the tensors `split` says (`copies`
- * tensors for each, for ML_T_ALL_PARAMS: Adam's two states per parameter).
+ * tensors for each, for the *_PARAMS splits: Adam's two states per parameter).
  * When the tensors do not add up to `bytes` (a calibrated inventory, a
  * tied table) it is one tensor. */
 void ml_rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split split,

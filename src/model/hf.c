@@ -459,8 +459,9 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
     m->kv_cache = m->type == ML_MODEL_DECODER;
     if (m->kv_cache && (st = ml_hf_bool(err, r, "use_cache", &m->kv_cache)))
         return st;
-    if ((st = attention_of(r, m, err)) || (st = sizes_of(r, t, llama || gemma || gemma2 || phi3 || deepseek, vit,
-                        !(nested && fam == ML_HF_LLAMA), m, err)))
+    const bool req = !(nested && fam == ML_HF_LLAMA); /* else LlamaConfig's defaults */
+    if ((st = attention_of(r, m, err)) ||
+        (st = sizes_of(r, t, llama || gemma || gemma2 || phi3 || deepseek, vit, req, m, err)))
         return st;
     if (llama)
         st = map_llama(r, t, m, err);

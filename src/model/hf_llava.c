@@ -116,7 +116,7 @@ static ml_status vision_of(const ml_node *r, const ml_node *vc, ml_model *m, ml_
     if (g * g + 1 > ML_MAX_TOKENS)
         return ml_error_at(err, ml_tree_get(vc, "image_size"), ML_RANGE,
                            "vision_config.image_size: %llu image tokens, above the %llu a "
-                           "sequence holds",
+                           "sequence holds: use larger patches or smaller images",
                            (unsigned long long)(g * g), (unsigned long long)ML_MAX_TOKENS);
     (void)r;
     return ML_OK;

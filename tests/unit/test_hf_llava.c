@@ -4,6 +4,8 @@
  * and optimizer states (docs/inventory.md, "Llava"). Every expected value is
  * derived in the comments, not taken from the program. */
 #include "harness.h"
+#include "ledger/chain.h"
+#include "ledger/reserved.h"
 #include "model/model_internal.h"
 
 /* A CLIP vision tower (CLIPVisionModel): class embedding D, patch conv
@@ -291,6 +293,49 @@ static void test_llava_states(void **state)
     ml_model_destroy(m);
 }
 
+/* The allocator simulation's tensors for a share of the parameters: one
+ * per parameter tensor of the set the bytes cover, each rounded to 512 B.
+ * Those that train with the tower frozen (master weights): the projector's
+ * linear_1 32 x 48 and linear_2 48 x 48 with their biases, 6,144 + 9,216 +
+ * 2 x 512 (192 B rounded); the decoder's embeddings and lm_head 157 x 48,
+ * 30,144 B each, rounded 30,208; per layer q and o 48 x 48 (9,216 each), k
+ * and v 48 x 24 (4,608 each), gate, up and down 48 x 96 (18,432 each), two
+ * norms (512 each): 83,968; the final norm 512. 25 tensors, 16,384 +
+ * 2 x 30,208 + 2 x 83,968 + 512 = 245,248 B. Those with a gradient, the
+ * tower trained (gradients): those 25 and the tower but its unused last
+ * layer: the class embedding 32 (512), the patch conv 3 x 4 x 4 x 32
+ * (6,144), positions 17 x 32 (2,176, rounded 2,560), pre_layrnorm 2 x 512,
+ * and per used layer q, k, v, out 32 x 32 (4,096 each) with biases
+ * (4 x 512), fc1 32 x 64 and fc2 64 x 32 (8,192 each) with biases (512
+ * each), two LayerNorms 4 x 512: 37,888; 62 tensors, 331,264 B. Shared out
+ * over every parameter instead, the bytes would not divide: one tensor. */
+static void test_llava_param_tensors(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = ml_model_config(m);
+    const ml_alloc_config ac = ml_alloc_config_defaults();
+    for (int frozen = 1; frozen >= 0; frozen--) {
+        c.training.vision_tower = frozen ? ML_VT_FROZEN : ML_VT_SAME;
+        ml_chain ch;
+        ml_error e;
+        assert_int_equal(ml_chain_build(m, &c, &ch, &e), ML_OK);
+        ml_rsim *r = NULL;
+        assert_int_equal(ml_rsim_create(&ac, &ch, &r, &e), ML_OK);
+        if (frozen)
+            ml_rsim_alloc(r, ML_CAT_MASTER, (88592 - 27872) * 4, ML_T_TRAINED_PARAMS, 0, 1);
+        else
+            ml_rsim_alloc(r, ML_CAT_GRADS, (88592 - 8608) * 4, ML_T_GRAD_PARAMS, 0, 1);
+        ml_alloc_stats st;
+        ml_rsim_stats(r, &st);
+        assert_int_equal(st.events, frozen ? 25 : 62);
+        assert_int_equal(st.allocated.current, frozen ? 245248 : 331264);
+        ml_rsim_destroy(r);
+        ml_chain_free(&ch);
+    }
+    ml_model_destroy(m);
+}
+
 /* The token embeddings (B, T, D) fp32 = 2 x 24 x 48 x 4 = 9,216 B wait
  * beside the tower, frozen or not: made by the embedding block's forward,
  * freed once the projector's is done, and masked_scatter's gradient for
@@ -389,6 +434,7 @@ int main(void)
         cmocka_unit_test(test_llava_vision_tower),
         cmocka_unit_test(test_llava_bf16_tower),
         cmocka_unit_test(test_llava_states),
+        cmocka_unit_test(test_llava_param_tensors),
         cmocka_unit_test(test_llava_embedding_side),
         cmocka_unit_test(test_llava_many_unused),
     };
