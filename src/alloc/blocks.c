@@ -109,24 +109,6 @@ static inline void insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_ad
     split_under(b, link, x, by_addr);
 }
 
-uint32_t ml_ab_insert_unique(ml_ab_table *t, uint32_t *root, uint32_t x)
-{
-    /* the search for an equal key passes where x's priority belongs: the
-     * split starts there when the key is new */
-    ml_ab *b = t->b;
-    const uint64_t size = b[x].size, addr = b[x].addr;
-    const uint32_t prio = b[x].prio;
-    uint32_t *link = root, *at = NULL, n;
-    while ((n = *link) != 0) {
-        if (b[n].size == size && b[n].addr == addr)
-            return n;
-        at = !at && b[n].prio < prio ? link : at;
-        link = &b[n].kid[!below(&b[n], size, addr, false)];
-    }
-    split_under(b, at ? at : link, x, false);
-    return x;
-}
-
 void ml_ab_insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr)
 {
     if (by_addr)

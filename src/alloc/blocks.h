@@ -97,9 +97,6 @@ void ml_ab_table_free(ml_ab_table *t);
  * unless its place in the order stays (then it may, in place). */
 void ml_ab_insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr);
 void ml_ab_erase(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr);
-/* Inserts x into the size-ordered set unless a block of the same key is in
- * it: returns that one (x left out), else x. */
-uint32_t ml_ab_insert_unique(ml_ab_table *t, uint32_t *root, uint32_t x);
 /* The smallest block of a size-ordered set whose size is >= size; 0: none. */
 uint32_t ml_ab_lower_bound(const ml_ab_table *t, uint32_t root, uint64_t size);
 /* The same in the set *root, also giving *link, the link that holds it
@@ -120,21 +117,48 @@ size_t ml_ab_collect(const ml_ab_table *t, uint32_t root, uint32_t *out, size_t 
 
 /* ---- Class sets (classes.c): the caching allocator's size-ordered free
  * sets. One class per size with free blocks: a slot of a table of its own
- * (the class table: size = the class's size, addr = 0, next = the class's
- * lowest-addressed block) in a treap of classes by size; the class's blocks
- * form a pairing heap by address (Fredman, Sedgewick, Sleator and Tarjan
- * 1986). The best fit, the first block of the (size, address) order at or
- * above a size, is then the heap top of the first class at or above it:
- * the block BlockPool::blocks.lower_bound gives, with an insert that costs
- * O(1) in the class. The order of a class's blocks is kept only as far as
- * its top. The class table needs a slot per class, at most one per free
- * block: room for as many slots as the block table has keeps every call
- * free of allocations. */
+ * (the class table: size = the class's size, next = the class's
+ * lowest-addressed block), found through an index of the sizes in order;
+ * the class's blocks form a pairing heap by address (Fredman, Sedgewick,
+ * Sleator and Tarjan 1986). The best fit, the first block of the (size,
+ * address) order at or above a size, is then the heap top of the first
+ * class at or above it: the block BlockPool::blocks.lower_bound gives,
+ * with an insert that costs O(1) in the class. The order of a class's
+ * blocks is kept only as far as its top.
+ *
+ * The index: the sizes in ascending order, cut into chunks of at most
+ * ML_AB_CHUNK entries, with the chunks' largest sizes in an array of
+ * their own (a B+ tree of two levels). The classes are few in practice
+ * (at most 39 at once in a 96-block plan, 35 in the H200 traces:
+ * docs/allocator.md, "Speed"): one chunk, found by a binary search of a
+ * contiguous array, faster than a walk of linked nodes. The chunks keep
+ * a new or erased size to a move of at most a chunk's entries (plus a
+ * move of the chunk list when one splits or merges), however many classes
+ * there are. Any two neighbouring chunks hold at least ML_AB_CHUNK / 2
+ * entries together, so n classes take at most 4n / ML_AB_CHUNK + 1
+ * chunks. The class table needs a slot per class and the index room for
+ * as many classes, at most one per free block: room for as many as the
+ * block table has blocks keeps every call free of allocations. */
+#define ML_AB_CHUNK 32
+
 typedef struct {
-    uint32_t root; /* the treap of classes; 0: no free block */
-    /* the class the last lower bound walked to (0: none, or found by the
-     * memo) and the class just below it then (0: none) */
-    uint32_t found, under;
+    uint64_t size[ML_AB_CHUNK]; /* ascending */
+    uint32_t cls[ML_AB_CHUNK];  /* the class slot of each size */
+} ml_ab_chunk;
+
+typedef struct {
+    ml_ab_chunk *ch; /* chunk storage, cap chunks, by id */
+    /* by position, in ascending order of sizes: the chunk's id, its
+     * largest size and its count of entries */
+    uint32_t *order;
+    uint64_t *hi;
+    uint32_t *count;
+    uint32_t *spare;                /* ids of unused chunks (a stack) */
+    uint32_t nch, nspare, cap;      /* chunks in use, unused ids, ids in all */
+    uint32_t n;                     /* classes */
+    /* where the last lower bound landed: 1 + the chunk's position, and the
+     * entry's index in it (fpos 0: unknown, or found by the memo) */
+    uint32_t fpos, fidx;
     /* a direct-mapped memo of size -> class, checked before use */
     struct {
         uint64_t size;
@@ -142,6 +166,15 @@ typedef struct {
     } memo[64];
 } ml_ab_classes;
 
+/* Room in c's index for `classes` classes; false when the host is out of
+ * memory (c unchanged but for spare capacity). */
+bool ml_ab_classes_reserve(ml_ab_classes *c, size_t classes);
+/* Whether c has room for `classes` classes (ml_ab_classes_reserve passed). */
+static inline bool ml_ab_classes_room(const ml_ab_classes *c, size_t classes)
+{
+    return c->cap >= 4 * classes / ML_AB_CHUNK + 2;
+}
+void ml_ab_classes_free(ml_ab_classes *c);
 /* Block x (in no set) into the class set c of the blocks t, classes ct. */
 void ml_ab_class_insert(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x);
 /* Block x out of the class set c. */
@@ -151,7 +184,7 @@ void ml_ab_class_erase(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32
 uint32_t ml_ab_class_lower_bound(ml_ab_table *ct, ml_ab_classes *c, uint64_t size);
 /* Gives block x (in c) the key (size, addr), size below its own, in place
  * when x is alone in its class and no class lies between (as the lower
- * bound just before, which walked to x's class, saw): the class keeps its
+ * bound just before, which found x's class, saw): the class keeps its
  * place in the order and takes the new size. Returns false (nothing
  * changed) otherwise. */
 bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x,

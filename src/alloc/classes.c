@@ -1,7 +1,9 @@
-/* Class sets (blocks.h): size classes in a treap of the class table, each
- * class's free blocks in a pairing heap by address. Deterministic: the
- * treap's priorities come from the class table's generator and a heap's
- * shape from the order of calls. */
+/* Class sets (blocks.h): size classes in a two-level index of sizes, each
+ * class's free blocks in a pairing heap by address. Deterministic: a
+ * heap's shape comes from the order of calls. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "alloc/blocks.h"
 
 /* Two heap tops into one; x and y are roots (no parent, no sibling). */
@@ -73,6 +75,177 @@ static inline unsigned memo_slot(uint64_t size)
     return (unsigned)(((size >> 9) * 0x9E3779B97F4A7C15ull) >> 58); /* 64 slots */
 }
 
+/* ---- the index of sizes ---- */
+
+enum { CHUNK = ML_AB_CHUNK, HALF = ML_AB_CHUNK / 2 };
+
+bool ml_ab_classes_reserve(ml_ab_classes *c, size_t classes)
+{
+    if (ml_ab_classes_room(c, classes))
+        return true;
+    size_t cap = 4 * classes / CHUNK + 2;
+    if (cap > UINT32_MAX / 2)
+        return false;
+    /* each array grown in turn: one that fails leaves c as it was, with
+     * more room in some arrays than cap says */
+    ml_ab_chunk *ch = realloc(c->ch, cap * sizeof *ch);
+    if (!ch)
+        return false;
+    c->ch = ch;
+#define GROW(f)                                                                             \
+    do {                                                                                    \
+        void *g = realloc(c->f, cap * sizeof *c->f);                                        \
+        if (!g)                                                                             \
+            return false;                                                                   \
+        c->f = g;                                                                           \
+    } while (0)
+    GROW(order);
+    GROW(hi);
+    GROW(count);
+    GROW(spare);
+#undef GROW
+    for (size_t id = cap; id > c->cap; id--)
+        c->spare[c->nspare++] = (uint32_t)id - 1; /* the lowest id on top */
+    c->cap = (uint32_t)cap;
+    return true;
+}
+
+void ml_ab_classes_free(ml_ab_classes *c)
+{
+    free(c->ch);
+    free(c->order);
+    free(c->hi);
+    free(c->count);
+    free(c->spare);
+    memset(c, 0, sizeof *c);
+}
+
+/* The index of the first of a[0 .. n) (ascending) that is >= v; n: none.
+ * Without branches on the comparisons, which a predictor would lose half
+ * the time. */
+static inline uint32_t first_at_least(const uint64_t *a, uint32_t n, uint64_t v)
+{
+    if (!n)
+        return 0;
+    const uint64_t *base = a;
+    while (n > 1) {
+        uint32_t half = n / 2;
+        base = base[half - 1] < v ? base + half : base;
+        n -= half;
+    }
+    return (uint32_t)(base - a) + (*base < v);
+}
+
+/* The first entry whose size is >= size: its chunk position *p and index
+ * *i; false (nothing written) when there is none. */
+static inline bool locate(const ml_ab_classes *c, uint64_t size, uint32_t *p, uint32_t *i)
+{
+    uint32_t q = first_at_least(c->hi, c->nch, size);
+    if (q == c->nch)
+        return false;
+    *p = q;
+    *i = first_at_least(c->ch[c->order[q]].size, c->count[q], size);
+    return true;
+}
+
+/* Room for one chunk after position p: the positions above move up. */
+static uint32_t open_after(ml_ab_classes *c, uint32_t p)
+{
+    uint32_t id = c->spare[--c->nspare], n = c->nch - p - 1;
+    memmove(&c->order[p + 2], &c->order[p + 1], n * sizeof *c->order);
+    memmove(&c->hi[p + 2], &c->hi[p + 1], n * sizeof *c->hi);
+    memmove(&c->count[p + 2], &c->count[p + 1], n * sizeof *c->count);
+    c->order[p + 1] = id;
+    c->count[p + 1] = 0;
+    c->nch++;
+    return id;
+}
+
+/* The chunk at position p out of the list (its entries moved away). */
+static void close_at(ml_ab_classes *c, uint32_t p)
+{
+    uint32_t n = c->nch - p - 1;
+    c->spare[c->nspare++] = c->order[p];
+    memmove(&c->order[p], &c->order[p + 1], n * sizeof *c->order);
+    memmove(&c->hi[p], &c->hi[p + 1], n * sizeof *c->hi);
+    memmove(&c->count[p], &c->count[p + 1], n * sizeof *c->count);
+    c->nch--;
+}
+
+/* Entries [from, count) of chunk position p appended to chunk id dst. */
+static void move_tail(ml_ab_classes *c, uint32_t p, uint32_t from, uint32_t dst, uint32_t at)
+{
+    const ml_ab_chunk *h = &c->ch[c->order[p]];
+    uint32_t n = c->count[p] - from;
+    memcpy(&c->ch[dst].size[at], &h->size[from], n * sizeof h->size[0]);
+    memcpy(&c->ch[dst].cls[at], &h->cls[from], n * sizeof h->cls[0]);
+}
+
+/* (size, k) in at position p, index i: where locate() put the first
+ * larger size (p == nch: past the end). A full chunk splits in two. */
+static void index_insert(ml_ab_classes *c, uint32_t p, uint32_t i, uint64_t size, uint32_t k)
+{
+    if (c->nch == 0) {
+        c->order[0] = c->spare[--c->nspare];
+        c->count[0] = 0;
+        c->nch = 1;
+        p = i = 0;
+    } else if (p == c->nch) {
+        p = c->nch - 1;
+        i = c->count[p];
+    }
+    if (c->count[p] == CHUNK) {
+        uint32_t id = open_after(c, p);
+        move_tail(c, p, HALF, id, 0);
+        c->count[p + 1] = HALF;
+        c->hi[p + 1] = c->hi[p];
+        c->count[p] = HALF;
+        c->hi[p] = c->ch[c->order[p]].size[HALF - 1];
+        if (i > HALF) {
+            p++;
+            i -= HALF;
+        }
+    }
+    ml_ab_chunk *h = &c->ch[c->order[p]];
+    uint32_t n = c->count[p] - i;
+    memmove(&h->size[i + 1], &h->size[i], n * sizeof h->size[0]);
+    memmove(&h->cls[i + 1], &h->cls[i], n * sizeof h->cls[0]);
+    h->size[i] = size;
+    h->cls[i] = k;
+    if (i == c->count[p]++)
+        c->hi[p] = size;
+    c->n++;
+}
+
+/* The entry at position p, index i out. A chunk left empty goes; one left
+ * with fewer than HALF entries together with a neighbour joins it, which
+ * keeps every two neighbours at HALF or more (blocks.h): only p's pairs
+ * changed, and one join mends both. */
+static void index_erase(ml_ab_classes *c, uint32_t p, uint32_t i)
+{
+    ml_ab_chunk *h = &c->ch[c->order[p]];
+    uint32_t n = --c->count[p] - i;
+    memmove(&h->size[i], &h->size[i + 1], n * sizeof h->size[0]);
+    memmove(&h->cls[i], &h->cls[i + 1], n * sizeof h->cls[0]);
+    c->n--;
+    if (!c->count[p]) {
+        close_at(c, p);
+        return;
+    }
+    if (!n)
+        c->hi[p] = h->size[i - 1];
+    if (p > 0 && c->count[p - 1] + c->count[p] < HALF)
+        p--; /* p joins the chunk before it */
+    else if (!(p + 1 < c->nch && c->count[p] + c->count[p + 1] < HALF))
+        return;
+    move_tail(c, p + 1, 0, c->order[p], c->count[p]);
+    c->count[p] += c->count[p + 1];
+    c->hi[p] = c->hi[p + 1];
+    close_at(c, p + 1);
+}
+
+/* ---- the class sets ---- */
+
 void ml_ab_class_insert(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x)
 {
     ml_ab *b = t->b;
@@ -80,14 +253,15 @@ void ml_ab_class_insert(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint3
     unsigned m = memo_slot(size);
     uint32_t k = c->memo[m].cls;
     if (!k || c->memo[m].size != size) {
-        k = ml_ab_new(ct); /* a slot per free block at most: reserved */
-        ct->b[k].size = size;
-        uint32_t in = ml_ab_insert_unique(ct, &c->root, k);
-        if (in != k)
-            ml_ab_release(ct, k); /* the class was there */
-        else
-            c->found = 0; /* the classes changed */
-        k = in;
+        uint32_t p = c->nch, i = 0;
+        if (locate(c, size, &p, &i) && c->ch[c->order[p]].size[i] == size) {
+            k = c->ch[c->order[p]].cls[i];
+        } else {
+            k = ml_ab_new(ct); /* a slot per free block at most: reserved */
+            ct->b[k].size = size;
+            index_insert(c, p, i, size, k); /* and room in the index: reserved */
+            c->fpos = 0;                    /* the positions changed */
+        }
         c->memo[m].size = size;
         c->memo[m].cls = k;
     }
@@ -106,25 +280,30 @@ void ml_ab_class_erase(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32
     ct->b[k].next = top;
     if (top)
         return;
-    /* the class is empty: out of the memo and the treap */
-    unsigned m = memo_slot(ct->b[k].size);
+    /* the class is empty: out of the memo and the index */
+    const uint64_t size = ct->b[k].size;
+    unsigned m = memo_slot(size);
     if (c->memo[m].cls == k)
         c->memo[m].cls = 0;
-    ml_ab_erase(ct, &c->root, k, false);
+    uint32_t p = 0, i = 0;
+    locate(c, size, &p, &i); /* the sizes are distinct: k's own entry */
+    index_erase(c, p, i);
     ml_ab_release(ct, k);
-    c->found = 0;
+    c->fpos = 0;
 }
 
 uint32_t ml_ab_class_lower_bound(ml_ab_table *ct, ml_ab_classes *c, uint64_t size)
 {
     unsigned m = memo_slot(size);
-    if (c->memo[m].cls && c->memo[m].size == size) {
-        c->found = 0; /* the class below it unknown */
+    c->fpos = 0;
+    if (c->memo[m].cls && c->memo[m].size == size)
         return ct->b[c->memo[m].cls].next; /* a class of exactly that size */
-    }
-    uint32_t *link;
-    c->found = ml_ab_lower_bound_at(ct, &c->root, size, &link, &c->under);
-    return ct->b[c->found].next;
+    uint32_t p, i;
+    if (!locate(c, size, &p, &i))
+        return 0;
+    c->fpos = p + 1;
+    c->fidx = i;
+    return ct->b[c->ch[c->order[p]].cls[i]].next;
 }
 
 bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x,
@@ -132,19 +311,24 @@ bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint3
 {
     ml_ab *b = t->b;
     uint32_t k = b[x].cls;
-    if (!k || ct->b[k].next != x || b[x].hc)
-        return false; /* not alone in its class */
-    /* the class below x's must stay below size; the walk that found x
-     * knows it (a class the memo gave is of the request's size exactly,
-     * whose blocks are taken whole) */
-    if (c->found != k || (c->under && ct->b[c->under].size >= size))
+    if (!k || ct->b[k].next != x || b[x].hc || !c->fpos)
+        return false; /* not alone in its class, or its place unknown */
+    /* the class below x's must stay below size; the search that found x
+     * knows where it is (a class the memo gave is of the request's size
+     * exactly, whose blocks are taken whole) */
+    uint32_t p = c->fpos - 1, i = c->fidx;
+    ml_ab_chunk *h = &c->ch[c->order[p]];
+    uint64_t under = i ? h->size[i - 1] : p ? c->hi[p - 1] : 0;
+    if (h->cls[i] != k || under >= size)
         return false;
     unsigned m = memo_slot(ct->b[k].size);
     if (c->memo[m].cls == k)
         c->memo[m].cls = 0;
-    ct->b[k].size = b[x].size = size;
+    h->size[i] = ct->b[k].size = b[x].size = size;
+    if (i + 1 == c->count[p])
+        c->hi[p] = size;
     b[x].addr = addr;
-    c->found = 0;
+    c->fpos = 0;
     return true;
 }
 
@@ -165,7 +349,8 @@ size_t ml_ab_class_collect(const ml_ab_table *t, const ml_ab_table *ct, const ml
                            uint32_t *out, size_t room)
 {
     size_t n = 0;
-    for (uint32_t k = ml_ab_first(ct, c->root); k; k = ml_ab_after(ct, c->root, k, false))
-        heap_collect(t->b, ct->b[k].next, out, room, &n);
+    for (uint32_t p = 0; p < c->nch; p++)
+        for (uint32_t i = 0; i < c->count[p]; i++)
+            heap_collect(t->b, ct->b[c->ch[c->order[p]].cls[i]].next, out, room, &n);
     return n;
 }

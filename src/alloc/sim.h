@@ -97,6 +97,15 @@ static inline uint32_t ml_as_piece(ml_alloc_sim *s, uint32_t like, uint64_t addr
 }
 bool ml_as_is_split(const ml_alloc_sim *s, uint32_t x);
 
+/* release.c: after a failed cudaMalloc, every cached whole segment
+ * (release_cached_blocks) or, with max_split_size, oversize ones
+ * (release_available_cached_blocks: true when enough were freed); above
+ * the GC threshold, the oldest cached segments of the large pool
+ * (garbage_collect_cached_blocks). */
+void ml_as_release_cached(ml_alloc_sim *s);
+bool ml_as_release_available(ml_alloc_sim *s, int pi, uint64_t size);
+void ml_as_garbage_collect(ml_alloc_sim *s);
+
 /* expandable.c */
 uint64_t ml_as_expandable_size(const ml_alloc_sim *s, uint32_t x);
 void ml_as_unmap_block(ml_alloc_sim *s, uint32_t x);
