@@ -175,6 +175,12 @@ static inline bool ml_ab_classes_room(const ml_ab_classes *c, size_t classes)
     return c->cap >= 4 * classes / ML_AB_CHUNK + 2;
 }
 void ml_ab_classes_free(ml_ab_classes *c);
+/* NULL when c's index is consistent with itself and with the class table
+ * ct, with room for a class per block of a table of `blocks` blocks:
+ * chunks in order, each largest size and count right, every two
+ * neighbours at half a chunk or more, every chunk id once; else what is
+ * not (ml_alloc_sim_check, and the tests). */
+const char *ml_ab_classes_check(const ml_ab_classes *c, const ml_ab_table *ct, size_t blocks);
 /* Block x (in no set) into the class set c of the blocks t, classes ct. */
 void ml_ab_class_insert(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x);
 /* Block x out of the class set c. */

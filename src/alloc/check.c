@@ -38,55 +38,11 @@ static const char *check_heap(const ml_alloc_sim *s, uint32_t k, int pi, uint32_
     return NULL;
 }
 
-/* The index of sizes (blocks.h): chunks in order, each largest size and
- * count right, every two neighbours at half a chunk or more, the ids in
- * use and spare all distinct. */
-static const char *check_index(const ml_alloc_sim *s, const ml_ab_classes *c)
-{
-    if (!ml_ab_classes_room(c, s->t.cap) || c->nch + c->nspare != c->cap)
-        return "an index without room for a class per block, or a chunk lost";
-    if ((uint64_t)c->nch * ML_AB_CHUNK > 4ull * c->n + ML_AB_CHUNK)
-        return "more chunks than the bound allows";
-    uint32_t total = 0;
-    uint64_t last = 0;
-    for (uint32_t p = 0; p < c->nch; p++) {
-        const ml_ab_chunk *h = &c->ch[c->order[p]];
-        if (!c->count[p] || c->count[p] > ML_AB_CHUNK)
-            return "an empty or overfull chunk";
-        if (p && c->count[p - 1] + c->count[p] < ML_AB_CHUNK / 2)
-            return "two neighbouring chunks under half a chunk";
-        for (uint32_t i = 0; i < c->count[p]; i++) {
-            if (h->size[i] <= last)
-                return "classes out of order or repeated";
-            last = h->size[i];
-            uint32_t k = h->cls[i];
-            if (!k || k >= s->ct.n || s->ct.b[k].state == ML_AB_SLOT || s->ct.b[k].size != last)
-                return "an index entry naming no class of its size";
-        }
-        if (c->hi[p] != last)
-            return "a chunk's largest size out of date";
-        total += c->count[p];
-    }
-    if (total != c->n)
-        return "an index's count of classes differs from its chunks";
-    char *seen = calloc(c->cap, 1);
-    if (!seen)
-        return "out of memory";
-    const char *why = NULL;
-    for (uint32_t j = 0; j < c->nch + c->nspare && !why; j++) {
-        uint32_t id = j < c->nch ? c->order[j] : c->spare[j - c->nch];
-        if (id >= c->cap || seen[id]++)
-            why = "a chunk id used twice";
-    }
-    free(seen);
-    return why;
-}
-
 static const char *check_pool(const ml_alloc_sim *s, int pi, uint32_t *queue, size_t *classes)
 {
     const ml_ab_table *ct = &s->ct;
     const pool_t *p = &s->pool[pi];
-    const char *why = check_index(s, &p->cls);
+    const char *why = ml_ab_classes_check(&p->cls, ct, s->t.n);
     if (why)
         return why;
     size_t count = 0;

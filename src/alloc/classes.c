@@ -317,6 +317,8 @@ bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint3
      * knows where it is (a class the memo gave is of the request's size
      * exactly, whose blocks are taken whole) */
     uint32_t p = c->fpos - 1, i = c->fidx;
+    if (p >= c->nch || i >= c->count[p])
+        return false; /* a place from before the index changed (the resets forbid it) */
     ml_ab_chunk *h = &c->ch[c->order[p]];
     uint64_t under = i ? h->size[i - 1] : p ? c->hi[p - 1] : 0;
     if (h->cls[i] != k || under >= size)
@@ -330,6 +332,49 @@ bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint3
     b[x].addr = addr;
     c->fpos = 0;
     return true;
+}
+
+const char *ml_ab_classes_check(const ml_ab_classes *c, const ml_ab_table *ct, size_t blocks)
+{
+    if (!ml_ab_classes_room(c, blocks) || c->nch + c->nspare != c->cap)
+        return "an index without room for a class per block, or a chunk lost";
+    if (c->fpos && (c->fpos > c->nch || c->fidx >= c->count[c->fpos - 1]))
+        return "a lower bound's place outside the index";
+    if ((uint64_t)c->nch * ML_AB_CHUNK > 4ull * c->n + ML_AB_CHUNK)
+        return "more chunks than the bound allows";
+    uint32_t total = 0;
+    uint64_t last = 0;
+    for (uint32_t p = 0; p < c->nch; p++) {
+        const ml_ab_chunk *h = &c->ch[c->order[p]];
+        if (!c->count[p] || c->count[p] > ML_AB_CHUNK)
+            return "an empty or overfull chunk";
+        if (p && c->count[p - 1] + c->count[p] < ML_AB_CHUNK / 2)
+            return "two neighbouring chunks under half a chunk";
+        for (uint32_t i = 0; i < c->count[p]; i++) {
+            if (h->size[i] <= last)
+                return "classes out of order or repeated";
+            last = h->size[i];
+            uint32_t k = h->cls[i];
+            if (!k || k >= ct->n || ct->b[k].state == ML_AB_SLOT || ct->b[k].size != last)
+                return "an index entry naming no class of its size";
+        }
+        if (c->hi[p] != last)
+            return "a chunk's largest size out of date";
+        total += c->count[p];
+    }
+    if (total != c->n)
+        return "an index's count of classes differs from its chunks";
+    char *seen = calloc(c->cap, 1);
+    if (!seen)
+        return "out of memory";
+    const char *why = NULL;
+    for (uint32_t j = 0; j < c->nch + c->nspare && !why; j++) {
+        uint32_t id = j < c->nch ? c->order[j] : c->spare[j - c->nch];
+        if (id >= c->cap || seen[id]++)
+            why = "a chunk id used twice";
+    }
+    free(seen);
+    return why;
 }
 
 /* The blocks of the heap under top, appended to out[*n ..] (breadth

@@ -188,10 +188,101 @@ static void many_classes(void **state)
     ref_destroy(p.r);
 }
 
+/* ---- the index by itself, at its bound ---- */
+
+enum { K = 1024 }; /* classes, with room reserved for exactly that many */
+
+typedef struct {
+    ml_ab_table t, ct;
+    ml_ab_classes c;
+    uint32_t x[K + 1]; /* x[j]: a free block of 512 j bytes, j = 1 .. K */
+} lone;
+
+static void lone_check(const lone *l)
+{
+    const char *why = ml_ab_classes_check(&l->c, &l->ct, K + 1);
+    if (why)
+        fail_msg("%s", why);
+}
+
+/* The index's lower bound against the answer by hand: the first size
+ * 512 j >= v whose block is still in (live[j]). */
+static void lone_bounds(lone *l, const bool *live)
+{
+    for (uint64_t v = 1; v <= 512ull * K + 512; v += 383) {
+        uint32_t want = 0;
+        for (uint64_t j = (v + 511) / 512; j <= K && !want; j++)
+            want = live[j] ? l->x[j] : 0;
+        assert_int_equal(ml_ab_class_lower_bound(&l->ct, &l->c, v), want);
+    }
+}
+
+static void index_at_its_bound(void **state)
+{
+    (void)state;
+    static lone l;
+    static bool live[K + 1];
+    assert_true(ml_ab_reserve(&l.t, K + 1) && ml_ab_reserve(&l.ct, K + 1) &&
+                ml_ab_classes_reserve(&l.c, K));
+    for (uint32_t j = 1; j <= K; j++) { /* ascending: each new size goes last */
+        l.x[j] = ml_ab_new(&l.t);
+        l.t.b[l.x[j]].size = 512ull * j;
+        l.t.b[l.x[j]].addr = 1ull << 32;
+        ml_ab_class_insert(&l.t, &l.ct, &l.c, l.x[j]);
+        live[j] = true;
+        lone_check(&l);
+    }
+    /* a chunk fills to 32; the 33rd size splits it 16 | 16 and joins the
+     * upper half; 16 more per split after that: 1024 = 33 + 16 * 61 + 15,
+     * so 61 more splits and a last chunk filled to 32: 63 chunks, more than
+     * the 34 a reservation a quarter the size would hold */
+    assert_int_equal(l.c.nch, 63);
+    assert_int_equal(l.c.count[62], 32);
+    lone_bounds(&l, live);
+
+    /* a lower bound's place, then a change before the block is re-keyed:
+     * the place is stale (the largest class moved down one) and the
+     * re-key is refused */
+    assert_int_equal(ml_ab_class_lower_bound(&l.ct, &l.c, 512ull * K), l.x[K]);
+    ml_ab_class_erase(&l.t, &l.ct, &l.c, l.x[K - 1]);
+    live[K - 1] = false;
+    assert_false(ml_ab_class_shrink(&l.t, &l.ct, &l.c, l.x[K], 512ull * (K - 1), 1ull << 33));
+    lone_check(&l);
+    /* right after a lower bound it is taken: 512 (K - 1) sits between the
+     * class below (512 (K - 2)) and the block's own size */
+    assert_int_equal(ml_ab_class_lower_bound(&l.ct, &l.c, 512ull * K - 100), l.x[K]);
+    assert_true(ml_ab_class_shrink(&l.t, &l.ct, &l.c, l.x[K], 512ull * (K - 1), 1ull << 33));
+    live[K] = false;
+    live[K - 1] = true;
+    l.x[K - 1] = l.x[K];
+    lone_check(&l);
+    lone_bounds(&l, live);
+
+    /* every other size out, then the rest from the top: chunks join */
+    for (uint32_t j = 1; j < K; j += 2) {
+        ml_ab_class_erase(&l.t, &l.ct, &l.c, l.x[j]);
+        live[j] = false;
+        lone_check(&l);
+    }
+    lone_bounds(&l, live);
+    for (uint32_t j = K - 1; j >= 2; j--)
+        if (live[j]) {
+            ml_ab_class_erase(&l.t, &l.ct, &l.c, l.x[j]);
+            live[j] = false;
+            lone_check(&l);
+        }
+    assert_int_equal(l.c.nch, 0);
+    assert_int_equal(l.c.n, 0);
+    ml_ab_classes_free(&l.c);
+    ml_ab_table_free(&l.t);
+    ml_ab_table_free(&l.ct);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(many_classes),
+        cmocka_unit_test(index_at_its_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
