@@ -67,7 +67,7 @@ fuzz() {
     ninja -C build-fuzz >/dev/null || { echo "FAIL: the fuzz build"; return 1; }
     work=$(mktemp -d)
     rc=0
-    for t in model hf units profile points; do
+    for t in model hf units profile points trace; do
         cp -r "tests/fuzz/corpus/$t" "$work/$t"
         # a fixed seed keeps the gate reproducible (FUZZ_SEED=0: a random one)
         "$PWD/build-fuzz/tests/fuzz/fuzz_$t" -max_total_time="${FUZZ_SECONDS:-60}" \
