@@ -86,11 +86,11 @@ static bool tables_reserve(ml_alloc_sim *s, size_t need)
         return false;
     if (!classed(s))
         return true;
-    /* then ct.cap >= t.cap: a slot for each block the table can hold, as
-     * live classes plus the one class_insert takes before it knows whether
-     * the class is new never exceed the blocks (slot 0 is "none" in both) */
+    /* then ct.cap >= t.cap and index room for t.cap classes per pool: a
+     * class slot for each block the table can hold, as the live classes
+     * never outnumber the free blocks (slot 0 is "none" in both tables) */
     size_t live = s->ct.n ? s->ct.n - 1 - s->ct.free_count : 0;
-    return ml_ab_reserve(&s->ct, s->t.cap > live + 1 ? s->t.cap - 1 - live : 0) &&
+    return ml_ab_cls_reserve(&s->ct, s->t.cap > live + 1 ? s->t.cap - 1 - live : 0) &&
            ml_ab_classes_reserve(&s->pool[SMALL].cls, s->t.cap) &&
            ml_ab_classes_reserve(&s->pool[LARGE].cls, s->t.cap);
 }
@@ -144,7 +144,7 @@ void ml_alloc_sim_destroy(ml_alloc_sim *s)
     if (!s)
         return;
     ml_ab_table_free(&s->t);
-    ml_ab_table_free(&s->ct);
+    ml_ab_cls_table_free(&s->ct);
     ml_ab_classes_free(&s->pool[SMALL].cls);
     ml_ab_classes_free(&s->pool[LARGE].cls);
     free(s->scratch);

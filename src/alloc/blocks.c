@@ -6,26 +6,33 @@
 
 #include "alloc/blocks.h"
 
+void *ml_ab_grow(void *arr, size_t elem, size_t *n, size_t *cap, size_t free_count, size_t need)
+{
+    if (arr && free_count + (*cap - *n) >= need)
+        return arr;
+    size_t want = *n + need;
+    if (want > UINT32_MAX - 1)
+        return NULL; /* indices are 32-bit */
+    size_t c = *cap ? *cap : 64;
+    while (c < want)
+        c *= 2;
+    void *na = realloc(arr, c * elem);
+    if (!na)
+        return NULL;
+    *cap = c;
+    if (*n == 0) {
+        memset(na, 0, elem); /* index 0: "none" */
+        *n = 1;
+    }
+    return na;
+}
+
 bool ml_ab_reserve(ml_ab_table *t, size_t need)
 {
-    if (t->free_count + (t->cap - t->n) >= need)
-        return true;
-    size_t want = t->n + need;
-    if (want > UINT32_MAX - 1)
-        return false; /* indices are 32-bit */
-    size_t cap = t->cap ? t->cap : 64;
-    while (cap < want)
-        cap *= 2;
-    ml_ab *nb = realloc(t->b, cap * sizeof *nb);
-    if (!nb)
-        return false;
-    t->b = nb;
-    t->cap = cap;
-    if (t->n == 0) {
-        memset(&t->b[0], 0, sizeof t->b[0]); /* index 0: "none" */
-        t->n = 1;
-    }
-    return true;
+    ml_ab *b = ml_ab_grow(t->b, sizeof *t->b, &t->n, &t->cap, t->free_count, need);
+    if (b)
+        t->b = b;
+    return b != NULL;
 }
 
 void ml_ab_table_free(ml_ab_table *t)

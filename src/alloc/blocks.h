@@ -49,6 +49,13 @@ typedef struct {
     uint64_t rng;       /* xorshift state for treap priorities: deterministic */
 } ml_ab_table;
 
+/* A table's array arr of elem-byte slots (*n used, index 0 "none"
+ * included; *cap allocated; free_count of them on the free list) with
+ * room for `need` more: arr itself when it has it, else arr grown by
+ * doubling from 64 slots (slot 0 zeroed on first use), *n and *cap
+ * updated. NULL (arr and the counts as they were) when the host is out of
+ * memory or an index would pass 32 bits. */
+void *ml_ab_grow(void *arr, size_t elem, size_t *n, size_t *cap, size_t free_count, size_t need);
 /* Room for `need` more blocks without allocating: false when the host is
  * out of memory (the table unchanged). */
 bool ml_ab_reserve(ml_ab_table *t, size_t need);
@@ -115,10 +122,52 @@ uint32_t ml_ab_last(const ml_ab_table *t, uint32_t root);
 /* Writes the set's blocks in order into out (room for count of them). */
 size_t ml_ab_collect(const ml_ab_table *t, uint32_t root, uint32_t *out, size_t room);
 
+/* ---- The class table: a slot per size class (classes.c), 16 bytes where
+ * a block takes 64, so that the few classes in use share cache lines. */
+typedef struct {
+    uint64_t size; /* the class's size; 0: an unused slot */
+    uint32_t top;  /* its lowest-addressed block; an unused slot: the next unused one */
+} ml_ab_cls;
+
+typedef struct {
+    ml_ab_cls *k;
+    size_t n, cap;      /* slots used (index 0, "none", included), allocated */
+    uint32_t free_head; /* the unused slots, through .top */
+    size_t free_count;
+} ml_ab_cls_table;
+
+/* Room for `need` more classes without allocating: false when the host is
+ * out of memory (the table unchanged). */
+bool ml_ab_cls_reserve(ml_ab_cls_table *t, size_t need);
+void ml_ab_cls_table_free(ml_ab_cls_table *t);
+/* A slot of the given size from the reserved room (never fails after a
+ * ml_ab_cls_reserve covering it), with no block yet. */
+static inline uint32_t ml_ab_cls_new(ml_ab_cls_table *t, uint64_t size)
+{
+    uint32_t i;
+    if (t->free_head) {
+        i = t->free_head;
+        t->free_head = t->k[i].top;
+        t->free_count--;
+    } else {
+        i = (uint32_t)t->n++;
+    }
+    t->k[i].size = size;
+    t->k[i].top = 0;
+    return i;
+}
+
+static inline void ml_ab_cls_release(ml_ab_cls_table *t, uint32_t i)
+{
+    t->k[i].size = 0;
+    t->k[i].top = t->free_head;
+    t->free_head = i;
+    t->free_count++;
+}
+
 /* ---- Class sets (classes.c): the caching allocator's size-ordered free
- * sets. One class per size with free blocks: a slot of a table of its own
- * (the class table: size = the class's size, next = the class's
- * lowest-addressed block), found through an index of the sizes in order;
+ * sets. One class per size with free blocks: a slot of the class table
+ * (above), found through an index of the sizes in order;
  * the class's blocks form a pairing heap by address (Fredman, Sedgewick,
  * Sleator and Tarjan 1986). The best fit, the first block of the (size,
  * address) order at or above a size, is then the heap top of the first
@@ -180,24 +229,24 @@ void ml_ab_classes_free(ml_ab_classes *c);
  * chunks in order, each largest size and count right, every two
  * neighbours at half a chunk or more, every chunk id once; else what is
  * not (ml_alloc_sim_check, and the tests). */
-const char *ml_ab_classes_check(const ml_ab_classes *c, const ml_ab_table *ct, size_t blocks);
+const char *ml_ab_classes_check(const ml_ab_classes *c, const ml_ab_cls_table *ct, size_t blocks);
 /* Block x (in no set) into the class set c of the blocks t, classes ct. */
-void ml_ab_class_insert(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x);
+void ml_ab_class_insert(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x);
 /* Block x out of the class set c. */
-void ml_ab_class_erase(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x);
+void ml_ab_class_erase(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x);
 /* The lowest-addressed block of the smallest class whose size is >= size;
  * 0: none. */
-uint32_t ml_ab_class_lower_bound(ml_ab_table *ct, ml_ab_classes *c, uint64_t size);
+uint32_t ml_ab_class_lower_bound(ml_ab_cls_table *ct, ml_ab_classes *c, uint64_t size);
 /* Gives block x (in c) the key (size, addr), size below its own, in place
  * when x is alone in its class and no class lies between (as the lower
  * bound just before, which found x's class, saw): the class keeps its
  * place in the order and takes the new size. Returns false (nothing
  * changed) otherwise. */
-bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x,
+bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x,
                         uint64_t size, uint64_t addr);
 /* Writes the set's blocks, class by class from the smallest (in no order
  * within a class), into out, at most room of them; returns how many. */
-size_t ml_ab_class_collect(const ml_ab_table *t, const ml_ab_table *ct, const ml_ab_classes *c,
+size_t ml_ab_class_collect(const ml_ab_table *t, const ml_ab_cls_table *ct, const ml_ab_classes *c,
                            uint32_t *out, size_t room);
 
 #endif

@@ -11,7 +11,7 @@ static const char *check_heap(const ml_alloc_sim *s, uint32_t k, int pi, uint32_
                               size_t room, size_t *count)
 {
     const ml_ab *b = s->t.b;
-    const uint32_t top = s->ct.b[k].next;
+    const uint32_t top = s->ct.k[k].top;
     if (!top)
         return "an empty class in the index";
     if (b[top].hp || b[top].hs)
@@ -22,7 +22,7 @@ static const char *check_heap(const ml_alloc_sim *s, uint32_t k, int pi, uint32_
         uint32_t y = queue[i];
         if (b[y].state != ML_AB_FREE || b[y].cls != k || b[y].pool != pi)
             return "a block in a class that is not a free block of it";
-        if (b[y].size != s->ct.b[k].size)
+        if (b[y].size != s->ct.k[k].size)
             return "a block of another size in a class";
         for (uint32_t c = b[y].hc, prev = y; c; prev = c, c = b[c].hs) {
             if (b[c].hp != prev)
@@ -40,7 +40,7 @@ static const char *check_heap(const ml_alloc_sim *s, uint32_t k, int pi, uint32_
 
 static const char *check_pool(const ml_alloc_sim *s, int pi, uint32_t *queue, size_t *classes)
 {
-    const ml_ab_table *ct = &s->ct;
+    const ml_ab_cls_table *ct = &s->ct;
     const pool_t *p = &s->pool[pi];
     const char *why = ml_ab_classes_check(&p->cls, ct, s->t.n);
     if (why)
@@ -57,8 +57,8 @@ static const char *check_pool(const ml_alloc_sim *s, int pi, uint32_t *queue, si
         return "a pool's count of free blocks differs from its classes";
     for (size_t m = 0; m < sizeof p->cls.memo / sizeof p->cls.memo[0]; m++) {
         uint32_t k = p->cls.memo[m].cls;
-        if (k && (k >= ct->n || ct->b[k].state == ML_AB_SLOT ||
-                  ct->b[k].size != p->cls.memo[m].size || s->t.b[ct->b[k].next].pool != pi))
+        if (k && (k >= ct->n || !ct->k[k].size || ct->k[k].size != p->cls.memo[m].size ||
+                  s->t.b[ct->k[k].top].pool != pi))
             return "a memo entry naming no class of its size";
     }
     return NULL;

@@ -75,6 +75,22 @@ static inline unsigned memo_slot(uint64_t size)
     return (unsigned)(((size >> 9) * 0x9E3779B97F4A7C15ull) >> 58); /* 64 slots */
 }
 
+/* ---- the class table ---- */
+
+bool ml_ab_cls_reserve(ml_ab_cls_table *t, size_t need)
+{
+    ml_ab_cls *k = ml_ab_grow(t->k, sizeof *t->k, &t->n, &t->cap, t->free_count, need);
+    if (k)
+        t->k = k;
+    return k != NULL;
+}
+
+void ml_ab_cls_table_free(ml_ab_cls_table *t)
+{
+    free(t->k);
+    memset(t, 0, sizeof *t);
+}
+
 /* ---- the index of sizes ---- */
 
 enum { CHUNK = ML_AB_CHUNK, HALF = ML_AB_CHUNK / 2 };
@@ -246,7 +262,7 @@ static void index_erase(ml_ab_classes *c, uint32_t p, uint32_t i)
 
 /* ---- the class sets ---- */
 
-void ml_ab_class_insert(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x)
+void ml_ab_class_insert(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x)
 {
     ml_ab *b = t->b;
     const uint64_t size = b[x].size;
@@ -257,8 +273,7 @@ void ml_ab_class_insert(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint3
         if (locate(c, size, &p, &i) && c->ch[c->order[p]].size[i] == size) {
             k = c->ch[c->order[p]].cls[i];
         } else {
-            k = ml_ab_new(ct); /* a slot per free block at most: reserved */
-            ct->b[k].size = size;
+            k = ml_ab_cls_new(ct, size); /* a slot per free block at most: reserved */
             index_insert(c, p, i, size, k); /* and room in the index: reserved */
             c->fpos = 0;                    /* the positions changed */
         }
@@ -266,52 +281,52 @@ void ml_ab_class_insert(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint3
         c->memo[m].cls = k;
     }
     b[x].hc = b[x].hs = b[x].hp = 0;
-    ct->b[k].next = meld(b, ct->b[k].next, x);
+    ct->k[k].top = meld(b, ct->k[k].top, x);
     b[x].cls = k;
 }
 
-void ml_ab_class_erase(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x)
+void ml_ab_class_erase(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x)
 {
     uint32_t k = t->b[x].cls;
     if (!k)
         return; /* in no set: a caller's bug, harmless here */
     t->b[x].cls = 0;
-    uint32_t top = heap_erase(t->b, ct->b[k].next, x);
-    ct->b[k].next = top;
+    uint32_t top = heap_erase(t->b, ct->k[k].top, x);
+    ct->k[k].top = top;
     if (top)
         return;
     /* the class is empty: out of the memo and the index */
-    const uint64_t size = ct->b[k].size;
+    const uint64_t size = ct->k[k].size;
     unsigned m = memo_slot(size);
     if (c->memo[m].cls == k)
         c->memo[m].cls = 0;
     uint32_t p = 0, i = 0;
     locate(c, size, &p, &i); /* the sizes are distinct: k's own entry */
     index_erase(c, p, i);
-    ml_ab_release(ct, k);
+    ml_ab_cls_release(ct, k);
     c->fpos = 0;
 }
 
-uint32_t ml_ab_class_lower_bound(ml_ab_table *ct, ml_ab_classes *c, uint64_t size)
+uint32_t ml_ab_class_lower_bound(ml_ab_cls_table *ct, ml_ab_classes *c, uint64_t size)
 {
     unsigned m = memo_slot(size);
     c->fpos = 0;
     if (c->memo[m].cls && c->memo[m].size == size)
-        return ct->b[c->memo[m].cls].next; /* a class of exactly that size */
+        return ct->k[c->memo[m].cls].top; /* a class of exactly that size */
     uint32_t p, i;
     if (!locate(c, size, &p, &i))
         return 0;
     c->fpos = p + 1;
     c->fidx = i;
-    return ct->b[c->ch[c->order[p]].cls[i]].next;
+    return ct->k[c->ch[c->order[p]].cls[i]].top;
 }
 
-bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint32_t x,
+bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x,
                         uint64_t size, uint64_t addr)
 {
     ml_ab *b = t->b;
     uint32_t k = b[x].cls;
-    if (!k || ct->b[k].next != x || b[x].hc || !c->fpos)
+    if (!k || ct->k[k].top != x || b[x].hc || !c->fpos)
         return false; /* not alone in its class, or its place unknown */
     /* the class below x's must stay below size; the search that found x
      * knows where it is (a class the memo gave is of the request's size
@@ -323,10 +338,10 @@ bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint3
     uint64_t under = i ? h->size[i - 1] : p ? c->hi[p - 1] : 0;
     if (h->cls[i] != k || under >= size)
         return false;
-    unsigned m = memo_slot(ct->b[k].size);
+    unsigned m = memo_slot(ct->k[k].size);
     if (c->memo[m].cls == k)
         c->memo[m].cls = 0;
-    h->size[i] = ct->b[k].size = b[x].size = size;
+    h->size[i] = ct->k[k].size = b[x].size = size;
     if (i + 1 == c->count[p])
         c->hi[p] = size;
     b[x].addr = addr;
@@ -334,7 +349,7 @@ bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_table *ct, ml_ab_classes *c, uint3
     return true;
 }
 
-const char *ml_ab_classes_check(const ml_ab_classes *c, const ml_ab_table *ct, size_t blocks)
+const char *ml_ab_classes_check(const ml_ab_classes *c, const ml_ab_cls_table *ct, size_t blocks)
 {
     if (!ml_ab_classes_room(c, blocks) || c->nch + c->nspare != c->cap)
         return "an index without room for a class per block, or a chunk lost";
@@ -355,7 +370,7 @@ const char *ml_ab_classes_check(const ml_ab_classes *c, const ml_ab_table *ct, s
                 return "classes out of order or repeated";
             last = h->size[i];
             uint32_t k = h->cls[i];
-            if (!k || k >= ct->n || ct->b[k].state == ML_AB_SLOT || ct->b[k].size != last)
+            if (!k || k >= ct->n || !ct->k[k].size || ct->k[k].size != last)
                 return "an index entry naming no class of its size";
         }
         if (c->hi[p] != last)
@@ -390,12 +405,12 @@ static void heap_collect(const ml_ab *b, uint32_t top, uint32_t *out, size_t roo
             out[(*n)++] = y;
 }
 
-size_t ml_ab_class_collect(const ml_ab_table *t, const ml_ab_table *ct, const ml_ab_classes *c,
+size_t ml_ab_class_collect(const ml_ab_table *t, const ml_ab_cls_table *ct, const ml_ab_classes *c,
                            uint32_t *out, size_t room)
 {
     size_t n = 0;
     for (uint32_t p = 0; p < c->nch; p++)
         for (uint32_t i = 0; i < c->count[p]; i++)
-            heap_collect(t->b, ct->b[c->ch[c->order[p]].cls[i]].next, out, room, &n);
+            heap_collect(t->b, ct->k[c->ch[c->order[p]].cls[i]].top, out, room, &n);
     return n;
 }

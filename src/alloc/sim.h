@@ -26,7 +26,7 @@ struct ml_alloc_sim {
     uint64_t non_split; /* max_non_split_rounding_size */
     uint64_t va[2];     /* an expandable segment's address space, per pool */
     ml_ab_table t;
-    ml_ab_table ct; /* the size classes' slots (blocks.h), with the caching allocator */
+    ml_ab_cls_table ct; /* the size classes' slots (blocks.h), with the caching allocator */
     pool_t pool[2];
     uint64_t next_addr; /* where the next segment goes (docs/allocator.md, "Addresses") */
     ml_alloc_stats st;

@@ -193,7 +193,8 @@ static void many_classes(void **state)
 enum { K = 1024 }; /* classes, with room reserved for exactly that many */
 
 typedef struct {
-    ml_ab_table t, ct;
+    ml_ab_table t;
+    ml_ab_cls_table ct;
     ml_ab_classes c;
     uint32_t x[K + 1]; /* x[j]: a free block of 512 j bytes, j = 1 .. K */
 } lone;
@@ -222,7 +223,7 @@ static void index_at_its_bound(void **state)
     (void)state;
     static lone l;
     static bool live[K + 1];
-    assert_true(ml_ab_reserve(&l.t, K + 1) && ml_ab_reserve(&l.ct, K + 1) &&
+    assert_true(ml_ab_reserve(&l.t, K + 1) && ml_ab_cls_reserve(&l.ct, K + 1) &&
                 ml_ab_classes_reserve(&l.c, K));
     for (uint32_t j = 1; j <= K; j++) { /* ascending: each new size goes last */
         l.x[j] = ml_ab_new(&l.t);
@@ -275,7 +276,7 @@ static void index_at_its_bound(void **state)
     assert_int_equal(l.c.n, 0);
     ml_ab_classes_free(&l.c);
     ml_ab_table_free(&l.t);
-    ml_ab_table_free(&l.ct);
+    ml_ab_cls_table_free(&l.ct);
 }
 
 int main(void)
