@@ -104,10 +104,6 @@ bool ml_ab_classes_reserve(ml_ab_classes *c, size_t classes)
         return false;
     /* each array grown in turn: one that fails leaves c as it was, with
      * more room in some arrays than cap says */
-    ml_ab_chunk *ch = realloc(c->ch, cap * sizeof *ch);
-    if (!ch)
-        return false;
-    c->ch = ch;
 #define GROW(f)                                                                             \
     do {                                                                                    \
         void *g = realloc(c->f, cap * sizeof *c->f);                                        \
@@ -115,6 +111,7 @@ bool ml_ab_classes_reserve(ml_ab_classes *c, size_t classes)
             return false;                                                                   \
         c->f = g;                                                                           \
     } while (0)
+    GROW(ch);
     GROW(order);
     GROW(hi);
     GROW(count);
