@@ -227,7 +227,7 @@ static int check_parsed(const char *verb, ml_cli_opts *o)
     if (o->hf)
         o->model_path = o->hf;
     /* -o naming an input would replace it with the report */
-    const char *inputs[] = {o->model_path, o->training, o->calib};
+    const char *inputs[] = {o->model_path, o->training, o->calib, o->lengths};
     for (size_t k = 0; k < sizeof inputs / sizeof inputs[0]; k++)
         if (ml_out_refuse_input(o->output, inputs[k]))
             return ML_EXIT_BAD_INPUT;

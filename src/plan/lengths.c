@@ -97,10 +97,70 @@ static bool csv_number(const char *s, const char *end, uint64_t max, const char 
 
 typedef enum { LINE_BLANK, LINE_HEADER, LINE_DATA } line_kind;
 
-/* One line [s, end) of the CSV: blank or a comment, a header (names only,
- * allowed before the first data line: header_ok), or data into *b. */
-static bool csv_line(const char *s, const char *end, unsigned line, bool header_ok, bin *b,
-                     line_kind *kind, ml_error *err)
+/* Whether a[0 .. n) is the lower-case name, letters in either case. */
+static bool same_name(const char *a, const char *name, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char c = a[i] >= 'A' && a[i] <= 'Z' ? (char)(a[i] - 'A' + 'a') : a[i];
+        if (c != name[i])
+            return false;
+    }
+    return true;
+}
+
+/* A header [p, end) of names: `length`, or `length` and `count` in either
+ * order; *swapped when count comes first. False with a message naming the
+ * column otherwise: a header is read by its names, never by position, so a
+ * file written as count,length is not read as lengths of its counts. */
+static bool csv_header(const char *s, const char *p, const char *end, unsigned line,
+                       bool *swapped, ml_error *err)
+{
+    static const char *const names[] = {"length", "count"};
+    int col[2] = {-1, -1}, k = 0;
+    for (const char *f = p; f <= end && k < 3; k++) {
+        const char *c = memchr(f, ',', (size_t)(end - f));
+        const char *fe = c ? c : end, *a = f, *z = fe;
+        while (a < z && (*a == ' ' || *a == '\t'))
+            a++;
+        while (z > a && (z[-1] == ' ' || z[-1] == '\t' || z[-1] == '\r'))
+            z--;
+        int which = -1;
+        for (int j = 0; j < 2; j++)
+            if ((size_t)(z - a) == strlen(names[j]) && same_name(a, names[j], (size_t)(z - a)))
+                which = j;
+        if (which >= 0 && col[which] >= 0) {
+            ml_errorf_at(err, ML_SYNTAX, line, (unsigned)(a - s) + 1,
+                         "header column %d repeats `%s`: the columns are `length` and, "
+                         "optionally, `count`",
+                         k + 1, names[which]);
+            return false;
+        }
+        if (which < 0 || k == 2) {
+            ml_errorf_at(err, ML_SYNTAX, line, (unsigned)(a - s) + 1,
+                         "header column %d is \"%.*s\": the columns are `length` and, "
+                         "optionally, `count` (in either order)",
+                         k + 1, (int)(z - a > 40 ? 40 : z - a), a);
+            return false;
+        }
+        col[which] = k;
+        f = fe + 1;
+        if (!c)
+            break;
+    }
+    if (col[0] < 0) {
+        ml_errorf_at(err, ML_SYNTAX, line, (unsigned)(p - s) + 1,
+                     "the header has no `length` column (`length` or `length,count`)");
+        return false;
+    }
+    *swapped = col[1] == 0;
+    return true;
+}
+
+/* One line [s, end) of the CSV: blank or a comment, a header (names,
+ * allowed before the first data line: header_ok, its order into
+ * *swapped), or data into *b, read in that order. */
+static bool csv_line(const char *s, const char *end, unsigned line, bool header_ok, bool *swapped,
+                     bin *b, line_kind *kind, ml_error *err)
 {
     const char *p = s;
     while (p < end && (*p == ' ' || *p == '\t' || *p == '\r'))
@@ -109,21 +169,28 @@ static bool csv_line(const char *s, const char *end, unsigned line, bool header_
     if (p == end || *p == '#')
         return true;
     if (header_ok && (*p < '0' || *p > '9')) {
-        for (const char *h = p; h < end; h++)
-            if (!strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_, \t\r", *h)) {
-                ml_errorf_at(err, ML_SYNTAX, line, (unsigned)(h - s) + 1,
-                             "a header line has names only (`length` or `length,count`)");
-                return false;
-            }
+        if (!csv_header(s, p, end, line, swapped, err))
+            return false;
         *kind = LINE_HEADER;
         return true;
     }
     const char *comma = memchr(s, ',', (size_t)(end - s));
+    const char *first = "length", *second = "count";
+    uint64_t max1 = MAX_LENGTH, max2 = MAX_COUNT, *v1 = &b->t, *v2 = &b->count;
+    if (*swapped) {
+        if (!comma) {
+            ml_errorf_at(err, ML_SYNTAX, line, (unsigned)(end - s) + 1,
+                         "the header says count,length: this line has one field");
+            return false;
+        }
+        first = "count", second = "length";
+        max1 = MAX_COUNT, max2 = MAX_LENGTH, v1 = &b->count, v2 = &b->t;
+    }
     b->count = 1;
-    if (!csv_number(s, comma ? comma : end, MAX_LENGTH, "length", line, 1, &b->t, err))
+    if (!csv_number(s, comma ? comma : end, max1, first, line, 1, v1, err))
         return false;
-    if (comma && !csv_number(comma + 1, end, MAX_COUNT, "count", line,
-                             (unsigned)(comma + 1 - s) + 1, &b->count, err))
+    if (comma && !csv_number(comma + 1, end, max2, second, line, (unsigned)(comma + 1 - s) + 1,
+                             v2, err))
         return false;
     *kind = LINE_DATA;
     return true;
@@ -169,7 +236,7 @@ ml_status ml_lengths_parse_csv(const char *text, size_t len, const char *name, m
     bin *v = NULL;
     size_t n = 0, cap = 0;
     unsigned line = 0;
-    bool header = false;
+    bool header = false, swapped = false;
     ml_status st = ML_OK;
     for (const char *s = text, *end = text + len; s < end && !st; line++) {
         const char *nl = memchr(s, '\n', (size_t)(end - s));
@@ -180,7 +247,7 @@ ml_status ml_lengths_parse_csv(const char *text, size_t len, const char *name, m
             st = ml_errorf_at(err, ML_SYNTAX, line + 1, 0, "a NUL byte: not a text file");
         else if (line >= (1u << 20))
             st = ml_errorf_at(err, ML_RANGE, line + 1, 0, "more than 1048576 lines");
-        else if (!csv_line(s, le, line + 1, !n && !header, &b, &kind, err))
+        else if (!csv_line(s, le, line + 1, !n && !header, &swapped, &b, &kind, err))
             st = err ? err->code : ML_SYNTAX;
         else if (kind == LINE_HEADER)
             header = true;

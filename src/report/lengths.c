@@ -24,7 +24,8 @@ static void describe(FILE *f, const ml_config *cfg, const ml_lengths *d, const c
 {
     fputs("\nLengths (", f);
     if (ml_lengths_samples(d))
-        fprintf(f, "%s: %llu samples", source, (unsigned long long)ml_lengths_samples(d));
+        fprintf(f, "%s: %llu sample%s", source, (unsigned long long)ml_lengths_samples(d),
+                ml_lengths_samples(d) == 1 ? "" : "s");
     else
         fprintf(f, "quantiles %s", source);
     fprintf(f, ", %llu to %llu tokens, median %llu, P99 %llu)\n",

@@ -100,6 +100,20 @@ rc=$?
 check "-o the input through a hard link: exit 2 (got $rc), input intact" \
     sh -c "[ $rc = 2 ] && cmp -s m.yaml in.yaml && grep -q 'is the input file' err"
 
+# 16b. -o naming the --lengths file (plan, fit, triage): refused, exit 2,
+# the lengths intact.
+printf 'length,count\n100,5\n200,1\n' >len.csv
+cp len.csv len0.csv
+for verb in plan fit triage; do
+    set -- --lengths len.csv -o len.csv
+    [ $verb = fit ] && set -- "$@" --max-tokens auto
+    [ $verb = triage ] && set -- "$@" --device 8GiB
+    "$exe" $verb m.yaml "$@" 2>err
+    rc=$?
+    check "$verb -o the --lengths file: exit 2 (got $rc), lengths intact" \
+        sh -c "[ $rc = 2 ] && cmp -s len0.csv len.csv && grep -q 'is the input file' err"
+done
+
 # 13. --emit with -o when nothing fits: the previous file stays, exit 1.
 echo '{"previous": true}' >ds.json
 cat >huge.yaml <<'YAML'

@@ -52,6 +52,14 @@ static void test_csv_cdf_by_hand(void **state)
     assert_int_equal(ml_lengths_floor(d, 99), 0);
     assert_int_equal(ml_lengths_floor(d, 5000), 200);
     ml_lengths_destroy(d);
+    /* count first, as the header says (names in either case): 100 x5 and
+     * 900 x1, F(100) = 5/6; read by position it would be 5 x100 and 1 x900 */
+    d = csv("Count, Length\r\n5,100\r\n1,900\r\n");
+    assert_int_equal(ml_lengths_samples(d), 6);
+    assert_int_equal(ml_lengths_min(d), 100);
+    assert_int_equal(ml_lengths_max(d), 900);
+    assert_true(ml_lengths_cdf(d, 100) == 5.0 / 6);
+    ml_lengths_destroy(d);
     /* a byte order mark and CRLF lines */
     d = csv("\xEF\xBB\xBF" "7\r\n7\r\n");
     assert_int_equal(ml_lengths_samples(d), 2);
@@ -114,6 +122,21 @@ static void test_bad_input(void **state)
     assert_non_null(strstr(e.msg, "no lengths"));
     assert_int_equal(csv_error("", &e), ML_RANGE);
     assert_int_equal(csv_error("5\nlength\n", &e), ML_SYNTAX); /* a header only first */
+    /* a header is read by its names: another name, a repeat, a third
+     * column or no length column is refused at that column */
+    assert_int_equal(csv_error("foo,bar\n5,100\n", &e), ML_SYNTAX);
+    assert_int_equal(e.line, 1);
+    assert_int_equal(e.col, 1);
+    assert_non_null(strstr(e.msg, "\"foo\""));
+    assert_int_equal(csv_error("length, length\n5,100\n", &e), ML_SYNTAX);
+    assert_int_equal(e.col, 9);
+    assert_non_null(strstr(e.msg, "repeats `length`"));
+    assert_int_equal(csv_error("length,count,x\n5,100\n", &e), ML_SYNTAX);
+    assert_int_equal(e.col, 14);
+    assert_int_equal(csv_error("count\n5\n", &e), ML_SYNTAX);
+    assert_non_null(strstr(e.msg, "no `length` column"));
+    assert_int_equal(csv_error("count,length\n5,100\n7\n", &e), ML_SYNTAX);
+    assert_int_equal(e.line, 3); /* count,length wants both fields */
     assert_int_equal(ml_lengths_parse_csv("5\n\0" "6\n", 5, "nul.csv", &d, &e), ML_SYNTAX);
     assert_int_equal(e.line, 2);
     assert_null(d);
