@@ -24,8 +24,9 @@ extern "C" {
 typedef struct ml_lengths ml_lengths;
 
 /* A CSV of lengths: one length per line, or `length,count` lines; an
- * optional header line (`length` or `length,count`), `#` comments and blank
- * lines. name is used in messages (file:line:column). Lengths are 1 to
+ * optional header line (`length`, or `length` and `count` in either order:
+ * the fields are read as it names them; other names are refused), `#`
+ * comments and blank lines. name is used in messages (file:line:column). Lengths are 1 to
  * 2^28, counts 1 to 2^40; at least one sample. */
 ML_API ml_status ml_lengths_parse_csv(const char *text, size_t len, const char *name,
                                       ml_lengths **out, ml_error *err);
