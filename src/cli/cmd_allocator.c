@@ -185,18 +185,30 @@ static void write_text(FILE *f, const opts *o, const ml_alloc_config *c, const m
             (unsigned long long)s->segments.peak, (unsigned long long)s->device_allocs,
             c->mode == ML_ALLOC_EXPANDABLE ? "page mappings" : "cudaMalloc calls",
             (unsigned long long)s->num_alloc_retries);
-    if (!c->device_bytes)
+    if (!c->device_bytes && r->oom_index == SIZE_MAX)
         return;
-    ml_format_bytes(c->device_bytes, a, sizeof a);
     if (r->oom_index == SIZE_MAX) {
+        ml_format_bytes(c->device_bytes, a, sizeof a);
         fprintf(f, "  device %s: fits\n", a);
         return;
     }
     const ml_alloc_event *e = &t->ev[r->oom_index];
     ml_format_bytes(e->bytes, b, sizeof b);
-    fprintf(f, "  device %s: OUT OF MEMORY at event %zu (line %u: alloc of '%s', %s); the "
-               "peaks above are up to it\n",
-            a, r->oom_index + 1, e->line, t->ids[r->oom_index], b);
+    if (c->device_bytes) {
+        ml_format_bytes(c->device_bytes, a, sizeof a);
+        fprintf(f, "  device %s: OUT OF MEMORY", a);
+    } else {
+        /* without a device only a request past the simulator's address
+         * space fails (docs/allocator.md) */
+        fputs("  no --device, yet OUT OF MEMORY", f);
+    }
+    fprintf(f, " at event %zu (line %u: alloc of '%s', %s); the peaks above are up to it\n",
+            r->oom_index + 1, e->line, t->ids[r->oom_index], b);
+    if (!c->device_bytes)
+        fprintf(f, "  (without --device a request fails only past the simulated address space: "
+                   "%s)\n",
+                c->mode == ML_ALLOC_EXPANDABLE ? "72 TiB of expandable segments"
+                                               : "1 EiB and larger");
 }
 
 static void json_string(FILE *f, const char *s)
