@@ -126,7 +126,7 @@ typedef struct {
     size_t len;
     size_t f[4], fl[4];
     int nf;
-    bool is_free;
+    bool is_free, has_bytes; /* has_bytes: a free that gives its size */
     unsigned long long bytes;
 } trace_line;
 
@@ -182,7 +182,8 @@ static ml_status parse_event(trace_parser *p, trace_line *l)
         return fail(p->err, ML_SCHEMA, p->path, p->lineno, (unsigned)l->f[1] + 1,
                     "the id is empty: name each allocation with a token");
     l->bytes = 0;
-    if (!l->is_free || (l->nf == 3 && l->fl[2]))
+    l->has_bytes = l->is_free && l->nf == 3 && l->fl[2];
+    if (!l->is_free || l->has_bytes)
         return parse_bytes(p, l);
     return ML_OK;
 }
@@ -257,6 +258,12 @@ static ml_status add_event(trace_parser *p, const trace_line *l)
     ml_alloc_event *ev = &t->ev[t->n];
     ev->line = p->lineno;
     ev->free = l->is_free;
+    if (l->is_free && l->has_bytes && l->bytes != t->ev[e->slot].bytes)
+        return fail(p->err, ML_SCHEMA, p->path, p->lineno, (unsigned)l->f[2] + 1,
+                    "free of '%.*s' gives %llu B, its alloc (line %u) %llu B: a free "
+                    "returns what its alloc took; give that size or leave the field empty",
+                    (int)(l->fl[1] > 60 ? 60 : l->fl[1]), l->text + l->f[1], l->bytes,
+                    e->line, (unsigned long long)t->ev[e->slot].bytes);
     if (l->is_free) {
         ev->slot = e->slot;
         ev->bytes = t->ev[e->slot].bytes;
@@ -284,6 +291,8 @@ ml_status ml_alloc_trace_parse(const char *text, size_t len, const char *path,
     bool header = false;
     if (!p.t)
         return fail(err, ML_NOMEM, path, 0, 0, "out of memory");
+    if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3)) /* a UTF-8 byte order mark */
+        text += 3, len -= 3;
     for (size_t i = 0; i < len && !st;) {
         trace_line l = {.text = text + i};
         const char *nl = memchr(l.text, '\n', len - i);
