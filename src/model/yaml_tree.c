@@ -203,6 +203,29 @@ static ml_status handle(builder *b, yaml_event_t *ev)
     }
 }
 
+/* Bytes that are not UTF-8 at text[off]: the line and column there. */
+static ml_status not_utf8(ml_error *err, const char *text, size_t off, const char *problem,
+                          int value)
+{
+    yaml_mark_t mk = {0, 0, 0};
+    for (size_t i = 0; i < off; i++) {
+        if (text[i] == '\n') {
+            mk.line++;
+            mk.column = 0;
+        } else if (((unsigned char)text[i] & 0xC0) != 0x80) {
+            mk.column++; /* a character's first byte */
+        }
+    }
+    char msg[300];
+    if (value >= 0)
+        snprintf(msg, sizeof msg, "not UTF-8 text: %s (byte 0x%02x); save the file as UTF-8",
+                 problem ? problem : "invalid bytes", (unsigned)value & 0xFFu);
+    else
+        snprintf(msg, sizeof msg, "not UTF-8 text: %s; save the file as UTF-8",
+                 problem ? problem : "invalid bytes");
+    return fail(err, ML_SYNTAX, &mk, msg);
+}
+
 ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *err)
 {
     if (len > ML_TREE_MAX_BYTES)
@@ -225,6 +248,13 @@ ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *
                 break;
             }
             char msg[400];
+            if (parser.error == YAML_READER_ERROR) {
+                /* libyaml gives a reader's problem as a byte offset, its
+                 * mark left at the start */
+                st = not_utf8(err, text, parser.problem_offset < len ? parser.problem_offset : len,
+                              parser.problem, parser.problem_value);
+                break;
+            }
             snprintf(msg, sizeof msg, "YAML syntax: %s%s%s",
                      parser.problem ? parser.problem : "unknown problem",
                      parser.context ? " " : "", parser.context ? parser.context : "");

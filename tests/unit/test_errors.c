@@ -66,6 +66,10 @@ static const bad_case cases[] = {
     {"model:\n  type: decoder\n  layers: *n\n", ML_SYNTAX, 3, 11, "aliases"},
     {"model: x\n---\nmodel: y\n", ML_SYNTAX, 2, 1, "more than one YAML document"},
     {"\tmodel: x\n", ML_SYNTAX, 0, 0, "YAML syntax"},
+    /* bytes that are not UTF-8: at their own line and column (the
+     * character count: "é" is one), not at the file's start */
+    {"name: x\nmodel:\n  type: d\xc3\xa9" "co\xff" "der\n", ML_SYNTAX, 3, 13, "not UTF-8 text"},
+    {"name: x\n# \xff\n", ML_SYNTAX, 2, 3, "(byte 0xff)"},
     /* sequential models */
     {"model:\n  type: sequential\n  input: [3, 32, 32]\n  layers:\n    - conv2d: {out: 8, kernel: 3}\n"
      "    - linear: {out: 10}\n", ML_SCHEMA, 6, 7, "add 'flatten: {}'"},
