@@ -44,6 +44,8 @@ typedef struct ml_fit_result {
     double step_time_s;         /* < 0 when unknown */
     unsigned evaluations;       /* ledger evaluations the search made */
     char note[512];             /* why the choice, or why nothing fits */
+    bool at_search_limit;       /* max_micro_batch is the search's upper end
+                                 * (req.max_micro_batch): larger may fit too */
 } ml_fit_result;
 
 /* Finds the largest micro-batch whose peak fits the device (cfg->device must

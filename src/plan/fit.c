@@ -228,6 +228,11 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
     }
     if ((st = largest(s, cap, &r->max_micro_batch)))
         return st;
+    /* stopped by the search's upper end, not by the device (a cap from the
+     * model or the global batch is no search limit) */
+    const uint64_t asked = req->max_micro_batch ? req->max_micro_batch : 65536;
+    r->at_search_limit = r->max_micro_batch == asked && (!req->global_batch || per > asked) &&
+                         (!lim || lim > asked);
     if (!r->max_micro_batch)
         return ML_OK;
     if ((st = split_batch(s, req, r, per)))

@@ -38,6 +38,9 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     ml_checkpoint_format(&r->checkpoint, ck, sizeof ck);
     fprintf(f, "largest micro-batch that fits: %llu (checkpoint %s%s)\n",
             (unsigned long long)r->max_micro_batch, req->auto_checkpoint ? "auto -> " : "", ck);
+    if (r->at_search_limit)
+        fprintf(f, "  (the search's upper end: larger micro-batches may fit too; raise "
+                   "--max-micro-batch to look further)\n");
     if (r->checkpoint.kind == ML_CKPT_OPTIMAL)
         fprintf(f, "  plan: %s\n", r->plan);
     fprintf(f, "choice: micro-batch %llu x %llu accumulation step%s x %llu device%s = effective "
@@ -96,8 +99,10 @@ int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
                 r->exact ? "true" : "false");
     else
         fputs(", \"global_batch\": null, \"exact\": true", f);
-    fprintf(f, ", \"max_micro_batch\": %llu, \"flops_recompute\": %.17g, \"evaluations\": %u",
-            (unsigned long long)r->max_micro_batch, r->flops_recompute, r->evaluations);
+    fprintf(f, ", \"max_micro_batch\": %llu, \"at_search_limit\": %s, \"flops_recompute\": %.17g, "
+               "\"evaluations\": %u",
+            (unsigned long long)r->max_micro_batch, r->at_search_limit ? "true" : "false",
+            r->flops_recompute, r->evaluations);
     fputs(", \"note\": ", f);
     ml_json_string(f, r->note);
     fputs("}\n", f);

@@ -72,6 +72,23 @@ static void test_fit_mlp2_by_hand(void **state)
     assert_true(fits_at(m, c, 49259));
     assert_false(fits_at(m, c, 49260));
     assert_true(r.evaluations < 64); /* doubling then bisection */
+    assert_false(r.at_search_limit);
+    /* the search's upper end: found at 1,000 says so; at 49,260 the device
+     * stops it first (49,259); a global batch of 1,000 is no search limit */
+    req.max_micro_batch = 1000;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.max_micro_batch, 1000);
+    assert_true(r.at_search_limit);
+    req.max_micro_batch = 49260;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.max_micro_batch, 49259);
+    assert_false(r.at_search_limit);
+    req = ml_fit_request_defaults();
+    req.global_batch = 1000;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.micro_batch, 1000);
+    assert_false(r.at_search_limit);
+    req = ml_fit_request_defaults();
     c.training.logits = ML_LOGITS_RELEASED;
     assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
     assert_int_equal(r.max_micro_batch, 50752);
