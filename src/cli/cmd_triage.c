@@ -100,7 +100,16 @@ static int request_of(const triage_flags *x, ml_triage_request *req)
                            "or eval",
                            x->phase);
     int rc = size_value("--allocated", x->allocated, &req->allocated);
-    return rc ? rc : size_value("--reserved", x->reserved, &req->reserved);
+    if (rc || (rc = size_value("--reserved", x->reserved, &req->reserved)))
+        return rc;
+    if (req->allocated && req->reserved && req->reserved < req->allocated) {
+        ml_cli_errorf("--reserved %s is below --allocated %s: the caching allocator's reserved "
+                      "memory holds every allocated block, so max_memory_reserved() >= "
+                      "max_memory_allocated(); check the two figures",
+                      x->reserved, x->allocated);
+        return ML_EXIT_BAD_INPUT;
+    }
+    return 0;
 }
 
 static const char *B(uint64_t v, char *buf)
@@ -403,6 +412,15 @@ static int write_json(FILE *f, const ml_model *m, const ml_config *given, const 
 static int run(const ml_cli_opts *o, ml_model *m, const ml_config *cfg, ml_triage_request *req)
 {
     ml_lengths *d;
+    char a[32], b[32];
+    uint64_t seen = req->reserved > req->allocated ? req->reserved : req->allocated;
+    if (cfg->device.present && seen > cfg->device.memory) {
+        ml_cli_errorf("--%s %s is above the device's %s: a run cannot hold more than its "
+                      "device; give the failing run's device with --device",
+                      req->reserved > req->allocated ? "reserved" : "allocated", B(seen, a),
+                      B(cfg->device.memory, b));
+        return ML_EXIT_BAD_INPUT;
+    }
     int rc = ml_cli_triage_lengths(o, &d, &req->batching);
     if (rc)
         return rc;
