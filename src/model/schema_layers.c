@@ -170,6 +170,16 @@ static ml_status parse_values(ml_error *err, const ml_node *pm, const ml_node *k
     case ML_L_AVGPOOL:
         if ((st = ml_tree_bool(err, pm, "global", f, &l->global)))
             return st;
+        if (l->global)
+            for (int k = 0; k < 3; k++) {
+                static const char *const window[] = {"kernel", "stride", "padding"};
+                const ml_node *w = ml_tree_get(pm, window[k]);
+                if (w)
+                    return ml_error_at(err, w, ML_SCHEMA,
+                                       "%s.%s: a global pool covers the whole input and has no "
+                                       "window: drop '%s' (or 'global: true')",
+                                       f, window[k], window[k]);
+            }
         if (!l->global) {
             if (!ml_tree_get(pm, "kernel"))
                 return ml_error_at(err, key, ML_SCHEMA,
@@ -181,6 +191,14 @@ static ml_status parse_values(ml_error *err, const ml_node *pm, const ml_node *k
             if ((st = ml_tree_uint(err, pm, "stride", f, 1, 1024, &l->stride)) ||
                 (st = ml_tree_uint(err, pm, "padding", f, 0, 1024, &l->padding)))
                 return st;
+            /* aten/src/ATen/native/Pool.h, pool2d_shape_check: kW / 2 >= padW */
+            if (l->padding > l->kernel / 2)
+                return ml_error_at(err, ml_tree_get(pm, "padding"), ML_RANGE,
+                                   "%s.padding: %llu is more than half the kernel (%llu); "
+                                   "PyTorch refuses it (pad should be at most half of kernel "
+                                   "size)",
+                                   f, (unsigned long long)l->padding,
+                                   (unsigned long long)l->kernel);
         }
         break;
     case ML_L_DROPOUT:

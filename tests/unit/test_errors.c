@@ -71,6 +71,14 @@ static const bad_case cases[] = {
     {"name: x\nmodel:\n  type: d\xc3\xa9" "co\xff" "der\n", ML_SYNTAX, 3, 13, "not UTF-8 text"},
     {"name: x\n# \xff\n", ML_SYNTAX, 2, 3, "(byte 0xff)"},
     /* sequential models */
+    /* pooling: padding at most half the kernel (PyTorch's pool2d_shape_check:
+     * 5 > 1 / 2 = 0), and a global pool with a window */
+    {"model:\n  type: sequential\n  input: [3, 4, 4]\n  layers:\n"
+     "    - maxpool: {kernel: 1, padding: 5}\n", ML_RANGE, 5, 37, "more than half the kernel"},
+    {"model:\n  type: sequential\n  input: [3, 4, 4]\n  layers:\n"
+     "    - avgpool: {kernel: 3, padding: 2}\n", ML_RANGE, 5, 37, "more than half the kernel"},
+    {"model:\n  type: sequential\n  input: [3, 4, 4]\n  layers:\n"
+     "    - avgpool: {global: true, stride: 2}\n", ML_SCHEMA, 5, 39, "has no window"},
     {"model:\n  type: sequential\n  input: [3, 32, 32]\n  layers:\n    - conv2d: {out: 8, kernel: 3}\n"
      "    - linear: {out: 10}\n", ML_SCHEMA, 6, 7, "add 'flatten: {}'"},
     {"model:\n  type: sequential\n  input: [10]\n  layers:\n    - linaer: {out: 10}\n", ML_SCHEMA,
