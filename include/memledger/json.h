@@ -51,8 +51,10 @@ ML_API ml_status ml_job_set(ml_job *j, const char *key, const char *value, ml_er
  * ml_json_free, and *len (when len is not NULL) its length; on failure
  * *out is unchanged. A plan that does not fit, or a fit where nothing fits,
  * is a report, not a failure. Returns ML_OK; ML_USAGE (fit without a device;
- * "auto" checkpointing outside fit); ML_RANGE, ML_OVERFLOW, ML_NOMEM as
- * ml_ledger_evaluate. */
+ * "auto" checkpointing outside fit; a setting the verb would not use, which
+ * is refused rather than ignored: training.micro_batch set for fit, which
+ * searches it, training.checkpoint set for compare, which plans every
+ * policy); ML_RANGE, ML_OVERFLOW, ML_NOMEM as ml_ledger_evaluate. */
 ML_API ml_status ml_job_plan_json(const ml_job *j, char **out, size_t *len, ml_error *err);
 ML_API ml_status ml_job_fit_json(const ml_job *j, char **out, size_t *len, ml_error *err);
 ML_API ml_status ml_job_compare_json(const ml_job *j, char **out, size_t *len, ml_error *err);

@@ -226,6 +226,18 @@ static int check_parsed(const char *verb, ml_cli_opts *o)
                                        "--hf config.json");
     if (o->hf)
         o->model_path = o->hf;
+    /* a flag the verb would not use is refused, never ignored */
+    if (!strcmp(verb, "fit") && o->micro_batch)
+        return usage_error(verb, "--micro-batch %s: fit searches the micro-batch; bound it with "
+                                 "--max-micro-batch, or plan one with 'memledger plan'",
+                           o->micro_batch);
+    if (!strcmp(verb, "compare") && o->checkpoint)
+        return usage_error(verb, "--checkpoint %s: compare plans every checkpoint policy side by "
+                                 "side; plan one with 'memledger plan --checkpoint'",
+                           o->checkpoint);
+    if (o->emit && o->format_given)
+        return usage_error(verb, "--emit %s writes the target's own format: drop --format",
+                           o->emit);
     /* -o naming an input would replace it with the report */
     const char *inputs[] = {o->model_path, o->training, o->calib, o->lengths};
     for (size_t k = 0; k < sizeof inputs / sizeof inputs[0]; k++)

@@ -59,6 +59,9 @@ const char *ml_config_problem(const ml_config *cfg)
         return "device.efficiency: must be in (0, 1]";
     if (!(dv->fragmentation >= 0 && dv->fragmentation <= 1))
         return "device.fragmentation: must be in [0, 1]";
+    if (dv->max_split_size && dv->allocator == ML_ALLOCATOR_NONE)
+        return "device.max_split_size: applies to a simulated allocator only: set "
+               "device.allocator to caching (or expandable)";
     /* 0: not given (not timed); else the range the YAML and flags take */
     if (!(dv->interconnect_gbps == 0 ||
           (dv->interconnect_gbps >= 1e-6 && dv->interconnect_gbps <= 1e6)))

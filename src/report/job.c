@@ -14,6 +14,8 @@ struct ml_job {
     ml_config cfg;
     ml_fit_request req;
     ml_profile *calib; /* owned; cfg.calib points at it */
+    /* set by ml_job_set: a verb that would not use them refuses them */
+    bool micro_batch_set, checkpoint_set;
 };
 
 ml_status ml_job_create(const ml_model *m, ml_job **out, ml_error *err)
@@ -81,12 +83,14 @@ ml_status ml_job_set(ml_job *j, const char *key, const char *value, ml_error *er
     if (!strcmp(key, "calib"))
         return set_calib(j, value, err);
     if (!strcmp(key, "training.checkpoint") && !strcmp(value, "auto")) {
-        j->req.auto_checkpoint = true;
+        j->req.auto_checkpoint = j->checkpoint_set = true;
         return ML_OK;
     }
     ml_status st = ml_config_set(&j->cfg, key, value, err);
     if (st == ML_OK && !strcmp(key, "training.checkpoint"))
-        j->req.auto_checkpoint = false;
+        j->req.auto_checkpoint = false, j->checkpoint_set = true;
+    if (st == ML_OK && !strcmp(key, "training.micro_batch"))
+        j->micro_batch_set = true;
     return st;
 }
 
@@ -170,6 +174,10 @@ ml_status ml_job_fit_json(const ml_job *j, char **out, size_t *len, ml_error *er
         memset(err, 0, sizeof *err);
     if (!j || !out)
         return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_fit_json: a job and an output pointer");
+    if (j->micro_batch_set)
+        return ml_errorf_at(err, ML_USAGE, 0, 0,
+                            "training.micro_batch: fit searches the micro-batch; bound it with "
+                            "max_micro_batch, or plan one");
     ml_fit_result *r = malloc(sizeof *r);
     if (!r)
         return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
@@ -201,6 +209,10 @@ ml_status ml_job_compare_json(const ml_job *j, char **out, size_t *len, ml_error
     ml_compare_row rows[ML_COMPARE_ROWS];
     compare_ctx c = {rows, 0};
     ml_status st = no_auto(j, "compare", err);
+    if (!st && j->checkpoint_set)
+        st = ml_errorf_at(err, ML_USAGE, 0, 0,
+                          "training.checkpoint: compare plans every checkpoint policy side by "
+                          "side; plan one instead");
     if (!st)
         st = ml_compare(j->model, &j->cfg, rows, &c.n, err);
     if (!st)

@@ -92,6 +92,12 @@ static void job_verbs(void **state)
     assert_non_null(strstr(s, "\"micro_batch\": 4,"));
     ml_json_free(s);
     assert_int_equal(ml_job_set(j, "device.memory", "8GiB", &e), ML_OK);
+    /* fit searches the micro-batch: one set is refused, never ignored */
+    assert_int_equal(ml_job_fit_json(j, &s, NULL, &e), ML_USAGE);
+    assert_non_null(strstr(e.msg, "training.micro_batch: fit searches"));
+    ml_job_destroy(j);
+    assert_int_equal(ml_job_create(m, &j, &e), ML_OK);
+    assert_int_equal(ml_job_set(j, "device.memory", "8GiB", &e), ML_OK);
     assert_int_equal(ml_job_set(j, "global_batch", "0", &e), ML_RANGE);
     assert_int_equal(ml_job_set(j, "global_batch", "64", &e), ML_OK);
     assert_int_equal(ml_job_set(j, "training.checkpoint", "auto", &e), ML_OK);
@@ -101,6 +107,12 @@ static void job_verbs(void **state)
     assert_int_equal(ml_job_plan_json(j, &s, NULL, &e), ML_USAGE);
     assert_non_null(strstr(e.msg, "auto is for fit"));
     assert_int_equal(ml_job_set(j, "training.checkpoint", "none", &e), ML_OK);
+    /* compare plans every policy: a checkpoint set is refused */
+    assert_int_equal(ml_job_compare_json(j, &s, NULL, &e), ML_USAGE);
+    assert_non_null(strstr(e.msg, "compare plans every checkpoint policy"));
+    ml_job_destroy(j);
+    assert_int_equal(ml_job_create(m, &j, &e), ML_OK);
+    assert_int_equal(ml_job_set(j, "device.memory", "8GiB", &e), ML_OK);
     s = job_json(j, ml_job_compare_json);
     assert_int_equal(s[0], '[');
     assert_non_null(strstr(s, "\"checkpoint\": \"selective\""));
