@@ -162,6 +162,17 @@ static int config(const opts *o, ml_alloc_config *c)
                             o->divisions);
         c->roundup_power2_divisions = (unsigned)d;
     }
+    /* with no caching there is nothing to split, collect or round */
+    const char *cache_flag = o->max_split ? "--max-split-size"
+                             : o->gc      ? "--gc-threshold"
+                             : o->divisions ? "--roundup-power2-divisions"
+                                            : NULL;
+    if (cache_flag && c->mode == ML_ALLOC_NONE) {
+        ml_cli_errorf("%s applies to a caching allocator, and --allocator none caches nothing: "
+                      "drop it, or use --allocator caching or expandable",
+                      cache_flag);
+        return ML_EXIT_BAD_INPUT;
+    }
     return 0;
 }
 
