@@ -243,8 +243,8 @@ ml_status ml_chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain
     if (t->seq_len < n_img)
         return ml_errorf(err, ML_RANGE,
                          "a sequence of %llu tokens holds no image: each sample's image is "
-                         "%llu tokens of it (model.stacks.vision); plan seq_len (and "
-                         "eval_seq_len) of at least %llu",
+                         "%llu tokens of it (model.stacks.vision); plan training.seq_len (and "
+                         "training.eval_seq_len) of at least %llu",
                          (unsigned long long)t->seq_len, (unsigned long long)n_img,
                          (unsigned long long)n_img);
     ml_ck_dims d, vd;

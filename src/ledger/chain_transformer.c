@@ -330,7 +330,7 @@ ml_status ml_ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, m
         return ml_errorf(err, ML_RANGE,
                          "a sequence of %llu tokens exceeds the model's sliding_window "
                          "(%llu); attention over a sliding window is not modelled: plan at "
-                         "most %llu tokens (seq_len, eval_seq_len)",
+                         "most %llu tokens (training.seq_len, training.eval_seq_len)",
                          (unsigned long long)d->T, (unsigned long long)m->sliding_window,
                          (unsigned long long)m->sliding_window);
     /* GenericForSequenceClassification without a pad token: "Cannot handle

@@ -78,5 +78,24 @@ ml_status ml_config_check(const ml_config *cfg, ml_error *err)
     const char *bad = ml_config_problem(cfg);
     if (!bad)
         return ML_OK;
+    /* two figures against the device's memory: say both, since either
+     * side may be the one to change */
+    const ml_device *dv = &cfg->device;
+    char a[32], b[32];
+    ml_format_bytes(dv->memory, b, sizeof b);
+    if (dv->present && dv->budget > dv->memory) {
+        ml_format_bytes(dv->budget, a, sizeof a);
+        return ml_errorf(err, ML_RANGE,
+                         "device.budget: the budget (%s) is above the device's memory (%s): lower "
+                         "the budget or give a larger device",
+                         a, b);
+    }
+    if (dv->present && dv->runtime_reserve >= dv->memory) {
+        ml_format_bytes(dv->runtime_reserve, a, sizeof a);
+        return ml_errorf(err, ML_RANGE,
+                         "device.runtime_reserve: the reserve (%s) is not below the device's memory "
+                         "(%s): lower the reserve or give a larger device",
+                         a, b);
+    }
     return ml_errorf(err, ML_RANGE, "%s", bad);
 }
