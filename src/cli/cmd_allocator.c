@@ -9,6 +9,7 @@
 #include "alloc/alloc.h"
 #include "cli/cli.h"
 #include "util/error.h"
+#include "util/utf8.h"
 
 static const char usage[] =
     "usage: memledger allocator TRACE.csv [--device SIZE] [--allocator caching|expandable|none]\n"
@@ -222,27 +223,12 @@ static void write_text(FILE *f, const opts *o, const ml_alloc_config *c, const m
                                                : "1 EiB and larger");
 }
 
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
-}
-
 static void write_json(FILE *f, const opts *o, const ml_alloc_config *c, const ml_alloc_trace *t,
                        const ml_alloc_replay_result *r)
 {
     const ml_alloc_stats *s = &r->stats;
     fputs("{\"trace\": ", f);
-    json_string(f, o->trace);
+    ml_json_put_string(f, o->trace);
     fprintf(f, ", \"allocator\": \"%s\", \"events\": %zu, \"allocs\": %zu, \"frees\": %zu, "
                "\"allocated_peak\": %llu, \"reserved_peak\": %llu, \"segments_peak\": %llu, "
                "\"requested_peak\": %llu, \"device_allocs\": %llu, \"num_alloc_retries\": %llu",

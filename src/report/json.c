@@ -7,19 +7,11 @@
 #include "memledger/calib.h"
 #include "memledger/report.h"
 #include "report/report_internal.h"
+#include "util/utf8.h"
 
 void ml_json_string(FILE *f, const char *s)
 {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
+    ml_json_put_string(f, s);
 }
 
 static void num(FILE *f, double v)

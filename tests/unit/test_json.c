@@ -2,6 +2,7 @@
  * setting read as its flag reads it, order rules, the job's verbs and
  * calibrate --points' fit, with values derived by hand. */
 #include "harness.h"
+#include "util/utf8.h"
 
 static void config_set_values(void **state)
 {
@@ -153,6 +154,46 @@ static void job_no_device(void **state)
     ml_model_destroy(m);
 }
 
+/* s through the JSON string writer. */
+static char *json_of(const char *s)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    assert_non_null(f);
+    ml_json_put_string(f, s);
+    assert_int_equal(fclose(f), 0);
+    return buf;
+}
+
+/* JSON text is UTF-8 (RFC 8259): well-formed sequences pass as they are,
+ * anything else becomes U+FFFD, one per byte (RFC 3629's table of
+ * well-formed sequences decides, not the lead byte alone). */
+static void json_strings_utf8(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"plain \"q\" \\ \t", "\"plain \\\"q\\\" \\\\ \\u0009\""},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\""},
+        {"a\xff" "b", "\"a\\ufffdb\""},                        /* never a lead byte */
+        {"\xc0\xaf", "\"\\ufffd\\ufffd\""},                    /* overlong '/' */
+        {"\xed\xa0\x80", "\"\\ufffd\\ufffd\\ufffd\""},           /* a surrogate, U+D800 */
+        {"\xf4\x90\x80\x80", "\"\\ufffd\\ufffd\\ufffd\\ufffd\""}, /* U+110000 */
+        {"\xe2\x82", "\"\\ufffd\\ufffd\""},                    /* cut short by the end */
+        {"\x7f", "\"\x7f\""},                                  /* DEL is JSON text */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *got = json_of(cases[i].in);
+        if (strcmp(got, cases[i].out))
+            fail_msg("case %zu: %s, expected %s", i, got, cases[i].out);
+        free(got);
+    }
+    assert_int_equal(ml_utf8_len((const unsigned char *)"\xf0\x90\x80\x80"), 4); /* U+10000 */
+    assert_int_equal(ml_utf8_len((const unsigned char *)"\xe0\x9f\xbf"), 0);      /* overlong */
+}
+
 static void points_fit(void **state)
 {
     (void)state;
@@ -182,6 +223,7 @@ int main(void)
         cmocka_unit_test(job_verbs),
         cmocka_unit_test(job_no_device),
         cmocka_unit_test(points_fit),
+        cmocka_unit_test(json_strings_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
