@@ -44,6 +44,12 @@ typedef struct {
 /* Parses argv (after the verb). Returns 0, 1 for --help (printed), or 2 on a
  * usage error (printed). */
 int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o);
+/* Whether argv[*i] (arg) is the flag name, as "name VALUE" or
+ * "name=VALUE"; then *val is the value, NULL when there is none (the next
+ * argument missing, or itself a flag: "-" and negative numbers are values),
+ * and *i is past a value taken from the next argument. */
+bool ml_cli_flag_is(const char *arg, const char *name, int argc, char **argv, int *i,
+                    const char **val);
 /* Parses a whole-number flag value; prints and returns 2 on error. */
 int ml_cli_whole(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
 /* Parses argv and loads the model: returns true when the verb goes on (m and

@@ -111,23 +111,25 @@ static int points(int argc, char **argv)
     const char *path = NULL, *budget_s = NULL, *at_s = NULL, *out_path = NULL;
     bool json = false;
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        const char **slot = !strcmp(a, "--points")                       ? &path
-                            : !strcmp(a, "--budget")                     ? &budget_s
-                            : !strcmp(a, "--at")                         ? &at_s
-                            : !strcmp(a, "-o") || !strcmp(a, "--output") ? &out_path
-                                                                         : NULL;
-        if (!slot && strcmp(a, "--format"))
+        const char *a = argv[i], *v = NULL, *fmt = NULL;
+        /* the value: after '=', or the next argument unless missing or
+         * itself a flag ("-o --points": -o was given no file name); "-" is
+         * standard output */
+        const char **slot = ml_cli_flag_is(a, "--points", argc, argv, &i, &v)   ? &path
+                            : ml_cli_flag_is(a, "--budget", argc, argv, &i, &v) ? &budget_s
+                            : ml_cli_flag_is(a, "--at", argc, argv, &i, &v)     ? &at_s
+                            : ml_cli_flag_is(a, "-o", argc, argv, &i, &v) ||
+                                    ml_cli_flag_is(a, "--output", argc, argv, &i, &v)
+                                ? &out_path
+                            : ml_cli_flag_is(a, "--format", argc, argv, &i, &v) ? &fmt
+                                                                                : NULL;
+        if (!slot)
             return points_usage("calibrate --points: unexpected '%s'", a);
-        /* the value: the next argument, unless missing, empty or itself a
-         * flag ("-o --points": -o was given no file name); "-" is stdout */
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v || !*v || (v[0] == '-' && v[1] && !isdigit((unsigned char)v[1])))
+        if (!v || !*v)
             return points_usage(slot == &path || slot == &out_path ? "%s needs a file name"
                                                                   : "%s needs a value",
                                 a);
-        i++;
-        if (slot) {
+        if (slot != &fmt) {
             *slot = v;
         } else if (!strcmp(v, "json")) {
             json = true;
@@ -228,8 +230,8 @@ int ml_cmd_calibrate(int argc, char **argv)
             fputs(usage, stdout);
             return ML_EXIT_OK;
         }
-        backend = backend || !strcmp(argv[i], "--backend");
-        pts = pts || !strcmp(argv[i], "--points");
+        backend = backend || !strncmp(argv[i], "--backend", 9);
+        pts = pts || !strcmp(argv[i], "--points") || !strncmp(argv[i], "--points=", 9);
     }
     /* --points is a CSV of measurements, or with --backend the runner's grid */
     if (pts && !backend)

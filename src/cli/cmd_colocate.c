@@ -160,14 +160,16 @@ static int parse_args(int argc, char **argv, colocate_args *a)
             fputs(usage, stdout);
             return 1;
         }
-        const char **slot = !strcmp(arg, "--device")   ? &a->device
-                            : !strcmp(arg, "--format") ? &a->format
-                            : !strcmp(arg, "-o") || !strcmp(arg, "--output") ? &a->output
-                                                                             : NULL;
+        const char *v = NULL;
+        const char **slot = ml_cli_flag_is(arg, "--device", argc, argv, &i, &v)     ? &a->device
+                            : ml_cli_flag_is(arg, "--format", argc, argv, &i, &v)   ? &a->format
+                            : ml_cli_flag_is(arg, "-o", argc, argv, &i, &v)         ? &a->output
+                            : ml_cli_flag_is(arg, "--output", argc, argv, &i, &v)   ? &a->output
+                                                                                     : NULL;
         if (slot) {
-            if (i + 1 >= argc || !argv[i + 1][0] || argv[i + 1][0] == '-')
+            if (!v || !*v)
                 return bad("%s needs a value", arg);
-            *slot = argv[++i];
+            *slot = v;
             continue;
         }
         /* a job may start with a flag ("--hf config.json ..."): it is one

@@ -64,14 +64,20 @@ int ml_cmd_devices(int argc, char **argv)
             fputs(usage, stdout);
             return ML_EXIT_OK;
         }
-        const bool fmt = !strcmp(argv[i], "--format");
-        if ((fmt || !strcmp(argv[i], "-o") || !strcmp(argv[i], "--output")) && i + 1 < argc &&
-            argv[i + 1][0] && argv[i + 1][0] != '-') {
-            *(fmt ? &format : &output) = argv[++i];
+        const char *arg = argv[i], *v = NULL;
+        const char **slot = ml_cli_flag_is(arg, "--format", argc, argv, &i, &v)   ? &format
+                            : ml_cli_flag_is(arg, "-o", argc, argv, &i, &v)       ? &output
+                            : ml_cli_flag_is(arg, "--output", argc, argv, &i, &v) ? &output
+                                                                                   : NULL;
+        if (slot && v && *v) {
+            *slot = v;
             continue;
         }
-        ml_cli_errorf("devices: '%s' is not an option here (--format text|json, -o FILE)",
-                      argv[i]);
+        if (slot)
+            ml_cli_errorf("devices: %.*s needs a value", (int)strcspn(arg, "="), arg);
+        else
+            ml_cli_errorf("devices: '%s' is not an option here (--format text|json, -o FILE)",
+                          arg);
         fputs("Try 'memledger devices --help'.\n", stderr);
         return ML_EXIT_BAD_INPUT;
     }

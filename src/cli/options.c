@@ -149,6 +149,16 @@ static const char *flag_value(int argc, char **argv, int *i, const char *eq)
     return argv[++*i];
 }
 
+bool ml_cli_flag_is(const char *arg, const char *name, int argc, char **argv, int *i,
+                    const char **val)
+{
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) || (arg[n] && arg[n] != '='))
+        return false;
+    *val = flag_value(argc, argv, i, arg[n] ? arg + n : NULL);
+    return true;
+}
+
 /* --format VALUE for verb: the formats the verb writes. */
 static int parse_format(const char *verb, const char *val, ml_cli_opts *o)
 {
@@ -259,7 +269,7 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
             const char *eq = strchr(arg, '=');
             size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
             const char *val = NULL;
-            if ((!strcmp(arg, "-o") || (!strncmp(arg, "--output", len) && len == 8))) {
+            if ((len == 2 && !strncmp(arg, "-o", 2)) || (len == 8 && !strncmp(arg, "--output", 8))) {
                 val = flag_value(argc, argv, &i, eq);
                 if (!val || !*val)
                     return usage_error(verb, "%s needs a file name", len == 2 ? "-o" : "--output");
