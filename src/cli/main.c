@@ -33,9 +33,19 @@ static void help(FILE *f)
                "the plan must be applied in code.\n");
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv)
 {
     if (argc < 2) {
+        help(stderr);
+        return ML_EXIT_BAD_INPUT;
+    }
+    /* "help VERB" is "VERB --help" */
+    if (!strcmp(argv[1], "help") && argc > 2) {
+        char *args[] = {"--help", NULL};
+        for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+            if (!strcmp(argv[2], verbs[i].name))
+                return verbs[i].run(1, args);
+        ml_cli_errorf("unknown verb '%s'", argv[2]);
         help(stderr);
         return ML_EXIT_BAD_INPUT;
     }
@@ -53,4 +63,18 @@ int main(int argc, char **argv)
     ml_cli_errorf("unknown verb '%s'", argv[1]);
     help(stderr);
     return ML_EXIT_BAD_INPUT;
+}
+
+int main(int argc, char **argv)
+{
+    int rc = run(argc, argv);
+    /* help and version go straight to stdout: a write that failed there
+     * (a full disk, a closed pipe) is an output failure, as for reports */
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        if (rc == ML_EXIT_OK) {
+            ml_cli_errorf("could not write to standard output");
+            rc = ML_EXIT_FAILURE;
+        }
+    }
+    return rc;
 }

@@ -358,7 +358,8 @@ static int real(const char *flag, const char *v, double lo, double hi, double *o
     char *end = NULL;
     errno = 0;
     double x = strtod(v, &end);
-    if (end == v || *end || errno || !isfinite(x) || x < lo || x > hi) {
+    /* strtod also reads hexadecimal ("0x10"), which no other number takes */
+    if (end == v || *end || errno || !isfinite(x) || x < lo || x > hi || strpbrk(v, "xX")) {
         char msg[200];
         snprintf(msg, sizeof msg, "'%s' is not a number between %g and %g", v, lo, hi);
         return bad_flag(flag, msg);

@@ -70,6 +70,11 @@ const char *ml_config_problem(const ml_config *cfg)
         return "device.pcie_gbps: must be 0 (not timed) or in [1e-6, 1e6] GB/s";
     if (!(dv->peak_tflops >= 0) || !isfinite(dv->peak_tflops))
         return "device.peak_tflops: must be a number >= 0";
+    /* below one FLOP/s a step's time is no estimate (it overflowed to inf);
+     * the tests' toy devices run at 1e-9 TFLOP/s, 1,000 FLOP/s */
+    if (dv->peak_tflops > 0 && dv->peak_tflops * dv->efficiency < 1e-12)
+        return "device.peak_tflops: times device.efficiency, below 1 FLOP/s (1e-12 TFLOP/s): "
+               "give 0 (not timed) or a real rate";
     return NULL;
 }
 

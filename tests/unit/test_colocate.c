@@ -135,7 +135,7 @@ static void test_unequal_periods(void **state)
 static void test_periods_too_unequal(void **state)
 {
     (void)state;
-    ml_ledger *a = job("mlp2", 256, 1e9, 8ull << 30), *b = job("mlp2", 256, 1e-20, 8ull << 30);
+    ml_ledger *a = job("mlp2", 256, 1e18, 8ull << 30), *b = job("mlp2", 256, 1e-12, 8ull << 30);
     const ml_ledger *ls[2] = {a, b};
     ml_colocate_result r;
     ml_error e;
