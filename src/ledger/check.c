@@ -37,6 +37,10 @@ const char *ml_config_problem(const ml_config *cfg)
         return "training.checkpoint: every-K needs K >= 1";
     if (t->checkpoint.kind == ML_CKPT_LIST && t->checkpoint.count > ML_CKPT_LIST_MAX)
         return "training.checkpoint: more than 256 blocks listed";
+    if (t->checkpoint.kind == ML_CKPT_LIST)
+        for (uint32_t i = 1; i < t->checkpoint.count && i < ML_CKPT_LIST_MAX; i++)
+            if (t->checkpoint.blocks[i] <= t->checkpoint.blocks[i - 1])
+                return "training.checkpoint: list each block once, in ascending order";
     if (t->checkpoint.kind == ML_CKPT_SEGMENTS) {
         const ml_checkpoint *c = &t->checkpoint;
         if (c->count == 0 || c->count > ML_CKPT_LIST_MAX / 2)

@@ -303,6 +303,13 @@ ml_status ml_parse_checkpoint(const char *text, ml_checkpoint *out, ml_error *er
                 return usage(err, ML_USAGE, bad, text);
             if (c.count == ML_CKPT_LIST_MAX)
                 return usage(err, ML_RANGE, "checkpoint '%s': more than 256 blocks listed", text);
+            /* as segments: ascending, each block once (a repeat or a
+             * reversed list would be echoed as given, planned as a set) */
+            if (c.count && v <= c.blocks[c.count - 1])
+                return usage(err, ML_USAGE,
+                             "checkpoint '%s': list each block once, in ascending order "
+                             "(e.g. [0, 3, 6])",
+                             text);
             c.blocks[c.count++] = v;
             while (isspace((unsigned char)*p))
                 p++;

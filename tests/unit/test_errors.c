@@ -154,6 +154,17 @@ static void test_config_errors(void **state)
     c.training.checkpoint.blocks[0] = 2;
     assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_RANGE);
     assert_non_null(strstr(e.msg, "block 2 does not exist"));
+    /* a list names each block once, ascending: [1, 0] and [0, 0] refused
+     * from the API and from the text */
+    c = ml_model_config(m);
+    c.training.checkpoint.kind = ML_CKPT_LIST;
+    c.training.checkpoint.count = 2;
+    c.training.checkpoint.blocks[0] = 1;
+    c.training.checkpoint.blocks[1] = 0;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "each block once, in ascending order"));
+    assert_int_equal(ml_parse_checkpoint("[0, 0]", &c.training.checkpoint, &e), ML_USAGE);
+    assert_int_equal(ml_parse_checkpoint("[0, 1]", &c.training.checkpoint, &e), ML_OK);
     c = ml_model_config(m);
     c.training.micro_batch = 0;
     assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_RANGE);
