@@ -110,11 +110,15 @@ static ml_status read_header(const char *line, size_t llen, unsigned lineno, int
         if (c > 64)
             return ml_errorf_at(err, ML_RANGE, lineno, 1, "more than 64 columns");
         /* a name too long for buf is neither of ours: ignored */
-        field(line, llen, &pos, buf, sizeof buf, &too_long);
-        if (!strcmp(buf, "micro_batch"))
-            *col_b = c;
-        else if (!strcmp(buf, "peak"))
-            *col_p = c;
+        size_t start = field(line, llen, &pos, buf, sizeof buf, &too_long);
+        int *col = !strcmp(buf, "micro_batch") ? col_b : !strcmp(buf, "peak") ? col_p : NULL;
+        if (col && *col >= 0)
+            return ml_errorf_at(err, ML_SCHEMA, lineno, (unsigned)start + 1,
+                                "the header names %s twice (columns %d and %d): which one "
+                                "holds the measurements?",
+                                buf, *col + 1, c + 1);
+        if (col)
+            *col = c;
         if (pos >= llen)
             break;
     }
@@ -338,6 +342,15 @@ ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64
 {
     if (n < 2)
         return ml_errorf_at(err, ML_RANGE, 0, 0, "a fit needs at least 2 points, got %zu", n);
+    /* a line needs two micro-batches: name the lines of the one there is */
+    bool distinct = false;
+    for (size_t i = 1; i < n && !distinct; i++)
+        distinct = p[i].micro_batch != p[0].micro_batch;
+    if (!distinct)
+        return ml_errorf_at(err, ML_RANGE, p[n - 1].line, 1,
+                            "every line measures micro_batch %llu (lines %u to %u): a fit needs "
+                            "peaks at two micro-batches or more",
+                            (unsigned long long)p[0].micro_batch, p[0].line, p[n - 1].line);
     double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
     if (!x || !y) {
         free(x);

@@ -81,6 +81,12 @@ static void test_design_example(void **state)
     assert_int_equal(r.max_micro_batch, 1000000000ull);
     assert_int_equal(ml_points_analyse(line3, 2, 3000000009ull, 0, &r, &e), ML_OK);
     assert_int_equal(r.max_micro_batch, 999999999ull);
+    /* one micro-batch measured twice is no line: refused at the last
+     * line, naming the micro-batch and the lines */
+    const ml_point same[] = {{16, 1000, 2}, {16, 1100, 5}};
+    assert_int_equal(ml_points_analyse(same, 2, 0, 0, &r, &e), ML_RANGE);
+    assert_int_equal(e.line, 5);
+    assert_non_null(strstr(e.msg, "every line measures micro_batch 16 (lines 2 to 5)"));
 }
 
 static void test_csv_errors(void **state)
@@ -97,6 +103,9 @@ static void test_csv_errors(void **state)
         {"micro_batch,peak\n16,1.8GiB\n32,lots\n", "peak: 'lots' is not a size", 3, 4},
         {"micro_batch,peak\n16,1.8GiB\n-4,2GiB\n", "is not a whole number", 3, 1},
         {"micro_batch,peak\n16,1.8GiB\n32\n", "lacks the peak column", 3, 1},
+        /* "micro_batch,peak,": the second peak starts at column 18 */
+        {"micro_batch,peak,peak\n16,1GiB,2GiB\n32,2GiB,3GiB\n", "names peak twice", 1, 18},
+        {"micro_batch,micro_batch,peak\n1,2,3\n", "names micro_batch twice", 1, 13},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ml_point *p = NULL;
