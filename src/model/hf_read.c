@@ -41,6 +41,12 @@ ml_status ml_hf_uint(ml_error *err, const ml_node *root, const char *const *keys
         if (n->type != ML_NODE_SCALAR || !end || end == n->text || *end || errno ||
             n->text[0] == '-')
             return ml_error_at(err, n, ML_SCHEMA, "%s: expected a whole number", *k);
+        /* "12" in quotes is a JSON string: transformers keeps it a str, and
+         * the model's range(config.n_layer) fails on it */
+        if (!n->plain)
+            return ml_error_at(err, n, ML_SCHEMA,
+                               "%s: \"%s\" is a string; write the number without quotes", *k,
+                               n->text);
         if (v < lo || v > hi)
             return ml_error_at(err, n, ML_RANGE, "%s: %llu is out of range (%llu to %llu)", *k, v,
                                (unsigned long long)lo, (unsigned long long)hi);
