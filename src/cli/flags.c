@@ -38,6 +38,7 @@ static const struct {
     {"training.vision_tower", "--vision-tower", NULL, OPT(vision_tower)},
     {"training.logits_chunk", "--logits-chunk", NULL, OPT(logits_chunk)},
     {"training.expert_imbalance", "--expert-imbalance", NULL, OPT(expert_imbalance)},
+    {"model.attention", "--attention", NULL, OPT(attention)},
     {"device.memory", "--device", "--device NAME|SIZE or a device: section", OPT(device)},
     {"device.budget", "--budget", NULL, OPT(budget)},
     {"device.runtime_reserve", "--runtime-reserve", NULL, OPT(runtime_reserve)},
