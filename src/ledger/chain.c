@@ -267,11 +267,11 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
         st = ML_NOMEM;
     if (st == ML_OK && ch->overflow) {
         st = ml_errorf(err, ML_OVERFLOW,
-                       "byte counts exceed 64 bits for micro_batch %llu x seq_len %llu%s%.0llu: "
-                       "use smaller values",
+                       "byte counts exceed 64 bits for training.micro_batch %llu x "
+                       "training.seq_len %llu%s%.0llu: use smaller values",
                        (unsigned long long)cfg->training.micro_batch,
                        (unsigned long long)cfg->training.seq_len,
-                       ml_model_target_len(m, &cfg->training) ? " x target_len " : "",
+                       ml_model_target_len(m, &cfg->training) ? " x training.target_len " : "",
                        (unsigned long long)ml_model_target_len(m, &cfg->training));
     }
     if (st == ML_NOMEM)
