@@ -546,15 +546,7 @@ static ml_status load_hf(const char *text, size_t len, const char *config_path,
                          const char *training_path, ml_model **out, ml_error *err)
 {
     ml_node *root = NULL;
-    ml_status st = ml_tree_parse(text, len, &root, err);
-    static const char yaml_word[] = "YAML syntax: ";
-    if (st == ML_SYNTAX && !strncmp(err->msg, yaml_word, sizeof yaml_word - 1)) {
-        /* JSON is read as the YAML it is a subset of: say JSON */
-        char msg[sizeof err->msg];
-        snprintf(msg, sizeof msg, "JSON syntax (read as YAML): %s",
-                 err->msg + sizeof yaml_word - 1);
-        snprintf(err->msg, sizeof err->msg, "%s", msg);
-    }
+    ml_status st = ml_tree_parse_json(text, len, &root, err);
     if (st)
         return st;
     ml_model *m = calloc(1, sizeof *m);

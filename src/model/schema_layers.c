@@ -137,6 +137,45 @@ static ml_status parse_inplace(ml_error *err, const ml_node *pm, const char *f, 
                        "%s.inplace: %s; remove it to plan the out-of-place op", f, why);
 }
 
+/* maxpool and avgpool: a window (kernel, stride, padding) or global. */
+static ml_status pool_values(ml_error *err, const ml_node *pm, const ml_node *key, const char *f,
+                             ml_layer *l)
+{
+    ml_status st;
+    if ((st = ml_tree_bool(err, pm, "global", f, &l->global)))
+        return st;
+    static const char *const window[] = {"kernel", "stride", "padding"};
+    for (int k = 0; l->global && k < 3; k++) {
+        const ml_node *w = ml_tree_get(pm, window[k]);
+        if (w)
+            return ml_error_at(err, w, ML_SCHEMA,
+                               "%s.%s: a global pool covers the whole input and has no "
+                               "window: drop '%s' (or 'global: true')",
+                               f, window[k], window[k]);
+    }
+    if (l->global)
+        return ML_OK;
+    if (!ml_tree_get(pm, "kernel"))
+        return ml_error_at(err, key, ML_SCHEMA,
+                           "%s.kernel: missing; write 'kernel: K'%s", f,
+                           l->kind == ML_L_AVGPOOL ? " or 'global: true'" : "");
+    if ((st = ml_tree_uint(err, pm, "kernel", f, 1, 1024, &l->kernel)))
+        return st;
+    l->stride = l->kernel;
+    if ((st = ml_tree_uint(err, pm, "stride", f, 1, 1024, &l->stride)) ||
+        (st = ml_tree_uint(err, pm, "padding", f, 0, 1024, &l->padding)))
+        return st;
+    /* aten/src/ATen/native/Pool.h, pool2d_shape_check: kW / 2 >= padW */
+    if (l->padding > l->kernel / 2)
+        return ml_error_at(err, ml_tree_get(pm, "padding"), ML_RANGE,
+                           "%s.padding: %llu is more than half the kernel (%llu); "
+                           "PyTorch refuses it (pad should be at most half of kernel "
+                           "size)",
+                           f, (unsigned long long)l->padding,
+                           (unsigned long long)l->kernel);
+    return ML_OK;
+}
+
 /* The values of a layer's keys (pm: its mapping, NULL for none; key: the
  * entry's key, where a missing value is reported; f names the layer). */
 static ml_status parse_values(ml_error *err, const ml_node *pm, const ml_node *key, const char *f,
@@ -168,39 +207,7 @@ static ml_status parse_values(ml_error *err, const ml_node *pm, const ml_node *k
         break;
     case ML_L_MAXPOOL:
     case ML_L_AVGPOOL:
-        if ((st = ml_tree_bool(err, pm, "global", f, &l->global)))
-            return st;
-        if (l->global)
-            for (int k = 0; k < 3; k++) {
-                static const char *const window[] = {"kernel", "stride", "padding"};
-                const ml_node *w = ml_tree_get(pm, window[k]);
-                if (w)
-                    return ml_error_at(err, w, ML_SCHEMA,
-                                       "%s.%s: a global pool covers the whole input and has no "
-                                       "window: drop '%s' (or 'global: true')",
-                                       f, window[k], window[k]);
-            }
-        if (!l->global) {
-            if (!ml_tree_get(pm, "kernel"))
-                return ml_error_at(err, key, ML_SCHEMA,
-                                   "%s.kernel: missing; write 'kernel: K'%s", f,
-                                   l->kind == ML_L_AVGPOOL ? " or 'global: true'" : "");
-            if ((st = ml_tree_uint(err, pm, "kernel", f, 1, 1024, &l->kernel)))
-                return st;
-            l->stride = l->kernel;
-            if ((st = ml_tree_uint(err, pm, "stride", f, 1, 1024, &l->stride)) ||
-                (st = ml_tree_uint(err, pm, "padding", f, 0, 1024, &l->padding)))
-                return st;
-            /* aten/src/ATen/native/Pool.h, pool2d_shape_check: kW / 2 >= padW */
-            if (l->padding > l->kernel / 2)
-                return ml_error_at(err, ml_tree_get(pm, "padding"), ML_RANGE,
-                                   "%s.padding: %llu is more than half the kernel (%llu); "
-                                   "PyTorch refuses it (pad should be at most half of kernel "
-                                   "size)",
-                                   f, (unsigned long long)l->padding,
-                                   (unsigned long long)l->kernel);
-        }
-        break;
+        return pool_values(err, pm, key, f, l);
     case ML_L_DROPOUT:
         l->p = 0.5; /* torch.nn.Dropout's default */
         if ((st = ml_tree_double(err, pm, "p", f, 0, 1, true, &l->p)) ||

@@ -35,6 +35,9 @@ struct ml_node {
  * ML_SYNTAX, ML_RANGE (the limits above) or ML_NOMEM (libyaml's own
  * allocations included) with err filled (err->path is set by the caller). */
 ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *err);
+/* The same for JSON (a subset of YAML, read by the same parser), whose
+ * syntax errors say JSON. */
+ml_status ml_tree_parse_json(const char *text, size_t len, ml_node **root, ml_error *err);
 void ml_tree_free(ml_node *n);
 
 /* Sets err (code, the node's position or 0:0, a formatted message) and

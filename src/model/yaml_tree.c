@@ -275,3 +275,16 @@ ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *
     *root = b.root;
     return ML_OK;
 }
+
+ml_status ml_tree_parse_json(const char *text, size_t len, ml_node **root, ml_error *err)
+{
+    static const char yaml_word[] = "YAML syntax: ";
+    ml_status st = ml_tree_parse(text, len, root, err);
+    if (st == ML_SYNTAX && !strncmp(err->msg, yaml_word, sizeof yaml_word - 1)) {
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "JSON syntax (read as YAML): %s",
+                 err->msg + sizeof yaml_word - 1);
+        snprintf(err->msg, sizeof err->msg, "%s", msg);
+    }
+    return st;
+}
