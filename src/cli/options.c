@@ -528,6 +528,10 @@ static int device_flags(const ml_cli_opts *o, ml_device *d)
         uint64_t mb = 0;
         rc = ml_cli_whole("--max-split-size", o->max_split_size, 21, 1ull << 40, &mb);
         d->max_split_size = mb << 20;
+        /* the flag itself, not a size the model file keeps for a simulation */
+        if (!rc && d->allocator == ML_ALLOCATOR_NONE)
+            rc = bad_flag("--max-split-size", "applies to a simulated allocator only: add "
+                                              "--allocator caching (or expandable)");
     }
     return rc;
 }

@@ -3,6 +3,7 @@
  * library with the key's name (ml_config_check). */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "memledger/ledger.h"
 #include "model/limits.h"
@@ -63,9 +64,6 @@ const char *ml_config_problem(const ml_config *cfg)
         return "device.efficiency: must be in (0, 1]";
     if (!(dv->fragmentation >= 0 && dv->fragmentation <= 1))
         return "device.fragmentation: must be in [0, 1]";
-    if (dv->max_split_size && dv->allocator == ML_ALLOCATOR_NONE)
-        return "device.max_split_size: applies to a simulated allocator only: set "
-               "device.allocator to caching (or expandable)";
     /* 0: not given (not timed); else the range the YAML and flags take */
     if (!(dv->interconnect_gbps == 0 ||
           (dv->interconnect_gbps >= 1e-6 && dv->interconnect_gbps <= 1e6)))
@@ -92,14 +90,14 @@ ml_status ml_config_check(const ml_config *cfg, ml_error *err)
     const ml_device *dv = &cfg->device;
     char a[32], b[32];
     ml_format_bytes(dv->memory, b, sizeof b);
-    if (dv->present && dv->budget > dv->memory) {
+    if (!strncmp(bad, "device.budget:", 14)) {
         ml_format_bytes(dv->budget, a, sizeof a);
         return ml_errorf(err, ML_RANGE,
                          "device.budget: the budget (%s) is above the device's memory (%s): lower "
                          "the budget or give a larger device",
                          a, b);
     }
-    if (dv->present && dv->runtime_reserve >= dv->memory) {
+    if (!strncmp(bad, "device.runtime_reserve: the reserve is not", 41)) {
         ml_format_bytes(dv->runtime_reserve, a, sizeof a);
         return ml_errorf(err, ML_RANGE,
                          "device.runtime_reserve: the reserve (%s) is not below the device's memory "

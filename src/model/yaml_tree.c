@@ -203,26 +203,32 @@ static ml_status handle(builder *b, yaml_event_t *ev)
     }
 }
 
-/* Bytes that are not UTF-8 at text[off]: the line and column there. */
-static ml_status not_utf8(ml_error *err, const char *text, size_t off, const char *problem,
-                          int value)
+/* libyaml's reader stopped at text[off]: bytes that are not UTF-8 (value:
+ * the octet) or a character YAML refuses (value: its code point). The
+ * line and column there: a line ends at LF, CRLF or a lone CR, a column
+ * counts characters, and a byte order mark is no column. */
+static ml_status reader_error(ml_error *err, const char *text, size_t off, const char *problem,
+                              int value)
 {
     yaml_mark_t mk = {0, 0, 0};
-    for (size_t i = 0; i < off; i++) {
-        if (text[i] == '\n') {
+    size_t i = off >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3) ? 3 : 0;
+    for (; i < off; i++) {
+        if (text[i] == '\n' || (text[i] == '\r' && !(i + 1 < off && text[i + 1] == '\n'))) {
             mk.line++;
             mk.column = 0;
-        } else if (((unsigned char)text[i] & 0xC0) != 0x80) {
+        } else if (text[i] != '\r' && ((unsigned char)text[i] & 0xC0) != 0x80) {
             mk.column++; /* a character's first byte */
         }
     }
+    const char *what = problem ? problem : "invalid input";
     char msg[300];
-    if (value >= 0)
+    if (strstr(what, "UTF-8"))
         snprintf(msg, sizeof msg, "not UTF-8 text: %s (byte 0x%02x); save the file as UTF-8",
-                 problem ? problem : "invalid bytes", (unsigned)value & 0xFFu);
+                 what, (unsigned)value & 0xFFu);
+    else if (value >= 0)
+        snprintf(msg, sizeof msg, "%s (U+%04X): remove the character", what, (unsigned)value);
     else
-        snprintf(msg, sizeof msg, "not UTF-8 text: %s; save the file as UTF-8",
-                 problem ? problem : "invalid bytes");
+        snprintf(msg, sizeof msg, "unreadable text: %s", what);
     return fail(err, ML_SYNTAX, &mk, msg);
 }
 
@@ -251,8 +257,8 @@ ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *
             if (parser.error == YAML_READER_ERROR) {
                 /* libyaml gives a reader's problem as a byte offset, its
                  * mark left at the start */
-                st = not_utf8(err, text, parser.problem_offset < len ? parser.problem_offset : len,
-                              parser.problem, parser.problem_value);
+                size_t at = parser.problem_offset < len ? parser.problem_offset : len;
+                st = reader_error(err, text, at, parser.problem, parser.problem_value);
                 break;
             }
             snprintf(msg, sizeof msg, "YAML syntax: %s%s%s",

@@ -70,6 +70,11 @@ static const bad_case cases[] = {
      * character count: "é" is one), not at the file's start */
     {"name: x\nmodel:\n  type: d\xc3\xa9" "co\xff" "der\n", ML_SYNTAX, 3, 13, "not UTF-8 text"},
     {"name: x\n# \xff\n", ML_SYNTAX, 2, 3, "(byte 0xff)"},
+    /* a byte order mark is no column; a lone CR ends a line; a control
+     * character is valid UTF-8 that YAML refuses, named as a code point */
+    {"\xEF\xBB\xBF" "name: a\xff\n", ML_SYNTAX, 1, 8, "not UTF-8 text"},
+    {"name: x\rmodel: \xff\n", ML_SYNTAX, 2, 8, "not UTF-8 text"},
+    {"name: x # ab\x01\n", ML_SYNTAX, 1, 13, "(U+0001): remove the character"},
     /* sequential models */
     /* pooling: padding at most half the kernel (PyTorch's pool2d_shape_check:
      * 5 > 1 / 2 = 0), and a global pool with a window */
