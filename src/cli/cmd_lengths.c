@@ -173,6 +173,18 @@ int ml_cli_plan_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config
 
 int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg)
 {
+    /* what fit --lengths does not use is refused, never ignored */
+    const char *unused = o->global_batch      ? "--global-batch"
+                         : o->max_micro_batch ? "--max-micro-batch"
+                         : o->emit            ? "--emit"
+                         : o->auto_checkpoint ? "--checkpoint auto"
+                                              : NULL;
+    if (unused) {
+        ml_cli_errorf("fit --lengths: %s is not used with a length distribution (the token "
+                      "budget or the micro-batch per bucket is the answer); drop it",
+                      unused);
+        return ML_EXIT_BAD_INPUT;
+    }
     ml_lengths *d;
     ml_lengths_request req;
     bool auto_tokens;
