@@ -125,10 +125,13 @@ static int points(int argc, char **argv)
                                                                                 : NULL;
         if (!slot)
             return points_usage("calibrate --points: unexpected '%s'", a);
-        if (!v || !*v)
+        if (!v || !*v) {
+            char flag[32]; /* the flag without its '=' */
+            snprintf(flag, sizeof flag, "%.*s", (int)strcspn(a, "="), a);
             return points_usage(slot == &path || slot == &out_path ? "%s needs a file name"
                                                                   : "%s needs a value",
-                                a);
+                                flag);
+        }
         if (slot != &fmt) {
             *slot = v;
         } else if (!strcmp(v, "json")) {

@@ -40,7 +40,7 @@ static int run(int argc, char **argv)
         return ML_EXIT_BAD_INPUT;
     }
     /* "help VERB" is "VERB --help" */
-    if (!strcmp(argv[1], "help") && argc > 2) {
+    if (!strcmp(argv[1], "help") && argc > 2 && strcmp(argv[2], "help")) {
         char *args[] = {"--help", NULL};
         for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
             if (!strcmp(argv[2], verbs[i].name))

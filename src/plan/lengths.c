@@ -63,7 +63,8 @@ void ml_lengths_destroy(ml_lengths *d)
 /* An unsigned decimal field of the CSV at s (up to a comma or the line's
  * end), within 1..max; false with a message at (line, col). */
 static bool csv_number(const char *s, const char *end, uint64_t max, const char *what,
-                       unsigned line, unsigned col, uint64_t *out, ml_error *err)
+                       const char *form, unsigned line, unsigned col, uint64_t *out,
+                       ml_error *err)
 {
     while (s < end && (*s == ' ' || *s == '\t'))
         s++, col++;
@@ -81,9 +82,8 @@ static bool csv_number(const char *s, const char *end, uint64_t max, const char 
         q++;
     if (p == s || q != end) {
         ml_errorf_at(err, ML_SYNTAX, line, col,
-                     "%s: expected a whole number, got \"%.*s\" (lines are `length` or "
-                     "`length,count`)",
-                     what, (int)(end - s > 40 ? 40 : end - s), s);
+                     "%s: expected a whole number, got \"%.*s\" (lines are %s)", what,
+                     (int)(end - s > 40 ? 40 : end - s), s, form);
         return false;
     }
     if (v < 1 || v > max) {
@@ -124,6 +124,8 @@ static bool csv_header(const char *s, const char *p, const char *end, unsigned l
             a++;
         while (z > a && (z[-1] == ' ' || z[-1] == '\t' || z[-1] == '\r'))
             z--;
+        if (a == z && !c && k > 0)
+            break; /* one trailing comma, as some exporters write */
         int which = -1;
         for (int j = 0; j < 2; j++)
             if ((size_t)(z - a) == strlen(names[j]) && same_name(a, names[j], (size_t)(z - a)))
@@ -186,11 +188,13 @@ static bool csv_line(const char *s, const char *end, unsigned line, bool header_
         first = "count", second = "length";
         max1 = MAX_COUNT, max2 = MAX_LENGTH, v1 = &b->count, v2 = &b->t;
     }
+    const char *form = *swapped ? "`count,length`, as the header says"
+                                : "`length` or `length,count`";
     b->count = 1;
-    if (!csv_number(s, comma ? comma : end, max1, first, line, 1, v1, err))
+    if (!csv_number(s, comma ? comma : end, max1, first, form, line, 1, v1, err))
         return false;
-    if (comma && !csv_number(comma + 1, end, max2, second, line, (unsigned)(comma + 1 - s) + 1,
-                             v2, err))
+    if (comma && !csv_number(comma + 1, end, max2, second, form, line,
+                             (unsigned)(comma + 1 - s) + 1, v2, err))
         return false;
     *kind = LINE_DATA;
     return true;

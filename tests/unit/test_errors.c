@@ -75,6 +75,9 @@ static const bad_case cases[] = {
     {"\xEF\xBB\xBF" "name: a\xff\n", ML_SYNTAX, 1, 8, "not UTF-8 text"},
     {"name: x\rmodel: \xff\n", ML_SYNTAX, 2, 8, "not UTF-8 text"},
     {"name: x # ab\x01\n", ML_SYNTAX, 1, 13, "(U+0001): remove the character"},
+    /* a checkpoint list as a YAML sequence: ascending, each once, refused
+     * at the element out of order */
+    {GPT "training:\n  checkpoint: [3, 0]\n", ML_SCHEMA, 10, 19, "list each block once"},
     /* sequential models */
     /* pooling: padding at most half the kernel (PyTorch's pool2d_shape_check:
      * 5 > 1 / 2 = 0), and a global pool with a window */

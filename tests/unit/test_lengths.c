@@ -137,6 +137,12 @@ static void test_bad_input(void **state)
     assert_non_null(strstr(e.msg, "no `length` column"));
     assert_int_equal(csv_error("count,length\n5,100\n7\n", &e), ML_SYNTAX);
     assert_int_equal(e.line, 3); /* count,length wants both fields */
+    assert_int_equal(csv_error("count,length\n5,abc\n", &e), ML_SYNTAX);
+    assert_non_null(strstr(e.msg, "`count,length`, as the header says"));
+    /* one trailing comma after the header's names is no column */
+    d = csv("length,count,\n100,5\n");
+    assert_int_equal(ml_lengths_samples(d), 5);
+    ml_lengths_destroy(d);
     assert_int_equal(ml_lengths_parse_csv("5\n\0" "6\n", 5, "nul.csv", &d, &e), ML_SYNTAX);
     assert_int_equal(e.line, 2);
     assert_null(d);
