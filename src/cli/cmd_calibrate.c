@@ -106,21 +106,26 @@ static void points_text(FILE *f, const points_report *q)
     }
 }
 
-static int points(int argc, char **argv)
+typedef struct {
+    const char *path, *budget, *at, *out;
+    bool json;
+} points_flags;
+
+/* calibrate --points' flags into *o: 0, or 2 (printed). */
+static int points_parse(int argc, char **argv, points_flags *o)
 {
-    const char *path = NULL, *budget_s = NULL, *at_s = NULL, *out_path = NULL;
-    bool json = false;
+    memset(o, 0, sizeof *o);
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = NULL, *fmt = NULL;
         /* the value: after '=', or the next argument unless missing or
          * itself a flag ("-o --points": -o was given no file name); "-" is
          * standard output */
-        const char **slot = ml_cli_flag_is(a, "--points", argc, argv, &i, &v)   ? &path
-                            : ml_cli_flag_is(a, "--budget", argc, argv, &i, &v) ? &budget_s
-                            : ml_cli_flag_is(a, "--at", argc, argv, &i, &v)     ? &at_s
+        const char **slot = ml_cli_flag_is(a, "--points", argc, argv, &i, &v)   ? &o->path
+                            : ml_cli_flag_is(a, "--budget", argc, argv, &i, &v) ? &o->budget
+                            : ml_cli_flag_is(a, "--at", argc, argv, &i, &v)     ? &o->at
                             : ml_cli_flag_is(a, "-o", argc, argv, &i, &v) ||
                                     ml_cli_flag_is(a, "--output", argc, argv, &i, &v)
-                                ? &out_path
+                                ? &o->out
                             : ml_cli_flag_is(a, "--format", argc, argv, &i, &v) ? &fmt
                                                                                 : NULL;
         if (!slot)
@@ -128,18 +133,28 @@ static int points(int argc, char **argv)
         if (!v || !*v) {
             char flag[32]; /* the flag without its '=' */
             snprintf(flag, sizeof flag, "%.*s", (int)strcspn(a, "="), a);
-            return points_usage(slot == &path || slot == &out_path ? "%s needs a file name"
-                                                                  : "%s needs a value",
+            return points_usage(slot == &o->path || slot == &o->out ? "%s needs a file name"
+                                                                    : "%s needs a value",
                                 flag);
         }
-        if (slot != &fmt) {
+        if (slot != &fmt)
             *slot = v;
-        } else if (!strcmp(v, "json")) {
-            json = true;
-        } else if (strcmp(v, "text")) {
+        else if (!strcmp(v, "json"))
+            o->json = true;
+        else if (strcmp(v, "text"))
             return points_usage("--format: '%s' is not a format; use text or json", v);
-        }
     }
+    return 0;
+}
+
+static int points(int argc, char **argv)
+{
+    points_flags o;
+    int rc = points_parse(argc, argv, &o);
+    if (rc)
+        return rc;
+    const char *path = o.path, *budget_s = o.budget, *at_s = o.at, *out_path = o.out;
+    const bool json = o.json;
     if (!path)
         return points_usage("%s", "calibrate: --points needs a file name");
     if (ml_out_refuse_input(out_path, path))
@@ -169,7 +184,7 @@ static int points(int argc, char **argv)
         return e.code == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
     ml_out out;
-    int rc = ml_out_open(&out, out_path);
+    rc = ml_out_open(&out, out_path);
     if (!rc && !json)
         rc = ml_out_text(&out, path);
     if (rc) {

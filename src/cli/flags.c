@@ -145,3 +145,18 @@ void ml_cli_config_error(const ml_cli_opts *o, ml_error *e)
     e->line = e->col = 0;
     ml_cli_print_error(e);
 }
+
+int ml_cli_eval_failed(const ml_cli_opts *o, ml_error *e, ml_status st)
+{
+    ml_cli_config_error(o, e);
+    return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+}
+
+void ml_cli_free(ml_model *m, ml_config *cfg)
+{
+    ml_model_destroy(m);
+    if (cfg && cfg->calib) {
+        ml_profile_destroy((ml_profile *)cfg->calib);
+        cfg->calib = NULL;
+    }
+}

@@ -586,18 +586,3 @@ bool ml_cli_start(int argc, char **argv, const char *verb, const char *usage, ml
     *rc = ml_cli_load(o, m, cfg);
     return *rc == 0;
 }
-
-int ml_cli_eval_failed(const ml_cli_opts *o, ml_error *e, ml_status st)
-{
-    ml_cli_config_error(o, e);
-    return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
-}
-
-void ml_cli_free(ml_model *m, ml_config *cfg)
-{
-    ml_model_destroy(m);
-    if (cfg && cfg->calib) {
-        ml_profile_destroy((ml_profile *)cfg->calib);
-        cfg->calib = NULL;
-    }
-}

@@ -310,10 +310,8 @@ static ml_status training_checkpoint(ml_error *err, const ml_node *ck, ml_traini
                                    "index",
                                    i, d->text);
             if (cp.count && v <= cp.blocks[cp.count - 1])
-                return ml_error_at(err, d, ML_SCHEMA,
-                                   "training.checkpoint[%zu]: %llu after %u: list each block "
-                                   "once, in ascending order",
-                                   i, v, cp.blocks[cp.count - 1]);
+                return ml_error_at(err, d, ML_SCHEMA, "training.checkpoint[%zu]: list each "
+                                   "block once, in ascending order", i);
             cp.blocks[cp.count++] = (uint32_t)v;
         }
         tr->checkpoint = cp;
