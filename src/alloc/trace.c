@@ -9,6 +9,7 @@
 #include "alloc/alloc.h"
 #include "util/error.h"
 #include "util/grow.h"
+#include "util/utf8.h"
 
 static const char header_text[] = "action,id,bytes";
 
@@ -291,8 +292,8 @@ ml_status ml_alloc_trace_parse(const char *text, size_t len, const char *path,
     bool header = false;
     if (!p.t)
         return fail(err, ML_NOMEM, path, 0, 0, "out of memory");
-    if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3)) /* a UTF-8 byte order mark */
-        text += 3, len -= 3;
+    const size_t bom = ml_utf8_bom_len(text, len);
+    text += bom, len -= bom;
     for (size_t i = 0; i < len && !st;) {
         trace_line l = {.text = text + i};
         const char *nl = memchr(l.text, '\n', len - i);

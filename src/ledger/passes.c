@@ -2,7 +2,6 @@
  * (training.eval_batch) and the caching-allocator simulation of the whole
  * run (device.allocator). docs/ledger.md, "First iteration and evaluation";
  * docs/allocator.md, "On the plan". */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,17 +43,6 @@ void ml_eval_batch(ml_replay *r, const ml_chain *ch)
     ml_replay_alloc(r, ML_CAT_BATCH, ch->batch_targets);
 }
 
-/* A message that opens with the key `from` opens with `to` instead. */
-static void rename_key(ml_error *err, const char *from, const char *to)
-{
-    size_t n = strlen(from);
-    if (!err || strncmp(err->msg, from, n))
-        return;
-    char msg[sizeof err->msg];
-    snprintf(msg, sizeof msg, "%s%s", to, err->msg + n);
-    snprintf(err->msg, sizeof err->msg, "%s", msg);
-}
-
 /* model.eval() under torch.no_grad(): every block runs as a checkpointed
  * block's first forward does (nothing saved, its would-be saved tensors
  * transient), each boundary freed once consumed, except the model output,
@@ -75,8 +63,8 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     if (st) {
         /* the evaluation's shape is its own settings': name them */
         if (t->eval_seq_len)
-            rename_key(err, "training.seq_len:", "training.eval_seq_len:");
-        rename_key(err, "training.micro_batch:", "training.eval_batch:");
+            ml_error_reword(err, "training.seq_len:", "training.eval_seq_len:");
+        ml_error_reword(err, "training.micro_batch:", "training.eval_batch:");
         return st;
     }
     const size_t n = ch.n;

@@ -6,6 +6,7 @@
 #include <yaml.h>
 
 #include "model/tree.h"
+#include "util/utf8.h"
 
 typedef struct {
     ml_node *stack[ML_TREE_MAX_DEPTH + 1];
@@ -211,7 +212,7 @@ static ml_status reader_error(ml_error *err, const char *text, size_t off, const
                               int value)
 {
     yaml_mark_t mk = {0, 0, 0};
-    size_t i = off >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3) ? 3 : 0;
+    size_t i = ml_utf8_bom_len(text, off);
     for (; i < off; i++) {
         if (text[i] == '\n' || (text[i] == '\r' && !(i + 1 < off && text[i + 1] == '\n'))) {
             mk.line++;
@@ -284,13 +285,8 @@ ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *
 
 ml_status ml_tree_parse_json(const char *text, size_t len, ml_node **root, ml_error *err)
 {
-    static const char yaml_word[] = "YAML syntax: ";
     ml_status st = ml_tree_parse(text, len, root, err);
-    if (st == ML_SYNTAX && !strncmp(err->msg, yaml_word, sizeof yaml_word - 1)) {
-        char msg[sizeof err->msg];
-        snprintf(msg, sizeof msg, "JSON syntax (read as YAML): %s",
-                 err->msg + sizeof yaml_word - 1);
-        snprintf(err->msg, sizeof err->msg, "%s", msg);
-    }
+    if (st == ML_SYNTAX)
+        ml_error_reword(err, "YAML syntax: ", "JSON syntax (read as YAML): ");
     return st;
 }

@@ -10,6 +10,7 @@
 #include "memledger/lengths.h"
 #include "util/error.h"
 #include "util/grow.h"
+#include "util/utf8.h"
 
 #define MAX_LENGTH (1ull << 28) /* training.seq_len's limit */
 #define MAX_COUNT (1ull << 40)
@@ -235,8 +236,8 @@ ml_status ml_lengths_parse_csv(const char *text, size_t len, const char *name, m
         memset(err, 0, sizeof *err);
         snprintf(err->path, sizeof err->path, "%s", name ? name : "");
     }
-    if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3)) /* a UTF-8 byte order mark */
-        text += 3, len -= 3;
+    const size_t bom = ml_utf8_bom_len(text, len);
+    text += bom, len -= bom;
     bin *v = NULL;
     size_t n = 0, cap = 0;
     unsigned line = 0;

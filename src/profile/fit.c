@@ -11,6 +11,7 @@
 #include "memledger/model.h"
 #include "util/error.h"
 #include "util/grow.h"
+#include "util/utf8.h"
 
 ml_status ml_linfit_points(const double *x, const double *y, size_t n, ml_linfit *out,
                            ml_error *err)
@@ -196,8 +197,7 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
     ml_status st = ML_OK;
     /* a UTF-8 byte order mark, as spreadsheets write one: skipped, as the
      * YAML and JSON readers skip it */
-    if (len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3))
-        i = 3;
+    i = ml_utf8_bom_len(text, len);
     while (i < len && !st) {
         size_t e = i;
         while (e < len && text[e] != '\n')

@@ -28,6 +28,10 @@ ml_status ml_errorf_at(ml_error *err, ml_status code, unsigned line, unsigned co
 ml_status ml_verrorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
                         const char *fmt, va_list ap);
 
+/* A message that opens with `from` opens with `to` instead (a key renamed
+ * for the caller's words); any other message, or a NULL err, is left. */
+void ml_error_reword(ml_error *err, const char *from, const char *to);
+
 /* Reads a whole input file (at most ML_INPUT_MAX_BYTES). Starts err afresh,
  * naming the file in err->path (so every loader's messages name it). Returns
  * a buffer the caller frees, or NULL with err's code and message set (ML_IO,

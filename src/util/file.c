@@ -67,6 +67,16 @@ ml_status ml_errorf(ml_error *err, ml_status code, const char *fmt, ...)
     return code;
 }
 
+void ml_error_reword(ml_error *err, const char *from, const char *to)
+{
+    size_t n = strlen(from);
+    if (!err || strncmp(err->msg, from, n))
+        return;
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s%s", to, err->msg + n);
+    snprintf(err->msg, sizeof err->msg, "%s", msg);
+}
+
 ml_status ml_verrorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
                         const char *fmt, va_list ap)
 {

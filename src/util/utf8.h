@@ -7,6 +7,16 @@
 #include <stddef.h>
 #include <stdio.h>
 
+/* 3 when text[0 .. len) starts with a UTF-8 byte order mark (EF BB BF),
+ * which the CSV readers skip, else 0. */
+static inline size_t ml_utf8_bom_len(const char *text, size_t len)
+{
+    return len >= 3 && (unsigned char)text[0] == 0xEF && (unsigned char)text[1] == 0xBB &&
+                   (unsigned char)text[2] == 0xBF
+               ? 3
+               : 0;
+}
+
 /* The length of the well-formed UTF-8 sequence that starts at p (1 to 4,
  * RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF), or
  * 0 when the bytes there are not one. p is NUL-terminated; a NUL ends any
