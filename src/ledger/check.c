@@ -3,11 +3,16 @@
  * library with the key's name (ml_config_check). */
 #include <math.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "memledger/ledger.h"
 #include "model/limits.h"
 #include "util/error.h"
+
+/* Two problems of a figure against the device's memory: ml_config_check
+ * knows them by these strings' addresses and says both figures. */
+static const char over_budget[] = "device.budget: the budget is above the device memory";
+static const char over_reserve[] =
+    "device.runtime_reserve: the reserve is not below the device memory";
 
 const char *ml_config_problem(const ml_config *cfg)
 {
@@ -57,9 +62,9 @@ const char *ml_config_problem(const ml_config *cfg)
     if (dv->present && dv->memory == 0)
         return "device.memory: must be at least 1 byte";
     if (dv->present && dv->budget > dv->memory)
-        return "device.budget: the budget is above the device memory";
+        return over_budget;
     if (dv->present && dv->runtime_reserve >= dv->memory)
-        return "device.runtime_reserve: the reserve is not below the device memory";
+        return over_reserve;
     if (!(dv->efficiency > 0 && dv->efficiency <= 1))
         return "device.efficiency: must be in (0, 1]";
     if (!(dv->fragmentation >= 0 && dv->fragmentation <= 1))
@@ -85,24 +90,19 @@ ml_status ml_config_check(const ml_config *cfg, ml_error *err)
     const char *bad = ml_config_problem(cfg);
     if (!bad)
         return ML_OK;
-    /* two figures against the device's memory: say both, since either
-     * side may be the one to change */
+    /* a figure against the device's memory: say both, since either side
+     * may be the one to change */
     const ml_device *dv = &cfg->device;
-    char a[32], b[32];
-    ml_format_bytes(dv->memory, b, sizeof b);
-    if (!strncmp(bad, "device.budget:", 14)) {
-        ml_format_bytes(dv->budget, a, sizeof a);
+    if (bad == over_budget || bad == over_reserve) {
+        const bool budget = bad == over_budget;
+        char a[32], b[32];
+        ml_format_bytes(budget ? dv->budget : dv->runtime_reserve, a, sizeof a);
+        ml_format_bytes(dv->memory, b, sizeof b);
         return ml_errorf(err, ML_RANGE,
-                         "device.budget: the budget (%s) is above the device's memory (%s): lower "
-                         "the budget or give a larger device",
-                         a, b);
-    }
-    if (!strncmp(bad, "device.runtime_reserve: the reserve is not", 41)) {
-        ml_format_bytes(dv->runtime_reserve, a, sizeof a);
-        return ml_errorf(err, ML_RANGE,
-                         "device.runtime_reserve: the reserve (%s) is not below the device's memory "
-                         "(%s): lower the reserve or give a larger device",
-                         a, b);
+                         "%s: the %s (%s) is %s the device's memory (%s): lower it or give a "
+                         "larger device",
+                         budget ? "device.budget" : "device.runtime_reserve",
+                         budget ? "budget" : "reserve", a, budget ? "above" : "not below", b);
     }
     return ml_errorf(err, ML_RANGE, "%s", bad);
 }

@@ -173,6 +173,19 @@ static void test_config_errors(void **state)
     assert_non_null(strstr(e.msg, "each block once, in ascending order"));
     assert_int_equal(ml_parse_checkpoint("[0, 0]", &c.training.checkpoint, &e), ML_USAGE);
     assert_int_equal(ml_parse_checkpoint("[0, 1]", &c.training.checkpoint, &e), ML_OK);
+    /* a budget above the device: both figures (5 GiB, 4 GiB as given) */
+    c = ml_model_config(m);
+    c.device.present = true;
+    c.device.memory = 4ull << 30;
+    c.device.budget = 5ull << 30;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "device.budget: the budget (5.00 GiB) is above the device's "
+                                  "memory (4.00 GiB)"));
+    /* an earlier problem (a micro-batch of 0, checked first) keeps its own
+     * message */
+    c.training.micro_batch = 0;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_RANGE);
+    assert_null(strstr(e.msg, "device.budget"));
     c = ml_model_config(m);
     c.training.micro_batch = 0;
     assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_RANGE);
