@@ -33,6 +33,19 @@ static void help(FILE *f)
                "the plan must be applied in code.\n");
 }
 
+/* The verb named name, or NULL (the message and the help printed). */
+typedef int (*verb_fn)(int argc, char **argv);
+
+static verb_fn verb_named(const char *name)
+{
+    for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
+        if (!strcmp(name, verbs[i].name))
+            return verbs[i].run;
+    ml_cli_errorf("unknown verb '%s'", name);
+    help(stderr);
+    return NULL;
+}
+
 static int run(int argc, char **argv)
 {
     if (argc < 2) {
@@ -42,12 +55,8 @@ static int run(int argc, char **argv)
     /* "help VERB" is "VERB --help" */
     if (!strcmp(argv[1], "help") && argc > 2 && strcmp(argv[2], "help")) {
         char *args[] = {"--help", NULL};
-        for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
-            if (!strcmp(argv[2], verbs[i].name))
-                return verbs[i].run(1, args);
-        ml_cli_errorf("unknown verb '%s'", argv[2]);
-        help(stderr);
-        return ML_EXIT_BAD_INPUT;
+        verb_fn verb = verb_named(argv[2]);
+        return verb ? verb(1, args) : ML_EXIT_BAD_INPUT;
     }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         help(stdout);
@@ -57,12 +66,8 @@ static int run(int argc, char **argv)
         printf("memledger %s\n", ML_VERSION);
         return ML_EXIT_OK;
     }
-    for (size_t i = 0; i < sizeof verbs / sizeof verbs[0]; i++)
-        if (!strcmp(argv[1], verbs[i].name))
-            return verbs[i].run(argc - 2, argv + 2);
-    ml_cli_errorf("unknown verb '%s'", argv[1]);
-    help(stderr);
-    return ML_EXIT_BAD_INPUT;
+    verb_fn verb = verb_named(argv[1]);
+    return verb ? verb(argc - 2, argv + 2) : ML_EXIT_BAD_INPUT;
 }
 
 int main(int argc, char **argv)
