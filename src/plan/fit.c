@@ -199,7 +199,8 @@ static ml_status finish(search *s, const ml_fit_request *req, ml_fit_result *r, 
 static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result *r)
 {
     const uint64_t dp = s->cfg.training.data_parallel;
-    uint64_t cap = req->max_micro_batch ? req->max_micro_batch : 65536;
+    const uint64_t asked = req->max_micro_batch ? req->max_micro_batch : 65536;
+    uint64_t cap = asked;
     uint64_t lim = ml_model_max_micro_batch(s->m);
     if (lim && cap > lim)
         cap = lim; /* a sequence classifier without pad_token_id */
@@ -230,7 +231,6 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
         return st;
     /* stopped by the search's upper end, not by the device (a cap from the
      * model or the global batch is no search limit) */
-    const uint64_t asked = req->max_micro_batch ? req->max_micro_batch : 65536;
     r->at_search_limit = r->max_micro_batch == asked && (!req->global_batch || per > asked) &&
                          (!lim || lim > asked);
     if (!r->max_micro_batch)

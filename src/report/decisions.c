@@ -38,7 +38,9 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     ml_checkpoint_format(&r->checkpoint, ck, sizeof ck);
     fprintf(f, "largest micro-batch that fits: %llu (checkpoint %s%s)\n",
             (unsigned long long)r->max_micro_batch, req->auto_checkpoint ? "auto -> " : "", ck);
-    if (r->at_search_limit && r->max_micro_batch >= (1u << 24))
+    uint64_t lo = 0, most = UINT64_MAX; /* the largest micro-batch memledger plans */
+    ml_config_range("training.micro_batch", &lo, &most);
+    if (r->at_search_limit && r->max_micro_batch >= most)
         fprintf(f, "  (the largest micro-batch memledger plans: larger ones may fit too)\n");
     else if (r->at_search_limit)
         fprintf(f, "  (the search's upper end: larger micro-batches may fit too; raise "
