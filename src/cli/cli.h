@@ -44,6 +44,8 @@ typedef struct {
 /* Parses argv (after the verb). Returns 0, 1 for --help (printed), or 2 on a
  * usage error (printed). */
 int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o);
+/* Whether arg is the flag name, alone or as "name=VALUE". */
+bool ml_cli_is_flag(const char *arg, const char *name);
 /* Whether argv[*i] (arg) is the flag name, as "name VALUE" or
  * "name=VALUE"; then *val is the value, NULL when there is none (the next
  * argument missing, or itself a flag: "-" and negative numbers are values),

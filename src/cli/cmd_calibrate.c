@@ -1,6 +1,5 @@
 /* memledger calibrate: fit a user's measured peaks (--points), or run the
  * calibration runner (memledger-calibrate, built with OpenBLAS or CUDA). */
-#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -153,23 +152,21 @@ static int points(int argc, char **argv)
     int rc = points_parse(argc, argv, &o);
     if (rc)
         return rc;
-    const char *path = o.path, *budget_s = o.budget, *at_s = o.at, *out_path = o.out;
-    const bool json = o.json;
-    if (!path)
+    if (!o.path)
         return points_usage("%s", "calibrate: --points needs a file name");
-    if (ml_out_refuse_input(out_path, path))
+    if (ml_out_refuse_input(o.out, o.path))
         return ML_EXIT_BAD_INPUT;
     uint64_t budget = 0, at = 0;
     ml_error e;
-    if (budget_s && ml_parse_size(budget_s, &budget, &e) != ML_OK) {
+    if (o.budget && ml_parse_size(o.budget, &budget, &e) != ML_OK) {
         ml_cli_errorf("--budget: %s", e.msg);
         return ML_EXIT_BAD_INPUT;
     }
-    if (at_s && ml_cli_whole("--at", at_s, 1, 1u << 24, &at))
+    if (o.at && ml_cli_whole("--at", o.at, 1, 1u << 24, &at))
         return ML_EXIT_BAD_INPUT;
     ml_point *p = NULL;
     size_t n = 0;
-    if (ml_points_load_csv(path, &p, &n, &e) != ML_OK) {
+    if (ml_points_load_csv(o.path, &p, &n, &e) != ML_OK) {
         ml_cli_print_error(&e);
         return e.code == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
@@ -178,22 +175,22 @@ static int points(int argc, char **argv)
         ml_cli_opts none; /* no training flags: only --at's name */
         memset(&none, 0, sizeof none);
         ml_cli_decorate(&none, e.msg, sizeof e.msg);
-        snprintf(e.path, sizeof e.path, "%s", path);
+        snprintf(e.path, sizeof e.path, "%s", o.path);
         ml_cli_print_error(&e);
         free(p);
         return e.code == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
     ml_out out;
-    rc = ml_out_open(&out, out_path);
-    if (!rc && !json)
-        rc = ml_out_text(&out, path);
+    rc = ml_out_open(&out, o.out);
+    if (!rc && !o.json)
+        rc = ml_out_text(&out, o.path);
     if (rc) {
         free(p);
         return rc;
     }
     FILE *f = out.f;
-    points_report q = {path, p, n, &r, budget, at};
-    if (json)
+    points_report q = {o.path, p, n, &r, budget, at};
+    if (o.json)
         ml_report_points_json(f, n, &r, budget, at);
     else
         points_text(f, &q);
@@ -248,8 +245,8 @@ int ml_cmd_calibrate(int argc, char **argv)
             fputs(usage, stdout);
             return ML_EXIT_OK;
         }
-        backend = backend || !strncmp(argv[i], "--backend", 9);
-        pts = pts || !strcmp(argv[i], "--points") || !strncmp(argv[i], "--points=", 9);
+        backend = backend || ml_cli_is_flag(argv[i], "--backend");
+        pts = pts || ml_cli_is_flag(argv[i], "--points");
     }
     /* --points is a CSV of measurements, or with --backend the runner's grid */
     if (pts && !backend)

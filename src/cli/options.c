@@ -149,13 +149,19 @@ static const char *flag_value(int argc, char **argv, int *i, const char *eq)
     return argv[++*i];
 }
 
+bool ml_cli_is_flag(const char *arg, const char *name)
+{
+    size_t n = strlen(name);
+    return !strncmp(arg, name, n) && (!arg[n] || arg[n] == '=');
+}
+
 bool ml_cli_flag_is(const char *arg, const char *name, int argc, char **argv, int *i,
                     const char **val)
 {
-    size_t n = strlen(name);
-    if (strncmp(arg, name, n) || (arg[n] && arg[n] != '='))
+    if (!ml_cli_is_flag(arg, name))
         return false;
-    *val = flag_value(argc, argv, i, arg[n] ? arg + n : NULL);
+    const char *eq = strchr(arg, '=');
+    *val = flag_value(argc, argv, i, eq);
     return true;
 }
 
