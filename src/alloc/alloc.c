@@ -121,7 +121,7 @@ ml_alloc_result ml_alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **o
     s->non_split = cfg->max_non_split_rounding ? cfg->max_non_split_rounding
                                                : ML_ALLOC_LARGE_BUFFER;
     /* ExpandableSegment reserves address space for 1 1/8 of the device */
-    uint64_t dev = cfg->device_bytes ? cfg->device_bytes : 1ull << 46;
+    uint64_t dev = cfg->device_bytes ? cfg->device_bytes : ML_ALLOC_NO_DEVICE_BYTES;
     for (int p = 0; p < 2; p++)
         s->va[p] = up(dev + dev / 8, page(p));
     s->t.rng = 0x9E3779B97F4A7C15ull;

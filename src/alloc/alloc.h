@@ -27,6 +27,9 @@
 #define ML_ALLOC_ROUND_LARGE 2097152u    /* kRoundLarge */
 /* allocate() refuses 1 EiB and more with an OutOfMemoryError */
 #define ML_ALLOC_MAX_REQUEST (1ull << 60)
+/* the device's memory taken without a device (64 TiB): what sizes the
+ * expandable segments' address space, 1 1/8 of it (72 TiB) */
+#define ML_ALLOC_NO_DEVICE_BYTES (1ull << 46)
 
 typedef enum {
     ML_ALLOC_CACHING,    /* the default: cudaMalloc'd segments, cached */

@@ -216,11 +216,22 @@ static void write_text(FILE *f, const opts *o, const ml_alloc_config *c, const m
     }
     fprintf(f, " at event %zu (line %u: alloc of '%s', %s); the peaks above are up to it\n",
             r->oom_index + 1, e->line, t->ids[r->oom_index], b);
-    if (!c->device_bytes)
-        fprintf(f, "  (without --device a request fails only past the simulated address space: "
-                   "%s)\n",
-                c->mode == ML_ALLOC_EXPANDABLE ? "72 TiB of expandable segments"
-                                               : "1 EiB and larger");
+    if (c->device_bytes)
+        return;
+    /* alloc.h: PyTorch refuses ML_ALLOC_MAX_REQUEST and more; expandable
+     * segments map at most 1 1/8 of the device taken without one */
+    ml_format_bytes(c->mode == ML_ALLOC_EXPANDABLE
+                        ? ML_ALLOC_NO_DEVICE_BYTES + ML_ALLOC_NO_DEVICE_BYTES / 8
+                        : ML_ALLOC_MAX_REQUEST,
+                    a, sizeof a);
+    if (c->mode == ML_ALLOC_EXPANDABLE)
+        fprintf(f, "  (without --device only a request of more than %s fails: the expandable "
+                   "segments' address space)\n",
+                a);
+    else
+        fprintf(f, "  (without --device only a request of %s or more fails: PyTorch refuses "
+                   "it)\n",
+                a);
 }
 
 static void write_json(FILE *f, const opts *o, const ml_alloc_config *c, const ml_alloc_trace *t,
