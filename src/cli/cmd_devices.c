@@ -42,11 +42,11 @@ static void json(FILE *f, const ml_device_preset *p, size_t n)
     fputc('[', f);
     for (size_t i = 0; i < n; i++) {
         fputs(i ? ",\n {\"name\": " : "\n {\"name\": ", f);
-        ml_json_string(f, p[i].name);
+        ml_json_put_string(f, p[i].name);
         fputs(", \"product\": ", f);
-        ml_json_string(f, p[i].product);
+        ml_json_put_string(f, p[i].product);
         fputs(", \"aliases\": ", f);
-        ml_json_string(f, p[i].aliases ? p[i].aliases : "");
+        ml_json_put_string(f, p[i].aliases ? p[i].aliases : "");
         fprintf(f, ", \"memory\": %llu, \"peak_tflops\": {", (unsigned long long)p[i].memory);
         for (int k = 0; k < ML_COMPUTE_COUNT; k++)
             fprintf(f, "%s\"%s\": %.17g", k ? ", " : "", ml_compute_dtype_name((ml_compute_dtype)k),

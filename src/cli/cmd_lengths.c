@@ -101,7 +101,7 @@ static int write_report(const ml_cli_opts *o, const ml_model *m, const ml_config
                                            ml_report_lengths_text(f, cfg, d, o->lengths, req, r);
     else if (o->format == ML_FMT_JSON) {
         fputs("{\"model\": ", f);
-        ml_json_string(f, ml_model_name(m));
+        ml_json_put_string(f, ml_model_name(m));
         fprintf(f, ", \"device\": {\"memory\": %llu, \"budget\": %llu},\n \"lengths\": ",
                 (unsigned long long)cfg->device.memory,
                 (unsigned long long)ml_device_budget(&cfg->device));

@@ -340,9 +340,9 @@ static void json_observed(FILE *f, const ml_triage_observed *o)
 static void json_remedy(FILE *f, const ml_remedy *x)
 {
     fputs("{\"name\": ", f);
-    ml_json_string(f, ml_remedy_name(x->kind));
+    ml_json_put_string(f, ml_remedy_name(x->kind));
     fputs(", \"flags\": ", f);
-    ml_json_string(f, x->flags);
+    ml_json_put_string(f, x->flags);
     fprintf(f, ", \"peak\": %llu, \"peak_total\": %llu, \"step_time_s\": ",
             (unsigned long long)x->peak, (unsigned long long)x->peak_total);
     json_known(f, x->step_time_s);
@@ -353,7 +353,7 @@ static void json_remedy(FILE *f, const ml_remedy *x)
     fprintf(f, ", \"fits\": %s, \"in_focus\": %s, \"host_bytes\": %llu, \"changes\": ",
             !x->has_device ? "null" : x->fits ? "true" : "false", x->in_focus ? "true" : "false",
             (unsigned long long)x->host_bytes);
-    ml_json_string(f, x->changes);
+    ml_json_put_string(f, x->changes);
     fputc('}', f);
 }
 
@@ -366,7 +366,7 @@ static int write_json(FILE *f, const ml_model *m, const ml_config *given, const 
     char ck[64];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
     fputs("{\"model\": ", f);
-    ml_json_string(f, ml_model_name(m));
+    ml_json_put_string(f, ml_model_name(m));
     fprintf(f, ",\n \"config\": {\"micro_batch\": %llu, \"seq_len\": %llu, \"grad_accum\": %llu, "
                "\"precision\": \"%s\", \"optimizer\": \"%s\", \"optimizer_impl\": \"%s\", "
                "\"checkpoint\": \"%s\", \"data_parallel\": %llu, \"zero\": %u, \"offload\": "
@@ -382,7 +382,7 @@ static int write_json(FILE *f, const ml_model *m, const ml_config *given, const 
         fputs(",\n", f);
     }
     fprintf(f, " \"peak\": {\"phase\": \"%s\", \"step\": ", ml_phase_name(s->peak_phase));
-    ml_json_string(f, s->peak_step);
+    ml_json_put_string(f, s->peak_step);
     fputs(", \"breakdown\": {", f);
     for (int c = 0; c < ML_CAT_COUNT; c++)
         fprintf(f, "%s\"%s\": %llu", c ? ", " : "", ml_category_name((ml_category)c),

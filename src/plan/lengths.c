@@ -1,6 +1,7 @@
 /* A distribution of sample lengths: parsing (a CSV of lengths or counted
  * lengths, or quantiles) and its CDF, quantiles and the distribution of the
  * longest of b samples (docs/lengths.md). */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -101,11 +102,9 @@ typedef enum { LINE_BLANK, LINE_HEADER, LINE_DATA } line_kind;
 /* Whether a[0 .. n) is the lower-case name, letters in either case. */
 static bool same_name(const char *a, const char *name, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        char c = a[i] >= 'A' && a[i] <= 'Z' ? (char)(a[i] - 'A' + 'a') : a[i];
-        if (c != name[i])
+    for (size_t i = 0; i < n; i++)
+        if (tolower((unsigned char)a[i]) != name[i])
             return false;
-    }
     return true;
 }
 

@@ -58,7 +58,7 @@ int ml_report_colocate_json(FILE *f, const ml_ledger *const *jobs, const char *c
     for (size_t j = 0; j < n; j++) {
         const ml_summary *s = ml_ledger_summary(jobs[j]);
         fputs(j ? ",\n  {\"job\": " : "\n  {\"job\": ", f);
-        ml_json_string(f, names[j]);
+        ml_json_put_string(f, names[j]);
         fprintf(f, ", \"peak\": %llu, \"peak_total\": %llu, \"runtime_reserve\": %llu, "
                    "\"step_time_s\": ",
                 (unsigned long long)s->peak, (unsigned long long)s->peak_total,

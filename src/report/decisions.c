@@ -74,7 +74,7 @@ int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
     char ck[1200];
     ml_checkpoint_format(&r->checkpoint, ck, sizeof ck);
     fputs("{\"model\": ", f);
-    ml_json_string(f, ml_model_name(m));
+    ml_json_put_string(f, ml_model_name(m));
     if (r->fits)
         fprintf(f, ", \"micro_batch\": %llu, \"grad_accum\": %llu, \"data_parallel\": %llu, "
                    "\"effective_batch\": %llu, ",
@@ -85,9 +85,9 @@ int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
                    "\"effective_batch\": null, ",
                 (unsigned long long)r->data_parallel);
     fputs("\"checkpoint\": ", f);
-    ml_json_string(f, ck);
+    ml_json_put_string(f, ck);
     fputs(", \"plan\": ", f);
-    ml_json_string(f, r->plan);
+    ml_json_put_string(f, r->plan);
     if (r->fits)
         /* the budget line is for the allocator peak; peak_total adds the
          * runtime reserve */
@@ -108,7 +108,7 @@ int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
             (unsigned long long)r->max_micro_batch, r->at_search_limit ? "true" : "false",
             r->flops_recompute, r->evaluations);
     fputs(", \"note\": ", f);
-    ml_json_string(f, r->note);
+    ml_json_put_string(f, r->note);
     fputs("}\n", f);
     return ferror(f) ? -1 : 0;
 }
@@ -209,9 +209,9 @@ int ml_report_compare_json(FILE *f, const ml_compare_row *rows, size_t n)
         const ml_compare_row *r = &rows[i];
         name_of(r, name, sizeof name);
         fputs(i ? ",\n {\"checkpoint\": " : "\n {\"checkpoint\": ", f);
-        ml_json_string(f, name);
+        ml_json_put_string(f, name);
         fputs(", \"plan\": ", f);
-        ml_json_string(f, r->plan);
+        ml_json_put_string(f, r->plan);
         fprintf(f, ", \"peak_total\": %llu, \"activations_saved\": %llu, \"flops_recompute\": "
                    "%.17g, \"flops_total\": %.17g, \"recompute_pct\": %.17g, \"step_time_s\": ",
                 (unsigned long long)r->peak_total, (unsigned long long)r->activations_saved,
@@ -224,7 +224,7 @@ int ml_report_compare_json(FILE *f, const ml_compare_row *rows, size_t n)
                 !r->has_device ? "null" : r->fits ? "true" : "false", (unsigned long long)r->peak);
         if (r->cheaper >= 0) {
             name_of(&rows[r->cheaper], name, sizeof name);
-            ml_json_string(f, name);
+            ml_json_put_string(f, name);
         } else {
             fputs("null", f);
         }
@@ -286,9 +286,9 @@ int ml_report_json_advice(FILE *f, const ml_model *m, const ml_config *cfg, cons
         char name[64];
         name_of(&a->row, name, sizeof name);
         fputs("{\"cheaper_fits\": ", f);
-        ml_json_string(f, name);
+        ml_json_put_string(f, name);
         fputs(", \"plan\": ", f);
-        ml_json_string(f, a->row.plan);
+        ml_json_put_string(f, a->row.plan);
         fprintf(f, ", \"peak_total\": %llu, \"flops_recompute\": %.17g, \"flops_total\": %.17g, "
                    "\"step_time_s\": ",
                 (unsigned long long)a->row.peak_total, a->row.flops_recompute, a->row.flops_total);

@@ -7,12 +7,6 @@
 #include "memledger/calib.h"
 #include "memledger/report.h"
 #include "report/report_internal.h"
-#include "util/utf8.h"
-
-void ml_json_string(FILE *f, const char *s)
-{
-    ml_json_put_string(f, s);
-}
 
 static void num(FILE *f, double v)
 {
@@ -30,7 +24,7 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     char ck[1200];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
     fputs("{\"model\": ", f);
-    ml_json_string(f, ml_model_name(m));
+    ml_json_put_string(f, ml_model_name(m));
     fprintf(f, ", \"params\": %llu,\n", (unsigned long long)s->params);
     fprintf(f, " \"config\": {\"micro_batch\": %llu, \"seq_len\": %llu, \"grad_accum\": %llu, "
                "\"precision\": \"%s\", \"optimizer\": \"%s\", \"optimizer_impl\": \"%s\", "
@@ -38,7 +32,7 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
             (unsigned long long)t->micro_batch, (unsigned long long)t->seq_len,
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl));
-    ml_json_string(f, ck);
+    ml_json_put_string(f, ck);
     fprintf(f, ", \"data_parallel\": %llu, \"zero\": %u, \"offload\": \"%s\", "
                "\"logits\": \"%s\", \"zero_grad\": \"%s\", \"logits_chunk\": %llu, "
                "\"attention\": ",
@@ -58,7 +52,7 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
                 (unsigned long long)ml_model_image_tokens(m), ml_vision_tower_name(t->vision_tower));
     fputs("},\n", f);
     fputs(" \"plan\": ", f);
-    ml_json_string(f, s->plan);
+    ml_json_put_string(f, s->plan);
     fprintf(f, ", \"plan_fits_budget\": %s,\n", s->plan_fits_budget ? "true" : "false");
 }
 
@@ -68,13 +62,13 @@ static void json_calibration(FILE *f, const ml_config *cfg, const ml_summary *s)
     fputs(" \"calibration\": ", f);
     if (cfg->calib) {
         fputs("{\"profile\": ", f);
-        ml_json_string(f, ml_profile_get(cfg->calib, "name"));
+        ml_json_put_string(f, ml_profile_get(cfg->calib, "name"));
         fprintf(f, ", \"measured_blocks\": %zu, \"c\": ", s->calibrated_blocks);
         num(f, s->calibrated_c);
         fprintf(f, ", \"at_shape\": %s, \"time_measured\": %s, \"note\": ",
                 s->calibrated_at_shape ? "true" : "false", s->time_measured ? "true" : "false");
         if (s->calibration_note)
-            ml_json_string(f, s->calibration_note);
+            ml_json_put_string(f, s->calibration_note);
         else
             fputs("null", f);
         fputs("},\n", f);
@@ -99,7 +93,7 @@ static void json_bytes(FILE *f, const ml_config *cfg, const ml_summary *s)
             (unsigned long long)s->fragmentation, (unsigned long long)s->bytes_batch,
             (unsigned long long)s->bytes_buffers);
     fprintf(f, " \"peak\": {\"phase\": \"%s\", \"step\": ", ml_phase_name(s->peak_phase));
-    ml_json_string(f, s->peak_step);
+    ml_json_put_string(f, s->peak_step);
     fputs(", \"breakdown\": {", f);
     for (int c = 0; c < ML_CAT_COUNT; c++)
         fprintf(f, "%s\"%s\": %llu", c ? ", " : "", ml_category_name((ml_category)c),
@@ -137,7 +131,7 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
     for (size_t i = 0; i < n; i++) {
         const ml_block_info *b = ml_ledger_block(l, i);
         fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
-        ml_json_string(f, b->name);
+        ml_json_put_string(f, b->name);
         fprintf(f, ", \"params\": %llu, \"activations_saved\": %llu, \"inventory_bytes\": %llu, "
                    "\"c\": ",
                 (unsigned long long)b->params, (unsigned long long)b->activations_saved,

@@ -5,10 +5,7 @@
 #include <stdio.h>
 
 #include "memledger/report.h"
-
-/* s as a JSON string, quotes included: '"' and '\' escaped, control
- * characters as \u00XX. */
-void ml_json_string(FILE *f, const char *s);
+#include "util/utf8.h" /* ml_json_put_string: a JSON string, UTF-8 kept */
 
 /* The plan's JSON object (ml_report_json) without its closing brace, for
  * the writers that add keys after it. */
