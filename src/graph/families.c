@@ -1,23 +1,67 @@
-/* Families as compositions (families.h). */
+/* Families as compositions (families.h): a layer is its components'
+ * settings, read off the model; the kit does the rest. */
 #include "graph/families.h"
 
-bool ml__family_gpt2_layer(const ml_model *m, bool autocast, bool fused_kernel, mlg_layer *L)
+/* What every layout the kit expresses shares: a decoder's pre-norm layer
+ * with one dense MLP and plain self-attention. The others keep their chain
+ * builders (ledger/chain_transformer.c) until the kit expresses them:
+ * parallel residuals (GPT-NeoX, Falcon), experts (Mixtral, DeepSeek),
+ * latent attention, vision towers, Gemma's norms and soft-capping, Phi-3's
+ * fused projections, post-norm encoders. */
+static bool plain_decoder(const ml_model *m)
 {
-    /* the layouts the kit does not express yet keep their chain builders
-     * (ledger/chain_transformer.c): rotary, grouped-query heads, other
-     * norms, residual arrangements, MLPs and attention variants */
-    if (m->type != ML_MODEL_DECODER || !m->prenorm || m->norm != ML_NORM_LAYERNORM ||
-        m->position == ML_POS_ROPE || m->parallel_residual || m->shared_norm || m->experts ||
-        m->kv_lora || m->image_size || m->vis_layers || m->post_norms || m->fused_proj ||
-        m->attn_softcap > 0 || m->kv_heads != m->heads ||
-        (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+    return m->type == ML_MODEL_DECODER && m->prenorm && !m->parallel_residual &&
+           !m->shared_norm && !m->experts && !m->kv_lora && !m->image_size && !m->vis_layers &&
+           !m->post_norms && !m->fused_proj && !(m->attn_softcap > 0);
+}
+
+bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    if (!plain_decoder(m) || m->norm != ML_NORM_LAYERNORM || m->position == ML_POS_ROPE ||
+        m->kv_heads != m->heads || (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
         return false;
-    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias};
-    L->attn = (mlg_attention){m->qkv_bias, m->bias || m->out_bias, fused_kernel, m->dropout > 0};
+    *L = (mlg_layer){0};
+    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false};
+    L->attn.qkv_bias = m->qkv_bias;
+    L->attn.out_bias = m->bias || m->out_bias;
+    L->attn.fused_kernel = c->fused_kernel;
+    L->attn.dropout = m->dropout > 0;
     L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
                        m->dropout > 0};
-    L->autocast = autocast;
+    L->autocast = c->autocast;
     return true;
+}
+
+bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    static const uint8_t act[] = {[ML_ACT_GELU] = MLG_GELU, [ML_ACT_RELU] = MLG_RELU,
+                                  [ML_ACT_SWIGLU] = MLG_SWIGLU, [ML_ACT_GEGLU] = MLG_GEGLU};
+    if (!plain_decoder(m) || m->norm != ML_NORM_RMSNORM || m->activation == ML_ACT_QUICK_GELU ||
+        m->kv_heads > m->heads)
+        return false;
+    *L = (mlg_layer){0};
+    L->norm = (mlg_norm){MLG_RMSNORM, false, c->stream_bytes != 4};
+    mlg_attention *a = &L->attn;
+    a->hf = true;
+    a->qkv_bias = m->qkv_bias;
+    a->out_bias = m->bias || m->out_bias;
+    a->fused_kernel = c->fused_kernel;
+    a->dropout = m->dropout > 0;
+    a->rope = m->position == ML_POS_ROPE;
+    a->grouped = m->kv_heads < m->heads;
+    a->repeat_copy = a->grouped && m->kv_heads > 1;
+    a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
+    a->probs_cast = c->compute_bytes != 4;
+    a->cache = c->eval && m->kv_cache;
+    L->mlp = (mlg_mlp){act[m->activation], m->bias || m->mlp_bias, m->dropout > 0};
+    L->autocast = c->autocast;
+    L->hf_order = true;
+    return true;
+}
+
+bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    return ml__family_gpt2_layer(m, c, L) || ml__family_llama_layer(m, c, L);
 }
 
 void ml__family_layer_graph(ml_graph *g, const mlg_layer *L)

@@ -7,11 +7,24 @@
 #include "graph/kit.h"
 #include "model/model_internal.h"
 
+/* What of a configuration changes a layer's ops (the sizes do not). */
+typedef struct {
+    unsigned compute_bytes, stream_bytes; /* the precision policy's */
+    bool fp16;          /* the 2-byte dtype is float16 (else bfloat16) */
+    bool autocast;      /* torch.autocast runs the model */
+    bool fused_kernel;  /* its attention dispatches to a fused kernel */
+    bool eval;          /* the evaluation pass (model.eval(), no_grad) */
+} mlg_config;
+
 /* nanoGPT's and Hugging Face GPT-2's layer (pre-LayerNorm, one c_attn
  * projection, masked_fill causal mask, a GELU or ReLU MLP) into L; false
- * when m's layer is another layout. autocast: torch.autocast runs it;
- * fused_kernel: its attention dispatches to a fused kernel. */
-bool ml__family_gpt2_layer(const ml_model *m, bool autocast, bool fused_kernel, mlg_layer *L);
+ * when m's layer is another layout. */
+bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's Llama layout (LlamaDecoderLayer, and Mistral's, Qwen2's:
+ * RMSNorm, q/k/v projections, rotary, grouped heads, a gated MLP). */
+bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* The family whose layout m's layers have; false: none of the kit's. */
+bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 
 /* The graph of a layer L into g (a pre-norm layer of its components). */
 void ml__family_layer_graph(ml_graph *g, const mlg_layer *L);

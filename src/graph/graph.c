@@ -8,6 +8,7 @@
 void ml__graph_init(ml_graph *g)
 {
     g->nt = g->nop = 0;
+    g->group = 0;
     g->full = false;
 }
 
@@ -26,6 +27,7 @@ static uint16_t tensor_va(ml_graph *g, const char *name, uint8_t dtype, uint8_t 
     t->factor = 1;
     t->ndim = (uint8_t)ndim;
     t->base = base;
+    t->group = g->group;
     for (unsigned i = 0; i < ndim; i++)
         t->dim[i] = (uint8_t)va_arg(ap, int);
     return g->nt++;
@@ -74,10 +76,14 @@ mlg_op *ml__graph_release(ml_graph *g, const char *name)
 
 /* The fixed arrays of an op: a builder that lists more is a bug, caught by
  * the graph tests (tests/unit/test_graph.c); the extra entries are dropped. */
-#define PUSH(arr, n, v)                                  \
-    do {                                                 \
-        if ((v) != MLG_NONE && (n) < sizeof(arr) / sizeof((arr)[0])) \
-            (arr)[(n)++] = (v);                          \
+#define PUSH(arr, n, v)                                                  \
+    do {                                                                 \
+        if ((v) == MLG_NONE)                                             \
+            break;                                                       \
+        if ((n) < sizeof(arr) / sizeof((arr)[0]))                        \
+            (arr)[(n)++] = (v);                                          \
+        else                                                             \
+            o->overfull = true;                                          \
     } while (0)
 
 void ml__op_in(mlg_op *o, uint16_t t) { PUSH(o->in, o->nin, t); }
@@ -104,6 +110,32 @@ void ml__op_flops(mlg_op *o, double k, unsigned ndim, ...)
     va_end(ap);
 }
 
+static bool ids_valid(const ml_graph *g, const uint16_t *ids, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (ids[i] >= g->nt)
+            return false;
+    return true;
+}
+
+bool ml__graph_valid(const ml_graph *g)
+{
+    if (g->full)
+        return false;
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        if (o->overfull || !ids_valid(g, o->in, o->nin) || !ids_valid(g, o->out, o->nout) ||
+            !ids_valid(g, o->save, o->nsave) || !ids_valid(g, o->free, o->nfree) ||
+            !ids_valid(g, o->param, o->nparam) || !ids_valid(g, o->gin, o->ngin) ||
+            !ids_valid(g, o->gout, o->ngout) || (o->accum != MLG_NONE && o->accum >= g->nt))
+            return false;
+    }
+    for (uint16_t t = 0; t < g->nt; t++)
+        if (g->t[t].base != MLG_NONE && g->t[t].base >= g->nt)
+            return false;
+    return true;
+}
+
 /* ---- passes ------------------------------------------------------------ */
 
 void ml__graph_bytes(const ml_graph *g, ml_graph_sizes *z, uint64_t *tb)
@@ -116,6 +148,8 @@ void ml__graph_bytes(const ml_graph *g, ml_graph_sizes *z, uint64_t *tb)
                 z->overflow = true;
         if (__builtin_mul_overflow(n, (uint64_t)z->bytes[t->dtype], &n))
             z->overflow = true;
+        if (t->flags & MLG_T_HALF)
+            n /= 2;
         tb[i] = z->overflow ? 0 : n;
     }
 }

@@ -66,6 +66,7 @@ enum {
                         "transients"), the largest of which sizes the
                         allocator simulation's units */
     MLG_T_WCAST = 4, /* autocast's weight copy */
+    MLG_T_HALF = 8,  /* half the bytes of its shape (rotate_half's -x2) */
 };
 
 #define MLG_NONE 0xffffu
@@ -81,6 +82,8 @@ typedef struct {
     uint8_t flags;    /* MLG_T_* */
     uint16_t base;    /* a view's storage; a saved tensor counted in the entry
                          of another (bmm's operand copies): that one */
+    uint8_t group;    /* a parameter's module: parameters are listed by group
+                         (the order modules register them), then by op */
 } mlg_tensor;
 
 /* Op kinds: the kernel class of each op, for the time model. */
@@ -102,7 +105,7 @@ typedef struct {
     uint8_t nin, nout, nsave, nfree, nparam, ngin, ngout;
     uint16_t in[3];      /* read */
     uint16_t out[3];     /* allocated, in order */
-    uint16_t save[3];    /* saved for the backward (the first saver releases) */
+    uint16_t save[6];    /* saved for the backward (the first saver releases) */
     uint16_t free[4];    /* last references dropped once it has run */
     uint16_t param[2];   /* parameters, in registration order */
     double flops;        /* a whole multiple of the product of fdim */
@@ -116,12 +119,14 @@ typedef struct {
     uint16_t accum;      /* a gradient then added in place into the buffer
                             already held for the same tensor (input_buffer.cpp) */
     bool scratch_in;     /* a scratch as large as gin[0]'s gradient */
+    bool overfull;       /* a builder listed more than an array holds */
 } mlg_op;
 
 typedef struct {
     mlg_tensor t[MLG_MAX_TENSORS];
     mlg_op op[MLG_MAX_OPS];
     uint16_t nt, nop;
+    uint8_t group; /* the group new parameters join */
     bool full;  /* more tensors or ops than the arrays hold: refused */
     mlg_op sink; /* what a full graph's builders write to, never read */
 } ml_graph;
@@ -157,6 +162,10 @@ void ml__op_gout(mlg_op *o, uint16_t t);
 /* An op that launches nothing and only drops references (a function
  * returning, a name rebound). */
 mlg_op *ml__graph_release(ml_graph *g, const char *name);
+
+/* Whether g is whole: no array overfull, every tensor an op names
+ * declared. A builder's bug, refused rather than planned. */
+bool ml__graph_valid(const ml_graph *g);
 
 /* ---- passes (graph.c) ---- */
 /* Every tensor's bytes at sizes z into tb[0 .. g->nt): a view's its own

@@ -31,7 +31,7 @@ static bool cast_input(const ml_graph *g, const mlg_layer *L, uint16_t x)
 
 /* autocast's low-precision copy of an fp32 x (casts of activations are
  * not cached: one per consumer), made now; MLG_NONE without autocast. */
-static uint16_t cast_copy(ml_graph *g, const mlg_layer *L, uint16_t x)
+uint16_t ml__kit_cast_copy(ml_graph *g, const mlg_layer *L, uint16_t x)
 {
     if (!cast_input(g, L, x))
         return MLG_NONE;
@@ -42,7 +42,7 @@ static uint16_t cast_copy(ml_graph *g, const mlg_layer *L, uint16_t x)
 }
 
 /* autocast's copy of a weight, which the matmul saves (cached per forward). */
-static uint16_t weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_t out)
+uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_t out)
 {
     if (!L->autocast)
         return MLG_NONE;
@@ -69,9 +69,10 @@ static void cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w)
 
 /* The linear itself, reading xs (x or its cast copy c) and the weight copy
  * w; the copies' references go once it has run. */
-static mlg_op *linear_op(ml_graph *g, const mlg_linear *lin, uint16_t x, uint16_t c,
-                         uint16_t w, uint16_t y)
+mlg_op *ml__kit_linear_with(ml_graph *g, const mlg_linear *lin, uint16_t x, uint16_t c,
+                            uint16_t w, uint16_t y)
 {
+    cast_ops(g, x, c, w);
     const uint16_t xs = c != MLG_NONE ? c : x;
     mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, lin->name);
     ml__op_in(o, xs);
@@ -92,16 +93,17 @@ static mlg_op *linear_op(ml_graph *g, const mlg_linear *lin, uint16_t x, uint16_
 mlg_op *ml__kit_linear(ml_graph *g, const mlg_layer *L, const mlg_linear *lin, uint16_t x,
                        uint16_t y)
 {
-    uint16_t c = cast_copy(g, L, x);
-    uint16_t w = weight_copy(g, L, lin->in, lin->out);
-    cast_ops(g, x, c, w);
-    return linear_op(g, lin, x, c, w, y);
+    uint16_t c = ml__kit_cast_copy(g, L, x);
+    uint16_t w = ml__kit_weight_copy(g, L, lin->in, lin->out);
+    return ml__kit_linear_with(g, lin, x, c, w, y);
 }
 
 /* LayerNorm: native_layer_norm saves its input, mean and rstd (fp32 per
  * row); its backward's input gradient goes into the stream's buffer. */
 uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
 {
+    if (n->kind == MLG_RMSNORM)
+        return ml__kit_rmsnorm(g, n, x, xbuf);
     uint16_t st = ml__graph_tensor(g, "layernorm mean+rstd", MLG_FP32, MLG_ACT, 2, MLG_B, MLG_T);
     if (st != MLG_NONE)
         g->t[st].factor = 2;
@@ -178,7 +180,7 @@ uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y)
 }
 
 /* A (B, H, T, T) tensor: the scores and probabilities. */
-static uint16_t scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags)
+uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags)
 {
     uint16_t t = ml__graph_tensor(g, name, dtype, MLG_ACT, 4, MLG_B, MLG_H, MLG_T, MLG_T);
     if (t != MLG_NONE)
@@ -186,7 +188,7 @@ static uint16_t scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t fla
     return t;
 }
 
-static uint16_t heads(ml_graph *g, const char *name, uint8_t h)
+uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h)
 {
     return ml__graph_tensor(g, name, MLG_COMPUTE, MLG_ACT, 4, MLG_B, h, MLG_T, MLG_DH);
 }
@@ -197,11 +199,11 @@ static uint16_t heads(ml_graph *g, const char *name, uint8_t h)
  * the copies' entry. */
 static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, uint16_t *qkc_out)
 {
-    uint16_t qkc = heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
+    uint16_t qkc = ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
     if (qkc != MLG_NONE)
         g->t[qkc].factor = 2;
     *qkc_out = qkc;
-    uint16_t S1 = scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
+    uint16_t S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
     mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "contiguous (q, k for bmm)");
     ml__op_in(o, qh);
     ml__op_in(o, kh);
@@ -216,7 +218,7 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, uint16_t *qk
     ml__op_node(o, "BmmBackward0 (q k^T)");
     ml__op_gin(o, qkc);
     ml__op_gout(o, S1);
-    uint16_t S2 = scores(g, "scores (scaled)", MLG_COMPUTE, 0);
+    uint16_t S2 = ml__kit_scores(g, "scores (scaled)", MLG_COMPUTE, 0);
     o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "mul (scale)");
     ml__op_in(o, S1);
     ml__op_out(o, S2);
@@ -229,10 +231,10 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, uint16_t *qk
                                    MLG_T, MLG_T);
     if (TT != MLG_NONE)
         g->t[TT].flags |= MLG_T_CORE;
-    uint16_t P = scores(g, "softmax output", MLG_STREAM, MLG_T_CORE);
+    uint16_t P = ml__kit_scores(g, "softmax output", MLG_STREAM, MLG_T_CORE);
     o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "eq (causal mask)");
     ml__op_out(o, TT);
-    uint16_t S3 = scores(g, "scores (masked)", MLG_COMPUTE, 0);
+    uint16_t S3 = ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
     o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "masked_fill");
     ml__op_in(o, S2);
     ml__op_in(o, TT);
@@ -267,7 +269,7 @@ static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t v
                                      true, false);
     if (L->autocast) {
         /* the PV matmul casts the fp32 probabilities back, and saves the copy */
-        uint16_t Pc = scores(g, "attention probabilities cast for PV", MLG_COMPUTE, MLG_T_CORE);
+        uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE, MLG_T_CORE);
         o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, probabilities)");
         ml__op_in(o, probs);
         ml__op_out(o, Pc);
@@ -277,10 +279,10 @@ static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t v
         ml__op_gout(o, Pc);
         probs = Pc;
     }
-    uint16_t vc = heads(g, "v contiguous copy (bmm)", MLG_H);
+    uint16_t vc = ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
     if (vc != MLG_NONE)
         g->t[vc].base = qkc; /* one entry with q's and k's, as listed */
-    *O = heads(g, "attention output (P v)", MLG_H);
+    *O = ml__kit_heads(g, "attention output (P v)", MLG_H);
     o = ml__graph_op(g, MLG_OP_COPY, "contiguous (v for bmm)");
     ml__op_in(o, vh);
     ml__op_out(o, vc);
@@ -312,15 +314,14 @@ static qkv_heads fused_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
     qkv_heads r;
     /* c_attn: one projection to q, k and v (its output a B x T x QKV
      * tensor they are slices of) */
-    uint16_t c = cast_copy(g, L, h), w = weight_copy(g, L, MLG_D, MLG_QKV);
+    uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, MLG_D, MLG_QKV);
     r.qkv = ml__graph_tensor(g, "q/k/v projection output", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T,
                              MLG_QKV);
     if (r.qkv != MLG_NONE)
         g->t[r.qkv].flags |= MLG_T_TMP;
-    cast_ops(g, h, c, w);
     const mlg_linear lin = {"addmm (q/k/v projection)", "AddmmBackward0 (qkv projection)", MLG_D,
                             MLG_QKV, a->qkv_bias};
-    mlg_op *o = linear_op(g, &lin, h, c, w, r.qkv);
+    mlg_op *o = ml__kit_linear_with(g, &lin, h, c, w, r.qkv);
     ml__op_gout(o, r.qkv);
     uint16_t q = ml__graph_view(g, "q", r.qkv, 3, MLG_B, MLG_T, MLG_DQ);
     uint16_t k = ml__graph_view(g, "k", r.qkv, 3, MLG_B, MLG_T, MLG_DKV);
@@ -348,40 +349,19 @@ static qkv_heads fused_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
     return r;
 }
 
-uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
+uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, uint16_t f1,
+                               uint16_t f2, uint16_t *Oc_out)
 {
     const mlg_attention *a = &L->attn;
-    const qkv_heads r = fused_projection(g, L, h);
-    const uint16_t qkv = r.qkv, qh = r.qh, kh = r.kh, vh = r.vh;
-    mlg_op *o;
-    uint16_t O, probs = MLG_NONE;
-    if (a->fused_kernel) {
-        /* scaled_dot_product_attention (flash, memory-efficient): saves q,
-         * k and v (views of the projection's output), its output and the
-         * per-row logsumexp; no T x T tensor exists */
-        O = heads(g, "attention output (fused)", MLG_H);
-        uint16_t lse = ml__graph_tensor(g, "logsumexp", MLG_FP32, MLG_ACT, 3, MLG_B, MLG_H, MLG_T);
-        o = ml__graph_op(g, MLG_OP_ATTENTION, "scaled_dot_product_attention");
-        ml__op_in(o, qh);
-        ml__op_in(o, kh);
-        ml__op_in(o, vh);
-        ml__op_out(o, O);
-        ml__op_out(o, lse);
-        ml__op_save(o, qkv);
-        ml__op_save(o, O);
-        ml__op_save(o, lse);
-        ml__op_flops(o, 4.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
-    } else {
-        uint16_t qkc, P = eager_scores(g, qh, kh, &qkc);
-        probs = eager_pv(g, L, P, vh, qkc, &O);
-    }
     /* y.transpose(1, 2).contiguous(): the output projection's input */
     uint16_t Oc = ml__graph_tensor(g, "output projection input", MLG_COMPUTE, MLG_ACT, 3, MLG_B,
                                    MLG_T, MLG_DQ);
-    o = ml__graph_op(g, MLG_OP_COPY, "contiguous (attention output)");
+    mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "contiguous (attention output)");
     ml__op_in(o, O);
     ml__op_out(o, Oc);
     ml__op_free(o, O);
+    ml__op_free(o, f1);
+    ml__op_free(o, f2);
     ml__op_node(o, a->fused_kernel ? NULL : "UnsafeViewBackward0 (attention output)");
     ml__op_gin(o, O);
     ml__op_gout(o, Oc);
@@ -399,6 +379,38 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
         ml__op_gout(o, A);
     uint16_t y = ml__kit_dropout(g, a->dropout, A, "NativeDropoutBackward0 (residual)", false,
                                  true);
+    *Oc_out = Oc;
+    return y;
+}
+
+uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
+{
+    const mlg_attention *a = &L->attn;
+    const qkv_heads r = fused_projection(g, L, h);
+    const uint16_t qkv = r.qkv, qh = r.qh, kh = r.kh, vh = r.vh;
+    mlg_op *o;
+    uint16_t O, probs = MLG_NONE;
+    if (a->fused_kernel) {
+        /* scaled_dot_product_attention (flash, memory-efficient): saves q,
+         * k and v (views of the projection's output), its output and the
+         * per-row logsumexp; no T x T tensor exists */
+        O = ml__kit_heads(g, "attention output (fused)", MLG_H);
+        uint16_t lse = ml__graph_tensor(g, "logsumexp", MLG_FP32, MLG_ACT, 3, MLG_B, MLG_H, MLG_T);
+        o = ml__graph_op(g, MLG_OP_ATTENTION, "scaled_dot_product_attention");
+        ml__op_in(o, qh);
+        ml__op_in(o, kh);
+        ml__op_in(o, vh);
+        ml__op_out(o, O);
+        ml__op_out(o, lse);
+        ml__op_save(o, qkv);
+        ml__op_save(o, O);
+        ml__op_save(o, lse);
+        ml__op_flops(o, 4.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+    } else {
+        uint16_t qkc, P = eager_scores(g, qh, kh, &qkc);
+        probs = eager_pv(g, L, P, vh, qkc, &O);
+    }
+    uint16_t Oc, y = ml__kit_attention_out(g, L, O, MLG_NONE, MLG_NONE, &Oc);
     /* the attention returns: the projection's input (saved), the q/k/v
      * output and the probabilities go */
     o = ml__graph_release(g, "attention returns");
@@ -411,19 +423,20 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
 uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
 {
     const mlg_mlp *p = &L->mlp;
+    if (p->act == MLG_SWIGLU || p->act == MLG_GEGLU)
+        return ml__kit_glu_mlp(g, L, h);
     /* autocast: the input's copy and both weights' copies (the inventory
      * lists them before the activations) */
-    uint16_t c = cast_copy(g, L, h);
-    uint16_t w1 = weight_copy(g, L, MLG_D, MLG_F), w2 = weight_copy(g, L, MLG_F, MLG_D);
+    uint16_t c = ml__kit_cast_copy(g, L, h);
+    uint16_t w1 = ml__kit_weight_copy(g, L, MLG_D, MLG_F), w2 = ml__kit_weight_copy(g, L, MLG_F, MLG_D);
     uint16_t F1 = ml__graph_tensor(g, "fc output", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_F);
     uint16_t G = ml__graph_tensor(g, "activation output (proj input)", MLG_COMPUTE, MLG_ACT, 3,
                                   MLG_B, MLG_T, MLG_F);
     uint16_t M = ml__graph_tensor(g, "MLP output", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_D);
     if (M != MLG_NONE)
         g->t[M].flags |= MLG_T_TMP;
-    cast_ops(g, h, c, w1);
     const mlg_linear fc = {"addmm (fc)", "AddmmBackward0 (MLP in)", MLG_D, MLG_F, p->bias};
-    mlg_op *o = linear_op(g, &fc, h, c, w1, F1);
+    mlg_op *o = ml__kit_linear_with(g, &fc, h, c, w1, F1);
     ml__op_gout(o, F1);
     const bool relu = p->act == MLG_RELU;
     /* gelu saves its input; relu its result (derivatives.yaml) */
@@ -437,26 +450,49 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
     ml__op_gout(o, G);
     if (relu && F1 != MLG_NONE)
         g->t[F1].flags |= MLG_T_TMP;
-    cast_ops(g, G, MLG_NONE, w2);
     const mlg_linear proj = {"addmm (proj)", "AddmmBackward0 (MLP out)", MLG_F, MLG_D, p->bias};
-    o = linear_op(g, &proj, G, MLG_NONE, w2, M);
+    o = ml__kit_linear_with(g, &proj, G, MLG_NONE, w2, M);
     ml__op_free(o, G);
     if (p->dropout)
         ml__op_gout(o, M);
     return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false, true);
 }
 
+/* The group of a layer's component: its rank in the order the layer's
+ * modules register their parameters. */
+static uint8_t group(const mlg_layer *L, unsigned component)
+{
+    /* nanoGPT's Block: ln_1, attn, ln_2, mlp; HF's decoder layers:
+     * self_attn, mlp, input_layernorm, post_attention_layernorm */
+    static const uint8_t hf[4] = {[MLG_GROUP_NORM1] = 2, [MLG_GROUP_ATTN] = 0,
+                                  [MLG_GROUP_NORM2] = 3, [MLG_GROUP_MLP] = 1};
+    return L->hf_order ? hf[component] : (uint8_t)component;
+}
+
 void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
 {
     uint16_t x = ml__graph_tensor(g, "layer input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
+    uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
+    g->group = group(L, MLG_GROUP_NORM1);
     uint16_t h = ml__kit_norm(g, &L->norm, x, true);
-    uint16_t a = ml__kit_attention(g, L, h);
+    g->group = group(L, MLG_GROUP_ATTN);
+    uint16_t a = L->attn.hf ? ml__kit_hf_attention(g, L, h, &held, &ck, &cv)
+                            : ml__kit_attention(g, L, h);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     uint16_t r = ml__kit_residual(g, x, a);
+    g->group = group(L, MLG_GROUP_NORM2);
     h = ml__kit_norm(g, &L->norm, r, true);
+    g->group = group(L, MLG_GROUP_MLP);
     uint16_t m = ml__kit_mlp(g, L, h);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     uint16_t out = ml__kit_residual(g, r, m);
     (void)out;
-    ml__op_free(ml__graph_release(g, "layer returns"), r);
+    /* the layer returns: the first sum, the attention weights HF's layer
+     * kept (`hidden_states, _ = self.self_attn(...)`), and what the KV
+     * cache took over (the replay counts the cache) */
+    mlg_op *o = ml__graph_release(g, "layer returns");
+    ml__op_free(o, r);
+    ml__op_free(o, held);
+    ml__op_free(o, ck);
+    ml__op_free(o, cv);
 }

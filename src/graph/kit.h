@@ -9,22 +9,39 @@
 
 #include "graph/graph.h"
 
-typedef enum { MLG_LAYERNORM } mlg_norm_kind;
-typedef enum { MLG_GELU, MLG_RELU } mlg_act;
+typedef enum { MLG_LAYERNORM, MLG_RMSNORM } mlg_norm_kind;
+typedef enum { MLG_GELU, MLG_RELU, MLG_SWIGLU, MLG_GEGLU } mlg_act;
 
+/* LayerNorm (native_layer_norm), or HF LlamaRMSNorm: x in fp32 (a copy
+ * when the stream is not: upcast), x * rsqrt(mean(x^2) + eps), cast back,
+ * times the weight. */
 typedef struct {
     uint8_t kind; /* mlg_norm_kind */
     bool bias;
+    bool upcast; /* RMSNorm on a stream that is not fp32 */
 } mlg_norm;
 
-/* Self-attention. nanoGPT's CausalSelfAttention: one c_attn projection
- * sliced into q, k and v; masked_fill with a causal (T, T) bool mask; the
- * softmax in the stream's dtype (fp32 under autocast, which casts the
- * probabilities back for the PV matmul). */
+/* Self-attention, eager or a fused kernel.
+ * nanoGPT's CausalSelfAttention (hf false): one c_attn projection sliced
+ * into q, k and v; masked_fill with a causal (T, T) bool mask; the softmax
+ * in the stream's dtype (fp32 under autocast, which casts the
+ * probabilities back for the PV matmul).
+ * HF LlamaAttention with eager_attention_forward (hf true): q_proj, k_proj,
+ * v_proj; rotate-half rotary; repeat_kv for grouped heads; an additive
+ * causal mask; softmax in fp32, cast back to the compute dtype, then
+ * dropout; the weights returned and held by the layer until it returns. */
 typedef struct {
+    bool hf;
     bool qkv_bias, out_bias;
-    bool fused_kernel; /* sdpa or flash as dispatched: no T x T tensor */
-    bool dropout;      /* on the probabilities and the output */
+    bool fused_kernel;   /* sdpa or flash as dispatched: no T x T tensor */
+    bool dropout;        /* on the probabilities and the output */
+    bool rope;           /* rotary on q and k (hf) */
+    bool grouped;        /* fewer key/value heads than query heads (hf) */
+    bool repeat_copy;    /* repeat_kv's reshape copies (more than one kv head) */
+    bool softmax_copy;   /* softmax(dtype=fp32) of a bf16 input copies it first */
+    bool probs_cast;     /* the fp32 probabilities cast back (compute not fp32) */
+    bool cache;          /* evaluation with a KV cache: k and v held to the
+                            layer's end (HF DynamicCache) */
 } mlg_attention;
 
 typedef struct {
@@ -39,7 +56,12 @@ typedef struct {
     mlg_attention attn;
     mlg_mlp mlp;
     bool autocast; /* torch.autocast: linears read low-precision cast copies */
+    bool hf_order; /* HF's decoder layers register self_attn, mlp, then the
+                      two norms (parameter order) */
 } mlg_layer;
+
+/* Parameter groups: the order modules register their parameters in. */
+enum { MLG_GROUP_NORM1, MLG_GROUP_ATTN, MLG_GROUP_NORM2, MLG_GROUP_MLP };
 
 /* A Linear on x (in -> out wide: named dimensions) making y; returns its
  * op. autocast with an fp32 x saves a cast copy of x and of the weight. */
@@ -50,6 +72,31 @@ typedef struct {
 } mlg_linear;
 mlg_op *ml__kit_linear(ml_graph *g, const mlg_layer *L, const mlg_linear *lin, uint16_t x,
                        uint16_t y);
+/* The same with the copies made by the caller (c: x's, w: the weight's;
+ * MLG_NONE: none): the cast ops, then the linear. */
+mlg_op *ml__kit_linear_with(ml_graph *g, const mlg_linear *lin, uint16_t x, uint16_t c,
+                            uint16_t w, uint16_t y);
+/* autocast's copy of an fp32 x (MLG_NONE: none), of a weight (in x out). */
+uint16_t ml__kit_cast_copy(ml_graph *g, const mlg_layer *L, uint16_t x);
+uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_t out);
+/* A (B, h, T, dh) tensor in the compute dtype; a (B, H, T, T) one. */
+uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h);
+uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags);
+/* y = x.transpose(1, 2).contiguous() of the attention output O (its node:
+ * eager only; f1, f2: references that go with O), then the output
+ * projection and the residual dropout; returns the branch output, *Oc the
+ * projection's input. */
+uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, uint16_t f1,
+                               uint16_t f2, uint16_t *Oc);
+/* HF's eager attention on h (kit_hf.c): its branch output; *held the
+ * weights it returns and *k, *v what the cache keeps (MLG_NONE: none),
+ * which the layer drops as it returns. */
+uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *held,
+                              uint16_t *k, uint16_t *v);
+/* HF LlamaRMSNorm of x (kit_hf.c). */
+uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
+/* HF LlamaMLP's gated MLP on h (kit_hf.c): down(act(gate(h)) * up(h)). */
+uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
 
 /* A norm of the residual stream x (whose gradient buffer the skip already
  * holds: xbuf); returns its output. */

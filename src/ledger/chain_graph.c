@@ -12,11 +12,12 @@
 bool ml_ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
 {
     mlg_layer L;
-    const bool fused = ml_ck_fused_attention(ch, m);
-    if (!ml__family_gpt2_layer(m, ch->prec.autocast, fused, &L))
+    const mlg_config c = {ch->prec.a,        ch->prec.w,   ch->prec.fp16,
+                          ch->prec.autocast, ml_ck_fused_attention(ch, m), ch->eval_mode};
+    if (!ml__family_layer(m, &c, &L))
         return false;
     ml__family_layer_graph(&G->g, &L);
-    if (G->g.full)
+    if (!ml__graph_valid(&G->g))
         return false;
     ml_graph_sizes *z = &G->z;
     memset(z, 0, sizeof *z);
@@ -133,13 +134,19 @@ void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t
     size_t idx[MLG_MAX_TENSORS];
     uint16_t first[MLG_MAX_TENSORS];
     inventory(ch, b, G, idx, first);
+    /* the parameters in the order their modules register them: by group,
+     * then as the ops use them */
+    for (uint8_t grp = 0; grp < 4; grp++)
+        for (uint16_t k = 0; k < g->nop; k++)
+            for (unsigned j = 0; j < g->op[k].nparam; j++) {
+                const mlg_tensor *p = &g->t[g->op[k].param[j]];
+                if (p->group != grp)
+                    continue;
+                uint64_t rows = G->z.dim[p->dim[0]];
+                ml_ck_param(ch, b, rows, p->ndim > 1 ? G->z.dim[p->dim[1]] : 0);
+            }
     for (uint16_t k = 0; k < g->nop; k++) {
         const mlg_op *o = &g->op[k];
-        for (unsigned j = 0; j < o->nparam; j++) {
-            const mlg_tensor *p = &g->t[o->param[j]];
-            uint64_t rows = G->z.dim[p->dim[0]];
-            ml_ck_param(ch, b, rows, p->ndim > 1 ? G->z.dim[p->dim[1]] : 0);
-        }
         double f = ml__graph_op_flops(o, &G->z);
         b->flops_fwd += f;
         if (o->core)

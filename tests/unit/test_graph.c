@@ -29,9 +29,10 @@ static void tiny_graph(ml_graph *g, ml_graph_sizes *z, uint64_t *tb)
 {
     ml_model *m = load_str(tiny);
     mlg_layer L;
-    assert_true(ml__family_gpt2_layer(m, false, false, &L));
+    const mlg_config c = {4, 4, false, false, false, false};
+    assert_true(ml__family_gpt2_layer(m, &c, &L));
     ml__family_layer_graph(g, &L);
-    assert_false(g->full);
+    assert_true(ml__graph_valid(g));
     memset(z, 0, sizeof *z);
     const uint64_t dims[MLG_NDIMS] = {[MLG_B] = 1, [MLG_T] = 2, [MLG_D] = 4, [MLG_H] = 1,
                                       [MLG_HKV] = 1, [MLG_DH] = 4, [MLG_F] = 8, [MLG_V] = 10,
@@ -160,9 +161,25 @@ static void one_block(const ml_model *m, ml_precision p, uint64_t B, uint64_t T,
                      (double)y->f);                                                      \
     } while (0)
 
+/* On a difference, both saved lists (to stderr) before the failure. */
+static void dump(const ml_chain *a, const ml_chain *b)
+{
+    for (int k = 0; k < 2; k++) {
+        const ml_chain *c = k ? b : a;
+        fprintf(stderr, "%s:\n", k ? "graph" : "builders");
+        for (size_t i = 0; i < c->blocks[0].nsaved; i++) {
+            const ml_saved *v = &c->saved[c->blocks[0].saved_first + i];
+            fprintf(stderr, "  %-45s %12llu flags %u node %u\n", v->what,
+                    (unsigned long long)v->bytes, v->flags, v->node);
+        }
+    }
+}
+
 static void same_blocks(const ml_chain *a, const ml_chain *b, const char *what)
 {
     const ml_cblock *x = &a->blocks[0], *y = &b->blocks[0];
+    if (x->nsaved != y->nsaved || x->saved_bytes != y->saved_bytes)
+        dump(a, b);
     SAME(params);
     SAME(nsaved);
     SAME(nnodes);
@@ -213,20 +230,53 @@ static void same_blocks(const ml_chain *a, const ml_chain *b, const char *what)
         fail_msg("%s: max_param_numel differs", what);
 }
 
-static const char *const variants[] = {
+/* The layouts the graph expresses, each in settings that change its ops:
+ * YAML, then fields the YAML does not reach (Hugging Face keys). */
+typedef struct {
+    const char *yaml;
+    bool kv_cache, out_bias, mlp_bias;
+} variant;
+
+static const variant variants[] = {
     /* GPT-2 small's settings (models/gpt2-small.yaml) */
-    "model:\n  type: decoder\n  layers: 1\n  hidden: 768\n  heads: 12\n  ffn: 3072\n"
-    "  activation: gelu\n  norm: layernorm\n  vocab: 50257\n  position: learned\n"
-    "  max_positions: 2048\n  tied_embeddings: true\n  bias: true\n  dropout: 0.1\n",
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 768\n  heads: 12\n  ffn: 3072\n"
+     "  activation: gelu\n  norm: layernorm\n  vocab: 50257\n  position: learned\n"
+     "  max_positions: 2048\n  tied_embeddings: true\n  bias: true\n  dropout: 0.1\n",
+     false, false, false},
     /* no dropout, no biases, ReLU (its wide fc output the largest transient
      * at short sequences), a head size other than D/H */
-    "model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  head_dim: 24\n"
-    "  ffn: 2048\n  activation: relu\n  norm: layernorm\n  vocab: 97\n  position: learned\n"
-    "  max_positions: 2048\n  bias: false\n  dropout: 0\n",
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  head_dim: 24\n"
+     "  ffn: 2048\n  activation: relu\n  norm: layernorm\n  vocab: 97\n  position: learned\n"
+     "  max_positions: 2048\n  bias: false\n  dropout: 0\n",
+     false, false, false},
     /* biases on q/k/v only, dropout, an MLP narrower than the heads */
-    "model:\n  type: decoder\n  layers: 1\n  hidden: 96\n  heads: 3\n  ffn: 48\n"
-    "  activation: gelu\n  norm: layernorm\n  vocab: 11\n  position: none\n"
-    "  bias: false\n  qkv_bias: true\n  dropout: 0.2\n",
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 96\n  heads: 3\n  ffn: 48\n"
+     "  activation: gelu\n  norm: layernorm\n  vocab: 11\n  position: none\n"
+     "  bias: false\n  qkv_bias: true\n  dropout: 0.2\n",
+     false, false, false},
+    /* Llama 2's layout (models/llama-2-7b.yaml) at a smaller width, with
+     * a KV cache in evaluation */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 256\n  heads: 8\n  kv_heads: 8\n"
+     "  ffn: 688\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 320\n  position: rope\n"
+     "  bias: false\n  dropout: 0\n",
+     true, false, false},
+    /* grouped heads (repeat_kv copies), a head size other than D/H, GeGLU,
+     * q/k/v, output and MLP biases, dropout */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 256\n  heads: 8\n  kv_heads: 2\n"
+     "  head_dim: 48\n  ffn: 512\n  activation: geglu\n  norm: rmsnorm\n  vocab: 320\n"
+     "  position: rope\n  bias: false\n  qkv_bias: true\n  dropout: 0.1\n",
+     false, true, true},
+    /* one key/value head (repeat_kv's zero-stride view, which matmul
+     * copies), no rotary, dropout, a KV cache */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 128\n  heads: 4\n  kv_heads: 1\n"
+     "  ffn: 344\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 320\n  position: learned\n"
+     "  max_positions: 2048\n  bias: false\n  dropout: 0.1\n",
+     true, false, false},
+    /* an RMSNorm decoder with nanoGPT's ReLU MLP (wide) */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  kv_heads: 4\n"
+     "  ffn: 2048\n  activation: relu\n  norm: rmsnorm\n  vocab: 320\n  position: rope\n"
+     "  bias: false\n  dropout: 0\n",
+     false, false, false},
 };
 
 static void test_graph_equals_builders(void **state)
@@ -234,9 +284,13 @@ static void test_graph_equals_builders(void **state)
     (void)state;
     static const uint64_t shapes[][2] = {{1, 7}, {3, 64}, {2, 1024}, {1, 1}};
     static const ml_attention kernels[] = {ML_ATTN_EAGER, ML_ATTN_SDPA, ML_ATTN_FLASH};
+    const size_t nv = sizeof variants / sizeof variants[0];
     unsigned compared = 0;
-    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
-        ml_model *m = load_str(variants[v]);
+    for (size_t v = 0; v < nv; v++) {
+        ml_model *m = load_str(variants[v].yaml);
+        m->kv_cache = variants[v].kv_cache;
+        m->out_bias = variants[v].out_bias;
+        m->mlp_bias = variants[v].mlp_bias;
         for (size_t k = 0; k < 3; k++) {
             m->attention = kernels[k];
             for (int p = 0; p < ML_PREC_COUNT; p++)
@@ -262,24 +316,35 @@ static void test_graph_equals_builders(void **state)
         }
         ml_model_destroy(m);
     }
-    assert_int_equal(compared, 3 * 3 * ML_PREC_COUNT * 4 * 4);
+    assert_int_equal(compared, nv * 3 * ML_PREC_COUNT * 4 * 4);
 }
 
-/* The layouts the kit does not express yet are not taken for GPT-2's:
- * Llama's (RMSNorm, rotary, SwiGLU) and BERT's (post-norm) keep their
- * builders. */
+/* The layouts the kit does not express yet keep their builders: BERT's
+ * (post-norm), Mixtral's (experts), Gemma's (its RMSNorm); GPT-2's and
+ * Llama's are taken. */
 static void test_other_layouts_refused(void **state)
 {
     (void)state;
     mlg_layer L;
-    ml_model *m = load_preset("llama-2-7b");
-    assert_false(ml__family_gpt2_layer(m, false, false, &L));
+    const mlg_config c = {4, 4, false, false, false, false};
+    static const char *const refused[] = {"agnews-classifier", "vit-b16", "t5-base"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        ml_model *m = load_preset(refused[i]);
+        assert_false(ml__family_layer(m, &c, &L));
+        ml_model_destroy(m);
+    }
+    static const char *const hf_refused[] = {"mixtral-8x7b", "gemma-2b"};
+    for (size_t i = 0; i < sizeof hf_refused / sizeof hf_refused[0]; i++) {
+        ml_model *m = load_hf_config(hf_refused[i]);
+        assert_false(ml__family_layer(m, &c, &L));
+        ml_model_destroy(m);
+    }
+    ml_model *m = load_preset("gpt2-small");
+    assert_true(ml__family_gpt2_layer(m, &c, &L));
     ml_model_destroy(m);
-    m = load_preset("agnews-classifier");
-    assert_false(ml__family_gpt2_layer(m, false, false, &L));
-    ml_model_destroy(m);
-    m = load_preset("gpt2-small");
-    assert_true(ml__family_gpt2_layer(m, false, false, &L));
+    m = load_preset("llama-2-7b");
+    assert_false(ml__family_gpt2_layer(m, &c, &L));
+    assert_true(ml__family_llama_layer(m, &c, &L));
     ml_model_destroy(m);
 }
 
