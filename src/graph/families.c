@@ -69,3 +69,14 @@ void ml__family_layer_graph(ml_graph *g, const mlg_layer *L)
     ml__graph_init(g);
     ml__kit_prenorm_layer(g, L);
 }
+
+bool ml__family_head(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    return ml__family_layer(m, c, L) && !m->classes && !(m->final_softcap > 0);
+}
+
+void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied)
+{
+    ml__graph_init(g);
+    ml__kit_lm_head(g, L, tied);
+}

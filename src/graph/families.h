@@ -29,4 +29,11 @@ bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* The graph of a layer L into g (a pre-norm layer of its components). */
 void ml__family_layer_graph(ml_graph *g, const mlg_layer *L);
 
+/* A decoder's LM head whose final norm the kit expresses: the norm of m's
+ * layer family (ml__family_layer), an LM head (no classes, no soft-capped
+ * logits). */
+bool ml__family_head(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* The graph of that head into g. */
+void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied);
+
 #endif

@@ -496,3 +496,35 @@ void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     ml__op_free(o, ck);
     ml__op_free(o, cv);
 }
+
+void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied)
+{
+    uint16_t x = ml__graph_tensor(g, "head input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
+    uint16_t h = ml__kit_norm(g, &L->norm, x, false);
+    uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, MLG_V, MLG_D);
+    uint16_t logits = ml__graph_tensor(g, "logits", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_V);
+    uint16_t W = tied ? MLG_NONE : param(g, "lm_head weight", MLG_V, MLG_D);
+    /* the logits: h (or its autocast copy) times the (V, D) weight */
+    if (c != MLG_NONE) {
+        mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, input)");
+        ml__op_in(o, h);
+        ml__op_out(o, c);
+    }
+    if (w != MLG_NONE)
+        ml__op_out(ml__graph_op(g, MLG_OP_COPY, "to (autocast, weight)"), w);
+    const uint16_t hs = c != MLG_NONE ? c : h;
+    mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, "mm (LM head)");
+    ml__op_in(o, hs);
+    ml__op_out(o, logits);
+    ml__op_save(o, hs);
+    ml__op_save(o, w);
+    ml__op_param(o, W);
+    ml__op_flops(o, 2.0, 4, MLG_B, MLG_T, MLG_D, MLG_V);
+    ml__op_free(o, c);
+    ml__op_free(o, w);
+    ml__op_node(o, "MmBackward0 (LM head)");
+    ml__op_gin(o, h);
+    ml__op_gout(o, logits);
+    /* the model returns the logits; the norm's output goes */
+    ml__op_free(ml__graph_release(g, "head returns"), h);
+}

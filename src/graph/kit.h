@@ -114,5 +114,9 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
 
 /* A pre-norm layer: x + attn(norm(x)), then + mlp(norm(.)). */
 void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L);
+/* A decoder's head: the final norm (L->norm) and the LM head over the
+ * vocabulary, its (V, D) weight the embeddings' when tied; its output the
+ * logits the loss reads. */
+void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied);
 
 #endif

@@ -9,14 +9,19 @@
 #include "graph/families.h"
 #include "ledger/chain_kit.h"
 
-bool ml_ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+/* What of the configuration changes the ops. */
+static mlg_config config_of(const ml_chain *ch, const ml_model *m)
 {
-    mlg_layer L;
-    const mlg_config c = {ch->prec.a,        ch->prec.w,   ch->prec.fp16,
-                          ch->prec.autocast, ml_ck_fused_attention(ch, m), ch->eval_mode};
-    if (!ml__family_layer(m, &c, &L))
-        return false;
-    ml__family_layer_graph(&G->g, &L);
+    return (mlg_config){ch->prec.a,        ch->prec.w,   ch->prec.fp16,
+                        ch->prec.autocast, ml_ck_fused_attention(ch, m), ch->eval_mode};
+}
+
+/* G's sizes at the chain's shape, each tensor's bytes, and whether the
+ * forward's live bytes come from the graph: as the chain builders had it,
+ * eager attention without autocast's casts (docs/graph.md, "What the
+ * passes do not derive yet"). False when G is not whole. */
+static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+{
     if (!ml__graph_valid(&G->g))
         return false;
     ml_graph_sizes *z = &G->z;
@@ -40,11 +45,28 @@ bool ml_ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_
     ml__graph_bytes(&G->g, z, G->tb);
     if (z->overflow)
         ch->overflow = true;
-    /* the forward program as the chain builders had it: eager attention
-     * without autocast's casts (docs/graph.md, "What the passes do not
-     * derive yet") */
     G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER;
     return true;
+}
+
+bool ml_ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+{
+    mlg_layer L;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_layer(m, &c, &L))
+        return false;
+    ml__family_layer_graph(&G->g, &L);
+    return sized(ch, m, d, G);
+}
+
+bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+{
+    mlg_layer L;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_head(m, &c, &L))
+        return false;
+    ml__family_head_graph(&G->g, &L, m->tied_embeddings);
+    return sized(ch, m, d, G);
 }
 
 /* A parameter's elements. */

@@ -3,6 +3,8 @@
  * logits), BERT's masked-LM head, the encoder classifiers, then the loss,
  * or the fused linear cross-entropy (logits: fused), with what eager
  * autograd keeps for each (docs/inventory.md, "Heads and losses"). */
+#include <stdlib.h>
+
 #include "ledger/chain_kit.h"
 
 /* Whether the blocks record their backward nodes (docs/ledger.md,
@@ -267,12 +269,34 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     /* a soft-capped LM head replays its backward node by node (its three
      * logits-sized gradients in turn); the other heads keep the block rule */
     ch->record_nodes = m->final_softcap > 0 && ml_ck_node_level(ch, m);
+    ml_ck_graph *G = NULL;
+    if (!ch->builders_only && m->type == ML_MODEL_DECODER) {
+        if (!(G = malloc(sizeof *G)))
+            return ML_NOMEM;
+        if (!ml_ck_graph_head(ch, m, d, G)) {
+            free(G);
+            G = NULL;
+        }
+    }
     uint64_t rows; /* rows of the logits */
-    uint64_t out_classes = m->type != ML_MODEL_ENCODER
-                               ? (m->classes ? seq_cls_head(ch, b, m, d, &rows)
-                                             : lm_head(ch, b, m, d, &rows))
-                           : m->mlm_head ? mlm_head(ch, b, m, d, &rows)
-                                         : classifier_head(ch, b, m, d, &rows);
+    uint64_t out_classes;
+    if (G) {
+        /* the op graph's head (docs/graph.md); tied, the embeddings'
+         * gradient is first created here */
+        if (m->tied_embeddings)
+            vocab_weight(ch, b, m, d);
+        rows = d->BT;
+        out_classes = d->V;
+        ml_ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, rows, out_classes), a));
+        free(G);
+        ch->record_nodes = false;
+        return ml_ck_ce_loss(ch, m, d, rows, out_classes);
+    }
+    out_classes = m->type != ML_MODEL_ENCODER
+                      ? (m->classes ? seq_cls_head(ch, b, m, d, &rows)
+                                    : lm_head(ch, b, m, d, &rows))
+                  : m->mlm_head ? mlm_head(ch, b, m, d, &rows)
+                                : classifier_head(ch, b, m, d, &rows);
     uint64_t logits = ml_mul(ch, rows, out_classes);
     ml_ck_end(ch, b, ml_mul(ch, logits, a));
     ml_ck_forward_head(ch, b, m, d, false);

@@ -401,7 +401,7 @@ ml_status ml_ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *
     ml_ck_graph *G = malloc(sizeof *G);
     if (!G)
         return ML_NOMEM;
-    const bool graph = ml_ck_graph_layer(ch, m, d, G);
+    const bool graph = !ch->builders_only && ml_ck_graph_layer(ch, m, d, G);
     size_t proto = SIZE_MAX, pfirst = 0, pcount = 0; /* the first layer's block */
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];

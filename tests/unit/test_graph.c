@@ -162,24 +162,39 @@ static void one_block(const ml_model *m, ml_precision p, uint64_t B, uint64_t T,
     } while (0)
 
 /* On a difference, both saved lists (to stderr) before the failure. */
-static void dump(const ml_chain *a, const ml_chain *b)
+static void dump(const ml_chain *a, const ml_chain *b, size_t blk)
 {
     for (int k = 0; k < 2; k++) {
         const ml_chain *c = k ? b : a;
         fprintf(stderr, "%s:\n", k ? "graph" : "builders");
-        for (size_t i = 0; i < c->blocks[0].nsaved; i++) {
-            const ml_saved *v = &c->saved[c->blocks[0].saved_first + i];
+        for (size_t i = 0; i < c->blocks[blk].nsaved; i++) {
+            const ml_saved *v = &c->saved[c->blocks[blk].saved_first + i];
             fprintf(stderr, "  %-45s %12llu flags %u node %u\n", v->what,
                     (unsigned long long)v->bytes, v->flags, v->node);
         }
     }
 }
 
-static void same_blocks(const ml_chain *a, const ml_chain *b, const char *what)
+static void same_block(const ml_chain *a, const ml_chain *b, size_t blk, const char *what)
 {
-    const ml_cblock *x = &a->blocks[0], *y = &b->blocks[0];
+    const ml_cblock *x = &a->blocks[blk], *y = &b->blocks[blk];
     if (x->nsaved != y->nsaved || x->saved_bytes != y->saved_bytes)
-        dump(a, b);
+        dump(a, b, blk);
+    if (strcmp(x->name, y->name))
+        fail_msg("%s: block %zu is %s and %s", what, blk, x->name, y->name);
+    SAME(fwd_phase);
+    SAME(ckpt_index);
+    SAME(identity);
+    SAME(in_held);
+    SAME(in_nograd);
+    SAME(inplace);
+    SAME(nodes_off);
+    SAME(measured);
+    SAME(cache_bytes);
+    SAME(fwd_only);
+    SAME(frozen);
+    SAME(unused_out);
+    SAME(grads_in_fwd);
     SAME(params);
     SAME(nsaved);
     SAME(nnodes);
@@ -216,6 +231,23 @@ static void same_blocks(const ml_chain *a, const ml_chain *b, const char *what)
             u->grad_out != v->grad_out || u->first_saved != v->first_saved)
             fail_msg("%s: node[%zu] '%s' != '%s'", what, i, u->what, v->what);
     }
+}
+
+/* Block 0 of a and b, and their parameters and chain-wide figures. */
+static void same_blocks(const ml_chain *a, const ml_chain *b, const char *what)
+{
+    if (a->n != b->n)
+        fail_msg("%s: %zu blocks != %zu", what, a->n, b->n);
+    for (size_t i = 0; i < a->n; i++)
+        same_block(a, b, i, what);
+    const ml_chain *x = a, *y = b;
+    SAME(batch_input);
+    SAME(batch_targets);
+    SAME(buffer_bytes);
+    SAME(ckpt_side);
+    SAME(n_ckpt);
+    SAME(mask_in_forward);
+    SAME(nsides);
     if (a->nparams != b->nparams)
         fail_msg("%s: %zu parameter tensors != %zu", what, a->nparams, b->nparams);
     for (size_t i = 0; i < a->nparams; i++)
@@ -348,12 +380,90 @@ static void test_other_layouts_refused(void **state)
     ml_model_destroy(m);
 }
 
+/* Whole chains — embedding, every layer (the first emitted from the
+ * graph, the others its copies), head, loss — of every preset and shipped
+ * config.json, built both ways, in training and evaluation, under each
+ * precision, attention kernel and checkpoint policy that changes a block. */
+static unsigned compare_model(ml_model *m, const char *name)
+{
+    unsigned compared = 0;
+    static const ml_attention kernels[] = {ML_ATTN_EAGER, ML_ATTN_SDPA, ML_ATTN_FLASH};
+    static const char *const policies[] = {"none", "selective"};
+    const ml_attention own = m->attention;
+    for (size_t k = 0; k < 3; k++) {
+        m->attention = kernels[k];
+        for (int p = 0; p < ML_PREC_COUNT; p++)
+            for (size_t c = 0; c < 2; c++)
+                for (int ev = 0; ev < 2; ev++) {
+                    ml_config cfg = ml_model_config(m);
+                    cfg.training.precision = (ml_precision)p;
+                    cfg.training.micro_batch = 2;
+                    if (cfg.training.seq_len > 256)
+                        cfg.training.seq_len = 256;
+                    cfg.calib = NULL;
+                    ml_error e;
+                    assert_int_equal(ml_parse_checkpoint(policies[c], &cfg.training.checkpoint, &e),
+                                     ML_OK);
+                    ml_chain a, b;
+                    ml_status sa = ml_chain_build_builders(m, &cfg, ev, &a, &e);
+                    ml_status sb = ev ? ml_chain_build_eval(m, &cfg, &b, &e)
+                                      : ml_chain_build(m, &cfg, &b, &e);
+                    assert_int_equal(sa, sb);
+                    if (sa != ML_OK)
+                        continue;
+                    char what[200];
+                    snprintf(what, sizeof what, "%s, attention %zu, precision %d, %s%s", name, k,
+                             p, policies[c], ev ? ", eval" : "");
+                    same_blocks(&a, &b, what);
+                    ml_chain_free(&a);
+                    ml_chain_free(&b);
+                    compared++;
+                }
+    }
+    m->attention = own;
+    return compared;
+}
+
+static void test_chains_equal_builders(void **state)
+{
+    (void)state;
+    unsigned n = 0;
+    static const char *const presets[] = {"gpt2-small", "gpt2-medium", "llama-2-7b",
+                                          "llama-3-8b", "video-tokens", "llava-1.5-7b"};
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        ml_model *m = load_preset(presets[i]);
+        n += compare_model(m, presets[i]);
+        ml_model_destroy(m);
+    }
+    static const char *const hf[] = {"gpt2", "llama-2-7b", "mistral-7b", "mistral-nemo-12b",
+                                     "qwen2-0.5b", "llava-1.5-7b"};
+    for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
+        ml_model *m = load_hf_config(hf[i]);
+        n += compare_model(m, hf[i]);
+        ml_model_destroy(m);
+    }
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        ml_model *m = load_str(variants[v].yaml);
+        m->kv_cache = variants[v].kv_cache;
+        m->out_bias = variants[v].out_bias;
+        m->mlp_bias = variants[v].mlp_bias;
+        m->layers = 3;
+        n += compare_model(m, "variant");
+        ml_model_destroy(m);
+    }
+    /* 19 models x 3 kernels x 6 precisions x 2 policies x 2 passes, less
+     * the configurations a model refuses (the same both ways) */
+    fprintf(stderr, "%u chains compared\n", n);
+    assert_true(n > 19 * 3 * 6 * 2 * 2 / 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_by_hand),
         cmocka_unit_test(test_traffic_by_hand),
         cmocka_unit_test(test_graph_equals_builders),
+        cmocka_unit_test(test_chains_equal_builders),
         cmocka_unit_test(test_other_layouts_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
