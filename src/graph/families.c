@@ -32,15 +32,15 @@ bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     return true;
 }
 
-bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+/* HF's decoder layer of Llama's layout with the norm n. */
+static bool hf_layer(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_layer *L)
 {
     static const uint8_t act[] = {[ML_ACT_GELU] = MLG_GELU, [ML_ACT_RELU] = MLG_RELU,
                                   [ML_ACT_SWIGLU] = MLG_SWIGLU, [ML_ACT_GEGLU] = MLG_GEGLU};
-    if (!plain_decoder(m) || m->norm != ML_NORM_RMSNORM || m->activation == ML_ACT_QUICK_GELU ||
-        m->kv_heads > m->heads)
+    if (!plain_decoder(m) || m->activation == ML_ACT_QUICK_GELU || m->kv_heads > m->heads)
         return false;
     *L = (mlg_layer){0};
-    L->norm = (mlg_norm){MLG_RMSNORM, false, c->stream_bytes != 4};
+    L->norm = n;
     mlg_attention *a = &L->attn;
     a->hf = true;
     a->qkv_bias = m->qkv_bias;
@@ -59,9 +59,22 @@ bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L
     return true;
 }
 
+bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    const mlg_norm n = {MLG_RMSNORM, false, c->stream_bytes != 4};
+    return m->norm == ML_NORM_RMSNORM && hf_layer(m, c, n, L);
+}
+
+bool ml__family_olmo_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    const mlg_norm n = {MLG_OLMO_LAYERNORM, false, c->stream_bytes != 4};
+    return m->norm == ML_NORM_OLMO_LAYERNORM && hf_layer(m, c, n, L);
+}
+
 bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    return ml__family_gpt2_layer(m, c, L) || ml__family_llama_layer(m, c, L);
+    return ml__family_gpt2_layer(m, c, L) || ml__family_llama_layer(m, c, L) ||
+           ml__family_olmo_layer(m, c, L);
 }
 
 void ml__family_layer_graph(ml_graph *g, const mlg_layer *L)
@@ -75,8 +88,8 @@ bool ml__family_head(const ml_model *m, const mlg_config *c, mlg_layer *L)
     return ml__family_layer(m, c, L) && !m->classes && !(m->final_softcap > 0);
 }
 
-void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied)
+void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied, bool fused)
 {
     ml__graph_init(g);
-    ml__kit_lm_head(g, L, tied);
+    ml__kit_lm_head(g, L, tied, fused);
 }

@@ -23,6 +23,9 @@ bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 /* Hugging Face's Llama layout (LlamaDecoderLayer, and Mistral's, Qwen2's:
  * RMSNorm, q/k/v projections, rotary, grouped heads, a gated MLP). */
 bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's OLMo layout (OlmoDecoderLayer): Llama's with
+ * OlmoLayerNorm, a LayerNorm without weight or bias computed in fp32. */
+bool ml__family_olmo_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* The family whose layout m's layers have; false: none of the kit's. */
 bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 
@@ -33,7 +36,7 @@ void ml__family_layer_graph(ml_graph *g, const mlg_layer *L);
  * layer family (ml__family_layer), an LM head (no classes, no soft-capped
  * logits). */
 bool ml__family_head(const ml_model *m, const mlg_config *c, mlg_layer *L);
-/* The graph of that head into g. */
-void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied);
+/* The graph of that head into g (fused: its norm alone). */
+void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied, bool fused);
 
 #endif

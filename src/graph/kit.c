@@ -104,6 +104,8 @@ uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
 {
     if (n->kind == MLG_RMSNORM)
         return ml__kit_rmsnorm(g, n, x, xbuf);
+    if (n->kind == MLG_OLMO_LAYERNORM)
+        return ml__kit_olmo_norm(g, n, x, xbuf);
     uint16_t st = ml__graph_tensor(g, "layernorm mean+rstd", MLG_FP32, MLG_ACT, 2, MLG_B, MLG_T);
     if (st != MLG_NONE)
         g->t[st].factor = 2;
@@ -497,10 +499,12 @@ void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     ml__op_free(o, cv);
 }
 
-void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied)
+void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused)
 {
     uint16_t x = ml__graph_tensor(g, "head input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
     uint16_t h = ml__kit_norm(g, &L->norm, x, false);
+    if (fused)
+        return;
     uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, MLG_V, MLG_D);
     uint16_t logits = ml__graph_tensor(g, "logits", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_V);
     uint16_t W = tied ? MLG_NONE : param(g, "lm_head weight", MLG_V, MLG_D);

@@ -9,12 +9,13 @@
 
 #include "graph/graph.h"
 
-typedef enum { MLG_LAYERNORM, MLG_RMSNORM } mlg_norm_kind;
+typedef enum { MLG_LAYERNORM, MLG_RMSNORM, MLG_OLMO_LAYERNORM } mlg_norm_kind;
 typedef enum { MLG_GELU, MLG_RELU, MLG_SWIGLU, MLG_GEGLU } mlg_act;
 
-/* LayerNorm (native_layer_norm), or HF LlamaRMSNorm: x in fp32 (a copy
- * when the stream is not: upcast), x * rsqrt(mean(x^2) + eps), cast back,
- * times the weight. */
+/* LayerNorm (native_layer_norm); HF LlamaRMSNorm: x in fp32 (a copy when
+ * the stream is not: upcast), x * rsqrt(mean(x^2) + eps), cast back, times
+ * the weight; HF OlmoLayerNorm: native_layer_norm of x in fp32 (a copy when
+ * the stream is not) without weight or bias, cast back. */
 typedef struct {
     uint8_t kind; /* mlg_norm_kind */
     bool bias;
@@ -95,6 +96,8 @@ uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint1
                               uint16_t *k, uint16_t *v);
 /* HF LlamaRMSNorm of x (kit_hf.c). */
 uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
+/* HF OlmoLayerNorm of x (kit_hf.c). */
+uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
 /* HF LlamaMLP's gated MLP on h (kit_hf.c): down(act(gate(h)) * up(h)). */
 uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
 
@@ -116,7 +119,8 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
 void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L);
 /* A decoder's head: the final norm (L->norm) and the LM head over the
  * vocabulary, its (V, D) weight the embeddings' when tied; its output the
- * logits the loss reads. */
-void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied);
+ * logits the loss reads. fused: the norm alone, whose output the fused
+ * linear cross-entropy reads (training.logits: fused). */
+void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused);
 
 #endif

@@ -93,6 +93,52 @@ uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
     return y;
 }
 
+/* OlmoLayerNorm: F.layer_norm(x.to(fp32), (D,), None, None).to(x.dtype).
+ * native_layer_norm saves its input (the fp32 copy when x is not fp32),
+ * mean and rstd; the copies save nothing (ToCopyBackward0); no parameters. */
+uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
+{
+    const bool up = n->upcast;
+    const uint8_t sd = g->t[x].dtype;
+    uint16_t xf = up ? act3(g, "layernorm fp32 copy of input", MLG_FP32, MLG_D) : x;
+    uint16_t st = stat(g, "layernorm mean+rstd");
+    if (st != MLG_NONE)
+        g->t[st].factor = 2;
+    uint16_t hn = act3(g, "layernorm output (fp32)", MLG_FP32, MLG_D);
+    uint16_t y = up ? act3(g, "layernorm output", sd, MLG_D) : hn;
+    if (y != MLG_NONE)
+        g->t[y].flags |= MLG_T_TMP;
+    mlg_op *o;
+    if (up) {
+        o = unary(g, MLG_OP_COPY, "to (fp32)", x, xf);
+        ml__op_node(o, "ToCopyBackward0 (norm input)");
+        ml__op_gin(o, x);
+        ml__op_gout(o, xf);
+        if (xbuf)
+            o->accum = x;
+    }
+    o = unary(g, MLG_OP_NORM, "native_layer_norm (no weight)", xf, hn);
+    ml__op_out(o, st);
+    ml__op_save(o, xf);
+    ml__op_save(o, st);
+    ml__op_free(o, st);
+    if (up)
+        ml__op_free(o, xf); /* the copy's reference goes with the call */
+    ml__op_node(o, "NativeLayerNormBackward0");
+    ml__op_gin(o, xf);
+    ml__op_gout(o, hn);
+    if (xbuf && !up)
+        o->accum = x;
+    if (up) {
+        o = unary(g, MLG_OP_COPY, "to (stream dtype)", hn, y);
+        ml__op_free(o, hn);
+        ml__op_node(o, "ToCopyBackward0 (norm output)");
+        ml__op_gin(o, hn);
+        ml__op_gout(o, y);
+    }
+    return y;
+}
+
 /* rotate-half rotary on one head tensor x of hd heads: (x * cos) +
  * (cat(-x2, x1) * sin); the products save cos and sin, which need no
  * gradient: nothing of x. One node stands for the products and the cat. */

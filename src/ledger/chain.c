@@ -253,6 +253,8 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, bool 
         ch->calib_note = "the runner measures no encoder-decoder (T5) blocks";
     else if (st == ML_OK && cfg->calib && m->vis_layers)
         ch->calib_note = "the runner measures no vision-tower (CLIP) blocks";
+    else if (st == ML_OK && cfg->calib && m->norm == ML_NORM_OLMO_LAYERNORM)
+        ch->calib_note = "the runner measures no OLMo blocks (its LayerNorm without weight)";
     else if (st == ML_OK && cfg->calib && (m->kv_lora || m->experts))
         ch->calib_note = "the runner measures no mixture-of-experts or latent-attention blocks";
     else if (st == ML_OK && cfg->calib && m->type != ML_MODEL_SEQUENTIAL)

@@ -59,13 +59,14 @@ bool ml_ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_
     return sized(ch, m, d, G);
 }
 
-bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
+                      ml_ck_graph *G)
 {
     mlg_layer L;
     const mlg_config c = config_of(ch, m);
     if (!ml__family_head(m, &c, &L))
         return false;
-    ml__family_head_graph(&G->g, &L, m->tied_embeddings);
+    ml__family_head_graph(&G->g, &L, m->tied_embeddings, fused);
     return sized(ch, m, d, G);
 }
 

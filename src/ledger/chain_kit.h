@@ -179,8 +179,10 @@ typedef struct {
 /* Builds the graph of m's layers into G when the component kit expresses
  * their layout (graph/families.c); false: the chain builders run. */
 bool ml_ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
-/* The same for a decoder's head (the final norm and the LM head). */
-bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+/* The same for a decoder's head (the final norm and the LM head; fused:
+ * the norm alone). */
+bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
+                      ml_ck_graph *G);
 /* Block b's inventory, nodes, parameters, FLOPs and transients from G,
  * closed with output bytes out (ml_ck_end), then its forward programs. */
 void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t out);

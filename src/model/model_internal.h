@@ -22,8 +22,15 @@ typedef enum {
 /* quick_gelu: x * sigmoid(1.702 * x) (CLIP's vision MLP, HF QuickGELUActivation) */
 typedef enum { ML_ACT_GELU, ML_ACT_RELU, ML_ACT_SWIGLU, ML_ACT_GEGLU, ML_ACT_QUICK_GELU } ml_activation;
 /* rmsnorm: HF LlamaRMSNorm, weight * h.to(dtype); gemma_rmsnorm: HF
- * GemmaRMSNorm, (h * (1 + weight)) in fp32, then cast (docs/inventory.md) */
-typedef enum { ML_NORM_LAYERNORM, ML_NORM_RMSNORM, ML_NORM_GEMMA_RMSNORM } ml_norm;
+ * GemmaRMSNorm, (h * (1 + weight)) in fp32, then cast; olmo_layernorm: HF
+ * OlmoLayerNorm, a LayerNorm without weight or bias in fp32, then cast
+ * (docs/inventory.md) */
+typedef enum {
+    ML_NORM_LAYERNORM,
+    ML_NORM_RMSNORM,
+    ML_NORM_GEMMA_RMSNORM,
+    ML_NORM_OLMO_LAYERNORM
+} ml_norm;
 typedef enum { ML_POS_LEARNED, ML_POS_ROPE, ML_POS_NONE } ml_position;
 /* eager: the matmul/softmax layout; flash: a fused kernel's inventory;
  * sdpa: scaled_dot_product_attention as PyTorch dispatches it (a fused
