@@ -223,14 +223,15 @@ enum {
     ML_HF_MT5 = 1u << 16,
     ML_HF_LLAVA = 1u << 17,
     ML_HF_CLIPV = 1u << 18, /* clip_vision_model: a llava's vision_config only */
-    ML_HF_FAMILY_COUNT = 19
+    ML_HF_OLMO = 1u << 19,
+    ML_HF_FAMILY_COUNT = 20
 };
 #define ML_HF_LM3                                                                       \
-    (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | ML_HF_MIXTRAL | ML_HF_QWEN2MOE) /* the Llama-layout
-                                                                            families */
+    (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | ML_HF_MIXTRAL | ML_HF_QWEN2MOE |        \
+     ML_HF_OLMO) /* the Llama-layout families */
 #define ML_HF_SUPPORTED \
     "llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v2, deepseek_v3, gemma, gemma2, phi3, " \
-    "gpt2, gpt_neox, falcon, bert, vit, t5, mt5, llava"
+    "gpt2, gpt_neox, falcon, bert, vit, t5, mt5, llava, olmo"
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head, and a second class the planner builds too (NULL: none;

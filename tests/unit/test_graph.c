@@ -461,6 +461,35 @@ static void test_chains_equal_builders(void **state)
     assert_true(n > 20 * 3 * 6 * 3 * 2 / 2);
 }
 
+/* OLMo's norm exists only in the graph: a layout the graph does not
+ * express with it is refused at the key, never planned by another
+ * family's builders. */
+static void test_olmo_norm_refused_elsewhere(void **state)
+{
+    (void)state;
+    static const char *const yaml =
+        "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  ffn: 128\n"
+        "  activation: swiglu\n  norm: olmo_layernorm\n  vocab: 100\n  position: rope\n"
+        "  bias: false\n  classes: 3\n";
+    ml_model *m = NULL;
+    ml_error e;
+    assert_int_equal(ml_model_load_string(yaml, strlen(yaml), "t.yaml", &m, &e), ML_SCHEMA);
+    assert_null(m);
+    assert_int_equal(e.line, 8); /* the norm key */
+    assert_non_null(strstr(e.msg, "olmo_layernorm"));
+    /* without the classifier it is OLMo's layer, in the graph */
+    static const char *const ok =
+        "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  ffn: 128\n"
+        "  activation: swiglu\n  norm: olmo_layernorm\n  vocab: 100\n  position: rope\n"
+        "  bias: false\n";
+    m = load_str(ok);
+    mlg_layer L;
+    const mlg_config c = {4, 4, false, false, false, false};
+    assert_true(ml__family_olmo_layer(m, &c, &L));
+    assert_int_equal(L.norm.kind, MLG_OLMO_LAYERNORM);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -469,6 +498,7 @@ int main(void)
         cmocka_unit_test(test_graph_equals_builders),
         cmocka_unit_test(test_chains_equal_builders),
         cmocka_unit_test(test_other_layouts_refused),
+        cmocka_unit_test(test_olmo_norm_refused_elsewhere),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
