@@ -11,7 +11,6 @@
 #include "model/schema.h"
 #include "model/shape.h"
 
-
 static const char *const act_names[] = {"gelu", "relu", "swiglu", "geglu"};
 static const char *const norm_names[] = {"layernorm", "rmsnorm", "gemma_rmsnorm",
                                          "olmo_layernorm"};
