@@ -65,6 +65,12 @@ bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L
     return m->norm == ML_NORM_RMSNORM && hf_layer(m, c, n, L);
 }
 
+bool ml__family_gemma_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    const mlg_norm n = {MLG_GEMMA_RMSNORM, false, c->stream_bytes != 4};
+    return m->norm == ML_NORM_GEMMA_RMSNORM && hf_layer(m, c, n, L);
+}
+
 bool ml__family_olmo_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     const mlg_norm n = {MLG_OLMO_LAYERNORM, false, c->stream_bytes != 4};
@@ -74,7 +80,7 @@ bool ml__family_olmo_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     return ml__family_gpt2_layer(m, c, L) || ml__family_llama_layer(m, c, L) ||
-           ml__family_olmo_layer(m, c, L);
+           ml__family_gemma_layer(m, c, L) || ml__family_olmo_layer(m, c, L);
 }
 
 void ml__family_layer_graph(ml_graph *g, const mlg_layer *L)

@@ -23,6 +23,10 @@ bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 /* Hugging Face's Llama layout (LlamaDecoderLayer, and Mistral's, Qwen2's:
  * RMSNorm, q/k/v projections, rotary, grouped heads, a gated MLP). */
 bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's Gemma layout (GemmaDecoderLayer): Llama's with
+ * GemmaRMSNorm, (h * (1 + weight)) in fp32 then cast (GeGLU, head_dim,
+ * the embeddings' scale are settings Llama's layer already reads). */
+bool ml__family_gemma_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* Hugging Face's OLMo layout (OlmoDecoderLayer): Llama's with
  * OlmoLayerNorm, a LayerNorm without weight or bias computed in fp32. */
 bool ml__family_olmo_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);

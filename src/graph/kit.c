@@ -106,6 +106,8 @@ uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
         return ml__kit_rmsnorm(g, n, x, xbuf);
     if (n->kind == MLG_OLMO_LAYERNORM)
         return ml__kit_olmo_norm(g, n, x, xbuf);
+    if (n->kind == MLG_GEMMA_RMSNORM)
+        return ml__kit_gemma_norm(g, n, x, xbuf);
     uint16_t st = ml__graph_tensor(g, "layernorm mean+rstd", MLG_FP32, MLG_ACT, 2, MLG_B, MLG_T);
     if (st != MLG_NONE)
         g->t[st].factor = 2;

@@ -9,13 +9,14 @@
 
 #include "graph/graph.h"
 
-typedef enum { MLG_LAYERNORM, MLG_RMSNORM, MLG_OLMO_LAYERNORM } mlg_norm_kind;
+typedef enum { MLG_LAYERNORM, MLG_RMSNORM, MLG_OLMO_LAYERNORM, MLG_GEMMA_RMSNORM } mlg_norm_kind;
 typedef enum { MLG_GELU, MLG_RELU, MLG_SWIGLU, MLG_GEGLU } mlg_act;
 
 /* LayerNorm (native_layer_norm); HF LlamaRMSNorm: x in fp32 (a copy when
  * the stream is not: upcast), x * rsqrt(mean(x^2) + eps), cast back, times
  * the weight; HF OlmoLayerNorm: native_layer_norm of x in fp32 (a copy when
- * the stream is not) without weight or bias, cast back. */
+ * the stream is not) without weight or bias, cast back; HF GemmaRMSNorm:
+ * LlamaRMSNorm's normalisation times (1 + weight) in fp32, cast back. */
 typedef struct {
     uint8_t kind; /* mlg_norm_kind */
     bool bias;
@@ -96,6 +97,8 @@ uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint1
                               uint16_t *k, uint16_t *v);
 /* HF LlamaRMSNorm of x (kit_hf.c). */
 uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
+/* HF GemmaRMSNorm of x (kit_hf.c). */
+uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
 /* HF OlmoLayerNorm of x (kit_hf.c). */
 uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
 /* HF LlamaMLP's gated MLP on h (kit_hf.c): down(act(gate(h)) * up(h)). */

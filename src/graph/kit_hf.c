@@ -26,23 +26,17 @@ static mlg_op *unary(ml_graph *g, uint8_t kind, const char *name, uint16_t x, ui
     return o;
 }
 
-/* h = x.to(fp32); variance = h.pow(2).mean(-1); h = h * rsqrt(variance +
- * eps); return weight * h.to(x.dtype). pow and the mul save h, rsqrt its
- * result, the scale the normalised h as it reads it; 2.x's mean keeps no
- * input. */
-uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
+/* The RMSNorms' shared start: x (or its fp32 copy xf) squared, its mean,
+ * + eps, rsqrt (saved), x * rsqrt (hn, fp32); returns hn. keep_var: the
+ * mean stays bound (LlamaRMSNorm's `variance`) until *var_out is dropped;
+ * else it goes with the + eps (GemmaRMSNorm's _norm, one expression). */
+static uint16_t rms_core(ml_graph *g, uint16_t x, uint16_t xf, bool up, bool xbuf, bool keep_var,
+                         uint16_t *var_out)
 {
-    const bool up = n->upcast;
-    const uint8_t sd = g->t[x].dtype;
-    uint16_t xf = up ? act3(g, "rmsnorm fp32 copy of input", MLG_FP32, MLG_D) : x;
     uint16_t x2 = act3(g, "x^2", MLG_FP32, MLG_D);
     uint16_t var = stat(g, "variance"), ve = stat(g, "variance + eps");
     uint16_t rs = stat(g, "rmsnorm rsqrt");
     uint16_t hn = act3(g, "rmsnorm normalised", MLG_FP32, MLG_D);
-    uint16_t hc = up ? act3(g, "rmsnorm normalised (cast back)", sd, MLG_D) : MLG_NONE;
-    uint16_t y = act3(g, "rmsnorm output", sd, MLG_D);
-    if (y != MLG_NONE)
-        g->t[y].flags |= MLG_T_TMP;
     if (up)
         unary(g, MLG_OP_COPY, "to (fp32)", x, xf);
     mlg_op *o = unary(g, MLG_OP_ELEMENTWISE, "pow", xf, x2);
@@ -56,7 +50,9 @@ uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
     ml__op_node(o, "MeanBackward1");
     ml__op_gin(o, x2);
     ml__op_gout(o, var);
-    unary(g, MLG_OP_ELEMENTWISE, "add (eps)", var, ve);
+    o = unary(g, MLG_OP_ELEMENTWISE, "add (eps)", var, ve);
+    if (!keep_var)
+        ml__op_free(o, var);
     o = unary(g, MLG_OP_ELEMENTWISE, "rsqrt", ve, rs);
     ml__op_save(o, rs);
     ml__op_free(o, ve);
@@ -77,10 +73,65 @@ uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
     o->scratch_in = true;
     if (xbuf)
         o->accum = xf;
+    *var_out = keep_var ? var : MLG_NONE;
+    return hn;
+}
+
+/* out = _norm(x.float()); out = out * (1.0 + weight.float()); return
+ * out.type_as(x). The scale saves the fp32 h and, since h needs a
+ * gradient, the fp32 (1 + weight) vector (D · 4 B); type_as saves
+ * nothing. */
+uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
+{
+    const bool up = n->upcast;
+    const uint8_t sd = g->t[x].dtype;
+    uint16_t xf = up ? act3(g, "rmsnorm fp32 copy of input", MLG_FP32, MLG_D) : x, var;
+    uint16_t hn = rms_core(g, x, xf, up, xbuf, false, &var);
+    uint16_t w1 = ml__graph_tensor(g, "rmsnorm 1 + weight (fp32)", MLG_FP32, MLG_ACT, 1, MLG_D);
+    uint16_t pr = act3(g, "rmsnorm output (fp32)", MLG_FP32, MLG_D);
+    uint16_t y = up ? act3(g, "rmsnorm output", sd, MLG_D) : pr;
+    if (y != MLG_NONE)
+        g->t[y].flags |= MLG_T_TMP;
+    uint16_t W = ml__graph_tensor(g, "weight", MLG_PARAM, MLG_PARAMETER, 1, MLG_D);
+    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "add (1 + weight)");
+    ml__op_in(o, W);
+    ml__op_out(o, w1);
+    o = unary(g, MLG_OP_ELEMENTWISE, "mul (h * (1 + weight))", hn, pr);
+    ml__op_in(o, w1);
+    ml__op_param(o, W);
+    ml__op_save(o, hn);
+    ml__op_save(o, w1);
+    ml__op_free(o, w1);
+    ml__op_free(o, hn);
+    ml__op_node(o, "MulBackward0 (h * (1 + weight))");
+    ml__op_gin(o, hn);
+    ml__op_gout(o, pr);
+    o->scratch_in = true;
+    if (up) {
+        o = unary(g, MLG_OP_COPY, "type_as", pr, y);
+        ml__op_free(o, pr);
+    }
+    return y;
+}
+
+/* h = x.to(fp32); variance = h.pow(2).mean(-1); h = h * rsqrt(variance +
+ * eps); return weight * h.to(x.dtype). pow and the mul save h, rsqrt its
+ * result, the scale the normalised h as it reads it; 2.x's mean keeps no
+ * input. */
+uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
+{
+    const bool up = n->upcast;
+    const uint8_t sd = g->t[x].dtype;
+    uint16_t xf = up ? act3(g, "rmsnorm fp32 copy of input", MLG_FP32, MLG_D) : x, var;
+    uint16_t hn = rms_core(g, x, xf, up, xbuf, true, &var);
+    uint16_t hc = up ? act3(g, "rmsnorm normalised (cast back)", sd, MLG_D) : MLG_NONE;
+    uint16_t y = act3(g, "rmsnorm output", sd, MLG_D);
+    if (y != MLG_NONE)
+        g->t[y].flags |= MLG_T_TMP;
     if (up)
         unary(g, MLG_OP_COPY, "to (stream dtype)", hn, hc);
     const uint16_t hs = up ? hc : hn;
-    o = unary(g, MLG_OP_ELEMENTWISE, "mul (weight)", hs, y);
+    mlg_op *o = unary(g, MLG_OP_ELEMENTWISE, "mul (weight)", hs, y);
     ml__op_param(o, ml__graph_tensor(g, "weight", MLG_PARAM, MLG_PARAMETER, 1, MLG_D));
     ml__op_save(o, hs);
     ml__op_free(o, hc);

@@ -255,7 +255,8 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
      * RMSNorm nodes on a 2-byte stream count its gradients in the stream's
      * dtype where the graph has the fp32 upcast's (docs/graph.md, "What
      * the passes do not derive yet") */
-    const bool upcast_nodes = fused && !ch->prec.autocast && w != 4 && m->norm == ML_NORM_RMSNORM;
+    const bool upcast_nodes = fused && !ch->prec.autocast && w != 4 &&
+                              (m->norm == ML_NORM_RMSNORM || m->norm == ML_NORM_GEMMA_RMSNORM);
     if (!ch->builders_only && m->type == ML_MODEL_DECODER && !upcast_nodes) {
         if (!(G = malloc(sizeof *G)))
             return ML_NOMEM;

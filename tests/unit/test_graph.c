@@ -304,6 +304,13 @@ static const variant variants[] = {
      "  ffn: 344\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 320\n  position: learned\n"
      "  max_positions: 2048\n  bias: false\n  dropout: 0.1\n",
      true, false, false},
+    /* Gemma's layout: its RMSNorm, GeGLU, a head size of its own, one
+     * key/value head, dropout, the embeddings' scale */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 128\n  heads: 4\n  kv_heads: 1\n"
+     "  head_dim: 48\n  ffn: 344\n  activation: geglu\n  norm: gemma_rmsnorm\n  vocab: 320\n"
+     "  position: rope\n  bias: false\n  embedding_scale: true\n  tied_embeddings: true\n"
+     "  dropout: 0.1\n",
+     true, false, false},
     /* an RMSNorm decoder with nanoGPT's ReLU MLP (wide) */
     {"model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  kv_heads: 4\n"
      "  ffn: 2048\n  activation: relu\n  norm: rmsnorm\n  vocab: 320\n  position: rope\n"
@@ -352,8 +359,9 @@ static void test_graph_equals_builders(void **state)
 }
 
 /* The layouts the kit does not express yet keep their builders: BERT's
- * (post-norm), Mixtral's (experts), Gemma's (its RMSNorm); GPT-2's and
- * Llama's are taken. */
+ * (post-norm), ViT's, T5's, Mixtral's (experts), Gemma 2's (post norms,
+ * soft caps), Phi-3's (fused projections), GPT-NeoX's and Falcon's
+ * (parallel residuals); GPT-2's, Llama's and Gemma's are taken. */
 static void test_other_layouts_refused(void **state)
 {
     (void)state;
@@ -365,7 +373,8 @@ static void test_other_layouts_refused(void **state)
         assert_false(ml__family_layer(m, &c, &L));
         ml_model_destroy(m);
     }
-    static const char *const hf_refused[] = {"mixtral-8x7b", "gemma-2b"};
+    static const char *const hf_refused[] = {"mixtral-8x7b", "gemma-2-2b", "phi-3-mini-4k",
+                                             "pythia-160m", "falcon-7b"};
     for (size_t i = 0; i < sizeof hf_refused / sizeof hf_refused[0]; i++) {
         ml_model *m = load_hf_config(hf_refused[i]);
         assert_false(ml__family_layer(m, &c, &L));
@@ -377,6 +386,11 @@ static void test_other_layouts_refused(void **state)
     m = load_preset("llama-2-7b");
     assert_false(ml__family_gpt2_layer(m, &c, &L));
     assert_true(ml__family_llama_layer(m, &c, &L));
+    ml_model_destroy(m);
+    m = load_hf_config("gemma-2b");
+    assert_false(ml__family_llama_layer(m, &c, &L));
+    assert_true(ml__family_gemma_layer(m, &c, &L));
+    assert_int_equal(L.norm.kind, MLG_GEMMA_RMSNORM);
     ml_model_destroy(m);
 }
 
@@ -439,8 +453,8 @@ static void test_chains_equal_builders(void **state)
         n += compare_model(m, presets[i]);
         ml_model_destroy(m);
     }
-    static const char *const hf[] = {"gpt2", "llama-2-7b", "mistral-7b", "mistral-nemo-12b",
-                                     "qwen2-0.5b", "llava-1.5-7b"};
+    static const char *const hf[] = {"gpt2",       "llama-2-7b",   "mistral-7b", "mistral-nemo-12b",
+                                     "qwen2-0.5b", "llava-1.5-7b", "gemma-2b"};
     for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
         ml_model *m = load_hf_config(hf[i]);
         n += compare_model(m, hf[i]);
@@ -455,10 +469,10 @@ static void test_chains_equal_builders(void **state)
         n += compare_model(m, "variant");
         ml_model_destroy(m);
     }
-    /* 20 models x 3 kernels x 6 precisions x 3 settings x 2 passes, less
+    /* 22 models x 3 kernels x 6 precisions x 3 settings x 2 passes, less
      * the configurations a model refuses (the same both ways) */
     fprintf(stderr, "%u chains compared\n", n);
-    assert_true(n > 20 * 3 * 6 * 3 * 2 / 2);
+    assert_true(n > 22 * 3 * 6 * 3 * 2 / 2);
 }
 
 /* OLMo's norm exists only in the graph: a layout the graph does not
