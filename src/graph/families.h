@@ -25,7 +25,9 @@ bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* Hugging Face's Gemma layout (GemmaDecoderLayer): Llama's with
  * GemmaRMSNorm, (h * (1 + weight)) in fp32 then cast (GeGLU, head_dim,
- * the embeddings' scale are settings Llama's layer already reads). */
+ * the embeddings' scale are settings Llama's layer already reads); Gemma
+ * 2's (Gemma2DecoderLayer) with a norm on each branch's output and the
+ * scores' soft cap. */
 bool ml__family_gemma_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* Hugging Face's OLMo layout (OlmoDecoderLayer): Llama's with
  * OlmoLayerNorm, a LayerNorm without weight or bias computed in fp32. */
@@ -40,7 +42,8 @@ void ml__family_layer_graph(ml_graph *g, const mlg_layer *L);
  * layer family (ml__family_layer), an LM head (no classes, no soft-capped
  * logits). */
 bool ml__family_head(const ml_model *m, const mlg_config *c, mlg_layer *L);
-/* The graph of that head into g (fused: its norm alone). */
-void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied, bool fused);
+/* The graph of that head into g (fused: its norm alone; softcap: Gemma
+ * 2's soft-capped logits). */
+void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap);
 
 #endif

@@ -67,11 +67,13 @@ enum {
                         allocator simulation's units */
     MLG_T_WCAST = 4, /* autocast's weight copy */
     MLG_T_HALF = 8,  /* half the bytes of its shape (rotate_half's -x2) */
+    MLG_T_SHARED = 16, /* a parameter another block owns (tied weights): not
+                          listed here; its gradient counts in the node */
 };
 
 #define MLG_NONE 0xffffu
-#define MLG_MAX_TENSORS 96
-#define MLG_MAX_OPS 80
+#define MLG_MAX_TENSORS 160
+#define MLG_MAX_OPS 128
 
 typedef struct {
     const char *name;

@@ -126,7 +126,8 @@ uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
     ml__op_free(o, st);
     ml__op_node(o, "NativeLayerNormBackward0");
     ml__op_gin(o, x);
-    ml__op_gout(o, h);
+    if (!n->held)
+        ml__op_gout(o, h);
     if (xbuf)
         o->accum = x;
     return h;
@@ -379,7 +380,7 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, uint
     const mlg_linear out = {"addmm (output projection)", "AddmmBackward0 (output projection)",
                             MLG_DQ, MLG_D, a->out_bias};
     o = ml__kit_linear(g, L, &out, Oc, A);
-    if (a->dropout)
+    if (a->out_grad)
         ml__op_gout(o, A);
     uint16_t y = ml__kit_dropout(g, a->dropout, A, "NativeDropoutBackward0 (residual)", false,
                                  true);
@@ -457,7 +458,7 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
     const mlg_linear proj = {"addmm (proj)", "AddmmBackward0 (MLP out)", MLG_F, MLG_D, p->bias};
     o = ml__kit_linear_with(g, &proj, G, MLG_NONE, w2, M);
     ml__op_free(o, G);
-    if (p->dropout)
+    if (p->out_grad)
         ml__op_gout(o, M);
     return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false, true);
 }
@@ -467,10 +468,25 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
 static uint8_t group(const mlg_layer *L, unsigned component)
 {
     /* nanoGPT's Block: ln_1, attn, ln_2, mlp; HF's decoder layers:
-     * self_attn, mlp, input_layernorm, post_attention_layernorm */
-    static const uint8_t hf[4] = {[MLG_GROUP_NORM1] = 2, [MLG_GROUP_ATTN] = 0,
-                                  [MLG_GROUP_NORM2] = 3, [MLG_GROUP_MLP] = 1};
+     * self_attn, mlp, input_layernorm, post_attention_layernorm (Gemma 2:
+     * the attention's post norm), then Gemma 2's pre_feedforward_layernorm
+     * and post_feedforward_layernorm */
+    static const uint8_t hf[MLG_GROUPS] = {
+        [MLG_GROUP_ATTN] = 0,      [MLG_GROUP_MLP] = 1,  [MLG_GROUP_NORM1] = 2,
+        [MLG_GROUP_POST_ATTN] = 3, [MLG_GROUP_NORM2] = 4, [MLG_GROUP_POST_MLP] = 5};
     return L->hf_order ? hf[component] : (uint8_t)component;
+}
+
+/* Gemma 2's norm of a branch's output y (before its residual add); y goes
+ * unless the norm saved it. */
+static uint16_t post_norm(ml_graph *g, const mlg_layer *L, uint16_t y, unsigned component)
+{
+    if (!L->post_norms)
+        return y;
+    g->group = group(L, component);
+    uint16_t z = ml__kit_norm(g, &L->post, y, false);
+    ml__op_free(ml__graph_release(g, "branch output rebound"), y);
+    return z;
 }
 
 void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
@@ -483,12 +499,14 @@ void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     uint16_t a = L->attn.hf ? ml__kit_hf_attention(g, L, h, &held, &ck, &cv)
                             : ml__kit_attention(g, L, h);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
+    a = post_norm(g, L, a, MLG_GROUP_POST_ATTN);
     uint16_t r = ml__kit_residual(g, x, a);
     g->group = group(L, MLG_GROUP_NORM2);
     h = ml__kit_norm(g, &L->norm, r, true);
     g->group = group(L, MLG_GROUP_MLP);
     uint16_t m = ml__kit_mlp(g, L, h);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
+    m = post_norm(g, L, m, MLG_GROUP_POST_MLP);
     uint16_t out = ml__kit_residual(g, r, m);
     (void)out;
     /* the layer returns: the first sum, the attention weights HF's layer
@@ -501,7 +519,7 @@ void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     ml__op_free(o, cv);
 }
 
-void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused)
+void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap)
 {
     uint16_t x = ml__graph_tensor(g, "head input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
     uint16_t h = ml__kit_norm(g, &L->norm, x, false);
@@ -509,7 +527,11 @@ void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused)
         return;
     uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, MLG_V, MLG_D);
     uint16_t logits = ml__graph_tensor(g, "logits", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_V);
-    uint16_t W = tied ? MLG_NONE : param(g, "lm_head weight", MLG_V, MLG_D);
+    /* the (V, D) weight: its own, or the embeddings' (tied: its gradient is
+     * first created here, counted by this block's node) */
+    uint16_t W = param(g, "lm_head weight", MLG_V, MLG_D);
+    if (tied && W != MLG_NONE)
+        g->t[W].flags |= MLG_T_SHARED;
     /* the logits: h (or its autocast copy) times the (V, D) weight */
     if (c != MLG_NONE) {
         mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, input)");
@@ -533,4 +555,6 @@ void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused)
     ml__op_gout(o, logits);
     /* the model returns the logits; the norm's output goes */
     ml__op_free(ml__graph_release(g, "head returns"), h);
+    if (softcap)
+        ml__kit_softcap(g, logits, false);
 }

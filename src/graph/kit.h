@@ -20,7 +20,9 @@ typedef enum { MLG_GELU, MLG_RELU, MLG_SWIGLU, MLG_GEGLU } mlg_act;
 typedef struct {
     uint8_t kind; /* mlg_norm_kind */
     bool bias;
-    bool upcast; /* RMSNorm on a stream that is not fp32 */
+    bool upcast; /* RMSNorm on an input that is not fp32 */
+    bool held;   /* its output's gradient is a buffer the residual's skip holds
+                    (Gemma 2's post norms): its last node frees none */
 } mlg_norm;
 
 /* Self-attention, eager or a fused kernel.
@@ -44,12 +46,16 @@ typedef struct {
     bool probs_cast;     /* the fp32 probabilities cast back (compute not fp32) */
     bool cache;          /* evaluation with a KV cache: k and v held to the
                             layer's end (HF DynamicCache) */
+    bool softcap;        /* Gemma 2's scores / cap, tanh, * cap (eager only) */
+    bool out_grad;       /* the output projection frees its output's gradient
+                            (a dropout or a post norm made it) */
 } mlg_attention;
 
 typedef struct {
     uint8_t act; /* mlg_act */
     bool bias;
-    bool dropout; /* on the output */
+    bool dropout;  /* on the output */
+    bool out_grad; /* the last projection frees its output's gradient */
 } mlg_mlp;
 
 /* A layer: its components and how they are wired. */
@@ -59,11 +65,22 @@ typedef struct {
     mlg_mlp mlp;
     bool autocast; /* torch.autocast: linears read low-precision cast copies */
     bool hf_order; /* HF's decoder layers register self_attn, mlp, then the
-                      two norms (parameter order) */
+                      norms (parameter order) */
+    bool post_norms; /* Gemma 2: a norm (post) on each branch's output before
+                        its residual add */
+    mlg_norm post;
 } mlg_layer;
 
 /* Parameter groups: the order modules register their parameters in. */
-enum { MLG_GROUP_NORM1, MLG_GROUP_ATTN, MLG_GROUP_NORM2, MLG_GROUP_MLP };
+enum {
+    MLG_GROUP_NORM1,
+    MLG_GROUP_ATTN,
+    MLG_GROUP_POST_ATTN,
+    MLG_GROUP_NORM2,
+    MLG_GROUP_MLP,
+    MLG_GROUP_POST_MLP,
+    MLG_GROUPS
+};
 
 /* A Linear on x (in -> out wide: named dimensions) making y; returns its
  * op. autocast with an fp32 x saves a cast copy of x and of the weight. */
@@ -111,6 +128,11 @@ uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
  * held: the output's gradient is a buffer another op holds. */
 uint16_t ml__kit_dropout(ml_graph *g, bool on, uint16_t x, const char *node, bool core,
                          bool held);
+/* Gemma 2's soft cap of x (the scores, attention: true; or the logits):
+ * x / cap, tanh (which saves its result), * cap, each a new tensor of x's
+ * shape; dividing and multiplying by a Python float keep only a host
+ * scalar. Frees x; returns the product. */
+uint16_t ml__kit_softcap(ml_graph *g, uint16_t x, bool attention);
 /* x + y into the residual stream; frees y. */
 uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y);
 /* Self-attention on h; returns its branch output (before the residual). */
@@ -122,8 +144,9 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
 void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L);
 /* A decoder's head: the final norm (L->norm) and the LM head over the
  * vocabulary, its (V, D) weight the embeddings' when tied; its output the
- * logits the loss reads. fused: the norm alone, whose output the fused
- * linear cross-entropy reads (training.logits: fused). */
-void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused);
+ * logits the loss reads (softcap: Gemma 2's logits / cap, tanh, * cap).
+ * fused: the norm alone, whose output the fused linear cross-entropy reads
+ * (training.logits: fused). */
+void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap);
 
 #endif

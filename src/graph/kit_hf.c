@@ -3,7 +3,7 @@
  * sdpa/flash), LlamaMLP's gated MLP — modeling_llama.py's eager path, op
  * by op, with the references each function drops as it returns and what
  * autograd saves (tools/autograd/derivatives.yaml; docs/inventory.md,
- * "Llama block"). */
+ * "Llama block"); Gemma 2's soft caps. */
 #include <stddef.h>
 
 #include "graph/kit.h"
@@ -105,7 +105,8 @@ uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
     ml__op_free(o, hn);
     ml__op_node(o, "MulBackward0 (h * (1 + weight))");
     ml__op_gin(o, hn);
-    ml__op_gout(o, pr);
+    if (!n->held)
+        ml__op_gout(o, pr);
     o->scratch_in = true;
     if (up) {
         o = unary(g, MLG_OP_COPY, "type_as", pr, y);
@@ -138,7 +139,8 @@ uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
     ml__op_free(o, hn);
     ml__op_node(o, "MulBackward0 (weight * h)");
     ml__op_gin(o, hs);
-    ml__op_gout(o, y);
+    if (!n->held)
+        ml__op_gout(o, y);
     o->scratch_in = true;
     ml__op_free(ml__graph_release(g, "variance, at return"), var);
     return y;
@@ -355,6 +357,8 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     ml__op_node(o, "MulBackward0/DivBackward0 (scale)");
     ml__op_gin(o, S1);
     ml__op_gout(o, S2);
+    if (a->softcap)
+        S2 = ml__kit_softcap(g, S2, true);
     uint16_t S3 = ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
     o = unary(g, MLG_OP_ELEMENTWISE, "add (causal mask)", S2, S3);
     ml__op_free(o, S2);
@@ -483,7 +487,53 @@ uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
                              p->bias};
     o = ml__kit_linear_with(g, &down, Pr, MLG_NONE, wd, M);
     ml__op_free(o, Pr);
-    if (p->dropout)
+    if (p->out_grad)
         ml__op_gout(o, M);
     return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false, true);
+}
+
+/* A tensor of x's shape and dtype. */
+static uint16_t like(ml_graph *g, const char *name, uint16_t x, uint8_t flags)
+{
+    const mlg_tensor *s = &g->t[x];
+    uint16_t t = s->ndim == 4 ? ml__graph_tensor(g, name, s->dtype, MLG_ACT, 4, s->dim[0],
+                                                 s->dim[1], s->dim[2], s->dim[3])
+                              : ml__graph_tensor(g, name, s->dtype, MLG_ACT, 3, s->dim[0],
+                                                 s->dim[1], s->dim[2]);
+    if (t != MLG_NONE)
+        g->t[t].flags |= flags;
+    return t;
+}
+
+uint16_t ml__kit_softcap(ml_graph *g, uint16_t x, bool attention)
+{
+    /* the logits' cap: one of the block rule's transients (as large as the
+     * logits); the scores' tanh output belongs to the attention core */
+    uint16_t d = like(g, "x / cap", x, attention ? 0 : MLG_T_TMP);
+    uint16_t t = like(g, attention ? "attention softcap tanh output" : "final softcap tanh output",
+                      x, attention ? MLG_T_CORE : 0);
+    uint16_t y = like(g, "tanh * cap", x, 0);
+    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "div (softcap)");
+    ml__op_in(o, x);
+    ml__op_out(o, d);
+    ml__op_free(o, x);
+    ml__op_node(o, attention ? "DivBackward0 (scores / softcap)" : "DivBackward0 (logits / softcap)");
+    ml__op_gin(o, x);
+    ml__op_gout(o, d);
+    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "tanh");
+    ml__op_in(o, d);
+    ml__op_out(o, t);
+    ml__op_save(o, t);
+    ml__op_free(o, d);
+    ml__op_node(o, attention ? "TanhBackward0 (softcap)" : "TanhBackward0 (final softcap)");
+    ml__op_gin(o, d);
+    ml__op_gout(o, t);
+    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "mul (softcap)");
+    ml__op_in(o, t);
+    ml__op_out(o, y);
+    ml__op_free(o, t);
+    ml__op_node(o, "MulBackward0 (tanh * softcap)");
+    ml__op_gin(o, t);
+    ml__op_gout(o, y);
+    return y;
 }

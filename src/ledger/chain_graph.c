@@ -66,7 +66,7 @@ bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool
     const mlg_config c = config_of(ch, m);
     if (!ml__family_head(m, &c, &L))
         return false;
-    ml__family_head_graph(&G->g, &L, m->tied_embeddings, fused);
+    ml__family_head_graph(&G->g, &L, m->tied_embeddings, fused, m->final_softcap > 0);
     return sized(ch, m, d, G);
 }
 
@@ -159,11 +159,11 @@ void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t
     inventory(ch, b, G, idx, first);
     /* the parameters in the order their modules register them: by group,
      * then as the ops use them */
-    for (uint8_t grp = 0; grp < 4; grp++)
+    for (uint8_t grp = 0; grp < MLG_GROUPS; grp++)
         for (uint16_t k = 0; k < g->nop; k++)
             for (unsigned j = 0; j < g->op[k].nparam; j++) {
                 const mlg_tensor *p = &g->t[g->op[k].param[j]];
-                if (p->group != grp)
+                if (p->group != grp || (p->flags & MLG_T_SHARED))
                     continue;
                 uint64_t rows = G->z.dim[p->dim[0]];
                 ml_ck_param(ch, b, rows, p->ndim > 1 ? G->z.dim[p->dim[1]] : 0);

@@ -178,7 +178,7 @@ static void dump(const ml_chain *a, const ml_chain *b, size_t blk)
 static void same_block(const ml_chain *a, const ml_chain *b, size_t blk, const char *what)
 {
     const ml_cblock *x = &a->blocks[blk], *y = &b->blocks[blk];
-    if (x->nsaved != y->nsaved || x->saved_bytes != y->saved_bytes)
+    if (x->nsaved != y->nsaved || x->saved_bytes != y->saved_bytes || x->core_bytes != y->core_bytes)
         dump(a, b, blk);
     if (strcmp(x->name, y->name))
         fail_msg("%s: block %zu is %s and %s", what, blk, x->name, y->name);
@@ -281,11 +281,20 @@ static const variant variants[] = {
      "  ffn: 2048\n  activation: relu\n  norm: layernorm\n  vocab: 97\n  position: learned\n"
      "  max_positions: 2048\n  bias: false\n  dropout: 0\n",
      false, false, false},
-    /* biases on q/k/v only, dropout, an MLP narrower than the heads */
+    /* biases on q/k/v only, dropout, an MLP narrower than the heads,
+     * soft-capped logits */
     {"model:\n  type: decoder\n  layers: 1\n  hidden: 96\n  heads: 3\n  ffn: 48\n"
      "  activation: gelu\n  norm: layernorm\n  vocab: 11\n  position: none\n"
-     "  bias: false\n  qkv_bias: true\n  dropout: 0.2\n",
+     "  bias: false\n  qkv_bias: true\n  dropout: 0.2\n  final_softcap: 30\n",
      false, false, false},
+    /* Gemma 2's layout (tests/torch/models/gemma2.yaml at a larger width):
+     * post norms, soft-capped scores and logits, a head size of its own */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 128\n  heads: 4\n  kv_heads: 2\n"
+     "  head_dim: 64\n  ffn: 320\n  activation: geglu\n  norm: gemma_rmsnorm\n"
+     "  post_norms: true\n  attn_scalar: 24\n  attn_softcap: 50\n  final_softcap: 30\n"
+     "  embedding_scale: true\n  vocab: 173\n  position: rope\n  tied_embeddings: true\n"
+     "  bias: false\n  dropout: 0\n",
+     true, false, false},
     /* Llama 2's layout (models/llama-2-7b.yaml) at a smaller width, with
      * a KV cache in evaluation */
     {"model:\n  type: decoder\n  layers: 1\n  hidden: 256\n  heads: 8\n  kv_heads: 8\n"
@@ -359,9 +368,10 @@ static void test_graph_equals_builders(void **state)
 }
 
 /* The layouts the kit does not express yet keep their builders: BERT's
- * (post-norm), ViT's, T5's, Mixtral's (experts), Gemma 2's (post norms,
- * soft caps), Phi-3's (fused projections), GPT-NeoX's and Falcon's
- * (parallel residuals); GPT-2's, Llama's and Gemma's are taken. */
+ * (post-norm), ViT's, T5's, Mixtral's (experts), DeepSeek's (latent
+ * attention), Phi-3's (fused projections), GPT-NeoX's and Falcon's
+ * (parallel residuals); GPT-2's, Llama's, Gemma's and Gemma 2's are
+ * taken. */
 static void test_other_layouts_refused(void **state)
 {
     (void)state;
@@ -373,8 +383,8 @@ static void test_other_layouts_refused(void **state)
         assert_false(ml__family_layer(m, &c, &L));
         ml_model_destroy(m);
     }
-    static const char *const hf_refused[] = {"mixtral-8x7b", "gemma-2-2b", "phi-3-mini-4k",
-                                             "pythia-160m", "falcon-7b"};
+    static const char *const hf_refused[] = {"mixtral-8x7b", "phi-3-mini-4k", "pythia-160m",
+                                             "falcon-7b", "deepseek-v3"};
     for (size_t i = 0; i < sizeof hf_refused / sizeof hf_refused[0]; i++) {
         ml_model *m = load_hf_config(hf_refused[i]);
         assert_false(ml__family_layer(m, &c, &L));
@@ -391,6 +401,11 @@ static void test_other_layouts_refused(void **state)
     assert_false(ml__family_llama_layer(m, &c, &L));
     assert_true(ml__family_gemma_layer(m, &c, &L));
     assert_int_equal(L.norm.kind, MLG_GEMMA_RMSNORM);
+    assert_false(L.post_norms);
+    ml_model_destroy(m);
+    m = load_hf_config("gemma-2-2b");
+    assert_true(ml__family_gemma_layer(m, &c, &L));
+    assert_true(L.post_norms && L.attn.softcap && L.post.held);
     ml_model_destroy(m);
 }
 
@@ -453,8 +468,9 @@ static void test_chains_equal_builders(void **state)
         n += compare_model(m, presets[i]);
         ml_model_destroy(m);
     }
-    static const char *const hf[] = {"gpt2",       "llama-2-7b",   "mistral-7b", "mistral-nemo-12b",
-                                     "qwen2-0.5b", "llava-1.5-7b", "gemma-2b"};
+    static const char *const hf[] = {"gpt2",         "llama-2-7b", "mistral-7b", "mistral-nemo-12b",
+                                     "qwen2-0.5b",   "llava-1.5-7b", "gemma-2b", "gemma-2-2b",
+                                     "gemma-2-9b"};
     for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
         ml_model *m = load_hf_config(hf[i]);
         n += compare_model(m, hf[i]);
@@ -469,10 +485,10 @@ static void test_chains_equal_builders(void **state)
         n += compare_model(m, "variant");
         ml_model_destroy(m);
     }
-    /* 22 models x 3 kernels x 6 precisions x 3 settings x 2 passes, less
+    /* 25 models x 3 kernels x 6 precisions x 3 settings x 2 passes, less
      * the configurations a model refuses (the same both ways) */
     fprintf(stderr, "%u chains compared\n", n);
-    assert_true(n > 22 * 3 * 6 * 3 * 2 / 2);
+    assert_true(n > 25 * 3 * 6 * 3 * 2 / 2);
 }
 
 /* OLMo's norm exists only in the graph: a layout the graph does not
