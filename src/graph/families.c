@@ -58,6 +58,7 @@ static bool hf_layer(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_lay
     /* sdpa and flash keep nothing for the cap: transformers passes sdpa
      * none, flash caps in place */
     a->softcap = m->attn_softcap > 0 && m->attention == ML_ATTN_EAGER;
+    a->mask = true;
     a->out_grad = m->dropout > 0 || m->post_norms;
     L->mlp = (mlg_mlp){act[m->activation], m->bias || m->mlp_bias, m->dropout > 0,
                        m->dropout > 0 || m->post_norms};
@@ -89,10 +90,34 @@ bool ml__family_olmo_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
            hf_layer(m, c, n, L);
 }
 
+bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    if (m->type != ML_MODEL_ENCODER || !m->image_size || !m->prenorm ||
+        m->norm != ML_NORM_LAYERNORM || m->kv_heads != m->heads || m->parallel_residual ||
+        m->experts || m->fused_proj || m->post_norms || m->attn_softcap > 0 ||
+        (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+        return false;
+    *L = (mlg_layer){0};
+    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false, false};
+    mlg_attention *a = &L->attn;
+    a->hf = true;
+    a->qkv_bias = m->qkv_bias;
+    a->out_bias = m->bias || m->out_bias;
+    a->fused_kernel = c->fused_kernel;
+    a->dropout = a->out_grad = m->dropout > 0;
+    a->probs_cast = c->compute_bytes != 4;
+    a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
+    L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
+                       m->dropout > 0, m->dropout > 0};
+    L->autocast = c->autocast;
+    return true;
+}
+
 bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     return ml__family_gpt2_layer(m, c, L) || ml__family_llama_layer(m, c, L) ||
-           ml__family_gemma_layer(m, c, L) || ml__family_olmo_layer(m, c, L);
+           ml__family_gemma_layer(m, c, L) || ml__family_olmo_layer(m, c, L) ||
+           ml__family_vit_layer(m, c, L);
 }
 
 void ml__family_layer_graph(ml_graph *g, const mlg_layer *L)

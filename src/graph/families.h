@@ -32,6 +32,10 @@ bool ml__family_gemma_layer(const ml_model *m, const mlg_config *c, mlg_layer *L
 /* Hugging Face's OLMo layout (OlmoDecoderLayer): Llama's with
  * OlmoLayerNorm, a LayerNorm without weight or bias computed in fp32. */
 bool ml__family_olmo_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's ViT layout (ViTLayer): pre-LayerNorm, ViTSelfAttention's
+ * query, key and value (softmax in fp32, no mask), a GELU MLP; its
+ * patch embedding and classifier are not layers. */
+bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* The family whose layout m's layers have; false: none of the kit's. */
 bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 

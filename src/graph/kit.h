@@ -33,7 +33,8 @@ typedef struct {
  * HF LlamaAttention with eager_attention_forward (hf true): q_proj, k_proj,
  * v_proj; rotate-half rotary; repeat_kv for grouped heads; an additive
  * causal mask; softmax in fp32, cast back to the compute dtype, then
- * dropout; the weights returned and held by the layer until it returns. */
+ * dropout; the weights returned and held by the layer until it returns.
+ * HF ViTSelfAttention is that layout without rotary or mask. */
 typedef struct {
     bool hf;
     bool qkv_bias, out_bias;
@@ -47,6 +48,8 @@ typedef struct {
     bool cache;          /* evaluation with a KV cache: k and v held to the
                             layer's end (HF DynamicCache) */
     bool softcap;        /* Gemma 2's scores / cap, tanh, * cap (eager only) */
+    bool mask;           /* an additive causal mask on the scores (hf: the
+                            decoders'; an image encoder has none) */
     bool out_grad;       /* the output projection frees its output's gradient
                             (a dropout or a post norm made it) */
 } mlg_attention;

@@ -359,9 +359,12 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     ml__op_gout(o, S2);
     if (a->softcap)
         S2 = ml__kit_softcap(g, S2, true);
-    uint16_t S3 = ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
-    o = unary(g, MLG_OP_ELEMENTWISE, "add (causal mask)", S2, S3);
-    ml__op_free(o, S2);
+    uint16_t S3 = S2;
+    if (a->mask) {
+        S3 = ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
+        o = unary(g, MLG_OP_ELEMENTWISE, "add (causal mask)", S2, S3);
+        ml__op_free(o, S2);
+    }
     uint16_t probs = softmax_fp32(g, L, S3);
     if (vc != MLG_NONE)
         unary(g, MLG_OP_COPY, "contiguous (v for bmm)", vrep, vc);

@@ -19,7 +19,8 @@ static mlg_config config_of(const ml_chain *ch, const ml_model *m)
 /* G's sizes at the chain's shape, each tensor's bytes, and whether the
  * forward's live bytes come from the graph: as the chain builders had it,
  * eager attention without autocast's casts (docs/graph.md, "What the
- * passes do not derive yet"). False when G is not whole. */
+ * passes do not derive yet"; nor for a vision encoder). False when G is
+ * not whole. */
 static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
 {
     if (!ml__graph_valid(&G->g))
@@ -45,7 +46,7 @@ static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_gr
     ml__graph_bytes(&G->g, z, G->tb);
     if (z->overflow)
         ch->overflow = true;
-    G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER;
+    G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER && !m->image_size;
     return true;
 }
 

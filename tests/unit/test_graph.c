@@ -320,6 +320,12 @@ static const variant variants[] = {
      "  position: rope\n  bias: false\n  embedding_scale: true\n  tied_embeddings: true\n"
      "  dropout: 0.1\n",
      true, false, false},
+    /* ViT's layout: an image encoder's pre-norm layer (17 tokens: 16
+     * patches and the class token, whatever the shape asks), dropout */
+    {"model:\n  type: encoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  ffn: 256\n"
+     "  activation: gelu\n  norm: layernorm\n  norm_position: pre\n  image_size: 32\n"
+     "  patch_size: 8\n  classes: 10\n  qkv_bias: true\n  dropout: 0.1\n",
+     false, false, false},
     /* an RMSNorm decoder with nanoGPT's ReLU MLP (wide) */
     {"model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  kv_heads: 4\n"
      "  ffn: 2048\n  activation: relu\n  norm: rmsnorm\n  vocab: 320\n  position: rope\n"
@@ -368,7 +374,7 @@ static void test_graph_equals_builders(void **state)
 }
 
 /* The layouts the kit does not express yet keep their builders: BERT's
- * (post-norm), ViT's, T5's, Mixtral's (experts), DeepSeek's (latent
+ * (post-norm), T5's, the sequential models', Mixtral's (experts), DeepSeek's (latent
  * attention), Phi-3's (fused projections), GPT-NeoX's and Falcon's
  * (parallel residuals); GPT-2's, Llama's, Gemma's and Gemma 2's are
  * taken. */
@@ -377,7 +383,7 @@ static void test_other_layouts_refused(void **state)
     (void)state;
     mlg_layer L;
     const mlg_config c = {4, 4, false, false, false, false};
-    static const char *const refused[] = {"agnews-classifier", "vit-b16", "t5-base"};
+    static const char *const refused[] = {"agnews-classifier", "t5-base", "cifar10-resnet"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         ml_model *m = load_preset(refused[i]);
         assert_false(ml__family_layer(m, &c, &L));
@@ -396,6 +402,10 @@ static void test_other_layouts_refused(void **state)
     m = load_preset("llama-2-7b");
     assert_false(ml__family_gpt2_layer(m, &c, &L));
     assert_true(ml__family_llama_layer(m, &c, &L));
+    ml_model_destroy(m);
+    m = load_preset("vit-b16");
+    assert_true(ml__family_vit_layer(m, &c, &L));
+    assert_false(L.attn.mask || L.attn.rope || L.hf_order);
     ml_model_destroy(m);
     m = load_hf_config("gemma-2b");
     assert_false(ml__family_llama_layer(m, &c, &L));
@@ -461,7 +471,7 @@ static void test_chains_equal_builders(void **state)
 {
     (void)state;
     unsigned n = 0;
-    static const char *const presets[] = {"gpt2-small", "gpt2-medium", "llama-2-7b",
+    static const char *const presets[] = {"vit-b16", "gpt2-small", "gpt2-medium", "llama-2-7b",
                                           "llama-3-8b", "video-tokens", "llava-1.5-7b"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
         ml_model *m = load_preset(presets[i]);
@@ -470,7 +480,7 @@ static void test_chains_equal_builders(void **state)
     }
     static const char *const hf[] = {"gpt2",         "llama-2-7b", "mistral-7b", "mistral-nemo-12b",
                                      "qwen2-0.5b",   "llava-1.5-7b", "gemma-2b", "gemma-2-2b",
-                                     "gemma-2-9b"};
+                                     "gemma-2-9b",   "vit-base-patch16-224"};
     for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
         ml_model *m = load_hf_config(hf[i]);
         n += compare_model(m, hf[i]);
@@ -485,10 +495,10 @@ static void test_chains_equal_builders(void **state)
         n += compare_model(m, "variant");
         ml_model_destroy(m);
     }
-    /* 25 models x 3 kernels x 6 precisions x 3 settings x 2 passes, less
+    /* 27 models x 3 kernels x 6 precisions x 3 settings x 2 passes, less
      * the configurations a model refuses (the same both ways) */
     fprintf(stderr, "%u chains compared\n", n);
-    assert_true(n > 25 * 3 * 6 * 3 * 2 / 2);
+    assert_true(n > 27 * 3 * 6 * 3 * 2 / 2);
 }
 
 /* OLMo's norm exists only in the graph: a layout the graph does not
