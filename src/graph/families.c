@@ -11,13 +11,12 @@
 static bool plain_decoder(const ml_model *m)
 {
     return m->type == ML_MODEL_DECODER && m->prenorm && !m->parallel_residual &&
-           !m->shared_norm && !m->experts && !m->kv_lora && !m->image_size && !m->vis_layers &&
-           !m->fused_proj;
+           !m->shared_norm && !m->experts && !m->kv_lora && !m->image_size && !m->vis_layers;
 }
 
 bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    if (!plain_decoder(m) || m->post_norms || m->attn_softcap > 0 ||
+    if (!plain_decoder(m) || m->post_norms || m->attn_softcap > 0 || m->fused_proj ||
         m->norm != ML_NORM_LAYERNORM || m->position == ML_POS_ROPE || m->kv_heads != m->heads ||
         (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
         return false;
@@ -28,7 +27,7 @@ bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     L->attn.fused_kernel = c->fused_kernel;
     L->attn.dropout = L->attn.out_grad = m->dropout > 0;
     L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
-                       m->dropout > 0, m->dropout > 0};
+                       m->dropout > 0, m->dropout > 0, false};
     L->autocast = c->autocast;
     return true;
 }
@@ -40,6 +39,11 @@ static bool hf_layer(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_lay
     static const uint8_t act[] = {[ML_ACT_GELU] = MLG_GELU, [ML_ACT_RELU] = MLG_RELU,
                                   [ML_ACT_SWIGLU] = MLG_SWIGLU, [ML_ACT_GEGLU] = MLG_GEGLU};
     if (!plain_decoder(m) || m->activation == ML_ACT_QUICK_GELU || m->kv_heads > m->heads)
+        return false;
+    /* Phi-3's projections with a fused kernel: sdpa saves q and k as the
+     * rotary's cat made them and v as a view keeping the whole qkv_proj
+     * output; the builders count the output once (docs/graph.md) */
+    if (m->fused_proj && c->fused_kernel)
         return false;
     *L = (mlg_layer){0};
     L->norm = n;
@@ -54,14 +58,17 @@ static bool hf_layer(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_lay
     a->repeat_copy = a->grouped && m->kv_heads > 1;
     a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
     a->probs_cast = c->compute_bytes != 4;
-    a->cache = c->eval && m->kv_cache;
+    /* a cache of Phi-3's views would keep the whole qkv_proj output: not
+     * modelled (docs/ledger.md, "The forward, op by op") */
+    a->cache = c->eval && m->kv_cache && !m->fused_proj;
+    a->fused_proj = a->o_first = m->fused_proj;
     /* sdpa and flash keep nothing for the cap: transformers passes sdpa
      * none, flash caps in place */
     a->softcap = m->attn_softcap > 0 && m->attention == ML_ATTN_EAGER;
     a->mask = true;
     a->out_grad = m->dropout > 0 || m->post_norms;
     L->mlp = (mlg_mlp){act[m->activation], m->bias || m->mlp_bias, m->dropout > 0,
-                       m->dropout > 0 || m->post_norms};
+                       m->dropout > 0 || m->post_norms, m->fused_proj};
     L->autocast = c->autocast;
     L->hf_order = true;
     /* Gemma 2's norms of the branches' outputs (compute dtype) */
@@ -108,7 +115,7 @@ bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     a->probs_cast = c->compute_bytes != 4;
     a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
     L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
-                       m->dropout > 0, m->dropout > 0};
+                       m->dropout > 0, m->dropout > 0, false};
     L->autocast = c->autocast;
     return true;
 }

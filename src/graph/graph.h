@@ -24,8 +24,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* Named dimensions. DQ, DKV and QKV are derived: H*DH, HKV*DH and
- * DQ + 2*DKV (a fused q/k/v projection's width). */
+/* Named dimensions. DQ, DKV, QKV and F2 are derived: H*DH, HKV*DH,
+ * DQ + 2*DKV (a fused q/k/v projection's width) and 2*F. */
 typedef enum {
     MLG_B,   /* micro-batch */
     MLG_T,   /* tokens */
@@ -38,6 +38,7 @@ typedef enum {
     MLG_DQ,
     MLG_DKV,
     MLG_QKV,
+    MLG_F2, /* 2 F: a fused gate and up projection's width */
     MLG_NDIMS
 } mlg_dim;
 

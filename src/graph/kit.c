@@ -379,7 +379,11 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, uint
         g->t[A].flags |= MLG_T_TMP;
     const mlg_linear out = {"addmm (output projection)", "AddmmBackward0 (output projection)",
                             MLG_DQ, MLG_D, a->out_bias};
+    const uint8_t grp = g->group;
+    if (a->o_first)
+        g->group = ml__kit_group(L, MLG_GROUP_ATTN_O);
     o = ml__kit_linear(g, L, &out, Oc, A);
+    g->group = grp;
     if (a->out_grad)
         ml__op_gout(o, A);
     uint16_t y = ml__kit_dropout(g, a->dropout, A, "NativeDropoutBackward0 (residual)", false,
@@ -465,16 +469,22 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
 
 /* The group of a layer's component: its rank in the order the layer's
  * modules register their parameters. */
-static uint8_t group(const mlg_layer *L, unsigned component)
+uint8_t ml__kit_group(const mlg_layer *L, unsigned component)
 {
     /* nanoGPT's Block: ln_1, attn, ln_2, mlp; HF's decoder layers:
-     * self_attn, mlp, input_layernorm, post_attention_layernorm (Gemma 2:
-     * the attention's post norm), then Gemma 2's pre_feedforward_layernorm
-     * and post_feedforward_layernorm */
+     * self_attn (Phi-3: o_proj first), mlp, input_layernorm,
+     * post_attention_layernorm (Gemma 2: the attention's post norm), then
+     * Gemma 2's pre_feedforward_layernorm and post_feedforward_layernorm */
     static const uint8_t hf[MLG_GROUPS] = {
-        [MLG_GROUP_ATTN] = 0,      [MLG_GROUP_MLP] = 1,  [MLG_GROUP_NORM1] = 2,
-        [MLG_GROUP_POST_ATTN] = 3, [MLG_GROUP_NORM2] = 4, [MLG_GROUP_POST_MLP] = 5};
+        [MLG_GROUP_ATTN_O] = 0,    [MLG_GROUP_ATTN] = 1,  [MLG_GROUP_MLP] = 2,
+        [MLG_GROUP_NORM1] = 3,     [MLG_GROUP_POST_ATTN] = 4, [MLG_GROUP_NORM2] = 5,
+        [MLG_GROUP_POST_MLP] = 6};
     return L->hf_order ? hf[component] : (uint8_t)component;
+}
+
+static uint8_t group(const mlg_layer *L, unsigned component)
+{
+    return ml__kit_group(L, component);
 }
 
 /* Gemma 2's norm of a branch's output y (before its residual add); y goes

@@ -50,6 +50,10 @@ typedef struct {
     bool softcap;        /* Gemma 2's scores / cap, tanh, * cap (eager only) */
     bool mask;           /* an additive causal mask on the scores (hf: the
                             decoders'; an image encoder has none) */
+    bool fused_proj;     /* Phi-3's one qkv_proj: q, k and v slices of its
+                            output; its rotary splits the head into the
+                            rotated part and an empty pass, then cats */
+    bool o_first;        /* o_proj registered before the projections (Phi-3) */
     bool out_grad;       /* the output projection frees its output's gradient
                             (a dropout or a post norm made it) */
 } mlg_attention;
@@ -59,6 +63,7 @@ typedef struct {
     bool bias;
     bool dropout;  /* on the output */
     bool out_grad; /* the last projection frees its output's gradient */
+    bool fused;    /* Phi-3's one gate_up_proj, chunked into gate and up */
 } mlg_mlp;
 
 /* A layer: its components and how they are wired. */
@@ -77,6 +82,7 @@ typedef struct {
 /* Parameter groups: the order modules register their parameters in. */
 enum {
     MLG_GROUP_NORM1,
+    MLG_GROUP_ATTN_O, /* an attention's output projection registered first */
     MLG_GROUP_ATTN,
     MLG_GROUP_POST_ATTN,
     MLG_GROUP_NORM2,
@@ -110,6 +116,18 @@ uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t fl
  * projection's input. */
 uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, uint16_t f1,
                                uint16_t f2, uint16_t *Oc);
+/* q, k and v of HF's attention: the projections' outputs (q, k, v: views
+ * of one output when fused) and their head views. */
+typedef struct {
+    uint16_t q, k, v, qh, kh, vh;
+} mlg_qkv;
+/* Phi-3's qkv_proj on h and the q, k, v slices' head views (kit_phi3.c). */
+mlg_qkv ml__kit_phi3_projection(ml_graph *g, const mlg_layer *L, uint16_t h);
+/* Phi3MLP on h (kit_phi3.c): gate_up_proj chunked, up * act(gate), down. */
+uint16_t ml__kit_phi3_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
+/* The group of a layer's component (MLG_GROUP_*) in the order its
+ * modules register their parameters. */
+uint8_t ml__kit_group(const mlg_layer *L, unsigned component);
 /* HF's eager attention on h (kit_hf.c): its branch output; *held the
  * weights it returns and *k, *v what the cache keeps (MLG_NONE: none),
  * which the layer drops as it returns. */

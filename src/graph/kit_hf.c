@@ -194,8 +194,14 @@ uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf
 
 /* rotate-half rotary on one head tensor x of hd heads: (x * cos) +
  * (cat(-x2, x1) * sin); the products save cos and sin, which need no
- * gradient: nothing of x. One node stands for the products and the cat. */
-static uint16_t rope(ml_graph *g, uint16_t x, uint8_t hd, const char *node)
+ * gradient: nothing of x. One node stands for the products and the cat.
+ * pass (Phi-3's apply_rotary_pos_emb): x splits into the rotated part and
+ * x[..., rotary_dim:], empty when the whole head rotates, whose
+ * SliceBackward0 still makes a zero-filled gradient of x's size, the
+ * first to reach x's InputBuffer (the rotary's is added into it); the two
+ * are cat back into a new contiguous tensor (derivatives.yaml:
+ * slice_backward). */
+static uint16_t rope(ml_graph *g, uint16_t x, uint8_t hd, const char *node, const char *pass)
 {
     uint16_t c1 = ml__kit_heads(g, "x * cos", hd), nh = ml__kit_heads(g, "-x2", hd);
     uint16_t ct = ml__kit_heads(g, "cat(-x2, x1)", hd), s1 = ml__kit_heads(g, "* sin", hd);
@@ -215,19 +221,27 @@ static uint16_t rope(ml_graph *g, uint16_t x, uint8_t hd, const char *node)
     ml__op_node(o, node);
     ml__op_gin(o, x);
     ml__op_gout(o, r);
-    return r;
+    if (!pass)
+        return r;
+    o->accum = x;
+    o = ml__graph_op(g, MLG_OP_VIEW, "slice (pass, empty)");
+    ml__op_node(o, pass);
+    ml__op_gin(o, x);
+    uint16_t rc = ml__kit_heads(g, "cat(rotated, pass)", hd);
+    o = unary(g, MLG_OP_COPY, "cat (rotated, pass)", r, rc);
+    ml__op_free(o, r);
+    return rc;
 }
 
 /* q_proj, k_proj, v_proj on h (each with autocast's copies) and the head
  * views; the gradients of the first two go into the buffer of h's
- * gradient that v's makes (backward runs v, k, q). */
-typedef struct {
-    uint16_t q, k, v, qh, kh, vh;
-} hf_qkv;
-
-static hf_qkv projections(ml_graph *g, const mlg_layer *L, uint16_t h)
+ * gradient that v's makes (backward runs v, k, q). Phi-3's one qkv_proj:
+ * kit_phi3.c. */
+static mlg_qkv projections(ml_graph *g, const mlg_layer *L, uint16_t h)
 {
     const mlg_attention *a = &L->attn;
+    if (a->fused_proj)
+        return ml__kit_phi3_projection(g, L, h);
     uint16_t c[3], w[3];
     for (unsigned i = 0; i < 3; i++)
         c[i] = ml__kit_cast_copy(g, L, h);
@@ -241,7 +255,7 @@ static hf_qkv projections(ml_graph *g, const mlg_layer *L, uint16_t h)
     uint16_t all = act3(g, "q, k, v projection outputs", MLG_COMPUTE, MLG_QKV);
     if (all != MLG_NONE)
         g->t[all].flags |= MLG_T_TMP;
-    hf_qkv r;
+    mlg_qkv r;
     static const char *const name[3][3] = {
         {"mm (q projection)", "MmBackward0 (q projection)", "view (q heads)"},
         {"mm (k projection)", "MmBackward0 (k projection)", "view (k heads)"},
@@ -325,30 +339,45 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     uint16_t krep = a->grouped ? repeat_kv(g, a, kr, "ExpandBackward0 (repeat_kv of k)") : kr;
     uint16_t vrep = a->grouped ? repeat_kv(g, a, vh, "ExpandBackward0 (repeat_kv of v)") : vh;
     const bool copied = a->grouped && a->repeat_copy; /* bmm saves them as they are */
+    const bool cat = a->fused_proj && a->rope; /* the rotary's cat made q and k contiguous */
     *krep_out = copied ? krep : MLG_NONE;
     *vrep_out = copied ? vrep : MLG_NONE;
-    uint16_t qc = ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
-    uint16_t kc = copied ? MLG_NONE : ml__kit_heads(g, "k contiguous copy (bmm)", MLG_H);
+    /* bmm's operands: q's copy unless the cat made it contiguous; k as
+     * repeat_kv copied it, as the cat made it (as many kv heads as q
+     * heads), or a copy; v as repeat_kv copied it, or a copy. One saved
+     * entry for the three (the first's), released by the q k^T node */
+    uint16_t qc = cat ? MLG_NONE : ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
+    uint16_t kc = copied || (cat && !a->grouped)
+                      ? MLG_NONE
+                      : ml__kit_heads(g, "k contiguous copy (bmm)", MLG_H);
     uint16_t vc = copied ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
-    const uint16_t merged[4] = {kc, vc, copied ? krep : MLG_NONE, copied ? vrep : MLG_NONE};
-    for (unsigned i = 0; i < 4; i++)
-        if (merged[i] != MLG_NONE)
-            g->t[merged[i]].base = qc;
-    const uint16_t kb = copied ? krep : kc, vb = copied ? vrep : vc;
+    const uint16_t qb = cat ? qr : qc;
+    const uint16_t kb = copied ? krep : kc != MLG_NONE ? kc : kr, vb = copied ? vrep : vc;
+    const uint16_t entry = ml__graph_storage(g, qb), members[2] = {kb, vb};
+    for (unsigned i = 0; i < 2; i++)
+        if (ml__graph_storage(g, members[i]) != entry)
+            g->t[ml__graph_storage(g, members[i])].base = entry;
     uint16_t S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
-    mlg_op *o = unary(g, MLG_OP_COPY, "contiguous (q, k for bmm)", qr, qc);
-    ml__op_in(o, krep);
-    ml__op_out(o, kc);
-    o = unary(g, MLG_OP_MATMUL, "bmm (q k^T)", qc, S1);
+    mlg_op *o;
+    if (qc != MLG_NONE || kc != MLG_NONE) {
+        o = ml__graph_op(g, MLG_OP_COPY, "contiguous (q, k for bmm)");
+        if (qc != MLG_NONE)
+            ml__op_in(o, qr);
+        if (kc != MLG_NONE)
+            ml__op_in(o, krep);
+        ml__op_out(o, qc);
+        ml__op_out(o, kc);
+    }
+    o = unary(g, MLG_OP_MATMUL, "bmm (q k^T)", qb, S1);
     ml__op_in(o, kb);
-    ml__op_save(o, qc);
+    ml__op_save(o, qb);
     ml__op_save(o, kb);
     ml__op_free(o, qc);
     ml__op_free(o, kc);
     ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
     o->core = true;
     ml__op_node(o, "BmmBackward0 (q k^T)");
-    ml__op_gin(o, qc);
+    ml__op_gin(o, qb);
     ml__op_gin(o, kb);
     ml__op_gout(o, S1);
     uint16_t S2 = ml__kit_scores(g, "scores (scaled)", MLG_COMPUTE, 0);
@@ -407,20 +436,40 @@ static uint16_t fused(ml_graph *g, uint16_t qr, uint16_t kr, uint16_t vh)
     return O;
 }
 
+/* Frees each storage of t[0 .. n) once, after op o. */
+static void free_storages(ml_graph *g, mlg_op *o, const uint16_t *t, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        if (t[i] == MLG_NONE)
+            continue;
+        const uint16_t s = ml__graph_storage(g, t[i]);
+        bool seen = false;
+        for (unsigned j = 0; j < o->nfree; j++)
+            seen |= ml__graph_storage(g, o->free[j]) == s;
+        if (!seen)
+            ml__op_free(o, s);
+    }
+}
+
 uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *held,
                               uint16_t *k, uint16_t *v)
 {
     const mlg_attention *a = &L->attn;
-    const hf_qkv p = projections(g, L, h);
+    const mlg_qkv p = projections(g, L, h);
     uint16_t qr = p.qh, kr = p.kh;
     if (a->rope) {
         /* apply_rotary_pos_emb; the caller's rebinding frees the unrotated
-         * q and k */
-        qr = rope(g, p.qh, MLG_H, "MulBackward0/CatBackward0 (rotary on q)");
-        kr = rope(g, p.kh, MLG_HKV, "MulBackward0/CatBackward0 (rotary on k)");
-        mlg_op *o = ml__graph_release(g, "q, k rebound to the rotated");
-        ml__op_free(o, p.q);
-        ml__op_free(o, p.k);
+         * q and k (Phi-3's are views of qkv_proj's output) */
+        const bool pass = a->fused_proj;
+        qr = rope(g, p.qh, MLG_H, "MulBackward0/CatBackward0 (rotary on q)",
+                  pass ? "SliceBackward0 (q pass, empty)" : NULL);
+        kr = rope(g, p.kh, MLG_HKV, "MulBackward0/CatBackward0 (rotary on k)",
+                  pass ? "SliceBackward0 (k pass, empty)" : NULL);
+        if (!pass) {
+            mlg_op *o = ml__graph_release(g, "q, k rebound to the rotated");
+            ml__op_free(o, p.q);
+            ml__op_free(o, p.k);
+        }
     }
     uint16_t O, probs = MLG_NONE, krep = MLG_NONE, vrep = MLG_NONE;
     if (a->fused_kernel)
@@ -432,14 +481,10 @@ uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint1
      * unless the KV cache keeps them (to the layer's end); its weights
      * stay bound in the layer */
     mlg_op *o = ml__graph_release(g, "attention returns");
-    ml__op_free(o, Oc);
-    ml__op_free(o, qr);
+    const uint16_t go[4] = {Oc, qr, a->cache ? MLG_NONE : kr, a->cache ? MLG_NONE : p.vh};
+    free_storages(g, o, go, 4);
     *k = a->cache ? kr : MLG_NONE;
     *v = a->cache ? p.vh : MLG_NONE;
-    if (!a->cache) {
-        ml__op_free(o, kr);
-        ml__op_free(o, p.vh);
-    }
     *held = probs;
     return y;
 }
@@ -450,6 +495,8 @@ uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint1
 uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
 {
     const mlg_mlp *p = &L->mlp;
+    if (p->fused)
+        return ml__kit_phi3_mlp(g, L, h);
     const bool geglu = p->act == MLG_GEGLU;
     uint16_t c1 = ml__kit_cast_copy(g, L, h), c2 = ml__kit_cast_copy(g, L, h);
     uint16_t wg = ml__kit_weight_copy(g, L, MLG_D, MLG_F), wu = ml__kit_weight_copy(g, L, MLG_D, MLG_F);

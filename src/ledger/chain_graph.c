@@ -38,6 +38,7 @@ static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_gr
     z->dim[MLG_DQ] = ml_mul(ch, d->H, d->dh);
     z->dim[MLG_DKV] = d->Dkv;
     z->dim[MLG_QKV] = ml_add(ch, z->dim[MLG_DQ], ml_mul(ch, 2, d->Dkv));
+    z->dim[MLG_F2] = ml_mul(ch, 2, d->F);
     const unsigned bytes[MLG_NDTYPES] = {
         [MLG_COMPUTE] = ch->prec.a, [MLG_STREAM] = ch->prec.w, [MLG_FP32] = 4, [MLG_HALF] = 2,
         [MLG_INT64] = 8,            [MLG_BOOL] = 1,            [MLG_PARAM] = ch->prec.param};
