@@ -71,6 +71,31 @@ static const char usage[] =
     "2 bad input or usage (or --emit refused), 3 output could not be written, 4 --emit\n"
     "wrote settings that lack a part of the plan (named on stderr).\n";
 
+/* --emit with a plan that does not fit the device: settings that would run
+ * out of memory are not written (an -o file stays as it was); the verdict
+ * goes to stderr and the caller exits 1, as fit does with nothing that fits
+ * (docs/cli.md). True when it does not fit. */
+static bool emit_no_fit(const char *target, const ml_summary *s)
+{
+    if (!s->has_device || s->fits)
+        return false;
+    uint64_t peak = s->binding == ML_PEAK_EVAL                ? s->peak_eval
+                    : s->binding == ML_PEAK_FIRST_ITERATION ? s->peak_first_iteration
+                                                            : s->peak;
+    char a[32], b[32], c[32], d[32], over[32];
+    ml_format_bytes(peak, a, sizeof a);
+    ml_format_bytes(s->budget, b, sizeof b);
+    ml_format_bytes(s->peak_total, c, sizeof c);
+    ml_format_bytes(s->memory, d, sizeof d);
+    ml_format_bytes((uint64_t)(-s->headroom), over, sizeof over);
+    fprintf(stderr,
+            "memledger: --emit %s: the plan does not fit, nothing written: allocator peak %s "
+            "against the budget %s, device total %s against %s (over by %s); 'memledger fit' "
+            "finds a micro-batch that fits\n",
+            target, a, b, c, d, over);
+    return true;
+}
+
 int ml_cmd_plan(int argc, char **argv)
 {
     ml_cli_opts o;
@@ -104,25 +129,7 @@ int ml_cmd_plan(int argc, char **argv)
         ml_cli_free(m, &cfg);
         return ML_EXIT_BAD_INPUT;
     }
-    /* --emit with a plan that does not fit the device: settings that would
-     * run out of memory are not written (an -o file stays as it was); the
-     * verdict goes to stderr, exit 1, as fit's with nothing that fits */
-    const ml_summary *sum = ml_ledger_summary(l);
-    if (o.emit && sum->has_device && !sum->fits) {
-        uint64_t peak = sum->binding == ML_PEAK_EVAL    ? sum->peak_eval
-                        : sum->binding == ML_PEAK_FIRST_ITERATION ? sum->peak_first_iteration
-                                                        : sum->peak;
-        char a[32], b[32], c[32], d[32], over[32];
-        ml_format_bytes(peak, a, sizeof a);
-        ml_format_bytes(sum->budget, b, sizeof b);
-        ml_format_bytes(sum->peak_total, c, sizeof c);
-        ml_format_bytes(sum->memory, d, sizeof d);
-        ml_format_bytes((uint64_t)(-sum->headroom), over, sizeof over);
-        fprintf(stderr,
-                "memledger: --emit %s: the plan does not fit, nothing written: allocator "
-                "peak %s against the budget %s, device total %s against %s (over by %s); "
-                "'memledger fit' finds a micro-batch that fits\n",
-                o.emit, a, b, c, d, over);
+    if (o.emit && emit_no_fit(o.emit, ml_ledger_summary(l))) {
         ml_ledger_destroy(l);
         ml_cli_free(m, &cfg);
         return ML_EXIT_NO_FIT;
