@@ -5,6 +5,7 @@
 
 #include "memledger/calib.h"
 #include "memledger/report.h"
+#include "model/model_internal.h"
 #include "report/report_internal.h"
 
 static void commas(uint64_t v, char *buf, size_t size)
@@ -51,10 +52,15 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
         snprintf(tl, sizeof tl, " (%llu image tokens), vision tower %s",
                  (unsigned long long)ml_model_image_tokens(m),
                  ml_vision_tower_name(t->vision_tower));
-    fprintf(f, "config: micro_batch %llu, seq_len %llu%s, grad_accum %llu, precision %s, "
+    char sl[160];
+    if (m->type == ML_MODEL_SEQUENTIAL)
+        ml_report_lengths(m, t, sl, sizeof sl);
+    else
+        snprintf(sl, sizeof sl, "seq_len %llu%s",
+                 (unsigned long long)s->c_tokens / t->micro_batch, tl);
+    fprintf(f, "config: micro_batch %llu, %s, grad_accum %llu, precision %s, "
                "optimizer %s (%s), checkpoint %s%s%s\n",
-            (unsigned long long)t->micro_batch, (unsigned long long)s->c_tokens / t->micro_batch,
-            tl,
+            (unsigned long long)t->micro_batch, sl,
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck,
             attn ? ", attention " : "", attn ? attn : "");
@@ -116,6 +122,13 @@ static void text_states(FILE *f, const ml_summary *s)
 
 void ml_report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size)
 {
+    if (m->type == ML_MODEL_SEQUENTIAL) { /* a sample is its input tensor: no sequence */
+        size_t o = (size_t)snprintf(out, size, "input ");
+        for (size_t i = 0; i < m->ninput && o < size; i++)
+            o += (size_t)snprintf(out + o, size - o, "%s%llu", i ? "x" : "",
+                                  (unsigned long long)m->input[i]);
+        return;
+    }
     uint64_t td = ml_model_target_len(m, t);
     if (td)
         snprintf(out, size, "seq_len %llu, target_len %llu", (unsigned long long)t->seq_len,
@@ -142,12 +155,20 @@ static void range_name(char *out, size_t size, const char *first, const char *la
 
 /* The saved activations per block, runs of three or more like blocks on one
  * line. */
-static void text_activations(FILE *f, const ml_ledger *l, const ml_summary *s)
+static void text_activations(FILE *f, const ml_model *m, const ml_ledger *l,
+                             const ml_summary *s)
 {
     char a[32], b2[32], c3[32], num[40];
-    fprintf(f, "Saved activations at the end of forward (c = inventory / (B*T*D*b), "
-               "B*T = %llu, D = %llu, b = %u)\n",
-            (unsigned long long)s->c_tokens, (unsigned long long)s->c_width, s->c_dtype_bytes);
+    if (m->type == ML_MODEL_SEQUENTIAL) /* no tokens: B samples of D input values */
+        fprintf(f, "Saved activations at the end of forward (c = inventory / (B*D*b), "
+                   "B = %llu, D = %llu input values per sample, b = %u)\n",
+                (unsigned long long)s->c_tokens, (unsigned long long)s->c_width,
+                s->c_dtype_bytes);
+    else
+        fprintf(f, "Saved activations at the end of forward (c = inventory / (B*T*D*b), "
+                   "B*T = %llu, D = %llu, b = %u)\n",
+                (unsigned long long)s->c_tokens, (unsigned long long)s->c_width,
+                s->c_dtype_bytes);
     fprintf(f, "  %-22s %14s %12s %9s %14s\n", "block", "params", "saved", "c", "fwd FLOPs");
     size_t n = ml_ledger_block_count(l);
     for (size_t i = 0; i < n;) {
@@ -306,7 +327,7 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     const ml_summary *s = ml_ledger_summary(l);
     text_header(f, m, cfg, s);
     text_states(f, s);
-    text_activations(f, l, s);
+    text_activations(f, m, l, s);
     text_peak(f, cfg, s);
     text_flops(f, cfg, s);
     text_device(f, cfg, s);
