@@ -8,7 +8,19 @@
 #include "model/model_internal.h"
 #include "report/report_internal.h"
 
-static void commas(uint64_t v, char *buf, size_t size)
+static const char *const cat_label[ML_CAT_COUNT] = {
+    [ML_CAT_PARAMS] = "params",           [ML_CAT_MASTER] = "master weights",
+    [ML_CAT_GRADS] = "grads",             [ML_CAT_OPTIMIZER] = "optimizer states",
+    [ML_CAT_ACTIVATIONS] = "saved activations", [ML_CAT_RECOMPUTE] = "recompute",
+    [ML_CAT_WORKSPACE] = "workspace",     [ML_CAT_BATCH] = "batch",
+    [ML_CAT_BUFFERS] = "buffers"};
+
+const char *ml_report_category_label(ml_category c)
+{
+    return (unsigned)c < ML_CAT_COUNT ? cat_label[c] : "?";
+}
+
+void ml_report_commas(uint64_t v, char *buf, size_t size)
 {
     char tmp[32];
     int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
@@ -42,7 +54,7 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
     const ml_training *t = &cfg->training;
     char ck[1200], num[40];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
-    commas(s->params, num, sizeof num);
+    ml_report_commas(s->params, num, sizeof num);
     fprintf(f, "memledger plan: %s (%s parameters)\n", ml_model_name(m), num);
     const char *attn = ml_model_attention(m);
     char tl[80] = "";
@@ -104,7 +116,7 @@ static void text_states(FILE *f, const ml_summary *s)
     char a[32];
     fprintf(f, "Model states (resident all iteration unless noted)\n");
     fprintf(f, "  %-22s %12s\n", "params", B(s->bytes_params, a));
-    fprintf(f, "  %-22s %12s\n", "master params", B(s->bytes_master, a));
+    fprintf(f, "  %-22s %12s\n", "master weights", B(s->bytes_master, a));
     fprintf(f, "  %-22s %12s   (created in backward, freed after the step)\n", "grads",
             B(s->bytes_grads, a));
     fprintf(f, "  %-22s %12s\n", "optimizer states", B(s->bytes_optimizer, a));
@@ -183,7 +195,7 @@ static void text_activations(FILE *f, const ml_model *m, const ml_ledger *l,
             snprintf(name, sizeof name, "%s", b->name);
             j = i + 1;
         }
-        commas(b->params, num, sizeof num);
+        ml_report_commas(b->params, num, sizeof num);
         ml_format_flops(b->flops_forward, c3, sizeof c3);
         fprintf(f, "  %-22s %14s %12s %8.3f%s %14s%s", name, num, B(b->activations_saved, a),
                 b->c, b->measured ? "*" : " ", c3, b->checkpointed ? "  ckpt" : "");
@@ -205,7 +217,7 @@ static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
     fprintf(f, "Allocator peak: %s during %s, at %s\n", B(s->peak, a),
             ml_phase_name(s->peak_phase), s->peak_step);
     for (int c = 0; c < ML_CAT_COUNT; c++)
-        fprintf(f, "  %-22s %12s\n", ml_category_name((ml_category)c),
+        fprintf(f, "  %-22s %12s\n", ml_report_category_label((ml_category)c),
                 B(s->peak_breakdown[c], a));
     if (cfg->device.fragmentation > 0)
         fprintf(f, "  %-22s %12s   (%g x the peak)\n", "+ fragmentation", B(s->fragmentation, a),
