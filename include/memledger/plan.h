@@ -46,6 +46,10 @@ typedef struct ml_fit_result {
     char note[512];             /* why the choice, or why nothing fits */
     bool at_search_limit;       /* max_micro_batch is the search's upper end
                                  * (req.max_micro_batch): larger may fit too */
+    bool at_global_batch;       /* max_micro_batch is the global batch per device
+                                 * (req.global_batch / data_parallel, rounded up),
+                                 * where the search stops: it fits whole, and a
+                                 * larger one, which may fit too, would not be used */
 } ml_fit_result;
 
 /* Finds the largest micro-batch whose peak fits the device (cfg->device must

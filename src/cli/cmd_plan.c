@@ -71,6 +71,31 @@ static const char usage[] =
     "2 bad input or usage (or --emit refused), 3 output could not be written, 4 --emit\n"
     "wrote settings that lack a part of the plan (named on stderr).\n";
 
+/* --emit with a plan that does not fit the device: settings that would run
+ * out of memory are not written (an -o file stays as it was); the verdict
+ * goes to stderr and the caller exits 1, as fit does with nothing that fits
+ * (docs/cli.md). True when it does not fit. */
+static bool emit_no_fit(const char *target, const ml_summary *s)
+{
+    if (!s->has_device || s->fits)
+        return false;
+    uint64_t peak = s->binding == ML_PEAK_EVAL                ? s->peak_eval
+                    : s->binding == ML_PEAK_FIRST_ITERATION ? s->peak_first_iteration
+                                                            : s->peak;
+    char a[32], b[32], c[32], d[32], over[32];
+    ml_format_bytes(peak, a, sizeof a);
+    ml_format_bytes(s->budget, b, sizeof b);
+    ml_format_bytes(s->peak_total, c, sizeof c);
+    ml_format_bytes(s->memory, d, sizeof d);
+    ml_format_bytes((uint64_t)(-s->headroom), over, sizeof over);
+    fprintf(stderr,
+            "memledger: --emit %s: the plan does not fit, nothing written: allocator peak %s "
+            "against the budget %s, device total %s against %s (over by %s); 'memledger fit' "
+            "finds a micro-batch that fits\n",
+            target, a, b, c, d, over);
+    return true;
+}
+
 int ml_cmd_plan(int argc, char **argv)
 {
     ml_cli_opts o;
@@ -103,6 +128,11 @@ int ml_cmd_plan(int argc, char **argv)
         ml_ledger_destroy(l);
         ml_cli_free(m, &cfg);
         return ML_EXIT_BAD_INPUT;
+    }
+    if (o.emit && emit_no_fit(o.emit, ml_ledger_summary(l))) {
+        ml_ledger_destroy(l);
+        ml_cli_free(m, &cfg);
+        return ML_EXIT_NO_FIT;
     }
     /* a checkpoint policy whose freed memory is not needed: said with the
      * report (docs/choosing.md, "When recompute is not worth it") */

@@ -35,6 +35,22 @@ static const ml_device_preset presets[] = {
      {82.6, 82.6, 165.2, 165.2, 330.3}},
     {"rtx3090", "3090 geforce-rtx-3090", "NVIDIA GeForce RTX 3090", GIB(24),
      {35.6, 35.6, 71, 71, 0}},
+    /* consumer cards: the whitepaper's table where NVIDIA printed one (3070,
+     * 4080), else the product page's cores and boost clock times the
+     * architecture's rates per SM and clock (docs/devices.md, "Consumer
+     * cards") */
+    {"rtx4080", "geforce-rtx-4080 rtx4080-16gb", "NVIDIA GeForce RTX 4080", GIB(16),
+     {48.7, 48.7, 97.5, 97.5, 194.9}},
+    {"rtx4070", "geforce-rtx-4070", "NVIDIA GeForce RTX 4070", GIB(12),
+     {29.15, 29.15, 58.29, 58.29, 116.58}},
+    {"rtx4060ti-16gb", "geforce-rtx-4060-ti-16gb", "NVIDIA GeForce RTX 4060 Ti", GIB(16),
+     {22.06, 22.06, 44.13, 44.13, 88.26}},
+    {"rtx4060", "geforce-rtx-4060", "NVIDIA GeForce RTX 4060", GIB(8),
+     {15.11, 15.11, 30.23, 30.23, 60.46}},
+    {"rtx3070", "geforce-rtx-3070", "NVIDIA GeForce RTX 3070", GIB(8),
+     {20.3, 20.3, 40.6, 40.6, 0}},
+    {"rtx3060", "geforce-rtx-3060 rtx3060-12gb", "NVIDIA GeForce RTX 3060", GIB(12),
+     {12.74, 12.74, 25.48, 25.48, 0}},
     {"mi300x", "instinct-mi300x", "AMD Instinct MI300X", GIB(192),
      {163.4, 653.7, 1307.4, 1307.4, 2614.9}},
 };

@@ -218,6 +218,7 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
         if (per <= cap && (st = try_b(s, per, &ok, NULL)))
             return st;
         if (ok && req->global_batch % dp == 0) {
+            r->at_global_batch = true;
             r->max_micro_batch = per;
             r->micro_batch = per;
             r->grad_accum = 1;
@@ -233,6 +234,8 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
      * model or the global batch is no search limit) */
     r->at_search_limit = r->max_micro_batch == asked && (!req->global_batch || per > asked) &&
                          (!lim || lim > asked);
+    /* stopped by the global batch: the whole of it per device fits */
+    r->at_global_batch = req->global_batch && r->max_micro_batch == per;
     if (!r->max_micro_batch)
         return ML_OK;
     if ((st = split_batch(s, req, r, per)))
@@ -358,6 +361,60 @@ static ml_status fix_list(search *s, bool states_alone, char *list, size_t size)
     return ML_OK;
 }
 
+/* With an evaluation pass (training.eval_batch): whether it is what does not
+ * fit, the training iteration alone fitting at c (micro-batch 1, full
+ * checkpointing); then *largest gets the largest evaluation batch that fits
+ * beside it (bisection: the pass's peak grows with its batch), 0 if none. */
+static ml_status eval_binds(search *s, const ml_config *c, bool *binds, uint64_t *largest)
+{
+    *binds = false;
+    *largest = 0;
+    if (!c->training.eval_batch)
+        return ML_OK;
+    ml_config t = *c;
+    t.training.eval_batch = 0;
+    t.training.eval_seq_len = 0;
+    bool ok = false;
+    ml_status st = fits_with(s, &t, &ok);
+    if (st || !ok)
+        return st;
+    *binds = true;
+    uint64_t lo = 0, hi = c->training.eval_batch; /* fits at lo (0: none yet), not at hi */
+    t = *c;
+    while (hi - lo > 1) {
+        t.training.eval_batch = lo + (hi - lo) / 2;
+        if ((st = fits_with(s, &t, &ok)))
+            return st;
+        *(ok ? &lo : &hi) = t.training.eval_batch;
+    }
+    *largest = lo;
+    return ML_OK;
+}
+
+/* The note when the evaluation pass is what does not fit. */
+static void eval_note(const ml_config *c, const ml_summary *x, uint64_t largest, char *note,
+                      size_t size)
+{
+    char a[32], b[32], d[32];
+    ml_format_bytes(x->peak_eval, a, sizeof a);
+    ml_format_bytes(x->budget, b, sizeof b);
+    ml_format_bytes(x->memory, d, sizeof d);
+    int n = snprintf(note, size,
+                     "the evaluation pass does not fit: at evaluation batch %llu its peak is %s "
+                     "against the budget %s (device %s), whatever the training micro-batch; ",
+                     (unsigned long long)c->training.eval_batch, a, b, d);
+    if (n < 0 || (size_t)n >= size)
+        return;
+    if (largest)
+        snprintf(note + n, size - (size_t)n,
+                 "the largest evaluation batch that fits is %llu (training.eval_batch %llu)",
+                 (unsigned long long)largest, (unsigned long long)largest);
+    else
+        snprintf(note + n, size - (size_t)n,
+                 "even evaluation batch 1 does not fit: shorten the evaluation's sequence "
+                 "(training.eval_seq_len)");
+}
+
 /* Why micro-batch 1 does not fit, and what would help (docs/choosing.md).
  * ML_NOMEM passes up; other failures of an evaluation become the note. */
 static ml_status explain(search *s, ml_fit_result *r)
@@ -386,6 +443,20 @@ static ml_status explain(search *s, ml_fit_result *r)
         return ML_OK;
     }
     const ml_summary *x = ml_ledger_summary(l);
+    if (!x->fits && x->binding == ML_PEAK_EVAL) {
+        /* the evaluation batch, not the training, may be what does not fit */
+        bool binds = false;
+        uint64_t largest = 0;
+        if ((st = eval_binds(s, &s->cfg, &binds, &largest))) {
+            ml_ledger_destroy(l);
+            return st;
+        }
+        if (binds) {
+            eval_note(&s->cfg, x, largest, r->note, sizeof r->note);
+            ml_ledger_destroy(l);
+            return ML_OK;
+        }
+    }
     uint64_t states = x->bytes_params + x->bytes_master + x->bytes_grads + x->bytes_optimizer;
     ml_format_bytes(states, a, sizeof a);
     ml_format_bytes(x->budget, b, sizeof b);

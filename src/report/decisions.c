@@ -36,8 +36,16 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
         return ferror(f) ? -1 : 0;
     }
     ml_checkpoint_format(&r->checkpoint, ck, sizeof ck);
-    fprintf(f, "largest micro-batch that fits: %llu (checkpoint %s%s)\n",
-            (unsigned long long)r->max_micro_batch, req->auto_checkpoint ? "auto -> " : "", ck);
+    if (r->at_global_batch)
+        fprintf(f, "micro-batch that fits: %llu, the whole global batch per device (checkpoint "
+                   "%s%s)\n  (the search stops at the global batch: larger micro-batches were not "
+                   "tried, and may fit too)\n",
+                (unsigned long long)r->max_micro_batch, req->auto_checkpoint ? "auto -> " : "",
+                ck);
+    else
+        fprintf(f, "largest micro-batch that fits: %llu (checkpoint %s%s)\n",
+                (unsigned long long)r->max_micro_batch, req->auto_checkpoint ? "auto -> " : "",
+                ck);
     uint64_t lo = 0, most = UINT64_MAX; /* the largest micro-batch memledger plans */
     ml_config_range("training.micro_batch", &lo, &most);
     if (r->at_search_limit && r->max_micro_batch >= most)
@@ -109,7 +117,7 @@ int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
             r->flops_recompute, r->evaluations);
     fputs(", \"note\": ", f);
     ml_json_put_string(f, r->note);
-    fputs("}\n", f);
+    fprintf(f, ", \"at_global_batch\": %s}\n", r->at_global_batch ? "true" : "false");
     return ferror(f) ? -1 : 0;
 }
 

@@ -99,7 +99,7 @@ static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
             char fr[32];
             snprintf(c3, sizeof c3, " + fragmentation %s", B(s->fragmentation, fr));
         }
-        fprintf(f, "<span class=\"cfg\">allocator peak %s%s + runtime reserve %s = device total %s on a %s device, "
+        fprintf(f, "<span class=\"cfg\">allocator peak %s%s + runtime reserve %s = device total %s on the device's %s, "
                    "budget %s; ",
                 B(s->peak, a), c3, B(s->runtime_reserve, b), B(s->peak_total, buf),
                 B(s->memory, c1), B(s->budget, c2));
@@ -117,13 +117,13 @@ static void html_summary(FILE *f, const ml_config *cfg, const ml_summary *s)
 {
     char a[32], b[32], c[32], buf[256];
     fputs("<h2>Summary</h2>\n<table>\n", f);
-    snprintf(buf, sizeof buf, "%llu", (unsigned long long)s->params);
+    ml_report_commas(s->params, buf, sizeof buf);
     row(f, "parameters", buf);
     row(f, "params", B(s->bytes_params, a));
     row(f, "master weights", B(s->bytes_master, a));
     row(f, "grads", B(s->bytes_grads, a));
     row(f, "optimizer states", B(s->bytes_optimizer, a));
-    row(f, "optimizer step temporaries", B(s->bytes_step_temp, a));
+    row(f, "step temporaries (optimizer step only)", B(s->bytes_step_temp, a));
     if (s->bytes_host)
         row(f, "offloaded to the host", B(s->bytes_host, a));
     row(f, "saved activations (end of forward)", B(s->bytes_activations, a));

@@ -14,6 +14,14 @@ void ml_report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, const
 /* "seq_len N" and, for an encoder-decoder, ", target_len M" (text.c). */
 void ml_report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size);
 
+/* The category's name for a person (text, SVG, HTML: "master weights",
+ * "saved activations"); ml_category_name is its key in JSON and CSV
+ * ("master_params", "activations_saved"), a contract (text.c). */
+const char *ml_report_category_label(ml_category c);
+
+/* v with a comma every three digits: "124,439,808" (text.c). */
+void ml_report_commas(uint64_t v, char *buf, size_t size);
+
 /* --emit's verdict on a plan (docs/hf.md, "--emit"). */
 enum { ML_EMIT_EXACT = 0, ML_EMIT_PARTIAL = 1, ML_EMIT_REFUSED = 2 };
 

@@ -20,13 +20,7 @@ static const char *const cat_color[ML_CAT_COUNT] = {
     [ML_CAT_ACTIVATIONS] = "#59a14f", [ML_CAT_RECOMPUTE] = "#8cd17d",
     [ML_CAT_WORKSPACE] = "#b6992d",   [ML_CAT_BATCH] = "#9c755f",
     [ML_CAT_BUFFERS] = "#bab0ac"};
-static const char *const cat_label[ML_CAT_COUNT] = {
-    [ML_CAT_PARAMS] = "params",           [ML_CAT_MASTER] = "master weights",
-    [ML_CAT_GRADS] = "grads",             [ML_CAT_OPTIMIZER] = "optimizer states",
-    [ML_CAT_ACTIVATIONS] = "saved activations", [ML_CAT_RECOMPUTE] = "recompute",
-    [ML_CAT_WORKSPACE] = "workspace",     [ML_CAT_BATCH] = "batch",
-    [ML_CAT_BUFFERS] = "buffers"};
-/* every category has a place, a colour and a label */
+/* every category has a place and a colour (its label: ml_report_category_label) */
 _Static_assert(sizeof stack_order / sizeof stack_order[0] == ML_CAT_COUNT, "stack_order");
 
 typedef ml_svg_chart chart;
@@ -381,7 +375,7 @@ static void legend(FILE *f, const chart *c, const ml_summary *s)
         fprintf(f, "<rect x=\"830\" y=\"%.1f\" width=\"14\" height=\"14\" fill=\"%s\"/>\n", ly,
                 cat_color[cat]);
         fprintf(f, "<text x=\"850\" y=\"%.1f\" font-size=\"12\">%s</text>\n", ly + 11,
-                cat_label[cat]);
+                ml_report_category_label(cat));
         fprintf(f, "<text x=\"850\" y=\"%.1f\" font-size=\"10\" fill=\"#666\">max %s</text>\n",
                 ly + 24, b);
         ly += 36;

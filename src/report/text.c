@@ -5,9 +5,22 @@
 
 #include "memledger/calib.h"
 #include "memledger/report.h"
+#include "model/model_internal.h"
 #include "report/report_internal.h"
 
-static void commas(uint64_t v, char *buf, size_t size)
+static const char *const cat_label[ML_CAT_COUNT] = {
+    [ML_CAT_PARAMS] = "params",           [ML_CAT_MASTER] = "master weights",
+    [ML_CAT_GRADS] = "grads",             [ML_CAT_OPTIMIZER] = "optimizer states",
+    [ML_CAT_ACTIVATIONS] = "saved activations", [ML_CAT_RECOMPUTE] = "recompute",
+    [ML_CAT_WORKSPACE] = "workspace",     [ML_CAT_BATCH] = "batch",
+    [ML_CAT_BUFFERS] = "buffers"};
+
+const char *ml_report_category_label(ml_category c)
+{
+    return (unsigned)c < ML_CAT_COUNT ? cat_label[c] : "?";
+}
+
+void ml_report_commas(uint64_t v, char *buf, size_t size)
 {
     char tmp[32];
     int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
@@ -41,7 +54,7 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
     const ml_training *t = &cfg->training;
     char ck[1200], num[40];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
-    commas(s->params, num, sizeof num);
+    ml_report_commas(s->params, num, sizeof num);
     fprintf(f, "memledger plan: %s (%s parameters)\n", ml_model_name(m), num);
     const char *attn = ml_model_attention(m);
     char tl[80] = "";
@@ -51,10 +64,15 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
         snprintf(tl, sizeof tl, " (%llu image tokens), vision tower %s",
                  (unsigned long long)ml_model_image_tokens(m),
                  ml_vision_tower_name(t->vision_tower));
-    fprintf(f, "config: micro_batch %llu, seq_len %llu%s, grad_accum %llu, precision %s, "
+    char sl[160];
+    if (m->type == ML_MODEL_SEQUENTIAL)
+        ml_report_lengths(m, t, sl, sizeof sl);
+    else
+        snprintf(sl, sizeof sl, "seq_len %llu%s",
+                 (unsigned long long)s->c_tokens / t->micro_batch, tl);
+    fprintf(f, "config: micro_batch %llu, %s, grad_accum %llu, precision %s, "
                "optimizer %s (%s), checkpoint %s%s%s\n",
-            (unsigned long long)t->micro_batch, (unsigned long long)s->c_tokens / t->micro_batch,
-            tl,
+            (unsigned long long)t->micro_batch, sl,
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck,
             attn ? ", attention " : "", attn ? attn : "");
@@ -98,7 +116,7 @@ static void text_states(FILE *f, const ml_summary *s)
     char a[32];
     fprintf(f, "Model states (resident all iteration unless noted)\n");
     fprintf(f, "  %-22s %12s\n", "params", B(s->bytes_params, a));
-    fprintf(f, "  %-22s %12s\n", "master params", B(s->bytes_master, a));
+    fprintf(f, "  %-22s %12s\n", "master weights", B(s->bytes_master, a));
     fprintf(f, "  %-22s %12s   (created in backward, freed after the step)\n", "grads",
             B(s->bytes_grads, a));
     fprintf(f, "  %-22s %12s\n", "optimizer states", B(s->bytes_optimizer, a));
@@ -116,6 +134,13 @@ static void text_states(FILE *f, const ml_summary *s)
 
 void ml_report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size)
 {
+    if (m->type == ML_MODEL_SEQUENTIAL) { /* a sample is its input tensor: no sequence */
+        size_t o = (size_t)snprintf(out, size, "input ");
+        for (size_t i = 0; i < m->ninput && o < size; i++)
+            o += (size_t)snprintf(out + o, size - o, "%s%llu", i ? "x" : "",
+                                  (unsigned long long)m->input[i]);
+        return;
+    }
     uint64_t td = ml_model_target_len(m, t);
     if (td)
         snprintf(out, size, "seq_len %llu, target_len %llu", (unsigned long long)t->seq_len,
@@ -142,12 +167,20 @@ static void range_name(char *out, size_t size, const char *first, const char *la
 
 /* The saved activations per block, runs of three or more like blocks on one
  * line. */
-static void text_activations(FILE *f, const ml_ledger *l, const ml_summary *s)
+static void text_activations(FILE *f, const ml_model *m, const ml_ledger *l,
+                             const ml_summary *s)
 {
     char a[32], b2[32], c3[32], num[40];
-    fprintf(f, "Saved activations at the end of forward (c = inventory / (B*T*D*b), "
-               "B*T = %llu, D = %llu, b = %u)\n",
-            (unsigned long long)s->c_tokens, (unsigned long long)s->c_width, s->c_dtype_bytes);
+    if (m->type == ML_MODEL_SEQUENTIAL) /* no tokens: B samples of D input values */
+        fprintf(f, "Saved activations at the end of forward (c = inventory / (B*D*b), "
+                   "B = %llu, D = %llu input values per sample, b = %u)\n",
+                (unsigned long long)s->c_tokens, (unsigned long long)s->c_width,
+                s->c_dtype_bytes);
+    else
+        fprintf(f, "Saved activations at the end of forward (c = inventory / (B*T*D*b), "
+                   "B*T = %llu, D = %llu, b = %u)\n",
+                (unsigned long long)s->c_tokens, (unsigned long long)s->c_width,
+                s->c_dtype_bytes);
     fprintf(f, "  %-22s %14s %12s %9s %14s\n", "block", "params", "saved", "c", "fwd FLOPs");
     size_t n = ml_ledger_block_count(l);
     for (size_t i = 0; i < n;) {
@@ -162,7 +195,7 @@ static void text_activations(FILE *f, const ml_ledger *l, const ml_summary *s)
             snprintf(name, sizeof name, "%s", b->name);
             j = i + 1;
         }
-        commas(b->params, num, sizeof num);
+        ml_report_commas(b->params, num, sizeof num);
         ml_format_flops(b->flops_forward, c3, sizeof c3);
         fprintf(f, "  %-22s %14s %12s %8.3f%s %14s%s", name, num, B(b->activations_saved, a),
                 b->c, b->measured ? "*" : " ", c3, b->checkpointed ? "  ckpt" : "");
@@ -184,7 +217,7 @@ static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
     fprintf(f, "Allocator peak: %s during %s, at %s\n", B(s->peak, a),
             ml_phase_name(s->peak_phase), s->peak_step);
     for (int c = 0; c < ML_CAT_COUNT; c++)
-        fprintf(f, "  %-22s %12s\n", ml_category_name((ml_category)c),
+        fprintf(f, "  %-22s %12s\n", ml_report_category_label((ml_category)c),
                 B(s->peak_breakdown[c], a));
     if (cfg->device.fragmentation > 0)
         fprintf(f, "  %-22s %12s   (%g x the peak)\n", "+ fragmentation", B(s->fragmentation, a),
@@ -306,7 +339,7 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     const ml_summary *s = ml_ledger_summary(l);
     text_header(f, m, cfg, s);
     text_states(f, s);
-    text_activations(f, l, s);
+    text_activations(f, m, l, s);
     text_peak(f, cfg, s);
     text_flops(f, cfg, s);
     text_device(f, cfg, s);

@@ -126,6 +126,18 @@ YAML
 rc=$?
 check "fit --emit -o with nothing that fits: exit 1 (got $rc), file untouched" \
     sh -c "[ $rc = 1 ] && [ \"\$(cat ds.json)\" = '{\"previous\": true}' ] && grep -q 'nothing written' err"
+
+# 14. plan --emit with -o when the plan does not fit: the same, exit 1.
+"$exe" plan huge.yaml --emit deepspeed -o ds.json 2>err
+rc=$?
+check "plan --emit -o with a plan that does not fit: exit 1 (got $rc), file untouched" \
+    sh -c "[ $rc = 1 ] && [ \"\$(cat ds.json)\" = '{\"previous\": true}' ] && grep -q 'nothing written' err"
+
+# 15. fit with nothing that fits: the reason once on stdout, once on stderr.
+"$exe" fit huge.yaml >out 2>err
+rc=$?
+check "fit with nothing that fits: exit 1 (got $rc), the reason once on each stream" \
+    sh -c "[ $rc = 1 ] && [ \$(grep -c 'DOES NOT FIT' out) = 1 ] && [ \$(wc -l <err) = 1 ] && grep -q 'model states alone' err"
 check "no temporary left at the end" no_tmp
 
 echo "$pass passed, $fail failed"

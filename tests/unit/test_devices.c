@@ -46,6 +46,28 @@ static const expect rows[] = {
     /* Ampere GA102 whitepaper, RTX 3090 (FP32 accumulate): FP32 35.6;
      * TF32 35.6; BF16, FP16 71 */
     {"rtx3090", GIB(24), 35.6, 35.6, 71, 71, 0},
+    /* Ada whitepaper (v2.1), RTX 4080 (FP32 accumulate): FP32 48.7;
+     * TF32 48.7; BF16, FP16 97.5; FP8 194.9 */
+    {"rtx4080", GIB(16), 48.7, 48.7, 97.5, 97.5, 194.9},
+    /* No whitepaper table: the product page's CUDA cores n, SMs s = n / 128
+     * and boost clock f (GHz), with Ada's rates from the RTX 4090's table
+     * (FP32: 2 per core per clock; BF16/FP16 with FP32 accumulate
+     * 165.2 / (128 SMs x 2.52 GHz) = 512 per SM per clock, TF32 half of it,
+     * FP8 twice), rounded to 0.01:
+     * RTX 4070: n 5,888, s 46, f 2.475: FP32 5,888 x 2 x 2.475 = 29.15 (and
+     * TF32), BF16/FP16 46 x 2.475 x 512 = 58.29, FP8 116.58 */
+    {"rtx4070", GIB(12), 29.15, 29.15, 58.29, 58.29, 116.58},
+    /* RTX 4060 Ti 16 GB: n 4,352, s 34, f 2.535 */
+    {"rtx4060ti-16gb", GIB(16), 22.06, 22.06, 44.13, 44.13, 88.26},
+    /* RTX 4060: n 3,072, s 24, f 2.46 */
+    {"rtx4060", GIB(8), 15.11, 15.11, 30.23, 30.23, 60.46},
+    /* Ampere GA102 whitepaper, RTX 3070 (FP32 accumulate): FP32 20.3;
+     * TF32 20.3; BF16, FP16 40.6; no FP8 */
+    {"rtx3070", GIB(8), 20.3, 20.3, 40.6, 40.6, 0},
+    /* RTX 3060 (GA106, no whitepaper table): n 3,584, s 28 (128 per SM),
+     * f 1.777, with GA102's rates from the RTX 3090's table (71 / (82 SMs x
+     * 1.695 GHz) = 512 per SM per clock; TF32 half of it): 12.74, 25.48 */
+    {"rtx3060", GIB(12), 12.74, 12.74, 25.48, 25.48, 0},
     /* MI300X datasheet: FP32 matrix 163.4; TF32 653.7; BF16, FP16 1,307.4;
      * FP8 2,614.9 */
     {"mi300x", GIB(192), 163.4, 653.7, 1307.4, 1307.4, 2614.9},
@@ -84,6 +106,11 @@ static void test_names(void **state)
     assert_true(ml_device_preset_find("H100") == h);
     assert_true(ml_device_preset_find("RTX 4090") == ml_device_preset_find("rtx4090"));
     assert_true(ml_device_preset_find("V100") == ml_device_preset_find("v100-16gb"));
+    /* the 4060 Ti comes with 8 or 16 GB: the name says which */
+    assert_true(ml_device_preset_find("RTX 4060 Ti 16GB") ==
+                ml_device_preset_find("rtx4060ti-16gb"));
+    assert_null(ml_device_preset_find("rtx4060ti"));
+    assert_true(ml_device_preset_find("GeForce RTX 3060") == ml_device_preset_find("rtx3060"));
     assert_null(ml_device_preset_find("a100"));
     assert_null(ml_device_preset_find(""));
     assert_null(ml_device_preset_find("--"));

@@ -300,6 +300,50 @@ static void test_advice(void **state)
     ml_model_destroy(m);
 }
 
+/* An evaluation pass that does not fit is named as what does not fit (the
+ * note advised shortening seq_len, which the training did not need).
+ * GPT-2 small (fp32 AdamW, T = 1,024, V = 50,257) on 8 GiB with a 6.5 GiB
+ * budget and --eval-batch 32. During the pass the resident state is the
+ * parameters and Adam's two states, 124,439,808 x 12 B = 1,493,277,696 B;
+ * per evaluation sample the loss holds the logits and their log-softmax,
+ * 2 x 1,024 x 50,257 x 4 B = 411,705,344 B, and the batch 1,024 x 16 B
+ * (ids and targets, int64): 411,721,728 B. The budget admits
+ * (6,979,321,856 - 1,493,277,696) / 411,721,728 = 13.32 samples: 13 (the
+ * few KiB of the loss's scalars do not change the floor); at 32 the pass
+ * needs 1,493,277,696 + 32 x 411,721,728 = 14,668,372,992 B and more, over
+ * 13.6 GiB. The training iteration alone fits at micro-batch 1 (its peak
+ * 2,694,665,216 B, 2.51 GiB: asserted below). */
+static void test_fit_eval_binds(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    c.device.memory = 8ull << 30;
+    c.device.budget = 6979321856ull; /* 6.5 GiB */
+    c.training.eval_batch = 32;
+    ml_fit_request req = ml_fit_request_defaults();
+    ml_fit_result r;
+    ml_error e;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_false(r.fits);
+    assert_non_null(strstr(r.note, "the evaluation pass does not fit: at evaluation batch 32"));
+    assert_non_null(strstr(r.note, "largest evaluation batch that fits is 13 "));
+    assert_null(strstr(r.note, "seq_len"));
+    /* the figure against direct evaluations at micro-batch 1 */
+    c.training.micro_batch = 1;
+    c.training.eval_batch = 13;
+    assert_true(fits_at(m, c, 1));
+    c.training.eval_batch = 14;
+    assert_false(fits_at(m, c, 1));
+    c.training.eval_batch = 0;
+    assert_true(fits_at(m, c, 1));
+    /* with an evaluation batch that fits, fit answers as without it */
+    c.training.eval_batch = 13;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_true(r.fits);
+    ml_model_destroy(m);
+}
+
 /* A model whose byte counts exceed 64 bits at micro-batch 1: the note says
  * so (it said only "even micro-batch 1 does not fit", and the ZeRO-3 advice
  * was skipped for the same reason, silently). */
@@ -385,6 +429,7 @@ int main(void)
         cmocka_unit_test(test_compare_rows),
         cmocka_unit_test(test_advice),
         cmocka_unit_test(test_no_fit_overflow),
+        cmocka_unit_test(test_fit_eval_binds),
         cmocka_unit_test(test_global_batch_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
