@@ -152,7 +152,10 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
         ml_ck_node(ch, b, "AddmmBackward0 (MLP in)", gD, pin, gF, k.in, SIZE_MAX);
         ml_ck_node(ch, b, m->activation == ML_ACT_GELU ? "GeluBackward0" : "ReluBackward0", gF,
                    0, gF, m->activation == ML_ACT_GELU ? k.act_in : k.act_out, SIZE_MAX);
-        ml_ck_node(ch, b, "AddmmBackward0 (MLP out)", gF, pout, d->drop ? gO : 0,
+        /* its output's gradient is the residual's unless a dropout or a
+         * post norm (Gemma 2's layer) made its own, as the GLU's */
+        ml_ck_node(ch, b, "AddmmBackward0 (MLP out)", gF, pout,
+                   (d->drop || m->post_norms) ? gO : 0,
                    m->activation == ML_ACT_GELU ? k.act_out : SIZE_MAX, SIZE_MAX);
     }
     if (d->drop) {
