@@ -112,6 +112,7 @@ bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     a->out_bias = m->bias || m->out_bias;
     a->fused_kernel = c->fused_kernel;
     a->dropout = a->out_grad = m->dropout > 0;
+    a->rope = m->position == ML_POS_ROPE;
     a->probs_cast = c->compute_bytes != 4;
     a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
     L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,

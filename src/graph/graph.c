@@ -16,8 +16,12 @@ static uint16_t tensor_va(ml_graph *g, const char *name, uint8_t dtype, uint8_t 
                           uint16_t base, unsigned ndim, va_list ap)
 {
     if (g->nt >= MLG_MAX_TENSORS || ndim > 6) {
+        /* the builders index what they are given: a slot past the
+         * declared ones, which ml__graph_valid refuses */
         g->full = true;
-        return MLG_NONE;
+        memset(&g->t[MLG_MAX_TENSORS], 0, sizeof g->t[0]);
+        g->t[MLG_MAX_TENSORS].base = MLG_NONE;
+        return MLG_MAX_TENSORS;
     }
     mlg_tensor *t = &g->t[g->nt];
     memset(t, 0, sizeof *t);
@@ -133,6 +137,10 @@ bool ml__graph_valid(const ml_graph *g)
     for (uint16_t t = 0; t < g->nt; t++)
         if (g->t[t].base != MLG_NONE && g->t[t].base >= g->nt)
             return false;
+    for (uint16_t k = 0; k < g->nop; k++)
+        for (unsigned j = 0; j < g->op[k].nsave; j++)
+            if (ml__graph_entry(g, g->op[k].save[j]) >= g->nt)
+                return false;
     return true;
 }
 

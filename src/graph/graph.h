@@ -74,7 +74,7 @@ enum {
 
 #define MLG_NONE 0xffffu
 #define MLG_MAX_TENSORS 160
-#define MLG_MAX_OPS 128
+#define MLG_MAX_OPS 160
 
 typedef struct {
     const char *name;
@@ -126,7 +126,8 @@ typedef struct {
 } mlg_op;
 
 typedef struct {
-    mlg_tensor t[MLG_MAX_TENSORS];
+    mlg_tensor t[MLG_MAX_TENSORS + 1]; /* the last: what a full graph's new
+                                          tensors are (never valid) */
     mlg_op op[MLG_MAX_OPS];
     uint16_t nt, nop;
     uint8_t group; /* the group new parameters join */

@@ -52,9 +52,9 @@ uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_
     return w;
 }
 
-/* The cast ops making copies c (of x) and w (of the weight): their kernels
- * and bytes, before the linear that reads them. */
-static void cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w)
+/* The cast ops making copies c (of x) and w (of the weight W): their
+ * kernels and bytes, before the linear that reads them. */
+static void cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w, uint16_t W)
 {
     if (c != MLG_NONE) {
         mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, input)");
@@ -63,6 +63,7 @@ static void cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w)
     }
     if (w != MLG_NONE) {
         mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, weight)");
+        ml__op_in(o, W);
         ml__op_out(o, w);
     }
 }
@@ -72,16 +73,17 @@ static void cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w)
 mlg_op *ml__kit_linear_with(ml_graph *g, const mlg_linear *lin, uint16_t x, uint16_t c,
                             uint16_t w, uint16_t y)
 {
-    cast_ops(g, x, c, w);
+    const uint16_t W = param(g, "weight", lin->in, lin->out);
+    const uint16_t bias = lin->bias ? param(g, "bias", lin->out, -1) : MLG_NONE;
+    cast_ops(g, x, c, w, W);
     const uint16_t xs = c != MLG_NONE ? c : x;
     mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, lin->name);
     ml__op_in(o, xs);
     ml__op_out(o, y);
     ml__op_save(o, xs);
     ml__op_save(o, w);
-    ml__op_param(o, param(g, "weight", lin->in, lin->out));
-    if (lin->bias)
-        ml__op_param(o, param(g, "bias", lin->out, -1));
+    ml__op_param(o, W);
+    ml__op_param(o, bias);
     ml__op_flops(o, 2.0, 4, MLG_B, MLG_T, lin->in, lin->out);
     ml__op_free(o, c);
     ml__op_free(o, w);
@@ -548,8 +550,11 @@ void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused, boo
         ml__op_in(o, h);
         ml__op_out(o, c);
     }
-    if (w != MLG_NONE)
-        ml__op_out(ml__graph_op(g, MLG_OP_COPY, "to (autocast, weight)"), w);
+    if (w != MLG_NONE) {
+        mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, weight)");
+        ml__op_in(o, W);
+        ml__op_out(o, w);
+    }
     const uint16_t hs = c != MLG_NONE ? c : h;
     mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, "mm (LM head)");
     ml__op_in(o, hs);

@@ -178,6 +178,16 @@ ml_status ml_chain_refused(const ml_model *m, const ml_training *t, ml_error *er
     ml_status st = ml_chain_fused_refused(m, t, err);
     if (st)
         return st;
+    /* OLMo's norm exists in the op graph only: a model whose layers the
+     * chain builders write cannot have it (the model file refuses it at
+     * its key; this holds for models made otherwise) */
+    if (m->norm == ML_NORM_OLMO_LAYERNORM &&
+        (m->type != ML_MODEL_DECODER || m->vis_layers || m->experts || m->kv_lora ||
+         m->parallel_residual || m->classes || !m->prenorm))
+        return ml_errorf(err, ML_RANGE,
+                         "model.norm: olmo_layernorm is planned in OLMo's decoder layer only; "
+                         "%s's layout is another: use rmsnorm or layernorm",
+                         m->name);
     /* the optimal solver's chain is one stream of layers: T5's side
      * tensors (docs/ledger.md) and its non-layer blocks between the
      * stacks are not in it */

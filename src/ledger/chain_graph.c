@@ -8,6 +8,7 @@
 
 #include "graph/families.h"
 #include "ledger/chain_kit.h"
+#include "util/grow.h"
 
 /* What of the configuration changes the ops. */
 static mlg_config config_of(const ml_chain *ch, const ml_model *m)
@@ -133,7 +134,7 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     const ml_graph *g = &G->g;
     const mlg_op *o = &g->op[k];
     uint64_t gin = 0, gout = 0, pg = 0;
-    size_t rel[2] = {SIZE_MAX, SIZE_MAX};
+    size_t rel[6] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
     unsigned nrel = 0;
     for (unsigned j = 0; j < o->ngin; j++)
         gin = ml_add(ch, gin, G->tb[o->gin[j]]);
@@ -143,12 +144,14 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
         pg = ml_add(ch, pg, ml_mul(ch, numel(ch, g, &G->z, o->param[j]), ch->prec.grad));
     for (unsigned j = 0; j < o->nsave; j++) {
         uint16_t e = ml__graph_entry(g, o->save[j]);
-        if (first[e] == k && idx[e] != SIZE_MAX && nrel < 2)
-            rel[nrel++] = idx[e];
+        if (first[e] == k && idx[e] != SIZE_MAX)
+            rel[nrel++] = idx[e]; /* an op saves six at most */
     }
     if (o->accum != MLG_NONE)
         ml_ck_accum(ch, b, G->tb[o->accum]);
     ml_ck_node(ch, b, o->node, gin, pg, gout, rel[0], rel[1]);
+    for (unsigned j = 2; j < nrel; j++)
+        ml_ck_node_claim(ch, b, rel[j]);
     if (o->scratch_in && o->ngin)
         ml_ck_node_scratch(ch, b, G->tb[o->gin[0]]);
 }
@@ -193,19 +196,16 @@ void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t
     ml_ck_grad_close(b, &ng, out);
 }
 
-/* Room for `need` elements in *v (cap allocated, elem bytes each). */
+/* Room for `need` elements in *v (cap allocated, elem bytes each),
+ * doubling as ml_grow does. */
 static bool room(void **v, size_t need, size_t *cap, size_t elem)
 {
-    if (need <= *cap)
-        return true;
-    size_t c = *cap ? *cap : 16;
-    while (c < need)
-        c *= 2;
-    void *nv = realloc(*v, c * elem);
-    if (!nv)
-        return false;
-    *v = nv;
-    *cap = c;
+    while (*cap < need) {
+        void *nv = ml_grow(*v, *cap, cap, elem, 16);
+        if (!nv)
+            return false;
+        *v = nv;
+    }
     return true;
 }
 

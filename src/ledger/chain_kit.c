@@ -148,6 +148,12 @@ void ml_ck_node(ml_chain *ch, ml_cblock *b, const char *what, uint64_t grad_in,
     node_claims(ch, b, s1);
 }
 
+void ml_ck_node_claim(ml_chain *ch, ml_cblock *b, size_t s)
+{
+    if (ch->record_nodes && !ch->overflow && b->nnodes)
+        node_claims(ch, b, s);
+}
+
 void ml_ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes)
 {
     if (ch->record_nodes && b->nnodes)

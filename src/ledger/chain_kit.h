@@ -38,6 +38,8 @@ void ml_ck_linear(ml_chain *ch, ml_cblock *b, uint64_t in, uint64_t out, bool bi
  * releases the saved storages s0 and s1 (SIZE_MAX: none). */
 void ml_ck_node(ml_chain *ch, ml_cblock *b, const char *what, uint64_t grad_in,
                 uint64_t param_grad, uint64_t grad_out, size_t s0, size_t s1);
+/* A further saved storage s the node just recorded releases. */
+void ml_ck_node_claim(ml_chain *ch, ml_cblock *b, size_t s);
 /* Scratch of the node just recorded (allocated and freed inside it). */
 void ml_ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes);
 /* InputBuffer accumulation: a gradient of `bytes` added in place into the

@@ -146,7 +146,8 @@ ml_status ml_hf_map_llava(const ml_node *r, ml_model *m, ml_error *err)
     if ((st = text_of(tc, m, err)))
         return st;
     if (m->type != ML_MODEL_DECODER || m->classes || m->experts || m->kv_lora ||
-        m->parallel_residual || m->embed_scale || m->post_norms || m->fused_proj)
+        m->parallel_residual || m->embed_scale || m->post_norms || m->fused_proj ||
+        m->norm == ML_NORM_OLMO_LAYERNORM)
         return ml_error_at(err, tc, ML_SCHEMA,
                            "text_config: a llava's language model is planned for the Llama "
                            "layout (llama, mistral, qwen2): this one is not modelled");

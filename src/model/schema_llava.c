@@ -144,6 +144,10 @@ ml_status ml_schema_multimodal(ml_error *err, const ml_node *mm, ml_model *m)
     if ((st = ml_tree_need_map(err, d, "model.stacks.decoder")) ||
         (st = ml_schema_transformer(err, d, m)))
         return st;
+    if (m->norm == ML_NORM_OLMO_LAYERNORM)
+        return ml_error_at(err, ml_tree_get(d, "norm"), ML_SCHEMA,
+                           "model.stacks.decoder.norm: olmo_layernorm is planned in OLMo's own "
+                           "decoder, not as a multimodal model's: use rmsnorm");
     if (ml_tree_get(d, "type") || m->image_size || m->classes || m->experts || m->kv_lora ||
         m->parallel_residual || !m->prenorm)
         return ml_error_at(err, d, ML_SCHEMA,

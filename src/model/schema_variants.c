@@ -216,15 +216,24 @@ ml_status ml_schema_olmo(ml_error *err, const ml_node *mm, ml_model *m)
 {
     if (m->norm != ML_NORM_OLMO_LAYERNORM)
         return ML_OK;
-    if (m->type != ML_MODEL_DECODER || !m->prenorm || m->parallel_residual || m->experts ||
-        m->kv_lora || m->post_norms || m->fused_proj || m->attn_softcap > 0 ||
-        m->final_softcap > 0 || m->classes || m->kv_heads > m->heads ||
-        m->activation == ML_ACT_QUICK_GELU)
-        return ml_error_at(err, ml_tree_get(mm, "norm"), ML_SCHEMA,
-                           "model.norm: olmo_layernorm (OLMo's LayerNorm without weight or bias, "
-                           "in fp32) is planned in OLMo's layer: a pre-norm decoder with one "
-                           "dense MLP and a language-model head; remove parallel_residual, "
-                           "experts, kv_lora_rank, post_norms, fused_projections, the soft caps "
-                           "and classes, or use norm: layernorm or rmsnorm");
+    /* the first setting OLMo's layer does not have, named as a key */
+    static const char *const keys[] = {
+        "type",         "norm_position", "parallel_residual", "experts",      "kv_lora_rank",
+        "post_norms",   "fused_projections", "attn_softcap", "final_softcap", "classes",
+        "kv_heads",     "activation"};
+    const bool bad[] = {m->type != ML_MODEL_DECODER, !m->prenorm, m->parallel_residual,
+                        m->experts > 0,              m->kv_lora > 0, m->post_norms,
+                        m->fused_proj,               m->attn_softcap > 0, m->final_softcap > 0,
+                        m->classes > 0,              m->kv_heads > m->heads,
+                        m->activation == ML_ACT_QUICK_GELU};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (bad[i])
+            return ml_error_at(err, ml_tree_get(mm, "norm"), ML_SCHEMA,
+                               "model.norm: olmo_layernorm (OLMo's LayerNorm without weight or "
+                               "bias, in fp32) is planned in OLMo's layer: a pre-norm decoder "
+                               "with one dense MLP and a language-model head; model.%s is "
+                               "another layout's: remove or change it, or use norm: layernorm "
+                               "or rmsnorm",
+                               keys[i]);
     return ML_OK;
 }
