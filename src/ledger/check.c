@@ -61,6 +61,12 @@ const char *ml_config_problem(const ml_config *cfg)
         return "training.checkpoint: optimal needs a budget: give a device (device.memory)";
     if (dv->present && dv->memory == 0)
         return "device.memory: must be at least 1 byte";
+    /* the headroom is a signed 64-bit figure (ml_summary.headroom, the
+     * JSON's "headroom"): a device of 2^63 B or more could have a headroom
+     * it cannot state */
+    if (dv->present && dv->memory > (uint64_t)INT64_MAX)
+        return "device.memory: must be below 8 EiB (2^63 B), the most a headroom in signed "
+               "64 bits can state; give the device's real size";
     if (dv->present && dv->budget > dv->memory)
         return over_budget;
     if (dv->present && dv->runtime_reserve >= dv->memory)
