@@ -25,6 +25,13 @@ const char *ml_config_problem(const ml_config *cfg)
         if ((v < lim[i].lo || v > lim[i].hi) && !(v == 0 && lim[i].zero_unset))
             return lim[i].problem;
     }
+    /* the effective batch is a 64-bit figure (fit's effective_batch, the
+     * emitted train_batch_size): at every limit the product is 2^64 */
+    uint64_t effective;
+    if (__builtin_mul_overflow(t->micro_batch, t->grad_accum, &effective) ||
+        __builtin_mul_overflow(effective, t->data_parallel, &effective))
+        return "training: micro_batch x grad_accum x data_parallel (the effective batch) must "
+               "be below 2^64; lower one of them";
     if ((unsigned)t->precision >= ML_PREC_COUNT || (unsigned)t->optimizer >= ML_OPT_COUNT ||
         (unsigned)t->optimizer_impl >= ML_IMPL_COUNT ||
         (unsigned)t->checkpoint.kind >= ML_CKPT_COUNT)
