@@ -133,7 +133,6 @@ static void describe_plan(const ml_chain *ch, const ml_checkpoint *cp, const int
         snprintf(buf + o, size - o, " none");
 }
 
-
 /* Parameters, master weights, gradients, optimizer states and step
  * temporaries per device: ZeRO stage z shards states (z >= 1), gradients
  * (z >= 2) and parameters (z = 3) over N devices; offload moves them to the
@@ -304,24 +303,6 @@ static void flops_and_time(const ml_chain *ch, const ml_config *cfg, double flop
     }
 }
 
-/* have - need as a signed 64-bit headroom, or false where it does not fit
- * (a peak more than 8 EiB over the device; ml_config_problem keeps the
- * device itself below 2^63 B, so a positive headroom always fits). */
-static bool headroom_of(uint64_t have, uint64_t need, int64_t *out)
-{
-    if (have >= need) {
-        if (have - need > (uint64_t)INT64_MAX)
-            return false;
-        *out = (int64_t)(have - need);
-        return true;
-    }
-    const uint64_t over = need - have;
-    if (over > (uint64_t)INT64_MAX)
-        return false;
-    *out = -(int64_t)over;
-    return true;
-}
-
 /* The peak total (fragmentation allowance, runtime reserve) and whether it
  * fits the device. */
 static ml_status verdict(const ml_chain *ch, const ml_device *dv, ml_summary *s, ml_error *err)
@@ -357,10 +338,9 @@ static ml_status verdict(const ml_chain *ch, const ml_device *dv, ml_summary *s,
         s->device_limit = ml_device_limit(dv);
         s->fits = peak <= s->budget && s->peak_total <= s->memory && !s->reserved_oom;
         int64_t h1 = 0, h2 = 0;
-        if (!headroom_of(s->budget, peak, &h1) || !headroom_of(s->memory, s->peak_total, &h2))
-            return ml_errorf(err, ML_OVERFLOW,
-                             "the peak is more than 8 EiB (2^63 B) over the device: its "
-                             "headroom does not fit signed 64 bits");
+        if (!ml_headroom(s->budget, peak, &h1) || !ml_headroom(s->memory, s->peak_total, &h2))
+            return ml_errorf(err, ML_OVERFLOW, "the peak is more than 8 EiB (2^63 B) over the "
+                                               "device: its headroom does not fit 64 bits");
         s->headroom = h1 < h2 ? h1 : h2;
     }
     s->c_tokens = ch->c_tokens;
