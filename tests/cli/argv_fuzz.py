@@ -166,6 +166,8 @@ def main():
                 cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
                 if p.returncode not in (0, 1, 2, 3, 4):
                     why = "exit status %d" % p.returncode
+                elif "\x1b" in err or "\x07" in err or "\u009b" in err:
+                    why = "a raw terminal escape on stderr (docs/cli.md: shown as \\xNN)"
                 elif "Sanitizer" in err or "runtime error:" in err:
                     why = "sanitizer report: " + err.strip().splitlines()[0][:200]
                 elif cpu > a.timeout:
