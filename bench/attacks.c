@@ -136,7 +136,7 @@ void bench_sequential_fit(unsigned n)
              "name: seq-%u\nmodel:\n  type: sequential\n  input: [16]\n  layers:\n"
              "    - repeat: {times: %u, layers: [linear: {out: 16}, relu: {}]}\n"
              "  loss: mse\ntraining:\n  micro_batch: 4\ndevice:\n  memory: 8GiB\n",
-             n, n);
+             n, n / 2);
     ml_model *m = NULL;
     ml_error e;
     if (ml_model_load_string(y, strlen(y), "seq.yaml", &m, &e) != ML_OK) {
@@ -150,7 +150,7 @@ void bench_sequential_fit(unsigned n)
     double t0 = now();
     ml_status st = ml_fit(m, &c, &req, &r, &e);
     double dt = now() - t0;
-    printf("fit --checkpoint auto, sequential (linear, relu) x %6u: %8.1f ms (%u evaluations, "
+    printf("fit --checkpoint auto, sequential model of %6u layers: %8.1f ms (%u evaluations, "
            "micro-batch %llu)%s%s\n",
            n, dt * 1e3, r.evaluations, (unsigned long long)r.micro_batch, st ? ": " : "",
            st ? e.msg : "");

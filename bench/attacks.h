@@ -10,8 +10,8 @@
  * bits of FNV-1a (the hash the trace reader used before), or random ids of
  * the same length. */
 void bench_trace_collisions(size_t n, bool random_ids);
-/* A sequential model of 2n layers (linear, relu) at micro-batch 4 on
- * 8 GiB: fit --checkpoint auto. */
+/* A sequential model of n layers (n / 2 of linear 16 wide, relu) at
+ * micro-batch 4 on 8 GiB: fit --checkpoint auto. */
 void bench_sequential_fit(unsigned n);
 
 /* Writes a colliding trace of n lines to path (the fuzz corpus's); 0 on

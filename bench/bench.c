@@ -163,7 +163,7 @@ int main(int argc, char **argv)
         bench_trace_collisions(n, false);
         bench_trace_collisions(n, true);
     }
-    for (unsigned n = 6250; n <= 25000 && strcmp(which, "trace"); n *= 2)
+    for (unsigned n = 6250; n <= 50000 && strcmp(which, "trace"); n *= 2)
         bench_sequential_fit(n);
     if (attacks_only)
         return 0;

@@ -191,7 +191,6 @@ void ml_eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, b
     ml_eval_batch(r, x->ch);
 }
 
-
 /* The iteration's events after the resident states: each micro-batch (two
  * stand for any accumulation: the second one's are every later one's), the
  * optimizer step (which first creates the states when create_states: the
@@ -571,6 +570,7 @@ void ml_ledger_destroy(ml_ledger *l)
         return;
     free(l->blocks);
     free(l->events);
+    free(l->levels);
     free(l);
 }
 

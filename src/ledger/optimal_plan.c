@@ -331,6 +331,18 @@ ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_
     ml_status st = ml_eval_run(x, seg, false, l, err);
     if (st)
         return st;
+    /* nothing checkpointed fits: no plan recomputes less (0 FLOPs, no
+     * block), and no solve is needed (on a long chain under a roomy budget
+     * every segment reaches the end: n^2 / 2 extensions; issue 42) */
+    *fits = l->sum.fits;
+    if (*fits)
+        return ML_OK;
+    /* over the line at the optimizer step, the binding peak: no plan can
+     * help (every activation is freed by then; the step's bytes are the
+     * states', whatever the plan), so nothing is solved; the fixed
+     * policies give the lowest peak */
+    if (l->sum.binding == ML_PEAK_STEADY && l->sum.peak_phase == ML_PHASE_OPTIMIZER)
+        return fixed_fallback(x, seg, l, fits, 0, err);
     ml_summary res = l->sum;
     ml_opt_block *ob = calloc(n ? n : 1, sizeof *ob);
     opt_run r = {x, l, seg, calloc(n ? n : 1, sizeof(int)), calloc(n ? n : 1, sizeof(int)),

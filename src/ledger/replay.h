@@ -13,6 +13,8 @@ struct ml_ledger {
     size_t nblocks;
     ml_event *events;
     size_t nevents, cap;
+    struct ml_level *levels; /* the events as levels (levels.h), or NULL */
+    size_t nlevels;
 };
 
 /* Per-device sharding (docs/sharding.md). */

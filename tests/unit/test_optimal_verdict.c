@@ -3,7 +3,10 @@
  * the verdict"). The witness is independent of the solver: the plan the
  * solver chose one micro-batch lower, run as an explicit segment list
  * (ML_CKPT_SEGMENTS: no solve), at this micro-batch. */
+#include <stdlib.h>
+
 #include "harness.h"
+#include "ledger/optimal.h"
 
 /* At micro-batch b - 1 optimal fits with a plan; where that plan, given as
  * a list, fits at b, optimal at b must fit too (before: resnet50 on an L4
@@ -63,10 +66,49 @@ static void test_optimal_fits_where_a_neighbour_plan_does(void **state)
     ml_model_destroy(m);
 }
 
+/* Issue 42, item 3: on a long chain of tiny blocks under a roomy budget
+ * every segment fits, so each block's reach walked to the end: n^2 / 2
+ * extensions a solve. Past 8,192 blocks (8,192^2 = 2^26) the longest
+ * segment searched is 2^26 / n blocks, at least 256: 20,000 blocks give
+ * floor(67,108,864 / 20,000) = 3,355, and the extensions stay within
+ * n * (3,355 + 1); 4,000 blocks are searched whole (4,000^2 < 2^26). The
+ * plan still meets the model: the solve is feasible, the check agrees. */
+static void test_segment_work_is_bounded(void **state)
+{
+    (void)state;
+    assert_int_equal(ml_opt_max_segment(4000), 4000);
+    assert_int_equal(ml_opt_max_segment(8192), 8192);
+    assert_int_equal(ml_opt_max_segment(20000), 3355);
+    assert_int_equal(ml_opt_max_segment(1000000), 256);
+    const size_t n = 20000;
+    ml_opt_block *b = calloc(n, sizeof *b);
+    int *seg = calloc(n, sizeof *seg);
+    assert_non_null(b);
+    assert_non_null(seg);
+    for (size_t i = 0; i < n; i++)
+        b[i] = (ml_opt_block){64, 64, 0, 128, 128, 64, 0, 1.0};
+    /* keeping every block needs 64 n = 1,280,000 B: a budget of 1 MB
+     * makes segments necessary, and any segment's recompute fits it */
+    ml_opt_chain c = {n, b, 0, 0, 1000000};
+    double cost = 0, check_cost = 0;
+    bool feasible = false;
+    ml_opt_stats st;
+    assert_int_equal(ml_opt_solve_stats(&c, 0, seg, &cost, &feasible, &st), ML_OK);
+    assert_true(feasible);
+    assert_int_equal(st.max_segment, 3355);
+    assert_true(st.steps <= n * (3355 + 1));
+    uint64_t peak = 0;
+    assert_true(ml_opt_check(&c, seg, &check_cost, &peak));
+    assert_true(peak <= c.budget);
+    free(b);
+    free(seg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_optimal_fits_where_a_neighbour_plan_does),
+        cmocka_unit_test(test_segment_work_is_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
