@@ -140,8 +140,49 @@ static void optimal_time(unsigned layers)
     ml_model_destroy(m);
 }
 
+/* The comparison grid (bench/vs-llm-analysis.py): micro-batch 1..8 x
+ * sequence 256, 512, 1024 x no recompute or full, each configuration a
+ * whole plan; prints the configurations per second. */
+static int grid(const char *path, double seconds)
+{
+    ml_model *m = NULL;
+    ml_error e;
+    if (ml_model_load_file(path, &m, &e) != ML_OK) {
+        fprintf(stderr, "bench: %s:%u:%u: %s\n", e.path, e.line, e.col, e.msg);
+        return 1;
+    }
+    ml_config c = ml_model_config(m);
+    static const uint64_t seqs[] = {256, 512, 1024};
+    unsigned long n = 0;
+    double t0 = now(), t = t0;
+    do {
+        for (uint64_t b = 1; b <= 8; b++)
+            for (size_t s = 0; s < 3; s++)
+                for (int ck = 0; ck < 2; ck++) {
+                    c.training.micro_batch = b;
+                    c.training.seq_len = seqs[s];
+                    c.training.checkpoint.kind = ck ? ML_CKPT_FULL : ML_CKPT_NONE;
+                    ml_ledger *l = NULL;
+                    if (ml_ledger_evaluate(m, &c, false, &l, &e) != ML_OK) {
+                        fprintf(stderr, "bench: %s\n", e.msg);
+                        ml_model_destroy(m);
+                        return 1;
+                    }
+                    ml_ledger_destroy(l);
+                    n++;
+                }
+        t = now();
+    } while (t - t0 < seconds);
+    printf("grid %s: %.0f configurations per second (%.2f us each, %lu in %.2f s)\n", path,
+           (double)n / (t - t0), (t - t0) / (double)n * 1e6, n, t - t0);
+    ml_model_destroy(m);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 3 && !strcmp(argv[1], "--grid"))
+        return grid(argv[2], 2.0);
     double secs = argc > 1 ? 2.0 : 1.0;
     /* --attacks [trace|fit]: only the inputs built to cost superlinear time
      * (issue 42), or only one of them;

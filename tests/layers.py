@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks that includes under src/ point down the layers:
-util, alloc < model < profile < ledger < plan < report < cli, with each
+util, alloc < model < profile < graph, ledger < plan < report < cli, with each
 public header (include/memledger/) at the layer that defines it.
 
 usage: layers.py SRC_DIR      (exit 1 and one line per violation)
@@ -11,7 +11,7 @@ import re
 import sys
 import tempfile
 
-RANK = {"util": 0, "alloc": 0, "model": 1, "profile": 2, "ledger": 3, "plan": 4,
+RANK = {"util": 0, "alloc": 0, "model": 1, "profile": 2, "graph": 3, "ledger": 3, "plan": 4,
         "report": 5, "cli": 6}
 PUBLIC = {"error.h": 0, "export.h": 0, "model.h": 1, "calib.h": 2, "ledger.h": 3,
           "plan.h": 4, "lengths.h": 4, "report.h": 5, "json.h": 5, "memledger.h": 6, "version.h": 0}

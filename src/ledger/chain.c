@@ -214,11 +214,12 @@ ml_status ml_chain_refused(const ml_model *m, const ml_training *t, ml_error *er
     return ML_OK;
 }
 
-static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_chain *ch,
-                       ml_error *err)
+static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, bool graph,
+                       ml_chain *ch, ml_error *err)
 {
     memset(ch, 0, sizeof *ch);
     ch->eval_mode = eval;
+    ch->builders_only = !graph;
     ch->selective = cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE;
     ml_status refused = ml_chain_refused(m, &cfg->training, err);
     if (refused)
@@ -252,6 +253,8 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
         ch->calib_note = "the runner measures no encoder-decoder (T5) blocks";
     else if (st == ML_OK && cfg->calib && m->vis_layers)
         ch->calib_note = "the runner measures no vision-tower (CLIP) blocks";
+    else if (st == ML_OK && cfg->calib && m->norm == ML_NORM_OLMO_LAYERNORM)
+        ch->calib_note = "the runner measures no OLMo blocks (its LayerNorm without weight)";
     else if (st == ML_OK && cfg->calib && (m->kv_lora || m->experts))
         ch->calib_note = "the runner measures no mixture-of-experts or latent-attention blocks";
     else if (st == ML_OK && cfg->calib && m->type != ML_MODEL_SEQUENTIAL)
@@ -283,13 +286,19 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
 
 ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err)
 {
-    return build(m, cfg, false, ch, err);
+    return build(m, cfg, false, true, ch, err);
+}
+
+ml_status ml_chain_build_builders(const ml_model *m, const ml_config *cfg, bool eval,
+                                  ml_chain *ch, ml_error *err)
+{
+    return build(m, cfg, eval, false, ch, err);
 }
 
 ml_status ml_chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                               ml_error *err)
 {
-    return build(m, cfg, true, ch, err);
+    return build(m, cfg, true, true, ch, err);
 }
 
 void ml_chain_free(ml_chain *ch)

@@ -3,6 +3,8 @@
  * logits), BERT's masked-LM head, the encoder classifiers, then the loss,
  * or the fused linear cross-entropy (logits: fused), with what eager
  * autograd keeps for each (docs/inventory.md, "Heads and losses"). */
+#include <stdlib.h>
+
 #include "ledger/chain_kit.h"
 
 /* Whether the blocks record their backward nodes (docs/ledger.md,
@@ -247,15 +249,39 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     if (!b)
         return ML_NOMEM;
     b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), w);
-    if (t->logits == ML_LOGITS_FUSED) {
+    const bool fused = t->logits == ML_LOGITS_FUSED;
+    ml_ck_graph *G = NULL;
+    /* the fused head's norm records its nodes in every dtype: the builders'
+     * RMSNorm nodes on a 2-byte stream count its gradients in the stream's
+     * dtype where the graph has the fp32 upcast's (docs/graph.md, "What
+     * the passes do not derive yet") */
+    const bool upcast_nodes = fused && !ch->prec.autocast && w != 4 &&
+                              (m->norm == ML_NORM_RMSNORM || m->norm == ML_NORM_GEMMA_RMSNORM);
+    if (!ch->builders_only && m->type == ML_MODEL_DECODER && !upcast_nodes) {
+        if (!(G = malloc(sizeof *G)))
+            return ML_NOMEM;
+        if (!ml_ck_graph_head(ch, m, d, fused, G)) {
+            free(G);
+            G = NULL;
+        }
+    }
+    if (fused) {
         /* node lists: the norm's, and the fused op's hand-over */
         ch->record_nodes = !ch->prec.autocast;
-        uint64_t np;
-        unsigned nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
-        ml_ck_norm_params(ch, b, np, d->D);
-        uint64_t out = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
-        ml_ck_end(ch, b, out);
-        ml_ck_forward_head(ch, b, m, d, true);
+        unsigned nb = w;
+        if (G) {
+            /* the op graph's norm (docs/graph.md): its output has the
+             * stream's dtype */
+            ml_ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
+            free(G);
+        } else {
+            uint64_t np;
+            nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
+            ml_ck_norm_params(ch, b, np, d->D);
+            uint64_t out = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
+            ml_ck_end(ch, b, out);
+            ml_ck_forward_head(ch, b, m, d, true);
+        }
         b = ml_ck_begin(ch, "loss", -1);
         if (!b)
             return ML_NOMEM;
@@ -268,11 +294,24 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
      * logits-sized gradients in turn); the other heads keep the block rule */
     ch->record_nodes = m->final_softcap > 0 && ml_ck_node_level(ch, m);
     uint64_t rows; /* rows of the logits */
-    uint64_t out_classes = m->type != ML_MODEL_ENCODER
-                               ? (m->classes ? seq_cls_head(ch, b, m, d, &rows)
-                                             : lm_head(ch, b, m, d, &rows))
-                           : m->mlm_head ? mlm_head(ch, b, m, d, &rows)
-                                         : classifier_head(ch, b, m, d, &rows);
+    uint64_t out_classes;
+    if (G) {
+        /* the op graph's head (docs/graph.md); tied, the embeddings'
+         * gradient is first created here */
+        if (m->tied_embeddings)
+            vocab_weight(ch, b, m, d);
+        rows = d->BT;
+        out_classes = d->V;
+        ml_ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, rows, out_classes), a));
+        free(G);
+        ch->record_nodes = false;
+        return ml_ck_ce_loss(ch, m, d, rows, out_classes);
+    }
+    out_classes = m->type != ML_MODEL_ENCODER
+                      ? (m->classes ? seq_cls_head(ch, b, m, d, &rows)
+                                    : lm_head(ch, b, m, d, &rows))
+                  : m->mlm_head ? mlm_head(ch, b, m, d, &rows)
+                                : classifier_head(ch, b, m, d, &rows);
     uint64_t logits = ml_mul(ch, rows, out_classes);
     ml_ck_end(ch, b, ml_mul(ch, logits, a));
     ml_ck_forward_head(ch, b, m, d, false);

@@ -7,6 +7,7 @@
 #ifndef ML_CHAIN_KIT_H
 #define ML_CHAIN_KIT_H
 
+#include "graph/graph.h"
 #include "ledger/chain.h"
 
 /* Shapes of a transformer block (or of a sequential attention layer). */
@@ -167,6 +168,28 @@ ml_status ml_ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *
  * block `to`'s, with no gradient (the caller sets the other fields); NULL
  * when bytes is 0 (none) or out of memory (ch->nomem set). */
 ml_side *ml_ck_side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to);
+
+/* A layer's op graph at the chain's sizes (chain_graph.c; docs/graph.md). */
+typedef struct {
+    ml_graph g;
+    ml_graph_sizes z;
+    uint64_t tb[MLG_MAX_TENSORS]; /* each tensor's bytes */
+    bool programs;                /* the forward's live bytes come from the graph */
+} ml_ck_graph;
+/* Builds the graph of m's layers into G when the component kit expresses
+ * their layout (graph/families.c); false: the chain builders run. */
+bool ml_ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+/* The same for a decoder's head (the final norm and the LM head; fused:
+ * the norm alone). */
+bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
+                      ml_ck_graph *G);
+/* Block b's inventory, nodes, parameters, FLOPs and transients from G,
+ * closed with output bytes out (ml_ck_end), then its forward programs. */
+void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t out);
+/* Block b as a copy of the identical block ch->blocks[proto] (the same
+ * graph at the same sizes), whose parameters are ch->params[pfirst ..
+ * pfirst + pcount): a configuration's layers are emitted once. */
+void ml_ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst, size_t pcount);
 
 /* The families' builders, called by ml_chain_build. */
 ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,

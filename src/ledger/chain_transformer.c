@@ -397,24 +397,42 @@ ml_status ml_ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     ch->record_nodes = ml_ck_node_level(ch, m);
+    /* the layer's op graph, where the component kit expresses its layout */
+    ml_ck_graph *G = malloc(sizeof *G);
+    if (!G)
+        return ML_NOMEM;
+    const bool graph = !ch->builders_only && ml_ck_graph_layer(ch, m, d, G);
+    size_t proto = SIZE_MAX, pfirst = 0, pcount = 0; /* the first layer's block */
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
         block_name(name, i);
         ml_cblock *b = ml_ck_begin(ch, name, (int)(ch->mask_ckpt0 + i));
-        if (!b)
+        if (!b) {
+            free(G);
             return ML_NOMEM;
+        }
         b->in_bytes = ml_mul(ch, BTD, w);
-        if (m->prenorm)
-            ml_ck_prenorm_block(ch, b, m, d);
-        else
-            postnorm_block(ch, b, m, d);
-        ml_ck_end(ch, b, ml_mul(ch, BTD, w));
-        ml_ck_forward_layer(ch, b, m, d);
+        if (graph && proto != SIZE_MAX) {
+            ml_ck_graph_repeat(ch, b, proto, pfirst, pcount);
+        } else if (graph) {
+            pfirst = ch->nparams;
+            ml_ck_graph_emit(ch, b, G, ml_mul(ch, BTD, w));
+            pcount = ch->nparams - pfirst;
+            proto = (size_t)(b - ch->blocks);
+        } else {
+            if (m->prenorm)
+                ml_ck_prenorm_block(ch, b, m, d);
+            else
+                postnorm_block(ch, b, m, d);
+            ml_ck_end(ch, b, ml_mul(ch, BTD, w));
+            ml_ck_forward_layer(ch, b, m, d);
+        }
         if (m->kv_cache)
             b->cache_bytes = kv_cache_bytes(ch, m, d);
         if (ch->overflow || ch->nomem)
             break;
     }
+    free(G);
     ch->record_nodes = false;
     ch->n_ckpt = ch->mask_ckpt0 + m->layers;
     /* torch.utils.checkpoint saves every tensor argument of the block: the

@@ -128,7 +128,7 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
         return ml_error_at(err, ml_tree_get(r, "hidden_act"), ML_SCHEMA,
                            "hidden_act: '%s' is not modelled for %s (silu: SwiGLU)", act, t);
     m->activation = ML_ACT_SWIGLU;
-    m->norm = ML_NORM_RMSNORM;
+    m->norm = strcmp(t, "olmo") ? ML_NORM_RMSNORM : ML_NORM_OLMO_LAYERNORM; /* OlmoLayerNorm */
     m->prenorm = true;
     m->position = ML_POS_ROPE;
     m->bias = false;
@@ -137,9 +137,9 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
     m->dropout = 0; /* attention_dropout > 0 is refused by the key table */
     if ((st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
         return st;
-    if (!strcmp(t, "llama")) {
-        /* modeling_llama: q, k, v and o_proj take attention_bias, the MLP
-         * mlp_bias */
+    if (!strcmp(t, "llama") || !strcmp(t, "olmo")) {
+        /* modeling_llama (and modeling_olmo's, without mlp_bias): q, k, v
+         * and o_proj take attention_bias, the MLP mlp_bias */
         bool ab = false, mb = false;
         if ((st = ml_hf_bool(err, r, "attention_bias", &ab)) ||
             (st = ml_hf_bool(err, r, "mlp_bias", &mb)))

@@ -75,6 +75,9 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
     {"clip_vision_model", ML_HF_CLIPV, "CLIPVisionModel",
      "none: planned as a llava's vision_config (the tower, its post_layernorm unused)", NULL,
      NULL},
+    {"olmo", ML_HF_OLMO, "OlmoForCausalLM",
+     "a causal LM head over vocab_size (tied as OLMo-1B's, tie_word_embeddings), cross-entropy",
+     NULL, NULL},
 };
 
 unsigned ml_hf_family(const char *model_type)

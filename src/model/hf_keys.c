@@ -20,7 +20,8 @@
 #define DS3 ML_HF_DEEPSEEK3
 #define DS2 ML_HF_DEEPSEEK2
 #define DSK (DS2 | DS3)
-#define DEC (LM3 | GEM | PHI | ML_HF_GPT2 | ML_HF_NEOX | FAL | DSK)
+#define OLM ML_HF_OLMO
+#define DEC (LM3 | GEM | PHI | ML_HF_GPT2 | ML_HF_NEOX | FAL | DSK | OLM)
 #define ENC (ML_HF_BERT | ML_HF_VIT)
 #define T5 (ML_HF_T5 | ML_HF_MT5)
 #define LLV ML_HF_LLAVA
@@ -91,10 +92,11 @@ static const ml_hf_key keys[] = {
     {"max_position_embeddings", ML_HF_GPT2 | ML_HF_BERT, H, NULL,
      "learned positions (max_position_embeddings × D parameters) and the longest sequence "
      "(GPT-2: the alias of n_positions)"},
-    {"max_position_embeddings", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DSK, H, NULL,
+    {"max_position_embeddings", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DSK | OLM, H, NULL,
      "the default sequence length, the smaller of it and 2048 (rotary positions have no "
      "parameters)"},
-    {"num_key_value_heads", LM3 | GEM | PHI, H, NULL, "Hkv (grouped-query attention); default H"},
+    {"num_key_value_heads", LM3 | GEM | PHI | OLM, H, NULL,
+     "Hkv (grouped-query attention); default H"},
     {"num_key_value_heads", DSK, H, NULL,
      "must equal num_attention_heads: latent attention makes H key and value heads, and "
      "repeating them is not modelled"},
@@ -103,7 +105,7 @@ static const ml_hf_key keys[] = {
     {"head_dim", ML_HF_GPT2 | ML_HF_NEOX | FAL | ENC, R, NULL,
      "these families' head size is hidden_size / num_attention_heads: another value is "
      "refused"},
-    {"intermediate_size", (LM3 & ~QWM) | GEM | ML_HF_NEOX | ENC | CLV, H, NULL, "F"},
+    {"intermediate_size", (LM3 & ~QWM) | GEM | ML_HF_NEOX | ENC | CLV | OLM, H, NULL, "F"},
     {"intermediate_size", QWM, I, NULL,
      "the dense MLP's width, for the layers decoder_sparse_step and mlp_only_layers leave "
      "dense (refused): every layer planned is sparse"},
@@ -114,12 +116,13 @@ static const ml_hf_key keys[] = {
     {"patch_size", ML_HF_VIT | CLV, H, NULL, "the patch side (must divide image_size)"},
     {"num_channels", ML_HF_VIT | CLV, H, NULL, "the image channels (default 3)"},
     /* the layer's layout */
-    {"hidden_act", LM3 | PHI | DSK, H, NULL, "silu (SwiGLU); any other value is refused"},
+    {"hidden_act", LM3 | PHI | DSK | OLM, H, NULL, "silu (SwiGLU); any other value is refused"},
     {"hidden_act", ML_HF_NEOX | ENC, H, NULL, ACT_NOTE},
     {"hidden_act", GEM, H, NULL, GEMMA_ACT_NOTE},
     {"hidden_activation", GEM, H, NULL, GEMMA_ACT_NOTE},
     {"activation_function", ML_HF_GPT2, H, NULL, ACT_NOTE},
-    {"attention_bias", ML_HF_LLAMA | GEM, H, NULL, "biases on q, k, v and o_proj (default false)"},
+    {"attention_bias", ML_HF_LLAMA | GEM | OLM, H, NULL,
+     "biases on q, k, v and o_proj (default false)"},
     {"attention_bias", ML_HF_MISTRAL | MIX, R, "false|null",
      "MistralAttention and MixtralAttention have no biases (they do not read the key)"},
     {"attention_bias", DSK, R, "false|null",
@@ -160,9 +163,9 @@ static const ml_hf_key keys[] = {
     {"scale_attn_by_inverse_layer_idx", ML_HF_GPT2, I, NULL,
      "divides the scores by a Python scalar, which saves nothing"},
     /* positions */
-    {"rope_theta", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DSK, I, NULL, ROPE_NOTE},
+    {"rope_theta", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DSK | OLM, I, NULL, ROPE_NOTE},
     {"rotary_emb_base", ML_HF_NEOX, I, NULL, ROPE_NOTE},
-    {"rope_scaling", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DSK, I, NULL,
+    {"rope_scaling", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DSK | OLM, I, NULL,
      "linear, dynamic, yarn, llama3 or longrope rescaling of the rotation's frequencies: "
      "values of the same cos and sin tensors"},
     {"rope_parameters", LM3 | GEM | PHI | ML_HF_NEOX | FAL | DSK, I, NULL,
@@ -188,7 +191,9 @@ static const ml_hf_key keys[] = {
     {"layer_types", QW, H, NULL,
      "full_attention or sliding_attention per layer (instead of max_window_layers)"},
     /* dropout */
-    {"attention_dropout", LM3 | GEM | DSK, R, "0|null",
+    {"clip_qkv", OLM, R, "null",
+     "OlmoAttention clamps q, k and v in place when it is set: not modelled"},
+    {"attention_dropout", LM3 | GEM | DSK | OLM, R, "0|null",
      "attention dropout alone is not modelled: the planner's dropout also masks the residual "
      "branches and the embeddings, which these models do not"},
     {"attention_dropout", ML_HF_NEOX, H, NULL, DROP_NOTE},

@@ -22,8 +22,15 @@ typedef enum {
 /* quick_gelu: x * sigmoid(1.702 * x) (CLIP's vision MLP, HF QuickGELUActivation) */
 typedef enum { ML_ACT_GELU, ML_ACT_RELU, ML_ACT_SWIGLU, ML_ACT_GEGLU, ML_ACT_QUICK_GELU } ml_activation;
 /* rmsnorm: HF LlamaRMSNorm, weight * h.to(dtype); gemma_rmsnorm: HF
- * GemmaRMSNorm, (h * (1 + weight)) in fp32, then cast (docs/inventory.md) */
-typedef enum { ML_NORM_LAYERNORM, ML_NORM_RMSNORM, ML_NORM_GEMMA_RMSNORM } ml_norm;
+ * GemmaRMSNorm, (h * (1 + weight)) in fp32, then cast; olmo_layernorm: HF
+ * OlmoLayerNorm, a LayerNorm without weight or bias in fp32, then cast
+ * (docs/inventory.md) */
+typedef enum {
+    ML_NORM_LAYERNORM,
+    ML_NORM_RMSNORM,
+    ML_NORM_GEMMA_RMSNORM,
+    ML_NORM_OLMO_LAYERNORM
+} ml_norm;
 typedef enum { ML_POS_LEARNED, ML_POS_ROPE, ML_POS_NONE } ml_position;
 /* eager: the matmul/softmax layout; flash: a fused kernel's inventory;
  * sdpa: scaled_dot_product_attention as PyTorch dispatches it (a fused
@@ -216,14 +223,15 @@ enum {
     ML_HF_MT5 = 1u << 16,
     ML_HF_LLAVA = 1u << 17,
     ML_HF_CLIPV = 1u << 18, /* clip_vision_model: a llava's vision_config only */
-    ML_HF_FAMILY_COUNT = 19
+    ML_HF_OLMO = 1u << 19,
+    ML_HF_FAMILY_COUNT = 20
 };
 #define ML_HF_LM3                                                                       \
-    (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | ML_HF_MIXTRAL | ML_HF_QWEN2MOE) /* the Llama-layout
-                                                                            families */
+    (ML_HF_LLAMA | ML_HF_MISTRAL | ML_HF_QWEN2 | ML_HF_MIXTRAL | ML_HF_QWEN2MOE |        \
+     ML_HF_OLMO) /* the Llama-layout families */
 #define ML_HF_SUPPORTED \
     "llama, mistral, mixtral, qwen2, qwen2_moe, deepseek_v2, deepseek_v3, gemma, gemma2, phi3, " \
-    "gpt2, gpt_neox, falcon, bert, vit, t5, mt5, llava"
+    "gpt2, gpt_neox, falcon, bert, vit, t5, mt5, llava, olmo"
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head, and a second class the planner builds too (NULL: none;

@@ -11,9 +11,9 @@
 #include "model/schema.h"
 #include "model/shape.h"
 
-
 static const char *const act_names[] = {"gelu", "relu", "swiglu", "geglu"};
-static const char *const norm_names[] = {"layernorm", "rmsnorm", "gemma_rmsnorm"};
+static const char *const norm_names[] = {"layernorm", "rmsnorm", "gemma_rmsnorm",
+                                         "olmo_layernorm"};
 static const char *const normpos_names[] = {"pre", "post"};
 static const char *const pos_names[] = {"learned", "rope", "none"};
 static const char *const attn_names[] = {"eager", "flash", "sdpa"};
@@ -213,9 +213,9 @@ ml_status ml_schema_transformer(ml_error *err, const ml_node *mm, ml_model *m)
         return st;
     if ((st = ml_schema_gemma2(err, mm, m)) || (st = ml_schema_falcon(err, mm, m)))
         return st;
-    if ((st = ml_schema_experts(err, mm, m)))
+    if ((st = ml_schema_experts(err, mm, m)) || (st = ml_schema_mla(err, mm, m)))
         return st;
-    return ml_schema_mla(err, mm, m);
+    return ml_schema_olmo(err, mm, m);
 }
 
 /* training.KEY within the limits table's range (model/limits.h); a key

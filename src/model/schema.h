@@ -21,6 +21,9 @@ ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m);
 /* kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim: multi-head latent
  * attention (schema_variants.c), after the experts' keys. */
 ml_status ml_schema_mla(ml_error *err, const ml_node *mm, ml_model *m);
+/* norm: olmo_layernorm (HF OlmoLayerNorm) is planned in the layouts the op
+ * graph expresses with it (docs/graph.md): a plain pre-norm decoder. */
+ml_status ml_schema_olmo(ml_error *err, const ml_node *mm, ml_model *m);
 /* The per-model default of training.seq_len (schema_t5.c). */
 void ml_schema_seq_default(ml_model *m);
 /* model: of type encoder-decoder (T5; schema_t5.c). */

@@ -211,3 +211,20 @@ ml_status ml_schema_mla(ml_error *err, const ml_node *mm, ml_model *m)
         m->v_dim = dh - m->rope_dim; /* DeepSeek's v_head_dim = qk_nope_head_dim */
     return ML_OK;
 }
+
+ml_status ml_schema_olmo(ml_error *err, const ml_node *mm, ml_model *m)
+{
+    if (m->norm != ML_NORM_OLMO_LAYERNORM)
+        return ML_OK;
+    if (m->type != ML_MODEL_DECODER || !m->prenorm || m->parallel_residual || m->experts ||
+        m->kv_lora || m->post_norms || m->fused_proj || m->attn_softcap > 0 ||
+        m->final_softcap > 0 || m->classes || m->kv_heads > m->heads ||
+        m->activation == ML_ACT_QUICK_GELU)
+        return ml_error_at(err, ml_tree_get(mm, "norm"), ML_SCHEMA,
+                           "model.norm: olmo_layernorm (OLMo's LayerNorm without weight or bias, "
+                           "in fp32) is planned in OLMo's layer: a pre-norm decoder with one "
+                           "dense MLP and a language-model head; remove parallel_residual, "
+                           "experts, kv_lora_rank, post_norms, fused_projections, the soft caps "
+                           "and classes, or use norm: layernorm or rmsnorm");
+    return ML_OK;
+}

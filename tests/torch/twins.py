@@ -443,6 +443,28 @@ class Llama(nn.Module):
         return lm_loss(rec, s.norm(x), s.lm_head, tgt, s.final_softcap)
 
 
+class OlmoLayerNorm(nn.Module):
+    def __init__(s, D):
+        super().__init__()
+        s.shape = (D,)
+
+    def forward(s, x):  # HF OlmoLayerNorm: no weight, no bias, in fp32
+        dt = x.dtype
+        return F.layer_norm(x.to(dtype=torch.float32), s.shape, None, None, eps=1e-05).to(dt)
+
+
+class Olmo(Llama):
+    """HF modeling_olmo eager (OlmoDecoderLayer, OlmoAttention with
+    clip_qkv null, OlmoMLP): Llama's layer with OlmoLayerNorm; tied as
+    OLMo-1B is (tie_word_embeddings)."""
+    Norm = OlmoLayerNorm
+
+    def __init__(s, m):
+        super().__init__(m)
+        if m.get("tied_embeddings"):
+            s.lm_head.weight = s.embed.weight
+
+
 class Gemma(Llama):
     """HF modeling_gemma eager: Llama's attention (head_dim of its own, MQA)
     with GemmaRMSNorm, GeGLU with tanh GELU, embeddings times sqrt(D), tied."""
@@ -1363,6 +1385,8 @@ def build(doc):
         return Gemma2(m)
     if m.get("norm", "layernorm") == "gemma_rmsnorm":
         return Gemma(m)
+    if m.get("norm", "layernorm") == "olmo_layernorm":
+        return Olmo(m)
     if m.get("norm", "layernorm") == "rmsnorm":
         return Llama(m)
     return GPT2(m)

@@ -93,6 +93,11 @@ static void test_published_counts(void **state)
     /* mistralai/Mistral-7B-v0.1: 7,241,732,096 (8 kv heads of 128) */
     assert_int_equal(llama(32, 4096, 1024, 14336, 32000, false, false), 7241732096ull);
     assert_int_equal(hf_params("mistral-7b", NULL), 7241732096ull);
+    /* allenai/OLMo-1B-hf: 1,176,764,416 (1.18B): tied V*D, per layer 4 D^2 +
+     * 3 D F and OlmoLayerNorm's no parameters; its name from _name_or_path */
+    assert_int_equal(50304ull * 2048 + 16 * (4ull * 2048 * 2048 + 3ull * 2048 * 8192),
+                     1176764416ull);
+    assert_int_equal(hf_params("olmo-1b", NULL), 1176764416ull);
     /* Qwen/Qwen2-0.5B: 494,032,768 (tied, q/k/v biases, 2 kv heads of 64) */
     assert_int_equal(llama(24, 896, 128, 4864, 151936, true, true), 494032768ull);
     assert_int_equal(hf_params("qwen2-0.5b", NULL), 494032768ull);

@@ -42,6 +42,12 @@ static void test_published_counts(void **state)
     /* meta-llama/Meta-Llama-3-8B: 8,030,261,248 (8 kv heads of 128) */
     assert_int_equal(llama(32, 4096, 1024, 14336, 128256), 8030261248ull);
     assert_int_equal(params_of("llama-3-8b"), 8030261248ull);
+    /* allenai/OLMo-1B-hf: 1,176,764,416 (1.18B): the tied table V*D and
+     * per block Llama's 4 D^2 + 3 D F, its LayerNorms without parameters:
+     * 50304 * 2048 + 16 * (4 * 2048^2 + 3 * 2048 * 8192) */
+    assert_int_equal(50304ull * 2048 + 16 * (4ull * 2048 * 2048 + 3ull * 2048 * 8192),
+                     1176764416ull);
+    assert_int_equal(params_of("olmo-1b"), 1176764416ull);
     /* ViT-B/16: patch conv 3*16*16*768 + 768, class token 768, positions
      * 197*768, 12 blocks as GPT-2's, final ln 2*768, head 768*1000 + 1000:
      * 86,567,656 (timm vit_base_patch16_224) */

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""memledger's time per configuration beside llm-analysis's, on the same grid.
+
+usage: vs-llm-analysis.py LLM_ANALYSIS_DIR [MEMLEDGER_BENCH]
+
+LLM_ANALYSIS_DIR is a checkout of github.com/cli99/llm-analysis (it is not
+shipped here); it runs with Debian's python3-fire (apt-get install
+python3-fire), so run this script with /usr/bin/python3. MEMLEDGER_BENCH
+defaults to build/bench/memledger-bench.
+
+The grid, for GPT-2 small and Llama-2-7B: micro-batch 1..8 x sequence 256,
+512, 1024 x no recompute or full recompute (48 configurations). llm-analysis:
+one LLMAnalysis per model, its training() per configuration, logging off.
+memledger: `memledger-bench --grid MODEL.yaml`, a whole plan per
+configuration (the node-level replay of one iteration, the first iteration,
+the checks). Prints each tool's time per configuration and the ratio.
+Prints figures only: nothing here is a pass or a fail.
+"""
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+
+
+def llm_analysis_time(root, model, seconds=2.0):
+    sys.path.insert(0, root)
+    from llm_analysis.analysis import LLMAnalysis, ActivationRecomputation
+    from llm_analysis.config import (ParallelismConfig, get_dtype_config_by_name,
+                                     get_gpu_config_by_name, get_model_config_by_name)
+    logging.disable(logging.CRITICAL)
+    a = LLMAnalysis(get_model_config_by_name(model), get_gpu_config_by_name("a100-sxm-80gb"),
+                    get_dtype_config_by_name("w16a16e16"), ParallelismConfig())
+    n, t0 = 0, time.perf_counter()
+    while True:
+        for b in range(1, 9):
+            for T in (256, 512, 1024):
+                for rc in (0, 4):  # NONE, FULL
+                    a.training(batch_size_per_gpu=b, seq_len=T, gradient_accumulation_steps=1,
+                               activation_recomputation=ActivationRecomputation(rc))
+                    n += 1
+        t = time.perf_counter() - t0
+        if t >= seconds:
+            return t / n
+
+
+def memledger_time(bench, yaml):
+    out = subprocess.run([bench, "--grid", yaml], capture_output=True, text=True, check=True)
+    m = re.search(r"\(([0-9.]+) us each", out.stdout)
+    if not m:
+        sys.exit("memledger-bench printed no grid figure: %r" % out.stdout)
+    return float(m.group(1)) * 1e-6
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    root = sys.argv[1]
+    bench = sys.argv[2] if len(sys.argv) > 2 else "build/bench/memledger-bench"
+    if not os.path.isdir(os.path.join(root, "llm_analysis")):
+        sys.exit("%s: not a checkout of llm-analysis (no llm_analysis/ in it)" % root)
+    print("%-12s %18s %18s %8s" % ("model", "llm-analysis", "memledger", "ratio"))
+    for name, la_model, yaml in (("gpt2-small", "gpt2", "models/gpt2-small.yaml"),
+                                 ("llama-2-7b", "NousResearch_Llama-2-7b-hf",
+                                  "models/llama-2-7b.yaml")):
+        la = llm_analysis_time(root, la_model)
+        ml = memledger_time(bench, yaml)
+        print("%-12s %15.1f us %15.1f us %7.1fx" % (name, la * 1e6, ml * 1e6, la / ml))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+/* Families as compositions (families.h): a layer is its components'
+ * settings, read off the model; the kit does the rest. */
+#include "graph/families.h"
+
+/* What every layout the kit expresses shares: a decoder's pre-norm layer
+ * with one dense MLP and plain self-attention. The others keep their chain
+ * builders (ledger/chain_transformer.c) until the kit expresses them:
+ * parallel residuals (GPT-NeoX, Falcon), experts (Mixtral, DeepSeek),
+ * latent attention, vision towers, Gemma's norms and soft-capping, Phi-3's
+ * fused projections, post-norm encoders. */
+static bool plain_decoder(const ml_model *m)
+{
+    return m->type == ML_MODEL_DECODER && m->prenorm && !m->parallel_residual &&
+           !m->shared_norm && !m->experts && !m->kv_lora && !m->image_size && !m->vis_layers &&
+           !m->fused_proj;
+}
+
+bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    if (!plain_decoder(m) || m->post_norms || m->attn_softcap > 0 ||
+        m->norm != ML_NORM_LAYERNORM || m->position == ML_POS_ROPE || m->kv_heads != m->heads ||
+        (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+        return false;
+    *L = (mlg_layer){0};
+    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false, false};
+    L->attn.qkv_bias = m->qkv_bias;
+    L->attn.out_bias = m->bias || m->out_bias;
+    L->attn.fused_kernel = c->fused_kernel;
+    L->attn.dropout = L->attn.out_grad = m->dropout > 0;
+    L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
+                       m->dropout > 0, m->dropout > 0};
+    L->autocast = c->autocast;
+    return true;
+}
+
+/* HF's decoder layer of Llama's layout with the norm n (Gemma 2's post
+ * norms and soft caps when the model has them). */
+static bool hf_layer(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_layer *L)
+{
+    static const uint8_t act[] = {[ML_ACT_GELU] = MLG_GELU, [ML_ACT_RELU] = MLG_RELU,
+                                  [ML_ACT_SWIGLU] = MLG_SWIGLU, [ML_ACT_GEGLU] = MLG_GEGLU};
+    if (!plain_decoder(m) || m->activation == ML_ACT_QUICK_GELU || m->kv_heads > m->heads)
+        return false;
+    *L = (mlg_layer){0};
+    L->norm = n;
+    mlg_attention *a = &L->attn;
+    a->hf = true;
+    a->qkv_bias = m->qkv_bias;
+    a->out_bias = m->bias || m->out_bias;
+    a->fused_kernel = c->fused_kernel;
+    a->dropout = m->dropout > 0;
+    a->rope = m->position == ML_POS_ROPE;
+    a->grouped = m->kv_heads < m->heads;
+    a->repeat_copy = a->grouped && m->kv_heads > 1;
+    a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
+    a->probs_cast = c->compute_bytes != 4;
+    a->cache = c->eval && m->kv_cache;
+    /* sdpa and flash keep nothing for the cap: transformers passes sdpa
+     * none, flash caps in place */
+    a->softcap = m->attn_softcap > 0 && m->attention == ML_ATTN_EAGER;
+    a->mask = true;
+    a->out_grad = m->dropout > 0 || m->post_norms;
+    L->mlp = (mlg_mlp){act[m->activation], m->bias || m->mlp_bias, m->dropout > 0,
+                       m->dropout > 0 || m->post_norms};
+    L->autocast = c->autocast;
+    L->hf_order = true;
+    /* Gemma 2's norms of the branches' outputs (compute dtype) */
+    L->post_norms = m->post_norms;
+    L->post = (mlg_norm){n.kind, false, c->compute_bytes != 4, true};
+    return true;
+}
+
+bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    const mlg_norm n = {MLG_RMSNORM, false, c->stream_bytes != 4, false};
+    return m->norm == ML_NORM_RMSNORM && !m->post_norms && !(m->attn_softcap > 0) &&
+           hf_layer(m, c, n, L);
+}
+
+bool ml__family_gemma_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    const mlg_norm n = {MLG_GEMMA_RMSNORM, false, c->stream_bytes != 4, false};
+    return m->norm == ML_NORM_GEMMA_RMSNORM && hf_layer(m, c, n, L);
+}
+
+bool ml__family_olmo_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    const mlg_norm n = {MLG_OLMO_LAYERNORM, false, c->stream_bytes != 4, false};
+    return m->norm == ML_NORM_OLMO_LAYERNORM && !m->post_norms && !(m->attn_softcap > 0) &&
+           hf_layer(m, c, n, L);
+}
+
+bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    if (m->type != ML_MODEL_ENCODER || !m->image_size || !m->prenorm ||
+        m->norm != ML_NORM_LAYERNORM || m->kv_heads != m->heads || m->parallel_residual ||
+        m->experts || m->fused_proj || m->post_norms || m->attn_softcap > 0 ||
+        (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+        return false;
+    *L = (mlg_layer){0};
+    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false, false};
+    mlg_attention *a = &L->attn;
+    a->hf = true;
+    a->qkv_bias = m->qkv_bias;
+    a->out_bias = m->bias || m->out_bias;
+    a->fused_kernel = c->fused_kernel;
+    a->dropout = a->out_grad = m->dropout > 0;
+    a->probs_cast = c->compute_bytes != 4;
+    a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
+    L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
+                       m->dropout > 0, m->dropout > 0};
+    L->autocast = c->autocast;
+    return true;
+}
+
+bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    return ml__family_gpt2_layer(m, c, L) || ml__family_llama_layer(m, c, L) ||
+           ml__family_gemma_layer(m, c, L) || ml__family_olmo_layer(m, c, L) ||
+           ml__family_vit_layer(m, c, L);
+}
+
+void ml__family_layer_graph(ml_graph *g, const mlg_layer *L)
+{
+    ml__graph_init(g);
+    ml__kit_prenorm_layer(g, L);
+}
+
+bool ml__family_head(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    return ml__family_layer(m, c, L) && !m->classes;
+}
+
+void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap)
+{
+    ml__graph_init(g);
+    ml__kit_lm_head(g, L, tied, fused, softcap);
+}

@@ -1,0 +1,53 @@
+/* The families as compositions of the component kit (kit.h): each maps a
+ * model's settings onto the components of its layer and says whether the
+ * kit expresses that layout. docs/adding-a-family.md. */
+#ifndef ML_GRAPH_FAMILIES_H
+#define ML_GRAPH_FAMILIES_H
+
+#include "graph/kit.h"
+#include "model/model_internal.h"
+
+/* What of a configuration changes a layer's ops (the sizes do not). */
+typedef struct {
+    unsigned compute_bytes, stream_bytes; /* the precision policy's */
+    bool fp16;          /* the 2-byte dtype is float16 (else bfloat16) */
+    bool autocast;      /* torch.autocast runs the model */
+    bool fused_kernel;  /* its attention dispatches to a fused kernel */
+    bool eval;          /* the evaluation pass (model.eval(), no_grad) */
+} mlg_config;
+
+/* nanoGPT's and Hugging Face GPT-2's layer (pre-LayerNorm, one c_attn
+ * projection, masked_fill causal mask, a GELU or ReLU MLP) into L; false
+ * when m's layer is another layout. */
+bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's Llama layout (LlamaDecoderLayer, and Mistral's, Qwen2's:
+ * RMSNorm, q/k/v projections, rotary, grouped heads, a gated MLP). */
+bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's Gemma layout (GemmaDecoderLayer): Llama's with
+ * GemmaRMSNorm, (h * (1 + weight)) in fp32 then cast (GeGLU, head_dim,
+ * the embeddings' scale are settings Llama's layer already reads); Gemma
+ * 2's (Gemma2DecoderLayer) with a norm on each branch's output and the
+ * scores' soft cap. */
+bool ml__family_gemma_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's OLMo layout (OlmoDecoderLayer): Llama's with
+ * OlmoLayerNorm, a LayerNorm without weight or bias computed in fp32. */
+bool ml__family_olmo_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's ViT layout (ViTLayer): pre-LayerNorm, ViTSelfAttention's
+ * query, key and value (softmax in fp32, no mask), a GELU MLP; its
+ * patch embedding and classifier are not layers. */
+bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* The family whose layout m's layers have; false: none of the kit's. */
+bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+
+/* The graph of a layer L into g (a pre-norm layer of its components). */
+void ml__family_layer_graph(ml_graph *g, const mlg_layer *L);
+
+/* A decoder's LM head whose final norm the kit expresses: the norm of m's
+ * layer family (ml__family_layer), an LM head (no classes, no soft-capped
+ * logits). */
+bool ml__family_head(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* The graph of that head into g (fused: its norm alone; softcap: Gemma
+ * 2's soft-capped logits). */
+void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap);
+
+#endif

@@ -1,0 +1,244 @@
+/* The op graph (graph.h): building a block's list of ops, and the passes
+ * that need nothing but the graph and the sizes. docs/graph.md. */
+#include <stdarg.h>
+#include <string.h>
+
+#include "graph/graph.h"
+
+void ml__graph_init(ml_graph *g)
+{
+    g->nt = g->nop = 0;
+    g->group = 0;
+    g->full = false;
+}
+
+static uint16_t tensor_va(ml_graph *g, const char *name, uint8_t dtype, uint8_t role,
+                          uint16_t base, unsigned ndim, va_list ap)
+{
+    if (g->nt >= MLG_MAX_TENSORS || ndim > 6) {
+        g->full = true;
+        return MLG_NONE;
+    }
+    mlg_tensor *t = &g->t[g->nt];
+    memset(t, 0, sizeof *t);
+    t->name = name;
+    t->dtype = dtype;
+    t->role = role;
+    t->factor = 1;
+    t->ndim = (uint8_t)ndim;
+    t->base = base;
+    t->group = g->group;
+    for (unsigned i = 0; i < ndim; i++)
+        t->dim[i] = (uint8_t)va_arg(ap, int);
+    return g->nt++;
+}
+
+uint16_t ml__graph_tensor(ml_graph *g, const char *name, uint8_t dtype, uint8_t role,
+                          unsigned ndim, ...)
+{
+    va_list ap;
+    va_start(ap, ndim);
+    uint16_t t = tensor_va(g, name, dtype, role, MLG_NONE, ndim, ap);
+    va_end(ap);
+    return t;
+}
+
+uint16_t ml__graph_view(ml_graph *g, const char *name, uint16_t base, unsigned ndim, ...)
+{
+    va_list ap;
+    va_start(ap, ndim);
+    uint8_t dtype = base < g->nt ? g->t[base].dtype : MLG_COMPUTE;
+    uint16_t t = tensor_va(g, name, dtype, MLG_VIEW, base, ndim, ap);
+    va_end(ap);
+    return t;
+}
+
+mlg_op *ml__graph_op(ml_graph *g, uint8_t kind, const char *name)
+{
+    if (g->nop >= MLG_MAX_OPS) {
+        g->full = true;
+        memset(&g->sink, 0, sizeof g->sink);
+        return &g->sink;
+    }
+    mlg_op *o = &g->op[g->nop++];
+    memset(o, 0, sizeof *o);
+    o->name = name;
+    o->kind = kind;
+    o->accum = MLG_NONE;
+    o->kernels = kind == MLG_OP_VIEW ? 0 : 1;
+    return o;
+}
+
+mlg_op *ml__graph_release(ml_graph *g, const char *name)
+{
+    return ml__graph_op(g, MLG_OP_VIEW, name);
+}
+
+/* The fixed arrays of an op: a builder that lists more is a bug, caught by
+ * the graph tests (tests/unit/test_graph.c); the extra entries are dropped. */
+#define PUSH(arr, n, v)                                                  \
+    do {                                                                 \
+        if ((v) == MLG_NONE)                                             \
+            break;                                                       \
+        if ((n) < sizeof(arr) / sizeof((arr)[0]))                        \
+            (arr)[(n)++] = (v);                                          \
+        else                                                             \
+            o->overfull = true;                                          \
+    } while (0)
+
+void ml__op_in(mlg_op *o, uint16_t t) { PUSH(o->in, o->nin, t); }
+void ml__op_out(mlg_op *o, uint16_t t) { PUSH(o->out, o->nout, t); }
+void ml__op_save(mlg_op *o, uint16_t t) { PUSH(o->save, o->nsave, t); }
+void ml__op_free(mlg_op *o, uint16_t t) { PUSH(o->free, o->nfree, t); }
+void ml__op_param(mlg_op *o, uint16_t t) { PUSH(o->param, o->nparam, t); }
+void ml__op_gin(mlg_op *o, uint16_t t) { PUSH(o->gin, o->ngin, t); }
+void ml__op_gout(mlg_op *o, uint16_t t) { PUSH(o->gout, o->ngout, t); }
+
+void ml__op_node(mlg_op *o, const char *node)
+{
+    o->node = node;
+}
+
+void ml__op_flops(mlg_op *o, double k, unsigned ndim, ...)
+{
+    va_list ap;
+    va_start(ap, ndim);
+    o->flops = k;
+    o->nfdim = (uint8_t)(ndim > 6 ? 6 : ndim);
+    for (unsigned i = 0; i < o->nfdim; i++)
+        o->fdim[i] = (uint8_t)va_arg(ap, int);
+    va_end(ap);
+}
+
+static bool ids_valid(const ml_graph *g, const uint16_t *ids, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (ids[i] >= g->nt)
+            return false;
+    return true;
+}
+
+bool ml__graph_valid(const ml_graph *g)
+{
+    if (g->full)
+        return false;
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        if (o->overfull || !ids_valid(g, o->in, o->nin) || !ids_valid(g, o->out, o->nout) ||
+            !ids_valid(g, o->save, o->nsave) || !ids_valid(g, o->free, o->nfree) ||
+            !ids_valid(g, o->param, o->nparam) || !ids_valid(g, o->gin, o->ngin) ||
+            !ids_valid(g, o->gout, o->ngout) || (o->accum != MLG_NONE && o->accum >= g->nt))
+            return false;
+    }
+    for (uint16_t t = 0; t < g->nt; t++)
+        if (g->t[t].base != MLG_NONE && g->t[t].base >= g->nt)
+            return false;
+    return true;
+}
+
+/* ---- passes ------------------------------------------------------------ */
+
+void ml__graph_bytes(const ml_graph *g, ml_graph_sizes *z, uint64_t *tb)
+{
+    for (uint16_t i = 0; i < g->nt; i++) {
+        const mlg_tensor *t = &g->t[i];
+        uint64_t n = t->factor;
+        for (unsigned k = 0; k < t->ndim; k++)
+            if (__builtin_mul_overflow(n, z->dim[t->dim[k]], &n))
+                z->overflow = true;
+        if (__builtin_mul_overflow(n, (uint64_t)z->bytes[t->dtype], &n))
+            z->overflow = true;
+        if (t->flags & MLG_T_HALF)
+            n /= 2;
+        tb[i] = z->overflow ? 0 : n;
+    }
+}
+
+uint16_t ml__graph_storage(const ml_graph *g, uint16_t t)
+{
+    return g->t[t].role == MLG_VIEW ? g->t[t].base : t;
+}
+
+uint16_t ml__graph_entry(const ml_graph *g, uint16_t t)
+{
+    uint16_t s = ml__graph_storage(g, t);
+    return g->t[s].base != MLG_NONE ? g->t[s].base : s;
+}
+
+static void put(ml_graph_live *l, uint64_t b)
+{
+    if (__builtin_add_overflow(l->live, b, &l->live))
+        l->bad = true;
+    if (l->live > l->peak)
+        l->peak = l->live;
+}
+
+static void drop(ml_graph_live *l, uint64_t b)
+{
+    if (b > l->live)
+        l->bad = true;
+    else
+        l->live -= b;
+}
+
+void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool eval,
+                       ml_graph_live *out)
+{
+    bool saved[MLG_MAX_TENSORS] = {false};
+    uint16_t alias[MLG_MAX_TENSORS];
+    ml_graph_live l = {0, 0, g->full};
+    for (uint16_t i = 0; i < g->nt; i++)
+        alias[i] = i;
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        if (eval && o->kind == MLG_OP_DROPOUT) {
+            /* model.eval(): the dropout returns its input */
+            if (o->nout && o->nin)
+                alias[o->out[0]] = alias[o->in[0]];
+            continue;
+        }
+        for (unsigned j = 0; j < o->nout; j++)
+            put(&l, tb[o->out[j]]);
+        for (unsigned j = 0; grad && j < o->nsave; j++)
+            saved[ml__graph_storage(g, alias[o->save[j]])] = true;
+        for (unsigned j = 0; j < o->nfree; j++) {
+            uint16_t t = ml__graph_storage(g, alias[o->free[j]]);
+            if (!saved[t])
+                drop(&l, tb[t]);
+        }
+    }
+    *out = l;
+}
+
+void ml__graph_traffic(const ml_graph *g, const uint64_t *tb, bool eval,
+                       ml_graph_traffic *per_op, ml_graph_traffic *total)
+{
+    ml_graph_traffic sum = {0, 0, 0};
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        ml_graph_traffic t = {0, 0, 0};
+        if (o->kind != MLG_OP_VIEW && !(eval && o->kind == MLG_OP_DROPOUT)) {
+            for (unsigned j = 0; j < o->nin; j++)
+                t.read += tb[o->in[j]];
+            for (unsigned j = 0; j < o->nparam; j++)
+                t.read += tb[o->param[j]];
+            for (unsigned j = 0; j < o->nout; j++)
+                t.written += tb[o->out[j]];
+            t.kernels = o->kernels;
+        }
+        if (per_op)
+            per_op[k] = t;
+        sum.read += t.read;
+        sum.written += t.written;
+        sum.kernels += t.kernels;
+    }
+    *total = sum;
+}
+
+double ml__graph_op_flops(const mlg_op *o, const ml_graph_sizes *z)
+{
+    double f = o->flops;
+    for (unsigned i = 0; i < o->nfdim; i++)
+        f *= (double)z->dim[o->fdim[i]];
+    return f;
+}

@@ -1,0 +1,207 @@
+/* The op graph of one block: read this first (docs/graph.md).
+ *
+ * A block is a list of ops over tensors, written once per layer layout by
+ * composing the component kit (graph/kit.h). A tensor has a shape in named
+ * dimensions and a dtype class; an op reads tensors, allocates its outputs,
+ * saves tensors for its backward, drops the references the reference
+ * implementation's Python scoping drops, and names its backward node: the
+ * gradients it allocates and frees, by tensor, and the parameters whose
+ * gradients it produces. Every figure is a pass over that list:
+ *
+ *   ml__graph_forward   live bytes of the forward, with grad (saved tensors
+ *                       stay) or under no_grad (nothing stays), op by op
+ *   ml__graph_traffic   bytes read and written and kernels launched, per op
+ *   ml__graph_flops     forward FLOPs (all ops, or the attention core's)
+ *   ledger/chain_graph.c  the saved inventory, the backward node list, the
+ *                       parameters and the transients the replay runs on
+ *
+ * The graph is built once per layout; a configuration substitutes the
+ * dimension sizes (ml_graph_sizes) without rebuilding it. Internal to the
+ * library: `ml__` marks functions that cross files but are not its API. */
+#ifndef ML_GRAPH_H
+#define ML_GRAPH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Named dimensions. DQ, DKV and QKV are derived: H*DH, HKV*DH and
+ * DQ + 2*DKV (a fused q/k/v projection's width). */
+typedef enum {
+    MLG_B,   /* micro-batch */
+    MLG_T,   /* tokens */
+    MLG_D,   /* hidden (the residual stream's width) */
+    MLG_H,   /* query heads */
+    MLG_HKV, /* key/value heads */
+    MLG_DH,  /* head size */
+    MLG_F,   /* MLP width */
+    MLG_V,   /* vocabulary */
+    MLG_DQ,
+    MLG_DKV,
+    MLG_QKV,
+    MLG_NDIMS
+} mlg_dim;
+
+/* Dtype classes: their bytes come from the precision policy. */
+typedef enum {
+    MLG_COMPUTE, /* matmul-class activations: the compute dtype */
+    MLG_STREAM,  /* the residual stream (fp32 under autocast) */
+    MLG_FP32,
+    MLG_HALF,    /* autocast's low-precision copies */
+    MLG_INT64,
+    MLG_BOOL,    /* one byte: masks */
+    MLG_PARAM,   /* a parameter (its gradient: the gradient dtype) */
+    MLG_NDTYPES
+} mlg_dtype;
+
+enum {
+    MLG_ACT = 0,   /* an activation the block makes */
+    MLG_INPUT = 1, /* the block's input: its caller holds it */
+    MLG_PARAMETER = 2,
+    MLG_VIEW = 3,  /* a view of `base`: no storage of its own */
+};
+
+enum {
+    MLG_T_CORE = 1,  /* attention core: dropped under selective checkpointing */
+    MLG_T_TMP = 2,   /* one of the block rule's transients (docs/ledger.md,
+                        "transients"), the largest of which sizes the
+                        allocator simulation's units */
+    MLG_T_WCAST = 4, /* autocast's weight copy */
+    MLG_T_HALF = 8,  /* half the bytes of its shape (rotate_half's -x2) */
+    MLG_T_SHARED = 16, /* a parameter another block owns (tied weights): not
+                          listed here; its gradient counts in the node */
+};
+
+#define MLG_NONE 0xffffu
+#define MLG_MAX_TENSORS 160
+#define MLG_MAX_OPS 128
+
+typedef struct {
+    const char *name;
+    uint8_t dim[6], ndim;
+    uint8_t factor;   /* a whole multiple of the product (mean and rstd: 2) */
+    uint8_t dtype;    /* mlg_dtype */
+    uint8_t role;     /* MLG_ACT, MLG_INPUT, MLG_PARAMETER, MLG_VIEW */
+    uint8_t flags;    /* MLG_T_* */
+    uint16_t base;    /* a view's storage; a saved tensor counted in the entry
+                         of another (bmm's operand copies): that one */
+    uint8_t group;    /* a parameter's module: parameters are listed by group
+                         (the order modules register them), then by op */
+} mlg_tensor;
+
+/* Op kinds: the kernel class of each op, for the time model. */
+typedef enum {
+    MLG_OP_MATMUL,
+    MLG_OP_ELEMENTWISE,
+    MLG_OP_NORM,
+    MLG_OP_SOFTMAX,
+    MLG_OP_DROPOUT,
+    MLG_OP_ATTENTION, /* a fused attention kernel */
+    MLG_OP_COPY,      /* a contiguous copy, a cast */
+    MLG_OP_VIEW,      /* no kernel, no storage */
+    MLG_OP_KINDS
+} mlg_op_kind;
+
+typedef struct {
+    const char *name;    /* static: the forward op */
+    uint8_t kind;        /* mlg_op_kind */
+    uint8_t nin, nout, nsave, nfree, nparam, ngin, ngout;
+    uint16_t in[3];      /* read */
+    uint16_t out[3];     /* allocated, in order */
+    uint16_t save[6];    /* saved for the backward (the first saver releases) */
+    uint16_t free[4];    /* last references dropped once it has run */
+    uint16_t param[2];   /* parameters, in registration order */
+    double flops;        /* a whole multiple of the product of fdim */
+    uint8_t fdim[6], nfdim;
+    bool core;           /* its FLOPs are the attention core's */
+    uint8_t kernels;     /* kernels it launches (a view: none) */
+    /* the backward node (node NULL: none) */
+    const char *node;
+    uint16_t gin[2];     /* tensors whose gradients it allocates */
+    uint16_t gout[3];    /* tensors whose gradients it frees */
+    uint16_t accum;      /* a gradient then added in place into the buffer
+                            already held for the same tensor (input_buffer.cpp) */
+    bool scratch_in;     /* a scratch as large as gin[0]'s gradient */
+    bool overfull;       /* a builder listed more than an array holds */
+} mlg_op;
+
+typedef struct {
+    mlg_tensor t[MLG_MAX_TENSORS];
+    mlg_op op[MLG_MAX_OPS];
+    uint16_t nt, nop;
+    uint8_t group; /* the group new parameters join */
+    bool full;  /* more tensors or ops than the arrays hold: refused */
+    mlg_op sink; /* what a full graph's builders write to, never read */
+} ml_graph;
+
+/* The sizes a configuration substitutes: each dimension's, and the bytes
+ * of each dtype class. */
+typedef struct {
+    uint64_t dim[MLG_NDIMS];
+    unsigned bytes[MLG_NDTYPES];
+    unsigned grad_bytes; /* a parameter gradient's element */
+    bool overflow;       /* a product passed 64 bits (sticky) */
+} ml_graph_sizes;
+
+/* ---- building (graph.c) ---- */
+void ml__graph_init(ml_graph *g);
+/* A tensor of `ndim` named dimensions (variadic: mlg_dim values). */
+uint16_t ml__graph_tensor(ml_graph *g, const char *name, uint8_t dtype, uint8_t role,
+                          unsigned ndim, ...);
+/* A view of base with its own shape (its gradient is its shape's). */
+uint16_t ml__graph_view(ml_graph *g, const char *name, uint16_t base, unsigned ndim, ...);
+mlg_op *ml__graph_op(ml_graph *g, uint8_t kind, const char *name);
+void ml__op_in(mlg_op *o, uint16_t t);
+void ml__op_out(mlg_op *o, uint16_t t);
+void ml__op_save(mlg_op *o, uint16_t t);
+void ml__op_free(mlg_op *o, uint16_t t);
+void ml__op_param(mlg_op *o, uint16_t t);
+void ml__op_flops(mlg_op *o, double k, unsigned ndim, ...);
+/* The backward node: its name, then the gradients it allocates and frees. */
+void ml__op_node(mlg_op *o, const char *node);
+void ml__op_gin(mlg_op *o, uint16_t t);
+void ml__op_gout(mlg_op *o, uint16_t t);
+
+/* An op that launches nothing and only drops references (a function
+ * returning, a name rebound). */
+mlg_op *ml__graph_release(ml_graph *g, const char *name);
+
+/* Whether g is whole: no array overfull, every tensor an op names
+ * declared. A builder's bug, refused rather than planned. */
+bool ml__graph_valid(const ml_graph *g);
+
+/* ---- passes (graph.c) ---- */
+/* Every tensor's bytes at sizes z into tb[0 .. g->nt): a view's its own
+ * shape's (its gradient's; it has no storage). Sets z->overflow when a
+ * product passes 64 bits. */
+void ml__graph_bytes(const ml_graph *g, ml_graph_sizes *z, uint64_t *tb);
+/* The tensor whose storage t is (a view's base, else t). */
+uint16_t ml__graph_storage(const ml_graph *g, uint16_t t);
+/* The tensor whose saved entry t counts in (bmm's operand copies: the
+ * first; else t's storage). */
+uint16_t ml__graph_entry(const ml_graph *g, uint16_t t);
+
+/* The forward, op by op: each op allocates its outputs, then the tensors
+ * whose last reference went are freed; with grad, a tensor an op saved
+ * stays. The block's input is not counted (its caller holds it). In eval
+ * mode dropouts are the identity. */
+typedef struct {
+    uint64_t live, peak;
+    bool bad; /* a free of more than is live, or an overflow */
+} ml_graph_live;
+void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool eval,
+                       ml_graph_live *out);
+
+/* Bytes read and written and kernels launched by each op of the forward
+ * (per_op: g->nop entries, or NULL) and in all (a view reads and writes
+ * nothing, launches nothing; in eval mode a dropout is the identity). */
+typedef struct {
+    uint64_t read, written;
+    unsigned kernels;
+} ml_graph_traffic;
+void ml__graph_traffic(const ml_graph *g, const uint64_t *tb, bool eval,
+                       ml_graph_traffic *per_op, ml_graph_traffic *total);
+
+/* One op's forward FLOPs at sizes z. */
+double ml__graph_op_flops(const mlg_op *o, const ml_graph_sizes *z);
+
+#endif

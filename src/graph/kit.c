@@ -1,0 +1,560 @@
+/* The component kit (kit.h). Each component lists its ops in the order the
+ * reference implementation runs them, with the Python references it drops
+ * as it returns (nanoGPT's Block, CausalSelfAttention and MLP) and the
+ * copies ATen makes (matmul copies a head view it cannot fold into bmm's
+ * batch, aten/src/ATen/native/LinearAlgebra.cpp). A block's saved
+ * inventory lists its saved tensors in the order they are declared here
+ * (docs/graph.md, "The inventory pass"). */
+#include <stddef.h>
+
+#include "graph/kit.h"
+
+/* A tensor of the residual stream's shape. */
+static uint16_t stream(ml_graph *g, const char *name, uint8_t dtype)
+{
+    return ml__graph_tensor(g, name, dtype, MLG_ACT, 3, MLG_B, MLG_T, MLG_D);
+}
+
+static uint16_t param(ml_graph *g, const char *name, uint8_t rows, int cols)
+{
+    if (cols < 0)
+        return ml__graph_tensor(g, name, MLG_PARAM, MLG_PARAMETER, 1, rows);
+    return ml__graph_tensor(g, name, MLG_PARAM, MLG_PARAMETER, 2, rows, cols);
+}
+
+/* autocast's fp32 inputs: the stream (fp32 under autocast) or an fp32
+ * tensor */
+static bool cast_input(const ml_graph *g, const mlg_layer *L, uint16_t x)
+{
+    return L->autocast && (g->t[x].dtype == MLG_STREAM || g->t[x].dtype == MLG_FP32);
+}
+
+/* autocast's low-precision copy of an fp32 x (casts of activations are
+ * not cached: one per consumer), made now; MLG_NONE without autocast. */
+uint16_t ml__kit_cast_copy(ml_graph *g, const mlg_layer *L, uint16_t x)
+{
+    if (!cast_input(g, L, x))
+        return MLG_NONE;
+    const mlg_tensor *s = &g->t[x];
+    uint16_t c = ml__graph_tensor(g, "linear input (autocast copy)", MLG_HALF, MLG_ACT, 3,
+                                  s->dim[0], s->dim[1], s->dim[2]);
+    return c;
+}
+
+/* autocast's copy of a weight, which the matmul saves (cached per forward). */
+uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_t out)
+{
+    if (!L->autocast)
+        return MLG_NONE;
+    uint16_t w = ml__graph_tensor(g, "weight (autocast copy)", MLG_HALF, MLG_ACT, 2, in, out);
+    if (w != MLG_NONE)
+        g->t[w].flags |= MLG_T_WCAST;
+    return w;
+}
+
+/* The cast ops making copies c (of x) and w (of the weight): their kernels
+ * and bytes, before the linear that reads them. */
+static void cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w)
+{
+    if (c != MLG_NONE) {
+        mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, input)");
+        ml__op_in(o, x);
+        ml__op_out(o, c);
+    }
+    if (w != MLG_NONE) {
+        mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, weight)");
+        ml__op_out(o, w);
+    }
+}
+
+/* The linear itself, reading xs (x or its cast copy c) and the weight copy
+ * w; the copies' references go once it has run. */
+mlg_op *ml__kit_linear_with(ml_graph *g, const mlg_linear *lin, uint16_t x, uint16_t c,
+                            uint16_t w, uint16_t y)
+{
+    cast_ops(g, x, c, w);
+    const uint16_t xs = c != MLG_NONE ? c : x;
+    mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, lin->name);
+    ml__op_in(o, xs);
+    ml__op_out(o, y);
+    ml__op_save(o, xs);
+    ml__op_save(o, w);
+    ml__op_param(o, param(g, "weight", lin->in, lin->out));
+    if (lin->bias)
+        ml__op_param(o, param(g, "bias", lin->out, -1));
+    ml__op_flops(o, 2.0, 4, MLG_B, MLG_T, lin->in, lin->out);
+    ml__op_free(o, c);
+    ml__op_free(o, w);
+    ml__op_node(o, lin->node);
+    ml__op_gin(o, x);
+    return o;
+}
+
+mlg_op *ml__kit_linear(ml_graph *g, const mlg_layer *L, const mlg_linear *lin, uint16_t x,
+                       uint16_t y)
+{
+    uint16_t c = ml__kit_cast_copy(g, L, x);
+    uint16_t w = ml__kit_weight_copy(g, L, lin->in, lin->out);
+    return ml__kit_linear_with(g, lin, x, c, w, y);
+}
+
+/* LayerNorm: native_layer_norm saves its input, mean and rstd (fp32 per
+ * row); its backward's input gradient goes into the stream's buffer. */
+uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
+{
+    if (n->kind == MLG_RMSNORM)
+        return ml__kit_rmsnorm(g, n, x, xbuf);
+    if (n->kind == MLG_OLMO_LAYERNORM)
+        return ml__kit_olmo_norm(g, n, x, xbuf);
+    if (n->kind == MLG_GEMMA_RMSNORM)
+        return ml__kit_gemma_norm(g, n, x, xbuf);
+    uint16_t st = ml__graph_tensor(g, "layernorm mean+rstd", MLG_FP32, MLG_ACT, 2, MLG_B, MLG_T);
+    if (st != MLG_NONE)
+        g->t[st].factor = 2;
+    uint16_t h = stream(g, "layernorm output", g->t[x].dtype);
+    if (h != MLG_NONE)
+        g->t[h].flags |= MLG_T_TMP;
+    mlg_op *o = ml__graph_op(g, MLG_OP_NORM, "native_layer_norm");
+    ml__op_in(o, x);
+    ml__op_out(o, h);
+    ml__op_out(o, st);
+    ml__op_save(o, x);
+    ml__op_save(o, st);
+    ml__op_param(o, param(g, "weight", MLG_D, -1));
+    if (n->bias)
+        ml__op_param(o, param(g, "bias", MLG_D, -1));
+    ml__op_free(o, st);
+    ml__op_node(o, "NativeLayerNormBackward0");
+    ml__op_gin(o, x);
+    if (!n->held)
+        ml__op_gout(o, h);
+    if (xbuf)
+        o->accum = x;
+    return h;
+}
+
+uint16_t ml__kit_dropout(ml_graph *g, bool on, uint16_t x, const char *node, bool core,
+                         bool held)
+{
+    if (!on)
+        return x;
+    const mlg_tensor *s = &g->t[x];
+    /* the mask is declared first: the inventory lists it before a saved
+     * output (the PV matmul saves the attention dropout's) */
+    uint16_t y, mask;
+    if (s->ndim == 4) {
+        mask = ml__graph_tensor(g, "dropout mask", MLG_BOOL, MLG_ACT, 4, s->dim[0], s->dim[1],
+                                s->dim[2], s->dim[3]);
+        y = ml__graph_tensor(g, "dropout output", s->dtype, MLG_ACT, 4, s->dim[0], s->dim[1],
+                             s->dim[2], s->dim[3]);
+    } else {
+        mask = ml__graph_tensor(g, "dropout mask", MLG_BOOL, MLG_ACT, 3, s->dim[0], s->dim[1],
+                                s->dim[2]);
+        y = ml__graph_tensor(g, "dropout output", s->dtype, MLG_ACT, 3, s->dim[0], s->dim[1],
+                             s->dim[2]);
+    }
+    if (core && y != MLG_NONE && mask != MLG_NONE) {
+        g->t[y].flags |= MLG_T_CORE;
+        g->t[mask].flags |= MLG_T_CORE;
+    }
+    /* native_dropout: its output and the 1-byte mask it saves */
+    mlg_op *o = ml__graph_op(g, MLG_OP_DROPOUT, "native_dropout");
+    ml__op_in(o, x);
+    ml__op_out(o, y);
+    ml__op_out(o, mask);
+    ml__op_save(o, mask);
+    ml__op_free(o, mask);
+    ml__op_free(o, x);
+    ml__op_node(o, node);
+    ml__op_gin(o, x);
+    if (!held)
+        ml__op_gout(o, y);
+    return y;
+}
+
+uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y)
+{
+    uint16_t r = stream(g, "residual sum", g->t[x].dtype);
+    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "add (residual)");
+    ml__op_in(o, x);
+    ml__op_in(o, y);
+    ml__op_out(o, r);
+    ml__op_free(o, y);
+    /* AddBackward0 hands the one gradient to both: no node of its own */
+    return r;
+}
+
+/* A (B, H, T, T) tensor: the scores and probabilities. */
+uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags)
+{
+    uint16_t t = ml__graph_tensor(g, name, dtype, MLG_ACT, 4, MLG_B, MLG_H, MLG_T, MLG_T);
+    if (t != MLG_NONE)
+        g->t[t].flags |= flags;
+    return t;
+}
+
+uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h)
+{
+    return ml__graph_tensor(g, name, MLG_COMPUTE, MLG_ACT, 4, MLG_B, h, MLG_T, MLG_DH);
+}
+
+/* The eager core from q k^T to the softmax: the operands' contiguous
+ * copies bmm saves (one saved entry for q, k and v, released by the q k^T
+ * node), scale, masked_fill, softmax. Returns the probabilities; *qkc_out
+ * the copies' entry. */
+static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, uint16_t *qkc_out)
+{
+    uint16_t qkc = ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
+    if (qkc != MLG_NONE)
+        g->t[qkc].factor = 2;
+    *qkc_out = qkc;
+    uint16_t S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
+    mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "contiguous (q, k for bmm)");
+    ml__op_in(o, qh);
+    ml__op_in(o, kh);
+    ml__op_out(o, qkc);
+    o = ml__graph_op(g, MLG_OP_MATMUL, "bmm (q k^T)");
+    ml__op_in(o, qkc);
+    ml__op_out(o, S1);
+    ml__op_save(o, qkc);
+    ml__op_free(o, qkc);
+    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+    o->core = true;
+    ml__op_node(o, "BmmBackward0 (q k^T)");
+    ml__op_gin(o, qkc);
+    ml__op_gout(o, S1);
+    uint16_t S2 = ml__kit_scores(g, "scores (scaled)", MLG_COMPUTE, 0);
+    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "mul (scale)");
+    ml__op_in(o, S1);
+    ml__op_out(o, S2);
+    ml__op_free(o, S1);
+    ml__op_node(o, "MulBackward0/DivBackward0 (scale)");
+    ml__op_gin(o, S1);
+    ml__op_gout(o, S2);
+    /* nanoGPT's bias[:, :, :T, :T] == 0, a (T, T) bool masked_fill saves */
+    uint16_t TT = ml__graph_tensor(g, "causal mask (masked_fill, bool)", MLG_BOOL, MLG_ACT, 2,
+                                   MLG_T, MLG_T);
+    if (TT != MLG_NONE)
+        g->t[TT].flags |= MLG_T_CORE;
+    uint16_t P = ml__kit_scores(g, "softmax output", MLG_STREAM, MLG_T_CORE);
+    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "eq (causal mask)");
+    ml__op_out(o, TT);
+    uint16_t S3 = ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
+    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "masked_fill");
+    ml__op_in(o, S2);
+    ml__op_in(o, TT);
+    ml__op_out(o, S3);
+    ml__op_save(o, TT);
+    ml__op_free(o, TT);
+    ml__op_free(o, S2);
+    ml__op_node(o, "MaskedFillBackward0");
+    ml__op_gin(o, S2);
+    ml__op_gout(o, S3);
+    /* softmax in the stream's dtype (autocast runs it in fp32): saves its
+     * result */
+    o = ml__graph_op(g, MLG_OP_SOFTMAX, "softmax");
+    ml__op_in(o, S3);
+    ml__op_out(o, P);
+    ml__op_save(o, P);
+    ml__op_free(o, S3);
+    ml__op_node(o, "SoftmaxBackward0");
+    ml__op_gin(o, S3);
+    ml__op_gout(o, P);
+    return P;
+}
+
+/* The probabilities' dropout, autocast's cast back and the PV matmul with
+ * v's contiguous copy (counted in qkc's saved entry). Returns the last name
+ * bound to the probabilities (the caller drops it). */
+static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t vh, uint16_t qkc,
+                         uint16_t *O)
+{
+    mlg_op *o;
+    uint16_t probs = ml__kit_dropout(g, L->attn.dropout, P, "NativeDropoutBackward0 (attention)",
+                                     true, false);
+    if (L->autocast) {
+        /* the PV matmul casts the fp32 probabilities back, and saves the copy */
+        uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE, MLG_T_CORE);
+        o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, probabilities)");
+        ml__op_in(o, probs);
+        ml__op_out(o, Pc);
+        ml__op_free(o, probs);
+        ml__op_node(o, "ToCopyBackward0 (probabilities)");
+        ml__op_gin(o, probs);
+        ml__op_gout(o, Pc);
+        probs = Pc;
+    }
+    uint16_t vc = ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
+    if (vc != MLG_NONE)
+        g->t[vc].base = qkc; /* one entry with q's and k's, as listed */
+    *O = ml__kit_heads(g, "attention output (P v)", MLG_H);
+    o = ml__graph_op(g, MLG_OP_COPY, "contiguous (v for bmm)");
+    ml__op_in(o, vh);
+    ml__op_out(o, vc);
+    o = ml__graph_op(g, MLG_OP_MATMUL, "bmm (P v)");
+    ml__op_in(o, probs);
+    ml__op_in(o, vc);
+    ml__op_out(o, *O);
+    ml__op_save(o, probs);
+    ml__op_save(o, vc);
+    ml__op_free(o, vc);
+    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+    o->core = true;
+    ml__op_node(o, "BmmBackward0 (P v)");
+    ml__op_gin(o, probs);
+    ml__op_gin(o, vc);
+    ml__op_gout(o, *O);
+    return probs;
+}
+
+/* The q, k and v heads of a fused c_attn projection on h: its output (a
+ * B x T x QKV tensor) and the views of it. */
+typedef struct {
+    uint16_t qkv, qh, kh, vh;
+} qkv_heads;
+
+static qkv_heads fused_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
+{
+    const mlg_attention *a = &L->attn;
+    qkv_heads r;
+    /* c_attn: one projection to q, k and v (its output a B x T x QKV
+     * tensor they are slices of) */
+    uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, MLG_D, MLG_QKV);
+    r.qkv = ml__graph_tensor(g, "q/k/v projection output", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T,
+                             MLG_QKV);
+    if (r.qkv != MLG_NONE)
+        g->t[r.qkv].flags |= MLG_T_TMP;
+    const mlg_linear lin = {"addmm (q/k/v projection)", "AddmmBackward0 (qkv projection)", MLG_D,
+                            MLG_QKV, a->qkv_bias};
+    mlg_op *o = ml__kit_linear_with(g, &lin, h, c, w, r.qkv);
+    ml__op_gout(o, r.qkv);
+    uint16_t q = ml__graph_view(g, "q", r.qkv, 3, MLG_B, MLG_T, MLG_DQ);
+    uint16_t k = ml__graph_view(g, "k", r.qkv, 3, MLG_B, MLG_T, MLG_DKV);
+    uint16_t v = ml__graph_view(g, "v", r.qkv, 3, MLG_B, MLG_T, MLG_DKV);
+    o = ml__graph_op(g, MLG_OP_VIEW, "split (q, k, v)");
+    ml__op_in(o, r.qkv);
+    ml__op_node(o, "SplitBackward0 (cat of q, k, v)");
+    ml__op_gin(o, r.qkv);
+    ml__op_gout(o, q);
+    ml__op_gout(o, k);
+    ml__op_gout(o, v);
+    r.qh = ml__graph_view(g, "q heads", r.qkv, 4, MLG_B, MLG_H, MLG_T, MLG_DH);
+    r.kh = ml__graph_view(g, "k heads", r.qkv, 4, MLG_B, MLG_HKV, MLG_T, MLG_DH);
+    r.vh = ml__graph_view(g, "v heads", r.qkv, 4, MLG_B, MLG_HKV, MLG_T, MLG_DH);
+    /* the head views' backward copies the transposed gradient (v's is
+     * bmm's own layout) */
+    o = ml__graph_op(g, MLG_OP_VIEW, "view (q heads)");
+    ml__op_node(o, "ViewBackward0 (q, contiguous copy)");
+    ml__op_gin(o, q);
+    ml__op_gout(o, r.qh);
+    o = ml__graph_op(g, MLG_OP_VIEW, "view (k heads)");
+    ml__op_node(o, "ViewBackward0 (k, contiguous copy)");
+    ml__op_gin(o, k);
+    ml__op_gout(o, r.kh);
+    return r;
+}
+
+uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, uint16_t f1,
+                               uint16_t f2, uint16_t *Oc_out)
+{
+    const mlg_attention *a = &L->attn;
+    /* y.transpose(1, 2).contiguous(): the output projection's input */
+    uint16_t Oc = ml__graph_tensor(g, "output projection input", MLG_COMPUTE, MLG_ACT, 3, MLG_B,
+                                   MLG_T, MLG_DQ);
+    mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "contiguous (attention output)");
+    ml__op_in(o, O);
+    ml__op_out(o, Oc);
+    ml__op_free(o, O);
+    ml__op_free(o, f1);
+    ml__op_free(o, f2);
+    ml__op_node(o, a->fused_kernel ? NULL : "UnsafeViewBackward0 (attention output)");
+    ml__op_gin(o, O);
+    ml__op_gout(o, Oc);
+    /* c_proj, then the residual dropout; the projection's output gradient
+     * is the residual's (the skip's buffer holds it) unless a dropout made
+     * its own */
+    uint16_t A = ml__graph_tensor(g, "output projection output", MLG_COMPUTE, MLG_ACT, 3, MLG_B,
+                                  MLG_T, MLG_D);
+    if (A != MLG_NONE)
+        g->t[A].flags |= MLG_T_TMP;
+    const mlg_linear out = {"addmm (output projection)", "AddmmBackward0 (output projection)",
+                            MLG_DQ, MLG_D, a->out_bias};
+    o = ml__kit_linear(g, L, &out, Oc, A);
+    if (a->out_grad)
+        ml__op_gout(o, A);
+    uint16_t y = ml__kit_dropout(g, a->dropout, A, "NativeDropoutBackward0 (residual)", false,
+                                 true);
+    *Oc_out = Oc;
+    return y;
+}
+
+uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
+{
+    const mlg_attention *a = &L->attn;
+    const qkv_heads r = fused_projection(g, L, h);
+    const uint16_t qkv = r.qkv, qh = r.qh, kh = r.kh, vh = r.vh;
+    mlg_op *o;
+    uint16_t O, probs = MLG_NONE;
+    if (a->fused_kernel) {
+        /* scaled_dot_product_attention (flash, memory-efficient): saves q,
+         * k and v (views of the projection's output), its output and the
+         * per-row logsumexp; no T x T tensor exists */
+        O = ml__kit_heads(g, "attention output (fused)", MLG_H);
+        uint16_t lse = ml__graph_tensor(g, "logsumexp", MLG_FP32, MLG_ACT, 3, MLG_B, MLG_H, MLG_T);
+        o = ml__graph_op(g, MLG_OP_ATTENTION, "scaled_dot_product_attention");
+        ml__op_in(o, qh);
+        ml__op_in(o, kh);
+        ml__op_in(o, vh);
+        ml__op_out(o, O);
+        ml__op_out(o, lse);
+        ml__op_save(o, qkv);
+        ml__op_save(o, O);
+        ml__op_save(o, lse);
+        ml__op_flops(o, 4.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+    } else {
+        uint16_t qkc, P = eager_scores(g, qh, kh, &qkc);
+        probs = eager_pv(g, L, P, vh, qkc, &O);
+    }
+    uint16_t Oc, y = ml__kit_attention_out(g, L, O, MLG_NONE, MLG_NONE, &Oc);
+    /* the attention returns: the projection's input (saved), the q/k/v
+     * output and the probabilities go */
+    o = ml__graph_release(g, "attention returns");
+    ml__op_free(o, Oc);
+    ml__op_free(o, qkv);
+    ml__op_free(o, probs);
+    return y;
+}
+
+uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
+{
+    const mlg_mlp *p = &L->mlp;
+    if (p->act == MLG_SWIGLU || p->act == MLG_GEGLU)
+        return ml__kit_glu_mlp(g, L, h);
+    /* autocast: the input's copy and both weights' copies (the inventory
+     * lists them before the activations) */
+    uint16_t c = ml__kit_cast_copy(g, L, h);
+    uint16_t w1 = ml__kit_weight_copy(g, L, MLG_D, MLG_F), w2 = ml__kit_weight_copy(g, L, MLG_F, MLG_D);
+    uint16_t F1 = ml__graph_tensor(g, "fc output", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_F);
+    uint16_t G = ml__graph_tensor(g, "activation output (proj input)", MLG_COMPUTE, MLG_ACT, 3,
+                                  MLG_B, MLG_T, MLG_F);
+    uint16_t M = ml__graph_tensor(g, "MLP output", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_D);
+    if (M != MLG_NONE)
+        g->t[M].flags |= MLG_T_TMP;
+    const mlg_linear fc = {"addmm (fc)", "AddmmBackward0 (MLP in)", MLG_D, MLG_F, p->bias};
+    mlg_op *o = ml__kit_linear_with(g, &fc, h, c, w1, F1);
+    ml__op_gout(o, F1);
+    const bool relu = p->act == MLG_RELU;
+    /* gelu saves its input; relu its result (derivatives.yaml) */
+    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, relu ? "relu" : "gelu");
+    ml__op_in(o, F1);
+    ml__op_out(o, G);
+    ml__op_save(o, relu ? G : F1);
+    ml__op_free(o, F1);
+    ml__op_node(o, relu ? "ReluBackward0" : "GeluBackward0");
+    ml__op_gin(o, F1);
+    ml__op_gout(o, G);
+    if (relu && F1 != MLG_NONE)
+        g->t[F1].flags |= MLG_T_TMP;
+    const mlg_linear proj = {"addmm (proj)", "AddmmBackward0 (MLP out)", MLG_F, MLG_D, p->bias};
+    o = ml__kit_linear_with(g, &proj, G, MLG_NONE, w2, M);
+    ml__op_free(o, G);
+    if (p->out_grad)
+        ml__op_gout(o, M);
+    return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false, true);
+}
+
+/* The group of a layer's component: its rank in the order the layer's
+ * modules register their parameters. */
+static uint8_t group(const mlg_layer *L, unsigned component)
+{
+    /* nanoGPT's Block: ln_1, attn, ln_2, mlp; HF's decoder layers:
+     * self_attn, mlp, input_layernorm, post_attention_layernorm (Gemma 2:
+     * the attention's post norm), then Gemma 2's pre_feedforward_layernorm
+     * and post_feedforward_layernorm */
+    static const uint8_t hf[MLG_GROUPS] = {
+        [MLG_GROUP_ATTN] = 0,      [MLG_GROUP_MLP] = 1,  [MLG_GROUP_NORM1] = 2,
+        [MLG_GROUP_POST_ATTN] = 3, [MLG_GROUP_NORM2] = 4, [MLG_GROUP_POST_MLP] = 5};
+    return L->hf_order ? hf[component] : (uint8_t)component;
+}
+
+/* Gemma 2's norm of a branch's output y (before its residual add); y goes
+ * unless the norm saved it. */
+static uint16_t post_norm(ml_graph *g, const mlg_layer *L, uint16_t y, unsigned component)
+{
+    if (!L->post_norms)
+        return y;
+    g->group = group(L, component);
+    uint16_t z = ml__kit_norm(g, &L->post, y, false);
+    ml__op_free(ml__graph_release(g, "branch output rebound"), y);
+    return z;
+}
+
+void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
+{
+    uint16_t x = ml__graph_tensor(g, "layer input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
+    uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
+    g->group = group(L, MLG_GROUP_NORM1);
+    uint16_t h = ml__kit_norm(g, &L->norm, x, true);
+    g->group = group(L, MLG_GROUP_ATTN);
+    uint16_t a = L->attn.hf ? ml__kit_hf_attention(g, L, h, &held, &ck, &cv)
+                            : ml__kit_attention(g, L, h);
+    ml__op_free(ml__graph_release(g, "norm output rebound"), h);
+    a = post_norm(g, L, a, MLG_GROUP_POST_ATTN);
+    uint16_t r = ml__kit_residual(g, x, a);
+    g->group = group(L, MLG_GROUP_NORM2);
+    h = ml__kit_norm(g, &L->norm, r, true);
+    g->group = group(L, MLG_GROUP_MLP);
+    uint16_t m = ml__kit_mlp(g, L, h);
+    ml__op_free(ml__graph_release(g, "norm output rebound"), h);
+    m = post_norm(g, L, m, MLG_GROUP_POST_MLP);
+    uint16_t out = ml__kit_residual(g, r, m);
+    (void)out;
+    /* the layer returns: the first sum, the attention weights HF's layer
+     * kept (`hidden_states, _ = self.self_attn(...)`), and what the KV
+     * cache took over (the replay counts the cache) */
+    mlg_op *o = ml__graph_release(g, "layer returns");
+    ml__op_free(o, r);
+    ml__op_free(o, held);
+    ml__op_free(o, ck);
+    ml__op_free(o, cv);
+}
+
+void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap)
+{
+    uint16_t x = ml__graph_tensor(g, "head input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
+    uint16_t h = ml__kit_norm(g, &L->norm, x, false);
+    if (fused)
+        return;
+    uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, MLG_V, MLG_D);
+    uint16_t logits = ml__graph_tensor(g, "logits", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_V);
+    /* the (V, D) weight: its own, or the embeddings' (tied: its gradient is
+     * first created here, counted by this block's node) */
+    uint16_t W = param(g, "lm_head weight", MLG_V, MLG_D);
+    if (tied && W != MLG_NONE)
+        g->t[W].flags |= MLG_T_SHARED;
+    /* the logits: h (or its autocast copy) times the (V, D) weight */
+    if (c != MLG_NONE) {
+        mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, input)");
+        ml__op_in(o, h);
+        ml__op_out(o, c);
+    }
+    if (w != MLG_NONE)
+        ml__op_out(ml__graph_op(g, MLG_OP_COPY, "to (autocast, weight)"), w);
+    const uint16_t hs = c != MLG_NONE ? c : h;
+    mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, "mm (LM head)");
+    ml__op_in(o, hs);
+    ml__op_out(o, logits);
+    ml__op_save(o, hs);
+    ml__op_save(o, w);
+    ml__op_param(o, W);
+    ml__op_flops(o, 2.0, 4, MLG_B, MLG_T, MLG_D, MLG_V);
+    ml__op_free(o, c);
+    ml__op_free(o, w);
+    ml__op_node(o, "MmBackward0 (LM head)");
+    ml__op_gin(o, h);
+    ml__op_gout(o, logits);
+    /* the model returns the logits; the norm's output goes */
+    ml__op_free(ml__graph_release(g, "head returns"), h);
+    if (softcap)
+        ml__kit_softcap(g, logits, false);
+}

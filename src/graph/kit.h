@@ -1,0 +1,155 @@
+/* The component kit: norms, linears, attention, MLPs, dropouts and
+ * residual adds that emit their ops into a block's graph (graph.h), each
+ * with what PyTorch's eager autograd saves and runs for it
+ * (tools/autograd/derivatives.yaml; docs/inventory.md names the reference
+ * implementation of each). A family is a composition of these
+ * (families.c); docs/adding-a-family.md walks through one. */
+#ifndef ML_GRAPH_KIT_H
+#define ML_GRAPH_KIT_H
+
+#include "graph/graph.h"
+
+typedef enum { MLG_LAYERNORM, MLG_RMSNORM, MLG_OLMO_LAYERNORM, MLG_GEMMA_RMSNORM } mlg_norm_kind;
+typedef enum { MLG_GELU, MLG_RELU, MLG_SWIGLU, MLG_GEGLU } mlg_act;
+
+/* LayerNorm (native_layer_norm); HF LlamaRMSNorm: x in fp32 (a copy when
+ * the stream is not: upcast), x * rsqrt(mean(x^2) + eps), cast back, times
+ * the weight; HF OlmoLayerNorm: native_layer_norm of x in fp32 (a copy when
+ * the stream is not) without weight or bias, cast back; HF GemmaRMSNorm:
+ * LlamaRMSNorm's normalisation times (1 + weight) in fp32, cast back. */
+typedef struct {
+    uint8_t kind; /* mlg_norm_kind */
+    bool bias;
+    bool upcast; /* RMSNorm on an input that is not fp32 */
+    bool held;   /* its output's gradient is a buffer the residual's skip holds
+                    (Gemma 2's post norms): its last node frees none */
+} mlg_norm;
+
+/* Self-attention, eager or a fused kernel.
+ * nanoGPT's CausalSelfAttention (hf false): one c_attn projection sliced
+ * into q, k and v; masked_fill with a causal (T, T) bool mask; the softmax
+ * in the stream's dtype (fp32 under autocast, which casts the
+ * probabilities back for the PV matmul).
+ * HF LlamaAttention with eager_attention_forward (hf true): q_proj, k_proj,
+ * v_proj; rotate-half rotary; repeat_kv for grouped heads; an additive
+ * causal mask; softmax in fp32, cast back to the compute dtype, then
+ * dropout; the weights returned and held by the layer until it returns.
+ * HF ViTSelfAttention is that layout without rotary or mask. */
+typedef struct {
+    bool hf;
+    bool qkv_bias, out_bias;
+    bool fused_kernel;   /* sdpa or flash as dispatched: no T x T tensor */
+    bool dropout;        /* on the probabilities and the output */
+    bool rope;           /* rotary on q and k (hf) */
+    bool grouped;        /* fewer key/value heads than query heads (hf) */
+    bool repeat_copy;    /* repeat_kv's reshape copies (more than one kv head) */
+    bool softmax_copy;   /* softmax(dtype=fp32) of a bf16 input copies it first */
+    bool probs_cast;     /* the fp32 probabilities cast back (compute not fp32) */
+    bool cache;          /* evaluation with a KV cache: k and v held to the
+                            layer's end (HF DynamicCache) */
+    bool softcap;        /* Gemma 2's scores / cap, tanh, * cap (eager only) */
+    bool mask;           /* an additive causal mask on the scores (hf: the
+                            decoders'; an image encoder has none) */
+    bool out_grad;       /* the output projection frees its output's gradient
+                            (a dropout or a post norm made it) */
+} mlg_attention;
+
+typedef struct {
+    uint8_t act; /* mlg_act */
+    bool bias;
+    bool dropout;  /* on the output */
+    bool out_grad; /* the last projection frees its output's gradient */
+} mlg_mlp;
+
+/* A layer: its components and how they are wired. */
+typedef struct {
+    mlg_norm norm;
+    mlg_attention attn;
+    mlg_mlp mlp;
+    bool autocast; /* torch.autocast: linears read low-precision cast copies */
+    bool hf_order; /* HF's decoder layers register self_attn, mlp, then the
+                      norms (parameter order) */
+    bool post_norms; /* Gemma 2: a norm (post) on each branch's output before
+                        its residual add */
+    mlg_norm post;
+} mlg_layer;
+
+/* Parameter groups: the order modules register their parameters in. */
+enum {
+    MLG_GROUP_NORM1,
+    MLG_GROUP_ATTN,
+    MLG_GROUP_POST_ATTN,
+    MLG_GROUP_NORM2,
+    MLG_GROUP_MLP,
+    MLG_GROUP_POST_MLP,
+    MLG_GROUPS
+};
+
+/* A Linear on x (in -> out wide: named dimensions) making y; returns its
+ * op. autocast with an fp32 x saves a cast copy of x and of the weight. */
+typedef struct {
+    const char *name, *node;
+    uint8_t in, out; /* mlg_dim */
+    bool bias;
+} mlg_linear;
+mlg_op *ml__kit_linear(ml_graph *g, const mlg_layer *L, const mlg_linear *lin, uint16_t x,
+                       uint16_t y);
+/* The same with the copies made by the caller (c: x's, w: the weight's;
+ * MLG_NONE: none): the cast ops, then the linear. */
+mlg_op *ml__kit_linear_with(ml_graph *g, const mlg_linear *lin, uint16_t x, uint16_t c,
+                            uint16_t w, uint16_t y);
+/* autocast's copy of an fp32 x (MLG_NONE: none), of a weight (in x out). */
+uint16_t ml__kit_cast_copy(ml_graph *g, const mlg_layer *L, uint16_t x);
+uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_t out);
+/* A (B, h, T, dh) tensor in the compute dtype; a (B, H, T, T) one. */
+uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h);
+uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags);
+/* y = x.transpose(1, 2).contiguous() of the attention output O (its node:
+ * eager only; f1, f2: references that go with O), then the output
+ * projection and the residual dropout; returns the branch output, *Oc the
+ * projection's input. */
+uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, uint16_t f1,
+                               uint16_t f2, uint16_t *Oc);
+/* HF's eager attention on h (kit_hf.c): its branch output; *held the
+ * weights it returns and *k, *v what the cache keeps (MLG_NONE: none),
+ * which the layer drops as it returns. */
+uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *held,
+                              uint16_t *k, uint16_t *v);
+/* HF LlamaRMSNorm of x (kit_hf.c). */
+uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
+/* HF GemmaRMSNorm of x (kit_hf.c). */
+uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
+/* HF OlmoLayerNorm of x (kit_hf.c). */
+uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
+/* HF LlamaMLP's gated MLP on h (kit_hf.c): down(act(gate(h)) * up(h)). */
+uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
+
+/* A norm of the residual stream x (whose gradient buffer the skip already
+ * holds: xbuf); returns its output. */
+uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
+/* nn.Dropout on x when p > 0: returns its output (x when there is none);
+ * held: the output's gradient is a buffer another op holds. */
+uint16_t ml__kit_dropout(ml_graph *g, bool on, uint16_t x, const char *node, bool core,
+                         bool held);
+/* Gemma 2's soft cap of x (the scores, attention: true; or the logits):
+ * x / cap, tanh (which saves its result), * cap, each a new tensor of x's
+ * shape; dividing and multiplying by a Python float keep only a host
+ * scalar. Frees x; returns the product. */
+uint16_t ml__kit_softcap(ml_graph *g, uint16_t x, bool attention);
+/* x + y into the residual stream; frees y. */
+uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y);
+/* Self-attention on h; returns its branch output (before the residual). */
+uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h);
+/* The MLP on h; returns its branch output. */
+uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
+
+/* A pre-norm layer: x + attn(norm(x)), then + mlp(norm(.)). */
+void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L);
+/* A decoder's head: the final norm (L->norm) and the LM head over the
+ * vocabulary, its (V, D) weight the embeddings' when tied; its output the
+ * logits the loss reads (softcap: Gemma 2's logits / cap, tanh, * cap).
+ * fused: the norm alone, whose output the fused linear cross-entropy reads
+ * (training.logits: fused). */
+void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap);
+
+#endif

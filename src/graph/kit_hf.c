@@ -1,0 +1,542 @@
+/* The Hugging Face components of the kit (kit.h): LlamaRMSNorm,
+ * LlamaAttention with eager_attention_forward (or a fused kernel through
+ * sdpa/flash), LlamaMLP's gated MLP — modeling_llama.py's eager path, op
+ * by op, with the references each function drops as it returns and what
+ * autograd saves (tools/autograd/derivatives.yaml; docs/inventory.md,
+ * "Llama block"); Gemma 2's soft caps. */
+#include <stddef.h>
+
+#include "graph/kit.h"
+
+static uint16_t act3(ml_graph *g, const char *name, uint8_t dtype, uint8_t w)
+{
+    return ml__graph_tensor(g, name, dtype, MLG_ACT, 3, MLG_B, MLG_T, w);
+}
+
+static uint16_t stat(ml_graph *g, const char *name)
+{
+    return ml__graph_tensor(g, name, MLG_FP32, MLG_ACT, 2, MLG_B, MLG_T);
+}
+
+static mlg_op *unary(ml_graph *g, uint8_t kind, const char *name, uint16_t x, uint16_t y)
+{
+    mlg_op *o = ml__graph_op(g, kind, name);
+    ml__op_in(o, x);
+    ml__op_out(o, y);
+    return o;
+}
+
+/* The RMSNorms' shared start: x (or its fp32 copy xf) squared, its mean,
+ * + eps, rsqrt (saved), x * rsqrt (hn, fp32); returns hn. keep_var: the
+ * mean stays bound (LlamaRMSNorm's `variance`) until *var_out is dropped;
+ * else it goes with the + eps (GemmaRMSNorm's _norm, one expression). */
+static uint16_t rms_core(ml_graph *g, uint16_t x, uint16_t xf, bool up, bool xbuf, bool keep_var,
+                         uint16_t *var_out)
+{
+    uint16_t x2 = act3(g, "x^2", MLG_FP32, MLG_D);
+    uint16_t var = stat(g, "variance"), ve = stat(g, "variance + eps");
+    uint16_t rs = stat(g, "rmsnorm rsqrt");
+    uint16_t hn = act3(g, "rmsnorm normalised", MLG_FP32, MLG_D);
+    if (up)
+        unary(g, MLG_OP_COPY, "to (fp32)", x, xf);
+    mlg_op *o = unary(g, MLG_OP_ELEMENTWISE, "pow", xf, x2);
+    ml__op_save(o, xf);
+    ml__op_node(o, "PowBackward0 (x^2)");
+    ml__op_gin(o, xf);
+    ml__op_gout(o, x2);
+    o->accum = xf;
+    o = unary(g, MLG_OP_NORM, "mean", x2, var);
+    ml__op_free(o, x2);
+    ml__op_node(o, "MeanBackward1");
+    ml__op_gin(o, x2);
+    ml__op_gout(o, var);
+    o = unary(g, MLG_OP_ELEMENTWISE, "add (eps)", var, ve);
+    if (!keep_var)
+        ml__op_free(o, var);
+    o = unary(g, MLG_OP_ELEMENTWISE, "rsqrt", ve, rs);
+    ml__op_save(o, rs);
+    ml__op_free(o, ve);
+    ml__op_node(o, "RsqrtBackward0");
+    ml__op_gin(o, ve);
+    ml__op_gout(o, rs);
+    o = unary(g, MLG_OP_ELEMENTWISE, "mul (x * rsqrt)", xf, hn);
+    ml__op_in(o, rs);
+    ml__op_save(o, xf);
+    ml__op_save(o, rs);
+    ml__op_free(o, rs);
+    if (up)
+        ml__op_free(o, xf); /* the upcast, rebound */
+    ml__op_node(o, "MulBackward0 (x * rsqrt)");
+    ml__op_gin(o, xf);
+    ml__op_gin(o, rs);
+    ml__op_gout(o, hn);
+    o->scratch_in = true;
+    if (xbuf)
+        o->accum = xf;
+    *var_out = keep_var ? var : MLG_NONE;
+    return hn;
+}
+
+/* out = _norm(x.float()); out = out * (1.0 + weight.float()); return
+ * out.type_as(x). The scale saves the fp32 h and, since h needs a
+ * gradient, the fp32 (1 + weight) vector (D · 4 B); type_as saves
+ * nothing. */
+uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
+{
+    const bool up = n->upcast;
+    const uint8_t sd = g->t[x].dtype;
+    uint16_t xf = up ? act3(g, "rmsnorm fp32 copy of input", MLG_FP32, MLG_D) : x, var;
+    uint16_t hn = rms_core(g, x, xf, up, xbuf, false, &var);
+    uint16_t w1 = ml__graph_tensor(g, "rmsnorm 1 + weight (fp32)", MLG_FP32, MLG_ACT, 1, MLG_D);
+    uint16_t pr = act3(g, "rmsnorm output (fp32)", MLG_FP32, MLG_D);
+    uint16_t y = up ? act3(g, "rmsnorm output", sd, MLG_D) : pr;
+    if (y != MLG_NONE)
+        g->t[y].flags |= MLG_T_TMP;
+    uint16_t W = ml__graph_tensor(g, "weight", MLG_PARAM, MLG_PARAMETER, 1, MLG_D);
+    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "add (1 + weight)");
+    ml__op_in(o, W);
+    ml__op_out(o, w1);
+    o = unary(g, MLG_OP_ELEMENTWISE, "mul (h * (1 + weight))", hn, pr);
+    ml__op_in(o, w1);
+    ml__op_param(o, W);
+    ml__op_save(o, hn);
+    ml__op_save(o, w1);
+    ml__op_free(o, w1);
+    ml__op_free(o, hn);
+    ml__op_node(o, "MulBackward0 (h * (1 + weight))");
+    ml__op_gin(o, hn);
+    if (!n->held)
+        ml__op_gout(o, pr);
+    o->scratch_in = true;
+    if (up) {
+        o = unary(g, MLG_OP_COPY, "type_as", pr, y);
+        ml__op_free(o, pr);
+    }
+    return y;
+}
+
+/* h = x.to(fp32); variance = h.pow(2).mean(-1); h = h * rsqrt(variance +
+ * eps); return weight * h.to(x.dtype). pow and the mul save h, rsqrt its
+ * result, the scale the normalised h as it reads it; 2.x's mean keeps no
+ * input. */
+uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
+{
+    const bool up = n->upcast;
+    const uint8_t sd = g->t[x].dtype;
+    uint16_t xf = up ? act3(g, "rmsnorm fp32 copy of input", MLG_FP32, MLG_D) : x, var;
+    uint16_t hn = rms_core(g, x, xf, up, xbuf, true, &var);
+    uint16_t hc = up ? act3(g, "rmsnorm normalised (cast back)", sd, MLG_D) : MLG_NONE;
+    uint16_t y = act3(g, "rmsnorm output", sd, MLG_D);
+    if (y != MLG_NONE)
+        g->t[y].flags |= MLG_T_TMP;
+    if (up)
+        unary(g, MLG_OP_COPY, "to (stream dtype)", hn, hc);
+    const uint16_t hs = up ? hc : hn;
+    mlg_op *o = unary(g, MLG_OP_ELEMENTWISE, "mul (weight)", hs, y);
+    ml__op_param(o, ml__graph_tensor(g, "weight", MLG_PARAM, MLG_PARAMETER, 1, MLG_D));
+    ml__op_save(o, hs);
+    ml__op_free(o, hc);
+    ml__op_free(o, hn);
+    ml__op_node(o, "MulBackward0 (weight * h)");
+    ml__op_gin(o, hs);
+    if (!n->held)
+        ml__op_gout(o, y);
+    o->scratch_in = true;
+    ml__op_free(ml__graph_release(g, "variance, at return"), var);
+    return y;
+}
+
+/* OlmoLayerNorm: F.layer_norm(x.to(fp32), (D,), None, None).to(x.dtype).
+ * native_layer_norm saves its input (the fp32 copy when x is not fp32),
+ * mean and rstd; the copies save nothing (ToCopyBackward0); no parameters. */
+uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
+{
+    const bool up = n->upcast;
+    const uint8_t sd = g->t[x].dtype;
+    uint16_t xf = up ? act3(g, "layernorm fp32 copy of input", MLG_FP32, MLG_D) : x;
+    uint16_t st = stat(g, "layernorm mean+rstd");
+    if (st != MLG_NONE)
+        g->t[st].factor = 2;
+    uint16_t hn = act3(g, "layernorm output (fp32)", MLG_FP32, MLG_D);
+    uint16_t y = up ? act3(g, "layernorm output", sd, MLG_D) : hn;
+    if (y != MLG_NONE)
+        g->t[y].flags |= MLG_T_TMP;
+    mlg_op *o;
+    if (up) {
+        o = unary(g, MLG_OP_COPY, "to (fp32)", x, xf);
+        ml__op_node(o, "ToCopyBackward0 (norm input)");
+        ml__op_gin(o, x);
+        ml__op_gout(o, xf);
+        if (xbuf)
+            o->accum = x;
+    }
+    o = unary(g, MLG_OP_NORM, "native_layer_norm (no weight)", xf, hn);
+    ml__op_out(o, st);
+    ml__op_save(o, xf);
+    ml__op_save(o, st);
+    ml__op_free(o, st);
+    if (up)
+        ml__op_free(o, xf); /* the copy's reference goes with the call */
+    ml__op_node(o, "NativeLayerNormBackward0");
+    ml__op_gin(o, xf);
+    ml__op_gout(o, hn);
+    if (xbuf && !up)
+        o->accum = x;
+    if (up) {
+        o = unary(g, MLG_OP_COPY, "to (stream dtype)", hn, y);
+        ml__op_free(o, hn);
+        ml__op_node(o, "ToCopyBackward0 (norm output)");
+        ml__op_gin(o, hn);
+        ml__op_gout(o, y);
+    }
+    return y;
+}
+
+/* rotate-half rotary on one head tensor x of hd heads: (x * cos) +
+ * (cat(-x2, x1) * sin); the products save cos and sin, which need no
+ * gradient: nothing of x. One node stands for the products and the cat. */
+static uint16_t rope(ml_graph *g, uint16_t x, uint8_t hd, const char *node)
+{
+    uint16_t c1 = ml__kit_heads(g, "x * cos", hd), nh = ml__kit_heads(g, "-x2", hd);
+    uint16_t ct = ml__kit_heads(g, "cat(-x2, x1)", hd), s1 = ml__kit_heads(g, "* sin", hd);
+    uint16_t r = ml__kit_heads(g, "rotated", hd);
+    if (nh != MLG_NONE)
+        g->t[nh].flags |= MLG_T_HALF;
+    unary(g, MLG_OP_ELEMENTWISE, "mul (cos)", x, c1);
+    unary(g, MLG_OP_ELEMENTWISE, "neg (x2)", x, nh);
+    mlg_op *o = unary(g, MLG_OP_COPY, "cat", nh, ct);
+    ml__op_free(o, nh);
+    o = unary(g, MLG_OP_ELEMENTWISE, "mul (sin)", ct, s1);
+    ml__op_free(o, ct);
+    o = unary(g, MLG_OP_ELEMENTWISE, "add (rotary)", c1, r);
+    ml__op_in(o, s1);
+    ml__op_free(o, c1);
+    ml__op_free(o, s1);
+    ml__op_node(o, node);
+    ml__op_gin(o, x);
+    ml__op_gout(o, r);
+    return r;
+}
+
+/* q_proj, k_proj, v_proj on h (each with autocast's copies) and the head
+ * views; the gradients of the first two go into the buffer of h's
+ * gradient that v's makes (backward runs v, k, q). */
+typedef struct {
+    uint16_t q, k, v, qh, kh, vh;
+} hf_qkv;
+
+static hf_qkv projections(ml_graph *g, const mlg_layer *L, uint16_t h)
+{
+    const mlg_attention *a = &L->attn;
+    uint16_t c[3], w[3];
+    for (unsigned i = 0; i < 3; i++)
+        c[i] = ml__kit_cast_copy(g, L, h);
+    w[0] = ml__kit_weight_copy(g, L, MLG_D, MLG_DQ);
+    w[1] = ml__kit_weight_copy(g, L, MLG_D, MLG_DKV);
+    w[2] = ml__kit_weight_copy(g, L, MLG_D, MLG_DKV);
+    for (unsigned i = 1; i < 3; i++)
+        if (w[i] != MLG_NONE)
+            g->t[w[i]].base = w[0]; /* listed as one copy of the three weights */
+    /* the block rule's transient: the three outputs as one */
+    uint16_t all = act3(g, "q, k, v projection outputs", MLG_COMPUTE, MLG_QKV);
+    if (all != MLG_NONE)
+        g->t[all].flags |= MLG_T_TMP;
+    hf_qkv r;
+    static const char *const name[3][3] = {
+        {"mm (q projection)", "MmBackward0 (q projection)", "view (q heads)"},
+        {"mm (k projection)", "MmBackward0 (k projection)", "view (k heads)"},
+        {"mm (v projection)", "MmBackward0 (v projection)", "view (v heads)"}};
+    uint16_t *out[3] = {&r.q, &r.k, &r.v}, *hv[3] = {&r.qh, &r.kh, &r.vh};
+    for (unsigned i = 0; i < 3; i++) {
+        const uint8_t width = i == 0 ? MLG_DQ : MLG_DKV, nh = i == 0 ? MLG_H : MLG_HKV;
+        *out[i] = act3(g, "projection output", MLG_COMPUTE, width);
+        const mlg_linear lin = {name[i][0], name[i][1], MLG_D, width, a->qkv_bias};
+        mlg_op *o = ml__kit_linear_with(g, &lin, h, c[i], w[i], *out[i]);
+        ml__op_gout(o, *out[i]);
+        if (i < 2)
+            o->accum = h;
+        *hv[i] = ml__graph_view(g, "heads", *out[i], 4, MLG_B, nh, MLG_T, MLG_DH);
+        o = ml__graph_op(g, MLG_OP_VIEW, name[i][2]);
+        ml__op_node(o, "ViewBackward0 (head view, contiguous copy)");
+        ml__op_gin(o, *out[i]);
+        ml__op_gout(o, *hv[i]);
+    }
+    return r;
+}
+
+/* repeat_kv of x (hkv heads) to H heads: expand, then a reshape that
+ * copies (more than one kv head) or stays a zero-stride view (one, which
+ * matmul copies instead); its backward sums the groups. */
+static uint16_t repeat_kv(ml_graph *g, const mlg_attention *a, uint16_t x, const char *node)
+{
+    uint16_t r = a->repeat_copy ? ml__kit_heads(g, "repeat_kv output", MLG_H)
+                                : ml__graph_view(g, "expanded", ml__graph_storage(g, x), 4, MLG_B,
+                                                 MLG_H, MLG_T, MLG_DH);
+    mlg_op *o = ml__graph_op(g, a->repeat_copy ? MLG_OP_COPY : MLG_OP_VIEW, "repeat_kv");
+    ml__op_in(o, x);
+    if (a->repeat_copy)
+        ml__op_out(o, r);
+    ml__op_node(o, node);
+    ml__op_gin(o, x);
+    ml__op_gout(o, r);
+    return r;
+}
+
+/* softmax(scores, dtype=fp32): fp16 converts inside the kernel, bf16 is
+ * copied to fp32 first (aten's SoftMax.cpp); it saves its fp32 result,
+ * cast back to the compute dtype for the PV matmul (ToCopyBackward0), then
+ * the dropout. Returns the probabilities the PV matmul reads. */
+static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
+{
+    const mlg_attention *a = &L->attn;
+    uint16_t Sc = a->softmax_copy ? ml__kit_scores(g, "scores (fp32 copy)", MLG_FP32, 0) : MLG_NONE;
+    uint16_t P = ml__kit_scores(g, "softmax output", MLG_FP32, MLG_T_CORE);
+    if (Sc != MLG_NONE)
+        unary(g, MLG_OP_COPY, "to (fp32, softmax input)", S3, Sc);
+    mlg_op *o = unary(g, MLG_OP_SOFTMAX, "softmax", Sc != MLG_NONE ? Sc : S3, P);
+    ml__op_save(o, P);
+    ml__op_free(o, Sc);
+    ml__op_free(o, S3);
+    ml__op_node(o, "SoftmaxBackward0");
+    ml__op_gin(o, S3);
+    ml__op_gout(o, P);
+    uint16_t probs = P;
+    if (a->probs_cast) {
+        probs = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE, MLG_T_CORE);
+        o = unary(g, MLG_OP_COPY, "to (compute dtype)", P, probs);
+        ml__op_free(o, P);
+        ml__op_node(o, "ToCopyBackward0 (probabilities)");
+        ml__op_gin(o, P);
+        ml__op_gout(o, probs);
+    }
+    return ml__kit_dropout(g, a->dropout, probs, "NativeDropoutBackward0 (attention)", true, false);
+}
+
+/* eager_attention_forward on the (rotated) heads: q k^T of the operands'
+ * contiguous copies (repeat_kv's outputs are saved themselves: one saved
+ * entry for q, k and v, released by the q k^T node), scale, the additive
+ * causal mask, softmax_fp32, P v. Returns the probabilities (HF returns
+ * them as the weights); *O the PV product, *kr and *vr repeat_kv's outputs
+ * (MLG_NONE: views), dropped as it returns. */
+static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr, uint16_t vh,
+                      uint16_t *O, uint16_t *krep_out, uint16_t *vrep_out)
+{
+    const mlg_attention *a = &L->attn;
+    uint16_t krep = a->grouped ? repeat_kv(g, a, kr, "ExpandBackward0 (repeat_kv of k)") : kr;
+    uint16_t vrep = a->grouped ? repeat_kv(g, a, vh, "ExpandBackward0 (repeat_kv of v)") : vh;
+    const bool copied = a->grouped && a->repeat_copy; /* bmm saves them as they are */
+    *krep_out = copied ? krep : MLG_NONE;
+    *vrep_out = copied ? vrep : MLG_NONE;
+    uint16_t qc = ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
+    uint16_t kc = copied ? MLG_NONE : ml__kit_heads(g, "k contiguous copy (bmm)", MLG_H);
+    uint16_t vc = copied ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
+    const uint16_t merged[4] = {kc, vc, copied ? krep : MLG_NONE, copied ? vrep : MLG_NONE};
+    for (unsigned i = 0; i < 4; i++)
+        if (merged[i] != MLG_NONE)
+            g->t[merged[i]].base = qc;
+    const uint16_t kb = copied ? krep : kc, vb = copied ? vrep : vc;
+    uint16_t S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
+    mlg_op *o = unary(g, MLG_OP_COPY, "contiguous (q, k for bmm)", qr, qc);
+    ml__op_in(o, krep);
+    ml__op_out(o, kc);
+    o = unary(g, MLG_OP_MATMUL, "bmm (q k^T)", qc, S1);
+    ml__op_in(o, kb);
+    ml__op_save(o, qc);
+    ml__op_save(o, kb);
+    ml__op_free(o, qc);
+    ml__op_free(o, kc);
+    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+    o->core = true;
+    ml__op_node(o, "BmmBackward0 (q k^T)");
+    ml__op_gin(o, qc);
+    ml__op_gin(o, kb);
+    ml__op_gout(o, S1);
+    uint16_t S2 = ml__kit_scores(g, "scores (scaled)", MLG_COMPUTE, 0);
+    o = unary(g, MLG_OP_ELEMENTWISE, "mul (scale)", S1, S2);
+    ml__op_free(o, S1);
+    ml__op_node(o, "MulBackward0/DivBackward0 (scale)");
+    ml__op_gin(o, S1);
+    ml__op_gout(o, S2);
+    if (a->softcap)
+        S2 = ml__kit_softcap(g, S2, true);
+    uint16_t S3 = S2;
+    if (a->mask) {
+        S3 = ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
+        o = unary(g, MLG_OP_ELEMENTWISE, "add (causal mask)", S2, S3);
+        ml__op_free(o, S2);
+    }
+    uint16_t probs = softmax_fp32(g, L, S3);
+    if (vc != MLG_NONE)
+        unary(g, MLG_OP_COPY, "contiguous (v for bmm)", vrep, vc);
+    *O = ml__kit_heads(g, "attention output (P v)", MLG_H);
+    o = unary(g, MLG_OP_MATMUL, "bmm (P v)", probs, *O);
+    ml__op_in(o, vb);
+    ml__op_save(o, probs);
+    ml__op_save(o, vb);
+    ml__op_free(o, vc);
+    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+    o->core = true;
+    ml__op_node(o, "BmmBackward0 (P v)");
+    ml__op_gin(o, probs);
+    ml__op_gin(o, vb);
+    ml__op_gout(o, *O);
+    return probs;
+}
+
+/* scaled_dot_product_attention: saves q, k and v (listed as one), its
+ * output and the per-row logsumexp; no T x T tensor. */
+static uint16_t fused(ml_graph *g, uint16_t qr, uint16_t kr, uint16_t vh)
+{
+    uint16_t O = ml__kit_heads(g, "attention output (fused)", MLG_H);
+    uint16_t lse = ml__graph_tensor(g, "logsumexp", MLG_FP32, MLG_ACT, 3, MLG_B, MLG_H, MLG_T);
+    const uint16_t q = ml__graph_storage(g, qr);
+    g->t[ml__graph_storage(g, kr)].base = q;
+    g->t[ml__graph_storage(g, vh)].base = q;
+    mlg_op *o = ml__graph_op(g, MLG_OP_ATTENTION, "scaled_dot_product_attention");
+    ml__op_in(o, qr);
+    ml__op_in(o, kr);
+    ml__op_in(o, vh);
+    ml__op_out(o, O);
+    ml__op_out(o, lse);
+    ml__op_save(o, qr);
+    ml__op_save(o, kr);
+    ml__op_save(o, vh);
+    ml__op_save(o, O);
+    ml__op_save(o, lse);
+    ml__op_flops(o, 4.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+    return O;
+}
+
+uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *held,
+                              uint16_t *k, uint16_t *v)
+{
+    const mlg_attention *a = &L->attn;
+    const hf_qkv p = projections(g, L, h);
+    uint16_t qr = p.qh, kr = p.kh;
+    if (a->rope) {
+        /* apply_rotary_pos_emb; the caller's rebinding frees the unrotated
+         * q and k */
+        qr = rope(g, p.qh, MLG_H, "MulBackward0/CatBackward0 (rotary on q)");
+        kr = rope(g, p.kh, MLG_HKV, "MulBackward0/CatBackward0 (rotary on k)");
+        mlg_op *o = ml__graph_release(g, "q, k rebound to the rotated");
+        ml__op_free(o, p.q);
+        ml__op_free(o, p.k);
+    }
+    uint16_t O, probs = MLG_NONE, krep = MLG_NONE, vrep = MLG_NONE;
+    if (a->fused_kernel)
+        O = fused(g, qr, kr, p.vh);
+    else
+        probs = eager(g, L, qr, kr, p.vh, &O, &krep, &vrep);
+    uint16_t Oc, y = ml__kit_attention_out(g, L, O, krep, vrep, &Oc);
+    /* the attention returns: its projection's input, q, and k and v
+     * unless the KV cache keeps them (to the layer's end); its weights
+     * stay bound in the layer */
+    mlg_op *o = ml__graph_release(g, "attention returns");
+    ml__op_free(o, Oc);
+    ml__op_free(o, qr);
+    *k = a->cache ? kr : MLG_NONE;
+    *v = a->cache ? p.vh : MLG_NONE;
+    if (!a->cache) {
+        ml__op_free(o, kr);
+        ml__op_free(o, p.vh);
+    }
+    *held = probs;
+    return y;
+}
+
+/* LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)); act silu
+ * (SwiGLU) or gelu (GeGLU): the activation saves gate's output, the mul
+ * both factors, down the product (derivatives.yaml: silu, gelu, mul). */
+uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
+{
+    const mlg_mlp *p = &L->mlp;
+    const bool geglu = p->act == MLG_GEGLU;
+    uint16_t c1 = ml__kit_cast_copy(g, L, h), c2 = ml__kit_cast_copy(g, L, h);
+    uint16_t wg = ml__kit_weight_copy(g, L, MLG_D, MLG_F), wu = ml__kit_weight_copy(g, L, MLG_D, MLG_F);
+    uint16_t wd = ml__kit_weight_copy(g, L, MLG_F, MLG_D);
+    uint16_t G1 = act3(g, "gate projection output", MLG_COMPUTE, MLG_F);
+    uint16_t A1 = act3(g, "activation output", MLG_COMPUTE, MLG_F);
+    uint16_t U = act3(g, "up projection output", MLG_COMPUTE, MLG_F);
+    uint16_t Pr = act3(g, "gated product (down input)", MLG_COMPUTE, MLG_F);
+    uint16_t M = act3(g, "MLP output", MLG_COMPUTE, MLG_D);
+    if (M != MLG_NONE)
+        g->t[M].flags |= MLG_T_TMP;
+    const mlg_linear gate = {"mm (gate projection)", "MmBackward0 (gate projection)", MLG_D, MLG_F,
+                             p->bias};
+    mlg_op *o = ml__kit_linear_with(g, &gate, h, c1, wg, G1);
+    ml__op_gout(o, G1);
+    o->accum = h;
+    o = unary(g, MLG_OP_ELEMENTWISE, geglu ? "gelu" : "silu", G1, A1);
+    ml__op_save(o, G1);
+    ml__op_free(o, G1);
+    ml__op_node(o, geglu ? "GeluBackward0" : "SiluBackward0");
+    ml__op_gin(o, G1);
+    ml__op_gout(o, A1);
+    const mlg_linear up = {"mm (up projection)", "MmBackward0 (up projection)", MLG_D, MLG_F,
+                           p->bias};
+    o = ml__kit_linear_with(g, &up, h, c2, wu, U);
+    ml__op_gout(o, U);
+    o = unary(g, MLG_OP_ELEMENTWISE, "mul (act * up)", A1, Pr);
+    ml__op_in(o, U);
+    ml__op_save(o, A1);
+    ml__op_save(o, U);
+    ml__op_free(o, A1);
+    ml__op_free(o, U);
+    ml__op_node(o, geglu ? "MulBackward0 (gelu * up)" : "MulBackward0 (silu * up)");
+    ml__op_gin(o, A1);
+    ml__op_gin(o, U);
+    ml__op_gout(o, Pr);
+    const mlg_linear down = {"mm (down projection)", "MmBackward0 (down projection)", MLG_F, MLG_D,
+                             p->bias};
+    o = ml__kit_linear_with(g, &down, Pr, MLG_NONE, wd, M);
+    ml__op_free(o, Pr);
+    if (p->out_grad)
+        ml__op_gout(o, M);
+    return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false, true);
+}
+
+/* A tensor of x's shape and dtype. */
+static uint16_t like(ml_graph *g, const char *name, uint16_t x, uint8_t flags)
+{
+    const mlg_tensor *s = &g->t[x];
+    uint16_t t = s->ndim == 4 ? ml__graph_tensor(g, name, s->dtype, MLG_ACT, 4, s->dim[0],
+                                                 s->dim[1], s->dim[2], s->dim[3])
+                              : ml__graph_tensor(g, name, s->dtype, MLG_ACT, 3, s->dim[0],
+                                                 s->dim[1], s->dim[2]);
+    if (t != MLG_NONE)
+        g->t[t].flags |= flags;
+    return t;
+}
+
+uint16_t ml__kit_softcap(ml_graph *g, uint16_t x, bool attention)
+{
+    /* the logits' cap: one of the block rule's transients (as large as the
+     * logits); the scores' tanh output belongs to the attention core */
+    uint16_t d = like(g, "x / cap", x, attention ? 0 : MLG_T_TMP);
+    uint16_t t = like(g, attention ? "attention softcap tanh output" : "final softcap tanh output",
+                      x, attention ? MLG_T_CORE : 0);
+    uint16_t y = like(g, "tanh * cap", x, 0);
+    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "div (softcap)");
+    ml__op_in(o, x);
+    ml__op_out(o, d);
+    ml__op_free(o, x);
+    ml__op_node(o, attention ? "DivBackward0 (scores / softcap)" : "DivBackward0 (logits / softcap)");
+    ml__op_gin(o, x);
+    ml__op_gout(o, d);
+    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "tanh");
+    ml__op_in(o, d);
+    ml__op_out(o, t);
+    ml__op_save(o, t);
+    ml__op_free(o, d);
+    ml__op_node(o, attention ? "TanhBackward0 (softcap)" : "TanhBackward0 (final softcap)");
+    ml__op_gin(o, d);
+    ml__op_gout(o, t);
+    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "mul (softcap)");
+    ml__op_in(o, t);
+    ml__op_out(o, y);
+    ml__op_free(o, t);
+    ml__op_node(o, "MulBackward0 (tanh * softcap)");
+    ml__op_gin(o, t);
+    ml__op_gout(o, y);
+    return y;
+}

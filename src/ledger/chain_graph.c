@@ -1,0 +1,232 @@
+/* A block's chain entries from its op graph (graph/graph.h; docs/graph.md,
+ * "Passes"): the saved inventory, the backward node list, the parameters,
+ * the FLOPs and the transients, then the forward's live bytes with and
+ * without grad. Nothing here knows a family: every figure is read off the
+ * graph. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/families.h"
+#include "ledger/chain_kit.h"
+
+/* What of the configuration changes the ops. */
+static mlg_config config_of(const ml_chain *ch, const ml_model *m)
+{
+    return (mlg_config){ch->prec.a,        ch->prec.w,   ch->prec.fp16,
+                        ch->prec.autocast, ml_ck_fused_attention(ch, m), ch->eval_mode};
+}
+
+/* G's sizes at the chain's shape, each tensor's bytes, and whether the
+ * forward's live bytes come from the graph: as the chain builders had it,
+ * eager attention without autocast's casts (docs/graph.md, "What the
+ * passes do not derive yet"; nor for a vision encoder). False when G is
+ * not whole. */
+static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+{
+    if (!ml__graph_valid(&G->g))
+        return false;
+    ml_graph_sizes *z = &G->z;
+    memset(z, 0, sizeof *z);
+    z->dim[MLG_B] = d->B;
+    z->dim[MLG_T] = d->T;
+    z->dim[MLG_D] = d->D;
+    z->dim[MLG_H] = d->H;
+    z->dim[MLG_HKV] = d->Hkv;
+    z->dim[MLG_DH] = d->dh;
+    z->dim[MLG_F] = d->F;
+    z->dim[MLG_V] = d->V;
+    z->dim[MLG_DQ] = ml_mul(ch, d->H, d->dh);
+    z->dim[MLG_DKV] = d->Dkv;
+    z->dim[MLG_QKV] = ml_add(ch, z->dim[MLG_DQ], ml_mul(ch, 2, d->Dkv));
+    const unsigned bytes[MLG_NDTYPES] = {
+        [MLG_COMPUTE] = ch->prec.a, [MLG_STREAM] = ch->prec.w, [MLG_FP32] = 4, [MLG_HALF] = 2,
+        [MLG_INT64] = 8,            [MLG_BOOL] = 1,            [MLG_PARAM] = ch->prec.param};
+    memcpy(z->bytes, bytes, sizeof bytes);
+    z->grad_bytes = ch->prec.grad;
+    ml__graph_bytes(&G->g, z, G->tb);
+    if (z->overflow)
+        ch->overflow = true;
+    G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER && !m->image_size;
+    return true;
+}
+
+bool ml_ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+{
+    mlg_layer L;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_layer(m, &c, &L))
+        return false;
+    ml__family_layer_graph(&G->g, &L);
+    return sized(ch, m, d, G);
+}
+
+bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
+                      ml_ck_graph *G)
+{
+    mlg_layer L;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_head(m, &c, &L))
+        return false;
+    ml__family_head_graph(&G->g, &L, m->tied_embeddings, fused, m->final_softcap > 0);
+    return sized(ch, m, d, G);
+}
+
+/* A parameter's elements. */
+static uint64_t numel(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z, uint16_t t)
+{
+    const mlg_tensor *p = &g->t[t];
+    uint64_t n = p->factor;
+    for (unsigned k = 0; k < p->ndim; k++)
+        n = ml_mul(ch, n, z->dim[p->dim[k]]);
+    return n;
+}
+
+/* The saved inventory: one entry per saved storage, in the order the
+ * graph declares them; idx[e] its index in ch->saved (SIZE_MAX: the
+ * block's input, or none) and first[e] the op that first saves it, whose
+ * node releases it. */
+static void inventory(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, size_t *idx,
+                      uint16_t *first)
+{
+    const ml_graph *g = &G->g;
+    uint64_t bytes[MLG_MAX_TENSORS] = {0};
+    bool saved[MLG_MAX_TENSORS] = {false};
+    for (uint16_t t = 0; t < g->nt; t++) {
+        idx[t] = SIZE_MAX;
+        first[t] = MLG_NONE;
+    }
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        for (unsigned j = 0; j < o->nsave; j++) {
+            uint16_t s = ml__graph_storage(g, o->save[j]), e = ml__graph_entry(g, s);
+            if (first[e] == MLG_NONE)
+                first[e] = k;
+            if (!saved[s]) {
+                saved[s] = true;
+                bytes[e] = ml_add(ch, bytes[e], G->tb[s]);
+            }
+        }
+    }
+    for (uint16_t e = 0; e < g->nt; e++) {
+        const mlg_tensor *t = &g->t[e];
+        if (first[e] == MLG_NONE)
+            continue;
+        if (t->role == MLG_INPUT) {
+            ml_ck_save(ch, b, t->name, bytes[e], 1, ML_SV_INPUT);
+            continue;
+        }
+        idx[e] = ml_ck_save(ch, b, t->name, bytes[e], 1, t->flags & MLG_T_CORE ? ML_SV_CORE : 0);
+        if (t->flags & MLG_T_WCAST)
+            b->cast_bytes = ml_add(ch, b->cast_bytes, bytes[e]);
+    }
+    for (uint16_t t = 0; t < g->nt; t++)
+        if (g->t[t].flags & MLG_T_TMP)
+            ml_ck_tmp(ch, G->tb[t], 1);
+}
+
+/* One op's backward node, after the accumulation its input gradient goes
+ * into (forward order: ml_ck_end reverses the list). */
+static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, const size_t *idx,
+                 const uint16_t *first)
+{
+    const ml_graph *g = &G->g;
+    const mlg_op *o = &g->op[k];
+    uint64_t gin = 0, gout = 0, pg = 0;
+    size_t rel[2] = {SIZE_MAX, SIZE_MAX};
+    unsigned nrel = 0;
+    for (unsigned j = 0; j < o->ngin; j++)
+        gin = ml_add(ch, gin, G->tb[o->gin[j]]);
+    for (unsigned j = 0; j < o->ngout; j++)
+        gout = ml_add(ch, gout, G->tb[o->gout[j]]);
+    for (unsigned j = 0; j < o->nparam; j++)
+        pg = ml_add(ch, pg, ml_mul(ch, numel(ch, g, &G->z, o->param[j]), ch->prec.grad));
+    for (unsigned j = 0; j < o->nsave; j++) {
+        uint16_t e = ml__graph_entry(g, o->save[j]);
+        if (first[e] == k && idx[e] != SIZE_MAX && nrel < 2)
+            rel[nrel++] = idx[e];
+    }
+    if (o->accum != MLG_NONE)
+        ml_ck_accum(ch, b, G->tb[o->accum]);
+    ml_ck_node(ch, b, o->node, gin, pg, gout, rel[0], rel[1]);
+    if (o->scratch_in && o->ngin)
+        ml_ck_node_scratch(ch, b, G->tb[o->gin[0]]);
+}
+
+void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t out)
+{
+    const ml_graph *g = &G->g;
+    size_t idx[MLG_MAX_TENSORS];
+    uint16_t first[MLG_MAX_TENSORS];
+    inventory(ch, b, G, idx, first);
+    /* the parameters in the order their modules register them: by group,
+     * then as the ops use them */
+    for (uint8_t grp = 0; grp < MLG_GROUPS; grp++)
+        for (uint16_t k = 0; k < g->nop; k++)
+            for (unsigned j = 0; j < g->op[k].nparam; j++) {
+                const mlg_tensor *p = &g->t[g->op[k].param[j]];
+                if (p->group != grp || (p->flags & MLG_T_SHARED))
+                    continue;
+                uint64_t rows = G->z.dim[p->dim[0]];
+                ml_ck_param(ch, b, rows, p->ndim > 1 ? G->z.dim[p->dim[1]] : 0);
+            }
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        double f = ml__graph_op_flops(o, &G->z);
+        b->flops_fwd += f;
+        if (o->core)
+            b->flops_core += f;
+        if (o->node)
+            node(ch, b, G, k, idx, first);
+    }
+    ml_ck_end(ch, b, out);
+    if (!G->programs || ch->overflow)
+        return;
+    ml_graph_live l;
+    ml__graph_forward(g, G->tb, false, ch->eval_mode, &l);
+    ml_ck_ng ng = {l.live, l.peak, l.bad};
+    ml_ck_ng_close(b, &ng, out);
+    if (ch->selective)
+        return;
+    ml__graph_forward(g, G->tb, true, ch->eval_mode, &l);
+    ng = (ml_ck_ng){l.live, l.peak, l.bad};
+    ml_ck_grad_close(b, &ng, out);
+}
+
+/* Room for `need` elements in *v (cap allocated, elem bytes each). */
+static bool room(void **v, size_t need, size_t *cap, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    size_t c = *cap ? *cap : 16;
+    while (c < need)
+        c *= 2;
+    void *nv = realloc(*v, c * elem);
+    if (!nv)
+        return false;
+    *v = nv;
+    *cap = c;
+    return true;
+}
+
+void ml_ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst, size_t pcount)
+{
+    const ml_cblock *p = &ch->blocks[proto];
+    if (!room((void **)&ch->saved, ch->nsaved + p->nsaved, &ch->savedcap, sizeof *ch->saved) ||
+        !room((void **)&ch->params, ch->nparams + pcount, &ch->paramcap, sizeof *ch->params)) {
+        ch->nomem = true;
+        return;
+    }
+    char name[sizeof b->name];
+    memcpy(name, b->name, sizeof name);
+    const int ckpt = b->ckpt_index;
+    *b = *p;
+    memcpy(b->name, name, sizeof name);
+    b->ckpt_index = ckpt;
+    b->saved_first = ch->nsaved;
+    memcpy(&ch->saved[ch->nsaved], &ch->saved[p->saved_first], p->nsaved * sizeof *ch->saved);
+    ch->nsaved += p->nsaved;
+    memcpy(&ch->params[ch->nparams], &ch->params[pfirst], pcount * sizeof *ch->params);
+    ch->nparams += pcount;
+    /* node_first: the prototype's list, shared as ml_ck_end shares equal
+     * lists of successive blocks */
+}

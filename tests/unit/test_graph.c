@@ -1,0 +1,544 @@
+/* The op graph (src/graph/graph.h, docs/graph.md).
+ *
+ * 1. Its passes against hand-worked values on a layer small enough to walk
+ *    op by op (the forward's live bytes, the bytes moved and the kernels).
+ * 2. Its chain entries against the chain builders it replaces
+ *    (ledger/chain_transformer.c, chain_kit.c, chain_forward.c): for every
+ *    layout the graph expresses, over a grid of shapes, precisions,
+ *    attention kernels, dropout, selective checkpointing and evaluation, the
+ *    block it emits must equal the hand-written one field by field — the
+ *    saved inventory (bytes, flags, releasing node), the backward nodes, the
+ *    parameters, the FLOPs and the transients. The builders are the
+ *    reference here because their figures are held against real PyTorch
+ *    (tests/torch); once a family leaves them, its graph is held there
+ *    directly. */
+#include "harness.h"
+
+#include "graph/families.h"
+#include "ledger/chain_kit.h"
+
+static const char *const tiny =
+    "model:\n  type: decoder\n  layers: 1\n  hidden: 4\n  heads: 1\n"
+    "  ffn: 8\n  activation: gelu\n  norm: layernorm\n  vocab: 10\n"
+    "  position: learned\n  max_positions: 2\n  attention: eager\n"
+    "  dropout: 0\ntraining:\n  micro_batch: 1\n  seq_len: 2\n"
+    "  optimizer: sgd\n";
+
+/* The tiny layer's graph at fp32, B = 1, T = 2. */
+static void tiny_graph(ml_graph *g, ml_graph_sizes *z, uint64_t *tb)
+{
+    ml_model *m = load_str(tiny);
+    mlg_layer L;
+    const mlg_config c = {4, 4, false, false, false, false};
+    assert_true(ml__family_gpt2_layer(m, &c, &L));
+    ml__family_layer_graph(g, &L);
+    assert_true(ml__graph_valid(g));
+    memset(z, 0, sizeof *z);
+    const uint64_t dims[MLG_NDIMS] = {[MLG_B] = 1, [MLG_T] = 2, [MLG_D] = 4, [MLG_H] = 1,
+                                      [MLG_HKV] = 1, [MLG_DH] = 4, [MLG_F] = 8, [MLG_V] = 10,
+                                      [MLG_DQ] = 4, [MLG_DKV] = 4, [MLG_QKV] = 12};
+    memcpy(z->dim, dims, sizeof dims);
+    for (int k = 0; k < MLG_NDTYPES; k++)
+        z->bytes[k] = 4;
+    z->bytes[MLG_HALF] = 2;
+    z->bytes[MLG_INT64] = 8;
+    z->bytes[MLG_BOOL] = 1;
+    z->grad_bytes = 4;
+    ml__graph_bytes(g, z, tb);
+    assert_false(z->overflow);
+    ml_model_destroy(m);
+}
+
+/* The live-bytes pass on the layer test_forward.c walks by hand through
+ * the whole plan: the climb under no_grad is 208 B above its input, and
+ * with grad 468 B (its 404 B of saved tensors and its 32 B output stay,
+ * 436 B of them before the output). */
+static void test_forward_by_hand(void **state)
+{
+    (void)state;
+    ml_graph g;
+    ml_graph_sizes z;
+    uint64_t tb[MLG_MAX_TENSORS];
+    tiny_graph(&g, &z, tb);
+    ml_graph_live l;
+    ml__graph_forward(&g, tb, false, false, &l);
+    assert_false(l.bad);
+    assert_int_equal(l.peak, 208);
+    assert_int_equal(l.live, 32); /* the output only */
+    ml__graph_forward(&g, tb, true, false, &l);
+    assert_false(l.bad);
+    assert_int_equal(l.peak, 468);
+    assert_int_equal(l.live, 404 + 32);
+}
+
+/* Bytes moved and kernels, by hand, for the same layer (B = 1, T = 2,
+ * D = 4, one head of 4, F = 8, fp32, biases and LayerNorm biases by
+ * default). An op reads its inputs and parameters and writes its outputs;
+ * views and releases move nothing. E = (B, T, D) = 32 B, a head tensor
+ * (B, H, T, dh) = 32 B, S = (B, H, T, T) = 16 B, the (T, T) bool 4 B, EF =
+ * (B, T, F) = 64 B; parameters: c_attn 4 x 12 x 4 + 12 x 4 = 240 B, c_proj
+ * 64 + 16, c_fc 128 + 32, the MLP's proj 128 + 16, each LayerNorm 16 + 16.
+ *   op              read              written
+ *   ln_1            32 + 32 = 64      32 + 16 (mean, rstd) = 48
+ *   c_attn          32 + 240 = 272    (B, T, 12) = 96
+ *   copy q, k       32 + 32 = 64      64
+ *   q k^T           64                16
+ *   scale           16                16
+ *   == 0            0                 4
+ *   masked_fill     16 + 4 = 20       16
+ *   softmax         16                16
+ *   copy v          32                32
+ *   P v             16 + 32 = 48      32
+ *   contiguous      32                32
+ *   c_proj          32 + 80 = 112     32
+ *   x + attn        64                32
+ *   ln_2            64                48
+ *   c_fc            32 + 160 = 192    64
+ *   gelu            64                64
+ *   proj            64 + 144 = 208    32
+ *   x + mlp         64                32
+ * Read 1,396 B, written 676 B, 18 kernels. */
+static void test_traffic_by_hand(void **state)
+{
+    (void)state;
+    ml_graph g;
+    ml_graph_sizes z;
+    uint64_t tb[MLG_MAX_TENSORS];
+    tiny_graph(&g, &z, tb);
+    ml_graph_traffic per[MLG_MAX_OPS], all;
+    ml__graph_traffic(&g, tb, false, per, &all);
+    assert_int_equal(all.read, 1396);
+    assert_int_equal(all.written, 676);
+    assert_int_equal(all.kernels, 18);
+}
+
+/* ---- the graph against the chain builders ---- */
+
+typedef struct {
+    const char *yaml;
+    uint64_t B, T;
+} shape_case;
+
+/* One layer block built by the builders (graph false) or from the graph. */
+static void one_block(const ml_model *m, ml_precision p, uint64_t B, uint64_t T, bool selective,
+                      bool eval, bool graph, ml_chain *ch)
+{
+    memset(ch, 0, sizeof *ch);
+    ch->eval_mode = eval;
+    ch->selective = selective;
+    ch->prec = ml_prec_of(p);
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = B;
+    c.training.seq_len = T;
+    c.training.precision = p;
+    ml_ck_dims d;
+    ml_error e;
+    assert_int_equal(ml_ck_dims_of(m, &c.training, ch, &d, &e), ML_OK);
+    ch->record_nodes = ml_ck_node_level(ch, m);
+    ml_cblock *b = ml_ck_begin(ch, "block.0", 0);
+    assert_non_null(b);
+    const uint64_t out = d.BT * d.D * ch->prec.w;
+    b->in_bytes = out;
+    if (graph) {
+        ml_ck_graph *G = malloc(sizeof *G);
+        assert_non_null(G);
+        assert_true(ml_ck_graph_layer(ch, m, &d, G));
+        ml_ck_graph_emit(ch, b, G, out);
+        free(G);
+    } else {
+        ml_ck_prenorm_block(ch, b, m, &d);
+        ml_ck_end(ch, b, out);
+        ml_ck_forward_layer(ch, b, m, &d);
+    }
+    assert_false(ch->overflow);
+    assert_false(ch->nomem);
+}
+
+#define SAME(f)                                                                          \
+    do {                                                                                 \
+        if (x->f != y->f)                                                                \
+            fail_msg("%s: %s %.17g (builders) != %.17g (graph)", what, #f, (double)x->f,   \
+                     (double)y->f);                                                      \
+    } while (0)
+
+/* On a difference, both saved lists (to stderr) before the failure. */
+static void dump(const ml_chain *a, const ml_chain *b, size_t blk)
+{
+    for (int k = 0; k < 2; k++) {
+        const ml_chain *c = k ? b : a;
+        fprintf(stderr, "%s:\n", k ? "graph" : "builders");
+        for (size_t i = 0; i < c->blocks[blk].nsaved; i++) {
+            const ml_saved *v = &c->saved[c->blocks[blk].saved_first + i];
+            fprintf(stderr, "  %-45s %12llu flags %u node %u\n", v->what,
+                    (unsigned long long)v->bytes, v->flags, v->node);
+        }
+    }
+}
+
+static void same_block(const ml_chain *a, const ml_chain *b, size_t blk, const char *what)
+{
+    const ml_cblock *x = &a->blocks[blk], *y = &b->blocks[blk];
+    if (x->nsaved != y->nsaved || x->saved_bytes != y->saved_bytes || x->core_bytes != y->core_bytes)
+        dump(a, b, blk);
+    if (strcmp(x->name, y->name))
+        fail_msg("%s: block %zu is %s and %s", what, blk, x->name, y->name);
+    SAME(fwd_phase);
+    SAME(ckpt_index);
+    SAME(identity);
+    SAME(in_held);
+    SAME(in_nograd);
+    SAME(inplace);
+    SAME(nodes_off);
+    SAME(measured);
+    SAME(cache_bytes);
+    SAME(fwd_only);
+    SAME(frozen);
+    SAME(unused_out);
+    SAME(grads_in_fwd);
+    SAME(params);
+    SAME(nsaved);
+    SAME(nnodes);
+    SAME(saved_bytes);
+    SAME(core_bytes);
+    SAME(cast_bytes);
+    SAME(in_bytes);
+    SAME(in_saved);
+    SAME(out_saved);
+    SAME(ws_fwd);
+    SAME(ws_nograd);
+    SAME(ws_bwd);
+    SAME(unit_fwd);
+    SAME(unit);
+    SAME(bwd_in);
+    SAME(grad_bytes);
+    SAME(grad_accum_bytes);
+    SAME(flops_fwd);
+    SAME(flops_bwd);
+    SAME(flops_core);
+    for (size_t i = 0; i < x->nsaved; i++) {
+        const ml_saved *u = &a->saved[x->saved_first + i], *v = &b->saved[y->saved_first + i];
+        if (u->bytes != v->bytes || u->flags != v->flags || u->node != v->node ||
+            u->next_same != v->next_same)
+            fail_msg("%s: saved[%zu] '%s' %llu B flags %u node %u != '%s' %llu B flags %u "
+                     "node %u",
+                     what, i, u->what, (unsigned long long)u->bytes, u->flags, u->node, v->what,
+                     (unsigned long long)v->bytes, v->flags, v->node);
+    }
+    for (size_t i = 0; i < x->nnodes; i++) {
+        const ml_bnode *u = &a->nodes[x->node_first + i], *v = &b->nodes[y->node_first + i];
+        if (strcmp(u->what, v->what) || u->grad_in != v->grad_in ||
+            u->param_grad != v->param_grad || u->scratch != v->scratch ||
+            u->grad_out != v->grad_out || u->first_saved != v->first_saved)
+            fail_msg("%s: node[%zu] '%s' != '%s'", what, i, u->what, v->what);
+    }
+}
+
+/* Block 0 of a and b, and their parameters and chain-wide figures. */
+static void same_blocks(const ml_chain *a, const ml_chain *b, const char *what)
+{
+    if (a->n != b->n)
+        fail_msg("%s: %zu blocks != %zu", what, a->n, b->n);
+    for (size_t i = 0; i < a->n; i++)
+        same_block(a, b, i, what);
+    const ml_chain *x = a, *y = b;
+    SAME(batch_input);
+    SAME(batch_targets);
+    SAME(buffer_bytes);
+    SAME(ckpt_side);
+    SAME(n_ckpt);
+    SAME(mask_in_forward);
+    SAME(nsides);
+    if (a->nparams != b->nparams)
+        fail_msg("%s: %zu parameter tensors != %zu", what, a->nparams, b->nparams);
+    for (size_t i = 0; i < a->nparams; i++)
+        if (a->params[i].numel != b->params[i].numel || a->params[i].rows != b->params[i].rows ||
+            a->params[i].cols != b->params[i].cols || a->params[i].nograd != b->params[i].nograd ||
+            a->params[i].frozen != b->params[i].frozen)
+            fail_msg("%s: parameter %zu differs: %llu (%llu x %llu) != %llu (%llu x %llu)", what, i,
+                     (unsigned long long)a->params[i].numel, (unsigned long long)a->params[i].rows,
+                     (unsigned long long)a->params[i].cols, (unsigned long long)b->params[i].numel,
+                     (unsigned long long)b->params[i].rows, (unsigned long long)b->params[i].cols);
+    if (a->max_param_numel != b->max_param_numel)
+        fail_msg("%s: max_param_numel differs", what);
+}
+
+/* The layouts the graph expresses, each in settings that change its ops:
+ * YAML, then fields the YAML does not reach (Hugging Face keys). */
+typedef struct {
+    const char *yaml;
+    bool kv_cache, out_bias, mlp_bias;
+} variant;
+
+static const variant variants[] = {
+    /* GPT-2 small's settings (models/gpt2-small.yaml) */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 768\n  heads: 12\n  ffn: 3072\n"
+     "  activation: gelu\n  norm: layernorm\n  vocab: 50257\n  position: learned\n"
+     "  max_positions: 2048\n  tied_embeddings: true\n  bias: true\n  dropout: 0.1\n",
+     false, false, false},
+    /* no dropout, no biases, ReLU (its wide fc output the largest transient
+     * at short sequences), a head size other than D/H */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  head_dim: 24\n"
+     "  ffn: 2048\n  activation: relu\n  norm: layernorm\n  vocab: 97\n  position: learned\n"
+     "  max_positions: 2048\n  bias: false\n  dropout: 0\n",
+     false, false, false},
+    /* biases on q/k/v only, dropout, an MLP narrower than the heads,
+     * soft-capped logits */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 96\n  heads: 3\n  ffn: 48\n"
+     "  activation: gelu\n  norm: layernorm\n  vocab: 11\n  position: none\n"
+     "  bias: false\n  qkv_bias: true\n  dropout: 0.2\n  final_softcap: 30\n",
+     false, false, false},
+    /* Gemma 2's layout (tests/torch/models/gemma2.yaml at a larger width):
+     * post norms, soft-capped scores and logits, a head size of its own */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 128\n  heads: 4\n  kv_heads: 2\n"
+     "  head_dim: 64\n  ffn: 320\n  activation: geglu\n  norm: gemma_rmsnorm\n"
+     "  post_norms: true\n  attn_scalar: 24\n  attn_softcap: 50\n  final_softcap: 30\n"
+     "  embedding_scale: true\n  vocab: 173\n  position: rope\n  tied_embeddings: true\n"
+     "  bias: false\n  dropout: 0\n",
+     true, false, false},
+    /* Llama 2's layout (models/llama-2-7b.yaml) at a smaller width, with
+     * a KV cache in evaluation */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 256\n  heads: 8\n  kv_heads: 8\n"
+     "  ffn: 688\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 320\n  position: rope\n"
+     "  bias: false\n  dropout: 0\n",
+     true, false, false},
+    /* grouped heads (repeat_kv copies), a head size other than D/H, GeGLU,
+     * q/k/v, output and MLP biases, dropout */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 256\n  heads: 8\n  kv_heads: 2\n"
+     "  head_dim: 48\n  ffn: 512\n  activation: geglu\n  norm: rmsnorm\n  vocab: 320\n"
+     "  position: rope\n  bias: false\n  qkv_bias: true\n  dropout: 0.1\n",
+     false, true, true},
+    /* one key/value head (repeat_kv's zero-stride view, which matmul
+     * copies), no rotary, dropout, a KV cache */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 128\n  heads: 4\n  kv_heads: 1\n"
+     "  ffn: 344\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 320\n  position: learned\n"
+     "  max_positions: 2048\n  bias: false\n  dropout: 0.1\n",
+     true, false, false},
+    /* Gemma's layout: its RMSNorm, GeGLU, a head size of its own, one
+     * key/value head, dropout, the embeddings' scale */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 128\n  heads: 4\n  kv_heads: 1\n"
+     "  head_dim: 48\n  ffn: 344\n  activation: geglu\n  norm: gemma_rmsnorm\n  vocab: 320\n"
+     "  position: rope\n  bias: false\n  embedding_scale: true\n  tied_embeddings: true\n"
+     "  dropout: 0.1\n",
+     true, false, false},
+    /* ViT's layout: an image encoder's pre-norm layer (17 tokens: 16
+     * patches and the class token, whatever the shape asks), dropout */
+    {"model:\n  type: encoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  ffn: 256\n"
+     "  activation: gelu\n  norm: layernorm\n  norm_position: pre\n  image_size: 32\n"
+     "  patch_size: 8\n  classes: 10\n  qkv_bias: true\n  dropout: 0.1\n",
+     false, false, false},
+    /* an RMSNorm decoder with nanoGPT's ReLU MLP (wide) */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  kv_heads: 4\n"
+     "  ffn: 2048\n  activation: relu\n  norm: rmsnorm\n  vocab: 320\n  position: rope\n"
+     "  bias: false\n  dropout: 0\n",
+     false, false, false},
+};
+
+static void test_graph_equals_builders(void **state)
+{
+    (void)state;
+    static const uint64_t shapes[][2] = {{1, 7}, {3, 64}, {2, 1024}, {1, 1}};
+    static const ml_attention kernels[] = {ML_ATTN_EAGER, ML_ATTN_SDPA, ML_ATTN_FLASH};
+    const size_t nv = sizeof variants / sizeof variants[0];
+    unsigned compared = 0;
+    for (size_t v = 0; v < nv; v++) {
+        ml_model *m = load_str(variants[v].yaml);
+        m->kv_cache = variants[v].kv_cache;
+        m->out_bias = variants[v].out_bias;
+        m->mlp_bias = variants[v].mlp_bias;
+        for (size_t k = 0; k < 3; k++) {
+            m->attention = kernels[k];
+            for (int p = 0; p < ML_PREC_COUNT; p++)
+                for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                    for (int mode = 0; mode < 4; mode++) {
+                        const bool sel = mode & 1, ev = mode & 2;
+                        char what[160];
+                        snprintf(what, sizeof what,
+                                 "variant %zu, attention %zu, precision %d, B %llu T %llu%s%s", v,
+                                 k, p, (unsigned long long)shapes[s][0],
+                                 (unsigned long long)shapes[s][1], sel ? ", selective" : "",
+                                 ev ? ", eval" : "");
+                        ml_chain a, b;
+                        one_block(m, (ml_precision)p, shapes[s][0], shapes[s][1], sel, ev, false,
+                                  &a);
+                        one_block(m, (ml_precision)p, shapes[s][0], shapes[s][1], sel, ev, true,
+                                  &b);
+                        same_blocks(&a, &b, what);
+                        ml_chain_free(&a);
+                        ml_chain_free(&b);
+                        compared++;
+                    }
+        }
+        ml_model_destroy(m);
+    }
+    assert_int_equal(compared, nv * 3 * ML_PREC_COUNT * 4 * 4);
+}
+
+/* The layouts the kit does not express yet keep their builders: BERT's
+ * (post-norm), T5's, the sequential models', Mixtral's (experts), DeepSeek's (latent
+ * attention), Phi-3's (fused projections), GPT-NeoX's and Falcon's
+ * (parallel residuals); GPT-2's, Llama's, Gemma's and Gemma 2's are
+ * taken. */
+static void test_other_layouts_refused(void **state)
+{
+    (void)state;
+    mlg_layer L;
+    const mlg_config c = {4, 4, false, false, false, false};
+    static const char *const refused[] = {"agnews-classifier", "t5-base", "cifar10-resnet"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        ml_model *m = load_preset(refused[i]);
+        assert_false(ml__family_layer(m, &c, &L));
+        ml_model_destroy(m);
+    }
+    static const char *const hf_refused[] = {"mixtral-8x7b", "phi-3-mini-4k", "pythia-160m",
+                                             "falcon-7b", "deepseek-v3"};
+    for (size_t i = 0; i < sizeof hf_refused / sizeof hf_refused[0]; i++) {
+        ml_model *m = load_hf_config(hf_refused[i]);
+        assert_false(ml__family_layer(m, &c, &L));
+        ml_model_destroy(m);
+    }
+    ml_model *m = load_preset("gpt2-small");
+    assert_true(ml__family_gpt2_layer(m, &c, &L));
+    ml_model_destroy(m);
+    m = load_preset("llama-2-7b");
+    assert_false(ml__family_gpt2_layer(m, &c, &L));
+    assert_true(ml__family_llama_layer(m, &c, &L));
+    ml_model_destroy(m);
+    m = load_preset("vit-b16");
+    assert_true(ml__family_vit_layer(m, &c, &L));
+    assert_false(L.attn.mask || L.attn.rope || L.hf_order);
+    ml_model_destroy(m);
+    m = load_hf_config("gemma-2b");
+    assert_false(ml__family_llama_layer(m, &c, &L));
+    assert_true(ml__family_gemma_layer(m, &c, &L));
+    assert_int_equal(L.norm.kind, MLG_GEMMA_RMSNORM);
+    assert_false(L.post_norms);
+    ml_model_destroy(m);
+    m = load_hf_config("gemma-2-2b");
+    assert_true(ml__family_gemma_layer(m, &c, &L));
+    assert_true(L.post_norms && L.attn.softcap && L.post.held);
+    ml_model_destroy(m);
+}
+
+/* Whole chains — embedding, every layer (the first emitted from the
+ * graph, the others its copies), head, loss — of every preset and shipped
+ * config.json, built both ways, in training and evaluation, under each
+ * precision, attention kernel and checkpoint policy that changes a block. */
+static unsigned compare_model(ml_model *m, const char *name)
+{
+    unsigned compared = 0;
+    static const ml_attention kernels[] = {ML_ATTN_EAGER, ML_ATTN_SDPA, ML_ATTN_FLASH};
+    static const char *const policies[] = {"none", "selective", "none"};
+    const ml_attention own = m->attention;
+    for (size_t k = 0; k < 3; k++) {
+        m->attention = kernels[k];
+        for (int p = 0; p < ML_PREC_COUNT; p++)
+            for (size_t c = 0; c < 3; c++)
+                for (int ev = 0; ev < 2; ev++) {
+                    ml_config cfg = ml_model_config(m);
+                    cfg.training.precision = (ml_precision)p;
+                    /* the third: no checkpointing, the fused linear
+                     * cross-entropy (the head is its norm alone) */
+                    if (c == 2)
+                        cfg.training.logits = ML_LOGITS_FUSED;
+                    cfg.training.micro_batch = 2;
+                    if (cfg.training.seq_len > 256)
+                        cfg.training.seq_len = 256;
+                    cfg.calib = NULL;
+                    ml_error e;
+                    assert_int_equal(ml_parse_checkpoint(policies[c], &cfg.training.checkpoint, &e),
+                                     ML_OK);
+                    ml_chain a, b;
+                    ml_status sa = ml_chain_build_builders(m, &cfg, ev, &a, &e);
+                    ml_status sb = ev ? ml_chain_build_eval(m, &cfg, &b, &e)
+                                      : ml_chain_build(m, &cfg, &b, &e);
+                    assert_int_equal(sa, sb);
+                    if (sa != ML_OK)
+                        continue;
+                    char what[200];
+                    snprintf(what, sizeof what, "%s, attention %zu, precision %d, %s%s%s", name,
+                             k, p, policies[c], c == 2 ? ", fused logits" : "", ev ? ", eval" : "");
+                    same_blocks(&a, &b, what);
+                    ml_chain_free(&a);
+                    ml_chain_free(&b);
+                    compared++;
+                }
+    }
+    m->attention = own;
+    return compared;
+}
+
+static void test_chains_equal_builders(void **state)
+{
+    (void)state;
+    unsigned n = 0;
+    static const char *const presets[] = {"vit-b16", "gpt2-small", "gpt2-medium", "llama-2-7b",
+                                          "llama-3-8b", "video-tokens", "llava-1.5-7b"};
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        ml_model *m = load_preset(presets[i]);
+        n += compare_model(m, presets[i]);
+        ml_model_destroy(m);
+    }
+    static const char *const hf[] = {"gpt2",         "llama-2-7b", "mistral-7b", "mistral-nemo-12b",
+                                     "qwen2-0.5b",   "llava-1.5-7b", "gemma-2b", "gemma-2-2b",
+                                     "gemma-2-9b",   "vit-base-patch16-224"};
+    for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
+        ml_model *m = load_hf_config(hf[i]);
+        n += compare_model(m, hf[i]);
+        ml_model_destroy(m);
+    }
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+        ml_model *m = load_str(variants[v].yaml);
+        m->kv_cache = variants[v].kv_cache;
+        m->out_bias = variants[v].out_bias;
+        m->mlp_bias = variants[v].mlp_bias;
+        m->layers = 3;
+        n += compare_model(m, "variant");
+        ml_model_destroy(m);
+    }
+    /* 27 models x 3 kernels x 6 precisions x 3 settings x 2 passes, less
+     * the configurations a model refuses (the same both ways) */
+    fprintf(stderr, "%u chains compared\n", n);
+    assert_true(n > 27 * 3 * 6 * 3 * 2 / 2);
+}
+
+/* OLMo's norm exists only in the graph: a layout the graph does not
+ * express with it is refused at the key, never planned by another
+ * family's builders. */
+static void test_olmo_norm_refused_elsewhere(void **state)
+{
+    (void)state;
+    static const char *const yaml =
+        "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  ffn: 128\n"
+        "  activation: swiglu\n  norm: olmo_layernorm\n  vocab: 100\n  position: rope\n"
+        "  bias: false\n  classes: 3\n";
+    ml_model *m = NULL;
+    ml_error e;
+    assert_int_equal(ml_model_load_string(yaml, strlen(yaml), "t.yaml", &m, &e), ML_SCHEMA);
+    assert_null(m);
+    assert_int_equal(e.line, 8); /* the norm key */
+    assert_non_null(strstr(e.msg, "olmo_layernorm"));
+    /* without the classifier it is OLMo's layer, in the graph */
+    static const char *const ok =
+        "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  ffn: 128\n"
+        "  activation: swiglu\n  norm: olmo_layernorm\n  vocab: 100\n  position: rope\n"
+        "  bias: false\n";
+    m = load_str(ok);
+    mlg_layer L;
+    const mlg_config c = {4, 4, false, false, false, false};
+    assert_true(ml__family_olmo_layer(m, &c, &L));
+    assert_int_equal(L.norm.kind, MLG_OLMO_LAYERNORM);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_forward_by_hand),
+        cmocka_unit_test(test_traffic_by_hand),
+        cmocka_unit_test(test_graph_equals_builders),
+        cmocka_unit_test(test_chains_equal_builders),
+        cmocka_unit_test(test_other_layouts_refused),
+        cmocka_unit_test(test_olmo_norm_refused_elsewhere),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
