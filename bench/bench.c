@@ -1,7 +1,9 @@
 /* memledger benchmark: prints figures, asserts nothing (timing targets live
  * here, never in unit tests). Run with `meson test -C build --benchmark -v`
  * or build/bench/memledger-bench. */
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -9,6 +11,7 @@
 #include <malloc.h>
 #endif
 
+#include "attacks.h"
 #include "memledger/memledger.h"
 
 static double now(void)
@@ -181,6 +184,13 @@ int main(int argc, char **argv)
     if (argc == 3 && !strcmp(argv[1], "--grid"))
         return grid(argv[2], 2.0);
     double secs = argc > 1 ? 2.0 : 1.0;
+    /* --attacks [trace|fit]: only the inputs built to cost superlinear time
+     * (issue 42), or only one of them;
+     * --write-collisions PATH N: the colliding trace, for the fuzz corpus */
+    if (argc > 3 && !strcmp(argv[1], "--write-collisions"))
+        return bench_write_collision_trace(argv[2], strtoul(argv[3], NULL, 10)) ? 1 : 0;
+    bool attacks_only = argc > 1 && !strcmp(argv[1], "--attacks");
+    const char *which = attacks_only && argc > 2 ? argv[2] : "";
 #ifdef __GLIBC__
     /* glibc's mmap threshold moves with the sizes the process frees, so
      * whether a plan's arrays come from fresh (page-faulting) mappings
@@ -190,6 +200,14 @@ int main(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
     printf("(glibc malloc: mmap and trim thresholds pinned at 32 and 64 MiB)\n");
 #endif
+    for (size_t n = 62500; n <= 250000 && strcmp(which, "fit"); n *= 2) {
+        bench_trace_collisions(n, false);
+        bench_trace_collisions(n, true);
+    }
+    for (unsigned n = 6250; n <= 50000 && strcmp(which, "trace"); n *= 2)
+        bench_sequential_fit(n);
+    if (attacks_only)
+        return 0;
     evals_per_second(32, secs, ML_ALLOCATOR_NONE);
     evals_per_second(32, secs, ML_ALLOCATOR_CACHING);
     evals_per_second(96, secs, ML_ALLOCATOR_NONE);

@@ -94,7 +94,9 @@ ML_API int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, cons
  * an unknown kind. */
 ML_API int ml_report_emit(FILE *f, const char *kind, const ml_model *m, const ml_config *cfg,
                           const ml_ledger *l);
-/* Writes s with XML/HTML special characters escaped. */
+/* Writes s with XML/HTML special characters escaped, as characters XML 1.0
+ * allows: control bytes dropped; bytes that are not UTF-8, U+FFFE and
+ * U+FFFF written U+FFFD. */
 ML_API void ml_svg_escape(FILE *f, const char *s);
 
 #ifdef __cplusplus

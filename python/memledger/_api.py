@@ -35,6 +35,8 @@ SETTINGS = (
     ("attention", None),  # the model's: ml_model_set_attention, before the job
 )
 FIT_ONLY = ("global_batch", "max_micro_batch")
+# the library's limit on an input file (docs/robustness.md, "input limits")
+MAX_INPUT = 16 << 20
 
 
 def _text(name, value):
@@ -67,6 +69,15 @@ def _check_names(verb, settings, training):
         raise TypeError("memledger.calibrate_points: no model, no training file")
 
 
+def _path(name, value):
+    """A path as bytes for C, refused with a NUL inside: C would read it
+    cut there (plan("gpt2-small.yaml\\0junk") planned gpt2-small)."""
+    path = os.fsencode(value)
+    if b"\0" in path:
+        raise ValueError("memledger: %s=%r: a NUL character in a path" % (name, value))
+    return path
+
+
 def _load_model(model, training):
     """An ml_model handle from a path (model YAML, or a Hugging Face
     config.json), a memledger model dict, or a Hugging Face config (a dict
@@ -75,9 +86,9 @@ def _load_model(model, training):
     if hasattr(model, "to_dict") and callable(model.to_dict):
         model = model.to_dict()
     if isinstance(model, (str, os.PathLike)):
-        path = os.fsencode(model)
+        path = _path("model", model)
         if path.endswith(b".json"):
-            train = os.fsencode(training) if training is not None else None
+            train = _path("training", training) if training is not None else None
             st = lib.ml_model_load_hf(path, train, ctypes.byref(handle), ctypes.byref(err))
         elif training is not None:
             raise TypeError("memledger: training= goes with a Hugging Face config.json "
@@ -185,9 +196,11 @@ def calibrate_points(points, budget=None, at=None):
     in bytes or as a size, "5.4GiB"); budget: bytes or a size; at: a
     micro-batch whose peak to predict."""
     if isinstance(points, (str, os.PathLike)):
-        name = os.fsencode(points)
+        name = _path("points", points)
+        # one byte past the library's limit, which it then refuses by name:
+        # a stream (/dev/zero, a pipe) is never read to its end
         with open(points, "rb") as f:
-            text = f.read()
+            text = f.read(MAX_INPUT + 1)
     else:
         rows = ["micro_batch,peak"]
         for p in points:

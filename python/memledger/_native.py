@@ -18,15 +18,29 @@ class _MlError(ctypes.Structure):
 class Error(Exception):
     """A failure the library reported: code ("ML_SCHEMA"), status (its
     number), path, line and col (1-based; 0: no position) and message, as
-    the C library's ml_error carries them."""
+    the C library's ml_error carries them; the message (and the path in the
+    text of the exception) with control characters written visibly."""
 
     def __init__(self, code, status, path, line, col, message):
         self.code, self.status, self.path = code, status, path
-        self.line, self.col, self.message = line, col, message
-        where = path
+        self.line, self.col, self.message = line, col, visible(message)
+        where = visible(path)
         if path and line:
-            where = "%s:%d:%d" % (path, line, col)
-        super().__init__("%s: %s" % (where, message) if where else message)
+            where = "%s:%d:%d" % (where, line, col)
+        super().__init__("%s: %s" % (where, self.message) if where else self.message)
+
+
+def visible(text):
+    """text with control characters written \\xNN as the command line
+    writes them (docs/cli.md; src/cli/output.c): C0 but tab, and DEL, as
+    their byte, C1 (U+0080 to U+009F) as its two UTF-8 bytes, \\xc2\\x9b. A
+    value quoted back in a message cannot drive the reader's terminal."""
+    def one(c):
+        o = ord(c)
+        if (o < 0x20 and c != "\t") or o == 0x7f:
+            return "\\x%02x" % o
+        return "\\xc2\\x%02x" % o if 0x80 <= o <= 0x9f else c
+    return "".join(one(c) for c in text)
 
 
 def _find():

@@ -235,3 +235,29 @@ def test_bad_numbers_are_refused():
         memledger.calibrate_points([(1, 100), (2, 200)], at=2.7)
     with pytest.raises(ValueError):
         memledger.plan(MLP2, precision="fp32\0x")
+
+
+def test_escapes_in_messages_are_visible():
+    # issue 42, item 7: a flag value quoted back in the library's message
+    # reaches str(Error) and .message with ESC and BEL written \x1b and \x07
+    # (as the command line writes them, docs/cli.md), never raw
+    with pytest.raises(memledger.Error) as e:
+        memledger.plan(MLP2, device="h100\x1b[31m")
+    assert "\x1b" not in str(e.value) and "\x1b" not in e.value.message
+    assert "unknown device 'h100\\x1b[31m'" in e.value.message
+    with pytest.raises(memledger.Error) as e:
+        memledger.plan(MLP2, checkpoint="x\x1b]0;pwn\x07")
+    assert "'x\\x1b]0;pwn\\x07'" in str(e.value) and "\x07" not in str(e.value)
+
+
+def test_paths_with_nul_and_endless_points():
+    # issue 42, item 8: C reads a path up to its NUL, so "mlp2.yaml\0junk"
+    # would plan mlp2: refused as a NUL in any other argument is
+    with pytest.raises(ValueError, match="a NUL character in a path"):
+        memledger.plan(GPT2 + "\0junk")
+    with pytest.raises(ValueError, match="a NUL character in a path"):
+        memledger.calibrate_points(os.path.join(ROOT, "README.md\0x"))
+    # /dev/zero never ends: one byte past the library's 16 MiB limit is read
+    # (16 MiB + 1 of zeros), and the library refuses it by its limit
+    with pytest.raises(memledger.Error, match="larger than 16 MiB"):
+        memledger.calibrate_points("/dev/zero")

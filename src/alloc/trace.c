@@ -9,6 +9,7 @@
 #include "alloc/alloc.h"
 #include "util/error.h"
 #include "util/grow.h"
+#include "util/hash.h"
 #include "util/utf8.h"
 
 static const char header_text[] = "action,id,bytes";
@@ -27,7 +28,10 @@ static ml_status fail(ml_error *err, ml_status code, const char *path, unsigned 
     return code;
 }
 
-/* ---- ids: an open-addressing table from the id to its last allocation ---- */
+/* ---- ids: an open-addressing table from the id to its last allocation ----
+ * Indexed by a keyed hash with a key drawn per table (util/hash.h): the
+ * ids are the input's, and with a fixed hash (FNV-1a before issue 42) ids
+ * made to collide in the low bits cost a scan per line, quadratic time. */
 
 typedef struct {
     char *name;    /* interned: also in the trace's names */
@@ -39,19 +43,12 @@ typedef struct {
 typedef struct {
     id_entry *e;
     size_t cap, used;
+    ml_hash_key key;
 } id_table;
-
-static uint64_t hash(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return h;
-}
 
 static id_entry *lookup(id_table *t, const char *s, size_t n)
 {
-    size_t i = (size_t)hash(s, n) & (t->cap - 1);
+    size_t i = (size_t)ml_hash(&t->key, s, n) & (t->cap - 1);
     while (t->e[i].name) {
         if (!strncmp(t->e[i].name, s, n) && t->e[i].name[n] == '\0')
             return &t->e[i];
@@ -69,7 +66,7 @@ static bool id_room(id_table *t)
     id_entry *ne = calloc(cap, sizeof *ne);
     if (!ne)
         return false;
-    id_table nt = {ne, cap, t->used};
+    id_table nt = {ne, cap, t->used, t->key};
     for (size_t i = 0; i < t->cap; i++)
         if (t->e[i].name)
             *lookup(&nt, t->e[i].name, strlen(t->e[i].name)) = t->e[i];
@@ -287,7 +284,8 @@ static ml_status add_event(trace_parser *p, const trace_line *l)
 ml_status ml_alloc_trace_parse(const char *text, size_t len, const char *path,
                                ml_alloc_trace **out, ml_error *err)
 {
-    trace_parser p = {calloc(1, sizeof *p.t), {NULL, 0, 0}, 0, 0, 0, path, err, 0};
+    trace_parser p = {calloc(1, sizeof *p.t), {NULL, 0, 0, ml_hash_key_new(&p)}, 0, 0, 0, path,
+                      err, 0};
     ml_status st = ML_OK;
     bool header = false;
     if (!p.t)

@@ -329,7 +329,7 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
 
 static int bad_flag(const char *flag, const char *msg)
 {
-    fprintf(stderr, "memledger: error: %s: %s\n", flag, msg);
+    ml_cli_errorf("%s: %s", flag, msg); /* msg may quote the value: escaped */
     return ML_EXIT_BAD_INPUT;
 }
 
@@ -491,7 +491,7 @@ static int device_flag(const char *v, ml_device *d)
     ml_error e;
     memset(&e, 0, sizeof e);
     if (ml_device_preset_apply(v, d, &e)) {
-        fprintf(stderr, "memledger: error: --device: %s (or a size, e.g. 8GiB)\n", e.msg);
+        ml_cli_errorf("--device: %s (or a size, e.g. 8GiB)", e.msg);
         return ML_EXIT_BAD_INPUT;
     }
     return 0;
@@ -553,8 +553,7 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
         return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
     if (o->attention && ml_model_set_attention(m, o->attention, &e) != ML_OK) {
-        fprintf(stderr, "memledger: error: --attention: %s\n",
-                strchr(e.msg, ':') ? strchr(e.msg, ':') + 2 : e.msg);
+        ml_cli_errorf("--attention: %s", strchr(e.msg, ':') ? strchr(e.msg, ':') + 2 : e.msg);
         ml_model_destroy(m);
         return ML_EXIT_BAD_INPUT;
     }

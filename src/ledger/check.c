@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "ledger/replay.h"
 #include "memledger/ledger.h"
 #include "model/limits.h"
 #include "util/error.h"
@@ -13,6 +14,42 @@
 static const char over_budget[] = "device.budget: the budget is above the device memory";
 static const char over_reserve[] =
     "device.runtime_reserve: the reserve is not below the device memory";
+
+/* The device's sizes against each other and against the headroom's 64
+ * signed bits. */
+static const char *device_problem(const ml_device *dv)
+{
+    if (!dv->present)
+        return NULL;
+    if (dv->memory == 0)
+        return "device.memory: must be at least 1 byte";
+    /* the headroom is a signed 64-bit figure (ml_summary.headroom, the
+     * JSON's "headroom"): a device of 2^63 B or more could have a headroom
+     * it cannot state */
+    if (dv->memory > (uint64_t)INT64_MAX)
+        return "device.memory: must be below 8 EiB (2^63 B), the most a headroom in signed "
+               "64 bits can state; give the device's real size";
+    if (dv->budget > dv->memory)
+        return over_budget;
+    if (dv->runtime_reserve >= dv->memory)
+        return over_reserve;
+    return NULL;
+}
+
+bool ml_headroom(uint64_t have, uint64_t need, int64_t *out)
+{
+    if (have >= need) {
+        if (have - need > (uint64_t)INT64_MAX)
+            return false;
+        *out = (int64_t)(have - need);
+        return true;
+    }
+    const uint64_t over = need - have;
+    if (over > (uint64_t)INT64_MAX)
+        return false;
+    *out = -(int64_t)over;
+    return true;
+}
 
 const char *ml_config_problem(const ml_config *cfg)
 {
@@ -25,6 +62,13 @@ const char *ml_config_problem(const ml_config *cfg)
         if ((v < lim[i].lo || v > lim[i].hi) && !(v == 0 && lim[i].zero_unset))
             return lim[i].problem;
     }
+    /* the effective batch is a 64-bit figure (fit's effective_batch, the
+     * emitted train_batch_size): at every limit the product is 2^64 */
+    uint64_t effective;
+    if (__builtin_mul_overflow(t->micro_batch, t->grad_accum, &effective) ||
+        __builtin_mul_overflow(effective, t->data_parallel, &effective))
+        return "training: micro_batch x grad_accum x data_parallel (the effective batch) must "
+               "be below 2^64; lower one of them";
     if ((unsigned)t->precision >= ML_PREC_COUNT || (unsigned)t->optimizer >= ML_OPT_COUNT ||
         (unsigned)t->optimizer_impl >= ML_IMPL_COUNT ||
         (unsigned)t->checkpoint.kind >= ML_CKPT_COUNT)
@@ -59,12 +103,9 @@ const char *ml_config_problem(const ml_config *cfg)
     }
     if (t->checkpoint.kind == ML_CKPT_OPTIMAL && !dv->present)
         return "training.checkpoint: optimal needs a budget: give a device (device.memory)";
-    if (dv->present && dv->memory == 0)
-        return "device.memory: must be at least 1 byte";
-    if (dv->present && dv->budget > dv->memory)
-        return over_budget;
-    if (dv->present && dv->runtime_reserve >= dv->memory)
-        return over_reserve;
+    const char *dev = device_problem(dv);
+    if (dev)
+        return dev;
     if (!(dv->efficiency > 0 && dv->efficiency <= 1))
         return "device.efficiency: must be in (0, 1]";
     if (!(dv->fragmentation >= 0 && dv->fragmentation <= 1))

@@ -1,4 +1,7 @@
 /* The memory curve as (t, bytes) points (docs/ledger.md, "Time"). */
+#include <stdlib.h>
+
+#include "ledger/levels.h"
 #include "ledger/replay.h"
 
 static uint64_t total_of(const ml_event *e)
@@ -42,4 +45,27 @@ size_t ml_ledger_curve(const ml_ledger *l, ml_curve_point *points, size_t cap)
         a = b + 1;
     }
     return m;
+}
+
+bool ml_ledger_keep_levels(ml_ledger *l)
+{
+    if (!l->nevents)
+        return true;
+    ml_level *lv = malloc(l->nevents * sizeof *lv);
+    if (!lv)
+        return false;
+    for (size_t i = 0; i < l->nevents; i++)
+        lv[i] = (ml_level){l->events[i].t_s, total_of(&l->events[i])};
+    free(l->events);
+    l->events = NULL;
+    l->levels = lv;
+    l->nlevels = l->nevents;
+    l->nevents = l->cap = 0;
+    return true;
+}
+
+const ml_level *ml_ledger_levels(const ml_ledger *l, size_t *n)
+{
+    *n = l->nlevels;
+    return l->levels;
 }

@@ -133,7 +133,6 @@ static void describe_plan(const ml_chain *ch, const ml_checkpoint *cp, const int
         snprintf(buf + o, size - o, " none");
 }
 
-
 /* Parameters, master weights, gradients, optimizer states and step
  * temporaries per device: ZeRO stage z shards states (z >= 1), gradients
  * (z >= 2) and parameters (z = 3) over N devices; offload moves them to the
@@ -191,7 +190,6 @@ void ml_eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, b
                            t->zero >= 1 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, x->ob.state_tensors);
     ml_eval_batch(r, x->ch);
 }
-
 
 /* The iteration's events after the resident states: each micro-batch (two
  * stand for any accumulation: the second one's are every later one's), the
@@ -338,8 +336,10 @@ static ml_status verdict(const ml_chain *ch, const ml_device *dv, ml_summary *s,
         s->budget = ml_device_budget(dv);
         s->device_limit = ml_device_limit(dv);
         s->fits = peak <= s->budget && s->peak_total <= s->memory && !s->reserved_oom;
-        int64_t h1 = (int64_t)s->budget - (int64_t)peak;
-        int64_t h2 = (int64_t)s->memory - (int64_t)s->peak_total;
+        int64_t h1 = 0, h2 = 0;
+        if (!ml_headroom(s->budget, peak, &h1) || !ml_headroom(s->memory, s->peak_total, &h2))
+            return ml_errorf(err, ML_OVERFLOW, "the peak is more than 8 EiB (2^63 B) over the "
+                                               "device: its headroom does not fit 64 bits");
         s->headroom = h1 < h2 ? h1 : h2;
     }
     s->c_tokens = ch->c_tokens;
@@ -570,6 +570,7 @@ void ml_ledger_destroy(ml_ledger *l)
         return;
     free(l->blocks);
     free(l->events);
+    free(l->levels);
     free(l);
 }
 

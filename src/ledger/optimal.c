@@ -194,6 +194,7 @@ typedef struct {
     size_t ncell, nw;
     size_t m;   /* states on the current front */
     size_t nln; /* links pushed */
+    size_t maxlen; /* the longest segment searched (ml_opt_max_segment) */
     ml_opt_stats sx;
 } solve;
 
@@ -216,6 +217,12 @@ static ml_status push_link(solve *s, link l)
 
 /* The grid for c (at most `cells` cells), the per-block needs, and the
  * front of boundary 0: the empty prefix. */
+size_t ml_opt_max_segment(size_t n)
+{
+    const size_t most = ML_OPT_SEGMENT_WORK / (n ? n : 1);
+    return n <= most ? n : most > ML_OPT_SEGMENT_MIN ? most : ML_OPT_SEGMENT_MIN;
+}
+
 static ml_status solve_begin(solve *s, ml_opt_work *w, const ml_opt_chain *c, size_t cells)
 {
     const size_t n = c->n;
@@ -232,9 +239,9 @@ static ml_status solve_begin(solve *s, ml_opt_work *w, const ml_opt_chain *c, si
     unsigned qs = 0;
     while (qs < 63 && (M >> qs) >= cells)
         qs++;
-    *s = (solve){w, c, M, 0, qs, (size_t)(M >> qs) + 1, 0, 1, 0, {0}};
+    *s = (solve){w, c, M, 0, qs, (size_t)(M >> qs) + 1, 0, 1, 0, ml_opt_max_segment(n), {0}};
     s->nw = (s->ncell + 63) / 64;
-    s->sx = (ml_opt_stats){s->ncell, (uint64_t)1 << qs, 0, 0, 0, 0, 0, 0};
+    s->sx = (ml_opt_stats){s->ncell, (uint64_t)1 << qs, 0, 0, 0, 0, 0, 0, s->maxlen};
     /* prefixes never fall and the tail needs base_t + P <= M: a state
      * above Pend is dead (when base_t > M, the tail rejects every one) */
     s->Pend = c->base_t <= M ? M - c->base_t : 0;
@@ -274,7 +281,7 @@ static size_t segment_reach(solve *s, size_t i)
     const uint64_t Tf = M - needF[i], Mx = M - b->input;
     lim = Mx - s->w->cur[0].P;
     uint64_t U = 0, R = 0;
-    for (size_t e = i; e < c->n; e++) {
+    for (size_t e = i; e < c->n && e - i < s->maxlen; e++) {
         uint64_t need;
         s->sx.steps++;
         /* the first block is recreated without its input (the kept x),

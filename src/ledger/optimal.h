@@ -44,7 +44,8 @@ bool ml_opt_check(const ml_opt_chain *c, const int *seg, double *cost, uint64_t 
  * ml_opt_check does). cells is S, the most cells of the memory grid, each
  * q bytes wide, q the least power of two above budget / S: at most one
  * state per cell and block boundary (0: 2^22 / (n + 1), between 256 and
- * 65536). Segments of any length are searched. Every returned plan meets
+ * 65536). Segments of up to ml_opt_max_segment(n) blocks are searched:
+ * any length up to 8,192 blocks. Every returned plan meets
  * every constraint (the prefixes are exact); its cost is at most that of
  * any plan with t kept blocks and segments that meets the constraints with
  * the budget lowered by t q, and it is the optimum when q = 1 or when no
@@ -67,7 +68,19 @@ typedef struct {
                            <= 2 segments (rho + 1) */
     size_t merges;      /* times a cell kept a state over one with a smaller
                            prefix: 0 means the plan is optimal */
+    size_t max_segment; /* the longest segment searched: ml_opt_max_segment */
 } ml_opt_stats;
+
+/* The longest segment a solve of n blocks searches: n (every length) up to
+ * n^2 = ML_OPT_SEGMENT_WORK extensions, else that work over n blocks but
+ * at least ML_OPT_SEGMENT_MIN. A segment's reach is walked once per block,
+ * so a long chain whose segments all fit the budget (tiny layers) cost n^2
+ * extensions per solve (issue 42: 100,000 layers); past 8,192 blocks the
+ * guarantee holds against plans with segments of at most this many blocks
+ * (docs/optimal.md, "Complexity"). */
+#define ML_OPT_SEGMENT_WORK ((size_t)1 << 26)
+#define ML_OPT_SEGMENT_MIN ((size_t)256)
+size_t ml_opt_max_segment(size_t n);
 
 /* ml_opt_solve, and on ML_OK (feasible or not) *stats, when not NULL. */
 ml_status ml_opt_solve_stats(const ml_opt_chain *c, size_t cells, int *seg, double *cost,

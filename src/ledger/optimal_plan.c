@@ -137,11 +137,150 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *
     oc->budget = res->budget < res->device_limit ? res->budget : res->device_limit;
 }
 
-/* The chain model found no plan under the line (it is conservative: the
- * replay can admit what the model rejects): the segment policy with the
- * least recompute among those whose replay fits, else the lowest peak (of
+/* One checkpoint: optimal evaluation in progress: the chain model, the
+ * solver's memory, the plan (seg, whole chain) and the ledger its replays
+ * write. */
+typedef struct {
+    ml_evalctx *x;
+    ml_ledger *l;
+    int *seg;
+    int *oseg;   /* the solver's plan over the checkpointable range */
+    int *best;   /* the best plan found to fit (relax) */
+    ml_opt_work *ow;
+    ml_opt_chain oc;
+    size_t lo, hi; /* the checkpointable range of the chain */
+    ml_error *err;
+} opt_run;
+
+/* Solves the chain model at `budget`; when feasible, r->seg holds the plan. */
+static ml_status solve_at(opt_run *r, uint64_t budget, bool *feasible)
+{
+    double cost = 0;
+    r->oc.budget = budget;
+    ml_status st = ml_opt_solve_in(r->ow, &r->oc, 0, r->oseg, &cost, feasible, NULL);
+    if (st) /* the solver sets no message of its own */
+        return ml_errorf(r->err, st,
+                         st == ML_NOMEM ? "out of memory" : "too many blocks for the optimal solver");
+    if (*feasible)
+        for (size_t k = 0; k < r->x->ch->n; k++)
+            r->seg[k] = k >= r->lo && k < r->hi ? r->oseg[k - r->lo] : -1;
+    return ML_OK;
+}
+
+/* The model budgets tried: the largest at which the model found no plan,
+ * and the least at which it found one whose replay did not fit (0: none). */
+typedef struct {
+    uint64_t rejected, over;
+} opt_tried;
+
+/* Solves at the target, replays, and tightens the model's budget by any
+ * excess until the replay fits (a few rounds at most). */
+static ml_status tighten(opt_run *r, uint64_t target, bool *fits, opt_tried *tr)
+{
+    uint64_t budget = target;
+    for (int round = 0; round < 8 && !*fits; round++) {
+        bool feasible = false;
+        ml_status st = solve_at(r, budget, &feasible);
+        if (st)
+            return st;
+        if (!feasible) {
+            tr->rejected = budget;
+            return ML_OK;
+        }
+        if ((st = ml_eval_run(r->x, r->seg, false, r->l, r->err)))
+            return st;
+        if (r->l->sum.fits) {
+            *fits = true;
+            return ML_OK;
+        }
+        tr->over = budget;
+        const uint64_t peak = r->l->sum.peak;
+        const uint64_t over = peak > target ? peak - target : 1;
+        if (over >= budget)
+            return ML_OK;
+        budget -= over;
+    }
+    return ML_OK;
+}
+
+/* Replays r->seg; a fit is kept in r->best. */
+static ml_status try_plan(opt_run *r, bool *fits)
+{
+    ml_status st = ml_eval_run(r->x, r->seg, false, r->l, r->err);
+    *fits = !st && r->l->sum.fits;
+    if (*fits)
+        memcpy(r->best, r->seg, r->x->ch->n * sizeof *r->seg);
+    return st;
+}
+
+/* The first budget from `from`, stepping by d = step, 2 step, 4 step ...
+ * up to cap, up (sign 1) or down, at which the model finds a plan (want
+ * true) or none (want false); 0 when none is. */
+static ml_status probe(opt_run *r, uint64_t from, uint64_t step, uint64_t cap, bool up, bool want,
+                       uint64_t *at, uint64_t *last)
+{
+    *at = 0;
+    for (uint64_t d = step; d <= cap && d < from; d *= 2) {
+        const uint64_t b = up ? from + d : from - d;
+        bool feasible = false;
+        ml_status st = solve_at(r, b, &feasible);
+        if (st)
+            return st;
+        if (feasible == want) {
+            *at = b;
+            return ML_OK;
+        }
+        *last = b;
+    }
+    return ML_OK;
+}
+
+/* The tightening found no plan whose replay fits, but the model is coarser
+ * than the replay, in both directions (docs/optimal.md, "Guarantee of the
+ * verdict"). The least model budget at which it finds a plan is bracketed
+ * (stepping from the budgets tried by 1/1024 of the target, doubling, up
+ * to 1/16) and bisected; that plan, of the lowest model peak, is replayed,
+ * and when it fits, the larger budgets up to the least whose plan was over
+ * (less recompute) are bisected for the last that still fits. At most
+ * 7 + 8 + 6 solves. */
+static ml_status relax(opt_run *r, uint64_t target, const opt_tried *tr, bool *fits)
+{
+    const uint64_t step = target >> 10 > (1u << 20) ? target >> 10 : 1u << 20;
+    const uint64_t cap = target >> 4;
+    uint64_t bad = tr->rejected, good = tr->over, top = tr->over ? tr->over : target + cap;
+    bool feasible = false;
+    ml_status st = ML_OK;
+    if (!good && (st = probe(r, bad, step, cap, true, true, &good, &bad)))
+        return st;
+    if (good && !bad && (st = probe(r, good, step, cap, false, false, &bad, &good)))
+        return st;
+    if (!good)
+        return ML_OK;
+    for (int i = 0; i < 8 && good - bad > 1; i++) {
+        const uint64_t mid = bad + (good - bad) / 2;
+        if ((st = solve_at(r, mid, &feasible)))
+            return st;
+        *(feasible ? &good : &bad) = mid;
+    }
+    if ((st = solve_at(r, good, &feasible)) || !feasible || (st = try_plan(r, fits)) || !*fits)
+        return st;
+    for (int i = 0; i < 6 && top > good + 1; i++) {
+        const uint64_t mid = good + (top - good) / 2;
+        bool ok = false;
+        if ((st = solve_at(r, mid, &feasible)) || (feasible && (st = try_plan(r, &ok))))
+            return st;
+        *(ok ? &good : &top) = mid;
+    }
+    memcpy(r->seg, r->best, r->x->ch->n * sizeof *r->seg);
+    return ML_OK;
+}
+
+/* The fixed segment policies: the one with the least recompute among those
+ * whose replay fits, when it recomputes less than the plan in seg (*fits:
+ * seg fits, recomputing rec); else, when nothing fits, the lowest peak (of
  * equal peaks, the least recompute); of equals, the first in the table. */
-static ml_status fixed_fallback(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err)
+static ml_status fixed_fallback(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, double rec0,
+                                ml_error *err)
 {
     const ml_chain *ch = x->ch;
     const size_t n = ch->n;
@@ -149,7 +288,7 @@ static ml_status fixed_fallback(ml_evalctx *x, int *seg, ml_ledger *l, bool *fit
     size_t ncand = 0;
     const ml_checkpoint_candidate *cands = ml_checkpoint_candidates(&ncand);
     uint64_t best = UINT64_MAX;
-    double best_fit = INFINITY, best_rec = INFINITY;
+    double best_fit = *fits ? rec0 : INFINITY, best_rec = INFINITY;
     int *tmp = calloc(n ? n : 1, sizeof *tmp);
     if (!tmp) {
         return ml_errorf(err, ML_NOMEM, "out of memory");
@@ -176,11 +315,12 @@ static ml_status fixed_fallback(ml_evalctx *x, int *seg, ml_ledger *l, bool *fit
     return st;
 }
 
-/* checkpoint: optimal. Solves on the chain model, replays the plan, and
- * tightens the model's budget by any excess until the replay fits (a few
- * rounds at most). Otherwise falls back to the fixed policies: the one with
- * the least recompute that fits, else the one with the lowest peak; *fits
- * tells whether the plan fits. */
+/* checkpoint: optimal. Solves on the chain model, replays the plan and
+ * tightens the model's budget until the replay fits; where the model
+ * rejects every plan at the budget, relaxes it (relax); then the fixed
+ * policies, unless the first solve fitted: the least recompute that fits,
+ * else the lowest peak. *fits tells whether the plan fits
+ * (docs/optimal.md, "Guarantee of the verdict"). */
 ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err)
 {
     const ml_chain *ch = x->ch;
@@ -191,53 +331,41 @@ ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_
     ml_status st = ml_eval_run(x, seg, false, l, err);
     if (st)
         return st;
-    ml_summary res = l->sum;
-    ml_opt_block *ob = calloc(n ? n : 1, sizeof *ob);
-    int *oseg = calloc(n ? n : 1, sizeof *oseg);
-    ml_opt_work *ow = ml_opt_work_create(); /* shared by the rounds */
-    if (!ob || !oseg || !ow) {
-        free(ob);
-        free(oseg);
-        ml_opt_work_destroy(ow);
-        return ml_errorf(err, ML_NOMEM, "out of memory");
-    }
-    size_t lo, hi;
-    ml_opt_chain oc;
-    opt_model(x, &res, ob, &lo, &hi, &oc);
-    const uint64_t target = oc.budget;
-    *fits = false;
-    for (int round = 0; round < 8 && !*fits; round++) {
-        bool feasible = false;
-        double cost = 0;
-        if ((st = ml_opt_solve_in(ow, &oc, 0, oseg, &cost, &feasible, NULL))) {
-            /* the solver sets no message of its own */
-            ml_errorf(err, st,
-                      st == ML_NOMEM ? "out of memory" : "too many blocks for the optimal solver");
-            break;
-        }
-        if (!feasible)
-            break;
-        for (size_t k = 0; k < n; k++)
-            seg[k] = k >= lo && k < hi ? oseg[k - lo] : -1;
-        if ((st = ml_eval_run(x, seg, false, l, err)))
-            break;
-        uint64_t peak = l->sum.peak;
-        if (l->sum.fits) {
-            *fits = true;
-            break;
-        }
-        uint64_t over = peak > target ? peak - target : 1;
-        if (over >= oc.budget)
-            break;
-        oc.budget -= over;
-    }
-    free(ob);
-    free(oseg);
-    ml_opt_work_destroy(ow);
-    if (st)
-        return st;
+    /* nothing checkpointed fits: no plan recomputes less (0 FLOPs, no
+     * block), and no solve is needed (on a long chain under a roomy budget
+     * every segment reaches the end: n^2 / 2 extensions; issue 42) */
+    *fits = l->sum.fits;
     if (*fits)
         return ML_OK;
-    return fixed_fallback(x, seg, l, fits, err);
+    /* over the line at the optimizer step, the binding peak: no plan can
+     * help (every activation is freed by then; the step's bytes are the
+     * states', whatever the plan), so nothing is solved; the fixed
+     * policies give the lowest peak */
+    if (l->sum.binding == ML_PEAK_STEADY && l->sum.peak_phase == ML_PHASE_OPTIMIZER)
+        return fixed_fallback(x, seg, l, fits, 0, err);
+    ml_summary res = l->sum;
+    ml_opt_block *ob = calloc(n ? n : 1, sizeof *ob);
+    opt_run r = {x, l, seg, calloc(n ? n : 1, sizeof(int)), calloc(n ? n : 1, sizeof(int)),
+                 ml_opt_work_create(), {0}, 0, 0, err};
+    if (!ob || !r.oseg || !r.best || !r.ow) {
+        st = ml_errorf(err, ML_NOMEM, "out of memory");
+        goto done;
+    }
+    opt_model(x, &res, ob, &r.lo, &r.hi, &r.oc);
+    const uint64_t target = r.oc.budget;
+    opt_tried tr = {0, 0};
+    *fits = false;
+    if ((st = tighten(&r, target, fits, &tr)) || *fits || (st = relax(&r, target, &tr, fits)))
+        goto done;
+    double rec = 0;
+    if (*fits && !(st = ml_eval_run(x, seg, false, l, err)))
+        rec = l->sum.flops_recompute;
+    if (!st)
+        st = fixed_fallback(x, seg, l, fits, rec, err);
+done:
+    free(ob);
+    free(r.oseg);
+    free(r.best);
+    ml_opt_work_destroy(r.ow);
+    return st;
 }
-

@@ -13,6 +13,8 @@ struct ml_ledger {
     size_t nblocks;
     ml_event *events;
     size_t nevents, cap;
+    struct ml_level *levels; /* the events as levels (levels.h), or NULL */
+    size_t nlevels;
 };
 
 /* Per-device sharding (docs/sharding.md). */
@@ -132,6 +134,12 @@ ml_status ml_eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err);
  * fills out's reserved figures (passes.c). */
 ml_status ml_eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml_summary *out,
                            ml_error *err);
+
+/* have - need as a signed 64-bit headroom (ml_summary.headroom), false
+ * where it does not fit: a need more than 2^63 B over. ml_config_problem
+ * keeps a device below 2^63 B, so a positive headroom always fits
+ * (check.c). */
+bool ml_headroom(uint64_t have, uint64_t need, int64_t *out);
 
 /* The steps of an evaluation (evaluate.c) the allocator simulation
  * (simulate.c) replays again: where each boundary lives under a plan; the

@@ -1,6 +1,7 @@
 /* Reading a Hugging Face config.json's values (hf_read.h): whole numbers
  * under a name and its aliases, booleans, probabilities, strings, and the
  * check of every key against the family's key table (hf_keys.c). */
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,9 +39,16 @@ ml_status ml_hf_uint(ml_error *err, const ml_node *root, const char *const *keys
         char *end = NULL;
         errno = 0;
         unsigned long long v = n->type == ML_NODE_SCALAR ? strtoull(n->text, &end, 10) : 0;
+        /* digits only: strtoull also skips blanks and takes a sign */
         if (n->type != ML_NODE_SCALAR || !end || end == n->text || *end || errno ||
-            n->text[0] == '-')
+            !isdigit((unsigned char)n->text[0]))
             return ml_error_at(err, n, ML_SCHEMA, "%s: expected a whole number", *k);
+        /* JSON (RFC 8259, section 6) allows no leading zero: 012 is no number */
+        if (n->text[0] == '0' && n->text[1])
+            return ml_error_at(err, n, ML_SCHEMA,
+                               "%s: %s has a leading zero, which JSON does not allow; write the "
+                               "number without it",
+                               *k, n->text);
         /* "12" in quotes is a JSON string: transformers keeps it a str, and
          * the model's range(config.n_layer) fails on it */
         if (!n->plain)

@@ -139,6 +139,12 @@ ml_status ml_tree_uint(ml_error *err, const ml_node *map, const char *key, const
         if (!isdigit((unsigned char)*p))
             return ml_error_at(err, n, ML_SCHEMA, "%s: expected a whole number, got '%s'", field,
                                s);
+    /* YAML 1.1 readers (PyYAML) take 012 as octal 10, YAML 1.2 as 12 */
+    if (s[0] == '0' && s[1])
+        return ml_error_at(err, n, ML_SCHEMA,
+                           "%s: '%s' has a leading zero, which YAML 1.1 reads as octal; write "
+                           "the number without it",
+                           field, s);
     errno = 0;
     unsigned long long v = strtoull(s, NULL, 10);
     if (errno == ERANGE || v > hi)

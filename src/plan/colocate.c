@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ledger/levels.h"
 #include "memledger/plan.h"
 #include "util/error.h"
 
@@ -15,7 +16,8 @@
  * (the allocator's bytes after it, plus the job's reserve and allowance)
  * from t[i] until the next event; the period is T. */
 typedef struct {
-    const ml_event *ev;
+    const ml_event *ev; /* the events, or */
+    const ml_level *lv; /* their levels (ml_ledger_keep_levels) */
     size_t n;
     double T;
     uint64_t offset;
@@ -29,14 +31,35 @@ static uint64_t event_total(const ml_event *e)
     return s;
 }
 
+/* Event k's time and the bytes after it. */
+static double t_at(const curve *c, size_t k)
+{
+    return c->lv ? c->lv[k].t_s : c->ev[k].t_s;
+}
+
+static uint64_t v_at(const curve *c, size_t k)
+{
+    return c->lv ? c->lv[k].total : event_total(&c->ev[k]);
+}
+
 static void curve_of(const ml_ledger *l, curve *c)
 {
     const ml_summary *s = ml_ledger_summary(l);
     memset(c, 0, sizeof *c);
-    c->ev = ml_ledger_events(l);
-    c->n = ml_ledger_event_count(l);
+    c->lv = ml_ledger_levels(l, &c->n);
+    if (!c->lv) {
+        c->ev = ml_ledger_events(l);
+        c->n = ml_ledger_event_count(l);
+    }
     c->T = s->step_time_s;
     c->offset = s->runtime_reserve + s->fragmentation;
+}
+
+static size_t events_of(const ml_ledger *l)
+{
+    curve c;
+    curve_of(l, &c);
+    return c.n;
 }
 
 /* The last event at or before u (events are in time order; the first is
@@ -46,7 +69,7 @@ static size_t last_at(const curve *c, double u)
     size_t lo = 0, hi = c->n;
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
-        if (c->ev[mid].t_s <= u)
+        if (t_at(c, mid) <= u)
             lo = mid;
         else
             hi = mid;
@@ -66,7 +89,7 @@ uint64_t ml_colocate_level(const ml_ledger *l, double t_s)
     curve_of(l, &c);
     if (!c.n || !(c.T > 0))
         return c.offset;
-    return event_total(&c.ev[last_at(&c, phase(&c, t_s))]) + c.offset;
+    return v_at(&c, last_at(&c, phase(&c, t_s))) + c.offset;
 }
 
 /* The most the job holds at the instant t: its level, or higher while the
@@ -81,11 +104,11 @@ static uint64_t instant_max(const curve *c, double t)
     if (c->T - u <= tol)
         u = 0;
     size_t k = last_at(c, u + tol);
-    uint64_t best = event_total(&c->ev[k]);
-    for (size_t i = k + 1; i-- > 0 && c->ev[i].t_s >= u - tol;)
-        best = best > event_total(&c->ev[i]) ? best : event_total(&c->ev[i]);
-    for (size_t i = c->n; u <= tol && i-- > 0 && c->ev[i].t_s >= c->T - tol;)
-        best = best > event_total(&c->ev[i]) ? best : event_total(&c->ev[i]);
+    uint64_t best = v_at(c, k);
+    for (size_t i = k + 1; i-- > 0 && t_at(c, i) >= u - tol;)
+        best = best > v_at(c, i) ? best : v_at(c, i);
+    for (size_t i = c->n; u <= tol && i-- > 0 && t_at(c, i) >= c->T - tol;)
+        best = best > v_at(c, i) ? best : v_at(c, i);
     return best + c->offset;
 }
 
@@ -99,7 +122,7 @@ static void aligned(const ml_ledger *const *ls, size_t n, ml_colocate_result *r)
         H = fmax(H, ml_ledger_summary(ls[j])->step_time_s);
     /* counted in doubles: a period ratio past 2^64 must not wrap the count */
     for (size_t j = 0; j < n; j++)
-        work += (double)ml_ledger_event_count(ls[j]) *
+        work += (double)events_of(ls[j]) *
                 ceil(H / ml_ledger_summary(ls[j])->step_time_s);
     if (!(work <= ML_COLOCATE_MAX_INSTANTS))
         return;
@@ -109,10 +132,10 @@ static void aligned(const ml_ledger *const *ls, size_t n, ml_colocate_result *r)
         const uint64_t reps = (uint64_t)ceil(H / c.T);
         for (uint64_t b = 0; b < reps; b++)
             for (size_t k = 0; k < c.n; k++) {
-                const double at = (double)b * c.T + c.ev[k].t_s;
+                const double at = (double)b * c.T + t_at(&c, k);
                 if (at > H * (1 + 1e-12))
                     break;
-                uint64_t sum = event_total(&c.ev[k]) + c.offset;
+                uint64_t sum = v_at(&c, k) + c.offset;
                 for (size_t i = 0; i < n; i++)
                     if (i != j) {
                         curve o;
@@ -149,10 +172,10 @@ static seg *segments(const ml_ledger *l, size_t *out)
         return NULL;
     size_t m = 0;
     for (size_t k = 0; k < c.n; k++) {
-        const double end = k + 1 < c.n ? c.ev[k + 1].t_s : c.T;
-        const double d = fmin(end, c.T) - c.ev[k].t_s;
+        const double end = k + 1 < c.n ? t_at(&c, k + 1) : c.T;
+        const double d = fmin(end, c.T) - t_at(&c, k);
         if (d > 0)
-            s[m++] = (seg){event_total(&c.ev[k]) + c.offset, d / c.T};
+            s[m++] = (seg){v_at(&c, k) + c.offset, d / c.T};
     }
     *out = m;
     return s;
@@ -214,7 +237,7 @@ ml_status ml_colocate(const ml_ledger *const *jobs, size_t n, uint64_t memory,
         const ml_summary *s = ml_ledger_summary(jobs[j]);
         if (__builtin_add_overflow(out->worst_total, s->peak_total, &out->worst_total))
             return ml_errorf(err, ML_OVERFLOW, "the jobs' peaks together exceed 64 bits");
-        out->timed &= s->step_time_s > 0 && ml_ledger_event_count(jobs[j]) > 0;
+        out->timed &= s->step_time_s > 0 && events_of(jobs[j]) > 0;
     }
     out->fits = out->worst_total <= memory;
     const uint64_t gap = out->fits ? memory - out->worst_total : out->worst_total - memory;

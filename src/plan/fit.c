@@ -204,6 +204,11 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
     uint64_t lim = ml_model_max_micro_batch(s->m);
     if (lim && cap > lim)
         cap = lim; /* a sequence classifier without pad_token_id */
+    /* the effective batch stays below 2^64 (ml_config_problem): at 2^20
+     * steps on 2^20 devices the largest micro-batch is 2^24 - 1 */
+    const uint64_t most = UINT64_MAX / (s->cfg.training.grad_accum * dp);
+    if (!req->global_batch && cap > most)
+        cap = lim = most;
     uint64_t per = 0;
     ml_status st;
     r->exact = true;

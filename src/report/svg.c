@@ -9,6 +9,7 @@
 #include "memledger/report.h"
 #include "report/report_internal.h"
 #include "report/svg_internal.h"
+#include "util/utf8.h"
 
 /* bottom to top: what is resident all iteration first */
 static const ml_category stack_order[ML_CAT_COUNT] = {
@@ -37,19 +38,29 @@ double ml_svg_py(const chart *c, double bytes)
 
 #define py ml_svg_py
 
+/* XML 1.0's Char production (section 2.2) allows tab, LF, CR, U+0020 to
+ * U+D7FF, U+E000 to U+FFFD and U+10000 to U+10FFFF: a control byte is
+ * dropped (a name's tab or newline means nothing in a label), and a byte
+ * that is not UTF-8, or U+FFFE or U+FFFF (EF BF BE, EF BF BF), becomes
+ * U+FFFD, as the JSON writers do; ml_utf8_len already refuses surrogates
+ * and anything above U+10FFFF. */
 void ml_svg_escape(FILE *f, const char *s)
 {
-    for (; *s; s++) {
-        switch (*s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        const size_t n = ml_utf8_len(p);
+        switch (*p) {
         case '&': fputs("&amp;", f); break;
         case '<': fputs("&lt;", f); break;
         case '>': fputs("&gt;", f); break;
         case '"': fputs("&quot;", f); break;
         case '\'': fputs("&apos;", f); break;
         default:
-            if ((unsigned char)*s >= 0x20)
-                fputc(*s, f);
+            if (!n || (n == 3 && p[0] == 0xEF && p[1] == 0xBF && p[2] >= 0xBE))
+                fputs("\xEF\xBF\xBD", f); /* U+FFFD */
+            else if (*p >= 0x20)
+                fwrite(p, 1, n, f);
         }
+        p += n ? n : 1;
     }
 }
 

@@ -62,7 +62,10 @@ FLAGS = {
 HOSTILE = ["", "-", "--", "-1", "0", "00", "1e3", "1.5", "nan", "inf", "-inf", "0x10",
            "18446744073709551615", "18446744073709551616", "99999999999999999999999",
            "1" * 300, "é", "\x1b[31mred", "a\nb", "%s%n", "8GiB", "8 GiB", "8GB", "1B",
-           "0B", "16EiB", "9999999TiB", "-8GiB", "GiB", "--device", "-o"]
+           "0B", "16EiB", "9999999TiB", "-8GiB", "GiB", "--device", "-o",
+           # issue 42: escapes in flag values, sizes at 2^63, products that wrap
+           "x\x1b]0;pwn\x07", "h100\x1b[31m", "1\x1b[2J", "9223372036854775807",
+           "9223372036854775808", "16777216", "1048576"]
 
 
 def value(kind, rng, files, outdir):
@@ -163,6 +166,8 @@ def main():
                 cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
                 if p.returncode not in (0, 1, 2, 3, 4):
                     why = "exit status %d" % p.returncode
+                elif "\x1b" in err or "\x07" in err or "\u009b" in err:
+                    why = "a raw terminal escape on stderr (docs/cli.md: shown as \\xNN)"
                 elif "Sanitizer" in err or "runtime error:" in err:
                     why = "sanitizer report: " + err.strip().splitlines()[0][:200]
                 elif cpu > a.timeout:

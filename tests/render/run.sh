@@ -30,6 +30,10 @@ svg_check gpt2-timeline timeline "$models/gpt2-small.yaml" --format svg --precis
 svg_check resnet-timeline timeline "$models/cifar10-resnet.yaml" --format svg
 svg_check llama-zero3-timeline timeline "$models/llama-2-7b.yaml" --format svg --data-parallel 8 --zero 3 --grad-accum 2
 svg_check gpt2-compare compare "$models/gpt2-small.yaml" --format svg --micro-batch 2 --device 8GiB
+# a name with U+FFFE and U+FFFF, which XML 1.0 forbids (issue 42)
+xml_chars="$here/../cli/cases/timeline-svg-xml-chars/m.yaml"
+svg_check xml-chars-timeline timeline "$xml_chars" --format svg
+svg_check xml-chars-compare compare "$xml_chars" --format svg
 
 "$exe" report "$models/gpt2-small.yaml" --precision amp-bf16 --micro-batch 2 --device 8GiB --budget 6.5GiB --global-batch 64 -o "$tmp/report.html" || bad "report: memledger failed"
 if grep -Eo '<script[^>]+src=|<link[^>]+href=|https?://[^" ]*' "$tmp/report.html" |

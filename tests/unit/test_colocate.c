@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "harness.h"
+#include "ledger/levels.h"
 
 static uint64_t total_of(const ml_event *e)
 {
@@ -130,6 +131,58 @@ static void test_unequal_periods(void **state)
     ml_ledger_destroy(b);
 }
 
+/* Issue 42, item 10: the CLI keeps each job's events as levels (time and
+ * total, 16 bytes each) for text and JSON. The same jobs as
+ * test_unequal_periods, once with their events and once reduced: each level
+ * is its event's t_s and the sum of its live[] (total_of above, written
+ * without the library), and every figure of ml_colocate is the same. */
+static void test_levels_give_the_same_answers(void **state)
+{
+    (void)state;
+    ml_ledger *a = job("gpt2-small", 1, 50, 24ull << 30), *b = job("mlp2", 64, 10, 24ull << 30);
+    ml_ledger *a2 = job("gpt2-small", 1, 50, 24ull << 30), *b2 = job("mlp2", 64, 10, 24ull << 30);
+    const size_t na = ml_ledger_event_count(a2);
+    uint64_t *want = malloc(na * sizeof *want);
+    double *when = malloc(na * sizeof *when);
+    assert_non_null(want);
+    assert_non_null(when);
+    for (size_t i = 0; i < na; i++) {
+        want[i] = total_of(&ml_ledger_events(a2)[i]);
+        when[i] = ml_ledger_events(a2)[i].t_s;
+    }
+    assert_true(ml_ledger_keep_levels(a2));
+    assert_true(ml_ledger_keep_levels(b2));
+    size_t n = 0;
+    const ml_level *lv = ml_ledger_levels(a2, &n);
+    assert_int_equal(n, na);
+    assert_int_equal(ml_ledger_event_count(a2), 0);
+    for (size_t i = 0; i < n; i++) {
+        assert_true(lv[i].total == want[i]);
+        assert_true(lv[i].t_s == when[i]);
+    }
+    const ml_ledger *full[2] = {a, b}, *lean[2] = {a2, b2};
+    const uint64_t worst = ml_ledger_summary(a)->peak_total + ml_ledger_summary(b)->peak_total;
+    for (int k = 1; k <= 4; k++) {
+        const uint64_t mem = worst - worst / 8 * (uint64_t)k / 4;
+        ml_colocate_result r1, r2;
+        ml_error e;
+        assert_int_equal(ml_colocate(full, 2, mem, &r1, &e), ML_OK);
+        assert_int_equal(ml_colocate(lean, 2, mem, &r2, &e), ML_OK);
+        assert_true(r2.timed && r2.aligned_known);
+        assert_int_equal(r2.aligned_total, r1.aligned_total);
+        assert_true(r2.aligned_at_s == r1.aligned_at_s);
+        assert_true(r2.p_time_over == r1.p_time_over);
+        assert_int_equal(r2.worst_total, r1.worst_total);
+        assert_int_equal(ml_colocate_level(a2, 0.001), ml_colocate_level(a, 0.001));
+    }
+    free(want);
+    free(when);
+    ml_ledger_destroy(a);
+    ml_ledger_destroy(b);
+    ml_ledger_destroy(a2);
+    ml_ledger_destroy(b2);
+}
+
 /* Step times 2^100 apart: the started-together search would need more
  * instants than any machine has; it is skipped (it once looped for ever). */
 static void test_periods_too_unequal(void **state)
@@ -154,6 +207,7 @@ int main(void)
         cmocka_unit_test(test_identical_jobs_started_together),
         cmocka_unit_test(test_unequal_periods),
         cmocka_unit_test(test_periods_too_unequal),
+        cmocka_unit_test(test_levels_give_the_same_answers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -194,6 +194,46 @@ static void json_strings_utf8(void **state)
     assert_int_equal(ml_utf8_len((const unsigned char *)"\xe0\x9f\xbf"), 0);      /* overlong */
 }
 
+/* s through the SVG/HTML text writer. */
+static char *svg_text_of(const char *s)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    assert_non_null(f);
+    ml_svg_escape(f, s);
+    assert_int_equal(fclose(f), 0);
+    return buf;
+}
+
+/* Issue 42, item 6: SVG text holds only what XML 1.0's Char production
+ * (section 2.2) allows: #x9 | #xA | #xD | [#x20-#xD7FF] | [#xE000-#xFFFD] |
+ * [#x10000-#x10FFFF]. U+FFFE (EF BF BE) and U+FFFF (EF BF BF) are outside
+ * it and become U+FFFD (EF BF BD), as does each byte that is not UTF-8;
+ * U+FFFD itself and U+10000 stay; control bytes are dropped; the five
+ * specials are entities. */
+static void svg_text_xml_chars(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"a\xef\xbf\xbe" "b", "a\xef\xbf\xbd" "b"},                   /* U+FFFE */
+        {"\xef\xbf\xbf", "\xef\xbf\xbd"},                             /* U+FFFF */
+        {"\xef\xbf\xbd \xf0\x90\x80\x80", "\xef\xbf\xbd \xf0\x90\x80\x80"}, /* allowed */
+        {"x\xff", "x\xef\xbf\xbd"},                                   /* not UTF-8 */
+        {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},     /* U+D800 */
+        {"t\x01\x1b[31m", "t[31m"},                                   /* controls */
+        {"<&>\"'", "&lt;&amp;&gt;&quot;&apos;"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *got = svg_text_of(cases[i].in);
+        if (strcmp(got, cases[i].out))
+            fail_msg("case %zu: '%s', expected '%s'", i, got, cases[i].out);
+        free(got);
+    }
+}
+
 static void points_fit(void **state)
 {
     (void)state;
@@ -224,6 +264,7 @@ int main(void)
         cmocka_unit_test(job_no_device),
         cmocka_unit_test(points_fit),
         cmocka_unit_test(json_strings_utf8),
+        cmocka_unit_test(svg_text_xml_chars),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

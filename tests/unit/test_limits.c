@@ -174,6 +174,27 @@ static void test_config_check(void **state)
     assert_non_null(strstr(e.msg, "training.logits_chunk: only with training.logits fused"));
 }
 
+/* Issue 42, item 5: each factor of the effective batch at its limit (2^24,
+ * 2^20, 2^20) makes 2^24 * 2^20 * 2^20 = 2^64, one past UINT64_MAX: it
+ * wrapped to 0 in --emit deepspeed's train_batch_size. Refused by name; one
+ * device fewer gives 2^64 - 2^44 = 18446726481523507200, which fits. */
+static void test_effective_batch_limit(void **state)
+{
+    (void)state;
+    ml_config c = ml_config_defaults();
+    c.training.micro_batch = 1ull << 24;
+    c.training.grad_accum = 1ull << 20;
+    c.training.data_parallel = 1ull << 20;
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    assert_int_equal(ml_config_check(&c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "(the effective batch) must be below 2^64"));
+    c.training.data_parallel = (1ull << 20) - 1;
+    assert_int_equal(ml_config_check(&c, &e), ML_OK);
+    assert_true(c.training.micro_batch * c.training.grad_accum * c.training.data_parallel ==
+                18446726481523507200ull);
+}
+
 /* One range per whole-number setting: the YAML loader takes the key at
  * the top of ml_config_range's range and refuses one more (with the key's
  * position), and ml_config_problem refuses the same value by the key's
@@ -353,6 +374,7 @@ int main(void)
         cmocka_unit_test(test_node_count),        cmocka_unit_test(test_residual_depth),
         cmocka_unit_test(test_value_bounds),      cmocka_unit_test(test_trillion_parameters),
         cmocka_unit_test(test_config_check),
+        cmocka_unit_test(test_effective_batch_limit),
         cmocka_unit_test(test_config_ranges_agree),
         cmocka_unit_test(test_config_messages_name_keys),
         cmocka_unit_test(test_points_count),

@@ -268,6 +268,38 @@ static void test_verdict(void **state)
     ml_model_destroy(m);
 }
 
+/* Issue 42, item 4: the headroom is a signed 64-bit figure. A device just
+ * under 2^63 B states it exactly: the budget is memory - reserve =
+ * (2^63 - 1) - 2^29, the peak 403,072,000 B (test_verdict), so both sides
+ * give (2^63 - 1) - 2^29 - 403,072,000 (before: the sizes were cast to
+ * int64 first, which wrapped for 2^63 B and up). Devices of 2^63 B or more
+ * are refused, naming the limit. */
+static void test_verdict_huge_device(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("mlp2");
+    ml_config c = ml_model_config(m);
+    c.device.present = true;
+    c.device.memory = (uint64_t)INT64_MAX;
+    c.device.runtime_reserve = 512ull << 20;
+    c.device.budget = 0;
+    ml_ledger *l;
+    const ml_summary *s = run(m, &c, &l);
+    assert_true(s->fits);
+    assert_int_equal(s->headroom, INT64_MAX - (int64_t)(512ull << 20) - 403072000);
+    ml_ledger_destroy(l);
+    const uint64_t too_big[] = {1ull << 63, UINT64_MAX};
+    for (size_t i = 0; i < 2; i++) {
+        c.device.memory = too_big[i];
+        ml_error e;
+        l = NULL;
+        assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_RANGE);
+        assert_null(l);
+        assert_non_null(strstr(e.msg, "device.memory: must be below 8 EiB"));
+    }
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -277,6 +309,7 @@ int main(void)
         cmocka_unit_test(test_step_temporaries),
         cmocka_unit_test(test_for_loop_adam_order),
         cmocka_unit_test(test_verdict),
+        cmocka_unit_test(test_verdict_huge_device),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
