@@ -289,24 +289,30 @@ static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t v
     uint16_t vc = ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
     if (vc != MLG_NONE)
         g->t[vc].base = qkc; /* one entry with q's and k's, as listed */
-    *O = ml__kit_heads(g, "attention output (P v)", MLG_H);
     o = ml__graph_op(g, MLG_OP_COPY, "contiguous (v for bmm)");
     ml__op_in(o, vh);
     ml__op_out(o, vc);
-    o = ml__graph_op(g, MLG_OP_MATMUL, "bmm (P v)");
+    *O = ml__kit_pv(g, probs, vc, vc);
+    return probs;
+}
+
+uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc)
+{
+    uint16_t O = ml__kit_heads(g, "attention output (P v)", MLG_H);
+    mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, "bmm (P v)");
     ml__op_in(o, probs);
-    ml__op_in(o, vc);
-    ml__op_out(o, *O);
+    ml__op_in(o, vb);
+    ml__op_out(o, O);
     ml__op_save(o, probs);
-    ml__op_save(o, vc);
+    ml__op_save(o, vb);
     ml__op_free(o, vc);
     ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
     o->core = true;
     ml__op_node(o, "BmmBackward0 (P v)");
     ml__op_gin(o, probs);
-    ml__op_gin(o, vc);
-    ml__op_gout(o, *O);
-    return probs;
+    ml__op_gin(o, vb);
+    ml__op_gout(o, O);
+    return O;
 }
 
 /* The q, k and v heads of a fused c_attn projection on h: its output (a
@@ -545,16 +551,7 @@ void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused, boo
     if (tied && W != MLG_NONE)
         g->t[W].flags |= MLG_T_SHARED;
     /* the logits: h (or its autocast copy) times the (V, D) weight */
-    if (c != MLG_NONE) {
-        mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, input)");
-        ml__op_in(o, h);
-        ml__op_out(o, c);
-    }
-    if (w != MLG_NONE) {
-        mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, weight)");
-        ml__op_in(o, W);
-        ml__op_out(o, w);
-    }
+    cast_ops(g, h, c, w, W);
     const uint16_t hs = c != MLG_NONE ? c : h;
     mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, "mm (LM head)");
     ml__op_in(o, hs);

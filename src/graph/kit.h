@@ -110,6 +110,10 @@ uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_
 /* A (B, h, T, dh) tensor in the compute dtype; a (B, H, T, T) one. */
 uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h);
 uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags);
+/* The PV matmul: the probabilities times v's operand vb (both saved; vc:
+ * a contiguous copy whose reference goes once it has run, or MLG_NONE);
+ * returns the (B, H, T, dh) product. */
+uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc);
 /* y = x.transpose(1, 2).contiguous() of the attention output O (its node:
  * eager only; f1, f2: references that go with O), then the output
  * projection and the residual dropout; returns the branch output, *Oc the

@@ -397,18 +397,7 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     uint16_t probs = softmax_fp32(g, L, S3);
     if (vc != MLG_NONE)
         unary(g, MLG_OP_COPY, "contiguous (v for bmm)", vrep, vc);
-    *O = ml__kit_heads(g, "attention output (P v)", MLG_H);
-    o = unary(g, MLG_OP_MATMUL, "bmm (P v)", probs, *O);
-    ml__op_in(o, vb);
-    ml__op_save(o, probs);
-    ml__op_save(o, vb);
-    ml__op_free(o, vc);
-    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
-    o->core = true;
-    ml__op_node(o, "BmmBackward0 (P v)");
-    ml__op_gin(o, probs);
-    ml__op_gin(o, vb);
-    ml__op_gout(o, *O);
+    *O = ml__kit_pv(g, probs, vb, vc);
     return probs;
 }
 
