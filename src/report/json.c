@@ -122,8 +122,29 @@ static void num_or_null(FILE *f, double x)
         fputs("null", f);
 }
 
-/* "blocks", "flops", "communication", "host_transfer", "step_time_s", "time" and
- * "device". */
+/* "device": with a length distribution (v) "fits" and "headroom" are its
+ * verdict, "verdict_of" says so and "configured" holds the configured
+ * shape's own (docs/lengths.md, "The verdict"). */
+static void json_device(FILE *f, const ml_summary *s, const ml_report_verdict *v)
+{
+    fputs(",\n \"device\": ", f);
+    if (!s->has_device) {
+        fputs("null", f);
+        return;
+    }
+    fprintf(f, "{\"memory\": %llu, \"budget\": %llu, \"fits\": %s, \"headroom\": %lld",
+            (unsigned long long)s->memory, (unsigned long long)s->budget,
+            (v ? v->fits : s->fits) ? "true" : "false",
+            (long long)(v ? v->headroom : s->headroom));
+    if (v)
+        fprintf(f, ", \"verdict_of\": \"lengths\", \"configured\": {\"fits\": %s, "
+                   "\"headroom\": %lld}",
+                s->fits ? "true" : "false", (long long)s->headroom);
+    fputc('}', f);
+}
+
+/* "blocks", "flops", "communication", "host_transfer", "step_time_s" and
+ * "time". */
 static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *s)
 {
     fputs(",\n \"blocks\": [", f);
@@ -167,23 +188,23 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
     fputs(", \"host_transfer_s\": ", f);
     num_or_null(f, s->time_host_transfer_s);
     fputc('}', f);
-    fputs(",\n \"device\": ", f);
-    if (s->has_device)
-        fprintf(f, "{\"memory\": %llu, \"budget\": %llu, \"fits\": %s, \"headroom\": %lld}",
-                (unsigned long long)s->memory, (unsigned long long)s->budget,
-                s->fits ? "true" : "false", (long long)s->headroom);
-    else
-        fputs("null", f);
 }
 
 /* The plan's JSON object without its closing brace. */
-void ml_report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+void ml_report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *cfg,
+                                 const ml_ledger *l, const ml_report_verdict *v)
 {
     const ml_summary *s = ml_ledger_summary(l);
     json_head(f, m, cfg, l);
     json_calibration(f, cfg, s);
     json_bytes(f, cfg, s);
     json_blocks_and_time(f, l, s);
+    json_device(f, s, v);
+}
+
+void ml_report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+{
+    ml_report_json_open_verdict(f, m, cfg, l, NULL);
 }
 
 int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
@@ -197,7 +218,9 @@ int ml_report_json_lengths(FILE *f, const ml_model *m, const ml_config *cfg, con
                            const ml_lengths *d, const ml_lengths_request *req,
                            const ml_lengths_result *r)
 {
-    ml_report_json_open(f, m, cfg, l);
+    ml_report_verdict v;
+    ml_report_lengths_verdict(cfg, r, &v);
+    ml_report_json_open_verdict(f, m, cfg, l, cfg->device.present ? &v : NULL);
     fputs(",\n \"lengths\": ", f);
     ml_report_lengths_json_object(f, d, req, r);
     fputs("}\n", f);

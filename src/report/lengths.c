@@ -1,7 +1,9 @@
 /* Reports of a plan under a length distribution: the text section and the
  * JSON "lengths" object (docs/lengths.md, docs/cli.md). */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "report/report_internal.h"
 
@@ -19,6 +21,44 @@ static void point_row(FILE *f, const char *what, const ml_length_point *p, bool 
             (unsigned long long)p->seq_len, pk, tot, yes_no(p, device));
 }
 
+/* min(budget - peak, memory - device total) of one planned batch, clamped
+ * to the signed 64-bit range the JSON's headroom is. */
+static int64_t point_headroom(const ml_config *cfg, const ml_length_point *p)
+{
+    uint64_t budget = ml_device_budget(&cfg->device), memory = cfg->device.memory;
+    int64_t a = p->peak <= budget ? (int64_t)(budget - p->peak)
+                : p->peak - budget <= (uint64_t)INT64_MAX ? -(int64_t)(p->peak - budget)
+                                                           : INT64_MIN;
+    int64_t b = p->peak_total <= memory ? (int64_t)(memory - p->peak_total)
+                : p->peak_total - memory <= (uint64_t)INT64_MAX
+                    ? -(int64_t)(p->peak_total - memory)
+                    : INT64_MIN;
+    return a < b ? a : b;
+}
+
+static void tighter(const ml_config *cfg, const ml_length_point *p, ml_report_verdict *v)
+{
+    int64_t h = point_headroom(cfg, p);
+    if (h < v->headroom || !v->worst_micro_batch) {
+        v->headroom = h;
+        v->worst_micro_batch = p->micro_batch;
+        v->worst_seq_len = p->seq_len;
+    }
+}
+
+void ml_report_lengths_verdict(const ml_config *cfg, const ml_lengths_result *r,
+                               ml_report_verdict *v)
+{
+    memset(v, 0, sizeof *v);
+    v->p_over = r->p_over_budget;
+    v->fits = !(r->p_over_budget > 0);
+    tighter(cfg, &r->max, v);
+    tighter(cfg, &r->p99, v);
+    tighter(cfg, &r->p50, v);
+    for (size_t i = 0; i < r->nbuckets; i++)
+        tighter(cfg, &r->buckets[i].point, v);
+}
+
 static void describe(FILE *f, const ml_config *cfg, const ml_lengths *d, const char *source,
                      const ml_lengths_request *req)
 {
@@ -32,6 +72,12 @@ static void describe(FILE *f, const ml_config *cfg, const ml_lengths *d, const c
             (unsigned long long)ml_lengths_min(d), (unsigned long long)ml_lengths_max(d),
             (unsigned long long)ml_lengths_quantile(d, 0.5),
             (unsigned long long)ml_lengths_quantile(d, 0.99));
+    /* quantiles fix F at a few points only: the shape between them is an
+     * assumption, said where the figures are (docs/lengths.md) */
+    if (!ml_lengths_samples(d))
+        fputs("assumed shape: F linear between the quantiles given (every length between two "
+              "of them equally likely); a CSV of the lengths gives the real tail\n",
+              f);
     switch (req->batching) {
     case ML_BATCHING_PACKED:
         fprintf(f, "packed: every batch is %llu rows of %llu tokens\n",
@@ -84,8 +130,15 @@ int ml_report_lengths_text(FILE *f, const ml_config *cfg, const ml_lengths *d, c
         if (req->batching == ML_BATCHING_PADDED && !req->max_tokens)
             fprintf(f, "longest batch that fits: %llu tokens%s\n",
                     (unsigned long long)r->longest_fit, r->longest_fit ? "" : " (none)");
-        fprintf(f, "a batch goes over the device with probability %.4g %%\n",
+        fprintf(f, "a batch goes over the device with probability %.4g %%",
                 r->p_over_budget * 100);
+        /* padded at a fixed micro-batch the figure is 1 - F(T_fit)^b */
+        if (req->batching == ML_BATCHING_PADDED && !req->max_tokens)
+            fprintf(f, " = 1 - F(%llu)^%llu, F(%llu) = %.6f",
+                    (unsigned long long)r->longest_fit,
+                    (unsigned long long)cfg->training.micro_batch,
+                    (unsigned long long)r->longest_fit, ml_lengths_cdf(d, r->longest_fit));
+        fputc('\n', f);
     }
     return ferror(f) ? -1 : 0;
 }
@@ -121,7 +174,11 @@ int ml_report_lengths_json_object(FILE *f, const ml_lengths *d, const ml_lengths
     fputs(", \"worst\": ", f);
     point_json(f, &r->max, dev);
     if (req->batching == ML_BATCHING_PADDED && !req->max_tokens && dev)
-        fprintf(f, ", \"longest_fit\": %llu", (unsigned long long)r->longest_fit);
+        fprintf(f, ", \"longest_fit\": %llu, \"cdf_longest_fit\": %.17g",
+                (unsigned long long)r->longest_fit, ml_lengths_cdf(d, r->longest_fit));
+    /* how F is known: counted from samples, or assumed linear between quantiles */
+    fprintf(f, ", \"cdf\": \"%s\"",
+            ml_lengths_samples(d) ? "counted" : "linear-between-quantiles");
     fputs(",\n  \"buckets\": [", f);
     for (size_t i = 0; i < r->nbuckets; i++) {
         const ml_length_bucket *b = &r->buckets[i];

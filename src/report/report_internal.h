@@ -7,9 +7,30 @@
 #include "memledger/report.h"
 #include "util/utf8.h" /* ml_json_put_string: a JSON string, UTF-8 kept */
 
+/* The verdict a report states when a length distribution decides it
+ * (docs/lengths.md, "The verdict"): fits when every batch the batching
+ * produces fits (P(over) = 0), the headroom the tightest planned batch's:
+ * min(budget - peak, memory - device total) over the rows reported. */
+typedef struct ml_report_verdict {
+    bool fits;
+    int64_t headroom;
+    double p_over;                        /* the probability a batch goes over */
+    uint64_t worst_micro_batch, worst_seq_len; /* the batch of that headroom */
+} ml_report_verdict;
+
+/* v from a lengths result planned on a device (lengths.c). */
+void ml_report_lengths_verdict(const ml_config *cfg, const ml_lengths_result *r,
+                               ml_report_verdict *v);
+
+/* ml_report_text with the verdict v (NULL: the plan's own) (text.c). */
+int ml_report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                           const ml_report_verdict *v);
+
 /* The plan's JSON object (ml_report_json) without its closing brace, for
- * the writers that add keys after it. */
+ * the writers that add keys after it; v as ml_report_text_verdict. */
 void ml_report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l);
+void ml_report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *cfg,
+                                 const ml_ledger *l, const ml_report_verdict *v);
 
 /* "seq_len N" and, for an encoder-decoder, ", target_len M" (text.c). */
 void ml_report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size);

@@ -315,26 +315,46 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
                 s->step_time_s);
 }
 
-/* The device and the verdict (nothing without a device). */
-static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s)
+/* The device and the verdict (nothing without a device). With a length
+ * distribution (v) the verdict is the distribution's: every batch it
+ * produces must fit; the configured shape's own is said on a line of its
+ * own (docs/lengths.md, "The verdict"). */
+static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s,
+                        const ml_report_verdict *v)
 {
     char a[32], b2[32], c3[32];
-    if (s->has_device) {
-        fprintf(f, "\nDevice: %s, runtime reserve %s, budget %s (for the allocator peak)",
-                B(s->memory, a), B(s->runtime_reserve, b2), B(s->budget, c3));
-        if (cfg->device.fragmentation > 0)
-            fprintf(f, ", fragmentation allowance %g x the peak", cfg->device.fragmentation);
-        fputc('\n', f);
-        if (s->fits)
-            fprintf(f, "  verdict: FITS, headroom %s\n", B((uint64_t)s->headroom, a));
-        else {
-            uint64_t over = (uint64_t)(-s->headroom);
-            fprintf(f, "  verdict: DOES NOT FIT, over by %s\n", B(over, a));
-        }
-    }
+    if (!s->has_device)
+        return;
+    fprintf(f, "\nDevice: %s, runtime reserve %s, budget %s (for the allocator peak)",
+            B(s->memory, a), B(s->runtime_reserve, b2), B(s->budget, c3));
+    if (cfg->device.fragmentation > 0)
+        fprintf(f, ", fragmentation allowance %g x the peak", cfg->device.fragmentation);
+    fputc('\n', f);
+    if (v) {
+        fprintf(f, "  the configured shape (%llu x %llu tokens) alone: %s %s\n",
+                (unsigned long long)cfg->training.micro_batch,
+                (unsigned long long)cfg->training.seq_len,
+                s->fits ? "fits, headroom" : "does not fit, over by",
+                B(s->fits ? (uint64_t)s->headroom : (uint64_t)(-s->headroom), a));
+        fprintf(f, "  verdict (every batch of the lengths below): ");
+    } else
+        fputs("  verdict: ", f);
+    bool fits = v ? v->fits : s->fits;
+    int64_t h = v ? v->headroom : s->headroom;
+    if (fits)
+        fprintf(f, "FITS, headroom %s", B((uint64_t)h, a));
+    else
+        fprintf(f, "DOES NOT FIT, over by %s", B((uint64_t)(-h), a));
+    if (v)
+        fprintf(f, " (worst batch %llu x %llu tokens; a batch goes over with probability "
+                   "%.4g %%)",
+                (unsigned long long)v->worst_micro_batch, (unsigned long long)v->worst_seq_len,
+                v->p_over * 100);
+    fputc('\n', f);
 }
 
-int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+int ml_report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                           const ml_report_verdict *v)
 {
     const ml_summary *s = ml_ledger_summary(l);
     text_header(f, m, cfg, s);
@@ -342,6 +362,11 @@ int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     text_activations(f, m, l, s);
     text_peak(f, cfg, s);
     text_flops(f, cfg, s);
-    text_device(f, cfg, s);
+    text_device(f, cfg, s, v);
     return ferror(f) ? -1 : 0;
+}
+
+int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+{
+    return ml_report_text_verdict(f, m, cfg, l, NULL);
 }
