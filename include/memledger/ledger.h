@@ -101,6 +101,17 @@ typedef enum ml_peak_kind {
 /* "steady", "first_iteration", "eval". */
 ML_API const char *ml_peak_kind_name(ml_peak_kind k);
 
+/* One phase's allocator peak (docs/ledger.md, "Each phase's peak"). */
+typedef struct ml_phase_peak {
+    bool present;                    /* false: the phase allocates nothing */
+    uint64_t peak;                   /* the most live bytes during it */
+    int32_t block;                   /* where: the block, -1 before the first
+                                        block's forward or in the optimizer step */
+    char at[64];                     /* its name as peak_step: "block.3",
+                                        "block.3 (recompute)", "resident",
+                                        "optimizer.step" */
+} ml_phase_peak;
+
 typedef struct ml_summary {
     uint64_t params;                 /* parameter count */
     /* resident and end-of-forward bytes */
@@ -185,6 +196,13 @@ typedef struct ml_summary {
      * holds, and the model's buffers */
     uint64_t bytes_batch;
     uint64_t bytes_buffers;
+    /* each phase's peak, indexed by ml_phase: the steady iteration's (the
+     * largest is `peak`), the first iteration's (the largest is
+     * peak_first_iteration) and, with has_eval, the evaluation pass's
+     * (forward and loss only; the largest is peak_eval) */
+    ml_phase_peak phase_steady[ML_PHASE_COUNT];
+    ml_phase_peak phase_first[ML_PHASE_COUNT];
+    ml_phase_peak phase_eval[ML_PHASE_COUNT];
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

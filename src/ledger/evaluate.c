@@ -226,6 +226,9 @@ double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
                            t->zero >= 1 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, x->ob.state_tensors);
     if (r->total > r->peak_first)
         r->peak_first = r->total;
+    /* the step holds at least what it starts with, also when it allocates
+     * nothing (plain SGD): both iterations' optimizer phase */
+    ml_replay_phase_point(r, r->total);
     /* ZeRO-1/2 all-gather the updated parameters through a bucket */
     uint64_t ag = 0;
     if (t->zero == 1 || t->zero == 2)
@@ -440,21 +443,6 @@ void ml_eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml
     r->phase = ML_PHASE_FORWARD;
 }
 
-/* zero_grad: zero — the first iteration has no gradients yet: its backward
- * creates them as set_to_none's does. Its peak from a replay without them. */
-static uint64_t first_without_grads(ml_evalctx *x, const int *seg)
-{
-    ml_ledger sl;
-    memset(&sl, 0, sizeof sl);
-    ml_eval_model_states((ml_chain *)x->ch, &x->cfg->training, &x->ob, &sl.sum);
-    ml_shard sh;
-    ml_replay r;
-    ml_eval_setup(x, seg, &sl, &sh, &r);
-    ml_eval_residents(&r, x, &sl.sum, true);
-    ml_eval_iteration(&r, x, &sl.sum, false);
-    return r.peak_first;
-}
-
 ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
                       ml_error *err)
 {
@@ -488,9 +476,12 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
     ml_status st = replay_status(&r, ch, zero ? s->bytes_grads : 0, err);
     if (st)
         return st;
-    s->peak_first_iteration = zero ? first_without_grads(x, seg) : r.peak_first;
+    ml_replay_phase_names(&r, s);
+    s->peak_first_iteration = zero ? ml_eval_first_without_grads(x, seg, s->phase_first) : r.peak_first;
     s->has_eval = x->has_eval;
     s->peak_eval = x->eval_peak;
+    if (x->has_eval)
+        memcpy(s->phase_eval, x->eval_phases, sizeof s->phase_eval);
     flops_and_time(ch, x->cfg, flops_re, s);
     ml_time_finish(&x->cfg->device, l); /* docs/ledger.md, "Time" */
     if ((st = verdict(ch, &x->cfg->device, s, err)))

@@ -51,7 +51,7 @@ void ml_eval_batch(ml_replay *r, const ml_chain *ch)
  * optimizer states the steps before created; no gradients (zero_grad
  * set them to None). */
 static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *rsim,
-                              uint64_t *peak, ml_error *err)
+                              uint64_t *peak, ml_phase_peak *phases, ml_error *err)
 {
     const ml_training *t = &x->cfg->training;
     ml_config ec = *x->cfg;
@@ -118,6 +118,10 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     if (rsim)
         ml_rsim_use_chain(rsim, x->ch);
     *peak = s->peak;
+    if (phases) { /* each phase's peak: forward, and the loss where the head computes it */
+        ml_replay_phase_names(&r, s);
+        memcpy(phases, s->phase_steady, sizeof s->phase_steady);
+    }
     bool overflow = r.overflow || ch.overflow;
     eval_scratch_free(&e);
     ml_chain_free(&ch);
@@ -132,7 +136,27 @@ ml_status ml_eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err)
 {
     x->has_eval = x->cfg->training.eval_batch > 0;
     x->eval_peak = 0;
-    return x->has_eval ? eval_forward(m, x, NULL, &x->eval_peak, err) : ML_OK;
+    memset(x->eval_phases, 0, sizeof x->eval_phases);
+    return x->has_eval ? eval_forward(m, x, NULL, &x->eval_peak, x->eval_phases, err) : ML_OK;
+}
+
+/* zero_grad: zero — the first iteration has no gradients yet: its backward
+ * creates them as set_to_none's does. Its peak (and its phases' peaks, into
+ * phases) from a replay without them (evaluate.c's steady replay has them). */
+uint64_t ml_eval_first_without_grads(ml_evalctx *x, const int *seg,
+                                     ml_phase_peak phases[ML_PHASE_COUNT])
+{
+    ml_ledger sl;
+    memset(&sl, 0, sizeof sl);
+    ml_eval_model_states((ml_chain *)x->ch, &x->cfg->training, &x->ob, &sl.sum);
+    ml_shard sh;
+    ml_replay r;
+    ml_eval_setup(x, seg, &sl, &sh, &r);
+    ml_eval_residents(&r, x, &sl.sum, true);
+    ml_eval_iteration(&r, x, &sl.sum, false);
+    ml_replay_phase_names(&r, &sl.sum);
+    memcpy(phases, sl.sum.phase_first, sizeof sl.sum.phase_first);
+    return r.peak_first;
 }
 
 /* The plan's events through the caching allocator, as a training run
@@ -167,7 +191,7 @@ ml_status ml_eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml_
         ml_eval_iteration(&r, x, &sl.sum, false);
     uint64_t ignored;
     if (x->has_eval && ml_rsim_ok(rs, NULL))
-        st = eval_forward(m, x, rs, &ignored, err);
+        st = eval_forward(m, x, rs, &ignored, NULL, err);
     bool nomem = false;
     out->reserved_oom = !ml_rsim_ok(rs, &nomem) && !nomem;
     ml_alloc_stats a;

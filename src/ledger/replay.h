@@ -83,6 +83,8 @@ typedef struct {
                                 runs node by node (every block has a node list) */
     const char *sub; /* "" or " (recompute)" */
     const char *peak_sub;
+    /* sub at each phase's steady and first-iteration peak (ml_phase_peak) */
+    const char *phase_sub[ML_PHASE_COUNT], *first_sub[ML_PHASE_COUNT];
     bool keep, nomem, overflow, underflow;
     ml_rsim *rsim;           /* the allocator simulation, or NULL */
 } ml_replay;
@@ -100,6 +102,13 @@ void ml_sides_backward(ml_replay *r, size_t k, bool start);
 void ml_sides_recompute(ml_replay *r, size_t s0, size_t j, bool made);
 
 void ml_replay_alloc(ml_replay *r, ml_category c, uint64_t b);
+/* The live bytes now as a point of the current phase's steady peak and,
+ * first (the bytes the first iteration would hold), its first-iteration
+ * peak (replay.c; event() calls it at each allocation). */
+void ml_replay_phase_point(ml_replay *r, uint64_t first);
+/* Writes the `at` names of s's phase_steady and phase_first from the
+ * blocks and subs r recorded. */
+void ml_replay_phase_names(const ml_replay *r, ml_summary *s);
 /* The same, telling the allocator simulation which tensors make up b. */
 void ml_replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
                         size_t block, unsigned copies);
@@ -124,12 +133,18 @@ typedef struct {
      * checkpoint plan): ml_eval_pass */
     bool has_eval;
     uint64_t eval_peak;
+    ml_phase_peak eval_phases[ML_PHASE_COUNT]; /* its phases' peaks */
 } ml_evalctx;
 
 /* The evaluation pass (training.eval_batch): the resident model states and
  * one forward under no_grad at the evaluation shape, the loop holding the
  * model output. Sets x->has_eval and x->eval_peak. */
 ml_status ml_eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err);
+/* zero_grad: zero — the first iteration's peak, from a replay without the
+ * gradients the steady one carries; its phases' peaks into phases
+ * (passes.c). */
+uint64_t ml_eval_first_without_grads(ml_evalctx *x, const int *seg,
+                                     ml_phase_peak phases[ML_PHASE_COUNT]);
 /* The caching-allocator simulation of the plan seg[] (device.allocator):
  * fills out's reserved figures (passes.c). */
 ml_status ml_eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml_summary *out,

@@ -77,7 +77,23 @@ static void json_calibration(FILE *f, const ml_config *cfg, const ml_summary *s)
     }
 }
 
-/* "bytes", "peak", "peaks" and "reserved". */
+/* {"forward": {"peak", "at"} | null, "loss", "backward", "optimizer"}. */
+static void json_phases(FILE *f, const ml_phase_peak *p)
+{
+    for (int ph = 0; ph < ML_PHASE_COUNT; ph++) {
+        fprintf(f, "%s\"%s\": ", ph ? ", " : "{", ml_phase_name((ml_phase)ph));
+        if (!p[ph].present) {
+            fputs("null", f);
+            continue;
+        }
+        fprintf(f, "{\"peak\": %llu, \"at\": ", (unsigned long long)p[ph].peak);
+        ml_json_put_string(f, p[ph].at);
+        fputc('}', f);
+    }
+    fputc('}', f);
+}
+
+/* "bytes", "peak", "peaks", "model_states" and "reserved". */
 static void json_bytes(FILE *f, const ml_config *cfg, const ml_summary *s)
 {
     fprintf(f, " \"bytes\": {\"params\": %llu, \"master_params\": %llu, \"grads\": %llu, "
@@ -104,7 +120,20 @@ static void json_bytes(FILE *f, const ml_config *cfg, const ml_summary *s)
         fprintf(f, "%llu", (unsigned long long)s->peak_eval);
     else
         fputs("null", f);
-    fprintf(f, ", \"binding\": \"%s\"},\n \"reserved\": ", ml_peak_kind_name(s->binding));
+    fprintf(f, ", \"binding\": \"%s\",\n  \"phases\": {\"steady\": ",
+            ml_peak_kind_name(s->binding));
+    json_phases(f, s->phase_steady);
+    fputs(", \"first_iteration\": ", f);
+    json_phases(f, s->phase_first);
+    fputs(", \"eval\": ", f);
+    if (s->has_eval)
+        json_phases(f, s->phase_eval);
+    else
+        fputs("null", f);
+    fprintf(f, "}},\n \"model_states\": {\"bytes\": %llu, \"bytes_per_param\": ",
+            (unsigned long long)ml_report_model_states(s));
+    num(f, ml_report_model_states_per_param(s));
+    fputs("},\n \"reserved\": ", f);
     if (s->has_reserved)
         fprintf(f, "{\"peak\": %llu, \"segments\": %llu, \"allocator\": \"%s\", \"oom\": %s}",
                 (unsigned long long)s->reserved_peak, (unsigned long long)s->reserved_segments,

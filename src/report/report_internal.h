@@ -40,6 +40,13 @@ void ml_report_lengths(const ml_model *m, const ml_training *t, char *out, size_
  * ("master_params", "activations_saved"), a contract (text.c). */
 const char *ml_report_category_label(ml_category c);
 
+/* The model states on a device: params + master weights + grads + optimizer
+ * states (bytes, per device as the summary's figures), and that over the
+ * model's parameter count (bytes per parameter; 0 without parameters)
+ * (text.c; docs/ledger.md, "Each phase's peak"). */
+uint64_t ml_report_model_states(const ml_summary *s);
+double ml_report_model_states_per_param(const ml_summary *s);
+
 /* v with a comma every three digits: "124,439,808" (text.c). */
 void ml_report_commas(uint64_t v, char *buf, size_t size);
 

@@ -120,6 +120,8 @@ static void text_states(FILE *f, const ml_summary *s)
     fprintf(f, "  %-22s %12s   (created in backward, freed after the step)\n", "grads",
             B(s->bytes_grads, a));
     fprintf(f, "  %-22s %12s\n", "optimizer states", B(s->bytes_optimizer, a));
+    fprintf(f, "  %-22s %12s   (the four above: %.2f B per parameter)\n", "= model states",
+            B(ml_report_model_states(s), a), ml_report_model_states_per_param(s));
     fprintf(f, "  %-22s %12s   (optimizer step only)\n", "step temporaries",
             B(s->bytes_step_temp, a));
     if (s->bytes_host)
@@ -130,6 +132,21 @@ static void text_states(FILE *f, const ml_summary *s)
     if (s->bytes_buffers)
         fprintf(f, "  %-22s %12s   (module buffers)\n", "buffers", B(s->bytes_buffers, a));
     fprintf(f, "\n");
+}
+
+uint64_t ml_report_model_states(const ml_summary *s)
+{
+    /* each is below 2^63 B (ml_config_check's limits), the sum saturates */
+    uint64_t v = s->bytes_params, parts[3] = {s->bytes_master, s->bytes_grads,
+                                             s->bytes_optimizer};
+    for (int i = 0; i < 3; i++)
+        v = v > UINT64_MAX - parts[i] ? UINT64_MAX : v + parts[i];
+    return v;
+}
+
+double ml_report_model_states_per_param(const ml_summary *s)
+{
+    return s->params ? (double)ml_report_model_states(s) / (double)s->params : 0;
 }
 
 void ml_report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size)
@@ -241,6 +258,35 @@ static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
                 B(s->reserved_peak, a), ml_allocator_name(cfg->device.allocator),
                 (unsigned long long)s->reserved_segments,
                 s->reserved_oom ? "; OUT OF MEMORY on the device" : "");
+    fputc('\n', f);
+}
+
+/* One cell of the phase table: "5.25 GiB at block.3", or "-". */
+static void phase_cell(FILE *f, const ml_phase_peak *p, bool last)
+{
+    char a[32], cell[112];
+    if (p->present)
+        snprintf(cell, sizeof cell, "%s at %s", B(p->peak, a), p->at);
+    else
+        snprintf(cell, sizeof cell, "-");
+    fprintf(f, last ? "  %s" : "  %-32s", cell);
+}
+
+/* Each phase's peak and where, for the steady iteration, the first one
+ * and the evaluation pass (docs/ledger.md, "Each phase's peak"). */
+static void text_phases(FILE *f, const ml_summary *s)
+{
+    fprintf(f, "Each phase's peak (allocator view, and where)\n");
+    fprintf(f, "  %-10s  %-32s  ", "phase", "steady iteration");
+    fprintf(f, s->has_eval ? "%-32s  evaluation\n" : "%s\n", "first iteration");
+    for (int ph = 0; ph < ML_PHASE_COUNT; ph++) {
+        fprintf(f, "  %-10s", ml_phase_name((ml_phase)ph));
+        phase_cell(f, &s->phase_steady[ph], false);
+        phase_cell(f, &s->phase_first[ph], !s->has_eval);
+        if (s->has_eval)
+            phase_cell(f, &s->phase_eval[ph], true);
+        fputc('\n', f);
+    }
     fputc('\n', f);
 }
 
@@ -361,6 +407,7 @@ int ml_report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, con
     text_states(f, s);
     text_activations(f, m, l, s);
     text_peak(f, cfg, s);
+    text_phases(f, s);
     text_flops(f, cfg, s);
     text_device(f, cfg, s, v);
     return ferror(f) ? -1 : 0;
