@@ -392,7 +392,7 @@ static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s,
     else
         fprintf(f, "DOES NOT FIT, over by %s", B((uint64_t)(-h), a));
     if (v)
-        fprintf(f, " (worst batch %llu x %llu tokens; a batch goes over with probability "
+        fprintf(f, " (tightest batch %llu x %llu tokens; a batch goes over with probability "
                    "%.4g %%)",
                 (unsigned long long)v->worst_micro_batch, (unsigned long long)v->worst_seq_len,
                 v->p_over * 100);
