@@ -51,6 +51,11 @@ static void event(ml_replay *r, ml_category c, int64_t delta)
     if (delta == 0 || r->overflow)
         return;
     ml_summary *s = &r->l->sum;
+    /* the level the event starts from is part of its phase: at a phase's
+     * first event, the level the phase was entered at */
+    ml_replay_phase_point(r, r->phase == ML_PHASE_OPTIMIZER
+                                 ? r->total
+                                 : r->total - r->live[ML_CAT_OPTIMIZER]);
     if (delta > 0) {
         uint64_t d = (uint64_t)delta;
         if (__builtin_add_overflow(r->live[c], d, &r->live[c]) ||

@@ -80,15 +80,16 @@ static uint64_t largest(const ml_phase_peak *p, int *which)
     return mx;
 }
 
-/* Each steady phase's peak is the highest total at an allocation event of
- * that phase (the optimizer's also the level its step starts from), and
- * the largest is the peak, where the summary says; the first iteration's
- * and the evaluation's largest are their peaks. */
+/* Each steady phase's peak is the highest total during it: after each of
+ * its events and before its first (the level it was entered at); the
+ * optimizer's also the level its step starts from. The largest is the
+ * peak, where the summary says; the first iteration's and the evaluation's
+ * largest are their peaks. */
 static void check(const char *name, const char *pol, const ml_ledger *l)
 {
     const ml_summary *s = ml_ledger_summary(l);
     const ml_event *ev = ml_ledger_events(l);
-    uint64_t mx[ML_PHASE_COUNT] = {0}, before_step = 0;
+    uint64_t mx[ML_PHASE_COUNT] = {0}, before_step = 0, prev = 0;
     bool seen[ML_PHASE_COUNT] = {false};
     for (size_t i = 0; i < ml_ledger_event_count(l); i++) {
         uint64_t total = 0;
@@ -96,10 +97,12 @@ static void check(const char *name, const char *pol, const ml_ledger *l)
             total += ev[i].live[c];
         if (ev[i].phase != ML_PHASE_OPTIMIZER)
             before_step = total;
-        if (ev[i].delta > 0 && total >= mx[ev[i].phase]) {
-            mx[ev[i].phase] = total;
-            seen[ev[i].phase] = true;
-        }
+        ml_phase ph = ev[i].phase;
+        uint64_t top = total > prev ? total : prev;
+        if (top > mx[ph])
+            mx[ph] = top;
+        seen[ph] = true;
+        prev = total;
     }
     if (before_step > mx[ML_PHASE_OPTIMIZER])
         mx[ML_PHASE_OPTIMIZER] = before_step;
