@@ -669,6 +669,12 @@ def main():
             j = planned(memledger, path, B, T, ckpt, optim, impl, logits,
                         tw.target_len(doc, T) if T else None)
             check(name + " oracle (running total, pairing)", c.errors, [])
+            # each phase's peak in the plan's JSON (docs/ledger.md, "Each
+            # phase's peak") against the phase maxima this oracle rebuilds
+            # from the timeline CSV's running totals
+            check(name + " plan's phase peaks = the timeline's phase maxima",
+                  {k: v["peak"] for k, v in j["peaks"]["phases"]["steady"].items() if v},
+                  j["phase_max"])
             check(name + " nothing left after teardown", c.leaked, 0)
             raw = [e["d"] for e in c.ev]
             view, kind = c.device_view()
