@@ -121,11 +121,40 @@ bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     return true;
 }
 
+bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    /* with a fused kernel sdpa saves the rotary's cat outputs and a view
+     * keeping the whole query_key_value output: as Phi-3's, the builders
+     * run there */
+    if (m->type != ML_MODEL_DECODER || !m->prenorm || !m->parallel_residual || m->shared_norm ||
+        m->norm != ML_NORM_LAYERNORM || m->experts || m->kv_lora || m->post_norms ||
+        m->fused_proj || m->attn_softcap > 0 || m->kv_heads != m->heads || c->fused_kernel ||
+        (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+        return false;
+    *L = (mlg_layer){0};
+    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false, false};
+    mlg_attention *a = &L->attn;
+    a->hf = true;
+    a->qkv_bias = m->qkv_bias;
+    a->out_bias = m->bias || m->out_bias;
+    a->dropout = a->out_grad = m->dropout > 0;
+    a->rope = m->position == ML_POS_ROPE;
+    a->fused_proj = true; /* query_key_value, sliced; the rotary's empty pass */
+    a->mask = true;
+    a->probs_cast = c->compute_bytes != 4;
+    a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
+    L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
+                       m->dropout > 0, m->dropout > 0, false};
+    L->autocast = c->autocast;
+    L->parallel = true;
+    return true;
+}
+
 bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     return ml__family_gpt2_layer(m, c, L) || ml__family_llama_layer(m, c, L) ||
            ml__family_gemma_layer(m, c, L) || ml__family_olmo_layer(m, c, L) ||
-           ml__family_vit_layer(m, c, L);
+           ml__family_vit_layer(m, c, L) || ml__family_neox_layer(m, c, L);
 }
 
 void ml__family_layer_graph(ml_graph *g, const mlg_layer *L)

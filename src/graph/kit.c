@@ -507,9 +507,40 @@ static uint16_t post_norm(ml_graph *g, const mlg_layer *L, uint16_t y, unsigned 
     return z;
 }
 
+/* GPT-NeoX's layer (GPTNeoXLayer with use_parallel_residual): both norms
+ * read the input, whose gradient buffer the skip holds; the attention's
+ * and the MLP's outputs are added to it. */
+static void parallel_layer(ml_graph *g, const mlg_layer *L, uint16_t x)
+{
+    uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
+    g->group = group(L, MLG_GROUP_NORM1);
+    uint16_t h = ml__kit_norm(g, &L->norm, x, true);
+    g->group = group(L, MLG_GROUP_ATTN);
+    uint16_t a = ml__kit_hf_attention(g, L, h, &held, &ck, &cv);
+    ml__op_free(ml__graph_release(g, "norm output (an argument) goes"), h);
+    g->group = group(L, MLG_GROUP_NORM2);
+    h = ml__kit_norm(g, &L->norm, x, true);
+    g->group = group(L, MLG_GROUP_MLP);
+    uint16_t m = ml__kit_mlp(g, L, h);
+    ml__op_free(ml__graph_release(g, "norm output (an argument) goes"), h);
+    /* mlp_output + attn_output + hidden_states */
+    uint16_t t = ml__kit_residual(g, m, a);
+    uint16_t out = ml__kit_residual(g, x, t);
+    (void)out;
+    mlg_op *o = ml__graph_release(g, "layer returns");
+    ml__op_free(o, m);
+    ml__op_free(o, held);
+    ml__op_free(o, ck);
+    ml__op_free(o, cv);
+}
+
 void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
 {
     uint16_t x = ml__graph_tensor(g, "layer input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
+    if (L->parallel) {
+        parallel_layer(g, L, x);
+        return;
+    }
     uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
     g->group = group(L, MLG_GROUP_NORM1);
     uint16_t h = ml__kit_norm(g, &L->norm, x, true);

@@ -76,6 +76,8 @@ typedef struct {
                       norms (parameter order) */
     bool post_norms; /* Gemma 2: a norm (post) on each branch's output before
                         its residual add */
+    bool parallel;   /* GPT-NeoX: x + attn(norm(x)) + mlp(norm2(x)), both
+                        norms of the layer's input */
     mlg_norm post;
 } mlg_layer;
 
