@@ -106,6 +106,11 @@ mlg_op *ml__kit_linear(ml_graph *g, const mlg_layer *L, const mlg_linear *lin, u
  * MLG_NONE: none): the cast ops, then the linear. */
 mlg_op *ml__kit_linear_with(ml_graph *g, const mlg_linear *lin, uint16_t x, uint16_t c,
                             uint16_t w, uint16_t y);
+/* A parameter of rows (x cols; cols < 0: a vector) in the current group. */
+uint16_t ml__kit_param(ml_graph *g, const char *name, uint8_t rows, int cols);
+/* The cast ops making autocast's copies c of x and w of the weight W
+ * (MLG_NONE: none), before the op that reads them. */
+void ml__kit_cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w, uint16_t W);
 /* autocast's copy of an fp32 x (MLG_NONE: none), of a weight (in x out). */
 uint16_t ml__kit_cast_copy(ml_graph *g, const mlg_layer *L, uint16_t x);
 uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_t out);
