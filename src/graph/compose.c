@@ -52,7 +52,7 @@ static void parallel_layer(ml_graph *g, const mlg_layer *L, uint16_t x)
     g->group = group(L, MLG_GROUP_NORM2);
     h = ml__kit_norm(g, &L->norm, x, true);
     g->group = group(L, MLG_GROUP_MLP);
-    uint16_t m = ml__kit_mlp(g, L, h);
+    uint16_t m = ml__kit_mlp(g, L, h, NULL);
     ml__op_free(ml__graph_release(g, "norm output (an argument) goes"), h);
     /* mlp_output + attn_output + hidden_states */
     uint16_t t = ml__kit_residual(g, m, a);
@@ -65,11 +65,41 @@ static void parallel_layer(ml_graph *g, const mlg_layer *L, uint16_t x)
     ml__op_free(o, cv);
 }
 
+/* HF BertLayer: BertAttention (BertSelfAttention, then BertSelfOutput:
+ * dense, dropout, LayerNorm(h + input)), then feed_forward_chunk:
+ * BertIntermediate (dense, act), whose output it holds through BertOutput
+ * (dense, dropout, LayerNorm(h + attention output)). Each sum's addends
+ * stay bound through its LayerNorm; the parameters as BertLayer registers
+ * them: the attention's, its LayerNorm, the MLP's, the last LayerNorm. */
+static void postnorm_layer(ml_graph *g, const mlg_layer *L, uint16_t x)
+{
+    uint16_t ctx = MLG_NONE, ck, cv, kept = MLG_NONE;
+    g->group = ml__kit_group(L, MLG_GROUP_ATTN);
+    uint16_t a = ml__kit_hf_attention(g, L, x, &ctx, &ck, &cv);
+    uint16_t r = ml__kit_add(g, x, a); /* the stream's dtype (autocast promotes) */
+    g->group = ml__kit_group(L, MLG_GROUP_POST_ATTN);
+    uint16_t h = ml__kit_norm(g, &L->norm, r, false);
+    const uint16_t after_attn[3] = {r, a, ctx};
+    ml__kit_free_storages(g, ml__graph_release(g, "BertAttention returns"), after_attn, 3);
+    g->group = ml__kit_group(L, MLG_GROUP_MLP);
+    uint16_t m = ml__kit_mlp(g, L, h, &kept);
+    uint16_t r2 = ml__kit_add(g, h, m);
+    g->group = ml__kit_group(L, MLG_GROUP_POST_MLP);
+    uint16_t out = ml__kit_norm(g, &L->norm, r2, false);
+    (void)out;
+    const uint16_t at_return[4] = {r2, m, kept, h};
+    ml__kit_free_storages(g, ml__graph_release(g, "layer returns"), at_return, 4);
+}
+
 void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
 {
     uint16_t x = ml__graph_tensor(g, "layer input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
     if (L->parallel) {
         parallel_layer(g, L, x);
+        return;
+    }
+    if (L->postnorm) {
+        postnorm_layer(g, L, x);
         return;
     }
     uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
@@ -84,7 +114,7 @@ void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     g->group = group(L, MLG_GROUP_NORM2);
     h = ml__kit_norm(g, &L->norm, r, true);
     g->group = group(L, MLG_GROUP_MLP);
-    uint16_t m = ml__kit_mlp(g, L, h);
+    uint16_t m = ml__kit_mlp(g, L, h, NULL);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     m = post_norm(g, L, m, MLG_GROUP_POST_MLP);
     uint16_t out = ml__kit_residual(g, r, m);

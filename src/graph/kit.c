@@ -174,6 +174,16 @@ uint16_t ml__kit_dropout(ml_graph *g, bool on, uint16_t x, const char *node, boo
     return y;
 }
 
+uint16_t ml__kit_add(ml_graph *g, uint16_t x, uint16_t y)
+{
+    uint16_t r = stream(g, "sum", g->t[x].dtype);
+    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "add");
+    ml__op_in(o, x);
+    ml__op_in(o, y);
+    ml__op_out(o, r);
+    return r;
+}
+
 uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y)
 {
     uint16_t r = stream(g, "residual sum", g->t[x].dtype);
@@ -362,8 +372,22 @@ static qkv_heads fused_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
     return r;
 }
 
-uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, uint16_t f1,
-                               uint16_t f2, uint16_t *Oc_out)
+void ml__kit_free_storages(ml_graph *g, mlg_op *o, const uint16_t *t, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        if (t[i] == MLG_NONE)
+            continue;
+        const uint16_t s = ml__graph_storage(g, t[i]);
+        bool seen = false;
+        for (unsigned j = 0; j < o->nfree; j++)
+            seen |= ml__graph_storage(g, o->free[j]) == s;
+        if (!seen)
+            ml__op_free(o, s);
+    }
+}
+
+uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, const uint16_t *f,
+                               unsigned nf, uint16_t *Oc_out)
 {
     const mlg_attention *a = &L->attn;
     /* y.transpose(1, 2).contiguous(): the output projection's input */
@@ -373,8 +397,7 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, uint
     ml__op_in(o, O);
     ml__op_out(o, Oc);
     ml__op_free(o, O);
-    ml__op_free(o, f1);
-    ml__op_free(o, f2);
+    ml__kit_free_storages(g, o, f, nf);
     ml__op_node(o, a->fused_kernel ? NULL : "UnsafeViewBackward0 (attention output)");
     ml__op_gin(o, O);
     ml__op_gout(o, Oc);
@@ -427,7 +450,7 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
         uint16_t qkc, P = eager_scores(g, qh, kh, &qkc);
         probs = eager_pv(g, L, P, vh, qkc, &O);
     }
-    uint16_t Oc, y = ml__kit_attention_out(g, L, O, MLG_NONE, MLG_NONE, &Oc);
+    uint16_t Oc, y = ml__kit_attention_out(g, L, O, NULL, 0, &Oc);
     /* the attention returns: the projection's input (saved), the q/k/v
      * output and the probabilities go */
     o = ml__graph_release(g, "attention returns");
@@ -437,7 +460,7 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
     return y;
 }
 
-uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
+uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept)
 {
     const mlg_mlp *p = &L->mlp;
     if (p->act == MLG_SWIGLU || p->act == MLG_GEGLU)
@@ -455,6 +478,8 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
     const mlg_linear fc = {"addmm (fc)", "AddmmBackward0 (MLP in)", MLG_D, MLG_F, p->bias};
     mlg_op *o = ml__kit_linear_with(g, &fc, h, c, w1, F1);
     ml__op_gout(o, F1);
+    if (p->in_buf)
+        o->accum = h;
     const bool relu = p->act == MLG_RELU;
     /* gelu saves its input; relu its result (derivatives.yaml) */
     o = ml__graph_op(g, MLG_OP_ELEMENTWISE, relu ? "relu" : "gelu");
@@ -469,8 +494,57 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
         g->t[F1].flags |= MLG_T_TMP;
     const mlg_linear proj = {"addmm (proj)", "AddmmBackward0 (MLP out)", MLG_F, MLG_D, p->bias};
     o = ml__kit_linear_with(g, &proj, G, MLG_NONE, w2, M);
-    ml__op_free(o, G);
+    if (kept && p->keep_act)
+        *kept = G;
+    else
+        ml__op_free(o, G);
     if (p->out_grad)
         ml__op_gout(o, M);
     return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false, true);
+}
+
+/* A tensor of x's shape and dtype. */
+static uint16_t like(ml_graph *g, const char *name, uint16_t x, uint8_t flags)
+{
+    const mlg_tensor *s = &g->t[x];
+    uint16_t t = s->ndim == 4 ? ml__graph_tensor(g, name, s->dtype, MLG_ACT, 4, s->dim[0],
+                                                 s->dim[1], s->dim[2], s->dim[3])
+                              : ml__graph_tensor(g, name, s->dtype, MLG_ACT, 3, s->dim[0],
+                                                 s->dim[1], s->dim[2]);
+    if (t != MLG_NONE)
+        g->t[t].flags |= flags;
+    return t;
+}
+
+uint16_t ml__kit_softcap(ml_graph *g, uint16_t x, bool attention)
+{
+    /* the logits' cap: one of the block rule's transients (as large as the
+     * logits); the scores' tanh output belongs to the attention core */
+    uint16_t d = like(g, "x / cap", x, attention ? 0 : MLG_T_TMP);
+    uint16_t t = like(g, attention ? "attention softcap tanh output" : "final softcap tanh output",
+                      x, attention ? MLG_T_CORE : 0);
+    uint16_t y = like(g, "tanh * cap", x, 0);
+    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "div (softcap)");
+    ml__op_in(o, x);
+    ml__op_out(o, d);
+    ml__op_free(o, x);
+    ml__op_node(o, attention ? "DivBackward0 (scores / softcap)" : "DivBackward0 (logits / softcap)");
+    ml__op_gin(o, x);
+    ml__op_gout(o, d);
+    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "tanh");
+    ml__op_in(o, d);
+    ml__op_out(o, t);
+    ml__op_save(o, t);
+    ml__op_free(o, d);
+    ml__op_node(o, attention ? "TanhBackward0 (softcap)" : "TanhBackward0 (final softcap)");
+    ml__op_gin(o, d);
+    ml__op_gout(o, t);
+    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "mul (softcap)");
+    ml__op_in(o, t);
+    ml__op_out(o, y);
+    ml__op_free(o, t);
+    ml__op_node(o, "MulBackward0 (tanh * softcap)");
+    ml__op_gin(o, t);
+    ml__op_gout(o, y);
+    return y;
 }
