@@ -11,7 +11,7 @@
 static bool plain_decoder(const ml_model *m)
 {
     return m->type == ML_MODEL_DECODER && m->prenorm && !m->parallel_residual &&
-           !m->shared_norm && !m->experts && !m->kv_lora && !m->image_size && !m->vis_layers;
+           !m->shared_norm && !m->experts && !m->kv_lora && !m->image_size;
 }
 
 bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)

@@ -489,7 +489,19 @@ static void test_other_layouts_refused(void **state)
  * graph, the others its copies), head, loss — of every preset and shipped
  * config.json, built both ways, in training and evaluation, under each
  * precision, attention kernel and checkpoint policy that changes a block. */
+static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower vt);
+
 static unsigned compare_model(ml_model *m, const char *name)
+{
+    unsigned n = 0;
+    /* a multimodal model under each vision-tower setting (its checkpoint
+     * indices and the tower's blocks change; the decoder is the graph's) */
+    for (int vt = 0; vt < (m->vis_layers ? ML_VT_COUNT : 1); vt++)
+        n += compare_model_vt(m, name, (ml_vision_tower)vt);
+    return n;
+}
+
+static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower vt)
 {
     unsigned compared = 0;
     static const ml_attention kernels[] = {ML_ATTN_EAGER, ML_ATTN_SDPA, ML_ATTN_FLASH};
@@ -511,6 +523,7 @@ static unsigned compare_model(ml_model *m, const char *name)
                     if (cfg.training.seq_len > 256 && !m->vis_layers)
                         cfg.training.seq_len = 256;
                     cfg.calib = NULL;
+                    cfg.training.vision_tower = vt;
                     ml_error e;
                     assert_int_equal(ml_parse_checkpoint(policies[c], &cfg.training.checkpoint, &e),
                                      ML_OK);
