@@ -1,7 +1,8 @@
 /* The layers and heads as compositions of the kit's components (kit.h):
  * a pre-norm layer (GPT-2's, Llama's, Gemma's and Gemma 2's post norms,
- * OLMo's, ViT's), GPT-NeoX's parallel one, a decoder's LM head. Each reads
- * as the reference implementation's forward reads; docs/graph.md. */
+ * Phi-3's, OLMo's, ViT's), GPT-NeoX's parallel one, BERT's post-norm one,
+ * a decoder's LM head. Each reads as the reference implementation's
+ * forward reads; docs/graph.md. */
 #include <stddef.h>
 
 #include "graph/kit.h"
