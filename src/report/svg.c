@@ -209,36 +209,45 @@ void ml_svg_header(FILE *f, int w, int h)
             w, h, w, h);
 }
 
-/* The title and the settings line; with_checkpoint false on a chart whose
- * curves are the policies (compare), where one policy would mislead. */
-static void title(FILE *f, const ml_model *m, const ml_config *cfg, const char *what,
-                  bool with_checkpoint)
+/* The title and the settings line, each wrapped to the picture's width w
+ * (a long model name or checkpoint list takes more lines, never leaves the
+ * picture); with_checkpoint false on a chart whose curves are the policies
+ * (compare), where one policy would mislead. f NULL: writes nothing.
+ * Returns how much lower the chart starts than under a one-line title and
+ * settings line, in SVG units; -1 when out of memory. */
+static double title(FILE *f, double w, const ml_model *m, const ml_config *cfg,
+                    const char *what, bool with_checkpoint)
 {
-    char ck[1200];
+    const char *name = ml_model_name(m);
+    size_t tn = strlen(name) + strlen(what) + 8;
+    char *t = malloc(tn);
+    if (!t)
+        return -1;
+    snprintf(t, tn, "%s — %s", name, what);
+    char ck[1200], sl[96] = "", set[1600];
     ml_checkpoint_format(&cfg->training.checkpoint, ck, sizeof ck);
-    fputs("<text x=\"20\" y=\"26\" font-size=\"17\" font-weight=\"bold\">", f);
-    ml_svg_escape(f, ml_model_name(m));
-    fprintf(f, " — %s</text>\n", what);
-    char sl[96] = "";
     if (cfg->training.seq_len > 1) {
         sl[0] = ',';
         sl[1] = ' ';
         ml_report_lengths(m, &cfg->training, sl + 2, sizeof sl - 2);
     }
-    fprintf(f, "<text x=\"20\" y=\"46\" font-size=\"12\" fill=\"#444\">micro_batch %llu%s, "
-               "grad_accum %llu, %s, %s (%s)",
-            (unsigned long long)cfg->training.micro_batch, sl,
-            (unsigned long long)cfg->training.grad_accum,
-            ml_precision_name(cfg->training.precision), ml_optimizer_name(cfg->training.optimizer),
-            ml_optimizer_impl_name(cfg->training.optimizer_impl));
-    if (with_checkpoint) {
-        fputs(", checkpoint ", f);
-        ml_svg_escape(f, ck);
-    }
-    if (cfg->training.data_parallel > 1 || cfg->training.zero)
-        fprintf(f, ", %llu devices, ZeRO %u", (unsigned long long)cfg->training.data_parallel,
-                cfg->training.zero);
-    fputs("</text>\n", f);
+    int k = snprintf(set, sizeof set, "micro_batch %llu%s, grad_accum %llu, %s, %s (%s)",
+                     (unsigned long long)cfg->training.micro_batch, sl,
+                     (unsigned long long)cfg->training.grad_accum,
+                     ml_precision_name(cfg->training.precision),
+                     ml_optimizer_name(cfg->training.optimizer),
+                     ml_optimizer_impl_name(cfg->training.optimizer_impl));
+    if (with_checkpoint && k >= 0 && (size_t)k < sizeof set)
+        k += snprintf(set + k, sizeof set - (size_t)k, ", checkpoint %s", ck);
+    if ((cfg->training.data_parallel > 1 || cfg->training.zero) && k >= 0 &&
+        (size_t)k < sizeof set)
+        snprintf(set + k, sizeof set - (size_t)k, ", %llu devices, ZeRO %u",
+                 (unsigned long long)cfg->training.data_parallel, cfg->training.zero);
+    int tl = ml_svg_text_wrapped(f, 20, 26, 21, 17, true, NULL, w - 40, t);
+    free(t);
+    int nl = ml_svg_text_wrapped(f, 20, 46 + 21.0 * (tl - 1), 16, 12, false,
+                                 " fill=\"#444\"", w - 40, set);
+    return 21.0 * (tl - 1) + 16.0 * (nl - 1);
 }
 
 /* The phase bands behind the chart, each labelled where it is wide enough;
@@ -372,6 +381,8 @@ static void legend(FILE *f, const chart *c, const ml_summary *s)
     }
 }
 
+#define TIMELINE_TITLE "memory over one training iteration"
+
 int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
 {
     const ml_summary *s = ml_ledger_summary(l);
@@ -380,7 +391,10 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     const xmap x = {ev, n > 1 ? (double)(n - 1) : 1, ml_svg_time_end(l)};
     size_t idx[SVG_POINTS];
     size_t np = sample(l, &x, idx);
-    chart c = {ML_SVG_X0, 70, ML_SVG_W, 420, (double)s->peak};
+    const double drop = title(NULL, 1040, m, cfg, TIMELINE_TITLE, true);
+    if (drop < 0)
+        return -1;
+    chart c = {ML_SVG_X0, 70 + drop, ML_SVG_W, 420, (double)s->peak};
     if (s->has_device && (double)s->memory > c.ymax)
         c.ymax = (double)s->memory;
     if (s->has_reserved && (double)s->reserved_peak > c.ymax)
@@ -388,8 +402,8 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     if (c.ymax <= 0)
         c.ymax = 1;
     c.ymax *= 1.06;
-    ml_svg_header(f, 1040, 580);
-    title(f, m, cfg, "memory over one training iteration", true);
+    ml_svg_header(f, 1040, (int)ceil(580 + drop));
+    title(f, 1040, m, cfg, TIMELINE_TITLE, true);
     phase_bands(f, &c, &x, n);
     ml_svg_y_axis(f, &c);
     stacked_areas(f, &c, &x, idx, np);
@@ -423,10 +437,15 @@ _Static_assert(sizeof compare_colors / sizeof compare_colors[0] ==
                "a colour per dash pattern");
 #define COMPARE_STYLES (sizeof compare_colors / sizeof compare_colors[0])
 
+#define COMPARE_TITLE "checkpoint policies compared"
+
 int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
                           const ml_ledger *const *ls, const char *const *names, size_t n)
 {
-    chart c = {90, 70, 720, 420, 1};
+    const double drop = title(NULL, ML_SVG_WIDTH, m, cfg, COMPARE_TITLE, false);
+    if (drop < 0)
+        return -1;
+    chart c = {90, 70 + drop, 720, 420, 1};
     for (size_t i = 0; i < n; i++) {
         const ml_summary *s = ml_ledger_summary(ls[i]);
         if ((double)s->peak > c.ymax)
@@ -450,7 +469,7 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
     const double legend_y = c.y0 + c.h + ML_SVG_LEGEND_GAP;
     ml_svg_header(f, (int)ML_SVG_WIDTH,
                   (int)ceil(legend_y + ML_SVG_LEGEND_LINE * lines + ML_SVG_LEGEND_PAD));
-    title(f, m, cfg, "checkpoint policies compared", false);
+    title(f, ML_SVG_WIDTH, m, cfg, COMPARE_TITLE, false);
     ml_svg_y_axis(f, &c);
     /* a common seconds axis when every policy's events have a time: a
      * policy that recomputes more draws a longer curve */

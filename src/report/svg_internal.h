@@ -43,15 +43,15 @@ void ml_svg_hline(FILE *f, const ml_svg_chart *c, uint64_t bytes, const char *co
 /* ml_svg_escape on the first len bytes of s (or up to its NUL). */
 void ml_svg_escape_n(FILE *f, const char *s, size_t len);
 /* An upper bound on the width, in SVG units, of the first len bytes of s
- * set in DejaVu Sans at font-size `size` (its advance widths; kerning only
- * narrows a line). */
-double ml_svg_text_width(const char *s, size_t len, double size);
+ * set in DejaVu Sans (Bold) at font-size `size` (its advance widths;
+ * kerning only narrows a line). */
+double ml_svg_text_width(const char *s, size_t len, double size, bool bold);
 /* Writes s as <text> lines from (x, y) down, line_h apart, each at most
  * max_w wide (ml_svg_text_width): broken at a space where there is one,
- * else between characters. f NULL: writes nothing. Returns the number of
- * lines (at least 1). */
-int ml_svg_text_wrapped(FILE *f, double x, double y, double line_h, double size,
-                        double max_w, const char *s);
+ * else between characters; attrs (or NULL) goes into each element. f NULL:
+ * writes nothing. Returns the number of lines (at least 1). */
+int ml_svg_text_wrapped(FILE *f, double x, double y, double line_h, double size, bool bold,
+                        const char *attrs, double max_w, const char *s);
 /* One legend entry at baseline y (see ML_SVG_LEGEND_*): a stroke of the
  * curve's colour and dash ("" solid) when dash is not NULL, else a filled
  * square, then text wrapped to the picture's width. f NULL: writes

@@ -2,6 +2,7 @@
  * metrics so that a label is wrapped before it leaves the picture (the
  * legends of compare and colocate). tests/render/svg_text_fits.py checks the
  * pictures with the same font. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -55,31 +56,44 @@ static const unsigned short dejavu_advance[95] = {
     690,  799,  1716, 1024, 1024, 1255, 1300, 1126, 1300, 1260, 721,  1300,
     1298, 569,  569,  1186, 569,  1995, 1298, 1253, 1300, 1300, 842,  1067,
     803,  1298, 1212, 1675, 1212, 1212, 1075, 1303, 690,  1303, 1716};
+/* ... and of DejaVu Sans Bold (DejaVuSans-Bold.ttf), whose widest is 4129 */
+static const unsigned short dejavu_bold_advance[95] = {
+    713,  934,  1067, 1716, 1425, 2052, 1786, 627,  936,  936,  1071, 1716,
+    778,  850,  778,  748,  1425, 1425, 1425, 1425, 1425, 1425, 1425, 1425,
+    1425, 1425, 819,  819,  1716, 1716, 1716, 1188, 2048, 1585, 1561, 1503,
+    1700, 1399, 1399, 1681, 1714, 762,  762,  1587, 1305, 2038, 1714, 1741,
+    1501, 1741, 1577, 1475, 1397, 1663, 1585, 2259, 1579, 1483, 1485, 936,
+    748,  936,  1716, 1024, 1024, 1382, 1466, 1214, 1466, 1389, 891,  1466,
+    1458, 702,  702,  1362, 702,  2134, 1458, 1407, 1466, 1466, 1010, 1219,
+    979,  1458, 1335, 1892, 1321, 1335, 1192, 1458, 748,  1458, 1716};
 #define DEJAVU_WIDEST 3838
+#define DEJAVU_BOLD_WIDEST 4129
 #define DEJAVU_EM 2048.0
 
 /* One character's advance at p (len bytes in *n, at least 1). */
-static unsigned advance(const unsigned char *p, size_t *n)
+static unsigned advance(const unsigned char *p, bool bold, size_t *n)
 {
     size_t k = ml_utf8_len(p);
     *n = k ? k : 1;
-    return *p >= 0x20 && *p <= 0x7E ? dejavu_advance[*p - 0x20] : DEJAVU_WIDEST;
+    if (*p >= 0x20 && *p <= 0x7E)
+        return bold ? dejavu_bold_advance[*p - 0x20] : dejavu_advance[*p - 0x20];
+    return bold ? DEJAVU_BOLD_WIDEST : DEJAVU_WIDEST;
 }
 
-double ml_svg_text_width(const char *s, size_t len, double size)
+double ml_svg_text_width(const char *s, size_t len, double size, bool bold)
 {
     const unsigned char *p = (const unsigned char *)s, *end = p + len;
     unsigned long long units = 0;
     while (p < end && *p) {
         size_t n;
-        units += advance(p, &n);
+        units += advance(p, bold, &n);
         p += n;
     }
     return (double)units * size / DEJAVU_EM;
 }
 
-int ml_svg_text_wrapped(FILE *f, double x, double y, double line_h, double size,
-                        double max_w, const char *s)
+int ml_svg_text_wrapped(FILE *f, double x, double y, double line_h, double size, bool bold,
+                        const char *attrs, double max_w, const char *s)
 {
     const unsigned char *p = (const unsigned char *)s;
     int lines = 0;
@@ -90,7 +104,7 @@ int ml_svg_text_wrapped(FILE *f, double x, double y, double line_h, double size,
         double units = 0;
         while (*q) {
             size_t n;
-            unsigned a = advance(q, &n);
+            unsigned a = advance(q, bold, &n);
             if (units + a > max_units && q > p)
                 break;
             if (*q == ' ' && q > p)
@@ -100,8 +114,9 @@ int ml_svg_text_wrapped(FILE *f, double x, double y, double line_h, double size,
         }
         const unsigned char *stop = *q && space ? space : q;
         if (f) {
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%g\">", x,
-                    y + line_h * lines, size);
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%g\"%s%s>", x,
+                    y + line_h * lines, size, bold ? " font-weight=\"bold\"" : "",
+                    attrs ? attrs : "");
             ml_svg_escape_n(f, (const char *)p, (size_t)(stop - p));
             fputs("</text>\n", f);
         }
@@ -127,6 +142,6 @@ int ml_svg_legend_entry(FILE *f, double y, const char *color, const char *dash, 
     else if (f)
         fprintf(f, "<rect x=\"20\" y=\"%.1f\" width=\"14\" height=\"10\" fill=\"%s\"/>\n", y - 10,
                 color);
-    return ml_svg_text_wrapped(f, ML_SVG_LEGEND_TEXT_X, y, ML_SVG_LEGEND_LINE, 12,
+    return ml_svg_text_wrapped(f, ML_SVG_LEGEND_TEXT_X, y, ML_SVG_LEGEND_LINE, 12, false, NULL,
                                ML_SVG_WIDTH - 20 - ML_SVG_LEGEND_TEXT_X, text);
 }

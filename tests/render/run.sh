@@ -40,6 +40,9 @@ svg_check gpt2-compare compare "$models/gpt2-small.yaml" --format svg --micro-ba
 # the policies' long notes ("full, not needed: none fits") in the legend
 svg_check gpt2-compare-budget compare "$models/gpt2-small.yaml" --format svg --micro-batch 8 --device 8GiB --budget 6.5GiB --peak-tflops 100
 svg_check llama-zero3-compare compare "$models/llama-2-7b.yaml" --format svg --data-parallel 8 --zero 3 --device 80GiB
+# a name wider than the picture: the title wraps and the chart moves down
+svg_check long-name-timeline timeline "$here/long-name.yaml" --format svg --peak-tflops 1e-9
+svg_check long-name-compare compare "$here/long-name.yaml" --format svg
 # colocate: job names whole, however long, and a seconds axis
 long_job="$models/gpt2-small.yaml --micro-batch 2 --precision amp-bf16 --optimizer adamw --peak-tflops 100 --checkpoint selective --grad-accum 4 --seq-len 512"
 svg_check colocate colocate --device 24GiB --format svg "$models/gpt2-small.yaml --micro-batch 2 --peak-tflops 100" \
