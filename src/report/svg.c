@@ -354,12 +354,22 @@ static void peak_marker(FILE *f, const chart *c, const ml_summary *s, const xmap
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"none\" stroke=\"#d62728\" "
                    "stroke-width=\"2\"/>\n",
                 x, y);
+        /* beside the marker, on its left near the right end; moved along,
+         * never out of the plot, when its width (ml_svg_text_width) needs */
+        char label[192];
+        snprintf(label, sizeof label, "allocator peak %s at %s (%s)", b, s->peak_step,
+                 ml_phase_name(s->peak_phase));
+        const double w = ml_svg_text_width(label, strlen(label), 12, true);
+        double lx = x > c->x0 + c->w * 0.7 ? x - 8 - w : x + 8;
+        if (lx + w > c->x0 + c->w)
+            lx = c->x0 + c->w - w;
+        if (lx < c->x0)
+            lx = c->x0;
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"bold\" "
-                   "fill=\"#d62728\" text-anchor=\"%s\">allocator peak %s at ",
-                x + (x > c->x0 + c->w * 0.7 ? -8 : 8), y - 8,
-                x > c->x0 + c->w * 0.7 ? "end" : "start", b);
-        ml_svg_escape(f, s->peak_step);
-        fprintf(f, " (%s)</text>\n", ml_phase_name(s->peak_phase));
+                   "fill=\"#d62728\">",
+                lx, y - 8);
+        ml_svg_escape(f, label);
+        fputs("</text>\n", f);
     }
 }
 
