@@ -7,6 +7,7 @@ plan (--oom-phase is oom_phase=)."""
 import difflib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -134,8 +135,10 @@ class _Model:
         text = json.dumps(model, default=str)  # JSON is YAML (flow style)
         if "model_type" in model and "model" not in model:
             # the folder's name is the plan's name when the config has none
-            name = str(model.get("_name_or_path") or model["model_type"]).replace("/", "_")
-            folder = os.path.join(self.dir, name or "hf-model")
+            # (a safe file name: "..", "/" or a NUL cannot leave the directory)
+            name = re.sub(r"[^A-Za-z0-9._-]", "_",
+                          str(model.get("_name_or_path") or model["model_type"]))[:100]
+            folder = os.path.join(self.dir, name if name.strip(".") else "hf-model")
             os.mkdir(folder)
             path = os.path.join(folder, "config.json")
             self.args = ["--hf", path]

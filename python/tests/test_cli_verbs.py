@@ -138,6 +138,19 @@ def test_errors_name_the_input():
         memledger.allocator([("alloc", 1, 8)], micro_batch=4)
 
 
+def test_hugging_face_dict_names():
+    # a config dict goes to the command line as a temporary config.json in a
+    # folder named after _name_or_path, made a safe file name: "..", "/"
+    # and "a/../../b" cannot leave the temporary directory
+    with open(os.path.join(MODELS, "hf", "gpt2", "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    for name in ("..", "a/../../b", "/"):
+        cfg["_name_or_path"] = name
+        r = memledger.lengths(cfg, "p50=100,max=512", micro_batch=2)
+        # GPT-2 small's 124,439,808 parameters (test_memledger.test_gpt2_params)
+        assert r["params"] == 124439808
+
+
 def _cli_json(args):
     out = subprocess.run([CLI] + args + ["--format", "json"], stdout=subprocess.PIPE,
                          check=False).stdout
