@@ -1,7 +1,9 @@
 """The PEP 517 build backend of the memledger Python package (in-tree,
-pyproject.toml's backend-path): builds libmemledger.so with meson and ninja
-and writes a wheel holding the ctypes binding (python/memledger/) and that
-library.
+pyproject.toml's backend-path): builds libmemledger.so and the memledger
+command line with meson and ninja in a temporary directory (the checkout is
+only read: a read-only or shared one is left as it was) and writes a wheel
+holding the ctypes binding (python/memledger/), that library and that
+command line.
 
 Why its own backend: the project installs offline. Debian ships the build
 tools (meson, ninja, a C compiler) but a backend from PyPI (setuptools,
@@ -16,9 +18,11 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,19 +63,21 @@ def _tool_env():
             if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH")}
 
 
-def _build_library():
-    """libmemledger.so.N from the checkout, built in build-python/ (kept, so
-    a second install only relinks): the library alone, no tests."""
-    build = os.path.join(ROOT, "build-python")
-    if not os.path.exists(os.path.join(build, "build.ninja")):
-        subprocess.run(["meson", "setup", build, "--buildtype=release", "-Dtests=false",
-                        "-Dcuda=disabled", "-Dblas=disabled", "-Dtorch_crosscheck=disabled",
-                        "-Drender_tests=disabled"], cwd=ROOT, check=True,
-                       stdout=sys.stderr, env=_tool_env())
-    target = "src/libmemledger.so." + _version()
-    subprocess.run(["ninja", "-C", build, target], cwd=ROOT, check=True, stdout=sys.stderr,
+def _build(tmp):
+    """libmemledger.so.N and the memledger executable, built from the checkout
+    in tmp (a temporary directory the caller removes): the checkout is only
+    read, so a read-only or shared one stays as it was. The library and the
+    command line alone, no tests. Returns their paths."""
+    build = os.path.join(tmp, "build")
+    subprocess.run(["meson", "setup", build, ROOT, "--buildtype=release", "-Dtests=false",
+                    "-Dcuda=disabled", "-Dblas=disabled", "-Dtorch_crosscheck=disabled",
+                    "-Drender_tests=disabled"], cwd=tmp, check=True, stdout=sys.stderr,
                    env=_tool_env())
-    return os.path.join(build, target)
+    lib = "src/libmemledger.so." + _version()
+    exe = "src/memledger"
+    subprocess.run(["ninja", "-C", build, lib, exe], cwd=tmp, check=True, stdout=sys.stderr,
+                   env=_tool_env())
+    return os.path.join(build, lib), os.path.join(build, exe)
 
 
 def _record_line(arcname, data):
@@ -80,16 +86,25 @@ def _record_line(arcname, data):
 
 
 def _files():
-    """(name in the wheel, bytes) of the package and the library."""
+    """(name in the wheel, bytes) of the package, the library and the
+    command line (the verbs the binding runs as `memledger VERB --format
+    json`, python/memledger/_cli.py)."""
     pkg = os.path.join(ROOT, "python", NAME)
     out = []
     for f in sorted(os.listdir(pkg)):
         if f.endswith(".py"):
             with open(os.path.join(pkg, f), "rb") as fh:
                 out.append((NAME + "/" + f, fh.read()))
-    with open(_build_library(), "rb") as fh:
-        # the soname: what ctypes loads from the package (python/memledger/_native.py)
-        out.append((NAME + "/_lib/libmemledger.so.0", fh.read()))
+    tmp = tempfile.mkdtemp(prefix="memledger-build-")
+    try:
+        lib, exe = _build(tmp)
+        with open(lib, "rb") as fh:
+            # the soname: what ctypes loads from the package (python/memledger/_native.py)
+            out.append((NAME + "/_lib/libmemledger.so.0", fh.read()))
+        with open(exe, "rb") as fh:
+            out.append((NAME + "/_lib/memledger", fh.read()))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -118,7 +133,9 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         for arcname, data in files:
             info = zipfile.ZipInfo(arcname, date_time=(1980, 1, 1, 0, 0, 0))
-            info.external_attr = (0o755 if arcname.endswith(".so.0") else 0o644) << 16
+            executable = arcname.endswith((".so.0", "/memledger"))
+            # a regular file's mode: pip keeps the executable bit only with S_IFREG
+            info.external_attr = (stat.S_IFREG | (0o755 if executable else 0o644)) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             z.writestr(info, data)
     shutil.move(tmp, os.path.join(wheel_directory, name))

@@ -7,7 +7,7 @@ import difflib
 import json
 import os
 
-from . import _native
+from . import _cli, _native
 from ._native import Error, lib
 
 # keyword -> the library's key (ml_job_set), in the order the command line
@@ -146,6 +146,11 @@ def _run(verb, model, settings, training=None):
         lib.ml_model_destroy(handle)
 
 
+def _lengths_given(settings):
+    """Sample lengths are the command line's (memledger._cli)."""
+    return any(settings.get(k) is not None for k in _cli.LENGTHS)
+
+
 def plan(model, training=None, **settings):
     """The ledger of one training iteration (memledger plan --format json):
     a dict with params, config, bytes, peak, flops, verdict, advice, ...
@@ -153,14 +158,22 @@ def plan(model, training=None, **settings):
     Face config.json path, config dict or PretrainedConfig; training: a YAML
     with training: and device: sections for a config.json path (--training).
     Keywords as the flags: micro_batch=4, precision="amp-bf16",
-    checkpoint="full", device="8GiB", budget="6.5GiB", zero=3, calib=PATH..."""
+    checkpoint="full", device="8GiB", budget="6.5GiB", zero=3, calib=PATH...;
+    with lengths= (and batching=, max_tokens=, buckets=) the plan over
+    sample lengths, as memledger.lengths()."""
+    if _lengths_given(settings):
+        return _cli.json_verb("plan", model, training, settings)
     return _run("plan", model, settings, training)
 
 
 def fit(model, training=None, **settings):
     """The largest micro-batch that fits and the accumulation steps
     (memledger fit --format json); also global_batch=, max_micro_batch=,
-    checkpoint="auto". Needs a device (device= or the model's device:)."""
+    checkpoint="auto". Needs a device (device= or the model's device:).
+    With lengths= (and batching=, max_tokens=, buckets=), over sample
+    lengths, run through the command line."""
+    if _lengths_given(settings):
+        return _cli.json_verb("fit", model, training, settings)
     return _run("fit", model, settings, training)
 
 

@@ -11,7 +11,7 @@
 static bool plain_decoder(const ml_model *m)
 {
     return m->type == ML_MODEL_DECODER && m->prenorm && !m->parallel_residual &&
-           !m->shared_norm && !m->experts && !m->kv_lora && !m->image_size && !m->vis_layers;
+           !m->shared_norm && !m->experts && !m->kv_lora && !m->image_size;
 }
 
 bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
@@ -27,7 +27,7 @@ bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     L->attn.fused_kernel = c->fused_kernel;
     L->attn.dropout = L->attn.out_grad = m->dropout > 0;
     L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
-                       m->dropout > 0, m->dropout > 0, false};
+                       m->dropout > 0, m->dropout > 0, false, false, false};
     L->autocast = c->autocast;
     return true;
 }
@@ -68,7 +68,7 @@ static bool hf_layer(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_lay
     a->mask = true;
     a->out_grad = m->dropout > 0 || m->post_norms;
     L->mlp = (mlg_mlp){act[m->activation], m->bias || m->mlp_bias, m->dropout > 0,
-                       m->dropout > 0 || m->post_norms, m->fused_proj};
+                       m->dropout > 0 || m->post_norms, m->fused_proj, false, false};
     L->autocast = c->autocast;
     L->hf_order = true;
     /* Gemma 2's norms of the branches' outputs (compute dtype) */
@@ -116,8 +116,61 @@ bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     a->probs_cast = c->compute_bytes != 4;
     a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
     L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
-                       m->dropout > 0, m->dropout > 0, false};
+                       m->dropout > 0, m->dropout > 0, false, false, false};
     L->autocast = c->autocast;
+    return true;
+}
+
+bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    /* with a fused kernel sdpa saves the rotary's cat outputs and a view
+     * keeping the whole query_key_value output: as Phi-3's, the builders
+     * run there */
+    if (m->type != ML_MODEL_DECODER || !m->prenorm || !m->parallel_residual || m->shared_norm ||
+        m->norm != ML_NORM_LAYERNORM || m->experts || m->kv_lora || m->post_norms ||
+        m->fused_proj || m->attn_softcap > 0 || m->kv_heads != m->heads || c->fused_kernel ||
+        (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+        return false;
+    *L = (mlg_layer){0};
+    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false, false};
+    mlg_attention *a = &L->attn;
+    a->hf = true;
+    a->qkv_bias = m->qkv_bias;
+    a->out_bias = m->bias || m->out_bias;
+    a->dropout = a->out_grad = m->dropout > 0;
+    a->rope = m->position == ML_POS_ROPE;
+    a->fused_proj = true; /* query_key_value, sliced; the rotary's empty pass */
+    a->mask = true;
+    a->probs_cast = c->compute_bytes != 4;
+    a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
+    L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
+                       m->dropout > 0, m->dropout > 0, false, false, false};
+    L->autocast = c->autocast;
+    L->parallel = true;
+    return true;
+}
+
+bool ml__family_bert_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    if (m->type != ML_MODEL_ENCODER || m->prenorm || m->image_size ||
+        m->norm != ML_NORM_LAYERNORM || m->position == ML_POS_ROPE || m->kv_heads != m->heads ||
+        m->parallel_residual || m->experts || m->fused_proj || m->post_norms ||
+        m->attn_softcap > 0 || (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+        return false;
+    *L = (mlg_layer){0};
+    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false, false};
+    mlg_attention *a = &L->attn;
+    a->hf = a->bert = a->in_buf = true;
+    a->qkv_bias = m->qkv_bias;
+    a->out_bias = m->bias || m->out_bias;
+    a->fused_kernel = c->fused_kernel;
+    a->dropout = a->out_grad = m->dropout > 0;
+    a->mask = true; /* the extended attention mask, added */
+    a->probs_cast = c->stream_bytes != c->compute_bytes;
+    L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
+                       m->dropout > 0, m->dropout > 0, false, true, true};
+    L->autocast = c->autocast;
+    L->postnorm = true;
     return true;
 }
 
@@ -125,7 +178,8 @@ bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     return ml__family_gpt2_layer(m, c, L) || ml__family_llama_layer(m, c, L) ||
            ml__family_gemma_layer(m, c, L) || ml__family_olmo_layer(m, c, L) ||
-           ml__family_vit_layer(m, c, L);
+           ml__family_vit_layer(m, c, L) || ml__family_neox_layer(m, c, L) ||
+           ml__family_bert_layer(m, c, L);
 }
 
 void ml__family_layer_graph(ml_graph *g, const mlg_layer *L)

@@ -36,6 +36,13 @@ bool ml__family_olmo_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
  * query, key and value (softmax in fp32, no mask), a GELU MLP; its
  * patch embedding and classifier are not layers. */
 bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's GPT-NeoX layout (GPTNeoXLayer, use_parallel_residual):
+ * two LayerNorms of the input, query_key_value sliced, rotary with its
+ * pass, a GELU MLP, both branches added to the input. */
+bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's BERT layout (BertLayer): post-LayerNorm, query, key and
+ * value, softmax in the stream's dtype, a GELU MLP. */
+bool ml__family_bert_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* The family whose layout m's layers have; false: none of the kit's. */
 bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 

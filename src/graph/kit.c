@@ -15,7 +15,7 @@ static uint16_t stream(ml_graph *g, const char *name, uint8_t dtype)
     return ml__graph_tensor(g, name, dtype, MLG_ACT, 3, MLG_B, MLG_T, MLG_D);
 }
 
-static uint16_t param(ml_graph *g, const char *name, uint8_t rows, int cols)
+uint16_t ml__kit_param(ml_graph *g, const char *name, uint8_t rows, int cols)
 {
     if (cols < 0)
         return ml__graph_tensor(g, name, MLG_PARAM, MLG_PARAMETER, 1, rows);
@@ -54,7 +54,7 @@ uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_
 
 /* The cast ops making copies c (of x) and w (of the weight W): their
  * kernels and bytes, before the linear that reads them. */
-static void cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w, uint16_t W)
+void ml__kit_cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w, uint16_t W)
 {
     if (c != MLG_NONE) {
         mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, input)");
@@ -73,9 +73,9 @@ static void cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w, uint16_t W
 mlg_op *ml__kit_linear_with(ml_graph *g, const mlg_linear *lin, uint16_t x, uint16_t c,
                             uint16_t w, uint16_t y)
 {
-    const uint16_t W = param(g, "weight", lin->in, lin->out);
-    const uint16_t bias = lin->bias ? param(g, "bias", lin->out, -1) : MLG_NONE;
-    cast_ops(g, x, c, w, W);
+    const uint16_t W = ml__kit_param(g, "weight", lin->in, lin->out);
+    const uint16_t bias = lin->bias ? ml__kit_param(g, "bias", lin->out, -1) : MLG_NONE;
+    ml__kit_cast_ops(g, x, c, w, W);
     const uint16_t xs = c != MLG_NONE ? c : x;
     mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, lin->name);
     ml__op_in(o, xs);
@@ -122,9 +122,9 @@ uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
     ml__op_out(o, st);
     ml__op_save(o, x);
     ml__op_save(o, st);
-    ml__op_param(o, param(g, "weight", MLG_D, -1));
+    ml__op_param(o, ml__kit_param(g, "weight", MLG_D, -1));
     if (n->bias)
-        ml__op_param(o, param(g, "bias", MLG_D, -1));
+        ml__op_param(o, ml__kit_param(g, "bias", MLG_D, -1));
     ml__op_free(o, st);
     ml__op_node(o, "NativeLayerNormBackward0");
     ml__op_gin(o, x);
@@ -172,6 +172,16 @@ uint16_t ml__kit_dropout(ml_graph *g, bool on, uint16_t x, const char *node, boo
     if (!held)
         ml__op_gout(o, y);
     return y;
+}
+
+uint16_t ml__kit_add(ml_graph *g, uint16_t x, uint16_t y)
+{
+    uint16_t r = stream(g, "sum", g->t[x].dtype);
+    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "add");
+    ml__op_in(o, x);
+    ml__op_in(o, y);
+    ml__op_out(o, r);
+    return r;
 }
 
 uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y)
@@ -362,8 +372,22 @@ static qkv_heads fused_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
     return r;
 }
 
-uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, uint16_t f1,
-                               uint16_t f2, uint16_t *Oc_out)
+void ml__kit_free_storages(ml_graph *g, mlg_op *o, const uint16_t *t, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        if (t[i] == MLG_NONE)
+            continue;
+        const uint16_t s = ml__graph_storage(g, t[i]);
+        bool seen = false;
+        for (unsigned j = 0; j < o->nfree; j++)
+            seen |= ml__graph_storage(g, o->free[j]) == s;
+        if (!seen)
+            ml__op_free(o, s);
+    }
+}
+
+uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, const uint16_t *f,
+                               unsigned nf, uint16_t *Oc_out)
 {
     const mlg_attention *a = &L->attn;
     /* y.transpose(1, 2).contiguous(): the output projection's input */
@@ -373,8 +397,7 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, uint
     ml__op_in(o, O);
     ml__op_out(o, Oc);
     ml__op_free(o, O);
-    ml__op_free(o, f1);
-    ml__op_free(o, f2);
+    ml__kit_free_storages(g, o, f, nf);
     ml__op_node(o, a->fused_kernel ? NULL : "UnsafeViewBackward0 (attention output)");
     ml__op_gin(o, O);
     ml__op_gout(o, Oc);
@@ -427,7 +450,7 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
         uint16_t qkc, P = eager_scores(g, qh, kh, &qkc);
         probs = eager_pv(g, L, P, vh, qkc, &O);
     }
-    uint16_t Oc, y = ml__kit_attention_out(g, L, O, MLG_NONE, MLG_NONE, &Oc);
+    uint16_t Oc, y = ml__kit_attention_out(g, L, O, NULL, 0, &Oc);
     /* the attention returns: the projection's input (saved), the q/k/v
      * output and the probabilities go */
     o = ml__graph_release(g, "attention returns");
@@ -437,7 +460,7 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
     return y;
 }
 
-uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
+uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept)
 {
     const mlg_mlp *p = &L->mlp;
     if (p->act == MLG_SWIGLU || p->act == MLG_GEGLU)
@@ -455,6 +478,8 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
     const mlg_linear fc = {"addmm (fc)", "AddmmBackward0 (MLP in)", MLG_D, MLG_F, p->bias};
     mlg_op *o = ml__kit_linear_with(g, &fc, h, c, w1, F1);
     ml__op_gout(o, F1);
+    if (p->in_buf)
+        o->accum = h;
     const bool relu = p->act == MLG_RELU;
     /* gelu saves its input; relu its result (derivatives.yaml) */
     o = ml__graph_op(g, MLG_OP_ELEMENTWISE, relu ? "relu" : "gelu");
@@ -469,104 +494,57 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
         g->t[F1].flags |= MLG_T_TMP;
     const mlg_linear proj = {"addmm (proj)", "AddmmBackward0 (MLP out)", MLG_F, MLG_D, p->bias};
     o = ml__kit_linear_with(g, &proj, G, MLG_NONE, w2, M);
-    ml__op_free(o, G);
+    if (kept && p->keep_act)
+        *kept = G;
+    else
+        ml__op_free(o, G);
     if (p->out_grad)
         ml__op_gout(o, M);
     return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false, true);
 }
 
-/* The group of a layer's component: its rank in the order the layer's
- * modules register their parameters. */
-uint8_t ml__kit_group(const mlg_layer *L, unsigned component)
+/* A tensor of x's shape and dtype. */
+static uint16_t like(ml_graph *g, const char *name, uint16_t x, uint8_t flags)
 {
-    /* nanoGPT's Block: ln_1, attn, ln_2, mlp; HF's decoder layers:
-     * self_attn (Phi-3: o_proj first), mlp, input_layernorm,
-     * post_attention_layernorm (Gemma 2: the attention's post norm), then
-     * Gemma 2's pre_feedforward_layernorm and post_feedforward_layernorm */
-    static const uint8_t hf[MLG_GROUPS] = {
-        [MLG_GROUP_ATTN_O] = 0,    [MLG_GROUP_ATTN] = 1,  [MLG_GROUP_MLP] = 2,
-        [MLG_GROUP_NORM1] = 3,     [MLG_GROUP_POST_ATTN] = 4, [MLG_GROUP_NORM2] = 5,
-        [MLG_GROUP_POST_MLP] = 6};
-    return L->hf_order ? hf[component] : (uint8_t)component;
+    const mlg_tensor *s = &g->t[x];
+    uint16_t t = s->ndim == 4 ? ml__graph_tensor(g, name, s->dtype, MLG_ACT, 4, s->dim[0],
+                                                 s->dim[1], s->dim[2], s->dim[3])
+                              : ml__graph_tensor(g, name, s->dtype, MLG_ACT, 3, s->dim[0],
+                                                 s->dim[1], s->dim[2]);
+    if (t != MLG_NONE)
+        g->t[t].flags |= flags;
+    return t;
 }
 
-static uint8_t group(const mlg_layer *L, unsigned component)
+uint16_t ml__kit_softcap(ml_graph *g, uint16_t x, bool attention)
 {
-    return ml__kit_group(L, component);
-}
-
-/* Gemma 2's norm of a branch's output y (before its residual add); y goes
- * unless the norm saved it. */
-static uint16_t post_norm(ml_graph *g, const mlg_layer *L, uint16_t y, unsigned component)
-{
-    if (!L->post_norms)
-        return y;
-    g->group = group(L, component);
-    uint16_t z = ml__kit_norm(g, &L->post, y, false);
-    ml__op_free(ml__graph_release(g, "branch output rebound"), y);
-    return z;
-}
-
-void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
-{
-    uint16_t x = ml__graph_tensor(g, "layer input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
-    uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
-    g->group = group(L, MLG_GROUP_NORM1);
-    uint16_t h = ml__kit_norm(g, &L->norm, x, true);
-    g->group = group(L, MLG_GROUP_ATTN);
-    uint16_t a = L->attn.hf ? ml__kit_hf_attention(g, L, h, &held, &ck, &cv)
-                            : ml__kit_attention(g, L, h);
-    ml__op_free(ml__graph_release(g, "norm output rebound"), h);
-    a = post_norm(g, L, a, MLG_GROUP_POST_ATTN);
-    uint16_t r = ml__kit_residual(g, x, a);
-    g->group = group(L, MLG_GROUP_NORM2);
-    h = ml__kit_norm(g, &L->norm, r, true);
-    g->group = group(L, MLG_GROUP_MLP);
-    uint16_t m = ml__kit_mlp(g, L, h);
-    ml__op_free(ml__graph_release(g, "norm output rebound"), h);
-    m = post_norm(g, L, m, MLG_GROUP_POST_MLP);
-    uint16_t out = ml__kit_residual(g, r, m);
-    (void)out;
-    /* the layer returns: the first sum, the attention weights HF's layer
-     * kept (`hidden_states, _ = self.self_attn(...)`), and what the KV
-     * cache took over (the replay counts the cache) */
-    mlg_op *o = ml__graph_release(g, "layer returns");
-    ml__op_free(o, r);
-    ml__op_free(o, held);
-    ml__op_free(o, ck);
-    ml__op_free(o, cv);
-}
-
-void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap)
-{
-    uint16_t x = ml__graph_tensor(g, "head input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
-    uint16_t h = ml__kit_norm(g, &L->norm, x, false);
-    if (fused)
-        return;
-    uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, MLG_V, MLG_D);
-    uint16_t logits = ml__graph_tensor(g, "logits", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_V);
-    /* the (V, D) weight: its own, or the embeddings' (tied: its gradient is
-     * first created here, counted by this block's node) */
-    uint16_t W = param(g, "lm_head weight", MLG_V, MLG_D);
-    if (tied && W != MLG_NONE)
-        g->t[W].flags |= MLG_T_SHARED;
-    /* the logits: h (or its autocast copy) times the (V, D) weight */
-    cast_ops(g, h, c, w, W);
-    const uint16_t hs = c != MLG_NONE ? c : h;
-    mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, "mm (LM head)");
-    ml__op_in(o, hs);
-    ml__op_out(o, logits);
-    ml__op_save(o, hs);
-    ml__op_save(o, w);
-    ml__op_param(o, W);
-    ml__op_flops(o, 2.0, 4, MLG_B, MLG_T, MLG_D, MLG_V);
-    ml__op_free(o, c);
-    ml__op_free(o, w);
-    ml__op_node(o, "MmBackward0 (LM head)");
-    ml__op_gin(o, h);
-    ml__op_gout(o, logits);
-    /* the model returns the logits; the norm's output goes */
-    ml__op_free(ml__graph_release(g, "head returns"), h);
-    if (softcap)
-        ml__kit_softcap(g, logits, false);
+    /* the logits' cap: one of the block rule's transients (as large as the
+     * logits); the scores' tanh output belongs to the attention core */
+    uint16_t d = like(g, "x / cap", x, attention ? 0 : MLG_T_TMP);
+    uint16_t t = like(g, attention ? "attention softcap tanh output" : "final softcap tanh output",
+                      x, attention ? MLG_T_CORE : 0);
+    uint16_t y = like(g, "tanh * cap", x, 0);
+    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "div (softcap)");
+    ml__op_in(o, x);
+    ml__op_out(o, d);
+    ml__op_free(o, x);
+    ml__op_node(o, attention ? "DivBackward0 (scores / softcap)" : "DivBackward0 (logits / softcap)");
+    ml__op_gin(o, x);
+    ml__op_gout(o, d);
+    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "tanh");
+    ml__op_in(o, d);
+    ml__op_out(o, t);
+    ml__op_save(o, t);
+    ml__op_free(o, d);
+    ml__op_node(o, attention ? "TanhBackward0 (softcap)" : "TanhBackward0 (final softcap)");
+    ml__op_gin(o, d);
+    ml__op_gout(o, t);
+    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "mul (softcap)");
+    ml__op_in(o, t);
+    ml__op_out(o, y);
+    ml__op_free(o, t);
+    ml__op_node(o, "MulBackward0 (tanh * softcap)");
+    ml__op_gin(o, t);
+    ml__op_gout(o, y);
+    return y;
 }

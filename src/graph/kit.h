@@ -54,6 +54,13 @@ typedef struct {
                             output; its rotary splits the head into the
                             rotated part and an empty pass, then cats */
     bool o_first;        /* o_proj registered before the projections (Phi-3) */
+    bool in_buf;         /* the projections' input gradient buffer exists (a
+                            post-norm layer's input, which the skip holds) */
+    bool bert;           /* HF BertSelfAttention: softmax in the stream's
+                            dtype, then dropout, then the PV matmul's cast
+                            (nanoGPT's order); the masked scores stay bound
+                            until it returns the context alone, which stays
+                            bound until BertAttention returns */
     bool out_grad;       /* the output projection frees its output's gradient
                             (a dropout or a post norm made it) */
 } mlg_attention;
@@ -64,6 +71,10 @@ typedef struct {
     bool dropout;  /* on the output */
     bool out_grad; /* the last projection frees its output's gradient */
     bool fused;    /* Phi-3's one gate_up_proj, chunked into gate and up */
+    bool in_buf;   /* its input's gradient buffer exists (post-norm: the skip
+                      holds it): its first projection's is added */
+    bool keep_act; /* the activation's output stays bound until the layer
+                      returns (BERT's feed_forward_chunk) */
 } mlg_mlp;
 
 /* A layer: its components and how they are wired. */
@@ -76,6 +87,9 @@ typedef struct {
                       norms (parameter order) */
     bool post_norms; /* Gemma 2: a norm (post) on each branch's output before
                         its residual add */
+    bool parallel;   /* GPT-NeoX: x + attn(norm(x)) + mlp(norm2(x)), both
+                        norms of the layer's input */
+    bool postnorm;   /* BERT: norm(x + attn(x)), then norm(. + mlp(.)) */
     mlg_norm post;
 } mlg_layer;
 
@@ -104,6 +118,11 @@ mlg_op *ml__kit_linear(ml_graph *g, const mlg_layer *L, const mlg_linear *lin, u
  * MLG_NONE: none): the cast ops, then the linear. */
 mlg_op *ml__kit_linear_with(ml_graph *g, const mlg_linear *lin, uint16_t x, uint16_t c,
                             uint16_t w, uint16_t y);
+/* A parameter of rows (x cols; cols < 0: a vector) in the current group. */
+uint16_t ml__kit_param(ml_graph *g, const char *name, uint8_t rows, int cols);
+/* The cast ops making autocast's copies c of x and w of the weight W
+ * (MLG_NONE: none), before the op that reads them. */
+void ml__kit_cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w, uint16_t W);
 /* autocast's copy of an fp32 x (MLG_NONE: none), of a weight (in x out). */
 uint16_t ml__kit_cast_copy(ml_graph *g, const mlg_layer *L, uint16_t x);
 uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_t out);
@@ -115,11 +134,11 @@ uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t fl
  * returns the (B, H, T, dh) product. */
 uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc);
 /* y = x.transpose(1, 2).contiguous() of the attention output O (its node:
- * eager only; f1, f2: references that go with O), then the output
- * projection and the residual dropout; returns the branch output, *Oc the
- * projection's input. */
-uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, uint16_t f1,
-                               uint16_t f2, uint16_t *Oc);
+ * eager only; f[0 .. nf): references that go with O, each storage once),
+ * then the output projection and the residual dropout; returns the branch
+ * output, *Oc the projection's input. */
+uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, const uint16_t *f,
+                               unsigned nf, uint16_t *Oc);
 /* q, k and v of HF's attention: the projections' outputs (q, k, v: views
  * of one output when fused) and their head views. */
 typedef struct {
@@ -162,8 +181,13 @@ uint16_t ml__kit_softcap(ml_graph *g, uint16_t x, bool attention);
 uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y);
 /* Self-attention on h; returns its branch output (before the residual). */
 uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h);
-/* The MLP on h; returns its branch output. */
-uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
+/* The MLP on h; returns its branch output (keep_act: the activation's output
+ * is the layer's to drop, given in *kept). */
+uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept);
+/* x + y, a new tensor of x's dtype; neither reference goes. */
+uint16_t ml__kit_add(ml_graph *g, uint16_t x, uint16_t y);
+/* Frees each storage of t[0 .. n) once (MLG_NONE: skipped), after op o. */
+void ml__kit_free_storages(ml_graph *g, mlg_op *o, const uint16_t *t, unsigned n);
 
 /* A pre-norm layer: x + attn(norm(x)), then + mlp(norm(.)). */
 void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L);

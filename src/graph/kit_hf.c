@@ -3,7 +3,7 @@
  * sdpa/flash), LlamaMLP's gated MLP — modeling_llama.py's eager path, op
  * by op, with the references each function drops as it returns and what
  * autograd saves (tools/autograd/derivatives.yaml; docs/inventory.md,
- * "Llama block"); Gemma 2's soft caps. */
+ * "Llama block"). */
 #include <stddef.h>
 
 #include "graph/kit.h"
@@ -267,7 +267,7 @@ static mlg_qkv projections(ml_graph *g, const mlg_layer *L, uint16_t h)
         const mlg_linear lin = {name[i][0], name[i][1], MLG_D, width, a->qkv_bias};
         mlg_op *o = ml__kit_linear_with(g, &lin, h, c[i], w[i], *out[i]);
         ml__op_gout(o, *out[i]);
-        if (i < 2)
+        if (i < 2 || a->in_buf)
             o->accum = h;
         *hv[i] = ml__graph_view(g, "heads", *out[i], 4, MLG_B, nh, MLG_T, MLG_DH);
         o = ml__graph_op(g, MLG_OP_VIEW, name[i][2]);
@@ -300,9 +300,39 @@ static uint16_t repeat_kv(ml_graph *g, const mlg_attention *a, uint16_t x, const
  * copied to fp32 first (aten's SoftMax.cpp); it saves its fp32 result,
  * cast back to the compute dtype for the PV matmul (ToCopyBackward0), then
  * the dropout. Returns the probabilities the PV matmul reads. */
+/* BertSelfAttention's: softmax in the stream's dtype (autocast runs it in
+ * fp32), saving its result, then dropout, then the PV matmul's cast of
+ * the probabilities (autocast: not the stream's dtype); the masked scores
+ * stay bound (attention_scores) until it returns. */
+static uint16_t softmax_stream(ml_graph *g, const mlg_layer *L, uint16_t S3)
+{
+    const mlg_attention *a = &L->attn;
+    uint16_t P = ml__kit_scores(g, "softmax output", MLG_STREAM, MLG_T_CORE);
+    mlg_op *o = unary(g, MLG_OP_SOFTMAX, "softmax", S3, P);
+    ml__op_save(o, P);
+    ml__op_node(o, "SoftmaxBackward0");
+    ml__op_gin(o, S3);
+    ml__op_gout(o, P);
+    uint16_t probs = ml__kit_dropout(g, a->dropout, P, "NativeDropoutBackward0 (attention)", true,
+                                     false);
+    if (a->probs_cast) {
+        uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE,
+                                     MLG_T_CORE);
+        o = unary(g, MLG_OP_COPY, "to (autocast, probabilities)", probs, Pc);
+        ml__op_free(o, probs);
+        ml__op_node(o, "ToCopyBackward0 (probabilities)");
+        ml__op_gin(o, probs);
+        ml__op_gout(o, Pc);
+        probs = Pc;
+    }
+    return probs;
+}
+
 static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
 {
     const mlg_attention *a = &L->attn;
+    if (a->bert)
+        return softmax_stream(g, L, S3);
     uint16_t Sc = a->softmax_copy ? ml__kit_scores(g, "scores (fp32 copy)", MLG_FP32, 0) : MLG_NONE;
     uint16_t P = ml__kit_scores(g, "softmax output", MLG_FP32, MLG_T_CORE);
     if (Sc != MLG_NONE)
@@ -333,7 +363,7 @@ static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
  * them as the weights); *O the PV product, *kr and *vr repeat_kv's outputs
  * (MLG_NONE: views), dropped as it returns. */
 static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr, uint16_t vh,
-                      uint16_t *O, uint16_t *krep_out, uint16_t *vrep_out)
+                      uint16_t *O, uint16_t *krep_out, uint16_t *vrep_out, uint16_t *scores)
 {
     const mlg_attention *a = &L->attn;
     uint16_t krep = a->grouped ? repeat_kv(g, a, kr, "ExpandBackward0 (repeat_kv of k)") : kr;
@@ -395,6 +425,7 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
         ml__op_free(o, S2);
     }
     uint16_t probs = softmax_fp32(g, L, S3);
+    *scores = a->bert ? S3 : MLG_NONE; /* bound until the attention returns */
     if (vc != MLG_NONE)
         unary(g, MLG_OP_COPY, "contiguous (v for bmm)", vrep, vc);
     *O = ml__kit_pv(g, probs, vb, vc);
@@ -425,21 +456,6 @@ static uint16_t fused(ml_graph *g, uint16_t qr, uint16_t kr, uint16_t vh)
     return O;
 }
 
-/* Frees each storage of t[0 .. n) once, after op o. */
-static void free_storages(ml_graph *g, mlg_op *o, const uint16_t *t, unsigned n)
-{
-    for (unsigned i = 0; i < n; i++) {
-        if (t[i] == MLG_NONE)
-            continue;
-        const uint16_t s = ml__graph_storage(g, t[i]);
-        bool seen = false;
-        for (unsigned j = 0; j < o->nfree; j++)
-            seen |= ml__graph_storage(g, o->free[j]) == s;
-        if (!seen)
-            ml__op_free(o, s);
-    }
-}
-
 uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *held,
                               uint16_t *k, uint16_t *v)
 {
@@ -461,17 +477,29 @@ uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint1
         }
     }
     uint16_t O, probs = MLG_NONE, krep = MLG_NONE, vrep = MLG_NONE;
+    uint16_t S3 = MLG_NONE;
     if (a->fused_kernel)
         O = fused(g, qr, kr, p.vh);
     else
-        probs = eager(g, L, qr, kr, p.vh, &O, &krep, &vrep);
-    uint16_t Oc, y = ml__kit_attention_out(g, L, O, krep, vrep, &Oc);
+        probs = eager(g, L, qr, kr, p.vh, &O, &krep, &vrep, &S3);
+    if (a->bert) {
+        /* BertSelfAttention returns the context alone: q, k, v, the
+         * scores and the probabilities go; BertSelfOutput's dense and
+         * dropout follow; the context is the layer's to drop */
+        const uint16_t go[5] = {p.q, p.k, p.v, S3, probs};
+        uint16_t Oc, y = ml__kit_attention_out(g, L, O, go, 5, &Oc);
+        *k = *v = MLG_NONE;
+        *held = Oc;
+        return y;
+    }
+    const uint16_t rep[2] = {krep, vrep};
+    uint16_t Oc, y = ml__kit_attention_out(g, L, O, rep, 2, &Oc);
     /* the attention returns: its projection's input, q, and k and v
      * unless the KV cache keeps them (to the layer's end); its weights
      * stay bound in the layer */
     mlg_op *o = ml__graph_release(g, "attention returns");
     const uint16_t go[4] = {Oc, qr, a->cache ? MLG_NONE : kr, a->cache ? MLG_NONE : p.vh};
-    free_storages(g, o, go, 4);
+    ml__kit_free_storages(g, o, go, 4);
     *k = a->cache ? kr : MLG_NONE;
     *v = a->cache ? p.vh : MLG_NONE;
     *held = probs;
@@ -529,50 +557,4 @@ uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
     if (p->out_grad)
         ml__op_gout(o, M);
     return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false, true);
-}
-
-/* A tensor of x's shape and dtype. */
-static uint16_t like(ml_graph *g, const char *name, uint16_t x, uint8_t flags)
-{
-    const mlg_tensor *s = &g->t[x];
-    uint16_t t = s->ndim == 4 ? ml__graph_tensor(g, name, s->dtype, MLG_ACT, 4, s->dim[0],
-                                                 s->dim[1], s->dim[2], s->dim[3])
-                              : ml__graph_tensor(g, name, s->dtype, MLG_ACT, 3, s->dim[0],
-                                                 s->dim[1], s->dim[2]);
-    if (t != MLG_NONE)
-        g->t[t].flags |= flags;
-    return t;
-}
-
-uint16_t ml__kit_softcap(ml_graph *g, uint16_t x, bool attention)
-{
-    /* the logits' cap: one of the block rule's transients (as large as the
-     * logits); the scores' tanh output belongs to the attention core */
-    uint16_t d = like(g, "x / cap", x, attention ? 0 : MLG_T_TMP);
-    uint16_t t = like(g, attention ? "attention softcap tanh output" : "final softcap tanh output",
-                      x, attention ? MLG_T_CORE : 0);
-    uint16_t y = like(g, "tanh * cap", x, 0);
-    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "div (softcap)");
-    ml__op_in(o, x);
-    ml__op_out(o, d);
-    ml__op_free(o, x);
-    ml__op_node(o, attention ? "DivBackward0 (scores / softcap)" : "DivBackward0 (logits / softcap)");
-    ml__op_gin(o, x);
-    ml__op_gout(o, d);
-    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "tanh");
-    ml__op_in(o, d);
-    ml__op_out(o, t);
-    ml__op_save(o, t);
-    ml__op_free(o, d);
-    ml__op_node(o, attention ? "TanhBackward0 (softcap)" : "TanhBackward0 (final softcap)");
-    ml__op_gin(o, d);
-    ml__op_gout(o, t);
-    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "mul (softcap)");
-    ml__op_in(o, t);
-    ml__op_out(o, y);
-    ml__op_free(o, t);
-    ml__op_node(o, "MulBackward0 (tanh * softcap)");
-    ml__op_gin(o, t);
-    ml__op_gout(o, y);
-    return y;
 }

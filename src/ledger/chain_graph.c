@@ -48,7 +48,8 @@ static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_gr
     ml__graph_bytes(&G->g, z, G->tb);
     if (z->overflow)
         ch->overflow = true;
-    G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER && !m->image_size;
+    G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER && !m->image_size &&
+                  !m->parallel_residual;
     return true;
 }
 

@@ -269,7 +269,7 @@ void ml_ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
          * skip holds, after the MLP's input gradient it consumes */
         uint64_t gD = ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w);
         ml_ck_accum(ch, b, gD);
-        ml_ck_node(ch, b, "NativeLayerNormBackward0 (ln_2)", gD, ml_mul(ch, np, ch->prec.grad),
+        ml_ck_node(ch, b, "NativeLayerNormBackward0", gD, ml_mul(ch, np, ch->prec.grad),
                    gD, s2, SIZE_MAX);
         nb = ch->prec.w;
     } else {

@@ -1,7 +1,9 @@
 /* colocate's reports: text, JSON and an SVG of the jobs started together
  * (docs/colocate.md). */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "memledger/report.h"
@@ -87,16 +89,18 @@ int ml_report_colocate_json(FILE *f, const ml_ledger *const *jobs, const char *c
 
 #define COLOCATE_POINTS 1200
 
+static const char *const job_colors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759",
+                                         "#76b7b2", "#edc948", "#b07aa1", "#9c755f"};
+#define JOB_COLORS (sizeof job_colors / sizeof job_colors[0])
+
 /* The jobs' curves stacked over the longest period, started together. */
 static void stacked(FILE *f, const ml_svg_chart *c, const ml_ledger *const *jobs, size_t n,
                     double H)
 {
-    static const char *const colors[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759",
-                                         "#76b7b2", "#edc948", "#b07aa1", "#9c755f"};
     for (size_t j = n; j-- > 0;) {
         /* the top edge of jobs 0..j: later jobs drawn first, underneath */
-        fprintf(f, "<polygon fill=\"%s\" fill-opacity=\"0.85\" points=\"%.1f,%.1f", colors[j % 8],
-                c->x0, ml_svg_py(c, 0));
+        fprintf(f, "<polygon fill=\"%s\" fill-opacity=\"0.85\" points=\"%.1f,%.1f",
+                job_colors[j % JOB_COLORS], c->x0, ml_svg_py(c, 0));
         for (int k = 0; k <= COLOCATE_POINTS; k++) {
             const double t = H * k / COLOCATE_POINTS;
             uint64_t sum = 0;
@@ -106,9 +110,17 @@ static void stacked(FILE *f, const ml_svg_chart *c, const ml_ledger *const *jobs
                     ml_svg_py(c, (double)sum));
         }
         fprintf(f, " %.1f,%.1f\"/>\n", c->x0 + c->w, ml_svg_py(c, 0));
-        fprintf(f, "<rect x=\"830\" y=\"%.1f\" width=\"14\" height=\"10\" fill=\"%s\"/>\n",
-                c->y0 + 4 + 20.0 * (double)j, colors[j % 8]);
     }
+}
+
+/* A job's legend text: its number (as the text report's) and its name. */
+static char *job_label(size_t j, const char *name)
+{
+    size_t len = strlen(name) + 24;
+    char *s = malloc(len);
+    if (s)
+        snprintf(s, len, "%zu. %s", j + 1, name);
+    return s;
 }
 
 int ml_report_colocate_svg(FILE *f, const ml_ledger *const *jobs, const char *const *names,
@@ -119,25 +131,43 @@ int ml_report_colocate_svg(FILE *f, const ml_ledger *const *jobs, const char *co
     double H = 0;
     for (size_t j = 0; j < n; j++)
         H = fmax(H, ml_ledger_summary(jobs[j])->step_time_s);
-    ml_svg_header(f, 1040, 580);
+    /* the legend under the plot, every name whole (wrapped), the picture
+     * as tall as it needs */
+    int lines = 0;
+    for (size_t j = 0; j < n; j++) {
+        char *label = job_label(j, names[j]);
+        if (!label)
+            return -1;
+        lines += ml_svg_legend_entry(NULL, 0, "", NULL, label);
+        free(label);
+    }
+    const double legend_y = c.y0 + c.h + ML_SVG_LEGEND_GAP;
+    ml_svg_header(f, (int)ML_SVG_WIDTH,
+                  (int)ceil(legend_y + ML_SVG_LEGEND_LINE * lines + ML_SVG_LEGEND_PAD));
     fprintf(f, "<text x=\"20\" y=\"26\" font-size=\"17\" font-weight=\"bold\">%zu jobs on one "
                "device, started together</text>\n",
             n);
     ml_svg_y_axis(f, &c);
-    if (r->timed && H > 0)
+    const bool timed = r->timed && H > 0;
+    if (timed)
         stacked(f, &c, jobs, n, H);
+    double ly = legend_y;
     for (size_t j = 0; j < n; j++) {
-        fprintf(f, "<text x=\"850\" y=\"%.1f\" font-size=\"12\">", c.y0 + 13 + 20.0 * (double)j);
-        ml_svg_escape(f, names[j]);
-        fputs("</text>\n", f);
+        char *label = job_label(j, names[j]);
+        if (!label)
+            return -1;
+        ly += ML_SVG_LEGEND_LINE *
+              ml_svg_legend_entry(f, ly, job_colors[j % JOB_COLORS], NULL, label);
+        free(label);
     }
     ml_svg_hline(f, &c, r->memory, "#222", NULL, "device", false);
     ml_svg_hline(f, &c, r->worst_total, "#d62728", "6,4", "peaks lined up", true);
-    if (r->timed && H > 0)
+    if (timed) {
+        ml_svg_x_axis_time(f, &c, H);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">seconds "
                    "after the common start (0 to %.4g s, the longest step)</text>\n",
                 c.x0 + c.w / 2, c.y0 + c.h + 34, H);
-    else
+    } else
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">no time "
                    "axis: a job has no step time</text>\n",
                 c.x0 + c.w / 2, c.y0 + c.h + 34);

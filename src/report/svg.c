@@ -4,12 +4,12 @@
  * external resources. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "memledger/report.h"
 #include "report/report_internal.h"
 #include "report/svg_internal.h"
-#include "util/utf8.h"
 
 /* bottom to top: what is resident all iteration first */
 static const ml_category stack_order[ML_CAT_COUNT] = {
@@ -37,32 +37,6 @@ double ml_svg_py(const chart *c, double bytes)
 }
 
 #define py ml_svg_py
-
-/* XML 1.0's Char production (section 2.2) allows tab, LF, CR, U+0020 to
- * U+D7FF, U+E000 to U+FFFD and U+10000 to U+10FFFF: a control byte is
- * dropped (a name's tab or newline means nothing in a label), and a byte
- * that is not UTF-8, or U+FFFE or U+FFFF (EF BF BE, EF BF BF), becomes
- * U+FFFD, as the JSON writers do; ml_utf8_len already refuses surrogates
- * and anything above U+10FFFF. */
-void ml_svg_escape(FILE *f, const char *s)
-{
-    for (const unsigned char *p = (const unsigned char *)s; *p;) {
-        const size_t n = ml_utf8_len(p);
-        switch (*p) {
-        case '&': fputs("&amp;", f); break;
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '"': fputs("&quot;", f); break;
-        case '\'': fputs("&apos;", f); break;
-        default:
-            if (!n || (n == 3 && p[0] == 0xEF && p[1] == 0xBF && p[2] >= 0xBE))
-                fputs("\xEF\xBF\xBD", f); /* U+FFFD */
-            else if (*p >= 0x20)
-                fwrite(p, 1, n, f);
-        }
-        p += n ? n : 1;
-    }
-}
 
 /* Axis: a binary unit and a 1-2-5 step giving 4 to 10 ticks. */
 void ml_svg_y_axis(FILE *f, const chart *c)
@@ -210,8 +184,7 @@ static size_t sample(const ml_ledger *l, const xmap *a, size_t *idx)
                     : ml_svg_sample(l, idx, SVG_POINTS);
 }
 
-/* The x axis's ticks in seconds: a 1-2-5 step giving 4 to 10 of them. */
-static void x_axis_time(FILE *f, const chart *c, double T)
+void ml_svg_x_axis_time(FILE *f, const chart *c, double T)
 {
     double step = pow(10, floor(log10(T)));
     while (T / step > 10)
@@ -236,30 +209,45 @@ void ml_svg_header(FILE *f, int w, int h)
             w, h, w, h);
 }
 
-static void title(FILE *f, const ml_model *m, const ml_config *cfg, const char *what)
+/* The title and the settings line, each wrapped to the picture's width w
+ * (a long model name or checkpoint list takes more lines, never leaves the
+ * picture); with_checkpoint false on a chart whose curves are the policies
+ * (compare), where one policy would mislead. f NULL: writes nothing.
+ * Returns how much lower the chart starts than under a one-line title and
+ * settings line, in SVG units; -1 when out of memory. */
+static double title(FILE *f, double w, const ml_model *m, const ml_config *cfg,
+                    const char *what, bool with_checkpoint)
 {
-    char ck[1200];
+    const char *name = ml_model_name(m);
+    size_t tn = strlen(name) + strlen(what) + 8;
+    char *t = malloc(tn);
+    if (!t)
+        return -1;
+    snprintf(t, tn, "%s — %s", name, what);
+    char ck[1200], sl[96] = "", set[1600];
     ml_checkpoint_format(&cfg->training.checkpoint, ck, sizeof ck);
-    fputs("<text x=\"20\" y=\"26\" font-size=\"17\" font-weight=\"bold\">", f);
-    ml_svg_escape(f, ml_model_name(m));
-    fprintf(f, " — %s</text>\n", what);
-    char sl[96] = "";
     if (cfg->training.seq_len > 1) {
         sl[0] = ',';
         sl[1] = ' ';
         ml_report_lengths(m, &cfg->training, sl + 2, sizeof sl - 2);
     }
-    fprintf(f, "<text x=\"20\" y=\"46\" font-size=\"12\" fill=\"#444\">micro_batch %llu%s, "
-               "grad_accum %llu, %s, %s (%s), checkpoint ",
-            (unsigned long long)cfg->training.micro_batch, sl,
-            (unsigned long long)cfg->training.grad_accum,
-            ml_precision_name(cfg->training.precision), ml_optimizer_name(cfg->training.optimizer),
-            ml_optimizer_impl_name(cfg->training.optimizer_impl));
-    ml_svg_escape(f, ck);
-    if (cfg->training.data_parallel > 1 || cfg->training.zero)
-        fprintf(f, ", %llu devices, ZeRO %u", (unsigned long long)cfg->training.data_parallel,
-                cfg->training.zero);
-    fputs("</text>\n", f);
+    int k = snprintf(set, sizeof set, "micro_batch %llu%s, grad_accum %llu, %s, %s (%s)",
+                     (unsigned long long)cfg->training.micro_batch, sl,
+                     (unsigned long long)cfg->training.grad_accum,
+                     ml_precision_name(cfg->training.precision),
+                     ml_optimizer_name(cfg->training.optimizer),
+                     ml_optimizer_impl_name(cfg->training.optimizer_impl));
+    if (with_checkpoint && k >= 0 && (size_t)k < sizeof set)
+        k += snprintf(set + k, sizeof set - (size_t)k, ", checkpoint %s", ck);
+    if ((cfg->training.data_parallel > 1 || cfg->training.zero) && k >= 0 &&
+        (size_t)k < sizeof set)
+        snprintf(set + k, sizeof set - (size_t)k, ", %llu devices, ZeRO %u",
+                 (unsigned long long)cfg->training.data_parallel, cfg->training.zero);
+    int tl = ml_svg_text_wrapped(f, 20, 26, 21, 17, true, NULL, w - 40, t);
+    free(t);
+    int nl = ml_svg_text_wrapped(f, 20, 46 + 21.0 * (tl - 1), 16, 12, false,
+                                 " fill=\"#444\"", w - 40, set);
+    return 21.0 * (tl - 1) + 16.0 * (nl - 1);
 }
 
 /* The phase bands behind the chart, each labelled where it is wide enough;
@@ -366,12 +354,22 @@ static void peak_marker(FILE *f, const chart *c, const ml_summary *s, const xmap
         fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"none\" stroke=\"#d62728\" "
                    "stroke-width=\"2\"/>\n",
                 x, y);
+        /* beside the marker, on its left near the right end; moved along,
+         * never out of the plot, when its width (ml_svg_text_width) needs */
+        char label[192];
+        snprintf(label, sizeof label, "allocator peak %s at %s (%s)", b, s->peak_step,
+                 ml_phase_name(s->peak_phase));
+        const double w = ml_svg_text_width(label, strlen(label), 12, true);
+        double lx = x > c->x0 + c->w * 0.7 ? x - 8 - w : x + 8;
+        if (lx + w > c->x0 + c->w)
+            lx = c->x0 + c->w - w;
+        if (lx < c->x0)
+            lx = c->x0;
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"bold\" "
-                   "fill=\"#d62728\" text-anchor=\"%s\">allocator peak %s at ",
-                x + (x > c->x0 + c->w * 0.7 ? -8 : 8), y - 8,
-                x > c->x0 + c->w * 0.7 ? "end" : "start", b);
-        ml_svg_escape(f, s->peak_step);
-        fprintf(f, " (%s)</text>\n", ml_phase_name(s->peak_phase));
+                   "fill=\"#d62728\">",
+                lx, y - 8);
+        ml_svg_escape(f, label);
+        fputs("</text>\n", f);
     }
 }
 
@@ -393,6 +391,8 @@ static void legend(FILE *f, const chart *c, const ml_summary *s)
     }
 }
 
+#define TIMELINE_TITLE "memory over one training iteration"
+
 int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
 {
     const ml_summary *s = ml_ledger_summary(l);
@@ -401,7 +401,10 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     const xmap x = {ev, n > 1 ? (double)(n - 1) : 1, ml_svg_time_end(l)};
     size_t idx[SVG_POINTS];
     size_t np = sample(l, &x, idx);
-    chart c = {ML_SVG_X0, 70, ML_SVG_W, 420, (double)s->peak};
+    const double drop = title(NULL, 1040, m, cfg, TIMELINE_TITLE, true);
+    if (drop < 0)
+        return -1;
+    chart c = {ML_SVG_X0, 70 + drop, ML_SVG_W, 420, (double)s->peak};
     if (s->has_device && (double)s->memory > c.ymax)
         c.ymax = (double)s->memory;
     if (s->has_reserved && (double)s->reserved_peak > c.ymax)
@@ -409,8 +412,8 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     if (c.ymax <= 0)
         c.ymax = 1;
     c.ymax *= 1.06;
-    ml_svg_header(f, 1040, 580);
-    title(f, m, cfg, "memory over one training iteration");
+    ml_svg_header(f, 1040, (int)ceil(580 + drop));
+    title(f, 1040, m, cfg, TIMELINE_TITLE, true);
     phase_bands(f, &c, &x, n);
     ml_svg_y_axis(f, &c);
     stacked_areas(f, &c, &x, idx, np);
@@ -421,7 +424,7 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
         ml_svg_hline(f, &c, s->reserved_peak, "#9467bd", "8,3", "reserved (simulated)", false);
     peak_marker(f, &c, s, &x, n);
     if (x.T > 0)
-        x_axis_time(f, &c, x.T);
+        ml_svg_x_axis_time(f, &c, x.T);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">",
             c.x0 + c.w / 2, c.y0 + c.h + 34);
     fprintf(f, x.T > 0 ? "seconds into one training iteration (%zu events)</text>\n"
@@ -432,12 +435,27 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     return ferror(f) ? -1 : 0;
 }
 
+/* Seven policies and more: a colour and a dash pattern each (the first
+ * solid), so that no two curves look alike and identical plans, drawn on
+ * top of each other, still show both patterns. */
+static const char *const compare_colors[] = {"#4e79a7", "#e15759", "#f28e2b", "#76b7b2",
+                                             "#59a14f", "#edc948", "#b07aa1", "#9c755f"};
+static const char *const compare_dashes[] = {"",      "8,4",     "2,3",    "12,3,3,3",
+                                             "5,5",   "1,4",     "9,2,2,2,2,2", "16,4"};
+_Static_assert(sizeof compare_colors / sizeof compare_colors[0] ==
+                   sizeof compare_dashes / sizeof compare_dashes[0],
+               "a colour per dash pattern");
+#define COMPARE_STYLES (sizeof compare_colors / sizeof compare_colors[0])
+
+#define COMPARE_TITLE "checkpoint policies compared"
+
 int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
                           const ml_ledger *const *ls, const char *const *names, size_t n)
 {
-    static const char *const colors[] = {"#4e79a7", "#e15759", "#f28e2b", "#76b7b2",
-                                         "#59a14f", "#edc948", "#b07aa1", "#9c755f"};
-    chart c = {90, 70, 720, 420, 1};
+    const double drop = title(NULL, ML_SVG_WIDTH, m, cfg, COMPARE_TITLE, false);
+    if (drop < 0)
+        return -1;
+    chart c = {90, 70 + drop, 720, 420, 1};
     for (size_t i = 0; i < n; i++) {
         const ml_summary *s = ml_ledger_summary(ls[i]);
         if ((double)s->peak > c.ymax)
@@ -446,8 +464,22 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
             c.ymax = (double)s->memory;
     }
     c.ymax *= 1.06;
-    ml_svg_header(f, 1040, 580);
-    title(f, m, cfg, "checkpoint policies compared");
+    /* the legend under the x axis's caption, each entry's lines counted
+     * first: the picture grows to hold them all */
+    char (*entry)[320] = n ? calloc(n, sizeof *entry) : NULL;
+    if (n && !entry)
+        return -1;
+    int lines = 0;
+    for (size_t i = 0; i < n; i++) {
+        char b[32];
+        ml_format_bytes(ml_ledger_summary(ls[i])->peak, b, sizeof b);
+        snprintf(entry[i], sizeof entry[i], "%s (allocator peak %s)", names[i], b);
+        lines += ml_svg_legend_entry(NULL, 0, "", NULL, entry[i]);
+    }
+    const double legend_y = c.y0 + c.h + ML_SVG_LEGEND_GAP;
+    ml_svg_header(f, (int)ML_SVG_WIDTH,
+                  (int)ceil(legend_y + ML_SVG_LEGEND_LINE * lines + ML_SVG_LEGEND_PAD));
+    title(f, ML_SVG_WIDTH, m, cfg, COMPARE_TITLE, false);
     ml_svg_y_axis(f, &c);
     /* a common seconds axis when every policy's events have a time: a
      * policy that recomputes more draws a longer curve */
@@ -461,14 +493,16 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
         T = fmax(T, Ti);
     }
     size_t idx[SVG_POINTS];
+    double ly = legend_y;
     for (size_t i = 0; i < n; i++) {
         const ml_event *ev = ml_ledger_events(ls[i]);
         size_t ne = ml_ledger_event_count(ls[i]);
         const xmap x = {ev, ne > 1 ? (double)(ne - 1) : 1, T};
         size_t np = sample(ls[i], &x, idx);
-        /* later curves dashed, so that identical plans stay visible */
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\"%s points=\"",
-                colors[i % 8], i ? " stroke-dasharray=\"5,3\"" : "");
+        const char *color = compare_colors[i % COMPARE_STYLES];
+        const char *dash = compare_dashes[i % COMPARE_STYLES];
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\"%s%s%s points=\"",
+                color, *dash ? " stroke-dasharray=\"" : "", dash, *dash ? "\"" : "");
         for (size_t j = 0; j < np; j++) {
             if (j && T > 0) /* a step: the level holds until the event */
                 fprintf(f, " %.1f,%.1f", ex(&c, &x, idx[j]),
@@ -477,23 +511,16 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
                     py(&c, (double)total_of(&ev[idx[j]])));
         }
         fputs("\"/>\n", f);
-        char b[32];
-        ml_format_bytes(ml_ledger_summary(ls[i])->peak, b, sizeof b);
-        double ly = c.y0 + 10 + 22.0 * (double)i;
-        fprintf(f, "<rect x=\"830\" y=\"%.1f\" width=\"14\" height=\"4\" fill=\"%s\"/>\n", ly + 5,
-                colors[i % 8]);
-        fputs("<text x=\"850\" y=\"", f);
-        fprintf(f, "%.1f\" font-size=\"12\">", ly + 11);
-        ml_svg_escape(f, names[i]);
-        fprintf(f, " (allocator peak %s)</text>\n", b);
+        ly += ML_SVG_LEGEND_LINE * ml_svg_legend_entry(f, ly, color, dash, entry[i]);
     }
+    free(entry);
     const ml_summary *s0 = n ? ml_ledger_summary(ls[0]) : NULL;
     if (s0 && s0->has_device) {
         ml_svg_hline(f, &c, s0->memory, "#222", NULL, "device", false);
         ml_svg_hline(f, &c, s0->budget, "#d62728", "6,4", "budget", true);
     }
     if (T > 0)
-        x_axis_time(f, &c, T);
+        ml_svg_x_axis_time(f, &c, T);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n",
             c.x0 + c.w / 2, c.y0 + c.h + 34,
             T > 0 ? "seconds into one training iteration (each policy at its own step time)"

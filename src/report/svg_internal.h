@@ -13,6 +13,16 @@
 /* The timeline chart's plot area in SVG units (viewBox 1040 x 580). */
 #define ML_SVG_X0 90.0
 #define ML_SVG_W 720.0
+/* compare's and colocate's width (the plot ends at x 810), and their legend:
+ * its first line's baseline below the plot area (clear of the x axis's
+ * ticks and caption), the line spacing, the room under the last line, the
+ * swatch's length and where the entries' text starts. */
+#define ML_SVG_WIDTH 840.0
+#define ML_SVG_LEGEND_GAP 64.0
+#define ML_SVG_LEGEND_LINE 17.0
+#define ML_SVG_LEGEND_PAD 12.0
+#define ML_SVG_SWATCH 26.0
+#define ML_SVG_LEGEND_TEXT_X 54.0
 
 /* A chart's plot area in SVG units and the top of its byte axis. */
 typedef struct ml_svg_chart {
@@ -29,6 +39,27 @@ void ml_svg_y_axis(FILE *f, const ml_svg_chart *c);
 /* A horizontal line at `bytes`, labelled at its right end (or left). */
 void ml_svg_hline(FILE *f, const ml_svg_chart *c, uint64_t bytes, const char *color,
                   const char *dash, const char *label, bool left);
+
+/* ml_svg_escape on the first len bytes of s (or up to its NUL). */
+void ml_svg_escape_n(FILE *f, const char *s, size_t len);
+/* An upper bound on the width, in SVG units, of the first len bytes of s
+ * set in DejaVu Sans (Bold) at font-size `size` (its advance widths;
+ * kerning only narrows a line). */
+double ml_svg_text_width(const char *s, size_t len, double size, bool bold);
+/* Writes s as <text> lines from (x, y) down, line_h apart, each at most
+ * max_w wide (ml_svg_text_width): broken at a space where there is one,
+ * else between characters; attrs (or NULL) goes into each element. f NULL:
+ * writes nothing. Returns the number of lines (at least 1). */
+int ml_svg_text_wrapped(FILE *f, double x, double y, double line_h, double size, bool bold,
+                        const char *attrs, double max_w, const char *s);
+/* One legend entry at baseline y (see ML_SVG_LEGEND_*): a stroke of the
+ * curve's colour and dash ("" solid) when dash is not NULL, else a filled
+ * square, then text wrapped to the picture's width. f NULL: writes
+ * nothing. Returns the entry's number of lines. */
+int ml_svg_legend_entry(FILE *f, double y, const char *color, const char *dash,
+                        const char *text);
+/* The x axis's ticks in seconds, 0 to T: a 1-2-5 step giving 4 to 10. */
+void ml_svg_x_axis_time(FILE *f, const ml_svg_chart *c, double T);
 
 /* The latest event time when every event has one, else 0: the chart's x
  * axis is then seconds (0..T), else the event index. */

@@ -1,6 +1,8 @@
 #!/bin/sh
 # Renders what people look at, with real renderers: every SVG must be
-# well-formed XML (xmllint) and render to a non-blank PNG (rsvg-convert); the
+# well-formed XML (xmllint), render to a non-blank PNG (rsvg-convert), and
+# show all its text inside its picture with curves that can be told apart
+# (svg_text_fits.py: text extents from DejaVu Sans's own metrics); the
 # HTML report must load in headless Chromium without console errors, run its
 # script, and screenshot to a non-blank PNG.
 set -u
@@ -24,12 +26,28 @@ svg_check() {
     else
         bad "$name.svg: rendering"
     fi
+    if /usr/bin/python3 "$here/svg_text_fits.py" "$tmp/$name.svg"; then
+        ok "$name.svg: every text inside the viewBox, every curve drawn its own way"
+    else
+        bad "$name.svg: text outside the picture or curves alike"
+    fi
 }
 
 svg_check gpt2-timeline timeline "$models/gpt2-small.yaml" --format svg --precision amp-bf16 --micro-batch 2 --device 8GiB --budget 6.5GiB
 svg_check resnet-timeline timeline "$models/cifar10-resnet.yaml" --format svg
 svg_check llama-zero3-timeline timeline "$models/llama-2-7b.yaml" --format svg --data-parallel 8 --zero 3 --grad-accum 2
 svg_check gpt2-compare compare "$models/gpt2-small.yaml" --format svg --micro-batch 2 --device 8GiB
+# the policies' long notes ("full, not needed: none fits") in the legend
+svg_check gpt2-compare-budget compare "$models/gpt2-small.yaml" --format svg --micro-batch 8 --device 8GiB --budget 6.5GiB --peak-tflops 100
+svg_check llama-zero3-compare compare "$models/llama-2-7b.yaml" --format svg --data-parallel 8 --zero 3 --device 80GiB
+# a name wider than the picture: the title wraps and the chart moves down
+svg_check long-name-timeline timeline "$here/long-name.yaml" --format svg --peak-tflops 1e-9
+svg_check long-name-compare compare "$here/long-name.yaml" --format svg
+# colocate: job names whole, however long, and a seconds axis
+long_job="$models/gpt2-small.yaml --micro-batch 2 --precision amp-bf16 --optimizer adamw --peak-tflops 100 --checkpoint selective --grad-accum 4 --seq-len 512"
+svg_check colocate colocate --device 24GiB --format svg "$models/gpt2-small.yaml --micro-batch 2 --peak-tflops 100" \
+    "$models/cifar10-resnet.yaml --peak-tflops 100" "$long_job" "$models/mlp2.yaml --peak-tflops 100"
+svg_check colocate-untimed colocate --device 24GiB --format svg "$models/gpt2-small.yaml --micro-batch 2" "$long_job"
 # a name with U+FFFE and U+FFFF, which XML 1.0 forbids (issue 42)
 xml_chars="$here/../cli/cases/timeline-svg-xml-chars/m.yaml"
 svg_check xml-chars-timeline timeline "$xml_chars" --format svg

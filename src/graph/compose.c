@@ -1,0 +1,165 @@
+/* The layers and heads as compositions of the kit's components (kit.h):
+ * a pre-norm layer (GPT-2's, Llama's, Gemma's and Gemma 2's post norms,
+ * Phi-3's, OLMo's, ViT's), GPT-NeoX's parallel one, BERT's post-norm one,
+ * a decoder's LM head. Each reads as the reference implementation's
+ * forward reads; docs/graph.md. */
+#include <stddef.h>
+
+#include "graph/kit.h"
+
+/* The group of a layer's component: its rank in the order the layer's
+ * modules register their parameters. */
+uint8_t ml__kit_group(const mlg_layer *L, unsigned component)
+{
+    /* nanoGPT's Block: ln_1, attn, ln_2, mlp; HF's decoder layers:
+     * self_attn (Phi-3: o_proj first), mlp, input_layernorm,
+     * post_attention_layernorm (Gemma 2: the attention's post norm), then
+     * Gemma 2's pre_feedforward_layernorm and post_feedforward_layernorm */
+    static const uint8_t hf[MLG_GROUPS] = {
+        [MLG_GROUP_ATTN_O] = 0,    [MLG_GROUP_ATTN] = 1,  [MLG_GROUP_MLP] = 2,
+        [MLG_GROUP_NORM1] = 3,     [MLG_GROUP_POST_ATTN] = 4, [MLG_GROUP_NORM2] = 5,
+        [MLG_GROUP_POST_MLP] = 6};
+    return L->hf_order ? hf[component] : (uint8_t)component;
+}
+
+static uint8_t group(const mlg_layer *L, unsigned component)
+{
+    return ml__kit_group(L, component);
+}
+
+/* Gemma 2's norm of a branch's output y (before its residual add); y goes
+ * unless the norm saved it. */
+static uint16_t post_norm(ml_graph *g, const mlg_layer *L, uint16_t y, unsigned component)
+{
+    if (!L->post_norms)
+        return y;
+    g->group = group(L, component);
+    uint16_t z = ml__kit_norm(g, &L->post, y, false);
+    ml__op_free(ml__graph_release(g, "branch output rebound"), y);
+    return z;
+}
+
+/* GPT-NeoX's layer (GPTNeoXLayer with use_parallel_residual): both norms
+ * read the input, whose gradient buffer the skip holds; the attention's
+ * and the MLP's outputs are added to it. */
+static void parallel_layer(ml_graph *g, const mlg_layer *L, uint16_t x)
+{
+    uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
+    g->group = group(L, MLG_GROUP_NORM1);
+    uint16_t h = ml__kit_norm(g, &L->norm, x, true);
+    g->group = group(L, MLG_GROUP_ATTN);
+    uint16_t a = ml__kit_hf_attention(g, L, h, &held, &ck, &cv);
+    ml__op_free(ml__graph_release(g, "norm output (an argument) goes"), h);
+    g->group = group(L, MLG_GROUP_NORM2);
+    h = ml__kit_norm(g, &L->norm, x, true);
+    g->group = group(L, MLG_GROUP_MLP);
+    uint16_t m = ml__kit_mlp(g, L, h, NULL);
+    ml__op_free(ml__graph_release(g, "norm output (an argument) goes"), h);
+    /* mlp_output + attn_output + hidden_states */
+    uint16_t t = ml__kit_residual(g, m, a);
+    uint16_t out = ml__kit_residual(g, x, t);
+    (void)out;
+    mlg_op *o = ml__graph_release(g, "layer returns");
+    ml__op_free(o, m);
+    ml__op_free(o, held);
+    ml__op_free(o, ck);
+    ml__op_free(o, cv);
+}
+
+/* HF BertLayer: BertAttention (BertSelfAttention, then BertSelfOutput:
+ * dense, dropout, LayerNorm(h + input)), then feed_forward_chunk:
+ * BertIntermediate (dense, act), whose output it holds through BertOutput
+ * (dense, dropout, LayerNorm(h + attention output)). Each sum's addends
+ * stay bound through its LayerNorm; the parameters as BertLayer registers
+ * them: the attention's, its LayerNorm, the MLP's, the last LayerNorm. */
+static void postnorm_layer(ml_graph *g, const mlg_layer *L, uint16_t x)
+{
+    uint16_t ctx = MLG_NONE, ck, cv, kept = MLG_NONE;
+    g->group = ml__kit_group(L, MLG_GROUP_ATTN);
+    uint16_t a = ml__kit_hf_attention(g, L, x, &ctx, &ck, &cv);
+    uint16_t r = ml__kit_add(g, x, a); /* the stream's dtype (autocast promotes) */
+    g->group = ml__kit_group(L, MLG_GROUP_POST_ATTN);
+    uint16_t h = ml__kit_norm(g, &L->norm, r, false);
+    const uint16_t after_attn[3] = {r, a, ctx};
+    ml__kit_free_storages(g, ml__graph_release(g, "BertAttention returns"), after_attn, 3);
+    g->group = ml__kit_group(L, MLG_GROUP_MLP);
+    uint16_t m = ml__kit_mlp(g, L, h, &kept);
+    uint16_t r2 = ml__kit_add(g, h, m);
+    g->group = ml__kit_group(L, MLG_GROUP_POST_MLP);
+    uint16_t out = ml__kit_norm(g, &L->norm, r2, false);
+    (void)out;
+    const uint16_t at_return[4] = {r2, m, kept, h};
+    ml__kit_free_storages(g, ml__graph_release(g, "layer returns"), at_return, 4);
+}
+
+void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
+{
+    uint16_t x = ml__graph_tensor(g, "layer input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
+    if (L->parallel) {
+        parallel_layer(g, L, x);
+        return;
+    }
+    if (L->postnorm) {
+        postnorm_layer(g, L, x);
+        return;
+    }
+    uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
+    g->group = group(L, MLG_GROUP_NORM1);
+    uint16_t h = ml__kit_norm(g, &L->norm, x, true);
+    g->group = group(L, MLG_GROUP_ATTN);
+    uint16_t a = L->attn.hf ? ml__kit_hf_attention(g, L, h, &held, &ck, &cv)
+                            : ml__kit_attention(g, L, h);
+    ml__op_free(ml__graph_release(g, "norm output rebound"), h);
+    a = post_norm(g, L, a, MLG_GROUP_POST_ATTN);
+    uint16_t r = ml__kit_residual(g, x, a);
+    g->group = group(L, MLG_GROUP_NORM2);
+    h = ml__kit_norm(g, &L->norm, r, true);
+    g->group = group(L, MLG_GROUP_MLP);
+    uint16_t m = ml__kit_mlp(g, L, h, NULL);
+    ml__op_free(ml__graph_release(g, "norm output rebound"), h);
+    m = post_norm(g, L, m, MLG_GROUP_POST_MLP);
+    uint16_t out = ml__kit_residual(g, r, m);
+    (void)out;
+    /* the layer returns: the first sum, the attention weights HF's layer
+     * kept (`hidden_states, _ = self.self_attn(...)`), and what the KV
+     * cache took over (the replay counts the cache) */
+    mlg_op *o = ml__graph_release(g, "layer returns");
+    ml__op_free(o, r);
+    ml__op_free(o, held);
+    ml__op_free(o, ck);
+    ml__op_free(o, cv);
+}
+
+void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap)
+{
+    uint16_t x = ml__graph_tensor(g, "head input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
+    uint16_t h = ml__kit_norm(g, &L->norm, x, false);
+    if (fused)
+        return;
+    uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, MLG_V, MLG_D);
+    uint16_t logits = ml__graph_tensor(g, "logits", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_V);
+    /* the (V, D) weight: its own, or the embeddings' (tied: its gradient is
+     * first created here, counted by this block's node) */
+    uint16_t W = ml__kit_param(g, "lm_head weight", MLG_V, MLG_D);
+    if (tied && W != MLG_NONE)
+        g->t[W].flags |= MLG_T_SHARED;
+    /* the logits: h (or its autocast copy) times the (V, D) weight */
+    ml__kit_cast_ops(g, h, c, w, W);
+    const uint16_t hs = c != MLG_NONE ? c : h;
+    mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, "mm (LM head)");
+    ml__op_in(o, hs);
+    ml__op_out(o, logits);
+    ml__op_save(o, hs);
+    ml__op_save(o, w);
+    ml__op_param(o, W);
+    ml__op_flops(o, 2.0, 4, MLG_B, MLG_T, MLG_D, MLG_V);
+    ml__op_free(o, c);
+    ml__op_free(o, w);
+    ml__op_node(o, "MmBackward0 (LM head)");
+    ml__op_gin(o, h);
+    ml__op_gout(o, logits);
+    /* the model returns the logits; the norm's output goes */
+    ml__op_free(ml__graph_release(g, "head returns"), h);
+    if (softcap)
+        ml__kit_softcap(g, logits, false);
+}
