@@ -153,6 +153,12 @@ static const ml_hf_key keys[] = {
     {"position_embedding_type", ML_HF_BERT, R, "\"absolute\"|null",
      "relative_key and relative_key_query add distance embeddings and B·H·T²·dh products, "
      "which are not modelled"},
+    {"is_llama_config", ML_HF_LLAMA, I, NULL,
+     "a flag of nanotron's Llama export (SmolLM): LlamaConfig keeps it as an attribute, the "
+     "model never reads it"},
+    {"rope_interleaved", ML_HF_LLAMA, I, NULL,
+     "nanotron's rotary layout flag (SmolLM): transformers' Llama never reads it (its rotary "
+     "is rotate_half whatever the flag says)"},
     {"pretraining_tp", ML_HF_LLAMA, R, "1|null",
      "above 1, older transformers split every projection into slices, which is not modelled"},
     {"reorder_and_upcast_attn", ML_HF_GPT2, R, "false|null",

@@ -141,29 +141,65 @@ static bool value_is(const ml_node *n, const char *ok)
     return false;
 }
 
-/* Every key of the config is in the family's table; a key refused unless its
- * value is one of the table's is checked here, the others by map_config. */
+/* The family's key closest to k (NULL: none near, or out of memory). */
+static const char *closest_key(const char *k, unsigned fam)
+{
+    size_t count, n = 0;
+    const ml_hf_key *keys = ml_hf_keys(&count);
+    const char **names = malloc(count * sizeof *names);
+    for (size_t j = 0; names && j < count; j++)
+        if (keys[j].families & fam)
+            names[n++] = keys[j].key;
+    const char *near = names ? ml_closest_name(k, names, n) : NULL;
+    free(names);
+    return near;
+}
+
+/* The keys after the first unknown one (index first) that are unknown too,
+ * each with its position and the closest known key, into buf: one message
+ * names them all (as much as it holds). */
+static void other_unknown(const ml_node *r, unsigned fam, size_t first, char *buf, size_t size)
+{
+    size_t n = 0, more = 0;
+    buf[0] = '\0';
+    for (size_t i = first + 1; i < r->count; i++) {
+        const ml_node *kn = r->keys[i];
+        if (ml_hf_key_find(fam, kn->text))
+            continue;
+        const char *near = closest_key(kn->text, fam);
+        char one[160];
+        int w = snprintf(one, sizeof one, "%s%s (%u:%u%s%s%s)", n ? ", " : "; also unknown: ",
+                         kn->text, kn->line, kn->col, near ? ", did you mean '" : "",
+                         near ? near : "", near ? "'?" : "");
+        if (w > 0 && (size_t)w < sizeof one && n + (size_t)w + 24 < size) {
+            memcpy(buf + n, one, (size_t)w + 1);
+            n += (size_t)w;
+        } else {
+            more++;
+        }
+    }
+    if (more)
+        snprintf(buf + n, size - n, " and %zu more", more);
+}
+
+/* Every key of the config is in the family's table (the unknown ones named
+ * in one message, at the first's position); a key refused unless its value
+ * is one of the table's is checked here, the others by map_config. */
 ml_status ml_hf_check_keys(const ml_node *r, unsigned fam, const char *type, ml_error *err)
 {
     for (size_t i = 0; i < r->count; i++) {
         const char *k = r->keys[i]->text;
         const ml_hf_key *e = ml_hf_key_find(fam, k);
         if (!e) {
-            size_t count, n = 0;
-            const ml_hf_key *keys = ml_hf_keys(&count);
-            const char **names = malloc(count * sizeof *names);
-            for (size_t j = 0; names && j < count; j++)
-                if (keys[j].families & fam)
-                    names[n++] = keys[j].key;
-            /* (out of memory: no suggestion) */
-            const char *near = names ? ml_closest_name(k, names, n) : NULL;
-            free(names);
+            const char *near = closest_key(k, fam);
+            char others[256];
+            other_unknown(r, fam, i, others, sizeof others);
             return ml_error_at(err, r->keys[i], ML_SCHEMA,
                                "%s: not a key memledger knows for model_type '%s': it is "
                                "refused rather than ignored, since it may change what is "
-                               "planned%s%s%s (docs/hf.md lists every key)",
+                               "planned%s%s%s%s (docs/hf.md lists every key)",
                                k, type, near ? "; did you mean '" : "", near ? near : "",
-                               near ? "'?" : "");
+                               near ? "'?" : "", others);
         }
         const ml_node *v = r->items[i];
         if (e->use == ML_HF_REFUSED_UNLESS && e->ok && !value_is(v, e->ok)) {

@@ -98,6 +98,11 @@ static void test_published_counts(void **state)
     assert_int_equal(50304ull * 2048 + 16 * (4ull * 2048 * 2048 + 3ull * 2048 * 8192),
                      1176764416ull);
     assert_int_equal(hf_params("olmo-1b", NULL), 1176764416ull);
+    /* HuggingFaceTB/SmolLM2-135M: 134,515,008, its config.json as published
+     * (nanotron's is_llama_config and rope_interleaved, inert): tied, 3 kv
+     * heads of 64, the final norm D */
+    assert_int_equal(llama(30, 576, 192, 1536, 49152, true, false), 134515008ull);
+    assert_int_equal(hf_params("smollm2-135m", NULL), 134515008ull);
     /* Qwen/Qwen2-0.5B: 494,032,768 (tied, q/k/v biases, 2 kv heads of 64) */
     assert_int_equal(llama(24, 896, 128, 4864, 151936, true, true), 494032768ull);
     assert_int_equal(hf_params("qwen2-0.5b", NULL), 494032768ull);
@@ -505,6 +510,11 @@ static void test_refused_keys(void **state)
         {"llama", "\"sliding_window\": 4096",
          "sliding_window: not a key memledger knows for model_type 'llama'"},
         {"llama", "\"rope_thetta\": 10000", "did you mean 'rope_theta'?"},
+        /* every unknown key in one message, each at its position */
+        {"llama", "\"rope_thetta\": 10000, \"max_positon_embeddings\": 64",
+         "; also unknown: max_positon_embeddings ("},
+        {"llama", "\"rope_thetta\": 10000, \"max_positon_embeddings\": 64",
+         "did you mean 'max_position_embeddings'?)"},
         {"mistral", "\"attention_bias\": true",
          "MistralAttention and MixtralAttention have no biases"},
         {"qwen2", "\"attention_bias\": false", "Qwen2Attention always has q, k and v biases"},
