@@ -146,9 +146,7 @@ void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused, boo
     /* the logits: h (or its autocast copy) times the (V, D) weight */
     ml__kit_cast_ops(g, h, c, w, W);
     const uint16_t hs = c != MLG_NONE ? c : h;
-    mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, "mm (LM head)");
-    ml__op_in(o, hs);
-    ml__op_out(o, logits);
+    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, "mm (LM head)", hs, logits, NULL);
     ml__op_save(o, hs);
     ml__op_save(o, w);
     ml__op_param(o, W);

@@ -73,6 +73,20 @@ mlg_op *ml__graph_op(ml_graph *g, uint8_t kind, const char *name)
     return o;
 }
 
+mlg_op *ml__graph_step(ml_graph *g, uint8_t kind, const char *name, uint16_t x, uint16_t y,
+                       const char *node)
+{
+    mlg_op *o = ml__graph_op(g, kind, name);
+    ml__op_in(o, x);
+    ml__op_out(o, y);
+    if (node) {
+        ml__op_node(o, node);
+        ml__op_gin(o, x);
+        ml__op_gout(o, y);
+    }
+    return o;
+}
+
 mlg_op *ml__graph_release(ml_graph *g, const char *name)
 {
     return ml__graph_op(g, MLG_OP_VIEW, name);

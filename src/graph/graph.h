@@ -163,6 +163,10 @@ void ml__op_node(mlg_op *o, const char *node);
 void ml__op_gin(mlg_op *o, uint16_t t);
 void ml__op_gout(mlg_op *o, uint16_t t);
 
+/* An op reading x and making y (MLG_NONE: none); with a node (not NULL),
+ * one whose backward makes x's gradient from y's: the shape of most ops. */
+mlg_op *ml__graph_step(ml_graph *g, uint8_t kind, const char *name, uint16_t x, uint16_t y,
+                       const char *node);
 /* An op that launches nothing and only drops references (a function
  * returning, a name rebound). */
 mlg_op *ml__graph_release(ml_graph *g, const char *name);

@@ -56,16 +56,10 @@ uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_
  * kernels and bytes, before the linear that reads them. */
 void ml__kit_cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w, uint16_t W)
 {
-    if (c != MLG_NONE) {
-        mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, input)");
-        ml__op_in(o, x);
-        ml__op_out(o, c);
-    }
-    if (w != MLG_NONE) {
-        mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, weight)");
-        ml__op_in(o, W);
-        ml__op_out(o, w);
-    }
+    if (c != MLG_NONE)
+        ml__graph_step(g, MLG_OP_COPY, "to (autocast, input)", x, c, NULL);
+    if (w != MLG_NONE)
+        ml__graph_step(g, MLG_OP_COPY, "to (autocast, weight)", W, w, NULL);
 }
 
 /* The linear itself, reading xs (x or its cast copy c) and the weight copy
@@ -77,9 +71,7 @@ mlg_op *ml__kit_linear_with(ml_graph *g, const mlg_linear *lin, uint16_t x, uint
     const uint16_t bias = lin->bias ? ml__kit_param(g, "bias", lin->out, -1) : MLG_NONE;
     ml__kit_cast_ops(g, x, c, w, W);
     const uint16_t xs = c != MLG_NONE ? c : x;
-    mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, lin->name);
-    ml__op_in(o, xs);
-    ml__op_out(o, y);
+    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, lin->name, xs, y, NULL);
     ml__op_save(o, xs);
     ml__op_save(o, w);
     ml__op_param(o, W);
@@ -116,9 +108,7 @@ uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
     uint16_t h = stream(g, "layernorm output", g->t[x].dtype);
     if (h != MLG_NONE)
         g->t[h].flags |= MLG_T_TMP;
-    mlg_op *o = ml__graph_op(g, MLG_OP_NORM, "native_layer_norm");
-    ml__op_in(o, x);
-    ml__op_out(o, h);
+    mlg_op *o = ml__graph_step(g, MLG_OP_NORM, "native_layer_norm", x, h, NULL);
     ml__op_out(o, st);
     ml__op_save(o, x);
     ml__op_save(o, st);
@@ -160,9 +150,7 @@ uint16_t ml__kit_dropout(ml_graph *g, bool on, uint16_t x, const char *node, boo
         g->t[mask].flags |= MLG_T_CORE;
     }
     /* native_dropout: its output and the 1-byte mask it saves */
-    mlg_op *o = ml__graph_op(g, MLG_OP_DROPOUT, "native_dropout");
-    ml__op_in(o, x);
-    ml__op_out(o, y);
+    mlg_op *o = ml__graph_step(g, MLG_OP_DROPOUT, "native_dropout", x, y, NULL);
     ml__op_out(o, mask);
     ml__op_save(o, mask);
     ml__op_free(o, mask);
@@ -174,25 +162,28 @@ uint16_t ml__kit_dropout(ml_graph *g, bool on, uint16_t x, const char *node, boo
     return y;
 }
 
+/* The op making x + y (a new tensor of x's dtype) into *r. */
+static mlg_op *add_op(ml_graph *g, uint16_t x, uint16_t y, uint16_t *r)
+{
+    *r = stream(g, "sum", g->t[x].dtype);
+    mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add", x, *r, NULL);
+    ml__op_in(o, y);
+    return o;
+}
+
 uint16_t ml__kit_add(ml_graph *g, uint16_t x, uint16_t y)
 {
-    uint16_t r = stream(g, "sum", g->t[x].dtype);
-    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "add");
-    ml__op_in(o, x);
-    ml__op_in(o, y);
-    ml__op_out(o, r);
+    uint16_t r;
+    add_op(g, x, y, &r);
     return r;
 }
 
 uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y)
 {
-    uint16_t r = stream(g, "residual sum", g->t[x].dtype);
-    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "add (residual)");
-    ml__op_in(o, x);
-    ml__op_in(o, y);
-    ml__op_out(o, r);
-    ml__op_free(o, y);
-    /* AddBackward0 hands the one gradient to both: no node of its own */
+    /* the branch's reference goes with the add; AddBackward0 hands the
+     * one gradient to both: no node of its own */
+    uint16_t r;
+    ml__op_free(add_op(g, x, y, &r), y);
     return r;
 }
 
@@ -225,24 +216,8 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, uint16_t *qk
     ml__op_in(o, qh);
     ml__op_in(o, kh);
     ml__op_out(o, qkc);
-    o = ml__graph_op(g, MLG_OP_MATMUL, "bmm (q k^T)");
-    ml__op_in(o, qkc);
-    ml__op_out(o, S1);
-    ml__op_save(o, qkc);
-    ml__op_free(o, qkc);
-    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
-    o->core = true;
-    ml__op_node(o, "BmmBackward0 (q k^T)");
-    ml__op_gin(o, qkc);
-    ml__op_gout(o, S1);
-    uint16_t S2 = ml__kit_scores(g, "scores (scaled)", MLG_COMPUTE, 0);
-    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "mul (scale)");
-    ml__op_in(o, S1);
-    ml__op_out(o, S2);
-    ml__op_free(o, S1);
-    ml__op_node(o, "MulBackward0/DivBackward0 (scale)");
-    ml__op_gin(o, S1);
-    ml__op_gout(o, S2);
+    ml__op_free(ml__kit_qk(g, qkc, MLG_NONE, S1), qkc);
+    uint16_t S2 = ml__kit_scale(g, S1);
     /* nanoGPT's bias[:, :, :T, :T] == 0, a (T, T) bool masked_fill saves */
     uint16_t TT = ml__graph_tensor(g, "causal mask (masked_fill, bool)", MLG_BOOL, MLG_ACT, 2,
                                    MLG_T, MLG_T);
@@ -252,26 +227,16 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, uint16_t *qk
     o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "eq (causal mask)");
     ml__op_out(o, TT);
     uint16_t S3 = ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
-    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "masked_fill");
-    ml__op_in(o, S2);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "masked_fill", S2, S3, "MaskedFillBackward0");
     ml__op_in(o, TT);
-    ml__op_out(o, S3);
     ml__op_save(o, TT);
     ml__op_free(o, TT);
     ml__op_free(o, S2);
-    ml__op_node(o, "MaskedFillBackward0");
-    ml__op_gin(o, S2);
-    ml__op_gout(o, S3);
     /* softmax in the stream's dtype (autocast runs it in fp32): saves its
      * result */
-    o = ml__graph_op(g, MLG_OP_SOFTMAX, "softmax");
-    ml__op_in(o, S3);
-    ml__op_out(o, P);
+    o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", S3, P, "SoftmaxBackward0");
     ml__op_save(o, P);
     ml__op_free(o, S3);
-    ml__op_node(o, "SoftmaxBackward0");
-    ml__op_gin(o, S3);
-    ml__op_gout(o, P);
     return P;
 }
 
@@ -286,42 +251,53 @@ static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t v
                                      true, false);
     if (L->autocast) {
         /* the PV matmul casts the fp32 probabilities back, and saves the copy */
-        uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE, MLG_T_CORE);
-        o = ml__graph_op(g, MLG_OP_COPY, "to (autocast, probabilities)");
-        ml__op_in(o, probs);
-        ml__op_out(o, Pc);
+        uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE,
+                                     MLG_T_CORE);
+        o = ml__graph_step(g, MLG_OP_COPY, "to (autocast, probabilities)", probs, Pc,
+                           "ToCopyBackward0 (probabilities)");
         ml__op_free(o, probs);
-        ml__op_node(o, "ToCopyBackward0 (probabilities)");
-        ml__op_gin(o, probs);
-        ml__op_gout(o, Pc);
         probs = Pc;
     }
     uint16_t vc = ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
     if (vc != MLG_NONE)
         g->t[vc].base = qkc; /* one entry with q's and k's, as listed */
-    o = ml__graph_op(g, MLG_OP_COPY, "contiguous (v for bmm)");
-    ml__op_in(o, vh);
-    ml__op_out(o, vc);
+    o = ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vh, vc, NULL);
     *O = ml__kit_pv(g, probs, vc, vc);
     return probs;
+}
+
+mlg_op *ml__kit_qk(ml_graph *g, uint16_t qb, uint16_t kb, uint16_t S)
+{
+    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, "bmm (q k^T)", qb, S, "BmmBackward0 (q k^T)");
+    ml__op_in(o, kb);
+    ml__op_save(o, qb);
+    ml__op_save(o, kb);
+    ml__op_gin(o, kb);
+    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+    o->core = true;
+    return o;
+}
+
+uint16_t ml__kit_scale(ml_graph *g, uint16_t S)
+{
+    uint16_t S2 = ml__kit_scores(g, "scores (scaled)", MLG_COMPUTE, 0);
+    ml__op_free(ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (scale)", S, S2,
+                               "MulBackward0/DivBackward0 (scale)"),
+                S);
+    return S2;
 }
 
 uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc)
 {
     uint16_t O = ml__kit_heads(g, "attention output (P v)", MLG_H);
-    mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, "bmm (P v)");
-    ml__op_in(o, probs);
+    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, "bmm (P v)", probs, O, "BmmBackward0 (P v)");
     ml__op_in(o, vb);
-    ml__op_out(o, O);
     ml__op_save(o, probs);
     ml__op_save(o, vb);
+    ml__op_gin(o, vb);
     ml__op_free(o, vc);
     ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
     o->core = true;
-    ml__op_node(o, "BmmBackward0 (P v)");
-    ml__op_gin(o, probs);
-    ml__op_gin(o, vb);
-    ml__op_gout(o, O);
     return O;
 }
 
@@ -393,9 +369,7 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, cons
     /* y.transpose(1, 2).contiguous(): the output projection's input */
     uint16_t Oc = ml__graph_tensor(g, "output projection input", MLG_COMPUTE, MLG_ACT, 3, MLG_B,
                                    MLG_T, MLG_DQ);
-    mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "contiguous (attention output)");
-    ml__op_in(o, O);
-    ml__op_out(o, Oc);
+    mlg_op *o = ml__graph_step(g, MLG_OP_COPY, "contiguous (attention output)", O, Oc, NULL);
     ml__op_free(o, O);
     ml__kit_free_storages(g, o, f, nf);
     ml__op_node(o, a->fused_kernel ? NULL : "UnsafeViewBackward0 (attention output)");
@@ -468,7 +442,8 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
     /* autocast: the input's copy and both weights' copies (the inventory
      * lists them before the activations) */
     uint16_t c = ml__kit_cast_copy(g, L, h);
-    uint16_t w1 = ml__kit_weight_copy(g, L, MLG_D, MLG_F), w2 = ml__kit_weight_copy(g, L, MLG_F, MLG_D);
+    uint16_t w1 = ml__kit_weight_copy(g, L, MLG_D, MLG_F);
+    uint16_t w2 = ml__kit_weight_copy(g, L, MLG_F, MLG_D);
     uint16_t F1 = ml__graph_tensor(g, "fc output", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_F);
     uint16_t G = ml__graph_tensor(g, "activation output (proj input)", MLG_COMPUTE, MLG_ACT, 3,
                                   MLG_B, MLG_T, MLG_F);
@@ -482,14 +457,10 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
         o->accum = h;
     const bool relu = p->act == MLG_RELU;
     /* gelu saves its input; relu its result (derivatives.yaml) */
-    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, relu ? "relu" : "gelu");
-    ml__op_in(o, F1);
-    ml__op_out(o, G);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, relu ? "relu" : "gelu", F1, G,
+                       relu ? "ReluBackward0" : "GeluBackward0");
     ml__op_save(o, relu ? G : F1);
     ml__op_free(o, F1);
-    ml__op_node(o, relu ? "ReluBackward0" : "GeluBackward0");
-    ml__op_gin(o, F1);
-    ml__op_gout(o, G);
     if (relu && F1 != MLG_NONE)
         g->t[F1].flags |= MLG_T_TMP;
     const mlg_linear proj = {"addmm (proj)", "AddmmBackward0 (MLP out)", MLG_F, MLG_D, p->bias};
@@ -524,27 +495,17 @@ uint16_t ml__kit_softcap(ml_graph *g, uint16_t x, bool attention)
     uint16_t t = like(g, attention ? "attention softcap tanh output" : "final softcap tanh output",
                       x, attention ? MLG_T_CORE : 0);
     uint16_t y = like(g, "tanh * cap", x, 0);
-    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "div (softcap)");
-    ml__op_in(o, x);
-    ml__op_out(o, d);
-    ml__op_free(o, x);
-    ml__op_node(o, attention ? "DivBackward0 (scores / softcap)" : "DivBackward0 (logits / softcap)");
-    ml__op_gin(o, x);
-    ml__op_gout(o, d);
-    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "tanh");
-    ml__op_in(o, d);
-    ml__op_out(o, t);
+    ml__op_free(ml__graph_step(g, MLG_OP_ELEMENTWISE, "div (softcap)", x, d,
+                               attention ? "DivBackward0 (scores / softcap)"
+                                         : "DivBackward0 (logits / softcap)"),
+                x);
+    mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "tanh", d, t,
+                               attention ? "TanhBackward0 (softcap)"
+                                         : "TanhBackward0 (final softcap)");
     ml__op_save(o, t);
     ml__op_free(o, d);
-    ml__op_node(o, attention ? "TanhBackward0 (softcap)" : "TanhBackward0 (final softcap)");
-    ml__op_gin(o, d);
-    ml__op_gout(o, t);
-    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "mul (softcap)");
-    ml__op_in(o, t);
-    ml__op_out(o, y);
-    ml__op_free(o, t);
-    ml__op_node(o, "MulBackward0 (tanh * softcap)");
-    ml__op_gin(o, t);
-    ml__op_gout(o, y);
+    ml__op_free(ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (softcap)", t, y,
+                               "MulBackward0 (tanh * softcap)"),
+                t);
     return y;
 }

@@ -129,6 +129,12 @@ uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_
 /* A (B, h, T, dh) tensor in the compute dtype; a (B, H, T, T) one. */
 uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h);
 uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags);
+/* The q k^T matmul of q's operand qb and k's kb (MLG_NONE: qb holds both,
+ * nanoGPT's copies) into the scores S, saving both (the attention core's
+ * FLOPs); returns its op (the caller frees its copies there). */
+mlg_op *ml__kit_qk(ml_graph *g, uint16_t qb, uint16_t kb, uint16_t S);
+/* * scaling (a Python number: nothing saved) of the scores S; S goes. */
+uint16_t ml__kit_scale(ml_graph *g, uint16_t S);
 /* The PV matmul: the probabilities times v's operand vb (both saved; vc:
  * a contiguous copy whose reference goes once it has run, or MLG_NONE);
  * returns the (B, H, T, dh) product. */

@@ -18,14 +18,6 @@ static uint16_t stat(ml_graph *g, const char *name)
     return ml__graph_tensor(g, name, MLG_FP32, MLG_ACT, 2, MLG_B, MLG_T);
 }
 
-static mlg_op *unary(ml_graph *g, uint8_t kind, const char *name, uint16_t x, uint16_t y)
-{
-    mlg_op *o = ml__graph_op(g, kind, name);
-    ml__op_in(o, x);
-    ml__op_out(o, y);
-    return o;
-}
-
 /* The RMSNorms' shared start: x (or its fp32 copy xf) squared, its mean,
  * + eps, rsqrt (saved), x * rsqrt (hn, fp32); returns hn. keep_var: the
  * mean stays bound (LlamaRMSNorm's `variance`) until *var_out is dropped;
@@ -38,38 +30,27 @@ static uint16_t rms_core(ml_graph *g, uint16_t x, uint16_t xf, bool up, bool xbu
     uint16_t rs = stat(g, "rmsnorm rsqrt");
     uint16_t hn = act3(g, "rmsnorm normalised", MLG_FP32, MLG_D);
     if (up)
-        unary(g, MLG_OP_COPY, "to (fp32)", x, xf);
-    mlg_op *o = unary(g, MLG_OP_ELEMENTWISE, "pow", xf, x2);
+        ml__graph_step(g, MLG_OP_COPY, "to (fp32)", x, xf, NULL);
+    mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "pow", xf, x2, "PowBackward0 (x^2)");
     ml__op_save(o, xf);
-    ml__op_node(o, "PowBackward0 (x^2)");
-    ml__op_gin(o, xf);
-    ml__op_gout(o, x2);
     o->accum = xf;
-    o = unary(g, MLG_OP_NORM, "mean", x2, var);
+    o = ml__graph_step(g, MLG_OP_NORM, "mean", x2, var, "MeanBackward1");
     ml__op_free(o, x2);
-    ml__op_node(o, "MeanBackward1");
-    ml__op_gin(o, x2);
-    ml__op_gout(o, var);
-    o = unary(g, MLG_OP_ELEMENTWISE, "add (eps)", var, ve);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (eps)", var, ve, NULL);
     if (!keep_var)
         ml__op_free(o, var);
-    o = unary(g, MLG_OP_ELEMENTWISE, "rsqrt", ve, rs);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "rsqrt", ve, rs, "RsqrtBackward0");
     ml__op_save(o, rs);
     ml__op_free(o, ve);
-    ml__op_node(o, "RsqrtBackward0");
-    ml__op_gin(o, ve);
-    ml__op_gout(o, rs);
-    o = unary(g, MLG_OP_ELEMENTWISE, "mul (x * rsqrt)", xf, hn);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (x * rsqrt)", xf, hn,
+                       "MulBackward0 (x * rsqrt)");
     ml__op_in(o, rs);
     ml__op_save(o, xf);
     ml__op_save(o, rs);
     ml__op_free(o, rs);
     if (up)
         ml__op_free(o, xf); /* the upcast, rebound */
-    ml__op_node(o, "MulBackward0 (x * rsqrt)");
-    ml__op_gin(o, xf);
     ml__op_gin(o, rs);
-    ml__op_gout(o, hn);
     o->scratch_in = true;
     if (xbuf)
         o->accum = xf;
@@ -96,7 +77,7 @@ uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
     mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "add (1 + weight)");
     ml__op_in(o, W);
     ml__op_out(o, w1);
-    o = unary(g, MLG_OP_ELEMENTWISE, "mul (h * (1 + weight))", hn, pr);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (h * (1 + weight))", hn, pr, NULL);
     ml__op_in(o, w1);
     ml__op_param(o, W);
     ml__op_save(o, hn);
@@ -109,7 +90,7 @@ uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
         ml__op_gout(o, pr);
     o->scratch_in = true;
     if (up) {
-        o = unary(g, MLG_OP_COPY, "type_as", pr, y);
+        o = ml__graph_step(g, MLG_OP_COPY, "type_as", pr, y, NULL);
         ml__op_free(o, pr);
     }
     return y;
@@ -130,9 +111,9 @@ uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
     if (y != MLG_NONE)
         g->t[y].flags |= MLG_T_TMP;
     if (up)
-        unary(g, MLG_OP_COPY, "to (stream dtype)", hn, hc);
+        ml__graph_step(g, MLG_OP_COPY, "to (stream dtype)", hn, hc, NULL);
     const uint16_t hs = up ? hc : hn;
-    mlg_op *o = unary(g, MLG_OP_ELEMENTWISE, "mul (weight)", hs, y);
+    mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (weight)", hs, y, NULL);
     ml__op_param(o, ml__graph_tensor(g, "weight", MLG_PARAM, MLG_PARAMETER, 1, MLG_D));
     ml__op_save(o, hs);
     ml__op_free(o, hc);
@@ -163,31 +144,24 @@ uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf
         g->t[y].flags |= MLG_T_TMP;
     mlg_op *o;
     if (up) {
-        o = unary(g, MLG_OP_COPY, "to (fp32)", x, xf);
-        ml__op_node(o, "ToCopyBackward0 (norm input)");
-        ml__op_gin(o, x);
-        ml__op_gout(o, xf);
+        o = ml__graph_step(g, MLG_OP_COPY, "to (fp32)", x, xf, "ToCopyBackward0 (norm input)");
         if (xbuf)
             o->accum = x;
     }
-    o = unary(g, MLG_OP_NORM, "native_layer_norm (no weight)", xf, hn);
+    o = ml__graph_step(g, MLG_OP_NORM, "native_layer_norm (no weight)", xf, hn,
+                       "NativeLayerNormBackward0");
     ml__op_out(o, st);
     ml__op_save(o, xf);
     ml__op_save(o, st);
     ml__op_free(o, st);
     if (up)
         ml__op_free(o, xf); /* the copy's reference goes with the call */
-    ml__op_node(o, "NativeLayerNormBackward0");
-    ml__op_gin(o, xf);
-    ml__op_gout(o, hn);
     if (xbuf && !up)
         o->accum = x;
     if (up) {
-        o = unary(g, MLG_OP_COPY, "to (stream dtype)", hn, y);
+        o = ml__graph_step(g, MLG_OP_COPY, "to (stream dtype)", hn, y,
+                           "ToCopyBackward0 (norm output)");
         ml__op_free(o, hn);
-        ml__op_node(o, "ToCopyBackward0 (norm output)");
-        ml__op_gin(o, hn);
-        ml__op_gout(o, y);
     }
     return y;
 }
@@ -208,13 +182,13 @@ static uint16_t rope(ml_graph *g, uint16_t x, uint8_t hd, const char *node, cons
     uint16_t r = ml__kit_heads(g, "rotated", hd);
     if (nh != MLG_NONE)
         g->t[nh].flags |= MLG_T_HALF;
-    unary(g, MLG_OP_ELEMENTWISE, "mul (cos)", x, c1);
-    unary(g, MLG_OP_ELEMENTWISE, "neg (x2)", x, nh);
-    mlg_op *o = unary(g, MLG_OP_COPY, "cat", nh, ct);
+    ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (cos)", x, c1, NULL);
+    ml__graph_step(g, MLG_OP_ELEMENTWISE, "neg (x2)", x, nh, NULL);
+    mlg_op *o = ml__graph_step(g, MLG_OP_COPY, "cat", nh, ct, NULL);
     ml__op_free(o, nh);
-    o = unary(g, MLG_OP_ELEMENTWISE, "mul (sin)", ct, s1);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (sin)", ct, s1, NULL);
     ml__op_free(o, ct);
-    o = unary(g, MLG_OP_ELEMENTWISE, "add (rotary)", c1, r);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (rotary)", c1, r, NULL);
     ml__op_in(o, s1);
     ml__op_free(o, c1);
     ml__op_free(o, s1);
@@ -228,7 +202,7 @@ static uint16_t rope(ml_graph *g, uint16_t x, uint8_t hd, const char *node, cons
     ml__op_node(o, pass);
     ml__op_gin(o, x);
     uint16_t rc = ml__kit_heads(g, "cat(rotated, pass)", hd);
-    o = unary(g, MLG_OP_COPY, "cat (rotated, pass)", r, rc);
+    o = ml__graph_step(g, MLG_OP_COPY, "cat (rotated, pass)", r, rc, NULL);
     ml__op_free(o, r);
     return rc;
 }
@@ -308,21 +282,16 @@ static uint16_t softmax_stream(ml_graph *g, const mlg_layer *L, uint16_t S3)
 {
     const mlg_attention *a = &L->attn;
     uint16_t P = ml__kit_scores(g, "softmax output", MLG_STREAM, MLG_T_CORE);
-    mlg_op *o = unary(g, MLG_OP_SOFTMAX, "softmax", S3, P);
+    mlg_op *o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", S3, P, "SoftmaxBackward0");
     ml__op_save(o, P);
-    ml__op_node(o, "SoftmaxBackward0");
-    ml__op_gin(o, S3);
-    ml__op_gout(o, P);
     uint16_t probs = ml__kit_dropout(g, a->dropout, P, "NativeDropoutBackward0 (attention)", true,
                                      false);
     if (a->probs_cast) {
         uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE,
                                      MLG_T_CORE);
-        o = unary(g, MLG_OP_COPY, "to (autocast, probabilities)", probs, Pc);
+        o = ml__graph_step(g, MLG_OP_COPY, "to (autocast, probabilities)", probs, Pc,
+                           "ToCopyBackward0 (probabilities)");
         ml__op_free(o, probs);
-        ml__op_node(o, "ToCopyBackward0 (probabilities)");
-        ml__op_gin(o, probs);
-        ml__op_gout(o, Pc);
         probs = Pc;
     }
     return probs;
@@ -336,8 +305,8 @@ static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
     uint16_t Sc = a->softmax_copy ? ml__kit_scores(g, "scores (fp32 copy)", MLG_FP32, 0) : MLG_NONE;
     uint16_t P = ml__kit_scores(g, "softmax output", MLG_FP32, MLG_T_CORE);
     if (Sc != MLG_NONE)
-        unary(g, MLG_OP_COPY, "to (fp32, softmax input)", S3, Sc);
-    mlg_op *o = unary(g, MLG_OP_SOFTMAX, "softmax", Sc != MLG_NONE ? Sc : S3, P);
+        ml__graph_step(g, MLG_OP_COPY, "to (fp32, softmax input)", S3, Sc, NULL);
+    mlg_op *o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", Sc != MLG_NONE ? Sc : S3, P, NULL);
     ml__op_save(o, P);
     ml__op_free(o, Sc);
     ml__op_free(o, S3);
@@ -347,11 +316,9 @@ static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
     uint16_t probs = P;
     if (a->probs_cast) {
         probs = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE, MLG_T_CORE);
-        o = unary(g, MLG_OP_COPY, "to (compute dtype)", P, probs);
+        o = ml__graph_step(g, MLG_OP_COPY, "to (compute dtype)", P, probs,
+                           "ToCopyBackward0 (probabilities)");
         ml__op_free(o, P);
-        ml__op_node(o, "ToCopyBackward0 (probabilities)");
-        ml__op_gin(o, P);
-        ml__op_gout(o, probs);
     }
     return ml__kit_dropout(g, a->dropout, probs, "NativeDropoutBackward0 (attention)", true, false);
 }
@@ -398,36 +365,22 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
         ml__op_out(o, qc);
         ml__op_out(o, kc);
     }
-    o = unary(g, MLG_OP_MATMUL, "bmm (q k^T)", qb, S1);
-    ml__op_in(o, kb);
-    ml__op_save(o, qb);
-    ml__op_save(o, kb);
+    o = ml__kit_qk(g, qb, kb, S1);
     ml__op_free(o, qc);
     ml__op_free(o, kc);
-    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
-    o->core = true;
-    ml__op_node(o, "BmmBackward0 (q k^T)");
-    ml__op_gin(o, qb);
-    ml__op_gin(o, kb);
-    ml__op_gout(o, S1);
-    uint16_t S2 = ml__kit_scores(g, "scores (scaled)", MLG_COMPUTE, 0);
-    o = unary(g, MLG_OP_ELEMENTWISE, "mul (scale)", S1, S2);
-    ml__op_free(o, S1);
-    ml__op_node(o, "MulBackward0/DivBackward0 (scale)");
-    ml__op_gin(o, S1);
-    ml__op_gout(o, S2);
+    uint16_t S2 = ml__kit_scale(g, S1);
     if (a->softcap)
         S2 = ml__kit_softcap(g, S2, true);
     uint16_t S3 = S2;
     if (a->mask) {
         S3 = ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
-        o = unary(g, MLG_OP_ELEMENTWISE, "add (causal mask)", S2, S3);
+        o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (causal mask)", S2, S3, NULL);
         ml__op_free(o, S2);
     }
     uint16_t probs = softmax_fp32(g, L, S3);
     *scores = a->bert ? S3 : MLG_NONE; /* bound until the attention returns */
     if (vc != MLG_NONE)
-        unary(g, MLG_OP_COPY, "contiguous (v for bmm)", vrep, vc);
+        ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vrep, vc, NULL);
     *O = ml__kit_pv(g, probs, vb, vc);
     return probs;
 }
@@ -516,7 +469,8 @@ uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
         return ml__kit_phi3_mlp(g, L, h);
     const bool geglu = p->act == MLG_GEGLU;
     uint16_t c1 = ml__kit_cast_copy(g, L, h), c2 = ml__kit_cast_copy(g, L, h);
-    uint16_t wg = ml__kit_weight_copy(g, L, MLG_D, MLG_F), wu = ml__kit_weight_copy(g, L, MLG_D, MLG_F);
+    uint16_t wg = ml__kit_weight_copy(g, L, MLG_D, MLG_F);
+    uint16_t wu = ml__kit_weight_copy(g, L, MLG_D, MLG_F);
     uint16_t wd = ml__kit_weight_copy(g, L, MLG_F, MLG_D);
     uint16_t G1 = act3(g, "gate projection output", MLG_COMPUTE, MLG_F);
     uint16_t A1 = act3(g, "activation output", MLG_COMPUTE, MLG_F);
@@ -530,26 +484,22 @@ uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
     mlg_op *o = ml__kit_linear_with(g, &gate, h, c1, wg, G1);
     ml__op_gout(o, G1);
     o->accum = h;
-    o = unary(g, MLG_OP_ELEMENTWISE, geglu ? "gelu" : "silu", G1, A1);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, geglu ? "gelu" : "silu", G1, A1,
+                       geglu ? "GeluBackward0" : "SiluBackward0");
     ml__op_save(o, G1);
     ml__op_free(o, G1);
-    ml__op_node(o, geglu ? "GeluBackward0" : "SiluBackward0");
-    ml__op_gin(o, G1);
-    ml__op_gout(o, A1);
     const mlg_linear up = {"mm (up projection)", "MmBackward0 (up projection)", MLG_D, MLG_F,
                            p->bias};
     o = ml__kit_linear_with(g, &up, h, c2, wu, U);
     ml__op_gout(o, U);
-    o = unary(g, MLG_OP_ELEMENTWISE, "mul (act * up)", A1, Pr);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (act * up)", A1, Pr,
+                       geglu ? "MulBackward0 (gelu * up)" : "MulBackward0 (silu * up)");
     ml__op_in(o, U);
     ml__op_save(o, A1);
     ml__op_save(o, U);
     ml__op_free(o, A1);
     ml__op_free(o, U);
-    ml__op_node(o, geglu ? "MulBackward0 (gelu * up)" : "MulBackward0 (silu * up)");
-    ml__op_gin(o, A1);
     ml__op_gin(o, U);
-    ml__op_gout(o, Pr);
     const mlg_linear down = {"mm (down projection)", "MmBackward0 (down projection)", MLG_F, MLG_D,
                              p->bias};
     o = ml__kit_linear_with(g, &down, Pr, MLG_NONE, wd, M);

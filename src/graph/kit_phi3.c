@@ -61,7 +61,8 @@ uint16_t ml__kit_phi3_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
     /* autocast: the input's copy, and the weights' copies as the builders
      * list them: three of D x F (gate_up's 2 D F as two) */
     uint16_t c = ml__kit_cast_copy(g, L, h);
-    uint16_t wa = ml__kit_weight_copy(g, L, MLG_D, MLG_F), wb = ml__kit_weight_copy(g, L, MLG_D, MLG_F);
+    uint16_t wa = ml__kit_weight_copy(g, L, MLG_D, MLG_F);
+    uint16_t wb = ml__kit_weight_copy(g, L, MLG_D, MLG_F);
     uint16_t wd = ml__kit_weight_copy(g, L, MLG_F, MLG_D);
     uint16_t GU = act3(g, "gate_up projection output (gate and up views)", MLG_F2);
     uint16_t A1 = act3(g, geglu ? "gelu output" : "silu output", MLG_F);
@@ -84,13 +85,9 @@ uint16_t ml__kit_phi3_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
     ml__op_gin(o, GU);
     ml__op_gout(o, gate);
     ml__op_gout(o, up);
-    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, geglu ? "gelu" : "silu");
-    ml__op_in(o, gate);
-    ml__op_out(o, A1);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, geglu ? "gelu" : "silu", gate, A1,
+                       geglu ? "GeluBackward0" : "SiluBackward0");
     ml__op_save(o, gate);
-    ml__op_node(o, geglu ? "GeluBackward0" : "SiluBackward0");
-    ml__op_gin(o, gate);
-    ml__op_gout(o, A1);
     o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "mul (up * act)");
     ml__op_in(o, up);
     ml__op_in(o, A1);
