@@ -2,33 +2,57 @@
  * settings, read off the model; the kit does the rest. */
 #include "graph/families.h"
 
-/* What every layout the kit expresses shares: a decoder's pre-norm layer
- * with one dense MLP and plain self-attention. The others keep their chain
- * builders (ledger/chain_transformer.c) until the kit expresses them:
- * parallel residuals (GPT-NeoX, Falcon), experts (Mixtral, DeepSeek),
- * latent attention, vision towers, Gemma's norms and soft-capping, Phi-3's
- * fused projections, post-norm encoders. */
-static bool plain_decoder(const ml_model *m)
+/* The layer settings the model keys set alike in every layout: its
+ * components' biases and dropouts, the attention kernel, a rotary, a
+ * LayerNorm's bias, the MLP's activation, autocast; Hugging Face's softmax
+ * in fp32 cast back to the compute dtype (a bf16 input copied to fp32
+ * first). What a layout differs in, its function sets. */
+static void common(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    return m->type == ML_MODEL_DECODER && m->prenorm && !m->parallel_residual &&
-           !m->shared_norm && !m->experts && !m->kv_lora && !m->image_size;
+    static const uint8_t act[] = {[ML_ACT_GELU] = MLG_GELU, [ML_ACT_RELU] = MLG_RELU,
+                                  [ML_ACT_SWIGLU] = MLG_SWIGLU, [ML_ACT_GEGLU] = MLG_GEGLU};
+    const bool drop = m->dropout > 0;
+    *L = (mlg_layer){0};
+    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false, false};
+    mlg_attention *a = &L->attn;
+    a->qkv_bias = m->qkv_bias;
+    a->out_bias = m->bias || m->out_bias;
+    a->fused_kernel = c->fused_kernel;
+    a->dropout = a->out_grad = drop;
+    a->rope = m->position == ML_POS_ROPE;
+    a->probs_cast = c->compute_bytes != 4;
+    a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
+    L->mlp = (mlg_mlp){act[m->activation], m->bias || m->mlp_bias, drop, drop, false, false,
+                       false};
+    L->autocast = c->autocast;
+}
+
+/* A layer with one dense MLP and plain self-attention: no experts, latent
+ * attention or image encoder. The layouts with them (Falcon's shared norm,
+ * Mixtral's and DeepSeek's experts and latent attention, LLaVA's vision
+ * tower) keep their chain builders (ledger/chain_transformer.c) until the
+ * kit expresses them. */
+static bool plain(const ml_model *m)
+{
+    return !m->shared_norm && !m->experts && !m->kv_lora && m->activation != ML_ACT_QUICK_GELU;
+}
+
+/* ... with LayerNorms, as many key/value heads as query heads, an ungated
+ * MLP and none of Gemma 2's or Phi-3's settings: GPT-2's, ViT's, GPT-NeoX's
+ * and BERT's layers. */
+static bool plain_layernorm(const ml_model *m)
+{
+    return plain(m) && m->norm == ML_NORM_LAYERNORM && m->kv_heads == m->heads &&
+           !m->fused_proj && !m->post_norms && !(m->attn_softcap > 0) &&
+           (m->activation == ML_ACT_GELU || m->activation == ML_ACT_RELU);
 }
 
 bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    if (!plain_decoder(m) || m->post_norms || m->attn_softcap > 0 || m->fused_proj ||
-        m->norm != ML_NORM_LAYERNORM || m->position == ML_POS_ROPE || m->kv_heads != m->heads ||
-        (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+    if (!plain_layernorm(m) || m->type != ML_MODEL_DECODER || !m->prenorm ||
+        m->parallel_residual || m->position == ML_POS_ROPE)
         return false;
-    *L = (mlg_layer){0};
-    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false, false};
-    L->attn.qkv_bias = m->qkv_bias;
-    L->attn.out_bias = m->bias || m->out_bias;
-    L->attn.fused_kernel = c->fused_kernel;
-    L->attn.dropout = L->attn.out_grad = m->dropout > 0;
-    L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
-                       m->dropout > 0, m->dropout > 0, false, false, false};
-    L->autocast = c->autocast;
+    common(m, c, L);
     return true;
 }
 
@@ -36,42 +60,31 @@ bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
  * norms and soft caps when the model has them). */
 static bool hf_layer(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_layer *L)
 {
-    static const uint8_t act[] = {[ML_ACT_GELU] = MLG_GELU, [ML_ACT_RELU] = MLG_RELU,
-                                  [ML_ACT_SWIGLU] = MLG_SWIGLU, [ML_ACT_GEGLU] = MLG_GEGLU};
-    if (!plain_decoder(m) || m->activation == ML_ACT_QUICK_GELU || m->kv_heads > m->heads)
+    if (!plain(m) || m->type != ML_MODEL_DECODER || !m->prenorm || m->parallel_residual ||
+        m->image_size || m->kv_heads > m->heads)
         return false;
     /* Phi-3's projections with a fused kernel: sdpa saves q and k as the
      * rotary's cat made them and v as a view keeping the whole qkv_proj
      * output; the builders count the output once (docs/graph.md) */
     if (m->fused_proj && c->fused_kernel)
         return false;
-    *L = (mlg_layer){0};
+    common(m, c, L);
     L->norm = n;
     mlg_attention *a = &L->attn;
-    a->hf = true;
-    a->qkv_bias = m->qkv_bias;
-    a->out_bias = m->bias || m->out_bias;
-    a->fused_kernel = c->fused_kernel;
-    a->dropout = m->dropout > 0;
-    a->rope = m->position == ML_POS_ROPE;
+    a->hf = a->mask = true;
     a->grouped = m->kv_heads < m->heads;
     a->repeat_copy = a->grouped && m->kv_heads > 1;
-    a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
-    a->probs_cast = c->compute_bytes != 4;
     /* a cache of Phi-3's views would keep the whole qkv_proj output: not
      * modelled (docs/ledger.md, "The forward, op by op") */
     a->cache = c->eval && m->kv_cache && !m->fused_proj;
-    a->fused_proj = a->o_first = m->fused_proj;
+    a->fused_proj = a->o_first = L->mlp.fused = m->fused_proj;
     /* sdpa and flash keep nothing for the cap: transformers passes sdpa
      * none, flash caps in place */
     a->softcap = m->attn_softcap > 0 && m->attention == ML_ATTN_EAGER;
-    a->mask = true;
-    a->out_grad = m->dropout > 0 || m->post_norms;
-    L->mlp = (mlg_mlp){act[m->activation], m->bias || m->mlp_bias, m->dropout > 0,
-                       m->dropout > 0 || m->post_norms, m->fused_proj, false, false};
-    L->autocast = c->autocast;
+    /* Gemma 2's norms of the branches' outputs (compute dtype) make the
+     * projections' output gradients */
+    a->out_grad = L->mlp.out_grad = m->dropout > 0 || m->post_norms;
     L->hf_order = true;
-    /* Gemma 2's norms of the branches' outputs (compute dtype) */
     L->post_norms = m->post_norms;
     L->post = (mlg_norm){n.kind, false, c->compute_bytes != 4, true};
     return true;
@@ -99,25 +112,11 @@ bool ml__family_olmo_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 
 bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    if (m->type != ML_MODEL_ENCODER || !m->image_size || !m->prenorm ||
-        m->norm != ML_NORM_LAYERNORM || m->kv_heads != m->heads || m->parallel_residual ||
-        m->experts || m->fused_proj || m->post_norms || m->attn_softcap > 0 ||
-        (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+    if (!plain_layernorm(m) || m->type != ML_MODEL_ENCODER || !m->image_size || !m->prenorm ||
+        m->parallel_residual)
         return false;
-    *L = (mlg_layer){0};
-    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false, false};
-    mlg_attention *a = &L->attn;
-    a->hf = true;
-    a->qkv_bias = m->qkv_bias;
-    a->out_bias = m->bias || m->out_bias;
-    a->fused_kernel = c->fused_kernel;
-    a->dropout = a->out_grad = m->dropout > 0;
-    a->rope = m->position == ML_POS_ROPE;
-    a->probs_cast = c->compute_bytes != 4;
-    a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
-    L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
-                       m->dropout > 0, m->dropout > 0, false, false, false};
-    L->autocast = c->autocast;
+    common(m, c, L);
+    L->attn.hf = true;
     return true;
 }
 
@@ -126,50 +125,29 @@ bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     /* with a fused kernel sdpa saves the rotary's cat outputs and a view
      * keeping the whole query_key_value output: as Phi-3's, the builders
      * run there */
-    if (m->type != ML_MODEL_DECODER || !m->prenorm || !m->parallel_residual || m->shared_norm ||
-        m->norm != ML_NORM_LAYERNORM || m->experts || m->kv_lora || m->post_norms ||
-        m->fused_proj || m->attn_softcap > 0 || m->kv_heads != m->heads || c->fused_kernel ||
-        (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+    if (!plain_layernorm(m) || m->type != ML_MODEL_DECODER || !m->prenorm ||
+        !m->parallel_residual || c->fused_kernel)
         return false;
-    *L = (mlg_layer){0};
-    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false, false};
-    mlg_attention *a = &L->attn;
-    a->hf = true;
-    a->qkv_bias = m->qkv_bias;
-    a->out_bias = m->bias || m->out_bias;
-    a->dropout = a->out_grad = m->dropout > 0;
-    a->rope = m->position == ML_POS_ROPE;
-    a->fused_proj = true; /* query_key_value, sliced; the rotary's empty pass */
-    a->mask = true;
-    a->probs_cast = c->compute_bytes != 4;
-    a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
-    L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
-                       m->dropout > 0, m->dropout > 0, false, false, false};
-    L->autocast = c->autocast;
+    common(m, c, L);
+    /* query_key_value, sliced; the rotary's empty pass */
+    L->attn.hf = L->attn.fused_proj = L->attn.mask = true;
     L->parallel = true;
     return true;
 }
 
 bool ml__family_bert_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    if (m->type != ML_MODEL_ENCODER || m->prenorm || m->image_size ||
-        m->norm != ML_NORM_LAYERNORM || m->position == ML_POS_ROPE || m->kv_heads != m->heads ||
-        m->parallel_residual || m->experts || m->fused_proj || m->post_norms ||
-        m->attn_softcap > 0 || (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+    if (!plain_layernorm(m) || m->type != ML_MODEL_ENCODER || m->prenorm || m->image_size ||
+        m->parallel_residual || m->position == ML_POS_ROPE)
         return false;
-    *L = (mlg_layer){0};
-    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false, false};
+    common(m, c, L);
     mlg_attention *a = &L->attn;
     a->hf = a->bert = a->in_buf = true;
-    a->qkv_bias = m->qkv_bias;
-    a->out_bias = m->bias || m->out_bias;
-    a->fused_kernel = c->fused_kernel;
-    a->dropout = a->out_grad = m->dropout > 0;
     a->mask = true; /* the extended attention mask, added */
+    /* the softmax in the stream's dtype: cast for PV where that is not the
+     * compute dtype (autocast) */
     a->probs_cast = c->stream_bytes != c->compute_bytes;
-    L->mlp = (mlg_mlp){m->activation == ML_ACT_RELU ? MLG_RELU : MLG_GELU, m->bias || m->mlp_bias,
-                       m->dropout > 0, m->dropout > 0, false, true, true};
-    L->autocast = c->autocast;
+    L->mlp.in_buf = L->mlp.keep_act = true;
     L->postnorm = true;
     return true;
 }
