@@ -246,22 +246,14 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, uint16_t *qk
 static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t vh, uint16_t qkc,
                          uint16_t *O)
 {
-    mlg_op *o;
     uint16_t probs = ml__kit_dropout(g, L->attn.dropout, P, "NativeDropoutBackward0 (attention)",
                                      true, false);
-    if (L->autocast) {
-        /* the PV matmul casts the fp32 probabilities back, and saves the copy */
-        uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE,
-                                     MLG_T_CORE);
-        o = ml__graph_step(g, MLG_OP_COPY, "to (autocast, probabilities)", probs, Pc,
-                           "ToCopyBackward0 (probabilities)");
-        ml__op_free(o, probs);
-        probs = Pc;
-    }
+    if (L->autocast) /* the PV matmul casts the fp32 probabilities back */
+        probs = ml__kit_probs_cast(g, probs);
     uint16_t vc = ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
     if (vc != MLG_NONE)
         g->t[vc].base = qkc; /* one entry with q's and k's, as listed */
-    o = ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vh, vc, NULL);
+    ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vh, vc, NULL);
     *O = ml__kit_pv(g, probs, vc, vc);
     return probs;
 }
@@ -285,6 +277,15 @@ uint16_t ml__kit_scale(ml_graph *g, uint16_t S)
                                "MulBackward0/DivBackward0 (scale)"),
                 S);
     return S2;
+}
+
+uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P)
+{
+    uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE, MLG_T_CORE);
+    ml__op_free(ml__graph_step(g, MLG_OP_COPY, "to (compute dtype)", P, Pc,
+                               "ToCopyBackward0 (probabilities)"),
+                P);
+    return Pc;
 }
 
 uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc)

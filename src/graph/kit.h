@@ -135,6 +135,9 @@ uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t fl
 mlg_op *ml__kit_qk(ml_graph *g, uint16_t qb, uint16_t kb, uint16_t S);
 /* * scaling (a Python number: nothing saved) of the scores S; S goes. */
 uint16_t ml__kit_scale(ml_graph *g, uint16_t S);
+/* The probabilities P cast to the compute dtype for the PV matmul (which
+ * saves the copy; ToCopyBackward0 saves nothing); P's reference goes. */
+uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P);
 /* The PV matmul: the probabilities times v's operand vb (both saved; vc:
  * a contiguous copy whose reference goes once it has run, or MLG_NONE);
  * returns the (B, H, T, dh) product. */

@@ -286,15 +286,7 @@ static uint16_t softmax_stream(ml_graph *g, const mlg_layer *L, uint16_t S3)
     ml__op_save(o, P);
     uint16_t probs = ml__kit_dropout(g, a->dropout, P, "NativeDropoutBackward0 (attention)", true,
                                      false);
-    if (a->probs_cast) {
-        uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE,
-                                     MLG_T_CORE);
-        o = ml__graph_step(g, MLG_OP_COPY, "to (autocast, probabilities)", probs, Pc,
-                           "ToCopyBackward0 (probabilities)");
-        ml__op_free(o, probs);
-        probs = Pc;
-    }
-    return probs;
+    return a->probs_cast ? ml__kit_probs_cast(g, probs) : probs;
 }
 
 static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
@@ -313,13 +305,7 @@ static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
     ml__op_node(o, "SoftmaxBackward0");
     ml__op_gin(o, S3);
     ml__op_gout(o, P);
-    uint16_t probs = P;
-    if (a->probs_cast) {
-        probs = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE, MLG_T_CORE);
-        o = ml__graph_step(g, MLG_OP_COPY, "to (compute dtype)", P, probs,
-                           "ToCopyBackward0 (probabilities)");
-        ml__op_free(o, P);
-    }
+    uint16_t probs = a->probs_cast ? ml__kit_probs_cast(g, P) : P;
     return ml__kit_dropout(g, a->dropout, probs, "NativeDropoutBackward0 (attention)", true, false);
 }
 
