@@ -1,4 +1,4 @@
-/* Inputs built to cost superlinear time (attacks.h, issue 42). */
+/* Inputs built to cost superlinear time (attacks.h). */
 #include "attacks.h"
 
 #include <stdbool.h>

@@ -1,4 +1,4 @@
-/* Inputs built to cost superlinear time (issue 42), timed at n, 2n and 4n:
+/* Inputs built to cost superlinear time, timed at n, 2n and 4n:
  * the figures go to stdout; a linear cost doubles from line to line. */
 #ifndef MEMLEDGER_BENCH_ATTACKS_H
 #define MEMLEDGER_BENCH_ATTACKS_H

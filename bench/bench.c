@@ -185,7 +185,7 @@ int main(int argc, char **argv)
         return grid(argv[2], 2.0);
     double secs = argc > 1 ? 2.0 : 1.0;
     /* --attacks [trace|fit]: only the inputs built to cost superlinear time
-     * (issue 42), or only one of them;
+     * (bench/attacks.h), or only one of them;
      * --write-collisions PATH N: the colliding trace, for the fuzz corpus */
     if (argc > 3 && !strcmp(argv[1], "--write-collisions"))
         return bench_write_collision_trace(argv[2], strtoul(argv[3], NULL, 10)) ? 1 : 0;

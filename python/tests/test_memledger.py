@@ -238,7 +238,7 @@ def test_bad_numbers_are_refused():
 
 
 def test_escapes_in_messages_are_visible():
-    # issue 42, item 7: a flag value quoted back in the library's message
+    # a flag value quoted back in the library's message
     # reaches str(Error) and .message with ESC and BEL written \x1b and \x07
     # (as the command line writes them, docs/cli.md), never raw
     with pytest.raises(memledger.Error) as e:
@@ -251,7 +251,7 @@ def test_escapes_in_messages_are_visible():
 
 
 def test_paths_with_nul_and_endless_points():
-    # issue 42, item 8: C reads a path up to its NUL, so "mlp2.yaml\0junk"
+    # C reads a path up to its NUL, so "mlp2.yaml\0junk"
     # would plan mlp2: refused as a NUL in any other argument is
     with pytest.raises(ValueError, match="a NUL character in a path"):
         memledger.plan(GPT2 + "\0junk")

@@ -30,7 +30,7 @@ static ml_status fail(ml_error *err, ml_status code, const char *path, unsigned 
 
 /* ---- ids: an open-addressing table from the id to its last allocation ----
  * Indexed by a keyed hash with a key drawn per table (util/hash.h): the
- * ids are the input's, and with a fixed hash (FNV-1a before issue 42) ids
+ * ids are the input's, and with a fixed hash (FNV-1a, as this table once had) ids
  * made to collide in the low bits cost a scan per line, quadratic time. */
 
 typedef struct {

@@ -75,7 +75,7 @@ typedef struct {
  * n^2 = ML_OPT_SEGMENT_WORK extensions, else that work over n blocks but
  * at least ML_OPT_SEGMENT_MIN. A segment's reach is walked once per block,
  * so a long chain whose segments all fit the budget (tiny layers) cost n^2
- * extensions per solve (issue 42: 100,000 layers); past 8,192 blocks the
+ * extensions per solve (100,000 layers); past 8,192 blocks the
  * guarantee holds against plans with segments of at most this many blocks
  * (docs/optimal.md, "Complexity"). */
 #define ML_OPT_SEGMENT_WORK ((size_t)1 << 26)

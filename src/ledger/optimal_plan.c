@@ -333,7 +333,7 @@ ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_
         return st;
     /* nothing checkpointed fits: no plan recomputes less (0 FLOPs, no
      * block), and no solve is needed (on a long chain under a roomy budget
-     * every segment reaches the end: n^2 / 2 extensions; issue 42) */
+     * every segment reaches the end: n^2 / 2 extensions) */
     *fits = l->sum.fits;
     if (*fits)
         return ML_OK;

@@ -1,6 +1,6 @@
 /* A keyed hash for tables indexed by outside input (internal). With a fixed
  * hash, ids chosen to collide in a table's low bits turn each insertion
- * into a scan of all before it (issue 42: 250,000 trace ids, 291 s); with a
+ * into a scan of all before it (250,000 trace ids once took 291 s); with a
  * key drawn per table the collisions cannot be chosen in advance. */
 #ifndef MEMLEDGER_UTIL_HASH_H
 #define MEMLEDGER_UTIL_HASH_H

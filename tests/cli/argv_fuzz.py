@@ -63,7 +63,7 @@ HOSTILE = ["", "-", "--", "-1", "0", "00", "1e3", "1.5", "nan", "inf", "-inf", "
            "18446744073709551615", "18446744073709551616", "99999999999999999999999",
            "1" * 300, "é", "\x1b[31mred", "a\nb", "%s%n", "8GiB", "8 GiB", "8GB", "1B",
            "0B", "16EiB", "9999999TiB", "-8GiB", "GiB", "--device", "-o",
-           # issue 42: escapes in flag values, sizes at 2^63, products that wrap
+           # escapes in flag values, sizes at 2^63, products that wrap
            "x\x1b]0;pwn\x07", "h100\x1b[31m", "1\x1b[2J", "9223372036854775807",
            "9223372036854775808", "16777216", "1048576"]
 

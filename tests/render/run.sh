@@ -48,7 +48,7 @@ long_job="$models/gpt2-small.yaml --micro-batch 2 --precision amp-bf16 --optimiz
 svg_check colocate colocate --device 24GiB --format svg "$models/gpt2-small.yaml --micro-batch 2 --peak-tflops 100" \
     "$models/cifar10-resnet.yaml --peak-tflops 100" "$long_job" "$models/mlp2.yaml --peak-tflops 100"
 svg_check colocate-untimed colocate --device 24GiB --format svg "$models/gpt2-small.yaml --micro-batch 2" "$long_job"
-# a name with U+FFFE and U+FFFF, which XML 1.0 forbids (issue 42)
+# a name with U+FFFE and U+FFFF, which XML 1.0 forbids
 xml_chars="$here/../cli/cases/timeline-svg-xml-chars/m.yaml"
 svg_check xml-chars-timeline timeline "$xml_chars" --format svg
 svg_check xml-chars-compare compare "$xml_chars" --format svg

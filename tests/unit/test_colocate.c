@@ -131,7 +131,7 @@ static void test_unequal_periods(void **state)
     ml_ledger_destroy(b);
 }
 
-/* Issue 42, item 10: the CLI keeps each job's events as levels (time and
+/* The CLI keeps each job's events as levels (time and
  * total, 16 bytes each) for text and JSON. The same jobs as
  * test_unequal_periods, once with their events and once reduced: each level
  * is its event's t_s and the sum of its live[] (total_of above, written

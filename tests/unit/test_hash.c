@@ -1,6 +1,6 @@
 /* The keyed hash of tables indexed by outside input (util/hash.h), and the
  * allocator trace reader on ids made to collide under its old hash
- * (issue 42, item 2; the timing is bench/'s, never a unit test's). */
+ * (the timing is bench/'s, never a unit test's). */
 #include <stdio.h>
 #include <stdlib.h>
 

@@ -207,7 +207,7 @@ static char *svg_text_of(const char *s)
     return buf;
 }
 
-/* Issue 42, item 6: SVG text holds only what XML 1.0's Char production
+/* SVG text holds only what XML 1.0's Char production
  * (section 2.2) allows: #x9 | #xA | #xD | [#x20-#xD7FF] | [#xE000-#xFFFD] |
  * [#x10000-#x10FFFF]. U+FFFE (EF BF BE) and U+FFFF (EF BF BF) are outside
  * it and become U+FFFD (EF BF BD), as does each byte that is not UTF-8;

@@ -174,7 +174,7 @@ static void test_config_check(void **state)
     assert_non_null(strstr(e.msg, "training.logits_chunk: only with training.logits fused"));
 }
 
-/* Issue 42, item 5: each factor of the effective batch at its limit (2^24,
+/* Each factor of the effective batch at its limit (2^24,
  * 2^20, 2^20) makes 2^24 * 2^20 * 2^20 = 2^64, one past UINT64_MAX: it
  * wrapped to 0 in --emit deepspeed's train_batch_size. Refused by name; one
  * device fewer gives 2^64 - 2^44 = 18446726481523507200, which fits. */

@@ -268,7 +268,7 @@ static void test_verdict(void **state)
     ml_model_destroy(m);
 }
 
-/* Issue 42, item 4: the headroom is a signed 64-bit figure. A device just
+/* The headroom is a signed 64-bit figure. A device just
  * under 2^63 B states it exactly: the budget is memory - reserve =
  * (2^63 - 1) - 2^29, the peak 403,072,000 B (test_verdict), so both sides
  * give (2^63 - 1) - 2^29 - 403,072,000 (before: the sizes were cast to

@@ -1,5 +1,5 @@
 /* checkpoint: optimal never says that no plan meets the budget where a
- * plan it is shown fits (issue 42, item 1; docs/optimal.md, "Guarantee of
+ * plan it is shown fits (docs/optimal.md, "Guarantee of
  * the verdict"). The witness is independent of the solver: the plan the
  * solver chose one micro-batch lower, run as an explicit segment list
  * (ML_CKPT_SEGMENTS: no solve), at this micro-batch. */
@@ -66,7 +66,7 @@ static void test_optimal_fits_where_a_neighbour_plan_does(void **state)
     ml_model_destroy(m);
 }
 
-/* Issue 42, item 3: on a long chain of tiny blocks under a roomy budget
+/* On a long chain of tiny blocks under a roomy budget
  * every segment fits, so each block's reach walked to the end: n^2 / 2
  * extensions a solve. Past 8,192 blocks (8,192^2 = 2^26) the longest
  * segment searched is 2^26 / n blocks, at least 256: 20,000 blocks give
