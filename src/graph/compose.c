@@ -22,9 +22,16 @@ uint8_t ml__kit_group(const mlg_layer *L, unsigned component)
     return L->hf_order ? hf[component] : (uint8_t)component;
 }
 
-static uint8_t group(const mlg_layer *L, unsigned component)
+/* The layer returns: its first sum (or the MLP's output), the attention
+ * weights HF's layer kept (`hidden_states, _ = self.self_attn(...)`) and
+ * what the KV cache took over (the replay counts the cache) go. */
+static void layer_returns(ml_graph *g, uint16_t sum, uint16_t held, uint16_t ck, uint16_t cv)
 {
-    return ml__kit_group(L, component);
+    mlg_op *o = ml__graph_release(g, "layer returns");
+    ml__op_free(o, sum);
+    ml__op_free(o, held);
+    ml__op_free(o, ck);
+    ml__op_free(o, cv);
 }
 
 /* Gemma 2's norm of a branch's output y (before its residual add); y goes
@@ -33,7 +40,7 @@ static uint16_t post_norm(ml_graph *g, const mlg_layer *L, uint16_t y, unsigned 
 {
     if (!L->post_norms)
         return y;
-    g->group = group(L, component);
+    g->group = ml__kit_group(L, component);
     uint16_t z = ml__kit_norm(g, &L->post, y, false);
     ml__op_free(ml__graph_release(g, "branch output rebound"), y);
     return z;
@@ -45,25 +52,21 @@ static uint16_t post_norm(ml_graph *g, const mlg_layer *L, uint16_t y, unsigned 
 static void parallel_layer(ml_graph *g, const mlg_layer *L, uint16_t x)
 {
     uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
-    g->group = group(L, MLG_GROUP_NORM1);
+    g->group = ml__kit_group(L, MLG_GROUP_NORM1);
     uint16_t h = ml__kit_norm(g, &L->norm, x, true);
-    g->group = group(L, MLG_GROUP_ATTN);
+    g->group = ml__kit_group(L, MLG_GROUP_ATTN);
     uint16_t a = ml__kit_hf_attention(g, L, h, &held, &ck, &cv);
     ml__op_free(ml__graph_release(g, "norm output (an argument) goes"), h);
-    g->group = group(L, MLG_GROUP_NORM2);
+    g->group = ml__kit_group(L, MLG_GROUP_NORM2);
     h = ml__kit_norm(g, &L->norm, x, true);
-    g->group = group(L, MLG_GROUP_MLP);
+    g->group = ml__kit_group(L, MLG_GROUP_MLP);
     uint16_t m = ml__kit_mlp(g, L, h, NULL);
     ml__op_free(ml__graph_release(g, "norm output (an argument) goes"), h);
     /* mlp_output + attn_output + hidden_states */
     uint16_t t = ml__kit_residual(g, m, a);
     uint16_t out = ml__kit_residual(g, x, t);
     (void)out;
-    mlg_op *o = ml__graph_release(g, "layer returns");
-    ml__op_free(o, m);
-    ml__op_free(o, held);
-    ml__op_free(o, ck);
-    ml__op_free(o, cv);
+    layer_returns(g, m, held, ck, cv);
 }
 
 /* HF BertLayer: BertAttention (BertSelfAttention, then BertSelfOutput:
@@ -104,30 +107,23 @@ void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
         return;
     }
     uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
-    g->group = group(L, MLG_GROUP_NORM1);
+    g->group = ml__kit_group(L, MLG_GROUP_NORM1);
     uint16_t h = ml__kit_norm(g, &L->norm, x, true);
-    g->group = group(L, MLG_GROUP_ATTN);
+    g->group = ml__kit_group(L, MLG_GROUP_ATTN);
     uint16_t a = L->attn.hf ? ml__kit_hf_attention(g, L, h, &held, &ck, &cv)
                             : ml__kit_attention(g, L, h);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     a = post_norm(g, L, a, MLG_GROUP_POST_ATTN);
     uint16_t r = ml__kit_residual(g, x, a);
-    g->group = group(L, MLG_GROUP_NORM2);
+    g->group = ml__kit_group(L, MLG_GROUP_NORM2);
     h = ml__kit_norm(g, &L->norm, r, true);
-    g->group = group(L, MLG_GROUP_MLP);
+    g->group = ml__kit_group(L, MLG_GROUP_MLP);
     uint16_t m = ml__kit_mlp(g, L, h, NULL);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     m = post_norm(g, L, m, MLG_GROUP_POST_MLP);
     uint16_t out = ml__kit_residual(g, r, m);
     (void)out;
-    /* the layer returns: the first sum, the attention weights HF's layer
-     * kept (`hidden_states, _ = self.self_attn(...)`), and what the KV
-     * cache took over (the replay counts the cache) */
-    mlg_op *o = ml__graph_release(g, "layer returns");
-    ml__op_free(o, r);
-    ml__op_free(o, held);
-    ml__op_free(o, ck);
-    ml__op_free(o, cv);
+    layer_returns(g, r, held, ck, cv);
 }
 
 void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap)

@@ -160,14 +160,21 @@ bool ml__graph_valid(const ml_graph *g)
 
 /* ---- passes ------------------------------------------------------------ */
 
+uint64_t ml__graph_numel(const ml_graph *g, const ml_graph_sizes *z, uint16_t t, bool *overflow)
+{
+    const mlg_tensor *p = &g->t[t];
+    uint64_t n = p->factor;
+    for (unsigned k = 0; k < p->ndim; k++)
+        if (__builtin_mul_overflow(n, z->dim[p->dim[k]], &n))
+            *overflow = true;
+    return n;
+}
+
 void ml__graph_bytes(const ml_graph *g, ml_graph_sizes *z, uint64_t *tb)
 {
     for (uint16_t i = 0; i < g->nt; i++) {
         const mlg_tensor *t = &g->t[i];
-        uint64_t n = t->factor;
-        for (unsigned k = 0; k < t->ndim; k++)
-            if (__builtin_mul_overflow(n, z->dim[t->dim[k]], &n))
-                z->overflow = true;
+        uint64_t n = ml__graph_numel(g, z, i, &z->overflow);
         if (__builtin_mul_overflow(n, (uint64_t)z->bytes[t->dtype], &n))
             z->overflow = true;
         if (t->flags & MLG_T_HALF)

@@ -176,6 +176,10 @@ mlg_op *ml__graph_release(ml_graph *g, const char *name);
 bool ml__graph_valid(const ml_graph *g);
 
 /* ---- passes (graph.c) ---- */
+/* Tensor t's elements at sizes z (its factor times its dimensions); sets
+ * *overflow when the product passes 64 bits. */
+uint64_t ml__graph_numel(const ml_graph *g, const ml_graph_sizes *z, uint16_t t, bool *overflow);
+
 /* Every tensor's bytes at sizes z into tb[0 .. g->nt): a view's its own
  * shape's (its gradient's; it has no storage). Sets z->overflow when a
  * product passes 64 bits. */

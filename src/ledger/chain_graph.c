@@ -74,16 +74,6 @@ bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool
     return sized(ch, m, d, G);
 }
 
-/* A parameter's elements. */
-static uint64_t numel(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z, uint16_t t)
-{
-    const mlg_tensor *p = &g->t[t];
-    uint64_t n = p->factor;
-    for (unsigned k = 0; k < p->ndim; k++)
-        n = ml_mul(ch, n, z->dim[p->dim[k]]);
-    return n;
-}
-
 /* The saved inventory: one entry per saved storage, in the order the
  * graph declares them; idx[e] its index in ch->saved (SIZE_MAX: the
  * block's input, or none) and first[e] the op that first saves it, whose
@@ -141,8 +131,10 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
         gin = ml_add(ch, gin, G->tb[o->gin[j]]);
     for (unsigned j = 0; j < o->ngout; j++)
         gout = ml_add(ch, gout, G->tb[o->gout[j]]);
-    for (unsigned j = 0; j < o->nparam; j++)
-        pg = ml_add(ch, pg, ml_mul(ch, numel(ch, g, &G->z, o->param[j]), ch->prec.grad));
+    for (unsigned j = 0; j < o->nparam; j++) {
+        uint64_t n = ml__graph_numel(g, &G->z, o->param[j], &ch->overflow);
+        pg = ml_add(ch, pg, ml_mul(ch, n, ch->prec.grad));
+    }
     for (unsigned j = 0; j < o->nsave; j++) {
         uint16_t e = ml__graph_entry(g, o->save[j]);
         if (first[e] == k && idx[e] != SIZE_MAX)
