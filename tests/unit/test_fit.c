@@ -311,8 +311,8 @@ static void test_advice(void **state)
  * (6,979,321,856 - 1,493,277,696) / 411,721,728 = 13.32 samples: 13 (the
  * few KiB of the loss's scalars do not change the floor); at 32 the pass
  * needs 1,493,277,696 + 32 x 411,721,728 = 14,668,372,992 B and more, over
- * 13.6 GiB. The training iteration alone fits at micro-batch 1 (its peak
- * 2,694,665,216 B, 2.51 GiB: asserted below). */
+ * 13.6 GiB. The training iteration alone fits at micro-batch 1 (asserted
+ * below). */
 static void test_fit_eval_binds(void **state)
 {
     (void)state;

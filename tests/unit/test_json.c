@@ -260,7 +260,7 @@ static void svg_text_widths(void **state)
     assert_string_equal(buf, "<text x=\"5.0\" y=\"10.0\" font-size=\"2048\">Hello</text>\n"
                              "<text x=\"5.0\" y=\"30.0\" font-size=\"2048\">Hello</text>\n");
     free(buf);
-    /* no space to break at: between characters, "Hell" (4570 <= 5000), "o" */
+    /* no space to break at: between characters, "Hell" (1540 + 1260 + 569 + 569 = 3938 <= 5000), "o" */
     assert_int_equal(ml_svg_text_wrapped(NULL, 0, 0, 1, 2048, false, NULL, 5000, "Hello"), 2);
     /* narrower than any character: one character a line, never none */
     assert_int_equal(ml_svg_text_wrapped(NULL, 0, 0, 1, 2048, false, NULL, 1, "Hello"), 5);

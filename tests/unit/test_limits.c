@@ -191,8 +191,10 @@ static void test_effective_batch_limit(void **state)
     assert_non_null(strstr(e.msg, "(the effective batch) must be below 2^64"));
     c.training.data_parallel = (1ull << 20) - 1;
     assert_int_equal(ml_config_check(&c, &e), ML_OK);
-    assert_true(c.training.micro_batch * c.training.grad_accum * c.training.data_parallel ==
-                18446726481523507200ull);
+    /* the figure emit-deepspeed-batch-below-2e64 holds the emitted
+     * train_batch_size to */
+    _Static_assert((1ull << 24) * (1ull << 20) * ((1ull << 20) - 1) == 18446726481523507200ull,
+                   "2^64 - 2^44");
 }
 
 /* One range per whole-number setting: the YAML loader takes the key at

@@ -44,10 +44,10 @@ static bool check_neighbour(ml_model *m, const char *device, uint64_t b)
     return fits;
 }
 
-/* The issue's three devices, each over a window of micro-batches around
- * where the solver used to give up (907 on l4, 584 on t4, 1638 on
- * a100-40gb): at least one witness per window fits, so the check is
- * exercised, and the solver fits wherever its witness does. */
+/* Three devices, each over a window of micro-batches around where the
+ * solver used to give up (907 on l4, 584 on t4, 1638 on a100-40gb): at
+ * least two witnesses per window fit, so the check is exercised, and the
+ * solver fits wherever its witness does. */
 static void test_optimal_fits_where_a_neighbour_plan_does(void **state)
 {
     (void)state;
