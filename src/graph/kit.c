@@ -258,16 +258,24 @@ static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t v
     return probs;
 }
 
-mlg_op *ml__kit_qk(ml_graph *g, uint16_t qb, uint16_t kb, uint16_t S)
+/* The attention core's batched matmul out = a b: BmmBackward0 saves both
+ * operands and makes both gradients; 2 B H T T dh FLOPs. */
+static mlg_op *core_bmm(ml_graph *g, const char *name, const char *node, uint16_t a, uint16_t b,
+                        uint16_t out)
 {
-    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, "bmm (q k^T)", qb, S, "BmmBackward0 (q k^T)");
-    ml__op_in(o, kb);
-    ml__op_save(o, qb);
-    ml__op_save(o, kb);
-    ml__op_gin(o, kb);
+    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, name, a, out, node);
+    ml__op_in(o, b);
+    ml__op_save(o, a);
+    ml__op_save(o, b);
+    ml__op_gin(o, b);
     ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
     o->core = true;
     return o;
+}
+
+mlg_op *ml__kit_qk(ml_graph *g, uint16_t qb, uint16_t kb, uint16_t S)
+{
+    return core_bmm(g, "bmm (q k^T)", "BmmBackward0 (q k^T)", qb, kb, S);
 }
 
 uint16_t ml__kit_scale(ml_graph *g, uint16_t S)
@@ -291,14 +299,7 @@ uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P)
 uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc)
 {
     uint16_t O = ml__kit_heads(g, "attention output (P v)", MLG_H);
-    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, "bmm (P v)", probs, O, "BmmBackward0 (P v)");
-    ml__op_in(o, vb);
-    ml__op_save(o, probs);
-    ml__op_save(o, vb);
-    ml__op_gin(o, vb);
-    ml__op_free(o, vc);
-    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
-    o->core = true;
+    ml__op_free(core_bmm(g, "bmm (P v)", "BmmBackward0 (P v)", probs, vb, O), vc);
     return O;
 }
 
