@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "alloc/sim.h"
+#include "util/grow.h"
 
 ml_alloc_config ml_alloc_config_defaults(void)
 {
@@ -375,16 +376,10 @@ static bool room_grow(ml_alloc_sim *s, size_t n, size_t need)
 {
     if (!tables_reserve(s, need))
         return false;
-    if (s->scratch_cap < n) {
-        size_t cap = s->scratch_cap ? s->scratch_cap : 64;
-        while (cap < n)
-            cap *= 2;
-        uint32_t *ns = realloc(s->scratch, cap * sizeof *ns);
-        if (!ns)
-            return false;
-        s->scratch = ns;
-        s->scratch_cap = cap;
-    }
+    uint32_t *ns = ml_grow_to(s->scratch, n, &s->scratch_cap, sizeof *ns, 64);
+    if (!ns)
+        return false;
+    s->scratch = ns;
     return true;
 }
 

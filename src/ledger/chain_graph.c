@@ -189,24 +189,16 @@ void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t
     ml_ck_grad_close(b, &ng, out);
 }
 
-/* Room for `need` elements in *v (cap allocated, elem bytes each),
- * doubling as ml_grow does. */
-static bool room(void **v, size_t need, size_t *cap, size_t elem)
-{
-    while (*cap < need) {
-        void *nv = ml_grow(*v, *cap, cap, elem, 16);
-        if (!nv)
-            return false;
-        *v = nv;
-    }
-    return true;
-}
-
 void ml_ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst, size_t pcount)
 {
     const ml_cblock *p = &ch->blocks[proto];
-    if (!room((void **)&ch->saved, ch->nsaved + p->nsaved, &ch->savedcap, sizeof *ch->saved) ||
-        !room((void **)&ch->params, ch->nparams + pcount, &ch->paramcap, sizeof *ch->params)) {
+    ml_saved *sv = ml_grow_to(ch->saved, ch->nsaved + p->nsaved, &ch->savedcap, sizeof *sv, 16);
+    if (sv)
+        ch->saved = sv;
+    ml_ptensor *pv = ml_grow_to(ch->params, ch->nparams + pcount, &ch->paramcap, sizeof *pv, 16);
+    if (pv)
+        ch->params = pv;
+    if (!sv || !pv) {
         ch->nomem = true;
         return;
     }

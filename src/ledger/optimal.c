@@ -48,17 +48,10 @@ typedef uint32_t link;
 /* Room for need elements of elem bytes in *v (capacity *cap). */
 static bool reserve(void **v, size_t *cap, size_t need, size_t elem)
 {
-    if (need <= *cap)
-        return true;
-    size_t c = *cap ? *cap : 64;
-    while (c < need)
-        c *= 2;
-    void *nv = realloc(*v, c * elem);
-    if (!nv)
-        return false;
-    *v = nv;
-    *cap = c;
-    return true;
+    void *nv = ml_grow_to(*v, need, cap, elem, 64);
+    if (nv)
+        *v = nv;
+    return nv != NULL;
 }
 
 /* The first set bit at or after pos, or none. */

@@ -108,16 +108,10 @@ void ml_rsim_use_chain(ml_rsim *r, const ml_chain *ch)
 /* Room for n sizes in r->sizes: false when the host is out of memory. */
 static bool sizes_room(ml_rsim *r, size_t n)
 {
-    if (n <= r->sizecap)
-        return true;
-    size_t cap = r->sizecap ? r->sizecap : 64;
-    while (cap < n)
-        cap *= 2;
-    uint64_t *grown = realloc(r->sizes, cap * sizeof *grown);
+    uint64_t *grown = ml_grow_to(r->sizes, n, &r->sizecap, sizeof *grown, 64);
     if (!grown)
         return false;
     r->sizes = grown;
-    r->sizecap = cap;
     return true;
 }
 

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "harness.h"
+#include "util/grow.h"
 
 static void expect(const char *text, size_t len, ml_status code, const char *msg)
 {
@@ -369,6 +370,28 @@ static void test_yaml_tags(void **state)
     }
 }
 
+/* ml_grow_to: from the first capacity (64) doubled until n fits: 100
+ * takes 128, 129 then 256; n within the capacity keeps the array; a
+ * capacity past SIZE_MAX bytes is refused with the array untouched. */
+static void test_grow_to(void **state)
+{
+    (void)state;
+    size_t cap = 0;
+    uint64_t *v = ml_grow_to(NULL, 100, &cap, sizeof *v, 64);
+    assert_non_null(v);
+    assert_int_equal(cap, 128);
+    v[99] = 7;
+    assert_ptr_equal(ml_grow_to(v, 128, &cap, sizeof *v, 64), v);
+    assert_int_equal(cap, 128);
+    uint64_t *w = ml_grow_to(v, 129, &cap, sizeof *w, 64);
+    assert_non_null(w);
+    assert_int_equal(cap, 256);
+    assert_int_equal(w[99], 7);
+    assert_null(ml_grow_to(w, SIZE_MAX / 4, &cap, sizeof *w, 64));
+    assert_int_equal(cap, 256);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -382,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_points_count),
         cmocka_unit_test(test_points_limits_file),
         cmocka_unit_test(test_yaml_tags),
+        cmocka_unit_test(test_grow_to),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
