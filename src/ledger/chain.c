@@ -276,6 +276,8 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, bool 
         ch->blocks[0].in_bytes = 0;
         ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, m->buffers); /* declared */
     }
+    if (st == ML_OK)
+        ml_chain_mark_runs(ch);
     if (st == ML_OK && ch->nomem)
         st = ML_NOMEM;
     if (st == ML_OK && ch->overflow) {

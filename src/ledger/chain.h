@@ -71,13 +71,19 @@ typedef struct {
 } ml_bnode;
 
 typedef struct {
+    /* where the block is (the rest, from fwd_phase on, is what it is:
+     * ml_chain_mark_runs compares that part of two blocks) */
     char name[48];
-    ml_phase fwd_phase;      /* forward, or loss for the loss block */
     int ckpt_index;          /* index in checkpoint lists, -1: not checkpointable */
+    size_t saved_first, node_first;
+    bool like_prev;          /* the same block as the one before it, but for the
+                                fields above (ml_chain_mark_runs; the replay
+                                skips runs of them, replay_runs.c) */
+    ml_phase fwd_phase;      /* forward, or loss for the loss block */
     uint64_t params;         /* elements */
-    size_t saved_first, nsaved;
-    size_t node_first, nnodes; /* backward nodes in execution order; 0: the
-                                  block-level backward (ws_bwd) */
+    size_t nsaved;
+    size_t nnodes;           /* backward nodes in execution order, from node_first;
+                                0: the block-level backward (ws_bwd) */
     uint64_t saved_bytes;    /* inventory without the boundary tensors */
     uint64_t core_bytes;     /* part flagged ML_SV_CORE */
     uint64_t cast_bytes;     /* part that is autocast's weight copies */
@@ -219,6 +225,8 @@ ml_status ml_chain_build_builders(const ml_model *m, const ml_config *cfg, bool 
 ml_status ml_chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                               ml_error *err);
 void ml_chain_free(ml_chain *ch);
+/* Sets each block's like_prev (replay_runs.c). */
+void ml_chain_mark_runs(ml_chain *ch);
 
 /* Optimizer model (optim.c): resident state bytes and step temporaries. */
 typedef struct {
@@ -232,8 +240,26 @@ typedef struct {
 ml_status ml_optim_bytes_of(const ml_chain *ch, const ml_training *t, ml_optim_bytes *out,
                             ml_error *err);
 
-/* Checked arithmetic with a sticky overflow flag on the chain. */
-uint64_t ml_mul(ml_chain *ch, uint64_t a, uint64_t b);
-uint64_t ml_add(ml_chain *ch, uint64_t a, uint64_t b);
+/* Checked arithmetic with a sticky overflow flag on the chain (0 after an
+ * overflow). */
+static inline uint64_t ml_mul(ml_chain *ch, uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (__builtin_mul_overflow(a, b, &r)) {
+        ch->overflow = true;
+        return 0;
+    }
+    return r;
+}
+
+static inline uint64_t ml_add(ml_chain *ch, uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    if (__builtin_add_overflow(a, b, &r)) {
+        ch->overflow = true;
+        return 0;
+    }
+    return r;
+}
 
 #endif

@@ -192,27 +192,21 @@ void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t
 void ml_ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst, size_t pcount)
 {
     const ml_cblock *p = &ch->blocks[proto];
-    ml_saved *sv = ml_grow_to(ch->saved, ch->nsaved + p->nsaved, &ch->savedcap, sizeof *sv, 16);
-    if (sv)
-        ch->saved = sv;
     ml_ptensor *pv = ml_grow_to(ch->params, ch->nparams + pcount, &ch->paramcap, sizeof *pv, 16);
-    if (pv)
-        ch->params = pv;
-    if (!sv || !pv) {
+    if (!pv) {
         ch->nomem = true;
         return;
     }
+    ch->params = pv;
     char name[sizeof b->name];
     memcpy(name, b->name, sizeof name);
     const int ckpt = b->ckpt_index;
     *b = *p;
     memcpy(b->name, name, sizeof name);
     b->ckpt_index = ckpt;
-    b->saved_first = ch->nsaved;
-    memcpy(&ch->saved[ch->nsaved], &ch->saved[p->saved_first], p->nsaved * sizeof *ch->saved);
-    ch->nsaved += p->nsaved;
     memcpy(&ch->params[ch->nparams], &ch->params[pfirst], pcount * sizeof *ch->params);
     ch->nparams += pcount;
-    /* node_first: the prototype's list, shared as ml_ck_end shares equal
-     * lists of successive blocks */
+    /* saved_first and node_first: the prototype's lists, shared (nothing
+     * changes a block's lists once it is closed), as ml_ck_end shares equal
+     * node lists of successive blocks */
 }

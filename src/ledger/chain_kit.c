@@ -7,26 +7,6 @@
 #include "ledger/chain_kit.h"
 #include "util/grow.h"
 
-uint64_t ml_mul(ml_chain *ch, uint64_t a, uint64_t b)
-{
-    uint64_t r;
-    if (__builtin_mul_overflow(a, b, &r)) {
-        ch->overflow = true;
-        return 0;
-    }
-    return r;
-}
-
-uint64_t ml_add(ml_chain *ch, uint64_t a, uint64_t b)
-{
-    uint64_t r;
-    if (__builtin_add_overflow(a, b, &r)) {
-        ch->overflow = true;
-        return 0;
-    }
-    return r;
-}
-
 uint64_t ml_ck_mul3(ml_chain *ch, uint64_t a, uint64_t b, uint64_t c)
 {
     return ml_mul(ch, ml_mul(ch, a, b), c);

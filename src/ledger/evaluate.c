@@ -441,6 +441,7 @@ void ml_eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml
     r->block = -1;
     r->sub = "";
     r->phase = ML_PHASE_FORWARD;
+    r->whole = x->whole;
 }
 
 ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
@@ -491,8 +492,8 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
     return ML_OK;
 }
 
-ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_events,
-                             ml_ledger **out, ml_error *err)
+static ml_status evaluate(const ml_model *m, const ml_config *cfg, bool keep_events, bool whole,
+                          ml_ledger **out, ml_error *err)
 {
     ml_error local;
     if (!err)
@@ -510,6 +511,7 @@ ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_
     memset(&x, 0, sizeof x);
     x.ch = &ch;
     x.cfg = cfg;
+    x.whole = whole;
     if ((st = ml_optim_bytes_of(&ch, t, &x.ob, err)) || (st = ml_eval_pass(m, &x, err))) {
         ml_chain_free(&ch);
         return st;
@@ -555,37 +557,14 @@ done:
     return st;
 }
 
-void ml_ledger_destroy(ml_ledger *l)
+ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_events,
+                             ml_ledger **out, ml_error *err)
 {
-    if (!l)
-        return;
-    free(l->blocks);
-    free(l->events);
-    free(l->levels);
-    free(l);
+    return evaluate(m, cfg, keep_events, false, out, err);
 }
 
-const ml_summary *ml_ledger_summary(const ml_ledger *l)
+ml_status ml__ledger_evaluate_whole(const ml_model *m, const ml_config *cfg, ml_ledger **out,
+                                    ml_error *err)
 {
-    return &l->sum;
-}
-
-size_t ml_ledger_block_count(const ml_ledger *l)
-{
-    return l->nblocks;
-}
-
-const ml_block_info *ml_ledger_block(const ml_ledger *l, size_t i)
-{
-    return i < l->nblocks ? &l->blocks[i] : NULL;
-}
-
-size_t ml_ledger_event_count(const ml_ledger *l)
-{
-    return l->nevents;
-}
-
-const ml_event *ml_ledger_events(const ml_ledger *l)
-{
-    return l->events;
+    return evaluate(m, cfg, false, true, out, err);
 }

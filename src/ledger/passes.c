@@ -97,6 +97,7 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     r.held_cat = e.held_cat;
     r.recomputed = e.recomputed;
     r.hold_cache = true;
+    r.whole = x->whole;
     r.block = -1;
     r.sub = "";
     r.phase = ML_PHASE_FORWARD;

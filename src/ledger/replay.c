@@ -8,43 +8,6 @@
 #include "ledger/replay.h"
 #include "util/grow.h"
 
-static void phase_max(ml_phase_peak *p, uint64_t v, int32_t block, const char **sub_at,
-                      const char *sub)
-{
-    if (p->present && v <= p->peak)
-        return;
-    p->present = true;
-    p->peak = v;
-    p->block = block;
-    *sub_at = sub;
-}
-
-void ml_replay_phase_point(ml_replay *r, uint64_t first)
-{
-    ml_summary *s = &r->l->sum;
-    phase_max(&s->phase_steady[r->phase], r->total, r->block, &r->phase_sub[r->phase], r->sub);
-    phase_max(&s->phase_first[r->phase], first, r->block, &r->first_sub[r->phase], r->sub);
-}
-
-static void phase_name(const ml_replay *r, ml_phase ph, ml_phase_peak *p, const char *sub)
-{
-    if (!p->present)
-        return;
-    if (p->block >= 0 && (size_t)p->block < r->ch->n)
-        snprintf(p->at, sizeof p->at, "%s%s", r->ch->blocks[p->block].name, sub ? sub : "");
-    else
-        snprintf(p->at, sizeof p->at, "%s",
-                 ph == ML_PHASE_OPTIMIZER ? "optimizer.step" : "resident");
-}
-
-void ml_replay_phase_names(const ml_replay *r, ml_summary *s)
-{
-    for (int ph = 0; ph < ML_PHASE_COUNT; ph++) {
-        phase_name(r, (ml_phase)ph, &s->phase_steady[ph], r->phase_sub[ph]);
-        phase_name(r, (ml_phase)ph, &s->phase_first[ph], r->first_sub[ph]);
-    }
-}
-
 static void event(ml_replay *r, ml_category c, int64_t delta)
 {
     /* after an overflow the plan is refused: nothing more to count */
@@ -124,6 +87,13 @@ void ml_replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split
 void ml_replay_alloc(ml_replay *r, ml_category c, uint64_t b)
 {
     ml_replay_alloc_as(r, c, b, ML_T_ONE, 0, 1);
+}
+
+void ml_replay_recompute_flops(ml_replay *r, double f)
+{
+    r->flops_recompute += f;
+    r->rec_adds++;
+    r->rec_last = f;
 }
 
 void ml_replay_free(ml_replay *r, ml_category c, uint64_t b)
@@ -231,65 +201,77 @@ static void input_done(ml_replay *r, size_t k)
     r->held[k] = 0;
 }
 
-void ml_replay_forward(ml_replay *r)
+/* Block k's forward; with grad unless it is checkpointed (seg[k] >= 0). */
+static void forward_block(ml_replay *r, size_t k)
 {
     const ml_chain *ch = r->ch;
     const ml_shard *sh = r->sh;
     const int *seg = r->seg;
     const size_t n = ch->n;
-    const ml_cblock *B = ch->blocks;
+    const ml_cblock *B = ch->blocks, *b = &B[k];
+    r->phase = b->fwd_phase;
+    r->block = (int32_t)k;
+    /* a checkpointed block runs under no_grad: nothing is saved, and
+     * what would be saved is transient */
+    uint64_t ws = seg[k] < 0 ? b->ws_fwd : b->ws_nograd;
+    /* the attention mask the model's forward makes before its layers
+     * and holds through them (docs/ledger.md, "Boundary tensors") */
+    const bool layer = b->ckpt_index >= (int)ch->mask_ckpt0;
+    const uint64_t mask = ch->mask_in_forward ? ch->ckpt_side : 0;
+    if (layer && b->ckpt_index == (int)ch->mask_ckpt0)
+        ml_replay_alloc(r, ML_CAT_WORKSPACE, mask);
+    uint64_t gat = gathered(r, k, false);
+    ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
+    gather_time(r, k);
+    if (seg[k] < 0)
+        fwd_grads(r, k);
+    ml_replay_alloc_as(r, ML_CAT_WORKSPACE, ws, seg[k] < 0 ? ML_T_UNITS_FWD : ML_T_UNITS, k, 1);
+    if (seg[k] < 0 && !b->fwd_only) /* (an unused layer's: a side tensor) */
+        ml_replay_alloc_as(r, ML_CAT_ACTIVATIONS,
+                           b->saved_bytes - (r->selective ? b->core_bytes : 0),
+                           r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
+    ml_sides_forward(r, k, true);
+    if ((int)k == sh->side_block) { /* a checkpoint keeps it for the backward */
+        ml_replay_free(r, ML_CAT_WORKSPACE, mask);
+        ml_replay_alloc(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
+    }
+    /* an in-place op (relu inplace: true) makes its output in its
+     * input's storage: the input goes first */
+    if (b->inplace)
+        input_done(r, k);
+    if (k + 1 < n)
+        boundary_alloc(r, k + 1, r->bd[k + 1].alias ? 0 : B[k + 1].in_bytes);
+    r->flops_done += b->flops_fwd; /* the block runs: what follows is after it */
+    ml_replay_free(r, ML_CAT_WORKSPACE, ws);
+    ml_replay_free(r, ML_CAT_WORKSPACE, gat);
+    if (r->hold_cache) /* the output's keys and values; autocast's weight copies */
+        ml_replay_alloc(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes);
+    input_done(r, k);
+    ml_sides_forward(r, k, false);
+    /* the model's forward returns after its last layer */
+    if (layer && sh->side_block < 0 && (k + 1 == n || B[k + 1].ckpt_index < 0))
+        ml_replay_free(r, ML_CAT_WORKSPACE, mask);
+    /* the loop rebinds its reference once this loss is computed */
+    if (b->in_held && r->prev_out) {
+        ml_replay_free(r, r->prev_out_cat, r->prev_out);
+        r->prev_out = 0;
+    }
+}
+
+void ml_replay_forward(ml_replay *r)
+{
+    const size_t n = r->ch->n;
     r->phase = ML_PHASE_FORWARD;
     r->block = 0;
-    boundary_alloc(r, 0, B[0].in_bytes);
+    boundary_alloc(r, 0, r->ch->blocks[0].in_bytes);
+    ml_run u = {.streak = 0};
     for (size_t k = 0; k < n && !r->overflow; k++) { /* an overflow ends the plan */
-        const ml_cblock *b = &B[k];
-        r->phase = b->fwd_phase;
-        r->block = (int32_t)k;
-        /* a checkpointed block runs under no_grad: nothing is saved, and
-         * what would be saved is transient */
-        uint64_t ws = seg[k] < 0 ? b->ws_fwd : b->ws_nograd;
-        /* the attention mask the model's forward makes before its layers
-         * and holds through them (docs/ledger.md, "Boundary tensors") */
-        const bool layer = b->ckpt_index >= (int)ch->mask_ckpt0;
-        const uint64_t mask = ch->mask_in_forward ? ch->ckpt_side : 0;
-        if (layer && b->ckpt_index == (int)ch->mask_ckpt0)
-            ml_replay_alloc(r, ML_CAT_WORKSPACE, mask);
-        uint64_t gat = gathered(r, k, false);
-        ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
-        gather_time(r, k);
-        if (seg[k] < 0)
-            fwd_grads(r, k);
-        ml_replay_alloc_as(r, ML_CAT_WORKSPACE, ws, seg[k] < 0 ? ML_T_UNITS_FWD : ML_T_UNITS, k, 1);
-        if (seg[k] < 0 && !b->fwd_only) /* (an unused layer's: a side tensor) */
-            ml_replay_alloc_as(r, ML_CAT_ACTIVATIONS,
-                               b->saved_bytes - (r->selective ? b->core_bytes : 0),
-                               r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
-        ml_sides_forward(r, k, true);
-        if ((int)k == sh->side_block) { /* a checkpoint keeps it for the backward */
-            ml_replay_free(r, ML_CAT_WORKSPACE, mask);
-            ml_replay_alloc(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
-        }
-        /* an in-place op (relu inplace: true) makes its output in its
-         * input's storage: the input goes first */
-        if (b->inplace)
-            input_done(r, k);
-        if (k + 1 < n)
-            boundary_alloc(r, k + 1, r->bd[k + 1].alias ? 0 : B[k + 1].in_bytes);
-        r->flops_done += b->flops_fwd; /* the block runs: what follows is after it */
-        ml_replay_free(r, ML_CAT_WORKSPACE, ws);
-        ml_replay_free(r, ML_CAT_WORKSPACE, gat);
-        if (r->hold_cache) /* the output's keys and values; autocast's weight copies */
-            ml_replay_alloc(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes);
-        input_done(r, k);
-        ml_sides_forward(r, k, false);
-        /* the model's forward returns after its last layer */
-        if (layer && sh->side_block < 0 && (k + 1 == n || B[k + 1].ckpt_index < 0))
-            ml_replay_free(r, ML_CAT_WORKSPACE, mask);
-        /* the loop rebinds its reference once this loss is computed */
-        if (b->in_held && r->prev_out) {
-            ml_replay_free(r, r->prev_out_cat, r->prev_out);
-            r->prev_out = 0;
-        }
+        k = ml_run_skip(&u, r, k, 1);
+        if (r->overflow)
+            break;
+        ml_run_before(&u, r);
+        forward_block(r, k);
+        ml_run_after(&u, r, k, 1);
     }
     r->act_end = r->live[ML_CAT_ACTIVATIONS];
 }
@@ -332,7 +314,7 @@ static void recompute_segment(ml_replay *r, size_t s0, size_t k)
         r->flops_done += B[j].flops_fwd;
         ml_replay_free(r, ML_CAT_WORKSPACE, tout);
         ml_replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
-        r->flops_recompute += B[j].flops_fwd;
+        ml_replay_recompute_flops(r, B[j].flops_fwd);
     }
     ml_sides_recompute(r, s0, k, false);
     r->sub = "";
@@ -358,7 +340,7 @@ static void backward_block(ml_replay *r, size_t k)
     if (r->selective && seg[k] < 0 && b->core_bytes) {
         r->sub = " (recompute)";
         ml_replay_alloc_as(r, ML_CAT_RECOMPUTE, b->core_bytes, ML_T_SAVED_CORE, k, 1);
-        r->flops_recompute += b->flops_core;
+        ml_replay_recompute_flops(r, b->flops_core);
         r->flops_done += b->flops_core;
         r->sub = "";
     }
@@ -465,7 +447,7 @@ static void recompute_nodes(ml_replay *r, size_t s0, size_t k)
             }
         }
         r->flops_done += B[j].flops_fwd;
-        r->flops_recompute += B[j].flops_fwd;
+        ml_replay_recompute_flops(r, B[j].flops_fwd);
         ml_replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
         ml_replay_free(r, ML_CAT_WORKSPACE, tin);
         tin = tout;
@@ -542,6 +524,32 @@ static void backward_nodes(ml_replay *r, size_t k)
     r->grad_carry = b->in_nograd ? 0 : b->in_bytes;
 }
 
+/* Block k's backward, after its segment's recompute when it ends one. */
+static void backward_step(ml_replay *r, size_t k)
+{
+    const int *seg = r->seg;
+    const size_t n = r->ch->n;
+    if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k])) {
+        size_t s0 = segment_start(seg, k);
+        r->seg_nodes = segment_by_nodes(r->ch, s0, k);
+        if (by_nodes(r, k)) {
+            /* the gradient of the segment's output exists before its
+             * first node unpacks a saved tensor */
+            if (!r->grad_carry) {
+                r->grad_carry = r->ch->blocks[k].bwd_in;
+                ml_replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
+            }
+            recompute_nodes(r, s0, k);
+        }
+    }
+    if (r->ch->blocks[k].fwd_only)
+        return;
+    if (by_nodes(r, k))
+        backward_nodes(r, k);
+    else
+        backward_block(r, k);
+}
+
 void ml_replay_micro_batch(ml_replay *r)
 {
     const size_t n = r->ch->n;
@@ -551,27 +559,14 @@ void ml_replay_micro_batch(ml_replay *r)
     r->block = (int32_t)(n - 1);
     ml_replay_alloc(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
     r->grad_carry = 0;
+    ml_run u = {.streak = 0};
     for (size_t k = n; k-- > 0 && !r->overflow;) { /* an overflow ends the plan */
-        const int *seg = r->seg;
-        if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k])) {
-            size_t s0 = segment_start(seg, k);
-            r->seg_nodes = segment_by_nodes(r->ch, s0, k);
-            if (by_nodes(r, k)) {
-                /* the gradient of the segment's output exists before its
-                 * first node unpacks a saved tensor */
-                if (!r->grad_carry) {
-                    r->grad_carry = r->ch->blocks[k].bwd_in;
-                    ml_replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
-                }
-                recompute_nodes(r, s0, k);
-            }
-        }
-        if (r->ch->blocks[k].fwd_only)
-            continue;
-        if (by_nodes(r, k))
-            backward_nodes(r, k);
-        else
-            backward_block(r, k);
+        k = ml_run_skip(&u, r, k, -1);
+        if (r->overflow)
+            break;
+        ml_run_before(&u, r);
+        backward_step(r, k);
+        ml_run_after(&u, r, k, -1);
     }
     ml_replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
     r->grad_carry = 0;

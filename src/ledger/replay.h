@@ -15,6 +15,7 @@ struct ml_ledger {
     size_t nevents, cap;
     struct ml_level *levels; /* the events as levels (levels.h), or NULL */
     size_t nlevels;
+    uint64_t skipped;        /* blocks its replays moved over (replay_runs.c) */
 };
 
 /* Per-device sharding (docs/sharding.md). */
@@ -86,8 +87,39 @@ typedef struct {
     /* sub at each phase's steady and first-iteration peak (ml_phase_peak) */
     const char *phase_sub[ML_PHASE_COUNT], *first_sub[ML_PHASE_COUNT];
     bool keep, nomem, overflow, underflow;
+    bool whole;              /* every block replayed, no run moved over */
     ml_rsim *rsim;           /* the allocator simulation, or NULL */
+    /* the recompute FLOPs added so far and the last addition (a run of
+     * identical blocks repeats a block's additions: replay_runs.c) */
+    unsigned rec_adds;
+    double rec_last;
 } ml_replay;
+
+/* Runs of identical layers (replay_runs.c; docs/ledger.md, "Runs of
+ * identical layers"): a layer whose replay is the one before it moved by a
+ * constant. The replay runs the first two of a run and its last, and moves
+ * the live bytes over the ones between; no peak can lie between (each
+ * level there is between the two ends' levels at the same event). */
+typedef struct {
+    uint64_t before[ML_CAT_COUNT + 1]; /* live bytes and total before the block */
+    uint64_t delta[ML_CAT_COUNT + 1];  /* the last block's change, mod 2^64 */
+    double fdone[3];                   /* flops, comm and host done before it */
+    double fdelta[3];
+    unsigned adds0, adds;              /* recompute additions before it, in it */
+    double rec;                        /* its last recompute addition */
+    size_t last;                       /* the block measured last */
+    unsigned streak;                   /* blocks in a row with equal changes */
+} ml_run;
+
+/* Whether block j replays as block j-1 does, moved by a constant. */
+bool ml_replay_twin(const ml_replay *r, size_t j);
+void ml_run_before(ml_run *u, const ml_replay *r);
+/* After block k (the one before it in the walk's direction: k - dir). */
+void ml_run_after(ml_run *u, const ml_replay *r, size_t k, int dir);
+/* The blocks from k on (dir +1) or down (dir -1) that need no replay: their
+ * live bytes, FLOPs and boundaries moved as the run's; returns the block to
+ * replay next (k when none is skipped). */
+size_t ml_run_skip(ml_run *u, ml_replay *r, size_t k, int dir);
 
 /* Where side tensor s is freed under the segment plan seg (docs/ledger.md,
  * "Side tensors"): true, after the backward of *block; false, after its
@@ -113,6 +145,8 @@ void ml_replay_phase_names(const ml_replay *r, ml_summary *s);
 void ml_replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
                         size_t block, unsigned copies);
 void ml_replay_free(ml_replay *r, ml_category c, uint64_t b);
+/* A recompute's FLOPs added to this micro-batch's. */
+void ml_replay_recompute_flops(ml_replay *r, double f);
 /* The forward of one micro-batch; blocks with seg[k] >= 0 run under
  * no_grad (nothing saved). */
 void ml_replay_forward(ml_replay *r);
@@ -129,6 +163,8 @@ typedef struct {
     uint64_t *recomputed, *held;
     ml_category *held_cat;
     int side_block; /* set by ml_eval_run */
+    bool whole;     /* replay every block (the reference tests/unit/test_runs.c
+                       holds the runs against) */
     /* the evaluation pass, planned once (it does not depend on the
      * checkpoint plan): ml_eval_pass */
     bool has_eval;
@@ -176,6 +212,10 @@ ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg
 /* training.vision_tower's policy for a multimodal model's tower over seg[]
  * (sides.c; ml_eval_segments applies it). */
 void ml_eval_stack_segments(const ml_chain *ch, int *seg);
+/* ml_ledger_evaluate with every block of every replay replayed: no run of
+ * identical layers moved over (replay_runs.c). */
+ml_status ml__ledger_evaluate_whole(const ml_model *m, const ml_config *cfg, ml_ledger **out,
+                                    ml_error *err);
 /* Replays the chain under the plan seg[] into l (summary, blocks, events). */
 ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
                       ml_error *err);

@@ -1,0 +1,205 @@
+/* Runs of identical layers (docs/ledger.md, "Runs of identical layers").
+ *
+ * A decoder's layers are one block repeated: each one's replay is the
+ * previous one's, every event moved by the same bytes per category. Over a
+ * run of such layers a level at a given event is linear in the layer's
+ * index, so its highest value is at the run's first or last layer, and
+ * where two layers tie the earlier one was recorded first: replaying those
+ * two ends and moving the live bytes over the layers between gives every
+ * peak, its place and its breakdown, as a replay of every layer does. The
+ * replay keeps whole runs where it records events or simulates the
+ * allocator, which see each event. */
+#include <stddef.h>
+#include <string.h>
+
+#include "ledger/replay.h"
+
+/* Blocks a and b the same but for their names, checkpoint indices and where
+ * their saved and node lists lie (the lists' entries equal). */
+static bool same_block(const ml_chain *ch, const ml_cblock *a, const ml_cblock *b)
+{
+    const size_t from = offsetof(ml_cblock, fwd_phase);
+    if (memcmp((const char *)a + from, (const char *)b + from, sizeof *a - from))
+        return false;
+    if (a->saved_first != b->saved_first && a->nsaved &&
+        memcmp(&ch->saved[a->saved_first], &ch->saved[b->saved_first],
+               a->nsaved * sizeof *ch->saved))
+        return false;
+    return a->node_first == b->node_first || !a->nnodes ||
+           !memcmp(&ch->nodes[a->node_first], &ch->nodes[b->node_first],
+                   a->nnodes * sizeof *ch->nodes);
+}
+
+void ml_chain_mark_runs(ml_chain *ch)
+{
+    for (size_t k = 0; k < ch->n; k++)
+        ch->blocks[k].like_prev =
+            k > 0 && ch->blocks[k].ckpt_index >= 0 && ch->blocks[k - 1].ckpt_index >= 0 &&
+            same_block(ch, &ch->blocks[k - 1], &ch->blocks[k]);
+}
+
+static bool same_boundary(const ml_boundary *a, const ml_boundary *b)
+{
+    return a->alias == b->alias && a->kept == b->kept && a->cat == b->cat &&
+           a->by_consumer == b->by_consumer;
+}
+
+/* Block i is not one the replay treats apart: the first layer (the mask it
+ * makes), the one that keeps the checkpoints' side tensors, the loss. */
+static bool plain_layer(const ml_replay *r, size_t i)
+{
+    const ml_cblock *b = &r->ch->blocks[i];
+    return b->ckpt_index > (int)r->ch->mask_ckpt0 && (int)i != r->sh->side_block && !b->in_held;
+}
+
+/* Block i's checkpoint segment: none like its neighbours', or its own. */
+static bool plain_segment(const ml_replay *r, size_t i)
+{
+    const int *seg = r->seg;
+    const size_t n = r->ch->n;
+    if (seg[i] < 0)
+        return seg[i - 1] < 0 && (i + 1 == n || seg[i + 1] < 0);
+    return seg[i - 1] >= 0 && seg[i - 1] != seg[i] &&
+           (i + 1 == n || (seg[i + 1] >= 0 && seg[i + 1] != seg[i]));
+}
+
+/* Block i in a run: the same as block i-1, a plain layer in a plain
+ * segment, its input boundary as block i-1's. */
+static bool in_run(const ml_replay *r, size_t i)
+{
+    return r->ch->blocks[i].like_prev && plain_layer(r, i) && plain_segment(r, i) &&
+           same_boundary(&r->bd[i], &r->bd[i - 1]);
+}
+
+static bool replayed_whole(const ml_replay *r)
+{
+    return r->whole || r->keep || r->rsim || r->ch->nsides;
+}
+
+/* Block j's replay reads blocks j-1 and j+1 (its input's and output's
+ * sizes, the parameters gathered with its own, whether the one before
+ * saves its output) and the boundaries j and j+1: blocks j-2 to j+1 the
+ * same, their boundaries alike, all plain layers in segments of one. */
+bool ml_replay_twin(const ml_replay *r, size_t j)
+{
+    if (replayed_whole(r) || j < 2 || j + 1 >= r->ch->n)
+        return false;
+    return in_run(r, j - 1) && in_run(r, j) && in_run(r, j + 1) &&
+           same_boundary(&r->bd[j + 2], &r->bd[j + 1]);
+}
+
+static void levels(const ml_replay *r, uint64_t *v)
+{
+    memcpy(v, r->live, sizeof r->live);
+    v[ML_CAT_COUNT] = r->total;
+}
+
+void ml_run_before(ml_run *u, const ml_replay *r)
+{
+    levels(r, u->before);
+    u->fdone[0] = r->flops_done;
+    u->fdone[1] = r->comm_done;
+    u->fdone[2] = r->host_done;
+    u->adds0 = r->rec_adds;
+}
+
+void ml_run_after(ml_run *u, const ml_replay *r, size_t k, int dir)
+{
+    uint64_t now[ML_CAT_COUNT + 1], d[ML_CAT_COUNT + 1];
+    levels(r, now);
+    for (size_t c = 0; c <= ML_CAT_COUNT; c++)
+        d[c] = now[c] - u->before[c]; /* mod 2^64: a fall is a large value */
+    const unsigned adds = r->rec_adds - u->adds0;
+    /* the pair (k - dir, k): the same change (ml_run_skip asks whether
+     * the chain makes them twins) */
+    const bool follows = u->streak && u->last + (size_t)dir == k;
+    const bool same = follows && !memcmp(d, u->delta, sizeof d) && adds == u->adds &&
+                      (!adds || r->rec_last == u->rec);
+    u->streak = same ? u->streak + 1 : 1;
+    memcpy(u->delta, d, sizeof d);
+    u->fdelta[0] = r->flops_done - u->fdone[0];
+    u->fdelta[1] = r->comm_done - u->fdone[1];
+    u->fdelta[2] = r->host_done - u->fdone[2];
+    u->adds = adds;
+    u->rec = r->rec_last;
+    u->last = k;
+}
+
+/* The live bytes after m more blocks of the run. */
+static void move(ml_replay *r, const ml_run *u, uint64_t m)
+{
+    uint64_t v[ML_CAT_COUNT + 1];
+    levels(r, v);
+    for (size_t c = 0; c <= ML_CAT_COUNT; c++) {
+        uint64_t d = u->delta[c], step;
+        if (d <= (uint64_t)INT64_MAX) { /* a rise */
+            if (__builtin_mul_overflow(d, m, &step) || __builtin_add_overflow(v[c], step, &v[c]))
+                r->overflow = true;
+        } else if (__builtin_mul_overflow(-d, m, &step) || step > v[c]) {
+            r->underflow = true; /* as the replay of each block would find */
+        } else {
+            v[c] -= step;
+        }
+    }
+    memcpy(r->live, v, sizeof r->live);
+    r->total = v[ML_CAT_COUNT];
+    r->flops_done += (double)m * u->fdelta[0];
+    r->comm_done += (double)m * u->fdelta[1];
+    r->host_done += (double)m * u->fdelta[2];
+    /* the recompute FLOPs as each block adds them, in order */
+    for (uint64_t i = 0; i < m && u->adds; i++)
+        ml_replay_recompute_flops(r, u->rec);
+}
+
+/* A boundary's state: its bytes still allocated, its category, its
+ * recomputed copy. */
+static void copy_boundary(ml_replay *r, size_t to, size_t from)
+{
+    r->held[to] = r->held[from];
+    r->held_cat[to] = r->held_cat[from];
+    r->recomputed[to] = r->recomputed[from];
+}
+
+size_t ml_run_skip(ml_run *u, ml_replay *r, size_t k, int dir)
+{
+    if (u->streak < 2 || u->last + (size_t)dir != k)
+        return k;
+    size_t e = k;
+    if (dir > 0) {
+        /* blocks k..e-1 skipped, e replayed: each of k-1..e a twin of the
+         * one before it (k-2 and k-1 measured the run's change) */
+        if (!ml_replay_twin(r, k - 1) || !ml_replay_twin(r, k))
+            return k;
+        /* twin(e + 1), given twin(e) */
+        while (e + 3 <= r->ch->n && in_run(r, e + 2) && same_boundary(&r->bd[e + 3], &r->bd[e + 2]))
+            e++;
+        if (e == k)
+            return k;
+        move(r, u, e - k);
+        /* boundary e is the last skipped block's output, as boundary k is
+         * block k-1's; k..e-1 consumed, as k-1 is */
+        copy_boundary(r, e, k);
+        for (size_t i = k; i < e; i++)
+            copy_boundary(r, i, k - 1);
+    } else {
+        /* blocks e+1..k skipped, e replayed: each of e..k+1 a twin of the
+         * one after it (k+2 and k+1 measured the run's change) */
+        if (!ml_replay_twin(r, k + 2) || !ml_replay_twin(r, k + 1))
+            return k;
+        /* twin(e), given twin(e + 1) */
+        while (e >= 2 && in_run(r, e - 1))
+            e--;
+        if (e == k)
+            return k;
+        move(r, u, k - e);
+        /* after block k+1's backward, boundary k+2 (its output) and k+1
+         * (its input) are as each skipped block leaves its own two */
+        copy_boundary(r, e + 1, k + 1);
+        for (size_t i = e + 2; i <= k + 1; i++)
+            copy_boundary(r, i, k + 2);
+    }
+    r->l->skipped += dir > 0 ? e - k : k - e;
+    r->block = (int32_t)(dir > 0 ? e - 1 : e + 1);
+    u->last = e - (size_t)dir;
+    return e;
+}
