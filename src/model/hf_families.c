@@ -1,10 +1,13 @@
 /* The Hugging Face import's families (hf.c): each model_type with the one
  * transformers class the planner builds for it (chain_transformer.c,
  * chain_t5.c), that class's head and loss, and a second class where there
- * is one. docs/hf.md's family table lists them. */
+ * is one, and the attention transformers runs for each when config.json
+ * names none. docs/hf.md's family table lists them. */
 #include <string.h>
 
+#include "model/hf_read.h"
 #include "model/model_internal.h"
+#include "model/tree.h"
 
 /* The decoders' second class: transformers' GenericForSequenceClassification
  * (chain_head.c, seq_cls_head). */
@@ -99,4 +102,55 @@ const char *ml_hf_family_name(unsigned bit)
 const ml_hf_family_info *ml_hf_families(void)
 {
     return families;
+}
+
+/* attn_implementation, the key PretrainedConfig's constructor takes
+ * (transformers' configuration_utils.py): "eager" keeps the T x T scores;
+ * "sdpa" is torch's scaled_dot_product_attention as dispatched (the ledger's
+ * sdpa); the flash kernels save q, k, v, the output and a logsumexp (the
+ * ledger's flash inventory). Absent or null: what transformers then runs
+ * (modeling_utils.py, _check_and_enable_sdpa): sdpa for a class with
+ * _supports_sdpa where the installed torch has it (2.1.1 on), which every
+ * family here has but T5's (eager). DeepSeek's classes have it, but sdpa
+ * with latent attention is not modelled (chain.c): eager, an upper bound,
+ * and the report says so (docs/hf.md, "attn_implementation"). */
+ml_status ml_hf_attention(const ml_node *r, unsigned fam, ml_model *m, ml_error *err)
+{
+    static const struct {
+        const char *name;
+        ml_attention attention;
+    } kinds[] = {{"eager", ML_ATTN_EAGER},
+                 {"sdpa", ML_ATTN_SDPA},
+                 {"flash_attention_2", ML_ATTN_FLASH},
+                 {"flash_attention_3", ML_ATTN_FLASH}};
+    m->attention = ML_ATTN_EAGER;
+    m->attention_assumed = NULL;
+    const ml_node *n = ml_tree_get(r, "attn_implementation");
+    if (!n || ml_hf_is_null(n)) {
+        if (fam & (ML_HF_T5 | ML_HF_MT5)) {
+            m->attention_assumed = "config.json names no attn_implementation, and "
+                                   "transformers runs T5's attention eagerly (its classes "
+                                   "have no sdpa)";
+        } else if (fam & (ML_HF_DEEPSEEK3 | ML_HF_DEEPSEEK2)) {
+            m->attention_assumed = "config.json names no attn_implementation; transformers "
+                                   "would then run sdpa, which is not modelled with "
+                                   "multi-head latent attention: eager is planned, an upper "
+                                   "bound";
+        } else {
+            m->attention = ML_ATTN_SDPA;
+            m->attention_assumed = "config.json names no attn_implementation, and transformers "
+                                   "then runs sdpa (where the installed torch has it: 2.1.1 "
+                                   "on); --attention eager plans eager attention";
+        }
+        return ML_OK;
+    }
+    for (size_t i = 0; n->type == ML_NODE_SCALAR && i < sizeof kinds / sizeof *kinds; i++)
+        if (!strcmp(n->text, kinds[i].name)) {
+            m->attention = kinds[i].attention;
+            return ML_OK;
+        }
+    return ml_error_at(err, n, ML_SCHEMA,
+                       "attn_implementation: '%s' is not modelled (eager, sdpa, "
+                       "flash_attention_2 or flash_attention_3)",
+                       n->type == ML_NODE_SCALAR ? n->text : "(not a string)");
 }

@@ -170,6 +170,10 @@ struct ml_model {
     uint64_t buffers;       /* module buffers the YAML declares (model.buffers, bytes),
                                beside those the layers imply */
     ml_attention attention;
+    const char *attention_assumed; /* why, when the input names no attention (a Hugging
+                                      Face config.json without attn_implementation): a
+                                      static string; NULL when the input or the command
+                                      line chose it */
     double dropout;
     /* sequential */
     ml_layer *seq;
