@@ -171,6 +171,9 @@ static ml_status family_of(const ml_node *r, bool nested, const ml_node **mt, co
                            "(supported: %s)",
                            ML_HF_SUPPORTED);
     *fam = ml_hf_family(*t);
+    if (!*fam && ml_hf_refused_family(*t))
+        return ml_error_at(err, *mt, ML_SCHEMA, "model_type '%s' is not modelled: %s; supported: %s",
+                           *t, ml_hf_refused_family(*t), ML_HF_SUPPORTED);
     if (!*fam)
         return ml_error_at(err, *mt, ML_SCHEMA, "model_type '%s' is not supported; supported: %s",
                            *t, ML_HF_SUPPORTED);

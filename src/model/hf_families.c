@@ -83,6 +83,52 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
      NULL, NULL},
 };
 
+/* Families transformers trains that the planner refuses, each with the
+ * layer feature the op graph's kit (docs/graph.md) or the chain builders do
+ * not express: planning them with a near layout would be another model's
+ * figures. docs/hf.md, "Families refused". */
+static const struct {
+    const char *type, *why;
+} refused[] = {
+    {"olmo2", "Olmo2DecoderLayer has no input norm: an RMSNorm on each branch's output "
+              "before the add, and q_norm and k_norm, RMSNorms over the whole query and key "
+              "projections; the kit has neither that layer nor the q/k norms"},
+    {"phi", "PhiDecoderLayer (Phi-2) is a parallel layer with one LayerNorm, but rotates "
+            "only partial_rotary_factor of each head (cos and sin would be counted full "
+            "width), runs gelu_new (planned only as the single-op GELU) and adds an "
+            "lm_head bias: not expressed exactly"},
+    {"starcoder2", "Starcoder2DecoderLayer is Llama's layout (q/k/v/o projections, rotary, "
+                   "repeat_kv, fp32 softmax) with nn.LayerNorm and a plain c_fc/c_proj MLP "
+                   "with biases and residual dropouts; the kit's Llama layer takes only "
+                   "RMSNorm-class norms, and GPT-2's layer is another layout"},
+    {"gpt_bigcode", "GPTBigCodeAttention's multi-query path (one key/value head sliced "
+                    "from c_attn, the query reshaped to (B, T x H, dh) for a baddbmm, the "
+                    "fp32 upcast masked softmax scripted with torch.jit; sdpa on the key "
+                    "and value expanded to every head) is not in the kit's GPT-2 layer, "
+                    "which has as many key/value heads as query heads"},
+    {"stablelm", "StableLmAttention rotates only partial_rotary_factor of each head (cos "
+                 "and sin would be counted full width) in Llama's layout with nn.LayerNorm "
+                 "norms, which the kit's Llama layer does not take; qk_layernorm adds "
+                 "per-head LayerNorms"},
+    {"granite", "GraniteDecoderLayer scales each branch by residual_multiplier before the "
+                "add, and GraniteForCausalLM divides the logits by logits_scaling: each "
+                "product is a tensor of its own in the forward (B x T x D, B x T x V) and a "
+                "gradient of that size in the backward, ops the kit's Llama layer and head "
+                "do not have"},
+    {"cohere", "CohereLayerNorm is a composite of elementwise ops in fp32 (mean, variance, "
+               "rsqrt, a weight and no bias) the kit has no component for, in a parallel "
+               "layer with one norm, with interleaved rotary and the logits multiplied by "
+               "logit_scale"},
+};
+
+const char *ml_hf_refused_family(const char *model_type)
+{
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
+        if (!strcmp(refused[i].type, model_type))
+            return refused[i].why;
+    return NULL;
+}
+
 unsigned ml_hf_family(const char *model_type)
 {
     for (size_t i = 0; i < ML_HF_FAMILY_COUNT; i++)
