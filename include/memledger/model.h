@@ -263,6 +263,11 @@ ML_API ml_status ml_model_set_attention(ml_model *m, const char *name, ml_error 
 /* The attention implementation planned: "eager", "sdpa" or "flash"; NULL
  * for a sequential model. */
 ML_API const char *ml_model_attention(const ml_model *m);
+/* Why the attention planned was assumed, when the input named none (a
+ * Hugging Face config.json without attn_implementation: transformers'
+ * default, docs/hf.md); NULL when the model file, the config.json or
+ * ml_model_set_attention chose it. Owned by the library (static). */
+ML_API const char *ml_model_attention_assumed(const ml_model *m);
 /* An encoder-decoder's decoder tokens per sample under t (training.target_len,
  * or seq_len when 0); 0 for the other models, which have one sequence. */
 ML_API uint64_t ml_model_target_len(const ml_model *m, const ml_training *t);

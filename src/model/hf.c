@@ -15,35 +15,6 @@
 
 /* ---- the mapping --------------------------------------------------------- */
 
-/* attn_implementation, the key PretrainedConfig's constructor takes
- * (transformers' configuration_utils.py): "eager" keeps the T x T scores;
- * "sdpa" is torch's scaled_dot_product_attention as dispatched (the ledger's
- * sdpa); the flash kernels save q, k, v, the output and a logsumexp (the
- * ledger's flash inventory). Absent: eager, the reference layout. */
-static ml_status attention_of(const ml_node *r, ml_model *m, ml_error *err)
-{
-    static const struct {
-        const char *name;
-        ml_attention attention;
-    } kinds[] = {{"eager", ML_ATTN_EAGER},
-                 {"sdpa", ML_ATTN_SDPA},
-                 {"flash_attention_2", ML_ATTN_FLASH},
-                 {"flash_attention_3", ML_ATTN_FLASH}};
-    m->attention = ML_ATTN_EAGER;
-    const ml_node *n = ml_tree_get(r, "attn_implementation");
-    if (!n || ml_hf_is_null(n))
-        return ML_OK;
-    for (size_t i = 0; n->type == ML_NODE_SCALAR && i < sizeof kinds / sizeof *kinds; i++)
-        if (!strcmp(n->text, kinds[i].name)) {
-            m->attention = kinds[i].attention;
-            return ML_OK;
-        }
-    return ml_error_at(err, n, ML_SCHEMA,
-                       "attn_implementation: '%s' is not modelled (eager, sdpa, "
-                       "flash_attention_2 or flash_attention_3)",
-                       n->type == ML_NODE_SCALAR ? n->text : "(not a string)");
-}
-
 /* architectures: the classes the checkpoint was saved from. The planner
  * builds one class per family (its head and loss), two for BERT
  * (BertForSequenceClassification, BertForMaskedLM); another is refused,
@@ -200,6 +171,9 @@ static ml_status family_of(const ml_node *r, bool nested, const ml_node **mt, co
                            "(supported: %s)",
                            ML_HF_SUPPORTED);
     *fam = ml_hf_family(*t);
+    if (!*fam && ml_hf_refused_family(*t))
+        return ml_error_at(err, *mt, ML_SCHEMA, "model_type '%s' is not modelled: %s; supported: %s",
+                           *t, ml_hf_refused_family(*t), ML_HF_SUPPORTED);
     if (!*fam)
         return ml_error_at(err, *mt, ML_SCHEMA, "model_type '%s' is not supported; supported: %s",
                            *t, ML_HF_SUPPORTED);
@@ -426,7 +400,7 @@ static ml_status llava_of(const ml_node *r, ml_model *m, ml_error *err)
     if (st || !ml_tree_get(r, "attn_implementation") ||
         (tc && tc->type == ML_NODE_MAP && ml_tree_get(tc, "attn_implementation")))
         return st;
-    return attention_of(r, m, err);
+    return ml_hf_attention(r, ML_HF_LLAVA, m, err);
 }
 
 static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error *err)
@@ -451,7 +425,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
     if (fam == ML_HF_LLAVA)
         return llava_of(r, m, err);
     if (fam == ML_HF_T5 || fam == ML_HF_MT5) /* encoder-decoders: none of the sizes below */
-        return (st = attention_of(r, m, err)) ? st : ml_hf_map_t5(r, m, fam == ML_HF_MT5, err);
+        return (st = ml_hf_attention(r, fam, m, err)) ? st : ml_hf_map_t5(r, m, fam == ML_HF_MT5, err);
     m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;
     /* PretrainedConfig: use_cache defaults to true; the decoders return
      * past_key_values unless training with gradient checkpointing; BERT and
@@ -460,7 +434,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
     if (m->kv_cache && (st = ml_hf_bool(err, r, "use_cache", &m->kv_cache)))
         return st;
     const bool req = !(nested && fam == ML_HF_LLAMA); /* else LlamaConfig's defaults */
-    if ((st = attention_of(r, m, err)) ||
+    if ((st = ml_hf_attention(r, fam, m, err)) ||
         (st = sizes_of(r, t, llama || gemma || gemma2 || phi3 || deepseek, vit, req, m, err)))
         return st;
     if (llama)

@@ -1,10 +1,13 @@
 /* The Hugging Face import's families (hf.c): each model_type with the one
  * transformers class the planner builds for it (chain_transformer.c,
  * chain_t5.c), that class's head and loss, and a second class where there
- * is one. docs/hf.md's family table lists them. */
+ * is one, and the attention transformers runs for each when config.json
+ * names none. docs/hf.md's family table lists them. */
 #include <string.h>
 
+#include "model/hf_read.h"
 #include "model/model_internal.h"
+#include "model/tree.h"
 
 /* The decoders' second class: transformers' GenericForSequenceClassification
  * (chain_head.c, seq_cls_head). */
@@ -80,6 +83,52 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
      NULL, NULL},
 };
 
+/* Families transformers trains that the planner refuses, each with the
+ * layer feature the op graph's kit (docs/graph.md) or the chain builders do
+ * not express: planning them with a near layout would be another model's
+ * figures. docs/hf.md, "Families refused". */
+static const struct {
+    const char *type, *why;
+} refused[] = {
+    {"olmo2", "Olmo2DecoderLayer has no input norm: an RMSNorm on each branch's output "
+              "before the add, and q_norm and k_norm, RMSNorms over the whole query and key "
+              "projections; the kit has neither that layer nor the q/k norms"},
+    {"phi", "PhiDecoderLayer (Phi-2) is a parallel layer with one LayerNorm, but rotates "
+            "only partial_rotary_factor of each head (cos and sin would be counted full "
+            "width), runs gelu_new (planned only as the single-op GELU) and adds an "
+            "lm_head bias: not expressed exactly"},
+    {"starcoder2", "Starcoder2DecoderLayer is Llama's layout (q/k/v/o projections, rotary, "
+                   "repeat_kv, fp32 softmax) with nn.LayerNorm and a plain c_fc/c_proj MLP "
+                   "with biases and residual dropouts; the kit's Llama layer takes only "
+                   "RMSNorm-class norms, and GPT-2's layer is another layout"},
+    {"gpt_bigcode", "GPTBigCodeAttention's multi-query path (one key/value head sliced "
+                    "from c_attn, the query reshaped to (B, T x H, dh) for a baddbmm, the "
+                    "fp32 upcast masked softmax scripted with torch.jit; sdpa on the key "
+                    "and value expanded to every head) is not in the kit's GPT-2 layer, "
+                    "which has as many key/value heads as query heads"},
+    {"stablelm", "StableLmAttention rotates only partial_rotary_factor of each head (cos "
+                 "and sin would be counted full width) in Llama's layout with nn.LayerNorm "
+                 "norms, which the kit's Llama layer does not take; qk_layernorm adds "
+                 "per-head LayerNorms"},
+    {"granite", "GraniteDecoderLayer scales each branch by residual_multiplier before the "
+                "add, and GraniteForCausalLM divides the logits by logits_scaling: each "
+                "product is a tensor of its own in the forward (B x T x D, B x T x V) and a "
+                "gradient of that size in the backward, ops the kit's Llama layer and head "
+                "do not have"},
+    {"cohere", "CohereLayerNorm is a composite of elementwise ops in fp32 (mean, variance, "
+               "rsqrt, a weight and no bias) the kit has no component for, in a parallel "
+               "layer with one norm, with interleaved rotary and the logits multiplied by "
+               "logit_scale"},
+};
+
+const char *ml_hf_refused_family(const char *model_type)
+{
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
+        if (!strcmp(refused[i].type, model_type))
+            return refused[i].why;
+    return NULL;
+}
+
 unsigned ml_hf_family(const char *model_type)
 {
     for (size_t i = 0; i < ML_HF_FAMILY_COUNT; i++)
@@ -99,4 +148,55 @@ const char *ml_hf_family_name(unsigned bit)
 const ml_hf_family_info *ml_hf_families(void)
 {
     return families;
+}
+
+/* attn_implementation, the key PretrainedConfig's constructor takes
+ * (transformers' configuration_utils.py): "eager" keeps the T x T scores;
+ * "sdpa" is torch's scaled_dot_product_attention as dispatched (the ledger's
+ * sdpa); the flash kernels save q, k, v, the output and a logsumexp (the
+ * ledger's flash inventory). Absent or null: what transformers then runs
+ * (modeling_utils.py, _check_and_enable_sdpa): sdpa for a class with
+ * _supports_sdpa where the installed torch has it (2.1.1 on), which every
+ * family here has but T5's (eager). DeepSeek's classes have it, but sdpa
+ * with latent attention is not modelled (chain.c): eager, an upper bound,
+ * and the report says so (docs/hf.md, "attn_implementation"). */
+ml_status ml_hf_attention(const ml_node *r, unsigned fam, ml_model *m, ml_error *err)
+{
+    static const struct {
+        const char *name;
+        ml_attention attention;
+    } kinds[] = {{"eager", ML_ATTN_EAGER},
+                 {"sdpa", ML_ATTN_SDPA},
+                 {"flash_attention_2", ML_ATTN_FLASH},
+                 {"flash_attention_3", ML_ATTN_FLASH}};
+    m->attention = ML_ATTN_EAGER;
+    m->attention_assumed = NULL;
+    const ml_node *n = ml_tree_get(r, "attn_implementation");
+    if (!n || ml_hf_is_null(n)) {
+        if (fam & (ML_HF_T5 | ML_HF_MT5)) {
+            m->attention_assumed = "config.json names no attn_implementation, and "
+                                   "transformers runs T5's attention eagerly (its classes "
+                                   "have no sdpa)";
+        } else if (fam & (ML_HF_DEEPSEEK3 | ML_HF_DEEPSEEK2)) {
+            m->attention_assumed = "config.json names no attn_implementation; transformers "
+                                   "would then run sdpa, which is not modelled with "
+                                   "multi-head latent attention: eager is planned, an upper "
+                                   "bound";
+        } else {
+            m->attention = ML_ATTN_SDPA;
+            m->attention_assumed = "config.json names no attn_implementation, and transformers "
+                                   "then runs sdpa (where the installed torch has it: 2.1.1 "
+                                   "on); --attention eager plans eager attention";
+        }
+        return ML_OK;
+    }
+    for (size_t i = 0; n->type == ML_NODE_SCALAR && i < sizeof kinds / sizeof *kinds; i++)
+        if (!strcmp(n->text, kinds[i].name)) {
+            m->attention = kinds[i].attention;
+            return ML_OK;
+        }
+    return ml_error_at(err, n, ML_SCHEMA,
+                       "attn_implementation: '%s' is not modelled (eager, sdpa, "
+                       "flash_attention_2 or flash_attention_3)",
+                       n->type == ML_NODE_SCALAR ? n->text : "(not a string)");
 }

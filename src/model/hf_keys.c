@@ -76,8 +76,9 @@ static const ml_hf_key keys[] = {
      "null: that class"},
     {"_name_or_path", ALL, H, NULL, "the plan's name (its last path component)"},
     {"attn_implementation", ALL, H, NULL,
-     "eager, sdpa, flash_attention_2, flash_attention_3 (above); others refused (T5: eager "
-     "only, its position bias being added to the scores)"},
+     "eager, sdpa, flash_attention_2, flash_attention_3 (above); absent or null: "
+     "transformers' default, sdpa (T5: eager; DeepSeek: eager, an upper bound), said in the "
+     "report; others refused (T5: eager only, its position bias being added to the scores)"},
     /* shapes */
     {"num_hidden_layers", ALL & ~LLV, H, NULL,
      "the layers (GPT-2: the alias of n_layer; T5: of num_layers, T5Config's attribute_map)"},

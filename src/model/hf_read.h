@@ -56,6 +56,11 @@ ml_status ml_hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *e
 ml_status ml_hf_activation(const ml_node *r, const char *key, const char *type, ml_model *m,
                            ml_error *err);
 /* FalconForCausalLM (hf_falcon.c). */
+/* attn_implementation into m->attention, with transformers' default for
+ * the family fam when it is absent (m->attention_assumed says why;
+ * hf_families.c). ML_SCHEMA, with the value's position, for a value not
+ * modelled. */
+ml_status ml_hf_attention(const ml_node *r, unsigned fam, ml_model *m, ml_error *err);
 ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err);
 /* model_type gemma2: Gemma's layer with the post norms, the score scale,
  * the soft-caps and the alternating sliding window (hf_gated.c). */

@@ -170,6 +170,10 @@ struct ml_model {
     uint64_t buffers;       /* module buffers the YAML declares (model.buffers, bytes),
                                beside those the layers imply */
     ml_attention attention;
+    const char *attention_assumed; /* why, when the input names no attention (a Hugging
+                                      Face config.json without attn_implementation): a
+                                      static string; NULL when the input or the command
+                                      line chose it */
     double dropout;
     /* sequential */
     ml_layer *seq;
@@ -261,6 +265,9 @@ typedef struct {
 const ml_hf_key *ml_hf_keys(size_t *count);
 /* The ML_HF_* bit of a model_type ("llama", "gpt_neox", ...), 0 when unsupported. */
 unsigned ml_hf_family(const char *model_type);
+/* Why the planner refuses a model_type transformers has (the layer feature
+ * not expressed); NULL for the others (hf_families.c). */
+const char *ml_hf_refused_family(const char *model_type);
 /* The model_type of one ML_HF_* bit. */
 const char *ml_hf_family_name(unsigned bit);
 /* The entry for key in a family (one ML_HF_* bit), or NULL: the key is refused. */

@@ -32,6 +32,7 @@ ml_status ml_model_set_attention(ml_model *m, const char *name, ml_error *err)
                                  "T5's attention eagerly; use eager",
                                  name, m->name);
             m->attention = names[i].a;
+            m->attention_assumed = NULL;
             return ML_OK;
         }
     return ml_errorf(err, ML_SCHEMA,
@@ -45,6 +46,11 @@ const char *ml_model_attention(const ml_model *m)
     if (m->type == ML_MODEL_SEQUENTIAL)
         return NULL;
     return m->attention == ML_ATTN_SDPA ? "sdpa" : m->attention == ML_ATTN_FLASH ? "flash" : "eager";
+}
+
+const char *ml_model_attention_assumed(const ml_model *m)
+{
+    return m->type == ML_MODEL_SEQUENTIAL ? NULL : m->attention_assumed;
 }
 
 uint64_t ml_model_target_len(const ml_model *m, const ml_training *t)

@@ -44,6 +44,11 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
         fprintf(f, "\"%s\"", attn);
     else
         fputs("null", f);
+    /* only when the input named none (docs/hf.md): other plans keep their keys */
+    if (ml_model_attention_assumed(m)) {
+        fputs(", \"attention_assumed\": ", f);
+        ml_json_put_string(f, ml_model_attention_assumed(m));
+    }
     /* an encoder-decoder's second length */
     if (ml_model_target_len(m, t))
         fprintf(f, ", \"target_len\": %llu", (unsigned long long)ml_model_target_len(m, t));

@@ -76,6 +76,8 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck,
             attn ? ", attention " : "", attn ? attn : "");
+    if (ml_model_attention_assumed(m))
+        fprintf(f, "attention: %s, assumed: %s\n", attn, ml_model_attention_assumed(m));
     if (t->logits == ML_LOGITS_FUSED && t->logits_chunk)
         fprintf(f, "loop: logits fused (%llu tokens per chunk), zero_grad %s\n",
                 (unsigned long long)t->logits_chunk, ml_zero_grad_name(t->zero_grad));

@@ -488,6 +488,11 @@ static void test_other_layouts_refused(void **state)
     assert_false(L.post_norms);
     ml_model_destroy(m);
     m = load_hf_config("gemma-2-2b");
+    /* its config.json names no attn_implementation: sdpa, which
+     * transformers calls without the scores' cap (docs/hf.md) */
+    assert_true(ml__family_gemma_layer(m, &fp32, &L));
+    assert_true(L.post_norms && !L.attn.softcap);
+    assert_int_equal(ml_model_set_attention(m, "eager", NULL), ML_OK);
     assert_true(ml__family_gemma_layer(m, &fp32, &L));
     assert_true(L.post_norms && L.attn.softcap && L.post.held);
     ml_model_destroy(m);

@@ -175,6 +175,38 @@ static ml_status load_json(const char *json, const char *training, ml_model **m,
     return st;
 }
 
+/* The families transformers trains that the planner refuses: each by
+ * name, with the layer feature its kit lacks, at model_type's position,
+ * whatever else the config says. */
+static void test_refused_families(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *type, *why;
+    } cases[] = {{"olmo2", "q_norm and k_norm"},
+                 {"phi", "partial_rotary_factor"},
+                 {"starcoder2", "nn.LayerNorm"},
+                 {"gpt_bigcode", "multi-query"},
+                 {"stablelm", "partial_rotary_factor"},
+                 {"granite", "residual_multiplier"},
+                 {"cohere", "CohereLayerNorm"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char json[160], want[80];
+        snprintf(json, sizeof json,
+                 "{\"num_hidden_layers\": 2,\n \"model_type\": \"%s\", \"hidden_size\": 64}",
+                 cases[i].type);
+        snprintf(want, sizeof want, "model_type '%s' is not modelled: ", cases[i].type);
+        ml_model *m = NULL;
+        ml_error e;
+        assert_int_equal(load_json(json, NULL, &m, &e), ML_SCHEMA);
+        assert_null(m);
+        assert_non_null(strstr(e.msg, want));
+        assert_non_null(strstr(e.msg, cases[i].why));
+        assert_int_equal(e.line, 2);
+        assert_int_equal(e.col, 16);
+    }
+}
+
 static void test_errors_and_training(void **state)
 {
     (void)state;
@@ -269,7 +301,8 @@ static void test_attn_implementation(void **state)
          * never materialises), so each equality below tells which one was
          * taken */
         assert_true(eager > flash);
-        assert_int_equal(saved_of_json(NULL, prec), eager);
+        /* no attn_implementation: sdpa, as transformers runs it (below) */
+        assert_int_equal(saved_of_json(NULL, prec), p ? flash : eager);
         assert_int_equal(saved_of_json("eager", prec), eager);
         assert_int_equal(saved_of_json("flash_attention_2", prec), flash);
         /* sdpa with 4 query heads on 2 key/value heads: in fp32 no fused
@@ -281,6 +314,29 @@ static void test_attn_implementation(void **state)
     }
     ml_model *m = NULL;
     ml_error e;
+    /* what was assumed is said, and only when the config names none; the
+     * command line's choice replaces the assumption */
+    static const char gpt2[] = "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, "
+                               "\"n_head\": 4, \"vocab_size\": 10, \"n_positions\": 8%s}";
+    char json[256];
+    snprintf(json, sizeof json, gpt2, "");
+    assert_int_equal(load_json(json, NULL, &m, &e), ML_OK);
+    assert_string_equal(ml_model_attention(m), "sdpa");
+    assert_non_null(strstr(ml_model_attention_assumed(m), "names no attn_implementation"));
+    assert_int_equal(ml_model_set_attention(m, "eager", &e), ML_OK);
+    assert_string_equal(ml_model_attention(m), "eager");
+    assert_null(ml_model_attention_assumed(m));
+    ml_model_destroy(m);
+    snprintf(json, sizeof json, gpt2, ", \"attn_implementation\": null");
+    assert_int_equal(load_json(json, NULL, &m, &e), ML_OK);
+    assert_string_equal(ml_model_attention(m), "sdpa");
+    ml_model_destroy(m);
+    snprintf(json, sizeof json, gpt2, ", \"attn_implementation\": \"eager\"");
+    assert_int_equal(load_json(json, NULL, &m, &e), ML_OK);
+    assert_string_equal(ml_model_attention(m), "eager");
+    assert_null(ml_model_attention_assumed(m));
+    ml_model_destroy(m);
+    m = NULL;
     assert_int_equal(load_json("{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, "
                                "\"n_head\": 4, \"vocab_size\": 10, \"n_positions\": 8,\n"
                                " \"attn_implementation\": \"flex_attention\"}",
@@ -796,6 +852,7 @@ int main(void)
         cmocka_unit_test(test_mapping),
         cmocka_unit_test(test_errors_and_training),
         cmocka_unit_test(test_attn_implementation),
+        cmocka_unit_test(test_refused_families),
         cmocka_unit_test(test_use_cache),
         cmocka_unit_test(test_other_heads_refused),
         cmocka_unit_test(test_duplicate_keys),
