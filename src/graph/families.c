@@ -63,11 +63,6 @@ static bool hf_layer(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_lay
     if (!plain(m) || m->type != ML_MODEL_DECODER || !m->prenorm || m->parallel_residual ||
         m->image_size || m->kv_heads > m->heads)
         return false;
-    /* Phi-3's projections with a fused kernel: sdpa saves q and k as the
-     * rotary's cat made them and v as a view keeping the whole qkv_proj
-     * output; the builders count the output once (docs/graph.md) */
-    if (m->fused_proj && c->fused_kernel)
-        return false;
     common(m, c, L);
     L->norm = n;
     mlg_attention *a = &L->attn;
@@ -122,11 +117,8 @@ bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 
 bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    /* with a fused kernel sdpa saves the rotary's cat outputs and a view
-     * keeping the whole query_key_value output: as Phi-3's, the builders
-     * run there */
     if (!plain_layernorm(m) || m->type != ML_MODEL_DECODER || !m->prenorm ||
-        !m->parallel_residual || c->fused_kernel)
+        !m->parallel_residual)
         return false;
     common(m, c, L);
     /* query_key_value, sliced; the rotary's empty pass */

@@ -35,7 +35,7 @@ from twins_llava import image_tokens  # noqa: E402
 TOL = 0.01
 # amp-bf16 through CPU autocast; its differences from CUDA autocast that
 # these models meet are accounted in known_cpu_autocast().
-AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
+AMP_MODELS = {"xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
               "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
               "xc-deepseek", "xc-deepseek2", "xc-vit", "xc-t5", "xc-t5-gated",
               "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full"}
@@ -45,7 +45,7 @@ AMP_MODELS = {"xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc
 # shared-norm parallel layer, Mixtral's experts and the decoders'
 # sequence-classification head are new layouts, held to every byte (so are
 # Llava's vision tower, projector and merged sequence).
-EXACT_MODELS = {"xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5", "xc-t5-gated",
+EXACT_MODELS = {"xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5", "xc-t5-gated",
                 "xc-deepseek", "xc-deepseek2", "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full"}
 torch.manual_seed(0)
 
@@ -401,6 +401,9 @@ def main():
                 out.write("| %s | %d | %d | %d | %+.3f%% | %d | %s |\n"
                           % (name, params, pred, meas, diff, adj, "yes" if ok else "NO"))
     print("%d passed, %d failed" % (passed, failed))
+    if passed + failed == 0:
+        print("FAIL no model under %s: nothing was checked" % models)
+        return 1
     return 0 if failed == 0 else 1
 
 

@@ -317,6 +317,50 @@ def apply_rotary_pos_emb_partial(q, k, cos, sin):  # HF modeling_phi3
     return q_embed, k_embed
 
 
+class FlashAttention(torch.autograd.Function):
+    """The fused attention kernel's autograd node, as PyTorch 2.x's CUDA
+    kernels keep it (tools/autograd/derivatives.yaml,
+    _scaled_dot_product_flash_attention: its backward takes query, key,
+    value, output and logsumexp): saves exactly those five, the logsumexp
+    (B, H, T) in fp32. PyTorch 1.13 has no scaled_dot_product_attention;
+    this node computes the same output with the math of eager attention
+    under no_grad (nothing of it saved) and keeps what the kernel keeps, so
+    the storages autograd holds are the kernel's: q and k as the rotary
+    made them, v a view of its projection (docs/validation.md, "Fused
+    attention on 1.13"). Causal; k and v may have fewer heads (GQA, as
+    enable_gqa passes them)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        with torch.no_grad():
+            rep = q.shape[1] // k.shape[1]
+            kr = k.repeat_interleave(rep, dim=1)
+            vr = v.repeat_interleave(rep, dim=1)
+            T = q.shape[2]
+            w = (q.float() @ kr.float().transpose(2, 3)) * scale
+            w = w + torch.full((T, T), float("-inf")).triu(1)
+            lse = torch.logsumexp(w, dim=-1)
+            out = (torch.softmax(w, dim=-1) @ vr.float()).to(q.dtype)
+        ctx.scale = scale
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, out, lse = ctx.saved_tensors
+        with torch.enable_grad():
+            q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
+            rep = q2.shape[1] // k2.shape[1]
+            kr = k2.repeat_interleave(rep, dim=1)
+            vr = v2.repeat_interleave(rep, dim=1)
+            T = q2.shape[2]
+            w = (q2.float() @ kr.float().transpose(2, 3)) * ctx.scale
+            w = w + torch.full((T, T), float("-inf")).triu(1)
+            y = torch.softmax(w, dim=-1) @ vr.float()
+            gq, gk, gv = torch.autograd.grad(y, (q2, k2, v2), g.float())
+        return gq, gk, gv, None
+
+
 def repeat_kv(x, rep):  # HF modeling_llama
     if rep == 1:
         return x
@@ -335,6 +379,7 @@ class Llama(nn.Module):
         s.D, s.H, s.KV, s.dh = D, H, KV, m.get("head_dim", D // H)
         s.scaling = s.dh ** -0.5
         s.softcap = 0.0
+        s.flash = m.get("attention", "eager") == "flash"
         s.embed = nn.Embedding(V, D)
         s.blocks = nn.ModuleList()
         for _ in range(m["layers"]):
@@ -370,10 +415,21 @@ class Llama(nn.Module):
         k = b.k(h).view(B, T, -1, s.dh).transpose(1, 2)
         v = b.v(h).view(B, T, -1, s.dh).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        y, w = s.eager(q, k, v, mask)
+        y, w = s.core(q, k, v, mask)
         y = y.reshape(B, T, -1).contiguous()
         y = b.o(y)
         return y, w
+
+    def core(s, q, k, v, mask):  # the attention interface the config names
+        if getattr(s, "flash", False):  # sdpa_attention_forward: the kernel's output, made contiguous
+            if torch.is_autocast_cpu_enabled():
+                # scaled_dot_product_attention is on autocast's lower-precision
+                # list: its inputs cast (a copy only where the dtype differs)
+                dt = torch.get_autocast_cpu_dtype()
+                q, k, v = (t.to(dt) for t in (q, k, v))
+            y = FlashAttention.apply(q, k, v, s.scaling)
+            return y.transpose(1, 2).contiguous(), None
+        return s.eager(q, k, v, mask)
 
     def eager(s, q, k, v, mask):  # eager_attention_forward
         kr = repeat_kv(k, s.H // s.KV)
@@ -544,7 +600,7 @@ class Phi3(Llama):
         k = k.view(B, T, -1, s.dh).transpose(1, 2)
         v = v.view(B, T, -1, s.dh).transpose(1, 2)
         q, k = apply_rotary_pos_emb_partial(q, k, cos, sin)
-        y, w = s.eager(q, k, v, mask)
+        y, w = s.core(q, k, v, mask)
         y = y.reshape(B, T, -1).contiguous()
         y = b.o(y)
         return y, w
@@ -569,6 +625,7 @@ class NeoX(Llama):
         s.D, s.H, s.KV, s.dh = D, H, H, D // H
         s.scaling = s.dh ** -0.5
         s.softcap = s.final_softcap = 0.0
+        s.flash = m.get("attention", "eager") == "flash"
         s.classes = 0
         s.embed = nn.Embedding(V, D)
         s.blocks = nn.ModuleList()
@@ -591,8 +648,10 @@ class NeoX(Llama):
         B, T, _ = h.shape
         qkv = b.qkv(h).view(B, T, -1, 3 * s.dh).transpose(1, 2)
         q, k, v = qkv.chunk(3, dim=-1)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        y, w = s.eager(q, k, v, mask)
+        # modeling_gpt_neox's apply_rotary_pos_emb: the rotated part and the
+        # pass (empty at rotary_pct 1) concatenated
+        q, k = apply_rotary_pos_emb_partial(q, k, cos, sin)
+        y, w = s.core(q, k, v, mask)
         y = y.reshape(B, T, -1).contiguous()
         return b.dense(y), w
 
@@ -747,7 +806,7 @@ class DeepseekV3(Llama):
         k_rot = k_rot.expand(*k_pass.shape[:-1], -1)
         q = torch.cat((q_pass, q_rot), dim=-1)
         k = torch.cat((k_pass, k_rot), dim=-1)
-        y, w = s.eager(q, k, v, mask)
+        y, w = s.core(q, k, v, mask)
         y = y.reshape(B, T, -1).contiguous()
         return b.o(y), w
 
