@@ -40,6 +40,12 @@ bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
  * two LayerNorms of the input, query_key_value sliced, rotary with its
  * pass, a GELU MLP, both branches added to the input. */
 bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's Falcon layout (FalconDecoderLayer, parallel_attn, the old
+ * decoder architecture): one LayerNorm feeding the attention and the MLP,
+ * query_key_value cut by _split_heads (one key/value head picked by index
+ * lists, or H), rotary, the softmax in the stream's dtype, a GELU MLP;
+ * mlp(h) + attn(h) added to the input. */
+bool ml__family_falcon_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* Hugging Face's BERT layout (BertLayer): post-LayerNorm, query, key and
  * value, softmax in the stream's dtype, a GELU MLP. */
 bool ml__family_bert_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);

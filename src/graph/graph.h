@@ -70,6 +70,10 @@ enum {
     MLG_T_HALF = 8,  /* half the bytes of its shape (rotate_half's -x2) */
     MLG_T_SHARED = 16, /* a parameter another block owns (tied weights): not
                           listed here; its gradient counts in the node */
+    MLG_T_KEPT = 32,   /* saved, but released by no node: it goes with the
+                          block's other saved tensors once its backward has
+                          run (Falcon's 8-byte index lists, whose release
+                          within the backward the chain does not time) */
 };
 
 #define MLG_NONE 0xffffu

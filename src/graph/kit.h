@@ -63,6 +63,14 @@ typedef struct {
                             bound until BertAttention returns */
     bool out_grad;       /* the output projection frees its output's gradient
                             (a dropout or a post norm made it) */
+    bool split_heads;    /* HF FalconAttention: query_key_value cut by
+                            _split_heads, q, k and v each reshaped into
+                            contiguous (B, h, T, dh) heads (kit_falcon.c):
+                            bmm copies only the heads it expands */
+    bool stream_softmax; /* the mask, in the stream's dtype, promotes the
+                            scores to it and softmax(dtype=hidden_states.dtype)
+                            keeps them there (Falcon): its output is cast for
+                            the PV matmul where that is not the compute dtype */
 } mlg_attention;
 
 typedef struct {
@@ -89,6 +97,8 @@ typedef struct {
                         its residual add */
     bool parallel;   /* GPT-NeoX: x + attn(norm(x)) + mlp(norm2(x)), both
                         norms of the layer's input */
+    bool shared_norm; /* Falcon: with parallel, one norm feeds both branches,
+                         mlp(h) += attn(h), then x + that */
     bool postnorm;   /* BERT: norm(x + attn(x)), then norm(. + mlp(.)) */
     mlg_norm post;
 } mlg_layer;
@@ -165,6 +175,15 @@ uint8_t ml__kit_group(const mlg_layer *L, unsigned component);
  * which the layer drops as it returns. */
 uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *held,
                               uint16_t *k, uint16_t *v);
+/* HF's attention (kit_hf.c) on heads already projected (p): the rotary,
+ * the eager core or a fused kernel, the output projection; as
+ * ml__kit_hf_attention. */
+uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv *p,
+                                 uint16_t *held, uint16_t *k, uint16_t *v);
+/* FalconAttention on h (kit_falcon.c): query_key_value and _split_heads,
+ * then HF's attention on the heads; as ml__kit_hf_attention. */
+uint16_t ml__kit_falcon_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *held,
+                                  uint16_t *k, uint16_t *v);
 /* HF LlamaRMSNorm of x (kit_hf.c). */
 uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
 /* HF GemmaRMSNorm of x (kit_hf.c). */

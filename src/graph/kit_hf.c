@@ -277,13 +277,17 @@ static uint16_t repeat_kv(ml_graph *g, const mlg_attention *a, uint16_t x, const
 /* BertSelfAttention's: softmax in the stream's dtype (autocast runs it in
  * fp32), saving its result, then dropout, then the PV matmul's cast of
  * the probabilities (autocast: not the stream's dtype); the masked scores
- * stay bound (attention_scores) until it returns. */
+ * stay bound (attention_scores) until it returns. FalconAttention's
+ * F.softmax(scores + mask, dtype=hidden_states.dtype) is the same without
+ * a dropout, the sum a temporary. */
 static uint16_t softmax_stream(ml_graph *g, const mlg_layer *L, uint16_t S3)
 {
     const mlg_attention *a = &L->attn;
     uint16_t P = ml__kit_scores(g, "softmax output", MLG_STREAM, MLG_T_CORE);
     mlg_op *o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", S3, P, "SoftmaxBackward0");
     ml__op_save(o, P);
+    if (!a->bert) /* Falcon's scores + mask: a temporary */
+        ml__op_free(o, S3);
     uint16_t probs = ml__kit_dropout(g, a->dropout, P, "NativeDropoutBackward0 (attention)", true,
                                      false);
     return a->probs_cast ? ml__kit_probs_cast(g, probs) : probs;
@@ -292,7 +296,7 @@ static uint16_t softmax_stream(ml_graph *g, const mlg_layer *L, uint16_t S3)
 static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
 {
     const mlg_attention *a = &L->attn;
-    if (a->bert)
+    if (a->bert || a->stream_softmax)
         return softmax_stream(g, L, S3);
     uint16_t Sc = a->softmax_copy ? ml__kit_scores(g, "scores (fp32 copy)", MLG_FP32, 0) : MLG_NONE;
     uint16_t P = ml__kit_scores(g, "softmax output", MLG_FP32, MLG_T_CORE);
@@ -322,20 +326,25 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     uint16_t krep = a->grouped ? repeat_kv(g, a, kr, "ExpandBackward0 (repeat_kv of k)") : kr;
     uint16_t vrep = a->grouped ? repeat_kv(g, a, vh, "ExpandBackward0 (repeat_kv of v)") : vh;
     const bool copied = a->grouped && a->repeat_copy; /* bmm saves them as they are */
-    const bool cat = a->fused_proj && a->rope; /* the rotary's cat made q and k contiguous */
+    /* the rotary's cat made q and k contiguous; Falcon's _split_heads made
+     * q, k and v contiguous heads */
+    const bool cat = (a->fused_proj && a->rope) || a->split_heads;
+    const bool v_contig = a->split_heads && !a->grouped;
     *krep_out = copied ? krep : MLG_NONE;
     *vrep_out = copied ? vrep : MLG_NONE;
     /* bmm's operands: q's copy unless the cat made it contiguous; k as
      * repeat_kv copied it, as the cat made it (as many kv heads as q
-     * heads), or a copy; v as repeat_kv copied it, or a copy. One saved
-     * entry for the three (the first's), released by the q k^T node */
+     * heads), or a copy; v as repeat_kv copied it, as _split_heads made it
+     * (as many kv heads as q heads), or a copy. One saved entry for the
+     * three (the first's), released by the q k^T node */
     uint16_t qc = cat ? MLG_NONE : ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
     uint16_t kc = copied || (cat && !a->grouped)
                       ? MLG_NONE
                       : ml__kit_heads(g, "k contiguous copy (bmm)", MLG_H);
-    uint16_t vc = copied ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
+    uint16_t vc = copied || v_contig ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
     const uint16_t qb = cat ? qr : qc;
-    const uint16_t kb = copied ? krep : kc != MLG_NONE ? kc : kr, vb = copied ? vrep : vc;
+    const uint16_t kb = copied ? krep : kc != MLG_NONE ? kc : kr;
+    const uint16_t vb = copied ? vrep : vc != MLG_NONE ? vc : vrep;
     const uint16_t entry = ml__graph_storage(g, qb), members[2] = {kb, vb};
     for (unsigned i = 0; i < 2; i++)
         if (ml__graph_storage(g, members[i]) != entry)
@@ -359,7 +368,10 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
         S2 = ml__kit_softcap(g, S2, true);
     uint16_t S3 = S2;
     if (a->mask) {
-        S3 = ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
+        /* Falcon's mask, in the stream's dtype, promotes the sum (under
+         * autocast: fp32), one of the block rule's transients */
+        S3 = a->stream_softmax ? ml__kit_scores(g, "scores + mask", MLG_STREAM, MLG_T_TMP)
+                               : ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
         o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (causal mask)", S2, S3, NULL);
         ml__op_free(o, S2);
     }
@@ -398,8 +410,15 @@ static uint16_t fused(ml_graph *g, uint16_t qr, uint16_t kr, uint16_t vh)
 uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *held,
                               uint16_t *k, uint16_t *v)
 {
-    const mlg_attention *a = &L->attn;
     const mlg_qkv p = projections(g, L, h);
+    return ml__kit_hf_attention_on(g, L, &p, held, k, v);
+}
+
+uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv *pp,
+                                 uint16_t *held, uint16_t *k, uint16_t *v)
+{
+    const mlg_attention *a = &L->attn;
+    const mlg_qkv p = *pp;
     uint16_t qr = p.qh, kr = p.kh;
     if (a->rope) {
         /* apply_rotary_pos_emb; the caller's rebinding frees the unrotated

@@ -137,7 +137,7 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     }
     for (unsigned j = 0; j < o->nsave; j++) {
         uint16_t e = ml__graph_entry(g, o->save[j]);
-        if (first[e] == k && idx[e] != SIZE_MAX)
+        if (first[e] == k && idx[e] != SIZE_MAX && !(g->t[e].flags & MLG_T_KEPT))
             rel[nrel++] = idx[e]; /* an op saves six at most */
     }
     if (o->accum != MLG_NONE)

@@ -386,6 +386,23 @@ static const variant variants[] = {
      "  ffn: 2048\n  activation: relu\n  norm: rmsnorm\n  vocab: 320\n  position: rope\n"
      "  bias: false\n  dropout: 0\n",
      false, false, false},
+    /* Falcon's layout (tests/torch/models/falcon.yaml at a larger width):
+     * one shared LayerNorm, multi_query (the index lists), rotary, a KV
+     * cache in evaluation */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 128\n  heads: 4\n  kv_heads: 1\n"
+     "  ffn: 512\n  activation: gelu\n  norm: layernorm\n  norm_bias: true\n"
+     "  parallel_residual: true\n  shared_norm: true\n  vocab: 173\n  position: rope\n"
+     "  tied_embeddings: true\n  bias: false\n  dropout: 0\n",
+     true, false, false},
+    /* Falcon's layout with as many key/value heads as query heads, q/k/v
+     * biases, no norm bias, a head size other than D/H, ReLU, learned
+     * positions */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 96\n  heads: 3\n  kv_heads: 3\n"
+     "  head_dim: 40\n  ffn: 200\n  activation: relu\n  norm: layernorm\n"
+     "  norm_bias: false\n  parallel_residual: true\n  shared_norm: true\n  vocab: 97\n"
+     "  position: learned\n  max_positions: 2048\n  bias: false\n  qkv_bias: true\n"
+     "  dropout: 0\n",
+     false, false, false},
 };
 
 /* variants[v] with the settings YAML has no key for */
@@ -403,7 +420,7 @@ static void test_graph_equals_builders(void **state)
     (void)state;
     static const uint64_t shapes[][2] = {{1, 7}, {3, 64}, {2, 1024}, {1, 1}};
     const size_t nv = sizeof variants / sizeof variants[0];
-    unsigned compared = 0, declined = 0;
+    unsigned compared = 0, declined = 0, falcon = 0;
     for (size_t v = 0; v < nv; v++) {
         ml_model *m = load_variant(v);
         for (size_t k = 0; k < 3 && m->prenorm; k++) {
@@ -426,6 +443,7 @@ static void test_graph_equals_builders(void **state)
                             same_blocks(&a, &b, what);
                             ml_chain_free(&b);
                             compared++;
+                            falcon += m->shared_norm;
                         } else {
                             declined++;
                         }
@@ -440,13 +458,15 @@ static void test_graph_equals_builders(void **state)
      * variants, fp32 only) */
     assert_int_equal(compared + declined, (nv - 2) * 3 * ML_PREC_COUNT * 4 * 4);
     assert_int_equal(declined, (4 * 2 * ML_PREC_COUNT - 2) * 4 * 4);
+    /* Falcon's two variants, every kernel (sdpa with one key/value head
+     * runs the math kernel; flash, or sdpa with H, a fused one) */
+    assert_int_equal(falcon, 2 * 3 * ML_PREC_COUNT * 4 * 4);
 }
 
-/* The layouts the kit does not express yet keep their builders: BERT's
- * (post-norm), T5's, the sequential models', Mixtral's (experts), DeepSeek's (latent
- * attention), Falcon's (a shared norm); GPT-2's, Llama's, Gemma's, Gemma
- * 2's, Phi-3's and GPT-NeoX's (not with a fused kernel) and ViT's are
- * taken. */
+/* The layouts the kit does not express yet keep their builders: T5's,
+ * the sequential models', Mixtral's (experts), DeepSeek's (latent
+ * attention); GPT-2's, Llama's, Gemma's, Gemma 2's, Phi-3's and
+ * GPT-NeoX's (not with a fused kernel), Falcon's and ViT's are taken. */
 static void test_other_layouts_refused(void **state)
 {
     (void)state;
@@ -457,8 +477,7 @@ static void test_other_layouts_refused(void **state)
         assert_false(ml__family_layer(m, &fp32, &L));
         ml_model_destroy(m);
     }
-    static const char *const hf_refused[] = {"mixtral-8x7b", "falcon-7b", "deepseek-v3",
-                                             "deepseek-v2-lite"};
+    static const char *const hf_refused[] = {"mixtral-8x7b", "deepseek-v3", "deepseek-v2-lite"};
     for (size_t i = 0; i < sizeof hf_refused / sizeof hf_refused[0]; i++) {
         ml_model *m = load_hf_config(hf_refused[i]);
         assert_false(ml__family_layer(m, &fp32, &L));
@@ -490,6 +509,12 @@ static void test_other_layouts_refused(void **state)
     m = load_hf_config("gemma-2-2b");
     assert_true(ml__family_gemma_layer(m, &fp32, &L));
     assert_true(L.post_norms && L.attn.softcap && L.post.held);
+    ml_model_destroy(m);
+    m = load_hf_config("falcon-7b");
+    assert_false(ml__family_neox_layer(m, &fp32, &L));
+    assert_true(ml__family_falcon_layer(m, &fp32, &L));
+    assert_true(L.parallel && L.shared_norm && L.attn.split_heads && L.attn.grouped);
+    assert_true(ml__family_layer(m, &fk, &L)); /* a fused kernel too */
     ml_model_destroy(m);
 }
 
@@ -565,7 +590,7 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
 static void test_chains_equal_builders(void **state)
 {
     (void)state;
-    unsigned n = 0, fused = 0;
+    unsigned n = 0, fused = 0, falcon = 0;
     static const char *const presets[] = {"agnews-classifier", "vit-b16", "gpt2-small", "gpt2-medium", "llama-2-7b",
                                           "llama-3-8b", "video-tokens", "llava-1.5-7b"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
@@ -576,27 +601,36 @@ static void test_chains_equal_builders(void **state)
     static const char *const hf[] = {"gpt2",         "llama-2-7b", "mistral-7b", "mistral-nemo-12b",
                                      "qwen2-0.5b",   "llava-1.5-7b", "gemma-2b", "gemma-2-2b",
                                      "gemma-2-9b",   "vit-base-patch16-224", "phi-3-mini-4k",
-                                     "pythia-160m", "bert-base-uncased"};
+                                     "pythia-160m", "bert-base-uncased", "falcon-7b"};
     for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
         ml_model *m = load_hf_config(hf[i]);
-        n += compare_model(m, hf[i], &fused);
+        const unsigned k = compare_model(m, hf[i], &fused);
+        n += k;
+        falcon += m->shared_norm ? k : 0;
         ml_model_destroy(m);
     }
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         ml_model *m = load_variant(v);
         m->layers = 3;
-        n += compare_model(m, "variant", &fused);
+        const unsigned k = compare_model(m, "variant", &fused);
+        n += k;
+        falcon += m->shared_norm ? k : 0;
         ml_model_destroy(m);
     }
-    /* 39 models x 3 kernels x 6 precisions x 3 settings x 2 passes (no
+    /* 42 models x 3 kernels x 6 precisions x 3 settings x 2 passes (no
      * other refusal: asserted above), less the fused losses refused: at
      * most a third */
-    fprintf(stderr, "%u chains compared, %u with the fused loss\n", n, fused);
-    assert_true(n >= 39 * 3 * 6 * 3 * 2 * 2 / 3);
+    fprintf(stderr, "%u chains compared, %u with the fused loss, %u of Falcon's layout\n", n,
+            fused, falcon);
+    assert_true(n >= 42 * 3 * 6 * 3 * 2 * 2 / 3);
     /* the fused loss is compared, not only refused: at least gpt2-small's
      * 3 kernels x 2 passes under fp32, the one precision without autocast
      * that every decoder takes */
     assert_true(fused >= 3 * 2);
+    /* Falcon's chains are the graph's, not refused: falcon-7b and two
+     * variants, 3 kernels x 6 precisions x 2 passes without the fused
+     * loss at least */
+    assert_true(falcon >= 3 * 3 * ML_PREC_COUNT * 2 * 2);
 }
 
 /* OLMo's norm exists only in the graph: a layout the graph does not
