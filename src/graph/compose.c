@@ -57,11 +57,21 @@ static uint16_t post_norm(ml_graph *g, const mlg_layer *L, uint16_t y, unsigned 
  * the residual. */
 static void parallel_layer(ml_graph *g, const mlg_layer *L, uint16_t x)
 {
-    uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
+    uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE, lists[2] = {MLG_NONE, MLG_NONE};
     g->group = ml__kit_group(L, MLG_GROUP_NORM1);
-    uint16_t h = ml__kit_norm(g, &L->norm, x, true);
+    uint16_t h;
+    if (L->attn.split_heads) {
+        /* the inventory lists the norm's statistics, Falcon's index lists,
+         * then the norm's output (the order the allocator simulation
+         * allocates them in, as the chain builders list them) */
+        const uint16_t st = ml__kit_layernorm_stats(g);
+        ml__kit_falcon_lists(g, &L->attn, lists);
+        h = ml__kit_layernorm(g, &L->norm, x, true, st);
+    } else {
+        h = ml__kit_norm(g, &L->norm, x, true);
+    }
     g->group = ml__kit_group(L, MLG_GROUP_ATTN);
-    uint16_t a = L->attn.split_heads ? ml__kit_falcon_attention(g, L, h, &held, &ck, &cv)
+    uint16_t a = L->attn.split_heads ? ml__kit_falcon_attention(g, L, h, lists, &held, &ck, &cv)
                                      : ml__kit_hf_attention(g, L, h, &held, &ck, &cv);
     if (!L->shared_norm) {
         ml__op_free(ml__graph_release(g, "norm output (an argument) goes"), h);

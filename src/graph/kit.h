@@ -180,10 +180,18 @@ uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint1
  * ml__kit_hf_attention. */
 uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv *p,
                                  uint16_t *held, uint16_t *k, uint16_t *v);
-/* FalconAttention on h (kit_falcon.c): query_key_value and _split_heads,
- * then HF's attention on the heads; as ml__kit_hf_attention. */
-uint16_t ml__kit_falcon_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *held,
-                                  uint16_t *k, uint16_t *v);
+/* Falcon's _split_heads index lists (kit_falcon.c): with one key/value
+ * head (a->grouped) k and v are picked with fused_qkv[..., [-2], :] and
+ * [..., [-1], :], each list a one-element int64 tensor that
+ * IndexBackward0 saves (`kept`); declared here, made by the index op.
+ * Both MLG_NONE otherwise. */
+void ml__kit_falcon_lists(ml_graph *g, const mlg_attention *a, uint16_t lists[2]);
+/* FalconAttention on h (kit_falcon.c): query_key_value and _split_heads
+ * (k and v picked with lists, ml__kit_falcon_lists), then HF's attention
+ * on the heads; as ml__kit_hf_attention. */
+uint16_t ml__kit_falcon_attention(ml_graph *g, const mlg_layer *L, uint16_t h,
+                                  const uint16_t lists[2], uint16_t *held, uint16_t *k,
+                                  uint16_t *v);
 /* HF LlamaRMSNorm of x (kit_hf.c). */
 uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
 /* HF GemmaRMSNorm of x (kit_hf.c). */
@@ -196,6 +204,13 @@ uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
 /* A norm of the residual stream x (whose gradient buffer the skip already
  * holds: xbuf); returns its output. */
 uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
+/* A LayerNorm's statistics (mean and rstd, fp32 per row), declared apart
+ * from the norm (ml__kit_layernorm): a composition may declare tensors
+ * between them and the output, the order the inventory lists them in
+ * (Falcon's index lists). */
+uint16_t ml__kit_layernorm_stats(ml_graph *g);
+/* LayerNorm (n->kind MLG_LAYERNORM) of x with the statistics st. */
+uint16_t ml__kit_layernorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf, uint16_t st);
 /* nn.Dropout on x when p > 0: returns its output (x when there is none);
  * held: the output's gradient is a buffer another op holds. */
 uint16_t ml__kit_dropout(ml_graph *g, bool on, uint16_t x, const char *node, bool core,

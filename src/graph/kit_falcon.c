@@ -13,16 +13,26 @@ static uint16_t act3(ml_graph *g, const char *name, uint8_t w)
     return ml__graph_tensor(g, name, MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, w);
 }
 
-/* multi_query (one key/value head): k and v are picked with index lists,
- * fused_qkv[..., [-2], :] and [..., [-1], :]. Advanced indexing copies the
- * picked (B, T, 1, dh) piece, and IndexBackward0 saves the list, one int64
- * on the device (derivatives.yaml, index.Tensor); the op makes the list
- * and its Python temporary goes once it has run. */
-static uint16_t pick(ml_graph *g, uint16_t qkv, const char *list_name, mlg_op **op)
+void ml__kit_falcon_lists(ml_graph *g, const mlg_attention *a, uint16_t lists[2])
 {
-    uint16_t list = ml__graph_tensor(g, list_name, MLG_INT64, MLG_ACT, 0);
-    if (list != MLG_NONE)
-        g->t[list].flags |= MLG_T_KEPT;
+    static const char *const name[2] = {"key index list (multi_query)",
+                                        "value index list (multi_query)"};
+    for (unsigned i = 0; i < 2; i++) {
+        lists[i] = MLG_NONE;
+        if (!a->split_heads || !a->grouped)
+            continue;
+        lists[i] = ml__graph_tensor(g, name[i], MLG_INT64, MLG_ACT, 0);
+        if (lists[i] != MLG_NONE)
+            g->t[lists[i]].flags |= MLG_T_KEPT;
+    }
+}
+
+/* multi_query (one key/value head): fused_qkv[..., [-2], :] (or [-1]).
+ * Advanced indexing makes the list on the device and copies the picked
+ * (B, T, 1, dh) piece; IndexBackward0 saves the list (derivatives.yaml,
+ * index.Tensor), whose Python temporary goes once the op has run. */
+static uint16_t pick(ml_graph *g, uint16_t qkv, uint16_t list, mlg_op **op)
+{
     uint16_t piece = act3(g, "picked key/value head (index copy)", MLG_DKV);
     mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "index (multi_query)");
     ml__op_in(o, qkv);
@@ -36,7 +46,8 @@ static uint16_t pick(ml_graph *g, uint16_t qkv, const char *list_name, mlg_op **
 
 /* query_key_value on h, then _split_heads. multi_query: the output viewed
  * as (B, T, H + 2, dh), q the slice [..., :-2, :], k and v picked (above);
- * otherwise viewed as (B, T, H, 3, dh) and q, k and v its strided selects.
+ * otherwise (lists MLG_NONE) viewed as (B, T, H, 3, dh) and q, k and v
+ * its strided selects.
  * transpose(1, 2).reshape copies a strided piece into contiguous heads and
  * only views a picked one. Backward, per piece as Phi-3's slices
  * (kit_phi3.c): SliceBackward0, or IndexBackward0, makes a zero-filled
@@ -45,7 +56,8 @@ static uint16_t pick(ml_graph *g, uint16_t qkv, const char *list_name, mlg_op **
  * k's and q's are added; the reshape copies the transposed gradient. h's
  * gradient buffer is the MLP's when the norm is shared (in_buf). Returns
  * the pieces and their heads; *qkv_out the projection's output. */
-static mlg_qkv split_heads(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *qkv_out)
+static mlg_qkv split_heads(ml_graph *g, const mlg_layer *L, uint16_t h, const uint16_t lists[2],
+                           uint16_t *qkv_out)
 {
     const mlg_attention *a = &L->attn;
     mlg_qkv r;
@@ -61,15 +73,13 @@ static mlg_qkv split_heads(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t
         o->accum = h;
     static const char *const node[3] = {"SliceBackward0 (q of qkv)", "SliceBackward0 (k of qkv)",
                                         "SliceBackward0 (v of qkv)"};
-    static const char *const list[3] = {NULL, "key index list (multi_query)",
-                                        "value index list (multi_query)"};
     uint16_t *own[3] = {&r.q, &r.k, &r.v}, *hv[3] = {&r.qh, &r.kh, &r.vh};
     for (unsigned i = 0; i < 3; i++) {
         const uint8_t width = i == 0 ? MLG_DQ : MLG_DKV, nh = i == 0 ? MLG_H : MLG_HKV;
-        const bool picked = i > 0 && a->grouped;
+        const bool picked = i > 0 && lists[i - 1] != MLG_NONE;
         uint16_t piece;
         if (picked) {
-            piece = pick(g, qkv, list[i], &o);
+            piece = pick(g, qkv, lists[i - 1], &o);
         } else {
             piece = ml__graph_view(g, "piece of query_key_value", qkv, 3, MLG_B, MLG_T, width);
             o = ml__graph_op(g, MLG_OP_VIEW, "slice");
@@ -98,11 +108,12 @@ static mlg_qkv split_heads(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t
     return r;
 }
 
-uint16_t ml__kit_falcon_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *held,
-                                  uint16_t *k, uint16_t *v)
+uint16_t ml__kit_falcon_attention(ml_graph *g, const mlg_layer *L, uint16_t h,
+                                  const uint16_t lists[2], uint16_t *held, uint16_t *k,
+                                  uint16_t *v)
 {
     uint16_t qkv;
-    const mlg_qkv p = split_heads(g, L, h, &qkv);
+    const mlg_qkv p = split_heads(g, L, h, lists, &qkv);
     uint16_t y = ml__kit_hf_attention_on(g, L, &p, held, k, v);
     /* fused_qkv stays bound until the attention returns */
     ml__op_free(ml__graph_release(g, "fused_qkv goes"), qkv);

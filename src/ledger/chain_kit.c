@@ -421,13 +421,6 @@ static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
         s_in = ml_ck_save(ch, b, "q/k/v projection input", z->BTD, src_bpe, in_flags);
     }
     ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, z->qkv_out));
-    if (m->shared_norm && d->Hkv == 1 && d->H > 1) {
-        /* Falcon's _split_heads then picks the key and the value with index
-         * lists (fused_qkv[..., [-2], :]): IndexBackward0 saves each list,
-         * one int64 on the device */
-        ml_ck_save(ch, b, "key index list (multi_query)", 1, 8, 0);
-        ml_ck_save(ch, b, "value index list (multi_query)", 1, 8, 0);
-    }
     if (fused_qkv) {
         ml_ck_linear(ch, b, d->D, z->qkv_out, m->qkv_bias);
     } else { /* q_proj, k_proj, v_proj: three modules */

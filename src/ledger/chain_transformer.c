@@ -229,6 +229,13 @@ void ml_ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
     /* Falcon (shared_norm): an additive mask, and the softmax in the
      * stream's dtype (softmax(dtype=hidden_states.dtype)) */
     const bool falcon = m->shared_norm;
+    if (falcon && d->Hkv == 1 && d->H > 1) {
+        /* _split_heads picks the key and the value with index lists
+         * (fused_qkv[..., [-2], :]): IndexBackward0 saves each list, one
+         * int64 on the device */
+        ml_ck_save(ch, b, "key index list (multi_query)", 1, 8, 0);
+        ml_ck_save(ch, b, "value index list (multi_query)", 1, 8, 0);
+    }
     /* the norm's output gradient: the MLP's (its backward runs first)
      * becomes the buffer, the q/k/v projection's is added in place */
     if (falcon)

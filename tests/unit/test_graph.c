@@ -683,7 +683,7 @@ static void test_kit_headroom(void **state)
     ml_graph *g = malloc(sizeof *g);
     assert_non_null(g);
     unsigned built = 0, most_t = 0, most_op = 0;
-    for (unsigned mask = 0; mask < (1u << 16); mask++) {
+    for (unsigned mask = 0; mask < (1u << 17); mask++) {
         mlg_layer L;
         memset(&L, 0, sizeof L);
         L.norm.kind = (uint8_t)((mask >> 12) & 3);
@@ -712,6 +712,11 @@ static void test_kit_headroom(void **state)
         L.parallel = L.attn.hf && !L.post_norms && ((mask >> 15) & 1);
         if (((mask >> 15) & 1) && !L.parallel)
             continue;
+        /* Falcon's: one shared norm, _split_heads (not Phi-3's projections) */
+        const bool falcon = (mask >> 16) & 1;
+        if (falcon && (!L.parallel || L.attn.fused_proj))
+            continue;
+        L.shared_norm = L.attn.split_heads = L.attn.stream_softmax = L.attn.in_buf = falcon;
         ml__family_layer_graph(g, &L);
         if (!ml__graph_valid(g))
             fail_msg("settings %#x: the graph is not whole", mask);
@@ -736,9 +741,11 @@ static void test_kit_headroom(void **state)
 static void test_graph_heads_taken(void **state)
 {
     (void)state;
-    static const char *const presets[] = {"gpt2-small", "llama-2-7b", "olmo-1b"};
+    static const char *const presets[] = {"gpt2-small", "llama-2-7b", "olmo-1b", "falcon-7b"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
-        ml_model *m = load_preset(presets[i]);
+        /* the last: Falcon's shipped config.json */
+        ml_model *m = i + 1 < sizeof presets / sizeof presets[0] ? load_preset(presets[i])
+                                                                 : load_hf_config(presets[i]);
         ml_chain ch;
         memset(&ch, 0, sizeof ch);
         ch.prec = ml_prec_of(ML_PREC_FP32);
