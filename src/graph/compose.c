@@ -140,8 +140,9 @@ void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     g->group = ml__kit_group(L, MLG_GROUP_NORM1);
     uint16_t h = ml__kit_norm(g, &L->norm, x, true);
     g->group = ml__kit_group(L, MLG_GROUP_ATTN);
-    uint16_t a = L->attn.hf ? ml__kit_hf_attention(g, L, h, &held, &ck, &cv)
-                            : ml__kit_attention(g, L, h);
+    uint16_t a = L->attn.latent ? ml__kit_mla_attention(g, L, h)
+                 : L->attn.hf   ? ml__kit_hf_attention(g, L, h, &held, &ck, &cv)
+                                : ml__kit_attention(g, L, h);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     a = post_norm(g, L, a, MLG_GROUP_POST_ATTN);
     uint16_t r = ml__kit_residual(g, x, a);

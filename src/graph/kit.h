@@ -67,6 +67,8 @@ typedef struct {
                             _split_heads, q, k and v each reshaped into
                             contiguous (B, h, T, dh) heads (kit_falcon.c):
                             bmm copies only the heads it expands */
+    bool latent;         /* DeepSeek's multi-head latent attention (kit_mla.c) */
+    bool q_lora;         /* ... with q compressed (q_a_proj, its norm, q_b_proj) */
     bool stream_softmax; /* the mask, in the stream's dtype, promotes the
                             scores to it and softmax(dtype=hidden_states.dtype)
                             keeps them there (Falcon): its output is cast for
@@ -101,6 +103,8 @@ typedef struct {
                          mlp(h) += attn(h), then x + that */
     bool postnorm;   /* BERT: norm(x + attn(x)), then norm(. + mlp(.)) */
     mlg_norm post;
+    mlg_norm latent; /* latent attention's norms of its compressed q and kv
+                        (attn.latent; their widths the kit's) */
 } mlg_layer;
 
 /* Parameter groups: the order modules register their parameters in. */
@@ -192,8 +196,15 @@ void ml__kit_falcon_lists(ml_graph *g, const mlg_attention *a, uint16_t lists[2]
 uint16_t ml__kit_falcon_attention(ml_graph *g, const mlg_layer *L, uint16_t h,
                                   const uint16_t lists[2], uint16_t *held, uint16_t *k,
                                   uint16_t *v);
+/* DeepSeek's multi-head latent attention on h (kit_mla.c): its branch
+ * output. */
+uint16_t ml__kit_mla_attention(ml_graph *g, const mlg_layer *L, uint16_t h);
 /* HF LlamaRMSNorm of x (kit_hf.c). */
 uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
+/* ... of a (B, T, width) x, its output (weight * h) in dtype: the wider
+ * of the parameters' and x's (DeepSeek's latent norms: the stream's). */
+uint16_t ml__kit_rmsnorm_of(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf, uint8_t width,
+                            uint8_t dtype);
 /* HF GemmaRMSNorm of x (kit_hf.c). */
 uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
 /* HF OlmoLayerNorm of x (kit_hf.c). */

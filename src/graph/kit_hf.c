@@ -22,13 +22,14 @@ static uint16_t stat(ml_graph *g, const char *name)
  * + eps, rsqrt (saved), x * rsqrt (hn, fp32); returns hn. keep_var: the
  * mean stays bound (LlamaRMSNorm's `variance`) until *var_out is dropped;
  * else it goes with the + eps (GemmaRMSNorm's _norm, one expression). */
-static uint16_t rms_core(ml_graph *g, uint16_t x, uint16_t xf, bool up, bool xbuf, bool keep_var,
-                         uint16_t *var_out)
+static uint16_t rms_core(ml_graph *g, const mlg_norm *n, uint8_t w, uint16_t x, uint16_t xf,
+                         bool xbuf, bool keep_var, uint16_t *var_out)
 {
-    uint16_t x2 = act3(g, "x^2", MLG_FP32, MLG_D);
+    const bool up = n->upcast;
+    uint16_t x2 = act3(g, "x^2", MLG_FP32, w);
     uint16_t var = stat(g, "variance"), ve = stat(g, "variance + eps");
     uint16_t rs = stat(g, "rmsnorm rsqrt");
-    uint16_t hn = act3(g, "rmsnorm normalised", MLG_FP32, MLG_D);
+    uint16_t hn = act3(g, "rmsnorm normalised", MLG_FP32, w);
     if (up)
         ml__graph_step(g, MLG_OP_COPY, "to (fp32)", x, xf, NULL);
     mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "pow", xf, x2, "PowBackward0 (x^2)");
@@ -67,7 +68,7 @@ uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
     const bool up = n->upcast;
     const uint8_t sd = g->t[x].dtype;
     uint16_t xf = up ? act3(g, "rmsnorm fp32 copy of input", MLG_FP32, MLG_D) : x, var;
-    uint16_t hn = rms_core(g, x, xf, up, xbuf, false, &var);
+    uint16_t hn = rms_core(g, n, MLG_D, x, xf, xbuf, false, &var);
     uint16_t w1 = ml__graph_tensor(g, "rmsnorm 1 + weight (fp32)", MLG_FP32, MLG_ACT, 1, MLG_D);
     uint16_t pr = act3(g, "rmsnorm output (fp32)", MLG_FP32, MLG_D);
     uint16_t y = up ? act3(g, "rmsnorm output", sd, MLG_D) : pr;
@@ -102,19 +103,25 @@ uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
  * input. */
 uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
 {
+    return ml__kit_rmsnorm_of(g, n, x, xbuf, MLG_D, g->t[x].dtype);
+}
+
+uint16_t ml__kit_rmsnorm_of(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf, uint8_t w,
+                            uint8_t dtype)
+{
     const bool up = n->upcast;
     const uint8_t sd = g->t[x].dtype;
-    uint16_t xf = up ? act3(g, "rmsnorm fp32 copy of input", MLG_FP32, MLG_D) : x, var;
-    uint16_t hn = rms_core(g, x, xf, up, xbuf, true, &var);
-    uint16_t hc = up ? act3(g, "rmsnorm normalised (cast back)", sd, MLG_D) : MLG_NONE;
-    uint16_t y = act3(g, "rmsnorm output", sd, MLG_D);
+    uint16_t xf = up ? act3(g, "rmsnorm fp32 copy of input", MLG_FP32, w) : x, var;
+    uint16_t hn = rms_core(g, n, w, x, xf, xbuf, true, &var);
+    uint16_t hc = up ? act3(g, "rmsnorm normalised (cast back)", sd, w) : MLG_NONE;
+    uint16_t y = act3(g, "rmsnorm output", dtype, w);
     if (y != MLG_NONE)
         g->t[y].flags |= MLG_T_TMP;
     if (up)
         ml__graph_step(g, MLG_OP_COPY, "to (stream dtype)", hn, hc, NULL);
     const uint16_t hs = up ? hc : hn;
     mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (weight)", hs, y, NULL);
-    ml__op_param(o, ml__graph_tensor(g, "weight", MLG_PARAM, MLG_PARAMETER, 1, MLG_D));
+    ml__op_param(o, ml__graph_tensor(g, "weight", MLG_PARAM, MLG_PARAMETER, 1, w));
     ml__op_save(o, hs);
     ml__op_free(o, hc);
     ml__op_free(o, hn);

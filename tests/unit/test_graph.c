@@ -403,6 +403,20 @@ static const variant variants[] = {
      "  position: learned\n  max_positions: 2048\n  bias: false\n  qkv_bias: true\n"
      "  dropout: 0\n",
      false, false, false},
+    /* DeepSeek-V3's latent attention (tests/torch/models/deepseek.yaml's)
+     * with a dense MLP in every layer: q compressed, a KV cache */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  head_dim: 24\n"
+     "  rope_head_dim: 8\n  v_head_dim: 16\n  kv_lora_rank: 32\n  q_lora_rank: 40\n"
+     "  ffn: 96\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 173\n  position: rope\n"
+     "  bias: false\n  dropout: 0\n",
+     true, false, false},
+    /* DeepSeek-V2-Lite's: q_proj, complex rotary, values wider than the
+     * keys' pass part, GeGLU */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 96\n  heads: 3\n  head_dim: 20\n"
+     "  rope_head_dim: 4\n  v_head_dim: 36\n  kv_lora_rank: 24\n  rope_complex: true\n"
+     "  ffn: 80\n  activation: geglu\n  norm: rmsnorm\n  vocab: 97\n  position: rope\n"
+     "  bias: false\n  dropout: 0\n",
+     false, false, false},
 };
 
 /* variants[v] with the settings YAML has no key for */
@@ -420,7 +434,7 @@ static void test_graph_equals_builders(void **state)
     (void)state;
     static const uint64_t shapes[][2] = {{1, 7}, {3, 64}, {2, 1024}, {1, 1}};
     const size_t nv = sizeof variants / sizeof variants[0];
-    unsigned compared = 0, declined = 0, falcon = 0;
+    unsigned compared = 0, declined = 0, falcon = 0, latent = 0;
     for (size_t v = 0; v < nv; v++) {
         ml_model *m = load_variant(v);
         for (size_t k = 0; k < 3 && m->prenorm; k++) {
@@ -444,6 +458,7 @@ static void test_graph_equals_builders(void **state)
                             ml_chain_free(&b);
                             compared++;
                             falcon += m->shared_norm;
+                            latent += m->kv_lora > 0;
                         } else {
                             declined++;
                         }
@@ -461,6 +476,8 @@ static void test_graph_equals_builders(void **state)
     /* Falcon's two variants, every kernel (sdpa with one key/value head
      * runs the math kernel; flash, or sdpa with H, a fused one) */
     assert_int_equal(falcon, 2 * 3 * ML_PREC_COUNT * 4 * 4);
+    /* latent attention's two (the eager layout under every kernel) */
+    assert_int_equal(latent, 2 * 3 * ML_PREC_COUNT * 4 * 4);
 }
 
 /* The layouts the kit does not express yet keep their builders: T5's,
@@ -568,8 +585,9 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
                                       : ml_chain_build(m, &cfg, &b, &e);
                     assert_int_equal(sa, sb);
                     /* only the fused loss is refused (under autocast, or for
-                     * a head other than a language model's) */
-                    if (sa != ML_OK && c != 2)
+                     * a head other than a language model's), and latent
+                     * attention under sdpa and flash */
+                    if (sa != ML_OK && c != 2 && !(m->kv_lora && kernels[k] != ML_ATTN_EAGER))
                         fail_msg("%s: refused: %s", name, e.msg);
                     if (sa != ML_OK)
                         continue;
@@ -590,7 +608,7 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
 static void test_chains_equal_builders(void **state)
 {
     (void)state;
-    unsigned n = 0, fused = 0, falcon = 0;
+    unsigned n = 0, fused = 0, falcon = 0, latent = 0;
     static const char *const presets[] = {"agnews-classifier", "vit-b16", "gpt2-small", "gpt2-medium", "llama-2-7b",
                                           "llama-3-8b", "video-tokens", "llava-1.5-7b"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
@@ -615,14 +633,17 @@ static void test_chains_equal_builders(void **state)
         const unsigned k = compare_model(m, "variant", &fused);
         n += k;
         falcon += m->shared_norm ? k : 0;
+        latent += m->kv_lora ? k : 0;
         ml_model_destroy(m);
     }
-    /* 42 models x 3 kernels x 6 precisions x 3 settings x 2 passes (no
-     * other refusal: asserted above), less the fused losses refused: at
-     * most a third */
-    fprintf(stderr, "%u chains compared, %u with the fused loss, %u of Falcon's layout\n", n,
-            fused, falcon);
-    assert_true(n >= 42 * 3 * 6 * 3 * 2 * 2 / 3);
+    /* 44 models x 3 kernels x 6 precisions x 3 settings x 2 passes (no
+     * other refusal: asserted above), less the fused losses refused and
+     * latent attention's fused kernels: at most a third */
+    fprintf(stderr,
+            "%u chains compared, %u with the fused loss, %u of Falcon's layout, %u with latent "
+            "attention\n",
+            n, fused, falcon, latent);
+    assert_true(n >= 44 * 3 * 6 * 3 * 2 * 2 / 3);
     /* the fused loss is compared, not only refused: at least gpt2-small's
      * 3 kernels x 2 passes under fp32, the one precision without autocast
      * that every decoder takes */
@@ -631,6 +652,9 @@ static void test_chains_equal_builders(void **state)
      * variants, 3 kernels x 6 precisions x 2 passes without the fused
      * loss at least */
     assert_true(falcon >= 3 * 3 * ML_PREC_COUNT * 2 * 2);
+    /* latent attention's two variants: eager, 6 precisions x 2 passes
+     * without the fused loss at least */
+    assert_true(latent >= 2 * ML_PREC_COUNT * 2 * 2);
 }
 
 /* OLMo's norm exists only in the graph: a layout the graph does not
@@ -683,7 +707,7 @@ static void test_kit_headroom(void **state)
     ml_graph *g = malloc(sizeof *g);
     assert_non_null(g);
     unsigned built = 0, most_t = 0, most_op = 0;
-    for (unsigned mask = 0; mask < (1u << 17); mask++) {
+    for (unsigned mask = 0; mask < (1u << 18); mask++) {
         mlg_layer L;
         memset(&L, 0, sizeof L);
         L.norm.kind = (uint8_t)((mask >> 12) & 3);
@@ -717,6 +741,15 @@ static void test_kit_headroom(void **state)
         if (falcon && (!L.parallel || L.attn.fused_proj))
             continue;
         L.shared_norm = L.attn.split_heads = L.attn.stream_softmax = L.attn.in_buf = falcon;
+        /* DeepSeek's latent attention (eager), q compressed or not (the
+         * kernel's bit) */
+        const bool latent = (mask >> 17) & 1;
+        if (latent && (!L.attn.hf || L.parallel || L.attn.fused_proj || L.post_norms))
+            continue;
+        L.attn.latent = latent;
+        L.attn.q_lora = latent && L.attn.fused_kernel;
+        L.attn.fused_kernel = L.attn.fused_kernel && !latent;
+        L.latent = L.norm;
         ml__family_layer_graph(g, &L);
         if (!ml__graph_valid(g))
             fail_msg("settings %#x: the graph is not whole", mask);
