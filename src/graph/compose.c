@@ -1,8 +1,9 @@
 /* The layers and heads as compositions of the kit's components (kit.h):
  * a pre-norm layer (GPT-2's, Llama's, Gemma's and Gemma 2's post norms,
- * Phi-3's, OLMo's, ViT's), GPT-NeoX's and Falcon's parallel ones, BERT's
- * post-norm one, a decoder's LM head. Each reads as the reference
- * implementation's forward reads; docs/graph.md. */
+ * Phi-3's, OLMo's, ViT's, DeepSeek's with latent attention), GPT-NeoX's
+ * and Falcon's parallel ones, BERT's post-norm one, a decoder's LM head.
+ * Each reads as the reference implementation's forward reads;
+ * docs/graph.md. */
 #include <stddef.h>
 
 #include "graph/kit.h"

@@ -47,10 +47,10 @@ static uint16_t pick(ml_graph *g, uint16_t qkv, uint16_t list, mlg_op **op)
 /* query_key_value on h, then _split_heads. multi_query: the output viewed
  * as (B, T, H + 2, dh), q the slice [..., :-2, :], k and v picked (above);
  * otherwise (lists MLG_NONE) viewed as (B, T, H, 3, dh) and q, k and v
- * its strided selects.
- * transpose(1, 2).reshape copies a strided piece into contiguous heads and
- * only views a picked one. Backward, per piece as Phi-3's slices
- * (kit_phi3.c): SliceBackward0, or IndexBackward0, makes a zero-filled
+ * its strided selects. transpose(1, 2).reshape copies a strided piece into
+ * contiguous heads and only views a picked one. Backward, per piece as
+ * Phi-3's slices (kit_phi3.c): SliceBackward0, or IndexBackward0 (named as
+ * the slices' nodes, as the builders name it), makes a zero-filled
  * gradient of the whole output and copies the piece's in; the first to
  * arrive (v's: the engine runs v, k, q) becomes the output's InputBuffer,
  * k's and q's are added; the reshape copies the transposed gradient. h's
