@@ -1,8 +1,9 @@
 /* The layers and heads as compositions of the kit's components (kit.h):
  * a pre-norm layer (GPT-2's, Llama's, Gemma's and Gemma 2's post norms,
- * Phi-3's, OLMo's, ViT's), GPT-NeoX's parallel one, BERT's post-norm one,
- * a decoder's LM head. Each reads as the reference implementation's
- * forward reads; docs/graph.md. */
+ * Phi-3's, OLMo's, ViT's, DeepSeek's with latent attention), GPT-NeoX's
+ * and Falcon's parallel ones, BERT's post-norm one, a decoder's LM head.
+ * Each reads as the reference implementation's forward reads;
+ * docs/graph.md. */
 #include <stddef.h>
 
 #include "graph/kit.h"
@@ -48,24 +49,54 @@ static uint16_t post_norm(ml_graph *g, const mlg_layer *L, uint16_t y, unsigned 
 
 /* GPT-NeoX's layer (GPTNeoXLayer with use_parallel_residual): both norms
  * read the input, whose gradient buffer the skip holds; the attention's
- * and the MLP's outputs are added to it. */
+ * and the MLP's outputs are added to it. Falcon's (FalconDecoderLayer,
+ * parallel_attn, the old decoder architecture: shared_norm): one
+ * input_layernorm feeds both branches, its output bound until the layer
+ * returns; the MLP's input gradient arrives first and is the output's
+ * buffer (the attention's projection adds into it); mlp_output +=
+ * attention_output in place, then dropout_add (p 0: the identity) adds
+ * the residual. */
 static void parallel_layer(ml_graph *g, const mlg_layer *L, uint16_t x)
 {
-    uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
+    uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE, lists[2] = {MLG_NONE, MLG_NONE};
     g->group = ml__kit_group(L, MLG_GROUP_NORM1);
-    uint16_t h = ml__kit_norm(g, &L->norm, x, true);
+    uint16_t h;
+    if (L->attn.split_heads) {
+        /* the inventory lists the norm's statistics, Falcon's index lists,
+         * then the norm's output (the order the allocator simulation
+         * allocates them in, as the chain builders list them) */
+        const uint16_t st = ml__kit_layernorm_stats(g);
+        ml__kit_falcon_lists(g, &L->attn, lists);
+        h = ml__kit_layernorm(g, &L->norm, x, true, st);
+    } else {
+        h = ml__kit_norm(g, &L->norm, x, true);
+    }
     g->group = ml__kit_group(L, MLG_GROUP_ATTN);
-    uint16_t a = ml__kit_hf_attention(g, L, h, &held, &ck, &cv);
-    ml__op_free(ml__graph_release(g, "norm output (an argument) goes"), h);
-    g->group = ml__kit_group(L, MLG_GROUP_NORM2);
-    h = ml__kit_norm(g, &L->norm, x, true);
+    uint16_t a = L->attn.split_heads ? ml__kit_falcon_attention(g, L, h, lists, &held, &ck, &cv)
+                                     : ml__kit_hf_attention(g, L, h, &held, &ck, &cv);
+    if (!L->shared_norm) {
+        ml__op_free(ml__graph_release(g, "norm output (an argument) goes"), h);
+        g->group = ml__kit_group(L, MLG_GROUP_NORM2);
+        h = ml__kit_norm(g, &L->norm, x, true);
+    }
     g->group = ml__kit_group(L, MLG_GROUP_MLP);
     uint16_t m = ml__kit_mlp(g, L, h, NULL);
     ml__op_free(ml__graph_release(g, "norm output (an argument) goes"), h);
-    /* mlp_output + attn_output + hidden_states */
-    uint16_t t = ml__kit_residual(g, m, a);
-    uint16_t out = ml__kit_residual(g, x, t);
-    (void)out;
+    if (L->shared_norm) {
+        /* mlp_output += attention_output: AddBackward0 hands the one
+         * gradient to both, no node of its own */
+        mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "add_ (mlp_output += attention_output)");
+        ml__op_in(o, m);
+        ml__op_in(o, a);
+        uint16_t out = ml__kit_add(g, x, m); /* residual + mlp_output */
+        (void)out;
+        ml__op_free(ml__graph_release(g, "attention output goes"), a);
+    } else {
+        /* mlp_output + attn_output + hidden_states */
+        uint16_t t = ml__kit_residual(g, m, a);
+        uint16_t out = ml__kit_residual(g, x, t);
+        (void)out;
+    }
     layer_returns(g, m, held, ck, cv);
 }
 
@@ -110,8 +141,9 @@ void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     g->group = ml__kit_group(L, MLG_GROUP_NORM1);
     uint16_t h = ml__kit_norm(g, &L->norm, x, true);
     g->group = ml__kit_group(L, MLG_GROUP_ATTN);
-    uint16_t a = L->attn.hf ? ml__kit_hf_attention(g, L, h, &held, &ck, &cv)
-                            : ml__kit_attention(g, L, h);
+    uint16_t a = L->attn.latent ? ml__kit_mla_attention(g, L, h)
+                 : L->attn.hf   ? ml__kit_hf_attention(g, L, h, &held, &ck, &cv)
+                                : ml__kit_attention(g, L, h);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     a = post_norm(g, L, a, MLG_GROUP_POST_ATTN);
     uint16_t r = ml__kit_residual(g, x, a);

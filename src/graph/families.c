@@ -28,10 +28,10 @@ static void common(const ml_model *m, const mlg_config *c, mlg_layer *L)
 }
 
 /* A layer with one dense MLP and plain self-attention: no experts, latent
- * attention or image encoder. The layouts with them (Falcon's shared norm,
- * Mixtral's and DeepSeek's experts and latent attention, LLaVA's vision
- * tower) keep their chain builders (ledger/chain_transformer.c) until the
- * kit expresses them. */
+ * attention or image encoder, and not Falcon's shared norm (latent
+ * attention and the shared norm are families of their own, below). The layouts with them (Mixtral's and DeepSeek's experts
+ * and latent attention, LLaVA's vision tower) keep their chain builders
+ * (ledger/chain_transformer.c) until the kit expresses them. */
 static bool plain(const ml_model *m)
 {
     return !m->shared_norm && !m->experts && !m->kv_lora && m->activation != ML_ACT_QUICK_GELU;
@@ -127,6 +127,52 @@ bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     return true;
 }
 
+bool ml__family_falcon_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    /* one key/value head (multi_query) or as many as query heads, as the
+     * model file allows; the rest is GPT-NeoX's settings */
+    if (!m->shared_norm || m->experts || m->kv_lora || m->norm != ML_NORM_LAYERNORM ||
+        m->type != ML_MODEL_DECODER || !m->prenorm || !m->parallel_residual || m->image_size ||
+        m->fused_proj || m->post_norms || m->attn_softcap > 0 || m->dropout > 0 ||
+        (m->kv_heads != 1 && m->kv_heads != m->heads) ||
+        (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+        return false;
+    common(m, c, L);
+    mlg_attention *a = &L->attn;
+    a->hf = a->mask = a->split_heads = a->stream_softmax = true;
+    a->grouped = m->kv_heads < m->heads;
+    /* the softmax's output (the stream's dtype) cast for PV under autocast */
+    a->probs_cast = c->stream_bytes != c->compute_bytes;
+    /* the MLP's gradient of the shared norm's output arrives first */
+    a->in_buf = true;
+    a->cache = c->eval && m->kv_cache;
+    L->hf_order = L->parallel = L->shared_norm = true;
+    return true;
+}
+
+bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    /* the experts (DeepSeek's MoE layers after its first dense ones) keep
+     * the builders: a layer is the graph's whole or not at all */
+    if (!m->kv_lora || m->experts || m->shared_norm || m->norm != ML_NORM_RMSNORM ||
+        m->type != ML_MODEL_DECODER || !m->prenorm || m->parallel_residual || m->image_size ||
+        m->fused_proj || m->post_norms || m->attn_softcap > 0 || m->dropout > 0 ||
+        m->kv_heads != m->heads || m->activation == ML_ACT_QUICK_GELU)
+        return false;
+    common(m, c, L);
+    L->norm = (mlg_norm){MLG_RMSNORM, false, c->stream_bytes != 4, false};
+    L->latent = (mlg_norm){MLG_RMSNORM, false, c->compute_bytes != 4, false};
+    mlg_attention *a = &L->attn;
+    a->hf = a->mask = a->latent = true;
+    a->q_lora = m->q_lora > 0;
+    /* the chain refuses sdpa and flash with latent attention (chain.c);
+     * a block asked for one anyway is the eager layout, as the builders
+     * count it */
+    a->fused_kernel = false;
+    L->hf_order = true;
+    return true;
+}
+
 bool ml__family_bert_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     if (!plain_layernorm(m) || m->type != ML_MODEL_ENCODER || m->prenorm || m->image_size ||
@@ -149,6 +195,7 @@ bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     return ml__family_gpt2_layer(m, c, L) || ml__family_llama_layer(m, c, L) ||
            ml__family_gemma_layer(m, c, L) || ml__family_olmo_layer(m, c, L) ||
            ml__family_vit_layer(m, c, L) || ml__family_neox_layer(m, c, L) ||
+           ml__family_falcon_layer(m, c, L) || ml__family_deepseek_layer(m, c, L) ||
            ml__family_bert_layer(m, c, L);
 }
 

@@ -40,6 +40,18 @@ bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
  * two LayerNorms of the input, query_key_value sliced, rotary with its
  * pass, a GELU MLP, both branches added to the input. */
 bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's Falcon layout (FalconDecoderLayer, parallel_attn, the old
+ * decoder architecture): one LayerNorm feeding the attention and the MLP,
+ * query_key_value cut by _split_heads (one key/value head picked by index
+ * lists, or H), rotary, the softmax in the stream's dtype, a GELU MLP;
+ * mlp(h) + attn(h) added to the input. */
+bool ml__family_falcon_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* DeepSeek-V2's and V3's layout with a dense MLP in every layer
+ * (DeepseekV3DecoderLayer without experts): Llama's layer with
+ * multi-head latent attention (q, or its compression, q_a_proj, RMSNorm
+ * and q_b_proj; kv_a_proj_with_mqa, an RMSNorm of its compressed part,
+ * kv_b_proj; the rotary on a part of each head). */
+bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* Hugging Face's BERT layout (BertLayer): post-LayerNorm, query, key and
  * value, softmax in the stream's dtype, a GELU MLP. */
 bool ml__family_bert_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);

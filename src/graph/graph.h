@@ -25,7 +25,8 @@
 #include <stdint.h>
 
 /* Named dimensions. DQ, DKV, QKV and F2 are derived: H*DH, HKV*DH,
- * DQ + 2*DKV (a fused q/k/v projection's width) and 2*F. */
+ * DQ + 2*DKV (a fused q/k/v projection's width) and 2*F; so are latent
+ * attention's KVA, KVB and VO. */
 typedef enum {
     MLG_B,   /* micro-batch */
     MLG_T,   /* tokens */
@@ -39,6 +40,13 @@ typedef enum {
     MLG_DKV,
     MLG_QKV,
     MLG_F2, /* 2 F: a fused gate and up projection's width */
+    /* multi-head latent attention (DeepSeek): */
+    MLG_RQ,  /* q_lora_rank */
+    MLG_RKV, /* kv_lora_rank */
+    MLG_KVA, /* kv_lora_rank + the rotated head part: kv_a_proj_with_mqa's width */
+    MLG_KVB, /* H (dh - rotated part + DV): kv_b_proj's width */
+    MLG_DV,  /* the value head's size */
+    MLG_VO,  /* H DV: the value heads' width, o_proj's input */
     MLG_NDIMS
 } mlg_dim;
 
@@ -70,6 +78,10 @@ enum {
     MLG_T_HALF = 8,  /* half the bytes of its shape (rotate_half's -x2) */
     MLG_T_SHARED = 16, /* a parameter another block owns (tied weights): not
                           listed here; its gradient counts in the node */
+    MLG_T_KEPT = 32,   /* saved, but released by no node: it goes with the
+                          block's other saved tensors once its backward has
+                          run (Falcon's 8-byte index lists, whose release
+                          within the backward the chain does not time) */
 };
 
 #define MLG_NONE 0xffffu

@@ -92,8 +92,14 @@ mlg_op *ml__kit_linear(ml_graph *g, const mlg_layer *L, const mlg_linear *lin, u
     return ml__kit_linear_with(g, lin, x, c, w, y);
 }
 
-/* LayerNorm: native_layer_norm saves its input, mean and rstd (fp32 per
- * row); its backward's input gradient goes into the stream's buffer. */
+uint16_t ml__kit_layernorm_stats(ml_graph *g)
+{
+    uint16_t st = ml__graph_tensor(g, "layernorm mean+rstd", MLG_FP32, MLG_ACT, 2, MLG_B, MLG_T);
+    if (st != MLG_NONE)
+        g->t[st].factor = 2;
+    return st;
+}
+
 uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
 {
     if (n->kind == MLG_RMSNORM)
@@ -102,9 +108,13 @@ uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
         return ml__kit_olmo_norm(g, n, x, xbuf);
     if (n->kind == MLG_GEMMA_RMSNORM)
         return ml__kit_gemma_norm(g, n, x, xbuf);
-    uint16_t st = ml__graph_tensor(g, "layernorm mean+rstd", MLG_FP32, MLG_ACT, 2, MLG_B, MLG_T);
-    if (st != MLG_NONE)
-        g->t[st].factor = 2;
+    return ml__kit_layernorm(g, n, x, xbuf, ml__kit_layernorm_stats(g));
+}
+
+/* LayerNorm: native_layer_norm saves its input, mean and rstd (fp32 per
+ * row); its backward's input gradient goes into the stream's buffer. */
+uint16_t ml__kit_layernorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf, uint16_t st)
+{
     uint16_t h = stream(g, "layernorm output", g->t[x].dtype);
     if (h != MLG_NONE)
         g->t[h].flags |= MLG_T_TMP;

@@ -63,6 +63,16 @@ typedef struct {
                             bound until BertAttention returns */
     bool out_grad;       /* the output projection frees its output's gradient
                             (a dropout or a post norm made it) */
+    bool split_heads;    /* HF FalconAttention: query_key_value cut by
+                            _split_heads, q, k and v each reshaped into
+                            contiguous (B, h, T, dh) heads (kit_falcon.c):
+                            bmm copies only the heads it expands */
+    bool latent;         /* DeepSeek's multi-head latent attention (kit_mla.c) */
+    bool q_lora;         /* ... with q compressed (q_a_proj, its norm, q_b_proj) */
+    bool stream_softmax; /* the mask, in the stream's dtype, promotes the
+                            scores to it and softmax(dtype=hidden_states.dtype)
+                            keeps them there (Falcon): its output is cast for
+                            the PV matmul where that is not the compute dtype */
 } mlg_attention;
 
 typedef struct {
@@ -89,8 +99,12 @@ typedef struct {
                         its residual add */
     bool parallel;   /* GPT-NeoX: x + attn(norm(x)) + mlp(norm2(x)), both
                         norms of the layer's input */
+    bool shared_norm; /* Falcon: with parallel, one norm feeds both branches,
+                         mlp(h) += attn(h), then x + that */
     bool postnorm;   /* BERT: norm(x + attn(x)), then norm(. + mlp(.)) */
     mlg_norm post;
+    mlg_norm latent; /* latent attention's norms of its compressed q and kv
+                        (attn.latent; their widths the kit's) */
 } mlg_layer;
 
 /* Parameter groups: the order modules register their parameters in. */
@@ -165,8 +179,32 @@ uint8_t ml__kit_group(const mlg_layer *L, unsigned component);
  * which the layer drops as it returns. */
 uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *held,
                               uint16_t *k, uint16_t *v);
+/* HF's attention (kit_hf.c) on heads already projected (p): the rotary,
+ * the eager core or a fused kernel, the output projection; as
+ * ml__kit_hf_attention. */
+uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv *p,
+                                 uint16_t *held, uint16_t *k, uint16_t *v);
+/* Falcon's _split_heads index lists (kit_falcon.c): with one key/value
+ * head (a->grouped) k and v are picked with fused_qkv[..., [-2], :] and
+ * [..., [-1], :], each list a one-element int64 tensor that
+ * IndexBackward0 saves (`kept`); declared here, made by the index op.
+ * Both MLG_NONE otherwise. */
+void ml__kit_falcon_lists(ml_graph *g, const mlg_attention *a, uint16_t lists[2]);
+/* FalconAttention on h (kit_falcon.c): query_key_value and _split_heads
+ * (k and v picked with lists, ml__kit_falcon_lists), then HF's attention
+ * on the heads; as ml__kit_hf_attention. */
+uint16_t ml__kit_falcon_attention(ml_graph *g, const mlg_layer *L, uint16_t h,
+                                  const uint16_t lists[2], uint16_t *held, uint16_t *k,
+                                  uint16_t *v);
+/* DeepSeek's multi-head latent attention on h (kit_mla.c): its branch
+ * output. */
+uint16_t ml__kit_mla_attention(ml_graph *g, const mlg_layer *L, uint16_t h);
 /* HF LlamaRMSNorm of x (kit_hf.c). */
 uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
+/* ... of a (B, T, width) x, its output (weight * h) in dtype: the wider
+ * of the parameters' and x's (DeepSeek's latent norms: the stream's). */
+uint16_t ml__kit_rmsnorm_of(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf, uint8_t width,
+                            uint8_t dtype);
 /* HF GemmaRMSNorm of x (kit_hf.c). */
 uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
 /* HF OlmoLayerNorm of x (kit_hf.c). */
@@ -177,6 +215,13 @@ uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
 /* A norm of the residual stream x (whose gradient buffer the skip already
  * holds: xbuf); returns its output. */
 uint16_t ml__kit_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
+/* A LayerNorm's statistics (mean and rstd, fp32 per row), declared apart
+ * from the norm (ml__kit_layernorm): a composition may declare tensors
+ * between them and the output, the order the inventory lists them in
+ * (Falcon's index lists). */
+uint16_t ml__kit_layernorm_stats(ml_graph *g);
+/* LayerNorm (n->kind MLG_LAYERNORM) of x with the statistics st. */
+uint16_t ml__kit_layernorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf, uint16_t st);
 /* nn.Dropout on x when p > 0: returns its output (x when there is none);
  * held: the output's gradient is a buffer another op holds. */
 uint16_t ml__kit_dropout(ml_graph *g, bool on, uint16_t x, const char *node, bool core,

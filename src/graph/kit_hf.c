@@ -22,13 +22,14 @@ static uint16_t stat(ml_graph *g, const char *name)
  * + eps, rsqrt (saved), x * rsqrt (hn, fp32); returns hn. keep_var: the
  * mean stays bound (LlamaRMSNorm's `variance`) until *var_out is dropped;
  * else it goes with the + eps (GemmaRMSNorm's _norm, one expression). */
-static uint16_t rms_core(ml_graph *g, uint16_t x, uint16_t xf, bool up, bool xbuf, bool keep_var,
-                         uint16_t *var_out)
+static uint16_t rms_core(ml_graph *g, const mlg_norm *n, uint8_t w, uint16_t x, uint16_t xf,
+                         bool xbuf, bool keep_var, uint16_t *var_out)
 {
-    uint16_t x2 = act3(g, "x^2", MLG_FP32, MLG_D);
+    const bool up = n->upcast;
+    uint16_t x2 = act3(g, "x^2", MLG_FP32, w);
     uint16_t var = stat(g, "variance"), ve = stat(g, "variance + eps");
     uint16_t rs = stat(g, "rmsnorm rsqrt");
-    uint16_t hn = act3(g, "rmsnorm normalised", MLG_FP32, MLG_D);
+    uint16_t hn = act3(g, "rmsnorm normalised", MLG_FP32, w);
     if (up)
         ml__graph_step(g, MLG_OP_COPY, "to (fp32)", x, xf, NULL);
     mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "pow", xf, x2, "PowBackward0 (x^2)");
@@ -67,7 +68,7 @@ uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
     const bool up = n->upcast;
     const uint8_t sd = g->t[x].dtype;
     uint16_t xf = up ? act3(g, "rmsnorm fp32 copy of input", MLG_FP32, MLG_D) : x, var;
-    uint16_t hn = rms_core(g, x, xf, up, xbuf, false, &var);
+    uint16_t hn = rms_core(g, n, MLG_D, x, xf, xbuf, false, &var);
     uint16_t w1 = ml__graph_tensor(g, "rmsnorm 1 + weight (fp32)", MLG_FP32, MLG_ACT, 1, MLG_D);
     uint16_t pr = act3(g, "rmsnorm output (fp32)", MLG_FP32, MLG_D);
     uint16_t y = up ? act3(g, "rmsnorm output", sd, MLG_D) : pr;
@@ -102,19 +103,25 @@ uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
  * input. */
 uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf)
 {
+    return ml__kit_rmsnorm_of(g, n, x, xbuf, MLG_D, g->t[x].dtype);
+}
+
+uint16_t ml__kit_rmsnorm_of(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf, uint8_t w,
+                            uint8_t dtype)
+{
     const bool up = n->upcast;
     const uint8_t sd = g->t[x].dtype;
-    uint16_t xf = up ? act3(g, "rmsnorm fp32 copy of input", MLG_FP32, MLG_D) : x, var;
-    uint16_t hn = rms_core(g, x, xf, up, xbuf, true, &var);
-    uint16_t hc = up ? act3(g, "rmsnorm normalised (cast back)", sd, MLG_D) : MLG_NONE;
-    uint16_t y = act3(g, "rmsnorm output", sd, MLG_D);
+    uint16_t xf = up ? act3(g, "rmsnorm fp32 copy of input", MLG_FP32, w) : x, var;
+    uint16_t hn = rms_core(g, n, w, x, xf, xbuf, true, &var);
+    uint16_t hc = up ? act3(g, "rmsnorm normalised (cast back)", sd, w) : MLG_NONE;
+    uint16_t y = act3(g, "rmsnorm output", dtype, w);
     if (y != MLG_NONE)
         g->t[y].flags |= MLG_T_TMP;
     if (up)
         ml__graph_step(g, MLG_OP_COPY, "to (stream dtype)", hn, hc, NULL);
     const uint16_t hs = up ? hc : hn;
     mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (weight)", hs, y, NULL);
-    ml__op_param(o, ml__graph_tensor(g, "weight", MLG_PARAM, MLG_PARAMETER, 1, MLG_D));
+    ml__op_param(o, ml__graph_tensor(g, "weight", MLG_PARAM, MLG_PARAMETER, 1, w));
     ml__op_save(o, hs);
     ml__op_free(o, hc);
     ml__op_free(o, hn);
@@ -277,13 +284,17 @@ static uint16_t repeat_kv(ml_graph *g, const mlg_attention *a, uint16_t x, const
 /* BertSelfAttention's: softmax in the stream's dtype (autocast runs it in
  * fp32), saving its result, then dropout, then the PV matmul's cast of
  * the probabilities (autocast: not the stream's dtype); the masked scores
- * stay bound (attention_scores) until it returns. */
+ * stay bound (attention_scores) until it returns. FalconAttention's
+ * F.softmax(scores + mask, dtype=hidden_states.dtype) is the same without
+ * a dropout, the sum a temporary. */
 static uint16_t softmax_stream(ml_graph *g, const mlg_layer *L, uint16_t S3)
 {
     const mlg_attention *a = &L->attn;
     uint16_t P = ml__kit_scores(g, "softmax output", MLG_STREAM, MLG_T_CORE);
     mlg_op *o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", S3, P, "SoftmaxBackward0");
     ml__op_save(o, P);
+    if (!a->bert) /* Falcon's scores + mask: a temporary */
+        ml__op_free(o, S3);
     uint16_t probs = ml__kit_dropout(g, a->dropout, P, "NativeDropoutBackward0 (attention)", true,
                                      false);
     return a->probs_cast ? ml__kit_probs_cast(g, probs) : probs;
@@ -292,7 +303,7 @@ static uint16_t softmax_stream(ml_graph *g, const mlg_layer *L, uint16_t S3)
 static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
 {
     const mlg_attention *a = &L->attn;
-    if (a->bert)
+    if (a->bert || a->stream_softmax)
         return softmax_stream(g, L, S3);
     uint16_t Sc = a->softmax_copy ? ml__kit_scores(g, "scores (fp32 copy)", MLG_FP32, 0) : MLG_NONE;
     uint16_t P = ml__kit_scores(g, "softmax output", MLG_FP32, MLG_T_CORE);
@@ -322,20 +333,25 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     uint16_t krep = a->grouped ? repeat_kv(g, a, kr, "ExpandBackward0 (repeat_kv of k)") : kr;
     uint16_t vrep = a->grouped ? repeat_kv(g, a, vh, "ExpandBackward0 (repeat_kv of v)") : vh;
     const bool copied = a->grouped && a->repeat_copy; /* bmm saves them as they are */
-    const bool cat = a->fused_proj && a->rope; /* the rotary's cat made q and k contiguous */
+    /* the rotary's cat made q and k contiguous; Falcon's _split_heads made
+     * q, k and v contiguous heads */
+    const bool cat = (a->fused_proj && a->rope) || a->split_heads;
+    const bool v_contig = a->split_heads && !a->grouped;
     *krep_out = copied ? krep : MLG_NONE;
     *vrep_out = copied ? vrep : MLG_NONE;
     /* bmm's operands: q's copy unless the cat made it contiguous; k as
      * repeat_kv copied it, as the cat made it (as many kv heads as q
-     * heads), or a copy; v as repeat_kv copied it, or a copy. One saved
-     * entry for the three (the first's), released by the q k^T node */
+     * heads), or a copy; v as repeat_kv copied it, as _split_heads made it
+     * (as many kv heads as q heads), or a copy. One saved entry for the
+     * three (the first's), released by the q k^T node */
     uint16_t qc = cat ? MLG_NONE : ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
     uint16_t kc = copied || (cat && !a->grouped)
                       ? MLG_NONE
                       : ml__kit_heads(g, "k contiguous copy (bmm)", MLG_H);
-    uint16_t vc = copied ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
+    uint16_t vc = copied || v_contig ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
     const uint16_t qb = cat ? qr : qc;
-    const uint16_t kb = copied ? krep : kc != MLG_NONE ? kc : kr, vb = copied ? vrep : vc;
+    const uint16_t kb = copied ? krep : kc != MLG_NONE ? kc : kr;
+    const uint16_t vb = copied ? vrep : vc != MLG_NONE ? vc : vrep;
     const uint16_t entry = ml__graph_storage(g, qb), members[2] = {kb, vb};
     for (unsigned i = 0; i < 2; i++)
         if (ml__graph_storage(g, members[i]) != entry)
@@ -359,7 +375,10 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
         S2 = ml__kit_softcap(g, S2, true);
     uint16_t S3 = S2;
     if (a->mask) {
-        S3 = ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
+        /* Falcon's mask, in the stream's dtype, promotes the sum (under
+         * autocast: fp32), one of the block rule's transients */
+        S3 = a->stream_softmax ? ml__kit_scores(g, "scores + mask", MLG_STREAM, MLG_T_TMP)
+                               : ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
         o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (causal mask)", S2, S3, NULL);
         ml__op_free(o, S2);
     }
@@ -398,8 +417,15 @@ static uint16_t fused(ml_graph *g, uint16_t qr, uint16_t kr, uint16_t vh)
 uint16_t ml__kit_hf_attention(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *held,
                               uint16_t *k, uint16_t *v)
 {
-    const mlg_attention *a = &L->attn;
     const mlg_qkv p = projections(g, L, h);
+    return ml__kit_hf_attention_on(g, L, &p, held, k, v);
+}
+
+uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv *pp,
+                                 uint16_t *held, uint16_t *k, uint16_t *v)
+{
+    const mlg_attention *a = &L->attn;
+    const mlg_qkv p = *pp;
     uint16_t qr = p.qh, kr = p.kh;
     if (a->rope) {
         /* apply_rotary_pos_emb; the caller's rebinding frees the unrotated

@@ -20,7 +20,8 @@ static mlg_config config_of(const ml_chain *ch, const ml_model *m)
 /* G's sizes at the chain's shape, each tensor's bytes, and whether the
  * forward's live bytes come from the graph: as the chain builders had it,
  * eager attention without autocast's casts (docs/graph.md, "What the
- * passes do not derive yet"; nor for a vision encoder). False when G is
+ * passes do not derive yet"; nor for a vision encoder, a parallel
+ * residual or latent attention). False when G is
  * not whole. */
 static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
 {
@@ -40,6 +41,14 @@ static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_gr
     z->dim[MLG_DKV] = d->Dkv;
     z->dim[MLG_QKV] = ml_add(ch, z->dim[MLG_DQ], ml_mul(ch, 2, d->Dkv));
     z->dim[MLG_F2] = ml_mul(ch, 2, d->F);
+    /* latent attention's (zero elsewhere); the model file keeps the
+     * rotated part below the head size */
+    z->dim[MLG_RQ] = m->q_lora;
+    z->dim[MLG_RKV] = m->kv_lora;
+    z->dim[MLG_KVA] = ml_add(ch, m->kv_lora, m->rope_dim);
+    z->dim[MLG_DV] = m->v_dim;
+    z->dim[MLG_VO] = ml_mul(ch, d->H, m->v_dim);
+    z->dim[MLG_KVB] = m->kv_lora ? ml_mul(ch, d->H, ml_add(ch, d->dh - m->rope_dim, m->v_dim)) : 0;
     const unsigned bytes[MLG_NDTYPES] = {
         [MLG_COMPUTE] = ch->prec.a, [MLG_STREAM] = ch->prec.w, [MLG_FP32] = 4, [MLG_HALF] = 2,
         [MLG_INT64] = 8,            [MLG_BOOL] = 1,            [MLG_PARAM] = ch->prec.param};
@@ -49,7 +58,7 @@ static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_gr
     if (z->overflow)
         ch->overflow = true;
     G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER && !m->image_size &&
-                  !m->parallel_residual;
+                  !m->parallel_residual && !m->kv_lora;
     return true;
 }
 
@@ -137,7 +146,7 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     }
     for (unsigned j = 0; j < o->nsave; j++) {
         uint16_t e = ml__graph_entry(g, o->save[j]);
-        if (first[e] == k && idx[e] != SIZE_MAX)
+        if (first[e] == k && idx[e] != SIZE_MAX && !(g->t[e].flags & MLG_T_KEPT))
             rel[nrel++] = idx[e]; /* an op saves six at most */
     }
     if (o->accum != MLG_NONE)

@@ -257,7 +257,9 @@ static void same_block(const ml_chain *a, const ml_chain *b, size_t blk, const c
  * builders and the graph agree on. */
 static uint64_t cat_outputs(const ml_chain *ch, const ml_model *m, uint64_t B, uint64_t T)
 {
-    if (!(m->fused_proj || m->parallel_residual) || !ml_ck_fused_attention(ch, m) ||
+    /* (GPT-NeoX's parallel layer, not Falcon's: its rotary adds, no cat) */
+    if (!(m->fused_proj || (m->parallel_residual && !m->shared_norm)) ||
+        !ml_ck_fused_attention(ch, m) ||
         m->position != ML_POS_ROPE) /* no rotary: q and k are views of the output */
         return 0;
     if (ch->prec.autocast)
@@ -425,6 +427,37 @@ static const variant variants[] = {
      "  ffn: 2048\n  activation: relu\n  norm: rmsnorm\n  vocab: 320\n  position: rope\n"
      "  bias: false\n  dropout: 0\n",
      false, false, false},
+    /* Falcon's layout (tests/torch/models/falcon.yaml at a larger width):
+     * one shared LayerNorm, multi_query (the index lists), rotary, a KV
+     * cache in evaluation */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 128\n  heads: 4\n  kv_heads: 1\n"
+     "  ffn: 512\n  activation: gelu\n  norm: layernorm\n  norm_bias: true\n"
+     "  parallel_residual: true\n  shared_norm: true\n  vocab: 173\n  position: rope\n"
+     "  tied_embeddings: true\n  bias: false\n  dropout: 0\n",
+     true, false, false},
+    /* Falcon's layout with as many key/value heads as query heads, q/k/v
+     * biases, no norm bias, a head size other than D/H, ReLU, learned
+     * positions */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 96\n  heads: 3\n  kv_heads: 3\n"
+     "  head_dim: 40\n  ffn: 200\n  activation: relu\n  norm: layernorm\n"
+     "  norm_bias: false\n  parallel_residual: true\n  shared_norm: true\n  vocab: 97\n"
+     "  position: learned\n  max_positions: 2048\n  bias: false\n  qkv_bias: true\n"
+     "  dropout: 0\n",
+     false, false, false},
+    /* DeepSeek-V3's latent attention (tests/torch/models/deepseek.yaml's)
+     * with a dense MLP in every layer: q compressed, a KV cache */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  head_dim: 24\n"
+     "  rope_head_dim: 8\n  v_head_dim: 16\n  kv_lora_rank: 32\n  q_lora_rank: 40\n"
+     "  ffn: 96\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 173\n  position: rope\n"
+     "  bias: false\n  dropout: 0\n",
+     true, false, false},
+    /* DeepSeek-V2-Lite's: q_proj, complex rotary, values wider than the
+     * keys' pass part, GeGLU */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 96\n  heads: 3\n  head_dim: 20\n"
+     "  rope_head_dim: 4\n  v_head_dim: 36\n  kv_lora_rank: 24\n  rope_complex: true\n"
+     "  ffn: 80\n  activation: geglu\n  norm: rmsnorm\n  vocab: 97\n  position: rope\n"
+     "  bias: false\n  dropout: 0\n",
+     false, false, false},
 };
 
 /* variants[v] with the settings YAML has no key for */
@@ -442,7 +475,7 @@ static void test_graph_equals_builders(void **state)
     (void)state;
     static const uint64_t shapes[][2] = {{1, 7}, {3, 64}, {2, 1024}, {1, 1}};
     const size_t nv = sizeof variants / sizeof variants[0];
-    unsigned compared = 0, by_oracle = 0;
+    unsigned compared = 0, by_oracle = 0, falcon = 0, latent = 0;
     for (size_t v = 0; v < nv; v++) {
         ml_model *m = load_variant(v);
         for (size_t k = 0; k < 3 && m->prenorm; k++) {
@@ -462,6 +495,8 @@ static void test_graph_equals_builders(void **state)
                                   &a);
                         assert_true(one_block(m, (ml_precision)p, shapes[s][0], shapes[s][1],
                                               sel, ev, true, &b));
+                        falcon += m->shared_norm;
+                        latent += m->kv_lora > 0;
                         const uint64_t extra = cat_outputs(&b, m, shapes[s][0], shapes[s][1]);
                         if (extra) {
                             layers_differ_by(&a, &b, extra, what);
@@ -482,13 +517,17 @@ static void test_graph_equals_builders(void **state)
      * under sdpa (the math kernel: the first Phi-3 variant, fp32 only) */
     assert_int_equal(compared + by_oracle, (nv - 2) * 3 * ML_PREC_COUNT * 4 * 4);
     assert_int_equal(by_oracle, (3 * 2 * ML_PREC_COUNT - 1) * 4 * 4);
+    /* Falcon's two variants, every kernel (sdpa with one key/value head
+     * runs the math kernel; flash, or sdpa with H, a fused one) */
+    assert_int_equal(falcon, 2 * 3 * ML_PREC_COUNT * 4 * 4);
+    /* latent attention's two (the eager layout under every kernel) */
+    assert_int_equal(latent, 2 * 3 * ML_PREC_COUNT * 4 * 4);
 }
 
-/* The layouts the kit does not express yet keep their builders: BERT's
- * (post-norm), T5's, the sequential models', Mixtral's (experts), DeepSeek's (latent
- * attention), Falcon's (a shared norm); GPT-2's, Llama's, Gemma's, Gemma
- * 2's, Phi-3's and GPT-NeoX's (not with a fused kernel) and ViT's are
- * taken. */
+/* The layouts the kit does not express yet keep their builders: T5's,
+ * the sequential models', Mixtral's (experts), DeepSeek's (latent
+ * attention); GPT-2's, Llama's, Gemma's, Gemma 2's, Phi-3's,
+ * GPT-NeoX's, Falcon's and ViT's are taken. */
 static void test_other_layouts_refused(void **state)
 {
     (void)state;
@@ -499,8 +538,7 @@ static void test_other_layouts_refused(void **state)
         assert_false(ml__family_layer(m, &fp32, &L));
         ml_model_destroy(m);
     }
-    static const char *const hf_refused[] = {"mixtral-8x7b", "falcon-7b", "deepseek-v3",
-                                             "deepseek-v2-lite"};
+    static const char *const hf_refused[] = {"mixtral-8x7b", "deepseek-v3", "deepseek-v2-lite"};
     for (size_t i = 0; i < sizeof hf_refused / sizeof hf_refused[0]; i++) {
         ml_model *m = load_hf_config(hf_refused[i]);
         assert_false(ml__family_layer(m, &fp32, &L));
@@ -537,6 +575,12 @@ static void test_other_layouts_refused(void **state)
     assert_int_equal(ml_model_set_attention(m, "eager", NULL), ML_OK);
     assert_true(ml__family_gemma_layer(m, &fp32, &L));
     assert_true(L.post_norms && L.attn.softcap && L.post.held);
+    ml_model_destroy(m);
+    m = load_hf_config("falcon-7b");
+    assert_false(ml__family_neox_layer(m, &fp32, &L));
+    assert_true(ml__family_falcon_layer(m, &fp32, &L));
+    assert_true(L.parallel && L.shared_norm && L.attn.split_heads && L.attn.grouped);
+    assert_true(ml__family_layer(m, &fk, &L)); /* a fused kernel too */
     ml_model_destroy(m);
 }
 
@@ -590,8 +634,9 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
                                       : ml_chain_build(m, &cfg, &b, &e);
                     assert_int_equal(sa, sb);
                     /* only the fused loss is refused (under autocast, or for
-                     * a head other than a language model's) */
-                    if (sa != ML_OK && c != 2)
+                     * a head other than a language model's), and latent
+                     * attention under sdpa and flash */
+                    if (sa != ML_OK && c != 2 && !(m->kv_lora && kernels[k] != ML_ATTN_EAGER))
                         fail_msg("%s: refused: %s", name, e.msg);
                     if (sa != ML_OK)
                         continue;
@@ -617,7 +662,7 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
 static void test_chains_equal_builders(void **state)
 {
     (void)state;
-    unsigned n = 0, fused = 0;
+    unsigned n = 0, fused = 0, falcon = 0, latent = 0;
     static const char *const presets[] = {"agnews-classifier", "vit-b16", "gpt2-small", "gpt2-medium", "llama-2-7b",
                                           "llama-3-8b", "video-tokens", "llava-1.5-7b"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
@@ -628,27 +673,42 @@ static void test_chains_equal_builders(void **state)
     static const char *const hf[] = {"gpt2",         "llama-2-7b", "mistral-7b", "mistral-nemo-12b",
                                      "qwen2-0.5b",   "llava-1.5-7b", "gemma-2b", "gemma-2-2b",
                                      "gemma-2-9b",   "vit-base-patch16-224", "phi-3-mini-4k",
-                                     "pythia-160m", "bert-base-uncased"};
+                                     "pythia-160m", "bert-base-uncased", "falcon-7b"};
     for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
         ml_model *m = load_hf_config(hf[i]);
-        n += compare_model(m, hf[i], &fused);
+        const unsigned k = compare_model(m, hf[i], &fused);
+        n += k;
+        falcon += m->shared_norm ? k : 0;
         ml_model_destroy(m);
     }
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
         ml_model *m = load_variant(v);
         m->layers = 3;
-        n += compare_model(m, "variant", &fused);
+        const unsigned k = compare_model(m, "variant", &fused);
+        n += k;
+        falcon += m->shared_norm ? k : 0;
+        latent += m->kv_lora ? k : 0;
         ml_model_destroy(m);
     }
-    /* 39 models x 3 kernels x 6 precisions x 3 settings x 2 passes (no
-     * other refusal: asserted above), less the fused losses refused: at
-     * most a third */
-    fprintf(stderr, "%u chains compared, %u with the fused loss\n", n, fused);
-    assert_true(n >= 39 * 3 * 6 * 3 * 2 * 2 / 3);
+    /* 44 models x 3 kernels x 6 precisions x 3 settings x 2 passes (no
+     * other refusal: asserted above), less the fused losses refused and
+     * latent attention's fused kernels: at most a third */
+    fprintf(stderr,
+            "%u chains compared, %u with the fused loss, %u of Falcon's layout, %u with latent "
+            "attention\n",
+            n, fused, falcon, latent);
+    assert_true(n >= 44 * 3 * 6 * 3 * 2 * 2 / 3);
     /* the fused loss is compared, not only refused: at least gpt2-small's
      * 3 kernels x 2 passes under fp32, the one precision without autocast
      * that every decoder takes */
     assert_true(fused >= 3 * 2);
+    /* Falcon's chains are the graph's, not refused: falcon-7b and two
+     * variants, 3 kernels x 6 precisions x 2 passes without the fused
+     * loss at least */
+    assert_true(falcon >= 3 * 3 * ML_PREC_COUNT * 2 * 2);
+    /* latent attention's two variants: eager, 6 precisions x 2 passes
+     * without the fused loss at least */
+    assert_true(latent >= 2 * ML_PREC_COUNT * 2 * 2);
 }
 
 /* OLMo's norm exists only in the graph: a layout the graph does not
@@ -701,7 +761,7 @@ static void test_kit_headroom(void **state)
     ml_graph *g = malloc(sizeof *g);
     assert_non_null(g);
     unsigned built = 0, most_t = 0, most_op = 0;
-    for (unsigned mask = 0; mask < (1u << 16); mask++) {
+    for (unsigned mask = 0; mask < (1u << 18); mask++) {
         mlg_layer L;
         memset(&L, 0, sizeof L);
         L.norm.kind = (uint8_t)((mask >> 12) & 3);
@@ -730,6 +790,20 @@ static void test_kit_headroom(void **state)
         L.parallel = L.attn.hf && !L.post_norms && ((mask >> 15) & 1);
         if (((mask >> 15) & 1) && !L.parallel)
             continue;
+        /* Falcon's: one shared norm, _split_heads (not Phi-3's projections) */
+        const bool falcon = (mask >> 16) & 1;
+        if (falcon && (!L.parallel || L.attn.fused_proj))
+            continue;
+        L.shared_norm = L.attn.split_heads = L.attn.stream_softmax = L.attn.in_buf = falcon;
+        /* DeepSeek's latent attention (eager), q compressed or not (the
+         * kernel's bit) */
+        const bool latent = (mask >> 17) & 1;
+        if (latent && (!L.attn.hf || L.parallel || L.attn.fused_proj || L.post_norms))
+            continue;
+        L.attn.latent = latent;
+        L.attn.q_lora = latent && L.attn.fused_kernel;
+        L.attn.fused_kernel = L.attn.fused_kernel && !latent;
+        L.latent = L.norm;
         ml__family_layer_graph(g, &L);
         if (!ml__graph_valid(g))
             fail_msg("settings %#x: the graph is not whole", mask);
@@ -742,7 +816,8 @@ static void test_kit_headroom(void **state)
         built++;
     }
     free(g);
-    fprintf(stderr, "largest graph: %u tensors, %u ops\n", most_t, most_op);
+    fprintf(stderr, "largest graph: %u tensors, %u ops (of %u settings)\n", most_t, most_op,
+            built);
     assert_true(built > 20000);
     /* a quarter of each array to spare */
     assert_true(most_t * 4 <= MLG_MAX_TENSORS * 3);
@@ -754,9 +829,11 @@ static void test_kit_headroom(void **state)
 static void test_graph_heads_taken(void **state)
 {
     (void)state;
-    static const char *const presets[] = {"gpt2-small", "llama-2-7b", "olmo-1b"};
+    static const char *const presets[] = {"gpt2-small", "llama-2-7b", "olmo-1b", "falcon-7b"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
-        ml_model *m = load_preset(presets[i]);
+        /* the last: Falcon's shipped config.json */
+        ml_model *m = i + 1 < sizeof presets / sizeof presets[0] ? load_preset(presets[i])
+                                                                 : load_hf_config(presets[i]);
         ml_chain ch;
         memset(&ch, 0, sizeof ch);
         ch.prec = ml_prec_of(ML_PREC_FP32);

@@ -1,0 +1,121 @@
+/* Hugging Face's FalconAttention (kit.h; modeling_falcon.py, the rotary
+ * path; docs/inventory.md, "Falcon block"): one query_key_value projection
+ * whose output _split_heads cuts into q, k and v, each reshaped into
+ * contiguous (B, h, T, dh) heads; then HF's attention on them (kit_hf.c):
+ * the rotary, the eager core with the softmax in the stream's dtype (or a
+ * fused kernel), the dense projection. */
+#include <stddef.h>
+
+#include "graph/kit.h"
+
+static uint16_t act3(ml_graph *g, const char *name, uint8_t w)
+{
+    return ml__graph_tensor(g, name, MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, w);
+}
+
+void ml__kit_falcon_lists(ml_graph *g, const mlg_attention *a, uint16_t lists[2])
+{
+    static const char *const name[2] = {"key index list (multi_query)",
+                                        "value index list (multi_query)"};
+    for (unsigned i = 0; i < 2; i++) {
+        lists[i] = MLG_NONE;
+        if (!a->split_heads || !a->grouped)
+            continue;
+        lists[i] = ml__graph_tensor(g, name[i], MLG_INT64, MLG_ACT, 0);
+        if (lists[i] != MLG_NONE)
+            g->t[lists[i]].flags |= MLG_T_KEPT;
+    }
+}
+
+/* multi_query (one key/value head): fused_qkv[..., [-2], :] (or [-1]).
+ * Advanced indexing makes the list on the device and copies the picked
+ * (B, T, 1, dh) piece; IndexBackward0 saves the list (derivatives.yaml,
+ * index.Tensor), whose Python temporary goes once the op has run. */
+static uint16_t pick(ml_graph *g, uint16_t qkv, uint16_t list, mlg_op **op)
+{
+    uint16_t piece = act3(g, "picked key/value head (index copy)", MLG_DKV);
+    mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "index (multi_query)");
+    ml__op_in(o, qkv);
+    ml__op_out(o, list);
+    ml__op_out(o, piece);
+    ml__op_save(o, list);
+    ml__op_free(o, list);
+    *op = o;
+    return piece;
+}
+
+/* query_key_value on h, then _split_heads. multi_query: the output viewed
+ * as (B, T, H + 2, dh), q the slice [..., :-2, :], k and v picked (above);
+ * otherwise (lists MLG_NONE) viewed as (B, T, H, 3, dh) and q, k and v
+ * its strided selects. transpose(1, 2).reshape copies a strided piece into
+ * contiguous heads and only views a picked one. Backward, per piece as
+ * Phi-3's slices (kit_phi3.c): SliceBackward0, or IndexBackward0 (named as
+ * the slices' nodes, as the builders name it), makes a zero-filled
+ * gradient of the whole output and copies the piece's in; the first to
+ * arrive (v's: the engine runs v, k, q) becomes the output's InputBuffer,
+ * k's and q's are added; the reshape copies the transposed gradient. h's
+ * gradient buffer is the MLP's when the norm is shared (in_buf). Returns
+ * the pieces and their heads; *qkv_out the projection's output. */
+static mlg_qkv split_heads(ml_graph *g, const mlg_layer *L, uint16_t h, const uint16_t lists[2],
+                           uint16_t *qkv_out)
+{
+    const mlg_attention *a = &L->attn;
+    mlg_qkv r;
+    uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, MLG_D, MLG_QKV);
+    uint16_t qkv = act3(g, "query_key_value output", MLG_QKV);
+    if (qkv != MLG_NONE)
+        g->t[qkv].flags |= MLG_T_TMP;
+    const mlg_linear lin = {"mm (query_key_value)", "MmBackward0 (qkv projection)", MLG_D,
+                            MLG_QKV, a->qkv_bias};
+    mlg_op *o = ml__kit_linear_with(g, &lin, h, c, w, qkv);
+    ml__op_gout(o, qkv);
+    if (a->in_buf)
+        o->accum = h;
+    static const char *const node[3] = {"SliceBackward0 (q of qkv)", "SliceBackward0 (k of qkv)",
+                                        "SliceBackward0 (v of qkv)"};
+    uint16_t *own[3] = {&r.q, &r.k, &r.v}, *hv[3] = {&r.qh, &r.kh, &r.vh};
+    for (unsigned i = 0; i < 3; i++) {
+        const uint8_t width = i == 0 ? MLG_DQ : MLG_DKV, nh = i == 0 ? MLG_H : MLG_HKV;
+        const bool picked = i > 0 && lists[i - 1] != MLG_NONE;
+        uint16_t piece;
+        if (picked) {
+            piece = pick(g, qkv, lists[i - 1], &o);
+        } else {
+            piece = ml__graph_view(g, "piece of query_key_value", qkv, 3, MLG_B, MLG_T, width);
+            o = ml__graph_op(g, MLG_OP_VIEW, "slice");
+        }
+        ml__op_node(o, node[i]);
+        ml__op_gin(o, qkv);
+        ml__op_gout(o, piece);
+        if (i < 2)
+            o->accum = qkv;
+        uint16_t heads = picked ? ml__graph_view(g, "heads", piece, 4, MLG_B, nh, MLG_T, MLG_DH)
+                                : ml__kit_heads(g, "heads (reshape copy)", nh);
+        o = ml__graph_op(g, picked ? MLG_OP_VIEW : MLG_OP_COPY, "transpose, reshape (heads)");
+        if (!picked) {
+            ml__op_in(o, piece);
+            ml__op_out(o, heads);
+        }
+        ml__op_node(o, "ViewBackward0 (head view, contiguous copy)");
+        ml__op_gin(o, piece);
+        ml__op_gout(o, heads);
+        /* the tensor whose storage the name holds: the rotary's rebinding
+         * and the attention's return drop it */
+        *own[i] = picked ? piece : heads;
+        *hv[i] = heads;
+    }
+    *qkv_out = qkv;
+    return r;
+}
+
+uint16_t ml__kit_falcon_attention(ml_graph *g, const mlg_layer *L, uint16_t h,
+                                  const uint16_t lists[2], uint16_t *held, uint16_t *k,
+                                  uint16_t *v)
+{
+    uint16_t qkv;
+    const mlg_qkv p = split_heads(g, L, h, lists, &qkv);
+    uint16_t y = ml__kit_hf_attention_on(g, L, &p, held, k, v);
+    /* fused_qkv stays bound until the attention returns */
+    ml__op_free(ml__graph_release(g, "fused_qkv goes"), qkv);
+    return y;
+}
