@@ -51,6 +51,27 @@ typedef struct {
     unsigned act_bytes;
 } nograd_figures;
 
+/* What is resident before the no-grad forward: the parameters; for the
+ * evaluation pass the training's master weights, optimizer states (and
+ * gradients zeroed, not freed), buffers and the training batch the loop
+ * still holds (a plain loop's names are rebound only by the next batch);
+ * for an inference job the buffers alone besides the parameters. */
+static void nograd_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
+                             const ml_chain *ch, bool inference)
+{
+    ml_replay_alloc(r, ML_CAT_PARAMS, s->bytes_params);
+    if (inference) {
+        ml_replay_alloc(r, ML_CAT_BUFFERS, ch->buffer_bytes);
+        return;
+    }
+    ml_replay_alloc(r, ML_CAT_MASTER, s->bytes_master);
+    ml_replay_alloc(r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
+    if (x->cfg->training.zero_grad == ML_ZERO_GRAD_ZERO) /* zeroed, still allocated */
+        ml_replay_alloc(r, ML_CAT_GRADS, s->bytes_grads);
+    ml_replay_alloc(r, ML_CAT_BUFFERS, x->ch->buffer_bytes);
+    ml_eval_batch(r, x->ch);
+}
+
 /* model.eval() under torch.no_grad(): every block runs as a checkpointed
  * block's first forward does (nothing saved, its would-be saved tensors
  * transient), each boundary freed once consumed, except the model output,
@@ -70,11 +91,13 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     ec.training.checkpoint.kind = ML_CKPT_NONE;
     ml_chain ch;
     ml_status st = ml_chain_build_eval(m, &ec, &ch, err);
-    if (st && !inf) {
-        /* the evaluation's shape is its own settings': name them */
-        if (t->eval_seq_len)
+    if (st) {
+        /* the evaluation's shape is its own settings': name them (an
+         * inference job's are its micro_batch and seq_len) */
+        if (t->eval_seq_len && !inf)
             ml_error_reword(err, "training.seq_len:", "training.eval_seq_len:");
-        ml_error_reword(err, "training.micro_batch:", "training.eval_batch:");
+        if (!inf)
+            ml_error_reword(err, "training.micro_batch:", "training.eval_batch:");
         return st;
     }
     const size_t n = ch.n;
@@ -110,19 +133,7 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     r.block = -1;
     r.sub = "";
     r.phase = ML_PHASE_FORWARD;
-    ml_replay_alloc(&r, ML_CAT_PARAMS, s->bytes_params);
-    if (inf) {
-        ml_replay_alloc(&r, ML_CAT_BUFFERS, ch.buffer_bytes);
-    } else {
-        ml_replay_alloc(&r, ML_CAT_MASTER, s->bytes_master);
-        ml_replay_alloc(&r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
-        if (t->zero_grad == ML_ZERO_GRAD_ZERO) /* zeroed, still allocated */
-            ml_replay_alloc(&r, ML_CAT_GRADS, s->bytes_grads);
-        /* the buffers, and the training batch the loop still holds (a plain
-         * loop's names are rebound only by the next batch) */
-        ml_replay_alloc(&r, ML_CAT_BUFFERS, x->ch->buffer_bytes);
-        ml_eval_batch(&r, x->ch);
-    }
+    nograd_residents(&r, x, s, &ch, inf != NULL);
     /* a simulation has the resident states already, from training */
     r.rsim = rsim;
     if (rsim)
@@ -149,7 +160,7 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     if (overflow)
         return ml_errorf(err, ML_OVERFLOW,
                          "byte counts exceed 64 bits in the evaluation pass: use a smaller "
-                         "eval_batch or eval_seq_len");
+                         "%s", inf ? "micro_batch or seq_len" : "eval_batch or eval_seq_len");
     return ML_OK;
 }
 
@@ -288,9 +299,13 @@ ml_status ml_inference_evaluate(const ml_model *m, const ml_config *cfg, uint64_
     if (generate > ML_MAX_TOKENS || total_t > ML_MAX_TOKENS)
         return ml_errorf(err, ML_RANGE, "generate: seq_len + generate must be at most %llu "
                          "tokens", (unsigned long long)ML_MAX_TOKENS);
-    if (generate && m->max_positions && total_t > m->max_positions)
+    /* learned positions end at their table, as the ledger refuses for a
+     * sequence (chain_transformer.c); rotary ones extrapolate */
+    if (generate && m->position == ML_POS_LEARNED && m->max_positions &&
+        total_t > m->max_positions)
         return ml_errorf(err, ML_RANGE, "generate: seq_len + generate (%llu tokens) exceeds "
-                         "the model's max_positions (%llu)", (unsigned long long)total_t,
+                         "the model's max_positions (%llu) of learned positions",
+                         (unsigned long long)total_t,
                          (unsigned long long)m->max_positions);
     if (generate && m->sliding_window && total_t > m->sliding_window)
         return ml_errorf(err, ML_RANGE, "generate: seq_len + generate (%llu tokens) exceeds "

@@ -273,10 +273,20 @@ static void test_kv_cache_by_hand(void **state)
     assert_int_equal(ml_ledger_summary(l)->bytes_optimizer, 694784);
     assert_int_equal(inf.forward_peak, ml_ledger_summary(l)->peak_eval - 694784 - 256);
     ml_ledger_destroy(l);
-    /* bf16: two bytes a value; past max_positions (8 + 57 > 64): refused */
+    /* bf16: two bytes a value; rotary positions extrapolate past
+     * max_positions (8 + 57 > 64), learned ones end there: refused */
     c.training.precision = ML_PREC_BF16;
     assert_int_equal(ml_inference_evaluate(m, &c, 4, &inf, &e), ML_OK);
     assert_int_equal(inf.kv_cache, 6144);
+    assert_int_equal(ml_inference_evaluate(m, &c, 57, &inf, &e), ML_OK);
+    ml_model_destroy(m);
+    char learned[sizeof dec_yaml + 8];
+    const char *rope = strstr(dec_yaml, "rope");
+    snprintf(learned, sizeof learned, "%.*slearned%s", (int)(rope - dec_yaml), dec_yaml,
+             rope + 4);
+    m = load_str(learned);
+    c = ml_model_config(m);
+    assert_int_equal(ml_inference_evaluate(m, &c, 56, &inf, &e), ML_OK);
     assert_int_equal(ml_inference_evaluate(m, &c, 57, &inf, &e), ML_RANGE);
     assert_non_null(strstr(e.msg, "max_positions (64)"));
     ml_model_destroy(m);
