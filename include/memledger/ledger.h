@@ -252,6 +252,42 @@ typedef struct ml_curve_point {
  * throughput: every t_s < 0). Allocates nothing; never fails. */
 ML_API size_t ml_ledger_curve(const ml_ledger *l, ml_curve_point *points, size_t cap);
 
+/* An inference job (docs/colocate.md, "Inference jobs"): the evaluation
+ * pass's forward (model.eval() under torch.no_grad(); docs/ledger.md,
+ * "First iteration and evaluation") at cfg's training.micro_batch and
+ * training.seq_len, holding only what inference holds: the parameters in the
+ * precision policy's working dtype and the buffers; no master weights,
+ * gradients, optimizer states or training batch. With generate > 0, a
+ * decoder generating that many tokens: the KV cache of seq_len + generate
+ * tokens. Bytes. */
+typedef struct ml_inference {
+    uint64_t batch, seq_len, generate;
+    uint64_t weights;         /* the parameters (working dtype) */
+    uint64_t forward_peak;    /* the no-grad forward's allocator peak, weights,
+                                 buffers, batch and output included */
+    uint64_t kv_forward;      /* the cache the forward's output already holds
+                                 (Hugging Face use_cache: seq_len tokens);
+                                 part of forward_peak */
+    uint64_t kv_cache;        /* generate > 0: 2 x layers x batch x kv_heads x
+                                 head_dim x (seq_len + generate) x the compute
+                                 dtype's bytes; 0 without */
+    uint64_t peak;            /* the allocator peak: forward_peak, or with
+                                 generate forward_peak - kv_forward + kv_cache */
+    uint64_t fragmentation;   /* peak x device.fragmentation, to the byte */
+    uint64_t runtime_reserve; /* device.runtime_reserve: its own process */
+    uint64_t peak_total;      /* peak + fragmentation + runtime_reserve */
+} ml_inference;
+
+/* Plans an inference job of m under cfg (its micro_batch and seq_len; the
+ * training settings are ignored: optimizer, ZeRO, offload, data parallel,
+ * checkpointing, the evaluation pass, a simulated allocator). On success
+ * writes *out; on failure leaves it unchanged. Returns ML_OK, ML_RANGE (a
+ * configuration value; generate on a model that is not a decoder, or past
+ * its max_positions or sliding_window; the message says which), ML_OVERFLOW
+ * or ML_NOMEM. */
+ML_API ml_status ml_inference_evaluate(const ml_model *m, const ml_config *cfg,
+                                       uint64_t generate, ml_inference *out, ml_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -119,7 +119,21 @@ typedef struct ml_colocate_result {
     double p_time_over;     /* two timed jobs at independent, uniform phases: the
                                share of time their sum is over memory; -1 when
                                not computed */
+    /* the budget (docs/colocate.md, "The verdict"); appended, so the fields
+     * above keep their offsets */
+    uint64_t budget;        /* the line for peak_sum: the one given, else memory
+                               less the jobs' runtime reserves */
+    bool budget_given;      /* a budget was given (not the default) */
+    uint64_t peak_sum;      /* the jobs' allocator peaks summed */
 } ml_colocate_result;
+
+/* One job of a colocation: a training job's ledger (its steady curve), or
+ * an inference job, flat at its peak (docs/colocate.md, "Inference jobs").
+ * Exactly one of the two is set. */
+typedef struct ml_colocate_job {
+    const ml_ledger *ledger;
+    const ml_inference *inference;
+} ml_colocate_job;
 
 #define ML_COLOCATE_MAX_INSTANTS 20000000u
 
@@ -127,11 +141,24 @@ typedef struct ml_colocate_result {
  * and step time); ML_USAGE for fewer than two, ML_OVERFLOW, ML_NOMEM. */
 ML_API ml_status ml_colocate(const ml_ledger *const *jobs, size_t n, uint64_t memory,
                              ml_colocate_result *out, ml_error *err);
+/* The same over training and inference jobs, with a budget for the jobs'
+ * allocator peaks summed (0: the default, memory less the jobs' runtime
+ * reserves): fits when peak_sum <= budget and worst_total <= memory;
+ * headroom = min(budget - peak_sum, memory - worst_total), as plan's
+ * (docs/ledger.md, "The verdict"). ML_USAGE for fewer than two jobs or a
+ * job with neither or both set, ML_RANGE for a budget above memory,
+ * ML_OVERFLOW, ML_NOMEM. The default budget is 0 when the reserves reach
+ * past the device (then the device total does not fit either). */
+ML_API ml_status ml_colocate_jobs(const ml_colocate_job *jobs, size_t n, uint64_t memory,
+                                  uint64_t budget, ml_colocate_result *out, ml_error *err);
 /* A job's level at t_s seconds into its periodic steady iteration: the
  * allocator's bytes after the last event at or before it, plus the runtime
  * reserve and fragmentation allowance; the reserve alone without events or
  * a step time. */
 ML_API uint64_t ml_colocate_level(const ml_ledger *l, double t_s);
+/* The same for either kind of job: an inference job's is its device total
+ * at every t_s. */
+ML_API uint64_t ml_colocate_job_level(const ml_colocate_job *j, double t_s);
 
 /* triage: what the peak of a configuration that ran out of memory is made
  * of, and every remedy that applies, each re-planned with the ledger and

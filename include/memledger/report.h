@@ -50,13 +50,13 @@ ML_API int ml_report_json_advice(FILE *f, const ml_model *m, const ml_config *cf
 
 /* colocate: the jobs (names[j]: how the user gave job j) and ml_colocate's
  * result as text, JSON and an SVG of the jobs started together. */
-ML_API int ml_report_colocate_text(FILE *f, const ml_ledger *const *jobs,
+ML_API int ml_report_colocate_text(FILE *f, const ml_colocate_job *jobs,
                                    const char *const *names, size_t n,
                                    const ml_colocate_result *r);
-ML_API int ml_report_colocate_json(FILE *f, const ml_ledger *const *jobs,
+ML_API int ml_report_colocate_json(FILE *f, const ml_colocate_job *jobs,
                                    const char *const *names, size_t n,
                                    const ml_colocate_result *r);
-ML_API int ml_report_colocate_svg(FILE *f, const ml_ledger *const *jobs,
+ML_API int ml_report_colocate_svg(FILE *f, const ml_colocate_job *jobs,
                                   const char *const *names, size_t n,
                                   const ml_colocate_result *r);
 

@@ -2,6 +2,7 @@
  * (training.eval_batch) and the caching-allocator simulation of the whole
  * run (device.allocator). docs/ledger.md, "First iteration and evaluation";
  * docs/allocator.md, "On the plan". */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,15 +44,45 @@ void ml_eval_batch(ml_replay *r, const ml_chain *ch)
     ml_replay_alloc(r, ML_CAT_BATCH, ch->batch_targets);
 }
 
+/* What an inference job's forward leaves besides its peak (inf != NULL:
+ * the inference residents, ml_inference_evaluate). */
+typedef struct {
+    uint64_t weights, kv_forward;
+    unsigned act_bytes;
+} nograd_figures;
+
+/* What is resident before the no-grad forward: the parameters; for the
+ * evaluation pass the training's master weights, optimizer states (and
+ * gradients zeroed, not freed), buffers and the training batch the loop
+ * still holds (a plain loop's names are rebound only by the next batch);
+ * for an inference job the buffers alone besides the parameters. */
+static void nograd_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
+                             const ml_chain *ch, bool inference)
+{
+    ml_replay_alloc(r, ML_CAT_PARAMS, s->bytes_params);
+    if (inference) {
+        ml_replay_alloc(r, ML_CAT_BUFFERS, ch->buffer_bytes);
+        return;
+    }
+    ml_replay_alloc(r, ML_CAT_MASTER, s->bytes_master);
+    ml_replay_alloc(r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
+    if (x->cfg->training.zero_grad == ML_ZERO_GRAD_ZERO) /* zeroed, still allocated */
+        ml_replay_alloc(r, ML_CAT_GRADS, s->bytes_grads);
+    ml_replay_alloc(r, ML_CAT_BUFFERS, x->ch->buffer_bytes);
+    ml_eval_batch(r, x->ch);
+}
+
 /* model.eval() under torch.no_grad(): every block runs as a checkpointed
  * block's first forward does (nothing saved, its would-be saved tensors
  * transient), each boundary freed once consumed, except the model output,
  * which the evaluation loop keeps (to compute the loss and metrics). The
  * resident states are the training's: parameters, master weights and the
  * optimizer states the steps before created; no gradients (zero_grad
- * set them to None). */
+ * set them to None). With inf (an inference job, docs/colocate.md) the
+ * residents are the parameters and buffers alone: no training before it. */
 static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *rsim,
-                              uint64_t *peak, ml_phase_peak *phases, ml_error *err)
+                              uint64_t *peak, ml_phase_peak *phases, nograd_figures *inf,
+                              ml_error *err)
 {
     const ml_training *t = &x->cfg->training;
     ml_config ec = *x->cfg;
@@ -61,10 +92,12 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     ml_chain ch;
     ml_status st = ml_chain_build_eval(m, &ec, &ch, err);
     if (st) {
-        /* the evaluation's shape is its own settings': name them */
-        if (t->eval_seq_len)
+        /* the evaluation's shape is its own settings': name them (an
+         * inference job's are its micro_batch and seq_len) */
+        if (t->eval_seq_len && !inf)
             ml_error_reword(err, "training.seq_len:", "training.eval_seq_len:");
-        ml_error_reword(err, "training.micro_batch:", "training.eval_batch:");
+        if (!inf)
+            ml_error_reword(err, "training.micro_batch:", "training.eval_batch:");
         return st;
     }
     const size_t n = ch.n;
@@ -101,15 +134,7 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     r.block = -1;
     r.sub = "";
     r.phase = ML_PHASE_FORWARD;
-    ml_replay_alloc(&r, ML_CAT_PARAMS, s->bytes_params);
-    ml_replay_alloc(&r, ML_CAT_MASTER, s->bytes_master);
-    ml_replay_alloc(&r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
-    if (t->zero_grad == ML_ZERO_GRAD_ZERO) /* zeroed, still allocated */
-        ml_replay_alloc(&r, ML_CAT_GRADS, s->bytes_grads);
-    /* the buffers, and the training batch the loop still holds (a plain
-     * loop's names are rebound only by the next batch) */
-    ml_replay_alloc(&r, ML_CAT_BUFFERS, x->ch->buffer_bytes);
-    ml_eval_batch(&r, x->ch);
+    nograd_residents(&r, x, s, &ch, inf != NULL);
     /* a simulation has the resident states already, from training */
     r.rsim = rsim;
     if (rsim)
@@ -123,13 +148,20 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
         ml_replay_phase_names(&r, s);
         memcpy(phases, s->phase_steady, sizeof s->phase_steady);
     }
+    if (inf) {
+        inf->weights = s->bytes_params;
+        inf->act_bytes = ch.prec.a;
+        inf->kv_forward = 0;
+        for (size_t k = 0; k < n; k++) /* held to the end: hold_cache */
+            inf->kv_forward = ml_add(&ch, inf->kv_forward, ch.blocks[k].cache_bytes);
+    }
     bool overflow = r.overflow || ch.overflow;
     eval_scratch_free(&e);
     ml_chain_free(&ch);
     if (overflow)
         return ml_errorf(err, ML_OVERFLOW,
                          "byte counts exceed 64 bits in the evaluation pass: use a smaller "
-                         "eval_batch or eval_seq_len");
+                         "%s", inf ? "micro_batch or seq_len" : "eval_batch or eval_seq_len");
     return ML_OK;
 }
 
@@ -138,7 +170,7 @@ ml_status ml_eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err)
     x->has_eval = x->cfg->training.eval_batch > 0;
     x->eval_peak = 0;
     memset(x->eval_phases, 0, sizeof x->eval_phases);
-    return x->has_eval ? eval_forward(m, x, NULL, &x->eval_peak, x->eval_phases, err) : ML_OK;
+    return x->has_eval ? eval_forward(m, x, NULL, &x->eval_peak, x->eval_phases, NULL, err) : ML_OK;
 }
 
 /* zero_grad: zero — the first iteration has no gradients yet: its backward
@@ -192,7 +224,7 @@ ml_status ml_eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml_
         ml_eval_iteration(&r, x, &sl.sum, false);
     uint64_t ignored;
     if (x->has_eval && ml_rsim_ok(rs, NULL))
-        st = eval_forward(m, x, rs, &ignored, NULL, err);
+        st = eval_forward(m, x, rs, &ignored, NULL, NULL, err);
     bool nomem = false;
     out->reserved_oom = !ml_rsim_ok(rs, &nomem) && !nomem;
     ml_alloc_stats a;
@@ -203,4 +235,114 @@ ml_status ml_eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml_
     if (!st && (nomem || r.nomem))
         st = ml_errorf(err, ML_NOMEM, "out of memory");
     return st;
+}
+
+/* Why a model cannot generate with the cache planned (NULL: it can): a
+ * decoder's stack of self-attention layers, DynamicCache's layout. */
+static const char *generate_refused(const ml_model *m)
+{
+    if (m->type != ML_MODEL_DECODER)
+        return "the model is not a decoder (an encoder, an encoder-decoder or a sequential "
+               "model): only a decoder's generation and its KV cache are planned";
+    if (m->classes)
+        return "the model has a sequence-classification head: it does not generate";
+    if (m->vis_layers)
+        return "a multimodal decoder's generation (its image tokens in the cache) is not "
+               "planned: drop --generate to plan its forward";
+    if (m->kv_lora)
+        return "multi-head latent attention's cache (DeepSeek) is not planned for "
+               "generation: drop --generate to plan its forward";
+    return NULL;
+}
+
+/* The keys and values of every layer for t tokens, as transformers'
+ * DynamicCache holds them (cache_utils.py, DynamicLayer.update: key_states
+ * and value_states of (batch, kv_heads, tokens, head_dim) each, concatenated
+ * along the tokens; docs/colocate.md, "Inference jobs"). */
+static uint64_t kv_bytes(ml_chain *ch, const ml_model *m, uint64_t batch, uint64_t t,
+                         unsigned bytes)
+{
+    const uint64_t dh = m->head_dim ? m->head_dim : m->hidden / m->heads;
+    uint64_t v = ml_mul(ch, 2, m->layers);
+    v = ml_mul(ch, v, batch);
+    v = ml_mul(ch, v, m->kv_heads);
+    v = ml_mul(ch, v, dh);
+    v = ml_mul(ch, v, t);
+    return ml_mul(ch, v, bytes);
+}
+
+ml_status ml_inference_evaluate(const ml_model *m, const ml_config *cfg, uint64_t generate,
+                                ml_inference *out, ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    /* the job's shape is its micro_batch and seq_len; nothing trains */
+    ml_config c = *cfg;
+    ml_training *t = &c.training;
+    t->eval_batch = t->micro_batch;
+    t->eval_seq_len = 0;
+    t->grad_accum = 1;
+    t->data_parallel = 1;
+    t->zero = 0;
+    t->offload = ML_OFFLOAD_NONE;
+    t->checkpoint.kind = ML_CKPT_NONE;
+    t->checkpoint.count = 0;
+    c.device.allocator = ML_ALLOCATOR_NONE;
+    ml_status st = ml_config_check(&c, err);
+    if (st)
+        return st;
+    const char *no = generate ? generate_refused(m) : NULL;
+    if (no)
+        return ml_errorf(err, ML_RANGE, "generate: %s", no);
+    uint64_t total_t = t->seq_len + generate; /* both below 2^63: no wrap */
+    if (generate > ML_MAX_TOKENS || total_t > ML_MAX_TOKENS)
+        return ml_errorf(err, ML_RANGE, "generate: seq_len + generate must be at most %llu "
+                         "tokens", (unsigned long long)ML_MAX_TOKENS);
+    /* learned positions end at their table, as the ledger refuses for a
+     * sequence (chain_transformer.c); rotary ones extrapolate */
+    if (generate && m->position == ML_POS_LEARNED && m->max_positions &&
+        total_t > m->max_positions)
+        return ml_errorf(err, ML_RANGE, "generate: seq_len + generate (%llu tokens) exceeds "
+                         "the model's max_positions (%llu) of learned positions",
+                         (unsigned long long)total_t,
+                         (unsigned long long)m->max_positions);
+    if (generate && m->sliding_window && total_t > m->sliding_window)
+        return ml_errorf(err, ML_RANGE, "generate: seq_len + generate (%llu tokens) exceeds "
+                         "the model's sliding_window (%llu), which the cache is not planned "
+                         "for", (unsigned long long)total_t,
+                         (unsigned long long)m->sliding_window);
+    ml_evalctx x;
+    memset(&x, 0, sizeof x);
+    x.cfg = &c;
+    nograd_figures f;
+    memset(&f, 0, sizeof f);
+    uint64_t fwd = 0;
+    if ((st = eval_forward(m, &x, NULL, &fwd, NULL, &f, err)))
+        return st;
+    ml_inference r;
+    memset(&r, 0, sizeof r);
+    ml_chain ov; /* the sticky overflow flag of ml_mul and ml_add */
+    memset(&ov, 0, sizeof ov);
+    r.batch = t->micro_batch;
+    r.seq_len = t->seq_len;
+    r.generate = generate;
+    r.weights = f.weights;
+    r.forward_peak = fwd;
+    r.kv_forward = f.kv_forward;
+    r.peak = fwd;
+    if (generate) {
+        r.kv_cache = kv_bytes(&ov, m, r.batch, total_t, f.act_bytes);
+        r.peak = ml_add(&ov, fwd - f.kv_forward, r.kv_cache);
+    }
+    const double frag = (double)r.peak * c.device.fragmentation;
+    r.fragmentation = frag < 1.8e19 ? (uint64_t)llround(frag) : UINT64_MAX;
+    r.runtime_reserve = c.device.runtime_reserve;
+    r.peak_total = ml_add(&ov, ml_add(&ov, r.peak, r.fragmentation), r.runtime_reserve);
+    if (ov.overflow)
+        return ml_errorf(err, ML_OVERFLOW, "the inference job's bytes exceed 64 bits: use a "
+                         "smaller batch, seq_len or generate");
+    *out = r;
+    return ML_OK;
 }

@@ -200,6 +200,189 @@ static void test_periods_too_unequal(void **state)
     ml_ledger_destroy(b);
 }
 
+/* The MLP 8 -> 16 -> 4 (no biases, fp32) of tests/cli/cases/plan-peaks-json
+ * as an inference job at B = 60: its 192 parameters are 768 B, and nothing
+ * else is resident (no states, no training batch). The no-grad forward
+ * holds, at the gelu: the weights 768 + its batch (x 60 x 8 x 4 = 1920 and
+ * the mse target 60 x 4 x 4 = 960: 2880) + z1 60 x 16 x 4 = 3840 + a 3840
+ * = 11,328 B (plan-peaks-json's evaluation peak, 14,304, less the Adam
+ * states 1536 and the training batch 1440). With the default 512 MiB
+ * reserve: 536,882,240 B. */
+static const char mlp_yaml[] =
+    "model:\n  type: sequential\n  input: [8]\n  layers:\n"
+    "    - linear: {out: 16, bias: false}\n    - gelu: {}\n"
+    "    - linear: {out: 4, bias: false}\n  loss: mse\n"
+    "training:\n  micro_batch: 60\n  optimizer: adam\n  optimizer_impl: foreach\n";
+
+static void test_inference_mlp_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(mlp_yaml);
+    ml_config c = ml_model_config(m);
+    ml_inference inf;
+    ml_error e;
+    assert_int_equal(ml_inference_evaluate(m, &c, 0, &inf, &e), ML_OK);
+    assert_int_equal(inf.weights, 768);
+    assert_int_equal(inf.forward_peak, 11328);
+    assert_int_equal(inf.kv_forward, 0);
+    assert_int_equal(inf.kv_cache, 0);
+    assert_int_equal(inf.peak, 11328);
+    assert_int_equal(inf.peak_total, 11328 + 536870912ull);
+    /* a sequential model does not generate: refused, *out untouched */
+    ml_inference before = inf;
+    assert_int_equal(ml_inference_evaluate(m, &c, 4, &inf, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "not a decoder"));
+    assert_memory_equal(&before, &inf, sizeof inf);
+    ml_model_destroy(m);
+}
+
+/* A decoder of 2 layers, hidden 64, 4 heads of 16, 2 key/value heads, fp32,
+ * as an inference job at B = 2, T = 8 generating N = 4 tokens. Its cache
+ * (transformers' DynamicCache: keys and values of (B, kv_heads, T + N,
+ * head_dim) per layer) is 2 x 2 layers x 2 x 2 x 16 x 12 x 4 B = 12,288 B;
+ * in bf16, 6,144 B. The parameters: embedding 100 x 64 = 6400; per layer q
+ * 4096 + k 2048 + v 2048 + o 4096 + gate, up, down 3 x 8192 + two norms 128
+ * = 36,992, twice 73,984; the final norm 64; the head 6400: 86,848, fp32
+ * 347,392 B. A YAML decoder returns no cache from its forward (kv_forward
+ * 0): the peak is the forward's plus the whole cache. The forward is the
+ * evaluation pass's with the training's residents gone: plan's at the same
+ * shape less AdamW's states (2 x 4 B x 86,848 = 694,784) and the training
+ * batch (ids and targets, 2 x 8 int64 each: 256). */
+static const char dec_yaml[] =
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  kv_heads: 2\n"
+    "  ffn: 128\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 100\n  position: rope\n"
+    "  max_positions: 64\n  tied_embeddings: false\n  bias: false\n  attention: eager\n"
+    "  dropout: 0\ntraining:\n  micro_batch: 2\n  seq_len: 8\n  precision: fp32\n"
+    "  optimizer: adamw\n";
+
+static void test_kv_cache_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(dec_yaml);
+    ml_config c = ml_model_config(m);
+    ml_inference inf;
+    ml_error e;
+    assert_int_equal(ml_inference_evaluate(m, &c, 4, &inf, &e), ML_OK);
+    assert_int_equal(inf.kv_cache, 12288);
+    assert_int_equal(inf.kv_forward, 0);
+    assert_int_equal(inf.weights, 347392);
+    assert_int_equal(inf.peak, inf.forward_peak + 12288);
+    assert_int_equal(inf.peak_total, inf.peak + 536870912ull);
+    c.training.eval_batch = 2;
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->bytes_optimizer, 694784);
+    assert_int_equal(inf.forward_peak, ml_ledger_summary(l)->peak_eval - 694784 - 256);
+    ml_ledger_destroy(l);
+    /* bf16: two bytes a value; rotary positions extrapolate past
+     * max_positions (8 + 57 > 64), learned ones end there: refused */
+    c.training.precision = ML_PREC_BF16;
+    assert_int_equal(ml_inference_evaluate(m, &c, 4, &inf, &e), ML_OK);
+    assert_int_equal(inf.kv_cache, 6144);
+    assert_int_equal(ml_inference_evaluate(m, &c, 57, &inf, &e), ML_OK);
+    ml_model_destroy(m);
+    char learned[sizeof dec_yaml + 8];
+    const char *rope = strstr(dec_yaml, "rope");
+    snprintf(learned, sizeof learned, "%.*slearned%s", (int)(rope - dec_yaml), dec_yaml,
+             rope + 4);
+    m = load_str(learned);
+    c = ml_model_config(m);
+    assert_int_equal(ml_inference_evaluate(m, &c, 56, &inf, &e), ML_OK);
+    assert_int_equal(ml_inference_evaluate(m, &c, 57, &inf, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "max_positions (64)"));
+    ml_model_destroy(m);
+}
+
+/* A Hugging Face decoder with use_cache (SmolLM2-135M: 30 layers, 3
+ * key/value heads of 576 / 9 = 64) returns its prompt's cache from the
+ * forward: at B = 1, T = 16, fp32, 30 x 2 x 1 x 3 x 64 x 16 x 4 = 737,280 B,
+ * counted in the forward's peak already. Generating 4 more: the cache of
+ * 20 tokens is 921,600 B, so the peak grows by the 4 tokens' 184,320 B
+ * (the prompt's part is not counted twice). */
+static void test_kv_cache_not_counted_twice(void **state)
+{
+    (void)state;
+    ml_model *m = load_hf_config("smollm2-135m");
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 1;
+    c.training.seq_len = 16;
+    c.training.precision = ML_PREC_FP32;
+    ml_inference inf;
+    ml_error e;
+    assert_int_equal(ml_inference_evaluate(m, &c, 4, &inf, &e), ML_OK);
+    assert_int_equal(inf.kv_forward, 737280);
+    assert_int_equal(inf.kv_cache, 921600);
+    assert_int_equal(inf.peak, inf.forward_peak + 184320);
+    ml_model_destroy(m);
+}
+
+/* Two mlp2 training jobs (each 403,072,000 B allocated at its peak, 939,942,912
+ * with its 512 MiB reserve: test_worst_is_the_sum) on 8 GiB: the device
+ * totals, 1,879,885,824, fit. Their allocator peaks sum to 806,144,000 B.
+ * A budget of 700 MiB (734,003,200) is under that: does not fit, headroom
+ * 734,003,200 - 806,144,000 = -72,140,800 (the budget's margin is the
+ * smaller). 1 GiB: fits, headroom 1,073,741,824 - 806,144,000 = 267,597,824.
+ * No budget: the default, 8 GiB less the two reserves = 7 GiB, margin
+ * 7,516,192,768 - 806,144,000 = 6,710,048,768, the same as the device's
+ * 8,589,934,592 - 1,879,885,824: the verdict of colocate without a budget. */
+static void test_budget_flips_the_verdict(void **state)
+{
+    (void)state;
+    const uint64_t mem = 8ull << 30;
+    ml_ledger *a = job("mlp2", 256, 0, mem), *b = job("mlp2", 256, 0, mem);
+    const ml_colocate_job js[2] = {{a, NULL}, {b, NULL}};
+    ml_colocate_result r;
+    ml_error e;
+    assert_int_equal(ml_colocate_jobs(js, 2, mem, 700ull << 20, &r, &e), ML_OK);
+    assert_int_equal(r.worst_total, 1879885824ull);
+    assert_int_equal(r.peak_sum, 806144000ull);
+    assert_true(r.budget_given);
+    assert_false(r.fits);
+    assert_int_equal(r.headroom, -72140800ll);
+    assert_int_equal(ml_colocate_jobs(js, 2, mem, 1ull << 30, &r, &e), ML_OK);
+    assert_true(r.fits);
+    assert_int_equal(r.headroom, 267597824ll);
+    assert_int_equal(ml_colocate_jobs(js, 2, mem, 0, &r, &e), ML_OK);
+    assert_false(r.budget_given);
+    assert_int_equal(r.budget, 7ull << 30);
+    assert_true(r.fits);
+    assert_int_equal(r.headroom, 6710048768ll);
+    /* above the device: refused; a job that is neither kind: refused */
+    assert_int_equal(ml_colocate_jobs(js, 2, mem, mem + 1, &r, &e), ML_RANGE);
+    const ml_colocate_job bad[2] = {{a, NULL}, {NULL, NULL}};
+    assert_int_equal(ml_colocate_jobs(bad, 2, mem, 0, &r, &e), ML_USAGE);
+    ml_ledger_destroy(a);
+    ml_ledger_destroy(b);
+}
+
+/* An inference job is flat: its device total at every instant. Beside a
+ * timed mlp2 training job (peak total 939,942,912 at its optimizer step),
+ * the MLP inference job above (536,882,240) adds its total to every level:
+ * started together the highest sum is 939,942,912 + 536,882,240 =
+ * 1,476,825,152, the worst case; on 2 GiB nothing is over. */
+static void test_inference_is_flat(void **state)
+{
+    (void)state;
+    const uint64_t mem = 2ull << 30;
+    ml_ledger *a = job("mlp2", 256, 10, mem);
+    ml_model *m = load_str(mlp_yaml);
+    ml_config c = ml_model_config(m);
+    ml_inference inf;
+    ml_error e;
+    assert_int_equal(ml_inference_evaluate(m, &c, 0, &inf, &e), ML_OK);
+    const ml_colocate_job js[2] = {{a, NULL}, {NULL, &inf}};
+    for (double t = 0; t < 0.01; t += 0.0007)
+        assert_int_equal(ml_colocate_job_level(&js[1], t), 536882240ull);
+    ml_colocate_result r;
+    assert_int_equal(ml_colocate_jobs(js, 2, mem, 0, &r, &e), ML_OK);
+    assert_int_equal(r.worst_total, 939942912ull + 536882240ull);
+    assert_true(r.timed && r.aligned_known);
+    assert_int_equal(r.aligned_total, 939942912ull + 536882240ull);
+    assert_true(r.fits);
+    assert_true(r.p_time_over == 0);
+    ml_ledger_destroy(a);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -208,6 +391,11 @@ int main(void)
         cmocka_unit_test(test_unequal_periods),
         cmocka_unit_test(test_periods_too_unequal),
         cmocka_unit_test(test_levels_give_the_same_answers),
+        cmocka_unit_test(test_inference_mlp_by_hand),
+        cmocka_unit_test(test_kv_cache_by_hand),
+        cmocka_unit_test(test_kv_cache_not_counted_twice),
+        cmocka_unit_test(test_budget_flips_the_verdict),
+        cmocka_unit_test(test_inference_is_flat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
