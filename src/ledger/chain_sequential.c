@@ -482,6 +482,38 @@ static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
     return ML_OK;
 }
 
+/* Block b from the op graph of layer l (graph/kit_seq.c, chain_graph.c):
+ * its output, NULL when the graph does not express the layer (the
+ * builders then run it). */
+static tref *graph_block(seqctx *s, ml_cblock *b, const ml_layer *l, tref *x, ml_shape *sh,
+                         ml_ck_graph *G)
+{
+    ml_chain *ch = s->ch;
+    mlg_seq_block info;
+    if (!ml_ck_graph_seq(ch, l, sh, x->bpe, x->model_input, G, &info))
+        return NULL;
+    b->inplace = info.inplace;
+    b->identity = info.identity;
+    b->nodes_off = info.nodes_off || (ch->record_nodes && info.nodes_off_recorded);
+    /* the batch norms' buffers: running_mean and running_var (the
+     * parameters' dtype), num_batches_tracked (int64;
+     * torch/nn/modules/batchnorm.py) */
+    ch->buffer_bytes =
+        ml_add(ch, ch->buffer_bytes,
+               ml_add(ch, ml_mul(ch, ml_mul(ch, 2, info.bn_channels), ch->prec.param),
+                      ml_mul(ch, 8, info.nbn)));
+    ml_ck_graph_emit(ch, b, G, G->tb[G->g.out]);
+    /* backward FLOPs: a matmul makes its input's gradient and its weight's
+     * (twice its forward), or on the model's input its weight's only */
+    for (uint16_t k = 0; k < G->g.nop; k++) {
+        const double f = ml__graph_op_flops(&G->g.op[k], &G->z);
+        if (f > 0)
+            b->flops_bwd += G->g.op[k].ngin ? 2 * f : f;
+    }
+    *sh = info.shape;
+    return info.identity ? x : new_ref(s, info.out_ps, info.out_bytes);
+}
+
 ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch)
 {
     seqctx s;
@@ -504,7 +536,12 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
     /* the node-level backward (docs/ledger.md): fp32 layers for now */
     ch->record_nodes = ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast;
     ml_status st = ML_OK;
-    for (size_t i = 0; i < m->nseq && !ch->overflow && !ch->nomem; i++) {
+    /* the layers' op graphs (one at a time); the builders-only chain
+     * (ml_chain_build_builders) keeps the builders, their reference */
+    ml_ck_graph *G = ch->builders_only ? NULL : malloc(sizeof *G);
+    if (!ch->builders_only && !G)
+        st = ML_NOMEM;
+    for (size_t i = 0; i < m->nseq && st == ML_OK && !ch->overflow && !ch->nomem; i++) {
         char name[48];
         snprintf(name, sizeof name, "%zu:%s", i, ml_layer_kind_name(m->seq[i].kind));
         ml_cblock *b = ml_ck_begin(ch, name, (int)i);
@@ -517,7 +554,12 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
         s.ng = s.g = (ml_ck_ng){0};
         b->in_bytes = ml_mul(ch, x->elems, x->bpe);
         b->in_nograd = x->model_input;
-        tref *y = seq_layer(&s, &m->seq[i], x, &sh);
+        tref *y = G ? graph_block(&s, b, &m->seq[i], x, &sh, G) : NULL;
+        if (y) {
+            x = y;
+            continue;
+        }
+        y = seq_layer(&s, &m->seq[i], x, &sh);
         uint64_t out_bytes = ml_mul(ch, y->elems, y->bpe);
         if (y != x && y->saved) {
             /* the block saved its own output (relu): a boundary tensor,
@@ -550,6 +592,7 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
             y->model_input = false;
         x = y;
     }
+    free(G);
     ch->record_nodes = false;
     ch->n_ckpt = m->nseq;
     if (st == ML_OK)
