@@ -703,9 +703,14 @@ static unsigned compare_seq(ml_model *m, const char *name)
     return n;
 }
 
+/* The most tensors, ops and literal sizes a sequential block's graph took. */
+typedef struct {
+    unsigned nt, nop, nlit;
+} seq_room;
+
 /* The layers the graph expresses (every top-level entry without
  * attention, at fp32 training on the model's shapes), counted. */
-static unsigned seq_expressed(const ml_model *m)
+static unsigned seq_expressed(const ml_model *m, seq_room *room)
 {
     ml_chain ch;
     memset(&ch, 0, sizeof ch);
@@ -739,6 +744,9 @@ static unsigned seq_expressed(const ml_model *m)
         n++;
         sh = info.shape;
         bytes = info.out_bytes;
+        room->nt = G->g.nt > room->nt ? G->g.nt : room->nt;
+        room->nop = G->g.nop > room->nop ? G->g.nop : room->nop;
+        room->nlit = G->g.nlit > room->nlit ? G->g.nlit : room->nlit;
     }
     free(G);
     return n;
@@ -748,13 +756,14 @@ static void test_seq_chains_equal_builders(void **state)
 {
     (void)state;
     unsigned n = 0, expressed = 0;
+    seq_room room = {0, 0, 0};
     static const char *const presets[] = {"mlp2", "cifar10-resnet", "resnet50-imagenet"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         for (int in = -1; in < 2; in++) {
             ml_model *m = load_preset(presets[i]);
             set_inplace(m->seq, m->nseq, in);
             n += compare_seq(m, presets[i]);
-            expressed += seq_expressed(m);
+            expressed += seq_expressed(m, &room);
             ml_model_destroy(m);
         }
     for (size_t i = 0; i < sizeof seq_models / sizeof seq_models[0]; i++)
@@ -762,13 +771,55 @@ static void test_seq_chains_equal_builders(void **state)
             ml_model *m = load_str(seq_models[i]);
             set_inplace(m->seq, m->nseq, in);
             n += compare_seq(m, "sequential test model");
-            expressed += seq_expressed(m);
+            expressed += seq_expressed(m, &room);
             ml_model_destroy(m);
         }
-    fprintf(stderr, "%u sequential chains compared, %u layers from the graph\n", n, expressed);
+    fprintf(stderr,
+            "%u sequential chains compared, %u layers from the graph (at most %u tensors, "
+            "%u ops, %u literal sizes)\n",
+            n, expressed, room.nt, room.nop, room.nlit);
     assert_true(n > 0);
     assert_int_equal(n, 7 * 3 * 3 * ML_PREC_COUNT * 3 * 2);
     assert_true(expressed > 0);
+    /* ResNet-50's bottleneck with its projection, the largest: a quarter
+     * of each array to spare */
+    assert_true(room.nt * 4 <= MLG_MAX_TENSORS * 3);
+    assert_true(room.nop * 4 <= MLG_MAX_OPS * 3);
+    assert_true(room.nlit * 4 <= MLG_NLIT * 3);
+}
+
+/* What the sequential kit hands back to the builders, explicitly: an
+ * attention layer, and a dropout inside a residual in evaluation (taken in
+ * training). */
+static void test_seq_refused(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(seq_models[3]);
+    ml_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ch.prec = ml_prec_of(ML_PREC_FP32);
+    ch.B = 2;
+    const ml_shape in = {{8, 0, 0}, 1, false};
+    ml_ck_graph *G = malloc(sizeof *G);
+    assert_non_null(G);
+    mlg_seq_block info;
+    assert_int_equal(m->seq[4].kind, ML_L_RESIDUAL);
+    assert_int_equal(m->seq[4].body[0].kind, ML_L_DROPOUT);
+    assert_true(ml_ck_graph_seq(&ch, &m->seq[4], &in, 4, false, G, &info));
+    ch.eval_mode = true;
+    assert_false(ml_ck_graph_seq(&ch, &m->seq[4], &in, 4, false, G, &info));
+    /* the top-level dropout in evaluation is the graph's (its forward
+     * aliases the output; the programs keep the block rule) */
+    const ml_shape in16 = {{16, 0, 0}, 1, false};
+    assert_true(ml_ck_graph_seq(&ch, &m->seq[2], &in16, 4, false, G, &info));
+    ml_model_destroy(m);
+    m = load_str(seq_models[1]);
+    const ml_shape emb = {{12, 16, 0}, 2, false};
+    assert_int_equal(m->seq[1].kind, ML_L_ATTENTION);
+    ch.eval_mode = false;
+    assert_false(ml_ck_graph_seq(&ch, &m->seq[1], &emb, 4, false, G, &info));
+    free(G);
+    ml_model_destroy(m);
 }
 
 /* OLMo's norm exists only in the graph: a layout the graph does not
@@ -924,6 +975,7 @@ int main(void)
         cmocka_unit_test(test_graph_equals_builders),
         cmocka_unit_test(test_chains_equal_builders),
         cmocka_unit_test(test_seq_chains_equal_builders),
+        cmocka_unit_test(test_seq_refused),
         cmocka_unit_test(test_other_layouts_refused),
         cmocka_unit_test(test_olmo_norm_refused_elsewhere),
         cmocka_unit_test(test_kit_headroom),
