@@ -1,6 +1,10 @@
 /* Sequential chains (MLPs, CNNs such as torchvision's ResNet, small
  * attention stacks): one block per `layers:` entry, a residual's branches
- * inside their entry. Sources in docs/inventory.md. */
+ * inside their entry, each from its op graph (graph/kit_seq.c) where the
+ * graph expresses it; the builders below write the rest (an attention
+ * layer; docs/graph.md, "Sequential layers") and every entry of the
+ * builders-only chain, test_graph's reference. Sources in
+ * docs/inventory.md. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
