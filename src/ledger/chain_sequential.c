@@ -1,10 +1,8 @@
-/* Sequential chains (MLPs, CNNs such as torchvision's ResNet, small
- * attention stacks): one block per `layers:` entry, a residual's branches
- * inside their entry, each from its op graph (graph/kit_seq.c) where the
- * graph expresses it; the builders below write the rest (an attention
- * layer; docs/graph.md, "Sequential layers") and every entry of the
- * builders-only chain, test_graph's reference. Sources in
- * docs/inventory.md. */
+/* Sequential chains (MLPs, ResNets, small attention stacks): a block per
+ * `layers:` entry, from its op graph (graph/kit_seq.c) where the graph
+ * expresses it, else (attention; docs/graph.md, "Sequential layers") and
+ * in the builders-only chain, test_graph's reference, from the builders
+ * below. Sources in docs/inventory.md. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
