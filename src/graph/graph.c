@@ -10,6 +10,8 @@ void ml__graph_init(ml_graph *g)
     g->nt = g->nop = 0;
     g->group = 0;
     g->full = false;
+    g->out = MLG_NONE;
+    g->nlit = 0;
 }
 
 static uint16_t tensor_va(ml_graph *g, const char *name, uint8_t dtype, uint8_t role,

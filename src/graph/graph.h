@@ -26,7 +26,12 @@
 
 /* Named dimensions. DQ, DKV, QKV and F2 are derived: H*DH, HKV*DH,
  * DQ + 2*DKV (a fused q/k/v projection's width) and 2*F; so are latent
- * attention's KVA, KVB and VO. */
+ * attention's KVA, KVB and VO. L0 .. L0 + MLG_NLIT - 1 are literal sizes,
+ * the graph's own (g->lit): a sequential layer's per-sample counts,
+ * channels and widths, which shape inference gives (graph/kit_seq.h);
+ * whoever sizes such a graph copies g->lit into ml_graph_sizes.dim from
+ * MLG_L0. */
+#define MLG_NLIT 32
 typedef enum {
     MLG_B,   /* micro-batch */
     MLG_T,   /* tokens */
@@ -47,7 +52,8 @@ typedef enum {
     MLG_KVB, /* H (dh - rotated part + DV): kv_b_proj's width */
     MLG_DV,  /* the value head's size */
     MLG_VO,  /* H DV: the value heads' width, o_proj's input */
-    MLG_NDIMS
+    MLG_L0,
+    MLG_NDIMS = MLG_L0 + MLG_NLIT
 } mlg_dim;
 
 /* Dtype classes: their bytes come from the precision policy. */
@@ -145,6 +151,11 @@ typedef struct {
     uint8_t group; /* the group new parameters join */
     bool full;  /* more tensors or ops than the arrays hold: refused */
     mlg_op sink; /* what a full graph's builders write to, never read */
+    uint16_t out;  /* the block's output tensor, when the builder names it
+                      (MLG_NONE: not named): saved, it is a boundary the
+                      replay releases; the block's input: an identity block */
+    uint8_t nlit;
+    uint64_t lit[MLG_NLIT]; /* the sizes of MLG_L0 + i */
 } ml_graph;
 
 /* The sizes a configuration substitutes: each dimension's, and the bytes

@@ -17,6 +17,21 @@ static mlg_config config_of(const ml_chain *ch, const ml_model *m)
                         ch->prec.autocast, ml_ck_fused_attention(ch, m), ch->eval_mode};
 }
 
+/* Each dtype class's bytes under the chain's precision, then each
+ * tensor's bytes at G's sizes. */
+static void dtype_bytes(ml_chain *ch, ml_ck_graph *G)
+{
+    ml_graph_sizes *z = &G->z;
+    const unsigned bytes[MLG_NDTYPES] = {
+        [MLG_COMPUTE] = ch->prec.a, [MLG_STREAM] = ch->prec.w, [MLG_FP32] = 4, [MLG_HALF] = 2,
+        [MLG_INT64] = 8,            [MLG_BOOL] = 1,            [MLG_PARAM] = ch->prec.param};
+    memcpy(z->bytes, bytes, sizeof bytes);
+    z->grad_bytes = ch->prec.grad;
+    ml__graph_bytes(&G->g, z, G->tb);
+    if (z->overflow)
+        ch->overflow = true;
+}
+
 /* G's sizes at the chain's shape, each tensor's bytes, and whether the
  * forward's live bytes come from the graph: as the chain builders had it,
  * eager attention without autocast's casts (docs/graph.md, "What the
@@ -49,14 +64,7 @@ static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_gr
     z->dim[MLG_DV] = m->v_dim;
     z->dim[MLG_VO] = ml_mul(ch, d->H, m->v_dim);
     z->dim[MLG_KVB] = m->kv_lora ? ml_mul(ch, d->H, ml_add(ch, d->dh - m->rope_dim, m->v_dim)) : 0;
-    const unsigned bytes[MLG_NDTYPES] = {
-        [MLG_COMPUTE] = ch->prec.a, [MLG_STREAM] = ch->prec.w, [MLG_FP32] = 4, [MLG_HALF] = 2,
-        [MLG_INT64] = 8,            [MLG_BOOL] = 1,            [MLG_PARAM] = ch->prec.param};
-    memcpy(z->bytes, bytes, sizeof bytes);
-    z->grad_bytes = ch->prec.grad;
-    ml__graph_bytes(&G->g, z, G->tb);
-    if (z->overflow)
-        ch->overflow = true;
+    dtype_bytes(ch, G);
     G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER && !m->image_size &&
                   !m->parallel_residual && !m->kv_lora;
     return true;
@@ -81,6 +89,45 @@ bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool
         return false;
     ml__family_head_graph(&G->g, &L, m->tied_embeddings, fused, m->final_softcap > 0);
     return sized(ch, m, d, G);
+}
+
+bool ml_ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsigned in_bytes,
+                     bool in_nograd, ml_ck_graph *G, mlg_seq_block *info)
+{
+    const mlg_seq_config c = {ch->B,        ch->prec.w, ch->prec.autocast,
+                              ch->eval_mode, in_bytes,   in_nograd};
+    if (!ml__seq_block_graph(&G->g, l, in, &c, info))
+        return false;
+    ml_graph_sizes *z = &G->z;
+    memset(z, 0, sizeof *z);
+    z->dim[MLG_B] = ch->B;
+    memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
+    dtype_bytes(ch, G);
+    /* autocast's cast copies are not in the programs (the block rule) */
+    G->programs = !ch->prec.autocast;
+    return true;
+}
+
+/* The block's output, when the graph names it: saved, it is a boundary
+ * tensor the replay releases, not a node (chain.h, ML_SV_OUTPUT); the
+ * block's input itself (an identity block), the forward programs end
+ * holding nothing new. Returns the bytes the programs end holding. */
+static uint64_t output(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const size_t *idx,
+                       uint64_t out)
+{
+    const ml_graph *g = &G->g;
+    if (g->out == MLG_NONE)
+        return out;
+    if (g->t[ml__graph_storage(g, g->out)].role == MLG_INPUT)
+        return 0;
+    const size_t k = idx[ml__graph_entry(g, g->out)];
+    if (k != SIZE_MAX) {
+        ch->saved[k].flags |= ML_SV_OUTPUT;
+        ch->saved[k].node = ML_NODE_NONE;
+        b->out_saved = true;
+        b->saved_bytes -= ch->saved[k].bytes;
+    }
+    return out;
 }
 
 /* The saved inventory: one entry per saved storage, in the order the
@@ -184,18 +231,19 @@ void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t
         if (o->node)
             node(ch, b, G, k, idx, first);
     }
+    const uint64_t held = output(ch, b, G, idx, out);
     ml_ck_end(ch, b, out);
     if (!G->programs || ch->overflow)
         return;
     ml_graph_live l;
     ml__graph_forward(g, G->tb, false, ch->eval_mode, &l);
     ml_ck_ng ng = {l.live, l.peak, l.bad};
-    ml_ck_ng_close(b, &ng, out);
+    ml_ck_ng_close(b, &ng, held);
     if (ch->selective)
         return;
     ml__graph_forward(g, G->tb, true, ch->eval_mode, &l);
     ng = (ml_ck_ng){l.live, l.peak, l.bad};
-    ml_ck_grad_close(b, &ng, out);
+    ml_ck_grad_close(b, &ng, held);
 }
 
 void ml_ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst, size_t pcount)

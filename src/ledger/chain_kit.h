@@ -8,6 +8,7 @@
 #define ML_CHAIN_KIT_H
 
 #include "graph/graph.h"
+#include "graph/kit_seq.h"
 #include "ledger/chain.h"
 
 /* Shapes of a transformer block (or of a sequential attention layer). */
@@ -185,6 +186,12 @@ bool ml_ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_
  * the norm alone). */
 bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
                       ml_ck_graph *G);
+/* The graph of a sequential model's layer l (one `layers:` entry) on an
+ * input of shape in (in_bytes per element; in_nograd: the model's input)
+ * into G at the chain's micro-batch and precision (graph/kit_seq.h);
+ * false: the chain builders run it. */
+bool ml_ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsigned in_bytes,
+                     bool in_nograd, ml_ck_graph *G, mlg_seq_block *info);
 /* Block b's inventory, nodes, parameters, FLOPs and transients from G,
  * closed with output bytes out (ml_ck_end), then its forward programs. */
 void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t out);

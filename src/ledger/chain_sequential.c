@@ -1,6 +1,8 @@
-/* Sequential chains (MLPs, CNNs such as torchvision's ResNet, small
- * attention stacks): one block per `layers:` entry, a residual's branches
- * inside their entry. Sources in docs/inventory.md. */
+/* Sequential chains (MLPs, ResNets, small attention stacks): a block per
+ * `layers:` entry, from its op graph (graph/kit_seq.c) where the graph
+ * expresses it, else (attention; docs/graph.md, "Sequential layers") and
+ * in the builders-only chain, test_graph's reference, from the builders
+ * below. Sources in docs/inventory.md. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,7 @@ typedef struct tref {
     uint64_t elems;  /* whole micro-batch */
     unsigned bpe;
     bool saved;
+    size_t idx;       /* its entry in ch->saved (SIZE_MAX: none listed) */
     bool model_input; /* needs no gradient */
     unsigned later;   /* consumers recorded after the one being built (a
                          residual's shortcut): their gradients reach its
@@ -34,6 +37,8 @@ typedef struct {
     unsigned depth;       /* residuals entered */
     ml_ck_ng ng, g;       /* the block's forward under no_grad and with grad, whose
                              saved tensors stay (docs/ledger.md) */
+    tref sink;            /* what the walk gets when out of memory (the build
+                             reports ML_NOMEM) */
 } seqctx;
 
 static tref *new_ref(seqctx *s, uint64_t per_sample, unsigned bpe)
@@ -41,12 +46,13 @@ static tref *new_ref(seqctx *s, uint64_t per_sample, unsigned bpe)
     tref *t = calloc(1, sizeof *t);
     if (!t) {
         s->ch->nomem = true;
-        static tref sink; /* keeps the walk going; the build reports ML_NOMEM */
-        memset(&sink, 0, sizeof sink);
-        return &sink;
+        memset(&s->sink, 0, sizeof s->sink);
+        s->sink.idx = SIZE_MAX;
+        return &s->sink;
     }
     t->elems = ml_mul(s->ch, s->B, per_sample);
     t->bpe = bpe;
+    t->idx = SIZE_MAX;
     t->next = s->all;
     s->all = t;
     return t;
@@ -62,11 +68,10 @@ static size_t save_ref(seqctx *s, tref *t, const char *what, bool matmul)
         return ml_ck_save(ch, s->b, what, t->elems, 2, 0);
     if (t == s->in)
         return ml_ck_save(ch, s->b, what, t->elems, t->bpe, ML_SV_INPUT);
-    size_t idx = SIZE_MAX;
-    if (!t->saved)
-        idx = ml_ck_save(ch, s->b, what, t->elems, t->bpe, 0);
+    if (t->saved)
+        return SIZE_MAX;
     t->saved = true;
-    return idx;
+    return t->idx = ml_ck_save(ch, s->b, what, t->elems, t->bpe, 0);
 }
 
 static uint64_t ref_bytes(seqctx *s, const tref *t)
@@ -482,6 +487,62 @@ static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
     return ML_OK;
 }
 
+/* Block b from the chain builders: layer l on x, closed. */
+static tref *builder_block(seqctx *s, ml_cblock *b, const ml_layer *l, tref *x, ml_shape *sh)
+{
+    ml_chain *ch = s->ch;
+    tref *y = seq_layer(s, l, x, sh);
+    uint64_t out_bytes = ml_mul(ch, y->elems, y->bpe);
+    if (y != x && y->saved && y->idx != SIZE_MAX) {
+        /* the block saved its own output (relu): a boundary tensor,
+         * released by the replay, not by a node */
+        b->out_saved = true;
+        b->saved_bytes -= ch->saved[y->idx].bytes;
+        ch->saved[y->idx].flags |= ML_SV_OUTPUT;
+        ch->saved[y->idx].node = ML_NODE_NONE;
+    }
+    if (y == x) {
+        /* identity block (flatten, dropout p=0, neither saving): in and
+         * out are one storage. Its backward is a view of the output's
+         * gradient: a node that allocates and frees nothing */
+        b->identity = true;
+        if (!x->model_input)
+            ml_ck_node(ch, b, "ViewBackward0 (flatten; dropout p=0: none)", 0, 0, 0, SIZE_MAX,
+                       SIZE_MAX);
+    }
+    ml_ck_end(ch, b, out_bytes);
+    ng_close(s, b, y == x ? 0 : out_bytes);
+    return y;
+}
+
+/* Block b from the op graph of layer l (graph/kit_seq.c, chain_graph.c):
+ * its output, NULL when the graph does not express the layer (the
+ * builders then run it). */
+static tref *graph_block(seqctx *s, ml_cblock *b, const ml_layer *l, tref *x, ml_shape *sh,
+                         ml_ck_graph *G)
+{
+    ml_chain *ch = s->ch;
+    mlg_seq_block info;
+    if (!ml_ck_graph_seq(ch, l, sh, x->bpe, x->model_input, G, &info))
+        return NULL;
+    b->inplace = info.inplace;
+    b->identity = info.identity;
+    b->nodes_off = info.nodes_off || (ch->record_nodes && info.nodes_off_recorded);
+    /* the batch norms' buffers, as seq_norm has them */
+    uint64_t stats = ml_mul(ch, ml_mul(ch, 2, info.bn_channels), ch->prec.param);
+    ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_add(ch, stats, ml_mul(ch, 8, info.nbn)));
+    ml_ck_graph_emit(ch, b, G, G->tb[G->g.out]);
+    /* backward FLOPs: a matmul makes its input's gradient and its weight's
+     * (twice its forward), or on the model's input its weight's only */
+    for (uint16_t k = 0; k < G->g.nop; k++) {
+        const double f = ml__graph_op_flops(&G->g.op[k], &G->z);
+        if (f > 0)
+            b->flops_bwd += G->g.op[k].ngin ? 2 * f : f;
+    }
+    *sh = info.shape;
+    return info.identity ? x : new_ref(s, info.out_ps, info.out_bytes);
+}
+
 ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch)
 {
     seqctx s;
@@ -504,7 +565,12 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
     /* the node-level backward (docs/ledger.md): fp32 layers for now */
     ch->record_nodes = ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast;
     ml_status st = ML_OK;
-    for (size_t i = 0; i < m->nseq && !ch->overflow && !ch->nomem; i++) {
+    /* the layers' op graphs (one at a time); the builders-only chain
+     * (ml_chain_build_builders) keeps the builders, their reference */
+    ml_ck_graph *G = ch->builders_only ? NULL : malloc(sizeof *G);
+    if (!ch->builders_only && !G)
+        st = ML_NOMEM;
+    for (size_t i = 0; i < m->nseq && st == ML_OK && !ch->overflow && !ch->nomem; i++) {
         char name[48];
         snprintf(name, sizeof name, "%zu:%s", i, ml_layer_kind_name(m->seq[i].kind));
         ml_cblock *b = ml_ck_begin(ch, name, (int)i);
@@ -517,39 +583,10 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
         s.ng = s.g = (ml_ck_ng){0};
         b->in_bytes = ml_mul(ch, x->elems, x->bpe);
         b->in_nograd = x->model_input;
-        tref *y = seq_layer(&s, &m->seq[i], x, &sh);
-        uint64_t out_bytes = ml_mul(ch, y->elems, y->bpe);
-        if (y != x && y->saved) {
-            /* the block saved its own output (relu): a boundary tensor,
-             * released by the replay, not by a node */
-            b->out_saved = true;
-            b->saved_bytes -= out_bytes;
-            for (size_t k = ch->nsaved; k-- > b->saved_first;)
-                if (ch->saved[k].bytes == out_bytes && !(ch->saved[k].flags & ML_SV_OUTPUT)) {
-                    ch->saved[k].flags |= ML_SV_OUTPUT;
-                    ch->saved[k].node = ML_NODE_NONE;
-                    break;
-                }
-        }
-        if (y == x) {
-            /* identity block (flatten, dropout p=0): in and out are one
-             * storage; whoever saves it, the replay counts it once. Its
-             * backward is a view of the output's gradient: a node that
-             * allocates and frees nothing */
-            b->identity = true;
-            if (b->in_saved) {
-                b->in_saved = false;
-                b->out_saved = true;
-            }
-            if (!x->model_input)
-                ml_ck_node(ch, b, "ViewBackward0 (flatten; dropout p=0: none)", 0, 0, 0, SIZE_MAX, SIZE_MAX);
-        }
-        ml_ck_end(ch, b, out_bytes);
-        ng_close(&s, b, y == x ? 0 : out_bytes);
-        if (y != x)
-            y->model_input = false;
-        x = y;
+        tref *y = G ? graph_block(&s, b, &m->seq[i], x, &sh, G) : NULL;
+        x = y ? y : builder_block(&s, b, &m->seq[i], x, &sh);
     }
+    free(G);
     ch->record_nodes = false;
     ch->n_ckpt = m->nseq;
     if (st == ML_OK)

@@ -711,6 +711,224 @@ static void test_chains_equal_builders(void **state)
     assert_true(latent >= 2 * ML_PREC_COUNT * 2 * 2);
 }
 
+/* ---- sequential models: each `layers:` entry a graph block ---- */
+
+/* Every layer kind, in and out of residuals, on and off the model's input:
+ * windowed and global pooling, dropout (and p = 0: an identity block), a
+ * flatten block, LayerNorm, SiLU, GELU, a projection shortcut, ReLU in
+ * place on a block's input and inside a branch, an embedding, attention
+ * (the builders'), a residual nested in a residual, one on the model's
+ * input, a dropout opening a residual's body (the builders' in
+ * evaluation). */
+static const char *const seq_models[] = {
+    "model:\n  type: sequential\n  input: [3, 8, 8]\n  layers:\n"
+    "    - conv2d: {out: 4, kernel: 3, padding: 1}\n    - batchnorm: {}\n"
+    "    - relu: {inplace: true}\n    - maxpool: {kernel: 2}\n    - dropout: {p: 0.1}\n"
+    "    - avgpool: {kernel: 2}\n    - flatten: {}\n    - dropout: {p: 0}\n"
+    "    - linear: {out: 16}\n    - layernorm: {}\n    - silu: {}\n"
+    "    - residual:\n        - linear: {out: 16}\n        - gelu: {}\n"
+    "        - dropout: {p: 0.2}\n        - linear: {out: 16}\n"
+    "    - residual:\n        body:\n          - layernorm: {}\n          - linear: {out: 8}\n"
+    "        shortcut:\n          - linear: {out: 8, bias: false}\n"
+    "    - relu: {}\n    - linear: {out: 3}\n  loss: cross_entropy\n",
+    "model:\n  type: sequential\n  input: [12]\n  layers:\n"
+    "    - embedding: {vocab: 50, dim: 16}\n    - attention: {heads: 2, causal: true}\n"
+    "    - layernorm: {}\n"
+    "    - residual:\n        - linear: {out: 32}\n        - relu: {inplace: true}\n"
+    "        - linear: {out: 16}\n"
+    "    - gelu: {}\n    - flatten: {}\n    - linear: {out: 4}\n  loss: mse\n",
+    "model:\n  type: sequential\n  input: [3, 8, 8]\n  layers:\n"
+    "    - residual:\n        - conv2d: {out: 3, kernel: 3, padding: 1}\n"
+    "        - residual:\n            - relu: {}\n            - conv2d: {out: 3, kernel: 1}\n"
+    "    - relu: {inplace: true}\n    - flatten: {}\n    - relu: {}\n"
+    "    - residual:\n        - relu: {inplace: true}\n        - linear: {out: 192}\n"
+    "    - linear: {out: 2}\n  loss: cross_entropy\n",
+    "model:\n  type: sequential\n  input: [16]\n  layers:\n"
+    "    - flatten: {}\n    - relu: {inplace: true}\n    - dropout: {p: 0.5}\n"
+    "    - linear: {out: 8}\n"
+    "    - residual:\n        - dropout: {p: 0.1}\n        - linear: {out: 8}\n"
+    "    - residual:\n        - relu: {inplace: true}\n        - linear: {out: 8}\n"
+    "    - residual:\n        body:\n          - linear: {out: 8}\n          - flatten: {}\n"
+    "        shortcut:\n          - linear: {out: 8}\n  loss: mse\n",
+};
+
+/* Every ReLU's inplace set to on (1), off (0), or left (-1). */
+static void set_inplace(ml_layer *ls, size_t n, int on)
+{
+    for (size_t i = 0; i < n && on >= 0; i++) {
+        if (ls[i].kind == ML_L_RELU)
+            ls[i].inplace = on;
+        set_inplace(ls[i].body, ls[i].nbody, on);
+        set_inplace(ls[i].shortcut, ls[i].nshortcut, on);
+    }
+}
+
+static bool has_attention(const ml_layer *ls, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ls[i].kind == ML_L_ATTENTION || has_attention(ls[i].body, ls[i].nbody) ||
+            has_attention(ls[i].shortcut, ls[i].nshortcut))
+            return true;
+    return false;
+}
+
+/* Whole chains of a sequential model both ways over micro-batches,
+ * precisions, checkpoint policies, training and evaluation. */
+static unsigned compare_seq(ml_model *m, const char *name)
+{
+    static const uint64_t batches[] = {1, 3, 32};
+    static const char *const policies[] = {"none", "selective", "full"};
+    unsigned n = 0;
+    for (size_t k = 0; k < sizeof batches / sizeof batches[0]; k++)
+        for (int p = 0; p < ML_PREC_COUNT; p++)
+            for (size_t c = 0; c < 3; c++)
+                for (int ev = 0; ev < 2; ev++) {
+                    ml_config cfg = ml_model_config(m);
+                    cfg.training.precision = (ml_precision)p;
+                    cfg.training.micro_batch = batches[k];
+                    cfg.calib = NULL;
+                    ml_error e;
+                    assert_int_equal(ml_parse_checkpoint(policies[c], &cfg.training.checkpoint, &e),
+                                     ML_OK);
+                    ml_chain a, b;
+                    assert_int_equal(ml_chain_build_builders(m, &cfg, ev, &a, &e), ML_OK);
+                    assert_int_equal(ev ? ml_chain_build_eval(m, &cfg, &b, &e)
+                                        : ml_chain_build(m, &cfg, &b, &e),
+                                     ML_OK);
+                    char what[200];
+                    snprintf(what, sizeof what, "%s, B %llu, precision %d, %s%s", name,
+                             (unsigned long long)batches[k], p, policies[c], ev ? ", eval" : "");
+                    same_blocks(&a, &b, what);
+                    for (size_t i = 0; i < a.nsaved; i++)
+                        if (strcmp(a.saved[i].what, b.saved[i].what))
+                            fail_msg("%s: saved[%zu] '%s' != '%s'", what, i, a.saved[i].what,
+                                     b.saved[i].what);
+                    ml_chain_free(&a);
+                    ml_chain_free(&b);
+                    n++;
+                }
+    return n;
+}
+
+/* The most tensors, ops and literal sizes a sequential block's graph took. */
+typedef struct {
+    unsigned nt, nop, nlit;
+} seq_room;
+
+/* The layers the graph expresses (every top-level entry without
+ * attention, at fp32 training on the model's shapes), counted. */
+static unsigned seq_expressed(const ml_model *m, seq_room *room)
+{
+    ml_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ch.prec = ml_prec_of(ML_PREC_FP32);
+    ch.B = 2;
+    ml_shape sh;
+    memset(&sh, 0, sizeof sh);
+    sh.rank = (unsigned)m->ninput;
+    for (size_t i = 0; i < m->ninput; i++)
+        sh.d[i] = m->input[i];
+    sh.ids = m->seq[0].kind == ML_L_EMBEDDING;
+    unsigned bytes = sh.ids ? 8 : 4, n = 0;
+    ml_ck_graph *G = malloc(sizeof *G);
+    assert_non_null(G);
+    for (size_t i = 0; i < m->nseq; i++) {
+        mlg_seq_block info;
+        const bool attn = has_attention(&m->seq[i], 1);
+        const bool ok = ml_ck_graph_seq(&ch, &m->seq[i], &sh, bytes, i == 0, G, &info);
+        if (ok == attn)
+            fail_msg("%s: layer %zu (%s) %s", m->name, i, ml_layer_kind_name(m->seq[i].kind),
+                     attn ? "taken" : "refused");
+        if (!ok) { /* the next layer's input from shape inference */
+            ml_shape o;
+            char msg[8];
+            const ml_layer *where;
+            assert_true(ml_shape_step(&m->seq[i], &sh, &o, msg, sizeof msg, &where));
+            sh = o;
+            bytes = 4;
+            continue;
+        }
+        n++;
+        sh = info.shape;
+        bytes = info.out_bytes;
+        room->nt = G->g.nt > room->nt ? G->g.nt : room->nt;
+        room->nop = G->g.nop > room->nop ? G->g.nop : room->nop;
+        room->nlit = G->g.nlit > room->nlit ? G->g.nlit : room->nlit;
+    }
+    free(G);
+    return n;
+}
+
+static void test_seq_chains_equal_builders(void **state)
+{
+    (void)state;
+    unsigned n = 0, expressed = 0;
+    seq_room room = {0, 0, 0};
+    static const char *const presets[] = {"mlp2", "cifar10-resnet", "resnet50-imagenet"};
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        for (int in = -1; in < 2; in++) {
+            ml_model *m = load_preset(presets[i]);
+            set_inplace(m->seq, m->nseq, in);
+            n += compare_seq(m, presets[i]);
+            expressed += seq_expressed(m, &room);
+            ml_model_destroy(m);
+        }
+    for (size_t i = 0; i < sizeof seq_models / sizeof seq_models[0]; i++)
+        for (int in = -1; in < 2; in++) {
+            ml_model *m = load_str(seq_models[i]);
+            set_inplace(m->seq, m->nseq, in);
+            n += compare_seq(m, "sequential test model");
+            expressed += seq_expressed(m, &room);
+            ml_model_destroy(m);
+        }
+    fprintf(stderr,
+            "%u sequential chains compared, %u layers from the graph (at most %u tensors, "
+            "%u ops, %u literal sizes)\n",
+            n, expressed, room.nt, room.nop, room.nlit);
+    assert_true(n > 0);
+    assert_int_equal(n, 7 * 3 * 3 * ML_PREC_COUNT * 3 * 2);
+    assert_true(expressed > 0);
+    /* ResNet-50's bottleneck with its projection, the largest: a quarter
+     * of each array to spare */
+    assert_true(room.nt * 4 <= MLG_MAX_TENSORS * 3);
+    assert_true(room.nop * 4 <= MLG_MAX_OPS * 3);
+    assert_true(room.nlit * 4 <= MLG_NLIT * 3);
+}
+
+/* What the sequential kit hands back to the builders, explicitly: an
+ * attention layer, and a dropout inside a residual in evaluation (taken in
+ * training). */
+static void test_seq_refused(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(seq_models[3]);
+    ml_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ch.prec = ml_prec_of(ML_PREC_FP32);
+    ch.B = 2;
+    const ml_shape in = {{8, 0, 0}, 1, false};
+    ml_ck_graph *G = malloc(sizeof *G);
+    assert_non_null(G);
+    mlg_seq_block info;
+    assert_int_equal(m->seq[4].kind, ML_L_RESIDUAL);
+    assert_int_equal(m->seq[4].body[0].kind, ML_L_DROPOUT);
+    assert_true(ml_ck_graph_seq(&ch, &m->seq[4], &in, 4, false, G, &info));
+    ch.eval_mode = true;
+    assert_false(ml_ck_graph_seq(&ch, &m->seq[4], &in, 4, false, G, &info));
+    /* the top-level dropout in evaluation is the graph's (its forward
+     * aliases the output; the programs keep the block rule) */
+    const ml_shape in16 = {{16, 0, 0}, 1, false};
+    assert_true(ml_ck_graph_seq(&ch, &m->seq[2], &in16, 4, false, G, &info));
+    ml_model_destroy(m);
+    m = load_str(seq_models[1]);
+    const ml_shape emb = {{12, 16, 0}, 2, false};
+    assert_int_equal(m->seq[1].kind, ML_L_ATTENTION);
+    ch.eval_mode = false;
+    assert_false(ml_ck_graph_seq(&ch, &m->seq[1], &emb, 4, false, G, &info));
+    free(G);
+    ml_model_destroy(m);
+}
+
 /* OLMo's norm exists only in the graph: a layout the graph does not
  * express with it is refused at the key, never planned by another
  * family's builders. */
@@ -880,6 +1098,8 @@ int main(void)
         cmocka_unit_test(test_traffic_by_hand),
         cmocka_unit_test(test_graph_equals_builders),
         cmocka_unit_test(test_chains_equal_builders),
+        cmocka_unit_test(test_seq_chains_equal_builders),
+        cmocka_unit_test(test_seq_refused),
         cmocka_unit_test(test_other_layouts_refused),
         cmocka_unit_test(test_olmo_norm_refused_elsewhere),
         cmocka_unit_test(test_kit_headroom),
