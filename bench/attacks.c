@@ -120,12 +120,12 @@ void bench_trace_collisions(size_t n, bool random_ids)
     ml_alloc_trace *t = NULL;
     ml_error e;
     double t0 = now();
-    ml_status st = ml_alloc_trace_parse(text, len, "collide.csv", &t, &e);
+    ml_status st = ml__alloc_trace_parse(text, len, "collide.csv", &t, &e);
     double dt = now() - t0;
     printf("allocator trace, %7zu ids %s (%.1f MiB): %8.1f ms to read%s\n", n,
            random_ids ? "random, to compare     " : "colliding in FNV-1a's low 19 bits",
            (double)len / (1 << 20), dt * 1e3, st ? " FAILED" : "");
-    ml_alloc_trace_free(t);
+    ml__alloc_trace_free(t);
     free(text);
 }
 

@@ -11,7 +11,7 @@
 #include "alloc/sim.h"
 #include "util/grow.h"
 
-ml_alloc_config ml_alloc_config_defaults(void)
+ml_alloc_config ml__alloc_config_defaults(void)
 {
     ml_alloc_config c;
     memset(&c, 0, sizeof c);
@@ -21,12 +21,12 @@ ml_alloc_config ml_alloc_config_defaults(void)
 
 static const char *const mode_names[] = {"caching", "expandable", "none"};
 
-const char *ml_alloc_mode_name(ml_alloc_mode m)
+const char *ml__alloc_mode_name(ml_alloc_mode m)
 {
     return (unsigned)m < 3 ? mode_names[m] : "?";
 }
 
-bool ml_alloc_mode_parse(const char *s, ml_alloc_mode *out)
+bool ml__alloc_mode_parse(const char *s, ml_alloc_mode *out)
 {
     for (unsigned i = 0; i < 3; i++)
         if (!strcmp(s, mode_names[i])) {
@@ -64,12 +64,12 @@ static inline uint64_t round_size(unsigned divisions, uint64_t bytes)
     return (bytes + ML_ALLOC_MIN_BLOCK - 1) & ~(uint64_t)(ML_ALLOC_MIN_BLOCK - 1);
 }
 
-uint64_t ml_alloc_round_size(const ml_alloc_config *cfg, uint64_t bytes)
+uint64_t ml__alloc_round_size(const ml_alloc_config *cfg, uint64_t bytes)
 {
     return round_size(cfg ? cfg->roundup_power2_divisions : 0, bytes);
 }
 
-uint64_t ml_alloc_segment_size(uint64_t rounded)
+uint64_t ml__alloc_segment_size(uint64_t rounded)
 {
     if (rounded <= ML_ALLOC_SMALL_SIZE)
         return ML_ALLOC_SMALL_BUFFER;
@@ -83,7 +83,7 @@ uint64_t ml_alloc_segment_size(uint64_t rounded)
  * call allocates once room() has passed. */
 static bool tables_reserve(ml_alloc_sim *s, size_t need)
 {
-    if (!ml_ab_reserve(&s->t, need))
+    if (!ml__ab_reserve(&s->t, need))
         return false;
     if (!classed(s))
         return true;
@@ -91,9 +91,9 @@ static bool tables_reserve(ml_alloc_sim *s, size_t need)
      * class slot for each block the table can hold, as the live classes
      * never outnumber the free blocks (slot 0 is "none" in both tables) */
     size_t live = s->ct.n ? s->ct.n - 1 - s->ct.free_count : 0;
-    return ml_ab_cls_reserve(&s->ct, s->t.cap > live + 1 ? s->t.cap - 1 - live : 0) &&
-           ml_ab_classes_reserve(&s->pool[SMALL].cls, s->t.cap) &&
-           ml_ab_classes_reserve(&s->pool[LARGE].cls, s->t.cap);
+    return ml__ab_cls_reserve(&s->ct, s->t.cap > live + 1 ? s->t.cap - 1 - live : 0) &&
+           ml__ab_classes_reserve(&s->pool[SMALL].cls, s->t.cap) &&
+           ml__ab_classes_reserve(&s->pool[LARGE].cls, s->t.cap);
 }
 
 /* Whether tables_reserve's class room covers the block table. */
@@ -103,7 +103,7 @@ static inline bool classes_room(const ml_alloc_sim *s)
            ml_ab_classes_room(&s->pool[LARGE].cls, s->t.cap);
 }
 
-ml_alloc_result ml_alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **out)
+ml_alloc_result ml__alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **out)
 {
     const uint64_t lim = 1ull << 62;
     unsigned d = cfg->roundup_power2_divisions;
@@ -128,74 +128,74 @@ ml_alloc_result ml_alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **o
     s->t.rng = 0x9E3779B97F4A7C15ull;
     s->next_addr = 1ull << 32;
     if (!tables_reserve(s, 16)) {
-        ml_alloc_sim_destroy(s);
+        ml__alloc_sim_destroy(s);
         return ML_ALLOC_NOMEM;
     }
     *out = s;
     return ML_ALLOC_OK;
 }
 
-ml_alloc_result ml_alloc_sim_reserve(ml_alloc_sim *s, size_t blocks)
+ml_alloc_result ml__alloc_sim_reserve(ml_alloc_sim *s, size_t blocks)
 {
     return tables_reserve(s, blocks) ? ML_ALLOC_OK : ML_ALLOC_NOMEM;
 }
 
-void ml_alloc_sim_destroy(ml_alloc_sim *s)
+void ml__alloc_sim_destroy(ml_alloc_sim *s)
 {
     if (!s)
         return;
-    ml_ab_table_free(&s->t);
-    ml_ab_cls_table_free(&s->ct);
-    ml_ab_classes_free(&s->pool[SMALL].cls);
-    ml_ab_classes_free(&s->pool[LARGE].cls);
+    ml__ab_table_free(&s->t);
+    ml__ab_cls_table_free(&s->ct);
+    ml__ab_classes_free(&s->pool[SMALL].cls);
+    ml__ab_classes_free(&s->pool[LARGE].cls);
     free(s->scratch);
     free(s);
 }
 
 /* ---- the free sets ---- */
 
-void ml_as_cache(ml_alloc_sim *s, uint32_t x) /* BlockPool::insert_into_blocks */
+void ml__as_cache(ml_alloc_sim *s, uint32_t x) /* BlockPool::insert_into_blocks */
 {
     ml_ab *b = BLK(s, x);
     pool_t *p = &s->pool[b->pool];
     b->state = ML_AB_FREE;
     b->gc_base = (int64_t)p->calls;
     if (classed(s))
-        ml_ab_class_insert(&s->t, &s->ct, &p->cls, x);
+        ml__ab_class_insert(&s->t, &s->ct, &p->cls, x);
     else
-        ml_ab_insert(&s->t, &p->blocks, x, false);
+        ml__ab_insert(&s->t, &p->blocks, x, false);
     p->nfree++;
 }
 
-void ml_as_uncache(ml_alloc_sim *s, uint32_t x)
+void ml__as_uncache(ml_alloc_sim *s, uint32_t x)
 {
     pool_t *p = &s->pool[BLK(s, x)->pool];
     if (classed(s))
-        ml_ab_class_erase(&s->t, &s->ct, &p->cls, x);
+        ml__ab_class_erase(&s->t, &s->ct, &p->cls, x);
     else
-        ml_ab_erase(&s->t, &p->blocks, x, false);
+        ml__ab_erase(&s->t, &p->blocks, x, false);
     p->nfree--;
     BLK(s, x)->state = ML_AB_DETACHED;
 }
 
-void ml_as_unmapped_add(ml_alloc_sim *s, uint32_t x)
+void ml__as_unmapped_add(ml_alloc_sim *s, uint32_t x)
 {
     pool_t *p = &s->pool[BLK(s, x)->pool];
     BLK(s, x)->state = ML_AB_UNMAPPED;
-    ml_ab_insert(&s->t, &p->unmapped, x, true);
+    ml__ab_insert(&s->t, &p->unmapped, x, true);
     p->nunmapped++;
 }
 
-void ml_as_unmapped_del(ml_alloc_sim *s, uint32_t x)
+void ml__as_unmapped_del(ml_alloc_sim *s, uint32_t x)
 {
     pool_t *p = &s->pool[BLK(s, x)->pool];
-    ml_ab_erase(&s->t, &p->unmapped, x, true);
+    ml__ab_erase(&s->t, &p->unmapped, x, true);
     p->nunmapped--;
     BLK(s, x)->state = ML_AB_DETACHED;
 }
 
 /* dst absorbs its neighbour src, both in no set; src's slot is released. */
-void ml_as_join(ml_alloc_sim *s, uint32_t dst, uint32_t src)
+void ml__as_join(ml_alloc_sim *s, uint32_t dst, uint32_t src)
 {
     ml_ab *d = BLK(s, dst), *c = BLK(s, src);
     if (d->prev == src) {
@@ -214,18 +214,18 @@ void ml_as_join(ml_alloc_sim *s, uint32_t dst, uint32_t src)
 
 /* try_merge_blocks: dst (in no set) absorbs its neighbour src when src is
  * in state `want` (free for a mapped dst, unmapped for an unmapped one). */
-void ml_as_try_merge(ml_alloc_sim *s, uint32_t dst, uint32_t src, int want)
+void ml__as_try_merge(ml_alloc_sim *s, uint32_t dst, uint32_t src, int want)
 {
     if (!src || BLK(s, src)->state != want)
         return;
     if (want == ML_AB_FREE)
-        ml_as_uncache(s, src);
+        ml__as_uncache(s, src);
     else
-        ml_as_unmapped_del(s, src);
-    ml_as_join(s, dst, src);
+        ml__as_unmapped_del(s, src);
+    ml__as_join(s, dst, src);
 }
 
-bool ml_as_is_split(const ml_alloc_sim *s, uint32_t x)
+bool ml__as_is_split(const ml_alloc_sim *s, uint32_t x)
 {
     return s->t.b[x].prev || s->t.b[x].next;
 }
@@ -243,17 +243,17 @@ static uint32_t get_free_block(ml_alloc_sim *s, int pi, uint64_t size, uint32_t 
     if (s->cfg.gc_threshold > 0 && s->cfg.device_bytes)
         p->calls++;
     uint32_t *lk = NULL, pr = 0;
-    uint32_t it = classed(s) ? ml_ab_class_lower_bound(&s->ct, &p->cls, size)
-                             : ml_ab_lower_bound_at(&s->t, &p->blocks, size, &lk, &pr);
+    uint32_t it = classed(s) ? ml__ab_class_lower_bound(&s->ct, &p->cls, size)
+                             : ml__ab_lower_bound_at(&s->t, &p->blocks, size, &lk, &pr);
     if (!it)
         return 0;
     if (BLK(s, it)->expandable) {
         /* best fit counts what a block at the mapped end could grow to */
-        uint32_t nx = ml_ab_after(&s->t, p->blocks, it, false);
-        while (nx && ml_as_expandable_size(s, nx) < ml_as_expandable_size(s, it)) {
+        uint32_t nx = ml__ab_after(&s->t, p->blocks, it, false);
+        while (nx && ml__as_expandable_size(s, nx) < ml__as_expandable_size(s, it)) {
             it = nx;
             lk = NULL;
-            nx = ml_ab_after(&s->t, p->blocks, it, false);
+            nx = ml__ab_after(&s->t, p->blocks, it, false);
         }
     }
     uint64_t bs = BLK(s, it)->size;
@@ -274,7 +274,7 @@ static uint32_t alloc_block(ml_alloc_sim *s, int pi, uint64_t size, uint64_t all
     if (retry)
         s->st.num_alloc_retries++;
     if (s->cfg.mode == ML_ALLOC_EXPANDABLE)
-        return ml_as_try_allocate_expandable(s, pi, size);
+        return ml__as_try_allocate_expandable(s, pi, size);
     if (s->cfg.device_bytes && s->st.reserved.current + alloc_size > s->cfg.device_bytes)
         return 0;
     uint32_t x = ml_ab_new(&s->t);
@@ -307,7 +307,7 @@ static uint32_t split_front(ml_alloc_sim *s, uint32_t x, uint64_t size)
     r = BLK(s, x);
     r->addr += size;
     r->size -= size;
-    ml_as_cache(s, x);
+    ml__as_cache(s, x);
     return n;
 }
 
@@ -323,8 +323,8 @@ static uint32_t take_cached(ml_alloc_sim *s, uint32_t x, uint64_t size, uint32_t
     bool split = should_split(s, x, size);
     if (split && classed(s)) {
         uint64_t addr = b->addr;
-        if (ml_ab_class_shrink(&s->t, &s->ct, &s->pool[b->pool].cls, x, b->size - size,
-                               addr + size)) {
+        if (ml__ab_class_shrink(&s->t, &s->ct, &s->pool[b->pool].cls, x, b->size - size,
+                                addr + size)) {
             uint32_t n = ml_as_piece(s, x, addr, size, BLK(s, x)->prev, x);
             BLK(s, x)->gc_base = (int64_t)s->pool[BLK(s, x)->pool].calls;
             return n;
@@ -343,11 +343,11 @@ static uint32_t take_cached(ml_alloc_sim *s, uint32_t x, uint64_t size, uint32_t
         }
     }
     if (link) {
-        ml_ab_erase_at(&s->t, link);
+        ml__ab_erase_at(&s->t, link);
         s->pool[b->pool].nfree--;
         b->state = ML_AB_DETACHED;
     } else {
-        ml_as_uncache(s, x);
+        ml__as_uncache(s, x);
     }
     return split ? split_front(s, x, size) : x;
 }
@@ -396,7 +396,7 @@ static inline bool room(ml_alloc_sim *s)
     return room_grow(s, n, need);
 }
 
-/* One allocation: ml_alloc_sim_malloc and ml_alloc_sim_malloc_many. */
+/* One allocation: ml__alloc_sim_malloc and ml__alloc_sim_malloc_many. */
 static inline ml_alloc_result malloc_one(ml_alloc_sim *s, uint64_t bytes, uint64_t *handle)
 {
     if (!room(s))
@@ -422,14 +422,14 @@ static inline ml_alloc_result malloc_one(ml_alloc_sim *s, uint64_t bytes, uint64
     if (x) {
         x = take_cached(s, x, size, link, pred);
     } else {
-        uint64_t alloc_size = ml_alloc_segment_size(size);
+        uint64_t alloc_size = ml__alloc_segment_size(size);
         if (s->cfg.gc_threshold > 0 && s->cfg.device_bytes)
-            ml_as_garbage_collect(s);
+            ml__as_garbage_collect(s);
         x = alloc_block(s, pi, size, alloc_size, false);
-        if (!x && ml_as_release_available(s, pi, size))
+        if (!x && ml__as_release_available(s, pi, size))
             x = alloc_block(s, pi, size, alloc_size, false);
         if (!x) {
-            ml_as_release_cached(s);
+            ml__as_release_cached(s);
             x = alloc_block(s, pi, size, alloc_size, true);
         }
         if (!x)
@@ -441,13 +441,13 @@ static inline ml_alloc_result malloc_one(ml_alloc_sim *s, uint64_t bytes, uint64
     return ML_ALLOC_OK;
 }
 
-ml_alloc_result ml_alloc_sim_malloc(ml_alloc_sim *s, uint64_t bytes, uint64_t *handle)
+ml_alloc_result ml__alloc_sim_malloc(ml_alloc_sim *s, uint64_t bytes, uint64_t *handle)
 {
     return malloc_one(s, bytes, handle);
 }
 
-ml_alloc_result ml_alloc_sim_malloc_many(ml_alloc_sim *s, const uint64_t *bytes, size_t n,
-                                         uint64_t *handles, size_t *done)
+ml_alloc_result ml__alloc_sim_malloc_many(ml_alloc_sim *s, const uint64_t *bytes, size_t n,
+                                          uint64_t *handles, size_t *done)
 {
     ml_alloc_result r = ML_ALLOC_OK;
     size_t i = 0;
@@ -457,16 +457,16 @@ ml_alloc_result ml_alloc_sim_malloc_many(ml_alloc_sim *s, const uint64_t *bytes,
     return r;
 }
 
-ml_alloc_result ml_alloc_sim_empty_cache(ml_alloc_sim *s)
+ml_alloc_result ml__alloc_sim_empty_cache(ml_alloc_sim *s)
 {
     if (!room(s))
         return ML_ALLOC_NOMEM;
     if (s->cfg.mode != ML_ALLOC_NONE)
-        ml_as_release_cached(s);
+        ml__as_release_cached(s);
     return ML_ALLOC_OK;
 }
 
-void ml_alloc_sim_reset_peaks(ml_alloc_sim *s)
+void ml__alloc_sim_reset_peaks(ml_alloc_sim *s)
 {
     ml_alloc_stat *st[] = {&s->st.allocated, &s->st.requested, &s->st.reserved,
                            &s->st.segments};
@@ -474,7 +474,7 @@ void ml_alloc_sim_reset_peaks(ml_alloc_sim *s)
         st[i]->peak = st[i]->current;
 }
 
-void ml_alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out)
+void ml__alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out)
 {
     *out = s->st;
 }

@@ -58,7 +58,7 @@ typedef struct {
 } ml_alloc_config;
 
 /* A caching simulator with no device limit and PyTorch's defaults. */
-ml_alloc_config ml_alloc_config_defaults(void);
+ml_alloc_config ml__alloc_config_defaults(void);
 
 typedef enum {
     ML_ALLOC_OK = 0,
@@ -93,13 +93,13 @@ typedef struct ml_alloc_sim ml_alloc_sim;
 /* Creates a simulator with an empty cache. Returns ML_ALLOC_OK with *out
  * set (the caller destroys it), ML_ALLOC_BAD_CONFIG (a value out of range,
  * *out untouched) or ML_ALLOC_NOMEM. */
-ml_alloc_result ml_alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **out);
+ml_alloc_result ml__alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **out);
 /* Room for `blocks` blocks before the simulator allocates again (a hint:
  * no result depends on it). Returns ML_ALLOC_OK or ML_ALLOC_NOMEM (then
  * nothing changed). */
-ml_alloc_result ml_alloc_sim_reserve(ml_alloc_sim *s, size_t blocks);
+ml_alloc_result ml__alloc_sim_reserve(ml_alloc_sim *s, size_t blocks);
 /* Frees the simulator and every block; NULL is accepted. */
-void ml_alloc_sim_destroy(ml_alloc_sim *s);
+void ml__alloc_sim_destroy(ml_alloc_sim *s);
 
 /* Allocates `bytes` (the requested size, before rounding). One event.
  * ML_ALLOC_OK: *handle names the allocation until it is freed (0 for a
@@ -107,45 +107,45 @@ void ml_alloc_sim_destroy(ml_alloc_sim *s);
  * cache was released and the request still does not fit (the event is
  * recorded in the stats; nothing is allocated). ML_ALLOC_NOMEM: see above.
  * *handle is written only on ML_ALLOC_OK. */
-ml_alloc_result ml_alloc_sim_malloc(ml_alloc_sim *s, uint64_t bytes, uint64_t *handle);
-/* ml_alloc_sim_malloc for bytes[0], bytes[1], ... in turn (n events),
+ml_alloc_result ml__alloc_sim_malloc(ml_alloc_sim *s, uint64_t bytes, uint64_t *handle);
+/* ml__alloc_sim_malloc for bytes[0], bytes[1], ... in turn (n events),
  * stopping at the first that does not return ML_ALLOC_OK, whose result it
  * returns; *done: how many succeeded (handles[0 .. *done) are written). */
-ml_alloc_result ml_alloc_sim_malloc_many(ml_alloc_sim *s, const uint64_t *bytes, size_t n,
-                                         uint64_t *handles, size_t *done);
+ml_alloc_result ml__alloc_sim_malloc_many(ml_alloc_sim *s, const uint64_t *bytes, size_t n,
+                                          uint64_t *handles, size_t *done);
 /* Frees an allocation (handle 0: nothing). One event. Returns ML_ALLOC_OK
  * or ML_ALLOC_BAD_HANDLE (unchanged simulator, no event counted). */
-ml_alloc_result ml_alloc_sim_free(ml_alloc_sim *s, uint64_t handle);
-/* Frees n allocations, as n ml_alloc_sim_free calls in any order would
+ml_alloc_result ml__alloc_sim_free(ml_alloc_sim *s, uint64_t handle);
+/* Frees n allocations, as n ml__alloc_sim_free calls in any order would
  * (n events; the same state and statistics), in one pass: the blocks of
  * one run merge once. Returns ML_ALLOC_OK, or ML_ALLOC_BAD_HANDLE when a
  * handle is not live (that one is skipped; the others are freed). */
-ml_alloc_result ml_alloc_sim_free_many(ml_alloc_sim *s, const uint64_t *handles, size_t n);
+ml_alloc_result ml__alloc_sim_free_many(ml_alloc_sim *s, const uint64_t *handles, size_t n);
 /* torch.cuda.empty_cache(): releases every cached segment (or unused page)
  * that holds no allocation. Returns ML_ALLOC_OK or ML_ALLOC_NOMEM. */
-ml_alloc_result ml_alloc_sim_empty_cache(ml_alloc_sim *s);
+ml_alloc_result ml__alloc_sim_empty_cache(ml_alloc_sim *s);
 /* torch.cuda.reset_peak_memory_stats(): each peak becomes its current value. */
-void ml_alloc_sim_reset_peaks(ml_alloc_sim *s);
+void ml__alloc_sim_reset_peaks(ml_alloc_sim *s);
 /* The statistics so far. */
-void ml_alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out);
+void ml__alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out);
 /* NULL when the simulator's structures agree with each other (every free
  * block in its pool's set in order, the counts, the memo), else what does
  * not; for the tests. */
-const char *ml_alloc_sim_check(const ml_alloc_sim *s);
+const char *ml__alloc_sim_check(const ml_alloc_sim *s);
 /* The device address a live allocation was placed at (docs/allocator.md,
  * "Addresses"); 0 for handle 0 or one that is not live. */
-uint64_t ml_alloc_sim_address(const ml_alloc_sim *s, uint64_t handle);
+uint64_t ml__alloc_sim_address(const ml_alloc_sim *s, uint64_t handle);
 
 /* The size a request occupies: round_size() (512 B multiples, minimum
  * 512, or the power-of-two division with roundup_power2_divisions). */
-uint64_t ml_alloc_round_size(const ml_alloc_config *cfg, uint64_t bytes);
+uint64_t ml__alloc_round_size(const ml_alloc_config *cfg, uint64_t bytes);
 /* The segment cudaMalloc'd for a rounded size with nothing cached:
  * get_allocation_size() (2 MiB, 20 MiB, or the size rounded to 2 MiB). */
-uint64_t ml_alloc_segment_size(uint64_t rounded);
+uint64_t ml__alloc_segment_size(uint64_t rounded);
 
 /* "caching", "expandable", "none"; and back (false when unknown). */
-const char *ml_alloc_mode_name(ml_alloc_mode m);
-bool ml_alloc_mode_parse(const char *s, ml_alloc_mode *out);
+const char *ml__alloc_mode_name(ml_alloc_mode m);
+bool ml__alloc_mode_parse(const char *s, ml_alloc_mode *out);
 
 /* ---- A trace of allocations and frees: the CSV `action,id,bytes` ---- */
 
@@ -172,12 +172,12 @@ typedef struct {
  * (a free's bytes may be empty). ID is any token without a comma; a free
  * names a live allocation; an alloc may reuse the id of a freed one. Blank
  * lines and lines starting with '#' are skipped.
- * Returns ML_OK with *out set (free with ml_alloc_trace_free), or ML_SCHEMA
+ * Returns ML_OK with *out set (free with ml__alloc_trace_free), or ML_SCHEMA
  * / ML_RANGE with err's path (from `path`), line, column and message, or
  * ML_NOMEM. */
-ml_status ml_alloc_trace_parse(const char *text, size_t len, const char *path,
-                               ml_alloc_trace **out, ml_error *err);
-void ml_alloc_trace_free(ml_alloc_trace *t);
+ml_status ml__alloc_trace_parse(const char *text, size_t len, const char *path,
+                                ml_alloc_trace **out, ml_error *err);
+void ml__alloc_trace_free(ml_alloc_trace *t);
 
 typedef struct {
     ml_alloc_stats stats;
@@ -187,7 +187,7 @@ typedef struct {
 /* Replays the whole trace through a new simulator, stopping at the first
  * OOM. Returns ML_ALLOC_OK (an OOM is reported in *out, not as an error),
  * ML_ALLOC_BAD_CONFIG or ML_ALLOC_NOMEM; *out written on ML_ALLOC_OK. */
-ml_alloc_result ml_alloc_replay(const ml_alloc_config *cfg, const ml_alloc_trace *t,
-                                ml_alloc_replay_result *out);
+ml_alloc_result ml__alloc_replay(const ml_alloc_config *cfg, const ml_alloc_trace *t,
+                                 ml_alloc_replay_result *out);
 
 #endif

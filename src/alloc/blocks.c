@@ -6,7 +6,7 @@
 
 #include "alloc/blocks.h"
 
-void *ml_ab_grow(void *arr, size_t elem, size_t *n, size_t *cap, size_t free_count, size_t need)
+void *ml__ab_grow(void *arr, size_t elem, size_t *n, size_t *cap, size_t free_count, size_t need)
 {
     if (arr && free_count + (*cap - *n) >= need)
         return arr;
@@ -27,15 +27,15 @@ void *ml_ab_grow(void *arr, size_t elem, size_t *n, size_t *cap, size_t free_cou
     return na;
 }
 
-bool ml_ab_reserve(ml_ab_table *t, size_t need)
+bool ml__ab_reserve(ml_ab_table *t, size_t need)
 {
-    ml_ab *b = ml_ab_grow(t->b, sizeof *t->b, &t->n, &t->cap, t->free_count, need);
+    ml_ab *b = ml__ab_grow(t->b, sizeof *t->b, &t->n, &t->cap, t->free_count, need);
     if (b)
         t->b = b;
     return b != NULL;
 }
 
-void ml_ab_table_free(ml_ab_table *t)
+void ml__ab_table_free(ml_ab_table *t)
 {
     free(t->b);
     memset(t, 0, sizeof *t);
@@ -116,7 +116,7 @@ static inline void insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_ad
     split_under(b, link, x, by_addr);
 }
 
-void ml_ab_insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr)
+void ml__ab_insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr)
 {
     if (by_addr)
         insert(t, root, x, true);
@@ -124,7 +124,7 @@ void ml_ab_insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr)
         insert(t, root, x, false);
 }
 
-void ml_ab_erase(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr)
+void ml__ab_erase(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr)
 {
     uint32_t *link = root;
     const uint64_t size = t->b[x].size, addr = t->b[x].addr;
@@ -135,7 +135,7 @@ void ml_ab_erase(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr)
     t->b[x].kid[0] = t->b[x].kid[1] = 0;
 }
 
-uint32_t ml_ab_lower_bound(const ml_ab_table *t, uint32_t n, uint64_t size)
+uint32_t ml__ab_lower_bound(const ml_ab_table *t, uint32_t n, uint64_t size)
 {
     uint32_t best = 0;
     while (n) {
@@ -149,8 +149,8 @@ uint32_t ml_ab_lower_bound(const ml_ab_table *t, uint32_t n, uint64_t size)
     return best;
 }
 
-uint32_t ml_ab_lower_bound_at(ml_ab_table *t, uint32_t *root, uint64_t size, uint32_t **link,
-                              uint32_t *pred)
+uint32_t ml__ab_lower_bound_at(ml_ab_table *t, uint32_t *root, uint64_t size, uint32_t **link,
+                               uint32_t *pred)
 {
     /* the last node the walk leaves to the right is the largest below the
      * result: nodes passed later lie in the left subtree of the result */
@@ -168,14 +168,14 @@ uint32_t ml_ab_lower_bound_at(ml_ab_table *t, uint32_t *root, uint64_t size, uin
     return *best_at;
 }
 
-void ml_ab_erase_at(ml_ab_table *t, uint32_t *link)
+void ml__ab_erase_at(ml_ab_table *t, uint32_t *link)
 {
     uint32_t x = *link;
     *link = merge(t, t->b[x].kid[0], t->b[x].kid[1]);
     t->b[x].kid[0] = t->b[x].kid[1] = 0;
 }
 
-uint32_t ml_ab_after(const ml_ab_table *t, uint32_t n, uint32_t x, bool by_addr)
+uint32_t ml__ab_after(const ml_ab_table *t, uint32_t n, uint32_t x, bool by_addr)
 {
     uint32_t best = 0;
     while (n) {
@@ -189,7 +189,7 @@ uint32_t ml_ab_after(const ml_ab_table *t, uint32_t n, uint32_t x, bool by_addr)
     return best;
 }
 
-uint32_t ml_ab_before(const ml_ab_table *t, uint32_t n, uint32_t x, bool by_addr)
+uint32_t ml__ab_before(const ml_ab_table *t, uint32_t n, uint32_t x, bool by_addr)
 {
     uint32_t best = 0;
     while (n) {
@@ -203,14 +203,14 @@ uint32_t ml_ab_before(const ml_ab_table *t, uint32_t n, uint32_t x, bool by_addr
     return best;
 }
 
-uint32_t ml_ab_first(const ml_ab_table *t, uint32_t n)
+uint32_t ml__ab_first(const ml_ab_table *t, uint32_t n)
 {
     while (n && t->b[n].kid[0])
         n = t->b[n].kid[0];
     return n;
 }
 
-uint32_t ml_ab_last(const ml_ab_table *t, uint32_t n)
+uint32_t ml__ab_last(const ml_ab_table *t, uint32_t n)
 {
     while (n && t->b[n].kid[1])
         n = t->b[n].kid[1];
@@ -228,7 +228,7 @@ static void collect(const ml_ab_table *t, uint32_t n, uint32_t *out, size_t room
     }
 }
 
-size_t ml_ab_collect(const ml_ab_table *t, uint32_t root, uint32_t *out, size_t room)
+size_t ml__ab_collect(const ml_ab_table *t, uint32_t root, uint32_t *out, size_t room)
 {
     size_t k = 0;
     collect(t, root, out, room, &k);

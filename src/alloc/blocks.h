@@ -15,7 +15,7 @@ enum {
     ML_AB_ALLOC,    /* handed out */
     ML_AB_UNMAPPED, /* expandable address space without pages: in the address-ordered set */
     ML_AB_DETACHED, /* between sets: a block being allocated or released */
-    ML_AB_PENDING,  /* freed by ml_alloc_sim_free_many, not merged yet */
+    ML_AB_PENDING,  /* freed by ml__alloc_sim_free_many, not merged yet */
 };
 
 /* One block: a piece of a segment. Index 0 is "none". */
@@ -55,12 +55,12 @@ typedef struct {
  * doubling from 64 slots (slot 0 zeroed on first use), *n and *cap
  * updated. NULL (arr and the counts as they were) when the host is out of
  * memory or an index would pass 32 bits. */
-void *ml_ab_grow(void *arr, size_t elem, size_t *n, size_t *cap, size_t free_count, size_t need);
+void *ml__ab_grow(void *arr, size_t elem, size_t *n, size_t *cap, size_t free_count, size_t need);
 /* Room for `need` more blocks without allocating: false when the host is
  * out of memory (the table unchanged). */
-bool ml_ab_reserve(ml_ab_table *t, size_t need);
+bool ml__ab_reserve(ml_ab_table *t, size_t need);
 /* A zeroed block (state DETACHED) from the reserved room; never fails after
- * a successful ml_ab_reserve covering it. Inline: every split makes one. */
+ * a successful ml__ab_reserve covering it. Inline: every split makes one. */
 static inline uint32_t ml_ab_new(ml_ab_table *t)
 {
     uint32_t i;
@@ -97,30 +97,30 @@ static inline void ml_ab_release(ml_ab_table *t, uint32_t i)
     t->free_count++;
 }
 
-void ml_ab_table_free(ml_ab_table *t);
+void ml__ab_table_free(ml_ab_table *t);
 
 /* Ordered sets: *root is 0 when empty. by_addr orders by address, else by
  * (size, address). A block's key must not change while it is in a set,
  * unless its place in the order stays (then it may, in place). */
-void ml_ab_insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr);
-void ml_ab_erase(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr);
+void ml__ab_insert(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr);
+void ml__ab_erase(ml_ab_table *t, uint32_t *root, uint32_t x, bool by_addr);
 /* The smallest block of a size-ordered set whose size is >= size; 0: none. */
-uint32_t ml_ab_lower_bound(const ml_ab_table *t, uint32_t root, uint64_t size);
+uint32_t ml__ab_lower_bound(const ml_ab_table *t, uint32_t root, uint64_t size);
 /* The same in the set *root, also giving *link, the link that holds it
- * (for ml_ab_erase_at), and *pred, the block before it in the order (0:
+ * (for ml__ab_erase_at), and *pred, the block before it in the order (0:
  * none); both are written only when a block is found, and *link is valid
  * until the set or the table changes. */
-uint32_t ml_ab_lower_bound_at(ml_ab_table *t, uint32_t *root, uint64_t size, uint32_t **link,
-                              uint32_t *pred);
+uint32_t ml__ab_lower_bound_at(ml_ab_table *t, uint32_t *root, uint64_t size, uint32_t **link,
+                               uint32_t *pred);
 /* Erases the block that *link holds, with no search. */
-void ml_ab_erase_at(ml_ab_table *t, uint32_t *link);
+void ml__ab_erase_at(ml_ab_table *t, uint32_t *link);
 /* The next and previous block of a set after / before x (in the set); 0: none. */
-uint32_t ml_ab_after(const ml_ab_table *t, uint32_t root, uint32_t x, bool by_addr);
-uint32_t ml_ab_before(const ml_ab_table *t, uint32_t root, uint32_t x, bool by_addr);
-uint32_t ml_ab_first(const ml_ab_table *t, uint32_t root);
-uint32_t ml_ab_last(const ml_ab_table *t, uint32_t root);
+uint32_t ml__ab_after(const ml_ab_table *t, uint32_t root, uint32_t x, bool by_addr);
+uint32_t ml__ab_before(const ml_ab_table *t, uint32_t root, uint32_t x, bool by_addr);
+uint32_t ml__ab_first(const ml_ab_table *t, uint32_t root);
+uint32_t ml__ab_last(const ml_ab_table *t, uint32_t root);
 /* Writes the set's blocks in order into out (room for count of them). */
-size_t ml_ab_collect(const ml_ab_table *t, uint32_t root, uint32_t *out, size_t room);
+size_t ml__ab_collect(const ml_ab_table *t, uint32_t root, uint32_t *out, size_t room);
 
 /* ---- The class table: a slot per size class (classes.c), 16 bytes where
  * a block takes 64, so that the few classes in use share cache lines. */
@@ -138,10 +138,10 @@ typedef struct {
 
 /* Room for `need` more classes without allocating: false when the host is
  * out of memory (the table unchanged). */
-bool ml_ab_cls_reserve(ml_ab_cls_table *t, size_t need);
-void ml_ab_cls_table_free(ml_ab_cls_table *t);
+bool ml__ab_cls_reserve(ml_ab_cls_table *t, size_t need);
+void ml__ab_cls_table_free(ml_ab_cls_table *t);
 /* A slot of the given size from the reserved room (never fails after a
- * ml_ab_cls_reserve covering it), with no block yet. */
+ * ml__ab_cls_reserve covering it), with no block yet. */
 static inline uint32_t ml_ab_cls_new(ml_ab_cls_table *t, uint64_t size)
 {
     uint32_t i;
@@ -217,36 +217,36 @@ typedef struct {
 
 /* Room in c's index for `classes` classes; false when the host is out of
  * memory (c unchanged but for spare capacity). */
-bool ml_ab_classes_reserve(ml_ab_classes *c, size_t classes);
-/* Whether c has room for `classes` classes (ml_ab_classes_reserve passed). */
+bool ml__ab_classes_reserve(ml_ab_classes *c, size_t classes);
+/* Whether c has room for `classes` classes (ml__ab_classes_reserve passed). */
 static inline bool ml_ab_classes_room(const ml_ab_classes *c, size_t classes)
 {
     return c->cap >= 4 * classes / ML_AB_CHUNK + 2;
 }
-void ml_ab_classes_free(ml_ab_classes *c);
+void ml__ab_classes_free(ml_ab_classes *c);
 /* NULL when c's index is consistent with itself and with the class table
  * ct, with room for a class per block of a table of `blocks` blocks:
  * chunks in order, each largest size and count right, every two
  * neighbours at half a chunk or more, every chunk id once; else what is
- * not (ml_alloc_sim_check, and the tests). */
-const char *ml_ab_classes_check(const ml_ab_classes *c, const ml_ab_cls_table *ct, size_t blocks);
+ * not (ml__alloc_sim_check, and the tests). */
+const char *ml__ab_classes_check(const ml_ab_classes *c, const ml_ab_cls_table *ct, size_t blocks);
 /* Block x (in no set) into the class set c of the blocks t, classes ct. */
-void ml_ab_class_insert(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x);
+void ml__ab_class_insert(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x);
 /* Block x out of the class set c. */
-void ml_ab_class_erase(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x);
+void ml__ab_class_erase(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x);
 /* The lowest-addressed block of the smallest class whose size is >= size;
  * 0: none. */
-uint32_t ml_ab_class_lower_bound(ml_ab_cls_table *ct, ml_ab_classes *c, uint64_t size);
+uint32_t ml__ab_class_lower_bound(ml_ab_cls_table *ct, ml_ab_classes *c, uint64_t size);
 /* Gives block x (in c) the key (size, addr), size below its own, in place
  * when x is alone in its class and no class lies between (as the lower
  * bound just before, which found x's class, saw): the class keeps its
  * place in the order and takes the new size. Returns false (nothing
  * changed) otherwise. */
-bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x,
-                        uint64_t size, uint64_t addr);
+bool ml__ab_class_shrink(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x,
+                         uint64_t size, uint64_t addr);
 /* Writes the set's blocks, class by class from the smallest (in no order
  * within a class), into out, at most room of them; returns how many. */
-size_t ml_ab_class_collect(const ml_ab_table *t, const ml_ab_cls_table *ct, const ml_ab_classes *c,
-                           uint32_t *out, size_t room);
+size_t ml__ab_class_collect(const ml_ab_table *t, const ml_ab_cls_table *ct, const ml_ab_classes *c,
+                            uint32_t *out, size_t room);
 
 #endif

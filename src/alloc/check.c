@@ -1,5 +1,5 @@
 /* The simulator's structures checked against each other (alloc.h,
- * ml_alloc_sim_check): for the tests, which call it after every event. */
+ * ml__alloc_sim_check): for the tests, which call it after every event. */
 #include <stdlib.h>
 
 #include "alloc/sim.h"
@@ -42,7 +42,7 @@ static const char *check_pool(const ml_alloc_sim *s, int pi, uint32_t *queue, si
 {
     const ml_ab_cls_table *ct = &s->ct;
     const pool_t *p = &s->pool[pi];
-    const char *why = ml_ab_classes_check(&p->cls, ct, s->t.n);
+    const char *why = ml__ab_classes_check(&p->cls, ct, s->t.n);
     if (why)
         return why;
     size_t count = 0;
@@ -64,7 +64,7 @@ static const char *check_pool(const ml_alloc_sim *s, int pi, uint32_t *queue, si
     return NULL;
 }
 
-const char *ml_alloc_sim_check(const ml_alloc_sim *s)
+const char *ml__alloc_sim_check(const ml_alloc_sim *s)
 {
     if (!classed(s))
         return NULL; /* the treaps: checked by the differential test's results */

@@ -77,15 +77,15 @@ static inline unsigned memo_slot(uint64_t size)
 
 /* ---- the class table ---- */
 
-bool ml_ab_cls_reserve(ml_ab_cls_table *t, size_t need)
+bool ml__ab_cls_reserve(ml_ab_cls_table *t, size_t need)
 {
-    ml_ab_cls *k = ml_ab_grow(t->k, sizeof *t->k, &t->n, &t->cap, t->free_count, need);
+    ml_ab_cls *k = ml__ab_grow(t->k, sizeof *t->k, &t->n, &t->cap, t->free_count, need);
     if (k)
         t->k = k;
     return k != NULL;
 }
 
-void ml_ab_cls_table_free(ml_ab_cls_table *t)
+void ml__ab_cls_table_free(ml_ab_cls_table *t)
 {
     free(t->k);
     memset(t, 0, sizeof *t);
@@ -95,7 +95,7 @@ void ml_ab_cls_table_free(ml_ab_cls_table *t)
 
 enum { CHUNK = ML_AB_CHUNK, HALF = ML_AB_CHUNK / 2 };
 
-bool ml_ab_classes_reserve(ml_ab_classes *c, size_t classes)
+bool ml__ab_classes_reserve(ml_ab_classes *c, size_t classes)
 {
     if (ml_ab_classes_room(c, classes))
         return true;
@@ -123,7 +123,7 @@ bool ml_ab_classes_reserve(ml_ab_classes *c, size_t classes)
     return true;
 }
 
-void ml_ab_classes_free(ml_ab_classes *c)
+void ml__ab_classes_free(ml_ab_classes *c)
 {
     free(c->ch);
     free(c->order);
@@ -259,7 +259,7 @@ static void index_erase(ml_ab_classes *c, uint32_t p, uint32_t i)
 
 /* ---- the class sets ---- */
 
-void ml_ab_class_insert(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x)
+void ml__ab_class_insert(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x)
 {
     ml_ab *b = t->b;
     const uint64_t size = b[x].size;
@@ -282,7 +282,7 @@ void ml_ab_class_insert(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, u
     b[x].cls = k;
 }
 
-void ml_ab_class_erase(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x)
+void ml__ab_class_erase(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x)
 {
     uint32_t k = t->b[x].cls;
     if (!k)
@@ -304,7 +304,7 @@ void ml_ab_class_erase(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, ui
     c->fpos = 0;
 }
 
-uint32_t ml_ab_class_lower_bound(ml_ab_cls_table *ct, ml_ab_classes *c, uint64_t size)
+uint32_t ml__ab_class_lower_bound(ml_ab_cls_table *ct, ml_ab_classes *c, uint64_t size)
 {
     unsigned m = memo_slot(size);
     c->fpos = 0;
@@ -318,8 +318,8 @@ uint32_t ml_ab_class_lower_bound(ml_ab_cls_table *ct, ml_ab_classes *c, uint64_t
     return ct->k[c->ch[c->order[p]].cls[i]].top;
 }
 
-bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x,
-                        uint64_t size, uint64_t addr)
+bool ml__ab_class_shrink(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, uint32_t x,
+                         uint64_t size, uint64_t addr)
 {
     ml_ab *b = t->b;
     uint32_t k = b[x].cls;
@@ -346,7 +346,7 @@ bool ml_ab_class_shrink(ml_ab_table *t, ml_ab_cls_table *ct, ml_ab_classes *c, u
     return true;
 }
 
-const char *ml_ab_classes_check(const ml_ab_classes *c, const ml_ab_cls_table *ct, size_t blocks)
+const char *ml__ab_classes_check(const ml_ab_classes *c, const ml_ab_cls_table *ct, size_t blocks)
 {
     if (!ml_ab_classes_room(c, blocks) || c->nch + c->nspare != c->cap)
         return "an index without room for a class per block, or a chunk lost";
@@ -402,8 +402,8 @@ static void heap_collect(const ml_ab *b, uint32_t top, uint32_t *out, size_t roo
             out[(*n)++] = y;
 }
 
-size_t ml_ab_class_collect(const ml_ab_table *t, const ml_ab_cls_table *ct, const ml_ab_classes *c,
-                           uint32_t *out, size_t room)
+size_t ml__ab_class_collect(const ml_ab_table *t, const ml_ab_cls_table *ct, const ml_ab_classes *c,
+                            uint32_t *out, size_t room)
 {
     size_t n = 0;
     for (uint32_t p = 0; p < c->nch; p++)

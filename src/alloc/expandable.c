@@ -4,7 +4,7 @@
 #include "alloc/sim.h"
 
 /* unmap_block: returns the whole pages inside a free expandable block. */
-void ml_as_unmap_block(ml_alloc_sim *s, uint32_t x)
+void ml__as_unmap_block(ml_alloc_sim *s, uint32_t x)
 {
     ml_ab *b = BLK(s, x);
     uint64_t pg = page(b->pool);
@@ -12,23 +12,23 @@ void ml_as_unmap_block(ml_alloc_sim *s, uint32_t x)
     if (begin >= end)
         return;
     uint64_t addr = b->addr, stop = b->addr + b->size;
-    ml_as_uncache(s, x);
+    ml__as_uncache(s, x);
     if (begin > addr)
-        ml_as_cache(s, ml_as_piece(s, x, addr, begin - addr, BLK(s, x)->prev, x));
+        ml__as_cache(s, ml_as_piece(s, x, addr, begin - addr, BLK(s, x)->prev, x));
     if (stop > end)
-        ml_as_cache(s, ml_as_piece(s, x, end, stop - end, x, BLK(s, x)->next));
+        ml__as_cache(s, ml_as_piece(s, x, end, stop - end, x, BLK(s, x)->next));
     b = BLK(s, x);
     b->addr = begin;
     b->size = end - begin;
-    ml_as_try_merge(s, x, b->prev, ML_AB_UNMAPPED);
-    ml_as_try_merge(s, x, BLK(s, x)->next, ML_AB_UNMAPPED);
-    ml_as_unmapped_add(s, x);
+    ml__as_try_merge(s, x, b->prev, ML_AB_UNMAPPED);
+    ml__as_try_merge(s, x, BLK(s, x)->next, ML_AB_UNMAPPED);
+    ml__as_unmapped_add(s, x);
     stat_sub(&s->st.reserved, end - begin);
     s->st.device_frees++;
 }
 
 /* What an expandable block could grow to: itself and the unmapped space after it. */
-uint64_t ml_as_expandable_size(const ml_alloc_sim *s, uint32_t x)
+uint64_t ml__as_expandable_size(const ml_alloc_sim *s, uint32_t x)
 {
     const ml_ab *b = &s->t.b[x];
     return b->size + (b->next && s->t.b[b->next].state == ML_AB_UNMAPPED ? s->t.b[b->next].size
@@ -41,15 +41,15 @@ static bool map_block(ml_alloc_sim *s, uint32_t x, uint64_t size)
     uint64_t mapped = up(size, page(BLK(s, x)->pool));
     if (s->cfg.device_bytes && s->st.reserved.current + mapped > s->cfg.device_bytes)
         return false; /* cuMemCreate fails: the pages of this call are returned */
-    ml_as_unmapped_del(s, x);
+    ml__as_unmapped_del(s, x);
     if (mapped < BLK(s, x)->size) {
         ml_ab *b = BLK(s, x);
-        ml_as_unmapped_add(s, ml_as_piece(s, x, b->addr + mapped, b->size - mapped, x, b->next));
+        ml__as_unmapped_add(s, ml_as_piece(s, x, b->addr + mapped, b->size - mapped, x, b->next));
         BLK(s, x)->size = mapped;
     }
-    ml_as_try_merge(s, x, BLK(s, x)->prev, ML_AB_FREE);
-    ml_as_try_merge(s, x, BLK(s, x)->next, ML_AB_FREE);
-    ml_as_cache(s, x);
+    ml__as_try_merge(s, x, BLK(s, x)->prev, ML_AB_FREE);
+    ml__as_try_merge(s, x, BLK(s, x)->next, ML_AB_FREE);
+    ml__as_cache(s, x);
     stat_add(&s->st.reserved, mapped);
     s->st.device_allocs++;
     return true;
@@ -60,8 +60,8 @@ static bool map_block(ml_alloc_sim *s, uint32_t x, uint64_t size)
 static uint32_t find_expandable_block(ml_alloc_sim *s, int pi, uint64_t size)
 {
     pool_t *p = &s->pool[pi];
-    for (uint32_t c = ml_ab_first(&s->t, p->unmapped); c;
-         c = ml_ab_after(&s->t, p->unmapped, c, true)) {
+    for (uint32_t c = ml__ab_first(&s->t, p->unmapped); c;
+         c = ml__ab_after(&s->t, p->unmapped, c, true)) {
         uint32_t start = c;
         if (BLK(s, c)->prev && BLK(s, BLK(s, c)->prev)->state == ML_AB_FREE)
             start = BLK(s, c)->prev;
@@ -80,13 +80,13 @@ static uint32_t find_expandable_block(ml_alloc_sim *s, int pi, uint64_t size)
     b->size = s->va[pi];
     b->pool = (uint8_t)pi;
     b->expandable = true;
-    ml_as_unmapped_add(s, x);
+    ml__as_unmapped_add(s, x);
     stat_add(&s->st.segments, 1);
     return x;
 }
 
 /* try_allocate_expandable_block: map pages until a block of size exists. */
-uint32_t ml_as_try_allocate_expandable(ml_alloc_sim *s, int pi, uint64_t size)
+uint32_t ml__as_try_allocate_expandable(ml_alloc_sim *s, int pi, uint64_t size)
 {
     uint32_t c = find_expandable_block(s, pi, size);
     if (BLK(s, c)->state == ML_AB_UNMAPPED) {
@@ -103,6 +103,6 @@ uint32_t ml_as_try_allocate_expandable(ml_alloc_sim *s, int pi, uint64_t size)
             return 0;
         c = nx; /* it absorbed c */
     }
-    ml_as_uncache(s, c);
+    ml__as_uncache(s, c);
     return c;
 }

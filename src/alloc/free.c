@@ -11,12 +11,12 @@ static bool names(const ml_alloc_sim *s, uint64_t handle, int state)
            s->t.b[x].gen == (uint32_t)(handle >> 32);
 }
 
-uint64_t ml_alloc_sim_address(const ml_alloc_sim *s, uint64_t handle)
+uint64_t ml__alloc_sim_address(const ml_alloc_sim *s, uint64_t handle)
 {
     return names(s, handle, ML_AB_ALLOC) ? s->t.b[(uint32_t)handle].addr : 0;
 }
 
-ml_alloc_result ml_alloc_sim_free(ml_alloc_sim *s, uint64_t handle)
+ml_alloc_result ml__alloc_sim_free(ml_alloc_sim *s, uint64_t handle)
 {
     if (!handle) {
         s->st.events++;
@@ -38,9 +38,9 @@ ml_alloc_result ml_alloc_sim_free(ml_alloc_sim *s, uint64_t handle)
     }
     /* free_block: merge with free neighbours, back into the pool */
     b->state = ML_AB_DETACHED;
-    ml_as_try_merge(s, x, b->prev, ML_AB_FREE);
-    ml_as_try_merge(s, x, BLK(s, x)->next, ML_AB_FREE);
-    ml_as_cache(s, x);
+    ml__as_try_merge(s, x, b->prev, ML_AB_FREE);
+    ml__as_try_merge(s, x, BLK(s, x)->next, ML_AB_FREE);
+    ml__as_cache(s, x);
     return ML_ALLOC_OK;
 }
 
@@ -50,18 +50,18 @@ ml_alloc_result ml_alloc_sim_free(ml_alloc_sim *s, uint64_t handle)
  * is theirs: every free block joins its free neighbours, so a segment's
  * free blocks end as its maximal free runs whatever the order, and frees
  * move no peak and call no get_free_block (the GC clock). */
-ml_alloc_result ml_alloc_sim_free_many(ml_alloc_sim *s, const uint64_t *handles, size_t n)
+ml_alloc_result ml__alloc_sim_free_many(ml_alloc_sim *s, const uint64_t *handles, size_t n)
 {
     ml_alloc_result res = ML_ALLOC_OK;
     if (s->cfg.mode == ML_ALLOC_NONE) {
         for (size_t i = 0; i < n; i++)
-            if (ml_alloc_sim_free(s, handles[i]) != ML_ALLOC_OK)
+            if (ml__alloc_sim_free(s, handles[i]) != ML_ALLOC_OK)
                 res = ML_ALLOC_BAD_HANDLE;
         return res;
     }
     for (size_t i = 0; i < n; i++) {
         if (handles[i] && !names(s, handles[i], ML_AB_ALLOC)) {
-            res = ML_ALLOC_BAD_HANDLE; /* skipped, as ml_alloc_sim_free would */
+            res = ML_ALLOC_BAD_HANDLE; /* skipped, as ml__alloc_sim_free would */
             continue;
         }
         s->st.events++;
@@ -80,16 +80,16 @@ ml_alloc_result ml_alloc_sim_free_many(ml_alloc_sim *s, const uint64_t *handles,
         while ((y = BLK(s, x)->prev) != 0 && (BLK(s, y)->state == ML_AB_PENDING ||
                                               BLK(s, y)->state == ML_AB_FREE)) {
             if (BLK(s, y)->state == ML_AB_FREE)
-                ml_as_uncache(s, y);
-            ml_as_join(s, x, y);
+                ml__as_uncache(s, y);
+            ml__as_join(s, x, y);
         }
         while ((y = BLK(s, x)->next) != 0 && (BLK(s, y)->state == ML_AB_PENDING ||
                                               BLK(s, y)->state == ML_AB_FREE)) {
             if (BLK(s, y)->state == ML_AB_FREE)
-                ml_as_uncache(s, y);
-            ml_as_join(s, x, y);
+                ml__as_uncache(s, y);
+            ml__as_join(s, x, y);
         }
-        ml_as_cache(s, x);
+        ml__as_cache(s, x);
     }
     return res;
 }

@@ -10,15 +10,15 @@
 static size_t pool_blocks(ml_alloc_sim *s, int pi)
 {
     const pool_t *p = &s->pool[pi];
-    return classed(s) ? ml_ab_class_collect(&s->t, &s->ct, &p->cls, s->scratch, s->scratch_cap)
-                      : ml_ab_collect(&s->t, p->blocks, s->scratch, s->scratch_cap);
+    return classed(s) ? ml__ab_class_collect(&s->t, &s->ct, &p->cls, s->scratch, s->scratch_cap)
+                      : ml__ab_collect(&s->t, p->blocks, s->scratch, s->scratch_cap);
 }
 
 /* release_block: cudaFree of a whole cached segment. */
 static void release_block(ml_alloc_sim *s, uint32_t x)
 {
     uint64_t size = BLK(s, x)->size;
-    ml_as_uncache(s, x);
+    ml__as_uncache(s, x);
     stat_sub(&s->st.reserved, size);
     stat_sub(&s->st.segments, 1);
     s->st.device_frees++;
@@ -26,7 +26,7 @@ static void release_block(ml_alloc_sim *s, uint32_t x)
 }
 
 /* release_blocks of each pool, large first (release_cached_blocks). */
-void ml_as_release_cached(ml_alloc_sim *s)
+void ml__as_release_cached(ml_alloc_sim *s)
 {
     for (int pi = LARGE; pi >= SMALL; pi--) {
         size_t n = pool_blocks(s, pi);
@@ -35,14 +35,14 @@ void ml_as_release_cached(ml_alloc_sim *s)
             uint32_t x = s->scratch[i];
             if (BLK(s, x)->expandable)
                 s->scratch[k++] = x; /* unmapping changes the set: after the walk */
-            else if (!ml_as_is_split(s, x))
+            else if (!ml__as_is_split(s, x))
                 release_block(s, x);
         }
         for (size_t i = 0; i < k; i++) {
             uint32_t x = s->scratch[i];
-            ml_as_unmap_block(s, x);
-            if (BLK(s, x)->state == ML_AB_UNMAPPED && !ml_as_is_split(s, x)) {
-                ml_as_unmapped_del(s, x); /* release_expandable_segment */
+            ml__as_unmap_block(s, x);
+            if (BLK(s, x)->state == ML_AB_UNMAPPED && !ml__as_is_split(s, x)) {
+                ml__as_unmapped_del(s, x); /* release_expandable_segment */
                 ml_ab_release(&s->t, x);
                 stat_sub(&s->st.segments, 1);
             }
@@ -53,14 +53,14 @@ void ml_as_release_cached(ml_alloc_sim *s)
 /* release_available_cached_blocks: with max_split_size, cudaFree oversize
  * cached blocks, one large enough or several from the largest down. Only
  * without expandable segments: the pools' free sets are size classes. */
-bool ml_as_release_available(ml_alloc_sim *s, int pi, uint64_t size)
+bool ml__as_release_available(ml_alloc_sim *s, int pi, uint64_t size)
 {
     if (s->max_split == UINT64_MAX || !classed(s))
         return false;
     uint64_t key = size < s->max_split ? s->max_split : size;
-    uint32_t it = ml_ab_class_lower_bound(&s->ct, &s->pool[pi].cls, key);
+    uint32_t it = ml__ab_class_lower_bound(&s->ct, &s->pool[pi].cls, key);
     if (it) {
-        if (ml_as_is_split(s, it))
+        if (ml__as_is_split(s, it))
             return false; /* PyTorch would cudaFree a split block; oversize ones never are */
         release_block(s, it);
         return true;
@@ -80,7 +80,7 @@ bool ml_as_release_available(ml_alloc_sim *s, int pi, uint64_t size)
                 top = i;
         }
         uint32_t cur = s->scratch[top];
-        if (ml_as_is_split(s, cur))
+        if (ml__as_is_split(s, cur))
             break;
         s->scratch[top] = s->scratch[--m];
         total += BLK(s, cur)->size;
@@ -92,7 +92,7 @@ bool ml_as_release_available(ml_alloc_sim *s, int pi, uint64_t size)
 /* garbage_collect_cached_blocks: above the threshold, cudaFree the cached
  * whole segments of the large pool that have waited longest (in
  * get_free_block calls), older than the average first. */
-void ml_as_garbage_collect(ml_alloc_sim *s)
+void ml__as_garbage_collect(ml_alloc_sim *s)
 {
     uint64_t thr = (uint64_t)(s->cfg.gc_threshold * (double)s->cfg.device_bytes);
     if (s->st.reserved.current <= thr)
@@ -101,7 +101,7 @@ void ml_as_garbage_collect(ml_alloc_sim *s)
     pool_t *p = &s->pool[LARGE];
     size_t n = pool_blocks(s, LARGE);
     for (size_t i = 0; i < n; i++)
-        if (!ml_as_is_split(s, s->scratch[i])) {
+        if (!ml__as_is_split(s, s->scratch[i])) {
             total_age += p->calls - (uint64_t)BLK(s, s->scratch[i])->gc_base;
             count++;
         }
@@ -113,7 +113,7 @@ void ml_as_garbage_collect(ml_alloc_sim *s)
         for (size_t i = 0; i < n; i++) {
             uint32_t x = s->scratch[i];
             uint64_t age = p->calls - (uint64_t)BLK(s, x)->gc_base;
-            if (!ml_as_is_split(s, x) && (double)age >= age_threshold) {
+            if (!ml__as_is_split(s, x) && (double)age >= age_threshold) {
                 freed = true;
                 reclaimed += BLK(s, x)->size;
                 total_age -= age;

@@ -67,15 +67,15 @@ static inline bool classed(const ml_alloc_sim *s)
 /* The free sets: a mapped free block into / out of its pool's size-ordered
  * set (BlockPool::insert_into_blocks stamps the GC clock), an unmapped one
  * into / out of the address-ordered set. */
-void ml_as_cache(ml_alloc_sim *s, uint32_t x);
-void ml_as_uncache(ml_alloc_sim *s, uint32_t x);
-void ml_as_unmapped_add(ml_alloc_sim *s, uint32_t x);
-void ml_as_unmapped_del(ml_alloc_sim *s, uint32_t x);
+void ml__as_cache(ml_alloc_sim *s, uint32_t x);
+void ml__as_uncache(ml_alloc_sim *s, uint32_t x);
+void ml__as_unmapped_add(ml_alloc_sim *s, uint32_t x);
+void ml__as_unmapped_del(ml_alloc_sim *s, uint32_t x);
 /* try_merge_blocks: dst (in no set) absorbs neighbour src when src is in
  * state want (ML_AB_FREE for a mapped dst, ML_AB_UNMAPPED for an unmapped one). */
-void ml_as_try_merge(ml_alloc_sim *s, uint32_t dst, uint32_t src, int want);
+void ml__as_try_merge(ml_alloc_sim *s, uint32_t dst, uint32_t src, int want);
 /* dst absorbs its neighbour src, both in no set; src's slot is released. */
-void ml_as_join(ml_alloc_sim *s, uint32_t dst, uint32_t src);
+void ml__as_join(ml_alloc_sim *s, uint32_t dst, uint32_t src);
 /* A new block [addr, addr + size), of like's pool, spliced between prev and
  * next (inline: every split makes one). */
 static inline uint32_t ml_as_piece(ml_alloc_sim *s, uint32_t like, uint64_t addr,
@@ -95,20 +95,20 @@ static inline uint32_t ml_as_piece(ml_alloc_sim *s, uint32_t like, uint64_t addr
         BLK(s, next)->prev = n;
     return n;
 }
-bool ml_as_is_split(const ml_alloc_sim *s, uint32_t x);
+bool ml__as_is_split(const ml_alloc_sim *s, uint32_t x);
 
 /* release.c: after a failed cudaMalloc, every cached whole segment
  * (release_cached_blocks) or, with max_split_size, oversize ones
  * (release_available_cached_blocks: true when enough were freed); above
  * the GC threshold, the oldest cached segments of the large pool
  * (garbage_collect_cached_blocks). */
-void ml_as_release_cached(ml_alloc_sim *s);
-bool ml_as_release_available(ml_alloc_sim *s, int pi, uint64_t size);
-void ml_as_garbage_collect(ml_alloc_sim *s);
+void ml__as_release_cached(ml_alloc_sim *s);
+bool ml__as_release_available(ml_alloc_sim *s, int pi, uint64_t size);
+void ml__as_garbage_collect(ml_alloc_sim *s);
 
 /* expandable.c */
-uint64_t ml_as_expandable_size(const ml_alloc_sim *s, uint32_t x);
-void ml_as_unmap_block(ml_alloc_sim *s, uint32_t x);
-uint32_t ml_as_try_allocate_expandable(ml_alloc_sim *s, int pi, uint64_t size);
+uint64_t ml__as_expandable_size(const ml_alloc_sim *s, uint32_t x);
+void ml__as_unmap_block(ml_alloc_sim *s, uint32_t x);
+uint32_t ml__as_try_allocate_expandable(ml_alloc_sim *s, int pi, uint64_t size);
 
 #endif

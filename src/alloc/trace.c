@@ -23,7 +23,7 @@ static ml_status fail(ml_error *err, ml_status code, const char *path, unsigned 
     snprintf(err->path, sizeof err->path, "%s", path ? path : "");
     va_list ap;
     va_start(ap, fmt);
-    ml_verrorf_at(err, code, line, col, fmt, ap);
+    ml__verrorf_at(err, code, line, col, fmt, ap);
     va_end(ap);
     return code;
 }
@@ -48,7 +48,7 @@ typedef struct {
 
 static id_entry *lookup(id_table *t, const char *s, size_t n)
 {
-    size_t i = (size_t)ml_hash(&t->key, s, n) & (t->cap - 1);
+    size_t i = (size_t)ml__hash(&t->key, s, n) & (t->cap - 1);
     while (t->e[i].name) {
         if (!strncmp(t->e[i].name, s, n) && t->e[i].name[n] == '\0')
             return &t->e[i];
@@ -75,7 +75,7 @@ static bool id_room(id_table *t)
     return true;
 }
 
-void ml_alloc_trace_free(ml_alloc_trace *t)
+void ml__alloc_trace_free(ml_alloc_trace *t)
 {
     if (!t)
         return;
@@ -281,10 +281,10 @@ static ml_status add_event(trace_parser *p, const trace_line *l)
     return ML_OK;
 }
 
-ml_status ml_alloc_trace_parse(const char *text, size_t len, const char *path,
-                               ml_alloc_trace **out, ml_error *err)
+ml_status ml__alloc_trace_parse(const char *text, size_t len, const char *path,
+                                ml_alloc_trace **out, ml_error *err)
 {
-    trace_parser p = {calloc(1, sizeof *p.t), {NULL, 0, 0, ml_hash_key_new(&p)}, 0, 0, 0, path,
+    trace_parser p = {calloc(1, sizeof *p.t), {NULL, 0, 0, ml__hash_key_new(&p)}, 0, 0, 0, path,
                       err, 0};
     ml_status st = ML_OK;
     bool header = false;
@@ -327,23 +327,23 @@ ml_status ml_alloc_trace_parse(const char *text, size_t len, const char *path,
                   "the file is empty: expected the header \"%s\" and one alloc or free per line",
                   header_text);
     if (st) {
-        ml_alloc_trace_free(p.t);
+        ml__alloc_trace_free(p.t);
         return st;
     }
     *out = p.t;
     return ML_OK;
 }
 
-ml_alloc_result ml_alloc_replay(const ml_alloc_config *cfg, const ml_alloc_trace *t,
-                                ml_alloc_replay_result *out)
+ml_alloc_result ml__alloc_replay(const ml_alloc_config *cfg, const ml_alloc_trace *t,
+                                 ml_alloc_replay_result *out)
 {
     ml_alloc_sim *s = NULL;
-    ml_alloc_result r = ml_alloc_sim_create(cfg, &s);
+    ml_alloc_result r = ml__alloc_sim_create(cfg, &s);
     if (r)
         return r;
     uint64_t *h = malloc((t->n ? t->n : 1) * sizeof *h);
     if (!h) {
-        ml_alloc_sim_destroy(s);
+        ml__alloc_sim_destroy(s);
         return ML_ALLOC_NOMEM;
     }
     ml_alloc_replay_result res;
@@ -352,9 +352,9 @@ ml_alloc_result ml_alloc_replay(const ml_alloc_config *cfg, const ml_alloc_trace
     for (size_t i = 0; i < t->n && !r; i++) {
         const ml_alloc_event *e = &t->ev[i];
         if (e->free) {
-            r = ml_alloc_sim_free(s, h[e->slot]);
+            r = ml__alloc_sim_free(s, h[e->slot]);
         } else {
-            r = ml_alloc_sim_malloc(s, e->bytes, &h[i]);
+            r = ml__alloc_sim_malloc(s, e->bytes, &h[i]);
             if (r == ML_ALLOC_OOM) {
                 res.oom_index = i;
                 r = ML_ALLOC_OK;
@@ -363,10 +363,10 @@ ml_alloc_result ml_alloc_replay(const ml_alloc_config *cfg, const ml_alloc_trace
         }
     }
     if (!r) {
-        ml_alloc_sim_stats(s, &res.stats);
+        ml__alloc_sim_stats(s, &res.stats);
         *out = res;
     }
     free(h);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
     return r;
 }

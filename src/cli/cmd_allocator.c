@@ -124,7 +124,7 @@ static int bad_flag(const char *flag, const char *msg, const char *val)
 /* The flags as a simulator configuration; prints and returns 2 on error. */
 static int config(const opts *o, ml_alloc_config *c)
 {
-    *c = ml_alloc_config_defaults();
+    *c = ml__alloc_config_defaults();
     ml_error e;
     memset(&e, 0, sizeof e);
     if (o->device && ml_parse_size(o->device, &c->device_bytes, &e) != ML_OK) {
@@ -133,7 +133,7 @@ static int config(const opts *o, ml_alloc_config *c)
     }
     if (o->device && !c->device_bytes)
         return bad_flag("--device", "is no memory at all", o->device);
-    if (o->allocator && !ml_alloc_mode_parse(o->allocator, &c->mode))
+    if (o->allocator && !ml__alloc_mode_parse(o->allocator, &c->mode))
         return bad_flag("--allocator", "is not an allocator; use caching, expandable or none",
                         o->allocator);
     if (o->max_split) {
@@ -183,7 +183,7 @@ static void write_text(FILE *f, const opts *o, const ml_alloc_config *c, const m
     char a[32], b[32];
     const ml_alloc_stats *s = &r->stats;
     fprintf(f, "memledger allocator %s: %zu events (%zu allocs, %zu frees), %s allocator",
-            o->trace, t->n, t->allocs, t->frees, ml_alloc_mode_name(c->mode));
+            o->trace, t->n, t->allocs, t->frees, ml__alloc_mode_name(c->mode));
     if (c->max_split_size)
         fprintf(f, ", max_split_size %llu MiB", (unsigned long long)(c->max_split_size >> 20));
     fputc('\n', f);
@@ -243,7 +243,7 @@ static void write_json(FILE *f, const opts *o, const ml_alloc_config *c, const m
     fprintf(f, ", \"allocator\": \"%s\", \"events\": %zu, \"allocs\": %zu, \"frees\": %zu, "
                "\"allocated_peak\": %llu, \"reserved_peak\": %llu, \"segments_peak\": %llu, "
                "\"requested_peak\": %llu, \"device_allocs\": %llu, \"num_alloc_retries\": %llu",
-            ml_alloc_mode_name(c->mode), t->n, t->allocs, t->frees,
+            ml__alloc_mode_name(c->mode), t->n, t->allocs, t->frees,
             (unsigned long long)s->allocated.peak, (unsigned long long)s->reserved.peak,
             (unsigned long long)s->segments.peak, (unsigned long long)s->requested.peak,
             (unsigned long long)s->device_allocs, (unsigned long long)s->num_alloc_retries);
@@ -274,24 +274,24 @@ int ml_cmd_allocator(int argc, char **argv)
         return rc;
     ml_error e;
     size_t len = 0;
-    char *text = ml_read_file(o.trace, &len, &e);
+    char *text = ml__read_file(o.trace, &len, &e);
     if (!text) {
         ml_cli_print_error(&e);
         return e.code == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
     ml_alloc_trace *t = NULL;
-    ml_status st = ml_alloc_trace_parse(text, len, o.trace, &t, &e);
+    ml_status st = ml__alloc_trace_parse(text, len, o.trace, &t, &e);
     free(text);
     if (st) {
         ml_cli_print_error(&e);
         return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
     ml_alloc_replay_result r;
-    ml_alloc_result ar = ml_alloc_replay(&c, t, &r);
+    ml_alloc_result ar = ml__alloc_replay(&c, t, &r);
     if (ar) {
         fprintf(stderr, "memledger: error: %s\n",
                 ar == ML_ALLOC_NOMEM ? "out of memory" : "invalid allocator settings");
-        ml_alloc_trace_free(t);
+        ml__alloc_trace_free(t);
         return ar == ML_ALLOC_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
     ml_out out;
@@ -307,6 +307,6 @@ int ml_cmd_allocator(int argc, char **argv)
     }
     if (!rc && r.oom_index != SIZE_MAX)
         rc = ML_EXIT_NO_FIT;
-    ml_alloc_trace_free(t);
+    ml__alloc_trace_free(t);
     return rc;
 }

@@ -186,7 +186,7 @@ static int plan_inference(job *j)
 
 /* One job: its options parsed as plan's, the shared device put in; a
  * training job's ledger evaluated with the events, kept as levels
- * (ml_ledger_keep_levels) when `levels`; an inference job planned. */
+ * (ml__ledger_keep_levels) when `levels`; an inference job planned. */
 static int load_job(job *j, const char *device, uint64_t memory, bool levels)
 {
     int rc = split(j);
@@ -236,7 +236,7 @@ static int load_job(job *j, const char *device, uint64_t memory, bool levels)
     /* text and JSON read each event's time and total only: 16 bytes instead
      * of an ml_event's, so eight jobs of 100,000 layers hold 0.2 GB, not 1.6
      * (docs/colocate.md, "Memory"); the SVG draws the categories */
-    if (levels && !ml_ledger_keep_levels(j->l)) {
+    if (levels && !ml__ledger_keep_levels(j->l)) {
         ml_cli_errorf("out of memory");
         return ML_EXIT_FAILURE;
     }

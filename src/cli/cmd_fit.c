@@ -108,7 +108,7 @@ int ml_cmd_fit(int argc, char **argv)
     /* --emit for the chosen point: refused (nothing written, exit 2) or
      * partial (written, exit 4) as for 'memledger plan' (docs/cli.md) */
     char why[4096];
-    int emit = chosen ? ml_report_emit_check(o.emit, m, &cc, chosen, why, sizeof why)
+    int emit = chosen ? ml__report_emit_check(o.emit, m, &cc, chosen, why, sizeof why)
                       : ML_EMIT_EXACT;
     if (emit == ML_EMIT_REFUSED) {
         ml_cli_errorf("--emit %s: %s", o.emit, why);

@@ -96,11 +96,11 @@ static int write_report(const ml_cli_opts *o, const ml_model *m, const ml_config
     FILE *f = out.f;
     int w;
     ml_report_verdict v; /* with a device the lengths decide (docs/lengths.md) */
-    ml_report_lengths_verdict(cfg, r, &v);
+    ml__report_lengths_verdict(cfg, r, &v);
     if (l)
         w = o->format == ML_FMT_JSON
                 ? ml_report_json_lengths(f, m, cfg, l, d, req, r)
-                : ml_report_text_verdict(f, m, cfg, l, cfg->device.present ? &v : NULL) ||
+                : ml__report_text_verdict(f, m, cfg, l, cfg->device.present ? &v : NULL) ||
                       ml_report_lengths_text(f, cfg, d, o->lengths, req, r);
     else if (o->format == ML_FMT_JSON) {
         fputs("{\"model\": ", f);

@@ -122,7 +122,7 @@ int ml_cmd_plan(int argc, char **argv)
      * -o file stays as it was); one that cannot hold a part of the plan
      * writes the rest and says which part (docs/cli.md, exit status 4) */
     char why[4096];
-    int emit = o.emit ? ml_report_emit_check(o.emit, m, &cfg, l, why, sizeof why) : ML_EMIT_EXACT;
+    int emit = o.emit ? ml__report_emit_check(o.emit, m, &cfg, l, why, sizeof why) : ML_EMIT_EXACT;
     if (emit == ML_EMIT_REFUSED) {
         ml_cli_errorf("--emit %s: %s", o.emit, why);
         ml_ledger_destroy(l);

@@ -169,7 +169,7 @@ static void text_peak(FILE *f, const ml_triage_result *r)
     fprintf(f, "\nAllocator peak: %s during %s, at %s\n", B(s->peak, a),
             ml_phase_name(s->peak_phase), s->peak_step);
     for (int c = 0; c < ML_CAT_COUNT; c++)
-        fprintf(f, "  %-22s %12s\n", ml_report_category_label((ml_category)c),
+        fprintf(f, "  %-22s %12s\n", ml__report_category_label((ml_category)c),
                 B(s->peak_breakdown[c], a));
     if (s->binding != ML_PEAK_STEADY)
         fprintf(f, "  %-22s %12s   (it binds)\n",
@@ -258,10 +258,10 @@ static int write_text(FILE *f, const ml_model *m, const ml_config *given, const 
     char ck[64], a[32], b[32];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
     char num[40];
-    ml_report_commas(r->current.params, num, sizeof num);
+    ml__report_commas(r->current.params, num, sizeof num);
     fprintf(f, "memledger triage: %s (%s parameters)\n", ml_model_name(m), num);
     char sl[80];
-    ml_report_lengths(m, t, sl, sizeof sl);
+    ml__report_lengths(m, t, sl, sizeof sl);
     fprintf(f, "config: micro_batch %llu, %s, grad_accum %llu, precision %s, optimizer "
                "%s (%s), checkpoint %s, %llu device%s, ZeRO %u, offload %s\n",
             (unsigned long long)t->micro_batch, sl,

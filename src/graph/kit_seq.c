@@ -222,7 +222,7 @@ static uint16_t layernorm(sq *s, uint16_t x, const ml_shape *sh, uint64_t out_ps
     else
         save(s, op, x, "layernorm input", false);
     uint16_t st = ml__graph_tensor(s->g, "layernorm mean+rstd", MLG_FP32, MLG_ACT, 2, MLG_B,
-                                   lit(s, mul(s, ml_shape_elems(sh) / last, 2)));
+                                   lit(s, mul(s, ml__shape_elems(sh) / last, 2)));
     s->bpe[st] = 4;
     ml__op_save(op, st);
     ml__op_param(op, param(s, last, 0));
@@ -399,11 +399,11 @@ static uint16_t layer(sq *s, const ml_layer *l, uint16_t x, ml_shape *sh)
     ml_shape o;
     char msg[8];
     const ml_layer *where;
-    if (!ml_shape_step(l, sh, &o, msg, sizeof msg, &where)) { /* validated at load */
+    if (!ml__shape_step(l, sh, &o, msg, sizeof msg, &where)) { /* validated at load */
         s->refused = true;
         return x;
     }
-    const uint64_t out_ps = ml_shape_elems(&o);
+    const uint64_t out_ps = ml__shape_elems(&o);
     const bool gelu = l->kind == ML_L_GELU;
     uint16_t y = x;
     switch (l->kind) {
@@ -477,7 +477,7 @@ bool ml__seq_block_graph(ml_graph *g, const ml_layer *l, const ml_shape *in,
     s.last_op = s.last_out = MLG_NONE;
     ml__graph_init(g);
     s.in = ml__graph_tensor(g, "block input", dtype_of(&s, c->in_bytes), MLG_INPUT, 2, MLG_B,
-                            lit(&s, ml_shape_elems(in)));
+                            lit(&s, ml__shape_elems(in)));
     s.bpe[s.in] = (uint8_t)c->in_bytes;
     ml_shape sh = *in;
     uint16_t y = layer(&s, l, s.in, &sh);
@@ -491,7 +491,7 @@ bool ml__seq_block_graph(ml_graph *g, const ml_layer *l, const ml_shape *in,
     }
     g->out = y;
     info->shape = sh;
-    info->out_ps = ml_shape_elems(&sh);
+    info->out_ps = ml__shape_elems(&sh);
     info->out_bytes = s.bpe[y];
     return !s.refused && ml__graph_valid(g);
 }

@@ -62,7 +62,7 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
     }
     /* the runner's attention is eager: its scores and probabilities say
      * nothing about a flash kernel's saved tensors */
-    if (ml_ck_fused_attention(ch, m)) {
+    if (ml__ck_fused_attention(ch, m)) {
         ch->calib_note = "the model's attention runs a fused kernel (flash, or sdpa as "
                          "dispatched), the runner's eager";
         return;
@@ -141,41 +141,41 @@ static void reserve(ml_chain *ch, const ml_model *m)
 
 /* logits: fused is the fused linear cross-entropy of a language model's
  * head, as modelled (docs/ledger.md, "The loop's references"). */
-ml_status ml_chain_fused_refused(const ml_model *m, const ml_training *t, ml_error *err)
+ml_status ml__chain_fused_refused(const ml_model *m, const ml_training *t, ml_error *err)
 {
-    const ml_prec prec = ml_prec_of(t->precision), *p = &prec;
+    const ml_prec prec = ml__prec_of(t->precision), *p = &prec;
     if (t->logits != ML_LOGITS_FUSED)
         return ML_OK;
     if (m->type == ML_MODEL_ENCDEC)
-        return ml_errorf(err, ML_RANGE,
-                         "training.logits: fused is planned for a decoder's LM head; an "
-                         "encoder-decoder's (T5's) is not modelled: use kept or released");
+        return ml__errorf(err, ML_RANGE,
+                          "training.logits: fused is planned for a decoder's LM head; an "
+                          "encoder-decoder's (T5's) is not modelled: use kept or released");
     if (m->type != ML_MODEL_DECODER || m->classes)
-        return ml_errorf(err, ML_RANGE,
-                         "training.logits: fused is a language model's head (a decoder's LM "
-                         "head and cross-entropy); this model's loss is another: use kept or "
-                         "released");
+        return ml__errorf(err, ML_RANGE,
+                          "training.logits: fused is a language model's head (a decoder's LM "
+                          "head and cross-entropy); this model's loss is another: use kept or "
+                          "released");
     if (p->autocast)
-        return ml_errorf(err, ML_RANGE,
-                         "training.logits: fused is modelled without autocast (fp32, bf16, "
-                         "bf16-master, fp16-master); under %s its products' dtypes are not: "
-                         "use kept or released, or another precision",
-                         ml_precision_name(t->precision));
+        return ml__errorf(err, ML_RANGE,
+                          "training.logits: fused is modelled without autocast (fp32, bf16, "
+                          "bf16-master, fp16-master); under %s its products' dtypes are not: "
+                          "use kept or released, or another precision",
+                          ml_precision_name(t->precision));
     if (m->final_softcap > 0)
-        return ml_errorf(err, ML_RANGE,
-                         "training.logits: fused with the model's final_softcap (Gemma 2's "
-                         "soft-capped logits) is not modelled: use kept or released");
+        return ml__errorf(err, ML_RANGE,
+                          "training.logits: fused with the model's final_softcap (Gemma 2's "
+                          "soft-capped logits) is not modelled: use kept or released");
     if (t->zero >= 2)
-        return ml_errorf(err, ML_RANGE,
-                         "training.logits: fused with training.zero %u (sharded gradients) is "
-                         "not modelled: use zero 0 or 1, or logits kept or released",
-                         t->zero);
+        return ml__errorf(err, ML_RANGE,
+                          "training.logits: fused with training.zero %u (sharded gradients) is "
+                          "not modelled: use zero 0 or 1, or logits kept or released",
+                          t->zero);
     return ML_OK;
 }
 
-ml_status ml_chain_refused(const ml_model *m, const ml_training *t, ml_error *err)
+ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *err)
 {
-    ml_status st = ml_chain_fused_refused(m, t, err);
+    ml_status st = ml__chain_fused_refused(m, t, err);
     if (st)
         return st;
     /* OLMo's norm exists in the op graph only: a model whose layers the
@@ -184,19 +184,19 @@ ml_status ml_chain_refused(const ml_model *m, const ml_training *t, ml_error *er
     if (m->norm == ML_NORM_OLMO_LAYERNORM &&
         (m->type != ML_MODEL_DECODER || m->vis_layers || m->experts || m->kv_lora ||
          m->parallel_residual || m->classes || !m->prenorm))
-        return ml_errorf(err, ML_RANGE,
-                         "model.norm: olmo_layernorm is planned in OLMo's decoder layer only; "
-                         "%s's layout is another: use rmsnorm or layernorm",
-                         m->name);
+        return ml__errorf(err, ML_RANGE,
+                          "model.norm: olmo_layernorm is planned in OLMo's decoder layer only; "
+                          "%s's layout is another: use rmsnorm or layernorm",
+                          m->name);
     /* the optimal solver's chain is one stream of layers: T5's side
      * tensors (docs/ledger.md) and its non-layer blocks between the
      * stacks are not in it */
     if ((m->type == ML_MODEL_ENCDEC || m->vis_layers) && t->checkpoint.kind == ML_CKPT_OPTIMAL)
-        return ml_errorf(err, ML_RANGE,
-                         "training.checkpoint: optimal is not planned for %s (%s): use full "
-                         "(what Hugging Face's gradient checkpointing runs), every-K, sqrt or "
-                         "a list of blocks",
-                         m->vis_layers ? "a multimodal model" : "an encoder-decoder", m->name);
+        return ml__errorf(err, ML_RANGE,
+                          "training.checkpoint: optimal is not planned for %s (%s): use full "
+                          "(what Hugging Face's gradient checkpointing runs), every-K, sqrt or "
+                          "a list of blocks",
+                          m->vis_layers ? "a multimodal model" : "an encoder-decoder", m->name);
     const ml_checkpoint *cp = &t->checkpoint;
     uint32_t low = UINT32_MAX; /* the lowest block a list names */
     for (uint32_t j = 0; (cp->kind == ML_CKPT_LIST || cp->kind == ML_CKPT_SEGMENTS) &&
@@ -205,22 +205,22 @@ ml_status ml_chain_refused(const ml_model *m, const ml_training *t, ml_error *er
         low = cp->blocks[j] < low ? cp->blocks[j] : low;
     if (m->vis_layers && (t->vision_tower == ML_VT_NONE || t->vision_tower == ML_VT_FULL) &&
         low < m->vis_used)
-        return ml_errorf(err, ML_RANGE,
-                         "training.checkpoint: block %u is a vision layer (0 to %llu), whose "
-                         "checkpointing training.vision_tower: %s sets; list the decoder's "
-                         "layers only (from %llu), or use vision_tower: same",
-                         low, (unsigned long long)m->vis_used - 1,
-                         ml_vision_tower_name(t->vision_tower), (unsigned long long)m->vis_used);
+        return ml__errorf(err, ML_RANGE,
+                          "training.checkpoint: block %u is a vision layer (0 to %llu), whose "
+                          "checkpointing training.vision_tower: %s sets; list the decoder's "
+                          "layers only (from %llu), or use vision_tower: same",
+                          low, (unsigned long long)m->vis_used - 1,
+                          ml_vision_tower_name(t->vision_tower), (unsigned long long)m->vis_used);
     if (!m->vis_layers && t->vision_tower != ML_VT_SAME)
-        return ml_errorf(err, ML_RANGE,
-                         "training.vision_tower: a multimodal model's setting; %s has no "
-                         "vision tower: remove it",
-                         m->name);
+        return ml__errorf(err, ML_RANGE,
+                          "training.vision_tower: a multimodal model's setting; %s has no "
+                          "vision tower: remove it",
+                          m->name);
     if (m->type != ML_MODEL_ENCDEC && t->target_len)
-        return ml_errorf(err, ML_RANGE,
-                         "training.target_len: the decoder's length of an encoder-decoder; %s "
-                         "has one sequence (training.seq_len): remove it",
-                         m->name);
+        return ml__errorf(err, ML_RANGE,
+                          "training.target_len: the decoder's length of an encoder-decoder; %s "
+                          "has one sequence (training.seq_len): remove it",
+                          m->name);
     return ML_OK;
 }
 
@@ -231,30 +231,30 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, bool 
     ch->eval_mode = eval;
     ch->builders_only = !graph;
     ch->selective = cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE;
-    ml_status refused = ml_chain_refused(m, &cfg->training, err);
+    ml_status refused = ml__chain_refused(m, &cfg->training, err);
     if (refused)
         return refused;
     if (cfg->training.expert_imbalance > 1 && !m->experts)
-        return ml_errorf(err, ML_RANGE,
-                         "training.expert_imbalance: sizes a mixture of experts' busiest "
-                         "expert; %s has no experts (model.experts): remove it",
-                         m->name);
+        return ml__errorf(err, ML_RANGE,
+                          "training.expert_imbalance: sizes a mixture of experts' busiest "
+                          "expert; %s has no experts (model.experts): remove it",
+                          m->name);
     /* multi-head latent attention's sdpa, with q/k heads wider than the
      * value heads, dispatches to kernels whose saved tensors are not
      * modelled (docs/inventory.md, "DeepSeek-V3 block") */
     if (m->kv_lora && m->attention != ML_ATTN_EAGER)
-        return ml_errorf(err, ML_RANGE,
-                         "attention %s with multi-head latent attention (model.kv_lora_rank) "
-                         "is not modelled: its q/k heads are wider than its value heads, "
-                         "which sdpa and flash kernels handle in ways not planned; use "
-                         "--attention eager",
-                         m->attention == ML_ATTN_SDPA ? "sdpa" : "flash");
+        return ml__errorf(err, ML_RANGE,
+                          "attention %s with multi-head latent attention (model.kv_lora_rank) "
+                          "is not modelled: its q/k heads are wider than its value heads, "
+                          "which sdpa and flash kernels handle in ways not planned; use "
+                          "--attention eager",
+                          m->attention == ML_ATTN_SDPA ? "sdpa" : "flash");
     reserve(ch, m);
-    ch->prec = ml_prec_of(cfg->training.precision);
-    ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml_chain_build_sequential(m, cfg, ch)
-                   : m->type == ML_MODEL_ENCDEC   ? ml_chain_build_t5(m, cfg, ch)
-                   : m->vis_layers                ? ml_chain_build_llava(m, cfg, ch, err)
-                                                  : ml_chain_build_transformer(m, cfg, ch, err);
+    ch->prec = ml__prec_of(cfg->training.precision);
+    ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml__chain_build_sequential(m, cfg, ch)
+                   : m->type == ML_MODEL_ENCDEC   ? ml__chain_build_t5(m, cfg, ch)
+                   : m->vis_layers                ? ml__chain_build_llava(m, cfg, ch, err)
+                                                  : ml__chain_build_transformer(m, cfg, ch, err);
     /* the runner's blocks are GPT-2's and Llama's: a Gemma block's norm and
      * MLP keep other tensors (docs/inventory.md), so no profile applies */
     if (st == ML_OK && cfg->calib && m->norm == ML_NORM_GEMMA_RMSNORM)
@@ -277,43 +277,43 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, bool 
         ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, m->buffers); /* declared */
     }
     if (st == ML_OK)
-        ml_chain_mark_runs(ch);
+        ml__chain_mark_runs(ch);
     if (st == ML_OK && ch->nomem)
         st = ML_NOMEM;
     if (st == ML_OK && ch->overflow) {
-        st = ml_errorf(err, ML_OVERFLOW,
-                       "byte counts exceed 64 bits for training.micro_batch %llu x "
-                       "training.seq_len %llu%s%.0llu: use smaller values",
-                       (unsigned long long)cfg->training.micro_batch,
-                       (unsigned long long)cfg->training.seq_len,
-                       ml_model_target_len(m, &cfg->training) ? " x training.target_len " : "",
-                       (unsigned long long)ml_model_target_len(m, &cfg->training));
+        st = ml__errorf(err, ML_OVERFLOW,
+                        "byte counts exceed 64 bits for training.micro_batch %llu x "
+                        "training.seq_len %llu%s%.0llu: use smaller values",
+                        (unsigned long long)cfg->training.micro_batch,
+                        (unsigned long long)cfg->training.seq_len,
+                        ml_model_target_len(m, &cfg->training) ? " x training.target_len " : "",
+                        (unsigned long long)ml_model_target_len(m, &cfg->training));
     }
     if (st == ML_NOMEM)
-        ml_errorf(err, ML_NOMEM, "out of memory");
+        ml__errorf(err, ML_NOMEM, "out of memory");
     if (st)
-        ml_chain_free(ch);
+        ml__chain_free(ch);
     return st;
 }
 
-ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err)
+ml_status ml__chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err)
 {
     return build(m, cfg, false, true, ch, err);
 }
 
-ml_status ml_chain_build_builders(const ml_model *m, const ml_config *cfg, bool eval,
-                                  ml_chain *ch, ml_error *err)
+ml_status ml__chain_build_builders(const ml_model *m, const ml_config *cfg, bool eval,
+                                   ml_chain *ch, ml_error *err)
 {
     return build(m, cfg, eval, false, ch, err);
 }
 
-ml_status ml_chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
-                              ml_error *err)
+ml_status ml__chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                               ml_error *err)
 {
     return build(m, cfg, true, true, ch, err);
 }
 
-void ml_chain_free(ml_chain *ch)
+void ml__chain_free(ml_chain *ch)
 {
     free(ch->blocks);
     free(ch->saved);

@@ -24,7 +24,7 @@ typedef struct {
     bool fp16;       /* the 2-byte dtype is float16 (else bfloat16) */
 } ml_prec;
 
-ml_prec ml_prec_of(ml_precision p);
+ml_prec ml__prec_of(ml_precision p);
 
 enum {
     ML_SV_INPUT = 1,  /* the block's input: a boundary tensor, not in saved_bytes */
@@ -72,12 +72,12 @@ typedef struct {
 
 typedef struct {
     /* where the block is (the rest, from fwd_phase on, is what it is:
-     * ml_chain_mark_runs compares that part of two blocks) */
+     * ml__chain_mark_runs compares that part of two blocks) */
     char name[48];
     int ckpt_index;          /* index in checkpoint lists, -1: not checkpointable */
     size_t saved_first, node_first;
     bool like_prev;          /* the same block as the one before it, but for the
-                                fields above (ml_chain_mark_runs; the replay
+                                fields above (ml__chain_mark_runs; the replay
                                 skips runs of them, replay_runs.c) */
     ml_phase fwd_phase;      /* forward, or loss for the loss block */
     uint64_t params;         /* elements */
@@ -208,25 +208,25 @@ typedef struct {
 
 /* ML_RANGE, with the reason in err, when t asks for logits: fused where the
  * plan does not model it (docs/ledger.md, "`fused`"); else ML_OK. */
-ml_status ml_chain_fused_refused(const ml_model *m, const ml_training *t, ml_error *err);
+ml_status ml__chain_fused_refused(const ml_model *m, const ml_training *t, ml_error *err);
 /* The same for every training setting the chain refuses for this model
  * (fused logits, above; an encoder-decoder's optimal checkpointing; a
  * target_len without a decoder stack); else ML_OK. */
-ml_status ml_chain_refused(const ml_model *m, const ml_training *t, ml_error *err);
+ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *err);
 
 /* Builds the chain; returns ML_OK, ML_RANGE (with err), ML_OVERFLOW or ML_NOMEM. */
-ml_status ml_chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err);
+ml_status ml__chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err);
 /* The same with every block from the chain builders, none from the op
  * graph (builders_only), for the evaluation pass when eval: the reference
  * the graph is compared with (tests/unit/test_graph.c). */
-ml_status ml_chain_build_builders(const ml_model *m, const ml_config *cfg, bool eval,
-                                  ml_chain *ch, ml_error *err);
+ml_status ml__chain_build_builders(const ml_model *m, const ml_config *cfg, bool eval,
+                                   ml_chain *ch, ml_error *err);
 /* The same for the evaluation pass: the model in eval mode (eval_mode). */
-ml_status ml_chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
-                              ml_error *err);
-void ml_chain_free(ml_chain *ch);
+ml_status ml__chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                               ml_error *err);
+void ml__chain_free(ml_chain *ch);
 /* Sets each block's like_prev (replay_runs.c). */
-void ml_chain_mark_runs(ml_chain *ch);
+void ml__chain_mark_runs(ml_chain *ch);
 
 /* Optimizer model (optim.c): resident state bytes and step temporaries. */
 typedef struct {
@@ -237,8 +237,8 @@ typedef struct {
     bool temp_per_tensor;    /* the step's temporaries are one per parameter tensor
                                 (foreach), not one at a time (for-loop) */
 } ml_optim_bytes;
-ml_status ml_optim_bytes_of(const ml_chain *ch, const ml_training *t, ml_optim_bytes *out,
-                            ml_error *err);
+ml_status ml__optim_bytes_of(const ml_chain *ch, const ml_training *t, ml_optim_bytes *out,
+                             ml_error *err);
 
 /* Checked arithmetic with a sticky overflow flag on the chain (0 after an
  * overflow). */

@@ -8,21 +8,21 @@
 static void patch_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
     const unsigned w = ch->prec.w;
-    uint64_t px = ml_mul(ch, ml_ck_mul3(ch, d->B, m->channels, m->image_size), m->image_size);
+    uint64_t px = ml_mul(ch, ml__ck_mul3(ch, d->B, m->channels, m->image_size), m->image_size);
     if (ch->prec.autocast)
-        ml_ck_save(ch, b, "image cast copy (patch conv input)", px, 2, 0);
+        ml__ck_save(ch, b, "image cast copy (patch conv input)", px, 2, 0);
     else
-        ml_ck_save(ch, b, "image (patch conv input)", px, w, ML_SV_INPUT);
-    uint64_t kin = ml_ck_mul3(ch, m->channels, m->patch_size, m->patch_size);
+        ml__ck_save(ch, b, "image (patch conv input)", px, w, ML_SV_INPUT);
+    uint64_t kin = ml__ck_mul3(ch, m->channels, m->patch_size, m->patch_size);
     /* autocast casts the conv's weight (ConvolutionBackward0 saves it) */
-    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, kin));
-    ml_ck_param(ch, b, d->D, kin);
-    ml_ck_param(ch, b, d->D, 0);
-    ml_ck_param(ch, b, d->D, 0);                  /* class token */
-    ml_ck_param(ch, b, ml_mul(ch, d->T, d->D), 0); /* positions */
+    ml__ck_weight_copy(ch, b, ml_mul(ch, d->D, kin));
+    ml__ck_param(ch, b, d->D, kin);
+    ml__ck_param(ch, b, d->D, 0);
+    ml__ck_param(ch, b, d->D, 0);                  /* class token */
+    ml__ck_param(ch, b, ml_mul(ch, d->T, d->D), 0); /* positions */
     b->flops_fwd = 2.0 * (double)d->B * (double)(d->T - 1) * (double)kin * (double)d->D;
     b->flops_bwd = b->flops_fwd; /* weight gradient only */
-    ml_ck_tmp(ch, ml_mul(ch, d->BT, d->D), ch->prec.a);
+    ml__ck_tmp(ch, ml_mul(ch, d->BT, d->D), ch->prec.a);
     b->in_bytes = ml_mul(ch, px, w);
 }
 
@@ -43,33 +43,33 @@ static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
     const unsigned w = ch->prec.w;
     const bool enc = m->type == ML_MODEL_ENCODER;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    ml_ck_save(ch, b, "token ids (int64)", d->BT, 8, ML_SV_INPUT);
+    ml__ck_save(ch, b, "token ids (int64)", d->BT, 8, ML_SV_INPUT);
     b->in_bytes = ml_mul(ch, d->BT, 8);
-    ml_ck_param(ch, b, d->V, d->D);
+    ml__ck_param(ch, b, d->V, d->D);
     /* Gemma: embeds * normalizer, sqrt(D) as a 0-dim tensor made without a
      * device (modeling_gemma.py, GemmaModel.forward): mul saves it for the
      * embedding's gradient (derivatives.yaml, mul.Tensor: self's gradient is
      * grad * other), a host tensor on a GPU, so nothing on the device; the
      * product is the block's output and the lookup's result a transient */
     if (m->embed_scale)
-        ml_ck_tmp(ch, BTD, w);
+        ml__ck_tmp(ch, BTD, w);
     if (m->position == ML_POS_LEARNED) {
-        ml_ck_save(ch, b, "position ids (int64)", d->T, 8, 0);
-        ml_ck_param(ch, b, m->max_positions, d->D);
+        ml__ck_save(ch, b, "position ids (int64)", d->T, 8, 0);
+        ml__ck_param(ch, b, m->max_positions, d->D);
     }
     if (enc && m->token_types) {
-        ml_ck_save(ch, b, "token type ids (int64)", d->BT, 8, 0);
-        ml_ck_param(ch, b, m->token_types, d->D);
+        ml__ck_save(ch, b, "token type ids (int64)", d->BT, 8, 0);
+        ml__ck_param(ch, b, m->token_types, d->D);
     }
     if (m->position == ML_POS_ROPE) {
         /* multi-head latent attention rotates rope_dim of each head */
         const uint64_t rot = m->kv_lora ? m->rope_dim : d->dh;
         if (m->rope_complex) /* DeepSeek-V2: (B, T, rot / 2) complex64 */
-            ml_ck_save(ch, b, "rotary freqs_cis, complex64 (shared by all blocks)",
-                       ml_mul(ch, d->BT, rot), 4, 0);
+            ml__ck_save(ch, b, "rotary freqs_cis, complex64 (shared by all blocks)",
+                        ml_mul(ch, d->BT, rot), 4, 0);
         else
-            ml_ck_save(ch, b, "rotary cos and sin (shared by all blocks)",
-                       ml_ck_mul3(ch, 2, d->BT, rot), w, 0);
+            ml__ck_save(ch, b, "rotary cos and sin (shared by all blocks)",
+                        ml__ck_mul3(ch, 2, d->BT, rot), w, 0);
         /* the model's rotary embedding registers inv_freq, head_dim / 2
          * fp32 values, as a buffer (modeling_llama.py, LlamaRotaryEmbedding,
          * one per model) */
@@ -77,12 +77,12 @@ static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
     }
     if (enc) {
         /* BERT: LayerNorm(word + position + type) then dropout */
-        ml_ck_save(ch, b, "embedding layernorm input", BTD, w, 0);
-        ml_ck_save(ch, b, "embedding layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
-        ml_ck_param(ch, b, d->D, 0);
-        ml_ck_param(ch, b, d->D, 0);
+        ml__ck_save(ch, b, "embedding layernorm input", BTD, w, 0);
+        ml__ck_save(ch, b, "embedding layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+        ml__ck_param(ch, b, d->D, 0);
+        ml__ck_param(ch, b, d->D, 0);
     }
-    ml_ck_tmp(ch, BTD, w);
+    ml__ck_tmp(ch, BTD, w);
     /* embedding backward builds a dense (V, D) gradient; with tied
      * weights (a decoder's LM head, BERT's MLM decoder) .grad already
      * exists (head backward ran first) and it is added in place, so the
@@ -91,10 +91,10 @@ static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
         b->ws_bwd = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
 }
 
-ml_status ml_ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+ml_status ml__ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
 {
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    ml_cblock *b = ml_ck_begin(ch, "embedding", -1);
+    ml_cblock *b = ml__ck_begin(ch, "embedding", -1);
     if (!b)
         return ML_NOMEM;
     if (m->image_size)
@@ -102,8 +102,8 @@ ml_status ml_ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dim
     else
         token_embedding(ch, b, m, d);
     if (d->drop)
-        ml_ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
-    ml_ck_end(ch, b, ml_mul(ch, BTD, ch->prec.w));
+        ml__ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
+    ml__ck_end(ch, b, ml_mul(ch, BTD, ch->prec.w));
     if (!m->image_size && tied_head(m)) {
         /* the tied table's gradient is created by the head's backward */
         uint64_t g = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);

@@ -522,20 +522,20 @@ static void programs(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
         p.later = 2 * p.Ek;
     const uint64_t out = L ? L : p.E;
     run(&p, m, d, L, fused);
-    ml_ck_ng_close(b, &p.g, out);
+    ml__ck_ng_close(b, &p.g, out);
     if (ch->selective)
         return;
     p.grad = true;
     run(&p, m, d, L, fused);
-    ml_ck_grad_close(b, &p.g, out);
+    ml__ck_grad_close(b, &p.g, out);
 }
 
-void ml_ck_forward_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+void ml__ck_forward_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
     programs(ch, b, m, d, 0, false);
 }
 
-void ml_ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+void ml__ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
                        bool fused)
 {
     /* a decoder's LM head or BERT's masked-LM head; the classifiers' (B, D)

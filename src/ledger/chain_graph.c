@@ -14,7 +14,7 @@
 static mlg_config config_of(const ml_chain *ch, const ml_model *m)
 {
     return (mlg_config){ch->prec.a,        ch->prec.w,   ch->prec.fp16,
-                        ch->prec.autocast, ml_ck_fused_attention(ch, m), ch->eval_mode};
+                        ch->prec.autocast, ml__ck_fused_attention(ch, m), ch->eval_mode};
 }
 
 /* Each dtype class's bytes under the chain's precision, then each
@@ -70,7 +70,7 @@ static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_gr
     return true;
 }
 
-bool ml_ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+bool ml__ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
 {
     mlg_layer L;
     const mlg_config c = config_of(ch, m);
@@ -80,8 +80,8 @@ bool ml_ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_
     return sized(ch, m, d, G);
 }
 
-bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
-                      ml_ck_graph *G)
+bool ml__ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
+                       ml_ck_graph *G)
 {
     mlg_layer L;
     const mlg_config c = config_of(ch, m);
@@ -91,8 +91,8 @@ bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool
     return sized(ch, m, d, G);
 }
 
-bool ml_ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsigned in_bytes,
-                     bool in_nograd, ml_ck_graph *G, mlg_seq_block *info)
+bool ml__ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsigned in_bytes,
+                      bool in_nograd, ml_ck_graph *G, mlg_seq_block *info)
 {
     const mlg_seq_config c = {ch->B,        ch->prec.w, ch->prec.autocast,
                               ch->eval_mode, in_bytes,   in_nograd};
@@ -161,20 +161,20 @@ static void inventory(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, size_t *
         if (first[e] == MLG_NONE)
             continue;
         if (t->role == MLG_INPUT) {
-            ml_ck_save(ch, b, t->name, bytes[e], 1, ML_SV_INPUT);
+            ml__ck_save(ch, b, t->name, bytes[e], 1, ML_SV_INPUT);
             continue;
         }
-        idx[e] = ml_ck_save(ch, b, t->name, bytes[e], 1, t->flags & MLG_T_CORE ? ML_SV_CORE : 0);
+        idx[e] = ml__ck_save(ch, b, t->name, bytes[e], 1, t->flags & MLG_T_CORE ? ML_SV_CORE : 0);
         if (t->flags & MLG_T_WCAST)
             b->cast_bytes = ml_add(ch, b->cast_bytes, bytes[e]);
     }
     for (uint16_t t = 0; t < g->nt; t++)
         if (g->t[t].flags & MLG_T_TMP)
-            ml_ck_tmp(ch, G->tb[t], 1);
+            ml__ck_tmp(ch, G->tb[t], 1);
 }
 
 /* One op's backward node, after the accumulation its input gradient goes
- * into (forward order: ml_ck_end reverses the list). */
+ * into (forward order: ml__ck_end reverses the list). */
 static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, const size_t *idx,
                  const uint16_t *first)
 {
@@ -197,15 +197,15 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
             rel[nrel++] = idx[e]; /* an op saves six at most */
     }
     if (o->accum != MLG_NONE)
-        ml_ck_accum(ch, b, G->tb[o->accum]);
-    ml_ck_node(ch, b, o->node, gin, pg, gout, rel[0], rel[1]);
+        ml__ck_accum(ch, b, G->tb[o->accum]);
+    ml__ck_node(ch, b, o->node, gin, pg, gout, rel[0], rel[1]);
     for (unsigned j = 2; j < nrel; j++)
-        ml_ck_node_claim(ch, b, rel[j]);
+        ml__ck_node_claim(ch, b, rel[j]);
     if (o->scratch_in && o->ngin)
-        ml_ck_node_scratch(ch, b, G->tb[o->gin[0]]);
+        ml__ck_node_scratch(ch, b, G->tb[o->gin[0]]);
 }
 
-void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t out)
+void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t out)
 {
     const ml_graph *g = &G->g;
     size_t idx[MLG_MAX_TENSORS];
@@ -220,7 +220,7 @@ void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t
                 if (p->group != grp || (p->flags & MLG_T_SHARED))
                     continue;
                 uint64_t rows = G->z.dim[p->dim[0]];
-                ml_ck_param(ch, b, rows, p->ndim > 1 ? G->z.dim[p->dim[1]] : 0);
+                ml__ck_param(ch, b, rows, p->ndim > 1 ? G->z.dim[p->dim[1]] : 0);
             }
     for (uint16_t k = 0; k < g->nop; k++) {
         const mlg_op *o = &g->op[k];
@@ -232,21 +232,21 @@ void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t
             node(ch, b, G, k, idx, first);
     }
     const uint64_t held = output(ch, b, G, idx, out);
-    ml_ck_end(ch, b, out);
+    ml__ck_end(ch, b, out);
     if (!G->programs || ch->overflow)
         return;
     ml_graph_live l;
     ml__graph_forward(g, G->tb, false, ch->eval_mode, &l);
     ml_ck_ng ng = {l.live, l.peak, l.bad};
-    ml_ck_ng_close(b, &ng, held);
+    ml__ck_ng_close(b, &ng, held);
     if (ch->selective)
         return;
     ml__graph_forward(g, G->tb, true, ch->eval_mode, &l);
     ng = (ml_ck_ng){l.live, l.peak, l.bad};
-    ml_ck_grad_close(b, &ng, held);
+    ml__ck_grad_close(b, &ng, held);
 }
 
-void ml_ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst, size_t pcount)
+void ml__ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst, size_t pcount)
 {
     const ml_cblock *p = &ch->blocks[proto];
     ml_ptensor *pv = ml_grow_to(ch->params, ch->nparams + pcount, &ch->paramcap, sizeof *pv, 16);
@@ -264,6 +264,6 @@ void ml_ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst,
     memcpy(&ch->params[ch->nparams], &ch->params[pfirst], pcount * sizeof *ch->params);
     ch->nparams += pcount;
     /* saved_first and node_first: the prototype's lists, shared (nothing
-     * changes a block's lists once it is closed), as ml_ck_end shares equal
+     * changes a block's lists once it is closed), as ml__ck_end shares equal
      * node lists of successive blocks */
 }

@@ -9,10 +9,10 @@
 
 /* Whether the blocks record their backward nodes (docs/ledger.md,
  * "Backward, node by node"): fp32 eager blocks for now. */
-bool ml_ck_node_level(const ml_chain *ch, const ml_model *m)
+bool ml__ck_node_level(const ml_chain *ch, const ml_model *m)
 {
     return ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast &&
-           !ml_ck_fused_attention(ch, m) && !m->kv_lora && !m->router_sigmoid &&
+           !ml__ck_fused_attention(ch, m) && !m->kv_lora && !m->router_sigmoid &&
            !m->expert_sort;
 }
 
@@ -23,7 +23,7 @@ bool ml_ck_node_level(const ml_chain *ch, const ml_model *m)
 static void vocab_weight(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
     if (!m->tied_embeddings) {
-        ml_ck_param(ch, b, d->V, d->D);
+        ml__ck_param(ch, b, d->V, d->D);
     } else {
         b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
         b->grad_accum_bytes = b->grad_bytes;
@@ -36,10 +36,10 @@ static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
                         uint64_t *rows)
 {
     uint64_t np, BTD = ml_mul(ch, d->BT, d->D);
-    unsigned nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
-    ml_ck_norm_params(ch, b, np, d->D);
-    size_t s_in = ml_ck_linear_input(ch, b, "lm head input", BTD, nb, false, 0);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
+    unsigned nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
+    ml__ck_norm_params(ch, b, np, d->D);
+    size_t s_in = ml__ck_linear_input(ch, b, "lm head input", BTD, nb, false, 0);
+    ml__ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
     vocab_weight(ch, b, m, d);
     if (m->final_softcap > 0) {
         /* Gemma 2's logits / cap, tanh, * cap (Gemma2ForCausalLM.forward):
@@ -48,16 +48,16 @@ static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
          * Python float keep only a host scalar. The head's output, the
          * logits the loss reads, is the product (docs/inventory.md) */
         uint64_t BTV = ml_mul(ch, d->BT, d->V), gV = ml_mul(ch, BTV, ch->prec.a);
-        ml_ck_tmp(ch, BTV, ch->prec.a);
-        size_t s = ml_ck_save(ch, b, "final softcap tanh output", BTV, ch->prec.a, 0);
+        ml__ck_tmp(ch, BTV, ch->prec.a);
+        size_t s = ml__ck_save(ch, b, "final softcap tanh output", BTV, ch->prec.a, 0);
         /* backward (recorded in fp32, head_and_loss): the LM head's mm
          * (its input's gradient, the weight's; it frees the logits'), then
          * the three soft-cap nodes, each a new gradient of the logits' size */
-        ml_ck_node(ch, b, "MmBackward0 (LM head)", ml_mul(ch, BTD, nb),
-                   ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad), gV, s_in, SIZE_MAX);
-        ml_ck_node(ch, b, "DivBackward0 (logits / softcap)", gV, 0, gV, SIZE_MAX, SIZE_MAX);
-        ml_ck_node(ch, b, "TanhBackward0 (final softcap)", gV, 0, gV, s, SIZE_MAX);
-        ml_ck_node(ch, b, "MulBackward0 (tanh * softcap)", gV, 0, gV, SIZE_MAX, SIZE_MAX);
+        ml__ck_node(ch, b, "MmBackward0 (LM head)", ml_mul(ch, BTD, nb),
+                    ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad), gV, s_in, SIZE_MAX);
+        ml__ck_node(ch, b, "DivBackward0 (logits / softcap)", gV, 0, gV, SIZE_MAX, SIZE_MAX);
+        ml__ck_node(ch, b, "TanhBackward0 (final softcap)", gV, 0, gV, s, SIZE_MAX);
+        ml__ck_node(ch, b, "MulBackward0 (tanh * softcap)", gV, 0, gV, SIZE_MAX, SIZE_MAX);
     }
     *rows = d->BT;
     b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)d->V;
@@ -77,15 +77,15 @@ static uint64_t seq_cls_head(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
                              uint64_t *rows)
 {
     uint64_t np, BTD = ml_mul(ch, d->BT, d->D);
-    unsigned nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
-    ml_ck_norm_params(ch, b, np, d->D);
-    ml_ck_linear_input(ch, b, "score input (the norm's output)", BTD, nb, false, 0);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, m->classes, d->D));
-    ml_ck_param(ch, b, m->classes, d->D);
-    ml_ck_tmp(ch, ml_mul(ch, d->BT, m->classes), ch->prec.a);
-    ml_ck_save(ch, b, "pooling batch index (arange, int64)", d->B, 8, 0);
+    unsigned nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
+    ml__ck_norm_params(ch, b, np, d->D);
+    ml__ck_linear_input(ch, b, "score input (the norm's output)", BTD, nb, false, 0);
+    ml__ck_weight_copy(ch, b, ml_mul(ch, m->classes, d->D));
+    ml__ck_param(ch, b, m->classes, d->D);
+    ml__ck_tmp(ch, ml_mul(ch, d->BT, m->classes), ch->prec.a);
+    ml__ck_save(ch, b, "pooling batch index (arange, int64)", d->B, 8, 0);
     if (!m->cls_no_pad)
-        ml_ck_save(ch, b, "pooling last-token index (argmax, int64)", d->B, 8, 0);
+        ml__ck_save(ch, b, "pooling last-token index (argmax, int64)", d->B, 8, 0);
     *rows = d->B;
     b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)m->classes;
     return m->classes;
@@ -105,22 +105,22 @@ static uint64_t mlm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     /* the decoder's bias is the head module's own parameter, registered
      * before its submodules' (model.parameters() lists it first) */
-    ml_ck_param(ch, b, d->V, 0);
-    ml_ck_linear_input(ch, b, "mlm dense input", BTD, w, false, ML_SV_INPUT);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
-    ml_ck_param(ch, b, d->D, d->D);
-    ml_ck_param(ch, b, d->D, 0);
+    ml__ck_param(ch, b, d->V, 0);
+    ml__ck_linear_input(ch, b, "mlm dense input", BTD, w, false, ML_SV_INPUT);
+    ml__ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
+    ml__ck_param(ch, b, d->D, d->D);
+    ml__ck_param(ch, b, d->D, 0);
     bool gelu = m->activation == ML_ACT_GELU;
-    ml_ck_save(ch, b, gelu ? "mlm dense output (gelu input)" : "mlm relu output", BTD, a, 0);
+    ml__ck_save(ch, b, gelu ? "mlm dense output (gelu input)" : "mlm relu output", BTD, a, 0);
     if (gelu || a != w)
-        ml_ck_save(ch, b, a != w ? "mlm layernorm input (fp32 cast)" : "mlm layernorm input",
-                   BTD, w, 0);
-    ml_ck_save(ch, b, "mlm layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
-    ml_ck_param(ch, b, d->D, 0);
-    ml_ck_param(ch, b, d->D, 0);
-    ml_ck_tmp(ch, BTD, w);
-    ml_ck_linear_input(ch, b, "mlm decoder input (layernorm output)", BTD, w, false, 0);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
+        ml__ck_save(ch, b, a != w ? "mlm layernorm input (fp32 cast)" : "mlm layernorm input",
+                    BTD, w, 0);
+    ml__ck_save(ch, b, "mlm layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+    ml__ck_param(ch, b, d->D, 0);
+    ml__ck_param(ch, b, d->D, 0);
+    ml__ck_tmp(ch, BTD, w);
+    ml__ck_linear_input(ch, b, "mlm decoder input (layernorm output)", BTD, w, false, 0);
+    ml__ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
     vocab_weight(ch, b, m, d);
     *rows = d->BT;
     b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * ((double)d->D + (double)d->V);
@@ -137,22 +137,22 @@ static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
     unsigned src = w;
     bool src_saved = false;
     if (m->prenorm) { /* ViT: final norm, then the class token */
-        unsigned nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
-        ml_ck_norm_params(ch, b, np, d->D);
+        unsigned nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
+        ml__ck_norm_params(ch, b, np, d->D);
         src = nb;
     }
     /* x[:, 0] is a view: a saving consumer keeps the whole (B, T, D)
      * storage alive unless autocast cast it to a (B, D) copy */
     if (m->pooler) {
         if (ch->prec.autocast && src == 4)
-            ml_ck_save(ch, b, "pooler input (cast copy of first token)", BD, 2, 0);
+            ml__ck_save(ch, b, "pooler input (cast copy of first token)", BD, 2, 0);
         else
-            ml_ck_save(ch, b, "pooler input (view keeps the full hidden state)", BTD, src,
-                       m->prenorm ? 0 : ML_SV_INPUT);
-        ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
-        ml_ck_param(ch, b, d->D, d->D);
-        ml_ck_param(ch, b, d->D, 0);
-        ml_ck_save(ch, b, "pooler tanh output", BD, a, 0);
+            ml__ck_save(ch, b, "pooler input (view keeps the full hidden state)", BTD, src,
+                        m->prenorm ? 0 : ML_SV_INPUT);
+        ml__ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
+        ml__ck_param(ch, b, d->D, d->D);
+        ml__ck_param(ch, b, d->D, 0);
+        ml__ck_save(ch, b, "pooler tanh output", BD, a, 0);
         b->flops_fwd += 2.0 * (double)d->B * (double)d->D * (double)d->D;
         src = a;
         src_saved = true;
@@ -160,23 +160,23 @@ static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
     /* ViTForImageClassification: the classifier reads the first token, no
      * dropout between (BERT's classifier has one) */
     if (d->drop && !m->image_size) {
-        ml_ck_save(ch, b, "classifier dropout mask", BD, 1, 0);
+        ml__ck_save(ch, b, "classifier dropout mask", BD, 1, 0);
         src_saved = false;
         if (!m->pooler)
             src = w;
-        ml_ck_linear_input(ch, b, "classifier input (dropout output)", BD, src, false, 0);
+        ml__ck_linear_input(ch, b, "classifier input (dropout output)", BD, src, false, 0);
     } else if (!m->pooler) {
         if (ch->prec.autocast && src == 4)
-            ml_ck_save(ch, b, "classifier input (cast copy of first token)", BD, 2, 0);
+            ml__ck_save(ch, b, "classifier input (cast copy of first token)", BD, 2, 0);
         else
-            ml_ck_save(ch, b, "classifier input (view keeps the full hidden state)", BTD, src,
-                       m->prenorm ? 0 : ML_SV_INPUT);
+            ml__ck_save(ch, b, "classifier input (view keeps the full hidden state)", BTD, src,
+                        m->prenorm ? 0 : ML_SV_INPUT);
     } else {
-        ml_ck_linear_input(ch, b, "classifier input", BD, src, src_saved, 0);
+        ml__ck_linear_input(ch, b, "classifier input", BD, src, src_saved, 0);
     }
-    ml_ck_weight_copy(ch, b, ml_mul(ch, m->classes, d->D));
-    ml_ck_param(ch, b, m->classes, d->D);
-    ml_ck_param(ch, b, m->classes, 0);
+    ml__ck_weight_copy(ch, b, ml_mul(ch, m->classes, d->D));
+    ml__ck_param(ch, b, m->classes, d->D);
+    ml__ck_param(ch, b, m->classes, 0);
     *rows = d->B;
     b->flops_fwd += 2.0 * (double)d->B * (double)d->D * (double)m->classes;
     return m->classes;
@@ -221,15 +221,15 @@ static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_c
     b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
     b->ws_fwd = ml_add(ch, two > one ? two : one, rowwise);
     b->unit_fwd = ml_mul(ch, ml_mul(ch, rows, d->V), a);
-    ml_ck_save(ch, b, "targets (int64)", d->BT, 8, ML_SV_BATCH);
+    ml__ck_save(ch, b, "targets (int64)", d->BT, 8, ML_SV_BATCH);
     vocab_weight(ch, b, m, d);
     b->grads_in_fwd = true;
     b->flops_fwd = 6.0 * (double)d->BT * (double)d->D * (double)d->V;
-    ml_ck_node(ch, b, "LigerFusedLinearCrossEntropyFunctionBackward (hands over)", 0, 0, 0,
-               SIZE_MAX, SIZE_MAX);
+    ml__ck_node(ch, b, "LigerFusedLinearCrossEntropyFunctionBackward (hands over)", 0, 0, 0,
+                SIZE_MAX, SIZE_MAX);
     uint64_t ws = b->ws_fwd;
-    ml_ck_end(ch, b, 0);
-    /* ml_ck_end's estimates are for ops that save: this one's forward
+    ml__ck_end(ch, b, 0);
+    /* ml__ck_end's estimates are for ops that save: this one's forward
      * transient is the chunks', its backward allocates nothing, and under
      * no_grad its two gradients are transients too */
     b->ws_fwd = ws;
@@ -241,11 +241,11 @@ static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_c
 /* The head block, then the loss: cross-entropy = log_softmax (saves its
  * output; autocast runs it in fp32) + nll_loss (saves the int64 targets);
  * with logits: fused, the final norm and the fused linear cross-entropy. */
-ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
-                              const ml_training *t)
+ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                               const ml_training *t)
 {
     const unsigned w = ch->prec.w, a = ch->prec.a;
-    ml_cblock *b = ml_ck_begin(ch, "head", -1);
+    ml_cblock *b = ml__ck_begin(ch, "head", -1);
     if (!b)
         return ML_NOMEM;
     b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), w);
@@ -260,7 +260,7 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     if (!ch->builders_only && m->type == ML_MODEL_DECODER && !upcast_nodes) {
         if (!(G = malloc(sizeof *G)))
             return ML_NOMEM;
-        if (!ml_ck_graph_head(ch, m, d, fused, G)) {
+        if (!ml__ck_graph_head(ch, m, d, fused, G)) {
             free(G);
             G = NULL;
         }
@@ -272,17 +272,17 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
         if (G) {
             /* the op graph's norm (docs/graph.md): its output has the
              * stream's dtype */
-            ml_ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
+            ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
             free(G);
         } else {
             uint64_t np;
-            nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
-            ml_ck_norm_params(ch, b, np, d->D);
+            nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
+            ml__ck_norm_params(ch, b, np, d->D);
             uint64_t out = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
-            ml_ck_end(ch, b, out);
-            ml_ck_forward_head(ch, b, m, d, true);
+            ml__ck_end(ch, b, out);
+            ml__ck_forward_head(ch, b, m, d, true);
         }
-        b = ml_ck_begin(ch, "loss", -1);
+        b = ml__ck_begin(ch, "loss", -1);
         if (!b)
             return ML_NOMEM;
         b->fwd_phase = ML_PHASE_LOSS;
@@ -292,7 +292,7 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     }
     /* a soft-capped LM head replays its backward node by node (its three
      * logits-sized gradients in turn); the other heads keep the block rule */
-    ch->record_nodes = m->final_softcap > 0 && ml_ck_node_level(ch, m);
+    ch->record_nodes = m->final_softcap > 0 && ml__ck_node_level(ch, m);
     uint64_t rows; /* rows of the logits */
     uint64_t out_classes;
     if (G) {
@@ -302,10 +302,10 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
             vocab_weight(ch, b, m, d);
         rows = d->BT;
         out_classes = d->V;
-        ml_ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, rows, out_classes), a));
+        ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, rows, out_classes), a));
         free(G);
         ch->record_nodes = false;
-        return ml_ck_ce_loss(ch, m, d, rows, out_classes);
+        return ml__ck_ce_loss(ch, m, d, rows, out_classes);
     }
     out_classes = m->type != ML_MODEL_ENCODER
                       ? (m->classes ? seq_cls_head(ch, b, m, d, &rows)
@@ -313,25 +313,25 @@ ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims 
                   : m->mlm_head ? mlm_head(ch, b, m, d, &rows)
                                 : classifier_head(ch, b, m, d, &rows);
     uint64_t logits = ml_mul(ch, rows, out_classes);
-    ml_ck_end(ch, b, ml_mul(ch, logits, a));
-    ml_ck_forward_head(ch, b, m, d, false);
+    ml__ck_end(ch, b, ml_mul(ch, logits, a));
+    ml__ck_forward_head(ch, b, m, d, false);
     ch->record_nodes = false;
-    return ml_ck_ce_loss(ch, m, d, rows, out_classes);
+    return ml__ck_ce_loss(ch, m, d, rows, out_classes);
 }
 
-ml_status ml_ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t rows,
-                        uint64_t out_classes)
+ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t rows,
+                         uint64_t out_classes)
 {
     const unsigned w = ch->prec.w, a = ch->prec.a;
     uint64_t logits = ml_mul(ch, rows, out_classes);
-    ml_cblock *b = ml_ck_begin(ch, "loss", -1);
+    ml_cblock *b = ml__ck_begin(ch, "loss", -1);
     if (!b)
         return ML_NOMEM;
     b->fwd_phase = ML_PHASE_LOSS;
     unsigned lsb = ch->prec.autocast ? 4 : w;
-    ml_ck_save(ch, b, "log-softmax output", logits, lsb, 0);
-    ml_ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
-    ml_ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
+    ml__ck_save(ch, b, "log-softmax output", logits, lsb, 0);
+    ml__ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
+    ml__ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
     if (ch->prec.autocast)
         b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */
     if (m->type == ML_MODEL_DECODER && m->classes)

@@ -7,12 +7,12 @@
 #include "ledger/chain_kit.h"
 #include "util/grow.h"
 
-uint64_t ml_ck_mul3(ml_chain *ch, uint64_t a, uint64_t b, uint64_t c)
+uint64_t ml__ck_mul3(ml_chain *ch, uint64_t a, uint64_t b, uint64_t c)
 {
     return ml_mul(ch, ml_mul(ch, a, b), c);
 }
 
-ml_prec ml_prec_of(ml_precision p)
+ml_prec ml__prec_of(ml_precision p)
 {
     /*                        param grad master state a  w  autocast fp16 */
     static const ml_prec t[ML_PREC_COUNT] = {
@@ -28,7 +28,7 @@ ml_prec ml_prec_of(ml_precision p)
 
 /* ---- building blocks ------------------------------------------------- */
 
-ml_cblock *ml_ck_begin(ml_chain *ch, const char *name, int ckpt_index)
+ml_cblock *ml__ck_begin(ml_chain *ch, const char *name, int ckpt_index)
 {
     ml_cblock *grown = ml_grow(ch->blocks, ch->n, &ch->cap, sizeof *grown, 16);
     if (!grown) {
@@ -51,7 +51,7 @@ ml_cblock *ml_ck_begin(ml_chain *ch, const char *name, int ckpt_index)
     return b;
 }
 
-void ml_ck_note(ml_chain *ch, uint64_t bytes, bool saved)
+void ml__ck_note(ml_chain *ch, uint64_t bytes, bool saved)
 {
     if (bytes > ch->max_tensor)
         ch->max_tensor = bytes;
@@ -60,20 +60,20 @@ void ml_ck_note(ml_chain *ch, uint64_t bytes, bool saved)
 }
 
 /* Records one saved storage of `elems` elements of `bpe` bytes. */
-size_t ml_ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, unsigned bpe,
-                  unsigned flags)
+size_t ml__ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, unsigned bpe,
+                   unsigned flags)
 {
     uint64_t bytes = ml_mul(ch, elems, bpe);
     if (flags & ML_SV_BATCH) {
         /* held by the loop all iteration: the batch, not this block's */
         ch->batch_targets = ml_add(ch, ch->batch_targets, bytes);
-        ml_ck_note(ch, bytes, true);
+        ml__ck_note(ch, bytes, true);
         return SIZE_MAX;
     }
     if (flags & ML_SV_INPUT) {
         /* the block's input is a boundary tensor, accounted by the replay */
         b->in_saved = true;
-        ml_ck_note(ch, bytes, true);
+        ml__ck_note(ch, bytes, true);
         return SIZE_MAX;
     }
     ml_saved *s = ml_grow(ch->saved, ch->nsaved, &ch->savedcap, sizeof *s, 64);
@@ -88,7 +88,7 @@ size_t ml_ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, 
     b->saved_bytes = ml_add(ch, b->saved_bytes, bytes);
     if (flags & ML_SV_CORE)
         b->core_bytes = ml_add(ch, b->core_bytes, bytes);
-    ml_ck_note(ch, bytes, true);
+    ml__ck_note(ch, bytes, true);
     return idx;
 }
 
@@ -114,8 +114,8 @@ static void node_claims(ml_chain *ch, ml_cblock *b, size_t s)
         ch->saved[s].node = (uint32_t)(b->nnodes - 1);
 }
 
-void ml_ck_node(ml_chain *ch, ml_cblock *b, const char *what, uint64_t grad_in,
-                uint64_t param_grad, uint64_t grad_out, size_t s0, size_t s1)
+void ml__ck_node(ml_chain *ch, ml_cblock *b, const char *what, uint64_t grad_in,
+                 uint64_t param_grad, uint64_t grad_out, size_t s0, size_t s1)
 {
     /* a chain that overflowed is refused: no node list for it */
     if (!ch->record_nodes || ch->overflow)
@@ -128,21 +128,21 @@ void ml_ck_node(ml_chain *ch, ml_cblock *b, const char *what, uint64_t grad_in,
     node_claims(ch, b, s1);
 }
 
-void ml_ck_node_claim(ml_chain *ch, ml_cblock *b, size_t s)
+void ml__ck_node_claim(ml_chain *ch, ml_cblock *b, size_t s)
 {
     if (ch->record_nodes && !ch->overflow && b->nnodes)
         node_claims(ch, b, s);
 }
 
-void ml_ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes)
+void ml__ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes)
 {
     if (ch->record_nodes && b->nnodes)
         ch->nodes[ch->nnodes - 1].scratch = bytes;
 }
 
-void ml_ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes)
+void ml__ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes)
 {
-    ml_ck_node(ch, b, "InputBuffer accumulation (in place)", 0, 0, bytes, SIZE_MAX, SIZE_MAX);
+    ml__ck_node(ch, b, "InputBuffer accumulation (in place)", 0, 0, bytes, SIZE_MAX, SIZE_MAX);
 }
 
 /* Puts the block's nodes in execution order (the reverse of the forward's)
@@ -202,12 +202,12 @@ static void nodes_close(ml_chain *ch, ml_cblock *b)
 }
 
 /* An intermediate that nothing saves. */
-void ml_ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe)
+void ml__ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe)
 {
-    ml_ck_note(ch, ml_mul(ch, elems, bpe), false);
+    ml__ck_note(ch, ml_mul(ch, elems, bpe), false);
 }
 
-ml_side *ml_ck_side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to)
+ml_side *ml__ck_side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to)
 {
     if (!bytes)
         return NULL;
@@ -223,7 +223,7 @@ ml_side *ml_ck_side(ml_chain *ch, const char *what, uint64_t bytes, size_t from,
 }
 
 /* A parameter tensor of the block: rows x cols (cols 0 for a vector). */
-void ml_ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols)
+void ml__ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols)
 {
     uint64_t numel = cols ? ml_mul(ch, rows, cols) : rows;
     ml_ptensor *p = ml_grow(ch->params, ch->nparams, &ch->paramcap, sizeof *p, 64);
@@ -240,16 +240,16 @@ void ml_ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols)
 
 /* A Linear's parameters as nn.Linear registers them: the (out, in) weight,
  * then its bias when it has one. */
-void ml_ck_linear(ml_chain *ch, ml_cblock *b, uint64_t in, uint64_t out, bool bias)
+void ml__ck_linear(ml_chain *ch, ml_cblock *b, uint64_t in, uint64_t out, bool bias)
 {
-    ml_ck_param(ch, b, in, out);
+    ml__ck_param(ch, b, in, out);
     if (bias)
-        ml_ck_param(ch, b, out, 0);
+        ml__ck_param(ch, b, out, 0);
 }
 
 /* Closes a block: transients from its largest tensors (docs/ledger.md,
  * "transients"), gradients its backward creates. */
-void ml_ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
+void ml__ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
 {
     b->ws_fwd = ml_add(ch, b->ws_fwd, ml_mul(ch, 2, ch->max_unsaved));
     b->ws_nograd = ml_mul(ch, 2, ch->max_tensor);
@@ -263,13 +263,13 @@ void ml_ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
     nodes_close(ch, b);
 }
 
-void ml_ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
+void ml__ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
 {
     if (!g->bad && g->live == out && g->peak >= out)
         b->ws_nograd = g->peak - out;
 }
 
-void ml_ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
+void ml__ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
 {
     uint64_t end = b->saved_bytes + out; /* end < out: the sum wrapped */
     if (!g->bad && end >= out && g->live == end && g->peak >= end)
@@ -280,22 +280,22 @@ void ml_ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
  * element: autocast saves a bf16/fp16 cast copy per consumer (casts of
  * non-leaf tensors are not cached), otherwise the storage itself. The caller
  * passes already_saved when another op saved the same storage. */
-size_t ml_ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
-                          unsigned bpe, bool already_saved, unsigned flags)
+size_t ml__ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
+                           unsigned bpe, bool already_saved, unsigned flags)
 {
     if (ch->prec.autocast && bpe == 4)
-        return ml_ck_save(ch, b, what, elems, 2, flags & ~(unsigned)ML_SV_INPUT);
+        return ml__ck_save(ch, b, what, elems, 2, flags & ~(unsigned)ML_SV_INPUT);
     if (!already_saved)
-        return ml_ck_save(ch, b, what, elems, bpe, flags);
+        return ml__ck_save(ch, b, what, elems, bpe, flags);
     return SIZE_MAX;
 }
 
 /* autocast caches one low-precision copy of each weight per forward; the
  * matmul saves it for the input gradient (only when its input needs one). */
-void ml_ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems)
+void ml__ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems)
 {
     if (ch->prec.autocast) {
-        ml_ck_save(ch, b, "weight cast copy (autocast)", elems, 2, 0);
+        ml__ck_save(ch, b, "weight cast copy (autocast)", elems, 2, 0);
         b->cast_bytes = ml_add(ch, b->cast_bytes, ml_mul(ch, elems, 2));
     }
 }
@@ -310,7 +310,7 @@ void ml_ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems)
  * head against H query heads and no enable_gqa: the fused kernels need
  * equal head counts (sdp_utils: check_batch_size_and_num_heads_dense), so
  * it runs the math kernel in every dtype (docs/inventory.md). */
-bool ml_ck_fused_attention(const ml_chain *ch, const ml_model *m)
+bool ml__ck_fused_attention(const ml_chain *ch, const ml_model *m)
 {
     if (m->attention == ML_ATTN_SDPA)
         return !((ch->prec.a == 4 || m->shared_norm) && m->kv_heads < m->heads);
@@ -345,16 +345,16 @@ static void rope_repeat_nodes(ml_chain *ch, ml_cblock *b, const ml_model *m,
             uint64_t g = i == 0 ? z->gQ : z->gKV;
             const bool pass = m->fused_proj || (m->parallel_residual && !m->shared_norm);
             if (pass)
-                ml_ck_accum(ch, b, g);
-            ml_ck_node(ch, b, what[i][0], g, 0, g, SIZE_MAX, SIZE_MAX);
+                ml__ck_accum(ch, b, g);
+            ml__ck_node(ch, b, what[i][0], g, 0, g, SIZE_MAX, SIZE_MAX);
             if (pass)
-                ml_ck_node(ch, b, what[i][1], g, 0, 0, SIZE_MAX, SIZE_MAX);
+                ml__ck_node(ch, b, what[i][1], g, 0, 0, SIZE_MAX, SIZE_MAX);
         }
     }
     if (d->Hkv < d->H) {
         /* repeat_kv: expand + reshape, whose backward sums the groups */
-        ml_ck_node(ch, b, "ExpandBackward0 (repeat_kv of k)", z->gKV, 0, z->gQ, SIZE_MAX, SIZE_MAX);
-        ml_ck_node(ch, b, "ExpandBackward0 (repeat_kv of v)", z->gKV, 0, z->gQ, SIZE_MAX, SIZE_MAX);
+        ml__ck_node(ch, b, "ExpandBackward0 (repeat_kv of k)", z->gKV, 0, z->gQ, SIZE_MAX, SIZE_MAX);
+        ml__ck_node(ch, b, "ExpandBackward0 (repeat_kv of v)", z->gKV, 0, z->gQ, SIZE_MAX, SIZE_MAX);
         z->gKV = z->gQ;
     }
 }
@@ -371,17 +371,17 @@ static void phi3_projection_nodes(ml_chain *ch, ml_cblock *b, const ml_ck_dims *
     const unsigned a = ch->prec.a;
     uint64_t gqkv = ml_mul(ch, ml_mul(ch, d->BT, z->qkv_out), a);
     if (xbuf)
-        ml_ck_accum(ch, b, gBTD);
-    ml_ck_node(ch, b, "MmBackward0 (qkv projection)", gBTD, pgrad, gqkv, s_in, SIZE_MAX);
+        ml__ck_accum(ch, b, gBTD);
+    ml__ck_node(ch, b, "MmBackward0 (qkv projection)", gBTD, pgrad, gqkv, s_in, SIZE_MAX);
     static const char *const sl[3] = {"SliceBackward0 (q of qkv)", "SliceBackward0 (k of qkv)",
                                       "SliceBackward0 (v of qkv)"};
     for (unsigned i = 0; i < 3; i++) {
         uint64_t gh = i == 0 ? z->gQ : z->gKV;
         if (i < 2)
-            ml_ck_accum(ch, b, gqkv);
-        ml_ck_node(ch, b, sl[i], gqkv, 0, gh, SIZE_MAX, SIZE_MAX);
-        ml_ck_node(ch, b, "ViewBackward0 (head view, contiguous copy)", gh, 0, gh, SIZE_MAX,
-                   SIZE_MAX);
+            ml__ck_accum(ch, b, gqkv);
+        ml__ck_node(ch, b, sl[i], gqkv, 0, gh, SIZE_MAX, SIZE_MAX);
+        ml__ck_node(ch, b, "ViewBackward0 (head view, contiguous copy)", gh, 0, gh, SIZE_MAX,
+                    SIZE_MAX);
     }
 }
 
@@ -396,19 +396,19 @@ static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
     size_t s_in = SIZE_MAX;
     if (ch->prec.autocast && src_bpe == 4) {
         for (unsigned i = 0; i < ncast; i++)
-            ml_ck_save(ch, b, "q/k/v projection input (cast copy)", z->BTD, 2, 0);
+            ml__ck_save(ch, b, "q/k/v projection input (cast copy)", z->BTD, 2, 0);
     } else if (!src_saved) {
-        s_in = ml_ck_save(ch, b, "q/k/v projection input", z->BTD, src_bpe, in_flags);
+        s_in = ml__ck_save(ch, b, "q/k/v projection input", z->BTD, src_bpe, in_flags);
     }
-    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, z->qkv_out));
+    ml__ck_weight_copy(ch, b, ml_mul(ch, d->D, z->qkv_out));
     if (fused_qkv) {
-        ml_ck_linear(ch, b, d->D, z->qkv_out, m->qkv_bias);
+        ml__ck_linear(ch, b, d->D, z->qkv_out, m->qkv_bias);
     } else { /* q_proj, k_proj, v_proj: three modules */
-        ml_ck_linear(ch, b, d->D, z->Dq, m->qkv_bias);
-        ml_ck_linear(ch, b, d->D, d->Dkv, m->qkv_bias);
-        ml_ck_linear(ch, b, d->D, d->Dkv, m->qkv_bias);
+        ml__ck_linear(ch, b, d->D, z->Dq, m->qkv_bias);
+        ml__ck_linear(ch, b, d->D, d->Dkv, m->qkv_bias);
+        ml__ck_linear(ch, b, d->D, d->Dkv, m->qkv_bias);
     }
-    ml_ck_tmp(ch, ml_mul(ch, d->BT, z->qkv_out), a);
+    ml__ck_tmp(ch, ml_mul(ch, d->BT, z->qkv_out), a);
     /* backward nodes of the projections (docs/ledger.md, "Backward, node by
      * node"): the input's gradient buffer exists already when the input is
      * the block's residual stream (post-norm: the skip holds it); otherwise
@@ -432,14 +432,14 @@ static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
     } else if (fused_qkv) {
         uint64_t gqkv = ml_mul(ch, ml_mul(ch, d->BT, z->qkv_out), a);
         if (xbuf)
-            ml_ck_accum(ch, b, gBTD);
-        ml_ck_node(ch, b, "AddmmBackward0 (qkv projection)", gBTD,
-                   ml_mul(ch, ml_add(ch, ml_mul(ch, d->D, z->qkv_out), m->qkv_bias ? z->qkv_out : 0), g),
-                   gqkv, s_in, SIZE_MAX);
-        ml_ck_node(ch, b, "SplitBackward0 (cat of q, k, v)", gqkv, 0,
-                   ml_add(ch, z->gQ, ml_mul(ch, 2, z->gKV)), SIZE_MAX, SIZE_MAX);
-        ml_ck_node(ch, b, "ViewBackward0 (q, contiguous copy)", z->gQ, 0, z->gQ, SIZE_MAX, SIZE_MAX);
-        ml_ck_node(ch, b, "ViewBackward0 (k, contiguous copy)", z->gKV, 0, z->gKV, SIZE_MAX, SIZE_MAX);
+            ml__ck_accum(ch, b, gBTD);
+        ml__ck_node(ch, b, "AddmmBackward0 (qkv projection)", gBTD,
+                    ml_mul(ch, ml_add(ch, ml_mul(ch, d->D, z->qkv_out), m->qkv_bias ? z->qkv_out : 0), g),
+                    gqkv, s_in, SIZE_MAX);
+        ml__ck_node(ch, b, "SplitBackward0 (cat of q, k, v)", gqkv, 0,
+                    ml_add(ch, z->gQ, ml_mul(ch, 2, z->gKV)), SIZE_MAX, SIZE_MAX);
+        ml__ck_node(ch, b, "ViewBackward0 (q, contiguous copy)", z->gQ, 0, z->gQ, SIZE_MAX, SIZE_MAX);
+        ml__ck_node(ch, b, "ViewBackward0 (k, contiguous copy)", z->gKV, 0, z->gKV, SIZE_MAX, SIZE_MAX);
     } else {
         /* q, k, v: backward runs v, k, q (the reverse of their creation) */
         static const char *const lin[3] = {"MmBackward0 (q projection)",
@@ -449,12 +449,12 @@ static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
             uint64_t w_el = i == 0 ? ml_mul(ch, d->D, z->Dq) : ml_mul(ch, d->D, d->Dkv);
             uint64_t gh = i == 0 ? z->gQ : z->gKV;
             if (xbuf || i < 2)
-                ml_ck_accum(ch, b, gBTD);
+                ml__ck_accum(ch, b, gBTD);
             uint64_t bias_el = m->qkv_bias ? (i == 0 ? z->Dq : d->Dkv) : 0;
-            ml_ck_node(ch, b, lin[i], gBTD, ml_mul(ch, ml_add(ch, w_el, bias_el), g), gh,
-                       i == 0 ? s_in : SIZE_MAX, SIZE_MAX);
-            ml_ck_node(ch, b, "ViewBackward0 (head view, contiguous copy)", gh, 0, gh, SIZE_MAX,
-                       SIZE_MAX);
+            ml__ck_node(ch, b, lin[i], gBTD, ml_mul(ch, ml_add(ch, w_el, bias_el), g), gh,
+                        i == 0 ? s_in : SIZE_MAX, SIZE_MAX);
+            ml__ck_node(ch, b, "ViewBackward0 (head view, contiguous copy)", gh, 0, gh, SIZE_MAX,
+                        SIZE_MAX);
         }
         rope_repeat_nodes(ch, b, m, d, z);
     }
@@ -470,55 +470,55 @@ static void attn_core(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck
                        (double)d->dh;
     b->flops_fwd += 2.0 * (double)d->BT * (double)d->D * (double)z->qkv_out + attn_core;
     size_t s_pv = SIZE_MAX;
-    if (ml_ck_fused_attention(ch, m)) {
+    if (ml__ck_fused_attention(ch, m)) {
         /* scaled_dot_product_attention (flash): saves q, k, v, the output and
          * the per-row logsumexp; no T x T tensor exists */
-        ml_ck_save(ch, b, "q, k, v (flash)", ml_mul(ch, d->BT, z->qkv_out), a, 0);
-        ml_ck_save(ch, b, "attention output (flash)", z->BTQ, a, 0);
-        ml_ck_save(ch, b, "logsumexp (flash)", ml_ck_mul3(ch, d->B, d->H, d->T), 4, 0);
+        ml__ck_save(ch, b, "q, k, v (flash)", ml_mul(ch, d->BT, z->qkv_out), a, 0);
+        ml__ck_save(ch, b, "attention output (flash)", z->BTQ, a, 0);
+        ml__ck_save(ch, b, "logsumexp (flash)", ml__ck_mul3(ch, d->B, d->H, d->T), 4, 0);
     } else {
         /* matmul of the permuted head views reshapes them into contiguous
          * copies, which bmm saves: q and k for QK^T, v for PV */
-        size_t s_qkv = ml_ck_save(ch, b, "q, k, v contiguous copies (bmm)", ml_mul(ch, 3, z->BTQ), a, 0);
+        size_t s_qkv = ml__ck_save(ch, b, "q, k, v contiguous copies (bmm)", ml_mul(ch, 3, z->BTQ), a, 0);
         /* Falcon's fp32 mask promotes `scores + mask` to fp32 under autocast */
-        ml_ck_tmp(ch, z->BHTT, m->shared_norm && ch->prec.autocast ? 4 : a);
+        ml__ck_tmp(ch, z->BHTT, m->shared_norm && ch->prec.autocast ? 4 : a);
         b->flops_core = attn_core;
         uint64_t gS = ml_mul(ch, z->BHTT, a);
-        ml_ck_node(ch, b, "BmmBackward0 (q k^T)", ml_mul(ch, 2, z->gQ), 0, gS, s_qkv, SIZE_MAX);
-        ml_ck_node(ch, b, "MulBackward0/DivBackward0 (scale)", gS, 0, gS, SIZE_MAX, SIZE_MAX);
+        ml__ck_node(ch, b, "BmmBackward0 (q k^T)", ml_mul(ch, 2, z->gQ), 0, gS, s_qkv, SIZE_MAX);
+        ml__ck_node(ch, b, "MulBackward0/DivBackward0 (scale)", gS, 0, gS, SIZE_MAX, SIZE_MAX);
         if (m->attn_softcap > 0 && m->attention == ML_ATTN_EAGER) {
             /* Gemma 2's scores / cap, tanh, * cap: tanh keeps its result
              * (tanh_backward(grad, result)); the scalar divide and multiply
              * keep a host scalar only. sdpa (transformers passes it no cap)
              * and flash (the kernel caps in place) keep nothing for it */
-            size_t s = ml_ck_save(ch, b, "attention softcap tanh output", z->BHTT, a,
-                                  ML_SV_CORE);
-            ml_ck_node(ch, b, "DivBackward0 (scores / softcap)", gS, 0, gS, SIZE_MAX, SIZE_MAX);
-            ml_ck_node(ch, b, "TanhBackward0 (softcap)", gS, 0, gS, s, SIZE_MAX);
-            ml_ck_node(ch, b, "MulBackward0 (tanh * softcap)", gS, 0, gS, SIZE_MAX, SIZE_MAX);
+            size_t s = ml__ck_save(ch, b, "attention softcap tanh output", z->BHTT, a,
+                                   ML_SV_CORE);
+            ml__ck_node(ch, b, "DivBackward0 (scores / softcap)", gS, 0, gS, SIZE_MAX, SIZE_MAX);
+            ml__ck_node(ch, b, "TanhBackward0 (softcap)", gS, 0, gS, s, SIZE_MAX);
+            ml__ck_node(ch, b, "MulBackward0 (tanh * softcap)", gS, 0, gS, SIZE_MAX, SIZE_MAX);
         }
         if (causal_mask) {
-            size_t s = ml_ck_save(ch, b, "causal mask (masked_fill, bool)",
-                                  ml_mul(ch, d->T, d->T), 1, ML_SV_CORE);
-            ml_ck_node(ch, b, "MaskedFillBackward0", gS, 0, gS, s, SIZE_MAX);
+            size_t s = ml__ck_save(ch, b, "causal mask (masked_fill, bool)",
+                                   ml_mul(ch, d->T, d->T), 1, ML_SV_CORE);
+            ml__ck_node(ch, b, "MaskedFillBackward0", gS, 0, gS, s, SIZE_MAX);
         }
         unsigned sm = softmax_fp32 ? 4 : w;
-        size_t s = ml_ck_save(ch, b, "softmax output", z->BHTT, sm, ML_SV_CORE);
+        size_t s = ml__ck_save(ch, b, "softmax output", z->BHTT, sm, ML_SV_CORE);
         uint64_t gP = ml_mul(ch, z->BHTT, sm);
-        ml_ck_node(ch, b, "SoftmaxBackward0", gS, 0, gP, s, SIZE_MAX);
+        ml__ck_node(ch, b, "SoftmaxBackward0", gS, 0, gP, s, SIZE_MAX);
         if (d->drop) {
-            s = ml_ck_save(ch, b, "attention dropout mask", z->BHTT, 1, ML_SV_CORE);
-            ml_ck_node(ch, b, "NativeDropoutBackward0 (attention)", gP, 0, gP, s, SIZE_MAX);
+            s = ml__ck_save(ch, b, "attention dropout mask", z->BHTT, 1, ML_SV_CORE);
+            ml__ck_node(ch, b, "NativeDropoutBackward0 (attention)", gP, 0, gP, s, SIZE_MAX);
         }
         if (sm != a)
-            s_pv = ml_ck_save(ch, b, "attention probabilities cast for PV", z->BHTT, a, ML_SV_CORE);
+            s_pv = ml__ck_save(ch, b, "attention probabilities cast for PV", z->BHTT, a, ML_SV_CORE);
         else if (d->drop)
-            s_pv = ml_ck_save(ch, b, "attention dropout output", z->BHTT, sm, ML_SV_CORE);
+            s_pv = ml__ck_save(ch, b, "attention dropout output", z->BHTT, sm, ML_SV_CORE);
         if (sm != a)
-            ml_ck_node(ch, b, "ToCopyBackward0 (probabilities)", gP, 0, gS, SIZE_MAX, SIZE_MAX);
-        ml_ck_node(ch, b, "BmmBackward0 (P v)", ml_add(ch, gS, z->gKV), 0, z->gQ, s_pv, SIZE_MAX);
-        ml_ck_node(ch, b, "UnsafeViewBackward0 (attention output)", z->gQ, 0, z->gQ, SIZE_MAX,
-                   SIZE_MAX);
+            ml__ck_node(ch, b, "ToCopyBackward0 (probabilities)", gP, 0, gS, SIZE_MAX, SIZE_MAX);
+        ml__ck_node(ch, b, "BmmBackward0 (P v)", ml_add(ch, gS, z->gKV), 0, z->gQ, s_pv, SIZE_MAX);
+        ml__ck_node(ch, b, "UnsafeViewBackward0 (attention output)", z->gQ, 0, z->gQ, SIZE_MAX,
+                    SIZE_MAX);
     }
 }
 
@@ -528,28 +528,28 @@ static void attn_output(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
 {
     const unsigned a = ch->prec.a, g = ch->prec.grad;
     /* output projection: input is the contiguous (B, T, H*dh) attention output */
-    size_t s_o = ml_ck_save(ch, b, "output projection input", z->BTQ, a, 0);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, z->Dq, d->D));
+    size_t s_o = ml__ck_save(ch, b, "output projection input", z->BTQ, a, 0);
+    ml__ck_weight_copy(ch, b, ml_mul(ch, z->Dq, d->D));
     bool obias = m->bias || m->out_bias;
-    ml_ck_linear(ch, b, z->Dq, d->D, obias);
+    ml__ck_linear(ch, b, z->Dq, d->D, obias);
     b->flops_fwd += 2.0 * (double)d->BT * (double)z->Dq * (double)d->D;
     /* the projection's output feeds the residual add, whose gradient the
      * skip's buffer holds: freed there, not here (or by the dropout, or by
      * Gemma 2's post norm, which made it) */
     uint64_t gD = ml_mul(ch, z->BTD, a);
-    ml_ck_node(ch, b, "AddmmBackward0 (output projection)", z->gQ,
-               ml_mul(ch, ml_add(ch, ml_mul(ch, z->Dq, d->D), obias ? d->D : 0), g),
-               (d->drop || m->post_norms) ? gD : 0, s_o, SIZE_MAX);
+    ml__ck_node(ch, b, "AddmmBackward0 (output projection)", z->gQ,
+                ml_mul(ch, ml_add(ch, ml_mul(ch, z->Dq, d->D), obias ? d->D : 0), g),
+                (d->drop || m->post_norms) ? gD : 0, s_o, SIZE_MAX);
     if (d->drop) {
-        size_t s = ml_ck_save(ch, b, "residual dropout mask", z->BTD, 1, 0);
-        ml_ck_node(ch, b, "NativeDropoutBackward0 (residual)", gD, 0, 0, s, SIZE_MAX);
+        size_t s = ml__ck_save(ch, b, "residual dropout mask", z->BTD, 1, 0);
+        ml__ck_node(ch, b, "NativeDropoutBackward0 (residual)", gD, 0, 0, s, SIZE_MAX);
     }
-    ml_ck_tmp(ch, z->BTD, a);
+    ml__ck_tmp(ch, z->BTD, a);
 }
 
-void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                     unsigned src_bpe, bool src_saved, bool fused_qkv, bool causal_mask,
-                     bool softmax_fp32, unsigned in_flags)
+void ml__ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                      unsigned src_bpe, bool src_saved, bool fused_qkv, bool causal_mask,
+                      bool softmax_fp32, unsigned in_flags)
 {
     attn_sizes z;
     z.BTD = ml_mul(ch, d->BT, d->D);
@@ -558,7 +558,7 @@ void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
     z.Dq = ml_mul(ch, d->H, d->dh);
     z.BTQ = ml_mul(ch, d->BT, z.Dq);
     z.qkv_out = ml_add(ch, z.Dq, ml_mul(ch, 2, d->Dkv));
-    z.BHTT = ml_ck_mul3(ch, d->B, d->H, ml_mul(ch, d->T, d->T));
+    z.BHTT = ml__ck_mul3(ch, d->B, d->H, ml_mul(ch, d->T, d->T));
     attn_projections(ch, b, m, d, &z, src_bpe, src_saved, fused_qkv, in_flags);
     attn_core(ch, b, m, d, &z, causal_mask, softmax_fp32);
     attn_output(ch, b, m, d, &z);

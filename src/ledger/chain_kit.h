@@ -18,42 +18,42 @@ typedef struct {
     double expert_imbalance; /* training.expert_imbalance (mixtures of experts) */
 } ml_ck_dims;
 
-uint64_t ml_ck_mul3(ml_chain *ch, uint64_t a, uint64_t b, uint64_t c);
+uint64_t ml__ck_mul3(ml_chain *ch, uint64_t a, uint64_t b, uint64_t c);
 
 /* Appends a block named `name`; NULL (and ch->nomem) when out of memory. */
-ml_cblock *ml_ck_begin(ml_chain *ch, const char *name, int ckpt_index);
+ml_cblock *ml__ck_begin(ml_chain *ch, const char *name, int ckpt_index);
 /* Notes a tensor's size for the block's transient estimate. */
-void ml_ck_note(ml_chain *ch, uint64_t bytes, bool saved);
+void ml__ck_note(ml_chain *ch, uint64_t bytes, bool saved);
 /* Records one saved storage of `elems` elements of `bpe` bytes; returns its
  * index in ch->saved, SIZE_MAX when it is not listed (the block's input). */
-size_t ml_ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, unsigned bpe,
+size_t ml__ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, unsigned bpe,
                 unsigned flags);
 /* An intermediate that nothing saves. */
-void ml_ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe);
+void ml__ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe);
 /* A parameter tensor of the block: rows x cols (cols 0 for a vector). */
-void ml_ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols);
+void ml__ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols);
 /* A Linear's weight (in x out) and, with bias, its bias. */
-void ml_ck_linear(ml_chain *ch, ml_cblock *b, uint64_t in, uint64_t out, bool bias);
-/* Records the backward node of the op just built (forward order: ml_ck_end
+void ml__ck_linear(ml_chain *ch, ml_cblock *b, uint64_t in, uint64_t out, bool bias);
+/* Records the backward node of the op just built (forward order: ml__ck_end
  * puts the block's nodes in execution order) when ch->record_nodes; it
  * releases the saved storages s0 and s1 (SIZE_MAX: none). */
-void ml_ck_node(ml_chain *ch, ml_cblock *b, const char *what, uint64_t grad_in,
-                uint64_t param_grad, uint64_t grad_out, size_t s0, size_t s1);
+void ml__ck_node(ml_chain *ch, ml_cblock *b, const char *what, uint64_t grad_in,
+                 uint64_t param_grad, uint64_t grad_out, size_t s0, size_t s1);
 /* A further saved storage s the node just recorded releases. */
-void ml_ck_node_claim(ml_chain *ch, ml_cblock *b, size_t s);
+void ml__ck_node_claim(ml_chain *ch, ml_cblock *b, size_t s);
 /* Scratch of the node just recorded (allocated and freed inside it). */
-void ml_ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes);
+void ml__ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes);
 /* InputBuffer accumulation: a gradient of `bytes` added in place into the
  * buffer already held for the same tensor (input_buffer.cpp), then freed. */
-void ml_ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes);
+void ml__ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes);
 /* Closes a block: transients, gradients its backward creates. */
-void ml_ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes);
+void ml__ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes);
 /* The saved input of a linear layer (autocast: a cast copy per consumer);
  * returns its index in ch->saved (SIZE_MAX: none recorded). */
-size_t ml_ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
-                          unsigned bpe, bool already_saved, unsigned flags);
+size_t ml__ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
+                           unsigned bpe, bool already_saved, unsigned flags);
 /* autocast's low-precision weight copy, saved by the matmul. */
-void ml_ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems);
+void ml__ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems);
 
 /* The live intermediates of one block's forward under no_grad, op by op
  * (docs/ledger.md, "Forward under no_grad"): each op allocates its output,
@@ -81,48 +81,48 @@ static inline void ml_ck_ng_drop(ml_ck_ng *g, uint64_t bytes)
  * block's output only (out bytes, 0 for a view of the input). The replay
  * holds ws_nograd beside the output, so ws_nograd is the program's peak
  * less the output. An incomplete program leaves the block rule. */
-void ml_ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
+void ml__ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
 /* The same for a program with grad, whose saved tensors stay: complete
  * when it ends holding the block's saved tensors and its output; sets
  * b->ws_fwd, what the replay holds beside them while the block runs. */
-void ml_ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
+void ml__ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
 /* A transformer layer block's programs (chain_forward.c), under no_grad and
  * with grad, for the layouts they know; the others keep the block rule. */
-void ml_ck_forward_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d);
+void ml__ck_forward_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d);
 /* The same for the head block (before the loss; fused: the norm only). */
-void ml_ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+void ml__ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
                        bool fused);
 
 /* A mixture-of-experts MLP (HF Mixtral's) after its norm (chain_moe.c):
  * the router and the experts' parameters, FLOPs and saved tensors, for
  * m->experts experts with m->experts_per_tok of them per token. */
-void ml_ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-               unsigned src_bpe, bool src_saved);
+void ml__ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                unsigned src_bpe, bool src_saved);
 /* The busiest expert's rows among N (token, expert) pairs over E experts:
  * N / E for a balanced router, times training.expert_imbalance, at most the
  * B*T tokens (one row per token and expert). */
-uint64_t ml_ck_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E);
+uint64_t ml__ck_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E);
 /* DeepSeek-V3's (HF DeepseekV3MoE): the sigmoid router, the experts summed
  * in the router's dtype, the ungated shared experts (chain_moe.c). */
-void ml_ck_moe_v3(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                  unsigned src_bpe);
+void ml__ck_moe_v3(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                   unsigned src_bpe);
 /* DeepSeek-V2's (HF DeepseekV2MoE): the softmax router, the pairs sorted
  * by expert, the outputs scattered back, weighted and summed in fp32, the
  * ungated shared experts (chain_moe.c). */
-void ml_ck_moe_v2(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                  unsigned src_bpe);
+void ml__ck_moe_v2(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                   unsigned src_bpe);
 /* Multi-head latent attention (HF DeepseekV3Attention, eager) after its
  * norm (chain_mla.c): parameters, FLOPs and saved tensors; src_bpe: bytes
  * per element of its input. */
-void ml_ck_mla_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                         unsigned src_bpe);
+void ml__ck_mla_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                          unsigned src_bpe);
 /* Whether the model's attention runs a fused kernel (no T x T tensor). */
-bool ml_ck_fused_attention(const ml_chain *ch, const ml_model *m);
+bool ml__ck_fused_attention(const ml_chain *ch, const ml_model *m);
 /* Self-attention after its input projection(s): parameters, FLOPs, saved
  * tensors. src_bpe: bytes per element of the projection input. */
-void ml_ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                     unsigned src_bpe, bool src_saved, bool fused_qkv, bool causal_mask,
-                     bool softmax_fp32, unsigned in_flags);
+void ml__ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                      unsigned src_bpe, bool src_saved, bool fused_qkv, bool causal_mask,
+                      bool softmax_fp32, unsigned in_flags);
 
 /* What a norm reads: x's bytes per element (xw), its flags (ML_SV_INPUT:
  * the block's input), whether x's gradient buffer exists before the norm's
@@ -136,41 +136,41 @@ typedef struct {
 /* A norm (LayerNorm or an RMSNorm) on x (chain_norm.c): its saved tensors
  * and backward nodes. Returns the output's bytes per element and sets
  * *params to its parameter count. */
-unsigned ml_ck_norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                        const ml_ck_norm_io *io, uint64_t *params);
+unsigned ml__ck_norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                         const ml_ck_norm_io *io, uint64_t *params);
 /* A norm on the residual stream (w bytes per element, its output's
  * gradient freed by the norm): the block's or the head's input (xflags,
  * xbuf as in ml_ck_norm_io). */
-unsigned ml_ck_stream_norm(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                           unsigned xflags, uint64_t *params, bool xbuf);
+unsigned ml__ck_stream_norm(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                            unsigned xflags, uint64_t *params, bool xbuf);
 /* A norm's parameters as the module registers them: weight, then bias. */
-void ml_ck_norm_params(ml_chain *ch, ml_cblock *b, uint64_t np, uint64_t D);
+void ml__ck_norm_params(ml_chain *ch, ml_cblock *b, uint64_t np, uint64_t D);
 
 /* Whether the transformer's blocks record their backward nodes
  * (chain_head.c; docs/ledger.md, "Backward, node by node"). */
-bool ml_ck_node_level(const ml_chain *ch, const ml_model *m);
+bool ml__ck_node_level(const ml_chain *ch, const ml_model *m);
 /* The head block, then the loss (chain_head.c); ML_NOMEM. */
-ml_status ml_ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
-                              const ml_training *t);
+ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                               const ml_training *t);
 
 /* The transformer's embedding block (chain_embed.c); ML_NOMEM. */
-ml_status ml_ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
+ml_status ml__ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
 
 /* The shapes of one micro-batch through a transformer (chain_transformer.c);
  * ML_RANGE (with err) when the sequence does not fit the model. */
-ml_status ml_ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, ml_ck_dims *d,
-                        ml_error *err);
+ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, ml_ck_dims *d,
+                         ml_error *err);
 /* A pre-norm transformer layer (GPT-2, Llama, Gemma, Phi-3, Falcon, ViT and
  * CLIP layouts) into block b (chain_transformer.c). */
-void ml_ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d);
+void ml__ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d);
 /* The model's layer blocks, "block.<i>", checkpoint indices from
  * ch->mask_ckpt0 (chain_transformer.c); ML_NOMEM. */
-ml_status ml_ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
+ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
 
 /* A side tensor (chain.h) made by block `from`'s forward and freed after
  * block `to`'s, with no gradient (the caller sets the other fields); NULL
  * when bytes is 0 (none) or out of memory (ch->nomem set). */
-ml_side *ml_ck_side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to);
+ml_side *ml__ck_side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to);
 
 /* A layer's op graph at the chain's sizes (chain_graph.c; docs/graph.md). */
 typedef struct {
@@ -181,35 +181,35 @@ typedef struct {
 } ml_ck_graph;
 /* Builds the graph of m's layers into G when the component kit expresses
  * their layout (graph/families.c); false: the chain builders run. */
-bool ml_ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+bool ml__ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
 /* The same for a decoder's head (the final norm and the LM head; fused:
  * the norm alone). */
-bool ml_ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
-                      ml_ck_graph *G);
+bool ml__ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
+                       ml_ck_graph *G);
 /* The graph of a sequential model's layer l (one `layers:` entry) on an
  * input of shape in (in_bytes per element; in_nograd: the model's input)
  * into G at the chain's micro-batch and precision (graph/kit_seq.h);
  * false: the chain builders run it. */
-bool ml_ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsigned in_bytes,
-                     bool in_nograd, ml_ck_graph *G, mlg_seq_block *info);
+bool ml__ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsigned in_bytes,
+                      bool in_nograd, ml_ck_graph *G, mlg_seq_block *info);
 /* Block b's inventory, nodes, parameters, FLOPs and transients from G,
- * closed with output bytes out (ml_ck_end), then its forward programs. */
-void ml_ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t out);
+ * closed with output bytes out (ml__ck_end), then its forward programs. */
+void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t out);
 /* Block b as a copy of the identical block ch->blocks[proto] (the same
  * graph at the same sizes), whose parameters are ch->params[pfirst ..
  * pfirst + pcount): a configuration's layers are emitted once. */
-void ml_ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst, size_t pcount);
+void ml__ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst, size_t pcount);
 
-/* The families' builders, called by ml_chain_build. */
-ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
-                                     ml_error *err);
-ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch);
-ml_status ml_chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch);
-ml_status ml_chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,
-                               ml_error *err);
+/* The families' builders, called by ml__chain_build. */
+ml_status ml__chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                                      ml_error *err);
+ml_status ml__chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch);
+ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch);
+ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                                ml_error *err);
 /* The cross-entropy block over `rows` rows of `classes` logits
  * (chain_head.c); ML_NOMEM. */
-ml_status ml_ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t rows,
-                        uint64_t classes);
+ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t rows,
+                         uint64_t classes);
 
 #endif

@@ -48,26 +48,26 @@ static ml_model vision_model(const ml_model *m)
 static ml_status vision_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
 {
     const unsigned w = ch->prec.w;
-    ml_cblock *b = ml_ck_begin(ch, "vision.embedding", -1);
+    ml_cblock *b = ml__ck_begin(ch, "vision.embedding", -1);
     if (!b)
         return ML_NOMEM;
-    uint64_t px = ml_mul(ch, ml_ck_mul3(ch, d->B, m->vis_channels, m->vis_image), m->vis_image);
-    uint64_t kin = ml_ck_mul3(ch, m->vis_channels, m->vis_patch, m->vis_patch);
+    uint64_t px = ml_mul(ch, ml__ck_mul3(ch, d->B, m->vis_channels, m->vis_image), m->vis_image);
+    uint64_t kin = ml__ck_mul3(ch, m->vis_channels, m->vis_patch, m->vis_patch);
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     if (ch->prec.autocast)
-        ml_ck_save(ch, b, "image cast copy (patch conv input)", px, 2, 0);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, d->D, kin));
-    ml_ck_param(ch, b, d->D, 0);                   /* class_embedding */
-    ml_ck_param(ch, b, d->D, kin);                 /* patch_embedding */
-    ml_ck_param(ch, b, d->T, d->D);                /* position_embedding */
-    ml_ck_param(ch, b, d->D, 0);                   /* pre_layrnorm */
-    ml_ck_param(ch, b, d->D, 0);
-    ml_ck_tmp(ch, ml_mul(ch, ml_mul(ch, d->B, d->T - 1), d->D), ch->prec.a);
-    ml_ck_tmp(ch, BTD, w); /* the cat */
-    ml_ck_save(ch, b, "pre_layrnorm input (embeddings)", BTD, w, 0);
-    ml_ck_save(ch, b, "pre_layrnorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+        ml__ck_save(ch, b, "image cast copy (patch conv input)", px, 2, 0);
+    ml__ck_weight_copy(ch, b, ml_mul(ch, d->D, kin));
+    ml__ck_param(ch, b, d->D, 0);                   /* class_embedding */
+    ml__ck_param(ch, b, d->D, kin);                 /* patch_embedding */
+    ml__ck_param(ch, b, d->T, d->D);                /* position_embedding */
+    ml__ck_param(ch, b, d->D, 0);                   /* pre_layrnorm */
+    ml__ck_param(ch, b, d->D, 0);
+    ml__ck_tmp(ch, ml_mul(ch, ml_mul(ch, d->B, d->T - 1), d->D), ch->prec.a);
+    ml__ck_tmp(ch, BTD, w); /* the cat */
+    ml__ck_save(ch, b, "pre_layrnorm input (embeddings)", BTD, w, 0);
+    ml__ck_save(ch, b, "pre_layrnorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
     b->flops_fwd = 2.0 * (double)d->B * (double)(d->T - 1) * (double)kin * (double)d->D;
-    ml_ck_end(ch, b, ml_mul(ch, BTD, w));
+    ml__ck_end(ch, b, ml_mul(ch, BTD, w));
     b->flops_bwd = b->flops_fwd; /* the weight's gradient only */
     b->in_nograd = true;
     /* position_ids, (1, T) int64, registered with persistent=False */
@@ -91,23 +91,23 @@ static ml_status vision_layer(ml_chain *ch, const ml_model *vm, const ml_ck_dims
     char name[48];
     snprintf(name, sizeof name, "vision.layer.%llu", (unsigned long long)i);
     size_t p0 = ch->nparams;
-    ml_cblock *b = ml_ck_begin(ch, name, used ? (int)i : -1);
+    ml_cblock *b = ml__ck_begin(ch, name, used ? (int)i : -1);
     if (!b)
         return ML_NOMEM;
     b->in_bytes = ml_mul(ch, BTD, w);
-    ml_ck_prenorm_block(ch, b, vm, d);
+    ml__ck_prenorm_block(ch, b, vm, d);
     /* the output (B, D) of post_layernorm on the class tokens, a view of
      * the layer's output, which the LayerNorm keeps with its statistics */
     uint64_t pooled = last ? ml_mul(ch, ml_mul(ch, d->B, d->D), w) : 0;
     if (last) {
-        ml_ck_param(ch, b, d->D, 0);
-        ml_ck_param(ch, b, d->D, 0);
+        ml__ck_param(ch, b, d->D, 0);
+        ml__ck_param(ch, b, d->D, 0);
     }
     if (last && !used) { /* (a used layer's: a side tensor, below) */
-        ml_ck_save(ch, b, "post_layernorm input (the layer's output)", BTD, w, 0);
-        ml_ck_save(ch, b, "post_layernorm mean+rstd", ml_mul(ch, d->B, 2), 4, 0);
+        ml__ck_save(ch, b, "post_layernorm input (the layer's output)", BTD, w, 0);
+        ml__ck_save(ch, b, "post_layernorm mean+rstd", ml_mul(ch, d->B, 2), 4, 0);
     }
-    ml_ck_end(ch, b, ml_mul(ch, BTD, w));
+    ml__ck_end(ch, b, ml_mul(ch, BTD, w));
     if (used && !last)
         return ML_OK;
     if (used) { /* post_layernorm's parameters get no gradient */
@@ -118,8 +118,8 @@ static ml_status vision_layer(ml_chain *ch, const ml_model *vm, const ml_ck_dims
         b->grad_accum_bytes -= g;
         /* its statistics and output live until get_image_features returns;
          * its input is the projector's, kept by the stream */
-        ml_ck_side(ch, "post_layernorm statistics and output (unused)",
-                   ml_add(ch, ml_mul(ch, d->B, 8), pooled), ch->n - 1, ch->n);
+        ml__ck_side(ch, "post_layernorm statistics and output (unused)",
+                    ml_add(ch, ml_mul(ch, d->B, 8), pooled), ch->n - 1, ch->n);
         return ML_OK;
     }
     b->unused_out = b->fwd_only = true;
@@ -132,8 +132,8 @@ static ml_status vision_layer(ml_chain *ch, const ml_model *vm, const ml_ck_dims
         ch->params[j].nograd = true;
     b->grad_bytes = b->grad_accum_bytes = 0;
     b->flops_bwd = 0; /* it runs forward only */
-    ml_ck_side(ch, "an unused vision layer's saved tensors and output",
-               ml_add(ch, b->saved_bytes, last ? pooled : ml_mul(ch, BTD, w)), ch->n - 1, 0);
+    ml__ck_side(ch, "an unused vision layer's saved tensors and output",
+                ml_add(ch, b->saved_bytes, last ? pooled : ml_mul(ch, BTD, w)), ch->n - 1, 0);
     return ML_OK;
 }
 
@@ -151,34 +151,34 @@ static ml_status projector(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd
                            const ml_ck_dims *d, uint64_t n_img)
 {
     const unsigned a = ch->prec.a, w = ch->prec.w;
-    ml_cblock *b = ml_ck_begin(ch, "projector", -1);
+    ml_cblock *b = ml__ck_begin(ch, "projector", -1);
     if (!b)
         return ML_NOMEM;
     b->in_bytes = ml_mul(ch, ml_mul(ch, vd->BT, vd->D), w);
     uint64_t rows = ml_mul(ch, d->B, n_img), Dv = vd->D, Dt = d->D;
     uint64_t nD = ml_mul(ch, rows, Dt);
     if (ch->prec.autocast)
-        ml_ck_save(ch, b, "linear_1 input (cast copy of the feature)", ml_mul(ch, rows, Dv), 2,
-                   0);
+        ml__ck_save(ch, b, "linear_1 input (cast copy of the feature)", ml_mul(ch, rows, Dv), 2,
+                    0);
     else if (!m->vis_full) /* the slice is not contiguous: matmul's reshape copies it */
-        ml_ck_save(ch, b, "linear_1 input (contiguous copy of the slice)",
-                   ml_mul(ch, rows, Dv), a, 0);
+        ml__ck_save(ch, b, "linear_1 input (contiguous copy of the slice)",
+                    ml_mul(ch, rows, Dv), a, 0);
     else
         b->in_saved = true; /* the hidden state itself */
-    ml_ck_weight_copy(ch, b, ml_mul(ch, Dv, Dt));
-    ml_ck_weight_copy(ch, b, ml_mul(ch, Dt, Dt));
-    ml_ck_linear(ch, b, Dv, Dt, m->proj_bias);
-    ml_ck_linear(ch, b, Dt, Dt, m->proj_bias);
-    ml_ck_save(ch, b, "linear_1 output (gelu input)", nD, a, 0);
-    ml_ck_save(ch, b, "gelu output (linear_2 input)", nD, a, 0);
-    ml_ck_tmp(ch, nD, a);                 /* linear_2's output */
+    ml__ck_weight_copy(ch, b, ml_mul(ch, Dv, Dt));
+    ml__ck_weight_copy(ch, b, ml_mul(ch, Dt, Dt));
+    ml__ck_linear(ch, b, Dv, Dt, m->proj_bias);
+    ml__ck_linear(ch, b, Dt, Dt, m->proj_bias);
+    ml__ck_save(ch, b, "linear_1 output (gelu input)", nD, a, 0);
+    ml__ck_save(ch, b, "gelu output (linear_2 input)", nD, a, 0);
+    ml__ck_tmp(ch, nD, a);                 /* linear_2's output */
     if (a != w)
-        ml_ck_tmp(ch, nD, w);             /* .to(inputs_embeds.dtype) */
-    ml_ck_tmp(ch, nD, w);                 /* inputs_embeds[mask] */
-    ml_ck_tmp(ch, ml_mul(ch, nD, 3), 8);  /* its indices */
-    ml_ck_save(ch, b, "image token mask (bool)", d->BT, 1, 0);
+        ml__ck_tmp(ch, nD, w);             /* .to(inputs_embeds.dtype) */
+    ml__ck_tmp(ch, nD, w);                 /* inputs_embeds[mask] */
+    ml__ck_tmp(ch, ml_mul(ch, nD, 3), 8);  /* its indices */
+    ml__ck_save(ch, b, "image token mask (bool)", d->BT, 1, 0);
     b->flops_fwd = 2.0 * (double)rows * (double)Dt * (double)(Dv + Dt);
-    ml_ck_end(ch, b, ml_mul(ch, ml_mul(ch, d->BT, Dt), w));
+    ml__ck_end(ch, b, ml_mul(ch, ml_mul(ch, d->BT, Dt), w));
     return ML_OK;
 }
 
@@ -209,8 +209,8 @@ static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t
         ch->params[j].nograd = ch->params[j].frozen = true;
     ch->nsides = 0; /* the unused layers' saved tensors: none */
     uint64_t h = ml_mul(ch, ml_mul(ch, vd->BT, vd->D), ch->prec.w);
-    ml_ck_side(ch, "the tower's hidden states (output_hidden_states)",
-               ml_mul(ch, m->vis_layers - 1, h), end - 1, end);
+    ml__ck_side(ch, "the tower's hidden states (output_hidden_states)",
+                ml_mul(ch, m->vis_layers - 1, h), end - 1, end);
     /* the projector's input needs no gradient: linear_1's mm keeps no weight
      * (derivatives.yaml: mm keeps mat2 for self's gradient), so no autocast
      * copy of it */
@@ -235,20 +235,20 @@ static ml_status vision_tower(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     return st;
 }
 
-ml_status ml_chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,
-                               ml_error *err)
+ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                                ml_error *err)
 {
     const ml_training *t = &cfg->training;
     uint64_t n_img = ml_model_image_tokens(m);
     if (t->seq_len < n_img)
-        return ml_errorf(err, ML_RANGE,
-                         "a sequence of %llu tokens holds no image: each sample's image is "
-                         "%llu tokens of it (model.stacks.vision); plan training.seq_len (and "
-                         "training.eval_seq_len) of at least %llu",
-                         (unsigned long long)t->seq_len, (unsigned long long)n_img,
-                         (unsigned long long)n_img);
+        return ml__errorf(err, ML_RANGE,
+                          "a sequence of %llu tokens holds no image: each sample's image is "
+                          "%llu tokens of it (model.stacks.vision); plan training.seq_len (and "
+                          "training.eval_seq_len) of at least %llu",
+                          (unsigned long long)t->seq_len, (unsigned long long)n_img,
+                          (unsigned long long)n_img);
     ml_ck_dims d, vd;
-    ml_status st = ml_ck_dims_of(m, t, ch, &d, err);
+    ml_status st = ml__ck_dims_of(m, t, ch, &d, err);
     if (st)
         return st;
     uint64_t g = m->vis_image / m->vis_patch;
@@ -260,7 +260,7 @@ ml_status ml_chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d.BT, d.D);
     /* the token embeddings (the rotary tables with them), beside the tower */
-    if ((st = ml_ck_embedding_block(ch, m, &d)))
+    if ((st = ml__ck_embedding_block(ch, m, &d)))
         return st;
     ml_cblock *e = &ch->blocks[0];
     e->ws_bwd -= e->bwd_in; /* its output's gradient is the side tensor's */
@@ -280,13 +280,13 @@ ml_status ml_chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain
     ch->vis_mode = t->vision_tower;
     if (t->vision_tower == ML_VT_FROZEN || ch->eval_mode)
         freeze(ch, m, &vd, 1, proj, p0, ch->eval_mode ? p0 : p1);
-    ml_side *s = ml_ck_side(ch, "token embeddings (inputs_embeds)", ml_mul(ch, BTD, w), 0, proj);
+    ml_side *s = ml__ck_side(ch, "token embeddings (inputs_embeds)", ml_mul(ch, BTD, w), 0, proj);
     if (s && !ch->eval_mode) { /* masked_scatter's gradient for them */
         s->grad = ml_mul(ch, BTD, w);
         s->grad_from = (uint32_t)proj;
         s->grad_to = 0;
     }
-    if ((st = ml_ck_layer_blocks(ch, m, &d)) || (st = ml_ck_head_and_loss(ch, m, &d, t)))
+    if ((st = ml__ck_layer_blocks(ch, m, &d)) || (st = ml__ck_head_and_loss(ch, m, &d, t)))
         return st;
     for (size_t i = 0; i < ch->n; i++)
         if (ch->blocks[i].flops_bwd == 0 && !ch->blocks[i].grads_in_fwd &&

@@ -65,13 +65,13 @@ static size_t save_ref(seqctx *s, tref *t, const char *what, bool matmul)
 {
     ml_chain *ch = s->ch;
     if (matmul && ch->prec.autocast && t->bpe == 4)
-        return ml_ck_save(ch, s->b, what, t->elems, 2, 0);
+        return ml__ck_save(ch, s->b, what, t->elems, 2, 0);
     if (t == s->in)
-        return ml_ck_save(ch, s->b, what, t->elems, t->bpe, ML_SV_INPUT);
+        return ml__ck_save(ch, s->b, what, t->elems, t->bpe, ML_SV_INPUT);
     if (t->saved)
         return SIZE_MAX;
     t->saved = true;
-    return t->idx = ml_ck_save(ch, s->b, what, t->elems, t->bpe, 0);
+    return t->idx = ml__ck_save(ch, s->b, what, t->elems, t->bpe, 0);
 }
 
 static uint64_t ref_bytes(seqctx *s, const tref *t)
@@ -134,9 +134,9 @@ static void ng_close(seqctx *s, ml_cblock *b, uint64_t out)
 {
     if (s->ch->prec.autocast)
         return;
-    ml_ck_ng_close(b, &s->ng, out);
+    ml__ck_ng_close(b, &s->ng, out);
     if (!s->ch->selective)
-        ml_ck_grad_close(b, &s->g, out);
+        ml__ck_grad_close(b, &s->g, out);
 }
 
 /* The residual's sum: y, then the branches' outputs and x go (with grad,
@@ -172,9 +172,9 @@ static void seq_node(seqctx *s, const char *what, const tref *x, uint64_t param_
     }
     uint64_t gx = x->model_input ? 0 : ref_bytes(s, x);
     if (gx && x->later)
-        ml_ck_accum(ch, s->b, gx);
-    ml_ck_node(ch, s->b, what, gx, ml_mul(ch, param_elems, ch->prec.grad), ref_bytes(s, y), s0,
-               s1);
+        ml__ck_accum(ch, s->b, gx);
+    ml__ck_node(ch, s->b, what, gx, ml_mul(ch, param_elems, ch->prec.grad), ref_bytes(s, y), s0,
+                s1);
     s->last_out = y;
 }
 
@@ -187,15 +187,15 @@ static tref *seq_matmul(seqctx *s, const ml_layer *l, tref *x, const ml_shape *s
     ml_chain *ch = s->ch;
     ml_cblock *b = s->b;
     bool lin = l->kind == ML_L_LINEAR;
-    uint64_t kin = lin ? sh->d[sh->rank - 1] : ml_ck_mul3(ch, sh->d[0], l->kernel, l->kernel);
+    uint64_t kin = lin ? sh->d[sh->rank - 1] : ml__ck_mul3(ch, sh->d[0], l->kernel, l->kernel);
     uint64_t rows = lin ? ml_mul(ch, s->B, sh->rank == 2 ? sh->d[0] : 1)
                         : ml_mul(ch, s->B, o->d[1] * o->d[2]);
     size_t sx = save_ref(s, x, lin ? "linear input" : "conv2d input", true);
     if (!x->model_input)
-        ml_ck_weight_copy(ch, b, ml_mul(ch, kin, l->out));
-    ml_ck_param(ch, b, l->out, kin);
+        ml__ck_weight_copy(ch, b, ml_mul(ch, kin, l->out));
+    ml__ck_param(ch, b, l->out, kin);
     if (l->bias)
-        ml_ck_param(ch, b, l->out, 0);
+        ml__ck_param(ch, b, l->out, 0);
     /* a layer whose input needs no gradient computes only the weight
      * gradient in backward: F instead of 2F */
     double f = 2.0 * (double)rows * (double)kin * (double)l->out;
@@ -221,10 +221,10 @@ static tref *seq_norm(seqctx *s, const ml_layer *l, tref *x, const ml_shape *sh,
      * (native_batch_norm_backward, native_layer_norm_backward) */
     if (l->kind == ML_L_BATCHNORM) {
         size_t sx = save_ref(s, x, "batchnorm input", false);
-        size_t st = ml_ck_save(ch, b, "batchnorm save_mean+save_invstd", ml_mul(ch, sh->d[0], 2),
-                               4, 0);
-        ml_ck_param(ch, b, sh->d[0], 0);
-        ml_ck_param(ch, b, sh->d[0], 0);
+        size_t st = ml__ck_save(ch, b, "batchnorm save_mean+save_invstd", ml_mul(ch, sh->d[0], 2),
+                                4, 0);
+        ml__ck_param(ch, b, sh->d[0], 0);
+        ml__ck_param(ch, b, sh->d[0], 0);
         /* buffers: running_mean and running_var (the parameters' dtype),
          * num_batches_tracked (int64; torch/nn/modules/batchnorm.py) */
         ch->buffer_bytes = ml_add(ch, ch->buffer_bytes,
@@ -236,12 +236,12 @@ static tref *seq_norm(seqctx *s, const ml_layer *l, tref *x, const ml_shape *sh,
     uint64_t last = sh->d[sh->rank - 1];
     size_t sx;
     if (ch->prec.autocast && x->bpe == 2)
-        sx = ml_ck_save(ch, b, "layernorm input (fp32 cast, autocast)", x->elems, 4, 0);
+        sx = ml__ck_save(ch, b, "layernorm input (fp32 cast, autocast)", x->elems, 4, 0);
     else
         sx = save_ref(s, x, "layernorm input", false);
-    size_t st = ml_ck_save(ch, b, "layernorm mean+rstd", ml_mul(ch, x->elems / last, 2), 4, 0);
-    ml_ck_param(ch, b, last, 0);
-    ml_ck_param(ch, b, last, 0);
+    size_t st = ml__ck_save(ch, b, "layernorm mean+rstd", ml_mul(ch, x->elems / last, 2), 4, 0);
+    ml__ck_param(ch, b, last, 0);
+    ml__ck_param(ch, b, last, 0);
     tref *y = new_ref(s, out_ps, ch->prec.autocast ? 4 : x->bpe);
     seq_node(s, "NativeLayerNormBackward0", x, ml_mul(ch, 2, last), y, sx, st);
     return y;
@@ -274,8 +274,8 @@ static tref *seq_attention(seqctx *s, const ml_layer *l, tref *x, const ml_shape
      * rule for a bare attention layer yet, nor a forward program */
     s->b->nodes_off = true;
     s->ng.bad = s->g.bad = true;
-    ml_ck_attention(ch, s->b, &fake, &d, x->bpe, !is_in && !cast && x->saved, true, l->causal,
-                    false, is_in ? ML_SV_INPUT : 0);
+    ml__ck_attention(ch, s->b, &fake, &d, x->bpe, !is_in && !cast && x->saved, true, l->causal,
+                     false, is_in ? ML_SV_INPUT : 0);
     if (!cast)
         x->saved = true;
     return new_ref(s, out_ps, ch->prec.autocast ? 2 : x->bpe);
@@ -329,9 +329,9 @@ static tref *seq_residual(seqctx *s, const ml_layer *l, tref *x, const ml_shape 
     s->depth--;
     /* the two branches meet in the sum, which saves nothing */
     if (yb != s->in)
-        ml_ck_note(ch, ml_mul(ch, yb->elems, yb->bpe), yb->saved);
+        ml__ck_note(ch, ml_mul(ch, yb->elems, yb->bpe), yb->saved);
     if (ys != s->in)
-        ml_ck_note(ch, ml_mul(ch, ys->elems, ys->bpe), ys->saved);
+        ml__ck_note(ch, ml_mul(ch, ys->elems, ys->bpe), ys->saved);
     tref *y = new_ref(s, out_ps, yb->bpe > ys->bpe ? yb->bpe : ys->bpe);
     ng_sum(s, x, yb, ys, y);
     return y;
@@ -347,8 +347,8 @@ static tref *seq_pool(seqctx *s, const ml_layer *l, tref *x, uint64_t out_ps)
     tref *y;
     if (l->kind == ML_L_MAXPOOL) {
         s0 = save_ref(s, x, "maxpool input", false);
-        s1 = ml_ck_save(s->ch, s->b, "maxpool indices (int64)", ml_mul(s->ch, s->B, out_ps), 8,
-                        0);
+        s1 = ml__ck_save(s->ch, s->b, "maxpool indices (int64)", ml_mul(s->ch, s->B, out_ps), 8,
+                         0);
         y = new_ref(s, out_ps, x->bpe);
         seq_node(s, "MaxPool2DWithIndicesBackward0", x, 0, y, s0, s1);
         return y;
@@ -367,8 +367,8 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
     ml_shape o;
     char msg[8];
     const ml_layer *where;
-    ml_shape_step(l, sh, &o, msg, sizeof msg, &where); /* validated at load */
-    uint64_t out_ps = ml_shape_elems(&o);
+    ml__shape_step(l, sh, &o, msg, sizeof msg, &where); /* validated at load */
+    uint64_t out_ps = ml__shape_elems(&o);
     tref *y = x;
     size_t s0 = SIZE_MAX;
     switch (l->kind) {
@@ -399,7 +399,7 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
         break;
     case ML_L_DROPOUT:
         if (l->p > 0) {
-            s0 = ml_ck_save(ch, b, "dropout mask (bool)", x->elems, 1, 0);
+            s0 = ml__ck_save(ch, b, "dropout mask (bool)", x->elems, 1, 0);
             y = new_ref(s, out_ps, x->bpe);
             seq_node(s, "NativeDropoutBackward0", x, 0, y, s0, SIZE_MAX);
         }
@@ -412,7 +412,7 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
         break; /* a view: same storage, and its gradient a view of y's */
     case ML_L_EMBEDDING:
         save_ref(s, x, "token ids (int64)", false);
-        ml_ck_param(ch, b, l->vocab, l->dim);
+        ml__ck_param(ch, b, l->vocab, l->dim);
         y = new_ref(s, out_ps, ch->prec.w);
         /* embedding_dense_backward: the dense (V, D) weight gradient */
         seq_node(s, "EmbeddingBackward0", x, ml_mul(ch, l->vocab, l->dim), y, SIZE_MAX, SIZE_MAX);
@@ -429,7 +429,7 @@ static tref *seq_layer(seqctx *s, const ml_layer *l, tref *x, ml_shape *sh)
     /* an intermediate: created and consumed inside the block (the block's
      * input and output are boundaries, accounted by the replay) */
     if (x != s->in && y != x)
-        ml_ck_note(ch, ml_mul(ch, x->elems, x->bpe), x->saved);
+        ml__ck_note(ch, ml_mul(ch, x->elems, x->bpe), x->saved);
     if (y != x)
         ng_layer(s, l, x, y, sh, out_ps);
     *sh = o;
@@ -448,7 +448,7 @@ static tref *seq_layers(seqctx *s, const ml_layer *ls, size_t n, tref *x, ml_sha
 static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
                           const ml_shape *sh, uint64_t B)
 {
-    ml_cblock *b = ml_ck_begin(ch, "loss", -1);
+    ml_cblock *b = ml__ck_begin(ch, "loss", -1);
     if (!b)
         return ML_NOMEM;
     b->fwd_phase = ML_PHASE_LOSS;
@@ -457,17 +457,17 @@ static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
     unsigned lsb = ch->prec.autocast ? 4 : ch->prec.w;
     if (m->loss == ML_LOSS_CROSS_ENTROPY) {
         uint64_t rows = sh->rank == 2 ? ml_mul(ch, B, sh->d[0]) : B;
-        ml_ck_save(ch, b, "log-softmax output", x->elems, lsb, 0);
-        ml_ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
-        ml_ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
+        ml__ck_save(ch, b, "log-softmax output", x->elems, lsb, 0);
+        ml__ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
+        ml__ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
     } else {
         /* mse_loss saves input and target; autocast runs it in fp32, so
          * it saves an fp32 copy of the model output */
         if (ch->prec.autocast && x->bpe != 4)
-            ml_ck_save(ch, b, "mse input (fp32 cast)", x->elems, 4, 0);
+            ml__ck_save(ch, b, "mse input (fp32 cast)", x->elems, 4, 0);
         else
-            ml_ck_save(ch, b, "mse input", x->elems, x->bpe, ML_SV_INPUT);
-        ml_ck_save(ch, b, "mse target", x->elems, ch->prec.w, ML_SV_BATCH);
+            ml__ck_save(ch, b, "mse input", x->elems, x->bpe, ML_SV_INPUT);
+        ml__ck_save(ch, b, "mse target", x->elems, ch->prec.w, ML_SV_BATCH);
     }
     if (ch->prec.autocast)
         b->ws_fwd = ml_mul(ch, x->elems, 4);
@@ -507,10 +507,10 @@ static tref *builder_block(seqctx *s, ml_cblock *b, const ml_layer *l, tref *x, 
          * gradient: a node that allocates and frees nothing */
         b->identity = true;
         if (!x->model_input)
-            ml_ck_node(ch, b, "ViewBackward0 (flatten; dropout p=0: none)", 0, 0, 0, SIZE_MAX,
-                       SIZE_MAX);
+            ml__ck_node(ch, b, "ViewBackward0 (flatten; dropout p=0: none)", 0, 0, 0, SIZE_MAX,
+                        SIZE_MAX);
     }
-    ml_ck_end(ch, b, out_bytes);
+    ml__ck_end(ch, b, out_bytes);
     ng_close(s, b, y == x ? 0 : out_bytes);
     return y;
 }
@@ -523,7 +523,7 @@ static tref *graph_block(seqctx *s, ml_cblock *b, const ml_layer *l, tref *x, ml
 {
     ml_chain *ch = s->ch;
     mlg_seq_block info;
-    if (!ml_ck_graph_seq(ch, l, sh, x->bpe, x->model_input, G, &info))
+    if (!ml__ck_graph_seq(ch, l, sh, x->bpe, x->model_input, G, &info))
         return NULL;
     b->inplace = info.inplace;
     b->identity = info.identity;
@@ -531,7 +531,7 @@ static tref *graph_block(seqctx *s, ml_cblock *b, const ml_layer *l, tref *x, ml
     /* the batch norms' buffers, as seq_norm has them */
     uint64_t stats = ml_mul(ch, ml_mul(ch, 2, info.bn_channels), ch->prec.param);
     ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_add(ch, stats, ml_mul(ch, 8, info.nbn)));
-    ml_ck_graph_emit(ch, b, G, G->tb[G->g.out]);
+    ml__ck_graph_emit(ch, b, G, G->tb[G->g.out]);
     /* backward FLOPs: a matmul makes its input's gradient and its weight's
      * (twice its forward), or on the model's input its weight's only */
     for (uint16_t k = 0; k < G->g.nop; k++) {
@@ -543,7 +543,7 @@ static tref *graph_block(seqctx *s, ml_cblock *b, const ml_layer *l, tref *x, ml
     return info.identity ? x : new_ref(s, info.out_ps, info.out_bytes);
 }
 
-ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch)
+ml_status ml__chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch)
 {
     seqctx s;
     memset(&s, 0, sizeof s);
@@ -555,7 +555,7 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
     for (size_t i = 0; i < m->ninput; i++)
         sh.d[i] = m->input[i];
     sh.ids = m->seq[0].kind == ML_L_EMBEDDING;
-    uint64_t in_ps = ml_shape_elems(&sh);
+    uint64_t in_ps = ml__shape_elems(&sh);
     ch->B = s.B;
     ch->T = 1;
     ch->c_tokens = s.B;
@@ -566,14 +566,14 @@ ml_status ml_chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_
     ch->record_nodes = ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast;
     ml_status st = ML_OK;
     /* the layers' op graphs (one at a time); the builders-only chain
-     * (ml_chain_build_builders) keeps the builders, their reference */
+     * (ml__chain_build_builders) keeps the builders, their reference */
     ml_ck_graph *G = ch->builders_only ? NULL : malloc(sizeof *G);
     if (!ch->builders_only && !G)
         st = ML_NOMEM;
     for (size_t i = 0; i < m->nseq && st == ML_OK && !ch->overflow && !ch->nomem; i++) {
         char name[48];
-        snprintf(name, sizeof name, "%zu:%s", i, ml_layer_kind_name(m->seq[i].kind));
-        ml_cblock *b = ml_ck_begin(ch, name, (int)i);
+        snprintf(name, sizeof name, "%zu:%s", i, ml__layer_kind_name(m->seq[i].kind));
+        ml_cblock *b = ml__ck_begin(ch, name, (int)i);
         if (!b) {
             st = ML_NOMEM;
             break;

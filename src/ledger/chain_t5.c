@@ -28,15 +28,15 @@ static void t5_norm(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t BT, unsig
 {
     uint64_t BTD = ml_mul(ch, BT, t->D);
     if (t->w == 4) {
-        ml_ck_save(ch, b, "layer norm input", BTD, 4, xflags);
+        ml__ck_save(ch, b, "layer norm input", BTD, 4, xflags);
     } else {
-        ml_ck_save(ch, b, "layer norm fp32 copy of input (pow)", BTD, 4, 0);
-        ml_ck_save(ch, b, "layer norm input (x * rsqrt)", BTD, t->w, xflags);
+        ml__ck_save(ch, b, "layer norm fp32 copy of input (pow)", BTD, 4, 0);
+        ml__ck_save(ch, b, "layer norm input (x * rsqrt)", BTD, t->w, xflags);
     }
-    ml_ck_save(ch, b, "layer norm rsqrt", BT, 4, 0);
-    ml_ck_save(ch, b, t->w == 4 ? "layer norm normalised" : "layer norm normalised (cast)", BTD,
-               t->w, 0);
-    ml_ck_tmp(ch, BTD, 4);
+    ml__ck_save(ch, b, "layer norm rsqrt", BT, 4, 0);
+    ml__ck_save(ch, b, t->w == 4 ? "layer norm normalised" : "layer norm normalised (cast)", BTD,
+                t->w, 0);
+    ml__ck_tmp(ch, BTD, 4);
 }
 
 /* T5Attention, eager (no scaling; the position bias added in place to the
@@ -51,41 +51,41 @@ static void t5_attention(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t Tq, 
 {
     const unsigned a = t->a;
     uint64_t BTq = ml_mul(ch, t->B, Tq), BTk = ml_mul(ch, t->B, Tk);
-    uint64_t S = ml_ck_mul3(ch, ml_mul(ch, t->B, t->H), Tq, Tk);
+    uint64_t S = ml__ck_mul3(ch, ml_mul(ch, t->B, t->H), Tq, Tk);
     t5_norm(ch, b, t, BTq, cross ? 0 : ML_SV_INPUT);
     /* q, k, v read the norm's output, or, crossing, k and v the encoder's
      * (a side tensor, saved once): under autocast each Linear keeps a cast */
     uint64_t qin = ml_mul(ch, BTq, t->D), kin = ml_mul(ch, BTk, t->D);
-    ml_ck_linear_input(ch, b, "q input", qin, t->w, false, 0);
+    ml__ck_linear_input(ch, b, "q input", qin, t->w, false, 0);
     for (int i = 0; i < 2; i++)
-        ml_ck_linear_input(ch, b, cross ? "k/v input (the encoder output)" : "k/v input",
-                           cross ? kin : qin, t->w, true, 0);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, 4, ml_mul(ch, t->D, t->I)));
+        ml__ck_linear_input(ch, b, cross ? "k/v input (the encoder output)" : "k/v input",
+                            cross ? kin : qin, t->w, true, 0);
+    ml__ck_weight_copy(ch, b, ml_mul(ch, 4, ml_mul(ch, t->D, t->I)));
     for (int i = 0; i < 4; i++) /* q, k, v, o */
-        ml_ck_param(ch, b, t->D, t->I);
+        ml__ck_param(ch, b, t->D, t->I);
     if (first && !cross) {
-        ml_ck_param(ch, b, buckets, t->H); /* relative_attention_bias */
-        ml_ck_save(ch, b, "relative position buckets (int64)", ml_mul(ch, Tq, Tk), 8, 0);
+        ml__ck_param(ch, b, buckets, t->H); /* relative_attention_bias */
+        ml__ck_save(ch, b, "relative position buckets (int64)", ml_mul(ch, Tq, Tk), 8, 0);
     }
-    ml_ck_param(ch, b, t->D, 0); /* the layer's layer_norm */
-    ml_ck_save(ch, b, "q (scores matmul)", ml_mul(ch, BTq, t->I), a, 0);
-    ml_ck_save(ch, b, "k (scores matmul)", ml_mul(ch, BTk, t->I), a, 0);
-    ml_ck_tmp(ch, S, a);
+    ml__ck_param(ch, b, t->D, 0); /* the layer's layer_norm */
+    ml__ck_save(ch, b, "q (scores matmul)", ml_mul(ch, BTq, t->I), a, 0);
+    ml__ck_save(ch, b, "k (scores matmul)", ml_mul(ch, BTk, t->I), a, 0);
+    ml__ck_tmp(ch, S, a);
     /* the attention core, the T x T tensors: dropped and recomputed under
      * checkpoint: selective */
-    ml_ck_save(ch, b, "softmax output (fp32)", S, 4, ML_SV_CORE);
+    ml__ck_save(ch, b, "softmax output (fp32)", S, 4, ML_SV_CORE);
     if (t->drop) {
-        ml_ck_save(ch, b, "attention dropout mask", S, 1, ML_SV_CORE);
-        ml_ck_save(ch, b, "attention probabilities (dropout output)", S, a, ML_SV_CORE);
+        ml__ck_save(ch, b, "attention dropout mask", S, 1, ML_SV_CORE);
+        ml__ck_save(ch, b, "attention probabilities (dropout output)", S, a, ML_SV_CORE);
     } else if (a != 4) {
-        ml_ck_save(ch, b, "attention probabilities (type_as cast)", S, a, ML_SV_CORE);
+        ml__ck_save(ch, b, "attention probabilities (type_as cast)", S, a, ML_SV_CORE);
     }
-    ml_ck_save(ch, b, "v (context matmul)", ml_mul(ch, BTk, t->I), a, 0);
-    ml_ck_save(ch, b, "o input (heads merged)", ml_mul(ch, BTq, t->I), a, 0);
+    ml__ck_save(ch, b, "v (context matmul)", ml_mul(ch, BTk, t->I), a, 0);
+    ml__ck_save(ch, b, "o input (heads merged)", ml_mul(ch, BTq, t->I), a, 0);
     uint64_t BTD = ml_mul(ch, BTq, t->D);
-    ml_ck_tmp(ch, BTD, a);
+    ml__ck_tmp(ch, BTD, a);
     if (t->drop)
-        ml_ck_save(ch, b, "attention output dropout mask", BTD, 1, 0);
+        ml__ck_save(ch, b, "attention output dropout mask", BTD, 1, 0);
     double proj = 2.0 * (double)t->B * (double)t->D * (double)t->I;
     double core = 4.0 * (double)S * (double)(t->I / t->H);
     b->flops_fwd += proj * (2.0 * (double)Tq + 2.0 * (double)Tk) + core;
@@ -104,14 +104,14 @@ static void t5_attention(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t Tq, 
 static unsigned gated_gelu(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t BTF)
 {
     const unsigned a = t->a, p = ch->prec.autocast ? 4 : a;
-    ml_ck_save(ch, b, ch->prec.autocast ? "wi_0 output, fp32 copy (pow)" : "wi_0 output (pow)",
-               BTF, p, 0);
-    ml_ck_tmp(ch, BTF, p);
-    ml_ck_save(ch, b, "gelu_new tanh output", BTF, p, 0);
-    ml_ck_save(ch, b, "gelu_new 0.5 * x", BTF, a, 0);
-    ml_ck_save(ch, b, "gelu_new 1 + tanh", BTF, p, 0);
-    ml_ck_save(ch, b, "gelu_new output (gate)", BTF, p, 0);
-    ml_ck_save(ch, b, "wi_1 output", BTF, a, 0);
+    ml__ck_save(ch, b, ch->prec.autocast ? "wi_0 output, fp32 copy (pow)" : "wi_0 output (pow)",
+                BTF, p, 0);
+    ml__ck_tmp(ch, BTF, p);
+    ml__ck_save(ch, b, "gelu_new tanh output", BTF, p, 0);
+    ml__ck_save(ch, b, "gelu_new 0.5 * x", BTF, a, 0);
+    ml__ck_save(ch, b, "gelu_new 1 + tanh", BTF, p, 0);
+    ml__ck_save(ch, b, "gelu_new output (gate)", BTF, p, 0);
+    ml__ck_save(ch, b, "wi_1 output", BTF, a, 0);
     return p;
 }
 
@@ -126,39 +126,39 @@ static void t5_ff(ml_chain *ch, ml_cblock *b, const t5d *t, uint64_t T)
     uint64_t BT = ml_mul(ch, t->B, T), BTD = ml_mul(ch, BT, t->D), BTF = ml_mul(ch, BT, t->F);
     t5_norm(ch, b, t, BT, 0);
     for (unsigned i = 0; i < nin; i++)
-        ml_ck_linear_input(ch, b, t->gated ? "wi_0/wi_1 input" : "wi input", BTD, t->w, i > 0,
-                           0);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, nin + 1, ml_mul(ch, t->D, t->F)));
+        ml__ck_linear_input(ch, b, t->gated ? "wi_0/wi_1 input" : "wi input", BTD, t->w, i > 0,
+                            0);
+    ml__ck_weight_copy(ch, b, ml_mul(ch, nin + 1, ml_mul(ch, t->D, t->F)));
     for (unsigned i = 0; i < nin; i++)
-        ml_ck_param(ch, b, t->D, t->F); /* wi, or wi_0 and wi_1 */
-    ml_ck_param(ch, b, t->F, t->D);     /* wo */
-    ml_ck_param(ch, b, t->D, 0);        /* layer_norm */
-    ml_ck_tmp(ch, BTF, a);
+        ml__ck_param(ch, b, t->D, t->F); /* wi, or wi_0 and wi_1 */
+    ml__ck_param(ch, b, t->F, t->D);     /* wo */
+    ml__ck_param(ch, b, t->D, 0);        /* layer_norm */
+    ml__ck_tmp(ch, BTF, a);
     unsigned act = a; /* the activation's bytes per element */
     if (t->gated)
         act = gated_gelu(ch, b, t, BTF);
     else
-        ml_ck_save(ch, b, "relu output", BTF, a, 0);
+        ml__ck_save(ch, b, "relu output", BTF, a, 0);
     if (t->drop)
-        ml_ck_save(ch, b, "feed-forward dropout mask", BTF, 1, 0);
+        ml__ck_save(ch, b, "feed-forward dropout mask", BTF, 1, 0);
     if (ch->prec.autocast) {
         if (act == 2)
-            ml_ck_tmp(ch, BTF, 4); /* .to(wo.weight.dtype) */
-        ml_ck_save(ch, b, "wo input (autocast's cast)", BTF, 2, 0);
+            ml__ck_tmp(ch, BTF, 4); /* .to(wo.weight.dtype) */
+        ml__ck_save(ch, b, "wo input (autocast's cast)", BTF, 2, 0);
     } else if (t->drop || t->gated) {
-        ml_ck_save(ch, b, t->drop ? "wo input (dropout output)" : "wo input (gated product)",
-                   BTF, a, 0);
+        ml__ck_save(ch, b, t->drop ? "wo input (dropout output)" : "wo input (gated product)",
+                    BTF, a, 0);
     }
-    ml_ck_tmp(ch, BTD, a);
+    ml__ck_tmp(ch, BTD, a);
     if (t->drop)
-        ml_ck_save(ch, b, "feed-forward output dropout mask", BTD, 1, 0);
+        ml__ck_save(ch, b, "feed-forward output dropout mask", BTD, 1, 0);
     b->flops_fwd += 2.0 * (nin + 1) * (double)BT * (double)t->D * (double)t->F;
 }
 
 /* Starts a block reading `in` bytes. */
 static ml_cblock *begin(ml_chain *ch, const char *name, int ckpt, uint64_t in)
 {
-    ml_cblock *b = ml_ck_begin(ch, name, ckpt);
+    ml_cblock *b = ml__ck_begin(ch, name, ckpt);
     if (b)
         b->in_bytes = in;
     return b;
@@ -174,14 +174,14 @@ static ml_cblock *t5_embedding(ml_chain *ch, const t5d *t, const char *name, uin
     ml_cblock *b = begin(ch, name, -1, ml_mul(ch, BT, 8));
     if (!b)
         return NULL;
-    ml_ck_save(ch, b, "token ids (int64)", BT, 8, ML_SV_INPUT);
+    ml__ck_save(ch, b, "token ids (int64)", BT, 8, ML_SV_INPUT);
     b->in_nograd = true;
     if (params)
-        ml_ck_param(ch, b, t->V, t->D);
-    ml_ck_tmp(ch, BTD, t->w);
+        ml__ck_param(ch, b, t->V, t->D);
+    ml__ck_tmp(ch, BTD, t->w);
     if (t->drop)
-        ml_ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
-    ml_ck_end(ch, b, ml_mul(ch, BTD, t->w));
+        ml__ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
+    ml__ck_end(ch, b, ml_mul(ch, BTD, t->w));
     uint64_t g = ml_mul(ch, ml_mul(ch, t->V, t->D), ch->prec.grad);
     if (params) {
         b->grad_bytes -= g;
@@ -200,7 +200,7 @@ static ml_cblock *t5_embedding(ml_chain *ch, const t5d *t, const char *name, uin
 static bool side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to,
                  bool to_bwd, bool ckpt_kept)
 {
-    ml_side *s = ml_ck_side(ch, what, bytes, from, to);
+    ml_side *s = ml__ck_side(ch, what, bytes, from, to);
     if (s) {
         s->to_bwd = to_bwd;
         s->ckpt_kept = ckpt_kept;
@@ -235,7 +235,7 @@ static void stack_sides(ml_chain *ch, const t5d *t, bool dec, size_t emb, size_t
     side(ch, "cache_position (int64)", ml_mul(ch, T, 8), emb, end, false, true);
     if (t->drop)
         side(ch, "embedding output (inputs_embeds, before its dropout)",
-             ml_ck_mul3(ch, BT, t->D, t->w), emb, end, false, false);
+             ml__ck_mul3(ch, BT, t->D, t->w), emb, end, false, false);
     if (dec) {
         side(ch, "encoder attention mask of ones (int64)", ml_mul(ch, BTs, 8), emb, end, false,
              false);
@@ -264,19 +264,19 @@ static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, size_t *
             return ML_NOMEM;
         t5_attention(ch, b, t, t->Ts, t->Ts, false, i == 0, m->rel_buckets);
         t5_ff(ch, b, t, t->Ts);
-        ml_ck_end(ch, b, ml_mul(ch, BTD, t->w));
+        ml__ck_end(ch, b, ml_mul(ch, BTD, t->w));
     }
     /* final_layer_norm, dropout: the encoder's output */
     ml_cblock *b = begin(ch, "encoder.final", -1, ml_mul(ch, BTD, t->w));
     if (!b)
         return ML_NOMEM;
     t5_norm(ch, b, t, ml_mul(ch, t->B, t->Ts), ML_SV_INPUT);
-    ml_ck_param(ch, b, t->D, 0);
-    ml_ck_tmp(ch, BTD, t->w);
+    ml__ck_param(ch, b, t->D, 0);
+    ml__ck_tmp(ch, BTD, t->w);
     if (t->drop)
-        ml_ck_save(ch, b, "encoder output dropout mask", BTD, 1, 0);
+        ml__ck_save(ch, b, "encoder output dropout mask", BTD, 1, 0);
     /* its output is a side tensor; its boundary is the decoder's ids */
-    ml_ck_end(ch, b, 0);
+    ml__ck_end(ch, b, 0);
     b->bwd_in = 0;
     return ML_OK;
 }
@@ -297,12 +297,12 @@ static ml_status decoder(ml_chain *ch, const ml_model *m, const t5d *t, size_t *
         t5_attention(ch, b, t, t->Td, t->Td, false, i == 0, m->rel_buckets);
         t5_attention(ch, b, t, t->Td, t->Ts, true, i == 0, m->rel_buckets);
         t5_ff(ch, b, t, t->Td);
-        ml_ck_end(ch, b, ml_mul(ch, BTD, t->w));
+        ml__ck_end(ch, b, ml_mul(ch, BTD, t->w));
         /* use_cache: the evaluation output holds the block's self- and
          * cross-attention keys and values (EncoderDecoderCache), H x dkv
          * wide over Td and Ts rows */
         if (m->kv_cache)
-            b->cache_bytes = ml_mul(ch, ml_ck_mul3(ch, 2, t->B, ml_add(ch, t->Td, t->Ts)),
+            b->cache_bytes = ml_mul(ch, ml__ck_mul3(ch, 2, t->B, ml_add(ch, t->Td, t->Ts)),
                                     ml_mul(ch, t->I, t->a));
     }
     return ML_OK;
@@ -318,26 +318,26 @@ static ml_status head(ml_chain *ch, const ml_model *m, const t5d *t, const ml_ck
     if (!b)
         return ML_NOMEM;
     t5_norm(ch, b, t, BT, ML_SV_INPUT);
-    ml_ck_param(ch, b, t->D, 0); /* the decoder's final_layer_norm */
+    ml__ck_param(ch, b, t->D, 0); /* the decoder's final_layer_norm */
     if (t->drop)
-        ml_ck_save(ch, b, "decoder output dropout mask", BTD, 1, 0);
-    ml_ck_tmp(ch, BTD, t->w);
-    ml_ck_linear_input(ch, b, "lm_head input", BTD, t->w, false, 0);
-    ml_ck_weight_copy(ch, b, ml_mul(ch, t->V, t->D));
+        ml__ck_save(ch, b, "decoder output dropout mask", BTD, 1, 0);
+    ml__ck_tmp(ch, BTD, t->w);
+    ml__ck_linear_input(ch, b, "lm_head input", BTD, t->w, false, 0);
+    ml__ck_weight_copy(ch, b, ml_mul(ch, t->V, t->D));
     uint64_t g = ml_mul(ch, ml_mul(ch, t->V, t->D), ch->prec.grad);
     if (!m->tied_embeddings)
-        ml_ck_param(ch, b, t->V, t->D);
+        ml__ck_param(ch, b, t->V, t->D);
     b->flops_fwd = 2.0 * (double)BT * (double)t->D * (double)t->V;
     uint64_t logits = ml_mul(ch, BT, t->V);
-    ml_ck_end(ch, b, ml_mul(ch, logits, t->a));
+    ml__ck_end(ch, b, ml_mul(ch, logits, t->a));
     if (m->tied_embeddings) { /* the shared table's .grad is created here */
         b->grad_bytes = ml_add(ch, b->grad_bytes, g);
         b->grad_accum_bytes = ml_add(ch, b->grad_accum_bytes, g);
     }
-    return ml_ck_ce_loss(ch, m, d, BT, t->V);
+    return ml__ck_ce_loss(ch, m, d, BT, t->V);
 }
 
-ml_status ml_chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch)
+ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch)
 {
     const ml_training *tr = &cfg->training;
     t5d t = {.B = tr->micro_batch,
@@ -370,10 +370,10 @@ ml_status ml_chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *c
         return st;
     ch->n_ckpt = m->layers + m->dec_layers;
     const unsigned w = t.w;
-    uint64_t bias_s = ml_mul(ch, ml_ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Ts, t.Ts)), w);
-    uint64_t bias_d = ml_mul(ch, ml_ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Td, t.Td)), w);
-    uint64_t bias_x = ml_mul(ch, ml_ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Td, t.Ts)), w);
-    uint64_t enc_out = ml_mul(ch, ml_ck_mul3(ch, t.B, t.Ts, t.D), w);
+    uint64_t bias_s = ml_mul(ch, ml__ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Ts, t.Ts)), w);
+    uint64_t bias_d = ml_mul(ch, ml__ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Td, t.Td)), w);
+    uint64_t bias_x = ml_mul(ch, ml__ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Td, t.Ts)), w);
+    uint64_t enc_out = ml_mul(ch, ml__ck_mul3(ch, t.B, t.Ts, t.D), w);
     size_t enc_last = fin - 1, dec_last = hd - 1, loss = ch->n - 1;
     stack_sides(ch, &t, false, enc0 - 1, fin);
     bool added = side(ch, "encoder position bias (B, H, Ts, Ts)", bias_s, enc0, fin, false, true);

@@ -29,24 +29,24 @@ static void glu_saves(ml_chain *ch, ml_cblock *b, const ml_ck_dims *d, bool gegl
     const unsigned a = ch->prec.a;
     uint64_t BTF = ml_mul(ch, d->BT, d->F);
     if (fused) {
-        k->act_in = ml_ck_save(ch, b, "gate_up projection output (gate and up views)",
-                               ml_mul(ch, 2, BTF), a, 0);
-        k->act_out = ml_ck_save(ch, b, geglu ? "gelu output" : "silu output", BTF, a, 0);
+        k->act_in = ml__ck_save(ch, b, "gate_up projection output (gate and up views)",
+                                ml_mul(ch, 2, BTF), a, 0);
+        k->act_out = ml__ck_save(ch, b, geglu ? "gelu output" : "silu output", BTF, a, 0);
         k->up = SIZE_MAX;
     } else {
-        k->act_in = ml_ck_save(ch, b, geglu ? "gate projection output (gelu input)"
+        k->act_in = ml__ck_save(ch, b, geglu ? "gate projection output (gelu input)"
                                             : "gate projection output (silu input)", BTF, a, 0);
-        k->act_out = ml_ck_save(ch, b, geglu ? "gelu output" : "silu output", BTF, a, 0);
-        k->up = ml_ck_save(ch, b, "up projection output", BTF, a, 0);
+        k->act_out = ml__ck_save(ch, b, geglu ? "gelu output" : "silu output", BTF, a, 0);
+        k->up = ml__ck_save(ch, b, "up projection output", BTF, a, 0);
     }
-    k->prod = ml_ck_save(ch, b, "gated product (down input)", BTF, a, 0);
+    k->prod = ml__ck_save(ch, b, "gated product (down input)", BTF, a, 0);
     if (fused) { /* gate_up_proj, down_proj */
-        ml_ck_linear(ch, b, d->D, ml_mul(ch, 2, d->F), bias);
+        ml__ck_linear(ch, b, d->D, ml_mul(ch, 2, d->F), bias);
     } else {     /* gate_proj, up_proj, down_proj */
-        ml_ck_linear(ch, b, d->D, d->F, bias);
-        ml_ck_linear(ch, b, d->D, d->F, bias);
+        ml__ck_linear(ch, b, d->D, d->F, bias);
+        ml__ck_linear(ch, b, d->D, d->F, bias);
     }
-    ml_ck_linear(ch, b, d->F, d->D, bias);
+    ml__ck_linear(ch, b, d->F, d->D, bias);
 }
 
 /* The gated MLP's backward nodes, forward order. gate and up read the same
@@ -65,26 +65,26 @@ static void glu_nodes(ml_chain *ch, ml_cblock *b, const mlp_kept *k, bool geglu,
          * output (split_backward), then the projection */
         uint64_t g2F = ml_mul(ch, 2, gF);
         if (in_buf)
-            ml_ck_accum(ch, b, gD);
-        ml_ck_node(ch, b, "MmBackward0 (gate_up projection)", gD, ml_mul(ch, 2, pin), g2F, k->in,
-                   SIZE_MAX);
-        ml_ck_node(ch, b, "SplitBackward0 (chunk into gate, up)", g2F, 0, g2F, SIZE_MAX, SIZE_MAX);
-        ml_ck_node(ch, b, geglu ? "GeluBackward0" : "SiluBackward0", gF, 0, gF, k->act_in,
-                   SIZE_MAX);
-        ml_ck_node(ch, b, geglu ? "MulBackward0 (up * gelu)" : "MulBackward0 (up * silu)", g2F, 0,
-                   gF, k->act_out, SIZE_MAX);
-        ml_ck_node(ch, b, "MmBackward0 (down projection)", gF, pout, gO, k->prod, SIZE_MAX);
+            ml__ck_accum(ch, b, gD);
+        ml__ck_node(ch, b, "MmBackward0 (gate_up projection)", gD, ml_mul(ch, 2, pin), g2F, k->in,
+                    SIZE_MAX);
+        ml__ck_node(ch, b, "SplitBackward0 (chunk into gate, up)", g2F, 0, g2F, SIZE_MAX, SIZE_MAX);
+        ml__ck_node(ch, b, geglu ? "GeluBackward0" : "SiluBackward0", gF, 0, gF, k->act_in,
+                    SIZE_MAX);
+        ml__ck_node(ch, b, geglu ? "MulBackward0 (up * gelu)" : "MulBackward0 (up * silu)", g2F, 0,
+                    gF, k->act_out, SIZE_MAX);
+        ml__ck_node(ch, b, "MmBackward0 (down projection)", gF, pout, gO, k->prod, SIZE_MAX);
         return;
     }
-    ml_ck_accum(ch, b, gD);
-    ml_ck_node(ch, b, "MmBackward0 (gate projection)", gD, pin, gF, k->in, SIZE_MAX);
-    ml_ck_node(ch, b, geglu ? "GeluBackward0" : "SiluBackward0", gF, 0, gF, k->act_in, SIZE_MAX);
+    ml__ck_accum(ch, b, gD);
+    ml__ck_node(ch, b, "MmBackward0 (gate projection)", gD, pin, gF, k->in, SIZE_MAX);
+    ml__ck_node(ch, b, geglu ? "GeluBackward0" : "SiluBackward0", gF, 0, gF, k->act_in, SIZE_MAX);
     if (in_buf)
-        ml_ck_accum(ch, b, gD);
-    ml_ck_node(ch, b, "MmBackward0 (up projection)", gD, pin, gF, SIZE_MAX, SIZE_MAX);
-    ml_ck_node(ch, b, geglu ? "MulBackward0 (gelu * up)" : "MulBackward0 (silu * up)",
-               ml_mul(ch, 2, gF), 0, gF, k->act_out, k->up);
-    ml_ck_node(ch, b, "MmBackward0 (down projection)", gF, pout, gO, k->prod, SIZE_MAX);
+        ml__ck_accum(ch, b, gD);
+    ml__ck_node(ch, b, "MmBackward0 (up projection)", gD, pin, gF, SIZE_MAX, SIZE_MAX);
+    ml__ck_node(ch, b, geglu ? "MulBackward0 (gelu * up)" : "MulBackward0 (silu * up)",
+                ml_mul(ch, 2, gF), 0, gF, k->act_out, k->up);
+    ml__ck_node(ch, b, "MmBackward0 (down projection)", gF, pout, gO, k->prod, SIZE_MAX);
 }
 
 /* The MLP. in_buf: its input's gradient buffer exists before the MLP's
@@ -105,12 +105,12 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     mlp_kept k = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
     if (ch->prec.autocast && src_bpe == 4) {
         for (unsigned i = 0; i < ncast; i++)
-            ml_ck_save(ch, b, "MLP input (cast copy)", BTD, 2, 0);
+            ml__ck_save(ch, b, "MLP input (cast copy)", BTD, 2, 0);
     } else if (!src_saved) {
-        k.in = ml_ck_save(ch, b, "MLP input", BTD, src_bpe, 0);
+        k.in = ml__ck_save(ch, b, "MLP input", BTD, src_bpe, 0);
     }
     for (unsigned i = 0; i < nin + 1; i++)
-        ml_ck_weight_copy(ch, b, DF);
+        ml__ck_weight_copy(ch, b, DF);
     if (glu) {
         glu_saves(ch, b, d, geglu, bias, m->fused_proj, &k);
     } else if (m->activation == ML_ACT_QUICK_GELU) {
@@ -118,23 +118,23 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
          * scalar's mul keeps nothing on the device (its 0-dim scalar is host
          * memory), sigmoid keeps its result, the product both factors; the
          * product is fc2's input */
-        k.act_in = ml_ck_save(ch, b, "fc1 output (quick_gelu input)", BTF, a, 0);
-        ml_ck_tmp(ch, BTF, a); /* 1.702 * x */
-        k.act_out = ml_ck_save(ch, b, "quick_gelu sigmoid output", BTF, a, 0);
-        k.prod = ml_ck_save(ch, b, "quick_gelu output (fc2 input)", BTF, a, 0);
-        ml_ck_linear(ch, b, d->D, d->F, bias);
-        ml_ck_linear(ch, b, d->F, d->D, bias);
+        k.act_in = ml__ck_save(ch, b, "fc1 output (quick_gelu input)", BTF, a, 0);
+        ml__ck_tmp(ch, BTF, a); /* 1.702 * x */
+        k.act_out = ml__ck_save(ch, b, "quick_gelu sigmoid output", BTF, a, 0);
+        k.prod = ml__ck_save(ch, b, "quick_gelu output (fc2 input)", BTF, a, 0);
+        ml__ck_linear(ch, b, d->D, d->F, bias);
+        ml__ck_linear(ch, b, d->F, d->D, bias);
     } else if (m->activation == ML_ACT_GELU) {
-        k.act_in = ml_ck_save(ch, b, "fc output (gelu input)", BTF, a, 0);
-        k.act_out = ml_ck_save(ch, b, "gelu output (proj input)", BTF, a, 0);
-        ml_ck_linear(ch, b, d->D, d->F, bias);
-        ml_ck_linear(ch, b, d->F, d->D, bias);
+        k.act_in = ml__ck_save(ch, b, "fc output (gelu input)", BTF, a, 0);
+        k.act_out = ml__ck_save(ch, b, "gelu output (proj input)", BTF, a, 0);
+        ml__ck_linear(ch, b, d->D, d->F, bias);
+        ml__ck_linear(ch, b, d->F, d->D, bias);
     } else {
         /* relu saves its result, which is also the projection's input */
-        ml_ck_tmp(ch, BTF, a);
-        k.act_out = ml_ck_save(ch, b, "relu output (proj input)", BTF, a, 0);
-        ml_ck_linear(ch, b, d->D, d->F, bias);
-        ml_ck_linear(ch, b, d->F, d->D, bias);
+        ml__ck_tmp(ch, BTF, a);
+        k.act_out = ml__ck_save(ch, b, "relu output (proj input)", BTF, a, 0);
+        ml__ck_linear(ch, b, d->D, d->F, bias);
+        ml__ck_linear(ch, b, d->F, d->D, bias);
     }
     b->flops_fwd += (double)(nin + 1) * 2.0 * (double)d->BT * (double)d->D * (double)d->F;
     /* backward nodes, forward order (docs/ledger.md, "Backward, node by
@@ -148,21 +148,21 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
                   (d->drop || m->post_norms) ? gO : 0);
     } else {
         if (in_buf)
-            ml_ck_accum(ch, b, gD);
-        ml_ck_node(ch, b, "AddmmBackward0 (MLP in)", gD, pin, gF, k.in, SIZE_MAX);
-        ml_ck_node(ch, b, m->activation == ML_ACT_GELU ? "GeluBackward0" : "ReluBackward0", gF,
-                   0, gF, m->activation == ML_ACT_GELU ? k.act_in : k.act_out, SIZE_MAX);
+            ml__ck_accum(ch, b, gD);
+        ml__ck_node(ch, b, "AddmmBackward0 (MLP in)", gD, pin, gF, k.in, SIZE_MAX);
+        ml__ck_node(ch, b, m->activation == ML_ACT_GELU ? "GeluBackward0" : "ReluBackward0", gF,
+                    0, gF, m->activation == ML_ACT_GELU ? k.act_in : k.act_out, SIZE_MAX);
         /* its output's gradient is the residual's unless a dropout or a
          * post norm (Gemma 2's layer) made its own, as the GLU's */
-        ml_ck_node(ch, b, "AddmmBackward0 (MLP out)", gF, pout,
-                   (d->drop || m->post_norms) ? gO : 0,
-                   m->activation == ML_ACT_GELU ? k.act_out : SIZE_MAX, SIZE_MAX);
+        ml__ck_node(ch, b, "AddmmBackward0 (MLP out)", gF, pout,
+                    (d->drop || m->post_norms) ? gO : 0,
+                    m->activation == ML_ACT_GELU ? k.act_out : SIZE_MAX, SIZE_MAX);
     }
     if (d->drop) {
-        size_t s = ml_ck_save(ch, b, "residual dropout mask", BTD, 1, 0);
-        ml_ck_node(ch, b, "NativeDropoutBackward0 (residual)", gO, 0, 0, s, SIZE_MAX);
+        size_t s = ml__ck_save(ch, b, "residual dropout mask", BTD, 1, 0);
+        ml__ck_node(ch, b, "NativeDropoutBackward0 (residual)", gO, 0, 0, s, SIZE_MAX);
     }
-    ml_ck_tmp(ch, BTD, a);
+    ml__ck_tmp(ch, BTD, a);
 }
 
 /* HF's Llama-layout decoder layers (LlamaDecoderLayer, and Gemma's,
@@ -205,8 +205,8 @@ static void post_norm(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck
 {
     const ml_ck_norm_io io = {ch->prec.a, 0, false, true};
     uint64_t np;
-    ml_ck_norm_fwd(ch, b, m, d, &io, &np);
-    ml_ck_norm_params(ch, b, np, d->D);
+    ml__ck_norm_fwd(ch, b, m, d, &io, &np);
+    ml__ck_norm_params(ch, b, np, d->D);
 }
 
 /* Pre-norm block: x + attn(norm(x)); x + mlp(norm(x)). GPT-2 (layernorm,
@@ -216,15 +216,15 @@ static void post_norm(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck
  * qkv_proj: the q, k and v slices are views of its output, which nothing
  * saves, so only the autocast casts of its input and the weight differ),
  * ViT (layernorm, separate q/k/v as HF ViTSelfAttention, no mask). */
-void ml_ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+void ml__ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
     const bool llama = m->norm != ML_NORM_LAYERNORM; /* Llama or Gemma layout */
     const bool causal = m->type == ML_MODEL_DECODER;
     uint64_t np;
     size_t at[6];
     at[0] = ch->nparams;
-    unsigned nb = ml_ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, true);
-    ml_ck_norm_params(ch, b, np, d->D);
+    unsigned nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, true);
+    ml__ck_norm_params(ch, b, np, d->D);
     at[1] = ch->nparams;
     /* Falcon (shared_norm): an additive mask, and the softmax in the
      * stream's dtype (softmax(dtype=hidden_states.dtype)) */
@@ -233,23 +233,23 @@ void ml_ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
         /* _split_heads picks the key and the value with index lists
          * (fused_qkv[..., [-2], :]): IndexBackward0 saves each list, one
          * int64 on the device */
-        ml_ck_save(ch, b, "key index list (multi_query)", 1, 8, 0);
-        ml_ck_save(ch, b, "value index list (multi_query)", 1, 8, 0);
+        ml__ck_save(ch, b, "key index list (multi_query)", 1, 8, 0);
+        ml__ck_save(ch, b, "value index list (multi_query)", 1, 8, 0);
     }
     /* the norm's output gradient: the MLP's (its backward runs first)
      * becomes the buffer, the q/k/v projection's is added in place */
     if (falcon)
-        ml_ck_accum(ch, b, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
+        ml__ck_accum(ch, b, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
     /* HF GPT-NeoX (parallel_residual): eager_attention_forward's additive
      * mask and fp32 softmax, as Llama's */
     const bool hf = llama || m->parallel_residual;
     if (m->kv_lora)
-        ml_ck_mla_attention(ch, b, m, d, nb);
+        ml__ck_mla_attention(ch, b, m, d, nb);
     else
         /* HF ViT and CLIP: query, key and value, three Linears; their
          * eager_attention_forward asks softmax for fp32 and casts back */
-        ml_ck_attention(ch, b, m, d, nb, false, (!llama && !m->image_size) || m->fused_proj,
-                        causal && !hf, falcon ? ch->prec.w == 4 : hf || m->image_size, 0);
+        ml__ck_attention(ch, b, m, d, nb, false, (!llama && !m->image_size) || m->fused_proj,
+                         causal && !hf, falcon ? ch->prec.w == 4 : hf || m->image_size, 0);
     at[2] = ch->nparams;
     if (m->post_norms)
         post_norm(ch, b, m, d);
@@ -263,31 +263,31 @@ void ml_ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
     } else if (m->parallel_residual) {
         /* x + attn(ln1(x)) + mlp(ln2(x)): ln2 reads the block input that
          * ln1 already saved; only its statistics are new */
-        size_t s2 = ml_ck_save(ch, b, "ln_2 mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
+        size_t s2 = ml__ck_save(ch, b, "ln_2 mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
         np = m->norm_bias ? 2 * d->D : d->D;
         /* its backward: the input's gradient added into the buffer the
          * skip holds, after the MLP's input gradient it consumes */
         uint64_t gD = ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w);
-        ml_ck_accum(ch, b, gD);
-        ml_ck_node(ch, b, "NativeLayerNormBackward0", gD, ml_mul(ch, np, ch->prec.grad),
-                   gD, s2, SIZE_MAX);
+        ml__ck_accum(ch, b, gD);
+        ml__ck_node(ch, b, "NativeLayerNormBackward0", gD, ml_mul(ch, np, ch->prec.grad),
+                    gD, s2, SIZE_MAX);
         nb = ch->prec.w;
     } else {
-        nb = ml_ck_stream_norm(ch, b, m, d, 0, &np, true);
+        nb = ml__ck_stream_norm(ch, b, m, d, 0, &np, true);
     }
     if (np)
-        ml_ck_norm_params(ch, b, np, d->D);
+        ml__ck_norm_params(ch, b, np, d->D);
     at[4] = ch->nparams;
     /* DeepSeek-V3's first dense_layers layers have one dense MLP */
     const bool dense = !m->experts || (uint64_t)b->ckpt_index - ch->mask_ckpt0 < m->dense_layers;
     if (dense)
         mlp_fwd(ch, b, m, d, nb, mlp_in_saved, false);
     else if (m->router_sigmoid)
-        ml_ck_moe_v3(ch, b, m, d, nb);
+        ml__ck_moe_v3(ch, b, m, d, nb);
     else if (m->expert_sort)
-        ml_ck_moe_v2(ch, b, m, d, nb);
+        ml__ck_moe_v2(ch, b, m, d, nb);
     else
-        ml_ck_moe(ch, b, m, d, nb, mlp_in_saved);
+        ml__ck_moe(ch, b, m, d, nb, mlp_in_saved);
     at[5] = ch->nparams;
     if (m->post_norms)
         post_norm(ch, b, m, d);
@@ -300,19 +300,19 @@ static void postnorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const 
 {
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    ml_ck_attention(ch, b, m, d, w, false, false, false, false, ML_SV_INPUT);
+    ml__ck_attention(ch, b, m, d, w, false, false, false, false, ML_SV_INPUT);
     uint64_t np;
-    unsigned nb = ml_ck_stream_norm(ch, b, m, d, 0, &np, false);
-    ml_ck_norm_params(ch, b, np, d->D);
+    unsigned nb = ml__ck_stream_norm(ch, b, m, d, 0, &np, false);
+    ml__ck_norm_params(ch, b, np, d->D);
     mlp_fwd(ch, b, m, d, nb, false, true);
-    nb = ml_ck_stream_norm(ch, b, m, d, 0, &np, false);
-    ml_ck_norm_params(ch, b, np, d->D);
+    nb = ml__ck_stream_norm(ch, b, m, d, 0, &np, false);
+    ml__ck_norm_params(ch, b, np, d->D);
     (void)BTD;
 }
 
 /* The shapes of one training micro-batch through the model; ML_RANGE when
  * the sequence is longer than learned positions allow. */
-ml_status ml_ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, ml_ck_dims *d,
+ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, ml_ck_dims *d,
                        ml_error *err)
 {
     d->B = t->micro_batch;
@@ -322,29 +322,29 @@ ml_status ml_ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, m
         d->T = g * g + 1;
     }
     if (m->position == ML_POS_LEARNED && m->max_positions && d->T > m->max_positions) {
-        return ml_errorf(err, ML_RANGE,
-                         "training.seq_len: %llu exceeds model.max_positions (%llu) of "
-                         "learned positions",
-                         (unsigned long long)d->T, (unsigned long long)m->max_positions);
+        return ml__errorf(err, ML_RANGE,
+                          "training.seq_len: %llu exceeds model.max_positions (%llu) of "
+                          "learned positions",
+                          (unsigned long long)d->T, (unsigned long long)m->max_positions);
     }
     /* a window shorter than the sequence changes the attention's mask, its
      * kernels and FLOPs: not modelled (docs/hf.md) */
     if (m->sliding_window && d->T > m->sliding_window)
-        return ml_errorf(err, ML_RANGE,
-                         "a sequence of %llu tokens exceeds the model's sliding_window "
-                         "(%llu); attention over a sliding window is not modelled: plan at "
-                         "most %llu tokens (training.seq_len, training.eval_seq_len)",
-                         (unsigned long long)d->T, (unsigned long long)m->sliding_window,
-                         (unsigned long long)m->sliding_window);
+        return ml__errorf(err, ML_RANGE,
+                          "a sequence of %llu tokens exceeds the model's sliding_window "
+                          "(%llu); attention over a sliding window is not modelled: plan at "
+                          "most %llu tokens (training.seq_len, training.eval_seq_len)",
+                          (unsigned long long)d->T, (unsigned long long)m->sliding_window,
+                          (unsigned long long)m->sliding_window);
     /* GenericForSequenceClassification without a pad token: "Cannot handle
      * batch sizes > 1 if no padding token is defined." */
     if (m->classes && m->type == ML_MODEL_DECODER && m->cls_no_pad && d->B > 1)
-        return ml_errorf(err, ML_RANGE,
-                         "a batch of %llu with no pad_token_id: transformers' sequence "
-                         "classification finds each sequence's last token by its padding and "
-                         "refuses batches above 1 without one; set pad_token_id in the config, "
-                         "or set training.%s to 1",
-                         (unsigned long long)d->B, ch->eval_mode ? "eval_batch" : "micro_batch");
+        return ml__errorf(err, ML_RANGE,
+                          "a batch of %llu with no pad_token_id: transformers' sequence "
+                          "classification finds each sequence's last token by its padding and "
+                          "refuses batches above 1 without one; set pad_token_id in the config, "
+                          "or set training.%s to 1",
+                          (unsigned long long)d->B, ch->eval_mode ? "eval_batch" : "micro_batch");
     d->BT = ml_mul(ch, d->B, d->T);
     d->D = m->hidden;
     d->F = m->ffn;
@@ -389,46 +389,46 @@ static uint64_t kv_cache_bytes(ml_chain *ch, const ml_model *m, const ml_ck_dims
     if (!m->kv_lora)
         return ml_mul(ch, ml_mul(ch, 2, ml_mul(ch, d->BT, d->Dkv)), a);
     unsigned kb = ch->prec.autocast && !m->rope_complex ? 4 : a;
-    uint64_t keys = ml_mul(ch, ml_ck_mul3(ch, d->BT, d->H, d->dh), kb);
-    uint64_t kv_b = ml_ck_mul3(ch, d->BT, d->H, d->dh - m->rope_dim + m->v_dim);
+    uint64_t keys = ml_mul(ch, ml__ck_mul3(ch, d->BT, d->H, d->dh), kb);
+    uint64_t kv_b = ml__ck_mul3(ch, d->BT, d->H, d->dh - m->rope_dim + m->v_dim);
     return ml_add(ch, keys, ml_mul(ch, kv_b, a));
 }
 
-ml_status ml_ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
 {
     const bool enc = m->type == ML_MODEL_ENCODER;
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    ch->record_nodes = ml_ck_node_level(ch, m);
+    ch->record_nodes = ml__ck_node_level(ch, m);
     /* the layer's op graph, where the component kit expresses its layout */
     ml_ck_graph *G = malloc(sizeof *G);
     if (!G)
         return ML_NOMEM;
-    const bool graph = !ch->builders_only && ml_ck_graph_layer(ch, m, d, G);
+    const bool graph = !ch->builders_only && ml__ck_graph_layer(ch, m, d, G);
     size_t proto = SIZE_MAX, pfirst = 0, pcount = 0; /* the first layer's block */
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
         block_name(name, i);
-        ml_cblock *b = ml_ck_begin(ch, name, (int)(ch->mask_ckpt0 + i));
+        ml_cblock *b = ml__ck_begin(ch, name, (int)(ch->mask_ckpt0 + i));
         if (!b) {
             free(G);
             return ML_NOMEM;
         }
         b->in_bytes = ml_mul(ch, BTD, w);
         if (graph && proto != SIZE_MAX) {
-            ml_ck_graph_repeat(ch, b, proto, pfirst, pcount);
+            ml__ck_graph_repeat(ch, b, proto, pfirst, pcount);
         } else if (graph) {
             pfirst = ch->nparams;
-            ml_ck_graph_emit(ch, b, G, ml_mul(ch, BTD, w));
+            ml__ck_graph_emit(ch, b, G, ml_mul(ch, BTD, w));
             pcount = ch->nparams - pfirst;
             proto = (size_t)(b - ch->blocks);
         } else {
             if (m->prenorm)
-                ml_ck_prenorm_block(ch, b, m, d);
+                ml__ck_prenorm_block(ch, b, m, d);
             else
                 postnorm_block(ch, b, m, d);
-            ml_ck_end(ch, b, ml_mul(ch, BTD, w));
-            ml_ck_forward_layer(ch, b, m, d);
+            ml__ck_end(ch, b, ml_mul(ch, BTD, w));
+            ml__ck_forward_layer(ch, b, m, d);
         }
         if (m->kv_cache)
             b->cache_bytes = kv_cache_bytes(ch, m, d);
@@ -452,17 +452,17 @@ ml_status ml_ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *
     return ML_OK;
 }
 
-ml_status ml_chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
-                                     ml_error *err)
+ml_status ml__chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                                      ml_error *err)
 {
     ml_ck_dims d;
-    ml_status st = ml_ck_dims_of(m, &cfg->training, ch, &d, err);
+    ml_status st = ml__ck_dims_of(m, &cfg->training, ch, &d, err);
     if (st == ML_OK)
-        st = ml_ck_embedding_block(ch, m, &d);
+        st = ml__ck_embedding_block(ch, m, &d);
     if (st == ML_OK)
-        st = ml_ck_layer_blocks(ch, m, &d);
+        st = ml__ck_layer_blocks(ch, m, &d);
     if (st == ML_OK)
-        st = ml_ck_head_and_loss(ch, m, &d, &cfg->training);
+        st = ml__ck_head_and_loss(ch, m, &d, &cfg->training);
     if (st != ML_OK)
         return st;
     for (size_t i = 0; i < ch->n; i++)

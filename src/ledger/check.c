@@ -36,7 +36,7 @@ static const char *device_problem(const ml_device *dv)
     return NULL;
 }
 
-bool ml_headroom(uint64_t have, uint64_t need, int64_t *out)
+bool ml__headroom(uint64_t have, uint64_t need, int64_t *out)
 {
     if (have >= need) {
         if (have - need > (uint64_t)INT64_MAX)
@@ -56,9 +56,9 @@ const char *ml_config_problem(const ml_config *cfg)
     const ml_training *t = &cfg->training;
     const ml_device *dv = &cfg->device;
     size_t nlim = 0;
-    const ml_uint_limit *lim = ml_uint_limits(&nlim);
+    const ml_uint_limit *lim = ml__uint_limits(&nlim);
     for (size_t i = 0; i < nlim; i++) {
-        const uint64_t v = ml_uint_limit_get(&lim[i], cfg);
+        const uint64_t v = ml__uint_limit_get(&lim[i], cfg);
         if ((v < lim[i].lo || v > lim[i].hi) && !(v == 0 && lim[i].zero_unset))
             return lim[i].problem;
     }
@@ -139,11 +139,11 @@ ml_status ml_config_check(const ml_config *cfg, ml_error *err)
         char a[32], b[32];
         ml_format_bytes(budget ? dv->budget : dv->runtime_reserve, a, sizeof a);
         ml_format_bytes(dv->memory, b, sizeof b);
-        return ml_errorf(err, ML_RANGE,
-                         "%s: the %s (%s) is %s the device's memory (%s): lower it or give a "
-                         "larger device",
-                         budget ? "device.budget" : "device.runtime_reserve",
-                         budget ? "budget" : "reserve", a, budget ? "above" : "not below", b);
+        return ml__errorf(err, ML_RANGE,
+                          "%s: the %s (%s) is %s the device's memory (%s): lower it or give a "
+                          "larger device",
+                          budget ? "device.budget" : "device.runtime_reserve",
+                          budget ? "budget" : "reserve", a, budget ? "above" : "not below", b);
     }
-    return ml_errorf(err, ML_RANGE, "%s", bad);
+    return ml__errorf(err, ML_RANGE, "%s", bad);
 }

@@ -47,7 +47,7 @@ size_t ml_ledger_curve(const ml_ledger *l, ml_curve_point *points, size_t cap)
     return m;
 }
 
-bool ml_ledger_keep_levels(ml_ledger *l)
+bool ml__ledger_keep_levels(ml_ledger *l)
 {
     if (!l->nevents)
         return true;
@@ -64,7 +64,7 @@ bool ml_ledger_keep_levels(ml_ledger *l)
     return true;
 }
 
-const ml_level *ml_ledger_levels(const ml_ledger *l, size_t *n)
+const ml_level *ml__ledger_levels(const ml_ledger *l, size_t *n)
 {
     *n = l->nlevels;
     return l->levels;

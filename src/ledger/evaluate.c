@@ -34,7 +34,7 @@ const char *ml_peak_kind_name(ml_peak_kind k)
     return (unsigned)k < ML_PEAK_KIND_COUNT ? names[k] : "?";
 }
 
-uint64_t ml_ceil_div(uint64_t a, uint64_t b)
+uint64_t ml__ceil_div(uint64_t a, uint64_t b)
 {
     return a / b + (a % b != 0);
 }
@@ -65,10 +65,10 @@ static ml_status policy_segments(const ml_chain *ch, const ml_checkpoint *cp, in
     case ML_CKPT_LIST:
         for (uint32_t j = 0; j < cp->count; j++) {
             if (cp->blocks[j] >= nc) {
-                return ml_errorf(err, ML_RANGE,
-                                 "training.checkpoint: block %u does not exist; the model has "
-                                 "%zu checkpointable blocks (0 to %zu)",
-                                 cp->blocks[j], nc, nc ? nc - 1 : 0);
+                return ml__errorf(err, ML_RANGE,
+                                  "training.checkpoint: block %u does not exist; the model has "
+                                  "%zu checkpointable blocks (0 to %zu)",
+                                  cp->blocks[j], nc, nc ? nc - 1 : 0);
             }
             for (size_t i = 0; i < n; i++)
                 if (ch->blocks[i].ckpt_index == (int)cp->blocks[j])
@@ -79,10 +79,10 @@ static ml_status policy_segments(const ml_chain *ch, const ml_checkpoint *cp, in
         for (uint32_t j = 0; j < cp->count && j < ML_CKPT_LIST_MAX / 2; j++) {
             const uint32_t a = cp->blocks[2 * j], b = cp->blocks[2 * j + 1];
             if (b >= nc)
-                return ml_errorf(err, ML_RANGE,
-                                 "training.checkpoint: segment [%u-%u] reaches past the last "
-                                 "block; the model has %zu checkpointable blocks (0 to %zu)",
-                                 a, b, nc, nc ? nc - 1 : 0);
+                return ml__errorf(err, ML_RANGE,
+                                  "training.checkpoint: segment [%u-%u] reaches past the last "
+                                  "block; the model has %zu checkpointable blocks (0 to %zu)",
+                                  a, b, nc, nc ? nc - 1 : 0);
             for (size_t i = 0; i < n; i++)
                 if (ch->blocks[i].ckpt_index >= (int)a && ch->blocks[i].ckpt_index <= (int)b)
                     seg[i] = (int)a;
@@ -99,11 +99,11 @@ static ml_status policy_segments(const ml_chain *ch, const ml_checkpoint *cp, in
     return ML_OK;
 }
 
-ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err)
+ml_status ml__eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err)
 {
     ml_status st = policy_segments(ch, cp, seg, err);
     if (!st) /* a multimodal model's tower may have a policy of its own */
-        ml_eval_stack_segments(ch, seg);
+        ml__eval_stack_segments(ch, seg);
     return st;
 }
 
@@ -137,8 +137,8 @@ static void describe_plan(const ml_chain *ch, const ml_checkpoint *cp, const int
  * temporaries per device: ZeRO stage z shards states (z >= 1), gradients
  * (z >= 2) and parameters (z = 3) over N devices; offload moves them to the
  * host (docs/sharding.md). */
-void ml_eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
-                          ml_summary *s)
+void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
+                           ml_summary *s)
 {
     uint64_t P = 0, Pt = 0; /* all, and those that train (a frozen tower's do not) */
     for (size_t i = 0; i < ch->nparams; i++) {
@@ -152,20 +152,20 @@ void ml_eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_byt
     const unsigned z = t->zero;
     uint64_t params_all = ml_mul(ch, P, ch->prec.param);
     uint64_t master_all = ml_mul(ch, Pt, ch->prec.master);
-    s->bytes_params = z >= 3 ? ml_ceil_div(params_all, N) : params_all;
-    s->bytes_master = z >= 1 ? ml_ceil_div(master_all, N) : master_all;
-    s->bytes_optimizer = z >= 1 ? ml_ceil_div(ob->states, N) : ob->states;
-    s->bytes_step_temp = z >= 1 ? ml_ceil_div(ob->step_temp, N) : ob->step_temp;
+    s->bytes_params = z >= 3 ? ml__ceil_div(params_all, N) : params_all;
+    s->bytes_master = z >= 1 ? ml__ceil_div(master_all, N) : master_all;
+    s->bytes_optimizer = z >= 1 ? ml__ceil_div(ob->states, N) : ob->states;
+    s->bytes_step_temp = z >= 1 ? ml__ceil_div(ob->step_temp, N) : ob->step_temp;
     uint64_t grads_all = 0;
     for (size_t k = 0; k < ch->n; k++)
-        grads_all = ml_add(ch, grads_all, z >= 2 ? ml_ceil_div(ch->blocks[k].grad_bytes, N)
+        grads_all = ml_add(ch, grads_all, z >= 2 ? ml__ceil_div(ch->blocks[k].grad_bytes, N)
                                                  : ch->blocks[k].grad_bytes);
     s->bytes_grads = grads_all;
     if (t->offload != ML_OFFLOAD_NONE) {
         /* ZeRO-Offload: fp32 master weights, states and the update live on
          * the host, with an fp32 copy of the gradient partition */
         s->bytes_host = ml_add(ch, ml_add(ch, s->bytes_master, s->bytes_optimizer),
-                               ml_ceil_div(ml_mul(ch, Pt, 4), z >= 1 ? N : 1));
+                               ml__ceil_div(ml_mul(ch, Pt, 4), z >= 1 ? N : 1));
         s->bytes_master = s->bytes_optimizer = s->bytes_step_temp = 0;
     }
     if (t->offload == ML_OFFLOAD_PARAMS) {
@@ -177,18 +177,18 @@ void ml_eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_byt
 /* The resident model states: parameters and master weights, as one tensor
  * per parameter tensor unless sharded into flat buffers; with `states`, the
  * optimizer states too (state_tensors per parameter tensor). */
-void ml_eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, bool states)
+void ml__eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, bool states)
 {
     const ml_training *t = &x->cfg->training;
-    ml_replay_alloc_as(r, ML_CAT_PARAMS, s->bytes_params, t->zero >= 3 ? ML_T_ONE : ML_T_ALL_PARAMS,
-                       0, 1);
-    ml_replay_alloc_as(r, ML_CAT_MASTER, s->bytes_master,
-                       t->zero >= 1 ? ML_T_ONE : ML_T_TRAINED_PARAMS, 0, 1);
-    ml_replay_alloc(r, ML_CAT_BUFFERS, s->bytes_buffers);
+    ml__replay_alloc_as(r, ML_CAT_PARAMS, s->bytes_params, t->zero >= 3 ? ML_T_ONE : ML_T_ALL_PARAMS,
+                        0, 1);
+    ml__replay_alloc_as(r, ML_CAT_MASTER, s->bytes_master,
+                        t->zero >= 1 ? ML_T_ONE : ML_T_TRAINED_PARAMS, 0, 1);
+    ml__replay_alloc(r, ML_CAT_BUFFERS, s->bytes_buffers);
     if (states)
-        ml_replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer,
-                           t->zero >= 1 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, x->ob.state_tensors);
-    ml_eval_batch(r, x->ch);
+        ml__replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer,
+                            t->zero >= 1 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, x->ob.state_tensors);
+    ml__eval_batch(r, x->ch);
 }
 
 /* The iteration's events after the resident states: each micro-batch (two
@@ -196,8 +196,8 @@ void ml_eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, b
  * optimizer step (which first creates the states when create_states: the
  * first iteration), zero_grad. Returns the recompute FLOPs of one
  * micro-batch. */
-double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
-                         bool create_states)
+double ml__eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
+                          bool create_states)
 {
     const ml_training *t = &x->cfg->training;
     const ml_chain *ch = r->ch;
@@ -213,40 +213,40 @@ double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
             r->host_done *= (double)(t->grad_accum - 1);
         }
         r->flops_recompute = 0;
-        ml_replay_micro_batch(r);
+        ml__replay_micro_batch(r);
         flops_re = r->flops_recompute; /* identical for every micro-batch */
     }
     r->phase = ML_PHASE_OPTIMIZER;
     r->block = -1;
-    ml_time_before_step(r, t, s->params);
+    ml__time_before_step(r, t, s->params);
     /* the first iteration's step() creates the states: from here on it
      * holds what the steady iteration holds */
     if (create_states)
-        ml_replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer,
-                           t->zero >= 1 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, x->ob.state_tensors);
+        ml__replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer,
+                            t->zero >= 1 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, x->ob.state_tensors);
     if (r->total > r->peak_first)
         r->peak_first = r->total;
     /* the step holds at least what it starts with, also when it allocates
      * nothing (plain SGD): both iterations' optimizer phase */
-    ml_replay_phase_point(r, r->total);
+    ml__replay_phase_point(r, r->total);
     /* ZeRO-1/2 all-gather the updated parameters through a bucket */
     uint64_t ag = 0;
     if (t->zero == 1 || t->zero == 2)
         ag = ml_mul((ml_chain *)ch, t->allgather_bucket < s->params ? t->allgather_bucket
                                                                      : s->params,
                     ch->prec.param);
-    ml_replay_alloc_as(r, ML_CAT_WORKSPACE, s->bytes_step_temp,
-                       x->ob.temp_per_tensor && t->zero == 0 ? ML_T_GRAD_PARAMS : ML_T_ONE, 0, 1);
-    ml_replay_free(r, ML_CAT_WORKSPACE, s->bytes_step_temp);
-    ml_replay_alloc(r, ML_CAT_WORKSPACE, ag);
-    ml_time_after_step(r, t, s->params);
-    ml_replay_free(r, ML_CAT_WORKSPACE, ag);
+    ml__replay_alloc_as(r, ML_CAT_WORKSPACE, s->bytes_step_temp,
+                        x->ob.temp_per_tensor && t->zero == 0 ? ML_T_GRAD_PARAMS : ML_T_ONE, 0, 1);
+    ml__replay_free(r, ML_CAT_WORKSPACE, s->bytes_step_temp);
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, ag);
+    ml__time_after_step(r, t, s->params);
+    ml__replay_free(r, ML_CAT_WORKSPACE, ag);
     if (t->zero_grad == ML_ZERO_GRAD_SET_TO_NONE)
-        ml_replay_free(r, ML_CAT_GRADS, r->live[ML_CAT_GRADS]); /* zero_grad(set_to_none=True) */
+        ml__replay_free(r, ML_CAT_GRADS, r->live[ML_CAT_GRADS]); /* zero_grad(set_to_none=True) */
     else
         r->grads_exist = true; /* zero_grad(set_to_none=False): zeroed in place */
     /* logits: kept — the loop's reference ends with the iteration */
-    ml_replay_free(r, r->prev_out_cat, r->prev_out);
+    ml__replay_free(r, r->prev_out_cat, r->prev_out);
     r->prev_out = 0;
     return flops_re;
 }
@@ -256,14 +256,14 @@ static ml_status replay_status(const ml_replay *r, const ml_chain *ch, uint64_t 
                                ml_error *err)
 {
     if (r->nomem)
-        return ml_errorf(err, ML_NOMEM, "out of memory");
+        return ml__errorf(err, ML_NOMEM, "out of memory");
     if (r->overflow || ch->overflow)
-        return ml_errorf(err, ML_OVERFLOW,
-                         "byte counts exceed 64 bits: use a smaller micro_batch or seq_len");
+        return ml__errorf(err, ML_OVERFLOW,
+                          "byte counts exceed 64 bits: use a smaller micro_batch or seq_len");
     if (r->underflow || r->live[ML_CAT_GRADS] != grads_kept || r->live[ML_CAT_ACTIVATIONS] ||
         r->live[ML_CAT_RECOMPUTE] || r->live[ML_CAT_WORKSPACE]) {
         /* the schedule freed something twice or leaked: a planner bug */
-        return ml_errorf(err, ML_RANGE, "internal: the replay does not balance");
+        return ml__errorf(err, ML_RANGE, "internal: the replay does not balance");
     }
     return ML_OK;
 }
@@ -329,9 +329,9 @@ static ml_status verdict(const ml_chain *ch, const ml_device *dv, ml_summary *s,
         s->fragmentation = s->reserved_peak - peak;
     if (__builtin_add_overflow(peak, s->runtime_reserve, &s->peak_total) ||
         __builtin_add_overflow(s->peak_total, s->fragmentation, &s->peak_total)) {
-        return ml_errorf(err, ML_OVERFLOW,
-                         "peak plus fragmentation allowance and runtime reserve exceeds 64 "
-                         "bits");
+        return ml__errorf(err, ML_OVERFLOW,
+                          "peak plus fragmentation allowance and runtime reserve exceeds 64 "
+                          "bits");
     }
     s->has_device = dv->present;
     if (dv->present) {
@@ -340,8 +340,8 @@ static ml_status verdict(const ml_chain *ch, const ml_device *dv, ml_summary *s,
         s->device_limit = ml_device_limit(dv);
         s->fits = peak <= s->budget && s->peak_total <= s->memory && !s->reserved_oom;
         int64_t h1 = 0, h2 = 0;
-        if (!ml_headroom(s->budget, peak, &h1) || !ml_headroom(s->memory, s->peak_total, &h2))
-            return ml_errorf(err, ML_OVERFLOW, "the peak is more than 8 EiB (2^63 B) over the "
+        if (!ml__headroom(s->budget, peak, &h1) || !ml__headroom(s->memory, s->peak_total, &h2))
+            return ml__errorf(err, ML_OVERFLOW, "the peak is more than 8 EiB (2^63 B) over the "
                                                "device: its headroom does not fit 64 bits");
         s->headroom = h1 < h2 ? h1 : h2;
     }
@@ -396,14 +396,14 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
             kept += ch->ckpt_side;
         /* a side tensor kept for the backward counts with its maker */
         for (size_t i = 0, end; i < ch->nsides; i++)
-            if (ch->sides[i].from == k && ml_side_end(ch, seg, &ch->sides[i], &end))
+            if (ch->sides[i].from == k && ml__side_end(ch, seg, &ch->sides[i], &end))
                 kept += ch->sides[i].bytes;
         bi->activations_saved = kept;
     }
     l->nblocks = n;
 }
 
-void ml_eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml_replay *r)
+void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml_replay *r)
 {
     const ml_chain *ch = x->ch;
     const ml_training *t = &x->cfg->training;
@@ -412,7 +412,7 @@ void ml_eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml
     const unsigned z = t->zero;
     memset(x->recomputed, 0, (n + 1) * sizeof *x->recomputed);
     memset(x->held, 0, (n + 1) * sizeof *x->held);
-    ml_eval_boundaries(ch, seg, t->logits == ML_LOGITS_KEPT, x->bd);
+    ml__eval_boundaries(ch, seg, t->logits == ML_LOGITS_KEPT, x->bd);
     /* the side inputs a checkpoint keeps (attention masks): once, with the
      * first checkpointed block (docs/ledger.md) */
     x->side_block = -1;
@@ -444,30 +444,30 @@ void ml_eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml
     r->whole = x->whole;
 }
 
-ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
-                      ml_error *err)
+ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
+                       ml_error *err)
 {
     ml_chain *ch = (ml_chain *)x->ch; /* only the overflow flag changes */
     const ml_training *t = &x->cfg->training;
     ml_summary *s = &l->sum;
     memset(s, 0, sizeof *s);
     l->nevents = 0;
-    ml_eval_model_states(ch, t, &x->ob, s);
+    ml__eval_model_states(ch, t, &x->ob, s);
     ml_shard sh;
     ml_replay r;
-    ml_eval_setup(x, seg, l, &sh, &r);
-    s->comm_bytes = ml_eval_communication(ch, t, s->params);
-    s->host_transfer_bytes = ml_eval_host_transfer(t, &ch->prec, s->params);
+    ml__eval_setup(x, seg, l, &sh, &r);
+    s->comm_bytes = ml__eval_communication(ch, t, s->params);
+    s->host_transfer_bytes = ml__eval_host_transfer(t, &ch->prec, s->params);
     s->peak_block = -1;
     r.keep = keep_events;
-    ml_eval_residents(&r, x, s, true);
+    ml__eval_residents(&r, x, s, true);
     const bool zero = t->zero_grad == ML_ZERO_GRAD_ZERO;
     if (zero) { /* the gradients the previous iteration left, zeroed */
-        ml_replay_alloc_as(&r, ML_CAT_GRADS, s->bytes_grads,
-                           t->zero >= 2 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, 1);
+        ml__replay_alloc_as(&r, ML_CAT_GRADS, s->bytes_grads,
+                            t->zero >= 2 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, 1);
         r.grads_exist = true;
     }
-    double flops_re = ml_eval_iteration(&r, x, s, false);
+    double flops_re = ml__eval_iteration(&r, x, s, false);
     s->bytes_activations = r.act_end;
     if (s->peak_block >= 0)
         snprintf(s->peak_step, sizeof s->peak_step, "%s%s", ch->blocks[s->peak_block].name,
@@ -477,14 +477,14 @@ ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger
     ml_status st = replay_status(&r, ch, zero ? s->bytes_grads : 0, err);
     if (st)
         return st;
-    ml_replay_phase_names(&r, s);
-    s->peak_first_iteration = zero ? ml_eval_first_without_grads(x, seg, s->phase_first) : r.peak_first;
+    ml__replay_phase_names(&r, s);
+    s->peak_first_iteration = zero ? ml__eval_first_without_grads(x, seg, s->phase_first) : r.peak_first;
     s->has_eval = x->has_eval;
     s->peak_eval = x->eval_peak;
     if (x->has_eval)
         memcpy(s->phase_eval, x->eval_phases, sizeof s->phase_eval);
     flops_and_time(ch, x->cfg, flops_re, s);
-    ml_time_finish(&x->cfg->device, l); /* docs/ledger.md, "Time" */
+    ml__time_finish(&x->cfg->device, l); /* docs/ledger.md, "Time" */
     if ((st = verdict(ch, &x->cfg->device, s, err)))
         return st;
     block_table(x, seg, l);
@@ -504,7 +504,7 @@ static ml_status evaluate(const ml_model *m, const ml_config *cfg, bool keep_eve
         return st;
     const ml_training *t = &cfg->training;
     ml_chain ch;
-    st = ml_chain_build(m, cfg, &ch, err);
+    st = ml__chain_build(m, cfg, &ch, err);
     if (st)
         return st;
     ml_evalctx x;
@@ -512,8 +512,8 @@ static ml_status evaluate(const ml_model *m, const ml_config *cfg, bool keep_eve
     x.ch = &ch;
     x.cfg = cfg;
     x.whole = whole;
-    if ((st = ml_optim_bytes_of(&ch, t, &x.ob, err)) || (st = ml_eval_pass(m, &x, err))) {
-        ml_chain_free(&ch);
+    if ((st = ml__optim_bytes_of(&ch, t, &x.ob, err)) || (st = ml__eval_pass(m, &x, err))) {
+        ml__chain_free(&ch);
         return st;
     }
     ml_ledger *l = calloc(1, sizeof *l);
@@ -526,20 +526,20 @@ static ml_status evaluate(const ml_model *m, const ml_config *cfg, bool keep_eve
         l->blocks = calloc(ch.n + 1, sizeof *l->blocks);
     if (!l || !seg || !x.bd || !x.recomputed || !x.held || !x.held_cat || !l->blocks) {
         st = ML_NOMEM;
-        ml_errorf(err, ML_NOMEM, "out of memory");
+        ml__errorf(err, ML_NOMEM, "out of memory");
         goto done;
     }
     bool opt_fits = true;
     if (t->checkpoint.kind == ML_CKPT_OPTIMAL)
-        st = ml_eval_optimal(&x, seg, l, &opt_fits, err);
+        st = ml__eval_optimal(&x, seg, l, &opt_fits, err);
     else
-        st = ml_eval_segments(&ch, &t->checkpoint, seg, err);
+        st = ml__eval_segments(&ch, &t->checkpoint, seg, err);
     if (st)
         goto done;
-    if ((st = ml_eval_run(&x, seg, keep_events, l, err)))
+    if ((st = ml__eval_run(&x, seg, keep_events, l, err)))
         goto done;
     if (cfg->device.allocator != ML_ALLOCATOR_NONE &&
-        ((st = ml_eval_reserved(m, &x, seg, &l->sum, err)) ||
+        ((st = ml__eval_reserved(m, &x, seg, &l->sum, err)) ||
          (st = verdict(&ch, &cfg->device, &l->sum, err))))
         goto done;
     if (t->checkpoint.kind == ML_CKPT_OPTIMAL)
@@ -553,7 +553,7 @@ done:
     free(x.held);
     free(x.held_cat);
     ml_ledger_destroy(l);
-    ml_chain_free(&ch);
+    ml__chain_free(&ch);
     return st;
 }
 

@@ -15,12 +15,12 @@ typedef struct ml_level {
 } ml_level;
 
 /* Replaces l's events with their levels, 16 bytes each instead of an
- * ml_event's: ml_ledger_events then returns none, ml_ledger_levels them.
+ * ml_event's: ml_ledger_events then returns none, ml__ledger_levels them.
  * Returns false, the events kept, when out of memory. */
-bool ml_ledger_keep_levels(ml_ledger *l);
+bool ml__ledger_keep_levels(ml_ledger *l);
 
 /* The levels that replaced l's events (*n of them), or NULL while l holds
  * its events (or has none). */
-const ml_level *ml_ledger_levels(const ml_ledger *l, size_t *n);
+const ml_level *ml__ledger_levels(const ml_ledger *l, size_t *n);
 
 #endif

@@ -46,8 +46,8 @@ static uint64_t loop_temp_elems(ml_chain *ch, unsigned t_loop, bool carry, unsig
     return best;
 }
 
-ml_status ml_optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_optim_bytes *out,
-                            ml_error *err)
+ml_status ml__optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_optim_bytes *out,
+                             ml_error *err)
 {
     ml_chain *ch = (ml_chain *)ch_const; /* only the overflow flag changes */
     const unsigned s = ch->prec.state;
@@ -74,9 +74,9 @@ ml_status ml_optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_o
     default: break;
     }
     if (t->optimizer == ML_OPT_ADAFACTOR && t->optimizer_impl == ML_IMPL_FUSED) {
-        return ml_errorf(err, ML_RANGE,
-                         "training.optimizer_impl: torch.optim.Adafactor has no fused "
-                         "implementation; use for-loop or foreach");
+        return ml__errorf(err, ML_RANGE,
+                          "training.optimizer_impl: torch.optim.Adafactor has no fused "
+                          "implementation; use for-loop or foreach");
     }
     states = ml_mul(ch, ml_mul(ch, P, per), s);
     if (t->optimizer == ML_OPT_ADAFACTOR) {

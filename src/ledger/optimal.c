@@ -97,7 +97,7 @@ struct ml_opt_work {
     pool pl;
 };
 
-ml_opt_work *ml_opt_work_create(void)
+ml_opt_work *ml__opt_work_create(void)
 {
     ml_opt_work *w = calloc(1, sizeof *w);
     if (w)
@@ -105,7 +105,7 @@ ml_opt_work *ml_opt_work_create(void)
     return w;
 }
 
-void ml_opt_work_destroy(ml_opt_work *w)
+void ml__opt_work_destroy(ml_opt_work *w)
 {
     if (!w)
         return;
@@ -187,7 +187,7 @@ typedef struct {
     size_t ncell, nw;
     size_t m;   /* states on the current front */
     size_t nln; /* links pushed */
-    size_t maxlen; /* the longest segment searched (ml_opt_max_segment) */
+    size_t maxlen; /* the longest segment searched (ml__opt_max_segment) */
     ml_opt_stats sx;
 } solve;
 
@@ -210,7 +210,7 @@ static ml_status push_link(solve *s, link l)
 
 /* The grid for c (at most `cells` cells), the per-block needs, and the
  * front of boundary 0: the empty prefix. */
-size_t ml_opt_max_segment(size_t n)
+size_t ml__opt_max_segment(size_t n)
 {
     const size_t most = ML_OPT_SEGMENT_WORK / (n ? n : 1);
     return n <= most ? n : most > ML_OPT_SEGMENT_MIN ? most : ML_OPT_SEGMENT_MIN;
@@ -232,7 +232,7 @@ static ml_status solve_begin(solve *s, ml_opt_work *w, const ml_opt_chain *c, si
     unsigned qs = 0;
     while (qs < 63 && (M >> qs) >= cells)
         qs++;
-    *s = (solve){w, c, M, 0, qs, (size_t)(M >> qs) + 1, 0, 1, 0, ml_opt_max_segment(n), {0}};
+    *s = (solve){w, c, M, 0, qs, (size_t)(M >> qs) + 1, 0, 1, 0, ml__opt_max_segment(n), {0}};
     s->nw = (s->ncell + 63) / 64;
     s->sx = (ml_opt_stats){s->ncell, (uint64_t)1 << qs, 0, 0, 0, 0, 0, 0, s->maxlen};
     /* prefixes never fall and the tail needs base_t + P <= M: a state
@@ -318,7 +318,7 @@ static ml_status open_segments(solve *s, size_t i)
         s->sx.segments++;
         const bool fresh = !cl->cap;
         if ((fresh && !reserve((void **)&w->used, &w->capused, w->nused + 1, sizeof *w->used)) ||
-            !ml_oc_put(cl, &w->pl, &en, &s->sx))
+            !ml__oc_put(cl, &w->pl, &en, &s->sx))
             return ML_NOMEM;
         if (fresh && cl->cap)
             w->used[w->nused++] = (uint32_t)ci;
@@ -368,7 +368,7 @@ static void offer_open(solve *s, size_t ci, uint32_t L, candidate *cd)
     ml_opt_work *w = s->w;
     const group *h;
     const member *hm;
-    if (!ml_oc_best(&w->cl[ci], &w->pl, L, &h, &hm)) {
+    if (!ml__oc_best(&w->cl[ci], &w->pl, L, &h, &hm)) {
         w->bits[ci / 64] &= ~(1ull << (ci % 64));
         return;
     }
@@ -443,7 +443,7 @@ static ml_status next_front(solve *s, size_t i, size_t mk)
 
 /* The plan of state `best` of the last front, walked back through the
  * links into seg (segment ids count from the end); its cost as
- * ml_opt_check sums it, block by block. */
+ * ml__opt_check sums it, block by block. */
 static double walk_back(const solve *s, size_t best, int *seg)
 {
     const ml_opt_work *w = s->w;
@@ -472,8 +472,8 @@ static double walk_back(const solve *s, size_t best, int *seg)
     return f;
 }
 
-ml_status ml_opt_solve_in(ml_opt_work *w, const ml_opt_chain *c, size_t cells, int *seg,
-                          double *cost, bool *feasible, ml_opt_stats *stats)
+ml_status ml__opt_solve_in(ml_opt_work *w, const ml_opt_chain *c, size_t cells, int *seg,
+                           double *cost, bool *feasible, ml_opt_stats *stats)
 {
     solve s;
     ml_status st = solve_begin(&s, w, c, cells);
@@ -503,19 +503,19 @@ ml_status ml_opt_solve_in(ml_opt_work *w, const ml_opt_chain *c, size_t cells, i
     return ML_OK;
 }
 
-ml_status ml_opt_solve_stats(const ml_opt_chain *c, size_t cells, int *seg, double *cost,
-                             bool *feasible, ml_opt_stats *stats)
+ml_status ml__opt_solve_stats(const ml_opt_chain *c, size_t cells, int *seg, double *cost,
+                              bool *feasible, ml_opt_stats *stats)
 {
-    ml_opt_work *w = ml_opt_work_create();
+    ml_opt_work *w = ml__opt_work_create();
     if (!w)
         return ML_NOMEM;
-    ml_status st = ml_opt_solve_in(w, c, cells, seg, cost, feasible, stats);
-    ml_opt_work_destroy(w);
+    ml_status st = ml__opt_solve_in(w, c, cells, seg, cost, feasible, stats);
+    ml__opt_work_destroy(w);
     return st;
 }
 
-ml_status ml_opt_solve(const ml_opt_chain *c, size_t cells, int *seg, double *cost,
-                       bool *feasible)
+ml_status ml__opt_solve(const ml_opt_chain *c, size_t cells, int *seg, double *cost,
+                        bool *feasible)
 {
-    return ml_opt_solve_stats(c, cells, seg, cost, feasible, NULL);
+    return ml__opt_solve_stats(c, cells, seg, cost, feasible, NULL);
 }

@@ -37,22 +37,22 @@ typedef struct {
 /* Checks a plan: seg[i] = -1 (kept) or a segment id (equal ids are one
  * contiguous segment). Returns true when every constraint holds; *cost gets
  * the recompute FLOPs and *peak the model's highest point. */
-bool ml_opt_check(const ml_opt_chain *c, const int *seg, double *cost, uint64_t *peak);
+bool ml__opt_check(const ml_opt_chain *c, const int *seg, double *cost, uint64_t *peak);
 
 /* Solves. On ML_OK, *feasible says whether any plan fits; when it does, seg
  * (n entries) holds the plan and *cost its recompute FLOPs (summed as
- * ml_opt_check does). cells is S, the most cells of the memory grid, each
+ * ml__opt_check does). cells is S, the most cells of the memory grid, each
  * q bytes wide, q the least power of two above budget / S: at most one
  * state per cell and block boundary (0: 2^22 / (n + 1), between 256 and
- * 65536). Segments of up to ml_opt_max_segment(n) blocks are searched:
+ * 65536). Segments of up to ml__opt_max_segment(n) blocks are searched:
  * any length up to 8,192 blocks. Every returned plan meets
  * every constraint (the prefixes are exact); its cost is at most that of
  * any plan with t kept blocks and segments that meets the constraints with
  * the budget lowered by t q, and it is the optimum when q = 1 or when no
  * cell merged states (ml_opt_stats.merges; docs/optimal.md, "Guarantee").
  * ML_NOMEM when out of memory, ML_RANGE for 2^31 blocks or states or more. */
-ml_status ml_opt_solve(const ml_opt_chain *c, size_t cells, int *seg, double *cost,
-                       bool *feasible);
+ml_status ml__opt_solve(const ml_opt_chain *c, size_t cells, int *seg, double *cost,
+                        bool *feasible);
 
 /* The work of one solve, for tests and benchmarks. The bounds, with n
  * blocks, S cells and rho the longest segment whose recomputed bytes fit
@@ -68,7 +68,7 @@ typedef struct {
                            <= 2 segments (rho + 1) */
     size_t merges;      /* times a cell kept a state over one with a smaller
                            prefix: 0 means the plan is optimal */
-    size_t max_segment; /* the longest segment searched: ml_opt_max_segment */
+    size_t max_segment; /* the longest segment searched: ml__opt_max_segment */
 } ml_opt_stats;
 
 /* The longest segment a solve of n blocks searches: n (every length) up to
@@ -80,21 +80,21 @@ typedef struct {
  * (docs/optimal.md, "Complexity"). */
 #define ML_OPT_SEGMENT_WORK ((size_t)1 << 26)
 #define ML_OPT_SEGMENT_MIN ((size_t)256)
-size_t ml_opt_max_segment(size_t n);
+size_t ml__opt_max_segment(size_t n);
 
-/* ml_opt_solve, and on ML_OK (feasible or not) *stats, when not NULL. */
-ml_status ml_opt_solve_stats(const ml_opt_chain *c, size_t cells, int *seg, double *cost,
-                             bool *feasible, ml_opt_stats *stats);
+/* ml__opt_solve, and on ML_OK (feasible or not) *stats, when not NULL. */
+ml_status ml__opt_solve_stats(const ml_opt_chain *c, size_t cells, int *seg, double *cost,
+                              bool *feasible, ml_opt_stats *stats);
 
 /* Memory that successive solves share (the planner's rounds), so that a
  * solve after the first touches no fresh pages. Create returns NULL when
  * out of memory; destroy accepts NULL. */
 typedef struct ml_opt_work ml_opt_work;
-ml_opt_work *ml_opt_work_create(void);
-void ml_opt_work_destroy(ml_opt_work *w);
+ml_opt_work *ml__opt_work_create(void);
+void ml__opt_work_destroy(ml_opt_work *w);
 
-/* ml_opt_solve_stats in w's memory; w stays usable after any status. */
-ml_status ml_opt_solve_in(ml_opt_work *w, const ml_opt_chain *c, size_t cells, int *seg,
-                          double *cost, bool *feasible, ml_opt_stats *stats);
+/* ml__opt_solve_stats in w's memory; w stays usable after any status. */
+ml_status ml__opt_solve_in(ml_opt_work *w, const ml_opt_chain *c, size_t cells, int *seg,
+                           double *cost, bool *feasible, ml_opt_stats *stats);
 
 #endif

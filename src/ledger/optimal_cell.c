@@ -32,7 +32,7 @@ static uint32_t member_new(pool *pl, const entry *e)
     return i;
 }
 
-void ml_oc_free(pool *pl, uint32_t first, uint32_t last)
+void ml__oc_free(pool *pl, uint32_t first, uint32_t last)
 {
     if (first == NIL)
         return;
@@ -59,7 +59,7 @@ static bool join_group(cell *c, pool *pl, uint32_t lo, const entry *e, ml_opt_st
     uint32_t j = lo + 1; /* worse and now closing no later */
     while (j < c->n && c->v[j].until <= e->until) {
         sx->merges += c->v[j].P < e->P;
-        ml_oc_free(pl, c->v[j].first, c->v[j].last);
+        ml__oc_free(pl, c->v[j].first, c->v[j].last);
         j++;
     }
     memmove(c->v + lo + 1, c->v + j, (c->n - j) * sizeof *c->v);
@@ -68,7 +68,7 @@ static bool join_group(cell *c, pool *pl, uint32_t lo, const entry *e, ml_opt_st
     return true;
 }
 
-bool ml_oc_put(cell *c, pool *pl, const entry *e, ml_opt_stats *sx)
+bool ml__oc_put(cell *c, pool *pl, const entry *e, ml_opt_stats *sx)
 {
     /* the first group no better than e (values worsen along v) */
     uint32_t lo = c->head, hi = c->n;
@@ -108,7 +108,7 @@ bool ml_oc_put(cell *c, pool *pl, const entry *e, ml_opt_stats *sx)
     const group ng = {e->P, e->key, e->nkey, e->until, m, m, pl->v[m]};
     for (uint32_t j = k; j < end; j++) {
         sx->merges += c->v[j].P < e->P;
-        ml_oc_free(pl, c->v[j].first, c->v[j].last);
+        ml__oc_free(pl, c->v[j].first, c->v[j].last);
     }
     sx->moves += end - k;
     if (k < end) { /* ng replaces v[k..end) */
@@ -127,7 +127,7 @@ bool ml_oc_put(cell *c, pool *pl, const entry *e, ml_opt_stats *sx)
     }
     group *v = ml_grow(c->v, c->n, &c->cap, sizeof *v, 4);
     if (!v) {
-        ml_oc_free(pl, m, m);
+        ml__oc_free(pl, m, m);
         return false;
     }
     c->v = v;
@@ -138,10 +138,10 @@ bool ml_oc_put(cell *c, pool *pl, const entry *e, ml_opt_stats *sx)
     return true;
 }
 
-bool ml_oc_best(cell *c, pool *pl, uint32_t L, const group **g, const member **mb)
+bool ml__oc_best(cell *c, pool *pl, uint32_t L, const group **g, const member **mb)
 {
     while (c->head < c->n && c->v[c->head].until < L) {
-        ml_oc_free(pl, c->v[c->head].first, c->v[c->head].last);
+        ml__oc_free(pl, c->v[c->head].first, c->v[c->head].last);
         c->head++;
     }
     if (c->head == c->n) {
@@ -151,7 +151,7 @@ bool ml_oc_best(cell *c, pool *pl, uint32_t L, const group **g, const member **m
     group *h = &c->v[c->head];
     while (h->oldest.until < L) { /* the last member is open */
         uint32_t nx = h->oldest.next;
-        ml_oc_free(pl, h->first, h->first);
+        ml__oc_free(pl, h->first, h->first);
         h->first = nx;
         h->oldest = pl->v[nx];
         /* the next to close, usually at the next boundary */

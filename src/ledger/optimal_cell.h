@@ -82,13 +82,13 @@ static inline uint64_t ml_oc_rank(uint32_t id, bool segment)
 /* Enters e into its cell: as a new member of its group, as a new group
  * (dropping the groups it makes useless), or not at all; false when out of
  * memory (the cell is then unchanged). */
-bool ml_oc_put(cell *c, pool *pl, const entry *e, ml_opt_stats *sx);
+bool ml__oc_put(cell *c, pool *pl, const entry *e, ml_opt_stats *sx);
 
 /* The cell's best open segment at level L: closed groups and members
  * released; false when none is left. */
-bool ml_oc_best(cell *c, pool *pl, uint32_t L, const group **g, const member **mb);
+bool ml__oc_best(cell *c, pool *pl, uint32_t L, const group **g, const member **mb);
 
 /* Returns the members first..last (linked) to the pool. */
-void ml_oc_free(pool *pl, uint32_t first, uint32_t last);
+void ml__oc_free(pool *pl, uint32_t first, uint32_t last);
 
 #endif

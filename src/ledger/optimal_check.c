@@ -63,7 +63,7 @@ static void seg_step(const ml_opt_chain *c, size_t s, size_t j, uint64_t P, segs
         st->ok = false;
 }
 
-bool ml_opt_check(const ml_opt_chain *c, const int *seg, double *cost, uint64_t *peak)
+bool ml__opt_check(const ml_opt_chain *c, const int *seg, double *cost, uint64_t *peak)
 {
     uint64_t P = 0, pk = 0;
     double f = 0;

@@ -32,7 +32,7 @@ typedef struct {
 /* Block k's gradient as the device holds it. */
 static uint64_t grad_of(const ml_chain *ch, const opt_shared *z, size_t k)
 {
-    return z->gsh ? ml_ceil_div(ch->blocks[k].grad_bytes, z->N) : ch->blocks[k].grad_bytes;
+    return z->gsh ? ml__ceil_div(ch->blocks[k].grad_bytes, z->N) : ch->blocks[k].grad_bytes;
 }
 
 /* The tail (head, loss) above everything kept before it: its forward and
@@ -157,10 +157,10 @@ static ml_status solve_at(opt_run *r, uint64_t budget, bool *feasible)
 {
     double cost = 0;
     r->oc.budget = budget;
-    ml_status st = ml_opt_solve_in(r->ow, &r->oc, 0, r->oseg, &cost, feasible, NULL);
+    ml_status st = ml__opt_solve_in(r->ow, &r->oc, 0, r->oseg, &cost, feasible, NULL);
     if (st) /* the solver sets no message of its own */
-        return ml_errorf(r->err, st,
-                         st == ML_NOMEM ? "out of memory" : "too many blocks for the optimal solver");
+        return ml__errorf(r->err, st,
+                          st == ML_NOMEM ? "out of memory" : "too many blocks for the optimal solver");
     if (*feasible)
         for (size_t k = 0; k < r->x->ch->n; k++)
             r->seg[k] = k >= r->lo && k < r->hi ? r->oseg[k - r->lo] : -1;
@@ -187,7 +187,7 @@ static ml_status tighten(opt_run *r, uint64_t target, bool *fits, opt_tried *tr)
             tr->rejected = budget;
             return ML_OK;
         }
-        if ((st = ml_eval_run(r->x, r->seg, false, r->l, r->err)))
+        if ((st = ml__eval_run(r->x, r->seg, false, r->l, r->err)))
             return st;
         if (r->l->sum.fits) {
             *fits = true;
@@ -206,7 +206,7 @@ static ml_status tighten(opt_run *r, uint64_t target, bool *fits, opt_tried *tr)
 /* Replays r->seg; a fit is kept in r->best. */
 static ml_status try_plan(opt_run *r, bool *fits)
 {
-    ml_status st = ml_eval_run(r->x, r->seg, false, r->l, r->err);
+    ml_status st = ml__eval_run(r->x, r->seg, false, r->l, r->err);
     *fits = !st && r->l->sum.fits;
     if (*fits)
         memcpy(r->best, r->seg, r->x->ch->n * sizeof *r->seg);
@@ -291,14 +291,14 @@ static ml_status fixed_fallback(ml_evalctx *x, int *seg, ml_ledger *l, bool *fit
     double best_fit = *fits ? rec0 : INFINITY, best_rec = INFINITY;
     int *tmp = calloc(n ? n : 1, sizeof *tmp);
     if (!tmp) {
-        return ml_errorf(err, ML_NOMEM, "out of memory");
+        return ml__errorf(err, ML_NOMEM, "out of memory");
     }
     for (size_t i = 0; i < ncand; i++) {
         if (!cands[i].segments)
             continue;
         ml_checkpoint cp;
         ml_parse_checkpoint(cands[i].name, &cp, NULL);
-        if ((st = ml_eval_segments(ch, &cp, tmp, err)) || (st = ml_eval_run(x, tmp, false, l, err)))
+        if ((st = ml__eval_segments(ch, &cp, tmp, err)) || (st = ml__eval_run(x, tmp, false, l, err)))
             break;
         const double rec = l->sum.flops_recompute;
         if (l->sum.fits && rec < best_fit) {
@@ -321,14 +321,14 @@ static ml_status fixed_fallback(ml_evalctx *x, int *seg, ml_ledger *l, bool *fit
  * policies, unless the first solve fitted: the least recompute that fits,
  * else the lowest peak. *fits tells whether the plan fits
  * (docs/optimal.md, "Guarantee of the verdict"). */
-ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err)
+ml_status ml__eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err)
 {
     const ml_chain *ch = x->ch;
     const size_t n = ch->n;
     for (size_t k = 0; k < n; k++)
         seg[k] = -1;
     /* residents from a plain replay */
-    ml_status st = ml_eval_run(x, seg, false, l, err);
+    ml_status st = ml__eval_run(x, seg, false, l, err);
     if (st)
         return st;
     /* nothing checkpointed fits: no plan recomputes less (0 FLOPs, no
@@ -346,9 +346,9 @@ ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_
     ml_summary res = l->sum;
     ml_opt_block *ob = calloc(n ? n : 1, sizeof *ob);
     opt_run r = {x, l, seg, calloc(n ? n : 1, sizeof(int)), calloc(n ? n : 1, sizeof(int)),
-                 ml_opt_work_create(), {0}, 0, 0, err};
+                 ml__opt_work_create(), {0}, 0, 0, err};
     if (!ob || !r.oseg || !r.best || !r.ow) {
-        st = ml_errorf(err, ML_NOMEM, "out of memory");
+        st = ml__errorf(err, ML_NOMEM, "out of memory");
         goto done;
     }
     opt_model(x, &res, ob, &r.lo, &r.hi, &r.oc);
@@ -358,7 +358,7 @@ ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_
     if ((st = tighten(&r, target, fits, &tr)) || *fits || (st = relax(&r, target, &tr, fits)))
         goto done;
     double rec = 0;
-    if (*fits && !(st = ml_eval_run(x, seg, false, l, err)))
+    if (*fits && !(st = ml__eval_run(x, seg, false, l, err)))
         rec = l->sum.flops_recompute;
     if (!st)
         st = fixed_fallback(x, seg, l, fits, rec, err);
@@ -366,6 +366,6 @@ done:
     free(ob);
     free(r.oseg);
     free(r.best);
-    ml_opt_work_destroy(r.ow);
+    ml__opt_work_destroy(r.ow);
     return st;
 }

@@ -38,10 +38,10 @@ static bool eval_scratch_alloc(eval_scratch *e, size_t n)
 
 /* The batch the training loop holds through the iteration: the input
  * tensor and the targets (docs/ledger.md, "The batch and the buffers"). */
-void ml_eval_batch(ml_replay *r, const ml_chain *ch)
+void ml__eval_batch(ml_replay *r, const ml_chain *ch)
 {
-    ml_replay_alloc(r, ML_CAT_BATCH, ch->batch_input);
-    ml_replay_alloc(r, ML_CAT_BATCH, ch->batch_targets);
+    ml__replay_alloc(r, ML_CAT_BATCH, ch->batch_input);
+    ml__replay_alloc(r, ML_CAT_BATCH, ch->batch_targets);
 }
 
 /* What an inference job's forward leaves besides its peak (inf != NULL:
@@ -59,17 +59,17 @@ typedef struct {
 static void nograd_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
                              const ml_chain *ch, bool inference)
 {
-    ml_replay_alloc(r, ML_CAT_PARAMS, s->bytes_params);
+    ml__replay_alloc(r, ML_CAT_PARAMS, s->bytes_params);
     if (inference) {
-        ml_replay_alloc(r, ML_CAT_BUFFERS, ch->buffer_bytes);
+        ml__replay_alloc(r, ML_CAT_BUFFERS, ch->buffer_bytes);
         return;
     }
-    ml_replay_alloc(r, ML_CAT_MASTER, s->bytes_master);
-    ml_replay_alloc(r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
+    ml__replay_alloc(r, ML_CAT_MASTER, s->bytes_master);
+    ml__replay_alloc(r, ML_CAT_OPTIMIZER, s->bytes_optimizer);
     if (x->cfg->training.zero_grad == ML_ZERO_GRAD_ZERO) /* zeroed, still allocated */
-        ml_replay_alloc(r, ML_CAT_GRADS, s->bytes_grads);
-    ml_replay_alloc(r, ML_CAT_BUFFERS, x->ch->buffer_bytes);
-    ml_eval_batch(r, x->ch);
+        ml__replay_alloc(r, ML_CAT_GRADS, s->bytes_grads);
+    ml__replay_alloc(r, ML_CAT_BUFFERS, x->ch->buffer_bytes);
+    ml__eval_batch(r, x->ch);
 }
 
 /* model.eval() under torch.no_grad(): every block runs as a checkpointed
@@ -90,14 +90,14 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     ec.training.seq_len = t->eval_seq_len ? t->eval_seq_len : t->seq_len;
     ec.training.checkpoint.kind = ML_CKPT_NONE;
     ml_chain ch;
-    ml_status st = ml_chain_build_eval(m, &ec, &ch, err);
+    ml_status st = ml__chain_build_eval(m, &ec, &ch, err);
     if (st) {
         /* the evaluation's shape is its own settings': name them (an
          * inference job's are its micro_batch and seq_len) */
         if (t->eval_seq_len && !inf)
-            ml_error_reword(err, "training.seq_len:", "training.eval_seq_len:");
+            ml__error_reword(err, "training.seq_len:", "training.eval_seq_len:");
         if (!inf)
-            ml_error_reword(err, "training.micro_batch:", "training.eval_batch:");
+            ml__error_reword(err, "training.micro_batch:", "training.eval_batch:");
         return st;
     }
     const size_t n = ch.n;
@@ -107,8 +107,8 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     memset(&sl, 0, sizeof sl);
     if (!eval_scratch_alloc(&e, n)) {
         eval_scratch_free(&e);
-        ml_chain_free(&ch);
-        return ml_errorf(err, ML_NOMEM, "out of memory");
+        ml__chain_free(&ch);
+        return ml__errorf(err, ML_NOMEM, "out of memory");
     }
     for (size_t k = 0; k < n; k++) {
         e.bd[k].kept = ch.blocks[k].in_held;
@@ -116,7 +116,7 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
         e.bd[k].alias = k > 0 && ch.blocks[k - 1].identity && e.bd[k - 1].kept;
     }
     ml_summary *s = &sl.sum;
-    ml_eval_model_states(&ch, &ec.training, &x->ob, s);
+    ml__eval_model_states(&ch, &ec.training, &x->ob, s);
     const uint64_t N = t->data_parallel ? t->data_parallel : 1;
     ml_shard sh = {N, t->zero, t->zero >= 2, t->zero >= 3, ch.prec.param, 0, -1, 0, 0, false};
     ml_replay r;
@@ -138,14 +138,14 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     /* a simulation has the resident states already, from training */
     r.rsim = rsim;
     if (rsim)
-        ml_rsim_use_chain(rsim, &ch);
-    ml_eval_batch(&r, &ch); /* the evaluation's own batch */
-    ml_replay_forward(&r);
+        ml__rsim_use_chain(rsim, &ch);
+    ml__eval_batch(&r, &ch); /* the evaluation's own batch */
+    ml__replay_forward(&r);
     if (rsim)
-        ml_rsim_use_chain(rsim, x->ch);
+        ml__rsim_use_chain(rsim, x->ch);
     *peak = s->peak;
     if (phases) { /* each phase's peak: forward, and the loss where the head computes it */
-        ml_replay_phase_names(&r, s);
+        ml__replay_phase_names(&r, s);
         memcpy(phases, s->phase_steady, sizeof s->phase_steady);
     }
     if (inf) {
@@ -157,15 +157,15 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     }
     bool overflow = r.overflow || ch.overflow;
     eval_scratch_free(&e);
-    ml_chain_free(&ch);
+    ml__chain_free(&ch);
     if (overflow)
-        return ml_errorf(err, ML_OVERFLOW,
-                         "byte counts exceed 64 bits in the evaluation pass: use a smaller "
-                         "%s", inf ? "micro_batch or seq_len" : "eval_batch or eval_seq_len");
+        return ml__errorf(err, ML_OVERFLOW,
+                          "byte counts exceed 64 bits in the evaluation pass: use a smaller "
+                          "%s", inf ? "micro_batch or seq_len" : "eval_batch or eval_seq_len");
     return ML_OK;
 }
 
-ml_status ml_eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err)
+ml_status ml__eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err)
 {
     x->has_eval = x->cfg->training.eval_batch > 0;
     x->eval_peak = 0;
@@ -176,18 +176,18 @@ ml_status ml_eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err)
 /* zero_grad: zero — the first iteration has no gradients yet: its backward
  * creates them as set_to_none's does. Its peak (and its phases' peaks, into
  * phases) from a replay without them (evaluate.c's steady replay has them). */
-uint64_t ml_eval_first_without_grads(ml_evalctx *x, const int *seg,
-                                     ml_phase_peak phases[ML_PHASE_COUNT])
+uint64_t ml__eval_first_without_grads(ml_evalctx *x, const int *seg,
+                                      ml_phase_peak phases[ML_PHASE_COUNT])
 {
     ml_ledger sl;
     memset(&sl, 0, sizeof sl);
-    ml_eval_model_states((ml_chain *)x->ch, &x->cfg->training, &x->ob, &sl.sum);
+    ml__eval_model_states((ml_chain *)x->ch, &x->cfg->training, &x->ob, &sl.sum);
     ml_shard sh;
     ml_replay r;
-    ml_eval_setup(x, seg, &sl, &sh, &r);
-    ml_eval_residents(&r, x, &sl.sum, true);
-    ml_eval_iteration(&r, x, &sl.sum, false);
-    ml_replay_phase_names(&r, &sl.sum);
+    ml__eval_setup(x, seg, &sl, &sh, &r);
+    ml__eval_residents(&r, x, &sl.sum, true);
+    ml__eval_iteration(&r, x, &sl.sum, false);
+    ml__replay_phase_names(&r, &sl.sum);
     memcpy(phases, sl.sum.phase_first, sizeof sl.sum.phase_first);
     return r.peak_first;
 }
@@ -196,44 +196,44 @@ uint64_t ml_eval_first_without_grads(ml_evalctx *x, const int *seg,
  * meets them: the parameters (and master weights), a first iteration whose
  * step creates the optimizer states, two steady iterations (the cache
  * warms in the first), and the evaluation pass. */
-ml_status ml_eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml_summary *out,
-                           ml_error *err)
+ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml_summary *out,
+                            ml_error *err)
 {
     const ml_device *dv = &x->cfg->device;
     out->has_reserved = dv->allocator != ML_ALLOCATOR_NONE;
     if (!out->has_reserved)
         return ML_OK;
-    ml_alloc_config ac = ml_alloc_config_defaults();
+    ml_alloc_config ac = ml__alloc_config_defaults();
     ac.mode = dv->allocator == ML_ALLOCATOR_EXPANDABLE ? ML_ALLOC_EXPANDABLE : ML_ALLOC_CACHING;
     ac.max_split_size = dv->max_split_size;
     ac.device_bytes = dv->present ? dv->memory - dv->runtime_reserve : 0;
     ml_rsim *rs = NULL;
-    ml_status st = ml_rsim_create(&ac, x->ch, &rs, err);
+    ml_status st = ml__rsim_create(&ac, x->ch, &rs, err);
     if (st)
         return st;
     ml_ledger sl;
     memset(&sl, 0, sizeof sl);
-    ml_eval_model_states((ml_chain *)x->ch, &x->cfg->training, &x->ob, &sl.sum);
+    ml__eval_model_states((ml_chain *)x->ch, &x->cfg->training, &x->ob, &sl.sum);
     ml_shard sh;
     ml_replay r;
-    ml_eval_setup(x, seg, &sl, &sh, &r);
+    ml__eval_setup(x, seg, &sl, &sh, &r);
     r.rsim = rs;
-    ml_eval_residents(&r, x, &sl.sum, false);
-    ml_eval_iteration(&r, x, &sl.sum, true);
+    ml__eval_residents(&r, x, &sl.sum, false);
+    ml__eval_iteration(&r, x, &sl.sum, true);
     for (int i = 0; i < 2; i++)
-        ml_eval_iteration(&r, x, &sl.sum, false);
+        ml__eval_iteration(&r, x, &sl.sum, false);
     uint64_t ignored;
-    if (x->has_eval && ml_rsim_ok(rs, NULL))
+    if (x->has_eval && ml__rsim_ok(rs, NULL))
         st = eval_forward(m, x, rs, &ignored, NULL, NULL, err);
     bool nomem = false;
-    out->reserved_oom = !ml_rsim_ok(rs, &nomem) && !nomem;
+    out->reserved_oom = !ml__rsim_ok(rs, &nomem) && !nomem;
     ml_alloc_stats a;
-    ml_rsim_stats(rs, &a);
+    ml__rsim_stats(rs, &a);
     out->reserved_peak = a.reserved.peak;
     out->reserved_segments = a.segments.peak;
-    ml_rsim_destroy(rs);
+    ml__rsim_destroy(rs);
     if (!st && (nomem || r.nomem))
-        st = ml_errorf(err, ML_NOMEM, "out of memory");
+        st = ml__errorf(err, ML_NOMEM, "out of memory");
     return st;
 }
 
@@ -295,24 +295,24 @@ ml_status ml_inference_evaluate(const ml_model *m, const ml_config *cfg, uint64_
         return st;
     const char *no = generate ? generate_refused(m) : NULL;
     if (no)
-        return ml_errorf(err, ML_RANGE, "generate: %s", no);
+        return ml__errorf(err, ML_RANGE, "generate: %s", no);
     uint64_t total_t = t->seq_len + generate; /* both below 2^63: no wrap */
     if (generate > ML_MAX_TOKENS || total_t > ML_MAX_TOKENS)
-        return ml_errorf(err, ML_RANGE, "generate: seq_len + generate must be at most %llu "
-                         "tokens", (unsigned long long)ML_MAX_TOKENS);
+        return ml__errorf(err, ML_RANGE, "generate: seq_len + generate must be at most %llu "
+                          "tokens", (unsigned long long)ML_MAX_TOKENS);
     /* learned positions end at their table, as the ledger refuses for a
      * sequence (chain_transformer.c); rotary ones extrapolate */
     if (generate && m->position == ML_POS_LEARNED && m->max_positions &&
         total_t > m->max_positions)
-        return ml_errorf(err, ML_RANGE, "generate: seq_len + generate (%llu tokens) exceeds "
-                         "the model's max_positions (%llu) of learned positions",
-                         (unsigned long long)total_t,
-                         (unsigned long long)m->max_positions);
+        return ml__errorf(err, ML_RANGE, "generate: seq_len + generate (%llu tokens) exceeds "
+                          "the model's max_positions (%llu) of learned positions",
+                          (unsigned long long)total_t,
+                          (unsigned long long)m->max_positions);
     if (generate && m->sliding_window && total_t > m->sliding_window)
-        return ml_errorf(err, ML_RANGE, "generate: seq_len + generate (%llu tokens) exceeds "
-                         "the model's sliding_window (%llu), which the cache is not planned "
-                         "for", (unsigned long long)total_t,
-                         (unsigned long long)m->sliding_window);
+        return ml__errorf(err, ML_RANGE, "generate: seq_len + generate (%llu tokens) exceeds "
+                          "the model's sliding_window (%llu), which the cache is not planned "
+                          "for", (unsigned long long)total_t,
+                          (unsigned long long)m->sliding_window);
     ml_evalctx x;
     memset(&x, 0, sizeof x);
     x.cfg = &c;
@@ -341,8 +341,8 @@ ml_status ml_inference_evaluate(const ml_model *m, const ml_config *cfg, uint64_
     r.runtime_reserve = c.device.runtime_reserve;
     r.peak_total = ml_add(&ov, ml_add(&ov, r.peak, r.fragmentation), r.runtime_reserve);
     if (ov.overflow)
-        return ml_errorf(err, ML_OVERFLOW, "the inference job's bytes exceed 64 bits: use a "
-                         "smaller batch, seq_len or generate");
+        return ml__errorf(err, ML_OVERFLOW, "the inference job's bytes exceed 64 bits: use a "
+                          "smaller batch, seq_len or generate");
     *out = r;
     return ML_OK;
 }

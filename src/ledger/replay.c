@@ -16,7 +16,7 @@ static void event(ml_replay *r, ml_category c, int64_t delta)
     ml_summary *s = &r->l->sum;
     /* the level the event starts from is part of its phase: at a phase's
      * first event, the level the phase was entered at */
-    ml_replay_phase_point(r, r->phase == ML_PHASE_OPTIMIZER
+    ml__replay_phase_point(r, r->phase == ML_PHASE_OPTIMIZER
                                  ? r->total
                                  : r->total - r->live[ML_CAT_OPTIMIZER]);
     if (delta > 0) {
@@ -32,7 +32,7 @@ static void event(ml_replay *r, ml_category c, int64_t delta)
                                                          : r->total - r->live[ML_CAT_OPTIMIZER];
         if (first > r->peak_first)
             r->peak_first = first;
-        ml_replay_phase_point(r, first);
+        ml__replay_phase_point(r, first);
         if (r->total > s->peak) {
             s->peak = r->total;
             s->peak_phase = r->phase;
@@ -72,8 +72,8 @@ static void event(ml_replay *r, ml_category c, int64_t delta)
     e->t_s = -1; /* set once the step time is known */
 }
 
-void ml_replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
-                        size_t block, unsigned copies)
+void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
+                         size_t block, unsigned copies)
 {
     if (b > (uint64_t)INT64_MAX) {
         r->overflow = true;
@@ -81,22 +81,22 @@ void ml_replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split
     }
     event(r, c, (int64_t)b);
     if (r->rsim)
-        ml_rsim_alloc(r->rsim, c, b, split, block, copies);
+        ml__rsim_alloc(r->rsim, c, b, split, block, copies);
 }
 
-void ml_replay_alloc(ml_replay *r, ml_category c, uint64_t b)
+void ml__replay_alloc(ml_replay *r, ml_category c, uint64_t b)
 {
-    ml_replay_alloc_as(r, c, b, ML_T_ONE, 0, 1);
+    ml__replay_alloc_as(r, c, b, ML_T_ONE, 0, 1);
 }
 
-void ml_replay_recompute_flops(ml_replay *r, double f)
+void ml__replay_recompute_flops(ml_replay *r, double f)
 {
     r->flops_recompute += f;
     r->rec_adds++;
     r->rec_last = f;
 }
 
-void ml_replay_free(ml_replay *r, ml_category c, uint64_t b)
+void ml__replay_free(ml_replay *r, ml_category c, uint64_t b)
 {
     if (b > (uint64_t)INT64_MAX) {
         r->overflow = true;
@@ -104,7 +104,7 @@ void ml_replay_free(ml_replay *r, ml_category c, uint64_t b)
     }
     event(r, c, -(int64_t)b);
     if (r->rsim)
-        ml_rsim_free(r->rsim, c, b);
+        ml__rsim_free(r->rsim, c, b);
 }
 
 /* ZeRO-3 / FSDP: a block's parameters are gathered for its forward and its
@@ -143,7 +143,7 @@ static void boundary_alloc(ml_replay *r, size_t k, uint64_t bytes)
 {
     r->held_cat[k] = r->bd[k].kept ? r->bd[k].cat : ML_CAT_WORKSPACE;
     r->held[k] = bytes;
-    ml_replay_alloc(r, r->held_cat[k], bytes);
+    ml__replay_alloc(r, r->held_cat[k], bytes);
 }
 
 /* Frees boundary k and the recompute's copy of it, if still allocated; the
@@ -151,13 +151,13 @@ static void boundary_alloc(ml_replay *r, size_t k, uint64_t bytes)
 static void boundary_release(ml_replay *r, size_t k)
 {
     if (r->recomputed[k]) {
-        ml_replay_free(r, ML_CAT_RECOMPUTE, r->recomputed[k]);
+        ml__replay_free(r, ML_CAT_RECOMPUTE, r->recomputed[k]);
         r->recomputed[k] = 0;
     }
     if (r->keep_output && r->ch->blocks[k].in_held)
         return;
     if (r->held[k]) {
-        ml_replay_free(r, r->held_cat[k], r->held[k]);
+        ml__replay_free(r, r->held_cat[k], r->held[k]);
         r->held[k] = 0;
     }
 }
@@ -172,9 +172,9 @@ static void fwd_grads(ml_replay *r, size_t k)
     if (!b->grads_in_fwd)
         return;
     bool create = r->micro == 0 && !r->grads_exist;
-    ml_replay_alloc_as(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, b->grad_bytes,
-                       ML_T_BLOCK_PARAMS, k, 1);
-    ml_replay_alloc(r, ML_CAT_WORKSPACE, b->in_bytes);
+    ml__replay_alloc_as(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, b->grad_bytes,
+                        ML_T_BLOCK_PARAMS, k, 1);
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, b->in_bytes);
 }
 
 /* Its backward: the gradient added into .grad after the first micro-batch
@@ -186,9 +186,9 @@ static void fwd_grads_done(ml_replay *r, size_t k, bool carried)
     if (!b->grads_in_fwd)
         return;
     if (r->micro != 0 || r->grads_exist)
-        ml_replay_free(r, ML_CAT_WORKSPACE, b->grad_bytes);
+        ml__replay_free(r, ML_CAT_WORKSPACE, b->grad_bytes);
     if (!carried)
-        ml_replay_free(r, ML_CAT_WORKSPACE, b->in_bytes);
+        ml__replay_free(r, ML_CAT_WORKSPACE, b->in_bytes);
 }
 
 /* Block k's forward has consumed its input: freed unless something keeps
@@ -197,7 +197,7 @@ static void input_done(ml_replay *r, size_t k)
 {
     if (r->bd[k].kept)
         return;
-    ml_replay_free(r, r->held_cat[k], r->held[k]);
+    ml__replay_free(r, r->held_cat[k], r->held[k]);
     r->held[k] = 0;
 }
 
@@ -219,21 +219,21 @@ static void forward_block(ml_replay *r, size_t k)
     const bool layer = b->ckpt_index >= (int)ch->mask_ckpt0;
     const uint64_t mask = ch->mask_in_forward ? ch->ckpt_side : 0;
     if (layer && b->ckpt_index == (int)ch->mask_ckpt0)
-        ml_replay_alloc(r, ML_CAT_WORKSPACE, mask);
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, mask);
     uint64_t gat = gathered(r, k, false);
-    ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, gat);
     gather_time(r, k);
     if (seg[k] < 0)
         fwd_grads(r, k);
-    ml_replay_alloc_as(r, ML_CAT_WORKSPACE, ws, seg[k] < 0 ? ML_T_UNITS_FWD : ML_T_UNITS, k, 1);
+    ml__replay_alloc_as(r, ML_CAT_WORKSPACE, ws, seg[k] < 0 ? ML_T_UNITS_FWD : ML_T_UNITS, k, 1);
     if (seg[k] < 0 && !b->fwd_only) /* (an unused layer's: a side tensor) */
-        ml_replay_alloc_as(r, ML_CAT_ACTIVATIONS,
-                           b->saved_bytes - (r->selective ? b->core_bytes : 0),
-                           r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
-    ml_sides_forward(r, k, true);
+        ml__replay_alloc_as(r, ML_CAT_ACTIVATIONS,
+                            b->saved_bytes - (r->selective ? b->core_bytes : 0),
+                            r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
+    ml__sides_forward(r, k, true);
     if ((int)k == sh->side_block) { /* a checkpoint keeps it for the backward */
-        ml_replay_free(r, ML_CAT_WORKSPACE, mask);
-        ml_replay_alloc(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
+        ml__replay_free(r, ML_CAT_WORKSPACE, mask);
+        ml__replay_alloc(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
     }
     /* an in-place op (relu inplace: true) makes its output in its
      * input's storage: the input goes first */
@@ -242,23 +242,23 @@ static void forward_block(ml_replay *r, size_t k)
     if (k + 1 < n)
         boundary_alloc(r, k + 1, r->bd[k + 1].alias ? 0 : B[k + 1].in_bytes);
     r->flops_done += b->flops_fwd; /* the block runs: what follows is after it */
-    ml_replay_free(r, ML_CAT_WORKSPACE, ws);
-    ml_replay_free(r, ML_CAT_WORKSPACE, gat);
+    ml__replay_free(r, ML_CAT_WORKSPACE, ws);
+    ml__replay_free(r, ML_CAT_WORKSPACE, gat);
     if (r->hold_cache) /* the output's keys and values; autocast's weight copies */
-        ml_replay_alloc(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes);
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes);
     input_done(r, k);
-    ml_sides_forward(r, k, false);
+    ml__sides_forward(r, k, false);
     /* the model's forward returns after its last layer */
     if (layer && sh->side_block < 0 && (k + 1 == n || B[k + 1].ckpt_index < 0))
-        ml_replay_free(r, ML_CAT_WORKSPACE, mask);
+        ml__replay_free(r, ML_CAT_WORKSPACE, mask);
     /* the loop rebinds its reference once this loss is computed */
     if (b->in_held && r->prev_out) {
-        ml_replay_free(r, r->prev_out_cat, r->prev_out);
+        ml__replay_free(r, r->prev_out_cat, r->prev_out);
         r->prev_out = 0;
     }
 }
 
-void ml_replay_forward(ml_replay *r)
+void ml__replay_forward(ml_replay *r)
 {
     const size_t n = r->ch->n;
     r->phase = ML_PHASE_FORWARD;
@@ -266,12 +266,12 @@ void ml_replay_forward(ml_replay *r)
     boundary_alloc(r, 0, r->ch->blocks[0].in_bytes);
     ml_run u = {.streak = 0};
     for (size_t k = 0; k < n && !r->overflow; k++) { /* an overflow ends the plan */
-        k = ml_run_skip(&u, r, k, 1);
+        k = ml__run_skip(&u, r, k, 1);
         if (r->overflow)
             break;
-        ml_run_before(&u, r);
+        ml__run_before(&u, r);
         forward_block(r, k);
-        ml_run_after(&u, r, k, 1);
+        ml__run_after(&u, r, k, 1);
     }
     r->act_end = r->live[ML_CAT_ACTIVATIONS];
 }
@@ -295,28 +295,28 @@ static void recompute_segment(ml_replay *r, size_t s0, size_t k)
     r->sub = " (recompute)";
     for (size_t j = s0; j <= k; j++) {
         r->block = (int32_t)j;
-        ml_replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
-        ml_replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
-        ml_sides_recompute(r, s0, j, true);
+        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
+        ml__replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
+        ml__sides_recompute(r, s0, j, true);
         if (j < k && (B[j].out_saved || B[j + 1].in_saved)) {
             r->recomputed[j + 1] = B[j + 1].in_bytes;
-            ml_replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[j + 1]);
+            ml__replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[j + 1]);
         }
         uint64_t tout = 0; /* the segment's output, made and dropped (as in
                               recompute_nodes) */
         if (j == k && B[k].out_saved && k + 1 < n) {
             r->recomputed[k + 1] = B[k + 1].in_bytes; /* a recomputed copy of the output */
-            ml_replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[k + 1]);
+            ml__replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[k + 1]);
         } else if (j == k && k + 1 < n && !r->bd[k + 1].alias) {
             tout = B[k + 1].in_bytes;
-            ml_replay_alloc(r, ML_CAT_WORKSPACE, tout);
+            ml__replay_alloc(r, ML_CAT_WORKSPACE, tout);
         }
         r->flops_done += B[j].flops_fwd;
-        ml_replay_free(r, ML_CAT_WORKSPACE, tout);
-        ml_replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
-        ml_replay_recompute_flops(r, B[j].flops_fwd);
+        ml__replay_free(r, ML_CAT_WORKSPACE, tout);
+        ml__replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
+        ml__replay_recompute_flops(r, B[j].flops_fwd);
     }
-    ml_sides_recompute(r, s0, k, false);
+    ml__sides_recompute(r, s0, k, false);
     r->sub = "";
     r->block = (int32_t)k;
 }
@@ -332,47 +332,47 @@ static void backward_block(ml_replay *r, size_t k)
     const ml_cblock *B = ch->blocks, *b = &B[k];
     r->block = (int32_t)k;
     uint64_t gat = gathered(r, k, true);
-    ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, gat);
     gather_time(r, k);
-    ml_sides_backward(r, k, true);
+    ml__sides_backward(r, k, true);
     if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k]))
         recompute_segment(r, segment_start(seg, k), k);
     if (r->selective && seg[k] < 0 && b->core_bytes) {
         r->sub = " (recompute)";
-        ml_replay_alloc_as(r, ML_CAT_RECOMPUTE, b->core_bytes, ML_T_SAVED_CORE, k, 1);
-        ml_replay_recompute_flops(r, b->flops_core);
+        ml__replay_alloc_as(r, ML_CAT_RECOMPUTE, b->core_bytes, ML_T_SAVED_CORE, k, 1);
+        ml__replay_recompute_flops(r, b->flops_core);
         r->flops_done += b->flops_core;
         r->sub = "";
     }
     /* the incoming gradient a node-level block handed over is part of
      * this block's estimate (ws_bwd counts it) */
-    ml_replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
+    ml__replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
     r->grad_carry = 0;
-    ml_replay_alloc_as(r, ML_CAT_WORKSPACE, b->ws_bwd, ML_T_UNITS_BWD, k, 1);
+    ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->ws_bwd, ML_T_UNITS_BWD, k, 1);
     /* sharded gradients: the full gradient is a transient until its
      * reduce-scatter; the device keeps its 1/N partition */
     uint64_t gfull = sh->grads_sharded ? b->grad_bytes : 0;
-    ml_replay_alloc(r, ML_CAT_WORKSPACE, gfull);
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, gfull);
     if (b->grads_in_fwd)
         fwd_grads_done(r, k, false);
     else if (r->micro == 0 && !r->grads_exist)
-        ml_replay_alloc_as(r, ML_CAT_GRADS,
-                           sh->grads_sharded ? ml_ceil_div(b->grad_bytes, sh->N) : b->grad_bytes,
-                           sh->grads_sharded ? ML_T_ONE : ML_T_BLOCK_PARAMS, k, 1);
+        ml__replay_alloc_as(r, ML_CAT_GRADS,
+                            sh->grads_sharded ? ml__ceil_div(b->grad_bytes, sh->N) : b->grad_bytes,
+                            sh->grads_sharded ? ML_T_ONE : ML_T_BLOCK_PARAMS, k, 1);
     else
-        ml_replay_alloc_as(r, ML_CAT_WORKSPACE, b->grad_accum_bytes, ML_T_BLOCK_PARAMS, k, 1);
+        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->grad_accum_bytes, ML_T_BLOCK_PARAMS, k, 1);
     r->flops_done += b->flops_bwd; /* its backward runs */
     /* stages 2 and 3: the block's gradient is reduce-scattered */
     if (sh->grads_sharded)
         r->comm_done += sh->ring * (double)b->grad_bytes;
     /* the block's saved tensors are released once its gradient is done */
     if (seg[k] >= 0) {
-        ml_replay_free(r, ML_CAT_RECOMPUTE, b->saved_bytes);
+        ml__replay_free(r, ML_CAT_RECOMPUTE, b->saved_bytes);
     } else {
-        ml_replay_free(r, ML_CAT_ACTIVATIONS,
-                       b->saved_bytes - (r->selective ? b->core_bytes : 0));
+        ml__replay_free(r, ML_CAT_ACTIVATIONS,
+                        b->saved_bytes - (r->selective ? b->core_bytes : 0));
         if (r->selective)
-            ml_replay_free(r, ML_CAT_RECOMPUTE, b->core_bytes);
+            ml__replay_free(r, ML_CAT_RECOMPUTE, b->core_bytes);
     }
     /* boundary k+1: both its users are done now */
     if (k + 1 < n)
@@ -381,13 +381,13 @@ static void backward_block(ml_replay *r, size_t k)
     if (k == 0 || !(B[k - 1].out_saved))
         boundary_release(r, k);
     if ((int)k == sh->side_block)
-        ml_replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
-    ml_replay_free(r, ML_CAT_WORKSPACE, b->ws_bwd);
-    ml_replay_free(r, ML_CAT_WORKSPACE, gfull);
+        ml__replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
+    ml__replay_free(r, ML_CAT_WORKSPACE, b->ws_bwd);
+    ml__replay_free(r, ML_CAT_WORKSPACE, gfull);
     if ((r->micro != 0 || r->grads_exist) && !b->grads_in_fwd)
-        ml_replay_free(r, ML_CAT_WORKSPACE, b->grad_accum_bytes);
-    ml_replay_free(r, ML_CAT_WORKSPACE, gat);
-    ml_sides_backward(r, k, false);
+        ml__replay_free(r, ML_CAT_WORKSPACE, b->grad_accum_bytes);
+    ml__replay_free(r, ML_CAT_WORKSPACE, gat);
+    ml__sides_backward(r, k, false);
 }
 
 /* Whether block k's backward replays node by node: it has a node list and
@@ -430,30 +430,30 @@ static void recompute_nodes(ml_replay *r, size_t s0, size_t k)
     uint64_t tin = 0; /* the block's input when nothing saves it */
     for (size_t j = s0; j <= k; j++) {
         r->block = (int32_t)j;
-        ml_replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
-        ml_replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
-        ml_sides_recompute(r, s0, j, true);
+        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
+        ml__replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
+        ml__sides_recompute(r, s0, j, true);
         uint64_t tout = 0;
         if (j + 1 < ch->n) {
             uint64_t ob = r->bd[j + 1].alias ? 0 : B[j + 1].in_bytes;
             if (B[j].out_saved || (j < k && B[j + 1].in_saved)) {
                 r->recomputed[j + 1] = ob;
-                ml_replay_alloc(r, ML_CAT_RECOMPUTE, ob);
+                ml__replay_alloc(r, ML_CAT_RECOMPUTE, ob);
             } else {
                 /* made, and freed once its consumer has run (the segment's
                  * last: at once) */
                 tout = ob;
-                ml_replay_alloc(r, ML_CAT_WORKSPACE, tout);
+                ml__replay_alloc(r, ML_CAT_WORKSPACE, tout);
             }
         }
         r->flops_done += B[j].flops_fwd;
-        ml_replay_recompute_flops(r, B[j].flops_fwd);
-        ml_replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
-        ml_replay_free(r, ML_CAT_WORKSPACE, tin);
+        ml__replay_recompute_flops(r, B[j].flops_fwd);
+        ml__replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
+        ml__replay_free(r, ML_CAT_WORKSPACE, tin);
         tin = tout;
     }
-    ml_replay_free(r, ML_CAT_WORKSPACE, tin);
-    ml_sides_recompute(r, s0, k, false);
+    ml__replay_free(r, ML_CAT_WORKSPACE, tin);
+    ml__sides_recompute(r, s0, k, false);
     r->sub = "";
     r->block = (int32_t)k;
 }
@@ -473,14 +473,14 @@ static void backward_nodes(ml_replay *r, size_t k)
     const ml_cblock *B = ch->blocks, *b = &B[k];
     r->block = (int32_t)k;
     uint64_t gat = gathered(r, k, true);
-    ml_replay_alloc(r, ML_CAT_WORKSPACE, gat);
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, gat);
     gather_time(r, k);
-    ml_sides_backward(r, k, true);
+    ml__sides_backward(r, k, true);
     /* the gradient of the block's output: handed over by a node-level block
      * after this one, else made by the block-level backward before it */
     if (!r->grad_carry) {
         r->grad_carry = b->bwd_in;
-        ml_replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
     }
     const bool create = r->micro == 0 && !r->grads_exist;
     /* a checkpointed block's saved tensors are the recompute's */
@@ -490,13 +490,13 @@ static void backward_nodes(ml_replay *r, size_t k)
     uint64_t freed = 0;
     for (size_t j = 0; j < b->nnodes; j++) {
         const ml_bnode *x = &nd[j];
-        ml_replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
-        ml_replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
-        ml_replay_alloc(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, x->param_grad);
-        ml_replay_free(r, ML_CAT_WORKSPACE, x->scratch);
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
+        ml__replay_alloc(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, x->param_grad);
+        ml__replay_free(r, ML_CAT_WORKSPACE, x->scratch);
         if (!create)
-            ml_replay_free(r, ML_CAT_WORKSPACE, x->param_grad);
-        ml_replay_free(r, ML_CAT_WORKSPACE, x->grad_out);
+            ml__replay_free(r, ML_CAT_WORKSPACE, x->param_grad);
+        ml__replay_free(r, ML_CAT_WORKSPACE, x->grad_out);
         for (uint32_t s = x->first_saved; s != ML_NODE_NONE; s = sv[s].next_same) {
             /* the allocator simulation releases the block's saved tensors
              * as the one allocation the forward made, below */
@@ -510,15 +510,15 @@ static void backward_nodes(ml_replay *r, size_t k)
     fwd_grads_done(r, k, true);
     event(r, scat, -(int64_t)(b->saved_bytes - freed));
     if (r->rsim)
-        ml_rsim_free(r->rsim, scat, b->saved_bytes);
+        ml__rsim_free(r->rsim, scat, b->saved_bytes);
     if (k + 1 < n)
         boundary_release(r, k + 1);
     if (k == 0 || !(B[k - 1].out_saved))
         boundary_release(r, k);
     if ((int)k == sh->side_block)
-        ml_replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
-    ml_replay_free(r, ML_CAT_WORKSPACE, gat);
-    ml_sides_backward(r, k, false);
+        ml__replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
+    ml__replay_free(r, ML_CAT_WORKSPACE, gat);
+    ml__sides_backward(r, k, false);
     /* the incoming buffer now holds the gradient of the block's input
      * (none when the input needs none: the model's input) */
     r->grad_carry = b->in_nograd ? 0 : b->in_bytes;
@@ -537,7 +537,7 @@ static void backward_step(ml_replay *r, size_t k)
              * first node unpacks a saved tensor */
             if (!r->grad_carry) {
                 r->grad_carry = r->ch->blocks[k].bwd_in;
-                ml_replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
+                ml__replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
             }
             recompute_nodes(r, s0, k);
         }
@@ -550,27 +550,27 @@ static void backward_step(ml_replay *r, size_t k)
         backward_block(r, k);
 }
 
-void ml_replay_micro_batch(ml_replay *r)
+void ml__replay_micro_batch(ml_replay *r)
 {
     const size_t n = r->ch->n;
     r->sub = "";
-    ml_replay_forward(r);
+    ml__replay_forward(r);
     r->phase = ML_PHASE_BACKWARD;
     r->block = (int32_t)(n - 1);
-    ml_replay_alloc(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
     r->grad_carry = 0;
     ml_run u = {.streak = 0};
     for (size_t k = n; k-- > 0 && !r->overflow;) { /* an overflow ends the plan */
-        k = ml_run_skip(&u, r, k, -1);
+        k = ml__run_skip(&u, r, k, -1);
         if (r->overflow)
             break;
-        ml_run_before(&u, r);
+        ml__run_before(&u, r);
         backward_step(r, k);
-        ml_run_after(&u, r, k, -1);
+        ml__run_after(&u, r, k, -1);
     }
-    ml_replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
+    ml__replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
     r->grad_carry = 0;
-    ml_replay_free(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
+    ml__replay_free(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
     /* logits: kept — what the loop still holds after backward */
     for (size_t k = 0; k < n && r->keep_output; k++)
         if (r->ch->blocks[k].in_held && r->held[k]) {

@@ -112,46 +112,46 @@ typedef struct {
 } ml_run;
 
 /* Whether block j replays as block j-1 does, moved by a constant. */
-bool ml_replay_twin(const ml_replay *r, size_t j);
-void ml_run_before(ml_run *u, const ml_replay *r);
+bool ml__replay_twin(const ml_replay *r, size_t j);
+void ml__run_before(ml_run *u, const ml_replay *r);
 /* After block k (the one before it in the walk's direction: k - dir). */
-void ml_run_after(ml_run *u, const ml_replay *r, size_t k, int dir);
+void ml__run_after(ml_run *u, const ml_replay *r, size_t k, int dir);
 /* The blocks from k on (dir +1) or down (dir -1) that need no replay: their
  * live bytes, FLOPs and boundaries moved as the run's; returns the block to
  * replay next (k when none is skipped). */
-size_t ml_run_skip(ml_run *u, ml_replay *r, size_t k, int dir);
+size_t ml__run_skip(ml_run *u, ml_replay *r, size_t k, int dir);
 
 /* Where side tensor s is freed under the segment plan seg (docs/ledger.md,
  * "Side tensors"): true, after the backward of *block; false, after its
  * forward. */
-bool ml_side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *block);
+bool ml__side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *block);
 /* The side tensors block k's forward makes (made: true) or frees at its
  * end (false); those its backward's start makes (the gradients) or its
  * end frees; those a recompute of s0..j makes again (made) or frees at the
  * segment's end (j its last block) (sides.c). */
-void ml_sides_forward(ml_replay *r, size_t k, bool made);
-void ml_sides_backward(ml_replay *r, size_t k, bool start);
-void ml_sides_recompute(ml_replay *r, size_t s0, size_t j, bool made);
+void ml__sides_forward(ml_replay *r, size_t k, bool made);
+void ml__sides_backward(ml_replay *r, size_t k, bool start);
+void ml__sides_recompute(ml_replay *r, size_t s0, size_t j, bool made);
 
-void ml_replay_alloc(ml_replay *r, ml_category c, uint64_t b);
+void ml__replay_alloc(ml_replay *r, ml_category c, uint64_t b);
 /* The live bytes now as a point of the current phase's steady peak and,
  * first (the bytes the first iteration would hold), its first-iteration
  * peak (replay.c; event() calls it at each allocation). */
-void ml_replay_phase_point(ml_replay *r, uint64_t first);
+void ml__replay_phase_point(ml_replay *r, uint64_t first);
 /* Writes the `at` names of s's phase_steady and phase_first from the
  * blocks and subs r recorded. */
-void ml_replay_phase_names(const ml_replay *r, ml_summary *s);
+void ml__replay_phase_names(const ml_replay *r, ml_summary *s);
 /* The same, telling the allocator simulation which tensors make up b. */
-void ml_replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
-                        size_t block, unsigned copies);
-void ml_replay_free(ml_replay *r, ml_category c, uint64_t b);
+void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
+                         size_t block, unsigned copies);
+void ml__replay_free(ml_replay *r, ml_category c, uint64_t b);
 /* A recompute's FLOPs added to this micro-batch's. */
-void ml_replay_recompute_flops(ml_replay *r, double f);
+void ml__replay_recompute_flops(ml_replay *r, double f);
 /* The forward of one micro-batch; blocks with seg[k] >= 0 run under
  * no_grad (nothing saved). */
-void ml_replay_forward(ml_replay *r);
+void ml__replay_forward(ml_replay *r);
 /* Forward and backward of one micro-batch (r->micro: its index). */
-void ml_replay_micro_batch(ml_replay *r);
+void ml__replay_micro_batch(ml_replay *r);
 
 /* What one evaluation needs besides the segment plan. */
 typedef struct {
@@ -162,11 +162,11 @@ typedef struct {
     ml_boundary *bd;
     uint64_t *recomputed, *held;
     ml_category *held_cat;
-    int side_block; /* set by ml_eval_run */
+    int side_block; /* set by ml__eval_run */
     bool whole;     /* replay every block (the reference tests/unit/test_runs.c
                        holds the runs against) */
     /* the evaluation pass, planned once (it does not depend on the
-     * checkpoint plan): ml_eval_pass */
+     * checkpoint plan): ml__eval_pass */
     bool has_eval;
     uint64_t eval_peak;
     ml_phase_peak eval_phases[ML_PHASE_COUNT]; /* its phases' peaks */
@@ -175,65 +175,65 @@ typedef struct {
 /* The evaluation pass (training.eval_batch): the resident model states and
  * one forward under no_grad at the evaluation shape, the loop holding the
  * model output. Sets x->has_eval and x->eval_peak. */
-ml_status ml_eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err);
+ml_status ml__eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err);
 /* zero_grad: zero — the first iteration's peak, from a replay without the
  * gradients the steady one carries; its phases' peaks into phases
  * (passes.c). */
-uint64_t ml_eval_first_without_grads(ml_evalctx *x, const int *seg,
-                                     ml_phase_peak phases[ML_PHASE_COUNT]);
+uint64_t ml__eval_first_without_grads(ml_evalctx *x, const int *seg,
+                                      ml_phase_peak phases[ML_PHASE_COUNT]);
 /* The caching-allocator simulation of the plan seg[] (device.allocator):
  * fills out's reserved figures (passes.c). */
-ml_status ml_eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml_summary *out,
-                           ml_error *err);
+ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml_summary *out,
+                            ml_error *err);
 
 /* have - need as a signed 64-bit headroom (ml_summary.headroom), false
  * where it does not fit: a need more than 2^63 B over. ml_config_problem
  * keeps a device below 2^63 B, so a positive headroom always fits
  * (check.c). */
-bool ml_headroom(uint64_t have, uint64_t need, int64_t *out);
+bool ml__headroom(uint64_t have, uint64_t need, int64_t *out);
 
 /* The steps of an evaluation (evaluate.c) the allocator simulation
  * (simulate.c) replays again: where each boundary lives under a plan; the
  * per-device model states; a replay of the chain under seg[] writing into
  * l; the resident states; one iteration after them. */
-void ml_eval_boundaries(const ml_chain *ch, const int *seg, bool held, ml_boundary *bd);
-void ml_eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
-                          ml_summary *s);
-void ml_eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml_replay *r);
-void ml_eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, bool states);
+void ml__eval_boundaries(const ml_chain *ch, const int *seg, bool held, ml_boundary *bd);
+void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
+                           ml_summary *s);
+void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml_replay *r);
+void ml__eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, bool states);
 /* The micro-batch's input and targets, held by the training loop. */
-void ml_eval_batch(ml_replay *r, const ml_chain *ch);
-double ml_eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
-                         bool create_states);
+void ml__eval_batch(ml_replay *r, const ml_chain *ch);
+double ml__eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,
+                          bool create_states);
 
 /* Which blocks sit in checkpoint segments under a fixed policy (a
  * multimodal model's training.vision_tower applied to its tower). */
-ml_status ml_eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err);
+ml_status ml__eval_segments(const ml_chain *ch, const ml_checkpoint *cp, int *seg, ml_error *err);
 /* training.vision_tower's policy for a multimodal model's tower over seg[]
- * (sides.c; ml_eval_segments applies it). */
-void ml_eval_stack_segments(const ml_chain *ch, int *seg);
+ * (sides.c; ml__eval_segments applies it). */
+void ml__eval_stack_segments(const ml_chain *ch, int *seg);
 /* ml_ledger_evaluate with every block of every replay replayed: no run of
  * identical layers moved over (replay_runs.c). */
 ml_status ml__ledger_evaluate_whole(const ml_model *m, const ml_config *cfg, ml_ledger **out,
                                     ml_error *err);
 /* Replays the chain under the plan seg[] into l (summary, blocks, events). */
-ml_status ml_eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
-                      ml_error *err);
+ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
+                       ml_error *err);
 /* checkpoint: optimal (optimal_plan.c): fills seg[], *fits. */
-ml_status ml_eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err);
+ml_status ml__eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml_error *err);
 
-uint64_t ml_ceil_div(uint64_t a, uint64_t b);
+uint64_t ml__ceil_div(uint64_t a, uint64_t b);
 
 /* Time (timing.c; docs/sharding.md, "Time"). The bytes each device sends per
  * iteration; the bytes it moves over the host link per iteration. */
-double ml_eval_communication(const ml_chain *ch, const ml_training *t, uint64_t P);
-double ml_eval_host_transfer(const ml_training *t, const ml_prec *p, uint64_t P);
+double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t P);
+double ml__eval_host_transfer(const ml_training *t, const ml_prec *p, uint64_t P);
 /* The collectives and host transfers of the step, serially where they
  * happen: before the optimizer step (gradients reduced, offloaded ones sent
  * down), after it (parameters sent up, gathered). */
-void ml_time_before_step(ml_replay *r, const ml_training *t, uint64_t P);
-void ml_time_after_step(ml_replay *r, const ml_training *t, uint64_t P);
+void ml__time_before_step(ml_replay *r, const ml_training *t, uint64_t P);
+void ml__time_after_step(ml_replay *r, const ml_training *t, uint64_t P);
 /* The step time's parts and every event's t_s (after flops are known). */
-void ml_time_finish(const ml_device *dv, ml_ledger *l);
+void ml__time_finish(const ml_device *dv, ml_ledger *l);
 
 #endif

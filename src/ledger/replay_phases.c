@@ -16,7 +16,7 @@ static void phase_max(ml_phase_peak *p, uint64_t v, int32_t block, const char **
     *sub_at = sub;
 }
 
-void ml_replay_phase_point(ml_replay *r, uint64_t first)
+void ml__replay_phase_point(ml_replay *r, uint64_t first)
 {
     ml_summary *s = &r->l->sum;
     phase_max(&s->phase_steady[r->phase], r->total, r->block, &r->phase_sub[r->phase], r->sub);
@@ -34,7 +34,7 @@ static void phase_name(const ml_replay *r, ml_phase ph, ml_phase_peak *p, const 
                  ph == ML_PHASE_OPTIMIZER ? "optimizer.step" : "resident");
 }
 
-void ml_replay_phase_names(const ml_replay *r, ml_summary *s)
+void ml__replay_phase_names(const ml_replay *r, ml_summary *s)
 {
     for (int ph = 0; ph < ML_PHASE_COUNT; ph++) {
         phase_name(r, (ml_phase)ph, &s->phase_steady[ph], r->phase_sub[ph]);

@@ -30,7 +30,7 @@ static bool same_block(const ml_chain *ch, const ml_cblock *a, const ml_cblock *
                    a->nnodes * sizeof *ch->nodes);
 }
 
-void ml_chain_mark_runs(ml_chain *ch)
+void ml__chain_mark_runs(ml_chain *ch)
 {
     for (size_t k = 0; k < ch->n; k++)
         ch->blocks[k].like_prev =
@@ -80,7 +80,7 @@ static bool replayed_whole(const ml_replay *r)
  * sizes, the parameters gathered with its own, whether the one before
  * saves its output) and the boundaries j and j+1: blocks j-2 to j+1 the
  * same, their boundaries alike, all plain layers in segments of one. */
-bool ml_replay_twin(const ml_replay *r, size_t j)
+bool ml__replay_twin(const ml_replay *r, size_t j)
 {
     if (replayed_whole(r) || j < 2 || j + 1 >= r->ch->n)
         return false;
@@ -94,7 +94,7 @@ static void levels(const ml_replay *r, uint64_t *v)
     v[ML_CAT_COUNT] = r->total;
 }
 
-void ml_run_before(ml_run *u, const ml_replay *r)
+void ml__run_before(ml_run *u, const ml_replay *r)
 {
     levels(r, u->before);
     u->fdone[0] = r->flops_done;
@@ -103,14 +103,14 @@ void ml_run_before(ml_run *u, const ml_replay *r)
     u->adds0 = r->rec_adds;
 }
 
-void ml_run_after(ml_run *u, const ml_replay *r, size_t k, int dir)
+void ml__run_after(ml_run *u, const ml_replay *r, size_t k, int dir)
 {
     uint64_t now[ML_CAT_COUNT + 1], d[ML_CAT_COUNT + 1];
     levels(r, now);
     for (size_t c = 0; c <= ML_CAT_COUNT; c++)
         d[c] = now[c] - u->before[c]; /* mod 2^64: a fall is a large value */
     const unsigned adds = r->rec_adds - u->adds0;
-    /* the pair (k - dir, k): the same change (ml_run_skip asks whether
+    /* the pair (k - dir, k): the same change (ml__run_skip asks whether
      * the chain makes them twins) */
     const bool follows = u->streak && u->last + (size_t)dir == k;
     const bool same = follows && !memcmp(d, u->delta, sizeof d) && adds == u->adds &&
@@ -148,7 +148,7 @@ static void move(ml_replay *r, const ml_run *u, uint64_t m)
     r->host_done += (double)m * u->fdelta[2];
     /* the recompute FLOPs as each block adds them, in order */
     for (uint64_t i = 0; i < m && u->adds; i++)
-        ml_replay_recompute_flops(r, u->rec);
+        ml__replay_recompute_flops(r, u->rec);
 }
 
 /* A boundary's state: its bytes still allocated, its category, its
@@ -160,7 +160,7 @@ static void copy_boundary(ml_replay *r, size_t to, size_t from)
     r->recomputed[to] = r->recomputed[from];
 }
 
-size_t ml_run_skip(ml_run *u, ml_replay *r, size_t k, int dir)
+size_t ml__run_skip(ml_run *u, ml_replay *r, size_t k, int dir)
 {
     if (u->streak < 2 || u->last + (size_t)dir != k)
         return k;
@@ -168,7 +168,7 @@ size_t ml_run_skip(ml_run *u, ml_replay *r, size_t k, int dir)
     if (dir > 0) {
         /* blocks k..e-1 skipped, e replayed: each of k-1..e a twin of the
          * one before it (k-2 and k-1 measured the run's change) */
-        if (!ml_replay_twin(r, k - 1) || !ml_replay_twin(r, k))
+        if (!ml__replay_twin(r, k - 1) || !ml__replay_twin(r, k))
             return k;
         /* twin(e + 1), given twin(e) */
         while (e + 3 <= r->ch->n && in_run(r, e + 2) && same_boundary(&r->bd[e + 3], &r->bd[e + 2]))
@@ -184,7 +184,7 @@ size_t ml_run_skip(ml_run *u, ml_replay *r, size_t k, int dir)
     } else {
         /* blocks e+1..k skipped, e replayed: each of e..k+1 a twin of the
          * one after it (k+2 and k+1 measured the run's change) */
-        if (!ml_replay_twin(r, k + 2) || !ml_replay_twin(r, k + 1))
+        if (!ml__replay_twin(r, k + 2) || !ml__replay_twin(r, k + 1))
             return k;
         /* twin(e), given twin(e + 1) */
         while (e >= 2 && in_run(r, e - 1))

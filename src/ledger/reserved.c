@@ -56,23 +56,23 @@ static void partition_params(ml_rsim *r, const ml_chain *ch)
     }
 }
 
-ml_status ml_rsim_create(const ml_alloc_config *cfg, const ml_chain *ch, ml_rsim **out,
-                         ml_error *err)
+ml_status ml__rsim_create(const ml_alloc_config *cfg, const ml_chain *ch, ml_rsim **out,
+                          ml_error *err)
 {
     ml_rsim *r = calloc(1, sizeof *r);
     if (r) {
         r->pfirst = calloc(ch->n + 1, sizeof *r->pfirst);
         r->pcount = calloc(ch->n + 1, sizeof *r->pcount);
     }
-    ml_alloc_result ar = r && r->pfirst && r->pcount ? ml_alloc_sim_create(cfg, &r->sim)
+    ml_alloc_result ar = r && r->pfirst && r->pcount ? ml__alloc_sim_create(cfg, &r->sim)
                                                      : ML_ALLOC_NOMEM;
     if (ar != ML_ALLOC_OK) {
-        ml_rsim_destroy(r);
+        ml__rsim_destroy(r);
         return ar == ML_ALLOC_NOMEM
-                   ? ml_errorf(err, ML_NOMEM, "out of memory")
-                   : ml_errorf(err, ML_RANGE,
-                               "device.max_split_size: must be above 20 MiB (PyTorch's "
-                               "max_split_size_mb)");
+                   ? ml__errorf(err, ML_NOMEM, "out of memory")
+                   : ml__errorf(err, ML_RANGE,
+                                "device.max_split_size: must be above 20 MiB (PyTorch's "
+                                "max_split_size_mb)");
     }
     r->ch = ch;
     r->nblocks = ch->n;
@@ -80,16 +80,16 @@ ml_status ml_rsim_create(const ml_alloc_config *cfg, const ml_chain *ch, ml_rsim
     /* the simulator's block table at the size a training run's replay
      * reaches (about 60 blocks per chain block), so that it seldom grows
      * and copies itself: a hint, whose failure changes nothing */
-    ml_alloc_sim_reserve(r->sim, 64 * (ch->n + 8));
+    ml__alloc_sim_reserve(r->sim, 64 * (ch->n + 8));
     *out = r;
     return ML_OK;
 }
 
-void ml_rsim_destroy(ml_rsim *r)
+void ml__rsim_destroy(ml_rsim *r)
 {
     if (!r)
         return;
-    ml_alloc_sim_destroy(r->sim);
+    ml__alloc_sim_destroy(r->sim);
     free(r->pfirst);
     free(r->pcount);
     free(r->g);
@@ -100,7 +100,7 @@ void ml_rsim_destroy(ml_rsim *r)
     free(r);
 }
 
-void ml_rsim_use_chain(ml_rsim *r, const ml_chain *ch)
+void ml__rsim_use_chain(ml_rsim *r, const ml_chain *ch)
 {
     r->ch = ch;
 }
@@ -202,8 +202,8 @@ static bool add_live(ml_rsim *r, ml_category c, size_t gi)
     return true;
 }
 
-void ml_rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split split,
-                   size_t block, unsigned copies)
+void ml__rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split split,
+                    size_t block, unsigned copies)
 {
     if (!bytes || r->oom || r->nomem)
         return;
@@ -230,7 +230,7 @@ void ml_rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split sp
     }
     group *g = &r->g[r->ng];
     *g = (group){c, bytes, r->nh, 0};
-    ml_alloc_result ar = ml_alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n);
+    ml_alloc_result ar = ml__alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n);
     if (ar != ML_ALLOC_OK) {
         r->oom = ar == ML_ALLOC_OOM;
         r->nomem = ar != ML_ALLOC_OOM;
@@ -244,7 +244,7 @@ void ml_rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split sp
 static void release(ml_rsim *r, ml_category c, size_t at)
 {
     group *g = &r->g[r->live[c][at]];
-    ml_alloc_sim_free_many(r->sim, &r->h[g->first], g->n);
+    ml__alloc_sim_free_many(r->sim, &r->h[g->first], g->n);
     r->live_bytes[c] -= g->bytes;
     memmove(&r->live[c][at], &r->live[c][at + 1], (r->nlive[c] - at - 1) * sizeof *r->live[c]);
     r->nlive[c]--;
@@ -255,7 +255,7 @@ static void release(ml_rsim *r, ml_category c, size_t at)
     }
 }
 
-void ml_rsim_free(ml_rsim *r, ml_category c, uint64_t bytes)
+void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes)
 {
     if (!bytes || r->oom || r->nomem)
         return;
@@ -274,14 +274,14 @@ void ml_rsim_free(ml_rsim *r, ml_category c, uint64_t bytes)
     }
 }
 
-bool ml_rsim_ok(const ml_rsim *r, bool *nomem)
+bool ml__rsim_ok(const ml_rsim *r, bool *nomem)
 {
     if (nomem)
         *nomem = r->nomem;
     return !r->oom && !r->nomem;
 }
 
-void ml_rsim_stats(const ml_rsim *r, ml_alloc_stats *out)
+void ml__rsim_stats(const ml_rsim *r, ml_alloc_stats *out)
 {
-    ml_alloc_sim_stats(r->sim, out);
+    ml__alloc_sim_stats(r->sim, out);
 }

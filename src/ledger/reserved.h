@@ -32,25 +32,25 @@ typedef enum {
 typedef struct ml_rsim ml_rsim;
 
 /* A simulator with an empty cache for the chain's blocks. */
-ml_status ml_rsim_create(const ml_alloc_config *cfg, const ml_chain *ch, ml_rsim **out,
-                         ml_error *err);
-void ml_rsim_destroy(ml_rsim *r);
+ml_status ml__rsim_create(const ml_alloc_config *cfg, const ml_chain *ch, ml_rsim **out,
+                          ml_error *err);
+void ml__rsim_destroy(ml_rsim *r);
 /* The chain whose saved tensors ML_T_SAVED* name (the evaluation pass
  * builds its own, with the same parameters). */
-void ml_rsim_use_chain(ml_rsim *r, const ml_chain *ch);
+void ml__rsim_use_chain(ml_rsim *r, const ml_chain *ch);
 
 /* Allocates `bytes` of category c as the tensors `split` says (`copies`
  * tensors for each, for the *_PARAMS splits: Adam's two states per parameter).
  * When the tensors do not add up to `bytes` (a calibrated inventory, a
  * tied table) it is one tensor. */
-void ml_rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split split,
-                   size_t block, unsigned copies);
+void ml__rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split split,
+                    size_t block, unsigned copies);
 /* Frees the latest live allocation of category c of exactly `bytes`, or
  * every live one of c when `bytes` is their sum (zero_grad). */
-void ml_rsim_free(ml_rsim *r, ml_category c, uint64_t bytes);
+void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes);
 
 /* False once a request failed: the device ran out, or the host (*nomem). */
-bool ml_rsim_ok(const ml_rsim *r, bool *nomem);
-void ml_rsim_stats(const ml_rsim *r, ml_alloc_stats *out);
+bool ml__rsim_ok(const ml_rsim *r, bool *nomem);
+void ml__rsim_stats(const ml_rsim *r, ml_alloc_stats *out);
 
 #endif

@@ -8,7 +8,7 @@
 /* A checkpointed block after the side tensor's maker keeps it as an input
  * until its own backward; the last of those to run backward is the first
  * of them. */
-bool ml_side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *block)
+bool ml__side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *block)
 {
     *block = s->to;
     if (s->to_bwd)
@@ -23,35 +23,35 @@ bool ml_side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *b
 
 /* The side tensors made by block k's forward (made: true), or freed at its
  * end (false). */
-void ml_sides_forward(ml_replay *r, size_t k, bool made)
+void ml__sides_forward(ml_replay *r, size_t k, bool made)
 {
     const ml_chain *ch = r->ch;
     for (size_t i = 0; i < ch->nsides; i++) {
         const ml_side *s = &ch->sides[i];
         size_t end;
-        bool bwd = ml_side_end(r->ch, r->seg, s, &end);
+        bool bwd = ml__side_end(r->ch, r->seg, s, &end);
         ml_category c = bwd ? ML_CAT_ACTIVATIONS : ML_CAT_WORKSPACE;
         if (made && s->from == k)
-            ml_replay_alloc(r, c, s->bytes);
+            ml__replay_alloc(r, c, s->bytes);
         else if (!made && !bwd && end == k)
-            ml_replay_free(r, c, s->bytes);
+            ml__replay_free(r, c, s->bytes);
     }
 }
 
 /* The side tensors' gradients block k's backward starts (start: true),
  * and at its end those gradients and the side tensors that go. */
-void ml_sides_backward(ml_replay *r, size_t k, bool start)
+void ml__sides_backward(ml_replay *r, size_t k, bool start)
 {
     const ml_chain *ch = r->ch;
     for (size_t i = 0; i < ch->nsides; i++) {
         const ml_side *s = &ch->sides[i];
         size_t end;
         if (start && s->grad_from == k)
-            ml_replay_alloc(r, ML_CAT_WORKSPACE, s->grad);
+            ml__replay_alloc(r, ML_CAT_WORKSPACE, s->grad);
         if (!start && s->grad_to == k)
-            ml_replay_free(r, ML_CAT_WORKSPACE, s->grad);
-        if (!start && ml_side_end(r->ch, r->seg, s, &end) && end == k)
-            ml_replay_free(r, ML_CAT_ACTIVATIONS, s->bytes);
+            ml__replay_free(r, ML_CAT_WORKSPACE, s->grad);
+        if (!start && ml__side_end(r->ch, r->seg, s, &end) && end == k)
+            ml__replay_free(r, ML_CAT_ACTIVATIONS, s->bytes);
     }
 }
 
@@ -59,22 +59,22 @@ void ml_sides_backward(ml_replay *r, size_t k, bool start)
  * make (T5's first blocks compute their position biases inside the
  * checkpoint): workspace from block j's recompute (made: true) to the
  * segment's end (made: false, j = k), when the recomputed outputs go. */
-void ml_sides_recompute(ml_replay *r, size_t s0, size_t j, bool made)
+void ml__sides_recompute(ml_replay *r, size_t s0, size_t j, bool made)
 {
     const ml_chain *ch = r->ch;
     for (size_t i = 0; i < ch->nsides; i++) {
         const ml_side *s = &ch->sides[i];
         if (made && s->from == j)
-            ml_replay_alloc(r, ML_CAT_WORKSPACE, s->bytes);
+            ml__replay_alloc(r, ML_CAT_WORKSPACE, s->bytes);
         else if (!made && s->from >= s0 && s->from <= j)
-            ml_replay_free(r, ML_CAT_WORKSPACE, s->bytes);
+            ml__replay_free(r, ML_CAT_WORKSPACE, s->bytes);
     }
 }
 
 /* A multimodal model's training.vision_tower over the plan seg[]: the
  * tower's layers (checkpoint indices below mask_ckpt0) in no segment
  * (none) or each in its own (full). */
-void ml_eval_stack_segments(const ml_chain *ch, int *seg)
+void ml__eval_stack_segments(const ml_chain *ch, int *seg)
 {
     if (ch->vis_mode != ML_VT_NONE && ch->vis_mode != ML_VT_FULL)
         return;
@@ -87,7 +87,7 @@ void ml_eval_stack_segments(const ml_chain *ch, int *seg)
 
 /* Where each boundary tensor lives under the plan (docs/ledger.md,
  * "boundary tensors"). */
-void ml_eval_boundaries(const ml_chain *ch, const int *seg, bool held, ml_boundary *bd)
+void ml__eval_boundaries(const ml_chain *ch, const int *seg, bool held, ml_boundary *bd)
 {
     for (size_t k = 0; k < ch->n; k++) {
         const ml_cblock *b = &ch->blocks[k];

@@ -8,7 +8,7 @@
 
 /* Bytes each device sends per step: ring collectives send (N-1)/N of the
  * buffer, all-reduce twice that (docs/sharding.md). */
-double ml_eval_communication(const ml_chain *ch, const ml_training *t, uint64_t P)
+double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t P)
 {
     const uint64_t N = t->data_parallel ? t->data_parallel : 1;
     const unsigned z = t->zero;
@@ -31,7 +31,7 @@ double ml_eval_communication(const ml_chain *ch, const ml_training *t, uint64_t 
  * offload (ZeRO-3) sends the gradient partition down and brings each
  * block's parameter partition up for every micro-batch's forward and
  * backward, the update staying on the host. */
-double ml_eval_host_transfer(const ml_training *t, const ml_prec *p, uint64_t P)
+double ml__eval_host_transfer(const ml_training *t, const ml_prec *p, uint64_t P)
 {
     double N = t->zero >= 1 && t->data_parallel ? (double)t->data_parallel : 1.0;
     double n = (double)P;
@@ -47,7 +47,7 @@ static double host_shards(const ml_training *t)
     return t->zero >= 1 && t->data_parallel ? (double)t->data_parallel : 1.0;
 }
 
-void ml_time_before_step(ml_replay *r, const ml_training *t, uint64_t P)
+void ml__time_before_step(ml_replay *r, const ml_training *t, uint64_t P)
 {
     const ml_shard *sh = r->sh;
     const double G = (double)P * r->ch->prec.grad;
@@ -63,7 +63,7 @@ void ml_time_before_step(ml_replay *r, const ml_training *t, uint64_t P)
         r->host_done += G / host_shards(t);
 }
 
-void ml_time_after_step(ml_replay *r, const ml_training *t, uint64_t P)
+void ml__time_after_step(ml_replay *r, const ml_training *t, uint64_t P)
 {
     const ml_shard *sh = r->sh;
     const double W = (double)P * r->ch->prec.param;
@@ -75,7 +75,7 @@ void ml_time_after_step(ml_replay *r, const ml_training *t, uint64_t P)
         r->comm_done += sh->ring * W;
 }
 
-void ml_time_finish(const ml_device *dv, ml_ledger *l)
+void ml__time_finish(const ml_device *dv, ml_ledger *l)
 {
     ml_summary *s = &l->sum;
     const double ic = dv->interconnect_gbps * 1e9, hb = dv->pcie_gbps * 1e9;

@@ -22,7 +22,7 @@ static ml_status whole(const char *key, const char *v, uint64_t *out, ml_error *
     errno = 0;
     unsigned long long x = strtoull(v, NULL, 10);
     if (p == v || *p || errno || x < lo || x > hi)
-        return ml_errorf_at(err, ML_RANGE, 0, 0, "%s: '%s' is not a whole number between %llu and %llu",
+        return ml__errorf_at(err, ML_RANGE, 0, 0, "%s: '%s' is not a whole number between %llu and %llu",
                          key, v, (unsigned long long)lo, (unsigned long long)hi);
     *out = x;
     return ML_OK;
@@ -35,7 +35,7 @@ static ml_status real(const char *key, const char *v, double lo, double hi, doub
     errno = 0;
     double x = strtod(v, &end);
     if (end == v || *end || errno || !isfinite(x) || x < lo || x > hi)
-        return ml_errorf_at(err, ML_RANGE, 0, 0, "%s: '%s' is not a number between %g and %g", key, v,
+        return ml__errorf_at(err, ML_RANGE, 0, 0, "%s: '%s' is not a number between %g and %g", key, v,
                          lo, hi);
     *out = x;
     return ML_OK;
@@ -46,7 +46,7 @@ static ml_status size(const char *key, const char *v, uint64_t *out, ml_error *e
     ml_error e;
     memset(&e, 0, sizeof e);
     ml_status st = ml_parse_size(v, out, &e);
-    return st ? ml_errorf_at(err, st, 0, 0, "%s: %s", key, e.msg) : ML_OK;
+    return st ? ml__errorf_at(err, st, 0, 0, "%s: %s", key, e.msg) : ML_OK;
 }
 
 /* v among the n names name(0..n-1); *out its index. */
@@ -58,7 +58,7 @@ static ml_status named(const char *key, const char *v, const char *(*name)(unsig
             *out = i;
             return ML_OK;
         }
-    return ml_errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is unknown; use %s", key, v, hint);
+    return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is unknown; use %s", key, v, hint);
 }
 
 static const char *logits_name(unsigned i) { return ml_logits_name((ml_logits)i); }
@@ -77,19 +77,19 @@ static ml_status training_named(const char *key, const char *k, const char *v, m
     ml_status st = ML_OK;
     if (!strcmp(k, "precision")) {
         if (!ml_precision_parse(v, &t->precision))
-            st = ml_errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is unknown; use fp32, amp-bf16, amp-fp16, "
+            st = ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is unknown; use fp32, amp-bf16, amp-fp16, "
                            "bf16-master, fp16-master or bf16", key, v);
     } else if (!strcmp(k, "optimizer")) {
         if (!ml_optimizer_parse(v, &t->optimizer))
-            st = ml_errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is unknown; use sgd, sgd-momentum, adam, "
+            st = ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is unknown; use sgd, sgd-momentum, adam, "
                            "adamw, adafactor, adam-8bit or lion", key, v);
     } else if (!strcmp(k, "optimizer_impl")) {
         if (!ml_optimizer_impl_parse(v, &t->optimizer_impl))
-            st = ml_errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is unknown; use for-loop, foreach or fused",
+            st = ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is unknown; use for-loop, foreach or fused",
                            key, v);
     } else if (!strcmp(k, "offload")) {
         if (!ml_offload_parse(v, &t->offload))
-            st = ml_errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is unknown; use none, optimizer or params",
+            st = ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is unknown; use none, optimizer or params",
                            key, v);
     } else if (!strcmp(k, "logits")) {
         if (!(st = named(key, v, logits_name, ML_LOGITS_COUNT, &u, "kept, released or fused", err)))
@@ -106,9 +106,9 @@ static ml_status training_named(const char *key, const char *k, const char *v, m
         ml_error e;
         memset(&e, 0, sizeof e);
         if (ml_parse_checkpoint(v, &t->checkpoint, &e))
-            st = ml_errorf_at(err, ML_USAGE, 0, 0, "%s: %s", key, e.msg);
+            st = ml__errorf_at(err, ML_USAGE, 0, 0, "%s: %s", key, e.msg);
     } else {
-        st = ml_errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting", key);
+        st = ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting", key);
     }
     return st;
 }
@@ -136,7 +136,7 @@ static ml_status training_set(const char *key, const char *v, ml_training *t, ml
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         if (!strcmp(k, counts[i].name)) {
             if (!strcmp(k, "eval_seq_len") && !t->eval_batch)
-                return ml_errorf_at(err, ML_USAGE, 0, 0, "%s: needs an evaluation pass: set "
+                return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: needs an evaluation pass: set "
                                  "training.eval_batch first", key);
             if ((st = whole(key, v, &x, err)))
                 return st;
@@ -170,8 +170,8 @@ static ml_status device_set(const char *key, const char *v, ml_device *d, ml_err
             (!isdigit((unsigned char)v[0]) && v[0] != '.' && v[0] != '-' && v[0] != '+'))
             return ml_device_preset_apply(v, d, err);
         if (!strcmp(k, "name"))
-            return ml_errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is a size, not a device name",
-                                key, v);
+            return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is a size, not a device name",
+                                 key, v);
         if (!(st = size(key, v, &d->memory, err))) {
             d->present = true;
             d->budget = 0;
@@ -180,7 +180,7 @@ static ml_status device_set(const char *key, const char *v, ml_device *d, ml_err
         }
     } else if (!strcmp(k, "budget")) {
         if (!d->present)
-            return ml_errorf_at(err, ML_USAGE, 0, 0, "%s: needs a device: set device.memory first", key);
+            return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: needs a device: set device.memory first", key);
         st = size(key, v, &d->budget, err);
     } else if (!strcmp(k, "runtime_reserve")) {
         st = size(key, v, &d->runtime_reserve, err);
@@ -203,11 +203,11 @@ static ml_status device_set(const char *key, const char *v, ml_device *d, ml_err
         if ((st = size(key, v, &b, err)))
             return st;
         if (b && b <= (20ull << 20))
-            return ml_errorf_at(err, ML_RANGE, 0, 0, "%s: must be above 20MiB (PyTorch's "
+            return ml__errorf_at(err, ML_RANGE, 0, 0, "%s: must be above 20MiB (PyTorch's "
                              "max_split_size_mb refuses 20 and less)", key);
         d->max_split_size = b;
     } else {
-        st = ml_errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting", key);
+        st = ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting", key);
     }
     return st;
 }
@@ -217,7 +217,7 @@ ml_status ml_config_set(ml_config *cfg, const char *key, const char *value, ml_e
     if (err)
         memset(err, 0, sizeof *err);
     if (!cfg || !key || !value)
-        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_config_set: NULL argument");
+        return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_config_set: NULL argument");
     /* the change is made on a copy: *cfg is written only on success */
     ml_config c = *cfg;
     ml_status st;
@@ -226,7 +226,7 @@ ml_status ml_config_set(ml_config *cfg, const char *key, const char *value, ml_e
     else if (!strncmp(key, "device.", strlen("device.")))
         st = device_set(key, value, &c.device, err);
     else
-        st = ml_errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting (training.KEY or device.KEY)", key);
+        st = ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting (training.KEY or device.KEY)", key);
     if (st == ML_OK)
         *cfg = c;
     return st;

@@ -114,9 +114,9 @@ ml_status ml_device_preset_apply(const char *name, ml_device *d, ml_error *err)
         for (size_t i = 0; i < sizeof presets / sizeof presets[0] && k < sizeof known; i++)
             k += (size_t)snprintf(known + k, sizeof known - k, "%s%s", i ? ", " : "",
                                   presets[i].name);
-        return ml_errorf(err, ML_USAGE,
-                         "unknown device '%.40s'; the known names: %s", name ? name : "",
-                         known);
+        return ml__errorf(err, ML_USAGE,
+                          "unknown device '%.40s'; the known names: %s", name ? name : "",
+                          known);
     }
     d->present = true;
     d->memory = p->memory;

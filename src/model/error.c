@@ -25,7 +25,7 @@ const char *ml_status_message(ml_status s)
     return (unsigned)s < ML_STATUS_COUNT ? messages[s] : "unknown status";
 }
 
-ml_status ml_error_at(ml_error *err, const ml_node *at, ml_status code, const char *fmt, ...)
+ml_status ml__error_at(ml_error *err, const ml_node *at, ml_status code, const char *fmt, ...)
 {
     err->code = code;
     err->line = at ? at->line : 0;

@@ -22,32 +22,32 @@
  * model. *second: the family's second class is named. */
 static ml_status architectures_of(const ml_node *r, size_t f, bool *second, ml_error *err)
 {
-    const ml_hf_family_info *fi = &ml_hf_families()[f];
-    const ml_node *n = ml_tree_get(r, "architectures");
+    const ml_hf_family_info *fi = &ml__hf_families()[f];
+    const ml_node *n = ml__tree_get(r, "architectures");
     *second = false;
-    if (ml_hf_is_null(n))
+    if (ml__hf_is_null(n))
         return ML_OK;
     if (n->type != ML_NODE_SEQ)
-        return ml_error_at(err, n, ML_SCHEMA, "architectures: expected a list of class names");
+        return ml__error_at(err, n, ML_SCHEMA, "architectures: expected a list of class names");
     for (size_t i = 0; i < n->count; i++) {
         const ml_node *c = n->items[i];
         bool one = c->type == ML_NODE_SCALAR && !strcmp(c->text, fi->arch);
         bool two = c->type == ML_NODE_SCALAR && fi->arch2 && !strcmp(c->text, fi->arch2);
         if ((one && *second) || (two && i > 0 && !*second))
-            return ml_error_at(err, c, ML_SCHEMA,
-                               "architectures: names both %s and %s; plan one of them",
-                               fi->arch, fi->arch2);
+            return ml__error_at(err, c, ML_SCHEMA,
+                                "architectures: names both %s and %s; plan one of them",
+                                fi->arch, fi->arch2);
         *second = two;
         if (one || two)
             continue;
-        return ml_error_at(err, c, ML_SCHEMA,
-                           "architectures: '%s' is not modelled: for model_type '%s' memledger "
-                           "plans %s (%s)%s%s%s%s; to plan this checkpoint trained as that class, "
-                           "set architectures to [\"%s\"]",
-                           c->type == ML_NODE_SCALAR ? c->text : "(not a string)", fi->type,
-                           fi->arch, fi->head, fi->arch2 ? " and " : "",
-                           fi->arch2 ? fi->arch2 : "", fi->arch2 ? " (" : "",
-                           fi->arch2 ? fi->head2 : "", fi->arch);
+        return ml__error_at(err, c, ML_SCHEMA,
+                            "architectures: '%s' is not modelled: for model_type '%s' memledger "
+                            "plans %s (%s)%s%s%s%s; to plan this checkpoint trained as that class, "
+                            "set architectures to [\"%s\"]",
+                            c->type == ML_NODE_SCALAR ? c->text : "(not a string)", fi->type,
+                            fi->arch, fi->head, fi->arch2 ? " and " : "",
+                            fi->arch2 ? fi->arch2 : "", fi->arch2 ? " (" : "",
+                            fi->arch2 ? fi->head2 : "", fi->arch);
     }
     return ML_OK;
 }
@@ -65,23 +65,23 @@ static ml_status dropout_of(const ml_node *r, const prob_key *pk, size_t n, ml_m
                             ml_error *err)
 {
     double p0 = pk[0].def;
-    ml_status st = ml_hf_prob(err, r, pk[0].key, &p0);
+    ml_status st = ml__hf_prob(err, r, pk[0].key, &p0);
     if (st)
         return st;
     m->dropout = p0;
     for (size_t i = 1; i < n; i++) {
         double p = pk[i].def == pk[i].def ? pk[i].def : p0;
-        if ((st = ml_hf_prob(err, r, pk[i].key, &p)))
+        if ((st = ml__hf_prob(err, r, pk[i].key, &p)))
             return st;
         if ((p > 0) != (p0 > 0)) {
-            const ml_node *at = ml_tree_get(r, pk[i].key) ? ml_tree_get(r, pk[i].key)
-                                                          : ml_tree_get(r, pk[0].key);
-            return ml_error_at(err, at ? at : r, ML_SCHEMA,
-                               "%s: %g while %s is %g: the planner has one dropout switch "
-                               "(masks on the attention probabilities, the residual branches "
-                               "and the embeddings, or none), so dropout in only some places "
-                               "is not modelled",
-                               pk[i].key, p, pk[0].key, p0);
+            const ml_node *at = ml__tree_get(r, pk[i].key) ? ml__tree_get(r, pk[i].key)
+                                                          : ml__tree_get(r, pk[0].key);
+            return ml__error_at(err, at ? at : r, ML_SCHEMA,
+                                "%s: %g while %s is %g: the planner has one dropout switch "
+                                "(masks on the attention probabilities, the residual branches "
+                                "and the embeddings, or none), so dropout in only some places "
+                                "is not modelled",
+                                pk[i].key, p, pk[0].key, p0);
         }
     }
     return ML_OK;
@@ -92,12 +92,12 @@ static ml_status dropout_of(const ml_node *r, const prob_key *pk, size_t n, ml_m
 static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_error *err)
 {
     const char *act;
-    ml_status st = ml_hf_str(err, r, "hidden_act", &act);
+    ml_status st = ml__hf_str(err, r, "hidden_act", &act);
     if (st)
         return st;
     if (act && strcmp(act, "silu"))
-        return ml_error_at(err, ml_tree_get(r, "hidden_act"), ML_SCHEMA,
-                           "hidden_act: '%s' is not modelled for %s (silu: SwiGLU)", act, t);
+        return ml__error_at(err, ml__tree_get(r, "hidden_act"), ML_SCHEMA,
+                            "hidden_act: '%s' is not modelled for %s (silu: SwiGLU)", act, t);
     m->activation = ML_ACT_SWIGLU;
     m->norm = strcmp(t, "olmo") ? ML_NORM_RMSNORM : ML_NORM_OLMO_LAYERNORM; /* OlmoLayerNorm */
     m->prenorm = true;
@@ -106,14 +106,14 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
     m->qkv_bias = !strncmp(t, "qwen2", 5); /* qwen2, qwen2_moe */
     m->tied_embeddings = false;
     m->dropout = 0; /* attention_dropout > 0 is refused by the key table */
-    if ((st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
         return st;
     if (!strcmp(t, "llama") || !strcmp(t, "olmo")) {
         /* modeling_llama (and modeling_olmo's, without mlp_bias): q, k, v
          * and o_proj take attention_bias, the MLP mlp_bias */
         bool ab = false, mb = false;
-        if ((st = ml_hf_bool(err, r, "attention_bias", &ab)) ||
-            (st = ml_hf_bool(err, r, "mlp_bias", &mb)))
+        if ((st = ml__hf_bool(err, r, "attention_bias", &ab)) ||
+            (st = ml__hf_bool(err, r, "mlp_bias", &mb)))
             return st;
         m->qkv_bias = m->out_bias = ab;
         m->mlp_bias = mb;
@@ -121,14 +121,14 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
         /* MistralConfig: sliding_window defaults to 4096, MixtralConfig's
          * to null; null: none */
         uint64_t w = strcmp(t, "mixtral") ? 4096 : 0;
-        const ml_node *n = ml_tree_get(r, "sliding_window");
-        if (n && ml_hf_is_null(n))
+        const ml_node *n = ml__tree_get(r, "sliding_window");
+        if (n && ml__hf_is_null(n))
             w = 0;
-        else if ((st = ml_hf_uint(err, r, KEYS("sliding_window"), false, 0,
+        else if ((st = ml__hf_uint(err, r, KEYS("sliding_window"), false, 0,
                                     1ull << 40, &w)))
             return st;
         m->sliding_window = w;
-        if (!strcmp(t, "mixtral") && (st = ml_hf_map_mixtral_experts(r, m, err)))
+        if (!strcmp(t, "mixtral") && (st = ml__hf_map_mixtral_experts(r, m, err)))
             return st;
     } else {
         /* Qwen2Config: the window (default 4096) only with use_sliding_window,
@@ -136,47 +136,47 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
          * layer_types names sliding_attention */
         bool on = false;
         uint64_t w = 4096, from = 28;
-        const ml_node *n = ml_tree_get(r, "sliding_window");
-        if (n && ml_hf_is_null(n))
+        const ml_node *n = ml__tree_get(r, "sliding_window");
+        if (n && ml__hf_is_null(n))
             w = 0;
-        else if ((st = ml_hf_uint(err, r, KEYS("sliding_window"), false, 0,
+        else if ((st = ml__hf_uint(err, r, KEYS("sliding_window"), false, 0,
                                     1ull << 40, &w)))
             return st;
-        if ((st = ml_hf_bool(err, r, "use_sliding_window", &on)) ||
-            (st = ml_hf_uint(err, r, KEYS("max_window_layers"), false, 0,
-                             1ull << 40, &from)))
+        if ((st = ml__hf_bool(err, r, "use_sliding_window", &on)) ||
+            (st = ml__hf_uint(err, r, KEYS("max_window_layers"), false, 0,
+                              1ull << 40, &from)))
             return st;
         bool windowed = from < m->layers;
-        if ((st = ml_hf_layer_types(err, r, m->layers, &windowed)))
+        if ((st = ml__hf_layer_types(err, r, m->layers, &windowed)))
             return st;
         m->sliding_window = on && windowed ? w : 0;
-        if (!strcmp(t, "qwen2_moe") && (st = ml_hf_map_qwen2_moe_experts(r, m, err)))
+        if (!strcmp(t, "qwen2_moe") && (st = ml__hf_map_qwen2_moe_experts(r, m, err)))
             return st;
     }
     return ML_OK;
 }
 
 /* The family model_type names: *t its name, *fam its bit, *f its index in
- * ml_hf_families(); *mt the model_type node (for later messages). */
+ * ml__hf_families(); *mt the model_type node (for later messages). */
 static ml_status family_of(const ml_node *r, bool nested, const ml_node **mt, const char **t,
                            unsigned *fam, size_t *f, ml_error *err)
 {
-    const ml_hf_family_info *families = ml_hf_families();
-    *mt = ml_tree_get(r, "model_type");
+    const ml_hf_family_info *families = ml__hf_families();
+    *mt = ml__tree_get(r, "model_type");
     /* LlavaConfig: a text_config without one is a llama's */
     *t = !*mt && nested ? "llama" : *mt && (*mt)->type == ML_NODE_SCALAR ? (*mt)->text : NULL;
     if (!*t)
-        return ml_error_at(err, r, ML_SCHEMA,
-                           "model_type: missing; a Hugging Face config.json names its model_type "
-                           "(supported: %s)",
-                           ML_HF_SUPPORTED);
-    *fam = ml_hf_family(*t);
-    if (!*fam && ml_hf_refused_family(*t))
-        return ml_error_at(err, *mt, ML_SCHEMA, "model_type '%s' is not modelled: %s; supported: %s",
-                           *t, ml_hf_refused_family(*t), ML_HF_SUPPORTED);
+        return ml__error_at(err, r, ML_SCHEMA,
+                            "model_type: missing; a Hugging Face config.json names its model_type "
+                            "(supported: %s)",
+                            ML_HF_SUPPORTED);
+    *fam = ml__hf_family(*t);
+    if (!*fam && ml__hf_refused_family(*t))
+        return ml__error_at(err, *mt, ML_SCHEMA, "model_type '%s' is not modelled: %s; supported: %s",
+                            *t, ml__hf_refused_family(*t), ML_HF_SUPPORTED);
     if (!*fam)
-        return ml_error_at(err, *mt, ML_SCHEMA, "model_type '%s' is not supported; supported: %s",
-                           *t, ML_HF_SUPPORTED);
+        return ml__error_at(err, *mt, ML_SCHEMA, "model_type '%s' is not supported; supported: %s",
+                            *t, ML_HF_SUPPORTED);
     *f = 0;
     while (families[*f].bit != *fam)
         (*f)++;
@@ -191,50 +191,50 @@ static ml_status sizes_of(const ml_node *r, const char *t, bool llama, bool vit,
 {
     ml_status st;
     /* !req: a llava's llama text_config, whose absent sizes keep
-     * LlamaConfig's defaults (ml_hf_nesting set them) */
-    if ((st = ml_hf_uint(err, r, KEYS("num_hidden_layers", "n_layer"), req, 1, 100000,
-                         &m->layers)) ||
-        (st = ml_hf_uint(err, r, KEYS("hidden_size", "n_embd"), req, 1, 1u << 20, &m->hidden)) ||
-        (st = ml_hf_uint(err, r, KEYS("num_attention_heads", "n_head"), req, 1, 1u << 20,
-                         &m->heads)))
+     * LlamaConfig's defaults (ml__hf_nesting set them) */
+    if ((st = ml__hf_uint(err, r, KEYS("num_hidden_layers", "n_layer"), req, 1, 100000,
+                          &m->layers)) ||
+        (st = ml__hf_uint(err, r, KEYS("hidden_size", "n_embd"), req, 1, 1u << 20, &m->hidden)) ||
+        (st = ml__hf_uint(err, r, KEYS("num_attention_heads", "n_head"), req, 1, 1u << 20,
+                          &m->heads)))
         return st;
     m->kv_heads = m->heads;
     m->ffn = req ? 4 * m->hidden : m->ffn;
-    if ((st = ml_hf_uint(err, r, KEYS("num_key_value_heads"), false, 1, 1u << 20,
-                         &m->kv_heads)) ||
-        (st = ml_hf_uint(err, r, KEYS("intermediate_size", "n_inner"), false, 1, 1u << 24,
-                         &m->ffn)))
+    if ((st = ml__hf_uint(err, r, KEYS("num_key_value_heads"), false, 1, 1u << 20,
+                          &m->kv_heads)) ||
+        (st = ml__hf_uint(err, r, KEYS("intermediate_size", "n_inner"), false, 1, 1u << 24,
+                          &m->ffn)))
         return st;
-    if (!vit && (st = ml_hf_uint(err, r, KEYS("vocab_size"), req, 1, 1u << 28, &m->vocab)))
+    if (!vit && (st = ml__hf_uint(err, r, KEYS("vocab_size"), req, 1, 1u << 28, &m->vocab)))
         return st;
-    if ((st = ml_hf_uint(err, r, KEYS("max_position_embeddings", "n_positions"), false, 1,
-                         1u << 28, &m->max_positions)))
+    if ((st = ml__hf_uint(err, r, KEYS("max_position_embeddings", "n_positions"), false, 1,
+                          1u << 28, &m->max_positions)))
         return st;
     /* head_dim: LlamaConfig, MistralConfig, GemmaConfig and Qwen2's
      * attention read it (default hidden_size // num_attention_heads); the
      * other families' head size is hidden / heads: another value is refused */
-    const ml_node *hd = ml_tree_get(r, "head_dim");
+    const ml_node *hd = ml__tree_get(r, "head_dim");
     m->head_dim = 0;
-    if ((st = ml_hf_uint(err, r, KEYS("head_dim"), false, 1, 1u << 20, &m->head_dim)))
+    if ((st = ml__hf_uint(err, r, KEYS("head_dim"), false, 1, 1u << 20, &m->head_dim)))
         return st;
     if (m->head_dim && m->heads * m->head_dim > (1u << 20))
-        return ml_error_at(err, hd, ML_RANGE,
-                           "head_dim: num_attention_heads x head_dim = %llu is above %u",
-                           (unsigned long long)(m->heads * m->head_dim), 1u << 20);
+        return ml__error_at(err, hd, ML_RANGE,
+                            "head_dim: num_attention_heads x head_dim = %llu is above %u",
+                            (unsigned long long)(m->heads * m->head_dim), 1u << 20);
     if (m->head_dim && !llama && m->head_dim * m->heads != m->hidden)
-        return ml_error_at(err, hd, ML_SCHEMA,
-                           "head_dim: %llu is not modelled for %s, whose head size is "
-                           "hidden_size / num_attention_heads (%llu / %llu)",
-                           (unsigned long long)m->head_dim, t, (unsigned long long)m->hidden,
-                           (unsigned long long)m->heads);
+        return ml__error_at(err, hd, ML_SCHEMA,
+                            "head_dim: %llu is not modelled for %s, whose head size is "
+                            "hidden_size / num_attention_heads (%llu / %llu)",
+                            (unsigned long long)m->head_dim, t, (unsigned long long)m->hidden,
+                            (unsigned long long)m->heads);
     if (!m->head_dim && m->hidden % m->heads && strncmp(t, "deepseek", 8))
-        return ml_error_at(err, ml_tree_get(r, "num_attention_heads"), ML_SCHEMA,
+        return ml__error_at(err, ml__tree_get(r, "num_attention_heads"), ML_SCHEMA,
                     "num_attention_heads: %llu does not divide hidden_size (%llu)",
                     (unsigned long long)m->heads, (unsigned long long)m->hidden);
     if (!m->head_dim)
         m->head_dim = m->hidden / m->heads;
     if (m->kv_heads > m->heads || m->heads % m->kv_heads)
-        return ml_error_at(err, ml_tree_get(r, "num_key_value_heads"), ML_SCHEMA,
+        return ml__error_at(err, ml__tree_get(r, "num_key_value_heads"), ML_SCHEMA,
                     "num_key_value_heads: %llu does not divide num_attention_heads (%llu)",
                     (unsigned long long)m->kv_heads, (unsigned long long)m->heads);
     return ML_OK;
@@ -244,14 +244,14 @@ static ml_status sizes_of(const ml_node *r, const char *t, bool llama, bool vit,
 static ml_status map_gpt2(const ml_node *r, const char *t, ml_model *m, ml_error *err)
 {
     ml_status st;
-    if ((st = ml_hf_activation(r, "activation_function", t, m, err)))
+    if ((st = ml__hf_activation(r, "activation_function", t, m, err)))
         return st;
     m->norm = ML_NORM_LAYERNORM;
     m->prenorm = true;
     m->position = ML_POS_LEARNED;
     m->bias = m->qkv_bias = true;
     m->tied_embeddings = true;
-    if ((st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
+    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
         (st = dropout_of(r,
                          (const prob_key[]){{"resid_pdrop", 0.1},
                                             {"embd_pdrop", 0.1},
@@ -265,7 +265,7 @@ static ml_status map_gpt2(const ml_node *r, const char *t, ml_model *m, ml_error
 static ml_status map_neox(const ml_node *r, const char *t, ml_model *m, ml_error *err)
 {
     ml_status st;
-    if ((st = ml_hf_activation(r, "hidden_act", t, m, err)))
+    if ((st = ml__hf_activation(r, "hidden_act", t, m, err)))
         return st;
     m->norm = ML_NORM_LAYERNORM;
     m->prenorm = true;
@@ -273,8 +273,8 @@ static ml_status map_neox(const ml_node *r, const char *t, ml_model *m, ml_error
     m->bias = m->qkv_bias = true;
     m->tied_embeddings = false;
     m->parallel_residual = true;
-    if ((st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
-        (st = ml_hf_bool(err, r, "use_parallel_residual", &m->parallel_residual)) ||
+    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
+        (st = ml__hf_bool(err, r, "use_parallel_residual", &m->parallel_residual)) ||
         (st = dropout_of(r,
                          (const prob_key[]){{"hidden_dropout", 0}, {"attention_dropout", 0}},
                          2, m, err)))
@@ -288,24 +288,24 @@ static ml_status classes_of(const ml_node *r, const char *arch, ml_model *m, ml_
 {
     ml_status st;
     m->classes = 2;
-    const ml_node *labels = ml_tree_get(r, "id2label");
-    if (!ml_hf_is_null(labels) && labels->type != ML_NODE_MAP)
-        return ml_error_at(err, labels, ML_SCHEMA, "id2label: expected an object");
+    const ml_node *labels = ml__tree_get(r, "id2label");
+    if (!ml__hf_is_null(labels) && labels->type != ML_NODE_MAP)
+        return ml__error_at(err, labels, ML_SCHEMA, "id2label: expected an object");
     uint64_t nl = 0;
-    if ((st = ml_hf_uint(err, r, KEYS("num_labels"), false, 1, 1u << 24, &nl)))
+    if ((st = ml__hf_uint(err, r, KEYS("num_labels"), false, 1, 1u << 24, &nl)))
         return st;
-    if (!ml_hf_is_null(labels) && labels->count) {
+    if (!ml__hf_is_null(labels) && labels->count) {
         if (nl && nl != labels->count)
-            return ml_error_at(err, ml_tree_get(r, "num_labels"), ML_SCHEMA,
-                               "num_labels: %llu but id2label names %zu labels; transformers "
-                               "takes id2label's, so say one thing",
-                               (unsigned long long)nl, labels->count);
+            return ml__error_at(err, ml__tree_get(r, "num_labels"), ML_SCHEMA,
+                                "num_labels: %llu but id2label names %zu labels; transformers "
+                                "takes id2label's, so say one thing",
+                                (unsigned long long)nl, labels->count);
         m->classes = labels->count;
     } else if (nl) {
         m->classes = nl;
     }
     if (m->classes == 1)
-        return ml_error_at(err, ml_tree_get(r, "num_labels") ? ml_tree_get(r, "num_labels")
+        return ml__error_at(err, ml__tree_get(r, "num_labels") ? ml__tree_get(r, "num_labels")
                                                               : labels,
                            ML_SCHEMA,
                            "num_labels: 1 makes %s a regression (MSELoss), which is not "
@@ -322,16 +322,16 @@ static ml_status seq_cls_of(const ml_node *r, const char *arch, ml_model *m, ml_
     const char *pt = NULL;
     ml_status st = classes_of(r, arch, m, err);
     if (!st)
-        st = ml_hf_str(err, r, "problem_type", &pt);
+        st = ml__hf_str(err, r, "problem_type", &pt);
     if (st)
         return st;
     if (pt && strcmp(pt, "single_label_classification"))
-        return ml_error_at(err, ml_tree_get(r, "problem_type"), ML_SCHEMA,
-                           "problem_type: '%s' is not modelled for %s (null or "
-                           "single_label_classification: cross-entropy)",
-                           pt, arch);
-    const ml_node *pad = ml_tree_get(r, "pad_token_id");
-    m->cls_no_pad = ml_hf_is_null(pad);
+        return ml__error_at(err, ml__tree_get(r, "problem_type"), ML_SCHEMA,
+                            "problem_type: '%s' is not modelled for %s (null or "
+                            "single_label_classification: cross-entropy)",
+                            pt, arch);
+    const ml_node *pad = ml__tree_get(r, "pad_token_id");
+    m->cls_no_pad = ml__hf_is_null(pad);
     return ML_OK;
 }
 
@@ -345,12 +345,12 @@ static ml_status map_encoder(const ml_node *r, const char *t, bool vit, bool mlm
 {
     const bool bert = !vit;
     ml_status st;
-    if ((st = ml_hf_activation(r, "hidden_act", t, m, err)))
+    if ((st = ml__hf_activation(r, "hidden_act", t, m, err)))
         return st;
     m->norm = ML_NORM_LAYERNORM;
     m->prenorm = vit;
     m->bias = m->qkv_bias = true;
-    if (vit && (st = ml_hf_bool(err, r, "qkv_bias", &m->qkv_bias)))
+    if (vit && (st = ml__hf_bool(err, r, "qkv_bias", &m->qkv_bias)))
         return st;
     /* BertConfig: 0.1 and 0.1, classifier_dropout null (hidden's);
      * ViTConfig: 0 and 0 */
@@ -363,7 +363,7 @@ static ml_status map_encoder(const ml_node *r, const char *t, bool vit, bool mlm
         return st;
     m->mlm_head = mlm;
     m->tied_embeddings = mlm;
-    if (mlm && (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+    if (mlm && (st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
         return st;
     if (!mlm && (st = classes_of(r, arch, m, err)))
         return st;
@@ -371,19 +371,19 @@ static ml_status map_encoder(const ml_node *r, const char *t, bool vit, bool mlm
         m->position = ML_POS_LEARNED;
         m->pooler = !mlm;
         m->token_types = 2;
-        if ((st = ml_hf_uint(err, r, KEYS("type_vocab_size"), false, 1, 1u << 16,
-                             &m->token_types)))
+        if ((st = ml__hf_uint(err, r, KEYS("type_vocab_size"), false, 1, 1u << 16,
+                              &m->token_types)))
             return st;
     } else {
         m->position = ML_POS_LEARNED;
         m->pooler = false;
         m->channels = 3;
-        if ((st = ml_hf_uint(err, r, KEYS("image_size"), true, 1, 1u << 16, &m->image_size)) ||
-            (st = ml_hf_uint(err, r, KEYS("patch_size"), true, 1, 1u << 16, &m->patch_size)) ||
-            (st = ml_hf_uint(err, r, KEYS("num_channels"), false, 1, 1u << 16, &m->channels)))
+        if ((st = ml__hf_uint(err, r, KEYS("image_size"), true, 1, 1u << 16, &m->image_size)) ||
+            (st = ml__hf_uint(err, r, KEYS("patch_size"), true, 1, 1u << 16, &m->patch_size)) ||
+            (st = ml__hf_uint(err, r, KEYS("num_channels"), false, 1, 1u << 16, &m->channels)))
             return st;
         if (m->image_size % m->patch_size)
-            return ml_error_at(err, ml_tree_get(r, "patch_size"), ML_SCHEMA,
+            return ml__error_at(err, ml__tree_get(r, "patch_size"), ML_SCHEMA,
                         "patch_size: %llu does not divide image_size (%llu)",
                         (unsigned long long)m->patch_size, (unsigned long long)m->image_size);
     }
@@ -395,17 +395,17 @@ static ml_status map_encoder(const ml_node *r, const char *t, bool vit, bool mlm
  * (PretrainedConfig keeps a sub-config's). */
 static ml_status llava_of(const ml_node *r, ml_model *m, ml_error *err)
 {
-    const ml_node *tc = ml_tree_get(r, "text_config");
-    ml_status st = ml_hf_map_llava(r, m, err);
-    if (st || !ml_tree_get(r, "attn_implementation") ||
-        (tc && tc->type == ML_NODE_MAP && ml_tree_get(tc, "attn_implementation")))
+    const ml_node *tc = ml__tree_get(r, "text_config");
+    ml_status st = ml__hf_map_llava(r, m, err);
+    if (st || !ml__tree_get(r, "attn_implementation") ||
+        (tc && tc->type == ML_NODE_MAP && ml__tree_get(tc, "attn_implementation")))
         return st;
-    return ml_hf_attention(r, ML_HF_LLAVA, m, err);
+    return ml__hf_attention(r, ML_HF_LLAVA, m, err);
 }
 
 static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error *err)
 {
-    const ml_hf_family_info *families = ml_hf_families();
+    const ml_hf_family_info *families = ml__hf_families();
     const ml_node *mt = NULL;
     const char *t = NULL;
     unsigned fam = 0;
@@ -419,41 +419,41 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
                falcon = fam == ML_HF_FALCON,
                deepseek = fam == ML_HF_DEEPSEEK3 || fam == ML_HF_DEEPSEEK2;
     bool mlm = false;
-    if ((st = ml_hf_nesting(mt, t, fam, nested, m, err)) || (st = ml_hf_check_keys(r, fam, t, err)) ||
+    if ((st = ml__hf_nesting(mt, t, fam, nested, m, err)) || (st = ml__hf_check_keys(r, fam, t, err)) ||
         (st = architectures_of(r, f, &mlm, err)))
         return st;
     if (fam == ML_HF_LLAVA)
         return llava_of(r, m, err);
     if (fam == ML_HF_T5 || fam == ML_HF_MT5) /* encoder-decoders: none of the sizes below */
-        return (st = ml_hf_attention(r, fam, m, err)) ? st : ml_hf_map_t5(r, m, fam == ML_HF_MT5, err);
+        return (st = ml__hf_attention(r, fam, m, err)) ? st : ml__hf_map_t5(r, m, fam == ML_HF_MT5, err);
     m->type = (bert || vit) ? ML_MODEL_ENCODER : ML_MODEL_DECODER;
     /* PretrainedConfig: use_cache defaults to true; the decoders return
      * past_key_values unless training with gradient checkpointing; BERT and
      * ViT keep none */
     m->kv_cache = m->type == ML_MODEL_DECODER;
-    if (m->kv_cache && (st = ml_hf_bool(err, r, "use_cache", &m->kv_cache)))
+    if (m->kv_cache && (st = ml__hf_bool(err, r, "use_cache", &m->kv_cache)))
         return st;
     const bool req = !(nested && fam == ML_HF_LLAMA); /* else LlamaConfig's defaults */
-    if ((st = ml_hf_attention(r, fam, m, err)) ||
+    if ((st = ml__hf_attention(r, fam, m, err)) ||
         (st = sizes_of(r, t, llama || gemma || gemma2 || phi3 || deepseek, vit, req, m, err)))
         return st;
     if (llama)
         st = map_llama(r, t, m, err);
     else if (gemma)
-        st = ml_hf_map_gemma(r, m, err);
+        st = ml__hf_map_gemma(r, m, err);
     else if (gemma2)
-        st = ml_hf_map_gemma2(r, m, err);
+        st = ml__hf_map_gemma2(r, m, err);
     else if (phi3)
-        st = ml_hf_map_phi3(r, m, err);
+        st = ml__hf_map_phi3(r, m, err);
     else if (gpt2)
         st = map_gpt2(r, t, m, err);
     else if (neox)
         st = map_neox(r, t, m, err);
     else if (falcon)
-        st = ml_hf_map_falcon(r, m, err);
+        st = ml__hf_map_falcon(r, m, err);
     else if (deepseek)
-        st = fam == ML_HF_DEEPSEEK3 ? ml_hf_map_deepseek_v3(r, m, err)
-                                    : ml_hf_map_deepseek_v2(r, m, err);
+        st = fam == ML_HF_DEEPSEEK3 ? ml__hf_map_deepseek_v3(r, m, err)
+                                    : ml__hf_map_deepseek_v2(r, m, err);
     else
         st = map_encoder(r, t, vit, mlm, families[f].arch, m, err);
     if (st)
@@ -462,14 +462,14 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
         m->norm_bias = m->bias; /* Falcon's LayerNorms keep their bias */
     if (mlm && m->type == ML_MODEL_DECODER && (st = seq_cls_of(r, families[f].arch2, m, err)))
         return st;
-    const ml_node *hd = ml_tree_get(r, "head_dim");
+    const ml_node *hd = ml__tree_get(r, "head_dim");
     if (m->position == ML_POS_ROPE && m->head_dim % 2 && !m->kv_lora)
-        return ml_error_at(err, !ml_hf_is_null(hd) ? hd : mt, ML_SCHEMA,
-                           "rotary embeddings need an even head size (%llu)",
-                           (unsigned long long)m->head_dim);
+        return ml__error_at(err, !ml__hf_is_null(hd) ? hd : mt, ML_SCHEMA,
+                            "rotary embeddings need an even head size (%llu)",
+                            (unsigned long long)m->head_dim);
     if (m->position == ML_POS_LEARNED && !m->max_positions && !m->image_size)
-        return ml_error_at(err, r, ML_SCHEMA,
-                           "max_position_embeddings: missing for learned positions");
+        return ml__error_at(err, r, ML_SCHEMA,
+                            "max_position_embeddings: missing for learned positions");
     /* defaults for the training settings, as the YAML loader does */
     m->config = ml_config_defaults();
     if (m->image_size) {
@@ -485,7 +485,7 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
 static ml_status load_hf(const char *text, size_t len, const char *config_path,
                          const char *training_path, ml_model **out, ml_error *err);
 
-ml_status ml_hf_map_text(const ml_node *r, ml_model *m, ml_error *err)
+ml_status ml__hf_map_text(const ml_node *r, ml_model *m, ml_error *err)
 {
     return map_config(r, m, true, err);
 }
@@ -508,7 +508,7 @@ ml_status ml_model_load_hf(const char *config_path, const char *training_path, m
     if (!err)
         err = &local;
     size_t len = 0;
-    char *text = ml_read_file(config_path, &len, err);
+    char *text = ml__read_file(config_path, &len, err);
     if (!text)
         return err->code;
     ml_status st = load_hf(text, len, config_path, training_path, out, err);
@@ -520,23 +520,23 @@ static ml_status load_hf(const char *text, size_t len, const char *config_path,
                          const char *training_path, ml_model **out, ml_error *err)
 {
     ml_node *root = NULL;
-    ml_status st = ml_tree_parse_json(text, len, &root, err);
+    ml_status st = ml__tree_parse_json(text, len, &root, err);
     if (st)
         return st;
     ml_model *m = calloc(1, sizeof *m);
     if (!m) {
-        ml_tree_free(root);
-        return ml_error_at(err, NULL, ML_NOMEM, "out of memory");
+        ml__tree_free(root);
+        return ml__error_at(err, NULL, ML_NOMEM, "out of memory");
     }
     if (!root || root->type != ML_NODE_MAP)
-        st = ml_error_at(err, root, ML_SCHEMA,
-                         "expected a JSON object (a Hugging Face config.json)");
-    else if (!(st = ml_tree_check_unique(err, root)))
+        st = ml__error_at(err, root, ML_SCHEMA,
+                          "expected a JSON object (a Hugging Face config.json)");
+    else if (!(st = ml__tree_check_unique(err, root)))
         st = map_config(root, m, false, err);
     if (!st) {
         /* name: _name_or_path, else the config's directory */
         const char *n = NULL;
-        st = ml_hf_str(err, root, "_name_or_path", &n);
+        st = ml__hf_str(err, root, "_name_or_path", &n);
         if (!st && n && *n) {
             const char *slash = strrchr(n, '/');
             snprintf(m->name, sizeof m->name, "%s", slash ? slash + 1 : n);
@@ -554,14 +554,14 @@ static ml_status load_hf(const char *text, size_t len, const char *config_path,
             snprintf(m->name, sizeof m->name, "%s", *name ? name : "hf-model");
         }
     }
-    ml_tree_free(root);
+    ml__tree_free(root);
     if (!st && training_path) {
         size_t tlen = 0;
-        char *t = ml_read_file(training_path, &tlen, err);
+        char *t = ml__read_file(training_path, &tlen, err);
         if (!t)
             st = err->code;
         else {
-            st = ml_schema_settings(t, tlen, training_path, m, err);
+            st = ml__schema_settings(t, tlen, training_path, m, err);
             free(t);
         }
     }

@@ -15,12 +15,12 @@
 static ml_status uint_or_null(ml_error *err, const ml_node *r, const char *key, uint64_t lo,
                               uint64_t hi, uint64_t null_value, uint64_t *out)
 {
-    const ml_node *n = ml_tree_get(r, key);
-    if (n && ml_hf_is_null(n)) {
+    const ml_node *n = ml__tree_get(r, key);
+    if (n && ml__hf_is_null(n)) {
         *out = null_value;
         return ML_OK;
     }
-    return ml_hf_uint(err, r, (const char *const[]){key, NULL}, false, lo, hi, out);
+    return ml__hf_uint(err, r, (const char *const[]){key, NULL}, false, lo, hi, out);
 }
 
 /* Keys transformers' classes cannot build the layer from when null (they
@@ -32,13 +32,13 @@ static ml_status no_nulls(const ml_node *r, const char *type, ml_error *err)
                                        "kv_lora_rank",     "norm_topk_prob",
                                        "first_k_dense_replace"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        const ml_node *n = ml_tree_get(r, keys[i]);
-        if (n && ml_hf_is_null(n))
-            return ml_error_at(err, n, ML_SCHEMA,
-                               "%s: null is not modelled for %s (transformers' layer needs a "
-                               "value; the hub's remote code may read null as none): give "
-                               "the number",
-                               keys[i], type);
+        const ml_node *n = ml__tree_get(r, keys[i]);
+        if (n && ml__hf_is_null(n))
+            return ml__error_at(err, n, ML_SCHEMA,
+                                "%s: null is not modelled for %s (transformers' layer needs a "
+                                "value; the hub's remote code may read null as none): give "
+                                "the number",
+                                keys[i], type);
     }
     return ML_OK;
 }
@@ -57,37 +57,37 @@ static ml_status experts_of(const ml_node *r, const version_t *v, ml_model *m, u
 {
     ml_status st;
     const char *method = NULL;
-    if ((st = ml_hf_uint(err, r, KEYS("n_routed_experts"), false, 2, 4096, &m->experts)) ||
-        (st = ml_hf_uint(err, r, KEYS("num_experts_per_tok"), !v->v3, 1, 4096,
-                         &m->experts_per_tok)) ||
-        (st = ml_hf_uint(err, r, KEYS("moe_intermediate_size"), false, 1, ML_MAX_FFN,
-                         &m->expert_ffn)) ||
-        (st = ml_hf_uint(err, r, KEYS("n_shared_experts"), false, 1, 4096, shared)) ||
-        (st = ml_hf_uint(err, r, KEYS("first_k_dense_replace"), false, 0, ML_MAX_LAYERS,
-                         &m->dense_layers)) ||
-        (st = ml_hf_str(err, r, "topk_method", &method)))
+    if ((st = ml__hf_uint(err, r, KEYS("n_routed_experts"), false, 2, 4096, &m->experts)) ||
+        (st = ml__hf_uint(err, r, KEYS("num_experts_per_tok"), !v->v3, 1, 4096,
+                          &m->experts_per_tok)) ||
+        (st = ml__hf_uint(err, r, KEYS("moe_intermediate_size"), false, 1, ML_MAX_FFN,
+                          &m->expert_ffn)) ||
+        (st = ml__hf_uint(err, r, KEYS("n_shared_experts"), false, 1, 4096, shared)) ||
+        (st = ml__hf_uint(err, r, KEYS("first_k_dense_replace"), false, 0, ML_MAX_LAYERS,
+                          &m->dense_layers)) ||
+        (st = ml__hf_str(err, r, "topk_method", &method)))
         return st;
-    if (v->v3 && (st = ml_hf_bool(err, r, "norm_topk_prob", &m->expert_renorm)))
+    if (v->v3 && (st = ml__hf_bool(err, r, "norm_topk_prob", &m->expert_renorm)))
         return st;
     if (m->experts_per_tok > m->experts)
-        return ml_error_at(err, ml_tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
-                           "num_experts_per_tok: %llu is more than n_routed_experts (%llu)",
-                           (unsigned long long)m->experts_per_tok,
-                           (unsigned long long)m->experts);
+        return ml__error_at(err, ml__tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
+                            "num_experts_per_tok: %llu is more than n_routed_experts (%llu)",
+                            (unsigned long long)m->experts_per_tok,
+                            (unsigned long long)m->experts);
     /* DeepseekV2MoEGate: greedy or group_limited_greedy (the key table
      * refuses the others), the latter over n_group groups of the experts */
     m->grouped_topk = !v->v3 && method && !strcmp(method, "group_limited_greedy");
     if (m->grouped_topk) {
         uint64_t g = 0;
-        if ((st = ml_hf_uint(err, r, KEYS("n_group"), true, 1, 4096, &g)))
+        if ((st = ml__hf_uint(err, r, KEYS("n_group"), true, 1, 4096, &g)))
             return st;
         if (m->experts % g)
-            return ml_error_at(err, ml_tree_get(r, "n_group"), ML_SCHEMA,
-                               "n_group: %llu does not divide n_routed_experts (%llu), as "
-                               "group_limited_greedy's view needs",
-                               (unsigned long long)g, (unsigned long long)m->experts);
+            return ml__error_at(err, ml__tree_get(r, "n_group"), ML_SCHEMA,
+                                "n_group: %llu does not divide n_routed_experts (%llu), as "
+                                "group_limited_greedy's view needs",
+                                (unsigned long long)g, (unsigned long long)m->experts);
         uint64_t kg = 0;
-        if ((st = ml_hf_uint(err, r, KEYS("topk_group"), true, 1, g, &kg)))
+        if ((st = ml__hf_uint(err, r, KEYS("topk_group"), true, 1, g, &kg)))
             return st; /* torch.topk over the n_group groups needs 1..n_group */
     }
     return ML_OK;
@@ -106,15 +106,15 @@ static ml_status map_deepseek(const ml_node *r, const version_t *v, ml_model *m,
 {
     ml_status st;
     const char *act = NULL;
-    if ((st = no_nulls(r, v->type, err)) || (st = ml_hf_str(err, r, "hidden_act", &act)))
+    if ((st = no_nulls(r, v->type, err)) || (st = ml__hf_str(err, r, "hidden_act", &act)))
         return st;
     if (act && strcmp(act, "silu"))
-        return ml_error_at(err, ml_tree_get(r, "hidden_act"), ML_SCHEMA,
-                           "hidden_act: '%s' is not modelled for %s (silu: SwiGLU)", act,
-                           v->type);
+        return ml__error_at(err, ml__tree_get(r, "hidden_act"), ML_SCHEMA,
+                            "hidden_act: '%s' is not modelled for %s (silu: SwiGLU)", act,
+                            v->type);
     /* DeepseekV3Config's num_key_value_heads defaults to 128 (V2's, as
      * LlamaConfig's, to num_attention_heads) */
-    if (v->v3 && !ml_tree_get(r, "num_key_value_heads"))
+    if (v->v3 && !ml__tree_get(r, "num_key_value_heads"))
         m->kv_heads = 128;
     m->activation = ML_ACT_SWIGLU;
     m->norm = ML_NORM_RMSNORM;
@@ -123,7 +123,7 @@ static ml_status map_deepseek(const ml_node *r, const version_t *v, ml_model *m,
     m->bias = m->qkv_bias = m->out_bias = m->mlp_bias = false;
     m->tied_embeddings = false;
     m->dropout = 0;
-    if (!ml_tree_get(r, "intermediate_size"))
+    if (!ml__tree_get(r, "intermediate_size"))
         m->ffn = v->ffn;
     uint64_t nope = 128, shared = v->shared;
     m->kv_lora = 512;
@@ -138,35 +138,35 @@ static ml_status map_deepseek(const ml_node *r, const version_t *v, ml_model *m,
     m->router_sigmoid = v->v3;
     m->expert_sort = m->rope_complex = !v->v3;
     m->shared_expert_gate = false;
-    if ((st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
-        (st = ml_hf_uint(err, r, KEYS("kv_lora_rank"), false, 1, ML_MAX_HIDDEN, &m->kv_lora)) ||
+    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
+        (st = ml__hf_uint(err, r, KEYS("kv_lora_rank"), false, 1, ML_MAX_HIDDEN, &m->kv_lora)) ||
         (st = uint_or_null(err, r, "q_lora_rank", 1, ML_MAX_HIDDEN, 0, &m->q_lora)) ||
-        (st = ml_hf_uint(err, r, KEYS("qk_nope_head_dim"), false, 1, ML_MAX_HIDDEN, &nope)) ||
-        (st = ml_hf_uint(err, r, KEYS("qk_rope_head_dim"), false, 2, ML_MAX_HIDDEN,
-                         &m->rope_dim)) ||
-        (st = ml_hf_uint(err, r, KEYS("v_head_dim"), false, 1, ML_MAX_HIDDEN, &m->v_dim)) ||
+        (st = ml__hf_uint(err, r, KEYS("qk_nope_head_dim"), false, 1, ML_MAX_HIDDEN, &nope)) ||
+        (st = ml__hf_uint(err, r, KEYS("qk_rope_head_dim"), false, 2, ML_MAX_HIDDEN,
+                          &m->rope_dim)) ||
+        (st = ml__hf_uint(err, r, KEYS("v_head_dim"), false, 1, ML_MAX_HIDDEN, &m->v_dim)) ||
         (st = experts_of(r, v, m, &shared, err)))
         return st;
     if (m->rope_dim % 2)
-        return ml_error_at(err, ml_tree_get(r, "qk_rope_head_dim"), ML_SCHEMA,
-                           "qk_rope_head_dim: %llu; rotary embeddings need an even size",
-                           (unsigned long long)m->rope_dim);
+        return ml__error_at(err, ml__tree_get(r, "qk_rope_head_dim"), ML_SCHEMA,
+                            "qk_rope_head_dim: %llu; rotary embeddings need an even size",
+                            (unsigned long long)m->rope_dim);
     /* DeepSeek-V2's view_as_complex on the rotated slice needs even strides
      * and offsets: in fp32 (where .float() is the slice itself) an odd
      * qk_nope_head_dim or kv_lora_rank fails in transformers */
     if (!v->v3 && (nope % 2 || m->kv_lora % 2))
-        return ml_error_at(err, ml_tree_get(r, nope % 2 ? "qk_nope_head_dim" : "kv_lora_rank"),
-                           ML_SCHEMA,
-                           "%s: %llu is odd; DeepSeek-V2's complex rotary needs the rotated "
-                           "slice at an even offset (view_as_complex), which fails in fp32",
-                           nope % 2 ? "qk_nope_head_dim" : "kv_lora_rank",
-                           (unsigned long long)(nope % 2 ? nope : m->kv_lora));
+        return ml__error_at(err, ml__tree_get(r, nope % 2 ? "qk_nope_head_dim" : "kv_lora_rank"),
+                            ML_SCHEMA,
+                            "%s: %llu is odd; DeepSeek-V2's complex rotary needs the rotated "
+                            "slice at an even offset (view_as_complex), which fails in fp32",
+                            nope % 2 ? "qk_nope_head_dim" : "kv_lora_rank",
+                            (unsigned long long)(nope % 2 ? nope : m->kv_lora));
     if (m->kv_heads != m->heads)
-        return ml_error_at(err, ml_tree_get(r, "num_key_value_heads"), ML_SCHEMA,
-                           "num_key_value_heads: %llu; multi-head latent attention makes "
-                           "num_attention_heads (%llu) key and value heads, and repeating them "
-                           "is not modelled",
-                           (unsigned long long)m->kv_heads, (unsigned long long)m->heads);
+        return ml__error_at(err, ml__tree_get(r, "num_key_value_heads"), ML_SCHEMA,
+                            "num_key_value_heads: %llu; multi-head latent attention makes "
+                            "num_attention_heads (%llu) key and value heads, and repeating them "
+                            "is not modelled",
+                            (unsigned long long)m->kv_heads, (unsigned long long)m->heads);
     if (m->dense_layers >= m->layers) {
         /* every layer dense: no experts run */
         m->dense_layers = m->layers;
@@ -175,20 +175,20 @@ static ml_status map_deepseek(const ml_node *r, const version_t *v, ml_model *m,
     }
     m->head_dim = nope + m->rope_dim; /* qk_head_dim */
     if (m->heads * m->head_dim > ML_MAX_HIDDEN || m->heads * m->v_dim > ML_MAX_HIDDEN)
-        return ml_error_at(err, ml_tree_get(r, "num_attention_heads"), ML_RANGE,
-                           "num_attention_heads x the head sizes is above %llu",
-                           (unsigned long long)ML_MAX_HIDDEN);
+        return ml__error_at(err, ml__tree_get(r, "num_attention_heads"), ML_RANGE,
+                            "num_attention_heads x the head sizes is above %llu",
+                            (unsigned long long)ML_MAX_HIDDEN);
     m->shared_expert_ffn = m->experts ? shared * m->expert_ffn : 0;
     return ML_OK;
 }
 
-ml_status ml_hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err)
+ml_status ml__hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err)
 {
     static const version_t v3 = {"deepseek_v3", 18432, 256, 8, 2048, 1, 3, true};
     return map_deepseek(r, &v3, m, err);
 }
 
-ml_status ml_hf_map_deepseek_v2(const ml_node *r, ml_model *m, ml_error *err)
+ml_status ml__hf_map_deepseek_v2(const ml_node *r, ml_model *m, ml_error *err)
 {
     static const version_t v2 = {"deepseek_v2", 11008, 64, 0, 1407, 2, 0, false};
     return map_deepseek(r, &v2, m, err);

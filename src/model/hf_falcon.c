@@ -18,7 +18,7 @@
  * `bias` (default false) while the LayerNorms keep their biases; a GELU
  * MLP of ffn_hidden_size (default 4 * hidden_size); a tied head by
  * default (FalconConfig). */
-ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err)
+ml_status ml__hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err)
 {
     /* alibi, new_decoder_architecture, parallel_attn: false,
      * num_ln_in_parallel_attn: 2 and bias: true are refused by the key
@@ -26,20 +26,20 @@ ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err)
     bool mq = true;
     uint64_t kv = 0;
     ml_status st;
-    if ((st = ml_hf_activation(r, "activation", "falcon", m, err)) ||
-        (st = ml_hf_bool(err, r, "multi_query", &mq)) ||
-        (st = ml_hf_uint(err, r, KEYS("num_kv_heads"), false, 1, 1u << 20, &kv)) ||
-        (st = ml_hf_uint(err, r, KEYS("ffn_hidden_size"), false, 1, 1u << 24, &m->ffn)))
+    if ((st = ml__hf_activation(r, "activation", "falcon", m, err)) ||
+        (st = ml__hf_bool(err, r, "multi_query", &mq)) ||
+        (st = ml__hf_uint(err, r, KEYS("num_kv_heads"), false, 1, 1u << 20, &kv)) ||
+        (st = ml__hf_uint(err, r, KEYS("ffn_hidden_size"), false, 1, 1u << 24, &m->ffn)))
         return st;
     /* FalconAttention: one key/value head with multi_query, else H
      * (num_kv_heads is read only then, and a value other than H fails in
      * its reshape) */
     m->kv_heads = mq ? 1 : m->heads;
     if (!mq && kv && kv != m->heads)
-        return ml_error_at(err, ml_tree_get(r, "num_kv_heads"), ML_SCHEMA,
-                           "num_kv_heads: %llu with multi_query false: the old decoder "
-                           "architecture has num_attention_heads (%llu) key/value heads",
-                           (unsigned long long)kv, (unsigned long long)m->heads);
+        return ml__error_at(err, ml__tree_get(r, "num_kv_heads"), ML_SCHEMA,
+                            "num_kv_heads: %llu with multi_query false: the old decoder "
+                            "architecture has num_attention_heads (%llu) key/value heads",
+                            (unsigned long long)kv, (unsigned long long)m->heads);
     m->norm = ML_NORM_LAYERNORM;
     m->prenorm = true;
     m->position = ML_POS_ROPE;
@@ -49,7 +49,7 @@ ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err)
     m->bias = m->qkv_bias = false;
     m->tied_embeddings = true;
     m->dropout = 0; /* hidden_dropout and attention_dropout > 0 are refused by the key table */
-    return ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings);
+    return ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings);
 }
 
 /* The experts (key `count`) and the experts per token, both already
@@ -57,16 +57,16 @@ ml_status ml_hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err)
 static ml_status experts_of(const ml_node *r, const char *count, ml_model *m, ml_error *err)
 {
     ml_status st;
-    if ((st = ml_hf_uint(err, r, (const char *const[]){count, NULL}, false, 2, 4096,
-                         &m->experts)) ||
-        (st = ml_hf_uint(err, r, KEYS("num_experts_per_tok"), false, 1, 4096,
-                         &m->experts_per_tok)))
+    if ((st = ml__hf_uint(err, r, (const char *const[]){count, NULL}, false, 2, 4096,
+                          &m->experts)) ||
+        (st = ml__hf_uint(err, r, KEYS("num_experts_per_tok"), false, 1, 4096,
+                          &m->experts_per_tok)))
         return st;
     if (m->experts_per_tok > m->experts)
-        return ml_error_at(err, ml_tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
-                           "num_experts_per_tok: %llu is more than %s (%llu)",
-                           (unsigned long long)m->experts_per_tok, count,
-                           (unsigned long long)m->experts);
+        return ml__error_at(err, ml__tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
+                            "num_experts_per_tok: %llu is more than %s (%llu)",
+                            (unsigned long long)m->experts_per_tok, count,
+                            (unsigned long long)m->experts);
     return ML_OK;
 }
 
@@ -74,7 +74,7 @@ static ml_status experts_of(const ml_node *r, const char *count, ml_model *m, ml
  * experts of intermediate_size (MixtralConfig's default 8), each token
  * routed to num_experts_per_tok of them (default 2); the rest of the layer
  * is Mistral's (hf.c). */
-ml_status ml_hf_map_mixtral_experts(const ml_node *r, ml_model *m, ml_error *err)
+ml_status ml__hf_map_mixtral_experts(const ml_node *r, ml_model *m, ml_error *err)
 {
     m->experts = 8;
     m->experts_per_tok = 2;
@@ -89,7 +89,7 @@ ml_status ml_hf_map_mixtral_experts(const ml_node *r, ml_model *m, ml_error *err
  * shared_expert_intermediate_size (5632) on every token. Every layer is
  * sparse with decoder_sparse_step 1 and no mlp_only_layers; the key table
  * refuses the others. */
-ml_status ml_hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *err)
+ml_status ml__hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *err)
 {
     m->experts = 60;
     m->experts_per_tok = 4;
@@ -99,12 +99,12 @@ ml_status ml_hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *e
     m->shared_expert_gate = true; /* sigmoid(shared_expert_gate(x)) */
     ml_status st;
     if ((st = experts_of(r, "num_experts", m, err)) ||
-        (st = ml_hf_uint(err, r, KEYS("moe_intermediate_size"), false, 1, ML_MAX_FFN,
-                         &m->expert_ffn)) ||
-        (st = ml_hf_uint(err, r, KEYS("shared_expert_intermediate_size"), false, 1,
-                         ML_MAX_FFN, &m->shared_expert_ffn)) ||
-        (st = ml_hf_bool(err, r, "norm_topk_prob", &m->expert_renorm)) ||
-        (st = ml_hf_bool(err, r, "qkv_bias", &m->qkv_bias)))
+        (st = ml__hf_uint(err, r, KEYS("moe_intermediate_size"), false, 1, ML_MAX_FFN,
+                          &m->expert_ffn)) ||
+        (st = ml__hf_uint(err, r, KEYS("shared_expert_intermediate_size"), false, 1,
+                          ML_MAX_FFN, &m->shared_expert_ffn)) ||
+        (st = ml__hf_bool(err, r, "norm_topk_prob", &m->expert_renorm)) ||
+        (st = ml__hf_bool(err, r, "qkv_bias", &m->qkv_bias)))
         return st;
     return ML_OK;
 }

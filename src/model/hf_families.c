@@ -121,7 +121,7 @@ static const struct {
                "logit_scale"},
 };
 
-const char *ml_hf_refused_family(const char *model_type)
+const char *ml__hf_refused_family(const char *model_type)
 {
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
         if (!strcmp(refused[i].type, model_type))
@@ -129,7 +129,7 @@ const char *ml_hf_refused_family(const char *model_type)
     return NULL;
 }
 
-unsigned ml_hf_family(const char *model_type)
+unsigned ml__hf_family(const char *model_type)
 {
     for (size_t i = 0; i < ML_HF_FAMILY_COUNT; i++)
         if (!strcmp(families[i].type, model_type))
@@ -137,7 +137,7 @@ unsigned ml_hf_family(const char *model_type)
     return 0;
 }
 
-const char *ml_hf_family_name(unsigned bit)
+const char *ml__hf_family_name(unsigned bit)
 {
     for (size_t i = 0; i < ML_HF_FAMILY_COUNT; i++)
         if (families[i].bit == bit)
@@ -145,7 +145,7 @@ const char *ml_hf_family_name(unsigned bit)
     return "?";
 }
 
-const ml_hf_family_info *ml_hf_families(void)
+const ml_hf_family_info *ml__hf_families(void)
 {
     return families;
 }
@@ -160,7 +160,7 @@ const ml_hf_family_info *ml_hf_families(void)
  * family here has but T5's (eager). DeepSeek's classes have it, but sdpa
  * with latent attention is not modelled (chain.c): eager, an upper bound,
  * and the report says so (docs/hf.md, "attn_implementation"). */
-ml_status ml_hf_attention(const ml_node *r, unsigned fam, ml_model *m, ml_error *err)
+ml_status ml__hf_attention(const ml_node *r, unsigned fam, ml_model *m, ml_error *err)
 {
     static const struct {
         const char *name;
@@ -171,8 +171,8 @@ ml_status ml_hf_attention(const ml_node *r, unsigned fam, ml_model *m, ml_error 
                  {"flash_attention_3", ML_ATTN_FLASH}};
     m->attention = ML_ATTN_EAGER;
     m->attention_assumed = NULL;
-    const ml_node *n = ml_tree_get(r, "attn_implementation");
-    if (!n || ml_hf_is_null(n)) {
+    const ml_node *n = ml__tree_get(r, "attn_implementation");
+    if (!n || ml__hf_is_null(n)) {
         if (fam & (ML_HF_T5 | ML_HF_MT5)) {
             m->attention_assumed = "config.json names no attn_implementation, and "
                                    "transformers runs T5's attention eagerly (its classes "
@@ -195,8 +195,8 @@ ml_status ml_hf_attention(const ml_node *r, unsigned fam, ml_model *m, ml_error 
             m->attention = kinds[i].attention;
             return ML_OK;
         }
-    return ml_error_at(err, n, ML_SCHEMA,
-                       "attn_implementation: '%s' is not modelled (eager, sdpa, "
-                       "flash_attention_2 or flash_attention_3)",
-                       n->type == ML_NODE_SCALAR ? n->text : "(not a string)");
+    return ml__error_at(err, n, ML_SCHEMA,
+                        "attn_implementation: '%s' is not modelled (eager, sdpa, "
+                        "flash_attention_2 or flash_attention_3)",
+                        n->type == ML_NODE_SCALAR ? n->text : "(not a string)");
 }

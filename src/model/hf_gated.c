@@ -12,7 +12,7 @@
  * attention_bias, rotary, repeat_kv) with GemmaRMSNorm's (1 + weight) scale
  * in fp32, a GeGLU MLP, the embeddings times sqrt(hidden_size), a tied head
  * by default (GemmaConfig). */
-ml_status ml_hf_map_gemma(const ml_node *r, ml_model *m, ml_error *err)
+ml_status ml__hf_map_gemma(const ml_node *r, ml_model *m, ml_error *err)
 {
     /* transformers versions read hidden_activation (null: gelu_pytorch_tanh)
      * or hidden_act; exact and tanh GELU are the one F.gelu op, which saves
@@ -21,13 +21,13 @@ ml_status ml_hf_map_gemma(const ml_node *r, ml_model *m, ml_error *err)
     ml_status st;
     for (size_t i = 0; i < 2; i++) {
         const char *v;
-        if ((st = ml_hf_str(err, r, act_keys[i], &v)))
+        if ((st = ml__hf_str(err, r, act_keys[i], &v)))
             return st;
         if (v && strcmp(v, "gelu") && strcmp(v, "gelu_pytorch_tanh"))
-            return ml_error_at(err, ml_tree_get(r, act_keys[i]), ML_SCHEMA,
-                               "%s: '%s' is not modelled for gemma (gelu or gelu_pytorch_tanh: "
-                               "GeGLU)",
-                               act_keys[i], v);
+            return ml__error_at(err, ml__tree_get(r, act_keys[i]), ML_SCHEMA,
+                                "%s: '%s' is not modelled for gemma (gelu or gelu_pytorch_tanh: "
+                                "GeGLU)",
+                                act_keys[i], v);
     }
     bool ab = false;
     m->activation = ML_ACT_GEGLU;
@@ -38,8 +38,8 @@ ml_status ml_hf_map_gemma(const ml_node *r, ml_model *m, ml_error *err)
     m->embed_scale = true;
     m->tied_embeddings = true;
     m->dropout = 0; /* attention_dropout > 0 is refused by the key table */
-    if ((st = ml_hf_bool(err, r, "attention_bias", &ab)) ||
-        (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+    if ((st = ml__hf_bool(err, r, "attention_bias", &ab)) ||
+        (st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
         return st;
     m->qkv_bias = m->out_bias = ab;
     return ML_OK;
@@ -54,9 +54,9 @@ ml_status ml_hf_map_gemma(const ml_node *r, ml_model *m, ml_error *err)
  * sliding_window 4096; null: none. With eager attention the window only
  * changes the mask's values, so a sequence within it plans exactly and a
  * longer one is refused when planning (docs/hf.md). */
-ml_status ml_hf_map_gemma2(const ml_node *r, ml_model *m, ml_error *err)
+ml_status ml__hf_map_gemma2(const ml_node *r, ml_model *m, ml_error *err)
 {
-    ml_status st = ml_hf_map_gemma(r, m, err);
+    ml_status st = ml__hf_map_gemma(r, m, err);
     if (st)
         return st;
     m->post_norms = true;
@@ -65,19 +65,19 @@ ml_status ml_hf_map_gemma2(const ml_node *r, ml_model *m, ml_error *err)
     m->final_softcap = 30;
     uint64_t w = 4096;
     bool windowed = m->layers > 0;
-    if ((st = ml_hf_positive(err, r, "query_pre_attn_scalar", &m->attn_scalar)) ||
-        (st = ml_hf_positive(err, r, "attn_logit_softcapping", &m->attn_softcap)) ||
-        (st = ml_hf_positive(err, r, "final_logit_softcapping", &m->final_softcap)) ||
-        (st = ml_hf_layer_types(err, r, m->layers, &windowed)))
+    if ((st = ml__hf_positive(err, r, "query_pre_attn_scalar", &m->attn_scalar)) ||
+        (st = ml__hf_positive(err, r, "attn_logit_softcapping", &m->attn_softcap)) ||
+        (st = ml__hf_positive(err, r, "final_logit_softcapping", &m->final_softcap)) ||
+        (st = ml__hf_layer_types(err, r, m->layers, &windowed)))
         return st;
     if (m->attn_scalar == 0)
-        return ml_error_at(err, ml_tree_get(r, "query_pre_attn_scalar"), ML_SCHEMA,
-                           "query_pre_attn_scalar: null is not a score scale; give a number "
-                           "(head_dim for 1 / sqrt(head_dim))");
-    const ml_node *n = ml_tree_get(r, "sliding_window");
-    if (n && ml_hf_is_null(n))
+        return ml__error_at(err, ml__tree_get(r, "query_pre_attn_scalar"), ML_SCHEMA,
+                            "query_pre_attn_scalar: null is not a score scale; give a number "
+                            "(head_dim for 1 / sqrt(head_dim))");
+    const ml_node *n = ml__tree_get(r, "sliding_window");
+    if (n && ml__hf_is_null(n))
         w = 0;
-    else if ((st = ml_hf_uint(err, r, KEYS("sliding_window"), false, 1, 1ull << 40, &w)))
+    else if ((st = ml__hf_uint(err, r, KEYS("sliding_window"), false, 1, 1ull << 40, &w)))
         return st;
     m->sliding_window = windowed ? w : 0;
     return ML_OK;
@@ -89,15 +89,15 @@ ml_status ml_hf_map_gemma2(const ml_node *r, ml_model *m, ml_error *err)
  * other storages (docs/inventory.md, "Phi-3 block"); no biases, untied by
  * default (Phi3Config). The dropouts are refused unless 0 by the key table;
  * sliding_window (default null) refuses longer sequences when planning. */
-ml_status ml_hf_map_phi3(const ml_node *r, ml_model *m, ml_error *err)
+ml_status ml__hf_map_phi3(const ml_node *r, ml_model *m, ml_error *err)
 {
     const char *act;
-    ml_status st = ml_hf_str(err, r, "hidden_act", &act);
+    ml_status st = ml__hf_str(err, r, "hidden_act", &act);
     if (st)
         return st;
     if (act && strcmp(act, "silu"))
-        return ml_error_at(err, ml_tree_get(r, "hidden_act"), ML_SCHEMA,
-                           "hidden_act: '%s' is not modelled for phi3 (silu: SwiGLU)", act);
+        return ml__error_at(err, ml__tree_get(r, "hidden_act"), ML_SCHEMA,
+                            "hidden_act: '%s' is not modelled for phi3 (silu: SwiGLU)", act);
     m->activation = ML_ACT_SWIGLU;
     m->norm = ML_NORM_RMSNORM;
     m->prenorm = true;
@@ -107,10 +107,10 @@ ml_status ml_hf_map_phi3(const ml_node *r, ml_model *m, ml_error *err)
     m->tied_embeddings = false;
     m->dropout = 0;
     uint64_t w = 0;
-    if ((st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
         return st;
-    if (!ml_hf_is_null(ml_tree_get(r, "sliding_window")) &&
-        (st = ml_hf_uint(err, r, KEYS("sliding_window"), false, 1, 1ull << 40, &w)))
+    if (!ml__hf_is_null(ml__tree_get(r, "sliding_window")) &&
+        (st = ml__hf_uint(err, r, KEYS("sliding_window"), false, 1, 1ull << 40, &w)))
         return st;
     m->sliding_window = w;
     return ML_OK;

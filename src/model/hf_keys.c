@@ -569,13 +569,13 @@ static const ml_hf_key keys[] = {
 #undef A
 #undef R
 
-const ml_hf_key *ml_hf_keys(size_t *count)
+const ml_hf_key *ml__hf_keys(size_t *count)
 {
     *count = sizeof keys / sizeof *keys;
     return keys;
 }
 
-const ml_hf_key *ml_hf_key_find(unsigned family, const char *key)
+const ml_hf_key *ml__hf_key_find(unsigned family, const char *key)
 {
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
         if ((keys[i].families & family) && !strcmp(keys[i].key, key))

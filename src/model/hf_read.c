@@ -10,7 +10,7 @@
 #include "model/hf_read.h"
 #include "model/model_internal.h"
 
-bool ml_hf_is_null(const ml_node *n)
+bool ml__hf_is_null(const ml_node *n)
 {
     return !n || (n->type == ML_NODE_SCALAR && n->plain && !strcmp(n->text, "null"));
 }
@@ -18,21 +18,21 @@ bool ml_hf_is_null(const ml_node *n)
 /* The key of keys (NULL-terminated: a name and its aliases) that is present;
  * required: an error when none is. Two aliases at once are refused
  * (GPT2Config's attribute_map makes them one value). */
-ml_status ml_hf_uint(ml_error *err, const ml_node *root, const char *const *keys_, bool required,
-                     uint64_t lo, uint64_t hi, uint64_t *out)
+ml_status ml__hf_uint(ml_error *err, const ml_node *root, const char *const *keys_, bool required,
+                      uint64_t lo, uint64_t hi, uint64_t *out)
 {
     const char *found = NULL;
     const ml_node *fn = NULL;
     for (const char *const *k = keys_; *k; k++) {
-        const ml_node *n = ml_tree_get(root, *k);
-        if (ml_hf_is_null(n))
+        const ml_node *n = ml__tree_get(root, *k);
+        if (ml__hf_is_null(n))
             continue;
         if (found) {
             /* at the one written second */
             bool later = n->line > fn->line || (n->line == fn->line && n->col > fn->col);
-            return ml_error_at(err, later ? n : fn, ML_SCHEMA,
-                               "%s: names the same value as %s (an alias); give one of them",
-                               later ? *k : found, later ? found : *k);
+            return ml__error_at(err, later ? n : fn, ML_SCHEMA,
+                                "%s: names the same value as %s (an alias); give one of them",
+                                later ? *k : found, later ? found : *k);
         }
         found = *k;
         fn = n;
@@ -42,67 +42,67 @@ ml_status ml_hf_uint(ml_error *err, const ml_node *root, const char *const *keys
         /* digits only: strtoull also skips blanks and takes a sign */
         if (n->type != ML_NODE_SCALAR || !end || end == n->text || *end || errno ||
             !isdigit((unsigned char)n->text[0]))
-            return ml_error_at(err, n, ML_SCHEMA, "%s: expected a whole number", *k);
+            return ml__error_at(err, n, ML_SCHEMA, "%s: expected a whole number", *k);
         /* JSON (RFC 8259, section 6) allows no leading zero: 012 is no number */
         if (n->text[0] == '0' && n->text[1])
-            return ml_error_at(err, n, ML_SCHEMA,
-                               "%s: %s has a leading zero, which JSON does not allow; write the "
-                               "number without it",
-                               *k, n->text);
+            return ml__error_at(err, n, ML_SCHEMA,
+                                "%s: %s has a leading zero, which JSON does not allow; write the "
+                                "number without it",
+                                *k, n->text);
         /* "12" in quotes is a JSON string: transformers keeps it a str, and
          * the model's range(config.n_layer) fails on it */
         if (!n->plain)
-            return ml_error_at(err, n, ML_SCHEMA,
-                               "%s: \"%s\" is a string; write the number without quotes", *k,
-                               n->text);
+            return ml__error_at(err, n, ML_SCHEMA,
+                                "%s: \"%s\" is a string; write the number without quotes", *k,
+                                n->text);
         if (v < lo || v > hi)
-            return ml_error_at(err, n, ML_RANGE, "%s: %llu is out of range (%llu to %llu)", *k, v,
-                               (unsigned long long)lo, (unsigned long long)hi);
+            return ml__error_at(err, n, ML_RANGE, "%s: %llu is out of range (%llu to %llu)", *k, v,
+                                (unsigned long long)lo, (unsigned long long)hi);
         *out = v;
     }
     if (!found && required)
-        return ml_error_at(err, root, ML_SCHEMA, "%s: missing from the config", keys_[0]);
+        return ml__error_at(err, root, ML_SCHEMA, "%s: missing from the config", keys_[0]);
     return ML_OK;
 }
 
 /* true or false; absent or null leaves *out. */
-ml_status ml_hf_bool(ml_error *err, const ml_node *root, const char *key, bool *out)
+ml_status ml__hf_bool(ml_error *err, const ml_node *root, const char *key, bool *out)
 {
-    const ml_node *n = ml_tree_get(root, key);
-    if (ml_hf_is_null(n))
+    const ml_node *n = ml__tree_get(root, key);
+    if (ml__hf_is_null(n))
         return ML_OK;
     if (n->type == ML_NODE_SCALAR && n->plain && !strcmp(n->text, "true"))
         *out = true;
     else if (n->type == ML_NODE_SCALAR && n->plain && !strcmp(n->text, "false"))
         *out = false;
     else
-        return ml_error_at(err, n, ML_SCHEMA, "%s: expected true or false", key);
+        return ml__error_at(err, n, ML_SCHEMA, "%s: expected true or false", key);
     return ML_OK;
 }
 
 /* A probability in [0, 1]; absent or null leaves *out. */
-ml_status ml_hf_prob(ml_error *err, const ml_node *root, const char *key, double *out)
+ml_status ml__hf_prob(ml_error *err, const ml_node *root, const char *key, double *out)
 {
-    const ml_node *n = ml_tree_get(root, key);
-    if (ml_hf_is_null(n))
+    const ml_node *n = ml__tree_get(root, key);
+    if (ml__hf_is_null(n))
         return ML_OK;
     char *end = NULL;
     double v = n->type == ML_NODE_SCALAR && n->plain ? strtod(n->text, &end) : -1;
     if (!end || end == n->text || *end || !(v >= 0 && v <= 1))
-        return ml_error_at(err, n, ML_SCHEMA, "%s: expected a probability from 0 to 1", key);
+        return ml__error_at(err, n, ML_SCHEMA, "%s: expected a probability from 0 to 1", key);
     *out = v;
     return ML_OK;
 }
 
 /* A string; absent or null: NULL. */
-ml_status ml_hf_str(ml_error *err, const ml_node *root, const char *key, const char **out)
+ml_status ml__hf_str(ml_error *err, const ml_node *root, const char *key, const char **out)
 {
-    const ml_node *n = ml_tree_get(root, key);
+    const ml_node *n = ml__tree_get(root, key);
     *out = NULL;
-    if (ml_hf_is_null(n))
+    if (ml__hf_is_null(n))
         return ML_OK;
     if (n->type != ML_NODE_SCALAR || n->plain)
-        return ml_error_at(err, n, ML_SCHEMA, "%s: expected a string", key);
+        return ml__error_at(err, n, ML_SCHEMA, "%s: expected a string", key);
     *out = n->text;
     return ML_OK;
 }
@@ -145,12 +145,12 @@ static bool value_is(const ml_node *n, const char *ok)
 static const char *closest_key(const char *k, unsigned fam)
 {
     size_t count, n = 0;
-    const ml_hf_key *keys = ml_hf_keys(&count);
+    const ml_hf_key *keys = ml__hf_keys(&count);
     const char **names = malloc(count * sizeof *names);
     for (size_t j = 0; names && j < count; j++)
         if (keys[j].families & fam)
             names[n++] = keys[j].key;
-    const char *near = names ? ml_closest_name(k, names, n) : NULL;
+    const char *near = names ? ml__closest_name(k, names, n) : NULL;
     free(names);
     return near;
 }
@@ -164,7 +164,7 @@ static void other_unknown(const ml_node *r, unsigned fam, size_t first, char *bu
     buf[0] = '\0';
     for (size_t i = first + 1; i < r->count; i++) {
         const ml_node *kn = r->keys[i];
-        if (ml_hf_key_find(fam, kn->text))
+        if (ml__hf_key_find(fam, kn->text))
             continue;
         const char *near = closest_key(kn->text, fam);
         char one[160];
@@ -185,21 +185,21 @@ static void other_unknown(const ml_node *r, unsigned fam, size_t first, char *bu
 /* Every key of the config is in the family's table (the unknown ones named
  * in one message, at the first's position); a key refused unless its value
  * is one of the table's is checked here, the others by map_config. */
-ml_status ml_hf_check_keys(const ml_node *r, unsigned fam, const char *type, ml_error *err)
+ml_status ml__hf_check_keys(const ml_node *r, unsigned fam, const char *type, ml_error *err)
 {
     for (size_t i = 0; i < r->count; i++) {
         const char *k = r->keys[i]->text;
-        const ml_hf_key *e = ml_hf_key_find(fam, k);
+        const ml_hf_key *e = ml__hf_key_find(fam, k);
         if (!e) {
             const char *near = closest_key(k, fam);
             char others[256];
             other_unknown(r, fam, i, others, sizeof others);
-            return ml_error_at(err, r->keys[i], ML_SCHEMA,
-                               "%s: not a key memledger knows for model_type '%s': it is "
-                               "refused rather than ignored, since it may change what is "
-                               "planned%s%s%s%s (docs/hf.md lists every key)",
-                               k, type, near ? "; did you mean '" : "", near ? near : "",
-                               near ? "'?" : "", others);
+            return ml__error_at(err, r->keys[i], ML_SCHEMA,
+                                "%s: not a key memledger knows for model_type '%s': it is "
+                                "refused rather than ignored, since it may change what is "
+                                "planned%s%s%s%s (docs/hf.md lists every key)",
+                                k, type, near ? "; did you mean '" : "", near ? near : "",
+                                near ? "'?" : "", others);
         }
         const ml_node *v = r->items[i];
         if (e->use == ML_HF_REFUSED_UNLESS && e->ok && !value_is(v, e->ok)) {
@@ -208,9 +208,9 @@ ml_status ml_hf_check_keys(const ml_node *r, unsigned fam, const char *type, ml_
             for (const char *p = e->ok; *p && a + 8 < sizeof accepted; p++)
                 a += (size_t)(*p == '|' ? snprintf(accepted + a, sizeof accepted - a, " or ")
                                         : snprintf(accepted + a, sizeof accepted - a, "%c", *p));
-            return ml_error_at(err, v, ML_SCHEMA, "%s: %s is refused (accepted: %s): %s", k,
-                               v->type == ML_NODE_SCALAR ? v->text : ml_tree_type_name(v),
-                               accepted, e->note);
+            return ml__error_at(err, v, ML_SCHEMA, "%s: %s is refused (accepted: %s): %s", k,
+                                v->type == ML_NODE_SCALAR ? v->text : ml__tree_type_name(v),
+                                accepted, e->note);
         }
     }
     return ML_OK;
@@ -219,23 +219,23 @@ ml_status ml_hf_check_keys(const ml_node *r, unsigned fam, const char *type, ml_
 /* layer_types (Qwen2Config, Gemma2Config): a list of num_hidden_layers
  * names, full_attention or sliding_attention; absent or null leaves
  * *windowed, else sets it to whether a layer slides. */
-ml_status ml_hf_layer_types(ml_error *err, const ml_node *r, uint64_t layers, bool *windowed)
+ml_status ml__hf_layer_types(ml_error *err, const ml_node *r, uint64_t layers, bool *windowed)
 {
-    const ml_node *lt = ml_tree_get(r, "layer_types");
-    if (ml_hf_is_null(lt))
+    const ml_node *lt = ml__tree_get(r, "layer_types");
+    if (ml__hf_is_null(lt))
         return ML_OK;
     if (lt->type != ML_NODE_SEQ || lt->count != layers)
-        return ml_error_at(err, lt, ML_SCHEMA,
-                           "layer_types: expected a list of num_hidden_layers (%llu) names",
-                           (unsigned long long)layers);
+        return ml__error_at(err, lt, ML_SCHEMA,
+                            "layer_types: expected a list of num_hidden_layers (%llu) names",
+                            (unsigned long long)layers);
     *windowed = false;
     for (size_t i = 0; i < lt->count; i++) {
         const ml_node *e = lt->items[i];
         bool sl = e->type == ML_NODE_SCALAR && !strcmp(e->text, "sliding_attention");
         if (!sl && !(e->type == ML_NODE_SCALAR && !strcmp(e->text, "full_attention")))
-            return ml_error_at(err, e, ML_SCHEMA,
-                               "layer_types[%zu]: expected full_attention or sliding_attention",
-                               i);
+            return ml__error_at(err, e, ML_SCHEMA,
+                                "layer_types[%zu]: expected full_attention or sliding_attention",
+                                i);
         *windowed = *windowed || sl;
     }
     return ML_OK;
@@ -243,26 +243,26 @@ ml_status ml_hf_layer_types(ml_error *err, const ml_node *r, uint64_t layers, bo
 
 /* A positive finite number; absent leaves *out, null sets 0 (none).
  * ML_OK or ML_SCHEMA. */
-ml_status ml_hf_positive(ml_error *err, const ml_node *root, const char *key, double *out)
+ml_status ml__hf_positive(ml_error *err, const ml_node *root, const char *key, double *out)
 {
-    const ml_node *n = ml_tree_get(root, key);
+    const ml_node *n = ml__tree_get(root, key);
     if (!n)
         return ML_OK;
-    if (ml_hf_is_null(n)) {
+    if (ml__hf_is_null(n)) {
         *out = 0;
         return ML_OK;
     }
     char *end = NULL;
     double v = n->type == ML_NODE_SCALAR && n->plain ? strtod(n->text, &end) : -1;
     if (!end || end == n->text || *end || !(v > 0 && v <= 1e12))
-        return ml_error_at(err, n, ML_SCHEMA, "%s: expected a positive number or null", key);
+        return ml__error_at(err, n, ML_SCHEMA, "%s: expected a positive number or null", key);
     *out = v;
     return ML_OK;
 }
 
 /* The MLP's activation (hidden_act, or GPT-2's activation_function). */
-ml_status ml_hf_activation(const ml_node *r, const char *key, const char *type, ml_model *m,
-                           ml_error *err)
+ml_status ml__hf_activation(const ml_node *r, const char *key, const char *type, ml_model *m,
+                            ml_error *err)
 {
     static const struct {
         const char *name;
@@ -272,7 +272,7 @@ ml_status ml_hf_activation(const ml_node *r, const char *key, const char *type, 
                 {"gelu_new", ML_ACT_GELU},
                 {"relu", ML_ACT_RELU}};
     const char *v;
-    ml_status st = ml_hf_str(err, r, key, &v);
+    ml_status st = ml__hf_str(err, r, key, &v);
     if (st)
         return st;
     m->activation = ML_ACT_GELU; /* every family's default: gelu or gelu_new */
@@ -283,8 +283,8 @@ ml_status ml_hf_activation(const ml_node *r, const char *key, const char *type, 
             m->activation = acts[i].act;
             return ML_OK;
         }
-    return ml_error_at(err, ml_tree_get(r, key), ML_SCHEMA,
-                       "%s: '%s' is not modelled for %s (gelu, gelu_pytorch_tanh, gelu_new or "
-                       "relu)",
-                       key, v, type);
+    return ml__error_at(err, ml__tree_get(r, key), ML_SCHEMA,
+                        "%s: '%s' is not modelled for %s (gelu, gelu_pytorch_tanh, gelu_new or "
+                        "relu)",
+                        key, v, type);
 }

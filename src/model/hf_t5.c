@@ -25,29 +25,29 @@ static ml_status t5_sizes(const ml_node *r, ml_model *m, bool mt5, ml_error *err
     m->rel_buckets = 32;
     m->rel_max_distance = 128;
     ml_status st;
-    if ((st = ml_hf_uint(err, r, KEYS("vocab_size"), false, 1, ML_MAX_VOCAB, &m->vocab)) ||
-        (st = ml_hf_uint(err, r, KEYS("d_model", "hidden_size"), false, 1, ML_MAX_HIDDEN,
-                         &m->hidden)) ||
-        (st = ml_hf_uint(err, r, KEYS("d_kv"), false, 1, ML_MAX_HIDDEN, &m->head_dim)) ||
-        (st = ml_hf_uint(err, r, KEYS("d_ff"), false, 1, ML_MAX_FFN, &m->ffn)) ||
-        (st = ml_hf_uint(err, r, KEYS("num_layers", "num_hidden_layers"), false, 1,
-                         ML_MAX_LAYERS, &m->layers)) ||
-        (st = ml_hf_uint(err, r, KEYS("num_heads", "num_attention_heads"), false, 1,
-                         ML_MAX_HIDDEN, &m->heads)) ||
-        (st = ml_hf_uint(err, r, KEYS("relative_attention_num_buckets"), false, 2, 1u << 16,
-                         &m->rel_buckets)) ||
-        (st = ml_hf_uint(err, r, KEYS("relative_attention_max_distance"), false, 1,
-                         ML_MAX_TOKENS, &m->rel_max_distance)))
+    if ((st = ml__hf_uint(err, r, KEYS("vocab_size"), false, 1, ML_MAX_VOCAB, &m->vocab)) ||
+        (st = ml__hf_uint(err, r, KEYS("d_model", "hidden_size"), false, 1, ML_MAX_HIDDEN,
+                          &m->hidden)) ||
+        (st = ml__hf_uint(err, r, KEYS("d_kv"), false, 1, ML_MAX_HIDDEN, &m->head_dim)) ||
+        (st = ml__hf_uint(err, r, KEYS("d_ff"), false, 1, ML_MAX_FFN, &m->ffn)) ||
+        (st = ml__hf_uint(err, r, KEYS("num_layers", "num_hidden_layers"), false, 1,
+                          ML_MAX_LAYERS, &m->layers)) ||
+        (st = ml__hf_uint(err, r, KEYS("num_heads", "num_attention_heads"), false, 1,
+                          ML_MAX_HIDDEN, &m->heads)) ||
+        (st = ml__hf_uint(err, r, KEYS("relative_attention_num_buckets"), false, 2, 1u << 16,
+                          &m->rel_buckets)) ||
+        (st = ml__hf_uint(err, r, KEYS("relative_attention_max_distance"), false, 1,
+                          ML_MAX_TOKENS, &m->rel_max_distance)))
         return st;
     m->dec_layers = m->layers;
-    if ((st = ml_hf_uint(err, r, KEYS("num_decoder_layers"), false, 1, ML_MAX_LAYERS,
-                         &m->dec_layers)))
+    if ((st = ml__hf_uint(err, r, KEYS("num_decoder_layers"), false, 1, ML_MAX_LAYERS,
+                          &m->dec_layers)))
         return st;
     if (m->heads * m->head_dim > ML_MAX_HIDDEN)
-        return ml_error_at(err, ml_tree_get(r, "d_kv"), ML_RANGE,
-                           "d_kv: num_heads x d_kv = %llu is above %llu",
-                           (unsigned long long)(m->heads * m->head_dim),
-                           (unsigned long long)ML_MAX_HIDDEN);
+        return ml__error_at(err, ml__tree_get(r, "d_kv"), ML_RANGE,
+                            "d_kv: num_heads x d_kv = %llu is above %llu",
+                            (unsigned long long)(m->heads * m->head_dim),
+                            (unsigned long long)ML_MAX_HIDDEN);
     m->kv_heads = m->heads;
     return ML_OK;
 }
@@ -61,29 +61,29 @@ static ml_status t5_activation(const ml_node *r, ml_model *m, bool mt5, ml_error
 {
     const char *proj = NULL, *fn = NULL;
     ml_status st;
-    if ((st = ml_hf_str(err, r, "feed_forward_proj", &proj)) ||
-        (st = ml_hf_str(err, r, "dense_act_fn", &fn)))
+    if ((st = ml__hf_str(err, r, "feed_forward_proj", &proj)) ||
+        (st = ml__hf_str(err, r, "dense_act_fn", &fn)))
         return st;
     if (!proj) /* the default: T5Config's relu, MT5Config's gated-gelu */
         proj = mt5 ? "gated-gelu" : "relu";
     bool gated = proj && !strcmp(proj, "gated-gelu");
     if (!fn)
         fn = gated ? "gelu_new" : "relu";
-    if ((st = ml_hf_bool(err, r, "is_gated_act", &gated)))
+    if ((st = ml__hf_bool(err, r, "is_gated_act", &gated)))
         return st;
     if (strcmp(fn, gated ? "gelu_new" : "relu") != 0) {
-        const ml_node *n = ml_tree_get(r, "dense_act_fn");
-        return ml_error_at(err, n ? n : ml_tree_get(r, "is_gated_act"), ML_SCHEMA,
-                           "dense_act_fn: '%s' %s the gate is not modelled: T5's feed-forward "
-                           "is planned as relu without the gate (feed_forward_proj relu) or "
-                           "gelu_new with it (gated-gelu)",
-                           fn, gated ? "with" : "without");
+        const ml_node *n = ml__tree_get(r, "dense_act_fn");
+        return ml__error_at(err, n ? n : ml__tree_get(r, "is_gated_act"), ML_SCHEMA,
+                            "dense_act_fn: '%s' %s the gate is not modelled: T5's feed-forward "
+                            "is planned as relu without the gate (feed_forward_proj relu) or "
+                            "gelu_new with it (gated-gelu)",
+                            fn, gated ? "with" : "without");
     }
     m->activation = gated ? ML_ACT_GEGLU : ML_ACT_RELU;
     return ML_OK;
 }
 
-ml_status ml_hf_map_t5(const ml_node *r, ml_model *m, bool mt5, ml_error *err)
+ml_status ml__hf_map_t5(const ml_node *r, ml_model *m, bool mt5, ml_error *err)
 {
     /* feed_forward_proj other than relu and gated-gelu, is_decoder true and
      * is_encoder_decoder false are refused by the key table before this
@@ -99,14 +99,14 @@ ml_status ml_hf_map_t5(const ml_node *r, ml_model *m, bool mt5, ml_error *err)
     m->tied_embeddings = !mt5; /* T5Config: true; MT5Config: false */
     m->dropout = 0.1;          /* dropout_rate */
     m->kv_cache = true; /* PretrainedConfig's use_cache */
-    if ((st = ml_hf_prob(err, r, "dropout_rate", &m->dropout)) ||
-        (st = ml_hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
-        (st = ml_hf_bool(err, r, "use_cache", &m->kv_cache)))
+    if ((st = ml__hf_prob(err, r, "dropout_rate", &m->dropout)) ||
+        (st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
+        (st = ml__hf_bool(err, r, "use_cache", &m->kv_cache)))
         return st;
     if (m->attention != ML_ATTN_EAGER)
-        return ml_error_at(err, ml_tree_get(r, "attn_implementation"), ML_SCHEMA,
-                           "attn_implementation: T5's attention is eager (its position bias "
-                           "is added to the scores); use eager or remove the key");
+        return ml__error_at(err, ml__tree_get(r, "attn_implementation"), ML_SCHEMA,
+                            "attn_implementation: T5's attention is eager (its position bias "
+                            "is added to the scores); use eager or remove the key");
     /* the training settings' defaults, as the YAML loader's: T5 was
      * trained on inputs of 512 tokens (n_positions) */
     m->config = ml_config_defaults();

@@ -30,13 +30,13 @@ static const ml_uint_limit table[] = {
 _Static_assert(ML_MAX_BATCH == 16777216 && ML_MAX_TOKENS == 268435456,
                "the limits table spells ML_MAX_BATCH and ML_MAX_TOKENS out");
 
-const ml_uint_limit *ml_uint_limits(size_t *count)
+const ml_uint_limit *ml__uint_limits(size_t *count)
 {
     *count = sizeof table / sizeof table[0];
     return table;
 }
 
-const ml_uint_limit *ml_uint_limit_of(const char *key)
+const ml_uint_limit *ml__uint_limit_of(const char *key)
 {
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (!strcmp(table[i].key, key))
@@ -44,7 +44,7 @@ const ml_uint_limit *ml_uint_limit_of(const char *key)
     return NULL;
 }
 
-uint64_t ml_uint_limit_get(const ml_uint_limit *l, const ml_config *c)
+uint64_t ml__uint_limit_get(const ml_uint_limit *l, const ml_config *c)
 {
     const unsigned char *p = (const unsigned char *)c + l->offset;
     if (l->width == sizeof(uint64_t)) {
@@ -59,7 +59,7 @@ uint64_t ml_uint_limit_get(const ml_uint_limit *l, const ml_config *c)
 
 bool ml_config_range(const char *key, uint64_t *lo, uint64_t *hi)
 {
-    const ml_uint_limit *l = ml_uint_limit_of(key);
+    const ml_uint_limit *l = ml__uint_limit_of(key);
     if (!l)
         return false;
     *lo = l->lo;

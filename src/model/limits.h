@@ -21,10 +21,10 @@ typedef struct ml_uint_limit {
 } ml_uint_limit;
 
 /* The table and its length. */
-const ml_uint_limit *ml_uint_limits(size_t *count);
+const ml_uint_limit *ml__uint_limits(size_t *count);
 /* The row of `key`, or NULL. */
-const ml_uint_limit *ml_uint_limit_of(const char *key);
+const ml_uint_limit *ml__uint_limit_of(const char *key);
 /* The field's value in c. */
-uint64_t ml_uint_limit_get(const ml_uint_limit *l, const ml_config *c);
+uint64_t ml__uint_limit_get(const ml_uint_limit *l, const ml_config *c);
 
 #endif

@@ -185,9 +185,9 @@ struct ml_model {
     ml_config config;
 };
 
-void ml_layers_free(ml_layer *layers, size_t n);
+void ml__layers_free(ml_layer *layers, size_t n);
 /* "linear", "conv2d", ...: the YAML name of a layer kind (schema_layers.c). */
-const char *ml_layer_kind_name(ml_layer_kind k);
+const char *ml__layer_kind_name(ml_layer_kind k);
 
 /* Limits of the model file that keep every product representable
  * (docs/ledger.md, "robustness"). */
@@ -249,7 +249,7 @@ typedef struct {
     const char *head2;
 } ml_hf_family_info;
 /* ML_HF_FAMILY_COUNT entries. */
-const ml_hf_family_info *ml_hf_families(void);
+const ml_hf_family_info *ml__hf_families(void);
 
 typedef struct {
     const char *key;
@@ -262,20 +262,20 @@ typedef struct {
 } ml_hf_key;
 
 /* The key table (all families), in the order docs/hf.md lists it. */
-const ml_hf_key *ml_hf_keys(size_t *count);
+const ml_hf_key *ml__hf_keys(size_t *count);
 /* The ML_HF_* bit of a model_type ("llama", "gpt_neox", ...), 0 when unsupported. */
-unsigned ml_hf_family(const char *model_type);
+unsigned ml__hf_family(const char *model_type);
 /* Why the planner refuses a model_type transformers has (the layer feature
  * not expressed); NULL for the others (hf_families.c). */
-const char *ml_hf_refused_family(const char *model_type);
+const char *ml__hf_refused_family(const char *model_type);
 /* The model_type of one ML_HF_* bit. */
-const char *ml_hf_family_name(unsigned bit);
+const char *ml__hf_family_name(unsigned bit);
 /* The entry for key in a family (one ML_HF_* bit), or NULL: the key is refused. */
-const ml_hf_key *ml_hf_key_find(unsigned family, const char *key);
+const ml_hf_key *ml__hf_key_find(unsigned family, const char *key);
 
 /* Reads a YAML document holding only training: and device: sections (and an
  * optional name:) into m->config (schema.c). */
-ml_status ml_schema_settings(const char *text, size_t len, const char *path, ml_model *m,
-                             ml_error *err);
+ml_status ml__schema_settings(const char *text, size_t len, const char *path, ml_model *m,
+                              ml_error *err);
 
 #endif

@@ -18,27 +18,27 @@ ml_status ml_model_set_attention(ml_model *m, const char *name, ml_error *err)
                  {"flash_attention_2", ML_ATTN_FLASH},
                  {"flash_attention_3", ML_ATTN_FLASH}};
     if (m->type == ML_MODEL_SEQUENTIAL)
-        return ml_errorf(err, ML_SCHEMA,
-                         "model.attention: %s is a sequential model, whose attention layers "
-                         "are planned eager (docs/inventory.md); the choice is a "
-                         "transformer's",
-                         m->name);
+        return ml__errorf(err, ML_SCHEMA,
+                          "model.attention: %s is a sequential model, whose attention layers "
+                          "are planned eager (docs/inventory.md); the choice is a "
+                          "transformer's",
+                          m->name);
     for (size_t i = 0; name && i < sizeof names / sizeof *names; i++)
         if (!strcmp(name, names[i].name)) {
             if (m->type == ML_MODEL_ENCDEC && names[i].a != ML_ATTN_EAGER)
-                return ml_errorf(err, ML_SCHEMA,
-                                 "model.attention: '%s' is not modelled for T5 (%s): its "
-                                 "position bias is added to the scores, and transformers runs "
-                                 "T5's attention eagerly; use eager",
-                                 name, m->name);
+                return ml__errorf(err, ML_SCHEMA,
+                                  "model.attention: '%s' is not modelled for T5 (%s): its "
+                                  "position bias is added to the scores, and transformers runs "
+                                  "T5's attention eagerly; use eager",
+                                  name, m->name);
             m->attention = names[i].a;
             m->attention_assumed = NULL;
             return ML_OK;
         }
-    return ml_errorf(err, ML_SCHEMA,
-                     "model.attention: '%s' is unknown; use eager, sdpa or flash "
-                     "(flash_attention_2 and flash_attention_3 name flash)",
-                     name ? name : "(null)");
+    return ml__errorf(err, ML_SCHEMA,
+                      "model.attention: '%s' is unknown; use eager, sdpa or flash "
+                      "(flash_attention_2 and flash_attention_3 name flash)",
+                      name ? name : "(null)");
 }
 
 const char *ml_model_attention(const ml_model *m)

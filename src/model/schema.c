@@ -28,37 +28,37 @@ static ml_status transformer_sizes(ml_error *err, const ml_node *mm, ml_model *m
     ml_status st;
     const char *req[] = {"layers", "hidden", "heads"};
     for (size_t i = 0; i < ML_COUNT(req); i++)
-        if (!ml_tree_get(mm, req[i]))
-            return ml_error_at(err, mm, ML_SCHEMA,
-                               "model.%s: missing; a %s needs layers, hidden and heads", req[i],
-                               enc ? "encoder" : "decoder");
-    if ((st = ml_tree_uint(err, mm, "layers", "model", 1, ML_MAX_LAYERS, &m->layers)) ||
-        (st = ml_tree_uint(err, mm, "hidden", "model", 1, ML_MAX_HIDDEN, &m->hidden)) ||
-        (st = ml_tree_uint(err, mm, "heads", "model", 1, ML_MAX_HIDDEN, &m->heads)))
+        if (!ml__tree_get(mm, req[i]))
+            return ml__error_at(err, mm, ML_SCHEMA,
+                                "model.%s: missing; a %s needs layers, hidden and heads", req[i],
+                                enc ? "encoder" : "decoder");
+    if ((st = ml__tree_uint(err, mm, "layers", "model", 1, ML_MAX_LAYERS, &m->layers)) ||
+        (st = ml__tree_uint(err, mm, "hidden", "model", 1, ML_MAX_HIDDEN, &m->hidden)) ||
+        (st = ml__tree_uint(err, mm, "heads", "model", 1, ML_MAX_HIDDEN, &m->heads)))
         return st;
     /* head_dim (HF's key): the attention's own width, heads * head_dim;
      * without it each head is hidden / heads wide */
     m->head_dim = 0;
-    if ((st = ml_tree_uint(err, mm, "head_dim", "model", 1, ML_MAX_HIDDEN, &m->head_dim)))
+    if ((st = ml__tree_uint(err, mm, "head_dim", "model", 1, ML_MAX_HIDDEN, &m->head_dim)))
         return st;
     if (!m->head_dim && m->hidden % m->heads)
-        return ml_error_at(err, ml_tree_get(mm, "heads"), ML_SCHEMA,
-                           "model.heads: %llu does not divide hidden (%llu)",
-                           (unsigned long long)m->heads, (unsigned long long)m->hidden);
+        return ml__error_at(err, ml__tree_get(mm, "heads"), ML_SCHEMA,
+                            "model.heads: %llu does not divide hidden (%llu)",
+                            (unsigned long long)m->heads, (unsigned long long)m->hidden);
     if (!m->head_dim)
         m->head_dim = m->hidden / m->heads;
     else if (m->heads * m->head_dim > ML_MAX_HIDDEN)
-        return ml_error_at(err, ml_tree_get(mm, "head_dim"), ML_RANGE,
-                           "model.head_dim: heads x head_dim = %llu is above %llu",
-                           (unsigned long long)(m->heads * m->head_dim),
-                           (unsigned long long)ML_MAX_HIDDEN);
+        return ml__error_at(err, ml__tree_get(mm, "head_dim"), ML_RANGE,
+                            "model.head_dim: heads x head_dim = %llu is above %llu",
+                            (unsigned long long)(m->heads * m->head_dim),
+                            (unsigned long long)ML_MAX_HIDDEN);
     m->kv_heads = m->heads;
-    if ((st = ml_tree_uint(err, mm, "kv_heads", "model", 1, ML_MAX_HIDDEN, &m->kv_heads)))
+    if ((st = ml__tree_uint(err, mm, "kv_heads", "model", 1, ML_MAX_HIDDEN, &m->kv_heads)))
         return st;
     if (m->kv_heads > m->heads || m->heads % m->kv_heads)
-        return ml_error_at(err, ml_tree_get(mm, "kv_heads"), ML_SCHEMA,
-                           "model.kv_heads: %llu does not divide heads (%llu)",
-                           (unsigned long long)m->kv_heads, (unsigned long long)m->heads);
+        return ml__error_at(err, ml__tree_get(mm, "kv_heads"), ML_SCHEMA,
+                            "model.kv_heads: %llu does not divide heads (%llu)",
+                            (unsigned long long)m->kv_heads, (unsigned long long)m->heads);
     return ML_OK;
 }
 
@@ -78,51 +78,51 @@ static ml_status transformer_options(ml_error *err, const ml_node *mm, ml_model 
     m->bias = true;
     m->tied_embeddings = !enc;
     m->prenorm = !enc;
-    if ((st = ml_tree_uint(err, mm, "ffn", "model", 1, ML_MAX_FFN, &m->ffn)))
+    if ((st = ml__tree_uint(err, mm, "ffn", "model", 1, ML_MAX_FFN, &m->ffn)))
         return st;
     e = m->activation;
-    if ((st = ml_tree_enum(err, mm, "activation", "model", act_names, ML_COUNT(act_names), &e)))
+    if ((st = ml__tree_enum(err, mm, "activation", "model", act_names, ML_COUNT(act_names), &e)))
         return st;
     m->activation = (ml_activation)e;
     e = m->norm;
-    if ((st = ml_tree_enum(err, mm, "norm", "model", norm_names, ML_COUNT(norm_names), &e)))
+    if ((st = ml__tree_enum(err, mm, "norm", "model", norm_names, ML_COUNT(norm_names), &e)))
         return st;
     m->norm = (ml_norm)e;
     e = m->prenorm ? 0 : 1;
-    if ((st = ml_tree_enum(err, mm, "norm_position", "model", normpos_names, 2, &e)))
+    if ((st = ml__tree_enum(err, mm, "norm_position", "model", normpos_names, 2, &e)))
         return st;
     m->prenorm = e == 0;
     e = m->position;
-    if ((st = ml_tree_enum(err, mm, "position", "model", pos_names, ML_COUNT(pos_names), &e)))
+    if ((st = ml__tree_enum(err, mm, "position", "model", pos_names, ML_COUNT(pos_names), &e)))
         return st;
     m->position = (ml_position)e;
     e = m->attention;
-    if ((st = ml_tree_enum(err, mm, "attention", "model", attn_names, ML_COUNT(attn_names), &e)))
+    if ((st = ml__tree_enum(err, mm, "attention", "model", attn_names, ML_COUNT(attn_names), &e)))
         return st;
     m->attention = (ml_attention)e;
-    if ((st = ml_tree_bool(err, mm, "tied_embeddings", "model", &m->tied_embeddings)) ||
-        (st = ml_tree_bool(err, mm, "bias", "model", &m->bias)) ||
-        (st = ml_tree_double(err, mm, "dropout", "model", 0, 1, true, &m->dropout)) ||
-        (st = ml_tree_uint(err, mm, "vocab", "model", 1, ML_MAX_VOCAB, &m->vocab)) ||
-        (st = ml_tree_uint(err, mm, "max_positions", "model", 1, ML_MAX_TOKENS, &m->max_positions)) ||
-        (st = ml_tree_uint(err, mm, "classes", "model", 1, ML_MAX_VOCAB, &m->classes)) ||
-        (st = ml_tree_uint(err, mm, "token_types", "model", 1, 1u << 16, &m->token_types)) ||
-        (st = ml_tree_uint(err, mm, "image_size", "model", 1, 1u << 16, &m->image_size)) ||
-        (st = ml_tree_uint(err, mm, "patch_size", "model", 1, 1u << 16, &m->patch_size)) ||
-        (st = ml_tree_uint(err, mm, "channels", "model", 1, 1u << 16, &m->channels)))
+    if ((st = ml__tree_bool(err, mm, "tied_embeddings", "model", &m->tied_embeddings)) ||
+        (st = ml__tree_bool(err, mm, "bias", "model", &m->bias)) ||
+        (st = ml__tree_double(err, mm, "dropout", "model", 0, 1, true, &m->dropout)) ||
+        (st = ml__tree_uint(err, mm, "vocab", "model", 1, ML_MAX_VOCAB, &m->vocab)) ||
+        (st = ml__tree_uint(err, mm, "max_positions", "model", 1, ML_MAX_TOKENS, &m->max_positions)) ||
+        (st = ml__tree_uint(err, mm, "classes", "model", 1, ML_MAX_VOCAB, &m->classes)) ||
+        (st = ml__tree_uint(err, mm, "token_types", "model", 1, 1u << 16, &m->token_types)) ||
+        (st = ml__tree_uint(err, mm, "image_size", "model", 1, 1u << 16, &m->image_size)) ||
+        (st = ml__tree_uint(err, mm, "patch_size", "model", 1, 1u << 16, &m->patch_size)) ||
+        (st = ml__tree_uint(err, mm, "channels", "model", 1, 1u << 16, &m->channels)))
         return st;
-    if ((st = ml_tree_bool(err, mm, "mlm_head", "model", &m->mlm_head)))
+    if ((st = ml__tree_bool(err, mm, "mlm_head", "model", &m->mlm_head)))
         return st;
-    if (m->mlm_head && !ml_tree_get(mm, "tied_embeddings"))
+    if (m->mlm_head && !ml__tree_get(mm, "tied_embeddings"))
         m->tied_embeddings = true; /* BertConfig's tie_word_embeddings */
     m->pooler = enc && m->image_size == 0 && !m->mlm_head;
     m->qkv_bias = m->bias;
-    if ((st = ml_tree_bool(err, mm, "pooler", "model", &m->pooler)) ||
-        (st = ml_tree_bool(err, mm, "fused_projections", "model", &m->fused_proj)) ||
-        (st = ml_tree_bool(err, mm, "qkv_bias", "model", &m->qkv_bias)) ||
-        (st = ml_tree_bool(err, mm, "parallel_residual", "model", &m->parallel_residual)) ||
-        (st = ml_tree_bool(err, mm, "embedding_scale", "model", &m->embed_scale)) ||
-        (st = ml_tree_size(err, mm, "buffers", "model", &m->buffers)))
+    if ((st = ml__tree_bool(err, mm, "pooler", "model", &m->pooler)) ||
+        (st = ml__tree_bool(err, mm, "fused_projections", "model", &m->fused_proj)) ||
+        (st = ml__tree_bool(err, mm, "qkv_bias", "model", &m->qkv_bias)) ||
+        (st = ml__tree_bool(err, mm, "parallel_residual", "model", &m->parallel_residual)) ||
+        (st = ml__tree_bool(err, mm, "embedding_scale", "model", &m->embed_scale)) ||
+        (st = ml__tree_size(err, mm, "buffers", "model", &m->buffers)))
         return st;
     return ML_OK;
 }
@@ -137,85 +137,85 @@ static ml_status transformer_consistent(ml_error *err, const ml_node *mm, ml_mod
     if (m->parallel_residual &&
         (!m->prenorm || m->norm != ML_NORM_LAYERNORM || m->activation == ML_ACT_SWIGLU ||
          m->activation == ML_ACT_GEGLU))
-        return ml_error_at(err, ml_tree_get(mm, "parallel_residual"), ML_SCHEMA,
-                           "model.parallel_residual: GPT-NeoX's and Falcon's layer: needs "
-                           "norm_position: pre, norm: layernorm and activation: gelu or relu");
+        return ml__error_at(err, ml__tree_get(mm, "parallel_residual"), ML_SCHEMA,
+                            "model.parallel_residual: GPT-NeoX's and Falcon's layer: needs "
+                            "norm_position: pre, norm: layernorm and activation: gelu or relu");
     if (m->image_size) {
         if (!enc)
-            return ml_error_at(err, ml_tree_get(mm, "image_size"), ML_SCHEMA,
-                               "model.image_size: image inputs are for encoders (type: encoder)");
+            return ml__error_at(err, ml__tree_get(mm, "image_size"), ML_SCHEMA,
+                                "model.image_size: image inputs are for encoders (type: encoder)");
         if (!m->patch_size)
-            return ml_error_at(err, ml_tree_get(mm, "image_size"), ML_SCHEMA,
-                               "model.patch_size: missing; an image encoder needs patch_size");
+            return ml__error_at(err, ml__tree_get(mm, "image_size"), ML_SCHEMA,
+                                "model.patch_size: missing; an image encoder needs patch_size");
         if (m->image_size % m->patch_size)
-            return ml_error_at(err, ml_tree_get(mm, "patch_size"), ML_SCHEMA,
-                               "model.patch_size: %llu does not divide image_size (%llu)",
-                               (unsigned long long)m->patch_size,
-                               (unsigned long long)m->image_size);
+            return ml__error_at(err, ml__tree_get(mm, "patch_size"), ML_SCHEMA,
+                                "model.patch_size: %llu does not divide image_size (%llu)",
+                                (unsigned long long)m->patch_size,
+                                (unsigned long long)m->image_size);
         if (!m->channels)
             m->channels = 3;
         if (m->vocab)
-            return ml_error_at(err, ml_tree_get(mm, "vocab"), ML_SCHEMA,
-                               "model.vocab: an image encoder has no vocabulary; remove vocab");
+            return ml__error_at(err, ml__tree_get(mm, "vocab"), ML_SCHEMA,
+                                "model.vocab: an image encoder has no vocabulary; remove vocab");
     } else if (!m->vocab) {
-        return ml_error_at(err, mm, ML_SCHEMA,
-                           "model.vocab: missing; a %s needs its vocabulary size",
-                           enc ? "text encoder" : "decoder");
+        return ml__error_at(err, mm, ML_SCHEMA,
+                            "model.vocab: missing; a %s needs its vocabulary size",
+                            enc ? "text encoder" : "decoder");
     }
     if (m->fused_proj && (enc || m->norm == ML_NORM_LAYERNORM ||
                           (m->activation != ML_ACT_SWIGLU && m->activation != ML_ACT_GEGLU)))
-        return ml_error_at(err, ml_tree_get(mm, "fused_projections"), ML_SCHEMA,
-                           "model.fused_projections: one qkv_proj and one gate_up_proj (Phi-3) "
-                           "need a decoder with norm: rmsnorm or gemma_rmsnorm and a gated "
-                           "activation (swiglu, geglu)");
+        return ml__error_at(err, ml__tree_get(mm, "fused_projections"), ML_SCHEMA,
+                            "model.fused_projections: one qkv_proj and one gate_up_proj (Phi-3) "
+                            "need a decoder with norm: rmsnorm or gemma_rmsnorm and a gated "
+                            "activation (swiglu, geglu)");
     if (m->mlm_head && (!enc || m->image_size || m->classes))
-        return ml_error_at(err, ml_tree_get(mm, "mlm_head"), ML_SCHEMA,
-                           "model.mlm_head: the masked-LM head (BertForMaskedLM) is for a text "
-                           "encoder (type: encoder, vocab) and predicts the vocabulary: remove "
-                           "classes");
+        return ml__error_at(err, ml__tree_get(mm, "mlm_head"), ML_SCHEMA,
+                            "model.mlm_head: the masked-LM head (BertForMaskedLM) is for a text "
+                            "encoder (type: encoder, vocab) and predicts the vocabulary: remove "
+                            "classes");
     if (m->classes == 1)
-        return ml_error_at(err, ml_tree_get(mm, "classes"), ML_SCHEMA,
-                           "model.classes: 1 would be a regression (transformers' MSELoss for "
-                           "one label), which is not modelled; give 2 or more classes");
+        return ml__error_at(err, ml__tree_get(mm, "classes"), ML_SCHEMA,
+                            "model.classes: 1 would be a regression (transformers' MSELoss for "
+                            "one label), which is not modelled; give 2 or more classes");
     if (enc && !m->classes && !m->mlm_head)
-        return ml_error_at(err, mm, ML_SCHEMA,
-                           "model.classes: missing; an encoder is planned as a "
-                           "classifier and needs 'classes: N' (or mlm_head: true)");
-    if (!enc && (m->token_types || ml_tree_get(mm, "pooler")))
-        return ml_error_at(err,
-                           ml_tree_get(mm, "token_types") ? ml_tree_get(mm, "token_types")
-                                                          : ml_tree_get(mm, "pooler"),
+        return ml__error_at(err, mm, ML_SCHEMA,
+                            "model.classes: missing; an encoder is planned as a "
+                            "classifier and needs 'classes: N' (or mlm_head: true)");
+    if (!enc && (m->token_types || ml__tree_get(mm, "pooler")))
+        return ml__error_at(err,
+                            ml__tree_get(mm, "token_types") ? ml__tree_get(mm, "token_types")
+                                                          : ml__tree_get(mm, "pooler"),
                            ML_SCHEMA,
                            "model: pooler and token_types are encoder keys (type: encoder); a "
                            "decoder takes classes: N for a sequence-classification head");
     if (m->position == ML_POS_LEARNED && !m->max_positions && !m->image_size)
-        return ml_error_at(err, mm, ML_SCHEMA,
-                           "model.max_positions: missing; learned positions need "
-                           "max_positions (or set position: rope or none)");
-    if (m->position == ML_POS_ROPE && m->head_dim % 2 && !ml_tree_get(mm, "kv_lora_rank"))
-        return ml_error_at(err,
-                           ml_tree_get(mm, "head_dim") ? ml_tree_get(mm, "head_dim")
-                                                       : ml_tree_get(mm, "position"),
+        return ml__error_at(err, mm, ML_SCHEMA,
+                            "model.max_positions: missing; learned positions need "
+                            "max_positions (or set position: rope or none)");
+    if (m->position == ML_POS_ROPE && m->head_dim % 2 && !ml__tree_get(mm, "kv_lora_rank"))
+        return ml__error_at(err,
+                            ml__tree_get(mm, "head_dim") ? ml__tree_get(mm, "head_dim")
+                                                       : ml__tree_get(mm, "position"),
                            ML_SCHEMA, "model.position: rope needs an even head size, %s = %llu",
-                           ml_tree_get(mm, "head_dim") ? "head_dim" : "hidden/heads",
+                           ml__tree_get(mm, "head_dim") ? "head_dim" : "hidden/heads",
                            (unsigned long long)m->head_dim);
     return ML_OK;
 }
 
-ml_status ml_schema_transformer(ml_error *err, const ml_node *mm, ml_model *m)
+ml_status ml__schema_transformer(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
     size_t nkeys;
-    const char *const *keys = ml_schema_transformer_keys(&nkeys);
-    if ((st = ml_tree_check_keys(err, mm, "model", keys, nkeys)) ||
+    const char *const *keys = ml__schema_transformer_keys(&nkeys);
+    if ((st = ml__tree_check_keys(err, mm, "model", keys, nkeys)) ||
         (st = transformer_sizes(err, mm, m)) || (st = transformer_options(err, mm, m)) ||
         (st = transformer_consistent(err, mm, m)))
         return st;
-    if ((st = ml_schema_gemma2(err, mm, m)) || (st = ml_schema_falcon(err, mm, m)))
+    if ((st = ml__schema_gemma2(err, mm, m)) || (st = ml__schema_falcon(err, mm, m)))
         return st;
-    if ((st = ml_schema_experts(err, mm, m)) || (st = ml_schema_mla(err, mm, m)))
+    if ((st = ml__schema_experts(err, mm, m)) || (st = ml__schema_mla(err, mm, m)))
         return st;
-    return ml_schema_olmo(err, mm, m);
+    return ml__schema_olmo(err, mm, m);
 }
 
 /* training.KEY within the limits table's range (model/limits.h); a key
@@ -224,8 +224,8 @@ static ml_status training_uint(ml_error *err, const ml_node *t, const char *key,
 {
     char full[64];
     snprintf(full, sizeof full, "training.%s", key);
-    const ml_uint_limit *l = ml_uint_limit_of(full);
-    return ml_tree_uint(err, t, key, "training", l->zero_unset ? 1 : l->lo, l->hi, out);
+    const ml_uint_limit *l = ml__uint_limit_of(full);
+    return ml__tree_uint(err, t, key, "training", l->zero_unset ? 1 : l->lo, l->hi, out);
 }
 
 /* training's kinds: logits, zero_grad, the ZeRO stage and offload, the
@@ -237,14 +237,14 @@ static ml_status training_kinds(ml_error *err, const ml_node *t, ml_training *tr
     for (unsigned i = 0; i < ML_LOGITS_COUNT; i++)
         logits_names[i] = ml_logits_name((ml_logits)i);
     unsigned lg = tr->logits;
-    if ((st = ml_tree_enum(err, t, "logits", "training", logits_names, ML_LOGITS_COUNT, &lg)))
+    if ((st = ml__tree_enum(err, t, "logits", "training", logits_names, ML_LOGITS_COUNT, &lg)))
         return st;
     tr->logits = (ml_logits)lg;
     const char *zg_names[ML_ZERO_GRAD_COUNT];
     for (unsigned i = 0; i < ML_ZERO_GRAD_COUNT; i++)
         zg_names[i] = ml_zero_grad_name((ml_zero_grad)i);
     unsigned zg = tr->zero_grad;
-    if ((st = ml_tree_enum(err, t, "zero_grad", "training", zg_names, ML_ZERO_GRAD_COUNT, &zg)))
+    if ((st = ml__tree_enum(err, t, "zero_grad", "training", zg_names, ML_ZERO_GRAD_COUNT, &zg)))
         return st;
     tr->zero_grad = (ml_zero_grad)zg;
     uint64_t zero = tr->zero;
@@ -253,28 +253,28 @@ static ml_status training_kinds(ml_error *err, const ml_node *t, ml_training *tr
     tr->zero = (unsigned)zero;
     static const char *const offl[] = {"none", "optimizer", "params"};
     unsigned eo = tr->offload;
-    if ((st = ml_tree_enum(err, t, "offload", "training", offl, ML_COUNT(offl), &eo)))
+    if ((st = ml__tree_enum(err, t, "offload", "training", offl, ML_COUNT(offl), &eo)))
         return st;
     tr->offload = (ml_offload)eo;
     if (tr->offload == ML_OFFLOAD_PARAMS && tr->zero != 3)
-        return ml_error_at(err, ml_tree_get(t, "offload"), ML_SCHEMA,
-                           "training.offload: params offload needs zero: 3 (parameters sharded and "
-                           "gathered per block)");
+        return ml__error_at(err, ml__tree_get(t, "offload"), ML_SCHEMA,
+                            "training.offload: params offload needs zero: 3 (parameters sharded and "
+                            "gathered per block)");
     static const char *const prec[] = {"fp32", "amp-bf16", "amp-fp16", "bf16-master",
                                        "fp16-master", "bf16"};
     static const char *const opt[] = {"sgd", "sgd-momentum", "adam", "adamw",
                                       "adafactor", "adam-8bit", "lion"};
     static const char *const impl[] = {"for-loop", "foreach", "fused"};
     unsigned e = tr->precision;
-    if ((st = ml_tree_enum(err, t, "precision", "training", prec, ML_COUNT(prec), &e)))
+    if ((st = ml__tree_enum(err, t, "precision", "training", prec, ML_COUNT(prec), &e)))
         return st;
     tr->precision = (ml_precision)e;
     e = tr->optimizer;
-    if ((st = ml_tree_enum(err, t, "optimizer", "training", opt, ML_COUNT(opt), &e)))
+    if ((st = ml__tree_enum(err, t, "optimizer", "training", opt, ML_COUNT(opt), &e)))
         return st;
     tr->optimizer = (ml_optimizer)e;
     e = tr->optimizer_impl;
-    if ((st = ml_tree_enum(err, t, "optimizer_impl", "training", impl, ML_COUNT(impl), &e)))
+    if ((st = ml__tree_enum(err, t, "optimizer_impl", "training", impl, ML_COUNT(impl), &e)))
         return st;
     tr->optimizer_impl = (ml_optimizer_impl)e;
     return ML_OK;
@@ -291,35 +291,35 @@ static ml_status training_checkpoint(ml_error *err, const ml_node *ck, ml_traini
         memset(&cp, 0, sizeof cp);
         cp.kind = ML_CKPT_LIST;
         if (ck->count > ML_CKPT_LIST_MAX)
-            return ml_error_at(err, ck, ML_RANGE,
-                               "training.checkpoint: more than %u blocks listed",
-                               ML_CKPT_LIST_MAX);
+            return ml__error_at(err, ck, ML_RANGE,
+                                "training.checkpoint: more than %u blocks listed",
+                                ML_CKPT_LIST_MAX);
         for (size_t i = 0; i < ck->count; i++) {
             const ml_node *d = ck->items[i];
             char *end = NULL;
             if (d->type != ML_NODE_SCALAR || !isdigit((unsigned char)d->text[0]))
-                return ml_error_at(err, d, ML_SCHEMA,
-                                   "training.checkpoint[%zu]: expected a block "
-                                   "index (a whole number)",
-                                   i);
+                return ml__error_at(err, d, ML_SCHEMA,
+                                    "training.checkpoint[%zu]: expected a block "
+                                    "index (a whole number)",
+                                    i);
             errno = 0;
             unsigned long long v = strtoull(d->text, &end, 10);
             if (*end || errno || v >= 0xffffffffull)
-                return ml_error_at(err, d, ML_SCHEMA,
-                                   "training.checkpoint[%zu]: '%s' is not a block "
-                                   "index",
-                                   i, d->text);
+                return ml__error_at(err, d, ML_SCHEMA,
+                                    "training.checkpoint[%zu]: '%s' is not a block "
+                                    "index",
+                                    i, d->text);
             if (cp.count && v <= cp.blocks[cp.count - 1])
-                return ml_error_at(err, d, ML_SCHEMA, "training.checkpoint[%zu]: list each "
-                                   "block once, in ascending order", i);
+                return ml__error_at(err, d, ML_SCHEMA, "training.checkpoint[%zu]: list each "
+                                    "block once, in ascending order", i);
             cp.blocks[cp.count++] = (uint32_t)v;
         }
         tr->checkpoint = cp;
     } else {
-        if ((st = ml_tree_need_scalar(err, ck, "training.checkpoint", "a policy name")))
+        if ((st = ml__tree_need_scalar(err, ck, "training.checkpoint", "a policy name")))
             return st;
         if ((st = ml_parse_checkpoint(ck->text, &tr->checkpoint, &e2)))
-            return ml_error_at(err, ck, ML_SCHEMA, "training.%s", e2.msg);
+            return ml__error_at(err, ck, ML_SCHEMA, "training.%s", e2.msg);
     }
     return ML_OK;
 }
@@ -335,8 +335,8 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
                                        "logits_chunk",   "expert_imbalance", "target_len",
                                        "vision_tower"};
     ml_status st;
-    if ((st = ml_tree_need_map(err, t, "training")) ||
-        (st = ml_tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
+    if ((st = ml__tree_need_map(err, t, "training")) ||
+        (st = ml__tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
         return st;
     ml_training *tr = &m->config.training;
     if ((st = training_uint(err, t, "micro_batch", &tr->micro_batch)) ||
@@ -349,16 +349,16 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
         (st = training_uint(err, t, "eval_seq_len", &tr->eval_seq_len)) ||
         (st = training_uint(err, t, "logits_chunk", &tr->logits_chunk)) ||
         (st = training_uint(err, t, "target_len", &tr->target_len)) ||
-        (st = ml_tree_double(err, t, "expert_imbalance", "training", 1, 1e6, false,
-                             &tr->expert_imbalance)))
+        (st = ml__tree_double(err, t, "expert_imbalance", "training", 1, 1e6, false,
+                              &tr->expert_imbalance)))
         return st;
-    if ((st = training_kinds(err, t, tr)) || (st = ml_schema_vision_tower(err, t, m)))
+    if ((st = training_kinds(err, t, tr)) || (st = ml__schema_vision_tower(err, t, m)))
         return st;
     if (tr->logits_chunk && tr->logits != ML_LOGITS_FUSED)
-        return ml_error_at(err, ml_tree_get(t, "logits_chunk"), ML_SCHEMA,
-                           "training.logits_chunk: only with logits: fused (the chunked "
-                           "linear-cross-entropy); remove it or set logits: fused");
-    const ml_node *ck = ml_tree_get(t, "checkpoint");
+        return ml__error_at(err, ml__tree_get(t, "logits_chunk"), ML_SCHEMA,
+                            "training.logits_chunk: only with logits: fused (the chunked "
+                            "linear-cross-entropy); remove it or set logits: fused");
+    const ml_node *ck = ml__tree_get(t, "checkpoint");
     return ck ? training_checkpoint(err, ck, tr) : ML_OK;
 }
 
@@ -369,8 +369,8 @@ static ml_status device_name(ml_error *err, const ml_node *name, ml_device *dv)
     ml_error e;
     memset(&e, 0, sizeof e);
     if (!name->text || ml_device_preset_apply(name->text, dv, &e))
-        return ml_error_at(err, name, ML_SCHEMA, "device.name: %s",
-                           name->text ? e.msg : "expected a device name, e.g. h100-sxm");
+        return ml__error_at(err, name, ML_SCHEMA, "device.name: %s",
+                            name->text ? e.msg : "expected a device name, e.g. h100-sxm");
     return ML_OK;
 }
 
@@ -381,54 +381,54 @@ static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
                                        "fragmentation", "allocator",  "max_split_size",
                                        "interconnect_gbps", "pcie_gbps"};
     ml_status st;
-    if ((st = ml_tree_need_map(err, d, "device")) ||
-        (st = ml_tree_check_keys(err, d, "device", keys, ML_COUNT(keys))))
+    if ((st = ml__tree_need_map(err, d, "device")) ||
+        (st = ml__tree_check_keys(err, d, "device", keys, ML_COUNT(keys))))
         return st;
     ml_device *dv = &m->config.device;
-    const ml_node *name = ml_tree_get(d, "name");
-    if (!name && !ml_tree_get(d, "memory"))
-        return ml_error_at(err, d, ML_SCHEMA,
-                           "device.memory: missing; give the device capacity, e.g. "
-                           "'memory: 8GiB', or its name, e.g. 'name: h100-sxm'");
+    const ml_node *name = ml__tree_get(d, "name");
+    if (!name && !ml__tree_get(d, "memory"))
+        return ml__error_at(err, d, ML_SCHEMA,
+                            "device.memory: missing; give the device capacity, e.g. "
+                            "'memory: 8GiB', or its name, e.g. 'name: h100-sxm'");
     if (name && (st = device_name(err, name, dv)))
         return st;
     dv->present = true;
-    if ((st = ml_tree_size(err, d, "memory", "device", &dv->memory)) ||
-        (st = ml_tree_size(err, d, "budget", "device", &dv->budget)) ||
-        (st = ml_tree_size(err, d, "runtime_reserve", "device", &dv->runtime_reserve)) ||
-        (st = ml_tree_double(err, d, "peak_tflops", "device", 0, 1e9, false, &dv->peak_tflops)) ||
-        (st = ml_tree_double(err, d, "efficiency", "device", 1e-6, 1, false, &dv->efficiency)) ||
-        (st = ml_tree_double(err, d, "fragmentation", "device", 0, 1, false,
-                             &dv->fragmentation)) ||
-        (st = ml_tree_size(err, d, "max_split_size", "device", &dv->max_split_size)) ||
-        (st = ml_tree_double(err, d, "interconnect_gbps", "device", 1e-6, 1e6, false,
-                             &dv->interconnect_gbps)) ||
-        (st = ml_tree_double(err, d, "pcie_gbps", "device", 1e-6, 1e6, false, &dv->pcie_gbps)))
+    if ((st = ml__tree_size(err, d, "memory", "device", &dv->memory)) ||
+        (st = ml__tree_size(err, d, "budget", "device", &dv->budget)) ||
+        (st = ml__tree_size(err, d, "runtime_reserve", "device", &dv->runtime_reserve)) ||
+        (st = ml__tree_double(err, d, "peak_tflops", "device", 0, 1e9, false, &dv->peak_tflops)) ||
+        (st = ml__tree_double(err, d, "efficiency", "device", 1e-6, 1, false, &dv->efficiency)) ||
+        (st = ml__tree_double(err, d, "fragmentation", "device", 0, 1, false,
+                              &dv->fragmentation)) ||
+        (st = ml__tree_size(err, d, "max_split_size", "device", &dv->max_split_size)) ||
+        (st = ml__tree_double(err, d, "interconnect_gbps", "device", 1e-6, 1e6, false,
+                              &dv->interconnect_gbps)) ||
+        (st = ml__tree_double(err, d, "pcie_gbps", "device", 1e-6, 1e6, false, &dv->pcie_gbps)))
         return st;
     const char *alloc_names[ML_ALLOCATOR_COUNT];
     for (unsigned i = 0; i < ML_ALLOCATOR_COUNT; i++)
         alloc_names[i] = ml_allocator_name((ml_allocator)i);
     unsigned ak = dv->allocator;
-    if ((st = ml_tree_enum(err, d, "allocator", "device", alloc_names, ML_ALLOCATOR_COUNT, &ak)))
+    if ((st = ml__tree_enum(err, d, "allocator", "device", alloc_names, ML_ALLOCATOR_COUNT, &ak)))
         return st;
     dv->allocator = (ml_allocator)ak;
     if (dv->max_split_size && dv->max_split_size <= (20ull << 20))
-        return ml_error_at(err, ml_tree_get(d, "max_split_size"), ML_RANGE,
-                           "device.max_split_size: must be above 20MiB (PyTorch's "
-                           "max_split_size_mb refuses 20 and less)");
+        return ml__error_at(err, ml__tree_get(d, "max_split_size"), ML_RANGE,
+                            "device.max_split_size: must be above 20MiB (PyTorch's "
+                            "max_split_size_mb refuses 20 and less)");
     if (dv->budget > dv->memory)
-        return ml_error_at(err, ml_tree_get(d, "budget"), ML_RANGE,
-                           "device.budget: %s is above device.memory",
-                           ml_tree_get(d, "budget")->text);
+        return ml__error_at(err, ml__tree_get(d, "budget"), ML_RANGE,
+                            "device.budget: %s is above device.memory",
+                            ml__tree_get(d, "budget")->text);
     if (dv->runtime_reserve >= dv->memory)
-        return ml_error_at(
+        return ml__error_at(
             err,
-            ml_tree_get(d, "runtime_reserve") ? ml_tree_get(d, "runtime_reserve")
-                                              : ml_tree_get(d, "memory"),
+            ml__tree_get(d, "runtime_reserve") ? ml__tree_get(d, "runtime_reserve")
+                                              : ml__tree_get(d, "memory"),
             ML_RANGE,
             "device.runtime_reserve: %s is not below device.memory; set "
             "runtime_reserve to what the CUDA context and libraries take on this device",
-            ml_tree_get(d, "runtime_reserve") ? "the reserve" : "the default reserve of 512MiB");
+            ml__tree_get(d, "runtime_reserve") ? "the reserve" : "the default reserve of 512MiB");
     return ML_OK;
 }
 
@@ -436,50 +436,50 @@ static ml_status build(ml_error *err, const ml_node *root, ml_model *m)
 {
     ml_status st;
     if (!root)
-        return ml_error_at(err, NULL, ML_SCHEMA,
-                           "the file is empty: expected a mapping with 'name:', "
-                           "'model:' and optionally 'training:' and 'device:'");
+        return ml__error_at(err, NULL, ML_SCHEMA,
+                            "the file is empty: expected a mapping with 'name:', "
+                            "'model:' and optionally 'training:' and 'device:'");
     if (root->type != ML_NODE_MAP)
-        return ml_error_at(err, root, ML_SCHEMA,
-                           "top level: expected a mapping with 'name:' and 'model:', "
-                           "got %s",
-                           ml_tree_type_name(root));
+        return ml__error_at(err, root, ML_SCHEMA,
+                            "top level: expected a mapping with 'name:' and 'model:', "
+                            "got %s",
+                            ml__tree_type_name(root));
     static const char *const keys[] = {"name", "model", "training", "device"};
-    if ((st = ml_tree_check_keys(err, root, "top level", keys, ML_COUNT(keys))))
+    if ((st = ml__tree_check_keys(err, root, "top level", keys, ML_COUNT(keys))))
         return st;
-    const ml_node *name = ml_tree_get(root, "name"), *mm = ml_tree_get(root, "model");
+    const ml_node *name = ml__tree_get(root, "name"), *mm = ml__tree_get(root, "model");
     if (name) {
-        if ((st = ml_tree_need_scalar(err, name, "name", "a string")))
+        if ((st = ml__tree_need_scalar(err, name, "name", "a string")))
             return st;
         snprintf(m->name, sizeof m->name, "%s", name->text);
     }
     if (!mm)
-        return ml_error_at(err, root, ML_SCHEMA,
-                           "model: missing; the file needs a 'model:' section");
-    if ((st = ml_tree_need_map(err, mm, "model")))
+        return ml__error_at(err, root, ML_SCHEMA,
+                            "model: missing; the file needs a 'model:' section");
+    if ((st = ml__tree_need_map(err, mm, "model")))
         return st;
-    if (!ml_tree_get(mm, "type"))
-        return ml_error_at(err, mm, ML_SCHEMA,
-                           "model.type: missing; expected decoder, encoder, "
-                           "encoder-decoder, multimodal or sequential");
+    if (!ml__tree_get(mm, "type"))
+        return ml__error_at(err, mm, ML_SCHEMA,
+                            "model.type: missing; expected decoder, encoder, "
+                            "encoder-decoder, multimodal or sequential");
     unsigned e = 0;
-    if ((st = ml_tree_enum(err, mm, "type", "model", type_names, ML_COUNT(type_names), &e)))
+    if ((st = ml__tree_enum(err, mm, "type", "model", type_names, ML_COUNT(type_names), &e)))
         return st;
     m->type = e == 4 ? ML_MODEL_DECODER : (ml_model_type)e;
     m->config = ml_config_defaults();
     if (e == 4)
-        st = ml_schema_multimodal(err, mm, m);
+        st = ml__schema_multimodal(err, mm, m);
     else if (m->type == ML_MODEL_SEQUENTIAL)
-        st = ml_schema_sequential(err, mm, m);
+        st = ml__schema_sequential(err, mm, m);
     else if (m->type == ML_MODEL_ENCDEC)
-        st = ml_schema_encdec(err, mm, m);
+        st = ml__schema_encdec(err, mm, m);
     else
-        st = ml_schema_transformer(err, mm, m);
+        st = ml__schema_transformer(err, mm, m);
     if (st)
         return st;
     /* sensible per-model defaults before training: overrides them */
-    ml_schema_seq_default(m);
-    const ml_node *t = ml_tree_get(root, "training"), *d = ml_tree_get(root, "device");
+    ml__schema_seq_default(m);
+    const ml_node *t = ml__tree_get(root, "training"), *d = ml__tree_get(root, "device");
     if (t && (st = parse_training(err, t, m)))
         return st;
     if (d && (st = parse_device(err, d, m)))
@@ -487,25 +487,25 @@ static ml_status build(ml_error *err, const ml_node *root, ml_model *m)
     return ML_OK;
 }
 
-ml_status ml_schema_settings(const char *text, size_t len, const char *path, ml_model *m,
-                             ml_error *err)
+ml_status ml__schema_settings(const char *text, size_t len, const char *path, ml_model *m,
+                              ml_error *err)
 {
     memset(err, 0, sizeof *err);
     snprintf(err->path, sizeof err->path, "%s", path);
     ml_node *root = NULL;
-    ml_status st = ml_tree_parse(text, len, &root, err);
+    ml_status st = ml__tree_parse(text, len, &root, err);
     if (st)
         return st;
     static const char *const keys[] = {"name", "training", "device"};
     if (!root)
-        st = ml_error_at(err, NULL, ML_SCHEMA,
-                         "the file is empty: expected training: and device: sections");
+        st = ml__error_at(err, NULL, ML_SCHEMA,
+                          "the file is empty: expected training: and device: sections");
     else if (root->type != ML_NODE_MAP)
-        st = ml_error_at(err, root, ML_SCHEMA,
-                         "top level: expected a mapping with training: and device:");
-    else if (!(st = ml_tree_check_keys(err, root, "top level", keys, ML_COUNT(keys)))) {
-        const ml_node *t = ml_tree_get(root, "training"), *d = ml_tree_get(root, "device"),
-                      *n = ml_tree_get(root, "name");
+        st = ml__error_at(err, root, ML_SCHEMA,
+                          "top level: expected a mapping with training: and device:");
+    else if (!(st = ml__tree_check_keys(err, root, "top level", keys, ML_COUNT(keys)))) {
+        const ml_node *t = ml__tree_get(root, "training"), *d = ml__tree_get(root, "device"),
+                      *n = ml__tree_get(root, "name");
         if (n && n->type == ML_NODE_SCALAR)
             snprintf(m->name, sizeof m->name, "%s", n->text);
         if (t)
@@ -513,7 +513,7 @@ ml_status ml_schema_settings(const char *text, size_t len, const char *path, ml_
         if (!st && d)
             st = parse_device(err, d, m);
     }
-    ml_tree_free(root);
+    ml__tree_free(root);
     return st;
 }
 
@@ -525,13 +525,13 @@ static ml_status load(const char *text, size_t len, const char *path, ml_model *
     memset(err, 0, sizeof *err);
     snprintf(err->path, sizeof err->path, "%s", path ? path : "<input>");
     ml_node *root = NULL;
-    ml_status st = ml_tree_parse(text, len, &root, err);
+    ml_status st = ml__tree_parse(text, len, &root, err);
     if (st)
         return st;
     ml_model *m = calloc(1, sizeof *m);
     if (!m) {
-        ml_tree_free(root);
-        return ml_error_at(err, NULL, ML_NOMEM, "out of memory");
+        ml__tree_free(root);
+        return ml__error_at(err, NULL, ML_NOMEM, "out of memory");
     }
     /* default name: the file name without directories and extension */
     const char *base = path ? strrchr(path, '/') : NULL;
@@ -541,7 +541,7 @@ static ml_status load(const char *text, size_t len, const char *path, ml_model *
     if (dot && dot != m->name)
         *dot = '\0';
     st = build(err, root, m);
-    ml_tree_free(root);
+    ml__tree_free(root);
     if (st) {
         ml_model_destroy(m);
         return st;
@@ -562,7 +562,7 @@ ml_status ml_model_load_file(const char *path, ml_model **out, ml_error *err)
     if (!err)
         err = &local;
     size_t len = 0;
-    char *buf = ml_read_file(path, &len, err);
+    char *buf = ml__read_file(path, &len, err);
     if (!buf)
         return err->code;
     ml_status st = load(buf, len, path, out, err);
@@ -574,7 +574,7 @@ void ml_model_destroy(ml_model *m)
 {
     if (!m)
         return;
-    ml_layers_free(m->seq, m->nseq);
+    ml__layers_free(m->seq, m->nseq);
     free(m);
 }
 

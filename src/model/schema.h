@@ -9,39 +9,39 @@
 
 /* model: of type sequential: input, loss and the layers, each layer's
  * shape checked against its input (shape.c). */
-ml_status ml_schema_sequential(ml_error *err, const ml_node *mm, ml_model *m);
+ml_status ml__schema_sequential(ml_error *err, const ml_node *mm, ml_model *m);
 
 /* model:'s post_norms, attn_scalar, attn_softcap and final_softcap
  * (schema_gemma2.c), after the other transformer keys. */
-ml_status ml_schema_gemma2(ml_error *err, const ml_node *mm, ml_model *m);
+ml_status ml__schema_gemma2(ml_error *err, const ml_node *mm, ml_model *m);
 /* shared_norm, norm_bias (schema_variants.c). */
-ml_status ml_schema_falcon(ml_error *err, const ml_node *mm, ml_model *m);
+ml_status ml__schema_falcon(ml_error *err, const ml_node *mm, ml_model *m);
 /* experts, experts_per_tok (schema_variants.c). */
-ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m);
+ml_status ml__schema_experts(ml_error *err, const ml_node *mm, ml_model *m);
 /* kv_lora_rank, q_lora_rank, rope_head_dim, v_head_dim: multi-head latent
  * attention (schema_variants.c), after the experts' keys. */
-ml_status ml_schema_mla(ml_error *err, const ml_node *mm, ml_model *m);
+ml_status ml__schema_mla(ml_error *err, const ml_node *mm, ml_model *m);
 /* norm: olmo_layernorm (HF OlmoLayerNorm) is planned in the layouts the op
  * graph expresses with it (docs/graph.md): a plain pre-norm decoder. */
-ml_status ml_schema_olmo(ml_error *err, const ml_node *mm, ml_model *m);
+ml_status ml__schema_olmo(ml_error *err, const ml_node *mm, ml_model *m);
 /* The per-model default of training.seq_len (schema_t5.c). */
-void ml_schema_seq_default(ml_model *m);
+void ml__schema_seq_default(ml_model *m);
 /* model: of type encoder-decoder (T5; schema_t5.c). */
-ml_status ml_schema_encdec(ml_error *err, const ml_node *mm, ml_model *m);
-/* model: of a decoder or encoder, the keys of ml_schema_transformer_keys
+ml_status ml__schema_encdec(ml_error *err, const ml_node *mm, ml_model *m);
+/* model: of a decoder or encoder, the keys of ml__schema_transformer_keys
  * (schema.c). */
-ml_status ml_schema_transformer(ml_error *err, const ml_node *mm, ml_model *m);
+ml_status ml__schema_transformer(ml_error *err, const ml_node *mm, ml_model *m);
 /* model: of type multimodal (Llava; schema_llava.c): a decoder model with
  * a vision tower. */
-ml_status ml_schema_multimodal(ml_error *err, const ml_node *mm, ml_model *m);
+ml_status ml__schema_multimodal(ml_error *err, const ml_node *mm, ml_model *m);
 /* sec.key: absent, or its only modelled value `want`; else refused with
  * `why` and the fix (schema_t5.c). */
-ml_status ml_schema_only(ml_error *err, const ml_node *map, const char *sec, const char *key,
-                         const char *want, const char *why);
+ml_status ml__schema_only(ml_error *err, const ml_node *map, const char *sec, const char *key,
+                          const char *want, const char *why);
 /* training.vision_tower, and for a multimodal model seq_len and
  * eval_seq_len against its image tokens (schema_llava.c). */
-ml_status ml_schema_vision_tower(ml_error *err, const ml_node *t, ml_model *m);
+ml_status ml__schema_vision_tower(ml_error *err, const ml_node *t, ml_model *m);
 /* The keys a transformer's model: accepts (schema_variants.c). */
-const char *const *ml_schema_transformer_keys(size_t *count);
+const char *const *ml__schema_transformer_keys(size_t *count);
 
 #endif

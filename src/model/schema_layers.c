@@ -48,15 +48,15 @@ static ml_status layer_kind_of(ml_error *err, const ml_node *key, const char *fi
         const char *names[ML_L_KIND_COUNT + 1];
         memcpy(names, layer_names, sizeof layer_names);
         names[ML_L_KIND_COUNT] = "repeat";
-        const char *near = ml_closest_name(kind, names, ML_L_KIND_COUNT + 1);
+        const char *near = ml__closest_name(kind, names, ML_L_KIND_COUNT + 1);
         char list[320];
-        ml_join_names(list, sizeof list, names, ML_L_KIND_COUNT + 1);
+        ml__join_names(list, sizeof list, names, ML_L_KIND_COUNT + 1);
         if (near)
-            return ml_error_at(err, key, ML_SCHEMA,
-                               "%s: unknown layer kind '%s'; did you mean '%s'?", field, kind,
-                               near);
-        return ml_error_at(err, key, ML_SCHEMA,
-                           "%s: unknown layer kind '%s'; expected one of: %s", field, kind, list);
+            return ml__error_at(err, key, ML_SCHEMA,
+                                "%s: unknown layer kind '%s'; did you mean '%s'?", field, kind,
+                                near);
+        return ml__error_at(err, key, ML_SCHEMA,
+                            "%s: unknown layer kind '%s'; expected one of: %s", field, kind, list);
     }
     *out = (ml_layer_kind)k;
     return ML_OK;
@@ -70,17 +70,17 @@ static ml_status parse_residual(lctx *c, const ml_node *p, const char *f, ml_lay
     ml_status st;
     if (p->type == ML_NODE_SEQ)
         return parse_layers(c, p, f, &l->body, &l->nbody, depth + 1);
-    if ((st = ml_tree_need_map(err, p, f)))
+    if ((st = ml__tree_need_map(err, p, f)))
         return st;
     static const char *const rk[] = {"body", "shortcut"};
-    if ((st = ml_tree_check_keys(err, p, f, rk, ML_COUNT(rk))))
+    if ((st = ml__tree_check_keys(err, p, f, rk, ML_COUNT(rk))))
         return st;
-    const ml_node *body = ml_tree_get(p, "body"), *sc = ml_tree_get(p, "shortcut");
+    const ml_node *body = ml__tree_get(p, "body"), *sc = ml__tree_get(p, "shortcut");
     if (!body)
-        return ml_error_at(err, p, ML_SCHEMA,
-                           "%s.body: missing; a residual mapping needs 'body:' (a "
-                           "list of layers) and optionally 'shortcut:'",
-                           f);
+        return ml__error_at(err, p, ML_SCHEMA,
+                            "%s.body: missing; a residual mapping needs 'body:' (a "
+                            "list of layers) and optionally 'shortcut:'",
+                            f);
     char fb[160];
     snprintf(fb, sizeof fb, "%s.body", f);
     if ((st = parse_layers(c, body, fb, &l->body, &l->nbody, depth + 1)))
@@ -123,7 +123,7 @@ static const char *const *layer_keys(ml_layer_kind k, size_t *n)
  * op"); the others are refused with the reason. */
 static ml_status parse_inplace(ml_error *err, const ml_node *pm, const char *f, ml_layer *l)
 {
-    ml_status st = ml_tree_bool(err, pm, "inplace", f, &l->inplace);
+    ml_status st = ml__tree_bool(err, pm, "inplace", f, &l->inplace);
     if (st || !l->inplace || l->kind == ML_L_RELU)
         return st;
     const char *why = l->kind == ML_L_GELU
@@ -133,8 +133,8 @@ static ml_status parse_inplace(ml_error *err, const ml_node *pm, const char *f, 
                             "modelled"
                           : "an in-place dropout keeps a noise tensor of the input's dtype "
                             "instead of a bool mask: not modelled";
-    return ml_error_at(err, ml_tree_get(pm, "inplace"), ML_SCHEMA,
-                       "%s.inplace: %s; remove it to plan the out-of-place op", f, why);
+    return ml__error_at(err, ml__tree_get(pm, "inplace"), ML_SCHEMA,
+                        "%s.inplace: %s; remove it to plan the out-of-place op", f, why);
 }
 
 /* maxpool and avgpool: a window (kernel, stride, padding) or global. */
@@ -142,37 +142,37 @@ static ml_status pool_values(ml_error *err, const ml_node *pm, const ml_node *ke
                              ml_layer *l)
 {
     ml_status st;
-    if ((st = ml_tree_bool(err, pm, "global", f, &l->global)))
+    if ((st = ml__tree_bool(err, pm, "global", f, &l->global)))
         return st;
     static const char *const window[] = {"kernel", "stride", "padding"};
     for (int k = 0; l->global && k < 3; k++) {
-        const ml_node *w = ml_tree_get(pm, window[k]);
+        const ml_node *w = ml__tree_get(pm, window[k]);
         if (w)
-            return ml_error_at(err, w, ML_SCHEMA,
-                               "%s.%s: a global pool covers the whole input and has no "
-                               "window: drop '%s' (or 'global: true')",
-                               f, window[k], window[k]);
+            return ml__error_at(err, w, ML_SCHEMA,
+                                "%s.%s: a global pool covers the whole input and has no "
+                                "window: drop '%s' (or 'global: true')",
+                                f, window[k], window[k]);
     }
     if (l->global)
         return ML_OK;
-    if (!ml_tree_get(pm, "kernel"))
-        return ml_error_at(err, key, ML_SCHEMA,
-                           "%s.kernel: missing; write 'kernel: K'%s", f,
-                           l->kind == ML_L_AVGPOOL ? " or 'global: true'" : "");
-    if ((st = ml_tree_uint(err, pm, "kernel", f, 1, 1024, &l->kernel)))
+    if (!ml__tree_get(pm, "kernel"))
+        return ml__error_at(err, key, ML_SCHEMA,
+                            "%s.kernel: missing; write 'kernel: K'%s", f,
+                            l->kind == ML_L_AVGPOOL ? " or 'global: true'" : "");
+    if ((st = ml__tree_uint(err, pm, "kernel", f, 1, 1024, &l->kernel)))
         return st;
     l->stride = l->kernel;
-    if ((st = ml_tree_uint(err, pm, "stride", f, 1, 1024, &l->stride)) ||
-        (st = ml_tree_uint(err, pm, "padding", f, 0, 1024, &l->padding)))
+    if ((st = ml__tree_uint(err, pm, "stride", f, 1, 1024, &l->stride)) ||
+        (st = ml__tree_uint(err, pm, "padding", f, 0, 1024, &l->padding)))
         return st;
     /* aten/src/ATen/native/Pool.h, pool2d_shape_check: kW / 2 >= padW */
     if (l->padding > l->kernel / 2)
-        return ml_error_at(err, ml_tree_get(pm, "padding"), ML_RANGE,
-                           "%s.padding: %llu is more than half the kernel (%llu); "
-                           "PyTorch refuses it (pad should be at most half of kernel "
-                           "size)",
-                           f, (unsigned long long)l->padding,
-                           (unsigned long long)l->kernel);
+        return ml__error_at(err, ml__tree_get(pm, "padding"), ML_RANGE,
+                            "%s.padding: %llu is more than half the kernel (%llu); "
+                            "PyTorch refuses it (pad should be at most half of kernel "
+                            "size)",
+                            f, (unsigned long long)l->padding,
+                            (unsigned long long)l->kernel);
     return ML_OK;
 }
 
@@ -186,22 +186,22 @@ static ml_status parse_values(ml_error *err, const ml_node *pm, const ml_node *k
     switch (l->kind) {
     case ML_L_LINEAR:
     case ML_L_CONV2D:
-        if (!ml_tree_get(pm, "out"))
-            return ml_error_at(err, key, ML_SCHEMA,
-                               "%s.out: missing; %s needs its output %s", f, kind,
-                               l->kind == ML_L_LINEAR ? "features (out: N)" : "channels (out: N)");
-        if ((st = ml_tree_uint(err, pm, "out", f, 1, ML_MAX_FFN, &l->out)) ||
-            (st = ml_tree_bool(err, pm, "bias", f, &l->bias)))
+        if (!ml__tree_get(pm, "out"))
+            return ml__error_at(err, key, ML_SCHEMA,
+                                "%s.out: missing; %s needs its output %s", f, kind,
+                                l->kind == ML_L_LINEAR ? "features (out: N)" : "channels (out: N)");
+        if ((st = ml__tree_uint(err, pm, "out", f, 1, ML_MAX_FFN, &l->out)) ||
+            (st = ml__tree_bool(err, pm, "bias", f, &l->bias)))
             return st;
         if (l->kind == ML_L_CONV2D) {
-            if (!ml_tree_get(pm, "kernel"))
-                return ml_error_at(err, key, ML_SCHEMA,
-                                   "%s.kernel: missing; conv2d needs "
-                                   "'kernel: K'",
-                                   f);
-            if ((st = ml_tree_uint(err, pm, "kernel", f, 1, 1024, &l->kernel)) ||
-                (st = ml_tree_uint(err, pm, "stride", f, 1, 1024, &l->stride)) ||
-                (st = ml_tree_uint(err, pm, "padding", f, 0, 1024, &l->padding)))
+            if (!ml__tree_get(pm, "kernel"))
+                return ml__error_at(err, key, ML_SCHEMA,
+                                    "%s.kernel: missing; conv2d needs "
+                                    "'kernel: K'",
+                                    f);
+            if ((st = ml__tree_uint(err, pm, "kernel", f, 1, 1024, &l->kernel)) ||
+                (st = ml__tree_uint(err, pm, "stride", f, 1, 1024, &l->stride)) ||
+                (st = ml__tree_uint(err, pm, "padding", f, 0, 1024, &l->padding)))
                 return st;
         }
         break;
@@ -210,7 +210,7 @@ static ml_status parse_values(ml_error *err, const ml_node *pm, const ml_node *k
         return pool_values(err, pm, key, f, l);
     case ML_L_DROPOUT:
         l->p = 0.5; /* torch.nn.Dropout's default */
-        if ((st = ml_tree_double(err, pm, "p", f, 0, 1, true, &l->p)) ||
+        if ((st = ml__tree_double(err, pm, "p", f, 0, 1, true, &l->p)) ||
             (st = parse_inplace(err, pm, f, l)))
             return st;
         break;
@@ -221,20 +221,20 @@ static ml_status parse_values(ml_error *err, const ml_node *pm, const ml_node *k
             return st;
         break;
     case ML_L_EMBEDDING:
-        if (!ml_tree_get(pm, "vocab") || !ml_tree_get(pm, "dim"))
-            return ml_error_at(err, key, ML_SCHEMA, "%s: needs 'vocab: N' and 'dim: D'", f);
-        if ((st = ml_tree_uint(err, pm, "vocab", f, 1, ML_MAX_VOCAB, &l->vocab)) ||
-            (st = ml_tree_uint(err, pm, "dim", f, 1, ML_MAX_HIDDEN, &l->dim)))
+        if (!ml__tree_get(pm, "vocab") || !ml__tree_get(pm, "dim"))
+            return ml__error_at(err, key, ML_SCHEMA, "%s: needs 'vocab: N' and 'dim: D'", f);
+        if ((st = ml__tree_uint(err, pm, "vocab", f, 1, ML_MAX_VOCAB, &l->vocab)) ||
+            (st = ml__tree_uint(err, pm, "dim", f, 1, ML_MAX_HIDDEN, &l->dim)))
             return st;
         break;
     case ML_L_ATTENTION:
-        if (!ml_tree_get(pm, "heads"))
-            return ml_error_at(err, key, ML_SCHEMA,
-                               "%s.heads: missing; attention needs 'heads: H'", f);
-        if ((st = ml_tree_uint(err, pm, "heads", f, 1, ML_MAX_HIDDEN, &l->heads)) ||
-            (st = ml_tree_bool(err, pm, "causal", f, &l->causal)) ||
-            (st = ml_tree_bool(err, pm, "bias", f, &l->bias)) ||
-            (st = ml_tree_double(err, pm, "dropout", f, 0, 1, true, &l->p)))
+        if (!ml__tree_get(pm, "heads"))
+            return ml__error_at(err, key, ML_SCHEMA,
+                                "%s.heads: missing; attention needs 'heads: H'", f);
+        if ((st = ml__tree_uint(err, pm, "heads", f, 1, ML_MAX_HIDDEN, &l->heads)) ||
+            (st = ml__tree_bool(err, pm, "causal", f, &l->causal)) ||
+            (st = ml__tree_bool(err, pm, "bias", f, &l->bias)) ||
+            (st = ml__tree_double(err, pm, "dropout", f, 0, 1, true, &l->p)))
             return st;
         break;
     default:
@@ -263,15 +263,15 @@ static ml_status parse_layer(lctx *c, const ml_node *item, const char *field, ml
         return parse_residual(c, p, f, l, depth);
     if (p->type == ML_NODE_SCALAR && p->text[0] == '\0' && p->plain) {
         /* "- relu:" with nothing after it: same as {} */
-    } else if ((st = ml_tree_need_map(err, p, f)))
+    } else if ((st = ml__tree_need_map(err, p, f)))
         return st;
     size_t nallowed;
     const char *const *allowed = layer_keys(l->kind, &nallowed);
-    if (p->type == ML_NODE_MAP && (st = ml_tree_check_keys(err, p, f, allowed, nallowed)))
+    if (p->type == ML_NODE_MAP && (st = ml__tree_check_keys(err, p, f, allowed, nallowed)))
         return st;
     const ml_node *pm = p->type == ML_NODE_MAP ? p : NULL;
     double eps = 1e-5;
-    if ((st = ml_tree_double(err, pm, "eps", f, 0, 1, false, &eps)))
+    if ((st = ml__tree_double(err, pm, "eps", f, 0, 1, false, &eps)))
         return st;
     return parse_values(err, pm, item->keys[0], f, l);
 }
@@ -296,10 +296,10 @@ static bool lvec_reserve(lvec *v, size_t k)
 static ml_status count_made(lctx *c, const ml_node *at, const char *field, uint64_t k)
 {
     if (k > ML_MAX_LAYERS - c->made)
-        return ml_error_at(c->err, at, ML_RANGE,
-                           "%s: the model has more than %llu layers (each layer of a residual "
-                           "group and of every repeat copy counts); use fewer layers",
-                           field, (unsigned long long)ML_MAX_LAYERS);
+        return ml__error_at(c->err, at, ML_RANGE,
+                            "%s: the model has more than %llu layers (each layer of a residual "
+                            "group and of every repeat copy counts); use fewer layers",
+                            field, (unsigned long long)ML_MAX_LAYERS);
     c->made += k;
     return ML_OK;
 }
@@ -316,13 +316,13 @@ static ml_layer *layers_clone(const ml_layer *src, size_t n)
         d[i].body = d[i].shortcut = NULL;
         d[i].nbody = d[i].nshortcut = 0;
         if (src[i].nbody && !(d[i].body = layers_clone(src[i].body, src[i].nbody))) {
-            ml_layers_free(d, i);
+            ml__layers_free(d, i);
             return NULL;
         }
         d[i].nbody = src[i].nbody;
         if (src[i].nshortcut &&
             !(d[i].shortcut = layers_clone(src[i].shortcut, src[i].nshortcut))) {
-            ml_layers_free(d, i + 1);
+            ml__layers_free(d, i + 1);
             return NULL;
         }
         d[i].nshortcut = src[i].nshortcut;
@@ -343,21 +343,21 @@ static ml_status parse_repeat(lctx *c, const ml_node *key, const ml_node *p, con
     char fr[160];
     snprintf(fr, sizeof fr, "%s.repeat", f);
     if (p->type != ML_NODE_MAP)
-        return ml_error_at(err, p, ML_SCHEMA,
-                           "%s: expected a mapping such as {times: 3, layers: [...]}, got %s", fr,
-                           ml_tree_type_name(p));
+        return ml__error_at(err, p, ML_SCHEMA,
+                            "%s: expected a mapping such as {times: 3, layers: [...]}, got %s", fr,
+                            ml__tree_type_name(p));
     static const char *const rk[] = {"times", "layers"};
-    if ((st = ml_tree_check_keys(err, p, fr, rk, ML_COUNT(rk))))
+    if ((st = ml__tree_check_keys(err, p, fr, rk, ML_COUNT(rk))))
         return st;
-    const ml_node *ls = ml_tree_get(p, "layers");
-    if (!ml_tree_get(p, "times"))
-        return ml_error_at(err, key, ML_SCHEMA,
-                           "%s.times: missing; write 'times: N' (the number of copies, >= 1)", fr);
+    const ml_node *ls = ml__tree_get(p, "layers");
+    if (!ml__tree_get(p, "times"))
+        return ml__error_at(err, key, ML_SCHEMA,
+                            "%s.times: missing; write 'times: N' (the number of copies, >= 1)", fr);
     if (!ls)
-        return ml_error_at(err, key, ML_SCHEMA,
-                           "%s.layers: missing; list the layers to repeat under 'layers:'", fr);
+        return ml__error_at(err, key, ML_SCHEMA,
+                            "%s.layers: missing; list the layers to repeat under 'layers:'", fr);
     uint64_t times = 1;
-    if ((st = ml_tree_uint(err, p, "times", fr, 1, ML_MAX_LAYERS, &times)))
+    if ((st = ml__tree_uint(err, p, "times", fr, 1, ML_MAX_LAYERS, &times)))
         return st;
     uint64_t made = c->made;
     ml_layer *one = NULL;
@@ -370,26 +370,26 @@ static ml_status parse_repeat(lctx *c, const ml_node *key, const ml_node *p, con
      * product is below 2^34: both factors are at most ML_MAX_LAYERS) */
     uint64_t per = c->made - made;
     if (times - 1 > (ML_MAX_LAYERS - c->made) / per) {
-        ml_layers_free(one, n);
-        return ml_error_at(err, key, ML_RANGE,
-                           "%s: %llu copies make %llu layers in all, past the limit of %llu "
-                           "(each layer of a residual group and of every copy counts); lower "
-                           "'times' or repeat fewer layers",
-                           fr, (unsigned long long)times,
-                           (unsigned long long)(c->made + (times - 1) * per),
-                           (unsigned long long)ML_MAX_LAYERS);
+        ml__layers_free(one, n);
+        return ml__error_at(err, key, ML_RANGE,
+                            "%s: %llu copies make %llu layers in all, past the limit of %llu "
+                            "(each layer of a residual group and of every copy counts); lower "
+                            "'times' or repeat fewer layers",
+                            fr, (unsigned long long)times,
+                            (unsigned long long)(c->made + (times - 1) * per),
+                            (unsigned long long)ML_MAX_LAYERS);
     }
     if (!lvec_reserve(v, (size_t)times * n)) {
-        ml_layers_free(one, n);
-        return ml_error_at(err, key, ML_NOMEM, "out of memory");
+        ml__layers_free(one, n);
+        return ml__error_at(err, key, ML_NOMEM, "out of memory");
     }
     c->made += (times - 1) * per;
     c->repeated = true;
     for (uint64_t k = 1; k < times; k++) {
         ml_layer *copy = layers_clone(one, n);
         if (!copy) {
-            ml_layers_free(one, n);
-            return ml_error_at(err, key, ML_NOMEM, "out of memory");
+            ml__layers_free(one, n);
+            return ml__error_at(err, key, ML_NOMEM, "out of memory");
         }
         memcpy(v->v + v->n, copy, n * sizeof *copy);
         v->n += n;
@@ -406,29 +406,29 @@ static ml_status parse_layers(lctx *c, const ml_node *seq, const char *field, ml
 {
     ml_error *err = c->err;
     if (depth > 16)
-        return ml_error_at(err, seq, ML_RANGE,
-                           "%s: residual or repeat groups nested deeper than 16", field);
+        return ml__error_at(err, seq, ML_RANGE,
+                            "%s: residual or repeat groups nested deeper than 16", field);
     if (seq->type != ML_NODE_SEQ)
-        return ml_error_at(err, seq, ML_SCHEMA,
-                           "%s: expected a list of layers ('- kind: {...}' lines), got %s", field,
-                           ml_tree_type_name(seq));
+        return ml__error_at(err, seq, ML_SCHEMA,
+                            "%s: expected a list of layers ('- kind: {...}' lines), got %s", field,
+                            ml__tree_type_name(seq));
     if (seq->count == 0)
-        return ml_error_at(err, seq, ML_SCHEMA, "%s: the layer list is empty", field);
+        return ml__error_at(err, seq, ML_SCHEMA, "%s: the layer list is empty", field);
     lvec v = {NULL, 0, 0};
     if (!lvec_reserve(&v, seq->count))
-        return ml_error_at(err, seq, ML_NOMEM, "out of memory");
+        return ml__error_at(err, seq, ML_NOMEM, "out of memory");
     ml_status st = ML_OK;
     for (size_t i = 0; i < seq->count; i++) {
         const ml_node *item = seq->items[i];
         char f[128];
         snprintf(f, sizeof f, "%s[%zu]", field, i);
         if (item->type != ML_NODE_MAP || item->count != 1) {
-            st = ml_error_at(err, item, ML_SCHEMA,
-                             "%s: each layer is a one-key mapping such as '- linear: {out: 10}', "
-                             "got %s",
-                             f,
-                             item->type == ML_NODE_MAP ? "a mapping with several keys"
-                                                       : ml_tree_type_name(item));
+            st = ml__error_at(err, item, ML_SCHEMA,
+                              "%s: each layer is a one-key mapping such as '- linear: {out: 10}', "
+                              "got %s",
+                              f,
+                              item->type == ML_NODE_MAP ? "a mapping with several keys"
+                                                       : ml__tree_type_name(item));
             break;
         }
         if (strcmp(item->keys[0]->text, "repeat") == 0) {
@@ -439,7 +439,7 @@ static ml_status parse_layers(lctx *c, const ml_node *seq, const char *field, ml
         if ((st = count_made(c, item->keys[0], f, 1)))
             break;
         if (!lvec_reserve(&v, 1)) {
-            st = ml_error_at(err, item, ML_NOMEM, "out of memory");
+            st = ml__error_at(err, item, ML_NOMEM, "out of memory");
             break;
         }
         /* counted before it is checked: a layer that fails may hold a
@@ -448,7 +448,7 @@ static ml_status parse_layers(lctx *c, const ml_node *seq, const char *field, ml
             break;
     }
     if (st) {
-        ml_layers_free(v.v, v.n);
+        ml__layers_free(v.v, v.n);
         return st;
     }
     *out = v.v;
@@ -456,57 +456,57 @@ static ml_status parse_layers(lctx *c, const ml_node *seq, const char *field, ml
     return ML_OK;
 }
 
-void ml_layers_free(ml_layer *layers, size_t n)
+void ml__layers_free(ml_layer *layers, size_t n)
 {
     if (!layers)
         return;
     for (size_t i = 0; i < n; i++) {
-        ml_layers_free(layers[i].body, layers[i].nbody);
-        ml_layers_free(layers[i].shortcut, layers[i].nshortcut);
+        ml__layers_free(layers[i].body, layers[i].nbody);
+        ml__layers_free(layers[i].shortcut, layers[i].nshortcut);
     }
     free(layers);
 }
 
-ml_status ml_schema_sequential(ml_error *err, const ml_node *mm, ml_model *m)
+ml_status ml__schema_sequential(ml_error *err, const ml_node *mm, ml_model *m)
 {
     static const char *const keys[] = {"type", "input", "layers", "loss", "buffers"};
     ml_status st;
-    if ((st = ml_tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))) ||
-        (st = ml_tree_size(err, mm, "buffers", "model", &m->buffers)))
+    if ((st = ml__tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))) ||
+        (st = ml__tree_size(err, mm, "buffers", "model", &m->buffers)))
         return st;
-    const ml_node *in = ml_tree_get(mm, "input"), *ls = ml_tree_get(mm, "layers");
+    const ml_node *in = ml__tree_get(mm, "input"), *ls = ml__tree_get(mm, "layers");
     if (!in)
-        return ml_error_at(err, mm, ML_SCHEMA,
-                           "model.input: missing; give the per-sample input shape, "
-                           "e.g. [3, 32, 32] or [784]");
+        return ml__error_at(err, mm, ML_SCHEMA,
+                            "model.input: missing; give the per-sample input shape, "
+                            "e.g. [3, 32, 32] or [784]");
     if (in->type != ML_NODE_SEQ || in->count == 0 || in->count > 3)
-        return ml_error_at(err, in, ML_SCHEMA,
-                           "model.input: expected a list of 1 to 3 sizes such as "
-                           "[3, 32, 32]");
+        return ml__error_at(err, in, ML_SCHEMA,
+                            "model.input: expected a list of 1 to 3 sizes such as "
+                            "[3, 32, 32]");
     for (size_t i = 0; i < in->count; i++) {
         const ml_node *d = in->items[i];
         char *end = NULL;
         if (d->type != ML_NODE_SCALAR || !isdigit((unsigned char)d->text[0]))
-            return ml_error_at(err, d, ML_SCHEMA, "model.input[%zu]: expected a whole number >= 1",
-                               i);
+            return ml__error_at(err, d, ML_SCHEMA, "model.input[%zu]: expected a whole number >= 1",
+                                i);
         errno = 0;
         unsigned long long v = strtoull(d->text, &end, 10);
         if (*end || errno || v == 0 || v > ML_MAX_TOKENS)
-            return ml_error_at(err, d, ML_RANGE,
-                               "model.input[%zu]: '%s' is out of range (1 to %llu)", i, d->text,
-                               (unsigned long long)ML_MAX_TOKENS);
+            return ml__error_at(err, d, ML_RANGE,
+                                "model.input[%zu]: '%s' is out of range (1 to %llu)", i, d->text,
+                                (unsigned long long)ML_MAX_TOKENS);
         m->input[i] = v;
     }
     m->ninput = in->count;
     if (!ls)
-        return ml_error_at(err, mm, ML_SCHEMA,
-                           "model.layers: missing; list the layers, e.g. "
-                           "'- linear: {out: 10}'");
+        return ml__error_at(err, mm, ML_SCHEMA,
+                            "model.layers: missing; list the layers, e.g. "
+                            "'- linear: {out: 10}'");
     lctx c = {err, 0, false};
     if ((st = parse_layers(&c, ls, "model.layers", &m->seq, &m->nseq, 0)))
         return st;
     unsigned e = ML_LOSS_CROSS_ENTROPY;
-    if ((st = ml_tree_enum(err, mm, "loss", "model", loss_names, ML_COUNT(loss_names), &e)))
+    if ((st = ml__tree_enum(err, mm, "loss", "model", loss_names, ML_COUNT(loss_names), &e)))
         return st;
     m->loss = (ml_loss)e;
     /* shapes */
@@ -517,13 +517,13 @@ ml_status ml_schema_sequential(ml_error *err, const ml_node *mm, ml_model *m)
         s.d[i] = m->input[i];
     s.ids = m->seq[0].kind == ML_L_EMBEDDING;
     if (s.ids && s.rank != 1)
-        return ml_error_at(err, in, ML_SCHEMA,
-                           "model.input: an embedding takes [tokens], got %zu sizes", m->ninput);
+        return ml__error_at(err, in, ML_SCHEMA,
+                            "model.input: an embedding takes [tokens], got %zu sizes", m->ninput);
     for (size_t i = 0; i < m->nseq; i++) {
         char msg[400];
         const ml_layer *where = NULL;
         ml_shape o;
-        if (!ml_shape_step(&m->seq[i], &s, &o, msg, sizeof msg, &where)) {
+        if (!ml__shape_step(&m->seq[i], &s, &o, msg, sizeof msg, &where)) {
             err->code = ML_SCHEMA;
             err->line = where->line;
             err->col = where->col;
@@ -534,14 +534,14 @@ ml_status ml_schema_sequential(ml_error *err, const ml_node *mm, ml_model *m)
         s = o;
     }
     if (m->loss == ML_LOSS_CROSS_ENTROPY && s.rank > 2)
-        return ml_error_at(
-            err, ml_tree_get(mm, "loss") ? ml_tree_get(mm, "loss") : ls, ML_SCHEMA,
+        return ml__error_at(
+            err, ml__tree_get(mm, "loss") ? ml__tree_get(mm, "loss") : ls, ML_SCHEMA,
             "model.loss: cross_entropy needs [classes] or [tokens, classes] logits at the "
             "end; add flatten and a linear layer");
     return ML_OK;
 }
 
-const char *ml_layer_kind_name(ml_layer_kind k)
+const char *ml__layer_kind_name(ml_layer_kind k)
 {
     return (unsigned)k < ML_L_KIND_COUNT ? layer_names[k] : "?";
 }

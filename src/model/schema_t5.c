@@ -5,7 +5,7 @@
 
 #include "model/schema.h"
 
-void ml_schema_seq_default(ml_model *m)
+void ml__schema_seq_default(ml_model *m)
 {
     ml_training *t = &m->config.training;
     if (m->type == ML_MODEL_SEQUENTIAL)
@@ -35,58 +35,58 @@ static ml_status encdec_sizes(ml_error *err, const ml_node *mm, ml_model *m)
 {
     const char *req[] = {"layers", "hidden", "heads", "vocab"};
     for (size_t i = 0; i < ML_COUNT(req); i++)
-        if (!ml_tree_get(mm, req[i]))
-            return ml_error_at(err, mm, ML_SCHEMA,
-                               "model.%s: missing; an encoder-decoder needs layers, hidden, "
-                               "heads and vocab",
-                               req[i]);
+        if (!ml__tree_get(mm, req[i]))
+            return ml__error_at(err, mm, ML_SCHEMA,
+                                "model.%s: missing; an encoder-decoder needs layers, hidden, "
+                                "heads and vocab",
+                                req[i]);
     ml_status st;
-    if ((st = ml_tree_uint(err, mm, "layers", "model", 1, ML_MAX_LAYERS, &m->layers)) ||
-        (st = ml_tree_uint(err, mm, "hidden", "model", 1, ML_MAX_HIDDEN, &m->hidden)) ||
-        (st = ml_tree_uint(err, mm, "heads", "model", 1, ML_MAX_HIDDEN, &m->heads)) ||
-        (st = ml_tree_uint(err, mm, "vocab", "model", 1, ML_MAX_VOCAB, &m->vocab)))
+    if ((st = ml__tree_uint(err, mm, "layers", "model", 1, ML_MAX_LAYERS, &m->layers)) ||
+        (st = ml__tree_uint(err, mm, "hidden", "model", 1, ML_MAX_HIDDEN, &m->hidden)) ||
+        (st = ml__tree_uint(err, mm, "heads", "model", 1, ML_MAX_HIDDEN, &m->heads)) ||
+        (st = ml__tree_uint(err, mm, "vocab", "model", 1, ML_MAX_VOCAB, &m->vocab)))
         return st;
     m->dec_layers = m->layers;
     m->head_dim = 0;
     m->ffn = 4 * m->hidden;
     m->rel_buckets = 32;
     m->rel_max_distance = 128;
-    if ((st = ml_tree_uint(err, mm, "decoder_layers", "model", 1, ML_MAX_LAYERS,
-                           &m->dec_layers)) ||
-        (st = ml_tree_uint(err, mm, "head_dim", "model", 1, ML_MAX_HIDDEN, &m->head_dim)) ||
-        (st = ml_tree_uint(err, mm, "ffn", "model", 1, ML_MAX_FFN, &m->ffn)) ||
-        (st = ml_tree_uint(err, mm, "relative_buckets", "model", 2, 1u << 16, &m->rel_buckets)) ||
-        (st = ml_tree_uint(err, mm, "relative_max_distance", "model", 1, ML_MAX_TOKENS,
-                           &m->rel_max_distance)))
+    if ((st = ml__tree_uint(err, mm, "decoder_layers", "model", 1, ML_MAX_LAYERS,
+                            &m->dec_layers)) ||
+        (st = ml__tree_uint(err, mm, "head_dim", "model", 1, ML_MAX_HIDDEN, &m->head_dim)) ||
+        (st = ml__tree_uint(err, mm, "ffn", "model", 1, ML_MAX_FFN, &m->ffn)) ||
+        (st = ml__tree_uint(err, mm, "relative_buckets", "model", 2, 1u << 16, &m->rel_buckets)) ||
+        (st = ml__tree_uint(err, mm, "relative_max_distance", "model", 1, ML_MAX_TOKENS,
+                            &m->rel_max_distance)))
         return st;
     if (!m->head_dim && m->hidden % m->heads)
-        return ml_error_at(err, ml_tree_get(mm, "heads"), ML_SCHEMA,
-                           "model.heads: %llu does not divide hidden (%llu); give head_dim "
-                           "(T5's d_kv)",
-                           (unsigned long long)m->heads, (unsigned long long)m->hidden);
+        return ml__error_at(err, ml__tree_get(mm, "heads"), ML_SCHEMA,
+                            "model.heads: %llu does not divide hidden (%llu); give head_dim "
+                            "(T5's d_kv)",
+                            (unsigned long long)m->heads, (unsigned long long)m->hidden);
     if (!m->head_dim)
         m->head_dim = m->hidden / m->heads;
     if (m->heads * m->head_dim > ML_MAX_HIDDEN)
-        return ml_error_at(err, ml_tree_get(mm, "head_dim"), ML_RANGE,
-                           "model.head_dim: heads x head_dim = %llu is above %llu",
-                           (unsigned long long)(m->heads * m->head_dim),
-                           (unsigned long long)ML_MAX_HIDDEN);
+        return ml__error_at(err, ml__tree_get(mm, "head_dim"), ML_RANGE,
+                            "model.head_dim: heads x head_dim = %llu is above %llu",
+                            (unsigned long long)(m->heads * m->head_dim),
+                            (unsigned long long)ML_MAX_HIDDEN);
     m->kv_heads = m->heads;
     return ML_OK;
 }
 
-ml_status ml_schema_only(ml_error *err, const ml_node *map, const char *sec, const char *key,
-                         const char *want, const char *why)
+ml_status ml__schema_only(ml_error *err, const ml_node *map, const char *sec, const char *key,
+                          const char *want, const char *why)
 {
-    const ml_node *n = ml_tree_get(map, key);
+    const ml_node *n = ml__tree_get(map, key);
     if (!n)
         return ML_OK;
-    ml_status st = ml_tree_need_scalar(err, n, key, "a name");
+    ml_status st = ml__tree_need_scalar(err, n, key, "a name");
     if (st)
         return st;
     if (strcmp(n->text, want) != 0)
-        return ml_error_at(err, n, ML_SCHEMA, "%s.%s: '%s' %s; use %s: %s", sec, key, n->text,
-                           why, key, want);
+        return ml__error_at(err, n, ML_SCHEMA, "%s.%s: '%s' %s; use %s: %s", sec, key, n->text,
+                            why, key, want);
     return ML_OK;
 }
 
@@ -98,15 +98,15 @@ static ml_status encdec_kinds(ml_error *err, const ml_node *mm, ml_model *m)
     /* relu: T5DenseActDense; geglu: T5DenseGatedActDense with gelu_new */
     static const char *const acts[] = {"relu", "geglu"};
     unsigned act = 0;
-    if ((st = ml_tree_enum(err, mm, "activation", "model", acts, 2, &act)))
+    if ((st = ml__tree_enum(err, mm, "activation", "model", acts, 2, &act)))
         return st;
-    if ((st = ml_schema_only(err, mm, "model", "norm", "rmsnorm",
+    if ((st = ml__schema_only(err, mm, "model", "norm", "rmsnorm",
                          "is not T5's layer norm (T5LayerNorm: a scale without mean or bias, "
                          "as rmsnorm)")) ||
-        (st = ml_schema_only(err, mm, "model", "position", "relative",
+        (st = ml__schema_only(err, mm, "model", "position", "relative",
                          "is not T5's positions (a learned bias per head over relative-"
                          "position buckets)")) ||
-        (st = ml_schema_only(err, mm, "model", "attention", "eager",
+        (st = ml__schema_only(err, mm, "model", "attention", "eager",
                          "is not modelled for T5: its position bias is added to the scores, "
                          "and transformers runs T5's attention eagerly")))
         return st;
@@ -117,17 +117,17 @@ static ml_status encdec_kinds(ml_error *err, const ml_node *mm, ml_model *m)
     m->attention = ML_ATTN_EAGER;
     m->bias = m->qkv_bias = m->mlp_bias = false;
     m->tied_embeddings = true; /* T5Config's tie_word_embeddings */
-    if ((st = ml_tree_bool(err, mm, "tied_embeddings", "model", &m->tied_embeddings)) ||
-        (st = ml_tree_double(err, mm, "dropout", "model", 0, 1, true, &m->dropout)) ||
-        (st = ml_tree_size(err, mm, "buffers", "model", &m->buffers)))
+    if ((st = ml__tree_bool(err, mm, "tied_embeddings", "model", &m->tied_embeddings)) ||
+        (st = ml__tree_double(err, mm, "dropout", "model", 0, 1, true, &m->dropout)) ||
+        (st = ml__tree_size(err, mm, "buffers", "model", &m->buffers)))
         return st;
     return ML_OK;
 }
 
-ml_status ml_schema_encdec(ml_error *err, const ml_node *mm, ml_model *m)
+ml_status ml__schema_encdec(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
-    if ((st = ml_tree_check_keys(err, mm, "model", encdec_keys, ML_COUNT(encdec_keys))) ||
+    if ((st = ml__tree_check_keys(err, mm, "model", encdec_keys, ML_COUNT(encdec_keys))) ||
         (st = encdec_sizes(err, mm, m)) || (st = encdec_kinds(err, mm, m)))
         return st;
     return ML_OK;

@@ -18,30 +18,30 @@ static const char *const transformer_keys[] = {
     "kv_lora_rank", "q_lora_rank", "rope_head_dim", "v_head_dim", "expert_dispatch",
     "grouped_topk", "rope_complex"};
 
-const char *const *ml_schema_transformer_keys(size_t *count)
+const char *const *ml__schema_transformer_keys(size_t *count)
 {
     *count = sizeof transformer_keys / sizeof transformer_keys[0];
     return transformer_keys;
 }
 
-ml_status ml_schema_falcon(ml_error *err, const ml_node *mm, ml_model *m)
+ml_status ml__schema_falcon(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
     m->norm_bias = m->bias;
-    if ((st = ml_tree_bool(err, mm, "norm_bias", "model", &m->norm_bias)) ||
-        (st = ml_tree_bool(err, mm, "shared_norm", "model", &m->shared_norm)))
+    if ((st = ml__tree_bool(err, mm, "norm_bias", "model", &m->norm_bias)) ||
+        (st = ml__tree_bool(err, mm, "shared_norm", "model", &m->shared_norm)))
         return st;
     if (m->shared_norm && (!m->parallel_residual || m->norm != ML_NORM_LAYERNORM ||
                            m->dropout > 0 || m->bias ||
                            (m->kv_heads != 1 && m->kv_heads != m->heads)))
-        return ml_error_at(err, ml_tree_get(mm, "shared_norm"), ML_SCHEMA,
-                           "model.shared_norm: Falcon's layer (one norm for both branches, its "
-                           "attention) needs parallel_residual: true, norm: layernorm, "
-                           "dropout: 0, bias: false (norm_bias: true) and kv_heads 1 or "
-                           "heads");
-    if (ml_tree_get(mm, "norm_bias") && m->norm != ML_NORM_LAYERNORM)
-        return ml_error_at(err, ml_tree_get(mm, "norm_bias"), ML_SCHEMA,
-                           "model.norm_bias: the LayerNorms' biases; an RMSNorm has none");
+        return ml__error_at(err, ml__tree_get(mm, "shared_norm"), ML_SCHEMA,
+                            "model.shared_norm: Falcon's layer (one norm for both branches, its "
+                            "attention) needs parallel_residual: true, norm: layernorm, "
+                            "dropout: 0, bias: false (norm_bias: true) and kv_heads 1 or "
+                            "heads");
+    if (ml__tree_get(mm, "norm_bias") && m->norm != ML_NORM_LAYERNORM)
+        return ml__error_at(err, ml__tree_get(mm, "norm_bias"), ML_SCHEMA,
+                            "model.norm_bias: the LayerNorms' biases; an RMSNorm has none");
     return ML_OK;
 }
 
@@ -52,25 +52,25 @@ static ml_status experts_dispatch(ml_error *err, const ml_node *mm, ml_model *m)
     unsigned dsp = 0;
     ml_status st;
     m->grouped_topk = false;
-    if ((st = ml_tree_enum(err, mm, "expert_dispatch", "model", dispatch, 2, &dsp)) ||
-        (st = ml_tree_bool(err, mm, "grouped_topk", "model", &m->grouped_topk)))
+    if ((st = ml__tree_enum(err, mm, "expert_dispatch", "model", dispatch, 2, &dsp)) ||
+        (st = ml__tree_bool(err, mm, "grouped_topk", "model", &m->grouped_topk)))
         return st;
     m->expert_sort = dsp == 1;
     if (m->expert_sort && m->router_sigmoid)
-        return ml_error_at(err, ml_tree_get(mm, "expert_dispatch"), ML_SCHEMA,
-                           "model.expert_dispatch: sort is DeepSeek-V2's layer, whose router is "
-                           "a softmax: drop router: sigmoid (DeepSeek-V3's)");
-    if (m->expert_sort && ml_tree_get(mm, "expert_renorm") && m->expert_renorm)
-        return ml_error_at(err, ml_tree_get(mm, "expert_renorm"), ML_SCHEMA,
-                           "model.expert_renorm: DeepSeek-V2's router (expert_dispatch: sort) "
-                           "does not renormalise its top-k weights: set it false or leave it "
-                           "out");
+        return ml__error_at(err, ml__tree_get(mm, "expert_dispatch"), ML_SCHEMA,
+                            "model.expert_dispatch: sort is DeepSeek-V2's layer, whose router is "
+                            "a softmax: drop router: sigmoid (DeepSeek-V3's)");
+    if (m->expert_sort && ml__tree_get(mm, "expert_renorm") && m->expert_renorm)
+        return ml__error_at(err, ml__tree_get(mm, "expert_renorm"), ML_SCHEMA,
+                            "model.expert_renorm: DeepSeek-V2's router (expert_dispatch: sort) "
+                            "does not renormalise its top-k weights: set it false or leave it "
+                            "out");
     if (m->expert_sort)
         m->expert_renorm = false;
     if (m->grouped_topk && !m->expert_sort)
-        return ml_error_at(err, ml_tree_get(mm, "grouped_topk"), ML_SCHEMA,
-                           "model.grouped_topk: DeepSeek-V2's group_limited_greedy; it needs "
-                           "expert_dispatch: sort");
+        return ml__error_at(err, ml__tree_get(mm, "grouped_topk"), ML_SCHEMA,
+                            "model.grouped_topk: DeepSeek-V2's group_limited_greedy; it needs "
+                            "expert_dispatch: sort");
     return ML_OK;
 }
 
@@ -83,10 +83,10 @@ static ml_status experts_kinds(ml_error *err, const ml_node *mm, ml_model *m)
     ml_status st;
     m->shared_expert_gate = true;
     m->dense_layers = 0;
-    if ((st = ml_tree_enum(err, mm, "router", "model", routers, 2, &r)) ||
-        (st = ml_tree_uint(err, mm, "dense_layers", "model", 0, ML_MAX_LAYERS,
-                           &m->dense_layers)) ||
-        (st = ml_tree_bool(err, mm, "shared_expert_gate", "model", &m->shared_expert_gate)))
+    if ((st = ml__tree_enum(err, mm, "router", "model", routers, 2, &r)) ||
+        (st = ml__tree_uint(err, mm, "dense_layers", "model", 0, ML_MAX_LAYERS,
+                            &m->dense_layers)) ||
+        (st = ml__tree_bool(err, mm, "shared_expert_gate", "model", &m->shared_expert_gate)))
         return st;
     m->router_sigmoid = r == 1;
     if ((st = experts_dispatch(err, mm, m)))
@@ -95,28 +95,28 @@ static ml_status experts_kinds(ml_error *err, const ml_node *mm, ml_model *m)
      * DeepSeek-V3's shared experts none: the layers planned */
     bool gate = m->shared_expert_gate;
     m->shared_expert_gate = !m->router_sigmoid && !m->expert_sort;
-    if (ml_tree_get(mm, "shared_expert_gate") && m->shared_expert_ffn &&
+    if (ml__tree_get(mm, "shared_expert_gate") && m->shared_expert_ffn &&
         gate != m->shared_expert_gate)
-        return ml_error_at(err, ml_tree_get(mm, "shared_expert_gate"), ML_SCHEMA,
-                           "model.shared_expert_gate: %s is not modelled here (the planned "
-                           "layers: a gated shared expert with router: softmax and "
-                           "expert_dispatch: where, Qwen2-MoE's; ungated shared experts with "
-                           "router: sigmoid, DeepSeek-V3's, or expert_dispatch: sort, "
-                           "DeepSeek-V2's)",
-                           gate ? "true" : "false");
-    if (ml_tree_get(mm, "shared_expert_gate") && !m->shared_expert_ffn)
-        return ml_error_at(err, ml_tree_get(mm, "shared_expert_gate"), ML_SCHEMA,
-                           "model.shared_expert_gate: the shared expert's gate; give "
-                           "shared_expert_ffn: N");
-    if (m->dense_layers >= m->layers && ml_tree_get(mm, "dense_layers"))
-        return ml_error_at(err, ml_tree_get(mm, "dense_layers"), ML_SCHEMA,
-                           "model.dense_layers: %llu of the %llu layers dense leaves no layer "
-                           "with experts: leave out experts instead",
-                           (unsigned long long)m->dense_layers, (unsigned long long)m->layers);
+        return ml__error_at(err, ml__tree_get(mm, "shared_expert_gate"), ML_SCHEMA,
+                            "model.shared_expert_gate: %s is not modelled here (the planned "
+                            "layers: a gated shared expert with router: softmax and "
+                            "expert_dispatch: where, Qwen2-MoE's; ungated shared experts with "
+                            "router: sigmoid, DeepSeek-V3's, or expert_dispatch: sort, "
+                            "DeepSeek-V2's)",
+                            gate ? "true" : "false");
+    if (ml__tree_get(mm, "shared_expert_gate") && !m->shared_expert_ffn)
+        return ml__error_at(err, ml__tree_get(mm, "shared_expert_gate"), ML_SCHEMA,
+                            "model.shared_expert_gate: the shared expert's gate; give "
+                            "shared_expert_ffn: N");
+    if (m->dense_layers >= m->layers && ml__tree_get(mm, "dense_layers"))
+        return ml__error_at(err, ml__tree_get(mm, "dense_layers"), ML_SCHEMA,
+                            "model.dense_layers: %llu of the %llu layers dense leaves no layer "
+                            "with experts: leave out experts instead",
+                            (unsigned long long)m->dense_layers, (unsigned long long)m->layers);
     return ML_OK;
 }
 
-ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
+ml_status ml__schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
     m->experts = 0;
@@ -124,84 +124,84 @@ ml_status ml_schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
     m->expert_ffn = m->shared_expert_ffn = 0;
     m->expert_renorm = true;
     m->router_sigmoid = m->expert_sort = m->grouped_topk = false;
-    if ((st = ml_tree_uint(err, mm, "experts", "model", 1, 4096, &m->experts)) ||
-        (st = ml_tree_uint(err, mm, "experts_per_tok", "model", 1, 4096, &m->experts_per_tok)) ||
-        (st = ml_tree_uint(err, mm, "expert_ffn", "model", 1, ML_MAX_FFN, &m->expert_ffn)) ||
-        (st = ml_tree_uint(err, mm, "shared_expert_ffn", "model", 1, ML_MAX_FFN,
-                           &m->shared_expert_ffn)) ||
-        (st = ml_tree_bool(err, mm, "expert_renorm", "model", &m->expert_renorm)))
+    if ((st = ml__tree_uint(err, mm, "experts", "model", 1, 4096, &m->experts)) ||
+        (st = ml__tree_uint(err, mm, "experts_per_tok", "model", 1, 4096, &m->experts_per_tok)) ||
+        (st = ml__tree_uint(err, mm, "expert_ffn", "model", 1, ML_MAX_FFN, &m->expert_ffn)) ||
+        (st = ml__tree_uint(err, mm, "shared_expert_ffn", "model", 1, ML_MAX_FFN,
+                            &m->shared_expert_ffn)) ||
+        (st = ml__tree_bool(err, mm, "expert_renorm", "model", &m->expert_renorm)))
         return st;
     const char *const only[] = {"expert_ffn",         "shared_expert_ffn", "expert_renorm",
                                 "router",             "dense_layers",      "shared_expert_gate",
                                 "expert_dispatch",    "grouped_topk"};
     for (size_t i = 0; i < sizeof only / sizeof only[0]; i++)
-        if (ml_tree_get(mm, only[i]) && !ml_tree_get(mm, "experts"))
-            return ml_error_at(err, ml_tree_get(mm, only[i]), ML_SCHEMA,
-                               "model.%s: a mixture of experts' key: give experts: N", only[i]);
-    const ml_node *at = ml_tree_get(mm, "experts") ? ml_tree_get(mm, "experts")
-                                                   : ml_tree_get(mm, "experts_per_tok");
+        if (ml__tree_get(mm, only[i]) && !ml__tree_get(mm, "experts"))
+            return ml__error_at(err, ml__tree_get(mm, only[i]), ML_SCHEMA,
+                                "model.%s: a mixture of experts' key: give experts: N", only[i]);
+    const ml_node *at = ml__tree_get(mm, "experts") ? ml__tree_get(mm, "experts")
+                                                   : ml__tree_get(mm, "experts_per_tok");
     if (!at)
         return ML_OK;
     if (m->experts < 2)
-        return ml_error_at(err, at, ML_SCHEMA,
-                           "model.experts: a mixture of experts needs experts: 2 or more (one "
-                           "dense MLP: leave the key out)");
+        return ml__error_at(err, at, ML_SCHEMA,
+                            "model.experts: a mixture of experts needs experts: 2 or more (one "
+                            "dense MLP: leave the key out)");
     if (!m->experts_per_tok)
         m->experts_per_tok = 2; /* MixtralConfig's num_experts_per_tok */
     if (m->experts_per_tok > m->experts)
-        return ml_error_at(err, ml_tree_get(mm, "experts_per_tok"), ML_SCHEMA,
-                           "model.experts_per_tok: %llu is more than the %llu experts",
-                           (unsigned long long)m->experts_per_tok,
-                           (unsigned long long)m->experts);
+        return ml__error_at(err, ml__tree_get(mm, "experts_per_tok"), ML_SCHEMA,
+                            "model.experts_per_tok: %llu is more than the %llu experts",
+                            (unsigned long long)m->experts_per_tok,
+                            (unsigned long long)m->experts);
     if (m->type != ML_MODEL_DECODER || !m->prenorm || m->norm == ML_NORM_LAYERNORM ||
         m->activation != ML_ACT_SWIGLU || m->parallel_residual || m->fused_proj ||
         m->post_norms || m->dropout > 0 || m->bias || m->mlp_bias)
-        return ml_error_at(err, at, ML_SCHEMA,
-                           "model.experts: planned for Mixtral's layer only: a pre-norm decoder "
-                           "with norm: rmsnorm, activation: swiglu, no biases, no "
-                           "parallel_residual, fused_projections or post_norms, and dropout: 0");
+        return ml__error_at(err, at, ML_SCHEMA,
+                            "model.experts: planned for Mixtral's layer only: a pre-norm decoder "
+                            "with norm: rmsnorm, activation: swiglu, no biases, no "
+                            "parallel_residual, fused_projections or post_norms, and dropout: 0");
     return experts_kinds(err, mm, m);
 }
 
 /* Multi-head latent attention (HF DeepseekV3Attention): kv_lora_rank turns
  * it on; head_dim is the q/k head (qk_nope_head_dim + qk_rope_head_dim),
  * rope_head_dim its rotated part, v_head_dim the value head. */
-ml_status ml_schema_mla(ml_error *err, const ml_node *mm, ml_model *m)
+ml_status ml__schema_mla(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
     m->kv_lora = m->q_lora = m->rope_dim = m->v_dim = 0;
     m->rope_complex = false;
-    if ((st = ml_tree_uint(err, mm, "kv_lora_rank", "model", 1, ML_MAX_HIDDEN, &m->kv_lora)) ||
-        (st = ml_tree_bool(err, mm, "rope_complex", "model", &m->rope_complex)) ||
-        (st = ml_tree_uint(err, mm, "q_lora_rank", "model", 1, ML_MAX_HIDDEN, &m->q_lora)) ||
-        (st = ml_tree_uint(err, mm, "rope_head_dim", "model", 2, ML_MAX_HIDDEN,
-                           &m->rope_dim)) ||
-        (st = ml_tree_uint(err, mm, "v_head_dim", "model", 1, ML_MAX_HIDDEN, &m->v_dim)))
+    if ((st = ml__tree_uint(err, mm, "kv_lora_rank", "model", 1, ML_MAX_HIDDEN, &m->kv_lora)) ||
+        (st = ml__tree_bool(err, mm, "rope_complex", "model", &m->rope_complex)) ||
+        (st = ml__tree_uint(err, mm, "q_lora_rank", "model", 1, ML_MAX_HIDDEN, &m->q_lora)) ||
+        (st = ml__tree_uint(err, mm, "rope_head_dim", "model", 2, ML_MAX_HIDDEN,
+                            &m->rope_dim)) ||
+        (st = ml__tree_uint(err, mm, "v_head_dim", "model", 1, ML_MAX_HIDDEN, &m->v_dim)))
         return st;
     const char *const only[] = {"q_lora_rank", "rope_head_dim", "v_head_dim", "rope_complex"};
     for (size_t i = 0; i < 4; i++)
-        if (ml_tree_get(mm, only[i]) && !m->kv_lora)
-            return ml_error_at(err, ml_tree_get(mm, only[i]), ML_SCHEMA,
-                               "model.%s: a key of multi-head latent attention: give "
-                               "kv_lora_rank: N",
-                               only[i]);
+        if (ml__tree_get(mm, only[i]) && !m->kv_lora)
+            return ml__error_at(err, ml__tree_get(mm, only[i]), ML_SCHEMA,
+                                "model.%s: a key of multi-head latent attention: give "
+                                "kv_lora_rank: N",
+                                only[i]);
     if (!m->kv_lora)
         return ML_OK;
-    const ml_node *at = ml_tree_get(mm, "kv_lora_rank");
+    const ml_node *at = ml__tree_get(mm, "kv_lora_rank");
     uint64_t dh = m->head_dim ? m->head_dim : m->hidden / m->heads;
     if (m->type != ML_MODEL_DECODER || !m->prenorm || m->norm != ML_NORM_RMSNORM ||
         m->position != ML_POS_ROPE || m->bias || m->qkv_bias || m->dropout > 0 ||
         m->kv_heads != m->heads ||
         m->parallel_residual || m->fused_proj || m->post_norms || m->attn_softcap > 0)
-        return ml_error_at(err, at, ML_SCHEMA,
-                           "model.kv_lora_rank: multi-head latent attention is planned in "
-                           "DeepSeek-V3's layer only: a pre-norm decoder with norm: rmsnorm, "
-                           "position: rope, bias: false, no qkv_bias, dropout: 0, kv_heads "
-                           "equal to heads, "
-                           "and no parallel_residual, fused_projections, post_norms or "
-                           "attn_softcap");
+        return ml__error_at(err, at, ML_SCHEMA,
+                            "model.kv_lora_rank: multi-head latent attention is planned in "
+                            "DeepSeek-V3's layer only: a pre-norm decoder with norm: rmsnorm, "
+                            "position: rope, bias: false, no qkv_bias, dropout: 0, kv_heads "
+                            "equal to heads, "
+                            "and no parallel_residual, fused_projections, post_norms or "
+                            "attn_softcap");
     if (!m->rope_dim || m->rope_dim % 2 || m->rope_dim >= dh)
-        return ml_error_at(err, ml_tree_get(mm, "rope_head_dim") ? ml_tree_get(mm, "rope_head_dim")
+        return ml__error_at(err, ml__tree_get(mm, "rope_head_dim") ? ml__tree_get(mm, "rope_head_dim")
                                                                  : at,
                            ML_SCHEMA,
                            "model.rope_head_dim: the rotated part of the %llu-wide q/k head "
@@ -212,7 +212,7 @@ ml_status ml_schema_mla(ml_error *err, const ml_node *mm, ml_model *m)
     return ML_OK;
 }
 
-ml_status ml_schema_olmo(ml_error *err, const ml_node *mm, ml_model *m)
+ml_status ml__schema_olmo(ml_error *err, const ml_node *mm, ml_model *m)
 {
     if (m->norm != ML_NORM_OLMO_LAYERNORM)
         return ML_OK;
@@ -228,12 +228,12 @@ ml_status ml_schema_olmo(ml_error *err, const ml_node *mm, ml_model *m)
                         m->activation == ML_ACT_QUICK_GELU};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (bad[i])
-            return ml_error_at(err, ml_tree_get(mm, "norm"), ML_SCHEMA,
-                               "model.norm: olmo_layernorm (OLMo's LayerNorm without weight or "
-                               "bias, in fp32) is planned in OLMo's layer: a pre-norm decoder "
-                               "with one dense MLP and a language-model head; model.%s is "
-                               "another layout's: remove or change it, or use norm: layernorm "
-                               "or rmsnorm",
-                               keys[i]);
+            return ml__error_at(err, ml__tree_get(mm, "norm"), ML_SCHEMA,
+                                "model.norm: olmo_layernorm (OLMo's LayerNorm without weight or "
+                                "bias, in fp32) is planned in OLMo's layer: a pre-norm decoder "
+                                "with one dense MLP and a language-model head; model.%s is "
+                                "another layout's: remove or change it, or use norm: layernorm "
+                                "or rmsnorm",
+                                keys[i]);
     return ML_OK;
 }

@@ -4,7 +4,7 @@
 
 #define LIM (1ull << 40)
 
-uint64_t ml_shape_elems(const ml_shape *s)
+uint64_t ml__shape_elems(const ml_shape *s)
 {
     uint64_t n = 1;
     for (unsigned i = 0; i < s->rank; i++)
@@ -27,7 +27,7 @@ static bool seq_step(const ml_layer *ls, size_t n, const ml_shape *in, ml_shape 
     ml_shape cur = *in;
     for (size_t i = 0; i < n; i++) {
         ml_shape nx;
-        if (!ml_shape_step(&ls[i], &cur, &nx, msg, size, where))
+        if (!ml__shape_step(&ls[i], &cur, &nx, msg, size, where))
             return false;
         cur = nx;
     }
@@ -98,8 +98,8 @@ static bool residual_step(const ml_layer *l, const ml_shape *in, ml_shape *o, ch
     return true;
 }
 
-bool ml_shape_step(const ml_layer *l, const ml_shape *in, ml_shape *out, char *msg, size_t size,
-                   const ml_layer **where)
+bool ml__shape_step(const ml_layer *l, const ml_shape *in, ml_shape *out, char *msg, size_t size,
+                    const ml_layer **where)
 {
     char sh[96];
     shape_str(in, sh, sizeof sh);
@@ -138,7 +138,7 @@ bool ml_shape_step(const ml_layer *l, const ml_shape *in, ml_shape *out, char *m
         break;
     case ML_L_FLATTEN:
         o.rank = 1;
-        o.d[0] = ml_shape_elems(in);
+        o.d[0] = ml__shape_elems(in);
         o.d[1] = o.d[2] = 0;
         break;
     case ML_L_EMBEDDING:

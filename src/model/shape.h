@@ -16,11 +16,11 @@ typedef struct {
 } ml_shape;
 
 /* Per-sample element count (saturates at UINT64_MAX). */
-uint64_t ml_shape_elems(const ml_shape *s);
+uint64_t ml__shape_elems(const ml_shape *s);
 
 /* Output shape of one layer (residuals: of the whole group). Returns false and
  * writes a message (and the failing layer) when the layer does not apply. */
-bool ml_shape_step(const ml_layer *l, const ml_shape *in, ml_shape *out, char *msg, size_t size,
-                   const ml_layer **where);
+bool ml__shape_step(const ml_layer *l, const ml_shape *in, ml_shape *out, char *msg, size_t size,
+                    const ml_layer **where);
 
 #endif

@@ -33,7 +33,7 @@ static size_t edit_distance(const char *a, const char *b)
 }
 
 /* The closest valid name, or NULL when nothing is close. */
-const char *ml_closest_name(const char *s, const char *const *names, size_t n)
+const char *ml__closest_name(const char *s, const char *const *names, size_t n)
 {
     const char *best = NULL;
     size_t bd = 3;
@@ -49,7 +49,7 @@ const char *ml_closest_name(const char *s, const char *const *names, size_t n)
     return best;
 }
 
-void ml_join_names(char *buf, size_t size, const char *const *names, size_t n)
+void ml__join_names(char *buf, size_t size, const char *const *names, size_t n)
 {
     size_t k = 0;
     buf[0] = '\0';
@@ -57,22 +57,22 @@ void ml_join_names(char *buf, size_t size, const char *const *names, size_t n)
         k += (size_t)snprintf(buf + k, size - k, "%s%s", i ? ", " : "", names[i]);
 }
 
-const char *ml_tree_type_name(const ml_node *n)
+const char *ml__tree_type_name(const ml_node *n)
 {
     return n->type == ML_NODE_MAP ? "a mapping" : n->type == ML_NODE_SEQ ? "a list" : "a scalar";
 }
 
-ml_status ml_tree_need_map(ml_error *err, const ml_node *n, const char *field)
+ml_status ml__tree_need_map(ml_error *err, const ml_node *n, const char *field)
 {
     if (n->type != ML_NODE_MAP)
-        return ml_error_at(err, n, ML_SCHEMA, "%s: expected a mapping (key: value lines), got %s",
-                           field, ml_tree_type_name(n));
+        return ml__error_at(err, n, ML_SCHEMA, "%s: expected a mapping (key: value lines), got %s",
+                            field, ml__tree_type_name(n));
     return ML_OK;
 }
 
 /* Rejects unknown and repeated keys. */
-ml_status ml_tree_check_keys(ml_error *err, const ml_node *map, const char *field,
-                             const char *const *allowed, size_t n)
+ml_status ml__tree_check_keys(ml_error *err, const ml_node *map, const char *field,
+                              const char *const *allowed, size_t n)
 {
     for (size_t i = 0; i < map->count; i++) {
         const char *k = map->keys[i]->text;
@@ -81,25 +81,25 @@ ml_status ml_tree_check_keys(ml_error *err, const ml_node *map, const char *fiel
             if (strcmp(k, allowed[j]) == 0)
                 break;
         if (j == n) {
-            const char *near = ml_closest_name(k, allowed, n);
+            const char *near = ml__closest_name(k, allowed, n);
             if (near)
-                return ml_error_at(err, map->keys[i], ML_SCHEMA,
-                                   "%s.%s: unknown key; did you mean '%s'?", field, k, near);
+                return ml__error_at(err, map->keys[i], ML_SCHEMA,
+                                    "%s.%s: unknown key; did you mean '%s'?", field, k, near);
             char list[400];
-            ml_join_names(list, sizeof list, allowed, n);
-            return ml_error_at(err, map->keys[i], ML_SCHEMA, "%s.%s: unknown key; valid keys: %s",
-                               field, k, list);
+            ml__join_names(list, sizeof list, allowed, n);
+            return ml__error_at(err, map->keys[i], ML_SCHEMA, "%s.%s: unknown key; valid keys: %s",
+                                field, k, list);
         }
         for (size_t p = 0; p < i; p++)
             if (strcmp(k, map->keys[p]->text) == 0)
-                return ml_error_at(err, map->keys[i], ML_SCHEMA,
-                                   "%s.%s: key given twice (first at line %u)", field, k,
-                                   map->keys[p]->line);
+                return ml__error_at(err, map->keys[i], ML_SCHEMA,
+                                    "%s.%s: key given twice (first at line %u)", field, k,
+                                    map->keys[p]->line);
     }
     return ML_OK;
 }
 
-const ml_node *ml_tree_get(const ml_node *map, const char *key)
+const ml_node *ml__tree_get(const ml_node *map, const char *key)
 {
     if (!map || map->type != ML_NODE_MAP)
         return NULL;
@@ -109,86 +109,86 @@ const ml_node *ml_tree_get(const ml_node *map, const char *key)
     return NULL;
 }
 
-ml_status ml_tree_need_scalar(ml_error *err, const ml_node *n, const char *field, const char *what)
+ml_status ml__tree_need_scalar(ml_error *err, const ml_node *n, const char *field, const char *what)
 {
     if (n->type != ML_NODE_SCALAR)
-        return ml_error_at(err, n, ML_SCHEMA, "%s: expected %s, got %s", field, what,
-                           ml_tree_type_name(n));
+        return ml__error_at(err, n, ML_SCHEMA, "%s: expected %s, got %s", field, what,
+                            ml__tree_type_name(n));
     return ML_OK;
 }
 
 /* Whole number in [lo, hi]. */
-ml_status ml_tree_uint(ml_error *err, const ml_node *map, const char *key, const char *parent,
-                       uint64_t lo, uint64_t hi, uint64_t *out)
+ml_status ml__tree_uint(ml_error *err, const ml_node *map, const char *key, const char *parent,
+                        uint64_t lo, uint64_t hi, uint64_t *out)
 {
-    const ml_node *n = ml_tree_get(map, key);
+    const ml_node *n = ml__tree_get(map, key);
     if (!n)
         return ML_OK;
     char field[96];
     snprintf(field, sizeof field, "%s.%s", parent, key);
-    ml_status st = ml_tree_need_scalar(err, n, field, "a whole number");
+    ml_status st = ml__tree_need_scalar(err, n, field, "a whole number");
     if (st)
         return st;
     const char *s = n->text;
     if (!n->plain || !*s)
-        return ml_error_at(err, n, ML_SCHEMA, "%s: expected a whole number, got '%s'", field, s);
+        return ml__error_at(err, n, ML_SCHEMA, "%s: expected a whole number, got '%s'", field, s);
     if (s[0] == '-' && isdigit((unsigned char)s[1]))
-        return ml_error_at(err, n, ML_RANGE, "%s: %s is negative; expected a whole number >= %llu",
-                           field, s, (unsigned long long)lo);
+        return ml__error_at(err, n, ML_RANGE, "%s: %s is negative; expected a whole number >= %llu",
+                            field, s, (unsigned long long)lo);
     for (const char *p = s; *p; p++)
         if (!isdigit((unsigned char)*p))
-            return ml_error_at(err, n, ML_SCHEMA, "%s: expected a whole number, got '%s'", field,
-                               s);
+            return ml__error_at(err, n, ML_SCHEMA, "%s: expected a whole number, got '%s'", field,
+                                s);
     /* YAML 1.1 readers (PyYAML) take 012 as octal 10, YAML 1.2 as 12 */
     if (s[0] == '0' && s[1])
-        return ml_error_at(err, n, ML_SCHEMA,
-                           "%s: '%s' has a leading zero, which YAML 1.1 reads as octal; write "
-                           "the number without it",
-                           field, s);
+        return ml__error_at(err, n, ML_SCHEMA,
+                            "%s: '%s' has a leading zero, which YAML 1.1 reads as octal; write "
+                            "the number without it",
+                            field, s);
     errno = 0;
     unsigned long long v = strtoull(s, NULL, 10);
     if (errno == ERANGE || v > hi)
-        return ml_error_at(err, n, ML_RANGE, "%s: %s is too large; the limit is %llu", field, s,
-                           (unsigned long long)hi);
+        return ml__error_at(err, n, ML_RANGE, "%s: %s is too large; the limit is %llu", field, s,
+                            (unsigned long long)hi);
     if (v < lo)
-        return ml_error_at(err, n, ML_RANGE, "%s: %s is too small; expected a whole number >= %llu",
-                           field, s, (unsigned long long)lo);
+        return ml__error_at(err, n, ML_RANGE, "%s: %s is too small; expected a whole number >= %llu",
+                            field, s, (unsigned long long)lo);
     *out = v;
     return ML_OK;
 }
 
-ml_status ml_tree_double(ml_error *err, const ml_node *map, const char *key, const char *parent,
-                         double lo, double hi, bool hi_open, double *out)
+ml_status ml__tree_double(ml_error *err, const ml_node *map, const char *key, const char *parent,
+                          double lo, double hi, bool hi_open, double *out)
 {
-    const ml_node *n = ml_tree_get(map, key);
+    const ml_node *n = ml__tree_get(map, key);
     if (!n)
         return ML_OK;
     char field[96];
     snprintf(field, sizeof field, "%s.%s", parent, key);
-    ml_status st = ml_tree_need_scalar(err, n, field, "a number");
+    ml_status st = ml__tree_need_scalar(err, n, field, "a number");
     if (st)
         return st;
     char *end = NULL;
     errno = 0;
     double v = strtod(n->text, &end);
     if (!n->plain || end == n->text || *end || errno == ERANGE || !isfinite(v))
-        return ml_error_at(err, n, ML_SCHEMA, "%s: expected a number, got '%s'", field, n->text);
+        return ml__error_at(err, n, ML_SCHEMA, "%s: expected a number, got '%s'", field, n->text);
     if (v < lo || v > hi || (hi_open && v >= hi))
-        return ml_error_at(err, n, ML_RANGE, "%s: %s is out of range; expected %g <= value %s %g",
-                           field, n->text, lo, hi_open ? "<" : "<=", hi);
+        return ml__error_at(err, n, ML_RANGE, "%s: %s is out of range; expected %g <= value %s %g",
+                            field, n->text, lo, hi_open ? "<" : "<=", hi);
     *out = v;
     return ML_OK;
 }
 
-ml_status ml_tree_bool(ml_error *err, const ml_node *map, const char *key, const char *parent,
-                       bool *out)
+ml_status ml__tree_bool(ml_error *err, const ml_node *map, const char *key, const char *parent,
+                        bool *out)
 {
-    const ml_node *n = ml_tree_get(map, key);
+    const ml_node *n = ml__tree_get(map, key);
     if (!n)
         return ML_OK;
     char field[96];
     snprintf(field, sizeof field, "%s.%s", parent, key);
-    ml_status st = ml_tree_need_scalar(err, n, field, "true or false");
+    ml_status st = ml__tree_need_scalar(err, n, field, "true or false");
     if (st)
         return st;
     if (n->plain && (!strcmp(n->text, "true") || !strcmp(n->text, "True")))
@@ -196,21 +196,21 @@ ml_status ml_tree_bool(ml_error *err, const ml_node *map, const char *key, const
     else if (n->plain && (!strcmp(n->text, "false") || !strcmp(n->text, "False")))
         *out = false;
     else
-        return ml_error_at(err, n, ML_SCHEMA, "%s: expected true or false, got '%s'", field,
-                           n->text);
+        return ml__error_at(err, n, ML_SCHEMA, "%s: expected true or false, got '%s'", field,
+                            n->text);
     return ML_OK;
 }
 
 /* One of names[]; *out is the index. */
-ml_status ml_tree_enum(ml_error *err, const ml_node *map, const char *key, const char *parent,
-                       const char *const *names, size_t count, unsigned *out)
+ml_status ml__tree_enum(ml_error *err, const ml_node *map, const char *key, const char *parent,
+                        const char *const *names, size_t count, unsigned *out)
 {
-    const ml_node *n = ml_tree_get(map, key);
+    const ml_node *n = ml__tree_get(map, key);
     if (!n)
         return ML_OK;
     char field[96];
     snprintf(field, sizeof field, "%s.%s", parent, key);
-    ml_status st = ml_tree_need_scalar(err, n, field, "a name");
+    ml_status st = ml__tree_need_scalar(err, n, field, "a name");
     if (st)
         return st;
     for (size_t i = 0; i < count; i++)
@@ -219,32 +219,32 @@ ml_status ml_tree_enum(ml_error *err, const ml_node *map, const char *key, const
             return ML_OK;
         }
     char list[300];
-    ml_join_names(list, sizeof list, names, count);
-    const char *near = ml_closest_name(n->text, names, count);
+    ml__join_names(list, sizeof list, names, count);
+    const char *near = ml__closest_name(n->text, names, count);
     if (near)
-        return ml_error_at(err, n, ML_SCHEMA,
-                           "%s: unknown value '%s'; did you mean '%s'? (one of: %s)", field,
-                           n->text, near, list);
-    return ml_error_at(err, n, ML_SCHEMA, "%s: unknown value '%s'; expected one of: %s", field,
-                       n->text, list);
+        return ml__error_at(err, n, ML_SCHEMA,
+                            "%s: unknown value '%s'; did you mean '%s'? (one of: %s)", field,
+                            n->text, near, list);
+    return ml__error_at(err, n, ML_SCHEMA, "%s: unknown value '%s'; expected one of: %s", field,
+                        n->text, list);
 }
 
-ml_status ml_tree_size(ml_error *err, const ml_node *map, const char *key, const char *parent,
-                       uint64_t *out)
+ml_status ml__tree_size(ml_error *err, const ml_node *map, const char *key, const char *parent,
+                        uint64_t *out)
 {
-    const ml_node *n = ml_tree_get(map, key);
+    const ml_node *n = ml__tree_get(map, key);
     if (!n)
         return ML_OK;
     char field[96];
     snprintf(field, sizeof field, "%s.%s", parent, key);
-    ml_status st = ml_tree_need_scalar(err, n, field, "a size such as 8GiB");
+    ml_status st = ml__tree_need_scalar(err, n, field, "a size such as 8GiB");
     if (st)
         return st;
     ml_error e;
     memset(&e, 0, sizeof e);
     st = ml_parse_size(n->text, out, &e);
     if (st)
-        return ml_error_at(err, n, st == ML_USAGE ? ML_SCHEMA : st, "%s: %s", field, e.msg);
+        return ml__error_at(err, n, st == ML_USAGE ? ML_SCHEMA : st, "%s: %s", field, e.msg);
     return ML_OK;
 }
 
@@ -270,7 +270,7 @@ static ml_status unique_in(ml_error *err, const ml_node *n, char *path, size_t l
     if (n->type == ML_NODE_MAP && n->count > 1) {
         key_ref *v = malloc(n->count * sizeof *v);
         if (!v)
-            return ml_error_at(err, n, ML_NOMEM, "out of memory");
+            return ml__error_at(err, n, ML_NOMEM, "out of memory");
         for (size_t i = 0; i < n->count; i++)
             v[i] = (key_ref){n->keys[i], i};
         qsort(v, n->count, sizeof *v, key_ref_cmp);
@@ -285,7 +285,7 @@ static ml_status unique_in(ml_error *err, const ml_node *n, char *path, size_t l
                 second = &v[i];
             }
         if (second) {
-            ml_status st = ml_error_at(
+            ml_status st = ml__error_at(
                 err, second->key, ML_SCHEMA,
                 "%.*s%s%s: key given twice (first at line %u, column %u); Python's json, and so "
                 "transformers, would keep this last value, so the file is refused rather than "
@@ -315,7 +315,7 @@ static ml_status unique_in(ml_error *err, const ml_node *n, char *path, size_t l
     return ML_OK;
 }
 
-ml_status ml_tree_check_unique(ml_error *err, const ml_node *root)
+ml_status ml__tree_check_unique(ml_error *err, const ml_node *root)
 {
     char path[256] = "";
     return root ? unique_in(err, root, path, 0, sizeof path, 0) : ML_OK;

@@ -25,14 +25,14 @@ static ml_status fail(ml_error *err, ml_status code, const yaml_mark_t *mk, cons
     return code;
 }
 
-void ml_tree_free(ml_node *n)
+void ml__tree_free(ml_node *n)
 {
     if (!n)
         return;
     for (size_t i = 0; i < n->count; i++) {
         if (n->keys)
-            ml_tree_free(n->keys[i]);
-        ml_tree_free(n->items[i]);
+            ml__tree_free(n->keys[i]);
+        ml__tree_free(n->items[i]);
     }
     free(n->keys);
     free(n->items);
@@ -151,7 +151,7 @@ static ml_status add_node(builder *b, const yaml_event_t *ev)
         memcpy(n->text, ev->data.scalar.value, ev->data.scalar.length);
         n->text[ev->data.scalar.length] = '\0';
         if (strlen(n->text) != ev->data.scalar.length) {
-            ml_tree_free(n);
+            ml__tree_free(n);
             return fail(err, ML_SYNTAX, mk, "NUL byte inside a scalar");
         }
         n->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
@@ -164,11 +164,11 @@ static ml_status add_node(builder *b, const yaml_event_t *ev)
     }
     int rc = attach(b, n);
     if (rc == -2) {
-        ml_tree_free(n);
+        ml__tree_free(n);
         return fail(err, ML_SYNTAX, mk, "a mapping key must be a plain scalar");
     }
     if (rc != 0) {
-        ml_tree_free(n);
+        ml__tree_free(n);
         return fail(err, ML_NOMEM, mk, "out of memory");
     }
     if (n->type != ML_NODE_SCALAR)
@@ -233,7 +233,7 @@ static ml_status reader_error(ml_error *err, const char *text, size_t off, const
     return fail(err, ML_SYNTAX, &mk, msg);
 }
 
-ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *err)
+ml_status ml__tree_parse(const char *text, size_t len, ml_node **root, ml_error *err)
 {
     if (len > ML_TREE_MAX_BYTES)
         return fail(err, ML_RANGE, NULL, "file larger than 16 MiB");
@@ -276,17 +276,17 @@ ml_status ml_tree_parse(const char *text, size_t len, ml_node **root, ml_error *
     }
     yaml_parser_delete(&parser);
     if (st != ML_OK) {
-        ml_tree_free(b.root);
+        ml__tree_free(b.root);
         return st;
     }
     *root = b.root;
     return ML_OK;
 }
 
-ml_status ml_tree_parse_json(const char *text, size_t len, ml_node **root, ml_error *err)
+ml_status ml__tree_parse_json(const char *text, size_t len, ml_node **root, ml_error *err)
 {
-    ml_status st = ml_tree_parse(text, len, root, err);
+    ml_status st = ml__tree_parse(text, len, root, err);
     if (st == ML_SYNTAX)
-        ml_error_reword(err, "YAML syntax: ", "JSON syntax (read as YAML): ");
+        ml__error_reword(err, "YAML syntax: ", "JSON syntax (read as YAML): ");
     return st;
 }

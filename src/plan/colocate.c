@@ -19,7 +19,7 @@
  * flat: one level, `flat`, at every instant (no period). */
 typedef struct {
     const ml_event *ev; /* the events, or */
-    const ml_level *lv; /* their levels (ml_ledger_keep_levels) */
+    const ml_level *lv; /* their levels (ml__ledger_keep_levels) */
     size_t n;
     double T;
     uint64_t offset;
@@ -58,7 +58,7 @@ static void curve_of(const ml_colocate_job *j, curve *c)
         return;
     }
     const ml_summary *s = ml_ledger_summary(j->ledger);
-    c->lv = ml_ledger_levels(j->ledger, &c->n);
+    c->lv = ml__ledger_levels(j->ledger, &c->n);
     if (!c->lv) {
         c->ev = ml_ledger_events(j->ledger);
         c->n = ml_ledger_event_count(j->ledger);
@@ -243,7 +243,7 @@ static ml_status time_over(const ml_colocate_job *a, const ml_colocate_job *b, u
     if (!sa || !sb) {
         free(sa);
         free(sb);
-        return ml_errorf(err, ML_NOMEM, "out of memory");
+        return ml__errorf(err, ML_NOMEM, "out of memory");
     }
     qsort(sb, nb, sizeof *sb, by_value);
     /* tail[i]: the share of b's period at levels sb[i..] */
@@ -284,7 +284,7 @@ static ml_status verdict(const ml_colocate_job *jobs, size_t n, ml_colocate_resu
         peaks_of(&jobs[j], &peak, &total);
         if (__builtin_add_overflow(out->worst_total, total, &out->worst_total) ||
             __builtin_add_overflow(out->peak_sum, peak, &out->peak_sum))
-            return ml_errorf(err, ML_OVERFLOW, "the jobs' peaks together exceed 64 bits");
+            return ml__errorf(err, ML_OVERFLOW, "the jobs' peaks together exceed 64 bits");
     }
     /* the default line, as plan's memory - runtime_reserve: here the
      * jobs' reserves (and allowances, which only lower it further: the
@@ -298,9 +298,9 @@ static ml_status verdict(const ml_colocate_job *jobs, size_t n, ml_colocate_resu
     }
     out->fits = out->peak_sum <= out->budget && out->worst_total <= out->memory;
     int64_t h1 = 0, h2 = 0;
-    if (!ml_headroom(out->budget, out->peak_sum, &h1) ||
-        !ml_headroom(out->memory, out->worst_total, &h2))
-        return ml_errorf(err, ML_OVERFLOW, "the jobs' peaks are more than 8 EiB (2^63 B) over "
+    if (!ml__headroom(out->budget, out->peak_sum, &h1) ||
+        !ml__headroom(out->memory, out->worst_total, &h2))
+        return ml__errorf(err, ML_OVERFLOW, "the jobs' peaks are more than 8 EiB (2^63 B) over "
                                            "the device: their headroom does not fit 64 bits");
     out->headroom = h1 < h2 ? h1 : h2;
     return ML_OK;
@@ -317,13 +317,13 @@ ml_status ml_colocate_jobs(const ml_colocate_job *jobs, size_t n, uint64_t memor
     out->memory = memory;
     out->p_time_over = -1;
     if (n < 2)
-        return ml_errorf(err, ML_USAGE, "colocate needs two jobs or more");
+        return ml__errorf(err, ML_USAGE, "colocate needs two jobs or more");
     for (size_t j = 0; j < n; j++)
         if (!jobs[j].ledger == !jobs[j].inference)
-            return ml_errorf(err, ML_USAGE, "colocate: job %zu must be a training job (a "
-                             "ledger) or an inference job, one of the two", j + 1);
+            return ml__errorf(err, ML_USAGE, "colocate: job %zu must be a training job (a "
+                              "ledger) or an inference job, one of the two", j + 1);
     if (budget > memory)
-        return ml_errorf(err, ML_RANGE, "budget: the budget is above the device memory");
+        return ml__errorf(err, ML_RANGE, "budget: the budget is above the device memory");
     out->budget = budget;
     out->budget_given = budget > 0;
     ml_status st = verdict(jobs, n, out, err);
@@ -346,7 +346,7 @@ ml_status ml_colocate(const ml_ledger *const *jobs, size_t n, uint64_t memory,
     ml_colocate_job *js = calloc(n ? n : 1, sizeof *js);
     if (!js) {
         if (err)
-            ml_errorf(err, ML_NOMEM, "out of memory");
+            ml__errorf(err, ML_NOMEM, "out of memory");
         return ML_NOMEM;
     }
     for (size_t j = 0; j < n; j++)

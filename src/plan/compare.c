@@ -32,7 +32,7 @@ ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *ro
         ml_parse_checkpoint(pols[i].name, &c.training.checkpoint, NULL);
         ml_error why;
         if ((pols[i].needs_device && !c.device.present) ||
-            ml_chain_refused(m, &c.training, &why) != ML_OK)
+            ml__chain_refused(m, &c.training, &why) != ML_OK)
             continue; /* optimal without a budget, or for an encoder-decoder */
         ml_ledger *l = NULL;
         ml_status st = ml_ledger_evaluate(m, &c, false, &l, err);

@@ -137,17 +137,17 @@ static ml_status split_batch(search *s, const ml_fit_request *req, ml_fit_result
             __builtin_mul_overflow(most, dp, &most))
             most = UINT64_MAX;
         s->accum_over = true;
-        return ml_errorf(s->err, ML_RANGE,
-                         "global_batch %llu: needs %llu accumulation steps of micro-batch %llu "
-                         "(the largest that fits, up to max_micro_batch) on %llu device%s, "
-                         "past the limit of %llu steps (training.grad_accum): the global batch "
-                         "can be at most %llu here (micro-batch x %llu x devices); give a "
-                         "smaller global_batch or more devices (training.data_parallel)",
-                         (unsigned long long)req->global_batch,
-                         (unsigned long long)r->grad_accum,
-                         (unsigned long long)r->max_micro_batch, (unsigned long long)dp,
-                         dp == 1 ? "" : "s", FIT_MAX_ACCUM, (unsigned long long)most,
-                         FIT_MAX_ACCUM);
+        return ml__errorf(s->err, ML_RANGE,
+                          "global_batch %llu: needs %llu accumulation steps of micro-batch %llu "
+                          "(the largest that fits, up to max_micro_batch) on %llu device%s, "
+                          "past the limit of %llu steps (training.grad_accum): the global batch "
+                          "can be at most %llu here (micro-batch x %llu x devices); give a "
+                          "smaller global_batch or more devices (training.data_parallel)",
+                          (unsigned long long)req->global_batch,
+                          (unsigned long long)r->grad_accum,
+                          (unsigned long long)r->max_micro_batch, (unsigned long long)dp,
+                          dp == 1 ? "" : "s", FIT_MAX_ACCUM, (unsigned long long)most,
+                          FIT_MAX_ACCUM);
     }
     return ML_OK;
 }
@@ -500,8 +500,8 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
         err = &local;
     memset(err, 0, sizeof *err);
     if (!cfg->device.present) {
-        return ml_errorf(err, ML_USAGE,
-                         "fit needs a device: give device.memory");
+        return ml__errorf(err, ML_USAGE,
+                          "fit needs a device: give device.memory");
     }
     search s = {m, *cfg, 0, err, false};
     ml_fit_result best;
@@ -530,7 +530,7 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
             s.accum_over = false;
             ml_parse_checkpoint(cands[i].name, &s.cfg.training.checkpoint, NULL);
             ml_error why;
-            if (ml_chain_refused(m, &s.cfg.training, &why) != ML_OK)
+            if (ml__chain_refused(m, &s.cfg.training, &why) != ML_OK)
                 continue; /* a policy the model refuses (optimal, for T5) */
             if ((st = fit_policy(&s, req, &r)) == ML_RANGE && s.accum_over) {
                 if (!any_over || r.max_micro_batch > over_b) {

@@ -83,14 +83,14 @@ static bool csv_number(const char *s, const char *end, uint64_t max, const char 
     while (q < end && (*q == ' ' || *q == '\t' || *q == '\r'))
         q++;
     if (p == s || q != end) {
-        ml_errorf_at(err, ML_SYNTAX, line, col,
-                     "%s: expected a whole number, got \"%.*s\" (lines are %s)", what,
-                     (int)(end - s > 40 ? 40 : end - s), s, form);
+        ml__errorf_at(err, ML_SYNTAX, line, col,
+                      "%s: expected a whole number, got \"%.*s\" (lines are %s)", what,
+                      (int)(end - s > 40 ? 40 : end - s), s, form);
         return false;
     }
     if (v < 1 || v > max) {
-        ml_errorf_at(err, ML_RANGE, line, col, "%s: must be between 1 and %llu, got %.*s", what,
-                     (unsigned long long)max, (int)(p - s > 40 ? 40 : p - s), s);
+        ml__errorf_at(err, ML_RANGE, line, col, "%s: must be between 1 and %llu, got %.*s", what,
+                      (unsigned long long)max, (int)(p - s > 40 ? 40 : p - s), s);
         return false;
     }
     *out = v;
@@ -131,17 +131,17 @@ static bool csv_header(const char *s, const char *p, const char *end, unsigned l
             if ((size_t)(z - a) == strlen(names[j]) && same_name(a, names[j], (size_t)(z - a)))
                 which = j;
         if (which >= 0 && col[which] >= 0) {
-            ml_errorf_at(err, ML_SYNTAX, line, (unsigned)(a - s) + 1,
-                         "header column %d repeats `%s`: the columns are `length` and, "
-                         "optionally, `count`",
-                         k + 1, names[which]);
+            ml__errorf_at(err, ML_SYNTAX, line, (unsigned)(a - s) + 1,
+                          "header column %d repeats `%s`: the columns are `length` and, "
+                          "optionally, `count`",
+                          k + 1, names[which]);
             return false;
         }
         if (which < 0 || k == 2) {
-            ml_errorf_at(err, ML_SYNTAX, line, (unsigned)(a - s) + 1,
-                         "header column %d is \"%.*s\": the columns are `length` and, "
-                         "optionally, `count` (in either order)",
-                         k + 1, (int)(z - a > 40 ? 40 : z - a), a);
+            ml__errorf_at(err, ML_SYNTAX, line, (unsigned)(a - s) + 1,
+                          "header column %d is \"%.*s\": the columns are `length` and, "
+                          "optionally, `count` (in either order)",
+                          k + 1, (int)(z - a > 40 ? 40 : z - a), a);
             return false;
         }
         col[which] = k;
@@ -150,8 +150,8 @@ static bool csv_header(const char *s, const char *p, const char *end, unsigned l
             break;
     }
     if (col[0] < 0) {
-        ml_errorf_at(err, ML_SYNTAX, line, (unsigned)(p - s) + 1,
-                     "the header has no `length` column (`length` or `length,count`)");
+        ml__errorf_at(err, ML_SYNTAX, line, (unsigned)(p - s) + 1,
+                      "the header has no `length` column (`length` or `length,count`)");
         return false;
     }
     *swapped = col[1] == 0;
@@ -181,8 +181,8 @@ static bool csv_line(const char *s, const char *end, unsigned line, bool header_
     uint64_t max1 = MAX_LENGTH, max2 = MAX_COUNT, *v1 = &b->t, *v2 = &b->count;
     if (*swapped) {
         if (!comma) {
-            ml_errorf_at(err, ML_SYNTAX, line, (unsigned)(end - s) + 1,
-                         "the header says count,length: this line has one field");
+            ml__errorf_at(err, ML_SYNTAX, line, (unsigned)(end - s) + 1,
+                          "the header says count,length: this line has one field");
             return false;
         }
         first = "count", second = "length";
@@ -213,7 +213,7 @@ static ml_status from_bins(bin *v, size_t n, ml_lengths **out, ml_error *err)
     }
     ml_lengths *d = lengths_new(m);
     if (!d)
-        return ml_errorf(err, ML_NOMEM, "out of memory");
+        return ml__errorf(err, ML_NOMEM, "out of memory");
     uint64_t total = 0, cum = 0;
     for (size_t i = 0; i < m; i++)
         total += v[i].count;
@@ -248,9 +248,9 @@ ml_status ml_lengths_parse_csv(const char *text, size_t len, const char *name, m
         bin b;
         line_kind kind;
         if (memchr(s, '\0', (size_t)(le - s)))
-            st = ml_errorf_at(err, ML_SYNTAX, line + 1, 0, "a NUL byte: not a text file");
+            st = ml__errorf_at(err, ML_SYNTAX, line + 1, 0, "a NUL byte: not a text file");
         else if (line >= (1u << 20))
-            st = ml_errorf_at(err, ML_RANGE, line + 1, 0, "more than 1048576 lines");
+            st = ml__errorf_at(err, ML_RANGE, line + 1, 0, "more than 1048576 lines");
         else if (!csv_line(s, le, line + 1, !n && !header, &swapped, &b, &kind, err))
             st = err ? err->code : ML_SYNTAX;
         else if (kind == LINE_HEADER)
@@ -258,14 +258,14 @@ ml_status ml_lengths_parse_csv(const char *text, size_t len, const char *name, m
         else if (kind == LINE_DATA) {
             bin *nv = ml_grow(v, n, &cap, sizeof *v, 256);
             if (!nv)
-                st = ml_errorf(err, ML_NOMEM, "out of memory");
+                st = ml__errorf(err, ML_NOMEM, "out of memory");
             else
                 (v = nv)[n++] = b;
         }
         s = le + 1;
     }
     if (!st && !n)
-        st = ml_errorf_at(err, ML_RANGE, 0, 0, "no lengths: the file has no data line");
+        st = ml__errorf_at(err, ML_RANGE, 0, 0, "no lengths: the file has no data line");
     if (!st)
         st = from_bins(v, n, out, err);
     free(v);
@@ -276,7 +276,7 @@ ml_status ml_lengths_load(const char *path, ml_lengths **out, ml_error *err)
 {
     size_t len;
     *out = NULL;
-    char *text = ml_read_file(path, &len, err);
+    char *text = ml__read_file(path, &len, err);
     if (!text)
         return err ? err->code : ML_IO;
     ml_status st = ml_lengths_parse_csv(text, len, path, out, err);
@@ -289,13 +289,13 @@ static ml_status spec_item(const char *item, size_t len, double *q, uint64_t *t,
 {
     char buf[64];
     if (len >= sizeof buf)
-        return ml_errorf(err, ML_USAGE, "lengths: \"%.*s...\" is too long", 20, item);
+        return ml__errorf(err, ML_USAGE, "lengths: \"%.*s...\" is too long", 20, item);
     memcpy(buf, item, len);
     buf[len] = '\0';
     char *eq = strchr(buf, '=');
     if (!eq)
-        return ml_errorf(err, ML_USAGE,
-                         "lengths: \"%s\" is not key=value (e.g. p50=120,p99=480,max=512)", buf);
+        return ml__errorf(err, ML_USAGE,
+                          "lengths: \"%s\" is not key=value (e.g. p50=120,p99=480,max=512)", buf);
     *eq = '\0';
     const char *key = buf, *val = eq + 1;
     char *e;
@@ -307,20 +307,20 @@ static ml_status spec_item(const char *item, size_t len, double *q, uint64_t *t,
         errno = 0;
         double pct = strtod(key + 1, &e);
         if (*e || errno || !(pct > 0 && pct < 100))
-            return ml_errorf(err, ML_USAGE,
-                             "lengths: \"%s\" is not a percentile pNN with 0 < NN < 100", key);
+            return ml__errorf(err, ML_USAGE,
+                              "lengths: \"%s\" is not a percentile pNN with 0 < NN < 100", key);
         *q = pct / 100;
     } else {
-        return ml_errorf(err, ML_USAGE, "lengths: unknown key \"%s\" (pNN, min, max)", key);
+        return ml__errorf(err, ML_USAGE, "lengths: unknown key \"%s\" (pNN, min, max)", key);
     }
     if (*val < '0' || *val > '9')
-        return ml_errorf(err, ML_USAGE, "lengths: %s: expected a whole number of tokens, got \"%s\"",
-                         key, val);
+        return ml__errorf(err, ML_USAGE, "lengths: %s: expected a whole number of tokens, got \"%s\"",
+                          key, val);
     errno = 0;
     unsigned long long v = strtoull(val, &e, 10);
     if (*e || errno || v < 1 || v > MAX_LENGTH)
-        return ml_errorf(err, ML_USAGE, "lengths: %s: must be a length between 1 and %llu, got \"%s\"",
-                         key, (unsigned long long)MAX_LENGTH, val);
+        return ml__errorf(err, ML_USAGE, "lengths: %s: must be a length between 1 and %llu, got \"%s\"",
+                          key, (unsigned long long)MAX_LENGTH, val);
     *t = v;
     return ML_OK;
 }
@@ -338,21 +338,21 @@ ml_status ml_lengths_parse_quantiles(const char *spec, ml_lengths **out, ml_erro
         const char *c = strchr(s, ',');
         size_t len = c ? (size_t)(c - s) : strlen(s);
         if (n == 32)
-            return ml_errorf(err, ML_USAGE, "lengths: more than 32 quantiles");
+            return ml__errorf(err, ML_USAGE, "lengths: more than 32 quantiles");
         ml_status st = spec_item(s, len, &q[n], &t[n], err);
         if (st)
             return st;
         for (size_t i = 0; i < n; i++)
             if (q[i] == q[n])
-                return ml_errorf(err, ML_USAGE, "lengths: \"%.*s\" given twice", (int)len, s);
+                return ml__errorf(err, ML_USAGE, "lengths: \"%.*s\" given twice", (int)len, s);
         has_min |= q[n] == 0;
         has_max |= q[n] == 1;
         n++;
         s = c ? c + 1 : s + len;
     }
     if (!has_max)
-        return ml_errorf(err, ML_USAGE,
-                         "lengths: max= is required (the longest sample, e.g. max=512)");
+        return ml__errorf(err, ML_USAGE,
+                          "lengths: max= is required (the longest sample, e.g. max=512)");
     if (!has_min)
         q[n] = 0, t[n++] = 1;
     /* by quantile (insertion: at most 34) */
@@ -365,14 +365,14 @@ ml_status ml_lengths_parse_quantiles(const char *spec, ml_lengths **out, ml_erro
         }
     for (size_t i = 1; i < n; i++)
         if (t[i] < t[i - 1])
-            return ml_errorf(err, ML_USAGE,
-                             "lengths: the lengths must not fall as the quantile rises "
-                             "(%llu at %g %% after %llu at %g %%)",
-                             (unsigned long long)t[i], q[i] * 100, (unsigned long long)t[i - 1],
-                             q[i - 1] * 100);
+            return ml__errorf(err, ML_USAGE,
+                              "lengths: the lengths must not fall as the quantile rises "
+                              "(%llu at %g %% after %llu at %g %%)",
+                              (unsigned long long)t[i], q[i] * 100, (unsigned long long)t[i - 1],
+                              q[i - 1] * 100);
     ml_lengths *d = lengths_new(n);
     if (!d)
-        return ml_errorf(err, ML_NOMEM, "out of memory");
+        return ml__errorf(err, ML_NOMEM, "out of memory");
     /* the minimum's knot is (min - 1, 0): F(min) > 0 */
     d->linear = true;
     for (size_t i = 0; i < n; i++) {

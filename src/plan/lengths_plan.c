@@ -59,30 +59,30 @@ static uint64_t budget_batch(uint64_t tokens, uint64_t t)
 static ml_status check_model(const ml_model *m, const ml_lengths *d, ml_error *err)
 {
     if (m->type == ML_MODEL_SEQUENTIAL || m->image_size)
-        return ml_errorf(err, ML_USAGE,
-                         "lengths: %s has no token sequence (a sequential or vision model); "
-                         "length distributions apply to text decoders and encoders",
-                         ml_model_name(m));
+        return ml__errorf(err, ML_USAGE,
+                          "lengths: %s has no token sequence (a sequential or vision model); "
+                          "length distributions apply to text decoders and encoders",
+                          ml_model_name(m));
     if (ml_model_image_tokens(m))
-        return ml_errorf(err, ML_USAGE,
-                         "lengths: %s is multimodal: each sample's %llu image tokens are part "
-                         "of its sequence, which one text-length distribution does not "
-                         "describe; plan the longest batch with --seq-len",
-                         ml_model_name(m), (unsigned long long)ml_model_image_tokens(m));
+        return ml__errorf(err, ML_USAGE,
+                          "lengths: %s is multimodal: each sample's %llu image tokens are part "
+                          "of its sequence, which one text-length distribution does not "
+                          "describe; plan the longest batch with --seq-len",
+                          ml_model_name(m), (unsigned long long)ml_model_image_tokens(m));
     if (m->type == ML_MODEL_ENCDEC)
-        return ml_errorf(err, ML_USAGE,
-                         "lengths: %s is an encoder-decoder, whose inputs and targets have "
-                         "lengths of their own; one distribution is not planned: plan the "
-                         "longest batch with --seq-len and --target-len",
-                         ml_model_name(m));
+        return ml__errorf(err, ML_USAGE,
+                          "lengths: %s is an encoder-decoder, whose inputs and targets have "
+                          "lengths of their own; one distribution is not planned: plan the "
+                          "longest batch with --seq-len and --target-len",
+                          ml_model_name(m));
     if (m->position == ML_POS_LEARNED && ml_lengths_max(d) > m->max_positions)
-        return ml_errorf(err, ML_RANGE,
-                         "lengths: the longest sample has %llu tokens, beyond the model's %llu "
-                         "learned positions (model.max_positions): truncate the samples to "
-                         "%llu tokens, as the tokenizer's max_length would",
-                         (unsigned long long)ml_lengths_max(d),
-                         (unsigned long long)m->max_positions,
-                         (unsigned long long)m->max_positions);
+        return ml__errorf(err, ML_RANGE,
+                          "lengths: the longest sample has %llu tokens, beyond the model's %llu "
+                          "learned positions (model.max_positions): truncate the samples to "
+                          "%llu tokens, as the tokenizer's max_length would",
+                          (unsigned long long)ml_lengths_max(d),
+                          (unsigned long long)m->max_positions,
+                          (unsigned long long)m->max_positions);
     return ML_OK;
 }
 
@@ -154,12 +154,12 @@ static ml_status count_ranges(const ml_lengths *d, uint64_t tokens, ml_error *er
         const uint64_t end = same_batch_last(tokens, t, tmax);
         n += ml_lengths_floor(d, end) >= t;
         if (n > MAX_RANGES)
-            return ml_errorf(err, ML_RANGE,
-                             "lengths: a budget of %llu tokens over lengths %llu to %llu makes "
-                             "more than %u batch sizes to plan; use a smaller max_tokens, "
-                             "or lengths from a CSV (only the lengths that occur are planned)",
-                             (unsigned long long)tokens, (unsigned long long)ml_lengths_min(d),
-                             (unsigned long long)tmax, MAX_RANGES);
+            return ml__errorf(err, ML_RANGE,
+                              "lengths: a budget of %llu tokens over lengths %llu to %llu makes "
+                              "more than %u batch sizes to plan; use a smaller max_tokens, "
+                              "or lengths from a CSV (only the lengths that occur are planned)",
+                              (unsigned long long)tokens, (unsigned long long)ml_lengths_min(d),
+                              (unsigned long long)tmax, MAX_RANGES);
         t = end + 1;
     }
     return ML_OK;
@@ -265,16 +265,16 @@ ml_status ml_lengths_plan(const ml_model *m, const ml_config *cfg, const ml_leng
     if (st)
         return st;
     if (req->max_tokens > budget_limit(d))
-        return ml_errorf(err, ML_RANGE,
-                         "lengths: a budget of %llu tokens makes batches of more than 16777216 "
-                         "samples of the shortest length (%llu tokens): at most %llu",
-                         (unsigned long long)req->max_tokens,
-                         (unsigned long long)ml_lengths_min(d),
-                         (unsigned long long)budget_limit(d));
+        return ml__errorf(err, ML_RANGE,
+                          "lengths: a budget of %llu tokens makes batches of more than 16777216 "
+                          "samples of the shortest length (%llu tokens): at most %llu",
+                          (unsigned long long)req->max_tokens,
+                          (unsigned long long)ml_lengths_min(d),
+                          (unsigned long long)budget_limit(d));
     if (req->batching == ML_BATCHING_BUCKETED &&
         (req->buckets < 1 || req->buckets > ML_LENGTHS_MAX_BUCKETS))
-        return ml_errorf(err, ML_RANGE, "buckets: must be between 1 and %d, got %u",
-                         ML_LENGTHS_MAX_BUCKETS, req->buckets);
+        return ml__errorf(err, ML_RANGE, "buckets: must be between 1 and %d, got %u",
+                          ML_LENGTHS_MAX_BUCKETS, req->buckets);
     planner p = {m, *cfg, 0, err};
     switch (req->batching) {
     case ML_BATCHING_PACKED: /* every batch: micro_batch rows of seq_len tokens */
@@ -331,8 +331,8 @@ ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const m
     if (st)
         return st;
     if (!cfg->device.present)
-        return ml_errorf(err, ML_USAGE,
-                         "max_tokens auto needs a device (device.memory)");
+        return ml__errorf(err, ML_USAGE,
+                          "max_tokens auto needs a device (device.memory)");
     planner p = {m, *cfg, 0, err};
     /* N >= the longest sample (else it would get a batch of its own); the
      * worst batch grows with N: doubling to a failure, then bisection
@@ -340,10 +340,10 @@ ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const m
     uint64_t lo = ml_lengths_max(d), hi = 0;
     bool fits;
     if (lo > budget_limit(d)) {
-        st = ml_errorf(err, ML_RANGE,
-                       "lengths: the longest sample (%llu tokens) is more than 16777216 times "
-                       "the shortest (%llu): no token budget fits both",
-                       (unsigned long long)lo, (unsigned long long)ml_lengths_min(d));
+        st = ml__errorf(err, ML_RANGE,
+                        "lengths: the longest sample (%llu tokens) is more than 16777216 times "
+                        "the shortest (%llu): no token budget fits both",
+                        (unsigned long long)lo, (unsigned long long)ml_lengths_min(d));
         goto done;
     }
     if ((st = budget_fits(&p, d, lo, &fits)) || !fits)

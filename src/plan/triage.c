@@ -134,26 +134,26 @@ ml_status ml_triage(const ml_model *m, const ml_config *cfg, const ml_triage_req
         err = &local;
     memset(err, 0, sizeof *err);
     if ((unsigned)req->oom_phase >= ML_TRIAGE_PHASE_COUNT || !(req->host_bandwidth > 0))
-        return ml_errorf(err, ML_RANGE, "triage: unknown phase, or a host bandwidth not above 0");
+        return ml__errorf(err, ML_RANGE, "triage: unknown phase, or a host bandwidth not above 0");
     ml_triage_result *r = calloc(1, sizeof *r);
     if (!r)
-        return ml_errorf(err, ML_NOMEM, "out of memory");
+        return ml__errorf(err, ML_NOMEM, "out of memory");
     ml_config worst = *cfg; /* the configuration triaged */
-    ml_status st = req->lengths ? ml_triage_worst_batch(m, cfg, req, r, &worst, err) : ML_OK;
+    ml_status st = req->lengths ? ml__triage_worst_batch(m, cfg, req, r, &worst, err) : ML_OK;
     if (!st)
-        st = ml_triage_evaluate(m, &worst, &r->current, err);
+        st = ml__triage_evaluate(m, &worst, &r->current, err);
     if (st) {
         free(r);
         return st;
     }
-    r->peak = ml_triage_binding_peak(&r->current);
+    r->peak = ml__triage_binding_peak(&r->current);
     r->host_transfer = r->current.host_transfer_bytes;
     ml_triage_ctx x = {m, &worst, req, r, traits_of(m), err, cfg};
-    r->step_time_s = ml_triage_step_time(&x, &r->current);
+    r->step_time_s = ml__triage_step_time(&x, &r->current);
     r->focus = req->oom_phase;
     observe(req, r);
     for (unsigned k = 0; k < ML_REMEDY_COUNT && !st; k++)
-        st = ml_triage_add_remedy(&x, (ml_remedy_kind)k, r);
+        st = ml__triage_add_remedy(&x, (ml_remedy_kind)k, r);
     if (!st) {
         rank(r);
         *out = *r;

@@ -8,9 +8,9 @@
 #include "memledger/plan.h"
 #include "plan/triage_internal.h"
 
-ml_status ml_triage_worst_batch(const ml_model *m, const ml_config *cfg,
-                                const ml_triage_request *req, ml_triage_result *r,
-                                ml_config *worst, ml_error *err)
+ml_status ml__triage_worst_batch(const ml_model *m, const ml_config *cfg,
+                                 const ml_triage_request *req, ml_triage_result *r,
+                                 ml_config *worst, ml_error *err)
 {
     ml_status st = ml_lengths_plan(m, cfg, req->lengths, &req->batching, &r->lengths, err);
     if (st)
@@ -21,7 +21,7 @@ ml_status ml_triage_worst_batch(const ml_model *m, const ml_config *cfg,
     return ML_OK;
 }
 
-bool ml_triage_fixed_micro_batch(const ml_triage_request *req)
+bool ml__triage_fixed_micro_batch(const ml_triage_request *req)
 {
     return !req->lengths || req->batching.batching == ML_BATCHING_PACKED ||
            (req->batching.batching == ML_BATCHING_PADDED && !req->batching.max_tokens);
@@ -64,7 +64,7 @@ static void describe(const ml_triage_ctx *x, ml_remedy *rm, const ml_lengths_res
     const size_t n = sizeof rm->changes;
     if (rm->kind == ML_REMEDY_TOKEN_BUDGET) {
         snprintf(rm->flags, sizeof rm->flags, "--max-tokens %llu", U(rm->batching.max_tokens));
-        ml_triage_put(o, n, "batches filled up to %llu tokens, the largest budget whose worst batch fits "
+        ml__triage_put(o, n, "batches filled up to %llu tokens, the largest budget whose worst batch fits "
                   "(as fit --max-tokens auto): floor(%llu / t) samples for a longest sample of "
                   "t tokens, so the micro-batch varies per batch: %llu at the median length "
                   "(%llu tokens), %llu at P99 (%llu), %llu in the worst batch (%llu)",
@@ -74,24 +74,24 @@ static void describe(const ml_triage_ctx *x, ml_remedy *rm, const ml_lengths_res
     } else {
         snprintf(rm->flags, sizeof rm->flags, "--batching bucketed --buckets %u%s",
                  rm->batching.buckets, x->req->batching.max_tokens ? " (no --max-tokens)" : "");
-        ml_triage_put(o, n, "%zu buckets of equal shares, each batch drawn from one bucket and padded "
+        ml__triage_put(o, n, "%zu buckets of equal shares, each batch drawn from one bucket and padded "
                   "to its longest length:",
             lr->nbuckets);
         for (size_t i = 0; i < lr->nbuckets; i++)
-            ml_triage_put(o, n, "%s %llu-%llu tokens x %llu", i ? "," : "", U(lr->buckets[i].lo),
+            ml__triage_put(o, n, "%s %llu-%llu tokens x %llu", i ? "," : "", U(lr->buckets[i].lo),
                 U(lr->buckets[i].hi), U(lr->buckets[i].point.micro_batch));
-        ml_triage_put(o, n, "; the micro-batch varies per bucket (%s); batches are no longer uniformly "
+        ml__triage_put(o, n, "; the micro-batch varies per bucket (%s); batches are no longer uniformly "
                   "random (shuffle the buckets' batches)",
             x->given->device.present ? "the largest that fits at its longest length"
                                      : "the configured one without a device");
     }
-    ml_triage_put(o, n, "; the effective batch varies with the micro-batch (normalise the loss per token "
+    ml__triage_put(o, n, "; the effective batch varies with the micro-batch (normalise the loss per token "
               "or per sample); step time: none derived (the lengths code plans each batch "
               "shape's memory, not the time per sample)");
 }
 
-ml_status ml_triage_add_lengths_remedy(const ml_triage_ctx *x, ml_remedy_kind k,
-                                       ml_triage_result *r)
+ml_status ml__triage_add_lengths_remedy(const ml_triage_ctx *x, ml_remedy_kind k,
+                                        ml_triage_result *r)
 {
     ml_lengths_request b;
     bool ok;
@@ -117,7 +117,7 @@ ml_status ml_triage_add_lengths_remedy(const ml_triage_ctx *x, ml_remedy_kind k,
     rm->peak_total = lr.max.peak_total;
     rm->has_device = x->given->device.present;
     rm->fits = rm->has_device && lr.p_over_budget == 0;
-    rm->in_focus = ml_triage_in_focus(x, k);
+    rm->in_focus = ml__triage_in_focus(x, k);
     /* one iteration's FLOPs and time vary with its batch: not derived */
     rm->flops_total = rm->flops_ratio = rm->step_time_s = rm->slowdown = -1;
     describe(x, rm, &lr);

@@ -82,15 +82,15 @@ const char *ml_remedy_name(ml_remedy_kind k)
     return (unsigned)k < ML_REMEDY_COUNT ? remedies[k].name : "?";
 }
 
-uint64_t ml_triage_binding_peak(const ml_summary *s)
+uint64_t ml__triage_binding_peak(const ml_summary *s)
 {
     return s->binding == ML_PEAK_EVAL              ? s->peak_eval
            : s->binding == ML_PEAK_FIRST_ITERATION ? s->peak_first_iteration
                                                    : s->peak;
 }
 
-ml_status ml_triage_evaluate(const ml_model *m, const ml_config *c, ml_summary *out,
-                             ml_error *err)
+ml_status ml__triage_evaluate(const ml_model *m, const ml_config *c, ml_summary *out,
+                              ml_error *err)
 {
     ml_ledger *l = NULL;
     ml_status st = ml_ledger_evaluate(m, c, false, &l, err);
@@ -141,7 +141,7 @@ static ml_status micro_batch_variant(const ml_triage_ctx *x, ml_config *c, bool 
             ml_summary s;
             c->training.micro_batch = d[mid];
             c->training.grad_accum = a0 * (b0 / d[mid]);
-            ml_status st = ml_triage_evaluate(x->m, c, &s, x->err);
+            ml_status st = ml__triage_evaluate(x->m, c, &s, x->err);
             if (st && st != ML_OVERFLOW)
                 return st;
             if (!st && fits(&s)) {
@@ -178,11 +178,11 @@ static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c);
 
 /* ... and false where the plan refuses the result (the fused linear
  * cross-entropy where it is not modelled, an encoder-decoder's optimal
- * checkpointing: the chain's own rules, ml_chain_refused). */
+ * checkpointing: the chain's own rules, ml__chain_refused). */
 static bool variant(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
 {
     ml_error e;
-    return variant_of(x, k, c) && ml_chain_refused(x->m, &c->training, &e) == ML_OK;
+    return variant_of(x, k, c) && ml__chain_refused(x->m, &c->training, &e) == ML_OK;
 }
 
 static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
@@ -256,7 +256,7 @@ static double host_bandwidth(const ml_triage_ctx *x)
  * host_transfer_bytes, docs/sharding.md), counted without overlap: the
  * summary's step time has them already when the device's pcie_gbps timed
  * them. */
-double ml_triage_step_time(const ml_triage_ctx *x, const ml_summary *s)
+double ml__triage_step_time(const ml_triage_ctx *x, const ml_summary *s)
 {
     if (s->step_time_s < 0)
         return -1.0;
@@ -264,7 +264,7 @@ double ml_triage_step_time(const ml_triage_ctx *x, const ml_summary *s)
            (s->time_host_transfer_s < 0 ? s->host_transfer_bytes / host_bandwidth(x) : 0);
 }
 
-void ml_triage_put(char *buf, size_t size, const char *fmt, ...)
+void ml__triage_put(char *buf, size_t size, const char *fmt, ...)
 {
     size_t n = strlen(buf);
     if (n + 1 >= size)
@@ -283,35 +283,35 @@ static void flags_of(const ml_config *c0, const ml_config *c, ml_remedy_kind k, 
     char ck[64];
     buf[0] = '\0';
     if (t->micro_batch != a->micro_batch)
-        ml_triage_put(buf, size, " --micro-batch %llu", (unsigned long long)t->micro_batch);
+        ml__triage_put(buf, size, " --micro-batch %llu", (unsigned long long)t->micro_batch);
     if (t->grad_accum != a->grad_accum)
-        ml_triage_put(buf, size, " --grad-accum %llu", (unsigned long long)t->grad_accum);
+        ml__triage_put(buf, size, " --grad-accum %llu", (unsigned long long)t->grad_accum);
     if (t->precision != a->precision)
-        ml_triage_put(buf, size, " --precision %s", ml_precision_name(t->precision));
+        ml__triage_put(buf, size, " --precision %s", ml_precision_name(t->precision));
     if (t->optimizer != a->optimizer)
-        ml_triage_put(buf, size, " --optimizer %s", ml_optimizer_name(t->optimizer));
+        ml__triage_put(buf, size, " --optimizer %s", ml_optimizer_name(t->optimizer));
     if (t->optimizer_impl != a->optimizer_impl)
-        ml_triage_put(buf, size, " --optimizer-impl %s", ml_optimizer_impl_name(t->optimizer_impl));
+        ml__triage_put(buf, size, " --optimizer-impl %s", ml_optimizer_impl_name(t->optimizer_impl));
     if (memcmp(&t->checkpoint, &a->checkpoint, sizeof t->checkpoint)) {
         ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
-        ml_triage_put(buf, size, " --checkpoint %s", ck);
+        ml__triage_put(buf, size, " --checkpoint %s", ck);
     }
     if (t->zero != a->zero)
-        ml_triage_put(buf, size, " --zero %u", t->zero);
+        ml__triage_put(buf, size, " --zero %u", t->zero);
     if (t->offload != a->offload)
-        ml_triage_put(buf, size, " --offload %s", ml_offload_name(t->offload));
+        ml__triage_put(buf, size, " --offload %s", ml_offload_name(t->offload));
     if (t->logits != a->logits)
-        ml_triage_put(buf, size, " --logits %s", ml_logits_name(t->logits));
+        ml__triage_put(buf, size, " --logits %s", ml_logits_name(t->logits));
     if (t->zero_grad != a->zero_grad)
-        ml_triage_put(buf, size, " --zero-grad %s", ml_zero_grad_name(t->zero_grad));
+        ml__triage_put(buf, size, " --zero-grad %s", ml_zero_grad_name(t->zero_grad));
     if (t->eval_batch != a->eval_batch)
-        ml_triage_put(buf, size, " --eval-batch %llu", (unsigned long long)t->eval_batch);
+        ml__triage_put(buf, size, " --eval-batch %llu", (unsigned long long)t->eval_batch);
     if (c->device.allocator != c0->device.allocator)
-        ml_triage_put(buf, size, " --allocator %s", ml_allocator_name(c->device.allocator));
+        ml__triage_put(buf, size, " --allocator %s", ml_allocator_name(c->device.allocator));
     if (c->device.fragmentation != c0->device.fragmentation)
-        ml_triage_put(buf, size, " --fragmentation %g", c->device.fragmentation);
+        ml__triage_put(buf, size, " --fragmentation %g", c->device.fragmentation);
     if (k == ML_REMEDY_ATTENTION_SDPA)
-        ml_triage_put(buf, size, " --attention sdpa");
+        ml__triage_put(buf, size, " --attention sdpa");
     if (buf[0] == ' ')
         memmove(buf, buf + 1, strlen(buf));
 }
@@ -326,25 +326,25 @@ static void describe_figures(const ml_triage_ctx *x, ml_remedy *r)
     const size_t n = sizeof r->changes;
     switch (r->kind) {
     case ML_REMEDY_MICRO_BATCH:
-        ml_triage_put(o, n, "micro-batch %llu x %llu accumulation steps: the effective batch stays %llu "
+        ml__triage_put(o, n, "micro-batch %llu x %llu accumulation steps: the effective batch stays %llu "
                   "(x %llu devices); smaller GEMMs may run less efficiently (not modelled)",
             (unsigned long long)t->micro_batch, (unsigned long long)t->grad_accum,
             (unsigned long long)(t->micro_batch * t->grad_accum * t->data_parallel),
             (unsigned long long)t->data_parallel);
         if (x->tr.batchnorm)
-            ml_triage_put(o, n, "; BatchNorm normalises over %llu samples instead of %llu: noisier batch "
+            ml__triage_put(o, n, "; BatchNorm normalises over %llu samples instead of %llu: noisier batch "
                       "statistics (SyncBatchNorm or GroupNorm avoid it)",
                 (unsigned long long)t->micro_batch, (unsigned long long)t0->micro_batch);
         return;
     case ML_REMEDY_EVAL_BATCH:
-        ml_triage_put(o, n, "evaluation at %llu samples per forward instead of %llu: twice the "
+        ml__triage_put(o, n, "evaluation at %llu samples per forward instead of %llu: twice the "
                   "evaluation steps, the same metrics; training unchanged",
             (unsigned long long)t->eval_batch, (unsigned long long)t0->eval_batch);
         return;
     case ML_REMEDY_ZERO_1:
     case ML_REMEDY_ZERO_2:
     case ML_REMEDY_ZERO_3:
-        ml_triage_put(o, n, "ZeRO stage %u over %llu devices shards %s: the same updates", t->zero,
+        ml__triage_put(o, n, "ZeRO stage %u over %llu devices shards %s: the same updates", t->zero,
             (unsigned long long)t->data_parallel,
             t->zero == 1   ? "optimizer states and master weights"
             : t->zero == 2 ? "optimizer states, master weights and gradients"
@@ -353,7 +353,7 @@ static void describe_figures(const ml_triage_ctx *x, ml_remedy *r)
     default: /* offload */
         ml_format_bytes(r->host_bytes, a, sizeof a);
         ml_format_bytes((uint64_t)r->host_transfer, b, sizeof b);
-        ml_triage_put(o, n, "%s on the host (%s): needs %s of host memory per device and moves %s over "
+        ml__triage_put(o, n, "%s on the host (%s): needs %s of host memory per device and moves %s over "
                   "the host link per iteration (%.3g s at %.3g GB/s, counted without overlap); "
                   "the host's optimizer step time is not modelled",
             r->kind == ML_REMEDY_OFFLOAD_PARAMS
@@ -374,49 +374,49 @@ static void describe(const ml_triage_ctx *x, ml_remedy *r, const ml_summary *s)
     char *o = r->changes;
     const size_t n = sizeof r->changes;
     if (remedies[k].changes) {
-        ml_triage_put(o, n, "%s", remedies[k].changes);
+        ml__triage_put(o, n, "%s", remedies[k].changes);
     } else if (remedies[k].policy) {
         ml_format_flops(s->flops_recompute, a, sizeof a);
-        ml_triage_put(o, n, "recomputes %s per iteration (FLOPs x %.3f); the same math", a, r->flops_ratio);
+        ml__triage_put(o, n, "recomputes %s per iteration (FLOPs x %.3f); the same math", a, r->flops_ratio);
         if (k == ML_REMEDY_CKPT_OPTIMAL)
-            ml_triage_put(o, n, "; %s", s->plan);
+            ml__triage_put(o, n, "; %s", s->plan);
         if (k == ML_REMEDY_CKPT_SELECTIVE)
-            ml_triage_put(o, n, "; only the attention core is recomputed%s",
+            ml__triage_put(o, n, "; only the attention core is recomputed%s",
                 x->tr.dropout ? "; its dropout mask is regenerated from the saved RNG state" : "");
         else if (x->tr.dropout)
-            ml_triage_put(o, n, "; dropout in recomputed blocks: torch.utils.checkpoint saves and "
+            ml__triage_put(o, n, "; dropout in recomputed blocks: torch.utils.checkpoint saves and "
                       "restores the RNG state (preserve_rng_state=True) so the masks match");
     } else {
         describe_figures(x, r);
     }
     if (k == ML_REMEDY_ATTENTION_SDPA && x->tr.dropout)
-        ml_triage_put(o, n, " (its dropout draws a different random stream)");
+        ml__triage_put(o, n, " (its dropout draws a different random stream)");
     if (k == ML_REMEDY_EXPANDABLE && x->r->observed.fragmented)
-        ml_triage_put(o, n, "; the failing run reserved %.0f%% more than it allocated",
+        ml__triage_put(o, n, "; the failing run reserved %.0f%% more than it allocated",
             100 * x->r->observed.fragmentation);
     if (s->comm_bytes != x->r->current.comm_bytes) {
         ml_format_bytes((uint64_t)x->r->current.comm_bytes, a, sizeof a);
         ml_format_bytes((uint64_t)s->comm_bytes, b, sizeof b);
-        ml_triage_put(o, n, "; communication per device %s -> %s per iteration", a, b);
+        ml__triage_put(o, n, "; communication per device %s -> %s per iteration", a, b);
     }
 }
 
-bool ml_triage_in_focus(const ml_triage_ctx *x, ml_remedy_kind k)
+bool ml__triage_in_focus(const ml_triage_ctx *x, ml_remedy_kind k)
 {
     return x->req->oom_phase != ML_TRIAGE_ANY && (remedies[k].focus & (1u << x->req->oom_phase));
 }
 
 /* Expandable segments are listed when the run was seen fragmented even
  * without a lower peak: the plan cannot show what they would save. */
-ml_status ml_triage_add_remedy(const ml_triage_ctx *x, ml_remedy_kind k, ml_triage_result *r)
+ml_status ml__triage_add_remedy(const ml_triage_ctx *x, ml_remedy_kind k, ml_triage_result *r)
 {
     ml_config c = *x->cfg;
     bool ok = false;
     ml_status st = ML_OK;
     if (k == ML_REMEDY_TOKEN_BUDGET || k == ML_REMEDY_LENGTH_BUCKETS)
-        return ml_triage_add_lengths_remedy(x, k, r);
+        return ml__triage_add_lengths_remedy(x, k, r);
     if (k == ML_REMEDY_MICRO_BATCH)
-        st = x->cfg->training.micro_batch > 1 && ml_triage_fixed_micro_batch(x->req)
+        st = x->cfg->training.micro_batch > 1 && ml__triage_fixed_micro_batch(x->req)
                  ? micro_batch_variant(x, &c, &ok)
                  : ML_OK;
     else
@@ -431,7 +431,7 @@ ml_status ml_triage_add_remedy(const ml_triage_ctx *x, ml_remedy_kind k, ml_tria
         m = &sdpa;
     }
     ml_summary s;
-    st = ml_triage_evaluate(m, &c, &s, x->err);
+    st = ml__triage_evaluate(m, &c, &s, x->err);
     if (st == ML_OVERFLOW)
         return ML_OK; /* too large to represent: no remedy */
     if (st)
@@ -444,17 +444,17 @@ ml_status ml_triage_add_remedy(const ml_triage_ctx *x, ml_remedy_kind k, ml_tria
     rm->kind = k;
     rm->config = c;
     flags_of(x->cfg, &c, k, rm->flags, sizeof rm->flags);
-    rm->peak = ml_triage_binding_peak(&s);
+    rm->peak = ml__triage_binding_peak(&s);
     rm->peak_total = s.peak_total;
     rm->has_device = s.has_device;
     rm->fits = fits(&s);
-    rm->in_focus = ml_triage_in_focus(x, k);
+    rm->in_focus = ml__triage_in_focus(x, k);
     rm->flops_total = s.flops_total;
     rm->flops_ratio = r->current.flops_total > 0 ? s.flops_total / r->current.flops_total : 1;
     rm->host_bytes = s.bytes_host;
     rm->host_transfer = s.host_transfer_bytes;
     rm->comm_bytes = s.comm_bytes;
-    rm->step_time_s = ml_triage_step_time(x, &s);
+    rm->step_time_s = ml__triage_step_time(x, &s);
     rm->slowdown = rm->step_time_s >= 0 && r->step_time_s > 0 ? rm->step_time_s / r->step_time_s
                                                                : rm->flops_ratio;
     describe(x, rm, &s);

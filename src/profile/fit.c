@@ -17,7 +17,7 @@ ml_status ml_linfit_points(const double *x, const double *y, size_t n, ml_linfit
                            ml_error *err)
 {
     if (n < 2)
-        return ml_errorf_at(err, ML_RANGE, 0, 0, "a fit needs at least 2 points, got %zu", n);
+        return ml__errorf_at(err, ML_RANGE, 0, 0, "a fit needs at least 2 points, got %zu", n);
     double mx = 0, my = 0;
     for (size_t i = 0; i < n; i++) {
         mx += x[i];
@@ -34,7 +34,7 @@ ml_status ml_linfit_points(const double *x, const double *y, size_t n, ml_linfit
     /* relative, not only > 0: equal x values whose products rounded apart
      * (B*T*D past 2^53) leave a spread of rounding noise, not a slope */
     if (!(sxx > 0) || !(sqrt(sxx) > 1e-12 * fabs(mx) * sqrt((double)n)))
-        return ml_errorf_at(err, ML_RANGE, 0, 0, "a fit needs at least 2 distinct x values");
+        return ml__errorf_at(err, ML_RANGE, 0, 0, "a fit needs at least 2 distinct x values");
     ml_linfit f;
     f.slope = sxy / sxx;
     f.fixed = my - f.slope * mx;
@@ -109,25 +109,25 @@ static ml_status read_header(const char *line, size_t llen, unsigned lineno, int
     bool too_long = false;
     for (int c = 0; pos < llen || c == 0; c++) {
         if (c > 64)
-            return ml_errorf_at(err, ML_RANGE, lineno, 1, "more than 64 columns");
+            return ml__errorf_at(err, ML_RANGE, lineno, 1, "more than 64 columns");
         /* a name too long for buf is neither of ours: ignored */
         size_t start = field(line, llen, &pos, buf, sizeof buf, &too_long);
         int *col = !strcmp(buf, "micro_batch") ? col_b : !strcmp(buf, "peak") ? col_p : NULL;
         if (col && *col >= 0)
-            return ml_errorf_at(err, ML_SCHEMA, lineno, (unsigned)start + 1,
-                                "the header names %s twice (columns %d and %d): which one "
-                                "holds the measurements?",
-                                buf, *col + 1, c + 1);
+            return ml__errorf_at(err, ML_SCHEMA, lineno, (unsigned)start + 1,
+                                 "the header names %s twice (columns %d and %d): which one "
+                                 "holds the measurements?",
+                                 buf, *col + 1, c + 1);
         if (col)
             *col = c;
         if (pos >= llen)
             break;
     }
     if (*col_b < 0 || *col_p < 0)
-        return ml_errorf_at(err, ML_SCHEMA, lineno, 1,
-                            "the header must name the columns micro_batch and peak (e.g. "
-                            "\"micro_batch,peak\"), got \"%.*s\"",
-                            (int)(llen > 80 ? 80 : llen), line);
+        return ml__errorf_at(err, ML_SCHEMA, lineno, 1,
+                             "the header must name the columns micro_batch and peak (e.g. "
+                             "\"micro_batch,peak\"), got \"%.*s\"",
+                             (int)(llen > 80 ? 80 : llen), line);
     return ML_OK;
 }
 
@@ -142,16 +142,16 @@ static ml_status read_row(const char *line, size_t llen, unsigned lineno, int co
         size_t at = field(line, llen, &pos, buf, sizeof buf, &too_long);
         unsigned colno = (unsigned)at + 1;
         if ((c == col_b || c == col_p) && too_long)
-            return ml_errorf_at(err, ML_SCHEMA, lineno, colno,
-                                "%s: a field longer than %u bytes; a number or a size is "
-                                "shorter",
-                                c == col_b ? "micro_batch" : "peak", POINTS_MAX_FIELD);
+            return ml__errorf_at(err, ML_SCHEMA, lineno, colno,
+                                 "%s: a field longer than %u bytes; a number or a size is "
+                                 "shorter",
+                                 c == col_b ? "micro_batch" : "peak", POINTS_MAX_FIELD);
         if (c == col_b) {
             char *end = NULL;
             errno = 0;
             unsigned long long v = strtoull(buf, &end, 10);
             if (!buf[0] || *end || errno || buf[0] == '-' || v == 0 || v > (1ull << 24))
-                return ml_errorf_at(
+                return ml__errorf_at(
                     err, ML_SCHEMA, lineno, colno,
                     "micro_batch: '%s' is not a whole number between 1 and 16777216", buf);
             p->micro_batch = v;
@@ -160,9 +160,9 @@ static ml_status read_row(const char *line, size_t llen, unsigned lineno, int co
             ml_error e2;
             memset(&e2, 0, sizeof e2);
             if (ml_parse_size(buf, &p->peak, &e2) != ML_OK)
-                return ml_errorf_at(err, ML_SCHEMA, lineno, colno, "peak: %s", e2.msg);
+                return ml__errorf_at(err, ML_SCHEMA, lineno, colno, "peak: %s", e2.msg);
             if (p->peak > POINTS_MAX_PEAK) /* (0 is refused by ml_parse_size) */
-                return ml_errorf_at(
+                return ml__errorf_at(
                     err, ML_RANGE, lineno, colno,
                     "peak: '%s' is past 1 PiB (2^50 B), thousands of times any device's "
                     "memory: check the column's unit",
@@ -173,8 +173,8 @@ static ml_status read_row(const char *line, size_t llen, unsigned lineno, int co
             break;
     }
     if (!got_b || !got_p)
-        return ml_errorf_at(err, ML_SCHEMA, lineno, 1, "the row lacks the %s column",
-                            got_b ? "peak" : "micro_batch");
+        return ml__errorf_at(err, ML_SCHEMA, lineno, 1, "the row lacks the %s column",
+                             got_b ? "peak" : "micro_batch");
     return ML_OK;
 }
 
@@ -187,7 +187,7 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
     memset(err, 0, sizeof *err);
     snprintf(err->path, sizeof err->path, "%s", name ? name : "<points>");
     if (len > ML_INPUT_MAX_BYTES)
-        return ml_errorf_at(err, ML_RANGE, 0, 0, "file larger than 16 MiB");
+        return ml__errorf_at(err, ML_RANGE, 0, 0, "file larger than 16 MiB");
     int col_b = -1, col_p = -1;
     size_t cap = 0, count = 0;
     ml_point *pts = NULL;
@@ -215,7 +215,7 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
         if (k == llen || line[k] == '#')
             continue; /* blank or comment */
         if (memchr(line, '\0', llen)) {
-            st = ml_errorf_at(err, ML_SCHEMA, lineno, 1, "a NUL byte in the CSV");
+            st = ml__errorf_at(err, ML_SCHEMA, lineno, 1, "a NUL byte in the CSV");
             break;
         }
         if (!header) {
@@ -227,24 +227,24 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
         if ((st = read_row(line, llen, lineno, col_b, col_p, &p, err)))
             break;
         if (count == POINTS_MAX_ROWS) {
-            st = ml_errorf_at(err, ML_RANGE, lineno, 1, "more than %u points", POINTS_MAX_ROWS);
+            st = ml__errorf_at(err, ML_RANGE, lineno, 1, "more than %u points", POINTS_MAX_ROWS);
             break;
         }
         ml_point *np = ml_grow(pts, count, &cap, sizeof *np, 16);
         if (!np) {
-            st = ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
+            st = ml__errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
             break;
         }
         pts = np;
         pts[count++] = p;
     }
     if (!st && !header)
-        st = ml_errorf_at(err, ML_SCHEMA, 0, 0,
-                          "the file is empty: expected a header \"micro_batch,peak\" "
-                          "and one row per measurement");
+        st = ml__errorf_at(err, ML_SCHEMA, 0, 0,
+                           "the file is empty: expected a header \"micro_batch,peak\" "
+                           "and one row per measurement");
     if (!st && count < 2)
-        st = ml_errorf_at(err, ML_RANGE, lineno, 1,
-                          "a fit needs at least 2 measurements, got %zu", count);
+        st = ml__errorf_at(err, ML_RANGE, lineno, 1,
+                           "a fit needs at least 2 measurements, got %zu", count);
     if (st) {
         free(pts);
         return st;
@@ -260,7 +260,7 @@ ml_status ml_points_load_csv(const char *path, ml_point **out, size_t *n, ml_err
     if (!err)
         err = &local;
     size_t len = 0;
-    char *buf = ml_read_file(path, &len, err);
+    char *buf = ml__read_file(path, &len, err);
     if (!buf)
         return err->code;
     ml_status st = ml_points_parse_csv(buf, len, path, out, n, err);
@@ -299,12 +299,12 @@ static ml_status check_rising(const ml_point *p, size_t n, double slope, ml_erro
                  a, (unsigned long long)p[lo].micro_batch, b,
                  (unsigned long long)p[hi].micro_batch, p[hi].line);
     }
-    return ml_errorf_at(err, ML_RANGE, lo < n ? p[lo].line : 0, lo < n ? 1 : 0,
-                        "the peaks fall as the micro-batch grows%s, %.0f B per sample by the "
-                        "fit: a larger micro-batch cannot need less memory; check that the "
-                        "columns are micro_batch and peak and that each peak was measured "
-                        "from a reset (torch.cuda.reset_peak_memory_stats())",
-                        pair, slope);
+    return ml__errorf_at(err, ML_RANGE, lo < n ? p[lo].line : 0, lo < n ? 1 : 0,
+                         "the peaks fall as the micro-batch grows%s, %.0f B per sample by the "
+                         "fit: a larger micro-batch cannot need less memory; check that the "
+                         "columns are micro_batch and peak and that each peak was measured "
+                         "from a reset (torch.cuda.reset_peak_memory_stats())",
+                         pair, slope);
 }
 
 /* The largest micro-batch whose fitted peak is within budget (0: none;
@@ -341,21 +341,21 @@ ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64
                             ml_points_fit *out, ml_error *err)
 {
     if (n < 2)
-        return ml_errorf_at(err, ML_RANGE, 0, 0, "a fit needs at least 2 points, got %zu", n);
+        return ml__errorf_at(err, ML_RANGE, 0, 0, "a fit needs at least 2 points, got %zu", n);
     /* a line needs two micro-batches: name the lines of the one there is */
     bool distinct = false;
     for (size_t i = 1; i < n && !distinct; i++)
         distinct = p[i].micro_batch != p[0].micro_batch;
     if (!distinct)
-        return ml_errorf_at(err, ML_RANGE, p[n - 1].line, 1,
-                            "every line measures micro_batch %llu (lines %u to %u): a fit needs "
-                            "peaks at two micro-batches or more",
-                            (unsigned long long)p[0].micro_batch, p[0].line, p[n - 1].line);
+        return ml__errorf_at(err, ML_RANGE, p[n - 1].line, 1,
+                             "every line measures micro_batch %llu (lines %u to %u): a fit needs "
+                             "peaks at two micro-batches or more",
+                             (unsigned long long)p[0].micro_batch, p[0].line, p[n - 1].line);
     double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
     if (!x || !y) {
         free(x);
         free(y);
-        return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
+        return ml__errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
         x[i] = (double)p[i].micro_batch;
@@ -374,10 +374,10 @@ ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64
     if ((st = check_rising(p, n, r.fit.slope, err)))
         return st;
     if (!(fabs(r.fit.fixed) <= POINTS_MAX_FIT))
-        return ml_errorf_at(err, ML_RANGE, 0, 0,
-                            "the fit's fixed term is %.4g B, past 8 PiB (2^53 B): the points do "
-                            "not lie on a line through a plausible memory use",
-                            r.fit.fixed);
+        return ml__errorf_at(err, ML_RANGE, 0, 0,
+                             "the fit's fixed term is %.4g B, past 8 PiB (2^53 B): the points do "
+                             "not lie on a line through a plausible memory use",
+                             r.fit.fixed);
     r.fixed_bytes = r.fit.fixed;
     r.per_sample_bytes = r.fit.slope;
     for (size_t i = 0; i < n; i++)
@@ -392,13 +392,13 @@ ml_status ml_points_analyse(const ml_point *p, size_t n, uint64_t budget, uint64
         /* a prediction is a count of bytes: not below zero (the line does
          * not reach down to `at`), not past what a double holds exactly */
         if (!(r.peak_at >= 0) || !(r.peak_at <= POINTS_MAX_FIT))
-            return ml_errorf_at(err, ML_RANGE, 0, 0,
-                                "points.at %llu: the fit predicts %.4g B there, %s: the straight line "
-                                "through the measurements does not extend to micro-batch %llu; "
-                                "measure nearer it",
-                                (unsigned long long)at, r.peak_at,
-                                r.peak_at < 0 ? "below zero" : "past 8 PiB (2^53 B)",
-                                (unsigned long long)at);
+            return ml__errorf_at(err, ML_RANGE, 0, 0,
+                                 "points.at %llu: the fit predicts %.4g B there, %s: the straight line "
+                                 "through the measurements does not extend to micro-batch %llu; "
+                                 "measure nearer it",
+                                 (unsigned long long)at, r.peak_at,
+                                 r.peak_at < 0 ? "below zero" : "past 8 PiB (2^53 B)",
+                                 (unsigned long long)at);
     }
     *out = r;
     return ML_OK;

@@ -14,7 +14,7 @@
 #include "util/grow.h"
 
 #define NKEYS ML_PROFILE_NMETA
-const char *const ml_profile_meta_keys[NKEYS] = {"name",    "backend", "device", "dtype",
+const char *const ml__profile_meta_keys[NKEYS] = {"name",    "backend", "device", "dtype",
                                                  "driver",  "library", "created", "notes",
                                                  "precision"};
 
@@ -79,7 +79,7 @@ void ml_profile_destroy(ml_profile *p)
 static int meta_index(const char *key)
 {
     for (int i = 0; i < NKEYS; i++)
-        if (!strcmp(ml_profile_meta_keys[i], key))
+        if (!strcmp(ml__profile_meta_keys[i], key))
             return i;
     return -1;
 }
@@ -305,10 +305,10 @@ ml_status ml_profile_fit(ml_profile *p, ml_error *err)
     /* a run whose every point was skipped (out of device memory) must not
      * write a profile of no layers over a measured one */
     if (!p->nkinds)
-        return ml_errorf_at(err, ML_RANGE, 0, 0,
-                            "the profile has no measured point (were they all skipped?): a "
-                            "profile needs points of at least one layer kind (%s)",
-                            ML_PROFILE_KINDS);
+        return ml__errorf_at(err, ML_RANGE, 0, 0,
+                             "the profile has no measured point (were they all skipped?): a "
+                             "profile needs points of at least one layer kind (%s)",
+                             ML_PROFILE_KINDS);
     double b = ml_profile_dtype_bytes(p);
     for (size_t i = 0; i < p->nkinds; i++) {
         kindrec *k = &p->kinds[i];
@@ -458,7 +458,7 @@ int ml_profile_write(FILE *f, const ml_profile *p)
           f);
     fputs("profile_version: 1\n", f);
     for (int i = 0; i < NKEYS; i++) {
-        fprintf(f, "%s: ", ml_profile_meta_keys[i]);
+        fprintf(f, "%s: ", ml__profile_meta_keys[i]);
         qstr(f, p->meta[i] ? p->meta[i] : "");
         fputc('\n', f);
     }

@@ -5,6 +5,6 @@
 
 /* The metadata keys, each a string, in the order a profile is written. */
 #define ML_PROFILE_NMETA 9
-extern const char *const ml_profile_meta_keys[ML_PROFILE_NMETA];
+extern const char *const ml__profile_meta_keys[ML_PROFILE_NMETA];
 
 #endif

@@ -15,10 +15,10 @@
 static ml_status num(ml_error *err, const ml_node *map, const char *key, const char *where,
                      bool required, double *out)
 {
-    const ml_node *n = ml_tree_get(map, key);
+    const ml_node *n = ml__tree_get(map, key);
     if (!n) {
         if (required)
-            return ml_error_at(err, map, ML_SCHEMA, "%s.%s: missing", where, key);
+            return ml__error_at(err, map, ML_SCHEMA, "%s.%s: missing", where, key);
         return ML_OK;
     }
     char *end = NULL;
@@ -26,7 +26,7 @@ static ml_status num(ml_error *err, const ml_node *map, const char *key, const c
     double v = n->type == ML_NODE_SCALAR ? strtod(n->text, &end) : NAN;
     if (n->type != ML_NODE_SCALAR || !end || *end || end == n->text || !isfinite(v) || v < 0 ||
         errno)
-        return ml_error_at(err, n, ML_SCHEMA, "%s.%s: expected a number >= 0", where, key);
+        return ml__error_at(err, n, ML_SCHEMA, "%s.%s: expected a number >= 0", where, key);
     *out = v;
     return ML_OK;
 }
@@ -39,8 +39,8 @@ static ml_status u64(ml_error *err, const ml_node *map, const char *key, const c
     if (st)
         return st;
     if (v > 1.8e19 || v != floor(v))
-        return ml_error_at(err, ml_tree_get(map, key), ML_SCHEMA, "%s.%s: expected a whole number",
-                           where, key);
+        return ml__error_at(err, ml__tree_get(map, key), ML_SCHEMA, "%s.%s: expected a whole number",
+                            where, key);
     *out = (uint64_t)v;
     return ML_OK;
 }
@@ -59,10 +59,10 @@ static ml_status bytes(ml_error *err, const ml_node *map, const char *key, const
 {
     ml_status st = u64(err, map, key, where, required, out);
     if (!st && *out > PROFILE_MAX_BYTES)
-        return ml_error_at(err, ml_tree_get(map, key), ML_RANGE,
-                           "%s.%s: %llu B is past 1 PiB (2^50 B), thousands of times any "
-                           "device's memory: a unit mistake?",
-                           where, key, (unsigned long long)*out);
+        return ml__error_at(err, ml__tree_get(map, key), ML_RANGE,
+                            "%s.%s: %llu B is past 1 PiB (2^50 B), thousands of times any "
+                            "device's memory: a unit mistake?",
+                            where, key, (unsigned long long)*out);
     return st;
 }
 
@@ -71,11 +71,11 @@ static ml_status tflops(ml_error *err, const ml_node *map, const char *key, cons
 {
     ml_status st = num(err, map, key, where, required, out);
     if (!st && *out > PROFILE_MAX_TFLOPS)
-        return ml_error_at(err, ml_tree_get(map, key), ML_RANGE,
-                           "%s%s%s: %g TFLOP/s is past 100000 (100 PFLOP/s), five times the "
-                           "fastest device's quoted figure (about 20 PFLOP/s, sparse FP4): a "
-                           "unit or timing mistake; measure it again",
-                           where, *where ? "." : "", key, *out);
+        return ml__error_at(err, ml__tree_get(map, key), ML_RANGE,
+                            "%s%s%s: %g TFLOP/s is past 100000 (100 PFLOP/s), five times the "
+                            "fastest device's quoted figure (about 20 PFLOP/s, sparse FP4): a "
+                            "unit or timing mistake; measure it again",
+                            where, *where ? "." : "", key, *out);
     return st;
 }
 
@@ -117,7 +117,7 @@ static ml_status read_header(const ml_node *r, ml_profile *p, ml_error *err)
             if (!strcmp(r->keys[i]->text, top_keys[j]))
                 break;
         if (j == NTOP)
-            return ml_error_at(err, r->keys[i], ML_SCHEMA, "%s: unknown key in a profile",
+            return ml__error_at(err, r->keys[i], ML_SCHEMA, "%s: unknown key in a profile",
                        r->keys[i]->text);
     }
     double ver = 0;
@@ -125,29 +125,29 @@ static ml_status read_header(const ml_node *r, ml_profile *p, ml_error *err)
     if (st)
         return st;
     if (ver != 1)
-        return ml_error_at(err, ml_tree_get(r, "profile_version"), ML_SCHEMA,
+        return ml__error_at(err, ml__tree_get(r, "profile_version"), ML_SCHEMA,
                    "profile_version: %g is not supported (this memledger reads version 1)", ver);
     for (int i = 0; i < ML_PROFILE_NMETA; i++) {
-        const char *key = ml_profile_meta_keys[i];
-        const ml_node *n = ml_tree_get(r, key);
+        const char *key = ml__profile_meta_keys[i];
+        const ml_node *n = ml__tree_get(r, key);
         if (!n)
             continue;
         if (n->type != ML_NODE_SCALAR)
-            return ml_error_at(err, n, ML_SCHEMA, "%s: expected a string", key);
+            return ml__error_at(err, n, ML_SCHEMA, "%s: expected a string", key);
         if (ml_profile_set(p, key, n->text))
-            return ml_error_at(err, n, ML_NOMEM, "out of memory");
+            return ml__error_at(err, n, ML_NOMEM, "out of memory");
     }
     const char *dt = ml_profile_get(p, "dtype");
     if (strcmp(dt, "fp32") && strcmp(dt, "bf16") && strcmp(dt, "fp16"))
-        return ml_error_at(err, ml_tree_get(r, "dtype") ? ml_tree_get(r, "dtype") : r, ML_SCHEMA,
+        return ml__error_at(err, ml__tree_get(r, "dtype") ? ml__tree_get(r, "dtype") : r, ML_SCHEMA,
                    "dtype: '%s' is not fp32, bf16 or fp16", dt);
     const char *pr = ml_profile_get(p, "precision");
     ml_precision pp;
     if (*pr && !ml_precision_parse(pr, &pp))
-        return ml_error_at(err, ml_tree_get(r, "precision"), ML_SCHEMA,
-                           "precision: '%s' is not a precision policy (fp32, amp-bf16, amp-fp16, "
-                           "bf16-master, fp16-master, bf16)",
-                           pr);
+        return ml__error_at(err, ml__tree_get(r, "precision"), ML_SCHEMA,
+                            "precision: '%s' is not a precision policy (fp32, amp-bf16, amp-fp16, "
+                            "bf16-master, fp16-master, bf16)",
+                            pr);
     return ML_OK;
 }
 
@@ -159,9 +159,9 @@ static ml_status read_gemm(const ml_node *r, ml_profile *p, ml_error *err)
     if ((st = tflops(err, r, "peak_tflops", "", false, &peak)))
         return st;
     ml_profile_set_peak(p, peak);
-    const ml_node *g = ml_tree_get(r, "gemm");
+    const ml_node *g = ml__tree_get(r, "gemm");
     if (g && g->type != ML_NODE_SEQ)
-        return ml_error_at(err, g, ML_SCHEMA, "gemm: expected a list of {m, n, k, tflops}");
+        return ml__error_at(err, g, ML_SCHEMA, "gemm: expected a list of {m, n, k, tflops}");
     for (size_t i = 0; g && i < g->count; i++) {
         ml_profile_gemm q;
         if ((st = u64(err, g->items[i], "m", "gemm[]", true, &q.m)) ||
@@ -170,7 +170,7 @@ static ml_status read_gemm(const ml_node *r, ml_profile *p, ml_error *err)
             (st = tflops(err, g->items[i], "tflops", "gemm[]", true, &q.tflops)))
             return st;
         if (ml_profile_add_gemm(p, &q))
-            return ml_error_at(err, g, ML_NOMEM, "out of memory");
+            return ml__error_at(err, g, ML_NOMEM, "out of memory");
     }
     return ML_OK;
 }
@@ -184,7 +184,7 @@ static ml_status read_point(const ml_node *q, const char *kind, size_t j, const 
     char where[64];
     snprintf(where, sizeof where, "layers.%s.points[%zu]", kind, j);
     if (!q || q->type != ML_NODE_MAP)
-        return ml_error_at(err, q, ML_SCHEMA, "%s: expected a mapping", where);
+        return ml__error_at(err, q, ML_SCHEMA, "%s: expected a mapping", where);
     ml_status st;
     if ((st = u64(err, q, "B", where, true, &pt.B)) ||
         (st = u64(err, q, "T", where, true, &pt.T)) ||
@@ -201,16 +201,16 @@ static ml_status read_point(const ml_node *q, const char *kind, size_t j, const 
         return st;
     if (!pt.B || !pt.T || !pt.D || pt.B > (1u << 24) || pt.T > (1u << 28) ||
         pt.D > (1u << 20) || pt.H > (1u << 16) || pt.F > (1u << 22))
-        return ml_error_at(err, q, ML_RANGE,
-                           "%s: B, T and D must be at least 1 and within memledger's limits",
-                           where);
+        return ml__error_at(err, q, ML_RANGE,
+                            "%s: B, T and D must be at least 1 and within memledger's limits",
+                            where);
     st = ml_profile_add_point(p, kind, &pt);
     if (st == ML_USAGE)
-        return ml_error_at(err, key, ML_SCHEMA,
-                           "layers.%s: unknown layer kind; expected one of: %s", kind,
-                           ML_PROFILE_KINDS);
+        return ml__error_at(err, key, ML_SCHEMA,
+                            "layers.%s: unknown layer kind; expected one of: %s", kind,
+                            ML_PROFILE_KINDS);
     if (st)
-        return ml_error_at(err, q, ML_NOMEM, "out of memory");
+        return ml__error_at(err, q, ML_NOMEM, "out of memory");
     return ML_OK;
 }
 
@@ -229,11 +229,11 @@ static ml_status check_sizes_vary(const ml_profile *p, const char *kind, const m
             snprintf(sz, sizeof sz, ", all of one size B*T*D = %llu*%llu*%llu",
                      (unsigned long long)kr->points[0].B, (unsigned long long)kr->points[0].T,
                      (unsigned long long)kr->points[0].D);
-        return ml_error_at(err, key, ML_RANGE,
-                           "layers.%s: %zu point%s%s; the fit needs at least 2 points of "
-                           "different sizes B*T*D: measure at another micro-batch or "
-                           "sequence length",
-                           kind, np, np == 1 ? "" : "s", sz);
+        return ml__error_at(err, key, ML_RANGE,
+                            "layers.%s: %zu point%s%s; the fit needs at least 2 points of "
+                            "different sizes B*T*D: measure at another micro-batch or "
+                            "sequence length",
+                            kind, np, np == 1 ? "" : "s", sz);
     }
     return ML_OK;
 }
@@ -242,37 +242,37 @@ static ml_status check_sizes_vary(const ml_profile *p, const char *kind, const m
 static ml_status read_layers(const ml_node *r, const ml_node *ls, ml_profile *p, ml_error *err)
 {
     if (!ls || ls->type != ML_NODE_MAP)
-        return ml_error_at(err, ls ? ls : r, ML_SCHEMA,
-                           "layers: missing; a profile maps layer kinds (%s) to their measured "
-                           "points",
-                           ML_PROFILE_KINDS);
+        return ml__error_at(err, ls ? ls : r, ML_SCHEMA,
+                            "layers: missing; a profile maps layer kinds (%s) to their measured "
+                            "points",
+                            ML_PROFILE_KINDS);
     if (!ls->count)
-        return ml_error_at(err, ls, ML_SCHEMA,
-                           "layers: no layer kind; a profile maps layer kinds (%s) to their "
-                           "measured points",
-                           ML_PROFILE_KINDS);
+        return ml__error_at(err, ls, ML_SCHEMA,
+                            "layers: no layer kind; a profile maps layer kinds (%s) to their "
+                            "measured points",
+                            ML_PROFILE_KINDS);
     const ml_node *seen[ML_PK_COUNT] = {NULL};
     ml_status st;
     for (size_t i = 0; i < ls->count; i++) {
         const char *kind = ls->keys[i]->text;
         ml_profile_kind_id ki;
         if (!ml_profile_kind_parse(kind, &ki))
-            return ml_error_at(err, ls->keys[i], ML_SCHEMA,
-                               "layers.%s: unknown layer kind; expected one of: %s", kind,
-                               ML_PROFILE_KINDS);
+            return ml__error_at(err, ls->keys[i], ML_SCHEMA,
+                                "layers.%s: unknown layer kind; expected one of: %s", kind,
+                                ML_PROFILE_KINDS);
         /* both lists were merged into one fit (a second transformer_block
          * 1000 times larger flipped gpt2-small's verdict unnoticed) */
         if (seen[ki])
-            return ml_error_at(err, ls->keys[i], ML_SCHEMA,
-                               "layers.%s: given twice (first at line %u, column %u); merge the "
-                               "two lists of points under one key",
-                               kind, seen[ki]->line, seen[ki]->col);
+            return ml__error_at(err, ls->keys[i], ML_SCHEMA,
+                                "layers.%s: given twice (first at line %u, column %u); merge the "
+                                "two lists of points under one key",
+                                kind, seen[ki]->line, seen[ki]->col);
         seen[ki] = ls->keys[i];
         const ml_node *k = ls->items[i];
-        const ml_node *pts = ml_tree_get(k, "points");
+        const ml_node *pts = ml__tree_get(k, "points");
         if (!pts || pts->type != ML_NODE_SEQ)
-            return ml_error_at(err, k ? k : ls->keys[i], ML_SCHEMA, "layers.%s.points: missing",
-                               kind);
+            return ml__error_at(err, k ? k : ls->keys[i], ML_SCHEMA, "layers.%s.points: missing",
+                                kind);
         for (size_t j = 0; j < pts->count; j++)
             if ((st = read_point(pts->items[j], kind, j, ls->keys[i], p, err)))
                 return st;
@@ -285,12 +285,12 @@ static ml_status read_layers(const ml_node *r, const ml_node *ls, ml_profile *p,
 static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
 {
     if (!r || r->type != ML_NODE_MAP)
-        return ml_error_at(err, r, ML_SCHEMA,
-                           "a profile is a mapping (profile_version, device, layers, ...)");
+        return ml__error_at(err, r, ML_SCHEMA,
+                            "a profile is a mapping (profile_version, device, layers, ...)");
     ml_status st;
     if ((st = read_header(r, p, err)) || (st = read_gemm(r, p, err)))
         return st;
-    const ml_node *ls = ml_tree_get(r, "layers");
+    const ml_node *ls = ml__tree_get(r, "layers");
     if ((st = read_layers(r, ls, p, err)))
         return st;
     st = ml_profile_fit(p, err);
@@ -310,20 +310,20 @@ ml_status ml_profile_load_string(const char *text, size_t len, const char *name,
     memset(err, 0, sizeof *err);
     snprintf(err->path, sizeof err->path, "%s", name ? name : "<profile>");
     ml_node *root = NULL;
-    ml_status st = ml_tree_parse(text, len, &root, err);
+    ml_status st = ml__tree_parse(text, len, &root, err);
     if (st)
         return st;
     ml_profile *p = ml_profile_new();
     if (!p) {
-        ml_tree_free(root);
-        return ml_error_at(err, NULL, ML_NOMEM, "out of memory");
+        ml__tree_free(root);
+        return ml__error_at(err, NULL, ML_NOMEM, "out of memory");
     }
     /* a key given twice anywhere is refused, not read either way (a layer
      * kind twice gets its own message from read_profile) */
     st = read_profile(root, p, err);
     if (st == ML_OK)
-        st = ml_tree_check_unique(err, root);
-    ml_tree_free(root);
+        st = ml__tree_check_unique(err, root);
+    ml__tree_free(root);
     if (st) {
         ml_profile_destroy(p);
         return st;
@@ -338,7 +338,7 @@ ml_status ml_profile_load_file(const char *path, ml_profile **out, ml_error *err
     if (!err)
         err = &local;
     size_t len = 0;
-    char *buf = ml_read_file(path, &len, err);
+    char *buf = ml__read_file(path, &len, err);
     if (!buf)
         return err->code;
     ml_status st = ml_profile_load_string(buf, len, path, out, err);

@@ -177,16 +177,16 @@ static void stacked(FILE *f, const ml_svg_chart *c, const ml_colocate_job *jobs,
     for (size_t j = n; j-- > 0;) {
         /* the top edge of jobs 0..j: later jobs drawn first, underneath */
         fprintf(f, "<polygon fill=\"%s\" fill-opacity=\"0.85\" points=\"%.1f,%.1f",
-                job_colors[j % JOB_COLORS], c->x0, ml_svg_py(c, 0));
+                job_colors[j % JOB_COLORS], c->x0, ml__svg_py(c, 0));
         for (int k = 0; k <= COLOCATE_POINTS; k++) {
             const double t = H * k / COLOCATE_POINTS;
             uint64_t sum = 0;
             for (size_t i = 0; i <= j; i++)
                 sum += ml_colocate_job_level(&jobs[i], t);
             fprintf(f, " %.1f,%.1f", c->x0 + c->w * k / COLOCATE_POINTS,
-                    ml_svg_py(c, (double)sum));
+                    ml__svg_py(c, (double)sum));
         }
-        fprintf(f, " %.1f,%.1f\"/>\n", c->x0 + c->w, ml_svg_py(c, 0));
+        fprintf(f, " %.1f,%.1f\"/>\n", c->x0 + c->w, ml__svg_py(c, 0));
     }
 }
 
@@ -227,16 +227,16 @@ int ml_report_colocate_svg(FILE *f, const ml_colocate_job *jobs, const char *con
         char *label = job_label(j, names[j]);
         if (!label)
             return -1;
-        lines += ml_svg_legend_entry(NULL, 0, "", NULL, label);
+        lines += ml__svg_legend_entry(NULL, 0, "", NULL, label);
         free(label);
     }
     const double legend_y = c.y0 + c.h + ML_SVG_LEGEND_GAP;
-    ml_svg_header(f, (int)ML_SVG_WIDTH,
-                  (int)ceil(legend_y + ML_SVG_LEGEND_LINE * lines + ML_SVG_LEGEND_PAD));
+    ml__svg_header(f, (int)ML_SVG_WIDTH,
+                   (int)ceil(legend_y + ML_SVG_LEGEND_LINE * lines + ML_SVG_LEGEND_PAD));
     fprintf(f, "<text x=\"20\" y=\"26\" font-size=\"17\" font-weight=\"bold\">%zu jobs on one "
                "device, started together</text>\n",
             n);
-    ml_svg_y_axis(f, &c);
+    ml__svg_y_axis(f, &c);
     const bool timed = r->timed && H > 0;
     if (timed)
         stacked(f, &c, jobs, n, H);
@@ -246,20 +246,20 @@ int ml_report_colocate_svg(FILE *f, const ml_colocate_job *jobs, const char *con
         if (!label)
             return -1;
         ly += ML_SVG_LEGEND_LINE *
-              ml_svg_legend_entry(f, ly, job_colors[j % JOB_COLORS], NULL, label);
+              ml__svg_legend_entry(f, ly, job_colors[j % JOB_COLORS], NULL, label);
         free(label);
     }
-    ml_svg_hline(f, &c, r->memory, "#222", NULL, "device", false);
-    ml_svg_hline(f, &c, r->worst_total, "#d62728", "6,4", "peaks lined up", true);
+    ml__svg_hline(f, &c, r->memory, "#222", NULL, "device", false);
+    ml__svg_hline(f, &c, r->worst_total, "#d62728", "6,4", "peaks lined up", true);
     /* the budget is a line for the allocator peaks summed; the curves are
      * device totals, so it is drawn with the jobs' reserves and allowances
      * on top (the level the stacked totals stay under exactly when the
      * allocator peaks are within the budget) */
     if (r->budget_given)
-        ml_svg_hline(f, &c, budget_level(r), "#9467bd", "2,3",
-                     "budget + the jobs' reserves", true);
+        ml__svg_hline(f, &c, budget_level(r), "#9467bd", "2,3",
+                      "budget + the jobs' reserves", true);
     if (timed) {
-        ml_svg_x_axis_time(f, &c, H);
+        ml__svg_x_axis_time(f, &c, H);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">seconds "
                    "after the common start (0 to %.4g s, the longest step)</text>\n",
                 c.x0 + c.w / 2, c.y0 + c.h + 34, H);

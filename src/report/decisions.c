@@ -24,7 +24,7 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
         fprintf(f, ", fragmentation allowance %g x the peak", d->fragmentation);
     fputs(")\n", f);
     char sl[80];
-    ml_report_lengths(m, &cfg->training, sl, sizeof sl);
+    ml__report_lengths(m, &cfg->training, sl, sizeof sl);
     fprintf(f, "config: %s, precision %s, optimizer %s (%s), %llu device%s, ZeRO %u\n\n", sl,
             ml_precision_name(cfg->training.precision),
             ml_optimizer_name(cfg->training.optimizer),
@@ -168,7 +168,7 @@ int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
 {
     char a[32], b[32], c[32], name[64];
     char sl[80];
-    ml_report_lengths(m, &cfg->training, sl, sizeof sl);
+    ml__report_lengths(m, &cfg->training, sl, sizeof sl);
     fprintf(f, "memledger compare: %s, micro_batch %llu, %s, grad_accum %llu, %s\n",
             ml_model_name(m), (unsigned long long)cfg->training.micro_batch, sl,
             (unsigned long long)cfg->training.grad_accum,
@@ -288,7 +288,7 @@ int ml_report_advice_text(FILE *f, const ml_summary *s, const ml_advice *a)
 int ml_report_json_advice(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
                           const ml_advice *a)
 {
-    ml_report_json_open(f, m, cfg, l);
+    ml__report_json_open(f, m, cfg, l);
     fputs(",\n \"advice\": ", f);
     if (a->cheaper_fits) {
         char name[64];

@@ -4,7 +4,7 @@
  *
  * The contract (docs/hf.md, "--emit"): what is written runs the plan's
  * precision, optimizer (class, implementation, states), checkpoint segments
- * and sharding, or nothing is written. ml_report_emit_check() decides first:
+ * and sharding, or nothing is written. ml__report_emit_check() decides first:
  * exact; partial (written, but a part of the plan lives in the model's or
  * the loop's code, which these settings cannot hold: each such part is a
  * note, written as a comment where the format has them and returned for
@@ -22,7 +22,7 @@
  * statement; a stray byte makes the file invalid UTF-8 for Python) and the
  * backslash as \xNN / \\, so the comment stays one line whatever a model
  * file's name: or config.json's _name_or_path holds. */
-void ml_emit_comment_text(FILE *f, const char *s)
+void ml__emit_comment_text(FILE *f, const char *s)
 {
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '\\')
@@ -34,12 +34,12 @@ void ml_emit_comment_text(FILE *f, const char *s)
     }
 }
 
-bool ml_emit_is_master(ml_precision p)
+bool ml__emit_is_master(ml_precision p)
 {
     return p == ML_PREC_BF16_MASTER || p == ML_PREC_FP16_MASTER;
 }
 
-bool ml_emit_is_amp(ml_precision p)
+bool ml__emit_is_amp(ml_precision p)
 {
     return p == ML_PREC_AMP_BF16 || p == ML_PREC_AMP_FP16;
 }
@@ -48,7 +48,7 @@ bool ml_emit_is_amp(ml_precision p)
 
 /* The first refusal is the reason given: the checks run from the most
  * basic (sharding, precision) to the details. */
-void ml_emit_refuse(ml_emit_verdict *v, const char *fmt, ...)
+void ml__emit_refuse(ml_emit_verdict *v, const char *fmt, ...)
 {
     if (v->level == ML_EMIT_REFUSED)
         return;
@@ -59,7 +59,7 @@ void ml_emit_refuse(ml_emit_verdict *v, const char *fmt, ...)
     va_end(ap);
 }
 
-void ml_emit_note(ml_emit_verdict *v, const char *fmt, ...)
+void ml__emit_note(ml_emit_verdict *v, const char *fmt, ...)
 {
     if (v->nnotes == EMIT_NOTES)
         return;
@@ -72,14 +72,14 @@ void ml_emit_note(ml_emit_verdict *v, const char *fmt, ...)
 }
 
 /* The notes as '#' comment lines. */
-void ml_emit_note_comments(FILE *f, const ml_emit_verdict *v)
+void ml__emit_note_comments(FILE *f, const ml_emit_verdict *v)
 {
     if (!v->nnotes)
         return;
     fputs("# memledger: part of the plan is not in these settings (exit status 4):\n", f);
     for (size_t i = 0; i < v->nnotes; i++) {
         fputs("# - ", f);
-        ml_emit_comment_text(f, v->notes[i]);
+        ml__emit_comment_text(f, v->notes[i]);
         fputc('\n', f);
     }
 }
@@ -123,7 +123,7 @@ static bool shape_full(ml_ckpt_shape s)
 }
 
 /* The segments as "(first, last)" pairs of checkpoint indices. */
-void ml_emit_print_segments(FILE *f, const ml_ledger *l)
+void ml__emit_print_segments(FILE *f, const ml_ledger *l)
 {
     size_t nb = ml_ledger_block_count(l), n = 0;
     int32_t first = -1, last = -1, seg = -1;
@@ -176,32 +176,32 @@ static void ds_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape s,
                      bool notes)
 {
     if (t->offload != ML_OFFLOAD_NONE && t->zero == 0)
-        ml_emit_refuse(v, "the plan offloads %s at ZeRO stage 0; DeepSpeed offloads at ZeRO stages "
+        ml__emit_refuse(v, "the plan offloads %s at ZeRO stage 0; DeepSpeed offloads at ZeRO stages "
                           "1-3 only (zero_optimization.offload_optimizer): plan with --zero 1 or "
                           "more",
                        t->offload == ML_OFFLOAD_PARAMS ? "the parameters" : "the optimizer");
     if (t->precision == ML_PREC_BF16)
-        ml_emit_refuse(v, "precision bf16 keeps the optimizer states in bf16; DeepSpeed's bf16 "
+        ml__emit_refuse(v, "precision bf16 keeps the optimizer states in bf16; DeepSpeed's bf16 "
                           "mode keeps fp32 master weights and states (that is bf16-master), and no "
                           "DeepSpeed setting keeps them in bf16");
     if (t->offload != ML_OFFLOAD_NONE && t->optimizer == ML_OPT_ADAM_8BIT)
-        ml_emit_refuse(v, "adam-8bit with offload: bitsandbytes steps on the GPU, and DeepSpeed's "
+        ml__emit_refuse(v, "adam-8bit with offload: bitsandbytes steps on the GPU, and DeepSpeed's "
                           "host optimizers are Adam, AdamW and Lion");
     if (!notes)
         return;
     if (!shape_none(s))
-        ml_emit_note(v, "checkpointing is the model's code: DeepSpeed's activation_checkpointing "
+        ml__emit_note(v, "checkpointing is the model's code: DeepSpeed's activation_checkpointing "
                         "keys configure deepspeed.checkpointing.checkpoint calls the model makes "
                         "(number_checkpoints does not choose layers); wrap the planned segments in "
                         "torch.utils.checkpoint or deepspeed.checkpointing.checkpoint "
                         "(--emit torch: run_blocks)");
     if (t->logits == ML_LOGITS_FUSED)
-        ml_emit_note(v, "the loss is Liger Kernel's fused linear cross-entropy (--logits fused): "
+        ml__emit_note(v, "the loss is Liger Kernel's fused linear cross-entropy (--logits fused): "
                         "the model's code computes it (liger_kernel.transformers' "
                         "LigerFusedLinearCrossEntropyLoss on the final norm's output and the LM "
                         "head's weight); DeepSpeed has no setting for it");
     if (!ds_optimizer_type(t))
-        ml_emit_note(v, "DeepSpeed has no %s of its own: build it as --emit torch's "
+        ml__emit_note(v, "DeepSpeed has no %s of its own: build it as --emit torch's "
                         "make_optimizer() does and pass it to deepspeed.initialize(optimizer=...)",
                      t->optimizer == ML_OPT_LION ? "for-loop or foreach Lion (lion-pytorch)"
                                                  : "8-bit Adam (bitsandbytes)");
@@ -256,7 +256,7 @@ static int deepspeed(FILE *f, const ml_config *cfg)
             t->precision == ML_PREC_BF16_MASTER ? "true" : "false");
     fprintf(f, "  \"fp16\": {\"enabled\": %s},\n",
             t->precision == ML_PREC_FP16_MASTER ? "true, \"loss_scale\": 0" : "false");
-    if (ml_emit_is_amp(t->precision))
+    if (ml__emit_is_amp(t->precision))
         fprintf(f, "  \"torch_autocast\": {\"enabled\": true, \"dtype\": \"%s\", "
                    "\"lower_precision_safe_modules\": []},\n",
                 t->precision == ML_PREC_AMP_BF16 ? "bfloat16" : "float16");
@@ -288,7 +288,7 @@ static int deepspeed(FILE *f, const ml_config *cfg)
  * in bf16/fp16 with fp32 master weights. */
 static bool hf_needs_deepspeed(const ml_training *t)
 {
-    return t->zero || t->offload != ML_OFFLOAD_NONE || ml_emit_is_master(t->precision);
+    return t->zero || t->offload != ML_OFFLOAD_NONE || ml__emit_is_master(t->precision);
 }
 
 static void hf_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape s)
@@ -297,10 +297,10 @@ static void hf_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape s)
         ml_emit_verdict d = {0};
         ds_check(&d, t, s, false);
         if (d.level == ML_EMIT_REFUSED)
-            ml_emit_refuse(v, "its DeepSpeed config: %s", d.refusal);
+            ml__emit_refuse(v, "its DeepSpeed config: %s", d.refusal);
     }
     if (!shape_none(s) && !shape_full(s))
-        ml_emit_refuse(v, "Trainer's --gradient_checkpointing checkpoints every layer and nothing "
+        ml__emit_refuse(v, "Trainer's --gradient_checkpointing checkpoints every layer and nothing "
                           "else; the plan checkpoints %s: plan with --checkpoint full or none, or "
                           "wrap the segments in the model's forward (--emit torch: run_blocks)",
                        s.selective ? "the attention core only (selective)"
@@ -310,50 +310,50 @@ static void hf_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape s)
     case ML_OPT_ADAM:
     case ML_OPT_ADAMW:
         if (!fused && !foreach)
-            ml_emit_refuse(v, "Trainer's adamw_torch runs torch's default implementation (foreach "
+            ml__emit_refuse(v, "Trainer's adamw_torch runs torch's default implementation (foreach "
                               "on CUDA); the plan's for-loop step has no Trainer flag: plan with "
                               "--optimizer-impl foreach or fused");
         break;
     case ML_OPT_SGD:
         if (!foreach)
-            ml_emit_refuse(v, "Trainer's --optim sgd runs torch's default implementation (foreach "
+            ml__emit_refuse(v, "Trainer's --optim sgd runs torch's default implementation (foreach "
                               "on CUDA): plan with --optimizer-impl foreach");
         break;
     case ML_OPT_SGD_MOMENTUM:
-        ml_emit_refuse(v, "Trainer's --optim sgd is torch.optim.SGD without momentum (no momentum "
+        ml__emit_refuse(v, "Trainer's --optim sgd is torch.optim.SGD without momentum (no momentum "
                           "buffer) and no flag sets it: pass the optimizer of --emit torch to "
                           "Trainer(optimizers=(optimizer, None))");
         break;
     case ML_OPT_ADAFACTOR:
-        ml_emit_refuse(v, "Trainer's --optim adafactor is transformers' Adafactor, not the "
+        ml__emit_refuse(v, "Trainer's --optim adafactor is transformers' Adafactor, not the "
                           "torch.optim.Adafactor the plan counts: its step keeps grad^2 and the "
                           "factored estimate at once, and fp32 states for bf16 gradients: pass "
                           "torch.optim.Adafactor to Trainer(optimizers=(optimizer, None))");
         break;
     case ML_OPT_LION:
         if (!fused)
-            ml_emit_refuse(v, "Trainer's Lion is bitsandbytes' (lion_32bit), one kernel per tensor "
+            ml__emit_refuse(v, "Trainer's Lion is bitsandbytes' (lion_32bit), one kernel per tensor "
                               "with no step temporaries; the plan's %s Lion has them: plan with "
                               "--optimizer-impl fused, or pass lion-pytorch's Lion to "
                               "Trainer(optimizers=(optimizer, None))",
                            ml_optimizer_impl_name(t->optimizer_impl));
         else if (t->precision == ML_PREC_BF16)
-            ml_emit_refuse(v, "bitsandbytes' 32-bit Lion keeps an fp32 state; precision bf16 "
+            ml__emit_refuse(v, "bitsandbytes' 32-bit Lion keeps an fp32 state; precision bf16 "
                               "plans it in bf16");
         break;
     default:
         break;
     }
     if (t->precision == ML_PREC_BF16)
-        ml_emit_note(v, "precision bf16 is the model's dtype: load it in bf16 "
+        ml__emit_note(v, "precision bf16 is the model's dtype: load it in bf16 "
                         "(from_pretrained(..., torch_dtype=torch.bfloat16)); Trainer's --bf16 "
                         "would be autocast on fp32 parameters instead");
     if (t->logits == ML_LOGITS_KEPT)
-        ml_emit_note(v, "the plan keeps the logits to the iteration's end (--logits kept); Trainer "
+        ml__emit_note(v, "the plan keeps the logits to the iteration's end (--logits kept); Trainer "
                         "drops them once the loss is computed: plan with --logits released for "
                         "Trainer's loop");
     if (t->zero_grad == ML_ZERO_GRAD_ZERO)
-        ml_emit_note(v, "the plan keeps the gradients allocated between steps (--zero-grad zero); "
+        ml__emit_note(v, "the plan keeps the gradients allocated between steps (--zero-grad zero); "
                         "Trainer frees them (model.zero_grad(), set_to_none): plan with "
                         "--zero-grad set_to_none");
 }
@@ -368,12 +368,12 @@ static int hf_trainer(FILE *f, const ml_config *cfg, ml_ckpt_shape s,
             (unsigned long long)t->micro_batch, (unsigned long long)t->grad_accum,
             (unsigned long long)t->data_parallel, t->data_parallel == 1 ? "" : "s",
             (unsigned long long)(t->micro_batch * t->grad_accum * t->data_parallel));
-    ml_emit_note_comments(f, v);
+    ml__emit_note_comments(f, v);
     if (t->optimizer == ML_OPT_ADAM)
         fputs("# adam: Trainer's AdamW with weight decay 0 (a decoupled decay of 0 is Adam)\n", f);
-    if (ds && ml_emit_is_amp(t->precision))
+    if (ds && ml__emit_is_amp(t->precision))
         fputs("# autocast is the DeepSpeed config's (torch_autocast), so no --bf16/--fp16\n", f);
-    if (ds && ml_emit_is_master(t->precision))
+    if (ds && ml__emit_is_master(t->precision))
         fputs("# the model in bf16/fp16 with fp32 master weights is DeepSpeed's mixed precision\n",
               f);
     if (ds && ds_optimizer_type(t))
@@ -436,7 +436,7 @@ static void hf_attention(ml_emit_verdict *v, const ml_model *m)
 {
     const char *a = m ? ml_model_attention(m) : NULL; /* NULL: a sequential model */
     if (a && strcmp(a, "sdpa"))
-        ml_emit_note(v, "the plan's attention is %s: load the model with from_pretrained(..., "
+        ml__emit_note(v, "the plan's attention is %s: load the model with from_pretrained(..., "
                         "attn_implementation=\"%s\") unless its config.json sets it; "
                         "transformers picks sdpa where the installed torch has it",
                      a, !strcmp(a, "flash") ? "flash_attention_2\" or \"flash_attention_3" : a);
@@ -449,28 +449,28 @@ static void encdec_check(emit_kind k, const ml_model *m, const ml_training *t,
                          ml_emit_verdict *v)
 {
     if (ml_model_image_tokens(m) && k == EMIT_TORCH)
-        ml_emit_refuse(v, "the snippet runs one stream of blocks; a multimodal model's vision "
+        ml__emit_refuse(v, "the snippet runs one stream of blocks; a multimodal model's vision "
                           "tower, projector and decoder (Llava's) are not emitted: --emit "
                           "hf-trainer or deepspeed");
     else if (ml_model_image_tokens(m) && t->vision_tower == ML_VT_FROZEN)
-        ml_emit_note(v, "the plan freezes the vision tower (training.vision_tower: frozen), "
+        ml__emit_note(v, "the plan freezes the vision tower (training.vision_tower: frozen), "
                         "which these settings cannot: call "
                         "model.vision_tower.requires_grad_(False) before training");
     else if (ml_model_image_tokens(m) && t->vision_tower != ML_VT_SAME)
-        ml_emit_note(v, "the plan checkpoints the vision tower apart from the decoder "
+        ml__emit_note(v, "the plan checkpoints the vision tower apart from the decoder "
                         "(training.vision_tower: none or full); gradient checkpointing covers "
                         "both stacks: set the tower's encoder.gradient_checkpointing yourself");
     if (!ml_model_target_len(m, t))
         return;
     if (k == EMIT_TORCH) {
-        ml_emit_refuse(v, "the snippet runs one stream of blocks; an encoder-decoder's two stacks "
+        ml__emit_refuse(v, "the snippet runs one stream of blocks; an encoder-decoder's two stacks "
                           "(T5's encoder.block and decoder.block, whose blocks take the masks, "
                           "the position biases and the encoder's output) are not emitted: "
                           "--emit hf-trainer or deepspeed");
         return;
     }
     if (t->checkpoint.kind == ML_CKPT_NONE || t->checkpoint.kind == ML_CKPT_SELECTIVE)
-        ml_emit_note(v, "T5's training forward keeps every decoder layer's keys and values in "
+        ml__emit_note(v, "T5's training forward keeps every decoder layer's keys and values in "
                         "its returned cache (T5Config's use_cache: true) unless gradient "
                         "checkpointing is on; the plan leaves that cache out: set "
                         "model.config.use_cache = False");
@@ -491,12 +491,12 @@ static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_
         if (v->level != ML_EMIT_REFUSED)
             hf_attention(v, m);
     } else {
-        ml_emit_torch_check(v, t, s);
+        ml__emit_torch_check(v, t, s);
     }
 }
 
-int ml_report_emit_check(const char *kind, const ml_model *m, const ml_config *cfg,
-                         const ml_ledger *l, char *why, size_t size)
+int ml__report_emit_check(const char *kind, const ml_model *m, const ml_config *cfg,
+                          const ml_ledger *l, char *why, size_t size)
 {
     emit_kind k = kind_of(kind);
     if (size)
@@ -536,5 +536,5 @@ int ml_report_emit(FILE *f, const char *kind, const ml_model *m, const ml_config
         return deepspeed(f, cfg);
     if (k == EMIT_HF_TRAINER)
         return hf_trainer(f, cfg, s, &v);
-    return ml_emit_torch(f, m, cfg, l, &v);
+    return ml__emit_torch(f, m, cfg, l, &v);
 }

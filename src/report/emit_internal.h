@@ -35,25 +35,25 @@ typedef struct {
 
 /* Refuses the plan; the first refusal is the reason given, so the checks
  * run from the most basic (sharding, precision) to the details. */
-void ML_PRINTF(2, 3) ml_emit_refuse(ml_emit_verdict *v, const char *fmt, ...);
+void ML_PRINTF(2, 3) ml__emit_refuse(ml_emit_verdict *v, const char *fmt, ...);
 /* A part of the plan the settings cannot hold: the plan becomes partial
  * (unless refused); notes past EMIT_NOTES are dropped. */
-void ML_PRINTF(2, 3) ml_emit_note(ml_emit_verdict *v, const char *fmt, ...);
+void ML_PRINTF(2, 3) ml__emit_note(ml_emit_verdict *v, const char *fmt, ...);
 /* The notes as '#' comment lines (nothing when there is none). */
-void ml_emit_note_comments(FILE *f, const ml_emit_verdict *v);
+void ml__emit_note_comments(FILE *f, const ml_emit_verdict *v);
 /* s inside a '#' comment of emitted Python or shell, escaped to stay one
  * line of printable ASCII. */
-void ml_emit_comment_text(FILE *f, const char *s);
+void ml__emit_comment_text(FILE *f, const char *s);
 /* bf16-master or fp16-master; amp-bf16 or amp-fp16. */
-bool ml_emit_is_master(ml_precision p);
-bool ml_emit_is_amp(ml_precision p);
+bool ml__emit_is_master(ml_precision p);
+bool ml__emit_is_amp(ml_precision p);
 /* The checkpoint segments as "(first, last)" pairs of checkpoint indices. */
-void ml_emit_print_segments(FILE *f, const ml_ledger *l);
+void ml__emit_print_segments(FILE *f, const ml_ledger *l);
 
 /* --emit torch (emit_torch.c): the checks of a one-device PyTorch loop, and
  * the loop; returns 0, or -1 on a write error. */
-void ml_emit_torch_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape s);
-int ml_emit_torch(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
-                  const ml_emit_verdict *v);
+void ml__emit_torch_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape s);
+int ml__emit_torch(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                   const ml_emit_verdict *v);
 
 #endif

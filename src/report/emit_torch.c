@@ -9,36 +9,36 @@
 #include "report/emit_internal.h"
 #include "report/report_internal.h"
 
-void ml_emit_torch_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape s)
+void ml__emit_torch_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape s)
 {
     if (t->zero || t->offload != ML_OFFLOAD_NONE)
-        ml_emit_refuse(v, "the snippet is one process on one device; ZeRO sharding (--zero %u) and "
+        ml__emit_refuse(v, "the snippet is one process on one device; ZeRO sharding (--zero %u) and "
                           "offload are DeepSpeed's: --emit deepspeed or hf-trainer",
                        t->zero);
-    if (ml_emit_is_master(t->precision) && t->optimizer_impl == ML_IMPL_FUSED)
-        ml_emit_refuse(v, "torch's fused optimizers step parameters in their gradients' dtype; the "
+    if (ml__emit_is_master(t->precision) && t->optimizer_impl == ML_IMPL_FUSED)
+        ml__emit_refuse(v, "torch's fused optimizers step parameters in their gradients' dtype; the "
                           "plan's fused %s step reads the low-precision gradients into the fp32 "
                           "master weights with no copy (DeepSpeed's kernels): --emit deepspeed, or "
                           "plan with --optimizer-impl foreach",
                        ml_precision_name(t->precision));
     if (t->precision == ML_PREC_FP16_MASTER && t->optimizer_impl == ML_IMPL_FOR_LOOP)
-        ml_emit_refuse(v, "fp16-master with a for-loop step means one optimizer per tensor under "
+        ml__emit_refuse(v, "fp16-master with a for-loop step means one optimizer per tensor under "
                           "loss scaling, and GradScaler skips an overflowing step per optimizer "
                           "(some tensors would step, others not): plan with --optimizer-impl "
                           "foreach");
     if (t->optimizer == ML_OPT_ADAFACTOR && t->optimizer_impl == ML_IMPL_FUSED)
-        ml_emit_refuse(v, "torch.optim.Adafactor has no fused implementation");
+        ml__emit_refuse(v, "torch.optim.Adafactor has no fused implementation");
     if (s.selective)
-        ml_emit_note(v, "selective checkpointing is inside each block: in the block's forward, "
+        ml__emit_note(v, "selective checkpointing is inside each block: in the block's forward, "
                         "wrap the attention core (QK^T, softmax, dropout, PV) in checkpoint(..., "
                         "use_reentrant=False) and keep the projections and the MLP outside");
     if (t->logits == ML_LOGITS_FUSED)
-        ml_emit_note(v, "the loss is Liger Kernel's fused linear cross-entropy (--logits fused): "
+        ml__emit_note(v, "the loss is Liger Kernel's fused linear cross-entropy (--logits fused): "
                         "in forward_loss, compute it with liger_kernel.transformers' "
                         "LigerFusedLinearCrossEntropyLoss()(lm_head.weight, hidden_states, "
                         "targets) on the final norm's output instead of the logits");
     if (t->data_parallel > 1)
-        ml_emit_note(v, "data_parallel %llu: one process per device, the model wrapped in "
+        ml__emit_note(v, "data_parallel %llu: one process per device, the model wrapped in "
                         "DistributedDataParallel(model, gradient_as_bucket_view=True) after "
                         "setup() (the plan counts no bucket copies: docs/sharding.md)",
                      (unsigned long long)t->data_parallel);
@@ -185,9 +185,9 @@ static void torch_preamble(FILE *f, const ml_model *m, const ml_training *t, con
     char ck[1200];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
     fputs("# memledger plan for ", f);
-    ml_emit_comment_text(f, ml_model_name(m));
+    ml__emit_comment_text(f, ml_model_name(m));
     fputs(": checkpoint ", f);
-    ml_emit_comment_text(f, ck);
+    ml__emit_comment_text(f, ck);
     fprintf(f, "\n# precision %s, optimizer %s (%s), logits %s, zero_grad %s\n",
             ml_precision_name(p), ml_optimizer_name(t->optimizer),
             ml_optimizer_impl_name(t->optimizer_impl), ml_logits_name(t->logits),
@@ -196,7 +196,7 @@ static void torch_preamble(FILE *f, const ml_model *m, const ml_training *t, con
           "# model, optimizer = setup(model); then, per optimizer step,\n"
           "# train_step(model, optimizer, micro_batches, loss_fn), micro_batches giving\n"
           "# GRAD_ACCUM (inputs, targets) pairs of MICRO_BATCH samples.\n", f);
-    ml_emit_note_comments(f, v);
+    ml__emit_note_comments(f, v);
     torch_imports(f, t);
     fprintf(f, "\nDEVICE = \"cuda\"  # the plan's device; \"cpu\" to try the snippet on the host\n"
                "LR = 1e-4  # not part of the plan: yours\n"
@@ -204,7 +204,7 @@ static void torch_preamble(FILE *f, const ml_model *m, const ml_training *t, con
             (unsigned long long)t->micro_batch, (unsigned long long)t->grad_accum);
     fputs("# checkpoint segments: (first block, last block), each recomputed as one unit\n"
           "CHECKPOINT_SEGMENTS = [", f);
-    ml_emit_print_segments(f, l);
+    ml__emit_print_segments(f, l);
     fputs("]\n", f);
     if (scaler)
         fputs("SCALER = None  # fp16 needs loss scaling: setup() makes the GradScaler\n", f);
@@ -223,14 +223,14 @@ static void torch_setup(FILE *f, ml_precision p, const char *low, bool scaler)
         fputs("    # everything bf16: parameters, gradients and the states that follow them\n"
               "    model = model.to(DEVICE, torch.bfloat16)\n"
               "    return model, make_optimizer(model.parameters())\n\n\n", f);
-    else if (ml_emit_is_master(p))
+    else if (ml__emit_is_master(p))
         fprintf(f, "    model = model.to(DEVICE, %s)\n"
                    "    return model, MasterWeights(model)\n\n\n", low);
     else
         fprintf(f, "    # fp32 parameters, gradients and states%s\n"
                    "    model = model.to(DEVICE)\n"
                    "    return model, make_optimizer(model.parameters())\n\n\n",
-                ml_emit_is_amp(p) ? "; the forward under autocast" : "");
+                ml__emit_is_amp(p) ? "; the forward under autocast" : "");
 }
 
 /* forward_loss() and train_step(): the micro-batches under the plan's
@@ -238,7 +238,7 @@ static void torch_setup(FILE *f, ml_precision p, const char *low, bool scaler)
 static void torch_train_step(FILE *f, const ml_training *t, const char *low, bool scaler)
 {
     ml_precision p = t->precision;
-    bool low_model = p == ML_PREC_BF16 || ml_emit_is_master(p);
+    bool low_model = p == ML_PREC_BF16 || ml__emit_is_master(p);
     fputs("def forward_loss(model, inputs, targets, loss_fn):\n"
           "    out = model(inputs)\n"
           "    return out, loss_fn(out, targets) / GRAD_ACCUM\n\n\n"
@@ -254,7 +254,7 @@ static void torch_train_step(FILE *f, const ml_training *t, const char *low, boo
     else
         fputs("        inputs, targets = inputs.to(DEVICE), targets.to(DEVICE)\n", f);
     const char *ind = "        ";
-    if (ml_emit_is_amp(p)) {
+    if (ml__emit_is_amp(p)) {
         fprintf(f, "        with torch.autocast(DEVICE, dtype=%s):\n", low);
         ind = "            ";
     }
@@ -277,8 +277,8 @@ static void torch_train_step(FILE *f, const ml_training *t, const char *low, boo
             t->zero_grad == ML_ZERO_GRAD_ZERO ? "False" : "True");
 }
 
-int ml_emit_torch(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
-                  const ml_emit_verdict *v)
+int ml__emit_torch(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                   const ml_emit_verdict *v)
 {
     const ml_training *t = &cfg->training;
     ml_precision p = t->precision;
@@ -289,7 +289,7 @@ int ml_emit_torch(FILE *f, const ml_model *m, const ml_config *cfg, const ml_led
     fputs(run_blocks_py, f);
     torch_make_optimizer(f, t);
     fputs("\n\n", f);
-    if (ml_emit_is_master(p))
+    if (ml__emit_is_master(p))
         torch_master(f, t);
     torch_setup(f, p, low, scaler);
     torch_train_step(f, t, low, scaler);

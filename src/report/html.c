@@ -79,7 +79,7 @@ static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     ml_svg_escape(f, ml_model_name(m));
     fputs(" — training memory plan</h1>\n<div class=\"cfg\">", f);
     char sl[80];
-    ml_report_lengths(m, &cfg->training, sl, sizeof sl);
+    ml__report_lengths(m, &cfg->training, sl, sizeof sl);
     snprintf(buf, sizeof buf, "micro_batch %llu, %s, grad_accum %llu, %s, %s (%s), checkpoint %s",
              (unsigned long long)cfg->training.micro_batch, sl,
              (unsigned long long)cfg->training.grad_accum, ml_precision_name(cfg->training.precision),
@@ -117,7 +117,7 @@ static void html_summary(FILE *f, const ml_config *cfg, const ml_summary *s)
 {
     char a[32], b[32], c[32], buf[256];
     fputs("<h2>Summary</h2>\n<table>\n", f);
-    ml_report_commas(s->params, buf, sizeof buf);
+    ml__report_commas(s->params, buf, sizeof buf);
     row(f, "parameters", buf);
     row(f, "params", B(s->bytes_params, a));
     row(f, "master weights", B(s->bytes_master, a));
@@ -177,12 +177,12 @@ static int html_chart(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     fputs("<div id=\"cursor\"></div><div id=\"tip\"></div></div>\n", f);
     fputs("<p class=\"note\">Hover over the chart for the step and the bytes by category.</p>\n", f);
     size_t idx[ML_SVG_POINTS];
-    size_t n = ml_ledger_event_count(l), np = n ? ml_svg_sample(l, idx, ML_SVG_POINTS) : 0;
+    size_t n = ml_ledger_event_count(l), np = n ? ml__svg_sample(l, idx, ML_SVG_POINTS) : 0;
     const ml_event *ev = ml_ledger_events(l);
     double den = n > 1 ? (double)(n - 1) : 1;
     /* x as the chart places the event: at its time on a time axis, else
      * at its index */
-    const double T = ml_svg_time_end(l);
+    const double T = ml__svg_time_end(l);
     fputs("<script type=\"application/json\" id=\"points\">[", f);
     for (size_t j = 0; j < np; j++) {
         const ml_event *e = &ev[idx[j]];

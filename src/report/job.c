@@ -23,10 +23,10 @@ ml_status ml_job_create(const ml_model *m, ml_job **out, ml_error *err)
     if (err)
         memset(err, 0, sizeof *err);
     if (!m || !out)
-        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_create: NULL argument");
+        return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_job_create: NULL argument");
     ml_job *j = calloc(1, sizeof *j);
     if (!j)
-        return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
+        return ml__errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
     j->model = m;
     j->cfg = ml_model_config(m);
     j->cfg.calib = NULL;
@@ -50,9 +50,9 @@ static ml_status request_count(const char *key, const char *v, uint64_t hi, uint
     char *end = NULL;
     unsigned long long x = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
     if (!end || *end || x < 1 || x > hi)
-        return ml_errorf_at(err, ML_RANGE, 0, 0,
-                            "%s: '%s' is not a whole number between 1 and %llu", key, v,
-                            (unsigned long long)hi);
+        return ml__errorf_at(err, ML_RANGE, 0, 0,
+                             "%s: '%s' is not a whole number between 1 and %llu", key, v,
+                             (unsigned long long)hi);
     *out = x;
     return ML_OK;
 }
@@ -74,7 +74,7 @@ ml_status ml_job_set(ml_job *j, const char *key, const char *value, ml_error *er
     if (err)
         memset(err, 0, sizeof *err);
     if (!j || !key || !value)
-        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_set: NULL argument");
+        return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_job_set: NULL argument");
     /* the same ranges as fit's --global-batch and --max-micro-batch */
     if (!strcmp(key, "global_batch"))
         return request_count(key, value, 1ull << 40, &j->req.global_batch, err);
@@ -104,12 +104,12 @@ static ml_status to_string(writer write, const void *ctx, char **out, size_t *le
     size_t n = 0;
     FILE *f = open_memstream(&buf, &n);
     if (!f)
-        return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory (a memory stream)");
+        return ml__errorf_at(err, ML_NOMEM, 0, 0, "out of memory (a memory stream)");
     /* a memory stream fails a write only when it cannot grow */
     int w = write(f, ctx);
     if (fclose(f) != 0 || w != 0) {
         free(buf);
-        return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory (writing the report)");
+        return ml__errorf_at(err, ML_NOMEM, 0, 0, "out of memory (writing the report)");
     }
     *out = buf;
     if (len)
@@ -120,8 +120,8 @@ static ml_status to_string(writer write, const void *ctx, char **out, size_t *le
 static ml_status no_auto(const ml_job *j, const char *verb, ml_error *err)
 {
     if (j->req.auto_checkpoint)
-        return ml_errorf_at(err, ML_USAGE, 0, 0,
-                            "training.checkpoint: auto is for fit, not %s", verb);
+        return ml__errorf_at(err, ML_USAGE, 0, 0,
+                             "training.checkpoint: auto is for fit, not %s", verb);
     return ML_OK;
 }
 
@@ -142,7 +142,7 @@ ml_status ml_job_plan_json(const ml_job *j, char **out, size_t *len, ml_error *e
     if (err)
         memset(err, 0, sizeof *err);
     if (!j || !out)
-        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_plan_json: a job and an output pointer");
+        return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_job_plan_json: a job and an output pointer");
     ml_status st = no_auto(j, "plan", err);
     ml_ledger *l = NULL;
     if (st || (st = ml_ledger_evaluate(j->model, &j->cfg, false, &l, err)))
@@ -173,14 +173,14 @@ ml_status ml_job_fit_json(const ml_job *j, char **out, size_t *len, ml_error *er
     if (err)
         memset(err, 0, sizeof *err);
     if (!j || !out)
-        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_fit_json: a job and an output pointer");
+        return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_job_fit_json: a job and an output pointer");
     if (j->micro_batch_set)
-        return ml_errorf_at(err, ML_USAGE, 0, 0,
-                            "training.micro_batch: fit searches the micro-batch; bound it with "
-                            "max_micro_batch, or plan one");
+        return ml__errorf_at(err, ML_USAGE, 0, 0,
+                             "training.micro_batch: fit searches the micro-batch; bound it with "
+                             "max_micro_batch, or plan one");
     ml_fit_result *r = malloc(sizeof *r);
     if (!r)
-        return ml_errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
+        return ml__errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
     ml_status st = ml_fit(j->model, &j->cfg, &j->req, r, err);
     fit_ctx c = {j, r};
     if (!st)
@@ -205,14 +205,14 @@ ml_status ml_job_compare_json(const ml_job *j, char **out, size_t *len, ml_error
     if (err)
         memset(err, 0, sizeof *err);
     if (!j || !out)
-        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_compare_json: a job and an output pointer");
+        return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_job_compare_json: a job and an output pointer");
     ml_compare_row rows[ML_COMPARE_ROWS];
     compare_ctx c = {rows, 0};
     ml_status st = no_auto(j, "compare", err);
     if (!st && j->checkpoint_set)
-        st = ml_errorf_at(err, ML_USAGE, 0, 0,
-                          "training.checkpoint: compare plans every checkpoint policy side by "
-                          "side; plan one instead");
+        st = ml__errorf_at(err, ML_USAGE, 0, 0,
+                           "training.checkpoint: compare plans every checkpoint policy side by "
+                           "side; plan one instead");
     if (!st)
         st = ml_compare(j->model, &j->cfg, rows, &c.n, err);
     if (!st)
@@ -230,7 +230,7 @@ ml_status ml_job_timeline_json(const ml_job *j, char **out, size_t *len, ml_erro
     if (err)
         memset(err, 0, sizeof *err);
     if (!j || !out)
-        return ml_errorf_at(err, ML_USAGE, 0, 0, "ml_job_timeline_json: a job and an output pointer");
+        return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_job_timeline_json: a job and an output pointer");
     ml_status st = no_auto(j, "timeline", err);
     ml_ledger *l = NULL;
     if (st || (st = ml_ledger_evaluate(j->model, &j->cfg, true, &l, err)))

@@ -136,8 +136,8 @@ static void json_bytes(FILE *f, const ml_config *cfg, const ml_summary *s)
     else
         fputs("null", f);
     fprintf(f, "}},\n \"model_states\": {\"bytes\": %llu, \"bytes_per_param\": ",
-            (unsigned long long)ml_report_model_states(s));
-    num(f, ml_report_model_states_per_param(s));
+            (unsigned long long)ml__report_model_states(s));
+    num(f, ml__report_model_states_per_param(s));
     fputs("},\n \"reserved\": ", f);
     if (s->has_reserved)
         fprintf(f, "{\"peak\": %llu, \"segments\": %llu, \"allocator\": \"%s\", \"oom\": %s}",
@@ -225,8 +225,8 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
 }
 
 /* The plan's JSON object without its closing brace. */
-void ml_report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *cfg,
-                                 const ml_ledger *l, const ml_report_verdict *v)
+void ml__report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *cfg,
+                                  const ml_ledger *l, const ml_report_verdict *v)
 {
     const ml_summary *s = ml_ledger_summary(l);
     json_head(f, m, cfg, l);
@@ -236,14 +236,14 @@ void ml_report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *cf
     json_device(f, s, v);
 }
 
-void ml_report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+void ml__report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
 {
-    ml_report_json_open_verdict(f, m, cfg, l, NULL);
+    ml__report_json_open_verdict(f, m, cfg, l, NULL);
 }
 
 int ml_report_json(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
 {
-    ml_report_json_open(f, m, cfg, l);
+    ml__report_json_open(f, m, cfg, l);
     fputs("}\n", f);
     return ferror(f) ? -1 : 0;
 }
@@ -253,8 +253,8 @@ int ml_report_json_lengths(FILE *f, const ml_model *m, const ml_config *cfg, con
                            const ml_lengths_result *r)
 {
     ml_report_verdict v;
-    ml_report_lengths_verdict(cfg, r, &v);
-    ml_report_json_open_verdict(f, m, cfg, l, cfg->device.present ? &v : NULL);
+    ml__report_lengths_verdict(cfg, r, &v);
+    ml__report_json_open_verdict(f, m, cfg, l, cfg->device.present ? &v : NULL);
     fputs(",\n \"lengths\": ", f);
     ml_report_lengths_json_object(f, d, req, r);
     fputs("}\n", f);

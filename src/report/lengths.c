@@ -46,8 +46,8 @@ static void tighter(const ml_config *cfg, const ml_length_point *p, ml_report_ve
     }
 }
 
-void ml_report_lengths_verdict(const ml_config *cfg, const ml_lengths_result *r,
-                               ml_report_verdict *v)
+void ml__report_lengths_verdict(const ml_config *cfg, const ml_lengths_result *r,
+                                ml_report_verdict *v)
 {
     memset(v, 0, sizeof *v);
     v->p_over = r->p_over_budget;

@@ -19,36 +19,36 @@ typedef struct ml_report_verdict {
 } ml_report_verdict;
 
 /* v from a lengths result planned on a device (lengths.c). */
-void ml_report_lengths_verdict(const ml_config *cfg, const ml_lengths_result *r,
-                               ml_report_verdict *v);
+void ml__report_lengths_verdict(const ml_config *cfg, const ml_lengths_result *r,
+                                ml_report_verdict *v);
 
 /* ml_report_text with the verdict v (NULL: the plan's own) (text.c). */
-int ml_report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
-                           const ml_report_verdict *v);
+int ml__report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                            const ml_report_verdict *v);
 
 /* The plan's JSON object (ml_report_json) without its closing brace, for
- * the writers that add keys after it; v as ml_report_text_verdict. */
-void ml_report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l);
-void ml_report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *cfg,
-                                 const ml_ledger *l, const ml_report_verdict *v);
+ * the writers that add keys after it; v as ml__report_text_verdict. */
+void ml__report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l);
+void ml__report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *cfg,
+                                  const ml_ledger *l, const ml_report_verdict *v);
 
 /* "seq_len N" and, for an encoder-decoder, ", target_len M" (text.c). */
-void ml_report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size);
+void ml__report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size);
 
 /* The category's name for a person (text, SVG, HTML: "master weights",
  * "saved activations"); ml_category_name is its key in JSON and CSV
  * ("master_params", "activations_saved"), a contract (text.c). */
-const char *ml_report_category_label(ml_category c);
+const char *ml__report_category_label(ml_category c);
 
 /* The model states on a device: params + master weights + grads + optimizer
  * states (bytes, per device as the summary's figures), and that over the
  * model's parameter count (bytes per parameter; 0 without parameters)
  * (text.c; docs/ledger.md, "Each phase's peak"). */
-uint64_t ml_report_model_states(const ml_summary *s);
-double ml_report_model_states_per_param(const ml_summary *s);
+uint64_t ml__report_model_states(const ml_summary *s);
+double ml__report_model_states_per_param(const ml_summary *s);
 
 /* v with a comma every three digits: "124,439,808" (text.c). */
-void ml_report_commas(uint64_t v, char *buf, size_t size);
+void ml__report_commas(uint64_t v, char *buf, size_t size);
 
 /* --emit's verdict on a plan (docs/hf.md, "--emit"). */
 enum { ML_EMIT_EXACT = 0, ML_EMIT_PARTIAL = 1, ML_EMIT_REFUSED = 2 };
@@ -62,7 +62,7 @@ enum { ML_EMIT_EXACT = 0, ML_EMIT_PARTIAL = 1, ML_EMIT_REFUSED = 2 };
  * reason); -2 for an unknown kind. why (size bytes) is always terminated
  * when size > 0. ml_report_emit() returns -3 for a refused plan, writing
  * nothing. */
-int ml_report_emit_check(const char *kind, const ml_model *m, const ml_config *cfg,
-                         const ml_ledger *l, char *why, size_t size);
+int ml__report_emit_check(const char *kind, const ml_model *m, const ml_config *cfg,
+                          const ml_ledger *l, char *why, size_t size);
 
 #endif

@@ -21,7 +21,7 @@ static const char *const cat_color[ML_CAT_COUNT] = {
     [ML_CAT_ACTIVATIONS] = "#59a14f", [ML_CAT_RECOMPUTE] = "#8cd17d",
     [ML_CAT_WORKSPACE] = "#b6992d",   [ML_CAT_BATCH] = "#9c755f",
     [ML_CAT_BUFFERS] = "#bab0ac"};
-/* every category has a place and a colour (its label: ml_report_category_label) */
+/* every category has a place and a colour (its label: ml__report_category_label) */
 _Static_assert(sizeof stack_order / sizeof stack_order[0] == ML_CAT_COUNT, "stack_order");
 
 typedef ml_svg_chart chart;
@@ -31,15 +31,15 @@ static double px(const chart *c, double t)
     return c->x0 + t * c->w;
 }
 
-double ml_svg_py(const chart *c, double bytes)
+double ml__svg_py(const chart *c, double bytes)
 {
     return c->y0 + c->h - bytes / c->ymax * c->h;
 }
 
-#define py ml_svg_py
+#define py ml__svg_py
 
 /* Axis: a binary unit and a 1-2-5 step giving 4 to 10 ticks. */
-void ml_svg_y_axis(FILE *f, const chart *c)
+void ml__svg_y_axis(FILE *f, const chart *c)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
     int u = 0;
@@ -68,8 +68,8 @@ void ml_svg_y_axis(FILE *f, const chart *c)
 
 /* A horizontal line with its label at the right end, or at the left end
  * (left) so that two close lines do not overprint each other. */
-void ml_svg_hline(FILE *f, const chart *c, uint64_t bytes, const char *color, const char *dash,
-                  const char *label, bool left)
+void ml__svg_hline(FILE *f, const chart *c, uint64_t bytes, const char *color, const char *dash,
+                   const char *label, bool left)
 {
     char b[32];
     ml_format_bytes(bytes, b, sizeof b);
@@ -92,7 +92,7 @@ static uint64_t total_of(const ml_event *e)
 }
 
 /* At most `cap` points, each the highest event of its bucket (peaks survive). */
-size_t ml_svg_sample(const ml_ledger *l, size_t *idx, size_t cap)
+size_t ml__svg_sample(const ml_ledger *l, size_t *idx, size_t cap)
 {
     size_t n = ml_ledger_event_count(l);
     const ml_event *ev = ml_ledger_events(l);
@@ -130,7 +130,7 @@ static double ex(const chart *c, const xmap *a, size_t i)
 
 /* The latest event time when every event has one, else 0 (an axis of
  * events: no throughput, or only events at time 0). */
-double ml_svg_time_end(const ml_ledger *l)
+double ml__svg_time_end(const ml_ledger *l)
 {
     size_t n = ml_ledger_event_count(l);
     const ml_event *ev = ml_ledger_events(l);
@@ -181,10 +181,10 @@ static size_t sample(const ml_ledger *l, const xmap *a, size_t *idx)
     if (!ml_ledger_event_count(l))
         return 0;
     return a->T > 0 ? sample_time(l, a->T, idx, SVG_POINTS / 2)
-                    : ml_svg_sample(l, idx, SVG_POINTS);
+                    : ml__svg_sample(l, idx, SVG_POINTS);
 }
 
-void ml_svg_x_axis_time(FILE *f, const chart *c, double T)
+void ml__svg_x_axis_time(FILE *f, const chart *c, double T)
 {
     double step = pow(10, floor(log10(T)));
     while (T / step > 10)
@@ -200,7 +200,7 @@ void ml_svg_x_axis_time(FILE *f, const chart *c, double T)
     }
 }
 
-void ml_svg_header(FILE *f, int w, int h)
+void ml__svg_header(FILE *f, int w, int h)
 {
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
@@ -229,7 +229,7 @@ static double title(FILE *f, double w, const ml_model *m, const ml_config *cfg,
     if (cfg->training.seq_len > 1) {
         sl[0] = ',';
         sl[1] = ' ';
-        ml_report_lengths(m, &cfg->training, sl + 2, sizeof sl - 2);
+        ml__report_lengths(m, &cfg->training, sl + 2, sizeof sl - 2);
     }
     int k = snprintf(set, sizeof set, "micro_batch %llu%s, grad_accum %llu, %s, %s (%s)",
                      (unsigned long long)cfg->training.micro_batch, sl,
@@ -243,10 +243,10 @@ static double title(FILE *f, double w, const ml_model *m, const ml_config *cfg,
         (size_t)k < sizeof set)
         snprintf(set + k, sizeof set - (size_t)k, ", %llu devices, ZeRO %u",
                  (unsigned long long)cfg->training.data_parallel, cfg->training.zero);
-    int tl = ml_svg_text_wrapped(f, 20, 26, 21, 17, true, NULL, w - 40, t);
+    int tl = ml__svg_text_wrapped(f, 20, 26, 21, 17, true, NULL, w - 40, t);
     free(t);
-    int nl = ml_svg_text_wrapped(f, 20, 46 + 21.0 * (tl - 1), 16, 12, false,
-                                 " fill=\"#444\"", w - 40, set);
+    int nl = ml__svg_text_wrapped(f, 20, 46 + 21.0 * (tl - 1), 16, 12, false,
+                                  " fill=\"#444\"", w - 40, set);
     return 21.0 * (tl - 1) + 16.0 * (nl - 1);
 }
 
@@ -320,7 +320,7 @@ static void total_outline(FILE *f, const chart *c, const xmap *x, const size_t *
 static void device_lines(FILE *f, const chart *c, const ml_summary *s)
 {
     if (s->has_device) {
-        ml_svg_hline(f, c, s->memory, "#222", NULL, "device", false);
+        ml__svg_hline(f, c, s->memory, "#222", NULL, "device", false);
         /* the allocator curve's device line */
         uint64_t lim = s->device_limit;
         const char *lname = lim < s->memory - s->runtime_reserve
@@ -329,10 +329,10 @@ static void device_lines(FILE *f, const chart *c, const ml_summary *s)
         if (s->budget == lim) {
             char both[96];
             snprintf(both, sizeof both, "budget = %s", lname);
-            ml_svg_hline(f, c, s->budget, "#d62728", "6,4", both, true);
+            ml__svg_hline(f, c, s->budget, "#d62728", "6,4", both, true);
         } else {
-            ml_svg_hline(f, c, lim, "#777", "2,3", lname, false);
-            ml_svg_hline(f, c, s->budget, "#d62728", "6,4", "budget", true);
+            ml__svg_hline(f, c, lim, "#777", "2,3", lname, false);
+            ml__svg_hline(f, c, s->budget, "#d62728", "6,4", "budget", true);
         }
     }
 }
@@ -355,11 +355,11 @@ static void peak_marker(FILE *f, const chart *c, const ml_summary *s, const xmap
                    "stroke-width=\"2\"/>\n",
                 x, y);
         /* beside the marker, on its left near the right end; moved along,
-         * never out of the plot, when its width (ml_svg_text_width) needs */
+         * never out of the plot, when its width (ml__svg_text_width) needs */
         char label[192];
         snprintf(label, sizeof label, "allocator peak %s at %s (%s)", b, s->peak_step,
                  ml_phase_name(s->peak_phase));
-        const double w = ml_svg_text_width(label, strlen(label), 12, true);
+        const double w = ml__svg_text_width(label, strlen(label), 12, true);
         double lx = x > c->x0 + c->w * 0.7 ? x - 8 - w : x + 8;
         if (lx + w > c->x0 + c->w)
             lx = c->x0 + c->w - w;
@@ -384,7 +384,7 @@ static void legend(FILE *f, const chart *c, const ml_summary *s)
         fprintf(f, "<rect x=\"830\" y=\"%.1f\" width=\"14\" height=\"14\" fill=\"%s\"/>\n", ly,
                 cat_color[cat]);
         fprintf(f, "<text x=\"850\" y=\"%.1f\" font-size=\"12\">%s</text>\n", ly + 11,
-                ml_report_category_label(cat));
+                ml__report_category_label(cat));
         fprintf(f, "<text x=\"850\" y=\"%.1f\" font-size=\"10\" fill=\"#666\">max %s</text>\n",
                 ly + 24, b);
         ly += 36;
@@ -398,7 +398,7 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     const ml_summary *s = ml_ledger_summary(l);
     const ml_event *ev = ml_ledger_events(l);
     size_t n = ml_ledger_event_count(l);
-    const xmap x = {ev, n > 1 ? (double)(n - 1) : 1, ml_svg_time_end(l)};
+    const xmap x = {ev, n > 1 ? (double)(n - 1) : 1, ml__svg_time_end(l)};
     size_t idx[SVG_POINTS];
     size_t np = sample(l, &x, idx);
     const double drop = title(NULL, 1040, m, cfg, TIMELINE_TITLE, true);
@@ -412,19 +412,19 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     if (c.ymax <= 0)
         c.ymax = 1;
     c.ymax *= 1.06;
-    ml_svg_header(f, 1040, (int)ceil(580 + drop));
+    ml__svg_header(f, 1040, (int)ceil(580 + drop));
     title(f, 1040, m, cfg, TIMELINE_TITLE, true);
     phase_bands(f, &c, &x, n);
-    ml_svg_y_axis(f, &c);
+    ml__svg_y_axis(f, &c);
     stacked_areas(f, &c, &x, idx, np);
     total_outline(f, &c, &x, idx, np);
     device_lines(f, &c, s);
     /* the allocator's simulated reserved peak (--allocator) */
     if (s->has_reserved)
-        ml_svg_hline(f, &c, s->reserved_peak, "#9467bd", "8,3", "reserved (simulated)", false);
+        ml__svg_hline(f, &c, s->reserved_peak, "#9467bd", "8,3", "reserved (simulated)", false);
     peak_marker(f, &c, s, &x, n);
     if (x.T > 0)
-        ml_svg_x_axis_time(f, &c, x.T);
+        ml__svg_x_axis_time(f, &c, x.T);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">",
             c.x0 + c.w / 2, c.y0 + c.h + 34);
     fprintf(f, x.T > 0 ? "seconds into one training iteration (%zu events)</text>\n"
@@ -474,18 +474,18 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
         char b[32];
         ml_format_bytes(ml_ledger_summary(ls[i])->peak, b, sizeof b);
         snprintf(entry[i], sizeof entry[i], "%s (allocator peak %s)", names[i], b);
-        lines += ml_svg_legend_entry(NULL, 0, "", NULL, entry[i]);
+        lines += ml__svg_legend_entry(NULL, 0, "", NULL, entry[i]);
     }
     const double legend_y = c.y0 + c.h + ML_SVG_LEGEND_GAP;
-    ml_svg_header(f, (int)ML_SVG_WIDTH,
-                  (int)ceil(legend_y + ML_SVG_LEGEND_LINE * lines + ML_SVG_LEGEND_PAD));
+    ml__svg_header(f, (int)ML_SVG_WIDTH,
+                   (int)ceil(legend_y + ML_SVG_LEGEND_LINE * lines + ML_SVG_LEGEND_PAD));
     title(f, ML_SVG_WIDTH, m, cfg, COMPARE_TITLE, false);
-    ml_svg_y_axis(f, &c);
+    ml__svg_y_axis(f, &c);
     /* a common seconds axis when every policy's events have a time: a
      * policy that recomputes more draws a longer curve */
     double T = 0;
     for (size_t i = 0; i < n; i++) {
-        double Ti = ml_svg_time_end(ls[i]);
+        double Ti = ml__svg_time_end(ls[i]);
         if (!(Ti > 0)) {
             T = 0;
             break;
@@ -511,16 +511,16 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
                     py(&c, (double)total_of(&ev[idx[j]])));
         }
         fputs("\"/>\n", f);
-        ly += ML_SVG_LEGEND_LINE * ml_svg_legend_entry(f, ly, color, dash, entry[i]);
+        ly += ML_SVG_LEGEND_LINE * ml__svg_legend_entry(f, ly, color, dash, entry[i]);
     }
     free(entry);
     const ml_summary *s0 = n ? ml_ledger_summary(ls[0]) : NULL;
     if (s0 && s0->has_device) {
-        ml_svg_hline(f, &c, s0->memory, "#222", NULL, "device", false);
-        ml_svg_hline(f, &c, s0->budget, "#d62728", "6,4", "budget", true);
+        ml__svg_hline(f, &c, s0->memory, "#222", NULL, "device", false);
+        ml__svg_hline(f, &c, s0->budget, "#d62728", "6,4", "budget", true);
     }
     if (T > 0)
-        ml_svg_x_axis_time(f, &c, T);
+        ml__svg_x_axis_time(f, &c, T);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n",
             c.x0 + c.w / 2, c.y0 + c.h + 34,
             T > 0 ? "seconds into one training iteration (each policy at its own step time)"

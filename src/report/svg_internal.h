@@ -31,41 +31,41 @@ typedef struct ml_svg_chart {
 } ml_svg_chart;
 
 /* The SVG element with a white background, w x h units. */
-void ml_svg_header(FILE *f, int w, int h);
+void ml__svg_header(FILE *f, int w, int h);
 /* y of a byte count on c. */
-double ml_svg_py(const ml_svg_chart *c, double bytes);
+double ml__svg_py(const ml_svg_chart *c, double bytes);
 /* The byte axis (a binary unit, 4 to 10 ticks) and the x axis line. */
-void ml_svg_y_axis(FILE *f, const ml_svg_chart *c);
+void ml__svg_y_axis(FILE *f, const ml_svg_chart *c);
 /* A horizontal line at `bytes`, labelled at its right end (or left). */
-void ml_svg_hline(FILE *f, const ml_svg_chart *c, uint64_t bytes, const char *color,
-                  const char *dash, const char *label, bool left);
+void ml__svg_hline(FILE *f, const ml_svg_chart *c, uint64_t bytes, const char *color,
+                   const char *dash, const char *label, bool left);
 
 /* ml_svg_escape on the first len bytes of s (or up to its NUL). */
-void ml_svg_escape_n(FILE *f, const char *s, size_t len);
+void ml__svg_escape_n(FILE *f, const char *s, size_t len);
 /* An upper bound on the width, in SVG units, of the first len bytes of s
  * set in DejaVu Sans (Bold) at font-size `size` (its advance widths;
  * kerning only narrows a line). */
-double ml_svg_text_width(const char *s, size_t len, double size, bool bold);
+double ml__svg_text_width(const char *s, size_t len, double size, bool bold);
 /* Writes s as <text> lines from (x, y) down, line_h apart, each at most
- * max_w wide (ml_svg_text_width): broken at a space where there is one,
+ * max_w wide (ml__svg_text_width): broken at a space where there is one,
  * else between characters; attrs (or NULL) goes into each element. f NULL:
  * writes nothing. Returns the number of lines (at least 1). */
-int ml_svg_text_wrapped(FILE *f, double x, double y, double line_h, double size, bool bold,
-                        const char *attrs, double max_w, const char *s);
+int ml__svg_text_wrapped(FILE *f, double x, double y, double line_h, double size, bool bold,
+                         const char *attrs, double max_w, const char *s);
 /* One legend entry at baseline y (see ML_SVG_LEGEND_*): a stroke of the
  * curve's colour and dash ("" solid) when dash is not NULL, else a filled
  * square, then text wrapped to the picture's width. f NULL: writes
  * nothing. Returns the entry's number of lines. */
-int ml_svg_legend_entry(FILE *f, double y, const char *color, const char *dash,
-                        const char *text);
+int ml__svg_legend_entry(FILE *f, double y, const char *color, const char *dash,
+                         const char *text);
 /* The x axis's ticks in seconds, 0 to T: a 1-2-5 step giving 4 to 10. */
-void ml_svg_x_axis_time(FILE *f, const ml_svg_chart *c, double T);
+void ml__svg_x_axis_time(FILE *f, const ml_svg_chart *c, double T);
 
 /* The latest event time when every event has one, else 0: the chart's x
  * axis is then seconds (0..T), else the event index. */
-double ml_svg_time_end(const ml_ledger *l);
+double ml__svg_time_end(const ml_ledger *l);
 
 /* Up to cap event indices, each the highest event of its bucket. */
-size_t ml_svg_sample(const ml_ledger *l, size_t *idx, size_t cap);
+size_t ml__svg_sample(const ml_ledger *l, size_t *idx, size_t cap);
 
 #endif

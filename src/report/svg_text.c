@@ -16,7 +16,7 @@
  * that is not UTF-8, or U+FFFE or U+FFFF (EF BF BE, EF BF BF), becomes
  * U+FFFD, as the JSON writers do; ml_utf8_len already refuses surrogates
  * and anything above U+10FFFF. */
-void ml_svg_escape_n(FILE *f, const char *s, size_t len)
+void ml__svg_escape_n(FILE *f, const char *s, size_t len)
 {
     const unsigned char *p = (const unsigned char *)s, *end = p + len;
     while (p < end && *p) {
@@ -39,7 +39,7 @@ void ml_svg_escape_n(FILE *f, const char *s, size_t len)
 
 void ml_svg_escape(FILE *f, const char *s)
 {
-    ml_svg_escape_n(f, s, strlen(s));
+    ml__svg_escape_n(f, s, strlen(s));
 }
 
 /* DejaVu Sans, the first font the SVGs name: the advance widths of ASCII
@@ -80,7 +80,7 @@ static unsigned advance(const unsigned char *p, bool bold, size_t *n)
     return bold ? DEJAVU_BOLD_WIDEST : DEJAVU_WIDEST;
 }
 
-double ml_svg_text_width(const char *s, size_t len, double size, bool bold)
+double ml__svg_text_width(const char *s, size_t len, double size, bool bold)
 {
     const unsigned char *p = (const unsigned char *)s, *end = p + len;
     unsigned long long units = 0;
@@ -92,8 +92,8 @@ double ml_svg_text_width(const char *s, size_t len, double size, bool bold)
     return (double)units * size / DEJAVU_EM;
 }
 
-int ml_svg_text_wrapped(FILE *f, double x, double y, double line_h, double size, bool bold,
-                        const char *attrs, double max_w, const char *s)
+int ml__svg_text_wrapped(FILE *f, double x, double y, double line_h, double size, bool bold,
+                         const char *attrs, double max_w, const char *s)
 {
     const unsigned char *p = (const unsigned char *)s;
     int lines = 0;
@@ -117,7 +117,7 @@ int ml_svg_text_wrapped(FILE *f, double x, double y, double line_h, double size,
             fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%g\"%s%s>", x,
                     y + line_h * lines, size, bold ? " font-weight=\"bold\"" : "",
                     attrs ? attrs : "");
-            ml_svg_escape_n(f, (const char *)p, (size_t)(stop - p));
+            ml__svg_escape_n(f, (const char *)p, (size_t)(stop - p));
             fputs("</text>\n", f);
         }
         lines++;
@@ -132,7 +132,7 @@ int ml_svg_text_wrapped(FILE *f, double x, double y, double line_h, double size,
  * colour and dash when dash is not NULL, else a filled square) and its text
  * wrapped to the chart's width. f NULL: only counts the lines. Returns the
  * number of lines. */
-int ml_svg_legend_entry(FILE *f, double y, const char *color, const char *dash, const char *text)
+int ml__svg_legend_entry(FILE *f, double y, const char *color, const char *dash, const char *text)
 {
     if (f && dash)
         fprintf(f, "<line x1=\"20\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
@@ -142,6 +142,6 @@ int ml_svg_legend_entry(FILE *f, double y, const char *color, const char *dash, 
     else if (f)
         fprintf(f, "<rect x=\"20\" y=\"%.1f\" width=\"14\" height=\"10\" fill=\"%s\"/>\n", y - 10,
                 color);
-    return ml_svg_text_wrapped(f, ML_SVG_LEGEND_TEXT_X, y, ML_SVG_LEGEND_LINE, 12, false, NULL,
-                               ML_SVG_WIDTH - 20 - ML_SVG_LEGEND_TEXT_X, text);
+    return ml__svg_text_wrapped(f, ML_SVG_LEGEND_TEXT_X, y, ML_SVG_LEGEND_LINE, 12, false, NULL,
+                                ML_SVG_WIDTH - 20 - ML_SVG_LEGEND_TEXT_X, text);
 }

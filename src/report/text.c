@@ -15,12 +15,12 @@ static const char *const cat_label[ML_CAT_COUNT] = {
     [ML_CAT_WORKSPACE] = "workspace",     [ML_CAT_BATCH] = "batch",
     [ML_CAT_BUFFERS] = "buffers"};
 
-const char *ml_report_category_label(ml_category c)
+const char *ml__report_category_label(ml_category c)
 {
     return (unsigned)c < ML_CAT_COUNT ? cat_label[c] : "?";
 }
 
-void ml_report_commas(uint64_t v, char *buf, size_t size)
+void ml__report_commas(uint64_t v, char *buf, size_t size)
 {
     char tmp[32];
     int n = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
@@ -54,7 +54,7 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
     const ml_training *t = &cfg->training;
     char ck[1200], num[40];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
-    ml_report_commas(s->params, num, sizeof num);
+    ml__report_commas(s->params, num, sizeof num);
     fprintf(f, "memledger plan: %s (%s parameters)\n", ml_model_name(m), num);
     const char *attn = ml_model_attention(m);
     char tl[80] = "";
@@ -66,7 +66,7 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
                  ml_vision_tower_name(t->vision_tower));
     char sl[160];
     if (m->type == ML_MODEL_SEQUENTIAL)
-        ml_report_lengths(m, t, sl, sizeof sl);
+        ml__report_lengths(m, t, sl, sizeof sl);
     else
         snprintf(sl, sizeof sl, "seq_len %llu%s",
                  (unsigned long long)s->c_tokens / t->micro_batch, tl);
@@ -123,7 +123,7 @@ static void text_states(FILE *f, const ml_summary *s)
             B(s->bytes_grads, a));
     fprintf(f, "  %-22s %12s\n", "optimizer states", B(s->bytes_optimizer, a));
     fprintf(f, "  %-22s %12s   (the four above: %.2f B per parameter)\n", "= model states",
-            B(ml_report_model_states(s), a), ml_report_model_states_per_param(s));
+            B(ml__report_model_states(s), a), ml__report_model_states_per_param(s));
     fprintf(f, "  %-22s %12s   (optimizer step only)\n", "step temporaries",
             B(s->bytes_step_temp, a));
     if (s->bytes_host)
@@ -136,7 +136,7 @@ static void text_states(FILE *f, const ml_summary *s)
     fprintf(f, "\n");
 }
 
-uint64_t ml_report_model_states(const ml_summary *s)
+uint64_t ml__report_model_states(const ml_summary *s)
 {
     /* each is below 2^63 B (ml_config_check's limits), the sum saturates */
     uint64_t v = s->bytes_params, parts[3] = {s->bytes_master, s->bytes_grads,
@@ -146,12 +146,12 @@ uint64_t ml_report_model_states(const ml_summary *s)
     return v;
 }
 
-double ml_report_model_states_per_param(const ml_summary *s)
+double ml__report_model_states_per_param(const ml_summary *s)
 {
-    return s->params ? (double)ml_report_model_states(s) / (double)s->params : 0;
+    return s->params ? (double)ml__report_model_states(s) / (double)s->params : 0;
 }
 
-void ml_report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size)
+void ml__report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size)
 {
     if (m->type == ML_MODEL_SEQUENTIAL) { /* a sample is its input tensor: no sequence */
         size_t o = (size_t)snprintf(out, size, "input ");
@@ -214,7 +214,7 @@ static void text_activations(FILE *f, const ml_model *m, const ml_ledger *l,
             snprintf(name, sizeof name, "%s", b->name);
             j = i + 1;
         }
-        ml_report_commas(b->params, num, sizeof num);
+        ml__report_commas(b->params, num, sizeof num);
         ml_format_flops(b->flops_forward, c3, sizeof c3);
         fprintf(f, "  %-22s %14s %12s %8.3f%s %14s%s", name, num, B(b->activations_saved, a),
                 b->c, b->measured ? "*" : " ", c3, b->checkpointed ? "  ckpt" : "");
@@ -236,7 +236,7 @@ static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
     fprintf(f, "Allocator peak: %s during %s, at %s\n", B(s->peak, a),
             ml_phase_name(s->peak_phase), s->peak_step);
     for (int c = 0; c < ML_CAT_COUNT; c++)
-        fprintf(f, "  %-22s %12s\n", ml_report_category_label((ml_category)c),
+        fprintf(f, "  %-22s %12s\n", ml__report_category_label((ml_category)c),
                 B(s->peak_breakdown[c], a));
     if (cfg->device.fragmentation > 0)
         fprintf(f, "  %-22s %12s   (%g x the peak)\n", "+ fragmentation", B(s->fragmentation, a),
@@ -401,8 +401,8 @@ static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s,
     fputc('\n', f);
 }
 
-int ml_report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
-                           const ml_report_verdict *v)
+int ml__report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                            const ml_report_verdict *v)
 {
     const ml_summary *s = ml_ledger_summary(l);
     text_header(f, m, cfg, s);
@@ -417,5 +417,5 @@ int ml_report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, con
 
 int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
 {
-    return ml_report_text_verdict(f, m, cfg, l, NULL);
+    return ml__report_text_verdict(f, m, cfg, l, NULL);
 }

@@ -16,26 +16,26 @@
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
 #endif
-ml_status ml_errorf(ml_error *err, ml_status code, const char *fmt, ...);
+ml_status ml__errorf(ml_error *err, ml_status code, const char *fmt, ...);
 
 /* Sets err's code, position (line and column, 1-based; 0 for none) and
  * formatted message, leaving its path; accepts a NULL err. Returns code. */
 #if defined(__GNUC__)
 __attribute__((format(printf, 5, 6)))
 #endif
-ml_status ml_errorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
-                       const char *fmt, ...);
-ml_status ml_verrorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
-                        const char *fmt, va_list ap);
+ml_status ml__errorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
+                        const char *fmt, ...);
+ml_status ml__verrorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
+                         const char *fmt, va_list ap);
 
 /* A message that opens with `from` opens with `to` instead (a key renamed
  * for the caller's words); any other message, or a NULL err, is left. */
-void ml_error_reword(ml_error *err, const char *from, const char *to);
+void ml__error_reword(ml_error *err, const char *from, const char *to);
 
 /* Reads a whole input file (at most ML_INPUT_MAX_BYTES). Starts err afresh,
  * naming the file in err->path (so every loader's messages name it). Returns
  * a buffer the caller frees, or NULL with err's code and message set (ML_IO,
  * ML_RANGE, ML_NOMEM). */
-char *ml_read_file(const char *path, size_t *len, ml_error *err);
+char *ml__read_file(const char *path, size_t *len, ml_error *err);
 
 #endif

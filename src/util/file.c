@@ -1,5 +1,5 @@
 /* Reading an input file whole, with the size limit every parser shares;
- * ml_errorf. */
+ * ml__errorf. */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdarg.h>
@@ -9,7 +9,7 @@
 
 #include "util/error.h"
 
-char *ml_read_file(const char *path, size_t *len, ml_error *err)
+char *ml__read_file(const char *path, size_t *len, ml_error *err)
 {
     memset(err, 0, sizeof *err);
     snprintf(err->path, sizeof err->path, "%s", path);
@@ -56,7 +56,7 @@ char *ml_read_file(const char *path, size_t *len, ml_error *err)
     return buf;
 }
 
-ml_status ml_errorf(ml_error *err, ml_status code, const char *fmt, ...)
+ml_status ml__errorf(ml_error *err, ml_status code, const char *fmt, ...)
 {
     err->code = code;
     err->line = err->col = 0;
@@ -67,7 +67,7 @@ ml_status ml_errorf(ml_error *err, ml_status code, const char *fmt, ...)
     return code;
 }
 
-void ml_error_reword(ml_error *err, const char *from, const char *to)
+void ml__error_reword(ml_error *err, const char *from, const char *to)
 {
     size_t n = strlen(from);
     if (!err || strncmp(err->msg, from, n))
@@ -77,8 +77,8 @@ void ml_error_reword(ml_error *err, const char *from, const char *to)
     snprintf(err->msg, sizeof err->msg, "%s", msg);
 }
 
-ml_status ml_verrorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
-                        const char *fmt, va_list ap)
+ml_status ml__verrorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
+                         const char *fmt, va_list ap)
 {
     if (!err)
         return code;
@@ -89,12 +89,12 @@ ml_status ml_verrorf_at(ml_error *err, ml_status code, unsigned line, unsigned c
     return code;
 }
 
-ml_status ml_errorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
-                       const char *fmt, ...)
+ml_status ml__errorf_at(ml_error *err, ml_status code, unsigned line, unsigned col,
+                        const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    ml_verrorf_at(err, code, line, col, fmt, ap);
+    ml__verrorf_at(err, code, line, col, fmt, ap);
     va_end(ap);
     return code;
 }

@@ -17,7 +17,7 @@ static uint64_t mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
-ml_hash_key ml_hash_key_new(const void *salt)
+ml_hash_key ml__hash_key_new(const void *salt)
 {
     struct timespec ts = {0, 0};
     timespec_get(&ts, TIME_UTC);
@@ -50,7 +50,7 @@ static uint64_t load_le(const unsigned char *p, size_t n)
     return m;
 }
 
-uint64_t ml_hash(const ml_hash_key *k, const void *data, size_t n)
+uint64_t ml__hash(const ml_hash_key *k, const void *data, size_t n)
 {
     const unsigned char *p = data;
     uint64_t v0 = k->k0 ^ 0x736f6d6570736575ull, v1 = k->k1 ^ 0x646f72616e646f6dull;

@@ -15,10 +15,10 @@ typedef struct ml_hash_key {
 /* A fresh key: the clock, the CPU time and the addresses of the caller's
  * table and of the stack (which ASLR moves), mixed; no state is kept. Not for cryptography: it
  * only has to be unknown to whoever wrote the input. */
-ml_hash_key ml_hash_key_new(const void *salt);
+ml_hash_key ml__hash_key_new(const void *salt);
 
 /* SipHash-2-4 of n bytes at p under key k (Aumasson and Bernstein 2012,
  * "SipHash: a fast short-input PRF"; the test vectors of its appendix). */
-uint64_t ml_hash(const ml_hash_key *k, const void *p, size_t n);
+uint64_t ml__hash(const ml_hash_key *k, const void *p, size_t n);
 
 #endif

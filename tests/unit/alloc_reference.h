@@ -14,7 +14,7 @@ typedef struct ref_sim ref_sim;
  * simulator's create checks it). */
 ref_sim *ref_create(const ml_alloc_config *cfg);
 void ref_destroy(ref_sim *r);
-/* As ml_alloc_sim_malloc / _free (handles are the reference's own);
+/* As ml__alloc_sim_malloc / _free (handles are the reference's own);
  * returns ML_ALLOC_OK, ML_ALLOC_OOM or ML_ALLOC_BAD_HANDLE, and aborts the
  * test when the host is out of memory. */
 ml_alloc_result ref_malloc(ref_sim *r, uint64_t bytes, uint64_t *handle);

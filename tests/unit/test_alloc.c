@@ -28,31 +28,31 @@
 
 static ml_alloc_sim *sim(ml_alloc_mode mode, uint64_t device, uint64_t max_split)
 {
-    ml_alloc_config c = ml_alloc_config_defaults();
+    ml_alloc_config c = ml__alloc_config_defaults();
     c.mode = mode;
     c.device_bytes = device;
     c.max_split_size = max_split;
     ml_alloc_sim *s = NULL;
-    assert_int_equal(ml_alloc_sim_create(&c, &s), ML_ALLOC_OK);
+    assert_int_equal(ml__alloc_sim_create(&c, &s), ML_ALLOC_OK);
     return s;
 }
 
 static uint64_t take(ml_alloc_sim *s, uint64_t bytes)
 {
     uint64_t h = 0;
-    assert_int_equal(ml_alloc_sim_malloc(s, bytes, &h), ML_ALLOC_OK);
+    assert_int_equal(ml__alloc_sim_malloc(s, bytes, &h), ML_ALLOC_OK);
     return h;
 }
 
 static void give(ml_alloc_sim *s, uint64_t h)
 {
-    assert_int_equal(ml_alloc_sim_free(s, h), ML_ALLOC_OK);
+    assert_int_equal(ml__alloc_sim_free(s, h), ML_ALLOC_OK);
 }
 
 static ml_alloc_stats stats(const ml_alloc_sim *s)
 {
     ml_alloc_stats st;
-    ml_alloc_sim_stats(s, &st);
+    ml__alloc_sim_stats(s, &st);
     return st;
 }
 
@@ -71,7 +71,7 @@ static void one_byte(void **state)
     assert_int_equal(st.reserved.current, 2 * MiB);
     assert_int_equal(st.segments.current, 1);
     assert_int_equal(st.events, 1);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 }
 
 static void large_buffer_shared(void **state)
@@ -89,7 +89,7 @@ static void large_buffer_shared(void **state)
     assert_int_equal(st.reserved.current, 20 * MiB);
     assert_int_equal(st.segments.peak, 1);
     assert_int_equal(st.allocated.current, (MiB + 512) + 5 * MiB);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 }
 
 /* 12 MiB, free, 14 MiB, free, 26 MiB: requests of 10 MiB or more get a
@@ -107,7 +107,7 @@ static void grow_then_release(void **state)
     assert_int_equal(st.reserved.peak, (12 + 14 + 26) * MiB);
     assert_int_equal(st.segments.peak, 3);
     assert_int_equal(st.num_alloc_retries, 0);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 
     /* 40 MiB of device: 26 + 26 > 40, so cudaMalloc fails; the cached whole
      * segments are released (reserved 0) and the retry succeeds. The peak
@@ -123,7 +123,7 @@ static void grow_then_release(void **state)
     assert_int_equal(st.num_alloc_retries, 1);
     assert_int_equal(st.device_frees, 2);
     assert_int_equal(st.oom_event, 0);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 }
 
 static void grow_then_release_expandable(void **state)
@@ -142,7 +142,7 @@ static void grow_then_release_expandable(void **state)
     assert_int_equal(st.reserved.peak, 2 * 20 * MiB);
     assert_int_equal(st.device_allocs, 2);
     assert_int_equal(st.segments.peak, 1);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 
     /* 30 MiB of device: the second page would make 40 MiB. The release
      * unmaps the free page (reserved 0) and, the segment now all unmapped,
@@ -152,7 +152,7 @@ static void grow_then_release_expandable(void **state)
     give(s, take(s, 12 * MiB));
     give(s, take(s, 14 * MiB));
     uint64_t h = 0;
-    assert_int_equal(ml_alloc_sim_malloc(s, 26 * MiB, &h), ML_ALLOC_OOM);
+    assert_int_equal(ml__alloc_sim_malloc(s, 26 * MiB, &h), ML_ALLOC_OOM);
     st = stats(s);
     assert_int_equal(st.oom_event, 5);
     assert_int_equal(st.num_ooms, 1);
@@ -162,7 +162,7 @@ static void grow_then_release_expandable(void **state)
     /* the fresh segment keeps its address space, without pages */
     assert_int_equal(st.segments.current, 1);
     assert_int_equal(st.device_frees, 1);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 
     /* the small pool maps 2 MiB pages */
     s = sim(ML_ALLOC_EXPANDABLE, 0, 0);
@@ -170,7 +170,7 @@ static void grow_then_release_expandable(void **state)
     st = stats(s);
     assert_int_equal(st.allocated.current, 512);
     assert_int_equal(st.reserved.current, 2 * MiB);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 }
 
 static void oversize_blocks(void **state)
@@ -199,7 +199,7 @@ static void oversize_blocks(void **state)
     assert_int_equal(st.reserved.peak, 130 * MiB);
     assert_int_equal(st.num_alloc_retries, 0);
     assert_int_equal(st.device_frees, 1);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 }
 
 static void split_thresholds(void **state)
@@ -209,11 +209,11 @@ static void split_thresholds(void **state)
     ml_alloc_sim *s = sim(ML_ALLOC_CACHING, 0, 0);
     take(s, 18 * MiB + 1); /* 18 MiB + 512 in a 20 MiB segment: 2 MiB - 512 left */
     assert_int_equal(stats(s).allocated.current, 18 * MiB + 512);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
     s = sim(ML_ALLOC_CACHING, 0, 0);
     take(s, 19 * MiB); /* exactly 1 MiB left: not more than kSmallSize, the whole block */
     assert_int_equal(stats(s).allocated.current, 20 * MiB);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 
     /* small pool: split when at least kMinBlockSize (512) is left */
     s = sim(ML_ALLOC_CACHING, 0, 0);
@@ -229,7 +229,7 @@ static void split_thresholds(void **state)
     st = stats(s);
     assert_int_equal(st.segments.current, 3);
     assert_int_equal(st.reserved.current, 2 * MiB + 20 * MiB + 2 * MiB);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 }
 
 static void merging(void **state)
@@ -245,7 +245,7 @@ static void merging(void **state)
     ml_alloc_stats st = stats(s);
     assert_int_equal(st.segments.peak, 1);
     assert_int_equal(st.reserved.peak, 20 * MiB);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 
     /* a merged whole segment is released by empty_cache */
     s = sim(ML_ALLOC_CACHING, 0, 0);
@@ -253,11 +253,11 @@ static void merging(void **state)
     b = take(s, 4 * MiB);
     give(s, b);
     give(s, a);
-    assert_int_equal(ml_alloc_sim_empty_cache(s), ML_ALLOC_OK);
+    assert_int_equal(ml__alloc_sim_empty_cache(s), ML_ALLOC_OK);
     st = stats(s);
     assert_int_equal(st.reserved.current, 0);
     assert_int_equal(st.segments.current, 0);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 }
 
 static void oom_index(void **state)
@@ -269,7 +269,7 @@ static void oom_index(void **state)
     take(s, 12 * MiB);
     take(s, 12 * MiB);
     uint64_t h = 77;
-    assert_int_equal(ml_alloc_sim_malloc(s, 12 * MiB, &h), ML_ALLOC_OOM);
+    assert_int_equal(ml__alloc_sim_malloc(s, 12 * MiB, &h), ML_ALLOC_OOM);
     assert_int_equal(h, 77); /* untouched */
     ml_alloc_stats st = stats(s);
     assert_int_equal(st.oom_event, 3);
@@ -278,7 +278,7 @@ static void oom_index(void **state)
     /* the simulator goes on: a small request still fits */
     take(s, 1);
     assert_int_equal(stats(s).oom_event, 3);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 }
 
 static void garbage_collection(void **state)
@@ -287,11 +287,11 @@ static void garbage_collection(void **state)
     /* 200 MiB device, threshold 0.5: above 100 MiB reserved, a new segment
      * first frees the cached whole segments of at least the average age
      * (get_free_block calls since they were cached). */
-    ml_alloc_config c = ml_alloc_config_defaults();
+    ml_alloc_config c = ml__alloc_config_defaults();
     c.device_bytes = 200 * MiB;
     c.gc_threshold = 0.5;
     ml_alloc_sim *s = NULL;
-    assert_int_equal(ml_alloc_sim_create(&c, &s), ML_ALLOC_OK);
+    assert_int_equal(ml__alloc_sim_create(&c, &s), ML_ALLOC_OK);
     give(s, take(s, 30 * MiB)); /* call 1; a cached at count 1 */
     uint64_t b = take(s, 40 * MiB); /* call 2: 30 MiB too small; 70 MiB reserved */
     uint64_t d = take(s, 50 * MiB); /* call 3: 120 MiB reserved */
@@ -305,31 +305,31 @@ static void garbage_collection(void **state)
     assert_int_equal(st.reserved.current, (40 + 50 + 60) * MiB);
     assert_int_equal(st.device_frees, 1);
     assert_int_equal(st.segments.current, 3);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 }
 
 static void rounding(void **state)
 {
     (void)state;
-    ml_alloc_config c = ml_alloc_config_defaults();
-    assert_int_equal(ml_alloc_round_size(&c, 0), 512);
-    assert_int_equal(ml_alloc_round_size(&c, 513), 1024);
-    assert_int_equal(ml_alloc_segment_size(MiB), 2 * MiB);
-    assert_int_equal(ml_alloc_segment_size(MiB + 512), 20 * MiB);
-    assert_int_equal(ml_alloc_segment_size(10 * MiB - 512), 20 * MiB);
-    assert_int_equal(ml_alloc_segment_size(10 * MiB), 10 * MiB);
-    assert_int_equal(ml_alloc_segment_size(10 * MiB + 512), 12 * MiB);
+    ml_alloc_config c = ml__alloc_config_defaults();
+    assert_int_equal(ml__alloc_round_size(&c, 0), 512);
+    assert_int_equal(ml__alloc_round_size(&c, 513), 1024);
+    assert_int_equal(ml__alloc_segment_size(MiB), 2 * MiB);
+    assert_int_equal(ml__alloc_segment_size(MiB + 512), 20 * MiB);
+    assert_int_equal(ml__alloc_segment_size(10 * MiB - 512), 20 * MiB);
+    assert_int_equal(ml__alloc_segment_size(10 * MiB), 10 * MiB);
+    assert_int_equal(ml__alloc_segment_size(10 * MiB + 512), 12 * MiB);
     /* roundup_power2_divisions 4: between 1 MiB and 2 MiB the steps are
      * 256 KiB; 1,300,000 B rounds up to 1 MiB + 256 KiB */
     c.roundup_power2_divisions = 4;
-    assert_int_equal(ml_alloc_round_size(&c, 1300000), MiB + 256 * KiB);
-    assert_int_equal(ml_alloc_round_size(&c, 2 * MiB), 2 * MiB); /* a power of two */
-    assert_int_equal(ml_alloc_round_size(&c, 2000), 2048);       /* <= 512 * 4: plain */
+    assert_int_equal(ml__alloc_round_size(&c, 1300000), MiB + 256 * KiB);
+    assert_int_equal(ml__alloc_round_size(&c, 2 * MiB), 2 * MiB); /* a power of two */
+    assert_int_equal(ml__alloc_round_size(&c, 2000), 2048);       /* <= 512 * 4: plain */
     ml_alloc_sim *s = NULL;
-    assert_int_equal(ml_alloc_sim_create(&c, &s), ML_ALLOC_OK);
+    assert_int_equal(ml__alloc_sim_create(&c, &s), ML_ALLOC_OK);
     take(s, 1300000);
     assert_int_equal(stats(s).allocated.current, MiB + 256 * KiB);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 }
 
 static void handles_and_config(void **state)
@@ -337,34 +337,34 @@ static void handles_and_config(void **state)
     (void)state;
     ml_alloc_sim *s = sim(ML_ALLOC_CACHING, 0, 0);
     uint64_t z = 1;
-    assert_int_equal(ml_alloc_sim_malloc(s, 0, &z), ML_ALLOC_OK); /* no block, like PyTorch */
+    assert_int_equal(ml__alloc_sim_malloc(s, 0, &z), ML_ALLOC_OK); /* no block, like PyTorch */
     assert_int_equal(z, 0);
     give(s, z);
     uint64_t h = take(s, 100);
     give(s, h);
-    assert_int_equal(ml_alloc_sim_free(s, h), ML_ALLOC_BAD_HANDLE); /* twice */
+    assert_int_equal(ml__alloc_sim_free(s, h), ML_ALLOC_BAD_HANDLE); /* twice */
     uint64_t h2 = take(s, 100); /* may reuse the slot: the old handle stays stale */
-    assert_int_equal(ml_alloc_sim_free(s, h), ML_ALLOC_BAD_HANDLE);
-    assert_int_equal(ml_alloc_sim_free(s, 12345678), ML_ALLOC_BAD_HANDLE);
+    assert_int_equal(ml__alloc_sim_free(s, h), ML_ALLOC_BAD_HANDLE);
+    assert_int_equal(ml__alloc_sim_free(s, 12345678), ML_ALLOC_BAD_HANDLE);
     give(s, h2);
     assert_int_equal(stats(s).events, 6); /* refused frees are not events */
-    assert_int_equal(ml_alloc_sim_malloc(s, 1ull << 60, &z), ML_ALLOC_OOM); /* over 1 EiB */
-    ml_alloc_sim_reset_peaks(s);
+    assert_int_equal(ml__alloc_sim_malloc(s, 1ull << 60, &z), ML_ALLOC_OOM); /* over 1 EiB */
+    ml__alloc_sim_reset_peaks(s);
     ml_alloc_stats st = stats(s);
     assert_int_equal(st.allocated.peak, 0);
     assert_int_equal(st.reserved.peak, 2 * MiB);
-    ml_alloc_sim_destroy(s);
-    ml_alloc_sim_destroy(NULL);
+    ml__alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(NULL);
 
-    ml_alloc_config c = ml_alloc_config_defaults();
+    ml_alloc_config c = ml__alloc_config_defaults();
     c.max_split_size = 20 * MiB; /* PyTorch: must exceed 20 MiB */
-    assert_int_equal(ml_alloc_sim_create(&c, &s), ML_ALLOC_BAD_CONFIG);
-    c = ml_alloc_config_defaults();
+    assert_int_equal(ml__alloc_sim_create(&c, &s), ML_ALLOC_BAD_CONFIG);
+    c = ml__alloc_config_defaults();
     c.gc_threshold = 1;
-    assert_int_equal(ml_alloc_sim_create(&c, &s), ML_ALLOC_BAD_CONFIG);
-    c = ml_alloc_config_defaults();
+    assert_int_equal(ml__alloc_sim_create(&c, &s), ML_ALLOC_BAD_CONFIG);
+    c = ml__alloc_config_defaults();
     c.roundup_power2_divisions = 3;
-    assert_int_equal(ml_alloc_sim_create(&c, &s), ML_ALLOC_BAD_CONFIG);
+    assert_int_equal(ml__alloc_sim_create(&c, &s), ML_ALLOC_BAD_CONFIG);
 
     /* no cache: each free returns its memory */
     s = sim(ML_ALLOC_NONE, 0, 0);
@@ -374,7 +374,7 @@ static void handles_and_config(void **state)
     assert_int_equal(st.reserved.current, 3 * MiB + 512);
     assert_int_equal(st.reserved.peak, 3 * MiB + 1024);
     assert_int_equal(st.allocated.peak, st.reserved.peak);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 }
 
 /* ---- traces ---- */
@@ -383,7 +383,7 @@ static ml_alloc_trace *parse_ok(const char *text)
 {
     ml_alloc_trace *t = NULL;
     ml_error e;
-    ml_status st = ml_alloc_trace_parse(text, strlen(text), "t.csv", &t, &e);
+    ml_status st = ml__alloc_trace_parse(text, strlen(text), "t.csv", &t, &e);
     if (st != ML_OK)
         fail_msg("parse failed: %u:%u: %s", e.line, e.col, e.msg);
     return t;
@@ -393,7 +393,7 @@ static void parse_bad(const char *text, unsigned line, unsigned col, const char 
 {
     ml_alloc_trace *t = NULL;
     ml_error e;
-    ml_status st = ml_alloc_trace_parse(text, strlen(text), "t.csv", &t, &e);
+    ml_status st = ml__alloc_trace_parse(text, strlen(text), "t.csv", &t, &e);
     assert_int_not_equal(st, ML_OK);
     assert_null(t);
     if (e.line != line || e.col != col || !strstr(e.msg, words))
@@ -414,16 +414,16 @@ static void trace_parse(void **state)
     assert_int_equal(t->ev[4].slot, 1);
     assert_int_equal(t->ev[1].line, 5);
     ml_alloc_replay_result r;
-    ml_alloc_config c = ml_alloc_config_defaults();
-    assert_int_equal(ml_alloc_replay(&c, t, &r), ML_ALLOC_OK);
+    ml_alloc_config c = ml__alloc_config_defaults();
+    assert_int_equal(ml__alloc_replay(&c, t, &r), ML_ALLOC_OK);
     assert_int_equal(r.oom_index, SIZE_MAX);
     /* 100 -> 512 (small, 2 MiB), 2000000 -> 2000384 (large, 20 MiB) */
     assert_int_equal(r.stats.reserved.peak, 22 * MiB);
     assert_int_equal(r.stats.allocated.peak, 512 + 2000384);
     c.device_bytes = 21 * MiB; /* the 20 MiB segment does not fit beside the 2 MiB one */
-    assert_int_equal(ml_alloc_replay(&c, t, &r), ML_ALLOC_OK);
+    assert_int_equal(ml__alloc_replay(&c, t, &r), ML_ALLOC_OK);
     assert_int_equal(r.oom_index, 1);
-    ml_alloc_trace_free(t);
+    ml__alloc_trace_free(t);
 
     parse_bad("", 0, 0, "empty");
     parse_bad("\n\n# nothing\n", 0, 0, "empty");
@@ -459,7 +459,7 @@ static uint64_t below(uint64_t n)
 
 static ml_alloc_config random_config(void)
 {
-    ml_alloc_config c = ml_alloc_config_defaults();
+    ml_alloc_config c = ml__alloc_config_defaults();
     uint64_t m = below(20);
     c.mode = m < 10 ? ML_ALLOC_CACHING : m < 17 ? ML_ALLOC_EXPANDABLE : ML_ALLOC_NONE;
     if (below(10) < 6)
@@ -508,9 +508,9 @@ static void same_places(const ml_alloc_sim *s, const ref_sim *r, const uint64_t 
                         const uint64_t *hr, size_t live, int trace, size_t ev)
 {
     for (size_t i = 0; i < live; i++)
-        if (ml_alloc_sim_address(s, hs[i]) != ref_address(r, hr[i]))
+        if (ml__alloc_sim_address(s, hs[i]) != ref_address(r, hr[i]))
             fail_msg("trace %d event %zu: allocation %zu at %#llx, the reference %#llx", trace,
-                     ev, i, (unsigned long long)ml_alloc_sim_address(s, hs[i]),
+                     ev, i, (unsigned long long)ml__alloc_sim_address(s, hs[i]),
                      (unsigned long long)ref_address(r, hr[i]));
 }
 
@@ -522,7 +522,7 @@ static void differential(void **state)
     for (int tr = 0; tr < TRACES; tr++) {
         ml_alloc_config c = random_config();
         ml_alloc_sim *s = NULL;
-        assert_int_equal(ml_alloc_sim_create(&c, &s), ML_ALLOC_OK);
+        assert_int_equal(ml__alloc_sim_create(&c, &s), ML_ALLOC_OK);
         ref_sim *r = ref_create(&c);
         assert_non_null(r);
         uint64_t hs[MAXLIVE], hr[MAXLIVE], seen[64];
@@ -530,11 +530,11 @@ static void differential(void **state)
         for (size_t ev = 0; ev < n; ev++) {
             bool do_free = live == MAXLIVE || (live && below(100) < 45);
             if (below(200) == 0) { /* now and then torch.cuda.empty_cache() */
-                assert_int_equal(ml_alloc_sim_empty_cache(s), ML_ALLOC_OK);
+                assert_int_equal(ml__alloc_sim_empty_cache(s), ML_ALLOC_OK);
                 ref_empty_cache(r);
             } else if (do_free) {
                 size_t k = below(live);
-                assert_int_equal(ml_alloc_sim_free(s, hs[k]), ML_ALLOC_OK);
+                assert_int_equal(ml__alloc_sim_free(s, hs[k]), ML_ALLOC_OK);
                 assert_int_equal(ref_free(r, hr[k]), ML_ALLOC_OK);
                 hs[k] = hs[live - 1];
                 hr[k] = hr[live - 1];
@@ -545,7 +545,7 @@ static void differential(void **state)
                     seen[nseen++] = bytes;
                 else
                     seen[below(64)] = bytes;
-                ml_alloc_result a = ml_alloc_sim_malloc(s, bytes, &hs[live]);
+                ml_alloc_result a = ml__alloc_sim_malloc(s, bytes, &hs[live]);
                 ml_alloc_result b = ref_malloc(r, bytes, &hr[live]);
                 if (a != b)
                     fail_msg("trace %d event %zu: malloc(%llu) gave %d, the reference %d", tr,
@@ -554,20 +554,20 @@ static void differential(void **state)
                     live++;
             }
             ml_alloc_stats x, y;
-            ml_alloc_sim_stats(s, &x);
+            ml__alloc_sim_stats(s, &x);
             ref_stats(r, &y);
             same_stats(&x, &y, tr, ev);
             same_places(s, r, hs, hr, live, tr, ev);
-            const char *why = ml_alloc_sim_check(s);
+            const char *why = ml__alloc_sim_check(s);
             if (why)
                 fail_msg("trace %d event %zu: %s", tr, ev, why);
         }
-        ml_alloc_sim_destroy(s);
+        ml__alloc_sim_destroy(s);
         ref_destroy(r);
     }
 }
 
-/* ml_alloc_sim_malloc_many and ml_alloc_sim_free_many (the planner's
+/* ml__alloc_sim_malloc_many and ml__alloc_sim_free_many (the planner's
  * calls: one per aggregate of tensors) against the reference's one call
  * per tensor: the same results and statistics after every batch, frees in
  * a random order, now and then a stale or repeated handle among them. */
@@ -579,9 +579,9 @@ static void batches(void **state)
     for (int tr = 0; tr < TRACES; tr++) {
         ml_alloc_config c = random_config();
         ml_alloc_sim *s = NULL;
-        assert_int_equal(ml_alloc_sim_create(&c, &s), ML_ALLOC_OK);
+        assert_int_equal(ml__alloc_sim_create(&c, &s), ML_ALLOC_OK);
         if (below(2))
-            assert_int_equal(ml_alloc_sim_reserve(s, below(5000)), ML_ALLOC_OK);
+            assert_int_equal(ml__alloc_sim_reserve(s, below(5000)), ML_ALLOC_OK);
         ref_sim *r = ref_create(&c);
         assert_non_null(r);
         uint64_t hs[MAXLIVE], hr[MAXLIVE], seen[64], bytes[MAXBATCH], got[MAXBATCH];
@@ -608,7 +608,7 @@ static void batches(void **state)
                     fs[m++] = stale_s;
                     assert_int_equal(ref_free(r, stale_r), ML_ALLOC_BAD_HANDLE);
                 }
-                assert_int_equal(ml_alloc_sim_free_many(s, fs, m),
+                assert_int_equal(ml__alloc_sim_free_many(s, fs, m),
                                  bad ? ML_ALLOC_BAD_HANDLE : ML_ALLOC_OK);
             } else {
                 k = k < MAXLIVE - live ? k : MAXLIVE - live;
@@ -620,7 +620,7 @@ static void batches(void **state)
                         seen[below(64)] = bytes[i];
                 }
                 size_t done = SIZE_MAX, want = 0;
-                ml_alloc_result a = ml_alloc_sim_malloc_many(s, bytes, k, got, &done);
+                ml_alloc_result a = ml__alloc_sim_malloc_many(s, bytes, k, got, &done);
                 ml_alloc_result b = ML_ALLOC_OK;
                 while (want < k &&
                        (b = ref_malloc(r, bytes[want], &hr[live + want])) == ML_ALLOC_OK)
@@ -632,15 +632,15 @@ static void batches(void **state)
                 live += done;
             }
             ml_alloc_stats x, y;
-            ml_alloc_sim_stats(s, &x);
+            ml__alloc_sim_stats(s, &x);
             ref_stats(r, &y);
             same_stats(&x, &y, tr, ev);
             same_places(s, r, hs, hr, live, tr, ev);
-            const char *why = ml_alloc_sim_check(s);
+            const char *why = ml__alloc_sim_check(s);
             if (why)
                 fail_msg("trace %d event %zu: %s", tr, ev, why);
         }
-        ml_alloc_sim_destroy(s);
+        ml__alloc_sim_destroy(s);
         ref_destroy(r);
     }
 }
@@ -651,7 +651,7 @@ static void nomem(void **state)
 {
     (void)state;
     rng_state = 7;
-    ml_alloc_config c = ml_alloc_config_defaults();
+    ml_alloc_config c = ml__alloc_config_defaults();
     for (int mode = 0; mode < 2; mode++) {
         c.mode = mode ? ML_ALLOC_EXPANDABLE : ML_ALLOC_CACHING;
         char *text = NULL;
@@ -669,14 +669,14 @@ static void nomem(void **state)
         ml_alloc_trace *t = parse_ok(text);
         free(text);
         ml_alloc_replay_result want, got;
-        assert_int_equal(ml_alloc_replay(&c, t, &want), ML_ALLOC_OK);
+        assert_int_equal(ml__alloc_replay(&c, t, &want), ML_ALLOC_OK);
         unsigned ok = 0, failed = 0;
         for (int p = 0; p < 2; p++) {
             for (long n = 1;; n++) {
                 persistent = p;
                 failures = 0;
                 countdown = n;
-                ml_alloc_result res = ml_alloc_replay(&c, t, &got);
+                ml_alloc_result res = ml__alloc_replay(&c, t, &got);
                 countdown = -1;
                 if (res == ML_ALLOC_OK) {
                     /* a run that succeeds gives the fault-free answer */
@@ -691,7 +691,7 @@ static void nomem(void **state)
             }
         }
         assert_true(failed > 0 && ok > 0);
-        ml_alloc_trace_free(t);
+        ml__alloc_trace_free(t);
     }
     persistent = false;
 }
@@ -708,7 +708,7 @@ static void nomem_then_frees(void **state)
     give(s, take(s, 512));
     persistent = false;
     countdown = 2; /* the block table's realloc, then the class table's */
-    ml_alloc_result r = ml_alloc_sim_reserve(s, 200);
+    ml_alloc_result r = ml__alloc_sim_reserve(s, 200);
     countdown = -1;
     assert_int_equal(r, ML_ALLOC_NOMEM);
     assert_int_equal(failures > 0, true);
@@ -716,9 +716,9 @@ static void nomem_then_frees(void **state)
         hs[i] = take(s, (12ull + 2 * (unsigned)i) * MiB);
     for (int i = 0; i < 140; i++)
         give(s, hs[i]);
-    assert_null(ml_alloc_sim_check(s));
+    assert_null(ml__alloc_sim_check(s));
     ml_alloc_stats st;
-    ml_alloc_sim_stats(s, &st);
+    ml__alloc_sim_stats(s, &st);
     /* 140 segments of 12 + 2i MiB (rounded to 2 MiB: themselves) and the
      * small pool's 2 MiB: all cached */
     uint64_t want = 2 * MiB;
@@ -726,10 +726,10 @@ static void nomem_then_frees(void **state)
         want += (12ull + 2 * (unsigned)i) * MiB;
     assert_int_equal(st.reserved.current, want);
     assert_int_equal(st.allocated.current, 0);
-    assert_int_equal(ml_alloc_sim_malloc(s, 12 * MiB, &h), ML_ALLOC_OK); /* a cached one */
-    ml_alloc_sim_stats(s, &st);
+    assert_int_equal(ml__alloc_sim_malloc(s, 12 * MiB, &h), ML_ALLOC_OK); /* a cached one */
+    ml__alloc_sim_stats(s, &st);
     assert_int_equal(st.reserved.current, want);
-    ml_alloc_sim_destroy(s);
+    ml__alloc_sim_destroy(s);
 }
 
 int main(void)

@@ -54,7 +54,7 @@ static void shuffle(uint32_t *a, size_t n)
 static void agree(pair *p)
 {
     ml_alloc_stats a, b;
-    ml_alloc_sim_stats(p->s, &a);
+    ml__alloc_sim_stats(p->s, &a);
     ref_stats(p->r, &b);
     p->events++;
     if (a.allocated.current != b.allocated.current || a.reserved.current != b.reserved.current ||
@@ -62,22 +62,22 @@ static void agree(pair *p)
         fail_msg("event %zu: allocated %llu reserved %llu, the reference %llu %llu", p->events,
                  (unsigned long long)a.allocated.current, (unsigned long long)a.reserved.current,
                  (unsigned long long)b.allocated.current, (unsigned long long)b.reserved.current);
-    const char *why = ml_alloc_sim_check(p->s);
+    const char *why = ml__alloc_sim_check(p->s);
     if (why)
         fail_msg("event %zu: %s", p->events, why);
 }
 
 static void take(pair *p, uint64_t bytes, uint64_t *hs, uint64_t *hr)
 {
-    assert_int_equal(ml_alloc_sim_malloc(p->s, bytes, hs), ML_ALLOC_OK);
+    assert_int_equal(ml__alloc_sim_malloc(p->s, bytes, hs), ML_ALLOC_OK);
     assert_int_equal(ref_malloc(p->r, bytes, hr), ML_ALLOC_OK);
-    assert_int_equal(ml_alloc_sim_address(p->s, *hs), ref_address(p->r, *hr));
+    assert_int_equal(ml__alloc_sim_address(p->s, *hs), ref_address(p->r, *hr));
     agree(p);
 }
 
 static void give(pair *p, uint64_t hs, uint64_t hr)
 {
-    assert_int_equal(ml_alloc_sim_free(p->s, hs), ML_ALLOC_OK);
+    assert_int_equal(ml__alloc_sim_free(p->s, hs), ML_ALLOC_OK);
     assert_int_equal(ref_free(p->r, hr), ML_ALLOC_OK);
     agree(p);
 }
@@ -105,7 +105,7 @@ static void fill(pair *p, uint64_t *bs, uint64_t *br)
         allocated += GiB - rest(j);
     }
     ml_alloc_stats st;
-    ml_alloc_sim_stats(p->s, &st);
+    ml__alloc_sim_stats(p->s, &st);
     assert_int_equal(st.reserved.current, N * GiB);
     assert_int_equal(st.segments.current, N);
     assert_int_equal(st.allocated.current, allocated);
@@ -124,11 +124,11 @@ static void take_exact(pair *p, const uint64_t *bs, uint64_t *cs, uint64_t *cr)
     for (size_t n = 0; n < N / 2; n++) {
         uint32_t j = perm[n];
         take(p, rest(j), &cs[j], &cr[j]);
-        assert_int_equal(ml_alloc_sim_address(p->s, cs[j]),
-                         ml_alloc_sim_address(p->s, bs[j]) + GiB - rest(j));
+        assert_int_equal(ml__alloc_sim_address(p->s, cs[j]),
+                         ml__alloc_sim_address(p->s, bs[j]) + GiB - rest(j));
     }
     ml_alloc_stats st;
-    ml_alloc_sim_stats(p->s, &st);
+    ml__alloc_sim_stats(p->s, &st);
     assert_int_equal(st.reserved.current, N * GiB); /* no new segment */
     assert_int_equal(p->s->pool[LARGE].cls.n, N - N / 2);
 }
@@ -159,10 +159,10 @@ static void mix(pair *p)
 static void many_classes(void **state)
 {
     (void)state;
-    ml_alloc_config c = ml_alloc_config_defaults();
+    ml_alloc_config c = ml__alloc_config_defaults();
     pair p = {NULL, ref_create(&c), 0};
     assert_non_null(p.r);
-    assert_int_equal(ml_alloc_sim_create(&c, &p.s), ML_ALLOC_OK);
+    assert_int_equal(ml__alloc_sim_create(&c, &p.s), ML_ALLOC_OK);
     static uint64_t bs[N], br[N], cs[N], cr[N];
     fill(&p, bs, br);
     take_exact(&p, bs, cs, cr);
@@ -173,7 +173,7 @@ static void many_classes(void **state)
             give(&p, cs[j], cr[j]);
     }
     ml_alloc_stats st;
-    ml_alloc_sim_stats(p.s, &st);
+    ml__alloc_sim_stats(p.s, &st);
     assert_int_equal(st.allocated.current, 0);
     /* a segment the mix made is a 20 MiB one (its requests are under 10
      * MiB), and it made some (those over 4.5 MiB fit no remainder). All
@@ -184,7 +184,7 @@ static void many_classes(void **state)
     assert_int_equal(p.s->pool[LARGE].nfree, st.segments.current);
     assert_int_equal(p.s->pool[LARGE].cls.n, 2);
     assert_int_equal(p.s->pool[LARGE].cls.nch, 1);
-    ml_alloc_sim_destroy(p.s);
+    ml__alloc_sim_destroy(p.s);
     ref_destroy(p.r);
 }
 
@@ -201,7 +201,7 @@ typedef struct {
 
 static void lone_check(const lone *l)
 {
-    const char *why = ml_ab_classes_check(&l->c, &l->ct, K + 1);
+    const char *why = ml__ab_classes_check(&l->c, &l->ct, K + 1);
     if (why)
         fail_msg("%s", why);
 }
@@ -214,7 +214,7 @@ static void lone_bounds(lone *l, const bool *live)
         uint32_t want = 0;
         for (uint64_t j = (v + 511) / 512; j <= K && !want; j++)
             want = live[j] ? l->x[j] : 0;
-        assert_int_equal(ml_ab_class_lower_bound(&l->ct, &l->c, v), want);
+        assert_int_equal(ml__ab_class_lower_bound(&l->ct, &l->c, v), want);
     }
 }
 
@@ -223,13 +223,13 @@ static void index_at_its_bound(void **state)
     (void)state;
     static lone l;
     static bool live[K + 1];
-    assert_true(ml_ab_reserve(&l.t, K + 1) && ml_ab_cls_reserve(&l.ct, K + 1) &&
-                ml_ab_classes_reserve(&l.c, K));
+    assert_true(ml__ab_reserve(&l.t, K + 1) && ml__ab_cls_reserve(&l.ct, K + 1) &&
+                ml__ab_classes_reserve(&l.c, K));
     for (uint32_t j = 1; j <= K; j++) { /* ascending: each new size goes last */
         l.x[j] = ml_ab_new(&l.t);
         l.t.b[l.x[j]].size = 512ull * j;
         l.t.b[l.x[j]].addr = 1ull << 32;
-        ml_ab_class_insert(&l.t, &l.ct, &l.c, l.x[j]);
+        ml__ab_class_insert(&l.t, &l.ct, &l.c, l.x[j]);
         live[j] = true;
         lone_check(&l);
     }
@@ -244,15 +244,15 @@ static void index_at_its_bound(void **state)
     /* a lower bound's place, then a change before the block is re-keyed:
      * the place is stale (the largest class moved down one) and the
      * re-key is refused */
-    assert_int_equal(ml_ab_class_lower_bound(&l.ct, &l.c, 512ull * K), l.x[K]);
-    ml_ab_class_erase(&l.t, &l.ct, &l.c, l.x[K - 1]);
+    assert_int_equal(ml__ab_class_lower_bound(&l.ct, &l.c, 512ull * K), l.x[K]);
+    ml__ab_class_erase(&l.t, &l.ct, &l.c, l.x[K - 1]);
     live[K - 1] = false;
-    assert_false(ml_ab_class_shrink(&l.t, &l.ct, &l.c, l.x[K], 512ull * (K - 1), 1ull << 33));
+    assert_false(ml__ab_class_shrink(&l.t, &l.ct, &l.c, l.x[K], 512ull * (K - 1), 1ull << 33));
     lone_check(&l);
     /* right after a lower bound it is taken: 512 (K - 1) sits between the
      * class below (512 (K - 2)) and the block's own size */
-    assert_int_equal(ml_ab_class_lower_bound(&l.ct, &l.c, 512ull * K - 100), l.x[K]);
-    assert_true(ml_ab_class_shrink(&l.t, &l.ct, &l.c, l.x[K], 512ull * (K - 1), 1ull << 33));
+    assert_int_equal(ml__ab_class_lower_bound(&l.ct, &l.c, 512ull * K - 100), l.x[K]);
+    assert_true(ml__ab_class_shrink(&l.t, &l.ct, &l.c, l.x[K], 512ull * (K - 1), 1ull << 33));
     live[K] = false;
     live[K - 1] = true;
     l.x[K - 1] = l.x[K];
@@ -261,22 +261,22 @@ static void index_at_its_bound(void **state)
 
     /* every other size out, then the rest from the top: chunks join */
     for (uint32_t j = 1; j < K; j += 2) {
-        ml_ab_class_erase(&l.t, &l.ct, &l.c, l.x[j]);
+        ml__ab_class_erase(&l.t, &l.ct, &l.c, l.x[j]);
         live[j] = false;
         lone_check(&l);
     }
     lone_bounds(&l, live);
     for (uint32_t j = K - 1; j >= 2; j--)
         if (live[j]) {
-            ml_ab_class_erase(&l.t, &l.ct, &l.c, l.x[j]);
+            ml__ab_class_erase(&l.t, &l.ct, &l.c, l.x[j]);
             live[j] = false;
             lone_check(&l);
         }
     assert_int_equal(l.c.nch, 0);
     assert_int_equal(l.c.n, 0);
-    ml_ab_classes_free(&l.c);
-    ml_ab_table_free(&l.t);
-    ml_ab_cls_table_free(&l.ct);
+    ml__ab_classes_free(&l.c);
+    ml__ab_table_free(&l.t);
+    ml__ab_cls_table_free(&l.ct);
 }
 
 int main(void)

@@ -150,10 +150,10 @@ static void test_levels_give_the_same_answers(void **state)
         want[i] = total_of(&ml_ledger_events(a2)[i]);
         when[i] = ml_ledger_events(a2)[i].t_s;
     }
-    assert_true(ml_ledger_keep_levels(a2));
-    assert_true(ml_ledger_keep_levels(b2));
+    assert_true(ml__ledger_keep_levels(a2));
+    assert_true(ml__ledger_keep_levels(b2));
     size_t n = 0;
-    const ml_level *lv = ml_ledger_levels(a2, &n);
+    const ml_level *lv = ml__ledger_levels(a2, &n);
     assert_int_equal(n, na);
     assert_int_equal(ml_ledger_event_count(a2), 0);
     for (size_t i = 0; i < n; i++) {

@@ -15,7 +15,7 @@ static const char tiny[] = "name: tiny\n"
                            "training:\n  micro_batch: 2\n  seq_len: 16\n";
 
 /* The emitted text (the caller frees it), or NULL when refused; *level and
- * why from ml_report_emit_check, which must agree with ml_report_emit. */
+ * why from ml__report_emit_check, which must agree with ml_report_emit. */
 static char *emit_v(const char *kind, const ml_model *m, const ml_config *c, int *level,
                     char *why, size_t size)
 {
@@ -23,7 +23,7 @@ static char *emit_v(const char *kind, const ml_model *m, const ml_config *c, int
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    int lv = ml_report_emit_check(kind, m, c, l, why, size);
+    int lv = ml__report_emit_check(kind, m, c, l, why, size);
     int rc = ml_report_emit(f, kind, m, c, l);
     fclose(f);
     ml_ledger_destroy(l);
@@ -578,7 +578,7 @@ static void test_unknown_kind(void **state)
     ml_config c = ml_model_config(m);
     ml_ledger *l = eval(m, &c, false);
     char why[8] = "x";
-    assert_int_equal(ml_report_emit_check("fsdp", m, &c, l, why, sizeof why), -2);
+    assert_int_equal(ml__report_emit_check("fsdp", m, &c, l, why, sizeof why), -2);
     assert_string_equal(why, "");
     assert_int_equal(ml_report_emit(stdout, "fsdp", m, &c, l), -2);
     ml_ledger_destroy(l);

@@ -130,34 +130,34 @@ static bool one_block(const ml_model *m, ml_precision p, uint64_t B, uint64_t T,
     memset(ch, 0, sizeof *ch);
     ch->eval_mode = eval;
     ch->selective = selective;
-    ch->prec = ml_prec_of(p);
+    ch->prec = ml__prec_of(p);
     ml_config c = ml_model_config(m);
     c.training.micro_batch = B;
     c.training.seq_len = T;
     c.training.precision = p;
     ml_ck_dims d;
     ml_error e;
-    assert_int_equal(ml_ck_dims_of(m, &c.training, ch, &d, &e), ML_OK);
-    ch->record_nodes = ml_ck_node_level(ch, m);
-    ml_cblock *b = ml_ck_begin(ch, "block.0", 0);
+    assert_int_equal(ml__ck_dims_of(m, &c.training, ch, &d, &e), ML_OK);
+    ch->record_nodes = ml__ck_node_level(ch, m);
+    ml_cblock *b = ml__ck_begin(ch, "block.0", 0);
     assert_non_null(b);
     const uint64_t out = d.BT * d.D * ch->prec.w;
     b->in_bytes = out;
     if (graph) {
         ml_ck_graph *G = malloc(sizeof *G);
         assert_non_null(G);
-        if (!ml_ck_graph_layer(ch, m, &d, G)) {
+        if (!ml__ck_graph_layer(ch, m, &d, G)) {
             free(G);
-            assert_true((m->fused_proj || m->parallel_residual) && ml_ck_fused_attention(ch, m));
-            ml_chain_free(ch);
+            assert_true((m->fused_proj || m->parallel_residual) && ml__ck_fused_attention(ch, m));
+            ml__chain_free(ch);
             return false;
         }
-        ml_ck_graph_emit(ch, b, G, out);
+        ml__ck_graph_emit(ch, b, G, out);
         free(G);
     } else {
-        ml_ck_prenorm_block(ch, b, m, &d);
-        ml_ck_end(ch, b, out);
-        ml_ck_forward_layer(ch, b, m, &d);
+        ml__ck_prenorm_block(ch, b, m, &d);
+        ml__ck_end(ch, b, out);
+        ml__ck_forward_layer(ch, b, m, &d);
     }
     assert_false(ch->overflow);
     assert_false(ch->nomem);
@@ -259,7 +259,7 @@ static uint64_t cat_outputs(const ml_chain *ch, const ml_model *m, uint64_t B, u
 {
     /* (GPT-NeoX's parallel layer, not Falcon's: its rotary adds, no cat) */
     if (!(m->fused_proj || (m->parallel_residual && !m->shared_norm)) ||
-        !ml_ck_fused_attention(ch, m) ||
+        !ml__ck_fused_attention(ch, m) ||
         m->position != ML_POS_ROPE) /* no rotary: q and k are views of the output */
         return 0;
     if (ch->prec.autocast)
@@ -505,8 +505,8 @@ static void test_graph_equals_builders(void **state)
                             same_blocks(&a, &b, what);
                             compared++;
                         }
-                        ml_chain_free(&b);
-                        ml_chain_free(&a);
+                        ml__chain_free(&b);
+                        ml__chain_free(&a);
                     }
         }
         ml_model_destroy(m);
@@ -629,9 +629,9 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
                     assert_int_equal(ml_parse_checkpoint(policies[c], &cfg.training.checkpoint, &e),
                                      ML_OK);
                     ml_chain a, b;
-                    ml_status sa = ml_chain_build_builders(m, &cfg, ev, &a, &e);
-                    ml_status sb = ev ? ml_chain_build_eval(m, &cfg, &b, &e)
-                                      : ml_chain_build(m, &cfg, &b, &e);
+                    ml_status sa = ml__chain_build_builders(m, &cfg, ev, &a, &e);
+                    ml_status sb = ev ? ml__chain_build_eval(m, &cfg, &b, &e)
+                                      : ml__chain_build(m, &cfg, &b, &e);
                     assert_int_equal(sa, sb);
                     /* only the fused loss is refused (under autocast, or for
                      * a head other than a language model's), and latent
@@ -649,8 +649,8 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
                         layers_differ_by(&a, &b, extra, what);
                     else
                         same_blocks(&a, &b, what);
-                    ml_chain_free(&a);
-                    ml_chain_free(&b);
+                    ml__chain_free(&a);
+                    ml__chain_free(&b);
                     compared++;
                     *fused += c == 2;
                 }
@@ -791,9 +791,9 @@ static unsigned compare_seq(ml_model *m, const char *name)
                     assert_int_equal(ml_parse_checkpoint(policies[c], &cfg.training.checkpoint, &e),
                                      ML_OK);
                     ml_chain a, b;
-                    assert_int_equal(ml_chain_build_builders(m, &cfg, ev, &a, &e), ML_OK);
-                    assert_int_equal(ev ? ml_chain_build_eval(m, &cfg, &b, &e)
-                                        : ml_chain_build(m, &cfg, &b, &e),
+                    assert_int_equal(ml__chain_build_builders(m, &cfg, ev, &a, &e), ML_OK);
+                    assert_int_equal(ev ? ml__chain_build_eval(m, &cfg, &b, &e)
+                                        : ml__chain_build(m, &cfg, &b, &e),
                                      ML_OK);
                     char what[200];
                     snprintf(what, sizeof what, "%s, B %llu, precision %d, %s%s", name,
@@ -803,8 +803,8 @@ static unsigned compare_seq(ml_model *m, const char *name)
                         if (strcmp(a.saved[i].what, b.saved[i].what))
                             fail_msg("%s: saved[%zu] '%s' != '%s'", what, i, a.saved[i].what,
                                      b.saved[i].what);
-                    ml_chain_free(&a);
-                    ml_chain_free(&b);
+                    ml__chain_free(&a);
+                    ml__chain_free(&b);
                     n++;
                 }
     return n;
@@ -821,7 +821,7 @@ static unsigned seq_expressed(const ml_model *m, seq_room *room)
 {
     ml_chain ch;
     memset(&ch, 0, sizeof ch);
-    ch.prec = ml_prec_of(ML_PREC_FP32);
+    ch.prec = ml__prec_of(ML_PREC_FP32);
     ch.B = 2;
     ml_shape sh;
     memset(&sh, 0, sizeof sh);
@@ -835,15 +835,15 @@ static unsigned seq_expressed(const ml_model *m, seq_room *room)
     for (size_t i = 0; i < m->nseq; i++) {
         mlg_seq_block info;
         const bool attn = has_attention(&m->seq[i], 1);
-        const bool ok = ml_ck_graph_seq(&ch, &m->seq[i], &sh, bytes, i == 0, G, &info);
+        const bool ok = ml__ck_graph_seq(&ch, &m->seq[i], &sh, bytes, i == 0, G, &info);
         if (ok == attn)
-            fail_msg("%s: layer %zu (%s) %s", m->name, i, ml_layer_kind_name(m->seq[i].kind),
+            fail_msg("%s: layer %zu (%s) %s", m->name, i, ml__layer_kind_name(m->seq[i].kind),
                      attn ? "taken" : "refused");
         if (!ok) { /* the next layer's input from shape inference */
             ml_shape o;
             char msg[8];
             const ml_layer *where;
-            assert_true(ml_shape_step(&m->seq[i], &sh, &o, msg, sizeof msg, &where));
+            assert_true(ml__shape_step(&m->seq[i], &sh, &o, msg, sizeof msg, &where));
             sh = o;
             bytes = 4;
             continue;
@@ -904,7 +904,7 @@ static void test_seq_refused(void **state)
     ml_model *m = load_str(seq_models[3]);
     ml_chain ch;
     memset(&ch, 0, sizeof ch);
-    ch.prec = ml_prec_of(ML_PREC_FP32);
+    ch.prec = ml__prec_of(ML_PREC_FP32);
     ch.B = 2;
     const ml_shape in = {{8, 0, 0}, 1, false};
     ml_ck_graph *G = malloc(sizeof *G);
@@ -912,19 +912,19 @@ static void test_seq_refused(void **state)
     mlg_seq_block info;
     assert_int_equal(m->seq[4].kind, ML_L_RESIDUAL);
     assert_int_equal(m->seq[4].body[0].kind, ML_L_DROPOUT);
-    assert_true(ml_ck_graph_seq(&ch, &m->seq[4], &in, 4, false, G, &info));
+    assert_true(ml__ck_graph_seq(&ch, &m->seq[4], &in, 4, false, G, &info));
     ch.eval_mode = true;
-    assert_false(ml_ck_graph_seq(&ch, &m->seq[4], &in, 4, false, G, &info));
+    assert_false(ml__ck_graph_seq(&ch, &m->seq[4], &in, 4, false, G, &info));
     /* the top-level dropout in evaluation is the graph's (its forward
      * aliases the output; the programs keep the block rule) */
     const ml_shape in16 = {{16, 0, 0}, 1, false};
-    assert_true(ml_ck_graph_seq(&ch, &m->seq[2], &in16, 4, false, G, &info));
+    assert_true(ml__ck_graph_seq(&ch, &m->seq[2], &in16, 4, false, G, &info));
     ml_model_destroy(m);
     m = load_str(seq_models[1]);
     const ml_shape emb = {{12, 16, 0}, 2, false};
     assert_int_equal(m->seq[1].kind, ML_L_ATTENTION);
     ch.eval_mode = false;
-    assert_false(ml_ck_graph_seq(&ch, &m->seq[1], &emb, 4, false, G, &info));
+    assert_false(ml__ck_graph_seq(&ch, &m->seq[1], &emb, 4, false, G, &info));
     free(G);
     ml_model_destroy(m);
 }
@@ -1054,15 +1054,15 @@ static void test_graph_heads_taken(void **state)
                                                                  : load_hf_config(presets[i]);
         ml_chain ch;
         memset(&ch, 0, sizeof ch);
-        ch.prec = ml_prec_of(ML_PREC_FP32);
+        ch.prec = ml__prec_of(ML_PREC_FP32);
         ml_config c = ml_model_config(m);
         ml_ck_dims d;
         ml_error e;
-        assert_int_equal(ml_ck_dims_of(m, &c.training, &ch, &d, &e), ML_OK);
+        assert_int_equal(ml__ck_dims_of(m, &c.training, &ch, &d, &e), ML_OK);
         ml_ck_graph *G = malloc(sizeof *G);
         assert_non_null(G);
-        assert_true(ml_ck_graph_head(&ch, m, &d, false, G));
-        assert_true(ml_ck_graph_head(&ch, m, &d, true, G));
+        assert_true(ml__ck_graph_head(&ch, m, &d, false, G));
+        assert_true(ml__ck_graph_head(&ch, m, &d, true, G));
         free(G);
         ml_model_destroy(m);
     }
@@ -1085,9 +1085,9 @@ static void test_fused_no_tt_overflow(void **state)
     cfg.training.seq_len = 1ull << 23;
     ml_chain a, b;
     ml_error e;
-    assert_int_equal(ml_chain_build_builders(m, &cfg, false, &a, &e), ML_OVERFLOW);
-    assert_int_equal(ml_chain_build(m, &cfg, &b, &e), ML_OK);
-    ml_chain_free(&b);
+    assert_int_equal(ml__chain_build_builders(m, &cfg, false, &a, &e), ML_OVERFLOW);
+    assert_int_equal(ml__chain_build(m, &cfg, &b, &e), ML_OK);
+    ml__chain_free(&b);
     ml_model_destroy(m);
 }
 

@@ -19,11 +19,11 @@ static void test_siphash_vectors(void **state)
     unsigned char msg[15];
     for (int i = 0; i < 15; i++)
         msg[i] = (unsigned char)i;
-    assert_true(ml_hash(&k, msg, 15) == 0xa129ca6149be45e5ull);
-    assert_true(ml_hash(&k, msg, 0) == 0x726fdb47dd0e0e31ull);
+    assert_true(ml__hash(&k, msg, 15) == 0xa129ca6149be45e5ull);
+    assert_true(ml__hash(&k, msg, 0) == 0x726fdb47dd0e0e31ull);
     /* two tables' keys differ (their addresses alone differ) */
     int a, b;
-    ml_hash_key ka = ml_hash_key_new(&a), kb = ml_hash_key_new(&b);
+    ml_hash_key ka = ml__hash_key_new(&a), kb = ml__hash_key_new(&b);
     assert_false(ka.k0 == kb.k0 && ka.k1 == kb.k1);
 }
 
@@ -49,7 +49,7 @@ static void test_trace_colliding_ids(void **state)
     fclose(f);
     ml_alloc_trace *t = NULL;
     ml_error e;
-    assert_int_equal(ml_alloc_trace_parse(text, len, path, &t, &e), ML_OK);
+    assert_int_equal(ml__alloc_trace_parse(text, len, path, &t, &e), ML_OK);
     assert_int_equal(t->allocs, 2048);
     assert_int_equal(t->nnames, 2048);
     const uint64_t low = fnv1a(t->ids[0], strlen(t->ids[0])) & ((1u << 19) - 1);
@@ -60,7 +60,7 @@ static void test_trace_colliding_ids(void **state)
         assert_memory_equal(t->ids[i], line + 6, 54); /* "alloc," then the id */
         line = strchr(line, '\n') + 1;
     }
-    ml_alloc_trace_free(t);
+    ml__alloc_trace_free(t);
 }
 
 int main(void)

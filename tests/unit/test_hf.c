@@ -741,17 +741,17 @@ static void test_shipped_config_keys(void **state)
         ml_node *root = NULL;
         ml_error e;
         memset(&e, 0, sizeof e);
-        if (ml_tree_parse(text, len, &root, &e) != ML_OK || !root || root->type != ML_NODE_MAP)
+        if (ml__tree_parse(text, len, &root, &e) != ML_OK || !root || root->type != ML_NODE_MAP)
             fail_msg("%s: not a JSON object", path);
-        const ml_node *mt = ml_tree_get(root, "model_type");
-        unsigned fam = mt ? ml_hf_family(mt->text) : 0;
+        const ml_node *mt = ml__tree_get(root, "model_type");
+        unsigned fam = mt ? ml__hf_family(mt->text) : 0;
         if (!fam)
             fail_msg("%s: model_type is not a supported family", path);
         for (size_t i = 0; i < root->count; i++)
-            if (!ml_hf_key_find(fam, root->keys[i]->text))
+            if (!ml__hf_key_find(fam, root->keys[i]->text))
                 fail_msg("%s:%u: '%s' is in none of %s's key lists (src/model/hf.c)", path,
                          root->keys[i]->line, root->keys[i]->text, mt->text);
-        ml_tree_free(root);
+        ml__tree_free(root);
         free(text);
         ml_model *m = NULL;
         ml_status st = ml_model_load_hf(path, NULL, &m, &e);
@@ -776,7 +776,7 @@ static void key_row(char *buf, size_t size, const ml_hf_key *k)
         for (unsigned b = 0; b < ML_HF_FAMILY_COUNT; b++)
             if (k->families & (1u << b))
                 n += (size_t)snprintf(fams + n, sizeof fams - n, "%s%s", n ? ", " : "",
-                                      ml_hf_family_name(1u << b));
+                                      ml__hf_family_name(1u << b));
     }
     static const char *const uses[] = {"honoured", "inert", "approximated", "refused unless "};
     size_t n = (size_t)snprintf(use, sizeof use, "%s", uses[k->use]);
@@ -804,7 +804,7 @@ static void test_docs_key_table(void **state)
     if (!begin || !end || end < begin)
         begin = end = doc; /* no table: every row differs */
     size_t nkeys;
-    const ml_hf_key *keys = ml_hf_keys(&nkeys);
+    const ml_hf_key *keys = ml__hf_keys(&nkeys);
     size_t cap = nkeys * 1024, n = 0;
     char *want = malloc(cap);
     assert_non_null(want);

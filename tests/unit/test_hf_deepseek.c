@@ -192,13 +192,13 @@ static void test_deepseek_v3_block_fp32(void **state)
     ml_chain ch;
     ml_error ce;
     m->kv_cache = true; /* HF's use_cache (a YAML model keeps none) */
-    assert_int_equal(ml_chain_build_eval(m, &c, &ch, &ce), ML_OK);
+    assert_int_equal(ml__chain_build_eval(m, &c, &ch, &ce), ML_OK);
     assert_int_equal(ch.blocks[1].cache_bytes, 3072 + 4096);
-    ml_chain_free(&ch);
+    ml__chain_free(&ch);
     c.training.precision = ML_PREC_AMP_BF16;
-    assert_int_equal(ml_chain_build_eval(m, &c, &ch, &ce), ML_OK);
+    assert_int_equal(ml__chain_build_eval(m, &c, &ch, &ce), ML_OK);
     assert_int_equal(ch.blocks[1].cache_bytes, 3072 + 2048);
-    ml_chain_free(&ch);
+    ml__chain_free(&ch);
     ml_model_destroy(m);
     /* the YAML's refusals: a latent-attention key alone, a gate on
      * DeepSeek's shared experts */

@@ -314,24 +314,24 @@ static void test_llava_param_tensors(void **state)
     (void)state;
     ml_model *m = load_str(tiny);
     ml_config c = ml_model_config(m);
-    const ml_alloc_config ac = ml_alloc_config_defaults();
+    const ml_alloc_config ac = ml__alloc_config_defaults();
     for (int frozen = 1; frozen >= 0; frozen--) {
         c.training.vision_tower = frozen ? ML_VT_FROZEN : ML_VT_SAME;
         ml_chain ch;
         ml_error e;
-        assert_int_equal(ml_chain_build(m, &c, &ch, &e), ML_OK);
+        assert_int_equal(ml__chain_build(m, &c, &ch, &e), ML_OK);
         ml_rsim *r = NULL;
-        assert_int_equal(ml_rsim_create(&ac, &ch, &r, &e), ML_OK);
+        assert_int_equal(ml__rsim_create(&ac, &ch, &r, &e), ML_OK);
         if (frozen)
-            ml_rsim_alloc(r, ML_CAT_MASTER, (88592 - 27872) * 4, ML_T_TRAINED_PARAMS, 0, 1);
+            ml__rsim_alloc(r, ML_CAT_MASTER, (88592 - 27872) * 4, ML_T_TRAINED_PARAMS, 0, 1);
         else
-            ml_rsim_alloc(r, ML_CAT_GRADS, (88592 - 8608) * 4, ML_T_GRAD_PARAMS, 0, 1);
+            ml__rsim_alloc(r, ML_CAT_GRADS, (88592 - 8608) * 4, ML_T_GRAD_PARAMS, 0, 1);
         ml_alloc_stats st;
-        ml_rsim_stats(r, &st);
+        ml__rsim_stats(r, &st);
         assert_int_equal(st.events, frozen ? 25 : 62);
         assert_int_equal(st.allocated.current, frozen ? 245248 : 331264);
-        ml_rsim_destroy(r);
-        ml_chain_free(&ch);
+        ml__rsim_destroy(r);
+        ml__chain_free(&ch);
     }
     ml_model_destroy(m);
 }

@@ -148,7 +148,7 @@ static void test_mixtral_nodes(void **state)
     ml_config c = ml_model_config(m);
     ml_chain ch;
     ml_error e;
-    assert_int_equal(ml_chain_build(m, &c, &ch, &e), ML_OK);
+    assert_int_equal(ml__chain_build(m, &c, &ch, &e), ML_OK);
     const ml_cblock *b = &ch.blocks[1];
     assert_string_equal(b->name, "block.0");
     assert_true(b->nnodes > 0);
@@ -166,19 +166,19 @@ static void test_mixtral_nodes(void **state)
     assert_int_equal(n[end - 2].param_grad, 512);
     assert_string_equal(n[end - 1].what, "InputBuffer accumulation (in place)");
     assert_int_equal(n[end - 1].grad_out, 2048);
-    ml_chain_free(&ch);
+    ml__chain_free(&ch);
     /* --expert-imbalance 2: the first expert, the last in backward (when
      * the others' gradients exist), takes 2 x 8 = 16 rows, the three
      * others share the other 16 (6, 5, 5): the last expert's source
      * gradient 5 x 32 x 4 = 640 B, the first's 16 x 32 x 4 = 2,048 B */
     c.training.expert_imbalance = 2;
-    assert_int_equal(ml_chain_build(m, &c, &ch, &e), ML_OK);
+    assert_int_equal(ml__chain_build(m, &c, &ch, &e), ML_OK);
     b = &ch.blocks[1];
     n = &ch.nodes[b->node_first];
     assert_int_equal(n[moe].grad_in, 640);
     assert_int_equal(n[moe + 10 + 12].grad_in, 6 * 32 * 4); /* the second expert's */
     assert_int_equal(n[moe + 10 + 24].grad_in, 2048);
-    ml_chain_free(&ch);
+    ml__chain_free(&ch);
     ml_model_destroy(m);
 }
 

@@ -243,11 +243,11 @@ static void svg_text_widths(void **state)
 {
     (void)state;
     /* "Hello" at 12: (1540 + 1260 + 569 + 569 + 1253) x 12 / 2048 = 30.416 */
-    assert_rel_close(ml_svg_text_width("Hello", 5, 12, false), 5191.0 * 12 / 2048, 1e-12);
+    assert_rel_close(ml__svg_text_width("Hello", 5, 12, false), 5191.0 * 12 / 2048, 1e-12);
     /* len stops it: "He" = 2800 units */
-    assert_rel_close(ml_svg_text_width("Hello", 2, 2048, false), 2800, 1e-12);
+    assert_rel_close(ml__svg_text_width("Hello", 2, 2048, false), 2800, 1e-12);
     /* U+00E9 (two bytes) is one character at the widest advance */
-    assert_rel_close(ml_svg_text_width("\xc3\xa9", 2, 2048, false), 3838, 1e-12);
+    assert_rel_close(ml__svg_text_width("\xc3\xa9", 2, 2048, false), 3838, 1e-12);
     /* "Hello Hello" at 2048 (a unit per font unit): 5191 + 651 + 5191 =
      * 11033 wide; 6000 holds one word, not the space and the next, so two
      * lines, broken at the space, which neither line keeps */
@@ -255,18 +255,18 @@ static void svg_text_widths(void **state)
     size_t n = 0;
     FILE *f = open_memstream(&buf, &n);
     assert_non_null(f);
-    assert_int_equal(ml_svg_text_wrapped(f, 5, 10, 20, 2048, false, NULL, 6000, "Hello Hello"), 2);
+    assert_int_equal(ml__svg_text_wrapped(f, 5, 10, 20, 2048, false, NULL, 6000, "Hello Hello"), 2);
     assert_int_equal(fclose(f), 0);
     assert_string_equal(buf, "<text x=\"5.0\" y=\"10.0\" font-size=\"2048\">Hello</text>\n"
                              "<text x=\"5.0\" y=\"30.0\" font-size=\"2048\">Hello</text>\n");
     free(buf);
     /* no space to break at: between characters, "Hell" (1540 + 1260 + 569 + 569 = 3938 <= 5000), "o" */
-    assert_int_equal(ml_svg_text_wrapped(NULL, 0, 0, 1, 2048, false, NULL, 5000, "Hello"), 2);
+    assert_int_equal(ml__svg_text_wrapped(NULL, 0, 0, 1, 2048, false, NULL, 5000, "Hello"), 2);
     /* narrower than any character: one character a line, never none */
-    assert_int_equal(ml_svg_text_wrapped(NULL, 0, 0, 1, 2048, false, NULL, 1, "Hello"), 5);
-    assert_int_equal(ml_svg_text_wrapped(NULL, 0, 0, 1, 2048, false, NULL, 11033, "Hello Hello"), 1);
+    assert_int_equal(ml__svg_text_wrapped(NULL, 0, 0, 1, 2048, false, NULL, 1, "Hello"), 5);
+    assert_int_equal(ml__svg_text_wrapped(NULL, 0, 0, 1, 2048, false, NULL, 11033, "Hello Hello"), 1);
     /* Bold (DejaVuSans-Bold.ttf): H 1714, e 1389, l 702, o 1407 = 5914 */
-    assert_rel_close(ml_svg_text_width("Hello", 5, 2048, true), 5914, 1e-12);
+    assert_rel_close(ml__svg_text_width("Hello", 5, 2048, true), 5914, 1e-12);
 }
 
 static void points_fit(void **state)

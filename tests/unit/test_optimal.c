@@ -25,7 +25,7 @@ static void brute(const ml_opt_chain *c, int *seg, size_t i, int id, double *bes
     if (i == c->n) {
         double cost;
         uint64_t peak;
-        if (ml_opt_check(c, seg, &cost, &peak) && (!*any || cost < *best)) {
+        if (ml__opt_check(c, seg, &cost, &peak) && (!*any || cost < *best)) {
             *best = cost;
             *any = true;
         }
@@ -78,7 +78,7 @@ static void test_dp_equals_brute_force(void **state)
         for (size_t i = 0; i < n; i++)
             seg[i] = -1;
         brute(&c, seg, 0, 0, &best, &any);
-        assert_int_equal(ml_opt_solve(&c, 0, dseg, &cost, &feasible), ML_OK);
+        assert_int_equal(ml__opt_solve(&c, 0, dseg, &cost, &feasible), ML_OK);
         if (feasible != any)
             fail_msg("trial %d (n=%zu, budget %llu): dp feasible %d, brute force %d", trial, n,
                      (unsigned long long)c.budget, feasible, any);
@@ -91,7 +91,7 @@ static void test_dp_equals_brute_force(void **state)
         /* the plan it returns is what it claims, and within the budget */
         double c2;
         uint64_t peak;
-        assert_true(ml_opt_check(&c, dseg, &c2, &peak));
+        assert_true(ml__opt_check(&c, dseg, &c2, &peak));
         assert_rel_close(c2, cost, 0);
         assert_true(peak <= c.budget);
     }
@@ -109,14 +109,14 @@ static void test_huge_budget_is_none(void **state)
     int seg[8];
     double cost = -1;
     bool feasible = false;
-    assert_int_equal(ml_opt_solve(&c, 0, seg, &cost, &feasible), ML_OK);
+    assert_int_equal(ml__opt_solve(&c, 0, seg, &cost, &feasible), ML_OK);
     assert_true(feasible);
     assert_rel_close(cost, 0, 0);
     for (int i = 0; i < 8; i++)
         assert_int_equal(seg[i], -1);
     /* and nothing fits below the resident state */
     c.budget = 5;
-    assert_int_equal(ml_opt_solve(&c, 0, seg, &cost, &feasible), ML_OK);
+    assert_int_equal(ml__opt_solve(&c, 0, seg, &cost, &feasible), ML_OK);
     assert_false(feasible);
 }
 
@@ -134,10 +134,10 @@ static void test_thinned_search_stays_within_budget(void **state)
     ml_opt_chain c = {N, blk, 100, 100, 1000 + total / 3};
     double cost;
     bool feasible;
-    assert_int_equal(ml_opt_solve(&c, 8, seg, &cost, &feasible), ML_OK);
+    assert_int_equal(ml__opt_solve(&c, 8, seg, &cost, &feasible), ML_OK);
     if (feasible) {
         uint64_t peak;
-        assert_true(ml_opt_check(&c, seg, NULL, &peak));
+        assert_true(ml__opt_check(&c, seg, NULL, &peak));
         assert_true(peak <= c.budget);
     }
 }
@@ -432,7 +432,7 @@ static void test_exact_equals_reference(void **state)
         bool feasible = false;
         ml_opt_stats st;
         bool any = reference(&c, &best);
-        assert_int_equal(ml_opt_solve_stats(&c, 0, seg, &cost, &feasible, &st), ML_OK);
+        assert_int_equal(ml__opt_solve_stats(&c, 0, seg, &cost, &feasible, &st), ML_OK);
         assert_int_equal(st.cell_bytes, 1);
         assert_int_equal(feasible, any);
         if (!any)
@@ -441,7 +441,7 @@ static void test_exact_equals_reference(void **state)
         assert_rel_close(cost, best, 0);
         double c2;
         uint64_t peak;
-        assert_true(ml_opt_check(&c, seg, &c2, &peak));
+        assert_true(ml__opt_check(&c, seg, &c2, &peak));
         assert_rel_close(c2, cost, 0);
         assert_true(peak <= c.budget);
     }
@@ -473,16 +473,16 @@ static void test_grid_gap_is_bounded(void **state)
             double cost = 0, ecost = 0;
             bool feasible = false, efeasible = false;
             ml_opt_stats st;
-            assert_int_equal(ml_opt_solve_stats(&c, cells[s], seg, &cost, &feasible, &st), ML_OK);
+            assert_int_equal(ml__opt_solve_stats(&c, cells[s], seg, &cost, &feasible, &st), ML_OK);
             assert_true(st.cells <= cells[s]);
             assert_true(st.cell_bytes > c.budget / cells[s]);
             if (feasible) {
                 uint64_t peak;
-                assert_true(ml_opt_check(&c, seg, NULL, &peak));
+                assert_true(ml__opt_check(&c, seg, NULL, &peak));
                 assert_true(peak <= c.budget);
             }
             /* no merge: the exact optimum */
-            assert_int_equal(ml_opt_solve(&c, 65536, eseg, &ecost, &efeasible), ML_OK);
+            assert_int_equal(ml__opt_solve(&c, 65536, eseg, &ecost, &efeasible), ML_OK);
             if (st.merges == 0) {
                 exact_cases++;
                 assert_int_equal(feasible, efeasible);
@@ -492,7 +492,7 @@ static void test_grid_gap_is_bounded(void **state)
             ml_opt_chain lowered = c;
             for (uint64_t k = 1; k <= n && k * st.cell_bytes <= c.budget; k++) {
                 lowered.budget = c.budget - k * st.cell_bytes;
-                assert_int_equal(ml_opt_solve(&lowered, 65536, eseg, &ecost, &efeasible), ML_OK);
+                assert_int_equal(ml__opt_solve(&lowered, 65536, eseg, &ecost, &efeasible), ML_OK);
                 if (!efeasible || transitions(eseg, n) > k)
                     continue;
                 compared++;
@@ -526,7 +526,7 @@ static void check_work(const ml_opt_chain *c, size_t cells)
     double cost;
     bool feasible;
     ml_opt_stats st;
-    assert_int_equal(ml_opt_solve_stats(c, cells, seg, &cost, &feasible, &st), ML_OK);
+    assert_int_equal(ml__opt_solve_stats(c, cells, seg, &cost, &feasible, &st), ML_OK);
     const size_t S = st.cells;
     if (cells)
         assert_true(S <= cells);
@@ -536,7 +536,7 @@ static void check_work(const ml_opt_chain *c, size_t cells)
                  S, rho, st.states, st.visits, st.segments, st.steps, st.moves);
     assert_true(feasible);
     uint64_t peak;
-    assert_true(ml_opt_check(c, seg, NULL, &peak));
+    assert_true(ml__opt_check(c, seg, NULL, &peak));
     assert_true(peak <= c->budget);
     free(seg);
 }
@@ -577,7 +577,7 @@ static void test_work_reuse(void **state)
     enum { N = 60 };
     ml_opt_block blk[N];
     int seg[N], wseg[N];
-    ml_opt_work *w = ml_opt_work_create();
+    ml_opt_work *w = ml__opt_work_create();
     assert_non_null(w);
     for (int trial = 0; trial < 60; trial++) {
         size_t n = 1 + (size_t)(next() % N);
@@ -591,8 +591,8 @@ static void test_work_reuse(void **state)
         double cost = 0, wcost = 0;
         bool feasible = false, wfeasible = false;
         ml_opt_stats st, wst;
-        assert_int_equal(ml_opt_solve_stats(&c, cells, seg, &cost, &feasible, &st), ML_OK);
-        assert_int_equal(ml_opt_solve_in(w, &c, cells, wseg, &wcost, &wfeasible, &wst), ML_OK);
+        assert_int_equal(ml__opt_solve_stats(&c, cells, seg, &cost, &feasible, &st), ML_OK);
+        assert_int_equal(ml__opt_solve_in(w, &c, cells, wseg, &wcost, &wfeasible, &wst), ML_OK);
         assert_int_equal(feasible, wfeasible);
         assert_int_equal(st.states, wst.states);
         assert_int_equal(st.merges, wst.merges);
@@ -601,8 +601,8 @@ static void test_work_reuse(void **state)
             assert_memory_equal(seg, wseg, n * sizeof *seg);
         }
     }
-    ml_opt_work_destroy(w);
-    ml_opt_work_destroy(NULL);
+    ml__opt_work_destroy(w);
+    ml__opt_work_destroy(NULL);
 }
 
 int main(void)

@@ -76,10 +76,10 @@ static void test_optimal_fits_where_a_neighbour_plan_does(void **state)
 static void test_segment_work_is_bounded(void **state)
 {
     (void)state;
-    assert_int_equal(ml_opt_max_segment(4000), 4000);
-    assert_int_equal(ml_opt_max_segment(8192), 8192);
-    assert_int_equal(ml_opt_max_segment(20000), 3355);
-    assert_int_equal(ml_opt_max_segment(1000000), 256);
+    assert_int_equal(ml__opt_max_segment(4000), 4000);
+    assert_int_equal(ml__opt_max_segment(8192), 8192);
+    assert_int_equal(ml__opt_max_segment(20000), 3355);
+    assert_int_equal(ml__opt_max_segment(1000000), 256);
     const size_t n = 20000;
     ml_opt_block *b = calloc(n, sizeof *b);
     int *seg = calloc(n, sizeof *seg);
@@ -93,12 +93,12 @@ static void test_segment_work_is_bounded(void **state)
     double cost = 0, check_cost = 0;
     bool feasible = false;
     ml_opt_stats st;
-    assert_int_equal(ml_opt_solve_stats(&c, 0, seg, &cost, &feasible, &st), ML_OK);
+    assert_int_equal(ml__opt_solve_stats(&c, 0, seg, &cost, &feasible, &st), ML_OK);
     assert_true(feasible);
     assert_int_equal(st.max_segment, 3355);
     assert_true(st.steps <= n * (3355 + 1));
     uint64_t peak = 0;
-    assert_true(ml_opt_check(&c, seg, &check_cost, &peak));
+    assert_true(ml__opt_check(&c, seg, &check_cost, &peak));
     assert_true(peak <= c.budget);
     free(b);
     free(seg);
