@@ -174,6 +174,11 @@ static void json_device(FILE *f, const ml_summary *s, const ml_report_verdict *v
         fprintf(f, ", \"verdict_of\": \"lengths\", \"configured\": {\"fits\": %s, "
                    "\"headroom\": %lld}",
                 s->fits ? "true" : "false", (long long)s->headroom);
+    /* with the caching allocator simulated (--allocator) the budget holds
+     * its reserved peak, not the allocator peak: said (absent, the
+     * allocator peak) */
+    if (s->has_reserved)
+        fputs(", \"budget_holds\": \"reserved\"", f);
     fputc('}', f);
 }
 

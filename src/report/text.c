@@ -373,8 +373,9 @@ static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s,
     char a[32], b2[32], c3[32];
     if (!s->has_device)
         return;
-    fprintf(f, "\nDevice: %s, runtime reserve %s, budget %s (for the allocator peak)",
-            B(s->memory, a), B(s->runtime_reserve, b2), B(s->budget, c3));
+    fprintf(f, "\nDevice: %s, runtime reserve %s, budget %s (for the %s peak)",
+            B(s->memory, a), B(s->runtime_reserve, b2), B(s->budget, c3),
+            s->has_reserved ? "reserved" : "allocator");
     if (cfg->device.fragmentation > 0)
         fprintf(f, ", fragmentation allowance %g x the peak", cfg->device.fragmentation);
     fputc('\n', f);
