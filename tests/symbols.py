@@ -31,7 +31,9 @@ def main():
     syms = set()
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[1] in "TDBRCGSV":
+        # names the compiler or a sanitizer makes (__odr_asan.*, __asan_*,
+        # __sancov_*) are not the library's
+        if len(parts) == 3 and parts[1] in "TDBRCGSV" and not parts[2].startswith("__"):
             syms.add(parts[2])
     bad = sorted(s for s in syms if s not in public and not s.startswith("ml__"))
     exported = sorted(s for s in syms if s in public)
