@@ -817,6 +817,10 @@ static unsigned both_layouts_taken(const ml_model *m)
         n += ml__ck_graph_layer_at(&ch, m, &d, 0, G);
         assert_int_equal(G->g.t[0].role, MLG_INPUT);
         n += ml__ck_graph_layer_at(&ch, m, &d, m->dense_layers, G);
+        /* a quarter of each fixed array to spare */
+        assert_true(G->g.nt <= MLG_MAX_TENSORS * 3 / 4 && G->g.nop <= MLG_MAX_OPS * 3 / 4);
+        if (p == ML_PREC_AMP_BF16)
+            fprintf(stderr, "%s expert layer: %u tensors, %u ops\n", m->name, G->g.nt, G->g.nop);
     }
     free(G);
     return n;
