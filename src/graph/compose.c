@@ -15,11 +15,13 @@ uint8_t ml__kit_group(const mlg_layer *L, unsigned component)
     /* nanoGPT's Block: ln_1, attn, ln_2, mlp; HF's decoder layers:
      * self_attn (Phi-3: o_proj first), mlp, input_layernorm,
      * post_attention_layernorm (Gemma 2: the attention's post norm), then
-     * Gemma 2's pre_feedforward_layernorm and post_feedforward_layernorm */
+     * Gemma 2's pre_feedforward_layernorm and post_feedforward_layernorm;
+     * a mixture of experts' modules in three groups (kit_moe.c; HF's
+     * layers only: the nanoGPT order would put them after POST_MLP) */
     static const uint8_t hf[MLG_GROUPS] = {
-        [MLG_GROUP_ATTN_O] = 0,    [MLG_GROUP_ATTN] = 1,  [MLG_GROUP_MLP] = 2,
-        [MLG_GROUP_NORM1] = 3,     [MLG_GROUP_POST_ATTN] = 4, [MLG_GROUP_NORM2] = 5,
-        [MLG_GROUP_POST_MLP] = 6};
+        [MLG_GROUP_ATTN_O] = 0, [MLG_GROUP_ATTN] = 1,      [MLG_GROUP_MLP] = 2,
+        [MLG_GROUP_MLP2] = 3,   [MLG_GROUP_MLP3] = 4,      [MLG_GROUP_NORM1] = 5,
+        [MLG_GROUP_POST_ATTN] = 6, [MLG_GROUP_NORM2] = 7, [MLG_GROUP_POST_MLP] = 8};
     return L->hf_order ? hf[component] : (uint8_t)component;
 }
 
@@ -150,7 +152,7 @@ void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     g->group = ml__kit_group(L, MLG_GROUP_NORM2);
     h = ml__kit_norm(g, &L->norm, r, true);
     g->group = ml__kit_group(L, MLG_GROUP_MLP);
-    uint16_t m = ml__kit_mlp(g, L, h, NULL);
+    uint16_t m = L->moe.kind ? ml__kit_moe(g, L, h) : ml__kit_mlp(g, L, h, NULL);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     m = post_norm(g, L, m, MLG_GROUP_POST_MLP);
     uint16_t out = ml__kit_residual(g, r, m);

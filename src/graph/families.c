@@ -152,9 +152,9 @@ bool ml__family_falcon_layer(const ml_model *m, const mlg_config *c, mlg_layer *
 
 bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    /* the experts (DeepSeek's MoE layers after its first dense ones) keep
-     * the builders: a layer is the graph's whole or not at all */
-    if (!m->kv_lora || m->experts || m->shared_norm || m->norm != ML_NORM_RMSNORM ||
+    /* DeepSeek's experts (V3's router, V2's sorted dispatch: kit_moe.c);
+     * Mixtral's and Qwen2-MoE's routing keeps the builders */
+    if (!m->kv_lora || (m->experts && !m->router_sigmoid && !m->expert_sort) || m->shared_norm || m->norm != ML_NORM_RMSNORM ||
         m->type != ML_MODEL_DECODER || !m->prenorm || m->parallel_residual || m->image_size ||
         m->fused_proj || m->post_norms || m->attn_softcap > 0 || m->dropout > 0 ||
         m->kv_heads != m->heads || m->activation == ML_ACT_QUICK_GELU)
@@ -170,6 +170,10 @@ bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer
      * count it */
     a->fused_kernel = false;
     L->hf_order = true;
+    if (m->experts)
+        L->moe = (mlg_moe){m->router_sigmoid ? MLG_MOE_DEEPSEEK_V3 : MLG_MOE_DEEPSEEK_V2,
+                           m->expert_renorm, m->grouped_topk, m->shared_expert_ffn > 0,
+                           c->stream_bytes == 4};
     return true;
 }
 

@@ -46,11 +46,12 @@ bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
  * lists, or H), rotary, the softmax in the stream's dtype, a GELU MLP;
  * mlp(h) + attn(h) added to the input. */
 bool ml__family_falcon_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
-/* DeepSeek-V2's and V3's layout with a dense MLP in every layer
- * (DeepseekV3DecoderLayer without experts): Llama's layer with
+/* DeepSeek-V2's and V3's layout (DeepseekV3DecoderLayer,
+ * DeepseekV2DecoderLayer): Llama's layer with
  * multi-head latent attention (q, or its compression, q_a_proj, RMSNorm
  * and q_b_proj; kv_a_proj_with_mqa, an RMSNorm of its compressed part,
- * kv_b_proj; the rotary on a part of each head). */
+ * kv_b_proj; the rotary on a part of each head) and, with experts, their
+ * MoE MLP (L->moe; the first dense_layers layers keep a dense MLP). */
 bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* Hugging Face's BERT layout (BertLayer): post-LayerNorm, query, key and
  * value, softmax in the stream's dtype, a GELU MLP. */

@@ -52,6 +52,12 @@ typedef enum {
     MLG_KVB, /* H (dh - rotated part + DV): kv_b_proj's width */
     MLG_DV,  /* the value head's size */
     MLG_VO,  /* H DV: the value heads' width, o_proj's input */
+    /* mixture of experts (graph/kit_moe.c): */
+    MLG_E,    /* routed experts */
+    MLG_K,    /* experts per token */
+    MLG_FE,   /* a routed expert's width */
+    MLG_FS,   /* the shared experts' width */
+    MLG_ROWS, /* the busiest expert's rows (training.expert_imbalance) */
     MLG_L0,
     MLG_NDIMS = MLG_L0 + MLG_NLIT
 } mlg_dim;
@@ -88,6 +94,8 @@ enum {
                           block's other saved tensors once its backward has
                           run (Falcon's 8-byte index lists, whose release
                           within the backward the chain does not time) */
+    MLG_T_EXPERT = 64, /* a routed expert's parameter: registered once per
+                          expert (MLG_E), its group's parameters in turn */
 };
 
 #define MLG_NONE 0xffffu

@@ -87,6 +87,16 @@ typedef struct {
                       returns (BERT's feed_forward_chunk) */
 } mlg_mlp;
 
+/* A mixture-of-experts MLP in place of the dense one (kit_moe.c). */
+typedef enum { MLG_MOE_NONE, MLG_MOE_DEEPSEEK_V3, MLG_MOE_DEEPSEEK_V2 } mlg_moe_kind;
+typedef struct {
+    uint8_t kind;  /* mlg_moe_kind */
+    bool renorm;   /* the top-k weights renormalised (V3's norm_topk_prob) */
+    bool grouped;  /* V2's group_limited_greedy: a bool mask over the scores */
+    bool shared;   /* shared experts on every token */
+    bool h32;      /* the norm's output is fp32 (the stream's dtype) */
+} mlg_moe;
+
 /* A layer: its components and how they are wired. */
 typedef struct {
     mlg_norm norm;
@@ -103,6 +113,7 @@ typedef struct {
                          mlp(h) += attn(h), then x + that */
     bool postnorm;   /* BERT: norm(x + attn(x)), then norm(. + mlp(.)) */
     mlg_norm post;
+    mlg_moe moe;     /* experts in place of the dense MLP (kind MLG_MOE_NONE: none) */
     mlg_norm latent; /* latent attention's norms of its compressed q and kv
                         (attn.latent; their widths the kit's) */
 } mlg_layer;
@@ -116,6 +127,8 @@ enum {
     MLG_GROUP_NORM2,
     MLG_GROUP_MLP,
     MLG_GROUP_POST_MLP,
+    MLG_GROUP_MLP2, /* a mixture of experts' modules after its first ones */
+    MLG_GROUP_MLP3, /* ... and after those (kit_moe.c) */
     MLG_GROUPS
 };
 
@@ -199,6 +212,9 @@ uint16_t ml__kit_falcon_attention(ml_graph *g, const mlg_layer *L, uint16_t h,
 /* DeepSeek's multi-head latent attention on h (kit_mla.c): its branch
  * output. */
 uint16_t ml__kit_mla_attention(ml_graph *g, const mlg_layer *L, uint16_t h);
+/* DeepSeek's mixture-of-experts MLP on h (kit_moe.c): L->moe's router,
+ * routed experts and shared experts; returns the routed experts' output. */
+uint16_t ml__kit_moe(ml_graph *g, const mlg_layer *L, uint16_t h);
 /* HF LlamaRMSNorm of x (kit_hf.c). */
 uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
 /* ... of a (B, T, width) x, its output (weight * h) in dtype: the wider

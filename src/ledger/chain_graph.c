@@ -64,6 +64,15 @@ static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_gr
     z->dim[MLG_DV] = m->v_dim;
     z->dim[MLG_VO] = ml_mul(ch, d->H, m->v_dim);
     z->dim[MLG_KVB] = m->kv_lora ? ml_mul(ch, d->H, ml_add(ch, d->dh - m->rope_dim, m->v_dim)) : 0;
+    /* the experts' (zero elsewhere): the busiest expert's rows as the
+     * builders' routing model gives them */
+    z->dim[MLG_E] = m->experts;
+    z->dim[MLG_K] = m->experts_per_tok;
+    z->dim[MLG_FE] = m->expert_ffn ? m->expert_ffn : d->F;
+    z->dim[MLG_FS] = m->shared_expert_ffn;
+    z->dim[MLG_ROWS] = m->experts ? ml__ck_busiest_rows(d, ml_mul(ch, m->experts_per_tok, d->BT),
+                                                         m->experts)
+                                  : 0;
     dtype_bytes(ch, G);
     G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER && !m->image_size &&
                   !m->parallel_residual && !m->kv_lora;
@@ -72,10 +81,19 @@ static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_gr
 
 bool ml__ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
 {
+    return ml__ck_graph_layer_at(ch, m, d, 0, G);
+}
+
+bool ml__ck_graph_layer_at(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t layer,
+                           ml_ck_graph *G)
+{
     mlg_layer L;
     const mlg_config c = config_of(ch, m);
     if (!ml__family_layer(m, &c, &L))
         return false;
+    /* DeepSeek's first dense_layers layers: one dense MLP */
+    if (layer < m->dense_layers)
+        L.moe = (mlg_moe){0};
     ml__family_layer_graph(&G->g, &L);
     return sized(ch, m, d, G);
 }
@@ -205,23 +223,40 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
         ml__ck_node_scratch(ch, b, G->tb[o->gin[0]]);
 }
 
+/* The parameters in the order their modules register them: by group,
+ * then as the ops use them; a group of routed experts' parameters
+ * (MLG_T_EXPERT, nothing else in it) once per expert, each expert's in
+ * turn (nn.ModuleList of the experts). */
+static void parameters(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
+{
+    const ml_graph *g = &G->g;
+    for (uint8_t grp = 0; grp < MLG_GROUPS; grp++) {
+        uint64_t rounds = 1;
+        for (uint16_t k = 0; k < g->nop; k++)
+            for (unsigned j = 0; j < g->op[k].nparam; j++) {
+                const mlg_tensor *p = &g->t[g->op[k].param[j]];
+                if (p->group == grp && (p->flags & MLG_T_EXPERT))
+                    rounds = G->z.dim[MLG_E];
+            }
+        for (uint64_t r = 0; r < rounds && !ch->overflow && !ch->nomem; r++)
+            for (uint16_t k = 0; k < g->nop; k++)
+                for (unsigned j = 0; j < g->op[k].nparam; j++) {
+                    const mlg_tensor *p = &g->t[g->op[k].param[j]];
+                    if (p->group != grp || (p->flags & MLG_T_SHARED))
+                        continue;
+                    uint64_t rows = G->z.dim[p->dim[0]];
+                    ml__ck_param(ch, b, rows, p->ndim > 1 ? G->z.dim[p->dim[1]] : 0);
+                }
+    }
+}
+
 void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t out)
 {
     const ml_graph *g = &G->g;
     size_t idx[MLG_MAX_TENSORS];
     uint16_t first[MLG_MAX_TENSORS];
     inventory(ch, b, G, idx, first);
-    /* the parameters in the order their modules register them: by group,
-     * then as the ops use them */
-    for (uint8_t grp = 0; grp < MLG_GROUPS; grp++)
-        for (uint16_t k = 0; k < g->nop; k++)
-            for (unsigned j = 0; j < g->op[k].nparam; j++) {
-                const mlg_tensor *p = &g->t[g->op[k].param[j]];
-                if (p->group != grp || (p->flags & MLG_T_SHARED))
-                    continue;
-                uint64_t rows = G->z.dim[p->dim[0]];
-                ml__ck_param(ch, b, rows, p->ndim > 1 ? G->z.dim[p->dim[1]] : 0);
-            }
+    parameters(ch, b, G);
     for (uint16_t k = 0; k < g->nop; k++) {
         const mlg_op *o = &g->op[k];
         double f = ml__graph_op_flops(o, &G->z);

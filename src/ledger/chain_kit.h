@@ -182,6 +182,10 @@ typedef struct {
 /* Builds the graph of m's layers into G when the component kit expresses
  * their layout (graph/families.c); false: the chain builders run. */
 bool ml__ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+/* ... of layer `layer` (its layout: DeepSeek's first dense_layers layers
+ * have a dense MLP, the others experts); ml__ck_graph_layer is layer 0's. */
+bool ml__ck_graph_layer_at(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t layer,
+                           ml_ck_graph *G);
 /* The same for a decoder's head (the final norm and the LM head; fused:
  * the norm alone). */
 bool ml__ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,

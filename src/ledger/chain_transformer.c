@@ -394,18 +394,33 @@ static uint64_t kv_cache_bytes(ml_chain *ch, const ml_model *m, const ml_ck_dims
     return ml_add(ch, keys, ml_mul(ch, kv_b, a));
 }
 
+/* A layer's layout: 1 for DeepSeek's expert layers (after the first
+ * dense_layers), 0 for every other layer. */
+static unsigned layout_of(const ml_model *m, uint64_t layer)
+{
+    return m->experts && layer >= m->dense_layers ? 1u : 0u;
+}
+
 ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
 {
     const bool enc = m->type == ML_MODEL_ENCODER;
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     ch->record_nodes = ml__ck_node_level(ch, m);
-    /* the layer's op graph, where the component kit expresses its layout */
-    ml_ck_graph *G = malloc(sizeof *G);
+    /* the layers' op graphs where the component kit expresses their
+     * layouts, one per layout: DeepSeek's first dense_layers layers (a
+     * dense MLP) and its expert layers; each layout's first block is
+     * emitted, the layout's others copy it */
+    ml_ck_graph *G = malloc(2 * sizeof *G);
     if (!G)
         return ML_NOMEM;
-    const bool graph = !ch->builders_only && ml__ck_graph_layer(ch, m, d, G);
-    size_t proto = SIZE_MAX, pfirst = 0, pcount = 0; /* the first layer's block */
+    bool graph = !ch->builders_only;
+    for (unsigned k = 0; k < 2 && graph; k++) {
+        const uint64_t first = k ? m->dense_layers : 0; /* the layout's first layer */
+        if (layout_of(m, first) == k && first < m->layers)
+            graph = ml__ck_graph_layer_at(ch, m, d, first, &G[k]);
+    }
+    size_t proto[2] = {SIZE_MAX, SIZE_MAX}, pfirst[2] = {0, 0}, pcount[2] = {0, 0};
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
         block_name(name, i);
@@ -415,13 +430,14 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
             return ML_NOMEM;
         }
         b->in_bytes = ml_mul(ch, BTD, w);
-        if (graph && proto != SIZE_MAX) {
-            ml__ck_graph_repeat(ch, b, proto, pfirst, pcount);
+        const unsigned k = layout_of(m, i);
+        if (graph && proto[k] != SIZE_MAX) {
+            ml__ck_graph_repeat(ch, b, proto[k], pfirst[k], pcount[k]);
         } else if (graph) {
-            pfirst = ch->nparams;
-            ml__ck_graph_emit(ch, b, G, ml_mul(ch, BTD, w));
-            pcount = ch->nparams - pfirst;
-            proto = (size_t)(b - ch->blocks);
+            pfirst[k] = ch->nparams;
+            ml__ck_graph_emit(ch, b, &G[k], ml_mul(ch, BTD, w));
+            pcount[k] = ch->nparams - pfirst[k];
+            proto[k] = (size_t)(b - ch->blocks);
         } else {
             if (m->prenorm)
                 ml__ck_prenorm_block(ch, b, m, d);
@@ -430,6 +446,10 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
             ml__ck_end(ch, b, ml_mul(ch, BTD, w));
             ml__ck_forward_layer(ch, b, m, d);
         }
+        /* DeepSeek-V3's router's score-correction bias: a buffer of E fp32
+         * values per expert layer (the builders count it in the router) */
+        if (graph && k && m->router_sigmoid)
+            ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, m->experts, 4));
         if (m->kv_cache)
             b->cache_bytes = kv_cache_bytes(ch, m, d);
         if (ch->overflow || ch->nomem)

@@ -538,10 +538,19 @@ static void test_other_layouts_refused(void **state)
         assert_false(ml__family_layer(m, &fp32, &L));
         ml_model_destroy(m);
     }
-    static const char *const hf_refused[] = {"mixtral-8x7b", "deepseek-v3", "deepseek-v2-lite"};
+    static const char *const hf_refused[] = {"mixtral-8x7b", "qwen1.5-moe-a2.7b"};
     for (size_t i = 0; i < sizeof hf_refused / sizeof hf_refused[0]; i++) {
         ml_model *m = load_hf_config(hf_refused[i]);
         assert_false(ml__family_layer(m, &fp32, &L));
+        ml_model_destroy(m);
+    }
+    /* DeepSeek's experts are the kit's (kit_moe.c) */
+    static const char *const moe[] = {"deepseek-v3", "deepseek-v2-lite"};
+    for (size_t i = 0; i < 2; i++) {
+        ml_model *m = load_hf_config(moe[i]);
+        assert_true(ml__family_layer(m, &fp32, &L));
+        assert_int_equal(L.moe.kind, i ? MLG_MOE_DEEPSEEK_V2 : MLG_MOE_DEEPSEEK_V3);
+        assert_true(L.moe.shared && L.moe.h32 && L.attn.latent);
         ml_model_destroy(m);
     }
     ml_model *m = load_preset("gpt2-small");
@@ -709,6 +718,147 @@ static void test_chains_equal_builders(void **state)
     /* latent attention's two variants: eager, 6 precisions x 2 passes
      * without the fused loss at least */
     assert_true(latent >= 2 * ML_PREC_COUNT * 2 * 2);
+}
+
+/* ---- DeepSeek's mixture-of-experts layers (graph/kit_moe.c) ---- */
+
+/* tests/torch/models/deepseek.yaml's and deepseek2.yaml's layers with an
+ * expert layer first (dense_layers 0): V3's sigmoid router, V2's softmax
+ * and sorted dispatch */
+static const char *const moe_variants[] = {
+    "model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  head_dim: 24\n"
+    "  rope_head_dim: 8\n  v_head_dim: 16\n  kv_lora_rank: 32\n  q_lora_rank: 40\n"
+    "  ffn: 96\n  experts: 6\n  experts_per_tok: 2\n  expert_ffn: 24\n"
+    "  shared_expert_ffn: 48\n  shared_expert_gate: false\n  router: sigmoid\n"
+    "  dense_layers: 0\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 173\n"
+    "  position: rope\n  bias: false\n  attention: eager\n  dropout: 0\n",
+    "model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  head_dim: 24\n"
+    "  rope_head_dim: 8\n  v_head_dim: 16\n  kv_lora_rank: 32\n  rope_complex: true\n"
+    "  ffn: 96\n  experts: 6\n  experts_per_tok: 2\n  expert_ffn: 24\n"
+    "  shared_expert_ffn: 48\n  expert_dispatch: sort\n  grouped_topk: true\n"
+    "  dense_layers: 0\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 97\n"
+    "  position: rope\n  bias: false\n  attention: eager\n  dropout: 0\n",
+};
+
+/* An expert layer's block from the graph against the builders': V3 and
+ * V2, the top-k renormalised or not (V3) and the group mask or not (V2),
+ * with and without shared experts, each kernel (latent attention's eager
+ * layout), precision, shape, selective and evaluation, and three routings:
+ * balanced, an imbalance, every pair of a token on the busiest expert
+ * (training.expert_imbalance past B*T). */
+static void test_moe_equals_builders(void **state)
+{
+    (void)state;
+    static const uint64_t shapes[][2] = {{1, 7}, {3, 64}, {2, 1024}, {1, 1}};
+    static const double imbalance[] = {1, 1.7, 1e6};
+    unsigned compared = 0;
+    for (size_t v = 0; v < 2; v++)
+        for (int opt = 0; opt < 4; opt++) {
+            ml_model *m = load_str(moe_variants[v]);
+            if (v == 0)
+                m->expert_renorm = opt & 1;
+            else
+                m->grouped_topk = opt & 1;
+            m->shared_expert_ffn = opt & 2 ? 0 : 48;
+            for (size_t k = 0; k < 3; k++) {
+                m->attention = kernels[k];
+                for (int p = 0; p < ML_PREC_COUNT; p++)
+                    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                        for (int mode = 0; mode < 4; mode++)
+                            for (size_t r = 0; r < 3; r++) {
+                                const bool sel = mode & 1, ev = mode & 2;
+                                m->config.training.expert_imbalance = imbalance[r];
+                                char what[160];
+                                snprintf(what, sizeof what,
+                                         "moe %zu/%d, attention %zu, precision %d, B %llu T "
+                                         "%llu, imbalance %g%s%s",
+                                         v, opt, k, p, (unsigned long long)shapes[s][0],
+                                         (unsigned long long)shapes[s][1], imbalance[r],
+                                         sel ? ", selective" : "", ev ? ", eval" : "");
+                                ml_chain a, b;
+                                one_block(m, (ml_precision)p, shapes[s][0], shapes[s][1], sel,
+                                          ev, false, &a);
+                                assert_true(one_block(m, (ml_precision)p, shapes[s][0],
+                                                      shapes[s][1], sel, ev, true, &b));
+                                /* V3's score-correction bias, a buffer the
+                                 * layer loop counts per expert layer */
+                                if (m->router_sigmoid)
+                                    b.buffer_bytes += m->experts * 4;
+                                same_blocks(&a, &b, what);
+                                compared++;
+                                ml__chain_free(&b);
+                                ml__chain_free(&a);
+                            }
+            }
+            ml_model_destroy(m);
+        }
+    assert_int_equal(compared, 2 * 4 * 3 * ML_PREC_COUNT * 4 * 4 * 3);
+}
+
+/* Whole chains of DeepSeek's expert models: the shipped configs
+ * (DeepSeek-V3: 3 dense layers then 58 expert layers of 256 experts;
+ * V2-Lite: 1 then 26 of 64) and the torch twins (1 dense layer, 2 expert
+ * layers), both layouts emitted once and copied, against the builders. */
+/* Both of m's layouts are the graph's under every precision (the chain
+ * builds them from it, not from the builders): the count. */
+static unsigned both_layouts_taken(const ml_model *m)
+{
+    unsigned n = 0;
+    ml_ck_graph *G = malloc(sizeof *G);
+    assert_non_null(G);
+    for (int p = 0; p < ML_PREC_COUNT; p++) {
+        ml_chain ch;
+        memset(&ch, 0, sizeof ch);
+        ch.prec = ml__prec_of((ml_precision)p);
+        ml_config c = ml_model_config(m);
+        ml_ck_dims d;
+        ml_error e;
+        assert_int_equal(ml__ck_dims_of(m, &c.training, &ch, &d, &e), ML_OK);
+        n += ml__ck_graph_layer_at(&ch, m, &d, 0, G);
+        assert_int_equal(G->g.t[0].role, MLG_INPUT);
+        n += ml__ck_graph_layer_at(&ch, m, &d, m->dense_layers, G);
+        /* a quarter of each fixed array to spare */
+        assert_true(G->g.nt <= MLG_MAX_TENSORS * 3 / 4 && G->g.nop <= MLG_MAX_OPS * 3 / 4);
+        if (p == ML_PREC_AMP_BF16)
+            fprintf(stderr, "%s expert layer: %u tensors, %u ops\n", m->name, G->g.nt, G->g.nop);
+    }
+    free(G);
+    return n;
+}
+
+static void test_moe_chains_equal_builders(void **state)
+{
+    (void)state;
+    unsigned n = 0, fused = 0, taken = 0;
+    static const char *const hf[] = {"deepseek-v3", "deepseek-v2-lite"};
+    for (size_t i = 0; i < 2; i++) {
+        ml_model *m = load_hf_config(hf[i]);
+        assert_true(m->dense_layers > 0 && m->dense_layers < m->layers);
+        taken += both_layouts_taken(m);
+        n += compare_model(m, hf[i], &fused);
+        ml_model_destroy(m);
+    }
+    static const char *const twins[] = {"deepseek", "deepseek2"};
+    for (size_t i = 0; i < 2; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/../tests/torch/models/%s.yaml", ML_MODELS_DIR, twins[i]);
+        ml_model *m = NULL;
+        ml_error e;
+        if (ml_model_load_file(path, &m, &e) != ML_OK)
+            fail_msg("%s: %s", path, e.msg);
+        taken += both_layouts_taken(m);
+        for (size_t r = 0; r < 2; r++) {
+            m->config.training.expert_imbalance = r ? 2.5 : 1;
+            n += compare_model(m, twins[i], &fused);
+        }
+        ml_model_destroy(m);
+    }
+    fprintf(stderr, "%u DeepSeek expert chains compared\n", n);
+    assert_int_equal(taken, 4 * 2 * ML_PREC_COUNT);
+    /* eager (latent attention refuses sdpa and flash) x 6 precisions x 2
+     * checkpoint settings x 2 passes, plus the fused loss where taken: 6
+     * models' worth */
+    assert_true(n >= 6 * ML_PREC_COUNT * 2 * 2);
 }
 
 /* ---- sequential models: each `layers:` entry a graph block ---- */
@@ -1098,6 +1248,8 @@ int main(void)
         cmocka_unit_test(test_traffic_by_hand),
         cmocka_unit_test(test_graph_equals_builders),
         cmocka_unit_test(test_chains_equal_builders),
+        cmocka_unit_test(test_moe_equals_builders),
+        cmocka_unit_test(test_moe_chains_equal_builders),
         cmocka_unit_test(test_seq_chains_equal_builders),
         cmocka_unit_test(test_seq_refused),
         cmocka_unit_test(test_other_layouts_refused),
