@@ -8,17 +8,24 @@
  * after the one the projector reads run with their output unused. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "graph/families.h"
 #include "ledger/chain_kit.h"
 #include "util/error.h"
 
-/* The vision tower as a pre-norm encoder: CLIPEncoderLayer's LayerNorms,
- * q/k/v/out projections and MLP with biases, no dropout (CLIPConfig's
- * attention_dropout 0), no mask. */
+/* The vision tower as a pre-norm encoder, for the builders' layers (the
+ * reference the graph's are compared with; the graph's family reads the
+ * vision fields itself, graph/kit_clip.c): CLIPEncoderLayer's LayerNorms,
+ * q/k/v/out projections and MLP with biases, eager attention, no dropout
+ * (CLIPConfig's attention_dropout 0), no mask, learned positions (in the
+ * embeddings). Made from the vision stack's fields alone, every other
+ * setting zero: none is inherited from the decoder, so a field the model
+ * gains stays off here unless set below. */
 static ml_model vision_model(const ml_model *m)
 {
-    ml_model v = *m;
+    ml_model v;
+    memset(&v, 0, sizeof v);
     v.type = ML_MODEL_ENCODER;
     v.layers = m->vis_layers;
     v.hidden = m->vis_hidden;
@@ -28,17 +35,12 @@ static ml_model vision_model(const ml_model *m)
     v.activation = m->vis_quick_gelu ? ML_ACT_QUICK_GELU : ML_ACT_GELU;
     v.norm = ML_NORM_LAYERNORM;
     v.prenorm = true;
+    v.position = ML_POS_LEARNED;
     v.bias = v.qkv_bias = v.norm_bias = true;
-    v.out_bias = v.mlp_bias = false;
-    v.fused_proj = v.parallel_residual = v.shared_norm = v.post_norms = false;
     v.attention = ML_ATTN_EAGER;
-    v.dropout = 0;
     v.image_size = m->vis_image;
     v.patch_size = m->vis_patch;
     v.channels = m->vis_channels;
-    v.kv_cache = false;
-    v.experts = v.kv_lora = 0;
-    v.attn_scalar = v.attn_softcap = 0;
     return v;
 }
 
