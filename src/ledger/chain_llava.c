@@ -234,19 +234,23 @@ static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t
 }
 
 /* The tower's layers from the op graph (graph/kit_clip.c): one graph of
- * the layer, emitted once and copied for the others (a copy of a clean
- * block: one whose roles, above, changed nothing), then the last layer's
- * with post_layernorm. Its settings are the model's vision stack's, read
- * by the family itself. False: the builders run them. */
+ * the layer (G[0]), emitted once and copied for the others (a copy of a
+ * clean block: one whose roles, above, changed nothing), and the last
+ * layer's with post_layernorm (G[1]). Their settings are the model's
+ * vision stack's, read by the family itself. False: the builders run
+ * them. */
 static bool layers_graph(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
 {
     const unsigned w = ch->prec.w;
-    ml_ck_graph *G = malloc(sizeof *G);
+    const bool last_used = m->vis_used == m->vis_layers;
+    ml_ck_graph *G = malloc(2 * sizeof *G);
     if (!G) {
         ch->nomem = true;
         return true;
     }
-    if (!ml__ck_graph_vision_layer(ch, m, d, MLG_CLIP_LAYER, G)) {
+    if (!ml__ck_graph_vision_layer(ch, m, d, MLG_CLIP_LAYER, &G[0]) ||
+        !ml__ck_graph_vision_layer(ch, m, d,
+                                   last_used ? MLG_CLIP_POOLED : MLG_CLIP_POOLED_KEPT, &G[1])) {
         free(G);
         return false;
     }
@@ -260,13 +264,10 @@ static bool layers_graph(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
         if (!b)
             break;
         b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), w);
-        if (last && !ml__ck_graph_vision_layer(
-                        ch, m, d, used ? MLG_CLIP_POOLED : MLG_CLIP_POOLED_KEPT, G))
-            ch->nomem = true; /* the same family took the other layers */
         if (!last && proto != SIZE_MAX) {
             ml__ck_graph_repeat(ch, b, proto, pfirst, pcount);
         } else {
-            ml__ck_graph_emit(ch, b, G, b->in_bytes);
+            ml__ck_graph_emit(ch, b, &G[last], b->in_bytes);
             if (!last && used) {
                 proto = ch->n - 1;
                 pfirst = p0;
