@@ -128,16 +128,16 @@ static void postnorm_layer(ml_graph *g, const mlg_layer *L, uint16_t x)
     ml__kit_free_storages(g, ml__graph_release(g, "layer returns"), at_return, 4);
 }
 
-void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
+uint16_t ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
 {
     uint16_t x = ml__graph_tensor(g, "layer input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
     if (L->parallel) {
         parallel_layer(g, L, x);
-        return;
+        return MLG_NONE;
     }
     if (L->postnorm) {
         postnorm_layer(g, L, x);
-        return;
+        return MLG_NONE;
     }
     uint16_t held = MLG_NONE, ck = MLG_NONE, cv = MLG_NONE;
     g->group = ml__kit_group(L, MLG_GROUP_NORM1);
@@ -156,8 +156,8 @@ void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     m = post_norm(g, L, m, MLG_GROUP_POST_MLP);
     uint16_t out = ml__kit_residual(g, r, m);
-    (void)out;
     layer_returns(g, r, held, ck, cv);
+    return out;
 }
 
 void ml__kit_lm_head(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap)

@@ -56,6 +56,16 @@ bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer
 /* Hugging Face's BERT layout (BertLayer): post-LayerNorm, query, key and
  * value, softmax in the stream's dtype, a GELU MLP. */
 bool ml__family_bert_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* LLaVA's CLIP vision tower layer (HF CLIPEncoderLayer, kit_clip.c): ViT's
+ * layout with CLIPMLP's QuickGELU (or GELU), every setting read from m's
+ * vision stack (vis_*), none from its decoder; false: m has no tower. */
+bool ml__family_clip_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* The tower's last layer also runs post_layernorm on its class tokens:
+ * keeping its input and statistics (KEPT) or with them counted elsewhere
+ * (POOLED). */
+typedef enum { MLG_CLIP_LAYER, MLG_CLIP_POOLED, MLG_CLIP_POOLED_KEPT } mlg_clip_pool;
+/* The graph of a CLIP layer L into g. */
+void ml__family_clip_graph(ml_graph *g, const mlg_layer *L, mlg_clip_pool pool);
 /* The family whose layout m's layers have; false: none of the kit's. */
 bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 

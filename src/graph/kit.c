@@ -451,6 +451,8 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
     const mlg_mlp *p = &L->mlp;
     if (p->act == MLG_SWIGLU || p->act == MLG_GEGLU)
         return ml__kit_glu_mlp(g, L, h);
+    if (p->act == MLG_QUICK_GELU)
+        return ml__kit_quick_gelu_mlp(g, L, h);
     /* autocast: the input's copy and both weights' copies (the inventory
      * lists them before the activations) */
     uint16_t c = ml__kit_cast_copy(g, L, h);

@@ -10,7 +10,7 @@
 #include "graph/graph.h"
 
 typedef enum { MLG_LAYERNORM, MLG_RMSNORM, MLG_OLMO_LAYERNORM, MLG_GEMMA_RMSNORM } mlg_norm_kind;
-typedef enum { MLG_GELU, MLG_RELU, MLG_SWIGLU, MLG_GEGLU } mlg_act;
+typedef enum { MLG_GELU, MLG_RELU, MLG_SWIGLU, MLG_GEGLU, MLG_QUICK_GELU } mlg_act;
 
 /* LayerNorm (native_layer_norm); HF LlamaRMSNorm: x in fp32 (a copy when
  * the stream is not: upcast), x * rsqrt(mean(x^2) + eps), cast back, times
@@ -227,6 +227,13 @@ uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
 uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
 /* HF LlamaMLP's gated MLP on h (kit_hf.c): down(act(gate(h)) * up(h)). */
 uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
+/* HF CLIPMLP with QuickGELU on h (kit_clip.c): fc2(fc1(h) * sigmoid(1.702
+ * fc1(h))). */
+uint16_t ml__kit_quick_gelu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
+/* HF CLIPVisionTransformer's post_layernorm (the norm n) of the class
+ * tokens x[:, 0, :] of the tower's last output x (kit_clip.c); keeps: it
+ * saves its input (x's storage) and statistics. */
+void ml__kit_clip_pooled(ml_graph *g, const mlg_norm *n, uint16_t x, bool keeps);
 
 /* A norm of the residual stream x (whose gradient buffer the skip already
  * holds: xbuf); returns its output. */
@@ -259,8 +266,10 @@ uint16_t ml__kit_add(ml_graph *g, uint16_t x, uint16_t y);
 /* Frees each storage of t[0 .. n) once (MLG_NONE: skipped), after op o. */
 void ml__kit_free_storages(ml_graph *g, mlg_op *o, const uint16_t *t, unsigned n);
 
-/* A pre-norm layer: x + attn(norm(x)), then + mlp(norm(.)). */
-void ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L);
+/* A pre-norm layer: x + attn(norm(x)), then + mlp(norm(.)); returns its
+ * output (MLG_NONE: L is GPT-NeoX's, Falcon's or BERT's layout, which
+ * name none). */
+uint16_t ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L);
 /* A decoder's head: the final norm (L->norm) and the LM head over the
  * vocabulary, its (V, D) weight the embeddings' when tied; its output the
  * logits the loss reads (softcap: Gemma 2's logits / cap, tanh, * cap).

@@ -109,6 +109,22 @@ bool ml__ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, boo
     return sized(ch, m, d, G);
 }
 
+bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
+                               unsigned pool, ml_ck_graph *G)
+{
+    mlg_layer L;
+    /* the tower's attention is eager whatever the decoder's kernel */
+    const mlg_config c = {ch->prec.a,        ch->prec.w, ch->prec.fp16,
+                          ch->prec.autocast, false,      ch->eval_mode};
+    if (!ml__family_clip_layer(m, &c, &L))
+        return false;
+    ml__family_clip_graph(&G->g, &L, (mlg_clip_pool)pool);
+    if (!sized(ch, m, vd, G))
+        return false;
+    G->programs = false; /* a vision encoder's: the block rule */
+    return true;
+}
+
 bool ml__ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsigned in_bytes,
                       bool in_nograd, ml_ck_graph *G, mlg_seq_block *info)
 {

@@ -190,6 +190,11 @@ bool ml__ck_graph_layer_at(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
  * the norm alone). */
 bool ml__ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
                        ml_ck_graph *G);
+/* The graph of a multimodal model's vision layer (LLaVA's CLIP tower,
+ * graph/kit_clip.c; pool, an mlg_clip_pool: the last layer's post_layernorm) at the tower's
+ * shapes vd into G; false: the chain builders run. */
+bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
+                               unsigned pool, ml_ck_graph *G);
 /* The graph of a sequential model's layer l (one `layers:` entry) on an
  * input of shape in (in_bytes per element; in_nograd: the model's input)
  * into G at the chain's micro-batch and precision (graph/kit_seq.h);

@@ -7,16 +7,25 @@
  * vision tower (a side tensor, docs/ledger.md, "Side tensors"); the layers
  * after the one the projector reads run with their output unused. */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "graph/families.h"
 #include "ledger/chain_kit.h"
 #include "util/error.h"
 
-/* The vision tower as a pre-norm encoder: CLIPEncoderLayer's LayerNorms,
- * q/k/v/out projections and MLP with biases, no dropout (CLIPConfig's
- * attention_dropout 0), no mask. */
+/* The vision tower as a pre-norm encoder, for the builders' layers (the
+ * reference the graph's are compared with; the graph's family reads the
+ * vision fields itself, graph/kit_clip.c): CLIPEncoderLayer's LayerNorms,
+ * q/k/v/out projections and MLP with biases, eager attention, no dropout
+ * (CLIPConfig's attention_dropout 0), no mask, learned positions (in the
+ * embeddings). Made from the vision stack's fields alone, every other
+ * setting zero: none is inherited from the decoder, so a field the model
+ * gains stays off here unless set below. */
 static ml_model vision_model(const ml_model *m)
 {
-    ml_model v = *m;
+    ml_model v;
+    memset(&v, 0, sizeof v);
     v.type = ML_MODEL_ENCODER;
     v.layers = m->vis_layers;
     v.hidden = m->vis_hidden;
@@ -26,17 +35,12 @@ static ml_model vision_model(const ml_model *m)
     v.activation = m->vis_quick_gelu ? ML_ACT_QUICK_GELU : ML_ACT_GELU;
     v.norm = ML_NORM_LAYERNORM;
     v.prenorm = true;
+    v.position = ML_POS_LEARNED;
     v.bias = v.qkv_bias = v.norm_bias = true;
-    v.out_bias = v.mlp_bias = false;
-    v.fused_proj = v.parallel_residual = v.shared_norm = v.post_norms = false;
     v.attention = ML_ATTN_EAGER;
-    v.dropout = 0;
     v.image_size = m->vis_image;
     v.patch_size = m->vis_patch;
     v.channels = m->vis_channels;
-    v.kv_cache = false;
-    v.experts = v.kv_lora = 0;
-    v.attn_scalar = v.attn_softcap = 0;
     return v;
 }
 
@@ -76,29 +80,16 @@ static ml_status vision_embedding(ml_chain *ch, const ml_model *m, const ml_ck_d
     return ML_OK;
 }
 
-/* CLIPEncoderLayer i; `used`: the projector reads its output or a later
- * one's. An unused layer (after vision_feature_layer's) still runs with
- * grad: its saved tensors and its output live until get_image_features
- * returns (a side tensor to the projector), its parameters get no gradient;
- * its norm saves its input, which the projector keeps in fp32 (its linear
- * saves the feature slice, a view of it). The last layer's pooled class
- * token goes through post_layernorm, its output unused too. */
-static ml_status vision_layer(ml_chain *ch, const ml_model *vm, const ml_ck_dims *d, uint64_t i,
-                              bool used, bool last)
+/* The builders' CLIPEncoderLayer (the reference the graph's is compared
+ * with): the pre-norm block of vm, the vision model; the last layer's
+ * post_layernorm parameters and, when the layer is unused (below), what
+ * that norm keeps: its input (the layer's output) and statistics. */
+static void layer_builders(ml_chain *ch, ml_cblock *b, const ml_model *vm, const ml_ck_dims *d,
+                           bool used, bool last)
 {
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    char name[48];
-    snprintf(name, sizeof name, "vision.layer.%llu", (unsigned long long)i);
-    size_t p0 = ch->nparams;
-    ml_cblock *b = ml__ck_begin(ch, name, used ? (int)i : -1);
-    if (!b)
-        return ML_NOMEM;
-    b->in_bytes = ml_mul(ch, BTD, w);
     ml__ck_prenorm_block(ch, b, vm, d);
-    /* the output (B, D) of post_layernorm on the class tokens, a view of
-     * the layer's output, which the LayerNorm keeps with its statistics */
-    uint64_t pooled = last ? ml_mul(ch, ml_mul(ch, d->B, d->D), w) : 0;
     if (last) {
         ml__ck_param(ch, b, d->D, 0);
         ml__ck_param(ch, b, d->D, 0);
@@ -108,8 +99,26 @@ static ml_status vision_layer(ml_chain *ch, const ml_model *vm, const ml_ck_dims
         ml__ck_save(ch, b, "post_layernorm mean+rstd", ml_mul(ch, d->B, 2), 4, 0);
     }
     ml__ck_end(ch, b, ml_mul(ch, BTD, w));
+}
+
+/* CLIPEncoderLayer i, its block closed; `used`: the projector reads its
+ * output or a later one's. An unused layer (after vision_feature_layer's)
+ * still runs with grad: its saved tensors and its output live until
+ * get_image_features returns (a side tensor to the projector), its
+ * parameters (from p0) get no gradient; its norm saves its input, which
+ * the projector keeps in fp32 (its linear saves the feature slice, a view
+ * of it). The last layer's pooled class token goes through
+ * post_layernorm, its output unused too. */
+static void layer_roles(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
+                        size_t p0, bool used, bool last)
+{
+    const unsigned w = ch->prec.w;
+    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    /* the output (B, D) of post_layernorm on the class tokens, a view of
+     * the layer's output, which the LayerNorm keeps with its statistics */
+    uint64_t pooled = last ? ml_mul(ch, ml_mul(ch, d->B, d->D), w) : 0;
     if (used && !last)
-        return ML_OK;
+        return;
     if (used) { /* post_layernorm's parameters get no gradient */
         for (size_t j = ch->nparams - 2; j < ch->nparams; j++)
             ch->params[j].nograd = true;
@@ -120,21 +129,20 @@ static ml_status vision_layer(ml_chain *ch, const ml_model *vm, const ml_ck_dims
          * its input is the projector's, kept by the stream */
         ml__ck_side(ch, "post_layernorm statistics and output (unused)",
                     ml_add(ch, ml_mul(ch, d->B, 8), pooled), ch->n - 1, ch->n);
-        return ML_OK;
+        return;
     }
     b->unused_out = b->fwd_only = true;
     b->identity = true; /* the projector's input is this layer's input */
     /* the projector's linear keeps that input in fp32 when the feature is
      * the whole hidden state (full); the class token dropped, it keeps a
      * contiguous copy of the slice */
-    b->in_saved = !ch->prec.autocast && vm->vis_full;
+    b->in_saved = !ch->prec.autocast && m->vis_full;
     for (size_t j = p0; j < ch->nparams; j++)
         ch->params[j].nograd = true;
     b->grad_bytes = b->grad_accum_bytes = 0;
     b->flops_bwd = 0; /* it runs forward only */
     ml__ck_side(ch, "an unused vision layer's saved tensors and output",
                 ml_add(ch, b->saved_bytes, last ? pooled : ml_mul(ch, BTD, w)), ch->n - 1, 0);
-    return ML_OK;
 }
 
 /* LlavaMultiModalProjector on the feature slice (hidden_states[feature][:,
@@ -225,14 +233,73 @@ static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t
     ch->mask_ckpt0 = 0;
 }
 
+/* The tower's layers from the op graph (graph/kit_clip.c): one graph of
+ * the layer (G[0]), emitted once and copied for the others (a copy of a
+ * clean block: one whose roles, above, changed nothing), and the last
+ * layer's with post_layernorm (G[1]). Their settings are the model's
+ * vision stack's, read by the family itself. False: the builders run
+ * them. */
+static bool layers_graph(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+{
+    const unsigned w = ch->prec.w;
+    const bool last_used = m->vis_used == m->vis_layers;
+    ml_ck_graph *G = malloc(2 * sizeof *G);
+    if (!G) {
+        ch->nomem = true;
+        return true;
+    }
+    if (!ml__ck_graph_vision_layer(ch, m, d, MLG_CLIP_LAYER, &G[0]) ||
+        !ml__ck_graph_vision_layer(ch, m, d,
+                                   last_used ? MLG_CLIP_POOLED : MLG_CLIP_POOLED_KEPT, &G[1])) {
+        free(G);
+        return false;
+    }
+    size_t proto = SIZE_MAX, pfirst = 0, pcount = 0;
+    for (uint64_t i = 0; i < m->vis_layers && !ch->nomem && !ch->overflow; i++) {
+        const bool used = i < m->vis_used, last = i + 1 == m->vis_layers;
+        char name[48];
+        snprintf(name, sizeof name, "vision.layer.%llu", (unsigned long long)i);
+        size_t p0 = ch->nparams;
+        ml_cblock *b = ml__ck_begin(ch, name, used ? (int)i : -1);
+        if (!b)
+            break;
+        b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), w);
+        if (!last && proto != SIZE_MAX) {
+            ml__ck_graph_repeat(ch, b, proto, pfirst, pcount);
+        } else {
+            ml__ck_graph_emit(ch, b, &G[last], b->in_bytes);
+            if (!last && used) {
+                proto = ch->n - 1;
+                pfirst = p0;
+                pcount = ch->nparams - p0;
+            }
+        }
+        layer_roles(ch, b, m, d, p0, used, last);
+    }
+    free(G);
+    return true;
+}
+
 /* The vision tower's blocks: its embedding and layers. */
 static ml_status vision_tower(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd)
 {
-    const ml_model vm = vision_model(m);
     ml_status st = vision_embedding(ch, m, vd);
-    for (uint64_t i = 0; i < m->vis_layers && st == ML_OK; i++)
-        st = vision_layer(ch, &vm, vd, i, i < m->vis_used, i + 1 == m->vis_layers);
-    return st;
+    if (st || (!ch->builders_only && layers_graph(ch, m, vd)))
+        return st ? st : ch->nomem ? ML_NOMEM : ML_OK;
+    const ml_model vm = vision_model(m);
+    for (uint64_t i = 0; i < m->vis_layers; i++) {
+        const bool used = i < m->vis_used, last = i + 1 == m->vis_layers;
+        char name[48];
+        snprintf(name, sizeof name, "vision.layer.%llu", (unsigned long long)i);
+        size_t p0 = ch->nparams;
+        ml_cblock *b = ml__ck_begin(ch, name, used ? (int)i : -1);
+        if (!b)
+            return ML_NOMEM;
+        b->in_bytes = ml_mul(ch, ml_mul(ch, vd->BT, vd->D), ch->prec.w);
+        layer_builders(ch, b, &vm, vd, used, last);
+        layer_roles(ch, b, m, vd, p0, used, last);
+    }
+    return ML_OK;
 }
 
 ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,

@@ -861,6 +861,167 @@ static void test_moe_chains_equal_builders(void **state)
     assert_true(n >= 6 * ML_PREC_COUNT * 2 * 2);
 }
 
+/* ---- LLaVA's vision tower: its layers from the graph (kit_clip.c) ---- */
+
+/* A small LLaVA (tests/torch/models/llava.yaml's shape) with lv vision
+ * layers, the feature layer fl, the feature selection and activation
+ * given; its decoder's attention kernel set per chain. */
+static ml_model *llava_variant(unsigned lv, int fl, const char *sel, const char *act)
+{
+    char y[1024];
+    snprintf(y, sizeof y,
+             "model:\n  type: multimodal\n  stacks:\n    vision:\n      layers: %u\n"
+             "      hidden: 32\n      heads: 4\n      ffn: 64\n      image_size: 16\n"
+             "      patch_size: 4\n      activation: %s\n      feature_layer: %d\n"
+             "      feature_select: %s\n    projector: {}\n    decoder:\n      layers: 2\n"
+             "      hidden: 48\n      heads: 4\n      kv_heads: 2\n      ffn: 96\n"
+             "      vocab: 157\n      norm: rmsnorm\n      activation: swiglu\n"
+             "      position: rope\n      bias: false\n      dropout: 0\n"
+             "training:\n  seq_len: 24\n",
+             lv, act, fl, sel);
+    return load_str(y);
+}
+
+/* The graph chain's vision layers that are copies of an earlier one (the
+ * builders' never share a saved list): proof the graph built them. */
+static unsigned tower_copies(const ml_chain *ch)
+{
+    unsigned n = 0;
+    for (size_t i = 1; i < ch->n; i++)
+        if (!strncmp(ch->blocks[i].name, "vision.layer.", 13) && ch->blocks[i].nsaved &&
+            ch->blocks[i].saved_first == ch->blocks[i - 1].saved_first)
+            n++;
+    return n;
+}
+
+/* Every vision-tower setting, precision, decoder kernel, checkpoint policy
+ * and pass of m, at micro-batches 1 and 3, both ways; the chains compared
+ * (no refusal), *copies the copied vision layers. */
+static unsigned compare_llava(ml_model *m, const char *name, unsigned *copies)
+{
+    static const char *const policies[] = {"none", "selective", "full"};
+    unsigned n = 0;
+    for (int vt = 0; vt < ML_VT_COUNT; vt++)
+        for (size_t k = 0; k < 3; k++)
+            for (int p = 0; p < ML_PREC_COUNT; p++)
+                for (size_t c = 0; c < 3; c++)
+                    for (int run = 0; run < 4; run++) {
+                        const bool ev = run & 1;
+                        m->attention = kernels[k];
+                        ml_config cfg = ml_model_config(m);
+                        cfg.training.precision = (ml_precision)p;
+                        cfg.training.micro_batch = run & 2 ? 3 : 1;
+                        cfg.training.vision_tower = (ml_vision_tower)vt;
+                        cfg.calib = NULL;
+                        ml_error e;
+                        assert_int_equal(
+                            ml_parse_checkpoint(policies[c], &cfg.training.checkpoint, &e), ML_OK);
+                        ml_chain a, b;
+                        ml_status sa = ml__chain_build_builders(m, &cfg, ev, &a, &e);
+                        if (sa != ML_OK)
+                            fail_msg("%s: refused: %s", name, e.msg);
+                        assert_int_equal(ev ? ml__chain_build_eval(m, &cfg, &b, &e)
+                                            : ml__chain_build(m, &cfg, &b, &e),
+                                         ML_OK);
+                        char what[200];
+                        snprintf(what, sizeof what, "%s, tower %d, attention %zu, precision %d, %s%s",
+                                 name, vt, k, p, policies[c], ev ? ", eval" : "");
+                        same_blocks(&a, &b, what);
+                        assert_int_equal(tower_copies(&a), 0);
+                        *copies += tower_copies(&b);
+                        ml__chain_free(&a);
+                        ml__chain_free(&b);
+                        n++;
+                    }
+    return n;
+}
+
+/* The tower records no backward nodes (chain_llava.c), so the chain
+ * comparison cannot see the graph's: with them recorded, a CLIP layer's
+ * balance (the chain keeps a node list only when its gradients add up)
+ * and every saved tensor has a node that releases it, QuickGELU's three
+ * (the scalar's product, sigmoid, the product) included. */
+static void test_clip_layer_nodes(void **state)
+{
+    (void)state;
+    for (int q = 0; q < 2; q++) {
+        ml_model *m = llava_variant(3, -2, "default", q ? "quick_gelu" : "gelu");
+        ml_chain ch;
+        memset(&ch, 0, sizeof ch);
+        ch.prec = ml__prec_of(ML_PREC_FP32);
+        ch.record_nodes = true;
+        const ml_ck_dims vd = {.B = 2, .T = 17, .BT = 34, .D = 32, .F = 64, .H = 4, .Hkv = 4,
+                               .dh = 8, .Dkv = 32};
+        ml_ck_graph *G = malloc(sizeof *G);
+        assert_non_null(G);
+        assert_true(ml__ck_graph_vision_layer(&ch, m, &vd, MLG_CLIP_LAYER, G));
+        assert_true(G->g.nt * 4 <= MLG_MAX_TENSORS * 3 && G->g.nop * 4 <= MLG_MAX_OPS * 3);
+        ml_cblock *b = ml__ck_begin(&ch, "vision.layer.0", 0);
+        assert_non_null(b);
+        b->in_bytes = vd.BT * vd.D * 4;
+        ml__ck_graph_emit(&ch, b, G, b->in_bytes);
+        free(G);
+        assert_true(b->nnodes > 0);
+        for (size_t i = 0; i < b->nsaved; i++)
+            assert_int_not_equal(ch.saved[b->saved_first + i].node, ML_NODE_NONE);
+        unsigned sig = 0;
+        for (size_t i = 0; i < b->nnodes; i++)
+            sig += !strcmp(ch.nodes[b->node_first + i].what, "SigmoidBackward0");
+        assert_int_equal(sig, q);
+        ml__chain_free(&ch);
+        ml_model_destroy(m);
+    }
+}
+
+static void test_llava_tower_equals_builders(void **state)
+{
+    (void)state;
+    static const int feature[] = {0, 1, -2, -1};
+    unsigned n = 0, copies = 0, models = 0;
+    for (unsigned lv = 1; lv <= 3; lv += 2)
+        for (size_t f = 0; f < 4; f++)
+            for (int full = 0; full < 2; full++)
+                for (int q = 0; q < 2; q++) {
+                    ml_model *m = llava_variant(lv, feature[f], full ? "full" : "default",
+                                                q ? "quick_gelu" : "gelu");
+                    /* the family takes every one, under every precision */
+                    for (int p = 0; p < ML_PREC_COUNT; p++) {
+                        ml_chain ch;
+                        memset(&ch, 0, sizeof ch);
+                        ch.prec = ml__prec_of((ml_precision)p);
+                        const uint64_t g = m->vis_image / m->vis_patch;
+                        const ml_ck_dims vd = {.B = 1, .T = g * g + 1, .BT = g * g + 1,
+                                               .D = m->vis_hidden, .F = m->vis_ffn,
+                                               .H = m->vis_heads, .Hkv = m->vis_heads,
+                                               .dh = m->vis_hidden / m->vis_heads,
+                                               .Dkv = m->vis_hidden};
+                        ml_ck_graph *G = malloc(sizeof *G);
+                        assert_non_null(G);
+                        for (unsigned pool = MLG_CLIP_LAYER; pool <= MLG_CLIP_POOLED_KEPT; pool++)
+                            assert_true(ml__ck_graph_vision_layer(&ch, m, &vd, pool, G));
+                        free(G);
+                    }
+                    n += compare_llava(m, "llava variant", &copies);
+                    models++;
+                    ml_model_destroy(m);
+                }
+    ml_model *m = load_preset("llava-1.5-7b");
+    n += compare_llava(m, "llava-1.5-7b", &copies);
+    ml_model_destroy(m);
+    m = load_hf_config("llava-1.5-7b");
+    n += compare_llava(m, "llava-1.5-7b (config.json)", &copies);
+    ml_model_destroy(m);
+    fprintf(stderr, "%u LLaVA chains compared (%u models), %u vision layers copied\n", n,
+            models + 2, copies);
+    /* (32 variants + 2 shipped) x 4 tower settings x 3 kernels x 6
+     * precisions x 3 policies x 2 passes x 2 micro-batches, none refused */
+    assert_int_equal(n, 34 * 4 * 3 * ML_PREC_COUNT * 3 * 2 * 2);
+    /* copies: a 3-layer tower whose first layer is used (feature layer 1,
+     * -2 or -1) copies its second, used or not (the last has a graph of
+     * its own); each shipped tower (24 layers) copies its 22 middle ones */
+    assert_int_equal(copies, (12 * 1 + 2 * 22) * 4 * 3 * ML_PREC_COUNT * 3 * 2 * 2);
+}
+
 /* ---- sequential models: each `layers:` entry a graph block ---- */
 
 /* Every layer kind, in and out of residuals, on and off the model's input:
@@ -1250,6 +1411,8 @@ int main(void)
         cmocka_unit_test(test_chains_equal_builders),
         cmocka_unit_test(test_moe_equals_builders),
         cmocka_unit_test(test_moe_chains_equal_builders),
+        cmocka_unit_test(test_llava_tower_equals_builders),
+        cmocka_unit_test(test_clip_layer_nodes),
         cmocka_unit_test(test_seq_chains_equal_builders),
         cmocka_unit_test(test_seq_refused),
         cmocka_unit_test(test_other_layouts_refused),
