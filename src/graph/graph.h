@@ -52,6 +52,8 @@ typedef enum {
     MLG_KVB, /* H (dh - rotated part + DV): kv_b_proj's width */
     MLG_DV,  /* the value head's size */
     MLG_VO,  /* H DV: the value heads' width, o_proj's input */
+    MLG_TS,  /* T5: the encoder's tokens, the keys a decoder's cross-attention reads */
+    MLG_NB,  /* T5: the relative-position buckets */
     MLG_L0,
     MLG_NDIMS = MLG_L0 + MLG_NLIT
 } mlg_dim;
@@ -88,6 +90,9 @@ enum {
                           block's other saved tensors once its backward has
                           run (Falcon's 8-byte index lists, whose release
                           within the backward the chain does not time) */
+    MLG_T_SIDE = 64,   /* a tensor beside the stream of blocks (chain.h, a side
+                          tensor: T5's position bias, its encoder's output):
+                          the chain holds it, so saving it lists nothing */
 };
 
 #define MLG_NONE 0xffffu
