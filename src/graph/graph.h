@@ -58,6 +58,8 @@ typedef enum {
     MLG_FE,   /* a routed expert's width */
     MLG_FS,   /* the shared experts' width */
     MLG_ROWS, /* the busiest expert's rows (training.expert_imbalance) */
+    MLG_TS,  /* T5: the encoder's tokens, the keys a decoder's cross-attention reads */
+    MLG_NB,  /* T5: the relative-position buckets */
     MLG_L0,
     MLG_NDIMS = MLG_L0 + MLG_NLIT
 } mlg_dim;
@@ -96,6 +98,9 @@ enum {
                           within the backward the chain does not time) */
     MLG_T_EXPERT = 64, /* a routed expert's parameter: registered once per
                           expert (MLG_E), its group's parameters in turn */
+    MLG_T_SIDE = 128,  /* a tensor beside the stream of blocks (chain.h, a side
+                          tensor: T5's position bias, its encoder's output):
+                          the chain holds it, so saving it lists nothing */
 };
 
 #define MLG_NONE 0xffffu

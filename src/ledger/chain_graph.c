@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "graph/families.h"
+#include "graph/kit_t5.h"
 #include "ledger/chain_kit.h"
 #include "util/grow.h"
 
@@ -125,6 +126,24 @@ bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims
     return true;
 }
 
+bool ml__ck_graph_t5(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t Ts,
+                     bool decoder, bool first, ml_ck_graph *G)
+{
+    mlg_t5 L;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_t5_layer(m, &c, decoder, first, &L))
+        return false;
+    ml__kit_t5_layer(&G->g, &L);
+    if (!sized(ch, m, d, G))
+        return false;
+    G->z.dim[MLG_TS] = Ts;
+    G->z.dim[MLG_NB] = m->rel_buckets;
+    dtype_bytes(ch, G);
+    /* the block rule's transients, as the chain builders had them */
+    G->programs = false;
+    return true;
+}
+
 bool ml__ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsigned in_bytes,
                       bool in_nograd, ml_ck_graph *G, mlg_seq_block *info)
 {
@@ -192,7 +211,7 @@ static void inventory(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, size_t *
     }
     for (uint16_t e = 0; e < g->nt; e++) {
         const mlg_tensor *t = &g->t[e];
-        if (first[e] == MLG_NONE)
+        if (first[e] == MLG_NONE || (t->flags & MLG_T_SIDE))
             continue;
         if (t->role == MLG_INPUT) {
             ml__ck_save(ch, b, t->name, bytes[e], 1, ML_SV_INPUT);

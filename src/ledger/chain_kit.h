@@ -195,6 +195,11 @@ bool ml__ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, boo
  * shapes vd into G; false: the chain builders run. */
 bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
                                unsigned pool, ml_ck_graph *G);
+/* The same for T5's layer (graph/kit_t5.h) of the encoder (decoder
+ * false) or the decoder, the stack's first or another, over d's tokens
+ * (Ts: the encoder's, the keys of a decoder's cross-attention). */
+bool ml__ck_graph_t5(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t Ts,
+                     bool decoder, bool first, ml_ck_graph *G);
 /* The graph of a sequential model's layer l (one `layers:` entry) on an
  * input of shape in (in_bytes per element; in_nograd: the model's input)
  * into G at the chain's micro-batch and precision (graph/kit_seq.h);

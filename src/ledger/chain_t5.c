@@ -5,9 +5,13 @@
  * keeps for its backward: docs/inventory.md, "T5". The tensors that live
  * beside the stream of blocks (the position biases the stacks' loops hold,
  * the encoder's output every cross-attention reads, and their gradients)
- * are the chain's side tensors (docs/ledger.md, "Side tensors"). The
- * blocks keep the block-level backward rule. */
+ * are the chain's side tensors (docs/ledger.md, "Side tensors"), written
+ * here. The layers come from the op graph (graph/kit_t5.c, t5_stack
+ * below); t5_norm, t5_attention and t5_ff are the builders'
+ * (ml__chain_build_builders: the reference tests/unit/test_graph_t5.c
+ * compares against). The blocks keep the block-level backward rule. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "ledger/chain_kit.h"
 
@@ -250,8 +254,55 @@ static void stack_name(char name[48], const char *stack, uint64_t i)
     snprintf(name, 48, "%s.block.%llu", stack, (unsigned long long)i);
 }
 
-static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, size_t *enc_first)
+/* A stack's layers from T5's op graphs (graph/kit_t5.h; docs/graph.md):
+ * the first layer emitted from its graph, the second from the other
+ * layers' graph, the rest copies of the second (ml__ck_graph_repeat). The
+ * side tensors stay the chain's (ml__chain_build_t5). */
+typedef struct {
+    ml_ck_graph *G; /* NULL: the chain builders write the layers */
+    ml_ck_dims d;   /* the stack's tokens, T5's widths */
+    bool decoder;
+    size_t proto, pfirst, pcount; /* the second layer's block, its parameters */
+} t5_stack;
+
+static t5_stack stack_of(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_graph *G,
+                         bool decoder)
 {
+    const uint64_t T = decoder ? t->Td : t->Ts;
+    t5_stack s = {.G = G, .decoder = decoder};
+    s.d = (ml_ck_dims){.B = t->B, .T = T, .BT = ml_mul(ch, t->B, T), .D = t->D, .F = t->F,
+                       .H = t->H, .Hkv = t->H, .dh = m->head_dim, .Dkv = t->I, .V = t->V,
+                       .drop = t->drop};
+    return s;
+}
+
+/* Layer i of stack s into b from the graph (out: its output's bytes);
+ * false: the builders write it (no graph, or the graph declined). */
+static bool graph_layer(ml_chain *ch, const ml_model *m, const t5d *t, t5_stack *s,
+                        ml_cblock *b, uint64_t i, uint64_t out)
+{
+    if (!s->G)
+        return false;
+    if (i >= 2) {
+        ml__ck_graph_repeat(ch, b, s->proto, s->pfirst, s->pcount);
+        return true;
+    }
+    if (!ml__ck_graph_t5(ch, m, &s->d, t->Ts, s->decoder, i == 0, s->G)) {
+        s->G = NULL;
+        return false;
+    }
+    const size_t p0 = ch->nparams;
+    ml__ck_graph_emit(ch, b, s->G, out);
+    s->pfirst = p0;
+    s->pcount = ch->nparams - p0;
+    s->proto = (size_t)(b - ch->blocks);
+    return true;
+}
+
+static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_graph *G,
+                         size_t *enc_first)
+{
+    t5_stack s = stack_of(ch, m, t, G, false);
     uint64_t BTD = ml_mul(ch, ml_mul(ch, t->B, t->Ts), t->D);
     if (!t5_embedding(ch, t, "embedding", t->Ts, true, false))
         return ML_NOMEM;
@@ -262,6 +313,8 @@ static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, size_t *
         ml_cblock *b = begin(ch, name, (int)i, ml_mul(ch, BTD, t->w));
         if (!b)
             return ML_NOMEM;
+        if (graph_layer(ch, m, t, &s, b, i, ml_mul(ch, BTD, t->w)))
+            continue;
         t5_attention(ch, b, t, t->Ts, t->Ts, false, i == 0, m->rel_buckets);
         t5_ff(ch, b, t, t->Ts);
         ml__ck_end(ch, b, ml_mul(ch, BTD, t->w));
@@ -281,8 +334,10 @@ static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, size_t *
     return ML_OK;
 }
 
-static ml_status decoder(ml_chain *ch, const ml_model *m, const t5d *t, size_t *dec_first)
+static ml_status decoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_graph *G,
+                         size_t *dec_first)
 {
+    t5_stack s = stack_of(ch, m, t, G, true);
     uint64_t BTD = ml_mul(ch, ml_mul(ch, t->B, t->Td), t->D);
     /* _shift_right(labels): the decoder's ids */
     if (!t5_embedding(ch, t, "decoder.embedding", t->Td, false, !m->tied_embeddings))
@@ -294,10 +349,12 @@ static ml_status decoder(ml_chain *ch, const ml_model *m, const t5d *t, size_t *
         ml_cblock *b = begin(ch, name, (int)(m->layers + i), ml_mul(ch, BTD, t->w));
         if (!b)
             return ML_NOMEM;
-        t5_attention(ch, b, t, t->Td, t->Td, false, i == 0, m->rel_buckets);
-        t5_attention(ch, b, t, t->Td, t->Ts, true, i == 0, m->rel_buckets);
-        t5_ff(ch, b, t, t->Td);
-        ml__ck_end(ch, b, ml_mul(ch, BTD, t->w));
+        if (!graph_layer(ch, m, t, &s, b, i, ml_mul(ch, BTD, t->w))) {
+            t5_attention(ch, b, t, t->Td, t->Td, false, i == 0, m->rel_buckets);
+            t5_attention(ch, b, t, t->Td, t->Ts, true, i == 0, m->rel_buckets);
+            t5_ff(ch, b, t, t->Td);
+            ml__ck_end(ch, b, ml_mul(ch, BTD, t->w));
+        }
         /* use_cache: the evaluation output holds the block's self- and
          * cross-attention keys and values (EncoderDecoderCache), H x dkv
          * wide over Td and Ts rows */
@@ -359,10 +416,15 @@ ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *
     ch->c_width = t.D;
     ch->record_nodes = false;
     size_t enc0 = 0, dec0 = 0;
-    ml_status st = encoder(ch, m, &t, &enc0);
+    /* the layers' op graphs (the builders' alone: ml__chain_build_builders) */
+    ml_ck_graph *G = ch->builders_only ? NULL : malloc(sizeof *G);
+    if (!ch->builders_only && !G)
+        return ML_NOMEM;
+    ml_status st = encoder(ch, m, &t, G, &enc0);
     size_t fin = ch->n - 1;
     if (st == ML_OK)
-        st = decoder(ch, m, &t, &dec0);
+        st = decoder(ch, m, &t, G, &dec0);
+    free(G);
     size_t hd = ch->n;
     if (st == ML_OK)
         st = head(ch, m, &t, &d);

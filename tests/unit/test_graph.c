@@ -524,8 +524,9 @@ static void test_graph_equals_builders(void **state)
     assert_int_equal(latent, 2 * 3 * ML_PREC_COUNT * 4 * 4);
 }
 
-/* The layouts the kit does not express yet keep their builders: T5's,
- * the sequential models', Mixtral's (experts), DeepSeek's (latent
+/* ml__family_layer refuses what is not a pre- or post-norm transformer
+ * layer: T5's (its own, ml__family_t5_layer: test_graph_t5.c), the
+ * sequential models', Mixtral's (experts), DeepSeek's (latent
  * attention); GPT-2's, Llama's, Gemma's, Gemma 2's, Phi-3's,
  * GPT-NeoX's, Falcon's and ViT's are taken. */
 static void test_other_layouts_refused(void **state)

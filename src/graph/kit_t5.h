@@ -1,0 +1,30 @@
+/* T5's layers (Hugging Face T5ForConditionalGeneration, transformers 4.5x
+ * modeling_t5.py) as op graphs: the encoder's (self-attention, then the
+ * feed-forward) and the decoder's (self-attention, cross-attention over
+ * the encoder's output, the feed-forward), each sublayer T5LayerNorm, its
+ * module, dropout and the residual. The stacks' position biases and the
+ * encoder's output are side tensors (docs/ledger.md, "Side tensors"): the
+ * ops read them, the chain (ledger/chain_t5.c) holds them. docs/graph.md. */
+#ifndef ML_GRAPH_KIT_T5_H
+#define ML_GRAPH_KIT_T5_H
+
+#include "graph/families.h"
+
+typedef struct {
+    bool decoder;      /* the decoder's layer (with cross-attention) */
+    bool first;        /* the stack's first layer: its self-attention embeds
+                          the relative-position buckets */
+    bool gated;        /* T5DenseGatedActDense (gelu_new(wi_0) * wi_1) */
+    bool dropout;
+    bool autocast;
+    bool half_stream;  /* the stream and the parameters in a 2-byte dtype */
+    bool fp32_compute; /* the compute dtype is fp32: no type_as cast */
+} mlg_t5;
+
+/* T5's layer of a configuration: false when m is not T5's layout. */
+bool ml__family_t5_layer(const ml_model *m, const mlg_config *c, bool decoder, bool first,
+                         mlg_t5 *L);
+/* The graph of that layer into g. */
+void ml__kit_t5_layer(ml_graph *g, const mlg_t5 *L);
+
+#endif

@@ -1,0 +1,248 @@
+/* T5's layers from the op graph (src/graph/kit_t5.c, docs/graph.md)
+ * against the chain builders they replace (src/ledger/chain_t5.c): whole
+ * chains of T5's presets, its shipped config.json and the torch twins'
+ * layouts (tests/torch/models/t5.yaml, t5-gated.yaml) at more layers,
+ * with and without dropout, a KV cache, targets shorter and longer than
+ * the inputs, built both ways under each precision, checkpoint policy and
+ * pass, must be equal field by field: every block, every saved entry (its
+ * name too), every parameter, every side tensor. */
+#include "harness.h"
+
+#include "graph/kit_t5.h"
+#include "ledger/chain_kit.h"
+
+#define SAME(f)                                                                          \
+    do {                                                                                 \
+        if (x->f != y->f)                                                                \
+            fail_msg("%s: %s: %s %.17g (builders) != %.17g (graph)", what, who,         \
+                     #f, (double)x->f, (double)y->f);                                    \
+    } while (0)
+
+static void same_block(const ml_chain *a, const ml_chain *b, size_t blk, const char *what)
+{
+    const ml_cblock *x = &a->blocks[blk], *y = &b->blocks[blk];
+    const char *who = x->name;
+    if (strcmp(x->name, y->name))
+        fail_msg("%s: block %zu is %s and %s", what, blk, x->name, y->name);
+    SAME(fwd_phase);
+    SAME(ckpt_index);
+    SAME(identity);
+    SAME(in_held);
+    SAME(in_nograd);
+    SAME(inplace);
+    SAME(nodes_off);
+    SAME(measured);
+    SAME(cache_bytes);
+    SAME(fwd_only);
+    SAME(frozen);
+    SAME(unused_out);
+    SAME(grads_in_fwd);
+    SAME(params);
+    SAME(nsaved);
+    SAME(nnodes);
+    SAME(saved_bytes);
+    SAME(core_bytes);
+    SAME(cast_bytes);
+    SAME(in_bytes);
+    SAME(in_saved);
+    SAME(out_saved);
+    SAME(ws_fwd);
+    SAME(ws_nograd);
+    SAME(ws_bwd);
+    SAME(unit_fwd);
+    SAME(unit);
+    SAME(bwd_in);
+    SAME(grad_bytes);
+    SAME(grad_accum_bytes);
+    SAME(flops_fwd);
+    SAME(flops_bwd);
+    SAME(flops_core);
+    for (size_t i = 0; i < x->nsaved; i++) {
+        const ml_saved *u = &a->saved[x->saved_first + i], *v = &b->saved[y->saved_first + i];
+        if (strcmp(u->what, v->what) || u->bytes != v->bytes || u->flags != v->flags ||
+            u->node != v->node || u->next_same != v->next_same)
+            fail_msg("%s: %s saved[%zu] '%s' %llu B flags %u != '%s' %llu B flags %u", what,
+                     x->name, i, u->what, (unsigned long long)u->bytes, u->flags, v->what,
+                     (unsigned long long)v->bytes, v->flags);
+    }
+}
+
+static void same_chains(const ml_chain *a, const ml_chain *b, const char *what)
+{
+    if (a->n != b->n)
+        fail_msg("%s: %zu blocks != %zu", what, a->n, b->n);
+    for (size_t i = 0; i < a->n; i++)
+        same_block(a, b, i, what);
+    const ml_chain *x = a, *y = b;
+    const char *who = "the chain";
+    SAME(batch_input);
+    SAME(batch_targets);
+    SAME(buffer_bytes);
+    SAME(ckpt_side);
+    SAME(n_ckpt);
+    SAME(mask_in_forward);
+    SAME(nsides);
+    SAME(nparams);
+    SAME(max_param_numel);
+    for (size_t i = 0; i < a->nparams; i++)
+        if (a->params[i].numel != b->params[i].numel || a->params[i].rows != b->params[i].rows ||
+            a->params[i].cols != b->params[i].cols || a->params[i].nograd != b->params[i].nograd ||
+            a->params[i].frozen != b->params[i].frozen)
+            fail_msg("%s: parameter %zu differs", what, i);
+    for (size_t i = 0; i < a->nsides; i++) {
+        const ml_side *u = &a->sides[i], *v = &b->sides[i];
+        if (strcmp(u->what, v->what) || u->bytes != v->bytes || u->from != v->from ||
+            u->to != v->to || u->to_bwd != v->to_bwd || u->ckpt_kept != v->ckpt_kept ||
+            u->grad != v->grad || u->grad_from != v->grad_from || u->grad_to != v->grad_to)
+            fail_msg("%s: side %zu (%s) differs", what, i, u->what);
+    }
+}
+
+/* The graph's layers are its: block "<stack>.block.<i>" for i >= 2 shares
+ * the saved list of block 1 (ml__ck_graph_repeat), as the builders' never
+ * do. The layer blocks checked. */
+static unsigned from_graph(const ml_chain *a, const ml_chain *b, const char *what)
+{
+    unsigned n = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        const ml_cblock *y = &b->blocks[i];
+        const char *dot = strstr(y->name, ".block.");
+        if (!dot || atoi(dot + 7) < 2)
+            continue;
+        const ml_cblock *p = &b->blocks[i - (size_t)atoi(dot + 7) + 1];
+        if (y->saved_first != p->saved_first || a->blocks[i].saved_first == p->saved_first)
+            fail_msg("%s: %s is not the graph's copy of %s", what, y->name, p->name);
+        n++;
+    }
+    return n;
+}
+
+static const char *const twins[] = {
+    /* tests/torch/models/t5.yaml at 3 + 3 layers */
+    "model:\n  type: encoder-decoder\n  layers: 3\n  decoder_layers: 3\n  hidden: 48\n"
+    "  heads: 4\n  head_dim: 16\n  ffn: 96\n  activation: relu\n  norm: rmsnorm\n"
+    "  position: relative\n  relative_buckets: 32\n  relative_max_distance: 128\n"
+    "  vocab: 157\n  tied_embeddings: true\n  dropout: 0.1\n  attention: eager\n",
+    /* t5-gated.yaml at 4 + 2 layers */
+    "model:\n  type: encoder-decoder\n  layers: 4\n  decoder_layers: 2\n  hidden: 48\n"
+    "  heads: 4\n  head_dim: 16\n  ffn: 96\n  activation: geglu\n  norm: rmsnorm\n"
+    "  position: relative\n  relative_buckets: 32\n  relative_max_distance: 128\n"
+    "  vocab: 157\n  tied_embeddings: false\n  dropout: 0.1\n  attention: eager\n",
+    /* one layer each, no dropout, heads x head_dim wider than hidden */
+    "model:\n  type: encoder-decoder\n  layers: 1\n  decoder_layers: 1\n  hidden: 40\n"
+    "  heads: 3\n  head_dim: 24\n  ffn: 72\n  activation: relu\n  norm: rmsnorm\n"
+    "  position: relative\n  relative_buckets: 16\n  relative_max_distance: 64\n"
+    "  vocab: 101\n  tied_embeddings: true\n  dropout: 0\n  attention: eager\n",
+    /* gated, no dropout, 2 + 5 layers */
+    "model:\n  type: encoder-decoder\n  layers: 2\n  decoder_layers: 5\n  hidden: 48\n"
+    "  heads: 4\n  head_dim: 16\n  ffn: 96\n  activation: geglu\n  norm: rmsnorm\n"
+    "  position: relative\n  relative_buckets: 32\n  relative_max_distance: 128\n"
+    "  vocab: 157\n  tied_embeddings: false\n  dropout: 0\n  attention: eager\n",
+};
+
+/* (micro-batch, inputs, targets) */
+static const uint64_t shapes[][3] = {{3, 20, 12}, {1, 7, 7}, {2, 33, 64}, {1, 1, 1}};
+
+/* Every chain of m both ways; *layers counts the layer blocks checked to
+ * be the graph's copies. */
+static unsigned compare(ml_model *m, const char *name, unsigned *layers)
+{
+    static const char *const policies[] = {"none", "selective", "full"};
+    unsigned n = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int p = 0; p < ML_PREC_COUNT; p++)
+            for (size_t c = 0; c < 3; c++)
+                for (int ev = 0; ev < 2; ev++) {
+                    ml_config cfg = ml_model_config(m);
+                    cfg.training.precision = (ml_precision)p;
+                    cfg.training.micro_batch = shapes[s][0];
+                    cfg.training.seq_len = shapes[s][1];
+                    cfg.training.target_len = shapes[s][2];
+                    cfg.calib = NULL;
+                    ml_error e;
+                    assert_int_equal(ml_parse_checkpoint(policies[c], &cfg.training.checkpoint, &e),
+                                     ML_OK);
+                    ml_chain a, b;
+                    ml_status sa = ml__chain_build_builders(m, &cfg, ev, &a, &e);
+                    if (sa != ML_OK)
+                        fail_msg("%s: refused: %s", name, e.msg);
+                    ml_status sb = ev ? ml__chain_build_eval(m, &cfg, &b, &e)
+                                      : ml__chain_build(m, &cfg, &b, &e);
+                    assert_int_equal(sb, ML_OK);
+                    char what[200];
+                    snprintf(what, sizeof what, "%s, shape %zu, precision %d, %s%s", name, s, p,
+                             policies[c], ev ? ", eval" : "");
+                    same_chains(&a, &b, what);
+                    *layers += from_graph(&a, &b, what);
+                    ml__chain_free(&a);
+                    ml__chain_free(&b);
+                    n++;
+                }
+    return n;
+}
+
+static void test_t5_chains_equal_builders(void **state)
+{
+    (void)state;
+    unsigned n = 0, layers = 0, models = 0;
+    ml_model *m = load_preset("t5-base");
+    n += compare(m, "t5-base", &layers);
+    ml_model_destroy(m);
+    models++;
+    static const char *const hf[] = {"t5-base", "flan-t5-base"};
+    for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
+        m = load_hf_config(hf[i]);
+        n += compare(m, hf[i], &layers);
+        m->kv_cache = true; /* use_cache in evaluation */
+        n += compare(m, hf[i], &layers);
+        ml_model_destroy(m);
+        models += 2;
+    }
+    for (size_t i = 0; i < sizeof twins / sizeof twins[0]; i++) {
+        m = load_str(twins[i]);
+        n += compare(m, "twin", &layers);
+        ml_model_destroy(m);
+        models++;
+    }
+    const unsigned per = sizeof shapes / sizeof shapes[0] * ML_PREC_COUNT * 3 * 2;
+    fprintf(stderr, "%u T5 chains compared, %u layer blocks the graph's copies\n", n, layers);
+    assert_int_equal(n, models * per);
+    /* 12 + 12 layers (5 models), 3 + 3, 4 + 2, 2 + 5: the copies after the
+     * second of each stack */
+    assert_int_equal(layers, per * (5 * 20 + 2 + 2 + 3));
+}
+
+/* Every configuration's graph is whole, with a quarter of the arrays to
+ * spare; the model types other than T5's are refused. */
+static void test_t5_kit_headroom(void **state)
+{
+    (void)state;
+    unsigned most_t = 0, most_op = 0, n = 0;
+    ml_graph *g = malloc(sizeof *g);
+    assert_non_null(g);
+    for (unsigned k = 0; k < 128; k++) {
+        const mlg_t5 L = {k & 1, k & 2, k & 4, k & 8, k & 16, k & 32, k & 64};
+        ml__kit_t5_layer(g, &L);
+        assert_true(ml__graph_valid(g));
+        most_t = g->nt > most_t ? g->nt : most_t;
+        most_op = g->nop > most_op ? g->nop : most_op;
+        n++;
+    }
+    free(g);
+    fprintf(stderr, "%u T5 graphs: at most %u tensors, %u ops\n", n, most_t, most_op);
+    assert_true(most_t <= MLG_MAX_TENSORS * 3 / 4 && most_op <= MLG_MAX_OPS * 3 / 4);
+    mlg_t5 L;
+    const mlg_config c = {4, 4, false, false, false, false};
+    ml_model *m = load_preset("gpt2-small");
+    assert_false(ml__family_t5_layer(m, &c, false, true, &L));
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_t5_chains_equal_builders),
+        cmocka_unit_test(test_t5_kit_headroom),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
