@@ -28,10 +28,9 @@ static void common(const ml_model *m, const mlg_config *c, mlg_layer *L)
 }
 
 /* A layer with one dense MLP and plain self-attention: no experts, latent
- * attention or image encoder, and not Falcon's shared norm (latent
- * attention and the shared norm are families of their own, below). The layouts with them (Mixtral's and DeepSeek's experts
- * and latent attention, LLaVA's vision tower) keep their chain builders
- * (ledger/chain_transformer.c) until the kit expresses them. */
+ * attention or QuickGELU, and not Falcon's shared norm (the experts, latent
+ * attention, the shared norm and CLIP's layer are families of their own,
+ * below). */
 static bool plain(const ml_model *m)
 {
     return !m->shared_norm && !m->experts && !m->kv_lora && m->activation != ML_ACT_QUICK_GELU;
