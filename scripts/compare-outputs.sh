@@ -2,7 +2,8 @@
 # Runs a fixed set of memledger command lines (every preset: plan text/JSON/device
 # under four checkpoint policies, compare, timeline CSV/JSON/SVG, fit, report,
 # ZeRO-3 with offload, triage, the for-loop optimizer step, fused logits; every
-# shipped config.json; a small Falcon under the caching allocator's simulation;
+# shipped config.json; a small Falcon, Mixtral and Qwen2-MoE under the caching
+# allocator's simulation;
 # every calibration profile)
 # and stores each output, so that two builds can be compared byte for byte:
 #   sh scripts/compare-outputs.sh OLD/memledger /tmp/old
@@ -52,6 +53,16 @@ for att in eager sdpa flash; do
     for p in fp32 amp-bf16 bf16; do
         run plan tests/torch/models/falcon.yaml --attention $att --precision $p \
             --checkpoint selective --allocator caching --format json
+    done
+done
+# ... and Mixtral's and Qwen2-MoE's twins, whose experts list their saved
+# tensors once per expert with rows (balanced and imbalanced routing)
+for t in mixtral qwen2moe; do
+    for p in fp32 amp-bf16 bf16; do
+        run plan tests/torch/models/$t.yaml --precision $p --checkpoint selective \
+            --allocator caching --format json
+        run plan tests/torch/models/$t.yaml --precision $p --expert-imbalance 2.5 \
+            --allocator caching --format json
     done
 done
 for p in calib/profiles/*.yaml; do

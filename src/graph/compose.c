@@ -152,7 +152,9 @@ uint16_t ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     g->group = ml__kit_group(L, MLG_GROUP_NORM2);
     h = ml__kit_norm(g, &L->norm, r, true);
     g->group = ml__kit_group(L, MLG_GROUP_MLP);
-    uint16_t m = L->moe.kind ? ml__kit_moe(g, L, h) : ml__kit_mlp(g, L, h, NULL);
+    uint16_t m = L->moe.kind == MLG_MOE_MIXTRAL ? ml__kit_mixtral_moe(g, L, h)
+                 : L->moe.kind                 ? ml__kit_moe(g, L, h)
+                                               : ml__kit_mlp(g, L, h, NULL);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     m = post_norm(g, L, m, MLG_GROUP_POST_MLP);
     uint16_t out = ml__kit_residual(g, r, m);

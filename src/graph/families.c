@@ -28,10 +28,9 @@ static void common(const ml_model *m, const mlg_config *c, mlg_layer *L)
 }
 
 /* A layer with one dense MLP and plain self-attention: no experts, latent
- * attention or image encoder, and not Falcon's shared norm (latent
- * attention and the shared norm are families of their own, below). The layouts with them (Mixtral's and DeepSeek's experts
- * and latent attention, LLaVA's vision tower) keep their chain builders
- * (ledger/chain_transformer.c) until the kit expresses them. */
+ * attention or QuickGELU, and not Falcon's shared norm (the experts, latent
+ * attention, the shared norm and CLIP's layer are families of their own,
+ * below). */
 static bool plain(const ml_model *m)
 {
     return !m->shared_norm && !m->experts && !m->kv_lora && m->activation != ML_ACT_QUICK_GELU;
@@ -57,10 +56,10 @@ bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 }
 
 /* HF's decoder layer of Llama's layout with the norm n (Gemma 2's post
- * norms and soft caps when the model has them). */
-static bool hf_layer(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_layer *L)
+ * norms and soft caps when the model has them), whatever its MLP. */
+static bool hf_layout(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_layer *L)
 {
-    if (!plain(m) || m->type != ML_MODEL_DECODER || !m->prenorm || m->parallel_residual ||
+    if (m->type != ML_MODEL_DECODER || !m->prenorm || m->parallel_residual ||
         m->image_size || m->kv_heads > m->heads)
         return false;
     common(m, c, L);
@@ -83,6 +82,12 @@ static bool hf_layer(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_lay
     L->post_norms = m->post_norms;
     L->post = (mlg_norm){n.kind, false, c->compute_bytes != 4, true};
     return true;
+}
+
+/* ... with a dense MLP. */
+static bool hf_layer(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_layer *L)
+{
+    return plain(m) && hf_layout(m, c, n, L);
 }
 
 bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
@@ -153,7 +158,7 @@ bool ml__family_falcon_layer(const ml_model *m, const mlg_config *c, mlg_layer *
 bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     /* DeepSeek's experts (V3's router, V2's sorted dispatch: kit_moe.c);
-     * Mixtral's and Qwen2-MoE's routing keeps the builders */
+     * Mixtral's and Qwen2-MoE's routing is ml__family_mixtral_layer's */
     if (!m->kv_lora || (m->experts && !m->router_sigmoid && !m->expert_sort) || m->shared_norm || m->norm != ML_NORM_RMSNORM ||
         m->type != ML_MODEL_DECODER || !m->prenorm || m->parallel_residual || m->image_size ||
         m->fused_proj || m->post_norms || m->attn_softcap > 0 || m->dropout > 0 ||
@@ -174,6 +179,20 @@ bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer
         L->moe = (mlg_moe){m->router_sigmoid ? MLG_MOE_DEEPSEEK_V3 : MLG_MOE_DEEPSEEK_V2,
                            m->expert_renorm, m->grouped_topk, m->shared_expert_ffn > 0,
                            c->stream_bytes == 4};
+    return true;
+}
+
+bool ml__family_mixtral_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    /* torch.where per expert (kit_mixtral.c), in Llama's layer: not
+     * DeepSeek's experts (latent attention, its routers, dense layers) */
+    const mlg_norm n = {MLG_RMSNORM, false, c->stream_bytes != 4, false};
+    if (!m->experts || m->kv_lora || m->router_sigmoid || m->expert_sort || m->dense_layers ||
+        m->shared_norm || m->norm != ML_NORM_RMSNORM || m->post_norms || m->attn_softcap > 0 ||
+        m->fused_proj || m->activation != ML_ACT_SWIGLU || !hf_layout(m, c, n, L))
+        return false;
+    L->moe = (mlg_moe){MLG_MOE_MIXTRAL, m->expert_renorm, false, m->shared_expert_ffn > 0,
+                       c->stream_bytes == 4};
     return true;
 }
 
@@ -200,7 +219,7 @@ bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
            ml__family_gemma_layer(m, c, L) || ml__family_olmo_layer(m, c, L) ||
            ml__family_vit_layer(m, c, L) || ml__family_neox_layer(m, c, L) ||
            ml__family_falcon_layer(m, c, L) || ml__family_deepseek_layer(m, c, L) ||
-           ml__family_bert_layer(m, c, L);
+           ml__family_bert_layer(m, c, L) || ml__family_mixtral_layer(m, c, L);
 }
 
 void ml__family_layer_graph(ml_graph *g, const mlg_layer *L)

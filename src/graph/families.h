@@ -53,6 +53,12 @@ bool ml__family_falcon_layer(const ml_model *m, const mlg_config *c, mlg_layer *
  * kv_b_proj; the rotary on a part of each head) and, with experts, their
  * MoE MLP (L->moe; the first dense_layers layers keep a dense MLP). */
 bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
+/* Hugging Face's Mixtral and Qwen2-MoE layouts (MixtralDecoderLayer,
+ * Qwen2MoeDecoderLayer): Llama's layer with a sparse MoE block in place of
+ * the MLP (kit_mixtral.c): a softmax router, top-k (renormalised with
+ * expert_renorm), each expert with rows on its rows, Qwen2-MoE's shared
+ * expert gated by a sigmoid. */
+bool ml__family_mixtral_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* Hugging Face's BERT layout (BertLayer): post-LayerNorm, query, key and
  * value, softmax in the stream's dtype, a GELU MLP. */
 bool ml__family_bert_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);

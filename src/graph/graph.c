@@ -12,6 +12,24 @@ void ml__graph_init(ml_graph *g)
     g->full = false;
     g->out = MLG_NONE;
     g->nlit = 0;
+    g->rep = (mlg_repeat){0, 0, 0, 0};
+}
+
+void ml__graph_repeat(ml_graph *g, uint16_t t0, uint16_t t1, uint16_t o0, uint16_t o1)
+{
+    if (g->rep.t1 != g->rep.t0 || g->rep.o1 != g->rep.o0 || t1 < t0 || o1 < o0)
+        g->full = true; /* one group a graph */
+    g->rep = (mlg_repeat){t0, t1, o0, o1};
+}
+
+bool ml__graph_repeated_tensor(const ml_graph *g, uint16_t t)
+{
+    return t >= g->rep.t0 && t < g->rep.t1;
+}
+
+bool ml__graph_repeated_op(const ml_graph *g, uint16_t k)
+{
+    return k >= g->rep.o0 && k < g->rep.o1;
 }
 
 static uint16_t tensor_va(ml_graph *g, const char *name, uint8_t dtype, uint8_t role,
@@ -138,6 +156,28 @@ static bool ids_valid(const ml_graph *g, const uint16_t *ids, unsigned n)
     return true;
 }
 
+/* The repeated group: within the arrays; its tensors' storages and entries its own,
+ * none a transient; saved by its ops only; what its ops save outside it
+ * kept (mlg_repeat). */
+static bool repeat_valid(const ml_graph *g)
+{
+    const mlg_repeat *r = &g->rep;
+    if (r->t1 > g->nt || r->o1 > g->nop)
+        return false;
+    for (uint16_t t = r->t0; t < r->t1; t++)
+        if (!ml__graph_repeated_tensor(g, ml__graph_entry(g, t)) ||
+            (g->t[t].flags & MLG_T_TMP))
+            return false;
+    for (uint16_t k = 0; k < g->nop; k++)
+        for (unsigned j = 0; j < g->op[k].nsave; j++) {
+            const uint16_t e = ml__graph_entry(g, g->op[k].save[j]);
+            const bool in = ml__graph_repeated_tensor(g, e);
+            if (ml__graph_repeated_op(g, k) ? !in && !(g->t[e].flags & MLG_T_KEPT) : in)
+                return false;
+        }
+    return true;
+}
+
 bool ml__graph_valid(const ml_graph *g)
 {
     if (g->full)
@@ -157,7 +197,7 @@ bool ml__graph_valid(const ml_graph *g)
         for (unsigned j = 0; j < g->op[k].nsave; j++)
             if (ml__graph_entry(g, g->op[k].save[j]) >= g->nt)
                 return false;
-    return true;
+    return repeat_valid(g);
 }
 
 /* ---- passes ------------------------------------------------------------ */
@@ -172,9 +212,10 @@ uint64_t ml__graph_numel(const ml_graph *g, const ml_graph_sizes *z, uint16_t t,
     return n;
 }
 
-void ml__graph_bytes(const ml_graph *g, ml_graph_sizes *z, uint64_t *tb)
+static void bytes_of(const ml_graph *g, ml_graph_sizes *z, uint64_t *tb, uint16_t from,
+                     uint16_t to)
 {
-    for (uint16_t i = 0; i < g->nt; i++) {
+    for (uint16_t i = from; i < to; i++) {
         const mlg_tensor *t = &g->t[i];
         uint64_t n = ml__graph_numel(g, z, i, &z->overflow);
         if (__builtin_mul_overflow(n, (uint64_t)z->bytes[t->dtype], &n))
@@ -183,6 +224,17 @@ void ml__graph_bytes(const ml_graph *g, ml_graph_sizes *z, uint64_t *tb)
             n /= 2;
         tb[i] = z->overflow ? 0 : n;
     }
+}
+
+void ml__graph_bytes(const ml_graph *g, ml_graph_sizes *z, uint64_t *tb)
+{
+    bytes_of(g, z, tb, 0, g->nt);
+}
+
+void ml__graph_instance_bytes(const ml_graph *g, ml_graph_sizes *z, uint64_t size, uint64_t *tb)
+{
+    z->dim[MLG_NE] = size;
+    bytes_of(g, z, tb, g->rep.t0, g->rep.t1);
 }
 
 uint16_t ml__graph_storage(const ml_graph *g, uint16_t t)
@@ -217,7 +269,7 @@ void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool ev
 {
     bool saved[MLG_MAX_TENSORS] = {false};
     uint16_t alias[MLG_MAX_TENSORS];
-    ml_graph_live l = {0, 0, g->full};
+    ml_graph_live l = {0, 0, g->full || g->rep.t1 != g->rep.t0};
     for (uint16_t i = 0; i < g->nt; i++)
         alias[i] = i;
     for (uint16_t k = 0; k < g->nop; k++) {

@@ -58,6 +58,8 @@ typedef enum {
     MLG_FE,   /* a routed expert's width */
     MLG_FS,   /* the shared experts' width */
     MLG_ROWS, /* the busiest expert's rows (training.expert_imbalance) */
+    MLG_NE,   /* an instance's rows in the graph's repeated group (g->rep):
+                 one expert's share of the routed rows */
     MLG_TS,  /* T5: the encoder's tokens, the keys a decoder's cross-attention reads */
     MLG_NB,  /* T5: the relative-position buckets */
     MLG_L0,
@@ -106,6 +108,7 @@ enum {
 #define MLG_NONE 0xffffu
 #define MLG_MAX_TENSORS 160
 #define MLG_MAX_OPS 160
+#define MLG_MAX_RUNS 3
 
 typedef struct {
     const char *name;
@@ -154,7 +157,23 @@ typedef struct {
                             already held for the same tensor (input_buffer.cpp) */
     bool scratch_in;     /* a scratch as large as gin[0]'s gradient */
     bool overfull;       /* a builder listed more than an array holds */
+    bool accum_but_last; /* in the repeated group: accum, except in the last
+                            instance, whose node runs first in backward and
+                            makes the buffer */
 } mlg_op;
+
+/* An op group repeated: the tensors [t0, t1) and the ops [o0, o1) stand
+ * for one instance each of a list of instances that differ only in the
+ * size of MLG_NE (Mixtral's experts, each on its rows: ml_graph_sizes.runs).
+ * The passes that expand it list the group's saved tensors and backward
+ * nodes once per instance, at its size, where the group is declared; a
+ * parameter the group's ops use is declared outside it (an expert's is
+ * MLG_T_EXPERT: E of each, whichever experts take rows); a repeated op's
+ * FLOPs are written for all instances together (named in K·B·T, the rows
+ * they share) and counted once. t1 == t0: no group. */
+typedef struct {
+    uint16_t t0, t1, o0, o1;
+} mlg_repeat;
 
 typedef struct {
     mlg_tensor t[MLG_MAX_TENSORS + 1]; /* the last: what a full graph's new
@@ -169,6 +188,7 @@ typedef struct {
                       replay releases; the block's input: an identity block */
     uint8_t nlit;
     uint64_t lit[MLG_NLIT]; /* the sizes of MLG_L0 + i */
+    mlg_repeat rep; /* the group repeated once per instance (none: t1 == t0) */
 } ml_graph;
 
 /* The sizes a configuration substitutes: each dimension's, and the bytes
@@ -178,6 +198,12 @@ typedef struct {
     unsigned bytes[MLG_NDTYPES];
     unsigned grad_bytes; /* a parameter gradient's element */
     bool overflow;       /* a product passed 64 bits (sticky) */
+    /* the repeated group's instances (g->rep), in order: runs of `count`
+     * instances with MLG_NE `size` each */
+    struct {
+        uint64_t count, size;
+    } runs[MLG_MAX_RUNS];
+    unsigned nruns;
 } ml_graph_sizes;
 
 /* ---- building (graph.c) ---- */
@@ -207,8 +233,20 @@ mlg_op *ml__graph_step(ml_graph *g, uint8_t kind, const char *name, uint16_t x, 
  * returning, a name rebound). */
 mlg_op *ml__graph_release(ml_graph *g, const char *name);
 
+/* The repeated group (mlg_repeat): the tensors [t0, t1) and the ops
+ * [o0, o1), g->nt and g->nop as the builder found them before and after
+ * declaring each (a composition declares in the inventory's order, then
+ * emits in the forward's). One group a graph: a second is refused. */
+void ml__graph_repeat(ml_graph *g, uint16_t t0, uint16_t t1, uint16_t o0, uint16_t o1);
+/* Whether tensor t / op k is in the repeated group. */
+bool ml__graph_repeated_tensor(const ml_graph *g, uint16_t t);
+bool ml__graph_repeated_op(const ml_graph *g, uint16_t k);
+
 /* Whether g is whole: no array overfull, every tensor an op names
- * declared. A builder's bug, refused rather than planned. */
+ * declared; a repeated group within the arrays, its saved tensors saved by its own
+ * ops only, and a tensor outside it that its ops save flagged kept (one
+ * entry, released by no instance's node). A builder's bug, refused rather
+ * than planned. */
 bool ml__graph_valid(const ml_graph *g);
 
 /* ---- passes (graph.c) ---- */
@@ -220,6 +258,10 @@ uint64_t ml__graph_numel(const ml_graph *g, const ml_graph_sizes *z, uint16_t t,
  * shape's (its gradient's; it has no storage). Sets z->overflow when a
  * product passes 64 bits. */
 void ml__graph_bytes(const ml_graph *g, ml_graph_sizes *z, uint64_t *tb);
+/* The bytes of the repeated group's tensors in tb at MLG_NE = size (the
+ * others' stay): one instance's (sets z->dim[MLG_NE]). */
+void ml__graph_instance_bytes(const ml_graph *g, ml_graph_sizes *z, uint64_t size,
+                              uint64_t *tb);
 /* The tensor whose storage t is (a view's base, else t). */
 uint16_t ml__graph_storage(const ml_graph *g, uint16_t t);
 /* The tensor whose saved entry t counts in (bmm's operand copies: the
@@ -229,7 +271,8 @@ uint16_t ml__graph_entry(const ml_graph *g, uint16_t t);
 /* The forward, op by op: each op allocates its outputs, then the tensors
  * whose last reference went are freed; with grad, a tensor an op saved
  * stays. The block's input is not counted (its caller holds it). In eval
- * mode dropouts are the identity. */
+ * mode dropouts are the identity. Not expanded for a repeated group: a
+ * graph with one is `bad` here. */
 typedef struct {
     uint64_t live, peak;
     bool bad; /* a free of more than is live, or an overflow */
@@ -239,7 +282,8 @@ void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool ev
 
 /* Bytes read and written and kernels launched by each op of the forward
  * (per_op: g->nop entries, or NULL) and in all (a view reads and writes
- * nothing, launches nothing; in eval mode a dropout is the identity). */
+ * nothing, launches nothing; in eval mode a dropout is the identity). A
+ * repeated group's ops are counted once, at the sizes tb has. */
 typedef struct {
     uint64_t read, written;
     unsigned kernels;

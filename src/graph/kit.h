@@ -88,12 +88,18 @@ typedef struct {
 } mlg_mlp;
 
 /* A mixture-of-experts MLP in place of the dense one (kit_moe.c). */
-typedef enum { MLG_MOE_NONE, MLG_MOE_DEEPSEEK_V3, MLG_MOE_DEEPSEEK_V2 } mlg_moe_kind;
+typedef enum {
+    MLG_MOE_NONE,
+    MLG_MOE_DEEPSEEK_V3,
+    MLG_MOE_DEEPSEEK_V2,
+    MLG_MOE_MIXTRAL, /* Mixtral's and Qwen2-MoE's (kit_mixtral.c) */
+} mlg_moe_kind;
 typedef struct {
     uint8_t kind;  /* mlg_moe_kind */
-    bool renorm;   /* the top-k weights renormalised (V3's norm_topk_prob) */
+    bool renorm;   /* the top-k weights renormalised (V3's and Qwen2-MoE's
+                      norm_topk_prob; Mixtral's always) */
     bool grouped;  /* V2's group_limited_greedy: a bool mask over the scores */
-    bool shared;   /* shared experts on every token */
+    bool shared;   /* shared experts on every token (Qwen2-MoE's: one, gated) */
     bool h32;      /* the norm's output is fp32 (the stream's dtype) */
 } mlg_moe;
 
@@ -215,6 +221,10 @@ uint16_t ml__kit_mla_attention(ml_graph *g, const mlg_layer *L, uint16_t h);
 /* DeepSeek's mixture-of-experts MLP on h (kit_moe.c): L->moe's router,
  * routed experts and shared experts; returns the routed experts' output. */
 uint16_t ml__kit_moe(ml_graph *g, const mlg_layer *L, uint16_t h);
+/* Mixtral's and Qwen2-MoE's sparse MoE block on h (kit_mixtral.c): the
+ * router, each expert with rows on its rows (the graph's repeated group),
+ * Qwen2-MoE's gated shared expert; returns the block's output. */
+uint16_t ml__kit_mixtral_moe(ml_graph *g, const mlg_layer *L, uint16_t h);
 /* HF LlamaRMSNorm of x (kit_hf.c). */
 uint16_t ml__kit_rmsnorm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf);
 /* ... of a (B, T, width) x, its output (weight * h) in dtype: the wider

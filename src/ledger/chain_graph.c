@@ -74,9 +74,23 @@ static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_gr
     z->dim[MLG_ROWS] = m->experts ? ml__ck_busiest_rows(d, ml_mul(ch, m->experts_per_tok, d->BT),
                                                          m->experts)
                                   : 0;
+    /* a repeated group's instances: the experts with rows (Mixtral's,
+     * Qwen2-MoE's), MLG_NE the first's; the graph's literal sizes */
+    if (G->g.rep.t1 != G->g.rep.t0 || G->g.rep.o1 != G->g.rep.o0) {
+        uint64_t count[3], rows[3];
+        z->nruns = ml__ck_expert_runs(d, ml_mul(ch, m->experts_per_tok, d->BT), m->experts,
+                                      count, rows);
+        for (unsigned i = 0; i < z->nruns; i++) {
+            z->runs[i].count = count[i];
+            z->runs[i].size = rows[i];
+        }
+        z->dim[MLG_NE] = rows[0];
+    }
+    memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
     dtype_bytes(ch, G);
+    /* no forward programs with experts (the builders' rule) */
     G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER && !m->image_size &&
-                  !m->parallel_residual && !m->kv_lora;
+                  !m->parallel_residual && !m->kv_lora && !m->experts;
     return true;
 }
 
@@ -183,125 +197,213 @@ static uint64_t output(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const s
     return out;
 }
 
-/* The saved inventory: one entry per saved storage, in the order the
- * graph declares them; idx[e] its index in ch->saved (SIZE_MAX: the
- * block's input, or none) and first[e] the op that first saves it, whose
- * node releases it. */
-static void inventory(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, size_t *idx,
-                      uint16_t *first)
+/* Where the inventory put each saved tensor: idx[e] its entry in
+ * ch->saved (SIZE_MAX: the block's input, or none; a repeated tensor's:
+ * the first instance's, instance i's `per` entries later), first[e] the op
+ * that first saves it, whose node releases it. */
+typedef struct {
+    size_t idx[MLG_MAX_TENSORS];
+    uint16_t first[MLG_MAX_TENSORS];
+    size_t per;
+} ml_entries;
+
+/* The entries of the tensors [from, to) at bytes tb (saved[s]: storage s
+ * is saved), in declaration order; each entry's index into x->idx when
+ * keep. Returns the entries listed. */
+static size_t list(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t *tb,
+                   const bool *saved, uint16_t from, uint16_t to, ml_entries *x, bool keep)
 {
-    const ml_graph *g = &G->g;
     uint64_t bytes[MLG_MAX_TENSORS] = {0};
-    bool saved[MLG_MAX_TENSORS] = {false};
-    for (uint16_t t = 0; t < g->nt; t++) {
-        idx[t] = SIZE_MAX;
-        first[t] = MLG_NONE;
+    size_t n = 0;
+    for (uint16_t s = 0; s < g->nt; s++) {
+        const uint16_t e = ml__graph_entry(g, s);
+        if (saved[s] && e >= from && e < to)
+            bytes[e] = ml_add(ch, bytes[e], tb[s]);
     }
-    for (uint16_t k = 0; k < g->nop; k++) {
-        const mlg_op *o = &g->op[k];
-        for (unsigned j = 0; j < o->nsave; j++) {
-            uint16_t s = ml__graph_storage(g, o->save[j]), e = ml__graph_entry(g, s);
-            if (first[e] == MLG_NONE)
-                first[e] = k;
-            if (!saved[s]) {
-                saved[s] = true;
-                bytes[e] = ml_add(ch, bytes[e], G->tb[s]);
-            }
-        }
-    }
-    for (uint16_t e = 0; e < g->nt; e++) {
+    for (uint16_t e = from; e < to; e++) {
         const mlg_tensor *t = &g->t[e];
-        if (first[e] == MLG_NONE || (t->flags & MLG_T_SIDE))
+        if (x->first[e] == MLG_NONE || (t->flags & MLG_T_SIDE))
             continue;
         if (t->role == MLG_INPUT) {
             ml__ck_save(ch, b, t->name, bytes[e], 1, ML_SV_INPUT);
             continue;
         }
-        idx[e] = ml__ck_save(ch, b, t->name, bytes[e], 1, t->flags & MLG_T_CORE ? ML_SV_CORE : 0);
+        const size_t k =
+            ml__ck_save(ch, b, t->name, bytes[e], 1, t->flags & MLG_T_CORE ? ML_SV_CORE : 0);
+        n++;
+        if (keep)
+            x->idx[e] = k;
         if (t->flags & MLG_T_WCAST)
             b->cast_bytes = ml_add(ch, b->cast_bytes, bytes[e]);
     }
+    return n;
+}
+
+/* The saved inventory: one entry per saved storage, in the order the
+ * graph declares them (a storage counted in another's entry adds its
+ * bytes there); the repeated group's once per instance, at its sizes, where
+ * the group is declared. Then the transients. */
+static void inventory(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, ml_entries *x)
+{
+    const ml_graph *g = &G->g;
+    const mlg_repeat *r = &g->rep;
+    bool saved[MLG_MAX_TENSORS] = {false};
+    for (uint16_t t = 0; t < g->nt; t++) {
+        x->idx[t] = SIZE_MAX;
+        x->first[t] = MLG_NONE;
+    }
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        for (unsigned j = 0; j < o->nsave; j++) {
+            uint16_t s = ml__graph_storage(g, o->save[j]), e = ml__graph_entry(g, s);
+            if (x->first[e] == MLG_NONE)
+                x->first[e] = k;
+            saved[s] = true;
+        }
+    }
+    list(ch, b, g, G->tb, saved, 0, r->t0, x, true);
+    x->per = 0;
+    if (r->t1 != r->t0) {
+        uint64_t tb[MLG_MAX_TENSORS];
+        ml_graph_sizes z = G->z;
+        memcpy(tb, G->tb, g->nt * sizeof tb[0]);
+        for (unsigned i = 0; i < z.nruns; i++)
+            for (uint64_t c = 0; c < z.runs[i].count && !ch->overflow && !ch->nomem; c++) {
+                ml__graph_instance_bytes(g, &z, z.runs[i].size, tb);
+                const bool first = i == 0 && c == 0;
+                const size_t n = list(ch, b, g, tb, saved, r->t0, r->t1, x, first);
+                if (first)
+                    x->per = n;
+            }
+        if (z.overflow)
+            ch->overflow = true;
+    }
+    list(ch, b, g, G->tb, saved, r->t1, g->nt, x, true);
     for (uint16_t t = 0; t < g->nt; t++)
         if (g->t[t].flags & MLG_T_TMP)
             ml__ck_tmp(ch, G->tb[t], 1);
 }
 
-/* One op's backward node, after the accumulation its input gradient goes
- * into (forward order: ml__ck_end reverses the list). */
-static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, const size_t *idx,
-                 const uint16_t *first)
+/* One op's backward node at bytes tb, after the accumulation its input
+ * gradient goes into (forward order: ml__ck_end reverses the list); in the
+ * repeated group, instance i's (off: i times its entries; last: the last
+ * instance). */
+typedef struct {
+    const uint64_t *tb;
+    size_t off;
+    bool last;
+} ml_instance;
+
+static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, const ml_entries *x,
+                 const ml_instance *in)
 {
     const ml_graph *g = &G->g;
     const mlg_op *o = &g->op[k];
+    const uint64_t *tb = in->tb;
     uint64_t gin = 0, gout = 0, pg = 0;
     size_t rel[6] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
     unsigned nrel = 0;
     for (unsigned j = 0; j < o->ngin; j++)
-        gin = ml_add(ch, gin, G->tb[o->gin[j]]);
+        gin = ml_add(ch, gin, tb[o->gin[j]]);
     for (unsigned j = 0; j < o->ngout; j++)
-        gout = ml_add(ch, gout, G->tb[o->gout[j]]);
+        gout = ml_add(ch, gout, tb[o->gout[j]]);
     for (unsigned j = 0; j < o->nparam; j++) {
         uint64_t n = ml__graph_numel(g, &G->z, o->param[j], &ch->overflow);
         pg = ml_add(ch, pg, ml_mul(ch, n, ch->prec.grad));
     }
     for (unsigned j = 0; j < o->nsave; j++) {
         uint16_t e = ml__graph_entry(g, o->save[j]);
-        if (first[e] == k && idx[e] != SIZE_MAX && !(g->t[e].flags & MLG_T_KEPT))
-            rel[nrel++] = idx[e]; /* an op saves six at most */
+        if (x->first[e] == k && x->idx[e] != SIZE_MAX && !(g->t[e].flags & MLG_T_KEPT))
+            /* an op saves six at most */
+            rel[nrel++] = x->idx[e] + (ml__graph_repeated_tensor(g, e) ? in->off : 0);
     }
-    if (o->accum != MLG_NONE)
-        ml__ck_accum(ch, b, G->tb[o->accum]);
+    if (o->accum != MLG_NONE && !(o->accum_but_last && in->last))
+        ml__ck_accum(ch, b, tb[o->accum]);
     ml__ck_node(ch, b, o->node, gin, pg, gout, rel[0], rel[1]);
     for (unsigned j = 2; j < nrel; j++)
         ml__ck_node_claim(ch, b, rel[j]);
     if (o->scratch_in && o->ngin)
-        ml__ck_node_scratch(ch, b, G->tb[o->gin[0]]);
+        ml__ck_node_scratch(ch, b, tb[o->gin[0]]);
+}
+
+/* The repeated group's nodes, once per instance at its sizes. */
+static void repeated_nodes(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const ml_entries *x)
+{
+    const ml_graph *g = &G->g;
+    uint64_t tb[MLG_MAX_TENSORS];
+    ml_graph_sizes z = G->z;
+    memcpy(tb, G->tb, g->nt * sizeof tb[0]);
+    uint64_t left = 0;
+    for (unsigned i = 0; i < z.nruns; i++)
+        left += z.runs[i].count;
+    ml_instance in = {tb, 0, false};
+    for (unsigned i = 0; i < z.nruns; i++) {
+        ml__graph_instance_bytes(g, &z, z.runs[i].size, tb);
+        for (uint64_t c = 0; c < z.runs[i].count && !ch->overflow && !ch->nomem; c++) {
+            in.last = --left == 0;
+            for (uint16_t k = g->rep.o0; k < g->rep.o1; k++)
+                if (g->op[k].node)
+                    node(ch, b, G, k, x, &in);
+            in.off += x->per;
+        }
+    }
 }
 
 /* The parameters in the order their modules register them: by group,
  * then as the ops use them; a group of routed experts' parameters
  * (MLG_T_EXPERT, nothing else in it) once per expert, each expert's in
- * turn (nn.ModuleList of the experts). */
+ * turn (nn.ModuleList of the experts), in the order they are declared
+ * (an expert module's registration order, which its forward need not
+ * follow: Mixtral's w1, w2, w3). */
+/* One parameter tensor: rows (x cols). */
+static void param(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const mlg_tensor *p)
+{
+    ml__ck_param(ch, b, G->z.dim[p->dim[0]], p->ndim > 1 ? G->z.dim[p->dim[1]] : 0);
+}
+
 static void parameters(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
 {
     const ml_graph *g = &G->g;
     for (uint8_t grp = 0; grp < MLG_GROUPS; grp++) {
-        uint64_t rounds = 1;
-        for (uint16_t k = 0; k < g->nop; k++)
-            for (unsigned j = 0; j < g->op[k].nparam; j++) {
-                const mlg_tensor *p = &g->t[g->op[k].param[j]];
-                if (p->group == grp && (p->flags & MLG_T_EXPERT))
-                    rounds = G->z.dim[MLG_E];
-            }
-        for (uint64_t r = 0; r < rounds && !ch->overflow && !ch->nomem; r++)
-            for (uint16_t k = 0; k < g->nop; k++)
+        bool experts = false;
+        for (uint16_t t = 0; t < g->nt; t++)
+            experts |= g->t[t].role == MLG_PARAMETER && g->t[t].group == grp &&
+                       (g->t[t].flags & MLG_T_EXPERT);
+        const uint64_t rounds = experts ? G->z.dim[MLG_E] : 1;
+        for (uint64_t r = 0; r < rounds && !ch->overflow && !ch->nomem; r++) {
+            for (uint16_t t = 0; experts && t < g->nt; t++)
+                if (g->t[t].role == MLG_PARAMETER && g->t[t].group == grp)
+                    param(ch, b, G, &g->t[t]);
+            for (uint16_t k = 0; !experts && k < g->nop; k++)
                 for (unsigned j = 0; j < g->op[k].nparam; j++) {
                     const mlg_tensor *p = &g->t[g->op[k].param[j]];
-                    if (p->group != grp || (p->flags & MLG_T_SHARED))
-                        continue;
-                    uint64_t rows = G->z.dim[p->dim[0]];
-                    ml__ck_param(ch, b, rows, p->ndim > 1 ? G->z.dim[p->dim[1]] : 0);
+                    if (p->group == grp && !(p->flags & MLG_T_SHARED))
+                        param(ch, b, G, p);
                 }
+        }
     }
 }
 
 void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t out)
 {
     const ml_graph *g = &G->g;
-    size_t idx[MLG_MAX_TENSORS];
-    uint16_t first[MLG_MAX_TENSORS];
-    inventory(ch, b, G, idx, first);
+    ml_entries x;
+    inventory(ch, b, G, &x);
     parameters(ch, b, G);
+    const ml_instance whole = {G->tb, 0, false};
     for (uint16_t k = 0; k < g->nop; k++) {
         const mlg_op *o = &g->op[k];
         double f = ml__graph_op_flops(o, &G->z);
         b->flops_fwd += f;
         if (o->core)
             b->flops_core += f;
-        if (o->node)
-            node(ch, b, G, k, idx, first);
+        /* the repeated group's FLOPs are its instances' together (graph.h) */
+        if (k + 1 == g->rep.o1 && g->rep.o1 != g->rep.o0)
+            repeated_nodes(ch, b, G, &x);
+        else if (o->node && !ml__graph_repeated_op(g, k))
+            node(ch, b, G, k, &x, &whole);
     }
-    const uint64_t held = output(ch, b, G, idx, out);
+    const uint64_t held = output(ch, b, G, x.idx, out);
     ml__ck_end(ch, b, out);
     if (!G->programs || ch->overflow)
         return;

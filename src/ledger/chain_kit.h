@@ -102,6 +102,13 @@ void ml__ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims 
  * N / E for a balanced router, times training.expert_imbalance, at most the
  * B*T tokens (one row per token and expert). */
 uint64_t ml__ck_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E);
+/* The experts that take some of the N routed rows (HF's expert_hitted),
+ * in expert order, as at most three runs of experts with equal rows:
+ * count[i] experts of rows[i] rows each (chain_moe_mixtral.c: the
+ * balanced share, or the busiest expert first with
+ * training.expert_imbalance). Returns the number of runs. */
+unsigned ml__ck_expert_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t count[3],
+                            uint64_t rows[3]);
 /* DeepSeek-V3's (HF DeepseekV3MoE): the sigmoid router, the experts summed
  * in the router's dtype, the ungated shared experts (chain_moe.c). */
 void ml__ck_moe_v3(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,

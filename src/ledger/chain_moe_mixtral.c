@@ -18,11 +18,7 @@
  * expert's rows; the others are added in place); gK: the top-k weights'. */
 typedef struct {
     uint64_t E, k, F, N, BTD, gD, gK;
-    uint64_t hit;  /* the experts with rows */
-    uint64_t busy; /* the rows of the first of them, the last in backward
-                      (when every other expert's gradients exist): the
-                      busiest (training.expert_imbalance); 0: balanced */
-    unsigned w;    /* bytes per element of h */
+    unsigned w; /* bytes per element of h */
 } moe_sizes;
 
 uint64_t ml__ck_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E)
@@ -31,18 +27,35 @@ uint64_t ml__ck_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E)
     return busy >= (double)d->BT ? d->BT : (uint64_t)ceil(busy);
 }
 
-/* The rows expert e takes: N / E, one more for the first N mod E experts
- * (balanced; the twins' fixed routing sends pair p to expert p mod E); with
- * an imbalance the first expert takes `busy` rows and the others share the
- * rest the same way. */
-static uint64_t rows_of(const moe_sizes *z, uint64_t e)
+/* The experts with rows, hit = min(N, E) (HF's expert_hitted; every other
+ * expert keeps a row, HF skips the experts without any). Each takes N / E
+ * rows, one more for the first N mod E experts (balanced; the twins' fixed
+ * routing sends pair p to expert p mod E); with an imbalance the first
+ * takes the busiest rows (at most all but a row for each other expert)
+ * and the others share the rest the same way. */
+unsigned ml__ck_expert_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t count[3],
+                            uint64_t rows[3])
 {
-    if (!z->busy || z->hit < 2)
-        return z->N / z->E + (e < z->N % z->E ? 1 : 0);
-    if (e == 0)
-        return z->busy;
-    uint64_t rest = z->N - z->busy, n = z->hit - 1;
-    return rest / n + (e - 1 < rest % n ? 1 : 0);
+    const uint64_t busiest = ml__ck_busiest_rows(d, N, E), hit = N < E ? N : E;
+    const uint64_t most = N - (hit - 1);
+    const uint64_t busy = d->expert_imbalance > 1 ? (busiest < most ? busiest : most) : 0;
+    uint64_t c[3] = {N % E, hit - N % E, 0}, r[3] = {N / E + 1, N / E, 0};
+    if (busy && hit >= 2) {
+        const uint64_t rest = N - busy, n = hit - 1;
+        c[0] = 1;
+        r[0] = busy;
+        c[1] = rest % n;
+        r[1] = rest / n + 1;
+        c[2] = n - rest % n;
+        r[2] = rest / n;
+    }
+    unsigned k = 0;
+    for (unsigned i = 0; i < 3; i++)
+        if (c[i]) {
+            count[k] = c[i];
+            rows[k++] = r[i];
+        }
+    return k;
 }
 
 /* The router: gate (D -> E), softmax in fp32, top-k, the in-place
@@ -218,13 +231,15 @@ void ml__ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims 
      * experts is N rows whatever the routing (docs/inventory.md); the
      * experts with rows run (HF's expert_hitted), the last of them first
      * in backward */
-    z.hit = z.N < z.E ? z.N : z.E;
-    /* every other expert keeps a row (HF skips the experts without any) */
-    uint64_t most = z.N - (z.hit - 1);
-    z.busy = d->expert_imbalance > 1 ? (rows < most ? rows : most) : 0;
-    for (uint64_t e = 0; e < z.hit && !ch->overflow; e++)
-        expert(ch, b, d, &z, rows_of(&z, e), e + 1 == z.hit && !m->shared_expert_ffn,
-               e + 1 == z.hit);
+    uint64_t count[3], n_e[3];
+    const unsigned runs = ml__ck_expert_runs(d, z.N, z.E, count, n_e);
+    const uint64_t hit = z.N < z.E ? z.N : z.E;
+    uint64_t done = 0;
+    for (unsigned r = 0; r < runs; r++)
+        for (uint64_t i = 0; i < count[r] && !ch->overflow; i++) {
+            const bool last = ++done == hit;
+            expert(ch, b, d, &z, n_e[r], last && !m->shared_expert_ffn, last);
+        }
     for (unsigned i = 0; i < 3; i++)
         ml__ck_weight_copy(ch, b, ml_mul(ch, ml_mul(ch, z.E, d->D), z.F));
     for (uint64_t e = 0; e < z.E && !ch->overflow; e++) {

@@ -539,12 +539,8 @@ static void test_other_layouts_refused(void **state)
         assert_false(ml__family_layer(m, &fp32, &L));
         ml_model_destroy(m);
     }
-    static const char *const hf_refused[] = {"mixtral-8x7b", "qwen1.5-moe-a2.7b"};
-    for (size_t i = 0; i < sizeof hf_refused / sizeof hf_refused[0]; i++) {
-        ml_model *m = load_hf_config(hf_refused[i]);
-        assert_false(ml__family_layer(m, &fp32, &L));
-        ml_model_destroy(m);
-    }
+    /* Mixtral's and Qwen2-MoE's experts are the kit's (kit_mixtral.c):
+     * test_mixtral_chains_equal_builders */
     /* DeepSeek's experts are the kit's (kit_moe.c) */
     static const char *const moe[] = {"deepseek-v3", "deepseek-v2-lite"};
     for (size_t i = 0; i < 2; i++) {
@@ -860,6 +856,169 @@ static void test_moe_chains_equal_builders(void **state)
      * checkpoint settings x 2 passes, plus the fused loss where taken: 6
      * models' worth */
     assert_true(n >= 6 * ML_PREC_COUNT * 2 * 2);
+}
+
+/* ---- Mixtral's and Qwen2-MoE's expert layers (graph/kit_mixtral.c) ---- */
+
+/* tests/torch/models/mixtral.yaml's and qwen2moe.yaml's layers, and
+ * Qwen1.5-MoE-A2.7B's routing (60 experts, 4 a token) at a small width */
+static const char *const mixtral_variants[] = {
+    "model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 8\n  kv_heads: 2\n"
+    "  ffn: 96\n  experts: 4\n  experts_per_tok: 2\n  activation: swiglu\n  norm: rmsnorm\n"
+    "  vocab: 173\n  position: rope\n  bias: false\n  attention: eager\n  dropout: 0\n",
+    "model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 8\n  kv_heads: 4\n"
+    "  ffn: 160\n  experts: 6\n  experts_per_tok: 3\n  expert_ffn: 48\n"
+    "  shared_expert_ffn: 96\n  expert_renorm: false\n  activation: swiglu\n  norm: rmsnorm\n"
+    "  vocab: 173\n  position: rope\n  bias: false\n  qkv_bias: true\n  attention: eager\n"
+    "  dropout: 0\n",
+    "model:\n  type: decoder\n  layers: 1\n  hidden: 32\n  heads: 4\n"
+    "  ffn: 64\n  experts: 60\n  experts_per_tok: 4\n  expert_ffn: 16\n"
+    "  shared_expert_ffn: 64\n  expert_renorm: false\n  activation: swiglu\n  norm: rmsnorm\n"
+    "  vocab: 97\n  position: rope\n  bias: false\n  qkv_bias: true\n  attention: eager\n"
+    "  dropout: 0\n",
+};
+
+/* An expert layer's block from the graph against the builders': the
+ * three variants, each with the top-k renormalised or not and with and
+ * without the shared expert, under each kernel, precision, shape (fewer
+ * routed rows than experts at B = T = 1), selective and evaluation, and
+ * three routings: balanced, an imbalance, every pair of a token on the
+ * busiest expert (its rows then B*T). */
+static void test_mixtral_equals_builders(void **state)
+{
+    (void)state;
+    static const uint64_t shapes[][2] = {{1, 7}, {3, 64}, {2, 1024}, {1, 1}};
+    static const double imbalance[] = {1, 1.7, 1e6};
+    unsigned compared = 0;
+    for (size_t v = 0; v < 3; v++)
+        for (int opt = 0; opt < 4; opt++) {
+            ml_model *m = load_str(mixtral_variants[v]);
+            m->expert_renorm = opt & 1;
+            m->shared_expert_ffn = opt & 2 ? 0 : (v ? 2 * m->expert_ffn : 48);
+            for (size_t k = 0; k < 3; k++) {
+                m->attention = kernels[k];
+                for (int p = 0; p < ML_PREC_COUNT; p++)
+                    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                        for (int mode = 0; mode < 4; mode++)
+                            for (size_t r = 0; r < 3; r++) {
+                                const bool sel = mode & 1, ev = mode & 2;
+                                m->config.training.expert_imbalance = imbalance[r];
+                                char what[160];
+                                snprintf(what, sizeof what,
+                                         "mixtral %zu/%d, attention %zu, precision %d, B %llu "
+                                         "T %llu, imbalance %g%s%s",
+                                         v, opt, k, p, (unsigned long long)shapes[s][0],
+                                         (unsigned long long)shapes[s][1], imbalance[r],
+                                         sel ? ", selective" : "", ev ? ", eval" : "");
+                                ml_chain a, b;
+                                one_block(m, (ml_precision)p, shapes[s][0], shapes[s][1], sel,
+                                          ev, false, &a);
+                                assert_true(one_block(m, (ml_precision)p, shapes[s][0],
+                                                      shapes[s][1], sel, ev, true, &b));
+                                same_blocks(&a, &b, what);
+                                compared++;
+                                ml__chain_free(&b);
+                                ml__chain_free(&a);
+                            }
+            }
+            ml_model_destroy(m);
+        }
+    assert_int_equal(compared, 3 * 4 * 3 * ML_PREC_COUNT * 4 * 4 * 3);
+}
+
+/* m's expert layer is the graph's under every precision, its repeated
+ * group one expert, with a quarter of each array to spare: the count. */
+static unsigned mixtral_taken(const ml_model *m)
+{
+    unsigned n = 0;
+    ml_ck_graph *G = malloc(sizeof *G);
+    assert_non_null(G);
+    for (int p = 0; p < ML_PREC_COUNT; p++) {
+        ml_chain ch;
+        memset(&ch, 0, sizeof ch);
+        ch.prec = ml__prec_of((ml_precision)p);
+        ml_config c = ml_model_config(m);
+        ml_ck_dims d;
+        ml_error e;
+        assert_int_equal(ml__ck_dims_of(m, &c.training, &ch, &d, &e), ML_OK);
+        n += ml__ck_graph_layer(&ch, m, &d, G);
+        const mlg_repeat *r = &G->g.rep;
+        assert_true(r->t1 > r->t0 && r->o1 > r->o0 && G->z.nruns >= 1);
+        assert_true(G->g.nt <= MLG_MAX_TENSORS * 3 / 4 && G->g.nop <= MLG_MAX_OPS * 3 / 4);
+        if (p == ML_PREC_AMP_BF16)
+            fprintf(stderr, "%s expert layer: %u tensors (%u an expert's), %u ops (%u)\n",
+                    m->name, G->g.nt, r->t1 - r->t0, G->g.nop, r->o1 - r->o0);
+    }
+    free(G);
+    return n;
+}
+
+/* Whole chains of Mixtral's and Qwen2-MoE's models: the shipped configs
+ * (Mixtral-8x7B: 32 layers of 8 experts, 2 a token; Qwen1.5-MoE-A2.7B: 24
+ * layers of 60, 4 a token, a shared expert) and the torch twins (at two
+ * routings), every layer the graph's first layer or its copy, against the
+ * builders. */
+static void test_mixtral_chains_equal_builders(void **state)
+{
+    (void)state;
+    unsigned n = 0, fused = 0, taken = 0;
+    mlg_layer L;
+    static const char *const hf[] = {"mixtral-8x7b", "qwen1.5-moe-a2.7b"};
+    for (size_t i = 0; i < 2; i++) {
+        ml_model *m = load_hf_config(hf[i]);
+        assert_true(ml__family_layer(m, &fp32, &L));
+        assert_int_equal(L.moe.kind, MLG_MOE_MIXTRAL);
+        assert_true(L.moe.shared == (i == 1) && L.moe.renorm == (i == 0));
+        taken += mixtral_taken(m);
+        n += compare_model(m, hf[i], &fused);
+        ml_model_destroy(m);
+    }
+    static const char *const twins[] = {"mixtral", "qwen2moe"};
+    for (size_t i = 0; i < 2; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/../tests/torch/models/%s.yaml", ML_MODELS_DIR, twins[i]);
+        ml_model *m = NULL;
+        ml_error e;
+        if (ml_model_load_file(path, &m, &e) != ML_OK)
+            fail_msg("%s: %s", path, e.msg);
+        taken += mixtral_taken(m);
+        for (size_t r = 0; r < 2; r++) {
+            m->config.training.expert_imbalance = r ? 2.5 : 1;
+            n += compare_model(m, twins[i], &fused);
+        }
+        ml_model_destroy(m);
+    }
+    fprintf(stderr, "%u Mixtral and Qwen2-MoE chains compared, %u with the fused loss\n", n,
+            fused);
+    assert_int_equal(taken, 4 * ML_PREC_COUNT);
+    /* 6 models' worth x 3 kernels x 6 precisions x 2 checkpoint settings x
+     * 2 passes (no refusal but the fused loss: asserted in compare_model) */
+    assert_true(n >= 6 * 3 * ML_PREC_COUNT * 2 * 2);
+}
+
+/* The repeated group's rules (graph.h): one a graph, its tensors saved
+ * by its own ops only, what its ops save outside it kept. */
+static void test_repeat_refused(void **state)
+{
+    (void)state;
+    ml_graph g;
+    for (int c = 0; c < 4; c++) {
+        ml__graph_init(&g);
+        uint16_t x = ml__graph_tensor(&g, "x", MLG_COMPUTE, MLG_ACT, 2, MLG_B, MLG_D);
+        uint16_t y = ml__graph_tensor(&g, "y (repeated)", MLG_COMPUTE, MLG_ACT, 2, MLG_NE, MLG_D);
+        uint16_t z = ml__graph_tensor(&g, "z", MLG_COMPUTE, MLG_ACT, 2, MLG_B, MLG_D);
+        mlg_op *o = ml__graph_step(&g, MLG_OP_COPY, "rows", x, y, NULL);
+        ml__op_save(o, y);
+        if (c == 1)
+            ml__op_save(o, x); /* outside the group, not kept */
+        ml__graph_repeat(&g, y, (uint16_t)(y + 1), 0, 1);
+        o = ml__graph_step(&g, MLG_OP_COPY, "after", y, z, NULL);
+        if (c == 2)
+            ml__op_save(o, y); /* the group's, by an op outside it */
+        if (c == 3)
+            ml__graph_repeat(&g, y, (uint16_t)(y + 1), 0, 1); /* a second group */
+        assert_true(ml__graph_valid(&g) == (c == 0));
+    }
 }
 
 /* ---- LLaVA's vision tower: its layers from the graph (kit_clip.c) ---- */
@@ -1412,6 +1571,9 @@ int main(void)
         cmocka_unit_test(test_chains_equal_builders),
         cmocka_unit_test(test_moe_equals_builders),
         cmocka_unit_test(test_moe_chains_equal_builders),
+        cmocka_unit_test(test_mixtral_equals_builders),
+        cmocka_unit_test(test_mixtral_chains_equal_builders),
+        cmocka_unit_test(test_repeat_refused),
         cmocka_unit_test(test_llava_tower_equals_builders),
         cmocka_unit_test(test_clip_layer_nodes),
         cmocka_unit_test(test_seq_chains_equal_builders),
