@@ -29,12 +29,45 @@ typedef struct {
  * naming the global batch, not the accumulation the search derived. */
 #define FIT_MAX_ACCUM (1ull << 20)
 
-/* Evaluates at micro-batch b; *fits gets the verdict. */
+/* Whether the plan at s->cfg certainly does not fit with the allocator
+ * simulated, known from the plan without it: its allocator peak alone is
+ * over the budget, or with the runtime reserve over the memory. The
+ * simulation only adds to both (evaluate.c, verdict: what the budget holds
+ * is the peak and the cache over it), so the verdict is the one the
+ * simulation would give, at a thirtieth of its cost (docs/allocator.md,
+ * "Speed"). False, to simulate, whenever that is not certain: no device,
+ * one too large for the simulator (which refuses it), an error. */
+static bool over_without_cache(search *s)
+{
+    const ml_device *dv = &s->cfg.device;
+    if (dv->allocator == ML_ALLOCATOR_NONE || !dv->present || dv->memory > (1ull << 62))
+        return false;
+    ml_config c = s->cfg;
+    c.device.allocator = ML_ALLOCATOR_NONE;
+    ml_ledger *l = NULL;
+    ml_error e;
+    if (ml_ledger_evaluate(s->m, &c, false, &l, &e) != ML_OK)
+        return false;
+    const ml_summary *x = ml_ledger_summary(l);
+    uint64_t peak = x->peak > x->peak_first_iteration ? x->peak : x->peak_first_iteration;
+    if (x->has_eval && x->peak_eval > peak)
+        peak = x->peak_eval;
+    bool over = peak > x->budget || peak > x->memory || x->memory - peak < x->runtime_reserve;
+    ml_ledger_destroy(l);
+    return over;
+}
+
+/* Evaluates at micro-batch b; *fits gets the verdict. Without sum, a plan
+ * that cannot fit with the allocator simulated is not simulated. */
 static ml_status try_b(search *s, uint64_t b, bool *fits, ml_summary *sum)
 {
     s->cfg.training.micro_batch = b;
     ml_ledger *l = NULL;
     s->evals++;
+    if (!sum && over_without_cache(s)) {
+        *fits = false;
+        return ML_OK;
+    }
     ml_status st = ml_ledger_evaluate(s->m, &s->cfg, false, &l, s->err);
     if (st == ML_OVERFLOW) {
         *fits = false; /* too large to represent is too large to fit */
