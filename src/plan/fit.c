@@ -29,14 +29,9 @@ typedef struct {
  * naming the global batch, not the accumulation the search derived. */
 #define FIT_MAX_ACCUM (1ull << 20)
 
-/* Whether the plan at s->cfg certainly does not fit with the allocator
- * simulated, known from the plan without it: its allocator peak alone is
- * over the budget, or with the runtime reserve over the memory. The
- * simulation only adds to both (evaluate.c, verdict: what the budget holds
- * is the peak and the cache over it), so the verdict is the one the
- * simulation would give, at a thirtieth of its cost (docs/allocator.md,
- * "Speed"). False, to simulate, whenever that is not certain: no device,
- * one too large for the simulator (which refuses it), an error. */
+/* Whether s->cfg's plan cannot fit with the allocator simulated, seen without
+ * it: its peak alone is over the budget, or with the reserve over the memory
+ * (the simulation only adds to both: verdict, evaluate.c). False if unsure. */
 static bool over_without_cache(search *s)
 {
     const ml_device *dv = &s->cfg.device;
@@ -45,20 +40,16 @@ static bool over_without_cache(search *s)
     ml_config c = s->cfg;
     c.device.allocator = ML_ALLOCATOR_NONE;
     ml_ledger *l = NULL;
-    ml_error e;
-    if (ml_ledger_evaluate(s->m, &c, false, &l, &e) != ML_OK)
+    if (ml_ledger_evaluate(s->m, &c, false, &l, NULL) != ML_OK)
         return false;
     const ml_summary *x = ml_ledger_summary(l);
-    uint64_t peak = x->peak > x->peak_first_iteration ? x->peak : x->peak_first_iteration;
-    if (x->has_eval && x->peak_eval > peak)
-        peak = x->peak_eval;
+    uint64_t peak = x->peak_total - x->runtime_reserve - x->fragmentation; /* no wrap */
     bool over = peak > x->budget || peak > x->memory || x->memory - peak < x->runtime_reserve;
     ml_ledger_destroy(l);
     return over;
 }
 
-/* Evaluates at micro-batch b; *fits gets the verdict. Without sum, a plan
- * that cannot fit with the allocator simulated is not simulated. */
+/* Evaluates at micro-batch b (without sum, unsimulated if over_without_cache). */
 static ml_status try_b(search *s, uint64_t b, bool *fits, ml_summary *sum)
 {
     s->cfg.training.micro_batch = b;
