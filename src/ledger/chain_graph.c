@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "graph/families.h"
+#include "graph/kit_embed.h"
+#include "graph/kit_head.h"
 #include "graph/kit_t5.h"
 #include "ledger/chain_kit.h"
 #include "util/grow.h"
@@ -108,6 +110,42 @@ bool ml__ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, boo
         return false;
     ml__family_head_graph(&G->g, &L, m->tied_embeddings, fused, m->final_softcap > 0);
     return sized(ch, m, d, G);
+}
+
+bool ml__ck_graph_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                            ml_ck_graph *G)
+{
+    mlg_embed E;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_embedding(m, &c, d->drop, &E))
+        return false;
+    /* the literal sizes, as the builders multiplied them */
+    E.positions = m->max_positions;
+    E.ntypes = m->token_types;
+    E.rot = m->kv_lora ? m->rope_dim : d->dh;
+    E.image = ml__ck_mul3(ch, m->channels, m->image_size, m->image_size);
+    E.kin = ml__ck_mul3(ch, m->channels, m->patch_size, m->patch_size);
+    E.npatches = d->T ? d->T - 1 : 0;
+    E.td = ml_mul(ch, d->T, d->D);
+    ml__kit_embedding(&G->g, &E);
+    if (!sized(ch, m, d, G))
+        return false;
+    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
+    dtype_bytes(ch, G);
+    G->programs = false; /* the builders had none: the block rule */
+    return true;
+}
+
+bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
+{
+    ml__kit_ce_loss(&G->g, rows, classes);
+    if (!ml__graph_valid(&G->g))
+        return false;
+    memset(&G->z, 0, sizeof G->z);
+    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
+    dtype_bytes(ch, G);
+    G->programs = false; /* the block rule */
+    return true;
 }
 
 bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
@@ -215,6 +253,10 @@ static void inventory(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, size_t *
             continue;
         if (t->role == MLG_INPUT) {
             ml__ck_save(ch, b, t->name, bytes[e], 1, ML_SV_INPUT);
+            continue;
+        }
+        if (t->role == MLG_BATCH) {
+            ml__ck_save(ch, b, t->name, bytes[e], 1, ML_SV_BATCH);
             continue;
         }
         idx[e] = ml__ck_save(ch, b, t->name, bytes[e], 1, t->flags & MLG_T_CORE ? ML_SV_CORE : 0);

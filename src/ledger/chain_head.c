@@ -319,19 +319,44 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
     return ml__ck_ce_loss(ch, m, d, rows, out_classes);
 }
 
+/* The loss's inventory from the op graph (graph/kit_head.c: the
+ * log-softmax output, the targets, total_weight); *taken false: the graph
+ * declines it. */
+static ml_status graph_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t classes,
+                            bool *taken)
+{
+    ml_ck_graph *G = malloc(sizeof *G);
+    if (!G)
+        return ML_NOMEM;
+    *taken = ml__ck_graph_loss(ch, rows, classes, G);
+    if (*taken)
+        ml__ck_graph_emit(ch, b, G, 0);
+    free(G);
+    return ML_OK;
+}
+
 ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t rows,
                          uint64_t out_classes)
 {
     const unsigned w = ch->prec.w, a = ch->prec.a;
+    ml_status st;
     uint64_t logits = ml_mul(ch, rows, out_classes);
     ml_cblock *b = ml__ck_begin(ch, "loss", -1);
     if (!b)
         return ML_NOMEM;
     b->fwd_phase = ML_PHASE_LOSS;
     unsigned lsb = ch->prec.autocast ? 4 : w;
-    ml__ck_save(ch, b, "log-softmax output", logits, lsb, 0);
-    ml__ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
-    ml__ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
+    bool graph = false;
+    if (!ch->builders_only && (st = graph_loss(ch, b, rows, out_classes, &graph)) != ML_OK)
+        return st;
+    if (!graph) {
+        ml__ck_save(ch, b, "log-softmax output", logits, lsb, 0);
+        ml__ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
+        ml__ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
+    }
+    /* the block rule's figures, the builders' own (the graph's ml__ck_end
+     * estimates are for ops that save their inputs: set over here) */
+    b->ws_fwd = 0;
     if (ch->prec.autocast)
         b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */
     if (m->type == ML_MODEL_DECODER && m->classes)

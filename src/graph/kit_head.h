@@ -1,0 +1,18 @@
+/* The transformer chains' last blocks as op graphs (kit_head.c): the
+ * cross-entropy loss over the logits and a decoder's sequence-
+ * classification head; a decoder's LM head is compose.c's
+ * (ml__kit_lm_head). Their own sizes are the graph's literals (g->lit,
+ * MLG_L0 on), which whoever sizes it copies into ml_graph_sizes.dim.
+ * docs/graph.md, "Embeddings, heads and losses". */
+#ifndef ML_GRAPH_KIT_HEAD_H
+#define ML_GRAPH_KIT_HEAD_H
+
+#include "graph/families.h"
+
+/* The loss block: F.cross_entropy on `rows` rows of `classes` logits,
+ * log_softmax (its output saved; autocast runs it in fp32, the stream's
+ * dtype there) then nll_loss (the int64 targets, part of the batch the
+ * loop holds, and its fp32 total_weight saved). */
+void ml__kit_ce_loss(ml_graph *g, uint64_t rows, uint64_t classes);
+
+#endif
