@@ -31,3 +31,79 @@ void ml__kit_ce_loss(ml_graph *g, uint64_t rows, uint64_t classes)
     ml__op_save(o, tw);
     g->out = MLG_NONE;
 }
+
+/* GenericForSequenceClassification's pooling without pad_token_id: the
+ * last position, a select keeping arange(B) (IndexBackward0's index);
+ * with it, (input_ids != pad).to(int32) * arange(T) (int32, made and freed
+ * in turn), its argmax (the last non-pad token, int64, kept), arange(B),
+ * then logits[arange(B), last]. The (B, T, classes) logits, the int32 mask
+ * and arange(T) stay bound until the model's forward returns after the
+ * loss: the loss block holds them (ledger/chain_head.c), so they go with
+ * the pooled logits here. Returns the pooled logits. */
+static uint16_t pool_last(ml_graph *g, uint16_t S, uint8_t cls, bool pad)
+{
+    uint16_t ar = ml__graph_tensor(g, "pooling batch index (arange, int64)", MLG_INT64, MLG_ACT,
+                                   1, MLG_B);
+    uint16_t am = MLG_NONE, mi = MLG_NONE, at = MLG_NONE;
+    if (pad) {
+        am = ml__graph_tensor(g, "pooling last-token index (argmax, int64)", MLG_INT64, MLG_ACT,
+                              1, MLG_B);
+        uint16_t ne = ml__graph_tensor(g, "input_ids != pad", MLG_BOOL, MLG_ACT, 2, MLG_B, MLG_T);
+        /* int32: 4 bytes, the fp32 class's */
+        mi = ml__graph_tensor(g, "non-pad mask (int32)", MLG_FP32, MLG_ACT, 2, MLG_B, MLG_T);
+        at = ml__graph_tensor(g, "arange(T) (int32)", MLG_FP32, MLG_ACT, 1, MLG_T);
+        uint16_t pr = ml__graph_tensor(g, "mask * arange", MLG_FP32, MLG_ACT, 2, MLG_B, MLG_T);
+        ml__graph_step(g, MLG_OP_ELEMENTWISE, "ne (pad token)", MLG_NONE, ne, NULL);
+        ml__op_free(ml__graph_step(g, MLG_OP_COPY, "to (int32)", ne, mi, NULL), ne);
+        ml__graph_step(g, MLG_OP_ELEMENTWISE, "arange (T)", MLG_NONE, at, NULL);
+        mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (mask, arange)", mi, pr, NULL);
+        ml__op_in(o, at);
+        ml__op_free(ml__graph_step(g, MLG_OP_ELEMENTWISE, "argmax", pr, am, NULL), pr);
+    }
+    ml__graph_step(g, MLG_OP_ELEMENTWISE, "arange (B)", MLG_NONE, ar, NULL);
+    uint16_t P = ml__graph_tensor(g, "pooled logits", MLG_COMPUTE, MLG_ACT, 2, MLG_B, cls);
+    mlg_op *o = ml__graph_step(g, MLG_OP_COPY, "index (last token)", S, P,
+                               "IndexBackward0 (pooling)");
+    ml__op_in(o, ar);
+    ml__op_save(o, ar);
+    ml__op_save(o, am);
+    ml__op_free(o, ar);
+    ml__op_free(o, am);
+    const uint16_t locals[3] = {S, mi, at};
+    ml__kit_free_storages(g, ml__graph_release(g, "head returns"), locals, 3);
+    return P;
+}
+
+void ml__kit_seq_cls_head(ml_graph *g, const mlg_layer *L, uint64_t classes, bool pad)
+{
+    ml__graph_init(g);
+    const uint8_t cls = lit(g, classes);
+    uint16_t x = ml__graph_tensor(g, "head input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
+    uint16_t h = ml__kit_norm(g, &L->norm, x, false);
+    uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, cls, MLG_D);
+    /* score: D -> classes, no bias, on every token */
+    uint16_t S = ml__graph_tensor(g, "score logits (every token)", MLG_COMPUTE, MLG_ACT, 3, MLG_B,
+                                  MLG_T, cls);
+    g->t[S].flags |= MLG_T_TMP;
+    uint16_t W = ml__kit_param(g, "score weight", cls, MLG_D);
+    ml__kit_cast_ops(g, h, c, w, W);
+    const uint16_t hs = c != MLG_NONE ? c : h;
+    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, "mm (score)", hs, S, NULL);
+    ml__op_save(o, hs);
+    ml__op_save(o, w);
+    ml__op_param(o, W);
+    ml__op_flops(o, 2.0, 4, MLG_B, MLG_T, MLG_D, cls);
+    ml__op_free(o, c);
+    ml__op_free(o, w);
+    ml__op_node(o, "MmBackward0 (score)");
+    ml__op_gin(o, h);
+    ml__op_gout(o, S);
+    ml__op_free(ml__graph_release(g, "norm output rebound"), h);
+    pool_last(g, S, cls, pad);
+}
+
+bool ml__family_seq_cls_head(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    return m->type == ML_MODEL_DECODER && m->classes && !(m->final_softcap > 0) &&
+           ml__family_layer(m, c, L);
+}

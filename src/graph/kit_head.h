@@ -15,4 +15,15 @@
  * loop holds, and its fp32 total_weight saved). */
 void ml__kit_ce_loss(ml_graph *g, uint64_t rows, uint64_t classes);
 
+/* A decoder's sequence-classification head (transformers'
+ * GenericForSequenceClassification, as LlamaForSequenceClassification and
+ * the others use it): L's final norm, `score` (D -> classes, no bias) on
+ * every token, then each sequence's last token (pad: the last non-pad
+ * one, found through pad_token_id). */
+void ml__kit_seq_cls_head(ml_graph *g, const mlg_layer *L, uint64_t classes, bool pad);
+/* m's: the norm of its layer family's (ml__family_layer), a decoder with
+ * classes and no soft-capped logits (whose node list the builders record
+ * and then drop: chain_head.c). */
+bool ml__family_seq_cls_head(const ml_model *m, const mlg_config *c, mlg_layer *L);
+
 #endif

@@ -136,6 +136,20 @@ bool ml__ck_graph_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d
     return true;
 }
 
+bool ml__ck_graph_cls_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+{
+    mlg_layer L;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_seq_cls_head(m, &c, &L))
+        return false;
+    ml__kit_seq_cls_head(&G->g, &L, m->classes, !m->cls_no_pad);
+    if (!sized(ch, m, d, G))
+        return false;
+    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
+    dtype_bytes(ch, G);
+    return true;
+}
+
 bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
 {
     ml__kit_ce_loss(&G->g, rows, classes);

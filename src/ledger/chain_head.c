@@ -257,10 +257,13 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
      * the passes do not derive yet") */
     const bool upcast_nodes = fused && !ch->prec.autocast && w != 4 &&
                               (m->norm == ML_NORM_RMSNORM || m->norm == ML_NORM_GEMMA_RMSNORM);
-    if (!ch->builders_only && m->type == ML_MODEL_DECODER && !upcast_nodes) {
+    /* (a sequence classifier's fused loss is refused: chain.c) */
+    if (!ch->builders_only && m->type == ML_MODEL_DECODER && !upcast_nodes &&
+        !(fused && m->classes)) {
         if (!(G = malloc(sizeof *G)))
             return ML_NOMEM;
-        if (!ml__ck_graph_head(ch, m, d, fused, G)) {
+        if (m->classes ? !ml__ck_graph_cls_head(ch, m, d, G)
+                       : !ml__ck_graph_head(ch, m, d, fused, G)) {
             free(G);
             G = NULL;
         }
@@ -297,11 +300,12 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
     uint64_t out_classes;
     if (G) {
         /* the op graph's head (docs/graph.md); tied, the embeddings'
-         * gradient is first created here */
-        if (m->tied_embeddings)
+         * gradient is first created here (a sequence classifier has no
+         * output embedding) */
+        if (m->tied_embeddings && !m->classes)
             vocab_weight(ch, b, m, d);
-        rows = d->BT;
-        out_classes = d->V;
+        rows = m->classes ? d->B : d->BT;
+        out_classes = m->classes ? m->classes : d->V;
         ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, rows, out_classes), a));
         free(G);
         ch->record_nodes = false;

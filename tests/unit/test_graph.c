@@ -1410,11 +1410,12 @@ static const char *const ends_variants[] = {
  * adds around them, chain_embed.c and chain_head.c, is not compared here;
  * test_chains_equal_builders compares whole chains). */
 static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
-                            const ml_chain *built, unsigned *emb, unsigned *loss)
+                            const ml_chain *built, unsigned *emb, unsigned *cls, unsigned *loss)
 {
     ml_chain ch;
     memset(&ch, 0, sizeof ch);
     ch.eval_mode = eval;
+    ch.selective = built->selective;
     ch.prec = ml__prec_of(cfg->training.precision);
     ml_ck_dims d;
     ml_error e;
@@ -1441,6 +1442,27 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
         assert_int_equal(built->saved[x->saved_first + i].bytes,
                          ch.saved[y->saved_first + i].bytes);
     ++*emb;
+    /* a decoder's sequence classifier: the head before the loss */
+    if (m->type == ML_MODEL_DECODER && m->classes) {
+        assert_true(ml__ck_graph_cls_head(&ch, m, &d, G));
+        b = ml__ck_begin(&ch, "head", -1);
+        assert_non_null(b);
+        ml__ck_graph_emit(&ch, b, G, d.B * m->classes * ch.prec.a);
+        x = &built->blocks[built->n - 2];
+        y = &ch.blocks[ch.n - 1];
+        what = "sequence classifier from the graph";
+        SAME(nsaved);
+        SAME(saved_bytes);
+        SAME(cast_bytes);
+        SAME(in_saved);
+        SAME(params);
+        SAME(ws_fwd);
+        SAME(ws_nograd);
+        SAME(unit_fwd);
+        SAME(unit);
+        SAME(flops_fwd);
+        ++*cls;
+    }
     /* the loss: the last block, over the logits its input holds */
     const ml_cblock *l = &built->blocks[built->n - 1];
     const uint64_t rows = m->classes && m->type == ML_MODEL_DECODER ? d.B
@@ -1451,7 +1473,7 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
         b = ml__ck_begin(&ch, "loss", -1);
         assert_non_null(b);
         ml__ck_graph_emit(&ch, b, G, 0);
-        y = &ch.blocks[1];
+        y = &ch.blocks[ch.n - 1];
         x = l;
         what = "loss from the graph";
         SAME(nsaved);
@@ -1472,9 +1494,11 @@ static void test_ends_equal_builders(void **state)
     static const uint64_t shapes[][2] = {{1, 1}, {3, 7}, {2, 130}};
     const size_t nv = sizeof variants / sizeof variants[0];
     const size_t ne = sizeof ends_variants / sizeof ends_variants[0];
-    unsigned chains = 0, emb = 0, loss = 0;
-    for (size_t v = 0; v < nv + ne; v++) {
-        ml_model *m = v < nv ? load_variant(v) : load_str(ends_variants[v - nv]);
+    unsigned chains = 0, emb = 0, cls = 0, loss = 0;
+    /* the decoders' sequence classifiers a second time without a pad token */
+    for (size_t v = 0; v < nv + ne + 2; v++) {
+        ml_model *m = v < nv ? load_variant(v) : load_str(ends_variants[(v - nv) % ne]);
+        m->cls_no_pad = v >= nv + ne;
         for (int p = 0; p < ML_PREC_COUNT; p++)
             for (size_t s = 0; s < 3; s++)
                 for (int ev = 0; ev < 2; ev++)
@@ -1492,25 +1516,33 @@ static void test_ends_equal_builders(void **state)
                                           : ml__chain_build(m, &cfg, &b, &e);
                         assert_int_equal(sa, sb);
                         if (sa != ML_OK) {
-                            assert_true(lg == ML_LOGITS_FUSED);
+                            /* transformers refuses a batch above 1 without
+                             * a pad token */
+                            if (lg != ML_LOGITS_FUSED && !(m->cls_no_pad && shapes[s][0] > 1))
+                                fail_msg("refused: %s", e.msg);
                             continue;
                         }
                         same_blocks(&a, &b, "ends");
-                        ends_from_graph(m, &cfg, ev, &b, &emb, &loss);
+                        ends_from_graph(m, &cfg, ev, &b, &emb, &cls, &loss);
                         ml__chain_free(&a);
                         ml__chain_free(&b);
                         chains++;
                     }
         ml_model_destroy(m);
     }
-    fprintf(stderr, "%u chains compared, %u embeddings and %u losses from the graph\n", chains,
-            emb, loss);
+    fprintf(stderr,
+            "%u chains compared, %u embeddings, %u sequence classifiers and %u losses from the "
+            "graph\n",
+            chains, emb, cls, loss);
     /* every model x precision x shape x pass with the logits kept or
      * released, and the fused ones not refused */
-    const unsigned kept = (unsigned)(nv + ne) * ML_PREC_COUNT * 3 * 2 * 2;
+    const unsigned kept = (unsigned)(nv + ne) * ML_PREC_COUNT * 3 * 2 * 2 + 2 * ML_PREC_COUNT * 2 * 2;
     assert_true(chains > kept);
     assert_int_equal(emb, chains);
     assert_int_equal(loss, kept);
+    /* two classifiers with a pad token, and without one at a batch of 1
+     * (their fused loss refused) */
+    assert_int_equal(cls, 2 * ML_PREC_COUNT * 3 * 2 * 2 + 2 * ML_PREC_COUNT * 2 * 2);
 }
 
 /* With a fused kernel no (T, T) tensor exists: the graph plans sizes at
