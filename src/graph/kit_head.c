@@ -107,3 +107,74 @@ bool ml__family_seq_cls_head(const ml_model *m, const mlg_config *c, mlg_layer *
     return m->type == ML_MODEL_DECODER && m->classes && !(m->final_softcap > 0) &&
            ml__family_layer(m, c, L);
 }
+
+/* x[:, 0] (a view: a saving consumer keeps the whole (B, T, D) storage)
+ * or, under autocast, the (B, D) low-precision copy a linear reads. */
+static uint16_t first_token(ml_graph *g, uint16_t x, bool autocast)
+{
+    uint16_t f = ml__graph_view(g, "first token (x[:, 0])", x, 2, MLG_B, MLG_D);
+    if (!autocast)
+        return f;
+    uint16_t c = ml__graph_tensor(g, "first token (autocast copy)", MLG_HALF, MLG_ACT, 2, MLG_B,
+                                  MLG_D);
+    ml__graph_step(g, MLG_OP_COPY, "to (autocast, first token)", f, c, NULL);
+    return c;
+}
+
+/* A Linear (in: D, out wide) on the (B, D) x, saving x, and autocast's
+ * weight copy; its (B, out) output. */
+static uint16_t linear_bd(ml_graph *g, const mlg_layer *L, uint16_t x, uint8_t out,
+                          const char *name, const char *yname)
+{
+    uint16_t w = ml__kit_weight_copy(g, L, out, MLG_D);
+    uint16_t W = ml__kit_param(g, "weight", out, MLG_D);
+    uint16_t bias = ml__kit_param(g, "bias", out, -1);
+    uint16_t y = ml__graph_tensor(g, yname, MLG_COMPUTE, MLG_ACT, 2, MLG_B, out);
+    ml__kit_cast_ops(g, MLG_NONE, MLG_NONE, w, W);
+    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, name, x, y, NULL);
+    ml__op_save(o, x);
+    ml__op_save(o, w);
+    ml__op_param(o, W);
+    ml__op_param(o, bias);
+    ml__op_flops(o, 2.0, 3, MLG_B, MLG_D, out);
+    ml__op_free(o, w);
+    return y;
+}
+
+void ml__kit_encoder_classifier(ml_graph *g, const mlg_layer *L, uint64_t classes, bool prenorm,
+                                bool pooler, bool dropout)
+{
+    ml__graph_init(g);
+    const uint8_t cls = lit(g, classes);
+    uint16_t x = ml__graph_tensor(g, "head input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
+    if (prenorm)
+        x = ml__kit_norm(g, &L->norm, x, false);
+    uint16_t h = first_token(g, x, L->autocast);
+    if (pooler) {
+        /* BertPooler: dense (D -> D), tanh (saves its result) */
+        uint16_t y = linear_bd(g, L, h, MLG_D, "addmm (pooler)", "pooler dense output");
+        uint16_t t = ml__graph_tensor(g, "pooler tanh output", MLG_COMPUTE, MLG_ACT, 2, MLG_B,
+                                      MLG_D);
+        mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "tanh (pooler)", y, t, NULL);
+        ml__op_save(o, t);
+        ml__op_free(o, y);
+        h = t;
+    }
+    if (dropout) {
+        uint16_t mask = ml__graph_tensor(g, "classifier dropout mask", MLG_BOOL, MLG_ACT, 2,
+                                         MLG_B, MLG_D);
+        uint16_t y = ml__graph_tensor(g, "classifier input (dropout output)", g->t[h].dtype,
+                                      MLG_ACT, 2, MLG_B, MLG_D);
+        mlg_op *o = ml__graph_step(g, MLG_OP_DROPOUT, "native_dropout (classifier)", h, y, NULL);
+        ml__op_out(o, mask);
+        ml__op_save(o, mask);
+        h = y;
+    }
+    linear_bd(g, L, h, cls, "addmm (classifier)", "logits");
+}
+
+bool ml__family_encoder_classifier(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    return m->type == ML_MODEL_ENCODER && m->classes && !m->mlm_head &&
+           !(m->final_softcap > 0) && ml__family_layer(m, c, L);
+}

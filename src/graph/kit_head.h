@@ -26,4 +26,13 @@ void ml__kit_seq_cls_head(ml_graph *g, const mlg_layer *L, uint64_t classes, boo
  * and then drop: chain_head.c). */
 bool ml__family_seq_cls_head(const ml_model *m, const mlg_config *c, mlg_layer *L);
 
+/* An encoder's classifier head: (ViT's final norm, prenorm,) the first
+ * token, (BertPooler's dense and tanh, pooler,) (dropout,) the classifier
+ * Linear (D -> classes, with bias). */
+void ml__kit_encoder_classifier(ml_graph *g, const mlg_layer *L, uint64_t classes, bool prenorm,
+                                bool pooler, bool dropout);
+/* m's: an encoder with classes and no masked-LM head whose layer family
+ * the kit has (ml__family_layer: BERT's, ViT's). */
+bool ml__family_encoder_classifier(const ml_model *m, const mlg_config *c, mlg_layer *L);
+
 #endif

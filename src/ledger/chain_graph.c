@@ -150,6 +150,25 @@ bool ml__ck_graph_cls_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
     return true;
 }
 
+bool ml__ck_graph_encoder_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                               ml_ck_graph *G)
+{
+    mlg_layer L;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_encoder_classifier(m, &c, &L))
+        return false;
+    /* ViT's classifier reads the first token, no dropout between
+     * (BERT's has one) */
+    ml__kit_encoder_classifier(&G->g, &L, m->classes, m->prenorm, m->pooler,
+                               d->drop && !m->image_size);
+    if (!sized(ch, m, d, G))
+        return false;
+    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
+    dtype_bytes(ch, G);
+    G->programs = false; /* the classifiers' (B, D) tensors: the block rule */
+    return true;
+}
+
 bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
 {
     ml__kit_ce_loss(&G->g, rows, classes);

@@ -311,6 +311,19 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
         ch->record_nodes = false;
         return ml__ck_ce_loss(ch, m, d, rows, out_classes);
     }
+    if (!ch->builders_only && m->type == ML_MODEL_ENCODER && !m->mlm_head) {
+        /* an encoder's classifier from the op graph (docs/graph.md) */
+        if (!(G = malloc(sizeof *G)))
+            return ML_NOMEM;
+        const bool taken = ml__ck_graph_encoder_head(ch, m, d, G);
+        if (taken)
+            ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->B, m->classes), a));
+        free(G);
+        if (taken) {
+            ch->record_nodes = false;
+            return ml__ck_ce_loss(ch, m, d, d->B, m->classes);
+        }
+    }
     out_classes = m->type != ML_MODEL_ENCODER
                       ? (m->classes ? seq_cls_head(ch, b, m, d, &rows)
                                     : lm_head(ch, b, m, d, &rows))

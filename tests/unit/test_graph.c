@@ -1410,7 +1410,8 @@ static const char *const ends_variants[] = {
  * adds around them, chain_embed.c and chain_head.c, is not compared here;
  * test_chains_equal_builders compares whole chains). */
 static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
-                            const ml_chain *built, unsigned *emb, unsigned *cls, unsigned *loss)
+                            const ml_chain *built, unsigned *emb, unsigned *cls, unsigned *enc_cls,
+                            unsigned *loss)
 {
     ml_chain ch;
     memset(&ch, 0, sizeof ch);
@@ -1442,15 +1443,22 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
         assert_int_equal(built->saved[x->saved_first + i].bytes,
                          ch.saved[y->saved_first + i].bytes);
     ++*emb;
-    /* a decoder's sequence classifier: the head before the loss */
-    if (m->type == ML_MODEL_DECODER && m->classes) {
-        assert_true(ml__ck_graph_cls_head(&ch, m, &d, G));
+    /* a classifier (a decoder's over its last token, an encoder's over
+     * its first): the head before the loss */
+    const bool dec = m->type == ML_MODEL_DECODER;
+    const bool taken = m->classes && (dec ? ml__ck_graph_cls_head(&ch, m, &d, G)
+                                          : ml__ck_graph_encoder_head(&ch, m, &d, G));
+    /* the one the graph declines: a text encoder with rotary positions,
+     * whose layer family the kit has not (its classifier the builders') */
+    if (m->classes && !taken)
+        assert_true(!dec && m->position == ML_POS_ROPE && !m->image_size);
+    if (taken) {
         b = ml__ck_begin(&ch, "head", -1);
         assert_non_null(b);
         ml__ck_graph_emit(&ch, b, G, d.B * m->classes * ch.prec.a);
         x = &built->blocks[built->n - 2];
         y = &ch.blocks[ch.n - 1];
-        what = "sequence classifier from the graph";
+        what = "classifier from the graph";
         SAME(nsaved);
         SAME(saved_bytes);
         SAME(cast_bytes);
@@ -1461,7 +1469,10 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
         SAME(unit_fwd);
         SAME(unit);
         SAME(flops_fwd);
-        ++*cls;
+        for (size_t i = 0; i < x->nsaved; i++)
+            assert_int_equal(built->saved[x->saved_first + i].bytes,
+                             ch.saved[y->saved_first + i].bytes);
+        ++*(dec ? cls : enc_cls);
     }
     /* the loss: the last block, over the logits its input holds */
     const ml_cblock *l = &built->blocks[built->n - 1];
@@ -1494,7 +1505,7 @@ static void test_ends_equal_builders(void **state)
     static const uint64_t shapes[][2] = {{1, 1}, {3, 7}, {2, 130}};
     const size_t nv = sizeof variants / sizeof variants[0];
     const size_t ne = sizeof ends_variants / sizeof ends_variants[0];
-    unsigned chains = 0, emb = 0, cls = 0, loss = 0;
+    unsigned chains = 0, emb = 0, cls = 0, enc_cls = 0, loss = 0;
     /* the decoders' sequence classifiers a second time without a pad token */
     for (size_t v = 0; v < nv + ne + 2; v++) {
         ml_model *m = v < nv ? load_variant(v) : load_str(ends_variants[(v - nv) % ne]);
@@ -1523,7 +1534,7 @@ static void test_ends_equal_builders(void **state)
                             continue;
                         }
                         same_blocks(&a, &b, "ends");
-                        ends_from_graph(m, &cfg, ev, &b, &emb, &cls, &loss);
+                        ends_from_graph(m, &cfg, ev, &b, &emb, &cls, &enc_cls, &loss);
                         ml__chain_free(&a);
                         ml__chain_free(&b);
                         chains++;
@@ -1531,9 +1542,9 @@ static void test_ends_equal_builders(void **state)
         ml_model_destroy(m);
     }
     fprintf(stderr,
-            "%u chains compared, %u embeddings, %u sequence classifiers and %u losses from the "
-            "graph\n",
-            chains, emb, cls, loss);
+            "%u chains compared, %u embeddings, %u sequence classifiers, %u encoder "
+            "classifiers and %u losses from the graph\n",
+            chains, emb, cls, enc_cls, loss);
     /* every model x precision x shape x pass with the logits kept or
      * released, and the fused ones not refused */
     const unsigned kept = (unsigned)(nv + ne) * ML_PREC_COUNT * 3 * 2 * 2 + 2 * ML_PREC_COUNT * 2 * 2;
@@ -1543,6 +1554,8 @@ static void test_ends_equal_builders(void **state)
     /* two classifiers with a pad token, and without one at a batch of 1
      * (their fused loss refused) */
     assert_int_equal(cls, 2 * ML_PREC_COUNT * 3 * 2 * 2 + 2 * ML_PREC_COUNT * 2 * 2);
+    /* BERT's and ViT's two, every logits setting but fused */
+    assert_int_equal(enc_cls, 3 * ML_PREC_COUNT * 3 * 2 * 2);
 }
 
 /* With a fused kernel no (T, T) tensor exists: the graph plans sizes at
