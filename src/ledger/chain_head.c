@@ -241,57 +241,80 @@ static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_c
 /* The head block, then the loss: cross-entropy = log_softmax (saves its
  * output; autocast runs it in fp32) + nll_loss (saves the int64 targets);
  * with logits: fused, the final norm and the fused linear cross-entropy. */
-ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
-                               const ml_training *t)
+/* The head's op graph into *G when the graph expresses it (docs/graph.md):
+ * a decoder's LM head (fused: its norm alone) or sequence classifier, an
+ * encoder's classifier; else *G NULL, the builders' head. */
+static ml_status graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
+                            ml_ck_graph **G)
 {
-    const unsigned w = ch->prec.w, a = ch->prec.a;
-    ml_cblock *b = ml__ck_begin(ch, "head", -1);
-    if (!b)
-        return ML_NOMEM;
-    b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), w);
-    const bool fused = t->logits == ML_LOGITS_FUSED;
-    ml_ck_graph *G = NULL;
+    *G = NULL;
     /* the fused head's norm records its nodes in every dtype: the builders'
      * RMSNorm nodes on a 2-byte stream count its gradients in the stream's
      * dtype where the graph has the fp32 upcast's (docs/graph.md, "What
      * the passes do not derive yet") */
-    const bool upcast_nodes = fused && !ch->prec.autocast && w != 4 &&
+    const bool upcast_nodes = fused && !ch->prec.autocast && ch->prec.w != 4 &&
                               (m->norm == ML_NORM_RMSNORM || m->norm == ML_NORM_GEMMA_RMSNORM);
-    /* (a sequence classifier's fused loss is refused: chain.c) */
-    if (!ch->builders_only && m->type == ML_MODEL_DECODER && !upcast_nodes &&
-        !(fused && m->classes)) {
-        if (!(G = malloc(sizeof *G)))
-            return ML_NOMEM;
-        if (m->classes ? !ml__ck_graph_cls_head(ch, m, d, G)
-                       : !ml__ck_graph_head(ch, m, d, fused, G)) {
-            free(G);
-            G = NULL;
-        }
-    }
-    if (fused) {
-        /* node lists: the norm's, and the fused op's hand-over */
-        ch->record_nodes = !ch->prec.autocast;
-        unsigned nb = w;
-        if (G) {
-            /* the op graph's norm (docs/graph.md): its output has the
-             * stream's dtype */
-            ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
-            free(G);
-        } else {
-            uint64_t np;
-            nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
-            ml__ck_norm_params(ch, b, np, d->D);
-            uint64_t out = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
-            ml__ck_end(ch, b, out);
-            ml__ck_forward_head(ch, b, m, d, true);
-        }
-        b = ml__ck_begin(ch, "loss", -1);
-        if (!b)
-            return ML_NOMEM;
-        b->fwd_phase = ML_PHASE_LOSS;
-        fused_loss(ch, b, m, d, t->logits_chunk, nb);
-        ch->record_nodes = false;
+    const bool dec = m->type == ML_MODEL_DECODER;
+    /* (a classifier's fused loss is refused: chain.c) */
+    if (ch->builders_only || upcast_nodes || (fused && m->classes) ||
+        (!dec && (m->mlm_head || fused)))
         return ML_OK;
+    if (!(*G = malloc(sizeof **G)))
+        return ML_NOMEM;
+    const bool taken = !dec         ? ml__ck_graph_encoder_head(ch, m, d, *G)
+                       : m->classes ? ml__ck_graph_cls_head(ch, m, d, *G)
+                                    : ml__ck_graph_head(ch, m, d, fused, *G);
+    if (!taken) {
+        free(*G);
+        *G = NULL;
+    }
+    return ML_OK;
+}
+
+/* The fused head (its norm) and the fused linear cross-entropy. */
+static ml_status fused_head_and_loss(ml_chain *ch, ml_cblock *b, const ml_model *m,
+                                     const ml_ck_dims *d, const ml_training *t, ml_ck_graph *G)
+{
+    /* node lists: the norm's, and the fused op's hand-over */
+    ch->record_nodes = !ch->prec.autocast;
+    unsigned nb = ch->prec.w;
+    if (G) {
+        /* the op graph's norm (docs/graph.md): its output has the
+         * stream's dtype */
+        ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
+    } else {
+        uint64_t np;
+        nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
+        ml__ck_norm_params(ch, b, np, d->D);
+        uint64_t out = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
+        ml__ck_end(ch, b, out);
+        ml__ck_forward_head(ch, b, m, d, true);
+    }
+    b = ml__ck_begin(ch, "loss", -1);
+    if (!b)
+        return ML_NOMEM;
+    b->fwd_phase = ML_PHASE_LOSS;
+    fused_loss(ch, b, m, d, t->logits_chunk, nb);
+    ch->record_nodes = false;
+    return ML_OK;
+}
+
+ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                               const ml_training *t)
+{
+    const unsigned a = ch->prec.a;
+    ml_cblock *b = ml__ck_begin(ch, "head", -1);
+    if (!b)
+        return ML_NOMEM;
+    b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w);
+    ml_ck_graph *G;
+    ml_status st = graph_head(ch, m, d, t->logits == ML_LOGITS_FUSED, &G);
+    if (st != ML_OK)
+        return st;
+    if (t->logits == ML_LOGITS_FUSED) {
+        st = fused_head_and_loss(ch, b, m, d, t, G);
+        free(G);
+        return st;
     }
     /* a soft-capped LM head replays its backward node by node (its three
      * logits-sized gradients in turn); the other heads keep the block rule */
@@ -300,8 +323,8 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
     uint64_t out_classes;
     if (G) {
         /* the op graph's head (docs/graph.md); tied, the embeddings'
-         * gradient is first created here (a sequence classifier has no
-         * output embedding) */
+         * gradient is first created here (a classifier has no output
+         * embedding) */
         if (m->tied_embeddings && !m->classes)
             vocab_weight(ch, b, m, d);
         rows = m->classes ? d->B : d->BT;
@@ -310,19 +333,6 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
         free(G);
         ch->record_nodes = false;
         return ml__ck_ce_loss(ch, m, d, rows, out_classes);
-    }
-    if (!ch->builders_only && m->type == ML_MODEL_ENCODER && !m->mlm_head) {
-        /* an encoder's classifier from the op graph (docs/graph.md) */
-        if (!(G = malloc(sizeof *G)))
-            return ML_NOMEM;
-        const bool taken = ml__ck_graph_encoder_head(ch, m, d, G);
-        if (taken)
-            ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->B, m->classes), a));
-        free(G);
-        if (taken) {
-            ch->record_nodes = false;
-            return ml__ck_ce_loss(ch, m, d, d->B, m->classes);
-        }
     }
     out_classes = m->type != ML_MODEL_ENCODER
                       ? (m->classes ? seq_cls_head(ch, b, m, d, &rows)

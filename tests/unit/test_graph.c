@@ -1404,6 +1404,25 @@ static const char *const ends_variants[] = {
     "  position: none\n  mlm_head: true\n  tied_embeddings: false\n  dropout: 0\n",
 };
 
+/* What of block x the builders made the graph's block y must equal: the
+ * inventory, the parameters, the FLOPs, the transients. */
+static void same_graph_fields(const ml_chain *a, const ml_cblock *x, const ml_chain *b,
+                              const ml_cblock *y, const char *what)
+{
+    SAME(nsaved);
+    SAME(saved_bytes);
+    SAME(cast_bytes);
+    SAME(in_saved);
+    SAME(params);
+    SAME(ws_fwd);
+    SAME(ws_nograd);
+    SAME(unit_fwd);
+    SAME(unit);
+    SAME(flops_fwd);
+    for (size_t i = 0; i < x->nsaved; i++)
+        assert_int_equal(a->saved[x->saved_first + i].bytes, b->saved[y->saved_first + i].bytes);
+}
+
 /* Block 0 (the embedding) and the loss of a chain the graph built, against
  * the same blocks emitted from the graph alone: the inventory, the
  * parameters, the FLOPs and the transients are the graph's (what the chain
@@ -1427,21 +1446,7 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
     ml_cblock *b = ml__ck_begin(&ch, "embedding", -1);
     assert_non_null(b);
     ml__ck_graph_emit(&ch, b, G, d.BT * d.D * ch.prec.w);
-    const ml_cblock *x = &built->blocks[0], *y = &ch.blocks[0];
-    const char *what = "embedding from the graph";
-    SAME(nsaved);
-    SAME(saved_bytes);
-    SAME(cast_bytes);
-    SAME(in_saved);
-    SAME(params);
-    SAME(ws_fwd);
-    SAME(ws_nograd);
-    SAME(unit_fwd);
-    SAME(unit);
-    SAME(flops_fwd);
-    for (size_t i = 0; i < x->nsaved; i++)
-        assert_int_equal(built->saved[x->saved_first + i].bytes,
-                         ch.saved[y->saved_first + i].bytes);
+    same_graph_fields(built, &built->blocks[0], &ch, &ch.blocks[0], "embedding from the graph");
     ++*emb;
     /* a classifier (a decoder's over its last token, an encoder's over
      * its first): the head before the loss */
@@ -1456,22 +1461,8 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
         b = ml__ck_begin(&ch, "head", -1);
         assert_non_null(b);
         ml__ck_graph_emit(&ch, b, G, d.B * m->classes * ch.prec.a);
-        x = &built->blocks[built->n - 2];
-        y = &ch.blocks[ch.n - 1];
-        what = "classifier from the graph";
-        SAME(nsaved);
-        SAME(saved_bytes);
-        SAME(cast_bytes);
-        SAME(in_saved);
-        SAME(params);
-        SAME(ws_fwd);
-        SAME(ws_nograd);
-        SAME(unit_fwd);
-        SAME(unit);
-        SAME(flops_fwd);
-        for (size_t i = 0; i < x->nsaved; i++)
-            assert_int_equal(built->saved[x->saved_first + i].bytes,
-                             ch.saved[y->saved_first + i].bytes);
+        same_graph_fields(built, &built->blocks[built->n - 2], &ch, &ch.blocks[ch.n - 1],
+                          "classifier from the graph");
         ++*(dec ? cls : enc_cls);
     }
     /* the loss: the last block, over the logits its input holds */
@@ -1484,9 +1475,8 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
         b = ml__ck_begin(&ch, "loss", -1);
         assert_non_null(b);
         ml__ck_graph_emit(&ch, b, G, 0);
-        y = &ch.blocks[ch.n - 1];
-        x = l;
-        what = "loss from the graph";
+        const ml_cblock *x = l, *y = &ch.blocks[ch.n - 1];
+        const char *what = "loss from the graph";
         SAME(nsaved);
         SAME(saved_bytes);
         assert_int_equal(ch.batch_targets, built->batch_targets);
