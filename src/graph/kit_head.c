@@ -178,3 +178,84 @@ bool ml__family_encoder_classifier(const ml_model *m, const mlg_config *c, mlg_l
     return m->type == ML_MODEL_ENCODER && m->classes && !m->mlm_head &&
            !(m->final_softcap > 0) && ml__family_layer(m, c, L);
 }
+
+/* BertLMPredictionHead's transform: dense (D -> D), the activation (GELU
+ * saves its input, ReLU its result), a LayerNorm (autocast runs it on an
+ * fp32 copy) with a weight and a bias whatever the layers' norms have.
+ * Returns the LayerNorm's output. */
+static uint16_t mlm_transform(ml_graph *g, const mlg_layer *L, uint16_t x)
+{
+    const bool gelu = L->mlp.act == MLG_GELU;
+    uint16_t c = ml__kit_cast_copy(g, L, x), w = ml__kit_weight_copy(g, L, MLG_D, MLG_D);
+    uint16_t W = ml__kit_param(g, "dense weight", MLG_D, MLG_D);
+    uint16_t bias = ml__kit_param(g, "dense bias", MLG_D, -1);
+    uint16_t y = ml__graph_tensor(g, "mlm dense output", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T,
+                                  MLG_D);
+    ml__kit_cast_ops(g, x, c, w, W);
+    const uint16_t xs = c != MLG_NONE ? c : x;
+    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, "addmm (mlm dense)", xs, y, NULL);
+    ml__op_save(o, xs);
+    ml__op_save(o, w);
+    ml__op_param(o, W);
+    ml__op_param(o, bias);
+    ml__op_free(o, c);
+    ml__op_free(o, w);
+    uint16_t h = ml__graph_tensor(g, gelu ? "mlm gelu output" : "mlm relu output", MLG_COMPUTE,
+                                  MLG_ACT, 3, MLG_B, MLG_T, MLG_D);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, gelu ? "gelu (mlm)" : "relu (mlm)", y, h, NULL);
+    ml__op_save(o, gelu ? y : h);
+    ml__op_free(o, y);
+    uint16_t hn = h;
+    if (L->autocast) {
+        hn = ml__graph_tensor(g, "mlm layernorm input (fp32 cast)", MLG_STREAM, MLG_ACT, 3, MLG_B,
+                              MLG_T, MLG_D);
+        ml__graph_step(g, MLG_OP_COPY, "to (fp32, layernorm)", h, hn, NULL);
+    }
+    const mlg_norm n = {MLG_LAYERNORM, true, false, false};
+    uint16_t st = ml__kit_layernorm_stats(g);
+    uint16_t out = ml__kit_layernorm(g, &n, hn, false, st);
+    const uint16_t rebound[2] = {h, hn};
+    ml__kit_free_storages(g, ml__graph_release(g, "activation output rebound"), rebound, 2);
+    return out;
+}
+
+void ml__kit_mlm_head(ml_graph *g, const mlg_layer *L, bool tied)
+{
+    ml__graph_init(g);
+    /* the dense's and the decoder's products as the builders summed them:
+     * one product over D + V (dimension L0), counted on the decoder */
+    const uint8_t dv = MLG_L0;
+    g->lit[0] = 0;
+    g->nlit = 1;
+    uint16_t x = ml__graph_tensor(g, "head input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
+    /* the decoder's bias is the head module's own parameter, registered
+     * before its submodules' (model.parameters() lists it first) */
+    g->group = 0;
+    uint16_t vb = ml__kit_param(g, "decoder bias", MLG_V, -1);
+    g->group = 1;
+    uint16_t h = mlm_transform(g, L, x);
+    uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, MLG_V, MLG_D);
+    uint16_t logits = ml__graph_tensor(g, "logits", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_V);
+    /* the (V, D) decoder: its own, or the word embeddings (tied: its
+     * gradient is first created here, chain_head.c) */
+    uint16_t W = ml__kit_param(g, "decoder weight", MLG_V, MLG_D);
+    if (tied && W != MLG_NONE)
+        g->t[W].flags |= MLG_T_SHARED;
+    ml__kit_cast_ops(g, h, c, w, W);
+    const uint16_t hs = c != MLG_NONE ? c : h;
+    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, "addmm (mlm decoder)", hs, logits, NULL);
+    ml__op_save(o, hs);
+    ml__op_save(o, w);
+    ml__op_param(o, W);
+    ml__op_param(o, vb);
+    ml__op_flops(o, 2.0, 4, MLG_B, MLG_T, MLG_D, dv);
+    ml__op_free(o, c);
+    ml__op_free(o, w);
+    ml__op_free(ml__graph_release(g, "head returns"), h);
+}
+
+bool ml__family_mlm_head(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    return m->type == ML_MODEL_ENCODER && m->mlm_head && !(m->final_softcap > 0) &&
+           ml__family_layer(m, c, L);
+}

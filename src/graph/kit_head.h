@@ -35,4 +35,13 @@ void ml__kit_encoder_classifier(ml_graph *g, const mlg_layer *L, uint64_t classe
  * the kit has (ml__family_layer: BERT's, ViT's). */
 bool ml__family_encoder_classifier(const ml_model *m, const mlg_config *c, mlg_layer *L);
 
+/* BertForMaskedLM's head (BertLMPredictionHead): dense, the activation,
+ * LayerNorm, then the decoder over the vocabulary (tied: the word
+ * embeddings) with its own bias. Its dimension L0 is D + V, which whoever
+ * sizes it sets (the FLOPs of both products). */
+void ml__kit_mlm_head(ml_graph *g, const mlg_layer *L, bool tied);
+/* m's: an encoder with the masked-LM head whose layer family the kit has
+ * (BERT's). */
+bool ml__family_mlm_head(const ml_model *m, const mlg_config *c, mlg_layer *L);
+
 #endif

@@ -169,6 +169,20 @@ bool ml__ck_graph_encoder_head(ml_chain *ch, const ml_model *m, const ml_ck_dims
     return true;
 }
 
+bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+{
+    mlg_layer L;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_mlm_head(m, &c, &L))
+        return false;
+    ml__kit_mlm_head(&G->g, &L, m->tied_embeddings);
+    if (!sized(ch, m, d, G))
+        return false;
+    G->z.dim[MLG_L0] = ml_add(ch, d->D, d->V);
+    dtype_bytes(ch, G);
+    return true;
+}
+
 bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
 {
     ml__kit_ce_loss(&G->g, rows, classes);

@@ -243,7 +243,8 @@ static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_c
  * with logits: fused, the final norm and the fused linear cross-entropy. */
 /* The head's op graph into *G when the graph expresses it (docs/graph.md):
  * a decoder's LM head (fused: its norm alone) or sequence classifier, an
- * encoder's classifier; else *G NULL, the builders' head. */
+ * encoder's classifier or masked-LM head; else *G NULL, the builders'
+ * head. */
 static ml_status graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
                             ml_ck_graph **G)
 {
@@ -256,12 +257,12 @@ static ml_status graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d
                               (m->norm == ML_NORM_RMSNORM || m->norm == ML_NORM_GEMMA_RMSNORM);
     const bool dec = m->type == ML_MODEL_DECODER;
     /* (a classifier's fused loss is refused: chain.c) */
-    if (ch->builders_only || upcast_nodes || (fused && m->classes) ||
-        (!dec && (m->mlm_head || fused)))
+    if (ch->builders_only || upcast_nodes || (fused && (m->classes || !dec)))
         return ML_OK;
     if (!(*G = malloc(sizeof **G)))
         return ML_NOMEM;
-    const bool taken = !dec         ? ml__ck_graph_encoder_head(ch, m, d, *G)
+    const bool taken = !dec         ? (m->mlm_head ? ml__ck_graph_mlm_head(ch, m, d, *G)
+                                                   : ml__ck_graph_encoder_head(ch, m, d, *G))
                        : m->classes ? ml__ck_graph_cls_head(ch, m, d, *G)
                                     : ml__ck_graph_head(ch, m, d, fused, *G);
     if (!taken) {

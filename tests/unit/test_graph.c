@@ -1385,7 +1385,8 @@ static void test_graph_heads_taken(void **state)
 /* Layouts of the first and last blocks the layer variants above do not
  * reach: a decoder's sequence classifier (with and without a pad token),
  * Mixtral's experts (its layers the builders'), a text encoder with rotary
- * positions, one with neither positions nor token types */
+ * positions (its classifier the builders'), a masked-LM head untied and
+ * without positions or token types */
 static const char *const ends_variants[] = {
     "model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  ffn: 128\n"
     "  activation: swiglu\n  norm: rmsnorm\n  vocab: 97\n  position: rope\n  classes: 3\n"
@@ -1430,7 +1431,7 @@ static void same_graph_fields(const ml_chain *a, const ml_cblock *x, const ml_ch
  * test_chains_equal_builders compares whole chains). */
 static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
                             const ml_chain *built, unsigned *emb, unsigned *cls, unsigned *enc_cls,
-                            unsigned *loss)
+                            unsigned *mlm, unsigned *loss)
 {
     ml_chain ch;
     memset(&ch, 0, sizeof ch);
@@ -1451,19 +1452,21 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
     /* a classifier (a decoder's over its last token, an encoder's over
      * its first): the head before the loss */
     const bool dec = m->type == ML_MODEL_DECODER;
-    const bool taken = m->classes && (dec ? ml__ck_graph_cls_head(&ch, m, &d, G)
-                                          : ml__ck_graph_encoder_head(&ch, m, &d, G));
+    const bool taken = m->mlm_head ? ml__ck_graph_mlm_head(&ch, m, &d, G)
+                       : m->classes && (dec ? ml__ck_graph_cls_head(&ch, m, &d, G)
+                                            : ml__ck_graph_encoder_head(&ch, m, &d, G));
     /* the one the graph declines: a text encoder with rotary positions,
      * whose layer family the kit has not (its classifier the builders') */
-    if (m->classes && !taken)
+    if ((m->classes || m->mlm_head) && !taken)
         assert_true(!dec && m->position == ML_POS_ROPE && !m->image_size);
     if (taken) {
         b = ml__ck_begin(&ch, "head", -1);
         assert_non_null(b);
-        ml__ck_graph_emit(&ch, b, G, d.B * m->classes * ch.prec.a);
+        const uint64_t rows = m->mlm_head ? d.BT : d.B;
+        ml__ck_graph_emit(&ch, b, G, rows * (m->mlm_head ? d.V : m->classes) * ch.prec.a);
         same_graph_fields(built, &built->blocks[built->n - 2], &ch, &ch.blocks[ch.n - 1],
-                          "classifier from the graph");
-        ++*(dec ? cls : enc_cls);
+                          "head from the graph");
+        ++*(m->mlm_head ? mlm : dec ? cls : enc_cls);
     }
     /* the loss: the last block, over the logits its input holds */
     const ml_cblock *l = &built->blocks[built->n - 1];
@@ -1495,7 +1498,7 @@ static void test_ends_equal_builders(void **state)
     static const uint64_t shapes[][2] = {{1, 1}, {3, 7}, {2, 130}};
     const size_t nv = sizeof variants / sizeof variants[0];
     const size_t ne = sizeof ends_variants / sizeof ends_variants[0];
-    unsigned chains = 0, emb = 0, cls = 0, enc_cls = 0, loss = 0;
+    unsigned chains = 0, emb = 0, cls = 0, enc_cls = 0, mlm = 0, loss = 0;
     /* the decoders' sequence classifiers a second time without a pad token */
     for (size_t v = 0; v < nv + ne + 2; v++) {
         ml_model *m = v < nv ? load_variant(v) : load_str(ends_variants[(v - nv) % ne]);
@@ -1524,7 +1527,7 @@ static void test_ends_equal_builders(void **state)
                             continue;
                         }
                         same_blocks(&a, &b, "ends");
-                        ends_from_graph(m, &cfg, ev, &b, &emb, &cls, &enc_cls, &loss);
+                        ends_from_graph(m, &cfg, ev, &b, &emb, &cls, &enc_cls, &mlm, &loss);
                         ml__chain_free(&a);
                         ml__chain_free(&b);
                         chains++;
@@ -1533,8 +1536,8 @@ static void test_ends_equal_builders(void **state)
     }
     fprintf(stderr,
             "%u chains compared, %u embeddings, %u sequence classifiers, %u encoder "
-            "classifiers and %u losses from the graph\n",
-            chains, emb, cls, enc_cls, loss);
+            "classifiers, %u masked-LM heads and %u losses from the graph\n",
+            chains, emb, cls, enc_cls, mlm, loss);
     /* every model x precision x shape x pass with the logits kept or
      * released, and the fused ones not refused */
     const unsigned kept = (unsigned)(nv + ne) * ML_PREC_COUNT * 3 * 2 * 2 + 2 * ML_PREC_COUNT * 2 * 2;
@@ -1546,6 +1549,9 @@ static void test_ends_equal_builders(void **state)
     assert_int_equal(cls, 2 * ML_PREC_COUNT * 3 * 2 * 2 + 2 * ML_PREC_COUNT * 2 * 2);
     /* BERT's and ViT's two, every logits setting but fused */
     assert_int_equal(enc_cls, 3 * ML_PREC_COUNT * 3 * 2 * 2);
+    /* BERT's masked-LM layouts: tied with learned positions, and untied
+     * without positions */
+    assert_int_equal(mlm, 2 * ML_PREC_COUNT * 3 * 2 * 2);
 }
 
 /* With a fused kernel no (T, T) tensor exists: the graph plans sizes at
