@@ -259,3 +259,25 @@ bool ml__family_mlm_head(const ml_model *m, const mlg_config *c, mlg_layer *L)
     return m->type == ML_MODEL_ENCODER && m->mlm_head && !(m->final_softcap > 0) &&
            ml__family_layer(m, c, L);
 }
+
+void ml__kit_fused_ce(ml_graph *g, bool tied)
+{
+    ml__graph_init(g);
+    uint16_t x = ml__graph_tensor(g, "final norm output", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T,
+                                  MLG_D);
+    uint16_t y = ml__graph_tensor(g, "targets (int64)", MLG_INT64, MLG_BATCH, 2, MLG_B, MLG_T);
+    uint16_t W = ml__kit_param(g, "lm_head weight", MLG_V, MLG_D);
+    if (tied && W != MLG_NONE)
+        g->t[W].flags |= MLG_T_SHARED;
+    uint16_t loss = ml__graph_tensor(g, "loss", MLG_FP32, MLG_ACT, 0);
+    /* the chunks' logits, the cross-entropy's gradient over them and the
+     * two gradients' products, all in the forward */
+    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, "fused linear cross-entropy", x, loss, NULL);
+    ml__op_in(o, y);
+    ml__op_save(o, y);
+    ml__op_param(o, W);
+    ml__op_flops(o, 6.0, 4, MLG_B, MLG_T, MLG_D, MLG_V);
+    /* its backward hands over the gradients its forward made: nothing new */
+    ml__op_node(ml__graph_release(g, "returns"),
+                "LigerFusedLinearCrossEntropyFunctionBackward (hands over)");
+}

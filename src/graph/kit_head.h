@@ -44,4 +44,11 @@ void ml__kit_mlm_head(ml_graph *g, const mlg_layer *L, bool tied);
  * (BERT's). */
 bool ml__family_mlm_head(const ml_model *m, const mlg_config *c, mlg_layer *L);
 
+/* Liger's fused linear cross-entropy (logits: fused) on the final norm's
+ * output: the int64 targets (the batch's) saved, the (V, D) weight (tied:
+ * the word embeddings); its forward computes both gradients, its backward
+ * node hands them over. Its chunks' transients are the chain's
+ * (ledger/chain_head.c). */
+void ml__kit_fused_ce(ml_graph *g, bool tied);
+
 #endif

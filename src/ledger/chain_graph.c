@@ -183,6 +183,16 @@ bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
     return true;
 }
 
+bool ml__ck_graph_fused_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                             ml_ck_graph *G)
+{
+    ml__kit_fused_ce(&G->g, m->tied_embeddings);
+    if (!sized(ch, m, d, G))
+        return false;
+    G->programs = false; /* the chunks' transients: the chain's */
+    return true;
+}
+
 bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
 {
     ml__kit_ce_loss(&G->g, rows, classes);

@@ -210,7 +210,7 @@ static uint64_t fused_chunk_rows(const ml_ck_dims *d, uint64_t asked)
  * that moment. The backward returns the two gradients (grad_output is 1):
  * nothing new. FLOPs: the three products, all in forward. */
 static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                       uint64_t chunk_asked, unsigned nb)
+                       uint64_t chunk_asked, unsigned nb, const ml_ck_graph *G)
 {
     const unsigned a = ch->prec.a;
     uint64_t rows = fused_chunk_rows(d, chunk_asked);
@@ -221,14 +221,23 @@ static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_c
     b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
     b->ws_fwd = ml_add(ch, two > one ? two : one, rowwise);
     b->unit_fwd = ml_mul(ch, ml_mul(ch, rows, d->V), a);
-    ml__ck_save(ch, b, "targets (int64)", d->BT, 8, ML_SV_BATCH);
-    vocab_weight(ch, b, m, d);
-    b->grads_in_fwd = true;
-    b->flops_fwd = 6.0 * (double)d->BT * (double)d->D * (double)d->V;
-    ml__ck_node(ch, b, "LigerFusedLinearCrossEntropyFunctionBackward (hands over)", 0, 0, 0,
-                SIZE_MAX, SIZE_MAX);
     uint64_t ws = b->ws_fwd;
-    ml__ck_end(ch, b, 0);
+    b->grads_in_fwd = true;
+    if (G) {
+        /* the op graph's inventory, parameter, FLOPs and node
+         * (graph/kit_head.c); tied, the embeddings' gradient is first
+         * created here */
+        if (m->tied_embeddings)
+            vocab_weight(ch, b, m, d);
+        ml__ck_graph_emit(ch, b, G, 0);
+    } else {
+        ml__ck_save(ch, b, "targets (int64)", d->BT, 8, ML_SV_BATCH);
+        vocab_weight(ch, b, m, d);
+        b->flops_fwd = 6.0 * (double)d->BT * (double)d->D * (double)d->V;
+        ml__ck_node(ch, b, "LigerFusedLinearCrossEntropyFunctionBackward (hands over)", 0, 0, 0,
+                    SIZE_MAX, SIZE_MAX);
+        ml__ck_end(ch, b, 0);
+    }
     /* ml__ck_end's estimates are for ops that save: this one's forward
      * transient is the chunks', its backward allocates nothing, and under
      * no_grad its two gradients are transients too */
@@ -295,7 +304,15 @@ static ml_status fused_head_and_loss(ml_chain *ch, ml_cblock *b, const ml_model 
     if (!b)
         return ML_NOMEM;
     b->fwd_phase = ML_PHASE_LOSS;
-    fused_loss(ch, b, m, d, t->logits_chunk, nb);
+    /* the loss's graph (the head's storage reused; the builders'
+     * reference path writes both) */
+    ml_ck_graph *L = G;
+    if (!L && !ch->builders_only && !(L = malloc(sizeof *L)))
+        return ML_NOMEM;
+    const bool taken = L && ml__ck_graph_fused_loss(ch, m, d, L);
+    fused_loss(ch, b, m, d, t->logits_chunk, nb, taken ? L : NULL);
+    if (L != G)
+        free(L);
     ch->record_nodes = false;
     return ML_OK;
 }

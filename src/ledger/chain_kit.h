@@ -202,6 +202,9 @@ bool ml__ck_graph_encoder_head(ml_chain *ch, const ml_model *m, const ml_ck_dims
                                ml_ck_graph *G);
 /* The same for BERT's masked-LM head (graph/kit_head.h). */
 bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+/* The same for the fused linear cross-entropy's loss block. */
+bool ml__ck_graph_fused_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                             ml_ck_graph *G);
 /* The graph of the cross-entropy block over rows x classes logits
  * (graph/kit_head.h) into G; false: the chain builders run it. */
 bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G);

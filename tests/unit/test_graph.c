@@ -1431,7 +1431,7 @@ static void same_graph_fields(const ml_chain *a, const ml_cblock *x, const ml_ch
  * test_chains_equal_builders compares whole chains). */
 static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
                             const ml_chain *built, unsigned *emb, unsigned *cls, unsigned *enc_cls,
-                            unsigned *mlm, unsigned *loss)
+                            unsigned *mlm, unsigned *loss, unsigned *fused)
 {
     ml_chain ch;
     memset(&ch, 0, sizeof ch);
@@ -1484,6 +1484,20 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
         SAME(saved_bytes);
         assert_int_equal(ch.batch_targets, built->batch_targets);
         ++*loss;
+    } else {
+        /* the fused linear cross-entropy: the targets, the weight, the
+         * FLOPs (the chunks' transients are the chain's) */
+        assert_true(ml__ck_graph_fused_loss(&ch, m, &d, G));
+        b = ml__ck_begin(&ch, "loss", -1);
+        assert_non_null(b);
+        ml__ck_graph_emit(&ch, b, G, 0);
+        const ml_cblock *x = l, *y = &ch.blocks[ch.n - 1];
+        const char *what = "fused loss from the graph";
+        SAME(nsaved);
+        SAME(params);
+        SAME(flops_fwd);
+        assert_int_equal(ch.batch_targets, built->batch_targets);
+        ++*fused;
     }
     free(G);
     ml__chain_free(&ch);
@@ -1498,7 +1512,7 @@ static void test_ends_equal_builders(void **state)
     static const uint64_t shapes[][2] = {{1, 1}, {3, 7}, {2, 130}};
     const size_t nv = sizeof variants / sizeof variants[0];
     const size_t ne = sizeof ends_variants / sizeof ends_variants[0];
-    unsigned chains = 0, emb = 0, cls = 0, enc_cls = 0, mlm = 0, loss = 0;
+    unsigned chains = 0, emb = 0, cls = 0, enc_cls = 0, mlm = 0, loss = 0, fused = 0;
     /* the decoders' sequence classifiers a second time without a pad token */
     for (size_t v = 0; v < nv + ne + 2; v++) {
         ml_model *m = v < nv ? load_variant(v) : load_str(ends_variants[(v - nv) % ne]);
@@ -1527,7 +1541,8 @@ static void test_ends_equal_builders(void **state)
                             continue;
                         }
                         same_blocks(&a, &b, "ends");
-                        ends_from_graph(m, &cfg, ev, &b, &emb, &cls, &enc_cls, &mlm, &loss);
+                        ends_from_graph(m, &cfg, ev, &b, &emb, &cls, &enc_cls, &mlm, &loss,
+                                        &fused);
                         ml__chain_free(&a);
                         ml__chain_free(&b);
                         chains++;
@@ -1536,14 +1551,17 @@ static void test_ends_equal_builders(void **state)
     }
     fprintf(stderr,
             "%u chains compared, %u embeddings, %u sequence classifiers, %u encoder "
-            "classifiers, %u masked-LM heads and %u losses from the graph\n",
-            chains, emb, cls, enc_cls, mlm, loss);
+            "classifiers, %u masked-LM heads, %u losses and %u fused losses from the graph\n",
+            chains, emb, cls, enc_cls, mlm, loss, fused);
     /* every model x precision x shape x pass with the logits kept or
      * released, and the fused ones not refused */
     const unsigned kept = (unsigned)(nv + ne) * ML_PREC_COUNT * 3 * 2 * 2 + 2 * ML_PREC_COUNT * 2 * 2;
-    assert_true(chains > kept);
     assert_int_equal(emb, chains);
     assert_int_equal(loss, kept);
+    assert_int_equal(fused, chains - kept);
+    /* the decoders' fused losses in fp32 at least (every other precision
+     * but autocast's too) */
+    assert_true(fused >= 18 * 3 * 2);
     /* two classifiers with a pad token, and without one at a batch of 1
      * (their fused loss refused) */
     assert_int_equal(cls, 2 * ML_PREC_COUNT * 3 * 2 * 2 + 2 * ML_PREC_COUNT * 2 * 2);
