@@ -83,6 +83,9 @@ enum {
     MLG_INPUT = 1, /* the block's input: its caller holds it */
     MLG_PARAMETER = 2,
     MLG_VIEW = 3,  /* a view of `base`: no storage of its own */
+    MLG_BATCH = 4, /* part of the batch the loop holds all iteration (the
+                      targets): saving it lists nothing (chain.h,
+                      ML_SV_BATCH) */
 };
 
 enum {

@@ -2,6 +2,8 @@
  * rest): token ids with learned or rotary positions (BERT: token types and
  * a LayerNorm; Gemma: the sqrt(D) scale) or ViT's patches, with what eager
  * autograd keeps for each (docs/inventory.md, "Embeddings"). */
+#include <stdlib.h>
+
 #include "ledger/chain_kit.h"
 
 /* ViT: conv patchify (its input needs no grad), class token, positions. */
@@ -91,19 +93,58 @@ static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
         b->ws_bwd = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
 }
 
+/* The block from the op graph (graph/kit_embed.c; docs/graph.md): what the
+ * graph does not hold stays here, as the builders had it: the input's
+ * bytes, the rotary's inv_freq buffer, the tied table's dense gradient (a
+ * backward transient), the patch conv's backward FLOPs. False: the graph
+ * declines it (the builders run). */
+static ml_status graph_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m,
+                                 const ml_ck_dims *d, bool *taken)
+{
+    ml_ck_graph *G = malloc(sizeof *G);
+    if (!G)
+        return ML_NOMEM;
+    *taken = ml__ck_graph_embedding(ch, m, d, G);
+    if (*taken) {
+        if (m->image_size) {
+            uint64_t px = ml_mul(ch, ml__ck_mul3(ch, d->B, m->channels, m->image_size),
+                                 m->image_size);
+            b->in_bytes = ml_mul(ch, px, ch->prec.w);
+        } else {
+            b->in_bytes = ml_mul(ch, d->BT, 8);
+            if (m->position == ML_POS_ROPE) {
+                const uint64_t rot = m->kv_lora ? m->rope_dim : d->dh;
+                ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, rot / 2, 4));
+            }
+            if (tied_head(m))
+                b->ws_bwd = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
+        }
+        ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w));
+        if (m->image_size)
+            b->flops_bwd = b->flops_fwd; /* weight gradient only */
+    }
+    free(G);
+    return ML_OK;
+}
+
 ml_status ml__ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
 {
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     ml_cblock *b = ml__ck_begin(ch, "embedding", -1);
     if (!b)
         return ML_NOMEM;
-    if (m->image_size)
-        patch_embedding(ch, b, m, d);
-    else
-        token_embedding(ch, b, m, d);
-    if (d->drop)
-        ml__ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
-    ml__ck_end(ch, b, ml_mul(ch, BTD, ch->prec.w));
+    bool graph = false;
+    if (!ch->builders_only && graph_embedding(ch, b, m, d, &graph) != ML_OK)
+        return ML_NOMEM;
+    if (!graph) {
+        if (m->image_size)
+            patch_embedding(ch, b, m, d);
+        else
+            token_embedding(ch, b, m, d);
+        if (d->drop)
+            ml__ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
+        ml__ck_end(ch, b, ml_mul(ch, BTD, ch->prec.w));
+    }
     if (!m->image_size && tied_head(m)) {
         /* the tied table's gradient is created by the head's backward */
         uint64_t g = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);

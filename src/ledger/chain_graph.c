@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "graph/families.h"
+#include "graph/kit_embed.h"
+#include "graph/kit_head.h"
 #include "graph/kit_t5.h"
 #include "ledger/chain_kit.h"
 #include "util/grow.h"
@@ -124,6 +126,99 @@ bool ml__ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, boo
     return sized(ch, m, d, G);
 }
 
+bool ml__ck_graph_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                            ml_ck_graph *G)
+{
+    mlg_embed E;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_embedding(m, &c, d->drop, &E))
+        return false;
+    /* the literal sizes, as the builders multiplied them */
+    E.positions = m->max_positions;
+    E.ntypes = m->token_types;
+    E.rot = m->kv_lora ? m->rope_dim : d->dh;
+    E.image = ml__ck_mul3(ch, m->channels, m->image_size, m->image_size);
+    E.kin = ml__ck_mul3(ch, m->channels, m->patch_size, m->patch_size);
+    E.npatches = d->T ? d->T - 1 : 0;
+    E.td = ml_mul(ch, d->T, d->D);
+    ml__kit_embedding(&G->g, &E);
+    if (!sized(ch, m, d, G))
+        return false;
+    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
+    dtype_bytes(ch, G);
+    G->programs = false; /* the builders had none: the block rule */
+    return true;
+}
+
+bool ml__ck_graph_cls_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+{
+    mlg_layer L;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_seq_cls_head(m, &c, &L))
+        return false;
+    ml__kit_seq_cls_head(&G->g, &L, m->classes, !m->cls_no_pad);
+    if (!sized(ch, m, d, G))
+        return false;
+    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
+    dtype_bytes(ch, G);
+    return true;
+}
+
+bool ml__ck_graph_encoder_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                               ml_ck_graph *G)
+{
+    mlg_layer L;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_encoder_classifier(m, &c, &L))
+        return false;
+    /* ViT's classifier reads the first token, no dropout between
+     * (BERT's has one) */
+    ml__kit_encoder_classifier(&G->g, &L, m->classes, m->prenorm, m->pooler,
+                               d->drop && !m->image_size);
+    if (!sized(ch, m, d, G))
+        return false;
+    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
+    dtype_bytes(ch, G);
+    G->programs = false; /* the classifiers' (B, D) tensors: the block rule */
+    return true;
+}
+
+bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+{
+    mlg_layer L;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_mlm_head(m, &c, &L))
+        return false;
+    ml__kit_mlm_head(&G->g, &L, m->tied_embeddings);
+    if (!sized(ch, m, d, G))
+        return false;
+    G->z.dim[MLG_L0] = ml_add(ch, d->D, d->V);
+    dtype_bytes(ch, G);
+    return true;
+}
+
+bool ml__ck_graph_fused_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                             ml_ck_graph *G)
+{
+    ml__kit_fused_ce(&G->g, m->tied_embeddings);
+    if (!sized(ch, m, d, G))
+        return false;
+    G->programs = false; /* the chunks' transients: the chain's */
+    return true;
+}
+
+bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
+{
+    ml__kit_ce_loss(&G->g, rows, classes);
+    if (!ml__graph_valid(&G->g))
+        return false;
+    memset(&G->z, 0, sizeof G->z);
+    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
+    dtype_bytes(ch, G);
+    G->programs = false; /* the block rule */
+    return true;
+}
+
 bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
                                unsigned pool, ml_ck_graph *G)
 {
@@ -226,6 +321,10 @@ static size_t list(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t
             continue;
         if (t->role == MLG_INPUT) {
             ml__ck_save(ch, b, t->name, bytes[e], 1, ML_SV_INPUT);
+            continue;
+        }
+        if (t->role == MLG_BATCH) {
+            ml__ck_save(ch, b, t->name, bytes[e], 1, ML_SV_BATCH);
             continue;
         }
         const size_t k =

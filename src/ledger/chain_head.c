@@ -210,7 +210,7 @@ static uint64_t fused_chunk_rows(const ml_ck_dims *d, uint64_t asked)
  * that moment. The backward returns the two gradients (grad_output is 1):
  * nothing new. FLOPs: the three products, all in forward. */
 static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                       uint64_t chunk_asked, unsigned nb)
+                       uint64_t chunk_asked, unsigned nb, const ml_ck_graph *G)
 {
     const unsigned a = ch->prec.a;
     uint64_t rows = fused_chunk_rows(d, chunk_asked);
@@ -221,14 +221,23 @@ static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_c
     b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
     b->ws_fwd = ml_add(ch, two > one ? two : one, rowwise);
     b->unit_fwd = ml_mul(ch, ml_mul(ch, rows, d->V), a);
-    ml__ck_save(ch, b, "targets (int64)", d->BT, 8, ML_SV_BATCH);
-    vocab_weight(ch, b, m, d);
-    b->grads_in_fwd = true;
-    b->flops_fwd = 6.0 * (double)d->BT * (double)d->D * (double)d->V;
-    ml__ck_node(ch, b, "LigerFusedLinearCrossEntropyFunctionBackward (hands over)", 0, 0, 0,
-                SIZE_MAX, SIZE_MAX);
     uint64_t ws = b->ws_fwd;
-    ml__ck_end(ch, b, 0);
+    b->grads_in_fwd = true;
+    if (G) {
+        /* the op graph's inventory, parameter, FLOPs and node
+         * (graph/kit_head.c); tied, the embeddings' gradient is first
+         * created here */
+        if (m->tied_embeddings)
+            vocab_weight(ch, b, m, d);
+        ml__ck_graph_emit(ch, b, G, 0);
+    } else {
+        ml__ck_save(ch, b, "targets (int64)", d->BT, 8, ML_SV_BATCH);
+        vocab_weight(ch, b, m, d);
+        b->flops_fwd = 6.0 * (double)d->BT * (double)d->D * (double)d->V;
+        ml__ck_node(ch, b, "LigerFusedLinearCrossEntropyFunctionBackward (hands over)", 0, 0, 0,
+                    SIZE_MAX, SIZE_MAX);
+        ml__ck_end(ch, b, 0);
+    }
     /* ml__ck_end's estimates are for ops that save: this one's forward
      * transient is the chunks', its backward allocates nothing, and under
      * no_grad its two gradients are transients too */
@@ -241,54 +250,89 @@ static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_c
 /* The head block, then the loss: cross-entropy = log_softmax (saves its
  * output; autocast runs it in fp32) + nll_loss (saves the int64 targets);
  * with logits: fused, the final norm and the fused linear cross-entropy. */
-ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
-                               const ml_training *t)
+/* The head's op graph into *G when the graph expresses it (docs/graph.md):
+ * a decoder's LM head (fused: its norm alone) or sequence classifier, an
+ * encoder's classifier or masked-LM head; else *G NULL, the builders'
+ * head. */
+static ml_status graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
+                            ml_ck_graph **G)
 {
-    const unsigned w = ch->prec.w, a = ch->prec.a;
-    ml_cblock *b = ml__ck_begin(ch, "head", -1);
-    if (!b)
-        return ML_NOMEM;
-    b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), w);
-    const bool fused = t->logits == ML_LOGITS_FUSED;
-    ml_ck_graph *G = NULL;
+    *G = NULL;
     /* the fused head's norm records its nodes in every dtype: the builders'
      * RMSNorm nodes on a 2-byte stream count its gradients in the stream's
      * dtype where the graph has the fp32 upcast's (docs/graph.md, "What
      * the passes do not derive yet") */
-    const bool upcast_nodes = fused && !ch->prec.autocast && w != 4 &&
+    const bool upcast_nodes = fused && !ch->prec.autocast && ch->prec.w != 4 &&
                               (m->norm == ML_NORM_RMSNORM || m->norm == ML_NORM_GEMMA_RMSNORM);
-    if (!ch->builders_only && m->type == ML_MODEL_DECODER && !upcast_nodes) {
-        if (!(G = malloc(sizeof *G)))
-            return ML_NOMEM;
-        if (!ml__ck_graph_head(ch, m, d, fused, G)) {
-            free(G);
-            G = NULL;
-        }
-    }
-    if (fused) {
-        /* node lists: the norm's, and the fused op's hand-over */
-        ch->record_nodes = !ch->prec.autocast;
-        unsigned nb = w;
-        if (G) {
-            /* the op graph's norm (docs/graph.md): its output has the
-             * stream's dtype */
-            ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
-            free(G);
-        } else {
-            uint64_t np;
-            nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
-            ml__ck_norm_params(ch, b, np, d->D);
-            uint64_t out = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
-            ml__ck_end(ch, b, out);
-            ml__ck_forward_head(ch, b, m, d, true);
-        }
-        b = ml__ck_begin(ch, "loss", -1);
-        if (!b)
-            return ML_NOMEM;
-        b->fwd_phase = ML_PHASE_LOSS;
-        fused_loss(ch, b, m, d, t->logits_chunk, nb);
-        ch->record_nodes = false;
+    const bool dec = m->type == ML_MODEL_DECODER;
+    /* (a classifier's fused loss is refused: chain.c) */
+    if (ch->builders_only || upcast_nodes || (fused && (m->classes || !dec)))
         return ML_OK;
+    if (!(*G = malloc(sizeof **G)))
+        return ML_NOMEM;
+    const bool taken = !dec         ? (m->mlm_head ? ml__ck_graph_mlm_head(ch, m, d, *G)
+                                                   : ml__ck_graph_encoder_head(ch, m, d, *G))
+                       : m->classes ? ml__ck_graph_cls_head(ch, m, d, *G)
+                                    : ml__ck_graph_head(ch, m, d, fused, *G);
+    if (!taken) {
+        free(*G);
+        *G = NULL;
+    }
+    return ML_OK;
+}
+
+/* The fused head (its norm) and the fused linear cross-entropy. */
+static ml_status fused_head_and_loss(ml_chain *ch, ml_cblock *b, const ml_model *m,
+                                     const ml_ck_dims *d, const ml_training *t, ml_ck_graph *G)
+{
+    /* node lists: the norm's, and the fused op's hand-over */
+    ch->record_nodes = !ch->prec.autocast;
+    unsigned nb = ch->prec.w;
+    if (G) {
+        /* the op graph's norm (docs/graph.md): its output has the
+         * stream's dtype */
+        ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
+    } else {
+        uint64_t np;
+        nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
+        ml__ck_norm_params(ch, b, np, d->D);
+        uint64_t out = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
+        ml__ck_end(ch, b, out);
+        ml__ck_forward_head(ch, b, m, d, true);
+    }
+    b = ml__ck_begin(ch, "loss", -1);
+    if (!b)
+        return ML_NOMEM;
+    b->fwd_phase = ML_PHASE_LOSS;
+    /* the loss's graph (the head's storage reused; the builders'
+     * reference path writes both) */
+    ml_ck_graph *L = G;
+    if (!L && !ch->builders_only && !(L = malloc(sizeof *L)))
+        return ML_NOMEM;
+    const bool taken = L && ml__ck_graph_fused_loss(ch, m, d, L);
+    fused_loss(ch, b, m, d, t->logits_chunk, nb, taken ? L : NULL);
+    if (L != G)
+        free(L);
+    ch->record_nodes = false;
+    return ML_OK;
+}
+
+ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                               const ml_training *t)
+{
+    const unsigned a = ch->prec.a;
+    ml_cblock *b = ml__ck_begin(ch, "head", -1);
+    if (!b)
+        return ML_NOMEM;
+    b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w);
+    ml_ck_graph *G;
+    ml_status st = graph_head(ch, m, d, t->logits == ML_LOGITS_FUSED, &G);
+    if (st != ML_OK)
+        return st;
+    if (t->logits == ML_LOGITS_FUSED) {
+        st = fused_head_and_loss(ch, b, m, d, t, G);
+        free(G);
+        return st;
     }
     /* a soft-capped LM head replays its backward node by node (its three
      * logits-sized gradients in turn); the other heads keep the block rule */
@@ -297,11 +341,12 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
     uint64_t out_classes;
     if (G) {
         /* the op graph's head (docs/graph.md); tied, the embeddings'
-         * gradient is first created here */
-        if (m->tied_embeddings)
+         * gradient is first created here (a classifier has no output
+         * embedding) */
+        if (m->tied_embeddings && !m->classes)
             vocab_weight(ch, b, m, d);
-        rows = d->BT;
-        out_classes = d->V;
+        rows = m->classes ? d->B : d->BT;
+        out_classes = m->classes ? m->classes : d->V;
         ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, rows, out_classes), a));
         free(G);
         ch->record_nodes = false;
@@ -319,19 +364,44 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
     return ml__ck_ce_loss(ch, m, d, rows, out_classes);
 }
 
+/* The loss's inventory from the op graph (graph/kit_head.c: the
+ * log-softmax output, the targets, total_weight); *taken false: the graph
+ * declines it. */
+static ml_status graph_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t classes,
+                            bool *taken)
+{
+    ml_ck_graph *G = malloc(sizeof *G);
+    if (!G)
+        return ML_NOMEM;
+    *taken = ml__ck_graph_loss(ch, rows, classes, G);
+    if (*taken)
+        ml__ck_graph_emit(ch, b, G, 0);
+    free(G);
+    return ML_OK;
+}
+
 ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t rows,
                          uint64_t out_classes)
 {
     const unsigned w = ch->prec.w, a = ch->prec.a;
+    ml_status st;
     uint64_t logits = ml_mul(ch, rows, out_classes);
     ml_cblock *b = ml__ck_begin(ch, "loss", -1);
     if (!b)
         return ML_NOMEM;
     b->fwd_phase = ML_PHASE_LOSS;
     unsigned lsb = ch->prec.autocast ? 4 : w;
-    ml__ck_save(ch, b, "log-softmax output", logits, lsb, 0);
-    ml__ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
-    ml__ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
+    bool graph = false;
+    if (!ch->builders_only && (st = graph_loss(ch, b, rows, out_classes, &graph)) != ML_OK)
+        return st;
+    if (!graph) {
+        ml__ck_save(ch, b, "log-softmax output", logits, lsb, 0);
+        ml__ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
+        ml__ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
+    }
+    /* the block rule's figures, the builders' own (the graph's ml__ck_end
+     * estimates are for ops that save their inputs: set over here) */
+    b->ws_fwd = 0;
     if (ch->prec.autocast)
         b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */
     if (m->type == ML_MODEL_DECODER && m->classes)

@@ -197,6 +197,24 @@ bool ml__ck_graph_layer_at(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
  * the norm alone). */
 bool ml__ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
                        ml_ck_graph *G);
+/* The graph of a transformer's embedding block (graph/kit_embed.h) into
+ * G; false: the chain builders run it. */
+bool ml__ck_graph_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                            ml_ck_graph *G);
+/* The same for a decoder's sequence-classification head (graph/kit_head.h). */
+bool ml__ck_graph_cls_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+/* The same for an encoder's classifier head (BERT's pooler and
+ * classifier, ViT's; graph/kit_head.h). */
+bool ml__ck_graph_encoder_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                               ml_ck_graph *G);
+/* The same for BERT's masked-LM head (graph/kit_head.h). */
+bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+/* The same for the fused linear cross-entropy's loss block. */
+bool ml__ck_graph_fused_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                             ml_ck_graph *G);
+/* The graph of the cross-entropy block over rows x classes logits
+ * (graph/kit_head.h) into G; false: the chain builders run it. */
+bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G);
 /* The graph of a multimodal model's vision layer (LLaVA's CLIP tower,
  * graph/kit_clip.c; pool, an mlg_clip_pool: the last layer's post_layernorm) at the tower's
  * shapes vd into G; false: the chain builders run. */

@@ -1539,6 +1539,198 @@ static void test_graph_heads_taken(void **state)
     }
 }
 
+/* ---- the embeddings, heads and losses (graph/kit_embed.c, kit_head.c) ---- */
+
+/* Layouts of the first and last blocks the layer variants above do not
+ * reach: a decoder's sequence classifier (with and without a pad token),
+ * Mixtral's experts (its layers the builders'), a text encoder with rotary
+ * positions (its classifier the builders'), a masked-LM head untied and
+ * without positions or token types */
+static const char *const ends_variants[] = {
+    "model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  ffn: 128\n"
+    "  activation: swiglu\n  norm: rmsnorm\n  vocab: 97\n  position: rope\n  classes: 3\n"
+    "  bias: false\n  dropout: 0.1\n",
+    "model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  ffn: 128\n"
+    "  activation: gelu\n  norm: layernorm\n  vocab: 97\n  position: learned\n"
+    "  max_positions: 512\n  classes: 5\n  tied_embeddings: true\n  dropout: 0\n",
+    "model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  kv_heads: 2\n"
+    "  ffn: 96\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 97\n  position: rope\n"
+    "  experts: 4\n  experts_per_tok: 2\n  bias: false\n  dropout: 0\n",
+    "model:\n  type: encoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  ffn: 128\n"
+    "  activation: gelu\n  norm: layernorm\n  norm_position: post\n  vocab: 97\n"
+    "  position: rope\n  classes: 2\n  token_types: 3\n  dropout: 0.1\n",
+    "model:\n  type: encoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  ffn: 128\n"
+    "  activation: relu\n  norm: layernorm\n  norm_position: post\n  vocab: 97\n"
+    "  position: none\n  mlm_head: true\n  tied_embeddings: false\n  dropout: 0\n",
+};
+
+/* What of block x the builders made the graph's block y must equal: the
+ * inventory, the parameters, the FLOPs, the transients. */
+static void same_graph_fields(const ml_chain *a, const ml_cblock *x, const ml_chain *b,
+                              const ml_cblock *y, const char *what)
+{
+    SAME(nsaved);
+    SAME(saved_bytes);
+    SAME(cast_bytes);
+    SAME(in_saved);
+    SAME(params);
+    SAME(ws_fwd);
+    SAME(ws_nograd);
+    SAME(unit_fwd);
+    SAME(unit);
+    SAME(flops_fwd);
+    for (size_t i = 0; i < x->nsaved; i++)
+        assert_int_equal(a->saved[x->saved_first + i].bytes, b->saved[y->saved_first + i].bytes);
+}
+
+/* Block 0 (the embedding) and the loss of a chain the graph built, against
+ * the same blocks emitted from the graph alone: the inventory, the
+ * parameters, the FLOPs and the transients are the graph's (what the chain
+ * adds around them, chain_embed.c and chain_head.c, is not compared here;
+ * test_chains_equal_builders compares whole chains). */
+static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
+                            const ml_chain *built, unsigned *emb, unsigned *cls, unsigned *enc_cls,
+                            unsigned *mlm, unsigned *loss, unsigned *fused)
+{
+    ml_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ch.eval_mode = eval;
+    ch.selective = built->selective;
+    ch.prec = ml__prec_of(cfg->training.precision);
+    ml_ck_dims d;
+    ml_error e;
+    assert_int_equal(ml__ck_dims_of(m, &cfg->training, &ch, &d, &e), ML_OK);
+    ml_ck_graph *G = malloc(sizeof *G);
+    assert_non_null(G);
+    assert_true(ml__ck_graph_embedding(&ch, m, &d, G));
+    ml_cblock *b = ml__ck_begin(&ch, "embedding", -1);
+    assert_non_null(b);
+    ml__ck_graph_emit(&ch, b, G, d.BT * d.D * ch.prec.w);
+    same_graph_fields(built, &built->blocks[0], &ch, &ch.blocks[0], "embedding from the graph");
+    ++*emb;
+    /* a classifier (a decoder's over its last token, an encoder's over
+     * its first): the head before the loss */
+    const bool dec = m->type == ML_MODEL_DECODER;
+    const bool taken = m->mlm_head ? ml__ck_graph_mlm_head(&ch, m, &d, G)
+                       : m->classes && (dec ? ml__ck_graph_cls_head(&ch, m, &d, G)
+                                            : ml__ck_graph_encoder_head(&ch, m, &d, G));
+    /* the one the graph declines: a text encoder with rotary positions,
+     * whose layer family the kit has not (its classifier the builders') */
+    if ((m->classes || m->mlm_head) && !taken)
+        assert_true(!dec && m->position == ML_POS_ROPE && !m->image_size);
+    if (taken) {
+        b = ml__ck_begin(&ch, "head", -1);
+        assert_non_null(b);
+        const uint64_t rows = m->mlm_head ? d.BT : d.B;
+        ml__ck_graph_emit(&ch, b, G, rows * (m->mlm_head ? d.V : m->classes) * ch.prec.a);
+        same_graph_fields(built, &built->blocks[built->n - 2], &ch, &ch.blocks[ch.n - 1],
+                          "head from the graph");
+        ++*(m->mlm_head ? mlm : dec ? cls : enc_cls);
+    }
+    /* the loss: the last block, over the logits its input holds */
+    const ml_cblock *l = &built->blocks[built->n - 1];
+    const uint64_t rows = m->classes && m->type == ML_MODEL_DECODER ? d.B
+                          : m->type == ML_MODEL_ENCODER && !m->mlm_head ? d.B
+                                                                         : d.BT;
+    if (cfg->training.logits != ML_LOGITS_FUSED) {
+        assert_true(ml__ck_graph_loss(&ch, rows, l->in_bytes / rows / ch.prec.a, G));
+        b = ml__ck_begin(&ch, "loss", -1);
+        assert_non_null(b);
+        ml__ck_graph_emit(&ch, b, G, 0);
+        const ml_cblock *x = l, *y = &ch.blocks[ch.n - 1];
+        const char *what = "loss from the graph";
+        SAME(nsaved);
+        SAME(saved_bytes);
+        assert_int_equal(ch.batch_targets, built->batch_targets);
+        ++*loss;
+    } else {
+        /* the fused linear cross-entropy: the targets, the weight, the
+         * FLOPs (the chunks' transients are the chain's) */
+        assert_true(ml__ck_graph_fused_loss(&ch, m, &d, G));
+        b = ml__ck_begin(&ch, "loss", -1);
+        assert_non_null(b);
+        ml__ck_graph_emit(&ch, b, G, 0);
+        const ml_cblock *x = l, *y = &ch.blocks[ch.n - 1];
+        const char *what = "fused loss from the graph";
+        SAME(nsaved);
+        SAME(params);
+        SAME(flops_fwd);
+        assert_int_equal(ch.batch_targets, built->batch_targets);
+        ++*fused;
+    }
+    free(G);
+    ml__chain_free(&ch);
+}
+
+/* The chains' first and last blocks, both ways, over shapes the presets do
+ * not take (one token; a batch of three), every precision, training and
+ * evaluation, the logits kept, released and fused. */
+static void test_ends_equal_builders(void **state)
+{
+    (void)state;
+    static const uint64_t shapes[][2] = {{1, 1}, {3, 7}, {2, 130}};
+    const size_t nv = sizeof variants / sizeof variants[0];
+    const size_t ne = sizeof ends_variants / sizeof ends_variants[0];
+    unsigned chains = 0, emb = 0, cls = 0, enc_cls = 0, mlm = 0, loss = 0, fused = 0;
+    /* the decoders' sequence classifiers a second time without a pad token */
+    for (size_t v = 0; v < nv + ne + 2; v++) {
+        ml_model *m = v < nv ? load_variant(v) : load_str(ends_variants[(v - nv) % ne]);
+        m->cls_no_pad = v >= nv + ne;
+        for (int p = 0; p < ML_PREC_COUNT; p++)
+            for (size_t s = 0; s < 3; s++)
+                for (int ev = 0; ev < 2; ev++)
+                    for (int lg = 0; lg < ML_LOGITS_COUNT; lg++) {
+                        ml_config cfg = ml_model_config(m);
+                        cfg.training.precision = (ml_precision)p;
+                        cfg.training.micro_batch = shapes[s][0];
+                        cfg.training.seq_len = shapes[s][1];
+                        cfg.training.logits = (ml_logits)lg;
+                        cfg.calib = NULL;
+                        ml_chain a, b;
+                        ml_error e;
+                        ml_status sa = ml__chain_build_builders(m, &cfg, ev, &a, &e);
+                        ml_status sb = ev ? ml__chain_build_eval(m, &cfg, &b, &e)
+                                          : ml__chain_build(m, &cfg, &b, &e);
+                        assert_int_equal(sa, sb);
+                        if (sa != ML_OK) {
+                            /* transformers refuses a batch above 1 without
+                             * a pad token */
+                            if (lg != ML_LOGITS_FUSED && !(m->cls_no_pad && shapes[s][0] > 1))
+                                fail_msg("refused: %s", e.msg);
+                            continue;
+                        }
+                        same_blocks(&a, &b, "ends");
+                        ends_from_graph(m, &cfg, ev, &b, &emb, &cls, &enc_cls, &mlm, &loss,
+                                        &fused);
+                        ml__chain_free(&a);
+                        ml__chain_free(&b);
+                        chains++;
+                    }
+        ml_model_destroy(m);
+    }
+    fprintf(stderr,
+            "%u chains compared, %u embeddings, %u sequence classifiers, %u encoder "
+            "classifiers, %u masked-LM heads, %u losses and %u fused losses from the graph\n",
+            chains, emb, cls, enc_cls, mlm, loss, fused);
+    /* every model x precision x shape x pass with the logits kept or
+     * released, and the fused ones not refused */
+    const unsigned kept = (unsigned)(nv + ne) * ML_PREC_COUNT * 3 * 2 * 2 + 2 * ML_PREC_COUNT * 2 * 2;
+    assert_int_equal(emb, chains);
+    assert_int_equal(loss, kept);
+    assert_int_equal(fused, chains - kept);
+    /* the decoders' fused losses in fp32 at least (every other precision
+     * but autocast's too) */
+    assert_true(fused >= 18 * 3 * 2);
+    /* two classifiers with a pad token, and without one at a batch of 1
+     * (their fused loss refused) */
+    assert_int_equal(cls, 2 * ML_PREC_COUNT * 3 * 2 * 2 + 2 * ML_PREC_COUNT * 2 * 2);
+    /* BERT's and ViT's two, every logits setting but fused */
+    assert_int_equal(enc_cls, 3 * ML_PREC_COUNT * 3 * 2 * 2);
+    /* BERT's masked-LM layouts: tied with learned positions, and untied
+     * without positions */
+    assert_int_equal(mlm, 2 * ML_PREC_COUNT * 3 * 2 * 2);
+}
+
 /* With a fused kernel no (T, T) tensor exists: the graph plans sizes at
  * which the builders' scores product (B * H * T^2, computed even for a
  * fused kernel) passed 64 bits: B = 2^20, T = 2^23 with flash,
@@ -1582,6 +1774,7 @@ int main(void)
         cmocka_unit_test(test_olmo_norm_refused_elsewhere),
         cmocka_unit_test(test_kit_headroom),
         cmocka_unit_test(test_graph_heads_taken),
+        cmocka_unit_test(test_ends_equal_builders),
         cmocka_unit_test(test_fused_no_tt_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

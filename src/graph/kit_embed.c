@@ -1,0 +1,187 @@
+/* The embeddings as an op graph (kit_embed.h): what eager autograd keeps
+ * for each (docs/inventory.md, "Embeddings"), in the order the chain
+ * builders listed it (ledger/chain_embed.c): the token ids, the position
+ * ids, the token type ids, the rotary's cos and sin, the LayerNorm's input
+ * and statistics, the dropout's mask; the parameters as the modules
+ * register them. The embedding's backward keeps the block rule (no node
+ * list), as the builders had it. */
+#include "graph/kit_embed.h"
+
+bool ml__family_embedding(const ml_model *m, const mlg_config *c, bool drop, mlg_embed *E)
+{
+    const bool enc = m->type == ML_MODEL_ENCODER;
+    *E = (mlg_embed){0};
+    E->patches = m->image_size > 0;
+    E->autocast = c->autocast;
+    E->scale = m->embed_scale;
+    E->learned = m->position == ML_POS_LEARNED;
+    E->types = enc && m->token_types;
+    E->layernorm = enc;
+    E->dropout = drop;
+    if (m->position == ML_POS_ROPE)
+        E->rotary = m->rope_complex ? MLG_ROTARY_COMPLEX : MLG_ROTARY_COS_SIN;
+    return true;
+}
+
+/* The literal size v's dimension (kit_embed.h): a graph out of slots is
+ * full. */
+static uint8_t lit(ml_graph *g, uint64_t v)
+{
+    if (g->nlit >= MLG_NLIT) {
+        g->full = true;
+        return MLG_L0;
+    }
+    g->lit[g->nlit] = v;
+    return (uint8_t)(MLG_L0 + g->nlit++);
+}
+
+static uint16_t stream(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags)
+{
+    uint16_t t = ml__graph_tensor(g, name, dtype, MLG_ACT, 3, MLG_B, MLG_T, MLG_D);
+    g->t[t].flags |= flags;
+    return t;
+}
+
+/* x + y (their last references go): the sum, named what the next op
+ * saves it as. */
+static uint16_t add(ml_graph *g, uint16_t x, uint16_t y, const char *name, uint8_t dtype)
+{
+    uint16_t s = stream(g, name, dtype, MLG_T_TMP);
+    mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (embeddings)", x, s, NULL);
+    ml__op_in(o, y);
+    ml__op_free(o, x);
+    ml__op_free(o, y);
+    return s;
+}
+
+/* A lookup in the table (rows x D) by the int64 ids: the result, of
+ * shape (B, T, D) (per_token) or (T, D). */
+static uint16_t lookup(ml_graph *g, uint16_t ids, const char *table, uint8_t rows,
+                       bool per_token)
+{
+    uint16_t W = ml__kit_param(g, table, rows, MLG_D);
+    uint16_t e = per_token ? stream(g, "embeddings", MLG_STREAM, MLG_T_TMP)
+                           : ml__graph_tensor(g, "embeddings", MLG_STREAM, MLG_ACT, 2, MLG_T,
+                                              MLG_D);
+    mlg_op *o = ml__graph_step(g, MLG_OP_COPY, "embedding", ids, e, NULL);
+    ml__op_save(o, ids);
+    ml__op_param(o, W);
+    return e;
+}
+
+/* The ids an op makes (arange, a zeros buffer expanded): int64. */
+static uint16_t ids(ml_graph *g, const char *name, bool per_token)
+{
+    uint16_t t = per_token ? ml__graph_tensor(g, name, MLG_INT64, MLG_ACT, 2, MLG_B, MLG_T)
+                           : ml__graph_tensor(g, name, MLG_INT64, MLG_ACT, 1, MLG_T);
+    ml__graph_step(g, MLG_OP_COPY, "ids", MLG_NONE, t, NULL);
+    return t;
+}
+
+/* Token embeddings (HF's Embedding modules; Gemma's scale, a host scalar
+ * mul saves: nothing on the device), then the positions, the token types
+ * and the rotary (kept for every layer), their sum, BERT's LayerNorm. */
+static uint16_t tokens(ml_graph *g, const mlg_embed *E)
+{
+    uint16_t tok = ml__graph_tensor(g, "token ids (int64)", MLG_INT64, MLG_INPUT, 2, MLG_B, MLG_T);
+    uint16_t x = lookup(g, tok, "word embeddings", MLG_V, true);
+    if (E->scale) {
+        uint16_t s = stream(g, "embeddings * normalizer", MLG_STREAM, MLG_T_TMP);
+        ml__op_free(ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (sqrt(D))", x, s, NULL), x);
+        x = s;
+    }
+    uint16_t pos = MLG_NONE, typ = MLG_NONE;
+    if (E->learned) {
+        uint16_t p = ids(g, "position ids (int64)", false);
+        pos = lookup(g, p, "position embeddings", lit(g, E->positions), false);
+    }
+    if (E->types) {
+        uint16_t t = ids(g, "token type ids (int64)", true);
+        typ = lookup(g, t, "token type embeddings", lit(g, E->ntypes), true);
+    }
+    if (E->rotary) {
+        const bool cx = E->rotary == MLG_ROTARY_COMPLEX;
+        /* cos and sin in the stream's dtype, or (B, T, rot / 2) complex64 */
+        uint16_t cs = ml__graph_tensor(
+            g, cx ? "rotary freqs_cis, complex64 (shared by all blocks)"
+                  : "rotary cos and sin (shared by all blocks)",
+            cx ? MLG_FP32 : MLG_STREAM, MLG_ACT, 3, MLG_B, MLG_T, lit(g, E->rot));
+        if (!cx)
+            g->t[cs].factor = 2;
+        ml__op_save(ml__graph_step(g, MLG_OP_ELEMENTWISE, "rotary embedding", MLG_NONE, cs, NULL),
+                    cs);
+    }
+    const char *sum = E->layernorm ? "embedding layernorm input" : "embeddings";
+    if (typ != MLG_NONE)
+        x = add(g, x, typ, pos != MLG_NONE ? "embeddings" : sum, MLG_STREAM);
+    if (pos != MLG_NONE)
+        x = add(g, x, pos, sum, MLG_STREAM);
+    if (!E->layernorm)
+        return x;
+    uint16_t st = ml__graph_tensor(g, "embedding layernorm mean+rstd", MLG_FP32, MLG_ACT, 2, MLG_B,
+                                   MLG_T);
+    g->t[st].factor = 2;
+    uint16_t y = stream(g, "embedding layernorm output", MLG_STREAM, MLG_T_TMP);
+    mlg_op *o = ml__graph_step(g, MLG_OP_NORM, "native_layer_norm (embeddings)", x, y, NULL);
+    ml__op_out(o, st);
+    ml__op_save(o, x);
+    ml__op_save(o, st);
+    ml__op_param(o, ml__kit_param(g, "layernorm weight", MLG_D, -1));
+    ml__op_param(o, ml__kit_param(g, "layernorm bias", MLG_D, -1));
+    ml__op_free(o, x);
+    return y;
+}
+
+/* HF ViTEmbeddings: the conv patchify of an image that needs no grad (its
+ * input, or autocast's cast copy, and the weight's copy saved), the class
+ * token concatenated, the positions added; the weight's gradient only. */
+static uint16_t patches(ml_graph *g, const mlg_embed *E)
+{
+    const uint8_t img = lit(g, E->image), kin = lit(g, E->kin), np = lit(g, E->npatches);
+    uint16_t x = ml__graph_tensor(g, "image (patch conv input)", MLG_STREAM, MLG_INPUT, 2, MLG_B,
+                                  img);
+    uint16_t xs = x, w = MLG_NONE;
+    if (E->autocast) {
+        xs = ml__graph_tensor(g, "image cast copy (patch conv input)", MLG_HALF, MLG_ACT, 2,
+                              MLG_B, img);
+        ml__graph_step(g, MLG_OP_COPY, "to (autocast, image)", x, xs, NULL);
+        w = ml__graph_tensor(g, "weight cast copy (autocast)", MLG_HALF, MLG_ACT, 2, MLG_D, kin);
+        g->t[w].flags |= MLG_T_WCAST;
+        ml__graph_step(g, MLG_OP_COPY, "to (autocast, weight)", MLG_NONE, w, NULL);
+    }
+    uint16_t p = ml__graph_tensor(g, "patch embeddings", MLG_COMPUTE, MLG_ACT, 3, MLG_B, np,
+                                  MLG_D);
+    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, "convolution (patches)", xs, p, NULL);
+    ml__op_save(o, xs);
+    ml__op_save(o, w);
+    ml__op_param(o, ml__kit_param(g, "patch conv weight", MLG_D, kin));
+    ml__op_param(o, ml__kit_param(g, "patch conv bias", MLG_D, -1));
+    ml__op_flops(o, 2.0, 4, MLG_B, np, kin, MLG_D);
+    ml__op_free(o, w);
+    if (xs != x)
+        ml__op_free(o, xs);
+    uint16_t c = stream(g, "embeddings (class token first)", MLG_COMPUTE, MLG_T_TMP);
+    o = ml__graph_step(g, MLG_OP_COPY, "cat (class token)", p, c, NULL);
+    ml__op_param(o, ml__kit_param(g, "class token", MLG_D, -1));
+    ml__op_free(o, p);
+    uint16_t s = stream(g, "embeddings", MLG_COMPUTE, MLG_T_TMP);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (positions)", c, s, NULL);
+    ml__op_param(o, ml__kit_param(g, "position embeddings", lit(g, E->td), -1));
+    ml__op_free(o, c);
+    return s;
+}
+
+void ml__kit_embedding(ml_graph *g, const mlg_embed *E)
+{
+    ml__graph_init(g);
+    uint16_t x = E->patches ? patches(g, E) : tokens(g, E);
+    if (!E->dropout)
+        return;
+    uint16_t mask = ml__graph_tensor(g, "embedding dropout mask", MLG_BOOL, MLG_ACT, 3, MLG_B,
+                                     MLG_T, MLG_D);
+    uint16_t y = stream(g, "dropout output", g->t[x].dtype, 0);
+    mlg_op *o = ml__graph_step(g, MLG_OP_DROPOUT, "native_dropout (embeddings)", x, y, NULL);
+    ml__op_out(o, mask);
+    ml__op_save(o, mask);
+    ml__op_free(o, x);
+}
