@@ -235,6 +235,22 @@ bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims
     return true;
 }
 
+bool ml__ck_graph_t5_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool shared,
+                               ml_ck_graph *G)
+{
+    /* T5Stack's embed_tokens then its dropout: no positions, no scale */
+    const mlg_embed E = {.dropout = d->drop, .autocast = ch->prec.autocast};
+    ml__kit_embedding(&G->g, &E);
+    for (uint16_t t = 0; shared && t < G->g.nt; t++)
+        if (G->g.t[t].role == MLG_PARAMETER)
+            G->g.t[t].flags |= MLG_T_SHARED;
+    if (!sized(ch, m, d, G))
+        return false;
+    dtype_bytes(ch, G);
+    G->programs = false; /* the builders had none: the block rule */
+    return true;
+}
+
 bool ml__ck_graph_t5(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t Ts,
                      bool decoder, bool first, ml_ck_graph *G)
 {

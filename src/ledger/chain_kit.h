@@ -220,7 +220,12 @@ bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_grap
  * shapes vd into G; false: the chain builders run. */
 bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
                                unsigned pool, ml_ck_graph *G);
-/* The same for T5's layer (graph/kit_t5.h) of the encoder (decoder
+/* T5's embedding of d->T ids from the op graph (graph/kit_embed.c): the
+ * lookup and its dropout; shared: the table is the encoder's (the
+ * decoder's embedding registers none). False: the graph declines it. */
+bool ml__ck_graph_t5_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool shared,
+                               ml_ck_graph *G);
+/* The graph of T5's layer (graph/kit_t5.h) of the encoder (decoder
  * false) or the decoder, the stack's first or another, over d's tokens
  * (Ts: the encoder's, the keys of a decoder's cross-attention). */
 bool ml__ck_graph_t5(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t Ts,

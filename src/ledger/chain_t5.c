@@ -171,21 +171,27 @@ static ml_cblock *begin(ml_chain *ch, const char *name, int ckpt, uint64_t in)
 /* An embedding of B*T ids into the shared table (dropout after): the ids
  * are its input (saved). shared: the table's gradient is not created here
  * (its dense gradient is added into .grad, a transient). */
-static ml_cblock *t5_embedding(ml_chain *ch, const t5d *t, const char *name, uint64_t T,
-                               bool params, bool creates_grad)
+static ml_cblock *t5_embedding(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_graph *G,
+                               const char *name, uint64_t T, bool params, bool creates_grad)
 {
     uint64_t BT = ml_mul(ch, t->B, T), BTD = ml_mul(ch, BT, t->D);
     ml_cblock *b = begin(ch, name, -1, ml_mul(ch, BT, 8));
     if (!b)
         return NULL;
-    ml__ck_save(ch, b, "token ids (int64)", BT, 8, ML_SV_INPUT);
     b->in_nograd = true;
-    if (params)
-        ml__ck_param(ch, b, t->V, t->D);
-    ml__ck_tmp(ch, BTD, t->w);
-    if (t->drop)
-        ml__ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
-    ml__ck_end(ch, b, ml_mul(ch, BTD, t->w));
+    /* from the op graph (graph/kit_embed.c) unless the builders' alone */
+    const ml_ck_dims d = {.B = t->B, .T = T, .BT = BT, .D = t->D, .V = t->V, .drop = t->drop};
+    if (G && ml__ck_graph_t5_embedding(ch, m, &d, !params, G)) {
+        ml__ck_graph_emit(ch, b, G, ml_mul(ch, BTD, t->w));
+    } else {
+        ml__ck_save(ch, b, "token ids (int64)", BT, 8, ML_SV_INPUT);
+        if (params)
+            ml__ck_param(ch, b, t->V, t->D);
+        ml__ck_tmp(ch, BTD, t->w);
+        if (t->drop)
+            ml__ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
+        ml__ck_end(ch, b, ml_mul(ch, BTD, t->w));
+    }
     uint64_t g = ml_mul(ch, ml_mul(ch, t->V, t->D), ch->prec.grad);
     if (params) {
         b->grad_bytes -= g;
@@ -304,7 +310,7 @@ static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
 {
     t5_stack s = stack_of(ch, m, t, G, false);
     uint64_t BTD = ml_mul(ch, ml_mul(ch, t->B, t->Ts), t->D);
-    if (!t5_embedding(ch, t, "embedding", t->Ts, true, false))
+    if (!t5_embedding(ch, m, t, G, "embedding", t->Ts, true, false))
         return ML_NOMEM;
     *enc_first = ch->n;
     for (uint64_t i = 0; i < m->layers; i++) {
@@ -340,7 +346,8 @@ static ml_status decoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
     t5_stack s = stack_of(ch, m, t, G, true);
     uint64_t BTD = ml_mul(ch, ml_mul(ch, t->B, t->Td), t->D);
     /* _shift_right(labels): the decoder's ids */
-    if (!t5_embedding(ch, t, "decoder.embedding", t->Td, false, !m->tied_embeddings))
+    if (!t5_embedding(ch, m, t, G, "decoder.embedding", t->Td, false,
+                      !m->tied_embeddings))
         return ML_NOMEM;
     *dec_first = ch->n;
     for (uint64_t i = 0; i < m->dec_layers; i++) {

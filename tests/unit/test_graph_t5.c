@@ -117,6 +117,47 @@ static unsigned from_graph(const ml_chain *a, const ml_chain *b, const char *wha
     return n;
 }
 
+/* The embeddings' blocks of b, the graph-built chain, against the same
+ * blocks emitted from the op graph alone (ml__ck_graph_t5_embedding): the
+ * inventory, the parameters, the transients. The blocks checked. */
+static unsigned embeddings_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
+                                      const ml_chain *b)
+{
+    const ml_training *tr = &cfg->training;
+    unsigned n = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        const ml_cblock *x = &b->blocks[i];
+        const bool dec = !strcmp(x->name, "decoder.embedding");
+        if (!dec && strcmp(x->name, "embedding"))
+            continue;
+        ml_chain ch;
+        memset(&ch, 0, sizeof ch);
+        ch.eval_mode = eval;
+        ch.selective = b->selective;
+        ch.prec = ml__prec_of(tr->precision);
+        const uint64_t T = dec && tr->target_len ? tr->target_len : tr->seq_len;
+        const ml_ck_dims d = {.B = tr->micro_batch, .T = T, .BT = tr->micro_batch * T,
+                              .D = m->hidden, .V = m->vocab, .drop = m->dropout > 0 && !eval};
+        ml_ck_graph *G = malloc(sizeof *G);
+        assert_non_null(G);
+        assert_true(ml__ck_graph_t5_embedding(&ch, m, &d, dec, G));
+        ml_cblock *y = ml__ck_begin(&ch, x->name, -1);
+        assert_non_null(y);
+        ml__ck_graph_emit(&ch, y, G, d.BT * d.D * ch.prec.w);
+        assert_int_equal(x->nsaved, y->nsaved);
+        assert_int_equal(x->saved_bytes, y->saved_bytes);
+        assert_int_equal(x->params, y->params);
+        assert_int_equal(x->ws_fwd, y->ws_fwd);
+        for (size_t k = 0; k < x->nsaved; k++)
+            assert_int_equal(b->saved[x->saved_first + k].bytes,
+                             ch.saved[y->saved_first + k].bytes);
+        free(G);
+        ml__chain_free(&ch);
+        n++;
+    }
+    return n;
+}
+
 static const char *const twins[] = {
     /* tests/torch/models/t5.yaml at 3 + 3 layers */
     "model:\n  type: encoder-decoder\n  layers: 3\n  decoder_layers: 3\n  hidden: 48\n"
@@ -145,7 +186,7 @@ static const uint64_t shapes[][3] = {{3, 20, 12}, {1, 7, 7}, {2, 33, 64}, {1, 1,
 
 /* Every chain of m both ways; *layers counts the layer blocks checked to
  * be the graph's copies. */
-static unsigned compare(ml_model *m, const char *name, unsigned *layers)
+static unsigned compare(ml_model *m, const char *name, unsigned *layers, unsigned *emb)
 {
     static const char *const policies[] = {"none", "selective", "full"};
     unsigned n = 0;
@@ -174,6 +215,7 @@ static unsigned compare(ml_model *m, const char *name, unsigned *layers)
                              policies[c], ev ? ", eval" : "");
                     same_chains(&a, &b, what);
                     *layers += from_graph(&a, &b, what);
+                    *emb += embeddings_from_graph(m, &cfg, ev, &b);
                     ml__chain_free(&a);
                     ml__chain_free(&b);
                     n++;
@@ -184,29 +226,31 @@ static unsigned compare(ml_model *m, const char *name, unsigned *layers)
 static void test_t5_chains_equal_builders(void **state)
 {
     (void)state;
-    unsigned n = 0, layers = 0, models = 0;
+    unsigned n = 0, layers = 0, models = 0, emb = 0;
     ml_model *m = load_preset("t5-base");
-    n += compare(m, "t5-base", &layers);
+    n += compare(m, "t5-base", &layers, &emb);
     ml_model_destroy(m);
     models++;
     static const char *const hf[] = {"t5-base", "flan-t5-base"};
     for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
         m = load_hf_config(hf[i]);
-        n += compare(m, hf[i], &layers);
+        n += compare(m, hf[i], &layers, &emb);
         m->kv_cache = true; /* use_cache in evaluation */
-        n += compare(m, hf[i], &layers);
+        n += compare(m, hf[i], &layers, &emb);
         ml_model_destroy(m);
         models += 2;
     }
     for (size_t i = 0; i < sizeof twins / sizeof twins[0]; i++) {
         m = load_str(twins[i]);
-        n += compare(m, "twin", &layers);
+        n += compare(m, "twin", &layers, &emb);
         ml_model_destroy(m);
         models++;
     }
     const unsigned per = sizeof shapes / sizeof shapes[0] * ML_PREC_COUNT * 3 * 2;
-    fprintf(stderr, "%u T5 chains compared, %u layer blocks the graph's copies\n", n, layers);
+    fprintf(stderr, "%u T5 chains compared, %u layer blocks the graph's copies, %u embeddings "
+            "from the graph\n", n, layers, emb);
     assert_int_equal(n, models * per);
+    assert_int_equal(emb, 2 * n); /* the encoder's and the decoder's */
     /* 12 + 12 layers (5 models), 3 + 3, 4 + 2, 2 + 5: the copies after the
      * second of each stack */
     assert_int_equal(layers, per * (5 * 20 + 2 + 2 + 3));
