@@ -497,3 +497,21 @@ void ml__kit_t5_layer(ml_graph *g, const mlg_t5 *L)
     }
     g->out = t5_ff(g, L, x, xf);
 }
+
+void ml__kit_t5_final(ml_graph *g, const mlg_t5 *L)
+{
+    ml__graph_init(g);
+    /* the builders listed the norm's fp32 copy before its input */
+    const uint16_t xf = fp32_copy(g, L);
+    uint16_t x = ml__graph_tensor(g, stream_name(L), MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T,
+                                  MLG_D);
+    uint16_t y = t5_norm(g, L, x, xf, "final layer norm output", 0);
+    flag(g, y, MLG_T_TMP);
+    if (L->dropout) {
+        uint16_t m = t3(g, "encoder output dropout mask", MLG_BOOL, MLG_T, MLG_D);
+        uint16_t d = t3(g, "encoder output", MLG_STREAM, MLG_T, MLG_D);
+        t5_dropout(g, y, d, m);
+        y = d;
+    }
+    g->out = y;
+}

@@ -26,5 +26,8 @@ bool ml__family_t5_layer(const ml_model *m, const mlg_config *c, bool decoder, b
                          mlg_t5 *L);
 /* The graph of that layer into g. */
 void ml__kit_t5_layer(ml_graph *g, const mlg_t5 *L);
+/* The encoder's final_layer_norm and its dropout into g: the encoder's
+ * output (a side tensor the chain holds). */
+void ml__kit_t5_final(ml_graph *g, const mlg_t5 *L);
 
 #endif

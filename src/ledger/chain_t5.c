@@ -329,13 +329,17 @@ static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
     ml_cblock *b = begin(ch, "encoder.final", -1, ml_mul(ch, BTD, t->w));
     if (!b)
         return ML_NOMEM;
-    t5_norm(ch, b, t, ml_mul(ch, t->B, t->Ts), ML_SV_INPUT);
-    ml__ck_param(ch, b, t->D, 0);
-    ml__ck_tmp(ch, BTD, t->w);
-    if (t->drop)
-        ml__ck_save(ch, b, "encoder output dropout mask", BTD, 1, 0);
     /* its output is a side tensor; its boundary is the decoder's ids */
-    ml__ck_end(ch, b, 0);
+    if (G && ml__ck_graph_t5_final(ch, m, &s.d, G)) {
+        ml__ck_graph_emit(ch, b, G, 0);
+    } else {
+        t5_norm(ch, b, t, ml_mul(ch, t->B, t->Ts), ML_SV_INPUT);
+        ml__ck_param(ch, b, t->D, 0);
+        ml__ck_tmp(ch, BTD, t->w);
+        if (t->drop)
+            ml__ck_save(ch, b, "encoder output dropout mask", BTD, 1, 0);
+        ml__ck_end(ch, b, 0);
+    }
     b->bwd_in = 0;
     return ML_OK;
 }

@@ -117,8 +117,9 @@ static unsigned from_graph(const ml_chain *a, const ml_chain *b, const char *wha
     return n;
 }
 
-/* The embeddings' blocks of b, the graph-built chain, against the same
- * blocks emitted from the op graph alone (ml__ck_graph_t5_embedding): the
+/* The embeddings' blocks and encoder.final of b, the graph-built chain,
+ * against the same blocks emitted from the op graph alone
+ * (ml__ck_graph_t5_embedding, ml__ck_graph_t5_final): the
  * inventory, the parameters, the transients. The blocks checked. */
 static unsigned embeddings_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
                                       const ml_chain *b)
@@ -128,7 +129,8 @@ static unsigned embeddings_from_graph(const ml_model *m, const ml_config *cfg, b
     for (size_t i = 0; i < b->n; i++) {
         const ml_cblock *x = &b->blocks[i];
         const bool dec = !strcmp(x->name, "decoder.embedding");
-        if (!dec && strcmp(x->name, "embedding"))
+        const bool fin = !strcmp(x->name, "encoder.final");
+        if (!dec && !fin && strcmp(x->name, "embedding"))
             continue;
         ml_chain ch;
         memset(&ch, 0, sizeof ch);
@@ -140,10 +142,11 @@ static unsigned embeddings_from_graph(const ml_model *m, const ml_config *cfg, b
                               .D = m->hidden, .V = m->vocab, .drop = m->dropout > 0 && !eval};
         ml_ck_graph *G = malloc(sizeof *G);
         assert_non_null(G);
-        assert_true(ml__ck_graph_t5_embedding(&ch, m, &d, dec, G));
+        assert_true(fin ? ml__ck_graph_t5_final(&ch, m, &d, G)
+                        : ml__ck_graph_t5_embedding(&ch, m, &d, dec, G));
         ml_cblock *y = ml__ck_begin(&ch, x->name, -1);
         assert_non_null(y);
-        ml__ck_graph_emit(&ch, y, G, d.BT * d.D * ch.prec.w);
+        ml__ck_graph_emit(&ch, y, G, fin ? 0 : d.BT * d.D * ch.prec.w);
         assert_int_equal(x->nsaved, y->nsaved);
         assert_int_equal(x->saved_bytes, y->saved_bytes);
         assert_int_equal(x->params, y->params);
@@ -247,10 +250,13 @@ static void test_t5_chains_equal_builders(void **state)
         models++;
     }
     const unsigned per = sizeof shapes / sizeof shapes[0] * ML_PREC_COUNT * 3 * 2;
-    fprintf(stderr, "%u T5 chains compared, %u layer blocks the graph's copies, %u embeddings "
-            "from the graph\n", n, layers, emb);
+    fprintf(stderr,
+            "%u T5 chains compared, %u layer blocks the graph's copies, %u embeddings and "
+            "encoders' final norms from the graph\n",
+            n, layers, emb);
     assert_int_equal(n, models * per);
-    assert_int_equal(emb, 2 * n); /* the encoder's and the decoder's */
+    /* the encoder's and the decoder's embeddings, encoder.final */
+    assert_int_equal(emb, 3 * n);
     /* 12 + 12 layers (5 models), 3 + 3, 4 + 2, 2 + 5: the copies after the
      * second of each stack */
     assert_int_equal(layers, per * (5 * 20 + 2 + 2 + 3));
