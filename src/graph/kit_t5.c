@@ -515,3 +515,35 @@ void ml__kit_t5_final(ml_graph *g, const mlg_t5 *L)
     }
     g->out = y;
 }
+
+void ml__kit_t5_head(ml_graph *g, const mlg_t5 *L, bool tied)
+{
+    ml__graph_init(g);
+    const uint16_t xf = fp32_copy(g, L);
+    uint16_t x = ml__graph_tensor(g, stream_name(L), MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T,
+                                  MLG_D);
+    uint16_t y = t5_norm(g, L, x, xf, "lm_head input", 0);
+    flag(g, y, MLG_T_TMP);
+    if (L->dropout) {
+        uint16_t m = t3(g, "decoder output dropout mask", MLG_BOOL, MLG_T, MLG_D);
+        uint16_t d = t3(g, "lm_head input", MLG_STREAM, MLG_T, MLG_D);
+        t5_dropout(g, y, d, m);
+        y = d;
+    }
+    if (tied) { /* * D^-0.5, a Python float: nothing saved */
+        uint16_t r = t3(g, "lm_head input", MLG_STREAM, MLG_T, MLG_D);
+        ml__op_free(step(g, MLG_OP_ELEMENTWISE, "mul (D^-0.5)", y, r, "MulBackward0"), y);
+        y = r;
+    }
+    uint16_t c = MLG_NONE, w = MLG_NONE;
+    if (L->autocast && !L->half_stream)
+        c = t3(g, "lm_head input", MLG_HALF, MLG_T, MLG_D);
+    const uint16_t W = param(g, 0, "lm_head.weight", MLG_V, MLG_D);
+    if (tied)
+        g->t[W].flags |= MLG_T_SHARED;
+    if (L->autocast)
+        weight_copies(g, &W, &w, 1);
+    uint16_t z = t3(g, "logits", MLG_COMPUTE, MLG_T, MLG_V);
+    t5_linear(g, "lm_head", y, c, w, W, z, MLG_T);
+    g->out = z;
+}

@@ -29,5 +29,8 @@ void ml__kit_t5_layer(ml_graph *g, const mlg_t5 *L);
 /* The encoder's final_layer_norm and its dropout into g: the encoder's
  * output (a side tensor the chain holds). */
 void ml__kit_t5_final(ml_graph *g, const mlg_t5 *L);
+/* The head into g: the decoder's final_layer_norm, its dropout, the rescale
+ * by D^-0.5 when tied (the table then another block's), lm_head. */
+void ml__kit_t5_head(ml_graph *g, const mlg_t5 *L, bool tied);
 
 #endif

@@ -283,6 +283,20 @@ bool ml__ck_graph_t5_final(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
     return true;
 }
 
+bool ml__ck_graph_t5_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+{
+    mlg_t5 L;
+    const mlg_config c = config_of(ch, m);
+    if (!ml__family_t5_layer(m, &c, true, false, &L))
+        return false;
+    ml__kit_t5_head(&G->g, &L, m->tied_embeddings);
+    if (!sized(ch, m, d, G))
+        return false;
+    dtype_bytes(ch, G);
+    G->programs = false; /* the block rule, as the builders had it */
+    return true;
+}
+
 bool ml__ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsigned in_bytes,
                       bool in_nograd, ml_ck_graph *G, mlg_seq_block *info)
 {

@@ -233,6 +233,9 @@ bool ml__ck_graph_t5(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint6
 /* The graph of T5's encoder.final (its final_layer_norm, dropout) over d's
  * tokens; false: the chain builders run. */
 bool ml__ck_graph_t5_final(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+/* The same for T5's head (the decoder's final norm, lm_head) over d's
+ * tokens, the targets. */
+bool ml__ck_graph_t5_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
 /* The graph of a sequential model's layer l (one `layers:` entry) on an
  * input of shape in (in_bytes per element; in_nograd: the model's input)
  * into G at the chain's micro-batch and precision (graph/kit_seq.h);

@@ -379,12 +379,22 @@ static ml_status decoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
 /* The decoder's final_layer_norm and dropout, the rescale by D^-0.5 when
  * the head is tied to the shared table (a Python float: nothing saved), and
  * lm_head; then the cross-entropy. */
-static ml_status head(ml_chain *ch, const ml_model *m, const t5d *t, const ml_ck_dims *d)
+static ml_status head(ml_chain *ch, const ml_model *m, const t5d *t, const ml_ck_dims *d,
+                      ml_ck_graph *G)
 {
     uint64_t BT = ml_mul(ch, t->B, t->Td), BTD = ml_mul(ch, BT, t->D);
     ml_cblock *b = begin(ch, "head", -1, ml_mul(ch, BTD, t->w));
     if (!b)
         return ML_NOMEM;
+    uint64_t g = ml_mul(ch, ml_mul(ch, t->V, t->D), ch->prec.grad);
+    if (G && ml__ck_graph_t5_head(ch, m, d, G)) {
+        ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, BT, t->V), t->a));
+        if (m->tied_embeddings) { /* the shared table's .grad is created here */
+            b->grad_bytes = ml_add(ch, b->grad_bytes, g);
+            b->grad_accum_bytes = ml_add(ch, b->grad_accum_bytes, g);
+        }
+        return ml__ck_ce_loss(ch, m, d, BT, t->V);
+    }
     t5_norm(ch, b, t, BT, ML_SV_INPUT);
     ml__ck_param(ch, b, t->D, 0); /* the decoder's final_layer_norm */
     if (t->drop)
@@ -392,7 +402,6 @@ static ml_status head(ml_chain *ch, const ml_model *m, const t5d *t, const ml_ck
     ml__ck_tmp(ch, BTD, t->w);
     ml__ck_linear_input(ch, b, "lm_head input", BTD, t->w, false, 0);
     ml__ck_weight_copy(ch, b, ml_mul(ch, t->V, t->D));
-    uint64_t g = ml_mul(ch, ml_mul(ch, t->V, t->D), ch->prec.grad);
     if (!m->tied_embeddings)
         ml__ck_param(ch, b, t->V, t->D);
     b->flops_fwd = 2.0 * (double)BT * (double)t->D * (double)t->V;
@@ -435,10 +444,10 @@ ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *
     size_t fin = ch->n - 1;
     if (st == ML_OK)
         st = decoder(ch, m, &t, G, &dec0);
-    free(G);
     size_t hd = ch->n;
     if (st == ML_OK)
-        st = head(ch, m, &t, &d);
+        st = head(ch, m, &t, &d, G);
+    free(G);
     if (st != ML_OK || ch->overflow)
         return st;
     ch->n_ckpt = m->layers + m->dec_layers;

@@ -117,9 +117,9 @@ static unsigned from_graph(const ml_chain *a, const ml_chain *b, const char *wha
     return n;
 }
 
-/* The embeddings' blocks and encoder.final of b, the graph-built chain,
+/* The embeddings' blocks, encoder.final and the head of b, the graph-built chain,
  * against the same blocks emitted from the op graph alone
- * (ml__ck_graph_t5_embedding, ml__ck_graph_t5_final): the
+ * (ml__ck_graph_t5_embedding, ml__ck_graph_t5_final, ml__ck_graph_t5_head): the
  * inventory, the parameters, the transients. The blocks checked. */
 static unsigned embeddings_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
                                       const ml_chain *b)
@@ -130,27 +130,32 @@ static unsigned embeddings_from_graph(const ml_model *m, const ml_config *cfg, b
         const ml_cblock *x = &b->blocks[i];
         const bool dec = !strcmp(x->name, "decoder.embedding");
         const bool fin = !strcmp(x->name, "encoder.final");
-        if (!dec && !fin && strcmp(x->name, "embedding"))
+        const bool hd = !strcmp(x->name, "head");
+        if (!dec && !fin && !hd && strcmp(x->name, "embedding"))
             continue;
         ml_chain ch;
         memset(&ch, 0, sizeof ch);
         ch.eval_mode = eval;
         ch.selective = b->selective;
         ch.prec = ml__prec_of(tr->precision);
-        const uint64_t T = dec && tr->target_len ? tr->target_len : tr->seq_len;
+        const uint64_t T = (dec || hd) && tr->target_len ? tr->target_len : tr->seq_len;
         const ml_ck_dims d = {.B = tr->micro_batch, .T = T, .BT = tr->micro_batch * T,
                               .D = m->hidden, .V = m->vocab, .drop = m->dropout > 0 && !eval};
         ml_ck_graph *G = malloc(sizeof *G);
         assert_non_null(G);
-        assert_true(fin ? ml__ck_graph_t5_final(&ch, m, &d, G)
-                        : ml__ck_graph_t5_embedding(&ch, m, &d, dec, G));
+        assert_true(hd    ? ml__ck_graph_t5_head(&ch, m, &d, G)
+                    : fin ? ml__ck_graph_t5_final(&ch, m, &d, G)
+                          : ml__ck_graph_t5_embedding(&ch, m, &d, dec, G));
         ml_cblock *y = ml__ck_begin(&ch, x->name, -1);
         assert_non_null(y);
-        ml__ck_graph_emit(&ch, y, G, fin ? 0 : d.BT * d.D * ch.prec.w);
+        ml__ck_graph_emit(&ch, y, G,
+                          hd ? d.BT * d.V * ch.prec.a : fin ? 0 : d.BT * d.D * ch.prec.w);
         assert_int_equal(x->nsaved, y->nsaved);
         assert_int_equal(x->saved_bytes, y->saved_bytes);
         assert_int_equal(x->params, y->params);
         assert_int_equal(x->ws_fwd, y->ws_fwd);
+        assert_int_equal(x->cast_bytes, y->cast_bytes);
+        assert_true(x->flops_fwd == y->flops_fwd);
         for (size_t k = 0; k < x->nsaved; k++)
             assert_int_equal(b->saved[x->saved_first + k].bytes,
                              ch.saved[y->saved_first + k].bytes);
@@ -251,12 +256,12 @@ static void test_t5_chains_equal_builders(void **state)
     }
     const unsigned per = sizeof shapes / sizeof shapes[0] * ML_PREC_COUNT * 3 * 2;
     fprintf(stderr,
-            "%u T5 chains compared, %u layer blocks the graph's copies, %u embeddings and "
-            "encoders' final norms from the graph\n",
+            "%u T5 chains compared, %u layer blocks the graph's copies, %u embeddings, "
+            "encoders' final norms and heads from the graph\n",
             n, layers, emb);
     assert_int_equal(n, models * per);
-    /* the encoder's and the decoder's embeddings, encoder.final */
-    assert_int_equal(emb, 3 * n);
+    /* the encoder's and the decoder's embeddings, encoder.final, the head */
+    assert_int_equal(emb, 4 * n);
     /* 12 + 12 layers (5 models), 3 + 3, 4 + 2, 2 + 5: the copies after the
      * second of each stack */
     assert_int_equal(layers, per * (5 * 20 + 2 + 2 + 3));
