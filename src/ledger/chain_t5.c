@@ -6,9 +6,10 @@
  * beside the stream of blocks (the position biases the stacks' loops hold,
  * the encoder's output every cross-attention reads, and their gradients)
  * are the chain's side tensors (docs/ledger.md, "Side tensors"), written
- * here. The layers come from the op graph (graph/kit_t5.c, t5_stack
- * below); t5_norm, t5_attention and t5_ff are the builders'
- * (ml__chain_build_builders: the reference tests/unit/test_graph_t5.c
+ * here. The layers, the embeddings, encoder.final and the head come from
+ * the op graph (graph/kit_t5.c, kit_embed.c; t5_stack below); t5_norm,
+ * t5_attention, t5_ff and the builders' branches below are
+ * ml__chain_build_builders' (the reference tests/unit/test_graph_t5.c
  * compares against). The blocks keep the block-level backward rule. */
 #include <stdio.h>
 #include <stdlib.h>
