@@ -207,9 +207,9 @@ bool ml__ck_graph_fused_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *
     return true;
 }
 
-bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
+/* A loss graph's sizes: its literals only; the block rule's figures. */
+static bool loss_sized(ml_chain *ch, ml_ck_graph *G)
 {
-    ml__kit_ce_loss(&G->g, rows, classes);
     if (!ml__graph_valid(&G->g))
         return false;
     memset(&G->z, 0, sizeof G->z);
@@ -217,6 +217,24 @@ bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_grap
     dtype_bytes(ch, G);
     G->programs = false; /* the block rule */
     return true;
+}
+
+bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
+{
+    ml__kit_ce_loss(&G->g, rows, classes);
+    return loss_sized(ch, G);
+}
+
+bool ml__ck_graph_mse_loss(ml_chain *ch, uint64_t n, unsigned in_bytes, ml_ck_graph *G)
+{
+    /* the input's class by its bytes, as the sequential kit maps them */
+    const uint8_t cls = in_bytes == ch->prec.w ? MLG_STREAM
+                        : in_bytes == 1        ? MLG_BOOL
+                        : in_bytes == 2        ? MLG_HALF
+                        : in_bytes == 8        ? MLG_INT64
+                                               : MLG_FP32;
+    ml__kit_mse_loss(&G->g, n, cls, ch->prec.autocast && in_bytes != 4);
+    return loss_sized(ch, G);
 }
 
 bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,

@@ -215,6 +215,9 @@ bool ml__ck_graph_fused_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *
 /* The graph of the cross-entropy block over rows x classes logits
  * (graph/kit_head.h) into G; false: the chain builders run it. */
 bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G);
+/* The same for a sequential model's mean-squared-error block on n
+ * elements of in_bytes each (graph/kit_head.h). */
+bool ml__ck_graph_mse_loss(ml_chain *ch, uint64_t n, unsigned in_bytes, ml_ck_graph *G);
 /* The graph of a multimodal model's vision layer (LLaVA's CLIP tower,
  * graph/kit_clip.c; pool, an mlg_clip_pool: the last layer's post_layernorm) at the tower's
  * shapes vd into G; false: the chain builders run. */
@@ -246,6 +249,12 @@ ml_status ml__chain_build_sequential(const ml_model *m, const ml_config *cfg, ml
 ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch);
 ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                 ml_error *err);
+/* A sequential model's loss block b's inventory from the op graph:
+ * cross-entropy on rows rows of n elements in all, or mean squared error
+ * on n elements of in_bytes each; *taken false: the graph declines it
+ * (chain_sequential.c's builders list it). ML_NOMEM. */
+ml_status ml__ck_seq_loss_graph(ml_chain *ch, ml_cblock *b, bool ce, uint64_t rows, uint64_t n,
+                                unsigned in_bytes, bool *taken);
 /* The cross-entropy block over `rows` rows of `classes` logits
  * (chain_head.c); ML_NOMEM. */
 ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t rows,

@@ -1281,9 +1281,10 @@ static unsigned compare_seq(ml_model *m, const char *name)
     return n;
 }
 
-/* The most tensors, ops and literal sizes a sequential block's graph took. */
+/* The most tensors, ops and literal sizes a sequential block's graph
+ * took; the loss blocks the graph took. */
 typedef struct {
-    unsigned nt, nop, nlit;
+    unsigned nt, nop, nlit, losses;
 } seq_room;
 
 /* The layers the graph expresses (every top-level entry without
@@ -1326,6 +1327,13 @@ static unsigned seq_expressed(const ml_model *m, seq_room *room)
         room->nop = G->g.nop > room->nop ? G->g.nop : room->nop;
         room->nlit = G->g.nlit > room->nlit ? G->g.nlit : room->nlit;
     }
+    /* the loss block on the model's output (chain_sequential.c's seq_loss) */
+    const uint64_t elems = ml__shape_elems(&sh) * ch.B;
+    const bool ce = m->loss == ML_LOSS_CROSS_ENTROPY;
+    const uint64_t rows = ce && sh.rank == 2 ? ch.B * sh.d[0] : ch.B;
+    if (ce ? ml__ck_graph_loss(&ch, rows, elems / rows, G)
+           : ml__ck_graph_mse_loss(&ch, elems, bytes, G))
+        room->losses++;
     free(G);
     return n;
 }
@@ -1334,7 +1342,7 @@ static void test_seq_chains_equal_builders(void **state)
 {
     (void)state;
     unsigned n = 0, expressed = 0;
-    seq_room room = {0, 0, 0};
+    seq_room room = {0, 0, 0, 0};
     static const char *const presets[] = {"mlp2", "cifar10-resnet", "resnet50-imagenet"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         for (int in = -1; in < 2; in++) {
@@ -1354,11 +1362,12 @@ static void test_seq_chains_equal_builders(void **state)
         }
     fprintf(stderr,
             "%u sequential chains compared, %u layers from the graph (at most %u tensors, "
-            "%u ops, %u literal sizes)\n",
-            n, expressed, room.nt, room.nop, room.nlit);
+            "%u ops, %u literal sizes), %u losses\n",
+            n, expressed, room.nt, room.nop, room.nlit, room.losses);
     assert_true(n > 0);
     assert_int_equal(n, 7 * 3 * 3 * ML_PREC_COUNT * 3 * 2);
     assert_true(expressed > 0);
+    assert_int_equal(room.losses, 7 * 3); /* every model's loss block */
     /* ResNet-50's bottleneck with its projection, the largest: a quarter
      * of each array to spare */
     assert_true(room.nt * 4 <= MLG_MAX_TENSORS * 3);
