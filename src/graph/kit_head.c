@@ -32,6 +32,25 @@ void ml__kit_ce_loss(ml_graph *g, uint64_t rows, uint64_t classes)
     g->out = MLG_NONE;
 }
 
+void ml__kit_mse_loss(ml_graph *g, uint64_t n, uint8_t in_dtype, bool cast)
+{
+    ml__graph_init(g);
+    const uint8_t e = lit(g, n);
+    uint16_t x = ml__graph_tensor(g, "mse input", in_dtype, MLG_INPUT, 1, e);
+    uint16_t xf = x;
+    if (cast) {
+        xf = ml__graph_tensor(g, "mse input (fp32 cast)", MLG_FP32, MLG_ACT, 1, e);
+        ml__graph_step(g, MLG_OP_COPY, "to fp32 (autocast)", x, xf, NULL);
+    }
+    uint16_t y = ml__graph_tensor(g, "mse target", MLG_STREAM, MLG_BATCH, 1, e);
+    uint16_t loss = ml__graph_tensor(g, "loss", MLG_FP32, MLG_ACT, 0);
+    mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mse_loss", xf, loss, NULL);
+    ml__op_in(o, y);
+    ml__op_save(o, xf);
+    ml__op_save(o, y);
+    g->out = MLG_NONE;
+}
+
 /* GenericForSequenceClassification's pooling without pad_token_id: the
  * last position, a select keeping arange(B) (IndexBackward0's index);
  * with it, (input_ids != pad).to(int32) * arange(T) (int32, made and freed

@@ -15,6 +15,13 @@
  * loop holds, and its fp32 total_weight saved). */
 void ml__kit_ce_loss(ml_graph *g, uint64_t rows, uint64_t classes);
 
+/* A sequential model's mean-squared-error loss block on n elements:
+ * mse_loss saves its input (the block's, of class in_dtype) and the
+ * target (the weights' dtype, part of the batch the loop holds); cast:
+ * autocast runs it in fp32 and it saves an fp32 copy of a half input
+ * instead. */
+void ml__kit_mse_loss(ml_graph *g, uint64_t n, uint8_t in_dtype, bool cast);
+
 /* A decoder's sequence-classification head (transformers'
  * GenericForSequenceClassification, as LlamaForSequenceClassification and
  * the others use it): L's final norm, `score` (D -> classes, no bias) on

@@ -276,12 +276,12 @@ static uint16_t unary(sq *s, uint16_t x, uint64_t out_ps, const char *save_x, co
 }
 
 /* native_dropout saves its bool mask (dropped under no_grad); in
- * evaluation the identity (the forward pass aliases its output). */
+ * evaluation the identity: the forward pass aliases its output to its
+ * input's storage, which the output's reader frees, as the builders had it
+ * (no allocation, and the input freed when its alias goes) — inside a
+ * residual too (docs/graph.md, "Sequential layers"). */
 static uint16_t dropout(sq *s, uint16_t x, uint64_t out_ps)
 {
-    /* evaluation inside a residual: the builders' program has no rule */
-    if (s->c->eval && s->depth)
-        s->refused = true;
     mlg_op *op = ml__graph_op(s->g, MLG_OP_DROPOUT, "dropout");
     ml__op_in(op, x);
     uint16_t mask = like(s, "dropout mask (bool)", x, 1);

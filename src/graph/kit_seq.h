@@ -37,8 +37,7 @@ typedef struct {
 
 /* The graph of layer l on input shape in into g; false when the kit does
  * not express it (attention; an embedding not on the block's input; a
- * dropout in evaluation inside a residual; a graph that overfills), the
- * chain builders then run it. */
+ * graph that overfills), the chain builders then run it. */
 bool ml__seq_block_graph(ml_graph *g, const ml_layer *l, const ml_shape *in,
                          const mlg_seq_config *c, mlg_seq_block *info);
 

@@ -9,12 +9,11 @@
 #include "graph/families.h"
 #include "graph/kit_embed.h"
 #include "graph/kit_head.h"
-#include "graph/kit_t5.h"
 #include "ledger/chain_kit.h"
 #include "util/grow.h"
 
 /* What of the configuration changes the ops. */
-static mlg_config config_of(const ml_chain *ch, const ml_model *m)
+mlg_config ml__ck_graph_config(const ml_chain *ch, const ml_model *m)
 {
     return (mlg_config){ch->prec.a,        ch->prec.w,   ch->prec.fp16,
                         ch->prec.autocast, ml__ck_fused_attention(ch, m), ch->eval_mode};
@@ -22,7 +21,7 @@ static mlg_config config_of(const ml_chain *ch, const ml_model *m)
 
 /* Each dtype class's bytes under the chain's precision, then each
  * tensor's bytes at G's sizes. */
-static void dtype_bytes(ml_chain *ch, ml_ck_graph *G)
+void ml__ck_graph_dtype_bytes(ml_chain *ch, ml_ck_graph *G)
 {
     ml_graph_sizes *z = &G->z;
     const unsigned bytes[MLG_NDTYPES] = {
@@ -41,7 +40,7 @@ static void dtype_bytes(ml_chain *ch, ml_ck_graph *G)
  * passes do not derive yet"; nor for a vision encoder, a parallel
  * residual or latent attention). False when G is
  * not whole. */
-static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
+bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
 {
     if (!ml__graph_valid(&G->g))
         return false;
@@ -89,7 +88,7 @@ static bool sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_gr
         z->dim[MLG_NE] = rows[0];
     }
     memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
-    dtype_bytes(ch, G);
+    ml__ck_graph_dtype_bytes(ch, G);
     /* no forward programs with experts (the builders' rule) */
     G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER && !m->image_size &&
                   !m->parallel_residual && !m->kv_lora && !m->experts;
@@ -105,32 +104,32 @@ bool ml__ck_graph_layer_at(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
                            ml_ck_graph *G)
 {
     mlg_layer L;
-    const mlg_config c = config_of(ch, m);
+    const mlg_config c = ml__ck_graph_config(ch, m);
     if (!ml__family_layer(m, &c, &L))
         return false;
     /* DeepSeek's first dense_layers layers: one dense MLP */
     if (layer < m->dense_layers)
         L.moe = (mlg_moe){0};
     ml__family_layer_graph(&G->g, &L);
-    return sized(ch, m, d, G);
+    return ml__ck_graph_sized(ch, m, d, G);
 }
 
 bool ml__ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
                        ml_ck_graph *G)
 {
     mlg_layer L;
-    const mlg_config c = config_of(ch, m);
+    const mlg_config c = ml__ck_graph_config(ch, m);
     if (!ml__family_head(m, &c, &L))
         return false;
     ml__family_head_graph(&G->g, &L, m->tied_embeddings, fused, m->final_softcap > 0);
-    return sized(ch, m, d, G);
+    return ml__ck_graph_sized(ch, m, d, G);
 }
 
 bool ml__ck_graph_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
                             ml_ck_graph *G)
 {
     mlg_embed E;
-    const mlg_config c = config_of(ch, m);
+    const mlg_config c = ml__ck_graph_config(ch, m);
     if (!ml__family_embedding(m, &c, d->drop, &E))
         return false;
     /* the literal sizes, as the builders multiplied them */
@@ -142,10 +141,10 @@ bool ml__ck_graph_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d
     E.npatches = d->T ? d->T - 1 : 0;
     E.td = ml_mul(ch, d->T, d->D);
     ml__kit_embedding(&G->g, &E);
-    if (!sized(ch, m, d, G))
+    if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
     memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
-    dtype_bytes(ch, G);
+    ml__ck_graph_dtype_bytes(ch, G);
     G->programs = false; /* the builders had none: the block rule */
     return true;
 }
@@ -153,14 +152,14 @@ bool ml__ck_graph_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d
 bool ml__ck_graph_cls_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
 {
     mlg_layer L;
-    const mlg_config c = config_of(ch, m);
+    const mlg_config c = ml__ck_graph_config(ch, m);
     if (!ml__family_seq_cls_head(m, &c, &L))
         return false;
     ml__kit_seq_cls_head(&G->g, &L, m->classes, !m->cls_no_pad);
-    if (!sized(ch, m, d, G))
+    if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
     memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
-    dtype_bytes(ch, G);
+    ml__ck_graph_dtype_bytes(ch, G);
     return true;
 }
 
@@ -168,17 +167,17 @@ bool ml__ck_graph_encoder_head(ml_chain *ch, const ml_model *m, const ml_ck_dims
                                ml_ck_graph *G)
 {
     mlg_layer L;
-    const mlg_config c = config_of(ch, m);
+    const mlg_config c = ml__ck_graph_config(ch, m);
     if (!ml__family_encoder_classifier(m, &c, &L))
         return false;
     /* ViT's classifier reads the first token, no dropout between
      * (BERT's has one) */
     ml__kit_encoder_classifier(&G->g, &L, m->classes, m->prenorm, m->pooler,
                                d->drop && !m->image_size);
-    if (!sized(ch, m, d, G))
+    if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
     memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
-    dtype_bytes(ch, G);
+    ml__ck_graph_dtype_bytes(ch, G);
     G->programs = false; /* the classifiers' (B, D) tensors: the block rule */
     return true;
 }
@@ -186,14 +185,14 @@ bool ml__ck_graph_encoder_head(ml_chain *ch, const ml_model *m, const ml_ck_dims
 bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
 {
     mlg_layer L;
-    const mlg_config c = config_of(ch, m);
+    const mlg_config c = ml__ck_graph_config(ch, m);
     if (!ml__family_mlm_head(m, &c, &L))
         return false;
     ml__kit_mlm_head(&G->g, &L, m->tied_embeddings);
-    if (!sized(ch, m, d, G))
+    if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
     G->z.dim[MLG_L0] = ml_add(ch, d->D, d->V);
-    dtype_bytes(ch, G);
+    ml__ck_graph_dtype_bytes(ch, G);
     return true;
 }
 
@@ -201,22 +200,40 @@ bool ml__ck_graph_fused_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *
                              ml_ck_graph *G)
 {
     ml__kit_fused_ce(&G->g, m->tied_embeddings);
-    if (!sized(ch, m, d, G))
+    if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
     G->programs = false; /* the chunks' transients: the chain's */
+    return true;
+}
+
+/* A loss graph's sizes: its literals only; the block rule's figures. */
+static bool loss_sized(ml_chain *ch, ml_ck_graph *G)
+{
+    if (!ml__graph_valid(&G->g))
+        return false;
+    memset(&G->z, 0, sizeof G->z);
+    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
+    ml__ck_graph_dtype_bytes(ch, G);
+    G->programs = false; /* the block rule */
     return true;
 }
 
 bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
 {
     ml__kit_ce_loss(&G->g, rows, classes);
-    if (!ml__graph_valid(&G->g))
-        return false;
-    memset(&G->z, 0, sizeof G->z);
-    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
-    dtype_bytes(ch, G);
-    G->programs = false; /* the block rule */
-    return true;
+    return loss_sized(ch, G);
+}
+
+bool ml__ck_graph_mse_loss(ml_chain *ch, uint64_t n, unsigned in_bytes, ml_ck_graph *G)
+{
+    /* the input's class by its bytes, as the sequential kit maps them */
+    const uint8_t cls = in_bytes == ch->prec.w ? MLG_STREAM
+                        : in_bytes == 1        ? MLG_BOOL
+                        : in_bytes == 2        ? MLG_HALF
+                        : in_bytes == 8        ? MLG_INT64
+                                               : MLG_FP32;
+    ml__kit_mse_loss(&G->g, n, cls, ch->prec.autocast && in_bytes != 4);
+    return loss_sized(ch, G);
 }
 
 bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
@@ -229,71 +246,9 @@ bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims
     if (!ml__family_clip_layer(m, &c, &L))
         return false;
     ml__family_clip_graph(&G->g, &L, (mlg_clip_pool)pool);
-    if (!sized(ch, m, vd, G))
+    if (!ml__ck_graph_sized(ch, m, vd, G))
         return false;
     G->programs = false; /* a vision encoder's: the block rule */
-    return true;
-}
-
-bool ml__ck_graph_t5_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool shared,
-                               ml_ck_graph *G)
-{
-    /* T5Stack's embed_tokens then its dropout: no positions, no scale */
-    const mlg_embed E = {.dropout = d->drop, .autocast = ch->prec.autocast};
-    ml__kit_embedding(&G->g, &E);
-    for (uint16_t t = 0; shared && t < G->g.nt; t++)
-        if (G->g.t[t].role == MLG_PARAMETER)
-            G->g.t[t].flags |= MLG_T_SHARED;
-    if (!sized(ch, m, d, G))
-        return false;
-    dtype_bytes(ch, G);
-    G->programs = false; /* the builders had none: the block rule */
-    return true;
-}
-
-bool ml__ck_graph_t5(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t Ts,
-                     bool decoder, bool first, ml_ck_graph *G)
-{
-    mlg_t5 L;
-    const mlg_config c = config_of(ch, m);
-    if (!ml__family_t5_layer(m, &c, decoder, first, &L))
-        return false;
-    ml__kit_t5_layer(&G->g, &L);
-    if (!sized(ch, m, d, G))
-        return false;
-    G->z.dim[MLG_TS] = Ts;
-    G->z.dim[MLG_NB] = m->rel_buckets;
-    dtype_bytes(ch, G);
-    /* the block rule's transients, as the chain builders had them */
-    G->programs = false;
-    return true;
-}
-
-bool ml__ck_graph_t5_final(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
-{
-    mlg_t5 L;
-    const mlg_config c = config_of(ch, m);
-    if (!ml__family_t5_layer(m, &c, false, false, &L))
-        return false;
-    ml__kit_t5_final(&G->g, &L);
-    if (!sized(ch, m, d, G))
-        return false;
-    dtype_bytes(ch, G);
-    G->programs = false; /* the block rule, as the builders had it */
-    return true;
-}
-
-bool ml__ck_graph_t5_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
-{
-    mlg_t5 L;
-    const mlg_config c = config_of(ch, m);
-    if (!ml__family_t5_layer(m, &c, true, false, &L))
-        return false;
-    ml__kit_t5_head(&G->g, &L, m->tied_embeddings);
-    if (!sized(ch, m, d, G))
-        return false;
-    dtype_bytes(ch, G);
-    G->programs = false; /* the block rule, as the builders had it */
     return true;
 }
 
@@ -308,7 +263,7 @@ bool ml__ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsig
     memset(z, 0, sizeof *z);
     z->dim[MLG_B] = ch->B;
     memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
-    dtype_bytes(ch, G);
+    ml__ck_graph_dtype_bytes(ch, G);
     /* autocast's cast copies are not in the programs (the block rule) */
     G->programs = !ch->prec.autocast;
     return true;

@@ -380,6 +380,21 @@ static ml_status graph_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t 
     return ML_OK;
 }
 
+ml_status ml__ck_seq_loss_graph(ml_chain *ch, ml_cblock *b, bool ce, uint64_t rows, uint64_t n,
+                                unsigned in_bytes, bool *taken)
+{
+    if (ce)
+        return graph_loss(ch, b, rows, n / rows, taken);
+    ml_ck_graph *G = malloc(sizeof *G);
+    if (!G)
+        return ML_NOMEM;
+    *taken = ml__ck_graph_mse_loss(ch, n, in_bytes, G);
+    if (*taken)
+        ml__ck_graph_emit(ch, b, G, 0);
+    free(G);
+    return ML_OK;
+}
+
 ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t rows,
                          uint64_t out_classes)
 {

@@ -7,6 +7,7 @@
 #ifndef ML_CHAIN_KIT_H
 #define ML_CHAIN_KIT_H
 
+#include "graph/families.h"
 #include "graph/graph.h"
 #include "graph/kit_seq.h"
 #include "ledger/chain.h"
@@ -215,6 +216,9 @@ bool ml__ck_graph_fused_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *
 /* The graph of the cross-entropy block over rows x classes logits
  * (graph/kit_head.h) into G; false: the chain builders run it. */
 bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G);
+/* The same for a sequential model's mean-squared-error block on n
+ * elements of in_bytes each (graph/kit_head.h). */
+bool ml__ck_graph_mse_loss(ml_chain *ch, uint64_t n, unsigned in_bytes, ml_ck_graph *G);
 /* The graph of a multimodal model's vision layer (LLaVA's CLIP tower,
  * graph/kit_clip.c; pool, an mlg_clip_pool: the last layer's post_layernorm) at the tower's
  * shapes vd into G; false: the chain builders run. */
@@ -225,6 +229,13 @@ bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims
  * decoder's embedding registers none). False: the graph declines it. */
 bool ml__ck_graph_t5_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool shared,
                                ml_ck_graph *G);
+/* What of the configuration changes a graph's ops; G's sizes at the
+ * chain's shape d with each tensor's bytes (false: G is not whole); the
+ * dtype classes' bytes and each tensor's again, after a caller's own sizes
+ * (chain_graph.c). */
+mlg_config ml__ck_graph_config(const ml_chain *ch, const ml_model *m);
+bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+void ml__ck_graph_dtype_bytes(ml_chain *ch, ml_ck_graph *G);
 /* The graph of T5's layer (graph/kit_t5.h) of the encoder (decoder
  * false) or the decoder, the stack's first or another, over d's tokens
  * (Ts: the encoder's, the keys of a decoder's cross-attention). */
@@ -257,6 +268,12 @@ ml_status ml__chain_build_sequential(const ml_model *m, const ml_config *cfg, ml
 ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch);
 ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                 ml_error *err);
+/* A sequential model's loss block b's inventory from the op graph:
+ * cross-entropy on rows rows of n elements in all, or mean squared error
+ * on n elements of in_bytes each; *taken false: the graph declines it
+ * (chain_sequential.c's builders list it). ML_NOMEM. */
+ml_status ml__ck_seq_loss_graph(ml_chain *ch, ml_cblock *b, bool ce, uint64_t rows, uint64_t n,
+                                unsigned in_bytes, bool *taken);
 /* The cross-entropy block over `rows` rows of `classes` logits
  * (chain_head.c); ML_NOMEM. */
 ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t rows,

@@ -444,7 +444,8 @@ static tref *seq_layers(seqctx *s, const ml_layer *ls, size_t n, tref *x, ml_sha
 }
 
 /* The loss on the model output x: cross-entropy (log_softmax + nll_loss)
- * or mean squared error. */
+ * or mean squared error; its inventory the op graph's (graph/kit_head.c),
+ * the lists here the builders' reference; the figures the block rule's. */
 static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
                           const ml_shape *sh, uint64_t B)
 {
@@ -452,36 +453,35 @@ static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
     if (!b)
         return ML_NOMEM;
     b->fwd_phase = ML_PHASE_LOSS;
-    b->in_bytes = ml_mul(ch, x->elems, x->bpe);
-    b->in_held = true; /* the caller holds the model output */
-    unsigned lsb = ch->prec.autocast ? 4 : ch->prec.w;
-    if (m->loss == ML_LOSS_CROSS_ENTROPY) {
-        uint64_t rows = sh->rank == 2 ? ml_mul(ch, B, sh->d[0]) : B;
+    bool graph = false;
+    const unsigned lsb = ch->prec.autocast ? 4 : ch->prec.w;
+    const bool ce = m->loss == ML_LOSS_CROSS_ENTROPY;
+    const uint64_t rows = ce && sh->rank == 2 ? ml_mul(ch, B, sh->d[0]) : B;
+    if (!ch->builders_only && ml__ck_seq_loss_graph(ch, b, ce, rows, x->elems, x->bpe, &graph))
+        return ML_NOMEM;
+    if (!graph && ce) {
         ml__ck_save(ch, b, "log-softmax output", x->elems, lsb, 0);
         ml__ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
         ml__ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
-    } else {
-        /* mse_loss saves input and target; autocast runs it in fp32, so
-         * it saves an fp32 copy of the model output */
+    } else if (!graph) {
+        /* its input (autocast: an fp32 copy) and target */
         if (ch->prec.autocast && x->bpe != 4)
             ml__ck_save(ch, b, "mse input (fp32 cast)", x->elems, 4, 0);
         else
             ml__ck_save(ch, b, "mse input", x->elems, x->bpe, ML_SV_INPUT);
         ml__ck_save(ch, b, "mse target", x->elems, ch->prec.w, ML_SV_BATCH);
     }
-    if (ch->prec.autocast)
-        b->ws_fwd = ml_mul(ch, x->elems, 4);
+    b->in_bytes = ml_mul(ch, x->elems, x->bpe);
+    b->in_held = true; /* the caller holds the model output */
+    b->ws_fwd = ch->prec.autocast ? ml_mul(ch, x->elems, 4) : 0;
     b->unit_fwd = b->ws_fwd;
-    if (m->loss != ML_LOSS_CROSS_ENTROPY) {
-        /* mse_loss computes the elementwise loss, input-sized, then its
-         * mean (aten/src/ATen/native/Loss.cpp, mse_loss and
-         * apply_loss_reduction) */
+    if (!ce) {
+        /* the elementwise loss, then its mean (ATen's Loss.cpp) */
         b->unit_fwd = ml_mul(ch, x->elems, lsb);
         b->ws_fwd = ml_add(ch, b->ws_fwd, b->unit_fwd);
     }
     b->ws_bwd = ml_mul(ch, ml_mul(ch, x->elems, lsb), 2);
-    /* under no_grad (evaluation) what the loss saves is transient, beside
-     * the fp32 cast */
+    /* no_grad: what the loss saves is transient, beside the fp32 cast */
     b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
     b->unit = ml_mul(ch, x->elems, lsb);
     return ML_OK;

@@ -1189,8 +1189,8 @@ static void test_llava_tower_equals_builders(void **state)
  * flatten block, LayerNorm, SiLU, GELU, a projection shortcut, ReLU in
  * place on a block's input and inside a branch, an embedding, attention
  * (the builders'), a residual nested in a residual, one on the model's
- * input, a dropout opening a residual's body (the builders' in
- * evaluation). */
+ * input, a dropout opening a residual's body; the last model dropouts
+ * inside residuals in every position (the graph's in evaluation too). */
 static const char *const seq_models[] = {
     "model:\n  type: sequential\n  input: [3, 8, 8]\n  layers:\n"
     "    - conv2d: {out: 4, kernel: 3, padding: 1}\n    - batchnorm: {}\n"
@@ -1221,6 +1221,19 @@ static const char *const seq_models[] = {
     "    - residual:\n        - relu: {inplace: true}\n        - linear: {out: 8}\n"
     "    - residual:\n        body:\n          - linear: {out: 8}\n          - flatten: {}\n"
     "        shortcut:\n          - linear: {out: 8}\n  loss: mse\n",
+    "model:\n  type: sequential\n  input: [16]\n  layers:\n"
+    "    - linear: {out: 16}\n"
+    "    - residual:\n        - linear: {out: 16}\n        - dropout: {p: 0.1}\n"
+    "    - residual:\n        body:\n          - dropout: {p: 0.1}\n"
+    "        shortcut:\n          - linear: {out: 16}\n"
+    "    - residual:\n        body:\n          - relu: {}\n          - dropout: {p: 0.2}\n"
+    "          - linear: {out: 16}\n        shortcut:\n          - dropout: {p: 0.2}\n"
+    "    - residual:\n        - residual:\n            - dropout: {p: 0.3}\n"
+    "            - linear: {out: 16}\n        - relu: {inplace: true}\n"
+    "        - dropout: {p: 0.1}\n"
+    "    - residual:\n        - gelu: {}\n        - dropout: {p: 0.1}\n"
+    "        - dropout: {p: 0.1}\n        - layernorm: {}\n"
+    "    - dropout: {p: 0.1}\n    - linear: {out: 4}\n  loss: mse\n",
 };
 
 /* Every ReLU's inplace set to on (1), off (0), or left (-1). */
@@ -1281,18 +1294,21 @@ static unsigned compare_seq(ml_model *m, const char *name)
     return n;
 }
 
-/* The most tensors, ops and literal sizes a sequential block's graph took. */
+/* The most tensors, ops and literal sizes a sequential block's graph
+ * took; the loss blocks the graph took. */
 typedef struct {
-    unsigned nt, nop, nlit;
+    unsigned nt, nop, nlit, losses;
 } seq_room;
 
 /* The layers the graph expresses (every top-level entry without
- * attention, at fp32 training on the model's shapes), counted. */
-static unsigned seq_expressed(const ml_model *m, seq_room *room)
+ * attention, at fp32 on the model's shapes, in training or evaluation),
+ * counted. */
+static unsigned seq_expressed(const ml_model *m, bool eval, seq_room *room)
 {
     ml_chain ch;
     memset(&ch, 0, sizeof ch);
     ch.prec = ml__prec_of(ML_PREC_FP32);
+    ch.eval_mode = eval;
     ch.B = 2;
     ml_shape sh;
     memset(&sh, 0, sizeof sh);
@@ -1326,6 +1342,13 @@ static unsigned seq_expressed(const ml_model *m, seq_room *room)
         room->nop = G->g.nop > room->nop ? G->g.nop : room->nop;
         room->nlit = G->g.nlit > room->nlit ? G->g.nlit : room->nlit;
     }
+    /* the loss block on the model's output (chain_sequential.c's seq_loss) */
+    const uint64_t elems = ml__shape_elems(&sh) * ch.B;
+    const bool ce = m->loss == ML_LOSS_CROSS_ENTROPY;
+    const uint64_t rows = ce && sh.rank == 2 ? ch.B * sh.d[0] : ch.B;
+    if (ce ? ml__ck_graph_loss(&ch, rows, elems / rows, G)
+           : ml__ck_graph_mse_loss(&ch, elems, bytes, G))
+        room->losses++;
     free(G);
     return n;
 }
@@ -1333,15 +1356,16 @@ static unsigned seq_expressed(const ml_model *m, seq_room *room)
 static void test_seq_chains_equal_builders(void **state)
 {
     (void)state;
-    unsigned n = 0, expressed = 0;
-    seq_room room = {0, 0, 0};
+    unsigned n = 0, expressed = 0, expressed_eval = 0;
+    seq_room room = {0, 0, 0, 0};
     static const char *const presets[] = {"mlp2", "cifar10-resnet", "resnet50-imagenet"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         for (int in = -1; in < 2; in++) {
             ml_model *m = load_preset(presets[i]);
             set_inplace(m->seq, m->nseq, in);
             n += compare_seq(m, presets[i]);
-            expressed += seq_expressed(m, &room);
+            expressed += seq_expressed(m, false, &room);
+            expressed_eval += seq_expressed(m, true, &room);
             ml_model_destroy(m);
         }
     for (size_t i = 0; i < sizeof seq_models / sizeof seq_models[0]; i++)
@@ -1349,16 +1373,21 @@ static void test_seq_chains_equal_builders(void **state)
             ml_model *m = load_str(seq_models[i]);
             set_inplace(m->seq, m->nseq, in);
             n += compare_seq(m, "sequential test model");
-            expressed += seq_expressed(m, &room);
+            expressed += seq_expressed(m, false, &room);
+            expressed_eval += seq_expressed(m, true, &room);
             ml_model_destroy(m);
         }
     fprintf(stderr,
             "%u sequential chains compared, %u layers from the graph (at most %u tensors, "
-            "%u ops, %u literal sizes)\n",
-            n, expressed, room.nt, room.nop, room.nlit);
+            "%u ops, %u literal sizes), %u in evaluation, %u losses\n",
+            n, expressed, room.nt, room.nop, room.nlit, expressed_eval, room.losses);
     assert_true(n > 0);
-    assert_int_equal(n, 7 * 3 * 3 * ML_PREC_COUNT * 3 * 2);
+    assert_int_equal(n, 8 * 3 * 3 * ML_PREC_COUNT * 3 * 2);
     assert_true(expressed > 0);
+    /* evaluation's dropouts inside residuals too */
+    assert_int_equal(expressed_eval, expressed);
+    assert_int_equal(expressed, 318);
+    assert_int_equal(room.losses, 2 * 8 * 3); /* every model's loss block */
     /* ResNet-50's bottleneck with its projection, the largest: a quarter
      * of each array to spare */
     assert_true(room.nt * 4 <= MLG_MAX_TENSORS * 3);
@@ -1367,8 +1396,8 @@ static void test_seq_chains_equal_builders(void **state)
 }
 
 /* What the sequential kit hands back to the builders, explicitly: an
- * attention layer, and a dropout inside a residual in evaluation (taken in
- * training). */
+ * attention layer; a dropout inside a residual is the graph's in training
+ * and in evaluation. */
 static void test_seq_refused(void **state)
 {
     (void)state;
@@ -1385,7 +1414,7 @@ static void test_seq_refused(void **state)
     assert_int_equal(m->seq[4].body[0].kind, ML_L_DROPOUT);
     assert_true(ml__ck_graph_seq(&ch, &m->seq[4], &in, 4, false, G, &info));
     ch.eval_mode = true;
-    assert_false(ml__ck_graph_seq(&ch, &m->seq[4], &in, 4, false, G, &info));
+    assert_true(ml__ck_graph_seq(&ch, &m->seq[4], &in, 4, false, G, &info));
     /* the top-level dropout in evaluation is the graph's (its forward
      * aliases the output; the programs keep the block rule) */
     const ml_shape in16 = {{16, 0, 0}, 1, false};
