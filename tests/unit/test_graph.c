@@ -14,6 +14,8 @@
  *    directly. */
 #include "harness.h"
 
+#include "chain_compare.h"
+
 #include "graph/families.h"
 #include "ledger/chain_kit.h"
 
@@ -164,85 +166,6 @@ static bool one_block(const ml_model *m, ml_precision p, uint64_t B, uint64_t T,
     return true;
 }
 
-#define SAME(f)                                                                          \
-    do {                                                                                 \
-        if (x->f != y->f)                                                                \
-            fail_msg("%s: %s %.17g (builders) != %.17g (graph)", what, #f, (double)x->f,   \
-                     (double)y->f);                                                      \
-    } while (0)
-
-/* On a difference, both saved lists (to stderr) before the failure. */
-static void dump(const ml_chain *a, const ml_chain *b, size_t blk)
-{
-    for (int k = 0; k < 2; k++) {
-        const ml_chain *c = k ? b : a;
-        fprintf(stderr, "%s:\n", k ? "graph" : "builders");
-        for (size_t i = 0; i < c->blocks[blk].nsaved; i++) {
-            const ml_saved *v = &c->saved[c->blocks[blk].saved_first + i];
-            fprintf(stderr, "  %-45s %12llu flags %u node %u\n", v->what,
-                    (unsigned long long)v->bytes, v->flags, v->node);
-        }
-    }
-}
-
-static void same_block(const ml_chain *a, const ml_chain *b, size_t blk, const char *what)
-{
-    const ml_cblock *x = &a->blocks[blk], *y = &b->blocks[blk];
-    if (x->nsaved != y->nsaved || x->saved_bytes != y->saved_bytes || x->core_bytes != y->core_bytes)
-        dump(a, b, blk);
-    if (strcmp(x->name, y->name))
-        fail_msg("%s: block %zu is %s and %s", what, blk, x->name, y->name);
-    SAME(fwd_phase);
-    SAME(ckpt_index);
-    SAME(identity);
-    SAME(in_held);
-    SAME(in_nograd);
-    SAME(inplace);
-    SAME(nodes_off);
-    SAME(measured);
-    SAME(cache_bytes);
-    SAME(fwd_only);
-    SAME(frozen);
-    SAME(unused_out);
-    SAME(grads_in_fwd);
-    SAME(params);
-    SAME(nsaved);
-    SAME(nnodes);
-    SAME(saved_bytes);
-    SAME(core_bytes);
-    SAME(cast_bytes);
-    SAME(in_bytes);
-    SAME(in_saved);
-    SAME(out_saved);
-    SAME(ws_fwd);
-    SAME(ws_nograd);
-    SAME(ws_bwd);
-    SAME(unit_fwd);
-    SAME(unit);
-    SAME(bwd_in);
-    SAME(grad_bytes);
-    SAME(grad_accum_bytes);
-    SAME(flops_fwd);
-    SAME(flops_bwd);
-    SAME(flops_core);
-    for (size_t i = 0; i < x->nsaved; i++) {
-        const ml_saved *u = &a->saved[x->saved_first + i], *v = &b->saved[y->saved_first + i];
-        if (u->bytes != v->bytes || u->flags != v->flags || u->node != v->node ||
-            u->next_same != v->next_same)
-            fail_msg("%s: saved[%zu] '%s' %llu B flags %u node %u != '%s' %llu B flags %u "
-                     "node %u",
-                     what, i, u->what, (unsigned long long)u->bytes, u->flags, u->node, v->what,
-                     (unsigned long long)v->bytes, v->flags, v->node);
-    }
-    for (size_t i = 0; i < x->nnodes; i++) {
-        const ml_bnode *u = &a->nodes[x->node_first + i], *v = &b->nodes[y->node_first + i];
-        if (strcmp(u->what, v->what) || u->grad_in != v->grad_in ||
-            u->param_grad != v->param_grad || u->scratch != v->scratch ||
-            u->grad_out != v->grad_out || u->first_saved != v->first_saved)
-            fail_msg("%s: node[%zu] '%s' != '%s'", what, i, u->what, v->what);
-    }
-}
-
 /* Block 0 of a and b, and their parameters and chain-wide figures. */
 /* Phi-3's and GPT-NeoX's projections with a fused kernel: the kernel
  * saves q and k as the rotary's cat made them (apply_rotary_pos_emb's
@@ -284,34 +207,6 @@ static void layers_differ_by(const ml_chain *a, const ml_chain *b, uint64_t extr
                      (unsigned long long)x->saved_bytes, (unsigned long long)d,
                      (unsigned long long)y->saved_bytes);
     }
-}
-
-static void same_blocks(const ml_chain *a, const ml_chain *b, const char *what)
-{
-    if (a->n != b->n)
-        fail_msg("%s: %zu blocks != %zu", what, a->n, b->n);
-    for (size_t i = 0; i < a->n; i++)
-        same_block(a, b, i, what);
-    const ml_chain *x = a, *y = b;
-    SAME(batch_input);
-    SAME(batch_targets);
-    SAME(buffer_bytes);
-    SAME(ckpt_side);
-    SAME(n_ckpt);
-    SAME(mask_in_forward);
-    SAME(nsides);
-    if (a->nparams != b->nparams)
-        fail_msg("%s: %zu parameter tensors != %zu", what, a->nparams, b->nparams);
-    for (size_t i = 0; i < a->nparams; i++)
-        if (a->params[i].numel != b->params[i].numel || a->params[i].rows != b->params[i].rows ||
-            a->params[i].cols != b->params[i].cols || a->params[i].nograd != b->params[i].nograd ||
-            a->params[i].frozen != b->params[i].frozen)
-            fail_msg("%s: parameter %zu differs: %llu (%llu x %llu) != %llu (%llu x %llu)", what, i,
-                     (unsigned long long)a->params[i].numel, (unsigned long long)a->params[i].rows,
-                     (unsigned long long)a->params[i].cols, (unsigned long long)b->params[i].numel,
-                     (unsigned long long)b->params[i].rows, (unsigned long long)b->params[i].cols);
-    if (a->max_param_numel != b->max_param_numel)
-        fail_msg("%s: max_param_numel differs", what);
 }
 
 /* The layouts the graph expresses, each in settings that change its ops:
@@ -502,7 +397,7 @@ static void test_graph_equals_builders(void **state)
                             layers_differ_by(&a, &b, extra, what);
                             by_oracle++;
                         } else {
-                            same_blocks(&a, &b, what);
+                            same_blocks(&a, &b, false, what);
                             compared++;
                         }
                         ml__chain_free(&b);
@@ -654,7 +549,7 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
                     if (extra)
                         layers_differ_by(&a, &b, extra, what);
                     else
-                        same_blocks(&a, &b, what);
+                        same_blocks(&a, &b, false, what);
                     ml__chain_free(&a);
                     ml__chain_free(&b);
                     compared++;
@@ -781,7 +676,7 @@ static void test_moe_equals_builders(void **state)
                                  * layer loop counts per expert layer */
                                 if (m->router_sigmoid)
                                     b.buffer_bytes += m->experts * 4;
-                                same_blocks(&a, &b, what);
+                                same_blocks(&a, &b, false, what);
                                 compared++;
                                 ml__chain_free(&b);
                                 ml__chain_free(&a);
@@ -915,7 +810,7 @@ static void test_mixtral_equals_builders(void **state)
                                           ev, false, &a);
                                 assert_true(one_block(m, (ml_precision)p, shapes[s][0],
                                                       shapes[s][1], sel, ev, true, &b));
-                                same_blocks(&a, &b, what);
+                                same_blocks(&a, &b, false, what);
                                 compared++;
                                 ml__chain_free(&b);
                                 ml__chain_free(&a);
@@ -1086,7 +981,7 @@ static unsigned compare_llava(ml_model *m, const char *name, unsigned *copies)
                         char what[200];
                         snprintf(what, sizeof what, "%s, tower %d, attention %zu, precision %d, %s%s",
                                  name, vt, k, p, policies[c], ev ? ", eval" : "");
-                        same_blocks(&a, &b, what);
+                        same_blocks(&a, &b, false, what);
                         assert_int_equal(tower_copies(&a), 0);
                         *copies += tower_copies(&b);
                         ml__chain_free(&a);
@@ -1282,11 +1177,7 @@ static unsigned compare_seq(ml_model *m, const char *name)
                     char what[200];
                     snprintf(what, sizeof what, "%s, B %llu, precision %d, %s%s", name,
                              (unsigned long long)batches[k], p, policies[c], ev ? ", eval" : "");
-                    same_blocks(&a, &b, what);
-                    for (size_t i = 0; i < a.nsaved; i++)
-                        if (strcmp(a.saved[i].what, b.saved[i].what))
-                            fail_msg("%s: saved[%zu] '%s' != '%s'", what, i, a.saved[i].what,
-                                     b.saved[i].what);
+                    same_blocks(&a, &b, true, what);
                     ml__chain_free(&a);
                     ml__chain_free(&b);
                     n++;
@@ -1598,6 +1489,7 @@ static const char *const ends_variants[] = {
 static void same_graph_fields(const ml_chain *a, const ml_cblock *x, const ml_chain *b,
                               const ml_cblock *y, const char *what)
 {
+    const char *who = x->name;
     SAME(nsaved);
     SAME(saved_bytes);
     SAME(cast_bytes);
@@ -1667,6 +1559,7 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
         assert_non_null(b);
         ml__ck_graph_emit(&ch, b, G, 0);
         const ml_cblock *x = l, *y = &ch.blocks[ch.n - 1];
+        const char *who = x->name;
         const char *what = "loss from the graph";
         SAME(nsaved);
         SAME(saved_bytes);
@@ -1680,7 +1573,7 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
         assert_non_null(b);
         ml__ck_graph_emit(&ch, b, G, 0);
         const ml_cblock *x = l, *y = &ch.blocks[ch.n - 1];
-        const char *what = "fused loss from the graph";
+        const char *what = "fused loss from the graph", *who = x->name;
         SAME(nsaved);
         SAME(params);
         SAME(flops_fwd);
@@ -1728,7 +1621,7 @@ static void test_ends_equal_builders(void **state)
                                 fail_msg("refused: %s", e.msg);
                             continue;
                         }
-                        same_blocks(&a, &b, "ends");
+                        same_blocks(&a, &b, false, "ends");
                         ends_from_graph(m, &cfg, ev, &b, &emb, &cls, &enc_cls, &mlm, &loss,
                                         &fused);
                         ml__chain_free(&a);

@@ -8,95 +8,10 @@
  * name too), every parameter, every side tensor. */
 #include "harness.h"
 
+#include "chain_compare.h"
+
 #include "graph/kit_t5.h"
 #include "ledger/chain_kit.h"
-
-#define SAME(f)                                                                          \
-    do {                                                                                 \
-        if (x->f != y->f)                                                                \
-            fail_msg("%s: %s: %s %.17g (builders) != %.17g (graph)", what, who,         \
-                     #f, (double)x->f, (double)y->f);                                    \
-    } while (0)
-
-static void same_block(const ml_chain *a, const ml_chain *b, size_t blk, const char *what)
-{
-    const ml_cblock *x = &a->blocks[blk], *y = &b->blocks[blk];
-    const char *who = x->name;
-    if (strcmp(x->name, y->name))
-        fail_msg("%s: block %zu is %s and %s", what, blk, x->name, y->name);
-    SAME(fwd_phase);
-    SAME(ckpt_index);
-    SAME(identity);
-    SAME(in_held);
-    SAME(in_nograd);
-    SAME(inplace);
-    SAME(nodes_off);
-    SAME(measured);
-    SAME(cache_bytes);
-    SAME(fwd_only);
-    SAME(frozen);
-    SAME(unused_out);
-    SAME(grads_in_fwd);
-    SAME(params);
-    SAME(nsaved);
-    SAME(nnodes);
-    SAME(saved_bytes);
-    SAME(core_bytes);
-    SAME(cast_bytes);
-    SAME(in_bytes);
-    SAME(in_saved);
-    SAME(out_saved);
-    SAME(ws_fwd);
-    SAME(ws_nograd);
-    SAME(ws_bwd);
-    SAME(unit_fwd);
-    SAME(unit);
-    SAME(bwd_in);
-    SAME(grad_bytes);
-    SAME(grad_accum_bytes);
-    SAME(flops_fwd);
-    SAME(flops_bwd);
-    SAME(flops_core);
-    for (size_t i = 0; i < x->nsaved; i++) {
-        const ml_saved *u = &a->saved[x->saved_first + i], *v = &b->saved[y->saved_first + i];
-        if (strcmp(u->what, v->what) || u->bytes != v->bytes || u->flags != v->flags ||
-            u->node != v->node || u->next_same != v->next_same)
-            fail_msg("%s: %s saved[%zu] '%s' %llu B flags %u != '%s' %llu B flags %u", what,
-                     x->name, i, u->what, (unsigned long long)u->bytes, u->flags, v->what,
-                     (unsigned long long)v->bytes, v->flags);
-    }
-}
-
-static void same_chains(const ml_chain *a, const ml_chain *b, const char *what)
-{
-    if (a->n != b->n)
-        fail_msg("%s: %zu blocks != %zu", what, a->n, b->n);
-    for (size_t i = 0; i < a->n; i++)
-        same_block(a, b, i, what);
-    const ml_chain *x = a, *y = b;
-    const char *who = "the chain";
-    SAME(batch_input);
-    SAME(batch_targets);
-    SAME(buffer_bytes);
-    SAME(ckpt_side);
-    SAME(n_ckpt);
-    SAME(mask_in_forward);
-    SAME(nsides);
-    SAME(nparams);
-    SAME(max_param_numel);
-    for (size_t i = 0; i < a->nparams; i++)
-        if (a->params[i].numel != b->params[i].numel || a->params[i].rows != b->params[i].rows ||
-            a->params[i].cols != b->params[i].cols || a->params[i].nograd != b->params[i].nograd ||
-            a->params[i].frozen != b->params[i].frozen)
-            fail_msg("%s: parameter %zu differs", what, i);
-    for (size_t i = 0; i < a->nsides; i++) {
-        const ml_side *u = &a->sides[i], *v = &b->sides[i];
-        if (strcmp(u->what, v->what) || u->bytes != v->bytes || u->from != v->from ||
-            u->to != v->to || u->to_bwd != v->to_bwd || u->ckpt_kept != v->ckpt_kept ||
-            u->grad != v->grad || u->grad_from != v->grad_from || u->grad_to != v->grad_to)
-            fail_msg("%s: side %zu (%s) differs", what, i, u->what);
-    }
-}
 
 /* The graph's layers are its: block "<stack>.block.<i>" for i >= 2 shares
  * the saved list of block 1 (ml__ck_graph_repeat), as the builders' never
@@ -221,7 +136,7 @@ static unsigned compare(ml_model *m, const char *name, unsigned *layers, unsigne
                     char what[200];
                     snprintf(what, sizeof what, "%s, shape %zu, precision %d, %s%s", name, s, p,
                              policies[c], ev ? ", eval" : "");
-                    same_chains(&a, &b, what);
+                    same_blocks(&a, &b, true, what);
                     *layers += from_graph(&a, &b, what);
                     *emb += embeddings_from_graph(m, &cfg, ev, &b);
                     ml__chain_free(&a);

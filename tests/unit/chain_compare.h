@@ -1,0 +1,133 @@
+/* Two chains compared field by field: the chain builders' (a) and the op
+ * graph's (b) — every block's figures, every saved entry (with names:
+ * its name too; the transformer builders word some entries otherwise),
+ * every backward node, every parameter, every side tensor and the
+ * chain-wide figures; the first difference fails the test with both
+ * values (tests/unit/test_graph.c, test_graph_t5.c). */
+#ifndef ML_TEST_CHAIN_COMPARE_H
+#define ML_TEST_CHAIN_COMPARE_H
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ledger/chain.h"
+
+#define SAME(f)                                                                          \
+    do {                                                                                 \
+        if (x->f != y->f)                                                                \
+            fail_msg("%s: %s: %s %.17g (builders) != %.17g (graph)", what, who, #f,     \
+                     (double)x->f, (double)y->f);                                        \
+    } while (0)
+
+/* On a difference, both saved lists (to stderr) before the failure. */
+static void dump(const ml_chain *a, const ml_chain *b, size_t blk)
+{
+    for (int k = 0; k < 2; k++) {
+        const ml_chain *c = k ? b : a;
+        fprintf(stderr, "%s:\n", k ? "graph" : "builders");
+        for (size_t i = 0; i < c->blocks[blk].nsaved; i++) {
+            const ml_saved *v = &c->saved[c->blocks[blk].saved_first + i];
+            fprintf(stderr, "  %-45s %12llu flags %u node %u\n", v->what,
+                    (unsigned long long)v->bytes, v->flags, v->node);
+        }
+    }
+}
+
+static void same_block(const ml_chain *a, const ml_chain *b, size_t blk, bool names,
+                       const char *what)
+{
+    const ml_cblock *x = &a->blocks[blk], *y = &b->blocks[blk];
+    const char *who = x->name;
+    if (x->nsaved != y->nsaved || x->saved_bytes != y->saved_bytes || x->core_bytes != y->core_bytes)
+        dump(a, b, blk);
+    if (strcmp(x->name, y->name))
+        fail_msg("%s: block %zu is %s and %s", what, blk, x->name, y->name);
+    SAME(fwd_phase);
+    SAME(ckpt_index);
+    SAME(identity);
+    SAME(in_held);
+    SAME(in_nograd);
+    SAME(inplace);
+    SAME(nodes_off);
+    SAME(measured);
+    SAME(cache_bytes);
+    SAME(fwd_only);
+    SAME(frozen);
+    SAME(unused_out);
+    SAME(grads_in_fwd);
+    SAME(params);
+    SAME(nsaved);
+    SAME(nnodes);
+    SAME(saved_bytes);
+    SAME(core_bytes);
+    SAME(cast_bytes);
+    SAME(in_bytes);
+    SAME(in_saved);
+    SAME(out_saved);
+    SAME(ws_fwd);
+    SAME(ws_nograd);
+    SAME(ws_bwd);
+    SAME(unit_fwd);
+    SAME(unit);
+    SAME(bwd_in);
+    SAME(grad_bytes);
+    SAME(grad_accum_bytes);
+    SAME(flops_fwd);
+    SAME(flops_bwd);
+    SAME(flops_core);
+    for (size_t i = 0; i < x->nsaved; i++) {
+        const ml_saved *u = &a->saved[x->saved_first + i], *v = &b->saved[y->saved_first + i];
+        if ((names && strcmp(u->what, v->what)) || u->bytes != v->bytes || u->flags != v->flags ||
+            u->node != v->node || u->next_same != v->next_same)
+            fail_msg("%s: saved[%zu] '%s' %llu B flags %u node %u != '%s' %llu B flags %u "
+                     "node %u",
+                     what, i, u->what, (unsigned long long)u->bytes, u->flags, u->node, v->what,
+                     (unsigned long long)v->bytes, v->flags, v->node);
+    }
+    for (size_t i = 0; i < x->nnodes; i++) {
+        const ml_bnode *u = &a->nodes[x->node_first + i], *v = &b->nodes[y->node_first + i];
+        if (strcmp(u->what, v->what) || u->grad_in != v->grad_in ||
+            u->param_grad != v->param_grad || u->scratch != v->scratch ||
+            u->grad_out != v->grad_out || u->first_saved != v->first_saved)
+            fail_msg("%s: node[%zu] '%s' != '%s'", what, i, u->what, v->what);
+    }
+}
+
+static void same_blocks(const ml_chain *a, const ml_chain *b, bool names, const char *what)
+{
+    if (a->n != b->n)
+        fail_msg("%s: %zu blocks != %zu", what, a->n, b->n);
+    for (size_t i = 0; i < a->n; i++)
+        same_block(a, b, i, names, what);
+    const ml_chain *x = a, *y = b;
+    const char *who = "the chain";
+    SAME(batch_input);
+    SAME(batch_targets);
+    SAME(buffer_bytes);
+    SAME(ckpt_side);
+    SAME(n_ckpt);
+    SAME(mask_in_forward);
+    SAME(nsides);
+    if (a->nparams != b->nparams)
+        fail_msg("%s: %zu parameter tensors != %zu", what, a->nparams, b->nparams);
+    for (size_t i = 0; i < a->nparams; i++)
+        if (a->params[i].numel != b->params[i].numel || a->params[i].rows != b->params[i].rows ||
+            a->params[i].cols != b->params[i].cols || a->params[i].nograd != b->params[i].nograd ||
+            a->params[i].frozen != b->params[i].frozen)
+            fail_msg("%s: parameter %zu differs: %llu (%llu x %llu) != %llu (%llu x %llu)", what, i,
+                     (unsigned long long)a->params[i].numel, (unsigned long long)a->params[i].rows,
+                     (unsigned long long)a->params[i].cols, (unsigned long long)b->params[i].numel,
+                     (unsigned long long)b->params[i].rows, (unsigned long long)b->params[i].cols);
+    if (a->max_param_numel != b->max_param_numel)
+        fail_msg("%s: max_param_numel differs", what);
+    for (size_t i = 0; i < a->nsides; i++) {
+        const ml_side *u = &a->sides[i], *v = &b->sides[i];
+        if ((names && strcmp(u->what, v->what)) || u->bytes != v->bytes || u->from != v->from ||
+            u->to != v->to || u->to_bwd != v->to_bwd || u->ckpt_kept != v->ckpt_kept ||
+            u->grad != v->grad || u->grad_from != v->grad_from || u->grad_to != v->grad_to)
+            fail_msg("%s: side %zu (%s) differs", what, i, u->what);
+    }
+}
+
+#endif
