@@ -119,21 +119,11 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     ml__eval_model_states(&ch, &ec.training, &x->ob, s);
     const uint64_t N = t->data_parallel ? t->data_parallel : 1;
     ml_shard sh = {N, t->zero, t->zero >= 2, t->zero >= 3, ch.prec.param, 0, -1, 0, 0, false};
-    ml_replay r;
-    memset(&r, 0, sizeof r);
-    r.l = &sl;
-    r.ch = &ch;
-    r.sh = &sh;
-    r.seg = e.seg;
-    r.bd = e.bd;
-    r.held = e.held;
-    r.held_cat = e.held_cat;
-    r.recomputed = e.recomputed;
-    r.hold_cache = true;
-    r.whole = x->whole;
-    r.block = -1;
-    r.sub = "";
-    r.phase = ML_PHASE_FORWARD;
+    ml_replay r = {.l = &sl,           .ch = &ch,         .sh = &sh,
+                   .seg = e.seg,       .bd = e.bd,        .held = e.held,
+                   .held_cat = e.held_cat, .recomputed = e.recomputed,
+                   .hold_cache = true, .whole = x->whole, .block = -1,
+                   .sub = "",          .phase = ML_PHASE_FORWARD};
     nograd_residents(&r, x, s, &ch, inf != NULL);
     /* a simulation has the resident states already, from training */
     r.rsim = rsim;
