@@ -39,13 +39,26 @@ static ml_model *decoder(unsigned layers)
     return m;
 }
 
-/* Plans per second; with an allocator, each plan also simulates PyTorch's
- * caching allocator over three iterations (docs/allocator.md). */
-static void evals_per_second(unsigned layers, double seconds, ml_allocator alloc)
+/* One plan, through the prepared planner p or, p NULL, ml_ledger_evaluate
+ * (which builds the chain each time). */
+static ml_status plan(ml_planner *p, const ml_model *m, const ml_config *c, ml_ledger **l,
+                      ml_error *e)
+{
+    return p ? ml_planner_evaluate(p, c, false, l, e) : ml_ledger_evaluate(m, c, false, l, e);
+}
+
+/* Plans per second, micro-batches 1 to 8 in turn, each plan on its own
+ * (ml_ledger_evaluate) or through a prepared planner; with an allocator,
+ * each plan also simulates PyTorch's caching allocator over three
+ * iterations (docs/allocator.md). */
+static void evals_per_second(unsigned layers, double seconds, ml_allocator alloc, bool prepared)
 {
     ml_model *m = decoder(layers);
-    if (!m)
+    ml_planner *p = NULL;
+    if (!m || (prepared && ml_planner_create(m, &p, NULL) != ML_OK)) {
+        ml_model_destroy(m);
         return;
+    }
     ml_config c = ml_model_config(m);
     c.device.allocator = alloc;
     /* the simulation runs to the end only without a device to run out of
@@ -57,16 +70,18 @@ static void evals_per_second(unsigned layers, double seconds, ml_allocator alloc
     do {
         ml_ledger *l = NULL;
         c.training.micro_batch = 1 + n % 8;
-        if (ml_ledger_evaluate(m, &c, false, &l, NULL) != ML_OK)
+        if (plan(p, m, &c, &l, NULL) != ML_OK)
             break;
         ml_ledger_destroy(l);
         n++;
         t = now();
     } while (t - t0 < seconds);
-    printf("plan evaluations, %4u-block decoder%s: %10.0f per second (%lu in %.2f s, "
+    printf("plan evaluations, %4u-block decoder%s%s: %10.0f per second (%lu in %.2f s, "
            "%.3f ms each)\n",
-           layers, alloc == ML_ALLOCATOR_CACHING ? ", caching allocator simulated (no device)" : "",
+           layers, prepared ? ", prepared planner" : "",
+           alloc == ML_ALLOCATOR_CACHING ? ", caching allocator simulated (no device)" : "",
            (double)n / (t - t0), n, t - t0, (t - t0) / (double)(n ? n : 1) * 1e3);
+    ml_planner_destroy(p);
     ml_model_destroy(m);
 }
 
@@ -142,15 +157,14 @@ static void optimal_time(unsigned layers)
 
 /* The comparison grid (bench/vs-llm-analysis.py): micro-batch 1..8 x
  * sequence 256, 512, 1024 x no recompute or full, each configuration a
- * whole plan; prints the configurations per second. */
-static int grid(const char *path, double seconds)
+ * whole plan, through a prepared planner (prepared) or ml_ledger_evaluate;
+ * prints the configurations per second. */
+static int grid_with(const ml_model *m, const char *path, double seconds, bool prepared)
 {
-    ml_model *m = NULL;
+    ml_planner *p = NULL;
     ml_error e;
-    if (ml_model_load_file(path, &m, &e) != ML_OK) {
-        fprintf(stderr, "bench: %s:%u:%u: %s\n", e.path, e.line, e.col, e.msg);
+    if (prepared && ml_planner_create(m, &p, &e) != ML_OK)
         return 1;
-    }
     ml_config c = ml_model_config(m);
     static const uint64_t seqs[] = {256, 512, 1024};
     unsigned long n = 0;
@@ -163,9 +177,9 @@ static int grid(const char *path, double seconds)
                     c.training.seq_len = seqs[s];
                     c.training.checkpoint.kind = ck ? ML_CKPT_FULL : ML_CKPT_NONE;
                     ml_ledger *l = NULL;
-                    if (ml_ledger_evaluate(m, &c, false, &l, &e) != ML_OK) {
+                    if (plan(p, m, &c, &l, &e) != ML_OK) {
                         fprintf(stderr, "bench: %s\n", e.msg);
-                        ml_model_destroy(m);
+                        ml_planner_destroy(p);
                         return 1;
                     }
                     ml_ledger_destroy(l);
@@ -173,23 +187,39 @@ static int grid(const char *path, double seconds)
                 }
         t = now();
     } while (t - t0 < seconds);
-    printf("grid %s: %.0f configurations per second (%.2f us each, %lu in %.2f s)\n", path,
-           (double)n / (t - t0), (t - t0) / (double)n * 1e6, n, t - t0);
-    ml_model_destroy(m);
+    printf("grid %s, %s: %.0f configurations per second (%.2f us each, %lu in %.2f s)\n", path,
+           prepared ? "prepared planner" : "each on its own", (double)n / (t - t0),
+           (t - t0) / (double)n * 1e6, n, t - t0);
+    ml_planner_destroy(p);
     return 0;
+}
+
+static int grid(const char *path, double seconds)
+{
+    ml_model *m = NULL;
+    ml_error e;
+    if (ml_model_load_file(path, &m, &e) != ML_OK) {
+        fprintf(stderr, "bench: %s:%u:%u: %s\n", e.path, e.line, e.col, e.msg);
+        return 1;
+    }
+    int rc = grid_with(m, path, seconds, true) || grid_with(m, path, seconds, false);
+    ml_model_destroy(m);
+    return rc;
 }
 
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--grid"))
         return grid(argv[2], 2.0);
-    double secs = argc > 1 ? 2.0 : 1.0;
+    double secs = argc > 1 && strcmp(argv[1], "--plans") ? 2.0 : 1.0;
     /* --attacks [trace|fit]: only the inputs built to cost superlinear time
      * (bench/attacks.h), or only one of them;
      * --write-collisions PATH N: the colliding trace, for the fuzz corpus */
     if (argc > 3 && !strcmp(argv[1], "--write-collisions"))
         return bench_write_collision_trace(argv[2], strtoul(argv[3], NULL, 10)) ? 1 : 0;
     bool attacks_only = argc > 1 && !strcmp(argv[1], "--attacks");
+    /* --plans: only the plan evaluations and the checkpoint solver */
+    bool plans_only = argc > 1 && !strcmp(argv[1], "--plans");
     const char *which = attacks_only && argc > 2 ? argv[2] : "";
 #ifdef __GLIBC__
     /* glibc's mmap threshold moves with the sizes the process frees, so
@@ -200,19 +230,23 @@ int main(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
     printf("(glibc malloc: mmap and trim thresholds pinned at 32 and 64 MiB)\n");
 #endif
-    for (size_t n = 62500; n <= 250000 && strcmp(which, "fit"); n *= 2) {
+    for (size_t n = 62500; n <= 250000 && strcmp(which, "fit") && !plans_only; n *= 2) {
         bench_trace_collisions(n, false);
         bench_trace_collisions(n, true);
     }
-    for (unsigned n = 6250; n <= 50000 && strcmp(which, "trace"); n *= 2)
+    for (unsigned n = 6250; n <= 50000 && strcmp(which, "trace") && !plans_only; n *= 2)
         bench_sequential_fit(n);
     if (attacks_only)
         return 0;
-    evals_per_second(32, secs, ML_ALLOCATOR_NONE);
-    evals_per_second(32, secs, ML_ALLOCATOR_CACHING);
-    evals_per_second(96, secs, ML_ALLOCATOR_NONE);
-    evals_per_second(96, secs, ML_ALLOCATOR_CACHING);
-    evals_per_second(1000, secs, ML_ALLOCATOR_NONE);
+    evals_per_second(32, secs, ML_ALLOCATOR_NONE, false);
+    evals_per_second(32, secs, ML_ALLOCATOR_NONE, true);
+    evals_per_second(32, secs, ML_ALLOCATOR_CACHING, false);
+    evals_per_second(32, secs, ML_ALLOCATOR_CACHING, true);
+    evals_per_second(96, secs, ML_ALLOCATOR_NONE, false);
+    evals_per_second(96, secs, ML_ALLOCATOR_NONE, true);
+    evals_per_second(96, secs, ML_ALLOCATOR_CACHING, false);
+    evals_per_second(1000, secs, ML_ALLOCATOR_NONE, false);
+    evals_per_second(1000, secs, ML_ALLOCATOR_NONE, true);
     fit_time(32);
     optimal_time(32);
     optimal_time(96);

@@ -13,7 +13,10 @@ The grid, for GPT-2 small and Llama-2-7B: micro-batch 1..8 x sequence 256,
 one LLMAnalysis per model, its training() per configuration, logging off.
 memledger: `memledger-bench --grid MODEL.yaml`, a whole plan per
 configuration (the node-level replay of one iteration, the first iteration,
-the checks). Prints each tool's time per configuration and the ratio.
+the checks), through a prepared planner (the chain built once per setting
+and derived for each micro-batch, docs/ledger.md) and each plan on its own
+(ml_ledger_evaluate). Prints each tool's time per configuration and the
+ratios.
 Prints figures only: nothing here is a pass or a fail.
 """
 import logging
@@ -45,12 +48,16 @@ def llm_analysis_time(root, model, seconds=2.0):
             return t / n
 
 
-def memledger_time(bench, yaml):
+def memledger_times(bench, yaml):
+    """(prepared planner, each on its own), seconds per configuration"""
     out = subprocess.run([bench, "--grid", yaml], capture_output=True, text=True, check=True)
-    m = re.search(r"\(([0-9.]+) us each", out.stdout)
-    if not m:
-        sys.exit("memledger-bench printed no grid figure: %r" % out.stdout)
-    return float(m.group(1)) * 1e-6
+    times = {}
+    for kind, us in re.findall(r", (prepared planner|each on its own): .*?\(([0-9.]+) us each",
+                               out.stdout):
+        times[kind] = float(us) * 1e-6
+    if len(times) != 2:
+        sys.exit("memledger-bench printed no grid figures: %r" % out.stdout)
+    return times["prepared planner"], times["each on its own"]
 
 
 def main():
@@ -60,13 +67,15 @@ def main():
     bench = sys.argv[2] if len(sys.argv) > 2 else "build/bench/memledger-bench"
     if not os.path.isdir(os.path.join(root, "llm_analysis")):
         sys.exit("%s: not a checkout of llm-analysis (no llm_analysis/ in it)" % root)
-    print("%-12s %18s %18s %8s" % ("model", "llm-analysis", "memledger", "ratio"))
+    print("%-12s %15s %15s %8s %15s %8s" % ("model", "llm-analysis", "prepared", "ratio",
+                                             "on its own", "ratio"))
     for name, la_model, yaml in (("gpt2-small", "gpt2", "models/gpt2-small.yaml"),
                                  ("llama-2-7b", "NousResearch_Llama-2-7b-hf",
                                   "models/llama-2-7b.yaml")):
         la = llm_analysis_time(root, la_model)
-        ml = memledger_time(bench, yaml)
-        print("%-12s %15.1f us %15.1f us %7.1fx" % (name, la * 1e6, ml * 1e6, la / ml))
+        prep, own = memledger_times(bench, yaml)
+        print("%-12s %12.1f us %12.1f us %7.1fx %12.1f us %7.1fx" % (
+            name, la * 1e6, prep * 1e6, la / prep, own * 1e6, la / own))
 
 
 if __name__ == "__main__":

@@ -226,6 +226,21 @@ ML_API ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, boo
 /* Accepts NULL. */
 ML_API void ml_ledger_destroy(ml_ledger *l);
 
+/* A prepared planner for one model: ml_planner_evaluate gives exactly what
+ * ml_ledger_evaluate gives, faster where configurations differ only in
+ * training.micro_batch (a search over micro-batches, a grid): it builds
+ * the model's chain of blocks once per other setting and derives it for
+ * each micro-batch (docs/ledger.md, "A prepared planner"). m must outlive
+ * the planner and not change while it lives; one planner per thread. */
+typedef struct ml_planner ml_planner;
+/* *out owns a new planner (ml_planner_destroy); ML_OK or ML_NOMEM. */
+ML_API ml_status ml_planner_create(const ml_model *m, ml_planner **out, ml_error *err);
+/* As ml_ledger_evaluate(m, cfg, keep_events, out, err) for the planner's m. */
+ML_API ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool keep_events,
+                                     ml_ledger **out, ml_error *err);
+/* Accepts NULL. */
+ML_API void ml_planner_destroy(ml_planner *p);
+
 ML_API const ml_summary *ml_ledger_summary(const ml_ledger *l);
 ML_API size_t ml_ledger_block_count(const ml_ledger *l);
 ML_API const ml_block_info *ml_ledger_block(const ml_ledger *l, size_t i);

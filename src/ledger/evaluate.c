@@ -496,30 +496,19 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     return ML_OK;
 }
 
-static ml_status evaluate(const ml_model *m, const ml_config *cfg, bool keep_events, bool whole,
-                          ml_ledger **out, ml_error *err)
+ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
+                             bool keep_events, bool whole, ml_ledger **out, ml_error *err)
 {
-    ml_error local;
-    if (!err)
-        err = &local;
-    memset(err, 0, sizeof *err);
-    ml_status st = ml_config_check(cfg, err);
-    if (st)
-        return st;
     const ml_training *t = &cfg->training;
-    ml_chain ch;
-    st = ml__chain_build(m, cfg, &ch, err);
-    if (st)
-        return st;
+    ml_chain ch = *chain; /* a copy for its overflow flag; the arrays stay the caller's */
     ml_evalctx x;
     memset(&x, 0, sizeof x);
     x.ch = &ch;
     x.cfg = cfg;
     x.whole = whole;
-    if ((st = ml__optim_bytes_of(&ch, t, &x.ob, err)) || (st = ml__eval_pass(m, &x, err))) {
-        ml__chain_free(&ch);
+    ml_status st;
+    if ((st = ml__optim_bytes_of(&ch, t, &x.ob, err)) || (st = ml__eval_pass(m, &x, err)))
         return st;
-    }
     ml_ledger *l = calloc(1, sizeof *l);
     int *seg = calloc(ch.n + 1, sizeof *seg);
     x.bd = calloc(ch.n + 1, sizeof *x.bd);
@@ -557,6 +546,23 @@ done:
     free(x.held);
     free(x.held_cat);
     ml_ledger_destroy(l);
+    return st;
+}
+
+static ml_status evaluate(const ml_model *m, const ml_config *cfg, bool keep_events, bool whole,
+                          ml_ledger **out, ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    ml_status st = ml_config_check(cfg, err);
+    if (st)
+        return st;
+    ml_chain ch;
+    if ((st = ml__chain_build(m, cfg, &ch, err)))
+        return st;
+    st = ml__evaluate_chain(m, cfg, &ch, keep_events, whole, out, err);
     ml__chain_free(&ch);
     return st;
 }

@@ -176,6 +176,11 @@ typedef struct {
  * one forward under no_grad at the evaluation shape, the loop holding the
  * model output. Sets x->has_eval and x->eval_peak. */
 ml_status ml__eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err);
+/* One iteration's plan over a chain already built for cfg (evaluate.c):
+ * what ml_ledger_evaluate does once it has the chain, which stays the
+ * caller's. */
+ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
+                             bool keep_events, bool whole, ml_ledger **out, ml_error *err);
 /* zero_grad: zero — the first iteration's peak, from a replay without the
  * gradients the steady one carries; its phases' peaks into phases
  * (passes.c). */

@@ -19,6 +19,8 @@ ml_fit_request ml_fit_request_defaults(void)
 typedef struct {
     const ml_model *m;
     ml_config cfg;
+    ml_planner *planner; /* every plan of the search (docs/ledger.md, "A prepared
+                            planner") */
     unsigned evals;
     ml_error *err;
     bool accum_over; /* the global batch needs more steps than FIT_MAX_ACCUM */
@@ -40,7 +42,7 @@ static bool over_without_cache(search *s)
     ml_config c = s->cfg;
     c.device.allocator = ML_ALLOCATOR_NONE;
     ml_ledger *l = NULL;
-    if (ml_ledger_evaluate(s->m, &c, false, &l, NULL) != ML_OK)
+    if (ml_planner_evaluate(s->planner, &c, false, &l, NULL) != ML_OK)
         return false;
     const ml_summary *x = ml_ledger_summary(l);
     uint64_t peak = x->peak_total - x->runtime_reserve - x->fragmentation; /* no wrap */
@@ -59,7 +61,7 @@ static ml_status try_b(search *s, uint64_t b, bool *fits, ml_summary *sum)
         *fits = false;
         return ML_OK;
     }
-    ml_status st = ml_ledger_evaluate(s->m, &s->cfg, false, &l, s->err);
+    ml_status st = ml_planner_evaluate(s->planner, &s->cfg, false, &l, s->err);
     if (st == ML_OVERFLOW) {
         *fits = false; /* too large to represent is too large to fit */
         return ML_OK;
@@ -277,7 +279,7 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
 static ml_status fits_with(search *s, const ml_config *c, bool *fits)
 {
     ml_ledger *l = NULL;
-    ml_status st = ml_ledger_evaluate(s->m, c, false, &l, s->err);
+    ml_status st = ml_planner_evaluate(s->planner, c, false, &l, s->err);
     *fits = st == ML_OK && ml_ledger_summary(l)->fits;
     ml_ledger_destroy(l);
     return st == ML_NOMEM ? st : ML_OK;
@@ -453,7 +455,7 @@ static ml_status explain(search *s, ml_fit_result *r)
     s->cfg.training.grad_accum = 1;
     s->cfg.training.checkpoint.kind = ML_CKPT_FULL;
     ml_ledger *l = NULL;
-    ml_status st = ml_ledger_evaluate(s->m, &s->cfg, false, &l, s->err);
+    ml_status st = ml_planner_evaluate(s->planner, &s->cfg, false, &l, s->err);
     if (st == ML_NOMEM)
         return st;
     if (st == ML_OVERFLOW) {
@@ -516,18 +518,10 @@ static ml_status explain(search *s, ml_fit_result *r)
     return ML_OK;
 }
 
-ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *req,
-                 ml_fit_result *out, ml_error *err)
+static ml_status fit(search *sp, const ml_model *m, const ml_config *cfg,
+                     const ml_fit_request *req, ml_fit_result *out, ml_error *err)
 {
-    ml_error local;
-    if (!err)
-        err = &local;
-    memset(err, 0, sizeof *err);
-    if (!cfg->device.present) {
-        return ml__errorf(err, ML_USAGE,
-                          "fit needs a device: give device.memory");
-    }
-    search s = {m, *cfg, 0, err, false};
+    search s = *sp;
     ml_fit_result best;
     memset(&best, 0, sizeof best);
     ml_status st;
@@ -596,4 +590,23 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
     }
     *out = best;
     return ML_OK;
+}
+
+ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *req,
+                 ml_fit_result *out, ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    if (!cfg->device.present) {
+        return ml__errorf(err, ML_USAGE,
+                          "fit needs a device: give device.memory");
+    }
+    search s = {m, *cfg, NULL, 0, err, false};
+    ml_status st = ml_planner_create(m, &s.planner, err);
+    if (st == ML_OK)
+        st = fit(&s, m, cfg, req, out, err);
+    ml_planner_destroy(s.planner);
+    return st;
 }

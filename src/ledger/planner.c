@@ -1,0 +1,178 @@
+/* A prepared planner (docs/ledger.md, "A prepared planner"). For each
+ * setting (the configuration but its micro-batch and its checkpoint
+ * policy, selective or not) it builds the model's
+ * chain at the powers of two it needs, once; a micro-batch B between 2^k
+ * and 2^(k+1) gets the chain on the line through those two builds where a
+ * third (2^(k-1) or 2^(k+2)) is on it too (chain_affine.c), and the
+ * iteration is replayed over that chain as ml_ledger_evaluate replays a
+ * chain it built. Where that does not hold, the evaluation builds its
+ * chain. The last few settings are kept, so that a search or a grid that
+ * returns to a setting finds its builds. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ledger/chain_affine.h"
+#include "ledger/planner.h"
+#include "ledger/replay.h"
+#include "util/error.h"
+
+#define POWERS 26   /* builds at 2^0 .. 2^25 (the largest micro-batch is 2^24) */
+#define SETTINGS 8  /* settings kept */
+
+typedef struct {
+    ml_config key;               /* the setting: micro_batch 0, the policy none
+                                    or selective */
+    bool used, derivable;        /* derivable: not shaped by the micro-batch */
+    unsigned long stamp;         /* last use, for eviction */
+    signed char built[POWERS];   /* 1: pt[k] built at 2^k; -1: it failed */
+    signed char line[POWERS];    /* 1: pt[k-1], pt[k], pt[k+1] on a line; -1: not */
+    ml_chain pt[POWERS];
+} setting;
+
+struct ml_planner {
+    const ml_model *m;
+    setting s[SETTINGS];
+    unsigned long clock;
+    ml_chain at;           /* the chain derived for the micro-batch asked (its
+                              arrays reused between evaluations) */
+    unsigned long derived; /* evaluations over a derived chain */
+};
+
+unsigned long ml__planner_derived(const ml_planner *p)
+{
+    return p->derived;
+}
+
+ml_status ml_planner_create(const ml_model *m, ml_planner **out, ml_error *err)
+{
+    ml_planner *p = calloc(1, sizeof *p);
+    if (!p)
+        return ml__errorf(err, ML_NOMEM, "out of memory");
+    p->m = m;
+    *out = p;
+    return ML_OK;
+}
+
+static void forget(setting *s)
+{
+    for (unsigned k = 0; k < POWERS; k++)
+        if (s->built[k] == 1)
+            ml__chain_free(&s->pt[k]);
+    memset(s, 0, sizeof *s);
+}
+
+void ml_planner_destroy(ml_planner *p)
+{
+    if (!p)
+        return;
+    for (unsigned i = 0; i < SETTINGS; i++)
+        forget(&p->s[i]);
+    ml__chain_free(&p->at);
+    free(p);
+}
+
+/* Settings whose chains a builder shapes by the micro-batch (neither
+ * affine nor convex): a mixture of experts' rows per expert, the fused
+ * cross-entropy's chunks, a calibration profile's scaling by the tokens. */
+static bool shaped_by_batch(const ml_model *m, const ml_config *cfg)
+{
+    return m->experts || cfg->calib || cfg->training.logits == ML_LOGITS_FUSED;
+}
+
+/* The setting of key: kept, or the least recently used one made anew. */
+static setting *setting_of(ml_planner *p, const ml_config *cfg, const ml_config *key)
+{
+    setting *s = &p->s[0];
+    for (unsigned i = 0; i < SETTINGS; i++) {
+        if (p->s[i].used && memcmp(&p->s[i].key, key, sizeof *key) == 0) {
+            s = &p->s[i];
+            s->stamp = ++p->clock;
+            return s;
+        }
+        if (!p->s[i].used || p->s[i].stamp < s->stamp)
+            s = &p->s[i];
+    }
+    forget(s);
+    s->used = true;
+    s->stamp = ++p->clock;
+    memcpy(&s->key, key, sizeof *key);
+    s->derivable = !shaped_by_batch(p->m, cfg);
+    return s;
+}
+
+/* pt[k] built (the setting's configuration at micro-batch 2^k). */
+static bool have(ml_planner *p, setting *s, const ml_config *cfg, unsigned k)
+{
+    if (k >= POWERS)
+        return false;
+    if (!s->built[k]) {
+        ml_config c;
+        memcpy(&c, cfg, sizeof c);
+        c.training.micro_batch = UINT64_C(1) << k;
+        ml_error e;
+        s->built[k] = ml__chain_build(p->m, &c, &s->pt[k], &e) == ML_OK ? 1 : -1;
+    }
+    return s->built[k] == 1;
+}
+
+/* pt[k-1], pt[k] and pt[k+1] built and on one line. */
+static bool on_line(ml_planner *p, setting *s, const ml_config *cfg, unsigned k)
+{
+    if (k == 0 || k + 1 >= POWERS)
+        return false;
+    if (!s->line[k]) {
+        bool on = have(p, s, cfg, k - 1) && have(p, s, cfg, k) && have(p, s, cfg, k + 1) &&
+                  ml__chain_line(&s->pt[k - 1], &s->pt[k], &s->pt[k + 1], UINT64_C(1) << k);
+        s->line[k] = on ? 1 : -1;
+    }
+    return s->line[k] == 1;
+}
+
+/* The chain for cfg's micro-batch B from the setting's builds, or NULL
+ * (then the caller builds it): pt[k] itself at B = 2^k, else the line
+ * through pt[k] and pt[k+1] (2^k < B < 2^(k+1)) where a third build is on
+ * it. */
+static const ml_chain *chain_for(ml_planner *p, setting *s, const ml_config *cfg,
+                                 ml_status *st)
+{
+    const uint64_t B = cfg->training.micro_batch;
+    unsigned k = 0;
+    while (k + 1 < 64 && (UINT64_C(1) << (k + 1)) <= B)
+        k++;
+    if (B == UINT64_C(1) << k)
+        return have(p, s, cfg, k) ? &s->pt[k] : NULL;
+    if (!on_line(p, s, cfg, k) && !on_line(p, s, cfg, k + 1))
+        return NULL;
+    *st = ml__chain_at(&s->pt[k], &s->pt[k + 1], B, &p->at);
+    return *st == ML_OK ? &p->at : NULL;
+}
+
+ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool keep_events,
+                              ml_ledger **out, ml_error *err)
+{
+    ml_error local;
+    if (!err)
+        err = &local;
+    memset(err, 0, sizeof *err);
+    ml_status st = ml_config_check(cfg, err);
+    if (st)
+        return st;
+    /* the chain depends on the checkpoint policy only through selective
+     * (chain.c) once the policy passes the chain's checks */
+    if ((st = ml__chain_refused(p->m, &cfg->training, err)))
+        return st;
+    ml_config key;
+    memcpy(&key, cfg, sizeof key);
+    key.training.micro_batch = 0;
+    memset(&key.training.checkpoint, 0, sizeof key.training.checkpoint);
+    key.training.checkpoint.kind =
+        cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE ? ML_CKPT_SELECTIVE : ML_CKPT_NONE;
+    setting *s = setting_of(p, cfg, &key);
+    const ml_chain *ch = s->derivable ? chain_for(p, s, cfg, &st) : NULL;
+    if (st == ML_NOMEM)
+        return ml__errorf(err, ML_NOMEM, "out of memory");
+    if (!ch)
+        return ml_ledger_evaluate(p->m, cfg, keep_events, out, err);
+    p->derived++;
+    return ml__evaluate_chain(p->m, cfg, ch, keep_events, false, out, err);
+}
