@@ -1,0 +1,24 @@
+/* What fit's search (fit.c) and its explanation of a miss (fit_explain.c)
+ * share. */
+#ifndef ML_FIT_SEARCH_H
+#define ML_FIT_SEARCH_H
+
+#include "memledger/ledger.h"
+#include "memledger/plan.h"
+
+typedef struct {
+    const ml_model *m;
+    ml_config cfg;
+    ml_planner *planner; /* every plan of the search (docs/ledger.md, "A prepared
+                            planner") */
+    unsigned evals;
+    ml_error *err;
+    bool accum_over; /* the global batch needs more steps than FIT_MAX_ACCUM */
+} search;
+
+/* Why micro-batch 1 does not fit, and what would help (docs/choosing.md),
+ * into r's note. ML_NOMEM passes up; other failures of an evaluation
+ * become the note. */
+ml_status ml__fit_explain(search *s, ml_fit_result *r);
+
+#endif
