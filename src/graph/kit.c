@@ -213,9 +213,9 @@ uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h)
 
 /* The eager core from q k^T to the softmax: the operands' contiguous
  * copies bmm saves (one saved entry for q, k and v, released by the q k^T
- * node), scale, masked_fill, softmax. Returns the probabilities; *qkc_out
- * the copies' entry. */
-static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, uint16_t *qkc_out)
+ * node), scale, masked_fill (mask), softmax. Returns the probabilities;
+ * *qkc_out the copies' entry. */
+static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, uint16_t *qkc_out)
 {
     uint16_t qkc = ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
     if (qkc != MLG_NONE)
@@ -228,6 +228,13 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, uint16_t *qk
     ml__op_out(o, qkc);
     ml__op_free(ml__kit_qk(g, qkc, MLG_NONE, S1), qkc);
     uint16_t S2 = ml__kit_scale(g, S1);
+    if (!mask) {
+        uint16_t P = ml__kit_scores(g, "softmax output", MLG_STREAM, MLG_T_CORE);
+        o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", S2, P, "SoftmaxBackward0");
+        ml__op_save(o, P);
+        ml__op_free(o, S2);
+        return P;
+    }
     /* nanoGPT's bias[:, :, :T, :T] == 0, a (T, T) bool masked_fill saves */
     uint16_t TT = ml__graph_tensor(g, "causal mask (masked_fill, bool)", MLG_BOOL, MLG_ACT, 2,
                                    MLG_T, MLG_T);
@@ -433,7 +440,7 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
         ml__op_save(o, lse);
         ml__op_flops(o, 4.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
     } else {
-        uint16_t qkc, P = eager_scores(g, qh, kh, &qkc);
+        uint16_t qkc, P = eager_scores(g, qh, kh, !a->unmasked, &qkc);
         probs = eager_pv(g, L, P, vh, qkc, &O);
     }
     uint16_t Oc, y = ml__kit_attention_out(g, L, O, NULL, 0, &Oc);

@@ -50,6 +50,9 @@ typedef struct {
     bool softcap;        /* Gemma 2's scores / cap, tanh, * cap (eager only) */
     bool mask;           /* an additive causal mask on the scores (hf: the
                             decoders'; an image encoder has none) */
+    bool unmasked;       /* nanoGPT's layout without its masked_fill (a
+                            sequential model's attention layer with causal:
+                            false, graph/kit_seq.c) */
     bool fused_proj;     /* Phi-3's one qkv_proj: q, k and v slices of its
                             output; its rotary splits the head into the
                             rotated part and an empty pass, then cats */

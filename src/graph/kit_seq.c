@@ -8,6 +8,7 @@
  * docs/inventory.md. */
 #include <string.h>
 
+#include "graph/kit.h"
 #include "graph/kit_seq.h"
 
 /* The walk through one block: what the ops need to know of each tensor. */
@@ -331,6 +332,59 @@ static uint16_t embedding(sq *s, const ml_layer *l, uint16_t x, uint64_t out_ps)
     return y;
 }
 
+/* The kit's attention words some entries otherwise than the builders'
+ * seq_attention listed them; the inventory keeps the builders' words. */
+static const char *builders_word(const mlg_tensor *t)
+{
+    static const struct {
+        const char *kit, *builders;
+        unsigned ndim; /* 0: any */
+    } words[] = {
+        {"linear input (autocast copy)", "q/k/v projection input (cast copy)", 0},
+        {"weight (autocast copy)", "weight cast copy (autocast)", 0},
+        {"dropout mask", "attention dropout mask", 4},
+        {"dropout mask", "residual dropout mask", 3},
+        {"dropout output", "attention dropout output", 4},
+    };
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+        if (!strcmp(t->name, words[i].kit) && (!words[i].ndim || t->ndim == words[i].ndim))
+            return words[i].builders;
+    return t->name;
+}
+
+/* An attention layer on (T, D) samples, the block's own (on its input,
+ * outside residuals; else the builders'): nanoGPT's layout (kit.c) with
+ * one c_attn projection for q, k and v, no grouped heads, the masked_fill
+ * when causal, eager. As the builders had it (docs/graph.md, "Sequential
+ * layers"): no backward nodes and the block rule's transients (its forward
+ * programs are not derived), no backward FLOPs. */
+static uint16_t attention(sq *s, const ml_layer *l, uint16_t x, const ml_shape *sh)
+{
+    if (x != s->in || s->depth) {
+        s->refused = true;
+        return x;
+    }
+    mlg_layer L;
+    memset(&L, 0, sizeof L);
+    L.autocast = s->c->autocast;
+    L.attn.qkv_bias = L.attn.out_bias = l->bias;
+    L.attn.dropout = l->p > 0;
+    L.attn.unmasked = !l->causal;
+    s->info->attention = true;
+    s->info->T = sh->d[0];
+    s->info->D = sh->d[1];
+    s->info->H = l->heads;
+    s->info->nodes_off = true;
+    ml_graph *g = s->g;
+    const uint16_t t0 = g->nt;
+    const uint16_t h = ml__graph_view(g, "attention input (B, T, D)", x, 3, MLG_B, MLG_T, MLG_D);
+    const uint16_t y = ml__kit_attention(g, &L, h);
+    for (uint16_t t = t0; t < g->nt; t++)
+        g->t[t].name = builders_word(&g->t[t]);
+    s->bpe[y] = (uint8_t)(s->c->autocast ? 2 : s->bpe[x]);
+    return y;
+}
+
 static uint16_t layers(sq *s, const ml_layer *ls, size_t n, uint16_t x, ml_shape *sh);
 
 /* The residual's sum in backward (docs/ledger.md, "Backward, node by
@@ -446,8 +500,11 @@ static uint16_t layer(sq *s, const ml_layer *l, uint16_t x, ml_shape *sh)
         y = residual(s, l, x, sh, out_ps);
         *sh = o;
         return y;
+    case ML_L_ATTENTION:
+        y = attention(s, l, x, sh);
+        break;
     default:
-        s->refused = true; /* attention: the chain builders' */
+        s->refused = true;
         break;
     }
     /* an intermediate no op saved by the time its reader ran: one of the

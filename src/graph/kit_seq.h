@@ -1,7 +1,7 @@
 /* A sequential model's block as an op graph (graph.h): one `layers:`
  * entry (linear, conv2d, batchnorm, layernorm, relu, gelu, silu, dropout,
- * pooling, flatten, embedding, a residual with its branches), its sizes
- * from shape inference (model/shape.h) as the graph's literal sizes.
+ * pooling, flatten, embedding, attention, a residual with its branches),
+ * its sizes from shape inference (model/shape.h) as the graph's literal sizes.
  * docs/graph.md, "Sequential layers"; sources in docs/inventory.md. */
 #ifndef ML_GRAPH_KIT_SEQ_H
 #define ML_GRAPH_KIT_SEQ_H
@@ -31,13 +31,19 @@ typedef struct {
     bool nodes_off_recorded; /* a residual whose nodes have no rule (one
                            nested in another, a body without nodes or
                            ending in a view, a shortcut ending in a view) */
+    bool attention;     /* an attention layer (the kit's nanoGPT layout):
+                           its sizes below, no forward programs, no
+                           backward FLOPs (docs/graph.md, "Sequential
+                           layers") */
+    uint64_t T, D, H;   /* its tokens, width and heads */
     uint64_t bn_channels; /* the batch norms' channels (running statistics) */
     unsigned nbn;         /* the batch norms (num_batches_tracked each) */
 } mlg_seq_block;
 
 /* The graph of layer l on input shape in into g; false when the kit does
- * not express it (attention; an embedding not on the block's input; a
- * graph that overfills), the chain builders then run it. */
+ * not express it (an attention or an embedding not on the block's input,
+ * attention inside a residual; a graph that overfills), the chain builders
+ * then run it. */
 bool ml__seq_block_graph(ml_graph *g, const ml_layer *l, const ml_shape *in,
                          const mlg_seq_config *c, mlg_seq_block *info);
 

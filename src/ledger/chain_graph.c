@@ -263,9 +263,19 @@ bool ml__ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsig
     memset(z, 0, sizeof *z);
     z->dim[MLG_B] = ch->B;
     memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
+    if (info->attention) {
+        /* one head count, k and v D wide as q is (the builders' Dkv) */
+        z->dim[MLG_T] = info->T;
+        z->dim[MLG_D] = z->dim[MLG_DKV] = info->D;
+        z->dim[MLG_H] = z->dim[MLG_HKV] = info->H;
+        z->dim[MLG_DH] = info->D / info->H;
+        z->dim[MLG_DQ] = ml_mul(ch, info->H, z->dim[MLG_DH]);
+        z->dim[MLG_QKV] = ml_add(ch, z->dim[MLG_DQ], ml_mul(ch, 2, info->D));
+    }
     ml__ck_graph_dtype_bytes(ch, G);
-    /* autocast's cast copies are not in the programs (the block rule) */
-    G->programs = !ch->prec.autocast;
+    /* autocast's cast copies are not in the programs (the block rule), nor
+     * an attention layer's forward (the builders flagged both bad) */
+    G->programs = !ch->prec.autocast && !info->attention;
     return true;
 }
 

@@ -1,7 +1,7 @@
 /* Sequential chains (MLPs, ResNets, small attention stacks): a block per
  * `layers:` entry, from its op graph (graph/kit_seq.c) where the graph
- * expresses it, else (attention; docs/graph.md, "Sequential layers") and
- * in the builders-only chain, test_graph's reference, from the builders
+ * expresses it, else (attention inside a residual; docs/graph.md,
+ * "Sequential layers") and in the builders-only chain, test_graph's reference, from the builders
  * below. Sources in docs/inventory.md. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -532,9 +532,9 @@ static tref *graph_block(seqctx *s, ml_cblock *b, const ml_layer *l, tref *x, ml
     uint64_t stats = ml_mul(ch, ml_mul(ch, 2, info.bn_channels), ch->prec.param);
     ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_add(ch, stats, ml_mul(ch, 8, info.nbn)));
     ml__ck_graph_emit(ch, b, G, G->tb[G->g.out]);
-    /* backward FLOPs: a matmul makes its input's gradient and its weight's
-     * (twice its forward), or on the model's input its weight's only */
-    for (uint16_t k = 0; k < G->g.nop; k++) {
+    /* backward FLOPs: a matmul's twice its forward, once on the model's
+     * input; an attention's none, as seq_attention (docs/graph.md) */
+    for (uint16_t k = 0; k < G->g.nop && !info.attention; k++) {
         const double f = ml__graph_op_flops(&G->g.op[k], &G->z);
         if (f > 0)
             b->flops_bwd += G->g.op[k].ngin ? 2 * f : f;

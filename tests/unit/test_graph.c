@@ -1083,7 +1083,9 @@ static void test_llava_tower_equals_builders(void **state)
  * windowed and global pooling, dropout (and p = 0: an identity block), a
  * flatten block, LayerNorm, SiLU, GELU, a projection shortcut, ReLU in
  * place on a block's input and inside a branch, an embedding, attention
- * (the builders'), a residual nested in a residual, one on the model's
+ * (causal or not, with and without dropout and biases, on the model's
+ * input and after a half-precision linear under autocast; inside a
+ * residual the builders'), a residual nested in a residual, one on the model's
  * input, a dropout opening a residual's body; the last model dropouts
  * inside residuals in every position (the graph's in evaluation too). */
 static const char *const seq_models[] = {
@@ -1129,6 +1131,16 @@ static const char *const seq_models[] = {
     "    - residual:\n        - gelu: {}\n        - dropout: {p: 0.1}\n"
     "        - dropout: {p: 0.1}\n        - layernorm: {}\n"
     "    - dropout: {p: 0.1}\n    - linear: {out: 4}\n  loss: mse\n",
+    "model:\n  type: sequential\n  input: [16]\n  layers:\n"
+    "    - embedding: {vocab: 50, dim: 32}\n"
+    "    - attention: {heads: 4, causal: true, dropout: 0.1}\n"
+    "    - layernorm: {}\n    - linear: {out: 50}\n  loss: cross_entropy\n",
+    "model:\n  type: sequential\n  input: [6, 12]\n  layers:\n"
+    "    - attention: {heads: 3, bias: false}\n    - gelu: {}\n"
+    "    - attention: {heads: 1, causal: true, bias: false, dropout: 0.2}\n"
+    "    - linear: {out: 12}\n    - attention: {heads: 2, dropout: 0.1}\n"
+    "    - residual:\n        - layernorm: {}\n        - attention: {heads: 2, causal: true}\n"
+    "    - flatten: {}\n    - linear: {out: 3}\n  loss: cross_entropy\n",
 };
 
 /* Every ReLU's inplace set to on (1), off (0), or left (-1). */
@@ -1149,6 +1161,13 @@ static bool has_attention(const ml_layer *ls, size_t n)
             has_attention(ls[i].shortcut, ls[i].nshortcut))
             return true;
     return false;
+}
+
+/* An attention layer inside a residual: the builders' (kit_seq.h). */
+static bool nested_attention(const ml_layer *l)
+{
+    return l->kind == ML_L_RESIDUAL &&
+           (has_attention(l->body, l->nbody) || has_attention(l->shortcut, l->nshortcut));
 }
 
 /* Whole chains of a sequential model both ways over micro-batches,
@@ -1188,12 +1207,13 @@ static unsigned compare_seq(ml_model *m, const char *name)
 /* The most tensors, ops and literal sizes a sequential block's graph
  * took; the loss blocks the graph took. */
 typedef struct {
-    unsigned nt, nop, nlit, losses;
+    unsigned nt, nop, nlit, losses, attention;
 } seq_room;
 
-/* The layers the graph expresses (every top-level entry without
- * attention, at fp32 on the model's shapes, in training or evaluation),
- * counted. */
+/* The layers the graph expresses (every top-level entry but a residual
+ * around an attention layer, at fp32 on the model's shapes, in training
+ * or evaluation), counted; the attention layers among them in
+ * room->attention. */
 static unsigned seq_expressed(const ml_model *m, bool eval, seq_room *room)
 {
     ml_chain ch;
@@ -1212,11 +1232,15 @@ static unsigned seq_expressed(const ml_model *m, bool eval, seq_room *room)
     assert_non_null(G);
     for (size_t i = 0; i < m->nseq; i++) {
         mlg_seq_block info;
-        const bool attn = has_attention(&m->seq[i], 1);
+        const bool attn = nested_attention(&m->seq[i]);
         const bool ok = ml__ck_graph_seq(&ch, &m->seq[i], &sh, bytes, i == 0, G, &info);
         if (ok == attn)
             fail_msg("%s: layer %zu (%s) %s", m->name, i, ml__layer_kind_name(m->seq[i].kind),
                      attn ? "taken" : "refused");
+        if (ok && m->seq[i].kind == ML_L_ATTENTION) {
+            assert_true(info.attention && info.nodes_off);
+            room->attention++;
+        }
         if (!ok) { /* the next layer's input from shape inference */
             ml_shape o;
             char msg[8];
@@ -1248,7 +1272,7 @@ static void test_seq_chains_equal_builders(void **state)
 {
     (void)state;
     unsigned n = 0, expressed = 0, expressed_eval = 0;
-    seq_room room = {0, 0, 0, 0};
+    seq_room room = {0, 0, 0, 0, 0};
     static const char *const presets[] = {"mlp2", "cifar10-resnet", "resnet50-imagenet"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         for (int in = -1; in < 2; in++) {
@@ -1269,16 +1293,20 @@ static void test_seq_chains_equal_builders(void **state)
             ml_model_destroy(m);
         }
     fprintf(stderr,
-            "%u sequential chains compared, %u layers from the graph (at most %u tensors, "
-            "%u ops, %u literal sizes), %u in evaluation, %u losses\n",
-            n, expressed, room.nt, room.nop, room.nlit, expressed_eval, room.losses);
+            "%u sequential chains compared, %u layers from the graph (%u attention; at most "
+            "%u tensors, %u ops, %u literal sizes), %u in evaluation, %u losses\n",
+            n, expressed, room.attention, room.nt, room.nop, room.nlit, expressed_eval,
+            room.losses);
     assert_true(n > 0);
-    assert_int_equal(n, 8 * 3 * 3 * ML_PREC_COUNT * 3 * 2);
+    assert_int_equal(n, 10 * 3 * 3 * ML_PREC_COUNT * 3 * 2);
     assert_true(expressed > 0);
     /* evaluation's dropouts inside residuals too */
     assert_int_equal(expressed_eval, expressed);
-    assert_int_equal(expressed, 318);
-    assert_int_equal(room.losses, 2 * 8 * 3); /* every model's loss block */
+    assert_int_equal(expressed, 354);
+    /* the five top-level attention layers (three ReLU settings, training
+     * and evaluation); the one inside a residual stays the builders' */
+    assert_int_equal(room.attention, 5 * 3 * 2);
+    assert_int_equal(room.losses, 2 * 10 * 3); /* every model's loss block */
     /* ResNet-50's bottleneck with its projection, the largest: a quarter
      * of each array to spare */
     assert_true(room.nt * 4 <= MLG_MAX_TENSORS * 3);
@@ -1287,8 +1315,9 @@ static void test_seq_chains_equal_builders(void **state)
 }
 
 /* What the sequential kit hands back to the builders, explicitly: an
- * attention layer; a dropout inside a residual is the graph's in training
- * and in evaluation. */
+ * attention layer inside a residual; a dropout inside a residual is the
+ * graph's in training and in evaluation, so is a top-level attention
+ * layer. */
 static void test_seq_refused(void **state)
 {
     (void)state;
@@ -1315,7 +1344,17 @@ static void test_seq_refused(void **state)
     const ml_shape emb = {{12, 16, 0}, 2, false};
     assert_int_equal(m->seq[1].kind, ML_L_ATTENTION);
     ch.eval_mode = false;
-    assert_false(ml__ck_graph_seq(&ch, &m->seq[1], &emb, 4, false, G, &info));
+    /* an attention layer on its block's input is the graph's, without
+     * nodes; inside a residual the builders' */
+    assert_true(ml__ck_graph_seq(&ch, &m->seq[1], &emb, 4, false, G, &info));
+    assert_true(info.attention && info.nodes_off);
+    assert_false(G->programs);
+    ml_model_destroy(m);
+    m = load_str(seq_models[6]);
+    const ml_shape tok = {{6, 12, 0}, 2, false};
+    assert_int_equal(m->seq[5].kind, ML_L_RESIDUAL);
+    assert_int_equal(m->seq[5].body[1].kind, ML_L_ATTENTION);
+    assert_false(ml__ck_graph_seq(&ch, &m->seq[5], &tok, 4, false, G, &info));
     free(G);
     ml_model_destroy(m);
 }
