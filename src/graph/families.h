@@ -83,13 +83,15 @@ typedef struct {
 void ml__kit_clip_embedding(ml_graph *g, const mlg_clip_embed *E);
 /* LLaVA's projector (LlavaMultiModalProjector) and the merge of its
  * output into the token embeddings, over (B, T, D) the decoder's: the
- * tower's tokens, the image tokens and the tower's width as literals;
+ * tower's tokens, the image tokens, the tower's width and that width plus
+ * D (the two products' FLOPs as one, as the builders summed them) as
+ * literals;
  * full: the feature is the whole hidden state (feature_select full);
  * cast: the features cast to the embeddings' dtype (compute dtype other
  * than the stream's). */
 typedef struct {
     bool autocast, full, cast, bias;
-    uint64_t tokens, images, width;
+    uint64_t tokens, images, width, summed;
 } mlg_llava_projector;
 void ml__kit_llava_projector(ml_graph *g, const mlg_llava_projector *P);
 /* The family whose layout m's layers have; false: none of the kit's. */

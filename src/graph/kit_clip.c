@@ -207,10 +207,10 @@ static uint16_t projector_input(ml_graph *g, const mlg_llava_projector *P, uint8
     return c;
 }
 
-/* A projector linear (in x D, with its bias) on x (B x n x in) into y,
- * keeping x and autocast's copy of its weight. */
-static void projector_linear(ml_graph *g, const char *name, uint16_t x, uint16_t y, uint8_t n,
-                             uint8_t in, uint16_t wc, bool bias)
+/* A projector linear (in x D, with its bias) on x into y, keeping x and
+ * autocast's copy of its weight; its FLOPs the caller's. */
+static mlg_op *projector_linear(ml_graph *g, const char *name, uint16_t x, uint16_t y,
+                                uint8_t in, uint16_t wc, bool bias)
 {
     mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, name, x, y, NULL);
     ml__op_save(o, x);
@@ -218,8 +218,8 @@ static void projector_linear(ml_graph *g, const char *name, uint16_t x, uint16_t
     ml__op_param(o, ml__kit_param(g, "weight", in, MLG_D));
     if (bias)
         ml__op_param(o, ml__kit_param(g, "bias", MLG_D, -1));
-    ml__op_flops(o, 2.0, 4, MLG_B, n, in, MLG_D);
     ml__op_free(o, wc);
+    return o;
 }
 
 /* LlavaMultiModalProjector (linear_1, GELU, linear_2; GELU keeps its
@@ -234,6 +234,9 @@ void ml__kit_llava_projector(ml_graph *g, const mlg_llava_projector *P)
 {
     ml__graph_init(g);
     const uint8_t dv = ml__graph_lit(g, P->width), n = ml__graph_lit(g, P->images);
+    /* the two linears' products as the builders summed them: one product
+     * over Dv + D, counted on linear_2, so that large sizes round alike */
+    const uint8_t sum = ml__graph_lit(g, P->summed);
     uint16_t x = projector_input(g, P, n, dv);
     uint16_t w1 = MLG_NONE, w2 = MLG_NONE;
     if (P->autocast) {
@@ -269,10 +272,11 @@ void ml__kit_llava_projector(ml_graph *g, const mlg_llava_projector *P)
     g->t[cast].flags |= MLG_T_TMP;
     g->t[sel].flags |= MLG_T_TMP;
     g->t[idx].flags |= MLG_T_TMP;
-    projector_linear(g, "addmm (linear_1)", x, h, n, dv, w1, P->bias);
+    projector_linear(g, "addmm (linear_1)", x, h, dv, w1, P->bias);
     mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "gelu", h, a, NULL);
     ml__op_save(o, h);
-    projector_linear(g, "addmm (linear_2)", a, o2, n, MLG_D, w2, P->bias);
+    o = projector_linear(g, "addmm (linear_2)", a, o2, MLG_D, w2, P->bias);
+    ml__op_flops(o, 2.0, 4, MLG_B, n, MLG_D, sum);
     if (P->cast)
         ml__op_free(ml__graph_step(g, MLG_OP_COPY, "to (inputs_embeds.dtype)", o2, cast, NULL), o2);
     ml__graph_step(g, MLG_OP_ELEMENTWISE, "eq (image_token_id)", MLG_NONE, mask, NULL);

@@ -31,7 +31,8 @@ bool ml__ck_graph_llava_projector(ml_chain *ch, const ml_model *m, const ml_ck_d
                                    .bias = m->proj_bias,
                                    .tokens = vd->T,
                                    .images = n_img,
-                                   .width = vd->D};
+                                   .width = vd->D,
+                                   .summed = ml_add(ch, vd->D, d->D)};
     ml__kit_llava_projector(&G->g, &P);
     if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
