@@ -2,8 +2,11 @@
  * modeling_llava.py, with modeling_clip.py's vision tower): the token
  * embedding, the CLIP vision embedding and layers, the projector with the
  * merge of the image features into the token embeddings, then the decoder's
- * layers, head and loss as a decoder's (chain_transformer.c). What each op
- * keeps: docs/inventory.md, "Llava". The token embeddings wait beside the
+ * layers, head and loss as a decoder's (chain_transformer.c). The vision
+ * embedding, layers and projector come from the op graph (graph/kit_clip.c,
+ * chain_graph_llava.c); the builders' code below is the reference the
+ * graph is compared with (ch->builders_only). What each op keeps:
+ * docs/inventory.md, "Llava". The token embeddings wait beside the
  * vision tower (a side tensor, docs/ledger.md, "Side tensors"); the layers
  * after the one the projector reads run with their output unused. */
 #include <stdio.h>
