@@ -72,6 +72,28 @@ bool ml__family_clip_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 typedef enum { MLG_CLIP_LAYER, MLG_CLIP_POOLED, MLG_CLIP_POOLED_KEPT } mlg_clip_pool;
 /* The graph of a CLIP layer L into g. */
 void ml__family_clip_graph(ml_graph *g, const mlg_layer *L, mlg_clip_pool pool);
+/* LLaVA's CLIPVisionEmbeddings with pre_layrnorm, over (B, T, D) the
+ * tower's (kit_clip.c): the sizes are literals, as the chain builders
+ * multiplied them: the image's C*H*W, a patch's C*P*P, the patches
+ * (T - 1). */
+typedef struct {
+    bool autocast;
+    uint64_t image, kin, npatches;
+} mlg_clip_embed;
+void ml__kit_clip_embedding(ml_graph *g, const mlg_clip_embed *E);
+/* LLaVA's projector (LlavaMultiModalProjector) and the merge of its
+ * output into the token embeddings, over (B, T, D) the decoder's: the
+ * tower's tokens, the image tokens, the tower's width and that width plus
+ * D (the two products' FLOPs as one, as the builders summed them) as
+ * literals;
+ * full: the feature is the whole hidden state (feature_select full);
+ * cast: the features cast to the embeddings' dtype (compute dtype other
+ * than the stream's). */
+typedef struct {
+    bool autocast, full, cast, bias;
+    uint64_t tokens, images, width, summed;
+} mlg_llava_projector;
+void ml__kit_llava_projector(ml_graph *g, const mlg_llava_projector *P);
 /* The family whose layout m's layers have; false: none of the kit's. */
 bool ml__family_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 

@@ -15,6 +15,16 @@ void ml__graph_init(ml_graph *g)
     g->rep = (mlg_repeat){0, 0, 0, 0};
 }
 
+uint8_t ml__graph_lit(ml_graph *g, uint64_t v)
+{
+    if (g->nlit >= MLG_NLIT) {
+        g->full = true;
+        return MLG_L0;
+    }
+    g->lit[g->nlit] = v;
+    return (uint8_t)(MLG_L0 + g->nlit++);
+}
+
 void ml__graph_repeat(ml_graph *g, uint16_t t0, uint16_t t1, uint16_t o0, uint16_t o1)
 {
     if (g->rep.t1 != g->rep.t0 || g->rep.o1 != g->rep.o0 || t1 < t0 || o1 < o0)

@@ -216,6 +216,9 @@ uint16_t ml__graph_tensor(ml_graph *g, const char *name, uint8_t dtype, uint8_t 
                           unsigned ndim, ...);
 /* A view of base with its own shape (its gradient is its shape's). */
 uint16_t ml__graph_view(ml_graph *g, const char *name, uint16_t base, unsigned ndim, ...);
+/* The dimension of literal size v (MLG_L0 on, g->lit): a graph out of
+ * slots is full. */
+uint8_t ml__graph_lit(ml_graph *g, uint64_t v);
 mlg_op *ml__graph_op(ml_graph *g, uint8_t kind, const char *name);
 void ml__op_in(mlg_op *o, uint16_t t);
 void ml__op_out(mlg_op *o, uint16_t t);

@@ -23,18 +23,6 @@ bool ml__family_embedding(const ml_model *m, const mlg_config *c, bool drop, mlg
     return true;
 }
 
-/* The literal size v's dimension (kit_embed.h): a graph out of slots is
- * full. */
-static uint8_t lit(ml_graph *g, uint64_t v)
-{
-    if (g->nlit >= MLG_NLIT) {
-        g->full = true;
-        return MLG_L0;
-    }
-    g->lit[g->nlit] = v;
-    return (uint8_t)(MLG_L0 + g->nlit++);
-}
-
 static uint16_t stream(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags)
 {
     uint16_t t = ml__graph_tensor(g, name, dtype, MLG_ACT, 3, MLG_B, MLG_T, MLG_D);
@@ -93,11 +81,11 @@ static uint16_t tokens(ml_graph *g, const mlg_embed *E)
     uint16_t pos = MLG_NONE, typ = MLG_NONE;
     if (E->learned) {
         uint16_t p = ids(g, "position ids (int64)", false);
-        pos = lookup(g, p, "position embeddings", lit(g, E->positions), false);
+        pos = lookup(g, p, "position embeddings", ml__graph_lit(g, E->positions), false);
     }
     if (E->types) {
         uint16_t t = ids(g, "token type ids (int64)", true);
-        typ = lookup(g, t, "token type embeddings", lit(g, E->ntypes), true);
+        typ = lookup(g, t, "token type embeddings", ml__graph_lit(g, E->ntypes), true);
     }
     if (E->rotary) {
         const bool cx = E->rotary == MLG_ROTARY_COMPLEX;
@@ -105,7 +93,7 @@ static uint16_t tokens(ml_graph *g, const mlg_embed *E)
         uint16_t cs = ml__graph_tensor(
             g, cx ? "rotary freqs_cis, complex64 (shared by all blocks)"
                   : "rotary cos and sin (shared by all blocks)",
-            cx ? MLG_FP32 : MLG_STREAM, MLG_ACT, 3, MLG_B, MLG_T, lit(g, E->rot));
+            cx ? MLG_FP32 : MLG_STREAM, MLG_ACT, 3, MLG_B, MLG_T, ml__graph_lit(g, E->rot));
         if (!cx)
             g->t[cs].factor = 2;
         ml__op_save(ml__graph_step(g, MLG_OP_ELEMENTWISE, "rotary embedding", MLG_NONE, cs, NULL),
@@ -137,7 +125,8 @@ static uint16_t tokens(ml_graph *g, const mlg_embed *E)
  * token concatenated, the positions added; the weight's gradient only. */
 static uint16_t patches(ml_graph *g, const mlg_embed *E)
 {
-    const uint8_t img = lit(g, E->image), kin = lit(g, E->kin), np = lit(g, E->npatches);
+    const uint8_t img = ml__graph_lit(g, E->image), kin = ml__graph_lit(g, E->kin),
+                  np = ml__graph_lit(g, E->npatches);
     uint16_t x = ml__graph_tensor(g, "image (patch conv input)", MLG_STREAM, MLG_INPUT, 2, MLG_B,
                                   img);
     uint16_t xs = x, w = MLG_NONE;
@@ -166,7 +155,7 @@ static uint16_t patches(ml_graph *g, const mlg_embed *E)
     ml__op_free(o, p);
     uint16_t s = stream(g, "embeddings", MLG_COMPUTE, MLG_T_TMP);
     o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (positions)", c, s, NULL);
-    ml__op_param(o, ml__kit_param(g, "position embeddings", lit(g, E->td), -1));
+    ml__op_param(o, ml__kit_param(g, "position embeddings", ml__graph_lit(g, E->td), -1));
     ml__op_free(o, c);
     return s;
 }

@@ -2,21 +2,10 @@
  * chain builders listed what they keep (ledger/chain_head.c). */
 #include "graph/kit_head.h"
 
-/* The literal size v's dimension: a graph out of slots is full. */
-static uint8_t lit(ml_graph *g, uint64_t v)
-{
-    if (g->nlit >= MLG_NLIT) {
-        g->full = true;
-        return MLG_L0;
-    }
-    g->lit[g->nlit] = v;
-    return (uint8_t)(MLG_L0 + g->nlit++);
-}
-
 void ml__kit_ce_loss(ml_graph *g, uint64_t rows, uint64_t classes)
 {
     ml__graph_init(g);
-    const uint8_t r = lit(g, rows), c = lit(g, classes);
+    const uint8_t r = ml__graph_lit(g, rows), c = ml__graph_lit(g, classes);
     uint16_t x = ml__graph_tensor(g, "logits", MLG_COMPUTE, MLG_INPUT, 2, r, c);
     uint16_t ls = ml__graph_tensor(g, "log-softmax output", MLG_STREAM, MLG_ACT, 2, r, c);
     mlg_op *o = ml__graph_step(g, MLG_OP_SOFTMAX, "log_softmax", x, ls, NULL);
@@ -35,7 +24,7 @@ void ml__kit_ce_loss(ml_graph *g, uint64_t rows, uint64_t classes)
 void ml__kit_mse_loss(ml_graph *g, uint64_t n, uint8_t in_dtype, bool cast)
 {
     ml__graph_init(g);
-    const uint8_t e = lit(g, n);
+    const uint8_t e = ml__graph_lit(g, n);
     uint16_t x = ml__graph_tensor(g, "mse input", in_dtype, MLG_INPUT, 1, e);
     uint16_t xf = x;
     if (cast) {
@@ -96,7 +85,7 @@ static uint16_t pool_last(ml_graph *g, uint16_t S, uint8_t cls, bool pad)
 void ml__kit_seq_cls_head(ml_graph *g, const mlg_layer *L, uint64_t classes, bool pad)
 {
     ml__graph_init(g);
-    const uint8_t cls = lit(g, classes);
+    const uint8_t cls = ml__graph_lit(g, classes);
     uint16_t x = ml__graph_tensor(g, "head input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
     uint16_t h = ml__kit_norm(g, &L->norm, x, false);
     uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, cls, MLG_D);
@@ -164,7 +153,7 @@ void ml__kit_encoder_classifier(ml_graph *g, const mlg_layer *L, uint64_t classe
                                 bool pooler, bool dropout)
 {
     ml__graph_init(g);
-    const uint8_t cls = lit(g, classes);
+    const uint8_t cls = ml__graph_lit(g, classes);
     uint16_t x = ml__graph_tensor(g, "head input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
     if (prenorm)
         x = ml__kit_norm(g, &L->norm, x, false);

@@ -224,6 +224,21 @@ bool ml__ck_graph_mse_loss(ml_chain *ch, uint64_t n, unsigned in_bytes, ml_ck_gr
  * shapes vd into G; false: the chain builders run. */
 bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
                                unsigned pool, ml_ck_graph *G);
+/* LLaVA's CLIPVisionEmbeddings with pre_layrnorm from the op graph
+ * (graph/kit_clip.c) at the tower's shape vd into G; false: the chain
+ * builders run it. */
+bool ml__ck_graph_clip_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
+                                 ml_ck_graph *G);
+/* LLaVA's projector and the merge of the image features into the token
+ * embeddings (graph/kit_clip.c): the tower's shape vd, the decoder's d,
+ * n_img image tokens a sample. False, the chain builders run it: the graph
+ * not whole, or a tower more than six times the decoder's width (Dv w >
+ * 24 Dt) whose whole hidden state linear_1 keeps (feature_select full, no
+ * autocast): the graph lists that input (the block's, saved) where the
+ * block rule's largest tensor is read, the builders did not, and only the
+ * indices' (B n Dt x 24 bytes) hide it below that width. */
+bool ml__ck_graph_llava_projector(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
+                                  const ml_ck_dims *d, uint64_t n_img, ml_ck_graph *G);
 /* T5's embedding of d->T ids from the op graph (graph/kit_embed.c): the
  * lookup and its dropout; shared: the table is the encoder's (the
  * decoder's embedding registers none). False: the graph declines it. */

@@ -2,8 +2,11 @@
  * modeling_llava.py, with modeling_clip.py's vision tower): the token
  * embedding, the CLIP vision embedding and layers, the projector with the
  * merge of the image features into the token embeddings, then the decoder's
- * layers, head and loss as a decoder's (chain_transformer.c). What each op
- * keeps: docs/inventory.md, "Llava". The token embeddings wait beside the
+ * layers, head and loss as a decoder's (chain_transformer.c). The vision
+ * embedding, layers and projector come from the op graph (graph/kit_clip.c,
+ * chain_graph_llava.c); the builders' code below is the reference the
+ * graph is compared with (ch->builders_only). What each op keeps:
+ * docs/inventory.md, "Llava". The token embeddings wait beside the
  * vision tower (a side tensor, docs/ledger.md, "Side tensors"); the layers
  * after the one the projector reads run with their output unused. */
 #include <stdio.h>
@@ -44,19 +47,25 @@ static ml_model vision_model(const ml_model *m)
     return v;
 }
 
-/* CLIPVisionEmbeddings and pre_layrnorm: the patch conv (no bias) on the
- * pixels, the class embedding concatenated in front (cat promotes autocast's
- * 16-bit patches to fp32), the position embedding looked up with the
- * position_ids buffer, then the LayerNorm, which keeps its input and its
- * statistics. The pixels are the batch the loop holds. */
-static ml_status vision_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+/* Emits the graph G (a block of `out` bytes) into b, or, when the graph
+ * declines (built false), nothing: the builders then run. G is freed. */
+static bool emit(ml_chain *ch, ml_cblock *b, ml_ck_graph *G, bool built, uint64_t out)
+{
+    if (built)
+        ml__ck_graph_emit(ch, b, G, out);
+    free(G);
+    return built;
+}
+
+/* The builders' CLIPVisionEmbeddings and pre_layrnorm (the reference the
+ * graph's are compared with): the patch conv (no bias) on the pixels, the
+ * class embedding concatenated in front (cat promotes autocast's 16-bit
+ * patches to fp32), the position embedding, then the LayerNorm, which
+ * keeps its input and its statistics. */
+static void embedding_builders(ml_chain *ch, ml_cblock *b, const ml_ck_dims *d, uint64_t px,
+                               uint64_t kin)
 {
     const unsigned w = ch->prec.w;
-    ml_cblock *b = ml__ck_begin(ch, "vision.embedding", -1);
-    if (!b)
-        return ML_NOMEM;
-    uint64_t px = ml_mul(ch, ml__ck_mul3(ch, d->B, m->vis_channels, m->vis_image), m->vis_image);
-    uint64_t kin = ml__ck_mul3(ch, m->vis_channels, m->vis_patch, m->vis_patch);
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     if (ch->prec.autocast)
         ml__ck_save(ch, b, "image cast copy (patch conv input)", px, 2, 0);
@@ -72,12 +81,30 @@ static ml_status vision_embedding(ml_chain *ch, const ml_model *m, const ml_ck_d
     ml__ck_save(ch, b, "pre_layrnorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
     b->flops_fwd = 2.0 * (double)d->B * (double)(d->T - 1) * (double)kin * (double)d->D;
     ml__ck_end(ch, b, ml_mul(ch, BTD, w));
+}
+
+/* The vision embedding block (graph/kit_clip.c, or the builders'): its
+ * backward is the patch conv weight's gradient only, its input (the
+ * pixels, the batch the loop holds) needs none. */
+static ml_status vision_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+{
+    ml_cblock *b = ml__ck_begin(ch, "vision.embedding", -1);
+    if (!b)
+        return ML_NOMEM;
+    uint64_t px = ml_mul(ch, ml__ck_mul3(ch, d->B, m->vis_channels, m->vis_image), m->vis_image);
+    uint64_t kin = ml__ck_mul3(ch, m->vis_channels, m->vis_patch, m->vis_patch);
+    ml_ck_graph *G = ch->builders_only ? NULL : malloc(sizeof *G);
+    if (!ch->builders_only && !G)
+        return ML_NOMEM;
+    if (!G || !emit(ch, b, G, ml__ck_graph_clip_embedding(ch, m, d, G),
+                    ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w)))
+        embedding_builders(ch, b, d, px, kin);
     b->flops_bwd = b->flops_fwd; /* the weight's gradient only */
     b->in_nograd = true;
     /* position_ids, (1, T) int64, registered with persistent=False */
     ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, d->T, 8));
-    ch->batch_input = ml_add(ch, ch->batch_input, ml_mul(ch, px, w));
-    return ML_OK;
+    ch->batch_input = ml_add(ch, ch->batch_input, ml_mul(ch, px, ch->prec.w));
+    return ch->nomem ? ML_NOMEM : ML_OK;
 }
 
 /* The builders' CLIPEncoderLayer (the reference the graph's is compared
@@ -145,24 +172,22 @@ static void layer_roles(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
                 ml_add(ch, b->saved_bytes, last ? pooled : ml_mul(ch, BTD, w)), ch->n - 1, 0);
 }
 
-/* LlavaMultiModalProjector on the feature slice (hidden_states[feature][:,
- * 1:], a view), then the image features cast to the embeddings' dtype and
- * masked_scatter into the token embeddings where the image tokens are. The
- * slice is linear_1's input (fp32: the view keeps the whole layer output,
- * this block's input; autocast: a cast copy of the slice); gelu keeps
- * linear_1's output, linear_2 gelu's; masked_scatter keeps the mask, a view
- * of (input_ids == image_token_id), B*T bools (derivatives.yaml:
- * masked_scatter). HF's check inputs_embeds[special_image_mask].numel()
- * makes the selected rows and, under grad, their int64 indices (B*n x 3):
- * transients. The output is the decoder's input. */
-static ml_status projector(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
-                           const ml_ck_dims *d, uint64_t n_img)
+/* The builders' LlavaMultiModalProjector on the feature slice
+ * (hidden_states[feature][:, 1:], a view), then the image features cast
+ * to the embeddings' dtype and masked_scatter into the token embeddings
+ * where the image tokens are (the reference the graph's is compared
+ * with). The slice is linear_1's input (fp32: the view keeps the whole
+ * layer output, this block's input; autocast: a cast copy of the slice);
+ * gelu keeps linear_1's output, linear_2 gelu's; masked_scatter keeps the
+ * mask, a view of (input_ids == image_token_id), B*T bools
+ * (derivatives.yaml: masked_scatter). HF's check
+ * inputs_embeds[special_image_mask].numel() makes the selected rows and,
+ * under grad, their int64 indices (B*n x 3): transients. The output is
+ * the decoder's input. */
+static void projector_builders(ml_chain *ch, ml_cblock *b, const ml_model *m,
+                               const ml_ck_dims *vd, const ml_ck_dims *d, uint64_t n_img)
 {
     const unsigned a = ch->prec.a, w = ch->prec.w;
-    ml_cblock *b = ml__ck_begin(ch, "projector", -1);
-    if (!b)
-        return ML_NOMEM;
-    b->in_bytes = ml_mul(ch, ml_mul(ch, vd->BT, vd->D), w);
     uint64_t rows = ml_mul(ch, d->B, n_img), Dv = vd->D, Dt = d->D;
     uint64_t nD = ml_mul(ch, rows, Dt);
     if (ch->prec.autocast)
@@ -187,7 +212,24 @@ static ml_status projector(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd
     ml__ck_save(ch, b, "image token mask (bool)", d->BT, 1, 0);
     b->flops_fwd = 2.0 * (double)rows * (double)Dt * (double)(Dv + Dt);
     ml__ck_end(ch, b, ml_mul(ch, ml_mul(ch, d->BT, Dt), w));
-    return ML_OK;
+}
+
+/* The projector block (graph/kit_clip.c, or the builders'): its input is
+ * the feature layer's hidden state, its output the decoder's input. */
+static ml_status projector(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
+                           const ml_ck_dims *d, uint64_t n_img)
+{
+    ml_cblock *b = ml__ck_begin(ch, "projector", -1);
+    if (!b)
+        return ML_NOMEM;
+    b->in_bytes = ml_mul(ch, ml_mul(ch, vd->BT, vd->D), ch->prec.w);
+    ml_ck_graph *G = ch->builders_only ? NULL : malloc(sizeof *G);
+    if (!ch->builders_only && !G)
+        return ML_NOMEM;
+    if (!G || !emit(ch, b, G, ml__ck_graph_llava_projector(ch, m, vd, d, n_img, G),
+                    ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w)))
+        projector_builders(ch, b, m, vd, d, n_img);
+    return ch->nomem ? ML_NOMEM : ML_OK;
 }
 
 /* training.vision_tower: frozen (requires_grad_(False) on the tower): with

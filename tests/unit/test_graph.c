@@ -919,22 +919,29 @@ static void test_repeat_refused(void **state)
 /* ---- LLaVA's vision tower: its layers from the graph (kit_clip.c) ---- */
 
 /* A small LLaVA (tests/torch/models/llava.yaml's shape) with lv vision
- * layers, the feature layer fl, the feature selection and activation
- * given; its decoder's attention kernel set per chain. */
-static ml_model *llava_variant(unsigned lv, int fl, const char *sel, const char *act)
+ * layers of width vh, the feature layer fl, the feature selection,
+ * activation and projector bias given; its decoder's attention kernel set
+ * per chain. */
+static ml_model *llava_variant_of(unsigned lv, unsigned vh, int fl, const char *sel,
+                                  const char *act, bool bias)
 {
     char y[1024];
     snprintf(y, sizeof y,
              "model:\n  type: multimodal\n  stacks:\n    vision:\n      layers: %u\n"
-             "      hidden: 32\n      heads: 4\n      ffn: 64\n      image_size: 16\n"
+             "      hidden: %u\n      heads: 4\n      ffn: 64\n      image_size: 16\n"
              "      patch_size: 4\n      activation: %s\n      feature_layer: %d\n"
-             "      feature_select: %s\n    projector: {}\n    decoder:\n      layers: 2\n"
-             "      hidden: 48\n      heads: 4\n      kv_heads: 2\n      ffn: 96\n"
-             "      vocab: 157\n      norm: rmsnorm\n      activation: swiglu\n"
+             "      feature_select: %s\n    projector: {bias: %s}\n    decoder:\n"
+             "      layers: 2\n      hidden: 48\n      heads: 4\n      kv_heads: 2\n"
+             "      ffn: 96\n      vocab: 157\n      norm: rmsnorm\n      activation: swiglu\n"
              "      position: rope\n      bias: false\n      dropout: 0\n"
              "training:\n  seq_len: 24\n",
-             lv, act, fl, sel);
+             lv, vh, act, fl, sel, bias ? "true" : "false");
     return load_str(y);
+}
+
+static ml_model *llava_variant(unsigned lv, int fl, const char *sel, const char *act)
+{
+    return llava_variant_of(lv, 32, fl, sel, act, true);
 }
 
 /* The graph chain's vision layers that are copies of an earlier one (the
@@ -949,10 +956,79 @@ static unsigned tower_copies(const ml_chain *ch)
     return n;
 }
 
+/* What the LLaVA grid built: its vision embeddings and projectors
+ * emitted from the graph alone and compared, the projectors the graph
+ * declines (ml__ck_graph_llava_projector: a wide tower's whole hidden
+ * state kept in fp32). */
+typedef struct {
+    unsigned emb, proj, proj_declined;
+} llava_ends;
+
+static void same_graph_fields(const ml_chain *a, const ml_cblock *x, const ml_chain *b,
+                              const ml_cblock *y, const char *what);
+
+/* The vision embedding (block 1) and the projector of `built`, a chain
+ * the graph built, against the same blocks emitted from the graph alone
+ * (the inventory, parameters, FLOPs and transients are the graph's;
+ * chain_llava.c's roles, a frozen tower's and the evaluation pass's, are
+ * compared whole against the builders' chain a); both blocks' saved
+ * entries with their names, against a's. */
+static void llava_ends_from_graph(const ml_model *m, const ml_config *cfg, const ml_chain *a,
+                                  const ml_chain *built, llava_ends *n)
+{
+    size_t proj = 0;
+    while (proj < built->n && strcmp(built->blocks[proj].name, "projector"))
+        proj++;
+    assert_true(proj < built->n);
+    assert_string_equal(built->blocks[1].name, "vision.embedding");
+    same_block(a, built, 1, true, "LLaVA's vision embedding, names");
+    same_block(a, built, proj, true, "LLaVA's projector, names");
+    if (cfg->training.vision_tower == ML_VT_FROZEN || built->eval_mode)
+        return;
+    ml_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ch.selective = built->selective;
+    ch.prec = ml__prec_of(cfg->training.precision);
+    ml_ck_dims d;
+    ml_error e;
+    assert_int_equal(ml__ck_dims_of(m, &cfg->training, &ch, &d, &e), ML_OK);
+    const uint64_t g = m->vis_image / m->vis_patch;
+    const ml_ck_dims vd = {.B = d.B, .T = g * g + 1, .BT = d.B * (g * g + 1),
+                           .D = m->vis_hidden, .F = m->vis_ffn, .H = m->vis_heads,
+                           .Hkv = m->vis_heads, .dh = m->vis_hidden / m->vis_heads,
+                           .Dkv = m->vis_hidden, .expert_imbalance = 1};
+    ml_ck_graph *G = malloc(sizeof *G);
+    assert_non_null(G);
+    assert_true(ml__ck_graph_clip_embedding(&ch, m, &vd, G));
+    ml_cblock *b = ml__ck_begin(&ch, "vision.embedding", -1);
+    assert_non_null(b);
+    ml__ck_graph_emit(&ch, b, G, vd.BT * vd.D * ch.prec.w);
+    same_graph_fields(built, &built->blocks[1], &ch, &ch.blocks[0], "embedding from the graph");
+    n->emb++;
+    const bool wide = !ch.prec.autocast && m->vis_full &&
+                      m->vis_hidden * ch.prec.w > m->hidden * 24;
+    const bool taken = ml__ck_graph_llava_projector(&ch, m, &vd, &d, ml_model_image_tokens(m), G);
+    assert_true(taken == !wide);
+    if (taken) {
+        b = ml__ck_begin(&ch, "projector", -1);
+        assert_non_null(b);
+        b->in_bytes = vd.BT * vd.D * ch.prec.w;
+        ml__ck_graph_emit(&ch, b, G, d.BT * d.D * ch.prec.w);
+        same_graph_fields(built, &built->blocks[proj], &ch, &ch.blocks[1],
+                          "projector from the graph");
+        n->proj++;
+    } else {
+        n->proj_declined++;
+    }
+    free(G);
+    ml__chain_free(&ch);
+}
+
 /* Every vision-tower setting, precision, decoder kernel, checkpoint policy
  * and pass of m, at micro-batches 1 and 3, both ways; the chains compared
- * (no refusal), *copies the copied vision layers. */
-static unsigned compare_llava(ml_model *m, const char *name, unsigned *copies)
+ * (no refusal), *copies the copied vision layers, *ends the vision
+ * embeddings and projectors from the graph. */
+static unsigned compare_llava(ml_model *m, const char *name, unsigned *copies, llava_ends *ends)
 {
     static const char *const policies[] = {"none", "selective", "full"};
     unsigned n = 0;
@@ -982,6 +1058,7 @@ static unsigned compare_llava(ml_model *m, const char *name, unsigned *copies)
                         snprintf(what, sizeof what, "%s, tower %d, attention %zu, precision %d, %s%s",
                                  name, vt, k, p, policies[c], ev ? ", eval" : "");
                         same_blocks(&a, &b, false, what);
+                        llava_ends_from_graph(m, &cfg, &a, &b, ends);
                         assert_int_equal(tower_copies(&a), 0);
                         *copies += tower_copies(&b);
                         ml__chain_free(&a);
@@ -1028,53 +1105,79 @@ static void test_clip_layer_nodes(void **state)
     }
 }
 
+/* The family takes m's tower layers, under every precision. */
+static void clip_layers_taken(const ml_model *m)
+{
+    for (int p = 0; p < ML_PREC_COUNT; p++) {
+        ml_chain ch;
+        memset(&ch, 0, sizeof ch);
+        ch.prec = ml__prec_of((ml_precision)p);
+        const uint64_t g = m->vis_image / m->vis_patch;
+        const ml_ck_dims vd = {.B = 1, .T = g * g + 1, .BT = g * g + 1, .D = m->vis_hidden,
+                               .F = m->vis_ffn, .H = m->vis_heads, .Hkv = m->vis_heads,
+                               .dh = m->vis_hidden / m->vis_heads, .Dkv = m->vis_hidden};
+        ml_ck_graph *G = malloc(sizeof *G);
+        assert_non_null(G);
+        for (unsigned pool = MLG_CLIP_LAYER; pool <= MLG_CLIP_POOLED_KEPT; pool++)
+            assert_true(ml__ck_graph_vision_layer(&ch, m, &vd, pool, G));
+        free(G);
+    }
+}
+
 static void test_llava_tower_equals_builders(void **state)
 {
     (void)state;
     static const int feature[] = {0, 1, -2, -1};
     unsigned n = 0, copies = 0, models = 0;
+    llava_ends ends = {0, 0, 0};
     for (unsigned lv = 1; lv <= 3; lv += 2)
         for (size_t f = 0; f < 4; f++)
             for (int full = 0; full < 2; full++)
-                for (int q = 0; q < 2; q++) {
-                    ml_model *m = llava_variant(lv, feature[f], full ? "full" : "default",
-                                                q ? "quick_gelu" : "gelu");
-                    /* the family takes every one, under every precision */
-                    for (int p = 0; p < ML_PREC_COUNT; p++) {
-                        ml_chain ch;
-                        memset(&ch, 0, sizeof ch);
-                        ch.prec = ml__prec_of((ml_precision)p);
-                        const uint64_t g = m->vis_image / m->vis_patch;
-                        const ml_ck_dims vd = {.B = 1, .T = g * g + 1, .BT = g * g + 1,
-                                               .D = m->vis_hidden, .F = m->vis_ffn,
-                                               .H = m->vis_heads, .Hkv = m->vis_heads,
-                                               .dh = m->vis_hidden / m->vis_heads,
-                                               .Dkv = m->vis_hidden};
-                        ml_ck_graph *G = malloc(sizeof *G);
-                        assert_non_null(G);
-                        for (unsigned pool = MLG_CLIP_LAYER; pool <= MLG_CLIP_POOLED_KEPT; pool++)
-                            assert_true(ml__ck_graph_vision_layer(&ch, m, &vd, pool, G));
-                        free(G);
-                    }
-                    n += compare_llava(m, "llava variant", &copies);
+                for (int q = 0; q < 4; q++) {
+                    ml_model *m = llava_variant_of(lv, 32, feature[f], full ? "full" : "default",
+                                                   q & 1 ? "quick_gelu" : "gelu", q & 2);
+                    clip_layers_taken(m);
+                    n += compare_llava(m, "llava variant", &copies, &ends);
                     models++;
                     ml_model_destroy(m);
                 }
+    /* a tower wider than six decoders (320 x 4 bytes > 48 x 24): with the
+     * full feature, fp32's projector stays the builders' */
+    for (int full = 0; full < 2; full++) {
+        ml_model *m = llava_variant_of(1, 320, -1, full ? "full" : "default", "quick_gelu", true);
+        n += compare_llava(m, "wide llava variant", &copies, &ends);
+        models++;
+        ml_model_destroy(m);
+    }
     ml_model *m = load_preset("llava-1.5-7b");
-    n += compare_llava(m, "llava-1.5-7b", &copies);
+    n += compare_llava(m, "llava-1.5-7b", &copies, &ends);
     ml_model_destroy(m);
     m = load_hf_config("llava-1.5-7b");
-    n += compare_llava(m, "llava-1.5-7b (config.json)", &copies);
+    n += compare_llava(m, "llava-1.5-7b (config.json)", &copies, &ends);
     ml_model_destroy(m);
-    fprintf(stderr, "%u LLaVA chains compared (%u models), %u vision layers copied\n", n,
-            models + 2, copies);
-    /* (32 variants + 2 shipped) x 4 tower settings x 3 kernels x 6
-     * precisions x 3 policies x 2 passes x 2 micro-batches, none refused */
-    assert_int_equal(n, 34 * 4 * 3 * ML_PREC_COUNT * 3 * 2 * 2);
+    fprintf(stderr,
+            "%u LLaVA chains compared (%u models), %u vision layers copied, %u vision "
+            "embeddings and %u projectors from the graph alone, %u projectors declined\n",
+            n, models + 2, copies, ends.emb, ends.proj, ends.proj_declined);
+    /* (64 variants + 2 wide + 2 shipped) x 4 tower settings x 3 kernels x
+     * 6 precisions x 3 policies x 2 passes x 2 micro-batches, none refused */
+    assert_int_equal(n, 68 * 4 * 3 * ML_PREC_COUNT * 3 * 2 * 2);
     /* copies: a 3-layer tower whose first layer is used (feature layer 1,
      * -2 or -1) copies its second, used or not (the last has a graph of
      * its own); each shipped tower (24 layers) copies its 22 middle ones */
-    assert_int_equal(copies, (12 * 1 + 2 * 22) * 4 * 3 * ML_PREC_COUNT * 3 * 2 * 2);
+    assert_int_equal(copies, (24 * 1 + 2 * 22) * 4 * 3 * ML_PREC_COUNT * 3 * 2 * 2);
+    /* from the graph alone: every training chain whose tower is not
+     * frozen (3 settings); declined: the wide full-feature model under the
+     * precisions without autocast whose stream is fp32 */
+    unsigned wide32 = 0;
+    for (int p = 0; p < ML_PREC_COUNT; p++) {
+        const ml_prec pr = ml__prec_of((ml_precision)p);
+        wide32 += !pr.autocast && pr.w == 4;
+    }
+    assert_true(wide32 > 0);
+    assert_int_equal(ends.emb, 68 * 3 * 3 * ML_PREC_COUNT * 3 * 2);
+    assert_int_equal(ends.proj_declined, wide32 * 3 * 3 * 3 * 2);
+    assert_int_equal(ends.proj + ends.proj_declined, ends.emb);
 }
 
 /* ---- sequential models: each `layers:` entry a graph block ---- */
