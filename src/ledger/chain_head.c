@@ -335,8 +335,10 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
         return st;
     }
     /* a soft-capped LM head replays its backward node by node (its three
-     * logits-sized gradients in turn); the other heads keep the block rule */
-    ch->record_nodes = m->final_softcap > 0 && ml__ck_node_level(ch, m);
+     * logits-sized gradients in turn); the other heads keep the block rule
+     * (a classifier's logits are not soft-capped: Gemma2ForCausalLM caps
+     * them, its sequence classifier is the generic one) */
+    ch->record_nodes = m->final_softcap > 0 && !m->classes && ml__ck_node_level(ch, m);
     uint64_t rows; /* rows of the logits */
     uint64_t out_classes;
     if (G) {
