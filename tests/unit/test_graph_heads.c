@@ -186,10 +186,124 @@ static void test_heads_equal_builders(void **state)
     assert_int_equal(refused, (unsigned)(nh + 2) * runs);
 }
 
+/* ---- the fused head's norm on a 2-byte stream ---- */
+
+/* tests/torch/models/llama.yaml's and gemma.yaml's layouts, and GPT-2's
+ * LayerNorm (no upcast: the builders' nodes) */
+static const char *const fused_norms[] = {
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 8\n  kv_heads: 2\n"
+    "  ffn: 160\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 173\n  position: rope\n"
+    "  bias: false\n  attention: eager\n  dropout: 0\n",
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  kv_heads: 1\n"
+    "  head_dim: 32\n  ffn: 160\n  activation: geglu\n  norm: gemma_rmsnorm\n"
+    "  embedding_scale: true\n  vocab: 173\n  position: rope\n  tied_embeddings: true\n"
+    "  bias: false\n  attention: eager\n  dropout: 0\n",
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  ffn: 256\n"
+    "  activation: gelu\n  norm: layernorm\n  vocab: 173\n  position: learned\n"
+    "  max_positions: 512\n  tied_embeddings: true\n  bias: true\n  dropout: 0\n",
+};
+
+typedef struct {
+    const char *what;
+    uint64_t in, pg, scratch, out;
+} node_row;
+
+/* The graph's head nodes in backward order, as PyTorch runs them
+ * (tests/torch/fusednorm.py measured them on 1.13's CPU in bf16): Llama's
+ * RMSNorm (gemma false) or Gemma's; E the stream's bytes of x, F its fp32
+ * bytes, R the fp32 rsqrt (B x T), P the 2-byte weight's gradient. */
+static void expect_nodes(const ml_chain *c, const ml_cblock *b, bool gemma, uint64_t E,
+                         uint64_t F, uint64_t R, uint64_t P)
+{
+    const node_row llama[] = {
+        {"MulBackward0 (weight * h)", E, P, E, E},
+        {"ToCopyBackward0 (h.to)", F, 0, 0, E},
+        {"MulBackward0 (x * rsqrt)", F + R, 0, F, F},
+        {"RsqrtBackward0", R, 0, 0, R},
+        {"MeanBackward1", F, 0, 0, R},
+        {"PowBackward0 (x^2)", F, 0, 0, F},
+        {"InputBuffer accumulation (in place)", 0, 0, 0, F},
+        {"ToCopyBackward0 (norm input)", E, 0, 0, F},
+    };
+    /* (1 + weight.float()): its fp32 gradient (2 P) made by the product,
+     * cast into the weight's */
+    const node_row gem[] = {
+        {"ToCopyBackward0 (type_as)", F, 0, 0, E},
+        {"MulBackward0 (h * (1 + weight))", F + 2 * P, 0, F, F},
+        {"ToCopyBackward0 (weight.float())", 0, P, 0, 2 * P},
+        {"MulBackward0 (x * rsqrt)", F + R, 0, F, F},
+        {"RsqrtBackward0", R, 0, 0, R},
+        {"MeanBackward1", F, 0, 0, R},
+        {"PowBackward0 (x^2)", F, 0, 0, F},
+        {"InputBuffer accumulation (in place)", 0, 0, 0, F},
+        {"ToCopyBackward0 (norm input)", E, 0, 0, F},
+    };
+    const node_row *want = gemma ? gem : llama;
+    const size_t n = gemma ? sizeof gem / sizeof gem[0] : sizeof llama / sizeof llama[0];
+    assert_int_equal(b->nnodes, n);
+    for (size_t i = 0; i < n; i++) {
+        const ml_bnode *v = &c->nodes[b->node_first + i];
+        assert_string_equal(v->what, want[i].what);
+        assert_int_equal(v->grad_in, want[i].in);
+        assert_int_equal(v->param_grad, want[i].pg);
+        assert_int_equal(v->scratch, want[i].scratch);
+        assert_int_equal(v->grad_out, want[i].out);
+    }
+}
+
+/* Fused logits on every precision and two shapes, both ways: the chains
+ * equal but for the head's node list, which differs exactly on a 2-byte
+ * stream without autocast with an RMSNorm, and is then the table above. */
+static void test_fused_norm_nodes(void **state)
+{
+    (void)state;
+    static const uint64_t shapes[][2] = {{2, 24}, {1, 7}};
+    unsigned corrected = 0, same = 0;
+    for (size_t v = 0; v < sizeof fused_norms / sizeof fused_norms[0]; v++) {
+        ml_model *m = load_str(fused_norms[v]);
+        for (int p = 0; p < ML_PREC_COUNT; p++)
+            for (size_t s = 0; s < 2; s++) {
+                ml_config cfg = ml_model_config(m);
+                cfg.training.precision = (ml_precision)p;
+                cfg.training.micro_batch = shapes[s][0];
+                cfg.training.seq_len = shapes[s][1];
+                cfg.training.logits = ML_LOGITS_FUSED;
+                cfg.calib = NULL;
+                ml_chain a, b;
+                ml_error e;
+                ml_status sa = ml__chain_build_builders(m, &cfg, false, &a, &e);
+                assert_int_equal(sa, ml__chain_build(m, &cfg, &b, &e));
+                if (sa != ML_OK) /* autocast's fused loss */
+                    continue;
+                const unsigned c = same_blocks(&a, &b, false, "fused head");
+                const bool two = b.prec.w == 2 && !b.prec.autocast;
+                const bool rms = m->norm != ML_NORM_LAYERNORM;
+                assert_int_equal(c, two && rms);
+                if (c) {
+                    const uint64_t BT = shapes[s][0] * shapes[s][1];
+                    expect_nodes(&b, &b.blocks[b.n - 2], m->norm == ML_NORM_GEMMA_RMSNORM,
+                                 BT * 64 * 2, BT * 64 * 4, BT * 4, 64 * 2);
+                }
+                corrected += c;
+                same += !c;
+                ml__chain_free(&a);
+                ml__chain_free(&b);
+            }
+        ml_model_destroy(m);
+    }
+    fprintf(stderr, "%u fused heads with the corrected norm nodes, %u equal to the builders'\n",
+            corrected, same);
+    /* Llama's and Gemma's norms: bf16, bf16-master and fp16-master, two
+     * shapes */
+    assert_int_equal(corrected, 2 * 3 * 2);
+    assert_true(same >= 2 * 2 + 4 * 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_heads_equal_builders),
+        cmocka_unit_test(test_fused_norm_nodes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
