@@ -66,12 +66,37 @@ static uint16_t ids(ml_graph *g, const char *name, bool per_token)
     return t;
 }
 
+/* The rotary's cos and sin in the stream's dtype, or DeepSeek-V2's (B, T,
+ * rot / 2) complex64 freqs_cis, kept for every layer. */
+static void rotary(ml_graph *g, const mlg_embed *E)
+{
+    if (!E->rotary)
+        return;
+    const bool cx = E->rotary == MLG_ROTARY_COMPLEX;
+    uint16_t cs = ml__graph_tensor(g,
+                                   cx ? "rotary freqs_cis, complex64 (shared by all blocks)"
+                                      : "rotary cos and sin (shared by all blocks)",
+                                   cx ? MLG_FP32 : MLG_STREAM, MLG_ACT, 3, MLG_B, MLG_T,
+                                   ml__graph_lit(g, E->rot));
+    if (!cx)
+        g->t[cs].factor = 2;
+    ml__op_save(ml__graph_step(g, MLG_OP_ELEMENTWISE, "rotary embedding", MLG_NONE, cs, NULL),
+                cs);
+}
+
 /* Token embeddings (HF's Embedding modules; Gemma's scale, a host scalar
  * mul saves: nothing on the device), then the positions, the token types
- * and the rotary (kept for every layer), their sum, BERT's LayerNorm. */
+ * and the rotary (kept for every layer), their sum, BERT's LayerNorm. A
+ * LayerNorm over the lookup alone (a text encoder with rotary positions
+ * and no token types) saves the lookup's output, which the builders list
+ * after the rotary's (their "embedding layernorm input"): the rotary
+ * comes first there. */
 static uint16_t tokens(ml_graph *g, const mlg_embed *E)
 {
     uint16_t tok = ml__graph_tensor(g, "token ids (int64)", MLG_INT64, MLG_INPUT, 2, MLG_B, MLG_T);
+    const bool bare = E->layernorm && !E->learned && !E->types;
+    if (bare)
+        rotary(g, E);
     uint16_t x = lookup(g, tok, "word embeddings", MLG_V, true);
     if (E->scale) {
         uint16_t s = stream(g, "embeddings * normalizer", MLG_STREAM, MLG_T_TMP);
@@ -87,18 +112,8 @@ static uint16_t tokens(ml_graph *g, const mlg_embed *E)
         uint16_t t = ids(g, "token type ids (int64)", true);
         typ = lookup(g, t, "token type embeddings", ml__graph_lit(g, E->ntypes), true);
     }
-    if (E->rotary) {
-        const bool cx = E->rotary == MLG_ROTARY_COMPLEX;
-        /* cos and sin in the stream's dtype, or (B, T, rot / 2) complex64 */
-        uint16_t cs = ml__graph_tensor(
-            g, cx ? "rotary freqs_cis, complex64 (shared by all blocks)"
-                  : "rotary cos and sin (shared by all blocks)",
-            cx ? MLG_FP32 : MLG_STREAM, MLG_ACT, 3, MLG_B, MLG_T, ml__graph_lit(g, E->rot));
-        if (!cx)
-            g->t[cs].factor = 2;
-        ml__op_save(ml__graph_step(g, MLG_OP_ELEMENTWISE, "rotary embedding", MLG_NONE, cs, NULL),
-                    cs);
-    }
+    if (!bare)
+        rotary(g, E);
     const char *sum = E->layernorm ? "embedding layernorm input" : "embeddings";
     if (typ != MLG_NONE)
         x = add(g, x, typ, pos != MLG_NONE ? "embeddings" : sum, MLG_STREAM);

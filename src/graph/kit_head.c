@@ -110,10 +110,11 @@ void ml__kit_seq_cls_head(ml_graph *g, const mlg_layer *L, uint64_t classes, boo
     pool_last(g, S, cls, pad);
 }
 
+/* (final_softcap: transformers soft-caps the LM logits only,
+ * Gemma2ForCausalLM.forward; its sequence classifier is the generic one) */
 bool ml__family_seq_cls_head(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    return m->type == ML_MODEL_DECODER && m->classes && !(m->final_softcap > 0) &&
-           ml__family_layer(m, c, L);
+    return m->type == ML_MODEL_DECODER && m->classes && ml__family_layer(m, c, L);
 }
 
 /* x[:, 0] (a view: a saving consumer keeps the whole (B, T, D) storage)
@@ -181,10 +182,26 @@ void ml__kit_encoder_classifier(ml_graph *g, const mlg_layer *L, uint64_t classe
     linear_bd(g, L, h, cls, "addmm (classifier)", "logits");
 }
 
+/* The settings an encoder's head reads (its final norm, the masked-LM
+ * transform's activation, autocast) from the model's layer family; a text
+ * encoder with rotary positions, whose layers the kit does not express
+ * (the BERT layer has no rotary), from the same layer without them: the
+ * head reads no positions. */
+static bool encoder_head_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
+{
+    if (ml__family_layer(m, c, L))
+        return true;
+    if (m->position != ML_POS_ROPE || m->image_size)
+        return false;
+    ml_model unrotated = *m;
+    unrotated.position = ML_POS_NONE;
+    return ml__family_layer(&unrotated, c, L);
+}
+
 bool ml__family_encoder_classifier(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     return m->type == ML_MODEL_ENCODER && m->classes && !m->mlm_head &&
-           !(m->final_softcap > 0) && ml__family_layer(m, c, L);
+           encoder_head_layer(m, c, L);
 }
 
 /* BertLMPredictionHead's transform: dense (D -> D), the activation (GELU
@@ -264,8 +281,7 @@ void ml__kit_mlm_head(ml_graph *g, const mlg_layer *L, bool tied)
 
 bool ml__family_mlm_head(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    return m->type == ML_MODEL_ENCODER && m->mlm_head && !(m->final_softcap > 0) &&
-           ml__family_layer(m, c, L);
+    return m->type == ML_MODEL_ENCODER && m->mlm_head && encoder_head_layer(m, c, L);
 }
 
 void ml__kit_fused_ce(ml_graph *g, bool tied)

@@ -31,7 +31,7 @@ static uint16_t rms_core(ml_graph *g, const mlg_norm *n, uint8_t w, uint16_t x, 
     uint16_t rs = stat(g, "rmsnorm rsqrt");
     uint16_t hn = act3(g, "rmsnorm normalised", MLG_FP32, w);
     if (up)
-        ml__graph_step(g, MLG_OP_COPY, "to (fp32)", x, xf, NULL);
+        ml__graph_step(g, MLG_OP_COPY, "to (fp32)", x, xf, "ToCopyBackward0 (norm input)");
     mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "pow", xf, x2, "PowBackward0 (x^2)");
     ml__op_save(o, xf);
     o->accum = xf;
@@ -78,20 +78,31 @@ uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
     mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "add (1 + weight)");
     ml__op_in(o, W);
     ml__op_out(o, w1);
+    if (up) {
+        /* a 2-byte weight's .float() is a copy: the product's node makes
+         * (1 + weight)'s fp32 gradient, which ToCopyBackward0 (after
+         * AddBackward0, which passes it) casts into the weight's */
+        ml__op_param(o, W);
+        ml__op_node(o, "ToCopyBackward0 (weight.float())");
+        ml__op_gout(o, w1);
+    }
     o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (h * (1 + weight))", hn, pr, NULL);
     ml__op_in(o, w1);
-    ml__op_param(o, W);
+    if (!up)
+        ml__op_param(o, W);
     ml__op_save(o, hn);
     ml__op_save(o, w1);
     ml__op_free(o, w1);
     ml__op_free(o, hn);
     ml__op_node(o, "MulBackward0 (h * (1 + weight))");
     ml__op_gin(o, hn);
+    if (up)
+        ml__op_gin(o, w1);
     if (!n->held)
         ml__op_gout(o, pr);
     o->scratch_in = true;
     if (up) {
-        o = ml__graph_step(g, MLG_OP_COPY, "type_as", pr, y, NULL);
+        o = ml__graph_step(g, MLG_OP_COPY, "type_as", pr, y, "ToCopyBackward0 (type_as)");
         ml__op_free(o, pr);
     }
     return y;
@@ -118,7 +129,7 @@ uint16_t ml__kit_rmsnorm_of(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
     if (y != MLG_NONE)
         g->t[y].flags |= MLG_T_TMP;
     if (up)
-        ml__graph_step(g, MLG_OP_COPY, "to (stream dtype)", hn, hc, NULL);
+        ml__graph_step(g, MLG_OP_COPY, "to (stream dtype)", hn, hc, "ToCopyBackward0 (h.to)");
     const uint16_t hs = up ? hc : hn;
     mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (weight)", hs, y, NULL);
     ml__op_param(o, ml__graph_tensor(g, "weight", MLG_PARAM, MLG_PARAMETER, 1, w));

@@ -193,6 +193,11 @@ bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
         return false;
     G->z.dim[MLG_L0] = ml_add(ch, d->D, d->V);
     ml__ck_graph_dtype_bytes(ch, G);
+    /* a text encoder with rotary positions: the block rule, as the
+     * builders had it (chain_forward.c writes no programs for a rotary
+     * LayerNorm layout) */
+    if (m->position == ML_POS_ROPE)
+        G->programs = false;
     return true;
 }
 

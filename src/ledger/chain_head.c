@@ -258,15 +258,13 @@ static ml_status graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d
                             ml_ck_graph **G)
 {
     *G = NULL;
-    /* the fused head's norm records its nodes in every dtype: the builders'
-     * RMSNorm nodes on a 2-byte stream count its gradients in the stream's
-     * dtype where the graph has the fp32 upcast's (docs/graph.md, "What
-     * the passes do not derive yet") */
-    const bool upcast_nodes = fused && !ch->prec.autocast && ch->prec.w != 4 &&
-                              (m->norm == ML_NORM_RMSNORM || m->norm == ML_NORM_GEMMA_RMSNORM);
+    /* (the fused head's norm records its nodes in every dtype: on a 2-byte
+     * stream the graph's RMSNorm nodes have the fp32 upcast's gradients
+     * and the casts' nodes, which PyTorch measures, tests/torch/fusednorm.py,
+     * where the builders counted the stream's dtype throughout) */
     const bool dec = m->type == ML_MODEL_DECODER;
     /* (a classifier's fused loss is refused: chain.c) */
-    if (ch->builders_only || upcast_nodes || (fused && (m->classes || !dec)))
+    if (ch->builders_only || (fused && (m->classes || !dec)))
         return ML_OK;
     if (!(*G = malloc(sizeof **G)))
         return ML_NOMEM;
@@ -335,8 +333,10 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
         return st;
     }
     /* a soft-capped LM head replays its backward node by node (its three
-     * logits-sized gradients in turn); the other heads keep the block rule */
-    ch->record_nodes = m->final_softcap > 0 && ml__ck_node_level(ch, m);
+     * logits-sized gradients in turn); the other heads keep the block rule
+     * (a classifier's logits are not soft-capped: Gemma2ForCausalLM caps
+     * them, its sequence classifier is the generic one) */
+    ch->record_nodes = m->final_softcap > 0 && !m->classes && ml__ck_node_level(ch, m);
     uint64_t rows; /* rows of the logits */
     uint64_t out_classes;
     if (G) {

@@ -141,7 +141,7 @@ class FusedLinearCE(torch.autograd.Function):
             p_t = logits.gather(1, tc[:, None])
             loss_1d[s0:e] = p_t[:, 0].log().neg_()
             del p_t
-            logits.scatter_add_(1, tc[:, None], torch.full((e - s0, 1), -1.0))
+            logits.scatter_add_(1, tc[:, None], torch.full((e - s0, 1), -1.0, dtype=logits.dtype))
             logits.div_(n)
             grad_input[s0:e] = logits @ weight
             grad_weight.addmm_(logits.t(), xc)

@@ -1606,7 +1606,8 @@ static void test_graph_heads_taken(void **state)
 /* Layouts of the first and last blocks the layer variants above do not
  * reach: a decoder's sequence classifier (with and without a pad token),
  * Mixtral's experts (its layers the builders'), a text encoder with rotary
- * positions (its classifier the builders'), a masked-LM head untied and
+ * positions (its layers the builders', its classifier the graph's), a
+ * masked-LM head untied and
  * without positions or token types */
 static const char *const ends_variants[] = {
     "model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  ffn: 128\n"
@@ -1677,10 +1678,9 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
     const bool taken = m->mlm_head ? ml__ck_graph_mlm_head(&ch, m, &d, G)
                        : m->classes && (dec ? ml__ck_graph_cls_head(&ch, m, &d, G)
                                             : ml__ck_graph_encoder_head(&ch, m, &d, G));
-    /* the one the graph declines: a text encoder with rotary positions,
-     * whose layer family the kit has not (its classifier the builders') */
-    if ((m->classes || m->mlm_head) && !taken)
-        assert_true(!dec && m->position == ML_POS_ROPE && !m->image_size);
+    /* every head here is the graph's (a text encoder with rotary
+     * positions too, whose layers the builders write) */
+    assert_true(taken || !(m->classes || m->mlm_head));
     if (taken) {
         b = ml__ck_begin(&ch, "head", -1);
         assert_non_null(b);
@@ -1788,8 +1788,9 @@ static void test_ends_equal_builders(void **state)
     /* two classifiers with a pad token, and without one at a batch of 1
      * (their fused loss refused) */
     assert_int_equal(cls, 2 * ML_PREC_COUNT * 3 * 2 * 2 + 2 * ML_PREC_COUNT * 2 * 2);
-    /* BERT's and ViT's two, every logits setting but fused */
-    assert_int_equal(enc_cls, 3 * ML_PREC_COUNT * 3 * 2 * 2);
+    /* BERT's, ViT's two and the rotary text encoder's, every logits
+     * setting but fused */
+    assert_int_equal(enc_cls, 4 * ML_PREC_COUNT * 3 * 2 * 2);
     /* BERT's masked-LM layouts: tied with learned positions, and untied
      * without positions */
     assert_int_equal(mlm, 2 * ML_PREC_COUNT * 3 * 2 * 2);
