@@ -214,7 +214,12 @@ static void attn_tensors(ml_graph *g, const mlg_t5 *L, uint16_t y, uint16_t enc,
         A->vals = ml__graph_tensor(g, "relative_attention_bias output", MLG_STREAM, MLG_ACT, 3,
                                    MLG_T, MLG_T, MLG_H);
     }
-    A->bias = t4(g, "position bias", MLG_STREAM, A->keys, MLG_T_SIDE);
+    /* named as the chain's side tensor it is (ledger/chain_graph_t5.c) */
+    A->bias = t4(g,
+                 cross        ? "cross-attention position bias (B, H, Td, Ts)"
+                 : L->decoder ? "decoder self-attention position bias (B, H, Td, Td)"
+                              : "encoder position bias (B, H, Ts, Ts)",
+                 MLG_STREAM, A->keys, MLG_T_SIDE);
     if (!L->first)
         g->t[A->bias].role = MLG_INPUT;
     A->q = t3(g, "q (scores matmul)", MLG_COMPUTE, MLG_T, MLG_DQ);
@@ -505,7 +510,8 @@ void ml__kit_t5_final(ml_graph *g, const mlg_t5 *L)
     const uint16_t xf = fp32_copy(g, L);
     uint16_t x = ml__graph_tensor(g, stream_name(L), MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T,
                                   MLG_D);
-    uint16_t y = t5_norm(g, L, x, xf, "final layer norm output", 0);
+    uint16_t y = t5_norm(g, L, x, xf, L->dropout ? "final layer norm output" : "encoder output",
+                         0);
     flag(g, y, MLG_T_TMP);
     if (L->dropout) {
         uint16_t m = t3(g, "encoder output dropout mask", MLG_BOOL, MLG_T, MLG_D);
@@ -513,6 +519,8 @@ void ml__kit_t5_final(ml_graph *g, const mlg_t5 *L)
         t5_dropout(g, y, d, m);
         y = d;
     }
+    /* the stack's return value, which the decoder's layers read */
+    flag(g, y, MLG_T_SIDE);
     g->out = y;
 }
 

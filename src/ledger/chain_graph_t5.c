@@ -1,6 +1,9 @@
 /* T5's blocks from the op graph (graph/kit_t5.h; docs/graph.md, "T5's
  * layers"): the embeddings, the layers, the encoder's final norm and the
  * head, each sized at the chain's shape (chain_graph.c). */
+#include <stdint.h>
+#include <string.h>
+
 #include "graph/kit_embed.h"
 #include "graph/kit_t5.h"
 #include "ledger/chain_kit.h"
@@ -65,4 +68,93 @@ bool ml__ck_graph_t5_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, 
     ml__ck_graph_dtype_bytes(ch, G);
     G->programs = false; /* the block rule, as the builders had it */
     return true;
+}
+
+/* Whether each tensor of g has a gradient (rg[0 .. g->nt)): a parameter's,
+ * and the outputs of an op with a backward node or that reads one that has. */
+static void requires_grad(const ml_graph *g, bool *rg)
+{
+    for (uint16_t t = 0; t < g->nt; t++)
+        rg[t] = g->t[t].role == MLG_PARAMETER;
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        bool r = o->node != NULL || o->nparam > 0;
+        for (unsigned i = 0; i < o->nin; i++)
+            r = r || rg[o->in[i]];
+        for (unsigned i = 0; i < o->nout; i++)
+            rg[o->out[i]] = r;
+    }
+}
+
+/* S's entry named name, added when new (NULL: S is full). */
+static ml_ck_side *entry(ml_ck_sides *S, const char *name)
+{
+    for (unsigned i = 0; i < S->n; i++)
+        if (!strcmp(S->s[i].name, name))
+            return &S->s[i];
+    if (S->n == sizeof S->s / sizeof S->s[0]) {
+        S->refused = true;
+        return NULL;
+    }
+    ml_ck_side *e = &S->s[S->n++];
+    *e = (ml_ck_side){.name = name, .from = SIZE_MAX, .first = SIZE_MAX, .scope = SIZE_MAX};
+    return e;
+}
+
+void ml__ck_t5_sides_note(const ml_ck_graph *G, size_t block, size_t scope, ml_ck_sides *S)
+{
+    const ml_graph *g = &G->g;
+    bool rg[MLG_MAX_TENSORS];
+    requires_grad(g, rg);
+    for (uint16_t t = 0; t < g->nt; t++) {
+        if (!(g->t[t].flags & MLG_T_SIDE))
+            continue;
+        ml_ck_side *e = entry(S, g->t[t].name);
+        if (!e)
+            return;
+        e->bytes = G->tb[t];
+        if (g->t[t].role != MLG_INPUT) { /* made here */
+            e->from = block;
+            e->scope = scope;
+            e->grad = rg[t];
+        }
+        for (uint16_t k = 0; k < g->nop; k++) {
+            const mlg_op *o = &g->op[k];
+            for (unsigned i = 0; i < o->nin; i++)
+                if (o->in[i] == t) {
+                    e->first = e->first == SIZE_MAX || block < e->first ? block : e->first;
+                    e->last = block > e->last ? block : e->last;
+                }
+            for (unsigned i = 0; i < o->nsave; i++)
+                e->saved = e->saved || o->save[i] == t;
+        }
+    }
+}
+
+/* A stack's local goes when the stack returns (its scope's forward ends);
+ * what the stack returns the model's forward holds to its end, or, saved
+ * by a reader's op (training), until the first reader's backward, the
+ * last to run. Every one is an argument of the layers that read it
+ * (ckpt_kept); its gradient runs from the last reader's backward to the
+ * maker's. */
+void ml__ck_t5_sides_add(ml_chain *ch, const ml_ck_sides *S, size_t lo, size_t hi, size_t loss)
+{
+    for (unsigned i = 0; i < S->n; i++) {
+        const ml_ck_side *e = &S->s[i];
+        if (e->from < lo || e->from > hi)
+            continue;
+        const bool saved = e->scope == SIZE_MAX && e->saved && !ch->eval_mode;
+        const size_t to = e->scope != SIZE_MAX ? e->scope : saved ? e->first : loss;
+        ml_side *s = ml__ck_side(ch, e->name, e->bytes, e->from, to);
+        if (!s) /* out of memory: ch->nomem */
+            continue;
+        s->graph = true;
+        s->to_bwd = saved;
+        s->ckpt_kept = e->first != SIZE_MAX;
+        if (e->grad && !ch->eval_mode) {
+            s->grad = e->bytes;
+            s->grad_from = (uint32_t)e->last;
+            s->grad_to = (uint32_t)e->from;
+        }
+    }
 }

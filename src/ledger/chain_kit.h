@@ -247,6 +247,31 @@ bool ml__ck_graph_t5_final(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
 /* The same for T5's head (the decoder's final norm, lm_head) over d's
  * tokens, the targets. */
 bool ml__ck_graph_t5_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+/* T5's side tensors as its op graphs have them (docs/graph.md, "T5's side
+ * tensors"): each tensor a graph flags MLG_T_SIDE, by name, in the order
+ * the emitted graphs first name them. */
+typedef struct {
+    const char *name;
+    uint64_t bytes;
+    size_t from;        /* the block whose graph makes it */
+    size_t first, last; /* the first and last blocks whose ops read it */
+    size_t scope;       /* the block whose forward's end frees it (a stack's
+                           local); SIZE_MAX: the model's forward holds it */
+    bool saved;         /* a reader's op saves it itself */
+    bool grad;          /* the op that makes it is differentiable */
+} ml_ck_side;
+typedef struct {
+    ml_ck_side s[8];
+    unsigned n;
+    bool refused; /* more than s holds, or a block not from its graph: the
+                     chain builders write the list */
+} ml_ck_sides;
+/* Notes the side tensors of G, emitted (or repeated) as block `block`:
+ * one it makes is the scope's (scope: as in ml_ck_side). */
+void ml__ck_t5_sides_note(const ml_ck_graph *G, size_t block, size_t scope, ml_ck_sides *S);
+/* Adds S's entries made by blocks lo .. hi to ch's side tensors (chain.h;
+ * loss: the model forward's last block); out of memory: ch->nomem. */
+void ml__ck_t5_sides_add(ml_chain *ch, const ml_ck_sides *S, size_t lo, size_t hi, size_t loss);
 /* The graph of a sequential model's layer l (one `layers:` entry) on an
  * input of shape in (in_bytes per element; in_nograd: the model's input)
  * into G at the chain's micro-batch and precision (graph/kit_seq.h);
