@@ -286,6 +286,19 @@ static t5_stack stack_of(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
     return s;
 }
 
+/* T5Stack's own tensors (graph/kit_t5.h), made where its embedding runs
+ * (the block before its first layer) and held to its closing block. */
+static void note_stack(ml_chain *ch, const ml_model *m, const t5d *t, t5_stack *s)
+{
+    const size_t emb = ch->n - 1;
+    s->scope = ch->n + (s->decoder ? m->dec_layers : m->layers);
+    if (!s->G || !ml__ck_graph_t5_stack(ch, m, &s->d, t->Ts, s->decoder, s->G)) {
+        s->S->refused = true;
+        return;
+    }
+    ml__ck_t5_sides_note(s->G, emb, s->scope, false, s->S);
+}
+
 /* Layer i of stack s into b from the graph (out: its output's bytes);
  * false: the builders write it (no graph, or the graph declined). */
 static bool graph_layer(ml_chain *ch, const ml_model *m, const t5d *t, t5_stack *s,
@@ -298,7 +311,7 @@ static bool graph_layer(ml_chain *ch, const ml_model *m, const t5d *t, t5_stack 
     }
     if (i >= 2) { /* G is still the second layer's */
         ml__ck_graph_repeat(ch, b, s->proto, s->pfirst, s->pcount);
-        ml__ck_t5_sides_note(s->G, k, s->scope, s->S);
+        ml__ck_t5_sides_note(s->G, k, s->scope, true, s->S);
         return true;
     }
     if (!ml__ck_graph_t5(ch, m, &s->d, t->Ts, s->decoder, i == 0, s->G)) {
@@ -308,7 +321,7 @@ static bool graph_layer(ml_chain *ch, const ml_model *m, const t5d *t, t5_stack 
     }
     const size_t p0 = ch->nparams;
     ml__ck_graph_emit(ch, b, s->G, out);
-    ml__ck_t5_sides_note(s->G, k, s->scope, s->S);
+    ml__ck_t5_sides_note(s->G, k, s->scope, true, s->S);
     s->pfirst = p0;
     s->pcount = ch->nparams - p0;
     s->proto = k;
@@ -323,7 +336,7 @@ static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
     if (!t5_embedding(ch, m, t, G, "embedding", t->Ts, true, false))
         return ML_NOMEM;
     *enc_first = ch->n;
-    s.scope = ch->n + m->layers;
+    note_stack(ch, m, t, &s);
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
         stack_name(name, "encoder", i);
@@ -343,7 +356,7 @@ static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
     /* its output is a side tensor; its boundary is the decoder's ids */
     if (G && ml__ck_graph_t5_final(ch, m, &s.d, G)) {
         ml__ck_graph_emit(ch, b, G, 0);
-        ml__ck_t5_sides_note(G, (size_t)(b - ch->blocks), SIZE_MAX, S);
+        ml__ck_t5_sides_note(G, (size_t)(b - ch->blocks), SIZE_MAX, false, S);
     } else {
         S->refused = true;
         t5_norm(ch, b, t, ml_mul(ch, t->B, t->Ts), ML_SV_INPUT);
@@ -367,7 +380,7 @@ static ml_status decoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
                       !m->tied_embeddings))
         return ML_NOMEM;
     *dec_first = ch->n;
-    s.scope = ch->n + m->dec_layers;
+    note_stack(ch, m, t, &s);
     for (uint64_t i = 0; i < m->dec_layers; i++) {
         char name[48];
         stack_name(name, "decoder", i);
@@ -458,23 +471,16 @@ static void builder_sides(ml_chain *ch, const t5d *t, size_t enc0, size_t fin, s
     side(ch, "cross-attention position bias (B, H, Td, Ts)", bias_x, dec0, hd, false, true);
 }
 
-/* The side tensors: each stack's own (T5Stack.forward's masks and
- * embedding output, stack_sides: no layer's op makes them, so no graph has
- * them), then those the op graphs make and read (ml__ck_t5_sides_add),
- * ordered by the block that makes them; the builders' list where S was
- * refused. */
+/* The side tensors from the op graphs (ml__ck_t5_sides_add: T5Stack's
+ * own, the position biases, the encoder's output), in the order the
+ * graphs make them; the builders' list where S was refused. */
 static void sides(ml_chain *ch, const t5d *t, const ml_ck_sides *S, size_t enc0, size_t fin,
                   size_t dec0, size_t hd)
 {
-    if (S->refused) {
+    if (S->refused)
         builder_sides(ch, t, enc0, fin, dec0, hd);
-        return;
-    }
-    const size_t loss = ch->n - 1;
-    stack_sides(ch, t, false, enc0 - 1, fin);
-    ml__ck_t5_sides_add(ch, S, enc0 - 1, fin, loss);
-    stack_sides(ch, t, true, dec0 - 1, hd);
-    ml__ck_t5_sides_add(ch, S, dec0 - 1, loss, loss);
+    else
+        ml__ck_t5_sides_add(ch, S, ch->n - 1);
 }
 
 ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch)
