@@ -5,10 +5,12 @@
  * keeps for its backward: docs/inventory.md, "T5". The tensors that live
  * beside the stream of blocks (the position biases the stacks' loops hold,
  * the encoder's output every cross-attention reads, and their gradients)
- * are the chain's side tensors (docs/ledger.md, "Side tensors"), written
- * here. The layers, the embeddings, encoder.final and the head come from
- * the op graph (graph/kit_t5.c, kit_embed.c; t5_stack below); t5_norm,
- * t5_attention, t5_ff and the builders' branches below are
+ * are the chain's side tensors (docs/ledger.md, "Side tensors"), derived
+ * from the op graphs that make and read them (chain_graph_t5.c; docs/
+ * graph.md, "T5's side tensors"). The layers, the embeddings,
+ * encoder.final and the head come from the op graph (graph/kit_t5.c,
+ * kit_embed.c; t5_stack below); t5_norm, t5_attention, t5_ff,
+ * builder_sides and the builders' branches below are
  * ml__chain_build_builders' (the reference tests/unit/test_graph_t5.c
  * compares against). The blocks keep the block-level backward rule. */
 #include <stdint.h>
