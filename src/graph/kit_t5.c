@@ -165,6 +165,8 @@ typedef struct {
     uint16_t wq, wk, wv, wo;      /* ... of the weights (one entry) */
     uint16_t Wq, Wk, Wv, Wo, Wb;  /* the parameters */
     uint16_t bk, vals, bias;      /* buckets, their embedding; the bias */
+    uint16_t amask, cpos;         /* the stack's arguments the bias reads: its
+                                     mask, cache_position (side tensors) */
     uint16_t q, k, S, Sf, P, Pc, mask, Pd, v, ctx, oin, o, dmask, dout;
 } t5_attn;
 
@@ -214,7 +216,12 @@ static void attn_tensors(ml_graph *g, const mlg_t5 *L, uint16_t y, uint16_t enc,
         A->vals = ml__graph_tensor(g, "relative_attention_bias output", MLG_STREAM, MLG_ACT, 3,
                                    MLG_T, MLG_T, MLG_H);
     }
-    A->bias = t4(g, "position bias", MLG_STREAM, A->keys, MLG_T_SIDE);
+    /* named as the chain's side tensor it is (ledger/chain_graph_t5.c) */
+    A->bias = t4(g,
+                 cross        ? "cross-attention position bias (B, H, Td, Ts)"
+                 : L->decoder ? "decoder self-attention position bias (B, H, Td, Td)"
+                              : "encoder position bias (B, H, Ts, Ts)",
+                 MLG_STREAM, A->keys, MLG_T_SIDE);
     if (!L->first)
         g->t[A->bias].role = MLG_INPUT;
     A->q = t3(g, "q (scores matmul)", MLG_COMPUTE, MLG_T, MLG_DQ);
@@ -249,14 +256,16 @@ static void attn_tensors(ml_graph *g, const mlg_t5 *L, uint16_t y, uint16_t enc,
 static void bias_ops(ml_graph *g, const t5_attn *A)
 {
     if (A->bk != MLG_NONE) {
-        ml__graph_step(g, MLG_OP_ELEMENTWISE, "_relative_position_bucket", MLG_NONE, A->bk,
+        ml__graph_step(g, MLG_OP_ELEMENTWISE, "_relative_position_bucket", A->cpos, A->bk,
                        NULL);
         mlg_op *o = step(g, MLG_OP_COPY, "embedding", A->bk, A->vals, "EmbeddingBackward0");
         ml__op_save(o, A->bk);
         ml__op_param(o, A->Wb);
-        ml__op_free(step(g, MLG_OP_ELEMENTWISE, "add (mask)", A->vals, A->bias, NULL), A->vals);
+        o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (mask)", A->vals, A->bias, NULL);
+        ml__op_in(o, A->amask);
+        ml__op_free(o, A->vals);
     } else if (g->t[A->bias].role != MLG_INPUT) {
-        ml__graph_step(g, MLG_OP_ELEMENTWISE, "zeros + mask", MLG_NONE, A->bias, NULL);
+        ml__graph_step(g, MLG_OP_ELEMENTWISE, "zeros + mask", A->amask, A->bias, NULL);
     }
 }
 
@@ -311,12 +320,14 @@ static void attn_ops(ml_graph *g, const t5_attn *A, uint16_t y)
  * attention, dropout, the residual; returns the sum, *xf the next norm's
  * copy. */
 static uint16_t t5_attention(ml_graph *g, const mlg_t5 *L, uint16_t x, uint16_t *xf,
-                             uint16_t enc)
+                             uint16_t enc, const uint16_t args[3])
 {
     const bool cross = enc != MLG_NONE;
     const uint16_t y = t5_norm(g, L, x, *xf, "q input", cross ? G_CA_NORM : G_SA_NORM);
     t5_attn A;
     attn_tensors(g, L, y, enc, &A);
+    A.amask = cross ? args[2] : args[0];
+    A.cpos = args[1];
     attn_ops(g, &A, y);
     return t5_residual(g, L, x, A.dout != MLG_NONE ? A.dout : A.o, true, xf);
 }
@@ -488,12 +499,14 @@ void ml__kit_t5_layer(ml_graph *g, const mlg_t5 *L)
     uint16_t x = ml__graph_tensor(g, stream_name(L), MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T,
                                   MLG_D);
     uint16_t xf = MLG_NONE;
-    x = t5_attention(g, L, x, &xf, MLG_NONE);
+    uint16_t args[3]; /* T5Stack's arguments to its blocks (kit_t5_stack.c) */
+    ml__kit_t5_args(g, L, args);
+    x = t5_attention(g, L, x, &xf, MLG_NONE, args);
     if (L->decoder) {
         uint16_t enc = ml__graph_tensor(g, "encoder output", MLG_STREAM, MLG_INPUT, 3, MLG_B,
                                         MLG_TS, MLG_D);
         flag(g, enc, MLG_T_SIDE);
-        x = t5_attention(g, L, x, &xf, enc);
+        x = t5_attention(g, L, x, &xf, enc, args);
     }
     g->out = t5_ff(g, L, x, xf);
 }
@@ -505,7 +518,8 @@ void ml__kit_t5_final(ml_graph *g, const mlg_t5 *L)
     const uint16_t xf = fp32_copy(g, L);
     uint16_t x = ml__graph_tensor(g, stream_name(L), MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T,
                                   MLG_D);
-    uint16_t y = t5_norm(g, L, x, xf, "final layer norm output", 0);
+    uint16_t y = t5_norm(g, L, x, xf, L->dropout ? "final layer norm output" : "encoder output",
+                         0);
     flag(g, y, MLG_T_TMP);
     if (L->dropout) {
         uint16_t m = t3(g, "encoder output dropout mask", MLG_BOOL, MLG_T, MLG_D);
@@ -513,6 +527,8 @@ void ml__kit_t5_final(ml_graph *g, const mlg_t5 *L)
         t5_dropout(g, y, d, m);
         y = d;
     }
+    /* the stack's return value, which the decoder's layers read */
+    flag(g, y, MLG_T_SIDE);
     g->out = y;
 }
 

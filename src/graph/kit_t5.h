@@ -33,4 +33,19 @@ void ml__kit_t5_final(ml_graph *g, const mlg_t5 *L);
  * by D^-0.5 when tied (the table then another block's), lm_head. */
 void ml__kit_t5_head(ml_graph *g, const mlg_t5 *L, bool tied);
 
+/* T5Stack.forward's own tensors before its loop (kit_t5_stack.c), each a
+ * side tensor: the attention mask of ones it makes when given none (fp32),
+ * the extended (encoder: (B, 1, 1, T)) or causal (decoder: (B, 1, T, T))
+ * mask in the stream's dtype, cache_position (int64), with dropout the
+ * embedding's output (inputs_embeds, which the stack holds beside its
+ * dropout's); the decoder's also the encoder's mask of ones (int64) and its
+ * inversion (B, 1, 1, TS). Not a block: the chain (ledger/chain_t5.c)
+ * notes it at the stack's embedding. */
+void ml__kit_t5_stack(ml_graph *g, const mlg_t5 *L);
+/* The stack's arguments to every block into layer graph g, as side
+ * tensors (inputs): args[0] the extended or causal mask, args[1]
+ * cache_position, args[2] the inverted encoder mask (the decoder's;
+ * else MLG_NONE). */
+void ml__kit_t5_args(ml_graph *g, const mlg_t5 *L, uint16_t args[3]);
+
 #endif

@@ -155,6 +155,7 @@ typedef struct {
     bool to_bwd, ckpt_kept;
     uint64_t grad;
     uint32_t grad_from, grad_to;
+    bool graph; /* derived from the op graphs (T5's: chain_graph_t5.c) */
 } ml_side;
 
 typedef struct {

@@ -45,7 +45,7 @@
 #define NODE_SHAPE(X) X(first_saved)
 #define NODE_BYTES(X) X(grad_in) X(param_grad) X(scratch) X(grad_out)
 #define PARAM_SHAPE(X) X(numel) X(rows) X(cols) X(nograd) X(frozen)
-#define SIDE_SHAPE(X) X(from) X(to) X(to_bwd) X(ckpt_kept) X(grad_from) X(grad_to)
+#define SIDE_SHAPE(X) X(from) X(to) X(to_bwd) X(ckpt_kept) X(grad_from) X(grad_to) X(graph)
 #define SIDE_BYTES(X) X(bytes) X(grad)
 #define CHAIN_SHAPE(X)                                                                         \
     X(n) X(nsaved) X(nparams) X(nnodes) X(nsides) X(overflow) X(nomem) X(record_nodes)        \

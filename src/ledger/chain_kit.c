@@ -218,7 +218,7 @@ ml_side *ml__ck_side(ml_chain *ch, const char *what, uint64_t bytes, size_t from
     }
     ch->sides = s;
     s = &ch->sides[ch->nsides++];
-    *s = (ml_side){what, bytes, (uint32_t)from, (uint32_t)to, false, false, 0, 0, 0};
+    *s = (ml_side){what, bytes, (uint32_t)from, (uint32_t)to, false, false, 0, 0, 0, false};
     return s;
 }
 

@@ -262,6 +262,41 @@ bool ml__ck_graph_t5_final(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
 /* The same for T5's head (the decoder's final norm, lm_head) over d's
  * tokens, the targets. */
 bool ml__ck_graph_t5_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+/* T5's side tensors as its op graphs have them (docs/graph.md, "T5's side
+ * tensors"): each tensor a graph flags MLG_T_SIDE, in the order the noted
+ * graphs make them. */
+typedef struct {
+    const char *name;
+    uint64_t bytes;
+    size_t from;        /* the block whose graph makes it */
+    size_t first, last; /* the first and last blocks whose ops read it */
+    size_t scope;       /* the block whose forward's end frees it (a stack's
+                           local); SIZE_MAX: the model's forward holds it */
+    bool saved;         /* a reader's op saves it itself */
+    bool grad;          /* the op that makes it is differentiable */
+    bool arg;           /* a layer's graph has it: an argument of the
+                           checkpointed blocks */
+} ml_ck_side;
+typedef struct {
+    ml_ck_side s[16];
+    unsigned n;
+    bool refused; /* more than s holds, a tensor read before made, or a
+                     block not from its graph: the chain builders write
+                     the list */
+} ml_ck_sides;
+/* Notes the side tensors of G, emitted (or repeated, or only noted: T5's
+ * stack) as block `block`; layer: G is a layer's. One G makes starts an
+ * entry (scope: as in ml_ck_side); one it reads joins the latest entry of
+ * its name. */
+void ml__ck_t5_sides_note(const ml_ck_graph *G, size_t block, size_t scope, bool layer,
+                          ml_ck_sides *S);
+/* Adds S's entries to ch's side tensors (chain.h; loss: the model
+ * forward's last block); out of memory: ch->nomem. */
+void ml__ck_t5_sides_add(ml_chain *ch, const ml_ck_sides *S, size_t loss);
+/* The graph of T5Stack's own tensors (graph/kit_t5.h) over d's tokens (Ts:
+ * the encoder's); false: not T5's layout or not whole. */
+bool ml__ck_graph_t5_stack(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t Ts,
+                           bool decoder, ml_ck_graph *G);
 /* The graph of a sequential model's layer l (one `layers:` entry) on an
  * input of shape in (in_bytes per element; in_nograd: the model's input)
  * into G at the chain's micro-batch and precision (graph/kit_seq.h);

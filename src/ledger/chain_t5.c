@@ -5,12 +5,15 @@
  * keeps for its backward: docs/inventory.md, "T5". The tensors that live
  * beside the stream of blocks (the position biases the stacks' loops hold,
  * the encoder's output every cross-attention reads, and their gradients)
- * are the chain's side tensors (docs/ledger.md, "Side tensors"), written
- * here. The layers, the embeddings, encoder.final and the head come from
- * the op graph (graph/kit_t5.c, kit_embed.c; t5_stack below); t5_norm,
- * t5_attention, t5_ff and the builders' branches below are
+ * are the chain's side tensors (docs/ledger.md, "Side tensors"), derived
+ * from the op graphs that make and read them (chain_graph_t5.c; docs/
+ * graph.md, "T5's side tensors"). The layers, the embeddings,
+ * encoder.final and the head come from the op graph (graph/kit_t5.c,
+ * kit_embed.c; t5_stack below); t5_norm, t5_attention, t5_ff,
+ * builder_sides and the builders' branches below are
  * ml__chain_build_builders' (the reference tests/unit/test_graph_t5.c
  * compares against). The blocks keep the block-level backward rule. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -263,24 +266,39 @@ static void stack_name(char name[48], const char *stack, uint64_t i)
 
 /* A stack's layers from T5's op graphs (graph/kit_t5.h; docs/graph.md):
  * the first layer emitted from its graph, the second from the other
- * layers' graph, the rest copies of the second (ml__ck_graph_repeat). The
- * side tensors stay the chain's (ml__chain_build_t5). */
+ * layers' graph, the rest copies of the second (ml__ck_graph_repeat); the
+ * side tensors their graphs make and read noted in S. */
 typedef struct {
     ml_ck_graph *G; /* NULL: the chain builders write the layers */
     ml_ck_dims d;   /* the stack's tokens, T5's widths */
     bool decoder;
     size_t proto, pfirst, pcount; /* the second layer's block, its parameters */
+    ml_ck_sides *S;
+    size_t scope; /* the stack's closing block (its final_layer_norm's) */
 } t5_stack;
 
 static t5_stack stack_of(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_graph *G,
-                         bool decoder)
+                         bool decoder, ml_ck_sides *S)
 {
     const uint64_t T = decoder ? t->Td : t->Ts;
-    t5_stack s = {.G = G, .decoder = decoder};
+    t5_stack s = {.G = G, .decoder = decoder, .S = S};
     s.d = (ml_ck_dims){.B = t->B, .T = T, .BT = ml_mul(ch, t->B, T), .D = t->D, .F = t->F,
                        .H = t->H, .Hkv = t->H, .dh = m->head_dim, .Dkv = t->I, .V = t->V,
                        .drop = t->drop};
     return s;
+}
+
+/* T5Stack's own tensors (graph/kit_t5.h), made where its embedding runs
+ * (the block before its first layer) and held to its closing block. */
+static void note_stack(ml_chain *ch, const ml_model *m, const t5d *t, t5_stack *s)
+{
+    const size_t emb = ch->n - 1;
+    s->scope = ch->n + (s->decoder ? m->dec_layers : m->layers);
+    if (!s->G || !ml__ck_graph_t5_stack(ch, m, &s->d, t->Ts, s->decoder, s->G)) {
+        s->S->refused = true;
+        return;
+    }
+    ml__ck_t5_sides_note(s->G, emb, s->scope, false, s->S);
 }
 
 /* Layer i of stack s into b from the graph (out: its output's bytes);
@@ -288,32 +306,39 @@ static t5_stack stack_of(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
 static bool graph_layer(ml_chain *ch, const ml_model *m, const t5d *t, t5_stack *s,
                         ml_cblock *b, uint64_t i, uint64_t out)
 {
-    if (!s->G)
+    const size_t k = (size_t)(b - ch->blocks);
+    if (!s->G) {
+        s->S->refused = true;
         return false;
-    if (i >= 2) {
+    }
+    if (i >= 2) { /* G is still the second layer's */
         ml__ck_graph_repeat(ch, b, s->proto, s->pfirst, s->pcount);
+        ml__ck_t5_sides_note(s->G, k, s->scope, true, s->S);
         return true;
     }
     if (!ml__ck_graph_t5(ch, m, &s->d, t->Ts, s->decoder, i == 0, s->G)) {
         s->G = NULL;
+        s->S->refused = true;
         return false;
     }
     const size_t p0 = ch->nparams;
     ml__ck_graph_emit(ch, b, s->G, out);
+    ml__ck_t5_sides_note(s->G, k, s->scope, true, s->S);
     s->pfirst = p0;
     s->pcount = ch->nparams - p0;
-    s->proto = (size_t)(b - ch->blocks);
+    s->proto = k;
     return true;
 }
 
 static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_graph *G,
-                         size_t *enc_first)
+                         ml_ck_sides *S, size_t *enc_first)
 {
-    t5_stack s = stack_of(ch, m, t, G, false);
+    t5_stack s = stack_of(ch, m, t, G, false, S);
     uint64_t BTD = ml_mul(ch, ml_mul(ch, t->B, t->Ts), t->D);
     if (!t5_embedding(ch, m, t, G, "embedding", t->Ts, true, false))
         return ML_NOMEM;
     *enc_first = ch->n;
+    note_stack(ch, m, t, &s);
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
         stack_name(name, "encoder", i);
@@ -333,7 +358,9 @@ static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
     /* its output is a side tensor; its boundary is the decoder's ids */
     if (G && ml__ck_graph_t5_final(ch, m, &s.d, G)) {
         ml__ck_graph_emit(ch, b, G, 0);
+        ml__ck_t5_sides_note(G, (size_t)(b - ch->blocks), SIZE_MAX, false, S);
     } else {
+        S->refused = true;
         t5_norm(ch, b, t, ml_mul(ch, t->B, t->Ts), ML_SV_INPUT);
         ml__ck_param(ch, b, t->D, 0);
         ml__ck_tmp(ch, BTD, t->w);
@@ -346,15 +373,16 @@ static ml_status encoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
 }
 
 static ml_status decoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_graph *G,
-                         size_t *dec_first)
+                         ml_ck_sides *S, size_t *dec_first)
 {
-    t5_stack s = stack_of(ch, m, t, G, true);
+    t5_stack s = stack_of(ch, m, t, G, true, S);
     uint64_t BTD = ml_mul(ch, ml_mul(ch, t->B, t->Td), t->D);
     /* _shift_right(labels): the decoder's ids */
     if (!t5_embedding(ch, m, t, G, "decoder.embedding", t->Td, false,
                       !m->tied_embeddings))
         return ML_NOMEM;
     *dec_first = ch->n;
+    note_stack(ch, m, t, &s);
     for (uint64_t i = 0; i < m->dec_layers; i++) {
         char name[48];
         stack_name(name, "decoder", i);
@@ -415,6 +443,48 @@ static ml_status head(ml_chain *ch, const ml_model *m, const t5d *t, const ml_ck
     return ml__ck_ce_loss(ch, m, d, BT, t->V);
 }
 
+/* The side tensors as the chain builders wrote them (the reference
+ * ml__chain_build_builders keeps; the graph's when a block declined it):
+ * the stacks' own (stack_sides), the position biases, the encoder's
+ * output, with their gradients. enc0, dec0: the stacks' first layers;
+ * fin, hd: their closing blocks. */
+static void builder_sides(ml_chain *ch, const t5d *t, size_t enc0, size_t fin, size_t dec0,
+                          size_t hd)
+{
+    const unsigned w = t->w;
+    uint64_t bias_s = ml_mul(ch, ml__ck_mul3(ch, t->B, t->H, ml_mul(ch, t->Ts, t->Ts)), w);
+    uint64_t bias_d = ml_mul(ch, ml__ck_mul3(ch, t->B, t->H, ml_mul(ch, t->Td, t->Td)), w);
+    uint64_t bias_x = ml_mul(ch, ml__ck_mul3(ch, t->B, t->H, ml_mul(ch, t->Td, t->Ts)), w);
+    uint64_t enc_out = ml_mul(ch, ml__ck_mul3(ch, t->B, t->Ts, t->D), w);
+    size_t enc_last = fin - 1, dec_last = hd - 1, loss = ch->n - 1;
+    stack_sides(ch, t, false, enc0 - 1, fin);
+    bool added = side(ch, "encoder position bias (B, H, Ts, Ts)", bias_s, enc0, fin, false, true);
+    side_grad(ch, added, bias_s, enc_last, enc0);
+    /* fp32: the cross-attentions' k and v save the encoder's output itself
+     * (released by the first decoder block's backward); under autocast they
+     * save casts, and the model's forward holds it until it returns */
+    bool saved = !ch->eval_mode && !ch->prec.autocast;
+    added = side(ch, "encoder output", enc_out, fin, saved ? dec0 : loss, saved, true);
+    side_grad(ch, added, enc_out, dec_last, fin);
+    stack_sides(ch, t, true, dec0 - 1, hd);
+    added = side(ch, "decoder self-attention position bias (B, H, Td, Td)", bias_d, dec0, hd,
+                 false, true);
+    side_grad(ch, added, bias_d, dec_last, dec0);
+    side(ch, "cross-attention position bias (B, H, Td, Ts)", bias_x, dec0, hd, false, true);
+}
+
+/* The side tensors from the op graphs (ml__ck_t5_sides_add: T5Stack's
+ * own, the position biases, the encoder's output), in the order the
+ * graphs make them; the builders' list where S was refused. */
+static void sides(ml_chain *ch, const t5d *t, const ml_ck_sides *S, size_t enc0, size_t fin,
+                  size_t dec0, size_t hd)
+{
+    if (S->refused)
+        builder_sides(ch, t, enc0, fin, dec0, hd);
+    else
+        ml__ck_t5_sides_add(ch, S, ch->n - 1);
+}
+
 ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch)
 {
     const ml_training *tr = &cfg->training;
@@ -441,10 +511,11 @@ ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *
     ml_ck_graph *G = ch->builders_only ? NULL : malloc(sizeof *G);
     if (!ch->builders_only && !G)
         return ML_NOMEM;
-    ml_status st = encoder(ch, m, &t, G, &enc0);
+    ml_ck_sides S = {.refused = ch->builders_only};
+    ml_status st = encoder(ch, m, &t, G, &S, &enc0);
     size_t fin = ch->n - 1;
     if (st == ML_OK)
-        st = decoder(ch, m, &t, G, &dec0);
+        st = decoder(ch, m, &t, G, &S, &dec0);
     size_t hd = ch->n;
     if (st == ML_OK)
         st = head(ch, m, &t, &d, G);
@@ -452,26 +523,7 @@ ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *
     if (st != ML_OK || ch->overflow)
         return st;
     ch->n_ckpt = m->layers + m->dec_layers;
-    const unsigned w = t.w;
-    uint64_t bias_s = ml_mul(ch, ml__ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Ts, t.Ts)), w);
-    uint64_t bias_d = ml_mul(ch, ml__ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Td, t.Td)), w);
-    uint64_t bias_x = ml_mul(ch, ml__ck_mul3(ch, t.B, t.H, ml_mul(ch, t.Td, t.Ts)), w);
-    uint64_t enc_out = ml_mul(ch, ml__ck_mul3(ch, t.B, t.Ts, t.D), w);
-    size_t enc_last = fin - 1, dec_last = hd - 1, loss = ch->n - 1;
-    stack_sides(ch, &t, false, enc0 - 1, fin);
-    bool added = side(ch, "encoder position bias (B, H, Ts, Ts)", bias_s, enc0, fin, false, true);
-    side_grad(ch, added, bias_s, enc_last, enc0);
-    /* fp32: the cross-attentions' k and v save the encoder's output itself
-     * (released by the first decoder block's backward); under autocast they
-     * save casts, and the model's forward holds it until it returns */
-    bool saved = !ch->eval_mode && !ch->prec.autocast;
-    added = side(ch, "encoder output", enc_out, fin, saved ? dec0 : loss, saved, true);
-    side_grad(ch, added, enc_out, dec_last, fin);
-    stack_sides(ch, &t, true, dec0 - 1, hd);
-    added = side(ch, "decoder self-attention position bias (B, H, Td, Td)", bias_d, dec0, hd,
-                 false, true);
-    side_grad(ch, added, bias_d, dec_last, dec0);
-    side(ch, "cross-attention position bias (B, H, Td, Ts)", bias_x, dec0, hd, false, true);
+    sides(ch, &t, &S, enc0, fin, dec0, hd);
     for (size_t i = 0; i < ch->n; i++)
         if (ch->blocks[i].flops_bwd == 0)
             ch->blocks[i].flops_bwd = 2.0 * ch->blocks[i].flops_fwd;

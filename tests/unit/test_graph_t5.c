@@ -81,6 +81,61 @@ static unsigned embeddings_from_graph(const ml_model *m, const ml_config *cfg, b
     return n;
 }
 
+/* The side tensors of b, the graph-built chain (c: its configuration),
+ * all derived from the op graphs: T5Stack's own (its masks,
+ * cache_position, the embedding's output), the position biases and the
+ * encoder's output, the last four checked against the bytes, blocks and
+ * gradients the layout gives them independently. *graph counts the
+ * graph's; returns all. */
+static unsigned sides_from_graph(const ml_model *m, const ml_config *c, bool eval,
+                                 const ml_chain *b, unsigned *graph)
+{
+    const ml_training *tr = &c->training;
+    const uint64_t B = tr->micro_batch, Ts = tr->seq_len, Td = tr->target_len;
+    const unsigned w = b->prec.w;
+    const size_t enc0 = 1, fin = enc0 + m->layers, dec0 = fin + 2, hd = dec0 + m->dec_layers;
+    const bool saved = !eval && !b->prec.autocast;
+    const struct {
+        const char *what;
+        uint64_t bytes;
+        size_t from, to, grad_from;
+        bool grad;
+    } want[] = {
+        {"encoder position bias (B, H, Ts, Ts)", B * m->heads * Ts * Ts * w, enc0, fin, fin - 1,
+         true},
+        {"encoder output", B * Ts * m->hidden * w, fin, saved ? dec0 : b->n - 1, hd - 1, true},
+        {"decoder self-attention position bias (B, H, Td, Td)", B * m->heads * Td * Td * w, dec0,
+         hd, hd - 1, true},
+        {"cross-attention position bias (B, H, Td, Ts)", B * m->heads * Td * Ts * w, dec0, hd, 0,
+         false},
+    };
+    unsigned k = 0;
+    for (size_t i = 0; i < b->nsides; i++) {
+        const ml_side *s = &b->sides[i];
+        if (!s->graph)
+            fail_msg("side %zu (%s) is not the graph's", i, s->what);
+        (*graph)++;
+        if (k >= 4 || strcmp(s->what, want[k].what))
+            continue;
+        assert_int_equal(s->bytes, want[k].bytes);
+        assert_int_equal(s->from, want[k].from);
+        assert_int_equal(s->to, want[k].to);
+        assert_int_equal(s->to_bwd, k == 1 && saved);
+        assert_true(s->ckpt_kept);
+        const bool g = want[k].grad && !eval;
+        assert_int_equal(s->grad, g ? s->bytes : 0);
+        assert_int_equal(s->grad_from, g ? want[k].grad_from : 0);
+        assert_int_equal(s->grad_to, g ? want[k].from : 0);
+        k++;
+    }
+    assert_int_equal(k, 4);
+    /* each stack's mask of ones, its extended or causal mask, cache_position
+     * and, dropping, its embedding's output; the decoder's encoder mask of
+     * ones and its inversion */
+    assert_int_equal(b->nsides, 4 + 8 + (m->dropout > 0 && !eval ? 2 : 0));
+    return (unsigned)b->nsides;
+}
+
 static const char *const twins[] = {
     /* tests/torch/models/t5.yaml at 3 + 3 layers */
     "model:\n  type: encoder-decoder\n  layers: 3\n  decoder_layers: 3\n  hidden: 48\n"
@@ -109,7 +164,8 @@ static const uint64_t shapes[][3] = {{3, 20, 12}, {1, 7, 7}, {2, 33, 64}, {1, 1,
 
 /* Every chain of m both ways; *layers counts the layer blocks checked to
  * be the graph's copies. */
-static unsigned compare(ml_model *m, const char *name, unsigned *layers, unsigned *emb)
+static unsigned compare(ml_model *m, const char *name, unsigned *layers, unsigned *emb,
+                        unsigned *sides)
 {
     static const char *const policies[] = {"none", "selective", "full"};
     unsigned n = 0;
@@ -139,6 +195,7 @@ static unsigned compare(ml_model *m, const char *name, unsigned *layers, unsigne
                     same_blocks(&a, &b, true, what);
                     *layers += from_graph(&a, &b, what);
                     *emb += embeddings_from_graph(m, &cfg, ev, &b);
+                    sides[0] += sides_from_graph(m, &cfg, ev, &b, &sides[1]);
                     ml__chain_free(&a);
                     ml__chain_free(&b);
                     n++;
@@ -149,34 +206,38 @@ static unsigned compare(ml_model *m, const char *name, unsigned *layers, unsigne
 static void test_t5_chains_equal_builders(void **state)
 {
     (void)state;
-    unsigned n = 0, layers = 0, models = 0, emb = 0;
+    unsigned n = 0, layers = 0, models = 0, emb = 0, sides[2] = {0, 0};
     ml_model *m = load_preset("t5-base");
-    n += compare(m, "t5-base", &layers, &emb);
+    n += compare(m, "t5-base", &layers, &emb, sides);
     ml_model_destroy(m);
     models++;
     static const char *const hf[] = {"t5-base", "flan-t5-base"};
     for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
         m = load_hf_config(hf[i]);
-        n += compare(m, hf[i], &layers, &emb);
+        n += compare(m, hf[i], &layers, &emb, sides);
         m->kv_cache = true; /* use_cache in evaluation */
-        n += compare(m, hf[i], &layers, &emb);
+        n += compare(m, hf[i], &layers, &emb, sides);
         ml_model_destroy(m);
         models += 2;
     }
     for (size_t i = 0; i < sizeof twins / sizeof twins[0]; i++) {
         m = load_str(twins[i]);
-        n += compare(m, "twin", &layers, &emb);
+        n += compare(m, "twin", &layers, &emb, sides);
         ml_model_destroy(m);
         models++;
     }
     const unsigned per = sizeof shapes / sizeof shapes[0] * ML_PREC_COUNT * 3 * 2;
     fprintf(stderr,
             "%u T5 chains compared, %u layer blocks the graph's copies, %u embeddings, "
-            "encoders' final norms and heads from the graph\n",
-            n, layers, emb);
+            "encoders' final norms and heads from the graph, %u side tensors compared, "
+            "%u of them from the graph\n",
+            n, layers, emb, sides[0], sides[1]);
     assert_int_equal(n, models * per);
     /* the encoder's and the decoder's embeddings, encoder.final, the head */
     assert_int_equal(emb, 4 * n);
+    /* every side tensor from the graph */
+    assert_int_equal(sides[1], sides[0]);
+    assert_true(sides[0] >= 12 * n);
     /* 12 + 12 layers (5 models), 3 + 3, 4 + 2, 2 + 5: the copies after the
      * second of each stack */
     assert_int_equal(layers, per * (5 * 20 + 2 + 2 + 3));
@@ -192,6 +253,8 @@ static void test_t5_kit_headroom(void **state)
     assert_non_null(g);
     for (unsigned k = 0; k < 128; k++) {
         const mlg_t5 L = {k & 1, k & 2, k & 4, k & 8, k & 16, k & 32, k & 64};
+        ml__kit_t5_stack(g, &L); /* T5Stack's own tensors */
+        assert_true(ml__graph_valid(g));
         ml__kit_t5_layer(g, &L);
         assert_true(ml__graph_valid(g));
         most_t = g->nt > most_t ? g->nt : most_t;
