@@ -146,7 +146,7 @@ typedef struct {
     uint16_t in[3];      /* read */
     uint16_t out[3];     /* allocated, in order */
     uint16_t save[6];    /* saved for the backward (the first saver releases) */
-    uint16_t free[4];    /* last references dropped once it has run */
+    uint16_t free[6];    /* last references dropped once it has run */
     uint16_t param[2];   /* parameters, in registration order */
     double flops;        /* a whole multiple of the product of fdim */
     uint8_t fdim[6], nfdim;
