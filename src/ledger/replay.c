@@ -15,10 +15,16 @@ static void event(ml_replay *r, ml_category c, int64_t delta)
         return;
     ml_summary *s = &r->l->sum;
     /* the level the event starts from is part of its phase: at a phase's
-     * first event, the level the phase was entered at */
-    ml__replay_phase_point(r, r->phase == ML_PHASE_OPTIMIZER
-                                 ? r->total
-                                 : r->total - r->live[ML_CAT_OPTIMIZER]);
+     * first event, the level the phase was entered at (later in the phase
+     * it is the level the last event left: recorded by that event, or
+     * below a level it recorded, so a point would change nothing) */
+    if (!r->pointed || r->pointed_phase != r->phase) {
+        ml__replay_phase_point(r, r->phase == ML_PHASE_OPTIMIZER
+                                     ? r->total
+                                     : r->total - r->live[ML_CAT_OPTIMIZER]);
+        r->pointed = true;
+        r->pointed_phase = r->phase;
+    }
     if (delta > 0) {
         uint64_t d = (uint64_t)delta;
         if (__builtin_add_overflow(r->live[c], d, &r->live[c]) ||

@@ -86,6 +86,12 @@ typedef struct {
     const char *peak_sub;
     /* sub at each phase's steady and first-iteration peak (ml_phase_peak) */
     const char *phase_sub[ML_PHASE_COUNT], *first_sub[ML_PHASE_COUNT];
+    /* the level an event starts from was recorded as a point of phase
+     * pointed_phase (replay.c's event): within a phase it is the level the
+     * last event left, recorded then or lower; false after a run moved the
+     * levels (replay_runs.c) */
+    bool pointed;
+    ml_phase pointed_phase;
     bool keep, nomem, overflow, underflow;
     bool whole;              /* every block replayed, no run moved over */
     ml_rsim *rsim;           /* the allocator simulation, or NULL */

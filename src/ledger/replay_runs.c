@@ -143,6 +143,7 @@ static void move(ml_replay *r, const ml_run *u, uint64_t m)
     }
     memcpy(r->live, v, sizeof r->live);
     r->total = v[ML_CAT_COUNT];
+    r->pointed = false; /* levels no event left */
     r->flops_done += (double)m * u->fdelta[0];
     r->comm_done += (double)m * u->fdelta[1];
     r->host_done += (double)m * u->fdelta[2];
