@@ -395,7 +395,9 @@ ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chai
         s->grad_from = (uint32_t)proj;
         s->grad_to = 0;
     }
-    if ((st = ml__ck_layer_blocks(ch, m, &d)) || (st = ml__ck_head_and_loss(ch, m, &d, t)))
+    if ((st = ml__ck_layer_blocks(ch, m, &d)) == ML_RANGE)
+        return ml__ck_layers_declined(m, err);
+    if (st || (st = ml__ck_head_and_loss(ch, m, &d, t)))
         return st;
     for (size_t i = 0; i < ch->n; i++)
         if (ch->blocks[i].flops_bwd == 0 && !ch->blocks[i].grads_in_fwd &&
