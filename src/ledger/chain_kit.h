@@ -301,7 +301,8 @@ void ml__ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst
 ml_status ml__chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                       ml_error *err);
 ml_status ml__chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch);
-ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch);
+ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                             ml_error *err);
 ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                 ml_error *err);
 /* A sequential model's loss block b's inventory from the op graph:
