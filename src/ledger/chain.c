@@ -252,7 +252,7 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, bool 
     reserve(ch, m);
     ch->prec = ml__prec_of(cfg->training.precision);
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml__chain_build_sequential(m, cfg, ch)
-                   : m->type == ML_MODEL_ENCDEC   ? ml__chain_build_t5(m, cfg, ch)
+                   : m->type == ML_MODEL_ENCDEC   ? ml__chain_build_t5(m, cfg, ch, err)
                    : m->vis_layers                ? ml__chain_build_llava(m, cfg, ch, err)
                                                   : ml__chain_build_transformer(m, cfg, ch, err);
     /* the runner's blocks are GPT-2's and Llama's: a Gemma block's norm and

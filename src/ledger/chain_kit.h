@@ -94,11 +94,6 @@ void ml__ck_forward_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
 void ml__ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
                        bool fused);
 
-/* A mixture-of-experts MLP (HF Mixtral's) after its norm (chain_moe.c):
- * the router and the experts' parameters, FLOPs and saved tensors, for
- * m->experts experts with m->experts_per_tok of them per token. */
-void ml__ck_moe(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                unsigned src_bpe, bool src_saved);
 /* The busiest expert's rows among N (token, expert) pairs over E experts:
  * N / E for a balanced router, times training.expert_imbalance, at most the
  * B*T tokens (one row per token and expert). */
@@ -110,20 +105,6 @@ uint64_t ml__ck_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E);
  * training.expert_imbalance). Returns the number of runs. */
 unsigned ml__ck_expert_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t count[3],
                             uint64_t rows[3]);
-/* DeepSeek-V3's (HF DeepseekV3MoE): the sigmoid router, the experts summed
- * in the router's dtype, the ungated shared experts (chain_moe.c). */
-void ml__ck_moe_v3(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                   unsigned src_bpe);
-/* DeepSeek-V2's (HF DeepseekV2MoE): the softmax router, the pairs sorted
- * by expert, the outputs scattered back, weighted and summed in fp32, the
- * ungated shared experts (chain_moe.c). */
-void ml__ck_moe_v2(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                   unsigned src_bpe);
-/* Multi-head latent attention (HF DeepseekV3Attention, eager) after its
- * norm (chain_mla.c): parameters, FLOPs and saved tensors; src_bpe: bytes
- * per element of its input. */
-void ml__ck_mla_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                          unsigned src_bpe);
 /* Whether the model's attention runs a fused kernel (no T x T tensor). */
 bool ml__ck_fused_attention(const ml_chain *ch, const ml_model *m);
 /* Self-attention after its input projection(s): parameters, FLOPs, saved
@@ -172,8 +153,13 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
  * CLIP layouts) into block b (chain_transformer.c). */
 void ml__ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d);
 /* The model's layer blocks, "block.<i>", checkpoint indices from
- * ch->mask_ckpt0 (chain_transformer.c); ML_NOMEM. */
+ * ch->mask_ckpt0 (chain_transformer.c); ML_NOMEM, or ML_RANGE when the op
+ * graph declines a mixture of experts' or latent attention's layer. */
 ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
+/* ML_RANGE with the reason in err: ml__ck_layer_blocks returned ML_RANGE
+ * (the op graph declined a mixture of experts' or latent attention's
+ * layer, which no chain builder plans). */
+ml_status ml__ck_layers_declined(const ml_model *m, ml_error *err);
 
 /* A side tensor (chain.h) made by block `from`'s forward and freed after
  * block `to`'s, with no gradient (the caller sets the other fields); NULL
@@ -315,7 +301,8 @@ void ml__ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst
 ml_status ml__chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                       ml_error *err);
 ml_status ml__chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch);
-ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch);
+ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                             ml_error *err);
 ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                 ml_error *err);
 /* A sequential model's loss block b's inventory from the op graph:

@@ -3,9 +3,10 @@
  * embedding, the CLIP vision embedding and layers, the projector with the
  * merge of the image features into the token embeddings, then the decoder's
  * layers, head and loss as a decoder's (chain_transformer.c). The vision
- * embedding, layers and projector come from the op graph (graph/kit_clip.c,
- * chain_graph_llava.c); the builders' code below is the reference the
- * graph is compared with (ch->builders_only). What each op keeps:
+ * embedding, layers and projector come from the op graph alone
+ * (graph/kit_clip.c, chain_graph_llava.c): one it declines (a wide
+ * tower's full-feature projector in fp32) is not modelled, the chain
+ * refused (ML_RANGE). What each op keeps:
  * docs/inventory.md, "Llava". The token embeddings wait beside the
  * vision tower (a side tensor, docs/ledger.md, "Side tensors"); the layers
  * after the one the projector reads run with their output unused. */
@@ -17,115 +18,27 @@
 #include "ledger/chain_kit.h"
 #include "util/error.h"
 
-/* The vision tower as a pre-norm encoder, for the builders' layers (the
- * reference the graph's are compared with; the graph's family reads the
- * vision fields itself, graph/kit_clip.c): CLIPEncoderLayer's LayerNorms,
- * q/k/v/out projections and MLP with biases, eager attention, no dropout
- * (CLIPConfig's attention_dropout 0), no mask, learned positions (in the
- * embeddings). Made from the vision stack's fields alone, every other
- * setting zero: none is inherited from the decoder, so a field the model
- * gains stays off here unless set below. */
-static ml_model vision_model(const ml_model *m)
-{
-    ml_model v;
-    memset(&v, 0, sizeof v);
-    v.type = ML_MODEL_ENCODER;
-    v.layers = m->vis_layers;
-    v.hidden = m->vis_hidden;
-    v.heads = v.kv_heads = m->vis_heads;
-    v.head_dim = m->vis_hidden / m->vis_heads;
-    v.ffn = m->vis_ffn;
-    v.activation = m->vis_quick_gelu ? ML_ACT_QUICK_GELU : ML_ACT_GELU;
-    v.norm = ML_NORM_LAYERNORM;
-    v.prenorm = true;
-    v.position = ML_POS_LEARNED;
-    v.bias = v.qkv_bias = v.norm_bias = true;
-    v.attention = ML_ATTN_EAGER;
-    v.image_size = m->vis_image;
-    v.patch_size = m->vis_patch;
-    v.channels = m->vis_channels;
-    return v;
-}
-
-/* Emits the graph G (a block of `out` bytes) into b, or, when the graph
- * declines (built false), nothing: the builders then run. G is freed. */
-static bool emit(ml_chain *ch, ml_cblock *b, ml_ck_graph *G, bool built, uint64_t out)
-{
-    if (built)
-        ml__ck_graph_emit(ch, b, G, out);
-    free(G);
-    return built;
-}
-
-/* The builders' CLIPVisionEmbeddings and pre_layrnorm (the reference the
- * graph's are compared with): the patch conv (no bias) on the pixels, the
- * class embedding concatenated in front (cat promotes autocast's 16-bit
- * patches to fp32), the position embedding, then the LayerNorm, which
- * keeps its input and its statistics. */
-static void embedding_builders(ml_chain *ch, ml_cblock *b, const ml_ck_dims *d, uint64_t px,
-                               uint64_t kin)
-{
-    const unsigned w = ch->prec.w;
-    uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    if (ch->prec.autocast)
-        ml__ck_save(ch, b, "image cast copy (patch conv input)", px, 2, 0);
-    ml__ck_weight_copy(ch, b, ml_mul(ch, d->D, kin));
-    ml__ck_param(ch, b, d->D, 0);                   /* class_embedding */
-    ml__ck_param(ch, b, d->D, kin);                 /* patch_embedding */
-    ml__ck_param(ch, b, d->T, d->D);                /* position_embedding */
-    ml__ck_param(ch, b, d->D, 0);                   /* pre_layrnorm */
-    ml__ck_param(ch, b, d->D, 0);
-    ml__ck_tmp(ch, ml_mul(ch, ml_mul(ch, d->B, d->T - 1), d->D), ch->prec.a);
-    ml__ck_tmp(ch, BTD, w); /* the cat */
-    ml__ck_save(ch, b, "pre_layrnorm input (embeddings)", BTD, w, 0);
-    ml__ck_save(ch, b, "pre_layrnorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
-    b->flops_fwd = 2.0 * (double)d->B * (double)(d->T - 1) * (double)kin * (double)d->D;
-    ml__ck_end(ch, b, ml_mul(ch, BTD, w));
-}
-
-/* The vision embedding block (graph/kit_clip.c, or the builders'): its
- * backward is the patch conv weight's gradient only, its input (the
- * pixels, the batch the loop holds) needs none. */
-static ml_status vision_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+/* The vision embedding block (graph/kit_clip.c; ML_RANGE when the graph
+ * declines it): its backward is the patch conv weight's gradient only,
+ * its input (the pixels, the batch the loop holds) needs none. */
+static ml_status vision_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                                  ml_ck_graph *G, const char **why)
 {
     ml_cblock *b = ml__ck_begin(ch, "vision.embedding", -1);
     if (!b)
         return ML_NOMEM;
     uint64_t px = ml_mul(ch, ml__ck_mul3(ch, d->B, m->vis_channels, m->vis_image), m->vis_image);
-    uint64_t kin = ml__ck_mul3(ch, m->vis_channels, m->vis_patch, m->vis_patch);
-    ml_ck_graph *G = ch->builders_only ? NULL : malloc(sizeof *G);
-    if (!ch->builders_only && !G)
-        return ML_NOMEM;
-    if (!G || !emit(ch, b, G, ml__ck_graph_clip_embedding(ch, m, d, G),
-                    ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w)))
-        embedding_builders(ch, b, d, px, kin);
+    if (!ml__ck_graph_clip_embedding(ch, m, d, G)) {
+        *why = "the vision embedding";
+        return ML_RANGE;
+    }
+    ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w));
     b->flops_bwd = b->flops_fwd; /* the weight's gradient only */
     b->in_nograd = true;
     /* position_ids, (1, T) int64, registered with persistent=False */
     ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, d->T, 8));
     ch->batch_input = ml_add(ch, ch->batch_input, ml_mul(ch, px, ch->prec.w));
     return ch->nomem ? ML_NOMEM : ML_OK;
-}
-
-/* The builders' CLIPEncoderLayer (the reference the graph's is compared
- * with): the pre-norm block of vm, the vision model; the last layer's
- * post_layernorm parameters and, when the layer is unused (below), what
- * that norm keeps: its input (the layer's output) and statistics. */
-static void layer_builders(ml_chain *ch, ml_cblock *b, const ml_model *vm, const ml_ck_dims *d,
-                           bool used, bool last)
-{
-    const unsigned w = ch->prec.w;
-    uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    ml__ck_prenorm_block(ch, b, vm, d);
-    if (last) {
-        ml__ck_param(ch, b, d->D, 0);
-        ml__ck_param(ch, b, d->D, 0);
-    }
-    if (last && !used) { /* (a used layer's: a side tensor, below) */
-        ml__ck_save(ch, b, "post_layernorm input (the layer's output)", BTD, w, 0);
-        ml__ck_save(ch, b, "post_layernorm mean+rstd", ml_mul(ch, d->B, 2), 4, 0);
-    }
-    ml__ck_end(ch, b, ml_mul(ch, BTD, w));
 }
 
 /* CLIPEncoderLayer i, its block closed; `used`: the projector reads its
@@ -172,63 +85,28 @@ static void layer_roles(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
                 ml_add(ch, b->saved_bytes, last ? pooled : ml_mul(ch, BTD, w)), ch->n - 1, 0);
 }
 
-/* The builders' LlavaMultiModalProjector on the feature slice
- * (hidden_states[feature][:, 1:], a view), then the image features cast
- * to the embeddings' dtype and masked_scatter into the token embeddings
- * where the image tokens are (the reference the graph's is compared
- * with). The slice is linear_1's input (fp32: the view keeps the whole
- * layer output, this block's input; autocast: a cast copy of the slice);
- * gelu keeps linear_1's output, linear_2 gelu's; masked_scatter keeps the
- * mask, a view of (input_ids == image_token_id), B*T bools
- * (derivatives.yaml: masked_scatter). HF's check
- * inputs_embeds[special_image_mask].numel() makes the selected rows and,
- * under grad, their int64 indices (B*n x 3): transients. The output is
- * the decoder's input. */
-static void projector_builders(ml_chain *ch, ml_cblock *b, const ml_model *m,
-                               const ml_ck_dims *vd, const ml_ck_dims *d, uint64_t n_img)
-{
-    const unsigned a = ch->prec.a, w = ch->prec.w;
-    uint64_t rows = ml_mul(ch, d->B, n_img), Dv = vd->D, Dt = d->D;
-    uint64_t nD = ml_mul(ch, rows, Dt);
-    if (ch->prec.autocast)
-        ml__ck_save(ch, b, "linear_1 input (cast copy of the feature)", ml_mul(ch, rows, Dv), 2,
-                    0);
-    else if (!m->vis_full) /* the slice is not contiguous: matmul's reshape copies it */
-        ml__ck_save(ch, b, "linear_1 input (contiguous copy of the slice)",
-                    ml_mul(ch, rows, Dv), a, 0);
-    else
-        b->in_saved = true; /* the hidden state itself */
-    ml__ck_weight_copy(ch, b, ml_mul(ch, Dv, Dt));
-    ml__ck_weight_copy(ch, b, ml_mul(ch, Dt, Dt));
-    ml__ck_linear(ch, b, Dv, Dt, m->proj_bias);
-    ml__ck_linear(ch, b, Dt, Dt, m->proj_bias);
-    ml__ck_save(ch, b, "linear_1 output (gelu input)", nD, a, 0);
-    ml__ck_save(ch, b, "gelu output (linear_2 input)", nD, a, 0);
-    ml__ck_tmp(ch, nD, a);                 /* linear_2's output */
-    if (a != w)
-        ml__ck_tmp(ch, nD, w);             /* .to(inputs_embeds.dtype) */
-    ml__ck_tmp(ch, nD, w);                 /* inputs_embeds[mask] */
-    ml__ck_tmp(ch, ml_mul(ch, nD, 3), 8);  /* its indices */
-    ml__ck_save(ch, b, "image token mask (bool)", d->BT, 1, 0);
-    b->flops_fwd = 2.0 * (double)rows * (double)Dt * (double)(Dv + Dt);
-    ml__ck_end(ch, b, ml_mul(ch, ml_mul(ch, d->BT, Dt), w));
-}
-
-/* The projector block (graph/kit_clip.c, or the builders'): its input is
- * the feature layer's hidden state, its output the decoder's input. */
+/* The projector block (graph/kit_clip.c; ML_RANGE when the graph declines
+ * it: a wide tower's whole hidden state kept in fp32): its input is the
+ * feature layer's hidden state, its output the decoder's input. */
 static ml_status projector(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
-                           const ml_ck_dims *d, uint64_t n_img)
+                           const ml_ck_dims *d, uint64_t n_img, const char **why)
 {
     ml_cblock *b = ml__ck_begin(ch, "projector", -1);
     if (!b)
         return ML_NOMEM;
     b->in_bytes = ml_mul(ch, ml_mul(ch, vd->BT, vd->D), ch->prec.w);
-    ml_ck_graph *G = ch->builders_only ? NULL : malloc(sizeof *G);
-    if (!ch->builders_only && !G)
+    ml_ck_graph *G = malloc(sizeof *G);
+    if (!G)
         return ML_NOMEM;
-    if (!G || !emit(ch, b, G, ml__ck_graph_llava_projector(ch, m, vd, d, n_img, G),
-                    ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w)))
-        projector_builders(ch, b, m, vd, d, n_img);
+    const bool taken = ml__ck_graph_llava_projector(ch, m, vd, d, n_img, G);
+    if (taken)
+        ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w));
+    free(G);
+    if (!taken) {
+        *why = "the projector (the vision tower's whole hidden state, wider than six of the "
+               "decoder's, kept in fp32)";
+        return ML_RANGE;
+    }
     return ch->nomem ? ML_NOMEM : ML_OK;
 }
 
@@ -279,22 +157,22 @@ static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t
  * the layer (G[0]), emitted once and copied for the others (a copy of a
  * clean block: one whose roles, above, changed nothing), and the last
  * layer's with post_layernorm (G[1]). Their settings are the model's
- * vision stack's, read by the family itself. False: the builders run
- * them. */
-static bool layers_graph(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+ * vision stack's, read by the family itself. ML_RANGE when the graph
+ * declines them. */
+static ml_status layers_graph(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
+                              const char **why)
 {
     const unsigned w = ch->prec.w;
     const bool last_used = m->vis_used == m->vis_layers;
     ml_ck_graph *G = malloc(2 * sizeof *G);
-    if (!G) {
-        ch->nomem = true;
-        return true;
-    }
+    if (!G)
+        return ML_NOMEM;
     if (!ml__ck_graph_vision_layer(ch, m, d, MLG_CLIP_LAYER, &G[0]) ||
         !ml__ck_graph_vision_layer(ch, m, d,
                                    last_used ? MLG_CLIP_POOLED : MLG_CLIP_POOLED_KEPT, &G[1])) {
         free(G);
-        return false;
+        *why = "the vision layers";
+        return ML_RANGE;
     }
     size_t proto = SIZE_MAX, pfirst = 0, pcount = 0;
     for (uint64_t i = 0; i < m->vis_layers && !ch->nomem && !ch->overflow; i++) {
@@ -319,29 +197,28 @@ static bool layers_graph(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
         layer_roles(ch, b, m, d, p0, used, last);
     }
     free(G);
-    return true;
+    return ch->nomem ? ML_NOMEM : ML_OK;
 }
 
-/* The vision tower's blocks: its embedding and layers. */
-static ml_status vision_tower(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd)
+/* The vision tower's blocks (its embedding and layers) and the projector,
+ * from the op graph; ML_RANGE (why set) when it declines one, or with no
+ * graph (builders_only: no chain builder writes them). */
+static ml_status vision_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
+                               const ml_ck_dims *d, size_t *p1, const char **why)
 {
-    ml_status st = vision_embedding(ch, m, vd);
-    if (st || (!ch->builders_only && layers_graph(ch, m, vd)))
-        return st ? st : ch->nomem ? ML_NOMEM : ML_OK;
-    const ml_model vm = vision_model(m);
-    for (uint64_t i = 0; i < m->vis_layers; i++) {
-        const bool used = i < m->vis_used, last = i + 1 == m->vis_layers;
-        char name[48];
-        snprintf(name, sizeof name, "vision.layer.%llu", (unsigned long long)i);
-        size_t p0 = ch->nparams;
-        ml_cblock *b = ml__ck_begin(ch, name, used ? (int)i : -1);
-        if (!b)
-            return ML_NOMEM;
-        b->in_bytes = ml_mul(ch, ml_mul(ch, vd->BT, vd->D), ch->prec.w);
-        layer_builders(ch, b, &vm, vd, used, last);
-        layer_roles(ch, b, m, vd, p0, used, last);
+    if (ch->builders_only) {
+        *why = "the vision tower (no op graph)";
+        return ML_RANGE;
     }
-    return ML_OK;
+    ml_ck_graph *G = malloc(sizeof *G);
+    if (!G)
+        return ML_NOMEM;
+    ml_status st = vision_embedding(ch, m, vd, G, why);
+    free(G);
+    if (st || (st = layers_graph(ch, m, vd, why)))
+        return st;
+    *p1 = ch->nparams;
+    return projector(ch, m, vd, d, ml_model_image_tokens(m), why);
 }
 
 ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,
@@ -376,10 +253,13 @@ ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chai
     e->bwd_in = 0;
     ch->record_nodes = false;
     size_t p0 = ch->nparams, p1 = 0;
-    if ((st = vision_tower(ch, m, &vd)))
-        return st;
-    p1 = ch->nparams;
-    if ((st = projector(ch, m, &vd, &d, n_img)))
+    const char *why = "";
+    if ((st = vision_blocks(ch, m, &vd, &d, &p1, &why)) == ML_RANGE)
+        return ml__errorf(err, ML_RANGE,
+                          "%s: %s at this shape and precision is not modelled: the op graph "
+                          "declines it and no other rule plans it",
+                          m->name, why);
+    if (st)
         return st;
     size_t proj = ch->n - 1;
     for (size_t i = 0; i < ch->nsides; i++)
@@ -395,7 +275,9 @@ ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chai
         s->grad_from = (uint32_t)proj;
         s->grad_to = 0;
     }
-    if ((st = ml__ck_layer_blocks(ch, m, &d)) || (st = ml__ck_head_and_loss(ch, m, &d, t)))
+    if ((st = ml__ck_layer_blocks(ch, m, &d)) == ML_RANGE)
+        return ml__ck_layers_declined(m, err);
+    if (st || (st = ml__ck_head_and_loss(ch, m, &d, t)))
         return st;
     for (size_t i = 0; i < ch->n; i++)
         if (ch->blocks[i].flops_bwd == 0 && !ch->blocks[i].grads_in_fwd &&

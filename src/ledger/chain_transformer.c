@@ -243,13 +243,10 @@ void ml__ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     /* HF GPT-NeoX (parallel_residual): eager_attention_forward's additive
      * mask and fp32 softmax, as Llama's */
     const bool hf = llama || m->parallel_residual;
-    if (m->kv_lora)
-        ml__ck_mla_attention(ch, b, m, d, nb);
-    else
-        /* HF ViT and CLIP: query, key and value, three Linears; their
-         * eager_attention_forward asks softmax for fp32 and casts back */
-        ml__ck_attention(ch, b, m, d, nb, false, (!llama && !m->image_size) || m->fused_proj,
-                         causal && !hf, falcon ? ch->prec.w == 4 : hf || m->image_size, 0);
+    /* HF ViT and CLIP: query, key and value, three Linears; their
+     * eager_attention_forward asks softmax for fp32 and casts back */
+    ml__ck_attention(ch, b, m, d, nb, false, (!llama && !m->image_size) || m->fused_proj,
+                     causal && !hf, falcon ? ch->prec.w == 4 : hf || m->image_size, 0);
     at[2] = ch->nparams;
     if (m->post_norms)
         post_norm(ch, b, m, d);
@@ -278,16 +275,7 @@ void ml__ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     if (np)
         ml__ck_norm_params(ch, b, np, d->D);
     at[4] = ch->nparams;
-    /* DeepSeek-V3's first dense_layers layers have one dense MLP */
-    const bool dense = !m->experts || (uint64_t)b->ckpt_index - ch->mask_ckpt0 < m->dense_layers;
-    if (dense)
-        mlp_fwd(ch, b, m, d, nb, mlp_in_saved, false);
-    else if (m->router_sigmoid)
-        ml__ck_moe_v3(ch, b, m, d, nb);
-    else if (m->expert_sort)
-        ml__ck_moe_v2(ch, b, m, d, nb);
-    else
-        ml__ck_moe(ch, b, m, d, nb, mlp_in_saved);
+    mlp_fwd(ch, b, m, d, nb, mlp_in_saved, false);
     at[5] = ch->nparams;
     if (m->post_norms)
         post_norm(ch, b, m, d);
@@ -420,6 +408,12 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
         if (layout_of(m, first) == k && first < m->layers)
             graph = ml__ck_graph_layer_at(ch, m, d, first, &G[k]);
     }
+    /* the mixtures of experts and latent attention exist in the op graph
+     * only: a layer it declines is not modelled (the caller says so) */
+    if (!graph && (m->experts || m->kv_lora)) {
+        free(G);
+        return ML_RANGE;
+    }
     size_t proto[2] = {SIZE_MAX, SIZE_MAX}, pfirst[2] = {0, 0}, pcount[2] = {0, 0};
     for (uint64_t i = 0; i < m->layers; i++) {
         char name[48];
@@ -472,6 +466,17 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     return ML_OK;
 }
 
+ml_status ml__ck_layers_declined(const ml_model *m, ml_error *err)
+{
+    return ml__errorf(err, ML_RANGE,
+                      "%s's layers (%s) at this shape and precision are not modelled: the op "
+                      "graph declines them and no other rule plans them",
+                      m->name,
+                      m->kv_lora && m->experts ? "multi-head latent attention, mixture of experts"
+                      : m->kv_lora             ? "multi-head latent attention"
+                                               : "mixture of experts");
+}
+
 ml_status ml__chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                       ml_error *err)
 {
@@ -479,8 +484,8 @@ ml_status ml__chain_build_transformer(const ml_model *m, const ml_config *cfg, m
     ml_status st = ml__ck_dims_of(m, &cfg->training, ch, &d, err);
     if (st == ML_OK)
         st = ml__ck_embedding_block(ch, m, &d);
-    if (st == ML_OK)
-        st = ml__ck_layer_blocks(ch, m, &d);
+    if (st == ML_OK && (st = ml__ck_layer_blocks(ch, m, &d)) == ML_RANGE)
+        return ml__ck_layers_declined(m, err);
     if (st == ML_OK)
         st = ml__ck_head_and_loss(ch, m, &d, &cfg->training);
     if (st != ML_OK)

@@ -3,7 +3,7 @@
  * its name too; the transformer builders word some entries otherwise),
  * every backward node, every parameter, every side tensor and the
  * chain-wide figures; the first difference fails the test with both
- * values (tests/unit/test_graph.c, test_graph_t5.c). */
+ * values (tests/unit/test_graph.c, test_graph_heads.c). */
 #ifndef ML_TEST_CHAIN_COMPARE_H
 #define ML_TEST_CHAIN_COMPARE_H
 

@@ -1,22 +1,26 @@
-/* T5's layers from the op graph (src/graph/kit_t5.c, docs/graph.md)
- * against the chain builders they replace (src/ledger/chain_t5.c): whole
- * chains of T5's presets, its shipped config.json and the torch twins'
- * layouts (tests/torch/models/t5.yaml, t5-gated.yaml) at more layers,
- * with and without dropout, a KV cache, targets shorter and longer than
- * the inputs, built both ways under each precision, checkpoint policy and
- * pass, must be equal field by field: every block, every saved entry (its
- * name too), every parameter, every side tensor. */
+/* T5's chains from the op graph alone (src/graph/kit_t5.c, docs/graph.md;
+ * the chain builders they replaced, compared field by field while they
+ * lived, are gone): whole chains of T5's presets, its shipped config.json
+ * and the torch twins' layouts (tests/torch/models/t5.yaml, t5-gated.yaml)
+ * at more layers, with and without dropout, a KV cache, targets shorter
+ * and longer than the inputs, under each precision, checkpoint policy and
+ * pass: every layer the graph's (its copies sharing the second layer's
+ * saved list), the embeddings, encoder.final and the head equal to the
+ * graph's blocks alone, every side tensor the graph's and the four the
+ * layout sizes independently equal to it; the builders-only chain refused
+ * (ML_RANGE). */
 #include "harness.h"
 
-#include "chain_compare.h"
+#include <stdlib.h>
+#include <string.h>
 
 #include "graph/kit_t5.h"
 #include "ledger/chain_kit.h"
 
 /* The graph's layers are its: block "<stack>.block.<i>" for i >= 2 shares
- * the saved list of block 1 (ml__ck_graph_repeat), as the builders' never
- * do. The layer blocks checked. */
-static unsigned from_graph(const ml_chain *a, const ml_chain *b, const char *what)
+ * the saved list of block 1 (ml__ck_graph_repeat). The layer blocks
+ * checked. */
+static unsigned from_graph(const ml_chain *b, const char *what)
 {
     unsigned n = 0;
     for (size_t i = 0; i < b->n; i++) {
@@ -25,7 +29,7 @@ static unsigned from_graph(const ml_chain *a, const ml_chain *b, const char *wha
         if (!dot || atoi(dot + 7) < 2)
             continue;
         const ml_cblock *p = &b->blocks[i - (size_t)atoi(dot + 7) + 1];
-        if (y->saved_first != p->saved_first || a->blocks[i].saved_first == p->saved_first)
+        if (y->saved_first != p->saved_first)
             fail_msg("%s: %s is not the graph's copy of %s", what, y->name, p->name);
         n++;
     }
@@ -162,7 +166,8 @@ static const char *const twins[] = {
 /* (micro-batch, inputs, targets) */
 static const uint64_t shapes[][3] = {{3, 20, 12}, {1, 7, 7}, {2, 33, 64}, {1, 1, 1}};
 
-/* Every chain of m both ways; *layers counts the layer blocks checked to
+/* Every chain of m from the graph (the builders-only chain refused);
+ * *layers counts the layer blocks checked to
  * be the graph's copies. */
 static unsigned compare(ml_model *m, const char *name, unsigned *layers, unsigned *emb,
                         unsigned *sides)
@@ -183,27 +188,25 @@ static unsigned compare(ml_model *m, const char *name, unsigned *layers, unsigne
                     assert_int_equal(ml_parse_checkpoint(policies[c], &cfg.training.checkpoint, &e),
                                      ML_OK);
                     ml_chain a, b;
-                    ml_status sa = ml__chain_build_builders(m, &cfg, ev, &a, &e);
-                    if (sa != ML_OK)
-                        fail_msg("%s: refused: %s", name, e.msg);
+                    assert_int_equal(ml__chain_build_builders(m, &cfg, ev, &a, &e), ML_RANGE);
+                    assert_non_null(strstr(e.msg, "not modelled"));
                     ml_status sb = ev ? ml__chain_build_eval(m, &cfg, &b, &e)
                                       : ml__chain_build(m, &cfg, &b, &e);
-                    assert_int_equal(sb, ML_OK);
                     char what[200];
                     snprintf(what, sizeof what, "%s, shape %zu, precision %d, %s%s", name, s, p,
                              policies[c], ev ? ", eval" : "");
-                    same_blocks(&a, &b, true, what);
-                    *layers += from_graph(&a, &b, what);
+                    if (sb != ML_OK)
+                        fail_msg("%s: refused: %s", what, e.msg);
+                    *layers += from_graph(&b, what);
                     *emb += embeddings_from_graph(m, &cfg, ev, &b);
                     sides[0] += sides_from_graph(m, &cfg, ev, &b, &sides[1]);
-                    ml__chain_free(&a);
                     ml__chain_free(&b);
                     n++;
                 }
     return n;
 }
 
-static void test_t5_chains_equal_builders(void **state)
+static void test_t5_chains_from_graph(void **state)
 {
     (void)state;
     unsigned n = 0, layers = 0, models = 0, emb = 0, sides[2] = {0, 0};
@@ -228,7 +231,7 @@ static void test_t5_chains_equal_builders(void **state)
     }
     const unsigned per = sizeof shapes / sizeof shapes[0] * ML_PREC_COUNT * 3 * 2;
     fprintf(stderr,
-            "%u T5 chains compared, %u layer blocks the graph's copies, %u embeddings, "
+            "%u T5 chains from the graph, %u layer blocks the graph's copies, %u embeddings, "
             "encoders' final norms and heads from the graph, %u side tensors compared, "
             "%u of them from the graph\n",
             n, layers, emb, sides[0], sides[1]);
@@ -274,7 +277,7 @@ static void test_t5_kit_headroom(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_t5_chains_equal_builders),
+        cmocka_unit_test(test_t5_chains_from_graph),
         cmocka_unit_test(test_t5_kit_headroom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
