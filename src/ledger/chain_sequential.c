@@ -483,6 +483,7 @@ static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
     b->ws_bwd = ml_mul(ch, ml_mul(ch, x->elems, lsb), 2);
     /* no_grad: what the loss saves is transient, beside the fp32 cast */
     b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
+    b->ws_formula = true;
     b->unit = ml_mul(ch, x->elems, lsb);
     return ML_OK;
 }
