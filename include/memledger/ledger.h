@@ -47,6 +47,24 @@ ML_API const char *ml_category_name(ml_category c);
 /* "forward", "loss", "backward", "optimizer". */
 ML_API const char *ml_phase_name(ml_phase p);
 
+/* How a block's forward transients (what its forward holds beside its saved
+ * tensors while it runs, with grad and under no_grad) were found
+ * (docs/ledger.md, "Transients"). */
+typedef enum ml_transients {
+    ML_TRANSIENTS_OPS,        /* its forward op by op, with grad and under no_grad */
+    ML_TRANSIENTS_BLOCK_RULE, /* the block rule: twice its largest tensor (a layout
+                                 whose forward is not walked op by op: autocast,
+                                 fused attention, a parallel residual, latent
+                                 attention, experts, an image encoder, T5) */
+    ML_TRANSIENTS_PARTLY,     /* op by op in one of the two, the block rule in the
+                                 other (selective checkpointing: with grad) */
+    ML_TRANSIENTS_FORMULA,    /* the block's own tensors (the loss: the logits'
+                                 fp32 copy, the fused cross-entropy's chunks) */
+    ML_TRANSIENTS_COUNT
+} ml_transients;
+/* "ops", "block_rule", "partly", "formula" (JSON: blocks[].transients). */
+ML_API const char *ml_transients_name(ml_transients t);
+
 typedef struct ml_block_info {
     char name[48];              /* "embedding", "block.3", "head", "loss", "2:conv2d" */
     uint64_t params;            /* parameters owned by the block (elements) */
@@ -67,6 +85,7 @@ typedef struct ml_block_info {
                                    freed once the image features are made; its
                                    activations_saved is what is kept for the backward
                                    (its input, when the projector saves that) */
+    ml_transients transients;   /* how its forward's transients were found */
 } ml_block_info;
 
 typedef struct ml_event {

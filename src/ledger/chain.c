@@ -107,6 +107,7 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
          * inventory (docs/ledger.md, "The forward, op by op"): a measured
          * one gets the block rule */
         b->ws_fwd = ml_mul(ch, 2, b->unit_fwd);
+        b->ws_fwd_ops = false;
         ch->calibrated++;
         /* the blocks' c as the table prints it: the measured bytes (input
          * included) and the ledger's weight copies */

@@ -107,6 +107,11 @@ typedef struct {
     uint64_t ws_nograd;      /* the same under no_grad (checkpointed forward),
                                 where saved tensors are transients too */
     uint64_t ws_bwd;         /* transient bytes while its backward runs */
+    /* how ws_fwd and ws_nograd were found: from the forward op by op (the
+     * graph's forward pass, docs/ledger.md "The forward, op by op"), by a
+     * formula of the block's own (the loss's tensors), or else by the block
+     * rule (twice the largest tensor, "Transients"); ml_transients */
+    bool ws_fwd_ops, ws_nograd_ops, ws_formula;
     uint64_t unit_fwd, unit;  /* the tensors the transients are made of: the largest
                                  unsaved one (forward), the largest (no_grad and
                                  backward); for the allocator simulation */

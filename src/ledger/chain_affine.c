@@ -35,7 +35,8 @@
 #define BLOCK_SHAPE(X)                                                                         \
     X(ckpt_index) X(saved_first) X(node_first) X(like_prev) X(fwd_phase) X(params) X(nsaved)   \
     X(nnodes) X(in_saved) X(out_saved) X(identity) X(in_held) X(in_nograd) X(inplace)         \
-    X(nodes_off) X(measured) X(fwd_only) X(frozen) X(unused_out) X(grads_in_fwd)
+    X(nodes_off) X(measured) X(fwd_only) X(frozen) X(unused_out) X(grads_in_fwd)             \
+    X(ws_fwd_ops) X(ws_nograd_ops) X(ws_formula)
 #define BLOCK_BYTES(X)                                                                         \
     X(saved_bytes) X(core_bytes) X(cast_bytes) X(in_bytes) X(ws_fwd) X(ws_nograd) X(ws_bwd)   \
     X(unit_fwd) X(unit) X(bwd_in) X(grad_bytes) X(grad_accum_bytes) X(cache_bytes)

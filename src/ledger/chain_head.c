@@ -245,6 +245,7 @@ static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_c
     b->ws_bwd = 0;
     b->unit = b->unit_fwd;
     b->ws_nograd = ml_add(ch, ws, ml_add(ch, b->in_bytes, b->grad_bytes));
+    b->ws_formula = true;
 }
 
 /* The head block, then the loss: cross-entropy = log_softmax (saves its
@@ -433,6 +434,7 @@ ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, u
     /* under no_grad (evaluation) what the loss saves is transient, beside
      * the fp32 cast */
     b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
+    b->ws_formula = true;
     b->unit_fwd = b->ws_fwd;               /* the fp32 cast */
     b->unit = ml_mul(ch, logits, lsb);     /* two tensors of the logits' size */
     b->in_bytes = ml_mul(ch, logits, a);

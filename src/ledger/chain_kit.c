@@ -265,15 +265,19 @@ void ml__ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
 
 void ml__ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
 {
-    if (!g->bad && g->live == out && g->peak >= out)
+    if (!g->bad && g->live == out && g->peak >= out) {
         b->ws_nograd = g->peak - out;
+        b->ws_nograd_ops = true;
+    }
 }
 
 void ml__ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
 {
     uint64_t end = b->saved_bytes + out; /* end < out: the sum wrapped */
-    if (!g->bad && end >= out && g->live == end && g->peak >= end)
+    if (!g->bad && end >= out && g->live == end && g->peak >= end) {
         b->ws_fwd = g->peak - end;
+        b->ws_fwd_ops = true;
+    }
 }
 
 /* Saved input of a linear layer whose input storage has `bpe` bytes per

@@ -126,6 +126,7 @@ static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t
         ml_cblock *b = &ch->blocks[k];
         b->saved_bytes = b->core_bytes = b->cast_bytes = 0;
         b->ws_fwd = b->ws_nograd;
+        b->ws_fwd_ops = b->ws_nograd_ops;
         b->frozen = b->fwd_only = true;
         b->unused_out = false;
         b->identity = b->in_saved = false;

@@ -472,7 +472,7 @@ static ml_status seq_loss(ml_chain *ch, const ml_model *m, const tref *x,
         ml__ck_save(ch, b, "mse target", x->elems, ch->prec.w, ML_SV_BATCH);
     }
     b->in_bytes = ml_mul(ch, x->elems, x->bpe);
-    b->in_held = true; /* the caller holds the model output */
+    b->in_held = b->ws_formula = true; /* the caller holds the model output */
     b->ws_fwd = ch->prec.autocast ? ml_mul(ch, x->elems, 4) : 0;
     b->unit_fwd = b->ws_fwd;
     if (!ce) {

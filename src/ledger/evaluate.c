@@ -28,6 +28,13 @@ const char *ml_phase_name(ml_phase p)
     return (unsigned)p < ML_PHASE_COUNT ? phase_names[p] : "?";
 }
 
+const char *ml_transients_name(ml_transients t)
+{
+    static const char *const names[ML_TRANSIENTS_COUNT] = {"ops", "block_rule", "partly",
+                                                           "formula"};
+    return (unsigned)t < ML_TRANSIENTS_COUNT ? names[t] : "?";
+}
+
 const char *ml_peak_kind_name(ml_peak_kind k)
 {
     static const char *const names[ML_PEAK_KIND_COUNT] = {"steady", "first_iteration", "eval"};
@@ -376,6 +383,10 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
         bi->measured = b->measured;
         bi->unused_output = b->unused_out;
         bi->frozen = b->frozen;
+        bi->transients = b->ws_formula                      ? ML_TRANSIENTS_FORMULA
+                         : b->ws_fwd_ops && b->ws_nograd_ops ? ML_TRANSIENTS_OPS
+                         : b->ws_fwd_ops || b->ws_nograd_ops ? ML_TRANSIENTS_PARTLY
+                                                             : ML_TRANSIENTS_BLOCK_RULE;
         bi->flops_forward = b->flops_fwd;
         /* inventory without a plan: a boundary counts with the block that
          * saves it first, the producer when it saves its own output (the

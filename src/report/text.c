@@ -170,6 +170,47 @@ void ml__report_lengths(const ml_model *m, const ml_training *t, char *out, size
 
 /* "block.1..block.31", or, past the column's 22 characters, the last
  * name's part after their common prefix: "encoder.block.1..11". */
+static void range_name(char *out, size_t size, const char *first, const char *last);
+
+/* The blocks whose forward transients are not found op by op, by how they
+ * are (docs/ledger.md, "Transients"): runs of neighbours as first..last. */
+static void text_transients(FILE *f, const ml_ledger *l)
+{
+    static const char *const how[ML_TRANSIENTS_COUNT] = {
+        [ML_TRANSIENTS_BLOCK_RULE] = "forward transients by the block rule (twice the largest "
+                                     "tensor)",
+        [ML_TRANSIENTS_PARTLY] = "forward transients op by op under no_grad, by the block "
+                                 "rule with grad",
+        [ML_TRANSIENTS_FORMULA] = "forward transients from the loss's own tensors"};
+    const size_t n = ml_ledger_block_count(l);
+    for (int t = ML_TRANSIENTS_BLOCK_RULE; t < ML_TRANSIENTS_COUNT; t++) {
+        bool any = false;
+        for (size_t i = 0; i < n;) {
+            const ml_block_info *b = ml_ledger_block(l, i);
+            size_t j = i + 1;
+            if (b->transients != (ml_transients)t) {
+                i = j;
+                continue;
+            }
+            while (j < n && ml_ledger_block(l, j)->transients == (ml_transients)t)
+                j++;
+            char name[128];
+            if (j - i >= 2)
+                range_name(name, sizeof name, b->name, ml_ledger_block(l, j - 1)->name);
+            else
+                snprintf(name, sizeof name, "%s", b->name);
+            if (any)
+                fprintf(f, ", %s", name);
+            else
+                fprintf(f, "  %s: %s", how[t], name);
+            any = true;
+            i = j;
+        }
+        if (any)
+            fputc('\n', f);
+    }
+}
+
 static void range_name(char *out, size_t size, const char *first, const char *last)
 {
     snprintf(out, size, "%s..%s", first, last);
@@ -224,7 +265,9 @@ static void text_activations(FILE *f, const ml_model *m, const ml_ledger *l,
         fputc('\n', f);
         i = j;
     }
-    fprintf(f, "  %-22s %14s %12s\n\n", "total", "", B(s->bytes_activations, a));
+    fprintf(f, "  %-22s %14s %12s\n", "total", "", B(s->bytes_activations, a));
+    text_transients(f, l);
+    fputc('\n', f);
 }
 
 /* The allocator-view peak by category, what is added over it, and the other

@@ -137,12 +137,50 @@ static void test_residual_by_hand(void **state)
     check_climbs(RESIDUAL("relu: {inplace: true}"), 384, 256);
 }
 
+/* How each block's forward transients were found, as the output says
+ * (docs/ledger.md, "The forward, op by op"): GPT-2 small's layers and head
+ * walked op by op in fp32 (their graphs have forward programs), its
+ * embedding by the block rule (no program), its loss by its own formula;
+ * under autocast the programs do not run (cast copies): the block rule;
+ * with selective checkpointing the walk with grad is skipped: partly. */
+static void test_transients_said(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 1;
+    c.training.seq_len = 128;
+    static const struct {
+        ml_precision prec;
+        ml_checkpoint_kind ck;
+        ml_transients layer;
+    } rows[] = {{ML_PREC_FP32, ML_CKPT_NONE, ML_TRANSIENTS_OPS},
+                {ML_PREC_AMP_BF16, ML_CKPT_NONE, ML_TRANSIENTS_BLOCK_RULE},
+                {ML_PREC_FP32, ML_CKPT_SELECTIVE, ML_TRANSIENTS_PARTLY}};
+    for (size_t r = 0; r < sizeof rows / sizeof *rows; r++) {
+        c.training.precision = rows[r].prec;
+        c.training.checkpoint.kind = rows[r].ck;
+        ml_ledger *l = NULL;
+        assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, NULL), ML_OK);
+        size_t n = ml_ledger_block_count(l);
+        assert_int_equal(n, 15); /* embedding, 12 layers, head, loss */
+        assert_int_equal(ml_ledger_block(l, 0)->transients, ML_TRANSIENTS_BLOCK_RULE);
+        for (size_t i = 1; i <= 13; i++) /* the layers and the head */
+            assert_int_equal(ml_ledger_block(l, i)->transients, rows[r].layer);
+        assert_int_equal(ml_ledger_block(l, 14)->transients, ML_TRANSIENTS_FORMULA);
+        ml_ledger_destroy(l);
+    }
+    assert_string_equal(ml_transients_name(ML_TRANSIENTS_BLOCK_RULE), "block_rule");
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_layer_by_hand),
         cmocka_unit_test(test_residual_by_hand),
         cmocka_unit_test(test_softmax_upcast_by_hand),
+        cmocka_unit_test(test_transients_said),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
