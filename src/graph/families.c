@@ -46,10 +46,16 @@ static bool plain_layernorm(const ml_model *m)
            (m->activation == ML_ACT_GELU || m->activation == ML_ACT_RELU);
 }
 
+/* GPT-2's layer; with rotary positions (the video-tokens preset's layout:
+ * a LayerNorm pre-norm decoder, not GPT-NeoX's parallel residual) the same
+ * nanoGPT layer, as the chain builders planned it: c_attn's q and k are
+ * counted unrotated (the rotary's products and cat, and their nodes, not
+ * modelled: the builders' simplification, kept; docs/graph.md). The
+ * nanoGPT attention reads no attn.rope. */
 bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     if (!plain_layernorm(m) || m->type != ML_MODEL_DECODER || !m->prenorm ||
-        m->parallel_residual || m->position == ML_POS_ROPE)
+        m->parallel_residual)
         return false;
     common(m, c, L);
     return true;
