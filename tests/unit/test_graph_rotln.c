@@ -39,6 +39,18 @@ static const char *const models[] = {
     "  classes: 3\n  bias: false\n  dropout: 0.1\n",
 };
 
+/* GPT-NeoX's parallel layer with fewer key/value heads than query heads
+ * (a model file's: tests/unit/test_hf_falcon.c's two-norm block), one and
+ * two of them */
+static const char *const grouped[] = {
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 32\n  heads: 4\n  kv_heads: 1\n"
+    "  ffn: 128\n  vocab: 50\n  position: rope\n  bias: false\n  norm_bias: true\n"
+    "  parallel_residual: true\n  activation: gelu\n  dropout: 0\n",
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  kv_heads: 2\n"
+    "  ffn: 160\n  vocab: 97\n  position: rope\n  parallel_residual: true\n"
+    "  activation: relu\n  dropout: 0.1\n",
+};
+
 /* Whether the graph takes the layer and the head of cfg alone. */
 static bool graph_takes(const ml_model *m, const ml_config *cfg, bool eval)
 {
@@ -61,11 +73,20 @@ static bool graph_takes(const ml_model *m, const ml_config *cfg, bool eval)
     return t;
 }
 
+/* Whether cfg runs m's attention in a fused kernel. */
+static bool fused_kernel(const ml_model *m, const ml_config *cfg)
+{
+    ml_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ch.prec = ml__prec_of(cfg->training.precision);
+    return ml__ck_fused_attention(&ch, m);
+}
+
 /* One configuration both ways; 1 when compared, 0 when refused alike
  * (*refused counts those: the fused loss of a classifier, or under
  * autocast). */
 static unsigned compare_one(ml_model *m, ml_config *cfg, bool ev, const char *what,
-                            unsigned *refused)
+                            unsigned *refused, unsigned *declined)
 {
     ml_chain a, b;
     ml_error e;
@@ -81,14 +102,20 @@ static unsigned compare_one(ml_model *m, ml_config *cfg, bool ev, const char *wh
         return 0;
     }
     same_blocks(&a, &b, false, what);
-    if (!graph_takes(m, cfg, ev))
-        fail_msg("%s: the graph declined the layer or the head", what);
+    /* a grouped GPT-NeoX layer under a fused kernel stays the builders'
+     * (families.c): declined there, and taken everywhere else */
+    const bool keep = m->parallel_residual && m->kv_heads < m->heads &&
+                      fused_kernel(m, cfg);
+    if (graph_takes(m, cfg, ev) == keep)
+        fail_msg("%s: the graph %s the layer or the head", what, keep ? "took" : "declined");
+    *declined += keep;
     ml__chain_free(&a);
     ml__chain_free(&b);
     return 1;
 }
 
-static unsigned compare_model(ml_model *m, const char *name, unsigned *refused)
+static unsigned compare_model(ml_model *m, const char *name, unsigned *refused,
+                              unsigned *declined)
 {
     static const uint64_t shapes[][2] = {{1, 1}, {3, 7}, {2, 130}};
     static const char *const policies[] = {"none", "selective", "full"};
@@ -116,7 +143,7 @@ static unsigned compare_model(ml_model *m, const char *name, unsigned *refused)
                                      "logits %d%s",
                                      name, k, p, policies[c], (unsigned long long)shapes[s][0],
                                      (unsigned long long)shapes[s][1], lg, ev ? ", eval" : "");
-                            n += compare_one(m, &cfg, ev, what, refused);
+                            n += compare_one(m, &cfg, ev, what, refused, declined);
                         }
     }
     return n;
@@ -126,12 +153,12 @@ static void test_rotary_layernorm_equal_builders(void **state)
 {
     (void)state;
     const size_t nm = sizeof models / sizeof models[0];
-    unsigned n[sizeof models / sizeof models[0] + 2] = {0}, total = 0, refused = 0;
+    unsigned n[sizeof models / sizeof models[0] + 2] = {0}, total = 0, refused = 0, declined = 0;
     for (size_t v = 0; v < nm; v++) {
         ml_model *m = load_str(models[v]);
         char name[32];
         snprintf(name, sizeof name, "model %zu", v);
-        n[v] = compare_model(m, name, &refused);
+        n[v] = compare_model(m, name, &refused, &declined);
         total += n[v];
         ml_model_destroy(m);
     }
@@ -141,7 +168,7 @@ static void test_rotary_layernorm_equal_builders(void **state)
         ml_model *m = load_preset("video-tokens");
         m->kv_cache = cache;
         n[nm + cache] = compare_model(m, cache ? "video-tokens, kv cache" : "video-tokens",
-                                      &refused);
+                                      &refused, &declined);
         total += n[nm + cache];
         ml_model_destroy(m);
     }
@@ -162,12 +189,52 @@ static void test_rotary_layernorm_equal_builders(void **state)
         assert_int_equal(n[v], v == 3 ? all - fused : all - fused_auto); /* 3: the classifier */
     assert_int_equal(refused, fused + (unsigned)(nm + 1) * fused_auto);
     assert_int_equal(total, (unsigned)(nm + 2) * all - refused);
+    assert_int_equal(declined, 0);
+}
+
+static void test_grouped_neox_equal_builders(void **state)
+{
+    (void)state;
+    unsigned n[2] = {0}, refused = 0, declined[2] = {0};
+    for (size_t v = 0; v < 2; v++) {
+        ml_model *m = load_str(grouped[v]);
+        char name[32];
+        snprintf(name, sizeof name, "grouped GPT-NeoX %zu", v);
+        n[v] = compare_model(m, name, &refused, &declined[v]);
+        ml_model_destroy(m);
+    }
+    /* per kernel and precision, 3 policies x 3 shapes x 2 passes x the
+     * logits kept, released and fused (refused under autocast); the fused
+     * kernels: flash, and sdpa but in fp32 (grouped heads: the math
+     * kernel) */
+    const unsigned per = 3 * 3 * 2;
+    unsigned all = 0, kept = 0;
+    for (int k = 0; k < 3; k++)
+        for (int p = 0; p < ML_PREC_COUNT; p++) {
+            const ml_prec q = ml__prec_of((ml_precision)p);
+            const unsigned c = per * (q.autocast ? ML_LOGITS_COUNT - 1 : ML_LOGITS_COUNT);
+            all += c;
+            if (kernels[k] == ML_ATTN_FLASH || (kernels[k] == ML_ATTN_SDPA && q.a != 4))
+                kept += c;
+        }
+    fprintf(stderr,
+            "%u chains compared: one key/value head %u, two %u; the graph's layers and heads "
+            "in %u and %u, the builders' (a fused kernel) in %u and %u; %u fused losses "
+            "refused alike\n",
+            n[0] + n[1], n[0], n[1], n[0] - declined[0], n[1] - declined[1], declined[0],
+            declined[1], refused);
+    for (size_t v = 0; v < 2; v++) {
+        assert_int_equal(n[v], all);
+        assert_int_equal(declined[v], kept);
+    }
+    assert_true(kept > 0 && kept < all);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rotary_layernorm_equal_builders),
+        cmocka_unit_test(test_grouped_neox_equal_builders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
