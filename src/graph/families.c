@@ -36,20 +36,31 @@ static bool plain(const ml_model *m)
     return !m->shared_norm && !m->experts && !m->kv_lora && m->activation != ML_ACT_QUICK_GELU;
 }
 
-/* ... with LayerNorms, as many key/value heads as query heads, an ungated
- * MLP and none of Gemma 2's or Phi-3's settings: GPT-2's, ViT's, GPT-NeoX's
- * and BERT's layers. */
-static bool plain_layernorm(const ml_model *m)
+/* ... with LayerNorms, an ungated MLP and none of Gemma 2's or Phi-3's
+ * settings: GPT-2's, ViT's, GPT-NeoX's and BERT's layers; */
+static bool layernorm_ungated(const ml_model *m)
 {
-    return plain(m) && m->norm == ML_NORM_LAYERNORM && m->kv_heads == m->heads &&
-           !m->fused_proj && !m->post_norms && !(m->attn_softcap > 0) &&
+    return plain(m) && m->norm == ML_NORM_LAYERNORM && !m->fused_proj && !m->post_norms &&
+           !(m->attn_softcap > 0) &&
            (m->activation == ML_ACT_GELU || m->activation == ML_ACT_RELU);
 }
 
+/* ... and as many key/value heads as query heads. */
+static bool plain_layernorm(const ml_model *m)
+{
+    return layernorm_ungated(m) && m->kv_heads == m->heads;
+}
+
+/* GPT-2's layer; with rotary positions (the video-tokens preset's layout:
+ * a LayerNorm pre-norm decoder, not GPT-NeoX's parallel residual) the same
+ * nanoGPT layer, as the chain builders planned it: c_attn's q and k are
+ * counted unrotated (the rotary's products and cat, and their nodes, not
+ * modelled: the builders' simplification, kept; docs/graph.md). The
+ * nanoGPT attention reads no attn.rope. */
 bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     if (!plain_layernorm(m) || m->type != ML_MODEL_DECODER || !m->prenorm ||
-        m->parallel_residual || m->position == ML_POS_ROPE)
+        m->parallel_residual)
         return false;
     common(m, c, L);
     return true;
@@ -120,14 +131,27 @@ bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     return true;
 }
 
+/* GPT-NeoX's layer; a model file may give it fewer key/value heads than
+ * query heads (GPT-NeoX has none): repeat_kv's expand, copied for more
+ * than one, as Llama's layout. */
 bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    if (!plain_layernorm(m) || m->type != ML_MODEL_DECODER || !m->prenorm ||
-        !m->parallel_residual)
+    if (!layernorm_ungated(m) || m->kv_heads > m->heads ||
+        m->type != ML_MODEL_DECODER || !m->prenorm || !m->parallel_residual)
         return false;
     common(m, c, L);
     /* query_key_value, sliced; the rotary's empty pass */
-    L->attn.hf = L->attn.fused_proj = L->attn.mask = true;
+    mlg_attention *a = &L->attn;
+    a->hf = a->fused_proj = a->mask = true;
+    a->grouped = m->kv_heads < m->heads;
+    a->repeat_copy = a->grouped && m->kv_heads > 1;
+    /* grouped under a fused kernel: the builders count the kernel's q, k
+     * and v as one projection width; the graph's entry is the rotated q
+     * and k and v's view, which keeps query_key_value's whole output (more
+     * bytes): not the builders' figure, so the builders keep the layer
+     * (docs/graph.md) */
+    if (a->grouped && a->fused_kernel)
+        return false;
     L->parallel = true;
     return true;
 }

@@ -89,9 +89,11 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
     }
     memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
     ml__ck_graph_dtype_bytes(ch, G);
-    /* no forward programs with experts (the builders' rule) */
+    /* no forward programs with experts, nor for a LayerNorm layout with
+     * rotary positions (the builders' rule: chain_forward.c writes none) */
     G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER && !m->image_size &&
-                  !m->parallel_residual && !m->kv_lora && !m->experts;
+                  !m->parallel_residual && !m->kv_lora && !m->experts &&
+                  !(m->norm == ML_NORM_LAYERNORM && m->position == ML_POS_ROPE);
     return true;
 }
 

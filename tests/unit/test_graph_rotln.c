@@ -1,0 +1,240 @@
+/* A LayerNorm pre-norm decoder with rotary positions, not GPT-NeoX's
+ * parallel residual (the video-tokens preset's layout), from the op graph
+ * (src/graph/families.c: GPT-2's layer; docs/graph.md). The chain builders
+ * planned it as the nanoGPT layer with its rotary not counted, and wrote
+ * no forward programs for it (the block rule): the graph keeps both.
+ * Whole chains built both ways (ml__chain_build_builders, the reference)
+ * over every attention kernel, precision, checkpoint policy (none,
+ * selective, full), pass, three shapes and the logits kept, released and
+ * fused must be equal field by field; for every configuration compared the
+ * graph must also take the layer and the head alone, so that a layout the
+ * graph declined (the builders again, compared with themselves) cannot
+ * pass; the counts are asserted. Saved entries compared by bytes, flags
+ * and nodes, not names (the transformer builders word some otherwise). */
+#include "harness.h"
+
+#include "chain_compare.h"
+
+#include "ledger/chain_kit.h"
+
+static const ml_attention kernels[] = {ML_ATTN_EAGER, ML_ATTN_SDPA, ML_ATTN_FLASH};
+
+static const char *const models[] = {
+    /* video-tokens' settings: GELU, no biases, untied */
+    "model:\n  type: decoder\n  layers: 3\n  hidden: 64\n  heads: 4\n  ffn: 256\n"
+    "  activation: gelu\n  norm: layernorm\n  vocab: 97\n  position: rope\n"
+    "  tied_embeddings: false\n  bias: false\n  dropout: 0\n",
+    /* the fuzz corpus's and the CLI tests' "huge" (the defaults: biases,
+     * tied), with dropout */
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  vocab: 173\n"
+    "  position: rope\n  dropout: 0.1\n",
+    /* ReLU, a head size of its own, LayerNorms without a bias, q/k/v bias
+     * only */
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  head_dim: 32\n"
+    "  ffn: 160\n  activation: relu\n  norm: layernorm\n  vocab: 97\n  position: rope\n"
+    "  bias: false\n  qkv_bias: true\n  norm_bias: false\n  dropout: 0\n",
+    /* a sequence classifier on the layout (the generic classifier's head) */
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  ffn: 256\n"
+    "  activation: gelu\n  norm: layernorm\n  vocab: 97\n  position: rope\n"
+    "  classes: 3\n  bias: false\n  dropout: 0.1\n",
+};
+
+/* GPT-NeoX's parallel layer with fewer key/value heads than query heads
+ * (a model file's: tests/unit/test_hf_falcon.c's two-norm block), one and
+ * two of them */
+static const char *const grouped[] = {
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 32\n  heads: 4\n  kv_heads: 1\n"
+    "  ffn: 128\n  vocab: 50\n  position: rope\n  bias: false\n  norm_bias: true\n"
+    "  parallel_residual: true\n  activation: gelu\n  dropout: 0\n",
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  kv_heads: 2\n"
+    "  ffn: 160\n  vocab: 97\n  position: rope\n  parallel_residual: true\n"
+    "  activation: relu\n  dropout: 0.1\n",
+};
+
+/* Whether the graph takes the layer and the head of cfg alone. */
+static bool graph_takes(const ml_model *m, const ml_config *cfg, bool eval)
+{
+    ml_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ch.eval_mode = eval;
+    ch.prec = ml__prec_of(cfg->training.precision);
+    ml_ck_dims d;
+    ml_error e;
+    assert_int_equal(ml__ck_dims_of(m, &cfg->training, &ch, &d, &e), ML_OK);
+    ml_ck_graph *G = malloc(sizeof *G);
+    assert_non_null(G);
+    bool t = ml__ck_graph_layer_at(&ch, m, &d, 0, G) && !G->programs;
+    t = t && (m->classes ? ml__ck_graph_cls_head(&ch, m, &d, G)
+                         : ml__ck_graph_head(&ch, m, &d,
+                                             cfg->training.logits == ML_LOGITS_FUSED, G));
+    t = t && !G->programs;
+    free(G);
+    ml__chain_free(&ch);
+    return t;
+}
+
+/* Whether cfg runs m's attention in a fused kernel. */
+static bool fused_kernel(const ml_model *m, const ml_config *cfg)
+{
+    ml_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ch.prec = ml__prec_of(cfg->training.precision);
+    return ml__ck_fused_attention(&ch, m);
+}
+
+/* One configuration both ways; 1 when compared, 0 when refused alike
+ * (*refused counts those: the fused loss of a classifier, or under
+ * autocast). */
+static unsigned compare_one(ml_model *m, ml_config *cfg, bool ev, const char *what,
+                            unsigned *refused, unsigned *declined)
+{
+    ml_chain a, b;
+    ml_error e;
+    ml_status sa = ml__chain_build_builders(m, cfg, ev, &a, &e);
+    ml_status sb = ev ? ml__chain_build_eval(m, cfg, &b, &e) : ml__chain_build(m, cfg, &b, &e);
+    assert_int_equal(sa, sb);
+    if (sa != ML_OK) {
+        /* the fused loss: refused for a classifier, and under autocast */
+        if (cfg->training.logits != ML_LOGITS_FUSED ||
+            !(m->classes || ml__prec_of(cfg->training.precision).autocast))
+            fail_msg("%s: refused: %s", what, e.msg);
+        ++*refused;
+        return 0;
+    }
+    same_blocks(&a, &b, false, what);
+    /* a grouped GPT-NeoX layer under a fused kernel stays the builders'
+     * (families.c): declined there, and taken everywhere else */
+    const bool keep = m->parallel_residual && m->kv_heads < m->heads &&
+                      fused_kernel(m, cfg);
+    if (graph_takes(m, cfg, ev) == keep)
+        fail_msg("%s: the graph %s the layer or the head", what, keep ? "took" : "declined");
+    *declined += keep;
+    ml__chain_free(&a);
+    ml__chain_free(&b);
+    return 1;
+}
+
+static unsigned compare_model(ml_model *m, const char *name, unsigned *refused,
+                              unsigned *declined)
+{
+    static const uint64_t shapes[][2] = {{1, 1}, {3, 7}, {2, 130}};
+    static const char *const policies[] = {"none", "selective", "full"};
+    unsigned n = 0;
+    for (size_t k = 0; k < 3; k++) {
+        m->attention = kernels[k];
+        for (int p = 0; p < ML_PREC_COUNT; p++)
+            for (size_t c = 0; c < 3; c++)
+                for (size_t s = 0; s < 3; s++)
+                    for (int ev = 0; ev < 2; ev++)
+                        for (int lg = 0; lg < ML_LOGITS_COUNT; lg++) {
+                            ml_config cfg = ml_model_config(m);
+                            cfg.training.precision = (ml_precision)p;
+                            cfg.training.micro_batch = shapes[s][0];
+                            cfg.training.seq_len = shapes[s][1];
+                            cfg.training.logits = (ml_logits)lg;
+                            cfg.calib = NULL;
+                            ml_error e;
+                            assert_int_equal(
+                                ml_parse_checkpoint(policies[c], &cfg.training.checkpoint, &e),
+                                ML_OK);
+                            char what[160];
+                            snprintf(what, sizeof what,
+                                     "%s, attention %zu, precision %d, %s, %llu x %llu, "
+                                     "logits %d%s",
+                                     name, k, p, policies[c], (unsigned long long)shapes[s][0],
+                                     (unsigned long long)shapes[s][1], lg, ev ? ", eval" : "");
+                            n += compare_one(m, &cfg, ev, what, refused, declined);
+                        }
+    }
+    return n;
+}
+
+static void test_rotary_layernorm_equal_builders(void **state)
+{
+    (void)state;
+    const size_t nm = sizeof models / sizeof models[0];
+    unsigned n[sizeof models / sizeof models[0] + 2] = {0}, total = 0, refused = 0, declined = 0;
+    for (size_t v = 0; v < nm; v++) {
+        ml_model *m = load_str(models[v]);
+        char name[32];
+        snprintf(name, sizeof name, "model %zu", v);
+        n[v] = compare_model(m, name, &refused, &declined);
+        total += n[v];
+        ml_model_destroy(m);
+    }
+    /* the shipped preset itself, at the grid's small shapes, and with a
+     * key/value cache in evaluation (the cache's bytes are the chain's) */
+    for (int cache = 0; cache < 2; cache++) {
+        ml_model *m = load_preset("video-tokens");
+        m->kv_cache = cache;
+        n[nm + cache] = compare_model(m, cache ? "video-tokens, kv cache" : "video-tokens",
+                                      &refused, &declined);
+        total += n[nm + cache];
+        ml_model_destroy(m);
+    }
+    /* 3 kernels x the precisions x 3 policies x 3 shapes x 2 passes x
+     * the logits kept, released and fused; the fused loss refused for the
+     * classifier, and under autocast */
+    unsigned nauto = 0;
+    for (int p = 0; p < ML_PREC_COUNT; p++)
+        nauto += ml__prec_of((ml_precision)p).autocast;
+    const unsigned all = 3 * ML_PREC_COUNT * 3 * 3 * 2 * ML_LOGITS_COUNT;
+    const unsigned fused = all / ML_LOGITS_COUNT, fused_auto = fused / ML_PREC_COUNT * nauto;
+    fprintf(stderr,
+            "%u chains compared, the layers and heads from the graph: %u, %u, %u, %u "
+            "(classifier), video-tokens %u and %u (kv cache); %u fused losses refused alike\n",
+            total, n[0], n[1], n[2], n[3], n[nm], n[nm + 1], refused);
+    assert_true(nauto > 0 && nauto < (unsigned)ML_PREC_COUNT);
+    for (size_t v = 0; v < nm + 2; v++)
+        assert_int_equal(n[v], v == 3 ? all - fused : all - fused_auto); /* 3: the classifier */
+    assert_int_equal(refused, fused + (unsigned)(nm + 1) * fused_auto);
+    assert_int_equal(total, (unsigned)(nm + 2) * all - refused);
+    assert_int_equal(declined, 0);
+}
+
+static void test_grouped_neox_equal_builders(void **state)
+{
+    (void)state;
+    unsigned n[2] = {0}, refused = 0, declined[2] = {0};
+    for (size_t v = 0; v < 2; v++) {
+        ml_model *m = load_str(grouped[v]);
+        char name[32];
+        snprintf(name, sizeof name, "grouped GPT-NeoX %zu", v);
+        n[v] = compare_model(m, name, &refused, &declined[v]);
+        ml_model_destroy(m);
+    }
+    /* per kernel and precision, 3 policies x 3 shapes x 2 passes x the
+     * logits kept, released and fused (refused under autocast); the fused
+     * kernels: flash, and sdpa but in fp32 (grouped heads: the math
+     * kernel) */
+    const unsigned per = 3 * 3 * 2;
+    unsigned all = 0, kept = 0;
+    for (int k = 0; k < 3; k++)
+        for (int p = 0; p < ML_PREC_COUNT; p++) {
+            const ml_prec q = ml__prec_of((ml_precision)p);
+            const unsigned c = per * (q.autocast ? ML_LOGITS_COUNT - 1 : ML_LOGITS_COUNT);
+            all += c;
+            if (kernels[k] == ML_ATTN_FLASH || (kernels[k] == ML_ATTN_SDPA && q.a != 4))
+                kept += c;
+        }
+    fprintf(stderr,
+            "%u chains compared: one key/value head %u, two %u; the graph's layers and heads "
+            "in %u and %u, the builders' (a fused kernel) in %u and %u; %u fused losses "
+            "refused alike\n",
+            n[0] + n[1], n[0], n[1], n[0] - declined[0], n[1] - declined[1], declined[0],
+            declined[1], refused);
+    for (size_t v = 0; v < 2; v++) {
+        assert_int_equal(n[v], all);
+        assert_int_equal(declined[v], kept);
+    }
+    assert_true(kept > 0 && kept < all);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rotary_layernorm_equal_builders),
+        cmocka_unit_test(test_grouped_neox_equal_builders),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
