@@ -13,17 +13,17 @@ static void common(const ml_model *m, const mlg_config *c, mlg_layer *L)
                                   [ML_ACT_SWIGLU] = MLG_SWIGLU, [ML_ACT_GEGLU] = MLG_GEGLU};
     const bool drop = m->dropout > 0;
     *L = (mlg_layer){0};
-    L->norm = (mlg_norm){MLG_LAYERNORM, m->norm_bias, false, false};
+    L->norm = (mlg_norm){MLG_LAYERNORM, m->norms.bias, false, false};
     mlg_attention *a = &L->attn;
-    a->qkv_bias = m->qkv_bias;
-    a->out_bias = m->bias || m->out_bias;
+    a->qkv_bias = m->attn.qkv_bias;
+    a->out_bias = m->bias || m->attn.out_bias;
     a->fused_kernel = c->fused_kernel;
     a->dropout = a->out_grad = drop;
-    a->rope = m->position == ML_POS_ROPE;
+    a->rope = m->embed.position == ML_POS_ROPE;
     a->probs_cast = c->compute_bytes != 4;
     a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
-    L->mlp = (mlg_mlp){act[m->activation], m->bias || m->mlp_bias, drop, drop, false, false,
-                       false};
+    L->mlp =
+        (mlg_mlp){act[m->mlp.activation], m->bias || m->mlp.bias, drop, drop, false, false, false};
     L->autocast = c->autocast;
 }
 
@@ -33,22 +33,23 @@ static void common(const ml_model *m, const mlg_config *c, mlg_layer *L)
  * below). */
 static bool plain(const ml_model *m)
 {
-    return !m->shared_norm && !m->experts && !m->kv_lora && m->activation != ML_ACT_QUICK_GELU;
+    return !m->residual.shared_norm && !m->moe.experts && !m->attn.kv_lora &&
+           m->mlp.activation != ML_ACT_QUICK_GELU;
 }
 
 /* ... with LayerNorms, an ungated MLP and none of Gemma 2's or Phi-3's
  * settings: GPT-2's, ViT's, GPT-NeoX's and BERT's layers; */
 static bool layernorm_ungated(const ml_model *m)
 {
-    return plain(m) && m->norm == ML_NORM_LAYERNORM && !m->fused_proj && !m->post_norms &&
-           !(m->attn_softcap > 0) &&
-           (m->activation == ML_ACT_GELU || m->activation == ML_ACT_RELU);
+    return plain(m) && m->norms.kind == ML_NORM_LAYERNORM && !m->attn.fused_proj &&
+           !m->residual.post_norms && !(m->attn.softcap > 0) &&
+           (m->mlp.activation == ML_ACT_GELU || m->mlp.activation == ML_ACT_RELU);
 }
 
 /* ... and as many key/value heads as query heads. */
 static bool plain_layernorm(const ml_model *m)
 {
-    return layernorm_ungated(m) && m->kv_heads == m->heads;
+    return layernorm_ungated(m) && m->attn.kv_heads == m->attn.heads;
 }
 
 /* GPT-2's layer; with rotary positions (the video-tokens preset's layout:
@@ -59,8 +60,8 @@ static bool plain_layernorm(const ml_model *m)
  * nanoGPT attention reads no attn.rope. */
 bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    if (!plain_layernorm(m) || m->type != ML_MODEL_DECODER || !m->prenorm ||
-        m->parallel_residual)
+    if (!plain_layernorm(m) || m->type != ML_MODEL_DECODER || !m->residual.prenorm ||
+        m->residual.parallel)
         return false;
     common(m, c, L);
     return true;
@@ -70,27 +71,27 @@ bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
  * norms and soft caps when the model has them), whatever its MLP. */
 static bool hf_layout(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_layer *L)
 {
-    if (m->type != ML_MODEL_DECODER || !m->prenorm || m->parallel_residual ||
-        m->image_size || m->kv_heads > m->heads)
+    if (m->type != ML_MODEL_DECODER || !m->residual.prenorm || m->residual.parallel ||
+        m->embed.image_size || m->attn.kv_heads > m->attn.heads)
         return false;
     common(m, c, L);
     L->norm = n;
     mlg_attention *a = &L->attn;
     a->hf = a->mask = true;
-    a->grouped = m->kv_heads < m->heads;
-    a->repeat_copy = a->grouped && m->kv_heads > 1;
+    a->grouped = m->attn.kv_heads < m->attn.heads;
+    a->repeat_copy = a->grouped && m->attn.kv_heads > 1;
     /* a cache of Phi-3's views would keep the whole qkv_proj output: not
      * modelled (docs/ledger.md, "The forward, op by op") */
-    a->cache = c->eval && m->kv_cache && !m->fused_proj;
-    a->fused_proj = a->o_first = L->mlp.fused = m->fused_proj;
+    a->cache = c->eval && m->attn.kv_cache && !m->attn.fused_proj;
+    a->fused_proj = a->o_first = L->mlp.fused = m->attn.fused_proj;
     /* sdpa and flash keep nothing for the cap: transformers passes sdpa
      * none, flash caps in place */
-    a->softcap = m->attn_softcap > 0 && m->attention == ML_ATTN_EAGER;
+    a->softcap = m->attn.softcap > 0 && m->attn.kernel == ML_ATTN_EAGER;
     /* Gemma 2's norms of the branches' outputs (compute dtype) make the
      * projections' output gradients */
-    a->out_grad = L->mlp.out_grad = m->dropout > 0 || m->post_norms;
+    a->out_grad = L->mlp.out_grad = m->dropout > 0 || m->residual.post_norms;
     L->hf_order = true;
-    L->post_norms = m->post_norms;
+    L->post_norms = m->residual.post_norms;
     L->post = (mlg_norm){n.kind, false, c->compute_bytes != 4, true};
     return true;
 }
@@ -104,27 +105,27 @@ static bool hf_layer(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_lay
 bool ml__family_llama_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     const mlg_norm n = {MLG_RMSNORM, false, c->stream_bytes != 4, false};
-    return m->norm == ML_NORM_RMSNORM && !m->post_norms && !(m->attn_softcap > 0) &&
+    return m->norms.kind == ML_NORM_RMSNORM && !m->residual.post_norms && !(m->attn.softcap > 0) &&
            hf_layer(m, c, n, L);
 }
 
 bool ml__family_gemma_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     const mlg_norm n = {MLG_GEMMA_RMSNORM, false, c->stream_bytes != 4, false};
-    return m->norm == ML_NORM_GEMMA_RMSNORM && hf_layer(m, c, n, L);
+    return m->norms.kind == ML_NORM_GEMMA_RMSNORM && hf_layer(m, c, n, L);
 }
 
 bool ml__family_olmo_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     const mlg_norm n = {MLG_OLMO_LAYERNORM, false, c->stream_bytes != 4, false};
-    return m->norm == ML_NORM_OLMO_LAYERNORM && !m->post_norms && !(m->attn_softcap > 0) &&
-           hf_layer(m, c, n, L);
+    return m->norms.kind == ML_NORM_OLMO_LAYERNORM && !m->residual.post_norms &&
+           !(m->attn.softcap > 0) && hf_layer(m, c, n, L);
 }
 
 bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    if (!plain_layernorm(m) || m->type != ML_MODEL_ENCODER || !m->image_size || !m->prenorm ||
-        m->parallel_residual)
+    if (!plain_layernorm(m) || m->type != ML_MODEL_ENCODER || !m->embed.image_size ||
+        !m->residual.prenorm || m->residual.parallel)
         return false;
     common(m, c, L);
     L->attn.hf = true;
@@ -136,15 +137,15 @@ bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
  * than one, as Llama's layout. */
 bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    if (!layernorm_ungated(m) || m->kv_heads > m->heads ||
-        m->type != ML_MODEL_DECODER || !m->prenorm || !m->parallel_residual)
+    if (!layernorm_ungated(m) || m->attn.kv_heads > m->attn.heads || m->type != ML_MODEL_DECODER ||
+        !m->residual.prenorm || !m->residual.parallel)
         return false;
     common(m, c, L);
     /* query_key_value, sliced; the rotary's empty pass */
     mlg_attention *a = &L->attn;
     a->hf = a->fused_proj = a->mask = true;
-    a->grouped = m->kv_heads < m->heads;
-    a->repeat_copy = a->grouped && m->kv_heads > 1;
+    a->grouped = m->attn.kv_heads < m->attn.heads;
+    a->repeat_copy = a->grouped && m->attn.kv_heads > 1;
     /* grouped under a fused kernel: the builders count the kernel's q, k
      * and v as one projection width; the graph's entry is the rotated q
      * and k and v's view, which keeps query_key_value's whole output (more
@@ -160,21 +161,22 @@ bool ml__family_falcon_layer(const ml_model *m, const mlg_config *c, mlg_layer *
 {
     /* one key/value head (multi_query) or as many as query heads, as the
      * model file allows; the rest is GPT-NeoX's settings */
-    if (!m->shared_norm || m->experts || m->kv_lora || m->norm != ML_NORM_LAYERNORM ||
-        m->type != ML_MODEL_DECODER || !m->prenorm || !m->parallel_residual || m->image_size ||
-        m->fused_proj || m->post_norms || m->attn_softcap > 0 || m->dropout > 0 ||
-        (m->kv_heads != 1 && m->kv_heads != m->heads) ||
-        (m->activation != ML_ACT_GELU && m->activation != ML_ACT_RELU))
+    if (!m->residual.shared_norm || m->moe.experts || m->attn.kv_lora ||
+        m->norms.kind != ML_NORM_LAYERNORM || m->type != ML_MODEL_DECODER ||
+        !m->residual.prenorm || !m->residual.parallel || m->embed.image_size ||
+        m->attn.fused_proj || m->residual.post_norms || m->attn.softcap > 0 || m->dropout > 0 ||
+        (m->attn.kv_heads != 1 && m->attn.kv_heads != m->attn.heads) ||
+        (m->mlp.activation != ML_ACT_GELU && m->mlp.activation != ML_ACT_RELU))
         return false;
     common(m, c, L);
     mlg_attention *a = &L->attn;
     a->hf = a->mask = a->split_heads = a->stream_softmax = true;
-    a->grouped = m->kv_heads < m->heads;
+    a->grouped = m->attn.kv_heads < m->attn.heads;
     /* the softmax's output (the stream's dtype) cast for PV under autocast */
     a->probs_cast = c->stream_bytes != c->compute_bytes;
     /* the MLP's gradient of the shared norm's output arrives first */
     a->in_buf = true;
-    a->cache = c->eval && m->kv_cache;
+    a->cache = c->eval && m->attn.kv_cache;
     L->hf_order = L->parallel = L->shared_norm = true;
     return true;
 }
@@ -183,25 +185,27 @@ bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer
 {
     /* DeepSeek's experts (V3's router, V2's sorted dispatch: kit_moe.c);
      * Mixtral's and Qwen2-MoE's routing is ml__family_mixtral_layer's */
-    if (!m->kv_lora || (m->experts && !m->router_sigmoid && !m->expert_sort) || m->shared_norm || m->norm != ML_NORM_RMSNORM ||
-        m->type != ML_MODEL_DECODER || !m->prenorm || m->parallel_residual || m->image_size ||
-        m->fused_proj || m->post_norms || m->attn_softcap > 0 || m->dropout > 0 ||
-        m->kv_heads != m->heads || m->activation == ML_ACT_QUICK_GELU)
+    if (!m->attn.kv_lora || (m->moe.experts && !m->moe.router_sigmoid && !m->moe.sort) ||
+        m->residual.shared_norm || m->norms.kind != ML_NORM_RMSNORM ||
+        m->type != ML_MODEL_DECODER || !m->residual.prenorm || m->residual.parallel ||
+        m->embed.image_size || m->attn.fused_proj || m->residual.post_norms ||
+        m->attn.softcap > 0 || m->dropout > 0 || m->attn.kv_heads != m->attn.heads ||
+        m->mlp.activation == ML_ACT_QUICK_GELU)
         return false;
     common(m, c, L);
     L->norm = (mlg_norm){MLG_RMSNORM, false, c->stream_bytes != 4, false};
     L->latent = (mlg_norm){MLG_RMSNORM, false, c->compute_bytes != 4, false};
     mlg_attention *a = &L->attn;
     a->hf = a->mask = a->latent = true;
-    a->q_lora = m->q_lora > 0;
+    a->q_lora = m->attn.q_lora > 0;
     /* the chain refuses sdpa and flash with latent attention (chain.c);
      * a block asked for one anyway is the eager layout, as the builders
      * count it */
     a->fused_kernel = false;
     L->hf_order = true;
-    if (m->experts)
-        L->moe = (mlg_moe){m->router_sigmoid ? MLG_MOE_DEEPSEEK_V3 : MLG_MOE_DEEPSEEK_V2,
-                           m->expert_renorm, m->grouped_topk, m->shared_expert_ffn > 0,
+    if (m->moe.experts)
+        L->moe = (mlg_moe){m->moe.router_sigmoid ? MLG_MOE_DEEPSEEK_V3 : MLG_MOE_DEEPSEEK_V2,
+                           m->moe.renorm, m->moe.grouped_topk, m->moe.shared_ffn > 0,
                            c->stream_bytes == 4};
     return true;
 }
@@ -211,19 +215,20 @@ bool ml__family_mixtral_layer(const ml_model *m, const mlg_config *c, mlg_layer 
     /* torch.where per expert (kit_mixtral.c), in Llama's layer: not
      * DeepSeek's experts (latent attention, its routers, dense layers) */
     const mlg_norm n = {MLG_RMSNORM, false, c->stream_bytes != 4, false};
-    if (!m->experts || m->kv_lora || m->router_sigmoid || m->expert_sort || m->dense_layers ||
-        m->shared_norm || m->norm != ML_NORM_RMSNORM || m->post_norms || m->attn_softcap > 0 ||
-        m->fused_proj || m->activation != ML_ACT_SWIGLU || !hf_layout(m, c, n, L))
+    if (!m->moe.experts || m->attn.kv_lora || m->moe.router_sigmoid || m->moe.sort ||
+        m->moe.dense_layers || m->residual.shared_norm || m->norms.kind != ML_NORM_RMSNORM ||
+        m->residual.post_norms || m->attn.softcap > 0 || m->attn.fused_proj ||
+        m->mlp.activation != ML_ACT_SWIGLU || !hf_layout(m, c, n, L))
         return false;
-    L->moe = (mlg_moe){MLG_MOE_MIXTRAL, m->expert_renorm, false, m->shared_expert_ffn > 0,
+    L->moe = (mlg_moe){MLG_MOE_MIXTRAL, m->moe.renorm, false, m->moe.shared_ffn > 0,
                        c->stream_bytes == 4};
     return true;
 }
 
 bool ml__family_bert_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    if (!plain_layernorm(m) || m->type != ML_MODEL_ENCODER || m->prenorm || m->image_size ||
-        m->parallel_residual || m->position == ML_POS_ROPE)
+    if (!plain_layernorm(m) || m->type != ML_MODEL_ENCODER || m->residual.prenorm ||
+        m->embed.image_size || m->residual.parallel || m->embed.position == ML_POS_ROPE)
         return false;
     common(m, c, L);
     mlg_attention *a = &L->attn;
@@ -254,7 +259,7 @@ void ml__family_layer_graph(ml_graph *g, const mlg_layer *L)
 
 bool ml__family_head(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    return ml__family_layer(m, c, L) && !m->classes;
+    return ml__family_layer(m, c, L) && !m->head.classes;
 }
 
 void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap)

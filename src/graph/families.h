@@ -64,7 +64,7 @@ bool ml__family_mixtral_layer(const ml_model *m, const mlg_config *c, mlg_layer 
 bool ml__family_bert_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* LLaVA's CLIP vision tower layer (HF CLIPEncoderLayer, kit_clip.c): ViT's
  * layout with CLIPMLP's QuickGELU (or GELU), every setting read from m's
- * vision stack (vis_*), none from its decoder; false: m has no tower. */
+ * vision tower (m->vision), none from its decoder; false: m has no tower. */
 bool ml__family_clip_layer(const ml_model *m, const mlg_config *c, mlg_layer *L);
 /* The tower's last layer also runs post_layernorm on its class tokens:
  * keeping its input and statistics (KEPT) or with them counted elsewhere

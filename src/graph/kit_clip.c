@@ -3,7 +3,7 @@
  * pre-LayerNorm layer (q/k/v and out projections with biases, the scores
  * scaled, softmax in fp32 cast back, no mask, no dropout) with CLIPMLP's
  * QuickGELU; the tower's last layer also runs post_layernorm on its class
- * tokens. Every setting comes from the model's vision stack (vis_*), none
+ * tokens. Every setting comes from the model's vision tower (m->vision), none
  * from its decoder: a field the decoder gains cannot leak into the tower.
  * What each op keeps: docs/inventory.md, "Llava". */
 #include "graph/families.h"
@@ -85,7 +85,7 @@ void ml__kit_clip_pooled(ml_graph *g, const mlg_norm *n, uint16_t x, bool keeps)
 
 bool ml__family_clip_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    if (!m->vis_layers || !m->vis_heads || m->vis_hidden % m->vis_heads)
+    if (!m->vision.layers || !m->vision.attn.heads || m->vision.hidden % m->vision.attn.heads)
         return false;
     *L = (mlg_layer){0};
     L->norm = (mlg_norm){MLG_LAYERNORM, true, false, false};
@@ -98,8 +98,13 @@ bool ml__family_clip_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     a->qkv_bias = a->out_bias = true;
     a->probs_cast = c->compute_bytes != 4;
     a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
-    L->mlp = (mlg_mlp){m->vis_quick_gelu ? MLG_QUICK_GELU : MLG_GELU, true, false, false, false,
-                       false, false};
+    L->mlp = (mlg_mlp){m->vision.mlp.activation == ML_ACT_QUICK_GELU ? MLG_QUICK_GELU : MLG_GELU,
+                       true,
+                       false,
+                       false,
+                       false,
+                       false,
+                       false};
     L->autocast = c->autocast;
     return true;
 }

@@ -11,15 +11,15 @@ bool ml__family_embedding(const ml_model *m, const mlg_config *c, bool drop, mlg
 {
     const bool enc = m->type == ML_MODEL_ENCODER;
     *E = (mlg_embed){0};
-    E->patches = m->image_size > 0;
+    E->patches = m->embed.image_size > 0;
     E->autocast = c->autocast;
-    E->scale = m->embed_scale;
-    E->learned = m->position == ML_POS_LEARNED;
-    E->types = enc && m->token_types;
+    E->scale = m->embed.scale;
+    E->learned = m->embed.position == ML_POS_LEARNED;
+    E->types = enc && m->embed.token_types;
     E->layernorm = enc;
     E->dropout = drop;
-    if (m->position == ML_POS_ROPE)
-        E->rotary = m->rope_complex ? MLG_ROTARY_COMPLEX : MLG_ROTARY_COS_SIN;
+    if (m->embed.position == ML_POS_ROPE)
+        E->rotary = m->embed.rope_complex ? MLG_ROTARY_COMPLEX : MLG_ROTARY_COS_SIN;
     return true;
 }
 

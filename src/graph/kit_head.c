@@ -114,7 +114,7 @@ void ml__kit_seq_cls_head(ml_graph *g, const mlg_layer *L, uint64_t classes, boo
  * Gemma2ForCausalLM.forward; its sequence classifier is the generic one) */
 bool ml__family_seq_cls_head(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    return m->type == ML_MODEL_DECODER && m->classes && ml__family_layer(m, c, L);
+    return m->type == ML_MODEL_DECODER && m->head.classes && ml__family_layer(m, c, L);
 }
 
 /* x[:, 0] (a view: a saving consumer keeps the whole (B, T, D) storage)
@@ -191,16 +191,16 @@ static bool encoder_head_layer(const ml_model *m, const mlg_config *c, mlg_layer
 {
     if (ml__family_layer(m, c, L))
         return true;
-    if (m->position != ML_POS_ROPE || m->image_size)
+    if (m->embed.position != ML_POS_ROPE || m->embed.image_size)
         return false;
     ml_model unrotated = *m;
-    unrotated.position = ML_POS_NONE;
+    unrotated.embed.position = ML_POS_NONE;
     return ml__family_layer(&unrotated, c, L);
 }
 
 bool ml__family_encoder_classifier(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    return m->type == ML_MODEL_ENCODER && m->classes && !m->mlm_head &&
+    return m->type == ML_MODEL_ENCODER && m->head.classes && !m->head.mlm &&
            encoder_head_layer(m, c, L);
 }
 
@@ -281,7 +281,7 @@ void ml__kit_mlm_head(ml_graph *g, const mlg_layer *L, bool tied)
 
 bool ml__family_mlm_head(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
-    return m->type == ML_MODEL_ENCODER && m->mlm_head && encoder_head_layer(m, c, L);
+    return m->type == ML_MODEL_ENCODER && m->head.mlm && encoder_head_layer(m, c, L);
 }
 
 void ml__kit_fused_ce(ml_graph *g, bool tied)

@@ -485,7 +485,7 @@ bool ml__family_t5_layer(const ml_model *m, const mlg_config *c, bool decoder, b
         return false;
     *L = (mlg_t5){.decoder = decoder,
                   .first = first,
-                  .gated = m->activation == ML_ACT_GEGLU,
+                  .gated = m->mlp.activation == ML_ACT_GEGLU,
                   .dropout = m->dropout > 0 && !c->eval,
                   .autocast = c->autocast,
                   .half_stream = c->stream_bytes != 4,

@@ -48,7 +48,7 @@ static double profile_inventory(ml_chain *ch, const ml_profile_kind *k, uint64_t
 static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, ml_precision prec)
 {
     const char *pp = ml_profile_get(p, "precision");
-    bool llama = m->norm == ML_NORM_RMSNORM;
+    bool llama = m->norms.kind == ML_NORM_RMSNORM;
     const ml_profile_kind_id kid = llama ? ML_PK_LLAMA_BLOCK : ML_PK_TRANSFORMER_BLOCK;
     const ml_profile_kind *k = ml_profile_find(p, ml_profile_kind_name(kid));
     if (*pp ? strcmp(pp, ml_precision_name(prec)) != 0 : ml_profile_dtype_bytes(p) != ch->prec.a) {
@@ -69,7 +69,7 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
     }
     /* the runner's blocks have D/H-wide heads: a model whose head size
      * differs (head_dim) has other projection and attention shapes */
-    if (m->head_dim && m->head_dim * m->heads != m->hidden) {
+    if (m->attn.head_dim && m->attn.head_dim * m->attn.heads != m->hidden) {
         ch->calib_note = "the model's head size (head_dim) is not hidden/heads, the "
                          "runner's blocks' is";
         return;
@@ -79,7 +79,7 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
      * over wrongly */
     for (size_t j = 0; j < k->npoints; j++) {
         const ml_profile_point *q = &k->points[j];
-        if (q->F && (double)q->F * (double)ch->c_width != (double)m->ffn * (double)q->D) {
+        if (q->F && (double)q->F * (double)ch->c_width != (double)m->mlp.ffn * (double)q->D) {
             ch->calib_note = "the profile's blocks were measured at another ffn/hidden ratio "
                              "(re-measure at the model's ffn width: docs/calibration.md)";
             return;
@@ -88,7 +88,7 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
     /* the profile's fit at this shape (its B*H*T^2 and T^2 terms included),
      * or the exact one through the points measured at this shape */
     double x = (double)ch->c_tokens * (double)ch->c_width * (double)ch->prec.a;
-    double inv = profile_inventory(ch, k, m->heads, x);
+    double inv = profile_inventory(ch, k, m->attn.heads, x);
     for (size_t i = 0; i < ch->n; i++) {
         ml_cblock *b = &ch->blocks[i];
         if (b->ckpt_index < 0)
@@ -121,7 +121,7 @@ static void reserve(ml_chain *ch, const ml_model *m)
 {
     size_t n = m->type == ML_MODEL_SEQUENTIAL
                    ? m->nseq
-                   : (size_t)(m->layers + m->dec_layers + m->vis_layers + 2);
+                   : (size_t)(m->layers + m->t5.dec_layers + m->vision.layers + 2);
     size_t per = m->type == ML_MODEL_SEQUENTIAL ? 8 : 24;
     ch->cap = n + 4;
     ch->savedcap = per * (n + 4);
@@ -151,7 +151,7 @@ ml_status ml__chain_fused_refused(const ml_model *m, const ml_training *t, ml_er
         return ml__errorf(err, ML_RANGE,
                           "training.logits: fused is planned for a decoder's LM head; an "
                           "encoder-decoder's (T5's) is not modelled: use kept or released");
-    if (m->type != ML_MODEL_DECODER || m->classes)
+    if (m->type != ML_MODEL_DECODER || m->head.classes)
         return ml__errorf(err, ML_RANGE,
                           "training.logits: fused is a language model's head (a decoder's LM "
                           "head and cross-entropy); this model's loss is another: use kept or "
@@ -162,7 +162,7 @@ ml_status ml__chain_fused_refused(const ml_model *m, const ml_training *t, ml_er
                           "bf16-master, fp16-master); under %s its products' dtypes are not: "
                           "use kept or released, or another precision",
                           ml_precision_name(t->precision));
-    if (m->final_softcap > 0)
+    if (m->head.final_softcap > 0)
         return ml__errorf(err, ML_RANGE,
                           "training.logits: fused with the model's final_softcap (Gemma 2's "
                           "soft-capped logits) is not modelled: use kept or released");
@@ -182,9 +182,9 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
     /* OLMo's norm exists in the op graph only: a model whose layers the
      * chain builders write cannot have it (the model file refuses it at
      * its key; this holds for models made otherwise) */
-    if (m->norm == ML_NORM_OLMO_LAYERNORM &&
-        (m->type != ML_MODEL_DECODER || m->vis_layers || m->experts || m->kv_lora ||
-         m->parallel_residual || m->classes || !m->prenorm))
+    if (m->norms.kind == ML_NORM_OLMO_LAYERNORM &&
+        (m->type != ML_MODEL_DECODER || m->vision.layers || m->moe.experts || m->attn.kv_lora ||
+         m->residual.parallel || m->head.classes || !m->residual.prenorm))
         return ml__errorf(err, ML_RANGE,
                           "model.norm: olmo_layernorm is planned in OLMo's decoder layer only; "
                           "%s's layout is another: use rmsnorm or layernorm",
@@ -192,27 +192,28 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
     /* the optimal solver's chain is one stream of layers: T5's side
      * tensors (docs/ledger.md) and its non-layer blocks between the
      * stacks are not in it */
-    if ((m->type == ML_MODEL_ENCDEC || m->vis_layers) && t->checkpoint.kind == ML_CKPT_OPTIMAL)
+    if ((m->type == ML_MODEL_ENCDEC || m->vision.layers) && t->checkpoint.kind == ML_CKPT_OPTIMAL)
         return ml__errorf(err, ML_RANGE,
                           "training.checkpoint: optimal is not planned for %s (%s): use full "
                           "(what Hugging Face's gradient checkpointing runs), every-K, sqrt or "
                           "a list of blocks",
-                          m->vis_layers ? "a multimodal model" : "an encoder-decoder", m->name);
+                          m->vision.layers ? "a multimodal model" : "an encoder-decoder", m->name);
     const ml_checkpoint *cp = &t->checkpoint;
     uint32_t low = UINT32_MAX; /* the lowest block a list names */
     for (uint32_t j = 0; (cp->kind == ML_CKPT_LIST || cp->kind == ML_CKPT_SEGMENTS) &&
                          j < cp->count && j < ML_CKPT_LIST_MAX;
          j++)
         low = cp->blocks[j] < low ? cp->blocks[j] : low;
-    if (m->vis_layers && (t->vision_tower == ML_VT_NONE || t->vision_tower == ML_VT_FULL) &&
-        low < m->vis_used)
+    if (m->vision.layers && (t->vision_tower == ML_VT_NONE || t->vision_tower == ML_VT_FULL) &&
+        low < m->vision.used)
         return ml__errorf(err, ML_RANGE,
                           "training.checkpoint: block %u is a vision layer (0 to %llu), whose "
                           "checkpointing training.vision_tower: %s sets; list the decoder's "
                           "layers only (from %llu), or use vision_tower: same",
-                          low, (unsigned long long)m->vis_used - 1,
-                          ml_vision_tower_name(t->vision_tower), (unsigned long long)m->vis_used);
-    if (!m->vis_layers && t->vision_tower != ML_VT_SAME)
+                          low, (unsigned long long)m->vision.used - 1,
+                          ml_vision_tower_name(t->vision_tower),
+                          (unsigned long long)m->vision.used);
+    if (!m->vision.layers && t->vision_tower != ML_VT_SAME)
         return ml__errorf(err, ML_RANGE,
                           "training.vision_tower: a multimodal model's setting; %s has no "
                           "vision tower: remove it",
@@ -235,7 +236,7 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, bool 
     ml_status refused = ml__chain_refused(m, &cfg->training, err);
     if (refused)
         return refused;
-    if (cfg->training.expert_imbalance > 1 && !m->experts)
+    if (cfg->training.expert_imbalance > 1 && !m->moe.experts)
         return ml__errorf(err, ML_RANGE,
                           "training.expert_imbalance: sizes a mixture of experts' busiest "
                           "expert; %s has no experts (model.experts): remove it",
@@ -243,30 +244,30 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, bool 
     /* multi-head latent attention's sdpa, with q/k heads wider than the
      * value heads, dispatches to kernels whose saved tensors are not
      * modelled (docs/inventory.md, "DeepSeek-V3 block") */
-    if (m->kv_lora && m->attention != ML_ATTN_EAGER)
+    if (m->attn.kv_lora && m->attn.kernel != ML_ATTN_EAGER)
         return ml__errorf(err, ML_RANGE,
                           "attention %s with multi-head latent attention (model.kv_lora_rank) "
                           "is not modelled: its q/k heads are wider than its value heads, "
                           "which sdpa and flash kernels handle in ways not planned; use "
                           "--attention eager",
-                          m->attention == ML_ATTN_SDPA ? "sdpa" : "flash");
+                          m->attn.kernel == ML_ATTN_SDPA ? "sdpa" : "flash");
     reserve(ch, m);
     ch->prec = ml__prec_of(cfg->training.precision);
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml__chain_build_sequential(m, cfg, ch)
                    : m->type == ML_MODEL_ENCDEC   ? ml__chain_build_t5(m, cfg, ch, err)
-                   : m->vis_layers                ? ml__chain_build_llava(m, cfg, ch, err)
+                   : m->vision.layers             ? ml__chain_build_llava(m, cfg, ch, err)
                                                   : ml__chain_build_transformer(m, cfg, ch, err);
     /* the runner's blocks are GPT-2's and Llama's: a Gemma block's norm and
      * MLP keep other tensors (docs/inventory.md), so no profile applies */
-    if (st == ML_OK && cfg->calib && m->norm == ML_NORM_GEMMA_RMSNORM)
+    if (st == ML_OK && cfg->calib && m->norms.kind == ML_NORM_GEMMA_RMSNORM)
         ch->calib_note = "the runner measures no Gemma blocks ((1 + weight) RMSNorm, GeGLU)";
     else if (st == ML_OK && cfg->calib && m->type == ML_MODEL_ENCDEC)
         ch->calib_note = "the runner measures no encoder-decoder (T5) blocks";
-    else if (st == ML_OK && cfg->calib && m->vis_layers)
+    else if (st == ML_OK && cfg->calib && m->vision.layers)
         ch->calib_note = "the runner measures no vision-tower (CLIP) blocks";
-    else if (st == ML_OK && cfg->calib && m->norm == ML_NORM_OLMO_LAYERNORM)
+    else if (st == ML_OK && cfg->calib && m->norms.kind == ML_NORM_OLMO_LAYERNORM)
         ch->calib_note = "the runner measures no OLMo blocks (its LayerNorm without weight)";
-    else if (st == ML_OK && cfg->calib && (m->kv_lora || m->experts))
+    else if (st == ML_OK && cfg->calib && (m->attn.kv_lora || m->moe.experts))
         ch->calib_note = "the runner measures no mixture-of-experts or latent-attention blocks";
     else if (st == ML_OK && cfg->calib && m->type != ML_MODEL_SEQUENTIAL)
         apply_profile(ch, cfg->calib, m, cfg->training.precision);

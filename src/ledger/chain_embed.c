@@ -10,12 +10,13 @@
 static void patch_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
     const unsigned w = ch->prec.w;
-    uint64_t px = ml_mul(ch, ml__ck_mul3(ch, d->B, m->channels, m->image_size), m->image_size);
+    uint64_t px = ml_mul(ch, ml__ck_mul3(ch, d->B, m->embed.channels, m->embed.image_size),
+                         m->embed.image_size);
     if (ch->prec.autocast)
         ml__ck_save(ch, b, "image cast copy (patch conv input)", px, 2, 0);
     else
         ml__ck_save(ch, b, "image (patch conv input)", px, w, ML_SV_INPUT);
-    uint64_t kin = ml__ck_mul3(ch, m->channels, m->patch_size, m->patch_size);
+    uint64_t kin = ml__ck_mul3(ch, m->embed.channels, m->embed.patch_size, m->embed.patch_size);
     /* autocast casts the conv's weight (ConvolutionBackward0 saves it) */
     ml__ck_weight_copy(ch, b, ml_mul(ch, d->D, kin));
     ml__ck_param(ch, b, d->D, kin);
@@ -37,7 +38,7 @@ static void patch_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
 static bool tied_head(const ml_model *m)
 {
     const bool enc = m->type == ML_MODEL_ENCODER;
-    return m->tied_embeddings && ((!enc && !m->classes) || m->mlm_head);
+    return m->embed.tied && ((!enc && !m->head.classes) || m->head.mlm);
 }
 
 static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
@@ -53,20 +54,20 @@ static void token_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m, const
      * embedding's gradient (derivatives.yaml, mul.Tensor: self's gradient is
      * grad * other), a host tensor on a GPU, so nothing on the device; the
      * product is the block's output and the lookup's result a transient */
-    if (m->embed_scale)
+    if (m->embed.scale)
         ml__ck_tmp(ch, BTD, w);
-    if (m->position == ML_POS_LEARNED) {
+    if (m->embed.position == ML_POS_LEARNED) {
         ml__ck_save(ch, b, "position ids (int64)", d->T, 8, 0);
-        ml__ck_param(ch, b, m->max_positions, d->D);
+        ml__ck_param(ch, b, m->embed.max_positions, d->D);
     }
-    if (enc && m->token_types) {
+    if (enc && m->embed.token_types) {
         ml__ck_save(ch, b, "token type ids (int64)", d->BT, 8, 0);
-        ml__ck_param(ch, b, m->token_types, d->D);
+        ml__ck_param(ch, b, m->embed.token_types, d->D);
     }
-    if (m->position == ML_POS_ROPE) {
+    if (m->embed.position == ML_POS_ROPE) {
         /* multi-head latent attention rotates rope_dim of each head */
-        const uint64_t rot = m->kv_lora ? m->rope_dim : d->dh;
-        if (m->rope_complex) /* DeepSeek-V2: (B, T, rot / 2) complex64 */
+        const uint64_t rot = m->attn.kv_lora ? m->attn.rope_dim : d->dh;
+        if (m->embed.rope_complex) /* DeepSeek-V2: (B, T, rot / 2) complex64 */
             ml__ck_save(ch, b, "rotary freqs_cis, complex64 (shared by all blocks)",
                         ml_mul(ch, d->BT, rot), 4, 0);
         else
@@ -106,21 +107,21 @@ static ml_status graph_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m,
         return ML_NOMEM;
     *taken = ml__ck_graph_embedding(ch, m, d, G);
     if (*taken) {
-        if (m->image_size) {
-            uint64_t px = ml_mul(ch, ml__ck_mul3(ch, d->B, m->channels, m->image_size),
-                                 m->image_size);
+        if (m->embed.image_size) {
+            uint64_t px = ml_mul(ch, ml__ck_mul3(ch, d->B, m->embed.channels, m->embed.image_size),
+                                 m->embed.image_size);
             b->in_bytes = ml_mul(ch, px, ch->prec.w);
         } else {
             b->in_bytes = ml_mul(ch, d->BT, 8);
-            if (m->position == ML_POS_ROPE) {
-                const uint64_t rot = m->kv_lora ? m->rope_dim : d->dh;
+            if (m->embed.position == ML_POS_ROPE) {
+                const uint64_t rot = m->attn.kv_lora ? m->attn.rope_dim : d->dh;
                 ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, rot / 2, 4));
             }
             if (tied_head(m))
                 b->ws_bwd = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
         }
         ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w));
-        if (m->image_size)
+        if (m->embed.image_size)
             b->flops_bwd = b->flops_fwd; /* weight gradient only */
     }
     free(G);
@@ -137,7 +138,7 @@ ml_status ml__ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_di
     if (!ch->builders_only && graph_embedding(ch, b, m, d, &graph) != ML_OK)
         return ML_NOMEM;
     if (!graph) {
-        if (m->image_size)
+        if (m->embed.image_size)
             patch_embedding(ch, b, m, d);
         else
             token_embedding(ch, b, m, d);
@@ -145,7 +146,7 @@ ml_status ml__ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_di
             ml__ck_save(ch, b, "embedding dropout mask", BTD, 1, 0);
         ml__ck_end(ch, b, ml_mul(ch, BTD, ch->prec.w));
     }
-    if (!m->image_size && tied_head(m)) {
+    if (!m->embed.image_size && tied_head(m)) {
         /* the tied table's gradient is created by the head's backward */
         uint64_t g = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
         b->grad_bytes -= g;

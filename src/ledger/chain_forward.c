@@ -140,9 +140,9 @@ static void gemma_rmsnorm(prog *p)
 
 static void norm(prog *p, const ml_model *m)
 {
-    if (m->norm == ML_NORM_LAYERNORM)
+    if (m->norms.kind == ML_NORM_LAYERNORM)
         layernorm(p);
-    else if (m->norm == ML_NORM_GEMMA_RMSNORM)
+    else if (m->norms.kind == ML_NORM_GEMMA_RMSNORM)
         gemma_rmsnorm(p);
     else
         llama_rmsnorm(p);
@@ -243,10 +243,10 @@ static void attention_out(prog *p)
  * `hidden_states, _ = self.self_attn(...)` keeps until it returns. */
 static uint64_t prenorm_attention(prog *p, const ml_model *m, const ml_ck_dims *d)
 {
-    const bool hf = m->norm != ML_NORM_LAYERNORM; /* the Llama layout */
-    const bool rot = hf && m->position == ML_POS_ROPE;
-    const bool sliced = !hf || m->fused_proj; /* one projection, sliced */
-    const bool cat = hf && m->fused_proj && rot; /* Phi-3: cat([rotated, pass]) */
+    const bool hf = m->norms.kind != ML_NORM_LAYERNORM; /* the Llama layout */
+    const bool rot = hf && m->embed.position == ML_POS_ROPE;
+    const bool sliced = !hf || m->attn.fused_proj;    /* one projection, sliced */
+    const bool cat = hf && m->attn.fused_proj && rot; /* Phi-3: cat([rotated, pass]) */
     const uint64_t rep = d->H / d->Hkv, Eq = p->Eq, Ek = p->Ek;
     const uint64_t qkv = Eq + 2 * Ek;
     if (sliced) {
@@ -279,8 +279,9 @@ static uint64_t prenorm_attention(prog *p, const ml_model *m, const ml_ck_dims *
     /* nanoGPT masks with masked_fill; HF adds its causal mask, and an
      * encoder's extended attention mask */
     const bool causal = m->type == ML_MODEL_DECODER;
-    const core_kind k = {!cat,          !repeated && !(cat && rep == 1), !repeated, hf,
-                         !hf && causal, hf ? causal : !causal, m->attn_softcap > 0, false};
+    const core_kind k = {
+        !cat,          !repeated && !(cat && rep == 1), !repeated,           hf,
+        !hf && causal, hf ? causal : !causal,           m->attn.softcap > 0, false};
     attention_core(p, &k);
     if (repeated)
         drop_saved(p, 2 * Eq); /* eager_attention_forward returns */
@@ -307,8 +308,8 @@ static uint64_t prenorm_attention(prog *p, const ml_model *m, const ml_ck_dims *
 static void mlp(prog *p, const ml_model *m)
 {
     const uint64_t EF = p->EF, E = p->E;
-    if (m->activation == ML_ACT_SWIGLU || m->activation == ML_ACT_GEGLU) {
-        if (m->fused_proj) {
+    if (m->mlp.activation == ML_ACT_SWIGLU || m->mlp.activation == ML_ACT_GEGLU) {
+        if (m->attn.fused_proj) {
             /* Phi3MLP: gate, up = gate_up_proj(x).chunk(2); up = up * act(gate):
              * the activation saves the gate view, keeping the whole output */
             put(p, 2 * EF);
@@ -333,7 +334,7 @@ static void mlp(prog *p, const ml_model *m)
          * its result instead) */
         put(p, EF);
         put(p, EF);
-        drop_if(p, EF, m->activation != ML_ACT_RELU);
+        drop_if(p, EF, m->mlp.activation != ML_ACT_RELU);
         put(p, E);
         drop_saved(p, EF);
     }
@@ -349,7 +350,7 @@ static void prenorm_layer(prog *p, const ml_model *m, const ml_ck_dims *d)
     norm(p, m);
     uint64_t held = prenorm_attention(p, m, d);
     drop_saved(p, E); /* the norm's output, rebound */
-    if (m->post_norms) { /* a norm of the attention's output */
+    if (m->residual.post_norms) { /* a norm of the attention's output */
         norm(p, m);
         drop_if(p, E, in);
     }
@@ -358,7 +359,7 @@ static void prenorm_layer(prog *p, const ml_model *m, const ml_ck_dims *d)
     norm(p, m);
     mlp(p, m);
     drop_saved(p, E); /* the norm's output, rebound */
-    if (m->post_norms) {
+    if (m->residual.post_norms) {
         norm(p, m);
         drop_if(p, E, in);
     }
@@ -391,7 +392,7 @@ static void postnorm_layer(prog *p, const ml_model *m)
     drop_saved(p, Eq); /* the context, once BertAttention returns */
     put(p, EF);        /* BertIntermediate: dense */
     put(p, EF);        /* act (ReLU saves its result, not its input) */
-    drop_if(p, EF, m->activation != ML_ACT_RELU);
+    drop_if(p, EF, m->mlp.activation != ML_ACT_RELU);
     put(p, E); /* BertOutput: dense */
     dropout(p, E, p->Eb, false);
     put(p, E); /* + attention output */
@@ -410,7 +411,7 @@ static void postnorm_layer(prog *p, const ml_model *m)
 static void head(prog *p, const ml_model *m, const ml_ck_dims *d, uint64_t L, bool fused)
 {
     const uint64_t E = p->E;
-    if (m->classes && !m->mlm_head) {
+    if (m->head.classes && !m->head.mlm) {
         /* GenericForSequenceClassification: score's (B, T, classes) logits
          * (saving the norm's output); `input_ids != pad` (bool) .to(int32),
          * arange(T) int32, their product, its argmax (int64, saved by the
@@ -422,7 +423,7 @@ static void head(prog *p, const ml_model *m, const ml_ck_dims *d, uint64_t L, bo
         norm(p, m);
         put(p, C);
         drop_saved(p, E);
-        if (m->cls_no_pad) {
+        if (m->head.cls_no_pad) {
             /* no pad token: the last position, -1, a select; arange(B)
              * (saved) and the pooled logits; the logits held to the loss */
             put(p, B8);
@@ -444,10 +445,10 @@ static void head(prog *p, const ml_model *m, const ml_ck_dims *d, uint64_t L, bo
         drop(p, C + BT4 + T4);
         return;
     }
-    if (m->mlm_head) {
+    if (m->head.mlm) {
         put(p, E); /* dense */
         put(p, E); /* act */
-        drop_if(p, E, m->activation != ML_ACT_RELU);
+        drop_if(p, E, m->mlp.activation != ML_ACT_RELU);
         layernorm(p);
         drop_saved(p, E);
     } else {
@@ -457,7 +458,7 @@ static void head(prog *p, const ml_model *m, const ml_ck_dims *d, uint64_t L, bo
         return;
     put(p, L); /* LM head / decoder */
     drop_saved(p, E);
-    if (m->final_softcap > 0) {
+    if (m->head.final_softcap > 0) {
         put(p, L);
         drop(p, L);
         put(p, L);
@@ -472,7 +473,7 @@ static void run(prog *p, const ml_model *m, const ml_ck_dims *d, uint64_t L, boo
     memset(&p->g, 0, sizeof p->g);
     if (L || fused)
         head(p, m, d, L, fused);
-    else if (m->prenorm)
+    else if (m->residual.prenorm)
         prenorm_layer(p, m, d);
     else
         postnorm_layer(p, m);
@@ -486,14 +487,14 @@ static void programs(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
     /* the layouts written out: eager attention, no autocast casts, no
      * parallel residual, no vision encoder, no experts; with grad, every saved tensor
      * kept (not selective checkpointing) */
-    const bool layernorm = m->norm == ML_NORM_LAYERNORM;
-    const bool glu = m->activation == ML_ACT_SWIGLU || m->activation == ML_ACT_GEGLU;
-    if (ch->prec.autocast || m->attention != ML_ATTN_EAGER || m->parallel_residual ||
-        m->image_size || m->experts || m->kv_lora || ch->overflow)
+    const bool layernorm = m->norms.kind == ML_NORM_LAYERNORM;
+    const bool glu = m->mlp.activation == ML_ACT_SWIGLU || m->mlp.activation == ML_ACT_GEGLU;
+    if (ch->prec.autocast || m->attn.kernel != ML_ATTN_EAGER || m->residual.parallel ||
+        m->embed.image_size || m->moe.experts || m->attn.kv_lora || ch->overflow)
         return;
     /* the nanoGPT layout has no rotary; the post-norm one is BERT's */
-    if ((layernorm && m->position == ML_POS_ROPE) ||
-        (!m->prenorm && (!layernorm || glu || m->position == ML_POS_ROPE)))
+    if ((layernorm && m->embed.position == ML_POS_ROPE) ||
+        (!m->residual.prenorm && (!layernorm || glu || m->embed.position == ML_POS_ROPE)))
         return;
     const unsigned a = ch->prec.a, w = ch->prec.w;
     const uint64_t BTD = ml_mul(ch, d->BT, d->D), BHTT = ml_mul(ch, ml_mul(ch, d->B, d->H),
@@ -518,7 +519,7 @@ static void programs(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_
     p.fp16 = ch->prec.fp16;
     p.keeps_in = layernorm || w == 4;
     /* a KV cache in evaluation: HF's Llama layout with separate k and v */
-    if (ch->eval_mode && m->kv_cache && !layernorm && !m->fused_proj && !L && !fused)
+    if (ch->eval_mode && m->attn.kv_cache && !layernorm && !m->attn.fused_proj && !L && !fused)
         p.later = 2 * p.Ek;
     const uint64_t out = L ? L : p.E;
     run(&p, m, d, L, fused);
@@ -540,9 +541,9 @@ void ml__ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
 {
     /* a decoder's LM head or BERT's masked-LM head; the classifiers' (B, D)
      * tensors keep the block rule */
-    if (m->type == ML_MODEL_ENCODER && !m->mlm_head)
+    if (m->type == ML_MODEL_ENCODER && !m->head.mlm)
         return;
-    uint64_t L = m->classes ? ml_mul(ch, ml_mul(ch, d->B, m->classes), ch->prec.a)
-                            : ml_mul(ch, ml_mul(ch, d->BT, d->V), ch->prec.a);
+    uint64_t L = m->head.classes ? ml_mul(ch, ml_mul(ch, d->B, m->head.classes), ch->prec.a)
+                                 : ml_mul(ch, ml_mul(ch, d->BT, d->V), ch->prec.a);
     programs(ch, b, m, d, fused ? 0 : L, fused);
 }

@@ -60,26 +60,28 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
     z->dim[MLG_F2] = ml_mul(ch, 2, d->F);
     /* latent attention's (zero elsewhere); the model file keeps the
      * rotated part below the head size */
-    z->dim[MLG_RQ] = m->q_lora;
-    z->dim[MLG_RKV] = m->kv_lora;
-    z->dim[MLG_KVA] = ml_add(ch, m->kv_lora, m->rope_dim);
-    z->dim[MLG_DV] = m->v_dim;
-    z->dim[MLG_VO] = ml_mul(ch, d->H, m->v_dim);
-    z->dim[MLG_KVB] = m->kv_lora ? ml_mul(ch, d->H, ml_add(ch, d->dh - m->rope_dim, m->v_dim)) : 0;
+    z->dim[MLG_RQ] = m->attn.q_lora;
+    z->dim[MLG_RKV] = m->attn.kv_lora;
+    z->dim[MLG_KVA] = ml_add(ch, m->attn.kv_lora, m->attn.rope_dim);
+    z->dim[MLG_DV] = m->attn.v_dim;
+    z->dim[MLG_VO] = ml_mul(ch, d->H, m->attn.v_dim);
+    z->dim[MLG_KVB] = m->attn.kv_lora
+                          ? ml_mul(ch, d->H, ml_add(ch, d->dh - m->attn.rope_dim, m->attn.v_dim))
+                          : 0;
     /* the experts' (zero elsewhere): the busiest expert's rows as the
      * builders' routing model gives them */
-    z->dim[MLG_E] = m->experts;
-    z->dim[MLG_K] = m->experts_per_tok;
-    z->dim[MLG_FE] = m->expert_ffn ? m->expert_ffn : d->F;
-    z->dim[MLG_FS] = m->shared_expert_ffn;
-    z->dim[MLG_ROWS] = m->experts ? ml__ck_busiest_rows(d, ml_mul(ch, m->experts_per_tok, d->BT),
-                                                         m->experts)
-                                  : 0;
+    z->dim[MLG_E] = m->moe.experts;
+    z->dim[MLG_K] = m->moe.per_token;
+    z->dim[MLG_FE] = m->moe.expert_ffn ? m->moe.expert_ffn : d->F;
+    z->dim[MLG_FS] = m->moe.shared_ffn;
+    z->dim[MLG_ROWS] = m->moe.experts ? ml__ck_busiest_rows(d, ml_mul(ch, m->moe.per_token, d->BT),
+                                                            m->moe.experts)
+                                      : 0;
     /* a repeated group's instances: the experts with rows (Mixtral's,
      * Qwen2-MoE's), MLG_NE the first's; the graph's literal sizes */
     if (G->g.rep.t1 != G->g.rep.t0 || G->g.rep.o1 != G->g.rep.o0) {
         uint64_t count[3], rows[3];
-        z->nruns = ml__ck_expert_runs(d, ml_mul(ch, m->experts_per_tok, d->BT), m->experts,
+        z->nruns = ml__ck_expert_runs(d, ml_mul(ch, m->moe.per_token, d->BT), m->moe.experts,
                                       count, rows);
         for (unsigned i = 0; i < z->nruns; i++) {
             z->runs[i].count = count[i];
@@ -91,9 +93,9 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
     ml__ck_graph_dtype_bytes(ch, G);
     /* no forward programs with experts, nor for a LayerNorm layout with
      * rotary positions (the builders' rule: chain_forward.c writes none) */
-    G->programs = !ch->prec.autocast && m->attention == ML_ATTN_EAGER && !m->image_size &&
-                  !m->parallel_residual && !m->kv_lora && !m->experts &&
-                  !(m->norm == ML_NORM_LAYERNORM && m->position == ML_POS_ROPE);
+    G->programs = !ch->prec.autocast && m->attn.kernel == ML_ATTN_EAGER && !m->embed.image_size &&
+                  !m->residual.parallel && !m->attn.kv_lora && !m->moe.experts &&
+                  !(m->norms.kind == ML_NORM_LAYERNORM && m->embed.position == ML_POS_ROPE);
     return true;
 }
 
@@ -110,7 +112,7 @@ bool ml__ck_graph_layer_at(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
     if (!ml__family_layer(m, &c, &L))
         return false;
     /* DeepSeek's first dense_layers layers: one dense MLP */
-    if (layer < m->dense_layers)
+    if (layer < m->moe.dense_layers)
         L.moe = (mlg_moe){0};
     ml__family_layer_graph(&G->g, &L);
     return ml__ck_graph_sized(ch, m, d, G);
@@ -123,7 +125,7 @@ bool ml__ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, boo
     const mlg_config c = ml__ck_graph_config(ch, m);
     if (!ml__family_head(m, &c, &L))
         return false;
-    ml__family_head_graph(&G->g, &L, m->tied_embeddings, fused, m->final_softcap > 0);
+    ml__family_head_graph(&G->g, &L, m->embed.tied, fused, m->head.final_softcap > 0);
     return ml__ck_graph_sized(ch, m, d, G);
 }
 
@@ -135,11 +137,11 @@ bool ml__ck_graph_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d
     if (!ml__family_embedding(m, &c, d->drop, &E))
         return false;
     /* the literal sizes, as the builders multiplied them */
-    E.positions = m->max_positions;
-    E.ntypes = m->token_types;
-    E.rot = m->kv_lora ? m->rope_dim : d->dh;
-    E.image = ml__ck_mul3(ch, m->channels, m->image_size, m->image_size);
-    E.kin = ml__ck_mul3(ch, m->channels, m->patch_size, m->patch_size);
+    E.positions = m->embed.max_positions;
+    E.ntypes = m->embed.token_types;
+    E.rot = m->attn.kv_lora ? m->attn.rope_dim : d->dh;
+    E.image = ml__ck_mul3(ch, m->embed.channels, m->embed.image_size, m->embed.image_size);
+    E.kin = ml__ck_mul3(ch, m->embed.channels, m->embed.patch_size, m->embed.patch_size);
     E.npatches = d->T ? d->T - 1 : 0;
     E.td = ml_mul(ch, d->T, d->D);
     ml__kit_embedding(&G->g, &E);
@@ -157,7 +159,7 @@ bool ml__ck_graph_cls_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
     const mlg_config c = ml__ck_graph_config(ch, m);
     if (!ml__family_seq_cls_head(m, &c, &L))
         return false;
-    ml__kit_seq_cls_head(&G->g, &L, m->classes, !m->cls_no_pad);
+    ml__kit_seq_cls_head(&G->g, &L, m->head.classes, !m->head.cls_no_pad);
     if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
     memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
@@ -174,8 +176,8 @@ bool ml__ck_graph_encoder_head(ml_chain *ch, const ml_model *m, const ml_ck_dims
         return false;
     /* ViT's classifier reads the first token, no dropout between
      * (BERT's has one) */
-    ml__kit_encoder_classifier(&G->g, &L, m->classes, m->prenorm, m->pooler,
-                               d->drop && !m->image_size);
+    ml__kit_encoder_classifier(&G->g, &L, m->head.classes, m->residual.prenorm, m->head.pooler,
+                               d->drop && !m->embed.image_size);
     if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
     memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
@@ -190,7 +192,7 @@ bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
     const mlg_config c = ml__ck_graph_config(ch, m);
     if (!ml__family_mlm_head(m, &c, &L))
         return false;
-    ml__kit_mlm_head(&G->g, &L, m->tied_embeddings);
+    ml__kit_mlm_head(&G->g, &L, m->embed.tied);
     if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
     G->z.dim[MLG_L0] = ml_add(ch, d->D, d->V);
@@ -198,7 +200,7 @@ bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
     /* a text encoder with rotary positions: the block rule, as the
      * builders had it (chain_forward.c writes no programs for a rotary
      * LayerNorm layout) */
-    if (m->position == ML_POS_ROPE)
+    if (m->embed.position == ML_POS_ROPE)
         G->programs = false;
     return true;
 }
@@ -206,7 +208,7 @@ bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
 bool ml__ck_graph_fused_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
                              ml_ck_graph *G)
 {
-    ml__kit_fused_ce(&G->g, m->tied_embeddings);
+    ml__kit_fused_ce(&G->g, m->embed.tied);
     if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
     G->programs = false; /* the chunks' transients: the chain's */

@@ -7,10 +7,10 @@ bool ml__ck_graph_clip_embedding(ml_chain *ch, const ml_model *m, const ml_ck_di
                                  ml_ck_graph *G)
 {
     /* the literal sizes, as the builders multiplied them */
-    const mlg_clip_embed E = {ch->prec.autocast,
-                              ml__ck_mul3(ch, m->vis_channels, m->vis_image, m->vis_image),
-                              ml__ck_mul3(ch, m->vis_channels, m->vis_patch, m->vis_patch),
-                              vd->T ? vd->T - 1 : 0};
+    const mlg_clip_embed E = {
+        ch->prec.autocast, ml__ck_mul3(ch, m->vision.channels, m->vision.image, m->vision.image),
+        ml__ck_mul3(ch, m->vision.channels, m->vision.patch, m->vision.patch),
+        vd->T ? vd->T - 1 : 0};
     ml__kit_clip_embedding(&G->g, &E);
     if (!ml__ck_graph_sized(ch, m, vd, G))
         return false;
@@ -22,13 +22,13 @@ bool ml__ck_graph_llava_projector(ml_chain *ch, const ml_model *m, const ml_ck_d
                                   const ml_ck_dims *d, uint64_t n_img, ml_ck_graph *G)
 {
     /* the one layout kept by the builders (chain_kit.h) */
-    if (!ch->prec.autocast && m->vis_full &&
-        ml_mul(ch, m->vis_hidden, ch->prec.w) > ml_mul(ch, m->hidden, 24))
+    if (!ch->prec.autocast && m->vision.full &&
+        ml_mul(ch, m->vision.hidden, ch->prec.w) > ml_mul(ch, m->hidden, 24))
         return false;
     const mlg_llava_projector P = {.autocast = ch->prec.autocast,
-                                   .full = m->vis_full,
+                                   .full = m->vision.full,
                                    .cast = ch->prec.a != ch->prec.w,
-                                   .bias = m->proj_bias,
+                                   .bias = m->vision.proj_bias,
                                    .tokens = vd->T,
                                    .images = n_img,
                                    .width = vd->D,

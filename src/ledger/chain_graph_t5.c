@@ -35,7 +35,7 @@ bool ml__ck_graph_t5(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint6
     if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
     G->z.dim[MLG_TS] = Ts;
-    G->z.dim[MLG_NB] = m->rel_buckets;
+    G->z.dim[MLG_NB] = m->t5.rel_buckets;
     ml__ck_graph_dtype_bytes(ch, G);
     /* the block rule's transients, as the chain builders had them */
     G->programs = false;
@@ -62,7 +62,7 @@ bool ml__ck_graph_t5_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, 
     const mlg_config c = ml__ck_graph_config(ch, m);
     if (!ml__family_t5_layer(m, &c, true, false, &L))
         return false;
-    ml__kit_t5_head(&G->g, &L, m->tied_embeddings);
+    ml__kit_t5_head(&G->g, &L, m->embed.tied);
     if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
     ml__ck_graph_dtype_bytes(ch, G);

@@ -12,8 +12,8 @@
 bool ml__ck_node_level(const ml_chain *ch, const ml_model *m)
 {
     return ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast &&
-           !ml__ck_fused_attention(ch, m) && !m->kv_lora && !m->router_sigmoid &&
-           !m->expert_sort;
+           !ml__ck_fused_attention(ch, m) && !m->attn.kv_lora && !m->moe.router_sigmoid &&
+           !m->moe.sort;
 }
 
 /* The V x D weight over the vocabulary (an LM head, BERT's MLM decoder,
@@ -22,7 +22,7 @@ bool ml__ck_node_level(const ml_chain *ch, const ml_model *m)
  * block's contribution is a transient). */
 static void vocab_weight(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
-    if (!m->tied_embeddings) {
+    if (!m->embed.tied) {
         ml__ck_param(ch, b, d->V, d->D);
     } else {
         b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
@@ -41,7 +41,7 @@ static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
     size_t s_in = ml__ck_linear_input(ch, b, "lm head input", BTD, nb, false, 0);
     ml__ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
     vocab_weight(ch, b, m, d);
-    if (m->final_softcap > 0) {
+    if (m->head.final_softcap > 0) {
         /* Gemma 2's logits / cap, tanh, * cap (Gemma2ForCausalLM.forward):
          * tanh keeps its result (derivatives.yaml: tanh_backward(grad,
          * result)), as large as the logits; dividing and multiplying by a
@@ -80,15 +80,15 @@ static uint64_t seq_cls_head(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
     unsigned nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
     ml__ck_norm_params(ch, b, np, d->D);
     ml__ck_linear_input(ch, b, "score input (the norm's output)", BTD, nb, false, 0);
-    ml__ck_weight_copy(ch, b, ml_mul(ch, m->classes, d->D));
-    ml__ck_param(ch, b, m->classes, d->D);
-    ml__ck_tmp(ch, ml_mul(ch, d->BT, m->classes), ch->prec.a);
+    ml__ck_weight_copy(ch, b, ml_mul(ch, m->head.classes, d->D));
+    ml__ck_param(ch, b, m->head.classes, d->D);
+    ml__ck_tmp(ch, ml_mul(ch, d->BT, m->head.classes), ch->prec.a);
     ml__ck_save(ch, b, "pooling batch index (arange, int64)", d->B, 8, 0);
-    if (!m->cls_no_pad)
+    if (!m->head.cls_no_pad)
         ml__ck_save(ch, b, "pooling last-token index (argmax, int64)", d->B, 8, 0);
     *rows = d->B;
-    b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)m->classes;
-    return m->classes;
+    b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)m->head.classes;
+    return m->head.classes;
 }
 
 /* BertForMaskedLM's head (modeling_bert.py, BertLMPredictionHead): dense
@@ -110,7 +110,7 @@ static uint64_t mlm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
     ml__ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
     ml__ck_param(ch, b, d->D, d->D);
     ml__ck_param(ch, b, d->D, 0);
-    bool gelu = m->activation == ML_ACT_GELU;
+    bool gelu = m->mlp.activation == ML_ACT_GELU;
     ml__ck_save(ch, b, gelu ? "mlm dense output (gelu input)" : "mlm relu output", BTD, a, 0);
     if (gelu || a != w)
         ml__ck_save(ch, b, a != w ? "mlm layernorm input (fp32 cast)" : "mlm layernorm input",
@@ -136,19 +136,19 @@ static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
     uint64_t np, BTD = ml_mul(ch, d->BT, d->D), BD = ml_mul(ch, d->B, d->D);
     unsigned src = w;
     bool src_saved = false;
-    if (m->prenorm) { /* ViT: final norm, then the class token */
+    if (m->residual.prenorm) { /* ViT: final norm, then the class token */
         unsigned nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
         ml__ck_norm_params(ch, b, np, d->D);
         src = nb;
     }
     /* x[:, 0] is a view: a saving consumer keeps the whole (B, T, D)
      * storage alive unless autocast cast it to a (B, D) copy */
-    if (m->pooler) {
+    if (m->head.pooler) {
         if (ch->prec.autocast && src == 4)
             ml__ck_save(ch, b, "pooler input (cast copy of first token)", BD, 2, 0);
         else
             ml__ck_save(ch, b, "pooler input (view keeps the full hidden state)", BTD, src,
-                        m->prenorm ? 0 : ML_SV_INPUT);
+                        m->residual.prenorm ? 0 : ML_SV_INPUT);
         ml__ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
         ml__ck_param(ch, b, d->D, d->D);
         ml__ck_param(ch, b, d->D, 0);
@@ -159,27 +159,27 @@ static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
     }
     /* ViTForImageClassification: the classifier reads the first token, no
      * dropout between (BERT's classifier has one) */
-    if (d->drop && !m->image_size) {
+    if (d->drop && !m->embed.image_size) {
         ml__ck_save(ch, b, "classifier dropout mask", BD, 1, 0);
         src_saved = false;
-        if (!m->pooler)
+        if (!m->head.pooler)
             src = w;
         ml__ck_linear_input(ch, b, "classifier input (dropout output)", BD, src, false, 0);
-    } else if (!m->pooler) {
+    } else if (!m->head.pooler) {
         if (ch->prec.autocast && src == 4)
             ml__ck_save(ch, b, "classifier input (cast copy of first token)", BD, 2, 0);
         else
             ml__ck_save(ch, b, "classifier input (view keeps the full hidden state)", BTD, src,
-                        m->prenorm ? 0 : ML_SV_INPUT);
+                        m->residual.prenorm ? 0 : ML_SV_INPUT);
     } else {
         ml__ck_linear_input(ch, b, "classifier input", BD, src, src_saved, 0);
     }
-    ml__ck_weight_copy(ch, b, ml_mul(ch, m->classes, d->D));
-    ml__ck_param(ch, b, m->classes, d->D);
-    ml__ck_param(ch, b, m->classes, 0);
+    ml__ck_weight_copy(ch, b, ml_mul(ch, m->head.classes, d->D));
+    ml__ck_param(ch, b, m->head.classes, d->D);
+    ml__ck_param(ch, b, m->head.classes, 0);
     *rows = d->B;
-    b->flops_fwd += 2.0 * (double)d->B * (double)d->D * (double)m->classes;
-    return m->classes;
+    b->flops_fwd += 2.0 * (double)d->B * (double)d->D * (double)m->head.classes;
+    return m->head.classes;
 }
 
 /* Liger Kernel's chunk (liger_kernel/ops/fused_linear_cross_entropy.py,
@@ -227,7 +227,7 @@ static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_c
         /* the op graph's inventory, parameter, FLOPs and node
          * (graph/kit_head.c); tied, the embeddings' gradient is first
          * created here */
-        if (m->tied_embeddings)
+        if (m->embed.tied)
             vocab_weight(ch, b, m, d);
         ml__ck_graph_emit(ch, b, G, 0);
     } else {
@@ -265,14 +265,14 @@ static ml_status graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d
      * where the builders counted the stream's dtype throughout) */
     const bool dec = m->type == ML_MODEL_DECODER;
     /* (a classifier's fused loss is refused: chain.c) */
-    if (ch->builders_only || (fused && (m->classes || !dec)))
+    if (ch->builders_only || (fused && (m->head.classes || !dec)))
         return ML_OK;
     if (!(*G = malloc(sizeof **G)))
         return ML_NOMEM;
-    const bool taken = !dec         ? (m->mlm_head ? ml__ck_graph_mlm_head(ch, m, d, *G)
-                                                   : ml__ck_graph_encoder_head(ch, m, d, *G))
-                       : m->classes ? ml__ck_graph_cls_head(ch, m, d, *G)
-                                    : ml__ck_graph_head(ch, m, d, fused, *G);
+    const bool taken = !dec              ? (m->head.mlm ? ml__ck_graph_mlm_head(ch, m, d, *G)
+                                                        : ml__ck_graph_encoder_head(ch, m, d, *G))
+                       : m->head.classes ? ml__ck_graph_cls_head(ch, m, d, *G)
+                                         : ml__ck_graph_head(ch, m, d, fused, *G);
     if (!taken) {
         free(*G);
         *G = NULL;
@@ -337,27 +337,26 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
      * logits-sized gradients in turn); the other heads keep the block rule
      * (a classifier's logits are not soft-capped: Gemma2ForCausalLM caps
      * them, its sequence classifier is the generic one) */
-    ch->record_nodes = m->final_softcap > 0 && !m->classes && ml__ck_node_level(ch, m);
+    ch->record_nodes = m->head.final_softcap > 0 && !m->head.classes && ml__ck_node_level(ch, m);
     uint64_t rows; /* rows of the logits */
     uint64_t out_classes;
     if (G) {
         /* the op graph's head (docs/graph.md); tied, the embeddings'
          * gradient is first created here (a classifier has no output
          * embedding) */
-        if (m->tied_embeddings && !m->classes)
+        if (m->embed.tied && !m->head.classes)
             vocab_weight(ch, b, m, d);
-        rows = m->classes ? d->B : d->BT;
-        out_classes = m->classes ? m->classes : d->V;
+        rows = m->head.classes ? d->B : d->BT;
+        out_classes = m->head.classes ? m->head.classes : d->V;
         ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, rows, out_classes), a));
         free(G);
         ch->record_nodes = false;
         return ml__ck_ce_loss(ch, m, d, rows, out_classes);
     }
-    out_classes = m->type != ML_MODEL_ENCODER
-                      ? (m->classes ? seq_cls_head(ch, b, m, d, &rows)
-                                    : lm_head(ch, b, m, d, &rows))
-                  : m->mlm_head ? mlm_head(ch, b, m, d, &rows)
-                                : classifier_head(ch, b, m, d, &rows);
+    out_classes = m->type != ML_MODEL_ENCODER ? (m->head.classes ? seq_cls_head(ch, b, m, d, &rows)
+                                                                 : lm_head(ch, b, m, d, &rows))
+                  : m->head.mlm               ? mlm_head(ch, b, m, d, &rows)
+                                              : classifier_head(ch, b, m, d, &rows);
     uint64_t logits = ml_mul(ch, rows, out_classes);
     ml__ck_end(ch, b, ml_mul(ch, logits, a));
     ml__ck_forward_head(ch, b, m, d, false);
@@ -420,15 +419,15 @@ ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, u
     b->ws_fwd = 0;
     if (ch->prec.autocast)
         b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */
-    if (m->type == ML_MODEL_DECODER && m->classes)
+    if (m->type == ML_MODEL_DECODER && m->head.classes)
         /* the sequence-classification head's locals, alive until its
          * forward returns after the loss: the (B, T, classes) logits and,
          * with a pad token, the int32 pad mask and positions (seq_cls_head) */
         b->ws_fwd = ml_add(ch, b->ws_fwd,
-                           ml_add(ch, ml_mul(ch, ml_mul(ch, d->BT, m->classes), a),
-                                  m->cls_no_pad ? 0
-                                                : ml_add(ch, ml_mul(ch, d->BT, 4),
-                                                         ml_mul(ch, d->T, 4))));
+                           ml_add(ch, ml_mul(ch, ml_mul(ch, d->BT, m->head.classes), a),
+                                  m->head.cls_no_pad
+                                      ? 0
+                                      : ml_add(ch, ml_mul(ch, d->BT, 4), ml_mul(ch, d->T, 4))));
     /* backward: grad of log-probs and grad of logits coexist */
     b->ws_bwd = ml_mul(ch, ml_mul(ch, logits, lsb), 2);
     /* under no_grad (evaluation) what the loss saves is transient, beside

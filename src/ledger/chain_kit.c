@@ -316,9 +316,9 @@ void ml__ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems)
  * it runs the math kernel in every dtype (docs/inventory.md). */
 bool ml__ck_fused_attention(const ml_chain *ch, const ml_model *m)
 {
-    if (m->attention == ML_ATTN_SDPA)
-        return !((ch->prec.a == 4 || m->shared_norm) && m->kv_heads < m->heads);
-    return m->attention == ML_ATTN_FLASH;
+    if (m->attn.kernel == ML_ATTN_SDPA)
+        return !((ch->prec.a == 4 || m->residual.shared_norm) && m->attn.kv_heads < m->attn.heads);
+    return m->attn.kernel == ML_ATTN_FLASH;
 }
 
 /* Self-attention after its input projection(s). src_bpe: bytes per element of
@@ -339,7 +339,7 @@ typedef struct {
 static void rope_repeat_nodes(ml_chain *ch, ml_cblock *b, const ml_model *m,
                               const ml_ck_dims *d, attn_sizes *z)
 {
-    if (m->position == ML_POS_ROPE) {
+    if (m->embed.position == ML_POS_ROPE) {
         /* q * cos + rotate_half(q) * sin (and k): the gradient through
          * the two products and the cat, one tensor of the head's size */
         static const char *const what[2][2] = {
@@ -347,7 +347,8 @@ static void rope_repeat_nodes(ml_chain *ch, ml_cblock *b, const ml_model *m,
             {"MulBackward0/CatBackward0 (rotary on k)", "SliceBackward0 (k pass, empty)"}};
         for (unsigned i = 0; i < 2; i++) {
             uint64_t g = i == 0 ? z->gQ : z->gKV;
-            const bool pass = m->fused_proj || (m->parallel_residual && !m->shared_norm);
+            const bool pass =
+                m->attn.fused_proj || (m->residual.parallel && !m->residual.shared_norm);
             if (pass)
                 ml__ck_accum(ch, b, g);
             ml__ck_node(ch, b, what[i][0], g, 0, g, SIZE_MAX, SIZE_MAX);
@@ -406,11 +407,11 @@ static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
     }
     ml__ck_weight_copy(ch, b, ml_mul(ch, d->D, z->qkv_out));
     if (fused_qkv) {
-        ml__ck_linear(ch, b, d->D, z->qkv_out, m->qkv_bias);
+        ml__ck_linear(ch, b, d->D, z->qkv_out, m->attn.qkv_bias);
     } else { /* q_proj, k_proj, v_proj: three modules */
-        ml__ck_linear(ch, b, d->D, z->Dq, m->qkv_bias);
-        ml__ck_linear(ch, b, d->D, d->Dkv, m->qkv_bias);
-        ml__ck_linear(ch, b, d->D, d->Dkv, m->qkv_bias);
+        ml__ck_linear(ch, b, d->D, z->Dq, m->attn.qkv_bias);
+        ml__ck_linear(ch, b, d->D, d->Dkv, m->attn.qkv_bias);
+        ml__ck_linear(ch, b, d->D, d->Dkv, m->attn.qkv_bias);
     }
     ml__ck_tmp(ch, ml_mul(ch, d->BT, z->qkv_out), a);
     /* backward nodes of the projections (docs/ledger.md, "Backward, node by
@@ -422,24 +423,27 @@ static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
     uint64_t gBTD = ml_mul(ch, z->BTD, src_bpe);
     z->gQ = ml_mul(ch, z->BTQ, a);
     z->gKV = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), a);
-    if (fused_qkv && (m->fused_proj || m->parallel_residual)) {
+    if (fused_qkv && (m->attn.fused_proj || m->residual.parallel)) {
         /* Falcon's query_key_value: q a slice, k and v index lists of its
          * output (their IndexBackward0 make zero-filled gradients of the
          * whole output as SliceBackward0 does), rotary, then the matmul's
          * expand over the heads; GPT-NeoX's: chunk's three views, rotary
          * (its pass part an empty slice, as Phi-3's) */
-        phi3_projection_nodes(ch, b, d, z, gBTD,
-                              ml_mul(ch, ml_add(ch, ml_mul(ch, d->D, z->qkv_out),
-                                                m->qkv_bias ? z->qkv_out : 0), g),
-                              s_in, xbuf);
+        phi3_projection_nodes(
+            ch, b, d, z, gBTD,
+            ml_mul(ch, ml_add(ch, ml_mul(ch, d->D, z->qkv_out), m->attn.qkv_bias ? z->qkv_out : 0),
+                   g),
+            s_in, xbuf);
         rope_repeat_nodes(ch, b, m, d, z);
     } else if (fused_qkv) {
         uint64_t gqkv = ml_mul(ch, ml_mul(ch, d->BT, z->qkv_out), a);
         if (xbuf)
             ml__ck_accum(ch, b, gBTD);
-        ml__ck_node(ch, b, "AddmmBackward0 (qkv projection)", gBTD,
-                    ml_mul(ch, ml_add(ch, ml_mul(ch, d->D, z->qkv_out), m->qkv_bias ? z->qkv_out : 0), g),
-                    gqkv, s_in, SIZE_MAX);
+        ml__ck_node(
+            ch, b, "AddmmBackward0 (qkv projection)", gBTD,
+            ml_mul(ch, ml_add(ch, ml_mul(ch, d->D, z->qkv_out), m->attn.qkv_bias ? z->qkv_out : 0),
+                   g),
+            gqkv, s_in, SIZE_MAX);
         ml__ck_node(ch, b, "SplitBackward0 (cat of q, k, v)", gqkv, 0,
                     ml_add(ch, z->gQ, ml_mul(ch, 2, z->gKV)), SIZE_MAX, SIZE_MAX);
         ml__ck_node(ch, b, "ViewBackward0 (q, contiguous copy)", z->gQ, 0, z->gQ, SIZE_MAX, SIZE_MAX);
@@ -454,7 +458,7 @@ static void attn_projections(ml_chain *ch, ml_cblock *b, const ml_model *m, cons
             uint64_t gh = i == 0 ? z->gQ : z->gKV;
             if (xbuf || i < 2)
                 ml__ck_accum(ch, b, gBTD);
-            uint64_t bias_el = m->qkv_bias ? (i == 0 ? z->Dq : d->Dkv) : 0;
+            uint64_t bias_el = m->attn.qkv_bias ? (i == 0 ? z->Dq : d->Dkv) : 0;
             ml__ck_node(ch, b, lin[i], gBTD, ml_mul(ch, ml_add(ch, w_el, bias_el), g), gh,
                         i == 0 ? s_in : SIZE_MAX, SIZE_MAX);
             ml__ck_node(ch, b, "ViewBackward0 (head view, contiguous copy)", gh, 0, gh, SIZE_MAX,
@@ -485,12 +489,12 @@ static void attn_core(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck
          * copies, which bmm saves: q and k for QK^T, v for PV */
         size_t s_qkv = ml__ck_save(ch, b, "q, k, v contiguous copies (bmm)", ml_mul(ch, 3, z->BTQ), a, 0);
         /* Falcon's fp32 mask promotes `scores + mask` to fp32 under autocast */
-        ml__ck_tmp(ch, z->BHTT, m->shared_norm && ch->prec.autocast ? 4 : a);
+        ml__ck_tmp(ch, z->BHTT, m->residual.shared_norm && ch->prec.autocast ? 4 : a);
         b->flops_core = attn_core;
         uint64_t gS = ml_mul(ch, z->BHTT, a);
         ml__ck_node(ch, b, "BmmBackward0 (q k^T)", ml_mul(ch, 2, z->gQ), 0, gS, s_qkv, SIZE_MAX);
         ml__ck_node(ch, b, "MulBackward0/DivBackward0 (scale)", gS, 0, gS, SIZE_MAX, SIZE_MAX);
-        if (m->attn_softcap > 0 && m->attention == ML_ATTN_EAGER) {
+        if (m->attn.softcap > 0 && m->attn.kernel == ML_ATTN_EAGER) {
             /* Gemma 2's scores / cap, tanh, * cap: tanh keeps its result
              * (tanh_backward(grad, result)); the scalar divide and multiply
              * keep a host scalar only. sdpa (transformers passes it no cap)
@@ -534,7 +538,7 @@ static void attn_output(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
     /* output projection: input is the contiguous (B, T, H*dh) attention output */
     size_t s_o = ml__ck_save(ch, b, "output projection input", z->BTQ, a, 0);
     ml__ck_weight_copy(ch, b, ml_mul(ch, z->Dq, d->D));
-    bool obias = m->bias || m->out_bias;
+    bool obias = m->bias || m->attn.out_bias;
     ml__ck_linear(ch, b, z->Dq, d->D, obias);
     b->flops_fwd += 2.0 * (double)d->BT * (double)z->Dq * (double)d->D;
     /* the projection's output feeds the residual add, whose gradient the
@@ -543,7 +547,7 @@ static void attn_output(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
     uint64_t gD = ml_mul(ch, z->BTD, a);
     ml__ck_node(ch, b, "AddmmBackward0 (output projection)", z->gQ,
                 ml_mul(ch, ml_add(ch, ml_mul(ch, z->Dq, d->D), obias ? d->D : 0), g),
-                (d->drop || m->post_norms) ? gD : 0, s_o, SIZE_MAX);
+                (d->drop || m->residual.post_norms) ? gD : 0, s_o, SIZE_MAX);
     if (d->drop) {
         size_t s = ml__ck_save(ch, b, "residual dropout mask", z->BTD, 1, 0);
         ml__ck_node(ch, b, "NativeDropoutBackward0 (residual)", gD, 0, 0, s, SIZE_MAX);

@@ -27,7 +27,8 @@ static ml_status vision_embedding(ml_chain *ch, const ml_model *m, const ml_ck_d
     ml_cblock *b = ml__ck_begin(ch, "vision.embedding", -1);
     if (!b)
         return ML_NOMEM;
-    uint64_t px = ml_mul(ch, ml__ck_mul3(ch, d->B, m->vis_channels, m->vis_image), m->vis_image);
+    uint64_t px =
+        ml_mul(ch, ml__ck_mul3(ch, d->B, m->vision.channels, m->vision.image), m->vision.image);
     if (!ml__ck_graph_clip_embedding(ch, m, d, G)) {
         *why = "the vision embedding";
         return ML_RANGE;
@@ -76,7 +77,7 @@ static void layer_roles(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
     /* the projector's linear keeps that input in fp32 when the feature is
      * the whole hidden state (full); the class token dropped, it keeps a
      * contiguous copy of the slice */
-    b->in_saved = !ch->prec.autocast && m->vis_full;
+    b->in_saved = !ch->prec.autocast && m->vision.full;
     for (size_t j = p0; j < ch->nparams; j++)
         ch->params[j].nograd = true;
     b->grad_bytes = b->grad_accum_bytes = 0;
@@ -139,7 +140,7 @@ static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t
     ch->nsides = 0; /* the unused layers' saved tensors: none */
     uint64_t h = ml_mul(ch, ml_mul(ch, vd->BT, vd->D), ch->prec.w);
     ml__ck_side(ch, "the tower's hidden states (output_hidden_states)",
-                ml_mul(ch, m->vis_layers - 1, h), end - 1, end);
+                ml_mul(ch, m->vision.layers - 1, h), end - 1, end);
     /* the projector's input needs no gradient: linear_1's mm keeps no weight
      * (derivatives.yaml: mm keeps mat2 for self's gradient), so no autocast
      * copy of it */
@@ -147,7 +148,7 @@ static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t
     p->in_nograd = true;
     p->flops_bwd = p->flops_fwd; /* the weights' gradients only */
     if (ch->prec.autocast) {
-        uint64_t copy = ml_mul(ch, ml_mul(ch, m->vis_hidden, m->hidden), 2);
+        uint64_t copy = ml_mul(ch, ml_mul(ch, m->vision.hidden, m->hidden), 2);
         p->saved_bytes -= copy;
         p->cast_bytes -= copy;
     }
@@ -164,7 +165,7 @@ static ml_status layers_graph(ml_chain *ch, const ml_model *m, const ml_ck_dims 
                               const char **why)
 {
     const unsigned w = ch->prec.w;
-    const bool last_used = m->vis_used == m->vis_layers;
+    const bool last_used = m->vision.used == m->vision.layers;
     ml_ck_graph *G = malloc(2 * sizeof *G);
     if (!G)
         return ML_NOMEM;
@@ -176,8 +177,8 @@ static ml_status layers_graph(ml_chain *ch, const ml_model *m, const ml_ck_dims 
         return ML_RANGE;
     }
     size_t proto = SIZE_MAX, pfirst = 0, pcount = 0;
-    for (uint64_t i = 0; i < m->vis_layers && !ch->nomem && !ch->overflow; i++) {
-        const bool used = i < m->vis_used, last = i + 1 == m->vis_layers;
+    for (uint64_t i = 0; i < m->vision.layers && !ch->nomem && !ch->overflow; i++) {
+        const bool used = i < m->vision.used, last = i + 1 == m->vision.layers;
         char name[48];
         snprintf(name, sizeof name, "vision.layer.%llu", (unsigned long long)i);
         size_t p0 = ch->nparams;
@@ -238,10 +239,16 @@ ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chai
     ml_status st = ml__ck_dims_of(m, t, ch, &d, err);
     if (st)
         return st;
-    uint64_t g = m->vis_image / m->vis_patch;
-    vd = (ml_ck_dims){.B = d.B, .T = g * g + 1, .D = m->vis_hidden, .F = m->vis_ffn,
-                      .H = m->vis_heads, .Hkv = m->vis_heads,
-                      .dh = m->vis_hidden / m->vis_heads, .V = 0, .expert_imbalance = 1};
+    uint64_t g = m->vision.image / m->vision.patch;
+    vd = (ml_ck_dims){.B = d.B,
+                      .T = g * g + 1,
+                      .D = m->vision.hidden,
+                      .F = m->vision.mlp.ffn,
+                      .H = m->vision.attn.heads,
+                      .Hkv = m->vision.attn.heads,
+                      .dh = m->vision.hidden / m->vision.attn.heads,
+                      .V = 0,
+                      .expert_imbalance = 1};
     vd.BT = ml_mul(ch, vd.B, vd.T);
     vd.Dkv = vd.D;
     const unsigned w = ch->prec.w;
@@ -266,7 +273,7 @@ ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chai
     for (size_t i = 0; i < ch->nsides; i++)
         ch->sides[i].to = (uint32_t)proj; /* get_image_features returns */
     ch->blocks[proj].in_nograd = false;
-    ch->mask_ckpt0 = m->vis_used;
+    ch->mask_ckpt0 = m->vision.used;
     ch->vis_mode = t->vision_tower;
     if (t->vision_tower == ML_VT_FROZEN || ch->eval_mode)
         freeze(ch, m, &vd, 1, proj, p0, ch->eval_mode ? p0 : p1);

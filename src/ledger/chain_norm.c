@@ -14,7 +14,7 @@ static unsigned rmsnorm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m,
                             const ml_ck_dims *d, const ml_ck_norm_io *io, uint64_t *params)
 {
     const unsigned w = io->xw, g = ch->prec.grad;
-    const bool gemma = m->norm == ML_NORM_GEMMA_RMSNORM;
+    const bool gemma = m->norms.kind == ML_NORM_GEMMA_RMSNORM;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     uint64_t gD = ml_mul(ch, BTD, w);
     size_t s0, s1, s2, s3 = SIZE_MAX;
@@ -61,11 +61,11 @@ unsigned ml__ck_norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
     const unsigned w = io->xw, g = ch->prec.grad;
     uint64_t BTD = ml_mul(ch, d->BT, d->D);
     uint64_t gD = ml_mul(ch, BTD, w);
-    if (m->norm == ML_NORM_LAYERNORM) {
+    if (m->norms.kind == ML_NORM_LAYERNORM) {
         /* native_layer_norm saves input, mean and rstd (fp32 per row) */
         size_t s0 = ml__ck_save(ch, b, "layernorm input", BTD, w, io->xflags);
         size_t s1 = ml__ck_save(ch, b, "layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
-        *params = m->norm_bias ? 2 * d->D : d->D;
+        *params = m->norms.bias ? 2 * d->D : d->D;
         ml__ck_tmp(ch, BTD, w);
         if (io->xbuf)
             ml__ck_accum(ch, b, gD);

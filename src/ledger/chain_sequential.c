@@ -266,8 +266,8 @@ static tref *seq_attention(seqctx *s, const ml_layer *l, tref *x, const ml_shape
     ml_model fake;
     memset(&fake, 0, sizeof fake);
     fake.bias = l->bias;
-    fake.qkv_bias = l->bias;
-    fake.attention = ML_ATTN_EAGER;
+    fake.attn.qkv_bias = l->bias;
+    fake.attn.kernel = ML_ATTN_EAGER;
     bool cast = ch->prec.autocast && x->bpe == 4;
     bool is_in = x == s->in;
     /* the kit's attention nodes assume a residual around them: no node

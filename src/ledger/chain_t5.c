@@ -92,8 +92,16 @@ static t5_stack stack_of(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
 {
     const uint64_t T = decoder ? t->Td : t->Ts;
     t5_stack s = {.G = G, .decoder = decoder, .S = S, .why = why};
-    s.d = (ml_ck_dims){.B = t->B, .T = T, .BT = ml_mul(ch, t->B, T), .D = t->D, .F = t->F,
-                       .H = t->H, .Hkv = t->H, .dh = m->head_dim, .Dkv = t->I, .V = t->V,
+    s.d = (ml_ck_dims){.B = t->B,
+                       .T = T,
+                       .BT = ml_mul(ch, t->B, T),
+                       .D = t->D,
+                       .F = t->F,
+                       .H = t->H,
+                       .Hkv = t->H,
+                       .dh = m->attn.head_dim,
+                       .Dkv = t->I,
+                       .V = t->V,
                        .drop = t->drop};
     return s;
 }
@@ -104,7 +112,7 @@ static t5_stack stack_of(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
 static ml_status note_stack(ml_chain *ch, const ml_model *m, const t5d *t, t5_stack *s)
 {
     const size_t emb = ch->n - 1;
-    s->scope = ch->n + (s->decoder ? m->dec_layers : m->layers);
+    s->scope = ch->n + (s->decoder ? m->t5.dec_layers : m->layers);
     if (!ml__ck_graph_t5_stack(ch, m, &s->d, t->Ts, s->decoder, s->G)) {
         *s->why = s->decoder ? "the decoder stack's own tensors"
                              : "the encoder stack's own tensors";
@@ -176,11 +184,11 @@ static ml_status decoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
     t5_stack s = stack_of(ch, m, t, G, true, S, why);
     uint64_t BTD = ml_mul(ch, ml_mul(ch, t->B, t->Td), t->D);
     /* _shift_right(labels): the decoder's ids */
-    ml_status st = t5_embedding(ch, m, t, G, "decoder.embedding", t->Td, false,
-                                !m->tied_embeddings, why);
+    ml_status st =
+        t5_embedding(ch, m, t, G, "decoder.embedding", t->Td, false, !m->embed.tied, why);
     if (st || (st = note_stack(ch, m, t, &s)))
         return st;
-    for (uint64_t i = 0; i < m->dec_layers; i++) {
+    for (uint64_t i = 0; i < m->t5.dec_layers; i++) {
         char name[48];
         stack_name(name, "decoder", i);
         ml_cblock *b = begin(ch, name, (int)(m->layers + i), ml_mul(ch, BTD, t->w));
@@ -191,7 +199,7 @@ static ml_status decoder(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
         /* use_cache: the evaluation output holds the block's self- and
          * cross-attention keys and values (EncoderDecoderCache), H x dkv
          * wide over Td and Ts rows */
-        if (m->kv_cache)
+        if (m->attn.kv_cache)
             b->cache_bytes = ml_mul(ch, ml__ck_mul3(ch, 2, t->B, ml_add(ch, t->Td, t->Ts)),
                                     ml_mul(ch, t->I, t->a));
     }
@@ -213,7 +221,7 @@ static ml_status head(ml_chain *ch, const ml_model *m, const t5d *t, const ml_ck
         return ML_RANGE;
     }
     ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, BT, t->V), t->a));
-    if (m->tied_embeddings) { /* the shared table's .grad is created here */
+    if (m->embed.tied) { /* the shared table's .grad is created here */
         uint64_t g = ml_mul(ch, ml_mul(ch, t->V, t->D), ch->prec.grad);
         b->grad_bytes = ml_add(ch, b->grad_bytes, g);
         b->grad_accum_bytes = ml_add(ch, b->grad_accum_bytes, g);
@@ -246,10 +254,10 @@ ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *
              .Ts = tr->seq_len,
              .Td = tr->target_len ? tr->target_len : tr->seq_len,
              .D = m->hidden,
-             .I = ml_mul(ch, m->heads, m->head_dim),
-             .F = m->ffn,
-             .H = m->heads,
-             .V = m->vocab,
+             .I = ml_mul(ch, m->attn.heads, m->attn.head_dim),
+             .F = m->mlp.ffn,
+             .H = m->attn.heads,
+             .V = m->embed.vocab,
              .a = ch->prec.a,
              .w = ch->prec.w,
              .drop = m->dropout > 0 && !ch->eval_mode};
@@ -272,7 +280,7 @@ ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *
                           m->name, ch->builders_only ? "every block (no op graph)" : why);
     if (st != ML_OK || ch->overflow)
         return st;
-    ch->n_ckpt = m->layers + m->dec_layers;
+    ch->n_ckpt = m->layers + m->t5.dec_layers;
     ml__ck_t5_sides_add(ch, &S, ch->n - 1);
     for (size_t i = 0; i < ch->n; i++)
         if (ch->blocks[i].flops_bwd == 0)

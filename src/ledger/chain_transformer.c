@@ -95,13 +95,13 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     const unsigned a = ch->prec.a, g = ch->prec.grad;
     uint64_t BTD = ml_mul(ch, d->BT, d->D), BTF = ml_mul(ch, d->BT, d->F);
     uint64_t DF = ml_mul(ch, d->D, d->F);
-    bool glu = m->activation == ML_ACT_SWIGLU || m->activation == ML_ACT_GEGLU;
-    bool geglu = m->activation == ML_ACT_GEGLU;
-    bool bias = m->bias || m->mlp_bias;
+    bool glu = m->mlp.activation == ML_ACT_SWIGLU || m->mlp.activation == ML_ACT_GEGLU;
+    bool geglu = m->mlp.activation == ML_ACT_GEGLU;
+    bool bias = m->bias || m->mlp.bias;
     unsigned nin = glu ? 2 : 1;
     /* autocast casts the (fp32) input once per projection that reads it:
      * gate and up, or Phi-3's one gate_up_proj */
-    unsigned ncast = m->fused_proj ? 1 : nin;
+    unsigned ncast = m->attn.fused_proj ? 1 : nin;
     mlp_kept k = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
     if (ch->prec.autocast && src_bpe == 4) {
         for (unsigned i = 0; i < ncast; i++)
@@ -112,8 +112,8 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     for (unsigned i = 0; i < nin + 1; i++)
         ml__ck_weight_copy(ch, b, DF);
     if (glu) {
-        glu_saves(ch, b, d, geglu, bias, m->fused_proj, &k);
-    } else if (m->activation == ML_ACT_QUICK_GELU) {
+        glu_saves(ch, b, d, geglu, bias, m->attn.fused_proj, &k);
+    } else if (m->mlp.activation == ML_ACT_QUICK_GELU) {
         /* x * sigmoid(1.702 * x) (activations.py, QuickGELUActivation): the
          * scalar's mul keeps nothing on the device (its 0-dim scalar is host
          * memory), sigmoid keeps its result, the product both factors; the
@@ -124,7 +124,7 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
         k.prod = ml__ck_save(ch, b, "quick_gelu output (fc2 input)", BTF, a, 0);
         ml__ck_linear(ch, b, d->D, d->F, bias);
         ml__ck_linear(ch, b, d->F, d->D, bias);
-    } else if (m->activation == ML_ACT_GELU) {
+    } else if (m->mlp.activation == ML_ACT_GELU) {
         k.act_in = ml__ck_save(ch, b, "fc output (gelu input)", BTF, a, 0);
         k.act_out = ml__ck_save(ch, b, "gelu output (proj input)", BTF, a, 0);
         ml__ck_linear(ch, b, d->D, d->F, bias);
@@ -144,19 +144,19 @@ static void mlp_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_d
     uint64_t pin = ml_mul(ch, ml_add(ch, DF, bias ? d->F : 0), g);
     uint64_t pout = ml_mul(ch, ml_add(ch, DF, bias ? d->D : 0), g);
     if (glu) {
-        glu_nodes(ch, b, &k, geglu, m->fused_proj, in_buf, gD, gF, pin, pout,
-                  (d->drop || m->post_norms) ? gO : 0);
+        glu_nodes(ch, b, &k, geglu, m->attn.fused_proj, in_buf, gD, gF, pin, pout,
+                  (d->drop || m->residual.post_norms) ? gO : 0);
     } else {
         if (in_buf)
             ml__ck_accum(ch, b, gD);
         ml__ck_node(ch, b, "AddmmBackward0 (MLP in)", gD, pin, gF, k.in, SIZE_MAX);
-        ml__ck_node(ch, b, m->activation == ML_ACT_GELU ? "GeluBackward0" : "ReluBackward0", gF,
-                    0, gF, m->activation == ML_ACT_GELU ? k.act_in : k.act_out, SIZE_MAX);
+        ml__ck_node(ch, b, m->mlp.activation == ML_ACT_GELU ? "GeluBackward0" : "ReluBackward0",
+                    gF, 0, gF, m->mlp.activation == ML_ACT_GELU ? k.act_in : k.act_out, SIZE_MAX);
         /* its output's gradient is the residual's unless a dropout or a
          * post norm (Gemma 2's layer) made its own, as the GLU's */
         ml__ck_node(ch, b, "AddmmBackward0 (MLP out)", gF, pout,
-                    (d->drop || m->post_norms) ? gO : 0,
-                    m->activation == ML_ACT_GELU ? k.act_out : SIZE_MAX, SIZE_MAX);
+                    (d->drop || m->residual.post_norms) ? gO : 0,
+                    m->mlp.activation == ML_ACT_GELU ? k.act_out : SIZE_MAX, SIZE_MAX);
     }
     if (d->drop) {
         size_t s = ml__ck_save(ch, b, "residual dropout mask", BTD, 1, 0);
@@ -185,7 +185,7 @@ static void llama_param_order(ml_chain *ch, const ml_model *m, const size_t at[6
         ch->nomem = true;
         return;
     }
-    const size_t n_o = m->fused_proj ? ((m->bias || m->out_bias) ? 2u : 1u) : 0u;
+    const size_t n_o = m->attn.fused_proj ? ((m->bias || m->attn.out_bias) ? 2u : 1u) : 0u;
     const size_t pa = at[POST_ATTN];
     const size_t from[7] = {pa - n_o, at[ATTN], at[MLP], first, pa, at[NORM2], at[POST_MLP]};
     const size_t to[7] = {pa, pa - n_o, at[POST_MLP], at[ATTN], at[NORM2], at[MLP], end};
@@ -218,7 +218,7 @@ static void post_norm(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck
  * ViT (layernorm, separate q/k/v as HF ViTSelfAttention, no mask). */
 void ml__ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
-    const bool llama = m->norm != ML_NORM_LAYERNORM; /* Llama or Gemma layout */
+    const bool llama = m->norms.kind != ML_NORM_LAYERNORM; /* Llama or Gemma layout */
     const bool causal = m->type == ML_MODEL_DECODER;
     uint64_t np;
     size_t at[6];
@@ -228,7 +228,7 @@ void ml__ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     at[1] = ch->nparams;
     /* Falcon (shared_norm): an additive mask, and the softmax in the
      * stream's dtype (softmax(dtype=hidden_states.dtype)) */
-    const bool falcon = m->shared_norm;
+    const bool falcon = m->residual.shared_norm;
     if (falcon && d->Hkv == 1 && d->H > 1) {
         /* _split_heads picks the key and the value with index lists
          * (fused_qkv[..., [-2], :]): IndexBackward0 saves each list, one
@@ -242,13 +242,14 @@ void ml__ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
         ml__ck_accum(ch, b, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
     /* HF GPT-NeoX (parallel_residual): eager_attention_forward's additive
      * mask and fp32 softmax, as Llama's */
-    const bool hf = llama || m->parallel_residual;
+    const bool hf = llama || m->residual.parallel;
     /* HF ViT and CLIP: query, key and value, three Linears; their
      * eager_attention_forward asks softmax for fp32 and casts back */
-    ml__ck_attention(ch, b, m, d, nb, false, (!llama && !m->image_size) || m->fused_proj,
-                     causal && !hf, falcon ? ch->prec.w == 4 : hf || m->image_size, 0);
+    ml__ck_attention(ch, b, m, d, nb, false,
+                     (!llama && !m->embed.image_size) || m->attn.fused_proj, causal && !hf,
+                     falcon ? ch->prec.w == 4 : hf || m->embed.image_size, 0);
     at[2] = ch->nparams;
-    if (m->post_norms)
+    if (m->residual.post_norms)
         post_norm(ch, b, m, d);
     at[3] = ch->nparams;
     bool mlp_in_saved = false;
@@ -257,11 +258,11 @@ void ml__ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
          * projection saved (autocast casts it again, a copy of its own) */
         np = 0;
         mlp_in_saved = true;
-    } else if (m->parallel_residual) {
+    } else if (m->residual.parallel) {
         /* x + attn(ln1(x)) + mlp(ln2(x)): ln2 reads the block input that
          * ln1 already saved; only its statistics are new */
         size_t s2 = ml__ck_save(ch, b, "ln_2 mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
-        np = m->norm_bias ? 2 * d->D : d->D;
+        np = m->norms.bias ? 2 * d->D : d->D;
         /* its backward: the input's gradient added into the buffer the
          * skip holds, after the MLP's input gradient it consumes */
         uint64_t gD = ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w);
@@ -277,7 +278,7 @@ void ml__ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const m
     at[4] = ch->nparams;
     mlp_fwd(ch, b, m, d, nb, mlp_in_saved, false);
     at[5] = ch->nparams;
-    if (m->post_norms)
+    if (m->residual.post_norms)
         post_norm(ch, b, m, d);
     if (llama || falcon)
         llama_param_order(ch, m, at);
@@ -305,28 +306,29 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
 {
     d->B = t->micro_batch;
     d->T = t->seq_len;
-    if (m->image_size) {
-        uint64_t g = m->image_size / m->patch_size;
+    if (m->embed.image_size) {
+        uint64_t g = m->embed.image_size / m->embed.patch_size;
         d->T = g * g + 1;
     }
-    if (m->position == ML_POS_LEARNED && m->max_positions && d->T > m->max_positions) {
+    if (m->embed.position == ML_POS_LEARNED && m->embed.max_positions &&
+        d->T > m->embed.max_positions) {
         return ml__errorf(err, ML_RANGE,
                           "training.seq_len: %llu exceeds model.max_positions (%llu) of "
                           "learned positions",
-                          (unsigned long long)d->T, (unsigned long long)m->max_positions);
+                          (unsigned long long)d->T, (unsigned long long)m->embed.max_positions);
     }
     /* a window shorter than the sequence changes the attention's mask, its
      * kernels and FLOPs: not modelled (docs/hf.md) */
-    if (m->sliding_window && d->T > m->sliding_window)
+    if (m->attn.sliding_window && d->T > m->attn.sliding_window)
         return ml__errorf(err, ML_RANGE,
                           "a sequence of %llu tokens exceeds the model's sliding_window "
                           "(%llu); attention over a sliding window is not modelled: plan at "
                           "most %llu tokens (training.seq_len, training.eval_seq_len)",
-                          (unsigned long long)d->T, (unsigned long long)m->sliding_window,
-                          (unsigned long long)m->sliding_window);
+                          (unsigned long long)d->T, (unsigned long long)m->attn.sliding_window,
+                          (unsigned long long)m->attn.sliding_window);
     /* GenericForSequenceClassification without a pad token: "Cannot handle
      * batch sizes > 1 if no padding token is defined." */
-    if (m->classes && m->type == ML_MODEL_DECODER && m->cls_no_pad && d->B > 1)
+    if (m->head.classes && m->type == ML_MODEL_DECODER && m->head.cls_no_pad && d->B > 1)
         return ml__errorf(err, ML_RANGE,
                           "a batch of %llu with no pad_token_id: transformers' sequence "
                           "classification finds each sequence's last token by its padding and "
@@ -335,12 +337,12 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
                           (unsigned long long)d->B, ch->eval_mode ? "eval_batch" : "micro_batch");
     d->BT = ml_mul(ch, d->B, d->T);
     d->D = m->hidden;
-    d->F = m->ffn;
-    d->H = m->heads;
-    d->Hkv = m->kv_heads;
-    d->dh = m->head_dim ? m->head_dim : m->hidden / m->heads;
+    d->F = m->mlp.ffn;
+    d->H = m->attn.heads;
+    d->Hkv = m->attn.kv_heads;
+    d->dh = m->attn.head_dim ? m->attn.head_dim : m->hidden / m->attn.heads;
     d->Dkv = d->Hkv * d->dh;
-    d->V = m->vocab;
+    d->V = m->embed.vocab;
     d->drop = m->dropout > 0;
     d->expert_imbalance = t->expert_imbalance > 1 ? t->expert_imbalance : 1;
     ch->B = d->B;
@@ -374,11 +376,11 @@ static void block_name(char name[48], uint64_t i)
 static uint64_t kv_cache_bytes(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
 {
     const unsigned a = ch->prec.a;
-    if (!m->kv_lora)
+    if (!m->attn.kv_lora)
         return ml_mul(ch, ml_mul(ch, 2, ml_mul(ch, d->BT, d->Dkv)), a);
-    unsigned kb = ch->prec.autocast && !m->rope_complex ? 4 : a;
+    unsigned kb = ch->prec.autocast && !m->embed.rope_complex ? 4 : a;
     uint64_t keys = ml_mul(ch, ml__ck_mul3(ch, d->BT, d->H, d->dh), kb);
-    uint64_t kv_b = ml__ck_mul3(ch, d->BT, d->H, d->dh - m->rope_dim + m->v_dim);
+    uint64_t kv_b = ml__ck_mul3(ch, d->BT, d->H, d->dh - m->attn.rope_dim + m->attn.v_dim);
     return ml_add(ch, keys, ml_mul(ch, kv_b, a));
 }
 
@@ -386,7 +388,7 @@ static uint64_t kv_cache_bytes(ml_chain *ch, const ml_model *m, const ml_ck_dims
  * dense_layers), 0 for every other layer. */
 static unsigned layout_of(const ml_model *m, uint64_t layer)
 {
-    return m->experts && layer >= m->dense_layers ? 1u : 0u;
+    return m->moe.experts && layer >= m->moe.dense_layers ? 1u : 0u;
 }
 
 ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
@@ -404,13 +406,13 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
         return ML_NOMEM;
     bool graph = !ch->builders_only;
     for (unsigned k = 0; k < 2 && graph; k++) {
-        const uint64_t first = k ? m->dense_layers : 0; /* the layout's first layer */
+        const uint64_t first = k ? m->moe.dense_layers : 0; /* the layout's first layer */
         if (layout_of(m, first) == k && first < m->layers)
             graph = ml__ck_graph_layer_at(ch, m, d, first, &G[k]);
     }
     /* the mixtures of experts and latent attention exist in the op graph
      * only: a layer it declines is not modelled (the caller says so) */
-    if (!graph && (m->experts || m->kv_lora)) {
+    if (!graph && (m->moe.experts || m->attn.kv_lora)) {
         free(G);
         return ML_RANGE;
     }
@@ -433,7 +435,7 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
             pcount[k] = ch->nparams - pfirst[k];
             proto[k] = (size_t)(b - ch->blocks);
         } else {
-            if (m->prenorm)
+            if (m->residual.prenorm)
                 ml__ck_prenorm_block(ch, b, m, d);
             else
                 postnorm_block(ch, b, m, d);
@@ -442,9 +444,9 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
         }
         /* DeepSeek-V3's router's score-correction bias: a buffer of E fp32
          * values per expert layer (the builders count it in the router) */
-        if (graph && k && m->router_sigmoid)
-            ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, m->experts, 4));
-        if (m->kv_cache)
+        if (graph && k && m->moe.router_sigmoid)
+            ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, m->moe.experts, 4));
+        if (m->attn.kv_cache)
             b->cache_bytes = kv_cache_bytes(ch, m, d);
         if (ch->overflow || ch->nomem)
             break;
@@ -457,12 +459,12 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
      * (1, 1, T, T) tensor expanded over the batch, with the rotary models'
      * position ids (cache_position, T int64: position_ids is a view of it)
      * (docs/inventory.md); HF GPT-NeoX's and Falcon's layers take the same two */
-    ch->mask_in_forward = m->attention == ML_ATTN_EAGER;
-    if (enc && !m->image_size)
+    ch->mask_in_forward = m->attn.kernel == ML_ATTN_EAGER;
+    if (enc && !m->embed.image_size)
         ch->ckpt_side = ml_mul(ch, d->BT, w);
-    else if (!enc && (m->norm != ML_NORM_LAYERNORM || m->parallel_residual))
+    else if (!enc && (m->norms.kind != ML_NORM_LAYERNORM || m->residual.parallel))
         ch->ckpt_side = ml_add(ch, ml_mul(ch, ml_mul(ch, d->T, d->T), w),
-                               m->position == ML_POS_ROPE ? ml_mul(ch, d->T, 8) : 0);
+                               m->embed.position == ML_POS_ROPE ? ml_mul(ch, d->T, 8) : 0);
     return ML_OK;
 }
 
@@ -472,9 +474,10 @@ ml_status ml__ck_layers_declined(const ml_model *m, ml_error *err)
                       "%s's layers (%s) at this shape and precision are not modelled: the op "
                       "graph declines them and no other rule plans them",
                       m->name,
-                      m->kv_lora && m->experts ? "multi-head latent attention, mixture of experts"
-                      : m->kv_lora             ? "multi-head latent attention"
-                                               : "mixture of experts");
+                      m->attn.kv_lora && m->moe.experts
+                          ? "multi-head latent attention, mixture of experts"
+                      : m->attn.kv_lora ? "multi-head latent attention"
+                                        : "mixture of experts");
 }
 
 ml_status ml__chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,

@@ -234,12 +234,12 @@ static const char *generate_refused(const ml_model *m)
     if (m->type != ML_MODEL_DECODER)
         return "the model is not a decoder (an encoder, an encoder-decoder or a sequential "
                "model): only a decoder's generation and its KV cache are planned";
-    if (m->classes)
+    if (m->head.classes)
         return "the model has a sequence-classification head: it does not generate";
-    if (m->vis_layers)
+    if (m->vision.layers)
         return "a multimodal decoder's generation (its image tokens in the cache) is not "
                "planned: drop --generate to plan its forward";
-    if (m->kv_lora)
+    if (m->attn.kv_lora)
         return "multi-head latent attention's cache (DeepSeek) is not planned for "
                "generation: drop --generate to plan its forward";
     return NULL;
@@ -252,10 +252,10 @@ static const char *generate_refused(const ml_model *m)
 static uint64_t kv_bytes(ml_chain *ch, const ml_model *m, uint64_t batch, uint64_t t,
                          unsigned bytes)
 {
-    const uint64_t dh = m->head_dim ? m->head_dim : m->hidden / m->heads;
+    const uint64_t dh = m->attn.head_dim ? m->attn.head_dim : m->hidden / m->attn.heads;
     uint64_t v = ml_mul(ch, 2, m->layers);
     v = ml_mul(ch, v, batch);
-    v = ml_mul(ch, v, m->kv_heads);
+    v = ml_mul(ch, v, m->attn.kv_heads);
     v = ml_mul(ch, v, dh);
     v = ml_mul(ch, v, t);
     return ml_mul(ch, v, bytes);
@@ -292,17 +292,18 @@ ml_status ml_inference_evaluate(const ml_model *m, const ml_config *cfg, uint64_
                           "tokens", (unsigned long long)ML_MAX_TOKENS);
     /* learned positions end at their table, as the ledger refuses for a
      * sequence (chain_transformer.c); rotary ones extrapolate */
-    if (generate && m->position == ML_POS_LEARNED && m->max_positions &&
-        total_t > m->max_positions)
-        return ml__errorf(err, ML_RANGE, "generate: seq_len + generate (%llu tokens) exceeds "
+    if (generate && m->embed.position == ML_POS_LEARNED && m->embed.max_positions &&
+        total_t > m->embed.max_positions)
+        return ml__errorf(err, ML_RANGE,
+                          "generate: seq_len + generate (%llu tokens) exceeds "
                           "the model's max_positions (%llu) of learned positions",
-                          (unsigned long long)total_t,
-                          (unsigned long long)m->max_positions);
-    if (generate && m->sliding_window && total_t > m->sliding_window)
-        return ml__errorf(err, ML_RANGE, "generate: seq_len + generate (%llu tokens) exceeds "
+                          (unsigned long long)total_t, (unsigned long long)m->embed.max_positions);
+    if (generate && m->attn.sliding_window && total_t > m->attn.sliding_window)
+        return ml__errorf(err, ML_RANGE,
+                          "generate: seq_len + generate (%llu tokens) exceeds "
                           "the model's sliding_window (%llu), which the cache is not planned "
-                          "for", (unsigned long long)total_t,
-                          (unsigned long long)m->sliding_window);
+                          "for",
+                          (unsigned long long)total_t, (unsigned long long)m->attn.sliding_window);
     ml_evalctx x;
     memset(&x, 0, sizeof x);
     x.cfg = &c;

@@ -76,7 +76,7 @@ void ml_planner_destroy(ml_planner *p)
  * cross-entropy's chunks, a calibration profile's scaling by the tokens. */
 static bool shaped_by_batch(const ml_model *m, const ml_config *cfg)
 {
-    return m->experts || cfg->calib || cfg->training.logits == ML_LOGITS_FUSED;
+    return m->moe.experts || cfg->calib || cfg->training.logits == ML_LOGITS_FUSED;
 }
 
 /* The setting of key: kept, or the least recently used one made anew. */

@@ -98,15 +98,16 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
     if (act && strcmp(act, "silu"))
         return ml__error_at(err, ml__tree_get(r, "hidden_act"), ML_SCHEMA,
                             "hidden_act: '%s' is not modelled for %s (silu: SwiGLU)", act, t);
-    m->activation = ML_ACT_SWIGLU;
-    m->norm = strcmp(t, "olmo") ? ML_NORM_RMSNORM : ML_NORM_OLMO_LAYERNORM; /* OlmoLayerNorm */
-    m->prenorm = true;
-    m->position = ML_POS_ROPE;
+    m->mlp.activation = ML_ACT_SWIGLU;
+    m->norms.kind =
+        strcmp(t, "olmo") ? ML_NORM_RMSNORM : ML_NORM_OLMO_LAYERNORM; /* OlmoLayerNorm */
+    m->residual.prenorm = true;
+    m->embed.position = ML_POS_ROPE;
     m->bias = false;
-    m->qkv_bias = !strncmp(t, "qwen2", 5); /* qwen2, qwen2_moe */
-    m->tied_embeddings = false;
+    m->attn.qkv_bias = !strncmp(t, "qwen2", 5); /* qwen2, qwen2_moe */
+    m->embed.tied = false;
     m->dropout = 0; /* attention_dropout > 0 is refused by the key table */
-    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->embed.tied)))
         return st;
     if (!strcmp(t, "llama") || !strcmp(t, "olmo")) {
         /* modeling_llama (and modeling_olmo's, without mlp_bias): q, k, v
@@ -115,8 +116,8 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
         if ((st = ml__hf_bool(err, r, "attention_bias", &ab)) ||
             (st = ml__hf_bool(err, r, "mlp_bias", &mb)))
             return st;
-        m->qkv_bias = m->out_bias = ab;
-        m->mlp_bias = mb;
+        m->attn.qkv_bias = m->attn.out_bias = ab;
+        m->mlp.bias = mb;
     } else if (!strcmp(t, "mistral") || !strcmp(t, "mixtral")) {
         /* MistralConfig: sliding_window defaults to 4096, MixtralConfig's
          * to null; null: none */
@@ -127,7 +128,7 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
         else if ((st = ml__hf_uint(err, r, KEYS("sliding_window"), false, 0,
                                     1ull << 40, &w)))
             return st;
-        m->sliding_window = w;
+        m->attn.sliding_window = w;
         if (!strcmp(t, "mixtral") && (st = ml__hf_map_mixtral_experts(r, m, err)))
             return st;
     } else {
@@ -149,7 +150,7 @@ static ml_status map_llama(const ml_node *r, const char *t, ml_model *m, ml_erro
         bool windowed = from < m->layers;
         if ((st = ml__hf_layer_types(err, r, m->layers, &windowed)))
             return st;
-        m->sliding_window = on && windowed ? w : 0;
+        m->attn.sliding_window = on && windowed ? w : 0;
         if (!strcmp(t, "qwen2_moe") && (st = ml__hf_map_qwen2_moe_experts(r, m, err)))
             return st;
     }
@@ -196,47 +197,48 @@ static ml_status sizes_of(const ml_node *r, const char *t, bool llama, bool vit,
                           &m->layers)) ||
         (st = ml__hf_uint(err, r, KEYS("hidden_size", "n_embd"), req, 1, 1u << 20, &m->hidden)) ||
         (st = ml__hf_uint(err, r, KEYS("num_attention_heads", "n_head"), req, 1, 1u << 20,
-                          &m->heads)))
+                          &m->attn.heads)))
         return st;
-    m->kv_heads = m->heads;
-    m->ffn = req ? 4 * m->hidden : m->ffn;
+    m->attn.kv_heads = m->attn.heads;
+    m->mlp.ffn = req ? 4 * m->hidden : m->mlp.ffn;
     if ((st = ml__hf_uint(err, r, KEYS("num_key_value_heads"), false, 1, 1u << 20,
-                          &m->kv_heads)) ||
+                          &m->attn.kv_heads)) ||
         (st = ml__hf_uint(err, r, KEYS("intermediate_size", "n_inner"), false, 1, 1u << 24,
-                          &m->ffn)))
+                          &m->mlp.ffn)))
         return st;
-    if (!vit && (st = ml__hf_uint(err, r, KEYS("vocab_size"), req, 1, 1u << 28, &m->vocab)))
+    if (!vit && (st = ml__hf_uint(err, r, KEYS("vocab_size"), req, 1, 1u << 28, &m->embed.vocab)))
         return st;
     if ((st = ml__hf_uint(err, r, KEYS("max_position_embeddings", "n_positions"), false, 1,
-                          1u << 28, &m->max_positions)))
+                          1u << 28, &m->embed.max_positions)))
         return st;
     /* head_dim: LlamaConfig, MistralConfig, GemmaConfig and Qwen2's
      * attention read it (default hidden_size // num_attention_heads); the
      * other families' head size is hidden / heads: another value is refused */
     const ml_node *hd = ml__tree_get(r, "head_dim");
-    m->head_dim = 0;
-    if ((st = ml__hf_uint(err, r, KEYS("head_dim"), false, 1, 1u << 20, &m->head_dim)))
+    m->attn.head_dim = 0;
+    if ((st = ml__hf_uint(err, r, KEYS("head_dim"), false, 1, 1u << 20, &m->attn.head_dim)))
         return st;
-    if (m->head_dim && m->heads * m->head_dim > (1u << 20))
+    if (m->attn.head_dim && m->attn.heads * m->attn.head_dim > (1u << 20))
         return ml__error_at(err, hd, ML_RANGE,
                             "head_dim: num_attention_heads x head_dim = %llu is above %u",
-                            (unsigned long long)(m->heads * m->head_dim), 1u << 20);
-    if (m->head_dim && !llama && m->head_dim * m->heads != m->hidden)
+                            (unsigned long long)(m->attn.heads * m->attn.head_dim), 1u << 20);
+    if (m->attn.head_dim && !llama && m->attn.head_dim * m->attn.heads != m->hidden)
         return ml__error_at(err, hd, ML_SCHEMA,
                             "head_dim: %llu is not modelled for %s, whose head size is "
                             "hidden_size / num_attention_heads (%llu / %llu)",
-                            (unsigned long long)m->head_dim, t, (unsigned long long)m->hidden,
-                            (unsigned long long)m->heads);
-    if (!m->head_dim && m->hidden % m->heads && strncmp(t, "deepseek", 8))
+                            (unsigned long long)m->attn.head_dim, t, (unsigned long long)m->hidden,
+                            (unsigned long long)m->attn.heads);
+    if (!m->attn.head_dim && m->hidden % m->attn.heads && strncmp(t, "deepseek", 8))
         return ml__error_at(err, ml__tree_get(r, "num_attention_heads"), ML_SCHEMA,
-                    "num_attention_heads: %llu does not divide hidden_size (%llu)",
-                    (unsigned long long)m->heads, (unsigned long long)m->hidden);
-    if (!m->head_dim)
-        m->head_dim = m->hidden / m->heads;
-    if (m->kv_heads > m->heads || m->heads % m->kv_heads)
+                            "num_attention_heads: %llu does not divide hidden_size (%llu)",
+                            (unsigned long long)m->attn.heads, (unsigned long long)m->hidden);
+    if (!m->attn.head_dim)
+        m->attn.head_dim = m->hidden / m->attn.heads;
+    if (m->attn.kv_heads > m->attn.heads || m->attn.heads % m->attn.kv_heads)
         return ml__error_at(err, ml__tree_get(r, "num_key_value_heads"), ML_SCHEMA,
-                    "num_key_value_heads: %llu does not divide num_attention_heads (%llu)",
-                    (unsigned long long)m->kv_heads, (unsigned long long)m->heads);
+                            "num_key_value_heads: %llu does not divide num_attention_heads (%llu)",
+                            (unsigned long long)m->attn.kv_heads,
+                            (unsigned long long)m->attn.heads);
     return ML_OK;
 }
 
@@ -246,17 +248,15 @@ static ml_status map_gpt2(const ml_node *r, const char *t, ml_model *m, ml_error
     ml_status st;
     if ((st = ml__hf_activation(r, "activation_function", t, m, err)))
         return st;
-    m->norm = ML_NORM_LAYERNORM;
-    m->prenorm = true;
-    m->position = ML_POS_LEARNED;
-    m->bias = m->qkv_bias = true;
-    m->tied_embeddings = true;
-    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
-        (st = dropout_of(r,
-                         (const prob_key[]){{"resid_pdrop", 0.1},
-                                            {"embd_pdrop", 0.1},
-                                            {"attn_pdrop", 0.1}},
-                         3, m, err)))
+    m->norms.kind = ML_NORM_LAYERNORM;
+    m->residual.prenorm = true;
+    m->embed.position = ML_POS_LEARNED;
+    m->bias = m->attn.qkv_bias = true;
+    m->embed.tied = true;
+    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->embed.tied)) ||
+        (st = dropout_of(
+             r, (const prob_key[]){{"resid_pdrop", 0.1}, {"embd_pdrop", 0.1}, {"attn_pdrop", 0.1}},
+             3, m, err)))
         return st;
     return ML_OK;
 }
@@ -267,17 +267,16 @@ static ml_status map_neox(const ml_node *r, const char *t, ml_model *m, ml_error
     ml_status st;
     if ((st = ml__hf_activation(r, "hidden_act", t, m, err)))
         return st;
-    m->norm = ML_NORM_LAYERNORM;
-    m->prenorm = true;
-    m->position = ML_POS_ROPE;
-    m->bias = m->qkv_bias = true;
-    m->tied_embeddings = false;
-    m->parallel_residual = true;
-    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
-        (st = ml__hf_bool(err, r, "use_parallel_residual", &m->parallel_residual)) ||
-        (st = dropout_of(r,
-                         (const prob_key[]){{"hidden_dropout", 0}, {"attention_dropout", 0}},
-                         2, m, err)))
+    m->norms.kind = ML_NORM_LAYERNORM;
+    m->residual.prenorm = true;
+    m->embed.position = ML_POS_ROPE;
+    m->bias = m->attn.qkv_bias = true;
+    m->embed.tied = false;
+    m->residual.parallel = true;
+    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->embed.tied)) ||
+        (st = ml__hf_bool(err, r, "use_parallel_residual", &m->residual.parallel)) ||
+        (st = dropout_of(r, (const prob_key[]){{"hidden_dropout", 0}, {"attention_dropout", 0}}, 2,
+                         m, err)))
         return st;
     return ML_OK;
 }
@@ -287,7 +286,7 @@ static ml_status map_neox(const ml_node *r, const char *t, ml_model *m, ml_error
 static ml_status classes_of(const ml_node *r, const char *arch, ml_model *m, ml_error *err)
 {
     ml_status st;
-    m->classes = 2;
+    m->head.classes = 2;
     const ml_node *labels = ml__tree_get(r, "id2label");
     if (!ml__hf_is_null(labels) && labels->type != ML_NODE_MAP)
         return ml__error_at(err, labels, ML_SCHEMA, "id2label: expected an object");
@@ -300,11 +299,11 @@ static ml_status classes_of(const ml_node *r, const char *arch, ml_model *m, ml_
                                 "num_labels: %llu but id2label names %zu labels; transformers "
                                 "takes id2label's, so say one thing",
                                 (unsigned long long)nl, labels->count);
-        m->classes = labels->count;
+        m->head.classes = labels->count;
     } else if (nl) {
-        m->classes = nl;
+        m->head.classes = nl;
     }
-    if (m->classes == 1)
+    if (m->head.classes == 1)
         return ml__error_at(err, ml__tree_get(r, "num_labels") ? ml__tree_get(r, "num_labels")
                                                               : labels,
                            ML_SCHEMA,
@@ -331,7 +330,7 @@ static ml_status seq_cls_of(const ml_node *r, const char *arch, ml_model *m, ml_
                             "single_label_classification: cross-entropy)",
                             pt, arch);
     const ml_node *pad = ml__tree_get(r, "pad_token_id");
-    m->cls_no_pad = ml__hf_is_null(pad);
+    m->head.cls_no_pad = ml__hf_is_null(pad);
     return ML_OK;
 }
 
@@ -347,10 +346,10 @@ static ml_status map_encoder(const ml_node *r, const char *t, bool vit, bool mlm
     ml_status st;
     if ((st = ml__hf_activation(r, "hidden_act", t, m, err)))
         return st;
-    m->norm = ML_NORM_LAYERNORM;
-    m->prenorm = vit;
-    m->bias = m->qkv_bias = true;
-    if (vit && (st = ml__hf_bool(err, r, "qkv_bias", &m->qkv_bias)))
+    m->norms.kind = ML_NORM_LAYERNORM;
+    m->residual.prenorm = vit;
+    m->bias = m->attn.qkv_bias = true;
+    if (vit && (st = ml__hf_bool(err, r, "qkv_bias", &m->attn.qkv_bias)))
         return st;
     /* BertConfig: 0.1 and 0.1, classifier_dropout null (hidden's);
      * ViTConfig: 0 and 0 */
@@ -361,31 +360,35 @@ static ml_status map_encoder(const ml_node *r, const char *t, bool vit, bool mlm
                                             {"classifier_dropout", NAN}},
                          bert && !mlm ? 3 : 2, m, err)))
         return st;
-    m->mlm_head = mlm;
-    m->tied_embeddings = mlm;
-    if (mlm && (st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+    m->head.mlm = mlm;
+    m->embed.tied = mlm;
+    if (mlm && (st = ml__hf_bool(err, r, "tie_word_embeddings", &m->embed.tied)))
         return st;
     if (!mlm && (st = classes_of(r, arch, m, err)))
         return st;
     if (bert) {
-        m->position = ML_POS_LEARNED;
-        m->pooler = !mlm;
-        m->token_types = 2;
+        m->embed.position = ML_POS_LEARNED;
+        m->head.pooler = !mlm;
+        m->embed.token_types = 2;
         if ((st = ml__hf_uint(err, r, KEYS("type_vocab_size"), false, 1, 1u << 16,
-                              &m->token_types)))
+                              &m->embed.token_types)))
             return st;
     } else {
-        m->position = ML_POS_LEARNED;
-        m->pooler = false;
-        m->channels = 3;
-        if ((st = ml__hf_uint(err, r, KEYS("image_size"), true, 1, 1u << 16, &m->image_size)) ||
-            (st = ml__hf_uint(err, r, KEYS("patch_size"), true, 1, 1u << 16, &m->patch_size)) ||
-            (st = ml__hf_uint(err, r, KEYS("num_channels"), false, 1, 1u << 16, &m->channels)))
+        m->embed.position = ML_POS_LEARNED;
+        m->head.pooler = false;
+        m->embed.channels = 3;
+        if ((st = ml__hf_uint(err, r, KEYS("image_size"), true, 1, 1u << 16,
+                              &m->embed.image_size)) ||
+            (st = ml__hf_uint(err, r, KEYS("patch_size"), true, 1, 1u << 16,
+                              &m->embed.patch_size)) ||
+            (st = ml__hf_uint(err, r, KEYS("num_channels"), false, 1, 1u << 16,
+                              &m->embed.channels)))
             return st;
-        if (m->image_size % m->patch_size)
+        if (m->embed.image_size % m->embed.patch_size)
             return ml__error_at(err, ml__tree_get(r, "patch_size"), ML_SCHEMA,
-                        "patch_size: %llu does not divide image_size (%llu)",
-                        (unsigned long long)m->patch_size, (unsigned long long)m->image_size);
+                                "patch_size: %llu does not divide image_size (%llu)",
+                                (unsigned long long)m->embed.patch_size,
+                                (unsigned long long)m->embed.image_size);
     }
     return ML_OK;
 }
@@ -430,8 +433,8 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
     /* PretrainedConfig: use_cache defaults to true; the decoders return
      * past_key_values unless training with gradient checkpointing; BERT and
      * ViT keep none */
-    m->kv_cache = m->type == ML_MODEL_DECODER;
-    if (m->kv_cache && (st = ml__hf_bool(err, r, "use_cache", &m->kv_cache)))
+    m->attn.kv_cache = m->type == ML_MODEL_DECODER;
+    if (m->attn.kv_cache && (st = ml__hf_bool(err, r, "use_cache", &m->attn.kv_cache)))
         return st;
     const bool req = !(nested && fam == ML_HF_LLAMA); /* else LlamaConfig's defaults */
     if ((st = ml__hf_attention(r, fam, m, err)) ||
@@ -459,24 +462,24 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
     if (st)
         return st;
     if (!falcon)
-        m->norm_bias = m->bias; /* Falcon's LayerNorms keep their bias */
+        m->norms.bias = m->bias; /* Falcon's LayerNorms keep their bias */
     if (mlm && m->type == ML_MODEL_DECODER && (st = seq_cls_of(r, families[f].arch2, m, err)))
         return st;
     const ml_node *hd = ml__tree_get(r, "head_dim");
-    if (m->position == ML_POS_ROPE && m->head_dim % 2 && !m->kv_lora)
+    if (m->embed.position == ML_POS_ROPE && m->attn.head_dim % 2 && !m->attn.kv_lora)
         return ml__error_at(err, !ml__hf_is_null(hd) ? hd : mt, ML_SCHEMA,
                             "rotary embeddings need an even head size (%llu)",
-                            (unsigned long long)m->head_dim);
-    if (m->position == ML_POS_LEARNED && !m->max_positions && !m->image_size)
+                            (unsigned long long)m->attn.head_dim);
+    if (m->embed.position == ML_POS_LEARNED && !m->embed.max_positions && !m->embed.image_size)
         return ml__error_at(err, r, ML_SCHEMA,
                             "max_position_embeddings: missing for learned positions");
     /* defaults for the training settings, as the YAML loader does */
     m->config = ml_config_defaults();
-    if (m->image_size) {
-        uint64_t g = m->image_size / m->patch_size;
+    if (m->embed.image_size) {
+        uint64_t g = m->embed.image_size / m->embed.patch_size;
         m->config.training.seq_len = g * g + 1;
     } else {
-        uint64_t mp = m->max_positions ? m->max_positions : 2048;
+        uint64_t mp = m->embed.max_positions ? m->embed.max_positions : 2048;
         m->config.training.seq_len = mp < 2048 ? mp : 2048;
     }
     return ML_OK;

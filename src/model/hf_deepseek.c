@@ -57,35 +57,35 @@ static ml_status experts_of(const ml_node *r, const version_t *v, ml_model *m, u
 {
     ml_status st;
     const char *method = NULL;
-    if ((st = ml__hf_uint(err, r, KEYS("n_routed_experts"), false, 2, 4096, &m->experts)) ||
+    if ((st = ml__hf_uint(err, r, KEYS("n_routed_experts"), false, 2, 4096, &m->moe.experts)) ||
         (st = ml__hf_uint(err, r, KEYS("num_experts_per_tok"), !v->v3, 1, 4096,
-                          &m->experts_per_tok)) ||
+                          &m->moe.per_token)) ||
         (st = ml__hf_uint(err, r, KEYS("moe_intermediate_size"), false, 1, ML_MAX_FFN,
-                          &m->expert_ffn)) ||
+                          &m->moe.expert_ffn)) ||
         (st = ml__hf_uint(err, r, KEYS("n_shared_experts"), false, 1, 4096, shared)) ||
         (st = ml__hf_uint(err, r, KEYS("first_k_dense_replace"), false, 0, ML_MAX_LAYERS,
-                          &m->dense_layers)) ||
+                          &m->moe.dense_layers)) ||
         (st = ml__hf_str(err, r, "topk_method", &method)))
         return st;
-    if (v->v3 && (st = ml__hf_bool(err, r, "norm_topk_prob", &m->expert_renorm)))
+    if (v->v3 && (st = ml__hf_bool(err, r, "norm_topk_prob", &m->moe.renorm)))
         return st;
-    if (m->experts_per_tok > m->experts)
+    if (m->moe.per_token > m->moe.experts)
         return ml__error_at(err, ml__tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
                             "num_experts_per_tok: %llu is more than n_routed_experts (%llu)",
-                            (unsigned long long)m->experts_per_tok,
-                            (unsigned long long)m->experts);
+                            (unsigned long long)m->moe.per_token,
+                            (unsigned long long)m->moe.experts);
     /* DeepseekV2MoEGate: greedy or group_limited_greedy (the key table
      * refuses the others), the latter over n_group groups of the experts */
-    m->grouped_topk = !v->v3 && method && !strcmp(method, "group_limited_greedy");
-    if (m->grouped_topk) {
+    m->moe.grouped_topk = !v->v3 && method && !strcmp(method, "group_limited_greedy");
+    if (m->moe.grouped_topk) {
         uint64_t g = 0;
         if ((st = ml__hf_uint(err, r, KEYS("n_group"), true, 1, 4096, &g)))
             return st;
-        if (m->experts % g)
+        if (m->moe.experts % g)
             return ml__error_at(err, ml__tree_get(r, "n_group"), ML_SCHEMA,
                                 "n_group: %llu does not divide n_routed_experts (%llu), as "
                                 "group_limited_greedy's view needs",
-                                (unsigned long long)g, (unsigned long long)m->experts);
+                                (unsigned long long)g, (unsigned long long)m->moe.experts);
         uint64_t kg = 0;
         if ((st = ml__hf_uint(err, r, KEYS("topk_group"), true, 1, g, &kg)))
             return st; /* torch.topk over the n_group groups needs 1..n_group */
@@ -115,70 +115,72 @@ static ml_status map_deepseek(const ml_node *r, const version_t *v, ml_model *m,
     /* DeepseekV3Config's num_key_value_heads defaults to 128 (V2's, as
      * LlamaConfig's, to num_attention_heads) */
     if (v->v3 && !ml__tree_get(r, "num_key_value_heads"))
-        m->kv_heads = 128;
-    m->activation = ML_ACT_SWIGLU;
-    m->norm = ML_NORM_RMSNORM;
-    m->prenorm = true;
-    m->position = ML_POS_ROPE;
-    m->bias = m->qkv_bias = m->out_bias = m->mlp_bias = false;
-    m->tied_embeddings = false;
+        m->attn.kv_heads = 128;
+    m->mlp.activation = ML_ACT_SWIGLU;
+    m->norms.kind = ML_NORM_RMSNORM;
+    m->residual.prenorm = true;
+    m->embed.position = ML_POS_ROPE;
+    m->bias = m->attn.qkv_bias = m->attn.out_bias = m->mlp.bias = false;
+    m->embed.tied = false;
     m->dropout = 0;
     if (!ml__tree_get(r, "intermediate_size"))
-        m->ffn = v->ffn;
+        m->mlp.ffn = v->ffn;
     uint64_t nope = 128, shared = v->shared;
-    m->kv_lora = 512;
-    m->q_lora = 1536;
-    m->rope_dim = 64;
-    m->v_dim = 128;
-    m->experts = v->experts;
-    m->experts_per_tok = v->per_tok;
-    m->expert_ffn = v->expert_ffn;
-    m->dense_layers = v->dense;
-    m->expert_renorm = v->v3;
-    m->router_sigmoid = v->v3;
-    m->expert_sort = m->rope_complex = !v->v3;
-    m->shared_expert_gate = false;
-    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
-        (st = ml__hf_uint(err, r, KEYS("kv_lora_rank"), false, 1, ML_MAX_HIDDEN, &m->kv_lora)) ||
-        (st = uint_or_null(err, r, "q_lora_rank", 1, ML_MAX_HIDDEN, 0, &m->q_lora)) ||
+    m->attn.kv_lora = 512;
+    m->attn.q_lora = 1536;
+    m->attn.rope_dim = 64;
+    m->attn.v_dim = 128;
+    m->moe.experts = v->experts;
+    m->moe.per_token = v->per_tok;
+    m->moe.expert_ffn = v->expert_ffn;
+    m->moe.dense_layers = v->dense;
+    m->moe.renorm = v->v3;
+    m->moe.router_sigmoid = v->v3;
+    m->moe.sort = m->embed.rope_complex = !v->v3;
+    m->moe.shared_gate = false;
+    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->embed.tied)) ||
+        (st = ml__hf_uint(err, r, KEYS("kv_lora_rank"), false, 1, ML_MAX_HIDDEN,
+                          &m->attn.kv_lora)) ||
+        (st = uint_or_null(err, r, "q_lora_rank", 1, ML_MAX_HIDDEN, 0, &m->attn.q_lora)) ||
         (st = ml__hf_uint(err, r, KEYS("qk_nope_head_dim"), false, 1, ML_MAX_HIDDEN, &nope)) ||
         (st = ml__hf_uint(err, r, KEYS("qk_rope_head_dim"), false, 2, ML_MAX_HIDDEN,
-                          &m->rope_dim)) ||
-        (st = ml__hf_uint(err, r, KEYS("v_head_dim"), false, 1, ML_MAX_HIDDEN, &m->v_dim)) ||
+                          &m->attn.rope_dim)) ||
+        (st = ml__hf_uint(err, r, KEYS("v_head_dim"), false, 1, ML_MAX_HIDDEN, &m->attn.v_dim)) ||
         (st = experts_of(r, v, m, &shared, err)))
         return st;
-    if (m->rope_dim % 2)
+    if (m->attn.rope_dim % 2)
         return ml__error_at(err, ml__tree_get(r, "qk_rope_head_dim"), ML_SCHEMA,
                             "qk_rope_head_dim: %llu; rotary embeddings need an even size",
-                            (unsigned long long)m->rope_dim);
+                            (unsigned long long)m->attn.rope_dim);
     /* DeepSeek-V2's view_as_complex on the rotated slice needs even strides
      * and offsets: in fp32 (where .float() is the slice itself) an odd
      * qk_nope_head_dim or kv_lora_rank fails in transformers */
-    if (!v->v3 && (nope % 2 || m->kv_lora % 2))
+    if (!v->v3 && (nope % 2 || m->attn.kv_lora % 2))
         return ml__error_at(err, ml__tree_get(r, nope % 2 ? "qk_nope_head_dim" : "kv_lora_rank"),
                             ML_SCHEMA,
                             "%s: %llu is odd; DeepSeek-V2's complex rotary needs the rotated "
                             "slice at an even offset (view_as_complex), which fails in fp32",
                             nope % 2 ? "qk_nope_head_dim" : "kv_lora_rank",
-                            (unsigned long long)(nope % 2 ? nope : m->kv_lora));
-    if (m->kv_heads != m->heads)
+                            (unsigned long long)(nope % 2 ? nope : m->attn.kv_lora));
+    if (m->attn.kv_heads != m->attn.heads)
         return ml__error_at(err, ml__tree_get(r, "num_key_value_heads"), ML_SCHEMA,
                             "num_key_value_heads: %llu; multi-head latent attention makes "
                             "num_attention_heads (%llu) key and value heads, and repeating them "
                             "is not modelled",
-                            (unsigned long long)m->kv_heads, (unsigned long long)m->heads);
-    if (m->dense_layers >= m->layers) {
-        /* every layer dense: no experts run */
-        m->dense_layers = m->layers;
-        m->experts = m->experts_per_tok = m->expert_ffn = 0;
-        m->expert_sort = m->grouped_topk = false;
+                            (unsigned long long)m->attn.kv_heads,
+                            (unsigned long long)m->attn.heads);
+    if (m->moe.dense_layers >= m->layers) { /* every layer dense: no experts run */
+        m->moe.dense_layers = m->layers;
+        m->moe.experts = m->moe.per_token = m->moe.expert_ffn = 0;
+        m->moe.sort = m->moe.grouped_topk = false;
     }
-    m->head_dim = nope + m->rope_dim; /* qk_head_dim */
-    if (m->heads * m->head_dim > ML_MAX_HIDDEN || m->heads * m->v_dim > ML_MAX_HIDDEN)
+    m->attn.head_dim = nope + m->attn.rope_dim; /* qk_head_dim */
+    if (m->attn.heads * m->attn.head_dim > ML_MAX_HIDDEN ||
+        m->attn.heads * m->attn.v_dim > ML_MAX_HIDDEN)
         return ml__error_at(err, ml__tree_get(r, "num_attention_heads"), ML_RANGE,
                             "num_attention_heads x the head sizes is above %llu",
                             (unsigned long long)ML_MAX_HIDDEN);
-    m->shared_expert_ffn = m->experts ? shared * m->expert_ffn : 0;
+    m->moe.shared_ffn = m->moe.experts ? shared * m->moe.expert_ffn : 0;
     return ML_OK;
 }
 

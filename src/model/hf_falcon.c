@@ -29,27 +29,27 @@ ml_status ml__hf_map_falcon(const ml_node *r, ml_model *m, ml_error *err)
     if ((st = ml__hf_activation(r, "activation", "falcon", m, err)) ||
         (st = ml__hf_bool(err, r, "multi_query", &mq)) ||
         (st = ml__hf_uint(err, r, KEYS("num_kv_heads"), false, 1, 1u << 20, &kv)) ||
-        (st = ml__hf_uint(err, r, KEYS("ffn_hidden_size"), false, 1, 1u << 24, &m->ffn)))
+        (st = ml__hf_uint(err, r, KEYS("ffn_hidden_size"), false, 1, 1u << 24, &m->mlp.ffn)))
         return st;
     /* FalconAttention: one key/value head with multi_query, else H
      * (num_kv_heads is read only then, and a value other than H fails in
      * its reshape) */
-    m->kv_heads = mq ? 1 : m->heads;
-    if (!mq && kv && kv != m->heads)
+    m->attn.kv_heads = mq ? 1 : m->attn.heads;
+    if (!mq && kv && kv != m->attn.heads)
         return ml__error_at(err, ml__tree_get(r, "num_kv_heads"), ML_SCHEMA,
                             "num_kv_heads: %llu with multi_query false: the old decoder "
                             "architecture has num_attention_heads (%llu) key/value heads",
-                            (unsigned long long)kv, (unsigned long long)m->heads);
-    m->norm = ML_NORM_LAYERNORM;
-    m->prenorm = true;
-    m->position = ML_POS_ROPE;
-    m->parallel_residual = true;
-    m->shared_norm = true;
-    m->norm_bias = true;
-    m->bias = m->qkv_bias = false;
-    m->tied_embeddings = true;
+                            (unsigned long long)kv, (unsigned long long)m->attn.heads);
+    m->norms.kind = ML_NORM_LAYERNORM;
+    m->residual.prenorm = true;
+    m->embed.position = ML_POS_ROPE;
+    m->residual.parallel = true;
+    m->residual.shared_norm = true;
+    m->norms.bias = true;
+    m->bias = m->attn.qkv_bias = false;
+    m->embed.tied = true;
     m->dropout = 0; /* hidden_dropout and attention_dropout > 0 are refused by the key table */
-    return ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings);
+    return ml__hf_bool(err, r, "tie_word_embeddings", &m->embed.tied);
 }
 
 /* The experts (key `count`) and the experts per token, both already
@@ -58,15 +58,14 @@ static ml_status experts_of(const ml_node *r, const char *count, ml_model *m, ml
 {
     ml_status st;
     if ((st = ml__hf_uint(err, r, (const char *const[]){count, NULL}, false, 2, 4096,
-                          &m->experts)) ||
-        (st = ml__hf_uint(err, r, KEYS("num_experts_per_tok"), false, 1, 4096,
-                          &m->experts_per_tok)))
+                          &m->moe.experts)) ||
+        (st = ml__hf_uint(err, r, KEYS("num_experts_per_tok"), false, 1, 4096, &m->moe.per_token)))
         return st;
-    if (m->experts_per_tok > m->experts)
+    if (m->moe.per_token > m->moe.experts)
         return ml__error_at(err, ml__tree_get(r, "num_experts_per_tok"), ML_SCHEMA,
                             "num_experts_per_tok: %llu is more than %s (%llu)",
-                            (unsigned long long)m->experts_per_tok, count,
-                            (unsigned long long)m->experts);
+                            (unsigned long long)m->moe.per_token, count,
+                            (unsigned long long)m->moe.experts);
     return ML_OK;
 }
 
@@ -76,9 +75,9 @@ static ml_status experts_of(const ml_node *r, const char *count, ml_model *m, ml
  * is Mistral's (hf.c). */
 ml_status ml__hf_map_mixtral_experts(const ml_node *r, ml_model *m, ml_error *err)
 {
-    m->experts = 8;
-    m->experts_per_tok = 2;
-    m->expert_renorm = true; /* routing_weights /= routing_weights.sum(...) */
+    m->moe.experts = 8;
+    m->moe.per_token = 2;
+    m->moe.renorm = true; /* routing_weights /= routing_weights.sum(...) */
     return experts_of(r, "num_local_experts", m, err);
 }
 
@@ -91,20 +90,20 @@ ml_status ml__hf_map_mixtral_experts(const ml_node *r, ml_model *m, ml_error *er
  * refuses the others. */
 ml_status ml__hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *err)
 {
-    m->experts = 60;
-    m->experts_per_tok = 4;
-    m->expert_ffn = 1408;
-    m->shared_expert_ffn = 5632;
-    m->expert_renorm = false;
-    m->shared_expert_gate = true; /* sigmoid(shared_expert_gate(x)) */
+    m->moe.experts = 60;
+    m->moe.per_token = 4;
+    m->moe.expert_ffn = 1408;
+    m->moe.shared_ffn = 5632;
+    m->moe.renorm = false;
+    m->moe.shared_gate = true; /* sigmoid(shared_expert_gate(x)) */
     ml_status st;
     if ((st = experts_of(r, "num_experts", m, err)) ||
         (st = ml__hf_uint(err, r, KEYS("moe_intermediate_size"), false, 1, ML_MAX_FFN,
-                          &m->expert_ffn)) ||
-        (st = ml__hf_uint(err, r, KEYS("shared_expert_intermediate_size"), false, 1,
-                          ML_MAX_FFN, &m->shared_expert_ffn)) ||
-        (st = ml__hf_bool(err, r, "norm_topk_prob", &m->expert_renorm)) ||
-        (st = ml__hf_bool(err, r, "qkv_bias", &m->qkv_bias)))
+                          &m->moe.expert_ffn)) ||
+        (st = ml__hf_uint(err, r, KEYS("shared_expert_intermediate_size"), false, 1, ML_MAX_FFN,
+                          &m->moe.shared_ffn)) ||
+        (st = ml__hf_bool(err, r, "norm_topk_prob", &m->moe.renorm)) ||
+        (st = ml__hf_bool(err, r, "qkv_bias", &m->attn.qkv_bias)))
         return st;
     return ML_OK;
 }

@@ -169,30 +169,30 @@ ml_status ml__hf_attention(const ml_node *r, unsigned fam, ml_model *m, ml_error
                  {"sdpa", ML_ATTN_SDPA},
                  {"flash_attention_2", ML_ATTN_FLASH},
                  {"flash_attention_3", ML_ATTN_FLASH}};
-    m->attention = ML_ATTN_EAGER;
-    m->attention_assumed = NULL;
+    m->attn.kernel = ML_ATTN_EAGER;
+    m->attn.kernel_assumed = NULL;
     const ml_node *n = ml__tree_get(r, "attn_implementation");
     if (!n || ml__hf_is_null(n)) {
         if (fam & (ML_HF_T5 | ML_HF_MT5)) {
-            m->attention_assumed = "config.json names no attn_implementation, and "
-                                   "transformers runs T5's attention eagerly (its classes "
-                                   "have no sdpa)";
+            m->attn.kernel_assumed = "config.json names no attn_implementation, and "
+                                     "transformers runs T5's attention eagerly (its classes "
+                                     "have no sdpa)";
         } else if (fam & (ML_HF_DEEPSEEK3 | ML_HF_DEEPSEEK2)) {
-            m->attention_assumed = "config.json names no attn_implementation; transformers "
-                                   "would then run sdpa, which is not modelled with "
-                                   "multi-head latent attention: eager is planned, an upper "
-                                   "bound";
+            m->attn.kernel_assumed = "config.json names no attn_implementation; transformers "
+                                     "would then run sdpa, which is not modelled with "
+                                     "multi-head latent attention: eager is planned, an upper "
+                                     "bound";
         } else {
-            m->attention = ML_ATTN_SDPA;
-            m->attention_assumed = "config.json names no attn_implementation, and transformers "
-                                   "then runs sdpa (where the installed torch has it: 2.1.1 "
-                                   "on); --attention eager plans eager attention";
+            m->attn.kernel = ML_ATTN_SDPA;
+            m->attn.kernel_assumed = "config.json names no attn_implementation, and transformers "
+                                     "then runs sdpa (where the installed torch has it: 2.1.1 "
+                                     "on); --attention eager plans eager attention";
         }
         return ML_OK;
     }
     for (size_t i = 0; n->type == ML_NODE_SCALAR && i < sizeof kinds / sizeof *kinds; i++)
         if (!strcmp(n->text, kinds[i].name)) {
-            m->attention = kinds[i].attention;
+            m->attn.kernel = kinds[i].attention;
             return ML_OK;
         }
     return ml__error_at(err, n, ML_SCHEMA,

@@ -30,18 +30,18 @@ ml_status ml__hf_map_gemma(const ml_node *r, ml_model *m, ml_error *err)
                                 act_keys[i], v);
     }
     bool ab = false;
-    m->activation = ML_ACT_GEGLU;
-    m->norm = ML_NORM_GEMMA_RMSNORM;
-    m->prenorm = true;
-    m->position = ML_POS_ROPE;
+    m->mlp.activation = ML_ACT_GEGLU;
+    m->norms.kind = ML_NORM_GEMMA_RMSNORM;
+    m->residual.prenorm = true;
+    m->embed.position = ML_POS_ROPE;
     m->bias = false;
-    m->embed_scale = true;
-    m->tied_embeddings = true;
+    m->embed.scale = true;
+    m->embed.tied = true;
     m->dropout = 0; /* attention_dropout > 0 is refused by the key table */
     if ((st = ml__hf_bool(err, r, "attention_bias", &ab)) ||
-        (st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+        (st = ml__hf_bool(err, r, "tie_word_embeddings", &m->embed.tied)))
         return st;
-    m->qkv_bias = m->out_bias = ab;
+    m->attn.qkv_bias = m->attn.out_bias = ab;
     return ML_OK;
 }
 
@@ -59,18 +59,18 @@ ml_status ml__hf_map_gemma2(const ml_node *r, ml_model *m, ml_error *err)
     ml_status st = ml__hf_map_gemma(r, m, err);
     if (st)
         return st;
-    m->post_norms = true;
-    m->attn_scalar = 256;
-    m->attn_softcap = 50;
-    m->final_softcap = 30;
+    m->residual.post_norms = true;
+    m->attn.scalar = 256;
+    m->attn.softcap = 50;
+    m->head.final_softcap = 30;
     uint64_t w = 4096;
     bool windowed = m->layers > 0;
-    if ((st = ml__hf_positive(err, r, "query_pre_attn_scalar", &m->attn_scalar)) ||
-        (st = ml__hf_positive(err, r, "attn_logit_softcapping", &m->attn_softcap)) ||
-        (st = ml__hf_positive(err, r, "final_logit_softcapping", &m->final_softcap)) ||
+    if ((st = ml__hf_positive(err, r, "query_pre_attn_scalar", &m->attn.scalar)) ||
+        (st = ml__hf_positive(err, r, "attn_logit_softcapping", &m->attn.softcap)) ||
+        (st = ml__hf_positive(err, r, "final_logit_softcapping", &m->head.final_softcap)) ||
         (st = ml__hf_layer_types(err, r, m->layers, &windowed)))
         return st;
-    if (m->attn_scalar == 0)
+    if (m->attn.scalar == 0)
         return ml__error_at(err, ml__tree_get(r, "query_pre_attn_scalar"), ML_SCHEMA,
                             "query_pre_attn_scalar: null is not a score scale; give a number "
                             "(head_dim for 1 / sqrt(head_dim))");
@@ -79,7 +79,7 @@ ml_status ml__hf_map_gemma2(const ml_node *r, ml_model *m, ml_error *err)
         w = 0;
     else if ((st = ml__hf_uint(err, r, KEYS("sliding_window"), false, 1, 1ull << 40, &w)))
         return st;
-    m->sliding_window = windowed ? w : 0;
+    m->attn.sliding_window = windowed ? w : 0;
     return ML_OK;
 }
 
@@ -98,20 +98,20 @@ ml_status ml__hf_map_phi3(const ml_node *r, ml_model *m, ml_error *err)
     if (act && strcmp(act, "silu"))
         return ml__error_at(err, ml__tree_get(r, "hidden_act"), ML_SCHEMA,
                             "hidden_act: '%s' is not modelled for phi3 (silu: SwiGLU)", act);
-    m->activation = ML_ACT_SWIGLU;
-    m->norm = ML_NORM_RMSNORM;
-    m->prenorm = true;
-    m->position = ML_POS_ROPE;
-    m->bias = m->qkv_bias = m->out_bias = false;
-    m->fused_proj = true;
-    m->tied_embeddings = false;
+    m->mlp.activation = ML_ACT_SWIGLU;
+    m->norms.kind = ML_NORM_RMSNORM;
+    m->residual.prenorm = true;
+    m->embed.position = ML_POS_ROPE;
+    m->bias = m->attn.qkv_bias = m->attn.out_bias = false;
+    m->attn.fused_proj = true;
+    m->embed.tied = false;
     m->dropout = 0;
     uint64_t w = 0;
-    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)))
+    if ((st = ml__hf_bool(err, r, "tie_word_embeddings", &m->embed.tied)))
         return st;
     if (!ml__hf_is_null(ml__tree_get(r, "sliding_window")) &&
         (st = ml__hf_uint(err, r, KEYS("sliding_window"), false, 1, 1ull << 40, &w)))
         return st;
-    m->sliding_window = w;
+    m->attn.sliding_window = w;
     return ML_OK;
 }

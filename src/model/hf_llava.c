@@ -22,10 +22,10 @@ ml_status ml__hf_nesting(const ml_node *mt, const char *t, unsigned fam, bool ne
     if (nested && fam == ML_HF_LLAMA) {
         m->layers = 32;
         m->hidden = 4096;
-        m->heads = 32;
-        m->vocab = 32000;
-        m->ffn = 11008;
-        m->max_positions = 2048;
+        m->attn.heads = 32;
+        m->embed.vocab = 32000;
+        m->mlp.ffn = 11008;
+        m->embed.max_positions = 2048;
     }
     return ML_OK;
 }
@@ -35,7 +35,7 @@ ml_status ml__hf_nesting(const ml_node *mt, const char *t, unsigned fam, bool ne
 static ml_status feature_layer(const ml_node *r, ml_model *m, ml_error *err)
 {
     const ml_node *n = ml__tree_get(r, "vision_feature_layer");
-    long long idx = -2, states = (long long)m->vis_layers + 1;
+    long long idx = -2, states = (long long)m->vision.layers + 1;
     if (!ml__hf_is_null(n)) {
         char *end = NULL;
         errno = 0;
@@ -51,28 +51,28 @@ static ml_status feature_layer(const ml_node *r, ml_model *m, ml_error *err)
                             "vision_feature_layer: %lld is outside the tower's %lld hidden "
                             "states",
                             idx, states);
-    m->vis_used = (uint64_t)at;
+    m->vision.used = (uint64_t)at;
     return ML_OK;
 }
 
 /* The tower: CLIPVisionConfig's values, its defaults for absent keys. */
 static ml_status vision_of(const ml_node *r, const ml_node *vc, ml_model *m, ml_error *err)
 {
-    m->vis_layers = 12;
-    m->vis_hidden = 768;
-    m->vis_heads = 12;
-    m->vis_ffn = 3072;
-    m->vis_image = 224;
-    m->vis_patch = 32;
-    m->vis_channels = 3;
-    m->vis_quick_gelu = true;
+    m->vision.layers = 12;
+    m->vision.hidden = 768;
+    m->vision.attn.heads = 12;
+    m->vision.mlp.ffn = 3072;
+    m->vision.image = 224;
+    m->vision.patch = 32;
+    m->vision.channels = 3;
+    m->vision.mlp.activation = ML_ACT_QUICK_GELU;
     if (ml__hf_is_null(vc)) { /* LlavaConfig's own default tower: CLIP ViT-L/14 at 336 */
-        m->vis_layers = 24;
-        m->vis_hidden = 1024;
-        m->vis_heads = 16;
-        m->vis_ffn = 4096;
-        m->vis_image = 336;
-        m->vis_patch = 14;
+        m->vision.layers = 24;
+        m->vision.hidden = 1024;
+        m->vision.attn.heads = 16;
+        m->vision.mlp.ffn = 4096;
+        m->vision.image = 336;
+        m->vision.patch = 14;
         return ML_OK;
     }
     if (vc->type != ML_NODE_MAP)
@@ -88,31 +88,37 @@ static ml_status vision_of(const ml_node *r, const ml_node *vc, ml_model *m, ml_
                             t);
     const char *act = NULL;
     if ((st = ml__hf_check_keys(vc, ML_HF_CLIPV, "clip_vision_model", err)) ||
-        (st = ml__hf_uint(err, vc, KEYS("num_hidden_layers"), false, 1, 100000, &m->vis_layers)) ||
-        (st = ml__hf_uint(err, vc, KEYS("hidden_size"), false, 1, 1u << 20, &m->vis_hidden)) ||
+        (st = ml__hf_uint(err, vc, KEYS("num_hidden_layers"), false, 1, 100000,
+                          &m->vision.layers)) ||
+        (st = ml__hf_uint(err, vc, KEYS("hidden_size"), false, 1, 1u << 20, &m->vision.hidden)) ||
         (st = ml__hf_uint(err, vc, KEYS("num_attention_heads"), false, 1, 1u << 20,
-                          &m->vis_heads)) ||
-        (st = ml__hf_uint(err, vc, KEYS("intermediate_size"), false, 1, 1u << 24, &m->vis_ffn)) ||
-        (st = ml__hf_uint(err, vc, KEYS("image_size"), false, 1, 1u << 16, &m->vis_image)) ||
-        (st = ml__hf_uint(err, vc, KEYS("patch_size"), false, 1, 1u << 16, &m->vis_patch)) ||
-        (st = ml__hf_uint(err, vc, KEYS("num_channels"), false, 1, 1u << 16, &m->vis_channels)) ||
+                          &m->vision.attn.heads)) ||
+        (st = ml__hf_uint(err, vc, KEYS("intermediate_size"), false, 1, 1u << 24,
+                          &m->vision.mlp.ffn)) ||
+        (st = ml__hf_uint(err, vc, KEYS("image_size"), false, 1, 1u << 16, &m->vision.image)) ||
+        (st = ml__hf_uint(err, vc, KEYS("patch_size"), false, 1, 1u << 16, &m->vision.patch)) ||
+        (st = ml__hf_uint(err, vc, KEYS("num_channels"), false, 1, 1u << 16,
+                          &m->vision.channels)) ||
         (st = ml__hf_str(err, vc, "hidden_act", &act)))
         return st;
     if (act && strcmp(act, "quick_gelu") && strcmp(act, "gelu"))
         return ml__error_at(err, ml__tree_get(vc, "hidden_act"), ML_SCHEMA,
                             "vision_config.hidden_act '%s' is not modelled: quick_gelu or gelu",
                             act);
-    m->vis_quick_gelu = !act || !strcmp(act, "quick_gelu");
-    if (m->vis_hidden % m->vis_heads)
+    m->vision.mlp.activation =
+        !act || !strcmp(act, "quick_gelu") ? ML_ACT_QUICK_GELU : ML_ACT_GELU;
+    if (m->vision.hidden % m->vision.attn.heads)
         return ml__error_at(err, ml__tree_get(vc, "num_attention_heads"), ML_SCHEMA,
                             "vision_config.num_attention_heads: %llu does not divide "
                             "hidden_size (%llu)",
-                            (unsigned long long)m->vis_heads, (unsigned long long)m->vis_hidden);
-    if (m->vis_image % m->vis_patch)
+                            (unsigned long long)m->vision.attn.heads,
+                            (unsigned long long)m->vision.hidden);
+    if (m->vision.image % m->vision.patch)
         return ml__error_at(err, ml__tree_get(vc, "patch_size"), ML_SCHEMA,
                             "vision_config.patch_size: %llu does not divide image_size (%llu)",
-                            (unsigned long long)m->vis_patch, (unsigned long long)m->vis_image);
-    uint64_t g = m->vis_image / m->vis_patch;
+                            (unsigned long long)m->vision.patch,
+                            (unsigned long long)m->vision.image);
+    uint64_t g = m->vision.image / m->vision.patch;
     if (g * g + 1 > ML_MAX_TOKENS)
         return ml__error_at(err, ml__tree_get(vc, "image_size"), ML_RANGE,
                             "vision_config.image_size: %llu image tokens, above the %llu a "
@@ -145,37 +151,37 @@ ml_status ml__hf_map_llava(const ml_node *r, ml_model *m, ml_error *err)
     const ml_node *tc = ml__tree_get(r, "text_config");
     if ((st = text_of(tc, m, err)))
         return st;
-    if (m->type != ML_MODEL_DECODER || m->classes || m->experts || m->kv_lora ||
-        m->parallel_residual || m->embed_scale || m->post_norms || m->fused_proj ||
-        m->norm == ML_NORM_OLMO_LAYERNORM)
+    if (m->type != ML_MODEL_DECODER || m->head.classes || m->moe.experts || m->attn.kv_lora ||
+        m->residual.parallel || m->embed.scale || m->residual.post_norms || m->attn.fused_proj ||
+        m->norms.kind == ML_NORM_OLMO_LAYERNORM)
         return ml__error_at(err, tc, ML_SCHEMA,
                             "text_config: a llava's language model is planned for the Llama "
                             "layout (llama, mistral, qwen2): this one is not modelled");
-    uint64_t v = m->vocab;
+    uint64_t v = m->embed.vocab;
     bool tied = false;
     if ((st = vision_of(r, ml__tree_get(r, "vision_config"), m, err)) ||
         (st = feature_layer(r, m, err)) ||
         (st = ml__hf_uint(err, r, KEYS("vocab_size"), false, 1, 1u << 28, &v)) ||
         (st = ml__hf_bool(err, r, "tie_word_embeddings", &tied)))
         return st;
-    if (v != m->vocab)
+    if (v != m->embed.vocab)
         return ml__error_at(err, ml__tree_get(r, "vocab_size"), ML_SCHEMA,
                             "vocab_size: %llu differs from text_config's (%llu), which the "
                             "language model is built with; remove it or make them agree",
-                            (unsigned long long)v, (unsigned long long)m->vocab);
+                            (unsigned long long)v, (unsigned long long)m->embed.vocab);
     /* transformers ties the LM head to the text config's
      * tie_word_embeddings (tie_weights: get_text_config()); LlavaConfig
      * carries a true top-level value down to it */
-    m->tied_embeddings = m->tied_embeddings || tied;
+    m->embed.tied = m->embed.tied || tied;
     const char *sel = NULL;
     if ((st = ml__hf_str(err, r, "vision_feature_select_strategy", &sel)))
         return st;
     if (sel && strcmp(sel, "default") && strcmp(sel, "full"))
         return ml__error_at(err, ml__tree_get(r, "vision_feature_select_strategy"), ML_SCHEMA,
                             "vision_feature_select_strategy '%s': default or full", sel);
-    m->vis_full = sel && !strcmp(sel, "full");
-    m->proj_bias = true;
-    if ((st = ml__hf_bool(err, r, "multimodal_projector_bias", &m->proj_bias)))
+    m->vision.full = sel && !strcmp(sel, "full");
+    m->vision.proj_bias = true;
+    if ((st = ml__hf_bool(err, r, "multimodal_projector_bias", &m->vision.proj_bias)))
         return st;
     uint64_t n = ml_model_image_tokens(m), seq = n;
     if ((st = ml__hf_uint(err, r, KEYS("image_seq_length"), false, 1, 1u << 28, &seq)))
@@ -185,6 +191,6 @@ ml_status ml__hf_map_llava(const ml_node *r, ml_model *m, ml_error *err)
                             "image_seq_length: %llu, but the tower makes %llu image tokens "
                             "((image_size / patch_size)^2%s)",
                             (unsigned long long)seq, (unsigned long long)n,
-                            m->vis_full ? " + 1" : "");
+                            m->vision.full ? " + 1" : "");
     return ML_OK;
 }

@@ -275,12 +275,12 @@ ml_status ml__hf_activation(const ml_node *r, const char *key, const char *type,
     ml_status st = ml__hf_str(err, r, key, &v);
     if (st)
         return st;
-    m->activation = ML_ACT_GELU; /* every family's default: gelu or gelu_new */
+    m->mlp.activation = ML_ACT_GELU; /* every family's default: gelu or gelu_new */
     if (!v)
         return ML_OK;
     for (size_t i = 0; i < sizeof acts / sizeof *acts; i++)
         if (!strcmp(v, acts[i].name)) {
-            m->activation = acts[i].act;
+            m->mlp.activation = acts[i].act;
             return ML_OK;
         }
     return ml__error_at(err, ml__tree_get(r, key), ML_SCHEMA,

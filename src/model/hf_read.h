@@ -56,7 +56,7 @@ ml_status ml__hf_map_qwen2_moe_experts(const ml_node *r, ml_model *m, ml_error *
 ml_status ml__hf_activation(const ml_node *r, const char *key, const char *type, ml_model *m,
                             ml_error *err);
 /* FalconForCausalLM (hf_falcon.c). */
-/* attn_implementation into m->attention, with transformers' default for
+/* attn_implementation into m->attn.kernel, with transformers' default for
  * the family fam when it is absent (m->attention_assumed says why;
  * hf_families.c). ML_SCHEMA, with the value's position, for a value not
  * modelled. */

@@ -16,39 +16,39 @@
  * (hidden_size, num_attention_heads, num_hidden_layers). */
 static ml_status t5_sizes(const ml_node *r, ml_model *m, bool mt5, ml_error *err)
 {
-    m->vocab = mt5 ? 250112 : 32128;
+    m->embed.vocab = mt5 ? 250112 : 32128;
     m->hidden = 512;
-    m->head_dim = 64;
-    m->ffn = mt5 ? 1024 : 2048;
+    m->attn.head_dim = 64;
+    m->mlp.ffn = mt5 ? 1024 : 2048;
     m->layers = mt5 ? 8 : 6;
-    m->heads = mt5 ? 6 : 8;
-    m->rel_buckets = 32;
-    m->rel_max_distance = 128;
+    m->attn.heads = mt5 ? 6 : 8;
+    m->t5.rel_buckets = 32;
+    m->t5.rel_max_distance = 128;
     ml_status st;
-    if ((st = ml__hf_uint(err, r, KEYS("vocab_size"), false, 1, ML_MAX_VOCAB, &m->vocab)) ||
+    if ((st = ml__hf_uint(err, r, KEYS("vocab_size"), false, 1, ML_MAX_VOCAB, &m->embed.vocab)) ||
         (st = ml__hf_uint(err, r, KEYS("d_model", "hidden_size"), false, 1, ML_MAX_HIDDEN,
                           &m->hidden)) ||
-        (st = ml__hf_uint(err, r, KEYS("d_kv"), false, 1, ML_MAX_HIDDEN, &m->head_dim)) ||
-        (st = ml__hf_uint(err, r, KEYS("d_ff"), false, 1, ML_MAX_FFN, &m->ffn)) ||
-        (st = ml__hf_uint(err, r, KEYS("num_layers", "num_hidden_layers"), false, 1,
-                          ML_MAX_LAYERS, &m->layers)) ||
+        (st = ml__hf_uint(err, r, KEYS("d_kv"), false, 1, ML_MAX_HIDDEN, &m->attn.head_dim)) ||
+        (st = ml__hf_uint(err, r, KEYS("d_ff"), false, 1, ML_MAX_FFN, &m->mlp.ffn)) ||
+        (st = ml__hf_uint(err, r, KEYS("num_layers", "num_hidden_layers"), false, 1, ML_MAX_LAYERS,
+                          &m->layers)) ||
         (st = ml__hf_uint(err, r, KEYS("num_heads", "num_attention_heads"), false, 1,
-                          ML_MAX_HIDDEN, &m->heads)) ||
+                          ML_MAX_HIDDEN, &m->attn.heads)) ||
         (st = ml__hf_uint(err, r, KEYS("relative_attention_num_buckets"), false, 2, 1u << 16,
-                          &m->rel_buckets)) ||
-        (st = ml__hf_uint(err, r, KEYS("relative_attention_max_distance"), false, 1,
-                          ML_MAX_TOKENS, &m->rel_max_distance)))
+                          &m->t5.rel_buckets)) ||
+        (st = ml__hf_uint(err, r, KEYS("relative_attention_max_distance"), false, 1, ML_MAX_TOKENS,
+                          &m->t5.rel_max_distance)))
         return st;
-    m->dec_layers = m->layers;
+    m->t5.dec_layers = m->layers;
     if ((st = ml__hf_uint(err, r, KEYS("num_decoder_layers"), false, 1, ML_MAX_LAYERS,
-                          &m->dec_layers)))
+                          &m->t5.dec_layers)))
         return st;
-    if (m->heads * m->head_dim > ML_MAX_HIDDEN)
+    if (m->attn.heads * m->attn.head_dim > ML_MAX_HIDDEN)
         return ml__error_at(err, ml__tree_get(r, "d_kv"), ML_RANGE,
                             "d_kv: num_heads x d_kv = %llu is above %llu",
-                            (unsigned long long)(m->heads * m->head_dim),
+                            (unsigned long long)(m->attn.heads * m->attn.head_dim),
                             (unsigned long long)ML_MAX_HIDDEN);
-    m->kv_heads = m->heads;
+    m->attn.kv_heads = m->attn.heads;
     return ML_OK;
 }
 
@@ -79,7 +79,7 @@ static ml_status t5_activation(const ml_node *r, ml_model *m, bool mt5, ml_error
                             "gelu_new with it (gated-gelu)",
                             fn, gated ? "with" : "without");
     }
-    m->activation = gated ? ML_ACT_GEGLU : ML_ACT_RELU;
+    m->mlp.activation = gated ? ML_ACT_GEGLU : ML_ACT_RELU;
     return ML_OK;
 }
 
@@ -92,18 +92,18 @@ ml_status ml__hf_map_t5(const ml_node *r, ml_model *m, bool mt5, ml_error *err)
     if (st || (st = t5_activation(r, m, mt5, err)))
         return st;
     m->type = ML_MODEL_ENCDEC;
-    m->norm = ML_NORM_RMSNORM;
-    m->prenorm = true;
-    m->position = ML_POS_NONE;
-    m->bias = m->qkv_bias = m->mlp_bias = false;
-    m->tied_embeddings = !mt5; /* T5Config: true; MT5Config: false */
+    m->norms.kind = ML_NORM_RMSNORM;
+    m->residual.prenorm = true;
+    m->embed.position = ML_POS_NONE;
+    m->bias = m->attn.qkv_bias = m->mlp.bias = false;
+    m->embed.tied = !mt5;      /* T5Config: true; MT5Config: false */
     m->dropout = 0.1;          /* dropout_rate */
-    m->kv_cache = true; /* PretrainedConfig's use_cache */
+    m->attn.kv_cache = true;   /* PretrainedConfig's use_cache */
     if ((st = ml__hf_prob(err, r, "dropout_rate", &m->dropout)) ||
-        (st = ml__hf_bool(err, r, "tie_word_embeddings", &m->tied_embeddings)) ||
-        (st = ml__hf_bool(err, r, "use_cache", &m->kv_cache)))
+        (st = ml__hf_bool(err, r, "tie_word_embeddings", &m->embed.tied)) ||
+        (st = ml__hf_bool(err, r, "use_cache", &m->attn.kv_cache)))
         return st;
-    if (m->attention != ML_ATTN_EAGER)
+    if (m->attn.kernel != ML_ATTN_EAGER)
         return ml__error_at(err, ml__tree_get(r, "attn_implementation"), ML_SCHEMA,
                             "attn_implementation: T5's attention is eager (its position bias "
                             "is added to the scores); use eager or remove the key");

@@ -76,105 +76,162 @@ struct ml_layer {
     size_t nshortcut;
 };
 
-struct ml_model {
-    char name[128];
-    ml_model_type type;
-    /* transformer shorthand */
-    uint64_t layers, hidden, heads, kv_heads, ffn, vocab, max_positions;
+/* A model is its components (docs/cli.md, "The model file"): a
+ * transformer layer is a norm, an attention, an MLP (or a mixture of
+ * experts) and the residual that joins them; around the layers, the
+ * embedding and the head; T5's stacks and LLaVA's vision tower add theirs.
+ * The op graph's families (src/graph/families.c) compose a layer from
+ * these. */
+
+/* The layers' normalisations. */
+typedef struct {
+    ml_norm kind;
+    bool bias; /* the LayerNorms have a bias (default: model.bias; HF
+                  Falcon's LayerNorms keep theirs while its projections
+                  have none) */
+} ml_norm_spec;
+
+/* The self-attention. */
+typedef struct {
+    uint64_t heads, kv_heads;
     uint64_t head_dim;      /* the head size (HF head_dim): q projects D -> heads * head_dim,
                                k and v D -> kv_heads * head_dim; default hidden / heads */
-    uint64_t classes, token_types;             /* encoder classifier; a decoder's classes:
-                                                  the sequence-classification head (HF
-                                                  *ForSequenceClassification) */
-    bool cls_no_pad;        /* that head without pad_token_id: each sequence's last token
-                               by position, which transformers refuses above one sample */
-    uint64_t image_size, patch_size, channels; /* vision encoder (ViT) */
-    ml_activation activation;
-    ml_norm norm;
-    bool prenorm;
-    ml_position position;
-    bool tied_embeddings, bias, pooler;
     bool qkv_bias;          /* biases on the q/k/v projections (default: bias) */
-    bool out_bias;          /* a bias on the attention output projection even without
-                               `bias` (HF Llama's attention_bias) */
-    bool mlp_bias;          /* biases on the MLP's projections even without `bias`
-                               (HF Llama's mlp_bias) */
+    bool out_bias;          /* a bias on the output projection even without `bias` (HF
+                               Llama's attention_bias) */
     uint64_t sliding_window; /* HF sliding_window: a longer planned sequence is refused
                                 (the window is not modelled); 0 = none */
-    bool parallel_residual; /* x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, GPT-J) */
-    bool shared_norm;       /* with parallel_residual: one norm feeds both branches,
-                               x + attn(ln(x)) + mlp(ln(x)) (HF Falcon's input_layernorm) */
-    uint64_t experts;       /* a mixture-of-experts MLP of this many SwiGLU experts (HF
-                               Mixtral's num_local_experts); 0 = one dense MLP */
-    uint64_t experts_per_tok; /* the experts each token is routed to (top-k) */
-    uint64_t expert_ffn;    /* each expert's width (HF moe_intermediate_size); 0 = ffn */
-    uint64_t shared_expert_ffn; /* a shared expert on every token, gated by a sigmoid
-                                   (HF Qwen2-MoE's shared_expert_intermediate_size);
-                                   0 = none */
-    bool expert_renorm;     /* the top-k weights renormalised to sum to 1 (Mixtral; HF
-                               norm_topk_prob) */
-    bool shared_expert_gate; /* the shared expert's output scaled by a sigmoid gate
-                                (Qwen2-MoE; DeepSeek-V3's shared experts have none) */
-    bool router_sigmoid;    /* DeepSeek-V3's router: sigmoid scores, the top-k gathered
-                               from them (HF DeepseekV3TopkRouter); else Mixtral's softmax */
-    bool expert_sort;       /* DeepSeek-V2's dispatch (HF DeepseekV2MoE.moe): the (token,
-                               expert) pairs sorted by expert, the experts on slices, the
-                               outputs scattered back, weighted and summed in fp32; else
-                               Mixtral's torch.where per expert */
-    bool grouped_topk;      /* DeepSeek-V2's group_limited_greedy: the scores outside the
-                               chosen groups masked (masked_fill keeps the bool mask) */
-    bool rope_complex;      /* DeepSeek-V2's rotary as a complex product (apply_rotary_emb):
-                               one complex64 table instead of cos and sin */
-    uint64_t dense_layers;  /* the first dense_layers layers run one dense MLP of ffn
-                               instead of the experts (HF first_k_dense_replace) */
+    bool fused_proj;         /* one qkv_proj (and the MLP's one gate_up_proj) whose outputs
+                                are sliced and chunked (HF Phi-3; docs/inventory.md, "Phi-3
+                                block") */
+    double scalar;           /* the scores are scaled by scalar^-0.5 (HF
+                                query_pre_attn_scalar); 0 = head_dim: a value, not a size */
+    double softcap;          /* scores / cap, tanh, * cap before the mask (HF
+                                attn_logit_softcapping); 0 = none */
+    ml_attention kernel;     /* eager, sdpa or flash */
+    const char *kernel_assumed; /* why, when the input names no kernel (a Hugging Face
+                                   config.json without attn_implementation): a static
+                                   string; NULL when the input or the command line
+                                   chose it */
+    bool kv_cache;              /* the forward returns every layer's keys and values (HF
+                                   use_cache, on by default for decoders) */
     /* multi-head latent attention (HF DeepseekV3Attention), on when kv_lora > 0: k and
        v from a kv_lora-wide compressed projection (kv_a_proj_with_mqa, RMSNorm,
        kv_b_proj), q directly (q_lora 0: q_proj) or through a q_lora-wide one; the q/k
        heads are head_dim wide, of which rope_dim rotate (one rotated key part shared by
        every head), the value heads v_dim */
     uint64_t kv_lora, q_lora, rope_dim, v_dim;
-    /* T5 (type encdec): the decoder's blocks, the relative position buckets
-       (HF relative_attention_num_buckets) and the distance they reach
-       (relative_attention_max_distance: a value, not a size) */
-    uint64_t dec_layers, rel_buckets, rel_max_distance;
-    /* a multimodal decoder (HF LlavaForConditionalGeneration, on when vis_layers
-       > 0): a CLIP vision tower of vis_layers pre-norm layers (vis_hidden wide,
-       vis_heads heads, an MLP of vis_ffn, quick_gelu or gelu) over vis_image
-       square images cut in vis_patch patches of vis_channels channels; the
-       projector (linear, gelu, linear) reads the output of its first
-       vis_used layers (HF vision_feature_layer), the class token dropped
-       unless vis_full (vision_feature_select_strategy: full); the later
-       layers run, their output unused (docs/inventory.md, "Llava") */
-    uint64_t vis_layers, vis_hidden, vis_heads, vis_ffn, vis_image, vis_patch, vis_channels;
-    uint64_t vis_used;
-    bool vis_full, vis_quick_gelu, proj_bias;
-    bool norm_bias;         /* the LayerNorms have a bias (default: bias; HF Falcon's
-                               LayerNorms keep theirs while its projections have none) */
-    bool kv_cache;          /* the forward returns every layer's keys and values
-                               (HF use_cache, on by default for decoders) */
-    bool fused_proj;        /* one qkv_proj and one gate_up_proj whose outputs are sliced
-                               and chunked (HF Phi-3; docs/inventory.md, "Phi-3 block") */
-    bool mlm_head;          /* an encoder's masked-LM head over the vocabulary instead of
-                               the classifier (HF BertForMaskedLM) */
-    bool embed_scale;       /* the embeddings are multiplied by sqrt(hidden) (Gemma's
-                               normalizer, a 0-dim host tensor: saves nothing on the
-                               device) */
+} ml_attention_spec;
+
+/* The dense MLP. */
+typedef struct {
+    uint64_t ffn;
+    ml_activation activation;
+    bool bias; /* biases on the projections even without `bias` (HF Llama's
+                  mlp_bias) */
+} ml_mlp_spec;
+
+/* A mixture of experts in place of the dense MLP (experts > 0). */
+typedef struct {
+    uint64_t experts;       /* SwiGLU experts (HF Mixtral's num_local_experts) */
+    uint64_t per_token;     /* the experts each token is routed to (top-k) */
+    uint64_t expert_ffn;    /* each expert's width (HF moe_intermediate_size); 0 = ffn */
+    uint64_t shared_ffn;    /* a shared expert on every token (HF Qwen2-MoE's
+                               shared_expert_intermediate_size); 0 = none */
+    bool renorm;            /* the top-k weights renormalised to sum to 1 (Mixtral; HF
+                               norm_topk_prob) */
+    bool shared_gate;       /* the shared expert's output scaled by a sigmoid gate
+                               (Qwen2-MoE; DeepSeek-V3's shared experts have none) */
+    bool router_sigmoid;    /* DeepSeek-V3's router: sigmoid scores, the top-k gathered
+                               from them (HF DeepseekV3TopkRouter); else Mixtral's softmax */
+    bool sort;              /* DeepSeek-V2's dispatch (HF DeepseekV2MoE.moe): the (token,
+                               expert) pairs sorted by expert, the experts on slices, the
+                               outputs scattered back, weighted and summed in fp32; else
+                               Mixtral's torch.where per expert */
+    bool grouped_topk;      /* DeepSeek-V2's group_limited_greedy: the scores outside the
+                               chosen groups masked (masked_fill keeps the bool mask) */
+    uint64_t dense_layers;  /* the first dense_layers layers run one dense MLP of ffn
+                               instead of the experts (HF first_k_dense_replace) */
+} ml_moe_spec;
+
+/* How the norms, the attention and the MLP are joined. */
+typedef struct {
+    bool prenorm;
+    bool parallel;          /* x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, GPT-J) */
+    bool shared_norm;       /* with parallel: one norm feeds both branches,
+                               x + attn(ln(x)) + mlp(ln(x)) (HF Falcon's input_layernorm) */
     bool post_norms;        /* Gemma 2's layer: a norm on the attention's and on the MLP's
                                output before each residual add (four per layer) */
-    double attn_scalar;     /* the scores are scaled by attn_scalar^-0.5 (HF
-                               query_pre_attn_scalar); 0 = head_dim: a value, not a size */
-    double attn_softcap;    /* scores / cap, tanh, * cap before the mask (HF
-                               attn_logit_softcapping); 0 = none */
-    double final_softcap;   /* the same on the LM logits (HF final_logit_softcapping);
-                               0 = none */
-    uint64_t buffers;       /* module buffers the YAML declares (model.buffers, bytes),
-                               beside those the layers imply */
-    ml_attention attention;
-    const char *attention_assumed; /* why, when the input names no attention (a Hugging
-                                      Face config.json without attn_implementation): a
-                                      static string; NULL when the input or the command
-                                      line chose it */
+} ml_residual_spec;
+
+/* The embedding. */
+typedef struct {
+    uint64_t vocab, max_positions, token_types;
+    ml_position position;
+    bool tied;         /* the LM head's weight is the token embeddings' */
+    bool scale;        /* the embeddings are multiplied by sqrt(hidden) (Gemma's
+                          normalizer, a 0-dim host tensor: saves nothing on the
+                          device) */
+    bool rope_complex; /* DeepSeek-V2's rotary as a complex product (apply_rotary_emb):
+                          one complex64 table instead of cos and sin */
+    uint64_t image_size, patch_size, channels; /* a vision encoder's patches (ViT) */
+} ml_embedding_spec;
+
+/* The head. */
+typedef struct {
+    uint64_t classes; /* encoder classifier; a decoder's classes: the
+                         sequence-classification head (HF *ForSequenceClassification) */
+    bool cls_no_pad;  /* that head without pad_token_id: each sequence's last token
+                         by position, which transformers refuses above one sample */
+    bool pooler;
+    bool mlm;             /* an encoder's masked-LM head over the vocabulary instead of
+                             the classifier (HF BertForMaskedLM) */
+    double final_softcap; /* the LM logits soft-capped (HF final_logit_softcapping);
+                             0 = none */
+} ml_head_spec;
+
+/* T5 (type encdec): the decoder's blocks, the relative position buckets (HF
+ * relative_attention_num_buckets) and the distance they reach
+ * (relative_attention_max_distance: a value, not a size). */
+typedef struct {
+    uint64_t dec_layers, rel_buckets, rel_max_distance;
+} ml_t5_spec;
+
+/* A multimodal decoder's vision tower (HF LlavaForConditionalGeneration, on
+ * when layers > 0): a CLIP tower of `layers` pre-norm layers (hidden wide,
+ * the attention's heads, an MLP of ffn, quick_gelu or gelu) over `image` square
+ * images cut in `patch` patches of `channels` channels; the projector
+ * (linear, gelu, linear; proj_bias) reads the output of its first `used`
+ * layers (HF vision_feature_layer), the class token dropped unless full
+ * (vision_feature_select_strategy: full); the later layers run, their
+ * output unused (docs/inventory.md, "Llava"). */
+typedef struct {
+    uint64_t layers, hidden;
+    ml_attention_spec attn; /* heads: CLIP's attention (biased, eager) */
+    ml_mlp_spec mlp;        /* ffn; activation: quick_gelu or gelu */
+    uint64_t image, patch, channels;
+    uint64_t used;
+    bool full, proj_bias;
+} ml_vision_spec;
+
+struct ml_model {
+    char name[128];
+    ml_model_type type;
+    /* transformer shorthand */
+    uint64_t layers, hidden;
+    bool bias; /* the projections' biases (the components' defaults) */
     double dropout;
+    ml_norm_spec norms;
+    ml_attention_spec attn;
+    ml_mlp_spec mlp;
+    ml_moe_spec moe;
+    ml_residual_spec residual;
+    ml_embedding_spec embed;
+    ml_head_spec head;
+    ml_t5_spec t5;
+    ml_vision_spec vision;
+    uint64_t buffers; /* module buffers the YAML declares (model.buffers, bytes),
+                         beside those the layers imply */
     /* sequential */
     ml_layer *seq;
     size_t nseq;

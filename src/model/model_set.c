@@ -31,8 +31,8 @@ ml_status ml_model_set_attention(ml_model *m, const char *name, ml_error *err)
                                   "position bias is added to the scores, and transformers runs "
                                   "T5's attention eagerly; use eager",
                                   name, m->name);
-            m->attention = names[i].a;
-            m->attention_assumed = NULL;
+            m->attn.kernel = names[i].a;
+            m->attn.kernel_assumed = NULL;
             return ML_OK;
         }
     return ml__errorf(err, ML_SCHEMA,
@@ -45,12 +45,14 @@ const char *ml_model_attention(const ml_model *m)
 {
     if (m->type == ML_MODEL_SEQUENTIAL)
         return NULL;
-    return m->attention == ML_ATTN_SDPA ? "sdpa" : m->attention == ML_ATTN_FLASH ? "flash" : "eager";
+    return m->attn.kernel == ML_ATTN_SDPA    ? "sdpa"
+           : m->attn.kernel == ML_ATTN_FLASH ? "flash"
+                                             : "eager";
 }
 
 const char *ml_model_attention_assumed(const ml_model *m)
 {
-    return m->type == ML_MODEL_SEQUENTIAL ? NULL : m->attention_assumed;
+    return m->type == ML_MODEL_SEQUENTIAL ? NULL : m->attn.kernel_assumed;
 }
 
 uint64_t ml_model_target_len(const ml_model *m, const ml_training *t)
@@ -62,5 +64,5 @@ uint64_t ml_model_target_len(const ml_model *m, const ml_training *t)
 
 uint64_t ml_model_max_micro_batch(const ml_model *m)
 {
-    return m->type == ML_MODEL_DECODER && m->classes && m->cls_no_pad ? 1 : 0;
+    return m->type == ML_MODEL_DECODER && m->head.classes && m->head.cls_no_pad ? 1 : 0;
 }

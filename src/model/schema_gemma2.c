@@ -8,21 +8,21 @@
 ml_status ml__schema_gemma2(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
-    if ((st = ml__tree_bool(err, mm, "post_norms", "model", &m->post_norms)) ||
-        (st = ml__tree_double(err, mm, "attn_scalar", "model", 0, 1e12, false, &m->attn_scalar)) ||
+    if ((st = ml__tree_bool(err, mm, "post_norms", "model", &m->residual.post_norms)) ||
+        (st = ml__tree_double(err, mm, "attn_scalar", "model", 0, 1e12, false, &m->attn.scalar)) ||
         (st = ml__tree_double(err, mm, "attn_softcap", "model", 0, 1e12, false,
-                              &m->attn_softcap)) ||
+                              &m->attn.softcap)) ||
         (st = ml__tree_double(err, mm, "final_softcap", "model", 0, 1e12, false,
-                              &m->final_softcap)))
+                              &m->head.final_softcap)))
         return st;
     const bool dec = m->type == ML_MODEL_DECODER;
-    if (m->post_norms && (!dec || !m->prenorm || m->parallel_residual ||
-                          m->norm == ML_NORM_LAYERNORM || m->dropout > 0))
+    if (m->residual.post_norms && (!dec || !m->residual.prenorm || m->residual.parallel ||
+                                   m->norms.kind == ML_NORM_LAYERNORM || m->dropout > 0))
         return ml__error_at(err, ml__tree_get(mm, "post_norms"), ML_SCHEMA,
                             "model.post_norms: Gemma 2's norms on the attention and MLP outputs "
                             "need a pre-norm decoder with norm: rmsnorm or gemma_rmsnorm, no "
                             "parallel_residual and dropout: 0 (its layer has no dropout)");
-    if (m->final_softcap > 0 && !dec)
+    if (m->head.final_softcap > 0 && !dec)
         return ml__error_at(err, ml__tree_get(mm, "final_softcap"), ML_SCHEMA,
                             "model.final_softcap: soft-caps the LM logits of a decoder (type: "
                             "decoder)");

@@ -37,13 +37,13 @@ static ml_status feature_layer(ml_error *err, const ml_node *v, ml_model *m)
                                 "the last layer but one)",
                                 n->text);
     }
-    long long states = (long long)m->vis_layers + 1, at = idx < 0 ? states + idx : idx;
+    long long states = (long long)m->vision.layers + 1, at = idx < 0 ? states + idx : idx;
     if (at < 0 || at >= states)
         return ml__error_at(err, n ? n : v, ML_RANGE,
                             "model.stacks.vision.feature_layer: %lld is outside the tower's %lld "
                             "hidden states (-%lld to %lld)",
                             idx, states, states, states - 1);
-    m->vis_used = (uint64_t)at;
+    m->vision.used = (uint64_t)at;
     return ML_OK;
 }
 
@@ -61,26 +61,28 @@ static ml_status vision(ml_error *err, const ml_node *v, ml_model *m)
                                 "%s.%s: missing; the vision tower needs layers, hidden, heads, "
                                 "image_size and patch_size",
                                 sec, req[i]);
-    m->vis_channels = 3;
-    if ((st = ml__tree_uint(err, v, "layers", sec, 1, ML_MAX_LAYERS, &m->vis_layers)) ||
-        (st = ml__tree_uint(err, v, "hidden", sec, 1, ML_MAX_HIDDEN, &m->vis_hidden)) ||
-        (st = ml__tree_uint(err, v, "heads", sec, 1, ML_MAX_HIDDEN, &m->vis_heads)) ||
-        (st = ml__tree_uint(err, v, "image_size", sec, 1, 1u << 16, &m->vis_image)) ||
-        (st = ml__tree_uint(err, v, "patch_size", sec, 1, 1u << 16, &m->vis_patch)) ||
-        (st = ml__tree_uint(err, v, "channels", sec, 1, 1u << 16, &m->vis_channels)))
+    m->vision.channels = 3;
+    if ((st = ml__tree_uint(err, v, "layers", sec, 1, ML_MAX_LAYERS, &m->vision.layers)) ||
+        (st = ml__tree_uint(err, v, "hidden", sec, 1, ML_MAX_HIDDEN, &m->vision.hidden)) ||
+        (st = ml__tree_uint(err, v, "heads", sec, 1, ML_MAX_HIDDEN, &m->vision.attn.heads)) ||
+        (st = ml__tree_uint(err, v, "image_size", sec, 1, 1u << 16, &m->vision.image)) ||
+        (st = ml__tree_uint(err, v, "patch_size", sec, 1, 1u << 16, &m->vision.patch)) ||
+        (st = ml__tree_uint(err, v, "channels", sec, 1, 1u << 16, &m->vision.channels)))
         return st;
-    m->vis_ffn = 4 * m->vis_hidden;
-    if ((st = ml__tree_uint(err, v, "ffn", sec, 1, ML_MAX_FFN, &m->vis_ffn)))
+    m->vision.mlp.ffn = 4 * m->vision.hidden;
+    if ((st = ml__tree_uint(err, v, "ffn", sec, 1, ML_MAX_FFN, &m->vision.mlp.ffn)))
         return st;
-    if (m->vis_hidden % m->vis_heads)
+    if (m->vision.hidden % m->vision.attn.heads)
         return ml__error_at(err, ml__tree_get(v, "heads"), ML_SCHEMA,
                             "%s.heads: %llu does not divide hidden (%llu)", sec,
-                            (unsigned long long)m->vis_heads, (unsigned long long)m->vis_hidden);
-    if (m->vis_image % m->vis_patch)
+                            (unsigned long long)m->vision.attn.heads,
+                            (unsigned long long)m->vision.hidden);
+    if (m->vision.image % m->vision.patch)
         return ml__error_at(err, ml__tree_get(v, "patch_size"), ML_SCHEMA,
                             "%s.patch_size: %llu does not divide image_size (%llu)", sec,
-                            (unsigned long long)m->vis_patch, (unsigned long long)m->vis_image);
-    uint64_t g = m->vis_image / m->vis_patch;
+                            (unsigned long long)m->vision.patch,
+                            (unsigned long long)m->vision.image);
+    uint64_t g = m->vision.image / m->vision.patch;
     if (g * g + 1 > ML_MAX_TOKENS)
         return ml__error_at(err, ml__tree_get(v, "image_size"), ML_RANGE,
                             "%s.image_size: (image_size / patch_size)^2 = %llu image tokens, "
@@ -98,8 +100,8 @@ static ml_status vision(ml_error *err, const ml_node *v, ml_model *m)
         (st = ml__schema_only(err, v, sec, "attention", "eager",
                    "is not modelled for the vision tower (its eager layout is)")))
         return st;
-    m->vis_quick_gelu = a == 0;
-    m->vis_full = s == 1;
+    m->vision.mlp.activation = a == 0 ? ML_ACT_QUICK_GELU : ML_ACT_GELU;
+    m->vision.full = s == 1;
     return feature_layer(err, v, m);
 }
 
@@ -107,15 +109,16 @@ static ml_status projector(ml_error *err, const ml_node *p, ml_model *m)
 {
     const char *sec = "model.stacks.projector";
     ml_status st;
-    m->proj_bias = true; /* LlavaConfig's multimodal_projector_bias */
+    m->vision.proj_bias = true; /* LlavaConfig's multimodal_projector_bias */
     if (!p)
         return ML_OK;
     if ((st = ml__tree_need_map(err, p, sec)) ||
         (st = ml__tree_check_keys(err, p, sec, projector_keys, ML_COUNT(projector_keys))) ||
-        (st = ml__schema_only(err, p, sec, "activation", "gelu",
-                   "is not modelled for the projector (LlavaConfig's projector_hidden_act "
-                   "gelu is)")) ||
-        (st = ml__tree_bool(err, p, "bias", sec, &m->proj_bias)))
+        (st = ml__schema_only(
+             err, p, sec, "activation", "gelu",
+             "is not modelled for the projector (LlavaConfig's projector_hidden_act "
+             "gelu is)")) ||
+        (st = ml__tree_bool(err, p, "bias", sec, &m->vision.proj_bias)))
         return st;
     return ML_OK;
 }
@@ -144,12 +147,12 @@ ml_status ml__schema_multimodal(ml_error *err, const ml_node *mm, ml_model *m)
     if ((st = ml__tree_need_map(err, d, "model.stacks.decoder")) ||
         (st = ml__schema_transformer(err, d, m)))
         return st;
-    if (m->norm == ML_NORM_OLMO_LAYERNORM)
+    if (m->norms.kind == ML_NORM_OLMO_LAYERNORM)
         return ml__error_at(err, ml__tree_get(d, "norm"), ML_SCHEMA,
                             "model.stacks.decoder.norm: olmo_layernorm is planned in OLMo's own "
                             "decoder, not as a multimodal model's: use rmsnorm");
-    if (ml__tree_get(d, "type") || m->image_size || m->classes || m->experts || m->kv_lora ||
-        m->parallel_residual || !m->prenorm)
+    if (ml__tree_get(d, "type") || m->embed.image_size || m->head.classes || m->moe.experts ||
+        m->attn.kv_lora || m->residual.parallel || !m->residual.prenorm)
         return ml__error_at(err, d, ML_SCHEMA,
                             "model.stacks.decoder: a multimodal model's decoder is planned as "
                             "a pre-norm decoder with an LM head; remove type, image_size, "
@@ -171,7 +174,7 @@ ml_status ml__schema_vision_tower(ml_error *err, const ml_node *t, ml_model *m)
     tr->vision_tower = (ml_vision_tower)v;
     if (st)
         return st;
-    if (v != ML_VT_SAME && !m->vis_layers)
+    if (v != ML_VT_SAME && !m->vision.layers)
         return ml__error_at(err, ml__tree_get(t, "vision_tower"), ML_SCHEMA,
                             "training.vision_tower: a multimodal model's setting; this model has "
                             "no vision tower: remove it");
@@ -192,8 +195,8 @@ ml_status ml__schema_vision_tower(ml_error *err, const ml_node *t, ml_model *m)
 
 uint64_t ml_model_image_tokens(const ml_model *m)
 {
-    if (!m->vis_layers)
+    if (!m->vision.layers)
         return 0;
-    uint64_t g = m->vis_image / m->vis_patch;
-    return g * g + (m->vis_full ? 1 : 0);
+    uint64_t g = m->vision.image / m->vision.patch;
+    return g * g + (m->vision.full ? 1 : 0);
 }

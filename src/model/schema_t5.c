@@ -12,11 +12,11 @@ void ml__schema_seq_default(ml_model *m)
         return;
     if (m->type == ML_MODEL_ENCDEC) {
         t->seq_len = 512; /* T5Config's n_positions: the length it was trained at */
-    } else if (m->image_size) {
-        uint64_t g = m->image_size / m->patch_size;
+    } else if (m->embed.image_size) {
+        uint64_t g = m->embed.image_size / m->embed.patch_size;
         t->seq_len = g * g + 1;
-    } else if (m->max_positions) {
-        t->seq_len = m->max_positions;
+    } else if (m->embed.max_positions) {
+        t->seq_len = m->embed.max_positions;
     } else {
         t->seq_len = 2048;
     }
@@ -43,35 +43,36 @@ static ml_status encdec_sizes(ml_error *err, const ml_node *mm, ml_model *m)
     ml_status st;
     if ((st = ml__tree_uint(err, mm, "layers", "model", 1, ML_MAX_LAYERS, &m->layers)) ||
         (st = ml__tree_uint(err, mm, "hidden", "model", 1, ML_MAX_HIDDEN, &m->hidden)) ||
-        (st = ml__tree_uint(err, mm, "heads", "model", 1, ML_MAX_HIDDEN, &m->heads)) ||
-        (st = ml__tree_uint(err, mm, "vocab", "model", 1, ML_MAX_VOCAB, &m->vocab)))
+        (st = ml__tree_uint(err, mm, "heads", "model", 1, ML_MAX_HIDDEN, &m->attn.heads)) ||
+        (st = ml__tree_uint(err, mm, "vocab", "model", 1, ML_MAX_VOCAB, &m->embed.vocab)))
         return st;
-    m->dec_layers = m->layers;
-    m->head_dim = 0;
-    m->ffn = 4 * m->hidden;
-    m->rel_buckets = 32;
-    m->rel_max_distance = 128;
+    m->t5.dec_layers = m->layers;
+    m->attn.head_dim = 0;
+    m->mlp.ffn = 4 * m->hidden;
+    m->t5.rel_buckets = 32;
+    m->t5.rel_max_distance = 128;
     if ((st = ml__tree_uint(err, mm, "decoder_layers", "model", 1, ML_MAX_LAYERS,
-                            &m->dec_layers)) ||
-        (st = ml__tree_uint(err, mm, "head_dim", "model", 1, ML_MAX_HIDDEN, &m->head_dim)) ||
-        (st = ml__tree_uint(err, mm, "ffn", "model", 1, ML_MAX_FFN, &m->ffn)) ||
-        (st = ml__tree_uint(err, mm, "relative_buckets", "model", 2, 1u << 16, &m->rel_buckets)) ||
+                            &m->t5.dec_layers)) ||
+        (st = ml__tree_uint(err, mm, "head_dim", "model", 1, ML_MAX_HIDDEN, &m->attn.head_dim)) ||
+        (st = ml__tree_uint(err, mm, "ffn", "model", 1, ML_MAX_FFN, &m->mlp.ffn)) ||
+        (st = ml__tree_uint(err, mm, "relative_buckets", "model", 2, 1u << 16,
+                            &m->t5.rel_buckets)) ||
         (st = ml__tree_uint(err, mm, "relative_max_distance", "model", 1, ML_MAX_TOKENS,
-                            &m->rel_max_distance)))
+                            &m->t5.rel_max_distance)))
         return st;
-    if (!m->head_dim && m->hidden % m->heads)
+    if (!m->attn.head_dim && m->hidden % m->attn.heads)
         return ml__error_at(err, ml__tree_get(mm, "heads"), ML_SCHEMA,
                             "model.heads: %llu does not divide hidden (%llu); give head_dim "
                             "(T5's d_kv)",
-                            (unsigned long long)m->heads, (unsigned long long)m->hidden);
-    if (!m->head_dim)
-        m->head_dim = m->hidden / m->heads;
-    if (m->heads * m->head_dim > ML_MAX_HIDDEN)
+                            (unsigned long long)m->attn.heads, (unsigned long long)m->hidden);
+    if (!m->attn.head_dim)
+        m->attn.head_dim = m->hidden / m->attn.heads;
+    if (m->attn.heads * m->attn.head_dim > ML_MAX_HIDDEN)
         return ml__error_at(err, ml__tree_get(mm, "head_dim"), ML_RANGE,
                             "model.head_dim: heads x head_dim = %llu is above %llu",
-                            (unsigned long long)(m->heads * m->head_dim),
+                            (unsigned long long)(m->attn.heads * m->attn.head_dim),
                             (unsigned long long)ML_MAX_HIDDEN);
-    m->kv_heads = m->heads;
+    m->attn.kv_heads = m->attn.heads;
     return ML_OK;
 }
 
@@ -110,14 +111,14 @@ static ml_status encdec_kinds(ml_error *err, const ml_node *mm, ml_model *m)
                          "is not modelled for T5: its position bias is added to the scores, "
                          "and transformers runs T5's attention eagerly")))
         return st;
-    m->activation = act ? ML_ACT_GEGLU : ML_ACT_RELU;
-    m->norm = ML_NORM_RMSNORM;
-    m->prenorm = true;
-    m->position = ML_POS_NONE;
-    m->attention = ML_ATTN_EAGER;
-    m->bias = m->qkv_bias = m->mlp_bias = false;
-    m->tied_embeddings = true; /* T5Config's tie_word_embeddings */
-    if ((st = ml__tree_bool(err, mm, "tied_embeddings", "model", &m->tied_embeddings)) ||
+    m->mlp.activation = act ? ML_ACT_GEGLU : ML_ACT_RELU;
+    m->norms.kind = ML_NORM_RMSNORM;
+    m->residual.prenorm = true;
+    m->embed.position = ML_POS_NONE;
+    m->attn.kernel = ML_ATTN_EAGER;
+    m->bias = m->attn.qkv_bias = m->mlp.bias = false;
+    m->embed.tied = true; /* T5Config's tie_word_embeddings */
+    if ((st = ml__tree_bool(err, mm, "tied_embeddings", "model", &m->embed.tied)) ||
         (st = ml__tree_double(err, mm, "dropout", "model", 0, 1, true, &m->dropout)) ||
         (st = ml__tree_size(err, mm, "buffers", "model", &m->buffers)))
         return st;

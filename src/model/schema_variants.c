@@ -27,19 +27,19 @@ const char *const *ml__schema_transformer_keys(size_t *count)
 ml_status ml__schema_falcon(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
-    m->norm_bias = m->bias;
-    if ((st = ml__tree_bool(err, mm, "norm_bias", "model", &m->norm_bias)) ||
-        (st = ml__tree_bool(err, mm, "shared_norm", "model", &m->shared_norm)))
+    m->norms.bias = m->bias;
+    if ((st = ml__tree_bool(err, mm, "norm_bias", "model", &m->norms.bias)) ||
+        (st = ml__tree_bool(err, mm, "shared_norm", "model", &m->residual.shared_norm)))
         return st;
-    if (m->shared_norm && (!m->parallel_residual || m->norm != ML_NORM_LAYERNORM ||
-                           m->dropout > 0 || m->bias ||
-                           (m->kv_heads != 1 && m->kv_heads != m->heads)))
+    if (m->residual.shared_norm &&
+        (!m->residual.parallel || m->norms.kind != ML_NORM_LAYERNORM || m->dropout > 0 ||
+         m->bias || (m->attn.kv_heads != 1 && m->attn.kv_heads != m->attn.heads)))
         return ml__error_at(err, ml__tree_get(mm, "shared_norm"), ML_SCHEMA,
                             "model.shared_norm: Falcon's layer (one norm for both branches, its "
                             "attention) needs parallel_residual: true, norm: layernorm, "
                             "dropout: 0, bias: false (norm_bias: true) and kv_heads 1 or "
                             "heads");
-    if (ml__tree_get(mm, "norm_bias") && m->norm != ML_NORM_LAYERNORM)
+    if (ml__tree_get(mm, "norm_bias") && m->norms.kind != ML_NORM_LAYERNORM)
         return ml__error_at(err, ml__tree_get(mm, "norm_bias"), ML_SCHEMA,
                             "model.norm_bias: the LayerNorms' biases; an RMSNorm has none");
     return ML_OK;
@@ -51,23 +51,23 @@ static ml_status experts_dispatch(ml_error *err, const ml_node *mm, ml_model *m)
     static const char *const dispatch[] = {"where", "sort"};
     unsigned dsp = 0;
     ml_status st;
-    m->grouped_topk = false;
+    m->moe.grouped_topk = false;
     if ((st = ml__tree_enum(err, mm, "expert_dispatch", "model", dispatch, 2, &dsp)) ||
-        (st = ml__tree_bool(err, mm, "grouped_topk", "model", &m->grouped_topk)))
+        (st = ml__tree_bool(err, mm, "grouped_topk", "model", &m->moe.grouped_topk)))
         return st;
-    m->expert_sort = dsp == 1;
-    if (m->expert_sort && m->router_sigmoid)
+    m->moe.sort = dsp == 1;
+    if (m->moe.sort && m->moe.router_sigmoid)
         return ml__error_at(err, ml__tree_get(mm, "expert_dispatch"), ML_SCHEMA,
                             "model.expert_dispatch: sort is DeepSeek-V2's layer, whose router is "
                             "a softmax: drop router: sigmoid (DeepSeek-V3's)");
-    if (m->expert_sort && ml__tree_get(mm, "expert_renorm") && m->expert_renorm)
+    if (m->moe.sort && ml__tree_get(mm, "expert_renorm") && m->moe.renorm)
         return ml__error_at(err, ml__tree_get(mm, "expert_renorm"), ML_SCHEMA,
                             "model.expert_renorm: DeepSeek-V2's router (expert_dispatch: sort) "
                             "does not renormalise its top-k weights: set it false or leave it "
                             "out");
-    if (m->expert_sort)
-        m->expert_renorm = false;
-    if (m->grouped_topk && !m->expert_sort)
+    if (m->moe.sort)
+        m->moe.renorm = false;
+    if (m->moe.grouped_topk && !m->moe.sort)
         return ml__error_at(err, ml__tree_get(mm, "grouped_topk"), ML_SCHEMA,
                             "model.grouped_topk: DeepSeek-V2's group_limited_greedy; it needs "
                             "expert_dispatch: sort");
@@ -81,22 +81,21 @@ static ml_status experts_kinds(ml_error *err, const ml_node *mm, ml_model *m)
     static const char *const routers[] = {"softmax", "sigmoid"};
     unsigned r = 0;
     ml_status st;
-    m->shared_expert_gate = true;
-    m->dense_layers = 0;
+    m->moe.shared_gate = true;
+    m->moe.dense_layers = 0;
     if ((st = ml__tree_enum(err, mm, "router", "model", routers, 2, &r)) ||
         (st = ml__tree_uint(err, mm, "dense_layers", "model", 0, ML_MAX_LAYERS,
-                            &m->dense_layers)) ||
-        (st = ml__tree_bool(err, mm, "shared_expert_gate", "model", &m->shared_expert_gate)))
+                            &m->moe.dense_layers)) ||
+        (st = ml__tree_bool(err, mm, "shared_expert_gate", "model", &m->moe.shared_gate)))
         return st;
-    m->router_sigmoid = r == 1;
+    m->moe.router_sigmoid = r == 1;
     if ((st = experts_dispatch(err, mm, m)))
         return st;
     /* Qwen2-MoE's shared expert has a sigmoid gate, DeepSeek-V2's and
      * DeepSeek-V3's shared experts none: the layers planned */
-    bool gate = m->shared_expert_gate;
-    m->shared_expert_gate = !m->router_sigmoid && !m->expert_sort;
-    if (ml__tree_get(mm, "shared_expert_gate") && m->shared_expert_ffn &&
-        gate != m->shared_expert_gate)
+    bool gate = m->moe.shared_gate;
+    m->moe.shared_gate = !m->moe.router_sigmoid && !m->moe.sort;
+    if (ml__tree_get(mm, "shared_expert_gate") && m->moe.shared_ffn && gate != m->moe.shared_gate)
         return ml__error_at(err, ml__tree_get(mm, "shared_expert_gate"), ML_SCHEMA,
                             "model.shared_expert_gate: %s is not modelled here (the planned "
                             "layers: a gated shared expert with router: softmax and "
@@ -104,32 +103,33 @@ static ml_status experts_kinds(ml_error *err, const ml_node *mm, ml_model *m)
                             "router: sigmoid, DeepSeek-V3's, or expert_dispatch: sort, "
                             "DeepSeek-V2's)",
                             gate ? "true" : "false");
-    if (ml__tree_get(mm, "shared_expert_gate") && !m->shared_expert_ffn)
+    if (ml__tree_get(mm, "shared_expert_gate") && !m->moe.shared_ffn)
         return ml__error_at(err, ml__tree_get(mm, "shared_expert_gate"), ML_SCHEMA,
                             "model.shared_expert_gate: the shared expert's gate; give "
                             "shared_expert_ffn: N");
-    if (m->dense_layers >= m->layers && ml__tree_get(mm, "dense_layers"))
+    if (m->moe.dense_layers >= m->layers && ml__tree_get(mm, "dense_layers"))
         return ml__error_at(err, ml__tree_get(mm, "dense_layers"), ML_SCHEMA,
                             "model.dense_layers: %llu of the %llu layers dense leaves no layer "
                             "with experts: leave out experts instead",
-                            (unsigned long long)m->dense_layers, (unsigned long long)m->layers);
+                            (unsigned long long)m->moe.dense_layers,
+                            (unsigned long long)m->layers);
     return ML_OK;
 }
 
 ml_status ml__schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
-    m->experts = 0;
-    m->experts_per_tok = 0;
-    m->expert_ffn = m->shared_expert_ffn = 0;
-    m->expert_renorm = true;
-    m->router_sigmoid = m->expert_sort = m->grouped_topk = false;
-    if ((st = ml__tree_uint(err, mm, "experts", "model", 1, 4096, &m->experts)) ||
-        (st = ml__tree_uint(err, mm, "experts_per_tok", "model", 1, 4096, &m->experts_per_tok)) ||
-        (st = ml__tree_uint(err, mm, "expert_ffn", "model", 1, ML_MAX_FFN, &m->expert_ffn)) ||
+    m->moe.experts = 0;
+    m->moe.per_token = 0;
+    m->moe.expert_ffn = m->moe.shared_ffn = 0;
+    m->moe.renorm = true;
+    m->moe.router_sigmoid = m->moe.sort = m->moe.grouped_topk = false;
+    if ((st = ml__tree_uint(err, mm, "experts", "model", 1, 4096, &m->moe.experts)) ||
+        (st = ml__tree_uint(err, mm, "experts_per_tok", "model", 1, 4096, &m->moe.per_token)) ||
+        (st = ml__tree_uint(err, mm, "expert_ffn", "model", 1, ML_MAX_FFN, &m->moe.expert_ffn)) ||
         (st = ml__tree_uint(err, mm, "shared_expert_ffn", "model", 1, ML_MAX_FFN,
-                            &m->shared_expert_ffn)) ||
-        (st = ml__tree_bool(err, mm, "expert_renorm", "model", &m->expert_renorm)))
+                            &m->moe.shared_ffn)) ||
+        (st = ml__tree_bool(err, mm, "expert_renorm", "model", &m->moe.renorm)))
         return st;
     const char *const only[] = {"expert_ffn",         "shared_expert_ffn", "expert_renorm",
                                 "router",             "dense_layers",      "shared_expert_gate",
@@ -142,20 +142,21 @@ ml_status ml__schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
                                                    : ml__tree_get(mm, "experts_per_tok");
     if (!at)
         return ML_OK;
-    if (m->experts < 2)
+    if (m->moe.experts < 2)
         return ml__error_at(err, at, ML_SCHEMA,
                             "model.experts: a mixture of experts needs experts: 2 or more (one "
                             "dense MLP: leave the key out)");
-    if (!m->experts_per_tok)
-        m->experts_per_tok = 2; /* MixtralConfig's num_experts_per_tok */
-    if (m->experts_per_tok > m->experts)
+    if (!m->moe.per_token)
+        m->moe.per_token = 2; /* MixtralConfig's num_experts_per_tok */
+    if (m->moe.per_token > m->moe.experts)
         return ml__error_at(err, ml__tree_get(mm, "experts_per_tok"), ML_SCHEMA,
                             "model.experts_per_tok: %llu is more than the %llu experts",
-                            (unsigned long long)m->experts_per_tok,
-                            (unsigned long long)m->experts);
-    if (m->type != ML_MODEL_DECODER || !m->prenorm || m->norm == ML_NORM_LAYERNORM ||
-        m->activation != ML_ACT_SWIGLU || m->parallel_residual || m->fused_proj ||
-        m->post_norms || m->dropout > 0 || m->bias || m->mlp_bias)
+                            (unsigned long long)m->moe.per_token,
+                            (unsigned long long)m->moe.experts);
+    if (m->type != ML_MODEL_DECODER || !m->residual.prenorm ||
+        m->norms.kind == ML_NORM_LAYERNORM || m->mlp.activation != ML_ACT_SWIGLU ||
+        m->residual.parallel || m->attn.fused_proj || m->residual.post_norms || m->dropout > 0 ||
+        m->bias || m->mlp.bias)
         return ml__error_at(err, at, ML_SCHEMA,
                             "model.experts: planned for Mixtral's layer only: a pre-norm decoder "
                             "with norm: rmsnorm, activation: swiglu, no biases, no "
@@ -169,30 +170,31 @@ ml_status ml__schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
 ml_status ml__schema_mla(ml_error *err, const ml_node *mm, ml_model *m)
 {
     ml_status st;
-    m->kv_lora = m->q_lora = m->rope_dim = m->v_dim = 0;
-    m->rope_complex = false;
-    if ((st = ml__tree_uint(err, mm, "kv_lora_rank", "model", 1, ML_MAX_HIDDEN, &m->kv_lora)) ||
-        (st = ml__tree_bool(err, mm, "rope_complex", "model", &m->rope_complex)) ||
-        (st = ml__tree_uint(err, mm, "q_lora_rank", "model", 1, ML_MAX_HIDDEN, &m->q_lora)) ||
+    m->attn.kv_lora = m->attn.q_lora = m->attn.rope_dim = m->attn.v_dim = 0;
+    m->embed.rope_complex = false;
+    if ((st = ml__tree_uint(err, mm, "kv_lora_rank", "model", 1, ML_MAX_HIDDEN,
+                            &m->attn.kv_lora)) ||
+        (st = ml__tree_bool(err, mm, "rope_complex", "model", &m->embed.rope_complex)) ||
+        (st = ml__tree_uint(err, mm, "q_lora_rank", "model", 1, ML_MAX_HIDDEN, &m->attn.q_lora)) ||
         (st = ml__tree_uint(err, mm, "rope_head_dim", "model", 2, ML_MAX_HIDDEN,
-                            &m->rope_dim)) ||
-        (st = ml__tree_uint(err, mm, "v_head_dim", "model", 1, ML_MAX_HIDDEN, &m->v_dim)))
+                            &m->attn.rope_dim)) ||
+        (st = ml__tree_uint(err, mm, "v_head_dim", "model", 1, ML_MAX_HIDDEN, &m->attn.v_dim)))
         return st;
     const char *const only[] = {"q_lora_rank", "rope_head_dim", "v_head_dim", "rope_complex"};
     for (size_t i = 0; i < 4; i++)
-        if (ml__tree_get(mm, only[i]) && !m->kv_lora)
+        if (ml__tree_get(mm, only[i]) && !m->attn.kv_lora)
             return ml__error_at(err, ml__tree_get(mm, only[i]), ML_SCHEMA,
                                 "model.%s: a key of multi-head latent attention: give "
                                 "kv_lora_rank: N",
                                 only[i]);
-    if (!m->kv_lora)
+    if (!m->attn.kv_lora)
         return ML_OK;
     const ml_node *at = ml__tree_get(mm, "kv_lora_rank");
-    uint64_t dh = m->head_dim ? m->head_dim : m->hidden / m->heads;
-    if (m->type != ML_MODEL_DECODER || !m->prenorm || m->norm != ML_NORM_RMSNORM ||
-        m->position != ML_POS_ROPE || m->bias || m->qkv_bias || m->dropout > 0 ||
-        m->kv_heads != m->heads ||
-        m->parallel_residual || m->fused_proj || m->post_norms || m->attn_softcap > 0)
+    uint64_t dh = m->attn.head_dim ? m->attn.head_dim : m->hidden / m->attn.heads;
+    if (m->type != ML_MODEL_DECODER || !m->residual.prenorm || m->norms.kind != ML_NORM_RMSNORM ||
+        m->embed.position != ML_POS_ROPE || m->bias || m->attn.qkv_bias || m->dropout > 0 ||
+        m->attn.kv_heads != m->attn.heads || m->residual.parallel || m->attn.fused_proj ||
+        m->residual.post_norms || m->attn.softcap > 0)
         return ml__error_at(err, at, ML_SCHEMA,
                             "model.kv_lora_rank: multi-head latent attention is planned in "
                             "DeepSeek-V3's layer only: a pre-norm decoder with norm: rmsnorm, "
@@ -200,32 +202,39 @@ ml_status ml__schema_mla(ml_error *err, const ml_node *mm, ml_model *m)
                             "equal to heads, "
                             "and no parallel_residual, fused_projections, post_norms or "
                             "attn_softcap");
-    if (!m->rope_dim || m->rope_dim % 2 || m->rope_dim >= dh)
+    if (!m->attn.rope_dim || m->attn.rope_dim % 2 || m->attn.rope_dim >= dh)
         return ml__error_at(err, ml__tree_get(mm, "rope_head_dim") ? ml__tree_get(mm, "rope_head_dim")
                                                                  : at,
                            ML_SCHEMA,
                            "model.rope_head_dim: the rotated part of the %llu-wide q/k head "
                            "(head_dim) must be given, even and smaller than it",
                            (unsigned long long)dh);
-    if (!m->v_dim)
-        m->v_dim = dh - m->rope_dim; /* DeepSeek's v_head_dim = qk_nope_head_dim */
+    if (!m->attn.v_dim)
+        m->attn.v_dim = dh - m->attn.rope_dim; /* DeepSeek's v_head_dim = qk_nope_head_dim */
     return ML_OK;
 }
 
 ml_status ml__schema_olmo(ml_error *err, const ml_node *mm, ml_model *m)
 {
-    if (m->norm != ML_NORM_OLMO_LAYERNORM)
+    if (m->norms.kind != ML_NORM_OLMO_LAYERNORM)
         return ML_OK;
     /* the first setting OLMo's layer does not have, named as a key */
     static const char *const keys[] = {
         "type",         "norm_position", "parallel_residual", "experts",      "kv_lora_rank",
         "post_norms",   "fused_projections", "attn_softcap", "final_softcap", "classes",
         "kv_heads",     "activation"};
-    const bool bad[] = {m->type != ML_MODEL_DECODER, !m->prenorm, m->parallel_residual,
-                        m->experts > 0,              m->kv_lora > 0, m->post_norms,
-                        m->fused_proj,               m->attn_softcap > 0, m->final_softcap > 0,
-                        m->classes > 0,              m->kv_heads > m->heads,
-                        m->activation == ML_ACT_QUICK_GELU};
+    const bool bad[] = {m->type != ML_MODEL_DECODER,
+                        !m->residual.prenorm,
+                        m->residual.parallel,
+                        m->moe.experts > 0,
+                        m->attn.kv_lora > 0,
+                        m->residual.post_norms,
+                        m->attn.fused_proj,
+                        m->attn.softcap > 0,
+                        m->head.final_softcap > 0,
+                        m->head.classes > 0,
+                        m->attn.kv_heads > m->attn.heads,
+                        m->mlp.activation == ML_ACT_QUICK_GELU};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (bad[i])
             return ml__error_at(err, ml__tree_get(mm, "norm"), ML_SCHEMA,

@@ -58,7 +58,7 @@ static uint64_t budget_batch(uint64_t tokens, uint64_t t)
  * positions. */
 static ml_status check_model(const ml_model *m, const ml_lengths *d, ml_error *err)
 {
-    if (m->type == ML_MODEL_SEQUENTIAL || m->image_size)
+    if (m->type == ML_MODEL_SEQUENTIAL || m->embed.image_size)
         return ml__errorf(err, ML_USAGE,
                           "lengths: %s has no token sequence (a sequential or vision model); "
                           "length distributions apply to text decoders and encoders",
@@ -75,14 +75,14 @@ static ml_status check_model(const ml_model *m, const ml_lengths *d, ml_error *e
                           "lengths of their own; one distribution is not planned: plan the "
                           "longest batch with --seq-len and --target-len",
                           ml_model_name(m));
-    if (m->position == ML_POS_LEARNED && ml_lengths_max(d) > m->max_positions)
+    if (m->embed.position == ML_POS_LEARNED && ml_lengths_max(d) > m->embed.max_positions)
         return ml__errorf(err, ML_RANGE,
                           "lengths: the longest sample has %llu tokens, beyond the model's %llu "
                           "learned positions (model.max_positions): truncate the samples to "
                           "%llu tokens, as the tokenizer's max_length would",
                           (unsigned long long)ml_lengths_max(d),
-                          (unsigned long long)m->max_positions,
-                          (unsigned long long)m->max_positions);
+                          (unsigned long long)m->embed.max_positions,
+                          (unsigned long long)m->embed.max_positions);
     return ML_OK;
 }
 

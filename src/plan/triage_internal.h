@@ -13,7 +13,7 @@
 /* What a model has that decides whether a remedy applies or what it changes
  * in training. */
 typedef struct {
-    bool transformer; /* decoder/encoder shorthand: its attention is m->attention */
+    bool transformer; /* decoder/encoder shorthand: its attention is m->attn.kernel */
     bool attention;   /* any attention (selective checkpointing acts on it) */
     bool dropout;     /* recomputed dropout needs the RNG state */
     bool batchnorm;   /* batch statistics depend on the micro-batch */

@@ -218,7 +218,7 @@ static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
         return t0->offload != ML_OFFLOAD_PARAMS;
     case ML_REMEDY_ATTENTION_SDPA: /* the model's attention changes: see add_remedy */
         /* latent attention's sdpa is not modelled (the plan refuses it) */
-        return x->tr.transformer && x->m->attention == ML_ATTN_EAGER && !x->m->kv_lora;
+        return x->tr.transformer && x->m->attn.kernel == ML_ATTN_EAGER && !x->m->attn.kv_lora;
     case ML_REMEDY_LOGITS_RELEASED:
         t->logits = ML_LOGITS_RELEASED;
         return t0->logits == ML_LOGITS_KEPT;
@@ -427,7 +427,7 @@ ml_status ml__triage_add_remedy(const ml_triage_ctx *x, ml_remedy_kind k, ml_tri
     const ml_model *m = x->m;
     if (k == ML_REMEDY_ATTENTION_SDPA) {
         sdpa = *x->m; /* a shallow copy: the ledger only reads the model */
-        sdpa.attention = ML_ATTN_SDPA;
+        sdpa.attn.kernel = ML_ATTN_SDPA;
         m = &sdpa;
     }
     ml_summary s;

@@ -150,7 +150,8 @@ static bool one_block(const ml_model *m, ml_precision p, uint64_t B, uint64_t T,
         assert_non_null(G);
         if (!ml__ck_graph_layer(ch, m, &d, G)) {
             free(G);
-            assert_true((m->fused_proj || m->parallel_residual) && ml__ck_fused_attention(ch, m));
+            assert_true((m->attn.fused_proj || m->residual.parallel) &&
+                        ml__ck_fused_attention(ch, m));
             ml__chain_free(ch);
             return false;
         }
@@ -181,15 +182,15 @@ static bool one_block(const ml_model *m, ml_precision p, uint64_t B, uint64_t T,
 static uint64_t cat_outputs(const ml_chain *ch, const ml_model *m, uint64_t B, uint64_t T)
 {
     /* (GPT-NeoX's parallel layer, not Falcon's: its rotary adds, no cat) */
-    if (!(m->fused_proj || (m->parallel_residual && !m->shared_norm)) ||
+    if (!(m->attn.fused_proj || (m->residual.parallel && !m->residual.shared_norm)) ||
         !ml__ck_fused_attention(ch, m) ||
-        m->position != ML_POS_ROPE) /* no rotary: q and k are views of the output */
+        m->embed.position != ML_POS_ROPE) /* no rotary: q and k are views of the output */
         return 0;
     if (ch->prec.autocast)
         return UINT64_MAX;
-    const uint64_t dh = m->head_dim ? m->head_dim : m->hidden / m->heads;
-    const uint64_t hkv = m->kv_heads ? m->kv_heads : m->heads;
-    return B * T * (m->heads + hkv) * dh * ch->prec.a;
+    const uint64_t dh = m->attn.head_dim ? m->attn.head_dim : m->hidden / m->attn.heads;
+    const uint64_t hkv = m->attn.kv_heads ? m->attn.kv_heads : m->attn.heads;
+    return B * T * (m->attn.heads + hkv) * dh * ch->prec.a;
 }
 
 /* The builders' layer blocks of a and the graph's of b where they differ
@@ -359,9 +360,9 @@ static const variant variants[] = {
 static ml_model *load_variant(size_t v)
 {
     ml_model *m = load_str(variants[v].yaml);
-    m->kv_cache = variants[v].kv_cache;
-    m->out_bias = variants[v].out_bias;
-    m->mlp_bias = variants[v].mlp_bias;
+    m->attn.kv_cache = variants[v].kv_cache;
+    m->attn.out_bias = variants[v].out_bias;
+    m->mlp.bias = variants[v].mlp_bias;
     return m;
 }
 
@@ -373,8 +374,8 @@ static void test_graph_equals_builders(void **state)
     unsigned compared = 0, by_oracle = 0, falcon = 0, latent = 0;
     for (size_t v = 0; v < nv; v++) {
         ml_model *m = load_variant(v);
-        for (size_t k = 0; k < 3 && m->prenorm; k++) {
-            m->attention = kernels[k];
+        for (size_t k = 0; k < 3 && m->residual.prenorm; k++) {
+            m->attn.kernel = kernels[k];
             for (int p = 0; p < ML_PREC_COUNT; p++)
                 for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
                     for (int mode = 0; mode < 4; mode++) {
@@ -388,11 +389,11 @@ static void test_graph_equals_builders(void **state)
                         ml_chain a, b;
                         assert_true(one_block(m, (ml_precision)p, shapes[s][0], shapes[s][1],
                                               sel, ev, true, &b));
-                        falcon += m->shared_norm;
-                        latent += m->kv_lora > 0;
+                        falcon += m->residual.shared_norm;
+                        latent += m->attn.kv_lora > 0;
                         /* latent attention exists in the graph only: its
                          * block built is the assertion (and the count) */
-                        if (m->kv_lora) {
+                        if (m->attn.kv_lora) {
                             assert_true(b.n == 1 && b.blocks[0].saved_bytes > 0);
                             ml__chain_free(&b);
                             continue;
@@ -506,7 +507,7 @@ static unsigned compare_model(ml_model *m, const char *name, unsigned *fused)
     unsigned n = 0;
     /* a multimodal model under each vision-tower setting (its checkpoint
      * indices and the tower's blocks change; the decoder is the graph's) */
-    for (int vt = 0; vt < (m->vis_layers ? ML_VT_COUNT : 1); vt++)
+    for (int vt = 0; vt < (m->vision.layers ? ML_VT_COUNT : 1); vt++)
         n += compare_model_vt(m, name, (ml_vision_tower)vt, fused);
     return n;
 }
@@ -515,7 +516,7 @@ static unsigned compare_model(ml_model *m, const char *name, unsigned *fused)
  * attention, LLaVA's vision tower and projector. */
 static bool graph_only(const ml_model *m)
 {
-    return m->experts || m->kv_lora || m->vis_layers;
+    return m->moe.experts || m->attn.kv_lora || m->vision.layers;
 }
 
 static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower vt,
@@ -523,9 +524,9 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
 {
     unsigned compared = 0;
     static const char *const policies[] = {"none", "selective", "none"};
-    const ml_attention own = m->attention;
+    const ml_attention own = m->attn.kernel;
     for (size_t k = 0; k < 3; k++) {
-        m->attention = kernels[k];
+        m->attn.kernel = kernels[k];
         for (int p = 0; p < ML_PREC_COUNT; p++)
             for (size_t c = 0; c < 3; c++)
                 for (int ev = 0; ev < 2; ev++) {
@@ -537,7 +538,7 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
                         cfg.training.logits = ML_LOGITS_FUSED;
                     cfg.training.micro_batch = 2;
                     /* LLaVA's sequence holds its image's 576 tokens */
-                    if (cfg.training.seq_len > 256 && !m->vis_layers)
+                    if (cfg.training.seq_len > 256 && !m->vision.layers)
                         cfg.training.seq_len = 256;
                     cfg.calib = NULL;
                     cfg.training.vision_tower = vt;
@@ -550,7 +551,7 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
                     /* only the fused loss is refused (under autocast, or for
                      * a head other than a language model's), and latent
                      * attention under sdpa and flash */
-                    if (sb != ML_OK && c != 2 && !(m->kv_lora && kernels[k] != ML_ATTN_EAGER))
+                    if (sb != ML_OK && c != 2 && !(m->attn.kv_lora && kernels[k] != ML_ATTN_EAGER))
                         fail_msg("%s: refused: %s", name, e.msg);
                     if (sb != ML_OK)
                         continue;
@@ -581,7 +582,7 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
                     *fused += c == 2;
                 }
     }
-    m->attention = own;
+    m->attn.kernel = own;
     return compared;
 }
 
@@ -604,7 +605,7 @@ static void test_chains_equal_builders(void **state)
         ml_model *m = load_hf_config(hf[i]);
         const unsigned k = compare_model(m, hf[i], &fused);
         n += k;
-        falcon += m->shared_norm ? k : 0;
+        falcon += m->residual.shared_norm ? k : 0;
         ml_model_destroy(m);
     }
     for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
@@ -612,8 +613,8 @@ static void test_chains_equal_builders(void **state)
         m->layers = 3;
         const unsigned k = compare_model(m, "variant", &fused);
         n += k;
-        falcon += m->shared_norm ? k : 0;
-        latent += m->kv_lora ? k : 0;
+        falcon += m->residual.shared_norm ? k : 0;
+        latent += m->attn.kv_lora ? k : 0;
         ml_model_destroy(m);
     }
     /* 44 models x 3 kernels x 6 precisions x 3 settings x 2 passes (no
@@ -684,12 +685,12 @@ static void test_moe_layers_from_graph(void **state)
         for (int opt = 0; opt < 4; opt++) {
             ml_model *m = load_str(moe_variants[v]);
             if (v == 0)
-                m->expert_renorm = opt & 1;
+                m->moe.renorm = opt & 1;
             else
-                m->grouped_topk = opt & 1;
-            m->shared_expert_ffn = opt & 2 ? 0 : 48;
+                m->moe.grouped_topk = opt & 1;
+            m->moe.shared_ffn = opt & 2 ? 0 : 48;
             for (size_t k = 0; k < 3; k++) {
-                m->attention = kernels[k];
+                m->attn.kernel = kernels[k];
                 for (int p = 0; p < ML_PREC_COUNT; p++)
                     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
                         for (int mode = 0; mode < 4; mode++)
@@ -737,7 +738,7 @@ static unsigned both_layouts_taken(const ml_model *m)
         assert_int_equal(ml__ck_dims_of(m, &c.training, &ch, &d, &e), ML_OK);
         n += ml__ck_graph_layer_at(&ch, m, &d, 0, G);
         assert_int_equal(G->g.t[0].role, MLG_INPUT);
-        n += ml__ck_graph_layer_at(&ch, m, &d, m->dense_layers, G);
+        n += ml__ck_graph_layer_at(&ch, m, &d, m->moe.dense_layers, G);
         /* a quarter of each fixed array to spare */
         assert_true(G->g.nt <= MLG_MAX_TENSORS * 3 / 4 && G->g.nop <= MLG_MAX_OPS * 3 / 4);
         if (p == ML_PREC_AMP_BF16)
@@ -754,7 +755,7 @@ static void test_moe_chains_from_graph(void **state)
     static const char *const hf[] = {"deepseek-v3", "deepseek-v2-lite"};
     for (size_t i = 0; i < 2; i++) {
         ml_model *m = load_hf_config(hf[i]);
-        assert_true(m->dense_layers > 0 && m->dense_layers < m->layers);
+        assert_true(m->moe.dense_layers > 0 && m->moe.dense_layers < m->layers);
         taken += both_layouts_taken(m);
         n += compare_model(m, hf[i], &fused);
         ml_model_destroy(m);
@@ -817,10 +818,10 @@ static void test_mixtral_layers_from_graph(void **state)
     for (size_t v = 0; v < 3; v++)
         for (int opt = 0; opt < 4; opt++) {
             ml_model *m = load_str(mixtral_variants[v]);
-            m->expert_renorm = opt & 1;
-            m->shared_expert_ffn = opt & 2 ? 0 : (v ? 2 * m->expert_ffn : 48);
+            m->moe.renorm = opt & 1;
+            m->moe.shared_ffn = opt & 2 ? 0 : (v ? 2 * m->moe.expert_ffn : 48);
             for (size_t k = 0; k < 3; k++) {
-                m->attention = kernels[k];
+                m->attn.kernel = kernels[k];
                 for (int p = 0; p < ML_PREC_COUNT; p++)
                     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
                         for (int mode = 0; mode < 4; mode++)
@@ -996,7 +997,7 @@ typedef struct {
 static bool wide_projector(const ml_model *m, ml_precision p)
 {
     const ml_prec pr = ml__prec_of(p);
-    return !pr.autocast && m->vis_full && m->vis_hidden * pr.w > m->hidden * 24;
+    return !pr.autocast && m->vision.full && m->vision.hidden * pr.w > m->hidden * 24;
 }
 
 static void same_graph_fields(const ml_chain *a, const ml_cblock *x, const ml_chain *b,
@@ -1024,11 +1025,17 @@ static void llava_ends_from_graph(const ml_model *m, const ml_config *cfg,
     ml_ck_dims d;
     ml_error e;
     assert_int_equal(ml__ck_dims_of(m, &cfg->training, &ch, &d, &e), ML_OK);
-    const uint64_t g = m->vis_image / m->vis_patch;
-    const ml_ck_dims vd = {.B = d.B, .T = g * g + 1, .BT = d.B * (g * g + 1),
-                           .D = m->vis_hidden, .F = m->vis_ffn, .H = m->vis_heads,
-                           .Hkv = m->vis_heads, .dh = m->vis_hidden / m->vis_heads,
-                           .Dkv = m->vis_hidden, .expert_imbalance = 1};
+    const uint64_t g = m->vision.image / m->vision.patch;
+    const ml_ck_dims vd = {.B = d.B,
+                           .T = g * g + 1,
+                           .BT = d.B * (g * g + 1),
+                           .D = m->vision.hidden,
+                           .F = m->vision.mlp.ffn,
+                           .H = m->vision.attn.heads,
+                           .Hkv = m->vision.attn.heads,
+                           .dh = m->vision.hidden / m->vision.attn.heads,
+                           .Dkv = m->vision.hidden,
+                           .expert_imbalance = 1};
     ml_ck_graph *G = malloc(sizeof *G);
     assert_non_null(G);
     assert_true(ml__ck_graph_clip_embedding(&ch, m, &vd, G));
@@ -1065,7 +1072,7 @@ static unsigned compare_llava(ml_model *m, const char *name, unsigned *copies, l
                 for (size_t c = 0; c < 3; c++)
                     for (int run = 0; run < 4; run++) {
                         const bool ev = run & 1;
-                        m->attention = kernels[k];
+                        m->attn.kernel = kernels[k];
                         ml_config cfg = ml_model_config(m);
                         cfg.training.precision = (ml_precision)p;
                         cfg.training.micro_batch = run & 2 ? 3 : 1;
@@ -1138,10 +1145,16 @@ static void clip_layers_taken(const ml_model *m)
         ml_chain ch;
         memset(&ch, 0, sizeof ch);
         ch.prec = ml__prec_of((ml_precision)p);
-        const uint64_t g = m->vis_image / m->vis_patch;
-        const ml_ck_dims vd = {.B = 1, .T = g * g + 1, .BT = g * g + 1, .D = m->vis_hidden,
-                               .F = m->vis_ffn, .H = m->vis_heads, .Hkv = m->vis_heads,
-                               .dh = m->vis_hidden / m->vis_heads, .Dkv = m->vis_hidden};
+        const uint64_t g = m->vision.image / m->vision.patch;
+        const ml_ck_dims vd = {.B = 1,
+                               .T = g * g + 1,
+                               .BT = g * g + 1,
+                               .D = m->vision.hidden,
+                               .F = m->vision.mlp.ffn,
+                               .H = m->vision.attn.heads,
+                               .Hkv = m->vision.attn.heads,
+                               .dh = m->vision.hidden / m->vision.attn.heads,
+                               .Dkv = m->vision.hidden};
         ml_ck_graph *G = malloc(sizeof *G);
         assert_non_null(G);
         for (unsigned pool = MLG_CLIP_LAYER; pool <= MLG_CLIP_POOLED_KEPT; pool++)
@@ -1704,25 +1717,26 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
     /* a classifier (a decoder's over its last token, an encoder's over
      * its first): the head before the loss */
     const bool dec = m->type == ML_MODEL_DECODER;
-    const bool taken = m->mlm_head ? ml__ck_graph_mlm_head(&ch, m, &d, G)
-                       : m->classes && (dec ? ml__ck_graph_cls_head(&ch, m, &d, G)
-                                            : ml__ck_graph_encoder_head(&ch, m, &d, G));
+    const bool taken = m->head.mlm
+                           ? ml__ck_graph_mlm_head(&ch, m, &d, G)
+                           : m->head.classes && (dec ? ml__ck_graph_cls_head(&ch, m, &d, G)
+                                                     : ml__ck_graph_encoder_head(&ch, m, &d, G));
     /* every head here is the graph's (a text encoder with rotary
      * positions too, whose layers the builders write) */
-    assert_true(taken || !(m->classes || m->mlm_head));
+    assert_true(taken || !(m->head.classes || m->head.mlm));
     if (taken) {
         b = ml__ck_begin(&ch, "head", -1);
         assert_non_null(b);
-        const uint64_t rows = m->mlm_head ? d.BT : d.B;
-        ml__ck_graph_emit(&ch, b, G, rows * (m->mlm_head ? d.V : m->classes) * ch.prec.a);
+        const uint64_t rows = m->head.mlm ? d.BT : d.B;
+        ml__ck_graph_emit(&ch, b, G, rows * (m->head.mlm ? d.V : m->head.classes) * ch.prec.a);
         same_graph_fields(built, &built->blocks[built->n - 2], &ch, &ch.blocks[ch.n - 1],
                           "head from the graph");
-        ++*(m->mlm_head ? mlm : dec ? cls : enc_cls);
+        ++*(m->head.mlm ? mlm : dec ? cls : enc_cls);
     }
     /* the loss: the last block, over the logits its input holds */
     const ml_cblock *l = &built->blocks[built->n - 1];
-    const uint64_t rows = m->classes && m->type == ML_MODEL_DECODER ? d.B
-                          : m->type == ML_MODEL_ENCODER && !m->mlm_head ? d.B
+    const uint64_t rows = m->head.classes && m->type == ML_MODEL_DECODER ? d.B
+                          : m->type == ML_MODEL_ENCODER && !m->head.mlm  ? d.B
                                                                          : d.BT;
     if (cfg->training.logits != ML_LOGITS_FUSED) {
         assert_true(ml__ck_graph_loss(&ch, rows, l->in_bytes / rows / ch.prec.a, G));
@@ -1768,7 +1782,7 @@ static void test_ends_equal_builders(void **state)
     /* the decoders' sequence classifiers a second time without a pad token */
     for (size_t v = 0; v < nv + ne + 2; v++) {
         ml_model *m = v < nv ? load_variant(v) : load_str(ends_variants[(v - nv) % ne]);
-        m->cls_no_pad = v >= nv + ne;
+        m->head.cls_no_pad = v >= nv + ne;
         for (int p = 0; p < ML_PREC_COUNT; p++)
             for (size_t s = 0; s < 3; s++)
                 for (int ev = 0; ev < 2; ev++)
@@ -1790,7 +1804,7 @@ static void test_ends_equal_builders(void **state)
                         if (sa != ML_OK) {
                             /* transformers refuses a batch above 1 without
                              * a pad token */
-                            if (lg != ML_LOGITS_FUSED && !(m->cls_no_pad && shapes[s][0] > 1))
+                            if (lg != ML_LOGITS_FUSED && !(m->head.cls_no_pad && shapes[s][0] > 1))
                                 fail_msg("refused: %s", e.msg);
                             continue;
                         }
@@ -1838,8 +1852,8 @@ static void test_fused_no_tt_overflow(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-small");
-    m->attention = ML_ATTN_FLASH;
-    m->position = ML_POS_NONE;
+    m->attn.kernel = ML_ATTN_FLASH;
+    m->embed.position = ML_POS_NONE;
     ml_config cfg = ml_model_config(m);
     cfg.training.precision = ML_PREC_BF16;
     cfg.training.micro_batch = 1ull << 20;

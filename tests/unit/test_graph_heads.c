@@ -66,14 +66,14 @@ static bool head_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
     ml_ck_graph *G = malloc(sizeof *G);
     assert_non_null(G);
     const bool dec = m->type == ML_MODEL_DECODER;
-    const bool taken = m->mlm_head ? ml__ck_graph_mlm_head(&ch, m, &d, G)
+    const bool taken = m->head.mlm ? ml__ck_graph_mlm_head(&ch, m, &d, G)
                        : dec       ? ml__ck_graph_cls_head(&ch, m, &d, G)
                                    : ml__ck_graph_encoder_head(&ch, m, &d, G);
     if (taken) {
         ml_cblock *b = ml__ck_begin(&ch, "head", -1);
         assert_non_null(b);
-        const uint64_t rows = m->mlm_head ? d.BT : d.B;
-        ml__ck_graph_emit(&ch, b, G, rows * (m->mlm_head ? d.V : m->classes) * ch.prec.a);
+        const uint64_t rows = m->head.mlm ? d.BT : d.B;
+        ml__ck_graph_emit(&ch, b, G, rows * (m->head.mlm ? d.V : m->head.classes) * ch.prec.a);
         const ml_cblock *x = &built->blocks[built->n - 2], *y = &ch.blocks[ch.n - 1];
         const char *who = x->name, *what = "head from the graph";
         assert_string_equal(x->name, "head");
@@ -110,7 +110,7 @@ static unsigned compare_one(ml_model *m, ml_config *cfg, bool ev, const char *wh
          * is a batch above 1 without a pad token (as transformers) */
         if (cfg->training.logits == ML_LOGITS_FUSED)
             ++*fused_refused;
-        else if (!(m->cls_no_pad && cfg->training.micro_batch > 1))
+        else if (!(m->head.cls_no_pad && cfg->training.micro_batch > 1))
             fail_msg("%s: refused: %s", what, e.msg);
         return 0;
     }
@@ -128,7 +128,7 @@ static unsigned compare_model(ml_model *m, size_t v, unsigned *fused_refused)
     static const char *const policies[] = {"none", "selective", "full"};
     unsigned n = 0;
     for (size_t k = 0; k < 3; k++) {
-        m->attention = kernels[k];
+        m->attn.kernel = kernels[k];
         for (int p = 0; p < ML_PREC_COUNT; p++)
             for (size_t c = 0; c < 3; c++)
                 for (size_t s = 0; s < 3; s++)
@@ -148,7 +148,7 @@ static unsigned compare_model(ml_model *m, size_t v, unsigned *fused_refused)
                             snprintf(what, sizeof what,
                                      "head %zu%s, attention %zu, precision %d, %s, %llu x %llu, "
                                      "logits %d%s",
-                                     v, m->cls_no_pad ? " (no pad)" : "", k, p, policies[c],
+                                     v, m->head.cls_no_pad ? " (no pad)" : "", k, p, policies[c],
                                      (unsigned long long)shapes[s][0],
                                      (unsigned long long)shapes[s][1], lg, ev ? ", eval" : "");
                             n += compare_one(m, &cfg, ev, what, fused_refused);
@@ -165,7 +165,7 @@ static void test_heads_equal_builders(void **state)
     /* the two decoders' classifiers a second time without a pad token */
     for (size_t v = 0; v < nh + 2; v++) {
         ml_model *m = load_str(heads[v % nh]);
-        m->cls_no_pad = v >= nh;
+        m->head.cls_no_pad = v >= nh;
         n[v] = compare_model(m, v % nh, &refused);
         total += n[v];
         ml_model_destroy(m);
@@ -277,11 +277,11 @@ static void test_fused_norm_nodes(void **state)
                     continue;
                 const unsigned c = same_blocks(&a, &b, false, "fused head");
                 const bool two = b.prec.w == 2 && !b.prec.autocast;
-                const bool rms = m->norm != ML_NORM_LAYERNORM;
+                const bool rms = m->norms.kind != ML_NORM_LAYERNORM;
                 assert_int_equal(c, two && rms);
                 if (c) {
                     const uint64_t BT = shapes[s][0] * shapes[s][1];
-                    expect_nodes(&b, &b.blocks[b.n - 2], m->norm == ML_NORM_GEMMA_RMSNORM,
+                    expect_nodes(&b, &b.blocks[b.n - 2], m->norms.kind == ML_NORM_GEMMA_RMSNORM,
                                  BT * 64 * 2, BT * 64 * 4, BT * 4, 64 * 2);
                 }
                 corrected += c;

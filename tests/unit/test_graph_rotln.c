@@ -64,9 +64,9 @@ static bool graph_takes(const ml_model *m, const ml_config *cfg, bool eval)
     ml_ck_graph *G = malloc(sizeof *G);
     assert_non_null(G);
     bool t = ml__ck_graph_layer_at(&ch, m, &d, 0, G) && !G->programs;
-    t = t && (m->classes ? ml__ck_graph_cls_head(&ch, m, &d, G)
-                         : ml__ck_graph_head(&ch, m, &d,
-                                             cfg->training.logits == ML_LOGITS_FUSED, G));
+    t = t && (m->head.classes
+                  ? ml__ck_graph_cls_head(&ch, m, &d, G)
+                  : ml__ck_graph_head(&ch, m, &d, cfg->training.logits == ML_LOGITS_FUSED, G));
     t = t && !G->programs;
     free(G);
     ml__chain_free(&ch);
@@ -96,7 +96,7 @@ static unsigned compare_one(ml_model *m, ml_config *cfg, bool ev, const char *wh
     if (sa != ML_OK) {
         /* the fused loss: refused for a classifier, and under autocast */
         if (cfg->training.logits != ML_LOGITS_FUSED ||
-            !(m->classes || ml__prec_of(cfg->training.precision).autocast))
+            !(m->head.classes || ml__prec_of(cfg->training.precision).autocast))
             fail_msg("%s: refused: %s", what, e.msg);
         ++*refused;
         return 0;
@@ -104,8 +104,8 @@ static unsigned compare_one(ml_model *m, ml_config *cfg, bool ev, const char *wh
     same_blocks(&a, &b, false, what);
     /* a grouped GPT-NeoX layer under a fused kernel stays the builders'
      * (families.c): declined there, and taken everywhere else */
-    const bool keep = m->parallel_residual && m->kv_heads < m->heads &&
-                      fused_kernel(m, cfg);
+    const bool keep =
+        m->residual.parallel && m->attn.kv_heads < m->attn.heads && fused_kernel(m, cfg);
     if (graph_takes(m, cfg, ev) == keep)
         fail_msg("%s: the graph %s the layer or the head", what, keep ? "took" : "declined");
     *declined += keep;
@@ -121,7 +121,7 @@ static unsigned compare_model(ml_model *m, const char *name, unsigned *refused,
     static const char *const policies[] = {"none", "selective", "full"};
     unsigned n = 0;
     for (size_t k = 0; k < 3; k++) {
-        m->attention = kernels[k];
+        m->attn.kernel = kernels[k];
         for (int p = 0; p < ML_PREC_COUNT; p++)
             for (size_t c = 0; c < 3; c++)
                 for (size_t s = 0; s < 3; s++)
@@ -166,7 +166,7 @@ static void test_rotary_layernorm_equal_builders(void **state)
      * key/value cache in evaluation (the cache's bytes are the chain's) */
     for (int cache = 0; cache < 2; cache++) {
         ml_model *m = load_preset("video-tokens");
-        m->kv_cache = cache;
+        m->attn.kv_cache = cache;
         n[nm + cache] = compare_model(m, cache ? "video-tokens, kv cache" : "video-tokens",
                                       &refused, &declined);
         total += n[nm + cache];

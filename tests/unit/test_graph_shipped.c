@@ -38,8 +38,8 @@ static bool taken(const ml_model *m, unsigned *n)
         for (int eval = 0; eval < 2; eval++) {
             ml_config c = ml_model_config(m);
             c.training.precision = precs[p];
-            if (m->sliding_window && c.training.seq_len > m->sliding_window)
-                c.training.seq_len = m->sliding_window; /* the longest planned */
+            if (m->attn.sliding_window && c.training.seq_len > m->attn.sliding_window)
+                c.training.seq_len = m->attn.sliding_window; /* the longest planned */
             ml_chain ch;
             memset(&ch, 0, sizeof ch);
             ch.prec = ml__prec_of(precs[p]);
@@ -51,9 +51,9 @@ static bool taken(const ml_model *m, unsigned *n)
             ml_ck_graph *G = malloc(sizeof *G);
             assert_non_null(G);
             all = all && ml__ck_graph_layer_at(&ch, m, &d, 0, G);
-            if (m->dense_layers && m->dense_layers < m->layers)
-                all = all && ml__ck_graph_layer_at(&ch, m, &d, m->dense_layers, G);
-            if (m->type == ML_MODEL_DECODER && !m->classes)
+            if (m->moe.dense_layers && m->moe.dense_layers < m->layers)
+                all = all && ml__ck_graph_layer_at(&ch, m, &d, m->moe.dense_layers, G);
+            if (m->type == ML_MODEL_DECODER && !m->head.classes)
                 all = all && ml__ck_graph_head(&ch, m, &d, false, G);
             free(G);
             (*n)++;
@@ -65,7 +65,7 @@ static void check(ml_model *m, unsigned *models, unsigned *settings)
 {
     if (m->type != ML_MODEL_DECODER && m->type != ML_MODEL_ENCODER)
         return; /* T5 and the sequential models: their own chains */
-    if (m->vis_layers)
+    if (m->vision.layers)
         return; /* LLaVA: test_graph's tower comparison */
     const bool t = taken(m, settings);
     if (t == is_declined(m->name))

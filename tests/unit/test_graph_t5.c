@@ -58,8 +58,12 @@ static unsigned embeddings_from_graph(const ml_model *m, const ml_config *cfg, b
         ch.selective = b->selective;
         ch.prec = ml__prec_of(tr->precision);
         const uint64_t T = (dec || hd) && tr->target_len ? tr->target_len : tr->seq_len;
-        const ml_ck_dims d = {.B = tr->micro_batch, .T = T, .BT = tr->micro_batch * T,
-                              .D = m->hidden, .V = m->vocab, .drop = m->dropout > 0 && !eval};
+        const ml_ck_dims d = {.B = tr->micro_batch,
+                              .T = T,
+                              .BT = tr->micro_batch * T,
+                              .D = m->hidden,
+                              .V = m->embed.vocab,
+                              .drop = m->dropout > 0 && !eval};
         ml_ck_graph *G = malloc(sizeof *G);
         assert_non_null(G);
         assert_true(hd    ? ml__ck_graph_t5_head(&ch, m, &d, G)
@@ -97,7 +101,7 @@ static unsigned sides_from_graph(const ml_model *m, const ml_config *c, bool eva
     const ml_training *tr = &c->training;
     const uint64_t B = tr->micro_batch, Ts = tr->seq_len, Td = tr->target_len;
     const unsigned w = b->prec.w;
-    const size_t enc0 = 1, fin = enc0 + m->layers, dec0 = fin + 2, hd = dec0 + m->dec_layers;
+    const size_t enc0 = 1, fin = enc0 + m->layers, dec0 = fin + 2, hd = dec0 + m->t5.dec_layers;
     const bool saved = !eval && !b->prec.autocast;
     const struct {
         const char *what;
@@ -105,13 +109,13 @@ static unsigned sides_from_graph(const ml_model *m, const ml_config *c, bool eva
         size_t from, to, grad_from;
         bool grad;
     } want[] = {
-        {"encoder position bias (B, H, Ts, Ts)", B * m->heads * Ts * Ts * w, enc0, fin, fin - 1,
-         true},
+        {"encoder position bias (B, H, Ts, Ts)", B * m->attn.heads * Ts * Ts * w, enc0, fin,
+         fin - 1, true},
         {"encoder output", B * Ts * m->hidden * w, fin, saved ? dec0 : b->n - 1, hd - 1, true},
-        {"decoder self-attention position bias (B, H, Td, Td)", B * m->heads * Td * Td * w, dec0,
-         hd, hd - 1, true},
-        {"cross-attention position bias (B, H, Td, Ts)", B * m->heads * Td * Ts * w, dec0, hd, 0,
-         false},
+        {"decoder self-attention position bias (B, H, Td, Td)", B * m->attn.heads * Td * Td * w,
+         dec0, hd, hd - 1, true},
+        {"cross-attention position bias (B, H, Td, Ts)", B * m->attn.heads * Td * Ts * w, dec0, hd,
+         0, false},
     };
     unsigned k = 0;
     for (size_t i = 0; i < b->nsides; i++) {
@@ -218,7 +222,7 @@ static void test_t5_chains_from_graph(void **state)
     for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
         m = load_hf_config(hf[i]);
         n += compare(m, hf[i], &layers, &emb, sides);
-        m->kv_cache = true; /* use_cache in evaluation */
+        m->attn.kv_cache = true; /* use_cache in evaluation */
         n += compare(m, hf[i], &layers, &emb, sides);
         ml_model_destroy(m);
         models += 2;

@@ -36,9 +36,9 @@ static void test_bert_mlm_count(void **state)
     assert_int_equal(head, 622650);
     assert_int_equal(emb + 12 * layer + head, 109514298);
     ml_model *m = bert_base_mlm();
-    assert_true(m->mlm_head && m->tied_embeddings);
-    assert_false(m->pooler || m->prenorm);
-    assert_int_equal(m->classes, 0);
+    assert_true(m->head.mlm && m->embed.tied);
+    assert_false(m->head.pooler || m->residual.prenorm);
+    assert_int_equal(m->head.classes, 0);
     ml_config c = ml_model_config(m);
     c.training.seq_len = 128;
     ml_ledger *l = eval(m, &c, false);
@@ -66,12 +66,12 @@ static void test_bert_mlm_keys(void **state)
     snprintf(json, sizeof json, base, "BertForMaskedLM",
              ", \"num_labels\": 1, \"tie_word_embeddings\": false");
     assert_int_equal(ml_model_load_hf_string(json, strlen(json), "c.json", &m, &e), ML_OK);
-    assert_true(m->mlm_head && !m->tied_embeddings && !m->pooler);
+    assert_true(m->head.mlm && !m->embed.tied && !m->head.pooler);
     ml_model_destroy(m);
     snprintf(json, sizeof json, base, "BertForSequenceClassification", ", \"num_labels\": 3");
     assert_int_equal(ml_model_load_hf_string(json, strlen(json), "c.json", &m, &e), ML_OK);
-    assert_true(!m->mlm_head && m->pooler);
-    assert_int_equal(m->classes, 3);
+    assert_true(!m->head.mlm && m->head.pooler);
+    assert_int_equal(m->head.classes, 3);
     ml_model_destroy(m);
 }
 

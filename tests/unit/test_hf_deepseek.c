@@ -37,18 +37,18 @@ static void test_deepseek_v3_count(void **state)
     assert_int_equal(moe, 11507286016ull);
     assert_int_equal(3 * dense + 58 * moe + 2 * 129280ull * 7168 + 7168, 671026404352ull);
     ml_model *m = load_hf_config("deepseek-v3");
-    assert_int_equal(m->kv_lora, 512);
-    assert_int_equal(m->q_lora, 1536);
-    assert_int_equal(m->rope_dim, 64);
-    assert_int_equal(m->v_dim, 128);
-    assert_int_equal(m->head_dim, 192);
-    assert_int_equal(m->experts, 256);
-    assert_int_equal(m->experts_per_tok, 8);
-    assert_int_equal(m->expert_ffn, 2048);
-    assert_int_equal(m->shared_expert_ffn, 2048);
-    assert_int_equal(m->dense_layers, 3);
-    assert_true(m->router_sigmoid && m->expert_renorm);
-    assert_false(m->shared_expert_gate || m->tied_embeddings || m->bias);
+    assert_int_equal(m->attn.kv_lora, 512);
+    assert_int_equal(m->attn.q_lora, 1536);
+    assert_int_equal(m->attn.rope_dim, 64);
+    assert_int_equal(m->attn.v_dim, 128);
+    assert_int_equal(m->attn.head_dim, 192);
+    assert_int_equal(m->moe.experts, 256);
+    assert_int_equal(m->moe.per_token, 8);
+    assert_int_equal(m->moe.expert_ffn, 2048);
+    assert_int_equal(m->moe.shared_ffn, 2048);
+    assert_int_equal(m->moe.dense_layers, 3);
+    assert_true(m->moe.router_sigmoid && m->moe.renorm);
+    assert_false(m->moe.shared_gate || m->embed.tied || m->bias);
     ml_config c = ml_model_config(m);
     c.training.seq_len = 64;
     ml_ledger *l = eval(m, &c, false);
@@ -116,21 +116,21 @@ static void test_deepseek_v3_keys(void **state)
     assert_int_equal(load_variant("deepseek_v3", ", \"q_lora_rank\": null, \"rope_interleave\": true",
                                   &m, &e),
                      ML_OK);
-    assert_int_equal(m->q_lora, 0);
-    assert_int_equal(m->kv_lora, 512);
-    assert_int_equal(m->dense_layers, 2); /* default 3 of 2 layers: all dense, */
-    assert_int_equal(m->experts, 0);      /* no experts run */
+    assert_int_equal(m->attn.q_lora, 0);
+    assert_int_equal(m->attn.kv_lora, 512);
+    assert_int_equal(m->moe.dense_layers, 2); /* default 3 of 2 layers: all dense, */
+    assert_int_equal(m->moe.experts, 0);      /* no experts run */
     ml_model_destroy(m);
     m = NULL;
     assert_int_equal(load_variant("deepseek_v3", ", \"first_k_dense_replace\": 1", &m, &e), ML_OK);
-    assert_int_equal(m->dense_layers, 1);
-    assert_int_equal(m->shared_expert_ffn, 2048);
+    assert_int_equal(m->moe.dense_layers, 1);
+    assert_int_equal(m->moe.shared_ffn, 2048);
     ml_config c = ml_model_config(m);
     c.training.seq_len = 8;
     /* sdpa and flash with latent attention are refused at planning */
     ml_attention at[2] = {ML_ATTN_SDPA, ML_ATTN_FLASH};
     for (int i = 0; i < 2; i++) {
-        m->attention = at[i];
+        m->attn.kernel = at[i];
         ml_ledger *l = NULL;
         assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_RANGE);
         assert_non_null(strstr(e.msg, "use --attention eager"));
@@ -191,7 +191,7 @@ static void test_deepseek_v3_block_fp32(void **state)
      * (3,072) and kv_b's output bf16 (2,048) */
     ml_chain ch;
     ml_error ce;
-    m->kv_cache = true; /* HF's use_cache (a YAML model keeps none) */
+    m->attn.kv_cache = true; /* HF's use_cache (a YAML model keeps none) */
     assert_int_equal(ml__chain_build_eval(m, &c, &ch, &ce), ML_OK);
     assert_int_equal(ch.blocks[1].cache_bytes, 3072 + 4096);
     ml__chain_free(&ch);
@@ -262,9 +262,9 @@ static void test_deepseek_v2_lite(void **state)
     assert_int_equal(moe, 584847872ull);
     assert_int_equal(dense + 26 * moe + 2 * 102400ull * 2048 + 2048, 15706484224ull);
     ml_model *m = load_hf_config("deepseek-v2-lite");
-    assert_true(m->expert_sort && m->rope_complex);
-    assert_false(m->router_sigmoid || m->expert_renorm || m->grouped_topk || m->q_lora);
-    assert_int_equal(m->shared_expert_ffn, 2816);
+    assert_true(m->moe.sort && m->embed.rope_complex);
+    assert_false(m->moe.router_sigmoid || m->moe.renorm || m->moe.grouped_topk || m->attn.q_lora);
+    assert_int_equal(m->moe.shared_ffn, 2816);
     ml_config c = ml_model_config(m);
     c.training.micro_batch = 1;
     c.training.seq_len = 128;
@@ -273,7 +273,7 @@ static void test_deepseek_v2_lite(void **state)
     assert_int_equal(block_named(l, "block.1")->inventory_bytes, 49109504);
     assert_int_equal(block_named(l, "embedding")->inventory_bytes, 32768);
     ml_ledger_destroy(l);
-    m->grouped_topk = true;
+    m->moe.grouped_topk = true;
     l = eval(m, &c, false);
     assert_int_equal(block_named(l, "block.1")->inventory_bytes, 49109504 + 8192);
     ml_ledger_destroy(l);

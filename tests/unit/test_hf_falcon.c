@@ -39,16 +39,17 @@ static void test_falcon_mapping(void **state)
 {
     (void)state;
     ml_model *m = load_hf_config("falcon-7b");
-    assert_true(m->parallel_residual && m->shared_norm && m->norm_bias && m->prenorm);
-    assert_true(m->tied_embeddings && m->kv_cache);
-    assert_false(m->bias || m->qkv_bias || m->out_bias || m->mlp_bias);
-    assert_int_equal(m->norm, ML_NORM_LAYERNORM);
-    assert_int_equal(m->activation, ML_ACT_GELU);
-    assert_int_equal(m->position, ML_POS_ROPE);
-    assert_int_equal(m->heads, 71);
-    assert_int_equal(m->kv_heads, 1); /* multi_query */
-    assert_int_equal(m->head_dim, 64);
-    assert_int_equal(m->ffn, 4 * 4544);
+    assert_true(m->residual.parallel && m->residual.shared_norm && m->norms.bias &&
+                m->residual.prenorm);
+    assert_true(m->embed.tied && m->attn.kv_cache);
+    assert_false(m->bias || m->attn.qkv_bias || m->attn.out_bias || m->mlp.bias);
+    assert_int_equal(m->norms.kind, ML_NORM_LAYERNORM);
+    assert_int_equal(m->mlp.activation, ML_ACT_GELU);
+    assert_int_equal(m->embed.position, ML_POS_ROPE);
+    assert_int_equal(m->attn.heads, 71);
+    assert_int_equal(m->attn.kv_heads, 1); /* multi_query */
+    assert_int_equal(m->attn.head_dim, 64);
+    assert_int_equal(m->mlp.ffn, 4 * 4544);
     assert_true(m->dropout == 0);
     ml_config c = ml_model_config(m);
     assert_int_equal(c.training.seq_len, 2048); /* max_position_embeddings' default 2048 */
@@ -109,11 +110,11 @@ static void test_falcon_keys(void **state)
                                   "\"ffn_hidden_size\": 96, \"tie_word_embeddings\": false",
                                   &m, &e),
                      ML_OK);
-    assert_int_equal(m->kv_heads, 4);
-    assert_int_equal(m->ffn, 96);
-    assert_false(m->bias || m->qkv_bias);
-    assert_true(m->norm_bias);
-    assert_false(m->tied_embeddings);
+    assert_int_equal(m->attn.kv_heads, 4);
+    assert_int_equal(m->mlp.ffn, 96);
+    assert_false(m->bias || m->attn.qkv_bias);
+    assert_true(m->norms.bias);
+    assert_false(m->embed.tied);
     ml_model_destroy(m);
 }
 

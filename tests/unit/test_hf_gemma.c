@@ -45,14 +45,14 @@ static void test_gemma_mapping(void **state)
 {
     (void)state;
     ml_model *m = gemma_2b();
-    assert_int_equal(m->activation, ML_ACT_GEGLU);
-    assert_int_equal(m->norm, ML_NORM_GEMMA_RMSNORM);
-    assert_true(m->embed_scale && m->tied_embeddings && m->prenorm && m->kv_cache);
-    assert_int_equal(m->position, ML_POS_ROPE);
-    assert_int_equal(m->heads, 8);
-    assert_int_equal(m->kv_heads, 1); /* multi-query attention */
-    assert_int_equal(m->head_dim, 256);
-    assert_false(m->bias || m->qkv_bias || m->out_bias || m->mlp_bias);
+    assert_int_equal(m->mlp.activation, ML_ACT_GEGLU);
+    assert_int_equal(m->norms.kind, ML_NORM_GEMMA_RMSNORM);
+    assert_true(m->embed.scale && m->embed.tied && m->residual.prenorm && m->attn.kv_cache);
+    assert_int_equal(m->embed.position, ML_POS_ROPE);
+    assert_int_equal(m->attn.heads, 8);
+    assert_int_equal(m->attn.kv_heads, 1); /* multi-query attention */
+    assert_int_equal(m->attn.head_dim, 256);
+    assert_false(m->bias || m->attn.qkv_bias || m->attn.out_bias || m->mlp.bias);
     assert_string_equal(ml_model_name(m), "gemma-2b");
     ml_config c = ml_model_config(m);
     assert_int_equal(c.training.seq_len, 2048); /* min(8192, 2048) */
@@ -103,7 +103,7 @@ static void test_gemma_keys(void **state)
         ml_error e;
         if (load_variant(ok[i], &m, &e) != ML_OK)
             fail_msg("%s: %s", ok[i], e.msg);
-        assert_int_equal(m->activation, ML_ACT_GEGLU);
+        assert_int_equal(m->mlp.activation, ML_ACT_GEGLU);
         ml_model_destroy(m);
     }
     ml_model *m = NULL;
@@ -111,7 +111,7 @@ static void test_gemma_keys(void **state)
     assert_int_equal(load_variant(",\n \"attention_bias\": true, \"tie_word_embeddings\": false",
                                   &m, &e),
                      ML_OK);
-    assert_true(m->qkv_bias && m->out_bias && !m->mlp_bias && !m->tied_embeddings);
+    assert_true(m->attn.qkv_bias && m->attn.out_bias && !m->mlp.bias && !m->embed.tied);
     ml_model_destroy(m);
 }
 

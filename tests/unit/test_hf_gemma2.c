@@ -57,15 +57,15 @@ static void test_gemma2_mapping(void **state)
 {
     (void)state;
     ml_model *m = load_hf_config("gemma-2-2b");
-    assert_int_equal(m->activation, ML_ACT_GEGLU);
-    assert_int_equal(m->norm, ML_NORM_GEMMA_RMSNORM);
-    assert_true(m->post_norms && m->embed_scale && m->tied_embeddings && m->prenorm);
-    assert_rel_close(m->attn_scalar, 256, 0);
-    assert_rel_close(m->attn_softcap, 50, 0);
-    assert_rel_close(m->final_softcap, 30, 0);
-    assert_int_equal(m->sliding_window, 4096); /* layer 0 slides (Gemma2Config) */
-    assert_int_equal(m->kv_heads, 4);
-    assert_int_equal(m->head_dim, 256);
+    assert_int_equal(m->mlp.activation, ML_ACT_GEGLU);
+    assert_int_equal(m->norms.kind, ML_NORM_GEMMA_RMSNORM);
+    assert_true(m->residual.post_norms && m->embed.scale && m->embed.tied && m->residual.prenorm);
+    assert_rel_close(m->attn.scalar, 256, 0);
+    assert_rel_close(m->attn.softcap, 50, 0);
+    assert_rel_close(m->head.final_softcap, 30, 0);
+    assert_int_equal(m->attn.sliding_window, 4096); /* layer 0 slides (Gemma2Config) */
+    assert_int_equal(m->attn.kv_heads, 4);
+    assert_int_equal(m->attn.head_dim, 256);
     assert_string_equal(ml_model_name(m), "gemma-2-2b");
     /* a sequence longer than the window is refused when planning */
     ml_config c = ml_model_config(m);
@@ -118,12 +118,12 @@ static void test_gemma2_keys(void **state)
                                   "\"final_logit_softcapping\": null, \"sliding_window\": null",
                                   &m, &e),
                      ML_OK);
-    assert_true(m->attn_softcap == 0 && m->final_softcap == 0 && m->sliding_window == 0);
+    assert_true(m->attn.softcap == 0 && m->head.final_softcap == 0 && m->attn.sliding_window == 0);
     ml_model_destroy(m);
     assert_int_equal(load_variant(",\n \"layer_types\": [\"full_attention\", \"full_attention\"]",
                                   &m, &e),
                      ML_OK);
-    assert_int_equal(m->sliding_window, 0);
+    assert_int_equal(m->attn.sliding_window, 0);
     ml_model_destroy(m);
 }
 

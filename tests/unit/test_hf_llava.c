@@ -43,7 +43,7 @@ static void test_llava_count(void **state)
     assert_int_equal(vis + proj + text, 7063427072ull);
     ml_model *m = load_hf_config("llava-1.5-7b");
     assert_int_equal(ml_model_image_tokens(m), 576); /* (336 / 14)^2, the class token dropped */
-    assert_int_equal(m->vis_used, 23);                /* hidden_states[-2] of 25 */
+    assert_int_equal(m->vision.used, 23);            /* hidden_states[-2] of 25 */
     ml_config c = ml_model_config(m);
     c.training.micro_batch = 1;
     c.training.seq_len = 600;
@@ -78,9 +78,9 @@ static void test_llava_defaults(void **state)
     ml_model *m = NULL;
     ml_error e;
     assert_int_equal(load_text("{\"model_type\": \"llava\"}", &m, &e), ML_OK);
-    assert_int_equal(m->vis_layers, 24);
-    assert_int_equal(m->vocab, 32000);
-    assert_int_equal(m->ffn, 11008);
+    assert_int_equal(m->vision.layers, 24);
+    assert_int_equal(m->embed.vocab, 32000);
+    assert_int_equal(m->mlp.ffn, 11008);
     ml_config c = ml_model_config(m);
     c.training.micro_batch = 1;
     c.training.seq_len = 600;
@@ -378,7 +378,7 @@ static void test_llava_many_unused(void **state)
     snprintf(text, sizeof text, "%.*s      layers: 20\n%.*sfeature_layer: 0%s", (int)(at - tiny),
              tiny, (int)(fl - at - 16), at + 16, fl + 17);
     ml_model *m = load_str(text);
-    assert_int_equal(m->vis_used, 0);
+    assert_int_equal(m->vision.used, 0);
     ml_config c = ml_model_config(m);
     ml_ledger *l = eval(m, &c, false);
     size_t unused = 0;

@@ -30,13 +30,13 @@ static void test_mixtral_count(void **state)
     assert_int_equal(ml_ledger_summary(l)->params, 46702792704ull);
     assert_int_equal(block_named(l, "block.0")->params, 1451270144ull);
     ml_ledger_destroy(l);
-    assert_int_equal(m->experts, 8);
-    assert_int_equal(m->experts_per_tok, 2);
-    assert_int_equal(m->kv_heads, 8);
-    assert_int_equal(m->ffn, 14336);
-    assert_int_equal(m->sliding_window, 0); /* "sliding_window": null */
-    assert_int_equal(m->activation, ML_ACT_SWIGLU);
-    assert_false(m->tied_embeddings || m->bias || m->qkv_bias);
+    assert_int_equal(m->moe.experts, 8);
+    assert_int_equal(m->moe.per_token, 2);
+    assert_int_equal(m->attn.kv_heads, 8);
+    assert_int_equal(m->mlp.ffn, 14336);
+    assert_int_equal(m->attn.sliding_window, 0); /* "sliding_window": null */
+    assert_int_equal(m->mlp.activation, ML_ACT_SWIGLU);
+    assert_false(m->embed.tied || m->bias || m->attn.qkv_bias);
     ml_model_destroy(m);
 }
 
@@ -80,9 +80,9 @@ static void test_mixtral_keys(void **state)
     ml_model *m = NULL;
     ml_error e;
     assert_int_equal(load_variant(", \"router_aux_loss_coef\": 0.02", &m, &e), ML_OK);
-    assert_int_equal(m->experts, 8);
-    assert_int_equal(m->experts_per_tok, 2);
-    assert_int_equal(m->sliding_window, 0);
+    assert_int_equal(m->moe.experts, 8);
+    assert_int_equal(m->moe.per_token, 2);
+    assert_int_equal(m->attn.sliding_window, 0);
     ml_model_destroy(m);
 }
 
@@ -235,12 +235,12 @@ static void test_qwen2_moe_count(void **state)
                            60 * 3 * 2048ull * 1408 + 3 * 2048ull * 5632 + 2048 + 2 * 2048;
     assert_int_equal(layer, 570560512ull);
     ml_model *m = load_hf_config("qwen1.5-moe-a2.7b");
-    assert_int_equal(m->experts, 60);
-    assert_int_equal(m->experts_per_tok, 4);
-    assert_int_equal(m->expert_ffn, 1408);
-    assert_int_equal(m->shared_expert_ffn, 5632);
-    assert_false(m->expert_renorm);
-    assert_true(m->qkv_bias);
+    assert_int_equal(m->moe.experts, 60);
+    assert_int_equal(m->moe.per_token, 4);
+    assert_int_equal(m->moe.expert_ffn, 1408);
+    assert_int_equal(m->moe.shared_ffn, 5632);
+    assert_false(m->moe.renorm);
+    assert_true(m->attn.qkv_bias);
     ml_config c = ml_model_config(m);
     c.training.seq_len = 64;
     ml_ledger *l = eval(m, &c, false);

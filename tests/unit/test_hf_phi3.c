@@ -49,15 +49,15 @@ static void test_phi3_mapping_and_window(void **state)
 {
     (void)state;
     ml_model *m = phi3_mini();
-    assert_true(m->fused_proj && m->prenorm && m->kv_cache);
-    assert_int_equal(m->activation, ML_ACT_SWIGLU);
-    assert_int_equal(m->norm, ML_NORM_RMSNORM);
-    assert_int_equal(m->position, ML_POS_ROPE);
-    assert_int_equal(m->heads, 32);
-    assert_int_equal(m->kv_heads, 32);
-    assert_int_equal(m->ffn, 8192);
-    assert_int_equal(m->sliding_window, 2047);
-    assert_false(m->tied_embeddings || m->bias || m->qkv_bias || m->out_bias || m->mlp_bias);
+    assert_true(m->attn.fused_proj && m->residual.prenorm && m->attn.kv_cache);
+    assert_int_equal(m->mlp.activation, ML_ACT_SWIGLU);
+    assert_int_equal(m->norms.kind, ML_NORM_RMSNORM);
+    assert_int_equal(m->embed.position, ML_POS_ROPE);
+    assert_int_equal(m->attn.heads, 32);
+    assert_int_equal(m->attn.kv_heads, 32);
+    assert_int_equal(m->mlp.ffn, 8192);
+    assert_int_equal(m->attn.sliding_window, 2047);
+    assert_false(m->embed.tied || m->bias || m->attn.qkv_bias || m->attn.out_bias || m->mlp.bias);
     assert_true(m->dropout == 0);
     assert_string_equal(ml_model_name(m), "Phi-3-mini-4k-instruct");
     ml_config c = ml_model_config(m);
@@ -118,9 +118,9 @@ static void test_phi3_keys(void **state)
                                   "\"original_max_position_embeddings\": 4096, \"head_dim\": 16",
                                   &m, &e),
                      ML_OK);
-    assert_true(m->tied_embeddings && m->fused_proj);
-    assert_int_equal(m->sliding_window, 0);
-    assert_int_equal(m->head_dim, 16);
+    assert_true(m->embed.tied && m->attn.fused_proj);
+    assert_int_equal(m->attn.sliding_window, 0);
+    assert_int_equal(m->attn.head_dim, 16);
     ml_model_destroy(m);
 }
 

@@ -67,7 +67,7 @@ static void test_no_pad(void **state)
 {
     (void)state;
     ml_model *m = llama_cls("");
-    assert_true(m->cls_no_pad);
+    assert_true(m->head.cls_no_pad);
     ml_config c = ml_model_config(m);
     c.training.micro_batch = 2;
     c.training.seq_len = 64;

@@ -56,8 +56,8 @@ static void test_flan_t5_base(void **state)
     uint64_t dec = 12 * (8 * D * D + 3 * D * F + 3 * D) + 32 * 12 + D;
     assert_int_equal(2 * V * D + enc + dec, 247577856ull);
     ml_model *m = load_hf_config("flan-t5-base");
-    assert_int_equal(m->activation, ML_ACT_GEGLU);
-    assert_false(m->tied_embeddings);
+    assert_int_equal(m->mlp.activation, ML_ACT_GEGLU);
+    assert_false(m->embed.tied);
     ml_config c = ml_model_config(m);
     c.training.micro_batch = 1;
     c.training.seq_len = 16;
@@ -139,13 +139,13 @@ static void test_t5_defaults(void **state)
     assert_int_equal(load_text("{\"model_type\": \"t5\"}", &m, &e), ML_OK);
     assert_int_equal(m->type, ML_MODEL_ENCDEC);
     assert_int_equal(m->layers, 6);
-    assert_int_equal(m->dec_layers, 6);
+    assert_int_equal(m->t5.dec_layers, 6);
     assert_int_equal(m->hidden, 512);
-    assert_int_equal(m->heads, 8);
-    assert_int_equal(m->head_dim, 64);
-    assert_int_equal(m->ffn, 2048);
-    assert_int_equal(m->rel_buckets, 32);
-    assert_true(m->tied_embeddings);
+    assert_int_equal(m->attn.heads, 8);
+    assert_int_equal(m->attn.head_dim, 64);
+    assert_int_equal(m->mlp.ffn, 2048);
+    assert_int_equal(m->t5.rel_buckets, 32);
+    assert_true(m->embed.tied);
     assert_true(m->dropout == 0.1);
     assert_int_equal(planned_params(m), 60506624ull);
     /* T5Config's attribute_map: hidden_size, num_attention_heads and
@@ -158,11 +158,11 @@ static void test_t5_defaults(void **state)
                                &m, &e),
                      ML_OK);
     assert_int_equal(m->hidden, 64);
-    assert_int_equal(m->heads, 2);
+    assert_int_equal(m->attn.heads, 2);
     assert_int_equal(m->layers, 3);
-    assert_int_equal(m->dec_layers, 1);
-    assert_int_equal(m->head_dim, 16);
-    assert_false(m->tied_embeddings);
+    assert_int_equal(m->t5.dec_layers, 1);
+    assert_int_equal(m->attn.head_dim, 16);
+    assert_false(m->embed.tied);
     ml_model_destroy(m);
 }
 
@@ -183,8 +183,8 @@ static void test_mt5_defaults(void **state)
     ml_model *m = NULL;
     ml_error e;
     assert_int_equal(load_text("{\"model_type\": \"mt5\"}", &m, &e), ML_OK);
-    assert_int_equal(m->activation, ML_ACT_GEGLU);
-    assert_false(m->tied_embeddings);
+    assert_int_equal(m->mlp.activation, ML_ACT_GEGLU);
+    assert_false(m->embed.tied);
     assert_int_equal(planned_params(m), 300176768ull);
     /* MT5ForConditionalGeneration is the class planned */
     assert_int_equal(load_text("{\"model_type\": \"mt5\",\n \"architectures\": "
