@@ -225,10 +225,14 @@ bool ml__family_mixtral_layer(const ml_model *m, const mlg_config *c, mlg_layer 
     return true;
 }
 
+/* BERT's layer; with rotary positions (a text encoder the model file may
+ * describe) the same layer with the rotary of Llama's attention, as the
+ * chain builders planned it (their field-by-field comparison held it, the
+ * last layout they wrote alone). */
 bool ml__family_bert_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     if (!plain_layernorm(m) || m->type != ML_MODEL_ENCODER || m->residual.prenorm ||
-        m->embed.image_size || m->residual.parallel || m->embed.position == ML_POS_ROPE)
+        m->embed.image_size || m->residual.parallel)
         return false;
     common(m, c, L);
     mlg_attention *a = &L->attn;

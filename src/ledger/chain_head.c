@@ -30,158 +30,6 @@ static void vocab_weight(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml
     }
 }
 
-/* Decoder head: final norm and the LM head (tied or not). Returns the
- * logits' columns; *rows their rows. */
-static uint64_t lm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                        uint64_t *rows)
-{
-    uint64_t np, BTD = ml_mul(ch, d->BT, d->D);
-    unsigned nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
-    ml__ck_norm_params(ch, b, np, d->D);
-    size_t s_in = ml__ck_linear_input(ch, b, "lm head input", BTD, nb, false, 0);
-    ml__ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
-    vocab_weight(ch, b, m, d);
-    if (m->head.final_softcap > 0) {
-        /* Gemma 2's logits / cap, tanh, * cap (Gemma2ForCausalLM.forward):
-         * tanh keeps its result (derivatives.yaml: tanh_backward(grad,
-         * result)), as large as the logits; dividing and multiplying by a
-         * Python float keep only a host scalar. The head's output, the
-         * logits the loss reads, is the product (docs/inventory.md) */
-        uint64_t BTV = ml_mul(ch, d->BT, d->V), gV = ml_mul(ch, BTV, ch->prec.a);
-        ml__ck_tmp(ch, BTV, ch->prec.a);
-        size_t s = ml__ck_save(ch, b, "final softcap tanh output", BTV, ch->prec.a, 0);
-        /* backward (recorded in fp32, head_and_loss): the LM head's mm
-         * (its input's gradient, the weight's; it frees the logits'), then
-         * the three soft-cap nodes, each a new gradient of the logits' size */
-        ml__ck_node(ch, b, "MmBackward0 (LM head)", ml_mul(ch, BTD, nb),
-                    ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad), gV, s_in, SIZE_MAX);
-        ml__ck_node(ch, b, "DivBackward0 (logits / softcap)", gV, 0, gV, SIZE_MAX, SIZE_MAX);
-        ml__ck_node(ch, b, "TanhBackward0 (final softcap)", gV, 0, gV, s, SIZE_MAX);
-        ml__ck_node(ch, b, "MulBackward0 (tanh * softcap)", gV, 0, gV, SIZE_MAX, SIZE_MAX);
-    }
-    *rows = d->BT;
-    b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)d->V;
-    return d->V;
-}
-
-/* A decoder's sequence-classification head (transformers'
- * GenericForSequenceClassification, modeling_layers.py, as
- * LlamaForSequenceClassification and the others use it): the final norm,
- * `score` (D -> classes, no bias) on every token, then each sequence's last
- * non-pad token, logits[arange(B), last], which IndexBackward0 keeps as its
- * two int64 index tensors (without pad_token_id `last` is -1, a select:
- * only arange). The (B, T, classes) logits are a transient; the loss reads
- * the (B, classes) pooled ones (docs/inventory.md, "Heads and losses").
- * Returns the classes; *rows B. */
-static uint64_t seq_cls_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                             uint64_t *rows)
-{
-    uint64_t np, BTD = ml_mul(ch, d->BT, d->D);
-    unsigned nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
-    ml__ck_norm_params(ch, b, np, d->D);
-    ml__ck_linear_input(ch, b, "score input (the norm's output)", BTD, nb, false, 0);
-    ml__ck_weight_copy(ch, b, ml_mul(ch, m->head.classes, d->D));
-    ml__ck_param(ch, b, m->head.classes, d->D);
-    ml__ck_tmp(ch, ml_mul(ch, d->BT, m->head.classes), ch->prec.a);
-    ml__ck_save(ch, b, "pooling batch index (arange, int64)", d->B, 8, 0);
-    if (!m->head.cls_no_pad)
-        ml__ck_save(ch, b, "pooling last-token index (argmax, int64)", d->B, 8, 0);
-    *rows = d->B;
-    b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * (double)m->head.classes;
-    return m->head.classes;
-}
-
-/* BertForMaskedLM's head (modeling_bert.py, BertLMPredictionHead): dense
- * D x D on every token, the activation, LayerNorm, then the decoder over the
- * vocabulary (tied to the word embeddings by default) with its own bias.
- * Saved: the dense input (the last block's output: the boundary), the
- * activation's (gelu: its input; relu: its result), the LayerNorm's input
- * (autocast runs it in fp32: a cast copy) and statistics, the decoder's
- * input (docs/inventory.md, "Heads and losses"). Returns V; *rows B*T. */
-static uint64_t mlm_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                         uint64_t *rows)
-{
-    const unsigned w = ch->prec.w, a = ch->prec.a;
-    uint64_t BTD = ml_mul(ch, d->BT, d->D);
-    /* the decoder's bias is the head module's own parameter, registered
-     * before its submodules' (model.parameters() lists it first) */
-    ml__ck_param(ch, b, d->V, 0);
-    ml__ck_linear_input(ch, b, "mlm dense input", BTD, w, false, ML_SV_INPUT);
-    ml__ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
-    ml__ck_param(ch, b, d->D, d->D);
-    ml__ck_param(ch, b, d->D, 0);
-    bool gelu = m->mlp.activation == ML_ACT_GELU;
-    ml__ck_save(ch, b, gelu ? "mlm dense output (gelu input)" : "mlm relu output", BTD, a, 0);
-    if (gelu || a != w)
-        ml__ck_save(ch, b, a != w ? "mlm layernorm input (fp32 cast)" : "mlm layernorm input",
-                    BTD, w, 0);
-    ml__ck_save(ch, b, "mlm layernorm mean+rstd", ml_mul(ch, d->BT, 2), 4, 0);
-    ml__ck_param(ch, b, d->D, 0);
-    ml__ck_param(ch, b, d->D, 0);
-    ml__ck_tmp(ch, BTD, w);
-    ml__ck_linear_input(ch, b, "mlm decoder input (layernorm output)", BTD, w, false, 0);
-    ml__ck_weight_copy(ch, b, ml_mul(ch, d->V, d->D));
-    vocab_weight(ch, b, m, d);
-    *rows = d->BT;
-    b->flops_fwd = 2.0 * (double)d->BT * (double)d->D * ((double)d->D + (double)d->V);
-    return d->V;
-}
-
-/* Encoder head: (ViT's final norm,) the first token, an optional pooler,
- * dropout and the classifier. Returns the classes; *rows the logits' rows. */
-static uint64_t classifier_head(ml_chain *ch, ml_cblock *b, const ml_model *m,
-                                const ml_ck_dims *d, uint64_t *rows)
-{
-    const unsigned w = ch->prec.w, a = ch->prec.a;
-    uint64_t np, BTD = ml_mul(ch, d->BT, d->D), BD = ml_mul(ch, d->B, d->D);
-    unsigned src = w;
-    bool src_saved = false;
-    if (m->residual.prenorm) { /* ViT: final norm, then the class token */
-        unsigned nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
-        ml__ck_norm_params(ch, b, np, d->D);
-        src = nb;
-    }
-    /* x[:, 0] is a view: a saving consumer keeps the whole (B, T, D)
-     * storage alive unless autocast cast it to a (B, D) copy */
-    if (m->head.pooler) {
-        if (ch->prec.autocast && src == 4)
-            ml__ck_save(ch, b, "pooler input (cast copy of first token)", BD, 2, 0);
-        else
-            ml__ck_save(ch, b, "pooler input (view keeps the full hidden state)", BTD, src,
-                        m->residual.prenorm ? 0 : ML_SV_INPUT);
-        ml__ck_weight_copy(ch, b, ml_mul(ch, d->D, d->D));
-        ml__ck_param(ch, b, d->D, d->D);
-        ml__ck_param(ch, b, d->D, 0);
-        ml__ck_save(ch, b, "pooler tanh output", BD, a, 0);
-        b->flops_fwd += 2.0 * (double)d->B * (double)d->D * (double)d->D;
-        src = a;
-        src_saved = true;
-    }
-    /* ViTForImageClassification: the classifier reads the first token, no
-     * dropout between (BERT's classifier has one) */
-    if (d->drop && !m->embed.image_size) {
-        ml__ck_save(ch, b, "classifier dropout mask", BD, 1, 0);
-        src_saved = false;
-        if (!m->head.pooler)
-            src = w;
-        ml__ck_linear_input(ch, b, "classifier input (dropout output)", BD, src, false, 0);
-    } else if (!m->head.pooler) {
-        if (ch->prec.autocast && src == 4)
-            ml__ck_save(ch, b, "classifier input (cast copy of first token)", BD, 2, 0);
-        else
-            ml__ck_save(ch, b, "classifier input (view keeps the full hidden state)", BTD, src,
-                        m->residual.prenorm ? 0 : ML_SV_INPUT);
-    } else {
-        ml__ck_linear_input(ch, b, "classifier input", BD, src, src_saved, 0);
-    }
-    ml__ck_weight_copy(ch, b, ml_mul(ch, m->head.classes, d->D));
-    ml__ck_param(ch, b, m->head.classes, d->D);
-    ml__ck_param(ch, b, m->head.classes, 0);
-    *rows = d->B;
-    b->flops_fwd += 2.0 * (double)d->B * (double)d->D * (double)m->head.classes;
-    return m->head.classes;
-}
-
 /* Liger Kernel's chunk (liger_kernel/ops/fused_linear_cross_entropy.py,
  * fused_linear_cross_entropy_forward): next_power_of_2(ceil(BT / ceil(V /
  * D))) rows, or training.logits_chunk; at most the BT rows there are. */
@@ -210,7 +58,7 @@ static uint64_t fused_chunk_rows(const ml_ck_dims *d, uint64_t asked)
  * that moment. The backward returns the two gradients (grad_output is 1):
  * nothing new. FLOPs: the three products, all in forward. */
 static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                       uint64_t chunk_asked, unsigned nb, const ml_ck_graph *G)
+                       uint64_t chunk_asked, unsigned nb, ml_ck_graph *G)
 {
     const unsigned a = ch->prec.a;
     uint64_t rows = fused_chunk_rows(d, chunk_asked);
@@ -223,21 +71,12 @@ static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_c
     b->unit_fwd = ml_mul(ch, ml_mul(ch, rows, d->V), a);
     uint64_t ws = b->ws_fwd;
     b->grads_in_fwd = true;
-    if (G) {
-        /* the op graph's inventory, parameter, FLOPs and node
-         * (graph/kit_head.c); tied, the embeddings' gradient is first
-         * created here */
-        if (m->embed.tied)
-            vocab_weight(ch, b, m, d);
-        ml__ck_graph_emit(ch, b, G, 0);
-    } else {
-        ml__ck_save(ch, b, "targets (int64)", d->BT, 8, ML_SV_BATCH);
+    /* the op graph's inventory, parameter, FLOPs and node
+     * (graph/kit_head.c); tied, the embeddings' gradient is first created
+     * here */
+    if (m->embed.tied)
         vocab_weight(ch, b, m, d);
-        b->flops_fwd = 6.0 * (double)d->BT * (double)d->D * (double)d->V;
-        ml__ck_node(ch, b, "LigerFusedLinearCrossEntropyFunctionBackward (hands over)", 0, 0, 0,
-                    SIZE_MAX, SIZE_MAX);
-        ml__ck_end(ch, b, 0);
-    }
+    ml__ck_graph_emit(ch, b, G, 0);
     /* ml__ck_end's estimates are for ops that save: this one's forward
      * transient is the chunks', its backward allocates nothing, and under
      * no_grad its two gradients are transients too */
@@ -248,13 +87,9 @@ static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_c
     b->ws_formula = true;
 }
 
-/* The head block, then the loss: cross-entropy = log_softmax (saves its
- * output; autocast runs it in fp32) + nll_loss (saves the int64 targets);
- * with logits: fused, the final norm and the fused linear cross-entropy. */
-/* The head's op graph into *G when the graph expresses it (docs/graph.md):
- * a decoder's LM head (fused: its norm alone) or sequence classifier, an
- * encoder's classifier or masked-LM head; else *G NULL, the builders'
- * head. */
+/* The head's op graph into *G (docs/graph.md): a decoder's LM head
+ * (fused: its norm alone) or sequence classifier, an encoder's classifier
+ * or masked-LM head; *G NULL when the graph declines it. */
 static ml_status graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
                             ml_ck_graph **G)
 {
@@ -265,7 +100,7 @@ static ml_status graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d
      * where the builders counted the stream's dtype throughout) */
     const bool dec = m->type == ML_MODEL_DECODER;
     /* (a classifier's fused loss is refused: chain.c) */
-    if (ch->builders_only || (fused && (m->head.classes || !dec)))
+    if (fused && (m->head.classes || !dec))
         return ML_OK;
     if (!(*G = malloc(sizeof **G)))
         return ML_NOMEM;
@@ -280,42 +115,33 @@ static ml_status graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d
     return ML_OK;
 }
 
-/* The fused head (its norm) and the fused linear cross-entropy. */
+/* The fused head (its norm, G) and the fused linear cross-entropy;
+ * ML_RANGE when the graph declines the loss. */
 static ml_status fused_head_and_loss(ml_chain *ch, ml_cblock *b, const ml_model *m,
                                      const ml_ck_dims *d, const ml_training *t, ml_ck_graph *G)
 {
     /* node lists: the norm's, and the fused op's hand-over */
     ch->record_nodes = !ch->prec.autocast;
-    unsigned nb = ch->prec.w;
-    if (G) {
-        /* the op graph's norm (docs/graph.md): its output has the
-         * stream's dtype */
-        ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
-    } else {
-        uint64_t np;
-        nb = ml__ck_stream_norm(ch, b, m, d, ML_SV_INPUT, &np, false);
-        ml__ck_norm_params(ch, b, np, d->D);
-        uint64_t out = ml_mul(ch, ml_mul(ch, d->BT, d->D), nb);
-        ml__ck_end(ch, b, out);
-        ml__ck_forward_head(ch, b, m, d, true);
-    }
+    const unsigned nb = ch->prec.w;
+    /* the op graph's norm (docs/graph.md): its output has the stream's
+     * dtype */
+    ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), nb));
     b = ml__ck_begin(ch, "loss", -1);
     if (!b)
         return ML_NOMEM;
     b->fwd_phase = ML_PHASE_LOSS;
-    /* the loss's graph (the head's storage reused; the builders'
-     * reference path writes both) */
-    ml_ck_graph *L = G;
-    if (!L && !ch->builders_only && !(L = malloc(sizeof *L)))
-        return ML_NOMEM;
-    const bool taken = L && ml__ck_graph_fused_loss(ch, m, d, L);
-    fused_loss(ch, b, m, d, t->logits_chunk, nb, taken ? L : NULL);
-    if (L != G)
-        free(L);
+    /* the loss's graph (the head's storage reused) */
+    if (!ml__ck_graph_fused_loss(ch, m, d, G))
+        return ML_RANGE;
+    fused_loss(ch, b, m, d, t->logits_chunk, nb, G);
     ch->record_nodes = false;
     return ML_OK;
 }
 
+/* The head block, then the loss: cross-entropy = log_softmax (saves its
+ * output; autocast runs it in fp32) + nll_loss (saves the int64 targets);
+ * with logits: fused, the final norm and the fused linear cross-entropy.
+ * ML_RANGE when the op graph declines the head or the loss. */
 ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
                                const ml_training *t)
 {
@@ -328,6 +154,8 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
     ml_status st = graph_head(ch, m, d, t->logits == ML_LOGITS_FUSED, &G);
     if (st != ML_OK)
         return st;
+    if (!G)
+        return ML_RANGE; /* not modelled: no other rule plans it */
     if (t->logits == ML_LOGITS_FUSED) {
         st = fused_head_and_loss(ch, b, m, d, t, G);
         free(G);
@@ -338,28 +166,14 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
      * (a classifier's logits are not soft-capped: Gemma2ForCausalLM caps
      * them, its sequence classifier is the generic one) */
     ch->record_nodes = m->head.final_softcap > 0 && !m->head.classes && ml__ck_node_level(ch, m);
-    uint64_t rows; /* rows of the logits */
-    uint64_t out_classes;
-    if (G) {
-        /* the op graph's head (docs/graph.md); tied, the embeddings'
-         * gradient is first created here (a classifier has no output
-         * embedding) */
-        if (m->embed.tied && !m->head.classes)
-            vocab_weight(ch, b, m, d);
-        rows = m->head.classes ? d->B : d->BT;
-        out_classes = m->head.classes ? m->head.classes : d->V;
-        ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, rows, out_classes), a));
-        free(G);
-        ch->record_nodes = false;
-        return ml__ck_ce_loss(ch, m, d, rows, out_classes);
-    }
-    out_classes = m->type != ML_MODEL_ENCODER ? (m->head.classes ? seq_cls_head(ch, b, m, d, &rows)
-                                                                 : lm_head(ch, b, m, d, &rows))
-                  : m->head.mlm               ? mlm_head(ch, b, m, d, &rows)
-                                              : classifier_head(ch, b, m, d, &rows);
-    uint64_t logits = ml_mul(ch, rows, out_classes);
-    ml__ck_end(ch, b, ml_mul(ch, logits, a));
-    ml__ck_forward_head(ch, b, m, d, false);
+    /* tied, the embeddings' gradient is first created here (a classifier
+     * has no output embedding) */
+    if (m->embed.tied && !m->head.classes)
+        vocab_weight(ch, b, m, d);
+    const uint64_t rows = m->head.classes ? d->B : d->BT;
+    const uint64_t out_classes = m->head.classes ? m->head.classes : d->V;
+    ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, rows, out_classes), a));
+    free(G);
     ch->record_nodes = false;
     return ml__ck_ce_loss(ch, m, d, rows, out_classes);
 }
@@ -407,13 +221,10 @@ ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, u
     b->fwd_phase = ML_PHASE_LOSS;
     unsigned lsb = ch->prec.autocast ? 4 : w;
     bool graph = false;
-    if (!ch->builders_only && (st = graph_loss(ch, b, rows, out_classes, &graph)) != ML_OK)
+    if ((st = graph_loss(ch, b, rows, out_classes, &graph)) != ML_OK)
         return st;
-    if (!graph) {
-        ml__ck_save(ch, b, "log-softmax output", logits, lsb, 0);
-        ml__ck_save(ch, b, "targets (int64)", rows, 8, ML_SV_BATCH);
-        ml__ck_save(ch, b, "nll_loss total_weight (fp32 scalar)", 1, 4, 0);
-    }
+    if (!graph)
+        return ML_RANGE; /* not modelled: no other rule plans it */
     /* the block rule's figures, the builders' own (the graph's ml__ck_end
      * estimates are for ops that save their inputs: set over here) */
     b->ws_fwd = 0;

@@ -280,20 +280,6 @@ void ml__ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
     }
 }
 
-/* Saved input of a linear layer whose input storage has `bpe` bytes per
- * element: autocast saves a bf16/fp16 cast copy per consumer (casts of
- * non-leaf tensors are not cached), otherwise the storage itself. The caller
- * passes already_saved when another op saved the same storage. */
-size_t ml__ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
-                           unsigned bpe, bool already_saved, unsigned flags)
-{
-    if (ch->prec.autocast && bpe == 4)
-        return ml__ck_save(ch, b, what, elems, 2, flags & ~(unsigned)ML_SV_INPUT);
-    if (!already_saved)
-        return ml__ck_save(ch, b, what, elems, bpe, flags);
-    return SIZE_MAX;
-}
-
 /* autocast caches one low-precision copy of each weight per forward; the
  * matmul saves it for the input gradient (only when its input needs one). */
 void ml__ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems)

@@ -49,10 +49,6 @@ void ml__ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes);
 void ml__ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes);
 /* Closes a block: transients, gradients its backward creates. */
 void ml__ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes);
-/* The saved input of a linear layer (autocast: a cast copy per consumer);
- * returns its index in ch->saved (SIZE_MAX: none recorded). */
-size_t ml__ck_linear_input(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
-                           unsigned bpe, bool already_saved, unsigned flags);
 /* autocast's low-precision weight copy, saved by the matmul. */
 void ml__ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems);
 
@@ -87,13 +83,6 @@ void ml__ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
  * when it ends holding the block's saved tensors and its output; sets
  * b->ws_fwd, what the replay holds beside them while the block runs. */
 void ml__ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
-/* A transformer layer block's programs (chain_forward.c), under no_grad and
- * with grad, for the layouts they know; the others keep the block rule. */
-void ml__ck_forward_layer(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d);
-/* The same for the head block (before the loss; fused: the norm only). */
-void ml__ck_forward_head(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                       bool fused);
-
 /* The busiest expert's rows among N (token, expert) pairs over E experts:
  * N / E for a balanced router, times training.expert_imbalance, at most the
  * B*T tokens (one row per token and expert). */
@@ -113,52 +102,33 @@ void ml__ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck
                       unsigned src_bpe, bool src_saved, bool fused_qkv, bool causal_mask,
                       bool softmax_fp32, unsigned in_flags);
 
-/* What a norm reads: x's bytes per element (xw), its flags (ML_SV_INPUT:
- * the block's input), whether x's gradient buffer exists before the norm's
- * gradient arrives (xbuf: a pre-norm block's residual stream, whose skip
- * holds it) and whether the output's gradient is the residual's, held by
- * its buffer (out_held: Gemma 2's post norms). */
-typedef struct {
-    unsigned xw, xflags;
-    bool xbuf, out_held;
-} ml_ck_norm_io;
-/* A norm (LayerNorm or an RMSNorm) on x (chain_norm.c): its saved tensors
- * and backward nodes. Returns the output's bytes per element and sets
- * *params to its parameter count. */
-unsigned ml__ck_norm_fwd(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                         const ml_ck_norm_io *io, uint64_t *params);
-/* A norm on the residual stream (w bytes per element, its output's
- * gradient freed by the norm): the block's or the head's input (xflags,
- * xbuf as in ml_ck_norm_io). */
-unsigned ml__ck_stream_norm(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                            unsigned xflags, uint64_t *params, bool xbuf);
-/* A norm's parameters as the module registers them: weight, then bias. */
-void ml__ck_norm_params(ml_chain *ch, ml_cblock *b, uint64_t np, uint64_t D);
 
 /* Whether the transformer's blocks record their backward nodes
  * (chain_head.c; docs/ledger.md, "Backward, node by node"). */
 bool ml__ck_node_level(const ml_chain *ch, const ml_model *m);
-/* The head block, then the loss (chain_head.c); ML_NOMEM. */
+/* The head block, then the loss (chain_head.c), from their op graphs;
+ * ML_NOMEM, or ML_RANGE when the graph declines one. */
 ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
                                const ml_training *t);
 
-/* The transformer's embedding block (chain_embed.c); ML_NOMEM. */
+/* The transformer's embedding block (chain_embed.c), from its op graph;
+ * ML_NOMEM, or ML_RANGE when the graph declines it. */
 ml_status ml__ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
 
 /* The shapes of one micro-batch through a transformer (chain_transformer.c);
  * ML_RANGE (with err) when the sequence does not fit the model. */
 ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, ml_ck_dims *d,
                          ml_error *err);
-/* A pre-norm transformer layer (GPT-2, Llama, Gemma, Phi-3, Falcon, ViT and
- * CLIP layouts) into block b (chain_transformer.c). */
-void ml__ck_prenorm_block(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d);
 /* The model's layer blocks, "block.<i>", checkpoint indices from
- * ch->mask_ckpt0 (chain_transformer.c); ML_NOMEM, or ML_RANGE when the op
- * graph declines a mixture of experts' or latent attention's layer. */
+ * ch->mask_ckpt0 (chain_transformer.c), from their op graphs; ML_NOMEM,
+ * or ML_RANGE when the graph declines a layer (no chain builder writes
+ * one). */
 ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
-/* ML_RANGE with the reason in err: ml__ck_layer_blocks returned ML_RANGE
- * (the op graph declined a mixture of experts' or latent attention's
- * layer, which no chain builder plans). */
+/* ML_RANGE with the reason in err: the op graph declined the model's
+ * `part` ("embedding", "layers", "head"), which no other rule plans; the
+ * message names the model and its layout. */
+ml_status ml__ck_declined(const ml_model *m, const char *part, ml_error *err);
+/* ml__ck_declined for the layers (ml__ck_layer_blocks returned ML_RANGE). */
 ml_status ml__ck_layers_declined(const ml_model *m, ml_error *err);
 
 /* A side tensor (chain.h) made by block `from`'s forward and freed after

@@ -254,7 +254,9 @@ ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chai
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d.BT, d.D);
     /* the token embeddings (the rotary tables with them), beside the tower */
-    if ((st = ml__ck_embedding_block(ch, m, &d)))
+    if ((st = ml__ck_embedding_block(ch, m, &d)) == ML_RANGE)
+        return ml__ck_declined(m, "embedding", err);
+    if (st)
         return st;
     ml_cblock *e = &ch->blocks[0];
     e->ws_bwd -= e->bwd_in; /* its output's gradient is the side tensor's */
@@ -285,7 +287,9 @@ ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chai
     }
     if ((st = ml__ck_layer_blocks(ch, m, &d)) == ML_RANGE)
         return ml__ck_layers_declined(m, err);
-    if (st || (st = ml__ck_head_and_loss(ch, m, &d, t)))
+    if (st == ML_OK && (st = ml__ck_head_and_loss(ch, m, &d, t)) == ML_RANGE)
+        return ml__ck_declined(m, "head", err);
+    if (st)
         return st;
     for (size_t i = 0; i < ch->n; i++)
         if (ch->blocks[i].flops_bwd == 0 && !ch->blocks[i].grads_in_fwd &&

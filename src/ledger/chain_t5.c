@@ -226,7 +226,10 @@ static ml_status head(ml_chain *ch, const ml_model *m, const t5d *t, const ml_ck
         b->grad_bytes = ml_add(ch, b->grad_bytes, g);
         b->grad_accum_bytes = ml_add(ch, b->grad_accum_bytes, g);
     }
-    return ml__ck_ce_loss(ch, m, d, BT, t->V);
+    ml_status st = ml__ck_ce_loss(ch, m, d, BT, t->V);
+    if (st == ML_RANGE)
+        *why = "the loss";
+    return st;
 }
 
 /* T5's blocks from the op graphs, the side tensors noted in S; ML_RANGE

@@ -3,7 +3,9 @@
  * its name too; the transformer builders word some entries otherwise),
  * every backward node, every parameter, every side tensor and the
  * chain-wide figures; the first difference fails the test with both
- * values (tests/unit/test_graph.c, test_graph_heads.c). */
+ * values (tests/unit/test_graph.c's sequential models, whose builders
+ * remain). And a transformer's chain from the graph, whole (chain_whole:
+ * test_graph.c, test_graph_heads.c, test_graph_rotln.c). */
 #ifndef ML_TEST_CHAIN_COMPARE_H
 #define ML_TEST_CHAIN_COMPARE_H
 
@@ -12,6 +14,7 @@
 #include <string.h>
 
 #include "ledger/chain.h"
+#include "model/model_internal.h"
 
 #define SAME(f)                                                                          \
     do {                                                                                 \
@@ -21,7 +24,7 @@
     } while (0)
 
 /* On a difference, both saved lists (to stderr) before the failure. */
-static void dump(const ml_chain *a, const ml_chain *b, size_t blk)
+static inline void dump(const ml_chain *a, const ml_chain *b, size_t blk)
 {
     for (int k = 0; k < 2; k++) {
         const ml_chain *c = k ? b : a;
@@ -41,14 +44,14 @@ static void dump(const ml_chain *a, const ml_chain *b, size_t blk)
  * gradients in fp32 and the casts' ToCopyBackward0 nodes, where the
  * builders counted every gradient in the stream's dtype. Everything else
  * of the block is compared. */
-static bool fused_norm_corrected(const ml_chain *a, size_t blk)
+static inline bool fused_norm_corrected(const ml_chain *a, size_t blk)
 {
     return !strcmp(a->blocks[blk].name, "head") && a->prec.w == 2 && !a->prec.autocast &&
            blk + 1 < a->n && a->blocks[blk + 1].grads_in_fwd;
 }
 
 /* Whether block blk's node lists differ as fused_norm_corrected says. */
-static bool same_block(const ml_chain *a, const ml_chain *b, size_t blk, bool names,
+static inline bool same_block(const ml_chain *a, const ml_chain *b, size_t blk, bool names,
                        const char *what)
 {
     const ml_cblock *x = &a->blocks[blk], *y = &b->blocks[blk];
@@ -113,7 +116,7 @@ static bool same_block(const ml_chain *a, const ml_chain *b, size_t blk, bool na
 
 /* The chains equal block by block; returns how many head blocks differ
  * only by the corrected nodes (fused_norm_corrected). */
-static unsigned same_blocks(const ml_chain *a, const ml_chain *b, bool names, const char *what)
+static inline unsigned same_blocks(const ml_chain *a, const ml_chain *b, bool names, const char *what)
 {
     unsigned corrected = 0;
     if (a->n != b->n)
@@ -149,6 +152,26 @@ static unsigned same_blocks(const ml_chain *a, const ml_chain *b, bool names, co
             fail_msg("%s: side %zu (%s) differs", what, i, u->what);
     }
     return corrected;
+}
+
+/* A transformer's chain from the graph, whole: its embedding, its layers
+ * ("block.<i>", each with saved tensors, parameters and forward FLOPs), its
+ * head and loss last. */
+static inline void chain_whole(const ml_chain *b, const ml_model *m, const char *what)
+{
+    uint64_t layers = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        const ml_cblock *x = &b->blocks[i];
+        if (strncmp(x->name, "block.", 6))
+            continue;
+        layers++;
+        if (!x->nsaved || !x->saved_bytes || !(x->flops_fwd > 0))
+            fail_msg("%s: %s is not whole", what, x->name);
+    }
+    if (b->n < 3 || strcmp(b->blocks[0].name, "embedding") ||
+        strcmp(b->blocks[b->n - 1].name, "loss") || layers < m->layers || !b->nparams)
+        fail_msg("%s: %zu blocks, %llu layers: not the transformer's whole chain", what, b->n,
+                 (unsigned long long)layers);
 }
 
 #endif
