@@ -1,8 +1,11 @@
 /* The transformer chains' last blocks (chain_transformer.c builds the
- * rest): a decoder's final norm and LM head (Gemma 2: its soft-capped
- * logits), BERT's masked-LM head, the encoder classifiers, then the loss,
- * or the fused linear cross-entropy (logits: fused), with what eager
- * autograd keeps for each (docs/inventory.md, "Heads and losses"). */
+ * rest), from their op graphs (graph/kit_head.c): a decoder's final norm
+ * and LM head (Gemma 2: its soft-capped logits) or sequence classifier,
+ * BERT's masked-LM head, the encoder classifiers, then the loss, or the
+ * fused linear cross-entropy (logits: fused), with what eager autograd
+ * keeps for each (docs/inventory.md, "Heads and losses"); what the graphs
+ * do not hold (the tied table's gradient, the block rule's transients)
+ * stays here. */
 #include <stdlib.h>
 
 #include "ledger/chain_kit.h"

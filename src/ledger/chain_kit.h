@@ -1,5 +1,5 @@
-/* The op kit the chain builders share (chain_transformer.c,
- * chain_sequential.c): opening and closing a block, recording a saved
+/* The op kit the chains share (chain_graph.c's passes, the sequential
+ * builders of chain_sequential.c): opening and closing a block, recording a saved
  * storage, an unsaved intermediate or a parameter tensor, autocast's cast
  * copies, and the self-attention core both families use. Internal to
  * src/ledger/: the `ml_ck_` prefix marks functions that cross files but are
@@ -144,7 +144,8 @@ typedef struct {
     bool programs;                /* the forward's live bytes come from the graph */
 } ml_ck_graph;
 /* Builds the graph of m's layers into G when the component kit expresses
- * their layout (graph/families.c); false: the chain builders run. */
+ * their layout (graph/families.c); false: it declines them (the chain is
+ * refused). */
 bool ml__ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
 /* ... of layer `layer` (its layout: DeepSeek's first dense_layers layers
  * have a dense MLP, the others experts); ml__ck_graph_layer is layer 0's. */
@@ -155,7 +156,7 @@ bool ml__ck_graph_layer_at(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
 bool ml__ck_graph_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, bool fused,
                        ml_ck_graph *G);
 /* The graph of a transformer's embedding block (graph/kit_embed.h) into
- * G; false: the chain builders run it. */
+ * G; false: it declines it (the chain is refused). */
 bool ml__ck_graph_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
                             ml_ck_graph *G);
 /* The same for a decoder's sequence-classification head (graph/kit_head.h). */
@@ -170,24 +171,24 @@ bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
 bool ml__ck_graph_fused_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
                              ml_ck_graph *G);
 /* The graph of the cross-entropy block over rows x classes logits
- * (graph/kit_head.h) into G; false: the chain builders run it. */
+ * (graph/kit_head.h) into G; false: it declines it (the chain is refused). */
 bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G);
 /* The same for a sequential model's mean-squared-error block on n
  * elements of in_bytes each (graph/kit_head.h). */
 bool ml__ck_graph_mse_loss(ml_chain *ch, uint64_t n, unsigned in_bytes, ml_ck_graph *G);
 /* The graph of a multimodal model's vision layer (LLaVA's CLIP tower,
  * graph/kit_clip.c; pool, an mlg_clip_pool: the last layer's post_layernorm) at the tower's
- * shapes vd into G; false: the chain builders run. */
+ * shapes vd into G; false: it declines it (the chain is refused). */
 bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
                                unsigned pool, ml_ck_graph *G);
 /* LLaVA's CLIPVisionEmbeddings with pre_layrnorm from the op graph
- * (graph/kit_clip.c) at the tower's shape vd into G; false: the chain
- * builders run it. */
+ * (graph/kit_clip.c) at the tower's shape vd into G; false: it declines
+ * it (the chain is refused). */
 bool ml__ck_graph_clip_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
                                  ml_ck_graph *G);
 /* LLaVA's projector and the merge of the image features into the token
  * embeddings (graph/kit_clip.c): the tower's shape vd, the decoder's d,
- * n_img image tokens a sample. False, the chain builders run it: the graph
+ * n_img image tokens a sample. False, the chain refused: the graph
  * not whole, or a tower more than six times the decoder's width (Dv w >
  * 24 Dt) whose whole hidden state linear_1 keeps (feature_select full, no
  * autocast): the graph lists that input (the block's, saved) where the
@@ -213,7 +214,7 @@ void ml__ck_graph_dtype_bytes(ml_chain *ch, ml_ck_graph *G);
 bool ml__ck_graph_t5(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t Ts,
                      bool decoder, bool first, ml_ck_graph *G);
 /* The graph of T5's encoder.final (its final_layer_norm, dropout) over d's
- * tokens; false: the chain builders run. */
+ * tokens; false: it declines it (the chain is refused). */
 bool ml__ck_graph_t5_final(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
 /* The same for T5's head (the decoder's final norm, lm_head) over d's
  * tokens, the targets. */
