@@ -533,11 +533,19 @@ static tref *graph_block(seqctx *s, ml_cblock *b, const ml_layer *l, tref *x, ml
     ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_add(ch, stats, ml_mul(ch, 8, info.nbn)));
     ml__ck_graph_emit(ch, b, G, G->tb[G->g.out]);
     /* backward FLOPs: a matmul's twice its forward, once on the model's
-     * input; an attention's none, as seq_attention (docs/graph.md) */
-    for (uint16_t k = 0; k < G->g.nop && !info.attention; k++) {
-        const double f = ml__graph_op_flops(&G->g.op[k], &G->z);
+     * input; an attention layer's none (docs/graph.md) */
+    for (uint16_t k = 0; k < G->g.nop; k++) {
+        const double f = info.attn_op[k] ? 0 : ml__graph_op_flops(&G->g.op[k], &G->z);
         if (f > 0)
             b->flops_bwd += G->g.op[k].ngin ? 2 * f : f;
+    }
+    /* the builders' core FLOPs: one attention layer's however many the
+     * block holds (all of one size; docs/graph.md, "Sequential layers") */
+    if (info.attention) {
+        b->flops_core = 0;
+        for (uint16_t k = info.attn_last; k < G->g.nop; k++)
+            if (G->g.op[k].core)
+                b->flops_core += ml__graph_op_flops(&G->g.op[k], &G->z);
     }
     *sh = info.shape;
     return info.identity ? x : new_ref(s, info.out_ps, info.out_bytes);

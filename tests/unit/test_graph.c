@@ -1229,10 +1229,14 @@ static void test_llava_from_graph(void **state)
  * flatten block, LayerNorm, SiLU, GELU, a projection shortcut, ReLU in
  * place on a block's input and inside a branch, an embedding, attention
  * (causal or not, with and without dropout and biases, on the model's
- * input and after a half-precision linear under autocast; inside a
- * residual the builders'), a residual nested in a residual, one on the model's
- * input, a dropout opening a residual's body; the last model dropouts
- * inside residuals in every position (the graph's in evaluation too). */
+ * input and after a half-precision linear under autocast), a residual
+ * nested in a residual, one on the model's input, a dropout opening a
+ * residual's body; the fifth model dropouts inside residuals in every
+ * position (the graph's in evaluation too); the last two attention inside
+ * residuals: opening and ending a body, after a ReLU that saved its input
+ * already, as a shortcut, two in one body, in a nested residual, before a
+ * linear and a dropout (whose masks and cast copies take its (B, T, D)
+ * shape). */
 static const char *const seq_models[] = {
     "model:\n  type: sequential\n  input: [3, 8, 8]\n  layers:\n"
     "    - conv2d: {out: 4, kernel: 3, padding: 1}\n    - batchnorm: {}\n"
@@ -1286,6 +1290,21 @@ static const char *const seq_models[] = {
     "    - linear: {out: 12}\n    - attention: {heads: 2, dropout: 0.1}\n"
     "    - residual:\n        - layernorm: {}\n        - attention: {heads: 2, causal: true}\n"
     "    - flatten: {}\n    - linear: {out: 3}\n  loss: cross_entropy\n",
+    "model:\n  type: sequential\n  input: [8, 16]\n  layers:\n"
+    "    - residual:\n        - attention: {heads: 2, causal: true}\n"
+    "        - linear: {out: 16}\n"
+    "    - residual:\n        - relu: {}\n        - attention: {heads: 4, dropout: 0.1}\n"
+    "    - residual:\n        body:\n          - linear: {out: 16}\n"
+    "        shortcut:\n          - attention: {heads: 2, bias: false}\n"
+    "    - residual:\n        - residual:\n            - layernorm: {}\n"
+    "            - attention: {heads: 2, causal: true, dropout: 0.2}\n"
+    "        - gelu: {}\n        - attention: {heads: 2}\n"
+    "    - residual:\n        - attention: {heads: 4}\n        - relu: {inplace: true}\n"
+    "        - attention: {heads: 4, causal: true}\n        - dropout: {p: 0.1}\n"
+    "    - linear: {out: 16}\n"
+    "    - residual:\n        body:\n          - attention: {heads: 1}\n"
+    "        shortcut:\n          - residual:\n              - attention: {heads: 1}\n"
+    "    - flatten: {}\n    - linear: {out: 5}\n  loss: cross_entropy\n",
 };
 
 /* Every ReLU's inplace set to on (1), off (0), or left (-1). */
@@ -1308,7 +1327,7 @@ static bool has_attention(const ml_layer *ls, size_t n)
     return false;
 }
 
-/* An attention layer inside a residual: the builders' (kit_seq.h). */
+/* A residual around an attention layer. */
 static bool nested_attention(const ml_layer *l)
 {
     return l->kind == ML_L_RESIDUAL &&
@@ -1355,10 +1374,9 @@ typedef struct {
     unsigned nt, nop, nlit, losses, attention;
 } seq_room;
 
-/* The layers the graph expresses (every top-level entry but a residual
- * around an attention layer, at fp32 on the model's shapes, in training
- * or evaluation), counted; the attention layers among them in
- * room->attention. */
+/* The layers the graph expresses (every top-level entry, at fp32 on the
+ * model's shapes, in training or evaluation), counted; the attention
+ * layers and the residuals around them in room->attention. */
 static unsigned seq_expressed(const ml_model *m, bool eval, seq_room *room)
 {
     ml_chain ch;
@@ -1377,12 +1395,10 @@ static unsigned seq_expressed(const ml_model *m, bool eval, seq_room *room)
     assert_non_null(G);
     for (size_t i = 0; i < m->nseq; i++) {
         mlg_seq_block info;
-        const bool attn = nested_attention(&m->seq[i]);
         const bool ok = ml__ck_graph_seq(&ch, &m->seq[i], &sh, bytes, i == 0, G, &info);
-        if (ok == attn)
-            fail_msg("%s: layer %zu (%s) %s", m->name, i, ml__layer_kind_name(m->seq[i].kind),
-                     attn ? "taken" : "refused");
-        if (ok && m->seq[i].kind == ML_L_ATTENTION) {
+        if (!ok)
+            fail_msg("%s: layer %zu (%s) refused", m->name, i, ml__layer_kind_name(m->seq[i].kind));
+        if (ok && (m->seq[i].kind == ML_L_ATTENTION || nested_attention(&m->seq[i]))) {
             assert_true(info.attention && info.nodes_off);
             room->attention++;
         }
@@ -1443,15 +1459,15 @@ static void test_seq_chains_equal_builders(void **state)
             n, expressed, room.attention, room.nt, room.nop, room.nlit, expressed_eval,
             room.losses);
     assert_true(n > 0);
-    assert_int_equal(n, 10 * 3 * 3 * ML_PREC_COUNT * 3 * 2);
+    assert_int_equal(n, 11 * 3 * 3 * ML_PREC_COUNT * 3 * 2);
     assert_true(expressed > 0);
     /* evaluation's dropouts inside residuals too */
     assert_int_equal(expressed_eval, expressed);
-    assert_int_equal(expressed, 354);
-    /* the five top-level attention layers (three ReLU settings, training
-     * and evaluation); the one inside a residual stays the builders' */
-    assert_int_equal(room.attention, 5 * 3 * 2);
-    assert_int_equal(room.losses, 2 * 10 * 3); /* every model's loss block */
+    assert_int_equal(expressed, 384);
+    /* the five top-level attention layers and the seven residuals around
+     * attention layers (three ReLU settings, training and evaluation) */
+    assert_int_equal(room.attention, (5 + 7) * 3 * 2);
+    assert_int_equal(room.losses, 2 * 11 * 3); /* every model's loss block */
     /* ResNet-50's bottleneck with its projection, the largest: a quarter
      * of each array to spare */
     assert_true(room.nt * 4 <= MLG_MAX_TENSORS * 3);
@@ -1459,10 +1475,11 @@ static void test_seq_chains_equal_builders(void **state)
     assert_true(room.nlit * 4 <= MLG_NLIT * 3);
 }
 
-/* What the sequential kit hands back to the builders, explicitly: an
- * attention layer inside a residual; a dropout inside a residual is the
- * graph's in training and in evaluation, so is a top-level attention
- * layer. */
+/* What the sequential kit refuses, explicitly: two attention layers of
+ * different sizes in one entry (the block's named dimensions are one
+ * attention's); a dropout inside a residual is the graph's in training and
+ * in evaluation, so is an attention layer on its block's input or inside a
+ * residual. */
 static void test_seq_refused(void **state)
 {
     (void)state;
@@ -1489,8 +1506,7 @@ static void test_seq_refused(void **state)
     const ml_shape emb = {{12, 16, 0}, 2, false};
     assert_int_equal(m->seq[1].kind, ML_L_ATTENTION);
     ch.eval_mode = false;
-    /* an attention layer on its block's input is the graph's, without
-     * nodes; inside a residual the builders' */
+    /* an attention layer is the graph's, without nodes or programs */
     assert_true(ml__ck_graph_seq(&ch, &m->seq[1], &emb, 4, false, G, &info));
     assert_true(info.attention && info.nodes_off);
     assert_false(G->programs);
@@ -1499,7 +1515,19 @@ static void test_seq_refused(void **state)
     const ml_shape tok = {{6, 12, 0}, 2, false};
     assert_int_equal(m->seq[5].kind, ML_L_RESIDUAL);
     assert_int_equal(m->seq[5].body[1].kind, ML_L_ATTENTION);
-    assert_false(ml__ck_graph_seq(&ch, &m->seq[5], &tok, 4, false, G, &info));
+    assert_true(ml__ck_graph_seq(&ch, &m->seq[5], &tok, 4, false, G, &info));
+    assert_true(info.attention && info.nodes_off);
+    assert_false(G->programs);
+    /* two in one body of the same sizes: taken; of two head counts: refused */
+    ml_model_destroy(m);
+    m = load_str("model:\n  type: sequential\n  input: [6, 12]\n  layers:\n"
+                 "    - residual:\n        - attention: {heads: 2}\n"
+                 "        - attention: {heads: 2, causal: true}\n"
+                 "    - residual:\n        - attention: {heads: 2}\n"
+                 "        - attention: {heads: 3}\n"
+                 "    - flatten: {}\n    - linear: {out: 3}\n  loss: cross_entropy\n");
+    assert_true(ml__ck_graph_seq(&ch, &m->seq[0], &tok, 4, false, G, &info));
+    assert_false(ml__ck_graph_seq(&ch, &m->seq[1], &tok, 4, false, G, &info));
     free(G);
     ml_model_destroy(m);
 }
