@@ -51,7 +51,7 @@ static uint64_t mul(sq *s, uint64_t a, uint64_t b)
 {
     uint64_t r;
     if (__builtin_mul_overflow(a, b, &r))
-        s->refused = true;
+        s->refused = s->info->overflow = true;
     return r;
 }
 

@@ -39,6 +39,7 @@ typedef struct {
                            every attention layer of the block) */
     bool attn_op[MLG_MAX_OPS]; /* the attention layers' ops */
     uint16_t attn_last;   /* the last attention layer's first op */
+    bool overflow;        /* refused: a size past 64 bits */
     uint64_t bn_channels; /* the batch norms' channels (running statistics) */
     unsigned nbn;         /* the batch norms (num_batches_tracked each) */
 } mlg_seq_block;
