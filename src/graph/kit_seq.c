@@ -106,12 +106,12 @@ static bool model_input(const sq *s, uint16_t t)
     return t == s->in && s->c->in_nograd;
 }
 
-/* t saved for the first time, by an op that names it what. The builders
- * listed a saved tensor where its first saver saved it, the inventory
- * lists entries in declaration order: when tensors were declared after t
- * (a residual's body before its shortcut, an attention layer's weight
- * copies after its output), t's storage is counted in an entry declared
- * here. */
+/* t saved for the first time, by an op that names it what. The chain
+ * builders listed a saved tensor where its first saver saved it (the
+ * outputs' order), the inventory lists entries in declaration order: when
+ * tensors were declared after t (a residual's body before its shortcut,
+ * an attention layer's weight copies after its output), t's storage is
+ * counted in an entry declared here. */
 static void first_save(sq *s, uint16_t t, const char *what)
 {
     ml_graph *g = s->g;
@@ -351,8 +351,9 @@ static uint16_t embedding(sq *s, const ml_layer *l, uint16_t x, uint64_t out_ps)
     return y;
 }
 
-/* The kit's attention words some entries otherwise than the builders'
- * seq_attention listed them; the inventory keeps the builders' words. */
+/* The kit's attention words some entries otherwise than the chain
+ * builders' seq_attention (since deleted) listed them; the inventory keeps
+ * those words, which the outputs print. */
 static const char *builders_word(const mlg_tensor *t)
 {
     static const struct {
