@@ -51,7 +51,7 @@ static uint64_t mul(sq *s, uint64_t a, uint64_t b)
 {
     uint64_t r;
     if (__builtin_mul_overflow(a, b, &r))
-        s->refused = true;
+        s->refused = s->info->overflow = true;
     return r;
 }
 
@@ -72,11 +72,15 @@ static uint16_t act(sq *s, const char *name, uint64_t per_sample, unsigned bpe)
     return t;
 }
 
-/* One of x's shape at bpe bytes per element (a mask, a cast copy). */
+/* One of x's shape at bpe bytes per element (a mask, a cast copy): x a
+ * layer's output, (B, per sample), or an attention layer's, (B, T, D). */
 static uint16_t like(sq *s, const char *name, uint16_t x, unsigned bpe)
 {
     const mlg_tensor *p = &s->g->t[x];
-    uint16_t t = ml__graph_tensor(s->g, name, dtype_of(s, bpe), MLG_ACT, 2, p->dim[0], p->dim[1]);
+    const uint8_t d = dtype_of(s, bpe);
+    uint16_t t = p->ndim == 3
+                     ? ml__graph_tensor(s->g, name, d, MLG_ACT, 3, p->dim[0], p->dim[1], p->dim[2])
+                     : ml__graph_tensor(s->g, name, d, MLG_ACT, 2, p->dim[0], p->dim[1]);
     s->bpe[t] = (uint8_t)bpe;
     return t;
 }
@@ -102,6 +106,23 @@ static bool model_input(const sq *s, uint16_t t)
     return t == s->in && s->c->in_nograd;
 }
 
+/* t saved for the first time, by an op that names it what. The chain
+ * builders listed a saved tensor where its first saver saved it (the
+ * outputs' order), the inventory lists entries in declaration order: when
+ * tensors were declared after t (a residual's body before its shortcut,
+ * an attention layer's weight copies after its output), t's storage is
+ * counted in an entry declared here. */
+static void first_save(sq *s, uint16_t t, const char *what)
+{
+    ml_graph *g = s->g;
+    s->saved[t] = true;
+    if (t + 1 == g->nt) {
+        g->t[t].name = what;
+        return;
+    }
+    g->t[t].base = like(s, what, t, s->bpe[t]);
+}
+
 /* Op o saves t, the first saver naming its entry; autocast saves a cast
  * copy instead for a matmul reading an fp32 tensor (one per consumer:
  * casts of activations are not cached). */
@@ -111,10 +132,8 @@ static void save(sq *s, mlg_op *o, uint16_t t, const char *what, bool matmul)
         ml__op_save(o, like(s, what, t, 2));
         return;
     }
-    if (t != s->in && !s->saved[t]) {
-        s->g->t[t].name = what;
-        s->saved[t] = true;
-    }
+    if (t != s->in && !s->saved[t])
+        first_save(s, t, what);
     ml__op_save(o, t);
 }
 
@@ -332,8 +351,9 @@ static uint16_t embedding(sq *s, const ml_layer *l, uint16_t x, uint64_t out_ps)
     return y;
 }
 
-/* The kit's attention words some entries otherwise than the builders'
- * seq_attention listed them; the inventory keeps the builders' words. */
+/* The kit's attention words some entries otherwise than the chain
+ * builders' seq_attention (since deleted) listed them; the inventory keeps
+ * those words, which the outputs print. */
 static const char *builders_word(const mlg_tensor *t)
 {
     static const struct {
@@ -352,15 +372,18 @@ static const char *builders_word(const mlg_tensor *t)
     return t->name;
 }
 
-/* An attention layer on (T, D) samples, the block's own (on its input,
- * outside residuals; else the builders'): nanoGPT's layout (kit.c) with
- * one c_attn projection for q, k and v, no grouped heads, the masked_fill
- * when causal, eager. As the builders had it (docs/graph.md, "Sequential
- * layers"): no backward nodes and the block rule's transients (its forward
- * programs are not derived), no backward FLOPs. */
+/* An attention layer on (T, D) samples: nanoGPT's layout (kit.c) with one
+ * c_attn projection for q, k and v, no grouped heads, the masked_fill when
+ * causal, eager; on its block's input or inside a residual's branch. As
+ * the builders had it (docs/graph.md, "Sequential layers"): no backward
+ * nodes and the block rule's transients (its forward programs are not
+ * derived), no backward FLOPs (its ops marked in info->attn_op). Its sizes
+ * are the block's named dimensions: a second attention layer of other
+ * sizes in the same block is refused. */
 static uint16_t attention(sq *s, const ml_layer *l, uint16_t x, const ml_shape *sh)
 {
-    if (x != s->in || s->depth) {
+    mlg_seq_block *info = s->info;
+    if (info->attention && (info->T != sh->d[0] || info->D != sh->d[1] || info->H != l->heads)) {
         s->refused = true;
         return x;
     }
@@ -370,17 +393,25 @@ static uint16_t attention(sq *s, const ml_layer *l, uint16_t x, const ml_shape *
     L.attn.qkv_bias = L.attn.out_bias = l->bias;
     L.attn.dropout = l->p > 0;
     L.attn.unmasked = !l->causal;
-    s->info->attention = true;
-    s->info->T = sh->d[0];
-    s->info->D = sh->d[1];
-    s->info->H = l->heads;
-    s->info->nodes_off = true;
+    info->attention = true;
+    info->T = sh->d[0];
+    info->D = sh->d[1];
+    info->H = l->heads;
+    info->nodes_off = true;
     ml_graph *g = s->g;
-    const uint16_t t0 = g->nt;
+    /* c_attn saves x itself unless autocast casts it (a copy per consumer):
+     * named as the builders' first saver named it */
+    const bool cast = s->c->autocast && s->bpe[x] == 4;
+    if (!cast && x != s->in && !s->saved[x])
+        first_save(s, x, "q/k/v projection input");
+    const uint16_t t0 = g->nt, o0 = g->nop;
     const uint16_t h = ml__graph_view(g, "attention input (B, T, D)", x, 3, MLG_B, MLG_T, MLG_D);
     const uint16_t y = ml__kit_attention(g, &L, h);
     for (uint16_t t = t0; t < g->nt; t++)
         g->t[t].name = builders_word(&g->t[t]);
+    for (uint16_t k = o0; k < g->nop && k < MLG_MAX_OPS; k++)
+        info->attn_op[k] = true;
+    info->attn_last = o0;
     s->bpe[y] = (uint8_t)(s->c->autocast ? 2 : s->bpe[x]);
     return y;
 }

@@ -35,15 +35,18 @@ typedef struct {
                            its sizes below, no forward programs, no
                            backward FLOPs (docs/graph.md, "Sequential
                            layers") */
-    uint64_t T, D, H;   /* its tokens, width and heads */
+    uint64_t T, D, H;   /* its tokens, width and heads (one size for
+                           every attention layer of the block) */
+    bool attn_op[MLG_MAX_OPS]; /* the attention layers' ops */
+    uint16_t attn_last;   /* the last attention layer's first op */
+    bool overflow;        /* refused: a size past 64 bits */
     uint64_t bn_channels; /* the batch norms' channels (running statistics) */
     unsigned nbn;         /* the batch norms (num_batches_tracked each) */
 } mlg_seq_block;
 
 /* The graph of layer l on input shape in into g; false when the kit does
- * not express it (an attention or an embedding not on the block's input,
- * attention inside a residual; a graph that overfills), the chain builders
- * then run it. */
+ * not express it (an embedding not on the block's input, two attention
+ * layers of different sizes in one block, a graph that overfills). */
 bool ml__seq_block_graph(ml_graph *g, const ml_layer *l, const ml_shape *in,
                          const mlg_seq_config *c, mlg_seq_block *info);
 

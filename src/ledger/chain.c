@@ -253,7 +253,7 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, bool 
                           m->attn.kernel == ML_ATTN_SDPA ? "sdpa" : "flash");
     reserve(ch, m);
     ch->prec = ml__prec_of(cfg->training.precision);
-    ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml__chain_build_sequential(m, cfg, ch)
+    ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml__chain_build_sequential(m, cfg, ch, err)
                    : m->type == ML_MODEL_ENCDEC   ? ml__chain_build_t5(m, cfg, ch, err)
                    : m->vision.layers             ? ml__chain_build_llava(m, cfg, ch, err)
                                                   : ml__chain_build_transformer(m, cfg, ch, err);

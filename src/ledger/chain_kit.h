@@ -257,7 +257,8 @@ bool ml__ck_graph_t5_stack(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
 /* The graph of a sequential model's layer l (one `layers:` entry) on an
  * input of shape in (in_bytes per element; in_nograd: the model's input)
  * into G at the chain's micro-batch and precision (graph/kit_seq.h);
- * false: the chain builders run it. */
+ * false: the graph declines it (info->overflow: a size past 64 bits),
+ * and no other rule plans it. */
 bool ml__ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsigned in_bytes,
                       bool in_nograd, ml_ck_graph *G, mlg_seq_block *info);
 /* Block b's inventory, nodes, parameters, FLOPs and transients from G,
@@ -271,7 +272,8 @@ void ml__ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst
 /* The families' builders, called by ml__chain_build. */
 ml_status ml__chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                       ml_error *err);
-ml_status ml__chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch);
+ml_status ml__chain_build_sequential(const ml_model *m, const ml_config *cfg, ml_chain *ch,
+                                     ml_error *err);
 ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                              ml_error *err);
 ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chain *ch,
@@ -279,7 +281,7 @@ ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chai
 /* A sequential model's loss block b's inventory from the op graph:
  * cross-entropy on rows rows of n elements in all, or mean squared error
  * on n elements of in_bytes each; *taken false: the graph declines it
- * (chain_sequential.c's builders list it). ML_NOMEM. */
+ * (the chain is refused). ML_NOMEM. */
 ml_status ml__ck_seq_loss_graph(ml_chain *ch, ml_cblock *b, bool ce, uint64_t rows, uint64_t n,
                                 unsigned in_bytes, bool *taken);
 /* The cross-entropy block over `rows` rows of `classes` logits
