@@ -226,12 +226,11 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
     return ML_OK;
 }
 
-static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, bool graph,
-                       ml_chain *ch, ml_error *err)
+static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_chain *ch,
+                       ml_error *err)
 {
     memset(ch, 0, sizeof *ch);
     ch->eval_mode = eval;
-    ch->builders_only = !graph;
     ch->selective = cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE;
     ml_status refused = ml__chain_refused(m, &cfg->training, err);
     if (refused)
@@ -300,19 +299,13 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, bool 
 
 ml_status ml__chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err)
 {
-    return build(m, cfg, false, true, ch, err);
-}
-
-ml_status ml__chain_build_builders(const ml_model *m, const ml_config *cfg, bool eval,
-                                   ml_chain *ch, ml_error *err)
-{
-    return build(m, cfg, eval, false, ch, err);
+    return build(m, cfg, false, ch, err);
 }
 
 ml_status ml__chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                ml_error *err)
 {
-    return build(m, cfg, true, true, ch, err);
+    return build(m, cfg, true, ch, err);
 }
 
 void ml__chain_free(ml_chain *ch)

@@ -173,9 +173,6 @@ typedef struct {
     ml_bnode *nodes;
     size_t nnodes, nodecap;
     bool record_nodes;          /* the builder lists backward nodes for this block */
-    bool builders_only;         /* no op graph: a sequential model's blocks from its
-                                   chain builders (tests/unit/test_graph.c compares
-                                   the two); every other model refused */
     bool overflow, nomem;
     bool eval_mode;             /* model.eval() (the evaluation pass): dropout off,
                                    BatchNorm on its running statistics */
@@ -223,13 +220,6 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
 
 /* Builds the chain; returns ML_OK, ML_RANGE (with err), ML_OVERFLOW or ML_NOMEM. */
 ml_status ml__chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err);
-/* The same with every block from the chain builders, none from the op
- * graph (builders_only), for the evaluation pass when eval: the reference
- * a sequential model's graph is compared with (tests/unit/test_graph.c);
- * ML_RANGE (with err) for every other model, whose blocks no chain builder
- * writes. */
-ml_status ml__chain_build_builders(const ml_model *m, const ml_config *cfg, bool eval,
-                                   ml_chain *ch, ml_error *err);
 /* The same for the evaluation pass: the model in eval mode (eval_mode). */
 ml_status ml__chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                ml_error *err);

@@ -50,7 +50,7 @@
 #define SIDE_BYTES(X) X(bytes) X(grad)
 #define CHAIN_SHAPE(X)                                                                         \
     X(n) X(nsaved) X(nparams) X(nnodes) X(nsides) X(overflow) X(nomem) X(record_nodes)        \
-    X(builders_only) X(eval_mode) X(selective) X(mask_in_forward) X(T) X(c_width) X(n_ckpt)   \
+    X(eval_mode) X(selective) X(mask_in_forward) X(T) X(c_width) X(n_ckpt)   \
     X(calibrated) X(calib_c) X(calib_exact) X(vis_mode) X(mask_ckpt0) X(max_param_numel)
 #define CHAIN_BYTES(X)                                                                         \
     X(B) X(c_tokens) X(ckpt_side) X(batch_input) X(batch_targets) X(buffer_bytes)

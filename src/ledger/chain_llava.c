@@ -203,15 +203,10 @@ static ml_status layers_graph(ml_chain *ch, const ml_model *m, const ml_ck_dims 
 }
 
 /* The vision tower's blocks (its embedding and layers) and the projector,
- * from the op graph; ML_RANGE (why set) when it declines one, or with no
- * graph (builders_only: no chain builder writes them). */
+ * from the op graph; ML_RANGE (why set) when it declines one. */
 static ml_status vision_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
                                const ml_ck_dims *d, size_t *p1, const char **why)
 {
-    if (ch->builders_only) {
-        *why = "the vision tower (no op graph)";
-        return ML_RANGE;
-    }
     ml_ck_graph *G = malloc(sizeof *G);
     if (!G)
         return ML_NOMEM;

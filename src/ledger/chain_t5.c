@@ -273,14 +273,14 @@ ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *
     /* every block from the op graphs: no chain builder writes T5's */
     const char *why = "its side tensors";
     ml_ck_sides S = {.refused = false};
-    ml_status st = ch->builders_only ? ML_RANGE : t5_blocks(ch, m, &t, &d, &S, &why);
+    ml_status st = t5_blocks(ch, m, &t, &d, &S, &why);
     if (st == ML_OK && !ch->overflow && S.refused)
         st = ML_RANGE;
     if (st == ML_RANGE)
         return ml__errorf(err, ML_RANGE,
                           "%s: %s at this shape and precision is not modelled: the op graph "
                           "declines it and no other rule plans T5's blocks",
-                          m->name, ch->builders_only ? "every block (no op graph)" : why);
+                          m->name, why);
     if (st != ML_OK || ch->overflow)
         return st;
     ch->n_ckpt = m->layers + m->t5.dec_layers;

@@ -114,7 +114,7 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     ml_ck_graph *G = malloc(2 * sizeof *G);
     if (!G)
         return ML_NOMEM;
-    bool graph = !ch->builders_only;
+    bool graph = true;
     for (unsigned k = 0; k < 2 && graph; k++) {
         const uint64_t first = k ? m->moe.dense_layers : 0; /* the layout's first layer */
         if (layout_of(m, first) == k && first < m->layers)
@@ -201,12 +201,6 @@ ml_status ml__ck_layers_declined(const ml_model *m, ml_error *err)
 ml_status ml__chain_build_transformer(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                       ml_error *err)
 {
-    /* no chain builder writes a transformer's blocks: the op graph only */
-    if (ch->builders_only)
-        return ml__errorf(err, ML_RANGE,
-                          "%s: every block comes from the op graph (no chain builder writes "
-                          "a transformer's)",
-                          m->name);
     ml_ck_dims d;
     ml_status st = ml__ck_dims_of(m, &cfg->training, ch, &d, err);
     if (st == ML_OK && (st = ml__ck_embedding_block(ch, m, &d)) == ML_RANGE)
