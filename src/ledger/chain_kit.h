@@ -1,9 +1,9 @@
-/* The op kit the chains share (chain_graph.c's passes, the sequential
- * builders of chain_sequential.c): opening and closing a block, recording a saved
- * storage, an unsaved intermediate or a parameter tensor, autocast's cast
- * copies, and the self-attention core both families use. Internal to
- * src/ledger/: the `ml_ck_` prefix marks functions that cross files but are
- * not the library's API. Formulas and sources: docs/inventory.md. */
+/* The kit the chain is written with (the op graph's passes in
+ * chain_graph.c, and the chain files around them): opening and closing a
+ * block, recording a saved storage, an unsaved intermediate, a parameter
+ * tensor or a backward node. Internal to src/ledger/: the `ml__ck_` prefix
+ * marks functions that cross files but are not the library's API.
+ * Formulas and sources: docs/inventory.md. */
 #ifndef ML_CHAIN_KIT_H
 #define ML_CHAIN_KIT_H
 
@@ -33,8 +33,6 @@ size_t ml__ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
 void ml__ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe);
 /* A parameter tensor of the block: rows x cols (cols 0 for a vector). */
 void ml__ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols);
-/* A Linear's weight (in x out) and, with bias, its bias. */
-void ml__ck_linear(ml_chain *ch, ml_cblock *b, uint64_t in, uint64_t out, bool bias);
 /* Records the backward node of the op just built (forward order: ml__ck_end
  * puts the block's nodes in execution order) when ch->record_nodes; it
  * releases the saved storages s0 and s1 (SIZE_MAX: none). */
@@ -49,8 +47,6 @@ void ml__ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes);
 void ml__ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes);
 /* Closes a block: transients, gradients its backward creates. */
 void ml__ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes);
-/* autocast's low-precision weight copy, saved by the matmul. */
-void ml__ck_weight_copy(ml_chain *ch, ml_cblock *b, uint64_t elems);
 
 /* The live intermediates of one block's forward under no_grad, op by op
  * (docs/ledger.md, "Forward under no_grad"): each op allocates its output,
@@ -96,11 +92,6 @@ unsigned ml__ck_expert_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_
                             uint64_t rows[3]);
 /* Whether the model's attention runs a fused kernel (no T x T tensor). */
 bool ml__ck_fused_attention(const ml_chain *ch, const ml_model *m);
-/* Self-attention after its input projection(s): parameters, FLOPs, saved
- * tensors. src_bpe: bytes per element of the projection input. */
-void ml__ck_attention(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d,
-                      unsigned src_bpe, bool src_saved, bool fused_qkv, bool causal_mask,
-                      bool softmax_fp32, unsigned in_flags);
 
 
 /* Whether the transformer's blocks record their backward nodes
