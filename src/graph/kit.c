@@ -416,39 +416,67 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, cons
     return y;
 }
 
+/* scaled_dot_product_attention on nanoGPT's heads (flash,
+ * memory-efficient): saves q, k and v, its output and the per-row
+ * logsumexp; no T x T tensor exists. Unrotated, q, k and v are views of
+ * c_attn's output (one saved entry, qkv); with the rotary, q and k are the
+ * rotary's outputs (one entry) and v's view keeps qkv whole. Returns the
+ * output. */
+static uint16_t nanogpt_fused(ml_graph *g, uint16_t qkv, uint16_t qh, uint16_t kh, uint16_t vh,
+                              bool rope)
+{
+    uint16_t O = ml__kit_heads(g, "attention output (fused)", MLG_H);
+    uint16_t lse = ml__graph_tensor(g, "logsumexp", MLG_FP32, MLG_ACT, 3, MLG_B, MLG_H, MLG_T);
+    mlg_op *o = ml__graph_op(g, MLG_OP_ATTENTION, "scaled_dot_product_attention");
+    ml__op_in(o, qh);
+    ml__op_in(o, kh);
+    ml__op_in(o, vh);
+    ml__op_out(o, O);
+    ml__op_out(o, lse);
+    if (rope) {
+        if (kh != MLG_NONE)
+            g->t[kh].base = qh; /* listed as one, the rotated q and k */
+        ml__op_save(o, qh);
+        ml__op_save(o, kh);
+    }
+    ml__op_save(o, qkv);
+    ml__op_save(o, O);
+    ml__op_save(o, lse);
+    ml__op_flops(o, 4.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+    return O;
+}
+
 uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
 {
     const mlg_attention *a = &L->attn;
     const qkv_heads r = fused_projection(g, L, h);
-    const uint16_t qkv = r.qkv, qh = r.qh, kh = r.kh, vh = r.vh;
+    const uint16_t qkv = r.qkv, vh = r.vh;
+    uint16_t qh = r.qh, kh = r.kh;
+    if (a->rope) {
+        /* HF's apply_rotary_pos_emb on nanoGPT's q and k heads (views of
+         * c_attn's output, rebound to the rotated: new tensors, in q's
+         * layout, alive until the attention returns) */
+        qh = ml__kit_rope(g, r.qh, MLG_H, "MulBackward0/CatBackward0 (rotary on q)", NULL);
+        kh = ml__kit_rope(g, r.kh, MLG_H, "MulBackward0/CatBackward0 (rotary on k)", NULL);
+    }
     mlg_op *o;
     uint16_t O, probs = MLG_NONE;
     if (a->fused_kernel) {
-        /* scaled_dot_product_attention (flash, memory-efficient): saves q,
-         * k and v (views of the projection's output), its output and the
-         * per-row logsumexp; no T x T tensor exists */
-        O = ml__kit_heads(g, "attention output (fused)", MLG_H);
-        uint16_t lse = ml__graph_tensor(g, "logsumexp", MLG_FP32, MLG_ACT, 3, MLG_B, MLG_H, MLG_T);
-        o = ml__graph_op(g, MLG_OP_ATTENTION, "scaled_dot_product_attention");
-        ml__op_in(o, qh);
-        ml__op_in(o, kh);
-        ml__op_in(o, vh);
-        ml__op_out(o, O);
-        ml__op_out(o, lse);
-        ml__op_save(o, qkv);
-        ml__op_save(o, O);
-        ml__op_save(o, lse);
-        ml__op_flops(o, 4.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+        O = nanogpt_fused(g, qkv, qh, kh, vh, a->rope);
     } else {
         uint16_t qkc, P = eager_scores(g, qh, kh, !a->unmasked, &qkc);
         probs = eager_pv(g, L, P, vh, qkc, &O);
     }
     uint16_t Oc, y = ml__kit_attention_out(g, L, O, NULL, 0, &Oc);
     /* the attention returns: the projection's input (saved), the q/k/v
-     * output and the probabilities go */
+     * output, the rotated q and k and the probabilities go */
     o = ml__graph_release(g, "attention returns");
     ml__op_free(o, Oc);
     ml__op_free(o, qkv);
+    if (a->rope) {
+        ml__op_free(o, qh);
+        ml__op_free(o, kh);
+    }
     ml__op_free(o, probs);
     return y;
 }

@@ -165,6 +165,11 @@ uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_
 /* A (B, h, T, dh) tensor in the compute dtype; a (B, H, T, T) one. */
 uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h);
 uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags);
+/* HF's rotate-half rotary (apply_rotary_pos_emb) on the head tensor x of
+ * hd heads, node its backward; pass (Phi-3's, GPT-NeoX's partial rotary:
+ * the empty pass and its cat) names the pass's node, or NULL. Returns the
+ * rotated heads (kit_hf.c). */
+uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, const char *node, const char *pass);
 /* The q k^T matmul of q's operand qb and k's kb (MLG_NONE: qb holds both,
  * nanoGPT's copies) into the scores S, saving both (the attention core's
  * FLOPs); returns its op (the caller frees its copies there). */

@@ -184,8 +184,8 @@ uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf
     return y;
 }
 
-/* rotate-half rotary on one head tensor x of hd heads: (x * cos) +
- * (cat(-x2, x1) * sin); the products save cos and sin, which need no
+/* rotate-half rotary on one head tensor x of hd heads (kit.h): (x * cos)
+ * + (cat(-x2, x1) * sin); the products save cos and sin, which need no
  * gradient: nothing of x. One node stands for the products and the cat.
  * pass (Phi-3's apply_rotary_pos_emb): x splits into the rotated part and
  * x[..., rotary_dim:], empty when the whole head rotates, whose
@@ -193,7 +193,7 @@ uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf
  * first to reach x's InputBuffer (the rotary's is added into it); the two
  * are cat back into a new contiguous tensor (derivatives.yaml:
  * slice_backward). */
-static uint16_t rope(ml_graph *g, uint16_t x, uint8_t hd, const char *node, const char *pass)
+uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, const char *node, const char *pass)
 {
     uint16_t c1 = ml__kit_heads(g, "x * cos", hd), nh = ml__kit_heads(g, "-x2", hd);
     uint16_t ct = ml__kit_heads(g, "cat(-x2, x1)", hd), s1 = ml__kit_heads(g, "* sin", hd);
@@ -442,9 +442,9 @@ uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv 
         /* apply_rotary_pos_emb; the caller's rebinding frees the unrotated
          * q and k (Phi-3's are views of qkv_proj's output) */
         const bool pass = a->fused_proj;
-        qr = rope(g, p.qh, MLG_H, "MulBackward0/CatBackward0 (rotary on q)",
+        qr = ml__kit_rope(g, p.qh, MLG_H, "MulBackward0/CatBackward0 (rotary on q)",
                   pass ? "SliceBackward0 (q pass, empty)" : NULL);
-        kr = rope(g, p.kh, MLG_HKV, "MulBackward0/CatBackward0 (rotary on k)",
+        kr = ml__kit_rope(g, p.kh, MLG_HKV, "MulBackward0/CatBackward0 (rotary on k)",
                   pass ? "SliceBackward0 (k pass, empty)" : NULL);
         if (!pass) {
             mlg_op *o = ml__graph_release(g, "q, k rebound to the rotated");

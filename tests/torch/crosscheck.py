@@ -35,7 +35,7 @@ from twins_llava import image_tokens  # noqa: E402
 TOL = 0.01
 # amp-bf16 through CPU autocast; its differences from CUDA autocast that
 # these models meet are accounted in known_cpu_autocast().
-AMP_MODELS = {"xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
+AMP_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
               "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
               "xc-deepseek", "xc-deepseek2", "xc-vit", "xc-t5", "xc-t5-gated",
               "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full"}
@@ -45,7 +45,7 @@ AMP_MODELS = {"xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-mlp", "xc-
 # shared-norm parallel layer, Mixtral's experts and the decoders'
 # sequence-classification head are new layouts, held to every byte (so are
 # Llava's vision tower, projector and merged sequence).
-EXACT_MODELS = {"xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5", "xc-t5-gated",
+EXACT_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5", "xc-t5-gated",
                 "xc-deepseek", "xc-deepseek2", "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full"}
 torch.manual_seed(0)
 
@@ -245,8 +245,8 @@ def known_cpu_autocast(doc, B, T):
         return {"block.%d" % i: -B * T * 2
                 for i in range(m.get("dense_layers", 0), m["layers"])}
     if (m["type"] != "decoder" or m.get("norm", "layernorm") != "layernorm"
-            or m.get("parallel_residual")):
-        return {}
+            or m.get("parallel_residual") or m.get("attention", "eager") != "eager"):
+        return {}  # (a fused kernel: no softmax output)
     bhtt = B * m["heads"] * T * T
     per = -bhtt * 2 - (0 if float(m.get("dropout", 0)) > 0 else bhtt * 2)
     return {"block.%d" % i: per for i in range(m["layers"])}

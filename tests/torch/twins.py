@@ -368,6 +368,67 @@ def repeat_kv(x, rep):  # HF modeling_llama
     return x[:, :, None].expand(B, KV, rep, T, dh).reshape(B, KV * rep, T, dh)
 
 
+class GPT2Rope(GPT2):
+    """The LayerNorm rotary decoder (video-tokens' layout: a LayerNorm
+    pre-norm decoder with `position: rope`, not parallel): nanoGPT's block
+    (c_attn, split, the head views) with HF's apply_rotary_pos_emb on q and
+    k before the attention core (rotate_half; cos and sin made once from
+    the embedding's output, as LlamaRotaryEmbedding makes them, shared by
+    every layer), no learned positions. Eager: nanoGPT's masked_fill core;
+    flash: scaled_dot_product_attention (is_causal), FlashAttention's node
+    on 1.13 (docs/inventory.md)."""
+
+    def __init__(s, m):
+        super().__init__(m)
+        del s.wpe
+        s.dh = s.D // s.H
+        s.flash = m.get("attention", "eager") == "flash"
+        s.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, s.dh, 2).float() / s.dh)))
+
+    def attn(s, b, x, cos, sin):  # CausalSelfAttention.forward with the rotary
+        B, T, C = x.size()
+        H, dh = s.H, C // s.H
+        q, k, v = b.c_attn(x).split(C, dim=2)
+        k = k.view(B, T, H, dh).transpose(1, 2)
+        q = q.view(B, T, H, dh).transpose(1, 2)
+        v = v.view(B, T, H, dh).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        if s.flash:
+            if torch.is_autocast_cpu_enabled():
+                dt = torch.get_autocast_cpu_dtype()
+                q, k, v = (t.to(dt) for t in (q, k, v))
+            y = FlashAttention.apply(q, k, v, 1.0 / math.sqrt(dh))
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(dh))
+            att = att.masked_fill(s.mask[:, :, :T, :T] == 0, float("-inf"))
+            att = F.softmax(att, dim=-1)
+            att = dropout(att, s.p)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = dropout(b.c_proj(y), s.p)
+        return y
+
+    def block(s, b, x, cos, sin):  # Block.forward
+        x = x + s.attn(b, b.ln_1(x), cos, sin)
+        x = x + s.mlp(b, b.ln_2(x))
+        return x
+
+    def run(s, rec, batch, ckpt):
+        idx, tgt = batch
+        B, T = idx.shape
+        rec.block = "embedding"
+        x = dropout(s.wte(idx), s.p)
+        pos = torch.arange(T)[None].expand(B, T)
+        cos, sin = Llama.rotary(s, x, pos)
+        # made once and saved by every block: counted with the embedding
+        rec.pinned[cos.storage().data_ptr()] = "embedding"
+        rec.pinned[sin.storage().data_ptr()] = "embedding"
+        bwd_mark("embedding", x)
+        x = run_blocks(rec, s.blocks, s.block, x, ckpt, cos, sin)
+        rec.block = "head"
+        return lm_loss(rec, s.ln_f(x), s.lm_head, tgt)
+
+
 class Llama(nn.Module):
     """HF modeling_llama eager: RMSNorm, rotary, GQA repeat_kv, SwiGLU, untied."""
     Norm = RMSNorm
@@ -1448,6 +1509,8 @@ def build(doc):
         return Olmo(m)
     if m.get("norm", "layernorm") == "rmsnorm":
         return Llama(m)
+    if m.get("position") == "rope":
+        return GPT2Rope(m)
     return GPT2(m)
 
 

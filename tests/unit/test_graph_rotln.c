@@ -1,15 +1,16 @@
 /* A LayerNorm pre-norm decoder with rotary positions, not GPT-NeoX's
  * parallel residual (the video-tokens preset's layout), from the op graph
- * (src/graph/families.c: GPT-2's layer; docs/graph.md). The chain builders
- * planned it as the nanoGPT layer with its rotary not counted, and wrote
- * no forward programs for it (the block rule): the graph keeps both.
+ * (src/graph/families.c: GPT-2's layer with HF's rotary on q and k;
+ * docs/graph.md). The chain builders planned it as the nanoGPT layer with
+ * its rotary not counted; the graph counts the rotary (a correction held
+ * byte for byte by tests/torch's xc-gpt2-rope and xc-gpt2-rope-flash, its
+ * figures worked by hand in test_rotary_figures) and, as the builders,
+ * writes no forward programs for it (the block rule).
  * Whole chains from the graph over every attention kernel, precision,
  * checkpoint policy (none, selective, full), pass, three shapes and the
  * logits kept, released and fused, each whole (chain_whole), the graph
  * taking the layer and the head alone too, so that a declined layout
- * cannot pass; the counts are asserted. The builders' field-by-field
- * comparison held these chains before they went (the builders' path now
- * refuses every transformer). GPT-NeoX's layer with grouped key/value
+ * cannot pass; the counts are asserted. GPT-NeoX's layer with grouped key/value
  * heads under a fused kernel, which the graph declines (its figures and
  * the builders' disagree), is refused, the layout named. */
 #include "harness.h"
@@ -200,6 +201,82 @@ static void test_rotary_layernorm_from_graph(void **state)
     assert_int_equal(declined, 0);
 }
 
+/* Layer 0 of m's training chain under cfg (checkpoint none): *saved its
+ * saved bytes, *nodes its backward nodes. */
+static void layer0(ml_model *m, const ml_config *cfg, uint64_t *saved, size_t *nodes)
+{
+    ml_chain ch;
+    ml_error e;
+    assert_int_equal(ml__chain_build(m, cfg, &ch, &e), ML_OK);
+    size_t i = 0;
+    while (i < ch.n && strcmp(ch.blocks[i].name, "block.0") != 0)
+        i++;
+    assert_true(i < ch.n);
+    *saved = ch.blocks[i].saved_bytes;
+    *nodes = ch.blocks[i].nnodes;
+    ml__chain_free(&ch);
+}
+
+/* The rotary's own figures, worked by hand against nanoGPT's layer (the
+ * same model with learned positions: the layer without the rotary). HF's
+ * apply_rotary_pos_emb saves cos and sin (the embedding's) and nothing of
+ * q or k; it makes two new tensors, the rotated q and k. The eager core's
+ * matmuls copy q and k as before (the rotated are in q's transposed
+ * layout), so the eager layer saves the same bytes. A fused kernel saves
+ * q, k and v as it gets them: v is still a view that keeps c_attn's whole
+ * output, and q and k are now the rotated, B·T·(H + Hkv)·dh more bytes in
+ * the compute dtype (tests/torch: xc-gpt2-rope-flash, byte for byte, in
+ * fp32 and bf16 autocast). The backward runs two nodes more, the rotary's
+ * on q and on k. */
+static void test_rotary_figures(void **state)
+{
+    (void)state;
+    static const uint64_t shapes[][2] = {{1, 1}, {3, 7}, {2, 130}};
+    unsigned n = 0, fused = 0, noded = 0;
+    for (size_t k = 0; k < 3; k++)
+        for (int p = 0; p < ML_PREC_COUNT; p++)
+            for (size_t s = 0; s < 3; s++) {
+                ml_model *r = load_preset("video-tokens");
+                ml_model *l = load_preset("video-tokens");
+                l->embed.position = ML_POS_LEARNED;
+                l->embed.max_positions = 4096;
+                r->attn.kernel = l->attn.kernel = kernels[k];
+                ml_config cfg = ml_model_config(r);
+                cfg.training.precision = (ml_precision)p;
+                cfg.training.micro_batch = shapes[s][0];
+                cfg.training.seq_len = shapes[s][1];
+                cfg.calib = NULL;
+                ml_error e;
+                assert_int_equal(ml_parse_checkpoint("none", &cfg.training.checkpoint, &e), ML_OK);
+                uint64_t sr, sl;
+                size_t nr, nl;
+                layer0(r, &cfg, &sr, &nr);
+                layer0(l, &cfg, &sl, &nl);
+                const bool f = fused_kernel(r, &cfg);
+                const uint64_t c = ml__prec_of((ml_precision)p).a;
+                const uint64_t extra = f ? shapes[s][0] * shapes[s][1] * (16 + 16) * 64 * c : 0;
+                if (sr != sl + extra)
+                    fail_msg("kernel %zu, precision %d, %llu x %llu: %llu saved, nanoGPT's %llu "
+                             "+ %llu",
+                             k, p, (unsigned long long)shapes[s][0],
+                             (unsigned long long)shapes[s][1], (unsigned long long)sr,
+                             (unsigned long long)sl, (unsigned long long)extra);
+                /* (no node list: the block-level backward, both) */
+                assert_int_equal(nr, nl ? nl + 2 : 0);
+                noded += nl > 0;
+                n++;
+                fused += f;
+                ml_model_destroy(r);
+                ml_model_destroy(l);
+            }
+    fprintf(stderr,
+            "%u layers worked by hand against nanoGPT's, %u under a fused kernel, %u with "
+            "node lists\n",
+            n, fused, noded);
+    assert_int_equal(n, 3 * ML_PREC_COUNT * 3);
+    assert_true(fused > 0 && fused < n && noded > 0);
+}
+
 static void test_grouped_neox_from_graph(void **state)
 {
     (void)state;
@@ -242,6 +319,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rotary_layernorm_from_graph),
+        cmocka_unit_test(test_rotary_figures),
         cmocka_unit_test(test_grouped_neox_from_graph),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
