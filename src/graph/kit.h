@@ -248,10 +248,6 @@ uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
 /* HF CLIPMLP with QuickGELU on h (kit_clip.c): fc2(fc1(h) * sigmoid(1.702
  * fc1(h))). */
 uint16_t ml__kit_quick_gelu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h);
-/* HF CLIPVisionTransformer's post_layernorm (the norm n) of the class
- * tokens x[:, 0, :] of the tower's last output x (kit_clip.c); keeps: it
- * saves its input (x's storage) and statistics. */
-void ml__kit_clip_pooled(ml_graph *g, const mlg_norm *n, uint16_t x, bool keeps);
 
 /* A norm of the residual stream x (whose gradient buffer the skip already
  * holds: xbuf); returns its output. */

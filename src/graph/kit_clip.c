@@ -58,7 +58,10 @@ uint16_t ml__kit_quick_gelu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
     return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false, true);
 }
 
-void ml__kit_clip_pooled(ml_graph *g, const mlg_norm *n, uint16_t x, bool keeps)
+/* HF CLIPVisionTransformer's post_layernorm (the norm n) of the class
+ * tokens x[:, 0, :] of the tower's last output x; keeps: it
+ * saves its input (x's storage) and statistics. */
+static void clip_pooled(ml_graph *g, const mlg_norm *n, uint16_t x, bool keeps)
 {
     /* last_hidden_state[:, 0, :], a view; LayerNorm over it keeps the view
      * (x's storage) and one mean and rstd per sample */
@@ -118,7 +121,7 @@ void ml__family_clip_graph(ml_graph *g, const mlg_layer *L, mlg_clip_pool pool)
     /* CLIPVisionTransformer registers post_layernorm after the encoder:
      * after the layer's parameters */
     g->group = ml__kit_group(L, MLG_GROUP_POST_MLP);
-    ml__kit_clip_pooled(g, &L->norm, out, pool == MLG_CLIP_POOLED_KEPT);
+    clip_pooled(g, &L->norm, out, pool == MLG_CLIP_POOLED_KEPT);
 }
 
 /* CLIPVisionEmbeddings then pre_layrnorm (modeling_clip.py): the patch

@@ -142,7 +142,7 @@ static void reserve(ml_chain *ch, const ml_model *m)
 
 /* logits: fused is the fused linear cross-entropy of a language model's
  * head, as modelled (docs/ledger.md, "The loop's references"). */
-ml_status ml__chain_fused_refused(const ml_model *m, const ml_training *t, ml_error *err)
+static ml_status fused_refused(const ml_model *m, const ml_training *t, ml_error *err)
 {
     const ml_prec prec = ml__prec_of(t->precision), *p = &prec;
     if (t->logits != ML_LOGITS_FUSED)
@@ -176,7 +176,7 @@ ml_status ml__chain_fused_refused(const ml_model *m, const ml_training *t, ml_er
 
 ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *err)
 {
-    ml_status st = ml__chain_fused_refused(m, t, err);
+    ml_status st = fused_refused(m, t, err);
     if (st)
         return st;
     /* OLMo's norm exists in the op graph only: a model whose layers the

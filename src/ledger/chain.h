@@ -210,9 +210,6 @@ typedef struct {
     uint64_t max_param_numel;
 } ml_chain;
 
-/* ML_RANGE, with the reason in err, when t asks for logits: fused where the
- * plan does not model it (docs/ledger.md, "`fused`"); else ML_OK. */
-ml_status ml__chain_fused_refused(const ml_model *m, const ml_training *t, ml_error *err);
 /* The same for every training setting the chain refuses for this model
  * (fused logits, above; an encoder-decoder's optimal checkpointing; a
  * target_len without a decoder stack); else ML_OK. */

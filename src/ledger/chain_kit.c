@@ -52,7 +52,8 @@ ml_cblock *ml__ck_begin(ml_chain *ch, const char *name, int ckpt_index)
     return b;
 }
 
-void ml__ck_note(ml_chain *ch, uint64_t bytes, bool saved)
+/* Notes a tensor's size for the block's transient estimate. */
+static void note(ml_chain *ch, uint64_t bytes, bool saved)
 {
     if (bytes > ch->max_tensor)
         ch->max_tensor = bytes;
@@ -68,13 +69,13 @@ size_t ml__ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
     if (flags & ML_SV_BATCH) {
         /* held by the loop all iteration: the batch, not this block's */
         ch->batch_targets = ml_add(ch, ch->batch_targets, bytes);
-        ml__ck_note(ch, bytes, true);
+        note(ch, bytes, true);
         return SIZE_MAX;
     }
     if (flags & ML_SV_INPUT) {
         /* the block's input is a boundary tensor, accounted by the replay */
         b->in_saved = true;
-        ml__ck_note(ch, bytes, true);
+        note(ch, bytes, true);
         return SIZE_MAX;
     }
     ml_saved *s = ml_grow(ch->saved, ch->nsaved, &ch->savedcap, sizeof *s, 64);
@@ -89,7 +90,7 @@ size_t ml__ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
     b->saved_bytes = ml_add(ch, b->saved_bytes, bytes);
     if (flags & ML_SV_CORE)
         b->core_bytes = ml_add(ch, b->core_bytes, bytes);
-    ml__ck_note(ch, bytes, true);
+    note(ch, bytes, true);
     return idx;
 }
 
@@ -205,7 +206,7 @@ static void nodes_close(ml_chain *ch, ml_cblock *b)
 /* An intermediate that nothing saves. */
 void ml__ck_tmp(ml_chain *ch, uint64_t elems, unsigned bpe)
 {
-    ml__ck_note(ch, ml_mul(ch, elems, bpe), false);
+    note(ch, ml_mul(ch, elems, bpe), false);
 }
 
 ml_side *ml__ck_side(ml_chain *ch, const char *what, uint64_t bytes, size_t from, size_t to)

@@ -23,8 +23,6 @@ uint64_t ml__ck_mul3(ml_chain *ch, uint64_t a, uint64_t b, uint64_t c);
 
 /* Appends a block named `name`; NULL (and ch->nomem) when out of memory. */
 ml_cblock *ml__ck_begin(ml_chain *ch, const char *name, int ckpt_index);
-/* Notes a tensor's size for the block's transient estimate. */
-void ml__ck_note(ml_chain *ch, uint64_t bytes, bool saved);
 /* Records one saved storage of `elems` elements of `bpe` bytes; returns its
  * index in ch->saved, SIZE_MAX when it is not listed (the block's input). */
 size_t ml__ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems, unsigned bpe,

@@ -117,8 +117,6 @@ typedef struct {
     unsigned streak;                   /* blocks in a row with equal changes */
 } ml_run;
 
-/* Whether block j replays as block j-1 does, moved by a constant. */
-bool ml__replay_twin(const ml_replay *r, size_t j);
 void ml__run_before(ml_run *u, const ml_replay *r);
 /* After block k (the one before it in the walk's direction: k - dir). */
 void ml__run_after(ml_run *u, const ml_replay *r, size_t k, int dir);

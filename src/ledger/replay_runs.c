@@ -80,7 +80,7 @@ static bool replayed_whole(const ml_replay *r)
  * sizes, the parameters gathered with its own, whether the one before
  * saves its output) and the boundaries j and j+1: blocks j-2 to j+1 the
  * same, their boundaries alike, all plain layers in segments of one. */
-bool ml__replay_twin(const ml_replay *r, size_t j)
+static bool twin(const ml_replay *r, size_t j)
 {
     if (replayed_whole(r) || j < 2 || j + 1 >= r->ch->n)
         return false;
@@ -169,7 +169,7 @@ size_t ml__run_skip(ml_run *u, ml_replay *r, size_t k, int dir)
     if (dir > 0) {
         /* blocks k..e-1 skipped, e replayed: each of k-1..e a twin of the
          * one before it (k-2 and k-1 measured the run's change) */
-        if (!ml__replay_twin(r, k - 1) || !ml__replay_twin(r, k))
+        if (!twin(r, k - 1) || !twin(r, k))
             return k;
         /* twin(e + 1), given twin(e) */
         while (e + 3 <= r->ch->n && in_run(r, e + 2) && same_boundary(&r->bd[e + 3], &r->bd[e + 2]))
@@ -185,7 +185,7 @@ size_t ml__run_skip(ml_run *u, ml_replay *r, size_t k, int dir)
     } else {
         /* blocks e+1..k skipped, e replayed: each of e..k+1 a twin of the
          * one after it (k+2 and k+1 measured the run's change) */
-        if (!ml__replay_twin(r, k + 2) || !ml__replay_twin(r, k + 1))
+        if (!twin(r, k + 2) || !twin(r, k + 1))
             return k;
         /* twin(e), given twin(e + 1) */
         while (e >= 2 && in_run(r, e - 1))
