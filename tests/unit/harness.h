@@ -58,6 +58,32 @@ static inline ml_model *load_hf_config(const char *dir)
     return m;
 }
 
+/* The shipped presets and Hugging Face configs the whole-plan comparisons
+ * walk (test_runs.c, test_planner.c): fn(model, arg) on each, every model
+ * family among them; returns how many. */
+static inline unsigned each_grid_model(void (*fn)(const ml_model *, void *), void *arg)
+{
+    static const char *const presets[] = {
+        "gpt2-small", "gpt2-medium", "llama-2-7b", "llama-3-8b", "olmo-1b", "vit-b16",
+        "t5-base",    "mlp2",        "cifar10-resnet", "agnews-classifier", "llava-1.5-7b"};
+    static const char *const configs[] = {
+        "bert-base-uncased", "deepseek-v2-lite", "falcon-7b",  "gemma-2-2b",     "gemma-2b",
+        "gpt2",              "mistral-7b",       "mixtral-8x7b", "phi-3-mini-4k", "pythia-160m",
+        "qwen2-0.5b",        "smollm2-135m",     "flan-t5-base"};
+    unsigned n = 0;
+    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++, n++) {
+        ml_model *m = load_preset(presets[i]);
+        fn(m, arg);
+        ml_model_destroy(m);
+    }
+    for (size_t i = 0; i < sizeof configs / sizeof *configs; i++, n++) {
+        ml_model *m = load_hf_config(configs[i]);
+        fn(m, arg);
+        ml_model_destroy(m);
+    }
+    return n;
+}
+
 static inline ml_ledger *eval(const ml_model *m, const ml_config *c, bool events)
 {
     ml_ledger *l = NULL;

@@ -13,14 +13,6 @@
 
 #include "ledger/planner.h"
 
-static const char *const presets[] = {
-    "gpt2-small", "gpt2-medium", "llama-2-7b", "llama-3-8b", "olmo-1b", "vit-b16",
-    "t5-base",    "mlp2",        "cifar10-resnet", "agnews-classifier", "llava-1.5-7b"};
-static const char *const configs[] = {
-    "bert-base-uncased", "deepseek-v2-lite", "falcon-7b",  "gemma-2-2b",     "gemma-2b",
-    "gpt2",              "mistral-7b",       "mixtral-8x7b", "phi-3-mini-4k", "pythia-160m",
-    "qwen2-0.5b",        "smollm2-135m",     "flan-t5-base"};
-
 typedef struct {
     unsigned evaluations; /* both ways */
     unsigned failed;      /* of which refused alike */
@@ -67,8 +59,9 @@ static const ml_checkpoint_kind policies[] = {ML_CKPT_NONE, ML_CKPT_FULL, ML_CKP
 /* a search's order, then out of order, then the largest (2^32 tokens and more) */
 static const uint64_t batches[] = {1, 2, 3, 4, 6, 8, 16, 5, 1, 64, 7, 2, UINT64_C(1) << 24};
 
-static void grid(const ml_model *m, tally *t)
+static void grid(const ml_model *m, void *arg)
 {
+    tally *t = arg;
     ml_planner *p = NULL;
     assert_int_equal(ml_planner_create(m, &p, NULL), ML_OK);
     ml_config c = ml_model_config(m);
@@ -121,16 +114,7 @@ static void test_planner_matches(void **state)
 {
     (void)state;
     tally t = {0, 0, 0};
-    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
-        ml_model *m = load_preset(presets[i]);
-        grid(m, &t);
-        ml_model_destroy(m);
-    }
-    for (size_t i = 0; i < sizeof configs / sizeof *configs; i++) {
-        ml_model *m = load_hf_config(configs[i]);
-        grid(m, &t);
-        ml_model_destroy(m);
-    }
+    assert_int_equal(each_grid_model(grid, &t), 24);
     print_message("%u plans compared both ways (%u refused alike); %lu from derived chains\n",
                   t.evaluations, t.failed, t.derived);
     /* every model's grid: 4 policies x 8 settings x 13 micro-batches, 8 x 4

@@ -13,14 +13,6 @@
 
 #include "ledger/replay.h"
 
-static const char *const presets[] = {
-    "gpt2-small", "gpt2-medium", "llama-2-7b", "llama-3-8b", "olmo-1b", "vit-b16",
-    "t5-base",    "mlp2",        "cifar10-resnet", "agnews-classifier", "llava-1.5-7b"};
-static const char *const configs[] = {
-    "bert-base-uncased", "deepseek-v2-lite", "falcon-7b",  "gemma-2-2b",     "gemma-2b",
-    "gpt2",              "mistral-7b",       "mixtral-8x7b", "phi-3-mini-4k", "pythia-160m",
-    "qwen2-0.5b",        "smollm2-135m",     "flan-t5-base"};
-
 typedef struct {
     unsigned evaluations; /* both ways */
     uint64_t skipped;     /* blocks moved over */
@@ -58,8 +50,9 @@ static void same_plan(const ml_model *m, const ml_config *c, tally *t)
 static const ml_checkpoint_kind policies[] = {ML_CKPT_NONE, ML_CKPT_FULL, ML_CKPT_SELECTIVE,
                                               ML_CKPT_EVERY, ML_CKPT_OPTIMAL};
 
-static void grid(const ml_model *m, tally *t)
+static void grid(const ml_model *m, void *arg)
 {
+    tally *t = arg;
     ml_config c = ml_model_config(m);
     c.training.micro_batch = 2;
     if (c.training.seq_len > 256)
@@ -88,16 +81,7 @@ static void test_runs_change_nothing(void **state)
 {
     (void)state;
     tally t = {0, 0};
-    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
-        ml_model *m = load_preset(presets[i]);
-        grid(m, &t);
-        ml_model_destroy(m);
-    }
-    for (size_t i = 0; i < sizeof configs / sizeof *configs; i++) {
-        ml_model *m = load_hf_config(configs[i]);
-        grid(m, &t);
-        ml_model_destroy(m);
-    }
+    assert_int_equal(each_grid_model(grid, &t), 24);
     /* most plans fit the grid: at least one per model and policy */
     assert_true(t.evaluations > 24 * 5 * 16);
     /* a 32-layer decoder moves over 27 layers forward and 27 backward per
