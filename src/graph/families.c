@@ -145,11 +145,11 @@ bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     a->hf = a->fused_proj = a->mask = true;
     a->grouped = m->attn.kv_heads < m->attn.heads;
     a->repeat_copy = a->grouped && m->attn.kv_heads > 1;
-    /* grouped under a fused kernel: the builders count the kernel's q, k
-     * and v as one projection width; the graph's entry is the rotated q
-     * and k and v's view, which keeps query_key_value's whole output (more
-     * bytes): not the builders' figure, so the builders keep the layer
-     * (docs/graph.md) */
+    /* grouped under a fused kernel: the deleted builders counted the
+     * kernel's q, k and v as one projection width, the graph's entry is the
+     * rotated q and k and v's view, which keeps query_key_value's whole
+     * output; no oracle has decided, so the layer is declined and the plan
+     * refused (docs/graph.md) */
     if (a->grouped && a->fused_kernel)
         return false;
     L->parallel = true;

@@ -11,13 +11,14 @@
  *   ml__graph_forward   live bytes of the forward, with grad (saved tensors
  *                       stay) or under no_grad (nothing stays), op by op
  *   ml__graph_traffic   bytes read and written and kernels launched, per op
- *   ml__graph_flops     forward FLOPs (all ops, or the attention core's)
+ *   ml__graph_op_flops  forward FLOPs (all ops, or the attention core's)
  *   ledger/chain_graph.c  the saved inventory, the backward node list, the
  *                       parameters and the transients the replay runs on
  *
- * The graph is built once per layout; a configuration substitutes the
- * dimension sizes (ml_graph_sizes) without rebuilding it. Internal to the
- * library: `ml__` marks functions that cross files but are not its API. */
+ * A graph is written in named dimensions; a configuration gives their sizes
+ * (ml_graph_sizes). A search over micro-batches does not rebuild it for
+ * each: the prepared planner (ledger/planner.c) derives the chain between
+ * a few builds. Internal to the library: `ml__` marks functions that cross files but are not its API. */
 #ifndef ML_GRAPH_H
 #define ML_GRAPH_H
 

@@ -3,8 +3,7 @@
  * Qwen2MoeSparseMoeBlock (modeling_qwen2_moe.py: the top-k weights
  * renormalised only with norm_topk_prob, a shared expert on every token
  * gated by a sigmoid), with what PyTorch's eager autograd keeps for each of
- * their ops (docs/inventory.md, "Mixtral block"): the layout the chain
- * builders count (ledger/chain_moe_mixtral.c), byte for byte.
+ * their ops (docs/inventory.md, "Mixtral block").
  *
  * The experts run one at a time on the rows routed to them (torch.where
  * per expert): one expert is the graph's repeated group (graph.h,

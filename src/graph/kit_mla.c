@@ -5,8 +5,8 @@
  * the keys and values from kv_a_proj_with_mqa, whose first kv_lora_rank
  * columns an RMSNorm and kv_b_proj expand into H heads of the keys' pass
  * part and the values, its last columns the rotated part every head
- * shares. The layout the chain builders count for every attention kernel
- * (eager), whose backward runs at block level: no node is recorded. */
+ * shares. Eager attention (the chain refuses sdpa and flash with it),
+ * whose backward runs at block level: no node is recorded. */
 #include <stddef.h>
 
 #include "graph/kit.h"

@@ -2,10 +2,9 @@
  * DeepseekV2MoE in transformers 4.5x's modeling_deepseek_v3.py and
  * modeling_deepseek_v2.py, with what PyTorch's eager autograd keeps for
  * each of their ops (tools/autograd/derivatives.yaml; docs/inventory.md,
- * "DeepSeek-V3 block" and "DeepSeek-V2"). The layout the chain builders
- * count (ledger/chain_moe.c), whose backward runs at block level (latent
- * attention's layers record no node): the saved tensors, the parameters,
- * the transients and the FLOPs.
+ * "DeepSeek-V3 block" and "DeepSeek-V2"), with a backward at block level
+ * (latent attention's layers record no node): the saved tensors, the
+ * parameters, the transients and the FLOPs.
  *
  * The planner's routing model: the N = k*B*T (token, expert) pairs are
  * counted whole (their rows summed over the experts are N whatever the

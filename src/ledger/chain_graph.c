@@ -92,7 +92,8 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
     memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
     ml__ck_graph_dtype_bytes(ch, G);
     /* no forward programs with experts, nor for a LayerNorm layout with
-     * rotary positions (the builders' rule: chain_forward.c writes none) */
+     * rotary positions (its forward is not walked op by op: the block rule,
+     * said in the output) */
     G->programs = !ch->prec.autocast && m->attn.kernel == ML_ATTN_EAGER && !m->embed.image_size &&
                   !m->residual.parallel && !m->attn.kv_lora && !m->moe.experts &&
                   !(m->norms.kind == ML_NORM_LAYERNORM && m->embed.position == ML_POS_ROPE);
@@ -147,8 +148,6 @@ bool ml__ck_graph_embedding(ml_chain *ch, const ml_model *m, const ml_ck_dims *d
     ml__kit_embedding(&G->g, &E);
     if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
-    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
-    ml__ck_graph_dtype_bytes(ch, G);
     G->programs = false; /* the builders had none: the block rule */
     return true;
 }
@@ -162,8 +161,6 @@ bool ml__ck_graph_cls_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
     ml__kit_seq_cls_head(&G->g, &L, m->head.classes, !m->head.cls_no_pad);
     if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
-    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
-    ml__ck_graph_dtype_bytes(ch, G);
     return true;
 }
 
@@ -180,8 +177,6 @@ bool ml__ck_graph_encoder_head(ml_chain *ch, const ml_model *m, const ml_ck_dims
                                d->drop && !m->embed.image_size);
     if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
-    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
-    ml__ck_graph_dtype_bytes(ch, G);
     G->programs = false; /* the classifiers' (B, D) tensors: the block rule */
     return true;
 }
@@ -197,9 +192,8 @@ bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
         return false;
     G->z.dim[MLG_L0] = ml_add(ch, d->D, d->V);
     ml__ck_graph_dtype_bytes(ch, G);
-    /* a text encoder with rotary positions: the block rule, as the
-     * builders had it (chain_forward.c writes no programs for a rotary
-     * LayerNorm layout) */
+    /* a text encoder with rotary positions: the block rule (its forward is
+     * not walked op by op, as the LayerNorm rotary layers' are not) */
     if (m->embed.position == ML_POS_ROPE)
         G->programs = false;
     return true;
@@ -526,13 +520,11 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
         return;
     ml_graph_live l;
     ml__graph_forward(g, G->tb, false, ch->eval_mode, &l);
-    ml_ck_ng ng = {l.live, l.peak, l.bad};
-    ml__ck_ng_close(b, &ng, held);
+    ml__ck_ng_close(b, &l, held);
     if (ch->selective)
         return;
     ml__graph_forward(g, G->tb, true, ch->eval_mode, &l);
-    ng = (ml_ck_ng){l.live, l.peak, l.bad};
-    ml__ck_grad_close(b, &ng, held);
+    ml__ck_grad_close(b, &l, held);
 }
 
 void ml__ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst, size_t pcount)

@@ -256,7 +256,7 @@ void ml__ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
     nodes_close(ch, b);
 }
 
-void ml__ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
+void ml__ck_ng_close(ml_cblock *b, const ml_graph_live *g, uint64_t out)
 {
     if (!g->bad && g->live == out && g->peak >= out) {
         b->ws_nograd = g->peak - out;
@@ -264,7 +264,7 @@ void ml__ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
     }
 }
 
-void ml__ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out)
+void ml__ck_grad_close(ml_cblock *b, const ml_graph_live *g, uint64_t out)
 {
     uint64_t end = b->saved_bytes + out; /* end < out: the sum wrapped */
     if (!g->bad && end >= out && g->live == end && g->peak >= end) {

@@ -46,37 +46,15 @@ void ml__ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes);
 /* Closes a block: transients, gradients its backward creates. */
 void ml__ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes);
 
-/* The live intermediates of one block's forward under no_grad, op by op
- * (docs/ledger.md, "Forward under no_grad"): each op allocates its output,
- * then the tensors whose last reference went are freed. The block's input
- * is not counted (its caller holds it). */
-typedef struct {
-    uint64_t live, peak;
-    bool bad; /* a free of more than is live, or an overflow */
-} ml_ck_ng;
-static inline void ml_ck_ng_put(ml_ck_ng *g, uint64_t bytes)
-{
-    if (__builtin_add_overflow(g->live, bytes, &g->live))
-        g->bad = true;
-    if (g->live > g->peak)
-        g->peak = g->live;
-}
-static inline void ml_ck_ng_drop(ml_ck_ng *g, uint64_t bytes)
-{
-    if (bytes > g->live)
-        g->bad = true;
-    else
-        g->live -= bytes;
-}
 /* Sets b->ws_nograd from a complete program: one that ends holding the
  * block's output only (out bytes, 0 for a view of the input). The replay
  * holds ws_nograd beside the output, so ws_nograd is the program's peak
  * less the output. An incomplete program leaves the block rule. */
-void ml__ck_ng_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
+void ml__ck_ng_close(ml_cblock *b, const ml_graph_live *g, uint64_t out);
 /* The same for a program with grad, whose saved tensors stay: complete
  * when it ends holding the block's saved tensors and its output; sets
  * b->ws_fwd, what the replay holds beside them while the block runs. */
-void ml__ck_grad_close(ml_cblock *b, const ml_ck_ng *g, uint64_t out);
+void ml__ck_grad_close(ml_cblock *b, const ml_graph_live *g, uint64_t out);
 /* The busiest expert's rows among N (token, expert) pairs over E experts:
  * N / E for a balanced router, times training.expert_imbalance, at most the
  * B*T tokens (one row per token and expert). */
@@ -90,7 +68,6 @@ unsigned ml__ck_expert_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_
                             uint64_t rows[3]);
 /* Whether the model's attention runs a fused kernel (no T x T tensor). */
 bool ml__ck_fused_attention(const ml_chain *ch, const ml_model *m);
-
 
 /* Whether the transformer's blocks record their backward nodes
  * (chain_head.c; docs/ledger.md, "Backward, node by node"). */

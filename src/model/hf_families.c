@@ -84,8 +84,7 @@ static const ml_hf_family_info families[ML_HF_FAMILY_COUNT] = {
 };
 
 /* Families transformers trains that the planner refuses, each with the
- * layer feature the op graph's kit (docs/graph.md) or the chain builders do
- * not express: planning them with a near layout would be another model's
+ * layer feature the op graph's kit (docs/graph.md) does not express: planning them with a near layout would be another model's
  * figures. docs/hf.md, "Families refused". */
 static const struct {
     const char *type, *why;
