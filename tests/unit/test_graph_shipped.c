@@ -104,8 +104,11 @@ static void test_shipped_layers_from_graph(void **state)
     closedir(dir);
     print_message("%u shipped models, %u settings: the layers from the op graph\n", models,
                   settings);
-    /* 9 presets and 20 configs are decoders or encoders without a tower */
-    assert_true(models >= 25);
+    /* the decoders and encoders without a tower: 8 of the 13 presets (not
+     * the 3 sequential ones, T5 or LLaVA) and 19 of the 22 configs (not the
+     * 2 T5s or LLaVA); each at 4 precisions, training and evaluation */
+    assert_int_equal(models, 8 + 19);
+    assert_int_equal(settings, (8 + 19) * 4 * 2);
 }
 
 int main(void)
