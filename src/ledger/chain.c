@@ -297,6 +297,17 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
     return st;
 }
 
+void ml__chain_key(const ml_config *cfg, ml_config *key)
+{
+    memset(key, 0, sizeof *key);
+    memcpy(&key->training, &cfg->training, sizeof key->training);
+    key->calib = cfg->calib;
+    key->training.micro_batch = 0;
+    memset(&key->training.checkpoint, 0, sizeof key->training.checkpoint);
+    key->training.checkpoint.kind =
+        cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE ? ML_CKPT_SELECTIVE : ML_CKPT_NONE;
+}
+
 ml_status ml__chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err)
 {
     return build(m, cfg, false, ch, err);

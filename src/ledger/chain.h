@@ -217,6 +217,12 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
 
 /* Builds the chain; returns ML_OK, ML_RANGE (with err), ML_OVERFLOW or ML_NOMEM. */
 ml_status ml__chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err);
+/* What of cfg the chain is built from, the rest cleared: the training
+ * settings but the micro-batch (0), the checkpoint policy only as
+ * selective or not (once ml__chain_refused passed it), and the
+ * calibration profile; equal keys (memcmp) give chains that differ only by
+ * the micro-batch (the prepared planner's settings, planner.c). */
+void ml__chain_key(const ml_config *cfg, ml_config *key);
 /* The same for the evaluation pass: the model in eval mode (eval_mode). */
 ml_status ml__chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                ml_error *err);

@@ -22,12 +22,19 @@
  * the builders' own overflow check.
  *
  * The figures are listed below, struct by struct: a field added to the
- * chain (chain.h) is listed here as a figure or a part of the structure. */
+ * chain (chain.h) is listed here as a figure or a part of the structure;
+ * the sizes asserted below (on 64-bit targets) make the build say so. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ledger/chain_affine.h"
+
+#if UINTPTR_MAX == UINT64_MAX
+_Static_assert(sizeof(ml_chain) == 304 && sizeof(ml_cblock) == 264 && sizeof(ml_saved) == 32 &&
+                   sizeof(ml_bnode) == 48 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32,
+               "a chain struct changed (chain.h): list its new field below, then the sizes");
+#endif
 
 #define BYTES_MAX (UINT64_C(1) << 56)
 #define FLOPS_MAX 1125899906842624.0 /* 2^50 */
@@ -242,13 +249,11 @@ static void side_at(const ml_side *a, const ml_side *b, unsigned k, uint64_t B, 
     SIDE_BYTES(AT_U)
 }
 
-ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, uint64_t B, ml_chain *o)
+ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uint64_t B,
+                       ml_chain *o)
 {
     if (!room(one, o))
         return ML_NOMEM;
-    unsigned k = 0; /* one is built at 2^k */
-    while (k < 63 && (UINT64_C(1) << k) < one->B)
-        k++;
     bool bad = false;
     chain_at(one, two, k, B, o, &bad);
     for (size_t i = 0; i < one->n && !bad; i++)

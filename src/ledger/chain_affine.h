@@ -9,11 +9,12 @@
  * have the same structure and every figure on one line with a whole
  * slope: then the chain at any micro-batch in [x/2, 2x] is on it. */
 bool ml__chain_line(const ml_chain *a, const ml_chain *b, const ml_chain *c, uint64_t x);
-/* The chain at micro-batch B on the line through one (built at x, a power
- * of two) and two (at 2x, the pair ml__chain_line passed) into *o (its arrays reused,
+/* The chain at micro-batch B on the line through one (built at x = 2^k)
+ * and two (at 2x, the pair ml__chain_line passed) into *o (its arrays reused,
  * grown as needed; o owns them, ml__chain_free): ML_OK, ML_NOMEM, or
  * ML_OVERFLOW where a figure would pass 2^56 bytes or 2^50 FLOPs (the
  * caller then builds the chain itself). */
-ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, uint64_t B, ml_chain *o);
+ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uint64_t B,
+                       ml_chain *o);
 
 #endif

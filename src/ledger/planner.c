@@ -1,7 +1,7 @@
 /* A prepared planner (docs/ledger.md, "A prepared planner"). For each
- * setting (the configuration but its micro-batch and its checkpoint
- * policy, selective or not) it builds the model's
- * chain at the powers of two it needs, once; a micro-batch B between 2^k
+ * setting (what of the configuration the chain is built from but the
+ * micro-batch: ml__chain_key) it builds the model's chain at the powers of
+ * two it needs, once; a micro-batch B between 2^k
  * and 2^(k+1) gets the chain on the line through those two builds where a
  * third (2^(k-1) or 2^(k+2)) is on it too (chain_affine.c), and the
  * iteration is replayed over that chain as ml_ledger_evaluate replays a
@@ -20,9 +20,8 @@
 #define SETTINGS 8  /* settings kept */
 
 typedef struct {
-    ml_config key;               /* the setting: micro_batch 0, the policy none
-                                    or selective */
-    bool used, derivable;        /* derivable: not shaped by the micro-batch */
+    ml_config key;               /* the setting (ml__chain_key) */
+    bool used;
     unsigned long stamp;         /* last use, for eviction */
     signed char built[POWERS];   /* 1: pt[k] built at 2^k; -1: it failed */
     signed char line[POWERS];    /* 1: pt[k-1], pt[k], pt[k+1] on a line; -1: not */
@@ -80,7 +79,7 @@ static bool shaped_by_batch(const ml_model *m, const ml_config *cfg)
 }
 
 /* The setting of key: kept, or the least recently used one made anew. */
-static setting *setting_of(ml_planner *p, const ml_config *cfg, const ml_config *key)
+static setting *setting_of(ml_planner *p, const ml_config *key)
 {
     setting *s = &p->s[0];
     for (unsigned i = 0; i < SETTINGS; i++) {
@@ -96,7 +95,6 @@ static setting *setting_of(ml_planner *p, const ml_config *cfg, const ml_config 
     s->used = true;
     s->stamp = ++p->clock;
     memcpy(&s->key, key, sizeof *key);
-    s->derivable = !shaped_by_batch(p->m, cfg);
     return s;
 }
 
@@ -143,7 +141,7 @@ static const ml_chain *chain_for(ml_planner *p, setting *s, const ml_config *cfg
         return have(p, s, cfg, k) ? &s->pt[k] : NULL;
     if (!on_line(p, s, cfg, k) && !on_line(p, s, cfg, k + 1))
         return NULL;
-    *st = ml__chain_at(&s->pt[k], &s->pt[k + 1], B, &p->at);
+    *st = ml__chain_at(&s->pt[k], &s->pt[k + 1], k, B, &p->at);
     return *st == ML_OK ? &p->at : NULL;
 }
 
@@ -157,18 +155,15 @@ ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool keep_eve
     ml_status st = ml_config_check(cfg, err);
     if (st)
         return st;
-    /* the chain depends on the checkpoint policy only through selective
-     * (chain.c) once the policy passes the chain's checks */
+    if (shaped_by_batch(p->m, cfg))
+        return ml_ledger_evaluate(p->m, cfg, keep_events, out, err);
+    /* the key holds the policy only as selective or not: its checks first */
     if ((st = ml__chain_refused(p->m, &cfg->training, err)))
         return st;
     ml_config key;
-    memcpy(&key, cfg, sizeof key);
-    key.training.micro_batch = 0;
-    memset(&key.training.checkpoint, 0, sizeof key.training.checkpoint);
-    key.training.checkpoint.kind =
-        cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE ? ML_CKPT_SELECTIVE : ML_CKPT_NONE;
-    setting *s = setting_of(p, cfg, &key);
-    const ml_chain *ch = s->derivable ? chain_for(p, s, cfg, &st) : NULL;
+    ml__chain_key(cfg, &key);
+    setting *s = setting_of(p, &key);
+    const ml_chain *ch = chain_for(p, s, cfg, &st);
     if (st == ML_NOMEM)
         return ml__errorf(err, ML_NOMEM, "out of memory");
     if (!ch)
