@@ -347,7 +347,9 @@ static ml_status verdict(const ml_chain *ch, const ml_device *dv, ml_summary *s,
         s->device_limit = ml_device_limit(dv);
         /* the budget holds the allocator peak; with the caching allocator
          * simulated (device.allocator), what it has reserved: the peak and
-         * the cache over it (docs/cli.md, "Two lines, two figures") */
+         * the cache over it — the simulated cache, or device.fragmentation's
+         * allowance where one is given, which takes its place above
+         * (docs/cli.md, "Two lines, two figures") */
         const uint64_t held = s->has_reserved ? s->peak_total - s->runtime_reserve : peak;
         s->fits = held <= s->budget && s->peak_total <= s->memory && !s->reserved_oom;
         int64_t h1 = 0, h2 = 0;
