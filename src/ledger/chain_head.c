@@ -19,18 +19,14 @@ bool ml__ck_node_level(const ml_chain *ch, const ml_model *m)
            !m->moe.sort;
 }
 
-/* The V x D weight over the vocabulary (an LM head, BERT's MLM decoder,
- * the fused cross-entropy's): its own parameter, or, tied, the word
- * embeddings, whose gradient is first created here (with accumulation this
+/* A tied V x D weight over the vocabulary (an LM head's, the fused
+ * cross-entropy's: the word embeddings; an untied one is the graph's
+ * parameter): its gradient is first created here (with accumulation this
  * block's contribution is a transient). */
-static void vocab_weight(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
+static void tied_vocab_grad(ml_chain *ch, ml_cblock *b, const ml_ck_dims *d)
 {
-    if (!m->embed.tied) {
-        ml__ck_param(ch, b, d->V, d->D);
-    } else {
-        b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
-        b->grad_accum_bytes = b->grad_bytes;
-    }
+    b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
+    b->grad_accum_bytes = b->grad_bytes;
 }
 
 /* Liger Kernel's chunk (liger_kernel/ops/fused_linear_cross_entropy.py,
@@ -78,7 +74,7 @@ static void fused_loss(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_c
      * (graph/kit_head.c); tied, the embeddings' gradient is first created
      * here */
     if (m->embed.tied)
-        vocab_weight(ch, b, m, d);
+        tied_vocab_grad(ch, b, d);
     ml__ck_graph_emit(ch, b, G, 0);
     /* ml__ck_end's estimates are for ops that save: this one's forward
      * transient is the chunks', its backward allocates nothing, and under
@@ -172,7 +168,7 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
     /* tied, the embeddings' gradient is first created here (a classifier
      * has no output embedding) */
     if (m->embed.tied && !m->head.classes)
-        vocab_weight(ch, b, m, d);
+        tied_vocab_grad(ch, b, d);
     const uint64_t rows = m->head.classes ? d->B : d->BT;
     const uint64_t out_classes = m->head.classes ? m->head.classes : d->V;
     ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, rows, out_classes), a));

@@ -28,10 +28,10 @@ typedef struct {
     ml_config cfg;
     unsigned evaluations;
     ml_error *err;
-} planner;
+} lengths_ctx;
 
 /* The ledger at micro-batch b and sequence length t. */
-static ml_status point_at(planner *p, uint64_t b, uint64_t t, ml_length_point *out)
+static ml_status point_at(lengths_ctx *p, uint64_t b, uint64_t t, ml_length_point *out)
 {
     ml_config c = p->cfg;
     c.training.micro_batch = b;
@@ -89,7 +89,8 @@ static ml_status check_model(const ml_model *m, const ml_lengths *d, ml_error *e
 /* The longest length in (lo, hi] whose batch of b samples fits, or lo when
  * none does: bisection, since at a fixed micro-batch the peak rises with the
  * length. */
-static ml_status longest_fitting(planner *p, uint64_t b, uint64_t lo, uint64_t hi, uint64_t *out)
+static ml_status longest_fitting(lengths_ctx *p, uint64_t b, uint64_t lo, uint64_t hi,
+                                 uint64_t *out)
 {
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo + 1) / 2;
@@ -109,7 +110,7 @@ static ml_status longest_fitting(planner *p, uint64_t b, uint64_t lo, uint64_t h
 /* Padded random batches of the config's micro-batch: the longest of b
  * samples at the median and P99, the worst batch, the longest that fits
  * and the probability of a batch over the device: 1 - F(T_fit)^b. */
-static ml_status padded_fixed(planner *p, const ml_lengths *d, ml_lengths_result *out)
+static ml_status padded_fixed(lengths_ctx *p, const ml_lengths *d, ml_lengths_result *out)
 {
     const uint64_t b = p->cfg.training.micro_batch;
     ml_status st;
@@ -169,7 +170,7 @@ static ml_status count_ranges(const ml_lengths *d, uint64_t tokens, ml_error *er
  * range of lengths with the same batch size the peak rises with t, so the
  * worst batch is at some range's longest length, and the lengths that fit
  * are a prefix of each range. */
-static ml_status token_budget(planner *p, const ml_lengths *d, uint64_t tokens,
+static ml_status token_budget(lengths_ctx *p, const ml_lengths *d, uint64_t tokens,
                               ml_lengths_result *out)
 {
     ml_status st = count_ranges(d, tokens, p->err);
@@ -211,7 +212,7 @@ static ml_status token_budget(planner *p, const ml_lengths *d, uint64_t tokens,
 /* K buckets of equal shares (by the quantiles k/K); each at its longest
  * length with the largest micro-batch that fits (ml_fit), or the config's
  * micro-batch without a device. */
-static ml_status bucketed(planner *p, const ml_lengths *d, unsigned k, ml_lengths_result *out)
+static ml_status bucketed(lengths_ctx *p, const ml_lengths *d, unsigned k, ml_lengths_result *out)
 {
     ml_status st;
     uint64_t lo = ml_lengths_min(d);
@@ -275,7 +276,7 @@ ml_status ml_lengths_plan(const ml_model *m, const ml_config *cfg, const ml_leng
         (req->buckets < 1 || req->buckets > ML_LENGTHS_MAX_BUCKETS))
         return ml__errorf(err, ML_RANGE, "buckets: must be between 1 and %d, got %u",
                           ML_LENGTHS_MAX_BUCKETS, req->buckets);
-    planner p = {m, *cfg, 0, err};
+    lengths_ctx p = {m, *cfg, 0, err};
     switch (req->batching) {
     case ML_BATCHING_PACKED: /* every batch: micro_batch rows of seq_len tokens */
         if ((st = point_at(&p, cfg->training.micro_batch, cfg->training.seq_len, &out->max)))
@@ -301,7 +302,7 @@ ml_status ml_lengths_plan(const ml_model *m, const ml_config *cfg, const ml_leng
 
 /* Whether every batch of a token budget fits: each same-batch range at its
  * longest length. */
-static ml_status budget_fits(planner *p, const ml_lengths *d, uint64_t tokens, bool *fits)
+static ml_status budget_fits(lengths_ctx *p, const ml_lengths *d, uint64_t tokens, bool *fits)
 {
     const uint64_t tmax = ml_lengths_max(d);
     *fits = true;
@@ -333,7 +334,7 @@ ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const m
     if (!cfg->device.present)
         return ml__errorf(err, ML_USAGE,
                           "max_tokens auto needs a device (device.memory)");
-    planner p = {m, *cfg, 0, err};
+    lengths_ctx p = {m, *cfg, 0, err};
     /* N >= the longest sample (else it would get a batch of its own); the
      * worst batch grows with N: doubling to a failure, then bisection
      * between the largest that fits (lo) and the smallest that fails (hi) */

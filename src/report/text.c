@@ -170,7 +170,19 @@ void ml__report_lengths(const ml_model *m, const ml_training *t, char *out, size
 
 /* "block.1..block.31", or, past the column's 22 characters, the last
  * name's part after their common prefix: "encoder.block.1..11". */
-static void range_name(char *out, size_t size, const char *first, const char *last);
+static void range_name(char *out, size_t size, const char *first, const char *last)
+{
+    snprintf(out, size, "%s..%s", first, last);
+    if (strlen(out) <= 22)
+        return;
+    size_t p = 0, cut = 0;
+    while (first[p] && first[p] == last[p]) {
+        if (first[p] == '.')
+            cut = p + 1;
+        p++;
+    }
+    snprintf(out, size, "%s..%s", first, last + cut);
+}
 
 /* The blocks whose forward transients are not found op by op, by how they
  * are (docs/ledger.md, "Transients"): runs of neighbours as first..last. */
@@ -209,20 +221,6 @@ static void text_transients(FILE *f, const ml_ledger *l)
         if (any)
             fputc('\n', f);
     }
-}
-
-static void range_name(char *out, size_t size, const char *first, const char *last)
-{
-    snprintf(out, size, "%s..%s", first, last);
-    if (strlen(out) <= 22)
-        return;
-    size_t p = 0, cut = 0;
-    while (first[p] && first[p] == last[p]) {
-        if (first[p] == '.')
-            cut = p + 1;
-        p++;
-    }
-    snprintf(out, size, "%s..%s", first, last + cut);
 }
 
 /* The saved activations per block, runs of three or more like blocks on one
