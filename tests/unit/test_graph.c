@@ -10,8 +10,9 @@
  *    nodes, the parameters, the FLOPs, the transients) are gone: every
  *    transformer block comes from the graph, held byte for byte against
  *    real PyTorch (tests/torch) and, across builds, by
- *    scripts/compare-outputs.sh. The sequential models' chains are still
- *    compared with their builders (test_seq_chains_equal_builders). */
+ *    scripts/compare-outputs.sh. The sequential models' chains are held
+ *    by a hash of the figures they had when compared with their builders,
+ *    before those were deleted too (test_seq_chains). */
 #include "harness.h"
 
 #include "chain_compare.h"
@@ -165,7 +166,7 @@ static bool one_block(const ml_model *m, ml_precision p, uint64_t B, uint64_t T,
 /* Phi-3's and GPT-NeoX's projections with a fused kernel: the kernel
  * saves q and k as the rotary's cat made them (apply_rotary_pos_emb's
  * torch.cat with the pass, empty at a whole-head rotary) and v as a view
- * keeping the whole qkv output. The builders count that output and leave
+ * keeping the whole qkv output. The builders counted that output and left
  * out the two cat outputs; PyTorch keeps them (tests/torch, xc-phi3-flash
  * and xc-neox-flash, byte for byte, with and without autocast), and the
  * graph counts them: without autocast its layer keeps B·T·(H + Hkv)·dh
@@ -205,8 +206,9 @@ typedef struct {
 } variant;
 
 static const variant variants[] = {
-    /* BERT's layout (post-norm; its builders are whole-chain only: the
-     * block comparison skips post-norm layers): the classifier, dropout */
+    /* BERT's layout (post-norm: test_layers_from_graph's block grid skips
+     * post-norm layers, its chains are built whole): the classifier,
+     * dropout */
     {"model:\n  type: encoder\n  layers: 1\n  hidden: 128\n  heads: 4\n  ffn: 512\n"
      "  activation: gelu\n  norm: layernorm\n  norm_position: post\n  vocab: 173\n"
      "  max_positions: 512\n  classes: 4\n  token_types: 2\n  dropout: 0.1\n",
@@ -423,7 +425,7 @@ static void test_other_layouts_refused(void **state)
         ml_model_destroy(m);
     }
     /* Mixtral's and Qwen2-MoE's experts are the kit's (kit_mixtral.c):
-     * test_mixtral_chains_equal_builders */
+     * test_mixtral_layers_from_graph, test_mixtral_chains_from_graph */
     /* DeepSeek's experts are the kit's (kit_moe.c) */
     static const char *const moe[] = {"deepseek-v3", "deepseek-v2-lite"};
     for (size_t i = 0; i < 2; i++) {
@@ -528,8 +530,7 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
                     if (sb != ML_OK)
                         continue;
                     /* every block from the graph: the chain built whole is
-                     * the assertion (and the count); the builders' path
-                     * refuses a transformer */
+                     * the assertion (and the count) */
                     char what[200];
                     snprintf(what, sizeof what, "%s, attention %zu, precision %d, %s%s%s", name,
                              k, p, policies[c], c == 2 ? ", fused logits" : "", ev ? ", eval" : "");
@@ -544,8 +545,8 @@ static unsigned compare_model_vt(ml_model *m, const char *name, ml_vision_tower 
 }
 
 /* Whole chains from the graph (embedding, layers, head, loss) for the
- * presets, the shipped configs and the variants, counted; the builders'
- * path refuses each (no chain builder writes a transformer's blocks). */
+ * presets, the shipped configs and the variants, counted (no chain builder
+ * is left: a layout the graph declines is refused with ML_RANGE). */
 static void test_chains_from_graph(void **state)
 {
     (void)state;
@@ -620,7 +621,7 @@ static const char *const moe_variants[] = {
 };
 
 /* An expert layer's block from the graph alone (no builder writes it;
- * their comparison held it byte for byte before they went): V3 and V2, the top-k renormalised or not (V3) and the group mask or not (V2),
+ * the builders' comparison held it byte for byte before they went): V3 and V2, the top-k renormalised or not (V3) and the group mask or not (V2),
  * with and without shared experts, each kernel (latent attention's eager
  * layout), precision, shape, selective and evaluation, and three routings:
  * balanced, an imbalance, every pair of a token on the busiest expert
@@ -670,9 +671,9 @@ static void test_moe_layers_from_graph(void **state)
 /* Whole chains of DeepSeek's expert models: the shipped configs
  * (DeepSeek-V3: 3 dense layers then 58 expert layers of 256 experts;
  * V2-Lite: 1 then 26 of 64) and the torch twins (1 dense layer, 2 expert
- * layers), both layouts emitted once and copied, from the graph (the builders refuse them). */
+ * layers), both layouts emitted once and copied, from the graph. */
 /* Both of m's layouts are the graph's under every precision (the chain
- * builds them from it, not from the builders): the count. */
+ * builds them from it; a declined one would be refused): the count. */
 static unsigned both_layouts_taken(const ml_model *m)
 {
     unsigned n = 0;
@@ -828,8 +829,7 @@ static unsigned mixtral_taken(const ml_model *m)
 /* Whole chains of Mixtral's and Qwen2-MoE's models: the shipped configs
  * (Mixtral-8x7B: 32 layers of 8 experts, 2 a token; Qwen1.5-MoE-A2.7B: 24
  * layers of 60, 4 a token, a shared expert) and the torch twins (at two
- * routings), every layer the graph's first layer or its copy (the
- * builders refuse them). */
+ * routings), every layer the graph's first layer or its copy. */
 static void test_mixtral_chains_from_graph(void **state)
 {
     (void)state;
@@ -1008,8 +1008,8 @@ static void llava_ends_from_graph(const ml_model *m, const ml_config *cfg,
 }
 
 /* Every vision-tower setting, precision, decoder kernel, checkpoint policy
- * and pass of m, at micro-batches 1 and 3, from the graph (the
- * builders-only chain refused); the chains built or refused (refused only
+ * and pass of m, at micro-batches 1 and 3, from the graph; the chains
+ * built or refused with ML_RANGE (refused only
  * where the graph declines the projector), *copies the copied vision
  * layers, *ends the vision embeddings and projectors from the graph. */
 static unsigned compare_llava(ml_model *m, const char *name, unsigned *copies, llava_ends *ends)
@@ -1642,8 +1642,8 @@ static void test_olmo_norm_refused_elsewhere(void **state)
 
 /* Every combination of the kit's settings builds a whole graph, with room
  * to spare in the fixed arrays: a component that would overfill them
- * fails here, not as a layout the planner quietly hands back to the
- * builders. */
+ * fails here, not as a layout the chain refuses (once, one the planner
+ * quietly handed back to the builders). */
 static void test_kit_headroom(void **state)
 {
     (void)state;
@@ -1744,7 +1744,7 @@ static void test_graph_heads_taken(void **state)
 /* Layouts of the first and last blocks the layer variants above do not
  * reach: a decoder's sequence classifier (with and without a pad token),
  * Mixtral's experts (its layers the graph's alone), a text encoder with rotary
- * positions (its layers the builders', its classifier the graph's), a
+ * positions (its layers and its classifier the graph's), a
  * masked-LM head untied and
  * without positions or token types */
 static const char *const ends_variants[] = {
@@ -1765,8 +1765,9 @@ static const char *const ends_variants[] = {
     "  position: none\n  mlm_head: true\n  tied_embeddings: false\n  dropout: 0\n",
 };
 
-/* What of block x the builders made the graph's block y must equal: the
- * inventory, the parameters, the FLOPs, the transients. */
+/* What of block x, a block of a chain the graph built, the graph's block
+ * y emitted alone must equal: the inventory, the parameters, the FLOPs,
+ * the transients. */
 static void same_graph_fields(const ml_chain *a, const ml_cblock *x, const ml_chain *b,
                               const ml_cblock *y, const char *what)
 {
@@ -1868,7 +1869,7 @@ static void ends_from_graph(const ml_model *m, const ml_config *cfg, bool eval,
 /* The chains' first and last blocks from the graph over shapes the presets
  * do not take (one token; a batch of three), every precision, training and
  * evaluation, the logits kept, released and fused: each chain whole, its
- * ends the graph's, the builders' path refusing it. */
+ * ends the graph's (the same as emitted from the graph alone). */
 static void test_ends_from_graph(void **state)
 {
     (void)state;

@@ -7,8 +7,8 @@
  * precision, checkpoint policy (none, selective, full), pass and three
  * shapes, with the logits kept and released, each whole (chain_whole) and
  * its head emitted from the graph alone and compared with the chain's, so
- * that a head the graph declined cannot pass; the builders' path refuses
- * every one (no chain builder writes a transformer's blocks; their
+ * that a head the graph declined cannot pass (no chain builder is left:
+ * a declined head's chain is refused with ML_RANGE; the builders'
  * field-by-field comparison held these chains before they went). */
 #include "harness.h"
 
@@ -186,7 +186,7 @@ static void test_heads_from_graph(void **state)
 /* ---- the fused head's norm on a 2-byte stream ---- */
 
 /* tests/torch/models/llama.yaml's and gemma.yaml's layouts, and GPT-2's
- * LayerNorm (no upcast: the builders' nodes) */
+ * LayerNorm (no upcast: the nodes the builders had) */
 static const char *const fused_norms[] = {
     "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 8\n  kv_heads: 2\n"
     "  ffn: 160\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 173\n  position: rope\n"
@@ -250,9 +250,9 @@ static void expect_nodes(const ml_chain *c, const ml_cblock *b, bool gemma, uint
 
 /* Fused logits on every precision and two shapes from the graph: the
  * head's node list on a 2-byte stream without autocast with an RMSNorm
- * (where the builders' differed, counting the stream's dtype throughout)
- * is the table above; elsewhere the builders' and the graph's agreed
- * before the builders went. */
+ * (where the builders' differed, counting the stream's dtype throughout,
+ * when they existed) is the table above; elsewhere the builders' and the
+ * graph's agreed before the builders went. */
 static void test_fused_norm_nodes(void **state)
 {
     (void)state;

@@ -1,10 +1,10 @@
 /* Every shipped model's layers from the op graph (docs/graph.md).
  *
- * The chain falls back to the builders where the graph declines a layer
- * (a family the kit does not compose, or an op whose arrays overfill): a
- * shipped preset or config.json planned that way is a gap the chain
- * comparisons cannot see, since they then compare the builders with
- * themselves. For every shipped decoder and encoder — each precision,
+ * The chain is refused (ML_RANGE, not modelled) where the graph declines a
+ * layer (a family the kit does not compose, or an op whose arrays
+ * overfill): a shipped preset or config.json refused that way is a gap
+ * (while the builders existed the chain fell back to them, a gap the chain
+ * comparisons could not see). For every shipped decoder and encoder — each precision,
  * training and evaluation — the graph must take the layer (each layout's
  * first: DeepSeek's dense and expert layers) and, for an LM head, the head;
  * the layouts still declined are listed by name and asserted declined, so

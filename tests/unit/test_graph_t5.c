@@ -7,8 +7,8 @@
  * pass: every layer the graph's (its copies sharing the second layer's
  * saved list), the embeddings, encoder.final and the head equal to the
  * graph's blocks alone, every side tensor the graph's and the four the
- * layout sizes independently equal to it; the builders-only chain refused
- * (ML_RANGE). */
+ * layout sizes independently equal to it (no builder is left: a layout
+ * the graph declined would be refused with ML_RANGE). */
 #include "harness.h"
 
 #include <stdlib.h>
@@ -170,7 +170,7 @@ static const char *const twins[] = {
 /* (micro-batch, inputs, targets) */
 static const uint64_t shapes[][3] = {{3, 20, 12}, {1, 7, 7}, {2, 33, 64}, {1, 1, 1}};
 
-/* Every chain of m from the graph (the builders-only chain refused);
+/* Every chain of m from the graph;
  * *layers counts the layer blocks checked to
  * be the graph's copies. */
 static unsigned compare(ml_model *m, const char *name, unsigned *layers, unsigned *emb,
