@@ -277,8 +277,10 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
         ch->blocks[0].in_bytes = 0;
         ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, m->buffers); /* declared */
     }
-    if (st == ML_OK)
+    if (st == ML_OK) {
         ml__chain_mark_runs(ch);
+        ch->psum = ml__param_sums(ch);
+    }
     if (st == ML_OK && ch->nomem)
         st = ML_NOMEM;
     if (st == ML_OK && ch->overflow) {
@@ -295,6 +297,27 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
     if (st)
         ml__chain_free(ch);
     return st;
+}
+
+ml_param_sums ml__param_sums(ml_chain *ch)
+{
+    ml_param_sums p = ch->psum;
+    if (!p.known) {
+        ml_chain ov; /* the sums' own overflow flag */
+        ov.overflow = false;
+        memset(&p, 0, sizeof p);
+        for (size_t i = 0; i < ch->nparams; i++) {
+            const ml_ptensor *t = &ch->params[i];
+            p.all = ml_add(&ov, p.all, t->numel);
+            p.trained = t->frozen ? p.trained : ml_add(&ov, p.trained, t->numel);
+            p.with_grad = t->frozen || t->nograd ? p.with_grad : ml_add(&ov, p.with_grad, t->numel);
+        }
+        p.overflow = ov.overflow;
+        p.known = true;
+    }
+    if (p.overflow)
+        ch->overflow = true;
+    return p;
 }
 
 void ml__chain_key(const ml_config *cfg, ml_config *key)

@@ -163,6 +163,15 @@ typedef struct {
     bool graph; /* derived from the op graphs (T5's: chain_graph_t5.c) */
 } ml_side;
 
+/* The parameter counts every plan sums (ml__param_sums): all, those that
+ * train (not frozen), and of those the ones that get a gradient; overflow
+ * when a sum passed 64 bits (each sum as ml_add leaves it); known once
+ * computed. */
+typedef struct {
+    uint64_t all, trained, with_grad;
+    bool overflow, known;
+} ml_param_sums;
+
 typedef struct {
     ml_cblock *blocks;
     size_t n, cap;
@@ -208,6 +217,7 @@ typedef struct {
     /* scratch while building a block */
     uint64_t max_unsaved, max_tensor;
     uint64_t max_param_numel;
+    ml_param_sums psum;         /* of params, once the chain is built */
 } ml_chain;
 
 /* The same for every training setting the chain refuses for this model
@@ -263,5 +273,9 @@ static inline uint64_t ml_add(ml_chain *ch, uint64_t a, uint64_t b)
     }
     return r;
 }
+
+/* ch's parameter sums: the ones its build stored, else summed now; an
+ * overflow in them sets ch->overflow (chain.c) */
+ml_param_sums ml__param_sums(ml_chain *ch);
 
 #endif

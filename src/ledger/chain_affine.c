@@ -31,7 +31,7 @@
 #include "ledger/chain_affine.h"
 
 #if UINTPTR_MAX == UINT64_MAX
-_Static_assert(sizeof(ml_chain) == 304 && sizeof(ml_cblock) == 264 && sizeof(ml_saved) == 32 &&
+_Static_assert(sizeof(ml_chain) == 336 && sizeof(ml_cblock) == 264 && sizeof(ml_saved) == 32 &&
                    sizeof(ml_bnode) == 48 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32,
                "a chain struct changed (chain.h): list its new field below, then the sizes");
 #endif
@@ -58,7 +58,8 @@ _Static_assert(sizeof(ml_chain) == 304 && sizeof(ml_cblock) == 264 && sizeof(ml_
 #define CHAIN_SHAPE(X)                                                                         \
     X(n) X(nsaved) X(nparams) X(nnodes) X(nsides) X(overflow) X(nomem) X(record_nodes)        \
     X(eval_mode) X(selective) X(mask_in_forward) X(T) X(c_width) X(n_ckpt)   \
-    X(calibrated) X(calib_c) X(calib_exact) X(vis_mode) X(mask_ckpt0) X(max_param_numel)
+    X(calibrated) X(calib_c) X(calib_exact) X(vis_mode) X(mask_ckpt0) X(max_param_numel)     \
+    X(psum.all) X(psum.trained) X(psum.with_grad) X(psum.overflow) X(psum.known)
 #define CHAIN_BYTES(X)                                                                         \
     X(B) X(c_tokens) X(ckpt_side) X(batch_input) X(batch_targets) X(buffer_bytes)
 
@@ -223,7 +224,6 @@ static void chain_at(const ml_chain *a, const ml_chain *b, unsigned k, uint64_t 
 static void block_at(const ml_cblock *a, const ml_cblock *b, unsigned k, uint64_t B,
                      ml_cblock *o, bool *bad)
 {
-    *o = *a;
     BLOCK_BYTES(AT_U)
     BLOCK_FLOPS(AT_F)
 }
@@ -231,21 +231,18 @@ static void block_at(const ml_cblock *a, const ml_cblock *b, unsigned k, uint64_
 static void saved_at(const ml_saved *a, const ml_saved *b, unsigned k, uint64_t B, ml_saved *o,
                      bool *bad)
 {
-    *o = *a;
     SAVED_BYTES(AT_U)
 }
 
 static void node_at(const ml_bnode *a, const ml_bnode *b, unsigned k, uint64_t B, ml_bnode *o,
                     bool *bad)
 {
-    *o = *a;
     NODE_BYTES(AT_U)
 }
 
 static void side_at(const ml_side *a, const ml_side *b, unsigned k, uint64_t B, ml_side *o,
                     bool *bad)
 {
-    *o = *a;
     SIDE_BYTES(AT_U)
 }
 
@@ -256,14 +253,22 @@ ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uin
         return ML_NOMEM;
     bool bad = false;
     chain_at(one, two, k, B, o, &bad);
+    /* each array copied whole, then its figures moved along the line */
+#define COPY(arr, cnt)                                                                         \
+    if (one->cnt)                                                                              \
+        memcpy(o->arr, one->arr, one->cnt * sizeof *o->arr);
+    COPY(blocks, n)
+    COPY(saved, nsaved)
+    COPY(nodes, nnodes)
+    COPY(params, nparams)
+    COPY(sides, nsides)
+#undef COPY
     for (size_t i = 0; i < one->n && !bad; i++)
         block_at(&one->blocks[i], &two->blocks[i], k, B, &o->blocks[i], &bad);
     for (size_t i = 0; i < one->nsaved && !bad; i++)
         saved_at(&one->saved[i], &two->saved[i], k, B, &o->saved[i], &bad);
     for (size_t i = 0; i < one->nnodes && !bad; i++)
         node_at(&one->nodes[i], &two->nodes[i], k, B, &o->nodes[i], &bad);
-    if (one->nparams)
-        memcpy(o->params, one->params, one->nparams * sizeof *o->params);
     for (size_t i = 0; i < one->nsides && !bad; i++)
         side_at(&one->sides[i], &two->sides[i], k, B, &o->sides[i], &bad);
     return bad ? ML_OVERFLOW : ML_OK;

@@ -147,11 +147,8 @@ static void describe_plan(const ml_chain *ch, const ml_checkpoint *cp, const int
 void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
                            ml_summary *s)
 {
-    uint64_t P = 0, Pt = 0; /* all, and those that train (a frozen tower's do not) */
-    for (size_t i = 0; i < ch->nparams; i++) {
-        P = ml_add(ch, P, ch->params[i].numel);
-        Pt = ch->params[i].frozen ? Pt : ml_add(ch, Pt, ch->params[i].numel);
-    }
+    const ml_param_sums ps = ml__param_sums(ch);
+    const uint64_t P = ps.all, Pt = ps.trained; /* a frozen tower's do not train */
     s->params = P;
     s->bytes_batch = ml_add(ch, ch->batch_input, ch->batch_targets);
     s->bytes_buffers = ch->buffer_bytes;
@@ -459,6 +456,10 @@ void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, m
     r->sub = "";
     r->phase = ML_PHASE_FORWARD;
     r->whole = x->whole;
+    if (x->runs) {
+        ml__run_flags(r, x->runs);
+        r->runs = x->runs;
+    }
 }
 
 ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
@@ -487,10 +488,10 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     double flops_re = ml__eval_iteration(&r, x, s, false);
     s->bytes_activations = r.act_end;
     if (s->peak_block >= 0)
-        snprintf(s->peak_step, sizeof s->peak_step, "%s%s", ch->blocks[s->peak_block].name,
-                 r.peak_sub ? r.peak_sub : "");
+        ml__name_join(s->peak_step, sizeof s->peak_step, ch->blocks[s->peak_block].name,
+                      r.peak_sub ? r.peak_sub : "");
     else
-        snprintf(s->peak_step, sizeof s->peak_step, "optimizer.step");
+        ml__name_join(s->peak_step, sizeof s->peak_step, "optimizer.step", "");
     ml_status st = replay_status(&r, ch, zero ? s->bytes_grads : 0, err);
     if (st)
         return st;
@@ -523,14 +524,23 @@ ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_c
     if ((st = ml__optim_bytes_of(&ch, t, &x.ob, err)) || (st = ml__eval_pass(m, &x, err)))
         return st;
     ml_ledger *l = calloc(1, sizeof *l);
-    int *seg = calloc(ch.n + 1, sizeof *seg);
-    x.bd = calloc(ch.n + 1, sizeof *x.bd);
-    x.recomputed = calloc(ch.n + 1, sizeof *x.recomputed);
-    x.held = calloc(ch.n + 1, sizeof *x.held);
-    x.held_cat = calloc(ch.n + 1, sizeof *x.held_cat);
+    /* the scratch arrays, n + 1 entries each, in one allocation (the
+     * widest first: each array starts aligned) */
+    const size_t m1 = ch.n + 1;
+    void *scratch = calloc(m1, 2 * sizeof(uint64_t) + sizeof(ml_boundary) + sizeof(ml_category) +
+                                   sizeof(int) + 1);
+    int *seg = NULL;
+    if (scratch) {
+        x.recomputed = scratch;
+        x.held = x.recomputed + m1;
+        x.bd = (ml_boundary *)(x.held + m1);
+        x.held_cat = (ml_category *)(x.bd + m1);
+        seg = (int *)(x.held_cat + m1);
+        x.runs = (unsigned char *)(seg + m1);
+    }
     if (l)
-        l->blocks = calloc(ch.n + 1, sizeof *l->blocks);
-    if (!l || !seg || !x.bd || !x.recomputed || !x.held || !x.held_cat || !l->blocks) {
+        l->blocks = calloc(m1, sizeof *l->blocks);
+    if (!l || !scratch || !l->blocks) {
         st = ML_NOMEM;
         ml__errorf(err, ML_NOMEM, "out of memory");
         goto done;
@@ -553,11 +563,7 @@ ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_c
     *out = l;
     l = NULL;
 done:
-    free(seg);
-    free(x.bd);
-    free(x.recomputed);
-    free(x.held);
-    free(x.held_cat);
+    free(scratch);
     ml_ledger_destroy(l);
     return st;
 }

@@ -54,10 +54,9 @@ ml_status ml__optim_bytes_of(const ml_chain *ch_const, const ml_training *t, ml_
     /* gradients reach a master-weight optimizer in fp32: a converted copy
      * (docs/optimizers.md) */
     const bool master = ch->prec.master != 0;
-    uint64_t P = 0, maxn = ch->max_param_numel;
-    for (size_t i = 0; i < ch->nparams; i++)
-        if (stepped(&ch->params[i], t->zero))
-            P = ml_add(ch, P, ch->params[i].numel);
+    /* the parameters stepped() keeps state for */
+    const ml_param_sums ps = ml__param_sums(ch);
+    const uint64_t P = t->zero >= 1 ? ps.trained : ps.with_grad, maxn = ch->max_param_numel;
     uint64_t states = 0, temp = 0;
     unsigned per = 0;        /* full-size states per parameter */
     /* full-size temporaries: over all parameters at once (foreach) and over

@@ -94,6 +94,8 @@ typedef struct {
     ml_phase pointed_phase;
     bool keep, nomem, overflow, underflow;
     bool whole;              /* every block replayed, no run moved over */
+    const unsigned char *runs; /* per block, ML_RUN_* (ml__run_flags), or NULL:
+                                  then replay_runs.c asks the chain each time */
     ml_rsim *rsim;           /* the allocator simulation, or NULL */
     /* the recompute FLOPs added so far and the last addition (a run of
      * identical blocks repeats a block's additions: replay_runs.c) */
@@ -125,6 +127,13 @@ void ml__run_after(ml_run *u, const ml_replay *r, size_t k, int dir);
  * replay next (k when none is skipped). */
 size_t ml__run_skip(ml_run *u, ml_replay *r, size_t k, int dir);
 
+/* Which blocks of r's chain continue a run under r's segment plan and
+ * boundaries, into flags (n + 1 entries), once per replay setup: block i
+ * in a run (ML_RUN_IN), and its output boundary as its input's too
+ * (ML_RUN_ON). */
+enum { ML_RUN_IN = 1, ML_RUN_ON = 2 };
+void ml__run_flags(const ml_replay *r, unsigned char *flags);
+
 /* Where side tensor s is freed under the segment plan seg (docs/ledger.md,
  * "Side tensors"): true, after the backward of *block; false, after its
  * forward. */
@@ -144,6 +153,8 @@ void ml__replay_alloc(ml_replay *r, ml_category c, uint64_t b);
 void ml__replay_phase_point(ml_replay *r, uint64_t first);
 /* Writes the `at` names of s's phase_steady and phase_first from the
  * blocks and subs r recorded. */
+/* dst = a then b, cut to size - 1 bytes as snprintf cuts (size > 0) */
+void ml__name_join(char *dst, size_t size, const char *a, const char *b);
 void ml__replay_phase_names(const ml_replay *r, ml_summary *s);
 /* The same, telling the allocator simulation which tensors make up b. */
 void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
@@ -166,6 +177,7 @@ typedef struct {
     ml_boundary *bd;
     uint64_t *recomputed, *held;
     ml_category *held_cat;
+    unsigned char *runs;
     int side_block; /* set by ml__eval_run */
     bool whole;     /* replay every block (the reference tests/unit/test_runs.c
                        holds the runs against) */

@@ -1,7 +1,7 @@
 /* Each phase's peak (forward, loss, backward, optimizer step) as the replay
  * passes its events, for the steady and the first iteration; and where
  * each was (docs/ledger.md, "Each phase's peak"). */
-#include <stdio.h>
+#include <string.h>
 
 #include "ledger/replay.h"
 
@@ -23,15 +23,27 @@ void ml__replay_phase_point(ml_replay *r, uint64_t first)
     phase_max(&s->phase_first[r->phase], first, r->block, &r->first_sub[r->phase], r->sub);
 }
 
+void ml__name_join(char *dst, size_t size, const char *a, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    if (na >= size)
+        na = size - 1;
+    if (nb >= size - na)
+        nb = size - na - 1;
+    memcpy(dst, a, na);
+    memcpy(dst + na, b, nb);
+    dst[na + nb] = '\0';
+}
+
 static void phase_name(const ml_replay *r, ml_phase ph, ml_phase_peak *p, const char *sub)
 {
     if (!p->present)
         return;
     if (p->block >= 0 && (size_t)p->block < r->ch->n)
-        snprintf(p->at, sizeof p->at, "%s%s", r->ch->blocks[p->block].name, sub ? sub : "");
+        ml__name_join(p->at, sizeof p->at, r->ch->blocks[p->block].name, sub ? sub : "");
     else
-        snprintf(p->at, sizeof p->at, "%s",
-                 ph == ML_PHASE_OPTIMIZER ? "optimizer.step" : "resident");
+        ml__name_join(p->at, sizeof p->at,
+                      ph == ML_PHASE_OPTIMIZER ? "optimizer.step" : "resident", "");
 }
 
 void ml__replay_phase_names(const ml_replay *r, ml_summary *s)

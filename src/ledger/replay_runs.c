@@ -76,6 +76,31 @@ static bool replayed_whole(const ml_replay *r)
     return r->whole || r->keep || r->rsim || r->ch->nsides;
 }
 
+void ml__run_flags(const ml_replay *r, unsigned char *flags)
+{
+    const size_t n = r->ch->n;
+    flags[0] = 0;
+    for (size_t i = 1; i < n; i++) {
+        bool in = in_run(r, i);
+        flags[i] = (unsigned char)((in ? ML_RUN_IN : 0) |
+                                   (in && same_boundary(&r->bd[i + 1], &r->bd[i]) ? ML_RUN_ON : 0));
+    }
+    flags[n] = 0;
+}
+
+/* in_run(r, i), from the flags where the setup made them */
+static bool run_in(const ml_replay *r, size_t i)
+{
+    return r->runs ? r->runs[i] & ML_RUN_IN : in_run(r, i);
+}
+
+/* block i in a run, its output boundary as its input's */
+static bool run_on(const ml_replay *r, size_t i)
+{
+    return r->runs ? r->runs[i] & ML_RUN_ON
+                   : in_run(r, i) && same_boundary(&r->bd[i + 1], &r->bd[i]);
+}
+
 /* Block j's replay reads blocks j-1 and j+1 (its input's and output's
  * sizes, the parameters gathered with its own, whether the one before
  * saves its output) and the boundaries j and j+1: blocks j-2 to j+1 the
@@ -84,8 +109,7 @@ static bool twin(const ml_replay *r, size_t j)
 {
     if (replayed_whole(r) || j < 2 || j + 1 >= r->ch->n)
         return false;
-    return in_run(r, j - 1) && in_run(r, j) && in_run(r, j + 1) &&
-           same_boundary(&r->bd[j + 2], &r->bd[j + 1]);
+    return run_in(r, j - 1) && run_in(r, j) && run_on(r, j + 1);
 }
 
 static void levels(const ml_replay *r, uint64_t *v)
@@ -172,7 +196,7 @@ size_t ml__run_skip(ml_run *u, ml_replay *r, size_t k, int dir)
         if (!twin(r, k - 1) || !twin(r, k))
             return k;
         /* twin(e + 1), given twin(e) */
-        while (e + 3 <= r->ch->n && in_run(r, e + 2) && same_boundary(&r->bd[e + 3], &r->bd[e + 2]))
+        while (e + 3 <= r->ch->n && run_on(r, e + 2))
             e++;
         if (e == k)
             return k;
@@ -188,7 +212,7 @@ size_t ml__run_skip(ml_run *u, ml_replay *r, size_t k, int dir)
         if (!twin(r, k + 2) || !twin(r, k + 1))
             return k;
         /* twin(e), given twin(e + 1) */
-        while (e >= 2 && in_run(r, e - 1))
+        while (e >= 2 && run_in(r, e - 1))
             e--;
         if (e == k)
             return k;
