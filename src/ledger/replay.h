@@ -147,14 +147,32 @@ void ml__sides_backward(ml_replay *r, size_t k, bool start);
 void ml__sides_recompute(ml_replay *r, size_t s0, size_t j, bool made);
 
 void ml__replay_alloc(ml_replay *r, ml_category c, uint64_t b);
+static inline void ml__phase_max(ml_phase_peak *p, uint64_t v, int32_t block, const char **sub_at,
+                                 const char *sub)
+{
+    if (p->present && v <= p->peak)
+        return;
+    p->present = true;
+    p->peak = v;
+    p->block = block;
+    *sub_at = sub;
+}
+
 /* The live bytes now as a point of the current phase's steady peak and,
  * first (the bytes the first iteration would hold), its first-iteration
- * peak (replay.c; event() calls it at each allocation). */
-void ml__replay_phase_point(ml_replay *r, uint64_t first);
-/* Writes the `at` names of s's phase_steady and phase_first from the
- * blocks and subs r recorded. */
+ * peak (event() in replay.c calls it at each allocation: inline). */
+static inline void ml__replay_phase_point(ml_replay *r, uint64_t first)
+{
+    ml_summary *s = &r->l->sum;
+    ml__phase_max(&s->phase_steady[r->phase], r->total, r->block, &r->phase_sub[r->phase],
+                  r->sub);
+    ml__phase_max(&s->phase_first[r->phase], first, r->block, &r->first_sub[r->phase], r->sub);
+}
+
 /* dst = a then b, cut to size - 1 bytes as snprintf cuts (size > 0) */
 void ml__name_join(char *dst, size_t size, const char *a, const char *b);
+/* Writes the `at` names of s's phase_steady and phase_first from the
+ * blocks and subs r recorded. */
 void ml__replay_phase_names(const ml_replay *r, ml_summary *s);
 /* The same, telling the allocator simulation which tensors make up b. */
 void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,

@@ -1,27 +1,10 @@
-/* Each phase's peak (forward, loss, backward, optimizer step) as the replay
- * passes its events, for the steady and the first iteration; and where
- * each was (docs/ledger.md, "Each phase's peak"). */
+/* Where each phase's peak (forward, loss, backward, optimizer step) was,
+ * for the steady and the first iteration, named once the replay ends
+ * (docs/ledger.md, "Each phase's peak"); the replay records the points as
+ * it passes its events (ml__replay_phase_point, replay.h). */
 #include <string.h>
 
 #include "ledger/replay.h"
-
-static void phase_max(ml_phase_peak *p, uint64_t v, int32_t block, const char **sub_at,
-                      const char *sub)
-{
-    if (p->present && v <= p->peak)
-        return;
-    p->present = true;
-    p->peak = v;
-    p->block = block;
-    *sub_at = sub;
-}
-
-void ml__replay_phase_point(ml_replay *r, uint64_t first)
-{
-    ml_summary *s = &r->l->sum;
-    phase_max(&s->phase_steady[r->phase], r->total, r->block, &r->phase_sub[r->phase], r->sub);
-    phase_max(&s->phase_first[r->phase], first, r->block, &r->first_sub[r->phase], r->sub);
-}
 
 void ml__name_join(char *dst, size_t size, const char *a, const char *b)
 {
