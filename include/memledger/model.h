@@ -187,7 +187,8 @@ typedef struct ml_device_preset {
 typedef struct ml_device {
     bool present;              /* a device was given: verdict is computed */
     uint64_t memory;           /* capacity, bytes */
-    uint64_t budget;           /* line for the allocator-view peak, bytes;
+    uint64_t budget;           /* line for the reserved peak (the allocator-view
+                                  peak with allocator NONE), bytes;
                                   0 = memory - runtime_reserve */
     uint64_t runtime_reserve;  /* CUDA context + library workspaces, bytes */
     double peak_tflops;        /* dense peak at the compute dtype; 0 = unknown */
@@ -195,7 +196,9 @@ typedef struct ml_device {
     double fragmentation;      /* allowance for the caching allocator's reserved bytes
                                   over its allocated peak, a fraction in [0, 1];
                                   0 = none (docs/ledger.md) */
-    ml_allocator allocator;    /* simulate the caching allocator: reserved bytes */
+    ml_allocator allocator;    /* simulate the caching allocator: reserved bytes
+                                  (ml_config_defaults: CACHING; a zeroed
+                                  struct: NONE) */
     uint64_t max_split_size;   /* max_split_size_mb in bytes; 0 = unlimited */
     /* bandwidths that time communication and host transfers (docs/sharding.md,
      * "Time"), GB/s = 1e9 bytes/s; 0 = not given: that part is not timed and
@@ -221,7 +224,7 @@ typedef struct ml_config {
 /* Defaults: micro_batch 1, seq_len 1 (overridden by the model), grad_accum 1,
  * fp32, adamw, foreach, no checkpointing, data_parallel 1, zero 0, no
  * offload, buckets of 5e8 elements, logits kept, no evaluation pass; no device, runtime_reserve 512 MiB,
- * efficiency 1.0. */
+ * efficiency 1.0, the caching allocator simulated (ML_ALLOCATOR_CACHING). */
 ML_API ml_config ml_config_defaults(void);
 
 typedef struct ml_model ml_model;

@@ -27,21 +27,23 @@ MLP2_TOTAL = MLP2_PEAK + (512 << 20)
 
 def test_colocate_two_jobs():
     assert MLP2_PEAK == 403072000 and MLP2_TOTAL == 939942912
-    r = memledger.colocate([MLP2, (MLP2, {"micro_batch": 256})], device="8GiB")
+    # the allocated view of each job (by default each simulates its cache)
+    r = memledger.colocate([(MLP2, {"allocator": "none"}),
+                            (MLP2, {"micro_batch": 256, "allocator": "none"})], device="8GiB")
     assert [j["peak_total"] for j in r["jobs"]] == [MLP2_TOTAL, MLP2_TOTAL]
     # two processes, each its own reserve: the peaks lined up
     assert r["worst"]["peak_total"] == 2 * MLP2_TOTAL
     assert r["worst"]["headroom"] == (8 << 30) - 2 * MLP2_TOTAL
     assert r["worst"]["fits"] is True
     # a job's settings become its flags, numbered as the command line's
-    assert r["jobs"][1]["job"] == MLP2 + " --micro-batch 256"
+    assert r["jobs"][1]["job"] == MLP2 + " --micro-batch 256 --allocator none"
     # no step time (no device throughput): no time axis
     assert r["aligned"] is None and r["p_time_over"] is None
 
 
 def test_colocate_over_the_device_is_a_report():
     # three jobs of 939,942,912 = 2,819,828,736 > 2 GiB (2,147,483,648)
-    r = memledger.colocate([MLP2] * 3, device="2GiB")
+    r = memledger.colocate([(MLP2, {"allocator": "none"})] * 3, device="2GiB")
     assert r["worst"]["fits"] is False
     assert r["worst"]["headroom"] == (2 << 30) - 3 * MLP2_TOTAL
 

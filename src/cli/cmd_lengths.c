@@ -114,8 +114,8 @@ static int write_report(const ml_cli_opts *o, const ml_model *m, const ml_config
         char mem[32], bud[32];
         ml_format_bytes(cfg->device.memory, mem, sizeof mem);
         ml_format_bytes(ml_device_budget(&cfg->device), bud, sizeof bud);
-        fprintf(f, "memledger fit: %s on %s (budget %s for the allocator peak)\n",
-                ml_model_name(m), mem, bud);
+        fprintf(f, "memledger fit: %s on %s (budget %s for the %s peak)\n", ml_model_name(m),
+                mem, bud, cfg->device.allocator == ML_ALLOCATOR_NONE ? "allocator" : "reserved");
         if (found)
             fprintf(f, "largest token budget whose worst batch fits: %llu tokens per batch "
                        "(--max-tokens %llu)\n",

@@ -46,14 +46,14 @@ static const char usage[] =
     "  --buckets K            bucketed: K buckets of equal shares (default 4)\n"
     "Device (override the file's device: section)\n"
     "  --device NAME|SIZE     h100-sxm, l4, ... ('memledger devices') or memory (8GiB)\n"
-    "  --budget SIZE          line for the allocator peak (default: memory - reserve)\n"
+    "  --budget SIZE          line for the reserved peak (default: memory - reserve)\n"
     "  --runtime-reserve SIZE CUDA context + library workspaces (default 512MiB)\n"
     "  --peak-tflops X        dense peak at the compute dtype (overrides a named device's)\n"
     "  --efficiency X         achieved fraction of the peak, 0 < X <= 1 (default 1)\n"
     "  --interconnect GBps, --pcie GBps  time communication, offload (default: untimed)\n"
     "  --fragmentation X      reserved-over-peak allowance, a fraction 0..1 (default 0)\n"
-    "  --allocator A          none (default) | caching | expandable: simulate PyTorch's\n"
-    "                         CUDA caching allocator: reserved peak, verdict\n"
+    "  --allocator A          caching (default) | expandable | none: PyTorch's CUDA\n"
+    "                         allocator simulated; none: the allocated peak only\n"
     "  --max-split-size MB    the simulation's max_split_size_mb (whole MiB, > 20)\n"
     "Model\n"
     "  --hf config.json       a Hugging Face config as the model (families: docs/hf.md)\n"
@@ -82,12 +82,15 @@ static bool emit_no_fit(const char *target, const ml_summary *s)
     uint64_t peak = s->binding == ML_PEAK_EVAL                ? s->peak_eval
                     : s->binding == ML_PEAK_FIRST_ITERATION ? s->peak_first_iteration
                                                             : s->peak;
-    char a[32], b[32], c[32], d[32], over[32];
+    char a[32], b[32], c[32], d[32], over[48];
     ml_format_bytes(peak, a, sizeof a);
     ml_format_bytes(s->budget, b, sizeof b);
     ml_format_bytes(s->peak_total, c, sizeof c);
     ml_format_bytes(s->memory, d, sizeof d);
-    ml_format_bytes((uint64_t)(-s->headroom), over, sizeof over);
+    if (s->reserved_oom && s->headroom == -1)
+        snprintf(over, sizeof over, "the simulated allocator runs out");
+    else
+        ml_format_bytes((uint64_t)(-s->headroom), over, sizeof over);
     fprintf(stderr,
             "memledger: --emit %s: the plan does not fit, nothing written: allocator peak %s "
             "against the budget %s, device total %s against %s (over by %s); 'memledger fit' "

@@ -184,6 +184,10 @@ static void text_peak(FILE *f, const ml_triage_result *r)
     else if (s->fits)
         fprintf(f, "  verdict: FITS (budget %s), headroom %s\n", B(s->budget, a),
                 B((uint64_t)s->headroom, b));
+    else if (s->reserved_oom && s->headroom == -1)
+        fprintf(f, "  verdict: DOES NOT FIT (budget %s): the simulated caching allocator runs "
+                   "out of the device\n",
+                B(s->budget, a));
     else
         fprintf(f, "  verdict: DOES NOT FIT (budget %s), over by %s\n", B(s->budget, a),
                 B((uint64_t)(-s->headroom), b));

@@ -309,59 +309,6 @@ static void flops_and_time(const ml_chain *ch, const ml_config *cfg, double flop
     }
 }
 
-/* The peak total (fragmentation allowance, runtime reserve) and whether it
- * fits the device. */
-static ml_status verdict(const ml_chain *ch, const ml_device *dv, ml_summary *s, ml_error *err)
-{
-    s->runtime_reserve = dv->runtime_reserve;
-    /* the largest of the steady, first-iteration and evaluation peaks */
-    uint64_t peak = s->peak;
-    s->binding = ML_PEAK_STEADY;
-    if (s->peak_first_iteration > peak) {
-        peak = s->peak_first_iteration;
-        s->binding = ML_PEAK_FIRST_ITERATION;
-    }
-    if (s->has_eval && s->peak_eval > peak) {
-        peak = s->peak_eval;
-        s->binding = ML_PEAK_EVAL;
-    }
-    /* the caching allocator's reserved bytes over its allocated peak: the
-     * allowance given, else the simulated reserved peak (docs/allocator.md) */
-    double frag = (double)peak * dv->fragmentation;
-    s->fragmentation = frag < 1.8e19 ? (uint64_t)llround(frag) : UINT64_MAX;
-    if (s->has_reserved && !(dv->fragmentation > 0) && s->reserved_peak > peak)
-        s->fragmentation = s->reserved_peak - peak;
-    if (__builtin_add_overflow(peak, s->runtime_reserve, &s->peak_total) ||
-        __builtin_add_overflow(s->peak_total, s->fragmentation, &s->peak_total)) {
-        return ml__errorf(err, ML_OVERFLOW,
-                          "peak plus fragmentation allowance and runtime reserve exceeds 64 "
-                          "bits");
-    }
-    s->has_device = dv->present;
-    if (dv->present) {
-        s->memory = dv->memory;
-        s->budget = ml_device_budget(dv);
-        s->device_limit = ml_device_limit(dv);
-        /* the budget holds the allocator peak; with the caching allocator
-         * simulated (device.allocator), what it has reserved: the peak and
-         * the cache over it — the simulated cache, or device.fragmentation's
-         * allowance where one is given, which takes its place above
-         * (docs/cli.md, "Two lines, two figures") */
-        const uint64_t held = s->has_reserved ? s->peak_total - s->runtime_reserve : peak;
-        s->fits = held <= s->budget && s->peak_total <= s->memory && !s->reserved_oom;
-        int64_t h1 = 0, h2 = 0;
-        if (!ml__headroom(s->budget, held, &h1) || !ml__headroom(s->memory, s->peak_total, &h2))
-            return ml__errorf(err, ML_OVERFLOW, "the peak is more than 8 EiB (2^63 B) over the "
-                                               "device: its headroom does not fit 64 bits");
-        s->headroom = h1 < h2 ? h1 : h2;
-    }
-    s->c_tokens = ch->c_tokens;
-    s->c_width = ch->c_width;
-    s->c_dtype_bytes = ch->prec.a;
-    s->plan_fits_budget = !dv->present || s->fits;
-    return ML_OK;
-}
-
 /* The per-block report: inventory and c without a plan, and what the plan
  * keeps of each block at the end of forward. */
 static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
@@ -503,7 +450,7 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
         memcpy(s->phase_eval, x->eval_phases, sizeof s->phase_eval);
     flops_and_time(ch, x->cfg, flops_re, s);
     ml__time_finish(&x->cfg->device, l); /* docs/ledger.md, "Time" */
-    if ((st = verdict(ch, &x->cfg->device, s, err)))
+    if ((st = ml__eval_verdict(ch, &x->cfg->device, x->cache_allow, s, err)))
         return st;
     block_table(x, seg, l);
     describe_plan(ch, &t->checkpoint, seg, s->plan, sizeof s->plan);
@@ -545,21 +492,8 @@ ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_c
         ml__errorf(err, ML_NOMEM, "out of memory");
         goto done;
     }
-    bool opt_fits = true;
-    if (t->checkpoint.kind == ML_CKPT_OPTIMAL)
-        st = ml__eval_optimal(&x, seg, l, &opt_fits, err);
-    else
-        st = ml__eval_segments(&ch, &t->checkpoint, seg, err);
-    if (st)
+    if ((st = ml__eval_plan(m, &x, seg, keep_events, l, err)))
         goto done;
-    if ((st = ml__eval_run(&x, seg, keep_events, l, err)))
-        goto done;
-    if (cfg->device.allocator != ML_ALLOCATOR_NONE &&
-        ((st = ml__eval_reserved(m, &x, seg, &l->sum, err)) ||
-         (st = verdict(&ch, &cfg->device, &l->sum, err))))
-        goto done;
-    if (t->checkpoint.kind == ML_CKPT_OPTIMAL)
-        l->sum.plan_fits_budget = opt_fits;
     *out = l;
     l = NULL;
 done:

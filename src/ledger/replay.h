@@ -197,6 +197,10 @@ typedef struct {
     ml_category *held_cat;
     unsigned char *runs;
     int side_block; /* set by ml__eval_run */
+    uint64_t cache_allow; /* bytes the verdict adds to an unsimulated allocator
+                             peak: the cache a simulation found over the last
+                             optimal plan, while checkpoint optimal searches
+                             again with it (evaluate.c) */
     bool whole;     /* replay every block (the reference tests/unit/test_runs.c
                        holds the runs against) */
     /* the evaluation pass, planned once (it does not depend on the
@@ -255,6 +259,17 @@ void ml__eval_stack_segments(const ml_chain *ch, int *seg);
  * identical layers moved over (replay_runs.c). */
 ml_status ml__ledger_evaluate_whole(const ml_model *m, const ml_config *cfg, ml_ledger **out,
                                     ml_error *err);
+/* The peak total and whether it fits s's device: the budget holds the
+ * reserved peak where the allocator was simulated (s->has_reserved), the
+ * allocator peak with cache_allow added where it is not zero, else the
+ * allocator peak (verdict.c). */
+ml_status ml__eval_verdict(const ml_chain *ch, const ml_device *dv, uint64_t cache_allow,
+                           ml_summary *s, ml_error *err);
+/* x's plan into l: its segments (searched, for checkpoint optimal), its
+ * replay, and with the allocator simulated its reserved peak and verdict
+ * (verdict.c). seg: n + 1 entries of scratch. */
+ml_status ml__eval_plan(const ml_model *m, ml_evalctx *x, int *seg, bool keep_events,
+                        ml_ledger *l, ml_error *err);
 /* Replays the chain under the plan seg[] into l (summary, blocks, events). */
 ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
                        ml_error *err);

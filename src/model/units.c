@@ -391,6 +391,7 @@ ml_config ml_config_defaults(void)
     c.training.logits = ML_LOGITS_KEPT;
     c.device.runtime_reserve = 512ull << 20;
     c.device.efficiency = 1.0;
+    c.device.allocator = ML_ALLOCATOR_CACHING;
     return c;
 }
 

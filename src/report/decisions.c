@@ -18,8 +18,10 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     char a[32], b[32], c[32], ck[1200];
     const ml_device *d = &cfg->device;
     uint64_t budget = ml_device_budget(d);
-    fprintf(f, "memledger fit: %s on %s (budget %s for the allocator peak, runtime reserve %s",
-            ml_model_name(m), B(d->memory, a), B(budget, b), B(d->runtime_reserve, c));
+    fprintf(f, "memledger fit: %s on %s (budget %s for the %s peak, runtime reserve %s",
+            ml_model_name(m), B(d->memory, a), B(budget, b),
+            d->allocator == ML_ALLOCATOR_NONE ? "allocator" : "reserved",
+            B(d->runtime_reserve, c));
     if (d->fragmentation > 0)
         fprintf(f, ", fragmentation allowance %g x the peak", d->fragmentation);
     fputs(")\n", f);
@@ -203,9 +205,11 @@ int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
     compare_not_needed(f, rows, n);
     if (!cfg->device.present)
         fprintf(f, "\n(no device: give --device NAME|SIZE for the verdicts and the optimal plan)\n");
-    fprintf(f, "\nDevice total: the allocator peak, its fragmentation allowance and the runtime "
-               "reserve. %% of 3F: recompute FLOPs over the iteration's FLOPs without "
-               "recompute.\n");
+    fprintf(f, "\nDevice total: %s and the runtime reserve. %% of 3F: recompute FLOPs over "
+               "the iteration's FLOPs without recompute.\n",
+            cfg->device.allocator == ML_ALLOCATOR_NONE || cfg->device.fragmentation > 0
+                ? "the allocator peak, its fragmentation allowance"
+                : "the reserved peak (the caching allocator simulated)");
     return ferror(f) ? -1 : 0;
 }
 

@@ -105,6 +105,8 @@ static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
                 B(s->memory, c1), B(s->budget, c2));
         if (s->fits)
             fprintf(f, "headroom %s</span>\n", B((uint64_t)s->headroom, b));
+        else if (s->reserved_oom && s->headroom == -1)
+            fputs("the simulated caching allocator runs out of the device</span>\n", f);
         else
             fprintf(f, "over by %s</span>\n", B((uint64_t)(-s->headroom), b));
     } else {

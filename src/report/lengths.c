@@ -21,19 +21,28 @@ static void point_row(FILE *f, const char *what, const ml_length_point *p, bool 
             (unsigned long long)p->seq_len, pk, tot, yes_no(p, device));
 }
 
-/* min(budget - peak, memory - device total) of one planned batch, clamped
- * to the signed 64-bit range the JSON's headroom is. */
+/* min(budget - held, memory - device total) of one planned batch, clamped
+ * to the signed 64-bit range the JSON's headroom is: held is what the
+ * budget holds, the reserved peak with the allocator simulated (device total
+ * less the runtime reserve), else the allocator peak (the plan's verdict,
+ * docs/cli.md). A batch that does not fit with room on both lines is one
+ * the simulated allocator ran out of the device on: at least a byte short. */
 static int64_t point_headroom(const ml_config *cfg, const ml_length_point *p)
 {
-    uint64_t budget = ml_device_budget(&cfg->device), memory = cfg->device.memory;
-    int64_t a = p->peak <= budget ? (int64_t)(budget - p->peak)
-                : p->peak - budget <= (uint64_t)INT64_MAX ? -(int64_t)(p->peak - budget)
-                                                           : INT64_MIN;
+    const ml_device *d = &cfg->device;
+    uint64_t budget = ml_device_budget(d), memory = d->memory;
+    uint64_t held = d->allocator != ML_ALLOCATOR_NONE && p->peak_total >= d->runtime_reserve
+                        ? p->peak_total - d->runtime_reserve
+                        : p->peak;
+    int64_t a = held <= budget ? (int64_t)(budget - held)
+                : held - budget <= (uint64_t)INT64_MAX ? -(int64_t)(held - budget)
+                                                       : INT64_MIN;
     int64_t b = p->peak_total <= memory ? (int64_t)(memory - p->peak_total)
                 : p->peak_total - memory <= (uint64_t)INT64_MAX
                     ? -(int64_t)(p->peak_total - memory)
                     : INT64_MIN;
-    return a < b ? a : b;
+    int64_t h = a < b ? a : b;
+    return !p->fits && h >= 0 ? -1 : h;
 }
 
 static void tighter(const ml_config *cfg, const ml_length_point *p, ml_report_verdict *v)

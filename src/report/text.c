@@ -433,6 +433,9 @@ static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s,
     int64_t h = v ? v->headroom : s->headroom;
     if (fits)
         fprintf(f, "FITS, headroom %s", B((uint64_t)h, a));
+    else if (h == -1 && (v ? cfg->device.allocator != ML_ALLOCATOR_NONE : s->reserved_oom))
+        fputs("DOES NOT FIT: the simulated caching allocator runs out of the device (its "
+              "cache fragmented)", f);
     else
         fprintf(f, "DOES NOT FIT, over by %s", B((uint64_t)(-h), a));
     if (v)

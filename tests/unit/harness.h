@@ -84,6 +84,17 @@ static inline unsigned each_grid_model(void (*fn)(const ml_model *, void *), voi
     return n;
 }
 
+/* m's configuration with the allocator unsimulated: the allocated view
+ * that a test's hand-worked figures derive (by default a plan simulates
+ * PyTorch's caching allocator and its verdict holds the reserved peak,
+ * docs/allocator.md). */
+static inline ml_config config_allocated(const ml_model *m)
+{
+    ml_config c = ml_model_config(m);
+    c.device.allocator = ML_ALLOCATOR_NONE;
+    return c;
+}
+
 static inline ml_ledger *eval(const ml_model *m, const ml_config *c, bool events)
 {
     ml_ledger *l = NULL;

@@ -48,7 +48,7 @@ static double pairwise(const ml_ledger *a, const ml_ledger *b, uint64_t memory)
 static ml_ledger *job(const char *preset, uint64_t b, double tflops, uint64_t memory)
 {
     ml_model *m = load_preset(preset);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     c.training.micro_batch = b;
     c.device.present = true;
     c.device.memory = memory;
@@ -218,7 +218,7 @@ static void test_inference_mlp_by_hand(void **state)
 {
     (void)state;
     ml_model *m = load_str(mlp_yaml);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_inference inf;
     ml_error e;
     assert_int_equal(ml_inference_evaluate(m, &c, 0, &inf, &e), ML_OK);
@@ -259,7 +259,7 @@ static void test_kv_cache_by_hand(void **state)
 {
     (void)state;
     ml_model *m = load_str(dec_yaml);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_inference inf;
     ml_error e;
     assert_int_equal(ml_inference_evaluate(m, &c, 4, &inf, &e), ML_OK);
@@ -285,7 +285,7 @@ static void test_kv_cache_by_hand(void **state)
     snprintf(learned, sizeof learned, "%.*slearned%s", (int)(rope - dec_yaml), dec_yaml,
              rope + 4);
     m = load_str(learned);
-    c = ml_model_config(m);
+    c = config_allocated(m);
     assert_int_equal(ml_inference_evaluate(m, &c, 56, &inf, &e), ML_OK);
     assert_int_equal(ml_inference_evaluate(m, &c, 57, &inf, &e), ML_RANGE);
     assert_non_null(strstr(e.msg, "max_positions (64)"));
@@ -302,7 +302,7 @@ static void test_kv_cache_not_counted_twice(void **state)
 {
     (void)state;
     ml_model *m = load_hf_config("smollm2-135m");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     c.training.micro_batch = 1;
     c.training.seq_len = 16;
     c.training.precision = ML_PREC_FP32;
@@ -365,7 +365,7 @@ static void test_inference_is_flat(void **state)
     const uint64_t mem = 2ull << 30;
     ml_ledger *a = job("mlp2", 256, 10, mem);
     ml_model *m = load_str(mlp_yaml);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_inference inf;
     ml_error e;
     assert_int_equal(ml_inference_evaluate(m, &c, 0, &inf, &e), ML_OK);

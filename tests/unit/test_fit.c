@@ -14,7 +14,7 @@ static void test_peak_monotone_in_micro_batch(void **state)
     for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++) {
         ml_model *m = load_preset(presets[p]);
         for (size_t k = 0; k < sizeof pols / sizeof pols[0]; k++) {
-            ml_config c = ml_model_config(m);
+            ml_config c = config_allocated(m);
             ml_parse_checkpoint(pols[k], &c.training.checkpoint, NULL);
             c.training.seq_len = c.training.seq_len > 2048 ? 2048 : c.training.seq_len;
             uint64_t prev = 0;
@@ -59,7 +59,7 @@ static void test_fit_mlp2_by_hand(void **state)
 {
     (void)state;
     ml_model *m = load_preset("mlp2");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_fit_request req = ml_fit_request_defaults();
     ml_fit_result r;
     ml_error e;
@@ -102,7 +102,7 @@ static void test_accumulation_arithmetic(void **state)
 {
     (void)state;
     ml_model *m = load_preset("mlp2");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_fit_request req = ml_fit_request_defaults();
     req.global_batch = 64;
     req.max_micro_batch = 16;
@@ -146,7 +146,7 @@ static void test_no_fit_explains(void **state)
 {
     (void)state;
     ml_model *m = load_preset("llama-2-7b");
-    ml_config c = ml_model_config(m); /* 80 GiB, bf16-master AdamW: 16 B/param > 80 GiB */
+    ml_config c = config_allocated(m); /* 80 GiB, bf16-master AdamW: 16 B/param > 80 GiB */
     ml_fit_request req = ml_fit_request_defaults();
     ml_fit_result r;
     ml_error e;
@@ -187,7 +187,7 @@ static void test_auto_checkpoint(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-small");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     c.device.memory = 8ull << 30;
     c.device.budget = 6979321856ull;
     ml_fit_request req = ml_fit_request_defaults();
@@ -209,7 +209,7 @@ static void test_compare_rows(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-small");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_compare_row rows[ML_COMPARE_ROWS];
     size_t n = 0;
     ml_error e;
@@ -249,7 +249,7 @@ static void test_advice(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-small");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     c.training.checkpoint.kind = ML_CKPT_FULL;
     ml_error e;
     ml_advice a;
@@ -317,7 +317,7 @@ static void test_fit_eval_binds(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-small");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     c.device.memory = 8ull << 30;
     c.device.budget = 6979321856ull; /* 6.5 GiB */
     c.training.eval_batch = 32;
@@ -354,7 +354,7 @@ static void test_no_fit_overflow(void **state)
     ml_model *m = load_str("model:\n  type: decoder\n  layers: 100000\n  hidden: 1048576\n"
                            "  heads: 1\n  ffn: 16777216\n  vocab: 10\n  position: none\n"
                            "training:\n  seq_len: 1\ndevice:\n  memory: 80GiB\n");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_fit_request req = ml_fit_request_defaults();
     ml_fit_result r;
     ml_error e;
@@ -375,7 +375,7 @@ static void test_global_batch_limit(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-small");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     c.device.memory = 80ull << 30;
     c.device.budget = 0;
     ml_fit_request req = ml_fit_request_defaults();

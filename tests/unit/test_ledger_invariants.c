@@ -74,7 +74,7 @@ static void test_invariants_every_preset_and_policy(void **state)
             double none_flops_fwd = 0;
             uint64_t none_act = 0, none_act_max = 0;
             for (size_t k = 0; k < sizeof policies / sizeof policies[0]; k++) {
-                ml_config c = ml_model_config(m);
+                ml_config c = config_allocated(m);
                 ml_error e;
                 assert_int_equal(ml_parse_checkpoint(policies[k], &c.training.checkpoint, &e),
                                  ML_OK);
@@ -146,7 +146,7 @@ static void test_accumulation_keeps_grads(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-small");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_ledger *l1 = eval(m, &c, true);
     c.training.grad_accum = 4;
     ml_ledger *l4 = eval(m, &c, true);
@@ -173,7 +173,7 @@ static void test_checkpoint_lowers_gpt2_peak(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-small");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_ledger *none = eval(m, &c, false);
     c.training.checkpoint.kind = ML_CKPT_FULL;
     ml_ledger *full = eval(m, &c, false);
@@ -218,7 +218,7 @@ static void test_mlp_timeline_by_hand(void **state)
                            "    - linear: {out: 16, bias: false}\n    - gelu: {}\n"
                            "    - linear: {out: 4, bias: false}\n  loss: mse\n"
                            "training:\n  micro_batch: 3\n  optimizer: sgd\n");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_ledger *l = eval(m, &c, true);
     const ml_summary *s = ml_ledger_summary(l);
     assert_int_equal(s->peak, 1920);
@@ -334,7 +334,7 @@ static void test_three_peaks_by_hand(void **state)
                            "    - linear: {out: 4, bias: false}\n  loss: mse\n"
                            "training:\n  micro_batch: 30\n  optimizer: adam\n"
                            "  optimizer_impl: foreach\n");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_ledger *l = eval(m, &c, false);
     const ml_summary *s = ml_ledger_summary(l);
     assert_int_equal(s->peak, 10720);
@@ -422,7 +422,7 @@ static void test_residual_nodes_by_hand(void **state)
         "          - batchnorm: {}\n"
         "    - flatten: {}\n    - linear: {out: 3}\n  loss: cross_entropy\n"
         "training:\n  micro_batch: 1\n  optimizer: sgd\n");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_ledger *l = eval(m, &c, true);
     static const int64_t proj[] = {64,  32, -64, -32, 128, 32, -64, 64,
                                    32, -64, -64, -32, 128, 288, -64, -128};
@@ -480,7 +480,7 @@ static void test_checkpoint_nodes_by_hand(void **state)
                            "    - linear: {out: 16, bias: false}\n    - dropout: {p: 0.5}\n"
                            "    - linear: {out: 4, bias: false}\n  loss: mse\n"
                            "training:\n  micro_batch: 3\n  optimizer: sgd\n");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_error e;
     assert_int_equal(ml_parse_checkpoint("every-2", &c.training.checkpoint, &e), ML_OK);
     ml_ledger *l = eval(m, &c, true);
@@ -531,7 +531,7 @@ static void test_reserved_tiny_by_hand(void **state)
                            "    - linear: {out: 16, bias: false}\n    - gelu: {}\n"
                            "    - linear: {out: 4, bias: false}\n  loss: mse\n"
                            "training:\n  micro_batch: 30\n  optimizer: adam\n");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_ledger *l = eval(m, &c, false);
     assert_false(ml_ledger_summary(l)->has_reserved);
     ml_ledger_destroy(l);
@@ -558,7 +558,7 @@ static void test_reserved_invariants(void **state)
     for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++) {
         ml_model *m = load_preset(presets[p]);
         for (size_t k = 0; k < 6; k++) {
-            ml_config c = ml_model_config(m);
+            ml_config c = config_allocated(m);
             ml_error e;
             assert_int_equal(ml_parse_checkpoint(policies[k], &c.training.checkpoint, &e), ML_OK);
             c.device.present = false;
@@ -578,6 +578,35 @@ static void test_reserved_invariants(void **state)
     }
 }
 
+/* The caching allocator is simulated by default: ml_config_defaults and a
+ * model file without device.allocator plan with it, and such a plan is the
+ * one --allocator caching gives, its verdict holding the reserved peak;
+ * `allocator: none` in the file turns it off. */
+static void test_caching_is_the_default(void **state)
+{
+    (void)state;
+    assert_int_equal(ml_config_defaults().device.allocator, ML_ALLOCATOR_CACHING);
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    assert_int_equal(c.device.allocator, ML_ALLOCATOR_CACHING);
+    c.training.micro_batch = 1;
+    c.device.present = true;
+    c.device.memory = 80ull << 30;
+    ml_ledger *l = eval(m, &c, false);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_true(s->has_reserved);
+    assert_true(s->reserved_peak > s->peak);
+    /* the device total is the reserved peak plus the reserve */
+    assert_int_equal(s->peak_total, s->reserved_peak + s->runtime_reserve);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    m = load_str("model:\n  type: sequential\n  input: [8]\n  layers:\n"
+                 "    - linear: {out: 4, bias: false}\n  loss: mse\n"
+                 "device:\n  memory: 8GiB\n  allocator: none\n");
+    assert_int_equal(ml_model_config(m).device.allocator, ML_ALLOCATOR_NONE);
+    ml_model_destroy(m);
+}
+
 /* With the caching allocator simulated, the budget holds the reserved
  * peak: GPT-2 small at one micro-batch on an 80 GiB device, the budget set
  * one byte under, then at, the reserved peak the same plan reports (the
@@ -590,7 +619,7 @@ static void test_budget_holds_reserved(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-small");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     c.training.micro_batch = 1;
     c.device.present = true;
     c.device.memory = 80ull << 30;
@@ -629,6 +658,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_holds_reserved),
+        cmocka_unit_test(test_caching_is_the_default),
         cmocka_unit_test(test_invariants_every_preset_and_policy),
         cmocka_unit_test(test_accumulation_keeps_grads),
         cmocka_unit_test(test_checkpoint_lowers_gpt2_peak),

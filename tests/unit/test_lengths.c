@@ -194,7 +194,7 @@ static void test_padded_fixed(void **state)
 {
     (void)state;
     ml_model *m = load_str(decoder);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_lengths *d = csv(two_lengths);
     ml_lengths_request req = ml_lengths_request_defaults();
     ml_lengths_result r;
@@ -225,7 +225,7 @@ static void test_token_budget(void **state)
 {
     (void)state;
     ml_model *m = load_str(decoder);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_lengths *d = csv(two_lengths);
     ml_lengths_request req = ml_lengths_request_defaults();
     req.max_tokens = 256;
@@ -253,7 +253,7 @@ static void test_fit_tokens(void **state)
 {
     (void)state;
     ml_model *m = load_str(decoder);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_lengths *d = csv(two_lengths);
     ml_error e;
     uint64_t n = 0;
@@ -287,7 +287,7 @@ static void test_buckets_and_packed(void **state)
 {
     (void)state;
     ml_model *m = load_str(decoder);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_lengths *d = csv(two_lengths);
     ml_lengths_request req = ml_lengths_request_defaults();
     req.batching = ML_BATCHING_BUCKETED;
@@ -328,7 +328,7 @@ static void test_refusals(void **state)
 {
     (void)state;
     ml_model *m = load_str(decoder);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_lengths *d = csv("10\n65\n");
     ml_lengths_request req = ml_lengths_request_defaults();
     ml_lengths_result r;
@@ -339,7 +339,7 @@ static void test_refusals(void **state)
     ml_model_destroy(m);
     m = load_str("model:\n  type: sequential\n  input: [8]\n  layers:\n"
                  "    - linear: {out: 4}\n  loss: mse\n");
-    c = ml_model_config(m);
+    c = config_allocated(m);
     d = csv("10\n");
     assert_int_equal(ml_lengths_plan(m, &c, d, &req, &r, &e), ML_USAGE);
     assert_non_null(strstr(e.msg, "no token sequence"));
@@ -349,7 +349,7 @@ static void test_refusals(void **state)
      * limit, and budgets with more than 4,096 batch sizes to plan */
     m = load_str("model:\n  type: decoder\n  layers: 1\n  hidden: 8\n  heads: 1\n"
                  "  vocab: 10\n  position: rope\n");
-    c = ml_model_config(m);
+    c = config_allocated(m);
     assert_int_equal(ml_lengths_parse_quantiles("p50=50,max=100000", &d, &e), ML_OK);
     req.max_tokens = (1ull << 24) + 1; /* the shortest sample has 1 token */
     assert_int_equal(ml_lengths_plan(m, &c, d, &req, &r, &e), ML_RANGE);

@@ -21,7 +21,7 @@ static void test_design_20m_fp32_adam(void **state)
 {
     (void)state;
     ml_model *m = load_preset("mlp2");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_ledger *l;
     const ml_summary *s = run(m, &c, &l);
     assert_int_equal(s->params, 20000000);
@@ -59,7 +59,7 @@ static void test_bf16_master_16_bytes_per_param(void **state)
 {
     (void)state;
     ml_model *m = load_preset("mlp2");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     c.training.precision = ML_PREC_BF16_MASTER;
     ml_ledger *l;
     const ml_summary *s = run(m, &c, &l);
@@ -93,7 +93,7 @@ static void test_optimizer_states(void **state)
 {
     (void)state;
     ml_model *m = load_preset("mlp2");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     const uint64_t P = 20000000;
     struct {
         ml_optimizer opt;
@@ -124,7 +124,7 @@ static void test_optimizer_states(void **state)
     /* small tensors stay 32-bit under bitsandbytes (min_8bit_size 4096) */
     ml_model *sm = load_str("model:\n  type: sequential\n  input: [10]\n  layers:\n"
                             "    - linear: {out: 10}\n");
-    c = ml_model_config(sm);
+    c = config_allocated(sm);
     c.training.optimizer = ML_OPT_ADAM_8BIT;
     ml_ledger *l;
     const ml_summary *s = run(sm, &c, &l);
@@ -169,7 +169,7 @@ static void test_for_loop_adam_order(void **state)
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         ml_model *m = load_str(want[i].yaml);
-        ml_config c = ml_model_config(m);
+        ml_config c = config_allocated(m);
         c.training.optimizer = ML_OPT_ADAMW;
         c.training.optimizer_impl = ML_IMPL_FOR_LOOP;
         c.training.precision = ML_PREC_FP32;
@@ -187,7 +187,7 @@ static void test_step_temporaries(void **state)
 {
     (void)state;
     ml_model *m = load_str(small);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     struct {
         ml_optimizer opt;
         ml_optimizer_impl impl;
@@ -240,7 +240,7 @@ static void test_verdict(void **state)
 {
     (void)state;
     ml_model *m = load_preset("mlp2"); /* peak 403,072,000 B (above) */
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     c.device.present = true;
     c.device.memory = 1ull << 30;
     c.device.runtime_reserve = 512ull << 20;
@@ -278,7 +278,7 @@ static void test_verdict_huge_device(void **state)
 {
     (void)state;
     ml_model *m = load_preset("mlp2");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     c.device.present = true;
     c.device.memory = (uint64_t)INT64_MAX;
     c.device.runtime_reserve = 512ull << 20;

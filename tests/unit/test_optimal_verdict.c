@@ -15,7 +15,7 @@
  * witness fitted. */
 static bool check_neighbour(ml_model *m, const char *device, uint64_t b)
 {
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_error e;
     assert_int_equal(ml_device_preset_apply(device, &c.device, &e), ML_OK);
     c.training.checkpoint.kind = ML_CKPT_OPTIMAL;

@@ -9,7 +9,7 @@
 static char *plan_of(const char *yaml, const char *pol)
 {
     ml_model *m = load_str(yaml);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_error e;
     assert_int_equal(ml_parse_checkpoint(pol, &c.training.checkpoint, &e), ML_OK);
     ml_ledger *l = eval(m, &c, true);
@@ -221,7 +221,7 @@ static void test_at_the_limit(void **state)
     (void)state;
     const char *y = SEQ("[8]") "    - relu: {}\n    - repeat: {times: 99999, layers: [relu: {}]}\n" END;
     ml_model *m = load_str(y);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_ledger *l = eval(m, &c, false);
     assert_int_equal(ml_ledger_block_count(l) >= 100000, true);
     ml_ledger_destroy(l);

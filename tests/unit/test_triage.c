@@ -174,7 +174,7 @@ static void test_remedies_match_direct_evaluation(void **state)
     ml_triage_request req = ml_triage_request_defaults();
     /* the deep MLP on a 7 MiB budget */
     ml_model *m = load_str(deep);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     device(&c, 1ull << 30, 7ull << 20, 512ull << 20);
     ml_triage_result *r = triage(m, &c, req);
     assert_true(r->count >= 6);
@@ -183,7 +183,7 @@ static void test_remedies_match_direct_evaluation(void **state)
     ml_model_destroy(m);
     /* mlp2 over 4 devices, with a throughput */
     m = load_preset("mlp2");
-    c = ml_model_config(m);
+    c = config_allocated(m);
     c.training.data_parallel = 4;
     device(&c, 1ull << 30, 288ull << 20, 512ull << 20);
     c.device.peak_tflops = 100;
@@ -198,7 +198,7 @@ static void test_remedies_match_direct_evaluation(void **state)
      * simulated reserved peak */
     m = decoder("eager");
     ml_model *sdpa = decoder("sdpa");
-    c = ml_model_config(m);
+    c = config_allocated(m);
     c.training.data_parallel = 2;
     device(&c, 64ull << 20, 5ull << 20, 8ull << 20);
     c.device.fragmentation = 0.3;
@@ -212,7 +212,7 @@ static void test_remedies_match_direct_evaluation(void **state)
     ml_model_destroy(sdpa);
     /* a CNN without a device */
     m = load_str(cnn);
-    c = ml_model_config(m);
+    c = config_allocated(m);
     r = triage(m, &c, req);
     check_against_direct(m, NULL, &c, r);
     for (size_t i = 0; i < r->count; i++)
@@ -244,7 +244,7 @@ static void test_micro_batch_search(void **state)
     (void)state;
     ml_triage_request req = ml_triage_request_defaults();
     ml_model *m = load_str(deep);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     device(&c, 1ull << 30, 5ull << 20, 512ull << 20);
     ml_triage_result *r = triage(m, &c, req);
     const ml_remedy *mb = find(r, ML_REMEDY_MICRO_BATCH);
@@ -311,7 +311,7 @@ static void test_fused_remedy(void **state)
     ml_model *m = load_str("name: lm\nmodel:\n  type: decoder\n  layers: 2\n  hidden: 64\n"
                            "  heads: 4\n  vocab: 5000\n  max_positions: 64\n  dropout: 0\n"
                            "training:\n  micro_batch: 8\n  seq_len: 64\n");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     device(&c, 1ull << 30, 0, 512ull << 20);
     ml_triage_result *r = triage(m, &c, ml_triage_request_defaults());
     const ml_remedy *f = find(r, ML_REMEDY_LOGITS_FUSED);
@@ -338,7 +338,7 @@ static void test_fused_remedy(void **state)
     assert_false(has(m, &c, ML_REMEDY_ZERO_3));
     ml_model_destroy(m);
     m = load_str(deep); /* an MLP's loss: not a language model's */
-    c = ml_model_config(m);
+    c = config_allocated(m);
     assert_false(has(m, &c, ML_REMEDY_LOGITS_FUSED));
     ml_model_destroy(m);
 }
@@ -348,7 +348,7 @@ static void test_applicability(void **state)
 {
     (void)state;
     ml_model *m = decoder("eager");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     /* precision: only from fp32 */
     assert_true(has(m, &c, ML_REMEDY_AMP_BF16));
     assert_true(has(m, &c, ML_REMEDY_BF16_MASTER));
@@ -368,19 +368,19 @@ static void test_applicability(void **state)
     assert_false(has(m, &c, ML_REMEDY_AMP_BF16));
     assert_false(has(m, &c, ML_REMEDY_BF16_MASTER));
     /* optimizer states: only from Adam */
-    c = ml_model_config(m);
+    c = config_allocated(m);
     assert_true(has(m, &c, ML_REMEDY_ADAM_8BIT));
     c.training.optimizer = ML_OPT_SGD;
     assert_false(has(m, &c, ML_REMEDY_ADAM_8BIT));
     assert_false(has(m, &c, ML_REMEDY_ADAFACTOR));
     /* attention: eager transformers only; selective needs attention */
-    c = ml_model_config(m);
+    c = config_allocated(m);
     assert_true(has(m, &c, ML_REMEDY_ATTENTION_SDPA));
     ml_model *flash = decoder("flash");
     assert_false(has(flash, &c, ML_REMEDY_ATTENTION_SDPA));
     ml_model_destroy(flash);
     ml_model *seq = load_str(deep);
-    ml_config cs = ml_model_config(seq);
+    ml_config cs = config_allocated(seq);
     assert_false(has(seq, &cs, ML_REMEDY_ATTENTION_SDPA));
     assert_false(has(seq, &cs, ML_REMEDY_CKPT_SELECTIVE));
     /* full checkpointing of one-layer entries keeps what they save anyway:
@@ -394,20 +394,20 @@ static void test_applicability(void **state)
     assert_false(has(seq, &cs, ML_REMEDY_CKPT_EVERY_2));
     ml_model_destroy(seq);
     /* zero_grad */
-    c = ml_model_config(m);
+    c = config_allocated(m);
     assert_false(has(m, &c, ML_REMEDY_ZERO_GRAD_NONE));
     c.training.logits = ML_LOGITS_RELEASED;
     c.training.zero_grad = ML_ZERO_GRAD_ZERO;
     assert_false(has(m, &c, ML_REMEDY_LOGITS_RELEASED));
     assert_true(has(m, &c, ML_REMEDY_ZERO_GRAD_NONE));
     /* offload: optimizer unless offloaded; params unless they are */
-    c = ml_model_config(m);
+    c = config_allocated(m);
     c.training.zero = 3;
     c.training.offload = ML_OFFLOAD_PARAMS;
     assert_false(has(m, &c, ML_REMEDY_OFFLOAD_OPTIMIZER));
     assert_false(has(m, &c, ML_REMEDY_OFFLOAD_PARAMS));
     /* the allocator: only when the plan counts a cache, or the run showed one */
-    c = ml_model_config(m);
+    c = config_allocated(m);
     assert_false(has(m, &c, ML_REMEDY_EXPANDABLE));
     c.device.fragmentation = 0.3;
     assert_true(has(m, &c, ML_REMEDY_EXPANDABLE));
@@ -428,7 +428,7 @@ static void test_logits_released(void **state)
      * training loop holds): not offered. With a 5,000-token vocabulary the
      * logits (8 x 64 x 5000 x 4 B = 10,240,000) dominate: releasing them
      * lowers the peak by exactly their size */
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_ledger *l0 = NULL;
     assert_int_equal(ml_ledger_evaluate(m, &c, false, &l0, NULL), ML_OK);
     assert_int_equal(ml_ledger_summary(l0)->peak_phase, ML_PHASE_BACKWARD);
@@ -443,7 +443,7 @@ static void test_logits_released(void **state)
         "  vocab: 5000\n  max_positions: 64\n  dropout: 0.1\n  attention: eager\n"
         "training:\n  micro_batch: 8\n  seq_len: 64\n  optimizer: adamw\n"
         "  optimizer_impl: fused\n");
-    ml_config cw = ml_model_config(wide);
+    ml_config cw = config_allocated(wide);
     ml_triage_result *rw = triage(wide, &cw, ml_triage_request_defaults());
     const ml_remedy *rel = find(rw, ML_REMEDY_LOGITS_RELEASED);
     assert_non_null(rel);
@@ -465,7 +465,7 @@ static void test_eval_batch(void **state)
 {
     (void)state;
     ml_model *m = load_str(tiny);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     c.training.eval_batch = 100;
     device(&c, 1ull << 30, 16ull << 10, 512ull << 20);
     ml_triage_request req = ml_triage_request_defaults();
@@ -515,7 +515,7 @@ static void test_ranking(void **state)
 {
     (void)state;
     ml_model *m = load_str(deep);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     device(&c, 1ull << 30, 15ull << 19, 512ull << 20);
     ml_triage_request req = ml_triage_request_defaults();
     req.oom_phase = ML_TRIAGE_FORWARD;
@@ -544,7 +544,7 @@ static void test_ranking(void **state)
      * optimizer offload moves 20M x (4 + 4) B = 160 MB over 25 GB/s, 6.4 ms
      * more: the slowest of those that fit, and last among them */
     m = load_preset("mlp2");
-    c = ml_model_config(m);
+    c = config_allocated(m);
     c.training.data_parallel = 4;
     device(&c, 1ull << 30, 288ull << 20, 512ull << 20);
     c.device.peak_tflops = 100;
@@ -575,7 +575,7 @@ static void test_observed(void **state)
 {
     (void)state;
     ml_model *m = load_preset("mlp2");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_triage_request req = ml_triage_request_defaults();
     req.allocated = 380ull << 20;
     req.reserved = 470ull << 20;
@@ -606,7 +606,7 @@ static void test_changes(void **state)
 {
     (void)state;
     ml_model *m = load_str(cnn);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     ml_triage_result *r = triage(m, &c, ml_triage_request_defaults());
     const ml_remedy *mb = find(r, ML_REMEDY_MICRO_BATCH);
     assert_non_null(mb);
@@ -614,7 +614,7 @@ static void test_changes(void **state)
     free(r);
     ml_model_destroy(m);
     m = decoder("eager");
-    c = ml_model_config(m);
+    c = config_allocated(m);
     r = triage(m, &c, ml_triage_request_defaults());
     const ml_remedy *ck = find(r, ML_REMEDY_CKPT_FULL);
     assert_non_null(ck);
@@ -669,7 +669,7 @@ static void test_names_and_errors(void **state)
     assert_false(ml_triage_phase_parse("loss", &q));
     /* a configuration that cannot be planned: its status, *out untouched */
     ml_model *m = load_str(tiny);
-    ml_config c = ml_model_config(m);
+    ml_config c = config_allocated(m);
     c.training.micro_batch = 0;
     ml_triage_request req = ml_triage_request_defaults();
     ml_triage_result *r = calloc(1, sizeof *r);
