@@ -71,6 +71,16 @@ void ml__emit_note(ml_emit_verdict *v, const char *fmt, ...)
     va_end(ap);
 }
 
+void ml__emit_allocator_comment(FILE *f, ml_allocator a)
+{
+    fprintf(f, "# memledger: allocator %s: %s\n", ml_allocator_name(a),
+            a == ML_ALLOCATOR_CACHING    ? "PyTorch's default caching allocator, whose reserved "
+                                           "peak the verdict holds"
+            : a == ML_ALLOCATOR_EXPANDABLE ? "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, "
+                                             "whose reserved peak the verdict holds"
+                                           : "not simulated: the verdict holds the allocated peak");
+}
+
 /* The notes as '#' comment lines. */
 void ml__emit_note_comments(FILE *f, const ml_emit_verdict *v)
 {
@@ -368,6 +378,7 @@ static int hf_trainer(FILE *f, const ml_config *cfg, ml_ckpt_shape s,
             (unsigned long long)t->micro_batch, (unsigned long long)t->grad_accum,
             (unsigned long long)t->data_parallel, t->data_parallel == 1 ? "" : "s",
             (unsigned long long)(t->micro_batch * t->grad_accum * t->data_parallel));
+    ml__emit_allocator_comment(f, cfg->device.allocator);
     ml__emit_note_comments(f, v);
     if (t->optimizer == ML_OPT_ADAM)
         fputs("# adam: Trainer's AdamW with weight decay 0 (a decoupled decay of 0 is Adam)\n", f);
@@ -484,6 +495,11 @@ static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_
     encdec_check(k, m, t, v);
     if (v->level == ML_EMIT_REFUSED)
         return;
+    /* the snippet sets the variable itself (emit_torch.c); a config or
+     * Trainer's flags cannot */
+    if (k != EMIT_TORCH && cfg->device.allocator == ML_ALLOCATOR_EXPANDABLE)
+        ml__emit_note(v, "the plan assumes expandable segments: launch with "
+                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the environment");
     if (k == EMIT_DEEPSPEED) {
         ds_check(v, t, s, true);
     } else if (k == EMIT_HF_TRAINER) {

@@ -91,8 +91,12 @@ static void torch_make_optimizer(FILE *f, const ml_training *t)
         fputs("    # fused=True: torch 2.x, parameters on the GPU\n", f);
 }
 
-static void torch_imports(FILE *f, const ml_training *t)
+static void torch_imports(FILE *f, const ml_training *t, ml_allocator a)
 {
+    /* read when CUDA initialises: before torch is imported */
+    if (a == ML_ALLOCATOR_EXPANDABLE)
+        fputs("import os\nos.environ.setdefault(\"PYTORCH_CUDA_ALLOC_CONF\", "
+              "\"expandable_segments:True\")  # the plan's allocator\n", f);
     fputs("import torch\nfrom torch.utils.checkpoint import checkpoint\n", f);
     if (t->optimizer == ML_OPT_ADAM_8BIT)
         fputs("import bitsandbytes as bnb  # pip install bitsandbytes: 8-bit Adam\n", f);
@@ -178,9 +182,10 @@ static void torch_master(FILE *f, const ml_training *t)
 
 /* The snippet's head: what was planned (as comments), the imports and the
  * constants (the segments, the scaler's slot). */
-static void torch_preamble(FILE *f, const ml_model *m, const ml_training *t, const ml_ledger *l,
+static void torch_preamble(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
                            const ml_emit_verdict *v, bool scaler)
 {
+    const ml_training *t = &cfg->training;
     ml_precision p = t->precision;
     char ck[1200];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
@@ -196,8 +201,9 @@ static void torch_preamble(FILE *f, const ml_model *m, const ml_training *t, con
           "# model, optimizer = setup(model); then, per optimizer step,\n"
           "# train_step(model, optimizer, micro_batches, loss_fn), micro_batches giving\n"
           "# GRAD_ACCUM (inputs, targets) pairs of MICRO_BATCH samples.\n", f);
+    ml__emit_allocator_comment(f, cfg->device.allocator);
     ml__emit_note_comments(f, v);
-    torch_imports(f, t);
+    torch_imports(f, t, cfg->device.allocator);
     fprintf(f, "\nDEVICE = \"cuda\"  # the plan's device; \"cpu\" to try the snippet on the host\n"
                "LR = 1e-4  # not part of the plan: yours\n"
                "MICRO_BATCH = %llu\nGRAD_ACCUM = %llu\n",
@@ -285,7 +291,7 @@ int ml__emit_torch(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
     bool scaler = p == ML_PREC_AMP_FP16 || p == ML_PREC_FP16_MASTER;
     const char *low = p == ML_PREC_AMP_FP16 || p == ML_PREC_FP16_MASTER ? "torch.float16"
                                                                         : "torch.bfloat16";
-    torch_preamble(f, m, t, l, v, scaler);
+    torch_preamble(f, m, cfg, l, v, scaler);
     fputs(run_blocks_py, f);
     torch_make_optimizer(f, t);
     fputs("\n\n", f);
