@@ -228,13 +228,16 @@ typedef struct {
 ml_status ml__eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err);
 /* One iteration's plan over a chain already built for cfg (evaluate.c):
  * what ml_ledger_evaluate does once it has the chain, which stays the
- * caller's. */
+ * caller's; its allocator simulation looked up in, and added to, *memo
+ * (NULL: none kept). */
 ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
-                             bool keep_events, bool whole, ml_ledger **out, ml_error *err);
-/* ml_ledger_evaluate whose allocator simulation is looked up in, and
- * added to, *memo (its contract above). */
-ml_status ml__ledger_evaluate_memo(const ml_model *m, const ml_config *cfg,
-                                   ml_reserved_memo *memo, ml_ledger **out, ml_error *err);
+                             bool keep_events, bool whole, ml_reserved_memo *memo,
+                             ml_ledger **out, ml_error *err);
+/* ml_ledger_evaluate (whole: ml__ledger_evaluate_whole) whose allocator
+ * simulation is looked up in, and added to, *memo (NULL: none kept). */
+ml_status ml__ledger_evaluate_with(const ml_model *m, const ml_config *cfg, bool keep_events,
+                                   bool whole, ml_reserved_memo *memo, ml_ledger **out,
+                                   ml_error *err);
 /* zero_grad: zero — the first iteration's peak, from a replay without the
  * gradients the steady one carries; its phases' peaks into phases
  * (passes.c). */

@@ -38,7 +38,7 @@ ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *ro
             ml__chain_refused(m, &c.training, &why) != ML_OK)
             continue; /* optimal without a budget, or for an encoder-decoder */
         ml_ledger *l = NULL;
-        ml_status st = ml__ledger_evaluate_memo(m, &c, &memo, &l, err);
+        ml_status st = ml__ledger_evaluate_with(m, &c, false, false, &memo, &l, err);
         if (st) {
             ml__reserved_memo_free(&memo);
             return st;
