@@ -458,15 +458,12 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
 }
 
 ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
-                             bool keep_events, bool whole, ml_ledger **out, ml_error *err)
+                             bool keep_events, bool whole, ml_reserved_memo *memo, ml_ledger **out,
+                             ml_error *err)
 {
     const ml_training *t = &cfg->training;
     ml_chain ch = *chain; /* a copy for its overflow flag; the arrays stay the caller's */
-    ml_evalctx x;
-    memset(&x, 0, sizeof x);
-    x.ch = &ch;
-    x.cfg = cfg;
-    x.whole = whole;
+    ml_evalctx x = {.ch = &ch, .cfg = cfg, .whole = whole, .memo = memo}; /* the rest zero */
     ml_status st;
     if ((st = ml__optim_bytes_of(&ch, t, &x.ob, err)) || (st = ml__eval_pass(m, &x, err)))
         return st;
@@ -502,8 +499,8 @@ done:
     return st;
 }
 
-static ml_status evaluate(const ml_model *m, const ml_config *cfg, bool keep_events, bool whole,
-                          ml_ledger **out, ml_error *err)
+ml_status ml__ledger_evaluate_with(const ml_model *m, const ml_config *cfg, bool keep, bool whole,
+                                   ml_reserved_memo *memo, ml_ledger **out, ml_error *err)
 {
     ml_error local;
     if (!err)
@@ -515,7 +512,7 @@ static ml_status evaluate(const ml_model *m, const ml_config *cfg, bool keep_eve
     ml_chain ch;
     if ((st = ml__chain_build(m, cfg, &ch, err)))
         return st;
-    st = ml__evaluate_chain(m, cfg, &ch, keep_events, whole, out, err);
+    st = ml__evaluate_chain(m, cfg, &ch, keep, whole, memo, out, err);
     ml__chain_free(&ch);
     return st;
 }
@@ -523,11 +520,11 @@ static ml_status evaluate(const ml_model *m, const ml_config *cfg, bool keep_eve
 ml_status ml_ledger_evaluate(const ml_model *m, const ml_config *cfg, bool keep_events,
                              ml_ledger **out, ml_error *err)
 {
-    return evaluate(m, cfg, keep_events, false, out, err);
+    return ml__ledger_evaluate_with(m, cfg, keep_events, false, NULL, out, err);
 }
 
 ml_status ml__ledger_evaluate_whole(const ml_model *m, const ml_config *cfg, ml_ledger **out,
                                     ml_error *err)
 {
-    return evaluate(m, cfg, false, true, out, err);
+    return ml__ledger_evaluate_with(m, cfg, false, true, NULL, out, err);
 }

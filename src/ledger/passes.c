@@ -8,6 +8,7 @@
 
 #include "ledger/replay.h"
 #include "util/error.h"
+#include "util/grow.h"
 
 /* Scratch of one evaluation pass: n + 1 entries each. */
 typedef struct {
@@ -182,17 +183,106 @@ uint64_t ml__eval_first_without_grads(ml_evalctx *x, const int *seg,
     return r.peak_first;
 }
 
+/* One simulation a memo keeps: what decides its events besides the
+ * config (the plan's segments, the selective flag, the chain's length and
+ * overflow flag, whether every block is replayed), then what it left: its
+ * figures and the chain's overflow flag after it. */
+struct ml_reserved_seen {
+    int *seg; /* n entries, the entry's own */
+    size_t n;
+    bool selective, overflow, whole;
+    bool oom, overflow_after;
+    uint64_t peak, segments;
+};
+
+void ml__reserved_memo_free(ml_reserved_memo *memo)
+{
+    for (size_t i = 0; memo && i < memo->n; i++)
+        free(memo->e[i].seg);
+    if (memo) {
+        free(memo->e);
+        memset(memo, 0, sizeof *memo);
+    }
+}
+
+/* x's plan seg[] as a memo entry's key (its seg borrowed). */
+static ml_reserved_seen seen_key(const ml_evalctx *x, const int *seg)
+{
+    return (ml_reserved_seen){
+        .seg = (int *)seg, /* not written through: a key is only compared */
+        .n = x->ch->n,
+        .selective = x->cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE,
+        .overflow = x->ch->overflow,
+        .whole = x->whole,
+    };
+}
+
+static ml_reserved_seen *seen_find(ml_reserved_memo *memo, const ml_reserved_seen *k)
+{
+    for (size_t i = 0; memo && i < memo->n; i++) {
+        ml_reserved_seen *e = &memo->e[i];
+        if (e->n == k->n && e->selective == k->selective && e->overflow == k->overflow &&
+            e->whole == k->whole && !memcmp(e->seg, k->seg, k->n * sizeof *k->seg))
+            return e;
+    }
+    return NULL;
+}
+
+/* k with out's figures into memo; a host out of memory keeps nothing (the
+ * memo only spares work). */
+static void seen_add(ml_reserved_memo *memo, ml_reserved_seen k, const ml_summary *out,
+                     bool overflow_after)
+{
+    ml_reserved_seen *e = ml_grow(memo->e, memo->n, &memo->cap, sizeof *e, 8);
+    int *seg = malloc((k.n ? k.n : 1) * sizeof *seg);
+    if (!e || !seg) {
+        free(seg);
+        if (e)
+            memo->e = e;
+        return;
+    }
+    memo->e = e;
+    memcpy(seg, k.seg, k.n * sizeof *seg);
+    k.seg = seg;
+    k.oom = out->reserved_oom;
+    k.peak = out->reserved_peak;
+    k.segments = out->reserved_segments;
+    k.overflow_after = overflow_after;
+    memo->e[memo->n++] = k;
+}
+
+static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_summary *out,
+                          ml_error *err);
+
+ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml_summary *out,
+                            ml_error *err)
+{
+    out->has_reserved = x->cfg->device.allocator != ML_ALLOCATOR_NONE;
+    if (!out->has_reserved)
+        return ML_OK;
+    ml_reserved_seen k = seen_key(x, seg);
+    const ml_reserved_seen *e = seen_find(x->memo, &k);
+    if (e) {
+        out->reserved_oom = e->oom;
+        out->reserved_peak = e->peak;
+        out->reserved_segments = e->segments;
+        ((ml_chain *)x->ch)->overflow |= e->overflow_after; /* as the simulation leaves it */
+        return ML_OK;
+    }
+    ml_status st = simulate(m, x, seg, out, err);
+    if (!st && x->memo)
+        seen_add(x->memo, k, out, x->ch->overflow);
+    return st;
+}
+
 /* The plan's events through the caching allocator, as a training run
  * meets them: the parameters (and master weights), a first iteration whose
  * step creates the optimizer states, two steady iterations (the cache
  * warms in the first), and the evaluation pass. */
-ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml_summary *out,
-                            ml_error *err)
+static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_summary *out,
+                          ml_error *err)
 {
     const ml_device *dv = &x->cfg->device;
-    out->has_reserved = dv->allocator != ML_ALLOCATOR_NONE;
-    if (!out->has_reserved)
-        return ML_OK;
     ml_alloc_config ac = ml__alloc_config_defaults();
     ac.mode = dv->allocator == ML_ALLOCATOR_EXPANDABLE ? ML_ALLOC_EXPANDABLE : ML_ALLOC_CACHING;
     ac.max_split_size = dv->max_split_size;

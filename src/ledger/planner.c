@@ -169,5 +169,5 @@ ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool keep_eve
     if (!ch)
         return ml_ledger_evaluate(p->m, cfg, keep_events, out, err);
     p->derived++;
-    return ml__evaluate_chain(p->m, cfg, ch, keep_events, false, out, err);
+    return ml__evaluate_chain(p->m, cfg, ch, keep_events, false, NULL, out, err);
 }

@@ -186,6 +186,21 @@ void ml__replay_forward(ml_replay *r);
 /* Forward and backward of one micro-batch (r->micro: its index). */
 void ml__replay_micro_batch(ml_replay *r);
 
+/* The allocator simulations of evaluations of one model and one config
+ * that differ in training.checkpoint alone (ml_compare's policies): such a
+ * simulation replays the same events whenever the plans' segments and the
+ * selective flag agree (the chain depends on the checkpoint through that
+ * flag alone: ml__chain_key), so ml__eval_reserved runs it once per
+ * distinct plan and answers the others from here (docs/allocator.md,
+ * "Speed"). Owned by the caller: zeroed before the first use, freed with
+ * ml__reserved_memo_free. */
+typedef struct ml_reserved_seen ml_reserved_seen;
+typedef struct {
+    ml_reserved_seen *e;
+    size_t n, cap;
+} ml_reserved_memo;
+void ml__reserved_memo_free(ml_reserved_memo *memo);
+
 /* What one evaluation needs besides the segment plan. */
 typedef struct {
     const ml_chain *ch;
@@ -203,6 +218,7 @@ typedef struct {
                              again with it (evaluate.c) */
     bool whole;     /* replay every block (the reference tests/unit/test_runs.c
                        holds the runs against) */
+    ml_reserved_memo *memo; /* the simulations already run (NULL: none kept) */
     /* the evaluation pass, planned once (it does not depend on the
      * checkpoint plan): ml__eval_pass */
     bool has_eval;
@@ -216,9 +232,16 @@ typedef struct {
 ml_status ml__eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err);
 /* One iteration's plan over a chain already built for cfg (evaluate.c):
  * what ml_ledger_evaluate does once it has the chain, which stays the
- * caller's. */
+ * caller's; its allocator simulation looked up in, and added to, *memo
+ * (NULL: none kept). */
 ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
-                             bool keep_events, bool whole, ml_ledger **out, ml_error *err);
+                             bool keep_events, bool whole, ml_reserved_memo *memo,
+                             ml_ledger **out, ml_error *err);
+/* ml_ledger_evaluate (whole: ml__ledger_evaluate_whole) whose allocator
+ * simulation is looked up in, and added to, *memo (NULL: none kept). */
+ml_status ml__ledger_evaluate_with(const ml_model *m, const ml_config *cfg, bool keep_events,
+                                   bool whole, ml_reserved_memo *memo, ml_ledger **out,
+                                   ml_error *err);
 /* zero_grad: zero — the first iteration's peak, from a replay without the
  * gradients the steady one carries; its phases' peaks into phases
  * (passes.c). */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "ledger/chain.h"
+#include "ledger/replay.h"
 #include "memledger/plan.h"
 
 /* Each fitting row whose recompute another fitting row undercuts points at
@@ -27,6 +28,8 @@ ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *ro
     const ml_checkpoint_candidate *pols = ml_checkpoint_candidates(&npol);
     size_t n = 0;
     double base_total = 0;
+    ml_reserved_memo memo; /* policies with one plan simulate it once */
+    memset(&memo, 0, sizeof memo);
     for (size_t i = 0; i < npol; i++) {
         ml_config c = *cfg;
         ml_parse_checkpoint(pols[i].name, &c.training.checkpoint, NULL);
@@ -35,9 +38,11 @@ ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *ro
             ml__chain_refused(m, &c.training, &why) != ML_OK)
             continue; /* optimal without a budget, or for an encoder-decoder */
         ml_ledger *l = NULL;
-        ml_status st = ml_ledger_evaluate(m, &c, false, &l, err);
-        if (st)
+        ml_status st = ml__ledger_evaluate_with(m, &c, false, false, &memo, &l, err);
+        if (st) {
+            ml__reserved_memo_free(&memo);
             return st;
+        }
         const ml_summary *s = ml_ledger_summary(l);
         ml_compare_row *r = &rows[n++];
         memset(r, 0, sizeof *r);
@@ -61,6 +66,7 @@ ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *ro
         r->headroom = s->has_device ? s->headroom : 0;
         ml_ledger_destroy(l);
     }
+    ml__reserved_memo_free(&memo);
     mark_cheaper(rows, n);
     *nrows = n;
     return ML_OK;

@@ -43,12 +43,19 @@ static bool over_without_cache(search *s)
     return over;
 }
 
-/* Evaluates at micro-batch b (without sum, unsimulated if over_without_cache). */
+/* Evaluates at micro-batch b (without sum, unsimulated if over_without_cache;
+ * the plan that fit last, when its config is this one, not planned again). */
 static ml_status try_b(search *s, uint64_t b, bool *fits, ml_summary *sum)
 {
     s->cfg.training.micro_batch = b;
     ml_ledger *l = NULL;
     s->evals++;
+    if (s->has_fit && !memcmp(&s->fit_cfg, &s->cfg, sizeof s->cfg)) {
+        *fits = true;
+        if (sum)
+            *sum = s->fit_sum;
+        return ML_OK;
+    }
     if (!sum && over_without_cache(s)) {
         *fits = false;
         return ML_OK;
@@ -64,6 +71,11 @@ static ml_status try_b(search *s, uint64_t b, bool *fits, ml_summary *sum)
     *fits = x->fits;
     if (sum)
         *sum = *x;
+    if (x->fits) {
+        s->has_fit = true;
+        memcpy(&s->fit_cfg, &s->cfg, sizeof s->cfg); /* the bytes memcmp compares */
+        s->fit_sum = *x;
+    }
     ml_ledger_destroy(l);
     return ML_OK;
 }
@@ -351,7 +363,7 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
         return ml__errorf(err, ML_USAGE,
                           "fit needs a device: give device.memory");
     }
-    search s = {m, *cfg, NULL, 0, err, false};
+    search s = {.m = m, .cfg = *cfg, .err = err}; /* the rest zero */
     ml_status st = ml_planner_create(m, &s.planner, err);
     if (st == ML_OK)
         st = fit(&s, m, cfg, req, out, err);

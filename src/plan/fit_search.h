@@ -14,6 +14,11 @@ typedef struct {
     unsigned evals;
     ml_error *err;
     bool accum_over; /* the global batch needs more steps than FIT_MAX_ACCUM */
+    /* the latest plan that fit, and its config byte for byte: the
+     * search's largest micro-batch, which the result plans again */
+    bool has_fit;
+    ml_config fit_cfg;
+    ml_summary fit_sum;
 } search;
 
 /* Why micro-batch 1 does not fit, and what would help (docs/choosing.md),
