@@ -131,6 +131,26 @@ typedef struct ml_phase_peak {
                                         "optimizer.step" */
 } ml_phase_peak;
 
+/* Where the simulated allocator's reserved bytes peaked (device.allocator
+ * caching or expandable; docs/allocator.md, "Where the reserved peak is"). */
+typedef enum ml_reserved_when {
+    ML_RESERVED_RESIDENT,  /* while the parameters (and master weights) are made */
+    ML_RESERVED_FIRST,     /* in the first iteration (its step makes the states) */
+    ML_RESERVED_STEADY,    /* in a steady iteration */
+    ML_RESERVED_EVAL       /* in the evaluation pass */
+} ml_reserved_when;
+
+typedef struct ml_reserved_at {
+    ml_reserved_when when;
+    ml_phase phase;       /* the phase of the allocation that reached it */
+    int32_t block;        /* its block, -1 outside the blocks */
+    char at[64];          /* as peak_step: "block.3", "loss", "optimizer.step",
+                             "resident", "evaluation" */
+    uint64_t allocated;   /* bytes allocated in the segments then (rounded, as
+                             torch.cuda.memory_allocated()) */
+    uint64_t segments;    /* segments then */
+} ml_reserved_at;
+
 typedef struct ml_summary {
     uint64_t params;                 /* parameter count */
     /* resident and end-of-forward bytes */
@@ -205,6 +225,7 @@ typedef struct ml_summary {
     uint64_t reserved_peak;          /* max_memory_reserved() */
     uint64_t reserved_segments;      /* segments at most (cudaMalloc'd, or expandable) */
     bool reserved_oom;               /* the simulation ran out of the device */
+    ml_reserved_at reserved_at;      /* where the reserved peak was (has_reserved) */
     /* the peak the step time used (ml_device_peak; 0 when the time is
      * measured or unknown), and why a profile's measured throughput was
      * not used (static text; NULL when it was, or without one) */

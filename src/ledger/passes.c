@@ -193,6 +193,7 @@ struct ml_reserved_seen {
     bool selective, overflow, whole;
     bool oom, overflow_after;
     uint64_t peak, segments;
+    ml_reserved_at at;
 };
 
 void ml__reserved_memo_free(ml_reserved_memo *memo)
@@ -247,6 +248,7 @@ static void seen_add(ml_reserved_memo *memo, ml_reserved_seen k, const ml_summar
     k.oom = out->reserved_oom;
     k.peak = out->reserved_peak;
     k.segments = out->reserved_segments;
+    k.at = out->reserved_at;
     k.overflow_after = overflow_after;
     memo->e[memo->n++] = k;
 }
@@ -266,6 +268,7 @@ ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml
         out->reserved_oom = e->oom;
         out->reserved_peak = e->peak;
         out->reserved_segments = e->segments;
+        out->reserved_at = e->at;
         ((ml_chain *)x->ch)->overflow |= e->overflow_after; /* as the simulation leaves it */
         return ML_OK;
     }
@@ -273,6 +276,31 @@ ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml
     if (!st && x->memo)
         seen_add(x->memo, k, out, x->ch->overflow);
     return st;
+}
+
+/* Where r's simulation reached its reserved peak (a): the point the
+ * replay recorded, or the evaluation pass when the peak is past it. */
+static void reserved_at(const ml_replay *r, const ml_alloc_stats *a, ml_reserved_at *o)
+{
+    memset(o, 0, sizeof *o);
+    o->block = -1;
+    if (a->reserved.peak > r->rsv.top) {
+        o->when = ML_RESERVED_EVAL;
+        o->phase = ML_PHASE_FORWARD;
+        ml__name_join(o->at, sizeof o->at, "evaluation", "");
+        return;
+    }
+    o->when = r->rsv.when;
+    o->phase = r->rsv.phase;
+    o->block = r->rsv.block;
+    o->allocated = r->rsv.allocated;
+    o->segments = r->rsv.segments;
+    if (o->block >= 0 && (size_t)o->block < r->ch->n)
+        ml__name_join(o->at, sizeof o->at, r->ch->blocks[o->block].name,
+                      r->rsv.sub ? r->rsv.sub : "");
+    else
+        ml__name_join(o->at, sizeof o->at,
+                      o->phase == ML_PHASE_OPTIMIZER ? "optimizer.step" : "resident", "");
 }
 
 /* The plan's events through the caching allocator, as a training run
@@ -298,8 +326,11 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     ml_replay r;
     ml__eval_setup(x, seg, &sl, &sh, &r);
     r.rsim = rs;
+    r.rsv.now = ML_RESERVED_RESIDENT;
     ml__eval_residents(&r, x, &sl.sum, false);
+    r.rsv.now = ML_RESERVED_FIRST;
     ml__eval_iteration(&r, x, &sl.sum, true);
+    r.rsv.now = ML_RESERVED_STEADY;
     for (int i = 0; i < 2; i++)
         ml__eval_iteration(&r, x, &sl.sum, false);
     uint64_t ignored;
@@ -311,6 +342,7 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     ml__rsim_stats(rs, &a);
     out->reserved_peak = a.reserved.peak;
     out->reserved_segments = a.segments.peak;
+    reserved_at(&r, &a, &out->reserved_at);
     ml__rsim_destroy(rs);
     if (!st && (nomem || r.nomem))
         st = ml__errorf(err, ML_NOMEM, "out of memory");

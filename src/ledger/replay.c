@@ -86,8 +86,10 @@ void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_spli
         return;
     }
     event(r, c, (int64_t)b);
-    if (r->rsim)
+    if (r->rsim) {
         ml__rsim_alloc(r->rsim, c, b, split, block, copies);
+        ml__replay_reserved_point(r);
+    }
 }
 
 void ml__replay_alloc(ml_replay *r, ml_category c, uint64_t b)

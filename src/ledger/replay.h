@@ -97,6 +97,14 @@ typedef struct {
     const unsigned char *runs; /* per block, ML_RUN_* (ml__run_flags), or NULL:
                                   then replay_runs.c asks the chain each time */
     ml_rsim *rsim;           /* the allocator simulation, or NULL */
+    /* with rsim: where its reserved bytes peaked (ml__replay_reserved_point) */
+    struct {
+        uint64_t top, allocated, segments;
+        ml_phase phase;
+        int32_t block;
+        const char *sub;
+        ml_reserved_when when, now;
+    } rsv;
     /* the recompute FLOPs added so far and the last addition (a run of
      * identical blocks repeats a block's additions: replay_runs.c) */
     unsigned rec_adds;
@@ -174,6 +182,9 @@ void ml__name_join(char *dst, size_t size, const char *a, const char *b);
 /* Writes the `at` names of s's phase_steady and phase_first from the
  * blocks and subs r recorded. */
 void ml__replay_phase_names(const ml_replay *r, ml_summary *s);
+/* After an allocation in r->rsim: where its reserved bytes peaked, when
+ * they pass the highest so far (r->rsv). */
+void ml__replay_reserved_point(ml_replay *r);
 /* The same, telling the allocator simulation which tensors make up b. */
 void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
                          size_t block, unsigned copies);

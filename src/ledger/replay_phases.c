@@ -1,7 +1,9 @@
 /* Where each phase's peak (forward, loss, backward, optimizer step) was,
  * for the steady and the first iteration, named once the replay ends
  * (docs/ledger.md, "Each phase's peak"); the replay records the points as
- * it passes its events (ml__replay_phase_point, replay.h). */
+ * it passes its events (ml__replay_phase_point, replay.h); and where the
+ * simulated allocator's reserved bytes peaked (docs/allocator.md, "Where
+ * the reserved peak is"). */
 #include <string.h>
 
 #include "ledger/replay.h"
@@ -35,4 +37,20 @@ void ml__replay_phase_names(const ml_replay *r, ml_summary *s)
         phase_name(r, (ml_phase)ph, &s->phase_steady[ph], r->phase_sub[ph]);
         phase_name(r, (ml_phase)ph, &s->phase_first[ph], r->first_sub[ph]);
     }
+}
+
+/* The simulation's reserved peak: where it was passed last (replay.h). */
+void ml__replay_reserved_point(ml_replay *r)
+{
+    ml_alloc_stats a;
+    ml__rsim_stats(r->rsim, &a);
+    if (a.reserved.current <= r->rsv.top)
+        return;
+    r->rsv.top = a.reserved.current;
+    r->rsv.allocated = a.allocated.current;
+    r->rsv.segments = a.segments.current;
+    r->rsv.phase = r->phase;
+    r->rsv.block = r->block;
+    r->rsv.sub = r->sub;
+    r->rsv.when = r->rsv.now;
 }

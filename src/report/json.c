@@ -139,11 +139,18 @@ static void json_bytes(FILE *f, const ml_config *cfg, const ml_summary *s)
             (unsigned long long)ml__report_model_states(s));
     num(f, ml__report_model_states_per_param(s));
     fputs("},\n \"reserved\": ", f);
-    if (s->has_reserved)
-        fprintf(f, "{\"peak\": %llu, \"segments\": %llu, \"allocator\": \"%s\", \"oom\": %s}",
+    if (s->has_reserved) {
+        static const char *const when[] = {"resident", "first", "steady", "evaluation"};
+        const ml_reserved_at *w = &s->reserved_at;
+        fprintf(f, "{\"peak\": %llu, \"segments\": %llu, \"allocator\": \"%s\", \"oom\": %s, "
+                   "\"at\": {\"iteration\": \"%s\", \"phase\": \"%s\", \"step\": ",
                 (unsigned long long)s->reserved_peak, (unsigned long long)s->reserved_segments,
-                ml_allocator_name(cfg->device.allocator), s->reserved_oom ? "true" : "false");
-    else
+                ml_allocator_name(cfg->device.allocator), s->reserved_oom ? "true" : "false",
+                when[w->when], ml_phase_name(w->phase));
+        ml_json_put_string(f, w->at);
+        fprintf(f, ", \"allocated\": %llu, \"segments\": %llu}}", (unsigned long long)w->allocated,
+                (unsigned long long)w->segments);
+    } else
         fputs("null", f);
 }
 

@@ -268,6 +268,25 @@ static void text_activations(FILE *f, const ml_model *m, const ml_ledger *l,
     fputc('\n', f);
 }
 
+/* Where the reserved peak was, and the segments then: how much of them
+ * the allocated bytes fill, the rest cached free. */
+static void reserved_where(FILE *f, const ml_summary *s)
+{
+    static const char *const when[] = {"while the parameters are made", "first iteration",
+                                       "steady iteration", "evaluation pass"};
+    const ml_reserved_at *w = &s->reserved_at;
+    char a[32], b[32];
+    if (w->when == ML_RESERVED_EVAL) {
+        fputs("    at its peak: in the evaluation pass\n", f);
+        return;
+    }
+    uint64_t cached = s->reserved_peak > w->allocated ? s->reserved_peak - w->allocated : 0;
+    fprintf(f, "    at its peak: %s, %s (%s): %llu segments, %s allocated in them, %s cached "
+               "free\n",
+            ml_phase_name(w->phase), w->at, when[w->when], (unsigned long long)w->segments,
+            B(w->allocated, a), B(cached, b));
+}
+
 /* The allocator-view peak by category, what is added over it, and the other
  * peaks (first iteration, evaluation, reserved). */
 static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
@@ -301,6 +320,8 @@ static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
                 B(s->reserved_peak, a), ml_allocator_name(cfg->device.allocator),
                 (unsigned long long)s->reserved_segments,
                 s->reserved_oom ? "; OUT OF MEMORY on the device" : "");
+    if (s->has_reserved)
+        reserved_where(f, s);
     fputc('\n', f);
 }
 

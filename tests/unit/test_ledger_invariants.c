@@ -523,7 +523,11 @@ static void test_checkpoint_nodes_by_hand(void **state)
  * tensors are all under 1 MiB, each rounds up to 512 B and they never
  * number 4,096 at once, so one 2 MiB small-pool segment holds them all:
  * reserved 2,097,152 B in 1 segment, expandable segments the same (one 2 MiB
- * small page). Without a simulation, nothing is reported. */
+ * small page). That segment is made by the first allocation, the two
+ * parameters (16 x 8 and 4 x 16 fp32: 512 and 256 B, each rounded up to
+ * 512 B): so the reserved peak is reached there, while the parameters are
+ * made, with 1,024 B allocated in the one segment. Without a simulation,
+ * nothing is reported. */
 static void test_reserved_tiny_by_hand(void **state)
 {
     (void)state;
@@ -543,6 +547,11 @@ static void test_reserved_tiny_by_hand(void **state)
         assert_false(s->reserved_oom);
         assert_int_equal(s->reserved_peak, 2097152);
         assert_int_equal(s->reserved_segments, 1);
+        assert_int_equal(s->reserved_at.when, ML_RESERVED_RESIDENT);
+        assert_int_equal(s->reserved_at.block, -1);
+        assert_string_equal(s->reserved_at.at, "resident");
+        assert_int_equal(s->reserved_at.allocated, 1024);
+        assert_int_equal(s->reserved_at.segments, 1);
         ml_ledger_destroy(l);
     }
     ml_model_destroy(m);
