@@ -97,7 +97,12 @@ typedef struct {
     const unsigned char *runs; /* per block, ML_RUN_* (ml__run_flags), or NULL:
                                   then replay_runs.c asks the chain each time */
     ml_rsim *rsim;           /* the allocator simulation, or NULL */
-    /* with rsim: where its reserved bytes peaked (ml__replay_reserved_point) */
+    /* the recompute FLOPs added so far and the last addition (a run of
+     * identical blocks repeats a block's additions: replay_runs.c) */
+    unsigned rec_adds;
+    double rec_last;
+    /* with rsim, where its reserved bytes peaked (ml__replay_reserved_point);
+     * last, so that the fields every event reads stay together */
     struct {
         uint64_t top, allocated, segments;
         ml_phase phase;
@@ -105,10 +110,6 @@ typedef struct {
         const char *sub;
         ml_reserved_when when, now;
     } rsv;
-    /* the recompute FLOPs added so far and the last addition (a run of
-     * identical blocks repeats a block's additions: replay_runs.c) */
-    unsigned rec_adds;
-    double rec_last;
 } ml_replay;
 
 /* Runs of identical layers (replay_runs.c; docs/ledger.md, "Runs of
