@@ -273,9 +273,27 @@ static void test_mlp_timeline_by_hand(void **state)
     for (size_t i = 1; i < ne; i++)
         assert_true(ev[i].t_s >= ev[i - 1].t_s);
     ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* test_mlp_timeline_by_hand's MLP: its time under accumulation, without a
+ * throughput, and a loop that releases the output. */
+static void test_mlp_timeline_accumulation(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("model:\n  type: sequential\n  input: [8]\n  layers:\n"
+                           "    - linear: {out: 16, bias: false}\n    - gelu: {}\n"
+                           "    - linear: {out: 4, bias: false}\n  loss: mse\n"
+                           "training:\n  micro_batch: 3\n  optimizer: sgd\n");
+    ml_config c = config_allocated(m);
+    c.device.peak_tflops = 1e-9;
+    c.device.efficiency = 1;
     /* accumulation over 3: the later micro-batch stands for the last, after
      * 2 x 2,688; the iteration ends at 3 x 2,688 = 8,064 = flops_total */
     c.training.grad_accum = 3;
+    ml_ledger *l;
+    const ml_event *ev;
+    size_t ne;
     l = eval(m, &c, true);
     ev = ml_ledger_events(l);
     ne = ml_ledger_event_count(l);
@@ -672,6 +690,7 @@ int main(void)
         cmocka_unit_test(test_accumulation_keeps_grads),
         cmocka_unit_test(test_checkpoint_lowers_gpt2_peak),
         cmocka_unit_test(test_mlp_timeline_by_hand),
+        cmocka_unit_test(test_mlp_timeline_accumulation),
         cmocka_unit_test(test_three_peaks_by_hand),
         cmocka_unit_test(test_residual_nodes_by_hand),
         cmocka_unit_test(test_checkpoint_nodes_by_hand),
