@@ -83,7 +83,7 @@ static ml_status try_b(search *s, uint64_t b, bool *fits, ml_summary *sum)
 /* Largest b in [1, cap] that fits, 0 when none: doubling, then bisection.
  * Valid because the peak never decreases as b grows (every tensor's size is
  * non-decreasing in b; tests/unit/test_fit.c checks it on every preset). */
-static ml_status largest(search *s, uint64_t cap, uint64_t *out)
+static ml_status largest_from_one(search *s, uint64_t cap, uint64_t *out)
 {
     bool ok;
     ml_status st = try_b(s, 1, &ok, NULL);
@@ -120,6 +120,67 @@ static ml_status largest(search *s, uint64_t cap, uint64_t *out)
     }
     *out = lo;
     return ML_OK;
+}
+
+/* Largest b in [1, top] that fits, 0 when none, searching down from top:
+ * top, then steps of 1, 2, 4, ... below it until one fits, then bisection
+ * between that one and the last that did not. */
+static ml_status largest_below(search *s, uint64_t top, uint64_t *out)
+{
+    bool ok;
+    ml_status st = try_b(s, top, &ok, NULL);
+    if (st || ok) {
+        *out = st ? 0 : top;
+        return st;
+    }
+    uint64_t hi = top, lo = 0, d = 1; /* hi does not fit; lo (if set) does */
+    while (!lo) {
+        uint64_t b = hi > d ? hi - d : 1;
+        if ((st = try_b(s, b, &ok, NULL)))
+            return st;
+        if (ok)
+            lo = b;
+        else if (b == 1) {
+            *out = 0;
+            return ML_OK;
+        } else {
+            hi = b;
+            d *= 2;
+        }
+    }
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if ((st = try_b(s, mid, &ok, NULL)))
+            return st;
+        if (ok)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    *out = lo;
+    return ML_OK;
+}
+
+/* Largest b in [1, cap] that fits, 0 when none. With the allocator
+ * simulated and a device, the allocated view is searched first, without
+ * the simulation: a plan that fits with its cache fits without it (the
+ * simulation only adds to what the budget and the device hold: verdict.c),
+ * so the answer is at most the allocated view's, and the simulated search
+ * runs down from there (docs/allocator.md, "Speed"). */
+static ml_status largest(search *s, uint64_t cap, uint64_t *out)
+{
+    const ml_allocator a = s->cfg.device.allocator;
+    if (a == ML_ALLOCATOR_NONE || !s->cfg.device.present)
+        return largest_from_one(s, cap, out);
+    s->cfg.device.allocator = ML_ALLOCATOR_NONE;
+    uint64_t top = 0;
+    ml_status st = largest_from_one(s, cap, &top);
+    s->cfg.device.allocator = a;
+    if (st || !top) {
+        *out = 0;
+        return st;
+    }
+    return largest_below(s, top, out);
 }
 
 static uint64_t largest_divisor_at_most(uint64_t n, uint64_t cap)
