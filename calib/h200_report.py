@@ -202,13 +202,15 @@ def reserved_planned(ml, runs, alloc):
     calib = {False: os.path.join(here, "profiles", "h200-fp32.yaml"),
              True: os.path.join(here, "profiles", "h200-bf16.yaml")}
     errs = []
-    table("Reserved, planned now with --allocator %s (simulated on the plan's events)" % alloc,
+    table("Reserved, planned now with --allocator %s (simulated on the plan's events; "
+          "--logits through-backward, the campaign's loop)" % alloc,
           ["model", "B×T", "attention", "ckpt", "precision", "AdamW", "measured MiB",
            "planned MiB", "error"])
     for r in runs:
         case = CASES[r["model"]]
         p = tvp.plan(ml, case, r["attn"], r["ckpt"], r["amp"], r["impl"], calib[r["amp"]], tmp,
-                     extra=("--allocator", alloc, "--eval-batch", str(case[4]),
+                     extra=("--allocator", alloc, "--logits", "through-backward",
+                            "--eval-batch", str(case[4]),
                             "--eval-seq-len", str(case[3])))
         m = r["measured"]
         meas = max(m["first"]["reserved"], m["steady"]["reserved"], m["eval"]["reserved"])
@@ -240,8 +242,9 @@ def main():
         if kept:
             three_peaks(sys.argv[2], kept, "The three peaks, planned now with --logits kept: "
                         "the loop that keeps the output", "kept")
-        three_peaks(sys.argv[2], base, "The three peaks, planned now with --logits kept: "
-                    "the campaign's loop (output deleted between backward and step)", "kept")
+        three_peaks(sys.argv[2], base, "The three peaks, planned now with --logits "
+                    "through-backward: the campaign's loop (output deleted between backward "
+                    "and step)", "through-backward")
         reserved_planned(sys.argv[2], base, "caching")
         expandable = load(os.path.join(d, "results-expandable.jsonl"))
         if expandable:

@@ -88,6 +88,9 @@ typedef enum ml_logits {
                            torchtitan) */
     ML_LOGITS_FUSED,    /* a chunked linear-cross-entropy that computes the head's
                            gradients in forward (Liger Kernel): never whole */
+    ML_LOGITS_THROUGH_BACKWARD, /* held through the backward, dropped before the
+                           step (a loop that `del out` after backward(), or
+                           whose forward and backward run in one function) */
     ML_LOGITS_COUNT
 } ml_logits;
 

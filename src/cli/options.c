@@ -437,8 +437,10 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
             t->logits = ML_LOGITS_RELEASED;
         else if (!strcmp(o->logits, "fused"))
             t->logits = ML_LOGITS_FUSED;
+        else if (!strcmp(o->logits, "through-backward"))
+            t->logits = ML_LOGITS_THROUGH_BACKWARD;
         else
-            rc = bad_flag("--logits", "unknown; use kept, released or fused");
+            rc = bad_flag("--logits", "unknown; use kept, released, fused or through-backward");
     }
     if (!rc && o->logits_chunk)
         rc = limited(o->logits_chunk, "training.logits_chunk", &t->logits_chunk);

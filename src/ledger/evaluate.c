@@ -373,7 +373,8 @@ void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, m
     const unsigned z = t->zero;
     memset(x->recomputed, 0, (n + 1) * sizeof *x->recomputed);
     memset(x->held, 0, (n + 1) * sizeof *x->held);
-    ml__eval_boundaries(ch, seg, t->logits == ML_LOGITS_KEPT, x->bd);
+    const bool held = t->logits == ML_LOGITS_KEPT || t->logits == ML_LOGITS_THROUGH_BACKWARD;
+    ml__eval_boundaries(ch, seg, held, x->bd);
     /* the side inputs a checkpoint keeps (attention masks): once, with the
      * first checkpointed block (docs/ledger.md) */
     x->side_block = -1;
@@ -395,7 +396,8 @@ void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, m
     r->seg = seg;
     r->bd = x->bd;
     r->selective = t->checkpoint.kind == ML_CKPT_SELECTIVE;
-    r->keep_output = t->logits == ML_LOGITS_KEPT;
+    r->keep_output = held;
+    r->drop_output = t->logits == ML_LOGITS_THROUGH_BACKWARD;
     r->held = x->held;
     r->held_cat = x->held_cat;
     r->recomputed = x->recomputed;

@@ -103,10 +103,10 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *
     uint64_t E = 0; /* kept by the blocks before the range (embedding) */
     for (size_t k = 0; k < lo; k++)
         E += keep_of(ch, k);
-    /* logits: kept — the model output the loop holds through every block's
-     * backward */
+    /* logits: kept or through-backward — the model output the loop holds
+     * through every block's backward */
     uint64_t held = 0;
-    if (t->logits == ML_LOGITS_KEPT)
+    if (t->logits == ML_LOGITS_KEPT || t->logits == ML_LOGITS_THROUGH_BACKWARD)
         for (size_t k = hi; k < n; k++)
             if (ch->blocks[k].in_held)
                 held += ch->blocks[k].in_bytes;

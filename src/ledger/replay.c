@@ -589,11 +589,16 @@ void ml__replay_micro_batch(ml_replay *r)
     ml__replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
     r->grad_carry = 0;
     ml__replay_free(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
-    /* logits: kept — what the loop still holds after backward */
+    /* logits: kept — what the loop still holds after backward; with
+     * through-backward, dropped here, before the next micro-batch or the step */
     for (size_t k = 0; k < n && r->keep_output; k++)
         if (r->ch->blocks[k].in_held && r->held[k]) {
-            r->prev_out = r->held[k];
-            r->prev_out_cat = r->held_cat[k];
+            if (r->drop_output) {
+                ml__replay_free(r, r->held_cat[k], r->held[k]);
+            } else {
+                r->prev_out = r->held[k];
+                r->prev_out_cat = r->held_cat[k];
+            }
             r->held[k] = 0;
         }
 }

@@ -52,6 +52,8 @@ typedef struct {
     const ml_boundary *bd;
     bool selective;          /* checkpoint: selective (the attention core) */
     bool keep_output;        /* logits: kept — the loop holds the model output */
+    bool drop_output;        /* logits: through-backward — and drops it once the
+                                micro-batch's backward ends */
     bool grads_exist;        /* zero_grad: zero — every .grad stays allocated, so
                                 backward accumulates into it in place */
     bool hold_cache;         /* evaluation: the output holds each layer's keys and

@@ -100,7 +100,8 @@ static const char *const opt_names[ML_OPT_COUNT] = {
     "sgd", "sgd-momentum", "adam", "adamw", "adafactor", "adam-8bit", "lion"};
 static const char *const impl_names[ML_IMPL_COUNT] = {"for-loop", "foreach", "fused"};
 static const char *const offload_names[ML_OFFLOAD_COUNT] = {"none", "optimizer", "params"};
-static const char *const logits_names[ML_LOGITS_COUNT] = {"kept", "released", "fused"};
+static const char *const logits_names[ML_LOGITS_COUNT] = {"kept", "released", "fused",
+                                                           "through-backward"};
 static const char *const allocator_names[ML_ALLOCATOR_COUNT] = {"none", "caching", "expandable"};
 static const char *const zero_grad_names[ML_ZERO_GRAD_COUNT] = {"set_to_none", "zero"};
 static const char *const vision_tower_names[ML_VT_COUNT] = {"same", "none", "full", "frozen"};

@@ -221,7 +221,7 @@ static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
         return x->tr.transformer && x->m->attn.kernel == ML_ATTN_EAGER && !x->m->attn.kv_lora;
     case ML_REMEDY_LOGITS_RELEASED:
         t->logits = ML_LOGITS_RELEASED;
-        return t0->logits == ML_LOGITS_KEPT;
+        return t0->logits == ML_LOGITS_KEPT || t0->logits == ML_LOGITS_THROUGH_BACKWARD;
     case ML_REMEDY_LOGITS_FUSED: /* where modelled: variant() asks the chain */
         t->logits = ML_LOGITS_FUSED;
         t->logits_chunk = 0;

@@ -358,10 +358,11 @@ static void hf_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape s)
         ml__emit_note(v, "precision bf16 is the model's dtype: load it in bf16 "
                         "(from_pretrained(..., torch_dtype=torch.bfloat16)); Trainer's --bf16 "
                         "would be autocast on fp32 parameters instead");
-    if (t->logits == ML_LOGITS_KEPT)
-        ml__emit_note(v, "the plan keeps the logits to the iteration's end (--logits kept); Trainer "
-                        "drops them once the loss is computed: plan with --logits released for "
-                        "Trainer's loop");
+    if (t->logits == ML_LOGITS_KEPT || t->logits == ML_LOGITS_THROUGH_BACKWARD)
+        ml__emit_note(v, "the plan keeps the logits %s (--logits %s); Trainer drops them once "
+                        "the loss is computed: plan with --logits released for Trainer's loop",
+                     t->logits == ML_LOGITS_KEPT ? "to the iteration's end" : "through the backward",
+                     ml_logits_name(t->logits));
     if (t->zero_grad == ML_ZERO_GRAD_ZERO)
         ml__emit_note(v, "the plan keeps the gradients allocated between steps (--zero-grad zero); "
                         "Trainer frees them (model.zero_grad(), set_to_none): plan with "

@@ -268,12 +268,19 @@ static void torch_train_step(FILE *f, const ml_training *t, const char *low, boo
         fprintf(f, "%s# logits released: the output is dropped once the loss is computed\n"
                    "%sloss = forward_loss(model, inputs, targets, loss_fn)[1]\n",
                 ind, ind);
+    else if (t->logits == ML_LOGITS_THROUGH_BACKWARD)
+        fprintf(f, "%s# logits through-backward: the output lives through the backward and\n"
+                   "%s# is dropped after it, before the next micro-batch and the step\n"
+                   "%sout, loss = forward_loss(model, inputs, targets, loss_fn)\n",
+                ind, ind, ind);
     else
         fprintf(f, "%s# logits kept: each output lives until the next loss is computed, the\n"
                    "%s# last one until the step is done (a plain loop's rebinding)\n"
                    "%sout, loss = forward_loss(model, inputs, targets, loss_fn)\n",
                 ind, ind, ind);
     fputs(scaler ? "        SCALER.scale(loss).backward()\n" : "        loss.backward()\n", f);
+    if (t->logits == ML_LOGITS_THROUGH_BACKWARD)
+        fputs("        del out\n", f);
     if (p == ML_PREC_AMP_FP16)
         fputs("    SCALER.step(optimizer)  # unscales the gradients in place; skips on inf/nan\n"
               "    SCALER.update()\n", f);

@@ -417,6 +417,8 @@ def _run_loop(build, make_batch, step_fn, optim, impl, logits, iters, facts):
                 loss = step_fn(model, batch, held, logits)
                 with Mark("backward"):
                     loss.backward()
+                    if logits == "through-backward":  # `del out` after backward()
+                        held.clear()
                 with Mark("step"):
                     opt.step()
                 with Mark("zero_grad"):
@@ -462,7 +464,7 @@ def hand_step(model, batch, held, logits):
         out = model(x)                 # addmm: + logits 80
     with Mark("blk:loss"):
         loss = F.cross_entropy(out, y)  # log_softmax out + 80 (saved); nll: loss + 4, total_weight + 4
-    if logits == "kept":
+    if logits in ("kept", "through-backward"):
         held.append(out)
     return loss
 # released: `out` dies when hand_step returns, after the loss range: the
@@ -508,6 +510,15 @@ HAND = [
     ("adam", "kept", 0, 268, {"forward": 80, "loss": 168, "backward": 328, "optimizer": 764}, 288, 744),
     ("adam", "kept", 1, 556, {"forward": 80, "loss": 168, "backward": 328, "optimizer": 476}, 0, 464),
     ("adam", "released", 1, 556, {"forward": 80, "loss": 168, "backward": 248, "optimizer": 396}, 0, 384),
+    # through-backward: held as under kept until backward() returns, then
+    # dropped: the step starts without the 80 B of logits (sgd 224 - 80 =
+    # 144, Adam 476 - 80 = 396, as released), the backward as kept; the
+    # device view's maximum is then the backward's 328 for sgd and the
+    # step's 396 - 12 scalars = 384 for Adam
+    ("sgd", "through-backward", 1, 268,
+     {"forward": 80, "loss": 168, "backward": 328, "optimizer": 144}, 0, 328),
+    ("adam", "through-backward", 1, 556,
+     {"forward": 80, "loss": 168, "backward": 328, "optimizer": 396}, 0, 384),
 ]
 
 
@@ -517,7 +528,7 @@ HAND = [
 def model_step_fn(ckpt):
     def step(model, batch, held, logits):
         rec = Blocks()
-        tw.F = FShim(held if logits == "kept" else [])
+        tw.F = FShim(held if logits in ("kept", "through-backward") else [])
         tw.FUSED[0] = logits == "fused"
         tw.CKPT_EVERY[0] = 2 if ckpt == 2 else 1
         try:
@@ -637,6 +648,9 @@ def main():
         confs = [(False, adam, impl, lg) for impl in ("for-loop", "foreach") for lg in ("kept", "released")]
         confs += [(False, "sgd-momentum", "for-loop", lg) for lg in ("kept", "released")]
         confs += [(True, adam, "foreach", lg) for lg in ("kept", "released")]
+        # the output held through the backward and dropped before the step
+        confs += [(False, adam, "foreach", "through-backward"),
+                  (True, adam, "foreach", "through-backward")]
         # checkpoint every-2: segments of two layer blocks (HF's T5 checkpoints
         # each block: the twin ignores CKPT_EVERY)
         if not seq and doc["model"]["type"] != "encoder-decoder":

@@ -168,8 +168,9 @@ static void test_heads_from_graph(void **state)
         ml_model_destroy(m);
     }
     /* 3 kernels x 6 precisions x 3 policies x 3 shapes x 2 passes x the
-     * logits kept and released; without a pad token the batch of 1 only */
-    const unsigned runs = 3 * ML_PREC_COUNT * 3 * 3 * 2, all = runs * 2;
+     * logits kept, released and through-backward; without a pad token the
+     * batch of 1 only */
+    const unsigned runs = 3 * ML_PREC_COUNT * 3 * 3 * 2, all = runs * 3;
     fprintf(stderr,
             "%u chains from the graph, whole, their heads too: %u and %u soft-capped sequence "
             "classifiers (%u and %u without a pad token), %u and %u rotary encoder "
