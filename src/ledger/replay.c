@@ -78,10 +78,8 @@ static void event(ml_replay *r, ml_category c, int64_t delta)
     e->t_s = -1; /* set once the step time is known */
 }
 
-/* b through the allocator simulation, and where its reserved bytes peak.
- * Not inlined: ml__replay_alloc_as, which every allocation calls, stays
- * small enough for the compiler to inline into the replay's loops (inlined,
- * this cost a plan without a simulation 14 %, memledger-bench --grid). */
+/* b through the allocator simulation, and where its reserved bytes peak;
+ * not inlined, so that ml__replay_alloc_as is (14 % of a plan, --grid). */
 __attribute__((noinline)) static void simulated_alloc(ml_replay *r, ml_category c, uint64_t b,
                                                      ml_tensor_split split, size_t block,
                                                      unsigned copies)
@@ -105,13 +103,6 @@ void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_spli
 void ml__replay_alloc(ml_replay *r, ml_category c, uint64_t b)
 {
     ml__replay_alloc_as(r, c, b, ML_T_ONE, 0, 1);
-}
-
-void ml__replay_recompute_flops(ml_replay *r, double f)
-{
-    r->flops_recompute += f;
-    r->rec_adds++;
-    r->rec_last = f;
 }
 
 void ml__replay_free(ml_replay *r, ml_category c, uint64_t b)
@@ -589,8 +580,8 @@ void ml__replay_micro_batch(ml_replay *r)
     ml__replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
     r->grad_carry = 0;
     ml__replay_free(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
-    /* logits: kept — what the loop still holds after backward; with
-     * through-backward, dropped here, before the next micro-batch or the step */
+    /* logits: kept — what the loop still holds after backward (through-
+     * backward: dropped here, before the next micro-batch or the step) */
     for (size_t k = 0; k < n && r->keep_output; k++)
         if (r->ch->blocks[k].in_held && r->held[k]) {
             if (r->drop_output) {

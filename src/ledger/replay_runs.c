@@ -149,6 +149,15 @@ void ml__run_after(ml_run *u, const ml_replay *r, size_t k, int dir)
     u->last = k;
 }
 
+/* Recompute FLOPs are added one by one and counted, so that a run moved
+ * over repeats its blocks' additions in order (move, below). */
+void ml__replay_recompute_flops(ml_replay *r, double f)
+{
+    r->flops_recompute += f;
+    r->rec_adds++;
+    r->rec_last = f;
+}
+
 /* The live bytes after m more blocks of the run. */
 static void move(ml_replay *r, const ml_run *u, uint64_t m)
 {
