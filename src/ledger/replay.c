@@ -100,6 +100,11 @@ void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_spli
         simulated_alloc(r, c, b, split, block, copies);
 }
 
+void ml__replay_saved_free(ml_replay *r, ml_category c, uint64_t b)
+{
+    event(r, c, -(int64_t)b);
+}
+
 void ml__replay_alloc(ml_replay *r, ml_category c, uint64_t b)
 {
     ml__replay_alloc_as(r, c, b, ML_T_ONE, 0, 1);
@@ -497,21 +502,11 @@ static void backward_nodes(ml_replay *r, size_t k)
     const ml_bnode *nd = &ch->nodes[b->node_first];
     const ml_saved *sv = &ch->saved[b->saved_first];
     uint64_t freed = 0;
-    for (size_t j = 0; j < b->nnodes; j++) {
-        const ml_bnode *x = &nd[j];
-        ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
-        ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
-        ml__replay_alloc(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, x->param_grad);
-        ml__replay_free(r, ML_CAT_WORKSPACE, x->scratch);
-        if (!create)
-            ml__replay_free(r, ML_CAT_WORKSPACE, x->param_grad);
-        ml__replay_free(r, ML_CAT_WORKSPACE, x->grad_out);
-        for (uint32_t s = x->first_saved; s != ML_NODE_NONE; s = sv[s].next_same) {
-            /* the allocator simulation releases the block's saved tensors
-             * as the one allocation the forward made, below */
-            event(r, scat, -(int64_t)sv[s].bytes);
-            freed += sv[s].bytes;
-        }
+    if (ml__nodes_at_once(r, k, create, scat)) {
+        ml__nodeprof_apply(&r->np, r);
+        freed = r->np.freed;
+    } else {
+        ml__nodes_one_by_one(r, nd, b->nnodes, sv, create, scat, &freed);
     }
     /* time: the nodes carry no FLOPs of their own; the block's backward
      * FLOPs are counted once its nodes have run (docs/ledger.md, "Time") */

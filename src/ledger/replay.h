@@ -41,6 +41,25 @@ typedef struct {
     bool by_consumer; /* attributed to the consumer block */
 } ml_boundary;
 
+/* A block's backward node list as one step (replay_nodes.c): its changes
+ * per category, and the prefix maxima and minima over its events, from a
+ * level of zero; made from the list of block `block` with its gradients
+ * created or added (create) and its saved tensors in category scat. */
+typedef struct {
+    int64_t D[ML_CAT_COUNT], Dt;              /* the changes */
+    int64_t Mt, at_max[ML_CAT_COUNT];         /* the highest total after an
+                                                 allocation, the first, and the
+                                                 levels there */
+    int64_t Mc[ML_CAT_COUNT];                 /* each category's highest after
+                                                 one of its allocations */
+    int64_t minc[ML_CAT_COUNT], mint;         /* the lowest levels (frees) */
+    uint64_t freed;                           /* saved bytes the nodes free */
+    bool nz, has_alloc, cat_alloc[ML_CAT_COUNT];
+    bool valid, create;
+    ml_category scat;
+    size_t block;
+} ml_nodeprof;
+
 /* One replay: the live bytes per category and the events it writes into
  * the ledger, walking the chain under a segment plan (seg[k]: the
  * checkpoint segment of block k, -1 when not checkpointed). */
@@ -103,6 +122,7 @@ typedef struct {
      * identical blocks repeats a block's additions: replay_runs.c) */
     unsigned rec_adds;
     double rec_last;
+    ml_nodeprof np;          /* the last node list made into one step */
     /* with rsim, where its reserved bytes peaked (ml__replay_reserved_point);
      * last, so that the fields every event reads stay together */
     struct {
@@ -172,13 +192,33 @@ static inline void ml__phase_max(ml_phase_peak *p, uint64_t v, int32_t block, co
 /* The live bytes now as a point of the current phase's steady peak and,
  * first (the bytes the first iteration would hold), its first-iteration
  * peak (event() in replay.c calls it at each allocation: inline). */
-static inline void ml__replay_phase_point(ml_replay *r, uint64_t first)
+static inline void ml__replay_phase_point_at(ml_replay *r, uint64_t total, uint64_t first)
 {
     ml_summary *s = &r->l->sum;
-    ml__phase_max(&s->phase_steady[r->phase], r->total, r->block, &r->phase_sub[r->phase],
-                  r->sub);
+    ml__phase_max(&s->phase_steady[r->phase], total, r->block, &r->phase_sub[r->phase], r->sub);
     ml__phase_max(&s->phase_first[r->phase], first, r->block, &r->first_sub[r->phase], r->sub);
 }
+
+static inline void ml__replay_phase_point(ml_replay *r, uint64_t first)
+{
+    ml__replay_phase_point_at(r, r->total, first);
+}
+
+/* The node list nd (nnodes nodes, saved list sv) into *p; whether p's
+ * checks hold from r's levels (else the events run one by one); p applied
+ * to r (replay_nodes.c). */
+void ml__nodeprof_make(ml_nodeprof *p, const ml_bnode *nd, size_t nnodes, const ml_saved *sv,
+                       bool create, ml_category scat);
+bool ml__nodeprof_fits(const ml_nodeprof *p, const ml_replay *r);
+void ml__nodeprof_apply(const ml_nodeprof *p, ml_replay *r);
+/* Block k's node list (nd, sv) event by event, *freed adding the saved
+ * bytes it frees; whether it runs as one step instead (r->np made or kept
+ * for it, its checks holding); a saved tensor's free, which the allocator
+ * simulation does not see (it frees the block's saved tensors at once). */
+void ml__nodes_one_by_one(ml_replay *r, const ml_bnode *nd, size_t nnodes, const ml_saved *sv,
+                          bool create, ml_category scat, uint64_t *freed);
+bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat);
+void ml__replay_saved_free(ml_replay *r, ml_category c, uint64_t b);
 
 /* dst = a then b, cut to size - 1 bytes as snprintf cuts (size > 0) */
 void ml__name_join(char *dst, size_t size, const char *a, const char *b);

@@ -1,0 +1,171 @@
+/* A block's backward nodes as one step (docs/ledger.md, "Runs of identical
+ * layers"): the events of a node list (each node's incoming gradient,
+ * scratch and parameter gradient, the gradients and saved tensors it frees)
+ * depend on the list alone, not on the live bytes they start from. So the
+ * list is walked once into its changes per category and the prefix maxima
+ * and minima the checks and the peaks need, and each block with the same
+ * list applies them at once: the same peaks, breakdowns, phase points and
+ * category maxima as the events one by one, as test_runs.c holds against a
+ * replay of every event. */
+#include <string.h>
+
+#include "ledger/replay.h"
+
+/* The prefix sums stay far from 64 bits (a chain's bytes are below 2^56),
+ * and the levels they are added to below this: else the events run one by
+ * one, which check each addition. */
+#define LEVEL_MAX (UINT64_C(1) << 62)
+
+static void step(ml_nodeprof *p, int64_t *cur, int64_t *tot, ml_category c, int64_t d)
+{
+    if (d == 0)
+        return;
+    p->nz = true;
+    cur[c] += d;
+    *tot += d;
+    p->D[c] += d;
+    if (d > 0) {
+        if (!p->cat_alloc[c] || cur[c] > p->Mc[c])
+            p->Mc[c] = cur[c];
+        p->cat_alloc[c] = true;
+        if (!p->has_alloc || *tot > p->Mt) {
+            p->Mt = *tot;
+            memcpy(p->at_max, cur, sizeof p->at_max);
+        }
+        p->has_alloc = true;
+    } else {
+        if (cur[c] < p->minc[c])
+            p->minc[c] = cur[c];
+        if (*tot < p->mint)
+            p->mint = *tot;
+    }
+}
+
+void ml__nodeprof_make(ml_nodeprof *p, const ml_bnode *nd, size_t nnodes, const ml_saved *sv,
+                       bool create, ml_category scat)
+{
+    memset(p, 0, sizeof *p);
+    int64_t cur[ML_CAT_COUNT] = {0}, tot = 0;
+    for (size_t j = 0; j < nnodes; j++) {
+        const ml_bnode *x = &nd[j];
+        step(p, cur, &tot, ML_CAT_WORKSPACE, (int64_t)x->grad_in);
+        step(p, cur, &tot, ML_CAT_WORKSPACE, (int64_t)x->scratch);
+        step(p, cur, &tot, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, (int64_t)x->param_grad);
+        step(p, cur, &tot, ML_CAT_WORKSPACE, -(int64_t)x->scratch);
+        if (!create)
+            step(p, cur, &tot, ML_CAT_WORKSPACE, -(int64_t)x->param_grad);
+        step(p, cur, &tot, ML_CAT_WORKSPACE, -(int64_t)x->grad_out);
+        for (uint32_t s = x->first_saved; s != ML_NODE_NONE; s = sv[s].next_same) {
+            step(p, cur, &tot, scat, -(int64_t)sv[s].bytes);
+            p->freed += sv[s].bytes;
+        }
+    }
+    p->Dt = tot;
+}
+
+bool ml__nodeprof_fits(const ml_nodeprof *p, const ml_replay *r)
+{
+    if (r->total >= LEVEL_MAX)
+        return false;
+    for (int c = 0; c < ML_CAT_COUNT; c++)
+        if (r->live[c] >= LEVEL_MAX || (int64_t)r->live[c] + p->minc[c] < 0)
+            return false;
+    return (int64_t)r->total + p->mint >= 0;
+}
+
+void ml__nodeprof_apply(const ml_nodeprof *p, ml_replay *r)
+{
+    if (!p->nz)
+        return;
+    ml_summary *s = &r->l->sum;
+    /* the phase's point at the level it was entered at (event(), replay.c) */
+    if (!r->pointed || r->pointed_phase != r->phase) {
+        ml__replay_phase_point(r, r->phase == ML_PHASE_OPTIMIZER
+                                     ? r->total
+                                     : r->total - r->live[ML_CAT_OPTIMIZER]);
+        r->pointed = true;
+        r->pointed_phase = r->phase;
+    }
+    if (p->has_alloc) {
+        for (int c = 0; c < ML_CAT_COUNT; c++) {
+            uint64_t v = (uint64_t)((int64_t)r->live[c] + p->Mc[c]);
+            if (p->cat_alloc[c] && v > s->category_max[c])
+                s->category_max[c] = v;
+        }
+        const uint64_t top = (uint64_t)((int64_t)r->total + p->Mt);
+        /* the optimizer states do not move in a backward (the nodes touch
+         * none): the first iteration's level is the total less them */
+        const uint64_t first = r->phase == ML_PHASE_OPTIMIZER
+                                   ? top
+                                   : top - r->live[ML_CAT_OPTIMIZER];
+        if (first > r->peak_first)
+            r->peak_first = first;
+        ml__replay_phase_point_at(r, top, first);
+        if (top > s->peak) {
+            s->peak = top;
+            s->peak_phase = r->phase;
+            s->peak_block = r->block;
+            r->peak_sub = r->sub;
+            for (int c = 0; c < ML_CAT_COUNT; c++)
+                s->peak_breakdown[c] = (uint64_t)((int64_t)r->live[c] + p->at_max[c]);
+        }
+    }
+    for (int c = 0; c < ML_CAT_COUNT; c++)
+        r->live[c] = (uint64_t)((int64_t)r->live[c] + p->D[c]);
+    r->total = (uint64_t)((int64_t)r->total + p->Dt);
+}
+
+/* Block k's nodes' events one by one: each node's incoming gradient,
+ * scratch and parameter gradient, then what it frees; *freed adds the saved
+ * bytes they free. */
+void ml__nodes_one_by_one(ml_replay *r, const ml_bnode *nd, size_t nnodes, const ml_saved *sv,
+                          bool create, ml_category scat, uint64_t *freed)
+{
+    for (size_t j = 0; j < nnodes; j++) {
+        const ml_bnode *x = &nd[j];
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
+        ml__replay_alloc(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, x->param_grad);
+        ml__replay_free(r, ML_CAT_WORKSPACE, x->scratch);
+        if (!create)
+            ml__replay_free(r, ML_CAT_WORKSPACE, x->param_grad);
+        ml__replay_free(r, ML_CAT_WORKSPACE, x->grad_out);
+        for (uint32_t s = x->first_saved; s != ML_NODE_NONE; s = sv[s].next_same) {
+            /* the allocator simulation releases the block's saved tensors
+             * as the one allocation the forward made, below */
+            ml__replay_saved_free(r, scat, sv[s].bytes);
+            *freed += sv[s].bytes;
+        }
+    }
+}
+
+/* Whether block k's nodes run as one step (replay_nodes.c): not where each
+ * event is recorded or simulated, nor in the reference replay of every
+ * event; r->np made from k's list (or kept, from a block with the same
+ * list), its checks holding from r's levels. */
+bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat)
+{
+    if (r->keep || r->rsim || r->whole)
+        return false;
+    const ml_chain *ch = r->ch;
+    const ml_cblock *b = &ch->blocks[k];
+    ml_nodeprof *p = &r->np;
+    const ml_cblock *o = p->valid ? &ch->blocks[p->block] : NULL;
+    bool same = o && p->create == create && p->scat == scat && o->nnodes == b->nnodes &&
+                o->nsaved == b->nsaved &&
+                (o->node_first == b->node_first ||
+                 !memcmp(&ch->nodes[o->node_first], &ch->nodes[b->node_first],
+                         b->nnodes * sizeof *ch->nodes)) &&
+                (o->saved_first == b->saved_first || !b->nsaved ||
+                 !memcmp(&ch->saved[o->saved_first], &ch->saved[b->saved_first],
+                         b->nsaved * sizeof *ch->saved));
+    if (!same) {
+        ml__nodeprof_make(p, &ch->nodes[b->node_first], b->nnodes, &ch->saved[b->saved_first],
+                          create, scat);
+        p->valid = true;
+        p->create = create;
+        p->scat = scat;
+        p->block = k;
+    }
+    return ml__nodeprof_fits(p, r);
+}
