@@ -14,17 +14,8 @@ static void event(ml_replay *r, ml_category c, int64_t delta)
     if (delta == 0 || r->overflow)
         return;
     ml_summary *s = &r->l->sum;
-    /* the level the event starts from is part of its phase: at a phase's
-     * first event, the level the phase was entered at (later in the phase
-     * it is the level the last event left: recorded by that event, or
-     * below a level it recorded, so a point would change nothing) */
-    if (!r->pointed || r->pointed_phase != r->phase) {
-        ml__replay_phase_point(r, r->phase == ML_PHASE_OPTIMIZER
-                                     ? r->total
-                                     : r->total - r->live[ML_CAT_OPTIMIZER]);
-        r->pointed = true;
-        r->pointed_phase = r->phase;
-    }
+    /* the level the event starts from is part of its phase */
+    ml__replay_enter(r);
     if (delta > 0) {
         uint64_t d = (uint64_t)delta;
         if (__builtin_add_overflow(r->live[c], d, &r->live[c]) ||
@@ -32,20 +23,7 @@ static void event(ml_replay *r, ml_category c, int64_t delta)
             r->overflow = true;
         if (r->live[c] > s->category_max[c])
             s->category_max[c] = r->live[c];
-        /* the first iteration: the same events without the optimizer
-         * states before the step creates them */
-        uint64_t first = r->phase == ML_PHASE_OPTIMIZER ? r->total
-                                                         : r->total - r->live[ML_CAT_OPTIMIZER];
-        if (first > r->peak_first)
-            r->peak_first = first;
-        ml__replay_phase_point(r, first);
-        if (r->total > s->peak) {
-            s->peak = r->total;
-            s->peak_phase = r->phase;
-            s->peak_block = r->block;
-            r->peak_sub = r->sub; /* peak_step is written once, at the end */
-            memcpy(s->peak_breakdown, r->live, sizeof r->live);
-        }
+        ml__replay_rise(r, r->total, r->live);
     } else {
         uint64_t d = (uint64_t)(-delta);
         if (d > r->live[c] || d > r->total) {

@@ -4,6 +4,8 @@
 #ifndef ML_REPLAY_H
 #define ML_REPLAY_H
 
+#include <string.h>
+
 #include "ledger/chain.h"
 #include "ledger/reserved.h"
 
@@ -219,6 +221,41 @@ void ml__nodes_one_by_one(ml_replay *r, const ml_bnode *nd, size_t nnodes, const
                           bool create, ml_category scat, uint64_t *freed);
 bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat);
 void ml__replay_saved_free(ml_replay *r, ml_category c, uint64_t b);
+
+/* At a phase's first event, the level the phase was entered at as a point
+ * of its peaks (later in the phase it is the level the last event left:
+ * recorded by that event, or below a level it recorded, so a point would
+ * change nothing). */
+static inline void ml__replay_enter(ml_replay *r)
+{
+    if (r->pointed && r->pointed_phase == r->phase)
+        return;
+    ml__replay_phase_point(r, r->phase == ML_PHASE_OPTIMIZER
+                                 ? r->total
+                                 : r->total - r->live[ML_CAT_OPTIMIZER]);
+    r->pointed = true;
+    r->pointed_phase = r->phase;
+}
+
+/* After an allocation, the level total with the categories at live: a
+ * point of the first iteration's peak (the same events without the
+ * optimizer states before the step creates them), of the phases' peaks and
+ * of the peak, whose breakdown is live. */
+static inline void ml__replay_rise(ml_replay *r, uint64_t total, const uint64_t *live)
+{
+    ml_summary *s = &r->l->sum;
+    uint64_t first = r->phase == ML_PHASE_OPTIMIZER ? total : total - live[ML_CAT_OPTIMIZER];
+    if (first > r->peak_first)
+        r->peak_first = first;
+    ml__replay_phase_point_at(r, total, first);
+    if (total > s->peak) {
+        s->peak = total;
+        s->peak_phase = r->phase;
+        s->peak_block = r->block;
+        r->peak_sub = r->sub; /* peak_step is written once, at the end */
+        memcpy(s->peak_breakdown, live, sizeof s->peak_breakdown);
+    }
+}
 
 /* dst = a then b, cut to size - 1 bytes as snprintf cuts (size > 0) */
 void ml__name_join(char *dst, size_t size, const char *a, const char *b);

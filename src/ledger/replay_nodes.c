@@ -78,37 +78,18 @@ void ml__nodeprof_apply(const ml_nodeprof *p, ml_replay *r)
     if (!p->nz)
         return;
     ml_summary *s = &r->l->sum;
-    /* the phase's point at the level it was entered at (event(), replay.c) */
-    if (!r->pointed || r->pointed_phase != r->phase) {
-        ml__replay_phase_point(r, r->phase == ML_PHASE_OPTIMIZER
-                                     ? r->total
-                                     : r->total - r->live[ML_CAT_OPTIMIZER]);
-        r->pointed = true;
-        r->pointed_phase = r->phase;
-    }
+    ml__replay_enter(r); /* as event() in replay.c, at the first event */
     if (p->has_alloc) {
+        uint64_t at[ML_CAT_COUNT]; /* the levels at the highest total */
         for (int c = 0; c < ML_CAT_COUNT; c++) {
             uint64_t v = (uint64_t)((int64_t)r->live[c] + p->Mc[c]);
             if (p->cat_alloc[c] && v > s->category_max[c])
                 s->category_max[c] = v;
+            at[c] = (uint64_t)((int64_t)r->live[c] + p->at_max[c]);
         }
-        const uint64_t top = (uint64_t)((int64_t)r->total + p->Mt);
-        /* the optimizer states do not move in a backward (the nodes touch
-         * none): the first iteration's level is the total less them */
-        const uint64_t first = r->phase == ML_PHASE_OPTIMIZER
-                                   ? top
-                                   : top - r->live[ML_CAT_OPTIMIZER];
-        if (first > r->peak_first)
-            r->peak_first = first;
-        ml__replay_phase_point_at(r, top, first);
-        if (top > s->peak) {
-            s->peak = top;
-            s->peak_phase = r->phase;
-            s->peak_block = r->block;
-            r->peak_sub = r->sub;
-            for (int c = 0; c < ML_CAT_COUNT; c++)
-                s->peak_breakdown[c] = (uint64_t)((int64_t)r->live[c] + p->at_max[c]);
-        }
+        /* every other allocation's point is below this one's, and the peak
+         * is recorded at the first event that reaches it */
+        ml__replay_rise(r, (uint64_t)((int64_t)r->total + p->Mt), at);
     }
     for (int c = 0; c < ML_CAT_COUNT; c++)
         r->live[c] = (uint64_t)((int64_t)r->live[c] + p->D[c]);
