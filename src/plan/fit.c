@@ -80,6 +80,24 @@ static ml_status try_b(search *s, uint64_t b, bool *fits, ml_summary *sum)
     return ML_OK;
 }
 
+/* The largest b in [lo, hi) that fits, lo fitting and hi not: bisection. */
+static ml_status bisect(search *s, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    bool ok;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        ml_status st = try_b(s, mid, &ok, NULL);
+        if (st)
+            return st;
+        if (ok)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    *out = lo;
+    return ML_OK;
+}
+
 /* Largest b in [1, cap] that fits, 0 when none: doubling, then bisection.
  * Valid because the peak never decreases as b grows (every tensor's size is
  * non-decreasing in b; tests/unit/test_fit.c checks it on every preset). */
@@ -109,17 +127,7 @@ static ml_status largest_from_one(search *s, uint64_t cap, uint64_t *out)
             return ML_OK;
         }
     }
-    while (hi - lo > 1) {
-        uint64_t mid = lo + (hi - lo) / 2;
-        if ((st = try_b(s, mid, &ok, NULL)))
-            return st;
-        if (ok)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    *out = lo;
-    return ML_OK;
+    return bisect(s, lo, hi, out);
 }
 
 /* Largest b in [1, top] that fits, 0 when none, searching down from top:
@@ -148,17 +156,7 @@ static ml_status largest_below(search *s, uint64_t top, uint64_t *out)
             d *= 2;
         }
     }
-    while (hi - lo > 1) {
-        uint64_t mid = lo + (hi - lo) / 2;
-        if ((st = try_b(s, mid, &ok, NULL)))
-            return st;
-        if (ok)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    *out = lo;
-    return ML_OK;
+    return bisect(s, lo, hi, out);
 }
 
 /* Largest b in [1, cap] that fits, 0 when none. With the allocator
@@ -166,7 +164,7 @@ static ml_status largest_below(search *s, uint64_t top, uint64_t *out)
  * the simulation: a plan that fits with its cache fits without it (the
  * simulation only adds to what the budget and the device hold: verdict.c),
  * so the answer is at most the allocated view's, and the simulated search
- * runs down from there (docs/allocator.md, "Speed"). */
+ * runs down from there (docs/allocator.md, "The verdict"). */
 static ml_status largest(search *s, uint64_t cap, uint64_t *out)
 {
     const ml_allocator a = s->cfg.device.allocator;
