@@ -186,6 +186,13 @@ static void test_checkpoint_lowers_gpt2_peak(void **state)
 }
 
 
+/* The tiny MLP of the two timeline tests below. */
+static const char *const mlp_sgd =
+    "model:\n  type: sequential\n  input: [8]\n  layers:\n"
+    "    - linear: {out: 16, bias: false}\n    - gelu: {}\n"
+    "    - linear: {out: 4, bias: false}\n  loss: mse\n"
+    "training:\n  micro_batch: 3\n  optimizer: sgd\n";
+
 /* The whole timeline of a tiny MLP, by hand from the rules of docs/ledger.md.
  * B=3, 8 -> 16 -> 4 without biases, gelu, MSE, fp32, plain SGD (no states,
  * no step temporaries). Params 192 x 4 B = 768.
@@ -214,10 +221,7 @@ static void test_checkpoint_lowers_gpt2_peak(void **state)
 static void test_mlp_timeline_by_hand(void **state)
 {
     (void)state;
-    ml_model *m = load_str("model:\n  type: sequential\n  input: [8]\n  layers:\n"
-                           "    - linear: {out: 16, bias: false}\n    - gelu: {}\n"
-                           "    - linear: {out: 4, bias: false}\n  loss: mse\n"
-                           "training:\n  micro_batch: 3\n  optimizer: sgd\n");
+    ml_model *m = load_str(mlp_sgd);
     ml_config c = config_allocated(m);
     ml_ledger *l = eval(m, &c, true);
     const ml_summary *s = ml_ledger_summary(l);
@@ -281,10 +285,7 @@ static void test_mlp_timeline_by_hand(void **state)
 static void test_mlp_timeline_accumulation(void **state)
 {
     (void)state;
-    ml_model *m = load_str("model:\n  type: sequential\n  input: [8]\n  layers:\n"
-                           "    - linear: {out: 16, bias: false}\n    - gelu: {}\n"
-                           "    - linear: {out: 4, bias: false}\n  loss: mse\n"
-                           "training:\n  micro_batch: 3\n  optimizer: sgd\n");
+    ml_model *m = load_str(mlp_sgd);
     ml_config c = config_allocated(m);
     c.device.peak_tflops = 1e-9;
     c.device.efficiency = 1;
