@@ -81,6 +81,7 @@ typedef struct ml_length_point {
     uint64_t peak;       /* the binding allocator peak (ml_summary.binding) */
     uint64_t peak_total; /* with fragmentation and the runtime reserve */
     bool fits;           /* false too without a device */
+    int64_t headroom;    /* the plan's (ml_summary.headroom); 0 without a device */
 } ml_length_point;
 
 typedef struct ml_length_bucket {

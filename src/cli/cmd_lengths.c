@@ -96,7 +96,7 @@ static int write_report(const ml_cli_opts *o, const ml_model *m, const ml_config
     FILE *f = out.f;
     int w;
     ml_report_verdict v; /* with a device the lengths decide (docs/lengths.md) */
-    ml__report_lengths_verdict(cfg, r, &v);
+    ml__report_lengths_verdict(r, &v);
     if (l)
         w = o->format == ML_FMT_JSON
                 ? ml_report_json_lengths(f, m, cfg, l, d, req, r)

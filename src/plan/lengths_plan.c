@@ -43,7 +43,8 @@ static ml_status point_at(lengths_ctx *p, uint64_t b, uint64_t t, ml_length_poin
         return st;
     const ml_summary *s = ml_ledger_summary(l);
     const uint64_t peaks[] = {s->peak, s->peak_first_iteration, s->peak_eval};
-    *out = (ml_length_point){b, t, peaks[s->binding], s->peak_total, s->has_device && s->fits};
+    *out = (ml_length_point){b,           t, peaks[s->binding], s->peak_total,
+                             s->has_device && s->fits, s->has_device ? s->headroom : 0};
     ml_ledger_destroy(l);
     return ML_OK;
 }

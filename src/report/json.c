@@ -266,7 +266,7 @@ int ml_report_json_lengths(FILE *f, const ml_model *m, const ml_config *cfg, con
                            const ml_lengths_result *r)
 {
     ml_report_verdict v;
-    ml__report_lengths_verdict(cfg, r, &v);
+    ml__report_lengths_verdict(r, &v);
     ml__report_json_open_verdict(f, m, cfg, l, cfg->device.present ? &v : NULL);
     fputs(",\n \"lengths\": ", f);
     ml_report_lengths_json_object(f, d, req, r);

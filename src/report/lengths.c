@@ -21,33 +21,11 @@ static void point_row(FILE *f, const char *what, const ml_length_point *p, bool 
             (unsigned long long)p->seq_len, pk, tot, yes_no(p, device));
 }
 
-/* min(budget - held, memory - device total) of one planned batch, clamped
- * to the signed 64-bit range the JSON's headroom is: held is what the
- * budget holds, the reserved peak with the allocator simulated (device total
- * less the runtime reserve), else the allocator peak (the plan's verdict,
- * docs/cli.md). A batch that does not fit with room on both lines is one
- * the simulated allocator ran out of the device on: at least a byte short. */
-static int64_t point_headroom(const ml_config *cfg, const ml_length_point *p)
+/* v's tightest batch: the one with the least headroom (the plan's own,
+ * ml_length_point.headroom). */
+static void tighter(const ml_length_point *p, ml_report_verdict *v)
 {
-    const ml_device *d = &cfg->device;
-    uint64_t budget = ml_device_budget(d), memory = d->memory;
-    uint64_t held = d->allocator != ML_ALLOCATOR_NONE && p->peak_total >= d->runtime_reserve
-                        ? p->peak_total - d->runtime_reserve
-                        : p->peak;
-    int64_t a = held <= budget ? (int64_t)(budget - held)
-                : held - budget <= (uint64_t)INT64_MAX ? -(int64_t)(held - budget)
-                                                       : INT64_MIN;
-    int64_t b = p->peak_total <= memory ? (int64_t)(memory - p->peak_total)
-                : p->peak_total - memory <= (uint64_t)INT64_MAX
-                    ? -(int64_t)(p->peak_total - memory)
-                    : INT64_MIN;
-    int64_t h = a < b ? a : b;
-    return !p->fits && h >= 0 ? -1 : h;
-}
-
-static void tighter(const ml_config *cfg, const ml_length_point *p, ml_report_verdict *v)
-{
-    int64_t h = point_headroom(cfg, p);
+    int64_t h = p->headroom;
     if (h < v->headroom || !v->worst_micro_batch) {
         v->headroom = h;
         v->worst_micro_batch = p->micro_batch;
@@ -55,17 +33,16 @@ static void tighter(const ml_config *cfg, const ml_length_point *p, ml_report_ve
     }
 }
 
-void ml__report_lengths_verdict(const ml_config *cfg, const ml_lengths_result *r,
-                                ml_report_verdict *v)
+void ml__report_lengths_verdict(const ml_lengths_result *r, ml_report_verdict *v)
 {
     memset(v, 0, sizeof *v);
     v->p_over = r->p_over_budget;
     v->fits = !(r->p_over_budget > 0);
-    tighter(cfg, &r->max, v);
-    tighter(cfg, &r->p99, v);
-    tighter(cfg, &r->p50, v);
+    tighter(&r->max, v);
+    tighter(&r->p99, v);
+    tighter(&r->p50, v);
     for (size_t i = 0; i < r->nbuckets; i++)
-        tighter(cfg, &r->buckets[i].point, v);
+        tighter(&r->buckets[i].point, v);
 }
 
 static void describe(FILE *f, const ml_config *cfg, const ml_lengths *d, const char *source,

@@ -19,8 +19,7 @@ typedef struct ml_report_verdict {
 } ml_report_verdict;
 
 /* v from a lengths result planned on a device (lengths.c). */
-void ml__report_lengths_verdict(const ml_config *cfg, const ml_lengths_result *r,
-                                ml_report_verdict *v);
+void ml__report_lengths_verdict(const ml_lengths_result *r, ml_report_verdict *v);
 
 /* ml_report_text with the verdict v (NULL: the plan's own) (text.c). */
 int ml__report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,

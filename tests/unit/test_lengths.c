@@ -159,7 +159,8 @@ static ml_length_point direct(const ml_model *m, const ml_config *c0, uint64_t b
     if (ml_ledger_evaluate(m, &c, false, &l, &e))
         fail_msg("%s", e.msg);
     const ml_summary *s = ml_ledger_summary(l);
-    ml_length_point p = {b, t, s->peak, s->peak_total, s->has_device && s->fits};
+    ml_length_point p = {b,           t, s->peak, s->peak_total, s->has_device && s->fits,
+                         s->has_device ? s->headroom : 0};
     ml_ledger_destroy(l);
     return p;
 }
@@ -171,6 +172,7 @@ static void same_point(ml_length_point got, ml_length_point want)
     assert_int_equal(got.peak, want.peak);
     assert_int_equal(got.peak_total, want.peak_total);
     assert_int_equal(got.fits, want.fits);
+    assert_int_equal(got.headroom, want.headroom);
 }
 
 /* A device (no runtime reserve) whose memory falls halfway between the
