@@ -51,7 +51,8 @@ static ml_status plan(ml_planner *p, const ml_model *m, const ml_config *c, ml_l
  * (ml_ledger_evaluate) or through a prepared planner; with an allocator,
  * each plan also simulates PyTorch's caching allocator over three
  * iterations (docs/allocator.md). */
-static void evals_per_second(unsigned layers, double seconds, ml_allocator alloc, bool prepared)
+static void evals_per_second(unsigned layers, double seconds, ml_allocator alloc, bool prepared,
+                             bool timed)
 {
     ml_model *m = decoder(layers);
     ml_planner *p = NULL;
@@ -65,6 +66,9 @@ static void evals_per_second(unsigned layers, double seconds, ml_allocator alloc
      * (the larger decoders do not fit 80 GiB at every micro-batch) */
     if (alloc != ML_ALLOCATOR_NONE)
         c.device.present = false;
+    /* the per-op step time (docs/time.md) needs a named device's rates */
+    if (timed && ml_device_preset_apply("h100-sxm", &c.device, NULL) != ML_OK)
+        timed = false;
     unsigned long n = 0;
     double t0 = now(), t = t0;
     do {
@@ -76,9 +80,9 @@ static void evals_per_second(unsigned layers, double seconds, ml_allocator alloc
         n++;
         t = now();
     } while (t - t0 < seconds);
-    printf("plan evaluations, %4u-block decoder%s%s: %10.0f per second (%lu in %.2f s, "
+    printf("plan evaluations, %4u-block decoder%s%s%s: %10.0f per second (%lu in %.2f s, "
            "%.3f ms each)\n",
-           layers, prepared ? ", prepared planner" : "",
+           layers, prepared ? ", prepared planner" : "", timed ? ", per-op step time (h100-sxm)" : "",
            alloc == ML_ALLOCATOR_CACHING ? ", caching allocator simulated (no device)" : "",
            (double)n / (t - t0), n, t - t0, (t - t0) / (double)(n ? n : 1) * 1e3);
     ml_planner_destroy(p);
@@ -244,15 +248,17 @@ int main(int argc, char **argv)
         bench_sequential_fit(n);
     if (attacks_only)
         return 0;
-    evals_per_second(32, secs, ML_ALLOCATOR_NONE, false);
-    evals_per_second(32, secs, ML_ALLOCATOR_NONE, true);
-    evals_per_second(32, secs, ML_ALLOCATOR_CACHING, false);
-    evals_per_second(32, secs, ML_ALLOCATOR_CACHING, true);
-    evals_per_second(96, secs, ML_ALLOCATOR_NONE, false);
-    evals_per_second(96, secs, ML_ALLOCATOR_NONE, true);
-    evals_per_second(96, secs, ML_ALLOCATOR_CACHING, false);
-    evals_per_second(1000, secs, ML_ALLOCATOR_NONE, false);
-    evals_per_second(1000, secs, ML_ALLOCATOR_NONE, true);
+    evals_per_second(32, secs, ML_ALLOCATOR_NONE, false, false);
+    evals_per_second(32, secs, ML_ALLOCATOR_NONE, true, false);
+    evals_per_second(32, secs, ML_ALLOCATOR_NONE, false, true);
+    evals_per_second(32, secs, ML_ALLOCATOR_NONE, true, true);
+    evals_per_second(32, secs, ML_ALLOCATOR_CACHING, false, false);
+    evals_per_second(32, secs, ML_ALLOCATOR_CACHING, true, false);
+    evals_per_second(96, secs, ML_ALLOCATOR_NONE, false, false);
+    evals_per_second(96, secs, ML_ALLOCATOR_NONE, true, false);
+    evals_per_second(96, secs, ML_ALLOCATOR_CACHING, false, false);
+    evals_per_second(1000, secs, ML_ALLOCATOR_NONE, false, false);
+    evals_per_second(1000, secs, ML_ALLOCATOR_NONE, true, false);
     fit_time(32, ML_ALLOCATOR_NONE);
     fit_time(32, ML_ALLOCATOR_CACHING);
     optimal_time(32);

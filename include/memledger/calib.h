@@ -117,6 +117,18 @@ ML_API ml_status ml_profile_add_point(ml_profile *p, const char *kind, const ml_
 ML_API ml_status ml_profile_add_gemm(ml_profile *p, const ml_profile_gemm *g);
 /* Device dense peak (TFLOP/s) the efficiency refers to; 0 = unknown. */
 ML_API void ml_profile_set_peak(ml_profile *p, double peak_tflops);
+/* The host's dispatch cost (the profile's `host:` section, docs/time.md):
+ * seconds per kernel launched in forward and by a backward node, per
+ * block's forward and backward besides its kernels (its modules, its
+ * hooks), per block recomputed under checkpointing, per optimizer
+ * foreach call and per tensor in it. */
+typedef struct ml_profile_host {
+    double forward_op_s, backward_op_s, forward_block_s, backward_block_s, recompute_block_s,
+        step_call_s, step_tensor_s;
+} ml_profile_host;
+ML_API void ml_profile_set_host(ml_profile *p, const ml_profile_host *h);
+/* NULL when the profile has no host section. */
+ML_API const ml_profile_host *ml_profile_host_costs(const ml_profile *p);
 /* Fits c and the fixed term per kind (saved = c * B*T*D*b + fixed); for the
  * blocks with attention whose points name H and span enough shapes (several
  * T and B), also the attention terms: saved = c * B*T*D*b + c_attention *

@@ -151,6 +151,46 @@ typedef struct ml_reserved_at {
     uint64_t segments;    /* segments then */
 } ml_reserved_at;
 
+/* The per-op step-time model (docs/time.md): each op of each block timed
+ * on the GPU as the slower of its FLOPs at the rate of its kind and shape
+ * and its bytes at the memory bandwidth its kernel class achieves, at
+ * least a kernel's floor; each op dispatched by the host at a cost per
+ * kernel; the two run as a pipeline (a kernel starts once the GPU is free
+ * and the host has issued it). */
+typedef enum {
+    ML_TIME_NONE,       /* not timed: the device's rates are unknown */
+    ML_TIME_DATASHEET,  /* the device's datasheet figures, derated */
+    ML_TIME_CALIBRATED, /* the GEMM rates of a calibration profile */
+} ml_time_source;
+
+typedef enum {
+    ML_TPHASE_FORWARD,
+    ML_TPHASE_BACKWARD,
+    ML_TPHASE_RECOMPUTE,
+    ML_TPHASE_STEP,
+    ML_TPHASE_COUNT
+} ml_time_phase;
+
+typedef struct ml_step_time {
+    ml_time_source source;
+    double step_s;       /* one iteration, all micro-batches: the pipeline of
+                            GPU and host, plus communication and host
+                            transfers as step_time_s adds them */
+    double gpu_s;        /* the GPU's busy time */
+    double host_s;       /* the host's dispatch time */
+    bool host_bound;     /* host_s > gpu_s */
+    double by_phase[ML_TPHASE_COUNT]; /* step_s's compute part, by phase */
+    double gemm_s;       /* GPU time of matrix products and fused attention */
+    double memory_s;     /* GPU time of the memory-bound ops */
+    double floor_s;      /* GPU time where the kernel floor binds */
+    double tokens_per_s; /* micro-batch x tokens x accumulation / step_s */
+    double mfu;          /* (forward + backward FLOPs) / step_s / the datasheet
+                            peak; < 0 without one */
+    size_t flops_only_blocks; /* blocks without an op graph: timed by FLOPs */
+    double kernels[ML_TPHASE_COUNT]; /* kernels launched per iteration, by phase */
+    double recomputed_blocks; /* block recomputations per iteration */
+} ml_step_time;
+
 typedef struct ml_summary {
     uint64_t params;                 /* parameter count */
     /* resident and end-of-forward bytes */
@@ -243,6 +283,8 @@ typedef struct ml_summary {
     ml_phase_peak phase_steady[ML_PHASE_COUNT];
     ml_phase_peak phase_first[ML_PHASE_COUNT];
     ml_phase_peak phase_eval[ML_PHASE_COUNT];
+    /* the step time of the per-op model (ml_step_time) */
+    ml_step_time time;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -185,6 +185,9 @@ typedef struct ml_device_preset {
                               nominal capacity in GiB (docs/devices.md) */
     double peak_tflops[ML_COMPUTE_COUNT]; /* dense TFLOP/s; 0 = unsupported or
                                              not published */
+    /* for the step-time model (docs/time.md); 0 = not published */
+    double memory_gbps;    /* DRAM (HBM, GDDR) bandwidth, GB/s = 1e9 bytes/s */
+    unsigned sms;          /* streaming multiprocessors (compute units) */
 } ml_device_preset;
 
 typedef struct ml_device {

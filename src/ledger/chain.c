@@ -349,5 +349,6 @@ void ml__chain_free(ml_chain *ch)
     free(ch->params);
     free(ch->nodes);
     free(ch->sides);
+    free(ch->work);
     memset(ch, 0, sizeof *ch);
 }

@@ -70,12 +70,27 @@ typedef struct {
                              through ml_saved.next_same, in the list's order */
 } ml_bnode;
 
+/* What one op, or its backward node, does to the device (work.h). */
+typedef struct {
+    uint8_t kind;    /* mlg_op_kind */
+    bool bwd;        /* the op's backward node, not its forward */
+    uint8_t esize;   /* a matrix product's element bytes */
+    uint8_t kernels; /* kernels launched */
+    bool core;       /* part of the attention core (selective checkpointing
+                        recomputes it) */
+    double flops, bytes;
+    /* a matrix product's shape: batch products of (m x k) by (k x n); all
+     * 0: not a product */
+    double m, n, k, batch;
+} ml_work_item;
+
 typedef struct {
     /* where the block is (the rest, from fwd_phase on, is what it is:
      * ml__chain_mark_runs compares that part of two blocks) */
     char name[48];
     int ckpt_index;          /* index in checkpoint lists, -1: not checkpointable */
     size_t saved_first, node_first;
+    uint32_t work_first;     /* where its work items lie (below) */
     bool like_prev;          /* the same block as the one before it, but for the
                                 fields above (ml__chain_mark_runs; the replay
                                 skips runs of them, replay_runs.c) */
@@ -132,6 +147,11 @@ typedef struct {
                                 one Llava's projector reads): its saved tensors
                                 and output are a side tensor freed with the
                                 projector's forward */
+    /* its ops' work (work.h): chain work items [work_first, + work_fwd) its
+     * forward, then work_bwd of its backward; work_known: listed from its
+     * op graph (else the step-time model times it by its FLOPs) */
+    uint32_t work_fwd, work_bwd;
+    bool work_known;
     bool grads_in_fwd;       /* its forward computes its input's gradient (in_bytes)
                                 and its parameters' (grad_bytes), as logits: fused's
                                 linear-cross-entropy does; its backward hands them over */
@@ -218,6 +238,9 @@ typedef struct {
     uint64_t max_unsaved, max_tensor;
     uint64_t max_param_numel;
     ml_param_sums psum;         /* of params, once the chain is built */
+    ml_work_item *work;         /* what each block's ops do to the device (work.h),
+                                   blocks' ranges in work_first .. */
+    size_t nwork, workcap;
 } ml_chain;
 
 /* The same for every training setting the chain refuses for this model

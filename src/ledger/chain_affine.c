@@ -31,8 +31,9 @@
 #include "ledger/chain_affine.h"
 
 #if UINTPTR_MAX == UINT64_MAX
-_Static_assert(sizeof(ml_chain) == 336 && sizeof(ml_cblock) == 264 && sizeof(ml_saved) == 32 &&
-                   sizeof(ml_bnode) == 48 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32,
+_Static_assert(sizeof(ml_chain) == 360 && sizeof(ml_cblock) == 280 && sizeof(ml_saved) == 32 &&
+                   sizeof(ml_bnode) == 48 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32 &&
+                   sizeof(ml_work_item) == 56,
                "a chain struct changed (chain.h): list its new field below, then the sizes");
 #endif
 
@@ -43,7 +44,8 @@ _Static_assert(sizeof(ml_chain) == 336 && sizeof(ml_cblock) == 264 && sizeof(ml_
     X(ckpt_index) X(saved_first) X(node_first) X(like_prev) X(fwd_phase) X(params) X(nsaved)   \
     X(nnodes) X(in_saved) X(out_saved) X(identity) X(in_held) X(in_nograd) X(inplace)         \
     X(nodes_off) X(measured) X(fwd_only) X(frozen) X(unused_out) X(grads_in_fwd)             \
-    X(ws_fwd_ops) X(ws_nograd_ops) X(ws_formula)
+    X(ws_fwd_ops) X(ws_nograd_ops) X(ws_formula) X(work_first) X(work_fwd) X(work_bwd)        \
+    X(work_known)
 #define BLOCK_BYTES(X)                                                                         \
     X(saved_bytes) X(core_bytes) X(cast_bytes) X(in_bytes) X(ws_fwd) X(ws_nograd) X(ws_bwd)   \
     X(unit_fwd) X(unit) X(bwd_in) X(grad_bytes) X(grad_accum_bytes) X(cache_bytes)
@@ -52,11 +54,13 @@ _Static_assert(sizeof(ml_chain) == 336 && sizeof(ml_cblock) == 264 && sizeof(ml_
 #define SAVED_BYTES(X) X(bytes)
 #define NODE_SHAPE(X) X(first_saved)
 #define NODE_BYTES(X) X(grad_in) X(param_grad) X(scratch) X(grad_out)
+#define WORK_SHAPE(X) X(kind) X(bwd) X(esize) X(kernels) X(core)
+#define WORK_FLOPS(X) X(flops) X(bytes) X(m) X(n) X(k) X(batch)
 #define PARAM_SHAPE(X) X(numel) X(rows) X(cols) X(nograd) X(frozen)
 #define SIDE_SHAPE(X) X(from) X(to) X(to_bwd) X(ckpt_kept) X(grad_from) X(grad_to) X(graph)
 #define SIDE_BYTES(X) X(bytes) X(grad)
 #define CHAIN_SHAPE(X)                                                                         \
-    X(n) X(nsaved) X(nparams) X(nnodes) X(nsides) X(overflow) X(nomem) X(record_nodes)        \
+    X(n) X(nsaved) X(nparams) X(nnodes) X(nsides) X(nwork) X(overflow) X(nomem) X(record_nodes)        \
     X(eval_mode) X(selective) X(mask_in_forward) X(T) X(c_width) X(n_ckpt)   \
     X(calibrated) X(calib_c) X(calib_exact) X(vis_mode) X(mask_ckpt0) X(max_param_numel)     \
     X(psum.all) X(psum.trained) X(psum.with_grad) X(psum.overflow) X(psum.known)
@@ -118,6 +122,12 @@ static bool param_line(const ml_ptensor *a, const ml_ptensor *b, const ml_ptenso
     return true PARAM_SHAPE(EQ);
 }
 
+static bool work_line(const ml_work_item *a, const ml_work_item *b, const ml_work_item *c,
+                      uint64_t x)
+{
+    return true WORK_SHAPE(EQ) WORK_FLOPS(LINE_F);
+}
+
 static bool side_line(const ml_side *a, const ml_side *b, const ml_side *c, uint64_t x)
 {
     return same_str(a->what, b->what) &&
@@ -149,6 +159,9 @@ bool ml__chain_line(const ml_chain *a, const ml_chain *b, const ml_chain *c, uin
             return false;
     for (size_t i = 0; i < a->nsides; i++)
         if (!side_line(&a->sides[i], &b->sides[i], &c->sides[i], x))
+            return false;
+    for (size_t i = 0; i < a->nwork; i++)
+        if (!work_line(&a->work[i], &b->work[i], &c->work[i], x))
             return false;
     return true;
 }
@@ -198,6 +211,7 @@ static bool room(const ml_chain *a, ml_chain *o)
     ROOM(params, nparams, paramcap)
     ROOM(nodes, nnodes, nodecap)
     ROOM(sides, nsides, sidecap)
+    ROOM(work, nwork, workcap)
 #undef ROOM
     return true;
 }
@@ -218,6 +232,8 @@ static void chain_at(const ml_chain *a, const ml_chain *b, unsigned k, uint64_t 
     o->paramcap = keep.paramcap;
     o->nodecap = keep.nodecap;
     o->sidecap = keep.sidecap;
+    o->work = keep.work;
+    o->workcap = keep.workcap;
     CHAIN_BYTES(AT_U)
 }
 
@@ -238,6 +254,12 @@ static void node_at(const ml_bnode *a, const ml_bnode *b, unsigned k, uint64_t B
                     bool *bad)
 {
     NODE_BYTES(AT_U)
+}
+
+static void work_at(const ml_work_item *a, const ml_work_item *b, unsigned k, uint64_t B,
+                    ml_work_item *o, bool *bad)
+{
+    WORK_FLOPS(AT_F)
 }
 
 static void side_at(const ml_side *a, const ml_side *b, unsigned k, uint64_t B, ml_side *o,
@@ -262,6 +284,7 @@ ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uin
     COPY(nodes, nnodes)
     COPY(params, nparams)
     COPY(sides, nsides)
+    COPY(work, nwork)
 #undef COPY
     for (size_t i = 0; i < one->n && !bad; i++)
         block_at(&one->blocks[i], &two->blocks[i], k, B, &o->blocks[i], &bad);
@@ -271,5 +294,7 @@ ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uin
         node_at(&one->nodes[i], &two->nodes[i], k, B, &o->nodes[i], &bad);
     for (size_t i = 0; i < one->nsides && !bad; i++)
         side_at(&one->sides[i], &two->sides[i], k, B, &o->sides[i], &bad);
+    for (size_t i = 0; i < one->nwork && !bad; i++)
+        work_at(&one->work[i], &two->work[i], k, B, &o->work[i], &bad);
     return bad ? ML_OVERFLOW : ML_OK;
 }

@@ -10,6 +10,7 @@
 #include "graph/kit_embed.h"
 #include "graph/kit_head.h"
 #include "ledger/chain_kit.h"
+#include "ledger/work.h"
 #include "util/grow.h"
 
 /* What of the configuration changes the ops. */
@@ -515,6 +516,7 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
             node(ch, b, G, k, &x, &whole);
     }
     const uint64_t held = output(ch, b, G, x.idx, out);
+    ml__work_graph(ch, b, g, &G->z, G->tb);
     ml__ck_end(ch, b, out);
     if (!G->programs || ch->overflow)
         return;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "ledger/replay.h"
+#include "ledger/steptime.h"
 #include "memledger/calib.h"
 #include "util/error.h"
 
@@ -452,6 +453,7 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
         memcpy(s->phase_eval, x->eval_phases, sizeof s->phase_eval);
     flops_and_time(ch, x->cfg, flops_re, s);
     ml__time_finish(&x->cfg->device, l); /* docs/ledger.md, "Time" */
+    ml__step_time(ch, x->cfg, seg, s);    /* docs/time.md */
     if ((st = ml__eval_verdict(ch, &x->cfg->device, x->cache_allow, s, err)))
         return st;
     block_table(x, seg, l);

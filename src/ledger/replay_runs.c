@@ -15,7 +15,7 @@
 #include "ledger/replay.h"
 
 /* Blocks a and b the same but for their names, checkpoint indices and where
- * their saved and node lists lie (the lists' entries equal). */
+ * their saved, node and work lists lie (the lists' entries equal). */
 static bool same_block(const ml_chain *ch, const ml_cblock *a, const ml_cblock *b)
 {
     const size_t from = offsetof(ml_cblock, fwd_phase);
@@ -24,6 +24,10 @@ static bool same_block(const ml_chain *ch, const ml_cblock *a, const ml_cblock *
     if (a->saved_first != b->saved_first && a->nsaved &&
         memcmp(&ch->saved[a->saved_first], &ch->saved[b->saved_first],
                a->nsaved * sizeof *ch->saved))
+        return false;
+    if (a->work_first != b->work_first && a->work_fwd + a->work_bwd &&
+        memcmp(&ch->work[a->work_first], &ch->work[b->work_first],
+               (a->work_fwd + a->work_bwd) * sizeof *ch->work))
         return false;
     return a->node_first == b->node_first || !a->nnodes ||
            !memcmp(&ch->nodes[a->node_first], &ch->nodes[b->node_first],

@@ -37,6 +37,8 @@ struct ml_profile {
     ml_profile_gemm *gemm;
     size_t ngemm, gcap;
     double peak_tflops;
+    ml_profile_host host;
+    bool has_host;
 };
 
 static const char *const kind_names[ML_PK_COUNT] = {
@@ -141,6 +143,17 @@ ml_status ml_profile_add_gemm(ml_profile *p, const ml_profile_gemm *g)
     p->gemm = ng;
     p->gemm[p->ngemm++] = *g;
     return ML_OK;
+}
+
+void ml_profile_set_host(ml_profile *p, const ml_profile_host *h)
+{
+    p->host = *h;
+    p->has_host = true;
+}
+
+const ml_profile_host *ml_profile_host_costs(const ml_profile *p)
+{
+    return p->has_host ? &p->host : NULL;
 }
 
 void ml_profile_set_peak(ml_profile *p, double peak_tflops)
@@ -471,6 +484,15 @@ int ml_profile_write(FILE *f, const ml_profile *p)
                 (unsigned long long)p->gemm[i].k, p->gemm[i].tflops);
     if (!p->ngemm)
         fputs("  []\n", f);
+    if (p->has_host)
+        fprintf(f,
+                "host:\n  forward_op_us: %.10g\n  backward_op_us: %.10g\n  forward_block_us: "
+                "%.10g\n  backward_block_us: %.10g\n  recompute_block_us: %.10g\n  "
+                "step_call_us: %.10g\n  step_tensor_us: %.10g\n",
+                p->host.forward_op_s * 1e6, p->host.backward_op_s * 1e6,
+                p->host.forward_block_s * 1e6, p->host.backward_block_s * 1e6,
+                p->host.recompute_block_s * 1e6, p->host.step_call_s * 1e6,
+                p->host.step_tensor_s * 1e6);
     fputs("layers:\n", f);
     for (size_t i = 0; i < p->nkinds; i++) {
         const kindrec *k = &p->kinds[i];

@@ -101,11 +101,12 @@ static bool same_size(const ml_profile_point *a, const ml_profile_point *b)
 }
 
 
-#define NTOP 15
+#define NTOP 16
 /* The keys a profile may have at its top. */
 static const char *const top_keys[NTOP] = {
     "profile_version", "name", "backend", "device", "dtype", "driver", "library", "created",
-    "notes", "precision", "peak_tflops", "achieved_tflops", "efficiency", "gemm", "layers"};
+    "notes", "precision", "peak_tflops", "achieved_tflops", "efficiency", "gemm", "layers",
+    "host"};
 
 /* Every top key is known, the version is 1, and the metadata (each a
  * string) has a known dtype and precision. */
@@ -282,13 +283,52 @@ static ml_status read_layers(const ml_node *r, const ml_node *ls, ml_profile *p,
     return ML_OK;
 }
 
+/* The host's dispatch costs (docs/time.md), in microseconds: all seven
+ * keys, none other. */
+#define NHOST 7
+#define HOST_KEYS                                                                              \
+    "forward_op_us, backward_op_us, forward_block_us, backward_block_us, "                     \
+    "recompute_block_us, step_call_us, step_tensor_us"
+static ml_status read_host(const ml_node *r, ml_profile *p, ml_error *err)
+{
+    static const char *const keys[NHOST] = {
+        "forward_op_us",      "backward_op_us", "forward_block_us", "backward_block_us",
+        "recompute_block_us", "step_call_us",   "step_tensor_us"};
+    const ml_node *h = ml__tree_get(r, "host");
+    if (!h)
+        return ML_OK;
+    if (h->type != ML_NODE_MAP)
+        return ml__error_at(err, h, ML_SCHEMA,
+                            "host: expected a mapping of " HOST_KEYS);
+    for (size_t i = 0; i < h->count; i++) {
+        size_t j = 0;
+        while (j < NHOST && strcmp(h->keys[i]->text, keys[j]))
+            j++;
+        if (j == NHOST)
+            return ml__error_at(err, h->keys[i], ML_SCHEMA,
+                                "host.%s: unknown key (host takes " HOST_KEYS ")",
+                                h->keys[i]->text);
+    }
+    double v[NHOST];
+    for (int j = 0; j < NHOST; j++) {
+        ml_status st = num(err, h, keys[j], "host", true, &v[j]);
+        if (st)
+            return st;
+    }
+    const ml_profile_host c = {v[0] * 1e-6, v[1] * 1e-6, v[2] * 1e-6, v[3] * 1e-6,
+                               v[4] * 1e-6, v[5] * 1e-6, v[6] * 1e-6};
+    ml_profile_set_host(p, &c);
+    return ML_OK;
+}
+
 static ml_status read_profile(const ml_node *r, ml_profile *p, ml_error *err)
 {
     if (!r || r->type != ML_NODE_MAP)
         return ml__error_at(err, r, ML_SCHEMA,
                             "a profile is a mapping (profile_version, device, layers, ...)");
     ml_status st;
-    if ((st = read_header(r, p, err)) || (st = read_gemm(r, p, err)))
+    if ((st = read_header(r, p, err)) || (st = read_gemm(r, p, err)) ||
+        (st = read_host(r, p, err)))
         return st;
     const ml_node *ls = ml__tree_get(r, "layers");
     if ((st = read_layers(r, ls, p, err)))

@@ -191,6 +191,46 @@ static void json_device(FILE *f, const ml_summary *s, const ml_report_verdict *v
 
 /* "blocks", "flops", "communication", "host_transfer", "step_time_s" and
  * "time". */
+/* , "key": {"forward": .., "backward": .., "recompute": .., "step": ..}, or
+ * null without values */
+static void phase_object(FILE *f, const char *key, const double *v)
+{
+    static const char *const ph[ML_TPHASE_COUNT] = {"forward", "backward", "recompute", "step"};
+    fprintf(f, ", \"%s\": ", key);
+    if (!v) {
+        fputs("null", f);
+        return;
+    }
+    for (int i = 0; i < ML_TPHASE_COUNT; i++) {
+        fprintf(f, "%s\"%s\": ", i ? ", " : "{", ph[i]);
+        num(f, v[i]);
+    }
+    fputc('}', f);
+}
+
+/* The per-op model's step time (docs/time.md), inside "time": null figures
+ * and source "none" when the device's rates are unknown. */
+static void json_step_time(FILE *f, const ml_step_time *t)
+{
+    static const char *const src[] = {"none", "datasheet", "calibrated"};
+    const bool known = t->source != ML_TIME_NONE;
+    const double v[] = {t->step_s, t->gpu_s, t->host_s, t->gemm_s, t->memory_s, t->floor_s,
+                        t->tokens_per_s, t->mfu};
+    static const char *const k[] = {"step_s", "gpu_s", "host_s", "gemm_s", "memory_s",
+                                    "floor_s", "tokens_per_s", "mfu"};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        fprintf(f, ", \"%s\": ", k[i]);
+        num_or_null(f, known ? v[i] : -1);
+    }
+    fprintf(f, ", \"bound\": %s", !known ? "null" : t->host_bound ? "\"host\"" : "\"gpu\"");
+    phase_object(f, "by_phase", known ? t->by_phase : NULL);
+    phase_object(f, "kernels", known ? t->kernels : NULL);
+    fputs(", \"recomputed_blocks\": ", f);
+    num_or_null(f, known ? t->recomputed_blocks : -1);
+    fprintf(f, ", \"source\": \"%s\", \"flops_only_blocks\": %zu", src[t->source],
+            t->flops_only_blocks);
+}
+
 static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *s)
 {
     fputs(",\n \"blocks\": [", f);
@@ -234,6 +274,7 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
     num_or_null(f, s->time_communication_s);
     fputs(", \"host_transfer_s\": ", f);
     num_or_null(f, s->time_host_transfer_s);
+    json_step_time(f, &s->time);
     fputc('}', f);
 }
 

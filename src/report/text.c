@@ -386,6 +386,40 @@ static void text_step_time(FILE *f, const ml_config *cfg, const ml_summary *s)
                 ml_profile_get(cfg->calib, "name"), s->time_note);
 }
 
+/* The per-op model's step time (docs/time.md): its source, the bound, the
+ * GPU's and the host's parts, the phases, throughput and MFU. */
+static void text_op_time(FILE *f, const ml_config *cfg, const ml_summary *s)
+{
+    const ml_step_time *t = &s->time;
+    if (t->source == ML_TIME_NONE) {
+        /* without a named device the line above says what to give */
+        if (cfg->device.preset)
+            fprintf(f, "  per-op step time: not timed (%s publishes no memory bandwidth or "
+                       "no peak at this precision)\n",
+                    cfg->device.preset->name);
+        return;
+    }
+    double k = 0;
+    for (int i = 0; i < ML_TPHASE_COUNT; i++)
+        k += t->kernels[i];
+    fprintf(f, "  per-op step time %.4g s, %s-bound (%s)\n", t->step_s,
+            t->host_bound ? "host" : "GPU",
+            t->source == ML_TIME_CALIBRATED ? "the profile's GEMM rates, datasheet bandwidth"
+                                            : "datasheet estimate");
+    fprintf(f, "    GPU %.4g s (products and attention %.4g s, memory-bound %.4g s, at the kernel "
+               "floor %.4g s); host %.4g s for %.0f kernels\n",
+            t->gpu_s, t->gemm_s, t->memory_s, t->floor_s, t->host_s, k);
+    fprintf(f, "    forward %.4g s, backward %.4g s, recompute %.4g s, optimizer step %.4g s\n",
+            t->by_phase[ML_TPHASE_FORWARD], t->by_phase[ML_TPHASE_BACKWARD],
+            t->by_phase[ML_TPHASE_RECOMPUTE], t->by_phase[ML_TPHASE_STEP]);
+    fprintf(f, "    %.0f tokens/s", t->tokens_per_s);
+    if (t->mfu >= 0)
+        fprintf(f, ", MFU %.1f%%", t->mfu * 100);
+    if (t->flops_only_blocks)
+        fprintf(f, "; %zu blocks without an op graph timed by their FLOPs", t->flops_only_blocks);
+    fputc('\n', f);
+}
+
 /* A part of the step time: its seconds at the bandwidth given, or the flag
  * that would time it (docs/sharding.md, "Time"). */
 static void text_part(FILE *f, double sec, double gbps, const char *flag)
@@ -423,6 +457,7 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
     if (s->step_time_s >= 0 && s->step_time_s > s->time_compute_s)
         fprintf(f, "  step time with communication and host transfers (not overlapped): %.4g s\n",
                 s->step_time_s);
+    text_op_time(f, cfg, s);
 }
 
 /* The device and the verdict (nothing without a device). With a length

@@ -96,6 +96,40 @@ static void test_rows(void **state)
     }
 }
 
+/* Memory bandwidth (GB/s) and SMs, from docs/devices.md's sources: the
+ * datasheets' bandwidths, or memory speed x bus width / 8 (Gbps x bits)
+ * where a product page gives those; SMs as CUDA cores / cores per SM (128
+ * on Ampere GeForce and Ada, 64 on Turing and Volta) where no count is
+ * printed */
+static void test_bandwidths(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        double gbps;
+        unsigned sms;
+    } bw[] = {
+        {"h100-sxm", 3350, 132},   {"h100-pcie", 2000, 114},   {"h200", 4800, 132},
+        {"a100-40gb", 1555, 108},  {"a100-80gb", 2039, 108},   {"l4", 300, 7424 / 128},
+        {"l40s", 864, 18176 / 128}, {"a10", 600, 72},          {"a10g", 600, 10240 / 128},
+        {"t4", 320, 2560 / 64},    {"v100-16gb", 900, 5120 / 64}, {"v100-32gb", 900, 5120 / 64},
+        {"rtx4090", 1008, 16384 / 128}, {"rtx3090", 936, 10496 / 128},
+        {"rtx4080", 22.4 * 256 / 8, 76}, {"rtx4070", 21.0 * 192 / 8, 5888 / 128},
+        {"rtx4060ti-16gb", 18.0 * 128 / 8, 4352 / 128}, {"rtx4060", 17.0 * 128 / 8, 3072 / 128},
+        {"rtx3070", 14.0 * 256 / 8, 5888 / 128}, {"rtx3060", 15.0 * 192 / 8, 3584 / 128},
+        {"mi300x", 5300, 8 * 38},
+    };
+    size_t n = 0;
+    ml_device_presets(&n);
+    assert_int_equal(n, sizeof bw / sizeof bw[0]);
+    for (size_t i = 0; i < n; i++) {
+        const ml_device_preset *p = ml_device_preset_find(bw[i].name);
+        assert_non_null(p);
+        assert_rel_close(p->memory_gbps, bw[i].gbps, 1e-12);
+        assert_int_equal(p->sms, bw[i].sms);
+    }
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -188,7 +222,8 @@ static void test_step_time(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rows),           cmocka_unit_test(test_names),
+        cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_bandwidths),           cmocka_unit_test(test_names),
         cmocka_unit_test(test_apply),          cmocka_unit_test(test_peak_by_precision),
         cmocka_unit_test(test_step_time),
     };

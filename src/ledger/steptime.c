@@ -1,0 +1,423 @@
+/* The per-op step-time model (docs/time.md): each block's work items
+ * (work.h) priced at the device's rates on the GPU, dispatched by the host
+ * at a cost per kernel, the two combined as a pipeline. */
+#include <math.h>
+#include <string.h>
+
+#include "ledger/replay.h"
+#include "ledger/steptime.h"
+#include "memledger/calib.h"
+
+/* ---- the GPU's rates --------------------------------------------------- */
+
+/* The share of the datasheet's memory bandwidth each kernel class achieves
+ * (docs/time.md, "Memory-bound ops"), by mlg_op_kind. */
+static const double class_share[MLG_OP_KINDS] = {
+    [MLG_OP_MATMUL] = 0.90,      [MLG_OP_ELEMENTWISE] = 0.85, [MLG_OP_NORM] = 0.70,
+    [MLG_OP_SOFTMAX] = 0.70,     [MLG_OP_DROPOUT] = 0.60,     [MLG_OP_ATTENTION] = 0.80,
+    [MLG_OP_COPY] = 0.85,        [MLG_OP_VIEW] = 1.0,
+};
+
+/* Tile of a GEMM's output each SM computes at once (docs/time.md,
+ * "Matrix products") */
+#define TILE 128.0
+
+/* The fraction of the SMs a product of (m x n) tiles, batch of them,
+ * keeps busy over its waves. */
+static double wave_share(double m, double n, double batch, double sms)
+{
+    if (sms <= 0)
+        return 1.0;
+    const double tiles = ceil(m / TILE) * ceil(n / TILE) * batch;
+    const double waves = ceil(tiles / sms);
+    return waves > 0 ? tiles / (waves * sms) : 1.0;
+}
+
+/* R and t0 from a profile's GEMMs: R its best rate; t0 the median of what
+ * each measured product took beyond flops / (R x wave share), at least 0 */
+static void profile_gemm(const ml_profile *p, double sms, ml_time_rates *tr)
+{
+    const size_t n = ml_profile_gemm_count(p);
+    double over[16];
+    size_t k = 0;
+    tr->gemm_flops = ml_profile_achieved_tflops(p) * 1e12;
+    for (size_t i = 0; i < n && k < 16; i++) {
+        const ml_profile_gemm *g = ml_profile_gemm_at(p, i);
+        if (!(g->tflops > 0))
+            continue;
+        const double f = 2.0 * (double)g->m * (double)g->n * (double)g->k;
+        const double model = f / (tr->gemm_flops * wave_share((double)g->m, (double)g->n, 1, sms));
+        over[k++] = fmax(0, f / (g->tflops * 1e12) - model);
+    }
+    for (size_t i = 1; i < k; i++) /* insertion sort: a handful */
+        for (size_t j = i; j > 0 && over[j - 1] > over[j]; j--) {
+            double t = over[j];
+            over[j] = over[j - 1];
+            over[j - 1] = t;
+        }
+    tr->gemm_latency_s = k ? (k % 2 ? over[k / 2] : 0.5 * (over[k / 2 - 1] + over[k / 2])) : 0;
+}
+
+bool ml__time_rates(const ml_config *cfg, ml_time_rates *tr)
+{
+    const ml_device *dv = &cfg->device;
+    memset(tr, 0, sizeof *tr);
+    const ml_device_preset *pr = dv->preset;
+    const double bw = pr ? pr->memory_gbps * 1e9 : 0;
+    const double peak = ml_device_peak(dv, cfg->training.precision) * 1e12;
+    if (!(bw > 0) || !(peak > 0))
+        return false;
+    tr->sms = pr->sms;
+    tr->peak_flops = peak;
+    for (int c = 0; c < MLG_OP_KINDS; c++)
+        tr->bw[c] = bw * class_share[c];
+    tr->kernel_floor_s = ML_TIME_KERNEL_FLOOR_S;
+    tr->source = ML_TIME_DATASHEET;
+    tr->gemm_flops = peak * ML_TIME_GEMM_SHARE * dv->efficiency;
+    tr->gemm_latency_s = ML_TIME_GEMM_LATENCY_S;
+    if (cfg->calib && ml_profile_achieved_tflops(cfg->calib) > 0 &&
+        !ml_profile_time_mismatch(cfg->calib, cfg)) {
+        profile_gemm(cfg->calib, tr->sms, tr);
+        tr->source = ML_TIME_CALIBRATED;
+    }
+    tr->attn_fwd_flops = tr->gemm_flops * ML_TIME_ATTN_FWD_SHARE;
+    tr->attn_bwd_flops = tr->gemm_flops * ML_TIME_ATTN_BWD_SHARE;
+    tr->host_fwd_s = ML_TIME_HOST_FORWARD_S;
+    tr->host_bwd_s = ML_TIME_HOST_BACKWARD_S;
+    tr->host_layer_s = ML_TIME_HOST_RECOMPUTE_S;
+    tr->host_fwd_block_s = ML_TIME_HOST_FWD_BLOCK_S;
+    tr->host_bwd_block_s = ML_TIME_HOST_BWD_BLOCK_S;
+    tr->host_step_call_s = ML_TIME_HOST_STEP_CALL_S;
+    tr->host_step_tensor_s = ML_TIME_HOST_STEP_TENSOR_S;
+    /* a profile's host section, measured or fitted, wherever it was made
+     * (the host is not the device: no dtype or device check) */
+    const ml_profile_host *h = cfg->calib ? ml_profile_host_costs(cfg->calib) : NULL;
+    if (h) {
+        tr->host_fwd_s = h->forward_op_s;
+        tr->host_bwd_s = h->backward_op_s;
+        tr->host_layer_s = h->recompute_block_s;
+        tr->host_fwd_block_s = h->forward_block_s;
+        tr->host_bwd_block_s = h->backward_block_s;
+        tr->host_step_call_s = h->step_call_s;
+        tr->host_step_tensor_s = h->step_tensor_s;
+        tr->host_profiled = true;
+    }
+    return true;
+}
+
+/* One item's GPU time, and whether it is a product (or fused attention). */
+double ml__time_item(const ml_time_rates *tr, const ml_work_item *it, bool *compute)
+{
+    const double floor_s = tr->kernel_floor_s * (it->kernels ? it->kernels : 1);
+    double t;
+    *compute = it->kind == MLG_OP_MATMUL || it->kind == MLG_OP_ATTENTION;
+    if (it->kind == MLG_OP_MATMUL && it->m > 0) {
+        const double share = wave_share(it->m, it->n, it->batch, tr->sms);
+        t = fmax(it->flops / (tr->gemm_flops * share), it->bytes / tr->bw[MLG_OP_MATMUL]) +
+            tr->gemm_latency_s;
+    } else if (it->kind == MLG_OP_ATTENTION) {
+        const double rate = it->bwd ? tr->attn_bwd_flops : tr->attn_fwd_flops;
+        t = fmax(it->flops / rate, it->bytes / tr->bw[MLG_OP_ATTENTION]);
+    } else {
+        t = it->bytes / tr->bw[it->kind < MLG_OP_KINDS ? it->kind : MLG_OP_ELEMENTWISE];
+        *compute = false;
+    }
+    return fmax(t, floor_s);
+}
+
+/* ---- the pipeline ------------------------------------------------------ */
+
+/* A run of kernels as the pipeline sees it: the host's time H, the GPU's
+ * G, and P, the longest of (the host's time to issue kernel i) + (the
+ * GPU's time from kernel i on) over i: started with the host at h and the
+ * GPU free at g, the run ends on the GPU at max(g + G, h + P) and on the
+ * host at h + H (a two-stage flow line with an unbounded queue). */
+typedef struct {
+    double H, G, P;
+    double gemm, mem, floor;
+    double kernels;
+} ml_trun;
+
+static void run_add(ml_trun *r, double h, double g)
+{
+    /* appending kernel (h, g): P' = max(P, H + h) + g */
+    r->P = fmax(r->P, r->H + h) + g;
+    r->H += h;
+    r->G += g;
+}
+
+static void run_lead(ml_trun *r, double h)
+{
+    r->H += h;
+    r->P += h;
+}
+
+typedef struct {
+    double host, gpu;
+    double by_phase[ML_TPHASE_COUNT];
+    double gpu_sum, host_sum, gemm, mem, floor;
+    double kernels[ML_TPHASE_COUNT];
+} ml_clock;
+
+static void clock_run(ml_clock *c, const ml_trun *r, ml_time_phase ph, double times)
+{
+    for (double i = 0; i < times; i++) {
+        const double end = fmax(c->gpu + r->G, c->host + r->P);
+        c->by_phase[ph] += end - c->gpu;
+        c->gpu = end;
+        c->host += r->H;
+    }
+    c->gpu_sum += r->G * times;
+    c->host_sum += r->H * times;
+    c->gemm += r->gemm * times;
+    c->mem += r->mem * times;
+    c->floor += r->floor * times;
+    c->kernels[ph] += r->kernels * times;
+}
+
+/* The items [first, first + n) as one run, each kernel dispatched at h;
+ * core_only: the attention core's (selective recompute). */
+static ml_trun items_run(const ml_time_rates *tr, const ml_work_item *w, size_t n, double h,
+                        bool core_only)
+{
+    ml_trun r = {0, 0, 0, 0, 0, 0, 0};
+    for (size_t i = 0; i < n; i++) {
+        if (core_only && !w[i].core)
+            continue;
+        bool compute;
+        const double g = ml__time_item(tr, &w[i], &compute);
+        const double k = w[i].kernels ? w[i].kernels : 1;
+        run_add(&r, h * k, g);
+        r.kernels += k;
+        const double fl = tr->kernel_floor_s * k;
+        if (g <= fl)
+            r.floor += g;
+        else if (compute)
+            r.gemm += g;
+        else
+            r.mem += g;
+    }
+    return r;
+}
+
+/* A block without items: its FLOPs at the large-GEMM rate, one kernel */
+static ml_trun flops_run(const ml_time_rates *tr, double flops, double h)
+{
+    ml_trun r = {0, 0, 0, 0, 0, 0, 0};
+    const double g = flops > 0 ? flops / tr->gemm_flops : 0;
+    if (g > 0) {
+        run_add(&r, h, g);
+        r.gemm = g;
+        r.kernels = 1;
+    }
+    return r;
+}
+
+/* ---- the optimizer step ------------------------------------------------ */
+
+/* Per parameter element: the passes over memory of one step and the
+ * kernels per tensor list (docs/time.md, "The optimizer step"). */
+static void step_shape(const ml_training *t, double *passes, double *ops)
+{
+    switch (t->optimizer) {
+    case ML_OPT_SGD:
+        *passes = 3, *ops = 1;
+        break;
+    case ML_OPT_SGD_MOMENTUM:
+        *passes = 8, *ops = 3;
+        break;
+    case ML_OPT_ADAM:
+        *passes = 22, *ops = 8;
+        break;
+    case ML_OPT_LION:
+        *passes = 12, *ops = 5;
+        break;
+    case ML_OPT_ADAFACTOR:
+        *passes = 14, *ops = 12;
+        break;
+    case ML_OPT_ADAM_8BIT:
+        *passes = 7, *ops = 1;
+        break;
+    default: /* AdamW */
+        *passes = 21, *ops = 8;
+        break;
+    }
+    if (t->optimizer_impl == ML_IMPL_FUSED) {
+        *passes = t->optimizer == ML_OPT_SGD ? 3 : t->optimizer == ML_OPT_SGD_MOMENTUM ? 5 : 7;
+        *ops = 1;
+    }
+}
+
+/* multi_tensor_apply's launches for one foreach op over n tensors and e
+ * elements: a launch per 320 chunks of 65536 elements (MultiTensorApply.cuh) */
+static double foreach_launches(double tensors, double elems)
+{
+    const double chunks = ceil(elems / 65536.0) + tensors;
+    return fmax(1.0, ceil(chunks / 320.0));
+}
+
+static ml_trun step_run(const ml_time_rates *tr, const ml_chain *ch, const ml_training *t)
+{
+    ml_trun r = {0, 0, 0, 0, 0, 0, 0};
+    double tensors = 0, elems = 0;
+    for (size_t i = 0; i < ch->nparams; i++)
+        if (!ch->params[i].frozen && !ch->params[i].nograd) {
+            tensors += 1;
+            elems += (double)ch->params[i].numel;
+        }
+    if (tensors == 0)
+        return r;
+    const double zshard = t->zero >= 1 && t->data_parallel > 1 ? (double)t->data_parallel : 1;
+    elems /= zshard;
+    double passes, ops;
+    step_shape(t, &passes, &ops);
+    const unsigned eb = ch->prec.master ? ch->prec.master : ch->prec.param;
+    const double bytes = passes * elems * (double)(eb > ch->prec.state ? eb : ch->prec.state);
+    double kernels, host;
+    if (t->optimizer_impl == ML_IMPL_FOR_LOOP) {
+        kernels = ops * tensors;
+        host = kernels * tr->host_step_tensor_s * 4;
+    } else {
+        kernels = ops * foreach_launches(tensors, elems);
+        host = ops * tr->host_step_call_s + ops * tensors * tr->host_step_tensor_s;
+    }
+    const double g = fmax(bytes / tr->bw[MLG_OP_ELEMENTWISE], kernels * tr->kernel_floor_s);
+    run_add(&r, host, g);
+    r.kernels = kernels;
+    if (g <= kernels * tr->kernel_floor_s)
+        r.floor = g;
+    else
+        r.mem = g;
+    return r;
+}
+
+/* ---- the iteration ----------------------------------------------------- */
+
+/* Each distinct block's runs, priced once a plan: a decoder's layers share
+ * their items (or are a run of identical layers, ml__chain_mark_runs), so
+ * a plan prices the embedding, one layer, the head and the loss. */
+#define MEMO_SLOTS 8
+typedef struct {
+    const ml_cblock *b;
+    ml_trun fwd, bwd, rec;
+    bool has_rec;
+} ml_run_memo;
+
+typedef struct {
+    ml_run_memo slot[MEMO_SLOTS];
+    unsigned n, next;
+    const ml_time_rates *tr;
+    const ml_chain *ch;
+    bool selective;
+} ml_run_cache;
+
+/* Whether a and b price the same: the same items, or a block-level FLOPs
+ * run of equal FLOPs */
+static bool same_work(const ml_chain *ch, const ml_cblock *a, const ml_cblock *b)
+{
+    if (a == b)
+        return true;
+    if (a->work_known != b->work_known || a->work_fwd != b->work_fwd ||
+        a->work_bwd != b->work_bwd)
+        return false;
+    if (!a->work_known)
+        return a->flops_fwd == b->flops_fwd && a->flops_bwd == b->flops_bwd &&
+               a->flops_core == b->flops_core;
+    return a->work_first == b->work_first ||
+           !memcmp(&ch->work[a->work_first], &ch->work[b->work_first],
+                   (a->work_fwd + a->work_bwd) * sizeof *ch->work);
+}
+
+/* a block's own host time (its modules' calls) comes before its first
+ * kernel: it adds to every term of P */
+static ml_run_memo *block_runs(ml_run_cache *c, const ml_cblock *b)
+{
+    for (unsigned i = 0; i < c->n; i++)
+        if (same_work(c->ch, c->slot[i].b, b))
+            return &c->slot[i];
+    ml_run_memo *m = &c->slot[c->n < MEMO_SLOTS ? c->n++ : (c->next++ % MEMO_SLOTS)];
+    const ml_time_rates *tr = c->tr;
+    const ml_work_item *w = c->ch->work + b->work_first;
+    m->b = b;
+    m->has_rec = false;
+    if (b->work_known) {
+        m->fwd = items_run(tr, w, b->work_fwd, tr->host_fwd_s, false);
+        m->bwd = items_run(tr, w + b->work_fwd, b->work_bwd, tr->host_bwd_s, false);
+    } else {
+        m->fwd = flops_run(tr, b->flops_fwd, tr->host_fwd_s);
+        m->bwd = flops_run(tr, b->flops_bwd, tr->host_bwd_s);
+    }
+    run_lead(&m->fwd, tr->host_fwd_block_s);
+    run_lead(&m->bwd, tr->host_bwd_block_s);
+    return m;
+}
+
+/* The block's recomputation: its forward again (the attention core alone
+ * under selective checkpointing), after the checkpoint's own host time */
+static const ml_trun *recompute_run(ml_run_cache *c, ml_run_memo *m)
+{
+    const ml_time_rates *tr = c->tr;
+    const ml_cblock *b = m->b;
+    if (!m->has_rec) {
+        if (b->work_known)
+            m->rec = items_run(tr, c->ch->work + b->work_first, b->work_fwd, tr->host_fwd_s,
+                               c->selective);
+        else
+            m->rec = flops_run(tr, c->selective ? b->flops_core : b->flops_fwd, tr->host_fwd_s);
+        run_lead(&m->rec, tr->host_fwd_block_s + tr->host_layer_s);
+        m->has_rec = true;
+    }
+    return &m->rec;
+}
+
+void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_summary *s)
+{
+    ml_step_time *st = &s->time;
+    memset(st, 0, sizeof *st);
+    ml_time_rates tr;
+    if (!ml__time_rates(cfg, &tr))
+        return;
+    const ml_training *t = &cfg->training;
+    const bool selective = t->checkpoint.kind == ML_CKPT_SELECTIVE;
+    ml_clock c;
+    memset(&c, 0, sizeof c);
+    const double A = (double)t->grad_accum;
+    ml_run_cache cache;
+    cache.n = cache.next = 0;
+    cache.tr = &tr;
+    cache.ch = ch;
+    cache.selective = selective;
+    /* forward: every micro-batch the same, so one pass counted A times */
+    for (size_t k = 0; k < ch->n; k++) {
+        const ml_cblock *b = &ch->blocks[k];
+        st->flops_only_blocks += !b->work_known && (b->flops_fwd > 0);
+        clock_run(&c, &block_runs(&cache, b)->fwd, ML_TPHASE_FORWARD, A);
+    }
+    for (size_t k = ch->n; k-- > 0;) {
+        const ml_cblock *b = &ch->blocks[k];
+        if (b->fwd_only || b->frozen)
+            continue;
+        ml_run_memo *m = block_runs(&cache, b);
+        if (selective ? b->core_bytes > 0 && b->ckpt_index >= 0 : seg[k] >= 0) {
+            clock_run(&c, recompute_run(&cache, m), ML_TPHASE_RECOMPUTE, A);
+            st->recomputed_blocks += A;
+        }
+        clock_run(&c, &m->bwd, ML_TPHASE_BACKWARD, A);
+    }
+    const ml_trun step = step_run(&tr, ch, t);
+    clock_run(&c, &step, ML_TPHASE_STEP, 1);
+    st->source = tr.source;
+    st->gpu_s = c.gpu_sum;
+    st->host_s = c.host_sum;
+    st->host_bound = c.host_sum > c.gpu_sum;
+    memcpy(st->by_phase, c.by_phase, sizeof st->by_phase);
+    memcpy(st->kernels, c.kernels, sizeof st->kernels);
+    st->gemm_s = c.gemm;
+    st->memory_s = c.mem;
+    st->floor_s = c.floor;
+    st->step_s = c.gpu + fmax(s->time_communication_s, 0) + fmax(s->time_host_transfer_s, 0);
+    st->tokens_per_s = st->step_s > 0 ? A * (double)t->micro_batch * (double)t->seq_len / st->step_s
+                                      : 0;
+    st->mfu = st->step_s > 0 ? (s->flops_forward + s->flops_backward) / st->step_s / tr.peak_flops
+                             : -1;
+}

@@ -1,0 +1,167 @@
+/* The work of each block's ops (work.h; docs/time.md, "What each op does"). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ledger/work.h"
+#include "util/grow.h"
+
+static ml_work_item *item(ml_chain *ch, const mlg_op *o, uint8_t kind, bool bwd, unsigned kernels)
+{
+    ml_work_item *v = ml_grow(ch->work, ch->nwork, &ch->workcap, sizeof *v, 64);
+    if (!v) {
+        ch->nomem = true;
+        return NULL;
+    }
+    ch->work = v;
+    ml_work_item *it = &ch->work[ch->nwork++];
+    memset(it, 0, sizeof *it);
+    it->kind = kind;
+    it->bwd = bwd;
+    it->core = o->core;
+    it->kernels = (uint8_t)(kernels > 255 ? 255 : kernels);
+    return it;
+}
+
+/* The product's shape from its output: (m x n) the last two dimensions,
+ * batch the rest, or, for a linear layer (a parameter operand), one
+ * product of all rows; k from the FLOPs, 2 m n k each. */
+typedef struct {
+    double m, n, k, batch;
+    unsigned esize;
+} gemm_shape;
+
+static bool product_shape(const ml_graph *g, const ml_graph_sizes *z, const mlg_op *o,
+                          double flops, gemm_shape *s)
+{
+    if (!o->nout || flops <= 0)
+        return false;
+    const mlg_tensor *t = &g->t[o->out[0]];
+    bool ov = false;
+    const double numel = (double)ml__graph_numel(g, z, o->out[0], &ov);
+    if (ov || numel <= 0 || t->ndim == 0)
+        return false;
+    s->n = (double)z->dim[t->dim[t->ndim - 1]];
+    if (s->n <= 0)
+        return false;
+    if (o->nparam || t->ndim < 2) {
+        s->m = numel / s->n;
+        s->batch = 1;
+    } else {
+        s->m = (double)z->dim[t->dim[t->ndim - 2]];
+        s->batch = s->m > 0 ? numel / (s->m * s->n) : 0;
+    }
+    if (s->m <= 0 || s->batch <= 0)
+        return false;
+    s->k = flops / (2.0 * numel);
+    s->esize = z->bytes[t->dtype];
+    return true;
+}
+
+static void set_product(ml_work_item *it, double m, double n, double k, const gemm_shape *s)
+{
+    it->m = m;
+    it->n = n;
+    it->k = k;
+    it->batch = s->batch;
+    it->esize = (uint8_t)s->esize;
+    it->flops = 2.0 * m * n * k * s->batch;
+    it->bytes = (m * k + k * n + m * n) * s->batch * s->esize;
+}
+
+static void forward(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z,
+                    const uint64_t *tb, const mlg_op *o)
+{
+    ml_work_item *it = item(ch, o, o->kind, false, o->kernels);
+    if (!it)
+        return;
+    it->flops = ml__graph_op_flops(o, z);
+    gemm_shape s;
+    if (o->kind == MLG_OP_MATMUL && product_shape(g, z, o, it->flops, &s)) {
+        set_product(it, s.m, s.n, s.k, &s);
+        return;
+    }
+    for (unsigned j = 0; j < o->nin; j++)
+        it->bytes += (double)tb[o->in[j]];
+    for (unsigned j = 0; j < o->nparam; j++)
+        it->bytes += (double)tb[o->param[j]];
+    for (unsigned j = 0; j < o->nout; j++)
+        it->bytes += (double)tb[o->out[j]];
+}
+
+/* The node of a product: the gradient of each operand is a product of the
+ * same FLOPs, (m x n) by (n x k) for the first, (k x m) by (m x n) for the
+ * second or the weight. */
+static void backward_product(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z,
+                             const mlg_op *o, double flops)
+{
+    gemm_shape s;
+    if (!product_shape(g, z, o, flops, &s))
+        return;
+    const unsigned grads = o->ngin + (o->nparam ? 1u : 0u);
+    for (unsigned j = 0; j < grads && j < 2; j++) {
+        ml_work_item *it = item(ch, o, MLG_OP_MATMUL, true, 1);
+        if (!it)
+            return;
+        if (j == 0 && o->ngin)
+            set_product(it, s.m, s.k, s.n, &s);
+        else
+            set_product(it, s.k, s.n, s.m, &s);
+    }
+}
+
+/* Any other node reads its output's gradient and what it saved, and writes
+ * its inputs' and parameters' gradients: one pass over each. */
+static void backward(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z,
+                     const uint64_t *tb, const mlg_op *o)
+{
+    const double flops = ml__graph_op_flops(o, z);
+    if (o->kind == MLG_OP_MATMUL && flops > 0) {
+        backward_product(ch, g, z, o, flops);
+        return;
+    }
+    ml_work_item *it = item(ch, o, o->kind, true, o->kernels ? o->kernels : 1);
+    if (!it)
+        return;
+    /* a fused attention kernel's backward: 2.5 times its forward's FLOPs
+     * (FlashAttention-2, section 3.2: five products against two, one of
+     * them the scores' recomputation) */
+    it->flops = o->kind == MLG_OP_ATTENTION ? 2.5 * flops : 0;
+    for (unsigned j = 0; j < o->nout; j++)
+        it->bytes += (double)tb[o->out[j]];
+    for (unsigned j = 0; j < o->nsave; j++)
+        it->bytes += (double)tb[ml__graph_storage(g, o->save[j])];
+    for (unsigned j = 0; j < o->ngin; j++)
+        it->bytes += (double)tb[o->gin[j]];
+    /* a loss op (no node): its first input's gradient */
+    if (!o->node && o->nin)
+        it->bytes += (double)tb[o->in[0]];
+    for (unsigned j = 0; j < o->nparam; j++)
+        it->bytes += (double)tb[o->param[j]];
+}
+
+void ml__work_graph(ml_chain *ch, ml_cblock *b, const ml_graph *g, const ml_graph_sizes *z,
+                    const uint64_t *tb)
+{
+    const size_t first = ch->nwork;
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        if (o->kind == MLG_OP_VIEW || !o->kernels || (ch->eval_mode && o->kind == MLG_OP_DROPOUT))
+            continue;
+        forward(ch, g, z, tb, o);
+    }
+    const size_t nfwd = ch->nwork - first;
+    /* the loss's ops name no nodes (the block's backward is one rule,
+     * chain_head.c), but each has its backward kernels */
+    const bool loss = b->fwd_phase == ML_PHASE_LOSS;
+    for (uint16_t k = g->nop; k-- > 0 && !ch->eval_mode;) {
+        const mlg_op *o = &g->op[k];
+        if ((o->node || loss) && o->kind != MLG_OP_VIEW && o->kernels)
+            backward(ch, g, z, tb, o);
+    }
+    if (ch->nomem || ch->nwork > UINT32_MAX)
+        return;
+    b->work_first = (uint32_t)first;
+    b->work_fwd = (uint32_t)nfwd;
+    b->work_bwd = (uint32_t)(ch->nwork - first - nfwd);
+    b->work_known = true;
+}

@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""The per-op step time against the committed H200 campaign (docs/time.md):
+calib/h200_time.py plans the 60 runs with memledger's defaults and this
+test holds the errors it prints, so a change that moves the model away from
+the measurements fails the build. The bounds are the targets where the model
+meets them (fp32 median within 5 %, bf16 median within 15 %) and today's
+worst cases otherwise (fp32 10.8 % held out, a little more with the
+defaults fitted on every run).
+
+Usage: test_h200_time.py H200_TIME_PY RESULTS_DIR MEMLEDGER"""
+import re
+import subprocess
+import sys
+
+
+def main():
+    script, results, ml = sys.argv[1:4]
+    out = subprocess.run([sys.executable, script, results, ml], capture_output=True, text=True)
+    if out.returncode:
+        sys.exit("h200_time.py failed: %s" % out.stderr)
+    rows = [l for l in out.stdout.splitlines() if l.startswith("| ") and not l.startswith("| model")]
+    if len(rows) != 60:
+        sys.exit("expected 60 runs in the table, found %d" % len(rows))
+    summary = {k: (float(a), float(b)) for k, a, b in re.findall(
+        r"^- (fp32|bf16 autocast): median \|error\| ([0-9.]+) %, worst ([0-9.]+) %",
+        out.stdout, re.M)}
+    bounds = {"fp32": (5.0, 11.5), "bf16 autocast": (15.0, 45.0)}
+    bad = []
+    for k, (med, worst) in bounds.items():
+        if k not in summary:
+            sys.exit("no summary line for %s in:\n%s" % (k, out.stdout[-2000:]))
+        m, w = summary[k]
+        print("%s: median %.1f %% (bound %.1f), worst %.1f %% (bound %.1f)" % (k, m, med, w, worst))
+        if m > med or w > worst:
+            bad.append(k)
+    # every run has a bound and a positive planned time
+    for l in rows:
+        cells = [c.strip() for c in l.strip("|").split("|")]
+        if cells[9] not in ("gpu", "host") or not float(cells[7]) > 0:
+            bad.append("row: " + l)
+    if bad:
+        sys.exit("outside the bounds: %s" % ", ".join(bad))
+
+
+if __name__ == "__main__":
+    main()

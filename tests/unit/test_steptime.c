@@ -1,0 +1,175 @@
+/* The per-op step-time model (docs/time.md): every term of a two-layer
+ * MLP's step derived by hand, the pipeline of host and GPU, and the
+ * rates' sources. */
+#include "harness.h"
+
+#include "memledger/calib.h"
+
+/* Linear 1024 -> 4096, GELU, linear 4096 -> 1024, MSE, at 8192 rows:
+ * large products, so the time is the GPU's. */
+static const char *const mlp_yaml =
+    "model:\n  type: sequential\n  input: [1024]\n  layers:\n"
+    "    - linear: {out: 4096, bias: false}\n    - gelu: {}\n"
+    "    - linear: {out: 1024, bias: false}\n  loss: mse\n"
+    "training:\n  micro_batch: 8192\n  optimizer: sgd\n";
+
+/* h100-sxm, fp32: the datasheet's 67 TFLOP/s x 0.80 (ML_TIME_GEMM_SHARE)
+ * and 3350 GB/s, 132 SMs */
+#define R (67e12 * 0.80)
+#define BW 3350e9
+#define T0 3e-6
+#define FLOOR 2.5e-6
+
+/* Every product of the MLP has F = 2 x 8192 x 1024 x 4096 FLOPs and
+ * (m x n) tiles of 128 that fill its waves to 32/33: linear 1 (8192 x
+ * 4096: 2048 tiles, 16 waves of 132 = 2112 slots), linear 2 (8192 x 1024:
+ * 512 in 4 waves = 528), linear 2's input gradient (8192 x 4096: as
+ * linear 1), both weight gradients (4096 x 1024 and 1024 x 4096: 256 in
+ * 2 waves = 264). Each is compute-bound (its bytes, at most (8192 x 1024 +
+ * 1024 x 4096 + 8192 x 4096) x 4 = 184,549,376, take 61 us at 0.90 of the
+ * bandwidth, against 1.32 ms). */
+static double product(void)
+{
+    const double F = 2.0 * 8192 * 1024 * 4096;
+    return F / (R * 32.0 / 33.0) + T0;
+}
+
+/* the memory-bound ops at 0.85 of the bandwidth (elementwise) */
+static double elementwise(double bytes)
+{
+    const double t = bytes / (BW * 0.85);
+    return t > FLOOR ? t : FLOOR;
+}
+
+static void test_mlp_by_hand(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(mlp_yaml);
+    ml_config c = ml_model_config(m);
+    assert_int_equal(ml_device_preset_apply("h100-sxm", &c.device, NULL), ML_OK);
+    ml_profile *p = ml_profile_new();
+    /* host: 10 us a forward kernel, 5 us a backward one, 20 us a foreach
+     * call and 1 us a tensor in it; nothing per block */
+    const ml_profile_host h = {10e-6, 5e-6, 0, 0, 0, 20e-6, 1e-6};
+    ml_profile_set_host(p, &h);
+    c.calib = p;
+    ml_ledger *l = eval(m, &c, false);
+    const ml_step_time *t = &ml_ledger_summary(l)->time;
+    const double act = 8192.0 * 4096 * 4, in = 8192.0 * 1024 * 4; /* fp32 bytes */
+    /* forward: linear 1, GELU (reads and writes act), linear 2, MSE (reads
+     * the output and the target, writes a 4-byte loss) */
+    const double fwd = product() + elementwise(2 * act) + product() + elementwise(2 * in + 4);
+    /* backward, in autograd's order: MSE's (the loss's gradient, the saved
+     * input and target read, the input's gradient written), linear 2's
+     * input gradient and weight gradient, GELU's (the output's gradient
+     * and the saved input read, the input's gradient written), linear 1's
+     * weight gradient (its input is the batch: no gradient) */
+    const double bwd = elementwise(4 + 3 * in) + 2 * product() + elementwise(3 * act) + product();
+    /* SGD, foreach: one pass reading the weight and its gradient and
+     * writing the weight (3 x 4 bytes an element), over 2 x 4M elements:
+     * one launch (130 chunks of 65536 elements and tensors <= 320) */
+    const double step = elementwise(3.0 * 2 * 1024 * 4096 * 4);
+    assert_int_equal(t->source, ML_TIME_DATASHEET);
+    assert_rel_close(t->gpu_s, fwd + bwd + step, 1e-12);
+    assert_rel_close(t->kernels[ML_TPHASE_FORWARD], 4, 0);
+    assert_rel_close(t->kernels[ML_TPHASE_BACKWARD], 5, 0);
+    assert_rel_close(t->kernels[ML_TPHASE_STEP], 1, 0);
+    assert_rel_close(t->host_s, 4 * 10e-6 + 5 * 5e-6 + 20e-6 + 2 * 1e-6, 1e-12);
+    /* the host issues each kernel long before the GPU is free, but for
+     * the first: the GPU waits 10 us, then runs without a gap */
+    assert_rel_close(t->step_s, 10e-6 + fwd + bwd + step, 1e-12);
+    assert_rel_close(t->by_phase[ML_TPHASE_FORWARD], 10e-6 + fwd, 1e-12);
+    assert_rel_close(t->by_phase[ML_TPHASE_BACKWARD], bwd, 1e-12);
+    assert_rel_close(t->by_phase[ML_TPHASE_STEP], step, 1e-12);
+    assert_false(t->host_bound);
+    /* 8192 samples of one token; MFU: forward and backward FLOPs (2 F, and
+     * 4 F less linear 1's input gradient: 3 F) over the step at 67 TFLOP/s */
+    const double F = 2.0 * 8192 * 1024 * 4096;
+    assert_rel_close(t->tokens_per_s, 8192 / t->step_s, 1e-12);
+    assert_rel_close(t->mfu, (2 * F + 3 * F) / t->step_s / 67e12, 1e-12);
+    ml_ledger_destroy(l);
+    ml_profile_destroy(p);
+    ml_model_destroy(m);
+}
+
+/* Host-bound: at 8 rows the products are at the kernel floor's scale and
+ * 1 ms of host time per forward block (the profile's) dominates: each
+ * block's run starts when the host reaches its first kernel, so the step
+ * is the host's time plus the GPU's tail after the last kernel issued. */
+static void test_host_bound(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(mlp_yaml);
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 8;
+    assert_int_equal(ml_device_preset_apply("h100-sxm", &c.device, NULL), ML_OK);
+    ml_profile *p = ml_profile_new();
+    const ml_profile_host h = {10e-6, 5e-6, 1e-3, 0, 0, 20e-6, 1e-6};
+    ml_profile_set_host(p, &h);
+    c.calib = p;
+    ml_ledger *l = eval(m, &c, false);
+    const ml_step_time *t = &ml_ledger_summary(l)->time;
+    /* 4 blocks (3 layers and the loss) of 1 ms, 4 + 5 kernels, the step */
+    assert_rel_close(t->host_s, 4 * 1e-3 + 4 * 10e-6 + 5 * 5e-6 + 22e-6, 1e-12);
+    assert_true(t->host_bound);
+    assert_true(t->step_s >= t->host_s);
+    assert_true(t->step_s < t->host_s + t->gpu_s);
+    ml_ledger_destroy(l);
+    ml_profile_destroy(p);
+    ml_model_destroy(m);
+}
+
+/* No named device: no bandwidth, not timed; a named one without a peak
+ * at the precision (a10g): not timed either. */
+static void test_untimed(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(mlp_yaml);
+    ml_config c = ml_model_config(m);
+    c.device.present = true;
+    c.device.memory = (uint64_t)80 << 30;
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->time.source, ML_TIME_NONE);
+    ml_ledger_destroy(l);
+    assert_int_equal(ml_device_preset_apply("a10g", &c.device, NULL), ML_OK);
+    l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(l)->time.source, ML_TIME_NONE);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* The prepared planner derives the work items with the rest of the chain:
+ * its step time is the one a fresh evaluation gives, at every batch. */
+static void test_planner_same(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_planner *pl = NULL;
+    assert_int_equal(ml_planner_create(m, &pl, NULL), ML_OK);
+    for (uint64_t b = 1; b <= 24; b += 1) {
+        ml_config c = ml_model_config(m);
+        assert_int_equal(ml_device_preset_apply("h100-sxm", &c.device, NULL), ML_OK);
+        c.training.micro_batch = b;
+        ml_ledger *a = eval(m, &c, false), *d = NULL;
+        assert_int_equal(ml_planner_evaluate(pl, &c, false, &d, NULL), ML_OK);
+        const ml_step_time *x = &ml_ledger_summary(a)->time, *y = &ml_ledger_summary(d)->time;
+        assert_int_equal(x->source, ML_TIME_DATASHEET);
+        assert_rel_close(x->step_s, y->step_s, 1e-12);
+        assert_rel_close(x->gpu_s, y->gpu_s, 1e-12);
+        ml_ledger_destroy(a);
+        ml_ledger_destroy(d);
+    }
+    ml_planner_destroy(pl);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mlp_by_hand),
+        cmocka_unit_test(test_host_bound),
+        cmocka_unit_test(test_untimed),
+        cmocka_unit_test(test_planner_same),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
