@@ -175,7 +175,11 @@ typedef struct ml_step_time {
     ml_time_source source;
     double step_s;       /* one iteration, all micro-batches: the pipeline of
                             GPU and host, plus communication and host
-                            transfers as step_time_s adds them */
+                            transfers; the summary's step_time_s is this one
+                            when the step is timed (source not NONE) */
+    double flops_s;      /* the FLOPs alone at the peak x efficiency (or the
+                            profile's measured rate): a lower bound on the
+                            compute; < 0 unknown */
     double gpu_s;        /* the GPU's busy time */
     double host_s;       /* the host's dispatch time */
     bool host_bound;     /* host_s > gpu_s */
@@ -236,7 +240,9 @@ typedef struct ml_summary {
     double step_time_s;              /* < 0 when the device peak is unknown; else
                                         time_compute_s plus the parts below that
                                         are timed (not overlapped) */
-    double time_compute_s;           /* FLOPs / throughput; < 0 unknown */
+    double time_compute_s;           /* the per-op model's GPU and host pipeline
+                                        (time.source not NONE), else FLOPs /
+                                        throughput; < 0 unknown */
     double time_communication_s;     /* comm_bytes / device.interconnect_gbps; 0
                                         without communication, < 0 not timed
                                         (no bandwidth given) */

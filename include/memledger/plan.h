@@ -79,6 +79,7 @@ typedef struct ml_compare_row {
     int cheaper;
     int64_t headroom;       /* as ml_summary.headroom (the binding peak's); 0
                                without a device */
+    ml_step_time time;      /* the per-op model's (source NONE: not timed) */
 } ml_compare_row;
 
 #define ML_COMPARE_ROWS 7

@@ -98,10 +98,13 @@ def test_fused_logits_keywords():
 
 def test_device_by_name_or_size():
     # a preset: mlp2's 25.6 GFLOP per iteration (fp32) at the A100's dense
-    # fp32 19.5 TFLOP/s (docs/devices.md), efficiency 1
+    # fp32 19.5 TFLOP/s (docs/devices.md), efficiency 1: the FLOPs alone, a
+    # lower bound on the per-op model's step time (docs/time.md)
     r = memledger.plan(MLP2, device="a100-80gb")
     assert r["device"]["memory"] == 80 * 2**30
-    assert abs(r["step_time_s"] - 25.6e9 / 19.5e12) < 1e-15
+    assert abs(r["time"]["flops_s"] - 25.6e9 / 19.5e12) < 1e-15
+    assert r["step_time_s"] == r["time"]["step_s"] > r["time"]["flops_s"]
+    assert r["time"]["source"] == "datasheet"
     # a size is memory only: no step time from the model file's own figure
     assert memledger.plan(MLP2, device="8GiB")["step_time_s"] is None
     with pytest.raises(memledger.Error):

@@ -152,6 +152,9 @@ typedef struct {
     double flops;        /* a whole multiple of the product of fdim */
     uint8_t fdim[6], nfdim;
     bool core;           /* its FLOPs are the attention core's */
+    bool causal;         /* a fused attention kernel under a causal mask: it
+                            skips the blocks above the diagonal (the time
+                            model's; its FLOPs are counted whole) */
     uint8_t kernels;     /* kernels it launches (a view: none) */
     /* the backward node (node NULL: none) */
     const char *node;

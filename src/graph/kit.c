@@ -463,6 +463,7 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
     uint16_t O, probs = MLG_NONE;
     if (a->fused_kernel) {
         O = nanogpt_fused(g, qkv, qh, kh, vh, a->rope);
+        g->op[g->nop - 1].causal = !a->unmasked;
     } else {
         uint16_t qkc, P = eager_scores(g, qh, kh, !a->unmasked, &qkc);
         probs = eager_pv(g, L, P, vh, qkc, &O);

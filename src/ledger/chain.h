@@ -78,6 +78,7 @@ typedef struct {
     uint8_t kernels; /* kernels launched */
     bool core;       /* part of the attention core (selective checkpointing
                         recomputes it) */
+    bool causal;     /* fused attention under a causal mask (mlg_op.causal) */
     double flops, bytes;
     /* a matrix product's shape: batch products of (m x k) by (k x n); all
      * 0: not a product */

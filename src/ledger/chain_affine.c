@@ -54,7 +54,7 @@ _Static_assert(sizeof(ml_chain) == 360 && sizeof(ml_cblock) == 280 && sizeof(ml_
 #define SAVED_BYTES(X) X(bytes)
 #define NODE_SHAPE(X) X(first_saved)
 #define NODE_BYTES(X) X(grad_in) X(param_grad) X(scratch) X(grad_out)
-#define WORK_SHAPE(X) X(kind) X(bwd) X(esize) X(kernels) X(core)
+#define WORK_SHAPE(X) X(kind) X(bwd) X(esize) X(kernels) X(core) X(causal)
 #define WORK_FLOPS(X) X(flops) X(bytes) X(m) X(n) X(k) X(batch)
 #define PARAM_SHAPE(X) X(numel) X(rows) X(cols) X(nograd) X(frozen)
 #define SIDE_SHAPE(X) X(from) X(to) X(to_bwd) X(ckpt_kept) X(grad_from) X(grad_to) X(graph)

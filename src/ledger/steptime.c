@@ -11,7 +11,7 @@
 /* ---- the GPU's rates --------------------------------------------------- */
 
 /* The share of the datasheet's memory bandwidth each kernel class achieves
- * (docs/time.md, "Memory-bound ops"), by mlg_op_kind. */
+ * (docs/time.md, "The GPU's time per item"), by mlg_op_kind. */
 static const double class_share[MLG_OP_KINDS] = {
     [MLG_OP_MATMUL] = 0.90,      [MLG_OP_ELEMENTWISE] = 0.85, [MLG_OP_NORM] = 0.70,
     [MLG_OP_SOFTMAX] = 0.70,     [MLG_OP_DROPOUT] = 0.60,     [MLG_OP_ATTENTION] = 0.80,
@@ -19,16 +19,22 @@ static const double class_share[MLG_OP_KINDS] = {
 };
 
 /* Tile of a GEMM's output each SM computes at once (docs/time.md,
- * "Matrix products") */
+ * "The GPU's time per item") */
 #define TILE 128.0
 
-/* The fraction of the SMs a product of (m x n) tiles, batch of them,
- * keeps busy over its waves. */
-static double wave_share(double m, double n, double batch, double sms)
+/* Products with fewer tiles than SMs split their k (cuBLAS's split-K)
+ * into as many parts as fill the SMs, each at least SPLIT_K deep */
+#define SPLIT_K 256.0
+
+/* The fraction of the SMs a product of (m x n) tiles, batch of them, over
+ * k keeps busy over its waves. */
+static double wave_share(double m, double n, double k, double batch, double sms)
 {
     if (sms <= 0)
         return 1.0;
-    const double tiles = ceil(m / TILE) * ceil(n / TILE) * batch;
+    double tiles = ceil(m / TILE) * ceil(n / TILE) * batch;
+    if (tiles < sms)
+        tiles *= fmax(1.0, fmin(floor(sms / tiles), ceil(k / SPLIT_K)));
     const double waves = ceil(tiles / sms);
     return waves > 0 ? tiles / (waves * sms) : 1.0;
 }
@@ -46,7 +52,7 @@ static void profile_gemm(const ml_profile *p, double sms, ml_time_rates *tr)
         if (!(g->tflops > 0))
             continue;
         const double f = 2.0 * (double)g->m * (double)g->n * (double)g->k;
-        const double model = f / (tr->gemm_flops * wave_share((double)g->m, (double)g->n, 1, sms));
+        const double model = f / (tr->gemm_flops * wave_share((double)g->m, (double)g->n, (double)g->k, 1, sms));
         over[k++] = fmax(0, f / (g->tflops * 1e12) - model);
     }
     for (size_t i = 1; i < k; i++) /* insertion sort: a handful */
@@ -112,12 +118,15 @@ double ml__time_item(const ml_time_rates *tr, const ml_work_item *it, bool *comp
     double t;
     *compute = it->kind == MLG_OP_MATMUL || it->kind == MLG_OP_ATTENTION;
     if (it->kind == MLG_OP_MATMUL && it->m > 0) {
-        const double share = wave_share(it->m, it->n, it->batch, tr->sms);
+        const double share = wave_share(it->m, it->n, it->k, it->batch, tr->sms);
         t = fmax(it->flops / (tr->gemm_flops * share), it->bytes / tr->bw[MLG_OP_MATMUL]) +
             tr->gemm_latency_s;
     } else if (it->kind == MLG_OP_ATTENTION) {
+        /* under a causal mask the kernel skips the tiles above the diagonal,
+         * about half (FlashAttention-2, section 3.1.1) */
         const double rate = it->bwd ? tr->attn_bwd_flops : tr->attn_fwd_flops;
-        t = fmax(it->flops / rate, it->bytes / tr->bw[MLG_OP_ATTENTION]);
+        const double f = it->causal ? 0.5 * it->flops : it->flops;
+        t = fmax(f / rate, it->bytes / tr->bw[MLG_OP_ATTENTION]);
     } else {
         t = it->bytes / tr->bw[it->kind < MLG_OP_KINDS ? it->kind : MLG_OP_ELEMENTWISE];
         *compute = false;
@@ -159,20 +168,18 @@ typedef struct {
     double kernels[ML_TPHASE_COUNT];
 } ml_clock;
 
-static void clock_run(ml_clock *c, const ml_trun *r, ml_time_phase ph, double times)
+static void clock_run(ml_clock *c, const ml_trun *r, ml_time_phase ph)
 {
-    for (double i = 0; i < times; i++) {
-        const double end = fmax(c->gpu + r->G, c->host + r->P);
-        c->by_phase[ph] += end - c->gpu;
-        c->gpu = end;
-        c->host += r->H;
-    }
-    c->gpu_sum += r->G * times;
-    c->host_sum += r->H * times;
-    c->gemm += r->gemm * times;
-    c->mem += r->mem * times;
-    c->floor += r->floor * times;
-    c->kernels[ph] += r->kernels * times;
+    const double end = fmax(c->gpu + r->G, c->host + r->P);
+    c->by_phase[ph] += end - c->gpu;
+    c->gpu = end;
+    c->host += r->H;
+    c->gpu_sum += r->G;
+    c->host_sum += r->H;
+    c->gemm += r->gemm;
+    c->mem += r->mem;
+    c->floor += r->floor;
+    c->kernels[ph] += r->kernels;
 }
 
 /* The items [first, first + n) as one run, each kernel dispatched at h;
@@ -211,6 +218,38 @@ static ml_trun flops_run(const ml_time_rates *tr, double flops, double h)
         r.kernels = 1;
     }
     return r;
+}
+
+/* The FLOPs of block b its items do not list (ops whose backward node
+ * the graph leaves to a block-level rule: a mixture of experts' routed
+ * products, a classifier's head), at the large-GEMM rate, so that every
+ * FLOP the chain counts is timed: the forward's are the sum of its ops';
+ * the backward's are the chain's flops_bwd less what the items list (a
+ * product's gradients at its FLOPs each, fused attention's 2.5 times as
+ * twice, and twice every other op's forward FLOPs). */
+static void unlisted(const ml_time_rates *tr, const ml_cblock *b, const ml_work_item *w,
+                     ml_trun *fwd, ml_trun *bwd)
+{
+    double f = 0, g = 0, other = 0;
+    for (uint32_t i = 0; i < b->work_fwd + b->work_bwd; i++) {
+        const ml_work_item *it = &w[i];
+        const bool product = it->kind == MLG_OP_MATMUL || it->kind == MLG_OP_ATTENTION;
+        if (!it->bwd) {
+            f += it->flops;
+            other += product ? 0 : it->flops;
+        } else {
+            g += it->kind == MLG_OP_ATTENTION ? it->flops / 1.25 : it->flops;
+        }
+    }
+    const double rf = b->flops_fwd - f, rb = b->flops_bwd - g - 2 * other;
+    if (rf > 1e-3 * b->flops_fwd) {
+        run_add(fwd, 0, rf / tr->gemm_flops);
+        fwd->gemm += rf / tr->gemm_flops;
+    }
+    if (rb > 1e-3 * b->flops_bwd) {
+        run_add(bwd, 0, rb / tr->gemm_flops);
+        bwd->gemm += rb / tr->gemm_flops;
+    }
 }
 
 /* ---- the optimizer step ------------------------------------------------ */
@@ -343,6 +382,7 @@ static ml_run_memo *block_runs(ml_run_cache *c, const ml_cblock *b)
     if (b->work_known) {
         m->fwd = items_run(tr, w, b->work_fwd, tr->host_fwd_s, false);
         m->bwd = items_run(tr, w + b->work_fwd, b->work_bwd, tr->host_bwd_s, false);
+        unlisted(tr, b, w, &m->fwd, &m->bwd);
     } else {
         m->fwd = flops_run(tr, b->flops_fwd, tr->host_fwd_s);
         m->bwd = flops_run(tr, b->flops_bwd, tr->host_bwd_s);
@@ -359,9 +399,13 @@ static const ml_trun *recompute_run(ml_run_cache *c, ml_run_memo *m)
     const ml_time_rates *tr = c->tr;
     const ml_cblock *b = m->b;
     if (!m->has_rec) {
-        if (b->work_known)
-            m->rec = items_run(tr, c->ch->work + b->work_first, b->work_fwd, tr->host_fwd_s,
-                               c->selective);
+        if (b->work_known) {
+            const ml_work_item *w = c->ch->work + b->work_first;
+            m->rec = items_run(tr, w, b->work_fwd, tr->host_fwd_s, c->selective);
+            ml_trun bwd = m->bwd;
+            if (!c->selective)
+                unlisted(tr, b, w, &m->rec, &bwd);
+        }
         else
             m->rec = flops_run(tr, c->selective ? b->flops_core : b->flops_fwd, tr->host_fwd_s);
         run_lead(&m->rec, tr->host_fwd_block_s + tr->host_layer_s);
@@ -374,6 +418,7 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
 {
     ml_step_time *st = &s->time;
     memset(st, 0, sizeof *st);
+    st->flops_s = s->step_time_s;
     ml_time_rates tr;
     if (!ml__time_rates(cfg, &tr))
         return;
@@ -387,25 +432,30 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
     cache.tr = &tr;
     cache.ch = ch;
     cache.selective = selective;
-    /* forward: every micro-batch the same, so one pass counted A times */
-    for (size_t k = 0; k < ch->n; k++) {
-        const ml_cblock *b = &ch->blocks[k];
-        st->flops_only_blocks += !b->work_known && (b->flops_fwd > 0);
-        clock_run(&c, &block_runs(&cache, b)->fwd, ML_TPHASE_FORWARD, A);
-    }
-    for (size_t k = ch->n; k-- > 0;) {
-        const ml_cblock *b = &ch->blocks[k];
-        if (b->fwd_only || b->frozen)
-            continue;
-        ml_run_memo *m = block_runs(&cache, b);
-        if (selective ? b->core_bytes > 0 && b->ckpt_index >= 0 : seg[k] >= 0) {
-            clock_run(&c, recompute_run(&cache, m), ML_TPHASE_RECOMPUTE, A);
-            st->recomputed_blocks += A;
+    for (size_t k = 0; k < ch->n; k++)
+        st->flops_only_blocks += !ch->blocks[k].work_known && (ch->blocks[k].flops_fwd > 0);
+    /* each micro-batch's forward, then its backward: the next forward's
+     * host time overlaps the GPU's backward */
+    for (double a = 0; a < A; a++) {
+        for (size_t k = 0; k < ch->n; k++)
+            clock_run(&c, &block_runs(&cache, &ch->blocks[k])->fwd, ML_TPHASE_FORWARD);
+        for (size_t k = ch->n; k-- > 0;) {
+            const ml_cblock *b = &ch->blocks[k];
+            if (b->fwd_only || b->frozen)
+                continue;
+            ml_run_memo *m = block_runs(&cache, b);
+            if (selective ? b->core_bytes > 0 && b->ckpt_index >= 0 : seg[k] >= 0) {
+                clock_run(&c, recompute_run(&cache, m), ML_TPHASE_RECOMPUTE);
+                st->recomputed_blocks += 1;
+            }
+            clock_run(&c, &m->bwd, ML_TPHASE_BACKWARD);
         }
-        clock_run(&c, &m->bwd, ML_TPHASE_BACKWARD, A);
     }
-    const ml_trun step = step_run(&tr, ch, t);
-    clock_run(&c, &step, ML_TPHASE_STEP, 1);
+    /* an offloaded optimizer steps on the host (its transfers are timed
+     * apart, ml__time_finish); its update is not timed */
+    const ml_trun none = {0, 0, 0, 0, 0, 0, 0};
+    const ml_trun step = t->offload == ML_OFFLOAD_NONE ? step_run(&tr, ch, t) : none;
+    clock_run(&c, &step, ML_TPHASE_STEP);
     st->source = tr.source;
     st->gpu_s = c.gpu_sum;
     st->host_s = c.host_sum;
@@ -415,9 +465,9 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
     st->gemm_s = c.gemm;
     st->memory_s = c.mem;
     st->floor_s = c.floor;
-    st->step_s = c.gpu + fmax(s->time_communication_s, 0) + fmax(s->time_host_transfer_s, 0);
-    st->tokens_per_s = st->step_s > 0 ? A * (double)t->micro_batch * (double)t->seq_len / st->step_s
-                                      : 0;
-    st->mfu = st->step_s > 0 ? (s->flops_forward + s->flops_backward) / st->step_s / tr.peak_flops
-                             : -1;
+    /* the step's compute is the pipeline's: communication and host
+     * transfers come after it (ml__time_finish, which sets step_s) */
+    s->step_time_s = c.gpu;
+    st->tokens_per_s = c.gpu > 0 ? A * (double)t->micro_batch * (double)t->seq_len / c.gpu : 0;
+    st->mfu = c.gpu > 0 ? (s->flops_forward + s->flops_backward) / c.gpu / tr.peak_flops : -1;
 }

@@ -6,7 +6,7 @@
 #include "ledger/work.h"
 
 /* The constants of a datasheet estimate, each with its source in
- * docs/time.md ("Constants"). The host's costs are those fitted on the
+ * docs/time.md ("The GPU's time per item", "The host"). The host's costs are those fitted on the
  * H200 campaign's 60 runs (calib/h200_time.py --fit), a profile's host
  * section replaces them. */
 #define ML_TIME_GEMM_SHARE 0.80        /* large GEMMs: their share of the dense peak */
@@ -14,13 +14,13 @@
 #define ML_TIME_ATTN_FWD_SHARE 0.50    /* fused attention, of the GEMM rate: forward */
 #define ML_TIME_ATTN_BWD_SHARE 0.40    /* and backward */
 #define ML_TIME_KERNEL_FLOOR_S 2.5e-6  /* the least time any kernel takes */
-#define ML_TIME_HOST_FORWARD_S 34.56e-6   /* host: per kernel launched in forward */
+#define ML_TIME_HOST_FORWARD_S 33.05e-6   /* host: per kernel launched in forward */
 #define ML_TIME_HOST_BACKWARD_S 0.01e-6   /* per kernel of a backward node */
-#define ML_TIME_HOST_FWD_BLOCK_S 1102.5e-6       /* per block's forward, besides its kernels */
-#define ML_TIME_HOST_BWD_BLOCK_S 330.75e-6       /* per block's backward */
-#define ML_TIME_HOST_RECOMPUTE_S 472.5e-6 /* per recomputed (checkpointed) block */
-#define ML_TIME_HOST_STEP_CALL_S 0.01e-6 /* optimizer: per foreach call */
-#define ML_TIME_HOST_STEP_TENSOR_S 0.68e-6 /* per tensor in a call */
+#define ML_TIME_HOST_FWD_BLOCK_S 1100e-6       /* per block's forward, besides its kernels */
+#define ML_TIME_HOST_BWD_BLOCK_S 250e-6       /* per block's backward */
+#define ML_TIME_HOST_RECOMPUTE_S 479.16e-6 /* per recomputed (checkpointed) block */
+#define ML_TIME_HOST_STEP_CALL_S 72.73e-6 /* optimizer: per foreach call */
+#define ML_TIME_HOST_STEP_TENSOR_S 2e-6 /* per tensor in a call */
 
 typedef struct {
     double gemm_flops;      /* FLOP/s of a large product at the compute dtype */
@@ -42,7 +42,9 @@ bool ml__time_rates(const ml_config *cfg, ml_time_rates *tr);
 /* One item's GPU time; *compute: a product or fused attention. */
 double ml__time_item(const ml_time_rates *tr, const ml_work_item *it, bool *compute);
 /* s->time for chain ch under cfg, seg the checkpoint segments (seg[k] >= 0:
- * block k recomputed); after ml__time_finish. */
+ * block k recomputed), after the FLOPs' time (s->step_time_s, kept as
+ * time.flops_s) and before ml__time_finish: when the step is timed, its
+ * compute (step_time_s) becomes the pipeline's. */
 void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_summary *s);
 
 #endif

@@ -85,6 +85,13 @@ void ml__time_finish(const ml_device *dv, ml_ledger *l)
         !(s->host_transfer_bytes > 0) ? 0 : hb > 0 ? s->host_transfer_bytes / hb : -1;
     if (s->step_time_s >= 0)
         s->step_time_s += fmax(s->time_communication_s, 0) + fmax(s->time_host_transfer_s, 0);
+    /* the per-op model's step: throughput and MFU over the whole of it */
+    if (s->time.source != ML_TIME_NONE) {
+        s->time.step_s = s->step_time_s;
+        const double share = s->step_time_s > 0 ? s->time_compute_s / s->step_time_s : 0;
+        s->time.tokens_per_s *= share;
+        s->time.mfu *= share;
+    }
     /* each event's time: its FLOPs at the step's throughput, plus what was
      * sent before it at the bandwidths given */
     const double rate = s->time_compute_s > 0 ? s->flops_total / s->time_compute_s : 0;

@@ -5,7 +5,20 @@
 #include "ledger/work.h"
 #include "util/grow.h"
 
-static ml_work_item *item(ml_chain *ch, const mlg_op *o, uint8_t kind, bool bwd, unsigned kernels)
+/* An op selective checkpointing runs again: the attention core's products
+ * and whatever makes the core's tensors (its mask, softmax, dropout) */
+static bool core_op(const ml_graph *g, const mlg_op *o)
+{
+    bool core = o->core;
+    for (unsigned j = 0; j < o->nout && !core; j++)
+        core = (g->t[o->out[j]].flags & MLG_T_CORE) != 0;
+    return core;
+}
+
+/* A new item of op o (of graph g) in the chain's list; NULL: out of
+ * memory (ch->nomem set). */
+static ml_work_item *item_of(ml_chain *ch, const ml_graph *g, const mlg_op *o, uint8_t kind,
+                             bool bwd, unsigned kernels)
 {
     ml_work_item *v = ml_grow(ch->work, ch->nwork, &ch->workcap, sizeof *v, 64);
     if (!v) {
@@ -17,7 +30,8 @@ static ml_work_item *item(ml_chain *ch, const mlg_op *o, uint8_t kind, bool bwd,
     memset(it, 0, sizeof *it);
     it->kind = kind;
     it->bwd = bwd;
-    it->core = o->core;
+    it->core = core_op(g, o);
+    it->causal = o->causal;
     it->kernels = (uint8_t)(kernels > 255 ? 255 : kernels);
     return it;
 }
@@ -71,7 +85,7 @@ static void set_product(ml_work_item *it, double m, double n, double k, const ge
 static void forward(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z,
                     const uint64_t *tb, const mlg_op *o)
 {
-    ml_work_item *it = item(ch, o, o->kind, false, o->kernels);
+    ml_work_item *it = item_of(ch, g, o, o->kind, false, o->kernels);
     if (!it)
         return;
     it->flops = ml__graph_op_flops(o, z);
@@ -97,9 +111,12 @@ static void backward_product(ml_chain *ch, const ml_graph *g, const ml_graph_siz
     gemm_shape s;
     if (!product_shape(g, z, o, flops, &s))
         return;
-    const unsigned grads = o->ngin + (o->nparam ? 1u : 0u);
+    /* a linear layer: its input's gradient when it takes one, its weight's;
+     * a product of two activations (attention's): both, whichever tensors
+     * the node lists (q and k may be views of one projection) */
+    const unsigned grads = o->nparam ? o->ngin + 1u : o->nin >= 2 ? 2u : o->ngin;
     for (unsigned j = 0; j < grads && j < 2; j++) {
-        ml_work_item *it = item(ch, o, MLG_OP_MATMUL, true, 1);
+        ml_work_item *it = item_of(ch, g, o, MLG_OP_MATMUL, true, 1);
         if (!it)
             return;
         if (j == 0 && o->ngin)
@@ -119,11 +136,11 @@ static void backward(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z,
         backward_product(ch, g, z, o, flops);
         return;
     }
-    ml_work_item *it = item(ch, o, o->kind, true, o->kernels ? o->kernels : 1);
+    ml_work_item *it = item_of(ch, g, o, o->kind, true, o->kernels ? o->kernels : 1);
     if (!it)
         return;
     /* a fused attention kernel's backward: 2.5 times its forward's FLOPs
-     * (FlashAttention-2, section 3.2: five products against two, one of
+     * (FlashAttention-2, section 4.1: five products against two, one of
      * them the scores' recomputation) */
     it->flops = o->kind == MLG_OP_ATTENTION ? 2.5 * flops : 0;
     for (unsigned j = 0; j < o->nout; j++)
@@ -155,7 +172,10 @@ void ml__work_graph(ml_chain *ch, ml_cblock *b, const ml_graph *g, const ml_grap
     const bool loss = b->fwd_phase == ML_PHASE_LOSS;
     for (uint16_t k = g->nop; k-- > 0 && !ch->eval_mode;) {
         const mlg_op *o = &g->op[k];
-        if ((o->node || loss) && o->kind != MLG_OP_VIEW && o->kernels)
+        /* a fused attention kernel names no node of its own (its saved
+         * tensors are the kernel's): its backward runs all the same */
+        if ((o->node || loss || o->kind == MLG_OP_ATTENTION) && o->kind != MLG_OP_VIEW &&
+            o->kernels)
             backward(ch, g, z, tb, o);
     }
     if (ch->nomem || ch->nwork > UINT32_MAX)

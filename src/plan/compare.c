@@ -57,6 +57,7 @@ ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *ro
             base_total = s->flops_total;
         r->recompute_pct = base_total > 0 ? 100.0 * s->flops_recompute / base_total : 0;
         r->step_time_s = s->step_time_s;
+        r->time = s->time;
         r->has_device = s->has_device;
         r->fits = s->has_device ? (r->checkpoint.kind == ML_CKPT_OPTIMAL ? s->plan_fits_budget &&
                                                                                  s->fits

@@ -314,6 +314,12 @@ static ml_status read_host(const ml_node *r, ml_profile *p, ml_error *err)
         ml_status st = num(err, h, keys[j], "host", true, &v[j]);
         if (st)
             return st;
+        /* a second per kernel or block is no host's: a unit mistaken */
+        if (v[j] > 1e6)
+            return ml__error_at(err, ml__tree_get(h, keys[j]), ML_SCHEMA,
+                                "host.%s: %g us is more than a second; the costs are in "
+                                "microseconds",
+                                keys[j], v[j]);
     }
     const ml_profile_host c = {v[0] * 1e-6, v[1] * 1e-6, v[2] * 1e-6, v[3] * 1e-6,
                                v[4] * 1e-6, v[5] * 1e-6, v[6] * 1e-6};

@@ -232,6 +232,14 @@ int ml_report_compare_json(FILE *f, const ml_compare_row *rows, size_t n)
             fprintf(f, "%.17g", r->step_time_s);
         else
             fputs("null", f);
+        /* the per-op model's bound and throughput (docs/time.md) */
+        const bool timed = r->time.source != ML_TIME_NONE;
+        fprintf(f, ", \"bound\": %s, \"tokens_per_s\": ",
+                !timed ? "null" : r->time.host_bound ? "\"host\"" : "\"gpu\"");
+        if (timed)
+            fprintf(f, "%.17g, \"mfu\": %.17g", r->time.tokens_per_s, r->time.mfu);
+        else
+            fputs("null, \"mfu\": null", f);
         fprintf(f, ", \"fits\": %s, \"peak\": %llu, \"cheaper_fits\": ",
                 !r->has_device ? "null" : r->fits ? "true" : "false", (unsigned long long)r->peak);
         if (r->cheaper >= 0) {

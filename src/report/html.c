@@ -150,7 +150,10 @@ static void html_summary(FILE *f, const ml_config *cfg, const ml_summary *s)
     row(f, "FLOPs per iteration", buf);
     if (s->step_time_s >= 0) {
         snprintf(buf, sizeof buf, "%.4g s%s", s->step_time_s,
-                 s->time_measured ? " (from the profile's measured GEMM throughput)" : "");
+                 s->time.source == ML_TIME_CALIBRATED ? " (per-op model, the profile's GEMM rates)"
+                 : s->time.source == ML_TIME_DATASHEET ? " (per-op model, datasheet estimate)"
+                 : s->time_measured ? " (FLOPs at the profile's measured GEMM throughput)"
+                                    : " (FLOPs at the peak: a lower bound)");
         row(f, "estimated step time", buf);
     }
     fputs("</table>\n", f);

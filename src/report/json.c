@@ -225,6 +225,8 @@ static void json_step_time(FILE *f, const ml_step_time *t)
     fprintf(f, ", \"bound\": %s", !known ? "null" : t->host_bound ? "\"host\"" : "\"gpu\"");
     phase_object(f, "by_phase", known ? t->by_phase : NULL);
     phase_object(f, "kernels", known ? t->kernels : NULL);
+    fputs(", \"flops_s\": ", f);
+    num_or_null(f, known ? t->flops_s : -1);
     fputs(", \"recomputed_blocks\": ", f);
     num_or_null(f, known ? t->recomputed_blocks : -1);
     fprintf(f, ", \"source\": \"%s\", \"flops_only_blocks\": %zu", src[t->source],

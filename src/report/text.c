@@ -102,8 +102,10 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
         else
             fprintf(f, "analytic c, since %s",
                     s->calibration_note ? s->calibration_note : "no block can take it");
-        fprintf(f, "; step time %s\n", s->time_measured ? "from the measured GEMM throughput"
-                                                         : "analytic");
+        fprintf(f, "; step time %s\n",
+                s->time.source == ML_TIME_CALIBRATED ? "per op, at the profile's GEMM rates"
+                : s->time_measured                  ? "from the measured GEMM throughput"
+                                                    : "analytic");
     }
     if (t->data_parallel > 1 || t->zero || t->offload) {
         fprintf(f, "sharding: %llu devices, ZeRO stage %u, offload %s; figures are per device\n",
@@ -360,19 +362,21 @@ static void text_step_time(FILE *f, const ml_config *cfg, const ml_summary *s)
 {
     const ml_device *dv = &cfg->device;
     const char *dt = ml_compute_dtype_name(ml_precision_compute_dtype(cfg->training.precision));
+    /* with the per-op model's step time above, the FLOPs alone: a bound */
+    const bool op = s->time.source != ML_TIME_NONE;
+    const char *what = op ? "FLOPs alone" : "step time";
+    const double v = op ? s->time.flops_s : s->time_compute_s;
     if (s->time_measured) {
-        fprintf(f, "  step time %.4g s at %.4g TFLOP/s, the GEMM throughput measured by profile "
-                   "%s\n",
-                s->time_compute_s, ml_profile_achieved_tflops(cfg->calib),
-                ml_profile_get(cfg->calib, "name"));
+        fprintf(f, "  %s %.4g s at %.4g TFLOP/s, the GEMM throughput measured by profile %s\n",
+                what, v, ml_profile_achieved_tflops(cfg->calib), ml_profile_get(cfg->calib, "name"));
         return;
     }
     if (s->step_time_s >= 0 && !(dv->peak_tflops > 0) && dv->preset)
-        fprintf(f, "  step time %.4g s at %g TFLOP/s (%s, dense %s) x %.0f%% efficiency%s\n",
-                s->time_compute_s, s->peak_tflops_used, dv->preset->name, dt, dv->efficiency * 100,
+        fprintf(f, "  %s %.4g s at %g TFLOP/s (%s, dense %s) x %.0f%% efficiency%s\n", what, v,
+                s->peak_tflops_used, dv->preset->name, dt, dv->efficiency * 100,
                 dv->efficiency >= 1 ? " (a lower bound)" : "");
     else if (s->step_time_s >= 0)
-        fprintf(f, "  step time %.4g s at %g TFLOP/s x %.0f%% efficiency%s\n", s->time_compute_s,
+        fprintf(f, "  %s %.4g s at %g TFLOP/s x %.0f%% efficiency%s\n", what, v,
                 s->peak_tflops_used, dv->efficiency * 100,
                 dv->efficiency >= 1 ? " (a lower bound)" : "");
     else if (dv->preset)
@@ -402,8 +406,8 @@ static void text_op_time(FILE *f, const ml_config *cfg, const ml_summary *s)
     double k = 0;
     for (int i = 0; i < ML_TPHASE_COUNT; i++)
         k += t->kernels[i];
-    fprintf(f, "  per-op step time %.4g s, %s-bound (%s)\n", t->step_s,
-            t->host_bound ? "host" : "GPU",
+    fprintf(f, "  step time %.4g s, %s-bound (per-op model, docs/time.md: %s)\n",
+            s->time_compute_s, t->host_bound ? "host" : "GPU",
             t->source == ML_TIME_CALIBRATED ? "the profile's GEMM rates, datasheet bandwidth"
                                             : "datasheet estimate");
     fprintf(f, "    GPU %.4g s (products and attention %.4g s, memory-bound %.4g s, at the kernel "
@@ -452,12 +456,12 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
         fprintf(f, "  host transfers: %s per device per iteration", a);
         text_part(f, s->time_host_transfer_s, cfg->device.pcie_gbps, "--pcie");
     }
+    text_op_time(f, cfg, s);
     text_step_time(f, cfg, s);
     /* the step time with the timed parts, run serially after the compute */
     if (s->step_time_s >= 0 && s->step_time_s > s->time_compute_s)
         fprintf(f, "  step time with communication and host transfers (not overlapped): %.4g s\n",
                 s->step_time_s);
-    text_op_time(f, cfg, s);
 }
 
 /* The device and the verdict (nothing without a device). With a length

@@ -2,10 +2,10 @@
 """The per-op step time against the committed H200 campaign (docs/time.md):
 calib/h200_time.py plans the 60 runs with memledger's defaults and this
 test holds the errors it prints, so a change that moves the model away from
-the measurements fails the build. The bounds are the targets where the model
-meets them (fp32 median within 5 %, bf16 median within 15 %) and today's
-worst cases otherwise (fp32 10.8 % held out, a little more with the
-defaults fitted on every run).
+the measurements fails the build. The bounds are the targets (fp32: median
+within 5 %, worst within 10 %; bf16: median within 15 %) and, for bf16's
+worst run, which has no target, 40 % (35 % today with the defaults, 39.7 %
+held out).
 
 Usage: test_h200_time.py H200_TIME_PY RESULTS_DIR MEMLEDGER"""
 import re
@@ -24,7 +24,7 @@ def main():
     summary = {k: (float(a), float(b)) for k, a, b in re.findall(
         r"^- (fp32|bf16 autocast): median \|error\| ([0-9.]+) %, worst ([0-9.]+) %",
         out.stdout, re.M)}
-    bounds = {"fp32": (5.0, 11.5), "bf16 autocast": (15.0, 45.0)}
+    bounds = {"fp32": (5.0, 10.0), "bf16 autocast": (15.0, 40.0)}
     bad = []
     for k, (med, worst) in bounds.items():
         if k not in summary:

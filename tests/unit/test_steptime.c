@@ -3,6 +3,8 @@
  * rates' sources. */
 #include "harness.h"
 
+#include <math.h>
+
 #include "memledger/calib.h"
 
 /* Linear 1024 -> 4096, GELU, linear 4096 -> 1024, MSE, at 8192 rows:
@@ -119,6 +121,73 @@ static void test_host_bound(void **state)
     ml_model_destroy(m);
 }
 
+/* One kernel of the pipeline as docs/time.md describes it: the host issues
+ * it (after the block's own host time, lead), the GPU runs it once free. */
+typedef struct {
+    double host, gpu;
+} clocks;
+
+static void kernel(clocks *c, double lead, double h, double g)
+{
+    c->host += lead + h;
+    c->gpu = (c->gpu > c->host ? c->gpu : c->host) + g;
+}
+
+/* A product at its wave share: tiles of 128 x 128, split over k (256 deep
+ * parts) up to the SMs when fewer than the SMs (docs/time.md) */
+static double product_at(double m, double n, double k)
+{
+    double tiles = ceil(m / 128) * ceil(n / 128);
+    if (tiles < 132) {
+        double split = floor(132 / tiles), kp = ceil(k / 256);
+        tiles *= split < kp ? split : kp;
+    }
+    const double share = tiles / (ceil(tiles / 132) * 132);
+    const double t = 2 * m * n * k / (R * share), b = (m * k + k * n + m * n) * 4 / (BW * 0.90);
+    return (t > b ? t : b) + T0;
+}
+
+/* mlp2 (1000 -> 10000 -> 1000, 256 rows, fp32, Adam foreach) on h100-sxm
+ * with the default host costs (ML_TIME_HOST_*): host-bound, every block's
+ * forward waiting on its 1,100 us of host time. The expected step is a
+ * kernel-by-kernel walk of the pipeline, not the model's run summaries. */
+static void test_mlp2_defaults(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("model:\n  type: sequential\n  input: [1000]\n  layers:\n"
+                           "    - linear: {out: 10000, bias: false}\n    - gelu: {}\n"
+                           "    - linear: {out: 1000, bias: false}\n  loss: mse\n"
+                           "training:\n  micro_batch: 256\n  optimizer: adam\n");
+    ml_config c = ml_model_config(m);
+    assert_int_equal(ml_device_preset_apply("h100-sxm", &c.device, NULL), ML_OK);
+    ml_ledger *l = eval(m, &c, false);
+    const ml_step_time *t = &ml_ledger_summary(l)->time;
+    const double fo = 33.05e-6, bo = 0.01e-6, fb = 1100e-6, bb = 250e-6, sc = 72.73e-6, st = 2e-6;
+    const double act = 256.0 * 10000 * 4, io = 256.0 * 1000 * 4;
+    clocks k = {0, 0};
+    /* forward: linear 1, GELU, linear 2 (16 tiles: split 8 ways), MSE */
+    kernel(&k, fb, fo, product_at(256, 10000, 1000));
+    kernel(&k, fb, fo, elementwise(2 * act));
+    kernel(&k, fb, fo, product_at(256, 1000, 10000));
+    kernel(&k, fb, fo, elementwise(2 * io + 4));
+    /* backward: MSE; linear 2's input and weight gradients; GELU; linear
+     * 1's weight gradient */
+    kernel(&k, bb, bo, elementwise(4 + 3 * io));
+    kernel(&k, bb, bo, product_at(256, 10000, 1000));
+    kernel(&k, 0, bo, product_at(10000, 1000, 256));
+    kernel(&k, bb, bo, elementwise(3 * act));
+    kernel(&k, bb, bo, product_at(1000, 10000, 256));
+    /* Adam, foreach: 22 passes of 4 bytes over 20 M parameters in 8 ops of
+     * one launch each (306 chunks + 2 tensors <= 320); its host time (8
+     * calls, 16 tensors) before its GPU time */
+    kernel(&k, 0, 8 * sc + 16 * st, elementwise(22.0 * 20e6 * 4));
+    assert_rel_close(t->step_s, k.gpu, 1e-12);
+    assert_rel_close(t->host_s, 4 * (fb + fo) + 4 * bb + 5 * bo + 8 * sc + 16 * st, 1e-12);
+    assert_true(t->host_bound);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 /* No named device: no bandwidth, not timed; a named one without a peak
  * at the precision (a10g): not timed either. */
 static void test_untimed(void **state)
@@ -168,6 +237,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_by_hand),
         cmocka_unit_test(test_host_bound),
+        cmocka_unit_test(test_mlp2_defaults),
         cmocka_unit_test(test_untimed),
         cmocka_unit_test(test_planner_same),
     };
