@@ -129,6 +129,10 @@ typedef struct ml_profile_host {
 ML_API void ml_profile_set_host(ml_profile *p, const ml_profile_host *h);
 /* NULL when the profile has no host section. */
 ML_API const ml_profile_host *ml_profile_host_costs(const ml_profile *p);
+/* The memory bandwidth measured on the profile's device (`memory_gbps`,
+ * GB/s = 1e9 bytes/s; docs/time.md); 0: not measured. */
+ML_API void ml_profile_set_memory_gbps(ml_profile *p, double gbps);
+ML_API double ml_profile_memory_gbps(const ml_profile *p);
 /* Fits c and the fixed term per kind (saved = c * B*T*D*b + fixed); for the
  * blocks with attention whose points name H and span enough shapes (several
  * T and B), also the attention terms: saved = c * B*T*D*b + c_attention *

@@ -193,6 +193,8 @@ typedef struct ml_step_time {
     size_t flops_only_blocks; /* blocks without an op graph: timed by FLOPs */
     double kernels[ML_TPHASE_COUNT]; /* kernels launched per iteration, by phase */
     double recomputed_blocks; /* block recomputations per iteration */
+    bool serial;         /* one processor (a CPU profile's): the host's time
+                            and the compute's add up, nothing overlaps */
 } ml_step_time;
 
 typedef struct ml_summary {

@@ -69,11 +69,18 @@ bool ml__time_rates(const ml_config *cfg, ml_time_rates *tr)
     const ml_device *dv = &cfg->device;
     memset(tr, 0, sizeof *tr);
     const ml_device_preset *pr = dv->preset;
-    const double bw = pr ? pr->memory_gbps * 1e9 : 0;
+    const ml_profile *p = cfg->calib;
+    /* a profile measured on the plan's device at its dtype: its GEMMs and,
+     * when it measured one, its memory bandwidth */
+    const bool measured =
+        p && ml_profile_achieved_tflops(p) > 0 && !ml_profile_time_mismatch(p, cfg);
+    const double bw = measured && ml_profile_memory_gbps(p) > 0 ? ml_profile_memory_gbps(p) * 1e9
+                      : pr                                      ? pr->memory_gbps * 1e9
+                                                                : 0;
     const double peak = ml_device_peak(dv, cfg->training.precision) * 1e12;
-    if (!(bw > 0) || !(peak > 0))
+    if (!(bw > 0) || !(peak > 0 || measured))
         return false;
-    tr->sms = pr->sms;
+    tr->sms = pr ? pr->sms : 0;
     tr->peak_flops = peak;
     for (int c = 0; c < MLG_OP_KINDS; c++)
         tr->bw[c] = bw * class_share[c];
@@ -81,10 +88,15 @@ bool ml__time_rates(const ml_config *cfg, ml_time_rates *tr)
     tr->source = ML_TIME_DATASHEET;
     tr->gemm_flops = peak * ML_TIME_GEMM_SHARE * dv->efficiency;
     tr->gemm_latency_s = ML_TIME_GEMM_LATENCY_S;
-    if (cfg->calib && ml_profile_achieved_tflops(cfg->calib) > 0 &&
-        !ml_profile_time_mismatch(cfg->calib, cfg)) {
-        profile_gemm(cfg->calib, tr->sms, tr);
+    if (measured) {
+        profile_gemm(p, tr->sms, tr);
         tr->source = ML_TIME_CALIBRATED;
+        /* measured on a CPU: the host runs the kernels itself, one after
+         * the other (no queue, no kernel floor) */
+        if (!strcmp(ml_profile_get(p, "backend"), "cpu")) {
+            tr->serial = true;
+            tr->kernel_floor_s = 0;
+        }
     }
     tr->attn_fwd_flops = tr->gemm_flops * ML_TIME_ATTN_FWD_SHARE;
     tr->attn_bwd_flops = tr->gemm_flops * ML_TIME_ATTN_BWD_SHARE;
@@ -166,14 +178,15 @@ typedef struct {
     double by_phase[ML_TPHASE_COUNT];
     double gpu_sum, host_sum, gemm, mem, floor;
     double kernels[ML_TPHASE_COUNT];
+    bool serial; /* one processor: each run's host time then its compute */
 } ml_clock;
 
 static void clock_run(ml_clock *c, const ml_trun *r, ml_time_phase ph)
 {
-    const double end = fmax(c->gpu + r->G, c->host + r->P);
+    const double end = c->serial ? c->gpu + r->H + r->G : fmax(c->gpu + r->G, c->host + r->P);
     c->by_phase[ph] += end - c->gpu;
     c->gpu = end;
-    c->host += r->H;
+    c->host = c->serial ? end : c->host + r->H;
     c->gpu_sum += r->G;
     c->host_sum += r->H;
     c->gemm += r->gemm;
@@ -426,6 +439,7 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
     const bool selective = t->checkpoint.kind == ML_CKPT_SELECTIVE;
     ml_clock c;
     memset(&c, 0, sizeof c);
+    c.serial = tr.serial;
     const double A = (double)t->grad_accum;
     ml_run_cache cache;
     cache.n = cache.next = 0;
@@ -469,5 +483,8 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
      * transfers come after it (ml__time_finish, which sets step_s) */
     s->step_time_s = c.gpu;
     st->tokens_per_s = c.gpu > 0 ? A * (double)t->micro_batch * (double)t->seq_len / c.gpu : 0;
-    st->mfu = c.gpu > 0 ? (s->flops_forward + s->flops_backward) / c.gpu / tr.peak_flops : -1;
+    st->mfu = c.gpu > 0 && tr.peak_flops > 0
+                  ? (s->flops_forward + s->flops_backward) / c.gpu / tr.peak_flops
+                  : -1;
+    st->serial = tr.serial;
 }

@@ -34,6 +34,7 @@ typedef struct {
     double host_step_call_s, host_step_tensor_s;
     ml_time_source source;
     bool host_profiled; /* the host's costs from a profile */
+    bool serial;        /* a CPU's: host and compute one after the other */
 } ml_time_rates;
 
 /* The rates of cfg's device; false when it has no memory bandwidth or no

@@ -39,6 +39,7 @@ struct ml_profile {
     double peak_tflops;
     ml_profile_host host;
     bool has_host;
+    double memory_gbps;
 };
 
 static const char *const kind_names[ML_PK_COUNT] = {
@@ -154,6 +155,16 @@ void ml_profile_set_host(ml_profile *p, const ml_profile_host *h)
 const ml_profile_host *ml_profile_host_costs(const ml_profile *p)
 {
     return p->has_host ? &p->host : NULL;
+}
+
+void ml_profile_set_memory_gbps(ml_profile *p, double gbps)
+{
+    p->memory_gbps = gbps > 0 && isfinite(gbps) ? gbps : 0;
+}
+
+double ml_profile_memory_gbps(const ml_profile *p)
+{
+    return p->memory_gbps;
 }
 
 void ml_profile_set_peak(ml_profile *p, double peak_tflops)
@@ -484,6 +495,8 @@ int ml_profile_write(FILE *f, const ml_profile *p)
                 (unsigned long long)p->gemm[i].k, p->gemm[i].tflops);
     if (!p->ngemm)
         fputs("  []\n", f);
+    if (p->memory_gbps > 0)
+        fprintf(f, "memory_gbps: %.17g\n", p->memory_gbps);
     if (p->has_host)
         fprintf(f,
                 "host:\n  forward_op_us: %.10g\n  backward_op_us: %.10g\n  forward_block_us: "

@@ -101,12 +101,12 @@ static bool same_size(const ml_profile_point *a, const ml_profile_point *b)
 }
 
 
-#define NTOP 16
+#define NTOP 17
 /* The keys a profile may have at its top. */
 static const char *const top_keys[NTOP] = {
     "profile_version", "name", "backend", "device", "dtype", "driver", "library", "created",
     "notes", "precision", "peak_tflops", "achieved_tflops", "efficiency", "gemm", "layers",
-    "host"};
+    "host", "memory_gbps"};
 
 /* Every top key is known, the version is 1, and the metadata (each a
  * string) has a known dtype and precision. */
@@ -160,6 +160,10 @@ static ml_status read_gemm(const ml_node *r, ml_profile *p, ml_error *err)
     if ((st = tflops(err, r, "peak_tflops", "", false, &peak)))
         return st;
     ml_profile_set_peak(p, peak);
+    double gbps = 0;
+    if ((st = num(err, r, "memory_gbps", "profile", false, &gbps)))
+        return st;
+    ml_profile_set_memory_gbps(p, gbps);
     const ml_node *g = ml__tree_get(r, "gemm");
     if (g && g->type != ML_NODE_SEQ)
         return ml__error_at(err, g, ML_SCHEMA, "gemm: expected a list of {m, n, k, tflops}");

@@ -229,8 +229,8 @@ static void json_step_time(FILE *f, const ml_step_time *t)
     num_or_null(f, known ? t->flops_s : -1);
     fputs(", \"recomputed_blocks\": ", f);
     num_or_null(f, known ? t->recomputed_blocks : -1);
-    fprintf(f, ", \"source\": \"%s\", \"flops_only_blocks\": %zu", src[t->source],
-            t->flops_only_blocks);
+    fprintf(f, ", \"source\": \"%s\", \"flops_only_blocks\": %zu, \"serial\": %s",
+            src[t->source], t->flops_only_blocks, t->serial ? "true" : "false");
 }
 
 static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *s)

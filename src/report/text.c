@@ -406,13 +406,17 @@ static void text_op_time(FILE *f, const ml_config *cfg, const ml_summary *s)
     double k = 0;
     for (int i = 0; i < ML_TPHASE_COUNT; i++)
         k += t->kernels[i];
-    fprintf(f, "  step time %.4g s, %s-bound (per-op model, docs/time.md: %s)\n",
-            s->time_compute_s, t->host_bound ? "host" : "GPU",
-            t->source == ML_TIME_CALIBRATED ? "the profile's GEMM rates, datasheet bandwidth"
-                                            : "datasheet estimate");
-    fprintf(f, "    GPU %.4g s (products and attention %.4g s, memory-bound %.4g s, at the kernel "
-               "floor %.4g s); host %.4g s for %.0f kernels\n",
-            t->gpu_s, t->gemm_s, t->memory_s, t->floor_s, t->host_s, k);
+    fprintf(f, "  step time %.4g s, %s (per-op model, docs/time.md: %s)\n", s->time_compute_s,
+            t->serial       ? "host and compute in turn on one processor"
+            : t->host_bound ? "host-bound"
+                            : "GPU-bound",
+            t->source == ML_TIME_DATASHEET ? "datasheet estimate"
+            : ml_profile_memory_gbps(cfg->calib) > 0 ? "the profile's GEMM rates and bandwidth"
+                                                     : "the profile's GEMM rates, datasheet "
+                                                       "bandwidth");
+    fprintf(f, "    %s %.4g s (products and attention %.4g s, memory-bound %.4g s, at the "
+               "kernel floor %.4g s); host %.4g s for %.0f kernels\n",
+            t->serial ? "compute" : "GPU", t->gpu_s, t->gemm_s, t->memory_s, t->floor_s, t->host_s, k);
     fprintf(f, "    forward %.4g s, backward %.4g s, recompute %.4g s, optimizer step %.4g s\n",
             t->by_phase[ML_TPHASE_FORWARD], t->by_phase[ML_TPHASE_BACKWARD],
             t->by_phase[ML_TPHASE_RECOMPUTE], t->by_phase[ML_TPHASE_STEP]);

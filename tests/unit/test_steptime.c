@@ -4,6 +4,7 @@
 #include "harness.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "memledger/calib.h"
 
@@ -188,6 +189,58 @@ static void test_mlp2_defaults(void **state)
     ml_model_destroy(m);
 }
 
+/* A CPU profile (backend cpu) with its measured GEMM rate and memory
+ * bandwidth times a plan with no device: one processor, so the host's time
+ * and the compute's add up; no kernel floor and no waves (no SMs). The MLP
+ * of test_mlp_by_hand at 0.2 TFLOP/s (one measured GEMM: its own rate, no
+ * latency beyond it) and 10 GB/s. */
+static void test_cpu_serial(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(mlp_yaml);
+    ml_config c = ml_model_config(m);
+    ml_profile *p = ml_profile_new();
+    assert_int_equal(ml_profile_set(p, "backend", "cpu"), ML_OK);
+    assert_int_equal(ml_profile_set(p, "dtype", "fp32"), ML_OK);
+    const ml_profile_gemm g = {8192, 8192, 8192, 0.2};
+    assert_int_equal(ml_profile_add_gemm(p, &g), ML_OK);
+    ml_profile_set_memory_gbps(p, 10);
+    const ml_profile_host h = {10e-6, 5e-6, 0, 0, 0, 20e-6, 1e-6};
+    ml_profile_set_host(p, &h);
+    c.calib = p;
+    ml_ledger *l = eval(m, &c, false);
+    const ml_step_time *t = &ml_ledger_summary(l)->time;
+    const double F = 2.0 * 8192 * 1024 * 4096, prod = F / 0.2e12;
+    const double act = 8192.0 * 4096 * 4, in = 8192.0 * 1024 * 4, ew = 10e9 * 0.85;
+    /* 5 products (2 forward, 3 backward); GELU forward and backward, MSE
+     * forward and backward, SGD's pass: each bytes / (0.85 x 10 GB/s) */
+    const double compute = 5 * prod + (2 * act + 3 * act) / ew + (2 * in + 4 + 4 + 3 * in) / ew +
+                           3.0 * 2 * 1024 * 4096 * 4 / ew;
+    const double host = 4 * 10e-6 + 5 * 5e-6 + 20e-6 + 2 * 1e-6;
+    assert_int_equal(t->source, ML_TIME_CALIBRATED);
+    assert_true(t->serial);
+    assert_rel_close(t->gpu_s, compute, 1e-12);
+    assert_rel_close(t->host_s, host, 1e-12);
+    assert_rel_close(t->step_s, host + compute, 1e-12);
+    assert_true(t->mfu < 0); /* no datasheet peak */
+    ml_ledger_destroy(l);
+    /* the keys round-trip through a profile file (which needs a layer's
+     * points to be read back) */
+    ml_profile_point pt;
+    memset(&pt, 0, sizeof pt);
+    pt.B = 1, pt.T = 32, pt.D = 64, pt.saved_bytes = 100000;
+    assert_int_equal(ml_profile_add_point(p, "transformer_block", &pt), ML_OK);
+    pt.B = 2, pt.saved_bytes = 200000;
+    assert_int_equal(ml_profile_add_point(p, "transformer_block", &pt), ML_OK);
+    ml_profile *q = profile_round_trip(p);
+    assert_rel_close(ml_profile_memory_gbps(q), 10, 1e-15);
+    assert_non_null(ml_profile_host_costs(q));
+    assert_rel_close(ml_profile_host_costs(q)->step_call_s, 20e-6, 1e-12);
+    ml_profile_destroy(q);
+    ml_profile_destroy(p);
+    ml_model_destroy(m);
+}
+
 /* No named device: no bandwidth, not timed; a named one without a peak
  * at the precision (a10g): not timed either. */
 static void test_untimed(void **state)
@@ -238,6 +291,7 @@ int main(void)
         cmocka_unit_test(test_mlp_by_hand),
         cmocka_unit_test(test_host_bound),
         cmocka_unit_test(test_mlp2_defaults),
+        cmocka_unit_test(test_cpu_serial),
         cmocka_unit_test(test_untimed),
         cmocka_unit_test(test_planner_same),
     };
