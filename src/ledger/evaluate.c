@@ -452,8 +452,11 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     if (x->has_eval)
         memcpy(s->phase_eval, x->eval_phases, sizeof s->phase_eval);
     flops_and_time(ch, x->cfg, flops_re, s);
-    ml__step_time(ch, x->cfg, seg, s);    /* docs/time.md */
-    ml__time_finish(&x->cfg->device, l); /* docs/ledger.md, "Time" */
+    /* the timeline's clock: the per-op model's, when it times the step */
+    ml_time_map map = {NULL, 0, 0, false};
+    ml__step_time(ch, x->cfg, seg, s, keep_events ? &map : NULL); /* docs/time.md */
+    ml__time_finish(&x->cfg->device, l, &map); /* docs/ledger.md, "Time" */
+    free(map.p);
     if ((st = ml__eval_verdict(ch, &x->cfg->device, x->cache_allow, s, err)))
         return st;
     block_table(x, seg, l);

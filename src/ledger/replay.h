@@ -402,6 +402,9 @@ double ml__eval_host_transfer(const ml_training *t, const ml_prec *p, uint64_t P
 void ml__time_before_step(ml_replay *r, const ml_training *t, uint64_t P);
 void ml__time_after_step(ml_replay *r, const ml_training *t, uint64_t P);
 /* The step time's parts and every event's t_s (after flops are known). */
-void ml__time_finish(const ml_device *dv, ml_ledger *l);
+struct ml_time_map;
+/* The summary's times and each event's t_s: along map (the per-op model's
+ * clock, steptime.h) when it has points, else at the FLOPs' rate. */
+void ml__time_finish(const ml_device *dv, ml_ledger *l, const struct ml_time_map *map);
 
 #endif

@@ -7,6 +7,7 @@
 #include "ledger/replay.h"
 #include "ledger/steptime.h"
 #include "memledger/calib.h"
+#include "util/grow.h"
 
 /* ---- the GPU's rates --------------------------------------------------- */
 
@@ -427,7 +428,42 @@ static const ml_trun *recompute_run(ml_run_cache *c, ml_run_memo *m)
     return &m->rec;
 }
 
-void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_summary *s)
+static void map_add(ml_time_map *m, double flops, double t)
+{
+    if (!m || m->nomem)
+        return;
+    ml_time_point *v = ml_grow(m->p, m->n, &m->cap, sizeof *v, 64);
+    if (!v) {
+        m->nomem = true;
+        return;
+    }
+    m->p = v;
+    m->p[m->n++] = (ml_time_point){flops, t};
+}
+
+double ml__time_at(const ml_time_map *map, double f)
+{
+    if (!map || !map->n || map->nomem)
+        return -1;
+    const ml_time_point *p = map->p;
+    size_t lo = 0, hi = map->n; /* the first point with p.flops >= f */
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (p[mid].flops < f)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == map->n)
+        return p[map->n - 1].t;
+    if (lo == 0 || p[lo].flops == f)
+        return p[lo].t;
+    const ml_time_point *a = &p[lo - 1], *b = &p[lo];
+    return a->t + (b->t - a->t) * (f - a->flops) / (b->flops - a->flops);
+}
+
+void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_summary *s,
+                   ml_time_map *map)
 {
     ml_step_time *st = &s->time;
     memset(st, 0, sizeof *st);
@@ -449,10 +485,21 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
     for (size_t k = 0; k < ch->n; k++)
         st->flops_only_blocks += !ch->blocks[k].work_known && (ch->blocks[k].flops_fwd > 0);
     /* each micro-batch's forward, then its backward: the next forward's
-     * host time overlaps the GPU's backward */
+     * host time overlaps the GPU's backward; the timeline's clock (map)
+     * follows the FLOPs as the replay counts them, in the first micro-batch
+     * and the last (the replay's events), the middle ones summed */
+    double fl = 0;
     for (double a = 0; a < A; a++) {
-        for (size_t k = 0; k < ch->n; k++)
-            clock_run(&c, &block_runs(&cache, &ch->blocks[k])->fwd, ML_TPHASE_FORWARD);
+        ml_time_map *mp = a == 0 || a == A - 1 ? map : NULL;
+        if (a == A - 1 && A > 1)
+            fl = (A - 1) * fl / a;
+        map_add(mp, fl, c.gpu);
+        for (size_t k = 0; k < ch->n; k++) {
+            const ml_cblock *b = &ch->blocks[k];
+            clock_run(&c, &block_runs(&cache, b)->fwd, ML_TPHASE_FORWARD);
+            fl += b->flops_fwd;
+            map_add(mp, fl, c.gpu);
+        }
         for (size_t k = ch->n; k-- > 0;) {
             const ml_cblock *b = &ch->blocks[k];
             if (b->fwd_only || b->frozen)
@@ -461,8 +508,12 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
             if (selective ? b->core_bytes > 0 && b->ckpt_index >= 0 : seg[k] >= 0) {
                 clock_run(&c, recompute_run(&cache, m), ML_TPHASE_RECOMPUTE);
                 st->recomputed_blocks += 1;
+                fl += selective ? b->flops_core : b->flops_fwd;
+                map_add(mp, fl, c.gpu);
             }
             clock_run(&c, &m->bwd, ML_TPHASE_BACKWARD);
+            fl += b->flops_bwd;
+            map_add(mp, fl, c.gpu);
         }
     }
     /* an offloaded optimizer steps on the host (its transfers are timed

@@ -46,6 +46,22 @@ double ml__time_item(const ml_time_rates *tr, const ml_work_item *it, bool *comp
  * block k recomputed), after the FLOPs' time (s->step_time_s, kept as
  * time.flops_s) and before ml__time_finish: when the step is timed, its
  * compute (step_time_s) becomes the pipeline's. */
-void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_summary *s);
+/* The clock of the timeline: at each breakpoint, the FLOPs done before it
+ * (as the replay counts them, ml_event.flops_before) and the per-op
+ * model's time then; for the first and the last micro-batch and the
+ * optimizer step (the replay's events are theirs). */
+typedef struct {
+    double flops, t;
+} ml_time_point;
+typedef struct ml_time_map {
+    ml_time_point *p;
+    size_t n, cap;
+    bool nomem;
+} ml_time_map;
+void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_summary *s,
+                   ml_time_map *map);
+/* The time at which f FLOPs were done: the first breakpoint at f, or the
+ * line between the two around it; < 0 when the map is empty. */
+double ml__time_at(const ml_time_map *map, double f);
 
 #endif

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "ledger/replay.h"
+#include "ledger/steptime.h"
 
 /* Bytes each device sends per step: ring collectives send (N-1)/N of the
  * buffer, all-reduce twice that (docs/sharding.md). */
@@ -75,7 +76,7 @@ void ml__time_after_step(ml_replay *r, const ml_training *t, uint64_t P)
         r->comm_done += sh->ring * W;
 }
 
-void ml__time_finish(const ml_device *dv, ml_ledger *l)
+void ml__time_finish(const ml_device *dv, ml_ledger *l, const ml_time_map *map)
 {
     ml_summary *s = &l->sum;
     const double ic = dv->interconnect_gbps * 1e9, hb = dv->pcie_gbps * 1e9;
@@ -97,8 +98,11 @@ void ml__time_finish(const ml_device *dv, ml_ledger *l)
     const double rate = s->time_compute_s > 0 ? s->flops_total / s->time_compute_s : 0;
     for (size_t i = 0; i < l->nevents; i++) {
         ml_event *e = &l->events[i];
-        e->t_s = rate > 0 ? e->flops_before / rate + (ic > 0 ? e->comm_before / ic : 0) +
-                                (hb > 0 ? e->host_before / hb : 0)
-                          : -1;
+        const double tc = map && map->n ? ml__time_at(map, e->flops_before)
+                          : rate > 0    ? e->flops_before / rate
+                                        : -1;
+        e->t_s = tc >= 0 ? tc + (ic > 0 ? e->comm_before / ic : 0) +
+                               (hb > 0 ? e->host_before / hb : 0)
+                         : -1;
     }
 }

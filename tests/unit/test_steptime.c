@@ -178,6 +178,7 @@ static void test_mlp2_defaults(void **state)
     kernel(&k, 0, bo, product_at(10000, 1000, 256));
     kernel(&k, bb, bo, elementwise(3 * act));
     kernel(&k, bb, bo, product_at(1000, 10000, 256));
+    const double before_step = k.gpu;
     /* Adam, foreach: 22 passes of 4 bytes over 20 M parameters in 8 ops of
      * one launch each (306 chunks + 2 tensors <= 320); its host time (8
      * calls, 16 tensors) before its GPU time */
@@ -185,6 +186,18 @@ static void test_mlp2_defaults(void **state)
     assert_rel_close(t->step_s, k.gpu, 1e-12);
     assert_rel_close(t->host_s, 4 * (fb + fo) + 4 * bb + 5 * bo + 8 * sc + 16 * st, 1e-12);
     assert_true(t->host_bound);
+    ml_ledger_destroy(l);
+    /* the timeline's clock is the model's: the optimizer step's events are
+     * at its start, when the GPU ends the last backward kernel */
+    l = eval(m, &c, true);
+    size_t n = ml_ledger_event_count(l), seen = 0;
+    const ml_event *ev = ml_ledger_events(l);
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].phase == ML_PHASE_OPTIMIZER && ev[i].flops_before > 0) {
+            assert_rel_close(ev[i].t_s, before_step, 1e-12);
+            seen++;
+        }
+    assert_true(seen > 0);
     ml_ledger_destroy(l);
     ml_model_destroy(m);
 }
