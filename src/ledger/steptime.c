@@ -487,12 +487,10 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
     /* each micro-batch's forward, then its backward: the next forward's
      * host time overlaps the GPU's backward; the timeline's clock (map)
      * follows the FLOPs as the replay counts them, in the first micro-batch
-     * and the last (the replay's events), the middle ones summed */
+     * and the last (the replay's events; fl counts every micro-batch's) */
     double fl = 0;
     for (double a = 0; a < A; a++) {
         ml_time_map *mp = a == 0 || a == A - 1 ? map : NULL;
-        if (a == A - 1 && A > 1)
-            fl = (A - 1) * fl / a;
         map_add(mp, fl, c.gpu);
         for (size_t k = 0; k < ch->n; k++) {
             const ml_cblock *b = &ch->blocks[k];
