@@ -11,7 +11,8 @@ static const char usage[] =
     "The devices --device NAME and a model file's device.name take: the name and\n"
     "its aliases, the memory (the driver's total, or nominal where unpublished), and\n"
     "the dense peak per compute\n"
-    "dtype in TFLOP/s (0: not supported or not published). Sources: docs/devices.md.\n"
+    "dtype in TFLOP/s (0: not supported or not published), and the memory bandwidth\n"
+    "(GB/s) and SMs the per-op step time uses (docs/time.md). Sources: docs/devices.md.\n"
     "\n"
     "Exit status: 0 listed, 2 usage, 3 output could not be written.\n";
 
@@ -21,19 +22,19 @@ static void text(FILE *f, const ml_device_preset *p, size_t n)
     fprintf(f, "%-11s %12s", "name", "memory");
     for (int k = 0; k < ML_COMPUTE_COUNT; k++)
         fprintf(f, " %7s", ml_compute_dtype_name((ml_compute_dtype)k));
-    fputs("  product (aliases)\n", f);
+    fputs("    GB/s  SMs  product (aliases)\n", f);
     for (size_t i = 0; i < n; i++) {
         ml_format_bytes(p[i].memory, mem, sizeof mem);
         fprintf(f, "%-11s %12s", p[i].name, mem);
         for (int k = 0; k < ML_COMPUTE_COUNT; k++)
             fprintf(f, " %7.5g", p[i].peak_tflops[k]);
-        fprintf(f, "  %s", p[i].product);
+        fprintf(f, " %7.5g %4u  %s", p[i].memory_gbps, p[i].sms, p[i].product);
         if (p[i].aliases && p[i].aliases[0])
             fprintf(f, " (%s)", p[i].aliases);
         fputc('\n', f);
     }
     fputs("\nTFLOP/s dense, per compute dtype; memory: the driver's total where a reading "
-          "is published, else the nominal size (docs/devices.md).\n",
+          "is published, else the nominal size; GB/s: the memory bandwidth (docs/devices.md).\n",
           f);
 }
 
@@ -51,7 +52,7 @@ static void json(FILE *f, const ml_device_preset *p, size_t n)
         for (int k = 0; k < ML_COMPUTE_COUNT; k++)
             fprintf(f, "%s\"%s\": %.17g", k ? ", " : "", ml_compute_dtype_name((ml_compute_dtype)k),
                     p[i].peak_tflops[k]);
-        fputs("}}", f);
+        fprintf(f, "}, \"memory_gbps\": %.17g, \"sms\": %u}", p[i].memory_gbps, p[i].sms);
     }
     fputs("\n]\n", f);
 }
