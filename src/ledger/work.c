@@ -36,6 +36,15 @@ static ml_work_item *item_of(ml_chain *ch, const ml_graph *g, const mlg_op *o, u
     return it;
 }
 
+/* The repeated group's instances (graph.h, mlg_repeat), 0 without one */
+static double instances(const ml_graph *g, const ml_graph_sizes *z)
+{
+    double n = 0;
+    for (unsigned i = 0; g->rep.t1 != g->rep.t0 && i < z->nruns; i++)
+        n += (double)z->runs[i].count;
+    return n;
+}
+
 /* The product's shape from its output: (m x n) the last two dimensions,
  * batch the rest, or, for a linear layer (a parameter operand), one
  * product of all rows; k from the FLOPs, 2 m n k each. */
@@ -68,6 +77,19 @@ static bool product_shape(const ml_graph *g, const ml_graph_sizes *z, const mlg_
         return false;
     s->k = flops / (2.0 * numel);
     s->esize = z->bytes[t->dtype];
+    /* the repeated group's op (an expert's linear) stands for all its
+     * instances, its FLOPs theirs together (graph.h): one product each, on
+     * an instance's rows on average */
+    const double inst = instances(g, z);
+    if (ml__graph_repeated_op(g, (uint16_t)(o - g->op)) && inst > 0 && o->nparam) {
+        double rows = 0;
+        for (unsigned i = 0; i < z->nruns; i++)
+            rows += (double)z->runs[i].count * (double)z->runs[i].size;
+        s->m = rows / inst;
+        s->batch = inst;
+        s->k = s->m > 0 ? flops / (2.0 * s->m * s->n * inst) : 0;
+        return s->m > 0 && s->k > 0;
+    }
     return true;
 }
 
@@ -85,7 +107,9 @@ static void set_product(ml_work_item *it, double m, double n, double k, const ge
 static void forward(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z,
                     const uint64_t *tb, const mlg_op *o)
 {
-    ml_work_item *it = item_of(ch, g, o, o->kind, false, o->kernels);
+    const bool rep = ml__graph_repeated_op(g, (uint16_t)(o - g->op)) && instances(g, z) > 0;
+    const double inst = rep ? instances(g, z) : 1;
+    ml_work_item *it = item_of(ch, g, o, o->kind, false, (unsigned)(o->kernels * inst));
     if (!it)
         return;
     it->flops = ml__graph_op_flops(o, z);
@@ -100,6 +124,7 @@ static void forward(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z,
         it->bytes += (double)tb[o->param[j]];
     for (unsigned j = 0; j < o->nout; j++)
         it->bytes += (double)tb[o->out[j]];
+    it->bytes *= inst; /* an instance's tensors, each instance */
 }
 
 /* The node of a product: the gradient of each operand is a product of the
@@ -116,7 +141,9 @@ static void backward_product(ml_chain *ch, const ml_graph *g, const ml_graph_siz
      * the node lists (q and k may be views of one projection) */
     const unsigned grads = o->nparam ? o->ngin + 1u : o->nin >= 2 ? 2u : o->ngin;
     for (unsigned j = 0; j < grads && j < 2; j++) {
-        ml_work_item *it = item_of(ch, g, o, MLG_OP_MATMUL, true, 1);
+        /* one launch each (a grouped expert's: one per instance) */
+        const bool rep = ml__graph_repeated_op(g, (uint16_t)(o - g->op));
+        ml_work_item *it = item_of(ch, g, o, MLG_OP_MATMUL, true, rep ? (unsigned)s.batch : 1u);
         if (!it)
             return;
         if (j == 0 && o->ngin)
@@ -136,7 +163,9 @@ static void backward(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z,
         backward_product(ch, g, z, o, flops);
         return;
     }
-    ml_work_item *it = item_of(ch, g, o, o->kind, true, o->kernels ? o->kernels : 1);
+    const bool rep = ml__graph_repeated_op(g, (uint16_t)(o - g->op)) && instances(g, z) > 0;
+    const double inst = rep ? instances(g, z) : 1;
+    ml_work_item *it = item_of(ch, g, o, o->kind, true, (unsigned)((o->kernels ? o->kernels : 1) * inst));
     if (!it)
         return;
     /* a fused attention kernel's backward: 2.5 times its forward's FLOPs
@@ -152,6 +181,7 @@ static void backward(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z,
     /* a loss op (no node): its first input's gradient */
     if (!o->node && o->nin)
         it->bytes += (double)tb[o->in[0]];
+    it->bytes *= inst;
     for (unsigned j = 0; j < o->nparam; j++)
         it->bytes += (double)tb[o->param[j]];
 }
