@@ -2,7 +2,7 @@
 """The per-op step-time model against the H200 campaign (docs/calibration-h200.md,
 "Step time"; docs/time.md).
 
-Usage: h200_time.py DIR MEMLEDGER [--fit]
+Usage: h200_time.py DIR MEMLEDGER [--fit | --datasheet]
 
 Plans every run of DIR/results.jsonl again with MEMLEDGER on the H200 preset
 (`--device h200`, the campaign's calibration profile of its precision: its
@@ -15,7 +15,9 @@ descent on the mean |log(planned / measured)|) and that model's runs are
 planned with them -- leave-one-model-out, so every error printed is a
 held-out one. The fit on all runs, which is what memledger's defaults are,
 is printed last. Without --fit, the runs are planned with memledger's own
-defaults (which were fitted on all of them: not held-out).
+defaults (which were fitted on all of them: not held-out). With --datasheet,
+the runs are planned without the profiles: the datasheet estimate every
+named device gets, whose errors here are the band the text report quotes.
 
 No GPU is needed: the measurements are the campaign's records."""
 import json
@@ -48,10 +50,11 @@ def load(d):
 class Planner:
     def __init__(self, ml):
         self.ml, self.tmp, self.cache = ml, tempfile.mkdtemp(), {}
+        self.datasheet = False
 
     def profile(self, amp, host):
         if host is None:
-            return PROFILES[amp]
+            return None if self.datasheet else PROFILES[amp]
         path = os.path.join(self.tmp, "p%d-%s.yaml" % (amp, "-".join("%g" % h for h in host)))
         if not os.path.exists(path):
             text = open(PROFILES[amp]).read()
@@ -109,6 +112,7 @@ def main():
     runs = load(sys.argv[1])
     pl = Planner(sys.argv[2])
     fitting = "--fit" in sys.argv[3:]
+    pl.datasheet = "--datasheet" in sys.argv[3:] and not fitting
     host = {}
     if fitting:
         for m in sorted({r["model"] for r in runs}):
@@ -129,6 +133,7 @@ def main():
         print("- %s: median |error| %.1f %%, worst %.1f %% over %d runs%s." % (
             "bf16 autocast" if amp else "fp32", statistics.median(a), max(a), len(a),
             " (held out: each model's host costs fitted on the other models)" if fitting else
+            " (datasheet estimate: no profile, the default host costs)" if pl.datasheet else
             " (memledger's default host costs)"))
     if fitting:
         print("\nHost costs (µs) fitted on all runs, memledger's defaults: " +

@@ -420,6 +420,15 @@ static void text_op_time(FILE *f, const ml_config *cfg, const ml_summary *s)
     fprintf(f, "    forward %.4g s, backward %.4g s, recompute %.4g s, optimizer step %.4g s\n",
             t->by_phase[ML_TPHASE_FORWARD], t->by_phase[ML_TPHASE_BACKWARD],
             t->by_phase[ML_TPHASE_RECOMPUTE], t->by_phase[ML_TPHASE_STEP]);
+    /* the band the datasheet estimate held on the H200 campaign
+     * (calib/h200_time.py --datasheet; docs/time.md) */
+    if (t->source == ML_TIME_DATASHEET)
+        fprintf(f, "    datasheet estimate: within a median %s (worst %s) of 30 H200 runs' step at "
+                   "this precision\n",
+                ml_precision_compute_dtype(cfg->training.precision) == ML_COMPUTE_FP32
+                    ? "4.5 %" : "8.6 %",
+                ml_precision_compute_dtype(cfg->training.precision) == ML_COMPUTE_FP32
+                    ? "10.9 %" : "35.5 %");
     fprintf(f, "    %.0f tokens/s", t->tokens_per_s);
     if (t->mfu >= 0)
         fprintf(f, ", MFU %.1f%%", t->mfu * 100);
