@@ -451,32 +451,28 @@ def measure_layer(name, layer, call, x, args, clock, autocast=None):
     # ---- timing
     t_f, t_b, t_fb, t_cf, t_cb, t_rc, t_ng = [], [], [], [], [], [], []
     now = clock.now
+
+    def fwd_bwd(forward):
+        """One forward of x and the backward of its sum: the two host times."""
+        clear()
+        clock.sync()
+        t0 = now()
+        y = forward(x)
+        t1 = now()
+        s = y.sum()
+        clock.sync()
+        t2 = now()
+        s.backward()
+        t3 = now()
+        del y, s
+        return t1 - t0, t3 - t2
+
     gc.collect()
     gc.disable()
     try:
         for i in range(args.warmup + args.iters):
-            clear()
-            clock.sync()
-            a0 = now()
-            y = fwd(x)
-            a1 = now()
-            s = y.sum()
-            clock.sync()
-            a2 = now()
-            s.backward()
-            a3 = now()
-            del y, s
-            clear()
-            clock.sync()
-            b0 = now()
-            y = ckpt_fwd(x)
-            b1 = now()
-            s = y.sum()
-            clock.sync()
-            b2 = now()
-            s.backward()
-            b3 = now()
-            del y, s
+            f, b = fwd_bwd(fwd)
+            cf, cb = fwd_bwd(ckpt_fwd)
             clock.sync()
             with torch.no_grad():
                 c0 = now()
@@ -485,12 +481,12 @@ def measure_layer(name, layer, call, x, args, clock, autocast=None):
             del y
             if i < args.warmup:
                 continue
-            t_f.append(a1 - a0)
-            t_b.append(a3 - a2)
-            t_fb.append(a1 - a0 + a3 - a2)
-            t_cf.append(b1 - b0)
-            t_cb.append(b3 - b2)
-            t_rc.append((b1 - b0 + b3 - b2) - (a1 - a0 + a3 - a2))
+            t_f.append(f)
+            t_b.append(b)
+            t_fb.append(f + b)
+            t_cf.append(cf)
+            t_cb.append(cb)
+            t_rc.append((cf + cb) - (f + b))
             t_ng.append(c1 - c0)
     finally:
         gc.enable()

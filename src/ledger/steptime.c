@@ -5,11 +5,44 @@
 #include <string.h>
 
 #include "ledger/replay.h"
+#include "graph/graph.h"
 #include "ledger/steptime.h"
 #include "memledger/calib.h"
 #include "util/grow.h"
 
 /* ---- the GPU's rates --------------------------------------------------- */
+
+/* The constants of a datasheet estimate, each with its source in
+ * docs/time.md ("The GPU's time per item", "The host"). The host's costs
+ * are those fitted on the H200 campaign's 60 runs (calib/h200_time.py
+ * --fit); a profile's host section replaces them. */
+#define GEMM_SHARE 0.80        /* large GEMMs: their share of the dense peak */
+#define GEMM_LATENCY_S 3e-6    /* a GEMM's time beyond its FLOPs */
+#define ATTN_FWD_SHARE 0.50    /* fused attention, of the GEMM rate: forward */
+#define ATTN_BWD_SHARE 0.40    /* and backward */
+#define KERNEL_FLOOR_S 2.5e-6  /* the least time any kernel takes */
+static const ml_profile_host default_host = {
+    33.05e-6,  /* per kernel launched in forward */
+    0.01e-6,   /* per kernel of a backward node */
+    1100e-6,   /* per block's forward, besides its kernels */
+    250e-6,    /* per block's backward */
+    479.16e-6, /* per recomputed (checkpointed) block */
+    72.73e-6,  /* optimizer: per foreach call */
+    2e-6,      /* per tensor in a call */
+};
+
+typedef struct {
+    double gemm_flops;       /* FLOP/s of a large product at the compute dtype */
+    double gemm_latency_s;   /* added to every product */
+    double peak_flops;       /* the datasheet's dense peak (for MFU) */
+    double sms;              /* streaming multiprocessors: a product's waves */
+    double bw[MLG_OP_KINDS]; /* bytes/s each kernel class achieves */
+    double attn_fwd_flops, attn_bwd_flops;
+    double kernel_floor_s;
+    ml_profile_host host;    /* the host's costs: the defaults or a profile's */
+    ml_time_source source;
+    bool serial;             /* a CPU's: host and compute one after the other */
+} ml_time_rates;
 
 /* The share of the datasheet's memory bandwidth each kernel class achieves
  * (docs/time.md, "The GPU's time per item"), by mlg_op_kind. */
@@ -65,7 +98,9 @@ static void profile_gemm(const ml_profile *p, double sms, ml_time_rates *tr)
     tr->gemm_latency_s = k ? (k % 2 ? over[k / 2] : 0.5 * (over[k / 2 - 1] + over[k / 2])) : 0;
 }
 
-bool ml__time_rates(const ml_config *cfg, ml_time_rates *tr)
+/* The rates of cfg's device; false when it has no memory bandwidth or no
+ * peak at the plan's compute dtype (the step is then not timed). */
+static bool time_rates(const ml_config *cfg, ml_time_rates *tr)
 {
     const ml_device *dv = &cfg->device;
     memset(tr, 0, sizeof *tr);
@@ -85,10 +120,10 @@ bool ml__time_rates(const ml_config *cfg, ml_time_rates *tr)
     tr->peak_flops = peak;
     for (int c = 0; c < MLG_OP_KINDS; c++)
         tr->bw[c] = bw * class_share[c];
-    tr->kernel_floor_s = ML_TIME_KERNEL_FLOOR_S;
+    tr->kernel_floor_s = KERNEL_FLOOR_S;
     tr->source = ML_TIME_DATASHEET;
-    tr->gemm_flops = peak * ML_TIME_GEMM_SHARE * dv->efficiency;
-    tr->gemm_latency_s = ML_TIME_GEMM_LATENCY_S;
+    tr->gemm_flops = peak * GEMM_SHARE * dv->efficiency;
+    tr->gemm_latency_s = GEMM_LATENCY_S;
     if (measured) {
         profile_gemm(p, tr->sms, tr);
         tr->source = ML_TIME_CALIBRATED;
@@ -99,33 +134,17 @@ bool ml__time_rates(const ml_config *cfg, ml_time_rates *tr)
             tr->kernel_floor_s = 0;
         }
     }
-    tr->attn_fwd_flops = tr->gemm_flops * ML_TIME_ATTN_FWD_SHARE;
-    tr->attn_bwd_flops = tr->gemm_flops * ML_TIME_ATTN_BWD_SHARE;
-    tr->host_fwd_s = ML_TIME_HOST_FORWARD_S;
-    tr->host_bwd_s = ML_TIME_HOST_BACKWARD_S;
-    tr->host_layer_s = ML_TIME_HOST_RECOMPUTE_S;
-    tr->host_fwd_block_s = ML_TIME_HOST_FWD_BLOCK_S;
-    tr->host_bwd_block_s = ML_TIME_HOST_BWD_BLOCK_S;
-    tr->host_step_call_s = ML_TIME_HOST_STEP_CALL_S;
-    tr->host_step_tensor_s = ML_TIME_HOST_STEP_TENSOR_S;
+    tr->attn_fwd_flops = tr->gemm_flops * ATTN_FWD_SHARE;
+    tr->attn_bwd_flops = tr->gemm_flops * ATTN_BWD_SHARE;
     /* a profile's host section, measured or fitted, wherever it was made
      * (the host is not the device: no dtype or device check) */
-    const ml_profile_host *h = cfg->calib ? ml_profile_host_costs(cfg->calib) : NULL;
-    if (h) {
-        tr->host_fwd_s = h->forward_op_s;
-        tr->host_bwd_s = h->backward_op_s;
-        tr->host_layer_s = h->recompute_block_s;
-        tr->host_fwd_block_s = h->forward_block_s;
-        tr->host_bwd_block_s = h->backward_block_s;
-        tr->host_step_call_s = h->step_call_s;
-        tr->host_step_tensor_s = h->step_tensor_s;
-        tr->host_profiled = true;
-    }
+    const ml_profile_host *h = p ? ml_profile_host_costs(p) : NULL;
+    tr->host = h ? *h : default_host;
     return true;
 }
 
 /* One item's GPU time, and whether it is a product (or fused attention). */
-double ml__time_item(const ml_time_rates *tr, const ml_work_item *it, bool *compute)
+static double item_time(const ml_time_rates *tr, const ml_work_item *it, bool *compute)
 {
     const double floor_s = tr->kernel_floor_s * (it->kernels ? it->kernels : 1);
     double t;
@@ -196,6 +215,18 @@ static void clock_run(ml_clock *c, const ml_trun *r, ml_time_phase ph)
     c->kernels[ph] += r->kernels;
 }
 
+/* GPU time g of kernels whose floor is floor_s, in its share of the run:
+ * at the floor, in products (compute), else memory-bound */
+static void account(ml_trun *r, double g, double floor_s, bool compute)
+{
+    if (g <= floor_s)
+        r->floor += g;
+    else if (compute)
+        r->gemm += g;
+    else
+        r->mem += g;
+}
+
 /* The items [first, first + n) as one run, each kernel dispatched at h;
  * core_only: the attention core's (selective recompute). */
 static ml_trun items_run(const ml_time_rates *tr, const ml_work_item *w, size_t n, double h,
@@ -206,17 +237,11 @@ static ml_trun items_run(const ml_time_rates *tr, const ml_work_item *w, size_t 
         if (core_only && !w[i].core)
             continue;
         bool compute;
-        const double g = ml__time_item(tr, &w[i], &compute);
+        const double g = item_time(tr, &w[i], &compute);
         const double k = w[i].kernels ? w[i].kernels : 1;
         run_add(&r, h * k, g);
         r.kernels += k;
-        const double fl = tr->kernel_floor_s * k;
-        if (g <= fl)
-            r.floor += g;
-        else if (compute)
-            r.gemm += g;
-        else
-            r.mem += g;
+        account(&r, g, tr->kernel_floor_s * k, compute);
     }
     return r;
 }
@@ -236,13 +261,12 @@ static ml_trun flops_run(const ml_time_rates *tr, double flops, double h)
 
 /* The FLOPs of block b its items do not list (ops whose backward node
  * the graph leaves to a block-level rule: a mixture of experts' routed
- * products, a classifier's head), at the large-GEMM rate, so that every
- * FLOP the chain counts is timed: the forward's are the sum of its ops';
- * the backward's are the chain's flops_bwd less what the items list (a
- * product's gradients at its FLOPs each, fused attention's 2.5 times as
- * twice, and twice every other op's forward FLOPs). */
-static void unlisted(const ml_time_rates *tr, const ml_cblock *b, const ml_work_item *w,
-                     ml_trun *fwd, ml_trun *bwd)
+ * products, a classifier's head), so that every FLOP the chain counts is
+ * timed: the forward's are the sum of its ops'; the backward's are the
+ * chain's flops_bwd less what the items list (a product's gradients at its
+ * FLOPs each, fused attention's 2.5 times as twice, and twice every other
+ * op's forward FLOPs). */
+static void unlisted(const ml_cblock *b, const ml_work_item *w, double *fwd, double *bwd)
 {
     double f = 0, g = 0, other = 0;
     for (uint32_t i = 0; i < b->work_fwd + b->work_bwd; i++) {
@@ -256,13 +280,16 @@ static void unlisted(const ml_time_rates *tr, const ml_cblock *b, const ml_work_
         }
     }
     const double rf = b->flops_fwd - f, rb = b->flops_bwd - g - 2 * other;
-    if (rf > 1e-3 * b->flops_fwd) {
-        run_add(fwd, 0, rf / tr->gemm_flops);
-        fwd->gemm += rf / tr->gemm_flops;
-    }
-    if (rb > 1e-3 * b->flops_bwd) {
-        run_add(bwd, 0, rb / tr->gemm_flops);
-        bwd->gemm += rb / tr->gemm_flops;
+    *fwd = rf > 1e-3 * b->flops_fwd ? rf : 0;
+    *bwd = rb > 1e-3 * b->flops_bwd ? rb : 0;
+}
+
+/* FLOPs the items do not list, as one more product at the large-GEMM rate */
+static void add_unlisted(const ml_time_rates *tr, double flops, ml_trun *r)
+{
+    if (flops > 0) {
+        run_add(r, 0, flops / tr->gemm_flops);
+        r->gemm += flops / tr->gemm_flops;
     }
 }
 
@@ -329,26 +356,23 @@ static ml_trun step_run(const ml_time_rates *tr, const ml_chain *ch, const ml_tr
     double kernels, host;
     if (t->optimizer_impl == ML_IMPL_FOR_LOOP) {
         kernels = ops * tensors;
-        host = kernels * tr->host_step_tensor_s * 4;
+        host = kernels * tr->host.step_tensor_s * 4;
     } else {
         kernels = ops * foreach_launches(tensors, elems);
-        host = ops * tr->host_step_call_s + ops * tensors * tr->host_step_tensor_s;
+        host = ops * tr->host.step_call_s + ops * tensors * tr->host.step_tensor_s;
     }
     const double g = fmax(bytes / tr->bw[MLG_OP_ELEMENTWISE], kernels * tr->kernel_floor_s);
     run_add(&r, host, g);
     r.kernels = kernels;
-    if (g <= kernels * tr->kernel_floor_s)
-        r.floor = g;
-    else
-        r.mem = g;
+    account(&r, g, kernels * tr->kernel_floor_s, false);
     return r;
 }
 
 /* ---- the iteration ----------------------------------------------------- */
 
-/* Each distinct block's runs, priced once a plan: a decoder's layers share
- * their items (or are a run of identical layers, ml__chain_mark_runs), so
- * a plan prices the embedding, one layer, the head and the loss. */
+/* Each distinct block's runs, priced once a plan: a decoder's layers list
+ * the same items (same_work), so a plan prices the embedding, one layer,
+ * the head and the loss. */
 #define MEMO_SLOTS 8
 typedef struct {
     const ml_cblock *b;
@@ -394,15 +418,18 @@ static ml_run_memo *block_runs(ml_run_cache *c, const ml_cblock *b)
     m->b = b;
     m->has_rec = false;
     if (b->work_known) {
-        m->fwd = items_run(tr, w, b->work_fwd, tr->host_fwd_s, false);
-        m->bwd = items_run(tr, w + b->work_fwd, b->work_bwd, tr->host_bwd_s, false);
-        unlisted(tr, b, w, &m->fwd, &m->bwd);
+        m->fwd = items_run(tr, w, b->work_fwd, tr->host.forward_op_s, false);
+        m->bwd = items_run(tr, w + b->work_fwd, b->work_bwd, tr->host.backward_op_s, false);
+        double fwd, bwd;
+        unlisted(b, w, &fwd, &bwd);
+        add_unlisted(tr, fwd, &m->fwd);
+        add_unlisted(tr, bwd, &m->bwd);
     } else {
-        m->fwd = flops_run(tr, b->flops_fwd, tr->host_fwd_s);
-        m->bwd = flops_run(tr, b->flops_bwd, tr->host_bwd_s);
+        m->fwd = flops_run(tr, b->flops_fwd, tr->host.forward_op_s);
+        m->bwd = flops_run(tr, b->flops_bwd, tr->host.backward_op_s);
     }
-    run_lead(&m->fwd, tr->host_fwd_block_s);
-    run_lead(&m->bwd, tr->host_bwd_block_s);
+    run_lead(&m->fwd, tr->host.forward_block_s);
+    run_lead(&m->bwd, tr->host.backward_block_s);
     return m;
 }
 
@@ -415,14 +442,13 @@ static const ml_trun *recompute_run(ml_run_cache *c, ml_run_memo *m)
     if (!m->has_rec) {
         if (b->work_known) {
             const ml_work_item *w = c->ch->work + b->work_first;
-            m->rec = items_run(tr, w, b->work_fwd, tr->host_fwd_s, c->selective);
-            ml_trun bwd = m->bwd;
-            if (!c->selective)
-                unlisted(tr, b, w, &m->rec, &bwd);
-        }
-        else
-            m->rec = flops_run(tr, c->selective ? b->flops_core : b->flops_fwd, tr->host_fwd_s);
-        run_lead(&m->rec, tr->host_fwd_block_s + tr->host_layer_s);
+            m->rec = items_run(tr, w, b->work_fwd, tr->host.forward_op_s, c->selective);
+            double fwd, bwd;
+            unlisted(b, w, &fwd, &bwd);
+            add_unlisted(tr, c->selective ? 0 : fwd, &m->rec);
+        } else
+            m->rec = flops_run(tr, c->selective ? b->flops_core : b->flops_fwd, tr->host.forward_op_s);
+        run_lead(&m->rec, tr->host.forward_block_s + tr->host.recompute_block_s);
         m->has_rec = true;
     }
     return &m->rec;
@@ -469,7 +495,7 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
     memset(st, 0, sizeof *st);
     st->flops_s = s->step_time_s;
     ml_time_rates tr;
-    if (!ml__time_rates(cfg, &tr))
+    if (!time_rates(cfg, &tr))
         return;
     const ml_training *t = &cfg->training;
     const bool selective = t->checkpoint.kind == ML_CKPT_SELECTIVE;

@@ -45,6 +45,14 @@ static double instances(const ml_graph *g, const ml_graph_sizes *z)
     return n;
 }
 
+/* How many times op o runs: once, or once per instance of the repeated
+ * group it is in (an expert's op) */
+static double runs_of(const ml_graph *g, const ml_graph_sizes *z, const mlg_op *o)
+{
+    const double n = instances(g, z);
+    return n > 0 && ml__graph_repeated_op(g, (uint16_t)(o - g->op)) ? n : 1;
+}
+
 /* The product's shape from its output: (m x n) the last two dimensions,
  * batch the rest, or, for a linear layer (a parameter operand), one
  * product of all rows; k from the FLOPs, 2 m n k each. */
@@ -80,8 +88,8 @@ static bool product_shape(const ml_graph *g, const ml_graph_sizes *z, const mlg_
     /* the repeated group's op (an expert's linear) stands for all its
      * instances, its FLOPs theirs together (graph.h): one product each, on
      * an instance's rows on average */
-    const double inst = instances(g, z);
-    if (ml__graph_repeated_op(g, (uint16_t)(o - g->op)) && inst > 0 && o->nparam) {
+    const double inst = runs_of(g, z, o);
+    if (inst > 1 && o->nparam) {
         double rows = 0;
         for (unsigned i = 0; i < z->nruns; i++)
             rows += (double)z->runs[i].count * (double)z->runs[i].size;
@@ -104,27 +112,20 @@ static void set_product(ml_work_item *it, double m, double n, double k, const ge
     it->bytes = (m * k + k * n + m * n) * s->batch * s->esize;
 }
 
-static void forward(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z,
-                    const uint64_t *tb, const mlg_op *o)
+/* The op's forward: its traffic (ml__graph_traffic's), each instance's */
+static void forward(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z, const mlg_op *o,
+                    const ml_graph_traffic *tr)
 {
-    const bool rep = ml__graph_repeated_op(g, (uint16_t)(o - g->op)) && instances(g, z) > 0;
-    const double inst = rep ? instances(g, z) : 1;
-    ml_work_item *it = item_of(ch, g, o, o->kind, false, (unsigned)(o->kernels * inst));
+    const double inst = runs_of(g, z, o);
+    ml_work_item *it = item_of(ch, g, o, o->kind, false, (unsigned)(tr->kernels * inst));
     if (!it)
         return;
     it->flops = ml__graph_op_flops(o, z);
     gemm_shape s;
-    if (o->kind == MLG_OP_MATMUL && product_shape(g, z, o, it->flops, &s)) {
+    if (o->kind == MLG_OP_MATMUL && product_shape(g, z, o, it->flops, &s))
         set_product(it, s.m, s.n, s.k, &s);
-        return;
-    }
-    for (unsigned j = 0; j < o->nin; j++)
-        it->bytes += (double)tb[o->in[j]];
-    for (unsigned j = 0; j < o->nparam; j++)
-        it->bytes += (double)tb[o->param[j]];
-    for (unsigned j = 0; j < o->nout; j++)
-        it->bytes += (double)tb[o->out[j]];
-    it->bytes *= inst; /* an instance's tensors, each instance */
+    else
+        it->bytes = (double)(tr->read + tr->written) * inst;
 }
 
 /* The node of a product: the gradient of each operand is a product of the
@@ -140,10 +141,10 @@ static void backward_product(ml_chain *ch, const ml_graph *g, const ml_graph_siz
      * a product of two activations (attention's): both, whichever tensors
      * the node lists (q and k may be views of one projection) */
     const unsigned grads = o->nparam ? o->ngin + 1u : o->nin >= 2 ? 2u : o->ngin;
+    /* one launch each (a grouped expert's: one per instance) */
+    const unsigned launches = (unsigned)runs_of(g, z, o);
     for (unsigned j = 0; j < grads && j < 2; j++) {
-        /* one launch each (a grouped expert's: one per instance) */
-        const bool rep = ml__graph_repeated_op(g, (uint16_t)(o - g->op));
-        ml_work_item *it = item_of(ch, g, o, MLG_OP_MATMUL, true, rep ? (unsigned)s.batch : 1u);
+        ml_work_item *it = item_of(ch, g, o, MLG_OP_MATMUL, true, launches);
         if (!it)
             return;
         if (j == 0 && o->ngin)
@@ -163,8 +164,7 @@ static void backward(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z,
         backward_product(ch, g, z, o, flops);
         return;
     }
-    const bool rep = ml__graph_repeated_op(g, (uint16_t)(o - g->op)) && instances(g, z) > 0;
-    const double inst = rep ? instances(g, z) : 1;
+    const double inst = runs_of(g, z, o);
     ml_work_item *it = item_of(ch, g, o, o->kind, true, (unsigned)((o->kernels ? o->kernels : 1) * inst));
     if (!it)
         return;
@@ -190,12 +190,11 @@ void ml__work_graph(ml_chain *ch, ml_cblock *b, const ml_graph *g, const ml_grap
                     const uint64_t *tb)
 {
     const size_t first = ch->nwork;
-    for (uint16_t k = 0; k < g->nop; k++) {
-        const mlg_op *o = &g->op[k];
-        if (o->kind == MLG_OP_VIEW || !o->kernels || (ch->eval_mode && o->kind == MLG_OP_DROPOUT))
-            continue;
-        forward(ch, g, z, tb, o);
-    }
+    ml_graph_traffic per_op[MLG_MAX_OPS], total;
+    ml__graph_traffic(g, tb, ch->eval_mode, per_op, &total);
+    for (uint16_t k = 0; k < g->nop; k++)
+        if (per_op[k].kernels) /* not a view, nor dropout in eval mode */
+            forward(ch, g, z, &g->op[k], &per_op[k]);
     const size_t nfwd = ch->nwork - first;
     /* the loss's ops name no nodes (the block's backward is one rule,
      * chain_head.c), but each has its backward kernels */

@@ -422,13 +422,13 @@ static void text_op_time(FILE *f, const ml_config *cfg, const ml_summary *s)
             t->by_phase[ML_TPHASE_RECOMPUTE], t->by_phase[ML_TPHASE_STEP]);
     /* the band the datasheet estimate held on the H200 campaign
      * (calib/h200_time.py --datasheet; docs/time.md) */
-    if (t->source == ML_TIME_DATASHEET)
+    if (t->source == ML_TIME_DATASHEET) {
+        const bool fp32 =
+            ml_precision_compute_dtype(cfg->training.precision) == ML_COMPUTE_FP32;
         fprintf(f, "    datasheet estimate: within a median %s (worst %s) of 30 H200 runs' step at "
                    "this precision\n",
-                ml_precision_compute_dtype(cfg->training.precision) == ML_COMPUTE_FP32
-                    ? "4.5 %" : "8.6 %",
-                ml_precision_compute_dtype(cfg->training.precision) == ML_COMPUTE_FP32
-                    ? "10.9 %" : "35.5 %");
+                fp32 ? "4.5 %" : "8.6 %", fp32 ? "10.9 %" : "35.5 %");
+    }
     fprintf(f, "    %.0f tokens/s", t->tokens_per_s);
     if (t->mfu >= 0)
         fprintf(f, ", MFU %.1f%%", t->mfu * 100);

@@ -16,7 +16,7 @@ static const char *const mlp_yaml =
     "    - linear: {out: 1024, bias: false}\n  loss: mse\n"
     "training:\n  micro_batch: 8192\n  optimizer: sgd\n";
 
-/* h100-sxm, fp32: the datasheet's 67 TFLOP/s x 0.80 (ML_TIME_GEMM_SHARE)
+/* h100-sxm, fp32: the datasheet's 67 TFLOP/s x 0.80 (steptime.c, GEMM_SHARE)
  * and 3350 GB/s, 132 SMs */
 #define R (67e12 * 0.80)
 #define BW 3350e9
@@ -149,7 +149,7 @@ static double product_at(double m, double n, double k)
 }
 
 /* mlp2 (1000 -> 10000 -> 1000, 256 rows, fp32, Adam foreach) on h100-sxm
- * with the default host costs (ML_TIME_HOST_*): host-bound, every block's
+ * with the default host costs (steptime.c, default_host): host-bound, every block's
  * forward waiting on its 1,100 us of host time. The expected step is a
  * kernel-by-kernel walk of the pipeline, not the model's run summaries. */
 static void test_mlp2_defaults(void **state)
