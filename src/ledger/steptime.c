@@ -86,7 +86,8 @@ static void profile_gemm(const ml_profile *p, double sms, ml_time_rates *tr)
         if (!(g->tflops > 0))
             continue;
         const double f = 2.0 * (double)g->m * (double)g->n * (double)g->k;
-        const double model = f / (tr->gemm_flops * wave_share((double)g->m, (double)g->n, (double)g->k, 1, sms));
+        const double share = wave_share((double)g->m, (double)g->n, (double)g->k, 1, sms);
+        const double model = f / (tr->gemm_flops * share);
         over[k++] = fmax(0, f / (g->tflops * 1e12) - model);
     }
     for (size_t i = 1; i < k; i++) /* insertion sort: a handful */
@@ -447,7 +448,8 @@ static const ml_trun *recompute_run(ml_run_cache *c, ml_run_memo *m)
             unlisted(b, w, &fwd, &bwd);
             add_unlisted(tr, c->selective ? 0 : fwd, &m->rec);
         } else
-            m->rec = flops_run(tr, c->selective ? b->flops_core : b->flops_fwd, tr->host.forward_op_s);
+            m->rec = flops_run(tr, c->selective ? b->flops_core : b->flops_fwd,
+                               tr->host.forward_op_s);
         run_lead(&m->rec, tr->host.forward_block_s + tr->host.recompute_block_s);
         m->has_rec = true;
     }

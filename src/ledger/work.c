@@ -165,7 +165,8 @@ static void backward(ml_chain *ch, const ml_graph *g, const ml_graph_sizes *z,
         return;
     }
     const double inst = runs_of(g, z, o);
-    ml_work_item *it = item_of(ch, g, o, o->kind, true, (unsigned)((o->kernels ? o->kernels : 1) * inst));
+    const unsigned kernels = (unsigned)((o->kernels ? o->kernels : 1) * inst);
+    ml_work_item *it = item_of(ch, g, o, o->kind, true, kernels);
     if (!it)
         return;
     /* a fused attention kernel's backward: 2.5 times its forward's FLOPs
