@@ -210,6 +210,9 @@ typedef struct ml_summary {
      * device; what was moved to the host is counted here */
     uint64_t bytes_host;             /* offloaded states, master weights, params, grads */
     double comm_bytes;               /* bytes each device sends per iteration */
+    double tp_comm_bytes;            /* of those, besides: bytes each rank sends in the
+                                        tensor-parallel collectives inside the layers
+                                        (docs/parallel.md; 0 without parallel.tp) */
     double host_transfer_bytes;      /* bytes over the host link per iteration, per
                                         device (offload; 0 without) */
     /* the checkpoint plan as run: "none", "every-2", "optimal: [0-3] [8]" */

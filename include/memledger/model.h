@@ -107,6 +107,16 @@ typedef enum ml_vision_tower {
     ML_VT_COUNT
 } ml_vision_tower;
 
+/* Megatron-LM's sequence parallelism beside tensor parallelism
+ * (docs/parallel.md): on by default when parallel.tp > 1, as Megatron-core
+ * and torchtitan have it. */
+typedef enum ml_seq_parallel {
+    ML_SP_AUTO, /* on when tensor_parallel > 1 */
+    ML_SP_ON,
+    ML_SP_OFF,
+    ML_SP_COUNT
+} ml_seq_parallel;
+
 /* What optimizer.zero_grad() does between iterations. */
 typedef enum ml_zero_grad {
     ML_ZERO_GRAD_SET_TO_NONE, /* frees every .grad (PyTorch 2.x's default) */
@@ -144,6 +154,11 @@ typedef struct ml_training {
                                       labels); 0: seq_len */
     ml_vision_tower vision_tower;  /* a multimodal model's tower: same (default), none,
                                       full or frozen */
+    /* model parallelism (docs/parallel.md; YAML parallel:): every figure is
+     * one rank's */
+    uint64_t tensor_parallel;      /* parallel.tp: ranks splitting each layer (Megatron's
+                                      column- and row-parallel linears); 0 or 1: none */
+    ml_seq_parallel sequence_parallel; /* parallel.sp */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it
@@ -376,6 +391,13 @@ ML_API const char *ml_zero_grad_name(ml_zero_grad z);
 /* "same", "none", "full", "frozen". */
 ML_API const char *ml_vision_tower_name(ml_vision_tower v);
 ML_API bool ml_offload_parse(const char *s, ml_offload *out);
+/* Whether sequence parallelism is on: tensor_parallel above 1 and sp not off. */
+ML_API bool ml_training_sp(const ml_training *t);
+/* The compact layout "tp8.pp4.cp2.dp16" (the parts in any order, each at
+ * most once; docs/parallel.md) into t: tp sets tensor_parallel, dp
+ * data_parallel; pp, cp, ep and etp above 1 are refused (not modelled:
+ * ML_RANGE), as is a part given twice or an unknown one (ML_USAGE). */
+ML_API ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err);
 /* Writes the policy's YAML spelling ("every-2", "[0, 3]") into buf. */
 ML_API void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size);
 /* "1.50 GiB", "512.00 MiB", "12 B": binary units, two decimals (report.h's

@@ -38,8 +38,16 @@ typedef struct {
     /* length distributions (plan, fit, triage): --lengths FILE|QUANTILES, --batching,
      * --max-tokens N|auto, --buckets K */
     const char *lengths, *batching, *max_tokens, *buckets;
+    /* the parallel layout: --parallel LAYOUT, --tp N, --sp / --no-sp ("on",
+     * "off"), and the splits not modelled yet (refused above 1) */
+    const char *parallel, *tp, *sp, *pp, *vpp, *cp, *ep, *etp, *pp_schedule, *micro_batches,
+        *pp_layers;
     bool auto_checkpoint; /* --checkpoint auto (fit) */
 } ml_cli_opts;
+
+/* The parallel-layout flags over t (parallel_flags.c): 0, or the exit
+ * status of the first bad one (its message printed). */
+int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t);
 
 /* Parses argv (after the verb). Returns 0, 1 for --help (printed), or 2 on a
  * usage error (printed). */

@@ -102,6 +102,7 @@ static const struct {
     {"--pcie", offsetof(ml_cli_opts, pcie)},
     {"--fragmentation", offsetof(ml_cli_opts, fragmentation)},
     {"--data-parallel", offsetof(ml_cli_opts, data_parallel)},
+    {"--dp", offsetof(ml_cli_opts, data_parallel)},
     {"--zero", offsetof(ml_cli_opts, zero)},
     {"--offload", offsetof(ml_cli_opts, offload)},
     {"--global-batch", offsetof(ml_cli_opts, global_batch)},
@@ -122,6 +123,16 @@ static const struct {
     {"--batching", offsetof(ml_cli_opts, batching)},
     {"--max-tokens", offsetof(ml_cli_opts, max_tokens)},
     {"--buckets", offsetof(ml_cli_opts, buckets)},
+    {"--parallel", offsetof(ml_cli_opts, parallel)},
+    {"--tp", offsetof(ml_cli_opts, tp)},
+    {"--pp", offsetof(ml_cli_opts, pp)},
+    {"--vpp", offsetof(ml_cli_opts, vpp)},
+    {"--cp", offsetof(ml_cli_opts, cp)},
+    {"--ep", offsetof(ml_cli_opts, ep)},
+    {"--etp", offsetof(ml_cli_opts, etp)},
+    {"--pp-schedule", offsetof(ml_cli_opts, pp_schedule)},
+    {"--micro-batches", offsetof(ml_cli_opts, micro_batches)},
+    {"--pp-layers", offsetof(ml_cli_opts, pp_layers)},
 };
 
 static int usage_error(const char *verb, const char *fmt, const char *arg)
@@ -309,6 +320,10 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                     o->training = val;
                 continue;
             }
+            if (!strcmp(arg, "--sp") || !strcmp(arg, "--no-sp")) {
+                o->sp = arg[2] == 'n' ? "off" : "on";
+                continue;
+            }
             if (!strncmp(arg, "--format", len) && len == 8) {
                 int rc = parse_format(verb, flag_value(argc, argv, &i, eq), o);
                 if (rc)
@@ -415,6 +430,8 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
                                      "adam-8bit or lion");
     if (!rc && o->optimizer_impl && !ml_optimizer_impl_parse(o->optimizer_impl, &t->optimizer_impl))
         rc = bad_flag("--optimizer-impl", "unknown; use for-loop, foreach or fused");
+    if (!rc)
+        rc = ml_cli_parallel_flags(o, t);
     if (!rc && o->data_parallel)
         rc = limited(o->data_parallel, "training.data_parallel", &t->data_parallel);
     if (!rc && o->zero) {

@@ -215,11 +215,64 @@ bool ml__graph_valid(const ml_graph *g)
 uint64_t ml__graph_numel(const ml_graph *g, const ml_graph_sizes *z, uint16_t t, bool *overflow)
 {
     const mlg_tensor *p = &g->t[t];
+    const bool shard = p->seq && z->seq_div > 1;
     uint64_t n = p->factor;
-    for (unsigned k = 0; k < p->ndim; k++)
-        if (__builtin_mul_overflow(n, z->dim[p->dim[k]], &n))
+    for (unsigned k = 0; k < p->ndim; k++) {
+        uint64_t v = z->dim[p->dim[k]];
+        if (shard && p->dim[k] == MLG_T)
+            v /= z->seq_div;
+        if (__builtin_mul_overflow(n, v, &n))
             *overflow = true;
+    }
     return n;
+}
+
+static bool has_dim(const mlg_tensor *p, uint8_t d)
+{
+    for (unsigned k = 0; k < p->ndim; k++)
+        if (p->dim[k] == d)
+            return true;
+    return false;
+}
+
+bool ml__graph_tp_split(const ml_graph *g, uint16_t t)
+{
+    static const uint8_t split[] = {MLG_H,  MLG_HKV, MLG_DQ, MLG_DKV, MLG_QKV,
+                                    MLG_F,  MLG_F2,  MLG_V,  MLG_VO,  MLG_KVB};
+    for (size_t i = 0; i < sizeof split; i++)
+        if (has_dim(&g->t[t], split[i]))
+            return true;
+    return false;
+}
+
+void ml__graph_shard_sequence(ml_graph *g)
+{
+    for (uint16_t i = 0; i < g->nt; i++) {
+        mlg_tensor *p = &g->t[i];
+        p->seq = p->role == MLG_INPUT && has_dim(p, MLG_T) && has_dim(p, MLG_D) &&
+                 !ml__graph_tp_split(g, i);
+    }
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        bool split_in = false, seq_in = false;
+        for (unsigned j = 0; j < o->nin; j++) {
+            split_in |= ml__graph_tp_split(g, o->in[j]);
+            seq_in |= g->t[o->in[j]].seq;
+        }
+        for (unsigned j = 0; j < o->nparam; j++)
+            split_in |= ml__graph_tp_split(g, o->param[j]);
+        for (unsigned j = 0; j < o->nout; j++) {
+            mlg_tensor *p = &g->t[o->out[j]];
+            if (p->role == MLG_VIEW && p->base != MLG_NONE)
+                p->seq = g->t[p->base].seq && has_dim(p, MLG_T);
+            else if (ml__graph_tp_split(g, o->out[j]) || !has_dim(p, MLG_T))
+                p->seq = false;
+            else if (split_in) /* row-parallel: reduce-scattered over the tokens */
+                p->seq = has_dim(p, MLG_D);
+            else
+                p->seq = seq_in;
+        }
+    }
 }
 
 static void bytes_of(const ml_graph *g, ml_graph_sizes *z, uint64_t *tb, uint16_t from,

@@ -125,6 +125,8 @@ typedef struct {
                          of another (bmm's operand copies): that one */
     uint8_t group;    /* a parameter's module: parameters are listed by group
                          (the order modules register them), then by op */
+    bool seq;         /* sequence parallelism: a rank holds T / seq_div of its
+                         tokens (ml__graph_shard_sequence) */
 } mlg_tensor;
 
 /* Op kinds: the kernel class of each op, for the time model. */
@@ -211,7 +213,21 @@ typedef struct {
         uint64_t count, size;
     } runs[MLG_MAX_RUNS];
     unsigned nruns;
+    uint64_t seq_div; /* sequence parallelism's ranks: a tensor marked seq
+                         holds T / seq_div tokens (0 or 1: none) */
 } ml_graph_sizes;
+
+/* Tensor parallelism's split dimensions (Megatron's column- and
+ * row-parallel linears shard the heads, the MLP width and the vocabulary):
+ * whether tensor t has one. */
+bool ml__graph_tp_split(const ml_graph *g, uint16_t t);
+/* Marks the tensors that sequence parallelism shards over the tokens
+ * (docs/parallel.md): the block's input, what the ops make from sharded
+ * tensors without a split dimension, and what a row-parallel op (one that
+ * reads a split tensor or parameter and writes none) reduce-scatters; not
+ * what a column-parallel op makes (its input gathered first), nor a split
+ * tensor. */
+void ml__graph_shard_sequence(ml_graph *g);
 
 /* ---- building (graph.c) ---- */
 void ml__graph_init(ml_graph *g);

@@ -233,8 +233,16 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
     ch->eval_mode = eval;
     ch->selective = cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE;
     ml_status refused = ml__chain_refused(m, &cfg->training, err);
+    if (!refused)
+        refused = ml__tp_refused(m, &cfg->training, cfg, err);
     if (refused)
         return refused;
+    /* one tensor-parallel rank: the chain of its narrower model */
+    ml_model rank;
+    if (cfg->training.tensor_parallel > 1) {
+        ml__tp_rank_model(m, &cfg->training, &rank);
+        m = &rank;
+    }
     if (cfg->training.expert_imbalance > 1 && !m->moe.experts)
         return ml__errorf(err, ML_RANGE,
                           "training.expert_imbalance: sizes a mixture of experts' busiest "

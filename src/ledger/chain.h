@@ -249,6 +249,18 @@ typedef struct {
  * target_len without a decoder stack); else ML_OK. */
 ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *err);
 
+/* Tensor parallelism (tensor_parallel.c, docs/parallel.md): ML_RANGE with
+ * the reason when one rank of m under t's parallel.tp cannot be planned
+ * (cfg's profile too, when cfg is not NULL); the narrower model one rank
+ * runs into *rank (a shallow copy of m, owning nothing). */
+ml_status ml__tp_refused(const ml_model *m, const ml_training *t, const ml_config *cfg,
+                         ml_error *err);
+void ml__tp_rank_model(const ml_model *m, const ml_training *t, ml_model *rank);
+/* The bytes one rank sends per iteration in the tensor-parallel
+ * collectives (docs/parallel.md), the layers checkpointed where seg[k] >=
+ * 0 (seg NULL: none). */
+double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int *seg);
+
 /* Builds the chain; returns ML_OK, ML_RANGE (with err), ML_OVERFLOW or ML_NOMEM. */
 ml_status ml__chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err);
 /* What of cfg the chain is built from, the rest cleared: the training

@@ -42,7 +42,7 @@ static ml_status graph_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m,
             if (tied_head(m))
                 b->ws_bwd = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
         }
-        ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w));
+        ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BTs, d->D), ch->prec.w));
         if (m->embed.image_size)
             b->flops_bwd = b->flops_fwd; /* weight gradient only */
     }

@@ -91,6 +91,10 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
         z->dim[MLG_NE] = rows[0];
     }
     memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
+    if (d->sp > 1) {
+        z->seq_div = d->sp;
+        ml__graph_shard_sequence(&G->g);
+    }
     ml__ck_graph_dtype_bytes(ch, G);
     /* no forward programs with experts, nor for a LayerNorm layout with
      * rotary positions (its forward is not walked op by op: the block rule,

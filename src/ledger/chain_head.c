@@ -148,7 +148,7 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
     ml_cblock *b = ml__ck_begin(ch, "head", -1);
     if (!b)
         return ML_NOMEM;
-    b->in_bytes = ml_mul(ch, ml_mul(ch, d->BT, d->D), ch->prec.w);
+    b->in_bytes = ml_mul(ch, ml_mul(ch, d->BTs, d->D), ch->prec.w);
     ml_ck_graph *G;
     ml_status st = graph_head(ch, m, d, t->logits == ML_LOGITS_FUSED, &G);
     if (st != ML_OK)

@@ -15,6 +15,9 @@
 /* Shapes of a transformer block (or of a sequential attention layer). */
 typedef struct {
     uint64_t B, T, BT, D, F, H, Hkv, dh, Dkv, V;
+    /* sequence parallelism (docs/parallel.md): its ranks (1: none), and the
+     * rows of the residual stream a rank holds, BT / sp */
+    uint64_t sp, BTs;
     bool drop;
     double expert_imbalance; /* training.expert_imbalance (mixtures of experts) */
 } ml_ck_dims;

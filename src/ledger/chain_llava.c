@@ -245,6 +245,8 @@ ml_status ml__chain_build_llava(const ml_model *m, const ml_config *cfg, ml_chai
                       .V = 0,
                       .expert_imbalance = 1};
     vd.BT = ml_mul(ch, vd.B, vd.T);
+    vd.sp = 1;
+    vd.BTs = vd.BT;
     vd.Dkv = vd.D;
     const unsigned w = ch->prec.w;
     uint64_t BTD = ml_mul(ch, d.BT, d.D);

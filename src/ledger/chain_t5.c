@@ -47,7 +47,8 @@ static ml_status t5_embedding(ml_chain *ch, const ml_model *m, const t5d *t, ml_
     if (!b)
         return ML_NOMEM;
     b->in_nograd = true;
-    const ml_ck_dims d = {.B = t->B, .T = T, .BT = BT, .D = t->D, .V = t->V, .drop = t->drop};
+    const ml_ck_dims d = {.B = t->B, .T = T, .BT = BT, .D = t->D, .V = t->V, .drop = t->drop,
+                          .sp = 1, .BTs = BT};
     if (!ml__ck_graph_t5_embedding(ch, m, &d, !params, G)) {
         *why = params ? "the encoder's embedding" : "the decoder's embedding";
         return ML_RANGE;
@@ -95,6 +96,8 @@ static t5_stack stack_of(ml_chain *ch, const ml_model *m, const t5d *t, ml_ck_gr
     s.d = (ml_ck_dims){.B = t->B,
                        .T = T,
                        .BT = ml_mul(ch, t->B, T),
+                       .sp = 1,
+                       .BTs = ml_mul(ch, t->B, T),
                        .D = t->D,
                        .F = t->F,
                        .H = t->H,
@@ -264,7 +267,9 @@ ml_status ml__chain_build_t5(const ml_model *m, const ml_config *cfg, ml_chain *
              .a = ch->prec.a,
              .w = ch->prec.w,
              .drop = m->dropout > 0 && !ch->eval_mode};
-    ml_ck_dims d = {.B = t.B, .T = t.Td, .BT = ml_mul(ch, t.B, t.Td), .D = t.D, .V = t.V};
+    ml_ck_dims d = {.B = t.B, .T = t.Td, .BT = ml_mul(ch, t.B, t.Td), .D = t.D, .V = t.V,
+                    .sp = 1};
+    d.BTs = d.BT;
     ch->B = t.B;
     ch->T = t.Ts;
     ch->c_tokens = ml_mul(ch, t.B, t.Ts);

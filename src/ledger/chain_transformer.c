@@ -46,6 +46,8 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
                           "or set training.%s to 1",
                           (unsigned long long)d->B, ch->eval_mode ? "eval_batch" : "micro_batch");
     d->BT = ml_mul(ch, d->B, d->T);
+    d->sp = ml_training_sp(t) ? t->tensor_parallel : 1;
+    d->BTs = d->BT / d->sp; /* T divides: ml__tp_refused */
     d->D = m->hidden;
     d->F = m->mlp.ffn;
     d->H = m->attn.heads;
@@ -105,7 +107,7 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
 {
     const bool enc = m->type == ML_MODEL_ENCODER;
     const unsigned w = ch->prec.w;
-    uint64_t BTD = ml_mul(ch, d->BT, d->D);
+    uint64_t BTD = ml_mul(ch, d->BTs, d->D);
     ch->record_nodes = ml__ck_node_level(ch, m);
     /* the layers' op graphs where the component kit expresses their
      * layouts, one per layout: DeepSeek's first dense_layers layers (a

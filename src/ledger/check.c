@@ -81,6 +81,8 @@ const char *ml_config_problem(const ml_config *cfg)
         return "training.logits: unknown; use kept, released or fused";
     if (t->logits_chunk && t->logits != ML_LOGITS_FUSED)
         return "training.logits_chunk: only with training.logits fused";
+    if ((unsigned)t->sequence_parallel >= ML_SP_COUNT)
+        return "parallel.sp: unknown; use on, off or auto";
     if ((unsigned)t->zero_grad >= ML_ZERO_GRAD_COUNT)
         return "training.zero_grad: unknown; use set_to_none or zero";
     if (t->checkpoint.kind == ML_CKPT_EVERY && t->checkpoint.every == 0)

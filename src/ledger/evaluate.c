@@ -425,6 +425,7 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     ml_replay r;
     ml__eval_setup(x, seg, l, &sh, &r);
     s->comm_bytes = ml__eval_communication(ch, t, s->params);
+    s->tp_comm_bytes = ml__tp_communication(ch, t, seg);
     s->host_transfer_bytes = ml__eval_host_transfer(t, &ch->prec, s->params);
     s->peak_block = -1;
     r.keep = keep_events;

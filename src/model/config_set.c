@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "memledger/model.h"
+#include "model/schema.h"
 #include "util/error.h"
 
 /* A whole number within the key's range (ml_config_range). */
@@ -225,8 +226,11 @@ ml_status ml_config_set(ml_config *cfg, const char *key, const char *value, ml_e
         st = training_set(key, value, &c.training, err);
     else if (!strncmp(key, "device.", strlen("device.")))
         st = device_set(key, value, &c.device, err);
+    else if (!strncmp(key, "parallel.", strlen("parallel.")))
+        st = ml__parallel_set(key, value, &c.training, err);
     else
-        st = ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting (training.KEY or device.KEY)", key);
+        st = ml__errorf_at(err, ML_USAGE, 0, 0,
+                           "%s: not a setting (training.KEY, device.KEY or parallel.KEY)", key);
     if (st == ML_OK)
         *cfg = c;
     return st;

@@ -25,6 +25,9 @@ static const ml_uint_limit table[] = {
     LIMIT(training, eval_seq_len, eval_seq_len, 1, 268435456, true),
     LIMIT(training, logits_chunk, logits_chunk, 1, 268435456, true),
     LIMIT(training, target_len, target_len, 1, 268435456, true),
+    {"parallel.tp", offsetof(ml_config, training.tensor_parallel),
+     sizeof(((ml_config *)0)->training.tensor_parallel), 1, 65536, true,
+     "parallel.tp: must be between 1 and 65536"},
 };
 
 _Static_assert(ML_MAX_BATCH == 16777216 && ML_MAX_TOKENS == 268435456,

@@ -238,7 +238,7 @@ static ml_status build(ml_error *err, const ml_node *root, ml_model *m)
                             "top level: expected a mapping with 'name:' and 'model:', "
                             "got %s",
                             ml__tree_type_name(root));
-    static const char *const keys[] = {"name", "model", "training", "device"};
+    static const char *const keys[] = {"name", "model", "training", "device", "parallel"};
     if ((st = ml__tree_check_keys(err, root, "top level", keys, ML_COUNT(keys))))
         return st;
     const ml_node *name = ml__tree_get(root, "name"), *mm = ml__tree_get(root, "model");
@@ -278,7 +278,8 @@ static ml_status build(ml_error *err, const ml_node *root, ml_model *m)
         return st;
     if (d && (st = parse_device(err, d, m)))
         return st;
-    return ML_OK;
+    const ml_node *par = ml__tree_get(root, "parallel");
+    return par ? ml__schema_parallel(err, par, m) : ML_OK;
 }
 
 ml_status ml__schema_settings(const char *text, size_t len, const char *path, ml_model *m,
@@ -290,7 +291,7 @@ ml_status ml__schema_settings(const char *text, size_t len, const char *path, ml
     ml_status st = ml__tree_parse(text, len, &root, err);
     if (st)
         return st;
-    static const char *const keys[] = {"name", "training", "device"};
+    static const char *const keys[] = {"name", "training", "device", "parallel"};
     if (!root)
         st = ml__error_at(err, NULL, ML_SCHEMA,
                           "the file is empty: expected training: and device: sections");
@@ -306,6 +307,9 @@ ml_status ml__schema_settings(const char *text, size_t len, const char *path, ml
             st = parse_training(err, t, m);
         if (!st && d)
             st = parse_device(err, d, m);
+        const ml_node *par = ml__tree_get(root, "parallel");
+        if (!st && par)
+            st = ml__schema_parallel(err, par, m);
     }
     ml__tree_free(root);
     return st;

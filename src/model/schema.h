@@ -41,6 +41,11 @@ ml_status ml__schema_only(ml_error *err, const ml_node *map, const char *sec, co
 /* training.vision_tower, and for a multimodal model seq_len and
  * eval_seq_len against its image tokens (schema_llava.c). */
 ml_status ml__schema_vision_tower(ml_error *err, const ml_node *t, ml_model *m);
+/* The top-level parallel: section, a mapping or the compact form
+ * (parallel.c). */
+ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m);
+/* ml_config_set's parallel.KEY (parallel.c). */
+ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_error *err);
 /* The keys a transformer's model: accepts (schema_variants.c). */
 const char *const *ml__schema_transformer_keys(size_t *count);
 

@@ -493,6 +493,16 @@ static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_
 {
     memset(v, 0, sizeof *v);
     const ml_training *t = &cfg->training;
+    /* the targets' settings run one device's whole model */
+    if (t->tensor_parallel > 1) {
+        ml__emit_refuse(v, "the plan is one rank of tensor parallelism (parallel.tp %llu); %s "
+                           "runs whole layers on each device: plan without --tp to emit",
+                        (unsigned long long)t->tensor_parallel,
+                        k == EMIT_DEEPSPEED    ? "DeepSpeed's config"
+                        : k == EMIT_HF_TRAINER ? "Trainer"
+                                               : "the snippet");
+        return;
+    }
     encdec_check(k, m, t, v);
     if (v->level == ML_EMIT_REFUSED)
         return;

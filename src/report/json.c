@@ -34,11 +34,11 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl));
     ml_json_put_string(f, ck);
     fprintf(f, ", \"data_parallel\": %llu, \"zero\": %u, \"offload\": \"%s\", "
-               "\"logits\": \"%s\", \"zero_grad\": \"%s\", \"logits_chunk\": %llu, "
-               "\"attention\": ",
+               "\"logits\": \"%s\", \"zero_grad\": \"%s\", \"logits_chunk\": %llu, ",
             (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload),
             ml_logits_name(t->logits), ml_zero_grad_name(t->zero_grad),
             (unsigned long long)t->logits_chunk);
+    fputs("\"attention\": ", f);
     const char *attn = ml_model_attention(m);
     if (attn)
         fprintf(f, "\"%s\"", attn);
@@ -49,6 +49,10 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
         fputs(", \"attention_assumed\": ", f);
         ml_json_put_string(f, ml_model_attention_assumed(m));
     }
+    const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
+    fprintf(f, ", \"parallel\": {\"tp\": %llu, \"sp\": %s, \"dp\": %llu, \"devices\": %llu}",
+            (unsigned long long)tp, ml_training_sp(t) ? "true" : "false",
+            (unsigned long long)t->data_parallel, (unsigned long long)(tp * t->data_parallel));
     /* an encoder-decoder's second length */
     if (ml_model_target_len(m, t))
         fprintf(f, ", \"target_len\": %llu", (unsigned long long)ml_model_target_len(m, t));
@@ -265,6 +269,8 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
     num(f, s->flops_per_micro_batch);
     fputs("},\n \"communication\": {\"bytes_per_device\": ", f);
     num(f, s->comm_bytes);
+    fputs(", \"tensor_parallel_bytes_per_device\": ", f);
+    num(f, s->tp_comm_bytes);
     fputs("},\n \"host_transfer\": {\"bytes_per_device\": ", f);
     num(f, s->host_transfer_bytes);
     fputs("},\n \"step_time_s\": ", f);

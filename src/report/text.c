@@ -55,7 +55,11 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
     char ck[1200], num[40];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
     ml__report_commas(s->params, num, sizeof num);
-    fprintf(f, "memledger plan: %s (%s parameters)\n", ml_model_name(m), num);
+    if (t->tensor_parallel > 1)
+        fprintf(f, "memledger plan: %s (%s parameters on a rank of %llu tensor-parallel ranks)\n",
+                ml_model_name(m), num, (unsigned long long)t->tensor_parallel);
+    else
+        fprintf(f, "memledger plan: %s (%s parameters)\n", ml_model_name(m), num);
     const char *attn = ml_model_attention(m);
     char tl[80] = "";
     if (ml_model_target_len(m, t))
@@ -107,6 +111,13 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
                 : s->time_measured                  ? "from the measured GEMM throughput"
                                                     : "analytic");
     }
+    if (t->tensor_parallel > 1)
+        fprintf(f, "parallel: tensor %llu (%s), data %llu: %llu devices; figures are one "
+                   "rank's\n",
+                (unsigned long long)t->tensor_parallel,
+                ml_training_sp(t) ? "with sequence parallelism" : "no sequence parallelism",
+                (unsigned long long)t->data_parallel,
+                (unsigned long long)(t->tensor_parallel * t->data_parallel));
     if (t->data_parallel > 1 || t->zero || t->offload) {
         fprintf(f, "sharding: %llu devices, ZeRO stage %u, offload %s; figures are per device\n",
                 (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));
@@ -463,6 +474,11 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
         ml_format_bytes((uint64_t)s->comm_bytes, a, sizeof a);
         fprintf(f, "  communication: %s sent per device per iteration", a);
         text_part(f, s->time_communication_s, cfg->device.interconnect_gbps, "--interconnect");
+    }
+    if (s->tp_comm_bytes > 0) {
+        ml_format_bytes((uint64_t)s->tp_comm_bytes, a, sizeof a);
+        fprintf(f, "  tensor-parallel collectives: %s sent per rank per iteration (not in the "
+                   "step time)\n", a);
     }
     if (s->host_transfer_bytes > 0) {
         ml_format_bytes((uint64_t)s->host_transfer_bytes, a, sizeof a);

@@ -1,0 +1,153 @@
+/* Tensor parallelism (docs/parallel.md): one rank's share of a decoder.
+ *
+ * Megatron-LM's column-parallel linears (q, k, v, the MLP's gate and up,
+ * the LM head) split their output features over the tp ranks, its
+ * row-parallel ones (the attention's output, the MLP's down) their input
+ * features, and its vocab-parallel embedding the vocabulary
+ * (megatron/core/tensor_parallel/layers.py). A rank therefore runs the
+ * same layer with heads / tp query heads, kv_heads / tp key/value heads,
+ * ffn / tp MLP features and a vocab / tp slice of the vocabulary: the
+ * chain of one rank is the chain of that narrower model, with the hidden
+ * size and the head size unchanged. Sequence parallelism then shards
+ * what runs outside the split region (norms, dropouts, residual adds)
+ * over the tokens (ml__graph_shard_sequence). */
+#include <string.h>
+
+#include "ledger/chain.h"
+#include "util/error.h"
+
+static uint64_t tp_of(const ml_training *t)
+{
+    return t->tensor_parallel > 1 ? t->tensor_parallel : 1;
+}
+
+static ml_status indivisible(const ml_model *m, const char *what, const char *key, uint64_t n,
+                             uint64_t tp, ml_error *err)
+{
+    return ml__errorf(err, ML_RANGE,
+                      "parallel.tp: %llu does not divide %s's %s (%s %llu): each rank holds an "
+                      "equal share; use a tp that divides %llu",
+                      (unsigned long long)tp, m->name, what, key, (unsigned long long)n,
+                      (unsigned long long)n);
+}
+
+/* What of the model and the settings one rank's plan cannot express. */
+static const char *unsplit_layout(const ml_model *m, const ml_training *t)
+{
+    if (m->type != ML_MODEL_DECODER || m->vision.layers || m->embed.image_size)
+        return "it is planned for decoder language models (type: decoder)";
+    if (m->moe.experts)
+        return "a mixture of experts splits its experts by expert parallelism, which is not "
+               "modelled yet";
+    if (m->attn.kv_lora)
+        return "multi-head latent attention's compressed projections are not split yet";
+    if (m->head.classes)
+        return "a sequence-classification head is not split yet";
+    if (t->logits == ML_LOGITS_FUSED)
+        return "the fused linear-cross-entropy (logits: fused) has no vocab-parallel form "
+               "planned; use logits kept or released";
+    return NULL;
+}
+
+ml_status ml__tp_refused(const ml_model *m, const ml_training *t, const ml_config *cfg,
+                         ml_error *err)
+{
+    const uint64_t tp = tp_of(t);
+    if (tp == 1) {
+        if (t->sequence_parallel == ML_SP_ON)
+            return ml__errorf(err, ML_RANGE,
+                              "parallel.sp: sequence parallelism shards what tensor "
+                              "parallelism replicates; it needs parallel.tp above 1");
+        return ML_OK;
+    }
+    const char *why = unsplit_layout(m, t);
+    if (why)
+        return ml__errorf(err, ML_RANGE, "parallel.tp: %llu with %s: %s",
+                          (unsigned long long)tp, m->name, why);
+    if (cfg && cfg->calib)
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.tp: a calibration profile (--calib) measured whole layers "
+                          "on one device; plan tensor parallelism without it");
+    if (m->attn.heads % tp)
+        return indivisible(m, "query heads", "model.heads", m->attn.heads, tp, err);
+    if (m->attn.kv_heads % tp)
+        return indivisible(m, "key/value heads", "model.kv_heads", m->attn.kv_heads, tp, err);
+    if (m->mlp.ffn % tp)
+        return indivisible(m, "MLP width", "model.ffn", m->mlp.ffn, tp, err);
+    if (ml_training_sp(t)) {
+        const uint64_t T[2] = {t->seq_len, t->eval_batch ? t->eval_seq_len : 0};
+        const char *key[2] = {"training.seq_len", "training.eval_seq_len"};
+        for (int k = 0; k < 2; k++)
+            if (T[k] % tp)
+                return ml__errorf(err, ML_RANGE,
+                                  "%s: %llu tokens do not split over parallel.tp %llu ranks: "
+                                  "sequence parallelism gives each rank an equal share; use "
+                                  "a length divisible by %llu, or sequence parallelism off "
+                                  "(parallel.sp)",
+                                  key[k], (unsigned long long)T[k], (unsigned long long)tp,
+                                  (unsigned long long)tp);
+    }
+    return ML_OK;
+}
+
+void ml__tp_rank_model(const ml_model *m, const ml_training *t, ml_model *rank)
+{
+    const uint64_t tp = tp_of(t);
+    *rank = *m;
+    if (tp == 1)
+        return;
+    /* the head size stays the full model's */
+    rank->attn.head_dim = m->attn.head_dim ? m->attn.head_dim : m->hidden / m->attn.heads;
+    rank->attn.heads = m->attn.heads / tp;
+    rank->attn.kv_heads = m->attn.kv_heads / tp;
+    rank->mlp.ffn = m->mlp.ffn / tp;
+    /* an uneven vocabulary: the first ranks hold one row more (the plan is
+     * the fullest rank's) */
+    rank->embed.vocab = (m->embed.vocab + tp - 1) / tp;
+}
+
+/* The layers' blocks ("block.<i>") and those recomputed (checkpointed:
+ * seg >= 0). */
+static void layer_counts(const ml_chain *ch, const int *seg, double *layers, double *recomputed)
+{
+    *layers = *recomputed = 0;
+    for (size_t k = 0; k < ch->n; k++)
+        if (!strncmp(ch->blocks[k].name, "block.", 6)) {
+            *layers += 1;
+            *recomputed += seg && seg[k] >= 0 ? 1 : 0;
+        }
+}
+
+double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int *seg)
+{
+    const uint64_t tp = tp_of(t);
+    if (tp == 1)
+        return 0;
+    /* S: one all-reduce's, all-gather's or reduce-scatter's whole buffer
+     * (B x T x D in the compute dtype); a ring sends (tp - 1) / tp of it,
+     * all-reduce twice that */
+    const double f = (double)(tp - 1) / (double)tp;
+    const double S = (double)ch->B * (double)ch->T * (double)ch->c_width * ch->prec.a;
+    double L, R;
+    layer_counts(ch, seg, &L, &R);
+    /* per layer: two column-parallel sites (the attention's input, the
+     * MLP's) and two row-parallel ones (their outputs). Without sequence
+     * parallelism an all-reduce at each row site in forward and at each
+     * column site in backward: 4 x 2S. With it: forward all-gathers at the
+     * column sites and reduce-scatters at the row sites; backward the
+     * column sites gather their saved shard again and reduce-scatter the
+     * input's gradient, the row sites gather the output's gradient:
+     * 6 all-gathers and 4 reduce-scatters, 10S. A recomputed layer runs
+     * its forward's again (2 x 2S, or 2 + 2). The embedding: an all-reduce
+     * of its output (sp: a reduce-scatter, and an all-gather of the
+     * gradient); the head: an all-reduce of its input's gradient (sp: its
+     * input gathered, then gathered again and the gradient
+     * reduce-scattered); the vocab-parallel cross-entropy: three
+     * all-reduces of B x T fp32 figures (the rows' maxima, the target
+     * logits, the sums of exponentials). */
+    const bool sp = ml_training_sp(t);
+    const double layer = sp ? 10 : 8, recompute = 4, embed = 2, head = sp ? 3 : 2;
+    const double loss = 3.0 * 2.0 * (double)ch->B * (double)ch->T * 4.0;
+    const double per_micro = f * (S * (layer * L + recompute * R + embed + head) + loss);
+    return per_micro * (double)(t->grad_accum ? t->grad_accum : 1);
+}

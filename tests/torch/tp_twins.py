@@ -1,0 +1,590 @@
+#!/usr/bin/python3
+"""Per-rank saved activations under tensor parallelism, against real PyTorch.
+
+The Llama twin of twins.py (RMSNorm, q/k/v/o projections, rotary, eager
+softmax attention with GQA's repeat_kv, SwiGLU), sharded as Megatron-LM
+shards it (megatron/core/tensor_parallel/layers.py and mappings.py) and run
+as TP ranks: one process each (torch.multiprocessing, spawn), gloo on the
+CPU. The layer is twins.Llama's own code; only the linears, the heads and
+the width of the MLP are per rank, and the collectives sit where Megatron
+puts them:
+
+- column-parallel q_proj, k_proj, v_proj, gate_proj, up_proj (out_features
+  / tp rows of the weight each). Without sequence parallelism (SP) the
+  input goes through copy_to_tensor_model_parallel_region (identity; its
+  backward all-reduces the gradient) and the linear saves the full input.
+  With SP the input is the rank's sequence shard; the linear
+  (LinearWithGradAccumulationAndAsyncCommunication) all-gathers it for
+  the product, saves only the shard and gathers it again in backward.
+- row-parallel o_proj, down_proj (in_features / tp columns each): the
+  partial sums are all-reduced (reduce_from_tensor_model_parallel_region)
+  or, with SP, reduce-scattered along the sequence
+  (reduce_scatter_to_sequence_parallel_region).
+- with SP the residual stream, both RMSNorms and the residual adds run on
+  the shard (B, T/tp, D); attention runs on the whole sequence with the
+  rank's heads (H/tp query heads, KV/tp key/value heads), the MLP with
+  F/tp columns. A layer's input and output are shards.
+- the embedding and the LM head are replicated (the embedding's output
+  scattered to the rank's shard under SP, the last layer's output gathered
+  for the head): not Megatron's vocabulary-parallel blocks, and not
+  compared here. Only the layer blocks are.
+
+Each rank counts what autograd saves during the forward with crosscheck.py's
+Recorder (saved_tensors_hooks; each storage once; parameters, buffers and
+the batch excluded; attributed to the block running). Each rank also checks
+that the sharded model is the single-device one: its loss, and after the
+backward every gradient (the shard's rows or columns of the single-device
+gradient; the layers' norm weights, partial per sequence shard under SP,
+after the all-reduce Megatron does for them), within fp32 rounding.
+
+Hand derivation: one layer's saved bytes per rank (fp32, 4 B an element;
+B micro-batch, T sequence, D hidden, dh head size, H/KV/F the model's
+query heads, key/value heads and MLP width; Hr = H/tp, Fr = F/tp; Tn = T
+rows of the residual stream without SP, T/tp with SP):
+
+  each RMSNorm (two a layer), on Tn rows:
+    its input x (pow's and the product's)                      B*Tn*D
+    x^2, mean's input (PyTorch 1.13 keeps it; 2.x does not)    B*Tn*D
+    rsqrt's output                                             B*Tn
+    x * rsqrt (weight * h's h)                                 B*Tn*D
+    its output: the column-parallel linears' input             B*Tn*D
+      (without SP the full rows, replicated; with SP the shard:
+       the all-gathered rows are a transient, not saved)
+  attention, on all T rows, Hr heads (rotary's products with cos and sin
+  save only the tables, which do not require grad; they are the
+  embedding's):
+    q after the rotary (q @ k^T's)                             B*Hr*T*dh
+    repeat_kv's copy of k and of v (Hr/(KV/tp) > 1)          2*B*Hr*T*dh
+    softmax's output                                           B*Hr*T*T
+    o_proj's input (the contiguous heads)                      B*T*Hr*dh
+    the scale, a Python float saved as a 0-dim double          8 B
+      (1.13 on the CPU; host memory on a GPU)
+  the MLP, on all T rows, Fr columns:
+    gate's output (silu's input), silu's output, up's output,
+    the product (down_proj's input)                          4*B*T*Fr
+  the collectives save nothing: gathered inputs, the reduce-scatter's
+  full-size buffer, the all-reduced sums are transients.
+
+  bytes = 4 * (2*(4*B*Tn*D + B*Tn) + 4*B*T*Hr*dh + B*Hr*T*T + 4*B*T*Fr) + 8
+
+The planner's figure leaves out the two 1.13 artefacts (2*B*Tn*D*4 + 8 B,
+crosscheck.py's known_1_13 on the rank's rows). For the files of
+models-tp/ (B 2, T 24, D 64, H 8, dh 8, F 160; kv_heads 2 in
+llama-tp.yaml, 4 in llama-kv4-tp.yaml: kv_heads does not enter, the
+repeat_kv copies having Hr heads):
+
+  tp sp  Tn  Hr Fr  norms            attention        MLP     elements  measured  planner
+  1  -   24  8  160 2*(4*3072+48)    4*3072+9216      4*7680  76896     307592    283008
+  2  no  24  4  80  2*(4*3072+48)    4*1536+4608      4*3840  50784     203144    178560
+  2  yes 12  4  80  2*(4*1536+24)    4*1536+4608      4*3840  38448     153800    141504
+  4  no  24  2  40  2*(4*3072+48)    4*768+2304       4*1920  37728     150920    126336
+  4  yes 6   2  40  2*(4*768+12)     4*768+2304       4*1920  19224      76904     70752
+
+(measured = 4 * elements + 8; planner = measured - 2*B*Tn*D*4 - 8.) tp 4
+runs on llama-kv4-tp.yaml only: llama-tp.yaml's two key/value heads do not
+split four ways. tp 1 is twins.Llama itself, in this process, against the
+plan without --tp.
+
+The plan: `memledger plan MODEL --format json --tp N` (SP, the default for
+N > 1) and `--tp N --no-sp`; each layer block's activations_saved must be
+the planner column above, byte for byte (a plan that fails is a failed
+check).
+
+PyTorch 1.13's gloo has no reduce_scatter and no all-gather into one
+tensor: the reduce-scatter is an all-reduce of a full-size copy and this
+rank's rows taken as a new tensor (inside the autograd Function, so the
+buffer is a transient), the gather all_gather into a list and cat.
+
+usage: tp_twins.py MEMLEDGER MODELS_DIR
+Prints one line per check and ends with "N passed, N failed".
+"""
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import twins as tw  # noqa: E402  (the reference implementations)
+from crosscheck import Recorder  # noqa: E402  (the measurement)
+
+TP_SIZES = (2, 4)
+
+
+def layer_blocks(m):
+    """The blocks compared: the layers (the embedding and the head are not)."""
+    return ["block.%d" % i for i in range(m["layers"])]
+
+
+# --------------------------------------------------------------------------
+# The hand derivation (the docstring's table, as a formula)
+
+def hand_layer(m, B, T, tp, sp):
+    """One layer block's saved bytes on one rank, as PyTorch 1.13 on the CPU
+    saves them: (measured, planned), planned without the 1.13 artefacts."""
+    D, H, KV, F_ = m["hidden"], m["heads"], m.get("kv_heads", m["heads"]), m["ffn"]
+    dh = m.get("head_dim", D // H)
+    Hr, KVr, Fr = H // tp, KV // tp, F_ // tp
+    # repeat_kv copies k and v (rep > 1); at rep 1 it returns them and the
+    # products would keep k after the rotary and v's projection instead
+    assert Hr // KVr > 1, "the derivation assumes repeat_kv copies"
+    Tn = T // tp if sp else T
+    norm = 4 * B * Tn * D + B * Tn                     # x, x^2, x * rsqrt, output; rsqrt
+    attn = 4 * B * T * Hr * dh + B * Hr * T * T        # q, k and v copies, o's input; softmax
+    mlp = 4 * B * T * Fr                               # gate, silu, up, product
+    measured = 4 * (2 * norm + attn + mlp) + 8         # + the scale's 0-dim double
+    artefacts = 2 * B * Tn * D * 4 + 8                 # two x^2 and the scale (known_1_13)
+    return measured, measured - artefacts
+
+
+# the docstring's table, for the shipped files (B 2, T 24, D 64, H 8, F 160)
+TABLE = {(1, False): (307592, 283008), (2, False): (203144, 178560),
+         (2, True): (153800, 141504), (4, False): (150920, 126336),
+         (4, True): (76904, 70752)}
+
+
+# --------------------------------------------------------------------------
+# Megatron's communication, along the sequence dimension of HF's (B, T, D)
+# (Megatron's activations are (T, B, D): its "first dim" is our dim 1)
+
+def _gather_seq(x):
+    """mappings.py _gather_along_first_dim; 1.13's gloo has no
+    _all_gather_base: all_gather into a list, then cat."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=1)
+
+
+def _split_seq(x):
+    """mappings.py _split_along_first_dim: this rank's rows, as a tensor of
+    their own (a clone: a slice along dim 1 of (B, T, D) is a view of the
+    whole; a reduce-scatter's output is a shard-sized tensor)."""
+    n = x.shape[1] // dist.get_world_size()
+    r = dist.get_rank()
+    return x[:, r * n:(r + 1) * n].clone(memory_format=torch.contiguous_format)
+
+
+def _reduce_scatter_seq(x):
+    """mappings.py _reduce_scatter_along_first_dim; 1.13's gloo has no
+    reduce_scatter: all-reduce a full-size copy, keep this rank's rows."""
+    buf = x.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(buf)
+    return _split_seq(buf)
+
+
+class CopyToModelParallelRegion(torch.autograd.Function):
+    """mappings.py _CopyToModelParallelRegion: identity forward, the
+    gradient all-reduced (the column-parallel linears' input without SP)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.contiguous()
+        dist.all_reduce(g)
+        return g
+
+
+class ReduceFromModelParallelRegion(torch.autograd.Function):
+    """mappings.py _ReduceFromModelParallelRegion: the row-parallel partial
+    sums all-reduced (in place, as _reduce does); gradient identity."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.contiguous()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class ScatterToSequenceParallelRegion(torch.autograd.Function):
+    """mappings.py _ScatterToSequenceParallelRegion: this rank's rows of a
+    replicated tensor (the embedding's output); gradient all-gathered."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return _split_seq(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _gather_seq(g)
+
+
+class GatherFromSequenceParallelRegion(torch.autograd.Function):
+    """mappings.py _GatherFromSequenceParallelRegion with
+    tensor_parallel_output_grad=False: the rows all-gathered for a
+    replicated computation (the head here), so the gradient is split."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return _gather_seq(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _split_seq(g)
+
+
+class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
+    """mappings.py _ReduceScatterToSequenceParallelRegion: the row-parallel
+    partial sums reduce-scattered along the sequence (emulated: the buffer
+    is this forward's transient); gradient all-gathered."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return _reduce_scatter_seq(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _gather_seq(g)
+
+
+class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
+    """layers.py's linear (no bias, no gradient-accumulation fusion):
+    saves (input, weight), input being the rank's sequence shard under SP;
+    the all-gathered rows are the product's transient, gathered again for
+    the weight's gradient; the input's gradient reduce-scattered under SP.
+    Without SP the input's gradient is all-reduced by
+    CopyToModelParallelRegion (today's Megatron does it here instead,
+    allreduce_dgrad: the same saved tensors)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, sequence_parallel):
+        ctx.save_for_backward(x, weight)
+        ctx.sequence_parallel = sequence_parallel
+        total = _gather_seq(x) if sequence_parallel else x
+        return torch.matmul(total, weight.t())
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        total = _gather_seq(x) if ctx.sequence_parallel else x
+        grad_input = g.matmul(weight)
+        # prepare_input_tensors_for_wgrad_compute: rows flattened
+        grad_weight = g.reshape(-1, g.shape[-1]).t().matmul(total.reshape(-1, total.shape[-1]))
+        if ctx.sequence_parallel:
+            grad_input = _reduce_scatter_seq(grad_input)
+        return grad_input, grad_weight, None
+
+
+class ColumnParallelLinear(nn.Module):
+    """layers.py ColumnParallelLinear: out_features / tp rows of the weight."""
+
+    def __init__(s, weight, sp):
+        super().__init__()
+        s.weight = nn.Parameter(weight.detach().clone())
+        s.sp = sp
+
+    def forward(s, x):
+        if not s.sp:
+            x = CopyToModelParallelRegion.apply(x)
+        return LinearWithGradAccumulationAndAsyncCommunication.apply(x, s.weight, s.sp)
+
+
+class RowParallelLinear(nn.Module):
+    """layers.py RowParallelLinear (input_is_parallel): in_features / tp
+    columns of the weight; the output all-reduced or reduce-scattered."""
+
+    def __init__(s, weight, sp):
+        super().__init__()
+        s.weight = nn.Parameter(weight.detach().clone())
+        s.sp = sp
+
+    def forward(s, x):
+        y = LinearWithGradAccumulationAndAsyncCommunication.apply(x, s.weight, False)
+        if s.sp:
+            return ReduceScatterToSequenceParallelRegion.apply(y)
+        return ReduceFromModelParallelRegion.apply(y)
+
+
+# --------------------------------------------------------------------------
+# The sharded twin: twins.Llama's layer with the rank's linears
+
+def _copy(mod):
+    """A replicated module: the single-device one's copy, without its
+    gradients (the reference has run its backward already)."""
+    out = copy.deepcopy(mod)
+    for p in out.parameters():
+        p.grad = None
+    return out
+
+
+class TPLlama(tw.Llama):
+    """Rank `rank` of `ref` (a twins.Llama) at tensor parallel size tp:
+    the same parameters, registered in the same order, the linears the
+    rank's rows (q, k, v, gate, up) or columns (o, down)."""
+
+    def __init__(s, ref, rank, tp, sp):
+        nn.Module.__init__(s)
+        s.D, s.dh, s.scaling, s.softcap, s.flash = ref.D, ref.dh, ref.scaling, 0.0, False
+        # the rank's heads; H // KV, repeat_kv's factor, is the model's
+        s.H, s.KV, s.sp, s.classes = ref.H // tp, ref.KV // tp, sp, 0
+        s.embed = _copy(ref.embed)
+        dq, dkv = s.H * s.dh, s.KV * s.dh
+
+        def rows(lin, n):
+            return ColumnParallelLinear(lin.weight[rank * n:(rank + 1) * n], sp)
+
+        def cols(lin, n):
+            return RowParallelLinear(lin.weight[:, rank * n:(rank + 1) * n], sp)
+
+        s.blocks = nn.ModuleList()
+        for rb in ref.blocks:
+            Fr = rb.gate.weight.shape[0] // tp
+            b = nn.Module()
+            b.q, b.k, b.v, b.o = rows(rb.q, dq), rows(rb.k, dkv), rows(rb.v, dkv), cols(rb.o, dq)
+            b.gate, b.up, b.down = rows(rb.gate, Fr), rows(rb.up, Fr), cols(rb.down, Fr)
+            b.ln1, b.ln2 = _copy(rb.ln1), _copy(rb.ln2)
+            s.blocks.append(b)
+        s.norm = _copy(ref.norm)
+        s.lm_head = _copy(ref.lm_head)
+        s.register_buffer("inv_freq", ref.inv_freq.clone())
+
+    def attn(s, b, h, cos, sin, mask):  # LlamaAttention.forward
+        # as twins.Llama.attn, but the sequence is the tables' (all T rows):
+        # under SP h holds T/tp rows and q, k, v the gathered T
+        B, T = h.shape[0], cos.shape[-2]
+        q = b.q(h).view(B, T, -1, s.dh).transpose(1, 2)
+        k = b.k(h).view(B, T, -1, s.dh).transpose(1, 2)
+        v = b.v(h).view(B, T, -1, s.dh).transpose(1, 2)
+        q, k = tw.apply_rotary_pos_emb(q, k, cos, sin)
+        y, w = s.core(q, k, v, mask)
+        y = y.reshape(B, T, -1).contiguous()
+        y = b.o(y)
+        return y, w
+
+    def run(s, rec, batch, ckpt):  # twins.Llama.run with the scatter and the gather
+        idx, tgt = batch
+        B, T = idx.shape
+        rec.block = "embedding"
+        x = s.embed_tokens(idx)
+        pos = torch.arange(T)[None].expand(B, T)
+        cos, sin = s.rotary(x, pos)
+        rec.pinned[cos.storage().data_ptr()] = "embedding"
+        rec.pinned[sin.storage().data_ptr()] = "embedding"
+        mask = torch.full((T, T), float("-inf")).triu(1)[None, None].expand(B, 1, T, T)
+        if s.sp:
+            x = ScatterToSequenceParallelRegion.apply(x)
+        x = tw.run_blocks(rec, s.blocks, s.block, x, ckpt, cos, sin, mask, pos)
+        del mask, pos
+        rec.block = "head"
+        if s.sp:
+            x = GatherFromSequenceParallelRegion.apply(x)
+        return tw.lm_loss(rec, s.norm(x), s.lm_head, tgt)
+
+
+def _grad_errors(ref, model, rank, tp, sp):
+    """The largest gap between each of this rank's gradients and its part of
+    the single-device gradient (the layers' norm weights all-reduced under
+    SP first, as Megatron's finalize_model_grads does for sequence-parallel
+    parameters)."""
+    worst, name = 0.0, ""
+    for (n, p), (rn, rp) in zip(model.named_parameters(), ref.named_parameters()):
+        assert n == rn, (n, rn)
+        g, want = p.grad.clone(), rp.grad
+        if sp and (".ln1." in n or ".ln2." in n):
+            dist.all_reduce(g)
+        if g.shape != want.shape:
+            leaf = n.rsplit(".", 2)[-2]
+            if leaf in ("o", "down"):
+                c = g.shape[1]
+                want = want[:, rank * c:(rank + 1) * c]
+            else:
+                r = g.shape[0]
+                want = want[rank * r:(rank + 1) * r]
+        err = ((g - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+        if err > worst:
+            worst, name = err, n
+    return worst, name
+
+
+def rank_main(rank, tp, init_file, out_dir, jobs):
+    """One TP rank: for each (model file, sp), the single-device twin and the
+    rank's shard of it; writes what it measured to out_dir."""
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=tp)
+    results = []
+    for path, sp in jobs:
+        with open(path) as fh:
+            doc = tw.load(fh)
+        tr = doc.get("training", {})
+        B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
+        torch.manual_seed(1)
+        ref = tw.build(doc)
+        batch = tw.batch_for(doc, ref, B, T)
+        ref_loss = ref.run(Recorder(ref), batch, False)
+        ref_loss.backward()
+        model = TPLlama(ref, rank, tp, sp)
+        rec = Recorder(model)
+        for t in batch:
+            rec.exclude.add(t.storage().data_ptr())
+        with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+            loss = model.run(rec, batch, False)
+        per_block = rec.per_block()
+        loss.backward()
+        gerr, gname = _grad_errors(ref, model, rank, tp, sp)
+        results.append({"path": path, "sp": sp, "blocks": per_block,
+                        "loss": loss.item(), "ref_loss": ref_loss.item(),
+                        "grad_err": gerr, "grad_worst": gname})
+    with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as fh:
+        json.dump(results, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_world(tp, jobs):
+    """Spawns tp ranks over the jobs; returns each rank's results."""
+    with tempfile.TemporaryDirectory(prefix="tp_twins.") as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        mp.start_processes(rank_main, args=(tp, init_file, tmp, jobs), nprocs=tp,
+                           join=True, start_method="spawn")
+        out = []
+        for r in range(tp):
+            with open(os.path.join(tmp, "rank%d.json" % r)) as fh:
+                out.append(json.load(fh))
+        return out
+
+
+# --------------------------------------------------------------------------
+# The plan
+
+def plan(memledger, path, B, T, tp, sp):
+    args = [memledger, "plan", path, "--format", "json", "--micro-batch", str(B),
+            "--seq-len", str(T), "--precision", "fp32", "--checkpoint", "none"]
+    if tp > 1:
+        args += ["--tp", str(tp)] + ([] if sp else ["--no-sp"])
+    return subprocess.run(args, capture_output=True, text=True), args
+
+
+def main():
+    if len(sys.argv) != 3:
+        raise SystemExit(__doc__)
+    memledger, models = sys.argv[1], sys.argv[2]
+    files = sorted(os.path.join(models, f) for f in os.listdir(models) if f.endswith(".yaml"))
+    passed = failed = 0
+
+    def check(label, ok, detail):
+        nonlocal passed, failed
+        print("%s %s: %s" % ("ok  " if ok else "FAIL", label, detail))
+        if ok:
+            passed += 1
+        else:
+            failed += 1
+
+    docs = {}
+    for path in files:
+        with open(path) as fh:
+            docs[path] = tw.load(fh)
+
+    def compare_plan(label, path, B, T, tp, sp, measured):
+        """measured: {block: the planner's figure derived from the twin}."""
+        out, args = plan(memledger, path, B, T, tp, sp)
+        if out.returncode != 0:
+            check(label + " plan", False, "%s exited %d: %s" % (" ".join(args), out.returncode,
+                                                               out.stderr.strip()))
+            return
+        got = {b["name"]: b["activations_saved"] for b in json.loads(out.stdout)["blocks"]}
+        for blk, want in measured.items():
+            check("%s %s planned" % (label, blk), got.get(blk) == want,
+                  "planned %s, measured less the 1.13 artefacts %d" % (got.get(blk), want))
+
+    # tp 1: twins.Llama itself, measured as crosscheck.py measures it
+    for path, doc in docs.items():
+        m, tr = doc["model"], doc.get("training", {})
+        B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
+        label = "%s tp1" % doc["name"]
+        torch.manual_seed(1)
+        model = tw.build(doc)
+        batch = tw.batch_for(doc, model, B, T)
+        rec = Recorder(model)
+        for t in batch:
+            rec.exclude.add(t.storage().data_ptr())
+        with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
+            model.run(rec, batch, False)
+        per_block = rec.per_block()
+        want, planned = hand_layer(m, B, T, 1, False)
+        derived = {}
+        for blk in layer_blocks(m):
+            got = per_block.get(blk, 0)
+            check("%s %s" % (label, blk), got == want, "measured %d, by hand %d" % (got, want))
+            derived[blk] = got - (want - planned)
+        compare_plan(label, path, B, T, 1, False, derived)
+
+    # the hand formula reproduces the docstring's table
+    for path, doc in docs.items():
+        m, tr = doc["model"], doc.get("training", {})
+        B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
+        if (B, T, m["hidden"], m["heads"], m["ffn"]) != (2, 24, 64, 8, 160):
+            continue
+        for (tp, sp), row in TABLE.items():
+            if m.get("kv_heads", m["heads"]) % tp == 0:
+                got = hand_layer(m, B, T, tp, sp)
+                mode = " sp" if sp else " no-sp" if tp > 1 else ""
+                check("%s tp%d%s table" % (doc["name"], tp, mode),
+                      got == row, "formula %s, docstring %s" % (got, row))
+
+    for tp in TP_SIZES:
+        jobs = []
+        for path, doc in docs.items():
+            m, T = doc["model"], doc.get("training", {}).get("seq_len", 16)
+            sizes = (("heads", m["heads"]), ("kv_heads", m.get("kv_heads", m["heads"])),
+                     ("ffn", m["ffn"]), ("seq_len", T))
+            why = [what for what, n in sizes if n % tp]
+            if why:
+                print("skip %s at tp %d: %s not divisible by %d"
+                      % (doc["name"], tp, ", ".join(why), tp))
+                continue
+            jobs += [(path, False), (path, True)]
+        if not jobs:
+            continue
+        try:
+            ranks = run_world(tp, jobs)
+        except Exception as e:  # a rank raised: its traceback is on stderr
+            check("tp%d ranks" % tp, False, "%s: %s" % (type(e).__name__, e))
+            continue
+        for j, (path, sp) in enumerate(jobs):
+            doc = docs[path]
+            m, tr = doc["model"], doc.get("training", {})
+            B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
+            label = "%s tp%d %s" % (doc["name"], tp, "sp" if sp else "no-sp")
+            want, planned = hand_layer(m, B, T, tp, sp)
+            derived = {}
+            for rank, res in enumerate(ranks):
+                r = res[j]
+                same = (abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"])
+                        and r["grad_err"] <= 1e-4)
+                check("%s rank%d matches single device" % (label, rank), same,
+                      "loss %.7f vs %.7f, largest gradient gap %.1e (%s)"
+                      % (r["loss"], r["ref_loss"], r["grad_err"], r["grad_worst"]))
+                stray = sorted(k for k in r["blocks"] if k not in
+                               ["embedding", "head", "loss"] + layer_blocks(m))
+                if stray:
+                    check("%s rank%d blocks" % (label, rank), False, "unattributed %s" % stray)
+                for blk in layer_blocks(m):
+                    got = r["blocks"].get(blk, 0)
+                    check("%s rank%d %s" % (label, rank, blk), got == want,
+                          "measured %d, by hand %d" % (got, want))
+                    if rank == 0:
+                        derived[blk] = got - (want - planned)
+            compare_plan(label, path, B, T, tp, sp, derived)
+
+    print("%d passed, %d failed" % (passed, failed))
+    if passed + failed == 0:
+        print("FAIL no model under %s: nothing was checked" % models)
+        return 1
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

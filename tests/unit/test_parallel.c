@@ -1,0 +1,241 @@
+/* Tensor and sequence parallelism, one rank's plan (docs/parallel.md). The
+ * figures are worked by hand from the layer's tensors; tests/torch/tp_twins.py
+ * measures the same ranks over gloo. */
+#include "harness.h"
+
+/* The shape of tests/torch/models-tp/llama-tp.yaml: B 2, T 24, D 64, 8
+ * heads of 8, 2 key/value heads, ffn 160, vocabulary 173, fp32. */
+static const char *llama =
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 8\n  kv_heads: 2\n"
+    "  ffn: 160\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 173\n  position: rope\n"
+    "  tied_embeddings: false\n  bias: false\n  attention: eager\n  dropout: 0\n"
+    "training:\n  micro_batch: 2\n  seq_len: 24\n  optimizer: adamw\n";
+
+/* One layer's saved bytes at tp ranks with a rank's Tn tokens in its
+ * norms (T, or T / tp with sequence parallelism), each fp32:
+ *   each RMSNorm: its input, x * rsqrt and its output (the projections'
+ *     input), B Tn D each, and rsqrt, B Tn;
+ *   attention over all T tokens with the rank's H / tp heads: q after the
+ *     rotary, repeat_kv's copies of k and v and o_proj's input, B T (H/tp) dh
+ *     each, and the softmax's output, B (H/tp) T T;
+ *   the MLP's gate, silu, up and product outputs, B T (F/tp) each. */
+static uint64_t layer_bytes(uint64_t tp, bool sp)
+{
+    const uint64_t B = 2, T = 24, D = 64, dh = 8, Hr = 8 / tp, Fr = 160 / tp;
+    const uint64_t Tn = sp ? T / tp : T;
+    const uint64_t norms = 2 * (3 * B * Tn * D + B * Tn);
+    return 4 * (norms + 4 * B * T * Hr * dh + B * Hr * T * T + 4 * B * T * Fr);
+}
+
+static const ml_block_info *block(const ml_ledger *l, const char *name)
+{
+    for (size_t i = 0; i < ml_ledger_block_count(l); i++)
+        if (!strcmp(ml_ledger_block(l, i)->name, name))
+            return ml_ledger_block(l, i);
+    fail_msg("no block %s", name);
+    return NULL;
+}
+
+static void test_rank_saved_bytes(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama);
+    const struct {
+        uint64_t tp;
+        ml_seq_parallel sp;
+        uint64_t want; /* the twin's figure, less PyTorch 1.13's own (tp_twins.py) */
+    } cases[] = {{1, ML_SP_AUTO, 283008}, {2, ML_SP_OFF, 178560}, {2, ML_SP_AUTO, 141504}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        ml_config c = ml_model_config(m);
+        c.training.tensor_parallel = cases[k].tp;
+        c.training.sequence_parallel = cases[k].sp;
+        ml_ledger *l = eval(m, &c, false);
+        const bool sp = ml_training_sp(&c.training);
+        assert_int_equal(layer_bytes(cases[k].tp, sp), cases[k].want);
+        assert_int_equal(block(l, "block.0")->activations_saved, cases[k].want);
+        assert_int_equal(block(l, "block.1")->activations_saved, cases[k].want);
+        ml_ledger_destroy(l);
+    }
+    ml_model_destroy(m);
+}
+
+/* A rank's parameters at tp 2: q and o 64 x 32, k and v 64 x 8, gate, up
+ * and down 64 x 80, two norms of 64; the vocabulary's 173 rows split 87 +
+ * 86 (the fuller rank planned) in the embedding and the LM head, the final
+ * norm whole. */
+static void test_rank_parameters(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama);
+    ml_config c = ml_model_config(m);
+    c.training.tensor_parallel = 2;
+    ml_ledger *l = eval(m, &c, false);
+    const uint64_t layer = 2 * 64 * 32 + 2 * 64 * 8 + 3 * 64 * 80 + 2 * 64;
+    assert_int_equal(layer, 20608);
+    assert_int_equal(block(l, "block.0")->params, layer);
+    assert_int_equal(block(l, "embedding")->params, 87 * 64);
+    assert_int_equal(block(l, "head")->params, 87 * 64 + 64);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_int_equal(s->params, 2 * layer + 2 * 87 * 64 + 64);
+    /* fp32 AdamW: 16 bytes a parameter, a rank's share */
+    assert_int_equal(s->bytes_params + s->bytes_grads + s->bytes_optimizer, 16 * s->params);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* The collectives one rank sends per iteration at tp 2, S = B T D x 4
+ * bytes = 12,288 and a ring's (tp - 1) / tp = 1/2: with sequence
+ * parallelism 10 S a layer, 2 S the embedding, 3 S the head; without, 8 S,
+ * 2 S and 2 S; and the loss's three all-reduces of B T fp32, 2 x 3 x 192 B. */
+static void test_collectives(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama);
+    ml_config c = ml_model_config(m);
+    c.training.tensor_parallel = 2;
+    const double S = 2 * 24 * 64 * 4, loss = 2 * 3 * 2 * 24 * 4;
+    ml_ledger *l = eval(m, &c, false);
+    assert_rel_close(ml_ledger_summary(l)->tp_comm_bytes, 0.5 * ((10 * 2 + 2 + 3) * S + loss),
+                     1e-15);
+    assert_rel_close(ml_ledger_summary(l)->tp_comm_bytes, 154176, 1e-15);
+    ml_ledger_destroy(l);
+    c.training.sequence_parallel = ML_SP_OFF;
+    c.training.grad_accum = 3;
+    l = eval(m, &c, false);
+    assert_rel_close(ml_ledger_summary(l)->tp_comm_bytes, 3 * 0.5 * ((8 * 2 + 2 + 2) * S + loss),
+                     1e-15);
+    ml_ledger_destroy(l);
+    /* every layer recomputed: its forward's two all-reduces again */
+    c.training.grad_accum = 1;
+    c.training.checkpoint.kind = ML_CKPT_FULL;
+    l = eval(m, &c, false);
+    assert_rel_close(ml_ledger_summary(l)->tp_comm_bytes,
+                     0.5 * ((8 * 2 + 4 * 2 + 2 + 2) * S + loss), 1e-15);
+    ml_ledger_destroy(l);
+    c.training.tensor_parallel = 1;
+    l = eval(m, &c, false);
+    assert_rel_close(ml_ledger_summary(l)->tp_comm_bytes, 0, 0);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+static ml_status evaluate_status(const ml_model *m, const ml_config *c, ml_error *e)
+{
+    ml_ledger *l = NULL;
+    ml_status st = ml_ledger_evaluate(m, c, false, &l, e);
+    ml_ledger_destroy(l);
+    return st;
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama);
+    ml_config c = ml_model_config(m);
+    ml_error e;
+    c.training.tensor_parallel = 3;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "does not divide"));
+    assert_non_null(strstr(e.msg, "model.heads 8"));
+    c.training.tensor_parallel = 4; /* 8 heads, but 2 key/value heads */
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "model.kv_heads 2"));
+    c.training.tensor_parallel = 1;
+    c.training.sequence_parallel = ML_SP_ON;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "needs parallel.tp above 1"));
+    c.training.tensor_parallel = 2;
+    c.training.seq_len = 25;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "training.seq_len: 25 tokens"));
+    c.training.sequence_parallel = ML_SP_OFF; /* without it, any length */
+    assert_int_equal(evaluate_status(m, &c, &e), ML_OK);
+    ml_model_destroy(m);
+    m = load_preset("t5-base");
+    c = ml_model_config(m);
+    c.training.tensor_parallel = 2;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "decoder language models"));
+    ml_model_destroy(m);
+}
+
+static void test_compact_layout(void **state)
+{
+    (void)state;
+    ml_training t = ml_config_defaults().training;
+    ml_error e;
+    assert_int_equal(ml_parallel_parse("tp8.dp16", &t, &e), ML_OK);
+    assert_int_equal(t.tensor_parallel, 8);
+    assert_int_equal(t.data_parallel, 16);
+    assert_int_equal(ml_parallel_parse("dp2.pp1.tp4.cp1", &t, &e), ML_OK);
+    assert_int_equal(t.tensor_parallel, 4);
+    assert_int_equal(t.data_parallel, 2);
+    /* refused, t unchanged */
+    assert_int_equal(ml_parallel_parse("tp2.pp4", &t, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "pipeline parallelism is not modelled yet"));
+    assert_int_equal(t.tensor_parallel, 4);
+    assert_int_equal(ml_parallel_parse("tp2.tp4", &t, &e), ML_USAGE);
+    assert_non_null(strstr(e.msg, "given twice"));
+    assert_int_equal(ml_parallel_parse("tp0", &t, &e), ML_RANGE);
+    assert_int_equal(ml_parallel_parse("tp2.", &t, &e), ML_USAGE);
+    assert_int_equal(ml_parallel_parse("xp2", &t, &e), ML_USAGE);
+    assert_int_equal(ml_parallel_parse("", &t, &e), ML_USAGE);
+    assert_int_equal(ml_parallel_parse("tp99999999999", &t, &e), ML_RANGE);
+    assert_int_equal(t.tensor_parallel, 4);
+    ml_config c = ml_config_defaults();
+    assert_int_equal(ml_config_set(&c, "parallel.tp", "2", &e), ML_OK);
+    assert_int_equal(ml_config_set(&c, "parallel.sp", "off", &e), ML_OK);
+    assert_int_equal(c.training.tensor_parallel, 2);
+    assert_false(ml_training_sp(&c.training));
+    assert_int_equal(ml_config_set(&c, "parallel.layout", "tp4.dp8", &e), ML_OK);
+    assert_int_equal(c.training.data_parallel, 8);
+    assert_int_equal(ml_config_set(&c, "parallel.ep", "2", &e), ML_RANGE);
+}
+
+static void expect_schema(const char *yaml, unsigned line, const char *part)
+{
+    ml_model *m = NULL;
+    ml_error e;
+    assert_int_equal(ml_model_load_string(yaml, strlen(yaml), "p.yaml", &m, &e), ML_SCHEMA);
+    assert_null(m);
+    assert_int_equal(e.line, line);
+    if (!strstr(e.msg, part))
+        fail_msg("'%s' lacks '%s'", e.msg, part);
+}
+
+static void test_yaml_section(void **state)
+{
+    (void)state;
+    char buf[2048];
+    snprintf(buf, sizeof buf, "%sparallel:\n  tp: 2\n  sp: false\n  dp: 4\n  pp: 1\n", llama);
+    ml_model *m = load_str(buf);
+    ml_config c = ml_model_config(m);
+    assert_int_equal(c.training.tensor_parallel, 2);
+    assert_int_equal(c.training.data_parallel, 4);
+    assert_false(ml_training_sp(&c.training));
+    ml_model_destroy(m);
+    snprintf(buf, sizeof buf, "%sparallel: tp2.dp2\n", llama);
+    m = load_str(buf);
+    c = ml_model_config(m);
+    assert_true(ml_training_sp(&c.training));
+    assert_int_equal(c.training.data_parallel, 2);
+    ml_model_destroy(m);
+    snprintf(buf, sizeof buf, "%sparallel:\n  tp: 2\n  pp: 4\n", llama);
+    expect_schema(buf, 22, "pipeline parallelism is not modelled yet");
+    snprintf(buf, sizeof buf, "%sparallel:\n  pp_schedule: 1f1b\n", llama);
+    expect_schema(buf, 21, "parallel.pp_schedule");
+    snprintf(buf, sizeof buf, "%sparallel:\n  tq: 2\n", llama);
+    expect_schema(buf, 21, "tp");
+    snprintf(buf, sizeof buf, "%sparallel: tp2.ep8\n", llama);
+    expect_schema(buf, 20, "expert parallelism");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rank_saved_bytes), cmocka_unit_test(test_rank_parameters),
+        cmocka_unit_test(test_collectives),      cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_compact_layout),   cmocka_unit_test(test_yaml_section),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
