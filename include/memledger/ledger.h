@@ -88,6 +88,29 @@ typedef struct ml_block_info {
     ml_transients transients;   /* how its forward's transients were found */
 } ml_block_info;
 
+/* One pipeline stage's figures (docs/parallel.md): a plan with
+ * parallel.pp above 1 is its fullest stage's, and lists every stage. */
+typedef struct ml_rank_info {
+    uint32_t stage;
+    uint32_t first_layer, layers; /* its layers: [first_layer, + layers) (with
+                                     virtual stages, first_layer is its first
+                                     chunk's and layers counts all of them) */
+    bool embedding, head;         /* it runs the embedding (the first stage), the
+                                     head and the loss (the last) */
+    uint64_t params;              /* elements */
+    double in_flight;             /* micro-batches whose activations it holds at
+                                     its peak (the schedule's) */
+    uint64_t activations_saved;   /* one micro-batch's, at the end of its forward */
+    uint64_t peak;                /* the allocator view's, with the in-flight ones */
+    bool has_reserved;
+    uint64_t reserved;            /* the caching allocator's simulated peak */
+    uint64_t device_total;        /* the figure held against the device */
+    bool has_device, fits;
+    int64_t headroom;
+    double p2p_bytes;             /* activations and gradients it sends to the
+                                     stages beside it per iteration */
+} ml_rank_info;
+
 typedef struct ml_event {
     ml_phase phase;
     int32_t block;       /* block index, -1 for the optimizer step */
@@ -336,6 +359,11 @@ ML_API void ml_planner_destroy(ml_planner *p);
 
 ML_API const ml_summary *ml_ledger_summary(const ml_ledger *l);
 ML_API size_t ml_ledger_block_count(const ml_ledger *l);
+/* Pipeline stages (parallel.pp above 1; 0 without): each stage's figures,
+ * and the index of the fullest, whose plan the ledger is. */
+ML_API size_t ml_ledger_rank_count(const ml_ledger *l);
+ML_API const ml_rank_info *ml_ledger_rank(const ml_ledger *l, size_t i);
+ML_API size_t ml_ledger_worst_rank(const ml_ledger *l);
 ML_API const ml_block_info *ml_ledger_block(const ml_ledger *l, size_t i);
 /* Empty unless evaluated with keep_events. */
 ML_API size_t ml_ledger_event_count(const ml_ledger *l);

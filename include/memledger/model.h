@@ -117,6 +117,20 @@ typedef enum ml_seq_parallel {
     ML_SP_COUNT
 } ml_seq_parallel;
 
+/* The order a pipeline's stages run their micro-batches (docs/parallel.md):
+ * one forward then one backward after a warmup (Megatron-LM's 1F1B, the
+ * default), every forward then every backward (GPipe), or 1F1B over
+ * virtual stages (parallel.vpp model chunks per stage: Megatron's
+ * interleaved schedule). */
+typedef enum ml_pp_schedule {
+    ML_PP_1F1B,
+    ML_PP_GPIPE,
+    ML_PP_INTERLEAVED,
+    ML_PP_COUNT
+} ml_pp_schedule;
+
+#define ML_PP_MAX_STAGES 256
+
 /* What optimizer.zero_grad() does between iterations. */
 typedef enum ml_zero_grad {
     ML_ZERO_GRAD_SET_TO_NONE, /* frees every .grad (PyTorch 2.x's default) */
@@ -159,6 +173,14 @@ typedef struct ml_training {
     uint64_t tensor_parallel;      /* parallel.tp: ranks splitting each layer (Megatron's
                                       column- and row-parallel linears); 0 or 1: none */
     ml_seq_parallel sequence_parallel; /* parallel.sp */
+    uint64_t pipeline_parallel;    /* parallel.pp: stages (1 to ML_PP_MAX_STAGES); 0 or 1:
+                                      none. The micro-batches of a step are grad_accum */
+    uint64_t virtual_stages;       /* parallel.vpp: model chunks per stage (interleaved);
+                                      0 or 1: one */
+    ml_pp_schedule pp_schedule;    /* parallel.pp_schedule (interleaved with vpp > 1) */
+    uint32_t npp_layers;           /* parallel.pp_layers: layers of each stage, in order;
+                                      0: an even split */
+    uint32_t pp_layers[ML_PP_MAX_STAGES];
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it
@@ -391,12 +413,21 @@ ML_API const char *ml_zero_grad_name(ml_zero_grad z);
 /* "same", "none", "full", "frozen". */
 ML_API const char *ml_vision_tower_name(ml_vision_tower v);
 ML_API bool ml_offload_parse(const char *s, ml_offload *out);
+/* "1f1b", "gpipe", "interleaved"; ml_pp_schedule_parse reads them. */
+ML_API const char *ml_pp_schedule_name(ml_pp_schedule s);
+ML_API bool ml_pp_schedule_parse(const char *s, ml_pp_schedule *out);
+/* Reads "7,8,8,9" (each stage's layers) into t's pp_layers: ML_OK, or
+ * ML_USAGE with the reason (not whole numbers, more than ML_PP_MAX_STAGES,
+ * a stage of 0). */
+ML_API ml_status ml_pp_layers_parse(const char *text, ml_training *t, ml_error *err);
 /* Whether sequence parallelism is on: tensor_parallel above 1 and sp not off. */
 ML_API bool ml_training_sp(const ml_training *t);
 /* The compact layout "tp8.pp4.cp2.dp16" (the parts in any order, each at
  * most once; docs/parallel.md) into t: tp sets tensor_parallel, dp
- * data_parallel; pp, cp, ep and etp above 1 are refused (not modelled:
- * ML_RANGE), as is a part given twice or an unknown one (ML_USAGE). */
+ * data_parallel, pp pipeline_parallel, vpp virtual_stages (and the
+ * interleaved schedule above 1); cp, ep and etp above 1 are refused (not
+ * modelled: ML_RANGE), as is a part given twice or an unknown one
+ * (ML_USAGE). */
 ML_API ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err);
 /* Writes the policy's YAML spelling ("every-2", "[0, 3]") into buf. */
 ML_API void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size);

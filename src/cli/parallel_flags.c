@@ -1,7 +1,7 @@
 /* The parallel layout on the command line (docs/parallel.md): --parallel
- * LAYOUT (the compact form, tp8.dp16), --tp N, --sp and --no-sp, and the
- * splits the planner does not model yet, refused above one rank by the
- * library's own message. */
+ * LAYOUT (the compact form, tp8.pp4.dp16), --tp N, --sp and --no-sp, the
+ * pipeline's --pp, --vpp, --pp-schedule, --micro-batches and --pp-layers,
+ * and the splits the planner does not model yet, refused above one rank. */
 #include <stdio.h>
 #include <string.h>
 
@@ -22,7 +22,7 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
     memset(&e, 0, sizeof e);
     if (o->parallel) {
         if (o->tp || o->pp || o->vpp || o->cp || o->ep || o->etp || o->data_parallel) {
-            ml_cli_errorf("--parallel %s: the layout is given once; drop --tp, --dp/--data-"
+            ml_cli_errorf("--parallel %s: the layout is given once; drop --tp, --pp, --dp/--data-"
                           "parallel and the other sizes, or drop --parallel",
                           o->parallel);
             return ML_EXIT_BAD_INPUT;
@@ -32,11 +32,34 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
     }
     if (o->tp && ml_cli_whole("--tp", o->tp, 1, 65536, &t->tensor_parallel))
         return ML_EXIT_BAD_INPUT;
+    if (o->pp && ml_cli_whole("--pp", o->pp, 1, ML_PP_MAX_STAGES, &t->pipeline_parallel))
+        return ML_EXIT_BAD_INPUT;
+    if (o->vpp && ml_cli_whole("--vpp", o->vpp, 1, 1024, &t->virtual_stages))
+        return ML_EXIT_BAD_INPUT;
+    if (o->vpp && t->virtual_stages > 1)
+        t->pp_schedule = ML_PP_INTERLEAVED;
+    if (o->pp_schedule && !ml_pp_schedule_parse(o->pp_schedule, &t->pp_schedule)) {
+        ml_cli_errorf("--pp-schedule: '%s' is not a schedule; use 1f1b, gpipe or interleaved",
+                      o->pp_schedule);
+        return ML_EXIT_BAD_INPUT;
+    }
+    if (o->micro_batches) {
+        if (o->grad_accum) {
+            ml_cli_errorf("--micro-batches %s: a pipeline's micro-batches are the step's "
+                          "accumulation; give --micro-batches or --grad-accum, not both",
+                          o->micro_batches);
+            return ML_EXIT_BAD_INPUT;
+        }
+        uint64_t lo = 1, hi = 1;
+        ml_config_range("training.grad_accum", &lo, &hi);
+        if (ml_cli_whole("--micro-batches", o->micro_batches, lo, hi, &t->grad_accum))
+            return ML_EXIT_BAD_INPUT;
+    }
+    if (o->pp_layers && ml_pp_layers_parse(o->pp_layers, t, &e))
+        return refused("--pp-layers", &e);
     const struct {
         const char *flag, *what, *v;
-    } splits[] = {{"--pp", "pipeline parallelism", o->pp},
-                  {"--vpp", "virtual pipeline stages", o->vpp},
-                  {"--cp", "context parallelism", o->cp},
+    } splits[] = {{"--cp", "context parallelism", o->cp},
                   {"--ep", "expert parallelism", o->ep},
                   {"--etp", "expert tensor parallelism", o->etp}};
     for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
@@ -44,22 +67,12 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
         if (splits[k].v && ml_cli_whole(splits[k].flag, splits[k].v, 1, 1048576, &v))
             return ML_EXIT_BAD_INPUT;
         if (v != 1) {
-            ml_cli_errorf("%s: %llu: %s is not modelled yet; plan each rank with tensor (--tp) "
-                          "and data (--data-parallel) parallelism, or give 1",
+            ml_cli_errorf("%s: %llu: %s is not modelled yet; plan each rank with tensor (--tp), "
+                          "pipeline (--pp) and data (--data-parallel) parallelism, or give 1",
                           splits[k].flag, (unsigned long long)v, splits[k].what);
             return ML_EXIT_BAD_INPUT;
         }
     }
-    const char *pipeline[][2] = {{"--pp-schedule", o->pp_schedule},
-                                 {"--micro-batches", o->micro_batches},
-                                 {"--pp-layers", o->pp_layers}};
-    for (size_t k = 0; k < sizeof pipeline / sizeof pipeline[0]; k++)
-        if (pipeline[k][1]) {
-            ml_cli_errorf("%s: pipeline parallelism is not modelled yet; the plan is one rank "
-                          "of tensor (--tp) and data (--data-parallel) parallelism",
-                          pipeline[k][0]);
-            return ML_EXIT_BAD_INPUT;
-        }
     if (o->sp)
         t->sequence_parallel = !strcmp(o->sp, "on") ? ML_SP_ON : ML_SP_OFF;
     return 0;

@@ -177,6 +177,10 @@ static ml_status fused_refused(const ml_model *m, const ml_training *t, ml_error
 ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *err)
 {
     ml_status st = fused_refused(m, t, err);
+    if (!st)
+        st = ml__tp_refused(m, t, NULL, err);
+    if (!st)
+        st = ml__pp_refused(m, t, NULL, err);
     if (st)
         return st;
     /* OLMo's norm exists in the op graph only: a model whose layers the
@@ -235,6 +239,8 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
     ml_status refused = ml__chain_refused(m, &cfg->training, err);
     if (!refused)
         refused = ml__tp_refused(m, &cfg->training, cfg, err);
+    if (!refused)
+        refused = ml__pp_refused(m, &cfg->training, cfg, err);
     if (refused)
         return refused;
     /* one tensor-parallel rank: the chain of its narrower model */

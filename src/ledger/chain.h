@@ -261,6 +261,19 @@ void ml__tp_rank_model(const ml_model *m, const ml_training *t, ml_model *rank);
  * 0 (seg NULL: none). */
 double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int *seg);
 
+/* Pipeline parallelism (pipeline.c, docs/parallel.md): ML_RANGE with the
+ * reason when m's stages under t cannot be planned; the micro-batches
+ * whose activations stage r holds at its peak under t's schedule; stage
+ * r's layers (without virtual stages); stage r's chain sliced from the
+ * whole model's (out owns its arrays: ml__chain_free). */
+ml_status ml__pp_refused(const ml_model *m, const ml_training *t, const ml_config *cfg,
+                         ml_error *err);
+double ml__pp_in_flight(const ml_training *t, uint64_t r);
+void ml__pp_stage_layers(const ml_model *m, const ml_training *t, uint64_t r, uint64_t *first,
+                         uint64_t *count);
+ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_training *t,
+                             uint64_t r, ml_chain *out);
+
 /* Builds the chain; returns ML_OK, ML_RANGE (with err), ML_OVERFLOW or ML_NOMEM. */
 ml_status ml__chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err);
 /* What of cfg the chain is built from, the rest cleared: the training

@@ -10,6 +10,7 @@ void ml_ledger_destroy(ml_ledger *l)
     free(l->blocks);
     free(l->events);
     free(l->levels);
+    free(l->ranks);
     free(l);
 }
 
@@ -36,4 +37,19 @@ size_t ml_ledger_event_count(const ml_ledger *l)
 const ml_event *ml_ledger_events(const ml_ledger *l)
 {
     return l->events;
+}
+
+size_t ml_ledger_rank_count(const ml_ledger *l)
+{
+    return l->nranks;
+}
+
+const ml_rank_info *ml_ledger_rank(const ml_ledger *l, size_t i)
+{
+    return i < l->nranks ? &l->ranks[i] : NULL;
+}
+
+size_t ml_ledger_worst_rank(const ml_ledger *l)
+{
+    return l->worst_rank;
 }

@@ -18,6 +18,8 @@ struct ml_ledger {
     struct ml_level *levels; /* the events as levels (levels.h), or NULL */
     size_t nlevels;
     uint64_t skipped;        /* blocks its replays moved over (replay_runs.c) */
+    ml_rank_info *ranks;     /* pipeline stages (pipeline_eval.c), or NULL */
+    size_t nranks, worst_rank;
 };
 
 /* Per-device sharding (docs/sharding.md). */
@@ -309,6 +311,8 @@ typedef struct {
                              again with it (evaluate.c) */
     bool whole;     /* replay every block (the reference tests/unit/test_runs.c
                        holds the runs against) */
+    uint64_t inflight; /* a pipeline stage: the other micro-batches' activations
+                          it holds while one runs (pipeline_eval.c) */
     ml_reserved_memo *memo; /* the simulations already run (NULL: none kept) */
     /* the evaluation pass, planned once (it does not depend on the
      * checkpoint plan): ml__eval_pass */
@@ -328,6 +332,17 @@ ml_status ml__eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err);
 ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
                              bool keep_events, bool whole, ml_reserved_memo *memo,
                              ml_ledger **out, ml_error *err);
+/* The same for one chain as it stands, with `inflight` bytes of other
+ * micro-batches' activations held while its micro-batches run (a pipeline
+ * stage's; 0: none). */
+ml_status ml__evaluate_stage(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
+                             bool keep_events, bool whole, ml_reserved_memo *memo,
+                             uint64_t inflight, ml_ledger **out, ml_error *err);
+/* Pipeline parallelism (pipeline_eval.c): every stage of the chain planned,
+ * the ledger the fullest stage's with every stage's figures (l->ranks). */
+ml_status ml__pp_evaluate(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
+                          bool keep_events, bool whole, ml_reserved_memo *memo, ml_ledger **out,
+                          ml_error *err);
 /* ml_ledger_evaluate (whole: ml__ledger_evaluate_whole) whose allocator
  * simulation is looked up in, and added to, *memo (NULL: none kept). */
 ml_status ml__ledger_evaluate_with(const ml_model *m, const ml_config *cfg, bool keep_events,

@@ -107,15 +107,22 @@ void ml__tp_rank_model(const ml_model *m, const ml_training *t, ml_model *rank)
 }
 
 /* The layers' blocks ("block.<i>") and those recomputed (checkpointed:
- * seg >= 0). */
-static void layer_counts(const ml_chain *ch, const int *seg, double *layers, double *recomputed)
+ * seg >= 0); whether the chain has the embedding and the head (a pipeline
+ * stage may have neither). */
+static void layer_counts(const ml_chain *ch, const int *seg, double *layers, double *recomputed,
+                         bool *embedding, bool *head)
 {
     *layers = *recomputed = 0;
-    for (size_t k = 0; k < ch->n; k++)
-        if (!strncmp(ch->blocks[k].name, "block.", 6)) {
+    *embedding = *head = false;
+    for (size_t k = 0; k < ch->n; k++) {
+        const char *name = ch->blocks[k].name;
+        if (!strncmp(name, "block.", 6)) {
             *layers += 1;
             *recomputed += seg && seg[k] >= 0 ? 1 : 0;
         }
+        *embedding |= !strcmp(name, "embedding");
+        *head |= !strcmp(name, "head");
+    }
 }
 
 double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int *seg)
@@ -129,7 +136,8 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
     const double f = (double)(tp - 1) / (double)tp;
     const double S = (double)ch->B * (double)ch->T * (double)ch->c_width * ch->prec.a;
     double L, R;
-    layer_counts(ch, seg, &L, &R);
+    bool has_embedding, has_head;
+    layer_counts(ch, seg, &L, &R, &has_embedding, &has_head);
     /* per layer: two column-parallel sites (the attention's input, the
      * MLP's) and two row-parallel ones (their outputs). Without sequence
      * parallelism an all-reduce at each row site in forward and at each
@@ -146,8 +154,9 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
      * all-reduces of B x T fp32 figures (the rows' maxima, the target
      * logits, the sums of exponentials). */
     const bool sp = ml_training_sp(t);
-    const double layer = sp ? 10 : 8, recompute = 4, embed = 2, head = sp ? 3 : 2;
-    const double loss = 3.0 * 2.0 * (double)ch->B * (double)ch->T * 4.0;
+    const double layer = sp ? 10 : 8, recompute = 4;
+    const double embed = has_embedding ? 2 : 0, head = has_head ? (sp ? 3 : 2) : 0;
+    const double loss = has_head ? 3.0 * 2.0 * (double)ch->B * (double)ch->T * 4.0 : 0;
     const double per_micro = f * (S * (layer * L + recompute * R + embed + head) + loss);
     return per_micro * (double)(t->grad_accum ? t->grad_accum : 1);
 }

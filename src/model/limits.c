@@ -28,6 +28,12 @@ static const ml_uint_limit table[] = {
     {"parallel.tp", offsetof(ml_config, training.tensor_parallel),
      sizeof(((ml_config *)0)->training.tensor_parallel), 1, 65536, true,
      "parallel.tp: must be between 1 and 65536"},
+    {"parallel.pp", offsetof(ml_config, training.pipeline_parallel),
+     sizeof(((ml_config *)0)->training.pipeline_parallel), 1, 256, true,
+     "parallel.pp: must be between 1 and 256"},
+    {"parallel.vpp", offsetof(ml_config, training.virtual_stages),
+     sizeof(((ml_config *)0)->training.virtual_stages), 1, 1024, true,
+     "parallel.vpp: must be between 1 and 1024"},
 };
 
 _Static_assert(ML_MAX_BATCH == 16777216 && ML_MAX_TOKENS == 268435456,

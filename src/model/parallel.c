@@ -1,9 +1,11 @@
 /* The parallel layout (docs/parallel.md): the model file's `parallel:`
- * section, its compact form "tp8.dp16", and the keys ml_config_set takes
- * for it. Tensor parallelism (with or without sequence parallelism) and
- * data parallelism are planned; a pipeline, context or expert split above
- * one rank is refused by name, never ignored. */
+ * section, its compact form "tp8.pp4.dp16", and the keys ml_config_set
+ * takes for it. Tensor (with or without sequence parallelism), pipeline
+ * and data parallelism are planned; a context or expert split above one
+ * rank is refused by name, never ignored. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "memledger/model.h"
@@ -16,13 +18,59 @@ bool ml_training_sp(const ml_training *t)
     return t->tensor_parallel > 1 && t->sequence_parallel != ML_SP_OFF;
 }
 
+static const char *const schedules[ML_PP_COUNT] = {"1f1b", "gpipe", "interleaved"};
+
+const char *ml_pp_schedule_name(ml_pp_schedule s)
+{
+    return (unsigned)s < ML_PP_COUNT ? schedules[s] : "?";
+}
+
+bool ml_pp_schedule_parse(const char *s, ml_pp_schedule *out)
+{
+    for (unsigned i = 0; i < ML_PP_COUNT; i++)
+        if (!strcmp(s, schedules[i])) {
+            *out = (ml_pp_schedule)i;
+            return true;
+        }
+    return false;
+}
+
+ml_status ml_pp_layers_parse(const char *text, ml_training *t, ml_error *err)
+{
+    uint32_t v[ML_PP_MAX_STAGES];
+    uint32_t n = 0;
+    const char *p = text;
+    while (*p) {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long x = *p >= '0' && *p <= '9' ? strtoull(p, &end, 10) : 0;
+        if (!end || end == p || errno || x == 0 || x > 100000 || (*end && *end != ','))
+            return ml__errorf_at(err, ML_USAGE, 0, 0,
+                                 "parallel.pp_layers: '%s' is not a list of each stage's layers, "
+                                 "whole numbers of at least 1 joined by commas (7,8,8,9)",
+                                 text);
+        if (n == ML_PP_MAX_STAGES)
+            return ml__errorf_at(err, ML_USAGE, 0, 0,
+                                 "parallel.pp_layers: more than %d stages", ML_PP_MAX_STAGES);
+        v[n++] = (uint32_t)x;
+        p = *end ? end + 1 : end;
+        if (*end && !*p)
+            return ml__errorf_at(err, ML_USAGE, 0, 0, "parallel.pp_layers: '%s' ends with a comma",
+                                 text);
+    }
+    if (!n)
+        return ml__errorf_at(err, ML_USAGE, 0, 0, "parallel.pp_layers: empty; give each stage's "
+                                                  "layers, e.g. 7,8,8,9");
+    memcpy(t->pp_layers, v, n * sizeof v[0]);
+    t->npp_layers = n;
+    return ML_OK;
+}
+
 /* The splits the planner does not model yet: accepted at 1, refused above
  * with what to do instead. */
 static const struct {
     const char *name, *what;
 } unplanned[] = {
-    {"pp", "pipeline parallelism"},
-    {"vpp", "virtual pipeline stages"},
     {"cp", "context parallelism"},
     {"ep", "expert parallelism"},
     {"etp", "expert tensor parallelism"},
@@ -32,7 +80,7 @@ static ml_status refuse_unplanned(ml_error *err, const ml_node *n, size_t k, uin
 {
     return ml__error_at(err, n, ML_SCHEMA,
                         "parallel.%s: %llu: %s is not modelled yet; plan each rank with tensor "
-                        "(tp) and data (dp) parallelism, or set it to 1",
+                        "(tp), pipeline (pp) and data (dp) parallelism, or set it to 1",
                         unplanned[k].name, (unsigned long long)v, unplanned[k].what);
 }
 
@@ -65,11 +113,18 @@ ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err)
         memset(err, 0, sizeof *err);
     if (!text || !t)
         return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_parallel_parse: NULL argument");
-    uint64_t tp_lo = 1, tp_hi = 1, dp_lo = 1, dp_hi = 1;
-    ml_config_range("parallel.tp", &tp_lo, &tp_hi);
-    ml_config_range("training.data_parallel", &dp_lo, &dp_hi);
     ml_training c = *t;
-    bool seen_tp = false, seen_dp = false, seen_other[5] = {false};
+    /* the planned parts: their fields and ranges */
+    struct {
+        const char *name, *key;
+        uint64_t *field;
+        bool seen;
+    } parts[] = {{"tp", "parallel.tp", &c.tensor_parallel, false},
+                 {"dp", "training.data_parallel", &c.data_parallel, false},
+                 {"pp", "parallel.pp", &c.pipeline_parallel, false},
+                 {"vpp", "parallel.vpp", &c.virtual_stages, false}};
+    const size_t nparts = sizeof parts / sizeof parts[0];
+    bool seen_other[3] = {false};
     const char *p = text;
     if (!*p)
         return ml__errorf_at(err, ML_USAGE, 0, 0,
@@ -81,9 +136,10 @@ ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err)
         while (a < n && p[a] >= 'a' && p[a] <= 'z')
             a++;
         uint64_t v = 0;
-        size_t k = unplanned_index(p, a);
-        bool is_tp = a == 2 && !strncmp(p, "tp", 2), is_dp = a == 2 && !strncmp(p, "dp", 2);
-        bool *seen = is_tp ? &seen_tp : is_dp ? &seen_dp : k != SIZE_MAX ? &seen_other[k] : NULL;
+        size_t k = unplanned_index(p, a), j = 0;
+        while (j < nparts && !(strlen(parts[j].name) == a && !strncmp(p, parts[j].name, a)))
+            j++;
+        bool *seen = j < nparts ? &parts[j].seen : k != SIZE_MAX ? &seen_other[k] : NULL;
         if (!seen)
             return ml__errorf_at(err, ML_USAGE, 0, 0,
                                  "parallel: '%.*s' in '%s' is not a part of a layout; use tp, "
@@ -94,22 +150,22 @@ ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err)
             return ml__errorf_at(err, ML_USAGE, 0, 0, "parallel: '%.*s' is given twice in '%s'",
                                  (int)a, p, text);
         *seen = true;
-        uint64_t lo = is_tp ? tp_lo : dp_lo, hi = is_tp ? tp_hi : is_dp ? dp_hi : 1048576;
+        uint64_t lo = 1, hi = 1048576;
+        if (j < nparts)
+            ml_config_range(parts[j].key, &lo, &hi);
         if (!digits(p + a, n - a, lo, hi, &v))
             return ml__errorf_at(err, ML_RANGE, 0, 0,
                                  "parallel: '%.*s' in '%s': %.*s takes a whole number between "
                                  "%llu and %llu",
                                  (int)(n > 40 ? 40 : n), p, text, (int)a, p,
                                  (unsigned long long)lo, (unsigned long long)hi);
-        if (is_tp)
-            c.tensor_parallel = v;
-        else if (is_dp)
-            c.data_parallel = v;
+        if (j < nparts)
+            *parts[j].field = v;
         else if (v != 1)
             return ml__errorf_at(err, ML_RANGE, 0, 0,
                                  "parallel: '%.*s' in '%s': %s is not modelled yet; plan each "
-                                 "rank with tensor (tp) and data (dp) parallelism, or set it "
-                                 "to 1",
+                                 "rank with tensor (tp), pipeline (pp) and data (dp) "
+                                 "parallelism, or set it to 1",
                                  (int)n, p, text, unplanned[k].what);
         if (!dot)
             break;
@@ -117,6 +173,8 @@ ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err)
         if (!*p)
             return ml__errorf_at(err, ML_USAGE, 0, 0, "parallel: '%s' ends with a dot", text);
     }
+    if (c.virtual_stages > 1)
+        c.pp_schedule = ML_PP_INTERLEAVED;
     *t = c;
     return ML_OK;
 }
@@ -136,7 +194,16 @@ ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_er
                                  "or auto", key, v);
         return ML_OK;
     }
-    if (!strcmp(k, "tp") || !strcmp(k, "dp") || unplanned_index(k, strlen(k)) != SIZE_MAX) {
+    if (!strcmp(k, "pp_schedule")) {
+        if (!ml_pp_schedule_parse(v, &t->pp_schedule))
+            return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is not a schedule; use 1f1b, "
+                                 "gpipe or interleaved", key, v);
+        return ML_OK;
+    }
+    if (!strcmp(k, "pp_layers"))
+        return ml_pp_layers_parse(v, t, err);
+    if (!strcmp(k, "tp") || !strcmp(k, "dp") || !strcmp(k, "pp") || !strcmp(k, "vpp") ||
+        unplanned_index(k, strlen(k)) != SIZE_MAX) {
         char part[48];
         snprintf(part, sizeof part, "%s%s", k, v);
         if (strlen(v) > 24 || strchr(v, '.'))
@@ -145,8 +212,63 @@ ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_er
     }
     if (!strcmp(k, "layout"))
         return ml_parallel_parse(v, t, err);
-    return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting (parallel.tp, parallel.sp, "
-                         "parallel.dp or parallel.layout)", key);
+    return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting (parallel.tp, sp, dp, pp, vpp, "
+                         "pp_schedule, pp_layers or layout)", key);
+}
+
+/* parallel.pp_schedule, micro_batches (the step's micro-batches:
+ * training.grad_accum, given once) and pp_layers (a list of each stage's
+ * layers). */
+static ml_status pipeline_keys(ml_error *err, const ml_node *p, ml_training *t)
+{
+    ml_status st;
+    unsigned e = 0;
+    const ml_node *sched = ml__tree_get(p, "pp_schedule");
+    if (sched) {
+        if ((st = ml__tree_enum(err, p, "pp_schedule", "parallel", schedules, ML_PP_COUNT, &e)))
+            return st;
+        t->pp_schedule = (ml_pp_schedule)e;
+    }
+    const ml_node *mb = ml__tree_get(p, "micro_batches");
+    if (mb) {
+        uint64_t v = 1, lo = 1, hi = 1;
+        ml_config_range("training.grad_accum", &lo, &hi);
+        if ((st = ml__tree_uint(err, p, "micro_batches", "parallel", lo, hi, &v)))
+            return st;
+        if (t->grad_accum != 1 && t->grad_accum != v)
+            return ml__error_at(err, mb, ML_SCHEMA,
+                                "parallel.micro_batches: %llu, but training.grad_accum says %llu: "
+                                "a pipeline's micro-batches are the step's accumulation; give "
+                                "it once",
+                                (unsigned long long)v, (unsigned long long)t->grad_accum);
+        t->grad_accum = v;
+    }
+    const ml_node *pl = ml__tree_get(p, "pp_layers");
+    if (!pl)
+        return ML_OK;
+    if (pl->type != ML_NODE_SEQ)
+        return ml__error_at(err, pl, ML_SCHEMA,
+                            "parallel.pp_layers: expected a list of each stage's layers, e.g. "
+                            "[7, 8, 8, 9]");
+    if (pl->count > ML_PP_MAX_STAGES || pl->count == 0)
+        return ml__error_at(err, pl, ML_SCHEMA, "parallel.pp_layers: 1 to %d stages",
+                            ML_PP_MAX_STAGES);
+    for (size_t i = 0; i < pl->count; i++) {
+        const ml_node *d = pl->items[i];
+        char *end = NULL;
+        errno = 0;
+        unsigned long long v = d->type == ML_NODE_SCALAR && d->text[0] >= '0' && d->text[0] <= '9'
+                                   ? strtoull(d->text, &end, 10)
+                                   : 0;
+        if (!end || *end || errno || v == 0 || v > 100000)
+            return ml__error_at(err, d, ML_SCHEMA,
+                                "parallel.pp_layers[%zu]: expected a stage's layers, a whole "
+                                "number of at least 1",
+                                i);
+        t->pp_layers[i] = (uint32_t)v;
+    }
+    t->npp_layers = (uint32_t)pl->count;
+    return ML_OK;
 }
 
 /* The YAML section: a mapping of the parts (tp: 8, sp: true, dp: 16, and
@@ -191,6 +313,14 @@ ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
             return st;
         t->sequence_parallel = on ? ML_SP_ON : ML_SP_OFF;
     }
+    ml_config_range("parallel.pp", &lo, &hi);
+    if ((st = ml__tree_uint(err, p, "pp", "parallel", lo, hi, &t->pipeline_parallel)) ||
+        (st = ml__tree_uint(err, p, "vpp", "parallel", 1, 1024, &t->virtual_stages)))
+        return st;
+    if (t->virtual_stages > 1)
+        t->pp_schedule = ML_PP_INTERLEAVED;
+    if ((st = pipeline_keys(err, p, t)))
+        return st;
     for (size_t k = 0; k < sizeof unplanned / sizeof unplanned[0]; k++) {
         const ml_node *n = ml__tree_get(p, unplanned[k].name);
         if (n && !(st = ml__tree_uint(err, p, unplanned[k].name, "parallel", 1, 1048576, &v)) &&
@@ -198,15 +328,6 @@ ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
             st = refuse_unplanned(err, n, k, v);
         if (st)
             return st;
-    }
-    static const char *const pipeline[] = {"pp_schedule", "micro_batches", "pp_layers"};
-    for (size_t k = 0; k < sizeof pipeline / sizeof pipeline[0]; k++) {
-        const ml_node *n = ml__tree_get(p, pipeline[k]);
-        if (n)
-            return ml__error_at(err, n, ML_SCHEMA,
-                                "parallel.%s: pipeline parallelism is not modelled yet; remove "
-                                "it (the plan is one rank of tensor and data parallelism)",
-                                pipeline[k]);
     }
     const ml_node *dist = ml__tree_get(p, "dist_optimizer");
     if (dist)

@@ -385,6 +385,8 @@ ml_config ml_config_defaults(void)
     c.training.checkpoint.kind = ML_CKPT_NONE;
     c.training.data_parallel = 1;
     c.training.tensor_parallel = 1;
+    c.training.pipeline_parallel = 1;
+    c.training.virtual_stages = 1;
     c.training.expert_imbalance = 1;
     c.training.zero = 0;
     c.training.offload = ML_OFFLOAD_NONE;

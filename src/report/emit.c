@@ -494,10 +494,13 @@ static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_
     memset(v, 0, sizeof *v);
     const ml_training *t = &cfg->training;
     /* the targets' settings run one device's whole model */
-    if (t->tensor_parallel > 1) {
-        ml__emit_refuse(v, "the plan is one rank of tensor parallelism (parallel.tp %llu); %s "
-                           "runs whole layers on each device: plan without --tp to emit",
-                        (unsigned long long)t->tensor_parallel,
+    if (t->tensor_parallel > 1 || t->pipeline_parallel > 1) {
+        ml__emit_refuse(v, "the plan is one rank of a model split over devices (parallel.%s "
+                           "%llu); %s runs the whole model on each device: plan without --tp "
+                           "and --pp to emit",
+                        t->tensor_parallel > 1 ? "tp" : "pp",
+                        (unsigned long long)(t->tensor_parallel > 1 ? t->tensor_parallel
+                                                                    : t->pipeline_parallel),
                         k == EMIT_DEEPSPEED    ? "DeepSpeed's config"
                         : k == EMIT_HF_TRAINER ? "Trainer"
                                                : "the snippet");

@@ -50,9 +50,14 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
         ml_json_put_string(f, ml_model_attention_assumed(m));
     }
     const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
-    fprintf(f, ", \"parallel\": {\"tp\": %llu, \"sp\": %s, \"dp\": %llu, \"devices\": %llu}",
-            (unsigned long long)tp, ml_training_sp(t) ? "true" : "false",
-            (unsigned long long)t->data_parallel, (unsigned long long)(tp * t->data_parallel));
+    const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
+    fprintf(f,
+            ", \"parallel\": {\"tp\": %llu, \"sp\": %s, \"pp\": %llu, \"vpp\": %llu, "
+            "\"pp_schedule\": \"%s\", \"dp\": %llu, \"devices\": %llu}",
+            (unsigned long long)tp, ml_training_sp(t) ? "true" : "false", (unsigned long long)pp,
+            (unsigned long long)(t->virtual_stages > 1 ? t->virtual_stages : 1),
+            ml_pp_schedule_name(t->pp_schedule), (unsigned long long)t->data_parallel,
+            (unsigned long long)(tp * pp * t->data_parallel));
     /* an encoder-decoder's second length */
     if (ml_model_target_len(m, t))
         fprintf(f, ", \"target_len\": %llu", (unsigned long long)ml_model_target_len(m, t));
@@ -295,6 +300,7 @@ void ml__report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *c
     json_calibration(f, cfg, s);
     json_bytes(f, cfg, s);
     json_blocks_and_time(f, l, s);
+    ml__report_json_ranks(f, l);
     json_device(f, s, v);
 }
 

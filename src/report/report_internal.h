@@ -31,6 +31,11 @@ void ml__report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, cons
 void ml__report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *cfg,
                                   const ml_ledger *l, const ml_report_verdict *v);
 
+/* A pipeline's stages (ranks.c): the text table (nothing without one),
+ * and JSON's ",\n \"ranks\": [...], \"worst_rank\": N" (null, null without). */
+void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l);
+void ml__report_json_ranks(FILE *f, const ml_ledger *l);
+
 /* "seq_len N" and, for an encoder-decoder, ", target_len M" (text.c). */
 void ml__report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size);
 

@@ -47,6 +47,28 @@ static bool same_block(const ml_block_info *a, const ml_block_info *b)
            a->checkpointed == b->checkpointed;
 }
 
+/* The parallel layout, when the model is split over devices. */
+static void text_parallel(FILE *f, const ml_training *t)
+{
+    const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
+    const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
+    if (tp == 1 && pp == 1)
+    return;
+    fputs("parallel: ", f);
+    if (tp > 1)
+        fprintf(f, "tensor %llu (%s), ", (unsigned long long)tp,
+                ml_training_sp(t) ? "with sequence parallelism" : "no sequence parallelism");
+    if (pp > 1 && t->virtual_stages > 1)
+        fprintf(f, "pipeline %llu (interleaved, %llu virtual stages each), ",
+                (unsigned long long)pp, (unsigned long long)t->virtual_stages);
+    else if (pp > 1)
+        fprintf(f, "pipeline %llu (%s), ", (unsigned long long)pp,
+                ml_pp_schedule_name(t->pp_schedule));
+    fprintf(f, "data %llu: %llu devices; figures are one rank's\n",
+            (unsigned long long)t->data_parallel,
+            (unsigned long long)(tp * pp * t->data_parallel));
+}
+
 /* The plan's head: the model, the configuration, the loop, the optimal
  * plan, the calibration and the sharding. */
 static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const ml_summary *s)
@@ -55,9 +77,8 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
     char ck[1200], num[40];
     ml_checkpoint_format(&t->checkpoint, ck, sizeof ck);
     ml__report_commas(s->params, num, sizeof num);
-    if (t->tensor_parallel > 1)
-        fprintf(f, "memledger plan: %s (%s parameters on a rank of %llu tensor-parallel ranks)\n",
-                ml_model_name(m), num, (unsigned long long)t->tensor_parallel);
+    if (t->tensor_parallel > 1 || t->pipeline_parallel > 1)
+        fprintf(f, "memledger plan: %s (%s parameters on this rank)\n", ml_model_name(m), num);
     else
         fprintf(f, "memledger plan: %s (%s parameters)\n", ml_model_name(m), num);
     const char *attn = ml_model_attention(m);
@@ -111,13 +132,7 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
                 : s->time_measured                  ? "from the measured GEMM throughput"
                                                     : "analytic");
     }
-    if (t->tensor_parallel > 1)
-        fprintf(f, "parallel: tensor %llu (%s), data %llu: %llu devices; figures are one "
-                   "rank's\n",
-                (unsigned long long)t->tensor_parallel,
-                ml_training_sp(t) ? "with sequence parallelism" : "no sequence parallelism",
-                (unsigned long long)t->data_parallel,
-                (unsigned long long)(t->tensor_parallel * t->data_parallel));
+    text_parallel(f, t);
     if (t->data_parallel > 1 || t->zero || t->offload) {
         fprintf(f, "sharding: %llu devices, ZeRO stage %u, offload %s; figures are per device\n",
                 (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));
@@ -540,6 +555,7 @@ int ml__report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, co
 {
     const ml_summary *s = ml_ledger_summary(l);
     text_header(f, m, cfg, s);
+    ml__report_text_ranks(f, cfg, l);
     text_states(f, s);
     text_activations(f, m, l, s);
     text_peak(f, cfg, s);

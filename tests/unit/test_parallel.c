@@ -2,6 +2,7 @@
  * figures are worked by hand from the layer's tensors; tests/torch/tp_twins.py
  * measures the same ranks over gloo. */
 #include "harness.h"
+#include "ledger/chain.h" /* ml__pp_in_flight */
 
 /* The shape of tests/torch/models-tp/llama-tp.yaml: B 2, T 24, D 64, 8
  * heads of 8, 2 key/value heads, ffn 160, vocabulary 173, fp32. */
@@ -171,9 +172,21 @@ static void test_compact_layout(void **state)
     assert_int_equal(t.tensor_parallel, 4);
     assert_int_equal(t.data_parallel, 2);
     /* refused, t unchanged */
-    assert_int_equal(ml_parallel_parse("tp2.pp4", &t, &e), ML_RANGE);
-    assert_non_null(strstr(e.msg, "pipeline parallelism is not modelled yet"));
+    assert_int_equal(ml_parallel_parse("tp2.cp4", &t, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "context parallelism is not modelled yet"));
     assert_int_equal(t.tensor_parallel, 4);
+    assert_int_equal(ml_parallel_parse("pp4.vpp3.tp2", &t, &e), ML_OK);
+    assert_int_equal(t.pipeline_parallel, 4);
+    assert_int_equal(t.virtual_stages, 3);
+    assert_int_equal(t.pp_schedule, ML_PP_INTERLEAVED);
+    assert_int_equal(ml_parallel_parse("pp257", &t, &e), ML_RANGE);
+    assert_int_equal(ml_pp_layers_parse("7,8,8,9", &t, &e), ML_OK);
+    assert_int_equal(t.npp_layers, 4);
+    assert_int_equal(t.pp_layers[3], 9);
+    assert_int_equal(ml_pp_layers_parse("7,0", &t, &e), ML_USAGE);
+    assert_int_equal(ml_pp_layers_parse("7,", &t, &e), ML_USAGE);
+    assert_int_equal(ml_pp_layers_parse("", &t, &e), ML_USAGE);
+    assert_int_equal(t.npp_layers, 4);
     assert_int_equal(ml_parallel_parse("tp2.tp4", &t, &e), ML_USAGE);
     assert_non_null(strstr(e.msg, "given twice"));
     assert_int_equal(ml_parallel_parse("tp0", &t, &e), ML_RANGE);
@@ -181,7 +194,7 @@ static void test_compact_layout(void **state)
     assert_int_equal(ml_parallel_parse("xp2", &t, &e), ML_USAGE);
     assert_int_equal(ml_parallel_parse("", &t, &e), ML_USAGE);
     assert_int_equal(ml_parallel_parse("tp99999999999", &t, &e), ML_RANGE);
-    assert_int_equal(t.tensor_parallel, 4);
+    assert_int_equal(t.tensor_parallel, 2); /* pp4.vpp3.tp2's */
     ml_config c = ml_config_defaults();
     assert_int_equal(ml_config_set(&c, "parallel.tp", "2", &e), ML_OK);
     assert_int_equal(ml_config_set(&c, "parallel.sp", "off", &e), ML_OK);
@@ -220,14 +233,168 @@ static void test_yaml_section(void **state)
     assert_true(ml_training_sp(&c.training));
     assert_int_equal(c.training.data_parallel, 2);
     ml_model_destroy(m);
-    snprintf(buf, sizeof buf, "%sparallel:\n  tp: 2\n  pp: 4\n", llama);
-    expect_schema(buf, 22, "pipeline parallelism is not modelled yet");
-    snprintf(buf, sizeof buf, "%sparallel:\n  pp_schedule: 1f1b\n", llama);
+    snprintf(buf, sizeof buf, "%sparallel:\n  tp: 2\n  cp: 4\n", llama);
+    expect_schema(buf, 22, "context parallelism is not modelled yet");
+    snprintf(buf, sizeof buf, "%sparallel:\n  pp_schedule: 2f2b\n", llama);
     expect_schema(buf, 21, "parallel.pp_schedule");
+    snprintf(buf, sizeof buf, "%sparallel:\n  pp_layers: [1, 0]\n", llama);
+    expect_schema(buf, 21, "parallel.pp_layers[1]");
+    snprintf(buf, sizeof buf,
+             "%sparallel:\n  pp: 2\n  pp_schedule: gpipe\n  micro_batches: 8\n"
+             "  pp_layers: [1, 1]\n",
+             llama);
+    m = load_str(buf);
+    c = ml_model_config(m);
+    assert_int_equal(c.training.pipeline_parallel, 2);
+    assert_int_equal(c.training.pp_schedule, ML_PP_GPIPE);
+    assert_int_equal(c.training.grad_accum, 8);
+    assert_int_equal(c.training.npp_layers, 2);
+    ml_model_destroy(m);
     snprintf(buf, sizeof buf, "%sparallel:\n  tq: 2\n", llama);
     expect_schema(buf, 21, "tp");
     snprintf(buf, sizeof buf, "%sparallel: tp2.ep8\n", llama);
     expect_schema(buf, 20, "expert parallelism");
+}
+
+/* Pipeline parallelism. The same model with 4 layers: one layer saves
+ * 283,008 B (above, tp 1); the embedding its ids, B T x 8 = 384 B x 8 =
+ * 3,072 B; the head its RMSNorm's input, x rsqrt and output (the LM
+ * head's input), B T D x 4 = 12,288 B each, and rsqrt, B T x 4 = 192 B;
+ * the loss the log-softmax output, B T V x 4 = 33,216 B, and its 4-byte
+ * total weight. */
+static const char *llama4 =
+    "model:\n  type: decoder\n  layers: 4\n  hidden: 64\n  heads: 8\n  kv_heads: 2\n"
+    "  ffn: 160\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 173\n  position: rope\n"
+    "  tied_embeddings: false\n  bias: false\n  attention: eager\n  dropout: 0\n"
+    "training:\n  micro_batch: 2\n  seq_len: 24\n  optimizer: adamw\n"
+    "device:\n  memory: 1GiB\n  allocator: none\n";
+
+static ml_ledger *staged(const ml_model *m, uint64_t pp, ml_pp_schedule s, uint64_t micro)
+{
+    ml_config c = ml_model_config(m);
+    c.training.pipeline_parallel = pp;
+    c.training.pp_schedule = s;
+    c.training.grad_accum = micro;
+    return eval(m, &c, false);
+}
+
+static void test_stage_inventory(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama4);
+    ml_ledger *l = staged(m, 2, ML_PP_1F1B, 4);
+    const uint64_t layer = 283008, head = 3 * 12288 + 192, loss = 33216 + 4;
+    assert_int_equal(ml_ledger_rank_count(l), 2);
+    const ml_rank_info *r0 = ml_ledger_rank(l, 0), *r1 = ml_ledger_rank(l, 1);
+    assert_int_equal(r0->activations_saved, 3072 + 2 * layer);
+    assert_int_equal(r1->activations_saved, 2 * layer + head + loss);
+    assert_int_equal(r0->first_layer, 0);
+    assert_int_equal(r1->first_layer, 2);
+    assert_true(r0->embedding && !r0->head && r1->head && !r1->embedding);
+    /* 1F1B: stage r holds min(m, p - r) micro-batches */
+    assert_true(r0->in_flight == 2 && r1->in_flight == 1);
+    /* each stage's parameters: the embedding 173 x 64 and two layers of
+     * 41,088; two layers, the final norm and the LM head 173 x 64 */
+    assert_int_equal(r0->params, 173 * 64 + 2 * 41088);
+    assert_int_equal(r1->params, 2 * 41088 + 64 + 173 * 64);
+    /* the p2p volume: 4 micro-batches of the B T D fp32 activation, one way */
+    assert_rel_close(r0->p2p_bytes, 4 * 12288.0, 1e-15);
+    assert_rel_close(r1->p2p_bytes, 4 * 12288.0, 1e-15);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* The in-flight micro-batches are resident while one runs: a stage's peak
+ * grows by the activations of each more one it holds, and nothing else. */
+static void test_in_flight_peak(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama4);
+    ml_ledger *a = staged(m, 4, ML_PP_1F1B, 2), *b = staged(m, 4, ML_PP_1F1B, 8);
+    ml_ledger *g = staged(m, 4, ML_PP_GPIPE, 8);
+    const double want_1f1b[4] = {4, 3, 2, 1}, want_short[4] = {2, 2, 2, 1};
+    for (size_t r = 0; r < 4; r++) {
+        const ml_rank_info *ra = ml_ledger_rank(a, r), *rb = ml_ledger_rank(b, r);
+        const ml_rank_info *rg = ml_ledger_rank(g, r);
+        assert_true(rb->in_flight == want_1f1b[r]);
+        assert_true(ra->in_flight == want_short[r]);
+        assert_true(rg->in_flight == 8);
+        assert_int_equal(ra->activations_saved, rb->activations_saved);
+        assert_int_equal(rb->peak - ra->peak,
+                         (uint64_t)(want_1f1b[r] - want_short[r]) * rb->activations_saved);
+        assert_int_equal(rg->peak - rb->peak,
+                         (uint64_t)(8 - want_1f1b[r]) * rb->activations_saved);
+    }
+    /* GPipe's fullest stage: the last (its head and loss) */
+    assert_int_equal(ml_ledger_worst_rank(g), 3);
+    ml_ledger_destroy(a);
+    ml_ledger_destroy(b);
+    ml_ledger_destroy(g);
+    ml_model_destroy(m);
+}
+
+/* Korthikanti et al. 2022, section 4.2.3: with the interleaved schedule
+ * the first stage holds L (1 + (p - 1) / (p v)) layers' activations: at
+ * p 8, v 3, L 96 (GPT-3 175B), 12 layers a stage in 31 / 3 micro-batches
+ * (Megatron's warmup, 2 (p - 1) + (v - 1) p chunks, and one more). */
+static void test_interleaved_in_flight(void **state)
+{
+    (void)state;
+    ml_training t = ml_config_defaults().training;
+    t.pipeline_parallel = 8;
+    t.virtual_stages = 3;
+    t.pp_schedule = ML_PP_INTERLEAVED;
+    t.grad_accum = 64;
+    assert_rel_close(ml__pp_in_flight(&t, 0) * 96 / 8, 96 * (1 + 7.0 / 24), 1e-15);
+    assert_rel_close(ml__pp_in_flight(&t, 7), (2.0 * 8 + 1) / 3, 1e-15);
+    t.grad_accum = 2; /* capped at the step's m v chunks */
+    assert_rel_close(ml__pp_in_flight(&t, 0), 2, 1e-15);
+}
+
+static void test_stage_refusals(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama4);
+    ml_config c = ml_model_config(m);
+    ml_error e;
+    c.training.pipeline_parallel = 3; /* 4 layers */
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "parallel.pp_layers"));
+    c.training.npp_layers = 3;
+    c.training.pp_layers[0] = 1, c.training.pp_layers[1] = 2, c.training.pp_layers[2] = 1;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_OK);
+    c.training.pp_layers[2] = 2;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "the stages hold 5 layers"));
+    c.training.npp_layers = 0;
+    c.training.pipeline_parallel = 2;
+    c.training.virtual_stages = 2; /* without the interleaved schedule */
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    c.training.pp_schedule = ML_PP_INTERLEAVED;
+    c.training.grad_accum = 3; /* not a multiple of pp */
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    c.training.grad_accum = 4;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_OK);
+    c.training.virtual_stages = 1;
+    c.training.pp_schedule = ML_PP_1F1B;
+    c.training.checkpoint.kind = ML_CKPT_LIST;
+    c.training.checkpoint.count = 1;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    c.training.checkpoint.kind = ML_CKPT_NONE;
+    c.training.eval_batch = 2;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    c.training.eval_batch = 0;
+    c.training.pipeline_parallel = 1;
+    c.training.virtual_stages = 2;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "needs parallel.pp above 1"));
+    ml_model_destroy(m);
+    m = load_preset("gpt2-small"); /* tied embeddings */
+    c = ml_model_config(m);
+    c.training.pipeline_parallel = 2;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "tied embeddings"));
+    ml_model_destroy(m);
 }
 
 int main(void)
@@ -236,6 +403,8 @@ int main(void)
         cmocka_unit_test(test_rank_saved_bytes), cmocka_unit_test(test_rank_parameters),
         cmocka_unit_test(test_collectives),      cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_compact_layout),   cmocka_unit_test(test_yaml_section),
+        cmocka_unit_test(test_stage_inventory),  cmocka_unit_test(test_in_flight_peak),
+        cmocka_unit_test(test_interleaved_in_flight), cmocka_unit_test(test_stage_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

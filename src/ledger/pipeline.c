@@ -1,0 +1,283 @@
+/* Pipeline parallelism (docs/parallel.md): each stage's plan.
+ *
+ * A stage runs a slice of the model's chain: the embedding on the first,
+ * its layers, the head and the loss on the last. Between stages a
+ * micro-batch's activation goes forward and its gradient back: a stage
+ * holds the input it received until that micro-batch's backward (its
+ * gradient is sent then), and frees its own output once sent, keeping only
+ * its autograd graph (Megatron-LM's deallocate_pipeline_outputs, which
+ * megatron/training/arguments.py turns on; schedules.py
+ * deallocate_output_tensor). One micro-batch's replay of the slice is the
+ * stage's forward and backward; the schedule decides how many other
+ * micro-batches' activations the stage holds meanwhile (ml__pp_in_flight),
+ * resident beside it while the micro-batches run. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ledger/chain.h"
+#include "util/error.h"
+
+static uint64_t pp_of(const ml_training *t)
+{
+    return t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
+}
+
+static uint64_t vpp_of(const ml_training *t)
+{
+    return t->virtual_stages > 1 ? t->virtual_stages : 1;
+}
+
+/* What a pipeline of m's layers under t cannot plan: NULL, or why. */
+static const char *unstaged(const ml_model *m, const ml_training *t, const ml_config *cfg)
+{
+    if (m->type != ML_MODEL_DECODER || m->vision.layers || m->embed.image_size)
+        return "it is planned for decoder language models (type: decoder)";
+    if (m->embed.tied)
+        return "tied embeddings put the embedding's weight on the first stage and the head's "
+               "copy on the last, which is not modelled yet: untie them "
+               "(model.tied_embeddings: false)";
+    if (t->eval_batch)
+        return "an evaluation pass (training.eval_batch) is not staged yet: remove it";
+    if (t->checkpoint.kind == ML_CKPT_LIST || t->checkpoint.kind == ML_CKPT_SEGMENTS ||
+        t->checkpoint.kind == ML_CKPT_OPTIMAL)
+        return "a checkpoint list, segments or optimal are not staged yet: use none, full, "
+               "every-K, sqrt or selective (each stage's own layers)";
+    if (cfg && cfg->calib)
+        return "a calibration profile measured whole layers on one device: plan without it";
+    return NULL;
+}
+
+static ml_status stage_split(const ml_model *m, const ml_training *t, ml_error *err)
+{
+    const uint64_t p = pp_of(t), v = vpp_of(t), L = m->layers;
+    if (t->npp_layers) {
+        if (v > 1)
+            return ml__errorf(err, ML_RANGE, "parallel.pp_layers: an uneven split is not "
+                                             "planned with virtual stages (parallel.vpp %llu)",
+                              (unsigned long long)v);
+        if (t->npp_layers != p)
+            return ml__errorf(err, ML_RANGE,
+                              "parallel.pp_layers: %u stages listed for parallel.pp %llu: list "
+                              "each stage's layers",
+                              t->npp_layers, (unsigned long long)p);
+        uint64_t sum = 0;
+        for (uint32_t i = 0; i < t->npp_layers; i++)
+            sum += t->pp_layers[i];
+        if (sum != L)
+            return ml__errorf(err, ML_RANGE,
+                              "parallel.pp_layers: the stages hold %llu layers, %s has %llu: "
+                              "list each stage's so that they add up",
+                              (unsigned long long)sum, m->name, (unsigned long long)L);
+        return ML_OK;
+    }
+    if (L % (p * v))
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.pp: %llu stages%s do not split %s's %llu layers evenly: "
+                          "give each stage's layers (parallel.pp_layers, e.g. --pp-layers "
+                          "7,8,8,9)%s",
+                          (unsigned long long)p, v > 1 ? " of virtual stages" : "", m->name,
+                          (unsigned long long)L,
+                          v > 1 ? ", or a pp x vpp that divides the layers" : "");
+    return ML_OK;
+}
+
+ml_status ml__pp_refused(const ml_model *m, const ml_training *t, const ml_config *cfg,
+                         ml_error *err)
+{
+    const uint64_t p = pp_of(t), v = vpp_of(t);
+    if ((unsigned)t->pp_schedule >= ML_PP_COUNT)
+        return ml__errorf(err, ML_RANGE, "parallel.pp_schedule: unknown; use 1f1b, gpipe or "
+                                         "interleaved");
+    if (p == 1) {
+        if (v > 1 || t->npp_layers || t->pp_schedule != ML_PP_1F1B)
+            return ml__errorf(err, ML_RANGE,
+                              "parallel.%s: a pipeline's setting; it needs parallel.pp above 1",
+                              v > 1 ? "vpp" : t->npp_layers ? "pp_layers" : "pp_schedule");
+        return ML_OK;
+    }
+    if ((t->pp_schedule == ML_PP_INTERLEAVED) != (v > 1))
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.pp_schedule: %s; the interleaved schedule runs virtual "
+                          "stages and they run it: give parallel.vpp above 1 with it",
+                          ml_pp_schedule_name(t->pp_schedule));
+    /* Megatron asserts it (schedules.py, forward_backward_pipelining_with_interleaving) */
+    if (v > 1 && t->grad_accum % p)
+        return ml__errorf(err, ML_RANGE,
+                          "training.grad_accum: %llu micro-batches do not divide over "
+                          "parallel.pp %llu stages, which the interleaved schedule needs",
+                          (unsigned long long)t->grad_accum, (unsigned long long)p);
+    const char *why = unstaged(m, t, cfg);
+    if (why)
+        return ml__errorf(err, ML_RANGE, "parallel.pp: %llu with %s: %s", (unsigned long long)p,
+                          m->name, why);
+    if (p > m->layers)
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.pp: %llu stages for %s's %llu layers: each stage needs one",
+                          (unsigned long long)p, m->name, (unsigned long long)m->layers);
+    return stage_split(m, t, err);
+}
+
+double ml__pp_in_flight(const ml_training *t, uint64_t r)
+{
+    const uint64_t p = pp_of(t), v = vpp_of(t), m = t->grad_accum ? t->grad_accum : 1;
+    if (p == 1)
+        return 1;
+    if (t->pp_schedule == ML_PP_GPIPE)
+        return (double)m;
+    if (v == 1) /* 1F1B: p - r - 1 warmup forwards, then one more before a backward */
+        return (double)(p - r < m ? p - r : m);
+    /* interleaved (schedules.py, get_pp_rank_microbatches): (p - r - 1) x 2
+     * + (v - 1) x p warmup chunk forwards, capped at m v, then one more
+     * before a backward; a micro-batch is v chunks */
+    uint64_t warm = (p - r - 1) * 2 + (v - 1) * p;
+    if (warm > m * v)
+        warm = m * v;
+    uint64_t units = warm + 1 < m * v ? warm + 1 : m * v;
+    return (double)units / (double)v;
+}
+
+void ml__pp_stage_layers(const ml_model *m, const ml_training *t, uint64_t r, uint64_t *first,
+                         uint64_t *count)
+{
+    const uint64_t p = pp_of(t);
+    if (t->npp_layers) {
+        uint64_t a = 0;
+        for (uint64_t i = 0; i < r; i++)
+            a += t->pp_layers[i];
+        *first = a;
+        *count = t->pp_layers[r];
+        return;
+    }
+    *count = m->layers / p;
+    *first = r * *count;
+}
+
+/* The parameter tensors' range of each block: blocks register theirs in
+ * order (ml__ck_param), so a block's are the next ones whose elements add
+ * up to its count. false: they do not (not a chain this file slices). */
+static bool param_ranges(const ml_chain *ch, size_t *first)
+{
+    size_t j = 0;
+    for (size_t k = 0; k < ch->n; k++) {
+        first[k] = j;
+        uint64_t sum = 0;
+        while (sum < ch->blocks[k].params && j < ch->nparams)
+            sum += ch->params[j++].numel;
+        if (sum != ch->blocks[k].params)
+            return false;
+    }
+    first[ch->n] = j;
+    return j == ch->nparams;
+}
+
+/* The blocks of stage r: its layers (interleaved: its v chunks), after
+ * the blocks before the first layer on the first stage, and the blocks
+ * after the last layer on the last; idx gets them in order. */
+static size_t stage_blocks(const ml_chain *ch, const ml_model *m, const ml_training *t,
+                           uint64_t r, size_t *idx)
+{
+    const uint64_t p = pp_of(t), v = vpp_of(t), L = m->layers;
+    size_t l0 = 0; /* the first layer block */
+    while (l0 < ch->n && ch->blocks[l0].ckpt_index < 0)
+        l0++;
+    size_t n = 0;
+    for (size_t k = 0; r == 0 && k < l0; k++)
+        idx[n++] = k;
+    if (v > 1) {
+        const uint64_t chunk = L / (p * v);
+        for (uint64_t c = 0; c < v; c++)
+            for (uint64_t i = 0; i < chunk; i++)
+                idx[n++] = l0 + (size_t)((c * p + r) * chunk + i);
+    } else {
+        uint64_t first, count;
+        ml__pp_stage_layers(m, t, r, &first, &count);
+        for (uint64_t i = 0; i < count; i++)
+            idx[n++] = l0 + (size_t)(first + i);
+    }
+    for (size_t k = l0 + (size_t)L; r + 1 == p && k < ch->n; k++)
+        idx[n++] = k;
+    return n;
+}
+
+ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_training *t,
+                             uint64_t r, ml_chain *out)
+{
+    const uint64_t p = pp_of(t);
+    const bool last = r + 1 == p;
+    memset(out, 0, sizeof *out);
+    size_t *pfirst = malloc((full->n + 1) * sizeof *pfirst);
+    size_t *idx = malloc((full->n + 1) * sizeof *idx);
+    ml_status st = ML_NOMEM;
+    if (!pfirst || !idx)
+        goto done;
+    st = ML_RANGE;
+    if (full->nsides || !param_ranges(full, pfirst))
+        goto done; /* not a chain of one stream of blocks */
+    const size_t n = stage_blocks(full, m, t, r, idx);
+    *out = *full;
+    out->blocks = malloc((n + 1) * sizeof *out->blocks);
+    out->saved = malloc((full->nsaved ? full->nsaved : 1) * sizeof *out->saved);
+    out->nodes = malloc((full->nnodes ? full->nnodes : 1) * sizeof *out->nodes);
+    out->work = malloc((full->nwork ? full->nwork : 1) * sizeof *out->work);
+    out->params = malloc((full->nparams ? full->nparams : 1) * sizeof *out->params);
+    out->sides = NULL;
+    out->cap = n + 1;
+    out->savedcap = out->nsaved;
+    out->nodecap = out->nnodes;
+    out->workcap = out->nwork;
+    out->paramcap = full->nparams;
+    st = ML_NOMEM;
+    if (!out->blocks || !out->saved || !out->nodes || !out->work || !out->params) {
+        ml__chain_free(out);
+        goto done;
+    }
+    memcpy(out->saved, full->saved, full->nsaved * sizeof *out->saved);
+    memcpy(out->nodes, full->nodes, full->nnodes * sizeof *out->nodes);
+    memcpy(out->work, full->work, full->nwork * sizeof *out->work);
+    out->nparams = 0;
+    int layer = 0;
+    for (size_t i = 0; i < n; i++) {
+        const size_t k = idx[i];
+        ml_cblock *b = &out->blocks[i];
+        *b = full->blocks[k];
+        if (b->ckpt_index >= 0)
+            b->ckpt_index = layer++; /* the stage's own layers, from 0 */
+        const size_t np = pfirst[k + 1] - pfirst[k];
+        memcpy(&out->params[out->nparams], &full->params[pfirst[k]], np * sizeof *out->params);
+        out->nparams += np;
+    }
+    out->n = n;
+    /* a stage before the last sends its output, then frees it (a block
+     * that runs forward only: its input is that output) */
+    if (!last) {
+        ml_cblock *s = &out->blocks[out->n++];
+        memset(s, 0, sizeof *s);
+        memcpy(s->name, "send", 5);
+        s->ckpt_index = -1;
+        s->fwd_phase = ML_PHASE_FORWARD;
+        s->saved_first = full->nsaved;
+        s->node_first = full->nnodes;
+        s->work_first = (uint32_t)full->nwork;
+        s->work_known = true;
+        s->fwd_only = true;
+        s->ws_fwd_ops = s->ws_nograd_ops = true; /* none: nothing runs */
+        s->in_bytes = idx[n - 1] + 1 < full->n ? full->blocks[idx[n - 1] + 1].in_bytes : 0;
+    }
+    /* the first stage reads the batch's inputs, the last its targets;
+     * another stage's first block receives its input (held until its
+     * backward, which sends the input's gradient) */
+    out->batch_input = r == 0 ? full->batch_input : 0;
+    out->batch_targets = last ? full->batch_targets : 0;
+    if (r > 0) /* the schedule keeps the received input until its backward */
+        out->blocks[0].in_saved = true;
+    out->n_ckpt = (size_t)layer;
+    out->mask_ckpt0 = 0;
+    out->psum.known = false;
+    ml__chain_mark_runs(out);
+    out->psum = ml__param_sums(out);
+    st = ML_OK;
+done:
+    free(pfirst);
+    free(idx);
+    return st;
+}

@@ -1,0 +1,140 @@
+/* A pipeline's stages planned one by one (docs/parallel.md): each stage's
+ * chain replayed once for one micro-batch's activations at the end of its
+ * forward, then again with the other micro-batches the schedule keeps in
+ * flight resident beside it; the plan is the fullest stage's. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ledger/replay.h"
+#include "util/error.h"
+
+/* The figure a stage is held against the device by. */
+static uint64_t device_total(const ml_summary *s)
+{
+    return s->has_reserved ? s->reserved_peak + s->runtime_reserve : s->peak_total;
+}
+
+/* Bytes stage r sends per iteration: its output forward (all but the last
+ * stage) and its input's gradient back (all but the first), per
+ * micro-batch. */
+static double p2p_bytes(const ml_chain *st, const ml_training *t, uint64_t r, uint64_t p)
+{
+    double per = 0;
+    if (r + 1 < p) /* the send block's input: the stage's output */
+        per += (double)st->blocks[st->n - 1].in_bytes;
+    if (r > 0)
+        per += (double)st->blocks[0].in_bytes;
+    return per * (double)(t->grad_accum ? t->grad_accum : 1);
+}
+
+static void rank_of(const ml_model *m, const ml_training *t, uint64_t r, const ml_chain *st,
+                    const ml_summary *one, const ml_ledger *l, ml_rank_info *ri)
+{
+    const ml_summary *s = &l->sum;
+    const uint64_t p = t->pipeline_parallel;
+    uint64_t first = 0, count = 0;
+    if (t->virtual_stages > 1) {
+        count = m->layers / p;
+        first = r * (count / t->virtual_stages);
+    } else {
+        ml__pp_stage_layers(m, t, r, &first, &count);
+    }
+    memset(ri, 0, sizeof *ri);
+    ri->stage = (uint32_t)r;
+    ri->first_layer = (uint32_t)first;
+    ri->layers = (uint32_t)count;
+    ri->embedding = r == 0;
+    ri->head = r + 1 == p;
+    ri->params = s->params;
+    ri->in_flight = ml__pp_in_flight(t, r);
+    ri->activations_saved = one->bytes_activations;
+    ri->peak = s->peak;
+    ri->has_reserved = s->has_reserved;
+    ri->reserved = s->reserved_peak;
+    ri->device_total = device_total(s);
+    ri->has_device = s->has_device;
+    ri->fits = s->fits;
+    ri->headroom = s->headroom;
+    ri->p2p_bytes = p2p_bytes(st, t, r, p);
+}
+
+/* Stage r's ledger: its chain replayed for one micro-batch, then with the
+ * in-flight ones; *one gets the first replay's summary. */
+static ml_status stage(const ml_model *m, const ml_config *cfg, const ml_chain *full, uint64_t r,
+                       bool keep, bool whole, ml_chain *st, ml_summary *one, ml_ledger **out,
+                       ml_error *err)
+{
+    ml_status s = ml__pp_stage_chain(full, m, &cfg->training, r, st);
+    if (s == ML_RANGE)
+        return ml__errorf(err, ML_RANGE, "parallel.pp: the chain of %s is not one stream of "
+                                         "blocks that stages can split",
+                          m->name);
+    if (s)
+        return ml__errorf(err, s, "out of memory");
+    ml_ledger *l = NULL;
+    /* no simulation memo: the stages' simulations differ */
+    if ((s = ml__evaluate_stage(m, cfg, st, false, whole, NULL, 0, &l, err)))
+        return s;
+    *one = l->sum;
+    ml_ledger_destroy(l);
+    const double u = ml__pp_in_flight(&cfg->training, r);
+    double extra = (u - 1) * (double)one->bytes_activations;
+    if (extra >= 9.2e18)
+        return ml__errorf(err, ML_OVERFLOW, "parallel.pp: the in-flight activations exceed 64 "
+                                            "bits");
+    return ml__evaluate_stage(m, cfg, st, keep, whole, NULL, (uint64_t)extra, out, err);
+}
+
+ml_status ml__pp_evaluate(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
+                          bool keep_events, bool whole, ml_reserved_memo *memo, ml_ledger **out,
+                          ml_error *err)
+{
+    (void)memo;
+    const uint64_t p = cfg->training.pipeline_parallel;
+    ml_rank_info *ranks = calloc(p, sizeof *ranks);
+    if (!ranks)
+        return ml__errorf(err, ML_NOMEM, "out of memory");
+    ml_ledger *worst = NULL;
+    size_t wi = 0;
+    ml_status st = ML_OK;
+    for (uint64_t r = 0; r < p && st == ML_OK; r++) {
+        ml_chain sc;
+        ml_summary one;
+        memset(&sc, 0, sizeof sc);
+        memset(&one, 0, sizeof one);
+        ml_ledger *l = NULL;
+        st = stage(m, cfg, chain, r, keep_events, whole, &sc, &one, &l, err);
+        if (st == ML_OK) {
+            rank_of(m, &cfg->training, r, &sc, &one, l, &ranks[r]);
+            /* the fullest stage: the least headroom on a device, else the
+             * largest device figure; between equals (the allocator's
+             * segments round), the larger allocator peak, then the first */
+            bool more = !worst;
+            if (worst) {
+                const ml_summary *a = &l->sum, *b = &worst->sum;
+                int64_t ha = a->has_device ? a->headroom : -(int64_t)device_total(a);
+                int64_t hb = b->has_device ? b->headroom : -(int64_t)device_total(b);
+                more = ha < hb || (ha == hb && a->peak > b->peak);
+            }
+            if (more) {
+                ml_ledger_destroy(worst);
+                worst = l;
+                wi = (size_t)r;
+            } else {
+                ml_ledger_destroy(l);
+            }
+        }
+        if (sc.blocks)
+            ml__chain_free(&sc);
+    }
+    if (st) {
+        free(ranks);
+        ml_ledger_destroy(worst);
+        return st;
+    }
+    worst->ranks = ranks;
+    worst->nranks = (size_t)p;
+    worst->worst_rank = wi;
+    *out = worst;
+    return ML_OK;
+}

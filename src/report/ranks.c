@@ -1,0 +1,72 @@
+/* A pipeline's stages in the reports (docs/parallel.md): the text table
+ * and JSON's "ranks" and "worst_rank". */
+#include <stdio.h>
+
+#include "report/report_internal.h"
+
+static const char *bytes(uint64_t v, char *buf)
+{
+    ml_format_bytes(v, buf, 32);
+    return buf;
+}
+
+void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l)
+{
+    const size_t n = ml_ledger_rank_count(l), w = ml_ledger_worst_rank(l);
+    if (!n)
+        return;
+    const ml_training *t = &cfg->training;
+    fprintf(f, "Pipeline stages (%s, %llu micro-batches a step; the plan below is stage %zu's, "
+               "the fullest)\n",
+            ml_pp_schedule_name(t->pp_schedule), (unsigned long long)t->grad_accum, w);
+    fprintf(f, "  %-6s %-16s %14s %9s %12s %12s %13s\n", "stage", "layers", "params", "in flight",
+            "saved/micro", "peak", "device total");
+    for (size_t i = 0; i < n; i++) {
+        const ml_rank_info *r = ml_ledger_rank(l, i);
+        char lay[40], num[40], a[32], b[32], c[32];
+        snprintf(lay, sizeof lay, "%s%u-%u%s", r->embedding ? "emb, " : "", r->first_layer,
+                 r->first_layer + r->layers - 1, r->head ? ", head" : "");
+        if (t->virtual_stages > 1)
+            snprintf(lay, sizeof lay, "%s%u in %llu chunks%s", r->embedding ? "emb, " : "",
+                     r->layers, (unsigned long long)t->virtual_stages, r->head ? ", head" : "");
+        ml__report_commas(r->params, num, sizeof num);
+        fprintf(f, "  %-6zu %-16s %14s %9.4g %12s %12s %13s%s\n", i, lay, num, r->in_flight,
+                bytes(r->activations_saved, a), bytes(r->peak, b), bytes(r->device_total, c),
+                i == w ? "  <- fullest" : "");
+    }
+    fputc('\n', f);
+}
+
+void ml__report_json_ranks(FILE *f, const ml_ledger *l)
+{
+    const size_t n = ml_ledger_rank_count(l);
+    if (!n) {
+        fputs(",\n \"ranks\": null, \"worst_rank\": null", f);
+        return;
+    }
+    fputs(",\n \"ranks\": [", f);
+    for (size_t i = 0; i < n; i++) {
+        const ml_rank_info *r = ml_ledger_rank(l, i);
+        fprintf(f,
+                "%s\n  {\"stage\": %u, \"layers\": [%u, %u], \"layer_count\": %u, "
+                "\"embedding\": %s, \"head\": %s, \"params\": %llu, \"in_flight\": %.17g, "
+                "\"activations_saved\": %llu, \"peak\": %llu, \"reserved\": ",
+                i ? "," : "", r->stage, r->first_layer, r->first_layer + r->layers, r->layers,
+                r->embedding ? "true" : "false", r->head ? "true" : "false",
+                (unsigned long long)r->params, r->in_flight,
+                (unsigned long long)r->activations_saved, (unsigned long long)r->peak);
+        if (r->has_reserved)
+            fprintf(f, "%llu", (unsigned long long)r->reserved);
+        else
+            fputs("null", f);
+        fprintf(f, ", \"device_total\": %llu, \"fits\": %s, \"headroom\": ",
+                (unsigned long long)r->device_total,
+                r->has_device ? (r->fits ? "true" : "false") : "null");
+        if (r->has_device)
+            fprintf(f, "%lld", (long long)r->headroom);
+        else
+            fputs("null", f);
+        fprintf(f, ", \"p2p_bytes\": %.17g}", r->p2p_bytes);
+    }
+    fprintf(f, "],\n \"worst_rank\": %zu", ml_ledger_worst_rank(l));
+}
