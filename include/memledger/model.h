@@ -131,6 +131,17 @@ typedef enum ml_pp_schedule {
 
 #define ML_PP_MAX_STAGES 256
 
+/* The training engine whose layers and gradients the plan models
+ * (docs/parallel.md, "Megatron-core's layer"): eager PyTorch (Hugging
+ * Face's and nanoGPT's modules, the default), or Megatron-LM's GPT layer
+ * (its fused masked softmax keeps no mask) with its fp32 main-gradient
+ * buffer, resident all iteration. */
+typedef enum ml_engine {
+    ML_ENGINE_EAGER,
+    ML_ENGINE_MEGATRON,
+    ML_ENGINE_COUNT
+} ml_engine;
+
 /* What optimizer.zero_grad() does between iterations. */
 typedef enum ml_zero_grad {
     ML_ZERO_GRAD_SET_TO_NONE, /* frees every .grad (PyTorch 2.x's default) */
@@ -181,6 +192,7 @@ typedef struct ml_training {
     uint32_t npp_layers;           /* parallel.pp_layers: layers of each stage, in order;
                                       0: an even split */
     uint32_t pp_layers[ML_PP_MAX_STAGES];
+    ml_engine engine;              /* training.engine: eager (default) or megatron */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it
@@ -413,6 +425,9 @@ ML_API const char *ml_zero_grad_name(ml_zero_grad z);
 /* "same", "none", "full", "frozen". */
 ML_API const char *ml_vision_tower_name(ml_vision_tower v);
 ML_API bool ml_offload_parse(const char *s, ml_offload *out);
+/* "eager", "megatron"; ml_engine_parse reads them. */
+ML_API const char *ml_engine_name(ml_engine e);
+ML_API bool ml_engine_parse(const char *s, ml_engine *out);
 /* "1f1b", "gpipe", "interleaved"; ml_pp_schedule_parse reads them. */
 ML_API const char *ml_pp_schedule_name(ml_pp_schedule s);
 ML_API bool ml_pp_schedule_parse(const char *s, ml_pp_schedule *out);

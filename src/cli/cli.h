@@ -40,6 +40,7 @@ typedef struct {
     const char *lengths, *batching, *max_tokens, *buckets;
     /* the parallel layout: --parallel LAYOUT, --tp N, --sp / --no-sp ("on",
      * "off"), and the splits not modelled yet (refused above 1) */
+    const char *engine; /* --engine eager|megatron */
     const char *parallel, *tp, *sp, *pp, *vpp, *cp, *ep, *etp, *pp_schedule, *micro_batches,
         *pp_layers;
     bool auto_checkpoint; /* --checkpoint auto (fit) */

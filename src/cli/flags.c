@@ -27,6 +27,7 @@ static const struct {
     {"training.checkpoint", "--checkpoint", NULL, OPT(checkpoint)},
     {"training.data_parallel", "--data-parallel", NULL, OPT(data_parallel)},
     {"parallel.tp", "--tp", NULL, OPT(tp)},
+    {"training.engine", "--engine", NULL, OPT(engine)},
     {"parallel.sp", "--sp", "--no-sp", OPT(sp)},
     {"parallel.pp", "--pp", NULL, OPT(pp)},
     {"parallel.vpp", "--vpp", NULL, OPT(vpp)},

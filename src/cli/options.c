@@ -124,6 +124,7 @@ static const struct {
     {"--max-tokens", offsetof(ml_cli_opts, max_tokens)},
     {"--buckets", offsetof(ml_cli_opts, buckets)},
     {"--parallel", offsetof(ml_cli_opts, parallel)},
+    {"--engine", offsetof(ml_cli_opts, engine)},
     {"--tp", offsetof(ml_cli_opts, tp)},
     {"--pp", offsetof(ml_cli_opts, pp)},
     {"--vpp", offsetof(ml_cli_opts, vpp)},

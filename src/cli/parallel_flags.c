@@ -75,5 +75,14 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
     }
     if (o->sp)
         t->sequence_parallel = !strcmp(o->sp, "on") ? ML_SP_ON : ML_SP_OFF;
+    if (o->engine) {
+        if (!ml_engine_parse(o->engine, &t->engine)) {
+            ml_cli_errorf("--engine: '%s' is not an engine; use eager or megatron", o->engine);
+            return ML_EXIT_BAD_INPUT;
+        }
+        /* Megatron's gradient buffer: zeroed, not freed (unless --zero-grad says) */
+        if (t->engine == ML_ENGINE_MEGATRON && !o->zero_grad)
+            t->zero_grad = ML_ZERO_GRAD_ZERO;
+    }
     return 0;
 }

@@ -465,7 +465,7 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
         O = nanogpt_fused(g, qkv, qh, kh, vh, a->rope);
         g->op[g->nop - 1].causal = !a->unmasked;
     } else {
-        uint16_t qkc, P = eager_scores(g, qh, kh, !a->unmasked, &qkc);
+        uint16_t qkc, P = eager_scores(g, qh, kh, !a->unmasked && !a->fused_softmax, &qkc);
         probs = eager_pv(g, L, P, vh, qkc, &O);
     }
     uint16_t Oc, y = ml__kit_attention_out(g, L, O, NULL, 0, &Oc);

@@ -50,6 +50,8 @@ typedef struct {
     bool softcap;        /* Gemma 2's scores / cap, tanh, * cap (eager only) */
     bool mask;           /* an additive causal mask on the scores (hf: the
                             decoders'; an image encoder has none) */
+    bool fused_softmax;  /* nanoGPT's scale, masked_fill and softmax as one kernel
+                            that saves its output only (Megatron-core's) */
     bool unmasked;       /* nanoGPT's layout without its masked_fill (a
                             sequential model's attention layer with causal:
                             false, graph/kit_seq.c) */

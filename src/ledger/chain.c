@@ -181,6 +181,8 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
         st = ml__tp_refused(m, t, NULL, err);
     if (!st)
         st = ml__pp_refused(m, t, NULL, err);
+    if (!st)
+        st = ml__engine_refused(m, t, err);
     if (st)
         return st;
     /* OLMo's norm exists in the op graph only: a model whose layers the
@@ -243,10 +245,12 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
         refused = ml__pp_refused(m, &cfg->training, cfg, err);
     if (refused)
         return refused;
-    /* one tensor-parallel rank: the chain of its narrower model */
+    /* one tensor-parallel rank: the chain of its narrower model; Megatron's
+     * layer: its fused masked softmax */
     ml_model rank;
-    if (cfg->training.tensor_parallel > 1) {
+    if (cfg->training.tensor_parallel > 1 || cfg->training.engine == ML_ENGINE_MEGATRON) {
         ml__tp_rank_model(m, &cfg->training, &rank);
+        rank.attn.fused_softmax = cfg->training.engine == ML_ENGINE_MEGATRON;
         m = &rank;
     }
     if (cfg->training.expert_imbalance > 1 && !m->moe.experts)
@@ -266,6 +270,10 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
                           m->attn.kernel == ML_ATTN_SDPA ? "sdpa" : "flash");
     reserve(ch, m);
     ch->prec = ml__prec_of(cfg->training.precision);
+    /* Megatron accumulates and all-reduces gradients in fp32 (arguments.py
+     * sets accumulate_allreduce_grads_in_fp32 with --bf16): main_grad */
+    if (cfg->training.engine == ML_ENGINE_MEGATRON)
+        ch->prec.grad = 4;
     ml_status st = m->type == ML_MODEL_SEQUENTIAL ? ml__chain_build_sequential(m, cfg, ch, err)
                    : m->type == ML_MODEL_ENCDEC   ? ml__chain_build_t5(m, cfg, ch, err)
                    : m->vision.layers             ? ml__chain_build_llava(m, cfg, ch, err)

@@ -256,6 +256,9 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
 ml_status ml__tp_refused(const ml_model *m, const ml_training *t, const ml_config *cfg,
                          ml_error *err);
 void ml__tp_rank_model(const ml_model *m, const ml_training *t, ml_model *rank);
+/* training.engine: megatron's conditions (tensor_parallel.c): ML_RANGE
+ * with the reason when m or t is not what Megatron-core's GPT layer runs. */
+ml_status ml__engine_refused(const ml_model *m, const ml_training *t, ml_error *err);
 /* The bytes one rank sends per iteration in the tensor-parallel
  * collectives (docs/parallel.md), the layers checkpointed where seg[k] >=
  * 0 (seg NULL: none). */

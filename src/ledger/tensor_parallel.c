@@ -160,3 +160,28 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
     const double per_micro = f * (S * (layer * L + recompute * R + embed + head) + loss);
     return per_micro * (double)(t->grad_accum ? t->grad_accum : 1);
 }
+
+ml_status ml__engine_refused(const ml_model *m, const ml_training *t, ml_error *err)
+{
+    if (t->engine != ML_ENGINE_MEGATRON)
+        return ML_OK;
+    if (m->type != ML_MODEL_DECODER || m->vision.layers || m->norms.kind != ML_NORM_LAYERNORM ||
+        !m->residual.prenorm || m->residual.parallel || m->moe.experts || m->attn.kv_lora ||
+        m->attn.kernel != ML_ATTN_EAGER || m->embed.image_size)
+        return ml__errorf(err, ML_RANGE,
+                          "training.engine: megatron plans Megatron-core's GPT layer (pre-norm "
+                          "LayerNorm, unfused attention with its fused masked softmax); %s's "
+                          "layout is another: use engine eager",
+                          m->name);
+    if (t->precision != ML_PREC_BF16_MASTER && t->precision != ML_PREC_FP16_MASTER)
+        return ml__errorf(err, ML_RANGE,
+                          "training.engine: megatron trains a bf16 or fp16 model with fp32 "
+                          "master weights (--bf16, --fp16): use precision bf16-master or "
+                          "fp16-master");
+    if (t->zero_grad != ML_ZERO_GRAD_ZERO)
+        return ml__errorf(err, ML_RANGE,
+                          "training.zero_grad: set_to_none with engine megatron, whose fp32 "
+                          "gradient buffer lives all iteration (zeroed, never freed): use "
+                          "zero_grad zero");
+    return ML_OK;
+}

@@ -99,6 +99,14 @@ static ml_status training_named(const char *key, const char *k, const char *v, m
         if (!(st = named(key, v, vision_tower_name, ML_VT_COUNT, &u, "same, none, full or frozen",
                          err)))
             t->vision_tower = (ml_vision_tower)u;
+    } else if (!strcmp(k, "engine")) {
+        ml_engine e;
+        if (!ml_engine_parse(v, &e))
+            return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is not an engine; use eager or "
+                                 "megatron", key, v);
+        t->engine = e;
+        if (e == ML_ENGINE_MEGATRON) /* its gradient buffer: zeroed, not freed */
+            t->zero_grad = ML_ZERO_GRAD_ZERO;
     } else if (!strcmp(k, "zero_grad")) {
         if (!(st = named(key, v, zero_grad_name, ML_ZERO_GRAD_COUNT, &u, "set_to_none or zero",
                          err)))

@@ -101,6 +101,10 @@ typedef struct {
                                Llama's attention_bias) */
     uint64_t sliding_window; /* HF sliding_window: a longer planned sequence is refused
                                 (the window is not modelled); 0 = none */
+    bool fused_softmax;      /* Megatron's scaled upper-triangular masked softmax
+                                (megatron/core/fusions/fused_softmax.py): the causal
+                                mask made inside the kernel, nothing saved for it; set
+                                for training.engine: megatron (chain.c) */
     bool fused_proj;         /* one qkv_proj (and the MLP's one gate_up_proj) whose outputs
                                 are sliced and chunked (HF Phi-3; docs/inventory.md, "Phi-3
                                 block") */

@@ -19,6 +19,37 @@ bool ml_training_sp(const ml_training *t)
 }
 
 static const char *const schedules[ML_PP_COUNT] = {"1f1b", "gpipe", "interleaved"};
+static const char *const engines[ML_ENGINE_COUNT] = {"eager", "megatron"};
+
+const char *ml_engine_name(ml_engine e)
+{
+    return (unsigned)e < ML_ENGINE_COUNT ? engines[e] : "?";
+}
+
+bool ml_engine_parse(const char *s, ml_engine *out)
+{
+    for (unsigned i = 0; i < ML_ENGINE_COUNT; i++)
+        if (!strcmp(s, engines[i])) {
+            *out = (ml_engine)i;
+            return true;
+        }
+    return false;
+}
+
+ml_status ml__schema_engine(ml_error *err, const ml_node *t, ml_training *tr)
+{
+    if (!ml__tree_get(t, "engine"))
+        return ML_OK;
+    unsigned e = 0;
+    ml_status st = ml__tree_enum(err, t, "engine", "training", engines, ML_ENGINE_COUNT, &e);
+    if (st)
+        return st;
+    tr->engine = (ml_engine)e;
+    /* Megatron's gradient buffer lives all iteration: zeroed, not freed */
+    if (tr->engine == ML_ENGINE_MEGATRON && !ml__tree_get(t, "zero_grad"))
+        tr->zero_grad = ML_ZERO_GRAD_ZERO;
+    return ML_OK;
+}
 
 const char *ml_pp_schedule_name(ml_pp_schedule s)
 {

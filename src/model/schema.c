@@ -127,7 +127,7 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
                                        "allgather_bucket_size", "logits",
                                        "eval_batch",     "eval_seq_len",  "zero_grad",
                                        "logits_chunk",   "expert_imbalance", "target_len",
-                                       "vision_tower"};
+                                       "vision_tower",   "engine"};
     ml_status st;
     if ((st = ml__tree_need_map(err, t, "training")) ||
         (st = ml__tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
@@ -146,7 +146,8 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
         (st = ml__tree_double(err, t, "expert_imbalance", "training", 1, 1e6, false,
                               &tr->expert_imbalance)))
         return st;
-    if ((st = training_kinds(err, t, tr)) || (st = ml__schema_vision_tower(err, t, m)))
+    if ((st = training_kinds(err, t, tr)) || (st = ml__schema_vision_tower(err, t, m)) ||
+        (st = ml__schema_engine(err, t, tr)))
         return st;
     if (tr->logits_chunk && tr->logits != ML_LOGITS_FUSED)
         return ml__error_at(err, ml__tree_get(t, "logits_chunk"), ML_SCHEMA,

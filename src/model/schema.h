@@ -44,6 +44,9 @@ ml_status ml__schema_vision_tower(ml_error *err, const ml_node *t, ml_model *m);
 /* The top-level parallel: section, a mapping or the compact form
  * (parallel.c). */
 ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m);
+/* training.engine (parallel.c): megatron also keeps the gradients
+ * (zero_grad: zero) unless the section says otherwise. */
+ml_status ml__schema_engine(ml_error *err, const ml_node *t, ml_training *tr);
 /* ml_config_set's parallel.KEY (parallel.c). */
 ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_error *err);
 /* The keys a transformer's model: accepts (schema_variants.c). */

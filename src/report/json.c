@@ -58,6 +58,7 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
             (unsigned long long)(t->virtual_stages > 1 ? t->virtual_stages : 1),
             ml_pp_schedule_name(t->pp_schedule), (unsigned long long)t->data_parallel,
             (unsigned long long)(tp * pp * t->data_parallel));
+    fprintf(f, ", \"engine\": \"%s\"", ml_engine_name(t->engine));
     /* an encoder-decoder's second length */
     if (ml_model_target_len(m, t))
         fprintf(f, ", \"target_len\": %llu", (unsigned long long)ml_model_target_len(m, t));

@@ -50,6 +50,10 @@ static bool same_block(const ml_block_info *a, const ml_block_info *b)
 /* The parallel layout, when the model is split over devices. */
 static void text_parallel(FILE *f, const ml_training *t)
 {
+    if (t->engine == ML_ENGINE_MEGATRON)
+        fputs("engine: megatron (Megatron-core's GPT layer: fused masked softmax; fp32 main "
+              "gradients in a buffer kept all iteration)\n",
+              f);
     const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
     const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
     if (tp == 1 && pp == 1)

@@ -397,6 +397,68 @@ static void test_stage_refusals(void **state)
     ml_model_destroy(m);
 }
 
+/* Megatron-core's GPT layer (training.engine: megatron) at Korthikanti et
+ * al.'s 22B shape (h 6144, a 64, s 2048, b 4, t 8): their section 4's
+ * sbh (10 + 24/t + 5as/(ht)) bytes a layer with tensor parallelism alone,
+ * sbh 34/t with sequence parallelism and selective recompute, plus the two
+ * LayerNorms' fp32 mean and rstd, 16 bytes a token (over t with SP), which
+ * the formula leaves out. */
+static const char *gpt22 =
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 6144\n  heads: 64\n  ffn: 24576\n"
+    "  activation: gelu\n  norm: layernorm\n  vocab: 51200\n  max_positions: 2048\n"
+    "  position: learned\n  tied_embeddings: false\n  bias: true\n  attention: eager\n"
+    "  dropout: 0.1\ntraining:\n  micro_batch: 4\n  seq_len: 2048\n"
+    "  precision: bf16-master\n  optimizer: adamw\n  engine: megatron\n"
+    "parallel:\n  tp: 8\n";
+
+static void test_megatron_layer(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(gpt22);
+    ml_config c = ml_model_config(m);
+    assert_int_equal(c.training.engine, ML_ENGINE_MEGATRON);
+    assert_int_equal(c.training.zero_grad, ML_ZERO_GRAD_ZERO); /* its buffer stays */
+    const uint64_t s = 2048, b = 4, h = 6144, a = 64, t = 8, sbh = s * b * h;
+    c.training.sequence_parallel = ML_SP_OFF;
+    ml_ledger *l = eval(m, &c, false);
+    /* sbh (10 + 24/8 + 5 * 64 * 2048 / (6144 * 8)) = sbh * 79/3 */
+    assert_int_equal(block(l, "block.0")->activations_saved,
+                     sbh * 10 + sbh * 24 / t + 5 * a * s * s * b / t + 16 * s * b);
+    /* fp32 main gradients: 4 bytes a parameter */
+    assert_int_equal(ml_ledger_summary(l)->bytes_grads, 4 * ml_ledger_summary(l)->params);
+    ml_ledger_destroy(l);
+    c.training.sequence_parallel = ML_SP_AUTO;
+    c.training.checkpoint.kind = ML_CKPT_SELECTIVE;
+    l = eval(m, &c, false);
+    assert_int_equal(block(l, "block.0")->activations_saved, sbh * 34 / t + 16 * s * b / t);
+    ml_ledger_destroy(l);
+    /* eager PyTorch's layer keeps nanoGPT's (T, T) bool causal mask too */
+    c.training.engine = ML_ENGINE_EAGER;
+    c.training.sequence_parallel = ML_SP_OFF;
+    c.training.checkpoint.kind = ML_CKPT_NONE;
+    l = eval(m, &c, false);
+    assert_int_equal(block(l, "block.0")->activations_saved,
+                     sbh * 10 + sbh * 24 / t + 5 * a * s * s * b / t + 16 * s * b + s * s);
+    ml_ledger_destroy(l);
+    ml_error e;
+    c.training.engine = ML_ENGINE_MEGATRON;
+    c.training.precision = ML_PREC_AMP_BF16;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "bf16-master"));
+    c.training.precision = ML_PREC_BF16_MASTER;
+    c.training.zero_grad = ML_ZERO_GRAD_SET_TO_NONE;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    ml_model_destroy(m);
+    m = load_str(llama); /* RMSNorm and SwiGLU: not Megatron's GPT layout */
+    c = ml_model_config(m);
+    c.training.engine = ML_ENGINE_MEGATRON;
+    c.training.precision = ML_PREC_BF16_MASTER;
+    c.training.zero_grad = ML_ZERO_GRAD_ZERO;
+    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "GPT layer"));
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -405,6 +467,7 @@ int main(void)
         cmocka_unit_test(test_compact_layout),   cmocka_unit_test(test_yaml_section),
         cmocka_unit_test(test_stage_inventory),  cmocka_unit_test(test_in_flight_peak),
         cmocka_unit_test(test_interleaved_in_flight), cmocka_unit_test(test_stage_refusals),
+        cmocka_unit_test(test_megatron_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
