@@ -245,8 +245,9 @@ bool ml__graph_tp_split(const ml_graph *g, uint16_t t)
     return false;
 }
 
-void ml__graph_shard_sequence(ml_graph *g)
+void ml__graph_shard_sequence(ml_graph *g, uint64_t div)
 {
+    g->seq_div = div;
     for (uint16_t i = 0; i < g->nt; i++) {
         mlg_tensor *p = &g->t[i];
         p->seq = p->role == MLG_INPUT && has_dim(p, MLG_T) && has_dim(p, MLG_D) &&
@@ -261,16 +262,22 @@ void ml__graph_shard_sequence(ml_graph *g)
         }
         for (unsigned j = 0; j < o->nparam; j++)
             split_in |= ml__graph_tp_split(g, o->param[j]);
+        g->op[k].sp_site = MLG_SP_NONE;
+        if (seq_in && o->nout && ml__graph_tp_split(g, o->out[0]))
+            g->op[k].sp_site = MLG_SP_COLUMN;
         for (unsigned j = 0; j < o->nout; j++) {
             mlg_tensor *p = &g->t[o->out[j]];
             if (p->role == MLG_VIEW && p->base != MLG_NONE)
                 p->seq = g->t[p->base].seq && has_dim(p, MLG_T);
             else if (ml__graph_tp_split(g, o->out[j]) || !has_dim(p, MLG_T))
                 p->seq = false;
-            else if (split_in) /* row-parallel: reduce-scattered over the tokens */
+            else if (split_in) { /* row-parallel: reduce-scattered over the tokens */
                 p->seq = has_dim(p, MLG_D);
-            else
+                if (p->seq && j == 0)
+                    g->op[k].sp_site = MLG_SP_ROW;
+            } else {
                 p->seq = seq_in;
+            }
         }
     }
 }
@@ -343,8 +350,17 @@ void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool ev
                 alias[o->out[0]] = alias[o->in[0]];
             continue;
         }
+        /* a row-parallel op writes its whole output, reduce-scatters it
+         * into the shard, then frees it (Megatron's
+         * _reduce_scatter_along_first_dim, tensor_parallel/mappings.py) */
+        uint64_t whole = 0;
+        if (o->sp_site == MLG_SP_ROW && o->nout &&
+            __builtin_mul_overflow(tb[o->out[0]], g->seq_div, &whole))
+            l.bad = true;
+        put(&l, whole);
         for (unsigned j = 0; j < o->nout; j++)
             put(&l, tb[o->out[j]]);
+        drop(&l, whole);
         for (unsigned j = 0; grad && j < o->nsave; j++)
             saved[ml__graph_storage(g, alias[o->save[j]])] = true;
         for (unsigned j = 0; j < o->nfree; j++) {

@@ -109,6 +109,12 @@ enum {
                           the chain holds it, so saving it lists nothing */
 };
 
+/* mlg_op.sp_site: a column-parallel op reads a sequence shard (gathered
+ * first, gathered again in its backward, its input's gradient
+ * reduce-scattered); a row-parallel op reduce-scatters its whole output
+ * into a shard (its output's gradient gathered in its backward). */
+enum { MLG_SP_NONE = 0, MLG_SP_COLUMN = 1, MLG_SP_ROW = 2 };
+
 #define MLG_NONE 0xffffu
 #define MLG_MAX_TENSORS 160
 #define MLG_MAX_OPS 160
@@ -166,6 +172,8 @@ typedef struct {
                             already held for the same tensor (input_buffer.cpp) */
     bool scratch_in;     /* a scratch as large as gin[0]'s gradient */
     bool overfull;       /* a builder listed more than an array holds */
+    uint8_t sp_site;     /* sequence parallelism's collective at this op
+                            (ml__graph_shard_sequence): MLG_SP_COLUMN, MLG_SP_ROW */
     bool accum_but_last; /* in the repeated group: accum, except in the last
                             instance, whose node runs first in backward and
                             makes the buffer */
@@ -198,6 +206,7 @@ typedef struct {
     uint8_t nlit;
     uint64_t lit[MLG_NLIT]; /* the sizes of MLG_L0 + i */
     mlg_repeat rep; /* the group repeated once per instance (none: t1 == t0) */
+    uint64_t seq_div; /* sequence parallelism's ranks, once sharded (0: none) */
 } ml_graph;
 
 /* The sizes a configuration substitutes: each dimension's, and the bytes
@@ -226,8 +235,8 @@ bool ml__graph_tp_split(const ml_graph *g, uint16_t t);
  * tensors without a split dimension, and what a row-parallel op (one that
  * reads a split tensor or parameter and writes none) reduce-scatters; not
  * what a column-parallel op makes (its input gathered first), nor a split
- * tensor. */
-void ml__graph_shard_sequence(ml_graph *g);
+ * tensor; the ops at the collectives get their sp_site. div: the ranks. */
+void ml__graph_shard_sequence(ml_graph *g, uint64_t div);
 
 /* ---- building (graph.c) ---- */
 void ml__graph_init(ml_graph *g);

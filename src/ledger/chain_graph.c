@@ -93,7 +93,7 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
     memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
     if (d->sp > 1) {
         z->seq_div = d->sp;
-        ml__graph_shard_sequence(&G->g);
+        ml__graph_shard_sequence(&G->g, d->sp);
     }
     ml__ck_graph_dtype_bytes(ch, G);
     /* no forward programs with experts, nor for a LayerNorm layout with
@@ -438,8 +438,17 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     ml__ck_node(ch, b, o->node, gin, pg, gout, rel[0], rel[1]);
     for (unsigned j = 2; j < nrel; j++)
         ml__ck_node_claim(ch, b, rel[j]);
-    if (o->scratch_in && o->ngin)
-        ml__ck_node_scratch(ch, b, tb[o->gin[0]]);
+    uint64_t scratch = o->scratch_in && o->ngin ? tb[o->gin[0]] : 0;
+    /* sequence parallelism's collectives in the backward (Megatron,
+     * tensor_parallel/layers.py and mappings.py): a column-parallel op
+     * computes its input's whole gradient, then reduce-scatters it into
+     * the shard; a row-parallel op gathers its output's gradient whole */
+    if (o->sp_site == MLG_SP_COLUMN && o->ngin)
+        scratch = ml_add(ch, scratch, ml_mul(ch, tb[o->gin[0]], g->seq_div));
+    else if (o->sp_site == MLG_SP_ROW && o->nout)
+        scratch = ml_add(ch, scratch, ml_mul(ch, tb[o->out[0]], g->seq_div));
+    if (scratch)
+        ml__ck_node_scratch(ch, b, scratch);
 }
 
 /* The repeated group's nodes, once per instance at its sizes. */

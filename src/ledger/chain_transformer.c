@@ -213,6 +213,12 @@ ml_status ml__chain_build_transformer(const ml_model *m, const ml_config *cfg, m
         return ml__ck_declined(m, "head", err);
     if (st != ML_OK)
         return st;
+    /* sequence parallelism: Megatron gathers a column-parallel linear's
+     * input into one buffer it keeps and reuses for every gather, forward
+     * and backward (get_global_memory_buffer, tensor_parallel/layers.py):
+     * the whole B x T x D stream, resident once the first layer has run */
+    if (d.sp > 1)
+        ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml__ck_mul3(ch, d.BT, d.D, ch->prec.w));
     for (size_t i = 0; i < ch->n; i++)
         if (ch->blocks[i].flops_bwd == 0 && !ch->blocks[i].grads_in_fwd)
             ch->blocks[i].flops_bwd = 2.0 * ch->blocks[i].flops_fwd;

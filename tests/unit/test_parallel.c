@@ -2,6 +2,7 @@
  * figures are worked by hand from the layer's tensors; tests/torch/tp_twins.py
  * measures the same ranks over gloo. */
 #include "harness.h"
+#include "graph/graph.h"  /* the sequence-parallel pass on a hand-built graph */
 #include "ledger/chain.h" /* ml__pp_in_flight */
 
 /* The shape of tests/torch/models-tp/llama-tp.yaml: B 2, T 24, D 64, 8
@@ -459,6 +460,66 @@ static void test_megatron_layer(void **state)
     ml_model_destroy(m);
 }
 
+/* Sequence parallelism on a two-op graph, B 1, T 4, D 2, DQ 6, fp32: a
+ * column-parallel op reads the sharded input x (B T D) and writes y
+ * (B T DQ, whole over the tokens); a row-parallel op reads y and writes z
+ * (B T D), which it first writes whole (32 B), reduce-scatters into its
+ * shard (16 B at 2 ranks), then frees. Under no_grad: y 96 B, then 32 B
+ * and the 16 B shard beside it, y freed last: a peak of 144 B. */
+static void test_sp_graph(void **state)
+{
+    (void)state;
+    ml_graph g;
+    ml__graph_init(&g);
+    uint16_t x = ml__graph_tensor(&g, "x", MLG_COMPUTE, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
+    uint16_t wc = ml__graph_tensor(&g, "wc", MLG_PARAM, MLG_PARAMETER, 2, MLG_DQ, MLG_D);
+    uint16_t wr = ml__graph_tensor(&g, "wr", MLG_PARAM, MLG_PARAMETER, 2, MLG_D, MLG_DQ);
+    uint16_t y = ml__graph_tensor(&g, "y", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_DQ);
+    uint16_t z = ml__graph_tensor(&g, "z", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_D);
+    mlg_op *o = ml__graph_step(&g, MLG_OP_MATMUL, "column", x, y, "MmBackward0");
+    ml__op_param(o, wc);
+    o = ml__graph_step(&g, MLG_OP_MATMUL, "row", y, z, "MmBackward0");
+    ml__op_param(o, wr);
+    ml__op_free(o, y);
+    ml__graph_shard_sequence(&g, 2);
+    assert_true(g.t[x].seq && !g.t[y].seq && g.t[z].seq);
+    assert_int_equal(g.op[0].sp_site, MLG_SP_COLUMN);
+    assert_int_equal(g.op[1].sp_site, MLG_SP_ROW);
+    ml_graph_sizes z_ = {0};
+    z_.dim[MLG_B] = 1, z_.dim[MLG_T] = 4, z_.dim[MLG_D] = 2, z_.dim[MLG_DQ] = 6;
+    z_.seq_div = 2;
+    for (unsigned i = 0; i < MLG_NDTYPES; i++)
+        z_.bytes[i] = 4;
+    uint64_t tb[MLG_MAX_TENSORS];
+    ml__graph_bytes(&g, &z_, tb);
+    assert_int_equal(tb[x], 16);
+    assert_int_equal(tb[y], 96);
+    assert_int_equal(tb[z], 16);
+    ml_graph_live l;
+    ml__graph_forward(&g, tb, false, false, &l);
+    assert_false(l.bad);
+    assert_int_equal(l.peak, 96 + 32 + 16);
+}
+
+/* With sequence parallelism the plan keeps Megatron's gather buffer, the
+ * whole B T D stream (2 x 24 x 64 x 4 B), from the first layer on. */
+static void test_sp_buffer(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama);
+    ml_config c = ml_model_config(m);
+    c.training.tensor_parallel = 2;
+    c.training.sequence_parallel = ML_SP_OFF;
+    ml_ledger *a = eval(m, &c, false);
+    c.training.sequence_parallel = ML_SP_ON;
+    ml_ledger *b = eval(m, &c, false);
+    assert_int_equal(ml_ledger_summary(b)->bytes_buffers - ml_ledger_summary(a)->bytes_buffers,
+                     2 * 24 * 64 * 4);
+    ml_ledger_destroy(a);
+    ml_ledger_destroy(b);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -467,7 +528,8 @@ int main(void)
         cmocka_unit_test(test_compact_layout),   cmocka_unit_test(test_yaml_section),
         cmocka_unit_test(test_stage_inventory),  cmocka_unit_test(test_in_flight_peak),
         cmocka_unit_test(test_interleaved_in_flight), cmocka_unit_test(test_stage_refusals),
-        cmocka_unit_test(test_megatron_layer),
+        cmocka_unit_test(test_megatron_layer),   cmocka_unit_test(test_sp_graph),
+        cmocka_unit_test(test_sp_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
