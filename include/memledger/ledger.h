@@ -109,6 +109,9 @@ typedef struct ml_rank_info {
     int64_t headroom;
     double p2p_bytes;             /* activations and gradients it sends to the
                                      stages beside it per iteration */
+    double micro_s;               /* its forward, backward and recompute per
+                                     micro-batch (the step-time model's); < 0
+                                     unknown */
 } ml_rank_info;
 
 typedef struct ml_event {
@@ -319,6 +322,13 @@ typedef struct ml_summary {
     ml_phase_peak phase_eval[ML_PHASE_COUNT];
     /* the step time of the per-op model (ml_step_time) */
     ml_step_time time;
+    /* a pipeline (parallel.pp above 1; docs/parallel.md): the step of all
+     * its stages, each stage's micro-batches in the schedule's order with
+     * the slowest one setting the pace, its optimizer step after, and the
+     * share of it the stages wait (the bubble); < 0: no pipeline, or a
+     * stage's time unknown. time and step_time_s are this stage's own. */
+    double pipeline_step_s;
+    double pipeline_bubble;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -421,6 +421,7 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     const ml_training *t = &x->cfg->training;
     ml_summary *s = &l->sum;
     memset(s, 0, sizeof *s);
+    s->pipeline_step_s = s->pipeline_bubble = -1; /* no pipeline (pipeline_eval.c) */
     l->nevents = 0;
     ml__eval_model_states(ch, t, &x->ob, s);
     ml_shard sh;

@@ -56,6 +56,38 @@ static void rank_of(const ml_model *m, const ml_training *t, uint64_t r, const m
     ri->fits = s->fits;
     ri->headroom = s->headroom;
     ri->p2p_bytes = p2p_bytes(st, t, r, p);
+    const ml_step_time *tm = &s->time;
+    ri->micro_s = tm->source == ML_TIME_NONE
+                      ? -1
+                      : (tm->by_phase[ML_TPHASE_FORWARD] + tm->by_phase[ML_TPHASE_BACKWARD] +
+                         tm->by_phase[ML_TPHASE_RECOMPUTE]) /
+                            (double)(t->grad_accum ? t->grad_accum : 1);
+}
+
+/* The pipeline's step: with 1F1B or GPipe the first micro-batch passes
+ * every stage and the others follow at the slowest stage's pace,
+ * (m - 1) max t + sum t; with v virtual stages the fill and drain are v
+ * times shorter, (m + (p - 1) / v) max t (Narayanan et al. 2021,
+ * "Efficient Large-Scale Language Model Training on GPU Clusters", section
+ * 2.2); then the slowest optimizer step. The bubble: the share of it that
+ * is not the planned stage's own work. */
+static void pipeline_time(const ml_training *t, const ml_rank_info *ranks, size_t p,
+                          const ml_summary *worst, ml_summary *s)
+{
+    s->pipeline_step_s = s->pipeline_bubble = -1;
+    double sum = 0, max = 0, step = 0;
+    for (size_t r = 0; r < p; r++) {
+        if (ranks[r].micro_s < 0)
+            return;
+        sum += ranks[r].micro_s;
+        max = ranks[r].micro_s > max ? ranks[r].micro_s : max;
+    }
+    const double m = (double)(t->grad_accum ? t->grad_accum : 1);
+    const double v = t->virtual_stages > 1 ? (double)t->virtual_stages : 1;
+    step = worst->time.by_phase[ML_TPHASE_STEP];
+    const double pipe = v > 1 ? (m + (double)(p - 1) / v) * max : (m - 1) * max + sum;
+    s->pipeline_step_s = pipe + step;
+    s->pipeline_bubble = pipe > 0 ? 1 - m * max / pipe : 0;
 }
 
 /* Stage r's ledger: its chain replayed for one micro-batch, then with the
@@ -135,6 +167,7 @@ ml_status ml__pp_evaluate(const ml_model *m, const ml_config *cfg, const ml_chai
     worst->ranks = ranks;
     worst->nranks = (size_t)p;
     worst->worst_rank = wi;
+    pipeline_time(&cfg->training, ranks, (size_t)p, &worst->sum, &worst->sum);
     *out = worst;
     return ML_OK;
 }

@@ -13,6 +13,7 @@ static const char *bytes(uint64_t v, char *buf)
 void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l)
 {
     const size_t n = ml_ledger_rank_count(l), w = ml_ledger_worst_rank(l);
+    const ml_summary *s = ml_ledger_summary(l);
     if (!n)
         return;
     const ml_training *t = &cfg->training;
@@ -34,14 +35,21 @@ void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l)
                 bytes(r->activations_saved, a), bytes(r->peak, b), bytes(r->device_total, c),
                 i == w ? "  <- fullest" : "");
     }
+    if (s->pipeline_step_s >= 0)
+        fprintf(f, "  the pipeline's step: %.4g s, of which the stages wait %.1f %% (the bubble); "
+                   "the step time below is stage %zu's own work\n",
+                s->pipeline_step_s, 100 * s->pipeline_bubble, w);
     fputc('\n', f);
 }
 
 void ml__report_json_ranks(FILE *f, const ml_ledger *l)
 {
     const size_t n = ml_ledger_rank_count(l);
+    const ml_summary *s = ml_ledger_summary(l);
     if (!n) {
-        fputs(",\n \"ranks\": null, \"worst_rank\": null", f);
+        fputs(",\n \"ranks\": null, \"worst_rank\": null, \"pipeline_step_s\": null, "
+              "\"pipeline_bubble\": null",
+              f);
         return;
     }
     fputs(",\n \"ranks\": [", f);
@@ -66,7 +74,15 @@ void ml__report_json_ranks(FILE *f, const ml_ledger *l)
             fprintf(f, "%lld", (long long)r->headroom);
         else
             fputs("null", f);
-        fprintf(f, ", \"p2p_bytes\": %.17g}", r->p2p_bytes);
+        fprintf(f, ", \"p2p_bytes\": %.17g, \"micro_s\": ", r->p2p_bytes);
+        if (r->micro_s >= 0)
+            fprintf(f, "%.17g}", r->micro_s);
+        else
+            fputs("null}", f);
     }
-    fprintf(f, "],\n \"worst_rank\": %zu", ml_ledger_worst_rank(l));
+    fprintf(f, "],\n \"worst_rank\": %zu, \"pipeline_step_s\": ", ml_ledger_worst_rank(l));
+    if (s->pipeline_step_s >= 0)
+        fprintf(f, "%.17g, \"pipeline_bubble\": %.17g", s->pipeline_step_s, s->pipeline_bubble);
+    else
+        fputs("null, \"pipeline_bubble\": null", f);
 }

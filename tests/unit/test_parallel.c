@@ -334,6 +334,39 @@ static void test_in_flight_peak(void **state)
     ml_model_destroy(m);
 }
 
+/* The pipeline's step from its stages' times per micro-batch t_r: with
+ * 1F1B, (m - 1) max t + sum t, then the slowest optimizer step; the
+ * bubble is the share of it beyond m max t. Without a peak there is no
+ * time, and no pipeline step. */
+static void test_pipeline_step(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama4);
+    ml_config c = ml_model_config(m);
+    ml_error e;
+    assert_int_equal(ml_device_preset_apply("h100-sxm", &c.device, &e), ML_OK);
+    c.training.pipeline_parallel = 2;
+    c.training.grad_accum = 4;
+    ml_ledger *l = eval(m, &c, false);
+    const ml_rank_info *r0 = ml_ledger_rank(l, 0), *r1 = ml_ledger_rank(l, 1);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_true(r0->micro_s > 0 && r1->micro_s > 0);
+    const double max = r0->micro_s > r1->micro_s ? r0->micro_s : r1->micro_s;
+    const double pipe = 3 * max + r0->micro_s + r1->micro_s;
+    assert_rel_close(s->pipeline_step_s, pipe + s->time.by_phase[ML_TPHASE_STEP], 1e-12);
+    assert_rel_close(s->pipeline_bubble, 1 - 4 * max / pipe, 1e-12);
+    ml_ledger_destroy(l);
+    l = staged(m, 2, ML_PP_1F1B, 4); /* no device: untimed */
+    assert_true(ml_ledger_summary(l)->pipeline_step_s < 0);
+    ml_ledger_destroy(l);
+    c.training.pipeline_parallel = 1;
+    l = eval(m, &c, false);
+    assert_true(ml_ledger_summary(l)->pipeline_step_s < 0);
+    assert_int_equal(ml_ledger_rank_count(l), 0);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 /* Korthikanti et al. 2022, section 4.2.3: with the interleaved schedule
  * the first stage holds L (1 + (p - 1) / (p v)) layers' activations: at
  * p 8, v 3, L 96 (GPT-3 175B), 12 layers a stage in 31 / 3 micro-batches
@@ -529,7 +562,7 @@ int main(void)
         cmocka_unit_test(test_stage_inventory),  cmocka_unit_test(test_in_flight_peak),
         cmocka_unit_test(test_interleaved_in_flight), cmocka_unit_test(test_stage_refusals),
         cmocka_unit_test(test_megatron_layer),   cmocka_unit_test(test_sp_graph),
-        cmocka_unit_test(test_sp_buffer),
+        cmocka_unit_test(test_sp_buffer),        cmocka_unit_test(test_pipeline_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
