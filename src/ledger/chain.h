@@ -272,6 +272,10 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
 ml_status ml__pp_refused(const ml_model *m, const ml_training *t, const ml_config *cfg,
                          ml_error *err);
 double ml__pp_in_flight(const ml_training *t, uint64_t r);
+/* ... at a later micro-batch's backward, when every gradient exists
+ * (1F1B's steady state keeps the count; GPipe's later backwards hold one
+ * fewer, and so does a 1F1B stage that never leaves its warmup). */
+double ml__pp_in_flight_later(const ml_training *t, uint64_t r);
 void ml__pp_stage_layers(const ml_model *m, const ml_training *t, uint64_t r, uint64_t *first,
                          uint64_t *count);
 ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_training *t,

@@ -208,7 +208,6 @@ double ml__eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s
     const ml_chain *ch = r->ch;
     double flops_re = 0;
     unsigned micros = t->grad_accum > 1 ? 2 : 1;
-    ml__replay_alloc(r, ML_CAT_ACTIVATIONS, x->inflight);
     for (unsigned mb = 0; mb < micros; mb++) {
         r->micro = mb;
         /* the later micro-batch stands for the last one: the middle ones
@@ -219,10 +218,16 @@ double ml__eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s
             r->host_done *= (double)(t->grad_accum - 1);
         }
         r->flops_recompute = 0;
+        /* a pipeline stage: the micro-batches it holds meanwhile */
+        const uint64_t held = mb ? x->inflight.later : x->inflight.first;
+        const uint64_t stale = mb ? x->inflight.stale : 0;
+        ml__replay_alloc(r, ML_CAT_ACTIVATIONS, held);
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, stale);
         ml__replay_micro_batch(r);
+        ml__replay_free(r, ML_CAT_WORKSPACE, stale);
+        ml__replay_free(r, ML_CAT_ACTIVATIONS, held);
         flops_re = r->flops_recompute; /* identical for every micro-batch */
     }
-    ml__replay_free(r, ML_CAT_ACTIVATIONS, x->inflight);
     r->phase = ML_PHASE_OPTIMIZER;
     r->block = -1;
     ml__time_before_step(r, t, s->params);
@@ -440,7 +445,8 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
         r.grads_exist = true;
     }
     double flops_re = ml__eval_iteration(&r, x, s, false);
-    s->bytes_activations = r.act_end - x->inflight; /* one micro-batch's */
+    /* one micro-batch's (the last replayed), without the stage's others */
+    s->bytes_activations = r.act_end - (t->grad_accum > 1 ? x->inflight.later : x->inflight.first);
     if (s->peak_block >= 0)
         ml__name_join(s->peak_step, sizeof s->peak_step, ch->blocks[s->peak_block].name,
                       r.peak_sub ? r.peak_sub : "");
@@ -474,16 +480,18 @@ ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_c
 {
     if (cfg->training.pipeline_parallel > 1)
         return ml__pp_evaluate(m, cfg, chain, keep_events, whole, memo, out, err);
-    return ml__evaluate_stage(m, cfg, chain, keep_events, whole, memo, 0, out, err);
+    return ml__evaluate_stage(m, cfg, chain, keep_events, whole, memo, NULL, out, err);
 }
 
 ml_status ml__evaluate_stage(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
                              bool keep_events, bool whole, ml_reserved_memo *memo,
-                             uint64_t inflight, ml_ledger **out, ml_error *err)
+                             const ml_inflight *inflight, ml_ledger **out, ml_error *err)
 {
     const ml_training *t = &cfg->training;
     ml_chain ch = *chain; /* a copy for its overflow flag; the arrays stay the caller's */
-    ml_evalctx x = {.ch = &ch, .cfg = cfg, .whole = whole, .memo = memo, .inflight = inflight};
+    ml_evalctx x = {.ch = &ch, .cfg = cfg, .whole = whole, .memo = memo};
+    if (inflight)
+        x.inflight = *inflight;
     ml_status st;
     if ((st = ml__optim_bytes_of(&ch, t, &x.ob, err)) || (st = ml__eval_pass(m, &x, err)))
         return st;

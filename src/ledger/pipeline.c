@@ -136,6 +136,20 @@ double ml__pp_in_flight(const ml_training *t, uint64_t r)
     return (double)units / (double)v;
 }
 
+double ml__pp_in_flight_later(const ml_training *t, uint64_t r)
+{
+    const uint64_t p = pp_of(t), v = vpp_of(t), m = t->grad_accum ? t->grad_accum : 1;
+    const double first = ml__pp_in_flight(t, r);
+    if (p == 1 || m == 1)
+        return first;
+    if (t->pp_schedule == ML_PP_GPIPE) /* the first micro-batch's backward is done */
+        return first - 1;
+    /* 1F1B's steady state keeps the count (a forward before each backward);
+     * a pipeline that never reaches it (all warmup) holds one fewer */
+    const bool steady = v == 1 ? m > p - r : (double)(m * v) > first * (double)v;
+    return steady ? first : first - 1.0 / (double)v;
+}
+
 void ml__pp_stage_layers(const ml_model *m, const ml_training *t, uint64_t r, uint64_t *first,
                          uint64_t *count)
 {
@@ -150,6 +164,21 @@ void ml__pp_stage_layers(const ml_model *m, const ml_training *t, uint64_t r, ui
     }
     *count = m->layers / p;
     *first = r * *count;
+}
+
+/* The saved entry of the rotary tables among the blocks before the first
+ * layer (the embedding's); SIZE_MAX: none. */
+static size_t rotary_entry(const ml_chain *ch)
+{
+    for (size_t k = 0; k < ch->n && ch->blocks[k].ckpt_index < 0; k++) {
+        const ml_cblock *b = &ch->blocks[k];
+        for (size_t j = 0; j < b->nsaved; j++) {
+            const ml_saved *s = &ch->saved[b->saved_first + j];
+            if (s->what && !strncmp(s->what, "rotary", 6))
+                return b->saved_first + j;
+        }
+    }
+    return SIZE_MAX;
 }
 
 /* The parameter tensors' range of each block: blocks register theirs in
@@ -215,13 +244,13 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
         goto done; /* not a chain of one stream of blocks */
     const size_t n = stage_blocks(full, m, t, r, idx);
     *out = *full;
-    out->blocks = malloc((n + 1) * sizeof *out->blocks);
+    out->blocks = malloc((n + 2) * sizeof *out->blocks);
     out->saved = malloc((full->nsaved ? full->nsaved : 1) * sizeof *out->saved);
     out->nodes = malloc((full->nnodes ? full->nnodes : 1) * sizeof *out->nodes);
     out->work = malloc((full->nwork ? full->nwork : 1) * sizeof *out->work);
     out->params = malloc((full->nparams ? full->nparams : 1) * sizeof *out->params);
     out->sides = NULL;
-    out->cap = n + 1;
+    out->cap = n + 2;
     out->savedcap = out->nsaved;
     out->nodecap = out->nnodes;
     out->workcap = out->nwork;
@@ -236,9 +265,30 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
     memcpy(out->work, full->work, full->nwork * sizeof *out->work);
     out->nparams = 0;
     int layer = 0;
+    /* a stage after the first makes the rotary tables itself, as the
+     * embedding does on the first (each stage's model runs its
+     * rotary_pos_emb, Megatron's GPTModel.forward): the embedding block's
+     * entry of them, held like it to the stage's last backward */
+    size_t rot = rotary_entry(full);
+    size_t at = 0;
+    if (r > 0 && rot != SIZE_MAX) {
+        ml_cblock *b = &out->blocks[at++];
+        memset(b, 0, sizeof *b);
+        memcpy(b->name, "rotary", 7);
+        b->ckpt_index = -1;
+        b->fwd_phase = ML_PHASE_FORWARD;
+        b->saved_first = rot;
+        b->nsaved = 1;
+        b->saved_bytes = full->saved[rot].bytes;
+        b->node_first = full->nnodes;
+        b->work_first = (uint32_t)full->nwork;
+        b->work_known = true;
+        b->in_nograd = true;
+        b->ws_fwd_ops = b->ws_nograd_ops = true;
+    }
     for (size_t i = 0; i < n; i++) {
         const size_t k = idx[i];
-        ml_cblock *b = &out->blocks[i];
+        ml_cblock *b = &out->blocks[at + i];
         *b = full->blocks[k];
         if (b->ckpt_index >= 0)
             b->ckpt_index = layer++; /* the stage's own layers, from 0 */
@@ -246,7 +296,7 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
         memcpy(&out->params[out->nparams], &full->params[pfirst[k]], np * sizeof *out->params);
         out->nparams += np;
     }
-    out->n = n;
+    out->n = at + n;
     /* a stage before the last sends its output, then frees it (a block
      * that runs forward only: its input is that output) */
     if (!last) {
@@ -269,7 +319,7 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
     out->batch_input = r == 0 ? full->batch_input : 0;
     out->batch_targets = last ? full->batch_targets : 0;
     if (r > 0) /* the schedule keeps the received input until its backward */
-        out->blocks[0].in_saved = true;
+        out->blocks[at].in_saved = true;
     out->n_ckpt = (size_t)layer;
     out->mask_ckpt0 = 0;
     out->psum.known = false;

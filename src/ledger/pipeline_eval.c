@@ -14,6 +14,15 @@ static uint64_t device_total(const ml_summary *s)
     return s->has_reserved ? s->reserved_peak + s->runtime_reserve : s->peak_total;
 }
 
+/* The input a stage after the first receives: its first layer's. */
+static uint64_t received(const ml_chain *st)
+{
+    for (size_t k = 0; k < st->n; k++)
+        if (st->blocks[k].ckpt_index >= 0)
+            return st->blocks[k].in_bytes;
+    return 0;
+}
+
 /* Bytes stage r sends per iteration: its output forward (all but the last
  * stage) and its input's gradient back (all but the first), per
  * micro-batch. */
@@ -23,7 +32,7 @@ static double p2p_bytes(const ml_chain *st, const ml_training *t, uint64_t r, ui
     if (r + 1 < p) /* the send block's input: the stage's output */
         per += (double)st->blocks[st->n - 1].in_bytes;
     if (r > 0)
-        per += (double)st->blocks[0].in_bytes;
+        per += (double)received(st);
     return per * (double)(t->grad_accum ? t->grad_accum : 1);
 }
 
@@ -105,16 +114,27 @@ static ml_status stage(const ml_model *m, const ml_config *cfg, const ml_chain *
         return ml__errorf(err, s, "out of memory");
     ml_ledger *l = NULL;
     /* no simulation memo: the stages' simulations differ */
-    if ((s = ml__evaluate_stage(m, cfg, st, false, whole, NULL, 0, &l, err)))
+    if ((s = ml__evaluate_stage(m, cfg, st, false, whole, NULL, NULL, &l, err)))
         return s;
     *one = l->sum;
     ml_ledger_destroy(l);
-    const double u = ml__pp_in_flight(&cfg->training, r);
-    double extra = (u - 1) * (double)one->bytes_activations;
-    if (extra >= 9.2e18)
+    /* each micro-batch held: its activations and its share of the batch
+     * (the first stage's inputs, the last's targets: the schedule keeps
+     * every micro-batch's own) */
+    const ml_training *t = &cfg->training;
+    const double held = (double)one->bytes_activations + (double)st->batch_input +
+                        (double)st->batch_targets;
+    const double first = (ml__pp_in_flight(t, r) - 1) * held;
+    const double later = (ml__pp_in_flight_later(t, r) - 1) * held;
+    if (first >= 9.2e18)
         return ml__errorf(err, ML_OVERFLOW, "parallel.pp: the in-flight activations exceed 64 "
                                             "bits");
-    return ml__evaluate_stage(m, cfg, st, keep, whole, NULL, (uint64_t)extra, out, err);
+    /* a later backward on a stage after the first: the previous one's
+     * input gradient is still referenced until it returns (schedules.py's
+     * input_tensor_grad, reassigned by the next backward_step) */
+    ml_inflight in = {(uint64_t)first, (uint64_t)(later > 0 ? later : 0),
+                      r > 0 ? received(st) : 0};
+    return ml__evaluate_stage(m, cfg, st, keep, whole, NULL, &in, out, err);
 }
 
 ml_status ml__pp_evaluate(const ml_model *m, const ml_config *cfg, const ml_chain *chain,

@@ -294,6 +294,14 @@ typedef struct {
 } ml_reserved_memo;
 void ml__reserved_memo_free(ml_reserved_memo *memo);
 
+/* A pipeline stage: the other micro-batches' activations it holds while
+ * one runs, at the step's first micro-batch (no gradients yet) and at a
+ * later one, and a later one's earlier input gradient still referenced
+ * (pipeline_eval.c). All 0: not a stage. */
+typedef struct {
+    uint64_t first, later, stale;
+} ml_inflight;
+
 /* What one evaluation needs besides the segment plan. */
 typedef struct {
     const ml_chain *ch;
@@ -311,8 +319,7 @@ typedef struct {
                              again with it (evaluate.c) */
     bool whole;     /* replay every block (the reference tests/unit/test_runs.c
                        holds the runs against) */
-    uint64_t inflight; /* a pipeline stage: the other micro-batches' activations
-                          it holds while one runs (pipeline_eval.c) */
+    ml_inflight inflight; /* a pipeline stage's (pipeline_eval.c) */
     ml_reserved_memo *memo; /* the simulations already run (NULL: none kept) */
     /* the evaluation pass, planned once (it does not depend on the
      * checkpoint plan): ml__eval_pass */
@@ -332,12 +339,11 @@ ml_status ml__eval_pass(const ml_model *m, ml_evalctx *x, ml_error *err);
 ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
                              bool keep_events, bool whole, ml_reserved_memo *memo,
                              ml_ledger **out, ml_error *err);
-/* The same for one chain as it stands, with `inflight` bytes of other
- * micro-batches' activations held while its micro-batches run (a pipeline
- * stage's; 0: none). */
+/* The same for one chain as it stands, with a pipeline stage's in-flight
+ * bytes held while its micro-batches run (NULL: none). */
 ml_status ml__evaluate_stage(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
                              bool keep_events, bool whole, ml_reserved_memo *memo,
-                             uint64_t inflight, ml_ledger **out, ml_error *err);
+                             const ml_inflight *inflight, ml_ledger **out, ml_error *err);
 /* Pipeline parallelism (pipeline_eval.c): every stage of the chain planned,
  * the ledger the fullest stage's with every stage's figures (l->ranks). */
 ml_status ml__pp_evaluate(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
