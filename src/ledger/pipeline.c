@@ -11,6 +11,7 @@
  * stage's forward and backward; the schedule decides how many other
  * micro-batches' activations the stage holds meanwhile (ml__pp_in_flight),
  * resident beside it while the micro-batches run. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -166,6 +167,23 @@ void ml__pp_stage_layers(const ml_model *m, const ml_training *t, uint64_t r, ui
     *first = r * *count;
 }
 
+/* A block of the stage that is no layer's (the rotary tables, the send):
+ * no parameters, nodes or work, not checkpointable, its transients none
+ * (nothing of it is a forward's op). */
+static ml_cblock *pseudo_block(ml_cblock *b, const ml_chain *full, const char *name)
+{
+    memset(b, 0, sizeof *b);
+    snprintf(b->name, sizeof b->name, "%s", name);
+    b->ckpt_index = -1;
+    b->fwd_phase = ML_PHASE_FORWARD;
+    b->saved_first = full->nsaved;
+    b->node_first = full->nnodes;
+    b->work_first = (uint32_t)full->nwork;
+    b->work_known = true;
+    b->ws_fwd_ops = b->ws_nograd_ops = true;
+    return b;
+}
+
 /* The saved entry of the rotary tables among the blocks before the first
  * layer (the embedding's); SIZE_MAX: none. */
 static size_t rotary_entry(const ml_chain *ch)
@@ -228,6 +246,38 @@ static size_t stage_blocks(const ml_chain *ch, const ml_model *m, const ml_train
     return n;
 }
 
+/* out: full's scalars, its saved, node and work lists whole (the blocks
+ * index them), room for `blocks` blocks and for its parameters; false out
+ * of memory (out freed). */
+static bool copy_arrays(const ml_chain *full, size_t blocks, ml_chain *out)
+{
+    *out = *full;
+    out->blocks = malloc(blocks * sizeof *out->blocks);
+    out->saved = malloc((full->nsaved ? full->nsaved : 1) * sizeof *out->saved);
+    out->nodes = malloc((full->nnodes ? full->nnodes : 1) * sizeof *out->nodes);
+    out->work = malloc((full->nwork ? full->nwork : 1) * sizeof *out->work);
+    out->params = malloc((full->nparams ? full->nparams : 1) * sizeof *out->params);
+    out->sides = NULL;
+    out->cap = blocks;
+    out->savedcap = out->nsaved;
+    out->nodecap = out->nnodes;
+    out->workcap = out->nwork;
+    out->paramcap = full->nparams;
+    out->nparams = 0;
+    if (!out->blocks || !out->saved || !out->nodes || !out->work || !out->params) {
+        ml__chain_free(out);
+        return false;
+    }
+    /* (an empty array may be NULL: memcpy takes none) */
+    if (full->nsaved)
+        memcpy(out->saved, full->saved, full->nsaved * sizeof *out->saved);
+    if (full->nnodes)
+        memcpy(out->nodes, full->nodes, full->nnodes * sizeof *out->nodes);
+    if (full->nwork)
+        memcpy(out->work, full->work, full->nwork * sizeof *out->work);
+    return true;
+}
+
 ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_training *t,
                              uint64_t r, ml_chain *out)
 {
@@ -243,27 +293,9 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
     if (full->nsides || !param_ranges(full, pfirst))
         goto done; /* not a chain of one stream of blocks */
     const size_t n = stage_blocks(full, m, t, r, idx);
-    *out = *full;
-    out->blocks = malloc((n + 2) * sizeof *out->blocks);
-    out->saved = malloc((full->nsaved ? full->nsaved : 1) * sizeof *out->saved);
-    out->nodes = malloc((full->nnodes ? full->nnodes : 1) * sizeof *out->nodes);
-    out->work = malloc((full->nwork ? full->nwork : 1) * sizeof *out->work);
-    out->params = malloc((full->nparams ? full->nparams : 1) * sizeof *out->params);
-    out->sides = NULL;
-    out->cap = n + 2;
-    out->savedcap = out->nsaved;
-    out->nodecap = out->nnodes;
-    out->workcap = out->nwork;
-    out->paramcap = full->nparams;
     st = ML_NOMEM;
-    if (!out->blocks || !out->saved || !out->nodes || !out->work || !out->params) {
-        ml__chain_free(out);
+    if (!copy_arrays(full, n + 2, out))
         goto done;
-    }
-    memcpy(out->saved, full->saved, full->nsaved * sizeof *out->saved);
-    memcpy(out->nodes, full->nodes, full->nnodes * sizeof *out->nodes);
-    memcpy(out->work, full->work, full->nwork * sizeof *out->work);
-    out->nparams = 0;
     int layer = 0;
     /* a stage after the first makes the rotary tables itself, as the
      * embedding does on the first (each stage's model runs its
@@ -272,19 +304,11 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
     size_t rot = rotary_entry(full);
     size_t at = 0;
     if (r > 0 && rot != SIZE_MAX) {
-        ml_cblock *b = &out->blocks[at++];
-        memset(b, 0, sizeof *b);
-        memcpy(b->name, "rotary", 7);
-        b->ckpt_index = -1;
-        b->fwd_phase = ML_PHASE_FORWARD;
+        ml_cblock *b = pseudo_block(&out->blocks[at++], full, "rotary");
         b->saved_first = rot;
         b->nsaved = 1;
         b->saved_bytes = full->saved[rot].bytes;
-        b->node_first = full->nnodes;
-        b->work_first = (uint32_t)full->nwork;
-        b->work_known = true;
         b->in_nograd = true;
-        b->ws_fwd_ops = b->ws_nograd_ops = true;
     }
     for (size_t i = 0; i < n; i++) {
         const size_t k = idx[i];
@@ -293,25 +317,18 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
         if (b->ckpt_index >= 0)
             b->ckpt_index = layer++; /* the stage's own layers, from 0 */
         const size_t np = pfirst[k + 1] - pfirst[k];
-        memcpy(&out->params[out->nparams], &full->params[pfirst[k]], np * sizeof *out->params);
+        if (np)
+            memcpy(&out->params[out->nparams], &full->params[pfirst[k]],
+                   np * sizeof *out->params);
         out->nparams += np;
     }
     out->n = at + n;
     /* a stage before the last sends its output, then frees it (a block
      * that runs forward only: its input is that output) */
     if (!last) {
-        ml_cblock *s = &out->blocks[out->n++];
-        memset(s, 0, sizeof *s);
-        memcpy(s->name, "send", 5);
-        s->ckpt_index = -1;
-        s->fwd_phase = ML_PHASE_FORWARD;
-        s->saved_first = full->nsaved;
-        s->node_first = full->nnodes;
-        s->work_first = (uint32_t)full->nwork;
-        s->work_known = true;
-        s->fwd_only = true;
-        s->ws_fwd_ops = s->ws_nograd_ops = true; /* none: nothing runs */
-        s->in_bytes = idx[n - 1] + 1 < full->n ? full->blocks[idx[n - 1] + 1].in_bytes : 0;
+        ml_cblock *b = pseudo_block(&out->blocks[out->n++], full, "send");
+        b->fwd_only = true;
+        b->in_bytes = idx[n - 1] + 1 < full->n ? full->blocks[idx[n - 1] + 1].in_bytes : 0;
     }
     /* the first stage reads the batch's inputs, the last its targets;
      * another stage's first block receives its input (held until its
