@@ -61,6 +61,58 @@ typedef struct ml_fit_result {
 ML_API ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *req,
                         ml_fit_result *out, ml_error *err);
 
+/* The layout search (docs/parallel.md, "Searching the layout"): N devices
+ * split as tensor x pipeline x data parallelism, each layout's micro-batch
+ * and checkpoint policy, ranked by the step time of those that fit every
+ * rank. */
+typedef struct ml_layout_request {
+    uint64_t gpus;          /* devices in all */
+    uint64_t gpus_per_node; /* tensor parallelism stays within a node (default 8) */
+    uint64_t global_batch;  /* samples a step */
+    double network_gbps;    /* busbw between nodes; 0: the device's interconnect_gbps */
+} ml_layout_request;
+
+ML_API ml_layout_request ml_layout_request_defaults(void);
+
+typedef struct ml_layout_row {
+    uint64_t tp, pp, dp;        /* the layout (sequence parallelism with tp > 1; 1F1B) */
+    uint64_t micro_batch, micro_batches; /* a step: micro_batches per data-parallel rank */
+    ml_checkpoint checkpoint;   /* none, selective or full */
+    uint64_t peak;              /* the fullest rank's allocator peak */
+    uint64_t device_total;      /* its figure against the device */
+    int64_t headroom;
+    double compute_s;           /* the pipeline's step (a stage's work without one) */
+    double comm_s;              /* the tensor-parallel, pipeline and data-parallel
+                                   transfers at the bandwidths, not overlapped; < 0
+                                   untimed (no bandwidth) */
+    double step_s;              /* compute_s + comm_s (compute_s alone when untimed) */
+    double bubble;              /* the pipeline's bubble share (0 without one) */
+    double tokens_per_s;        /* global batch x tokens / step_s */
+    double mfu;                 /* FLOPs of all devices / step_s / their peak; < 0 unknown */
+} ml_layout_row;
+
+#define ML_LAYOUT_TOP 10
+
+typedef struct ml_layout_result {
+    ml_layout_row rows[ML_LAYOUT_TOP]; /* the fastest fitting, fastest first */
+    size_t nrows;
+    uint64_t layouts;       /* (tp, pp, dp) splits tried */
+    uint64_t evaluations;   /* plans made */
+    uint64_t fitting;       /* fitting (layout, micro-batch, policy) points */
+    bool comm_timed;        /* a bandwidth was given */
+    char note[512];         /* what was searched, or why nothing fits */
+} ml_layout_result;
+
+/* The search over the layouts of req->gpus devices for cfg's model and
+ * training settings (cfg->device must be present and have a peak for the
+ * ranking by time; without one, rows are ranked by the fullest rank's
+ * headroom). ML_OK with out->nrows 0 and a note when nothing fits; ML_USAGE
+ * for a request that cannot be searched (no device, no global batch);
+ * errors as ml_ledger_evaluate otherwise. */
+ML_API ml_status ml_layout_search(const ml_model *m, const ml_config *cfg,
+                                  const ml_layout_request *req, ml_layout_result *out,
+                                  ml_error *err);
+
 typedef struct ml_compare_row {
     ml_checkpoint checkpoint;
     char plan[256];

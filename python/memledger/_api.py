@@ -17,6 +17,9 @@ SETTINGS = (
     ("micro_batch", "training.micro_batch"), ("seq_len", "training.seq_len"),
     ("grad_accum", "training.grad_accum"), ("precision", "training.precision"),
     ("optimizer", "training.optimizer"), ("optimizer_impl", "training.optimizer_impl"),
+    ("engine", "training.engine"), ("parallel", "parallel.layout"), ("tp", "parallel.tp"),
+    ("sp", "parallel.sp"), ("pp", "parallel.pp"), ("vpp", "parallel.vpp"),
+    ("pp_schedule", "parallel.pp_schedule"), ("pp_layers", "parallel.pp_layers"),
     ("data_parallel", "training.data_parallel"), ("zero", "training.zero"),
     ("reduce_bucket_size", "training.reduce_bucket_size"),
     ("allgather_bucket_size", "training.allgather_bucket_size"),
@@ -41,8 +44,12 @@ MAX_INPUT = 16 << 20
 
 def _text(name, value):
     """A keyword's value as the flag's text."""
+    if name == "sp" and isinstance(value, bool):
+        return "on" if value else "off"  # --sp / --no-sp
     if isinstance(value, bool):
         raise TypeError("memledger: %s=%r: not a flag value" % (name, value))
+    if name == "pp_layers" and isinstance(value, (list, tuple)):
+        return ",".join(str(int(n)) for n in value)  # --pp-layers 7,9,9,7
     if name == "max_split_size" and isinstance(value, int):
         return "%dMiB" % value  # --max-split-size counts MiB
     if name == "checkpoint" and isinstance(value, (list, tuple)):

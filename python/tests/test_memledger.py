@@ -216,6 +216,9 @@ def test_errors():
               "h100-sxm", "--interconnect", "200", "--pcie", "25"],
      dict(data_parallel=4, zero=3, offload="params", device="h100-sxm", interconnect=200,
           pcie=25)),
+    ("plan", ["--tp", "2", "--no-sp", "--engine", "megatron", "--precision", "bf16-master"],
+     dict(tp=2, sp=False, engine="megatron", precision="bf16-master")),
+    ("compare", ["--parallel", "tp4", "--device", "h100-sxm"], dict(parallel="tp4", device="h100-sxm")),
 ])
 def test_same_json_as_the_cli(verb, flags, kw):
     out = subprocess.run([CLI, verb, GPT2, "--format", "json"] + flags,

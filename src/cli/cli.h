@@ -41,6 +41,7 @@ typedef struct {
     /* the parallel layout: --parallel LAYOUT, --tp N, --sp / --no-sp ("on",
      * "off"), and the splits not modelled yet (refused above 1) */
     const char *engine; /* --engine eager|megatron */
+    const char *gpus, *gpus_per_node, *network; /* fit's layout search */
     const char *parallel, *tp, *sp, *pp, *vpp, *cp, *ep, *etp, *pp_schedule, *micro_batches,
         *pp_layers;
     bool auto_checkpoint; /* --checkpoint auto (fit) */
@@ -49,6 +50,14 @@ typedef struct {
 /* The parallel-layout flags over t (parallel_flags.c): 0, or the exit
  * status of the first bad one (its message printed). */
 int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t);
+
+/* A value flag and the offset of its raw value in ml_cli_opts
+ * (flag_table.c). */
+typedef struct {
+    const char *flag;
+    size_t off;
+} ml_cli_flag;
+const ml_cli_flag *ml_cli_flags(size_t *count);
 
 /* Parses argv (after the verb). Returns 0, 1 for --help (printed), or 2 on a
  * usage error (printed). */

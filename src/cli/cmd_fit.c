@@ -1,5 +1,6 @@
 /* memledger fit MODEL.yaml: the largest micro-batch and the accumulation. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
@@ -30,6 +31,11 @@ static const char usage[] =
     "  --format text|json     (default text)\n"
     "  --emit TARGET          settings for the chosen point: deepspeed, hf-trainer, torch\n"
     "  -o FILE                write to FILE (atomically) instead of stdout\n"
+    "  --gpus N               search the layouts of N devices instead: tensor x pipeline\n"
+    "                         x data parallelism, micro-batch, checkpoint (none,\n"
+    "                         selective, full), ranked by step time (docs/parallel.md);\n"
+    "                         needs --global-batch; --gpus-per-node G (default 8),\n"
+    "                         --interconnect GBps within a node, --network GBps between\n"
     "  and every 'memledger plan' option (--seq-len, --precision, --zero, ...)\n"
     "\n"
     "Exit status: 0 a micro-batch fits, 1 even micro-batch 1 does not fit,\n"
@@ -70,6 +76,48 @@ static int fit_status(const ml_cli_opts *o, const ml_fit_result *r, int emit, co
     return rc;
 }
 
+/* fit --gpus N: the layout search; the exit status. */
+static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg)
+{
+    ml_layout_request req = ml_layout_request_defaults();
+    int rc = ml_cli_whole("--gpus", o->gpus, 1, 1u << 20, &req.gpus);
+    if (!rc && o->gpus_per_node)
+        rc = ml_cli_whole("--gpus-per-node", o->gpus_per_node, 1, 1024, &req.gpus_per_node);
+    if (!rc && o->global_batch)
+        rc = ml_cli_whole("--global-batch", o->global_batch, 1, 1ull << 40, &req.global_batch);
+    if (!rc && o->network) {
+        char *end = NULL;
+        req.network_gbps = strtod(o->network, &end);
+        if (end == o->network || *end || !(req.network_gbps > 0) || req.network_gbps > 1e6) {
+            ml_cli_errorf("--network: '%s' is not a bandwidth in GB/s above 0", o->network);
+            rc = ML_EXIT_BAD_INPUT;
+        }
+    }
+    if (!rc && (o->emit || o->max_micro_batch || o->checkpoint || o->tp || o->pp || o->parallel ||
+                o->data_parallel)) {
+        ml_cli_errorf("--gpus %s: the search chooses the layout, the micro-batch and the "
+                      "checkpoint: drop --tp, --pp, --parallel, --data-parallel, --checkpoint, "
+                      "--max-micro-batch and --emit",
+                      o->gpus);
+        rc = ML_EXIT_BAD_INPUT;
+    }
+    if (rc)
+        return rc;
+    ml_layout_result r;
+    ml_error e;
+    ml_status st = ml_layout_search(m, cfg, &req, &r, &e);
+    if (st)
+        return ml_cli_eval_failed(o, &e, st);
+    ml_out out;
+    rc = ml_out_open(&out, o->output);
+    if (rc == 0) {
+        int w = o->format == ML_FMT_JSON ? ml_report_layouts_json(out.f, m, &req, &r)
+                                         : ml_report_layouts_text(out.f, m, cfg, &req, &r);
+        rc = ml_out_close(&out, w == 0);
+    }
+    return rc ? rc : r.nrows ? ML_EXIT_OK : ML_EXIT_NO_FIT;
+}
+
 int ml_cmd_fit(int argc, char **argv)
 {
     ml_cli_opts o;
@@ -78,6 +126,10 @@ int ml_cmd_fit(int argc, char **argv)
     int rc;
     if (!ml_cli_start(argc, argv, "fit", usage, &o, &m, &cfg, &rc))
         return rc;
+    if (o.gpus) { /* the layout search (docs/parallel.md) */
+        rc = fit_layouts(&o, m, &cfg);
+        goto out;
+    }
     if (o.lengths || o.batching || o.max_tokens || o.buckets) { /* docs/lengths.md */
         rc = ml_cli_fit_lengths(&o, m, &cfg);
         goto out;

@@ -1,0 +1,128 @@
+/* fit --gpus: the layout search's answer in text and JSON (docs/parallel.md,
+ * "Searching the layout"). */
+#include <stdio.h>
+
+#include "memledger/report.h"
+#include "report/report_internal.h"
+
+static void layout_name(const ml_layout_row *r, char *buf, size_t size)
+{
+    snprintf(buf, size, "tp%llu.pp%llu.dp%llu", (unsigned long long)r->tp,
+             (unsigned long long)r->pp, (unsigned long long)r->dp);
+}
+
+static const char *secs(double s, char *buf, size_t size)
+{
+    if (s < 0)
+        snprintf(buf, size, "-");
+    else
+        snprintf(buf, size, "%.4g s", s);
+    return buf;
+}
+
+int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
+                           const ml_layout_request *req, const ml_layout_result *r)
+{
+    fprintf(f, "memledger fit: %s on %llu devices (%llu a node), global batch %llu\n",
+            ml_model_name(m), (unsigned long long)req->gpus,
+            (unsigned long long)(req->gpus_per_node ? req->gpus_per_node : 8),
+            (unsigned long long)req->global_batch);
+    fprintf(f, "searched: %s\n", r->note);
+    if (!r->nrows)
+        return ferror(f) ? -1 : 0;
+    fprintf(f, "\n  %-18s %12s %-10s %12s %12s %11s %11s %11s %7s %7s\n", "layout",
+            "micro x m", "checkpoint", "peak", "device total", "compute", "transfers", "step",
+            "bubble", "MFU");
+    for (size_t i = 0; i < r->nrows; i++) {
+        const ml_layout_row *w = &r->rows[i];
+        char name[48], mb[40], ck[64], pk[32], dt[32], a[24], b[24], c[24], mfu[16];
+        layout_name(w, name, sizeof name);
+        snprintf(mb, sizeof mb, "%llu x %llu", (unsigned long long)w->micro_batch,
+                 (unsigned long long)w->micro_batches);
+        ml_checkpoint_format(&w->checkpoint, ck, sizeof ck);
+        ml_format_bytes(w->peak, pk, sizeof pk);
+        ml_format_bytes(w->device_total, dt, sizeof dt);
+        if (w->mfu >= 0)
+            snprintf(mfu, sizeof mfu, "%.1f%%", 100 * w->mfu);
+        else
+            snprintf(mfu, sizeof mfu, "-");
+        fprintf(f, "  %-18s %12s %-10s %12s %12s %11s %11s %11s %6.1f%% %7s\n", name, mb, ck, pk,
+                dt, secs(w->compute_s, a, sizeof a), secs(w->comm_s, b, sizeof b),
+                secs(w->step_s, c, sizeof c), 100 * w->bubble, mfu);
+    }
+    const ml_layout_row *best = &r->rows[0];
+    char name[48];
+    layout_name(best, name, sizeof name);
+    fprintf(f, "\nbest: %s, micro-batch %llu x %llu micro-batches a step", name,
+            (unsigned long long)best->micro_batch, (unsigned long long)best->micro_batches);
+    if (best->step_s > 0)
+        fprintf(f, ", %.4g s a step, %.4g tokens/s", best->step_s, best->tokens_per_s);
+    if (r->nrows > 1 && best->step_s > 0 && r->rows[1].step_s > 0) {
+        char n2[48];
+        layout_name(&r->rows[1], n2, sizeof n2);
+        fprintf(f, "; %.1f%% faster than the next (%s)",
+                100 * (r->rows[1].step_s / best->step_s - 1), n2);
+    }
+    fputc('\n', f);
+    if (!r->comm_timed)
+        fputs("transfers not timed: give --interconnect GBps (and --network GBps between "
+              "nodes); the ranking is by compute\n",
+              f);
+    if (!cfg->device.peak_tflops && !cfg->device.preset)
+        fputs("no step time: name the device (e.g. --device h100-sxm) to rank by time; ranked "
+              "by headroom\n",
+              f);
+    return ferror(f) ? -1 : 0;
+}
+
+static void num(FILE *f, double v)
+{
+    if (v < 0)
+        fputs("null", f);
+    else
+        fprintf(f, "%.17g", v);
+}
+
+int ml_report_layouts_json(FILE *f, const ml_model *m, const ml_layout_request *req,
+                           const ml_layout_result *r)
+{
+    fputs("{\"model\": ", f);
+    ml_json_put_string(f, ml_model_name(m));
+    fprintf(f, ", \"gpus\": %llu, \"gpus_per_node\": %llu, \"global_batch\": %llu, "
+               "\"layouts_tried\": %llu, \"evaluations\": %llu, \"fitting\": %llu, "
+               "\"transfers_timed\": %s, \"note\": ",
+            (unsigned long long)req->gpus,
+            (unsigned long long)(req->gpus_per_node ? req->gpus_per_node : 8),
+            (unsigned long long)req->global_batch, (unsigned long long)r->layouts,
+            (unsigned long long)r->evaluations, (unsigned long long)r->fitting,
+            r->comm_timed ? "true" : "false");
+    ml_json_put_string(f, r->note);
+    fputs(",\n \"layouts\": [", f);
+    for (size_t i = 0; i < r->nrows; i++) {
+        const ml_layout_row *w = &r->rows[i];
+        char ck[64];
+        ml_checkpoint_format(&w->checkpoint, ck, sizeof ck);
+        fprintf(f,
+                "%s\n  {\"tp\": %llu, \"pp\": %llu, \"dp\": %llu, \"micro_batch\": %llu, "
+                "\"micro_batches\": %llu, \"checkpoint\": ",
+                i ? "," : "", (unsigned long long)w->tp, (unsigned long long)w->pp,
+                (unsigned long long)w->dp, (unsigned long long)w->micro_batch,
+                (unsigned long long)w->micro_batches);
+        ml_json_put_string(f, ck);
+        fprintf(f, ", \"peak\": %llu, \"device_total\": %llu, \"headroom\": %lld, \"compute_s\": ",
+                (unsigned long long)w->peak, (unsigned long long)w->device_total,
+                (long long)w->headroom);
+        num(f, w->compute_s);
+        fputs(", \"transfers_s\": ", f);
+        num(f, w->comm_s);
+        fputs(", \"step_s\": ", f);
+        num(f, w->step_s);
+        fprintf(f, ", \"bubble\": %.17g, \"tokens_per_s\": ", w->bubble);
+        num(f, w->tokens_per_s);
+        fputs(", \"mfu\": ", f);
+        num(f, w->mfu);
+        fputc('}', f);
+    }
+    fputs("]}\n", f);
+    return ferror(f) ? -1 : 0;
+}
