@@ -29,7 +29,8 @@ static const char usage[] =
     "  --max-tokens auto      the largest token budget per batch whose worst batch fits,\n"
     "  or --batching bucketed the largest micro-batch per length bucket (--buckets K)\n"
     "  --format text|json     (default text)\n"
-    "  --emit TARGET          settings for the chosen point: deepspeed, hf-trainer, torch\n"
+    "  --emit TARGET          settings for the chosen point: deepspeed, hf-trainer, torch,\n"
+    "                         megatron (also the best layout of --gpus)\n"
     "  -o FILE                write to FILE (atomically) instead of stdout\n"
     "  --gpus N               search the layouts of N devices instead: tensor x pipeline\n"
     "                         x data parallelism, micro-batch, checkpoint (none,\n"
@@ -76,6 +77,45 @@ static int fit_status(const ml_cli_opts *o, const ml_fit_result *r, int emit, co
     return rc;
 }
 
+/* The best layout's settings (--gpus with --emit megatron): its plan, then
+ * the arguments; the exit status as plan --emit's. */
+static int emit_layout(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
+                       const ml_layout_row *w)
+{
+    ml_config c = *cfg;
+    c.training.tensor_parallel = w->tp;
+    c.training.pipeline_parallel = w->pp;
+    c.training.data_parallel = w->dp;
+    c.training.micro_batch = w->micro_batch;
+    c.training.grad_accum = w->micro_batches;
+    c.training.checkpoint = w->checkpoint;
+    ml_ledger *l = NULL;
+    ml_error e;
+    ml_status st = ml_ledger_evaluate(m, &c, false, &l, &e);
+    if (st)
+        return ml_cli_eval_failed(o, &e, st);
+    char why[4096];
+    int level = ml__report_emit_check(o->emit, m, &c, l, why, sizeof why);
+    int rc = ML_EXIT_OK;
+    if (level == ML_EMIT_REFUSED) {
+        ml_cli_errorf("--emit %s: %s", o->emit, why);
+        rc = ML_EXIT_BAD_INPUT;
+    } else {
+        ml_out out;
+        rc = ml_out_open(&out, o->output);
+        if (rc == 0)
+            rc = ml_out_close(&out, ml_report_emit(out.f, o->emit, m, &c, l) == 0);
+        if (rc == 0 && level == ML_EMIT_PARTIAL) {
+            fprintf(stderr, "memledger: note: --emit %s: not in these settings: ", o->emit);
+            ml_cli_put_safe(stderr, why, strlen(why), false);
+            fputc('\n', stderr);
+            rc = EXIT_EMIT_PARTIAL;
+        }
+    }
+    ml_ledger_destroy(l);
+    return rc;
+}
+
 /* fit --gpus N: the layout search; the exit status. */
 static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg)
 {
@@ -93,12 +133,18 @@ static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config 
             rc = ML_EXIT_BAD_INPUT;
         }
     }
-    if (!rc && (o->emit || o->max_micro_batch || o->checkpoint || o->tp || o->pp || o->parallel ||
+    if (!rc && (o->max_micro_batch || o->checkpoint || o->tp || o->pp || o->parallel ||
                 o->data_parallel)) {
         ml_cli_errorf("--gpus %s: the search chooses the layout, the micro-batch and the "
-                      "checkpoint: drop --tp, --pp, --parallel, --data-parallel, --checkpoint, "
-                      "--max-micro-batch and --emit",
+                      "checkpoint: drop --tp, --pp, --parallel, --data-parallel, --checkpoint "
+                      "and --max-micro-batch",
                       o->gpus);
+        rc = ML_EXIT_BAD_INPUT;
+    }
+    if (!rc && o->emit && strcmp(o->emit, "megatron")) {
+        ml_cli_errorf("--emit %s: the best layout's settings are Megatron-LM's (--emit "
+                      "megatron); the other targets run the whole model on each device",
+                      o->emit);
         rc = ML_EXIT_BAD_INPUT;
     }
     if (rc)
@@ -108,6 +154,8 @@ static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config 
     ml_status st = ml_layout_search(m, cfg, &req, &r, &e);
     if (st)
         return ml_cli_eval_failed(o, &e, st);
+    if (o->emit)
+        return r.nrows ? emit_layout(o, m, cfg, &r.rows[0]) : ML_EXIT_NO_FIT;
     ml_out out;
     rc = ml_out_open(&out, o->output);
     if (rc == 0) {

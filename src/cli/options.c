@@ -248,12 +248,13 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                     return usage_error(verb, "%s is for 'memledger plan' and 'memledger fit'",
                                        "--emit");
                 if (!val || !*val)
-                    return usage_error(verb, "%s needs a target: deepspeed, hf-trainer or torch",
+                    return usage_error(verb, "%s needs a target: deepspeed, hf-trainer, torch "
+                                             "or megatron",
                                        "--emit");
                 if ((strcmp(val, "deepspeed") && strcmp(val, "hf-trainer") &&
-                             strcmp(val, "torch")))
+                     strcmp(val, "torch") && strcmp(val, "megatron")))
                     return usage_error(verb, "--emit: '%s' is not a target; use deepspeed, "
-                                             "hf-trainer or torch",
+                                             "hf-trainer, torch or megatron",
                                        val);
                 o->emit = val;
                 continue;

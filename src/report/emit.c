@@ -431,13 +431,14 @@ static int hf_trainer(FILE *f, const ml_config *cfg, ml_ckpt_shape s,
 
 /* ---------------------------------------------------------------- entry */
 
-typedef enum { EMIT_DEEPSPEED, EMIT_HF_TRAINER, EMIT_TORCH, EMIT_UNKNOWN } emit_kind;
+typedef enum { EMIT_DEEPSPEED, EMIT_HF_TRAINER, EMIT_TORCH, EMIT_MEGATRON, EMIT_UNKNOWN } emit_kind;
 
 static emit_kind kind_of(const char *kind)
 {
     return !strcmp(kind, "deepspeed")    ? EMIT_DEEPSPEED
            : !strcmp(kind, "hf-trainer") ? EMIT_HF_TRAINER
            : !strcmp(kind, "torch")      ? EMIT_TORCH
+           : !strcmp(kind, "megatron")   ? EMIT_MEGATRON
                                          : EMIT_UNKNOWN;
 }
 
@@ -493,7 +494,11 @@ static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_
 {
     memset(v, 0, sizeof *v);
     const ml_training *t = &cfg->training;
-    /* the targets' settings run one device's whole model */
+    if (k == EMIT_MEGATRON) { /* emit_megatron.c: its layouts are Megatron's own */
+        ml__emit_megatron_check(v, m, cfg);
+        return;
+    }
+    /* the other targets' settings run one device's whole model */
     if (t->tensor_parallel > 1 || t->pipeline_parallel > 1) {
         ml__emit_refuse(v, "the plan is one rank of a model split over devices (parallel.%s "
                            "%llu); %s runs the whole model on each device: plan without --tp "
@@ -566,5 +571,7 @@ int ml_report_emit(FILE *f, const char *kind, const ml_model *m, const ml_config
         return deepspeed(f, cfg);
     if (k == EMIT_HF_TRAINER)
         return hf_trainer(f, cfg, s, &v);
+    if (k == EMIT_MEGATRON)
+        return ml__emit_megatron(f, m, cfg, &v);
     return ml__emit_torch(f, m, cfg, l, &v);
 }

@@ -52,6 +52,11 @@ bool ml__emit_is_amp(ml_precision p);
 /* The checkpoint segments as "(first, last)" pairs of checkpoint indices. */
 void ml__emit_print_segments(FILE *f, const ml_ledger *l);
 
+/* --emit megatron (emit_megatron.c): pretrain_gpt.py's arguments; the
+ * checks, and the arguments (0, or -1 on a write error). */
+void ml__emit_megatron_check(ml_emit_verdict *v, const ml_model *m, const ml_config *cfg);
+int ml__emit_megatron(FILE *f, const ml_model *m, const ml_config *cfg, const ml_emit_verdict *v);
+
 /* --emit torch (emit_torch.c): the checks of a one-device PyTorch loop, and
  * the loop; returns 0, or -1 on a write error. */
 void ml__emit_torch_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape s);

@@ -1,0 +1,145 @@
+/* --emit megatron: the plan's settings as Megatron-LM's pretrain_gpt.py
+ * arguments (docs/parallel.md, "Settings out"). Every flag written is one
+ * megatron/training/arguments.py defines (tests/data/megatron-arguments.txt,
+ * read at the commit it names; tests/unit/test_emit_megatron.c checks). The
+ * data, the tokenizer, the learning rate and the iterations are the user's. */
+#include <stdio.h>
+#include <string.h>
+
+#include "memledger/report.h"
+#include "model/model_internal.h"
+#include "report/emit_internal.h"
+#include "report/report_internal.h"
+
+static uint64_t micro_batches(const ml_training *t)
+{
+    return t->grad_accum ? t->grad_accum : 1;
+}
+
+void ml__emit_megatron_check(ml_emit_verdict *v, const ml_model *m, const ml_config *cfg)
+{
+    const ml_training *t = &cfg->training;
+    if (!m || m->type != ML_MODEL_DECODER || m->vision.layers || m->embed.image_size ||
+        m->moe.experts || m->attn.kv_lora)
+        ml__emit_refuse(v, "pretrain_gpt.py trains a dense decoder language model (GPT's or "
+                           "Llama's layout); this model is another");
+    else if (!ml__emit_is_master(t->precision))
+        ml__emit_refuse(v, "Megatron trains a bf16 or fp16 model with fp32 master weights "
+                           "(--bf16, --fp16): plan precision bf16-master or fp16-master");
+    else if (m->mlp.activation != ML_ACT_GELU && m->mlp.activation != ML_ACT_SWIGLU)
+        ml__emit_refuse(v, "Megatron's MLP is GeLU or SwiGLU (--swiglu)");
+    else if (m->norms.kind != ML_NORM_LAYERNORM && m->norms.kind != ML_NORM_RMSNORM)
+        ml__emit_refuse(v, "Megatron normalizes with LayerNorm or RMSNorm");
+    else if (m->residual.parallel || m->residual.post_norms || !m->residual.prenorm)
+        ml__emit_refuse(v, "Megatron's GPT layer is pre-norm and sequential");
+    else if (t->zero >= 2 || t->offload != ML_OFFLOAD_NONE)
+        ml__emit_refuse(v, "Megatron shards the optimizer states (--use-distributed-optimizer, "
+                           "ZeRO stage 1), not the gradients or parameters, and offloads "
+                           "nothing here: plan zero 0 or 1 without offload");
+    else if (t->optimizer != ML_OPT_ADAM && t->optimizer != ML_OPT_ADAMW &&
+             t->optimizer != ML_OPT_SGD && t->optimizer != ML_OPT_SGD_MOMENTUM)
+        ml__emit_refuse(v, "Megatron's optimizers are adam (decoupled weight decay) and sgd");
+    else if (t->pp_schedule == ML_PP_GPIPE)
+        ml__emit_refuse(v, "Megatron runs 1F1B (interleaved with virtual stages), not GPipe");
+    else if (t->npp_layers)
+        ml__emit_refuse(v, "an uneven split of the layers is not emitted: Megatron sets only "
+                           "the first and last stages' (--decoder-first-pipeline-num-layers)");
+    else if (t->checkpoint.kind != ML_CKPT_NONE && t->checkpoint.kind != ML_CKPT_FULL &&
+             t->checkpoint.kind != ML_CKPT_EVERY && t->checkpoint.kind != ML_CKPT_SELECTIVE)
+        ml__emit_refuse(v, "Megatron recomputes the attention core (selective) or uniform "
+                           "groups of layers: plan none, selective, full or every-K");
+    if (v->level == ML_EMIT_REFUSED)
+        return;
+    if (t->engine != ML_ENGINE_MEGATRON)
+        ml__emit_note(v, "the plan is of eager PyTorch's layers; Megatron runs its own (plan "
+                         "with --engine megatron for its GPT layer)");
+    if (m->attn.kernel == ML_ATTN_SDPA)
+        ml__emit_note(v, "the plan's attention is sdpa, which Megatron does not run: "
+                         "--attention-backend auto picks a fused kernel");
+}
+
+static void flag(FILE *f, const char *name, const char *fmt, unsigned long long v)
+{
+    fprintf(f, "%s", name);
+    if (fmt)
+        fprintf(f, fmt, v);
+    fputs(" \\\n", f);
+}
+
+static void model_flags(FILE *f, const ml_model *m, const ml_training *t)
+{
+    const uint64_t dh = m->attn.head_dim ? m->attn.head_dim : m->hidden / m->attn.heads;
+    flag(f, "--num-layers", " %llu", m->layers);
+    flag(f, "--hidden-size", " %llu", m->hidden);
+    flag(f, "--ffn-hidden-size", " %llu", m->mlp.ffn);
+    flag(f, "--num-attention-heads", " %llu", m->attn.heads);
+    if (dh * m->attn.heads != m->hidden)
+        flag(f, "--kv-channels", " %llu", dh);
+    if (m->attn.kv_heads && m->attn.kv_heads != m->attn.heads) {
+        flag(f, "--group-query-attention", NULL, 0);
+        flag(f, "--num-query-groups", " %llu", m->attn.kv_heads);
+    }
+    flag(f, "--seq-length", " %llu", t->seq_len);
+    const bool rope = m->embed.position == ML_POS_ROPE;
+    flag(f, "--max-position-embeddings", " %llu",
+         !rope && m->embed.max_positions ? m->embed.max_positions : t->seq_len);
+    fprintf(f, "--position-embedding-type %s \\\n", rope ? "rope" : "learned_absolute");
+    fprintf(f, "--normalization %s \\\n",
+            m->norms.kind == ML_NORM_RMSNORM ? "RMSNorm" : "LayerNorm");
+    if (m->mlp.activation == ML_ACT_SWIGLU)
+        flag(f, "--swiglu", NULL, 0);
+    if (!m->bias)
+        flag(f, "--disable-bias-linear", NULL, 0);
+    if (!m->embed.tied)
+        flag(f, "--untie-embeddings-and-output-weights", NULL, 0);
+    fprintf(f, "--attention-dropout %g \\\n--hidden-dropout %g \\\n", m->dropout, m->dropout);
+    flag(f, "--vocab-size", " %llu", m->embed.vocab);
+    /* the planned rank's slice of the vocabulary: padded to tp, no more */
+    flag(f, "--make-vocab-size-divisible-by", " %llu", 1);
+    const char *backend = m->attn.kernel == ML_ATTN_FLASH   ? "flash"
+                          : m->attn.kernel == ML_ATTN_EAGER ? "unfused"
+                                                            : "auto";
+    fprintf(f, "--attention-backend %s \\\n", backend);
+}
+
+static void training_flags(FILE *f, const ml_training *t)
+{
+    const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
+    const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
+    flag(f, "--micro-batch-size", " %llu", t->micro_batch);
+    flag(f, "--global-batch-size", " %llu", t->micro_batch * micro_batches(t) * t->data_parallel);
+    flag(f, "--tensor-model-parallel-size", " %llu", tp);
+    if (ml_training_sp(t))
+        flag(f, "--sequence-parallel", NULL, 0);
+    flag(f, "--pipeline-model-parallel-size", " %llu", pp);
+    if (pp > 1 && t->virtual_stages > 1)
+        flag(f, "--virtual-pipeline-model-parallel-size", " %llu", t->virtual_stages);
+    flag(f, t->precision == ML_PREC_FP16_MASTER ? "--fp16" : "--bf16", NULL, 0);
+    if (t->zero == 1 && t->data_parallel > 1)
+        flag(f, "--use-distributed-optimizer", NULL, 0);
+    fprintf(f, "--optimizer %s", t->optimizer == ML_OPT_SGD || t->optimizer ==
+                                         ML_OPT_SGD_MOMENTUM ? "sgd" : "adam");
+    if (t->checkpoint.kind == ML_CKPT_SELECTIVE)
+        fputs(" \\\n--recompute-granularity selective", f);
+    else if (t->checkpoint.kind == ML_CKPT_FULL || t->checkpoint.kind == ML_CKPT_EVERY)
+        fprintf(f, " \\\n--recompute-granularity full \\\n--recompute-method uniform \\\n"
+                   "--recompute-num-layers %u",
+                t->checkpoint.kind == ML_CKPT_EVERY ? t->checkpoint.every : 1);
+    fputc('\n', f);
+}
+
+int ml__emit_megatron(FILE *f, const ml_model *m, const ml_config *cfg, const ml_emit_verdict *v)
+{
+    const ml_training *t = &cfg->training;
+    fputs("# Megatron-LM pretrain_gpt.py arguments for ", f);
+    ml__emit_comment_text(f, ml_model_name(m));
+    fprintf(f, " (memledger's plan: %llu devices)\n",
+            (unsigned long long)((t->tensor_parallel > 1 ? t->tensor_parallel : 1) *
+                                 (t->pipeline_parallel > 1 ? t->pipeline_parallel : 1) *
+                                 t->data_parallel));
+    fputs("# the data, tokenizer, learning rate and iterations are yours to add\n", f);
+    ml__emit_note_comments(f, v);
+    model_flags(f, m, t);
+    training_flags(f, t);
+    return ferror(f) ? -1 : 0;
+}

@@ -1,0 +1,126 @@
+/* --emit megatron: every flag written is one Megatron-LM's pretrain_gpt.py
+ * defines (tests/data/megatron-arguments.txt, made by
+ * scripts/megatron-arguments.py from megatron/training/arguments.py at the
+ * commit its first line names), with the plan's values. */
+#include "harness.h"
+
+#define ARGS ML_MODELS_DIR "/../tests/data/megatron-arguments.txt"
+
+static char *emitted(const ml_model *m, const ml_config *c)
+{
+    ml_ledger *l = eval(m, c, false);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    assert_int_equal(ml_report_emit(f, "megatron", m, c, l), 0);
+    fclose(f);
+    ml_ledger_destroy(l);
+    return buf;
+}
+
+/* Whether the list file holds the flag (whole lines). */
+static bool known(const char *flag)
+{
+    FILE *f = fopen(ARGS, "r");
+    if (!f)
+        fail_msg("cannot open %s", ARGS);
+    char line[256];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        found = !strcmp(line, flag);
+    }
+    fclose(f);
+    return found;
+}
+
+/* Every "--flag" of the output is Megatron's; returns how many. */
+static size_t check_flags(const char *out)
+{
+    size_t n = 0;
+    for (const char *p = out; (p = strstr(p, "\n--")); p++) {
+        char flag[128];
+        size_t k = strcspn(p + 1, " \n");
+        assert_true(k < sizeof flag);
+        memcpy(flag, p + 1, k);
+        flag[k] = '\0';
+        if (!known(flag))
+            fail_msg("%s is not a pretrain_gpt.py flag", flag);
+        n++;
+    }
+    return n;
+}
+
+static const char *gpt =
+    "model:\n  type: decoder\n  layers: 96\n  hidden: 12288\n  heads: 96\n  ffn: 49152\n"
+    "  activation: gelu\n  norm: layernorm\n  vocab: 51200\n  max_positions: 2048\n"
+    "  position: learned\n  tied_embeddings: false\n  bias: true\n  attention: eager\n"
+    "  dropout: 0.1\ntraining:\n  micro_batch: 1\n  seq_len: 2048\n  grad_accum: 64\n"
+    "  precision: bf16-master\n  optimizer: adamw\n  engine: megatron\n"
+    "  checkpoint: selective\n  zero: 1\n"
+    "parallel: tp8.pp8.vpp3.dp2\n";
+
+static void test_gpt3(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(gpt);
+    ml_config c = ml_model_config(m);
+    char *out = emitted(m, &c);
+    assert_true(check_flags(out) >= 20);
+    static const char *want[] = {"--num-layers 96 ", "--hidden-size 12288 ",
+                                 "--num-attention-heads 96 ", "--ffn-hidden-size 49152 ",
+                                 "--micro-batch-size 1 ", "--global-batch-size 128 ",
+                                 "--tensor-model-parallel-size 8 ", "--sequence-parallel ",
+                                 "--pipeline-model-parallel-size 8 ",
+                                 "--virtual-pipeline-model-parallel-size 3 ",
+                                 "--use-distributed-optimizer ", "--bf16 ",
+                                 "--recompute-granularity selective\n",
+                                 "--untie-embeddings-and-output-weights "};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(out, want[i]))
+            fail_msg("lacks '%s' in:\n%s", want[i], out);
+    free(out);
+    ml_model_destroy(m);
+}
+
+static void test_llama_and_refusals(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("llama-2-7b");
+    ml_config c = ml_model_config(m);
+    c.training.tensor_parallel = 2;
+    c.training.checkpoint.kind = ML_CKPT_EVERY;
+    c.training.checkpoint.every = 2;
+    char *out = emitted(m, &c);
+    check_flags(out);
+    assert_non_null(strstr(out, "--swiglu "));
+    assert_non_null(strstr(out, "--normalization RMSNorm "));
+    assert_non_null(strstr(out, "--recompute-method uniform "));
+    assert_non_null(strstr(out, "--recompute-num-layers 2\n"));
+    /* eager layers: written, with the note */
+    assert_non_null(strstr(out, "eager PyTorch's layers"));
+    free(out);
+    /* refused, nothing written: GPipe (Megatron runs 1F1B), fp32 */
+    c.training.pipeline_parallel = 2;
+    c.training.pp_schedule = ML_PP_GPIPE;
+    ml_ledger *l = eval(m, &c, false);
+    FILE *f = fopen("/dev/null", "w");
+    assert_non_null(f);
+    assert_int_equal(ml_report_emit(f, "megatron", m, &c, l), -3);
+    ml_ledger_destroy(l);
+    c.training.pp_schedule = ML_PP_1F1B;
+    c.training.precision = ML_PREC_FP32;
+    l = eval(m, &c, false);
+    assert_int_equal(ml_report_emit(f, "megatron", m, &c, l), -3);
+    fclose(f);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gpt3),
+                                       cmocka_unit_test(test_llama_and_refusals)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
