@@ -33,10 +33,6 @@ static const char *unstaged(const ml_model *m, const ml_training *t, const ml_co
 {
     if (m->type != ML_MODEL_DECODER || m->vision.layers || m->embed.image_size)
         return "it is planned for decoder language models (type: decoder)";
-    if (m->embed.tied)
-        return "tied embeddings put the embedding's weight on the first stage and the head's "
-               "copy on the last, which is not modelled yet: untie them "
-               "(model.tied_embeddings: false)";
     if (t->eval_batch)
         return "an evaluation pass (training.eval_batch) is not staged yet: remove it";
     if (t->checkpoint.kind == ML_CKPT_LIST || t->checkpoint.kind == ML_CKPT_SEGMENTS ||
@@ -184,6 +180,35 @@ static ml_cblock *pseudo_block(ml_cblock *b, const ml_chain *full, const char *n
     return b;
 }
 
+/* Tied embeddings over stages, as Megatron keeps them
+ * (LanguageModule.setup_embeddings_and_output_layer,
+ * megatron/core/models/common/language_module/language_module.py): the
+ * last stage holds its own copy of the word embeddings for the output
+ * layer, a parameter with its gradient and optimizer states, the two
+ * copies' gradients all-reduced before the step. So the first stage's
+ * embedding makes the table's gradient itself (the head no longer does
+ * before it: the first micro-batch's becomes .grad, later ones' are added
+ * into it), and the last stage registers the copy. */
+static void tie_across(ml_chain *st, const ml_model *m, const ml_training *t, uint64_t r,
+                       bool last)
+{
+    const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
+    const uint64_t rows = (m->embed.vocab + tp - 1) / tp, numel = rows * m->hidden;
+    const uint64_t g = numel * st->prec.grad;
+    for (size_t k = 0; k < st->n; k++) {
+        ml_cblock *b = &st->blocks[k];
+        if (r == 0 && !strcmp(b->name, "embedding")) {
+            b->grad_bytes += g;
+            b->grad_accum_bytes += g;
+            b->ws_bwd = b->ws_bwd > g ? b->ws_bwd - g : 0;
+        }
+        if (last && !strcmp(b->name, "head") && st->nparams < st->paramcap) {
+            b->params += numel;
+            st->params[st->nparams++] = (ml_ptensor){numel, rows, m->hidden, false, false};
+        }
+    }
+}
+
 /* The saved entry of the rotary tables among the blocks before the first
  * layer (the embedding's); SIZE_MAX: none. */
 static size_t rotary_entry(const ml_chain *ch)
@@ -256,13 +281,14 @@ static bool copy_arrays(const ml_chain *full, size_t blocks, ml_chain *out)
     out->saved = malloc((full->nsaved ? full->nsaved : 1) * sizeof *out->saved);
     out->nodes = malloc((full->nnodes ? full->nnodes : 1) * sizeof *out->nodes);
     out->work = malloc((full->nwork ? full->nwork : 1) * sizeof *out->work);
-    out->params = malloc((full->nparams ? full->nparams : 1) * sizeof *out->params);
+    /* one more: the last stage's copy of tied embeddings */
+    out->params = malloc((full->nparams + 1) * sizeof *out->params);
     out->sides = NULL;
     out->cap = blocks;
     out->savedcap = out->nsaved;
     out->nodecap = out->nnodes;
     out->workcap = out->nwork;
-    out->paramcap = full->nparams;
+    out->paramcap = full->nparams + 1;
     out->nparams = 0;
     if (!out->blocks || !out->saved || !out->nodes || !out->work || !out->params) {
         ml__chain_free(out);
@@ -337,6 +363,8 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
     out->batch_targets = last ? full->batch_targets : 0;
     if (r > 0) /* the schedule keeps the received input until its backward */
         out->blocks[at].in_saved = true;
+    if (m->embed.tied && !m->head.classes)
+        tie_across(out, m, t, r, last);
     out->n_ckpt = (size_t)layer;
     out->mask_ckpt0 = 0;
     out->psum.known = false;

@@ -68,7 +68,7 @@ int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
         fputs("transfers not timed: give --interconnect GBps (and --network GBps between "
               "nodes); the ranking is by compute\n",
               f);
-    if (!cfg->device.peak_tflops && !cfg->device.preset)
+    if (cfg->device.peak_tflops <= 0 && !cfg->device.preset)
         fputs("no step time: name the device (e.g. --device h100-sxm) to rank by time; ranked "
               "by headroom\n",
               f);

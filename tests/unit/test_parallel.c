@@ -436,11 +436,28 @@ static void test_stage_refusals(void **state)
     assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
     assert_non_null(strstr(e.msg, "needs parallel.pp above 1"));
     ml_model_destroy(m);
-    m = load_preset("gpt2-small"); /* tied embeddings */
-    c = ml_model_config(m);
+}
+
+/* Tied embeddings over two stages (Megatron's shared embedding): GPT-2
+ * small's first stage holds the table (50,257 x 768 = 38,597,376), the
+ * positions (1,024 x 768) and six layers of 7,087,872; the last the other
+ * six, the final LayerNorm (1,536) and its own copy of the table, each with
+ * its gradient (fp32: 4 bytes a parameter). */
+static void test_tied_stages(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
     c.training.pipeline_parallel = 2;
-    assert_int_equal(evaluate_status(m, &c, &e), ML_RANGE);
-    assert_non_null(strstr(e.msg, "tied embeddings"));
+    c.training.grad_accum = 4;
+    c.device.present = false;
+    ml_ledger *l = eval(m, &c, false);
+    const uint64_t table = 50257ull * 768, layer = 7087872;
+    assert_int_equal(ml_ledger_rank(l, 0)->params, table + 1024 * 768 + 6 * layer);
+    assert_int_equal(ml_ledger_rank(l, 1)->params, 6 * layer + 1536 + table);
+    assert_int_equal(ml_ledger_worst_rank(l), 0);
+    assert_int_equal(ml_ledger_summary(l)->bytes_grads, 4 * ml_ledger_rank(l, 0)->params);
+    ml_ledger_destroy(l);
     ml_model_destroy(m);
 }
 
@@ -576,6 +593,7 @@ int main(void)
         cmocka_unit_test(test_interleaved_in_flight), cmocka_unit_test(test_stage_refusals),
         cmocka_unit_test(test_megatron_layer),   cmocka_unit_test(test_sp_graph),
         cmocka_unit_test(test_sp_buffer),        cmocka_unit_test(test_pipeline_step),
+        cmocka_unit_test(test_tied_stages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
