@@ -56,7 +56,7 @@ static const char usage[] =
     "  --pp-schedule S        1f1b (default) | gpipe; --vpp V: interleaved\n"
     "  --micro-batches M      micro-batches a step (= --grad-accum)\n"
     "  --pp-layers L          layers a stage: 7,9,9,7 (default even)\n"
-    "  --parallel L           the layout at once: tp2.pp4.dp8\n"
+    "  --parallel L           the layout at once: tp2.pp4.dp8 (--ranks all: each stage)\n"
     "  --engine E             eager (default) | megatron (Megatron-core's layer)\n"
     "Model\n"
     "  --hf config.json       a Hugging Face config as the model (families: docs/hf.md)\n"
@@ -156,6 +156,7 @@ int ml_cmd_plan(int argc, char **argv)
     if (rc == 0) {
         int w = o.emit                  ? ml_report_emit(out.f, o.emit, m, &cfg, l)
                 : o.format == ML_FMT_JSON ? ml_report_json_advice(out.f, m, &cfg, l, &advice)
+                : o.ranks                 ? ml__report_text_all_ranks(out.f, m, &cfg, l)
                                           : ml_report_text(out.f, m, &cfg, l);
         if (w == 0 && !o.emit && o.format == ML_FMT_TEXT)
             w = ml_report_advice_text(out.f, ml_ledger_summary(l), &advice);

@@ -50,6 +50,7 @@ static const ml_cli_flag flags[] = {
     {"--gpus", offsetof(ml_cli_opts, gpus)},
     {"--gpus-per-node", offsetof(ml_cli_opts, gpus_per_node)},
     {"--network", offsetof(ml_cli_opts, network)},
+    {"--ranks", offsetof(ml_cli_opts, ranks)},
     {"--tp", offsetof(ml_cli_opts, tp)},
     {"--pp", offsetof(ml_cli_opts, pp)},
     {"--vpp", offsetof(ml_cli_opts, vpp)},

@@ -180,6 +180,10 @@ static int parse_table_flag(const char *verb, int argc, char **argv, int *i, con
         return usage_error(verb, "%s is for 'memledger plan' and 'memledger fit' (and 'memledger "
                                  "triage')",
                            flags[k].flag);
+    if (!strcmp(flags[k].flag, "--ranks") && (strcmp(verb, "plan") || strcmp(val, "all")))
+        return usage_error(verb, strcmp(verb, "plan") ? "%s is for 'memledger plan'"
+                                                      : "%s: the one value is 'all'",
+                           "--ranks");
     if (((!strcmp(flags[k].flag, "--global-batch") && strcmp(verb, "report")) ||
          !strcmp(flags[k].flag, "--max-micro-batch") || !strcmp(flags[k].flag, "--gpus") ||
          !strcmp(flags[k].flag, "--gpus-per-node") || !strcmp(flags[k].flag, "--network")) &&

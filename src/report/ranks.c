@@ -1,5 +1,6 @@
 /* A pipeline's stages in the reports (docs/parallel.md): the text table
  * and JSON's "ranks" and "worst_rank". */
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "report/report_internal.h"
@@ -10,7 +11,14 @@ static const char *bytes(uint64_t v, char *buf)
     return buf;
 }
 
-void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l)
+/* Whether stage i of n is listed when not all are: the first two, the
+ * fullest, the middle one and the last. */
+static bool listed(size_t i, size_t n, size_t worst)
+{
+    return i < 2 || i == worst || i == n / 2 || i + 1 == n;
+}
+
+void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l, bool all)
 {
     const size_t n = ml_ledger_rank_count(l), w = ml_ledger_worst_rank(l);
     const ml_summary *s = ml_ledger_summary(l);
@@ -22,7 +30,13 @@ void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l)
             ml_pp_schedule_name(t->pp_schedule), (unsigned long long)t->grad_accum, w);
     fprintf(f, "  %-6s %-16s %14s %9s %12s %12s %13s\n", "stage", "layers", "params", "in flight",
             "saved/micro", "peak", "device total");
+    const bool some = !all && n > 8;
     for (size_t i = 0; i < n; i++) {
+        if (some && !listed(i, n, w)) {
+            if (listed(i - 1, n, w))
+                fputs("  ...\n", f);
+            continue;
+        }
         const ml_rank_info *r = ml_ledger_rank(l, i);
         char lay[40], num[40], a[32], b[32], c[32];
         snprintf(lay, sizeof lay, "%s%u-%u%s", r->embedding ? "emb, " : "", r->first_layer,
@@ -35,6 +49,8 @@ void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l)
                 bytes(r->activations_saved, a), bytes(r->peak, b), bytes(r->device_total, c),
                 i == w ? "  <- fullest" : "");
     }
+    if (some)
+        fprintf(f, "  (%zu stages: every one with --ranks all, or in JSON's ranks)\n", n);
     if (s->pipeline_step_s >= 0)
         fprintf(f, "  the pipeline's step: %.4g s, of which the stages wait %.1f %% (the bubble); "
                    "the step time below is stage %zu's own work\n",

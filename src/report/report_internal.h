@@ -33,7 +33,11 @@ void ml__report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *c
 
 /* A pipeline's stages (ranks.c): the text table (nothing without one),
  * and JSON's ",\n \"ranks\": [...], \"worst_rank\": N" (null, null without). */
-void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l);
+void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l, bool all);
+/* ml_report_text with every pipeline stage in its table (plan --ranks all;
+ * else the first, the second, the fullest, a middle one and the last). */
+int ml__report_text_all_ranks(FILE *f, const ml_model *m, const ml_config *cfg,
+                              const ml_ledger *l);
 void ml__report_json_ranks(FILE *f, const ml_ledger *l);
 
 /* "seq_len N" and, for an encoder-decoder, ", target_len M" (text.c). */

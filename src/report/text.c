@@ -554,12 +554,12 @@ static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s,
     fputc('\n', f);
 }
 
-int ml__report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
-                            const ml_report_verdict *v)
+static int text_report(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                       const ml_report_verdict *v, bool all_ranks)
 {
     const ml_summary *s = ml_ledger_summary(l);
     text_header(f, m, cfg, s);
-    ml__report_text_ranks(f, cfg, l);
+    ml__report_text_ranks(f, cfg, l, all_ranks);
     text_states(f, s);
     text_activations(f, m, l, s);
     text_peak(f, cfg, s);
@@ -567,6 +567,18 @@ int ml__report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, co
     text_flops(f, cfg, s);
     text_device(f, cfg, s, v);
     return ferror(f) ? -1 : 0;
+}
+
+int ml__report_text_verdict(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                            const ml_report_verdict *v)
+{
+    return text_report(f, m, cfg, l, v, false);
+}
+
+int ml__report_text_all_ranks(FILE *f, const ml_model *m, const ml_config *cfg,
+                              const ml_ledger *l)
+{
+    return text_report(f, m, cfg, l, NULL, true);
 }
 
 int ml_report_text(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
