@@ -65,11 +65,17 @@ ML_API ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_re
  * split as tensor x pipeline x data parallelism, each layout's micro-batch
  * and checkpoint policy, ranked by the step time of those that fit every
  * rank. */
+struct ml_layout_row;
+
 typedef struct ml_layout_request {
     uint64_t gpus;          /* devices in all */
     uint64_t gpus_per_node; /* tensor parallelism stays within a node (default 8) */
     uint64_t global_batch;  /* samples a step */
     double network_gbps;    /* busbw between nodes; 0: the device's interconnect_gbps */
+    /* called after each layout (NULL: none): layouts done and in all, and
+     * the fastest so far (NULL before one fits) */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total, const struct ml_layout_row *best);
+    void *progress_ctx;
 } ml_layout_request;
 
 ML_API ml_layout_request ml_layout_request_defaults(void);

@@ -2,6 +2,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "report/report_internal.h"
@@ -77,6 +79,36 @@ static int fit_status(const ml_cli_opts *o, const ml_fit_result *r, int emit, co
     return rc;
 }
 
+/* The search's progress on a terminal's stderr once it has run a second:
+ * layouts done, in all, and the fastest so far (one line, redrawn). */
+typedef struct {
+    struct timespec start;
+    bool shown;
+} progress_line;
+
+static double since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
+}
+
+static void progress(void *ctx, uint64_t done, uint64_t total, const ml_layout_row *best)
+{
+    progress_line *p = ctx;
+    if (!p->shown && since(&p->start) < 1.0)
+        return;
+    p->shown = true;
+    fprintf(stderr, "\rsearching: %llu of %llu layouts", (unsigned long long)done,
+            (unsigned long long)total);
+    if (best && best->step_s > 0)
+        fprintf(stderr, ", best so far tp%llu.pp%llu.dp%llu at %.4g s a step",
+                (unsigned long long)best->tp, (unsigned long long)best->pp,
+                (unsigned long long)best->dp, best->step_s);
+    fputs("\033[K", stderr);
+    fflush(stderr);
+}
+
 /* The best layout's settings (--gpus with --emit megatron): its plan, then
  * the arguments; the exit status as plan --emit's. */
 static int emit_layout(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
@@ -149,9 +181,17 @@ static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config 
     }
     if (rc)
         return rc;
+    progress_line line = {.shown = false};
+    clock_gettime(CLOCK_MONOTONIC, &line.start);
+    if (isatty(fileno(stderr))) {
+        req.progress = progress;
+        req.progress_ctx = &line;
+    }
     ml_layout_result r;
     ml_error e;
     ml_status st = ml_layout_search(m, cfg, &req, &r, &e);
+    if (line.shown)
+        fputc('\n', stderr);
     if (st)
         return ml_cli_eval_failed(o, &e, st);
     if (o->emit)

@@ -60,9 +60,25 @@ static double comm_time(const search *x, const ml_ledger *l, const ml_layout_row
     return t;
 }
 
+/* Whether a kept row is this one again (selective checkpointing with a
+ * fused attention kernel drops nothing: the same plan as none). */
+static bool seen(const ml_layout_result *out, const ml_layout_row *row)
+{
+    for (size_t i = 0; i < out->nrows; i++) {
+        const ml_layout_row *o = &out->rows[i];
+        if (o->tp == row->tp && o->pp == row->pp && o->dp == row->dp &&
+            o->micro_batch == row->micro_batch && o->peak == row->peak &&
+            o->device_total == row->device_total && o->step_s == row->step_s)
+            return true;
+    }
+    return false;
+}
+
 /* Keeps row among the fastest (without a time: the most headroom). */
 static void keep(ml_layout_result *out, const ml_layout_row *row)
 {
+    if (seen(out, row))
+        return;
     size_t at = out->nrows;
     while (at > 0) {
         const ml_layout_row *o = &out->rows[at - 1];
@@ -84,9 +100,9 @@ static void keep(ml_layout_result *out, const ml_layout_row *row)
 }
 
 /* One point planned; ML_RANGE: the layout is not one the model splits
- * into (not an error of the search). */
+ * into (not an error of the search); *fits whether it fits every rank. */
 static ml_status point(search *x, uint64_t tp, uint64_t pp, uint64_t dp, uint64_t b, uint64_t mb,
-                       size_t policy, ml_error *err)
+                       size_t policy, bool *fits, ml_error *err)
 {
     ml_config c = *x->cfg;
     ml_training *t = &c.training;
@@ -102,6 +118,7 @@ static ml_status point(search *x, uint64_t tp, uint64_t pp, uint64_t dp, uint64_
     if (st)
         return st;
     const ml_summary *s = ml_ledger_summary(l);
+    *fits = s->fits;
     if (s->fits) {
         ml_layout_row row;
         memset(&row, 0, sizeof row);
@@ -127,7 +144,10 @@ static ml_status point(search *x, uint64_t tp, uint64_t pp, uint64_t dp, uint64_
     return ML_OK;
 }
 
-/* Every micro-batch and policy of the layout tp x pp x dp. */
+/* Every micro-batch and policy of the layout tp x pp x dp, the
+ * micro-batches from the smallest up to the first that does not fit (the
+ * peak grows with the micro-batch: with a pipeline the fewer micro-batches
+ * in flight hold as many samples, no fewer bytes). */
 static ml_status layout(search *x, uint64_t tp, uint64_t pp, uint64_t dp, ml_error *err)
 {
     const uint64_t share = x->req->global_batch / dp;
@@ -136,13 +156,44 @@ static ml_status layout(search *x, uint64_t tp, uint64_t pp, uint64_t dp, ml_err
         for (uint64_t b = 1; b <= share; b++) {
             if (share % b)
                 continue;
-            ml_status st = point(x, tp, pp, dp, b, share / b, pol, err);
+            bool fits = false;
+            ml_status st = point(x, tp, pp, dp, b, share / b, pol, &fits, err);
             if (st == ML_RANGE)
                 break; /* the model does not split this way, or not with this policy */
             if (st)
                 return st;
+            if (!fits)
+                break;
         }
     return ML_OK;
+}
+
+/* The layouts of req: counted (st NULL), or searched, each followed by
+ * the progress callback; returns how many. */
+static uint64_t layouts(const ml_layout_request *req, ml_status *st, search *x, ml_error *err)
+{
+    const uint64_t G = req->gpus_per_node ? req->gpus_per_node : 8;
+    uint64_t n = 0, total = st ? layouts(req, NULL, x, err) : 0;
+    for (uint64_t tp = 1; tp <= G && tp <= req->gpus; tp++) {
+        if (G % tp || req->gpus % tp)
+            continue;
+        for (uint64_t pp = 1; pp <= req->gpus / tp && pp <= ML_PP_MAX_STAGES; pp++) {
+            if ((req->gpus / tp) % pp)
+                continue;
+            const uint64_t dp = req->gpus / (tp * pp);
+            if (req->global_batch % dp)
+                continue;
+            n++;
+            if (!st)
+                continue;
+            if ((*st = layout(x, tp, pp, dp, err)))
+                return n;
+            if (req->progress)
+                req->progress(req->progress_ctx, n, total,
+                              x->out->nrows ? &x->out->rows[0] : NULL);
+        }
+    }
+    return n;
 }
 
 ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_layout_request *req,
@@ -158,23 +209,12 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     if (!req->gpus || !req->global_batch)
         return ml__errorf(err, ML_USAGE, "the layout search needs the devices (--gpus N) and "
                                          "the global batch (--global-batch B)");
-    const uint64_t G = req->gpus_per_node ? req->gpus_per_node : 8;
     search x = {m, cfg, req, out};
     out->comm_timed = cfg->device.interconnect_gbps > 0;
-    for (uint64_t tp = 1; tp <= G && tp <= req->gpus; tp++) {
-        if (G % tp || req->gpus % tp)
-            continue;
-        for (uint64_t pp = 1; pp <= req->gpus / tp && pp <= ML_PP_MAX_STAGES; pp++) {
-            if ((req->gpus / tp) % pp)
-                continue;
-            const uint64_t dp = req->gpus / (tp * pp);
-            if (req->global_batch % dp)
-                continue;
-            ml_status st = layout(&x, tp, pp, dp, err);
-            if (st)
-                return st;
-        }
-    }
+    ml_status st = ML_OK;
+    layouts(req, &st, &x, err);
+    if (st)
+        return st;
     if (!out->nrows)
         snprintf(out->note, sizeof out->note,
                  "no layout of %llu devices fits: %llu layouts, %llu plans; more devices, a "
