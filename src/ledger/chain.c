@@ -348,6 +348,16 @@ void ml__chain_key(const ml_config *cfg, ml_config *key)
     memcpy(&key->training, &cfg->training, sizeof key->training);
     key->calib = cfg->calib;
     key->training.micro_batch = 0;
+    /* what only the evaluation reads (ml__chain_refused has checked them):
+     * the accumulation, data parallelism, the pipeline (its stages are
+     * sliced from the whole chain, pipeline.c) */
+    key->training.grad_accum = 0;
+    key->training.data_parallel = 0;
+    key->training.pipeline_parallel = 0;
+    key->training.virtual_stages = 0;
+    key->training.pp_schedule = ML_PP_1F1B;
+    key->training.npp_layers = 0;
+    memset(key->training.pp_layers, 0, sizeof key->training.pp_layers);
     memset(&key->training.checkpoint, 0, sizeof key->training.checkpoint);
     key->training.checkpoint.kind =
         cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE ? ML_CKPT_SELECTIVE : ML_CKPT_NONE;

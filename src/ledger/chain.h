@@ -284,7 +284,8 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
 /* Builds the chain; returns ML_OK, ML_RANGE (with err), ML_OVERFLOW or ML_NOMEM. */
 ml_status ml__chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err);
 /* What of cfg the chain is built from, the rest cleared: the training
- * settings but the micro-batch (0), the checkpoint policy only as
+ * settings but the micro-batch (0), the accumulation, data parallelism and
+ * the pipeline (the evaluation's), the checkpoint policy only as
  * selective or not (once ml__chain_refused passed it), and the
  * calibration profile; equal keys (memcmp) give chains that differ only by
  * the micro-batch (the prepared planner's settings, planner.c). */

@@ -25,6 +25,8 @@ typedef struct {
     const ml_config *cfg;
     const ml_layout_request *req;
     ml_layout_result *out;
+    ml_planner *planner; /* chains built once per tensor split and policy,
+                            derived for each micro-batch */
 } search;
 
 /* Bytes over a link of gbps GB/s; -1 when the link is unknown. */
@@ -113,7 +115,7 @@ static ml_status point(search *x, uint64_t tp, uint64_t pp, uint64_t dp, uint64_
     t->grad_accum = mb;
     ml_parse_checkpoint(policies[policy], &t->checkpoint, NULL);
     ml_ledger *l = NULL;
-    ml_status st = ml_ledger_evaluate(x->m, &c, false, &l, err);
+    ml_status st = ml_planner_evaluate(x->planner, &c, false, &l, err);
     x->out->evaluations++;
     if (st)
         return st;
@@ -209,10 +211,13 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     if (!req->gpus || !req->global_batch)
         return ml__errorf(err, ML_USAGE, "the layout search needs the devices (--gpus N) and "
                                          "the global batch (--global-batch B)");
-    search x = {m, cfg, req, out};
+    search x = {m, cfg, req, out, NULL};
     out->comm_timed = cfg->device.interconnect_gbps > 0;
-    ml_status st = ML_OK;
+    ml_status st = ml_planner_create(m, &x.planner, err);
+    if (st)
+        return st;
     layouts(req, &st, &x, err);
+    ml_planner_destroy(x.planner);
     if (st)
         return st;
     if (!out->nrows)
