@@ -61,7 +61,7 @@ typedef struct ml_fit_result {
 ML_API ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *req,
                         ml_fit_result *out, ml_error *err);
 
-/* The layout search (docs/parallel.md, "Searching the layout"): N devices
+/* The layout search (docs/search.md): N devices
  * split as tensor x pipeline x data parallelism, each layout's micro-batch
  * and checkpoint policy, ranked by the step time of those that fit every
  * rank. */

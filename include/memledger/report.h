@@ -41,7 +41,7 @@ ML_API int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
                               const ml_fit_request *req, const ml_fit_result *r);
 ML_API int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
                               const ml_fit_result *r);
-/* fit --gpus: the layout search's table (docs/parallel.md); JSON
+/* fit --gpus: the layout search's table (docs/search.md); JSON
  * {"model", "gpus", "gpus_per_node", "global_batch", "layouts": [...], ...}. */
 ML_API int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
                                   const ml_layout_request *req, const ml_layout_result *r);

@@ -36,9 +36,10 @@ static const char usage[] =
     "  -o FILE                write to FILE (atomically) instead of stdout\n"
     "  --gpus N               search the layouts of N devices instead: tensor x pipeline\n"
     "                         x data parallelism, micro-batch, checkpoint (none,\n"
-    "                         selective, full), ranked by step time (docs/parallel.md);\n"
+    "                         selective, full), ranked by step time (docs/search.md);\n"
     "                         needs --global-batch; --gpus-per-node G (default 8),\n"
     "                         --interconnect GBps within a node, --network GBps between\n"
+    "                         nodes\n"
     "  and every 'memledger plan' option (--seq-len, --precision, --zero, ...)\n"
     "\n"
     "Exit status: 0 a micro-batch fits, 1 even micro-batch 1 does not fit,\n"
@@ -214,7 +215,7 @@ int ml_cmd_fit(int argc, char **argv)
     int rc;
     if (!ml_cli_start(argc, argv, "fit", usage, &o, &m, &cfg, &rc))
         return rc;
-    if (o.gpus) { /* the layout search (docs/parallel.md) */
+    if (o.gpus) { /* the layout search (docs/search.md) */
         rc = fit_layouts(&o, m, &cfg);
         goto out;
     }

@@ -1,4 +1,4 @@
-/* The layout search (docs/parallel.md, "Searching the layout"): every split
+/* The layout search (docs/search.md): every split
  * of N devices into tensor x pipeline x data parallelism that the model
  * divides, every micro-batch that divides a data-parallel rank's share of
  * the global batch, and the checkpoint policies none, selective and full;

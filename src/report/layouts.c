@@ -1,5 +1,4 @@
-/* fit --gpus: the layout search's answer in text and JSON (docs/parallel.md,
- * "Searching the layout"). */
+/* fit --gpus: the layout search's answer in text and JSON (docs/search.md). */
 #include <stdio.h>
 
 #include "memledger/report.h"

@@ -1,4 +1,4 @@
-/* fit --gpus: the layout search (docs/parallel.md, "Searching the layout"). */
+/* fit --gpus: the layout search (docs/search.md). */
 #include "harness.h"
 
 /* A Llama of 4 layers, 8 heads, 2 key/value heads, untied: tensor
