@@ -104,7 +104,10 @@ typedef struct ml_layout_result {
     size_t nrows;
     uint64_t layouts;       /* (tp, pp, dp) splits tried */
     uint64_t evaluations;   /* plans made */
-    uint64_t fitting;       /* fitting (layout, micro-batch, policy) points */
+    uint64_t fitting;       /* (layout, micro-batch, policy) points that fit in the
+                               allocated view; the fastest of them are planned
+                               again as configured (the caching allocator's
+                               reserved peak) for the rows */
     bool comm_timed;        /* a bandwidth was given */
     char note[512];         /* what was searched, or why nothing fits */
 } ml_layout_result;

@@ -5,10 +5,12 @@
  * each point planned exactly (every pipeline stage), those that fit every
  * rank ranked by their step time. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "memledger/plan.h"
 #include "util/error.h"
+#include "util/grow.h"
 
 ml_layout_request ml_layout_request_defaults(void)
 {
@@ -27,6 +29,11 @@ typedef struct {
     ml_layout_result *out;
     ml_planner *planner; /* chains built once per tensor split and policy,
                             derived for each micro-batch */
+    /* the points that fit in the allocated view (the caching allocator's
+     * simulation only adds to a peak), before the simulated verdict */
+    ml_layout_row *cand;
+    size_t ncand, cap;
+    bool nomem;
 } search;
 
 /* Bytes over a link of gbps GB/s; -1 when the link is unknown. */
@@ -101,48 +108,104 @@ static void keep(ml_layout_result *out, const ml_layout_row *row)
         out->nrows++;
 }
 
-/* One point planned; ML_RANGE: the layout is not one the model splits
- * into (not an error of the search); *fits whether it fits every rank. */
-static ml_status point(search *x, uint64_t tp, uint64_t pp, uint64_t dp, uint64_t b, uint64_t mb,
-                       size_t policy, bool *fits, ml_error *err)
+/* The settings of a row's point. */
+static ml_config config_of(const search *x, const ml_layout_row *w)
 {
     ml_config c = *x->cfg;
     ml_training *t = &c.training;
-    t->tensor_parallel = tp;
-    t->pipeline_parallel = pp;
-    t->data_parallel = dp;
-    t->micro_batch = b;
-    t->grad_accum = mb;
-    ml_parse_checkpoint(policies[policy], &t->checkpoint, NULL);
+    t->tensor_parallel = w->tp;
+    t->pipeline_parallel = w->pp;
+    t->data_parallel = w->dp;
+    t->micro_batch = w->micro_batch;
+    t->grad_accum = w->micro_batches;
+    t->checkpoint = w->checkpoint;
+    return c;
+}
+
+/* The row's figures from its plan. */
+static void figures(const search *x, const ml_ledger *l, ml_layout_row *w)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    w->peak = s->peak;
+    w->device_total = s->peak_total;
+    w->headroom = s->headroom;
+    w->bubble = w->pp > 1 && s->pipeline_bubble > 0 ? s->pipeline_bubble : 0;
+    w->compute_s = w->pp > 1 ? s->pipeline_step_s : s->time_compute_s;
+    w->comm_s = comm_time(x, l, w);
+    w->step_s = w->compute_s < 0 ? -1 : w->compute_s + (w->comm_s > 0 ? w->comm_s : 0);
+    const double tokens = (double)x->req->global_batch * (double)x->cfg->training.seq_len;
+    w->tokens_per_s = w->step_s > 0 ? tokens / w->step_s : -1;
+    const double peak = s->peak_tflops_used;
+    w->mfu = w->step_s > 0 && peak > 0
+                 ? (s->flops_forward + s->flops_backward) / w->step_s / (peak * 1e12)
+                 : -1;
+}
+
+/* One point planned in the allocated view; ML_RANGE: the layout is not
+ * one the model splits into (not an error of the search); *fits whether it
+ * fits every rank so, and then it is a candidate. */
+static ml_status point(search *x, uint64_t tp, uint64_t pp, uint64_t dp, uint64_t b, uint64_t mb,
+                       size_t policy, bool *fits, ml_error *err)
+{
+    ml_layout_row row;
+    memset(&row, 0, sizeof row);
+    row.tp = tp, row.pp = pp, row.dp = dp, row.micro_batch = b, row.micro_batches = mb;
+    ml_parse_checkpoint(policies[policy], &row.checkpoint, NULL);
+    ml_config c = config_of(x, &row);
+    c.device.allocator = ML_ALLOCATOR_NONE;
     ml_ledger *l = NULL;
     ml_status st = ml_planner_evaluate(x->planner, &c, false, &l, err);
     x->out->evaluations++;
     if (st)
         return st;
-    const ml_summary *s = ml_ledger_summary(l);
-    *fits = s->fits;
-    if (s->fits) {
-        ml_layout_row row;
-        memset(&row, 0, sizeof row);
-        row.tp = tp, row.pp = pp, row.dp = dp, row.micro_batch = b, row.micro_batches = mb;
-        row.checkpoint = t->checkpoint;
-        row.peak = s->peak;
-        row.device_total = s->peak_total;
-        row.headroom = s->headroom;
-        row.bubble = pp > 1 && s->pipeline_bubble > 0 ? s->pipeline_bubble : 0;
-        row.compute_s = pp > 1 ? s->pipeline_step_s : s->time_compute_s;
-        row.comm_s = comm_time(x, l, &row);
-        row.step_s = row.compute_s < 0 ? -1 : row.compute_s + (row.comm_s > 0 ? row.comm_s : 0);
-        const double tokens = (double)x->req->global_batch * (double)t->seq_len;
-        row.tokens_per_s = row.step_s > 0 ? tokens / row.step_s : -1;
-        const double peak = s->peak_tflops_used;
-        row.mfu = row.step_s > 0 && peak > 0
-                      ? (s->flops_forward + s->flops_backward) / row.step_s / (peak * 1e12)
-                      : -1;
-        x->out->fitting++;
-        keep(x->out, &row);
+    *fits = ml_ledger_summary(l)->fits;
+    if (*fits) {
+        figures(x, l, &row);
+        ml_layout_row *grown = ml_grow(x->cand, x->ncand, &x->cap, sizeof *grown, 64);
+        if (grown) {
+            x->cand = grown;
+            x->cand[x->ncand++] = row;
+        } else {
+            x->nomem = true;
+        }
     }
     ml_ledger_destroy(l);
+    return ML_OK;
+}
+
+/* The faster of two candidates (without a time: the more headroom). */
+static int faster(const void *pa, const void *pb)
+{
+    const ml_layout_row *a = pa, *b = pb;
+    if (a->step_s >= 0 && b->step_s >= 0 && a->step_s != b->step_s)
+        return a->step_s < b->step_s ? -1 : 1;
+    return a->headroom > b->headroom ? -1 : a->headroom < b->headroom;
+}
+
+/* The candidates from the fastest, each planned as configured (the
+ * caching allocator simulated, unless none), the fitting ones kept until
+ * the table is full. */
+static ml_status verdicts(search *x, ml_error *err)
+{
+    qsort(x->cand, x->ncand, sizeof *x->cand, faster);
+    for (size_t i = 0; i < x->ncand && x->out->nrows < ML_LAYOUT_TOP; i++) {
+        ml_layout_row row = x->cand[i];
+        if (x->cfg->device.allocator != ML_ALLOCATOR_NONE) {
+            ml_config c = config_of(x, &row);
+            ml_ledger *l = NULL;
+            ml_status st = ml_planner_evaluate(x->planner, &c, false, &l, err);
+            x->out->evaluations++;
+            if (st)
+                return st;
+            const bool fits = ml_ledger_summary(l)->fits;
+            if (fits)
+                figures(x, l, &row);
+            ml_ledger_destroy(l);
+            if (!fits)
+                continue;
+        }
+        keep(x->out, &row);
+    }
     return ML_OK;
 }
 
@@ -211,13 +274,19 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     if (!req->gpus || !req->global_batch)
         return ml__errorf(err, ML_USAGE, "the layout search needs the devices (--gpus N) and "
                                          "the global batch (--global-batch B)");
-    search x = {m, cfg, req, out, NULL};
+    search x = {.m = m, .cfg = cfg, .req = req, .out = out};
     out->comm_timed = cfg->device.interconnect_gbps > 0;
     ml_status st = ml_planner_create(m, &x.planner, err);
     if (st)
         return st;
     layouts(req, &st, &x, err);
+    if (!st && x.nomem)
+        st = ml__errorf(err, ML_NOMEM, "out of memory");
+    if (!st)
+        st = verdicts(&x, err);
+    out->fitting = x.ncand;
     ml_planner_destroy(x.planner);
+    free(x.cand);
     if (st)
         return st;
     if (!out->nrows)
@@ -228,7 +297,8 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
                  (unsigned long long)out->evaluations);
     else
         snprintf(out->note, sizeof out->note,
-                 "%llu layouts of %llu devices, %llu plans, %llu fitting points",
+                 "%llu layouts of %llu devices, %llu plans, %llu points fit in the allocated "
+                 "view (the fastest planned again with the allocator as configured)",
                  (unsigned long long)out->layouts, (unsigned long long)req->gpus,
                  (unsigned long long)out->evaluations, (unsigned long long)out->fitting);
     return ML_OK;
