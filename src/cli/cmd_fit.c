@@ -152,6 +152,11 @@ static int emit_layout(const ml_cli_opts *o, const ml_model *m, const ml_config 
 /* fit --gpus N: the layout search; the exit status. */
 static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg)
 {
+    if (!o->gpus) {
+        ml_cli_errorf("%s goes with --gpus N (the layout search)",
+                      o->gpus_per_node ? "--gpus-per-node" : "--network");
+        return ML_EXIT_BAD_INPUT;
+    }
     ml_layout_request req = ml_layout_request_defaults();
     int rc = ml_cli_whole("--gpus", o->gpus, 1, 1u << 20, &req.gpus);
     if (!rc && o->gpus_per_node)
@@ -161,17 +166,35 @@ static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config 
     if (!rc && o->network) {
         char *end = NULL;
         req.network_gbps = strtod(o->network, &end);
-        if (end == o->network || *end || !(req.network_gbps > 0) || req.network_gbps > 1e6) {
-            ml_cli_errorf("--network: '%s' is not a bandwidth in GB/s above 0", o->network);
+        if (end == o->network || *end || !(req.network_gbps >= 1e-6) ||
+            req.network_gbps > 1e6) {
+            ml_cli_errorf("--network: '%s' is not a number between 1e-06 and 1e+06 (GB/s)",
+                          o->network);
             rc = ML_EXIT_BAD_INPUT;
         }
     }
     if (!rc && (o->max_micro_batch || o->checkpoint || o->tp || o->pp || o->parallel ||
-                o->data_parallel)) {
-        ml_cli_errorf("--gpus %s: the search chooses the layout, the micro-batch and the "
-                      "checkpoint: drop --tp, --pp, --parallel, --data-parallel, --checkpoint "
-                      "and --max-micro-batch",
+                o->data_parallel || o->grad_accum || o->micro_batches || o->vpp ||
+                o->pp_schedule || o->pp_layers || o->sp)) {
+        ml_cli_errorf("--gpus %s: the search chooses the layout (1F1B stages of even "
+                      "layers, sequence parallelism with tp), the micro-batch, the "
+                      "micro-batches a step and the checkpoint: drop --tp, --pp, --vpp, "
+                      "--pp-schedule, --pp-layers, --sp/--no-sp, --parallel, --data-parallel, "
+                      "--grad-accum, --micro-batches, --checkpoint and --max-micro-batch",
                       o->gpus);
+        rc = ML_EXIT_BAD_INPUT;
+    }
+    if (!rc && (o->lengths || o->batching || o->max_tokens || o->buckets || o->eval_batch)) {
+        ml_cli_errorf("--gpus %s: the search plans the training step at --seq-len; length "
+                      "distributions and an evaluation pass are not searched: drop --lengths, "
+                      "--batching, --max-tokens, --buckets and --eval-batch",
+                      o->gpus);
+        rc = ML_EXIT_BAD_INPUT;
+    }
+    if (!rc && o->network && !cfg->device.interconnect_gbps) {
+        ml_cli_errorf("--network %s: the transfers inside a node need a bandwidth too: give "
+                      "--interconnect GBps",
+                      o->network);
         rc = ML_EXIT_BAD_INPUT;
     }
     if (!rc && o->emit && strcmp(o->emit, "megatron")) {
@@ -215,7 +238,7 @@ int ml_cmd_fit(int argc, char **argv)
     int rc;
     if (!ml_cli_start(argc, argv, "fit", usage, &o, &m, &cfg, &rc))
         return rc;
-    if (o.gpus) { /* the layout search (docs/search.md) */
+    if (o.gpus || o.gpus_per_node || o.network) { /* the layout search (docs/search.md) */
         rc = fit_layouts(&o, m, &cfg);
         goto out;
     }

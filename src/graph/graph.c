@@ -219,8 +219,8 @@ uint64_t ml__graph_numel(const ml_graph *g, const ml_graph_sizes *z, uint16_t t,
     uint64_t n = p->factor;
     for (unsigned k = 0; k < p->ndim; k++) {
         uint64_t v = z->dim[p->dim[k]];
-        if (shard && p->dim[k] == MLG_T)
-            v /= z->seq_div;
+        if (shard && p->dim[k] == MLG_T) /* a longer shard first, as padded */
+            v = v / z->seq_div + (v % z->seq_div != 0);
         if (__builtin_mul_overflow(n, v, &n))
             *overflow = true;
     }

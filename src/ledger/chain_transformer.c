@@ -47,7 +47,8 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
                           (unsigned long long)d->B, ch->eval_mode ? "eval_batch" : "micro_batch");
     d->BT = ml_mul(ch, d->B, d->T);
     d->sp = ml_training_sp(t) ? t->tensor_parallel : 1;
-    d->BTs = d->BT / d->sp; /* T divides: ml__tp_refused */
+    /* the fullest rank's tokens: a length tp does not divide is padded */
+    d->BTs = ml_mul(ch, d->B, d->T / d->sp + (d->T % d->sp != 0));
     d->D = m->hidden;
     d->F = m->mlp.ffn;
     d->H = m->attn.heads;

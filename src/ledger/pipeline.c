@@ -67,14 +67,19 @@ static ml_status stage_split(const ml_model *m, const ml_training *t, ml_error *
                               (unsigned long long)sum, m->name, (unsigned long long)L);
         return ML_OK;
     }
-    if (L % (p * v))
+    if (L % (p * v) && v > 1)
         return ml__errorf(err, ML_RANGE,
-                          "parallel.pp: %llu stages%s do not split %s's %llu layers evenly: "
-                          "give each stage's layers (parallel.pp_layers, e.g. --pp-layers "
-                          "7,8,8,9)%s",
-                          (unsigned long long)p, v > 1 ? " of virtual stages" : "", m->name,
-                          (unsigned long long)L,
-                          v > 1 ? ", or a pp x vpp that divides the layers" : "");
+                          "parallel.vpp: %llu stages of %llu virtual stages each do not split "
+                          "%s's %llu layers evenly: use a pp x vpp that divides %llu",
+                          (unsigned long long)p, (unsigned long long)v, m->name,
+                          (unsigned long long)L, (unsigned long long)L);
+    if (L % p)
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.pp: %llu stages do not split %s's %llu layers evenly: "
+                          "give each stage's layers (parallel.pp_layers, %llu counts adding "
+                          "up to %llu)",
+                          (unsigned long long)p, m->name, (unsigned long long)L,
+                          (unsigned long long)p, (unsigned long long)L);
     return ML_OK;
 }
 
@@ -94,9 +99,11 @@ ml_status ml__pp_refused(const ml_model *m, const ml_training *t, const ml_confi
     }
     if ((t->pp_schedule == ML_PP_INTERLEAVED) != (v > 1))
         return ml__errorf(err, ML_RANGE,
-                          "parallel.pp_schedule: %s; the interleaved schedule runs virtual "
-                          "stages and they run it: give parallel.vpp above 1 with it",
-                          ml_pp_schedule_name(t->pp_schedule));
+                          v > 1 ? "parallel.pp_schedule: %s with %llu virtual stages "
+                                  "(parallel.vpp): virtual stages run the interleaved schedule"
+                                : "parallel.pp_schedule: %s needs virtual stages: give "
+                                  "parallel.vpp above 1 (it was %llu)",
+                          ml_pp_schedule_name(t->pp_schedule), (unsigned long long)v);
     /* Megatron asserts it (schedules.py, forward_backward_pipelining_with_interleaving) */
     if (v > 1 && t->grad_accum % p)
         return ml__errorf(err, ML_RANGE,

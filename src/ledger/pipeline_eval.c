@@ -8,10 +8,11 @@
 #include "ledger/replay.h"
 #include "util/error.h"
 
-/* The figure a stage is held against the device by. */
+/* The figure a stage is held against the device by (the plan's device
+ * total: the reserved or allocator peak, the allowance and the reserve). */
 static uint64_t device_total(const ml_summary *s)
 {
-    return s->has_reserved ? s->reserved_peak + s->runtime_reserve : s->peak_total;
+    return s->peak_total;
 }
 
 /* The input a stage after the first receives: its first layer's. */
@@ -96,7 +97,15 @@ static void pipeline_time(const ml_training *t, const ml_rank_info *ranks, size_
     step = worst->time.by_phase[ML_TPHASE_STEP];
     const double pipe = v > 1 ? (m + (double)(p - 1) / v) * max : (m - 1) * max + sum;
     s->pipeline_step_s = pipe + step;
-    s->pipeline_bubble = pipe > 0 ? 1 - m * max / pipe : 0;
+    /* the stages' idle share, averaged over them */
+    s->pipeline_bubble = pipe > 0 ? 1 - m * sum / ((double)p * pipe) : 0;
+    /* the throughput is the pipeline's: its step, not the stage's work */
+    if (worst->time.step_s > 0 && s->pipeline_step_s > 0) {
+        const double k = worst->time.step_s / s->pipeline_step_s;
+        s->time.tokens_per_s *= k;
+        if (s->time.mfu > 0)
+            s->time.mfu *= k;
+    }
 }
 
 /* Stage r's ledger: its chain replayed for one micro-batch, then with the

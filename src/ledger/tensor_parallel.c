@@ -74,19 +74,9 @@ ml_status ml__tp_refused(const ml_model *m, const ml_training *t, const ml_confi
         return indivisible(m, "key/value heads", "model.kv_heads", m->attn.kv_heads, tp, err);
     if (m->mlp.ffn % tp)
         return indivisible(m, "MLP width", "model.ffn", m->mlp.ffn, tp, err);
-    if (ml_training_sp(t)) {
-        const uint64_t T[2] = {t->seq_len, t->eval_batch ? t->eval_seq_len : 0};
-        const char *key[2] = {"training.seq_len", "training.eval_seq_len"};
-        for (int k = 0; k < 2; k++)
-            if (T[k] % tp)
-                return ml__errorf(err, ML_RANGE,
-                                  "%s: %llu tokens do not split over parallel.tp %llu ranks: "
-                                  "sequence parallelism gives each rank an equal share; use "
-                                  "a length divisible by %llu, or sequence parallelism off "
-                                  "(parallel.sp)",
-                                  key[k], (unsigned long long)T[k], (unsigned long long)tp,
-                                  (unsigned long long)tp);
-    }
+    /* a sequence that tp does not divide: Megatron asks the data for
+     * lengths it divides (padding); the plan is the fullest rank's,
+     * ceil(T / tp) tokens (ml__graph_numel) */
     return ML_OK;
 }
 
@@ -165,9 +155,15 @@ ml_status ml__engine_refused(const ml_model *m, const ml_training *t, ml_error *
 {
     if (t->engine != ML_ENGINE_MEGATRON)
         return ML_OK;
+    if (m->attn.kernel != ML_ATTN_EAGER)
+        return ml__errorf(err, ML_RANGE,
+                          "training.engine: megatron plans its unfused attention with the fused "
+                          "masked softmax; %s's attention is %s (its flash path is not modelled): "
+                          "use --attention eager",
+                          m->name, m->attn.kernel == ML_ATTN_SDPA ? "sdpa" : "flash");
     if (m->type != ML_MODEL_DECODER || m->vision.layers || m->norms.kind != ML_NORM_LAYERNORM ||
         !m->residual.prenorm || m->residual.parallel || m->moe.experts || m->attn.kv_lora ||
-        m->attn.kernel != ML_ATTN_EAGER || m->embed.image_size)
+        m->embed.image_size)
         return ml__errorf(err, ML_RANGE,
                           "training.engine: megatron plans Megatron-core's GPT layer (pre-norm "
                           "LayerNorm, unfused attention with its fused masked softmax); %s's "

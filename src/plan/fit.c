@@ -422,6 +422,15 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
         return ml__errorf(err, ML_USAGE,
                           "fit needs a device: give device.memory");
     }
+    /* a pipeline's memory depends on the micro-batches a step (in flight):
+     * the accumulation the global batch would choose changes the plan */
+    if (req->global_batch && cfg->training.pipeline_parallel > 1)
+        return ml__errorf(err, ML_RANGE,
+                          "global_batch: with a pipeline (parallel.pp %llu) the micro-batches "
+                          "a step set how many the stages hold in flight; give them "
+                          "(--micro-batches) without a global batch, and fit finds the largest "
+                          "micro-batch at that count, or search the layout (fit --gpus N)",
+                          (unsigned long long)cfg->training.pipeline_parallel);
     search s = {.m = m, .cfg = *cfg, .err = err}; /* the rest zero */
     ml_status st = ml_planner_create(m, &s.planner, err);
     if (st == ML_OK)

@@ -34,6 +34,11 @@ typedef struct {
     ml_layout_row *cand;
     size_t ncand, cap;
     bool nomem;
+    bool planned;      /* some point was planned (it fit or not) */
+    ml_error refusal;  /* the first refusal of a point (a layout or a setting
+                          the model does not take), said when nothing was
+                          planned at all */
+    bool refused;
 } search;
 
 /* Bytes over a link of gbps GB/s; -1 when the link is unknown. */
@@ -84,21 +89,15 @@ static bool seen(const ml_layout_result *out, const ml_layout_row *row)
 }
 
 /* Keeps row among the fastest (without a time: the most headroom). */
+static int faster(const void *pa, const void *pb);
+
 static void keep(ml_layout_result *out, const ml_layout_row *row)
 {
     if (seen(out, row))
         return;
     size_t at = out->nrows;
-    while (at > 0) {
-        const ml_layout_row *o = &out->rows[at - 1];
-        bool before = row->step_s >= 0 && o->step_s >= 0
-                          ? row->step_s < o->step_s ||
-                                (row->step_s == o->step_s && row->headroom > o->headroom)
-                          : row->headroom > o->headroom;
-        if (!before)
-            break;
+    while (at > 0 && faster(row, &out->rows[at - 1]) < 0)
         at--;
-    }
     if (at >= ML_LAYOUT_TOP)
         return;
     size_t n = out->nrows < ML_LAYOUT_TOP ? out->nrows : ML_LAYOUT_TOP - 1;
@@ -177,7 +176,10 @@ static ml_status point(search *x, uint64_t tp, uint64_t pp, uint64_t dp, uint64_
 static int faster(const void *pa, const void *pb)
 {
     const ml_layout_row *a = pa, *b = pb;
-    if (a->step_s >= 0 && b->step_s >= 0 && a->step_s != b->step_s)
+    const bool ta = a->step_s >= 0, tb = b->step_s >= 0;
+    if (ta != tb)
+        return ta ? -1 : 1; /* timed rows first */
+    if (ta && a->step_s != b->step_s)
         return a->step_s < b->step_s ? -1 : 1;
     return a->headroom > b->headroom ? -1 : a->headroom < b->headroom;
 }
@@ -187,7 +189,8 @@ static int faster(const void *pa, const void *pb)
  * the table is full. */
 static ml_status verdicts(search *x, ml_error *err)
 {
-    qsort(x->cand, x->ncand, sizeof *x->cand, faster);
+    if (x->ncand)
+        qsort(x->cand, x->ncand, sizeof *x->cand, faster);
     for (size_t i = 0; i < x->ncand && x->out->nrows < ML_LAYOUT_TOP; i++) {
         ml_layout_row row = x->cand[i];
         if (x->cfg->device.allocator != ML_ALLOCATOR_NONE) {
@@ -223,10 +226,15 @@ static ml_status layout(search *x, uint64_t tp, uint64_t pp, uint64_t dp, ml_err
                 continue;
             bool fits = false;
             ml_status st = point(x, tp, pp, dp, b, share / b, pol, &fits, err);
-            if (st == ML_RANGE)
+            if (st == ML_RANGE) {
+                if (!x->refused)
+                    x->refusal = *err;
+                x->refused = true;
                 break; /* the model does not split this way, or not with this policy */
+            }
             if (st)
                 return st;
+            x->planned = true;
             if (!fits)
                 break;
         }
@@ -282,6 +290,11 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     layouts(req, &st, &x, err);
     if (!st && x.nomem)
         st = ml__errorf(err, ML_NOMEM, "out of memory");
+    /* nothing planned at all: not a question of fitting, a refusal */
+    if (!st && !x.planned && x.refused) {
+        *err = x.refusal;
+        st = ML_RANGE;
+    }
     if (!st)
         st = verdicts(&x, err);
     out->fitting = x.ncand;
@@ -291,8 +304,9 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
         return st;
     if (!out->nrows)
         snprintf(out->note, sizeof out->note,
-                 "no layout of %llu devices fits: %llu layouts, %llu plans; more devices, a "
-                 "smaller global batch or another precision",
+                 "no layout of %llu devices fits: %llu layouts, %llu plans; another device "
+                 "count (one the global batch and the model divide), a smaller model state "
+                 "(precision, optimizer, ZeRO) or a larger device",
                  (unsigned long long)req->gpus, (unsigned long long)out->layouts,
                  (unsigned long long)out->evaluations);
     else

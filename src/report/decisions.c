@@ -27,12 +27,20 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     fputs(")\n", f);
     char sl[80];
     ml__report_lengths(m, &cfg->training, sl, sizeof sl);
-    fprintf(f, "config: %s, precision %s, optimizer %s (%s), %llu device%s, ZeRO %u\n\n", sl,
-            ml_precision_name(cfg->training.precision),
-            ml_optimizer_name(cfg->training.optimizer),
-            ml_optimizer_impl_name(cfg->training.optimizer_impl),
-            (unsigned long long)cfg->training.data_parallel,
-            cfg->training.data_parallel == 1 ? "" : "s", cfg->training.zero);
+    const ml_training *t = &cfg->training;
+    const unsigned long long devices =
+        (unsigned long long)((t->tensor_parallel > 1 ? t->tensor_parallel : 1) *
+                             (t->pipeline_parallel > 1 ? t->pipeline_parallel : 1) *
+                             t->data_parallel);
+    fprintf(f, "config: %s, precision %s, optimizer %s (%s), %llu device%s", sl,
+            ml_precision_name(t->precision), ml_optimizer_name(t->optimizer),
+            ml_optimizer_impl_name(t->optimizer_impl), devices, devices == 1 ? "" : "s");
+    if (devices != t->data_parallel)
+        fprintf(f, " (tp %llu, pp %llu, dp %llu)",
+                (unsigned long long)(t->tensor_parallel > 1 ? t->tensor_parallel : 1),
+                (unsigned long long)(t->pipeline_parallel > 1 ? t->pipeline_parallel : 1),
+                (unsigned long long)t->data_parallel);
+    fprintf(f, ", ZeRO %u\n\n", t->zero);
     if (!r->fits) {
         fprintf(f, "DOES NOT FIT: %s\n", r->note);
         return ferror(f) ? -1 : 0;

@@ -88,8 +88,11 @@ static void model_flags(FILE *f, const ml_model *m, const ml_training *t)
             m->norms.kind == ML_NORM_RMSNORM ? "RMSNorm" : "LayerNorm");
     if (m->mlp.activation == ML_ACT_SWIGLU)
         flag(f, "--swiglu", NULL, 0);
-    if (!m->bias)
+    if (!m->bias) {
         flag(f, "--disable-bias-linear", NULL, 0);
+        if (m->attn.qkv_bias) /* Qwen2's: biases on q, k and v only */
+            flag(f, "--add-qkv-bias", NULL, 0);
+    }
     if (!m->embed.tied)
         flag(f, "--untie-embeddings-and-output-weights", NULL, 0);
     fprintf(f, "--attention-dropout %g \\\n--hidden-dropout %g \\\n", m->dropout, m->dropout);

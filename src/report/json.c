@@ -301,7 +301,7 @@ void ml__report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *c
     json_calibration(f, cfg, s);
     json_bytes(f, cfg, s);
     json_blocks_and_time(f, l, s);
-    ml__report_json_ranks(f, l);
+    ml__report_json_ranks(f, cfg, l);
     json_device(f, s, v);
 }
 

@@ -25,10 +25,12 @@ void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l, bo
     if (!n)
         return;
     const ml_training *t = &cfg->training;
-    fprintf(f, "Pipeline stages (%s, %llu micro-batches a step; the plan below is stage %zu's, "
+    fprintf(f, "Pipeline stages (%s, %llu micro-batch%s a step; the plan below is stage %zu's, "
                "the fullest)\n",
-            ml_pp_schedule_name(t->pp_schedule), (unsigned long long)t->grad_accum, w);
-    fprintf(f, "  %-6s %-16s %14s %9s %12s %12s %13s\n", "stage", "layers", "params", "in flight",
+            ml_pp_schedule_name(t->pp_schedule), (unsigned long long)t->grad_accum,
+            t->grad_accum == 1 ? "" : "es", w);
+    fprintf(f, "  %-6s %-16s %14s %9s %12s %12s %13s\n", "stage",
+            t->virtual_stages > 1 ? "layers in chunks" : "layers", "params", "in flight",
             "saved/micro", "peak", "device total");
     const bool some = !all && n > 8;
     for (size_t i = 0; i < n; i++) {
@@ -42,8 +44,8 @@ void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l, bo
         snprintf(lay, sizeof lay, "%s%u-%u%s", r->embedding ? "emb, " : "", r->first_layer,
                  r->first_layer + r->layers - 1, r->head ? ", head" : "");
         if (t->virtual_stages > 1)
-            snprintf(lay, sizeof lay, "%s%u in %llu chunks%s", r->embedding ? "emb, " : "",
-                     r->layers, (unsigned long long)t->virtual_stages, r->head ? ", head" : "");
+            snprintf(lay, sizeof lay, "%s%u in %llu%s", r->embedding ? "emb, " : "", r->layers,
+                     (unsigned long long)t->virtual_stages, r->head ? ", head" : "");
         ml__report_commas(r->params, num, sizeof num);
         fprintf(f, "  %-6zu %-16s %14s %9.4g %12s %12s %13s%s\n", i, lay, num, r->in_flight,
                 bytes(r->activations_saved, a), bytes(r->peak, b), bytes(r->device_total, c),
@@ -58,7 +60,7 @@ void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l, bo
     fputc('\n', f);
 }
 
-void ml__report_json_ranks(FILE *f, const ml_ledger *l)
+void ml__report_json_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l)
 {
     const size_t n = ml_ledger_rank_count(l);
     const ml_summary *s = ml_ledger_summary(l);
@@ -69,13 +71,17 @@ void ml__report_json_ranks(FILE *f, const ml_ledger *l)
         return;
     }
     fputs(",\n \"ranks\": [", f);
+    const uint64_t vs = cfg->training.virtual_stages > 1 ? cfg->training.virtual_stages : 1;
     for (size_t i = 0; i < n; i++) {
         const ml_rank_info *r = ml_ledger_rank(l, i);
+        /* layers: the stage's range (its first chunk's with virtual stages;
+         * chunks lists them all) */
+        const unsigned end = r->first_layer + (unsigned)(r->layers / vs);
         fprintf(f,
                 "%s\n  {\"stage\": %u, \"layers\": [%u, %u], \"layer_count\": %u, "
                 "\"embedding\": %s, \"head\": %s, \"params\": %llu, \"in_flight\": %.17g, "
                 "\"activations_saved\": %llu, \"peak\": %llu, \"reserved\": ",
-                i ? "," : "", r->stage, r->first_layer, r->first_layer + r->layers, r->layers,
+                i ? "," : "", r->stage, r->first_layer, end, r->layers,
                 r->embedding ? "true" : "false", r->head ? "true" : "false",
                 (unsigned long long)r->params, r->in_flight,
                 (unsigned long long)r->activations_saved, (unsigned long long)r->peak);
@@ -90,7 +96,17 @@ void ml__report_json_ranks(FILE *f, const ml_ledger *l)
             fprintf(f, "%lld", (long long)r->headroom);
         else
             fputs("null", f);
-        fprintf(f, ", \"p2p_bytes\": %.17g, \"micro_s\": ", r->p2p_bytes);
+        /* the stage's layers as ranges: its chunks with virtual stages */
+        const ml_training *t = &cfg->training;
+        const uint64_t v = t->virtual_stages > 1 ? t->virtual_stages : 1;
+        const uint64_t p = t->pipeline_parallel, chunk = r->layers / v;
+        fputs(", \"chunks\": [", f);
+        for (uint64_t c = 0; c < v; c++) {
+            const uint64_t a = v > 1 ? (c * p + r->stage) * chunk : r->first_layer;
+            fprintf(f, "%s[%llu, %llu]", c ? ", " : "", (unsigned long long)a,
+                    (unsigned long long)(a + (v > 1 ? chunk : r->layers)));
+        }
+        fprintf(f, "], \"p2p_bytes\": %.17g, \"micro_s\": ", r->p2p_bytes);
         if (r->micro_s >= 0)
             fprintf(f, "%.17g}", r->micro_s);
         else

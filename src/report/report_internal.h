@@ -38,7 +38,7 @@ void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l, bo
  * else the first, the second, the fullest, a middle one and the last). */
 int ml__report_text_all_ranks(FILE *f, const ml_model *m, const ml_config *cfg,
                               const ml_ledger *l);
-void ml__report_json_ranks(FILE *f, const ml_ledger *l);
+void ml__report_json_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l);
 
 /* "seq_len N" and, for an encoder-decoder, ", target_len M" (text.c). */
 void ml__report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size);

@@ -118,9 +118,25 @@ static void test_llama_and_refusals(void **state)
     ml_model_destroy(m);
 }
 
+/* Qwen2's biases on q, k and v alone: --disable-bias-linear with
+ * --add-qkv-bias, so that none is dropped. */
+static void test_qkv_bias(void **state)
+{
+    (void)state;
+    ml_model *m = load_hf_config("qwen2-0.5b");
+    ml_config c = ml_model_config(m);
+    c.training.precision = ML_PREC_BF16_MASTER;
+    char *out = emitted(m, &c);
+    check_flags(out);
+    assert_non_null(strstr(out, "--disable-bias-linear \\\n--add-qkv-bias "));
+    free(out);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_gpt3),
-                                       cmocka_unit_test(test_llama_and_refusals)};
+                                       cmocka_unit_test(test_llama_and_refusals),
+                                       cmocka_unit_test(test_qkv_bias)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
