@@ -191,7 +191,7 @@ static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config 
                       o->gpus);
         rc = ML_EXIT_BAD_INPUT;
     }
-    if (!rc && o->network && !cfg->device.interconnect_gbps) {
+    if (!rc && o->network && cfg->device.interconnect_gbps <= 0) {
         ml_cli_errorf("--network %s: the transfers inside a node need a bandwidth too: give "
                       "--interconnect GBps",
                       o->network);

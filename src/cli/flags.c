@@ -30,6 +30,8 @@ static const struct {
     {"training.engine", "--engine", NULL, OPT(engine)},
     {"parallel.sp", "--sp", "--no-sp", OPT(sp)},
     {"parallel.pp", "--pp", NULL, OPT(pp)},
+    {"parallel.pp_schedule", "--pp-schedule", NULL, OPT(pp_schedule)},
+    {"parallel.pp_layers", "--pp-layers", NULL, OPT(pp_layers)},
     {"parallel.vpp", "--vpp", NULL, OPT(vpp)},
     {"parallel.cp", "--cp", NULL, OPT(cp)},
     {"parallel.ep", "--ep", NULL, OPT(ep)},

@@ -310,8 +310,16 @@ ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
     ml_training *t = &m->config.training;
     if (p->type == ML_NODE_SCALAR) {
         ml_error e;
+        const uint64_t dp = t->data_parallel;
         ml_status st = ml_parallel_parse(p->text, t, &e);
-        return st ? ml__error_at(err, p, ML_SCHEMA, "%s", e.msg) : ML_OK;
+        if (st)
+            return ml__error_at(err, p, ML_SCHEMA, "%s", e.msg);
+        if (dp != 1 && t->data_parallel != dp)
+            return ml__error_at(err, p, ML_SCHEMA,
+                                "parallel: dp%llu, but training.data_parallel says %llu; give "
+                                "the data-parallel size once",
+                                (unsigned long long)t->data_parallel, (unsigned long long)dp);
+        return ML_OK;
     }
     static const char *const keys[] = {"tp",  "sp",  "dp",          "pp",
                                        "vpp", "cp",  "ep",          "etp",
@@ -361,7 +369,10 @@ ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
             return st;
     }
     const ml_node *dist = ml__tree_get(p, "dist_optimizer");
-    if (dist)
+    bool on = true;
+    if (dist && (st = ml__tree_bool(err, p, "dist_optimizer", "parallel", &on)))
+        return st;
+    if (dist && on)
         return ml__error_at(err, dist, ML_SCHEMA,
                             "parallel.dist_optimizer: Megatron's distributed optimizer is not "
                             "modelled yet; training.zero: 1 shards the optimizer states over "

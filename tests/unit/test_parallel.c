@@ -258,6 +258,12 @@ static void test_yaml_section(void **state)
     expect_schema(buf, 21, "tp");
     snprintf(buf, sizeof buf, "%sparallel: tp2.ep8\n", llama);
     expect_schema(buf, 20, "expert parallelism");
+    /* the data-parallel size given twice, differently */
+    snprintf(buf, sizeof buf, "%s  data_parallel: 4\nparallel: tp2.dp2\n", llama);
+    expect_schema(buf, 21, "give the data-parallel size once");
+    snprintf(buf, sizeof buf, "%sparallel:\n  dist_optimizer: false\n", llama);
+    m = load_str(buf);
+    ml_model_destroy(m);
 }
 
 /* Pipeline parallelism. The same model with 4 layers: one layer saves
