@@ -266,12 +266,14 @@ static int write_text(FILE *f, const ml_model *m, const ml_config *given, const 
     fprintf(f, "memledger triage: %s (%s parameters)\n", ml_model_name(m), num);
     char sl[80];
     ml__report_lengths(m, t, sl, sizeof sl);
+    char lay[128];
+    ml__report_layout(t, lay, sizeof lay);
     fprintf(f, "config: micro_batch %llu, %s, grad_accum %llu, precision %s, optimizer "
-               "%s (%s), checkpoint %s, %llu device%s, ZeRO %u, offload %s\n",
+               "%s (%s), checkpoint %s, %llu device%s%s, ZeRO %u, offload %s\n",
             (unsigned long long)t->micro_batch, sl,
             (unsigned long long)t->grad_accum, ml_precision_name(t->precision),
             ml_optimizer_name(t->optimizer), ml_optimizer_impl_name(t->optimizer_impl), ck,
-            (unsigned long long)t->data_parallel, t->data_parallel == 1 ? "" : "s", t->zero,
+            (unsigned long long)t->data_parallel, t->data_parallel == 1 ? "" : "s", lay, t->zero,
             ml_offload_name(t->offload));
     if (cfg->device.present)
         fprintf(f, "device: %s, runtime reserve %s\n", B(cfg->device.memory, a),

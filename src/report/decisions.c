@@ -177,12 +177,13 @@ int ml_report_compare_text(FILE *f, const ml_model *m, const ml_config *cfg,
                            const ml_compare_row *rows, size_t n)
 {
     char a[32], b[32], c[32], name[64];
-    char sl[80];
+    char sl[80], lay[128];
     ml__report_lengths(m, &cfg->training, sl, sizeof sl);
-    fprintf(f, "memledger compare: %s, micro_batch %llu, %s, grad_accum %llu, %s\n",
+    ml__report_layout(&cfg->training, lay, sizeof lay);
+    fprintf(f, "memledger compare: %s, micro_batch %llu, %s, grad_accum %llu, %s%s\n",
             ml_model_name(m), (unsigned long long)cfg->training.micro_batch, sl,
             (unsigned long long)cfg->training.grad_accum,
-            ml_precision_name(cfg->training.precision));
+            ml_precision_name(cfg->training.precision), lay);
     if (cfg->device.present) {
         uint64_t budget = ml_device_budget(&cfg->device);
         fprintf(f, "device %s, budget %s, runtime reserve %s", B(cfg->device.memory, a),

@@ -118,3 +118,17 @@ void ml__report_json_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l)
     else
         fputs("null, \"pipeline_bubble\": null", f);
 }
+
+void ml__report_layout(const ml_training *t, char *buf, size_t size)
+{
+    const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
+    const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
+    int n = 0;
+    buf[0] = '\0';
+    if (tp > 1)
+        n = snprintf(buf, size, ", tp %llu%s", (unsigned long long)tp,
+                     ml_training_sp(t) ? " with sequence parallelism" : "");
+    if (pp > 1 && n >= 0 && (size_t)n < size)
+        snprintf(buf + n, size - (size_t)n, ", pp %llu (%s; the fullest stage's figures)",
+                 (unsigned long long)pp, ml_pp_schedule_name(t->pp_schedule));
+}

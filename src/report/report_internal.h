@@ -31,6 +31,10 @@ void ml__report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, cons
 void ml__report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *cfg,
                                   const ml_ledger *l, const ml_report_verdict *v);
 
+/* ", tp 2 with sequence parallelism, pp 4 (1f1b)" for a model split over
+ * devices, "" for one that is not: what a header names (ranks.c). */
+void ml__report_layout(const ml_training *t, char *buf, size_t size);
+
 /* A pipeline's stages (ranks.c): the text table (nothing without one),
  * and JSON's ",\n \"ranks\": [...], \"worst_rank\": N" (null, null without). */
 void ml__report_text_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l, bool all);
