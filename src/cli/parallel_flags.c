@@ -57,6 +57,15 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
     }
     if (o->pp_layers && ml_pp_layers_parse(o->pp_layers, t, &e))
         return refused("--pp-layers", &e);
+    /* a pipeline's flags without a pipeline would change nothing */
+    const char *lone = o->pp_schedule ? "--pp-schedule"
+                       : o->ranks     ? "--ranks"
+                       : o->vpp       ? "--vpp"
+                                      : NULL;
+    if (lone && t->pipeline_parallel <= 1) {
+        ml_cli_errorf("%s: a pipeline's setting; give --pp above 1 with it", lone);
+        return ML_EXIT_BAD_INPUT;
+    }
     const struct {
         const char *flag, *what, *v;
     } splits[] = {{"--cp", "context parallelism", o->cp},
