@@ -178,9 +178,9 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
 {
     ml_status st = fused_refused(m, t, err);
     if (!st)
-        st = ml__tp_refused(m, t, NULL, err);
+        st = ml__tp_refused(m, t, err);
     if (!st)
-        st = ml__pp_refused(m, t, NULL, err);
+        st = ml__pp_refused(m, t, err);
     if (!st)
         st = ml__engine_refused(m, t, err);
     if (st)
@@ -240,19 +240,11 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
     ch->selective = cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE;
     ml_status refused = ml__chain_refused(m, &cfg->training, err);
     if (!refused)
-        refused = ml__tp_refused(m, &cfg->training, cfg, err);
-    if (!refused)
-        refused = ml__pp_refused(m, &cfg->training, cfg, err);
+        refused = ml__split_calib_refused(cfg, err);
     if (refused)
         return refused;
-    /* one tensor-parallel rank: the chain of its narrower model; Megatron's
-     * layer: its fused masked softmax */
     ml_model rank;
-    if (cfg->training.tensor_parallel > 1 || cfg->training.engine == ML_ENGINE_MEGATRON) {
-        ml__tp_rank_model(m, &cfg->training, &rank);
-        rank.attn.fused_softmax = cfg->training.engine == ML_ENGINE_MEGATRON;
-        m = &rank;
-    }
+    m = ml__rank_model(m, cfg, &rank);
     if (cfg->training.expert_imbalance > 1 && !m->moe.experts)
         return ml__errorf(err, ML_RANGE,
                           "training.expert_imbalance: sizes a mixture of experts' busiest "

@@ -250,12 +250,13 @@ typedef struct {
 ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *err);
 
 /* Tensor parallelism (tensor_parallel.c, docs/parallel.md): ML_RANGE with
- * the reason when one rank of m under t's parallel.tp cannot be planned
- * (cfg's profile too, when cfg is not NULL); the narrower model one rank
- * runs into *rank (a shallow copy of m, owning nothing). */
-ml_status ml__tp_refused(const ml_model *m, const ml_training *t, const ml_config *cfg,
-                         ml_error *err);
-void ml__tp_rank_model(const ml_model *m, const ml_training *t, ml_model *rank);
+ * the reason when one rank of m under t's parallel.tp cannot be planned;
+ * a split model with a calibration profile (measured on whole layers);
+ * the model one rank runs: m itself, or in *rank (a shallow copy owning
+ * nothing) the narrower model of its tensor split and the engine's layer. */
+ml_status ml__tp_refused(const ml_model *m, const ml_training *t, ml_error *err);
+ml_status ml__split_calib_refused(const ml_config *cfg, ml_error *err);
+const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model *rank);
 /* training.engine: megatron's conditions (tensor_parallel.c): ML_RANGE
  * with the reason when m or t is not what Megatron-core's GPT layer runs. */
 ml_status ml__engine_refused(const ml_model *m, const ml_training *t, ml_error *err);
@@ -269,8 +270,7 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
  * whose activations stage r holds at its peak under t's schedule; stage
  * r's layers (without virtual stages); stage r's chain sliced from the
  * whole model's (out owns its arrays: ml__chain_free). */
-ml_status ml__pp_refused(const ml_model *m, const ml_training *t, const ml_config *cfg,
-                         ml_error *err);
+ml_status ml__pp_refused(const ml_model *m, const ml_training *t, ml_error *err);
 double ml__pp_in_flight(const ml_training *t, uint64_t r);
 /* ... at a later micro-batch's backward, when every gradient exists
  * (1F1B's steady state keeps the count; GPipe's later backwards hold one

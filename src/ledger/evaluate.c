@@ -479,7 +479,7 @@ ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_c
                              ml_error *err)
 {
     if (cfg->training.pipeline_parallel > 1)
-        return ml__pp_evaluate(m, cfg, chain, keep_events, whole, memo, out, err);
+        return ml__pp_evaluate(m, cfg, chain, keep_events, whole, out, err);
     return ml__evaluate_stage(m, cfg, chain, keep_events, whole, memo, NULL, out, err);
 }
 

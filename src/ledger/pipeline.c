@@ -29,7 +29,7 @@ static uint64_t vpp_of(const ml_training *t)
 }
 
 /* What a pipeline of m's layers under t cannot plan: NULL, or why. */
-static const char *unstaged(const ml_model *m, const ml_training *t, const ml_config *cfg)
+static const char *unstaged(const ml_model *m, const ml_training *t)
 {
     if (m->type != ML_MODEL_DECODER || m->vision.layers || m->embed.image_size)
         return "it is planned for decoder language models (type: decoder)";
@@ -39,8 +39,6 @@ static const char *unstaged(const ml_model *m, const ml_training *t, const ml_co
         t->checkpoint.kind == ML_CKPT_OPTIMAL)
         return "a checkpoint list, segments or optimal are not staged yet: use none, full, "
                "every-K, sqrt or selective (each stage's own layers)";
-    if (cfg && cfg->calib)
-        return "a calibration profile measured whole layers on one device: plan without it";
     return NULL;
 }
 
@@ -83,8 +81,7 @@ static ml_status stage_split(const ml_model *m, const ml_training *t, ml_error *
     return ML_OK;
 }
 
-ml_status ml__pp_refused(const ml_model *m, const ml_training *t, const ml_config *cfg,
-                         ml_error *err)
+ml_status ml__pp_refused(const ml_model *m, const ml_training *t, ml_error *err)
 {
     const uint64_t p = pp_of(t), v = vpp_of(t);
     if ((unsigned)t->pp_schedule >= ML_PP_COUNT)
@@ -110,7 +107,7 @@ ml_status ml__pp_refused(const ml_model *m, const ml_training *t, const ml_confi
                           "training.grad_accum: %llu micro-batches do not divide over "
                           "parallel.pp %llu stages, which the interleaved schedule needs",
                           (unsigned long long)t->grad_accum, (unsigned long long)p);
-    const char *why = unstaged(m, t, cfg);
+    const char *why = unstaged(m, t);
     if (why)
         return ml__errorf(err, ML_RANGE, "parallel.pp: %llu with %s: %s", (unsigned long long)p,
                           m->name, why);

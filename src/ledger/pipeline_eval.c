@@ -8,13 +8,6 @@
 #include "ledger/replay.h"
 #include "util/error.h"
 
-/* The figure a stage is held against the device by (the plan's device
- * total: the reserved or allocator peak, the allowance and the reserve). */
-static uint64_t device_total(const ml_summary *s)
-{
-    return s->peak_total;
-}
-
 /* The input a stage after the first receives: its first layer's. */
 static uint64_t received(const ml_chain *st)
 {
@@ -61,7 +54,7 @@ static void rank_of(const ml_model *m, const ml_training *t, uint64_t r, const m
     ri->peak = s->peak;
     ri->has_reserved = s->has_reserved;
     ri->reserved = s->reserved_peak;
-    ri->device_total = device_total(s);
+    ri->device_total = s->peak_total;
     ri->has_device = s->has_device;
     ri->fits = s->fits;
     ri->headroom = s->headroom;
@@ -147,10 +140,8 @@ static ml_status stage(const ml_model *m, const ml_config *cfg, const ml_chain *
 }
 
 ml_status ml__pp_evaluate(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
-                          bool keep_events, bool whole, ml_reserved_memo *memo, ml_ledger **out,
-                          ml_error *err)
+                          bool keep_events, bool whole, ml_ledger **out, ml_error *err)
 {
-    (void)memo;
     const uint64_t p = cfg->training.pipeline_parallel;
     ml_rank_info *ranks = calloc(p, sizeof *ranks);
     if (!ranks)
@@ -173,8 +164,8 @@ ml_status ml__pp_evaluate(const ml_model *m, const ml_config *cfg, const ml_chai
             bool more = !worst;
             if (worst) {
                 const ml_summary *a = &l->sum, *b = &worst->sum;
-                int64_t ha = a->has_device ? a->headroom : -(int64_t)device_total(a);
-                int64_t hb = b->has_device ? b->headroom : -(int64_t)device_total(b);
+                int64_t ha = a->has_device ? a->headroom : -(int64_t)a->peak_total;
+                int64_t hb = b->has_device ? b->headroom : -(int64_t)b->peak_total;
                 more = ha < hb || (ha == hb && a->peak > b->peak);
             }
             if (more) {

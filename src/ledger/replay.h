@@ -344,11 +344,11 @@ ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_c
 ml_status ml__evaluate_stage(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
                              bool keep_events, bool whole, ml_reserved_memo *memo,
                              const ml_inflight *inflight, ml_ledger **out, ml_error *err);
-/* Pipeline parallelism (pipeline_eval.c): every stage of the chain planned,
- * the ledger the fullest stage's with every stage's figures (l->ranks). */
+/* Pipeline parallelism (pipeline_eval.c): every stage of the chain planned
+ * (no simulation memo: the stages' differ), the ledger the fullest stage's
+ * with every stage's figures (l->ranks). */
 ml_status ml__pp_evaluate(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
-                          bool keep_events, bool whole, ml_reserved_memo *memo, ml_ledger **out,
-                          ml_error *err);
+                          bool keep_events, bool whole, ml_ledger **out, ml_error *err);
 /* ml_ledger_evaluate (whole: ml__ledger_evaluate_whole) whose allocator
  * simulation is looked up in, and added to, *memo (NULL: none kept). */
 ml_status ml__ledger_evaluate_with(const ml_model *m, const ml_config *cfg, bool keep_events,

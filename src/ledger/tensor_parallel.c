@@ -49,8 +49,7 @@ static const char *unsplit_layout(const ml_model *m, const ml_training *t)
     return NULL;
 }
 
-ml_status ml__tp_refused(const ml_model *m, const ml_training *t, const ml_config *cfg,
-                         ml_error *err)
+ml_status ml__tp_refused(const ml_model *m, const ml_training *t, ml_error *err)
 {
     const uint64_t tp = tp_of(t);
     if (tp == 1) {
@@ -64,10 +63,6 @@ ml_status ml__tp_refused(const ml_model *m, const ml_training *t, const ml_confi
     if (why)
         return ml__errorf(err, ML_RANGE, "parallel.tp: %llu with %s: %s",
                           (unsigned long long)tp, m->name, why);
-    if (cfg && cfg->calib)
-        return ml__errorf(err, ML_RANGE,
-                          "parallel.tp: a calibration profile (--calib) measured whole layers "
-                          "on one device; plan tensor parallelism without it");
     if (m->attn.heads % tp)
         return indivisible(m, "query heads", "model.heads", m->attn.heads, tp, err);
     if (m->attn.kv_heads % tp)
@@ -80,12 +75,16 @@ ml_status ml__tp_refused(const ml_model *m, const ml_training *t, const ml_confi
     return ML_OK;
 }
 
-void ml__tp_rank_model(const ml_model *m, const ml_training *t, ml_model *rank)
+const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model *rank)
 {
+    const ml_training *t = &cfg->training;
     const uint64_t tp = tp_of(t);
+    if (tp == 1 && t->engine != ML_ENGINE_MEGATRON)
+        return m;
     *rank = *m;
+    rank->attn.fused_softmax = t->engine == ML_ENGINE_MEGATRON;
     if (tp == 1)
-        return;
+        return rank;
     /* the head size stays the full model's */
     rank->attn.head_dim = m->attn.head_dim ? m->attn.head_dim : m->hidden / m->attn.heads;
     rank->attn.heads = m->attn.heads / tp;
@@ -94,11 +93,12 @@ void ml__tp_rank_model(const ml_model *m, const ml_training *t, ml_model *rank)
     /* an uneven vocabulary: the first ranks hold one row more (the plan is
      * the fullest rank's) */
     rank->embed.vocab = (m->embed.vocab + tp - 1) / tp;
+    return rank;
 }
 
-/* The layers' blocks ("block.<i>") and those recomputed (checkpointed:
- * seg >= 0); whether the chain has the embedding and the head (a pipeline
- * stage may have neither). */
+/* The layers' blocks (checkpointable: ckpt_index >= 0, as the pipeline's
+ * slicer counts them) and those recomputed (seg >= 0); whether the chain
+ * has the embedding and the head (a pipeline stage may have neither). */
 static void layer_counts(const ml_chain *ch, const int *seg, double *layers, double *recomputed,
                          bool *embedding, bool *head)
 {
@@ -106,7 +106,7 @@ static void layer_counts(const ml_chain *ch, const int *seg, double *layers, dou
     *embedding = *head = false;
     for (size_t k = 0; k < ch->n; k++) {
         const char *name = ch->blocks[k].name;
-        if (!strncmp(name, "block.", 6)) {
+        if (ch->blocks[k].ckpt_index >= 0) {
             *layers += 1;
             *recomputed += seg && seg[k] >= 0 ? 1 : 0;
         }
@@ -149,6 +149,17 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
     const double loss = has_head ? 3.0 * 2.0 * (double)ch->B * (double)ch->T * 4.0 : 0;
     const double per_micro = f * (S * (layer * L + recompute * R + embed + head) + loss);
     return per_micro * (double)(t->grad_accum ? t->grad_accum : 1);
+}
+
+ml_status ml__split_calib_refused(const ml_config *cfg, ml_error *err)
+{
+    const ml_training *t = &cfg->training;
+    if (!cfg->calib || (t->tensor_parallel <= 1 && t->pipeline_parallel <= 1))
+        return ML_OK;
+    return ml__errorf(err, ML_RANGE,
+                      "parallel.%s: a calibration profile (--calib) measured whole layers on "
+                      "one device; plan a split model without it",
+                      t->tensor_parallel > 1 ? "tp" : "pp");
 }
 
 ml_status ml__engine_refused(const ml_model *m, const ml_training *t, ml_error *err)
