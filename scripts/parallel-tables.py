@@ -147,6 +147,13 @@ def megatron_rows(exe):
     mf = megatron_formula(12288, 96, 96, 4 * 12288, V, T, 1, TP, 8, 1, micro_batches(8), 1,
                           False, False, True)
     out.append(("GPT-3 175B, tp 8, pp 8, 1F1B, SP + selective, Megatron's layer", d, r0, mf))
+    # the same over 16 data-parallel ranks with Megatron's distributed
+    # optimizer: 6 + 12/16 bytes a parameter in the formula
+    d = plan(exe, gpt + "  dp: 16\n  dist_optimizer: true\n")
+    mf = megatron_formula(12288, 96, 96, 4 * 12288, V, T, 1, TP, 8, 1, micro_batches(8), 16,
+                          True, False, True)
+    out.append(("GPT-3 175B, tp 8, pp 8, dp 16, distributed optimizer, SP + selective, "
+                "Megatron's layer", d, d["ranks"][0], mf))
     llama = ("name: llama-2-7b\nmodel:\n  type: decoder\n  layers: 32\n  hidden: 4096\n"
              "  heads: 32\n  ffn: 11008\n  activation: swiglu\n  norm: rmsnorm\n"
              "  vocab: 32000\n  position: rope\n  tied_embeddings: false\n  bias: false\n"

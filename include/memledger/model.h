@@ -193,6 +193,10 @@ typedef struct ml_training {
                                       0: an even split */
     uint32_t pp_layers[ML_PP_MAX_STAGES];
     ml_engine engine;              /* training.engine: eager (default) or megatron */
+    bool dist_optimizer;           /* parallel.dist_optimizer: Megatron's distributed
+                                      optimizer (engine megatron): fp32 master weights and
+                                      optimizer states sharded over the data-parallel ranks
+                                      as its padded buffers lay them out */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it

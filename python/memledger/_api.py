@@ -20,6 +20,7 @@ SETTINGS = (
     ("engine", "training.engine"), ("parallel", "parallel.layout"), ("tp", "parallel.tp"),
     ("sp", "parallel.sp"), ("pp", "parallel.pp"), ("vpp", "parallel.vpp"),
     ("pp_schedule", "parallel.pp_schedule"), ("pp_layers", "parallel.pp_layers"),
+    ("dist_optimizer", "parallel.dist_optimizer"),
     ("data_parallel", "training.data_parallel"), ("zero", "training.zero"),
     ("reduce_bucket_size", "training.reduce_bucket_size"),
     ("allgather_bucket_size", "training.allgather_bucket_size"),
@@ -46,6 +47,8 @@ def _text(name, value):
     """A keyword's value as the flag's text."""
     if name == "sp" and isinstance(value, bool):
         return "on" if value else "off"  # --sp / --no-sp
+    if name == "dist_optimizer" and isinstance(value, bool):
+        return "true" if value else "false"  # --dist-optimizer
     if isinstance(value, bool):
         raise TypeError("memledger: %s=%r: not a flag value" % (name, value))
     if name == "pp_layers" and isinstance(value, (list, tuple)):

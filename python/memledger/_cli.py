@@ -69,7 +69,11 @@ def _flags(verb, settings, known):
     out = []
     for name in names:
         value = settings.get(name)
-        if value is not None:
+        if name == "sp" and isinstance(value, bool):
+            out.append("--sp" if value else "--no-sp")  # flags without a value
+        elif name == "dist_optimizer" and isinstance(value, bool):
+            out += ["--dist-optimizer"] if value else []
+        elif value is not None:
             out += ["--" + name.replace("_", "-"), _flag_value(name, value)]
     return out
 

@@ -218,6 +218,9 @@ def test_errors():
           pcie=25)),
     ("plan", ["--tp", "2", "--no-sp", "--engine", "megatron", "--precision", "bf16-master"],
      dict(tp=2, sp=False, engine="megatron", precision="bf16-master")),
+    ("plan", ["--dp", "8", "--dist-optimizer", "--engine", "megatron", "--precision",
+              "bf16-master"],
+     dict(data_parallel=8, dist_optimizer=True, engine="megatron", precision="bf16-master")),
     ("compare", ["--parallel", "tp4", "--device", "h100-sxm"], dict(parallel="tp4", device="h100-sxm")),
 ])
 def test_same_json_as_the_cli(verb, flags, kw):

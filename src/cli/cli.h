@@ -46,6 +46,7 @@ typedef struct {
     const char *parallel, *tp, *sp, *pp, *vpp, *cp, *ep, *etp, *pp_schedule, *micro_batches,
         *pp_layers;
     bool auto_checkpoint; /* --checkpoint auto (fit) */
+    bool dist_optimizer;  /* --dist-optimizer: Megatron's distributed optimizer */
 } ml_cli_opts;
 
 /* The parallel-layout flags over t (parallel_flags.c): 0, or the exit

@@ -57,7 +57,7 @@ static const char usage[] =
     "  --micro-batches M      micro-batches a step (= --grad-accum)\n"
     "  --pp-layers L          layers a stage: 7,9,9,7 (default even)\n"
     "  --parallel L           the layout at once: tp2.pp4.dp8 (--ranks all: each stage)\n"
-    "  --engine E             eager (default) | megatron (Megatron-core's layer)\n"
+    "  --engine E             eager | megatron (with --dist-optimizer: its sharding)\n"
     "Model\n"
     "  --hf config.json       a Hugging Face config as the model (families: docs/hf.md)\n"
     "  --attention A          eager | sdpa | flash: overrides the model's attention\n"

@@ -274,6 +274,10 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                     o->training = val;
                 continue;
             }
+            if (!strcmp(arg, "--dist-optimizer")) {
+                o->dist_optimizer = true;
+                continue;
+            }
             if (!strcmp(arg, "--sp") || !strcmp(arg, "--no-sp")) {
                 o->sp = arg[2] == 'n' ? "off" : "on";
                 continue;

@@ -82,6 +82,8 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
             return ML_EXIT_BAD_INPUT;
         }
     }
+    if (o->dist_optimizer)
+        t->dist_optimizer = true;
     if (o->sp)
         t->sequence_parallel = !strcmp(o->sp, "on") ? ML_SP_ON : ML_SP_OFF;
     if (o->engine) {
@@ -92,6 +94,9 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
         /* Megatron's gradient buffer: zeroed, not freed (unless --zero-grad says) */
         if (t->engine == ML_ENGINE_MEGATRON && !o->zero_grad)
             t->zero_grad = ML_ZERO_GRAD_ZERO;
+        /* and its optimizer a fused one (FusedAdam) */
+        if (t->engine == ML_ENGINE_MEGATRON && !o->optimizer_impl)
+            t->optimizer_impl = ML_IMPL_FUSED;
     }
     return 0;
 }

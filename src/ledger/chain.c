@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "ledger/chain_kit.h"
+#include "ledger/dist_optimizer.h"
 #include "memledger/calib.h"
 #include "util/error.h"
 
@@ -183,6 +184,8 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
         st = ml__pp_refused(m, t, err);
     if (!st)
         st = ml__engine_refused(m, t, err);
+    if (!st)
+        st = ml__dopt_refused(t, err);
     if (st)
         return st;
     /* OLMo's norm exists in the op graph only: a model whose layers the

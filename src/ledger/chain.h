@@ -165,6 +165,9 @@ typedef struct {
     bool frozen;                /* and needs none (requires_grad False: a frozen
                                    tower's): no state, master copy or gradient
                                    buffer under ZeRO either */
+    bool shared;                /* a pipeline's shared embedding (tied embeddings split
+                                   over stages): a bucket of its own in Megatron's
+                                   buffers (dist_optimizer.c) */
 } ml_ptensor;
 
 /* A tensor beside the stream of blocks (docs/ledger.md, "Side tensors"):

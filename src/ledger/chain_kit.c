@@ -234,7 +234,7 @@ void ml__ck_param(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t cols)
         return;
     }
     ch->params = p;
-    ch->params[ch->nparams++] = (ml_ptensor){numel, cols ? rows : 0, cols, false, false};
+    ch->params[ch->nparams++] = (ml_ptensor){numel, cols ? rows : 0, cols, false, false, false};
     b->params = ml_add(ch, b->params, numel);
     if (numel > ch->max_param_numel)
         ch->max_param_numel = numel;

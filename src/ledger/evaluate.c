@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ledger/dist_optimizer.h"
 #include "ledger/replay.h"
 #include "ledger/steptime.h"
 #include "memledger/calib.h"
@@ -145,6 +146,27 @@ static void describe_plan(const ml_chain *ch, const ml_checkpoint *cp, const int
  * temporaries per device: ZeRO stage z shards states (z >= 1), gradients
  * (z >= 2) and parameters (z = 3) over N devices; offload moves them to the
  * host (docs/sharding.md). */
+/* Megatron's distributed optimizer (dist_optimizer.c): the parameter and
+ * gradient buffers whole, padding included; master weights, states and the
+ * step's temporaries over the fullest rank's shard. */
+static void dist_optimizer_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
+                                  ml_summary *s)
+{
+    ml_dopt d;
+    if (ml__dopt_layout(ch, t->data_parallel, t->virtual_stages, &d, NULL, 0)) {
+        ch->nomem = true;
+        return;
+    }
+    const ml_param_sums ps = ml__param_sums(ch);
+    const uint64_t Pg = ps.with_grad ? ps.with_grad : 1;
+    s->bytes_params = ml_mul(ch, d.padded, ch->prec.param);
+    s->bytes_grads = ml_mul(ch, d.padded, ch->prec.grad);
+    s->bytes_master = ml_mul(ch, d.shard, ch->prec.master);
+    /* per element alike (Adam's two, SGD's momentum): exact */
+    s->bytes_optimizer = ml_mul(ch, ob->states / Pg, d.shard);
+    s->bytes_step_temp = ml_mul(ch, ob->step_temp / Pg, d.shard);
+}
+
 void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
                            ml_summary *s)
 {
@@ -166,6 +188,8 @@ void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_by
         grads_all = ml_add(ch, grads_all, z >= 2 ? ml__ceil_div(ch->blocks[k].grad_bytes, N)
                                                  : ch->blocks[k].grad_bytes);
     s->bytes_grads = grads_all;
+    if (t->dist_optimizer)
+        dist_optimizer_states(ch, t, ob, s);
     if (t->offload != ML_OFFLOAD_NONE) {
         /* ZeRO-Offload: fp32 master weights, states and the update live on
          * the host, with an fp32 copy of the gradient partition */
@@ -179,20 +203,26 @@ void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_by
     }
 }
 
+ml_tensor_split ml__states_split(const ml_training *t)
+{
+    return t->dist_optimizer ? ML_T_SHARD : t->zero >= 1 ? ML_T_ONE : ML_T_GRAD_PARAMS;
+}
+
 /* The resident model states: parameters and master weights, as one tensor
  * per parameter tensor unless sharded into flat buffers; with `states`, the
  * optimizer states too (state_tensors per parameter tensor). */
 void ml__eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, bool states)
 {
     const ml_training *t = &x->cfg->training;
-    ml__replay_alloc_as(r, ML_CAT_PARAMS, s->bytes_params, t->zero >= 3 ? ML_T_ONE : ML_T_ALL_PARAMS,
-                        0, 1);
+    const bool dopt = t->dist_optimizer; /* Megatron's buffers and shard pieces */
+    ml__replay_alloc_as(r, ML_CAT_PARAMS, s->bytes_params,
+                        t->zero >= 3 || dopt ? ML_T_ONE : ML_T_ALL_PARAMS, 0, 1);
     ml__replay_alloc_as(r, ML_CAT_MASTER, s->bytes_master,
-                        t->zero >= 1 ? ML_T_ONE : ML_T_TRAINED_PARAMS, 0, 1);
+                        dopt ? ML_T_SHARD : t->zero >= 1 ? ML_T_ONE : ML_T_TRAINED_PARAMS, 0, 1);
     ml__replay_alloc(r, ML_CAT_BUFFERS, s->bytes_buffers);
     if (states)
-        ml__replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer,
-                            t->zero >= 1 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, x->ob.state_tensors);
+        ml__replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer, ml__states_split(t), 0,
+                            x->ob.state_tensors);
     ml__eval_batch(r, x->ch);
 }
 
@@ -234,8 +264,8 @@ double ml__eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s
     /* the first iteration's step() creates the states: from here on it
      * holds what the steady iteration holds */
     if (create_states)
-        ml__replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer,
-                            t->zero >= 1 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, x->ob.state_tensors);
+        ml__replay_alloc_as(r, ML_CAT_OPTIMIZER, s->bytes_optimizer, ml__states_split(t), 0,
+                            x->ob.state_tensors);
     if (r->total > r->peak_first)
         r->peak_first = r->total;
     /* the step holds at least what it starts with, also when it allocates
@@ -378,7 +408,9 @@ void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, m
     const ml_training *t = &x->cfg->training;
     const size_t n = ch->n;
     const uint64_t N = t->data_parallel ? t->data_parallel : 1;
-    const unsigned z = t->zero;
+    /* the distributed optimizer's collectives are ZeRO-1's: the gradients
+     * reduce-scattered, the parameters all-gathered (into its buffer) */
+    const unsigned z = t->dist_optimizer ? 1 : t->zero;
     memset(x->recomputed, 0, (n + 1) * sizeof *x->recomputed);
     memset(x->held, 0, (n + 1) * sizeof *x->held);
     const bool held = t->logits == ML_LOGITS_KEPT || t->logits == ML_LOGITS_THROUGH_BACKWARD;
@@ -441,7 +473,8 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     const bool zero = t->zero_grad == ML_ZERO_GRAD_ZERO;
     if (zero) { /* the gradients the previous iteration left, zeroed */
         ml__replay_alloc_as(&r, ML_CAT_GRADS, s->bytes_grads,
-                            t->zero >= 2 ? ML_T_ONE : ML_T_GRAD_PARAMS, 0, 1);
+                            t->zero >= 2 || t->dist_optimizer ? ML_T_ONE : ML_T_GRAD_PARAMS, 0,
+                            1);
         r.grads_exist = true;
     }
     double flops_re = ml__eval_iteration(&r, x, s, false);

@@ -319,6 +319,7 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     ml_status st = ml__rsim_create(&ac, x->ch, &rs, err);
     if (st)
         return st;
+    ml__rsim_set_shards(rs, x->cfg->training.data_parallel, x->cfg->training.virtual_stages);
     ml_ledger sl;
     memset(&sl, 0, sizeof sl);
     ml__eval_model_states((ml_chain *)x->ch, &x->cfg->training, &x->ob, &sl.sum);

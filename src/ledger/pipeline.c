@@ -199,17 +199,23 @@ static void tie_across(ml_chain *st, const ml_model *m, const ml_training *t, ui
     const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
     const uint64_t rows = (m->embed.vocab + tp - 1) / tp, numel = rows * m->hidden;
     const uint64_t g = numel * st->prec.grad;
+    size_t j = 0; /* block k's first parameter tensor */
     for (size_t k = 0; k < st->n; k++) {
         ml_cblock *b = &st->blocks[k];
         if (r == 0 && !strcmp(b->name, "embedding")) {
             b->grad_bytes += g;
             b->grad_accum_bytes += g;
             b->ws_bwd = b->ws_bwd > g ? b->ws_bwd - g : 0;
+            /* its table (the first tensor) is the shared embedding */
+            if (j < st->nparams && st->params[j].numel == numel)
+                st->params[j].shared = true;
         }
         if (last && !strcmp(b->name, "head") && st->nparams < st->paramcap) {
             b->params += numel;
-            st->params[st->nparams++] = (ml_ptensor){numel, rows, m->hidden, false, false};
+            st->params[st->nparams++] = (ml_ptensor){numel, rows, m->hidden, false, false, true};
         }
+        for (uint64_t got = 0; got < b->params && j < st->nparams;)
+            got += st->params[j++].numel;
     }
 }
 

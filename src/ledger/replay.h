@@ -379,6 +379,8 @@ void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_by
                            ml_summary *s);
 void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml_replay *r);
 void ml__eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, bool states);
+/* How the optimizer states split into tensors (reserved.h). */
+ml_tensor_split ml__states_split(const ml_training *t);
 /* The micro-batch's input and targets, held by the training loop. */
 void ml__eval_batch(ml_replay *r, const ml_chain *ch);
 double ml__eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s,

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ledger/dist_optimizer.h"
 #include "ledger/reserved.h"
 #include "util/error.h"
 #include "util/grow.h"
@@ -32,6 +33,7 @@ struct ml_rsim {
     size_t *live[ML_CAT_COUNT];
     size_t nlive[ML_CAT_COUNT], livecap[ML_CAT_COUNT];
     uint64_t live_bytes[ML_CAT_COUNT];
+    uint64_t dp, chunks; /* ML_T_SHARD's layout */
     uint64_t *sizes; /* scratch: one aggregate's tensor sizes */
     size_t sizecap;
     bool oom, nomem;
@@ -105,6 +107,14 @@ void ml__rsim_use_chain(ml_rsim *r, const ml_chain *ch)
     r->ch = ch;
 }
 
+void ml__rsim_set_shards(ml_rsim *r, uint64_t dp, uint64_t chunks)
+{
+    r->dp = dp;
+    r->chunks = chunks;
+}
+
+
+
 /* Room for n sizes in r->sizes: false when the host is out of memory. */
 static bool sizes_room(ml_rsim *r, size_t n)
 {
@@ -113,6 +123,32 @@ static bool sizes_room(ml_rsim *r, size_t n)
         return false;
     r->sizes = grown;
     return true;
+}
+
+/* The rank's shard pieces, `copies` tensors each of bytes / (elements x
+ * copies) a element; their count, 0 when they do not add up, SIZE_MAX out
+ * of memory. */
+static size_t shard_sizes(ml_rsim *r, uint64_t bytes, unsigned copies)
+{
+    ml_dopt d;
+    if (ml__dopt_layout(r->ch, r->dp, r->chunks, &d, NULL, 0))
+        return SIZE_MAX;
+    if (!d.shard || !copies || !sizes_room(r, d.fragments * copies + 1))
+        return d.shard && copies ? SIZE_MAX : 0;
+    uint64_t *frag = r->sizes + d.fragments * (copies - 1);
+    if (ml__dopt_layout(r->ch, r->dp, r->chunks, &d, frag, d.fragments))
+        return SIZE_MAX;
+    const uint64_t per = bytes / (d.shard * copies);
+    size_t n = 0;
+    uint64_t sum = 0;
+    for (size_t i = 0; i < d.fragments; i++) {
+        const uint64_t one = frag[i] * per;
+        for (unsigned k = 0; k < copies; k++) {
+            r->sizes[n++] = one;
+            sum += one;
+        }
+    }
+    return sum == bytes ? n : 0;
 }
 
 /* The tensor sizes of an aggregate into r->sizes; their count, or 0 when
@@ -167,6 +203,8 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
         if (left)
             out[n++] = left;
         sum = bytes;
+    } else if (split == ML_T_SHARD) {
+        return shard_sizes(r, bytes, copies);
     } else if ((split == ML_T_ALL_PARAMS || split == ML_T_TRAINED_PARAMS ||
                 split == ML_T_GRAD_PARAMS) && copies) {
         uint64_t of = split == ML_T_ALL_PARAMS       ? r->P

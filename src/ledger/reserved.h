@@ -23,6 +23,8 @@ typedef enum {
     ML_T_GRAD_PARAMS,    /* ... of those that also get a gradient (not an unused
                             layer's): gradients, torch.optim's states and its
                             step's temporaries */
+    ML_T_SHARD,          /* Megatron's distributed optimizer: one tensor per piece
+                            of the rank's shard (dist_optimizer.c), `copies` each */
     ML_T_UNITS_FWD,      /* a forward transient: tensors of the block's unit_fwd */
     ML_T_UNITS,          /* a no_grad transient: tensors of the block's unit */
     ML_T_UNITS_BWD,      /* a backward transient: the incoming gradient (bwd_in),
@@ -38,6 +40,9 @@ void ml__rsim_destroy(ml_rsim *r);
 /* The chain whose saved tensors ML_T_SAVED* name (the evaluation pass
  * builds its own, with the same parameters). */
 void ml__rsim_use_chain(ml_rsim *r, const ml_chain *ch);
+/* The data-parallel ranks and model chunks ML_T_SHARD lays the shard out
+ * over (1 and 1 when not set). */
+void ml__rsim_set_shards(ml_rsim *r, uint64_t dp, uint64_t chunks);
 
 /* Allocates `bytes` of category c as the tensors `split` says (`copies`
  * tensors for each, for the *_PARAMS splits: Adam's two states per parameter).

@@ -12,7 +12,7 @@
 double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t P)
 {
     const uint64_t N = t->data_parallel ? t->data_parallel : 1;
-    const unsigned z = t->zero;
+    const unsigned z = t->dist_optimizer ? 1 : t->zero; /* Megatron's: ZeRO-1's collectives */
     double f = (double)(N - 1) / (double)N, A = (double)t->grad_accum;
     double pg = (double)P * ch->prec.grad, pp = (double)P * ch->prec.param;
     if (N <= 1)

@@ -105,8 +105,10 @@ static ml_status training_named(const char *key, const char *k, const char *v, m
             return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is not an engine; use eager or "
                                  "megatron", key, v);
         t->engine = e;
-        if (e == ML_ENGINE_MEGATRON) /* its gradient buffer: zeroed, not freed */
+        if (e == ML_ENGINE_MEGATRON) { /* its gradient buffer: zeroed, not freed */
             t->zero_grad = ML_ZERO_GRAD_ZERO;
+            t->optimizer_impl = ML_IMPL_FUSED; /* FusedAdam */
+        }
     } else if (!strcmp(k, "zero_grad")) {
         if (!(st = named(key, v, zero_grad_name, ML_ZERO_GRAD_COUNT, &u, "set_to_none or zero",
                          err)))

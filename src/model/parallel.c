@@ -45,9 +45,13 @@ ml_status ml__schema_engine(ml_error *err, const ml_node *t, ml_training *tr)
     if (st)
         return st;
     tr->engine = (ml_engine)e;
-    /* Megatron's gradient buffer lives all iteration: zeroed, not freed */
+    /* Megatron's gradient buffer lives all iteration: zeroed, not freed;
+     * its optimizer is a fused one (Transformer Engine's or Apex's
+     * FusedAdam, megatron/core/optimizer/__init__.py) */
     if (tr->engine == ML_ENGINE_MEGATRON && !ml__tree_get(t, "zero_grad"))
         tr->zero_grad = ML_ZERO_GRAD_ZERO;
+    if (tr->engine == ML_ENGINE_MEGATRON && !ml__tree_get(t, "optimizer_impl"))
+        tr->optimizer_impl = ML_IMPL_FUSED;
     return ML_OK;
 }
 
@@ -243,8 +247,15 @@ ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_er
     }
     if (!strcmp(k, "layout"))
         return ml_parallel_parse(v, t, err);
+    if (!strcmp(k, "dist_optimizer")) {
+        if (strcmp(v, "true") && strcmp(v, "false"))
+            return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is not a setting; use true or "
+                                 "false", key, v);
+        t->dist_optimizer = !strcmp(v, "true");
+        return ML_OK;
+    }
     return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting (parallel.tp, sp, dp, pp, vpp, "
-                         "pp_schedule, pp_layers or layout)", key);
+                         "pp_schedule, pp_layers, layout or dist_optimizer)", key);
 }
 
 /* parallel.pp_schedule, micro_batches (the step's micro-batches:
@@ -368,14 +379,9 @@ ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
         if (st)
             return st;
     }
-    const ml_node *dist = ml__tree_get(p, "dist_optimizer");
-    bool on = true;
-    if (dist && (st = ml__tree_bool(err, p, "dist_optimizer", "parallel", &on)))
-        return st;
-    if (dist && on)
-        return ml__error_at(err, dist, ML_SCHEMA,
-                            "parallel.dist_optimizer: Megatron's distributed optimizer is not "
-                            "modelled yet; training.zero: 1 shards the optimizer states over "
-                            "the data-parallel ranks the same way");
+    /* Megatron's distributed optimizer: its conditions (engine megatron, no
+     * ZeRO) are held when the plan is made, whatever the keys' order */
+    if (ml__tree_get(p, "dist_optimizer"))
+        return ml__tree_bool(err, p, "dist_optimizer", "parallel", &t->dist_optimizer);
     return ML_OK;
 }

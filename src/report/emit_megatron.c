@@ -118,7 +118,7 @@ static void training_flags(FILE *f, const ml_training *t)
     if (pp > 1 && t->virtual_stages > 1)
         flag(f, "--virtual-pipeline-model-parallel-size", " %llu", t->virtual_stages);
     flag(f, t->precision == ML_PREC_FP16_MASTER ? "--fp16" : "--bf16", NULL, 0);
-    if (t->zero == 1 && t->data_parallel > 1)
+    if (t->dist_optimizer || (t->zero == 1 && t->data_parallel > 1))
         flag(f, "--use-distributed-optimizer", NULL, 0);
     fprintf(f, "--optimizer %s", t->optimizer == ML_OPT_SGD || t->optimizer ==
                                          ML_OPT_SGD_MOMENTUM ? "sgd" : "adam");

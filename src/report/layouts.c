@@ -26,6 +26,11 @@ int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
             ml_model_name(m), (unsigned long long)req->gpus,
             (unsigned long long)(req->gpus_per_node ? req->gpus_per_node : 8),
             (unsigned long long)req->global_batch);
+    if (cfg->training.engine == ML_ENGINE_MEGATRON)
+        fprintf(f, "engine: megatron%s\n",
+                cfg->training.dist_optimizer
+                    ? ", its distributed optimizer over each layout's data-parallel ranks"
+                    : "");
     fprintf(f, "searched: %s\n", r->note);
     if (!r->nrows)
         return ferror(f) ? -1 : 0;

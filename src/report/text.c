@@ -137,7 +137,12 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
                                                     : "analytic");
     }
     text_parallel(f, t);
-    if (t->data_parallel > 1 || t->zero || t->offload) {
+    if (t->dist_optimizer) {
+        fprintf(f, "sharding: Megatron's distributed optimizer over %llu data-parallel ranks "
+                   "(master weights and optimizer states of the fullest rank's shard; padded "
+                   "buffers); figures are per device\n",
+                (unsigned long long)t->data_parallel);
+    } else if (t->data_parallel > 1 || t->zero || t->offload) {
         fprintf(f, "sharding: %llu devices, ZeRO stage %u, offload %s; figures are per device\n",
                 (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));
     }
@@ -145,14 +150,15 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
 }
 
 /* The model states, each with when it is resident. */
-static void text_states(FILE *f, const ml_summary *s)
+static void text_states(FILE *f, const ml_training *t, const ml_summary *s)
 {
     char a[32];
     fprintf(f, "Model states (resident all iteration unless noted)\n");
     fprintf(f, "  %-22s %12s\n", "params", B(s->bytes_params, a));
     fprintf(f, "  %-22s %12s\n", "master weights", B(s->bytes_master, a));
-    fprintf(f, "  %-22s %12s   (created in backward, freed after the step)\n", "grads",
-            B(s->bytes_grads, a));
+    fprintf(f, "  %-22s %12s   (%s)\n", "grads", B(s->bytes_grads, a),
+            t->zero_grad == ML_ZERO_GRAD_ZERO ? "kept all iteration, zeroed after the step"
+                                              : "created in backward, freed after the step");
     fprintf(f, "  %-22s %12s\n", "optimizer states", B(s->bytes_optimizer, a));
     fprintf(f, "  %-22s %12s   (the four above: %.2f B per parameter)\n", "= model states",
             B(ml__report_model_states(s), a), ml__report_model_states_per_param(s));
@@ -560,7 +566,7 @@ static int text_report(FILE *f, const ml_model *m, const ml_config *cfg, const m
     const ml_summary *s = ml_ledger_summary(l);
     text_header(f, m, cfg, s);
     ml__report_text_ranks(f, cfg, l, all_ranks);
-    text_states(f, s);
+    text_states(f, &cfg->training, s);
     text_activations(f, m, l, s);
     text_peak(f, cfg, s);
     text_phases(f, s);
