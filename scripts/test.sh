@@ -58,6 +58,15 @@ else
     fail=$((fail + 1))
     status=1
 fi
+echo "== Web page: scripts/web.sh (WebAssembly), then the page against the CLI in headless Chromium"
+if sh scripts/web.sh build-web-test >build-web-test.log 2>&1 &&
+    python3 tests/web/page_test.py build-web-test build-test/src/memledger --bench; then
+    pass=$((pass + 1))
+else
+    tail -30 build-web-test.log
+    fail=$((fail + 1))
+    status=1
+fi
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 TEST_ARGS="--no-suite torch" \
     run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug \

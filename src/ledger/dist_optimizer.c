@@ -175,7 +175,8 @@ static bool fullest(const ml_chain *ch, const layout *L, uint64_t dp, ml_dopt *o
         free(ls);
         return false;
     }
-    qsort(ls, n, sizeof *ls, by_rank);
+    if (n) /* (an empty list may be NULL) */
+        qsort(ls, n, sizeof *ls, by_rank);
     /* the lowest of the least padded ranks: the first without any, if one
      * is (the entries skip it), else the least padded */
     uint64_t best_rank = 0, best_lost = UINT64_MAX, next = 0;

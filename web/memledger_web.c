@@ -1,0 +1,192 @@
+/* The library's verbs for the web page (docs/web.md), compiled to
+ * WebAssembly with the library by scripts/web.sh. One call plans one model
+ * text with one set of settings and returns a string the caller frees with
+ * mlw_free: '0' then the verb's output (the JSON the command line's
+ * --format json prints, or the timeline's SVG), or '1' then the error as
+ * JSON ({"status", "path", "line", "col", "message"}). Nothing is kept
+ * between calls: a plan takes milliseconds. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memledger/memledger.h"
+#include "util/utf8.h" /* ml_json_put_string */
+
+#ifdef __EMSCRIPTEN__
+#include <emscripten/emscripten.h>
+#define MLW_EXPORT EMSCRIPTEN_KEEPALIVE
+#else
+#define MLW_EXPORT
+#endif
+
+/* '1' and the error as JSON. */
+static char *failure(const ml_error *e)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f)
+        return NULL;
+    fputs("1{\"status\": ", f);
+    ml_json_put_string(f, ml_status_name(e->code));
+    fputs(", \"path\": ", f);
+    ml_json_put_string(f, e->path);
+    fprintf(f, ", \"line\": %u, \"col\": %u, \"message\": ", e->line, e->col);
+    ml_json_put_string(f, e->msg);
+    fputc('}', f);
+    fclose(f);
+    return buf;
+}
+
+static char *success(const char *text, size_t len)
+{
+    char *out = malloc(len + 2);
+    if (!out)
+        return NULL;
+    out[0] = '0';
+    memcpy(out + 1, text, len);
+    out[len + 1] = '\0';
+    return out;
+}
+
+/* The settings, one "key=value" a line, onto the job and, for the SVG, the
+ * config; "attention" is the model's (set before either). */
+static ml_status apply(ml_model *m, ml_job *job, ml_config *cfg, const char *settings,
+                       ml_error *err)
+{
+    const char *p = settings ? settings : "";
+    ml_status st = ML_OK;
+    while (*p && !st) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        char line[1024];
+        if (len >= sizeof line) {
+            memset(err, 0, sizeof *err);
+            err->code = ML_USAGE;
+            snprintf(err->msg, sizeof err->msg, "a setting longer than %zu characters",
+                     sizeof line - 1);
+            return ML_USAGE;
+        }
+        memcpy(line, p, len);
+        line[len] = '\0';
+        p += len + (nl ? 1 : 0);
+        char *eq = strchr(line, '=');
+        if (!eq || eq == line)
+            continue;
+        *eq = '\0';
+        const char *key = line, *value = eq + 1;
+        if (!strcmp(key, "attention"))
+            st = ml_model_set_attention(m, value, err);
+        else if (job)
+            st = ml_job_set(job, key, value, err);
+        else
+            st = ml_config_set(cfg, key, value, err);
+    }
+    return st;
+}
+
+/* The timeline's SVG, as `memledger timeline --format svg` draws it. */
+static char *timeline_svg(ml_model *m, const char *settings, ml_error *err)
+{
+    ml_config cfg = ml_model_config(m);
+    if (apply(m, NULL, &cfg, settings, err))
+        return failure(err);
+    ml_ledger *l = NULL;
+    if (ml_ledger_evaluate(m, &cfg, true, &l, err))
+        return failure(err);
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    int rc = f ? ml_report_timeline_svg(f, m, &cfg, l) : -1;
+    if (f)
+        fclose(f);
+    ml_ledger_destroy(l);
+    char *out = rc == 0 && buf ? success(buf, n) : NULL;
+    free(buf);
+    return out;
+}
+
+static char *report(ml_model *m, const char *verb, const char *settings, ml_error *err)
+{
+    if (!strcmp(verb, "svg"))
+        return timeline_svg(m, settings, err);
+    ml_job *job = NULL;
+    if (ml_job_create(m, &job, err))
+        return failure(err);
+    ml_status st = apply(m, job, NULL, settings, err);
+    char *json = NULL;
+    size_t len = 0;
+    if (!st) {
+        if (!strcmp(verb, "plan"))
+            st = ml_job_plan_json(job, &json, &len, err);
+        else if (!strcmp(verb, "fit"))
+            st = ml_job_fit_json(job, &json, &len, err);
+        else if (!strcmp(verb, "compare"))
+            st = ml_job_compare_json(job, &json, &len, err);
+        else if (!strcmp(verb, "timeline"))
+            st = ml_job_timeline_json(job, &json, &len, err);
+        else {
+            memset(err, 0, sizeof *err);
+            err->code = st = ML_USAGE;
+            snprintf(err->msg, sizeof err->msg,
+                     "'%s' is not a verb: plan, fit, compare, timeline or svg", verb);
+        }
+    }
+    ml_job_destroy(job);
+    char *out = st ? failure(err) : success(json, len);
+    ml_json_free(json);
+    return out;
+}
+
+/* verb: plan, fit, compare, timeline (JSON) or svg; text: a model YAML, or
+ * a Hugging Face config.json when hf is not 0; name: the file name in
+ * messages; settings: "key=value" lines (ml_config_set's keys, fit's
+ * global_batch and max_micro_batch, attention). */
+MLW_EXPORT char *mlw_run(const char *verb, const char *text, int hf, const char *name,
+                         const char *settings)
+{
+    ml_error err;
+    memset(&err, 0, sizeof err);
+    ml_model *m = NULL;
+    const size_t len = text ? strlen(text) : 0;
+    ml_status st = hf ? ml_model_load_hf_string(text ? text : "", len, name, &m, &err)
+                      : ml_model_load_string(text ? text : "", len, name, &m, &err);
+    if (st)
+        return failure(&err);
+    char *out = report(m, verb ? verb : "", settings, &err);
+    ml_model_destroy(m);
+    return out;
+}
+
+/* The device presets as JSON: [{"name", "product", "memory"}, ...]. */
+MLW_EXPORT char *mlw_devices(void)
+{
+    size_t n = 0;
+    const ml_device_preset *p = ml_device_presets(&n);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return NULL;
+    fputc('[', f);
+    for (size_t i = 0; i < n; i++) {
+        fputs(i ? ", {\"name\": " : "{\"name\": ", f);
+        ml_json_put_string(f, p[i].name);
+        fputs(", \"product\": ", f);
+        ml_json_put_string(f, p[i].product ? p[i].product : "");
+        fprintf(f, ", \"memory\": %llu}", (unsigned long long)p[i].memory);
+    }
+    fputc(']', f);
+    fclose(f);
+    return buf;
+}
+
+MLW_EXPORT const char *mlw_version(void)
+{
+    return ML_VERSION;
+}
+
+MLW_EXPORT void mlw_free(char *s)
+{
+    free(s);
+}
