@@ -204,7 +204,7 @@ static int grid_with(const ml_model *m, const char *path, double seconds, bool p
     return 0;
 }
 
-static int grid(const char *path, double seconds)
+static int grid(const char *path, double seconds, bool prepared_only)
 {
     ml_model *m = NULL;
     ml_error e;
@@ -212,15 +212,18 @@ static int grid(const char *path, double seconds)
         fprintf(stderr, "bench: %s:%u:%u: %s\n", e.path, e.line, e.col, e.msg);
         return 1;
     }
-    int rc = grid_with(m, path, seconds, true) || grid_with(m, path, seconds, false);
+    int rc = grid_with(m, path, seconds, true) ||
+             (!prepared_only && grid_with(m, path, seconds, false));
     ml_model_destroy(m);
     return rc;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc == 3 && !strcmp(argv[1], "--grid"))
-        return grid(argv[2], 2.0);
+    /* --grid MODEL [prepared]: the grid through a prepared planner and each
+     * plan on its own, or the first only (to profile it) */
+    if ((argc == 3 || (argc == 4 && !strcmp(argv[3], "prepared"))) && !strcmp(argv[1], "--grid"))
+        return grid(argv[2], 2.0, argc == 4);
     double secs = argc > 1 && strcmp(argv[1], "--plans") ? 2.0 : 1.0;
     /* --attacks [trace|fit]: only the inputs built to cost superlinear time
      * (bench/attacks.h), or only one of them;

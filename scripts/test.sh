@@ -48,6 +48,11 @@ run() {
     fail=$((fail + t - p - s))
     return $rc
 }
+# The web page's WebAssembly build needs none of the others: it runs beside
+# the plain build and its tests, one compiler at a time, filling the cores
+# they leave idle (its test comes after them)
+WEB_JOBS=1 sh scripts/web.sh build-web-test >build-web-test.log 2>&1 &
+web_pid=$!
 echo "== plain build (-Dwerror=true)"
 run build-test -Dtorch_crosscheck=enabled -Drender_tests=enabled -Dblas=enabled \
     -Dcuda=$cuda || status=1
@@ -59,7 +64,7 @@ else
     status=1
 fi
 echo "== Web page: scripts/web.sh (WebAssembly), then the page against the CLI in headless Chromium"
-if sh scripts/web.sh build-web-test >build-web-test.log 2>&1 &&
+if wait "$web_pid" &&
     python3 tests/web/page_test.py build-web-test build-test/src/memledger --bench; then
     pass=$((pass + 1))
 else

@@ -76,6 +76,12 @@ typedef struct ml_layout_request {
      * the fastest so far (NULL before one fits) */
     void (*progress)(void *ctx, uint64_t done, uint64_t total, const struct ml_layout_row *best);
     void *progress_ctx;
+    /* parts pinned rather than searched (0, false: searched): the tensor-
+     * parallel size, the pipeline stages, the micro-batch, the checkpoint
+     * policy (else none, selective and full) */
+    uint64_t tp, pp, micro_batch;
+    bool pin_checkpoint;
+    ml_checkpoint checkpoint;
 } ml_layout_request;
 
 ML_API ml_layout_request ml_layout_request_defaults(void);

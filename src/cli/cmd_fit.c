@@ -39,7 +39,8 @@ static const char usage[] =
     "                         selective, full), ranked by step time (docs/search.md);\n"
     "                         needs --global-batch; --gpus-per-node G (default 8),\n"
     "                         --interconnect GBps within a node, --network GBps between\n"
-    "                         nodes\n"
+    "                         nodes; --tp N, --pp N, --micro-batch B, --checkpoint C pin\n"
+    "                         their part of the search\n"
     "  and every 'memledger plan' option (--seq-len, --precision, --zero, ...)\n"
     "\n"
     "Exit status: 0 a micro-batch fits, 1 even micro-batch 1 does not fit,\n"
@@ -173,17 +174,24 @@ static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config 
             rc = ML_EXIT_BAD_INPUT;
         }
     }
-    if (!rc && (o->max_micro_batch || o->checkpoint || o->tp || o->pp || o->parallel ||
-                o->data_parallel || o->grad_accum || o->micro_batches || o->vpp ||
-                o->pp_schedule || o->pp_layers || o->sp)) {
+    if (!rc && (o->max_micro_batch || o->parallel || o->data_parallel || o->grad_accum ||
+                o->micro_batches || o->vpp || o->pp_schedule || o->pp_layers ||
+                o->auto_checkpoint)) {
         ml_cli_errorf("--gpus %s: the search chooses the layout (1F1B stages of even "
-                      "layers, sequence parallelism with tp), the micro-batch, the "
-                      "micro-batches a step and the checkpoint: drop --tp, --pp, --vpp, "
-                      "--pp-schedule, --pp-layers, --sp/--no-sp, --parallel, --data-parallel, "
-                      "--grad-accum, --micro-batches, --checkpoint and --max-micro-batch",
+                      "layers), the micro-batches a step and the data-parallel size from "
+                      "the global batch: drop --vpp, --pp-schedule, --pp-layers, --parallel, "
+                      "--data-parallel, --grad-accum, --micro-batches, --checkpoint auto and "
+                      "--max-micro-batch (--tp, --pp, --micro-batch and --checkpoint pin "
+                      "their part)",
                       o->gpus);
         rc = ML_EXIT_BAD_INPUT;
     }
+    /* the parts the user pins, as the flags set them */
+    req.tp = o->tp ? cfg->training.tensor_parallel : 0;
+    req.pp = o->pp ? cfg->training.pipeline_parallel : 0;
+    req.micro_batch = o->micro_batch ? cfg->training.micro_batch : 0;
+    req.pin_checkpoint = o->checkpoint != NULL;
+    req.checkpoint = cfg->training.checkpoint;
     if (!rc && (o->lengths || o->batching || o->max_tokens || o->buckets || o->eval_batch)) {
         ml_cli_errorf("--gpus %s: the search plans the training step at --seq-len; length "
                       "distributions and an evaluation pass are not searched: drop --lengths, "

@@ -207,9 +207,10 @@ static int check_parsed(const char *verb, ml_cli_opts *o)
     if (o->hf)
         o->model_path = o->hf;
     /* a flag the verb would not use is refused, never ignored */
-    if (!strcmp(verb, "fit") && o->micro_batch)
+    if (!strcmp(verb, "fit") && o->micro_batch && !o->gpus)
         return usage_error(verb, "--micro-batch %s: fit searches the micro-batch; bound it with "
-                                 "--max-micro-batch, or plan one with 'memledger plan'",
+                                 "--max-micro-batch, or plan one with 'memledger plan' (with "
+                                 "--gpus it pins the layout search's)",
                            o->micro_batch);
     if (!strcmp(verb, "compare") && o->checkpoint)
         return usage_error(verb, "--checkpoint %s: compare plans every checkpoint policy side by "

@@ -144,12 +144,12 @@ static void figures(const search *x, const ml_ledger *l, ml_layout_row *w)
  * one the model splits into (not an error of the search); *fits whether it
  * fits every rank so, and then it is a candidate. */
 static ml_status point(search *x, uint64_t tp, uint64_t pp, uint64_t dp, uint64_t b, uint64_t mb,
-                       size_t policy, bool *fits, ml_error *err)
+                       const ml_checkpoint *policy, bool *fits, ml_error *err)
 {
     ml_layout_row row;
     memset(&row, 0, sizeof row);
     row.tp = tp, row.pp = pp, row.dp = dp, row.micro_batch = b, row.micro_batches = mb;
-    ml_parse_checkpoint(policies[policy], &row.checkpoint, NULL);
+    row.checkpoint = *policy;
     ml_config c = config_of(x, &row);
     c.device.allocator = ML_ALLOCATOR_NONE;
     ml_ledger *l = NULL;
@@ -218,14 +218,19 @@ static ml_status verdicts(search *x, ml_error *err)
  * in flight hold as many samples, no fewer bytes). */
 static ml_status layout(search *x, uint64_t tp, uint64_t pp, uint64_t dp, ml_error *err)
 {
-    const uint64_t share = x->req->global_batch / dp;
+    const ml_layout_request *req = x->req;
+    const uint64_t share = req->global_batch / dp;
     x->out->layouts++;
-    for (size_t pol = 0; pol < sizeof policies / sizeof policies[0]; pol++)
+    const size_t npol = req->pin_checkpoint ? 1 : sizeof policies / sizeof policies[0];
+    for (size_t pol = 0; pol < npol; pol++)
         for (uint64_t b = 1; b <= share; b++) {
-            if (share % b)
+            if (share % b || (req->micro_batch && b != req->micro_batch))
                 continue;
+            ml_checkpoint policy = req->checkpoint;
+            if (!req->pin_checkpoint)
+                ml_parse_checkpoint(policies[pol], &policy, NULL);
             bool fits = false;
-            ml_status st = point(x, tp, pp, dp, b, share / b, pol, &fits, err);
+            ml_status st = point(x, tp, pp, dp, b, share / b, &policy, &fits, err);
             if (st == ML_RANGE) {
                 if (!x->refused)
                     x->refusal = *err;
@@ -248,10 +253,10 @@ static uint64_t layouts(const ml_layout_request *req, ml_status *st, search *x, 
     const uint64_t G = req->gpus_per_node ? req->gpus_per_node : 8;
     uint64_t n = 0, total = st ? layouts(req, NULL, x, err) : 0;
     for (uint64_t tp = 1; tp <= G && tp <= req->gpus; tp++) {
-        if (G % tp || req->gpus % tp)
+        if (G % tp || req->gpus % tp || (req->tp && tp != req->tp))
             continue;
         for (uint64_t pp = 1; pp <= req->gpus / tp && pp <= ML_PP_MAX_STAGES; pp++) {
-            if ((req->gpus / tp) % pp)
+            if ((req->gpus / tp) % pp || (req->pp && pp != req->pp))
                 continue;
             const uint64_t dp = req->gpus / (tp * pp);
             if (req->global_batch % dp)
@@ -282,6 +287,12 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     if (!req->gpus || !req->global_batch)
         return ml__errorf(err, ML_USAGE, "the layout search needs the devices (--gpus N) and "
                                          "the global batch (--global-batch B)");
+    const uint64_t G = req->gpus_per_node ? req->gpus_per_node : 8;
+    if (req->tp && (req->tp > G || G % req->tp))
+        return ml__errorf(err, ML_USAGE,
+                          "parallel.tp: %llu: the search keeps tensor parallelism inside a node "
+                          "of %llu devices; pin a tp that divides it",
+                          (unsigned long long)req->tp, (unsigned long long)G);
     search x = {.m = m, .cfg = cfg, .req = req, .out = out};
     out->comm_timed = cfg->device.interconnect_gbps > 0;
     ml_status st = ml_planner_create(m, &x.planner, err);

@@ -101,9 +101,92 @@ static void test_requests(void **state)
     ml_model_destroy(m);
 }
 
+/* Pinned parts: tp 2 and micro-batch 2 with full checkpointing leave the
+ * pipelines of 1, 2 and 4 stages over 8 devices (dp 4, 2, 1), one row
+ * each; a tp outside the node is refused. */
+static void test_pins(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama4);
+    ml_config c = on_h100(m, 100);
+    ml_layout_request req = ml_layout_request_defaults();
+    req.gpus = 8;
+    req.global_batch = 8;
+    req.tp = 2;
+    req.micro_batch = 2;
+    req.pin_checkpoint = true;
+    ml_error e;
+    assert_int_equal(ml_parse_checkpoint("full", &req.checkpoint, &e), ML_OK);
+    ml_layout_result r;
+    assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.layouts, 3);
+    assert_int_equal(r.nrows, 3);
+    for (size_t i = 0; i < r.nrows; i++) {
+        assert_int_equal(r.rows[i].tp, 2);
+        assert_int_equal(r.rows[i].micro_batch, 2);
+        assert_int_equal(r.rows[i].checkpoint.kind, ML_CKPT_FULL);
+        assert_int_equal(r.rows[i].micro_batches * 2 * r.rows[i].dp, 8);
+    }
+    req.tp = 16;
+    assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_USAGE);
+    assert_non_null(strstr(e.msg, "inside a node of 8 devices"));
+    ml_model_destroy(m);
+}
+
+/* A published run as an anchor (docs/search.md): GPT-3 175B on 1,024
+ * A100s (80 GB), tensor parallelism 8, 16 stages, micro-batch 1, a global
+ * batch of 1,536, fp16 with full recomputation, about 32 s an iteration
+ * (Megatron-LM's README and examples/pretrain_gpt3_175B.sh, at commit
+ * e0097a0163: 138 TFLOP/s a GPU). With the A100's NVLink (300 GB/s each
+ * way) and Selene's network (8 HDR InfiniBand links of 200 Gb/s a node:
+ * 25 GB/s a device), the layout's predicted step must be within 15 % of
+ * it, and the search's best for the same devices and batch no slower. */
+static void test_gpt3_anchor(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(
+        "name: gpt3-175b\nmodel:\n  type: decoder\n  layers: 96\n  hidden: 12288\n"
+        "  heads: 96\n  ffn: 49152\n  activation: gelu\n  norm: layernorm\n  vocab: 51200\n"
+        "  max_positions: 2048\n  position: learned\n  tied_embeddings: true\n  bias: true\n"
+        "  attention: eager\n  dropout: 0.1\ntraining:\n  seq_len: 2048\n  micro_batch: 1\n"
+        "  precision: fp16-master\n  optimizer: adamw\n  engine: megatron\n"
+        "parallel:\n  sp: false\n");
+    ml_config c = ml_model_config(m);
+    ml_error e;
+    assert_int_equal(ml_device_preset_apply("a100-80gb", &c.device, &e), ML_OK);
+    c.device.interconnect_gbps = 300;
+    c.device.allocator = ML_ALLOCATOR_NONE;
+    ml_layout_request req = ml_layout_request_defaults();
+    req.gpus = 1024;
+    req.global_batch = 1536;
+    req.network_gbps = 25;
+    req.tp = 8;
+    req.pp = 16;
+    req.micro_batch = 1;
+    req.pin_checkpoint = true;
+    assert_int_equal(ml_parse_checkpoint("full", &req.checkpoint, &e), ML_OK);
+    ml_layout_result r;
+    assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.nrows, 1);
+    const double published = 32.0, predicted = r.rows[0].step_s;
+    assert_int_equal(r.rows[0].dp, 8);
+    assert_int_equal(r.rows[0].micro_batches, 192);
+    assert_true(predicted > published * 0.85 && predicted < published * 1.15);
+    /* the search, free */
+    ml_layout_request any = ml_layout_request_defaults();
+    any.gpus = 1024;
+    any.global_batch = 1536;
+    any.network_gbps = 25;
+    assert_int_equal(ml_layout_search(m, &c, &any, &r, &e), ML_OK);
+    assert_true(r.nrows > 0 && r.rows[0].step_s <= predicted);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_search),
-                                       cmocka_unit_test(test_requests)};
+                                       cmocka_unit_test(test_requests),
+                                       cmocka_unit_test(test_pins),
+                                       cmocka_unit_test(test_gpt3_anchor)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
