@@ -82,6 +82,12 @@ typedef struct ml_layout_request {
     uint64_t tp, pp, micro_batch;
     bool pin_checkpoint;
     ml_checkpoint checkpoint;
+    /* the data-parallel sharding as the config has it (its training.zero or
+     * parallel.dist_optimizer), not searched; else the search tries ZeRO
+     * stages 0 to 3 (eager PyTorch; 0 and 1 with a pipeline) or the
+     * distributed optimizer off and on (engine megatron) whenever dp > 1 */
+    bool pin_sharding;
+    uint64_t vpp; /* virtual stages pinned (1: none); 0: searched */
 } ml_layout_request;
 
 ML_API ml_layout_request ml_layout_request_defaults(void);
@@ -101,6 +107,9 @@ typedef struct ml_layout_row {
     double bubble;              /* the pipeline's bubble share (0 without one) */
     double tokens_per_s;        /* global batch x tokens / step_s */
     double mfu;                 /* FLOPs of all devices / step_s / their peak; < 0 unknown */
+    uint64_t vpp;               /* virtual stages a stage (interleaved 1F1B when > 1) */
+    unsigned zero;              /* the ZeRO stage over the data-parallel ranks */
+    bool dist_optimizer;        /* Megatron's distributed optimizer */
 } ml_layout_row;
 
 #define ML_LAYOUT_TOP 10
@@ -116,7 +125,14 @@ typedef struct ml_layout_result {
                                reserved peak) for the rows */
     bool comm_timed;        /* a bandwidth was given */
     char note[512];         /* what was searched, or why nothing fits */
+    uint64_t candidates;    /* (layout, micro-batch, policy) points in the space, each
+                               planned or left out by the memory pruning (a
+                               micro-batch above one that does not fit) */
 } ml_layout_result;
+
+/* The settings of a row of the search: cfg with the row's layout,
+ * micro-batch, micro-batches, checkpoint policy and sharding. */
+ML_API ml_config ml_layout_config(const ml_config *cfg, const ml_layout_row *row);
 
 /* The search over the layouts of req->gpus devices for cfg's model and
  * training settings (cfg->device must be present and have a peak for the

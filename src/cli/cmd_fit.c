@@ -39,8 +39,8 @@ static const char usage[] =
     "                         selective, full), ranked by step time (docs/search.md);\n"
     "                         needs --global-batch; --gpus-per-node G (default 8),\n"
     "                         --interconnect GBps within a node, --network GBps between\n"
-    "                         nodes; --tp N, --pp N, --micro-batch B, --checkpoint C pin\n"
-    "                         their part of the search\n"
+    "                         nodes; --tp N, --pp N, --vpp V, --micro-batch B,\n"
+    "                         --checkpoint C, --zero Z, --dist-optimizer pin their part\n"
     "  and every 'memledger plan' option (--seq-len, --precision, --zero, ...)\n"
     "\n"
     "Exit status: 0 a micro-batch fits, 1 even micro-batch 1 does not fit,\n"
@@ -116,13 +116,7 @@ static void progress(void *ctx, uint64_t done, uint64_t total, const ml_layout_r
 static int emit_layout(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
                        const ml_layout_row *w)
 {
-    ml_config c = *cfg;
-    c.training.tensor_parallel = w->tp;
-    c.training.pipeline_parallel = w->pp;
-    c.training.data_parallel = w->dp;
-    c.training.micro_batch = w->micro_batch;
-    c.training.grad_accum = w->micro_batches;
-    c.training.checkpoint = w->checkpoint;
+    ml_config c = ml_layout_config(cfg, w);
     ml_ledger *l = NULL;
     ml_error e;
     ml_status st = ml_ledger_evaluate(m, &c, false, &l, &e);
@@ -150,14 +144,10 @@ static int emit_layout(const ml_cli_opts *o, const ml_model *m, const ml_config 
     return rc;
 }
 
-/* fit --gpus N: the layout search; the exit status. */
-static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg)
+/* fit --gpus's request from the flags; 0 or the exit status of the first
+ * bad one (its message printed). */
+static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_request *out)
 {
-    if (!o->gpus) {
-        ml_cli_errorf("%s goes with --gpus N (the layout search)",
-                      o->gpus_per_node ? "--gpus-per-node" : "--network");
-        return ML_EXIT_BAD_INPUT;
-    }
     ml_layout_request req = ml_layout_request_defaults();
     int rc = ml_cli_whole("--gpus", o->gpus, 1, 1u << 20, &req.gpus);
     if (!rc && o->gpus_per_node)
@@ -175,14 +165,13 @@ static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config 
         }
     }
     if (!rc && (o->max_micro_batch || o->parallel || o->data_parallel || o->grad_accum ||
-                o->micro_batches || o->vpp || o->pp_schedule || o->pp_layers ||
-                o->auto_checkpoint)) {
-        ml_cli_errorf("--gpus %s: the search chooses the layout (1F1B stages of even "
-                      "layers), the micro-batches a step and the data-parallel size from "
-                      "the global batch: drop --vpp, --pp-schedule, --pp-layers, --parallel, "
-                      "--data-parallel, --grad-accum, --micro-batches, --checkpoint auto and "
-                      "--max-micro-batch (--tp, --pp, --micro-batch and --checkpoint pin "
-                      "their part)",
+                o->micro_batches || o->pp_schedule || o->pp_layers || o->auto_checkpoint)) {
+        ml_cli_errorf("--gpus %s: the search chooses the layout (stages of even layers), the "
+                      "micro-batches a step and the data-parallel size from the global "
+                      "batch: drop --pp-schedule, --pp-layers, --parallel, --data-parallel, "
+                      "--grad-accum, --micro-batches, --checkpoint auto and --max-micro-batch "
+                      "(--tp, --pp, --vpp, --micro-batch, --checkpoint and --zero or "
+                      "--dist-optimizer pin their part)",
                       o->gpus);
         rc = ML_EXIT_BAD_INPUT;
     }
@@ -190,8 +179,13 @@ static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config 
     req.tp = o->tp ? cfg->training.tensor_parallel : 0;
     req.pp = o->pp ? cfg->training.pipeline_parallel : 0;
     req.micro_batch = o->micro_batch ? cfg->training.micro_batch : 0;
+    req.vpp = o->vpp ? cfg->training.virtual_stages : 0;
     req.pin_checkpoint = o->checkpoint != NULL;
     req.checkpoint = cfg->training.checkpoint;
+    /* the sharding as given (--zero, --dist-optimizer), or Megatron's own
+     * when its arguments are to be written for eager PyTorch's layers */
+    req.pin_sharding = o->zero || o->dist_optimizer ||
+                       (o->emit && cfg->training.engine != ML_ENGINE_MEGATRON);
     if (!rc && (o->lengths || o->batching || o->max_tokens || o->buckets || o->eval_batch)) {
         ml_cli_errorf("--gpus %s: the search plans the training step at --seq-len; length "
                       "distributions and an evaluation pass are not searched: drop --lengths, "
@@ -211,6 +205,20 @@ static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config 
                       o->emit);
         rc = ML_EXIT_BAD_INPUT;
     }
+    *out = req;
+    return rc;
+}
+
+/* fit --gpus N: the layout search; the exit status. */
+static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg)
+{
+    if (!o->gpus) {
+        ml_cli_errorf("%s goes with --gpus N (the layout search)",
+                      o->gpus_per_node ? "--gpus-per-node" : "--network");
+        return ML_EXIT_BAD_INPUT;
+    }
+    ml_layout_request req;
+    int rc = layout_request(o, cfg, &req);
     if (rc)
         return rc;
     progress_line line = {.shown = false};

@@ -19,15 +19,21 @@ static uint64_t received(const ml_chain *st)
 
 /* Bytes stage r sends per iteration: its output forward (all but the last
  * stage) and its input's gradient back (all but the first), per
- * micro-batch. */
+ * micro-batch; with v model chunks a stage, each chunk's (the model's last
+ * chunk sends no output, its first receives no input). */
 static double p2p_bytes(const ml_chain *st, const ml_training *t, uint64_t r, uint64_t p)
 {
+    const double m = (double)(t->grad_accum ? t->grad_accum : 1);
+    if (t->virtual_stages > 1) { /* every transfer is the layers' stream */
+        const double v = (double)t->virtual_stages;
+        return m * (double)received(st) * ((v - (r + 1 == p ? 1 : 0)) + (v - (r == 0 ? 1 : 0)));
+    }
     double per = 0;
     if (r + 1 < p) /* the send block's input: the stage's output */
         per += (double)st->blocks[st->n - 1].in_bytes;
     if (r > 0)
         per += (double)received(st);
-    return per * (double)(t->grad_accum ? t->grad_accum : 1);
+    return per * m;
 }
 
 static void rank_of(const ml_model *m, const ml_training *t, uint64_t r, const ml_chain *st,

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "memledger/plan.h"
+#include "model/model_internal.h" /* the layers, for the virtual stages */
 #include "util/error.h"
 #include "util/grow.h"
 
@@ -80,7 +81,8 @@ static bool seen(const ml_layout_result *out, const ml_layout_row *row)
 {
     for (size_t i = 0; i < out->nrows; i++) {
         const ml_layout_row *o = &out->rows[i];
-        if (o->tp == row->tp && o->pp == row->pp && o->dp == row->dp &&
+        if (o->tp == row->tp && o->pp == row->pp && o->dp == row->dp && o->vpp == row->vpp &&
+            o->zero == row->zero && o->dist_optimizer == row->dist_optimizer &&
             o->micro_batch == row->micro_batch && o->peak == row->peak &&
             o->device_total == row->device_total && o->step_s == row->step_s)
             return true;
@@ -107,10 +109,9 @@ static void keep(ml_layout_result *out, const ml_layout_row *row)
         out->nrows++;
 }
 
-/* The settings of a row's point. */
-static ml_config config_of(const search *x, const ml_layout_row *w)
+ml_config ml_layout_config(const ml_config *cfg, const ml_layout_row *w)
 {
-    ml_config c = *x->cfg;
+    ml_config c = *cfg;
     ml_training *t = &c.training;
     t->tensor_parallel = w->tp;
     t->pipeline_parallel = w->pp;
@@ -118,7 +119,19 @@ static ml_config config_of(const search *x, const ml_layout_row *w)
     t->micro_batch = w->micro_batch;
     t->grad_accum = w->micro_batches;
     t->checkpoint = w->checkpoint;
+    t->virtual_stages = w->vpp > 1 ? w->vpp : 1;
+    if (w->vpp > 1)
+        t->pp_schedule = ML_PP_INTERLEAVED;
+    else if (t->pp_schedule == ML_PP_INTERLEAVED)
+        t->pp_schedule = ML_PP_1F1B;
+    t->zero = w->zero;
+    t->dist_optimizer = w->dist_optimizer;
     return c;
+}
+
+static ml_config config_of(const search *x, const ml_layout_row *w)
+{
+    return ml_layout_config(x->cfg, w);
 }
 
 /* The row's figures from its plan. */
@@ -143,12 +156,11 @@ static void figures(const search *x, const ml_ledger *l, ml_layout_row *w)
 /* One point planned in the allocated view; ML_RANGE: the layout is not
  * one the model splits into (not an error of the search); *fits whether it
  * fits every rank so, and then it is a candidate. */
-static ml_status point(search *x, uint64_t tp, uint64_t pp, uint64_t dp, uint64_t b, uint64_t mb,
+static ml_status point(search *x, const ml_layout_row *split, uint64_t b, uint64_t mb,
                        const ml_checkpoint *policy, bool *fits, ml_error *err)
 {
-    ml_layout_row row;
-    memset(&row, 0, sizeof row);
-    row.tp = tp, row.pp = pp, row.dp = dp, row.micro_batch = b, row.micro_batches = mb;
+    ml_layout_row row = *split;
+    row.micro_batch = b, row.micro_batches = mb;
     row.checkpoint = *policy;
     ml_config c = config_of(x, &row);
     c.device.allocator = ML_ALLOCATOR_NONE;
@@ -212,46 +224,81 @@ static ml_status verdicts(search *x, ml_error *err)
     return ML_OK;
 }
 
-/* Every micro-batch and policy of the layout tp x pp x dp, the
- * micro-batches from the smallest up to the first that does not fit (the
- * peak grows with the micro-batch: with a pipeline the fewer micro-batches
- * in flight hold as many samples, no fewer bytes). */
-static ml_status layout(search *x, uint64_t tp, uint64_t pp, uint64_t dp, ml_error *err)
+/* Every micro-batch and policy of a split (tp x pp x dp, its virtual
+ * stages and sharding), the micro-batches from the smallest up to the
+ * first that does not fit (the peak grows with the micro-batch: with a
+ * pipeline the fewer micro-batches in flight hold as many samples, no fewer
+ * bytes), which prunes the larger ones; *candidates counts the points,
+ * planned or pruned. The interleaved schedule needs micro-batches a
+ * multiple of the stages (Megatron-LM's condition): others are not
+ * points. */
+static ml_status layout(search *x, const ml_layout_row *split, uint64_t *candidates,
+                        ml_error *err)
 {
     const ml_layout_request *req = x->req;
-    const uint64_t share = req->global_batch / dp;
+    const uint64_t share = req->global_batch / split->dp;
     x->out->layouts++;
     const size_t npol = req->pin_checkpoint ? 1 : sizeof policies / sizeof policies[0];
-    for (size_t pol = 0; pol < npol; pol++)
+    for (size_t pol = 0; pol < npol; pol++) {
+        bool pruned = false;
         for (uint64_t b = 1; b <= share; b++) {
-            if (share % b || (req->micro_batch && b != req->micro_batch))
+            if (share % b || (req->micro_batch && b != req->micro_batch) ||
+                (split->vpp > 1 && (share / b) % split->pp))
+                continue;
+            (*candidates)++;
+            if (pruned)
                 continue;
             ml_checkpoint policy = req->checkpoint;
             if (!req->pin_checkpoint)
                 ml_parse_checkpoint(policies[pol], &policy, NULL);
             bool fits = false;
-            ml_status st = point(x, tp, pp, dp, b, share / b, &policy, &fits, err);
+            ml_status st = point(x, split, b, share / b, &policy, &fits, err);
             if (st == ML_RANGE) {
                 if (!x->refused)
                     x->refusal = *err;
                 x->refused = true;
-                break; /* the model does not split this way, or not with this policy */
+                pruned = true; /* the model does not split this way, or not with this policy */
+                continue;
             }
             if (st)
                 return st;
             x->planned = true;
             if (!fits)
-                break;
+                pruned = true;
         }
+    }
     return ML_OK;
 }
 
-/* The layouts of req: counted (st NULL), or searched, each followed by
- * the progress callback; returns how many. */
+/* The sharding of a split's data-parallel ranks: the config's when pinned
+ * or with one rank; else ZeRO 0 to 3 (0 and 1 beside a pipeline, which
+ * DeepSpeed's pipeline engine allows) or, under engine megatron, its
+ * distributed optimizer off and on. */
+static size_t shardings(const search *x, uint64_t pp, uint64_t dp, ml_layout_row *out)
+{
+    const ml_training *t = &x->cfg->training;
+    if (x->req->pin_sharding || dp <= 1) {
+        out[0].zero = t->zero, out[0].dist_optimizer = t->dist_optimizer;
+        return 1;
+    }
+    if (t->engine == ML_ENGINE_MEGATRON) {
+        out[0].zero = out[1].zero = 0;
+        out[0].dist_optimizer = false, out[1].dist_optimizer = true;
+        return 2;
+    }
+    const unsigned top = pp > 1 ? 1 : 3;
+    for (unsigned z = 0; z <= top; z++)
+        out[z].zero = z, out[z].dist_optimizer = false;
+    return top + 1;
+}
+
+/* The splits of req, each searched (st not NULL) and followed by the
+ * progress callback, or only counted; returns how many. */
 static uint64_t layouts(const ml_layout_request *req, ml_status *st, search *x, ml_error *err)
 {
     const uint64_t G = req->gpus_per_node ? req->gpus_per_node : 8;
-    uint64_t n = 0, total = st ? layouts(req, NULL, x, err) : 0;
+    const uint64_t L = x->m->layers;
+    uint64_t n = 0, total = st ? layouts(req, NULL, x, err) : 0, candidates = 0;
     for (uint64_t tp = 1; tp <= G && tp <= req->gpus; tp++) {
         if (G % tp || req->gpus % tp || (req->tp && tp != req->tp))
             continue;
@@ -261,16 +308,30 @@ static uint64_t layouts(const ml_layout_request *req, ml_status *st, search *x, 
             const uint64_t dp = req->gpus / (tp * pp);
             if (req->global_batch % dp)
                 continue;
-            n++;
-            if (!st)
-                continue;
-            if ((*st = layout(x, tp, pp, dp, err)))
-                return n;
-            if (req->progress)
-                req->progress(req->progress_ctx, n, total,
-                              x->out->nrows ? &x->out->rows[0] : NULL);
+            /* virtual stages: a stage's layers in v equal chunks */
+            for (uint64_t v = 1; v <= (pp > 1 && L ? L / pp : 1); v++) {
+                if ((v > 1 && (L / pp) % v) || (req->vpp && v != req->vpp) ||
+                    (v > 1 && L % pp))
+                    continue;
+                ml_layout_row split[4];
+                memset(split, 0, sizeof split);
+                const size_t ns = shardings(x, pp, dp, split);
+                for (size_t k = 0; k < ns; k++) {
+                    split[k].tp = tp, split[k].pp = pp, split[k].dp = dp, split[k].vpp = v;
+                    n++;
+                    if (!st)
+                        continue;
+                    if ((*st = layout(x, &split[k], &candidates, err)))
+                        return n;
+                    if (req->progress)
+                        req->progress(req->progress_ctx, n, total,
+                                      x->out->nrows ? &x->out->rows[0] : NULL);
+                }
+            }
         }
     }
+    if (st)
+        x->out->candidates = candidates;
     return n;
 }
 
@@ -322,9 +383,11 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
                  (unsigned long long)out->evaluations);
     else
         snprintf(out->note, sizeof out->note,
-                 "%llu layouts of %llu devices, %llu plans, %llu points fit in the allocated "
-                 "view (the fastest planned again with the allocator as configured)",
+                 "%llu layouts of %llu devices, %llu candidates (micro-batch x policy), %llu "
+                 "plans, %llu points fit in the allocated view (the fastest planned again "
+                 "with the allocator as configured)",
                  (unsigned long long)out->layouts, (unsigned long long)req->gpus,
-                 (unsigned long long)out->evaluations, (unsigned long long)out->fitting);
+                 (unsigned long long)out->candidates, (unsigned long long)out->evaluations,
+                 (unsigned long long)out->fitting);
     return ML_OK;
 }

@@ -4,10 +4,25 @@
 #include "memledger/report.h"
 #include "report/report_internal.h"
 
+/* The compact form --parallel takes: tp2.pp4.vpp2.dp8 */
 static void layout_name(const ml_layout_row *r, char *buf, size_t size)
 {
-    snprintf(buf, size, "tp%llu.pp%llu.dp%llu", (unsigned long long)r->tp,
-             (unsigned long long)r->pp, (unsigned long long)r->dp);
+    if (r->vpp > 1)
+        snprintf(buf, size, "tp%llu.pp%llu.vpp%llu.dp%llu", (unsigned long long)r->tp,
+                 (unsigned long long)r->pp, (unsigned long long)r->vpp,
+                 (unsigned long long)r->dp);
+    else
+        snprintf(buf, size, "tp%llu.pp%llu.dp%llu", (unsigned long long)r->tp,
+                 (unsigned long long)r->pp, (unsigned long long)r->dp);
+}
+
+/* The data-parallel ranks' sharding: ddp, zero1..3 (zero3: FSDP), dist-opt */
+static const char *sharding_name(const ml_layout_row *r)
+{
+    static const char *const zero[] = {"ddp", "zero1", "zero2", "zero3"};
+    if (r->dist_optimizer)
+        return "dist-opt";
+    return r->dp <= 1 ? "-" : r->zero < 4 ? zero[r->zero] : "?";
 }
 
 static const char *secs(double s, char *buf, size_t size)
@@ -34,9 +49,9 @@ int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
     fprintf(f, "searched: %s\n", r->note);
     if (!r->nrows)
         return ferror(f) ? -1 : 0;
-    fprintf(f, "\n  %-18s %12s %-10s %12s %12s %11s %11s %11s %7s %7s\n", "layout",
+    fprintf(f, "\n  %-18s %12s %-10s %12s %12s %11s %11s %11s %7s %7s  %s\n", "layout",
             "micro x m", "checkpoint", "peak", "device total", "compute", "transfers", "step",
-            "bubble", "MFU");
+            "bubble", "MFU", "sharding");
     for (size_t i = 0; i < r->nrows; i++) {
         const ml_layout_row *w = &r->rows[i];
         char name[48], mb[40], ck[64], pk[32], dt[32], a[24], b[24], c[24], mfu[16];
@@ -50,15 +65,16 @@ int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
             snprintf(mfu, sizeof mfu, "%.1f%%", 100 * w->mfu);
         else
             snprintf(mfu, sizeof mfu, "-");
-        fprintf(f, "  %-18s %12s %-10s %12s %12s %11s %11s %11s %6.1f%% %7s\n", name, mb, ck, pk,
-                dt, secs(w->compute_s, a, sizeof a), secs(w->comm_s, b, sizeof b),
-                secs(w->step_s, c, sizeof c), 100 * w->bubble, mfu);
+        fprintf(f, "  %-18s %12s %-10s %12s %12s %11s %11s %11s %6.1f%% %7s  %s\n", name, mb, ck,
+                pk, dt, secs(w->compute_s, a, sizeof a), secs(w->comm_s, b, sizeof b),
+                secs(w->step_s, c, sizeof c), 100 * w->bubble, mfu, sharding_name(w));
     }
     const ml_layout_row *best = &r->rows[0];
     char name[48];
     layout_name(best, name, sizeof name);
-    fprintf(f, "\nbest: %s, micro-batch %llu x %llu micro-batches a step", name,
-            (unsigned long long)best->micro_batch, (unsigned long long)best->micro_batches);
+    fprintf(f, "\nbest: %s (%s), micro-batch %llu x %llu micro-batches a step", name,
+            sharding_name(best), (unsigned long long)best->micro_batch,
+            (unsigned long long)best->micro_batches);
     if (best->step_s > 0)
         fprintf(f, ", %.4g s a step, %.4g tokens/s", best->step_s, best->tokens_per_s);
     if (r->nrows > 1 && best->step_s > 0 && r->rows[1].step_s > 0) {
@@ -94,12 +110,12 @@ int ml_report_layouts_json(FILE *f, const ml_model *m, const ml_layout_request *
     ml_json_put_string(f, ml_model_name(m));
     fprintf(f, ", \"gpus\": %llu, \"gpus_per_node\": %llu, \"global_batch\": %llu, "
                "\"layouts_tried\": %llu, \"evaluations\": %llu, \"fitting\": %llu, "
-               "\"transfers_timed\": %s, \"note\": ",
+               "\"transfers_timed\": %s, \"candidates\": %llu, \"note\": ",
             (unsigned long long)req->gpus,
             (unsigned long long)(req->gpus_per_node ? req->gpus_per_node : 8),
             (unsigned long long)req->global_batch, (unsigned long long)r->layouts,
             (unsigned long long)r->evaluations, (unsigned long long)r->fitting,
-            r->comm_timed ? "true" : "false");
+            r->comm_timed ? "true" : "false", (unsigned long long)r->candidates);
     ml_json_put_string(f, r->note);
     fputs(",\n \"layouts\": [", f);
     for (size_t i = 0; i < r->nrows; i++) {
@@ -125,7 +141,9 @@ int ml_report_layouts_json(FILE *f, const ml_model *m, const ml_layout_request *
         num(f, w->tokens_per_s);
         fputs(", \"mfu\": ", f);
         num(f, w->mfu);
-        fputc('}', f);
+        fprintf(f, ", \"vpp\": %llu, \"zero\": %u, \"dist_optimizer\": %s}",
+                (unsigned long long)(w->vpp > 1 ? w->vpp : 1), w->zero,
+                w->dist_optimizer ? "true" : "false");
     }
     fputs("]}\n", f);
     return ferror(f) ? -1 : 0;

@@ -21,9 +21,14 @@ static ml_config on_h100(const ml_model *m, double interconnect)
 
 /* 8 devices, 8 a node, global batch 8: the splits tp x pp x dp with tp
  * dividing 8, pp dividing 8 / tp and dp = 8 / (tp pp) dividing the batch:
- * tp 1 with pp 1, 2, 4, 8; tp 2 with 1, 2, 4; tp 4 with 1, 2; tp 8 with 1:
- * ten layouts, of which tp 4 and 8 (kv_heads 2) and pp 8 (4 layers) plan
- * nothing. Each row is what the plan of its settings says. */
+ * tp 1 with pp 1, 2, 4, 8; tp 2 with 1, 2, 4; tp 4 with 1, 2; tp 8 with 1.
+ * pp 8 is more stages than the 4 layers: no layout. Virtual stages divide a
+ * stage's layers: v 1 or 2 with pp 2, v 1 with pp 4. The sharding with
+ * dp > 1: ZeRO 0 to 3 without a pipeline, 0 and 1 with one. So tp1.pp1.dp8
+ * 4, tp1.pp2.dp4 2 x 2, tp1.pp4.dp2 2, tp2.pp1.dp4 4, tp2.pp2.dp2 2 x 2,
+ * tp2.pp4.dp1 1, tp4.pp1.dp2 4, tp4.pp2.dp1 2, tp8.pp1.dp1 1: 26 layouts,
+ * of which tp 4 and 8 (kv_heads 2) plan nothing. Each row is what the plan
+ * of its settings says. */
 static void test_search(void **state)
 {
     (void)state;
@@ -35,7 +40,7 @@ static void test_search(void **state)
     ml_layout_result r;
     ml_error e;
     assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
-    assert_int_equal(r.layouts, 10);
+    assert_int_equal(r.layouts, 26);
     assert_true(r.nrows > 0 && r.nrows <= ML_LAYOUT_TOP);
     assert_true(r.comm_timed);
     for (size_t i = 0; i < r.nrows; i++) {
@@ -46,13 +51,11 @@ static void test_search(void **state)
         if (i)
             assert_true(w->step_s >= r.rows[i - 1].step_s);
         /* the row is the plan of its settings */
-        ml_config p = c;
-        p.training.tensor_parallel = w->tp;
-        p.training.pipeline_parallel = w->pp;
-        p.training.data_parallel = w->dp;
-        p.training.micro_batch = w->micro_batch;
-        p.training.grad_accum = w->micro_batches;
-        p.training.checkpoint = w->checkpoint;
+        ml_config p = ml_layout_config(&c, w);
+        assert_int_equal(p.training.zero, w->zero);
+        assert_int_equal(p.training.virtual_stages, w->vpp > 1 ? w->vpp : 1);
+        assert_true(w->vpp <= 1 || (w->pp == 2 && w->micro_batches % 2 == 0));
+        assert_true(w->zero <= (w->pp > 1 ? 1u : 3u) && (w->dp > 1 || w->zero == 0));
         ml_ledger *l = eval(m, &p, false);
         const ml_summary *s = ml_ledger_summary(l);
         assert_true(s->fits);
@@ -115,6 +118,8 @@ static void test_pins(void **state)
     req.tp = 2;
     req.micro_batch = 2;
     req.pin_checkpoint = true;
+    req.pin_sharding = true; /* the config's: ZeRO 0 */
+    req.vpp = 1;
     ml_error e;
     assert_int_equal(ml_parse_checkpoint("full", &req.checkpoint, &e), ML_OK);
     ml_layout_result r;
@@ -164,6 +169,8 @@ static void test_gpt3_anchor(void **state)
     req.pp = 16;
     req.micro_batch = 1;
     req.pin_checkpoint = true;
+    req.pin_sharding = true; /* data parallelism without the distributed optimizer */
+    req.vpp = 1;            /* the plain 1F1B schedule */
     assert_int_equal(ml_parse_checkpoint("full", &req.checkpoint, &e), ML_OK);
     ml_layout_result r;
     assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
