@@ -13,8 +13,15 @@ const FIELDS = [
   ['optimizer', 'training.optimizer'], ['checkpoint', 'training.checkpoint'],
   ['tp', 'parallel.tp'], ['pp', 'parallel.pp'], ['dp', 'training.data_parallel'],
   ['zero', 'training.zero'], ['device', 'device.memory'], ['allocator', 'device.allocator'],
-  ['attention', 'attention'],
+  ['interconnect', 'device.interconnect_gbps'], ['attention', 'attention'],
 ];
+// the layout search's own inputs (fit --gpus's flags)
+const SEARCH = [['gpus', 'gpus'], ['global_batch', 'global_batch'],
+                ['gpus_per_node', 'gpus_per_node'], ['network', 'network']];
+// what the search chooses itself, not passed to it
+const SEARCHED = new Set(['training.micro_batch', 'training.grad_accum', 'training.checkpoint',
+                          'parallel.tp', 'parallel.pp', 'training.data_parallel',
+                          'training.zero']);
 const PRESETS = window.MEMLEDGER_PRESETS || {};
 const $ = (id) => document.getElementById(id);
 let M = null;          // the WebAssembly module
@@ -54,9 +61,36 @@ function settingsFor(verb) {
     if (!v) continue;
     if (verb === 'compare' && key === 'training.checkpoint') continue; // compare plans each
     if (verb === 'fit' && key === 'training.micro_batch') continue;    // fit searches it
+    if (verb === 'layouts' && SEARCHED.has(key)) continue;
     lines.push(key + '=' + v);
   }
+  if (verb === 'layouts') {
+    for (const [id, key] of SEARCH) {
+      const v = $(id).value.trim();
+      if (v) lines.push(key + '=' + v);
+    }
+  }
   return lines.join('\n');
+}
+
+function showLayouts(r) {
+  const name = (w) => 'tp' + w.tp + '.pp' + w.pp + (w.vpp > 1 ? '.vpp' + w.vpp : '') + '.dp' + w.dp;
+  const shard = (w) => (w.dist_optimizer ? 'dist-opt' : w.dp <= 1 ? '–'
+                        : ['ddp', 'zero1', 'zero2', 'zero3'][w.zero]);
+  $('layouts-note').textContent = r.note;
+  table($('layouts'), ['layout', 'micro × m', 'checkpoint', 'sharding', 'peak', 'device total',
+                       'step', 'tokens/s', 'MFU'],
+        r.layouts.map((w, i) => [name(w), w.micro_batch + ' × ' + w.micro_batches, w.checkpoint,
+                                 shard(w),
+                                 cell(bytes(w.peak), 'layouts', 'layouts.' + i + '.peak', w.peak),
+                                 cell(bytes(w.device_total), 'layouts',
+                                      'layouts.' + i + '.device_total', w.device_total),
+                                 cell(seconds(w.step_s), 'layouts', 'layouts.' + i + '.step_s',
+                                      w.step_s),
+                                 cell(w.tokens_per_s === null ? '–' : w.tokens_per_s.toPrecision(4),
+                                      'layouts', 'layouts.' + i + '.tokens_per_s', w.tokens_per_s),
+                                 cell(w.mfu === null || w.mfu < 0 ? '–' : (100 * w.mfu).toFixed(1) + ' %',
+                                      'layouts', 'layouts.' + i + '.mfu', w.mfu)]));
 }
 
 // a cell with its figure's source and exact value
@@ -195,7 +229,8 @@ function showError(e, text) {
 }
 
 function clearOutputs() {
-  for (const id of ['verdict', 'phases', 'breakdown', 'states', 'timeline', 'compare', 'fit'])
+  for (const id of ['verdict', 'phases', 'breakdown', 'states', 'timeline', 'compare', 'fit',
+                    'layouts', 'layouts-note'])
     $(id).replaceChildren();
 }
 
@@ -234,6 +269,14 @@ function update() {
   } else {
     $('fit').textContent = 'Choose a device: fit finds the largest micro-batch on it.';
   }
+  if ($('gpus').value.trim() && $('global_batch').value.trim()) {
+    const lay = run('layouts', model, settingsFor('layouts'));
+    if (lay.ok) showLayouts(JSON.parse(lay.text));
+    else { $('layouts').replaceChildren(); $('layouts-note').textContent = lay.error.message; }
+  } else {
+    $('layouts').replaceChildren();
+    $('layouts-note').textContent = 'Give the devices and the global batch to search the layouts.';
+  }
   const ms = performance.now() - t0;
   $('timing').textContent = 'Planned in ' + ms.toFixed(1) +
     ' ms (plan, timeline, every checkpointing policy and fit) in this browser.';
@@ -258,7 +301,7 @@ function saveState() {
   } else {
     q.set('model', $('preset').value);
   }
-  for (const [id] of FIELDS) if ($(id).value.trim()) q.set(id, $(id).value.trim());
+  for (const [id] of FIELDS.concat(SEARCH)) if ($(id).value.trim()) q.set(id, $(id).value.trim());
   const old = new URLSearchParams(location.hash.slice(1));
   if (old.get('replans')) q.set('replans', old.get('replans'));
   history.replaceState(null, '', '#' + q.toString());
@@ -273,7 +316,7 @@ function loadState() {
   } else if (q.get('model') && PRESETS[q.get('model')] !== undefined) {
     $('preset').value = q.get('model');
   }
-  for (const [id] of FIELDS) if (q.get(id) !== null) $(id).value = q.get(id);
+  for (const [id] of FIELDS.concat(SEARCH)) if (q.get(id) !== null) $(id).value = q.get(id);
 }
 
 function useText(text, name) {
@@ -300,7 +343,7 @@ function setup() {
   $('version').textContent = 'Version ' + M.ccall('mlw_version', 'string', [], []) + '.';
   loadState();
   sel.addEventListener('change', () => { custom = null; schedule(); });
-  for (const [id] of FIELDS) {
+  for (const [id] of FIELDS.concat(SEARCH)) {
     $(id).addEventListener('input', schedule);
     $(id).addEventListener('change', schedule);
   }

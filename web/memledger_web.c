@@ -49,10 +49,31 @@ static char *success(const char *text, size_t len)
     return out;
 }
 
-/* The settings, one "key=value" a line, onto the job and, for the SVG, the
- * config; "attention" is the model's (set before either). */
-static ml_status apply(ml_model *m, ml_job *job, ml_config *cfg, const char *settings,
-                       ml_error *err)
+/* The layout search's own keys (fit --gpus's flags), into req; false: not
+ * one of them. */
+static bool request_key(const char *key, const char *value, ml_layout_request *req)
+{
+    char *end = NULL;
+    if (!req)
+        return false;
+    if (!strcmp(key, "gpus"))
+        req->gpus = strtoull(value, &end, 10);
+    else if (!strcmp(key, "global_batch"))
+        req->global_batch = strtoull(value, &end, 10);
+    else if (!strcmp(key, "gpus_per_node"))
+        req->gpus_per_node = strtoull(value, &end, 10);
+    else if (!strcmp(key, "network"))
+        req->network_gbps = strtod(value, &end);
+    else
+        return false;
+    return true;
+}
+
+/* The settings, one "key=value" a line, onto the job or the config (and a
+ * layout search's request); "attention" is the model's (set before
+ * either). */
+static ml_status apply(ml_model *m, ml_job *job, ml_config *cfg, ml_layout_request *req,
+                       const char *settings, ml_error *err)
 {
     const char *p = settings ? settings : "";
     ml_status st = ML_OK;
@@ -75,6 +96,8 @@ static ml_status apply(ml_model *m, ml_job *job, ml_config *cfg, const char *set
             continue;
         *eq = '\0';
         const char *key = line, *value = eq + 1;
+        if (request_key(key, value, req))
+            continue;
         if (!strcmp(key, "attention"))
             st = ml_model_set_attention(m, value, err);
         else if (job)
@@ -89,7 +112,7 @@ static ml_status apply(ml_model *m, ml_job *job, ml_config *cfg, const char *set
 static char *timeline_svg(ml_model *m, const char *settings, ml_error *err)
 {
     ml_config cfg = ml_model_config(m);
-    if (apply(m, NULL, &cfg, settings, err))
+    if (apply(m, NULL, &cfg, NULL, settings, err))
         return failure(err);
     ml_ledger *l = NULL;
     if (ml_ledger_evaluate(m, &cfg, true, &l, err))
@@ -106,14 +129,38 @@ static char *timeline_svg(ml_model *m, const char *settings, ml_error *err)
     return out;
 }
 
+/* fit --gpus's layout search, as `memledger fit --gpus N --format json`
+ * prints it. */
+static char *layouts(ml_model *m, const char *settings, ml_error *err)
+{
+    ml_config cfg = ml_model_config(m);
+    ml_layout_request req = ml_layout_request_defaults();
+    if (apply(m, NULL, &cfg, &req, settings, err))
+        return failure(err);
+    ml_layout_result r;
+    if (ml_layout_search(m, &cfg, &req, &r, err))
+        return failure(err);
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    int rc = f ? ml_report_layouts_json(f, m, &req, &r) : -1;
+    if (f)
+        fclose(f);
+    char *out = rc == 0 && buf ? success(buf, n) : NULL;
+    free(buf);
+    return out;
+}
+
 static char *report(ml_model *m, const char *verb, const char *settings, ml_error *err)
 {
     if (!strcmp(verb, "svg"))
         return timeline_svg(m, settings, err);
+    if (!strcmp(verb, "layouts"))
+        return layouts(m, settings, err);
     ml_job *job = NULL;
     if (ml_job_create(m, &job, err))
         return failure(err);
-    ml_status st = apply(m, job, NULL, settings, err);
+    ml_status st = apply(m, job, NULL, NULL, settings, err);
     char *json = NULL;
     size_t len = 0;
     if (!st) {
@@ -129,7 +176,8 @@ static char *report(ml_model *m, const char *verb, const char *settings, ml_erro
             memset(err, 0, sizeof *err);
             err->code = st = ML_USAGE;
             snprintf(err->msg, sizeof err->msg,
-                     "'%s' is not a verb: plan, fit, compare, timeline or svg", verb);
+                     "'%s' is not a verb: plan, fit, compare, timeline, svg or layouts",
+                     verb);
         }
     }
     ml_job_destroy(job);
@@ -138,7 +186,7 @@ static char *report(ml_model *m, const char *verb, const char *settings, ml_erro
     return out;
 }
 
-/* verb: plan, fit, compare, timeline (JSON) or svg; text: a model YAML, or
+/* verb: plan, fit, compare, timeline, layouts (JSON) or svg; text: a model YAML, or
  * a Hugging Face config.json when hf is not 0; name: the file name in
  * messages; settings: "key=value" lines (ml_config_set's keys, fit's
  * global_batch and max_micro_batch, attention). */

@@ -112,6 +112,9 @@ typedef struct ml_rank_info {
     double micro_s;               /* its forward, backward and recompute per
                                      micro-batch (the step-time model's); < 0
                                      unknown */
+    /* its model states (ml_summary's bytes_params, bytes_master, bytes_grads,
+     * bytes_optimizer for this stage) */
+    uint64_t bytes_params, bytes_master, bytes_grads, bytes_optimizer;
 } ml_rank_info;
 
 typedef struct ml_event {

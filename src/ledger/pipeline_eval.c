@@ -65,6 +65,10 @@ static void rank_of(const ml_model *m, const ml_training *t, uint64_t r, const m
     ri->fits = s->fits;
     ri->headroom = s->headroom;
     ri->p2p_bytes = p2p_bytes(st, t, r, p);
+    ri->bytes_params = s->bytes_params;
+    ri->bytes_master = s->bytes_master;
+    ri->bytes_grads = s->bytes_grads;
+    ri->bytes_optimizer = s->bytes_optimizer;
     const ml_step_time *tm = &s->time;
     ri->micro_s = tm->source == ML_TIME_NONE
                       ? -1

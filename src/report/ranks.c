@@ -108,9 +108,14 @@ void ml__report_json_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l)
         }
         fprintf(f, "], \"p2p_bytes\": %.17g, \"micro_s\": ", r->p2p_bytes);
         if (r->micro_s >= 0)
-            fprintf(f, "%.17g}", r->micro_s);
+            fprintf(f, "%.17g", r->micro_s);
         else
-            fputs("null}", f);
+            fputs("null", f);
+        fprintf(f,
+                ", \"bytes\": {\"params\": %llu, \"master_params\": %llu, \"grads\": %llu, "
+                "\"optimizer_states\": %llu}}",
+                (unsigned long long)r->bytes_params, (unsigned long long)r->bytes_master,
+                (unsigned long long)r->bytes_grads, (unsigned long long)r->bytes_optimizer);
     }
     fprintf(f, "],\n \"worst_rank\": %zu, \"pipeline_step_s\": ", ml_ledger_worst_rank(l));
     if (s->pipeline_step_s >= 0)

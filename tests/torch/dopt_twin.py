@@ -101,12 +101,14 @@ Compared with `memledger plan MODEL --format json --allocator none`:
   bytes.master_params     = the fullest rank's fp32 master pieces' bytes
   bytes.optimizer_states  = the fullest rank's exp_avg + exp_avg_sq bytes
   params                  = the stage's parameter count
-and, with pipelines (--ranks all): every ranks[i].params against stage i's
-count, ranks[i].chunks against Megatron's layer assignment (even stages,
-or --pp-layers; chunk c of stage r of an interleaved pipeline holds layers
-c*L/v + r*L/(p*v) onwards), and the bytes above against the stage
-worst_rank names (the JSON gives the planned stage's model states only).
-The cases make both a first stage and a last stage the planned one.
+and, with pipelines (--ranks all), for every stage i: ranks[i].params
+against stage i's count, ranks[i].chunks against Megatron's layer
+assignment (even stages, or --pp-layers; chunk c of stage r of an
+interleaved pipeline holds layers c*L/v + r*L/(p*v) onwards), and
+ranks[i].bytes.params, .grads, .master_params and .optimizer_states
+against stage i's figures as above (its buffers, its fullest rank); the
+top-level bytes and params against the stage worst_rank names. The cases
+make both a first stage and a last stage the planned one.
 
 Each compared figure is also recomputed under rival rules (RIVALS: no
 64-element starts, registration order instead of reverse, no bucket of its
@@ -115,6 +117,8 @@ lcm(dp, 128), each virtual chunk's fullest rank summed instead of the
 fullest device), and a check fails unless some case's figures differ under
 each rival (the shared embedding's on a planned first and a planned last
 stage): a figure every rival also gives would prove nothing about the rule.
+The guard looks at the worst_rank stage's figures only (its ranks[] entry
+repeats them); the other stages' ranks[].bytes are checked without one.
 
 One case by hand (the script's figures), dopt-a (L 4, D 72, F 288, V 101,
 P 40, tied) at dp 8 on one stage: 52 tensors, 262,872 elements. Walked in
@@ -414,6 +418,15 @@ def figures(s, rules=RULES):
             "optimizer_states": sum(s["states"][c][pick[c]] for c in range(nc))}
 
 
+def fullest_info(s):
+    """Where a stage's fullest device is, for a failing check's message."""
+    dp = len(s["elems"][0])
+    per_rank = [sum(e[q] for e in s["elems"]) for q in range(dp)]
+    r = fullest(per_rank, dp)
+    return "fullest dp rank %d of %d: %d elements; buckets %s" % (
+        r, dp, per_rank[r], s["buckets"])
+
+
 def smoke(m):
     """The single-stage model runs forward and backward, every parameter used."""
     model = GPTChunk(m, 1, m["layers"], True, True, True)
@@ -547,6 +560,13 @@ def main():
                     check(ranks[r].get("params") == s["params"],
                           "%s stage %d: params %s (twin %d)" % (name, r, ranks[r].get("params"),
                                                                 s["params"]))
+                    rb = ranks[r].get("bytes")
+                    rb = rb if isinstance(rb, dict) else {}
+                    for key, mine in figures(s).items():
+                        ok = rb.get(key) == mine
+                        check(ok, "%s stage %d: ranks[%d].bytes.%s %s (twin %d)%s" % (
+                            name, r, r, key, rb.get(key), mine,
+                            "" if ok else "; " + fullest_info(s)))
                 w = j.get("worst_rank")
                 if not isinstance(w, int) or not 0 <= w < p:
                     check(False, "%s: worst_rank %r" % (name, w))
@@ -555,16 +575,13 @@ def main():
             s = stages[w]
             b = j.get("bytes", {})
             where = "%s%s" % (name, " stage %d (worst_rank)" % w if p > 1 else "")
-            per_rank = [sum(e[q] for e in s["elems"]) for q in range(dp)]
-            r = fullest(per_rank, dp)
-            info = "fullest dp rank %d of %d: %d elements; buckets %s" % (
-                r, dp, per_rank[r], s["buckets"])
             check(j.get("params") == s["params"], "%s: params %s (twin %d)" % (
                 where, j.get("params"), s["params"]))
             figs = figures(s)
             for key, mine in figs.items():
-                check(b.get(key) == mine, "%s: bytes.%s %s (twin %d)%s" % (
-                    where, key, b.get(key), mine, "" if b.get(key) == mine else "; " + info))
+                ok = b.get(key) == mine
+                check(ok, "%s: bytes.%s %s (twin %d)%s" % (
+                    where, key, b.get(key), mine, "" if ok else "; " + fullest_info(s)))
             kind = (w == 0, w == p - 1) if p > 1 else None
             for rival, change in RIVALS.items():
                 rules = dict(RULES, **change)

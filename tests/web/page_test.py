@@ -27,7 +27,12 @@ MODELS = os.path.join(ROOT, "models")
 FLAGS = {"micro_batch": "--micro-batch", "seq_len": "--seq-len", "grad_accum": "--grad-accum",
          "precision": "--precision", "optimizer": "--optimizer", "checkpoint": "--checkpoint",
          "tp": "--tp", "pp": "--pp", "dp": "--dp", "zero": "--zero", "device": "--device",
-         "allocator": "--allocator", "attention": "--attention"}
+         "allocator": "--allocator", "attention": "--attention", "interconnect": "--interconnect",
+         "gpus": "--gpus", "global_batch": "--global-batch", "gpus_per_node": "--gpus-per-node",
+         "network": "--network"}
+# the layout search's own inputs, and what it chooses itself
+SEARCH = {"gpus", "global_batch", "gpus_per_node", "network"}
+SEARCHED = {"micro_batch", "grad_accum", "checkpoint", "tp", "pp", "dp", "zero"}
 PAGE_FILES = {"/", "/index.html", "/app.js", "/memledger.js", "/memledger.wasm", "/presets.js",
               "/style.css"}
 failures = []
@@ -97,11 +102,14 @@ def lookup(doc, key):
 
 
 def cli(exe, verb, model_args, settings):
-    args = [exe, verb] + model_args
+    """The page's verb on the command line: layouts is fit --gpus."""
+    args = [exe, "fit" if verb == "layouts" else verb] + model_args
     for k, v in settings.items():
         if verb == "compare" and k == "checkpoint":
             continue
         if verb == "fit" and k == "micro_batch":
+            continue
+        if (verb == "layouts" and k in SEARCHED) or (verb != "layouts" and k in SEARCH):
             continue
         args += [FLAGS[k], v]
     out = subprocess.run(args + ["--format", "json"], capture_output=True, text=True)
@@ -119,9 +127,14 @@ def one_case(base, exe, name, page, model_args, settings, netlog=None):
     check(body_attr(dom, "state") == "done", "%s: the page planned" % name)
     figs = figures(dom)
     docs = {}
-    for verb in ("plan", "compare", "fit"):
+    for verb in ("plan", "compare", "fit") + (("layouts",) if "gpus" in settings else ()):
         rc, out, err = cli(exe, verb, model_args, settings)
         docs[verb] = json.loads(out) if rc in (0, 1) and out.strip() else None
+    if "gpus" in settings:
+        n = len(docs["layouts"]["layouts"]) if docs["layouts"] else -1
+        shown = len({k.split(".")[1] for src, k, v in figs if src == "layouts"})
+        check(n > 0 and shown == n, "%s: the page lists the search's %d layouts (%d shown)"
+              % (name, n, shown))
     counts = {}
     bad = []
     for src, key, value in figs:
@@ -211,6 +224,10 @@ def main():
     one_case(base, exe, "a pasted config.json (Qwen2-0.5B), ZeRO 2 over 2",
              {"text": qwen_text, "hf": "1", "name": "config.json"}, ["--hf", qwen],
              {"micro_batch": "2", "seq_len": "1024", "dp": "2", "zero": "2", "device": "l4"})
+    one_case(base, exe, "llama-2-7b, the layout search over 16 devices",
+             {"model": "llama-2-7b.yaml"}, [os.path.join(MODELS, "llama-2-7b.yaml")],
+             {"micro_batch": "1", "device": "h100-sxm", "interconnect": "450", "gpus": "16",
+              "global_batch": "64", "network": "50"})
     error_case(base, exe, "unknown key", "model:\n  type: decoder\n  layerz: 2\n", "bad.yaml")
     error_case(base, exe, "YAML syntax", "model:\n  type: decoder\n  layers: [\n", "broken.yaml")
     if bench:
