@@ -332,6 +332,10 @@ typedef struct ml_summary {
      * stage's time unknown. time and step_time_s are this stage's own. */
     double pipeline_step_s;
     double pipeline_bubble;
+    /* tp_comm_bytes at device.interconnect_gbps (inside a node), in the step
+     * time after the compute; 0 without tensor parallelism, < 0 not timed
+     * (no bandwidth) */
+    double time_tp_s;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -84,8 +84,11 @@ void ml__time_finish(const ml_device *dv, ml_ledger *l, const ml_time_map *map)
     s->time_communication_s = !(s->comm_bytes > 0) ? 0 : ic > 0 ? s->comm_bytes / ic : -1;
     s->time_host_transfer_s =
         !(s->host_transfer_bytes > 0) ? 0 : hb > 0 ? s->host_transfer_bytes / hb : -1;
+    /* tensor parallelism's collectives, inside a node (docs/parallel.md) */
+    s->time_tp_s = !(s->tp_comm_bytes > 0) ? 0 : ic > 0 ? s->tp_comm_bytes / ic : -1;
     if (s->step_time_s >= 0)
-        s->step_time_s += fmax(s->time_communication_s, 0) + fmax(s->time_host_transfer_s, 0);
+        s->step_time_s += fmax(s->time_communication_s, 0) + fmax(s->time_host_transfer_s, 0) +
+                          fmax(s->time_tp_s, 0);
     /* the per-op model's step: throughput and MFU over the whole of it */
     if (s->time.source != ML_TIME_NONE) {
         s->time.step_s = s->step_time_s;
@@ -101,7 +104,12 @@ void ml__time_finish(const ml_device *dv, ml_ledger *l, const ml_time_map *map)
         const double tc = map && map->n ? ml__time_at(map, e->flops_before)
                           : rate > 0    ? e->flops_before / rate
                                         : -1;
-        e->t_s = tc >= 0 ? tc + (ic > 0 ? e->comm_before / ic : 0) +
+        /* the collectives of tensor parallelism go with the compute: the
+         * event's share of them is its share of the FLOPs */
+        const double tp = ic > 0 && s->flops_total > 0
+                              ? s->tp_comm_bytes * (e->flops_before / s->flops_total) / ic
+                              : 0;
+        e->t_s = tc >= 0 ? tc + tp + (ic > 0 ? e->comm_before / ic : 0) +
                                (hb > 0 ? e->host_before / hb : 0)
                          : -1;
     }

@@ -290,6 +290,8 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
     num_or_null(f, s->time_communication_s);
     fputs(", \"host_transfer_s\": ", f);
     num_or_null(f, s->time_host_transfer_s);
+    fputs(", \"tensor_parallel_s\": ", f);
+    num_or_null(f, s->time_tp_s);
     json_step_time(f, &s->time);
     fputc('}', f);
 }

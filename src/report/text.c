@@ -502,8 +502,8 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
     }
     if (s->tp_comm_bytes > 0) {
         ml_format_bytes((uint64_t)s->tp_comm_bytes, a, sizeof a);
-        fprintf(f, "  tensor-parallel collectives: %s sent per rank per iteration (not in the "
-                   "step time)\n", a);
+        fprintf(f, "  tensor-parallel collectives: %s sent per rank per iteration", a);
+        text_part(f, s->time_tp_s, cfg->device.interconnect_gbps, "--interconnect");
     }
     if (s->host_transfer_bytes > 0) {
         ml_format_bytes((uint64_t)s->host_transfer_bytes, a, sizeof a);
