@@ -97,6 +97,9 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
         /* and its optimizer a fused one (FusedAdam) */
         if (t->engine == ML_ENGINE_MEGATRON && !o->optimizer_impl)
             t->optimizer_impl = ML_IMPL_FUSED;
+        /* GPTModel's forward returns the loss, not the logits */
+        if (t->engine == ML_ENGINE_MEGATRON && !o->logits)
+            t->logits = ML_LOGITS_RELEASED;
     }
     return 0;
 }

@@ -21,6 +21,29 @@ void ml__kit_ce_loss(ml_graph *g, uint64_t rows, uint64_t classes)
     g->out = MLG_NONE;
 }
 
+void ml__kit_megatron_ce(ml_graph *g, uint64_t rows, uint64_t classes)
+{
+    ml__graph_init(g);
+    const uint8_t r = ml__graph_lit(g, rows), c = ml__graph_lit(g, classes);
+    uint16_t x = ml__graph_tensor(g, "logits", MLG_COMPUTE, MLG_INPUT, 2, r, c);
+    uint16_t sm = ml__graph_tensor(g, "softmax (fp32: the logits' .float() copy, in place)",
+                                   MLG_FP32, MLG_ACT, 2, r, c);
+    ml__graph_step(g, MLG_OP_COPY, "float()", x, sm, NULL);
+    uint16_t y = ml__graph_tensor(g, "targets (int64)", MLG_INT64, MLG_BATCH, 1, r);
+    uint16_t mask = ml__graph_tensor(g, "target mask (bool)", MLG_BOOL, MLG_ACT, 1, r);
+    uint16_t mt = ml__graph_tensor(g, "masked targets (int64)", MLG_INT64, MLG_ACT, 1, r);
+    uint16_t loss = ml__graph_tensor(g, "loss per token (fp32)", MLG_FP32, MLG_ACT, 1, r);
+    mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "vocab_parallel_cross_entropy", sm, loss,
+                               NULL);
+    ml__op_in(o, y);
+    ml__op_out(o, mask);
+    ml__op_out(o, mt);
+    ml__op_save(o, sm);
+    ml__op_save(o, mask);
+    ml__op_save(o, mt);
+    g->out = MLG_NONE;
+}
+
 void ml__kit_mse_loss(ml_graph *g, uint64_t n, uint8_t in_dtype, bool cast)
 {
     ml__graph_init(g);

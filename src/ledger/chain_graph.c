@@ -232,6 +232,12 @@ bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_grap
     return loss_sized(ch, G);
 }
 
+bool ml__ck_graph_megatron_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
+{
+    ml__kit_megatron_ce(&G->g, rows, classes);
+    return loss_sized(ch, G);
+}
+
 bool ml__ck_graph_mse_loss(ml_chain *ch, uint64_t n, unsigned in_bytes, ml_ck_graph *G)
 {
     /* the input's class by its bytes, as the sequential kit maps them */

@@ -193,6 +193,41 @@ static ml_status graph_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t 
     return ML_OK;
 }
 
+/* Megatron-LM's vocab-parallel cross-entropy (engine megatron): the saved
+ * softmax, target mask and masked targets from its graph; the block rule's
+ * transients from its source (megatron/core/tensor_parallel/
+ * cross_entropy.py): in forward the row-sized temporaries beside the fp32
+ * copy (the maxima, the arange index, the predicted logits and the sums of
+ * exponentials: 4 + 8 + 4 + 4 bytes a row); in backward the gradient is the
+ * saved softmax itself, changed in place (beside the arange index and the
+ * update, 8 + 4 bytes a row), then cast back to the logits' dtype for the
+ * head (the .float()'s ToCopyBackward0: a new tensor of the logits'
+ * size). GPTModel computes the loss inside its forward and returns it, not
+ * the logits: they are freed once the loss is computed (engine megatron's
+ * default loop is training.logits released). */
+static ml_status megatron_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t classes)
+{
+    ml_ck_graph *G = malloc(sizeof *G);
+    if (!G)
+        return ML_NOMEM;
+    const bool taken = ml__ck_graph_megatron_loss(ch, rows, classes, G);
+    if (taken)
+        ml__ck_graph_emit(ch, b, G, 0);
+    free(G);
+    if (!taken)
+        return ML_RANGE;
+    const uint64_t logits = ml_mul(ch, rows, classes);
+    b->ws_fwd = ml_mul(ch, rows, 20);
+    b->ws_bwd = ml_add(ch, ml_mul(ch, logits, ch->prec.a), ml_mul(ch, rows, 12));
+    b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
+    b->ws_formula = true;
+    b->unit_fwd = ml_mul(ch, rows, 8);
+    b->unit = ml_mul(ch, logits, ch->prec.a);
+    b->in_bytes = ml_mul(ch, logits, ch->prec.a);
+    b->in_held = true; /* the loop's logits mode decides (released, by default) */
+    return ML_OK;
+}
+
 ml_status ml__ck_seq_loss_graph(ml_chain *ch, ml_cblock *b, bool ce, uint64_t rows, uint64_t n,
                                 unsigned in_bytes, bool *taken)
 {
@@ -218,6 +253,8 @@ ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, u
     if (!b)
         return ML_NOMEM;
     b->fwd_phase = ML_PHASE_LOSS;
+    if (m->head.vocab_parallel_ce)
+        return megatron_loss(ch, b, rows, out_classes);
     unsigned lsb = ch->prec.autocast ? 4 : w;
     bool graph = false;
     if ((st = graph_loss(ch, b, rows, out_classes, &graph)) != ML_OK)

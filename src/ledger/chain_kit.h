@@ -142,6 +142,8 @@ bool ml__ck_graph_fused_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *
 /* The graph of the cross-entropy block over rows x classes logits
  * (graph/kit_head.h) into G; false: it declines it (the chain is refused). */
 bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G);
+/* Megatron's vocab-parallel cross-entropy (graph/kit_head.c) */
+bool ml__ck_graph_megatron_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G);
 /* The same for a sequential model's mean-squared-error block on n
  * elements of in_bytes each (graph/kit_head.h). */
 bool ml__ck_graph_mse_loss(ml_chain *ch, uint64_t n, unsigned in_bytes, ml_ck_graph *G);

@@ -83,6 +83,7 @@ const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model
         return m;
     *rank = *m;
     rank->attn.fused_softmax = t->engine == ML_ENGINE_MEGATRON;
+    rank->head.vocab_parallel_ce = t->engine == ML_ENGINE_MEGATRON;
     if (tp == 1)
         return rank;
     /* the head size stays the full model's */

@@ -108,6 +108,7 @@ static ml_status training_named(const char *key, const char *k, const char *v, m
         if (e == ML_ENGINE_MEGATRON) { /* its gradient buffer: zeroed, not freed */
             t->zero_grad = ML_ZERO_GRAD_ZERO;
             t->optimizer_impl = ML_IMPL_FUSED; /* FusedAdam */
+            t->logits = ML_LOGITS_RELEASED;    /* GPTModel returns the loss */
         }
     } else if (!strcmp(k, "zero_grad")) {
         if (!(st = named(key, v, zero_grad_name, ML_ZERO_GRAD_COUNT, &u, "set_to_none or zero",

@@ -192,6 +192,9 @@ typedef struct {
                              the classifier (HF BertForMaskedLM) */
     double final_softcap; /* the LM logits soft-capped (HF final_logit_softcapping);
                              0 = none */
+    bool vocab_parallel_ce; /* Megatron-LM's vocab-parallel cross-entropy (engine
+                               megatron; ledger/tensor_parallel.c sets it on the
+                               rank's model) instead of F.cross_entropy */
 } ml_head_spec;
 
 /* T5 (type encdec): the decoder's blocks, the relative position buckets (HF

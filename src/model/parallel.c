@@ -52,6 +52,10 @@ ml_status ml__schema_engine(ml_error *err, const ml_node *t, ml_training *tr)
         tr->zero_grad = ML_ZERO_GRAD_ZERO;
     if (tr->engine == ML_ENGINE_MEGATRON && !ml__tree_get(t, "optimizer_impl"))
         tr->optimizer_impl = ML_IMPL_FUSED;
+    /* and GPTModel's forward returns the loss, not the logits
+     * (megatron/core/models/gpt/gpt_model.py): they go once it is computed */
+    if (tr->engine == ML_ENGINE_MEGATRON && !ml__tree_get(t, "logits"))
+        tr->logits = ML_LOGITS_RELEASED;
     return ML_OK;
 }
 

@@ -500,6 +500,13 @@ static void test_megatron_layer(void **state)
                      sbh * 10 + sbh * 24 / t + 5 * a * s * s * b / t + 16 * s * b);
     /* fp32 main gradients: 4 bytes a parameter */
     assert_int_equal(ml_ledger_summary(l)->bytes_grads, 4 * ml_ledger_summary(l)->params);
+    /* the vocab-parallel cross-entropy keeps the fp32 softmax of the rank's
+     * 51,200 / 8 = 6,400 vocabulary rows for each of the s b tokens, the
+     * target mask (1 byte a token) and the masked targets (8 bytes) */
+    assert_int_equal(block(l, "loss")->activations_saved, s * b * 6400 * 4 + s * b + s * b * 8);
+    /* and the loop drops the logits once the loss is computed (GPTModel's
+     * forward returns the loss) */
+    assert_int_equal(c.training.logits, ML_LOGITS_RELEASED);
     ml_ledger_destroy(l);
     c.training.sequence_parallel = ML_SP_AUTO;
     c.training.checkpoint.kind = ML_CKPT_SELECTIVE;
