@@ -313,6 +313,15 @@ ML_API ml_status ml_model_load_hf_string(const char *text, size_t len, const cha
 /* Accepts NULL. */
 ML_API void ml_model_destroy(ml_model *m);
 
+/* Where the model's file (or the --training file of a Hugging Face config)
+ * set a configuration key: "training.micro_batch", "parallel.tp",
+ * "device.memory" (a compact `parallel: tp2.dp4` answers for every
+ * parallel.* key). True with *line and *col (1-based) set; false when the
+ * file did not set it. For messages about a setting that come after the
+ * model loaded (a plan's refusal). */
+ML_API bool ml_model_key_position(const ml_model *m, const char *key, unsigned *line,
+                                  unsigned *col);
+
 /* The model's `name:`; never NULL. Owned by the model. */
 ML_API const char *ml_model_name(const ml_model *m);
 

@@ -47,6 +47,8 @@ typedef struct {
         *pp_layers;
     bool auto_checkpoint; /* --checkpoint auto (fit) */
     bool dist_optimizer;  /* --dist-optimizer: Megatron's distributed optimizer */
+    const ml_model *model; /* the loaded model (ml_cli_start): where its file set a
+                              key, for the messages about it (ml_cli_config_error) */
 } ml_cli_opts;
 
 /* The parallel-layout flags over t (parallel_flags.c): 0, or the exit

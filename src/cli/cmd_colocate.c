@@ -208,6 +208,7 @@ static int load_job(job *j, const char *device, uint64_t memory, bool levels)
         return rc;
     if ((rc = ml_cli_load(o, &j->m, &j->cfg)))
         return rc;
+    j->o.model = j->m; /* where its file set a key, for the messages */
     /* an inference job plans no checkpointing (its file's policy is not used) */
     if (!j->inference && j->cfg.training.checkpoint.kind == ML_CKPT_OPTIMAL)
         return bad("job '%s': checkpoint optimal would plan against the whole device, which "

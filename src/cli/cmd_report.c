@@ -35,6 +35,7 @@ int ml_cmd_report(int argc, char **argv)
     ml_config cfg;
     if ((rc = ml_cli_load(&o, &m, &cfg)))
         return rc;
+    o.model = m;
     ml_ledger *l = NULL;
     ml_error e;
     ml_compare_row rows[ML_COMPARE_ROWS];

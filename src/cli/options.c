@@ -567,5 +567,7 @@ bool ml_cli_start(int argc, char **argv, const char *verb, const char *usage, ml
     if (*rc || o->model_path == NULL)
         return false;
     *rc = ml_cli_load(o, m, cfg);
+    if (*rc == 0)
+        o->model = *m;
     return *rc == 0;
 }

@@ -221,6 +221,15 @@ typedef struct {
     bool full, proj_bias;
 } ml_vision_spec;
 
+/* Where the file set a configuration key ("training.micro_batch",
+ * "parallel.tp", "device.memory"; the compact "parallel" word as itself),
+ * for messages about it that come after loading (ml_model_key_position). */
+typedef struct {
+    char key[40];
+    unsigned line, col;
+} ml_keypos;
+#define ML_KEYPOS_MAX 64
+
 struct ml_model {
     char name[128];
     ml_model_type type;
@@ -247,6 +256,8 @@ struct ml_model {
     ml_loss loss;
     /* settings */
     ml_config config;
+    ml_keypos keypos[ML_KEYPOS_MAX]; /* the configuration keys the file set */
+    size_t nkeypos;
 };
 
 void ml__layers_free(ml_layer *layers, size_t n);

@@ -227,6 +227,33 @@ static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
     return ML_OK;
 }
 
+/* The configuration keys of the file's training:, device: and parallel:
+ * sections and where they are (ml_keypos). */
+static void record_positions(ml_model *m, const ml_node *root)
+{
+    static const char *const sections[] = {"training", "device", "parallel"};
+    for (size_t s = 0; s < ML_COUNT(sections); s++) {
+        const ml_node *n = ml__tree_get(root, sections[s]);
+        if (!n)
+            continue;
+        if (n->type == ML_NODE_SCALAR && m->nkeypos < ML_KEYPOS_MAX) {
+            ml_keypos *k = &m->keypos[m->nkeypos++];
+            snprintf(k->key, sizeof k->key, "%s", sections[s]);
+            k->line = n->line, k->col = n->col;
+        }
+        for (size_t i = 0; n->type == ML_NODE_MAP && i < n->count; i++) {
+            if (m->nkeypos >= ML_KEYPOS_MAX)
+                return;
+            ml_keypos *k = &m->keypos[m->nkeypos];
+            int w = snprintf(k->key, sizeof k->key, "%s.%s", sections[s], n->keys[i]->text);
+            if (w < 0 || (size_t)w >= sizeof k->key)
+                continue; /* no key of ours is that long */
+            k->line = n->keys[i]->line, k->col = n->keys[i]->col;
+            m->nkeypos++;
+        }
+    }
+}
+
 static ml_status build(ml_error *err, const ml_node *root, ml_model *m)
 {
     ml_status st;
@@ -280,7 +307,10 @@ static ml_status build(ml_error *err, const ml_node *root, ml_model *m)
     if (d && (st = parse_device(err, d, m)))
         return st;
     const ml_node *par = ml__tree_get(root, "parallel");
-    return par ? ml__schema_parallel(err, par, m) : ML_OK;
+    if (par && (st = ml__schema_parallel(err, par, m)))
+        return st;
+    record_positions(m, root);
+    return ML_OK;
 }
 
 ml_status ml__schema_settings(const char *text, size_t len, const char *path, ml_model *m,
@@ -311,6 +341,10 @@ ml_status ml__schema_settings(const char *text, size_t len, const char *path, ml
         const ml_node *par = ml__tree_get(root, "parallel");
         if (!st && par)
             st = ml__schema_parallel(err, par, m);
+        if (!st) {
+            m->nkeypos = 0; /* the settings file's, not the config's */
+            record_positions(m, root);
+        }
     }
     ml__tree_free(root);
     return st;
@@ -375,6 +409,26 @@ void ml_model_destroy(ml_model *m)
         return;
     ml__layers_free(m->seq, m->nseq);
     free(m);
+}
+
+bool ml_model_key_position(const ml_model *m, const char *key, unsigned *line, unsigned *col)
+{
+    if (!m || !key)
+        return false;
+    const ml_keypos *whole = NULL;
+    for (size_t i = 0; i < m->nkeypos; i++) {
+        const ml_keypos *k = &m->keypos[i];
+        if (!strcmp(k->key, key)) {
+            *line = k->line, *col = k->col;
+            return true;
+        }
+        if (!strcmp(k->key, "parallel") && !strncmp(key, "parallel.", 9))
+            whole = k;
+    }
+    if (!whole)
+        return false;
+    *line = whole->line, *col = whole->col;
+    return true;
 }
 
 const char *ml_model_name(const ml_model *m)

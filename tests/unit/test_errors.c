@@ -224,9 +224,46 @@ static void test_missing_file(void **state)
     ml_ledger_destroy(NULL);
 }
 
+/* Where the file set a configuration key: each key of training:, device:
+ * and a parallel: map at its line and column; a compact parallel word for
+ * every parallel.* key; nothing for a key the file did not set. */
+static void test_key_positions(void **state)
+{
+    (void)state;
+    static const char *yaml =
+        "model:\n  type: sequential\n  input: [4]\n  layers:\n    - linear: {out: 2}\n"
+        "  loss: mse\ntraining:\n  micro_batch: 2\n  checkpoint: none\n"
+        "device:\n  memory: 1GiB\n";
+    ml_model *m = load_str(yaml);
+    unsigned line = 0, col = 0;
+    assert_true(ml_model_key_position(m, "training.micro_batch", &line, &col));
+    assert_int_equal(line, 8);
+    assert_int_equal(col, 3);
+    assert_true(ml_model_key_position(m, "training.checkpoint", &line, &col));
+    assert_int_equal(line, 9);
+    assert_true(ml_model_key_position(m, "device.memory", &line, &col));
+    assert_int_equal(line, 11);
+    assert_false(ml_model_key_position(m, "training.seq_len", &line, &col));
+    assert_false(ml_model_key_position(m, "parallel.tp", &line, &col));
+    assert_false(ml_model_key_position(NULL, "training.micro_batch", &line, &col));
+    ml_model_destroy(m);
+    static const char *compact =
+        "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 8\n  ffn: 256\n"
+        "  vocab: 100\n  norm: rmsnorm\n  activation: swiglu\n  position: rope\n"
+        "parallel: tp2.dp4\n";
+    m = load_str(compact);
+    assert_true(ml_model_key_position(m, "parallel.tp", &line, &col));
+    assert_int_equal(line, 11);
+    assert_int_equal(col, 11);
+    assert_true(ml_model_key_position(m, "parallel.dp", &line, &col));
+    assert_int_equal(line, 11);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_key_positions),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_binary_garbage),
         cmocka_unit_test(test_config_errors),
