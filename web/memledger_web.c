@@ -38,6 +38,32 @@ static char *failure(const ml_error *e)
     return buf;
 }
 
+/* A setting refused once the model loaded: in the model text's name, at
+ * the line and column where the text set it (as the command line says it,
+ * ml_model_key_position). */
+static void locate(const ml_model *m, const char *name, const char *settings, ml_error *e)
+{
+    char key[64] = "";
+    const char *colon = strchr(e->msg, ':');
+    if (colon && (size_t)(colon - e->msg) < sizeof key) {
+        memcpy(key, e->msg, (size_t)(colon - e->msg));
+        key[colon - e->msg] = '\0';
+    }
+    /* a key the page's inputs set is theirs, not the text's (as a flag is
+     * the command line's) */
+    const size_t kl = strlen(key);
+    for (const char *p = settings ? settings : ""; kl && *p;) {
+        if (!strncmp(p, key, kl) && p[kl] == '=')
+            return;
+        const char *nl = strchr(p, '\n');
+        p = nl ? nl + 1 : p + strlen(p);
+    }
+    if (!e->path[0])
+        snprintf(e->path, sizeof e->path, "%s", name ? name : "");
+    if (!e->line && !ml_model_key_position(m, key, &e->line, &e->col))
+        e->line = e->col = 0;
+}
+
 static char *success(const char *text, size_t len)
 {
     char *out = malloc(len + 2);
@@ -202,6 +228,11 @@ MLW_EXPORT char *mlw_run(const char *verb, const char *text, int hf, const char 
     if (st)
         return failure(&err);
     char *out = report(m, verb ? verb : "", settings, &err);
+    if (out && out[0] == '1' && err.code) { /* a refusal: where the text set the key */
+        free(out);
+        locate(m, name, settings, &err);
+        out = failure(&err);
+    }
     ml_model_destroy(m);
     return out;
 }

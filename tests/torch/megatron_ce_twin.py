@@ -39,9 +39,11 @@ changed in place: no fp32 logits-sized allocation in backward), and the
 autograd engine's cast of that fp32 gradient to the bf16 input's dtype
 must be one logits-sized bf16 allocation, made while the softmax is still
 alive (the softmax's storage is freed after it), the one that becomes the
-logits' .grad. The peak of live bytes during backward over its start is
-printed beside memledger's backward workspace formula for this block
-(src/ledger/chain_head.c, megatron_loss: logits*2 + rows*12).
+logits' .grad. Printed as 'info' lines, not checked: the peak of live
+bytes during backward over its start, and the forward's peak beyond the
+storages it saves, beside memledger's workspace formulas for this block
+(src/ledger/chain_head.c, megatron_loss: ws_bwd = logits*2, the cast;
+ws_fwd = rows*20, rows = B*T).
 
 Usage: megatron_ce_twin.py MEMLEDGER. Prints 'ok ...' or 'FAIL ...' per
 check and a summary; exits 1 on any failure.
@@ -183,7 +185,7 @@ def make_inputs(V, tp, layout):
 
 
 def measure_saved(V, tp, r, layout):
-    """What the rank's loss saves: {storage ptr: (nbytes, dtype, shape)}."""
+    """What the rank's loss saves: {storage ptr: (nbytes, dtype)}."""
     full, target = make_inputs(V, tp, layout)
     lo, hi = rank_slice(V, tp, r)
     logits = full[..., lo:hi].clone().requires_grad_()
@@ -191,15 +193,13 @@ def measure_saved(V, tp, r, layout):
 
     def pack(t):
         ptr, n = storage_of(t)
-        if ptr not in saved:
-            saved[ptr] = (n, t.dtype, tuple(t._base.shape if t._base is not None
-                                            else t.shape))
+        saved.setdefault(ptr, (n, t.dtype))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = RankVocabCE.apply(logits, target, lo, hi, no_reduce)
     loss.sum().backward()  # the graph runs with what was packed
-    return saved, logits.shape
+    return saved
 
 
 def oracle_check(V, tp, layout):
@@ -271,10 +271,12 @@ def observe_backward(V, tp, r, layout):
     from torch.profiler import ProfilerActivity, profile
     RankVocabCE.seen.clear()
     lo, hi = rank_slice(V, tp, r)
-    packed = {}
+    packed, kept = {}, {}
 
     def pack(t):
         packed.setdefault(t.dtype, t.data_ptr())
+        ptr, nbytes = storage_of(t)
+        kept[ptr] = nbytes
         return t
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -296,7 +298,7 @@ def observe_backward(V, tp, r, layout):
         n *= s
     f0, f1 = ranges["twin.forward"]
     b0, b1 = ranges["twin.backward"]
-    live, start, peak, bwd, fwd_end = 0, {}, {}, [], 0
+    live, start, peak, bwd = 0, {}, {}, []
     for t, ptr, size, around in events:
         for k, (lo_t, hi_t) in (("f", (f0, f1)), ("b", (b0, b1))):
             if lo_t <= t and k not in start:
@@ -305,8 +307,6 @@ def observe_backward(V, tp, r, layout):
         for k, (lo_t, hi_t) in (("f", (f0, f1)), ("b", (b0, b1))):
             if lo_t <= t <= hi_t:
                 peak[k] = max(peak.get(k, 0), live)
-                if k == "f":
-                    fwd_end = live
         if b0 <= t <= b1:
             bwd.append((ptr, size, around, live))
     soft = packed.get(torch.float32)
@@ -324,7 +324,8 @@ def observe_backward(V, tp, r, layout):
         "cast_ops": casts[0][2] if casts else (),
         "grad": grad_facts, "bwd_peak": peak.get("b", 0) - start.get("b", 0),
         "temps": max(before, default=start.get("b", 0)) - start.get("b", 0),
-        "fwd_transient": peak.get("f", 0) - fwd_end,
+        # the forward's peak beyond the storages it saves
+        "fwd_transient": peak.get("f", 0) - start.get("f", 0) - sum(kept.values()),
     }
 
 
@@ -388,10 +389,10 @@ def main():
                 for layout in LAYOUTS:
                     where = "%s (%s,V/t)" % (name, layout)
                     for r in sorted({0, tp - 1}):
-                        saved, shape = measure_saved(V, tp, r, layout)
-                        total = sum(n for n, _, _ in saved.values())
+                        saved = measure_saved(V, tp, r, layout)
+                        total = sum(n for n, _ in saved.values())
                         kinds = sorted((str(dt)[len("torch."):], n)
-                                       for n, dt, _ in saved.values())
+                                       for n, dt in saved.values())
                         check(total == planned and kinds == expect,
                               "%s rank %d saves %d = %s; plan %d" % (
                                   where, r, total, " + ".join(
@@ -418,8 +419,8 @@ def main():
                           "%s: fp32 softmax (%d B) freed after the cast" % (where, 4 * n))
                     print("info %s: bwd peak over start %d B (cast %d), temps %d B "
                           "before it" % (where, o["bwd_peak"], 2 * n, o["temps"]))
-                    print("info     fwd transients %d B; chain_head.c: ws_bwd %d, ws_fwd %d" % (
-                        o["fwd_transient"], 2 * n + 12 * rows, 20 * rows))
+                    print("info     fwd peak over saved %d B; chain_head.c: ws_bwd %d, "
+                          "ws_fwd %d" % (o["fwd_transient"], 2 * n, 20 * rows))
     bad = results.count(False)
     print("%d passed, %d failed (%.1f s)" % (len(results) - bad, bad, time.time() - t0))
     return 1 if bad else 0

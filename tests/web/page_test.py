@@ -230,6 +230,11 @@ def main():
               "global_batch": "64", "network": "50"})
     error_case(base, exe, "unknown key", "model:\n  type: decoder\n  layerz: 2\n", "bad.yaml")
     error_case(base, exe, "YAML syntax", "model:\n  type: decoder\n  layers: [\n", "broken.yaml")
+    error_case(base, exe, "a tp the heads do not divide (refused when planned)",
+               "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 8\n  ffn: 256\n"
+               "  activation: gelu\n  norm: layernorm\n  vocab: 100\n  position: learned\n"
+               "  max_positions: 64\n  attention: eager\ntraining:\n  micro_batch: 2\n"
+               "  seq_len: 32\nparallel:\n  tp: 3\n", "split.yaml")
     if bench:
         size = os.path.getsize(os.path.join(web, "memledger.wasm"))
         dom = load(base + "#model=llama-3-8b.yaml&micro_batch=1&device=h100-sxm&replans=50")
