@@ -200,11 +200,16 @@ typedef struct {
     double gpu_sum, host_sum, gemm, mem, floor;
     double kernels[ML_TPHASE_COUNT];
     bool serial; /* one processor: each run's host time then its compute */
+    double host_wins, gpu_wins; /* runs whose end the host's dispatch set, or the GPU's */
 } ml_clock;
 
 static void clock_run(ml_clock *c, const ml_trun *r, ml_time_phase ph)
 {
     const double end = c->serial ? c->gpu + r->H + r->G : fmax(c->gpu + r->G, c->host + r->P);
+    if (!c->serial && c->host + r->P > c->gpu + r->G)
+        c->host_wins++;
+    else
+        c->gpu_wins++;
     c->by_phase[ph] += end - c->gpu;
     c->gpu = end;
     c->host = c->serial ? end : c->host + r->H;
@@ -490,6 +495,83 @@ double ml__time_at(const ml_time_map *map, double f)
     return a->t + (b->t - a->t) * (f - a->flops) / (b->flops - a->flops);
 }
 
+/* What one micro-batch's run of the blocks needs (ml__step_time). */
+typedef struct {
+    ml_run_cache *cache;
+    const ml_chain *ch;
+    const int *seg;
+    bool selective;
+    ml_step_time *st;
+    double *fl;
+} micro_ctx;
+
+/* One micro-batch: each block's forward, then its backward (with its
+ * recomputation) in reverse; map, when not NULL, gets the FLOPs' clock. */
+static void micro_batch(const micro_ctx *x, ml_clock *c, ml_time_map *mp)
+{
+    const ml_chain *ch = x->ch;
+    map_add(mp, *x->fl, c->gpu);
+    for (size_t k = 0; k < ch->n; k++) {
+        const ml_cblock *b = &ch->blocks[k];
+        clock_run(c, &block_runs(x->cache, b)->fwd, ML_TPHASE_FORWARD);
+        *x->fl += b->flops_fwd;
+        map_add(mp, *x->fl, c->gpu);
+    }
+    for (size_t k = ch->n; k-- > 0;) {
+        const ml_cblock *b = &ch->blocks[k];
+        if (b->fwd_only || b->frozen)
+            continue;
+        ml_run_memo *m = block_runs(x->cache, b);
+        if (x->selective ? b->core_bytes > 0 && b->ckpt_index >= 0 : x->seg[k] >= 0) {
+            clock_run(c, recompute_run(x->cache, m), ML_TPHASE_RECOMPUTE);
+            x->st->recomputed_blocks += 1;
+            *x->fl += x->selective ? b->flops_core : b->flops_fwd;
+            map_add(mp, *x->fl, c->gpu);
+        }
+        clock_run(c, &m->bwd, ML_TPHASE_BACKWARD);
+        *x->fl += b->flops_bwd;
+        map_add(mp, *x->fl, c->gpu);
+    }
+}
+
+/* Every later micro-batch will move the clock as the last one did (from a
+ * to b): one processor (no overlap to settle); the host's lead over the
+ * GPU the same after it as before (to the last bits the sums keep); or
+ * every run's end set by one side while the lead moves that side further
+ * ahead (the GPU's runs with the host falling behind, the host's with the
+ * host drawing ahead), so that no run's choice can change. */
+static bool steady(const ml_clock *a, const ml_clock *b)
+{
+    if (b->serial)
+        return true;
+    const double lead_a = a->host - a->gpu, lead_b = b->host - b->gpu, d = lead_b - lead_a;
+    const double tol = 1e-12 * (b->gpu > 1 ? b->gpu : 1);
+    if (fabs(d) <= tol)
+        return true;
+    const double hw = b->host_wins - a->host_wins, gw = b->gpu_wins - a->gpu_wins;
+    return (hw == 0 && d < 0) || (gw == 0 && d > 0);
+}
+
+/* k more micro-batches, each moving the clock as the last one did (from
+ * a to c) */
+static void clock_advance(ml_clock *c, const ml_clock *a, double k)
+{
+    const ml_clock d = *c;
+    c->host += k * (d.host - a->host);
+    c->gpu += k * (d.gpu - a->gpu);
+    c->gpu_sum += k * (d.gpu_sum - a->gpu_sum);
+    c->host_sum += k * (d.host_sum - a->host_sum);
+    c->gemm += k * (d.gemm - a->gemm);
+    c->mem += k * (d.mem - a->mem);
+    c->floor += k * (d.floor - a->floor);
+    c->host_wins += k * (d.host_wins - a->host_wins);
+    c->gpu_wins += k * (d.gpu_wins - a->gpu_wins);
+    for (int p = 0; p < ML_TPHASE_COUNT; p++) {
+        c->by_phase[p] += k * (d.by_phase[p] - a->by_phase[p]);
+        c->kernels[p] += k * (d.kernels[p] - a->kernels[p]);
+    }
+}
+
 void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_summary *s,
                    ml_time_map *map)
 {
@@ -517,30 +599,27 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
      * follows the FLOPs as the replay counts them, in the first micro-batch
      * and the last (the replay's events; fl counts every micro-batch's) */
     double fl = 0;
+    micro_ctx mc = {&cache, ch, seg, selective, st, &fl};
+    ml_clock before = c;
+    double fl_before = 0, rec_before = 0;
     for (double a = 0; a < A; a++) {
         ml_time_map *mp = a == 0 || a == A - 1 ? map : NULL;
-        map_add(mp, fl, c.gpu);
-        for (size_t k = 0; k < ch->n; k++) {
-            const ml_cblock *b = &ch->blocks[k];
-            clock_run(&c, &block_runs(&cache, b)->fwd, ML_TPHASE_FORWARD);
-            fl += b->flops_fwd;
-            map_add(mp, fl, c.gpu);
+        /* once two micro-batches in a row have moved the clock alike (the
+         * host's lead over the GPU no longer changes), every later one
+         * moves it so too: all but the last at once (a pipeline stage's
+         * thousands of micro-batches, docs/time.md) */
+        if (a >= 3 && a < A - 1 && steady(&before, &c)) {
+            const double k = A - 1 - a; /* the micro-batches to skip */
+            clock_advance(&c, &before, k);
+            fl += k * (fl - fl_before);
+            st->recomputed_blocks += (uint64_t)(k * (double)(st->recomputed_blocks - rec_before));
+            a = A - 1;
+            mp = map;
         }
-        for (size_t k = ch->n; k-- > 0;) {
-            const ml_cblock *b = &ch->blocks[k];
-            if (b->fwd_only || b->frozen)
-                continue;
-            ml_run_memo *m = block_runs(&cache, b);
-            if (selective ? b->core_bytes > 0 && b->ckpt_index >= 0 : seg[k] >= 0) {
-                clock_run(&c, recompute_run(&cache, m), ML_TPHASE_RECOMPUTE);
-                st->recomputed_blocks += 1;
-                fl += selective ? b->flops_core : b->flops_fwd;
-                map_add(mp, fl, c.gpu);
-            }
-            clock_run(&c, &m->bwd, ML_TPHASE_BACKWARD);
-            fl += b->flops_bwd;
-            map_add(mp, fl, c.gpu);
-        }
+        before = c;
+        fl_before = fl;
+        rec_before = (double)st->recomputed_blocks;
+        micro_batch(&mc, &c, mp);
     }
     /* an offloaded optimizer steps on the host (its transfers are timed
      * apart, ml__time_finish); its update is not timed */

@@ -40,7 +40,50 @@ typedef struct {
                           the model does not take), said when nothing was
                           planned at all */
     bool refused;
+    /* the divisors of a share of the global batch, ascending (divisors_of) */
+    uint64_t *div;
+    size_t ndiv, divcap;
+    uint64_t div_of;
 } search;
+
+/* The divisors of n into x->div, ascending: trial division up to its
+ * square root (a global batch of 2^40 is a million steps), once per
+ * distinct share. False: out of memory. */
+static bool divisors_of(search *x, uint64_t n)
+{
+    if (x->ndiv && x->div_of == n)
+        return true;
+    x->ndiv = 0;
+    /* the small ones ascending, then their pairs n / d descending from the
+     * largest small one: in all, ascending */
+    size_t small = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint64_t k = 0; k < (pass ? small : UINT64_MAX); k++) {
+            uint64_t d;
+            if (pass == 0) {
+                d = k + 1;
+                if (d > n / d)
+                    break;
+                if (n % d)
+                    continue;
+            } else {
+                const uint64_t s = x->div[small - 1 - k];
+                if (s == n / s)
+                    continue; /* a square's root, listed once */
+                d = n / s;
+            }
+            uint64_t *grown = ml_grow(x->div, x->ndiv, &x->divcap, sizeof *grown, 64);
+            if (!grown)
+                return false;
+            x->div = grown;
+            x->div[x->ndiv++] = d;
+        }
+        if (pass == 0)
+            small = x->ndiv;
+    }
+    x->div_of = n;
+    return true;
+}
 
 /* Bytes over a link of gbps GB/s; -1 when the link is unknown. */
 static double over(double bytes, double gbps)
@@ -238,12 +281,18 @@ static ml_status layout(search *x, const ml_layout_row *split, uint64_t *candida
     const ml_layout_request *req = x->req;
     const uint64_t share = req->global_batch / split->dp;
     x->out->layouts++;
+    if (!divisors_of(x, share))
+        return ML_NOMEM;
+    /* a step's micro-batches are training.grad_accum, at most its limit */
+    uint64_t lo = 1, hi = 1;
+    ml_config_range("training.grad_accum", &lo, &hi);
     const size_t npol = req->pin_checkpoint ? 1 : sizeof policies / sizeof policies[0];
     for (size_t pol = 0; pol < npol; pol++) {
         bool pruned = false;
-        for (uint64_t b = 1; b <= share; b++) {
-            if (share % b || (req->micro_batch && b != req->micro_batch) ||
-                (split->vpp > 1 && (share / b) % split->pp))
+        for (size_t i = 0; i < x->ndiv; i++) {
+            const uint64_t b = x->div[i], m = share / b;
+            if ((req->micro_batch && b != req->micro_batch) || m > hi ||
+                (split->vpp > 1 && m % split->pp))
                 continue;
             (*candidates)++;
             if (pruned)
@@ -252,7 +301,7 @@ static ml_status layout(search *x, const ml_layout_row *split, uint64_t *candida
             if (!req->pin_checkpoint)
                 ml_parse_checkpoint(policies[pol], &policy, NULL);
             bool fits = false;
-            ml_status st = point(x, split, b, share / b, &policy, &fits, err);
+            ml_status st = point(x, split, b, m, &policy, &fits, err);
             if (st == ML_RANGE) {
                 if (!x->refused)
                     x->refusal = *err;
@@ -372,6 +421,7 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     out->fitting = x.ncand;
     ml_planner_destroy(x.planner);
     free(x.cand);
+    free(x.div);
     if (st)
         return st;
     if (!out->nrows)
