@@ -75,24 +75,53 @@ static char *success(const char *text, size_t len)
     return out;
 }
 
-/* The layout search's own keys (fit --gpus's flags), into req; false: not
- * one of them. */
-static bool request_key(const char *key, const char *value, ml_layout_request *req)
+/* A whole number in [lo, hi] with nothing after it; false: not one. */
+static bool whole(const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
 {
     char *end = NULL;
-    if (!req)
+    if (!*v || *v == '-' || *v == '+')
         return false;
-    if (!strcmp(key, "gpus"))
-        req->gpus = strtoull(value, &end, 10);
-    else if (!strcmp(key, "global_batch"))
-        req->global_batch = strtoull(value, &end, 10);
-    else if (!strcmp(key, "gpus_per_node"))
-        req->gpus_per_node = strtoull(value, &end, 10);
-    else if (!strcmp(key, "network"))
-        req->network_gbps = strtod(value, &end);
-    else
+    const unsigned long long n = strtoull(v, &end, 10);
+    if (*end || n < lo || n > hi)
         return false;
+    *out = n;
     return true;
+}
+
+/* The layout search's own keys (fit --gpus's flags, their ranges), into
+ * req: ML_OK, ML_RANGE with the reason, or ML_USAGE when key is not one of
+ * them (then *mine is false). */
+static ml_status request_key(const char *key, const char *value, ml_layout_request *req,
+                             bool *mine, ml_error *err)
+{
+    *mine = req != NULL;
+    bool ok = true;
+    if (!req)
+        return ML_OK;
+    if (!strcmp(key, "gpus")) {
+        ok = whole(value, 1, UINT64_C(1) << 20, &req->gpus);
+    } else if (!strcmp(key, "global_batch")) {
+        ok = whole(value, 1, UINT64_C(1) << 40, &req->global_batch);
+    } else if (!strcmp(key, "gpus_per_node")) {
+        ok = whole(value, 1, 1024, &req->gpus_per_node);
+    } else if (!strcmp(key, "network")) {
+        char *end = NULL;
+        req->network_gbps = strtod(value, &end);
+        ok = end != value && !*end && req->network_gbps >= 1e-6 && req->network_gbps <= 1e6;
+    } else {
+        *mine = false;
+        return ML_OK;
+    }
+    if (ok)
+        return ML_OK;
+    memset(err, 0, sizeof *err);
+    err->code = ML_RANGE;
+    snprintf(err->msg, sizeof err->msg, "%s: '%s' is not %s", key, value,
+             !strcmp(key, "network")        ? "a number between 1e-06 and 1e+06 (GB/s)"
+             : !strcmp(key, "gpus")         ? "a whole number from 1 to 1048576"
+             : !strcmp(key, "global_batch") ? "a whole number from 1 to 1099511627776"
+                                            : "a whole number from 1 to 1024");
+    return ML_RANGE;
 }
 
 /* The settings, one "key=value" a line, onto the job or the config (and a
@@ -117,12 +146,19 @@ static ml_status apply(ml_model *m, ml_job *job, ml_config *cfg, ml_layout_reque
         memcpy(line, p, len);
         line[len] = '\0';
         p += len + (nl ? 1 : 0);
+        if (!line[0])
+            continue; /* an empty line */
         char *eq = strchr(line, '=');
-        if (!eq || eq == line)
-            continue;
+        if (!eq || eq == line) {
+            memset(err, 0, sizeof *err);
+            err->code = ML_USAGE;
+            snprintf(err->msg, sizeof err->msg, "setting '%.200s': not key=value", line);
+            return ML_USAGE;
+        }
         *eq = '\0';
         const char *key = line, *value = eq + 1;
-        if (request_key(key, value, req))
+        bool mine = false;
+        if ((st = request_key(key, value, req, &mine, err)) || mine)
             continue;
         if (!strcmp(key, "attention"))
             st = ml_model_set_attention(m, value, err);
@@ -163,6 +199,13 @@ static char *layouts(ml_model *m, const char *settings, ml_error *err)
     ml_layout_request req = ml_layout_request_defaults();
     if (apply(m, NULL, &cfg, &req, settings, err))
         return failure(err);
+    if (req.network_gbps > 0 && cfg.device.interconnect_gbps <= 0) {
+        memset(err, 0, sizeof *err);
+        err->code = ML_USAGE;
+        snprintf(err->msg, sizeof err->msg, "network: the transfers inside a node need a "
+                                            "bandwidth too: give device.interconnect_gbps");
+        return failure(err);
+    }
     ml_layout_result r;
     if (ml_layout_search(m, &cfg, &req, &r, err))
         return failure(err);

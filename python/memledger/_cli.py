@@ -72,7 +72,7 @@ def _flags(verb, settings, known):
         if name == "sp" and isinstance(value, bool):
             out.append("--sp" if value else "--no-sp")  # flags without a value
         elif name == "dist_optimizer" and isinstance(value, bool):
-            out += ["--dist-optimizer"] if value else []
+            out.append("--dist-optimizer" if value else "--no-dist-optimizer")
         elif value is not None:
             out += ["--" + name.replace("_", "-"), _flag_value(name, value)]
     return out

@@ -46,7 +46,7 @@ typedef struct {
     const char *parallel, *tp, *sp, *pp, *vpp, *cp, *ep, *etp, *pp_schedule, *micro_batches,
         *pp_layers;
     bool auto_checkpoint; /* --checkpoint auto (fit) */
-    bool dist_optimizer;  /* --dist-optimizer: Megatron's distributed optimizer */
+    const char *dist_optimizer; /* --dist-optimizer "on", --no-dist-optimizer "off" */
     const ml_model *model; /* the loaded model (ml_cli_start): where its file set a
                               key, for the messages about it (ml_cli_config_error) */
 } ml_cli_opts;

@@ -234,8 +234,14 @@ static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config 
         fputc('\n', stderr);
     if (st)
         return ml_cli_eval_failed(o, &e, st);
+    if (o->emit && !r.nrows) { /* nothing written: say why */
+        fprintf(stderr, "memledger: --emit %s: nothing written: ", o->emit);
+        ml_cli_put_safe(stderr, r.note, strlen(r.note), false);
+        fputc('\n', stderr);
+        return ML_EXIT_NO_FIT;
+    }
     if (o->emit)
-        return r.nrows ? emit_layout(o, m, cfg, &r.rows[0]) : ML_EXIT_NO_FIT;
+        return emit_layout(o, m, cfg, &r.rows[0]);
     ml_out out;
     rc = ml_out_open(&out, o->output);
     if (rc == 0) {

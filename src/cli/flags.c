@@ -29,6 +29,7 @@ static const struct {
     {"parallel.tp", "--tp", NULL, OPT(tp)},
     {"training.engine", "--engine", NULL, OPT(engine)},
     {"parallel.sp", "--sp", "--no-sp", OPT(sp)},
+    {"parallel.dist_optimizer", "--dist-optimizer", NULL, OPT(dist_optimizer)},
     {"parallel.pp", "--pp", NULL, OPT(pp)},
     {"parallel.pp_schedule", "--pp-schedule", NULL, OPT(pp_schedule)},
     {"parallel.pp_layers", "--pp-layers", NULL, OPT(pp_layers)},
@@ -60,6 +61,7 @@ static const struct {
     {"device.allocator", "--allocator", NULL, OPT(allocator)},
     {"device.max_split_size", "--max-split-size", NULL, OPT(max_split_size)},
     {"global_batch", "--global-batch", NULL, 0},
+    {"gpus", "--gpus", NULL, 0},
     {"max_micro_batch", "--max-micro-batch", NULL, 0},
     {"points.at", "--at", NULL, 0},
 #undef OPT

@@ -62,7 +62,8 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
                        : o->ranks     ? "--ranks"
                        : o->vpp       ? "--vpp"
                                       : NULL;
-    if (lone && t->pipeline_parallel <= 1) {
+    /* (fit --gpus: the search chooses the stages; --vpp pins its part) */
+    if (lone && t->pipeline_parallel <= 1 && !(o->gpus && o->vpp && lone[2] == 'v')) {
         ml_cli_errorf("%s: a pipeline's setting; give --pp above 1 with it", lone);
         return ML_EXIT_BAD_INPUT;
     }
@@ -83,7 +84,7 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
         }
     }
     if (o->dist_optimizer)
-        t->dist_optimizer = true;
+        t->dist_optimizer = !strcmp(o->dist_optimizer, "on");
     if (o->sp)
         t->sequence_parallel = !strcmp(o->sp, "on") ? ML_SP_ON : ML_SP_OFF;
     if (o->engine) {

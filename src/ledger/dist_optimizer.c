@@ -29,8 +29,11 @@ typedef struct {
     uint64_t start, end, base; /* base: the buffer's offset over all chunks */
 } bucket;
 
+/* A change of the padding ranks hold, from rank `rank` on: a gap's
+ * share added where its ranks begin and taken off after them. */
 typedef struct {
-    uint64_t rank, lost;
+    uint64_t rank;
+    int64_t delta;
 } loss;
 
 static uint64_t round_up(uint64_t x, uint64_t d)
@@ -129,23 +132,40 @@ static int by_rank(const void *a, const void *b)
     return x->rank < y->rank ? -1 : x->rank > y->rank;
 }
 
-/* The padding a bucket's rank parts hold: (rank, elements) entries for the
- * gap [a, b) of bucket bk. */
+static bool push(loss **ls, size_t *n, size_t *cap, uint64_t rank, int64_t delta)
+{
+    loss *grown = ml_grow(*ls, *n, cap, sizeof **ls, 64);
+    if (!grown)
+        return false;
+    *ls = grown;
+    (*ls)[(*n)++] = (loss){rank, delta};
+    return true;
+}
+
+/* The padding [a, b) of bucket bk as changes over the ranks: each rank
+ * [lo, hi] it covers loses v elements (its first and last rank their
+ * parts of it, those between their whole part, all at once: a bucket's
+ * end padding may span a million ranks). */
+static bool add_range(loss **ls, size_t *n, size_t *cap, uint64_t dp, uint64_t lo, uint64_t hi,
+                      uint64_t v)
+{
+    if (lo > hi || !v)
+        return true;
+    return push(ls, n, cap, lo, (int64_t)v) &&
+           (hi + 1 >= dp || push(ls, n, cap, hi + 1, -(int64_t)v));
+}
+
 static bool add_gap(loss **ls, size_t *n, size_t *cap, const bucket *bk, uint64_t dp, uint64_t a,
                     uint64_t b)
 {
     const uint64_t part = (bk->end - bk->start) / dp;
-    for (uint64_t r = (a - bk->start) / part; a < b; r++) {
-        const uint64_t stop = bk->start + (r + 1) * part;
-        const uint64_t e = b < stop ? b : stop;
-        loss *grown = ml_grow(*ls, *n, cap, sizeof **ls, 64);
-        if (!grown)
-            return false;
-        *ls = grown;
-        (*ls)[(*n)++] = (loss){r, e - a};
-        a = e;
-    }
-    return true;
+    const uint64_t r0 = (a - bk->start) / part, r1 = (b - 1 - bk->start) / part;
+    if (r0 == r1)
+        return add_range(ls, n, cap, dp, r0, r0, b - a);
+    const uint64_t end0 = bk->start + (r0 + 1) * part, start1 = bk->start + r1 * part;
+    return add_range(ls, n, cap, dp, r0, r0, end0 - a) &&
+           add_range(ls, n, cap, dp, r0 + 1, r1 - 1, part) &&
+           add_range(ls, n, cap, dp, r1, r1, b - start1);
 }
 
 /* The fullest rank: the parameter elements of each rank's parts, less the
@@ -177,29 +197,23 @@ static bool fullest(const ml_chain *ch, const layout *L, uint64_t dp, ml_dopt *o
     }
     if (n) /* (an empty list may be NULL) */
         qsort(ls, n, sizeof *ls, by_rank);
-    /* the lowest of the least padded ranks: the first without any, if one
-     * is (the entries skip it), else the least padded */
-    uint64_t best_rank = 0, best_lost = UINT64_MAX, next = 0;
-    for (size_t i = 0; i < n && best_lost;) {
-        const uint64_t r = ls[i].rank;
-        if (r > next) {
-            best_rank = next;
-            best_lost = 0;
-            break;
+    /* a sweep over the ranks: the padding is constant between two changes;
+     * the lowest rank of the least padded stretch is the fullest */
+    uint64_t best_rank = 0, best_lost = UINT64_MAX, from = 0;
+    int64_t cur = 0;
+    for (size_t i = 0; i <= n; i++) {
+        const uint64_t r = i < n ? ls[i].rank : dp;
+        if (r > from && (uint64_t)cur < best_lost) {
+            best_rank = from;
+            best_lost = (uint64_t)cur;
         }
-        uint64_t lost = 0;
-        for (; i < n && ls[i].rank == r; i++)
-            lost += ls[i].lost;
-        if (lost < best_lost) {
-            best_rank = r;
-            best_lost = lost;
+        if (i < n) {
+            cur += ls[i].delta;
+            from = r;
         }
-        next = r + 1;
     }
-    if (best_lost && next < dp) {
-        best_rank = next;
+    if (best_lost == UINT64_MAX)
         best_lost = 0;
-    }
     free(ls);
     out->rank = best_rank;
     out->shard = whole - best_lost;

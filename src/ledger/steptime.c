@@ -461,40 +461,6 @@ static const ml_trun *recompute_run(ml_run_cache *c, ml_run_memo *m)
     return &m->rec;
 }
 
-static void map_add(ml_time_map *m, double flops, double t)
-{
-    if (!m || m->nomem)
-        return;
-    ml_time_point *v = ml_grow(m->p, m->n, &m->cap, sizeof *v, 64);
-    if (!v) {
-        m->nomem = true;
-        return;
-    }
-    m->p = v;
-    m->p[m->n++] = (ml_time_point){flops, t};
-}
-
-double ml__time_at(const ml_time_map *map, double f)
-{
-    if (!map || !map->n || map->nomem)
-        return -1;
-    const ml_time_point *p = map->p;
-    size_t lo = 0, hi = map->n; /* the first point with p.flops >= f */
-    while (lo < hi) {
-        const size_t mid = lo + (hi - lo) / 2;
-        if (p[mid].flops < f)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo == map->n)
-        return p[map->n - 1].t;
-    if (lo == 0 || p[lo].flops == f)
-        return p[lo].t;
-    const ml_time_point *a = &p[lo - 1], *b = &p[lo];
-    return a->t + (b->t - a->t) * (f - a->flops) / (b->flops - a->flops);
-}
-
 /* What one micro-batch's run of the blocks needs (ml__step_time). */
 typedef struct {
     ml_run_cache *cache;
@@ -510,12 +476,12 @@ typedef struct {
 static void micro_batch(const micro_ctx *x, ml_clock *c, ml_time_map *mp)
 {
     const ml_chain *ch = x->ch;
-    map_add(mp, *x->fl, c->gpu);
+    ml__time_map_add(mp, *x->fl, c->gpu);
     for (size_t k = 0; k < ch->n; k++) {
         const ml_cblock *b = &ch->blocks[k];
         clock_run(c, &block_runs(x->cache, b)->fwd, ML_TPHASE_FORWARD);
         *x->fl += b->flops_fwd;
-        map_add(mp, *x->fl, c->gpu);
+        ml__time_map_add(mp, *x->fl, c->gpu);
     }
     for (size_t k = ch->n; k-- > 0;) {
         const ml_cblock *b = &ch->blocks[k];
@@ -526,11 +492,11 @@ static void micro_batch(const micro_ctx *x, ml_clock *c, ml_time_map *mp)
             clock_run(c, recompute_run(x->cache, m), ML_TPHASE_RECOMPUTE);
             x->st->recomputed_blocks += 1;
             *x->fl += x->selective ? b->flops_core : b->flops_fwd;
-            map_add(mp, *x->fl, c->gpu);
+            ml__time_map_add(mp, *x->fl, c->gpu);
         }
         clock_run(c, &m->bwd, ML_TPHASE_BACKWARD);
         *x->fl += b->flops_bwd;
-        map_add(mp, *x->fl, c->gpu);
+        ml__time_map_add(mp, *x->fl, c->gpu);
     }
 }
 

@@ -25,5 +25,8 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
 /* The time at which f FLOPs were done: the first breakpoint at f, or the
  * line between the two around it; < 0 when the map is empty. */
 double ml__time_at(const ml_time_map *map, double f);
+/* Adds the point (flops done, time) to m (NULL: none kept; out of memory:
+ * m->nomem, later points dropped) (timemap.c). */
+void ml__time_map_add(ml_time_map *m, double flops, double t);
 
 #endif

@@ -393,10 +393,12 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
         err = &local;
     memset(err, 0, sizeof *err);
     if (!cfg->device.present)
-        return ml__errorf(err, ML_USAGE, "the layout search needs a device: give --device");
+        return ml__errorf(err, ML_USAGE, "device.memory: the layout search needs a device: give "
+                                         "device.memory (a named device for the ranking by "
+                                         "time)");
     if (!req->gpus || !req->global_batch)
-        return ml__errorf(err, ML_USAGE, "the layout search needs the devices (--gpus N) and "
-                                         "the global batch (--global-batch B)");
+        return ml__errorf(err, ML_USAGE, "global_batch: the layout search needs the devices "
+                                         "(gpus) and the global batch (global_batch)");
     const uint64_t G = req->gpus_per_node ? req->gpus_per_node : 8;
     if (req->tp && (req->tp > G || G % req->tp))
         return ml__errorf(err, ML_USAGE,
@@ -416,6 +418,22 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
         *err = x.refusal;
         st = ML_RANGE;
     }
+    /* pinned parts that leave nothing to plan: a usage error, named */
+    if (!st && !x.planned && !x.refused && (out->layouts == 0 || out->candidates == 0))
+        st = ml__errorf(err, ML_USAGE,
+                        "%s: the pinned parts leave %s of %llu devices and a global batch of "
+                        "%llu (parallel.tp %llu, parallel.pp %llu, parallel.vpp %llu, "
+                        "training.micro_batch %llu; 0: searched): tp must divide the node's "
+                        "devices and the devices, pp the rest and the layers, vpp a stage's "
+                        "layers, and the micro-batch a data-parallel rank's share",
+                        req->micro_batch && out->layouts ? "training.micro_batch"
+                        : req->vpp                       ? "parallel.vpp"
+                        : req->pp                        ? "parallel.pp"
+                                                         : "parallel.tp",
+                        out->layouts ? "no micro-batch" : "no layout",
+                        (unsigned long long)req->gpus, (unsigned long long)req->global_batch,
+                        (unsigned long long)req->tp, (unsigned long long)req->pp,
+                        (unsigned long long)req->vpp, (unsigned long long)req->micro_batch);
     if (!st)
         st = verdicts(&x, err);
     out->fitting = x.ncand;

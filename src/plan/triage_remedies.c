@@ -218,7 +218,9 @@ static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
         return t0->offload != ML_OFFLOAD_PARAMS;
     case ML_REMEDY_ATTENTION_SDPA: /* the model's attention changes: see add_remedy */
         /* latent attention's sdpa is not modelled (the plan refuses it) */
-        return x->tr.transformer && x->m->attn.kernel == ML_ATTN_EAGER && !x->m->attn.kv_lora;
+        /* nor under Megatron's engine, whose attention is its own */
+        return x->tr.transformer && x->m->attn.kernel == ML_ATTN_EAGER && !x->m->attn.kv_lora &&
+               t0->engine != ML_ENGINE_MEGATRON;
     case ML_REMEDY_LOGITS_RELEASED:
         t->logits = ML_LOGITS_RELEASED;
         return t0->logits == ML_LOGITS_KEPT || t0->logits == ML_LOGITS_THROUGH_BACKWARD;

@@ -122,6 +122,10 @@ static void training_flags(FILE *f, const ml_training *t)
         flag(f, "--use-distributed-optimizer", NULL, 0);
     fprintf(f, "--optimizer %s", t->optimizer == ML_OPT_SGD || t->optimizer ==
                                          ML_OPT_SGD_MOMENTUM ? "sgd" : "adam");
+    /* Megatron's SGD keeps a momentum buffer unless told 0 (--sgd-momentum
+     * defaults to 0.9, megatron/training/arguments.py): plain SGD has none */
+    if (t->optimizer == ML_OPT_SGD)
+        fputs(" \\\n--sgd-momentum 0", f);
     if (t->checkpoint.kind == ML_CKPT_SELECTIVE)
         fputs(" \\\n--recompute-granularity selective", f);
     else if (t->checkpoint.kind == ML_CKPT_FULL || t->checkpoint.kind == ML_CKPT_EVERY)

@@ -37,8 +37,8 @@ static const char *secs(double s, char *buf, size_t size)
 int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
                            const ml_layout_request *req, const ml_layout_result *r)
 {
-    fprintf(f, "memledger fit: %s on %llu devices (%llu a node), global batch %llu\n",
-            ml_model_name(m), (unsigned long long)req->gpus,
+    fprintf(f, "memledger fit: %s on %llu device%s (%llu a node), global batch %llu\n",
+            ml_model_name(m), (unsigned long long)req->gpus, req->gpus == 1 ? "" : "s",
             (unsigned long long)(req->gpus_per_node ? req->gpus_per_node : 8),
             (unsigned long long)req->global_batch);
     if (cfg->training.engine == ML_ENGINE_MEGATRON)
