@@ -578,7 +578,7 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
             const double k = A - 1 - a; /* the micro-batches to skip */
             clock_advance(&c, &before, k);
             fl += k * (fl - fl_before);
-            st->recomputed_blocks += (uint64_t)(k * (double)(st->recomputed_blocks - rec_before));
+            st->recomputed_blocks += (uint64_t)(k * ((double)st->recomputed_blocks - rec_before));
             a = A - 1;
             mp = map;
         }
