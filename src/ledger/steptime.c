@@ -578,13 +578,13 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
             const double k = A - 1 - a; /* the micro-batches to skip */
             clock_advance(&c, &before, k);
             fl += k * (fl - fl_before);
-            st->recomputed_blocks += (uint64_t)(k * ((double)st->recomputed_blocks - rec_before));
+            st->recomputed_blocks += k * (st->recomputed_blocks - rec_before);
             a = A - 1;
             mp = map;
         }
         before = c;
         fl_before = fl;
-        rec_before = (double)st->recomputed_blocks;
+        rec_before = st->recomputed_blocks;
         micro_batch(&mc, &c, mp);
     }
     /* an offloaded optimizer steps on the host (its transfers are timed
