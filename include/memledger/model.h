@@ -197,6 +197,10 @@ typedef struct ml_training {
                                       optimizer (engine megatron): fp32 master weights and
                                       optimizer states sharded over the data-parallel ranks
                                       as its padded buffers lay them out */
+    uint64_t dp_shard;             /* parallel.dp_shard: the data-parallel ranks a ZeRO or
+                                      distributed-optimizer shard spans (HSDP's shard
+                                      group, Megatron's distributed-optimizer instance);
+                                      0: all of data_parallel. The others are replicas */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it
@@ -450,6 +454,9 @@ ML_API bool ml_pp_schedule_parse(const char *s, ml_pp_schedule *out);
 ML_API ml_status ml_pp_layers_parse(const char *text, ml_training *t, ml_error *err);
 /* Whether sequence parallelism is on: tensor_parallel above 1 and sp not off. */
 ML_API bool ml_training_sp(const ml_training *t);
+/* The ranks the sharded states span: dp_shard, or data_parallel when 0 (at
+ * least 1). */
+ML_API uint64_t ml_training_shard(const ml_training *t);
 /* The compact layout "tp8.pp4.cp2.dp16" (the parts in any order, each at
  * most once; docs/parallel.md) into t: tp sets tensor_parallel, dp
  * data_parallel, pp pipeline_parallel, vpp virtual_stages (and the

@@ -20,7 +20,7 @@ SETTINGS = (
     ("engine", "training.engine"), ("parallel", "parallel.layout"), ("tp", "parallel.tp"),
     ("sp", "parallel.sp"), ("pp", "parallel.pp"), ("vpp", "parallel.vpp"),
     ("pp_schedule", "parallel.pp_schedule"), ("pp_layers", "parallel.pp_layers"),
-    ("dist_optimizer", "parallel.dist_optimizer"),
+    ("dist_optimizer", "parallel.dist_optimizer"), ("dp_shard", "parallel.dp_shard"),
     ("data_parallel", "training.data_parallel"), ("zero", "training.zero"),
     ("reduce_bucket_size", "training.reduce_bucket_size"),
     ("allgather_bucket_size", "training.allgather_bucket_size"),

@@ -25,6 +25,7 @@ static const ml_cli_flag flags[] = {
     {"--fragmentation", offsetof(ml_cli_opts, fragmentation)},
     {"--data-parallel", offsetof(ml_cli_opts, data_parallel)},
     {"--dp", offsetof(ml_cli_opts, data_parallel)},
+    {"--dp-shard", offsetof(ml_cli_opts, dp_shard)},
     {"--zero", offsetof(ml_cli_opts, zero)},
     {"--offload", offsetof(ml_cli_opts, offload)},
     {"--global-batch", offsetof(ml_cli_opts, global_batch)},

@@ -85,6 +85,12 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
     }
     if (o->dist_optimizer)
         t->dist_optimizer = !strcmp(o->dist_optimizer, "on");
+    if (o->dp_shard) {
+        uint64_t lo = 1, hi = 1;
+        ml_config_range("training.data_parallel", &lo, &hi);
+        if (ml_cli_whole("--dp-shard", o->dp_shard, lo, hi, &t->dp_shard))
+            return ML_EXIT_BAD_INPUT;
+    }
     if (o->sp)
         t->sequence_parallel = !strcmp(o->sp, "on") ? ML_SP_ON : ML_SP_OFF;
     if (o->engine) {

@@ -278,6 +278,18 @@ done:
 
 ml_status ml__dopt_refused(const ml_training *t, ml_error *err)
 {
+    const uint64_t dp = t->data_parallel ? t->data_parallel : 1;
+    if (t->dp_shard && t->dp_shard != dp) {
+        if (dp % t->dp_shard || t->dp_shard > dp)
+            return ml__errorf(err, ML_RANGE,
+                              "parallel.dp_shard: %llu does not divide the %llu data-parallel "
+                              "ranks: a shard group is an equal share of them",
+                              (unsigned long long)t->dp_shard, (unsigned long long)dp);
+        if (!t->zero && !t->dist_optimizer)
+            return ml__errorf(err, ML_RANGE,
+                              "parallel.dp_shard: shard groups need a sharding: give "
+                              "training.zero 1 to 3 (HSDP: 3) or parallel.dist_optimizer");
+    }
     if (!t->dist_optimizer)
         return ML_OK;
     if (t->engine != ML_ENGINE_MEGATRON)

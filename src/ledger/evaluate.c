@@ -153,7 +153,7 @@ static void dist_optimizer_states(ml_chain *ch, const ml_training *t, const ml_o
                                   ml_summary *s)
 {
     ml_dopt d;
-    if (ml__dopt_layout(ch, t->data_parallel, t->virtual_stages, &d, NULL, 0)) {
+    if (ml__dopt_layout(ch, ml_training_shard(t), t->virtual_stages, &d, NULL, 0)) {
         ch->nomem = true;
         return;
     }
@@ -175,7 +175,7 @@ void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_by
     s->params = P;
     s->bytes_batch = ml_add(ch, ch->batch_input, ch->batch_targets);
     s->bytes_buffers = ch->buffer_bytes;
-    const uint64_t N = t->data_parallel ? t->data_parallel : 1;
+    const uint64_t N = ml_training_shard(t); /* HSDP: the shard group's */
     const unsigned z = t->zero;
     uint64_t params_all = ml_mul(ch, P, ch->prec.param);
     uint64_t master_all = ml_mul(ch, Pt, ch->prec.master);
@@ -407,7 +407,7 @@ void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, m
     const ml_chain *ch = x->ch;
     const ml_training *t = &x->cfg->training;
     const size_t n = ch->n;
-    const uint64_t N = t->data_parallel ? t->data_parallel : 1;
+    const uint64_t N = ml_training_shard(t); /* the collectives' group */
     /* the distributed optimizer's collectives are ZeRO-1's: the gradients
      * reduce-scattered, the parameters all-gathered (into its buffer) */
     const unsigned z = t->dist_optimizer ? 1 : t->zero;

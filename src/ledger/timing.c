@@ -9,21 +9,32 @@
 
 /* Bytes each device sends per step: ring collectives send (N-1)/N of the
  * buffer, all-reduce twice that (docs/sharding.md). */
+/* HSDP: the sharded gradient's all-reduce over the R replicas of a shard
+ * group, once per step, 2 (R - 1)/R of G / N (docs/sharding.md) */
+static double replicas_bytes(const ml_training *t, double G)
+{
+    const uint64_t N = ml_training_shard(t);
+    const uint64_t D = t->data_parallel ? t->data_parallel : 1;
+    const double R = (double)(D / N);
+    return R > 1 ? 2 * (R - 1) / R * G / (double)N : 0;
+}
+
 double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t P)
 {
-    const uint64_t N = t->data_parallel ? t->data_parallel : 1;
+    const uint64_t N = ml_training_shard(t);
     const unsigned z = t->dist_optimizer ? 1 : t->zero; /* Megatron's: ZeRO-1's collectives */
     double f = (double)(N - 1) / (double)N, A = (double)t->grad_accum;
     double pg = (double)P * ch->prec.grad, pp = (double)P * ch->prec.param;
+    const double rep = replicas_bytes(t, pg);
     if (N <= 1)
-        return 0;
+        return rep;
     if (z == 0)
-        return 2 * f * pg;            /* all-reduce, once per step */
+        return 2 * f * pg;                  /* all-reduce, once per step */
     if (z == 1)
-        return f * pg + f * pp;       /* reduce-scatter + all-gather */
+        return f * pg + f * pp + rep;       /* reduce-scatter + all-gather */
     if (z == 2)
-        return A * f * pg + f * pp;   /* per micro-batch reduce-scatter */
-    return A * (2 * f * pp + f * pg); /* gather fwd + bwd, reduce-scatter */
+        return A * f * pg + f * pp + rep;   /* per micro-batch reduce-scatter */
+    return A * (2 * f * pp + f * pg) + rep; /* gather fwd + bwd, reduce-scatter */
 }
 
 /* Bytes over the host link per iteration, per device, of a plan's offload
@@ -34,7 +45,7 @@ double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t
  * backward, the update staying on the host. */
 double ml__eval_host_transfer(const ml_training *t, const ml_prec *p, uint64_t P)
 {
-    double N = t->zero >= 1 && t->data_parallel ? (double)t->data_parallel : 1.0;
+    double N = t->zero >= 1 ? (double)ml_training_shard(t) : 1.0;
     double n = (double)P;
     if (t->offload == ML_OFFLOAD_OPTIMIZER)
         return n * (p->grad + p->param) / N;
@@ -45,7 +56,7 @@ double ml__eval_host_transfer(const ml_training *t, const ml_prec *p, uint64_t P
 
 static double host_shards(const ml_training *t)
 {
-    return t->zero >= 1 && t->data_parallel ? (double)t->data_parallel : 1.0;
+    return t->zero >= 1 ? (double)ml_training_shard(t) : 1.0;
 }
 
 void ml__time_before_step(ml_replay *r, const ml_training *t, uint64_t P)
@@ -59,6 +70,8 @@ void ml__time_before_step(ml_replay *r, const ml_training *t, uint64_t P)
         r->comm_done += 2 * sh->ring * G;
     else if (sh->zero == 1)
         r->comm_done += sh->ring * G;
+    /* HSDP: the shard's gradient all-reduced over the replicas */
+    r->comm_done += replicas_bytes(t, G);
     /* offload: the gradient partition goes down to the host's update */
     if (t->offload != ML_OFFLOAD_NONE)
         r->host_done += G / host_shards(t);

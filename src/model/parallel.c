@@ -13,6 +13,12 @@
 #include "model/schema.h"
 #include "util/error.h"
 
+uint64_t ml_training_shard(const ml_training *t)
+{
+    const uint64_t dp = t->data_parallel ? t->data_parallel : 1;
+    return t->dp_shard && t->dp_shard < dp ? t->dp_shard : dp;
+}
+
 bool ml_training_sp(const ml_training *t)
 {
     return t->tensor_parallel > 1 && t->sequence_parallel != ML_SP_OFF;
@@ -251,6 +257,18 @@ ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_er
     }
     if (!strcmp(k, "layout"))
         return ml_parallel_parse(v, t, err);
+    if (!strcmp(k, "dp_shard")) {
+        uint64_t lo = 1, hi = 1;
+        ml_config_range("training.data_parallel", &lo, &hi);
+        char *end = NULL;
+        const unsigned long long n = strtoull(v, &end, 10);
+        if (!*v || *end || *v == '-' || n < lo || n > hi)
+            return ml__errorf_at(err, ML_RANGE, 0, 0, "%s: '%s' is not a whole number from "
+                                 "%llu to %llu", key, v, (unsigned long long)lo,
+                                 (unsigned long long)hi);
+        t->dp_shard = n;
+        return ML_OK;
+    }
     if (!strcmp(k, "dist_optimizer")) {
         if (strcmp(v, "true") && strcmp(v, "false"))
             return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is not a setting; use true or "
@@ -259,7 +277,7 @@ ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_er
         return ML_OK;
     }
     return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting (parallel.tp, sp, dp, pp, vpp, "
-                         "pp_schedule, pp_layers, layout or dist_optimizer)", key);
+                         "pp_schedule, pp_layers, layout, dist_optimizer or dp_shard)", key);
 }
 
 /* parallel.pp_schedule, micro_batches (the step's micro-batches:
@@ -339,7 +357,7 @@ ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
     static const char *const keys[] = {"tp",  "sp",  "dp",          "pp",
                                        "vpp", "cp",  "ep",          "etp",
                                        "pp_schedule", "micro_batches", "pp_layers",
-                                       "dist_optimizer"};
+                                       "dist_optimizer", "dp_shard"};
     ml_status st;
     if ((st = ml__tree_need_map(err, p, "parallel")) ||
         (st = ml__tree_check_keys(err, p, "parallel", keys, sizeof keys / sizeof keys[0])))
@@ -381,6 +399,11 @@ ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
             v != 1)
             st = refuse_unplanned(err, n, k, v);
         if (st)
+            return st;
+    }
+    if (ml__tree_get(p, "dp_shard")) {
+        ml_config_range("training.data_parallel", &lo, &hi);
+        if ((st = ml__tree_uint(err, p, "dp_shard", "parallel", lo, hi, &t->dp_shard)))
             return st;
     }
     /* Megatron's distributed optimizer: its conditions (engine megatron, no

@@ -498,6 +498,15 @@ static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_
         ml__emit_megatron_check(v, m, cfg);
         return;
     }
+    /* the other targets' settings shard over every data-parallel rank */
+    if (ml_training_shard(t) < (t->data_parallel ? t->data_parallel : 1)) {
+        ml__emit_refuse(v, "the plan shards the states over groups of %llu of the %llu "
+                           "data-parallel ranks (parallel.dp_shard, HSDP); these settings "
+                           "shard over all of them: plan without --dp-shard to emit",
+                        (unsigned long long)ml_training_shard(t),
+                        (unsigned long long)t->data_parallel);
+        return;
+    }
     /* the other targets' settings run one device's whole model */
     if (t->tensor_parallel > 1 || t->pipeline_parallel > 1) {
         ml__emit_refuse(v, "the plan is one rank of a model split over devices (parallel.%s "

@@ -54,12 +54,12 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     fprintf(f,
             ", \"parallel\": {\"tp\": %llu, \"sp\": %s, \"pp\": %llu, \"vpp\": %llu, "
             "\"pp_schedule\": \"%s\", \"dp\": %llu, \"devices\": %llu, "
-            "\"dist_optimizer\": %s}",
+            "\"dist_optimizer\": %s, \"dp_shard\": %llu}",
             (unsigned long long)tp, ml_training_sp(t) ? "true" : "false", (unsigned long long)pp,
             (unsigned long long)(t->virtual_stages > 1 ? t->virtual_stages : 1),
             ml_pp_schedule_name(t->pp_schedule), (unsigned long long)t->data_parallel,
             (unsigned long long)(tp * pp * t->data_parallel),
-            t->dist_optimizer ? "true" : "false");
+            t->dist_optimizer ? "true" : "false", (unsigned long long)ml_training_shard(t));
     fprintf(f, ", \"engine\": \"%s\"", ml_engine_name(t->engine));
     /* an encoder-decoder's second length */
     if (ml_model_target_len(m, t))

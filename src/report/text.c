@@ -137,11 +137,16 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
                                                     : "analytic");
     }
     text_parallel(f, t);
+    if (ml_training_shard(t) < t->data_parallel)
+        fprintf(f, "shard groups: %llu replicas of %llu ranks (HSDP): the states shard over a "
+                   "group, the groups' gradients are all-reduced\n",
+                (unsigned long long)(t->data_parallel / ml_training_shard(t)),
+                (unsigned long long)ml_training_shard(t));
     if (t->dist_optimizer) {
         fprintf(f, "sharding: Megatron's distributed optimizer over %llu data-parallel ranks "
                    "(master weights and optimizer states of the fullest rank's shard; padded "
                    "buffers); figures are per device\n",
-                (unsigned long long)t->data_parallel);
+                (unsigned long long)ml_training_shard(t));
     } else if (t->data_parallel > 1 || t->zero || t->offload) {
         fprintf(f, "sharding: %llu devices, ZeRO stage %u, offload %s; figures are per device\n",
                 (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));

@@ -137,9 +137,54 @@ static void test_zero3_gathers_and_offload(void **state)
     ml_model_destroy(m);
 }
 
+/* HSDP: ZeRO-3 over 8 data-parallel ranks in shard groups of s. GPT-2
+ * small in fp32 (P = 124,439,808, 4 bytes each): parameters and gradients
+ * 4P/s a rank, Adam's states 8P/s. Per step (one micro-batch) a group
+ * gathers the parameters twice and reduce-scatters the gradients,
+ * 3 (s-1)/s 4P, and the R = 8/s replicas all-reduce each shard's gradient,
+ * 2 (R-1)/R 4P/s: s 8 (one group, plain ZeRO-3) 1,306,617,984 B; s 4:
+ * 1,119,958,272 + 124,439,808; s 2: 746,638,848 + 373,319,424. */
+static void test_hsdp(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = config_allocated(m);
+    c.training.precision = ML_PREC_FP32;
+    c.training.micro_batch = 1;
+    c.training.grad_accum = 1;
+    c.training.data_parallel = 8;
+    c.training.zero = 3;
+    const uint64_t P = 124439808;
+    const uint64_t comm[] = {0, 0, 746638848 + 373319424, 0, 1119958272 + 124439808, 0, 0, 0,
+                             1306617984};
+    for (uint64_t s = 2; s <= 8; s *= 2) {
+        c.training.dp_shard = s;
+        assert_int_equal(ml_training_shard(&c.training), s);
+        ml_ledger *l = eval(m, &c, false);
+        const ml_summary *sum = ml_ledger_summary(l);
+        assert_int_equal(sum->bytes_params, 4 * P / s);
+        assert_int_equal(sum->bytes_grads, 4 * P / s);
+        assert_int_equal(sum->bytes_optimizer, 8 * P / s);
+        assert_rel_close(sum->comm_bytes, (double)comm[s], 1e-12);
+        ml_ledger_destroy(l);
+    }
+    /* a group must divide the ranks, and shard something */
+    ml_error e;
+    ml_ledger *l = NULL;
+    c.training.dp_shard = 3;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "does not divide"));
+    c.training.dp_shard = 4;
+    c.training.zero = 0;
+    assert_int_equal(ml_ledger_evaluate(m, &c, false, &l, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "need a sharding"));
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hsdp),
         cmocka_unit_test(test_zero_paper_example),
         cmocka_unit_test(test_stage0_is_unsharded),
         cmocka_unit_test(test_communication_volume),
