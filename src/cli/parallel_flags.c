@@ -16,6 +16,44 @@ static int refused(const char *flag, const ml_error *e)
     return ML_EXIT_BAD_INPUT;
 }
 
+/* --cp, --ep, --etp: accepted at 1, refused above (not modelled yet);
+ * true when one is refused (its message printed). */
+static bool unplanned_splits(const ml_cli_opts *o)
+{
+    const struct {
+        const char *flag, *what, *v;
+    } splits[] = {{"--cp", "context parallelism", o->cp},
+                  {"--ep", "expert parallelism", o->ep},
+                  {"--etp", "expert tensor parallelism", o->etp}};
+    for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
+        uint64_t v = 1;
+        if (splits[k].v && ml_cli_whole(splits[k].flag, splits[k].v, 1, 1048576, &v))
+            return true;
+        if (v != 1) {
+            ml_cli_errorf("%s: %llu: %s is not modelled yet; plan each rank with tensor (--tp), "
+                          "pipeline (--pp) and data (--data-parallel) parallelism, or give 1",
+                          splits[k].flag, (unsigned long long)v, splits[k].what);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The data-parallel sharding's flags: --dist-optimizer and
+ * --no-dist-optimizer, --dp-shard N. */
+static int sharding_flags(const ml_cli_opts *o, ml_training *t)
+{
+    if (o->dist_optimizer)
+        t->dist_optimizer = !strcmp(o->dist_optimizer, "on");
+    if (o->dp_shard) {
+        uint64_t lo = 1, hi = 1;
+        ml_config_range("training.data_parallel", &lo, &hi);
+        if (ml_cli_whole("--dp-shard", o->dp_shard, lo, hi, &t->dp_shard))
+            return ML_EXIT_BAD_INPUT;
+    }
+    return 0;
+}
+
 int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
 {
     ml_error e;
@@ -67,30 +105,11 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
         ml_cli_errorf("%s: a pipeline's setting; give --pp above 1 with it", lone);
         return ML_EXIT_BAD_INPUT;
     }
-    const struct {
-        const char *flag, *what, *v;
-    } splits[] = {{"--cp", "context parallelism", o->cp},
-                  {"--ep", "expert parallelism", o->ep},
-                  {"--etp", "expert tensor parallelism", o->etp}};
-    for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
-        uint64_t v = 1;
-        if (splits[k].v && ml_cli_whole(splits[k].flag, splits[k].v, 1, 1048576, &v))
-            return ML_EXIT_BAD_INPUT;
-        if (v != 1) {
-            ml_cli_errorf("%s: %llu: %s is not modelled yet; plan each rank with tensor (--tp), "
-                          "pipeline (--pp) and data (--data-parallel) parallelism, or give 1",
-                          splits[k].flag, (unsigned long long)v, splits[k].what);
-            return ML_EXIT_BAD_INPUT;
-        }
-    }
-    if (o->dist_optimizer)
-        t->dist_optimizer = !strcmp(o->dist_optimizer, "on");
-    if (o->dp_shard) {
-        uint64_t lo = 1, hi = 1;
-        ml_config_range("training.data_parallel", &lo, &hi);
-        if (ml_cli_whole("--dp-shard", o->dp_shard, lo, hi, &t->dp_shard))
-            return ML_EXIT_BAD_INPUT;
-    }
+    if (unplanned_splits(o))
+        return ML_EXIT_BAD_INPUT;
+    int rc = sharding_flags(o, t);
+    if (rc)
+        return rc;
     if (o->sp)
         t->sequence_parallel = !strcmp(o->sp, "on") ? ML_SP_ON : ML_SP_OFF;
     if (o->engine) {
