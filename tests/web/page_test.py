@@ -66,9 +66,11 @@ def chromium():
     sys.exit("FAIL no Chromium (apt-get install chromium)")
 
 
-def load(url, netlog=None):
+def load(url, netlog=None, real_time=False):
     """The page's DOM once its script has planned (virtual time lets the
-    WebAssembly load and the plan finish before the dump)."""
+    WebAssembly load and the plan finish before the dump; real_time: the
+    wall clock instead, for timings, which virtual time stops while a
+    script runs)."""
     with tempfile.TemporaryDirectory() as profile:
         # the browser's own traffic (updates, time, safe browsing) off: the
         # log is then the page's
@@ -77,7 +79,8 @@ def load(url, netlog=None):
                "--disable-sync", "--disable-domain-reliability", "--no-default-browser-check",
                "--disable-client-side-phishing-detection", "--disable-features=Translate,"
                "OptimizationHints,MediaRouter,NetworkTimeServiceQuerying",
-               "--user-data-dir=" + profile, "--virtual-time-budget=20000", "--dump-dom", url]
+               "--user-data-dir=" + profile, "--dump-dom", url]
+        cmd.insert(-2, "--timeout=20000" if real_time else "--virtual-time-budget=20000")
         if netlog:
             cmd.insert(1, "--log-net-log=" + netlog)
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -237,10 +240,24 @@ def main():
                "  seq_len: 32\nparallel:\n  tp: 3\n", "split.yaml")
     if bench:
         size = os.path.getsize(os.path.join(web, "memledger.wasm"))
-        dom = load(base + "#model=llama-3-8b.yaml&micro_batch=1&device=h100-sxm&replans=50")
-        print("bench: memledger.wasm %d bytes (%.1f KiB); llama-3-8b: first plan done %s ms after "
-              "the page began (plan, timeline, compare, fit); re-plan %s ms each (50 plans)"
-              % (size, size / 1024, body_attr(dom, "first-ms"), body_attr(dom, "replan-ms")))
+        # timings on the wall clock (virtual time stops while a script
+        # runs): Chromium dumps the DOM at its timeout or once the page is
+        # idle, which may come before the WebAssembly's first plan; tried
+        # three times, else the timings are said not measured
+        dom = ""
+        for _ in range(3):
+            dom = load(base + "#model=llama-3-8b.yaml&micro_batch=1&device=h100-sxm&replans=50",
+                       real_time=True)
+            if body_attr(dom, "state") == "done":
+                break
+        if body_attr(dom, "state") == "done":
+            print("bench: memledger.wasm %d bytes (%.1f KiB); llama-3-8b: first plan done %s ms "
+                  "after the page began (plan, timeline, compare, fit); re-plan %s ms each "
+                  "(50 plans), wall clock" % (size, size / 1024, body_attr(dom, "first-ms"),
+                                              body_attr(dom, "replan-ms")))
+        else:
+            print("bench: memledger.wasm %d bytes (%.1f KiB); timings not measured (Chromium "
+                  "dumped the page before its first plan)" % (size, size / 1024))
     server.shutdown()
     if failures:
         print("%d check(s) failed" % len(failures))
