@@ -11,7 +11,10 @@ const FIELDS = [
   ['micro_batch', 'training.micro_batch'], ['seq_len', 'training.seq_len'],
   ['grad_accum', 'training.grad_accum'], ['precision', 'training.precision'],
   ['optimizer', 'training.optimizer'], ['checkpoint', 'training.checkpoint'],
-  ['tp', 'parallel.tp'], ['pp', 'parallel.pp'], ['dp', 'training.data_parallel'],
+  ['engine', 'training.engine'],
+  ['tp', 'parallel.tp'], ['pp', 'parallel.pp'], ['vpp', 'parallel.vpp'],
+  ['dp', 'training.data_parallel'], ['dp_shard', 'parallel.dp_shard'],
+  ['dist_optimizer', 'parallel.dist_optimizer'],
   ['zero', 'training.zero'], ['device', 'device.memory'], ['allocator', 'device.allocator'],
   ['interconnect', 'device.interconnect_gbps'], ['attention', 'attention'],
 ];
@@ -20,8 +23,8 @@ const SEARCH = [['gpus', 'gpus'], ['global_batch', 'global_batch'],
                 ['gpus_per_node', 'gpus_per_node'], ['network', 'network']];
 // what the search chooses itself, not passed to it
 const SEARCHED = new Set(['training.micro_batch', 'training.grad_accum', 'training.checkpoint',
-                          'parallel.tp', 'parallel.pp', 'training.data_parallel',
-                          'training.zero']);
+                          'parallel.tp', 'parallel.pp', 'parallel.vpp', 'training.data_parallel',
+                          'training.zero', 'parallel.dp_shard', 'parallel.dist_optimizer']);
 const PRESETS = window.MEMLEDGER_PRESETS || {};
 const $ = (id) => document.getElementById(id);
 let M = null;          // the WebAssembly module

@@ -29,10 +29,11 @@ FLAGS = {"micro_batch": "--micro-batch", "seq_len": "--seq-len", "grad_accum": "
          "tp": "--tp", "pp": "--pp", "dp": "--dp", "zero": "--zero", "device": "--device",
          "allocator": "--allocator", "attention": "--attention", "interconnect": "--interconnect",
          "gpus": "--gpus", "global_batch": "--global-batch", "gpus_per_node": "--gpus-per-node",
-         "network": "--network"}
+         "network": "--network", "engine": "--engine", "vpp": "--vpp", "dp_shard": "--dp-shard"}
 # the layout search's own inputs, and what it chooses itself
 SEARCH = {"gpus", "global_batch", "gpus_per_node", "network"}
-SEARCHED = {"micro_batch", "grad_accum", "checkpoint", "tp", "pp", "dp", "zero"}
+SEARCHED = {"micro_batch", "grad_accum", "checkpoint", "tp", "pp", "vpp", "dp", "zero",
+            "dp_shard", "dist_optimizer"}
 PAGE_FILES = {"/", "/index.html", "/app.js", "/memledger.js", "/memledger.wasm", "/presets.js",
               "/style.css"}
 failures = []
@@ -113,6 +114,9 @@ def cli(exe, verb, model_args, settings):
         if verb == "fit" and k == "micro_batch":
             continue
         if (verb == "layouts" and k in SEARCHED) or (verb != "layouts" and k in SEARCH):
+            continue
+        if k == "dist_optimizer":  # a flag without a value
+            args.append("--dist-optimizer" if v == "true" else "--no-dist-optimizer")
             continue
         args += [FLAGS[k], v]
     out = subprocess.run(args + ["--format", "json"], capture_output=True, text=True)
@@ -231,6 +235,12 @@ def main():
              {"model": "llama-2-7b.yaml"}, [os.path.join(MODELS, "llama-2-7b.yaml")],
              {"micro_batch": "1", "device": "h100-sxm", "interconnect": "450", "gpus": "16",
               "global_batch": "64", "network": "50"})
+    one_case(base, exe, "gpt2-medium on Megatron's engine, tp 2 pp 2 (interleaved), the "
+             "distributed optimizer over shard groups of 2 of 4", {"model": "gpt2-medium.yaml"},
+             [os.path.join(MODELS, "gpt2-medium.yaml")],
+             {"micro_batch": "1", "grad_accum": "8", "precision": "bf16-master",
+              "attention": "eager", "engine": "megatron", "tp": "2", "pp": "2", "vpp": "2",
+              "dp": "4", "dp_shard": "2", "dist_optimizer": "true", "device": "h100-sxm"})
     error_case(base, exe, "unknown key", "model:\n  type: decoder\n  layerz: 2\n", "bad.yaml")
     error_case(base, exe, "YAML syntax", "model:\n  type: decoder\n  layers: [\n", "broken.yaml")
     error_case(base, exe, "a tp the heads do not divide (refused when planned)",
