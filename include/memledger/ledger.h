@@ -336,6 +336,13 @@ typedef struct ml_summary {
      * time after the compute; 0 without tensor parallelism, < 0 not timed
      * (no bandwidth) */
     double time_tp_s;
+    /* the part of comm_bytes that reduces the gradients (DDP's all-reduce,
+     * ZeRO-1's and the distributed optimizer's reduce-scatter, HSDP's
+     * all-reduce across the groups); with parallel.overlap_grad_reduce the
+     * time of it that the last micro-batch's backward covers, taken off the
+     * step (0 without) */
+    double comm_grad_bytes;
+    double time_comm_hidden_s;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -201,6 +201,10 @@ typedef struct ml_training {
                                       distributed-optimizer shard spans (HSDP's shard
                                       group, Megatron's distributed-optimizer instance);
                                       0: all of data_parallel. The others are replicas */
+    bool overlap_grad_reduce;      /* parallel.overlap_grad_reduce: the data-parallel
+                                      gradient collectives run beside the step's last
+                                      backward (Megatron's --overlap-grad-reduce, DDP's
+                                      buckets): only what outlasts it is in the step */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it

@@ -21,6 +21,7 @@ SETTINGS = (
     ("sp", "parallel.sp"), ("pp", "parallel.pp"), ("vpp", "parallel.vpp"),
     ("pp_schedule", "parallel.pp_schedule"), ("pp_layers", "parallel.pp_layers"),
     ("dist_optimizer", "parallel.dist_optimizer"), ("dp_shard", "parallel.dp_shard"),
+    ("overlap_grad_reduce", "parallel.overlap_grad_reduce"),
     ("data_parallel", "training.data_parallel"), ("zero", "training.zero"),
     ("reduce_bucket_size", "training.reduce_bucket_size"),
     ("allgather_bucket_size", "training.allgather_bucket_size"),
@@ -47,7 +48,7 @@ def _text(name, value):
     """A keyword's value as the flag's text."""
     if name == "sp" and isinstance(value, bool):
         return "on" if value else "off"  # --sp / --no-sp
-    if name == "dist_optimizer" and isinstance(value, bool):
+    if name in ("dist_optimizer", "overlap_grad_reduce") and isinstance(value, bool):
         return "true" if value else "false"  # --dist-optimizer
     if isinstance(value, bool):
         raise TypeError("memledger: %s=%r: not a flag value" % (name, value))

@@ -73,6 +73,8 @@ def _flags(verb, settings, known):
             out.append("--sp" if value else "--no-sp")  # flags without a value
         elif name == "dist_optimizer" and isinstance(value, bool):
             out.append("--dist-optimizer" if value else "--no-dist-optimizer")
+        elif name == "overlap_grad_reduce" and isinstance(value, bool):
+            out += ["--overlap-grad-reduce"] if value else []
         elif value is not None:
             out += ["--" + name.replace("_", "-"), _flag_value(name, value)]
     return out

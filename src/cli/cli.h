@@ -48,6 +48,7 @@ typedef struct {
     bool auto_checkpoint; /* --checkpoint auto (fit) */
     const char *dist_optimizer; /* --dist-optimizer "on", --no-dist-optimizer "off" */
     const char *dp_shard;       /* --dp-shard N: HSDP's shard group */
+    const char *overlap;        /* --overlap-grad-reduce "on" */
     const ml_model *model; /* the loaded model (ml_cli_start): where its file set a
                               key, for the messages about it (ml_cli_config_error) */
 } ml_cli_opts;

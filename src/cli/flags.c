@@ -31,6 +31,7 @@ static const struct {
     {"parallel.sp", "--sp", "--no-sp", OPT(sp)},
     {"parallel.dist_optimizer", "--dist-optimizer", NULL, OPT(dist_optimizer)},
     {"parallel.dp_shard", "--dp-shard", NULL, OPT(dp_shard)},
+    {"parallel.overlap_grad_reduce", "--overlap-grad-reduce", NULL, OPT(overlap)},
     {"parallel.pp", "--pp", NULL, OPT(pp)},
     {"parallel.pp_schedule", "--pp-schedule", NULL, OPT(pp_schedule)},
     {"parallel.pp_layers", "--pp-layers", NULL, OPT(pp_layers)},

@@ -275,6 +275,10 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                     o->training = val;
                 continue;
             }
+            if (!strcmp(arg, "--overlap-grad-reduce")) {
+                o->overlap = "on";
+                continue;
+            }
             if (!strcmp(arg, "--dist-optimizer") || !strcmp(arg, "--no-dist-optimizer")) {
                 o->dist_optimizer = arg[2] == 'n' ? "off" : "on";
                 continue;

@@ -465,6 +465,7 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     ml_replay r;
     ml__eval_setup(x, seg, l, &sh, &r);
     s->comm_bytes = ml__eval_communication(ch, t, s->params);
+    s->comm_grad_bytes = ml__eval_grad_reduce_bytes(ch, t, s->params);
     s->tp_comm_bytes = ml__tp_communication(ch, t, seg);
     s->host_transfer_bytes = ml__eval_host_transfer(t, &ch->prec, s->params);
     s->peak_block = -1;
@@ -498,7 +499,7 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     /* the timeline's clock: the per-op model's, when it times the step */
     ml_time_map map = {NULL, 0, 0, false};
     ml__step_time(ch, x->cfg, seg, s, keep_events ? &map : NULL); /* docs/time.md */
-    ml__time_finish(&x->cfg->device, l, &map); /* docs/ledger.md, "Time" */
+    ml__time_finish(x->cfg, l, &map); /* docs/ledger.md, "Time" */
     free(map.p);
     if ((st = ml__eval_verdict(ch, &x->cfg->device, x->cache_allow, s, err)))
         return st;

@@ -428,6 +428,11 @@ void ml__time_after_step(ml_replay *r, const ml_training *t, uint64_t P);
 struct ml_time_map;
 /* The summary's times and each event's t_s: along map (the per-op model's
  * clock, steptime.h) when it has points, else at the FLOPs' rate. */
-void ml__time_finish(const ml_device *dv, ml_ledger *l, const struct ml_time_map *map);
+void ml__time_finish(const ml_config *cfg, ml_ledger *l, const struct ml_time_map *map);
+/* The bytes of comm_bytes that reduce the gradients (timing.c), and the
+ * time of them the last micro-batch's backward covers with
+ * parallel.overlap_grad_reduce at bytes_per_s (0 without). */
+double ml__eval_grad_reduce_bytes(const ml_chain *ch, const ml_training *t, uint64_t P);
+double ml__dp_hidden_s(const ml_summary *s, const ml_training *t, double bytes_per_s);
 
 #endif

@@ -37,6 +37,34 @@ double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t
     return A * (2 * f * pp + f * pg) + rep; /* gather fwd + bwd, reduce-scatter */
 }
 
+double ml__eval_grad_reduce_bytes(const ml_chain *ch, const ml_training *t, uint64_t P)
+{
+    const uint64_t N = ml_training_shard(t);
+    const unsigned z = t->dist_optimizer ? 1 : t->zero;
+    const double f = (double)(N - 1) / (double)N, pg = (double)P * ch->prec.grad;
+    const double rep = replicas_bytes(t, pg);
+    if (z == 0)
+        return N > 1 ? 2 * f * pg : 0;
+    return z == 1 ? (N > 1 ? f * pg : 0) + rep : rep; /* 2, 3: reduced in every backward */
+}
+
+double ml__dp_hidden_s(const ml_summary *s, const ml_training *t, double bytes_per_s)
+{
+    if (!t->overlap_grad_reduce || !(bytes_per_s > 0) || !(s->comm_grad_bytes > 0) ||
+        !(s->time_compute_s > 0))
+        return 0;
+    const double A = (double)(t->grad_accum ? t->grad_accum : 1);
+    /* the last micro-batch's backward: the per-op model's, else its share
+     * of the FLOPs */
+    const double bwd = s->time.source != ML_TIME_NONE && s->time.by_phase[ML_TPHASE_BACKWARD] > 0
+                           ? s->time.by_phase[ML_TPHASE_BACKWARD] / A
+                       : s->flops_total > 0
+                           ? s->time_compute_s * (s->flops_backward / s->flops_total) / A
+                           : 0;
+    const double grad = s->comm_grad_bytes / bytes_per_s;
+    return grad < bwd ? grad : bwd;
+}
+
 /* Bytes over the host link per iteration, per device, of a plan's offload
  * (docs/sharding.md, "Offload"): optimizer offload sends the gradient
  * partition down and the updated parameters up once per step; parameter
@@ -89,8 +117,10 @@ void ml__time_after_step(ml_replay *r, const ml_training *t, uint64_t P)
         r->comm_done += sh->ring * W;
 }
 
-void ml__time_finish(const ml_device *dv, ml_ledger *l, const ml_time_map *map)
+void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
 {
+    const ml_device *dv = &cfg->device;
+    const ml_training *t = &cfg->training;
     ml_summary *s = &l->sum;
     const double ic = dv->interconnect_gbps * 1e9, hb = dv->pcie_gbps * 1e9;
     s->time_compute_s = s->step_time_s;
@@ -99,9 +129,11 @@ void ml__time_finish(const ml_device *dv, ml_ledger *l, const ml_time_map *map)
         !(s->host_transfer_bytes > 0) ? 0 : hb > 0 ? s->host_transfer_bytes / hb : -1;
     /* tensor parallelism's collectives, inside a node (docs/parallel.md) */
     s->time_tp_s = !(s->tp_comm_bytes > 0) ? 0 : ic > 0 ? s->tp_comm_bytes / ic : -1;
+    /* with overlap_grad_reduce, what the last backward covers */
+    s->time_comm_hidden_s = s->time_communication_s > 0 ? ml__dp_hidden_s(s, t, ic) : 0;
     if (s->step_time_s >= 0)
-        s->step_time_s += fmax(s->time_communication_s, 0) + fmax(s->time_host_transfer_s, 0) +
-                          fmax(s->time_tp_s, 0);
+        s->step_time_s += fmax(s->time_communication_s, 0) - s->time_comm_hidden_s +
+                          fmax(s->time_host_transfer_s, 0) + fmax(s->time_tp_s, 0);
     /* the per-op model's step: throughput and MFU over the whole of it */
     if (s->time.source != ML_TIME_NONE) {
         s->time.step_s = s->step_time_s;

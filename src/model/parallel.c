@@ -269,6 +269,13 @@ ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_er
         t->dp_shard = n;
         return ML_OK;
     }
+    if (!strcmp(k, "overlap_grad_reduce")) {
+        if (strcmp(v, "true") && strcmp(v, "false"))
+            return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is not a setting; use true or "
+                                 "false", key, v);
+        t->overlap_grad_reduce = !strcmp(v, "true");
+        return ML_OK;
+    }
     if (!strcmp(k, "dist_optimizer")) {
         if (strcmp(v, "true") && strcmp(v, "false"))
             return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is not a setting; use true or "
@@ -277,7 +284,8 @@ ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_er
         return ML_OK;
     }
     return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting (parallel.tp, sp, dp, pp, vpp, "
-                         "pp_schedule, pp_layers, layout, dist_optimizer or dp_shard)", key);
+                         "pp_schedule, pp_layers, layout, dist_optimizer, dp_shard or "
+                         "overlap_grad_reduce)", key);
 }
 
 /* parallel.pp_schedule, micro_batches (the step's micro-batches:
@@ -357,7 +365,7 @@ ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
     static const char *const keys[] = {"tp",  "sp",  "dp",          "pp",
                                        "vpp", "cp",  "ep",          "etp",
                                        "pp_schedule", "micro_batches", "pp_layers",
-                                       "dist_optimizer", "dp_shard"};
+                                       "dist_optimizer", "dp_shard", "overlap_grad_reduce"};
     ml_status st;
     if ((st = ml__tree_need_map(err, p, "parallel")) ||
         (st = ml__tree_check_keys(err, p, "parallel", keys, sizeof keys / sizeof keys[0])))
@@ -401,6 +409,9 @@ ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
         if (st)
             return st;
     }
+    if (ml__tree_get(p, "overlap_grad_reduce") &&
+        (st = ml__tree_bool(err, p, "overlap_grad_reduce", "parallel", &t->overlap_grad_reduce)))
+        return st;
     if (ml__tree_get(p, "dp_shard")) {
         ml_config_range("training.data_parallel", &lo, &hi);
         if ((st = ml__tree_uint(err, p, "dp_shard", "parallel", lo, hi, &t->dp_shard)))

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ledger/replay.h"       /* ml__dp_hidden_s */
 #include "memledger/plan.h"
 #include "model/model_internal.h" /* the layers, for the virtual stages */
 #include "util/error.h"
@@ -106,9 +107,14 @@ static double comm_time(const search *x, const ml_ledger *l, const ml_layout_row
     for (size_t i = 0; i < ml_ledger_rank_count(l); i++)
         if (ml_ledger_rank(l, i)->p2p_bytes > p2p)
             p2p = ml_ledger_rank(l, i)->p2p_bytes;
-    const double parts[3] = {over(s->tp_comm_bytes, intra),
-                             over(p2p, row->tp * row->pp > G ? net : intra),
-                             over(s->comm_bytes, row->tp * row->pp * row->dp > G ? net : intra)};
+    const double dpbw = row->tp * row->pp * row->dp > G ? net : intra;
+    double parts[3] = {over(s->tp_comm_bytes, intra), over(p2p, row->tp * row->pp > G ? net : intra),
+                       over(s->comm_bytes, dpbw)};
+    /* overlap_grad_reduce: what the last backward covers */
+    if (parts[2] > 0) {
+        const ml_config c = ml_layout_config(x->cfg, row);
+        parts[2] -= ml__dp_hidden_s(s, &c.training, dpbw * 1e9);
+    }
     double t = 0;
     for (int i = 0; i < 3; i++) {
         if (parts[i] < 0)

@@ -120,6 +120,8 @@ static void training_flags(FILE *f, const ml_training *t)
     flag(f, t->precision == ML_PREC_FP16_MASTER ? "--fp16" : "--bf16", NULL, 0);
     if (t->dist_optimizer || (t->zero == 1 && t->data_parallel > 1))
         flag(f, "--use-distributed-optimizer", NULL, 0);
+    if (t->overlap_grad_reduce && t->data_parallel > 1)
+        flag(f, "--overlap-grad-reduce", NULL, 0);
     /* its shards over groups of dp_shard ranks: dp / dp_shard instances */
     if (ml_training_shard(t) < t->data_parallel)
         flag(f, "--num-distributed-optimizer-instances", " %llu",

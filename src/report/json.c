@@ -54,12 +54,13 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     fprintf(f,
             ", \"parallel\": {\"tp\": %llu, \"sp\": %s, \"pp\": %llu, \"vpp\": %llu, "
             "\"pp_schedule\": \"%s\", \"dp\": %llu, \"devices\": %llu, "
-            "\"dist_optimizer\": %s, \"dp_shard\": %llu}",
+            "\"dist_optimizer\": %s, \"dp_shard\": %llu, \"overlap_grad_reduce\": %s}",
             (unsigned long long)tp, ml_training_sp(t) ? "true" : "false", (unsigned long long)pp,
             (unsigned long long)(t->virtual_stages > 1 ? t->virtual_stages : 1),
             ml_pp_schedule_name(t->pp_schedule), (unsigned long long)t->data_parallel,
             (unsigned long long)(tp * pp * t->data_parallel),
-            t->dist_optimizer ? "true" : "false", (unsigned long long)ml_training_shard(t));
+            t->dist_optimizer ? "true" : "false", (unsigned long long)ml_training_shard(t),
+            t->overlap_grad_reduce ? "true" : "false");
     fprintf(f, ", \"engine\": \"%s\"", ml_engine_name(t->engine));
     /* an encoder-decoder's second length */
     if (ml_model_target_len(m, t))
@@ -292,6 +293,7 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
     num_or_null(f, s->time_host_transfer_s);
     fputs(", \"tensor_parallel_s\": ", f);
     num_or_null(f, s->time_tp_s);
+    fprintf(f, ", \"communication_hidden_s\": %.17g", s->time_comm_hidden_s);
     json_step_time(f, &s->time);
     fputc('}', f);
 }

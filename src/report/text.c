@@ -504,6 +504,10 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
         ml_format_bytes((uint64_t)s->comm_bytes, a, sizeof a);
         fprintf(f, "  communication: %s sent per device per iteration", a);
         text_part(f, s->time_communication_s, cfg->device.interconnect_gbps, "--interconnect");
+        if (s->time_comm_hidden_s > 0)
+            fprintf(f, "    of it %.4g s beside the last micro-batch's backward "
+                       "(overlap_grad_reduce), not in the step\n",
+                    s->time_comm_hidden_s);
     }
     if (s->tp_comm_bytes > 0) {
         ml_format_bytes((uint64_t)s->tp_comm_bytes, a, sizeof a);
