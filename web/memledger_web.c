@@ -43,25 +43,19 @@ static char *failure(const ml_error *e)
  * ml_model_key_position). */
 static void locate(const ml_model *m, const char *name, const char *settings, ml_error *e)
 {
-    char key[64] = "";
-    const char *colon = strchr(e->msg, ':');
-    if (colon && (size_t)(colon - e->msg) < sizeof key) {
-        memcpy(key, e->msg, (size_t)(colon - e->msg));
-        key[colon - e->msg] = '\0';
-    }
     /* a key the page's inputs set is theirs, not the text's (as a flag is
      * the command line's) */
-    const size_t kl = strlen(key);
-    for (const char *p = settings ? settings : ""; kl && *p;) {
-        if (!strncmp(p, key, kl) && p[kl] == '=')
+    for (const char *p = settings ? settings : ""; *p;) {
+        const char *eq = strchr(p, '='), *nl = strchr(p, '\n');
+        const size_t kl = eq && (!nl || eq < nl) ? (size_t)(eq - p) : 0;
+        if (kl && !strncmp(e->msg, p, kl) && e->msg[kl] == ':')
             return;
-        const char *nl = strchr(p, '\n');
         p = nl ? nl + 1 : p + strlen(p);
     }
     if (!e->path[0])
         snprintf(e->path, sizeof e->path, "%s", name ? name : "");
-    if (!e->line && !ml_model_key_position(m, key, &e->line, &e->col))
-        e->line = e->col = 0;
+    if (!e->line)
+        ml_model_locate_error(m, e);
 }
 
 static char *success(const char *text, size_t len)

@@ -329,6 +329,10 @@ ML_API void ml_model_destroy(ml_model *m);
  * model loaded (a plan's refusal). */
 ML_API bool ml_model_key_position(const ml_model *m, const char *key, unsigned *line,
                                   unsigned *col);
+/* The same for a message about a setting ("parallel.tp: ..."): when the
+ * key its message begins with is one the file set, its line and column
+ * into e (true); else e->line and e->col 0 (false). */
+ML_API bool ml_model_locate_error(const ml_model *m, ml_error *e);
 
 /* The model's `name:`; never NULL. Owned by the model. */
 ML_API const char *ml_model_name(const ml_model *m);

@@ -153,18 +153,14 @@ void ml_cli_config_error(const ml_cli_opts *o, ml_error *e)
                                                !strncmp(e->msg, "device.", 7) ||
                                                !strncmp(e->msg, "parallel.", 9));
     const char *file = from_training ? o->training : o->model_path ? o->model_path : o->hf;
-    /* the key the message is about, as the file set it: its line and column */
-    char key[64] = "";
-    const char *colon = strchr(e->msg, ':');
-    if (colon && (size_t)(colon - e->msg) < sizeof key)
-        memcpy(key, e->msg, (size_t)(colon - e->msg)), key[colon - e->msg] = '\0';
-    e->line = e->col = 0;
+    /* the key the message is about, as the file set it: its line and
+     * column (before the flags' words replace the key) */
+    ml_model_locate_error(o->model, e);
     if (ml_cli_decorate(o, e->msg, sizeof e->msg) || !file) {
         e->path[0] = '\0';
+        e->line = e->col = 0;
     } else {
         snprintf(e->path, sizeof e->path, "%s", file);
-        if (!ml_model_key_position(o->model, key, &e->line, &e->col))
-            e->line = e->col = 0;
     }
     ml_cli_print_error(e);
 }

@@ -431,6 +431,20 @@ bool ml_model_key_position(const ml_model *m, const char *key, unsigned *line, u
     return true;
 }
 
+bool ml_model_locate_error(const ml_model *m, ml_error *e)
+{
+    char key[64] = "";
+    const char *colon = strchr(e->msg, ':');
+    if (colon && (size_t)(colon - e->msg) < sizeof key) {
+        memcpy(key, e->msg, (size_t)(colon - e->msg));
+        key[colon - e->msg] = '\0';
+    }
+    if (ml_model_key_position(m, key, &e->line, &e->col))
+        return true;
+    e->line = e->col = 0;
+    return false;
+}
+
 const char *ml_model_name(const ml_model *m)
 {
     return m->name;

@@ -124,6 +124,52 @@ void ml__report_json_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l)
         fputs("null, \"pipeline_bubble\": null", f);
 }
 
+/* The header's parallel line: each split, the devices in all. */
+static void text_layout(FILE *f, const ml_training *t, uint64_t tp, uint64_t pp)
+{
+    fputs("parallel: ", f);
+    if (tp > 1)
+        fprintf(f, "tensor %llu (%s), ", (unsigned long long)tp,
+                ml_training_sp(t) ? "with sequence parallelism" : "no sequence parallelism");
+    if (pp > 1 && t->virtual_stages > 1)
+        fprintf(f, "pipeline %llu (interleaved, %llu virtual stages each), ",
+                (unsigned long long)pp, (unsigned long long)t->virtual_stages);
+    else if (pp > 1)
+        fprintf(f, "pipeline %llu (%s), ", (unsigned long long)pp,
+                ml_pp_schedule_name(t->pp_schedule));
+    fprintf(f, "data %llu: %llu devices; figures are one rank's\n",
+            (unsigned long long)t->data_parallel,
+            (unsigned long long)(tp * pp * t->data_parallel));
+}
+
+/* The header's lines on the engine, the parallel layout (when the model is
+ * split over devices) and the data-parallel sharding. */
+void ml__report_text_parallel(FILE *f, const ml_training *t)
+{
+    if (t->engine == ML_ENGINE_MEGATRON)
+        fputs("engine: megatron (Megatron-core's GPT layer: fused masked softmax; fp32 main "
+              "gradients in a buffer kept all iteration)\n",
+              f);
+    const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
+    const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
+    if (tp > 1 || pp > 1)
+        text_layout(f, t, tp, pp);
+    if (ml_training_shard(t) < t->data_parallel)
+        fprintf(f, "shard groups: %llu replicas of %llu ranks (HSDP): the states shard over a "
+                   "group, the groups' gradients are all-reduced\n",
+                (unsigned long long)(t->data_parallel / ml_training_shard(t)),
+                (unsigned long long)ml_training_shard(t));
+    if (t->dist_optimizer) {
+        fprintf(f, "sharding: Megatron's distributed optimizer over %llu data-parallel ranks "
+                   "(master weights and optimizer states of the fullest rank's shard; padded "
+                   "buffers); figures are per device\n",
+                (unsigned long long)ml_training_shard(t));
+    } else if (t->data_parallel > 1 || t->zero || t->offload) {
+        fprintf(f, "sharding: %llu devices, ZeRO stage %u, offload %s; figures are per device\n",
+                (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));
+    }
+}
+
 void ml__report_layout(const ml_training *t, char *buf, size_t size)
 {
     const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;

@@ -34,6 +34,8 @@ void ml__report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *c
 /* ", tp 2 with sequence parallelism, pp 4 (1f1b)" for a model split over
  * devices, "" for one that is not: what a header names (ranks.c). */
 void ml__report_layout(const ml_training *t, char *buf, size_t size);
+/* The plan header's engine, parallel and sharding lines (ranks.c). */
+void ml__report_text_parallel(FILE *f, const ml_training *t);
 
 /* A pipeline's stages (ranks.c): the text table (nothing without one),
  * and JSON's ",\n \"ranks\": [...], \"worst_rank\": N" (null, null without). */

@@ -47,32 +47,6 @@ static bool same_block(const ml_block_info *a, const ml_block_info *b)
            a->checkpointed == b->checkpointed;
 }
 
-/* The parallel layout, when the model is split over devices. */
-static void text_parallel(FILE *f, const ml_training *t)
-{
-    if (t->engine == ML_ENGINE_MEGATRON)
-        fputs("engine: megatron (Megatron-core's GPT layer: fused masked softmax; fp32 main "
-              "gradients in a buffer kept all iteration)\n",
-              f);
-    const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
-    const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
-    if (tp == 1 && pp == 1)
-    return;
-    fputs("parallel: ", f);
-    if (tp > 1)
-        fprintf(f, "tensor %llu (%s), ", (unsigned long long)tp,
-                ml_training_sp(t) ? "with sequence parallelism" : "no sequence parallelism");
-    if (pp > 1 && t->virtual_stages > 1)
-        fprintf(f, "pipeline %llu (interleaved, %llu virtual stages each), ",
-                (unsigned long long)pp, (unsigned long long)t->virtual_stages);
-    else if (pp > 1)
-        fprintf(f, "pipeline %llu (%s), ", (unsigned long long)pp,
-                ml_pp_schedule_name(t->pp_schedule));
-    fprintf(f, "data %llu: %llu devices; figures are one rank's\n",
-            (unsigned long long)t->data_parallel,
-            (unsigned long long)(tp * pp * t->data_parallel));
-}
-
 /* The plan's head: the model, the configuration, the loop, the optimal
  * plan, the calibration and the sharding. */
 static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const ml_summary *s)
@@ -136,21 +110,7 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
                 : s->time_measured                  ? "from the measured GEMM throughput"
                                                     : "analytic");
     }
-    text_parallel(f, t);
-    if (ml_training_shard(t) < t->data_parallel)
-        fprintf(f, "shard groups: %llu replicas of %llu ranks (HSDP): the states shard over a "
-                   "group, the groups' gradients are all-reduced\n",
-                (unsigned long long)(t->data_parallel / ml_training_shard(t)),
-                (unsigned long long)ml_training_shard(t));
-    if (t->dist_optimizer) {
-        fprintf(f, "sharding: Megatron's distributed optimizer over %llu data-parallel ranks "
-                   "(master weights and optimizer states of the fullest rank's shard; padded "
-                   "buffers); figures are per device\n",
-                (unsigned long long)ml_training_shard(t));
-    } else if (t->data_parallel > 1 || t->zero || t->offload) {
-        fprintf(f, "sharding: %llu devices, ZeRO stage %u, offload %s; figures are per device\n",
-                (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));
-    }
+    ml__report_text_parallel(f, t);
     fputc('\n', f);
 }
 

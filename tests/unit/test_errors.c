@@ -246,6 +246,15 @@ static void test_key_positions(void **state)
     assert_false(ml_model_key_position(m, "training.seq_len", &line, &col));
     assert_false(ml_model_key_position(m, "parallel.tp", &line, &col));
     assert_false(ml_model_key_position(NULL, "training.micro_batch", &line, &col));
+    /* a message about a key the file set gets its position */
+    ml_error e = {.code = ML_RANGE, .line = 3, .col = 4};
+    snprintf(e.msg, sizeof e.msg, "training.checkpoint: block 5 does not exist");
+    assert_true(ml_model_locate_error(m, &e));
+    assert_int_equal(e.line, 9);
+    assert_int_equal(e.col, 3);
+    snprintf(e.msg, sizeof e.msg, "training.seq_len: too long");
+    assert_false(ml_model_locate_error(m, &e));
+    assert_int_equal(e.line, 0);
     ml_model_destroy(m);
     static const char *compact =
         "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 8\n  ffn: 256\n"
