@@ -130,14 +130,18 @@ static bool sizes_room(ml_rsim *r, size_t n)
  * of memory. */
 static size_t shard_sizes(ml_rsim *r, uint64_t bytes, unsigned copies)
 {
+    /* a parameter lies in one bucket: at most one piece each; the pieces
+     * go to the end of the room, the tensors (copies of each) from its
+     * start, which never passes a piece not yet read */
+    const size_t np = r->ch->nparams;
+    if (!copies || !sizes_room(r, np * copies + 1))
+        return copies ? SIZE_MAX : 0;
+    uint64_t *frag = r->sizes + np * (copies - 1);
     ml_dopt d;
-    if (ml__dopt_layout(r->ch, r->dp, r->chunks, &d, NULL, 0))
+    if (ml__dopt_layout(r->ch, r->dp, r->chunks, &d, frag, np))
         return SIZE_MAX;
-    if (!d.shard || !copies || !sizes_room(r, d.fragments * copies + 1))
-        return d.shard && copies ? SIZE_MAX : 0;
-    uint64_t *frag = r->sizes + d.fragments * (copies - 1);
-    if (ml__dopt_layout(r->ch, r->dp, r->chunks, &d, frag, d.fragments))
-        return SIZE_MAX;
+    if (!d.shard)
+        return 0;
     const uint64_t per = bytes / (d.shard * copies);
     size_t n = 0;
     uint64_t sum = 0;
