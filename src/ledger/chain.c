@@ -185,7 +185,7 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
     if (!st)
         st = ml__engine_refused(m, t, err);
     if (!st)
-        st = ml__dopt_refused(t, err);
+        st = ml__dp_sharding_refused(t, err);
     if (st)
         return st;
     /* OLMo's norm exists in the op graph only: a model whose layers the

@@ -181,12 +181,13 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
  * log-softmax output, the targets, total_weight); *taken false: the graph
  * declines it. */
 static ml_status graph_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t classes,
-                            bool *taken)
+                            bool megatron, bool *taken)
 {
     ml_ck_graph *G = malloc(sizeof *G);
     if (!G)
         return ML_NOMEM;
-    *taken = ml__ck_graph_loss(ch, rows, classes, G);
+    *taken = megatron ? ml__ck_graph_megatron_loss(ch, rows, classes, G)
+                      : ml__ck_graph_loss(ch, rows, classes, G);
     if (*taken)
         ml__ck_graph_emit(ch, b, G, 0);
     free(G);
@@ -208,15 +209,10 @@ static ml_status graph_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t 
  * default loop is training.logits released). */
 static ml_status megatron_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t classes)
 {
-    ml_ck_graph *G = malloc(sizeof *G);
-    if (!G)
-        return ML_NOMEM;
-    const bool taken = ml__ck_graph_megatron_loss(ch, rows, classes, G);
-    if (taken)
-        ml__ck_graph_emit(ch, b, G, 0);
-    free(G);
-    if (!taken)
-        return ML_RANGE;
+    bool taken = false;
+    ml_status st = graph_loss(ch, b, rows, classes, true, &taken);
+    if (st || !taken)
+        return st ? st : ML_RANGE;
     const uint64_t logits = ml_mul(ch, rows, classes);
     b->ws_fwd = ml_mul(ch, rows, 20);
     b->ws_bwd = ml_mul(ch, logits, ch->prec.a);
@@ -233,7 +229,7 @@ ml_status ml__ck_seq_loss_graph(ml_chain *ch, ml_cblock *b, bool ce, uint64_t ro
                                 unsigned in_bytes, bool *taken)
 {
     if (ce)
-        return graph_loss(ch, b, rows, n / rows, taken);
+        return graph_loss(ch, b, rows, n / rows, false, taken);
     ml_ck_graph *G = malloc(sizeof *G);
     if (!G)
         return ML_NOMEM;
@@ -258,7 +254,7 @@ ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, u
         return megatron_loss(ch, b, rows, out_classes);
     unsigned lsb = ch->prec.autocast ? 4 : w;
     bool graph = false;
-    if ((st = graph_loss(ch, b, rows, out_classes, &graph)) != ML_OK)
+    if ((st = graph_loss(ch, b, rows, out_classes, false, &graph)) != ML_OK)
         return st;
     if (!graph)
         return ML_RANGE; /* not modelled: no other rule plans it */

@@ -276,7 +276,7 @@ done:
     return st;
 }
 
-ml_status ml__dopt_refused(const ml_training *t, ml_error *err)
+ml_status ml__dp_sharding_refused(const ml_training *t, ml_error *err)
 {
     const uint64_t dp = t->data_parallel ? t->data_parallel : 1;
     if (t->dp_shard && t->dp_shard != dp) {

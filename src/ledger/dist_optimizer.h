@@ -24,9 +24,10 @@ typedef struct {
 ml_status ml__dopt_layout(const ml_chain *ch, uint64_t dp, uint64_t v, ml_dopt *out,
                           uint64_t *frag, size_t cap);
 
-/* parallel.dist_optimizer's conditions: Megatron's engine, its optimizers
- * (Adam, AdamW, SGD), no ZeRO stage or offload beside it. ML_RANGE with the
- * fix, else ML_OK. */
-ml_status ml__dopt_refused(const ml_training *t, ml_error *err);
+/* The data-parallel sharding's conditions: parallel.dp_shard dividing the
+ * ranks, with a sharding on; parallel.dist_optimizer with Megatron's
+ * engine, its optimizers (Adam, AdamW, SGD), no ZeRO stage or offload
+ * beside it. ML_RANGE with the fix, else ML_OK. */
+ml_status ml__dp_sharding_refused(const ml_training *t, ml_error *err);
 
 #endif

@@ -50,37 +50,30 @@ typedef struct {
 /* The divisors of n into x->div, ascending: trial division up to its
  * square root (a global batch of 2^40 is a million steps), once per
  * distinct share. False: out of memory. */
+static bool push_divisor(search *x, uint64_t d)
+{
+    uint64_t *grown = ml_grow(x->div, x->ndiv, &x->divcap, sizeof *grown, 64);
+    if (!grown)
+        return false;
+    x->div = grown;
+    x->div[x->ndiv++] = d;
+    return true;
+}
+
 static bool divisors_of(search *x, uint64_t n)
 {
     if (x->ndiv && x->div_of == n)
         return true;
     x->ndiv = 0;
-    /* the small ones ascending, then their pairs n / d descending from the
-     * largest small one: in all, ascending */
-    size_t small = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        for (uint64_t k = 0; k < (pass ? small : UINT64_MAX); k++) {
-            uint64_t d;
-            if (pass == 0) {
-                d = k + 1;
-                if (d > n / d)
-                    break;
-                if (n % d)
-                    continue;
-            } else {
-                const uint64_t s = x->div[small - 1 - k];
-                if (s == n / s)
-                    continue; /* a square's root, listed once */
-                d = n / s;
-            }
-            uint64_t *grown = ml_grow(x->div, x->ndiv, &x->divcap, sizeof *grown, 64);
-            if (!grown)
-                return false;
-            x->div = grown;
-            x->div[x->ndiv++] = d;
-        }
-        if (pass == 0)
-            small = x->ndiv;
+    /* those up to the square root ascending, then their pairs n / d, which
+     * descend as d ascends: in all, ascending */
+    for (uint64_t d = 1; d <= n / d; d++)
+        if (n % d == 0 && !push_divisor(x, d))
+            return false;
+    for (size_t i = x->ndiv; i-- > 0;) {
+        const uint64_t d = x->div[i];
+        if (d != n / d && !push_divisor(x, n / d)) /* a square's root once */
+            return false;
     }
     x->div_of = n;
     return true;
