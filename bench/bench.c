@@ -176,6 +176,9 @@ static int grid_with(const ml_model *m, const char *path, double seconds, bool p
     ml_config c = ml_model_config(m);
     /* the allocated view, as llm-analysis's figures are */
     c.device.allocator = ML_ALLOCATOR_NONE;
+    /* one micro-batch a step, as bench/vs-llm-analysis.py asks of
+     * llm-analysis (gradient_accumulation_steps=1), whatever the preset's */
+    c.training.grad_accum = 1;
     static const uint64_t seqs[] = {256, 512, 1024};
     unsigned long n = 0;
     double t0 = now(), t = t0;

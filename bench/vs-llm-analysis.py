@@ -9,7 +9,9 @@ python3-fire), so run this script with /usr/bin/python3. MEMLEDGER_BENCH
 defaults to build/bench/memledger-bench.
 
 The grid, for GPT-2 small and Llama-2-7B: micro-batch 1..8 x sequence 256,
-512, 1024 x no recompute or full recompute (48 configurations). llm-analysis:
+512, 1024 x no recompute or full recompute (48 configurations), one
+micro-batch a step on both sides (gradient_accumulation_steps=1; the
+bench sets the presets' accumulation to 1). llm-analysis:
 one LLMAnalysis per model, its training() per configuration, logging off.
 memledger: `memledger-bench --grid MODEL.yaml`, a whole plan per
 configuration (the node-level replay of one iteration, the first iteration,

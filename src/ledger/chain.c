@@ -3,6 +3,7 @@
  * measured inventories, then the overflow and out-of-memory checks. */
 #include <math.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -339,8 +340,14 @@ ml_param_sums ml__param_sums(ml_chain *ch)
 
 void ml__chain_key(const ml_config *cfg, ml_config *key)
 {
-    memset(key, 0, sizeof *key);
-    memcpy(&key->training, &cfg->training, sizeof key->training);
+    /* the training section but its pipeline's layers, which stay zero */
+    const size_t pp = offsetof(ml_training, pp_layers), pp_end = pp + sizeof key->training.pp_layers;
+    memcpy(&key->training, &cfg->training, pp);
+    memset(key->training.pp_layers, 0, sizeof key->training.pp_layers);
+    memcpy((char *)&key->training + pp_end, (const char *)&cfg->training + pp_end,
+           sizeof key->training - pp_end);
+    /* the device, the profile and any padding after the training section */
+    memset((char *)key + offsetof(ml_config, device), 0, sizeof *key - offsetof(ml_config, device));
     key->calib = cfg->calib;
     key->training.micro_batch = 0;
     /* what only the evaluation reads (ml__chain_refused has checked them):
@@ -352,7 +359,6 @@ void ml__chain_key(const ml_config *cfg, ml_config *key)
     key->training.virtual_stages = 0;
     key->training.pp_schedule = ML_PP_1F1B;
     key->training.npp_layers = 0;
-    memset(key->training.pp_layers, 0, sizeof key->training.pp_layers);
     memset(&key->training.checkpoint, 0, sizeof key->training.checkpoint);
     key->training.checkpoint.kind =
         cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE ? ML_CKPT_SELECTIVE : ML_CKPT_NONE;

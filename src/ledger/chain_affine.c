@@ -181,19 +181,19 @@ static uint64_t at_u(uint64_t v1, uint64_t v2, unsigned k, uint64_t B, bool *bad
     return r;
 }
 
-static double at_f(double v1, double v2, unsigned k, uint64_t B, bool *bad)
+/* The same for a FLOP count: dx is B - x, inv 1/x (a power of two, so the
+ * product is the quotient (v2 - v1)/x exactly) */
+static double at_f(double v1, double v2, double dx, double inv, bool *bad)
 {
-    if (v1 == v2)
-        return v1;
-    const uint64_t x = UINT64_C(1) << k;
-    double r = v1 + (double)(B - x) * ((v2 - v1) / (double)x);
-    if (!(r < FLOPS_MAX))
-        *bad = true;
-    return r;
+    /* v1 itself where v1 == v2 (ml__chain_line's only test of such a pair),
+     * without a branch: a work item's figures are many and mixed */
+    double r = v1 + dx * ((v2 - v1) * inv);
+    *bad |= v1 != v2 && !(r < FLOPS_MAX);
+    return v1 == v2 ? v1 : r;
 }
 
 #define AT_U(f) o->f = at_u(a->f, b->f, k, B, bad);
-#define AT_F(f) o->f = at_f(a->f, b->f, k, B, bad);
+#define AT_F(f) o->f = at_f(a->f, b->f, dx, inv, bad);
 
 /* Room in *o for a's arrays; false when out of memory. */
 static bool room(const ml_chain *a, ml_chain *o)
@@ -208,7 +208,6 @@ static bool room(const ml_chain *a, ml_chain *o)
     }
     ROOM(blocks, n, cap)
     ROOM(saved, nsaved, savedcap)
-    ROOM(params, nparams, paramcap)
     ROOM(nodes, nnodes, nodecap)
     ROOM(sides, nsides, sidecap)
     ROOM(work, nwork, workcap)
@@ -224,12 +223,10 @@ static void chain_at(const ml_chain *a, const ml_chain *b, unsigned k, uint64_t 
     *o = *a;
     o->blocks = keep.blocks;
     o->saved = keep.saved;
-    o->params = keep.params;
     o->nodes = keep.nodes;
     o->sides = keep.sides;
     o->cap = keep.cap;
     o->savedcap = keep.savedcap;
-    o->paramcap = keep.paramcap;
     o->nodecap = keep.nodecap;
     o->sidecap = keep.sidecap;
     o->work = keep.work;
@@ -240,6 +237,7 @@ static void chain_at(const ml_chain *a, const ml_chain *b, unsigned k, uint64_t 
 static void block_at(const ml_cblock *a, const ml_cblock *b, unsigned k, uint64_t B,
                      ml_cblock *o, bool *bad)
 {
+    const double dx = (double)(B - (UINT64_C(1) << k)), inv = 1.0 / (double)(UINT64_C(1) << k);
     BLOCK_BYTES(AT_U)
     BLOCK_FLOPS(AT_F)
 }
@@ -259,6 +257,10 @@ static void node_at(const ml_bnode *a, const ml_bnode *b, unsigned k, uint64_t B
 static void work_at(const ml_work_item *a, const ml_work_item *b, unsigned k, uint64_t B,
                     ml_work_item *o, bool *bad)
 {
+#define SHAPE(f) o->f = a->f;
+    WORK_SHAPE(SHAPE)
+#undef SHAPE
+    const double dx = (double)(B - (UINT64_C(1) << k)), inv = 1.0 / (double)(UINT64_C(1) << k);
     WORK_FLOPS(AT_F)
 }
 
@@ -275,26 +277,38 @@ ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uin
         return ML_NOMEM;
     bool bad = false;
     chain_at(one, two, k, B, o, &bad);
-    /* each array copied whole, then its figures moved along the line */
+    /* each array copied whole, then its figures moved along the line; the
+     * work items made field by field; the parameters borrowed */
 #define COPY(arr, cnt)                                                                         \
     if (one->cnt)                                                                              \
         memcpy(o->arr, one->arr, one->cnt * sizeof *o->arr);
     COPY(blocks, n)
     COPY(saved, nsaved)
     COPY(nodes, nnodes)
-    COPY(params, nparams)
     COPY(sides, nsides)
-    COPY(work, nwork)
 #undef COPY
-    for (size_t i = 0; i < one->n && !bad; i++)
-        block_at(&one->blocks[i], &two->blocks[i], k, B, &o->blocks[i], &bad);
+    /* a block like the one before it (ml__chain_mark_runs: the same figures
+     * in both builds) has the same figures at B */
+#define SAME(f) o->blocks[i].f = o->blocks[i - 1].f;
+    for (size_t i = 0; i < one->n && !bad; i++) {
+        if (i > 0 && one->blocks[i].like_prev) {
+            BLOCK_BYTES(SAME)
+            BLOCK_FLOPS(SAME)
+        } else {
+            block_at(&one->blocks[i], &two->blocks[i], k, B, &o->blocks[i], &bad);
+        }
+    }
+#undef SAME
     for (size_t i = 0; i < one->nsaved && !bad; i++)
         saved_at(&one->saved[i], &two->saved[i], k, B, &o->saved[i], &bad);
     for (size_t i = 0; i < one->nnodes && !bad; i++)
         node_at(&one->nodes[i], &two->nodes[i], k, B, &o->nodes[i], &bad);
     for (size_t i = 0; i < one->nsides && !bad; i++)
         side_at(&one->sides[i], &two->sides[i], k, B, &o->sides[i], &bad);
-    for (size_t i = 0; i < one->nwork && !bad; i++)
-        work_at(&one->work[i], &two->work[i], k, B, &o->work[i], &bad);
+    /* (a flag of its own: a work item's bools could alias bad) */
+    bool wbad = false;
+    for (size_t i = 0; i < one->nwork; i++)
+        work_at(&one->work[i], &two->work[i], k, B, &o->work[i], &wbad);
+    bad |= wbad;
     return bad ? ML_OVERFLOW : ML_OK;
 }

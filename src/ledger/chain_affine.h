@@ -11,7 +11,9 @@
 bool ml__chain_line(const ml_chain *a, const ml_chain *b, const ml_chain *c, uint64_t x);
 /* The chain at micro-batch B on the line through one (built at x = 2^k)
  * and two (at 2x, the pair ml__chain_line passed) into *o (its arrays reused,
- * grown as needed; o owns them, ml__chain_free): ML_OK, ML_NOMEM, or
+ * grown as needed; o owns them, ml__chain_free, but for its parameters:
+ * one's, borrowed, as no figure of theirs depends on B — clear o->params
+ * before freeing o, and derive o again after one is freed): ML_OK, ML_NOMEM, or
  * ML_OVERFLOW where a figure would pass 2^56 bytes or 2^50 FLOPs (the
  * caller then builds the chain itself). */
 ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uint64_t B,

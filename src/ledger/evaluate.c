@@ -383,7 +383,11 @@ static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
         if (b->unused_out) /* its norm saves its input, for no backward */
             inv = b->saved_bytes + b->in_bytes;
         bi->inventory_bytes = inv;
-        bi->c = norm > 0 ? (double)inv / norm : 0;
+        /* (the block before's quotient where the inventories agree: a run
+         * of layers divides once) */
+        bi->c = k > 0 && inv == l->blocks[k - 1].inventory_bytes ? l->blocks[k - 1].c
+                : norm > 0                                       ? (double)inv / norm
+                                                                 : 0;
         uint64_t kept = seg[k] < 0 && !b->fwd_only
                             ? b->saved_bytes - (selective ? b->core_bytes : 0) : 0;
         if (bd[k].kept && bd[k].cat == ML_CAT_ACTIVATIONS && bd[k].by_consumer && !bd[k].alias)

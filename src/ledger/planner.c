@@ -8,6 +8,7 @@
  * chain it built. Where that does not hold, the evaluation builds its
  * chain. The last few settings are kept, so that a search or a grid that
  * returns to a setting finds its builds. */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,10 @@ struct ml_planner {
     unsigned long clock;
     ml_chain at;           /* the chain derived for the micro-batch asked (its
                               arrays reused between evaluations) */
+    const setting *at_s;   /* the setting and micro-batch at was derived for, */
+    uint64_t at_B;         /* reused by the next evaluation there (another
+                              checkpoint policy: the key holds only whether it
+                              is selective); NULL: none */
     unsigned long derived; /* evaluations over a derived chain */
 };
 
@@ -52,8 +57,10 @@ ml_status ml_planner_create(const ml_model *m, ml_planner **out, ml_error *err)
     return ML_OK;
 }
 
-static void forget(setting *s)
+static void forget(ml_planner *p, setting *s)
 {
+    if (p->at_s == s)
+        p->at_s = NULL;
     for (unsigned k = 0; k < POWERS; k++)
         if (s->built[k] == 1)
             ml__chain_free(&s->pt[k]);
@@ -65,7 +72,8 @@ void ml_planner_destroy(ml_planner *p)
     if (!p)
         return;
     for (unsigned i = 0; i < SETTINGS; i++)
-        forget(&p->s[i]);
+        forget(p, &p->s[i]);
+    p->at.params = NULL; /* a build's, borrowed (ml__chain_at) */
     ml__chain_free(&p->at);
     free(p);
 }
@@ -78,12 +86,22 @@ static bool shaped_by_batch(const ml_model *m, const ml_config *cfg)
     return m->moe.experts || cfg->calib || cfg->training.logits == ML_LOGITS_FUSED;
 }
 
+/* Two keys (ml__chain_key) equal: their pipeline layers, zero in every
+ * key, left out of the comparison (2 KiB of the 2.3 a key takes) */
+static bool same_key(const ml_config *a, const ml_config *b)
+{
+    const size_t pp = offsetof(ml_config, training.pp_layers),
+                 pp_end = pp + sizeof a->training.pp_layers;
+    return memcmp(a, b, pp) == 0 &&
+           memcmp((const char *)a + pp_end, (const char *)b + pp_end, sizeof *a - pp_end) == 0;
+}
+
 /* The setting of key: kept, or the least recently used one made anew. */
 static setting *setting_of(ml_planner *p, const ml_config *key)
 {
     setting *s = &p->s[0];
     for (unsigned i = 0; i < SETTINGS; i++) {
-        if (p->s[i].used && memcmp(&p->s[i].key, key, sizeof *key) == 0) {
+        if (p->s[i].used && same_key(&p->s[i].key, key)) {
             s = &p->s[i];
             s->stamp = ++p->clock;
             return s;
@@ -91,7 +109,7 @@ static setting *setting_of(ml_planner *p, const ml_config *key)
         if (!p->s[i].used || p->s[i].stamp < s->stamp)
             s = &p->s[i];
     }
-    forget(s);
+    forget(p, s);
     s->used = true;
     s->stamp = ++p->clock;
     memcpy(&s->key, key, sizeof *key);
@@ -139,10 +157,17 @@ static const ml_chain *chain_for(ml_planner *p, setting *s, const ml_config *cfg
         k++;
     if (B == UINT64_C(1) << k)
         return have(p, s, cfg, k) ? &s->pt[k] : NULL;
+    if (p->at_s == s && p->at_B == B)
+        return &p->at;
     if (!on_line(p, s, cfg, k) && !on_line(p, s, cfg, k + 1))
         return NULL;
+    p->at_s = NULL;
     *st = ml__chain_at(&s->pt[k], &s->pt[k + 1], k, B, &p->at);
-    return *st == ML_OK ? &p->at : NULL;
+    if (*st != ML_OK)
+        return NULL;
+    p->at_s = s;
+    p->at_B = B;
+    return &p->at;
 }
 
 ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool keep_events,

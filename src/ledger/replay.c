@@ -66,8 +66,8 @@ __attribute__((noinline)) static void simulated_alloc(ml_replay *r, ml_category 
     ml__replay_reserved_point(r);
 }
 
-void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
-                         size_t block, unsigned copies)
+void ml__replay_alloc_event(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
+                            size_t block, unsigned copies)
 {
     if (b > (uint64_t)INT64_MAX) {
         r->overflow = true;
@@ -83,12 +83,7 @@ void ml__replay_saved_free(ml_replay *r, ml_category c, uint64_t b)
     event(r, c, -(int64_t)b);
 }
 
-void ml__replay_alloc(ml_replay *r, ml_category c, uint64_t b)
-{
-    ml__replay_alloc_as(r, c, b, ML_T_ONE, 0, 1);
-}
-
-void ml__replay_free(ml_replay *r, ml_category c, uint64_t b)
+void ml__replay_free_event(ml_replay *r, ml_category c, uint64_t b)
 {
     if (b > (uint64_t)INT64_MAX) {
         r->overflow = true;

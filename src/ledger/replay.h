@@ -181,7 +181,6 @@ void ml__sides_forward(ml_replay *r, size_t k, bool made);
 void ml__sides_backward(ml_replay *r, size_t k, bool start);
 void ml__sides_recompute(ml_replay *r, size_t s0, size_t j, bool made);
 
-void ml__replay_alloc(ml_replay *r, ml_category c, uint64_t b);
 static inline void ml__phase_max(ml_phase_peak *p, uint64_t v, int32_t block, const char **sub_at,
                                  const char *sub)
 {
@@ -267,10 +266,29 @@ void ml__replay_phase_names(const ml_replay *r, ml_summary *s);
 /* After an allocation in r->rsim: where its reserved bytes peaked, when
  * they pass the highest so far (r->rsv). */
 void ml__replay_reserved_point(ml_replay *r);
-/* The same, telling the allocator simulation which tensors make up b. */
-void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
-                         size_t block, unsigned copies);
-void ml__replay_free(ml_replay *r, ml_category c, uint64_t b);
+/* An allocation of b bytes in category c, telling the allocator
+ * simulation which tensors make up b; a free. Out of line where there is
+ * something to count: an allocation or a free of nothing is no event, and
+ * without a simulation nothing at all (a replay's calls are many, a third
+ * of them of nothing). */
+void ml__replay_alloc_event(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
+                            size_t block, unsigned copies);
+void ml__replay_free_event(ml_replay *r, ml_category c, uint64_t b);
+static inline void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b,
+                                       ml_tensor_split split, size_t block, unsigned copies)
+{
+    if (b || r->rsim)
+        ml__replay_alloc_event(r, c, b, split, block, copies);
+}
+static inline void ml__replay_alloc(ml_replay *r, ml_category c, uint64_t b)
+{
+    ml__replay_alloc_as(r, c, b, ML_T_ONE, 0, 1);
+}
+static inline void ml__replay_free(ml_replay *r, ml_category c, uint64_t b)
+{
+    if (b || r->rsim)
+        ml__replay_free_event(r, c, b);
+}
 /* A recompute's FLOPs added to this micro-batch's. */
 void ml__replay_recompute_flops(ml_replay *r, double f);
 /* The forward of one micro-batch; blocks with seg[k] >= 0 run under

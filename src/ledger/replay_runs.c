@@ -141,8 +141,9 @@ void ml__run_after(ml_run *u, const ml_replay *r, size_t k, int dir)
     /* the pair (k - dir, k): the same change (ml__run_skip asks whether
      * the chain makes them twins) */
     const bool follows = u->streak && u->last + (size_t)dir == k;
-    const bool same = follows && !memcmp(d, u->delta, sizeof d) && adds == u->adds &&
-                      (!adds || r->rec_last == u->rec);
+    bool same = follows && adds == u->adds && (!adds || r->rec_last == u->rec);
+    for (size_t c = 0; c <= ML_CAT_COUNT && same; c++)
+        same = d[c] == u->delta[c];
     u->streak = same ? u->streak + 1 : 1;
     memcpy(u->delta, d, sizeof d);
     u->fdelta[0] = r->flops_done - u->fdone[0];
