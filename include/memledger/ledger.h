@@ -343,6 +343,13 @@ typedef struct ml_summary {
      * step (0 without) */
     double comm_grad_bytes;
     double time_comm_hidden_s;
+    /* context parallelism's ring (docs/parallel.md): bytes each rank sends per
+     * iteration (the keys and values all-gathered in each layer's forward and
+     * again in its backward, the key/value gradients passed on), and their
+     * time at device.interconnect_gbps in the step, not overlapped; 0 without
+     * parallel.cp, time < 0 not timed */
+    double cp_comm_bytes;
+    double time_cp_s;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -205,6 +205,10 @@ typedef struct ml_training {
                                       gradient collectives run beside the step's last
                                       backward (Megatron's --overlap-grad-reduce, DDP's
                                       buckets): only what outlasts it is in the step */
+    uint64_t context_parallel;     /* parallel.cp: ranks splitting each sequence (ring
+                                      attention, docs/parallel.md "Context
+                                      parallelism"); 0 or 1: none. The gradients'
+                                      reduction and a ZeRO shard span dp x cp ranks */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it

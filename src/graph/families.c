@@ -18,6 +18,7 @@ static void common(const ml_model *m, const mlg_config *c, mlg_layer *L)
     a->qkv_bias = m->attn.qkv_bias;
     a->out_bias = m->bias || m->attn.out_bias;
     a->fused_kernel = c->fused_kernel;
+    a->ring = c->ring && c->fused_kernel;
     a->fused_softmax = m->attn.fused_softmax;
     a->dropout = a->out_grad = drop;
     a->rope = m->embed.position == ML_POS_ROPE;

@@ -14,6 +14,8 @@ typedef struct {
     bool autocast;      /* torch.autocast runs the model */
     bool fused_kernel;  /* its attention dispatches to a fused kernel */
     bool eval;          /* the evaluation pass (model.eval(), no_grad) */
+    bool ring;          /* context parallelism: the fused attention runs as ring
+                           attention (docs/parallel.md) */
 } mlg_config;
 
 /* nanoGPT's and Hugging Face GPT-2's layer (pre-LayerNorm, one c_attn

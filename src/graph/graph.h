@@ -63,6 +63,9 @@ typedef enum {
                  one expert's share of the routed rows */
     MLG_TS,  /* T5: the encoder's tokens, the keys a decoder's cross-attention reads */
     MLG_NB,  /* T5: the relative-position buckets */
+    MLG_TKV, /* the keys a fused attention's queries attend to: T, or under
+                context parallelism the whole sequence (its ring visits every
+                rank's keys; docs/parallel.md) */
     MLG_L0,
     MLG_NDIMS = MLG_L0 + MLG_NLIT
 } mlg_dim;

@@ -416,6 +416,35 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, cons
     return y;
 }
 
+uint16_t ml__kit_ring_open(ml_graph *g, bool ring)
+{
+    if (!ring)
+        return MLG_NONE;
+    /* (one op: its three outputs; the kernel's own op follows) */
+    mlg_op *o = ml__graph_op(g, MLG_OP_VIEW, "ring attention's buffers");
+    ml__op_out(o, ml__graph_tensor(g, "ring: keys and values all-gathered", MLG_COMPUTE, MLG_ACT,
+                                   5, ml__graph_lit(g, 2), MLG_B, MLG_HKV, MLG_TKV, MLG_DH));
+    ml__op_out(o, ml__graph_tensor(g, "ring: the merge's fp32 output and temporaries", MLG_FP32,
+                                   MLG_ACT, 5, ml__graph_lit(g, 4), MLG_B, MLG_H, MLG_T, MLG_DH));
+    ml__op_out(o, ml__kit_heads(g, "ring: a step's output", MLG_H));
+    /* transients of the block rule too (where the forward is not the
+     * graph's op-by-op pass) */
+    for (unsigned j = 0; j < o->nout; j++)
+        if (o->out[j] != MLG_NONE)
+            g->t[o->out[j]].flags |= MLG_T_TMP;
+    return (uint16_t)(g->nop - 1);
+}
+
+void ml__kit_ring_close(ml_graph *g, uint16_t open)
+{
+    if (open == MLG_NONE)
+        return;
+    const mlg_op *a = &g->op[open];
+    mlg_op *o = ml__graph_release(g, "ring attention returns");
+    for (unsigned j = 0; j < a->nout; j++)
+        ml__op_free(o, a->out[j]);
+}
+
 /* scaled_dot_product_attention on nanoGPT's heads (flash,
  * memory-efficient): saves q, k and v, its output and the per-row
  * logsumexp; no T x T tensor exists. Unrotated, q, k and v are views of
@@ -423,11 +452,14 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, cons
  * rotary's outputs (one entry) and v's view keeps qkv whole. Returns the
  * output. */
 static uint16_t nanogpt_fused(ml_graph *g, uint16_t qkv, uint16_t qh, uint16_t kh, uint16_t vh,
-                              bool rope)
+                              const mlg_attention *a)
 {
+    const bool rope = a->rope;
     uint16_t O = ml__kit_heads(g, "attention output (fused)", MLG_H);
     uint16_t lse = ml__graph_tensor(g, "logsumexp", MLG_FP32, MLG_ACT, 3, MLG_B, MLG_H, MLG_T);
+    const uint16_t ring = ml__kit_ring_open(g, a->ring);
     mlg_op *o = ml__graph_op(g, MLG_OP_ATTENTION, "scaled_dot_product_attention");
+    o->causal = !a->unmasked;
     ml__op_in(o, qh);
     ml__op_in(o, kh);
     ml__op_in(o, vh);
@@ -442,7 +474,8 @@ static uint16_t nanogpt_fused(ml_graph *g, uint16_t qkv, uint16_t qh, uint16_t k
     ml__op_save(o, qkv);
     ml__op_save(o, O);
     ml__op_save(o, lse);
-    ml__op_flops(o, 4.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+    ml__op_flops(o, 4.0, 5, MLG_B, MLG_H, MLG_T, MLG_TKV, MLG_DH);
+    ml__kit_ring_close(g, ring);
     return O;
 }
 
@@ -462,8 +495,7 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
     mlg_op *o;
     uint16_t O, probs = MLG_NONE;
     if (a->fused_kernel) {
-        O = nanogpt_fused(g, qkv, qh, kh, vh, a->rope);
-        g->op[g->nop - 1].causal = !a->unmasked;
+        O = nanogpt_fused(g, qkv, qh, kh, vh, a);
     } else {
         uint16_t qkc, P = eager_scores(g, qh, kh, !a->unmasked && !a->fused_softmax, &qkc);
         probs = eager_pv(g, L, P, vh, qkc, &O);

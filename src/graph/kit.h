@@ -39,6 +39,8 @@ typedef struct {
     bool hf;
     bool qkv_bias, out_bias;
     bool fused_kernel;   /* sdpa or flash as dispatched: no T x T tensor */
+    bool ring;           /* the fused kernel as context parallelism's ring
+                            attention: its buffers (ml__kit_ring_buffers) */
     bool dropout;        /* on the probabilities and the output */
     bool rope;           /* rotary on q and k (hf) */
     bool grouped;        /* fewer key/value heads than query heads (hf) */
@@ -166,6 +168,14 @@ uint16_t ml__kit_cast_copy(ml_graph *g, const mlg_layer *L, uint16_t x);
 uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_t out);
 /* A (B, h, T, dh) tensor in the compute dtype; a (B, H, T, T) one. */
 uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h);
+/* Context parallelism's ring attention (PyTorch's
+ * torch.distributed.tensor.experimental context_parallel, docs/parallel.md):
+ * before the fused kernel's op, an op making the buffers its call holds —
+ * every rank's keys and values all-gathered, the merge's fp32 output and
+ * its update's temporaries (four), one step's output — and its index
+ * (MLG_NONE without a ring); after it, the op dropping them. */
+uint16_t ml__kit_ring_open(ml_graph *g, bool ring);
+void ml__kit_ring_close(ml_graph *g, uint16_t open);
 uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags);
 /* HF's rotate-half rotary (apply_rotary_pos_emb) on the head tensor x of
  * hd heads, node its backward; pass (Phi-3's, GPT-NeoX's partial rotary:

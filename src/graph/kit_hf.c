@@ -403,14 +403,16 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
 
 /* scaled_dot_product_attention: saves q, k and v (listed as one), its
  * output and the per-row logsumexp; no T x T tensor. */
-static uint16_t fused(ml_graph *g, uint16_t qr, uint16_t kr, uint16_t vh)
+static uint16_t fused(ml_graph *g, uint16_t qr, uint16_t kr, uint16_t vh, const mlg_attention *a)
 {
     uint16_t O = ml__kit_heads(g, "attention output (fused)", MLG_H);
     uint16_t lse = ml__graph_tensor(g, "logsumexp", MLG_FP32, MLG_ACT, 3, MLG_B, MLG_H, MLG_T);
     const uint16_t q = ml__graph_storage(g, qr);
     g->t[ml__graph_storage(g, kr)].base = q;
     g->t[ml__graph_storage(g, vh)].base = q;
+    const uint16_t ring = ml__kit_ring_open(g, a->ring);
     mlg_op *o = ml__graph_op(g, MLG_OP_ATTENTION, "scaled_dot_product_attention");
+    o->causal = a->mask && !a->bert;
     ml__op_in(o, qr);
     ml__op_in(o, kr);
     ml__op_in(o, vh);
@@ -421,7 +423,8 @@ static uint16_t fused(ml_graph *g, uint16_t qr, uint16_t kr, uint16_t vh)
     ml__op_save(o, vh);
     ml__op_save(o, O);
     ml__op_save(o, lse);
-    ml__op_flops(o, 4.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+    ml__op_flops(o, 4.0, 5, MLG_B, MLG_H, MLG_T, MLG_TKV, MLG_DH);
+    ml__kit_ring_close(g, ring);
     return O;
 }
 
@@ -455,8 +458,7 @@ uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv 
     uint16_t O, probs = MLG_NONE, krep = MLG_NONE, vrep = MLG_NONE;
     uint16_t S3 = MLG_NONE;
     if (a->fused_kernel) {
-        O = fused(g, qr, kr, p.vh);
-        g->op[g->nop - 1].causal = a->mask && !a->bert;
+        O = fused(g, qr, kr, p.vh, a);
     }
     else
         probs = eager(g, L, qr, kr, p.vh, &O, &krep, &vrep, &S3);

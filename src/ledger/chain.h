@@ -245,6 +245,10 @@ typedef struct {
     ml_work_item *work;         /* what each block's ops do to the device (work.h),
                                    blocks' ranges in work_first .. */
     size_t nwork, workcap;
+    uint64_t cp;                /* context parallelism's ranks (1: none): T is a
+                                   rank's share of the sequence */
+    uint64_t cp_kv;             /* with cp > 1: the elements of a rank's keys (or
+                                   values) in one layer, B T Hkv dh */
 } ml_chain;
 
 /* The same for every training setting the chain refuses for this model
@@ -258,6 +262,18 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
  * the model one rank runs: m itself, or in *rank (a shallow copy owning
  * nothing) the narrower model of its tensor split and the engine's layer. */
 ml_status ml__tp_refused(const ml_model *m, const ml_training *t, ml_error *err);
+/* Context parallelism (context_parallel.c, docs/parallel.md): ML_RANGE
+ * with the reason when m under t's parallel.cp cannot be planned. */
+ml_status ml__cp_refused(const ml_model *m, const ml_training *t, ml_error *err);
+/* The ranks a data-parallel collective and a ZeRO shard span: the shard
+ * group's data-parallel ranks (ml_training_shard) times the context-parallel
+ * ranks, which hold the same parameters (PyTorch's FSDP over torchtitan's
+ * dp_shard x cp mesh, Megatron's data-parallel group with context
+ * parallelism). */
+static inline uint64_t ml__shard_group(const ml_training *t)
+{
+    return ml_training_shard(t) * (t->context_parallel > 1 ? t->context_parallel : 1);
+}
 ml_status ml__split_calib_refused(const ml_config *cfg, ml_error *err);
 const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model *rank);
 /* training.engine: megatron's conditions (tensor_parallel.c): ML_RANGE
@@ -267,6 +283,8 @@ ml_status ml__engine_refused(const ml_model *m, const ml_training *t, ml_error *
  * collectives (docs/parallel.md), the layers checkpointed where seg[k] >=
  * 0 (seg NULL: none). */
 double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int *seg);
+/* The same for context parallelism's ring (context_parallel.c). */
+double ml__cp_communication(const ml_chain *ch, const ml_training *t, const int *seg);
 
 /* Pipeline parallelism (pipeline.c, docs/parallel.md): ML_RANGE with the
  * reason when m's stages under t cannot be planned; the micro-batches

@@ -17,7 +17,8 @@
 mlg_config ml__ck_graph_config(const ml_chain *ch, const ml_model *m)
 {
     return (mlg_config){ch->prec.a,        ch->prec.w,   ch->prec.fp16,
-                        ch->prec.autocast, ml__ck_fused_attention(ch, m), ch->eval_mode};
+                        ch->prec.autocast, ml__ck_fused_attention(ch, m), ch->eval_mode,
+                        ch->cp > 1};
 }
 
 /* Each dtype class's bytes under the chain's precision, then each
@@ -49,6 +50,7 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
     memset(z, 0, sizeof *z);
     z->dim[MLG_B] = d->B;
     z->dim[MLG_T] = d->T;
+    z->dim[MLG_TKV] = d->cp > 1 ? ml_mul(ch, d->T, d->cp) : d->T;
     z->dim[MLG_D] = d->D;
     z->dim[MLG_H] = d->H;
     z->dim[MLG_HKV] = d->Hkv;
@@ -256,7 +258,7 @@ bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims
     mlg_layer L;
     /* the tower's attention is eager whatever the decoder's kernel */
     const mlg_config c = {ch->prec.a,        ch->prec.w, ch->prec.fp16,
-                          ch->prec.autocast, false,      ch->eval_mode};
+                          ch->prec.autocast, false,      ch->eval_mode, false};
     if (!ml__family_clip_layer(m, &c, &L))
         return false;
     ml__family_clip_graph(&G->g, &L, (mlg_clip_pool)pool);
@@ -279,7 +281,7 @@ bool ml__ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsig
     memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
     if (info->attention) {
         /* one head count, k and v D wide as q is (the builders' Dkv) */
-        z->dim[MLG_T] = info->T;
+        z->dim[MLG_T] = z->dim[MLG_TKV] = info->T;
         z->dim[MLG_D] = z->dim[MLG_DKV] = info->D;
         z->dim[MLG_H] = z->dim[MLG_HKV] = info->H;
         z->dim[MLG_DH] = info->D / info->H;
@@ -453,6 +455,9 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
         scratch = ml_add(ch, scratch, ml_mul(ch, tb[o->gin[0]], g->seq_div));
     else if (o->sp_site == MLG_SP_ROW && o->nout)
         scratch = ml_add(ch, scratch, ml_mul(ch, tb[o->out[0]], g->seq_div));
+    /* ring attention's backward: its buffers (context_parallel.c) */
+    if (o->kind == MLG_OP_ATTENTION)
+        scratch = ml_add(ch, scratch, ml__cp_ring_backward(ch, &G->z));
     if (scratch)
         ml__ck_node_scratch(ch, b, scratch);
 }
@@ -537,6 +542,11 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
     const uint64_t held = output(ch, b, G, x.idx, out);
     ml__work_graph(ch, b, g, &G->z, G->tb);
     ml__ck_end(ch, b, out);
+    /* a block-level backward (no node list): ring attention's buffers
+     * beside the block rule's transient, once per fused attention */
+    for (uint16_t k = 0; k < g->nop && !b->nnodes; k++)
+        if (g->op[k].kind == MLG_OP_ATTENTION)
+            b->ws_bwd = ml_add(ch, b->ws_bwd, ml__cp_ring_backward(ch, &G->z));
     if (!G->programs || ch->overflow)
         return;
     ml_graph_live l;

@@ -18,6 +18,9 @@ typedef struct {
     /* sequence parallelism (docs/parallel.md): its ranks (1: none), and the
      * rows of the residual stream a rank holds, BT / sp */
     uint64_t sp, BTs;
+    /* context parallelism: its ranks (1: none); T is then a rank's share of
+     * the sequence, T x cp the whole */
+    uint64_t cp;
     bool drop;
     double expert_imbalance; /* training.expert_imbalance (mixtures of experts) */
 } ml_ck_dims;
@@ -116,6 +119,11 @@ typedef struct {
  * their layout (graph/families.c); false: it declines them (the chain is
  * refused). */
 bool ml__ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+/* The bytes ring attention's backward holds besides a fused kernel's own
+ * (context_parallel.c; 0 without context parallelism): every rank's keys
+ * and values gathered again, the query gradient's fp32 accumulator and its
+ * update's copy, the fp32 key/value gradients passed around the ring. */
+uint64_t ml__cp_ring_backward(ml_chain *ch, const ml_graph_sizes *z);
 /* ... of layer `layer` (its layout: DeepSeek's first dense_layers layers
  * have a dense MLP, the others experts); ml__ck_graph_layer is layer 0's. */
 bool ml__ck_graph_layer_at(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t layer,

@@ -45,6 +45,10 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
                           "refuses batches above 1 without one; set pad_token_id in the config, "
                           "or set training.%s to 1",
                           (unsigned long long)d->B, ch->eval_mode ? "eval_batch" : "micro_batch");
+    /* context parallelism: a rank holds T / cp of each sequence (ml__cp_refused
+     * has checked that cp divides it) */
+    d->cp = t->context_parallel > 1 && !m->embed.image_size ? t->context_parallel : 1;
+    d->T /= d->cp;
     d->BT = ml_mul(ch, d->B, d->T);
     d->sp = ml_training_sp(t) ? t->tensor_parallel : 1;
     /* the fullest rank's tokens: a length tp does not divide is padded */
@@ -60,6 +64,8 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
     d->expert_imbalance = t->expert_imbalance > 1 ? t->expert_imbalance : 1;
     ch->B = d->B;
     ch->T = d->T;
+    ch->cp = d->cp;
+    ch->cp_kv = d->cp > 1 ? ml_mul(ch, d->BT, d->Dkv) : 0;
     ch->c_tokens = d->BT;
     ch->c_width = d->D;
     return ML_OK;

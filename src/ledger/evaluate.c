@@ -153,7 +153,7 @@ static void dist_optimizer_states(ml_chain *ch, const ml_training *t, const ml_o
                                   ml_summary *s)
 {
     ml_dopt d;
-    if (ml__dopt_layout(ch, ml_training_shard(t), t->virtual_stages, &d, NULL, 0)) {
+    if (ml__dopt_layout(ch, ml__shard_group(t), t->virtual_stages, &d, NULL, 0)) {
         ch->nomem = true;
         return;
     }
@@ -175,7 +175,7 @@ void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_by
     s->params = P;
     s->bytes_batch = ml_add(ch, ch->batch_input, ch->batch_targets);
     s->bytes_buffers = ch->buffer_bytes;
-    const uint64_t N = ml_training_shard(t); /* HSDP: the shard group's */
+    const uint64_t N = ml__shard_group(t); /* HSDP: the shard group's */
     const unsigned z = t->zero;
     uint64_t params_all = ml_mul(ch, P, ch->prec.param);
     uint64_t master_all = ml_mul(ch, Pt, ch->prec.master);
@@ -411,7 +411,7 @@ void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, m
     const ml_chain *ch = x->ch;
     const ml_training *t = &x->cfg->training;
     const size_t n = ch->n;
-    const uint64_t N = ml_training_shard(t); /* the collectives' group */
+    const uint64_t N = ml__shard_group(t); /* the collectives' group */
     /* the distributed optimizer's collectives are ZeRO-1's: the gradients
      * reduce-scattered, the parameters all-gathered (into its buffer) */
     const unsigned z = t->dist_optimizer ? 1 : t->zero;
@@ -471,6 +471,7 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     s->comm_bytes = ml__eval_communication(ch, t, s->params);
     s->comm_grad_bytes = ml__eval_grad_reduce_bytes(ch, t, s->params);
     s->tp_comm_bytes = ml__tp_communication(ch, t, seg);
+    s->cp_comm_bytes = ml__cp_communication(ch, t, seg);
     s->host_transfer_bytes = ml__eval_host_transfer(t, &ch->prec, s->params);
     s->peak_block = -1;
     r.keep = keep_events;

@@ -118,7 +118,7 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     }
     ml_summary *s = &sl.sum;
     ml__eval_model_states(&ch, &ec.training, &x->ob, s);
-    const uint64_t N = ml_training_shard(t);
+    const uint64_t N = ml__shard_group(t);
     ml_shard sh = {N, t->zero, t->zero >= 2, t->zero >= 3, ch.prec.param, 0, -1, 0, 0, false};
     ml_replay r = {.l = &sl,           .ch = &ch,         .sh = &sh,
                    .seg = e.seg,       .bd = e.bd,        .held = e.held,
@@ -319,7 +319,7 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     ml_status st = ml__rsim_create(&ac, x->ch, &rs, err);
     if (st)
         return st;
-    ml__rsim_set_shards(rs, ml_training_shard(&x->cfg->training), x->cfg->training.virtual_stages);
+    ml__rsim_set_shards(rs, ml__shard_group(&x->cfg->training), x->cfg->training.virtual_stages);
     ml_ledger sl;
     memset(&sl, 0, sizeof sl);
     ml__eval_model_states((ml_chain *)x->ch, &x->cfg->training, &x->ob, &sl.sum);

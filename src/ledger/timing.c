@@ -13,15 +13,16 @@
  * group, once per step, 2 (R - 1)/R of G / N (docs/sharding.md) */
 static double replicas_bytes(const ml_training *t, double G)
 {
-    const uint64_t N = ml_training_shard(t);
-    const uint64_t D = t->data_parallel ? t->data_parallel : 1;
+    const uint64_t N = ml__shard_group(t);
+    const uint64_t D = (t->data_parallel ? t->data_parallel : 1) *
+                       (t->context_parallel > 1 ? t->context_parallel : 1);
     const double R = (double)(D / N);
     return R > 1 ? 2 * (R - 1) / R * G / (double)N : 0;
 }
 
 double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t P)
 {
-    const uint64_t N = ml_training_shard(t);
+    const uint64_t N = ml__shard_group(t);
     const unsigned z = t->dist_optimizer ? 1 : t->zero; /* Megatron's: ZeRO-1's collectives */
     double f = (double)(N - 1) / (double)N, A = (double)t->grad_accum;
     double pg = (double)P * ch->prec.grad, pp = (double)P * ch->prec.param;
@@ -39,7 +40,7 @@ double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t
 
 double ml__eval_grad_reduce_bytes(const ml_chain *ch, const ml_training *t, uint64_t P)
 {
-    const uint64_t N = ml_training_shard(t);
+    const uint64_t N = ml__shard_group(t);
     const unsigned z = t->dist_optimizer ? 1 : t->zero;
     const double f = (double)(N - 1) / (double)N, pg = (double)P * ch->prec.grad;
     const double rep = replicas_bytes(t, pg);
@@ -73,7 +74,7 @@ double ml__dp_hidden_s(const ml_summary *s, const ml_training *t, double bytes_p
  * backward, the update staying on the host. */
 double ml__eval_host_transfer(const ml_training *t, const ml_prec *p, uint64_t P)
 {
-    double N = t->zero >= 1 ? (double)ml_training_shard(t) : 1.0;
+    double N = t->zero >= 1 ? (double)ml__shard_group(t) : 1.0;
     double n = (double)P;
     if (t->offload == ML_OFFLOAD_OPTIMIZER)
         return n * (p->grad + p->param) / N;
@@ -84,7 +85,7 @@ double ml__eval_host_transfer(const ml_training *t, const ml_prec *p, uint64_t P
 
 static double host_shards(const ml_training *t)
 {
-    return t->zero >= 1 ? (double)ml_training_shard(t) : 1.0;
+    return t->zero >= 1 ? (double)ml__shard_group(t) : 1.0;
 }
 
 void ml__time_before_step(ml_replay *r, const ml_training *t, uint64_t P)
@@ -129,11 +130,14 @@ void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
         !(s->host_transfer_bytes > 0) ? 0 : hb > 0 ? s->host_transfer_bytes / hb : -1;
     /* tensor parallelism's collectives, inside a node (docs/parallel.md) */
     s->time_tp_s = !(s->tp_comm_bytes > 0) ? 0 : ic > 0 ? s->tp_comm_bytes / ic : -1;
+    /* context parallelism's ring, inside a node, not overlapped */
+    s->time_cp_s = !(s->cp_comm_bytes > 0) ? 0 : ic > 0 ? s->cp_comm_bytes / ic : -1;
     /* with overlap_grad_reduce, what the last backward covers */
     s->time_comm_hidden_s = s->time_communication_s > 0 ? ml__dp_hidden_s(s, t, ic) : 0;
     if (s->step_time_s >= 0)
         s->step_time_s += fmax(s->time_communication_s, 0) - s->time_comm_hidden_s +
-                          fmax(s->time_host_transfer_s, 0) + fmax(s->time_tp_s, 0);
+                          fmax(s->time_host_transfer_s, 0) + fmax(s->time_tp_s, 0) +
+                          fmax(s->time_cp_s, 0);
     /* the per-op model's step: throughput and MFU over the whole of it */
     if (s->time.source != ML_TIME_NONE) {
         s->time.step_s = s->step_time_s;

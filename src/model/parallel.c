@@ -116,7 +116,6 @@ ml_status ml_pp_layers_parse(const char *text, ml_training *t, ml_error *err)
 static const struct {
     const char *name, *what;
 } unplanned[] = {
-    {"cp", "context parallelism"},
     {"ep", "expert parallelism"},
     {"etp", "expert tensor parallelism"},
 };
@@ -125,7 +124,8 @@ static ml_status refuse_unplanned(ml_error *err, const ml_node *n, size_t k, uin
 {
     return ml__error_at(err, n, ML_SCHEMA,
                         "parallel.%s: %llu: %s is not modelled yet; plan each rank with tensor "
-                        "(tp), pipeline (pp) and data (dp) parallelism, or set it to 1",
+                        "(tp), context (cp), pipeline (pp) and data (dp) parallelism, or set it "
+                        "to 1",
                         unplanned[k].name, (unsigned long long)v, unplanned[k].what);
 }
 
@@ -167,9 +167,10 @@ ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err)
     } parts[] = {{"tp", "parallel.tp", &c.tensor_parallel, false},
                  {"dp", "training.data_parallel", &c.data_parallel, false},
                  {"pp", "parallel.pp", &c.pipeline_parallel, false},
-                 {"vpp", "parallel.vpp", &c.virtual_stages, false}};
+                 {"vpp", "parallel.vpp", &c.virtual_stages, false},
+                 {"cp", "parallel.cp", &c.context_parallel, false}};
     const size_t nparts = sizeof parts / sizeof parts[0];
-    bool seen_other[3] = {false};
+    bool seen_other[2] = {false};
     const char *p = text;
     if (!*p)
         return ml__errorf_at(err, ML_USAGE, 0, 0,
@@ -209,8 +210,8 @@ ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err)
         else if (v != 1)
             return ml__errorf_at(err, ML_RANGE, 0, 0,
                                  "parallel: '%.*s' in '%s': %s is not modelled yet; plan each "
-                                 "rank with tensor (tp), pipeline (pp) and data (dp) "
-                                 "parallelism, or set it to 1",
+                                 "rank with tensor (tp), context (cp), pipeline (pp) and data "
+                                 "(dp) parallelism, or set it to 1",
                                  (int)n, p, text, unplanned[k].what);
         if (!dot)
             break;
@@ -248,6 +249,7 @@ ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_er
     if (!strcmp(k, "pp_layers"))
         return ml_pp_layers_parse(v, t, err);
     if (!strcmp(k, "tp") || !strcmp(k, "dp") || !strcmp(k, "pp") || !strcmp(k, "vpp") ||
+        !strcmp(k, "cp") ||
         unplanned_index(k, strlen(k)) != SIZE_MAX) {
         char part[48];
         snprintf(part, sizeof part, "%s%s", k, v);
@@ -284,7 +286,7 @@ ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_er
         return ML_OK;
     }
     return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting (parallel.tp, sp, dp, pp, vpp, "
-                         "pp_schedule, pp_layers, layout, dist_optimizer, dp_shard or "
+                         "cp, pp_schedule, pp_layers, layout, dist_optimizer, dp_shard or "
                          "overlap_grad_reduce)", key);
 }
 
@@ -400,6 +402,9 @@ ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
     if (t->virtual_stages > 1)
         t->pp_schedule = ML_PP_INTERLEAVED;
     if ((st = pipeline_keys(err, p, t)))
+        return st;
+    ml_config_range("parallel.cp", &lo, &hi);
+    if ((st = ml__tree_uint(err, p, "cp", "parallel", lo, hi, &t->context_parallel)))
         return st;
     for (size_t k = 0; k < sizeof unplanned / sizeof unplanned[0]; k++) {
         const ml_node *n = ml__tree_get(p, unplanned[k].name);

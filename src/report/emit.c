@@ -520,6 +520,16 @@ static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_
                                                : "the snippet");
         return;
     }
+    if (t->context_parallel > 1) {
+        ml__emit_refuse(v, "the plan is one rank of sequences split over %llu devices "
+                           "(parallel.cp, PyTorch's ring attention); %s does not set up "
+                           "context parallelism: plan without --cp to emit",
+                        (unsigned long long)t->context_parallel,
+                        k == EMIT_DEEPSPEED    ? "DeepSpeed's config"
+                        : k == EMIT_HF_TRAINER ? "Trainer"
+                                               : "the snippet");
+        return;
+    }
     encdec_check(k, m, t, v);
     if (v->level == ML_EMIT_REFUSED)
         return;

@@ -51,16 +51,18 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     }
     const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
     const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
+    const uint64_t cp = t->context_parallel > 1 ? t->context_parallel : 1;
     fprintf(f,
             ", \"parallel\": {\"tp\": %llu, \"sp\": %s, \"pp\": %llu, \"vpp\": %llu, "
             "\"pp_schedule\": \"%s\", \"dp\": %llu, \"devices\": %llu, "
-            "\"dist_optimizer\": %s, \"dp_shard\": %llu, \"overlap_grad_reduce\": %s}",
+            "\"dist_optimizer\": %s, \"dp_shard\": %llu, \"overlap_grad_reduce\": %s, "
+            "\"cp\": %llu}",
             (unsigned long long)tp, ml_training_sp(t) ? "true" : "false", (unsigned long long)pp,
             (unsigned long long)(t->virtual_stages > 1 ? t->virtual_stages : 1),
             ml_pp_schedule_name(t->pp_schedule), (unsigned long long)t->data_parallel,
-            (unsigned long long)(tp * pp * t->data_parallel),
+            (unsigned long long)(tp * cp * pp * t->data_parallel),
             t->dist_optimizer ? "true" : "false", (unsigned long long)ml_training_shard(t),
-            t->overlap_grad_reduce ? "true" : "false");
+            t->overlap_grad_reduce ? "true" : "false", (unsigned long long)cp);
     fprintf(f, ", \"engine\": \"%s\"", ml_engine_name(t->engine));
     /* an encoder-decoder's second length */
     if (ml_model_target_len(m, t))
@@ -280,6 +282,10 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
     num(f, s->comm_bytes);
     fputs(", \"tensor_parallel_bytes_per_device\": ", f);
     num(f, s->tp_comm_bytes);
+    if (s->cp_comm_bytes > 0) { /* only with context parallelism */
+        fputs(", \"context_parallel_bytes_per_device\": ", f);
+        num(f, s->cp_comm_bytes);
+    }
     fputs("},\n \"host_transfer\": {\"bytes_per_device\": ", f);
     num(f, s->host_transfer_bytes);
     fputs("},\n \"step_time_s\": ", f);
@@ -293,6 +299,10 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
     num_or_null(f, s->time_host_transfer_s);
     fputs(", \"tensor_parallel_s\": ", f);
     num_or_null(f, s->time_tp_s);
+    if (s->cp_comm_bytes > 0) {
+        fputs(", \"context_parallel_s\": ", f);
+        num_or_null(f, s->time_cp_s);
+    }
     fprintf(f, ", \"communication_hidden_s\": %.17g", s->time_comm_hidden_s);
     json_step_time(f, &s->time);
     fputc('}', f);

@@ -125,12 +125,15 @@ void ml__report_json_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l)
 }
 
 /* The header's parallel line: each split, the devices in all. */
-static void text_layout(FILE *f, const ml_training *t, uint64_t tp, uint64_t pp)
+static void text_layout(FILE *f, const ml_training *t, uint64_t tp, uint64_t pp, uint64_t cp)
 {
     fputs("parallel: ", f);
     if (tp > 1)
         fprintf(f, "tensor %llu (%s), ", (unsigned long long)tp,
                 ml_training_sp(t) ? "with sequence parallelism" : "no sequence parallelism");
+    if (cp > 1)
+        fprintf(f, "context %llu (ring attention, %llu tokens a rank), ", (unsigned long long)cp,
+                (unsigned long long)(t->seq_len / cp));
     if (pp > 1 && t->virtual_stages > 1)
         fprintf(f, "pipeline %llu (interleaved, %llu virtual stages each), ",
                 (unsigned long long)pp, (unsigned long long)t->virtual_stages);
@@ -139,7 +142,7 @@ static void text_layout(FILE *f, const ml_training *t, uint64_t tp, uint64_t pp)
                 ml_pp_schedule_name(t->pp_schedule));
     fprintf(f, "data %llu: %llu devices; figures are one rank's\n",
             (unsigned long long)t->data_parallel,
-            (unsigned long long)(tp * pp * t->data_parallel));
+            (unsigned long long)(tp * cp * pp * t->data_parallel));
 }
 
 /* The header's lines on the engine, the parallel layout (when the model is
@@ -152,8 +155,9 @@ void ml__report_text_parallel(FILE *f, const ml_training *t)
               f);
     const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
     const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
-    if (tp > 1 || pp > 1)
-        text_layout(f, t, tp, pp);
+    const uint64_t cp = t->context_parallel > 1 ? t->context_parallel : 1;
+    if (tp > 1 || pp > 1 || cp > 1)
+        text_layout(f, t, tp, pp, cp);
     if (ml_training_shard(t) < t->data_parallel)
         fprintf(f, "shard groups: %llu replicas of %llu ranks (HSDP): the states shard over a "
                    "group, the groups' gradients are all-reduced\n",
@@ -164,9 +168,10 @@ void ml__report_text_parallel(FILE *f, const ml_training *t)
                    "(master weights and optimizer states of the fullest rank's shard; padded "
                    "buffers); figures are per device\n",
                 (unsigned long long)ml_training_shard(t));
-    } else if (t->data_parallel > 1 || t->zero || t->offload) {
-        fprintf(f, "sharding: %llu devices, ZeRO stage %u, offload %s; figures are per device\n",
-                (unsigned long long)t->data_parallel, t->zero, ml_offload_name(t->offload));
+    } else if (t->data_parallel > 1 || cp > 1 || t->zero || t->offload) {
+        fprintf(f, "sharding: %llu devices%s, ZeRO stage %u, offload %s; figures are per device\n",
+                (unsigned long long)(t->data_parallel * cp),
+                cp > 1 ? " (data x context parallel)" : "", t->zero, ml_offload_name(t->offload));
     }
 }
 
@@ -179,6 +184,8 @@ void ml__report_layout(const ml_training *t, char *buf, size_t size)
     if (tp > 1)
         n = snprintf(buf, size, ", tp %llu%s", (unsigned long long)tp,
                      ml_training_sp(t) ? " with sequence parallelism" : "");
+    if (t->context_parallel > 1 && n >= 0 && (size_t)n < size)
+        n += snprintf(buf + n, size - (size_t)n, ", cp %llu", (unsigned long long)t->context_parallel);
     if (pp > 1 && n >= 0 && (size_t)n < size)
         snprintf(buf + n, size - (size_t)n, ", pp %llu (%s; the fullest stage's figures)",
                  (unsigned long long)pp, ml_pp_schedule_name(t->pp_schedule));

@@ -72,7 +72,9 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
         ml__report_lengths(m, t, sl, sizeof sl);
     else
         snprintf(sl, sizeof sl, "seq_len %llu%s",
-                 (unsigned long long)s->c_tokens / t->micro_batch, tl);
+                 (unsigned long long)(s->c_tokens / t->micro_batch *
+                                      (t->context_parallel > 1 ? t->context_parallel : 1)),
+                 tl);
     fprintf(f, "config: micro_batch %llu, %s, grad_accum %llu, precision %s, "
                "optimizer %s (%s), checkpoint %s%s%s\n",
             (unsigned long long)t->micro_batch, sl,
@@ -473,6 +475,11 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
         ml_format_bytes((uint64_t)s->tp_comm_bytes, a, sizeof a);
         fprintf(f, "  tensor-parallel collectives: %s sent per rank per iteration", a);
         text_part(f, s->time_tp_s, cfg->device.interconnect_gbps, "--interconnect");
+    }
+    if (s->cp_comm_bytes > 0) {
+        ml_format_bytes((uint64_t)s->cp_comm_bytes, a, sizeof a);
+        fprintf(f, "  context-parallel ring: %s sent per rank per iteration", a);
+        text_part(f, s->time_cp_s, cfg->device.interconnect_gbps, "--interconnect");
     }
     if (s->host_transfer_bytes > 0) {
         ml_format_bytes((uint64_t)s->host_transfer_bytes, a, sizeof a);

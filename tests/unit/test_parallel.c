@@ -176,9 +176,11 @@ static void test_compact_layout(void **state)
     assert_int_equal(t.tensor_parallel, 4);
     assert_int_equal(t.data_parallel, 2);
     /* refused, t unchanged */
-    assert_int_equal(ml_parallel_parse("tp2.cp4", &t, &e), ML_RANGE);
-    assert_non_null(strstr(e.msg, "context parallelism is not modelled yet"));
+    assert_int_equal(ml_parallel_parse("tp2.ep4", &t, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "expert parallelism is not modelled yet"));
     assert_int_equal(t.tensor_parallel, 4);
+    assert_int_equal(ml_parallel_parse("tp4.cp2", &t, &e), ML_OK); /* context parallelism */
+    assert_int_equal(t.context_parallel, 2);
     assert_int_equal(ml_parallel_parse("pp4.vpp3.tp2", &t, &e), ML_OK);
     assert_int_equal(t.pipeline_parallel, 4);
     assert_int_equal(t.virtual_stages, 3);
@@ -237,8 +239,8 @@ static void test_yaml_section(void **state)
     assert_true(ml_training_sp(&c.training));
     assert_int_equal(c.training.data_parallel, 2);
     ml_model_destroy(m);
-    snprintf(buf, sizeof buf, "%sparallel:\n  tp: 2\n  cp: 4\n", llama);
-    expect_schema(buf, 22, "context parallelism is not modelled yet");
+    snprintf(buf, sizeof buf, "%sparallel:\n  tp: 2\n  ep: 4\n", llama);
+    expect_schema(buf, 22, "expert parallelism is not modelled yet");
     snprintf(buf, sizeof buf, "%sparallel:\n  pp_schedule: 2f2b\n", llama);
     expect_schema(buf, 21, "parallel.pp_schedule");
     snprintf(buf, sizeof buf, "%sparallel:\n  pp_layers: [1, 0]\n", llama);

@@ -1,0 +1,171 @@
+/* Context parallelism, one rank's plan (docs/parallel.md, "Context
+ * parallelism"): a rank holds T / cp tokens of every tensor, its fused
+ * attention attends to the whole sequence's keys through PyTorch's ring
+ * attention, whose buffers and collectives are worked by hand here from
+ * the layer's shape. */
+#include "harness.h"
+#include "ledger/chain.h" /* the blocks' transients */
+
+/* B 2, T 64, hidden 64, 4 heads of 16, 2 key/value heads, bf16, flash */
+static const char *tiny =
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  kv_heads: 2\n"
+    "  ffn: 128\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 256\n  position: rope\n"
+    "  tied_embeddings: false\n  bias: false\n  attention: flash\n  dropout: 0\n"
+    "training:\n  micro_batch: 2\n  seq_len: 64\n  precision: bf16\n  optimizer: adamw\n";
+
+static ml_config allocated(const ml_model *m, uint64_t cp, uint64_t T)
+{
+    ml_config c = ml_model_config(m);
+    c.device.allocator = ML_ALLOCATOR_NONE;
+    c.training.context_parallel = cp;
+    c.training.seq_len = T;
+    return c;
+}
+
+static const ml_block_info *block(const ml_ledger *l, const char *name)
+{
+    for (size_t i = 0; i < ml_ledger_block_count(l); i++)
+        if (!strcmp(ml_ledger_block(l, i)->name, name))
+            return ml_ledger_block(l, i);
+    fail_msg("no block %s", name);
+    return NULL;
+}
+
+/* At cp 2 a rank's tensors are those of the whole model at T / 2 = 32
+ * tokens; its attention's queries meet all 64 keys: 4 B H Tl (T - Tl) dh
+ * more FLOPs a layer than at 32 tokens, 4 x 2 x 4 x 32 x 32 x 16 =
+ * 524,288, 1,048,576 over the two layers. */
+static void test_rank_is_its_tokens(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = allocated(m, 2, 64), h = allocated(m, 1, 32);
+    ml_ledger *l = eval(m, &c, false), *k = eval(m, &h, false);
+    for (size_t i = 0; i < ml_ledger_block_count(l); i++)
+        assert_int_equal(ml_ledger_block(l, i)->activations_saved,
+                         ml_ledger_block(k, i)->activations_saved);
+    assert_int_equal(ml_ledger_summary(l)->bytes_activations,
+                     ml_ledger_summary(k)->bytes_activations);
+    const double extra = 4.0 * 2 * 4 * 32 * (64 - 32) * 16;
+    assert_rel_close(extra, 524288, 0);
+    assert_rel_close(ml_ledger_summary(l)->flops_forward,
+                     ml_ledger_summary(k)->flops_forward + 2 * extra, 1e-15);
+    assert_rel_close(block(l, "block.0")->flops_forward,
+                     block(k, "block.0")->flops_forward + extra, 1e-15);
+    ml_ledger_destroy(l);
+    ml_ledger_destroy(k);
+    ml_model_destroy(m);
+}
+
+/* The ring per layer, e = B Tl Hkv dh = 2 x 32 x 2 x 16 = 2,048 elements
+ * of a rank's keys: the forward's all-gather of [K, V] sends
+ * (cp - 1) 2 a e = 8,192 B, the backward's again, and cp permutes of the
+ * fp32 [dK, dV], 8 e = 16,384 B each: 49,152 B a layer, 98,304 B for two;
+ * recomputed (full checkpointing), each layer gathers once more:
+ * 114,688 B. The gradients' all-reduce spans dp x cp = 2 ranks:
+ * 2 (1/2) P 2 B = 2 P bytes. */
+static void test_ring_collectives(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = allocated(m, 2, 64);
+    ml_ledger *l = eval(m, &c, false);
+    const ml_summary *s = ml_ledger_summary(l);
+    const double e = 2 * 32 * 2 * 16, gather = 1 * 2 * 2 * e;
+    assert_rel_close(2 * (2 * gather + 2 * 8 * e), 98304, 0);
+    assert_rel_close(s->cp_comm_bytes, 98304, 0);
+    assert_rel_close(s->comm_bytes, 2.0 * (double)s->params, 1e-15);
+    ml_ledger_destroy(l);
+    c.training.checkpoint.kind = ML_CKPT_FULL;
+    l = eval(m, &c, false);
+    assert_rel_close(ml_ledger_summary(l)->cp_comm_bytes, 98304 + 2 * gather, 0);
+    ml_ledger_destroy(l);
+    c.training.context_parallel = 1;
+    l = eval(m, &c, false);
+    assert_rel_close(ml_ledger_summary(l)->cp_comm_bytes, 0, 0);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* The ring's buffers in a layer block. Forward: [K, V] of all 64 tokens,
+ * 2 x 2 B x 2 x 2 x 64 x 16 = 16,384 B; the merge's fp32 output and its
+ * update's temporaries, 4 x 4 B x B H Tl dh = 16 x 4,096 = 65,536 B; one
+ * step's output, 8,192 B: the largest of the block's unsaved tensors, so
+ * the block rule's forward transient is twice it, 131,072 B. Backward,
+ * beside the block rule's (its largest tensor now that buffer): [K, V]
+ * gathered again, 16,384 B; grad_query in fp32 and its update's copy,
+ * 8 x 4,096 = 32,768 B; the fp32 [dK, dV] in flight, 32 e = 65,536 B:
+ * 114,688 B. */
+static void test_ring_buffers(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = allocated(m, 2, 64), h = allocated(m, 1, 32);
+    ml_chain ring, half;
+    ml_error e;
+    assert_int_equal(ml__chain_build(m, &c, &ring, &e), ML_OK);
+    assert_int_equal(ml__chain_build(m, &h, &half, &e), ML_OK);
+    const ml_cblock *r = &ring.blocks[1], *p = &half.blocks[1];
+    assert_string_equal(r->name, "block.0");
+    assert_true(r->nnodes == 0); /* the block-level backward */
+    assert_int_equal(r->ws_fwd, 2 * 65536);
+    const uint64_t mt = p->ws_nograd / 2; /* the block's largest tensor at T 32 */
+    const uint64_t big = mt > 65536 ? mt : 65536;
+    assert_int_equal(r->ws_bwd, p->ws_bwd - 2 * mt + 2 * big + 16384 + 32768 + 65536);
+    ml__chain_free(&ring);
+    ml__chain_free(&half);
+    ml_model_destroy(m);
+}
+
+static ml_status status_of(const ml_model *m, const ml_config *c, ml_error *e)
+{
+    ml_ledger *l = NULL;
+    ml_status st = ml_ledger_evaluate(m, c, false, &l, e);
+    ml_ledger_destroy(l);
+    return st;
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = allocated(m, 3, 64);
+    ml_error e;
+    /* 64 tokens do not split into 2 x 3 chunks */
+    assert_int_equal(status_of(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "training.seq_len"));
+    assert_non_null(strstr(e.msg, "multiple of 6"));
+    c = allocated(m, 4, 64); /* 8 chunks of 8 */
+    assert_int_equal(status_of(m, &c, &e), ML_OK);
+    c.training.engine = ML_ENGINE_MEGATRON;
+    assert_int_equal(status_of(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "Transformer Engine"));
+    ml_model_destroy(m);
+    /* eager attention, and sdpa's math kernel (fp32, grouped heads) */
+    const char *kinds[] = {"attention: flash", "attention: eager", "attention: sdpa"};
+    for (size_t k = 1; k < 3; k++) {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", tiny);
+        char *at = strstr(buf, kinds[0]);
+        char rest[512];
+        snprintf(rest, sizeof rest, "%s", at + strlen(kinds[0]));
+        snprintf(at, sizeof buf - (size_t)(at - buf), "%s%s", kinds[k], rest);
+        m = load_str(buf);
+        c = allocated(m, 2, 64);
+        c.training.precision = ML_PREC_FP32;
+        assert_int_equal(status_of(m, &c, &e), ML_RANGE);
+        assert_non_null(strstr(e.msg, "fused scaled_dot_product_attention"));
+        ml_model_destroy(m);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rank_is_its_tokens),
+        cmocka_unit_test(test_ring_collectives),
+        cmocka_unit_test(test_ring_buffers),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
