@@ -88,6 +88,8 @@ typedef struct ml_layout_request {
      * distributed optimizer off and on (engine megatron) whenever dp > 1 */
     bool pin_sharding;
     uint64_t vpp; /* virtual stages pinned (1: none); 0: searched */
+    uint64_t cp;  /* context-parallel ranks pinned (1: none); 0: searched (within a
+                     node beside tp, where the model's attention can run the ring) */
 } ml_layout_request;
 
 ML_API ml_layout_request ml_layout_request_defaults(void);
@@ -110,6 +112,7 @@ typedef struct ml_layout_row {
     uint64_t vpp;               /* virtual stages a stage (interleaved 1F1B when > 1) */
     unsigned zero;              /* the ZeRO stage over the data-parallel ranks */
     bool dist_optimizer;        /* Megatron's distributed optimizer */
+    uint64_t cp;                /* context-parallel ranks (0 or 1: none) */
 } ml_layout_row;
 
 #define ML_LAYOUT_TOP 10

@@ -34,12 +34,12 @@ static const char usage[] =
     "  --emit TARGET          settings for the chosen point: deepspeed, hf-trainer, torch,\n"
     "                         megatron (also the best layout of --gpus)\n"
     "  -o FILE                write to FILE (atomically) instead of stdout\n"
-    "  --gpus N               search the layouts of N devices instead: tensor x pipeline\n"
-    "                         x data parallelism, micro-batch, checkpoint (none,\n"
+    "  --gpus N               search the layouts of N devices instead: tensor x context\n"
+    "                         x pipeline x data parallelism, micro-batch, checkpoint (none,\n"
     "                         selective, full), ranked by step time (docs/search.md);\n"
     "                         needs --global-batch; --gpus-per-node G (default 8),\n"
     "                         --interconnect GBps within a node, --network GBps between\n"
-    "                         nodes; --tp N, --pp N, --vpp V, --micro-batch B,\n"
+    "                         nodes; --tp N, --cp N, --pp N, --vpp V, --micro-batch B,\n"
     "                         --checkpoint C, --zero Z, --dist-optimizer pin their part\n"
     "  and every 'memledger plan' option (--seq-len, --precision, --zero, ...)\n"
     "\n"
@@ -170,7 +170,7 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
                       "micro-batches a step and the data-parallel size from the global "
                       "batch: drop --pp-schedule, --pp-layers, --parallel, --data-parallel, "
                       "--grad-accum, --micro-batches, --checkpoint auto and --max-micro-batch "
-                      "(--tp, --pp, --vpp, --micro-batch, --checkpoint and --zero or "
+                      "(--tp, --cp, --pp, --vpp, --micro-batch, --checkpoint and --zero or "
                       "--dist-optimizer pin their part)",
                       o->gpus);
         rc = ML_EXIT_BAD_INPUT;
@@ -180,6 +180,7 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
     req.pp = o->pp ? cfg->training.pipeline_parallel : 0;
     req.micro_batch = o->micro_batch ? cfg->training.micro_batch : 0;
     req.vpp = o->vpp ? cfg->training.virtual_stages : 0;
+    req.cp = o->cp ? cfg->training.context_parallel : 0;
     req.pin_checkpoint = o->checkpoint != NULL;
     req.checkpoint = cfg->training.checkpoint;
     /* the sharding as given (--zero, --dist-optimizer), or Megatron's own

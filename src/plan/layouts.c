@@ -100,16 +100,17 @@ static double comm_time(const search *x, const ml_ledger *l, const ml_layout_row
     for (size_t i = 0; i < ml_ledger_rank_count(l); i++)
         if (ml_ledger_rank(l, i)->p2p_bytes > p2p)
             p2p = ml_ledger_rank(l, i)->p2p_bytes;
-    const double dpbw = row->tp * row->pp * row->dp > G ? net : intra;
-    double parts[3] = {over(s->tp_comm_bytes, intra), over(p2p, row->tp * row->pp > G ? net : intra),
-                       over(s->comm_bytes, dpbw)};
+    const uint64_t tc = row->tp * (row->cp > 1 ? row->cp : 1); /* inside a node */
+    const double dpbw = tc * row->pp * row->dp > G ? net : intra;
+    double parts[4] = {over(s->tp_comm_bytes, intra), over(p2p, tc * row->pp > G ? net : intra),
+                       over(s->comm_bytes, dpbw), over(s->cp_comm_bytes, intra)};
     /* overlap_grad_reduce: what the last backward covers */
     if (parts[2] > 0) {
         const ml_config c = ml_layout_config(x->cfg, row);
         parts[2] -= ml__dp_hidden_s(s, &c.training, dpbw * 1e9);
     }
     double t = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if (parts[i] < 0)
             return -1;
         t += parts[i];
@@ -124,6 +125,7 @@ static bool seen(const ml_layout_result *out, const ml_layout_row *row)
     for (size_t i = 0; i < out->nrows; i++) {
         const ml_layout_row *o = &out->rows[i];
         if (o->tp == row->tp && o->pp == row->pp && o->dp == row->dp && o->vpp == row->vpp &&
+            o->cp == row->cp &&
             o->zero == row->zero && o->dist_optimizer == row->dist_optimizer &&
             o->micro_batch == row->micro_batch && o->peak == row->peak &&
             o->device_total == row->device_total && o->step_s == row->step_s)
@@ -168,6 +170,7 @@ ml_config ml_layout_config(const ml_config *cfg, const ml_layout_row *w)
         t->pp_schedule = ML_PP_1F1B;
     t->zero = w->zero;
     t->dist_optimizer = w->dist_optimizer;
+    t->context_parallel = w->cp > 1 ? w->cp : 1;
     return c;
 }
 
@@ -340,47 +343,83 @@ static size_t shardings(const search *x, uint64_t pp, uint64_t dp, ml_layout_row
     return top + 1;
 }
 
-/* The splits of req, each searched (st not NULL) and followed by the
- * progress callback, or only counted; returns how many. */
-static uint64_t layouts(const ml_layout_request *req, ml_status *st, search *x, ml_error *err)
+/* Context parallelism over cp ranks beside tp inside a node of G: pinned,
+ * or searched where the model's attention and sequence allow it
+ * (ml__cp_refused). */
+static bool cp_tried(const search *x, uint64_t tp, uint64_t cp, uint64_t G)
 {
-    const uint64_t G = req->gpus_per_node ? req->gpus_per_node : 8;
-    const uint64_t L = x->m->layers;
-    uint64_t n = 0, total = st ? layouts(req, NULL, x, err) : 0, candidates = 0;
-    for (uint64_t tp = 1; tp <= G && tp <= req->gpus; tp++) {
-        if (G % tp || req->gpus % tp || (req->tp && tp != req->tp))
+    const ml_layout_request *req = x->req;
+    if (req->cp)
+        return cp == req->cp;
+    if (cp == 1)
+        return true;
+    if (G % (tp * cp) || req->gpus % (tp * cp))
+        return false;
+    ml_training t = x->cfg->training;
+    t.context_parallel = cp;
+    ml_error e;
+    return ml__cp_refused(x->m, &t, &e) == ML_OK;
+}
+
+/* A count of splits and where the search stands (layouts, below). */
+typedef struct {
+    uint64_t n, total, candidates;
+} tally;
+
+/* The splits with tp and cp: pp dividing the rest, its virtual stages and
+ * the data-parallel sharding, each searched (st not NULL) and followed by
+ * the progress callback, or only counted; false once *st is an error. */
+static bool splits(search *x, uint64_t tp, uint64_t cp, tally *c, ml_status *st, ml_error *err)
+{
+    const ml_layout_request *req = x->req;
+    const uint64_t L = x->m->layers, tc = tp * cp;
+    for (uint64_t pp = 1; pp <= req->gpus / tc && pp <= ML_PP_MAX_STAGES; pp++) {
+        if ((req->gpus / tc) % pp || (req->pp && pp != req->pp))
             continue;
-        for (uint64_t pp = 1; pp <= req->gpus / tp && pp <= ML_PP_MAX_STAGES; pp++) {
-            if ((req->gpus / tp) % pp || (req->pp && pp != req->pp))
+        const uint64_t dp = req->gpus / (tc * pp);
+        if (req->global_batch % dp)
+            continue;
+        /* virtual stages: a stage's layers in v equal chunks */
+        for (uint64_t v = 1; v <= (pp > 1 && L ? L / pp : 1); v++) {
+            if ((v > 1 && (L / pp) % v) || (req->vpp && v != req->vpp) || (v > 1 && L % pp))
                 continue;
-            const uint64_t dp = req->gpus / (tp * pp);
-            if (req->global_batch % dp)
-                continue;
-            /* virtual stages: a stage's layers in v equal chunks */
-            for (uint64_t v = 1; v <= (pp > 1 && L ? L / pp : 1); v++) {
-                if ((v > 1 && (L / pp) % v) || (req->vpp && v != req->vpp) ||
-                    (v > 1 && L % pp))
+            ml_layout_row split[4];
+            memset(split, 0, sizeof split);
+            const size_t ns = shardings(x, pp, dp, split);
+            for (size_t k = 0; k < ns; k++) {
+                split[k].tp = tp, split[k].pp = pp, split[k].dp = dp, split[k].vpp = v;
+                split[k].cp = cp;
+                c->n++;
+                if (!st)
                     continue;
-                ml_layout_row split[4];
-                memset(split, 0, sizeof split);
-                const size_t ns = shardings(x, pp, dp, split);
-                for (size_t k = 0; k < ns; k++) {
-                    split[k].tp = tp, split[k].pp = pp, split[k].dp = dp, split[k].vpp = v;
-                    n++;
-                    if (!st)
-                        continue;
-                    if ((*st = layout(x, &split[k], &candidates, err)))
-                        return n;
-                    if (req->progress)
-                        req->progress(req->progress_ctx, n, total,
-                                      x->out->nrows ? &x->out->rows[0] : NULL);
-                }
+                if ((*st = layout(x, &split[k], &c->candidates, err)))
+                    return false;
+                if (req->progress)
+                    req->progress(req->progress_ctx, c->n, c->total,
+                                  x->out->nrows ? &x->out->rows[0] : NULL);
             }
         }
     }
+    return true;
+}
+
+/* The splits of req, each searched (st not NULL) and followed by the
+ * progress callback, or only counted; returns how many. tp and cp stay
+ * inside a node. */
+static uint64_t layouts(const ml_layout_request *req, ml_status *st, search *x, ml_error *err)
+{
+    const uint64_t G = req->gpus_per_node ? req->gpus_per_node : 8;
+    tally c = {0, st ? layouts(req, NULL, x, err) : 0, 0};
+    for (uint64_t tp = 1; tp <= G && tp <= req->gpus; tp++) {
+        if (G % tp || req->gpus % tp || (req->tp && tp != req->tp))
+            continue;
+        for (uint64_t cp = 1; tp * cp <= G && tp * cp <= req->gpus; cp++)
+            if (cp_tried(x, tp, cp, G) && !splits(x, tp, cp, &c, st, err))
+                return c.n;
+    }
     if (st)
-        x->out->candidates = candidates;
-    return n;
+        x->out->candidates = c.candidates;
+    return c.n;
 }
 
 ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_layout_request *req,

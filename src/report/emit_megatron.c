@@ -56,6 +56,10 @@ void ml__emit_megatron_check(ml_emit_verdict *v, const ml_model *m, const ml_con
     if (m->attn.kernel == ML_ATTN_SDPA)
         ml__emit_note(v, "the plan's attention is sdpa, which Megatron does not run: "
                          "--attention-backend auto picks a fused kernel");
+    if (t->context_parallel > 1)
+        ml__emit_note(v, "the plan's context parallelism is PyTorch's ring attention; "
+                         "Megatron's (--context-parallel-size) runs Transformer Engine's, "
+                         "whose buffers differ");
 }
 
 static void flag(FILE *f, const char *name, const char *fmt, unsigned long long v)
@@ -117,6 +121,8 @@ static void training_flags(FILE *f, const ml_training *t)
     flag(f, "--pipeline-model-parallel-size", " %llu", pp);
     if (pp > 1 && t->virtual_stages > 1)
         flag(f, "--virtual-pipeline-model-parallel-size", " %llu", t->virtual_stages);
+    if (t->context_parallel > 1)
+        flag(f, "--context-parallel-size", " %llu", t->context_parallel);
     flag(f, t->precision == ML_PREC_FP16_MASTER ? "--fp16" : "--bf16", NULL, 0);
     if (t->dist_optimizer || (t->zero == 1 && t->data_parallel > 1))
         flag(f, "--use-distributed-optimizer", NULL, 0);
@@ -149,6 +155,7 @@ int ml__emit_megatron(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     fprintf(f, " (memledger's plan: %llu devices)\n",
             (unsigned long long)((t->tensor_parallel > 1 ? t->tensor_parallel : 1) *
                                  (t->pipeline_parallel > 1 ? t->pipeline_parallel : 1) *
+                                 (t->context_parallel > 1 ? t->context_parallel : 1) *
                                  t->data_parallel));
     fputs("# the data, tokenizer, learning rate and iterations are yours to add\n", f);
     ml__emit_note_comments(f, v);

@@ -1,5 +1,6 @@
 /* fit --gpus: the layout search's answer in text and JSON (docs/search.md). */
 #include <stdio.h>
+#include <string.h>
 
 #include "memledger/report.h"
 #include "report/report_internal.h"
@@ -7,12 +8,15 @@
 /* The compact form --parallel takes: tp2.pp4.vpp2.dp8 */
 static void layout_name(const ml_layout_row *r, char *buf, size_t size)
 {
+    char cp[24] = "";
+    if (r->cp > 1)
+        snprintf(cp, sizeof cp, ".cp%llu", (unsigned long long)r->cp);
     if (r->vpp > 1)
-        snprintf(buf, size, "tp%llu.pp%llu.vpp%llu.dp%llu", (unsigned long long)r->tp,
+        snprintf(buf, size, "tp%llu%s.pp%llu.vpp%llu.dp%llu", (unsigned long long)r->tp, cp,
                  (unsigned long long)r->pp, (unsigned long long)r->vpp,
                  (unsigned long long)r->dp);
     else
-        snprintf(buf, size, "tp%llu.pp%llu.dp%llu", (unsigned long long)r->tp,
+        snprintf(buf, size, "tp%llu%s.pp%llu.dp%llu", (unsigned long long)r->tp, cp,
                  (unsigned long long)r->pp, (unsigned long long)r->dp);
 }
 
@@ -49,7 +53,15 @@ int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
     fprintf(f, "searched: %s\n", r->note);
     if (!r->nrows)
         return ferror(f) ? -1 : 0;
-    fprintf(f, "\n  %-18s %12s %-10s %12s %12s %11s %11s %11s %7s %7s  %s\n", "layout",
+    /* the layout column as wide as its longest name (18 at least) */
+    int width = 18;
+    for (size_t i = 0; i < r->nrows; i++) {
+        char name[48];
+        layout_name(&r->rows[i], name, sizeof name);
+        if ((int)strlen(name) > width)
+            width = (int)strlen(name);
+    }
+    fprintf(f, "\n  %-*s %12s %-10s %12s %12s %11s %11s %11s %7s %7s  %s\n", width, "layout",
             "micro x m", "checkpoint", "peak", "device total", "compute", "transfers", "step",
             "bubble", "MFU", "sharding");
     for (size_t i = 0; i < r->nrows; i++) {
@@ -65,7 +77,7 @@ int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
             snprintf(mfu, sizeof mfu, "%.1f%%", 100 * w->mfu);
         else
             snprintf(mfu, sizeof mfu, "-");
-        fprintf(f, "  %-18s %12s %-10s %12s %12s %11s %11s %11s %6.1f%% %7s  %s\n", name, mb, ck,
+        fprintf(f, "  %-*s %12s %-10s %12s %12s %11s %11s %11s %6.1f%% %7s  %s\n", width, name, mb, ck,
                 pk, dt, secs(w->compute_s, a, sizeof a), secs(w->comm_s, b, sizeof b),
                 secs(w->step_s, c, sizeof c), 100 * w->bubble, mfu, sharding_name(w));
     }
@@ -141,9 +153,9 @@ int ml_report_layouts_json(FILE *f, const ml_model *m, const ml_layout_request *
         num(f, w->tokens_per_s);
         fputs(", \"mfu\": ", f);
         num(f, w->mfu);
-        fprintf(f, ", \"vpp\": %llu, \"zero\": %u, \"dist_optimizer\": %s}",
+        fprintf(f, ", \"vpp\": %llu, \"zero\": %u, \"dist_optimizer\": %s, \"cp\": %llu}",
                 (unsigned long long)(w->vpp > 1 ? w->vpp : 1), w->zero,
-                w->dist_optimizer ? "true" : "false");
+                w->dist_optimizer ? "true" : "false", (unsigned long long)(w->cp > 1 ? w->cp : 1));
     }
     fputs("]}\n", f);
     return ferror(f) ? -1 : 0;

@@ -159,6 +159,43 @@ static void test_refusals(void **state)
     }
 }
 
+/* The layout search with cp pinned at 2 on 4 devices of a node of 4, a
+ * global batch of 4: tp 1 beside cp 2 leaves 2 devices, pp 1 (dp 2: ZeRO
+ * 0 to 3, four splits) or pp 2 (dp 1; one chunk a stage of one layer);
+ * tp 2 beside cp 2 fills the node (dp 1): 6 splits. Every row is the plan
+ * of its settings, cp included. */
+static void test_search(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = ml_model_config(m);
+    c.device = ml_config_defaults().device;
+    c.device.present = true;
+    c.device.memory = UINT64_C(80) << 30;
+    c.device.peak_tflops = 100;
+    ml_layout_request req = ml_layout_request_defaults();
+    req.gpus = 4;
+    req.gpus_per_node = 4;
+    req.global_batch = 4;
+    req.cp = 2;
+    ml_layout_result out;
+    ml_error e;
+    assert_int_equal(ml_layout_search(m, &c, &req, &out, &e), ML_OK);
+    assert_int_equal(out.layouts, 6);
+    assert_true(out.nrows > 0);
+    for (size_t i = 0; i < out.nrows; i++) {
+        const ml_layout_row *w = &out.rows[i];
+        assert_int_equal(w->cp, 2);
+        assert_int_equal(w->tp * w->cp * w->pp * w->dp, 4);
+        ml_config k = ml_layout_config(&c, w);
+        assert_int_equal(k.training.context_parallel, 2);
+        ml_ledger *l = eval(m, &k, false);
+        assert_int_equal(ml_ledger_summary(l)->peak, w->peak);
+        ml_ledger_destroy(l);
+    }
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -166,6 +203,7 @@ int main(void)
         cmocka_unit_test(test_ring_collectives),
         cmocka_unit_test(test_ring_buffers),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_search),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
