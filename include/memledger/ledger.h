@@ -115,6 +115,8 @@ typedef struct ml_rank_info {
     /* its model states (ml_summary's bytes_params, bytes_master, bytes_grads,
      * bytes_optimizer for this stage) */
     uint64_t bytes_params, bytes_master, bytes_grads, bytes_optimizer;
+    double p2p_sends;             /* the sends of p2p_bytes per iteration (each its
+                                     latency, docs/search.md) */
 } ml_rank_info;
 
 typedef struct ml_event {
@@ -350,6 +352,14 @@ typedef struct ml_summary {
      * parallel.cp, time < 0 not timed */
     double cp_comm_bytes;
     double time_cp_s;
+    /* the collectives' calls per iteration, each paying a latency beside its
+     * bytes (docs/search.md, "Latency"): tensor parallelism's all-reduces and
+     * its all-gathers and reduce-scatters; context parallelism's all-gathers
+     * and its sends (the ring's permutes); data parallelism's all-reduces and
+     * its all-gathers and reduce-scatters (buckets, blocks) */
+    double tp_allreduces, tp_halves;
+    double cp_halves, cp_sends;
+    double dp_allreduces, dp_halves;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -102,9 +102,10 @@ typedef struct ml_layout_row {
     uint64_t device_total;      /* its figure against the device */
     int64_t headroom;
     double compute_s;           /* the pipeline's step (a stage's work without one) */
-    double comm_s;              /* the tensor-parallel, pipeline and data-parallel
-                                   transfers at the bandwidths, not overlapped; < 0
-                                   untimed (no bandwidth) */
+    double comm_s;              /* the tensor-parallel, context-parallel, pipeline and
+                                   data-parallel transfers at the bandwidths with each
+                                   call's latency, not overlapped; < 0 untimed (no
+                                   bandwidth) */
     double step_s;              /* compute_s + comm_s (compute_s alone when untimed) */
     double bubble;              /* the pipeline's bubble share (0 without one) */
     double tokens_per_s;        /* global batch x tokens / step_s */
@@ -113,6 +114,8 @@ typedef struct ml_layout_row {
     unsigned zero;              /* the ZeRO stage over the data-parallel ranks */
     bool dist_optimizer;        /* Megatron's distributed optimizer */
     uint64_t cp;                /* context-parallel ranks (0 or 1: none) */
+    double latency_s;           /* of comm_s, the collectives' and sends' latency
+                                   (NCCL's, per call: docs/search.md, "Latency") */
 } ml_layout_row;
 
 #define ML_LAYOUT_TOP 10

@@ -282,9 +282,12 @@ ml_status ml__engine_refused(const ml_model *m, const ml_training *t, ml_error *
 /* The bytes one rank sends per iteration in the tensor-parallel
  * collectives (docs/parallel.md), the layers checkpointed where seg[k] >=
  * 0 (seg NULL: none). */
-double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int *seg);
-/* The same for context parallelism's ring (context_parallel.c). */
-double ml__cp_communication(const ml_chain *ch, const ml_training *t, const int *seg);
+double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int *seg,
+                            double *allreduces, double *halves);
+/* The same for context parallelism's ring (context_parallel.c), with its
+ * all-gathers and sends per iteration. */
+double ml__cp_communication(const ml_chain *ch, const ml_training *t, const int *seg,
+                            double *halves, double *sends);
 
 /* Pipeline parallelism (pipeline.c, docs/parallel.md): ML_RANGE with the
  * reason when m's stages under t cannot be planned; the micro-batches

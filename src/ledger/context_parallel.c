@@ -73,8 +73,10 @@ uint64_t ml__cp_ring_backward(ml_chain *ch, const ml_graph_sizes *z)
     return ml_add(ch, gathered, ml_add(ch, ml_mul(ch, 8, q), ml_mul(ch, 32, kv)));
 }
 
-double ml__cp_communication(const ml_chain *ch, const ml_training *t, const int *seg)
+double ml__cp_communication(const ml_chain *ch, const ml_training *t, const int *seg,
+                            double *halves, double *sends)
 {
+    *halves = *sends = 0;
     if (ch->cp <= 1)
         return 0;
     /* per layer: the forward's all-gather of [K, V] (each rank sends its
@@ -90,5 +92,8 @@ double ml__cp_communication(const ml_chain *ch, const ml_training *t, const int 
             recomputed += seg && seg[k] >= 0;
         }
     const double per_micro = layers * (2 * gather + cp * 8 * e) + recomputed * gather;
-    return per_micro * (double)(t->grad_accum ? t->grad_accum : 1);
+    const double A = (double)(t->grad_accum ? t->grad_accum : 1);
+    *halves = A * (2 * layers + recomputed);
+    *sends = A * cp * layers;
+    return per_micro * A;
 }

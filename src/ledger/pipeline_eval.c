@@ -36,6 +36,17 @@ static double p2p_bytes(const ml_chain *st, const ml_training *t, uint64_t r, ui
     return per * m;
 }
 
+/* The sends of p2p_bytes: one a transfer, per micro-batch. */
+static double p2p_sends(const ml_training *t, uint64_t r, uint64_t p)
+{
+    const double m = (double)(t->grad_accum ? t->grad_accum : 1);
+    if (t->virtual_stages > 1) {
+        const double v = (double)t->virtual_stages;
+        return m * ((v - (r + 1 == p ? 1 : 0)) + (v - (r == 0 ? 1 : 0)));
+    }
+    return m * ((r + 1 < p ? 1 : 0) + (r > 0 ? 1 : 0));
+}
+
 static void rank_of(const ml_model *m, const ml_training *t, uint64_t r, const ml_chain *st,
                     const ml_summary *one, const ml_ledger *l, ml_rank_info *ri)
 {
@@ -65,6 +76,7 @@ static void rank_of(const ml_model *m, const ml_training *t, uint64_t r, const m
     ri->fits = s->fits;
     ri->headroom = s->headroom;
     ri->p2p_bytes = p2p_bytes(st, t, r, p);
+    ri->p2p_sends = p2p_sends(t, r, p);
     ri->bytes_params = s->bytes_params;
     ri->bytes_master = s->bytes_master;
     ri->bytes_grads = s->bytes_grads;

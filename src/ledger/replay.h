@@ -451,6 +451,10 @@ void ml__time_finish(const ml_config *cfg, ml_ledger *l, const struct ml_time_ma
  * time of them the last micro-batch's backward covers with
  * parallel.overlap_grad_reduce at bytes_per_s (0 without). */
 double ml__eval_grad_reduce_bytes(const ml_chain *ch, const ml_training *t, uint64_t P);
+/* The data-parallel collectives' calls per iteration, all-reduces and
+ * all-gathers or reduce-scatters (timing.c; docs/search.md, "Latency"). */
+void ml__eval_collective_calls(const ml_chain *ch, const ml_training *t, uint64_t P,
+                               double *allreduces, double *halves);
 double ml__dp_hidden_s(const ml_summary *s, const ml_training *t, double bytes_per_s);
 
 #endif

@@ -116,9 +116,11 @@ static void layer_counts(const ml_chain *ch, const int *seg, double *layers, dou
     }
 }
 
-double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int *seg)
+double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int *seg,
+                            double *allreduces, double *halves)
 {
     const uint64_t tp = tp_of(t);
+    *allreduces = *halves = 0;
     if (tp == 1)
         return 0;
     /* S: one all-reduce's, all-gather's or reduce-scatter's whole buffer
@@ -149,7 +151,16 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
     const double embed = has_embedding ? 2 : 0, head = has_head ? (sp ? 3 : 2) : 0;
     const double loss = has_head ? 3.0 * 2.0 * (double)ch->B * (double)ch->T * 4.0 : 0;
     const double per_micro = f * (S * (layer * L + recompute * R + embed + head) + loss);
-    return per_micro * (double)(t->grad_accum ? t->grad_accum : 1);
+    const double A = (double)(t->grad_accum ? t->grad_accum : 1);
+    /* the calls: with SP 6 + 4 a layer, 2 + 2 recomputed, the embedding's 2,
+     * the head's 3, gathers and reduce-scatters; without, 4 all-reduces a
+     * layer, 2 recomputed, 1 each for the embedding and the head; the
+     * loss's 3 all-reduces either way */
+    const double sites = sp ? 10 * L + 4 * R + embed + head
+                            : 4 * L + 2 * R + (has_embedding ? 1 : 0) + (has_head ? 1 : 0);
+    *(sp ? halves : allreduces) = A * sites;
+    *allreduces += A * (has_head ? 3 : 0);
+    return per_micro * A;
 }
 
 ml_status ml__split_calib_refused(const ml_config *cfg, ml_error *err)

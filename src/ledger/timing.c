@@ -38,6 +38,60 @@ double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t
     return A * (2 * f * pp + f * pg) + rep; /* gather fwd + bwd, reduce-scatter */
 }
 
+/* ceil(x / per), at least one call for x > 0 */
+static double calls(double x, double per)
+{
+    return x > 0 ? (per > 0 ? ceil(x / per) : 1) : 0;
+}
+
+void ml__eval_collective_calls(const ml_chain *ch, const ml_training *t, uint64_t P,
+                               double *allreduces, double *halves)
+{
+    *allreduces = *halves = 0;
+    const uint64_t N = ml__shard_group(t), D = (t->data_parallel ? t->data_parallel : 1) *
+                                                (t->context_parallel > 1 ? t->context_parallel : 1);
+    if (D <= 1)
+        return;
+    const double A = (double)(t->grad_accum ? t->grad_accum : 1), p = (double)P;
+    const double v = (double)(t->virtual_stages > 1 ? t->virtual_stages : 1);
+    /* HSDP: the shard groups' all-reduce once a step */
+    const double replicas = N < D ? 1 : 0;
+    if (t->engine == ML_ENGINE_MEGATRON) {
+        /* megatron/core/distributed/distributed_data_parallel.py: a bucket a
+         * model chunk, or with overlap_grad_reduce max(40e6, 1e6 dp)
+         * parameters a bucket; an all-reduce each, or with the distributed
+         * optimizer a reduce-scatter and an all-gather */
+        const double per = fmax(40e6, 1e6 * (double)N);
+        const double buckets = t->overlap_grad_reduce ? fmax(v, calls(p, per)) : v;
+        if (t->dist_optimizer)
+            *halves = 2 * buckets;
+        else
+            *allreduces = buckets;
+        *allreduces += replicas;
+        return;
+    }
+    if (t->zero == 0 || N <= 1) {
+        /* torch DDP: a first bucket of 1 MiB, then 25 MiB (bucket_cap_mb) of
+         * gradients (torch/nn/parallel/distributed.py) */
+        const double g = p * ch->prec.grad, first = 1048576;
+        *allreduces = 1 + calls(g - first, 25.0 * 1048576) + replicas;
+        return;
+    }
+    /* DeepSpeed's buckets of reduce_bucket_size and allgather_bucket_size
+     * elements; ZeRO-3 gathers each block's parameters in forward and
+     * backward and reduce-scatters its gradient, every micro-batch */
+    if (t->zero == 3) {
+        double blocks = 0;
+        for (size_t k = 0; k < ch->n; k++)
+            blocks += ch->blocks[k].params > 0;
+        *halves = A * 3 * blocks;
+    } else {
+        *halves = (t->zero == 2 ? A : 1) * calls(p, (double)t->reduce_bucket) +
+                  calls(p, (double)t->allgather_bucket);
+    }
+    *allreduces = replicas;
+}
+
 double ml__eval_grad_reduce_bytes(const ml_chain *ch, const ml_training *t, uint64_t P)
 {
     const uint64_t N = ml__shard_group(t);

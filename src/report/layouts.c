@@ -153,9 +153,12 @@ int ml_report_layouts_json(FILE *f, const ml_model *m, const ml_layout_request *
         num(f, w->tokens_per_s);
         fputs(", \"mfu\": ", f);
         num(f, w->mfu);
-        fprintf(f, ", \"vpp\": %llu, \"zero\": %u, \"dist_optimizer\": %s, \"cp\": %llu}",
+        fprintf(f, ", \"vpp\": %llu, \"zero\": %u, \"dist_optimizer\": %s, \"cp\": %llu",
                 (unsigned long long)(w->vpp > 1 ? w->vpp : 1), w->zero,
                 w->dist_optimizer ? "true" : "false", (unsigned long long)(w->cp > 1 ? w->cp : 1));
+        fputs(", \"latency_s\": ", f);
+        num(f, w->comm_s < 0 ? -1 : w->latency_s);
+        fputc('}', f);
     }
     fputs("]}\n", f);
     return ferror(f) ? -1 : 0;
