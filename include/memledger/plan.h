@@ -116,6 +116,10 @@ typedef struct ml_layout_row {
     uint64_t cp;                /* context-parallel ranks (0 or 1: none) */
     double latency_s;           /* of comm_s, the collectives' and sends' latency
                                    (NCCL's, per call: docs/search.md, "Latency") */
+    uint32_t first_layers, middle_layers, last_layers; /* an uneven split
+                                   (Megatron's --decoder-first/last-pipeline-num-layers):
+                                   the first stage's layers, each middle one's, the
+                                   last's; 0: the even split */
 } ml_layout_row;
 
 #define ML_LAYOUT_TOP 10

@@ -152,7 +152,8 @@ static bool seen(const ml_layout_result *out, const ml_layout_row *row)
     for (size_t i = 0; i < out->nrows; i++) {
         const ml_layout_row *o = &out->rows[i];
         if (o->tp == row->tp && o->pp == row->pp && o->dp == row->dp && o->vpp == row->vpp &&
-            o->cp == row->cp &&
+            o->cp == row->cp && o->first_layers == row->first_layers &&
+            o->last_layers == row->last_layers &&
             o->zero == row->zero && o->dist_optimizer == row->dist_optimizer &&
             o->micro_batch == row->micro_batch && o->peak == row->peak &&
             o->device_total == row->device_total && o->step_s == row->step_s)
@@ -198,6 +199,14 @@ ml_config ml_layout_config(const ml_config *cfg, const ml_layout_row *w)
     t->zero = w->zero;
     t->dist_optimizer = w->dist_optimizer;
     t->context_parallel = w->cp > 1 ? w->cp : 1;
+    t->npp_layers = 0;
+    if (w->first_layers && w->pp >= 2 && w->pp <= ML_PP_MAX_STAGES) {
+        /* the middle stages share the rest evenly (the search made it so) */
+        const uint32_t p = (uint32_t)w->pp, mid = w->pp > 2 ? w->middle_layers : 0;
+        for (uint32_t i = 0; i < p; i++)
+            t->pp_layers[i] = i == 0 ? w->first_layers : i + 1 == p ? w->last_layers : mid;
+        t->npp_layers = p;
+    }
     return c;
 }
 
@@ -393,9 +402,38 @@ typedef struct {
     uint64_t n, total, candidates;
 } tally;
 
-/* The splits with tp and cp: pp dividing the rest, its virtual stages and
- * the data-parallel sharding, each searched (st not NULL) and followed by
- * the progress callback, or only counted; false once *st is an error. */
+/* The uneven splits of L layers over pp stages the search tries beside
+ * the even one (Megatron's --decoder-first-pipeline-num-layers and
+ * --decoder-last-pipeline-num-layers: the middle stages even): the first
+ * stage, the last or both with r = 1 or 2 layers fewer than each middle
+ * one, where the rest divides; into shapes (first, middle, last; middle 0
+ * with 2 stages). Returns how many (at most 6). */
+static size_t uneven_shapes(uint64_t L, uint64_t pp, uint32_t shapes[6][3])
+{
+    size_t n = 0;
+    for (uint64_t r = 1; r <= 2 && pp >= 2; r++)
+        for (int which = 0; which < 3; which++) { /* first, last, both */
+            const uint64_t fewer = which == 2 ? 2 * r : r;
+            if (which == 2 && pp == 2)
+                continue; /* two stages: one holds what the other does not */
+            if ((L + fewer) % pp)
+                continue;
+            const uint64_t m = (L + fewer) / pp;
+            if (m <= r || m > UINT32_MAX)
+                continue;
+            const uint64_t f = which != 1 ? m - r : m, l = which != 0 ? m - r : m;
+            shapes[n][0] = (uint32_t)f;
+            shapes[n][1] = pp > 2 ? (uint32_t)m : 0;
+            shapes[n][2] = (uint32_t)l;
+            n++;
+        }
+    return n;
+}
+
+/* The splits with tp and cp: pp dividing the rest, its virtual stages, its
+ * uneven splits and the data-parallel sharding, each searched (st not
+ * NULL) and followed by the progress callback, or only counted; false once
+ * *st is an error. */
 static bool splits(search *x, uint64_t tp, uint64_t cp, tally *c, ml_status *st, ml_error *err)
 {
     const ml_layout_request *req = x->req;
@@ -406,24 +444,32 @@ static bool splits(search *x, uint64_t tp, uint64_t cp, tally *c, ml_status *st,
         const uint64_t dp = req->gpus / (tc * pp);
         if (req->global_batch % dp)
             continue;
-        /* virtual stages: a stage's layers in v equal chunks */
+        /* virtual stages: a stage's layers in v equal chunks; with one, the
+         * uneven splits too */
         for (uint64_t v = 1; v <= (pp > 1 && L ? L / pp : 1); v++) {
             if ((v > 1 && (L / pp) % v) || (req->vpp && v != req->vpp) || (v > 1 && L % pp))
                 continue;
-            ml_layout_row split[4];
-            memset(split, 0, sizeof split);
-            const size_t ns = shardings(x, pp, dp, split);
-            for (size_t k = 0; k < ns; k++) {
-                split[k].tp = tp, split[k].pp = pp, split[k].dp = dp, split[k].vpp = v;
-                split[k].cp = cp;
-                c->n++;
-                if (!st)
-                    continue;
-                if ((*st = layout(x, &split[k], &c->candidates, err)))
-                    return false;
-                if (req->progress)
-                    req->progress(req->progress_ctx, c->n, c->total,
-                                  x->out->nrows ? &x->out->rows[0] : NULL);
+            uint32_t shapes[7][3] = {{0, 0, 0}};
+            const size_t nshapes = 1 + (v == 1 ? uneven_shapes(L, pp, shapes + 1) : 0);
+            for (size_t u = 0; u < nshapes; u++) {
+                ml_layout_row split[4];
+                memset(split, 0, sizeof split);
+                const size_t ns = shardings(x, pp, dp, split);
+                for (size_t k = 0; k < ns; k++) {
+                    split[k].tp = tp, split[k].pp = pp, split[k].dp = dp, split[k].vpp = v;
+                    split[k].cp = cp;
+                    split[k].first_layers = shapes[u][0];
+                    split[k].middle_layers = shapes[u][1];
+                    split[k].last_layers = shapes[u][2];
+                    c->n++;
+                    if (!st)
+                        continue;
+                    if ((*st = layout(x, &split[k], &c->candidates, err)))
+                        return false;
+                    if (req->progress)
+                        req->progress(req->progress_ctx, c->n, c->total,
+                                      x->out->nrows ? &x->out->rows[0] : NULL);
+                }
             }
         }
     }

@@ -16,6 +16,18 @@ static uint64_t micro_batches(const ml_training *t)
     return t->grad_accum ? t->grad_accum : 1;
 }
 
+/* An uneven split Megatron's flags express: one virtual stage, the middle
+ * stages' layers all equal (the first and the last set apart). */
+static bool first_last_split(const ml_training *t)
+{
+    if (t->virtual_stages > 1 || t->npp_layers < 2)
+        return false;
+    for (uint32_t i = 2; i + 1 < t->npp_layers; i++)
+        if (t->pp_layers[i] != t->pp_layers[1])
+            return false;
+    return true;
+}
+
 void ml__emit_megatron_check(ml_emit_verdict *v, const ml_model *m, const ml_config *cfg)
 {
     const ml_training *t = &cfg->training;
@@ -41,9 +53,10 @@ void ml__emit_megatron_check(ml_emit_verdict *v, const ml_model *m, const ml_con
         ml__emit_refuse(v, "Megatron's optimizers are adam (decoupled weight decay) and sgd");
     else if (t->pp_schedule == ML_PP_GPIPE)
         ml__emit_refuse(v, "Megatron runs 1F1B (interleaved with virtual stages), not GPipe");
-    else if (t->npp_layers)
-        ml__emit_refuse(v, "an uneven split of the layers is not emitted: Megatron sets only "
-                           "the first and last stages' (--decoder-first-pipeline-num-layers)");
+    else if (t->npp_layers && !first_last_split(t))
+        ml__emit_refuse(v, "this uneven split of the layers is not emitted: Megatron sets only "
+                           "the first and last stages' (--decoder-first-pipeline-num-layers, "
+                           "--decoder-last-pipeline-num-layers), the middle ones even");
     else if (t->checkpoint.kind != ML_CKPT_NONE && t->checkpoint.kind != ML_CKPT_FULL &&
              t->checkpoint.kind != ML_CKPT_EVERY && t->checkpoint.kind != ML_CKPT_SELECTIVE)
         ml__emit_refuse(v, "Megatron recomputes the attention core (selective) or uniform "
@@ -123,6 +136,10 @@ static void training_flags(FILE *f, const ml_training *t)
         flag(f, "--virtual-pipeline-model-parallel-size", " %llu", t->virtual_stages);
     if (t->context_parallel > 1)
         flag(f, "--context-parallel-size", " %llu", t->context_parallel);
+    if (t->npp_layers >= 2) { /* first_last_split */
+        flag(f, "--decoder-first-pipeline-num-layers", " %llu", t->pp_layers[0]);
+        flag(f, "--decoder-last-pipeline-num-layers", " %llu", t->pp_layers[t->npp_layers - 1]);
+    }
     flag(f, t->precision == ML_PREC_FP16_MASTER ? "--fp16" : "--bf16", NULL, 0);
     if (t->dist_optimizer || (t->zero == 1 && t->data_parallel > 1))
         flag(f, "--use-distributed-optimizer", NULL, 0);

@@ -5,19 +5,23 @@
 #include "memledger/report.h"
 #include "report/report_internal.h"
 
-/* The compact form --parallel takes: tp2.pp4.vpp2.dp8 */
+/* The compact form --parallel takes: tp2.pp4.vpp2.dp8, with cp2 where
+ * context-parallel; an uneven split's first and last stages' layers as
+ * pp16[5..5] (the middle ones even) */
 static void layout_name(const ml_layout_row *r, char *buf, size_t size)
 {
-    char cp[24] = "";
+    char cp[24] = "", un[32] = "";
     if (r->cp > 1)
         snprintf(cp, sizeof cp, ".cp%llu", (unsigned long long)r->cp);
+    if (r->first_layers)
+        snprintf(un, sizeof un, "[%u..%u]", r->first_layers, r->last_layers);
     if (r->vpp > 1)
-        snprintf(buf, size, "tp%llu%s.pp%llu.vpp%llu.dp%llu", (unsigned long long)r->tp, cp,
-                 (unsigned long long)r->pp, (unsigned long long)r->vpp,
+        snprintf(buf, size, "tp%llu%s.pp%llu%s.vpp%llu.dp%llu", (unsigned long long)r->tp, cp,
+                 (unsigned long long)r->pp, un, (unsigned long long)r->vpp,
                  (unsigned long long)r->dp);
     else
-        snprintf(buf, size, "tp%llu%s.pp%llu.dp%llu", (unsigned long long)r->tp, cp,
-                 (unsigned long long)r->pp, (unsigned long long)r->dp);
+        snprintf(buf, size, "tp%llu%s.pp%llu%s.dp%llu", (unsigned long long)r->tp, cp,
+                 (unsigned long long)r->pp, un, (unsigned long long)r->dp);
 }
 
 /* The data-parallel ranks' sharding: ddp, zero1..3 (zero3: FSDP), dist-opt */
@@ -56,7 +60,7 @@ int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
     /* the layout column as wide as its longest name (18 at least) */
     int width = 18;
     for (size_t i = 0; i < r->nrows; i++) {
-        char name[48];
+        char name[80];
         layout_name(&r->rows[i], name, sizeof name);
         if ((int)strlen(name) > width)
             width = (int)strlen(name);
@@ -66,7 +70,7 @@ int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
             "bubble", "MFU", "sharding");
     for (size_t i = 0; i < r->nrows; i++) {
         const ml_layout_row *w = &r->rows[i];
-        char name[48], mb[40], ck[64], pk[32], dt[32], a[24], b[24], c[24], mfu[16];
+        char name[80], mb[40], ck[64], pk[32], dt[32], a[24], b[24], c[24], mfu[16];
         layout_name(w, name, sizeof name);
         snprintf(mb, sizeof mb, "%llu x %llu", (unsigned long long)w->micro_batch,
                  (unsigned long long)w->micro_batches);
@@ -82,7 +86,7 @@ int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
                 secs(w->step_s, c, sizeof c), 100 * w->bubble, mfu, sharding_name(w));
     }
     const ml_layout_row *best = &r->rows[0];
-    char name[48];
+    char name[80];
     layout_name(best, name, sizeof name);
     fprintf(f, "\nbest: %s (%s), micro-batch %llu x %llu micro-batches a step", name,
             sharding_name(best), (unsigned long long)best->micro_batch,
@@ -158,7 +162,9 @@ int ml_report_layouts_json(FILE *f, const ml_model *m, const ml_layout_request *
                 w->dist_optimizer ? "true" : "false", (unsigned long long)(w->cp > 1 ? w->cp : 1));
         fputs(", \"latency_s\": ", f);
         num(f, w->comm_s < 0 ? -1 : w->latency_s);
-        fputc('}', f);
+        /* an uneven split's stages (0: even) */
+        fprintf(f, ", \"first_layers\": %u, \"middle_layers\": %u, \"last_layers\": %u}",
+                w->first_layers, w->middle_layers, w->last_layers);
     }
     fputs("]}\n", f);
     return ferror(f) ? -1 : 0;

@@ -113,8 +113,27 @@ static void test_llama_and_refusals(void **state)
     c.training.precision = ML_PREC_FP32;
     l = eval(m, &c, false);
     assert_int_equal(ml_report_emit(f, "megatron", m, &c, l), -3);
-    fclose(f);
     ml_ledger_destroy(l);
+    /* an uneven split: the first and last stages set apart (7 and 7 of 32
+     * over 4 stages, the middle two 9 each) is Megatron's
+     * --decoder-first/last-pipeline-num-layers; middle stages that differ
+     * (7, 8, 10, 7) are not */
+    c = ml_model_config(m);
+    c.training.pipeline_parallel = 4;
+    c.training.checkpoint.kind = ML_CKPT_FULL;
+    const uint32_t split[4] = {7, 9, 9, 7}, other[4] = {7, 8, 10, 7};
+    memcpy(c.training.pp_layers, split, sizeof split);
+    c.training.npp_layers = 4;
+    out = emitted(m, &c);
+    check_flags(out);
+    assert_non_null(strstr(out, "--decoder-first-pipeline-num-layers 7 "));
+    assert_non_null(strstr(out, "--decoder-last-pipeline-num-layers 7 "));
+    free(out);
+    memcpy(c.training.pp_layers, other, sizeof other);
+    l = eval(m, &c, false);
+    assert_int_equal(ml_report_emit(f, "megatron", m, &c, l), -3);
+    ml_ledger_destroy(l);
+    fclose(f);
     ml_model_destroy(m);
 }
 

@@ -27,8 +27,13 @@ static ml_config on_h100(const ml_model *m, double interconnect)
  * dp > 1: ZeRO 0 to 3 without a pipeline, 0 and 1 with one. So tp1.pp1.dp8
  * 4, tp1.pp2.dp4 2 x 2, tp1.pp4.dp2 2, tp2.pp1.dp4 4, tp2.pp2.dp2 2 x 2,
  * tp2.pp4.dp1 1, tp4.pp1.dp2 4, tp4.pp2.dp1 2, tp8.pp1.dp1 1: 26 layouts,
- * of which tp 4 and 8 (kv_heads 2) plan nothing. Each row is what the plan
- * of its settings says. */
+ * of which tp 4 and 8 (kv_heads 2) plan nothing. The uneven splits (one
+ * virtual stage): over 2 stages the first or the last with r fewer layers
+ * than the other's m where 4 + r = 2 m: r 2, m 3: (1, 3) and (3, 1); over 4
+ * stages 4 + r or 4 + 2 r is a multiple of 4 only at r 2 both, m 2, which
+ * leaves the first and last none: no uneven split. So pp 2 twice more:
+ * tp1.pp2.dp4 2 x 2, tp2.pp2.dp2 2 x 2, tp4.pp2.dp1 2 x 1: 36 layouts. Each
+ * row is what the plan of its settings says. */
 static void test_search(void **state)
 {
     (void)state;
@@ -40,7 +45,7 @@ static void test_search(void **state)
     ml_layout_result r;
     ml_error e;
     assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
-    assert_int_equal(r.layouts, 26);
+    assert_int_equal(r.layouts, 36);
     assert_true(r.nrows > 0 && r.nrows <= ML_LAYOUT_TOP);
     assert_true(r.comm_timed);
     for (size_t i = 0; i < r.nrows; i++) {
@@ -117,7 +122,8 @@ static void test_requests(void **state)
 }
 
 /* Pinned parts: tp 2 and micro-batch 2 with full checkpointing leave the
- * pipelines of 1, 2 and 4 stages over 8 devices (dp 4, 2, 1), one row
+ * pipelines of 1, 2 and 4 stages over 8 devices (dp 4, 2, 1), and over 2
+ * stages the uneven (1, 3) and (3, 1) (test_search): 5 layouts, a row
  * each; a tp outside the node is refused. */
 static void test_pins(void **state)
 {
@@ -136,13 +142,21 @@ static void test_pins(void **state)
     assert_int_equal(ml_parse_checkpoint("full", &req.checkpoint, &e), ML_OK);
     ml_layout_result r;
     assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
-    assert_int_equal(r.layouts, 3);
-    assert_int_equal(r.nrows, 3);
+    assert_int_equal(r.layouts, 5);
+    assert_int_equal(r.nrows, 5);
     for (size_t i = 0; i < r.nrows; i++) {
         assert_int_equal(r.rows[i].tp, 2);
         assert_int_equal(r.rows[i].micro_batch, 2);
         assert_int_equal(r.rows[i].checkpoint.kind, ML_CKPT_FULL);
         assert_int_equal(r.rows[i].micro_batches * 2 * r.rows[i].dp, 8);
+        /* an uneven split: its stages' layers add up, the plan takes them */
+        if (r.rows[i].first_layers) {
+            assert_int_equal(r.rows[i].pp, 2);
+            assert_int_equal(r.rows[i].first_layers + r.rows[i].last_layers, 4);
+            ml_config k = ml_layout_config(&c, &r.rows[i]);
+            assert_int_equal(k.training.npp_layers, 2);
+            assert_int_equal(k.training.pp_layers[0], r.rows[i].first_layers);
+        }
     }
     req.tp = 16;
     assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_USAGE);
