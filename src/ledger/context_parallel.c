@@ -39,10 +39,11 @@ ml_status ml__cp_refused(const ml_model *m, const ml_training *t, ml_error *err)
         return ml__errorf(err, ML_RANGE,
                           "parallel.cp: %llu with %s's attention (%s%s): ring attention runs a "
                           "fused scaled_dot_product_attention kernel (flash or memory-efficient); "
-                          "use --attention flash, or sdpa at a 2-byte precision",
+                          "use --attention flash%s",
                           (unsigned long long)cp, m->name,
                           m->attn.kernel == ML_ATTN_EAGER ? "eager" : "sdpa",
-                          m->attn.kernel == ML_ATTN_EAGER ? "" : ", its math kernel here");
+                          m->attn.kernel == ML_ATTN_EAGER ? "" : ", its math kernel here",
+                          m->residual.shared_norm ? "" : ", or sdpa at a 2-byte precision");
     /* the causal mask's load balancing cuts each sequence into 2 cp chunks,
      * a rank taking one from each end */
     const uint64_t T = t->seq_len, Te = t->eval_seq_len;

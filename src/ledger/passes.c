@@ -391,6 +391,12 @@ ml_status ml_inference_evaluate(const ml_model *m, const ml_config *cfg, uint64_
     if (!err)
         err = &local;
     memset(err, 0, sizeof *err);
+    if (cfg->training.context_parallel > 1)
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.cp: %llu for an inference job: its context parallelism "
+                          "(the KV cache split over ranks) is not planned; plan it without "
+                          "parallel.cp",
+                          (unsigned long long)cfg->training.context_parallel);
     /* the job's shape is its micro_batch and seq_len; nothing trains */
     ml_config c = *cfg;
     ml_training *t = &c.training;

@@ -21,25 +21,29 @@ static ml_status fits_with(search *s, const ml_config *c, bool *fits)
 }
 
 /* The longest seq_len below the configured one at which micro-batch 1
- * fits (bisection: the peak grows with T), or 0. */
+ * fits (bisection: the peak grows with T), or 0; in steps of 2 cp tokens
+ * with context parallelism (the lengths its ring splits). */
 static ml_status longest_seq(search *s, uint64_t *out)
 {
     ml_config c = s->cfg;
-    uint64_t lo = 0, hi = c.training.seq_len; /* fits at lo (0: none yet), not at hi */
+    const uint64_t q = c.training.context_parallel > 1 ? 2 * c.training.context_parallel : 1;
+    uint64_t lo = 0, hi = c.training.seq_len / q; /* in steps of q: fits at lo (0: none
+                                                     yet), not at hi */
     bool ok = false;
     *out = 0;
-    c.training.seq_len = 1;
+    c.training.seq_len = q;
     ml_status st = hi > 1 ? fits_with(s, &c, &ok) : ML_OK;
     if (st || !ok)
         return st;
     lo = 1;
     while (hi - lo > 1) {
-        c.training.seq_len = lo + (hi - lo) / 2;
+        const uint64_t mid = lo + (hi - lo) / 2;
+        c.training.seq_len = mid * q;
         if ((st = fits_with(s, &c, &ok)))
             return st;
-        *(ok ? &lo : &hi) = c.training.seq_len;
+        *(ok ? &lo : &hi) = mid;
     }
-    *out = lo;
+    *out = lo * q;
     return ML_OK;
 }
 
@@ -52,12 +56,14 @@ static ml_status shard_fix(search *s, char *out, size_t size)
 {
     ml_config c = s->cfg;
     const uint64_t dp = c.training.data_parallel;
+    /* the states shard over dp x cp ranks */
+    const uint64_t cp = c.training.context_parallel > 1 ? c.training.context_parallel : 1;
     const bool sharded = c.training.zero == 3;
     uint64_t lo = 1, hi = 1;
     ml_config_range("training.data_parallel", &lo, &hi);
     out[0] = '\0';
     c.training.zero = 3;
-    uint64_t first = sharded || dp < 2 ? 2 : dp;
+    uint64_t first = sharded || dp * cp < 2 ? 2 : dp;
     while (first <= dp && sharded)
         first *= 2;
     /* 4,096 devices at most, or 8x what the run has (the search is the
@@ -73,11 +79,11 @@ static ml_status shard_fix(search *s, char *out, size_t size)
             if (sharded || n > dp)
                 snprintf(out, size, "shard (ZeRO-3) across %llu devices "
                                     "(training.data_parallel %llu, training.zero 3)",
-                         (unsigned long long)n, (unsigned long long)n);
+                         (unsigned long long)(n * cp), (unsigned long long)n);
             else
                 snprintf(out, size, "shard the model states fully over the %llu devices "
                                     "(training.zero 3)",
-                         (unsigned long long)n);
+                         (unsigned long long)(n * cp));
             return ML_OK;
         }
     }

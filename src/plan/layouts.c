@@ -385,12 +385,10 @@ static size_t shardings(const search *x, uint64_t pp, uint64_t dp, ml_layout_row
 static bool cp_tried(const search *x, uint64_t tp, uint64_t cp, uint64_t G)
 {
     const ml_layout_request *req = x->req;
-    if (req->cp)
-        return cp == req->cp;
-    if (cp == 1)
-        return true;
-    if (G % (tp * cp) || req->gpus % (tp * cp))
+    if ((req->cp && cp != req->cp) || G % (tp * cp) || req->gpus % (tp * cp))
         return false;
+    if (cp == 1 || req->cp) /* pinned: the plan says why it is refused */
+        return true;
     ml_training t = x->cfg->training;
     t.context_parallel = cp;
     ml_error e;
@@ -454,7 +452,8 @@ static bool splits(search *x, uint64_t tp, uint64_t cp, tally *c, ml_status *st,
             for (size_t u = 0; u < nshapes; u++) {
                 ml_layout_row split[4];
                 memset(split, 0, sizeof split);
-                const size_t ns = shardings(x, pp, dp, split);
+                /* the states shard over dp x cp ranks (ml__shard_group) */
+            const size_t ns = shardings(x, pp, dp * cp, split);
                 for (size_t k = 0; k < ns; k++) {
                     split[k].tp = tp, split[k].pp = pp, split[k].dp = dp, split[k].vpp = v;
                     split[k].cp = cp;
@@ -533,17 +532,20 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     if (!st && !x.planned && !x.refused && (out->layouts == 0 || out->candidates == 0))
         st = ml__errorf(err, ML_USAGE,
                         "%s: the pinned parts leave %s of %llu devices and a global batch of "
-                        "%llu (parallel.tp %llu, parallel.pp %llu, parallel.vpp %llu, "
-                        "training.micro_batch %llu; 0: searched): tp must divide the node's "
-                        "devices and the devices, pp the rest and the layers, vpp a stage's "
-                        "layers, and the micro-batch a data-parallel rank's share",
+                        "%llu (parallel.tp %llu, parallel.cp %llu, parallel.pp %llu, "
+                        "parallel.vpp %llu, training.micro_batch %llu; 0: searched): tp x cp "
+                        "must divide the node's devices and the devices, pp the rest and the "
+                        "layers, vpp a stage's layers, and the micro-batch a data-parallel "
+                        "rank's share",
                         req->micro_batch && out->layouts ? "training.micro_batch"
                         : req->vpp                       ? "parallel.vpp"
                         : req->pp                        ? "parallel.pp"
+                        : req->cp                        ? "parallel.cp"
                                                          : "parallel.tp",
                         out->layouts ? "no micro-batch" : "no layout",
                         (unsigned long long)req->gpus, (unsigned long long)req->global_batch,
-                        (unsigned long long)req->tp, (unsigned long long)req->pp,
+                        (unsigned long long)req->tp, (unsigned long long)req->cp,
+                        (unsigned long long)req->pp,
                         (unsigned long long)req->vpp, (unsigned long long)req->micro_batch);
     if (!st)
         st = verdicts(&x, err);

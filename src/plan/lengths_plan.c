@@ -258,12 +258,28 @@ static ml_status bucketed(lengths_ctx *p, const ml_lengths *d, unsigned k, ml_le
     return ML_OK;
 }
 
+/* Context parallelism needs each batch's length a multiple of 2 cp (ring
+ * attention's load balancing): not planned over a distribution. */
+static ml_status cp_refused(const ml_config *cfg, ml_error *err)
+{
+    if (cfg->training.context_parallel <= 1)
+        return ML_OK;
+    return ml__errorf(err, ML_RANGE,
+                      "parallel.cp: %llu with a length distribution (lengths): context "
+                      "parallelism splits sequences of a multiple of 2 x cp tokens, which "
+                      "batches of these lengths are not; plan lengths without parallel.cp, "
+                      "or one seq_len with it",
+                      (unsigned long long)cfg->training.context_parallel);
+}
+
 ml_status ml_lengths_plan(const ml_model *m, const ml_config *cfg, const ml_lengths *d,
                           const ml_lengths_request *req, ml_lengths_result *out, ml_error *err)
 {
     memset(out, 0, sizeof *out);
     out->p_over_budget = NAN;
-    ml_status st = check_model(m, d, err);
+    ml_status st = cp_refused(cfg, err);
+    if (!st)
+        st = check_model(m, d, err);
     if (st)
         return st;
     if (req->max_tokens > budget_limit(d))
@@ -329,7 +345,9 @@ ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const m
                                 uint64_t *tokens, unsigned *evaluations, ml_error *err)
 {
     *tokens = 0;
-    ml_status st = check_model(m, d, err);
+    ml_status st = cp_refused(cfg, err);
+    if (!st)
+        st = check_model(m, d, err);
     if (st)
         return st;
     if (!cfg->device.present)

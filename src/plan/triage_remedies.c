@@ -208,7 +208,8 @@ static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
     case ML_REMEDY_ZERO_2:
     case ML_REMEDY_ZERO_3:
         t->zero = 1 + (unsigned)(k - ML_REMEDY_ZERO_1);
-        return t0->data_parallel > 1 && t0->zero < t->zero;
+        /* the states shard over the dp x cp ranks */
+        return (t0->data_parallel > 1 || t0->context_parallel > 1) && t0->zero < t->zero;
     case ML_REMEDY_OFFLOAD_OPTIMIZER:
         t->offload = ML_OFFLOAD_OPTIMIZER;
         return t0->offload == ML_OFFLOAD_NONE;
@@ -347,7 +348,8 @@ static void describe_figures(const ml_triage_ctx *x, ml_remedy *r)
     case ML_REMEDY_ZERO_2:
     case ML_REMEDY_ZERO_3:
         ml__triage_put(o, n, "ZeRO stage %u over %llu devices shards %s: the same updates", t->zero,
-            (unsigned long long)t->data_parallel,
+            (unsigned long long)(t->data_parallel *
+                                 (t->context_parallel > 1 ? t->context_parallel : 1)),
             t->zero == 1   ? "optimizer states and master weights"
             : t->zero == 2 ? "optimizer states, master weights and gradients"
                            : "optimizer states, master weights, gradients and parameters");

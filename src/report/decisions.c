@@ -28,14 +28,20 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     char sl[80];
     ml__report_lengths(m, &cfg->training, sl, sizeof sl);
     const ml_training *t = &cfg->training;
+    const unsigned long long cp = t->context_parallel > 1 ? t->context_parallel : 1;
     const unsigned long long devices =
         (unsigned long long)((t->tensor_parallel > 1 ? t->tensor_parallel : 1) *
                              (t->pipeline_parallel > 1 ? t->pipeline_parallel : 1) *
-                             t->data_parallel);
+                             t->data_parallel) * cp;
     fprintf(f, "config: %s, precision %s, optimizer %s (%s), %llu device%s", sl,
             ml_precision_name(t->precision), ml_optimizer_name(t->optimizer),
             ml_optimizer_impl_name(t->optimizer_impl), devices, devices == 1 ? "" : "s");
-    if (devices != t->data_parallel)
+    if (devices != t->data_parallel && cp > 1)
+        fprintf(f, " (tp %llu, cp %llu, pp %llu, dp %llu)",
+                (unsigned long long)(t->tensor_parallel > 1 ? t->tensor_parallel : 1), cp,
+                (unsigned long long)(t->pipeline_parallel > 1 ? t->pipeline_parallel : 1),
+                (unsigned long long)t->data_parallel);
+    else if (devices != t->data_parallel)
         fprintf(f, " (tp %llu, pp %llu, dp %llu)",
                 (unsigned long long)(t->tensor_parallel > 1 ? t->tensor_parallel : 1),
                 (unsigned long long)(t->pipeline_parallel > 1 ? t->pipeline_parallel : 1),

@@ -30,7 +30,8 @@ static const char *sharding_name(const ml_layout_row *r)
     static const char *const zero[] = {"ddp", "zero1", "zero2", "zero3"};
     if (r->dist_optimizer)
         return "dist-opt";
-    return r->dp <= 1 ? "-" : r->zero < 4 ? zero[r->zero] : "?";
+    /* the states shard over the dp x cp ranks */
+    return r->dp * (r->cp > 1 ? r->cp : 1) <= 1 ? "-" : r->zero < 4 ? zero[r->zero] : "?";
 }
 
 static const char *secs(double s, char *buf, size_t size)

@@ -159,10 +159,11 @@ void ml__report_text_parallel(FILE *f, const ml_training *t)
     if (tp > 1 || pp > 1 || cp > 1)
         text_layout(f, t, tp, pp, cp);
     if (ml_training_shard(t) < t->data_parallel)
-        fprintf(f, "shard groups: %llu replicas of %llu ranks (HSDP): the states shard over a "
+        fprintf(f, "shard groups: %llu replicas of %llu ranks (HSDP%s): the states shard over a "
                    "group, the groups' gradients are all-reduced\n",
                 (unsigned long long)(t->data_parallel / ml_training_shard(t)),
-                (unsigned long long)ml_training_shard(t));
+                (unsigned long long)(ml_training_shard(t) * cp),
+                cp > 1 ? "; data x context parallel" : "");
     if (t->dist_optimizer) {
         fprintf(f, "sharding: Megatron's distributed optimizer over %llu data-parallel ranks "
                    "(master weights and optimizer states of the fullest rank's shard; padded "

@@ -450,6 +450,15 @@ static void text_part(FILE *f, double sec, double gbps, const char *flag)
         fprintf(f, " (not timed: give %s GBps)\n", flag);
 }
 
+/* Bytes counted as a double (a step's transfers), beyond 2^64 in B */
+static void bytes_d(double x, char *buf, size_t size)
+{
+    if (x >= 18446744073709551615.0)
+        snprintf(buf, size, "%.4g B", x);
+    else
+        ml_format_bytes((uint64_t)x, buf, size);
+}
+
 /* The FLOPs, the communication and the step time. */
 static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
 {
@@ -462,8 +471,8 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
     ml_format_flops(s->flops_total, a, sizeof a);
     ml_format_flops(s->flops_per_micro_batch, b2, sizeof b2);
     fprintf(f, "  total %s (%s per micro-batch)\n", a, b2);
-    if (t->data_parallel > 1) {
-        ml_format_bytes((uint64_t)s->comm_bytes, a, sizeof a);
+    if (t->data_parallel > 1 || s->comm_bytes > 0) { /* (cp alone: its ranks' gradients) */
+        bytes_d(s->comm_bytes, a, sizeof a);
         fprintf(f, "  communication: %s sent per device per iteration", a);
         text_part(f, s->time_communication_s, cfg->device.interconnect_gbps, "--interconnect");
         if (s->time_comm_hidden_s > 0)
@@ -472,17 +481,17 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
                     s->time_comm_hidden_s);
     }
     if (s->tp_comm_bytes > 0) {
-        ml_format_bytes((uint64_t)s->tp_comm_bytes, a, sizeof a);
+        bytes_d(s->tp_comm_bytes, a, sizeof a);
         fprintf(f, "  tensor-parallel collectives: %s sent per rank per iteration", a);
         text_part(f, s->time_tp_s, cfg->device.interconnect_gbps, "--interconnect");
     }
     if (s->cp_comm_bytes > 0) {
-        ml_format_bytes((uint64_t)s->cp_comm_bytes, a, sizeof a);
+        bytes_d(s->cp_comm_bytes, a, sizeof a);
         fprintf(f, "  context-parallel ring: %s sent per rank per iteration", a);
         text_part(f, s->time_cp_s, cfg->device.interconnect_gbps, "--interconnect");
     }
     if (s->host_transfer_bytes > 0) {
-        ml_format_bytes((uint64_t)s->host_transfer_bytes, a, sizeof a);
+        bytes_d(s->host_transfer_bytes, a, sizeof a);
         fprintf(f, "  host transfers: %s per device per iteration", a);
         text_part(f, s->time_host_transfer_s, cfg->device.pcie_gbps, "--pcie");
     }

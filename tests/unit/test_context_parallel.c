@@ -160,10 +160,12 @@ static void test_refusals(void **state)
 }
 
 /* The layout search with cp pinned at 2 on 4 devices of a node of 4, a
- * global batch of 4: tp 1 beside cp 2 leaves 2 devices, pp 1 (dp 2: ZeRO
- * 0 to 3, four splits) or pp 2 (dp 1; one chunk a stage of one layer);
- * tp 2 beside cp 2 fills the node (dp 1): 6 splits. Every row is the plan
- * of its settings, cp included. */
+ * global batch of 4. The states shard over dp x cp ranks, so ZeRO is
+ * searched wherever that is above 1: tp 1 beside cp 2 leaves 2 devices,
+ * pp 1 (dp 2, 4 ranks: ZeRO 0 to 3, four splits) or pp 2 (dp 1, 2 ranks,
+ * beside a pipeline ZeRO 0 and 1: two; its 2 layers split no other way
+ * than 1 and 1); tp 2 beside cp 2 fills the node (dp 1, 2 ranks: four):
+ * 10 splits. Every row is the plan of its settings, cp included. */
 static void test_search(void **state)
 {
     (void)state;
@@ -181,7 +183,7 @@ static void test_search(void **state)
     ml_layout_result out;
     ml_error e;
     assert_int_equal(ml_layout_search(m, &c, &req, &out, &e), ML_OK);
-    assert_int_equal(out.layouts, 6);
+    assert_int_equal(out.layouts, 10);
     assert_true(out.nrows > 0);
     for (size_t i = 0; i < out.nrows; i++) {
         const ml_layout_row *w = &out.rows[i];
