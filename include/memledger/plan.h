@@ -140,8 +140,9 @@ typedef struct ml_layout_result {
                                micro-batch above one that does not fit) */
 } ml_layout_result;
 
-/* The settings of a row of the search: cfg with the row's layout,
- * micro-batch, micro-batches, checkpoint policy and sharding. */
+/* The settings of a row of the search: cfg with the row's layout (tp, cp,
+ * pp, virtual stages, dp, and its uneven split's pp_layers, else none of
+ * cfg's), micro-batch, micro-batches, checkpoint policy and sharding. */
 ML_API ml_config ml_layout_config(const ml_config *cfg, const ml_layout_row *row);
 
 /* The search over the layouts of req->gpus devices for cfg's model and

@@ -103,10 +103,11 @@ static void progress(void *ctx, uint64_t done, uint64_t total, const ml_layout_r
     p->shown = true;
     fprintf(stderr, "\rsearching: %llu of %llu layouts", (unsigned long long)done,
             (unsigned long long)total);
-    if (best && best->step_s > 0)
-        fprintf(stderr, ", best so far tp%llu.pp%llu.dp%llu at %.4g s a step",
-                (unsigned long long)best->tp, (unsigned long long)best->pp,
-                (unsigned long long)best->dp, best->step_s);
+    if (best && best->step_s > 0) {
+        char name[80];
+        ml__report_layout_name(best, name, sizeof name);
+        fprintf(stderr, ", best so far %s at %.4g s a step", name, best->step_s);
+    }
     fputs("\033[K", stderr);
     fflush(stderr);
 }
@@ -166,7 +167,7 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
     }
     if (!rc && (o->max_micro_batch || o->parallel || o->data_parallel || o->grad_accum ||
                 o->micro_batches || o->pp_schedule || o->pp_layers || o->auto_checkpoint)) {
-        ml_cli_errorf("--gpus %s: the search chooses the layout (stages of even layers), the "
+        ml_cli_errorf("--gpus %s: the search chooses the layout (its stages' layers too), the "
                       "micro-batches a step and the data-parallel size from the global "
                       "batch: drop --pp-schedule, --pp-layers, --parallel, --data-parallel, "
                       "--grad-accum, --micro-batches, --checkpoint auto and --max-micro-batch "

@@ -202,7 +202,7 @@ bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer
     /* the chain refuses sdpa and flash with latent attention (chain.c);
      * a block asked for one anyway is the eager layout, as the builders
      * count it */
-    a->fused_kernel = false;
+    a->fused_kernel = a->ring = false;
     L->hf_order = true;
     if (m->moe.experts)
         L->moe = (mlg_moe){m->moe.router_sigmoid ? MLG_MOE_DEEPSEEK_V3 : MLG_MOE_DEEPSEEK_V2,

@@ -64,7 +64,7 @@ static uint64_t tail_need(const ml_chain *ch, const opt_shared *z, size_t hi)
 static opt_shared shared_of(const ml_chain *ch, const ml_training *t, const ml_summary *res)
 {
     opt_shared z = {t->grad_accum > 1 || t->zero_grad == ML_ZERO_GRAD_ZERO, t->zero >= 2,
-                    t->data_parallel, 0, 0};
+                    ml__shard_group(t), 0, 0};
     if (t->zero >= 3)
         for (size_t k = 0; k + 1 < ch->n; k++) {
             uint64_t e = (ch->blocks[k].params + ch->blocks[k + 1].params) * ch->prec.param;

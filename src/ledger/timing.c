@@ -63,7 +63,7 @@ void ml__eval_collective_calls(const ml_chain *ch, const ml_training *t, uint64_
          * optimizer a reduce-scatter and an all-gather */
         const double per = fmax(40e6, 1e6 * (double)N);
         const double buckets = t->overlap_grad_reduce ? fmax(v, calls(p, per)) : v;
-        if (t->dist_optimizer)
+        if (t->dist_optimizer || t->zero == 1) /* ZeRO-1's: the distributed optimizer's */
             *halves = 2 * buckets;
         else
             *allreduces = buckets;
@@ -72,9 +72,10 @@ void ml__eval_collective_calls(const ml_chain *ch, const ml_training *t, uint64_
     }
     if (t->zero == 0 || N <= 1) {
         /* torch DDP: a first bucket of 1 MiB, then 25 MiB (bucket_cap_mb) of
-         * gradients (torch/nn/parallel/distributed.py) */
+         * gradients (torch/nn/parallel/distributed.py); shard groups of one
+         * rank: those all-reduces are the replicas' */
         const double g = p * ch->prec.grad, first = 1048576;
-        *allreduces = 1 + calls(g - first, 25.0 * 1048576) + replicas;
+        *allreduces = 1 + calls(g - first, 25.0 * 1048576) + (N > 1 ? replicas : 0);
         return;
     }
     /* DeepSpeed's buckets of reduce_bucket_size and allgather_bucket_size

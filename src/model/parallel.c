@@ -345,8 +345,8 @@ static ml_status pipeline_keys(ml_error *err, const ml_node *p, ml_training *t)
     return ML_OK;
 }
 
-/* The YAML section: a mapping of the parts (tp: 8, sp: true, dp: 16, and
- * pp, vpp, cp, ep, etp at 1), or the compact form as a scalar. A pipeline's
+/* The YAML section: a mapping of the parts (tp: 8, sp: true, dp: 16, pp,
+ * vpp, cp, and ep, etp at 1), or the compact form as a scalar. A pipeline's
  * own keys are refused with the reason. */
 ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
 {

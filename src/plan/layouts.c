@@ -126,7 +126,8 @@ static double comm_time(const search *x, const ml_ledger *l, const ml_layout_row
         if (ml_ledger_rank(l, i)->p2p_bytes > p2p)
             p2p = ml_ledger_rank(l, i)->p2p_bytes;
     const uint64_t tc = row->tp * (row->cp > 1 ? row->cp : 1); /* inside a node */
-    const double dpbw = tc * row->pp * row->dp > G ? net : intra;
+    /* (dp 1: the gradients reduce over the cp ranks, inside the node) */
+    const double dpbw = row->dp > 1 && tc * row->pp * row->dp > G ? net : intra;
     double parts[4] = {over(s->tp_comm_bytes, intra), over(p2p, tc * row->pp > G ? net : intra),
                        over(s->comm_bytes, dpbw), over(s->cp_comm_bytes, intra)};
     /* overlap_grad_reduce: what the last backward covers */

@@ -141,9 +141,11 @@ static void training_flags(FILE *f, const ml_training *t)
         flag(f, "--decoder-last-pipeline-num-layers", " %llu", t->pp_layers[t->npp_layers - 1]);
     }
     flag(f, t->precision == ML_PREC_FP16_MASTER ? "--fp16" : "--bf16", NULL, 0);
-    if (t->dist_optimizer || (t->zero == 1 && t->data_parallel > 1))
+    /* the gradients reduce, and the states shard, over dp x cp ranks */
+    const uint64_t dpc = t->data_parallel * (t->context_parallel > 1 ? t->context_parallel : 1);
+    if (t->dist_optimizer || (t->zero == 1 && dpc > 1))
         flag(f, "--use-distributed-optimizer", NULL, 0);
-    if (t->overlap_grad_reduce && t->data_parallel > 1)
+    if (t->overlap_grad_reduce && dpc > 1)
         flag(f, "--overlap-grad-reduce", NULL, 0);
     /* its shards over groups of dp_shard ranks: dp / dp_shard instances */
     if (ml_training_shard(t) < t->data_parallel)

@@ -86,9 +86,10 @@ static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
              ml_optimizer_name(cfg->training.optimizer),
              ml_optimizer_impl_name(cfg->training.optimizer_impl), ck);
     ml_svg_escape(f, buf);
-    if (cfg->training.data_parallel > 1 || cfg->training.zero)
-        fprintf(f, ", %llu devices, ZeRO %u", (unsigned long long)cfg->training.data_parallel,
-                cfg->training.zero);
+    const uint64_t dpc = cfg->training.data_parallel *
+                         (cfg->training.context_parallel > 1 ? cfg->training.context_parallel : 1);
+    if (dpc > 1 || cfg->training.zero)
+        fprintf(f, ", %llu devices, ZeRO %u", (unsigned long long)dpc, cfg->training.zero);
     fputs("</div>\n", f);
     if (s->has_device) {
         fprintf(f, "<div class=\"verdict %s\">%s</div> ", s->fits ? "fits" : "nofit",

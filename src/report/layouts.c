@@ -8,7 +8,7 @@
 /* The compact form --parallel takes: tp2.pp4.vpp2.dp8, with cp2 where
  * context-parallel; an uneven split's first and last stages' layers as
  * pp16[5..5] (the middle ones even) */
-static void layout_name(const ml_layout_row *r, char *buf, size_t size)
+void ml__report_layout_name(const ml_layout_row *r, char *buf, size_t size)
 {
     char cp[24] = "", un[32] = "";
     if (r->cp > 1)
@@ -62,7 +62,7 @@ int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
     int width = 18;
     for (size_t i = 0; i < r->nrows; i++) {
         char name[80];
-        layout_name(&r->rows[i], name, sizeof name);
+        ml__report_layout_name(&r->rows[i], name, sizeof name);
         if ((int)strlen(name) > width)
             width = (int)strlen(name);
     }
@@ -72,7 +72,7 @@ int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
     for (size_t i = 0; i < r->nrows; i++) {
         const ml_layout_row *w = &r->rows[i];
         char name[80], mb[40], ck[64], pk[32], dt[32], a[24], b[24], c[24], mfu[16];
-        layout_name(w, name, sizeof name);
+        ml__report_layout_name(w, name, sizeof name);
         snprintf(mb, sizeof mb, "%llu x %llu", (unsigned long long)w->micro_batch,
                  (unsigned long long)w->micro_batches);
         ml_checkpoint_format(&w->checkpoint, ck, sizeof ck);
@@ -88,15 +88,15 @@ int ml_report_layouts_text(FILE *f, const ml_model *m, const ml_config *cfg,
     }
     const ml_layout_row *best = &r->rows[0];
     char name[80];
-    layout_name(best, name, sizeof name);
+    ml__report_layout_name(best, name, sizeof name);
     fprintf(f, "\nbest: %s (%s), micro-batch %llu x %llu micro-batches a step", name,
             sharding_name(best), (unsigned long long)best->micro_batch,
             (unsigned long long)best->micro_batches);
     if (best->step_s > 0)
         fprintf(f, ", %.4g s a step, %.4g tokens/s", best->step_s, best->tokens_per_s);
     if (r->nrows > 1 && best->step_s > 0 && r->rows[1].step_s > 0) {
-        char n2[48];
-        layout_name(&r->rows[1], n2, sizeof n2);
+        char n2[80];
+        ml__report_layout_name(&r->rows[1], n2, sizeof n2);
         fprintf(f, "; %.1f%% faster than the next (%s)",
                 100 * (r->rows[1].step_s / best->step_s - 1), n2);
     }

@@ -34,6 +34,10 @@ void ml__report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *c
 /* ", tp 2 with sequence parallelism, pp 4 (1f1b)" for a model split over
  * devices, "" for one that is not: what a header names (ranks.c). */
 void ml__report_layout(const ml_training *t, char *buf, size_t size);
+/* A layout search row's layout in the compact form, tp2.cp2.pp4[7..7].dp8
+ * (report/layouts.c). */
+struct ml_layout_row;
+void ml__report_layout_name(const struct ml_layout_row *r, char *buf, size_t size);
 /* The plan header's engine, parallel and sharding lines (ranks.c). */
 void ml__report_text_parallel(FILE *f, const ml_training *t);
 

@@ -239,10 +239,11 @@ static double title(FILE *f, double w, const ml_model *m, const ml_config *cfg,
                      ml_optimizer_impl_name(cfg->training.optimizer_impl));
     if (with_checkpoint && k >= 0 && (size_t)k < sizeof set)
         k += snprintf(set + k, sizeof set - (size_t)k, ", checkpoint %s", ck);
-    if ((cfg->training.data_parallel > 1 || cfg->training.zero) && k >= 0 &&
-        (size_t)k < sizeof set)
+    const uint64_t dpc = cfg->training.data_parallel *
+                         (cfg->training.context_parallel > 1 ? cfg->training.context_parallel : 1);
+    if ((dpc > 1 || cfg->training.zero) && k >= 0 && (size_t)k < sizeof set)
         snprintf(set + k, sizeof set - (size_t)k, ", %llu devices, ZeRO %u",
-                 (unsigned long long)cfg->training.data_parallel, cfg->training.zero);
+                 (unsigned long long)dpc, cfg->training.zero);
     int tl = ml__svg_text_wrapped(f, 20, 26, 21, 17, true, NULL, w - 40, t);
     free(t);
     int nl = ml__svg_text_wrapped(f, 20, 46 + 21.0 * (tl - 1), 16, 12, false,

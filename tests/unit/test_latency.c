@@ -30,7 +30,8 @@ static const char *llama4 =
     "  tied_embeddings: false\n  bias: false\n  attention: eager\n  dropout: 0\n"
     "training:\n  seq_len: 24\n  optimizer: adamw\n";
 
-/* Per micro-batch at tp 2, as docs/parallel.md's table counts them: with
+/* Per micro-batch at tp 2, as docs/parallel.md's table of sites
+ * ("Communication") has them, one call a site: with
  * sequence parallelism 10 gathers and reduce-scatters a layer (40), the
  * embedding's 2 and the head's 3: 45, and the loss's 3 all-reduces; full
  * recomputation 4 more a layer: 61. Without it 4 all-reduces a layer, the
@@ -94,12 +95,38 @@ static void test_dp_calls(void **state)
     ml_model_destroy(m);
 }
 
+/* A pipeline of 2 stages over 4 micro-batches: the first stage sends its
+ * output forward once a micro-batch, the last its input's gradient back:
+ * 4 sends each; with 2 virtual stages each stage's chunks send but the
+ * model's first chunk's gradient and its last chunk's output: 4 x 3. */
+static void test_p2p_sends(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama4);
+    ml_config c = ml_model_config(m);
+    c.training.pipeline_parallel = 2;
+    c.training.grad_accum = 4;
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_rank_count(l), 2);
+    assert_rel_close(ml_ledger_rank(l, 0)->p2p_sends, 4, 0);
+    assert_rel_close(ml_ledger_rank(l, 1)->p2p_sends, 4, 0);
+    ml_ledger_destroy(l);
+    c.training.virtual_stages = 2;
+    c.training.pp_schedule = ML_PP_INTERLEAVED;
+    l = eval(m, &c, false);
+    assert_rel_close(ml_ledger_rank(l, 0)->p2p_sends, 12, 0);
+    assert_rel_close(ml_ledger_rank(l, 1)->p2p_sends, 12, 0);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nccl_table),
         cmocka_unit_test(test_tp_calls),
         cmocka_unit_test(test_dp_calls),
+        cmocka_unit_test(test_p2p_sends),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
