@@ -353,8 +353,8 @@ static ml_trun step_run(const ml_time_rates *tr, const ml_chain *ch, const ml_tr
         }
     if (tensors == 0)
         return r;
-    const double zd = (double)(t->data_parallel ? t->data_parallel : 1) *
-                      (double)(t->context_parallel > 1 ? t->context_parallel : 1);
+    /* the ranks a shard spans (HSDP's group, times cp) */
+    const double zd = (double)ml__shard_group(t);
     const double zshard = t->zero >= 1 && zd > 1 ? zd : 1;
     elems /= zshard;
     double passes, ops;
