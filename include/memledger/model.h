@@ -469,6 +469,8 @@ ML_API bool ml_training_sp(const ml_training *t);
 /* The ranks the sharded states span: dp_shard, or data_parallel when 0 (at
  * least 1). */
 ML_API uint64_t ml_training_shard(const ml_training *t);
+/* The context-parallel ranks each sequence is split over (1 when none). */
+ML_API uint64_t ml_training_cp(const ml_training *t);
 /* The compact layout "tp8.pp4.cp2.dp16" (the parts in any order, each at
  * most once; docs/parallel.md) into t: tp sets tensor_parallel, dp
  * data_parallel, pp pipeline_parallel, vpp virtual_stages (and the

@@ -272,7 +272,7 @@ ml_status ml__cp_refused(const ml_model *m, const ml_training *t, ml_error *err)
  * parallelism). */
 static inline uint64_t ml__shard_group(const ml_training *t)
 {
-    return ml_training_shard(t) * (t->context_parallel > 1 ? t->context_parallel : 1);
+    return ml_training_shard(t) * ml_training_cp(t);
 }
 ml_status ml__split_calib_refused(const ml_config *cfg, ml_error *err);
 const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model *rank);

@@ -15,7 +15,7 @@ static double replicas_bytes(const ml_training *t, double G)
 {
     const uint64_t N = ml__shard_group(t);
     const uint64_t D = (t->data_parallel ? t->data_parallel : 1) *
-                       (t->context_parallel > 1 ? t->context_parallel : 1);
+                       ml_training_cp(t);
     const double R = (double)(D / N);
     return R > 1 ? 2 * (R - 1) / R * G / (double)N : 0;
 }
@@ -49,7 +49,7 @@ void ml__eval_collective_calls(const ml_chain *ch, const ml_training *t, uint64_
 {
     *allreduces = *halves = 0;
     const uint64_t N = ml__shard_group(t), D = (t->data_parallel ? t->data_parallel : 1) *
-                                                (t->context_parallel > 1 ? t->context_parallel : 1);
+                                                ml_training_cp(t);
     if (D <= 1)
         return;
     const double A = (double)(t->grad_accum ? t->grad_accum : 1), p = (double)P;

@@ -19,6 +19,11 @@ uint64_t ml_training_shard(const ml_training *t)
     return t->dp_shard && t->dp_shard < dp ? t->dp_shard : dp;
 }
 
+uint64_t ml_training_cp(const ml_training *t)
+{
+    return t->context_parallel > 1 ? t->context_parallel : 1;
+}
+
 bool ml_training_sp(const ml_training *t)
 {
     return t->tensor_parallel > 1 && t->sequence_parallel != ML_SP_OFF;

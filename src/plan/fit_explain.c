@@ -57,7 +57,7 @@ static ml_status shard_fix(search *s, char *out, size_t size)
     ml_config c = s->cfg;
     const uint64_t dp = c.training.data_parallel;
     /* the states shard over dp x cp ranks */
-    const uint64_t cp = c.training.context_parallel > 1 ? c.training.context_parallel : 1;
+    const uint64_t cp = ml_training_cp(&c.training);
     const bool sharded = c.training.zero == 3;
     uint64_t lo = 1, hi = 1;
     ml_config_range("training.data_parallel", &lo, &hi);

@@ -349,7 +349,7 @@ static void describe_figures(const ml_triage_ctx *x, ml_remedy *r)
     case ML_REMEDY_ZERO_3:
         ml__triage_put(o, n, "ZeRO stage %u over %llu devices shards %s: the same updates", t->zero,
             (unsigned long long)(t->data_parallel *
-                                 (t->context_parallel > 1 ? t->context_parallel : 1)),
+                                 ml_training_cp(t)),
             t->zero == 1   ? "optimizer states and master weights"
             : t->zero == 2 ? "optimizer states, master weights and gradients"
                            : "optimizer states, master weights, gradients and parameters");

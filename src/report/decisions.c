@@ -28,7 +28,7 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     char sl[80];
     ml__report_lengths(m, &cfg->training, sl, sizeof sl);
     const ml_training *t = &cfg->training;
-    const unsigned long long cp = t->context_parallel > 1 ? t->context_parallel : 1;
+    const unsigned long long cp = ml_training_cp(t);
     const unsigned long long devices =
         (unsigned long long)((t->tensor_parallel > 1 ? t->tensor_parallel : 1) *
                              (t->pipeline_parallel > 1 ? t->pipeline_parallel : 1) *

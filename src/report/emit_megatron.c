@@ -142,7 +142,7 @@ static void training_flags(FILE *f, const ml_training *t)
     }
     flag(f, t->precision == ML_PREC_FP16_MASTER ? "--fp16" : "--bf16", NULL, 0);
     /* the gradients reduce, and the states shard, over dp x cp ranks */
-    const uint64_t dpc = t->data_parallel * (t->context_parallel > 1 ? t->context_parallel : 1);
+    const uint64_t dpc = t->data_parallel * ml_training_cp(t);
     if (t->dist_optimizer || (t->zero == 1 && dpc > 1))
         flag(f, "--use-distributed-optimizer", NULL, 0);
     if (t->overlap_grad_reduce && dpc > 1)
@@ -174,7 +174,7 @@ int ml__emit_megatron(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     fprintf(f, " (memledger's plan: %llu devices)\n",
             (unsigned long long)((t->tensor_parallel > 1 ? t->tensor_parallel : 1) *
                                  (t->pipeline_parallel > 1 ? t->pipeline_parallel : 1) *
-                                 (t->context_parallel > 1 ? t->context_parallel : 1) *
+                                 ml_training_cp(t) *
                                  t->data_parallel));
     fputs("# the data, tokenizer, learning rate and iterations are yours to add\n", f);
     ml__emit_note_comments(f, v);

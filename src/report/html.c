@@ -87,7 +87,7 @@ static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
              ml_optimizer_impl_name(cfg->training.optimizer_impl), ck);
     ml_svg_escape(f, buf);
     const uint64_t dpc = cfg->training.data_parallel *
-                         (cfg->training.context_parallel > 1 ? cfg->training.context_parallel : 1);
+                         ml_training_cp(&cfg->training);
     if (dpc > 1 || cfg->training.zero)
         fprintf(f, ", %llu devices, ZeRO %u", (unsigned long long)dpc, cfg->training.zero);
     fputs("</div>\n", f);

@@ -51,7 +51,7 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     }
     const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
     const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
-    const uint64_t cp = t->context_parallel > 1 ? t->context_parallel : 1;
+    const uint64_t cp = ml_training_cp(t);
     fprintf(f,
             ", \"parallel\": {\"tp\": %llu, \"sp\": %s, \"pp\": %llu, \"vpp\": %llu, "
             "\"pp_schedule\": \"%s\", \"dp\": %llu, \"devices\": %llu, "

@@ -155,7 +155,7 @@ void ml__report_text_parallel(FILE *f, const ml_training *t)
               f);
     const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
     const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
-    const uint64_t cp = t->context_parallel > 1 ? t->context_parallel : 1;
+    const uint64_t cp = ml_training_cp(t);
     if (tp > 1 || pp > 1 || cp > 1)
         text_layout(f, t, tp, pp, cp);
     if (ml_training_shard(t) < t->data_parallel)

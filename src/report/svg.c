@@ -240,7 +240,7 @@ static double title(FILE *f, double w, const ml_model *m, const ml_config *cfg,
     if (with_checkpoint && k >= 0 && (size_t)k < sizeof set)
         k += snprintf(set + k, sizeof set - (size_t)k, ", checkpoint %s", ck);
     const uint64_t dpc = cfg->training.data_parallel *
-                         (cfg->training.context_parallel > 1 ? cfg->training.context_parallel : 1);
+                         ml_training_cp(&cfg->training);
     if ((dpc > 1 || cfg->training.zero) && k >= 0 && (size_t)k < sizeof set)
         snprintf(set + k, sizeof set - (size_t)k, ", %llu devices, ZeRO %u",
                  (unsigned long long)dpc, cfg->training.zero);

@@ -73,7 +73,7 @@ static void text_header(FILE *f, const ml_model *m, const ml_config *cfg, const 
     else
         snprintf(sl, sizeof sl, "seq_len %llu%s",
                  (unsigned long long)(s->c_tokens / t->micro_batch *
-                                      (t->context_parallel > 1 ? t->context_parallel : 1)),
+                                      ml_training_cp(t)),
                  tl);
     fprintf(f, "config: micro_batch %llu, %s, grad_accum %llu, precision %s, "
                "optimizer %s (%s), checkpoint %s%s%s\n",

@@ -179,8 +179,10 @@ static void test_compact_layout(void **state)
     assert_int_equal(ml_parallel_parse("tp2.ep4", &t, &e), ML_RANGE);
     assert_non_null(strstr(e.msg, "expert parallelism is not modelled yet"));
     assert_int_equal(t.tensor_parallel, 4);
+    assert_int_equal(ml_training_cp(&t), 1);
     assert_int_equal(ml_parallel_parse("tp4.cp2", &t, &e), ML_OK); /* context parallelism */
     assert_int_equal(t.context_parallel, 2);
+    assert_int_equal(ml_training_cp(&t), 2);
     assert_int_equal(ml_parallel_parse("pp4.vpp3.tp2", &t, &e), ML_OK);
     assert_int_equal(t.pipeline_parallel, 4);
     assert_int_equal(t.virtual_stages, 3);
