@@ -29,10 +29,11 @@ FLAGS = {"micro_batch": "--micro-batch", "seq_len": "--seq-len", "grad_accum": "
          "tp": "--tp", "pp": "--pp", "dp": "--dp", "zero": "--zero", "device": "--device",
          "allocator": "--allocator", "attention": "--attention", "interconnect": "--interconnect",
          "gpus": "--gpus", "global_batch": "--global-batch", "gpus_per_node": "--gpus-per-node",
-         "network": "--network", "engine": "--engine", "vpp": "--vpp", "dp_shard": "--dp-shard"}
+         "network": "--network", "engine": "--engine", "vpp": "--vpp", "dp_shard": "--dp-shard",
+         "cp": "--cp"}
 # the layout search's own inputs, and what it chooses itself
 SEARCH = {"gpus", "global_batch", "gpus_per_node", "network"}
-SEARCHED = {"micro_batch", "grad_accum", "checkpoint", "tp", "pp", "vpp", "dp", "zero",
+SEARCHED = {"micro_batch", "grad_accum", "checkpoint", "tp", "cp", "pp", "vpp", "dp", "zero",
             "dp_shard", "dist_optimizer"}
 PAGE_FILES = {"/", "/index.html", "/app.js", "/memledger.js", "/memledger.wasm", "/presets.js",
               "/style.css"}
@@ -223,11 +224,11 @@ def main():
     one_case(base, exe, "gpt2-medium, sdpa, selective, the model file's device",
              {"model": "gpt2-medium.yaml"}, [os.path.join(MODELS, "gpt2-medium.yaml")],
              {"micro_batch": "2", "attention": "sdpa", "checkpoint": "selective"})
-    one_case(base, exe, "Hugging Face preset mistral-7b, tensor parallel 2",
-             {"model": "hf/mistral-7b.json"},
+    one_case(base, exe, "Hugging Face preset mistral-7b, tensor parallel 2, context parallel 2 "
+             "(flash)", {"model": "hf/mistral-7b.json"},
              ["--hf", os.path.join(MODELS, "hf", "mistral-7b", "config.json")],
-             {"micro_batch": "1", "seq_len": "2048", "tp": "2", "precision": "bf16-master",
-              "device": "h100-sxm"})
+             {"micro_batch": "1", "seq_len": "2048", "tp": "2", "cp": "2", "attention": "flash",
+              "precision": "bf16-master", "device": "h100-sxm"})
     one_case(base, exe, "a pasted config.json (Qwen2-0.5B), ZeRO 2 over 2",
              {"text": qwen_text, "hf": "1", "name": "config.json"}, ["--hf", qwen],
              {"micro_batch": "2", "seq_len": "1024", "dp": "2", "zero": "2", "device": "l4"})
