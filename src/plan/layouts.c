@@ -495,6 +495,33 @@ static uint64_t layouts(const ml_layout_request *req, ml_status *st, search *x, 
     return c.n;
 }
 
+/* What the search did, or why nothing fits, into out->note. */
+static void write_note(const search *x, const ml_layout_request *req, ml_layout_result *out)
+{
+    if (!out->nrows && !x->planned)
+        snprintf(out->note, sizeof out->note,
+                 "no layout of %llu devices splits %s with a global batch of %llu (%llu "
+                 "layouts tried%s%s): another device count or global batch",
+                 (unsigned long long)req->gpus, x->m->name, (unsigned long long)req->global_batch,
+                 (unsigned long long)out->layouts, x->refused ? "; the first refused: " : "",
+                 x->refused ? x->refusal.msg : "");
+    else if (!out->nrows)
+        snprintf(out->note, sizeof out->note,
+                 "no layout of %llu devices fits: %llu layouts, %llu plans; another device "
+                 "count (one the global batch and the model divide), a smaller model state "
+                 "(precision, optimizer, ZeRO) or a larger device",
+                 (unsigned long long)req->gpus, (unsigned long long)out->layouts,
+                 (unsigned long long)out->evaluations);
+    else
+        snprintf(out->note, sizeof out->note,
+                 "%llu layouts of %llu devices, %llu candidates (micro-batch x policy), %llu "
+                 "plans, %llu points fit in the allocated view (the fastest planned again "
+                 "with the allocator as configured)",
+                 (unsigned long long)out->layouts, (unsigned long long)req->gpus,
+                 (unsigned long long)out->candidates, (unsigned long long)out->evaluations,
+                 (unsigned long long)out->fitting);
+}
+
 ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_layout_request *req,
                            ml_layout_result *out, ml_error *err)
 {
@@ -524,13 +551,15 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     layouts(req, &st, &x, err);
     if (!st && x.nomem)
         st = ml__errorf(err, ML_NOMEM, "out of memory");
-    /* nothing planned at all: not a question of fitting, a refusal */
-    if (!st && !x.planned && x.refused) {
+    /* nothing planned at all: with pinned parts a refusal (or a usage error
+     * below); with none, no layout of these devices splits the model: the
+     * note says so, with the first refusal */
+    const bool pinned = req->tp || req->cp || req->pp || req->vpp || req->micro_batch;
+    if (!st && !x.planned && x.refused && pinned) {
         *err = x.refusal;
         st = ML_RANGE;
     }
-    /* pinned parts that leave nothing to plan: a usage error, named */
-    if (!st && !x.planned && !x.refused && (out->layouts == 0 || out->candidates == 0))
+    if (!st && !x.planned && pinned && !x.refused && (out->layouts == 0 || out->candidates == 0))
         st = ml__errorf(err, ML_USAGE,
                         "%s: the pinned parts leave %s of %llu devices and a global batch of "
                         "%llu (parallel.tp %llu, parallel.cp %llu, parallel.pp %llu, "
@@ -556,20 +585,6 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     free(x.div);
     if (st)
         return st;
-    if (!out->nrows)
-        snprintf(out->note, sizeof out->note,
-                 "no layout of %llu devices fits: %llu layouts, %llu plans; another device "
-                 "count (one the global batch and the model divide), a smaller model state "
-                 "(precision, optimizer, ZeRO) or a larger device",
-                 (unsigned long long)req->gpus, (unsigned long long)out->layouts,
-                 (unsigned long long)out->evaluations);
-    else
-        snprintf(out->note, sizeof out->note,
-                 "%llu layouts of %llu devices, %llu candidates (micro-batch x policy), %llu "
-                 "plans, %llu points fit in the allocated view (the fastest planned again "
-                 "with the allocator as configured)",
-                 (unsigned long long)out->layouts, (unsigned long long)req->gpus,
-                 (unsigned long long)out->candidates, (unsigned long long)out->evaluations,
-                 (unsigned long long)out->fitting);
+    write_note(&x, req, out);
     return ML_OK;
 }

@@ -132,8 +132,11 @@ static void training_flags(FILE *f, const ml_training *t)
     if (ml_training_sp(t))
         flag(f, "--sequence-parallel", NULL, 0);
     flag(f, "--pipeline-model-parallel-size", " %llu", pp);
+    /* (validate_args in megatron/training/arguments.py resets
+     * --virtual-pipeline-model-parallel-size unless the virtual stages come
+     * from this flag, --num-layers-per-virtual-pipeline-stage or a layout) */
     if (pp > 1 && t->virtual_stages > 1)
-        flag(f, "--virtual-pipeline-model-parallel-size", " %llu", t->virtual_stages);
+        flag(f, "--num-virtual-stages-per-pipeline-rank", " %llu", t->virtual_stages);
     if (t->context_parallel > 1)
         flag(f, "--context-parallel-size", " %llu", t->context_parallel);
     if (t->npp_layers >= 2) { /* first_last_split */

@@ -73,7 +73,7 @@ static void test_gpt3(void **state)
                                  "--micro-batch-size 1 ", "--global-batch-size 128 ",
                                  "--tensor-model-parallel-size 8 ", "--sequence-parallel ",
                                  "--pipeline-model-parallel-size 8 ",
-                                 "--virtual-pipeline-model-parallel-size 3 ",
+                                 "--num-virtual-stages-per-pipeline-rank 3 ",
                                  "--use-distributed-optimizer ", "--bf16 ",
                                  "--recompute-granularity selective\n",
                                  "--untie-embeddings-and-output-weights "};

@@ -118,6 +118,15 @@ static void test_requests(void **state)
     assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
     assert_int_equal(r.nrows, 0);
     assert_non_null(strstr(r.note, "no layout of 2 devices fits"));
+    /* nothing pinned, and no layout of 1,024 devices divides a global
+     * batch of 1 (dp 1 needs tp x pp = 1,024: tp stays in a node of 8, pp
+     * at most the 4 layers): not an error, a note */
+    req.gpus = 1024;
+    req.global_batch = 1;
+    c.device.memory = UINT64_C(80) << 30;
+    assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.nrows, 0);
+    assert_non_null(strstr(r.note, "no layout of 1024 devices splits"));
     ml_model_destroy(m);
 }
 
