@@ -64,7 +64,7 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
     }
     /* the runner's attention is eager: its scores and probabilities say
      * nothing about a flash kernel's saved tensors */
-    if (ml__ck_fused_attention(ch, m)) {
+    if (ml__ck_fused_attention(ch->prec.a, m)) {
         ch->calib_note = "the model's attention runs a fused kernel (flash, or sdpa as "
                          "dispatched), the runner's eager";
         return;

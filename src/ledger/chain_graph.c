@@ -17,7 +17,7 @@
 mlg_config ml__ck_graph_config(const ml_chain *ch, const ml_model *m)
 {
     return (mlg_config){ch->prec.a,        ch->prec.w,   ch->prec.fp16,
-                        ch->prec.autocast, ml__ck_fused_attention(ch, m), ch->eval_mode,
+                        ch->prec.autocast, ml__ck_fused_attention(ch->prec.a, m), ch->eval_mode,
                         ch->cp > 1};
 }
 

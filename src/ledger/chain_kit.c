@@ -283,10 +283,11 @@ void ml__ck_grad_close(ml_cblock *b, const ml_graph_live *g, uint64_t out)
  * head against H query heads and no enable_gqa: the fused kernels need
  * equal head counts (sdp_utils: check_batch_size_and_num_heads_dense), so
  * it runs the math kernel in every dtype (docs/inventory.md). */
-bool ml__ck_fused_attention(const ml_chain *ch, const ml_model *m)
+bool ml__ck_fused_attention(unsigned compute_bytes, const ml_model *m)
 {
     if (m->attn.kernel == ML_ATTN_SDPA)
-        return !((ch->prec.a == 4 || m->residual.shared_norm) && m->attn.kv_heads < m->attn.heads);
+        return !((compute_bytes == 4 || m->residual.shared_norm) &&
+                 m->attn.kv_heads < m->attn.heads);
     return m->attn.kernel == ML_ATTN_FLASH;
 }
 

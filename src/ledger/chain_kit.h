@@ -72,8 +72,9 @@ uint64_t ml__ck_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E);
  * training.expert_imbalance). Returns the number of runs. */
 unsigned ml__ck_expert_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t count[3],
                             uint64_t rows[3]);
-/* Whether the model's attention runs a fused kernel (no T x T tensor). */
-bool ml__ck_fused_attention(const ml_chain *ch, const ml_model *m);
+/* Whether the model's attention runs a fused kernel (no T x T tensor) at
+ * the compute dtype's bytes. */
+bool ml__ck_fused_attention(unsigned compute_bytes, const ml_model *m);
 
 /* Whether the transformer's blocks record their backward nodes
  * (chain_head.c; docs/ledger.md, "Backward, node by node"). */

@@ -31,11 +31,7 @@ ml_status ml__cp_refused(const ml_model *m, const ml_training *t, ml_error *err)
                           "context parallelism runs Transformer Engine's attention, which is "
                           "not modelled; plan PyTorch's ring attention (engine eager)",
                           (unsigned long long)cp);
-    const ml_prec p = ml__prec_of(t->precision);
-    const bool fused = m->attn.kernel == ML_ATTN_FLASH ||
-                       (m->attn.kernel == ML_ATTN_SDPA &&
-                        !((p.a == 4 || m->residual.shared_norm) && m->attn.kv_heads < m->attn.heads));
-    if (!fused)
+    if (!ml__ck_fused_attention(ml__prec_of(t->precision).a, m))
         return ml__errorf(err, ML_RANGE,
                           "parallel.cp: %llu with %s's attention (%s%s): ring attention runs a "
                           "fused scaled_dot_product_attention kernel (flash or memory-efficient); "

@@ -353,9 +353,8 @@ static ml_trun step_run(const ml_time_rates *tr, const ml_chain *ch, const ml_tr
         }
     if (tensors == 0)
         return r;
-    /* the ranks a shard spans (HSDP's group, times cp) */
-    const double zd = (double)ml__shard_group(t);
-    const double zshard = t->zero >= 1 && zd > 1 ? zd : 1;
+    /* the ranks a shard spans (HSDP's group, times cp; at least 1) */
+    const double zshard = t->zero >= 1 ? (double)ml__shard_group(t) : 1;
     elems /= zshard;
     double passes, ops;
     step_shape(t, &passes, &ops);

@@ -36,16 +36,15 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     fprintf(f, "config: %s, precision %s, optimizer %s (%s), %llu device%s", sl,
             ml_precision_name(t->precision), ml_optimizer_name(t->optimizer),
             ml_optimizer_impl_name(t->optimizer_impl), devices, devices == 1 ? "" : "s");
-    if (devices != t->data_parallel && cp > 1)
-        fprintf(f, " (tp %llu, cp %llu, pp %llu, dp %llu)",
-                (unsigned long long)(t->tensor_parallel > 1 ? t->tensor_parallel : 1), cp,
+    if (devices != t->data_parallel) {
+        fprintf(f, " (tp %llu, ",
+                (unsigned long long)(t->tensor_parallel > 1 ? t->tensor_parallel : 1));
+        if (cp > 1)
+            fprintf(f, "cp %llu, ", cp);
+        fprintf(f, "pp %llu, dp %llu)",
                 (unsigned long long)(t->pipeline_parallel > 1 ? t->pipeline_parallel : 1),
                 (unsigned long long)t->data_parallel);
-    else if (devices != t->data_parallel)
-        fprintf(f, " (tp %llu, pp %llu, dp %llu)",
-                (unsigned long long)(t->tensor_parallel > 1 ? t->tensor_parallel : 1),
-                (unsigned long long)(t->pipeline_parallel > 1 ? t->pipeline_parallel : 1),
-                (unsigned long long)t->data_parallel);
+    }
     fprintf(f, ", ZeRO %u\n\n", t->zero);
     if (!r->fits) {
         fprintf(f, "DOES NOT FIT: %s\n", r->note);

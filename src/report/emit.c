@@ -508,6 +508,9 @@ static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_
         return;
     }
     /* the other targets' settings run one device's whole model */
+    const char *target = k == EMIT_DEEPSPEED    ? "DeepSpeed's config"
+                         : k == EMIT_HF_TRAINER ? "Trainer"
+                                                : "the snippet";
     if (t->tensor_parallel > 1 || t->pipeline_parallel > 1) {
         ml__emit_refuse(v, "the plan is one rank of a model split over devices (parallel.%s "
                            "%llu); %s runs the whole model on each device: plan without --tp "
@@ -515,19 +518,14 @@ static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_
                         t->tensor_parallel > 1 ? "tp" : "pp",
                         (unsigned long long)(t->tensor_parallel > 1 ? t->tensor_parallel
                                                                     : t->pipeline_parallel),
-                        k == EMIT_DEEPSPEED    ? "DeepSpeed's config"
-                        : k == EMIT_HF_TRAINER ? "Trainer"
-                                               : "the snippet");
+                        target);
         return;
     }
     if (t->context_parallel > 1) {
         ml__emit_refuse(v, "the plan is one rank of sequences split over %llu devices "
                            "(parallel.cp, PyTorch's ring attention); %s does not set up "
                            "context parallelism: plan without --cp to emit",
-                        (unsigned long long)t->context_parallel,
-                        k == EMIT_DEEPSPEED    ? "DeepSpeed's config"
-                        : k == EMIT_HF_TRAINER ? "Trainer"
-                                               : "the snippet");
+                        (unsigned long long)t->context_parallel, target);
         return;
     }
     encdec_check(k, m, t, v);

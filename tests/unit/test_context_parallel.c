@@ -23,15 +23,6 @@ static ml_config allocated(const ml_model *m, uint64_t cp, uint64_t T)
     return c;
 }
 
-static const ml_block_info *block(const ml_ledger *l, const char *name)
-{
-    for (size_t i = 0; i < ml_ledger_block_count(l); i++)
-        if (!strcmp(ml_ledger_block(l, i)->name, name))
-            return ml_ledger_block(l, i);
-    fail_msg("no block %s", name);
-    return NULL;
-}
-
 /* At cp 2 a rank's tensors are those of the whole model at T / 2 = 32
  * tokens; its attention's queries meet all 64 keys: 4 B H Tl (T - Tl) dh
  * more FLOPs a layer than at 32 tokens, 4 x 2 x 4 x 32 x 32 x 16 =
@@ -50,8 +41,8 @@ static void test_rank_is_its_tokens(void **state)
     const double extra = 4.0 * 2 * 4 * 32 * (64 - 32) * 16; /* 524,288 */
     assert_rel_close(ml_ledger_summary(l)->flops_forward,
                      ml_ledger_summary(k)->flops_forward + 2 * extra, 1e-15);
-    assert_rel_close(block(l, "block.0")->flops_forward,
-                     block(k, "block.0")->flops_forward + extra, 1e-15);
+    assert_rel_close(block_named(l, "block.0")->flops_forward,
+                     block_named(k, "block.0")->flops_forward + extra, 1e-15);
     ml_ledger_destroy(l);
     ml_ledger_destroy(k);
     ml_model_destroy(m);

@@ -151,7 +151,7 @@ static bool one_block(const ml_model *m, ml_precision p, uint64_t B, uint64_t T,
     if (!ml__ck_graph_layer(ch, m, &d, G)) {
         free(G);
         assert_true((m->attn.fused_proj || m->residual.parallel) &&
-                    ml__ck_fused_attention(ch, m));
+                    ml__ck_fused_attention(ch->prec.a, m));
         ml__chain_free(ch);
         return false;
     }
@@ -178,7 +178,7 @@ static uint64_t cat_outputs(const ml_chain *ch, const ml_model *m, uint64_t B, u
 {
     /* (GPT-NeoX's parallel layer, not Falcon's: its rotary adds, no cat) */
     if (!(m->attn.fused_proj || (m->residual.parallel && !m->residual.shared_norm)) ||
-        !ml__ck_fused_attention(ch, m) ||
+        !ml__ck_fused_attention(ch->prec.a, m) ||
         m->embed.position != ML_POS_ROPE) /* no rotary: q and k are views of the output */
         return 0;
     if (ch->prec.autocast)

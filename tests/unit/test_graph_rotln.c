@@ -81,7 +81,7 @@ static bool fused_kernel(const ml_model *m, const ml_config *cfg)
     ml_chain ch;
     memset(&ch, 0, sizeof ch);
     ch.prec = ml__prec_of(cfg->training.precision);
-    return ml__ck_fused_attention(&ch, m);
+    return ml__ck_fused_attention(ch.prec.a, m);
 }
 
 /* One configuration from the graph; 1 when built or declined (*declined

@@ -173,6 +173,52 @@ static void test_pins(void **state)
     ml_model_destroy(m);
 }
 
+/* Megatron-LM's GPT of Korthikanti et al. and Narayanan et al.: ffn 4 h,
+ * vocabulary 51,200, 2,048 tokens, tied embeddings, Megatron's layer,
+ * with `extra` training keys. */
+static ml_model *megatron_gpt(unsigned layers, unsigned hidden, unsigned heads,
+                              const char *extra)
+{
+    char y[1024];
+    snprintf(y, sizeof y,
+             "name: gpt-%u\nmodel:\n  type: decoder\n  layers: %u\n  hidden: %u\n"
+             "  heads: %u\n  ffn: %u\n  activation: gelu\n  norm: layernorm\n  vocab: 51200\n"
+             "  max_positions: 2048\n  position: learned\n  tied_embeddings: true\n  bias: true\n"
+             "  attention: eager\n  dropout: 0.1\ntraining:\n  seq_len: 2048\n  optimizer: adamw\n"
+             "  engine: megatron\n%s",
+             layers, layers, hidden, heads, 4 * hidden, extra);
+    return load_str(y);
+}
+
+/* An A100 80 GB with NVLink at 300 GB/s each way, the allocated view. */
+static ml_config on_a100(const ml_model *m)
+{
+    ml_config c = ml_model_config(m);
+    ml_error e;
+    assert_int_equal(ml_device_preset_apply("a100-80gb", &c.device, &e), ML_OK);
+    c.device.interconnect_gbps = 300;
+    c.device.allocator = ML_ALLOCATOR_NONE;
+    return c;
+}
+
+/* A published run's layout, pinned: its tp and pp (one virtual stage), its
+ * micro-batch and policy, the config's sharding. */
+static ml_layout_request published(uint64_t gpus, uint64_t global_batch, uint64_t tp, uint64_t pp,
+                                   uint64_t micro_batch, const char *policy)
+{
+    ml_layout_request req = ml_layout_request_defaults();
+    req.gpus = gpus;
+    req.global_batch = global_batch;
+    req.tp = tp;
+    req.pp = pp;
+    req.vpp = 1;
+    req.micro_batch = micro_batch;
+    req.pin_checkpoint = true;
+    req.pin_sharding = true;
+    assert_int_equal(ml_parse_checkpoint(policy, &req.checkpoint, NULL), ML_OK);
+    return req;
+}
+
 /* A published run as an anchor (docs/search.md): GPT-3 175B on 1,024
  * A100s (80 GB), tensor parallelism 8, 16 stages, micro-batch 1, a global
  * batch of 1,536, fp16 with full recomputation, about 32 s an iteration
@@ -180,40 +226,26 @@ static void test_pins(void **state)
  * e0097a0163: 138 TFLOP/s a GPU). With the A100's NVLink (300 GB/s each
  * way) and Selene's network (8 HDR InfiniBand links of 200 Gb/s a node:
  * 25 GB/s a device), the layout's predicted step must be within 15 % of
- * it, and the search's best for the same devices and batch no slower. */
+ * it, and the search's best for the same devices and batch no slower.
+ * (The plain 1F1B schedule, data parallelism without the distributed
+ * optimizer.) */
 static void test_gpt3_anchor(void **state)
 {
     (void)state;
-    ml_model *m = load_str(
-        "name: gpt3-175b\nmodel:\n  type: decoder\n  layers: 96\n  hidden: 12288\n"
-        "  heads: 96\n  ffn: 49152\n  activation: gelu\n  norm: layernorm\n  vocab: 51200\n"
-        "  max_positions: 2048\n  position: learned\n  tied_embeddings: true\n  bias: true\n"
-        "  attention: eager\n  dropout: 0.1\ntraining:\n  seq_len: 2048\n  micro_batch: 1\n"
-        "  precision: fp16-master\n  optimizer: adamw\n  engine: megatron\n"
-        "parallel:\n  sp: false\n");
-    ml_config c = ml_model_config(m);
+    ml_model *m = megatron_gpt(96, 12288, 96,
+                               "  micro_batch: 1\n  precision: fp16-master\n"
+                               "parallel:\n  sp: false\n");
+    ml_config c = on_a100(m);
     ml_error e;
-    assert_int_equal(ml_device_preset_apply("a100-80gb", &c.device, &e), ML_OK);
-    c.device.interconnect_gbps = 300;
-    c.device.allocator = ML_ALLOCATOR_NONE;
-    ml_layout_request req = ml_layout_request_defaults();
-    req.gpus = 1024;
-    req.global_batch = 1536;
+    ml_layout_request req = published(1024, 1536, 8, 16, 1, "full");
     req.network_gbps = 25;
-    req.tp = 8;
-    req.pp = 16;
-    req.micro_batch = 1;
-    req.pin_checkpoint = true;
-    req.pin_sharding = true; /* data parallelism without the distributed optimizer */
-    req.vpp = 1;            /* the plain 1F1B schedule */
-    assert_int_equal(ml_parse_checkpoint("full", &req.checkpoint, &e), ML_OK);
     ml_layout_result r;
     assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
     assert_int_equal(r.nrows, 1);
-    const double published = 32.0, predicted = r.rows[0].step_s;
+    const double published_s = 32.0, predicted = r.rows[0].step_s;
     assert_int_equal(r.rows[0].dp, 8);
     assert_int_equal(r.rows[0].micro_batches, 192);
-    assert_true(predicted > published * 0.85 && predicted < published * 1.15);
+    assert_true(predicted > published_s * 0.85 && predicted < published_s * 1.15);
     /* the search, free */
     ml_layout_request any = ml_layout_request_defaults();
     any.gpus = 1024;
@@ -236,26 +268,10 @@ static void test_gpt3_anchor(void **state)
 static void test_gpt22b_mfu(void **state)
 {
     (void)state;
-    ml_model *m = load_str(
-        "name: gpt-22b\nmodel:\n  type: decoder\n  layers: 48\n  hidden: 6144\n"
-        "  heads: 64\n  ffn: 24576\n  activation: gelu\n  norm: layernorm\n  vocab: 51200\n"
-        "  max_positions: 2048\n  position: learned\n  tied_embeddings: true\n  bias: true\n"
-        "  attention: eager\n  dropout: 0.1\ntraining:\n  seq_len: 2048\n  micro_batch: 4\n"
-        "  precision: bf16-master\n  optimizer: adamw\n  engine: megatron\n");
-    ml_config c = ml_model_config(m);
+    ml_model *m = megatron_gpt(48, 6144, 64, "  micro_batch: 4\n  precision: bf16-master\n");
+    ml_config c = on_a100(m);
     ml_error e;
-    assert_int_equal(ml_device_preset_apply("a100-80gb", &c.device, &e), ML_OK);
-    c.device.interconnect_gbps = 300;
-    c.device.allocator = ML_ALLOCATOR_NONE;
-    ml_layout_request req = ml_layout_request_defaults();
-    req.gpus = 8;
-    req.global_batch = 64;
-    req.tp = 8;
-    req.pp = 1;
-    req.micro_batch = 4;
-    req.pin_checkpoint = true;
-    req.pin_sharding = true;
-    assert_int_equal(ml_parse_checkpoint("selective", &req.checkpoint, &e), ML_OK);
+    ml_layout_request req = published(8, 64, 8, 1, 4, "selective");
     ml_layout_result r;
     assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
     assert_int_equal(r.nrows, 1);

@@ -29,15 +29,6 @@ static uint64_t layer_bytes(uint64_t tp, bool sp)
     return 4 * (norms + 4 * B * T * Hr * dh + B * Hr * T * T + 4 * B * T * Fr);
 }
 
-static const ml_block_info *block(const ml_ledger *l, const char *name)
-{
-    for (size_t i = 0; i < ml_ledger_block_count(l); i++)
-        if (!strcmp(ml_ledger_block(l, i)->name, name))
-            return ml_ledger_block(l, i);
-    fail_msg("no block %s", name);
-    return NULL;
-}
-
 static void test_rank_saved_bytes(void **state)
 {
     (void)state;
@@ -54,8 +45,8 @@ static void test_rank_saved_bytes(void **state)
         ml_ledger *l = eval(m, &c, false);
         const bool sp = ml_training_sp(&c.training);
         assert_int_equal(layer_bytes(cases[k].tp, sp), cases[k].want);
-        assert_int_equal(block(l, "block.0")->activations_saved, cases[k].want);
-        assert_int_equal(block(l, "block.1")->activations_saved, cases[k].want);
+        assert_int_equal(block_named(l, "block.0")->activations_saved, cases[k].want);
+        assert_int_equal(block_named(l, "block.1")->activations_saved, cases[k].want);
         ml_ledger_destroy(l);
     }
     ml_model_destroy(m);
@@ -74,9 +65,9 @@ static void test_rank_parameters(void **state)
     ml_ledger *l = eval(m, &c, false);
     const uint64_t layer = 2 * 64 * 32 + 2 * 64 * 8 + 3 * 64 * 80 + 2 * 64;
     assert_int_equal(layer, 20608);
-    assert_int_equal(block(l, "block.0")->params, layer);
-    assert_int_equal(block(l, "embedding")->params, 87 * 64);
-    assert_int_equal(block(l, "head")->params, 87 * 64 + 64);
+    assert_int_equal(block_named(l, "block.0")->params, layer);
+    assert_int_equal(block_named(l, "embedding")->params, 87 * 64);
+    assert_int_equal(block_named(l, "head")->params, 87 * 64 + 64);
     const ml_summary *s = ml_ledger_summary(l);
     assert_int_equal(s->params, 2 * layer + 2 * 87 * 64 + 64);
     /* fp32 AdamW: 16 bytes a parameter, a rank's share */
@@ -151,7 +142,7 @@ static void test_refusals(void **state)
     c.training.sequence_parallel = ML_SP_AUTO;
     c.training.seq_len = 25;
     ml_ledger *l = eval(m, &c, false);
-    assert_int_equal(block(l, "block.0")->activations_saved,
+    assert_int_equal(block_named(l, "block.0")->activations_saved,
                      4 * (2 * (3 * 2 * 13 * 64 + 2 * 13) + 4 * 2 * 25 * 4 * 8 +
                           2 * 4 * 25 * 25 + 4 * 2 * 25 * 80));
     ml_ledger_destroy(l);
@@ -500,14 +491,15 @@ static void test_megatron_layer(void **state)
     c.training.sequence_parallel = ML_SP_OFF;
     ml_ledger *l = eval(m, &c, false);
     /* sbh (10 + 24/8 + 5 * 64 * 2048 / (6144 * 8)) = sbh * 79/3 */
-    assert_int_equal(block(l, "block.0")->activations_saved,
+    assert_int_equal(block_named(l, "block.0")->activations_saved,
                      sbh * 10 + sbh * 24 / t + 5 * a * s * s * b / t + 16 * s * b);
     /* fp32 main gradients: 4 bytes a parameter */
     assert_int_equal(ml_ledger_summary(l)->bytes_grads, 4 * ml_ledger_summary(l)->params);
     /* the vocab-parallel cross-entropy keeps the fp32 softmax of the rank's
      * 51,200 / 8 = 6,400 vocabulary rows for each of the s b tokens, the
      * target mask (1 byte a token) and the masked targets (8 bytes) */
-    assert_int_equal(block(l, "loss")->activations_saved, s * b * 6400 * 4 + s * b + s * b * 8);
+    assert_int_equal(block_named(l, "loss")->activations_saved,
+                     s * b * 6400 * 4 + s * b + s * b * 8);
     /* and the loop drops the logits once the loss is computed (GPTModel's
      * forward returns the loss) */
     assert_int_equal(c.training.logits, ML_LOGITS_RELEASED);
@@ -515,14 +507,14 @@ static void test_megatron_layer(void **state)
     c.training.sequence_parallel = ML_SP_AUTO;
     c.training.checkpoint.kind = ML_CKPT_SELECTIVE;
     l = eval(m, &c, false);
-    assert_int_equal(block(l, "block.0")->activations_saved, sbh * 34 / t + 16 * s * b / t);
+    assert_int_equal(block_named(l, "block.0")->activations_saved, sbh * 34 / t + 16 * s * b / t);
     ml_ledger_destroy(l);
     /* eager PyTorch's layer keeps nanoGPT's (T, T) bool causal mask too */
     c.training.engine = ML_ENGINE_EAGER;
     c.training.sequence_parallel = ML_SP_OFF;
     c.training.checkpoint.kind = ML_CKPT_NONE;
     l = eval(m, &c, false);
-    assert_int_equal(block(l, "block.0")->activations_saved,
+    assert_int_equal(block_named(l, "block.0")->activations_saved,
                      sbh * 10 + sbh * 24 / t + 5 * a * s * s * b / t + 16 * s * b + s * s);
     ml_ledger_destroy(l);
     ml_error e;
