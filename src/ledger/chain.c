@@ -340,14 +340,27 @@ ml_param_sums ml__param_sums(ml_chain *ch)
     return p;
 }
 
+/* A key's bytes: the configuration's but the checkpoint's list and the
+ * pipeline's layers (1 KiB each, in no key: their lengths and the policy's
+ * kind are), as [from, to) ranges; ml__chain_key writes only these. */
+static const size_t key_ranges[3][2] = {
+    {0, offsetof(ml_config, training.checkpoint.blocks)},
+    {offsetof(ml_config, training.checkpoint.blocks) + sizeof(uint32_t) * ML_CKPT_LIST_MAX,
+     offsetof(ml_config, training.pp_layers)},
+    {offsetof(ml_config, training.pp_layers) + sizeof(uint32_t) * ML_PP_MAX_STAGES,
+     sizeof(ml_config)},
+};
+
+_Static_assert(sizeof((ml_config *)0)->training.checkpoint.blocks ==
+                   sizeof(uint32_t) * ML_CKPT_LIST_MAX &&
+               sizeof((ml_config *)0)->training.pp_layers == sizeof(uint32_t) * ML_PP_MAX_STAGES,
+               "key_ranges: the two lists' sizes");
+
 void ml__chain_key(const ml_config *cfg, ml_config *key)
 {
-    /* the training section but its pipeline's layers, which stay zero */
-    const size_t pp = offsetof(ml_training, pp_layers), pp_end = pp + sizeof key->training.pp_layers;
-    memcpy(&key->training, &cfg->training, pp);
-    memset(key->training.pp_layers, 0, sizeof key->training.pp_layers);
-    memcpy((char *)&key->training + pp_end, (const char *)&cfg->training + pp_end,
-           sizeof key->training - pp_end);
+    for (size_t i = 0; i < 3; i++)
+        memcpy((char *)key + key_ranges[i][0], (const char *)cfg + key_ranges[i][0],
+               key_ranges[i][1] - key_ranges[i][0]);
     /* the device, the profile and any padding after the training section */
     memset((char *)key + offsetof(ml_config, device), 0, sizeof *key - offsetof(ml_config, device));
     key->calib = cfg->calib;
@@ -361,9 +374,18 @@ void ml__chain_key(const ml_config *cfg, ml_config *key)
     key->training.virtual_stages = 0;
     key->training.pp_schedule = ML_PP_1F1B;
     key->training.npp_layers = 0;
-    memset(&key->training.checkpoint, 0, sizeof key->training.checkpoint);
+    key->training.checkpoint.every = key->training.checkpoint.count = 0;
     key->training.checkpoint.kind =
         cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE ? ML_CKPT_SELECTIVE : ML_CKPT_NONE;
+}
+
+bool ml__chain_key_equal(const ml_config *a, const ml_config *b)
+{
+    for (size_t i = 0; i < 3; i++)
+        if (memcmp((const char *)a + key_ranges[i][0], (const char *)b + key_ranges[i][0],
+                   key_ranges[i][1] - key_ranges[i][0]))
+            return false;
+    return true;
 }
 
 ml_status ml__chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch, ml_error *err)

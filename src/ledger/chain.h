@@ -311,9 +311,12 @@ ml_status ml__chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch,
  * settings but the micro-batch (0), the accumulation, data parallelism and
  * the pipeline (the evaluation's), the checkpoint policy only as
  * selective or not (once ml__chain_refused passed it), and the
- * calibration profile; equal keys (memcmp) give chains that differ only by
- * the micro-batch (the prepared planner's settings, planner.c). */
+ * calibration profile; the checkpoint's list and the pipeline's layers are
+ * not written (1 KiB each, in no key). Equal keys (ml__chain_key_equal:
+ * their bytes but those two lists) give chains that differ only by the
+ * micro-batch (the prepared planner's settings, planner.c). */
 void ml__chain_key(const ml_config *cfg, ml_config *key);
+bool ml__chain_key_equal(const ml_config *a, const ml_config *b);
 /* The same for the evaluation pass: the model in eval mode (eval_mode). */
 ml_status ml__chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                ml_error *err);

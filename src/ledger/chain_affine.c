@@ -185,11 +185,13 @@ static uint64_t at_u(uint64_t v1, uint64_t v2, unsigned k, uint64_t B, bool *bad
  * product is the quotient (v2 - v1)/x exactly) */
 static double at_f(double v1, double v2, double dx, double inv, bool *bad)
 {
-    /* v1 itself where v1 == v2 (ml__chain_line's only test of such a pair),
-     * without a branch: a work item's figures are many and mixed */
+    /* without a branch (a work item's figures are many and mixed): where
+     * v1 == v2, r is v1 itself (v1 + dx * 0, exact); a constant figure at
+     * or past FLOPS_MAX, which ml__chain_line lets pass, is *bad too (the
+     * evaluation then builds its chain) */
     double r = v1 + dx * ((v2 - v1) * inv);
-    *bad |= v1 != v2 && !(r < FLOPS_MAX);
-    return v1 == v2 ? v1 : r;
+    *bad |= !(r < FLOPS_MAX);
+    return r;
 }
 
 #define AT_U(f) o->f = at_u(a->f, b->f, k, B, bad);
@@ -257,9 +259,7 @@ static void node_at(const ml_bnode *a, const ml_bnode *b, unsigned k, uint64_t B
 static void work_at(const ml_work_item *a, const ml_work_item *b, unsigned k, uint64_t B,
                     ml_work_item *o, bool *bad)
 {
-#define SHAPE(f) o->f = a->f;
-    WORK_SHAPE(SHAPE)
-#undef SHAPE
+    /* (its shape copied with the array) */
     const double dx = (double)(B - (UINT64_C(1) << k)), inv = 1.0 / (double)(UINT64_C(1) << k);
     WORK_FLOPS(AT_F)
 }
@@ -271,14 +271,14 @@ static void side_at(const ml_side *a, const ml_side *b, unsigned k, uint64_t B, 
 }
 
 ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uint64_t B,
-                       ml_chain *o)
+                       bool work, ml_chain *o)
 {
     if (!room(one, o))
         return ML_NOMEM;
     bool bad = false;
     chain_at(one, two, k, B, o, &bad);
     /* each array copied whole, then its figures moved along the line; the
-     * work items made field by field; the parameters borrowed */
+     * parameters borrowed */
 #define COPY(arr, cnt)                                                                         \
     if (one->cnt)                                                                              \
         memcpy(o->arr, one->arr, one->cnt * sizeof *o->arr);
@@ -297,6 +297,10 @@ ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uin
         } else {
             block_at(&one->blocks[i], &two->blocks[i], k, B, &o->blocks[i], &bad);
         }
+        if (!work) {
+            o->blocks[i].work_known = false;
+            o->blocks[i].work_first = o->blocks[i].work_fwd = o->blocks[i].work_bwd = 0;
+        }
     }
 #undef SAME
     for (size_t i = 0; i < one->nsaved && !bad; i++)
@@ -307,7 +311,11 @@ ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uin
         side_at(&one->sides[i], &two->sides[i], k, B, &o->sides[i], &bad);
     /* (a flag of its own: a work item's bools could alias bad) */
     bool wbad = false;
-    for (size_t i = 0; i < one->nwork; i++)
+    if (!work)
+        o->nwork = 0;
+    if (o->nwork)
+        memcpy(o->work, one->work, one->nwork * sizeof *o->work);
+    for (size_t i = 0; i < o->nwork; i++)
         work_at(&one->work[i], &two->work[i], k, B, &o->work[i], &wbad);
     bad |= wbad;
     return bad ? ML_OVERFLOW : ML_OK;

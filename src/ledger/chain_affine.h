@@ -15,8 +15,10 @@ bool ml__chain_line(const ml_chain *a, const ml_chain *b, const ml_chain *c, uin
  * one's, borrowed, as no figure of theirs depends on B — clear o->params
  * before freeing o, and derive o again after one is freed): ML_OK, ML_NOMEM, or
  * ML_OVERFLOW where a figure would pass 2^56 bytes or 2^50 FLOPs (the
- * caller then builds the chain itself). */
+ * caller then builds the chain itself). Without work (an evaluation whose
+ * step time is not per op: ml__step_time_per_op), the ops' work items are
+ * left out: o lists none, and its blocks are FLOP counts only. */
 ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uint64_t B,
-                       ml_chain *o);
+                       bool work, ml_chain *o);
 
 #endif

@@ -4,6 +4,7 @@
  * optimizer step) into a ledger with its summary, per-block table and
  * events (docs/ledger.md). */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,7 +105,8 @@ static ml_status policy_segments(const ml_chain *ch, const ml_checkpoint *cp, in
         k = 1;
     for (size_t i = 0; i < n; i++)
         if (ch->blocks[i].ckpt_index >= 0)
-            seg[i] = (int)((uint64_t)ch->blocks[i].ckpt_index / k);
+            seg[i] = (int)(k == 1 ? (uint64_t)ch->blocks[i].ckpt_index
+                                  : (uint64_t)ch->blocks[i].ckpt_index / k);
     return ML_OK;
 }
 
@@ -347,65 +349,6 @@ static void flops_and_time(const ml_chain *ch, const ml_config *cfg, double flop
     }
 }
 
-/* The per-block report: inventory and c without a plan, and what the plan
- * keeps of each block at the end of forward. */
-static void block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
-{
-    const ml_chain *ch = x->ch;
-    const size_t n = ch->n;
-    const ml_boundary *bd = x->bd;
-    const bool selective = x->cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE;
-    double norm = (double)ch->c_tokens * (double)ch->c_width * (double)ch->prec.a;
-    for (size_t k = 0; k < n; k++) {
-        const ml_cblock *b = &ch->blocks[k];
-        ml_block_info *bi = &l->blocks[k];
-        memcpy(bi->name, b->name, sizeof bi->name);
-        bi->params = b->params;
-        bi->checkpointed = seg[k] >= 0;
-        bi->segment = seg[k];
-        bi->ckpt_index = b->ckpt_index;
-        bi->measured = b->measured;
-        bi->unused_output = b->unused_out;
-        bi->frozen = b->frozen;
-        bi->transients = b->ws_formula                      ? ML_TRANSIENTS_FORMULA
-                         : b->ws_fwd_ops && b->ws_nograd_ops ? ML_TRANSIENTS_OPS
-                         : b->ws_fwd_ops || b->ws_nograd_ops ? ML_TRANSIENTS_PARTLY
-                                                             : ML_TRANSIENTS_BLOCK_RULE;
-        bi->flops_forward = b->flops_fwd;
-        /* inventory without a plan: a boundary counts with the block that
-         * saves it first, the producer when it saves its own output (the
-         * module running when autograd saved it) */
-        uint64_t inv = b->saved_bytes;
-        if (b->in_saved && !(k > 0 && ch->blocks[k - 1].out_saved))
-            inv += b->in_bytes;
-        if (b->out_saved && k + 1 < n)
-            inv += ch->blocks[k + 1].in_bytes;
-        if (b->unused_out) /* its norm saves its input, for no backward */
-            inv = b->saved_bytes + b->in_bytes;
-        bi->inventory_bytes = inv;
-        /* (the block before's quotient where the inventories agree: a run
-         * of layers divides once) */
-        bi->c = k > 0 && inv == l->blocks[k - 1].inventory_bytes ? l->blocks[k - 1].c
-                : norm > 0                                       ? (double)inv / norm
-                                                                 : 0;
-        uint64_t kept = seg[k] < 0 && !b->fwd_only
-                            ? b->saved_bytes - (selective ? b->core_bytes : 0) : 0;
-        if (bd[k].kept && bd[k].cat == ML_CAT_ACTIVATIONS && bd[k].by_consumer && !bd[k].alias)
-            kept += b->in_bytes;
-        if (k + 1 < n && bd[k + 1].kept && bd[k + 1].cat == ML_CAT_ACTIVATIONS &&
-            !bd[k + 1].by_consumer && !bd[k + 1].alias)
-            kept += ch->blocks[k + 1].in_bytes;
-        if ((int)k == x->side_block)
-            kept += ch->ckpt_side;
-        /* a side tensor kept for the backward counts with its maker */
-        for (size_t i = 0, end; i < ch->nsides; i++)
-            if (ch->sides[i].from == k && ml__side_end(ch, seg, &ch->sides[i], &end))
-                kept += ch->sides[i].bytes;
-        bi->activations_saved = kept;
-    }
-    l->nblocks = n;
-}
-
 void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml_replay *r)
 {
     const ml_chain *ch = x->ch;
@@ -509,7 +452,7 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     free(map.p);
     if ((st = ml__eval_verdict(ch, &x->cfg->device, x->cache_allow, s, err)))
         return st;
-    block_table(x, seg, l);
+    ml__eval_block_table(x, seg, l);
     describe_plan(ch, &t->checkpoint, seg, s->plan, sizeof s->plan);
     return ML_OK;
 }
@@ -535,12 +478,21 @@ ml_status ml__evaluate_stage(const ml_model *m, const ml_config *cfg, const ml_c
     ml_status st;
     if ((st = ml__optim_bytes_of(&ch, t, &x.ob, err)) || (st = ml__eval_pass(m, &x, err)))
         return st;
-    ml_ledger *l = calloc(1, sizeof *l);
-    /* the scratch arrays, n + 1 entries each, in one allocation (the
-     * widest first: each array starts aligned) */
+    /* the ledger and its block table (n + 1 rows) in one allocation */
     const size_t m1 = ch.n + 1;
-    void *scratch = calloc(m1, 2 * sizeof(uint64_t) + sizeof(ml_boundary) + sizeof(ml_category) +
-                                   sizeof(int) + 1);
+    ml_ledger *l = m1 <= (SIZE_MAX - sizeof *l) / sizeof *l->blocks
+                       ? calloc(1, sizeof *l + m1 * sizeof *l->blocks)
+                       : NULL;
+    if (l)
+        l->blocks = (ml_block_info *)(l + 1);
+    /* the scratch arrays, n + 1 entries each, in one allocation (the
+     * widest first: each array starts aligned); on the stack for a chain of
+     * up to 128 blocks */
+    enum { ENTRY = 2 * sizeof(uint64_t) + sizeof(ml_boundary) + sizeof(ml_category) +
+                   sizeof(int) + 1, ON_STACK = 128 };
+    uint64_t stack[(ON_STACK * ENTRY + sizeof(uint64_t) - 1) / sizeof(uint64_t)];
+    void *heap = m1 > ON_STACK ? calloc(m1, ENTRY) : NULL;
+    void *scratch = m1 > ON_STACK ? heap : memset(stack, 0, m1 * ENTRY);
     int *seg = NULL;
     if (scratch) {
         x.recomputed = scratch;
@@ -550,9 +502,7 @@ ml_status ml__evaluate_stage(const ml_model *m, const ml_config *cfg, const ml_c
         seg = (int *)(x.held_cat + m1);
         x.runs = (unsigned char *)(seg + m1);
     }
-    if (l)
-        l->blocks = calloc(m1, sizeof *l->blocks);
-    if (!l || !scratch || !l->blocks) {
+    if (!l || !scratch) {
         st = ML_NOMEM;
         ml__errorf(err, ML_NOMEM, "out of memory");
         goto done;
@@ -562,7 +512,7 @@ ml_status ml__evaluate_stage(const ml_model *m, const ml_config *cfg, const ml_c
     *out = l;
     l = NULL;
 done:
-    free(scratch);
+    free(heap);
     ml_ledger_destroy(l);
     return st;
 }
@@ -573,7 +523,7 @@ ml_status ml__ledger_evaluate_with(const ml_model *m, const ml_config *cfg, bool
     ml_error local;
     if (!err)
         err = &local;
-    memset(err, 0, sizeof *err);
+    ml__error_clear(err);
     ml_status st = ml_config_check(cfg, err);
     if (st)
         return st;

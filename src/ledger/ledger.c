@@ -7,7 +7,8 @@ void ml_ledger_destroy(ml_ledger *l)
 {
     if (!l)
         return;
-    free(l->blocks);
+    if (l->blocks != (ml_block_info *)(l + 1)) /* (else the ledger's own allocation) */
+        free(l->blocks);
     free(l->events);
     free(l->levels);
     free(l->ranks);

@@ -15,6 +15,7 @@
 #include "ledger/chain_affine.h"
 #include "ledger/planner.h"
 #include "ledger/replay.h"
+#include "ledger/steptime.h"
 #include "util/error.h"
 
 #define POWERS 26   /* builds at 2^0 .. 2^25 (the largest micro-batch is 2^24) */
@@ -39,6 +40,7 @@ struct ml_planner {
     uint64_t at_B;         /* reused by the next evaluation there (another
                               checkpoint policy: the key holds only whether it
                               is selective); NULL: none */
+    bool at_work;          /* at has the ops' work items (ml__chain_at) */
     unsigned long derived; /* evaluations over a derived chain */
 };
 
@@ -86,22 +88,12 @@ static bool shaped_by_batch(const ml_model *m, const ml_config *cfg)
     return m->moe.experts || cfg->calib || cfg->training.logits == ML_LOGITS_FUSED;
 }
 
-/* Two keys (ml__chain_key) equal: their pipeline layers, zero in every
- * key, left out of the comparison (2 KiB of the 2.3 a key takes) */
-static bool same_key(const ml_config *a, const ml_config *b)
-{
-    const size_t pp = offsetof(ml_config, training.pp_layers),
-                 pp_end = pp + sizeof a->training.pp_layers;
-    return memcmp(a, b, pp) == 0 &&
-           memcmp((const char *)a + pp_end, (const char *)b + pp_end, sizeof *a - pp_end) == 0;
-}
-
 /* The setting of key: kept, or the least recently used one made anew. */
 static setting *setting_of(ml_planner *p, const ml_config *key)
 {
     setting *s = &p->s[0];
     for (unsigned i = 0; i < SETTINGS; i++) {
-        if (p->s[i].used && same_key(&p->s[i].key, key)) {
+        if (p->s[i].used && ml__chain_key_equal(&p->s[i].key, key)) {
             s = &p->s[i];
             s->stamp = ++p->clock;
             return s;
@@ -157,16 +149,19 @@ static const ml_chain *chain_for(ml_planner *p, setting *s, const ml_config *cfg
         k++;
     if (B == UINT64_C(1) << k)
         return have(p, s, cfg, k) ? &s->pt[k] : NULL;
-    if (p->at_s == s && p->at_B == B)
+    /* the ops' work items only where the step time reads them */
+    const bool work = ml__step_time_per_op(cfg);
+    if (p->at_s == s && p->at_B == B && (p->at_work || !work))
         return &p->at;
     if (!on_line(p, s, cfg, k) && !on_line(p, s, cfg, k + 1))
         return NULL;
     p->at_s = NULL;
-    *st = ml__chain_at(&s->pt[k], &s->pt[k + 1], k, B, &p->at);
+    *st = ml__chain_at(&s->pt[k], &s->pt[k + 1], k, B, work, &p->at);
     if (*st != ML_OK)
         return NULL;
     p->at_s = s;
     p->at_B = B;
+    p->at_work = work;
     return &p->at;
 }
 
@@ -176,7 +171,7 @@ ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool keep_eve
     ml_error local;
     if (!err)
         err = &local;
-    memset(err, 0, sizeof *err);
+    ml__error_clear(err);
     ml_status st = ml_config_check(cfg, err);
     if (st)
         return st;

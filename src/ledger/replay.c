@@ -8,7 +8,7 @@
 #include "ledger/replay.h"
 #include "util/grow.h"
 
-static void event(ml_replay *r, ml_category c, int64_t delta)
+static inline __attribute__((always_inline)) void event(ml_replay *r, ml_category c, int64_t delta)
 {
     /* after an overflow the plan is refused: nothing more to count */
     if (delta == 0 || r->overflow)

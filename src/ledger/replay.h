@@ -11,7 +11,7 @@
 
 struct ml_ledger {
     ml_summary sum;
-    ml_block_info *blocks;
+    ml_block_info *blocks;   /* after the ledger, in its allocation (evaluate.c) */
     size_t nblocks;
     ml_event *events;
     size_t nevents, cap;
@@ -177,9 +177,26 @@ bool ml__side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *
  * end (false); those its backward's start makes (the gradients) or its
  * end frees; those a recompute of s0..j makes again (made) or frees at the
  * segment's end (j its last block) (sides.c). */
-void ml__sides_forward(ml_replay *r, size_t k, bool made);
-void ml__sides_backward(ml_replay *r, size_t k, bool start);
-void ml__sides_recompute(ml_replay *r, size_t s0, size_t j, bool made);
+void ml__sides_forward_each(ml_replay *r, size_t k, bool made);
+void ml__sides_backward_each(ml_replay *r, size_t k, bool start);
+void ml__sides_recompute_each(ml_replay *r, size_t s0, size_t j, bool made);
+/* (inline: most chains have no side tensors, and the replay asks at every
+ * block) */
+static inline void ml__sides_forward(ml_replay *r, size_t k, bool made)
+{
+    if (r->ch->nsides)
+        ml__sides_forward_each(r, k, made);
+}
+static inline void ml__sides_backward(ml_replay *r, size_t k, bool start)
+{
+    if (r->ch->nsides)
+        ml__sides_backward_each(r, k, start);
+}
+static inline void ml__sides_recompute(ml_replay *r, size_t s0, size_t j, bool made)
+{
+    if (r->ch->nsides)
+        ml__sides_recompute_each(r, s0, j, made);
+}
 
 static inline void ml__phase_max(ml_phase_peak *p, uint64_t v, int32_t block, const char **sub_at,
                                  const char *sub)
@@ -396,6 +413,9 @@ void ml__eval_boundaries(const ml_chain *ch, const int *seg, bool held, ml_bound
 void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_bytes *ob,
                            ml_summary *s);
 void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, ml_replay *r);
+/* l's block table under the plan seg (block_table.c); after ml__eval_setup,
+ * whose run flags it reads. */
+void ml__eval_block_table(const ml_evalctx *x, const int *seg, ml_ledger *l);
 void ml__eval_residents(ml_replay *r, const ml_evalctx *x, const ml_summary *s, bool states);
 /* How the optimizer states split into tensors (reserved.h). */
 ml_tensor_split ml__states_split(const ml_training *t);

@@ -10,7 +10,7 @@
 
 void ml__name_join(char *dst, size_t size, const char *a, const char *b)
 {
-    size_t na = strlen(a), nb = strlen(b);
+    size_t na = strlen(a), nb = *b ? strlen(b) : 0; /* (b mostly "") */
     if (na >= size)
         na = size - 1;
     if (nb >= size - na)

@@ -48,23 +48,32 @@ static bool same_boundary(const ml_boundary *a, const ml_boundary *b)
            a->by_consumer == b->by_consumer;
 }
 
-/* Block i is not one the replay treats apart: the first layer (the mask it
- * makes), the one that keeps the checkpoints' side tensors, the loss. */
-static bool plain_layer(const ml_replay *r, size_t i)
+/* Block b (index i) is not one the replay treats apart: the first layer
+ * (the mask it makes: checkpoint index mask0), the one that keeps the
+ * checkpoints' side tensors (side), the loss. */
+static inline bool plain_layer_at(const ml_cblock *b, size_t i, int mask0, int side)
 {
-    const ml_cblock *b = &r->ch->blocks[i];
-    return b->ckpt_index > (int)r->ch->mask_ckpt0 && (int)i != r->sh->side_block && !b->in_held;
+    return b->ckpt_index > mask0 && (int)i != side && !b->in_held;
 }
 
-/* Block i's checkpoint segment: none like its neighbours', or its own. */
-static bool plain_segment(const ml_replay *r, size_t i)
+static bool plain_layer(const ml_replay *r, size_t i)
 {
-    const int *seg = r->seg;
-    const size_t n = r->ch->n;
+    return plain_layer_at(&r->ch->blocks[i], i, (int)r->ch->mask_ckpt0, r->sh->side_block);
+}
+
+/* Block i's checkpoint segment (seg, n blocks): none like its neighbours',
+ * or its own. */
+static inline bool plain_segment_at(const int *seg, size_t n, size_t i)
+{
     if (seg[i] < 0)
         return seg[i - 1] < 0 && (i + 1 == n || seg[i + 1] < 0);
     return seg[i - 1] >= 0 && seg[i - 1] != seg[i] &&
            (i + 1 == n || (seg[i + 1] >= 0 && seg[i + 1] != seg[i]));
+}
+
+static bool plain_segment(const ml_replay *r, size_t i)
+{
+    return plain_segment_at(r->seg, r->ch->n, i);
 }
 
 /* Block i in a run: the same as block i-1, a plain layer in a plain
@@ -82,12 +91,22 @@ static bool replayed_whole(const ml_replay *r)
 
 void ml__run_flags(const ml_replay *r, unsigned char *flags)
 {
+    /* in_run(r, i) for each i, its parts read once into locals (the flags'
+     * stores might alias the chain's arrays: every read would be reloaded)
+     * and each pair of boundaries compared once */
     const size_t n = r->ch->n;
+    const ml_cblock *B = r->ch->blocks;
+    const ml_boundary *bd = r->bd;
+    const int *seg = r->seg;
+    const int mask0 = (int)r->ch->mask_ckpt0, side = r->sh->side_block;
     flags[0] = 0;
+    bool next = n > 1 && same_boundary(&bd[1], &bd[0]);
     for (size_t i = 1; i < n; i++) {
-        bool in = in_run(r, i);
-        flags[i] = (unsigned char)((in ? ML_RUN_IN : 0) |
-                                   (in && same_boundary(&r->bd[i + 1], &r->bd[i]) ? ML_RUN_ON : 0));
+        const bool same_in = next;
+        next = same_boundary(&bd[i + 1], &bd[i]);
+        const bool in = same_in && B[i].like_prev && plain_layer_at(&B[i], i, mask0, side) &&
+                        plain_segment_at(seg, n, i);
+        flags[i] = (unsigned char)(in ? ML_RUN_IN | (next ? ML_RUN_ON : 0) : 0);
     }
     flags[n] = 0;
 }
@@ -133,19 +152,19 @@ void ml__run_before(ml_run *u, const ml_replay *r)
 
 void ml__run_after(ml_run *u, const ml_replay *r, size_t k, int dir)
 {
-    uint64_t now[ML_CAT_COUNT + 1], d[ML_CAT_COUNT + 1];
+    uint64_t now[ML_CAT_COUNT + 1];
     levels(r, now);
-    for (size_t c = 0; c <= ML_CAT_COUNT; c++)
-        d[c] = now[c] - u->before[c]; /* mod 2^64: a fall is a large value */
     const unsigned adds = r->rec_adds - u->adds0;
     /* the pair (k - dir, k): the same change (ml__run_skip asks whether
      * the chain makes them twins) */
     const bool follows = u->streak && u->last + (size_t)dir == k;
     bool same = follows && adds == u->adds && (!adds || r->rec_last == u->rec);
-    for (size_t c = 0; c <= ML_CAT_COUNT && same; c++)
-        same = d[c] == u->delta[c];
+    for (size_t c = 0; c <= ML_CAT_COUNT; c++) {
+        const uint64_t d = now[c] - u->before[c]; /* mod 2^64: a fall is a large value */
+        same &= d == u->delta[c];
+        u->delta[c] = d;
+    }
     u->streak = same ? u->streak + 1 : 1;
-    memcpy(u->delta, d, sizeof d);
     u->fdelta[0] = r->flops_done - u->fdone[0];
     u->fdelta[1] = r->comm_done - u->fdone[1];
     u->fdelta[2] = r->host_done - u->fdone[2];

@@ -23,7 +23,7 @@ bool ml__side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *
 
 /* The side tensors made by block k's forward (made: true), or freed at its
  * end (false). */
-void ml__sides_forward(ml_replay *r, size_t k, bool made)
+void ml__sides_forward_each(ml_replay *r, size_t k, bool made)
 {
     const ml_chain *ch = r->ch;
     for (size_t i = 0; i < ch->nsides; i++) {
@@ -40,7 +40,7 @@ void ml__sides_forward(ml_replay *r, size_t k, bool made)
 
 /* The side tensors' gradients block k's backward starts (start: true),
  * and at its end those gradients and the side tensors that go. */
-void ml__sides_backward(ml_replay *r, size_t k, bool start)
+void ml__sides_backward_each(ml_replay *r, size_t k, bool start)
 {
     const ml_chain *ch = r->ch;
     for (size_t i = 0; i < ch->nsides; i++) {
@@ -59,7 +59,7 @@ void ml__sides_backward(ml_replay *r, size_t k, bool start)
  * make (T5's first blocks compute their position biases inside the
  * checkpoint): workspace from block j's recompute (made: true) to the
  * segment's end (made: false, j = k), when the recomputed outputs go. */
-void ml__sides_recompute(ml_replay *r, size_t s0, size_t j, bool made)
+void ml__sides_recompute_each(ml_replay *r, size_t s0, size_t j, bool made)
 {
     const ml_chain *ch = r->ch;
     for (size_t i = 0; i < ch->nsides; i++) {

@@ -4,10 +4,6 @@
 
 #include "ledger/chain.h"
 
-/* s->time for chain ch under cfg, seg the checkpoint segments (seg[k] >= 0:
- * block k recomputed), after the FLOPs' time (s->step_time_s, kept as
- * time.flops_s) and before ml__time_finish: when the step is timed, its
- * compute (step_time_s) becomes the pipeline's. */
 /* The clock of the timeline: at each breakpoint, the FLOPs done before it
  * (as the replay counts them, ml_event.flops_before) and the per-op
  * model's time then; for the first and the last micro-batch and the
@@ -20,8 +16,16 @@ typedef struct ml_time_map {
     size_t n, cap;
     bool nomem;
 } ml_time_map;
+/* s->time for chain ch under cfg, seg the checkpoint segments (seg[k] >= 0:
+ * block k recomputed), after the FLOPs' time (s->step_time_s, kept as
+ * time.flops_s) and before ml__time_finish: when the step is timed, its
+ * compute (step_time_s) becomes the pipeline's. */
 void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_summary *s,
                    ml_time_map *map);
+/* Whether ml__step_time times cfg's step op by op (a device with a memory
+ * bandwidth, or a profile measured on it): only then does it read the
+ * chain's work items. */
+bool ml__step_time_per_op(const ml_config *cfg);
 /* The time at which f FLOPs were done: the first breakpoint at f, or the
  * line between the two around it; < 0 when the map is empty. */
 double ml__time_at(const ml_time_map *map, double f);

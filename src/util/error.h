@@ -12,6 +12,17 @@
 /* The largest input file any loader reads. */
 #define ML_INPUT_MAX_BYTES (16u << 20)
 
+/* err as no error: no code, path, position or message (the strings
+ * emptied rather than their 1 KiB cleared, for the callers a search or a
+ * grid calls for each configuration). */
+static inline void ml__error_clear(ml_error *err)
+{
+    err->code = ML_OK;
+    err->path[0] = '\0';
+    err->line = err->col = 0;
+    err->msg[0] = '\0';
+}
+
 /* Sets err (code, no position, a formatted message) and returns code. */
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))

@@ -12,6 +12,7 @@
 #include "harness.h"
 
 #include "ledger/planner.h"
+#include "ledger/steptime.h"
 
 typedef struct {
     unsigned evaluations; /* both ways */
@@ -168,12 +169,54 @@ static void test_derived_count(void **state)
     ml_model_destroy(m);
 }
 
+/* A derived chain lists the ops' work items only where the step time is
+ * per op: at one setting and micro-batch, a device without a memory
+ * bandwidth (FLOPs only), then a named one (per op: the chain derived
+ * again, with them), then the first again; each plan as the direct one,
+ * and the per-op step time really per op (a different figure). */
+static void test_work_when_timed(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("llama-2-7b");
+    ml_planner *p = NULL;
+    assert_int_equal(ml_planner_create(m, &p, NULL), ML_OK);
+    ml_config flops = ml_model_config(m), per_op = flops;
+    flops.training.grad_accum = 1;
+    per_op.training.grad_accum = 1;
+    assert_int_equal(ml_device_preset_apply("h100", &per_op.device, NULL), ML_OK);
+    assert_false(ml__step_time_per_op(&flops));
+    assert_true(ml__step_time_per_op(&per_op));
+    tally t = {0, 0, 0};
+    for (uint64_t B = 3; B <= 5; B += 2) {
+        const ml_config *order[] = {&flops, &per_op, &flops, &per_op};
+        double s[4];
+        for (size_t i = 0; i < 4; i++) {
+            ml_config c = *order[i];
+            c.training.micro_batch = B;
+            same_plan(p, m, &c, false, &t);
+            ml_ledger *l = NULL;
+            assert_int_equal(ml_planner_evaluate(p, &c, false, &l, NULL), ML_OK);
+            s[i] = ml_ledger_summary(l)->time.step_s;
+            assert_int_equal(ml_ledger_summary(l)->time.source,
+                             order[i] == &per_op ? ML_TIME_DATASHEET : ML_TIME_NONE);
+            ml_ledger_destroy(l);
+        }
+        assert_true(s[0] == s[2] && s[1] == s[3]);
+    }
+    assert_int_equal(t.failed, 0);
+    /* every plan from a derived chain (3 and 5 are no powers of two) */
+    assert_int_equal(ml__planner_derived(p), 16);
+    ml_planner_destroy(p);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_derived_count),
         cmocka_unit_test(test_experts_built),
         cmocka_unit_test(test_planner_matches),
+        cmocka_unit_test(test_work_when_timed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
