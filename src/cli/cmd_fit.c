@@ -32,7 +32,8 @@ static const char usage[] =
     "  or --batching bucketed the largest micro-batch per length bucket (--buckets K)\n"
     "  --format text|json     (default text)\n"
     "  --emit TARGET          settings for the chosen point: deepspeed, hf-trainer, torch,\n"
-    "                         megatron (also the best layout of --gpus)\n"
+    "                         megatron, torchtitan (the last two also the best layout of\n"
+    "                         --gpus)\n"
     "  -o FILE                write to FILE (atomically) instead of stdout\n"
     "  --gpus N               search the layouts of N devices instead: tensor x context\n"
     "                         x pipeline x data parallelism, micro-batch, checkpoint (none,\n"
@@ -112,7 +113,7 @@ static void progress(void *ctx, uint64_t done, uint64_t total, const ml_layout_r
     fflush(stderr);
 }
 
-/* The best layout's settings (--gpus with --emit megatron): its plan, then
+/* The best layout's settings (--gpus with --emit megatron or torchtitan): its plan, then
  * the arguments; the exit status as plan --emit's. */
 static int emit_layout(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
                        const ml_layout_row *w)
@@ -201,9 +202,10 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
                       o->network);
         rc = ML_EXIT_BAD_INPUT;
     }
-    if (!rc && o->emit && strcmp(o->emit, "megatron")) {
-        ml_cli_errorf("--emit %s: the best layout's settings are Megatron-LM's (--emit "
-                      "megatron); the other targets run the whole model on each device",
+    if (!rc && o->emit && strcmp(o->emit, "megatron") && strcmp(o->emit, "torchtitan")) {
+        ml_cli_errorf("--emit %s: the best layout's settings are Megatron-LM's or "
+                      "torchtitan's (--emit megatron, --emit torchtitan); the other targets "
+                      "run the whole model on each device",
                       o->emit);
         rc = ML_EXIT_BAD_INPUT;
     }

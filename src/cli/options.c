@@ -253,13 +253,14 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                     return usage_error(verb, "%s is for 'memledger plan' and 'memledger fit'",
                                        "--emit");
                 if (!val || !*val)
-                    return usage_error(verb, "%s needs a target: deepspeed, hf-trainer, torch "
-                                             "or megatron",
+                    return usage_error(verb, "%s needs a target: deepspeed, hf-trainer, "
+                                             "torch, megatron or torchtitan",
                                        "--emit");
                 if ((strcmp(val, "deepspeed") && strcmp(val, "hf-trainer") &&
-                     strcmp(val, "torch") && strcmp(val, "megatron")))
+                     strcmp(val, "torch") && strcmp(val, "megatron") &&
+                     strcmp(val, "torchtitan")))
                     return usage_error(verb, "--emit: '%s' is not a target; use deepspeed, "
-                                             "hf-trainer, torch or megatron",
+                                             "hf-trainer, torch, megatron or torchtitan",
                                        val);
                 o->emit = val;
                 continue;

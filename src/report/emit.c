@@ -1,6 +1,7 @@
 /* Settings for the tools people train with, from an evaluated plan:
  * a DeepSpeed config, Hugging Face TrainingArguments flags, a PyTorch loop
- * (emit_torch.c).
+ * (emit_torch.c), Megatron-LM's arguments (emit_megatron.c), a torchtitan
+ * job config (emit_torchtitan.c); the verdict's helpers are emit_verdict.c's.
  *
  * The contract (docs/hf.md, "--emit"): what is written runs the plan's
  * precision, optimizer (class, implementation, states), checkpoint segments
@@ -9,90 +10,12 @@
  * the loop's code, which these settings cannot hold: each such part is a
  * note, written as a comment where the format has them and returned for
  * stderr); or refused, with the reason. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "memledger/report.h"
 #include "report/emit_internal.h"
 #include "report/report_internal.h"
-
-/* s inside a '#' comment of emitted Python or shell: printable ASCII as
- * is, every other byte (a newline would end the comment and start a
- * statement; a stray byte makes the file invalid UTF-8 for Python) and the
- * backslash as \xNN / \\, so the comment stays one line whatever a model
- * file's name: or config.json's _name_or_path holds. */
-void ml__emit_comment_text(FILE *f, const char *s)
-{
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '\\')
-            fputs("\\\\", f);
-        else if (*p < 0x20 || *p >= 0x7f)
-            fprintf(f, "\\x%02x", *p);
-        else
-            fputc(*p, f);
-    }
-}
-
-bool ml__emit_is_master(ml_precision p)
-{
-    return p == ML_PREC_BF16_MASTER || p == ML_PREC_FP16_MASTER;
-}
-
-bool ml__emit_is_amp(ml_precision p)
-{
-    return p == ML_PREC_AMP_BF16 || p == ML_PREC_AMP_FP16;
-}
-
-/* ---------------------------------------------------------------- verdict */
-
-/* The first refusal is the reason given: the checks run from the most
- * basic (sharding, precision) to the details. */
-void ml__emit_refuse(ml_emit_verdict *v, const char *fmt, ...)
-{
-    if (v->level == ML_EMIT_REFUSED)
-        return;
-    v->level = ML_EMIT_REFUSED;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(v->refusal, sizeof v->refusal, fmt, ap);
-    va_end(ap);
-}
-
-void ml__emit_note(ml_emit_verdict *v, const char *fmt, ...)
-{
-    if (v->nnotes == EMIT_NOTES)
-        return;
-    if (v->level == ML_EMIT_EXACT)
-        v->level = ML_EMIT_PARTIAL;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(v->notes[v->nnotes++], sizeof v->notes[0], fmt, ap);
-    va_end(ap);
-}
-
-void ml__emit_allocator_comment(FILE *f, ml_allocator a)
-{
-    fprintf(f, "# memledger: allocator %s: %s\n", ml_allocator_name(a),
-            a == ML_ALLOCATOR_CACHING    ? "PyTorch's default caching allocator, whose reserved "
-                                           "peak the verdict holds"
-            : a == ML_ALLOCATOR_EXPANDABLE ? "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, "
-                                             "whose reserved peak the verdict holds"
-                                           : "not simulated: the verdict holds the allocated peak");
-}
-
-/* The notes as '#' comment lines. */
-void ml__emit_note_comments(FILE *f, const ml_emit_verdict *v)
-{
-    if (!v->nnotes)
-        return;
-    fputs("# memledger: part of the plan is not in these settings (exit status 4):\n", f);
-    for (size_t i = 0; i < v->nnotes; i++) {
-        fputs("# - ", f);
-        ml__emit_comment_text(f, v->notes[i]);
-        fputc('\n', f);
-    }
-}
 
 /* ------------------------------------------------------- checkpoint shape */
 
@@ -431,7 +354,8 @@ static int hf_trainer(FILE *f, const ml_config *cfg, ml_ckpt_shape s,
 
 /* ---------------------------------------------------------------- entry */
 
-typedef enum { EMIT_DEEPSPEED, EMIT_HF_TRAINER, EMIT_TORCH, EMIT_MEGATRON, EMIT_UNKNOWN } emit_kind;
+typedef enum { EMIT_DEEPSPEED, EMIT_HF_TRAINER, EMIT_TORCH, EMIT_MEGATRON, EMIT_TORCHTITAN,
+               EMIT_UNKNOWN } emit_kind;
 
 static emit_kind kind_of(const char *kind)
 {
@@ -439,6 +363,7 @@ static emit_kind kind_of(const char *kind)
            : !strcmp(kind, "hf-trainer") ? EMIT_HF_TRAINER
            : !strcmp(kind, "torch")      ? EMIT_TORCH
            : !strcmp(kind, "megatron")   ? EMIT_MEGATRON
+           : !strcmp(kind, "torchtitan") ? EMIT_TORCHTITAN
                                          : EMIT_UNKNOWN;
 }
 
@@ -489,13 +414,18 @@ static void encdec_check(emit_kind k, const ml_model *m, const ml_training *t,
                         "model.config.use_cache = False");
 }
 
-static void check(emit_kind k, const ml_model *m, const ml_config *cfg, ml_ckpt_shape s,
+static void check(emit_kind k, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
                   ml_emit_verdict *v)
 {
     memset(v, 0, sizeof *v);
     const ml_training *t = &cfg->training;
+    const ml_ckpt_shape s = shape_of(cfg, l);
     if (k == EMIT_MEGATRON) { /* emit_megatron.c: its layouts are Megatron's own */
         ml__emit_megatron_check(v, m, cfg);
+        return;
+    }
+    if (k == EMIT_TORCHTITAN) { /* emit_torchtitan.c: so are torchtitan's */
+        ml__emit_torchtitan_check(v, m, cfg, l);
         return;
     }
     /* the other targets' settings shard over every data-parallel rank */
@@ -556,7 +486,7 @@ int ml__report_emit_check(const char *kind, const ml_model *m, const ml_config *
     if (k == EMIT_UNKNOWN)
         return -2;
     ml_emit_verdict v;
-    check(k, m, cfg, shape_of(cfg, l), &v);
+    check(k, m, cfg, l, &v);
     if (!size)
         return v.level;
     if (v.level == ML_EMIT_REFUSED) {
@@ -581,7 +511,7 @@ int ml_report_emit(FILE *f, const char *kind, const ml_model *m, const ml_config
         return -2;
     ml_ckpt_shape s = shape_of(cfg, l);
     ml_emit_verdict v;
-    check(k, m, cfg, s, &v);
+    check(k, m, cfg, l, &v);
     if (v.level == ML_EMIT_REFUSED)
         return -3; /* nothing written: the target would run a different setup */
     if (k == EMIT_DEEPSPEED)
@@ -590,5 +520,7 @@ int ml_report_emit(FILE *f, const char *kind, const ml_model *m, const ml_config
         return hf_trainer(f, cfg, s, &v);
     if (k == EMIT_MEGATRON)
         return ml__emit_megatron(f, m, cfg, &v);
+    if (k == EMIT_TORCHTITAN)
+        return ml__emit_torchtitan(f, m, cfg, l, &v);
     return ml__emit_torch(f, m, cfg, l, &v);
 }

@@ -57,6 +57,14 @@ void ml__emit_print_segments(FILE *f, const ml_ledger *l);
 void ml__emit_megatron_check(ml_emit_verdict *v, const ml_model *m, const ml_config *cfg);
 int ml__emit_megatron(FILE *f, const ml_model *m, const ml_config *cfg, const ml_emit_verdict *v);
 
+/* --emit torchtitan (emit_torchtitan.c): a torchtitan v0.2.2 job config
+ * (TOML); the checks (l: the plan's ledger, for its checkpointed layers),
+ * and the config (0, or -1 on a write error). */
+void ml__emit_torchtitan_check(ml_emit_verdict *v, const ml_model *m, const ml_config *cfg,
+                               const ml_ledger *l);
+int ml__emit_torchtitan(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                        const ml_emit_verdict *v);
+
 /* --emit torch (emit_torch.c): the checks of a one-device PyTorch loop, and
  * the loop; returns 0, or -1 on a write error. */
 void ml__emit_torch_check(ml_emit_verdict *v, const ml_training *t, ml_ckpt_shape s);

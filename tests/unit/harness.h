@@ -133,4 +133,21 @@ static inline const ml_block_info *block_named(const ml_ledger *l, const char *n
     return NULL;
 }
 
+/* Whether the file at path holds line (a whole line; no newline in it):
+ * the engines' argument and key lists under tests/data. */
+static inline bool file_has_line(const char *path, const char *line)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        fail_msg("cannot open %s", path);
+    char buf[256];
+    bool found = false;
+    while (!found && fgets(buf, sizeof buf, f)) {
+        buf[strcspn(buf, "\n")] = '\0';
+        found = !strcmp(buf, line);
+    }
+    fclose(f);
+    return found;
+}
+
 #endif

@@ -19,22 +19,6 @@ static char *emitted(const ml_model *m, const ml_config *c)
     return buf;
 }
 
-/* Whether the list file holds the flag (whole lines). */
-static bool known(const char *flag)
-{
-    FILE *f = fopen(ARGS, "r");
-    if (!f)
-        fail_msg("cannot open %s", ARGS);
-    char line[256];
-    bool found = false;
-    while (!found && fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = '\0';
-        found = !strcmp(line, flag);
-    }
-    fclose(f);
-    return found;
-}
-
 /* Every "--flag" of the output is Megatron's; returns how many. */
 static size_t check_flags(const char *out)
 {
@@ -45,7 +29,7 @@ static size_t check_flags(const char *out)
         assert_true(k < sizeof flag);
         memcpy(flag, p + 1, k);
         flag[k] = '\0';
-        if (!known(flag))
+        if (!file_has_line(ARGS, flag))
             fail_msg("%s is not a pretrain_gpt.py flag", flag);
         n++;
     }
