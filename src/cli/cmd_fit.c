@@ -214,12 +214,20 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
 }
 
 /* fit --gpus N: the layout search; the exit status. */
-static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg)
+static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config *given)
 {
     if (!o->gpus) {
         ml_cli_errorf("%s goes with --gpus N (the layout search)",
                       o->gpus_per_node ? "--gpus-per-node" : "--network");
         return ML_EXIT_BAD_INPUT;
+    }
+    /* torchtitan's settings: its default sharding, FSDP over every
+     * data-parallel rank (ZeRO 3), unless --zero says otherwise */
+    ml_config tt = *given;
+    const ml_config *cfg = given;
+    if (o->emit && !strcmp(o->emit, "torchtitan") && !o->zero && !o->dist_optimizer) {
+        tt.training.zero = 3;
+        cfg = &tt;
     }
     ml_layout_request req;
     int rc = layout_request(o, cfg, &req);
