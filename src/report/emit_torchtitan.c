@@ -94,14 +94,23 @@ static void precision_check(ml_emit_verdict *v, const ml_training *t)
     const bool sharded = fsdp(t), split = tp_of(t) > 1 || pp_of(t) > 1;
     switch (t->precision) {
     case ML_PREC_FP32:
+        ml__emit_refuse(v, "in fp32 torchtitan's sdpa runs its math kernel (it allows cuDNN, "
+                           "flash and math, models/attention.py; the first two take no fp32), "
+                           "whose saved tensors the plan does not model for its layer: plan "
+                           "bf16-master, amp-bf16 or bf16");
+        return;
     case ML_PREC_BF16:
+        if (sharded)
+            ml__emit_note(v, "FSDP reduce-scatters a block's gradients in fp32 "
+                             "(mixed_precision_reduce), a copy the plan leaves out");
         return;
     case ML_PREC_BF16_MASTER:
         if (!sharded)
             ml__emit_refuse(v, "torchtitan keeps an fp32 copy of bf16 weights only as FSDP's "
                                "sharded parameters (training.mixed_precision_param): plan "
-                               "--zero 3 over more than one rank, or precision %s",
-                            split ? "fp32 or bf16" : "amp-bf16");
+                               "--zero 3 over a shard group above one rank (--dp-shard), or "
+                               "precision %s",
+                            split ? "bf16" : "amp-bf16");
         else
             ml__emit_note(v, "FSDP keeps the sharded parameters and their gradients in fp32 "
                              "and gathers bf16 copies to compute (the plan's bf16 shards and "
@@ -116,7 +125,7 @@ static void precision_check(ml_emit_verdict *v, const ml_training *t)
         else if (split)
             ml__emit_refuse(v, "with tensor or pipeline parallelism and no FSDP torchtitan "
                                "turns mixed precision off (distributed/utils.py, "
-                               "maybe_enable_amp): plan fp32 or bf16, or --zero 3");
+                               "maybe_enable_amp): plan bf16, or --zero 3");
         return;
     default:
         ml__emit_refuse(v, "torchtitan trains in fp32, bf16 (training.dtype) or bf16 mixed "
@@ -138,11 +147,15 @@ static void sharding_check(ml_emit_verdict *v, const ml_training *t)
     else if (t->zero == 0 && ml_training_cp(t) > 1)
         ml__emit_refuse(v, "with context parallelism torchtitan shards the parameters over "
                            "dp x cp with FSDP: plan --zero 3");
-    else if (t->zero == 0 && dp > 1 && (tp_of(t) > 1 || pp_of(t) > 1))
+    else if (t->zero == 3 && !fsdp(t) && dp > 1)
+        ml__emit_refuse(v, "a shard group of one rank is torchtitan's DDP (FSDP runs where "
+                           "data_parallel_shard_degree or cp is above 1, parallel_dims.py), "
+                           "whose memory is not ZeRO 3's: plan --zero 0, or --dp-shard above 1");
+    else if (!fsdp(t) && dp > 1 && (tp_of(t) > 1 || pp_of(t) > 1))
         ml__emit_refuse(v, "torchtitan's DDP runs alone, not with tensor or pipeline "
                            "parallelism (parallelize.py: 'DDP has not supported > 1D "
                            "parallelism'): plan --zero 3");
-    else if (t->zero == 0 && dp > 1)
+    else if (!fsdp(t) && dp > 1)
         ml__emit_note(v, "torchtitan's DDP buckets the gradients by 100 MB (bucket_cap_mb), "
                          "the plan by PyTorch's default 25 MB");
 }
@@ -212,8 +225,27 @@ void ml__emit_torchtitan_check(ml_emit_verdict *v, const ml_model *m, const ml_c
                            "each alone (selective_ac_option N: layers N-1, 2N-1, ...; with "
                            "pipeline parallelism all or none): this plan's segments are "
                            "others");
+    else if (t->logits == ML_LOGITS_FUSED)
+        ml__emit_refuse(v, "torchtitan's loss is the plain cross-entropy over the logits cast "
+                           "to fp32 (components/loss.py), not a fused linear cross-entropy: "
+                           "plan --logits released");
     if (v->level == ML_EMIT_REFUSED)
         return;
+    if (t->logits == ML_LOGITS_KEPT || t->logits == ML_LOGITS_THROUGH_BACKWARD)
+        ml__emit_note(v, "the plan keeps the logits %s (--logits %s); torchtitan drops them "
+                         "before the backward (train.py: del pred): plan --logits released",
+                      t->logits == ML_LOGITS_KEPT ? "to the iteration's end" : "through the backward",
+                      ml_logits_name(t->logits));
+    if (tp_of(t) > 1)
+        ml__emit_note(v, "torchtitan's tensor parallelism gathers the sequence before the "
+                         "column-parallel linears (PrepareModuleInput), which then save the "
+                         "whole B x T x D input; the plan saves the shard");
+    if (t->zero_grad == ML_ZERO_GRAD_ZERO)
+        ml__emit_note(v, "torchtitan frees the gradients after the step (zero_grad to none); "
+                         "the plan keeps them zeroed (--zero-grad zero)");
+    if (t->eval_batch)
+        ml__emit_note(v, "the plan has an evaluation pass; torchtitan validates only with "
+                         "[validation] enable = true, its own batch and frequency");
     if (!flavor_of(m))
         ml__emit_note(v, "no llama3 flavor of torchtitan's has this model's sizes: register "
                          "one named \"memledger\" in torchtitan/models/llama3/__init__.py "
@@ -239,6 +271,9 @@ static void model_section(FILE *f, const ml_model *m)
     const uint64_t kv = m->attn.kv_heads ? m->attn.kv_heads : m->attn.heads;
     /* model.py's width without a multiplier: 2·4·dim/3 up to multiple_of */
     const uint64_t h = 8 * m->hidden / 3, up = (h + 255) / 256 * 256;
+    /* at or above h, multiple_of the width itself rounds h up to it */
+    char mo[48];
+    snprintf(mo, sizeof mo, "multiple_of=%llu", (unsigned long long)m->mlp.ffn);
     fprintf(f,
             "# no flavor of torchtitan's has these sizes: register one in\n"
             "# torchtitan/models/llama3/__init__.py, llama3_args[\"memledger\"]:\n"
@@ -249,7 +284,9 @@ static void model_section(FILE *f, const ml_model *m)
             (unsigned long long)m->hidden, (unsigned long long)m->layers,
             (unsigned long long)m->attn.heads, (unsigned long long)kv,
             (unsigned long long)m->embed.vocab,
-            up == m->mlp.ffn ? "multiple_of=256" : "multiple_of and ffn_dim_multiplier",
+            up == m->mlp.ffn ? "multiple_of=256"
+            : m->mlp.ffn >= h ? mo
+                              : "ffn_dim_multiplier and multiple_of to reach it",
             (unsigned long long)m->mlp.ffn);
 }
 
@@ -335,14 +372,14 @@ static void checkpoint_section(FILE *f, long nth)
         fprintf(f, "mode = \"selective\"\nselective_ac_option = \"%ld\"\n", nth);
 }
 
-/* s inside a TOML basic string: quotes and backslashes escaped, any byte
- * outside printable ASCII as \u00XX */
+/* s (UTF-8, as the loaders read it) inside a TOML basic string: quotes
+ * and backslashes escaped, control characters as \u00XX, the rest as is */
 static void toml_text(FILE *f, const char *s)
 {
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"' || *p == '\\')
             fprintf(f, "\\%c", *p);
-        else if (*p < 0x20 || *p >= 0x7f)
+        else if (*p < 0x20 || *p == 0x7f)
             fprintf(f, "\\u%04x", *p);
         else
             fputc(*p, f);
@@ -358,7 +395,9 @@ int ml__emit_torchtitan(FILE *f, const ml_model *m, const ml_config *cfg, const 
     fprintf(f, " (memledger's plan: %llu devices)\n",
             (unsigned long long)(tp_of(t) * pp_of(t) * ml_training_cp(t) *
                                  (t->data_parallel ? t->data_parallel : 1)));
-    fputs("# run: CONFIG_FILE=this.toml NGPU=<devices per node> ./run_train.sh\n"
+    fputs("# run on one node: CONFIG_FILE=this.toml NGPU=<devices> ./run_train.sh; on several,\n"
+          "# torchrun --nnodes N --nproc_per_node G ... -m torchtitan.train "
+          "--job.config_file this.toml\n"
           "# the dataset, tokenizer (model.hf_assets_path), learning rate and steps are yours "
           "to add\n",
           f);

@@ -213,6 +213,25 @@ static void test_refusals(void **state)
     c.training.precision = ML_PREC_FP16_MASTER;
     free(emitted(m, &c, &rc));
     assert_int_equal(rc, -3);
+    c = llama3(m);
+    c.training.precision = ML_PREC_FP32; /* sdpa's math kernel in fp32 */
+    free(emitted(m, &c, &rc));
+    assert_int_equal(rc, -3);
+    c = llama3(m);
+    c.training.zero = 0; /* (fused logits are planned without sharded gradients) */
+    c.training.data_parallel = 1;
+    c.training.precision = ML_PREC_BF16;
+    c.training.micro_batch = 1;
+    c.training.seq_len = 256;
+    free(emitted(m, &c, &rc)); /* written with released logits */
+    assert_int_equal(rc, 0);
+    c.training.logits = ML_LOGITS_FUSED; /* a plain cross-entropy */
+    free(emitted(m, &c, &rc));
+    assert_int_equal(rc, -3);
+    c = llama3(m);
+    c.training.dp_shard = 1; /* ZeRO 3 over groups of one: torchtitan's DDP */
+    free(emitted(m, &c, &rc));
+    assert_int_equal(rc, -3);
     /* DDP alone, with amp-bf16 (autocast): written, with its buckets' note */
     c = llama3(m);
     c.training.zero = 0;
