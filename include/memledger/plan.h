@@ -90,6 +90,8 @@ typedef struct ml_layout_request {
     uint64_t vpp; /* virtual stages pinned (1: none); 0: searched */
     uint64_t cp;  /* context-parallel ranks pinned (1: none); 0: searched (within a
                      node beside tp, where the model's attention can run the ring) */
+    bool no_selective; /* an unpinned policy is none or full only (settings for an
+                          engine without the attention core's recompute: torchtitan) */
 } ml_layout_request;
 
 ML_API ml_layout_request ml_layout_request_defaults(void);

@@ -184,6 +184,8 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
     req.vpp = o->vpp ? cfg->training.virtual_stages : 0;
     req.cp = o->cp ? cfg->training.context_parallel : 0;
     req.pin_checkpoint = o->checkpoint != NULL;
+    /* torchtitan recomputes whole layers, never the attention core alone */
+    req.no_selective = o->emit && !strcmp(o->emit, "torchtitan");
     req.checkpoint = cfg->training.checkpoint;
     /* the sharding as given (--zero, --dist-optimizer), or Megatron's own
      * when its arguments are to be written for eager PyTorch's layers */

@@ -327,6 +327,8 @@ static ml_status layout(search *x, const ml_layout_row *split, uint64_t *candida
     ml_config_range("training.grad_accum", &lo, &hi);
     const size_t npol = req->pin_checkpoint ? 1 : sizeof policies / sizeof policies[0];
     for (size_t pol = 0; pol < npol; pol++) {
+        if (!req->pin_checkpoint && req->no_selective && !strcmp(policies[pol], "selective"))
+            continue;
         bool pruned = false;
         for (size_t i = 0; i < x->ndiv; i++) {
             const uint64_t b = x->div[i], m = share / b;

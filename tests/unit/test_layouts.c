@@ -167,6 +167,17 @@ static void test_pins(void **state)
             assert_int_equal(k.training.pp_layers[0], r.rows[i].first_layers);
         }
     }
+    /* the policies unpinned but selective (torchtitan's settings): a
+     * third fewer candidates, none of them selective */
+    ml_layout_request all = req;
+    all.pin_checkpoint = false;
+    ml_layout_result ra;
+    assert_int_equal(ml_layout_search(m, &c, &all, &ra, &e), ML_OK);
+    all.no_selective = true;
+    assert_int_equal(ml_layout_search(m, &c, &all, &r, &e), ML_OK);
+    assert_int_equal(r.candidates * 3, ra.candidates * 2);
+    for (size_t i = 0; i < r.nrows; i++)
+        assert_int_not_equal(r.rows[i].checkpoint.kind, ML_CKPT_SELECTIVE);
     req.tp = 16;
     assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_USAGE);
     assert_non_null(strstr(e.msg, "inside a node of 8 devices"));
