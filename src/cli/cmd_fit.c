@@ -146,6 +146,12 @@ static int emit_layout(const ml_cli_opts *o, const ml_model *m, const ml_config 
     return rc;
 }
 
+/* --emit torchtitan: the search keeps to what torchtitan runs */
+static bool emits_torchtitan(const ml_cli_opts *o)
+{
+    return o->emit && !strcmp(o->emit, "torchtitan");
+}
+
 /* fit --gpus's request from the flags; 0 or the exit status of the first
  * bad one (its message printed). */
 static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_request *out)
@@ -185,7 +191,7 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
     req.cp = o->cp ? cfg->training.context_parallel : 0;
     req.pin_checkpoint = o->checkpoint != NULL;
     /* torchtitan recomputes whole layers, never the attention core alone */
-    req.no_selective = o->emit && !strcmp(o->emit, "torchtitan");
+    req.no_selective = emits_torchtitan(o);
     req.checkpoint = cfg->training.checkpoint;
     /* the sharding as given (--zero, --dist-optimizer), or Megatron's own
      * when its arguments are to be written for eager PyTorch's layers */
@@ -227,7 +233,7 @@ static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config 
      * data-parallel rank (ZeRO 3), unless --zero says otherwise */
     ml_config tt = *given;
     const ml_config *cfg = given;
-    if (o->emit && !strcmp(o->emit, "torchtitan") && !o->zero && !o->dist_optimizer) {
+    if (emits_torchtitan(o) && !o->zero && !o->dist_optimizer) {
         tt.training.zero = 3;
         cfg = &tt;
     }

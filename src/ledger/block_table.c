@@ -20,9 +20,12 @@ static inline bool like_before(const unsigned char *runs, const ml_cblock *B, si
            B[k + 1].in_bytes == B[k].in_bytes;
 }
 
-/* The per-block report: inventory and c without a plan, and what the plan
- * keeps of each block at the end of forward. */
 _Static_assert(offsetof(ml_block_info, name) == 0, "a row's name comes first");
+
+/* The per-block report: inventory and c without a plan, and what the plan
+ * keeps of each block at the end of forward. A whole replay (the runs'
+ * reference, tests/unit/test_runs.c) computes every row, so that the rows
+ * copied here are held against rows computed. */
 void ml__eval_block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
 {
     const ml_chain *ch = x->ch;
@@ -33,7 +36,7 @@ void ml__eval_block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
     const ml_block_info *row = NULL; /* the last row computed */
     /* (the rows' bytes might alias anything: the chain's figures read into
      * locals once) */
-    const unsigned char *runs = ch->nsides ? NULL : x->runs;
+    const unsigned char *runs = ch->nsides || x->whole ? NULL : x->runs;
     const ml_cblock *B = ch->blocks;
     ml_block_info *rows = l->blocks;
     for (size_t k = 0; k < n; k++) {

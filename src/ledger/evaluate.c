@@ -105,8 +105,7 @@ static ml_status policy_segments(const ml_chain *ch, const ml_checkpoint *cp, in
         k = 1;
     for (size_t i = 0; i < n; i++)
         if (ch->blocks[i].ckpt_index >= 0)
-            seg[i] = (int)(k == 1 ? (uint64_t)ch->blocks[i].ckpt_index
-                                  : (uint64_t)ch->blocks[i].ckpt_index / k);
+            seg[i] = (int)((uint64_t)ch->blocks[i].ckpt_index / k);
     return ML_OK;
 }
 

@@ -8,6 +8,7 @@
 
 #include "ledger/chain.h"
 #include "ledger/reserved.h"
+#include "util/text.h"
 
 struct ml_ledger {
     ml_summary sum;
@@ -275,8 +276,6 @@ static inline void ml__replay_rise(ml_replay *r, uint64_t total, const uint64_t 
     }
 }
 
-/* dst = a then b, cut to size - 1 bytes as snprintf cuts (size > 0) */
-void ml__name_join(char *dst, size_t size, const char *a, const char *b);
 /* Writes the `at` names of s's phase_steady and phase_first from the
  * blocks and subs r recorded. */
 void ml__replay_phase_names(const ml_replay *r, ml_summary *s);

@@ -8,18 +8,6 @@
 
 #include "ledger/replay.h"
 
-void ml__name_join(char *dst, size_t size, const char *a, const char *b)
-{
-    size_t na = strlen(a), nb = *b ? strlen(b) : 0; /* (b mostly "") */
-    if (na >= size)
-        na = size - 1;
-    if (nb >= size - na)
-        nb = size - na - 1;
-    memcpy(dst, a, na);
-    memcpy(dst + na, b, nb);
-    dst[na + nb] = '\0';
-}
-
 static void phase_name(const ml_replay *r, ml_phase ph, ml_phase_peak *p, const char *sub)
 {
     if (!p->present)

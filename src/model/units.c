@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "memledger/model.h"
+#include "util/text.h"
 
 static ml_status usage(ml_error *err, ml_status code, const char *fmt, const char *arg)
 {
@@ -339,27 +340,14 @@ const ml_checkpoint_candidate *ml_checkpoint_candidates(size_t *count)
     return table;
 }
 
-/* name into buf, cut to size - 1 bytes as snprintf would (every plan
- * names its policy: no format to parse) */
-static void put_name(char *buf, size_t size, const char *name)
-{
-    if (!size)
-        return;
-    size_t n = strlen(name);
-    if (n >= size)
-        n = size - 1;
-    memcpy(buf, name, n);
-    buf[n] = '\0';
-}
-
 void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size)
 {
     switch (c->kind) {
-    case ML_CKPT_NONE: put_name(buf, size, "none"); return;
-    case ML_CKPT_FULL: put_name(buf, size, "full"); return;
-    case ML_CKPT_SQRT: put_name(buf, size, "sqrt"); return;
-    case ML_CKPT_SELECTIVE: put_name(buf, size, "selective"); return;
-    case ML_CKPT_OPTIMAL: put_name(buf, size, "optimal"); return;
+    case ML_CKPT_NONE: ml__name_join(buf, size, "none", ""); return;
+    case ML_CKPT_FULL: ml__name_join(buf, size, "full", ""); return;
+    case ML_CKPT_SQRT: ml__name_join(buf, size, "sqrt", ""); return;
+    case ML_CKPT_SELECTIVE: ml__name_join(buf, size, "selective", ""); return;
+    case ML_CKPT_OPTIMAL: ml__name_join(buf, size, "optimal", ""); return;
     case ML_CKPT_EVERY: snprintf(buf, size, "every-%u", c->every); return;
     case ML_CKPT_SEGMENTS: {
         size_t n = 0;
