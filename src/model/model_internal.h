@@ -260,6 +260,9 @@ struct ml_model {
     size_t nkeypos;
 };
 
+/* The devices a plan's layout takes: tp x pp x cp x dp, each at least 1
+ * (parallel.c). */
+uint64_t ml__training_devices(const ml_training *t);
 void ml__layers_free(ml_layer *layers, size_t n);
 /* "linear", "conv2d", ...: the YAML name of a layer kind (schema_layers.c). */
 const char *ml__layer_kind_name(ml_layer_kind k);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "memledger/model.h"
+#include "model/model_internal.h"
 #include "model/limits.h"
 #include "model/schema.h"
 #include "util/error.h"
@@ -22,6 +23,13 @@ uint64_t ml_training_shard(const ml_training *t)
 uint64_t ml_training_cp(const ml_training *t)
 {
     return t->context_parallel > 1 ? t->context_parallel : 1;
+}
+
+uint64_t ml__training_devices(const ml_training *t)
+{
+    return (t->tensor_parallel > 1 ? t->tensor_parallel : 1) *
+           (t->pipeline_parallel > 1 ? t->pipeline_parallel : 1) * ml_training_cp(t) *
+           (t->data_parallel ? t->data_parallel : 1);
 }
 
 bool ml_training_sp(const ml_training *t)

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "memledger/report.h"
+#include "model/model_internal.h"
 #include "report/report_internal.h"
 
 static const char *B(uint64_t v, char *buf)
@@ -29,10 +30,7 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     ml__report_lengths(m, &cfg->training, sl, sizeof sl);
     const ml_training *t = &cfg->training;
     const unsigned long long cp = ml_training_cp(t);
-    const unsigned long long devices =
-        (unsigned long long)((t->tensor_parallel > 1 ? t->tensor_parallel : 1) *
-                             (t->pipeline_parallel > 1 ? t->pipeline_parallel : 1) *
-                             t->data_parallel) * cp;
+    const unsigned long long devices = ml__training_devices(t);
     fprintf(f, "config: %s, precision %s, optimizer %s (%s), %llu device%s", sl,
             ml_precision_name(t->precision), ml_optimizer_name(t->optimizer),
             ml_optimizer_impl_name(t->optimizer_impl), devices, devices == 1 ? "" : "s");

@@ -175,10 +175,7 @@ int ml__emit_megatron(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     fputs("# Megatron-LM pretrain_gpt.py arguments for ", f);
     ml__emit_comment_text(f, ml_model_name(m));
     fprintf(f, " (memledger's plan: %llu devices)\n",
-            (unsigned long long)((t->tensor_parallel > 1 ? t->tensor_parallel : 1) *
-                                 (t->pipeline_parallel > 1 ? t->pipeline_parallel : 1) *
-                                 ml_training_cp(t) *
-                                 t->data_parallel));
+            (unsigned long long)ml__training_devices(t));
     fputs("# the data, tokenizer, learning rate and iterations are yours to add\n", f);
     ml__emit_note_comments(f, v);
     model_flags(f, m, t);

@@ -393,8 +393,7 @@ int ml__emit_torchtitan(FILE *f, const ml_model *m, const ml_config *cfg, const 
     fputs("# torchtitan job config (v0.2.2) for ", f);
     ml__emit_comment_text(f, ml_model_name(m));
     fprintf(f, " (memledger's plan: %llu devices)\n",
-            (unsigned long long)(tp_of(t) * pp_of(t) * ml_training_cp(t) *
-                                 (t->data_parallel ? t->data_parallel : 1)));
+            (unsigned long long)ml__training_devices(t));
     fputs("# run on one node: CONFIG_FILE=this.toml NGPU=<devices> ./run_train.sh; on several,\n"
           "# torchrun --nnodes N --nproc_per_node G ... -m torchtitan.train "
           "--job.config_file this.toml\n"

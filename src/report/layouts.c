@@ -5,9 +5,10 @@
 #include "memledger/report.h"
 #include "report/report_internal.h"
 
-/* The compact form --parallel takes: tp2.pp4.vpp2.dp8, with cp2 where
- * context-parallel; an uneven split's first and last stages' layers as
- * pp16[5..5] (the middle ones even) */
+/* A layout's name in the compact form --parallel takes, tp2.pp4.vpp2.dp8
+ * with cp2 where context-parallel; an uneven split's first and last
+ * stages' layers bracketed, pp16[5..5] (the middle ones even), which
+ * --parallel does not take: --pp-layers gives such a split */
 void ml__report_layout_name(const ml_layout_row *r, char *buf, size_t size)
 {
     char cp[24] = "", un[32] = "";

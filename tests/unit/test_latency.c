@@ -98,7 +98,12 @@ static void test_dp_calls(void **state)
 /* A pipeline of 2 stages over 4 micro-batches: the first stage sends its
  * output forward once a micro-batch, the last its input's gradient back:
  * 4 sends each; with 2 virtual stages each stage's chunks send but the
- * model's first chunk's gradient and its last chunk's output: 4 x 3. */
+ * model's first chunk's gradient and its last chunk's output: 4 x 3. With
+ * 3 stages (6 layers) the middle one sends both ways, m x 2, and with 2
+ * virtual stages all four of its chunks' both ways, m x 4, where
+ * the edges send m and 3 m: a rule alike for every stage would not pass
+ * (there over 6 micro-batches, which the interleaved schedule divides over
+ * the 3 stages: 6, 12, 6 and 18, 24, 18). */
 static void test_p2p_sends(void **state)
 {
     (void)state;
@@ -117,6 +122,24 @@ static void test_p2p_sends(void **state)
     assert_rel_close(ml_ledger_rank(l, 0)->p2p_sends, 12, 0);
     assert_rel_close(ml_ledger_rank(l, 1)->p2p_sends, 12, 0);
     ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    char six[512];
+    snprintf(six, sizeof six, "%s", llama4);
+    memcpy(strstr(six, "layers: 4"), "layers: 6", 9);
+    m = load_str(six);
+    c = ml_model_config(m);
+    c.training.pipeline_parallel = 3;
+    c.training.grad_accum = 6;
+    static const double plain[3] = {6, 12, 6}, interleaved[3] = {18, 24, 18};
+    for (int v = 1; v <= 2; v++) {
+        c.training.virtual_stages = (uint64_t)v;
+        c.training.pp_schedule = v > 1 ? ML_PP_INTERLEAVED : ML_PP_1F1B;
+        l = eval(m, &c, false);
+        assert_int_equal(ml_ledger_rank_count(l), 3);
+        for (size_t r = 0; r < 3; r++)
+            assert_rel_close(ml_ledger_rank(l, r)->p2p_sends, v > 1 ? interleaved[r] : plain[r], 0);
+        ml_ledger_destroy(l);
+    }
     ml_model_destroy(m);
 }
 
