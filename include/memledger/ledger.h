@@ -360,6 +360,15 @@ typedef struct ml_summary {
     double tp_allreduces, tp_halves;
     double cp_halves, cp_sends;
     double dp_allreduces, dp_halves;
+    /* expert parallelism's all-to-alls (docs/parallel.md, "Expert
+     * parallelism"): bytes each rank sends per iteration (each MoE layer's
+     * dispatch and combine in forward, again in backward and in a
+     * recomputed forward), their time at device.interconnect_gbps in the
+     * step, not overlapped (0 without parallel.ep, time < 0 not timed), and
+     * their calls */
+    double ep_comm_bytes;
+    double time_ep_s;
+    double ep_calls;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -209,6 +209,11 @@ typedef struct ml_training {
                                       attention, docs/parallel.md "Context
                                       parallelism"); 0 or 1: none. The gradients'
                                       reduction and a ZeRO shard span dp x cp ranks */
+    uint64_t expert_parallel;      /* parallel.ep: ranks splitting a mixture of experts'
+                                      routed experts (each holds experts / ep of them and
+                                      runs the tokens an all-to-all brings it,
+                                      docs/parallel.md "Expert parallelism"), taken from
+                                      the dp x cp ranks; 0 or 1: none */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it
@@ -471,12 +476,15 @@ ML_API bool ml_training_sp(const ml_training *t);
 ML_API uint64_t ml_training_shard(const ml_training *t);
 /* The context-parallel ranks each sequence is split over (1 when none). */
 ML_API uint64_t ml_training_cp(const ml_training *t);
+/* The expert-parallel ranks a mixture of experts' experts are split over
+ * (1 when none). */
+ML_API uint64_t ml_training_ep(const ml_training *t);
 /* The compact layout "tp8.pp4.cp2.dp16" (the parts in any order, each at
  * most once; docs/parallel.md) into t: tp sets tensor_parallel, dp
  * data_parallel, pp pipeline_parallel, vpp virtual_stages (and the
- * interleaved schedule above 1); cp, ep and etp above 1 are refused (not
- * modelled: ML_RANGE), as is a part given twice or an unknown one
- * (ML_USAGE). */
+ * interleaved schedule above 1), cp context_parallel, ep expert_parallel;
+ * etp above 1 is refused (not modelled: ML_RANGE), as is a part given twice
+ * or an unknown one (ML_USAGE). */
 ML_API ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err);
 /* Writes the policy's YAML spelling ("every-2", "[0, 3]") into buf. */
 ML_API void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size);

@@ -172,6 +172,13 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
             rc = ML_EXIT_BAD_INPUT;
         }
     }
+    if (!rc && o->ep) {
+        ml_cli_errorf("--gpus %s --ep %s: the layout search does not try expert parallelism "
+                      "yet; plan a layout with --ep given (memledger plan, or fit without "
+                      "--gpus)",
+                      o->gpus, o->ep);
+        rc = ML_EXIT_BAD_INPUT;
+    }
     if (!rc && (o->max_micro_batch || o->parallel || o->data_parallel || o->grad_accum ||
                 o->micro_batches || o->pp_schedule || o->pp_layers || o->auto_checkpoint)) {
         ml_cli_errorf("--gpus %s: the search chooses the layout (its stages' layers too), the "

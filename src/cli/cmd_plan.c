@@ -51,7 +51,7 @@ static const char usage[] =
     "  --allocator A          caching (default) | expandable | none (allocated only)\n"
     "  --max-split-size MB    the simulation's max_split_size_mb (whole MiB, > 20)\n"
     "Parallel (docs/parallel.md): one rank's figures\n"
-    "  --tp N, --pp N, --cp N tensor ranks; pipeline stages; context (ring attention)\n"
+    "  --tp, --pp, --cp, --ep N  tensor; pipeline stages; context (ring); expert ranks\n"
     "  --sp, --no-sp          sequence parallelism (default: on when --tp > 1)\n"
     "  --pp-schedule S        1f1b (default) | gpipe; --vpp V: interleaved\n"
     "  --micro-batches M      micro-batches a step (= --grad-accum)\n"

@@ -1,7 +1,7 @@
 /* The parallel layout on the command line (docs/parallel.md): --parallel
  * LAYOUT (the compact form, tp8.pp4.dp16), --tp N, --sp and --no-sp, the
  * pipeline's --pp, --vpp, --pp-schedule, --micro-batches and --pp-layers,
- * context parallelism's --cp, and the splits the planner does not model
+ * context parallelism's --cp, expert parallelism's --ep, and the splits the planner does not model
  * yet, refused above one rank. */
 #include <stdio.h>
 #include <string.h>
@@ -17,22 +17,21 @@ static int refused(const char *flag, const ml_error *e)
     return ML_EXIT_BAD_INPUT;
 }
 
-/* --ep, --etp: accepted at 1, refused above (not modelled yet); true when
- * one is refused (its message printed). */
+/* --etp: accepted at 1, refused above (not modelled yet); true when it is
+ * refused (its message printed). */
 static bool unplanned_splits(const ml_cli_opts *o)
 {
     const struct {
         const char *flag, *what, *v;
-    } splits[] = {{"--ep", "expert parallelism", o->ep},
-                  {"--etp", "expert tensor parallelism", o->etp}};
+    } splits[] = {{"--etp", "expert tensor parallelism", o->etp}};
     for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
         uint64_t v = 1;
         if (splits[k].v && ml_cli_whole(splits[k].flag, splits[k].v, 1, 1048576, &v))
             return true;
         if (v != 1) {
             ml_cli_errorf("%s: %llu: %s is not modelled yet; plan each rank with tensor (--tp), "
-                          "context (--cp), pipeline (--pp) and data (--data-parallel) "
-                          "parallelism, or give 1",
+                          "context (--cp), expert (--ep), pipeline (--pp) and data "
+                          "(--data-parallel) parallelism, or give 1",
                           splits[k].flag, (unsigned long long)v, splits[k].what);
             return true;
         }
@@ -78,6 +77,8 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
     if (o->vpp && ml_cli_whole("--vpp", o->vpp, 1, 1024, &t->virtual_stages))
         return ML_EXIT_BAD_INPUT;
     if (o->cp && ml_cli_whole("--cp", o->cp, 1, 65536, &t->context_parallel))
+        return ML_EXIT_BAD_INPUT;
+    if (o->ep && ml_cli_whole("--ep", o->ep, 1, 65536, &t->expert_parallel))
         return ML_EXIT_BAD_INPUT;
     if (o->vpp && t->virtual_stages > 1)
         t->pp_schedule = ML_PP_INTERLEAVED;

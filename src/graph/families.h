@@ -16,6 +16,8 @@ typedef struct {
     bool eval;          /* the evaluation pass (model.eval(), no_grad) */
     bool ring;          /* context parallelism: the fused attention runs as ring
                            attention (docs/parallel.md) */
+    bool ep;            /* expert parallelism: a mixture of experts' dispatch
+                           (docs/parallel.md) */
 } mlg_config;
 
 /* nanoGPT's and Hugging Face GPT-2's layer (pre-LayerNorm, one c_attn

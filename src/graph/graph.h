@@ -66,6 +66,10 @@ typedef enum {
     MLG_TKV, /* the keys a fused attention's queries attend to: T, or under
                 context parallelism the whole sequence (its ring visits every
                 rank's keys; docs/parallel.md) */
+    MLG_EL,  /* the routed experts a rank holds: E, or E / ep under expert
+                parallelism (docs/parallel.md) */
+    MLG_R,   /* expert parallelism: the (token, expert) rows the all-to-all
+                brings the rank, its experts' runs summed */
     MLG_L0,
     MLG_NDIMS = MLG_L0 + MLG_NLIT
 } mlg_dim;
@@ -106,7 +110,8 @@ enum {
                           run (Falcon's 8-byte index lists, whose release
                           within the backward the chain does not time) */
     MLG_T_EXPERT = 64, /* a routed expert's parameter: registered once per
-                          expert (MLG_E), its group's parameters in turn */
+                          expert the rank holds (MLG_EL), its group's
+                          parameters in turn */
     MLG_T_SIDE = 128,  /* a tensor beside the stream of blocks (chain.h, a side
                           tensor: T5's position bias, its encoder's output):
                           the chain holds it, so saving it lists nothing */

@@ -108,6 +108,8 @@ typedef struct {
     bool grouped;  /* V2's group_limited_greedy: a bool mask over the scores */
     bool shared;   /* shared experts on every token (Qwen2-MoE's: one, gated) */
     bool h32;      /* the norm's output is fp32 (the stream's dtype) */
+    bool ep;       /* expert parallelism (Mixtral's kind): the rank's experts
+                      run on the rows an all-to-all brings it (kit_mixtral.c) */
 } mlg_moe;
 
 /* A layer: its components and how they are wired. */

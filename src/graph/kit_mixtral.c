@@ -196,6 +196,34 @@ static void expert_ops(ml_graph *g, const mlg_layer *L, const expert_t *e, uint1
     node(o, "IndexAddBackward0 (index_select of the sum's gradient)", e->Z, MLG_NONE, MLG_NONE);
 }
 
+/* The routed experts' weights, after one expert's tensors: autocast's
+ * copies of the rank's E (or E / ep) experts' weights (three entries, each
+ * released with the block: no instance's node), the weights themselves
+ * (w1, w2, w3 of each expert in turn, as the builders list them:
+ * MLG_T_EXPERT), and the busiest expert's intermediate (a transient). */
+static void expert_weights(ml_graph *g, const mlg_layer *L, uint16_t wc[3], uint16_t W[3])
+{
+    for (unsigned i = 0; i < 3; i++) {
+        wc[i] = MLG_NONE;
+        if (L->autocast) {
+            wc[i] = ml__graph_tensor(g, "experts' weights (autocast copy)", MLG_HALF, MLG_ACT, 3,
+                                     MLG_EL, MLG_D, MLG_FE);
+            flag(g, wc[i], MLG_T_WCAST | MLG_T_KEPT);
+        }
+    }
+    const uint8_t grp = g->group;
+    g->group = ml__kit_group(L, MLG_GROUP_MLP2);
+    W[0] = ml__kit_param(g, "w1", MLG_D, MLG_FE);
+    W[1] = ml__kit_param(g, "w2", MLG_FE, MLG_D);
+    W[2] = ml__kit_param(g, "w3", MLG_D, MLG_FE);
+    g->group = grp;
+    for (unsigned i = 0; i < 3; i++)
+        flag(g, W[i], MLG_T_EXPERT);
+    flag(g, ml__graph_tensor(g, "the busiest expert's intermediate", MLG_COMPUTE, MLG_ACT, 2,
+                             MLG_ROWS, MLG_FE),
+         MLG_T_TMP);
+}
+
 /* The routed experts on h with the top-k weights wk: one expert's tensors
  * (the repeated group), autocast's copies of the E experts' weights, the
  * weights themselves (w1, w2, w3 of each expert in turn, as the builders
@@ -210,24 +238,8 @@ static uint16_t experts(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t wk
     const uint16_t t0 = g->nt;
     expert_tensors(g, L, hd, &e);
     const uint16_t t1 = g->nt;
-    uint16_t wc[3] = {MLG_NONE, MLG_NONE, MLG_NONE};
-    for (unsigned i = 0; i < 3 && L->autocast; i++) {
-        wc[i] = ml__graph_tensor(g, "experts' weights (autocast copy)", MLG_HALF, MLG_ACT, 3,
-                                 MLG_E, MLG_D, MLG_FE);
-        /* one entry, released with the block (no instance's node) */
-        flag(g, wc[i], MLG_T_WCAST | MLG_T_KEPT);
-    }
-    const uint8_t grp = g->group;
-    g->group = ml__kit_group(L, MLG_GROUP_MLP2);
-    const uint16_t W[3] = {ml__kit_param(g, "w1", MLG_D, MLG_FE),
-                           ml__kit_param(g, "w2", MLG_FE, MLG_D),
-                           ml__kit_param(g, "w3", MLG_D, MLG_FE)};
-    g->group = grp;
-    for (unsigned i = 0; i < 3; i++)
-        flag(g, W[i], MLG_T_EXPERT);
-    flag(g, ml__graph_tensor(g, "the busiest expert's intermediate", MLG_COMPUTE, MLG_ACT, 2,
-                             MLG_ROWS, MLG_FE),
-         MLG_T_TMP);
+    uint16_t wc[3], W[3];
+    expert_weights(g, L, wc, W);
     const uint16_t sum = act(g, "routed experts' sum", hd, MLG_D);
     flag(g, sum, MLG_T_TMP);
     ml__graph_step(g, MLG_OP_ELEMENTWISE, "zeros (final_hidden_states)", MLG_NONE, sum, NULL);
@@ -237,6 +249,183 @@ static uint16_t experts(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t wk
     expert_ops(g, L, &e, h, wk, W, wc);
     ml__graph_repeat(g, t0, t1, o0, g->nop);
     return sum;
+}
+
+/* Expert parallelism (docs/parallel.md, "Expert parallelism"): the rank's
+ * E / ep experts on the rows an all-to-all brings it, with the dispatch
+ * and combine of Megatron-core's MoEAlltoAllTokenDispatcher
+ * (megatron/core/transformer/moe/token_dispatcher.py, moe_utils.py
+ * permute/unpermute, sort_chunks_by_idxs): the P = k B T pairs' tokens
+ * gathered in expert order (index_select keeps its int64 index; the
+ * routing weights gathered the same way), the all-to-all into the R rows
+ * the rank's experts take, sorted by local expert (a copy the experts'
+ * matmuls read through views: saved once), the experts as the model's
+ * (SwiGLU, each output weighted by its routing weights), their outputs
+ * concatenated, sorted back by source rank, sent back (the second
+ * all-to-all, P rows), and summed into the tokens by scatter_add_ (it keeps
+ * only the index). The send buffer and the received rows stay referenced
+ * until the layer returns (MoELayer's locals); the backward is the block
+ * rule's with the all-to-alls' gradient buffers beside it
+ * (ml__ep_backward). */
+typedef struct {
+    uint16_t c1, c3, G1, A1, U, P, Y, Z;
+} ep_expert_t;
+
+static uint16_t ep_rows(ml_graph *g, const char *name, uint8_t dtype)
+{
+    uint16_t t = ml__graph_tensor(g, name, dtype, MLG_ACT, 2, MLG_R, MLG_D);
+    flag(g, t, MLG_T_TMP);
+    return t;
+}
+
+static uint16_t ep_pairs(ml_graph *g, const char *name, uint8_t dtype)
+{
+    uint16_t t = ml__graph_tensor(g, name, dtype, MLG_ACT, 4, MLG_K, MLG_B, MLG_T, MLG_D);
+    flag(g, t, MLG_T_TMP);
+    return t;
+}
+
+static void ep_expert_tensors(ml_graph *g, const mlg_layer *L, uint8_t hd, ep_expert_t *e)
+{
+    e->c1 = e->c3 = MLG_NONE;
+    if (L->autocast) {
+        e->c1 = rows(g, "expert input cast for w1", MLG_HALF, MLG_D);
+        e->c3 = rows(g, "expert input cast for w3", MLG_HALF, MLG_D);
+    }
+    e->G1 = rows(g, "expert w1 output (silu input)", MLG_COMPUTE, MLG_FE);
+    e->A1 = rows(g, "expert silu output", MLG_COMPUTE, MLG_FE);
+    e->U = rows(g, "expert w3 output", MLG_COMPUTE, MLG_FE);
+    e->P = rows(g, "expert product (w2 input)", MLG_COMPUTE, MLG_FE);
+    e->Y = rows(g, "expert output (weighted by the router)", MLG_COMPUTE, MLG_D);
+    e->Z = rows(g, "weighted expert output (cat's source)", hd, MLG_D);
+}
+
+/* One local expert on its rows of xs (a view), weighted by its rows of the
+ * sorted routing weights rw (a view): w1, silu, w3, the product, w2, the
+ * weighting (keeps the output and the weights). */
+static void ep_expert_ops(ml_graph *g, const ep_expert_t *e, uint16_t xs, uint16_t rw,
+                          const uint16_t W[3], const uint16_t wc[3])
+{
+    ml__kit_cast_ops(g, xs, e->c1, MLG_NONE, MLG_NONE);
+    mlg_op *o = expert_mm(g, "mm (w1)", "MmBackward0 (w1)", xs, e->c1, wc[0], W[0], e->G1);
+    /* the three matmuls of the rank's experts, over the R rows they take */
+    ml__op_flops(o, 6.0, 3, MLG_R, MLG_D, MLG_FE);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "silu", e->G1, e->A1, "SiluBackward0 (expert)");
+    ml__op_save(o, e->G1);
+    ml__kit_cast_ops(g, xs, e->c3, MLG_NONE, MLG_NONE);
+    expert_mm(g, "mm (w3)", "MmBackward0 (w3)", xs, e->c3, wc[1], W[2], e->U);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (silu * w3)", e->A1, e->P,
+                       "MulBackward0 (silu * w3)");
+    ml__op_in(o, e->U);
+    ml__op_save(o, e->A1);
+    ml__op_save(o, e->U);
+    expert_mm(g, "mm (w2)", "MmBackward0 (w2)", e->P, MLG_NONE, wc[2], W[1], e->Y);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (expert output * weights)", e->Y, e->Z,
+                       "MulBackward0 (expert output * weights)");
+    ml__op_in(o, rw);
+    ml__op_save(o, e->Y);
+    ml__op_save(o, rw);
+}
+
+/* The dispatch: argsort (no grad), index_select of the tokens (keeps its
+ * index), the weights' rows by the same order, the all-to-alls (tokens,
+ * then weights), sort_chunks of each. */
+static void ep_dispatch(ml_graph *g, uint16_t h, uint16_t wk, const uint16_t d[7])
+{
+    const uint16_t idx = d[0], xp = d[1], wp = d[2], xr = d[3], wr = d[4], xs = d[5], ws = d[6];
+    ml__graph_step(g, MLG_OP_ELEMENTWISE, "argsort (the pairs by expert)", wk, idx, NULL);
+    mlg_op *o = ml__graph_step(g, MLG_OP_COPY, "index_select (permute the tokens)", h, xp,
+                               "IndexSelectBackward0 (permute)");
+    ml__op_in(o, idx);
+    ml__op_save(o, idx);
+    o = ml__graph_step(g, MLG_OP_COPY, "index (permute the routing weights)", wk, wp,
+                       "IndexBackward0 (permute the weights)");
+    ml__op_in(o, idx);
+    ml__op_save(o, idx);
+    ml__graph_step(g, MLG_OP_COPY, "all_to_all (dispatch the tokens)", xp, xr,
+                   "_AllToAll backward (dispatch)");
+    ml__op_free(ml__graph_step(g, MLG_OP_COPY, "all_to_all (dispatch the weights)", wp, wr,
+                               "_AllToAll backward (weights)"),
+                wp);
+    ml__graph_step(g, MLG_OP_COPY, "cat (sort_chunks by local expert)", xr, xs,
+                   "CatBackward0 (sort_chunks)");
+    ml__op_free(ml__graph_step(g, MLG_OP_COPY, "cat (sort the weights)", wr, ws,
+                               "CatBackward0 (sort the weights)"),
+                wr);
+}
+
+/* The combine: cat of the experts' outputs Z, sort back, all-to-all,
+ * scatter_add_ into zeros (keeps its index); then MoELayer returns, and
+ * its send buffer xp, received rows xr and returned rows go. */
+static void ep_combine(ml_graph *g, uint16_t Z, uint16_t idx, uint16_t xp, uint16_t xr,
+                       const uint16_t c[4])
+{
+    const uint16_t cat = c[0], back = c[1], yb = c[2], sum = c[3];
+    mlg_op *o = ml__graph_step(g, MLG_OP_COPY, "cat (the experts' outputs)", Z, cat,
+                               "SplitWithSizesBackward0 (the experts' outputs)");
+    ml__op_free(o, Z);
+    ml__op_free(ml__graph_step(g, MLG_OP_COPY, "cat (sort_chunks by source rank)", cat, back,
+                               "CatBackward0 (sort back)"),
+                cat);
+    ml__op_free(ml__graph_step(g, MLG_OP_COPY, "all_to_all (combine)", back, yb,
+                               "_AllToAll backward (combine)"),
+                back);
+    ml__graph_step(g, MLG_OP_ELEMENTWISE, "zeros (unpermute)", MLG_NONE, sum, NULL);
+    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "scatter_add_ (unpermute)", yb, sum,
+                       "ScatterAddBackward0 (gather)");
+    ml__op_in(o, idx);
+    ml__op_save(o, idx);
+    o = ml__graph_release(g, "the MoE layer returns");
+    ml__op_free(o, xp);
+    ml__op_free(o, xr);
+    ml__op_free(o, yb);
+}
+
+/* The dispatch's tensors, in the order the layer makes them: the pairs'
+ * order, the send buffer, the permuted weights, the received rows and
+ * weights, both sorted by local expert (saved by the experts' ops through
+ * views: one entry each, released with the block's saved tensors). */
+static void ep_dispatch_tensors(ml_graph *g, uint8_t hd, uint16_t d[7])
+{
+    d[0] = ml__graph_tensor(g, "pair order (argsort of the experts' indices, int64)", MLG_INT64,
+                            MLG_ACT, 3, MLG_K, MLG_B, MLG_T);
+    d[1] = ep_pairs(g, "permuted tokens (all-to-all send buffer)", hd);
+    d[2] = ml__graph_tensor(g, "permuted routing weights (fp32)", MLG_FP32, MLG_ACT, 3, MLG_K,
+                            MLG_B, MLG_T);
+    d[3] = ep_rows(g, "received rows (all-to-all)", hd);
+    d[4] = ml__graph_tensor(g, "received routing weights (fp32)", MLG_FP32, MLG_ACT, 1, MLG_R);
+    d[5] = ml__graph_tensor(g, "received rows sorted by local expert", hd, MLG_ACT, 2, MLG_R,
+                            MLG_D);
+    d[6] = ml__graph_tensor(g, "routing weights sorted by local expert (fp32)", MLG_FP32,
+                            MLG_ACT, 1, MLG_R);
+    flag(g, d[5], MLG_T_KEPT);
+    flag(g, d[6], MLG_T_KEPT);
+}
+
+static uint16_t experts_ep(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t wk)
+{
+    const uint8_t hd = g->t[h].dtype;
+    uint16_t d[7];
+    ep_dispatch_tensors(g, hd, d);
+    const uint16_t t0 = g->nt;
+    ep_expert_t e;
+    ep_expert_tensors(g, L, hd, &e);
+    const uint16_t t1 = g->nt;
+    uint16_t wc[3], W[3];
+    expert_weights(g, L, wc, W);
+    const uint16_t c[4] = {ep_rows(g, "experts' outputs (cat)", hd),
+                           ep_rows(g, "experts' outputs sorted by source rank", hd),
+                           ep_pairs(g, "returned rows (all-to-all)", hd),
+                           act(g, "routed experts' sum (scatter_add_)", hd, MLG_D)};
+    flag(g, c[3], MLG_T_TMP);
+    ep_dispatch(g, h, wk, d);
+    for (unsigned i = 0; i < 3; i++)
+        ml__kit_cast_ops(g, MLG_NONE, MLG_NONE, wc[i], W[i]);
+    const uint16_t o0 = g->nop;
+    ep_expert_ops(g, &e, d[5], d[6], W, wc);
+    ml__graph_repeat(g, t0, t1, o0, g->nop);
+    ep_combine(g, e.Z, d[0], d[1], d[3], c);
+    return c[3];
 }
 
 /* A literal dimension of size n (graph.h, MLG_L0). */
@@ -327,6 +516,6 @@ static uint16_t shared(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t rou
 uint16_t ml__kit_mixtral_moe(ml_graph *g, const mlg_layer *L, uint16_t h)
 {
     uint16_t wk = router(g, L, h);
-    uint16_t y = experts(g, L, h, wk);
+    uint16_t y = L->moe.ep ? experts_ep(g, L, h, wk) : experts(g, L, h, wk);
     return L->moe.shared ? shared(g, L, h, y) : y;
 }

@@ -184,6 +184,8 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
     if (!st)
         st = ml__cp_refused(m, t, err);
     if (!st)
+        st = ml__ep_refused(m, t, err);
+    if (!st)
         st = ml__pp_refused(m, t, err);
     if (!st)
         st = ml__engine_refused(m, t, err);

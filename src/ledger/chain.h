@@ -249,6 +249,12 @@ typedef struct {
                                    rank's share of the sequence */
     uint64_t cp_kv;             /* with cp > 1: the elements of a rank's keys (or
                                    values) in one layer, B T Hkv dh */
+    uint64_t ep;                /* expert parallelism's ranks (1: none) */
+    uint64_t ep_rows;           /* with ep > 1: the rows of one MoE layer the
+                                   rank's experts take (MLG_R) */
+    uint64_t ep_layer_params;   /* with ep > 1: one MoE layer's routed-expert
+                                   parameters the rank holds (E / ep experts) */
+    uint64_t moe_k;             /* the experts each token is routed to (top-k) */
 } ml_chain;
 
 /* The same for every training setting the chain refuses for this model
@@ -284,6 +290,18 @@ ml_status ml__engine_refused(const ml_model *m, const ml_training *t, ml_error *
  * 0 (seg NULL: none). */
 double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int *seg,
                             double *allreduces, double *halves);
+/* Expert parallelism (expert_parallel.c, docs/parallel.md): ML_RANGE with
+ * the reason when m under t's parallel.ep cannot be planned. */
+ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err);
+/* Its all-to-alls' bytes a rank sends per iteration (their calls in
+ * *calls), the layers recomputed where seg[k] >= 0 (seg NULL: none). */
+double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int *seg,
+                            double *calls);
+/* What the data-parallel all-reduce of P parameters' gradients sends less
+ * under expert parallelism: the rank's experts' gradients are reduced over
+ * the dp x cp / ep ranks holding the same experts, not all dp x cp (0
+ * without ep). */
+double ml__ep_grad_saving(const ml_chain *ch, const ml_training *t, uint64_t P);
 /* The same for context parallelism's ring (context_parallel.c), with its
  * all-gathers and sends per iteration. */
 double ml__cp_communication(const ml_chain *ch, const ml_training *t, const int *seg,

@@ -18,7 +18,7 @@ mlg_config ml__ck_graph_config(const ml_chain *ch, const ml_model *m)
 {
     return (mlg_config){ch->prec.a,        ch->prec.w,   ch->prec.fp16,
                         ch->prec.autocast, ml__ck_fused_attention(ch->prec.a, m), ch->eval_mode,
-                        ch->cp > 1};
+                        ch->cp > 1,        ch->ep > 1};
 }
 
 /* Each dtype class's bytes under the chain's precision, then each
@@ -77,19 +77,23 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
     z->dim[MLG_K] = m->moe.per_token;
     z->dim[MLG_FE] = m->moe.expert_ffn ? m->moe.expert_ffn : d->F;
     z->dim[MLG_FS] = m->moe.shared_ffn;
-    z->dim[MLG_ROWS] = m->moe.experts ? ml__ck_busiest_rows(d, ml_mul(ch, m->moe.per_token, d->BT),
-                                                            m->moe.experts)
-                                      : 0;
+    z->dim[MLG_ROWS] = m->moe.experts
+                           ? ml__ck_ep_busiest_rows(d, ml_mul(ch, m->moe.per_token, d->BT),
+                                                    m->moe.experts)
+                           : 0;
+    z->dim[MLG_EL] = d->ep > 1 ? m->moe.experts / d->ep : m->moe.experts;
     /* a repeated group's instances: the experts with rows (Mixtral's,
      * Qwen2-MoE's), MLG_NE the first's; the graph's literal sizes */
     if (G->g.rep.t1 != G->g.rep.t0 || G->g.rep.o1 != G->g.rep.o0) {
         uint64_t count[3], rows[3];
-        z->nruns = ml__ck_expert_runs(d, ml_mul(ch, m->moe.per_token, d->BT), m->moe.experts,
-                                      count, rows);
+        z->nruns = ml__ck_ep_runs(d, ml_mul(ch, m->moe.per_token, d->BT), m->moe.experts, count,
+                                  rows);
         for (unsigned i = 0; i < z->nruns; i++) {
             z->runs[i].count = count[i];
             z->runs[i].size = rows[i];
+            z->dim[MLG_R] = ml_add(ch, z->dim[MLG_R], ml_mul(ch, count[i], rows[i]));
         }
+        ch->ep_rows = d->ep > 1 ? z->dim[MLG_R] : 0;
         z->dim[MLG_NE] = rows[0];
     }
     memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
@@ -258,7 +262,7 @@ bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims
     mlg_layer L;
     /* the tower's attention is eager whatever the decoder's kernel */
     const mlg_config c = {ch->prec.a,        ch->prec.w, ch->prec.fp16,
-                          ch->prec.autocast, false,      ch->eval_mode, false};
+                          ch->prec.autocast, false,      ch->eval_mode, false, false};
     if (!ml__family_clip_layer(m, &c, &L))
         return false;
     ml__family_clip_graph(&G->g, &L, (mlg_clip_pool)pool);
@@ -505,7 +509,7 @@ static void parameters(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
         for (uint16_t t = 0; t < g->nt; t++)
             experts |= g->t[t].role == MLG_PARAMETER && g->t[t].group == grp &&
                        (g->t[t].flags & MLG_T_EXPERT);
-        const uint64_t rounds = experts ? G->z.dim[MLG_E] : 1;
+        const uint64_t rounds = experts ? G->z.dim[MLG_EL] : 1;
         for (uint64_t r = 0; r < rounds && !ch->overflow && !ch->nomem; r++) {
             for (uint16_t t = 0; experts && t < g->nt; t++)
                 if (g->t[t].role == MLG_PARAMETER && g->t[t].group == grp)
@@ -542,6 +546,7 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
     const uint64_t held = output(ch, b, G, x.idx, out);
     ml__work_graph(ch, b, g, &G->z, G->tb);
     ml__ck_end(ch, b, out);
+    ml__ep_dispatch(ch, b, G);
     /* a block-level backward (no node list): ring attention's buffers
      * beside the block rule's transient, once per fused attention */
     for (uint16_t k = 0; k < g->nop && !b->nnodes; k++)

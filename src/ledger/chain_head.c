@@ -11,10 +11,11 @@
 #include "ledger/chain_kit.h"
 
 /* Whether the blocks record their backward nodes (docs/ledger.md,
- * "Backward, node by node"): fp32 eager blocks for now. */
+ * "Backward, node by node"): fp32 eager blocks for now, not the experts'
+ * dispatch under expert parallelism (its backward is the block rule's). */
 bool ml__ck_node_level(const ml_chain *ch, const ml_model *m)
 {
-    return ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast &&
+    return ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast && ch->ep <= 1 &&
            !ml__ck_fused_attention(ch->prec.a, m) && !m->attn.kv_lora && !m->moe.router_sigmoid &&
            !m->moe.sort;
 }

@@ -21,6 +21,8 @@ typedef struct {
     /* context parallelism: its ranks (1: none); T is then a rank's share of
      * the sequence, T x cp the whole */
     uint64_t cp;
+    /* expert parallelism: its ranks (1: none) */
+    uint64_t ep;
     bool drop;
     double expert_imbalance; /* training.expert_imbalance (mixtures of experts) */
 } ml_ck_dims;
@@ -72,6 +74,15 @@ uint64_t ml__ck_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E);
  * training.expert_imbalance). Returns the number of runs. */
 unsigned ml__ck_expert_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t count[3],
                             uint64_t rows[3]);
+/* The same for the E / ep experts the fullest rank holds under expert
+ * parallelism (d->ep ranks, each with N pairs): the runs of the ep N pairs
+ * of the expert-parallel group over the E experts, the first E / ep of
+ * them (the busiest expert first); ml__ck_expert_runs when d->ep is 1. */
+unsigned ml__ck_ep_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t count[3],
+                        uint64_t rows[3]);
+/* The busiest expert's rows the fullest rank takes: ml__ck_busiest_rows
+ * over the group's pairs under expert parallelism. */
+uint64_t ml__ck_ep_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E);
 /* Whether the model's attention runs a fused kernel (no T x T tensor) at
  * the compute dtype's bytes. */
 bool ml__ck_fused_attention(unsigned compute_bytes, const ml_model *m);
@@ -125,6 +136,10 @@ bool ml__ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
  * and values gathered again, the query gradient's fp32 accumulator and its
  * update's copy, the fp32 key/value gradients passed around the ring. */
 uint64_t ml__cp_ring_backward(ml_chain *ch, const ml_graph_sizes *z);
+/* Expert parallelism's dispatch buffers for an MoE block built from G
+ * (expert_parallel.c): the forward's beside the saved tensors and under
+ * no_grad, the backward's beside the block rule's. Nothing without ep. */
+void ml__ep_dispatch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G);
 /* ... of layer `layer` (its layout: DeepSeek's first dense_layers layers
  * have a dense MLP, the others experts); ml__ck_graph_layer is layer 0's. */
 bool ml__ck_graph_layer_at(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, uint64_t layer,

@@ -3,6 +3,7 @@
  * the runs of experts with equal rows. The experts themselves are the op
  * graph's (src/graph/kit_moe.c). */
 #include <math.h>
+#include <stdint.h>
 
 #include "ledger/chain_kit.h"
 
@@ -40,5 +41,48 @@ unsigned ml__ck_expert_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_
             count[k] = c[i];
             rows[k++] = r[i];
         }
+    return k;
+}
+
+/* The expert-parallel group's dims: its ep ranks' tokens (the busiest
+ * expert takes at most one row of each). */
+static uint64_t times(uint64_t a, uint64_t b)
+{
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r; /* saturated: the sizes
+                                                                 overflow downstream */
+}
+
+static ml_ck_dims group_dims(const ml_ck_dims *d)
+{
+    ml_ck_dims g = *d;
+    g.BT = times(d->BT, d->ep);
+    return g;
+}
+
+uint64_t ml__ck_ep_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E)
+{
+    if (d->ep <= 1)
+        return ml__ck_busiest_rows(d, N, E);
+    const ml_ck_dims g = group_dims(d);
+    return ml__ck_busiest_rows(&g, times(N, d->ep), E);
+}
+
+unsigned ml__ck_ep_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t count[3],
+                        uint64_t rows[3])
+{
+    if (d->ep <= 1)
+        return ml__ck_expert_runs(d, N, E, count, rows);
+    const ml_ck_dims g = group_dims(d);
+    uint64_t c[3], r[3];
+    const unsigned n = ml__ck_expert_runs(&g, times(N, d->ep), E, c, r);
+    uint64_t left = E / d->ep;
+    unsigned k = 0;
+    for (unsigned i = 0; i < n && left; i++) {
+        const uint64_t take = c[i] < left ? c[i] : left;
+        count[k] = take;
+        rows[k++] = r[i];
+        left -= take;
+    }
     return k;
 }

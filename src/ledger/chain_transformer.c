@@ -48,6 +48,9 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
     /* context parallelism: a rank holds T / cp of each sequence (ml__cp_refused
      * has checked that cp divides it) */
     d->cp = t->context_parallel > 1 && !m->embed.image_size ? t->context_parallel : 1;
+    /* expert parallelism: the rank's experts (ml__ep_refused has checked
+     * that ep divides them) */
+    d->ep = m->moe.experts ? ml_training_ep(t) : 1;
     d->T /= d->cp;
     d->BT = ml_mul(ch, d->B, d->T);
     d->sp = ml_training_sp(t) ? t->tensor_parallel : 1;
@@ -66,6 +69,12 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
     ch->T = d->T;
     ch->cp = d->cp;
     ch->cp_kv = d->cp > 1 ? ml_mul(ch, d->BT, d->Dkv) : 0;
+    ch->ep = d->ep;
+    ch->moe_k = m->moe.per_token;
+    if (d->ep > 1) /* w1, w3 (D x FE) and w2 (FE x D) of each of its experts */
+        ch->ep_layer_params = ml_mul(ch, ml_mul(ch, m->moe.experts / d->ep, 3),
+                                     ml_mul(ch, d->D, m->moe.expert_ffn ? m->moe.expert_ffn
+                                                                        : d->F));
     ch->c_tokens = d->BT;
     ch->c_width = d->D;
     return ML_OK;

@@ -29,8 +29,8 @@ double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t
     const double rep = replicas_bytes(t, pg);
     if (N <= 1)
         return rep;
-    if (z == 0)
-        return 2 * f * pg;                  /* all-reduce, once per step */
+    if (z == 0) /* all-reduce, once per step */
+        return 2 * f * pg - ml__ep_grad_saving(ch, t, P);
     if (z == 1)
         return f * pg + f * pp + rep;       /* reduce-scatter + all-gather */
     if (z == 2)
@@ -100,7 +100,7 @@ double ml__eval_grad_reduce_bytes(const ml_chain *ch, const ml_training *t, uint
     const double f = (double)(N - 1) / (double)N, pg = (double)P * ch->prec.grad;
     const double rep = replicas_bytes(t, pg);
     if (z == 0)
-        return N > 1 ? 2 * f * pg : 0;
+        return N > 1 ? 2 * f * pg - ml__ep_grad_saving(ch, t, P) : 0;
     return z == 1 ? (N > 1 ? f * pg : 0) + rep : rep; /* 2, 3: reduced in every backward */
 }
 
@@ -187,12 +187,14 @@ void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
     s->time_tp_s = !(s->tp_comm_bytes > 0) ? 0 : ic > 0 ? s->tp_comm_bytes / ic : -1;
     /* context parallelism's ring, inside a node, not overlapped */
     s->time_cp_s = !(s->cp_comm_bytes > 0) ? 0 : ic > 0 ? s->cp_comm_bytes / ic : -1;
+    /* expert parallelism's all-to-alls, inside a node, not overlapped */
+    s->time_ep_s = !(s->ep_comm_bytes > 0) ? 0 : ic > 0 ? s->ep_comm_bytes / ic : -1;
     /* with overlap_grad_reduce, what the last backward covers */
     s->time_comm_hidden_s = s->time_communication_s > 0 ? ml__dp_hidden_s(s, t, ic) : 0;
     if (s->step_time_s >= 0)
         s->step_time_s += fmax(s->time_communication_s, 0) - s->time_comm_hidden_s +
                           fmax(s->time_host_transfer_s, 0) + fmax(s->time_tp_s, 0) +
-                          fmax(s->time_cp_s, 0);
+                          fmax(s->time_cp_s, 0) + fmax(s->time_ep_s, 0);
     /* the per-op model's step: throughput and MFU over the whole of it */
     if (s->time.source != ML_TIME_NONE) {
         s->time.step_s = s->step_time_s;

@@ -25,6 +25,11 @@ uint64_t ml_training_cp(const ml_training *t)
     return t->context_parallel > 1 ? t->context_parallel : 1;
 }
 
+uint64_t ml_training_ep(const ml_training *t)
+{
+    return t->expert_parallel > 1 ? t->expert_parallel : 1;
+}
+
 uint64_t ml__training_devices(const ml_training *t)
 {
     return (t->tensor_parallel > 1 ? t->tensor_parallel : 1) *
@@ -129,7 +134,6 @@ ml_status ml_pp_layers_parse(const char *text, ml_training *t, ml_error *err)
 static const struct {
     const char *name, *what;
 } unplanned[] = {
-    {"ep", "expert parallelism"},
     {"etp", "expert tensor parallelism"},
 };
 
@@ -137,8 +141,8 @@ static ml_status refuse_unplanned(ml_error *err, const ml_node *n, size_t k, uin
 {
     return ml__error_at(err, n, ML_SCHEMA,
                         "parallel.%s: %llu: %s is not modelled yet; plan each rank with tensor "
-                        "(tp), context (cp), pipeline (pp) and data (dp) parallelism, or set it "
-                        "to 1",
+                        "(tp), context (cp), expert (ep), pipeline (pp) and data (dp) "
+                        "parallelism, or set it to 1",
                         unplanned[k].name, (unsigned long long)v, unplanned[k].what);
 }
 
@@ -181,9 +185,10 @@ ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err)
                  {"dp", "training.data_parallel", &c.data_parallel, false},
                  {"pp", "parallel.pp", &c.pipeline_parallel, false},
                  {"vpp", "parallel.vpp", &c.virtual_stages, false},
-                 {"cp", "parallel.cp", &c.context_parallel, false}};
+                 {"cp", "parallel.cp", &c.context_parallel, false},
+                 {"ep", "parallel.ep", &c.expert_parallel, false}};
     const size_t nparts = sizeof parts / sizeof parts[0];
-    bool seen_other[2] = {false};
+    bool seen_other[1] = {false};
     const char *p = text;
     if (!*p)
         return ml__errorf_at(err, ML_USAGE, 0, 0,
@@ -223,8 +228,8 @@ ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err)
         else if (v != 1)
             return ml__errorf_at(err, ML_RANGE, 0, 0,
                                  "parallel: '%.*s' in '%s': %s is not modelled yet; plan each "
-                                 "rank with tensor (tp), context (cp), pipeline (pp) and data "
-                                 "(dp) parallelism, or set it to 1",
+                                 "rank with tensor (tp), context (cp), expert (ep), pipeline "
+                                 "(pp) and data (dp) parallelism, or set it to 1",
                                  (int)n, p, text, unplanned[k].what);
         if (!dot)
             break;
@@ -262,7 +267,7 @@ ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_er
     if (!strcmp(k, "pp_layers"))
         return ml_pp_layers_parse(v, t, err);
     if (!strcmp(k, "tp") || !strcmp(k, "dp") || !strcmp(k, "pp") || !strcmp(k, "vpp") ||
-        !strcmp(k, "cp") ||
+        !strcmp(k, "cp") || !strcmp(k, "ep") ||
         unplanned_index(k, strlen(k)) != SIZE_MAX) {
         char part[48];
         snprintf(part, sizeof part, "%s%s", k, v);
@@ -299,7 +304,7 @@ ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_er
         return ML_OK;
     }
     return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting (parallel.tp, sp, dp, pp, vpp, "
-                         "cp, pp_schedule, pp_layers, layout, dist_optimizer, dp_shard or "
+                         "cp, ep, pp_schedule, pp_layers, layout, dist_optimizer, dp_shard or "
                          "overlap_grad_reduce)", key);
 }
 
@@ -359,7 +364,7 @@ static ml_status pipeline_keys(ml_error *err, const ml_node *p, ml_training *t)
 }
 
 /* The YAML section: a mapping of the parts (tp: 8, sp: true, dp: 16, pp,
- * vpp, cp, and ep, etp at 1), or the compact form as a scalar. A pipeline's
+ * vpp, cp, ep, and etp at 1), or the compact form as a scalar. A pipeline's
  * own keys are refused with the reason. */
 ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
 {
@@ -418,6 +423,9 @@ ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
         return st;
     ml_config_range("parallel.cp", &lo, &hi);
     if ((st = ml__tree_uint(err, p, "cp", "parallel", lo, hi, &t->context_parallel)))
+        return st;
+    ml_config_range("parallel.ep", &lo, &hi);
+    if ((st = ml__tree_uint(err, p, "ep", "parallel", lo, hi, &t->expert_parallel)))
         return st;
     for (size_t k = 0; k < sizeof unplanned / sizeof unplanned[0]; k++) {
         const ml_node *n = ml__tree_get(p, unplanned[k].name);

@@ -458,6 +458,13 @@ static void check(emit_kind k, const ml_model *m, const ml_config *cfg, const ml
                         (unsigned long long)t->context_parallel, target);
         return;
     }
+    if (ml_training_ep(t) > 1) {
+        ml__emit_refuse(v, "the plan is one rank of experts split over %llu devices "
+                           "(parallel.ep, an all-to-all dispatch); %s does not set up expert "
+                           "parallelism: plan without --ep to emit",
+                        (unsigned long long)ml_training_ep(t), target);
+        return;
+    }
     encdec_check(k, m, t, v);
     if (v->level == ML_EMIT_REFUSED)
         return;

@@ -134,6 +134,9 @@ static void text_layout(FILE *f, const ml_training *t, uint64_t tp, uint64_t pp,
     if (cp > 1)
         fprintf(f, "context %llu (ring attention, %llu tokens a rank), ", (unsigned long long)cp,
                 (unsigned long long)(t->seq_len / cp));
+    if (ml_training_ep(t) > 1)
+        fprintf(f, "expert %llu (of the data-parallel ranks), ",
+                (unsigned long long)ml_training_ep(t));
     if (pp > 1 && t->virtual_stages > 1)
         fprintf(f, "pipeline %llu (interleaved, %llu virtual stages each), ",
                 (unsigned long long)pp, (unsigned long long)t->virtual_stages);
@@ -156,7 +159,7 @@ void ml__report_text_parallel(FILE *f, const ml_training *t)
     const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
     const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
     const uint64_t cp = ml_training_cp(t);
-    if (tp > 1 || pp > 1 || cp > 1)
+    if (tp > 1 || pp > 1 || cp > 1 || ml_training_ep(t) > 1)
         text_layout(f, t, tp, pp, cp);
     if (ml_training_shard(t) < t->data_parallel)
         fprintf(f, "shard groups: %llu replicas of %llu ranks (HSDP%s): the states shard over a "
@@ -187,6 +190,8 @@ void ml__report_layout(const ml_training *t, char *buf, size_t size)
                      ml_training_sp(t) ? " with sequence parallelism" : "");
     if (t->context_parallel > 1 && n >= 0 && (size_t)n < size)
         n += snprintf(buf + n, size - (size_t)n, ", cp %llu", (unsigned long long)t->context_parallel);
+    if (t->expert_parallel > 1 && n >= 0 && (size_t)n < size)
+        n += snprintf(buf + n, size - (size_t)n, ", ep %llu", (unsigned long long)t->expert_parallel);
     if (pp > 1 && n >= 0 && (size_t)n < size)
         snprintf(buf + n, size - (size_t)n, ", pp %llu (%s; the fullest stage's figures)",
                  (unsigned long long)pp, ml_pp_schedule_name(t->pp_schedule));

@@ -167,9 +167,14 @@ static void test_compact_layout(void **state)
     assert_int_equal(t.tensor_parallel, 4);
     assert_int_equal(t.data_parallel, 2);
     /* refused, t unchanged */
-    assert_int_equal(ml_parallel_parse("tp2.ep4", &t, &e), ML_RANGE);
-    assert_non_null(strstr(e.msg, "expert parallelism is not modelled yet"));
+    assert_int_equal(ml_parallel_parse("tp2.etp4", &t, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "expert tensor parallelism is not modelled yet"));
     assert_int_equal(t.tensor_parallel, 4);
+    assert_int_equal(ml_training_ep(&t), 1);
+    assert_int_equal(ml_parallel_parse("ep4.dp8", &t, &e), ML_OK); /* expert parallelism */
+    assert_int_equal(t.expert_parallel, 4);
+    assert_int_equal(ml_training_ep(&t), 4);
+    assert_int_equal(t.tensor_parallel, 4); /* unchanged: not given */
     assert_int_equal(ml_training_cp(&t), 1);
     assert_int_equal(ml_parallel_parse("tp4.cp2", &t, &e), ML_OK); /* context parallelism */
     assert_int_equal(t.context_parallel, 2);
@@ -201,7 +206,9 @@ static void test_compact_layout(void **state)
     assert_false(ml_training_sp(&c.training));
     assert_int_equal(ml_config_set(&c, "parallel.layout", "tp4.dp8", &e), ML_OK);
     assert_int_equal(c.training.data_parallel, 8);
-    assert_int_equal(ml_config_set(&c, "parallel.ep", "2", &e), ML_RANGE);
+    assert_int_equal(ml_config_set(&c, "parallel.ep", "2", &e), ML_OK);
+    assert_int_equal(c.training.expert_parallel, 2);
+    assert_int_equal(ml_config_set(&c, "parallel.etp", "2", &e), ML_RANGE);
 }
 
 static void expect_schema(const char *yaml, unsigned line, const char *part)
@@ -232,8 +239,12 @@ static void test_yaml_section(void **state)
     assert_true(ml_training_sp(&c.training));
     assert_int_equal(c.training.data_parallel, 2);
     ml_model_destroy(m);
-    snprintf(buf, sizeof buf, "%sparallel:\n  tp: 2\n  ep: 4\n", llama);
-    expect_schema(buf, 22, "expert parallelism is not modelled yet");
+    snprintf(buf, sizeof buf, "%sparallel:\n  tp: 2\n  etp: 4\n", llama);
+    expect_schema(buf, 22, "expert tensor parallelism is not modelled yet");
+    snprintf(buf, sizeof buf, "%sparallel:\n  ep: 4\n  dp: 8\n", llama);
+    m = load_str(buf);
+    assert_int_equal(ml_model_config(m).training.expert_parallel, 4);
+    ml_model_destroy(m);
     snprintf(buf, sizeof buf, "%sparallel:\n  pp_schedule: 2f2b\n", llama);
     expect_schema(buf, 21, "parallel.pp_schedule");
     snprintf(buf, sizeof buf, "%sparallel:\n  pp_layers: [1, 0]\n", llama);
@@ -251,8 +262,8 @@ static void test_yaml_section(void **state)
     ml_model_destroy(m);
     snprintf(buf, sizeof buf, "%sparallel:\n  tq: 2\n", llama);
     expect_schema(buf, 21, "tp");
-    snprintf(buf, sizeof buf, "%sparallel: tp2.ep8\n", llama);
-    expect_schema(buf, 20, "expert parallelism");
+    snprintf(buf, sizeof buf, "%sparallel: tp2.etp8\n", llama);
+    expect_schema(buf, 20, "expert tensor parallelism");
     /* the data-parallel size given twice, differently */
     snprintf(buf, sizeof buf, "%s  data_parallel: 4\nparallel: tp2.dp2\n", llama);
     expect_schema(buf, 21, "give the data-parallel size once");

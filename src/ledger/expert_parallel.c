@@ -1,0 +1,149 @@
+/* Expert parallelism (docs/parallel.md, "Expert parallelism"): a mixture
+ * of experts' routed experts split over ep ranks, each holding E / ep of
+ * them. A rank routes its own tokens over all E experts, sends each (token,
+ * expert) pair to the rank that holds the expert (an all-to-all), runs its
+ * own experts on the rows it receives and sends their outputs back (a
+ * second all-to-all), as Megatron-core's MoEAlltoAllTokenDispatcher does
+ * (megatron/core/transformer/moe/token_dispatcher.py). The ranks are taken
+ * from the data-parallel ones (times cp): the layers outside the experts
+ * are replicated over them as before, and the devices are unchanged. */
+#include <string.h>
+
+#include "ledger/chain.h"
+#include "ledger/chain_kit.h"
+#include "util/error.h"
+
+ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
+{
+    const uint64_t ep = ml_training_ep(t);
+    if (ep == 1)
+        return ML_OK;
+    const unsigned long long e = (unsigned long long)ep;
+    if (!m->moe.experts)
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.ep: %llu with %s: expert parallelism splits a mixture of "
+                          "experts' routed experts, and this model has none; give 1",
+                          e, m->name);
+    if (m->moe.sort || m->moe.router_sigmoid || m->attn.kv_lora || m->moe.dense_layers)
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.ep: %llu with %s: DeepSeek's experts (their routers and "
+                          "sorted dispatch) are not split over ranks yet; expert parallelism "
+                          "is planned for Mixtral's and Qwen2-MoE's layers",
+                          e, m->name);
+    if (m->moe.experts % ep)
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.ep: %llu does not divide %s's %llu routed experts "
+                          "(model.experts): each rank holds an equal share; use an ep that "
+                          "divides %llu",
+                          e, m->name, (unsigned long long)m->moe.experts,
+                          (unsigned long long)m->moe.experts);
+    const uint64_t dpc = (t->data_parallel ? t->data_parallel : 1) * ml_training_cp(t);
+    if (dpc % ep)
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.ep: %llu does not divide the %llu data-parallel ranks "
+                          "(dp x cp): the expert-parallel ranks are taken from them, as "
+                          "Megatron-core takes them; give --data-parallel a multiple of %llu",
+                          e, (unsigned long long)dpc, e);
+    if (t->zero || t->dist_optimizer || t->offload != ML_OFFLOAD_NONE ||
+        ml_training_shard(t) < (t->data_parallel ? t->data_parallel : 1))
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.ep: %llu with %s: the experts' states would shard over "
+                          "the dp x cp / ep ranks that share an expert and the other "
+                          "parameters' over dp x cp, which is not modelled yet; plan "
+                          "expert parallelism without ZeRO, the distributed optimizer, "
+                          "offload or HSDP",
+                          e,
+                          t->dist_optimizer ? "the distributed optimizer"
+                          : t->zero        ? "ZeRO"
+                          : t->offload     ? "offload"
+                                           : "HSDP shard groups");
+    if (t->engine == ML_ENGINE_MEGATRON)
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.ep: %llu under training.engine megatron: Megatron-core's "
+                          "MoE layer is not modelled; plan the eager layers (engine eager)",
+                          e);
+    return ML_OK;
+}
+
+/* The layers of the rank's chain (a pipeline stage's), and those
+ * recomputed. */
+static void layers(const ml_chain *ch, const int *seg, double *L, double *R)
+{
+    *L = *R = 0;
+    for (size_t k = 0; k < ch->n; k++)
+        if (ch->blocks[k].ckpt_index >= 0) {
+            *L += 1;
+            *R += seg && seg[k] >= 0 ? 1 : 0;
+        }
+}
+
+double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int *seg,
+                            double *calls)
+{
+    *calls = 0;
+    if (ch->ep <= 1 || !ch->ep_rows)
+        return 0;
+    /* per MoE layer and micro-batch: forward, the P pairs' tokens and
+     * routing weights sent (dispatch), the R rows' outputs sent back
+     * (combine); backward, the returned rows' gradients sent to the
+     * experts' ranks (P) and the received rows' and weights' back to their
+     * sources (R); a recomputed layer's forward again. A balanced router
+     * sends (ep - 1) / ep of each to other ranks; a row is D elements of
+     * the stream's dtype, a weight 4 bytes (fp32) */
+    const double f = (double)(ch->ep - 1) / (double)ch->ep;
+    const double P = (double)ch->B * (double)ch->T * (double)ch->moe_k;
+    const double Rr = (double)ch->ep_rows, row = (double)ch->c_width * ch->prec.w;
+    const double fwd = P * (row + 4) + Rr * row, bwd = P * row + Rr * (row + 4);
+    double L, R;
+    layers(ch, seg, &L, &R);
+    const double A = (double)(t->grad_accum ? t->grad_accum : 1);
+    /* the calls: the tokens' and the weights' all-to-alls and the combine's
+     * in forward, the same three in backward, again when recomputed */
+    *calls = A * (6 * L + 3 * R);
+    return A * f * ((fwd + bwd) * L + fwd * R);
+}
+
+double ml__ep_grad_saving(const ml_chain *ch, const ml_training *t, uint64_t P)
+{
+    (void)P;
+    if (ch->ep <= 1 || !ch->ep_layer_params)
+        return 0;
+    const double N = (double)ml__shard_group(t), Ne = N / (double)ch->ep;
+    double L, R;
+    layers(ch, NULL, &L, &R);
+    const double pe = L * (double)ch->ep_layer_params * ch->prec.grad;
+    return 2 * ((N - 1) / N - (Ne - 1) / Ne) * pe;
+}
+
+/* Expert parallelism's dispatch (graph/kit_mixtral.c, experts_ep; its
+ * backward is the block rule's, docs/parallel.md): the bytes of the
+ * received rows (R x D) and of the permuted pairs (k B T x D), from the
+ * graph's tensors. In forward, beside the saved tensors, MoELayer holds
+ * the send buffer and the received rows to its end while the experts'
+ * weighted outputs are made and concatenated: P + 3 R rows at the cat (and
+ * under no_grad the sorted rows too, not saved there). In backward,
+ * beside the block rule's transient, the split's backward holds the
+ * experts' input gradients and their concatenation beside the incoming
+ * rows' gradient: 3 R rows (megatron/core/transformer/moe/experts.py,
+ * SequentialMLP; token_dispatcher.py). */
+void ml__ep_dispatch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
+{
+    const ml_graph *g = &G->g;
+    if (ch->ep <= 1 || !G->z.dim[MLG_R])
+        return;
+    uint64_t rows = 0, pairs = 0;
+    for (uint16_t t = 0; t < g->nt; t++) {
+        const mlg_tensor *x = &g->t[t];
+        if (!rows && x->ndim == 2 && x->dim[0] == MLG_R && x->dim[1] == MLG_D)
+            rows = G->tb[t];
+        if (!pairs && x->ndim == 4 && x->dim[0] == MLG_K && x->dim[3] == MLG_D)
+            pairs = G->tb[t];
+    }
+    const uint64_t fwd = ml_add(ch, pairs, ml_mul(ch, 3, rows));
+    if (fwd > b->ws_fwd)
+        b->ws_fwd = fwd;
+    const uint64_t nograd = ml_add(ch, fwd, rows);
+    if (nograd > b->ws_nograd)
+        b->ws_nograd = nograd;
+    b->ws_bwd = ml_add(ch, b->ws_bwd, ml_mul(ch, 3, rows));
+}

@@ -1,0 +1,226 @@
+/* Expert parallelism, one rank's plan (docs/parallel.md, "Expert
+ * parallelism"): a rank holds E / ep of a mixture of experts' routed
+ * experts and runs them on the rows an all-to-all brings it, with the
+ * dispatch and combine of Megatron-core's alltoall dispatcher. Every
+ * figure below is worked by hand from the layer's shape. */
+#include "harness.h"
+#include "ledger/chain.h"   /* the blocks' transients */
+#include "ledger/planner.h" /* ml__planner_derived */
+
+/* A tiny Mixtral-like decoder: B=2, T=8 (BT = 16), D=32, H=4, 2 kv heads,
+ * dh=8, F=64, E=4 experts, k=2 per token (P = k BT = 32 routed pairs a
+ * rank), fp32, eager attention. */
+static const char *tiny =
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 32\n  heads: 4\n  kv_heads: 2\n"
+    "  ffn: 64\n  vocab: 50\n  position: rope\n  bias: false\n  tied_embeddings: false\n"
+    "  norm: rmsnorm\n  activation: swiglu\n  experts: 4\n  experts_per_tok: 2\n"
+    "training:\n  micro_batch: 2\n  seq_len: 8\n";
+
+static ml_config with_ep(const ml_model *m, uint64_t ep, uint64_t dp)
+{
+    ml_config c = ml_model_config(m);
+    c.device.allocator = ML_ALLOCATOR_NONE;
+    c.training.expert_parallel = ep;
+    c.training.data_parallel = dp;
+    return c;
+}
+
+/* At ep 2 (dp 2) a rank holds 2 of the 4 experts. The group's 2 x 32 = 64
+ * pairs, balanced, give each expert 16 rows: the rank's two take R = 32.
+ * Block 0 keeps:
+ *   the attention half, as without experts (test_hf_mixtral.c): 20,608
+ *   the router, as without ep (test_hf_mixtral.c): 2,752
+ *   the dispatch: the pairs' order, P x 8 = 256 (int64; index_select's,
+ *     the weights' gather's and scatter_add_'s index); the received rows
+ *     sorted by expert, R D 4 = 4,096 (the experts' matmuls read views of
+ *     it); the sorted routing weights, R 4 = 128
+ *   the experts over their R rows: w1's, silu's, w3's outputs and the
+ *     product 4 R F 4 = 32,768; w2's output (the weighting keeps it)
+ *     R D 4 = 4,096
+ *   total 20,608 + 2,752 + 256 + 4,096 + 128 + 32,768 + 4,096 = 64,704 B
+ * (69,056 B without ep: the per-expert gathers, torch.where's indices,
+ * the gathered weights and index_add_'s source are HF's loop's).
+ * Parameters: q and o 2 x 1024, k and v 2 x 512, the router 128, two
+ * experts 2 x 3 x 32 x 64 = 12,288, the norms 64: 15,552 (27,840 at ep 1).
+ * FLOPs: the experts' 3 x 2 R D F = 393,216, as without ep (R = P here),
+ * and the rest as at ep 1: 512,000. */
+static void test_rank_block(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = with_ep(m, 2, 2);
+    ml_ledger *l = eval(m, &c, false);
+    const ml_block_info *b = block_named(l, "block.0");
+    assert_int_equal(b->inventory_bytes, 64704);
+    assert_int_equal(b->params, 15552);
+    assert_rel_close(b->flops_forward, 512000, 0);
+    ml_config one = with_ep(m, 1, 2);
+    ml_ledger *k = eval(m, &one, false);
+    assert_int_equal(block_named(k, "block.0")->inventory_bytes, 69056);
+    assert_int_equal(block_named(k, "block.0")->params, 27840);
+    /* the rank holds 2 x (27,840 - 15,552) = 24,576 fewer parameters */
+    assert_int_equal(ml_ledger_summary(k)->params - ml_ledger_summary(l)->params, 24576);
+    ml_ledger_destroy(l);
+    ml_ledger_destroy(k);
+    ml_model_destroy(m);
+}
+
+/* With training.expert_imbalance 1.5 the busiest expert takes 16 x 1.5 =
+ * 24 of the group's 64 rows, the other three share 40: 14, 13, 13. The
+ * fullest rank holds the busiest and the next: R = 24 + 14 = 38 rows. Its
+ * index is still its own P = 32 pairs' (256); the received rows keep
+ * 38 x 128 = 4,864, the weights 38 x 4 = 152, the experts 4 x 38 x 256 +
+ * 38 x 128 = 38,912 + 4,864: 20,608 + 2,752 + 256 + 4,864 + 152 + 38,912 +
+ * 4,864 = 72,408 B; the experts' FLOPs 6 x 38 x 32 x 64 = 466,944, the
+ * rest 512,000 - 393,216 = 118,784: 585,728. */
+static void test_imbalance(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = with_ep(m, 2, 2);
+    c.training.expert_imbalance = 1.5;
+    ml_ledger *l = eval(m, &c, false);
+    const ml_block_info *b = block_named(l, "block.0");
+    assert_int_equal(b->inventory_bytes, 72408);
+    assert_rel_close(b->flops_forward, 585728, 0);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* The all-to-alls of a layer and micro-batch, a row D x 4 = 128 B, a
+ * routing weight 4 B, (ep - 1)/ep = 1/2 of each sent to the other rank:
+ * forward the P = 32 pairs' tokens and weights, 32 x 132 = 4,224, and the
+ * R = 32 rows' outputs back, 4,096; backward the returned rows' gradients
+ * 32 x 128 = 4,096 and the received rows' and weights', 32 x 132 = 4,224:
+ * 16,640 a layer, two layers, half of it sent: 16,640 B. Recomputed
+ * (full checkpointing) each layer's forward again: + 2 x 8,320 / 2 =
+ * 8,320. Calls: 6 a layer, 3 more recomputed. The gradients' all-reduce
+ * over dp = 2 sends 2 (1/2) of each gradient's 4 bytes, but the experts'
+ * are not reduced at all (each rank holds its own: dp / ep = 1 rank a
+ * group): 4 (P - 2 x 12,288) B. */
+static void test_collectives(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = with_ep(m, 2, 2);
+    ml_ledger *l = eval(m, &c, false);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_rel_close(s->ep_comm_bytes, 16640, 0);
+    assert_rel_close(s->ep_calls, 12, 0);
+    assert_rel_close(s->comm_bytes, 4.0 * (double)(s->params - 24576), 1e-15);
+    ml_ledger_destroy(l);
+    c.training.checkpoint.kind = ML_CKPT_FULL;
+    l = eval(m, &c, false);
+    assert_rel_close(ml_ledger_summary(l)->ep_comm_bytes, 16640 + 8320, 0);
+    assert_rel_close(ml_ledger_summary(l)->ep_calls, 18, 0);
+    ml_ledger_destroy(l);
+    c = with_ep(m, 1, 2);
+    l = eval(m, &c, false);
+    assert_rel_close(ml_ledger_summary(l)->ep_comm_bytes, 0, 0);
+    assert_rel_close(ml_ledger_summary(l)->comm_bytes,
+                     4.0 * (double)ml_ledger_summary(l)->params, 1e-15);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
+/* The dispatch's buffers beside the block's saved tensors: forward, the
+ * send buffer P D 4 = 4,096 and the received rows, the experts' weighted
+ * outputs and their concatenation, 3 R D 4 = 12,288: 16,384 at the cat,
+ * above the block rule's twice the largest unsaved tensor (4,096: a
+ * pairs' or rows' buffer, the busiest expert's 16 x 64 x 4), 8,192.
+ * Backward (the block rule's: no node list), beside its transient, the
+ * split's backward with the experts' input gradients, their
+ * concatenation and the incoming rows' gradient, 3 R D 4 = 12,288. */
+static void test_dispatch_buffers(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = with_ep(m, 2, 2);
+    ml_chain ch;
+    ml_error e;
+    assert_int_equal(ml__chain_build(m, &c, &ch, &e), ML_OK);
+    const ml_cblock *b = &ch.blocks[1];
+    assert_string_equal(b->name, "block.0");
+    assert_true(b->nnodes == 0);
+    assert_int_equal(b->ws_fwd, 16384);
+    /* the block rule's backward: the output's gradient B T D 4 = 2,048 and
+     * twice the largest tensor, the attention's one entry for the q, k and
+     * v copies, 3 x B H T dh 4 = 6,144 (test_hf_mixtral.c): 12,288; and
+     * the dispatch's 12,288 */
+    assert_int_equal(b->bwd_in, 2048);
+    assert_int_equal(b->ws_bwd, 2048 + 12288 + 12288);
+    /* under no_grad the sorted rows are not saved: 16,384 + 4,096 */
+    assert_int_equal(b->ws_nograd, 20480);
+    assert_int_equal(ch.ep_rows, 32);
+    ml__chain_free(&ch);
+    ml_model_destroy(m);
+}
+
+static ml_status status_of(const ml_model *m, const ml_config *c, ml_error *e)
+{
+    ml_ledger *l = NULL;
+    ml_status st = ml_ledger_evaluate(m, c, false, &l, e);
+    ml_ledger_destroy(l);
+    return st;
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_error e;
+    ml_config c = with_ep(m, 3, 3); /* 3 does not divide 4 experts */
+    assert_int_equal(status_of(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "routed experts"));
+    c = with_ep(m, 2, 1); /* nor are there 2 data-parallel ranks */
+    assert_int_equal(status_of(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "dp x cp"));
+    c = with_ep(m, 4, 4);
+    assert_int_equal(status_of(m, &c, &e), ML_OK);
+    c.training.zero = 1;
+    assert_int_equal(status_of(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "ZeRO"));
+    ml_model_destroy(m);
+    /* a dense model has no experts to split */
+    m = load_preset("gpt2-small");
+    c = with_ep(m, 2, 2);
+    assert_int_equal(status_of(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "has none"));
+    ml_model_destroy(m);
+}
+
+/* A prepared planner derives the chain at micro-batch 3 from its builds:
+ * with ep its figures are those of a chain built at 3. */
+static void test_planner(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_planner *p = NULL;
+    assert_int_equal(ml_planner_create(m, &p, NULL), ML_OK);
+    ml_config c = with_ep(m, 2, 2);
+    for (uint64_t B = 1; B <= 5; B++) {
+        c.training.micro_batch = B;
+        ml_ledger *a = NULL, *b = NULL;
+        assert_int_equal(ml_planner_evaluate(p, &c, false, &a, NULL), ML_OK);
+        assert_int_equal(ml_ledger_evaluate(m, &c, false, &b, NULL), ML_OK);
+        const ml_summary *x = ml_ledger_summary(a), *y = ml_ledger_summary(b);
+        assert_int_equal(x->peak, y->peak);
+        assert_int_equal(x->bytes_activations, y->bytes_activations);
+        assert_rel_close(x->flops_forward, y->flops_forward, 0);
+        assert_rel_close(x->ep_comm_bytes, y->ep_comm_bytes, 0);
+        ml_ledger_destroy(a);
+        ml_ledger_destroy(b);
+    }
+    ml_planner_destroy(p);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rank_block),       cmocka_unit_test(test_imbalance),
+        cmocka_unit_test(test_collectives),      cmocka_unit_test(test_dispatch_buffers),
+        cmocka_unit_test(test_refusals),         cmocka_unit_test(test_planner),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
