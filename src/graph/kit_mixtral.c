@@ -256,8 +256,9 @@ static uint16_t experts(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t wk
  * and combine of Megatron-core's MoEAlltoAllTokenDispatcher
  * (megatron/core/transformer/moe/token_dispatcher.py, moe_utils.py
  * permute/unpermute, sort_chunks_by_idxs): the P = k B T pairs' tokens
- * gathered in expert order (index_select keeps its int64 index; the
- * routing weights gathered the same way), the all-to-all into the R rows
+ * gathered in expert order (index_select keeps its int64 index, the
+ * pairs' tokens; the routing weights gathered by the pairs' order, which
+ * their index keeps), the all-to-all into the R rows
  * the rank's experts take, sorted by local expert (a copy the experts'
  * matmuls read through views: saved once), the experts as the model's
  * (SwiGLU, each output weighted by its routing weights), their outputs
@@ -330,14 +331,16 @@ static void ep_expert_ops(ml_graph *g, const ep_expert_t *e, uint16_t xs, uint16
 /* The dispatch: argsort (no grad), index_select of the tokens (keeps its
  * index), the weights' rows by the same order, the all-to-alls (tokens,
  * then weights), sort_chunks of each. */
-static void ep_dispatch(ml_graph *g, uint16_t h, uint16_t wk, const uint16_t d[7])
+static void ep_dispatch(ml_graph *g, uint16_t h, uint16_t wk, const uint16_t d[8])
 {
     const uint16_t idx = d[0], xp = d[1], wp = d[2], xr = d[3], wr = d[4], xs = d[5], ws = d[6];
+    const uint16_t tok = d[7];
     ml__graph_step(g, MLG_OP_ELEMENTWISE, "argsort (the pairs by expert)", wk, idx, NULL);
+    ml__graph_step(g, MLG_OP_ELEMENTWISE, "the pairs' tokens (order // k)", idx, tok, NULL);
     mlg_op *o = ml__graph_step(g, MLG_OP_COPY, "index_select (permute the tokens)", h, xp,
                                "IndexSelectBackward0 (permute)");
-    ml__op_in(o, idx);
-    ml__op_save(o, idx);
+    ml__op_in(o, tok);
+    ml__op_save(o, tok);
     o = ml__graph_step(g, MLG_OP_COPY, "index (permute the routing weights)", wk, wp,
                        "IndexBackward0 (permute the weights)");
     ml__op_in(o, idx);
@@ -357,7 +360,7 @@ static void ep_dispatch(ml_graph *g, uint16_t h, uint16_t wk, const uint16_t d[7
 /* The combine: cat of the experts' outputs Z, sort back, all-to-all,
  * scatter_add_ into zeros (keeps its index); then MoELayer returns, and
  * its send buffer xp, received rows xr and returned rows go. */
-static void ep_combine(ml_graph *g, uint16_t Z, uint16_t idx, uint16_t xp, uint16_t xr,
+static void ep_combine(ml_graph *g, uint16_t Z, uint16_t tok, uint16_t xp, uint16_t xr,
                        const uint16_t c[4])
 {
     const uint16_t cat = c[0], back = c[1], yb = c[2], sum = c[3];
@@ -373,8 +376,8 @@ static void ep_combine(ml_graph *g, uint16_t Z, uint16_t idx, uint16_t xp, uint1
     ml__graph_step(g, MLG_OP_ELEMENTWISE, "zeros (unpermute)", MLG_NONE, sum, NULL);
     o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "scatter_add_ (unpermute)", yb, sum,
                        "ScatterAddBackward0 (gather)");
-    ml__op_in(o, idx);
-    ml__op_save(o, idx);
+    ml__op_in(o, tok);
+    ml__op_save(o, tok);
     o = ml__graph_release(g, "the MoE layer returns");
     ml__op_free(o, xp);
     ml__op_free(o, xr);
@@ -384,8 +387,10 @@ static void ep_combine(ml_graph *g, uint16_t Z, uint16_t idx, uint16_t xp, uint1
 /* The dispatch's tensors, in the order the layer makes them: the pairs'
  * order, the send buffer, the permuted weights, the received rows and
  * weights, both sorted by local expert (saved by the experts' ops through
- * views: one entry each, released with the block's saved tensors). */
-static void ep_dispatch_tensors(ml_graph *g, uint8_t hd, uint16_t d[7])
+ * views: one entry each, released with the block's saved tensors), the
+ * pairs' tokens (index_select's and scatter_add_'s index; the weights'
+ * gather keeps the order). */
+static void ep_dispatch_tensors(ml_graph *g, uint8_t hd, uint16_t d[8])
 {
     d[0] = ml__graph_tensor(g, "pair order (argsort of the experts' indices, int64)", MLG_INT64,
                             MLG_ACT, 3, MLG_K, MLG_B, MLG_T);
@@ -398,6 +403,8 @@ static void ep_dispatch_tensors(ml_graph *g, uint8_t hd, uint16_t d[7])
                             MLG_D);
     d[6] = ml__graph_tensor(g, "routing weights sorted by local expert (fp32)", MLG_FP32,
                             MLG_ACT, 1, MLG_R);
+    d[7] = ml__graph_tensor(g, "the pairs' tokens (int64)", MLG_INT64, MLG_ACT, 3, MLG_K, MLG_B,
+                            MLG_T);
     flag(g, d[5], MLG_T_KEPT);
     flag(g, d[6], MLG_T_KEPT);
 }
@@ -405,7 +412,7 @@ static void ep_dispatch_tensors(ml_graph *g, uint8_t hd, uint16_t d[7])
 static uint16_t experts_ep(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t wk)
 {
     const uint8_t hd = g->t[h].dtype;
-    uint16_t d[7];
+    uint16_t d[8];
     ep_dispatch_tensors(g, hd, d);
     const uint16_t t0 = g->nt;
     ep_expert_t e;
@@ -424,7 +431,7 @@ static uint16_t experts_ep(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t
     const uint16_t o0 = g->nop;
     ep_expert_ops(g, &e, d[5], d[6], W, wc);
     ml__graph_repeat(g, t0, t1, o0, g->nop);
-    ep_combine(g, e.Z, d[0], d[1], d[3], c);
+    ep_combine(g, e.Z, d[7], d[1], d[3], c);
     return c[3];
 }
 

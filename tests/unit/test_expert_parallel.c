@@ -30,14 +30,15 @@ static ml_config with_ep(const ml_model *m, uint64_t ep, uint64_t dp)
  * Block 0 keeps:
  *   the attention half, as without experts (test_hf_mixtral.c): 20,608
  *   the router, as without ep (test_hf_mixtral.c): 2,752
- *   the dispatch: the pairs' order, P x 8 = 256 (int64; index_select's,
- *     the weights' gather's and scatter_add_'s index); the received rows
+ *   the dispatch: the pairs' order, P x 8 = 256 (int64, the weights'
+ *     gather's index) and the pairs' tokens, P x 8 = 256 (index_select's
+ *     and scatter_add_'s index); the received rows
  *     sorted by expert, R D 4 = 4,096 (the experts' matmuls read views of
  *     it); the sorted routing weights, R 4 = 128
  *   the experts over their R rows: w1's, silu's, w3's outputs and the
  *     product 4 R F 4 = 32,768; w2's output (the weighting keeps it)
  *     R D 4 = 4,096
- *   total 20,608 + 2,752 + 256 + 4,096 + 128 + 32,768 + 4,096 = 64,704 B
+ *   total 20,608 + 2,752 + 512 + 4,096 + 128 + 32,768 + 4,096 = 64,960 B
  * (69,056 B without ep: the per-expert gathers, torch.where's indices,
  * the gathered weights and index_add_'s source are HF's loop's).
  * Parameters: q and o 2 x 1024, k and v 2 x 512, the router 128, two
@@ -51,7 +52,7 @@ static void test_rank_block(void **state)
     ml_config c = with_ep(m, 2, 2);
     ml_ledger *l = eval(m, &c, false);
     const ml_block_info *b = block_named(l, "block.0");
-    assert_int_equal(b->inventory_bytes, 64704);
+    assert_int_equal(b->inventory_bytes, 64960);
     assert_int_equal(b->params, 15552);
     assert_rel_close(b->flops_forward, 512000, 0);
     ml_config one = with_ep(m, 1, 2);
@@ -68,10 +69,10 @@ static void test_rank_block(void **state)
 /* With training.expert_imbalance 1.5 the busiest expert takes 16 x 1.5 =
  * 24 of the group's 64 rows, the other three share 40: 14, 13, 13. The
  * fullest rank holds the busiest and the next: R = 24 + 14 = 38 rows. Its
- * index is still its own P = 32 pairs' (256); the received rows keep
+ * indices are still its own P = 32 pairs' (2 x 256); the received rows keep
  * 38 x 128 = 4,864, the weights 38 x 4 = 152, the experts 4 x 38 x 256 +
- * 38 x 128 = 38,912 + 4,864: 20,608 + 2,752 + 256 + 4,864 + 152 + 38,912 +
- * 4,864 = 72,408 B; the experts' FLOPs 6 x 38 x 32 x 64 = 466,944, the
+ * 38 x 128 = 38,912 + 4,864: 20,608 + 2,752 + 512 + 4,864 + 152 + 38,912 +
+ * 4,864 = 72,664 B; the experts' FLOPs 6 x 38 x 32 x 64 = 466,944, the
  * rest 512,000 - 393,216 = 118,784: 585,728. */
 static void test_imbalance(void **state)
 {
@@ -81,7 +82,7 @@ static void test_imbalance(void **state)
     c.training.expert_imbalance = 1.5;
     ml_ledger *l = eval(m, &c, false);
     const ml_block_info *b = block_named(l, "block.0");
-    assert_int_equal(b->inventory_bytes, 72408);
+    assert_int_equal(b->inventory_bytes, 72664);
     assert_rel_close(b->flops_forward, 585728, 0);
     ml_ledger_destroy(l);
     ml_model_destroy(m);
