@@ -135,6 +135,24 @@ def megatron_formula(h, a, L, ffn, V, s, b, t, p, v, m, dp, dist_opt, gated, nor
     return states, act / t
 
 
+def megatron_moe_states(h, heads, groups, L, ffn, E, V, p, dp, ep):
+    """The same file's weights and optimizer states for a mixture of experts
+    (compute_weight_and_optimizer_memory: every layer an MoE layer, tp and
+    etp 1, untied embeddings, RMSNorm, the distributed optimizer): the most
+    loaded shard's attention, norms and router (its L / p layers, and the
+    embedding) at 6 + 12 / dp bytes a parameter, its experts' (the routed
+    experts' over ep) at 6 + 12 / edp with edp = dp / ep, the ranks that
+    hold the same experts (world / (etp ep pp))."""
+    attn = 2 * h * h * (1 + groups / heads)
+    routed = 2 * h * ffn * E * 1.5
+    norms, router = 2 * h, h * E
+    dense = attn * L / p + h * V + (norms + router) * L / p
+    if p == 1:
+        dense += h * V  # the output layer
+    experts = routed * L / p / ep
+    return dense * (6 + 12 / dp) + experts * (6 + 12 / (dp / ep))
+
+
 def megatron_rows(exe):
     """GPT-3 175B at TP 8, PP 8 (Megatron's layer, SP, selective recompute);
     Llama-2-7B at TP 2, DP 4 with the distributed optimizer (ZeRO stage 1
@@ -165,6 +183,23 @@ def megatron_rows(exe):
     mf = megatron_formula(4096, 32, 32, 11008, 32000, 4096, 1, 2, 1, 1, 1, 4, True, True, False)
     out.append(("Llama-2-7B, tp 2, dp 4, distributed optimizer (ZeRO 1), SP + selective, eager "
                 "layers", d, None, mf))
+    # Mixtral 8x7B as Megatron's example launches it
+    # (examples/mixtral/train_mixtral_8x7b_distributed.sh: tp 1, pp 4, ep 8,
+    # the distributed optimizer, micro-batch 1, 4,096 tokens), over 32
+    # devices (dp 8): the states only (the formula has no experts' term for
+    # the activations)
+    mixtral = ("name: mixtral-8x7b\nmodel:\n  type: decoder\n  layers: 32\n  hidden: 4096\n"
+               "  heads: 32\n  kv_heads: 8\n  ffn: 14336\n  experts: 8\n"
+               "  experts_per_tok: 2\n  activation: swiglu\n  norm: rmsnorm\n"
+               "  vocab: 32000\n  position: rope\n  tied_embeddings: false\n  bias: false\n"
+               "  attention: eager\n  dropout: 0\ntraining:\n  micro_batch: 1\n"
+               "  seq_len: 4096\n  grad_accum: 8\n  precision: bf16-master\n"
+               "  optimizer: adamw\n  optimizer_impl: fused\n  checkpoint: selective\n"
+               "  zero: 1\n  zero_grad: zero\nparallel:\n  pp: 4\n  ep: 8\n  dp: 8\n")
+    d = plan(exe, mixtral)
+    ms = megatron_moe_states(4096, 32, 8, 32, 14336, 8, 32000, 4, 8, 8)
+    out.append(("Mixtral 8x7B, pp 4, ep 8, dp 8, distributed optimizer (ZeRO 1), eager layers",
+                d, None, (ms, None)))
     return out
 
 
@@ -175,6 +210,11 @@ def megatron_table(exe):
         b = d["bytes"]
         ours_states = b["params"] + b["master_params"] + b["grads"] + b["optimizer_states"]
         ours_act = (r0["in_flight"] * r0["activations_saved"]) if r0 else b["activations_saved"]
+        if act is None:  # no formula for these activations
+            lines.append("| %s | %.6g (%.6g; %s) | %.6g (none) |"
+                         % (name, ours_states / GIB, states / GIB, pct(ours_states, states),
+                            ours_act / GIB))
+            continue
         lines.append("| %s | %.6g (%.6g; %s) | %.6g (%.6g; %s) |"
                      % (name, ours_states / GIB, states / GIB, pct(ours_states, states),
                         ours_act / GIB, act / GIB, pct(ours_act, act)))

@@ -297,11 +297,17 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
  * *calls), the layers recomputed where seg[k] >= 0 (seg NULL: none). */
 double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int *seg,
                             double *calls);
-/* What the data-parallel all-reduce of P parameters' gradients sends less
- * under expert parallelism: the rank's experts' gradients are reduced over
- * the dp x cp / ep ranks holding the same experts, not all dp x cp (0
- * without ep). */
-double ml__ep_grad_saving(const ml_chain *ch, const ml_training *t, uint64_t P);
+/* The routed-expert parameters of the rank's chain (0 without ep). */
+uint64_t ml__ep_expert_params(const ml_chain *ch);
+/* What a data-parallel collective of `per` bytes a parameter, sending
+ * `times` its (N - 1)/N, sends less under expert parallelism: the rank's
+ * experts' are reduced over the dp x cp / ep ranks holding the same
+ * experts, not all dp x cp (0 without ep). */
+double ml__ep_grad_saving(const ml_chain *ch, const ml_training *t, double times, double per);
+/* A shard of `all` bytes of which `experts` are the routed experts': the
+ * experts' over the dp x cp / ep ranks holding them, the rest over dp x cp
+ * (ml__shard_group); all / N rounded up without ep. */
+uint64_t ml__ep_shard(ml_chain *ch, const ml_training *t, uint64_t all, uint64_t experts);
 /* The same for context parallelism's ring (context_parallel.c), with its
  * all-gathers and sends per iteration. */
 double ml__cp_communication(const ml_chain *ch, const ml_training *t, const int *seg,

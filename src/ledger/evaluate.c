@@ -181,9 +181,15 @@ void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_by
     uint64_t params_all = ml_mul(ch, P, ch->prec.param);
     uint64_t master_all = ml_mul(ch, Pt, ch->prec.master);
     s->bytes_params = z >= 3 ? ml__ceil_div(params_all, N) : params_all;
-    s->bytes_master = z >= 1 ? ml__ceil_div(master_all, N) : master_all;
-    s->bytes_optimizer = z >= 1 ? ml__ceil_div(ob->states, N) : ob->states;
-    s->bytes_step_temp = z >= 1 ? ml__ceil_div(ob->step_temp, N) : ob->step_temp;
+    /* expert parallelism (ZeRO 1 at most): the experts' states shard over
+     * the dp x cp / ep ranks that hold them; states alike per element */
+    const uint64_t Pe = ml__ep_expert_params(ch);
+    const uint64_t se = Pt ? ml_mul(ch, ob->states / Pt, Pe) : 0;
+    const uint64_t te = Pt ? ml_mul(ch, ob->step_temp / Pt, Pe) : 0;
+    s->bytes_master =
+        z >= 1 ? ml__ep_shard(ch, t, master_all, ml_mul(ch, Pe, ch->prec.master)) : master_all;
+    s->bytes_optimizer = z >= 1 ? ml__ep_shard(ch, t, ob->states, se) : ob->states;
+    s->bytes_step_temp = z >= 1 ? ml__ep_shard(ch, t, ob->step_temp, te) : ob->step_temp;
     uint64_t grads_all = 0;
     for (size_t k = 0; k < ch->n; k++)
         grads_all = ml_add(ch, grads_all, z >= 2 ? ml__ceil_div(ch->blocks[k].grad_bytes, N)

@@ -11,6 +11,7 @@
 
 #include "ledger/chain.h"
 #include "ledger/chain_kit.h"
+#include "ledger/replay.h" /* ml__ceil_div */
 #include "util/error.h"
 
 ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
@@ -44,17 +45,17 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
                           "(dp x cp): the expert-parallel ranks are taken from them, as "
                           "Megatron-core takes them; give --data-parallel a multiple of %llu",
                           e, (unsigned long long)dpc, e);
-    if (t->zero || t->dist_optimizer || t->offload != ML_OFFLOAD_NONE ||
+    if (t->zero >= 2 || t->dist_optimizer || t->offload != ML_OFFLOAD_NONE ||
         ml_training_shard(t) < (t->data_parallel ? t->data_parallel : 1))
         return ml__errorf(err, ML_RANGE,
-                          "parallel.ep: %llu with %s: the experts' states would shard over "
-                          "the dp x cp / ep ranks that share an expert and the other "
-                          "parameters' over dp x cp, which is not modelled yet; plan "
-                          "expert parallelism without ZeRO, the distributed optimizer, "
-                          "offload or HSDP",
+                          "parallel.ep: %llu with %s: sharding the gradients or parameters "
+                          "(their experts' over the dp x cp / ep ranks that share an expert, "
+                          "the rest over dp x cp) is not modelled yet; plan expert "
+                          "parallelism with ZeRO 0 or 1 (the optimizer states sharded), "
+                          "without the distributed optimizer, offload or HSDP",
                           e,
                           t->dist_optimizer ? "the distributed optimizer"
-                          : t->zero        ? "ZeRO"
+                          : t->zero >= 2   ? "ZeRO 2 or 3"
                           : t->offload     ? "offload"
                                            : "HSDP shard groups");
     if (t->engine == ML_ENGINE_MEGATRON)
@@ -103,16 +104,29 @@ double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int 
     return A * f * ((fwd + bwd) * L + fwd * R);
 }
 
-double ml__ep_grad_saving(const ml_chain *ch, const ml_training *t, uint64_t P)
+uint64_t ml__ep_expert_params(const ml_chain *ch)
 {
-    (void)P;
+    if (ch->ep <= 1)
+        return 0;
+    double L, R;
+    layers(ch, NULL, &L, &R);
+    return (uint64_t)L * ch->ep_layer_params;
+}
+
+double ml__ep_grad_saving(const ml_chain *ch, const ml_training *t, double times, double per)
+{
     if (ch->ep <= 1 || !ch->ep_layer_params)
         return 0;
     const double N = (double)ml__shard_group(t), Ne = N / (double)ch->ep;
-    double L, R;
-    layers(ch, NULL, &L, &R);
-    const double pe = L * (double)ch->ep_layer_params * ch->prec.grad;
-    return 2 * ((N - 1) / N - (Ne - 1) / Ne) * pe;
+    return times * ((N - 1) / N - (Ne - 1) / Ne) * (double)ml__ep_expert_params(ch) * per;
+}
+
+uint64_t ml__ep_shard(ml_chain *ch, const ml_training *t, uint64_t all, uint64_t experts)
+{
+    const uint64_t N = ml__shard_group(t);
+    if (ch->ep <= 1 || experts > all)
+        return ml__ceil_div(all, N);
+    return ml_add(ch, ml__ceil_div(all - experts, N), ml__ceil_div(experts, N / ch->ep));
 }
 
 /* Expert parallelism's dispatch (graph/kit_mixtral.c, experts_ep; its

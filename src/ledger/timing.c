@@ -30,9 +30,10 @@ double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t
     if (N <= 1)
         return rep;
     if (z == 0) /* all-reduce, once per step */
-        return 2 * f * pg - ml__ep_grad_saving(ch, t, P);
-    if (z == 1)
-        return f * pg + f * pp + rep;       /* reduce-scatter + all-gather */
+        return 2 * f * pg - ml__ep_grad_saving(ch, t, 2, ch->prec.grad);
+    if (z == 1) /* reduce-scatter + all-gather */
+        return f * pg + f * pp + rep - ml__ep_grad_saving(ch, t, 1, ch->prec.grad) -
+               ml__ep_grad_saving(ch, t, 1, ch->prec.param);
     if (z == 2)
         return A * f * pg + f * pp + rep;   /* per micro-batch reduce-scatter */
     return A * (2 * f * pp + f * pg) + rep; /* gather fwd + bwd, reduce-scatter */
@@ -100,8 +101,10 @@ double ml__eval_grad_reduce_bytes(const ml_chain *ch, const ml_training *t, uint
     const double f = (double)(N - 1) / (double)N, pg = (double)P * ch->prec.grad;
     const double rep = replicas_bytes(t, pg);
     if (z == 0)
-        return N > 1 ? 2 * f * pg - ml__ep_grad_saving(ch, t, P) : 0;
-    return z == 1 ? (N > 1 ? f * pg : 0) + rep : rep; /* 2, 3: reduced in every backward */
+        return N > 1 ? 2 * f * pg - ml__ep_grad_saving(ch, t, 2, ch->prec.grad) : 0;
+    if (z == 1)
+        return (N > 1 ? f * pg - ml__ep_grad_saving(ch, t, 1, ch->prec.grad) : 0) + rep;
+    return rep; /* 2, 3: reduced in every backward */
 }
 
 double ml__dp_hidden_s(const ml_summary *s, const ml_training *t, double bytes_per_s)

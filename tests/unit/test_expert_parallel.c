@@ -124,6 +124,29 @@ static void test_collectives(void **state)
     ml_model_destroy(m);
 }
 
+/* ZeRO 1 beside ep 2 over dp 4: the rank's 34,336 parameters (two
+ * layers of 15,552, the embedding and head 1,600 and 1,632) are 9,760 of
+ * the rest, sharded over the 4 data-parallel ranks, and 2 x 12,288 =
+ * 24,576 of its experts, sharded over the 4 / 2 = 2 ranks that hold them.
+ * AdamW's two fp32 states: 8 x 9,760 / 4 + 8 x 24,576 / 2 = 19,520 +
+ * 98,304 = 117,824 B. The collectives, a reduce-scatter of the gradients
+ * and an all-gather of the parameters (4 B each): 3/4 of the rest's and
+ * 1/2 of the experts', 2 x 4 x (3/4 x 9,760 + 1/2 x 24,576) = 156,864 B. */
+static void test_zero1(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = with_ep(m, 2, 4);
+    c.training.zero = 1;
+    ml_ledger *l = eval(m, &c, false);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_int_equal(s->params, 34336);
+    assert_int_equal(s->bytes_optimizer, 117824);
+    assert_rel_close(s->comm_bytes, 156864, 1e-15);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 /* The dispatch's buffers beside the block's saved tensors: forward, the
  * send buffer P D 4 = 4,096 and the received rows, the experts' weighted
  * outputs and their concatenation, 3 R D 4 = 12,288: 16,384 at the cat,
@@ -178,9 +201,9 @@ static void test_refusals(void **state)
     assert_non_null(strstr(e.msg, "dp x cp"));
     c = with_ep(m, 4, 4);
     assert_int_equal(status_of(m, &c, &e), ML_OK);
-    c.training.zero = 1;
+    c.training.zero = 2;
     assert_int_equal(status_of(m, &c, &e), ML_RANGE);
-    assert_non_null(strstr(e.msg, "ZeRO"));
+    assert_non_null(strstr(e.msg, "ZeRO 2 or 3"));
     ml_model_destroy(m);
     /* a dense model has no experts to split */
     m = load_preset("gpt2-small");
@@ -222,6 +245,7 @@ int main(void)
         cmocka_unit_test(test_rank_block),       cmocka_unit_test(test_imbalance),
         cmocka_unit_test(test_collectives),      cmocka_unit_test(test_dispatch_buffers),
         cmocka_unit_test(test_refusals),         cmocka_unit_test(test_planner),
+        cmocka_unit_test(test_zero1),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
