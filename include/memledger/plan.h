@@ -92,6 +92,9 @@ typedef struct ml_layout_request {
                      node beside tp, where the model's attention can run the ring) */
     bool no_selective; /* an unpinned policy is none or full only (settings for an
                           engine without the attention core's recompute: torchtitan) */
+    uint64_t ep;  /* expert-parallel ranks pinned (1: none); 0: searched (a mixture of
+                     experts': each size dividing the experts and dp x cp, beside ZeRO 0
+                     or 1) */
 } ml_layout_request;
 
 ML_API ml_layout_request ml_layout_request_defaults(void);
@@ -104,7 +107,7 @@ typedef struct ml_layout_row {
     uint64_t device_total;      /* its figure against the device */
     int64_t headroom;
     double compute_s;           /* the pipeline's step (a stage's work without one) */
-    double comm_s;              /* the tensor-parallel, context-parallel, pipeline and
+    double comm_s;              /* the tensor-, context- and expert-parallel, pipeline and
                                    data-parallel transfers at the bandwidths with each
                                    call's latency, not overlapped; < 0 untimed (no
                                    bandwidth) */
@@ -122,6 +125,7 @@ typedef struct ml_layout_row {
                                    (Megatron's --decoder-first/last-pipeline-num-layers):
                                    the first stage's layers, each middle one's, the
                                    last's; 0: the even split */
+    uint64_t ep;                /* expert-parallel ranks (0 or 1: none) */
 } ml_layout_row;
 
 #define ML_LAYOUT_TOP 10

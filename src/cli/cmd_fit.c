@@ -40,7 +40,7 @@ static const char usage[] =
     "                         selective, full), ranked by step time (docs/search.md);\n"
     "                         needs --global-batch; --gpus-per-node G (default 8),\n"
     "                         --interconnect GBps within a node, --network GBps between\n"
-    "                         nodes; --tp N, --cp N, --pp N, --vpp V, --micro-batch B,\n"
+    "                         nodes; --tp N, --cp N, --ep N, --pp N, --vpp V, --micro-batch B,\n"
     "                         --checkpoint C, --zero Z, --dist-optimizer pin their part\n"
     "  and every 'memledger plan' option (--seq-len, --precision, --zero, ...)\n"
     "\n"
@@ -172,20 +172,13 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
             rc = ML_EXIT_BAD_INPUT;
         }
     }
-    if (!rc && o->ep) {
-        ml_cli_errorf("--gpus %s --ep %s: the layout search does not try expert parallelism "
-                      "yet; plan a layout with --ep given (memledger plan, or fit without "
-                      "--gpus)",
-                      o->gpus, o->ep);
-        rc = ML_EXIT_BAD_INPUT;
-    }
     if (!rc && (o->max_micro_batch || o->parallel || o->data_parallel || o->grad_accum ||
                 o->micro_batches || o->pp_schedule || o->pp_layers || o->auto_checkpoint)) {
         ml_cli_errorf("--gpus %s: the search chooses the layout (its stages' layers too), the "
                       "micro-batches a step and the data-parallel size from the global "
                       "batch: drop --pp-schedule, --pp-layers, --parallel, --data-parallel, "
                       "--grad-accum, --micro-batches, --checkpoint auto and --max-micro-batch "
-                      "(--tp, --cp, --pp, --vpp, --micro-batch, --checkpoint and --zero or "
+                      "(--tp, --cp, --ep, --pp, --vpp, --micro-batch, --checkpoint and --zero or "
                       "--dist-optimizer pin their part)",
                       o->gpus);
         rc = ML_EXIT_BAD_INPUT;
@@ -196,6 +189,7 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
     req.micro_batch = o->micro_batch ? cfg->training.micro_batch : 0;
     req.vpp = o->vpp ? cfg->training.virtual_stages : 0;
     req.cp = o->cp ? cfg->training.context_parallel : 0;
+    req.ep = o->ep ? cfg->training.expert_parallel : 0;
     req.pin_checkpoint = o->checkpoint != NULL;
     /* torchtitan recomputes whole layers, never the attention core alone */
     req.no_selective = emits_torchtitan(o);

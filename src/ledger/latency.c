@@ -8,7 +8,9 @@
  * nodes. A multi-node all-reduce's latency is then 1.4 times that (the
  * ring's "plateau effect" on Ampere and later). A send is one step on its
  * link beside the base: NCCL's point-to-point path is not in that table,
- * and this is memledger's reading (docs/search.md). */
+ * and this is memledger's reading (docs/search.md); so is an all-to-all,
+ * its sends to every peer launched as one group (ncclGroupStart .. End),
+ * concurrently: one step on the slowest link it crosses. */
 #include "ledger/latency.h"
 
 #define BASE_US 8.4
@@ -23,7 +25,7 @@ double ml__coll_latency_s(ml_coll kind, uint64_t ranks, uint64_t nodes)
         nodes = 1;
     const double n = (double)ranks, N = (double)nodes;
     double us;
-    if (kind == ML_COLL_SEND) {
+    if (kind == ML_COLL_SEND || kind == ML_COLL_ALL_TO_ALL) {
         us = BASE_US + (nodes > 1 ? NET_US : NVLINK_US);
     } else if (kind == ML_COLL_ALL_REDUCE) {
         const double steps = 2 * (n - 1), inter = nodes > 1 ? 2 * N : 0;

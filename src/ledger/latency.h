@@ -8,7 +8,8 @@
 typedef enum {
     ML_COLL_ALL_REDUCE,
     ML_COLL_HALF, /* an all-gather or a reduce-scatter: half a ring all-reduce's steps */
-    ML_COLL_SEND  /* a point-to-point send */
+    ML_COLL_SEND, /* a point-to-point send */
+    ML_COLL_ALL_TO_ALL /* an all-to-all: a send to every peer, in one group */
 } ml_coll;
 
 /* Seconds one call of kind takes beyond its bytes over a group of ranks

@@ -88,6 +88,14 @@ static double over(double bytes, double gbps)
     return gbps > 0 ? bytes / (gbps * 1e9) : -1;
 }
 
+/* Whether an expert-parallel group stays inside a node of G: its ranks
+ * next to the tensor- and context-parallel ones (Megatron's default order
+ * tp-cp-ep-dp-pp). */
+static bool ep_inside(const ml_layout_row *row, uint64_t G)
+{
+    return row->tp * (row->cp > 1 ? row->cp : 1) * (row->ep > 1 ? row->ep : 1) <= G;
+}
+
 /* The calls' latency (docs/search.md, "Latency"): tensor and context
  * parallelism's inside a node; the pipeline's sends over the network once
  * its stages leave the node; data parallelism's group over the nodes its
@@ -107,7 +115,8 @@ static double latency(const ml_ledger *l, const ml_layout_row *row, uint64_t G)
            s->cp_sends * ml__coll_latency_s(ML_COLL_SEND, cp, 1) +
            sends * ml__coll_latency_s(ML_COLL_SEND, row->pp, tc * row->pp > G ? 2 : 1) +
            s->dp_allreduces * ml__coll_latency_s(ML_COLL_ALL_REDUCE, D, nodes) +
-           s->dp_halves * ml__coll_latency_s(ML_COLL_HALF, D, nodes);
+           s->dp_halves * ml__coll_latency_s(ML_COLL_HALF, D, nodes) +
+           s->ep_calls * ml__coll_latency_s(ML_COLL_ALL_TO_ALL, row->ep, ep_inside(row, G) ? 1 : 2);
 }
 
 /* The transfers' time: tensor parallelism inside a node, the pipeline's
@@ -128,8 +137,9 @@ static double comm_time(const search *x, const ml_ledger *l, const ml_layout_row
     const uint64_t tc = row->tp * (row->cp > 1 ? row->cp : 1); /* inside a node */
     /* (dp 1: the gradients reduce over the cp ranks, inside the node) */
     const double dpbw = row->dp > 1 && tc * row->pp * row->dp > G ? net : intra;
-    double parts[4] = {over(s->tp_comm_bytes, intra), over(p2p, tc * row->pp > G ? net : intra),
-                       over(s->comm_bytes, dpbw), over(s->cp_comm_bytes, intra)};
+    double parts[5] = {over(s->tp_comm_bytes, intra), over(p2p, tc * row->pp > G ? net : intra),
+                       over(s->comm_bytes, dpbw), over(s->cp_comm_bytes, intra),
+                       over(s->ep_comm_bytes, ep_inside(row, G) ? intra : net)};
     /* overlap_grad_reduce: what the last backward covers */
     if (parts[2] > 0) {
         const ml_config c = ml_layout_config(x->cfg, row);
@@ -137,7 +147,7 @@ static double comm_time(const search *x, const ml_ledger *l, const ml_layout_row
     }
     double t = 0;
     *lat = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         if (parts[i] < 0)
             return -1;
         t += parts[i];
@@ -153,7 +163,7 @@ static bool seen(const ml_layout_result *out, const ml_layout_row *row)
     for (size_t i = 0; i < out->nrows; i++) {
         const ml_layout_row *o = &out->rows[i];
         if (o->tp == row->tp && o->pp == row->pp && o->dp == row->dp && o->vpp == row->vpp &&
-            o->cp == row->cp && o->first_layers == row->first_layers &&
+            o->cp == row->cp && o->ep == row->ep && o->first_layers == row->first_layers &&
             o->last_layers == row->last_layers &&
             o->zero == row->zero && o->dist_optimizer == row->dist_optimizer &&
             o->micro_batch == row->micro_batch && o->peak == row->peak &&
@@ -200,6 +210,7 @@ ml_config ml_layout_config(const ml_config *cfg, const ml_layout_row *w)
     t->zero = w->zero;
     t->dist_optimizer = w->dist_optimizer;
     t->context_parallel = w->cp > 1 ? w->cp : 1;
+    t->expert_parallel = w->ep > 1 ? w->ep : 1;
     t->npp_layers = 0;
     if (w->first_layers && w->pp >= 2 && w->pp <= ML_PP_MAX_STAGES) {
         /* the middle stages share the rest evenly (the search made it so) */
@@ -398,6 +409,28 @@ static bool cp_tried(const search *x, uint64_t tp, uint64_t cp, uint64_t G)
     return ml__cp_refused(x->m, &t, &e) == ML_OK;
 }
 
+/* Expert parallelism over ep of a split's dp x cp ranks: pinned, or for a
+ * mixture of experts every ep dividing its experts and those ranks; either
+ * where the split's sharding allows it (ZeRO 0 or 1: ml__ep_refused); ep 1
+ * always (unless another is pinned). */
+static bool ep_tried(const search *x, const ml_layout_row *split, uint64_t ep)
+{
+    const ml_layout_request *req = x->req;
+    const uint64_t dpc = split->dp * (split->cp > 1 ? split->cp : 1);
+    if ((req->ep && ep != req->ep) || dpc % ep)
+        return false;
+    if (ep == 1)
+        return true;
+    /* pinned beside a pinned sharding: the plan says why it is refused; a
+     * searched sharding it does not take is not tried */
+    if (req->ep && (req->pin_sharding || (split->zero <= 1 && !split->dist_optimizer)))
+        return true;
+    ml_training t = config_of(x, split).training;
+    t.expert_parallel = ep;
+    ml_error e;
+    return ml__ep_refused(x->m, &t, &e) == ML_OK;
+}
+
 /* A count of splits and where the search stands (layouts, below). */
 typedef struct {
     uint64_t n, total, candidates;
@@ -463,14 +496,19 @@ static bool splits(search *x, uint64_t tp, uint64_t cp, tally *c, ml_status *st,
                     split[k].first_layers = shapes[u][0];
                     split[k].middle_layers = shapes[u][1];
                     split[k].last_layers = shapes[u][2];
-                    c->n++;
-                    if (!st)
-                        continue;
-                    if ((*st = layout(x, &split[k], &c->candidates, err)))
-                        return false;
-                    if (req->progress)
-                        req->progress(req->progress_ctx, c->n, c->total,
-                                      x->out->nrows ? &x->out->rows[0] : NULL);
+                    for (uint64_t ep = 1; ep <= dp * cp; ep++) {
+                        if (!ep_tried(x, &split[k], ep))
+                            continue;
+                        split[k].ep = ep;
+                        c->n++;
+                        if (!st)
+                            continue;
+                        if ((*st = layout(x, &split[k], &c->candidates, err)))
+                            return false;
+                        if (req->progress)
+                            req->progress(req->progress_ctx, c->n, c->total,
+                                          x->out->nrows ? &x->out->rows[0] : NULL);
+                    }
                 }
             }
         }

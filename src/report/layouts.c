@@ -11,18 +11,20 @@
  * --parallel does not take: --pp-layers gives such a split */
 void ml__report_layout_name(const ml_layout_row *r, char *buf, size_t size)
 {
-    char cp[24] = "", un[32] = "";
+    char cp[24] = "", un[32] = "", ep[24] = "";
     if (r->cp > 1)
         snprintf(cp, sizeof cp, ".cp%llu", (unsigned long long)r->cp);
     if (r->first_layers)
         snprintf(un, sizeof un, "[%u..%u]", r->first_layers, r->last_layers);
+    if (r->ep > 1) /* of the data-parallel ranks */
+        snprintf(ep, sizeof ep, ".ep%llu", (unsigned long long)r->ep);
     if (r->vpp > 1)
-        snprintf(buf, size, "tp%llu%s.pp%llu%s.vpp%llu.dp%llu", (unsigned long long)r->tp, cp,
+        snprintf(buf, size, "tp%llu%s.pp%llu%s.vpp%llu.dp%llu%s", (unsigned long long)r->tp, cp,
                  (unsigned long long)r->pp, un, (unsigned long long)r->vpp,
-                 (unsigned long long)r->dp);
+                 (unsigned long long)r->dp, ep);
     else
-        snprintf(buf, size, "tp%llu%s.pp%llu%s.dp%llu", (unsigned long long)r->tp, cp,
-                 (unsigned long long)r->pp, un, (unsigned long long)r->dp);
+        snprintf(buf, size, "tp%llu%s.pp%llu%s.dp%llu%s", (unsigned long long)r->tp, cp,
+                 (unsigned long long)r->pp, un, (unsigned long long)r->dp, ep);
 }
 
 /* The data-parallel ranks' sharding: ddp, zero1..3 (zero3: FSDP), dist-opt */
@@ -159,9 +161,12 @@ int ml_report_layouts_json(FILE *f, const ml_model *m, const ml_layout_request *
         num(f, w->tokens_per_s);
         fputs(", \"mfu\": ", f);
         num(f, w->mfu);
-        fprintf(f, ", \"vpp\": %llu, \"zero\": %u, \"dist_optimizer\": %s, \"cp\": %llu",
+        fprintf(f,
+                ", \"vpp\": %llu, \"zero\": %u, \"dist_optimizer\": %s, \"cp\": %llu, "
+                "\"ep\": %llu",
                 (unsigned long long)(w->vpp > 1 ? w->vpp : 1), w->zero,
-                w->dist_optimizer ? "true" : "false", (unsigned long long)(w->cp > 1 ? w->cp : 1));
+                w->dist_optimizer ? "true" : "false", (unsigned long long)(w->cp > 1 ? w->cp : 1),
+                (unsigned long long)(w->ep > 1 ? w->ep : 1));
         fputs(", \"latency_s\": ", f);
         num(f, w->comm_s < 0 ? -1 : w->latency_s);
         /* an uneven split's stages (0: even) */

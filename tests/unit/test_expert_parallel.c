@@ -239,13 +239,57 @@ static void test_planner(void **state)
     ml_model_destroy(m);
 }
 
+/* The layout search on 4 devices of a node of 4, tp, cp and pp pinned at
+ * 1 (so dp 4), a global batch of 4: the four ZeRO stages over the 4
+ * data-parallel ranks, and beside ZeRO 0 and 1 each ep dividing the 4
+ * experts and the 4 ranks (1, 2, 4), beside ZeRO 2 and 3 ep 1 alone (the
+ * plan refuses more): 3 + 3 + 1 + 1 = 8 layouts. Every row is the plan of
+ * its settings, ep included; a row with ep 4 holds one expert a layer. */
+static void test_search(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = ml_model_config(m);
+    c.device = ml_config_defaults().device;
+    c.device.present = true;
+    c.device.memory = UINT64_C(80) << 30;
+    c.device.peak_tflops = 100;
+    ml_layout_request req = ml_layout_request_defaults();
+    req.gpus = 4;
+    req.gpus_per_node = 4;
+    req.global_batch = 4;
+    req.tp = req.cp = req.pp = 1;
+    ml_layout_result out;
+    ml_error e;
+    assert_int_equal(ml_layout_search(m, &c, &req, &out, &e), ML_OK);
+    assert_int_equal(out.layouts, 8);
+    for (size_t i = 0; i < out.nrows; i++) {
+        const ml_layout_row *w = &out.rows[i];
+        assert_int_equal(w->tp * w->pp * w->dp, 4);
+        assert_true(w->ep <= 1 || w->zero <= 1);
+        ml_config k = ml_layout_config(&c, w);
+        assert_int_equal(ml_training_ep(&k.training), w->ep > 1 ? w->ep : 1);
+        ml_ledger *l = eval(m, &k, false);
+        assert_int_equal(ml_ledger_summary(l)->peak, w->peak);
+        if (w->ep == 4) /* one expert of 3 x 32 x 64 = 6,144: 27,840 - 3 x 6,144 */
+            assert_int_equal(block_named(l, "block.0")->params, 9408);
+        ml_ledger_destroy(l);
+    }
+    req.ep = 2; /* pinned: 2 layouts (ZeRO 0 and 1; 2 and 3 do not take it) */
+    assert_int_equal(ml_layout_search(m, &c, &req, &out, &e), ML_OK);
+    assert_int_equal(out.layouts, 2);
+    for (size_t i = 0; i < out.nrows; i++)
+        assert_int_equal(out.rows[i].ep, 2);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rank_block),       cmocka_unit_test(test_imbalance),
         cmocka_unit_test(test_collectives),      cmocka_unit_test(test_dispatch_buffers),
         cmocka_unit_test(test_refusals),         cmocka_unit_test(test_planner),
-        cmocka_unit_test(test_zero1),
+        cmocka_unit_test(test_zero1),            cmocka_unit_test(test_search),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
