@@ -12,7 +12,8 @@ const FIELDS = [
   ['grad_accum', 'training.grad_accum'], ['precision', 'training.precision'],
   ['optimizer', 'training.optimizer'], ['checkpoint', 'training.checkpoint'],
   ['engine', 'training.engine'],
-  ['tp', 'parallel.tp'], ['cp', 'parallel.cp'], ['pp', 'parallel.pp'], ['vpp', 'parallel.vpp'],
+  ['tp', 'parallel.tp'], ['cp', 'parallel.cp'], ['ep', 'parallel.ep'], ['pp', 'parallel.pp'],
+  ['vpp', 'parallel.vpp'],
   ['dp', 'training.data_parallel'], ['dp_shard', 'parallel.dp_shard'],
   ['dist_optimizer', 'parallel.dist_optimizer'],
   ['zero', 'training.zero'], ['device', 'device.memory'], ['allocator', 'device.allocator'],
@@ -23,7 +24,8 @@ const SEARCH = [['gpus', 'gpus'], ['global_batch', 'global_batch'],
                 ['gpus_per_node', 'gpus_per_node'], ['network', 'network']];
 // what the search chooses itself, not passed to it
 const SEARCHED = new Set(['training.micro_batch', 'training.grad_accum', 'training.checkpoint',
-                          'parallel.tp', 'parallel.cp', 'parallel.pp', 'parallel.vpp',
+                          'parallel.tp', 'parallel.cp', 'parallel.ep', 'parallel.pp',
+                          'parallel.vpp',
                           'training.data_parallel',
                           'training.zero', 'parallel.dp_shard', 'parallel.dist_optimizer']);
 const PRESETS = window.MEMLEDGER_PRESETS || {};
@@ -78,10 +80,11 @@ function settingsFor(verb) {
 }
 
 function showLayouts(r) {
-  // the CLI's names: tp2.cp2.pp4[7..7].dp8
+  // the CLI's names: tp2.cp2.pp4[7..7].dp8.ep8
   const name = (w) => 'tp' + w.tp + (w.cp > 1 ? '.cp' + w.cp : '') + '.pp' + w.pp +
                       (w.first_layers ? '[' + w.first_layers + '..' + w.last_layers + ']' : '') +
-                      (w.vpp > 1 ? '.vpp' + w.vpp : '') + '.dp' + w.dp;
+                      (w.vpp > 1 ? '.vpp' + w.vpp : '') + '.dp' + w.dp +
+                      (w.ep > 1 ? '.ep' + w.ep : '');
   const shard = (w) => (w.dist_optimizer ? 'dist-opt' : w.dp * Math.max(w.cp, 1) <= 1 ? '–'
                         : ['ddp', 'zero1', 'zero2', 'zero3'][w.zero]);
   $('layouts-note').textContent = r.note;

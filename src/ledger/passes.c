@@ -397,6 +397,12 @@ ml_status ml_inference_evaluate(const ml_model *m, const ml_config *cfg, uint64_
                           "(the KV cache split over ranks) is not planned; plan it without "
                           "parallel.cp",
                           (unsigned long long)cfg->training.context_parallel);
+    if (ml_training_ep(&cfg->training) > 1)
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.ep: %llu for an inference job: its expert parallelism "
+                          "(the experts split over ranks at decode) is not planned; plan it "
+                          "without parallel.ep",
+                          (unsigned long long)ml_training_ep(&cfg->training));
     /* the job's shape is its micro_batch and seq_len; nothing trains */
     ml_config c = *cfg;
     ml_training *t = &c.training;

@@ -37,8 +37,9 @@ static const char *unsplit_layout(const ml_model *m, const ml_training *t)
     if (m->type != ML_MODEL_DECODER || m->vision.layers || m->embed.image_size)
         return "it is planned for decoder language models (type: decoder)";
     if (m->moe.experts)
-        return "a mixture of experts splits its experts by expert parallelism, which is not "
-               "modelled yet";
+        return "a mixture of experts' layers are not split by tensor parallelism here (its "
+               "experts' tensor split is not modelled); split its experts with expert "
+               "parallelism (parallel.ep) instead";
     if (m->attn.kv_lora)
         return "multi-head latent attention's compressed projections are not split yet";
     if (m->head.classes)

@@ -154,9 +154,9 @@ void ml__time_before_step(ml_replay *r, const ml_training *t, uint64_t P)
      * reduce-scatter, after the last backward; stages 2 and 3 reduce-scatter
      * block by block in backward (replay.c) */
     if (sh->zero == 0)
-        r->comm_done += 2 * sh->ring * G;
+        r->comm_done += 2 * sh->ring * G - ml__ep_grad_saving(r->ch, t, 2, r->ch->prec.grad);
     else if (sh->zero == 1)
-        r->comm_done += sh->ring * G;
+        r->comm_done += sh->ring * G - ml__ep_grad_saving(r->ch, t, 1, r->ch->prec.grad);
     /* HSDP: the shard's gradient all-reduced over the replicas */
     r->comm_done += replicas_bytes(t, G);
     /* offload: the gradient partition goes down to the host's update */
@@ -213,10 +213,11 @@ void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
         const double tc = map && map->n ? ml__time_at(map, e->flops_before)
                           : rate > 0    ? e->flops_before / rate
                                         : -1;
-        /* the collectives of tensor parallelism go with the compute: the
-         * event's share of them is its share of the FLOPs */
+        /* the collectives of tensor, context and expert parallelism go with
+         * the compute: the event's share of them is its share of the FLOPs */
         const double tp = ic > 0 && s->flops_total > 0
-                              ? s->tp_comm_bytes * (e->flops_before / s->flops_total) / ic
+                              ? (s->tp_comm_bytes + s->cp_comm_bytes + s->ep_comm_bytes) *
+                                    (e->flops_before / s->flops_total) / ic
                               : 0;
         e->t_s = tc >= 0 ? tc + tp + (ic > 0 ? e->comm_before / ic : 0) +
                                (hb > 0 ? e->host_before / hb : 0)

@@ -30,10 +30,10 @@ FLAGS = {"micro_batch": "--micro-batch", "seq_len": "--seq-len", "grad_accum": "
          "allocator": "--allocator", "attention": "--attention", "interconnect": "--interconnect",
          "gpus": "--gpus", "global_batch": "--global-batch", "gpus_per_node": "--gpus-per-node",
          "network": "--network", "engine": "--engine", "vpp": "--vpp", "dp_shard": "--dp-shard",
-         "cp": "--cp"}
+         "cp": "--cp", "ep": "--ep"}
 # the layout search's own inputs, and what it chooses itself
 SEARCH = {"gpus", "global_batch", "gpus_per_node", "network"}
-SEARCHED = {"micro_batch", "grad_accum", "checkpoint", "tp", "cp", "pp", "vpp", "dp", "zero",
+SEARCHED = {"micro_batch", "grad_accum", "checkpoint", "tp", "cp", "ep", "pp", "vpp", "dp", "zero",
             "dp_shard", "dist_optimizer"}
 PAGE_FILES = {"/", "/index.html", "/app.js", "/memledger.js", "/memledger.wasm", "/presets.js",
               "/style.css"}
@@ -228,6 +228,11 @@ def main():
              "(flash)", {"model": "hf/mistral-7b.json"},
              ["--hf", os.path.join(MODELS, "hf", "mistral-7b", "config.json")],
              {"micro_batch": "1", "seq_len": "2048", "tp": "2", "cp": "2", "attention": "flash",
+              "precision": "bf16-master", "device": "h100-sxm"})
+    one_case(base, exe, "Hugging Face preset mixtral-8x7b, expert parallel 8 of 8 "
+             "data-parallel ranks, ZeRO 1", {"model": "hf/mixtral-8x7b.json"},
+             ["--hf", os.path.join(MODELS, "hf", "mixtral-8x7b", "config.json")],
+             {"micro_batch": "1", "seq_len": "2048", "dp": "8", "ep": "8", "zero": "1",
               "precision": "bf16-master", "device": "h100-sxm"})
     one_case(base, exe, "a pasted config.json (Qwen2-0.5B), ZeRO 2 over 2",
              {"text": qwen_text, "hf": "1", "name": "config.json"}, ["--hf", qwen],
