@@ -43,6 +43,8 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
                 (unsigned long long)(t->pipeline_parallel > 1 ? t->pipeline_parallel : 1),
                 (unsigned long long)t->data_parallel);
     }
+    if (ml_training_ep(t) > 1) /* of the data-parallel ranks */
+        fprintf(f, ", ep %llu", (unsigned long long)ml_training_ep(t));
     fprintf(f, ", ZeRO %u\n\n", t->zero);
     if (!r->fits) {
         fprintf(f, "DOES NOT FIT: %s\n", r->note);

@@ -90,6 +90,8 @@ static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
                          ml_training_cp(&cfg->training);
     if (dpc > 1 || cfg->training.zero)
         fprintf(f, ", %llu devices, ZeRO %u", (unsigned long long)dpc, cfg->training.zero);
+    if (ml_training_ep(&cfg->training) > 1)
+        fprintf(f, ", ep %llu", (unsigned long long)ml_training_ep(&cfg->training));
     fputs("</div>\n", f);
     if (s->has_device) {
         fprintf(f, "<div class=\"verdict %s\">%s</div> ", s->fits ? "fits" : "nofit",
