@@ -94,7 +94,7 @@ typedef struct ml_layout_request {
                           engine without the attention core's recompute: torchtitan) */
     uint64_t ep;  /* expert-parallel ranks pinned (1: none); 0: searched (a mixture of
                      experts': each size dividing the experts and dp x cp, beside ZeRO 0
-                     or 1) */
+                     to 2) */
 } ml_layout_request;
 
 ML_API ml_layout_request ml_layout_request_defaults(void);

@@ -192,7 +192,7 @@ void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_by
     s->bytes_step_temp = z >= 1 ? ml__ep_shard(ch, t, ob->step_temp, te) : ob->step_temp;
     uint64_t grads_all = 0;
     for (size_t k = 0; k < ch->n; k++)
-        grads_all = ml_add(ch, grads_all, z >= 2 ? ml__ceil_div(ch->blocks[k].grad_bytes, N)
+        grads_all = ml_add(ch, grads_all, z >= 2 ? ml__ep_grad_shard(ch, &ch->blocks[k], N)
                                                  : ch->blocks[k].grad_bytes);
     s->bytes_grads = grads_all;
     if (t->dist_optimizer)

@@ -32,7 +32,7 @@ typedef struct {
 /* Block k's gradient as the device holds it. */
 static uint64_t grad_of(const ml_chain *ch, const opt_shared *z, size_t k)
 {
-    return z->gsh ? ml__ceil_div(ch->blocks[k].grad_bytes, z->N) : ch->blocks[k].grad_bytes;
+    return z->gsh ? ml__ep_grad_shard(ch, &ch->blocks[k], z->N) : ch->blocks[k].grad_bytes;
 }
 
 /* The tail (head, loss) above everything kept before it: its forward and

@@ -344,14 +344,14 @@ static void backward_block(ml_replay *r, size_t k)
         fwd_grads_done(r, k, false);
     else if (r->micro == 0 && !r->grads_exist)
         ml__replay_alloc_as(r, ML_CAT_GRADS,
-                            sh->grads_sharded ? ml__ceil_div(b->grad_bytes, sh->N) : b->grad_bytes,
+                            sh->grads_sharded ? ml__ep_grad_shard(r->ch, b, sh->N) : b->grad_bytes,
                             sh->grads_sharded ? ML_T_ONE : ML_T_BLOCK_PARAMS, k, 1);
     else
         ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->grad_accum_bytes, ML_T_BLOCK_PARAMS, k, 1);
     r->flops_done += b->flops_bwd; /* its backward runs */
     /* stages 2 and 3: the block's gradient is reduce-scattered */
     if (sh->grads_sharded)
-        r->comm_done += sh->ring * (double)b->grad_bytes;
+        r->comm_done += ml__ep_grad_ring(r->ch, b, sh->N);
     /* the block's saved tensors are released once its gradient is done */
     if (seg[k] >= 0) {
         ml__replay_free(r, ML_CAT_RECOMPUTE, b->saved_bytes);

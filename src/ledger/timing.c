@@ -34,8 +34,9 @@ double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t
     if (z == 1) /* reduce-scatter + all-gather */
         return f * pg + f * pp + rep - ml__ep_grad_saving(ch, t, 1, ch->prec.grad) -
                ml__ep_grad_saving(ch, t, 1, ch->prec.param);
-    if (z == 2)
-        return A * f * pg + f * pp + rep;   /* per micro-batch reduce-scatter */
+    if (z == 2) /* per micro-batch reduce-scatter */
+        return A * f * pg + f * pp + rep - ml__ep_grad_saving(ch, t, A, ch->prec.grad) -
+               ml__ep_grad_saving(ch, t, 1, ch->prec.param);
     return A * (2 * f * pp + f * pg) + rep; /* gather fwd + bwd, reduce-scatter */
 }
 
@@ -173,7 +174,7 @@ void ml__time_after_step(ml_replay *r, const ml_training *t, uint64_t P)
         r->host_done += W / host_shards(t);
     /* ZeRO-1/2: the updated partitions are all-gathered */
     if (sh->zero == 1 || sh->zero == 2)
-        r->comm_done += sh->ring * W;
+        r->comm_done += sh->ring * W - ml__ep_grad_saving(r->ch, t, 1, r->ch->prec.param);
 }
 
 void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
