@@ -93,8 +93,8 @@ typedef struct ml_layout_request {
     bool no_selective; /* an unpinned policy is none or full only (settings for an
                           engine without the attention core's recompute: torchtitan) */
     uint64_t ep;  /* expert-parallel ranks pinned (1: none); 0: searched (a mixture of
-                     experts': each size dividing the experts and dp x cp, beside ZeRO 0
-                     to 2) */
+                     experts': each size dividing the experts and dp x cp, beside ZeRO,
+                     not the distributed optimizer) */
 } ml_layout_request;
 
 ML_API ml_layout_request ml_layout_request_defaults(void);

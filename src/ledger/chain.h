@@ -309,10 +309,13 @@ double ml__ep_grad_saving(const ml_chain *ch, const ml_training *t, double times
  * (ml__shard_group); all / N rounded up without ep. */
 uint64_t ml__ep_shard(ml_chain *ch, const ml_training *t, uint64_t all, uint64_t experts);
 /* Block b's gradient partition under ZeRO 2 over N ranks: its experts'
- * over N / ep, the rest over N (all / N rounded up without ep), and what
- * its reduce-scatter sends (the ring's (n - 1)/n of each part). */
+ * over N / ep, the rest over N (all / N rounded up without ep). */
 uint64_t ml__ep_grad_shard(const ml_chain *ch, const ml_cblock *b, uint64_t N);
-double ml__ep_grad_ring(const ml_chain *ch, const ml_cblock *b, uint64_t N);
+/* What a ring collective over N ranks of block b's `all` bytes, `per` a
+ * parameter, sends: (n - 1)/n of each part, its experts' over N / ep
+ * ranks, the rest over N. */
+double ml__ep_ring(const ml_chain *ch, const ml_cblock *b, uint64_t N, double all,
+                   unsigned per);
 /* The same for context parallelism's ring (context_parallel.c), with its
  * all-gathers and sends per iteration. */
 double ml__cp_communication(const ml_chain *ch, const ml_training *t, const int *seg,

@@ -180,10 +180,11 @@ void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_by
     const unsigned z = t->zero;
     uint64_t params_all = ml_mul(ch, P, ch->prec.param);
     uint64_t master_all = ml_mul(ch, Pt, ch->prec.master);
-    s->bytes_params = z >= 3 ? ml__ceil_div(params_all, N) : params_all;
-    /* expert parallelism (ZeRO 1 at most): the experts' states shard over
-     * the dp x cp / ep ranks that hold them; states alike per element */
+    /* expert parallelism: the experts' shards span the dp x cp / ep ranks
+     * that hold them (ml__ep_shard); states alike per element */
     const uint64_t Pe = ml__ep_expert_params(ch);
+    s->bytes_params =
+        z >= 3 ? ml__ep_shard(ch, t, params_all, ml_mul(ch, Pe, ch->prec.param)) : params_all;
     const uint64_t se = Pt ? ml_mul(ch, ob->states / Pt, Pe) : 0;
     const uint64_t te = Pt ? ml_mul(ch, ob->step_temp / Pt, Pe) : 0;
     s->bytes_master =

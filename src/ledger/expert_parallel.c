@@ -45,16 +45,15 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
                           "(dp x cp): the expert-parallel ranks are taken from them, as "
                           "Megatron-core takes them; give --data-parallel a multiple of %llu",
                           e, (unsigned long long)dpc, e);
-    if (t->zero >= 3 || t->dist_optimizer || t->offload != ML_OFFLOAD_NONE ||
+    if (t->dist_optimizer || t->offload != ML_OFFLOAD_NONE ||
         ml_training_shard(t) < (t->data_parallel ? t->data_parallel : 1))
         return ml__errorf(err, ML_RANGE,
-                          "parallel.ep: %llu with %s: sharding the parameters (the experts' "
-                          "over the dp x cp / ep ranks that share an expert, the rest over "
-                          "dp x cp) is not modelled yet; plan expert parallelism with ZeRO 0, "
-                          "1 or 2, without the distributed optimizer, offload or HSDP",
+                          "parallel.ep: %llu with %s: its buffers beside the experts' two "
+                          "shard groups (the dp x cp / ep ranks that share an expert, dp x cp "
+                          "for the rest) are not modelled yet; plan expert parallelism with "
+                          "ZeRO 0 to 3, without the distributed optimizer, offload or HSDP",
                           e,
                           t->dist_optimizer ? "the distributed optimizer"
-                          : t->zero >= 3   ? "ZeRO 3"
                           : t->offload     ? "offload"
                                            : "HSDP shard groups");
     if (t->engine == ML_ENGINE_MEGATRON)
@@ -172,12 +171,13 @@ uint64_t ml__ep_grad_shard(const ml_chain *ch, const ml_cblock *b, uint64_t N)
     return ml__ceil_div(all - experts, N) + ml__ceil_div(experts, N / ch->ep);
 }
 
-double ml__ep_grad_ring(const ml_chain *ch, const ml_cblock *b, uint64_t N)
+double ml__ep_ring(const ml_chain *ch, const ml_cblock *b, uint64_t N, double all,
+                   unsigned per)
 {
-    const double all = (double)b->grad_bytes, f = N > 1 ? (double)(N - 1) / (double)N : 0;
+    const double f = N > 1 ? (double)(N - 1) / (double)N : 0;
     if (ch->ep <= 1 || b->ckpt_index < 0 || N < ch->ep)
         return f * all;
-    const double experts = (double)ch->ep_layer_params * ch->prec.grad;
+    const double experts = (double)ch->ep_layer_params * per;
     const double Ne = (double)(N / ch->ep), fe = Ne > 1 ? (Ne - 1) / Ne : 0;
-    return f * (all - experts) + fe * experts;
+    return experts > all ? f * all : f * (all - experts) + fe * experts;
 }

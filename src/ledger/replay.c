@@ -120,7 +120,7 @@ static void gather_time(ml_replay *r, size_t k)
     if (!sh->gather_params)
         return;
     double own = (double)r->ch->blocks[k].params * sh->pbytes;
-    r->comm_done += sh->ring * own;
+    r->comm_done += ml__ep_ring(r->ch, &r->ch->blocks[k], sh->N, own, sh->pbytes);
     if (sh->host_params)
         r->host_done += own / (double)sh->N;
 }
@@ -351,7 +351,7 @@ static void backward_block(ml_replay *r, size_t k)
     r->flops_done += b->flops_bwd; /* its backward runs */
     /* stages 2 and 3: the block's gradient is reduce-scattered */
     if (sh->grads_sharded)
-        r->comm_done += ml__ep_grad_ring(r->ch, b, sh->N);
+        r->comm_done += ml__ep_ring(r->ch, b, sh->N, (double)b->grad_bytes, r->ch->prec.grad);
     /* the block's saved tensors are released once its gradient is done */
     if (seg[k] >= 0) {
         ml__replay_free(r, ML_CAT_RECOMPUTE, b->saved_bytes);

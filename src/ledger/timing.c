@@ -37,7 +37,9 @@ double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t
     if (z == 2) /* per micro-batch reduce-scatter */
         return A * f * pg + f * pp + rep - ml__ep_grad_saving(ch, t, A, ch->prec.grad) -
                ml__ep_grad_saving(ch, t, 1, ch->prec.param);
-    return A * (2 * f * pp + f * pg) + rep; /* gather fwd + bwd, reduce-scatter */
+    return A * (2 * f * pp + f * pg) + rep - /* gather fwd + bwd, reduce-scatter */
+           ml__ep_grad_saving(ch, t, 2 * A, ch->prec.param) -
+           ml__ep_grad_saving(ch, t, A, ch->prec.grad);
 }
 
 /* ceil(x / per), at least one call for x > 0 */

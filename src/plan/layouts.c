@@ -411,7 +411,8 @@ static bool cp_tried(const search *x, uint64_t tp, uint64_t cp, uint64_t G)
 
 /* Expert parallelism over ep of a split's dp x cp ranks: pinned, or for a
  * mixture of experts every ep dividing its experts and those ranks; either
- * where the split's sharding allows it (ZeRO 0 to 2: ml__ep_refused); ep 1
+ * where the split's sharding allows it (ZeRO, not the distributed
+ * optimizer: ml__ep_refused); ep 1
  * always (unless another is pinned). */
 static bool ep_tried(const search *x, const ml_layout_row *split, uint64_t ep)
 {
@@ -423,7 +424,7 @@ static bool ep_tried(const search *x, const ml_layout_row *split, uint64_t ep)
         return true;
     /* pinned beside a pinned sharding: the plan says why it is refused; a
      * searched sharding it does not take is not tried */
-    if (req->ep && (req->pin_sharding || (split->zero <= 2 && !split->dist_optimizer)))
+    if (req->ep && (req->pin_sharding || !split->dist_optimizer))
         return true;
     ml_training t = config_of(x, split).training;
     t.expert_parallel = ep;

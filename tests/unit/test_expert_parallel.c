@@ -175,6 +175,26 @@ static void test_zero2(void **state)
     ml_model_destroy(m);
 }
 
+/* ZeRO 3 beside ep 2 over dp 4: the parameters' shards as the gradients'
+ * under ZeRO 2, 4 x 9,760 / 4 + 4 x 24,576 / 2 = 58,912 B resident; the
+ * collectives, every block's parameters gathered in forward and backward
+ * and its gradient reduce-scattered: 2 x 78,432 + 78,432 = 235,296 B
+ * (78,432 = 4 x (3/4 x 9,760 + 1/2 x 24,576)). */
+static void test_zero3(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = with_ep(m, 2, 4);
+    c.training.zero = 3;
+    ml_ledger *l = eval(m, &c, false);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_int_equal(s->bytes_params, 58912);
+    assert_int_equal(s->bytes_grads, 58912);
+    assert_rel_close(s->comm_bytes, 235296, 1e-15);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 /* The dispatch's buffers beside the block's saved tensors: forward, the
  * send buffer P D 4 = 4,096 and the received rows, the experts' weighted
  * outputs and their concatenation, 3 R D 4 = 12,288: 16,384 at the cat,
@@ -229,9 +249,10 @@ static void test_refusals(void **state)
     assert_non_null(strstr(e.msg, "dp x cp"));
     c = with_ep(m, 4, 4);
     assert_int_equal(status_of(m, &c, &e), ML_OK);
-    c.training.zero = 3;
+    c.training.zero = 1;
+    c.training.offload = ML_OFFLOAD_OPTIMIZER;
     assert_int_equal(status_of(m, &c, &e), ML_RANGE);
-    assert_non_null(strstr(e.msg, "ZeRO 3"));
+    assert_non_null(strstr(e.msg, "offload"));
     ml_model_destroy(m);
     /* a dense model has no experts to split */
     m = load_preset("gpt2-small");
@@ -269,9 +290,8 @@ static void test_planner(void **state)
 
 /* The layout search on 4 devices of a node of 4, tp, cp and pp pinned at
  * 1 (so dp 4), a global batch of 4: the four ZeRO stages over the 4
- * data-parallel ranks, and beside ZeRO 0 to 2 each ep dividing the 4
- * experts and the 4 ranks (1, 2, 4), beside ZeRO 3 ep 1 alone (the plan
- * refuses more): 3 + 3 + 3 + 1 = 10 layouts. Every row is the plan of
+ * data-parallel ranks, and beside each every ep dividing the 4 experts and
+ * the 4 ranks (1, 2, 4): 4 x 3 = 12 layouts. Every row is the plan of
  * its settings, ep included; a row with ep 4 holds one expert a layer. */
 static void test_search(void **state)
 {
@@ -290,11 +310,10 @@ static void test_search(void **state)
     ml_layout_result out;
     ml_error e;
     assert_int_equal(ml_layout_search(m, &c, &req, &out, &e), ML_OK);
-    assert_int_equal(out.layouts, 10);
+    assert_int_equal(out.layouts, 12);
     for (size_t i = 0; i < out.nrows; i++) {
         const ml_layout_row *w = &out.rows[i];
         assert_int_equal(w->tp * w->pp * w->dp, 4);
-        assert_true(w->ep <= 1 || w->zero <= 2);
         ml_config k = ml_layout_config(&c, w);
         assert_int_equal(ml_training_ep(&k.training), w->ep > 1 ? w->ep : 1);
         ml_ledger *l = eval(m, &k, false);
@@ -303,9 +322,9 @@ static void test_search(void **state)
             assert_int_equal(block_named(l, "block.0")->params, 9408);
         ml_ledger_destroy(l);
     }
-    req.ep = 2; /* pinned: 3 layouts (ZeRO 0 to 2; 3 does not take it) */
+    req.ep = 2; /* pinned: 4 layouts (ZeRO 0 to 3) */
     assert_int_equal(ml_layout_search(m, &c, &req, &out, &e), ML_OK);
-    assert_int_equal(out.layouts, 3);
+    assert_int_equal(out.layouts, 4);
     for (size_t i = 0; i < out.nrows; i++)
         assert_int_equal(out.rows[i].ep, 2);
     ml_model_destroy(m);
@@ -318,7 +337,7 @@ int main(void)
         cmocka_unit_test(test_collectives),      cmocka_unit_test(test_dispatch_buffers),
         cmocka_unit_test(test_refusals),         cmocka_unit_test(test_planner),
         cmocka_unit_test(test_zero1),            cmocka_unit_test(test_search),
-        cmocka_unit_test(test_zero2),
+        cmocka_unit_test(test_zero2),            cmocka_unit_test(test_zero3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
