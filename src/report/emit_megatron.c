@@ -32,9 +32,13 @@ void ml__emit_megatron_check(ml_emit_verdict *v, const ml_model *m, const ml_con
 {
     const ml_training *t = &cfg->training;
     if (!m || m->type != ML_MODEL_DECODER || m->vision.layers || m->embed.image_size ||
-        m->moe.experts || m->attn.kv_lora)
-        ml__emit_refuse(v, "pretrain_gpt.py trains a dense decoder language model (GPT's or "
-                           "Llama's layout); this model is another");
+        m->attn.kv_lora)
+        ml__emit_refuse(v, "pretrain_gpt.py trains a decoder language model (GPT's or Llama's "
+                           "layout, with Mixtral's experts or without); this model is another");
+    else if (m->moe.experts &&
+             (m->moe.router_sigmoid || m->moe.sort || m->moe.dense_layers))
+        ml__emit_refuse(v, "DeepSeek's routers and dense first layers are not emitted: the "
+                           "experts written are Mixtral's and Qwen2-MoE's (softmax top-k)");
     else if (!ml__emit_is_master(t->precision))
         ml__emit_refuse(v, "Megatron trains a bf16 or fp16 model with fp32 master weights "
                            "(--bf16, --fp16): plan precision bf16-master or fp16-master");
@@ -73,6 +77,11 @@ void ml__emit_megatron_check(ml_emit_verdict *v, const ml_model *m, const ml_con
         ml__emit_note(v, "the plan's context parallelism is PyTorch's ring attention; "
                          "Megatron's (--context-parallel-size) runs Transformer Engine's, "
                          "whose buffers differ");
+    if (m->moe.experts)
+        ml__emit_note(v, "the plan's experts are Hugging Face's SwiGLU modules, each output "
+                         "weighted after w2; Megatron's SequentialMLP weights inside its fused "
+                         "SwiGLU (weighted_bias_swiglu_impl), which keeps the fc1 output and "
+                         "the weights instead (megatron/core/transformer/mlp.py)");
 }
 
 static void flag(FILE *f, const char *name, const char *fmt, unsigned long long v)
@@ -120,6 +129,30 @@ static void model_flags(FILE *f, const ml_model *m, const ml_training *t)
                           : m->attn.kernel == ML_ATTN_EAGER ? "unfused"
                                                             : "auto";
     fprintf(f, "--attention-backend %s \\\n", backend);
+}
+
+/* Mixtral's and Qwen2-MoE's experts (megatron/core/transformer/moe): the
+ * router's softmax over the top-k logits (Megatron's default) is
+ * Mixtral's softmax, top-k and renormalisation; without the
+ * renormalisation (Qwen2-MoE's norm_topk_prob false) the softmax comes
+ * first (--moe-router-pre-softmax). The dispatch the plan models is the
+ * all-to-all (the default is allgather). */
+static void moe_flags(FILE *f, const ml_model *m, const ml_training *t)
+{
+    if (!m->moe.experts)
+        return;
+    flag(f, "--num-experts", " %llu", m->moe.experts);
+    flag(f, "--moe-router-topk", " %llu", m->moe.per_token);
+    if (!m->moe.renorm)
+        flag(f, "--moe-router-pre-softmax", NULL, 0);
+    flag(f, "--moe-ffn-hidden-size", " %llu", m->moe.expert_ffn ? m->moe.expert_ffn : m->mlp.ffn);
+    if (m->moe.shared_ffn) {
+        flag(f, "--moe-shared-expert-intermediate-size", " %llu", m->moe.shared_ffn);
+        if (m->moe.shared_gate)
+            flag(f, "--moe-shared-expert-gate", NULL, 0);
+    }
+    fputs("--moe-token-dispatcher-type alltoall \\\n", f);
+    flag(f, "--expert-model-parallel-size", " %llu", ml_training_ep(t));
 }
 
 static void training_flags(FILE *f, const ml_training *t)
@@ -179,6 +212,7 @@ int ml__emit_megatron(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     fputs("# the data, tokenizer, learning rate and iterations are yours to add\n", f);
     ml__emit_note_comments(f, v);
     model_flags(f, m, t);
+    moe_flags(f, m, t);
     training_flags(f, t);
     return ferror(f) ? -1 : 0;
 }

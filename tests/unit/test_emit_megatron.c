@@ -136,10 +136,64 @@ static void test_qkv_bias(void **state)
     ml_model_destroy(m);
 }
 
+/* Mixtral 8x7B as Megatron's example runs it (pp 4, ep 8, the distributed
+ * optimizer: examples/mixtral/train_mixtral_8x7b_distributed.sh) on 32
+ * devices: its experts (8, top-2, each 14,336 wide), the all-to-all
+ * dispatcher, ep 8; Mixtral's renormalised top-k is Megatron's default
+ * router (no --moe-router-pre-softmax), and the note on the experts'
+ * weighting. Qwen1.5-MoE keeps its top-k unnormalised (pre-softmax) and a
+ * gated shared expert of 5,632. DeepSeek's experts are refused. */
+static void test_experts(void **state)
+{
+    (void)state;
+    ml_model *m = load_hf_config("mixtral-8x7b");
+    ml_config c = ml_model_config(m);
+    c.training.precision = ML_PREC_BF16_MASTER;
+    c.training.pipeline_parallel = 4;
+    c.training.data_parallel = 8;
+    c.training.expert_parallel = 8;
+    c.training.zero = 1;
+    char *out = emitted(m, &c);
+    check_flags(out);
+    static const char *want[] = {"--num-experts 8 ", "--moe-router-topk 2 ",
+                                 "--moe-ffn-hidden-size 14336 ",
+                                 "--moe-token-dispatcher-type alltoall ",
+                                 "--expert-model-parallel-size 8 ",
+                                 "--use-distributed-optimizer ", "Hugging Face's SwiGLU"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(out, want[i]))
+            fail_msg("lacks '%s' in:\n%s", want[i], out);
+    assert_null(strstr(out, "--moe-router-pre-softmax"));
+    free(out);
+    ml_model_destroy(m);
+    m = load_hf_config("qwen1.5-moe-a2.7b");
+    c = ml_model_config(m);
+    c.training.precision = ML_PREC_BF16_MASTER;
+    out = emitted(m, &c);
+    check_flags(out);
+    assert_non_null(strstr(out, "--moe-router-pre-softmax "));
+    assert_non_null(strstr(out, "--moe-shared-expert-intermediate-size 5632 "));
+    assert_non_null(strstr(out, "--moe-shared-expert-gate "));
+    assert_non_null(strstr(out, "--expert-model-parallel-size 1 "));
+    free(out);
+    ml_model_destroy(m);
+    m = load_hf_config("deepseek-v2-lite");
+    c = ml_model_config(m);
+    c.training.precision = ML_PREC_BF16_MASTER;
+    ml_ledger *l = eval(m, &c, false);
+    FILE *f = fopen("/dev/null", "w");
+    assert_non_null(f);
+    assert_int_equal(ml_report_emit(f, "megatron", m, &c, l), -3);
+    fclose(f);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_gpt3),
                                        cmocka_unit_test(test_llama_and_refusals),
-                                       cmocka_unit_test(test_qkv_bias)};
+                                       cmocka_unit_test(test_qkv_bias),
+                                       cmocka_unit_test(test_experts)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
