@@ -255,6 +255,7 @@ typedef struct {
     uint64_t ep_layer_params;   /* with ep > 1: one MoE layer's routed-expert
                                    parameters the rank holds (E / ep experts) */
     uint64_t moe_k;             /* the experts each token is routed to (top-k) */
+    uint64_t moe_experts;       /* the routed experts (E) */
 } ml_chain;
 
 /* The same for every training setting the chain refuses for this model
@@ -299,11 +300,11 @@ double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int 
                             double *calls);
 /* The routed-expert parameters of the rank's chain (0 without ep). */
 uint64_t ml__ep_expert_params(const ml_chain *ch);
-/* What a data-parallel collective of `per` bytes a parameter, sending
- * `times` its (N - 1)/N, sends less under expert parallelism: the rank's
- * experts' are reduced over the dp x cp / ep ranks holding the same
- * experts, not all dp x cp (0 without ep). */
-double ml__ep_grad_saving(const ml_chain *ch, const ml_training *t, double times, double per);
+/* What a data-parallel collective of `per` bytes a parameter (its
+ * gradient's or its own), sending `times` its (N - 1)/N, sends less under
+ * expert parallelism: the rank's experts' go over the dp x cp / ep ranks
+ * holding the same experts, not all dp x cp (0 without ep). */
+double ml__ep_saving(const ml_chain *ch, const ml_training *t, double times, double per);
 /* A shard of `all` bytes of which `experts` are the routed experts': the
  * experts' over the dp x cp / ep ranks holding them, the rest over dp x cp
  * (ml__shard_group); all / N rounded up without ep. */

@@ -71,6 +71,7 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
     ch->cp_kv = d->cp > 1 ? ml_mul(ch, d->BT, d->Dkv) : 0;
     ch->ep = d->ep;
     ch->moe_k = m->moe.per_token;
+    ch->moe_experts = m->moe.experts;
     if (d->ep > 1) /* w1, w3 (D x FE) and w2 (FE x D) of each of its experts */
         ch->ep_layer_params = ml_mul(ch, ml_mul(ch, m->moe.experts / d->ep, 3),
                                      ml_mul(ch, d->D, m->moe.expert_ffn ? m->moe.expert_ffn

@@ -56,6 +56,19 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
                           t->dist_optimizer ? "the distributed optimizer"
                           : t->offload     ? "offload"
                                            : "HSDP shard groups");
+    if (t->zero >= 1 && (t->optimizer == ML_OPT_ADAFACTOR || t->optimizer == ML_OPT_ADAM_8BIT ||
+                         t->optimizer_impl == ML_IMPL_FOR_LOOP))
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.ep: %llu with ZeRO and %s: its %s not the same for every "
+                          "parameter element, so the experts' shard of them is not planned; "
+                          "use adam, adamw, sgd or lion with the foreach or fused step, or "
+                          "ZeRO 0",
+                          e,
+                          t->optimizer_impl == ML_IMPL_FOR_LOOP ? "the for-loop step"
+                                                                : ml_optimizer_name(t->optimizer),
+                          t->optimizer_impl == ML_IMPL_FOR_LOOP
+                              ? "step's temporaries (the largest tensor's) are"
+                              : "states are");
     if (t->engine == ML_ENGINE_MEGATRON)
         return ml__errorf(err, ML_RANGE,
                           "parallel.ep: %llu under training.engine megatron: Megatron-core's "
@@ -82,23 +95,27 @@ double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int 
     *calls = 0;
     if (ch->ep <= 1 || !ch->ep_rows)
         return 0;
-    /* per MoE layer and micro-batch: forward, the P pairs' tokens and
-     * routing weights sent (dispatch), the R rows' outputs sent back
-     * (combine); backward, the returned rows' gradients sent to the
-     * experts' ranks (P) and the received rows' and weights' back to their
-     * sources (R); a recomputed layer's forward again. A balanced router
-     * sends (ep - 1) / ep of each to other ranks; a row is D elements of
-     * the stream's dtype, a weight 4 bytes (fp32) */
+    /* per MoE layer and micro-batch: forward, each expert's count of the
+     * rank's pairs (E int64: the splits, MoEAlltoAllTokenDispatcher's
+     * preprocess), the P pairs' tokens and routing weights sent
+     * (dispatch), the R rows' outputs sent back (combine); backward, the
+     * returned rows' gradients sent to the experts' ranks (P) and the
+     * received rows' and weights' back to their sources (R; the splits
+     * kept); a recomputed layer's forward again. A balanced router sends
+     * (ep - 1) / ep of each to other ranks; a row is D elements of the
+     * stream's dtype, a weight 4 bytes (fp32) */
     const double f = (double)(ch->ep - 1) / (double)ch->ep;
     const double P = (double)ch->B * (double)ch->T * (double)ch->moe_k;
     const double Rr = (double)ch->ep_rows, row = (double)ch->c_width * ch->prec.w;
-    const double fwd = P * (row + 4) + Rr * row, bwd = P * row + Rr * (row + 4);
+    const double fwd = (double)ch->moe_experts * 8 + P * (row + 4) + Rr * row;
+    const double bwd = P * row + Rr * (row + 4);
     double L, R;
     layers(ch, seg, &L, &R);
     const double A = (double)(t->grad_accum ? t->grad_accum : 1);
-    /* the calls: the tokens' and the weights' all-to-alls and the combine's
-     * in forward, the same three in backward, again when recomputed */
-    *calls = A * (6 * L + 3 * R);
+    /* the calls: the counts', the tokens' and the weights' all-to-alls
+     * and the combine's in forward, three in backward, the forward's four
+     * again when recomputed */
+    *calls = A * (7 * L + 4 * R);
     return A * f * ((fwd + bwd) * L + fwd * R);
 }
 
@@ -111,7 +128,7 @@ uint64_t ml__ep_expert_params(const ml_chain *ch)
     return (uint64_t)L * ch->ep_layer_params;
 }
 
-double ml__ep_grad_saving(const ml_chain *ch, const ml_training *t, double times, double per)
+double ml__ep_saving(const ml_chain *ch, const ml_training *t, double times, double per)
 {
     if (ch->ep <= 1 || !ch->ep_layer_params)
         return 0;
@@ -140,17 +157,15 @@ uint64_t ml__ep_shard(ml_chain *ch, const ml_training *t, uint64_t all, uint64_t
  * SequentialMLP; token_dispatcher.py). */
 void ml__ep_dispatch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
 {
-    const ml_graph *g = &G->g;
-    if (ch->ep <= 1 || !G->z.dim[MLG_R])
+    const ml_graph_sizes *z = &G->z;
+    if (ch->ep <= 1 || !z->dim[MLG_R])
         return;
-    uint64_t rows = 0, pairs = 0;
-    for (uint16_t t = 0; t < g->nt; t++) {
-        const mlg_tensor *x = &g->t[t];
-        if (!rows && x->ndim == 2 && x->dim[0] == MLG_R && x->dim[1] == MLG_D)
-            rows = G->tb[t];
-        if (!pairs && x->ndim == 4 && x->dim[0] == MLG_K && x->dim[3] == MLG_D)
-            pairs = G->tb[t];
-    }
+    /* the rows and pairs in the dtype of the norm's output they are taken
+     * from: the stream's (fp32 under autocast, else the compute dtype) */
+    const uint64_t row = ml_mul(ch, z->dim[MLG_D], z->bytes[MLG_STREAM]);
+    const uint64_t rows = ml_mul(ch, z->dim[MLG_R], row);
+    const uint64_t pairs =
+        ml_mul(ch, ml_mul(ch, ml_mul(ch, z->dim[MLG_K], z->dim[MLG_B]), z->dim[MLG_T]), row);
     const uint64_t fwd = ml_add(ch, pairs, ml_mul(ch, 3, rows));
     if (fwd > b->ws_fwd)
         b->ws_fwd = fwd;

@@ -30,16 +30,16 @@ double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t
     if (N <= 1)
         return rep;
     if (z == 0) /* all-reduce, once per step */
-        return 2 * f * pg - ml__ep_grad_saving(ch, t, 2, ch->prec.grad);
+        return 2 * f * pg - ml__ep_saving(ch, t, 2, ch->prec.grad);
     if (z == 1) /* reduce-scatter + all-gather */
-        return f * pg + f * pp + rep - ml__ep_grad_saving(ch, t, 1, ch->prec.grad) -
-               ml__ep_grad_saving(ch, t, 1, ch->prec.param);
+        return f * pg + f * pp + rep - ml__ep_saving(ch, t, 1, ch->prec.grad) -
+               ml__ep_saving(ch, t, 1, ch->prec.param);
     if (z == 2) /* per micro-batch reduce-scatter */
-        return A * f * pg + f * pp + rep - ml__ep_grad_saving(ch, t, A, ch->prec.grad) -
-               ml__ep_grad_saving(ch, t, 1, ch->prec.param);
+        return A * f * pg + f * pp + rep - ml__ep_saving(ch, t, A, ch->prec.grad) -
+               ml__ep_saving(ch, t, 1, ch->prec.param);
     return A * (2 * f * pp + f * pg) + rep - /* gather fwd + bwd, reduce-scatter */
-           ml__ep_grad_saving(ch, t, 2 * A, ch->prec.param) -
-           ml__ep_grad_saving(ch, t, A, ch->prec.grad);
+           ml__ep_saving(ch, t, 2 * A, ch->prec.param) -
+           ml__ep_saving(ch, t, A, ch->prec.grad);
 }
 
 /* ceil(x / per), at least one call for x > 0 */
@@ -104,9 +104,9 @@ double ml__eval_grad_reduce_bytes(const ml_chain *ch, const ml_training *t, uint
     const double f = (double)(N - 1) / (double)N, pg = (double)P * ch->prec.grad;
     const double rep = replicas_bytes(t, pg);
     if (z == 0)
-        return N > 1 ? 2 * f * pg - ml__ep_grad_saving(ch, t, 2, ch->prec.grad) : 0;
+        return N > 1 ? 2 * f * pg - ml__ep_saving(ch, t, 2, ch->prec.grad) : 0;
     if (z == 1)
-        return (N > 1 ? f * pg - ml__ep_grad_saving(ch, t, 1, ch->prec.grad) : 0) + rep;
+        return (N > 1 ? f * pg - ml__ep_saving(ch, t, 1, ch->prec.grad) : 0) + rep;
     return rep; /* 2, 3: reduced in every backward */
 }
 
@@ -157,9 +157,9 @@ void ml__time_before_step(ml_replay *r, const ml_training *t, uint64_t P)
      * reduce-scatter, after the last backward; stages 2 and 3 reduce-scatter
      * block by block in backward (replay.c) */
     if (sh->zero == 0)
-        r->comm_done += 2 * sh->ring * G - ml__ep_grad_saving(r->ch, t, 2, r->ch->prec.grad);
+        r->comm_done += 2 * sh->ring * G - ml__ep_saving(r->ch, t, 2, r->ch->prec.grad);
     else if (sh->zero == 1)
-        r->comm_done += sh->ring * G - ml__ep_grad_saving(r->ch, t, 1, r->ch->prec.grad);
+        r->comm_done += sh->ring * G - ml__ep_saving(r->ch, t, 1, r->ch->prec.grad);
     /* HSDP: the shard's gradient all-reduced over the replicas */
     r->comm_done += replicas_bytes(t, G);
     /* offload: the gradient partition goes down to the host's update */
@@ -176,7 +176,7 @@ void ml__time_after_step(ml_replay *r, const ml_training *t, uint64_t P)
         r->host_done += W / host_shards(t);
     /* ZeRO-1/2: the updated partitions are all-gathered */
     if (sh->zero == 1 || sh->zero == 2)
-        r->comm_done += sh->ring * W - ml__ep_grad_saving(r->ch, t, 1, r->ch->prec.param);
+        r->comm_done += sh->ring * W - ml__ep_saving(r->ch, t, 1, r->ch->prec.param);
 }
 
 void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)

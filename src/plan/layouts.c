@@ -89,11 +89,12 @@ static double over(double bytes, double gbps)
 }
 
 /* Whether an expert-parallel group stays inside a node of G: its ranks
- * next to the tensor- and context-parallel ones (Megatron's default order
- * tp-cp-ep-dp-pp). */
+ * are data-parallel ones, which the search places after the tensor-,
+ * context-parallel and pipeline ranks (tp innermost, then cp, pp, dp), so
+ * the group spans tp x cp x pp x ep devices. */
 static bool ep_inside(const ml_layout_row *row, uint64_t G)
 {
-    return row->tp * (row->cp > 1 ? row->cp : 1) * (row->ep > 1 ? row->ep : 1) <= G;
+    return row->tp * (row->cp > 1 ? row->cp : 1) * row->pp * (row->ep > 1 ? row->ep : 1) <= G;
 }
 
 /* The calls' latency (docs/search.md, "Latency"): tensor and context
@@ -497,7 +498,9 @@ static bool splits(search *x, uint64_t tp, uint64_t cp, tally *c, ml_status *st,
                     split[k].first_layers = shapes[u][0];
                     split[k].middle_layers = shapes[u][1];
                     split[k].last_layers = shapes[u][2];
-                    for (uint64_t ep = 1; ep <= dp * cp; ep++) {
+                    /* (a model without experts: ep 1 alone) */
+                    const uint64_t ep_top = x->m->moe.experts ? dp * cp : 1;
+                    for (uint64_t ep = 1; ep <= ep_top; ep++) {
                         if (!ep_tried(x, &split[k], ep))
                             continue;
                         split[k].ep = ep;
@@ -595,7 +598,7 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     /* nothing planned at all: with pinned parts a refusal (or a usage error
      * below); with none, no layout of these devices splits the model: the
      * note says so, with the first refusal */
-    const bool pinned = req->tp || req->cp || req->pp || req->vpp || req->micro_batch;
+    const bool pinned = req->tp || req->cp || req->pp || req->vpp || req->micro_batch || req->ep;
     if (!st && !x.planned && x.refused && pinned) {
         *err = x.refusal;
         st = ML_RANGE;
@@ -604,11 +607,13 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
         st = ml__errorf(err, ML_USAGE,
                         "%s: the pinned parts leave %s of %llu devices and a global batch of "
                         "%llu (parallel.tp %llu, parallel.cp %llu, parallel.pp %llu, "
-                        "parallel.vpp %llu, training.micro_batch %llu; 0: searched): tp x cp "
-                        "must divide the node's devices and the devices, pp the rest and the "
-                        "layers, vpp a stage's layers, and the micro-batch a data-parallel "
+                        "parallel.vpp %llu, parallel.ep %llu, training.micro_batch %llu; 0: "
+                        "searched): tp x cp must divide the node's devices and the devices, pp "
+                        "the rest and the layers, vpp a stage's layers, ep the data-parallel "
+                        "ranks (x cp) and the experts, and the micro-batch a data-parallel "
                         "rank's share",
                         req->micro_batch && out->layouts ? "training.micro_batch"
+                        : req->ep                        ? "parallel.ep"
                         : req->vpp                       ? "parallel.vpp"
                         : req->pp                        ? "parallel.pp"
                         : req->cp                        ? "parallel.cp"
@@ -616,8 +621,8 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
                         out->layouts ? "no micro-batch" : "no layout",
                         (unsigned long long)req->gpus, (unsigned long long)req->global_batch,
                         (unsigned long long)req->tp, (unsigned long long)req->cp,
-                        (unsigned long long)req->pp,
-                        (unsigned long long)req->vpp, (unsigned long long)req->micro_batch);
+                        (unsigned long long)req->pp, (unsigned long long)req->vpp,
+                        (unsigned long long)req->ep, (unsigned long long)req->micro_batch);
     if (!st)
         st = verdicts(&x, err);
     out->fitting = x.ncand;
