@@ -1,0 +1,83 @@
+/* A row of the layout search timed (docs/search.md): each collective's
+ * bytes at the bandwidth of the link its group crosses and each call's
+ * latency (NCCL's: ledger/latency.c), not overlapped with the compute. */
+#include "ledger/latency.h"
+#include "ledger/replay.h" /* ml__dp_hidden_s */
+#include "plan/layout_time.h"
+
+/* Bytes over a link of gbps GB/s; -1 when the link is unknown. */
+static double over(double bytes, double gbps)
+{
+    if (bytes <= 0)
+        return 0;
+    return gbps > 0 ? bytes / (gbps * 1e9) : -1;
+}
+
+/* Whether an expert-parallel group stays inside a node of G: its ranks
+ * are data-parallel ones, which the search places after the tensor-,
+ * context-parallel and pipeline ranks (tp innermost, then cp, pp, dp), so
+ * the group spans tp x cp x pp x ep devices. */
+static bool ep_inside(const ml_layout_row *row, uint64_t G)
+{
+    return row->tp * (row->cp > 1 ? row->cp : 1) * row->pp * (row->ep > 1 ? row->ep : 1) <= G;
+}
+
+/* The calls' latency (docs/search.md, "Latency"): tensor and context
+ * parallelism's inside a node; the pipeline's sends over the network once
+ * its stages leave the node; data parallelism's group over the nodes its
+ * ranks are on (strided by tp x cp x pp). */
+static double latency(const ml_ledger *l, const ml_layout_row *row, uint64_t G)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    const uint64_t cp = row->cp > 1 ? row->cp : 1, tc = row->tp * cp, D = row->dp * cp;
+    const uint64_t nodes = tc * row->pp >= G ? row->dp : (row->dp * tc * row->pp + G - 1) / G;
+    double sends = 0;
+    for (size_t i = 0; i < ml_ledger_rank_count(l); i++)
+        if (ml_ledger_rank(l, i)->p2p_sends > sends)
+            sends = ml_ledger_rank(l, i)->p2p_sends;
+    return s->tp_allreduces * ml__coll_latency_s(ML_COLL_ALL_REDUCE, row->tp, 1) +
+           s->tp_halves * ml__coll_latency_s(ML_COLL_HALF, row->tp, 1) +
+           s->cp_halves * ml__coll_latency_s(ML_COLL_HALF, cp, 1) +
+           s->cp_sends * ml__coll_latency_s(ML_COLL_SEND, cp, 1) +
+           sends * ml__coll_latency_s(ML_COLL_SEND, row->pp, tc * row->pp > G ? 2 : 1) +
+           s->dp_allreduces * ml__coll_latency_s(ML_COLL_ALL_REDUCE, D, nodes) +
+           s->dp_halves * ml__coll_latency_s(ML_COLL_HALF, D, nodes) +
+           s->ep_calls * ml__coll_latency_s(ML_COLL_ALL_TO_ALL, row->ep, ep_inside(row, G) ? 1 : 2);
+}
+
+/* The transfers' time: tensor parallelism inside a node, the pipeline's
+ * p2p and data parallelism's collectives over the network once their
+ * groups leave the node (tp innermost, then pp, then dp), each call's
+ * latency beside its bytes (*lat: that part). */
+double ml__layout_comm_time(const ml_config *cfg, const ml_layout_request *req,
+                            const ml_ledger *l, const ml_layout_row *row, double *lat)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    const double intra = cfg->device.interconnect_gbps;
+    const double net = req->network_gbps > 0 ? req->network_gbps : intra;
+    const uint64_t G = req->gpus_per_node ? req->gpus_per_node : 8;
+    double p2p = 0;
+    for (size_t i = 0; i < ml_ledger_rank_count(l); i++)
+        if (ml_ledger_rank(l, i)->p2p_bytes > p2p)
+            p2p = ml_ledger_rank(l, i)->p2p_bytes;
+    const uint64_t tc = row->tp * (row->cp > 1 ? row->cp : 1); /* inside a node */
+    /* (dp 1: the gradients reduce over the cp ranks, inside the node) */
+    const double dpbw = row->dp > 1 && tc * row->pp * row->dp > G ? net : intra;
+    double parts[5] = {over(s->tp_comm_bytes, intra), over(p2p, tc * row->pp > G ? net : intra),
+                       over(s->comm_bytes, dpbw), over(s->cp_comm_bytes, intra),
+                       over(s->ep_comm_bytes, ep_inside(row, G) ? intra : net)};
+    /* overlap_grad_reduce: what the last backward covers */
+    if (parts[2] > 0) {
+        const ml_config c = ml_layout_config(cfg, row);
+        parts[2] -= ml__dp_hidden_s(s, &c.training, dpbw * 1e9);
+    }
+    double t = 0;
+    *lat = 0;
+    for (int i = 0; i < 5; i++) {
+        if (parts[i] < 0)
+            return -1;
+        t += parts[i];
+    }
+    *lat = latency(l, row, G);
+    return t + *lat;
+}
