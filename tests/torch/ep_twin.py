@@ -76,6 +76,19 @@ import twins as tw  # noqa: E402  (the reference implementations)
 from crosscheck import Recorder, known_1_13  # noqa: E402  (the measurement)
 
 EP_SIZES = (2, 3)
+SENT = [0]  # bytes this rank's all-to-alls sent to the other ranks
+
+
+def skewed(n, k, E):
+    """A routing with expert 0 the busiest, 1.5 times its share: 3/4 of the
+    tokens choose it and one of 1, 2, 3 in turn, the last quarter two of
+    1, 2, 3 in turn ((1, 2), (2, 3), (3, 1)): per rank 3n/4 pairs for
+    expert 0 and 5n/12 for each other, as training.expert_imbalance 1.5
+    has the group's (busiest 1.5 x 2n/4, the rest shared evenly)."""
+    assert (k, E) == (2, 4) and n % 12 == 0
+    first = [[0, 1 + t % 3] for t in range(3 * n // 4)]
+    rest = [[[1, 2], [2, 3], [3, 1]][t % 3] for t in range(n // 4)]
+    return torch.tensor(first + rest)
 
 
 class AllToAll(torch.autograd.Function):
@@ -87,6 +100,7 @@ class AllToAll(torch.autograd.Function):
         ctx.splits = (out_splits, in_splits)
         out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
         dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits)
+        SENT[0] += sent(x, in_splits)
         return out
 
     @staticmethod
@@ -94,7 +108,14 @@ class AllToAll(torch.autograd.Function):
         out_splits, in_splits = ctx.splits
         gi = g.new_empty((sum(in_splits),) + tuple(g.shape[1:]))
         dist.all_to_all_single(gi, g.contiguous(), in_splits, out_splits)
+        SENT[0] += sent(g, out_splits)
         return gi, None, None
+
+
+def sent(x, splits):
+    """The bytes of x's rows an all-to-all sends to the other ranks."""
+    row = x[0].numel() * x.element_size() if x.dim() else x.element_size()
+    return row * sum(n for j, n in enumerate(splits) if j != dist.get_rank())
 
 
 def ep_mlp(s, b, h, ep):
@@ -104,7 +125,7 @@ def ep_mlp(s, b, h, ep):
     h = h.view(-1, D)
     N = h.shape[0]
     w = F.softmax(b.router(h), dim=1, dtype=torch.float)
-    chosen = (torch.arange(N)[:, None] * s.k + torch.arange(s.k)[None]) % s.E
+    chosen = tw.fixed_routing(N, s.k, s.E)
     w = w.gather(1, chosen)
     if s.renorm:
         w /= w.sum(dim=-1, keepdim=True)
@@ -117,6 +138,7 @@ def ep_mlp(s, b, h, ep):
         counts = torch.bincount(flat, minlength=s.E)
         recv = torch.empty_like(counts)
         dist.all_to_all_single(recv, counts, [El] * ep, [El] * ep)
+        SENT[0] += counts.element_size() * El * (ep - 1)
     in_splits = counts.view(ep, El).sum(1).tolist()
     out_splits = recv.view(ep, El).sum(1).tolist()
     sizes = recv.tolist()  # received chunks: (source rank j, local expert e)
@@ -195,7 +217,9 @@ def rank_main(rank, ep, init_file, out_dir, jobs):
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=ep)
     tw.FIXED_ROUTING[0] = True
     results = []
-    for path in jobs:
+    for path, routing in jobs:
+        tw.ROUTING[0] = skewed if routing == "skewed" else None
+        SENT[0] = 0
         with open(path) as fh:
             doc = tw.load(fh)
         tr = doc.get("training", {})
@@ -218,7 +242,8 @@ def rank_main(rank, ep, init_file, out_dir, jobs):
             loss = model.run(rec, batch, False)
         loss.backward()
         gerr, gname = grad_errors(ref, model, rank, ep)
-        results.append({"path": path, "blocks": rec.per_block(), "ref_blocks": rrec.per_block(),
+        results.append({"path": path, "routing": routing, "blocks": rec.per_block(),
+                        "ref_blocks": rrec.per_block(), "sent": SENT[0],
                         "loss": loss.item(), "ref_loss": ref_loss.item(),
                         "grad_err": gerr, "grad_worst": gname})
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as fh:
@@ -239,21 +264,47 @@ def run_world(ep, jobs):
         return out
 
 
-def hand_experts(m, B, T, ep):
-    """(the single-device experts' loop, the dispatch and the rank's experts)
-    in bytes, the routing balanced (R = P)."""
+def hand_experts(m, B, T, R):
+    """(the single-device experts' loop, the dispatch and the rank's experts
+    on its R rows) in bytes."""
     D, k = m["hidden"], m.get("experts_per_tok", 2)
     Fe = m.get("expert_ffn", m["ffn"])
-    N = P = R = k * B * T
+    N = P = k * B * T
     loop = 2 * N * 8 + 4 * (N * D + 4 * N * Fe + N * D + N + N * D)
     dispatch = 2 * P * 8 + 4 * (R * D + R + 4 * R * Fe + R * D)
     return loop, dispatch
 
 
-def plan(memledger, path, B, T, ep):
+def rows(m, B, T, ep, rank, routing):
+    """The rows rank's experts take: the group's pairs of its experts (the
+    skewed routing: 3n/4 pairs a rank for expert 0, 5n/12 for the others)."""
+    k, E = m.get("experts_per_tok", 2), m["experts"]
+    P, El = k * B * T, E // ep
+    if routing == "balanced":
+        return P
+    n = B * T
+    per = [3 * n // 4] + [5 * n // 12] * (E - 1)
+    return ep * sum(per[rank * El:(rank + 1) * El])
+
+
+def hand_sent(m, B, T, ep):
+    """What a rank's all-to-alls send to the others in one iteration, the
+    routing balanced: the counts (E int64), the tokens and weights of its P
+    pairs and the outputs of its R = P rows forward, the two gradients back,
+    (ep - 1)/ep of each (the plan's communication.expert_parallel...)."""
+    D, k, E = m["hidden"], m.get("experts_per_tok", 2), m["experts"]
+    P = k * B * T
+    fwd = E * 8 + P * (4 * D + 4) + P * 4 * D
+    bwd = P * 4 * D + P * (4 * D + 4)
+    return m["layers"] * (fwd + bwd) * (ep - 1) // ep
+
+
+def plan(memledger, path, B, T, ep, routing):
     args = [memledger, "plan", path, "--format", "json", "--micro-batch", str(B), "--seq-len",
             str(T), "--precision", "fp32", "--checkpoint", "none", "--ep", str(ep), "--dp",
             str(ep), "--allocator", "none"]
+    if routing == "skewed":
+        args += ["--expert-imbalance", "1.5"]
     return subprocess.run(args, capture_output=True, text=True), args
 
 
@@ -278,29 +329,40 @@ def main():
         with open(path) as fh:
             docs[path] = tw.load(fh)
     for ep in EP_SIZES:
-        jobs = [p for p, d in docs.items() if d["model"]["experts"] % ep == 0]
+        jobs = [(p, "balanced") for p, d in docs.items() if d["model"]["experts"] % ep == 0]
+        # the skewed routing on Mixtral's twin (4 experts, top-2) over 2 ranks
+        jobs += [(p, "skewed") for p, d in docs.items()
+                 if ep == 2 and (d["model"]["experts"], d["model"].get("experts_per_tok", 2)) ==
+                 (4, 2)]
         try:
             ranks = run_world(ep, jobs)
         except Exception as e:  # a rank raised: its traceback is on stderr
             check("ep%d ranks" % ep, False, "%s: %s" % (type(e).__name__, e))
             continue
-        for j, path in enumerate(jobs):
+        for j, (path, routing) in enumerate(jobs):
             doc = docs[path]
             m, tr = doc["model"], doc.get("training", {})
             B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
-            label = "%s ep%d" % (doc["name"], ep)
-            loop, dispatch = hand_experts(m, B, T, ep)
+            label = "%s ep%d %s" % (doc["name"], ep, routing)
             extra = known_1_13(doc, B, T)
-            out, args = plan(memledger, path, B, T, ep)
-            got = {}
+            out, args = plan(memledger, path, B, T, ep, routing)
+            got, comm = {}, None
             if out.returncode != 0:
                 check(label + " plan", False, "%s exited %d: %s" % (" ".join(args),
                                                                    out.returncode,
                                                                    out.stderr.strip()))
             else:
-                got = {x["name"]: x["activations_saved"] for x in json.loads(out.stdout)["blocks"]}
+                d = json.loads(out.stdout)
+                got = {x["name"]: x["activations_saved"] for x in d["blocks"]}
+                comm = d["communication"].get("expert_parallel_bytes_per_device")
             for rank, res in enumerate(ranks):
                 r = res[j]
+                loop, dispatch = hand_experts(m, B, T, rows(m, B, T, ep, rank, routing))
+                if routing == "balanced":
+                    want = hand_sent(m, B, T, ep)
+                    check("%s rank%d all-to-alls" % (label, rank),
+                          r["sent"] == want and comm == want,
+                          "sent %d B, by hand %d, planned %s" % (r["sent"], want, comm))
                 same = (abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"])
                         and r["grad_err"] <= 1e-4)
                 check("%s rank%d matches single device" % (label, rank), same,
@@ -314,7 +376,8 @@ def main():
                     check("%s rank%d %s" % (label, rank, blk), meas == want,
                           "measured %d, by hand %d (single device %d - its experts' loop %d + "
                           "dispatch %d)" % (meas, want, whole, loop, dispatch))
-                    if got:
+                    # the plan is the fullest rank's: rank 0 (the busiest expert)
+                    if got and (routing == "balanced" or rank == 0):
                         planned = meas - extra.get(blk, 0)
                         check("%s rank%d %s planned" % (label, rank, blk),
                               got.get(blk) == planned,

@@ -48,6 +48,16 @@ def bwd_mark(name, t):
 # assumes; the saved bytes do not depend on the routing (crosscheck.py keeps
 # the learned one), its transients do
 FIXED_ROUTING = [False]
+# with FIXED_ROUTING, a function (tokens, k, E) -> the (tokens, k) experts
+# chosen, in place of the balanced rule (ep_twin.py's skewed routing)
+ROUTING = [None]
+
+
+def fixed_routing(n, k, E):
+    """The fixed routing's experts for n tokens: the balanced rule, or ROUTING's."""
+    if ROUTING[0]:
+        return ROUTING[0](n, k, E)
+    return (torch.arange(n)[:, None] * k + torch.arange(k)[None]) % E
 
 
 # Blocks per checkpoint segment of a transformer (livebytes.py sets 2 for
@@ -766,8 +776,7 @@ class Mixtral(Llama):
         logits = b.router(h)
         w = F.softmax(logits, dim=1, dtype=torch.float)
         if FIXED_ROUTING[0]:  # as DeepseekV3's; gather saves what topk does
-            n = w.shape[0]
-            chosen = (torch.arange(n)[:, None] * s.k + torch.arange(s.k)[None]) % s.E
+            chosen = fixed_routing(w.shape[0], s.k, s.E)
             w = w.gather(1, chosen)
         else:
             w, chosen = torch.topk(w, s.k, dim=-1)
