@@ -291,6 +291,11 @@ ml_status ml__engine_refused(const ml_model *m, const ml_training *t, ml_error *
  * 0 (seg NULL: none). */
 double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int *seg,
                             double *allreduces, double *halves);
+/* The layers' blocks of a chain (checkpointable: ckpt_index >= 0, as the
+ * pipeline's slicer counts them) and those recomputed (seg[k] >= 0; seg
+ * NULL: none): what the collectives of tensor, context and expert
+ * parallelism count. */
+void ml__chain_layers(const ml_chain *ch, const int *seg, double *layers, double *recomputed);
 /* Expert parallelism (expert_parallel.c, docs/parallel.md): ML_RANGE with
  * the reason when m under t's parallel.ep cannot be planned. */
 ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err);

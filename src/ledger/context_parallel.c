@@ -82,12 +82,8 @@ double ml__cp_communication(const ml_chain *ch, const ml_training *t, const int 
      * 8 e bytes each; a recomputed layer gathers once more */
     const double cp = (double)ch->cp, e = (double)ch->cp_kv, a = ch->prec.a;
     const double gather = (cp - 1) * 2 * a * e;
-    double layers = 0, recomputed = 0;
-    for (size_t k = 0; k < ch->n; k++)
-        if (ch->blocks[k].ckpt_index >= 0) {
-            layers += 1;
-            recomputed += seg && seg[k] >= 0;
-        }
+    double layers, recomputed;
+    ml__chain_layers(ch, seg, &layers, &recomputed);
     const double per_micro = layers * (2 * gather + cp * 8 * e) + recomputed * gather;
     const double A = (double)(t->grad_accum ? t->grad_accum : 1);
     *halves = A * (2 * layers + recomputed);

@@ -77,18 +77,6 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
     return ML_OK;
 }
 
-/* The layers of the rank's chain (a pipeline stage's), and those
- * recomputed. */
-static void layers(const ml_chain *ch, const int *seg, double *L, double *R)
-{
-    *L = *R = 0;
-    for (size_t k = 0; k < ch->n; k++)
-        if (ch->blocks[k].ckpt_index >= 0) {
-            *L += 1;
-            *R += seg && seg[k] >= 0 ? 1 : 0;
-        }
-}
-
 double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int *seg,
                             double *calls)
 {
@@ -110,7 +98,7 @@ double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int 
     const double fwd = (double)ch->moe_experts * 8 + P * (row + 4) + Rr * row;
     const double bwd = P * row + Rr * (row + 4);
     double L, R;
-    layers(ch, seg, &L, &R);
+    ml__chain_layers(ch, seg, &L, &R);
     const double A = (double)(t->grad_accum ? t->grad_accum : 1);
     /* the calls: the counts', the tokens' and the weights' all-to-alls
      * and the combine's in forward, three in backward, the forward's four
@@ -124,7 +112,7 @@ uint64_t ml__ep_expert_params(const ml_chain *ch)
     if (ch->ep <= 1)
         return 0;
     double L, R;
-    layers(ch, NULL, &L, &R);
+    ml__chain_layers(ch, NULL, &L, &R);
     return (uint64_t)L * ch->ep_layer_params;
 }
 

@@ -98,22 +98,24 @@ const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model
     return rank;
 }
 
-/* The layers' blocks (checkpointable: ckpt_index >= 0, as the pipeline's
- * slicer counts them) and those recomputed (seg >= 0); whether the chain
- * has the embedding and the head (a pipeline stage may have neither). */
-static void layer_counts(const ml_chain *ch, const int *seg, double *layers, double *recomputed,
-                         bool *embedding, bool *head)
+void ml__chain_layers(const ml_chain *ch, const int *seg, double *layers, double *recomputed)
 {
     *layers = *recomputed = 0;
-    *embedding = *head = false;
-    for (size_t k = 0; k < ch->n; k++) {
-        const char *name = ch->blocks[k].name;
+    for (size_t k = 0; k < ch->n; k++)
         if (ch->blocks[k].ckpt_index >= 0) {
             *layers += 1;
             *recomputed += seg && seg[k] >= 0 ? 1 : 0;
         }
-        *embedding |= !strcmp(name, "embedding");
-        *head |= !strcmp(name, "head");
+}
+
+/* Whether the chain has the embedding and the head (a pipeline stage may
+ * have neither). */
+static void ends(const ml_chain *ch, bool *embedding, bool *head)
+{
+    *embedding = *head = false;
+    for (size_t k = 0; k < ch->n; k++) {
+        *embedding |= !strcmp(ch->blocks[k].name, "embedding");
+        *head |= !strcmp(ch->blocks[k].name, "head");
     }
 }
 
@@ -131,7 +133,8 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
     const double S = (double)ch->B * (double)ch->T * (double)ch->c_width * ch->prec.a;
     double L, R;
     bool has_embedding, has_head;
-    layer_counts(ch, seg, &L, &R, &has_embedding, &has_head);
+    ml__chain_layers(ch, seg, &L, &R);
+    ends(ch, &has_embedding, &has_head);
     /* per layer: two column-parallel sites (the attention's input, the
      * MLP's) and two row-parallel ones (their outputs). Without sequence
      * parallelism an all-reduce at each row site in forward and at each
