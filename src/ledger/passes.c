@@ -384,6 +384,24 @@ static uint64_t kv_bytes(ml_chain *ch, const ml_model *m, uint64_t batch, uint64
     return ml_mul(ch, v, bytes);
 }
 
+/* The splits an inference job's plan does not take. */
+static ml_status inference_refused(const ml_training *t, ml_error *err)
+{
+    if (t->context_parallel > 1)
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.cp: %llu for an inference job: its context parallelism "
+                          "(the KV cache split over ranks) is not planned; plan it without "
+                          "parallel.cp",
+                          (unsigned long long)t->context_parallel);
+    if (ml_training_ep(t) > 1)
+        return ml__errorf(err, ML_RANGE,
+                          "parallel.ep: %llu for an inference job: its expert parallelism "
+                          "(the experts split over ranks at decode) is not planned; plan it "
+                          "without parallel.ep",
+                          (unsigned long long)ml_training_ep(t));
+    return ML_OK;
+}
+
 ml_status ml_inference_evaluate(const ml_model *m, const ml_config *cfg, uint64_t generate,
                                 ml_inference *out, ml_error *err)
 {
@@ -391,18 +409,9 @@ ml_status ml_inference_evaluate(const ml_model *m, const ml_config *cfg, uint64_
     if (!err)
         err = &local;
     memset(err, 0, sizeof *err);
-    if (cfg->training.context_parallel > 1)
-        return ml__errorf(err, ML_RANGE,
-                          "parallel.cp: %llu for an inference job: its context parallelism "
-                          "(the KV cache split over ranks) is not planned; plan it without "
-                          "parallel.cp",
-                          (unsigned long long)cfg->training.context_parallel);
-    if (ml_training_ep(&cfg->training) > 1)
-        return ml__errorf(err, ML_RANGE,
-                          "parallel.ep: %llu for an inference job: its expert parallelism "
-                          "(the experts split over ranks at decode) is not planned; plan it "
-                          "without parallel.ep",
-                          (unsigned long long)ml_training_ep(&cfg->training));
+    ml_status refused = inference_refused(&cfg->training, err);
+    if (refused)
+        return refused;
     /* the job's shape is its micro_batch and seq_len; nothing trains */
     ml_config c = *cfg;
     ml_training *t = &c.training;

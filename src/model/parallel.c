@@ -363,6 +363,28 @@ static ml_status pipeline_keys(ml_error *err, const ml_node *p, ml_training *t)
     return ML_OK;
 }
 
+/* The section's cp and ep, and the splits not planned (etp) at 1. */
+static ml_status split_keys(ml_error *err, const ml_node *p, ml_training *t)
+{
+    uint64_t lo = 1, hi = 1, v = 1;
+    ml_status st;
+    ml_config_range("parallel.cp", &lo, &hi);
+    if ((st = ml__tree_uint(err, p, "cp", "parallel", lo, hi, &t->context_parallel)))
+        return st;
+    ml_config_range("parallel.ep", &lo, &hi);
+    if ((st = ml__tree_uint(err, p, "ep", "parallel", lo, hi, &t->expert_parallel)))
+        return st;
+    for (size_t k = 0; k < sizeof unplanned / sizeof unplanned[0]; k++) {
+        const ml_node *n = ml__tree_get(p, unplanned[k].name);
+        if (n && !(st = ml__tree_uint(err, p, unplanned[k].name, "parallel", 1, 1048576, &v)) &&
+            v != 1)
+            st = refuse_unplanned(err, n, k, v);
+        if (st)
+            return st;
+    }
+    return ML_OK;
+}
+
 /* The YAML section: a mapping of the parts (tp: 8, sp: true, dp: 16, pp,
  * vpp, cp, ep, and etp at 1), or the compact form as a scalar. A pipeline's
  * own keys are refused with the reason. */
@@ -421,20 +443,8 @@ ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
         t->pp_schedule = ML_PP_INTERLEAVED;
     if ((st = pipeline_keys(err, p, t)))
         return st;
-    ml_config_range("parallel.cp", &lo, &hi);
-    if ((st = ml__tree_uint(err, p, "cp", "parallel", lo, hi, &t->context_parallel)))
+    if ((st = split_keys(err, p, t)))
         return st;
-    ml_config_range("parallel.ep", &lo, &hi);
-    if ((st = ml__tree_uint(err, p, "ep", "parallel", lo, hi, &t->expert_parallel)))
-        return st;
-    for (size_t k = 0; k < sizeof unplanned / sizeof unplanned[0]; k++) {
-        const ml_node *n = ml__tree_get(p, unplanned[k].name);
-        if (n && !(st = ml__tree_uint(err, p, unplanned[k].name, "parallel", 1, 1048576, &v)) &&
-            v != 1)
-            st = refuse_unplanned(err, n, k, v);
-        if (st)
-            return st;
-    }
     if (ml__tree_get(p, "overlap_grad_reduce") &&
         (st = ml__tree_bool(err, p, "overlap_grad_reduce", "parallel", &t->overlap_grad_reduce)))
         return st;
