@@ -110,25 +110,37 @@ typedef struct {
     uint16_t where, c1, c3, x, G1, A1, U, P, Y, rw, Z;
 } expert_t;
 
-static void expert_tensors(ml_graph *g, const mlg_layer *L, uint8_t hd, expert_t *e)
+/* Hugging Face's loop gathers each expert's rows and weights itself
+ * (torch.where's indices, the rows, the weights); under expert
+ * parallelism (dispatched) they are views of the dispatch's sorted rows
+ * and weights: MLG_NONE. */
+static void expert_tensors(ml_graph *g, const mlg_layer *L, uint8_t hd, bool dispatched,
+                           expert_t *e)
 {
-    e->where = ml__graph_tensor(g, "expert token indices (torch.where, int64)", MLG_INT64,
-                                MLG_ACT, 1, MLG_NE);
-    if (e->where != MLG_NONE)
-        g->t[e->where].factor = 2; /* idx and top_x */
+    e->where = e->x = e->rw = MLG_NONE;
+    if (!dispatched) {
+        e->where = ml__graph_tensor(g, "expert token indices (torch.where, int64)", MLG_INT64,
+                                    MLG_ACT, 1, MLG_NE);
+        if (e->where != MLG_NONE)
+            g->t[e->where].factor = 2; /* idx and top_x */
+    }
     e->c1 = e->c3 = MLG_NONE;
     if (L->autocast) {
         e->c1 = rows(g, "expert input cast for w1", MLG_HALF, MLG_D);
         e->c3 = rows(g, "expert input cast for w3", MLG_HALF, MLG_D);
     }
-    e->x = rows(g, "expert input (gathered rows)", hd, MLG_D);
+    if (!dispatched)
+        e->x = rows(g, "expert input (gathered rows)", hd, MLG_D);
     e->G1 = rows(g, "expert w1 output (silu input)", MLG_COMPUTE, MLG_FE);
     e->A1 = rows(g, "expert silu output", MLG_COMPUTE, MLG_FE);
     e->U = rows(g, "expert w3 output", MLG_COMPUTE, MLG_FE);
     e->P = rows(g, "expert product (w2 input)", MLG_COMPUTE, MLG_FE);
     e->Y = rows(g, "expert output (weighted by the router)", MLG_COMPUTE, MLG_D);
-    e->rw = ml__graph_tensor(g, "gathered routing weights", hd, MLG_ACT, 1, MLG_NE);
-    e->Z = rows(g, "weighted expert output (index_add_ source)", hd, MLG_D);
+    if (!dispatched)
+        e->rw = ml__graph_tensor(g, "gathered routing weights", hd, MLG_ACT, 1, MLG_NE);
+    e->Z = rows(g, dispatched ? "weighted expert output (cat's source)"
+                              : "weighted expert output (index_add_ source)",
+                hd, MLG_D);
 }
 
 /* A matmul of an expert: x (or its cast c) times the weight W (its
@@ -236,7 +248,7 @@ static uint16_t experts(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t wk
     const uint8_t hd = g->t[h].dtype;
     expert_t e;
     const uint16_t t0 = g->nt;
-    expert_tensors(g, L, hd, &e);
+    expert_tensors(g, L, hd, false, &e);
     const uint16_t t1 = g->nt;
     uint16_t wc[3], W[3];
     expert_weights(g, L, wc, W);
@@ -268,9 +280,6 @@ static uint16_t experts(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t wk
  * until the layer returns (MoELayer's locals); the backward is the block
  * rule's with the all-to-alls' gradient buffers beside it
  * (ml__ep_backward). */
-typedef struct {
-    uint16_t c1, c3, G1, A1, U, P, Y, Z;
-} ep_expert_t;
 
 static uint16_t ep_rows(ml_graph *g, const char *name, uint8_t dtype)
 {
@@ -286,25 +295,10 @@ static uint16_t ep_pairs(ml_graph *g, const char *name, uint8_t dtype)
     return t;
 }
 
-static void ep_expert_tensors(ml_graph *g, const mlg_layer *L, uint8_t hd, ep_expert_t *e)
-{
-    e->c1 = e->c3 = MLG_NONE;
-    if (L->autocast) {
-        e->c1 = rows(g, "expert input cast for w1", MLG_HALF, MLG_D);
-        e->c3 = rows(g, "expert input cast for w3", MLG_HALF, MLG_D);
-    }
-    e->G1 = rows(g, "expert w1 output (silu input)", MLG_COMPUTE, MLG_FE);
-    e->A1 = rows(g, "expert silu output", MLG_COMPUTE, MLG_FE);
-    e->U = rows(g, "expert w3 output", MLG_COMPUTE, MLG_FE);
-    e->P = rows(g, "expert product (w2 input)", MLG_COMPUTE, MLG_FE);
-    e->Y = rows(g, "expert output (weighted by the router)", MLG_COMPUTE, MLG_D);
-    e->Z = rows(g, "weighted expert output (cat's source)", hd, MLG_D);
-}
-
 /* One local expert on its rows of xs (a view), weighted by its rows of the
  * sorted routing weights rw (a view): w1, silu, w3, the product, w2, the
  * weighting (keeps the output and the weights). */
-static void ep_expert_ops(ml_graph *g, const ep_expert_t *e, uint16_t xs, uint16_t rw,
+static void ep_expert_ops(ml_graph *g, const expert_t *e, uint16_t xs, uint16_t rw,
                           const uint16_t W[3], const uint16_t wc[3])
 {
     ml__kit_cast_ops(g, xs, e->c1, MLG_NONE, MLG_NONE);
@@ -415,8 +409,8 @@ static uint16_t experts_ep(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t
     uint16_t d[8];
     ep_dispatch_tensors(g, hd, d);
     const uint16_t t0 = g->nt;
-    ep_expert_t e;
-    ep_expert_tensors(g, L, hd, &e);
+    expert_t e;
+    expert_tensors(g, L, hd, true, &e);
     const uint16_t t1 = g->nt;
     uint16_t wc[3], W[3];
     expert_weights(g, L, wc, W);

@@ -313,7 +313,7 @@ double ml__ep_saving(const ml_chain *ch, const ml_training *t, double times, dou
 /* A shard of `all` bytes of which `experts` are the routed experts': the
  * experts' over the dp x cp / ep ranks holding them, the rest over dp x cp
  * (ml__shard_group); all / N rounded up without ep. */
-uint64_t ml__ep_shard(ml_chain *ch, const ml_training *t, uint64_t all, uint64_t experts);
+uint64_t ml__ep_shard(const ml_chain *ch, const ml_training *t, uint64_t all, uint64_t experts);
 /* Block b's gradient partition under ZeRO 2 over N ranks: its experts'
  * over N / ep, the rest over N (all / N rounded up without ep). */
 uint64_t ml__ep_grad_shard(const ml_chain *ch, const ml_cblock *b, uint64_t N);

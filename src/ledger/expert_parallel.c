@@ -124,12 +124,28 @@ double ml__ep_saving(const ml_chain *ch, const ml_training *t, double times, dou
     return times * ((N - 1) / N - (Ne - 1) / Ne) * (double)ml__ep_expert_params(ch) * per;
 }
 
-uint64_t ml__ep_shard(ml_chain *ch, const ml_training *t, uint64_t all, uint64_t experts)
+/* A shard over N ranks of `all` bytes of which `experts` are the routed
+ * experts': theirs over the N / ep ranks that hold them, the rest over N
+ * (all / N rounded up without ep or experts). */
+static uint64_t split(uint64_t all, uint64_t experts, uint64_t N, uint64_t ep)
 {
-    const uint64_t N = ml__shard_group(t);
-    if (ch->ep <= 1 || experts > all)
+    if (ep <= 1 || !experts || experts > all || N < ep)
         return ml__ceil_div(all, N);
-    return ml_add(ch, ml__ceil_div(all - experts, N), ml__ceil_div(experts, N / ch->ep));
+    return ml__ceil_div(all - experts, N) + ml__ceil_div(experts, N / ep);
+}
+
+/* Block b's routed experts' bytes, `per` a parameter: a layer's under
+ * expert parallelism over N >= ep ranks, else 0. */
+static uint64_t block_experts(const ml_chain *ch, const ml_cblock *b, uint64_t N, unsigned per)
+{
+    if (ch->ep <= 1 || b->ckpt_index < 0 || N < ch->ep)
+        return 0;
+    return ch->ep_layer_params * per;
+}
+
+uint64_t ml__ep_shard(const ml_chain *ch, const ml_training *t, uint64_t all, uint64_t experts)
+{
+    return split(all, experts, ml__shard_group(t), ch->ep);
 }
 
 /* Expert parallelism's dispatch (graph/kit_mixtral.c, experts_ep; its
@@ -165,22 +181,16 @@ void ml__ep_dispatch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
 
 uint64_t ml__ep_grad_shard(const ml_chain *ch, const ml_cblock *b, uint64_t N)
 {
-    const uint64_t all = b->grad_bytes;
-    if (ch->ep <= 1 || b->ckpt_index < 0 || N < ch->ep)
-        return ml__ceil_div(all, N);
-    const uint64_t experts = ch->ep_layer_params * ch->prec.grad;
-    if (experts > all)
-        return ml__ceil_div(all, N);
-    return ml__ceil_div(all - experts, N) + ml__ceil_div(experts, N / ch->ep);
+    return split(b->grad_bytes, block_experts(ch, b, N, ch->prec.grad), N, ch->ep);
 }
 
 double ml__ep_ring(const ml_chain *ch, const ml_cblock *b, uint64_t N, double all,
                    unsigned per)
 {
     const double f = N > 1 ? (double)(N - 1) / (double)N : 0;
-    if (ch->ep <= 1 || b->ckpt_index < 0 || N < ch->ep)
+    const double experts = (double)block_experts(ch, b, N, per);
+    if (!(experts > 0) || experts > all)
         return f * all;
-    const double experts = (double)ch->ep_layer_params * per;
     const double Ne = (double)(N / ch->ep), fe = Ne > 1 ? (Ne - 1) / Ne : 0;
-    return experts > all ? f * all : f * (all - experts) + fe * experts;
+    return f * (all - experts) + fe * experts;
 }

@@ -95,6 +95,15 @@ static inline ml_config config_allocated(const ml_model *m)
     return c;
 }
 
+/* Whether c plans (its status; *e the reason), the ledger dropped. */
+static inline ml_status status_of(const ml_model *m, const ml_config *c, ml_error *e)
+{
+    ml_ledger *l = NULL;
+    ml_status st = ml_ledger_evaluate(m, c, false, &l, e);
+    ml_ledger_destroy(l);
+    return st;
+}
+
 static inline ml_ledger *eval(const ml_model *m, const ml_config *c, bool events)
 {
     ml_ledger *l = NULL;

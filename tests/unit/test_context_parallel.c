@@ -138,14 +138,6 @@ static void test_planner(void **state)
     ml_model_destroy(m);
 }
 
-static ml_status status_of(const ml_model *m, const ml_config *c, ml_error *e)
-{
-    ml_ledger *l = NULL;
-    ml_status st = ml_ledger_evaluate(m, c, false, &l, e);
-    ml_ledger_destroy(l);
-    return st;
-}
-
 static void test_refusals(void **state)
 {
     (void)state;

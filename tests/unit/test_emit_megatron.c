@@ -36,6 +36,14 @@ static size_t check_flags(const char *out)
     return n;
 }
 
+/* Fails unless out holds each of want[0 .. n). */
+static void expect_all(const char *out, const char *const *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strstr(out, want[i]))
+            fail_msg("lacks '%s' in:\n%s", want[i], out);
+}
+
 static const char *gpt =
     "model:\n  type: decoder\n  layers: 96\n  hidden: 12288\n  heads: 96\n  ffn: 49152\n"
     "  activation: gelu\n  norm: layernorm\n  vocab: 51200\n  max_positions: 2048\n"
@@ -61,9 +69,7 @@ static void test_gpt3(void **state)
                                  "--use-distributed-optimizer ", "--bf16 ",
                                  "--recompute-granularity selective\n",
                                  "--untie-embeddings-and-output-weights "};
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
-        if (!strstr(out, want[i]))
-            fail_msg("lacks '%s' in:\n%s", want[i], out);
+    expect_all(out, want, sizeof want / sizeof want[0]);
     free(out);
     ml_model_destroy(m);
 }
@@ -160,9 +166,7 @@ static void test_experts(void **state)
                                  "--moe-token-dispatcher-type alltoall ",
                                  "--expert-model-parallel-size 8 ",
                                  "--use-distributed-optimizer ", "Hugging Face's SwiGLU"};
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
-        if (!strstr(out, want[i]))
-            fail_msg("lacks '%s' in:\n%s", want[i], out);
+    expect_all(out, want, sizeof want / sizeof want[0]);
     assert_null(strstr(out, "--moe-router-pre-softmax"));
     free(out);
     ml_model_destroy(m);
