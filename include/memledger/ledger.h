@@ -369,6 +369,14 @@ typedef struct ml_summary {
     double ep_comm_bytes;
     double time_ep_s;
     double ep_calls;
+    /* expert tensor parallelism's all-gathers and reduce-scatters of each
+     * MoE layer's rows (docs/parallel.md, "Expert tensor parallelism"):
+     * bytes each rank sends per iteration, their time at
+     * device.interconnect_gbps, not overlapped (0 without parallel.etp
+     * above 1, time < 0 not timed), and their calls */
+    double etp_comm_bytes;
+    double time_etp_s;
+    double etp_calls;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -214,6 +214,12 @@ typedef struct ml_training {
                                       runs the tokens an all-to-all brings it,
                                       docs/parallel.md "Expert parallelism"), taken from
                                       the dp x cp ranks; 0 or 1: none */
+    uint64_t expert_tensor_parallel; /* parallel.etp: ranks splitting each routed expert's
+                                        width (Megatron's expert tensor parallelism: an
+                                        all-gather of the dispatched rows, a
+                                        reduce-scatter of the outputs); 0: tp, Megatron's
+                                        default. With tp x cp x dp = etp x ep x the
+                                        experts' data-parallel ranks */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it
@@ -363,6 +369,9 @@ ML_API const char *ml_model_attention_assumed(const ml_model *m);
 /* An encoder-decoder's decoder tokens per sample under t (training.target_len,
  * or seq_len when 0); 0 for the other models, which have one sequence. */
 ML_API uint64_t ml_model_target_len(const ml_model *m, const ml_training *t);
+/* A mixture of experts' routed experts per layer (model.experts); 0 for a
+ * dense model. */
+ML_API uint64_t ml_model_experts(const ml_model *m);
 /* A multimodal model's image tokens per sample (each sample one image; part
  * of training.seq_len); 0 for the other models. */
 ML_API uint64_t ml_model_image_tokens(const ml_model *m);
@@ -479,12 +488,16 @@ ML_API uint64_t ml_training_cp(const ml_training *t);
 /* The expert-parallel ranks a mixture of experts' experts are split over
  * (1 when none). */
 ML_API uint64_t ml_training_ep(const ml_training *t);
+/* The expert-tensor-parallel ranks a routed expert's width is split over:
+ * expert_tensor_parallel, or tensor_parallel when 0 (Megatron's default; 1
+ * when neither). */
+ML_API uint64_t ml_training_etp(const ml_training *t);
 /* The compact layout "tp8.pp4.cp2.dp16" (the parts in any order, each at
  * most once; docs/parallel.md) into t: tp sets tensor_parallel, dp
  * data_parallel, pp pipeline_parallel, vpp virtual_stages (and the
- * interleaved schedule above 1), cp context_parallel, ep expert_parallel;
- * etp above 1 is refused (not modelled: ML_RANGE), as is a part given twice
- * or an unknown one (ML_USAGE). */
+ * interleaved schedule above 1), cp context_parallel, ep expert_parallel,
+ * etp expert_tensor_parallel; a part given twice or an unknown one is
+ * refused (ML_USAGE), a size out of range too (ML_RANGE). */
 ML_API ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err);
 /* Writes the policy's YAML spelling ("every-2", "[0, 3]") into buf. */
 ML_API void ml_checkpoint_format(const ml_checkpoint *c, char *buf, size_t size);

@@ -1,8 +1,7 @@
 /* The parallel layout on the command line (docs/parallel.md): --parallel
  * LAYOUT (the compact form, tp8.pp4.dp16), --tp N, --sp and --no-sp, the
  * pipeline's --pp, --vpp, --pp-schedule, --micro-batches and --pp-layers,
- * context parallelism's --cp, expert parallelism's --ep, and the splits the planner does not model
- * yet, refused above one rank. */
+ * context parallelism's --cp, expert parallelism's --ep and --etp. */
 #include <stdio.h>
 #include <string.h>
 
@@ -15,28 +14,6 @@ static int refused(const char *flag, const ml_error *e)
     const char *msg = strchr(e->msg, ':');
     ml_cli_errorf("%s:%s", flag, msg ? msg + 1 : e->msg);
     return ML_EXIT_BAD_INPUT;
-}
-
-/* --etp: accepted at 1, refused above (not modelled yet); true when it is
- * refused (its message printed). */
-static bool unplanned_splits(const ml_cli_opts *o)
-{
-    const struct {
-        const char *flag, *what, *v;
-    } splits[] = {{"--etp", "expert tensor parallelism", o->etp}};
-    for (size_t k = 0; k < sizeof splits / sizeof splits[0]; k++) {
-        uint64_t v = 1;
-        if (splits[k].v && ml_cli_whole(splits[k].flag, splits[k].v, 1, 1048576, &v))
-            return true;
-        if (v != 1) {
-            ml_cli_errorf("%s: %llu: %s is not modelled yet; plan each rank with tensor (--tp), "
-                          "context (--cp), expert (--ep), pipeline (--pp) and data "
-                          "(--data-parallel) parallelism, or give 1",
-                          splits[k].flag, (unsigned long long)v, splits[k].what);
-            return true;
-        }
-    }
-    return false;
 }
 
 /* The data-parallel sharding's flags: --dist-optimizer and
@@ -80,6 +57,8 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
         return ML_EXIT_BAD_INPUT;
     if (o->ep && ml_cli_whole("--ep", o->ep, 1, 65536, &t->expert_parallel))
         return ML_EXIT_BAD_INPUT;
+    if (o->etp && ml_cli_whole("--etp", o->etp, 1, 65536, &t->expert_tensor_parallel))
+        return ML_EXIT_BAD_INPUT;
     if (o->vpp && t->virtual_stages > 1)
         t->pp_schedule = ML_PP_INTERLEAVED;
     if (o->pp_schedule && !ml_pp_schedule_parse(o->pp_schedule, &t->pp_schedule)) {
@@ -111,8 +90,6 @@ int ml_cli_parallel_flags(const ml_cli_opts *o, ml_training *t)
         ml_cli_errorf("%s: a pipeline's setting; give --pp above 1 with it", lone);
         return ML_EXIT_BAD_INPUT;
     }
-    if (unplanned_splits(o))
-        return ML_EXIT_BAD_INPUT;
     int rc = sharding_flags(o, t);
     if (rc)
         return rc;

@@ -207,7 +207,7 @@ bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer
     if (m->moe.experts)
         L->moe = (mlg_moe){m->moe.router_sigmoid ? MLG_MOE_DEEPSEEK_V3 : MLG_MOE_DEEPSEEK_V2,
                            m->moe.renorm, m->moe.grouped_topk, m->moe.shared_ffn > 0,
-                           c->stream_bytes == 4, false};
+                           c->stream_bytes == 4, false, false, false};
     return true;
 }
 
@@ -222,7 +222,7 @@ bool ml__family_mixtral_layer(const ml_model *m, const mlg_config *c, mlg_layer 
         m->mlp.activation != ML_ACT_SWIGLU || !hf_layout(m, c, n, L))
         return false;
     L->moe = (mlg_moe){MLG_MOE_MIXTRAL, m->moe.renorm, false, m->moe.shared_ffn > 0,
-                       c->stream_bytes == 4, c->ep};
+                       c->stream_bytes == 4, c->ep, c->ep && c->ep_one, c->ep && c->etp};
     return true;
 }
 

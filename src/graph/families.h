@@ -16,8 +16,10 @@ typedef struct {
     bool eval;          /* the evaluation pass (model.eval(), no_grad) */
     bool ring;          /* context parallelism: the fused attention runs as ring
                            attention (docs/parallel.md) */
-    bool ep;            /* expert parallelism: a mixture of experts' dispatch
-                           (docs/parallel.md) */
+    bool ep;            /* a mixture of experts' dispatch (expert, expert-tensor
+                           or tensor parallelism; docs/parallel.md) */
+    bool ep_one;        /* with ep: one expert-parallel rank */
+    bool etp;           /* with ep: more than one expert-tensor rank */
 } mlg_config;
 
 /* nanoGPT's and Hugging Face GPT-2's layer (pre-LayerNorm, one c_attn

@@ -237,8 +237,10 @@ static bool has_dim(const mlg_tensor *p, uint8_t d)
 
 bool ml__graph_tp_split(const ml_graph *g, uint16_t t)
 {
-    static const uint8_t split[] = {MLG_H,  MLG_HKV, MLG_DQ, MLG_DKV, MLG_QKV,
-                                    MLG_F,  MLG_F2,  MLG_V,  MLG_VO,  MLG_KVB};
+    /* MLG_FS: Megatron's shared experts are an MLP over the tp ranks
+     * (megatron/core/transformer/moe/shared_experts.py) */
+    static const uint8_t split[] = {MLG_H, MLG_HKV, MLG_DQ, MLG_DKV, MLG_QKV, MLG_F,
+                                    MLG_F2, MLG_V, MLG_VO, MLG_KVB, MLG_FS};
     for (size_t i = 0; i < sizeof split; i++)
         if (has_dim(&g->t[t], split[i]))
             return true;

@@ -68,8 +68,11 @@ typedef enum {
                 rank's keys; docs/parallel.md) */
     MLG_EL,  /* the routed experts a rank holds: E, or E / ep under expert
                 parallelism (docs/parallel.md) */
-    MLG_R,   /* expert parallelism: the (token, expert) rows the all-to-all
-                brings the rank, its experts' runs summed */
+    MLG_R,   /* the experts' dispatch (expert, expert-tensor or tensor
+                parallelism): the (token, expert) rows the rank's experts
+                take, their runs summed */
+    MLG_RA,  /* the same: the rows the all-to-all brings the rank, R / etp
+                (the all-gather over the expert-tensor ranks makes them R) */
     MLG_L0,
     MLG_NDIMS = MLG_L0 + MLG_NLIT
 } mlg_dim;

@@ -108,8 +108,13 @@ typedef struct {
     bool grouped;  /* V2's group_limited_greedy: a bool mask over the scores */
     bool shared;   /* shared experts on every token (Qwen2-MoE's: one, gated) */
     bool h32;      /* the norm's output is fp32 (the stream's dtype) */
-    bool ep;       /* expert parallelism (Mixtral's kind): the rank's experts
+    bool ep;       /* the experts' dispatch (Mixtral's kind, under expert,
+                      expert-tensor or tensor parallelism): the rank's experts
                       run on the rows an all-to-all brings it (kit_mixtral.c) */
+    bool ep_one;   /* with ep: the expert-parallel group is one rank (its
+                      all-to-all returns its input) */
+    bool etp;      /* with ep: the expert-tensor ranks' all-gather of the
+                      rows and reduce-scatter of the outputs */
 } mlg_moe;
 
 /* A layer: its components and how they are wired. */

@@ -250,12 +250,19 @@ typedef struct {
     uint64_t cp_kv;             /* with cp > 1: the elements of a rank's keys (or
                                    values) in one layer, B T Hkv dh */
     uint64_t ep;                /* expert parallelism's ranks (1: none) */
-    uint64_t ep_rows;           /* with ep > 1: the rows of one MoE layer the
-                                   rank's experts take (MLG_R) */
-    uint64_t ep_layer_params;   /* with ep > 1: one MoE layer's routed-expert
-                                   parameters the rank holds (E / ep experts) */
+    uint64_t ep_rows;           /* with the experts' dispatch: the rows of one MoE
+                                   layer the rank's experts take (MLG_R) */
+    uint64_t ep_layer_params;   /* with the experts regrouped (ep x etp != tp): one
+                                   MoE layer's routed-expert parameters the rank
+                                   holds (E / ep experts, F_e / etp wide) */
     uint64_t moe_k;             /* the experts each token is routed to (top-k) */
     uint64_t moe_experts;       /* the routed experts (E) */
+    uint64_t etp;               /* expert tensor parallelism's ranks (1: none) */
+    uint64_t ep_tp;             /* a mixture of experts' tensor-parallel ranks (1:
+                                   none, or no experts): the experts' data-parallel
+                                   ranks are dp x cp x tp / (ep x etp) */
+    bool ep_dispatch;           /* the experts' dispatch: expert, expert-tensor or
+                                   tensor parallelism with experts */
 } ml_chain;
 
 /* The same for every training setting the chain refuses for this model
@@ -297,12 +304,22 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
  * parallelism count. */
 void ml__chain_layers(const ml_chain *ch, const int *seg, double *layers, double *recomputed);
 /* Expert parallelism (expert_parallel.c, docs/parallel.md): ML_RANGE with
- * the reason when m under t's parallel.ep cannot be planned. */
+ * the reason when m under t's parallel.ep and parallel.etp (and tp) cannot
+ * be planned. */
 ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err);
+/* Whether m's experts go through Megatron-core's dispatch under t: expert,
+ * expert-tensor or tensor parallelism with a mixture of experts. */
+bool ml__ep_dispatched(const ml_model *m, const ml_training *t);
 /* Its all-to-alls' bytes a rank sends per iteration (their calls in
  * *calls), the layers recomputed where seg[k] >= 0 (seg NULL: none). */
 double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int *seg,
                             double *calls);
+/* The same for the expert-tensor ranks' all-gathers and reduce-scatters. */
+double ml__etp_communication(const ml_chain *ch, const ml_training *t, const int *seg,
+                             double *calls);
+/* The ranks of N data-parallel ones (of a shard group) that hold the same
+ * experts: N tp / (ep etp); N when the experts are not regrouped. */
+uint64_t ml__ep_ranks(const ml_chain *ch, uint64_t N);
 /* The routed-expert parameters of the rank's chain (0 without ep). */
 uint64_t ml__ep_expert_params(const ml_chain *ch);
 /* What a data-parallel collective of `per` bytes a parameter (its

@@ -10,6 +10,7 @@
 #include "graph/kit_embed.h"
 #include "graph/kit_head.h"
 #include "ledger/chain_kit.h"
+#include "ledger/replay.h" /* ml__ceil_div */
 #include "ledger/work.h"
 #include "util/grow.h"
 
@@ -18,7 +19,7 @@ mlg_config ml__ck_graph_config(const ml_chain *ch, const ml_model *m)
 {
     return (mlg_config){ch->prec.a,        ch->prec.w,   ch->prec.fp16,
                         ch->prec.autocast, ml__ck_fused_attention(ch->prec.a, m), ch->eval_mode,
-                        ch->cp > 1,        ch->ep > 1};
+                        ch->cp > 1,        ch->ep_dispatch, ch->ep == 1, ch->etp > 1};
 }
 
 /* Each dtype class's bytes under the chain's precision, then each
@@ -77,23 +78,25 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
     z->dim[MLG_K] = m->moe.per_token;
     z->dim[MLG_FE] = m->moe.expert_ffn ? m->moe.expert_ffn : d->F;
     z->dim[MLG_FS] = m->moe.shared_ffn;
-    z->dim[MLG_ROWS] = m->moe.experts
-                           ? ml__ck_ep_busiest_rows(d, ml_mul(ch, m->moe.per_token, d->BT),
-                                                    m->moe.experts)
-                           : 0;
+    /* the rank's (token, expert) pairs: of its sequence shard under the
+     * dispatch with sequence parallelism */
+    const uint64_t pairs = ml_mul(ch, m->moe.per_token, d->dispatch ? d->BTs : d->BT);
+    z->dim[MLG_ROWS] = m->moe.experts ? ml__ck_ep_busiest_rows(d, pairs, m->moe.experts) : 0;
     z->dim[MLG_EL] = d->ep > 1 ? m->moe.experts / d->ep : m->moe.experts;
     /* a repeated group's instances: the experts with rows (Mixtral's,
      * Qwen2-MoE's), MLG_NE the first's; the graph's literal sizes */
     if (G->g.rep.t1 != G->g.rep.t0 || G->g.rep.o1 != G->g.rep.o0) {
         uint64_t count[3], rows[3];
-        z->nruns = ml__ck_ep_runs(d, ml_mul(ch, m->moe.per_token, d->BT), m->moe.experts, count,
-                                  rows);
+        z->nruns = ml__ck_ep_runs(d, pairs, m->moe.experts, count, rows);
         for (unsigned i = 0; i < z->nruns; i++) {
             z->runs[i].count = count[i];
             z->runs[i].size = rows[i];
             z->dim[MLG_R] = ml_add(ch, z->dim[MLG_R], ml_mul(ch, count[i], rows[i]));
         }
-        ch->ep_rows = d->ep > 1 ? z->dim[MLG_R] : 0;
+        /* the all-to-all's share: an even part of the expert-tensor
+         * ranks' (the fullest rank's, rounded up) */
+        z->dim[MLG_RA] = d->etp > 1 ? ml__ceil_div(z->dim[MLG_R], d->etp) : z->dim[MLG_R];
+        ch->ep_rows = d->dispatch ? z->dim[MLG_R] : 0;
         z->dim[MLG_NE] = rows[0];
     }
     memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
@@ -262,7 +265,7 @@ bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims
     mlg_layer L;
     /* the tower's attention is eager whatever the decoder's kernel */
     const mlg_config c = {ch->prec.a,        ch->prec.w, ch->prec.fp16,
-                          ch->prec.autocast, false,      ch->eval_mode, false, false};
+                          ch->prec.autocast, false,      ch->eval_mode, false, false, false, false};
     if (!ml__family_clip_layer(m, &c, &L))
         return false;
     ml__family_clip_graph(&G->g, &L, (mlg_clip_pool)pool);

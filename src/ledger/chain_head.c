@@ -15,7 +15,7 @@
  * dispatch under expert parallelism (its backward is the block rule's). */
 bool ml__ck_node_level(const ml_chain *ch, const ml_model *m)
 {
-    return ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast && ch->ep <= 1 &&
+    return ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast && !ch->ep_dispatch &&
            !ml__ck_fused_attention(ch->prec.a, m) && !m->attn.kv_lora && !m->moe.router_sigmoid &&
            !m->moe.sort;
 }

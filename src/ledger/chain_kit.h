@@ -21,8 +21,10 @@ typedef struct {
     /* context parallelism: its ranks (1: none); T is then a rank's share of
      * the sequence, T x cp the whole */
     uint64_t cp;
-    /* expert parallelism: its ranks (1: none) */
-    uint64_t ep;
+    /* expert parallelism: its ranks (1: none); expert tensor
+     * parallelism's; whether the experts' dispatch runs */
+    uint64_t ep, etp;
+    bool dispatch;
     bool drop;
     double expert_imbalance; /* training.expert_imbalance (mixtures of experts) */
 } ml_ck_dims;

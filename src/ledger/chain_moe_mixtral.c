@@ -44,7 +44,8 @@ unsigned ml__ck_expert_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_
     return k;
 }
 
-/* The expert-parallel group's dims: its ep ranks' tokens (the busiest
+/* The group whose pairs reach the rank's experts: its ep x etp ranks'
+ * tokens (the all-to-all over ep, the all-gather over etp; the busiest
  * expert takes at most one row of each). */
 static uint64_t times(uint64_t a, uint64_t b)
 {
@@ -56,27 +57,27 @@ static uint64_t times(uint64_t a, uint64_t b)
 static ml_ck_dims group_dims(const ml_ck_dims *d)
 {
     ml_ck_dims g = *d;
-    g.BT = times(d->BT, d->ep);
+    g.BT = times(d->dispatch ? d->BTs : d->BT, d->ep * d->etp);
     return g;
 }
 
 uint64_t ml__ck_ep_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E)
 {
-    if (d->ep <= 1)
+    if (!d->dispatch)
         return ml__ck_busiest_rows(d, N, E);
     const ml_ck_dims g = group_dims(d);
-    return ml__ck_busiest_rows(&g, times(N, d->ep), E);
+    return ml__ck_busiest_rows(&g, times(N, d->ep * d->etp), E);
 }
 
 unsigned ml__ck_ep_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t count[3],
                         uint64_t rows[3])
 {
-    if (d->ep <= 1)
+    if (!d->dispatch)
         return ml__ck_expert_runs(d, N, E, count, rows);
     const ml_ck_dims g = group_dims(d);
     uint64_t c[3], r[3];
-    const unsigned n = ml__ck_expert_runs(&g, times(N, d->ep), E, c, r);
-    uint64_t left = E / d->ep;
+    const unsigned n = ml__ck_expert_runs(&g, times(N, d->ep * d->etp), E, c, r);
+    uint64_t left = d->ep > 1 ? E / d->ep : E;
     unsigned k = 0;
     for (unsigned i = 0; i < n && left; i++) {
         const uint64_t take = c[i] < left ? c[i] : left;

@@ -51,6 +51,8 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
     /* expert parallelism: the rank's experts (ml__ep_refused has checked
      * that ep divides them) */
     d->ep = m->moe.experts ? ml_training_ep(t) : 1;
+    d->etp = m->moe.experts ? ml_training_etp(t) : 1;
+    d->dispatch = ml__ep_dispatched(m, t);
     d->T /= d->cp;
     d->BT = ml_mul(ch, d->B, d->T);
     d->sp = ml_training_sp(t) ? t->tensor_parallel : 1;
@@ -70,9 +72,14 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
     ch->cp = d->cp;
     ch->cp_kv = d->cp > 1 ? ml_mul(ch, d->BT, d->Dkv) : 0;
     ch->ep = d->ep;
+    ch->etp = d->etp;
+    ch->ep_tp = m->moe.experts && t->tensor_parallel > 1 ? t->tensor_parallel : 1;
+    ch->ep_dispatch = d->dispatch;
     ch->moe_k = m->moe.per_token;
     ch->moe_experts = m->moe.experts;
-    if (d->ep > 1) /* w1, w3 (D x FE) and w2 (FE x D) of each of its experts */
+    /* the experts' data-parallel ranks are not the rest's: w1, w3 (D x FE)
+     * and w2 (FE x D) of each of its experts (FE the rank's: / etp) */
+    if (d->ep * d->etp != ch->ep_tp)
         ch->ep_layer_params = ml_mul(ch, ml_mul(ch, m->moe.experts / d->ep, 3),
                                      ml_mul(ch, d->D, m->moe.expert_ffn ? m->moe.expert_ffn
                                                                         : d->F));

@@ -422,6 +422,7 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     s->tp_comm_bytes = ml__tp_communication(ch, t, seg, &s->tp_allreduces, &s->tp_halves);
     s->cp_comm_bytes = ml__cp_communication(ch, t, seg, &s->cp_halves, &s->cp_sends);
     s->ep_comm_bytes = ml__ep_communication(ch, t, seg, &s->ep_calls);
+    s->etp_comm_bytes = ml__etp_communication(ch, t, seg, &s->etp_calls);
     ml__eval_collective_calls(ch, t, s->params, &s->dp_allreduces, &s->dp_halves);
     s->host_transfer_bytes = ml__eval_host_transfer(t, &ch->prec, s->params);
     s->peak_block = -1;

@@ -7,6 +7,7 @@
  * (megatron/core/transformer/moe/token_dispatcher.py). The ranks are taken
  * from the data-parallel ones (times cp): the layers outside the experts
  * are replicated over them as before, and the devices are unchanged. */
+#include <stdio.h>
 #include <string.h>
 
 #include "ledger/chain.h"
@@ -14,23 +15,81 @@
 #include "ledger/replay.h" /* ml__ceil_div */
 #include "util/error.h"
 
+static uint64_t gcd(uint64_t a, uint64_t b)
+{
+    while (b) {
+        const uint64_t r = a % b;
+        a = b;
+        b = r;
+    }
+    return a;
+}
+
+static uint64_t dp_of(const ml_training *t)
+{
+    return t->data_parallel ? t->data_parallel : 1;
+}
+
+bool ml__ep_dispatched(const ml_model *m, const ml_training *t)
+{
+    return m->moe.experts &&
+           (ml_training_ep(t) > 1 || ml_training_etp(t) > 1 || t->tensor_parallel > 1);
+}
+
+/* The refusals of the experts' grouping when their data-parallel ranks are
+ * not the rest's (ep x etp != tp): what is not planned beside it. */
+static ml_status regroup_refused(const ml_model *m, const ml_training *t, const char *what,
+                                 ml_error *err)
+{
+    if (t->dist_optimizer || t->offload != ML_OFFLOAD_NONE ||
+        ml_training_shard(t) < dp_of(t))
+        return ml__errorf(err, ML_RANGE,
+                          "%s with %s: its buffers beside the experts' two shard groups (the "
+                          "ranks that hold the same experts, dp x cp for the rest) are not "
+                          "modelled yet; plan it with ZeRO 0 to 3, without the distributed "
+                          "optimizer, offload or HSDP",
+                          what,
+                          t->dist_optimizer ? "the distributed optimizer"
+                          : t->offload     ? "offload"
+                                           : "HSDP shard groups");
+    if (t->zero >= 1 && (t->optimizer == ML_OPT_ADAFACTOR || t->optimizer == ML_OPT_ADAM_8BIT ||
+                         t->optimizer_impl == ML_IMPL_FOR_LOOP))
+        return ml__errorf(err, ML_RANGE,
+                          "%s with ZeRO and %s: its %s not the same for every parameter "
+                          "element, so the experts' shard of them is not planned; use adam, "
+                          "adamw, sgd or lion with the foreach or fused step, or ZeRO 0",
+                          what,
+                          t->optimizer_impl == ML_IMPL_FOR_LOOP ? "the for-loop step"
+                                                                : ml_optimizer_name(t->optimizer),
+                          t->optimizer_impl == ML_IMPL_FOR_LOOP
+                              ? "step's temporaries (the largest tensor's) are"
+                              : "states are");
+    (void)m;
+    return ML_OK;
+}
+
 ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
 {
-    const uint64_t ep = ml_training_ep(t);
-    if (ep == 1)
-        return ML_OK;
+    const uint64_t ep = ml_training_ep(t), etp = ml_training_etp(t);
+    const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
     const unsigned long long e = (unsigned long long)ep;
-    if (!m->moe.experts)
+    if (!m->moe.experts && (ep > 1 || t->expert_tensor_parallel > 1))
         return ml__errorf(err, ML_RANGE,
-                          "parallel.ep: %llu with %s: expert parallelism splits a mixture of "
-                          "experts' routed experts, and this model has none; give 1",
-                          e, m->name);
+                          "parallel.%s: %llu with %s: it splits a mixture of experts' routed "
+                          "experts, and this model has none; give 1",
+                          ep > 1 ? "ep" : "etp",
+                          ep > 1 ? e : (unsigned long long)t->expert_tensor_parallel, m->name);
+    if (!ml__ep_dispatched(m, t))
+        return ML_OK;
+    char what[64];
+    snprintf(what, sizeof what, ep > 1 ? "parallel.ep: %llu" : "parallel.etp: %llu",
+             ep > 1 ? e : (unsigned long long)etp);
     if (m->moe.sort || m->moe.router_sigmoid || m->attn.kv_lora || m->moe.dense_layers)
         return ml__errorf(err, ML_RANGE,
-                          "parallel.ep: %llu with %s: DeepSeek's experts (their routers and "
-                          "sorted dispatch) are not split over ranks yet; expert parallelism "
-                          "is planned for Mixtral's and Qwen2-MoE's layers",
-                          e, m->name);
+                          "%s with %s: DeepSeek's experts (their routers and sorted dispatch) "
+                          "are not split over ranks yet; expert and expert-tensor "
+                          "parallelism are planned for Mixtral's and Qwen2-MoE's layers",
+                          what, m->name);
     if (m->moe.experts % ep)
         return ml__errorf(err, ML_RANGE,
                           "parallel.ep: %llu does not divide %s's %llu routed experts "
@@ -38,43 +97,60 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
                           "divides %llu",
                           e, m->name, (unsigned long long)m->moe.experts,
                           (unsigned long long)m->moe.experts);
-    const uint64_t dpc = (t->data_parallel ? t->data_parallel : 1) * ml_training_cp(t);
-    if (dpc % ep)
+    const uint64_t fe = m->moe.expert_ffn ? m->moe.expert_ffn : m->mlp.ffn;
+    if (fe % etp)
         return ml__errorf(err, ML_RANGE,
-                          "parallel.ep: %llu does not divide the %llu data-parallel ranks "
-                          "(dp x cp): the expert-parallel ranks are taken from them, as "
-                          "Megatron-core takes them; give --data-parallel a multiple of %llu",
-                          e, (unsigned long long)dpc, e);
-    if (t->dist_optimizer || t->offload != ML_OFFLOAD_NONE ||
-        ml_training_shard(t) < (t->data_parallel ? t->data_parallel : 1))
+                          "parallel.etp: %llu does not divide %s's expert width (%llu, "
+                          "model.expert_ffn): each rank holds an equal share of every "
+                          "expert; use an etp that divides %llu (it defaults to tp)",
+                          (unsigned long long)etp, m->name, (unsigned long long)fe,
+                          (unsigned long long)fe);
+    const uint64_t ranks = tp * dp_of(t) * ml_training_cp(t);
+    if (ranks % (ep * etp))
         return ml__errorf(err, ML_RANGE,
-                          "parallel.ep: %llu with %s: its buffers beside the experts' two "
-                          "shard groups (the dp x cp / ep ranks that share an expert, dp x cp "
-                          "for the rest) are not modelled yet; plan expert parallelism with "
-                          "ZeRO 0 to 3, without the distributed optimizer, offload or HSDP",
-                          e,
-                          t->dist_optimizer ? "the distributed optimizer"
-                          : t->offload     ? "offload"
-                                           : "HSDP shard groups");
-    if (t->zero >= 1 && (t->optimizer == ML_OPT_ADAFACTOR || t->optimizer == ML_OPT_ADAM_8BIT ||
-                         t->optimizer_impl == ML_IMPL_FOR_LOOP))
+                          "parallel.ep x parallel.etp: %llu x %llu does not divide the %llu "
+                          "ranks of a stage (tp x cp x dp), which Megatron-core splits into "
+                          "expert-tensor x expert x the experts' data-parallel ranks; give "
+                          "--data-parallel a multiple of %llu, or a smaller ep or etp (etp "
+                          "defaults to tp)",
+                          e, (unsigned long long)etp, (unsigned long long)ranks,
+                          (unsigned long long)(ep * etp / gcd(ep * etp, ranks / dp_of(t))));
+    if (ep * etp < tp)
         return ml__errorf(err, ML_RANGE,
-                          "parallel.ep: %llu with ZeRO and %s: its %s not the same for every "
-                          "parameter element, so the experts' shard of them is not planned; "
-                          "use adam, adamw, sgd or lion with the foreach or fused step, or "
-                          "ZeRO 0",
-                          e,
-                          t->optimizer_impl == ML_IMPL_FOR_LOOP ? "the for-loop step"
-                                                                : ml_optimizer_name(t->optimizer),
-                          t->optimizer_impl == ML_IMPL_FOR_LOOP
-                              ? "step's temporaries (the largest tensor's) are"
-                              : "states are");
+                          "%s with parallel.tp %llu: experts replicated over tensor-parallel "
+                          "ranks (ep x etp below tp) reduce their gradients over more ranks "
+                          "than the rest, which is not planned yet; give an etp of tp (the "
+                          "default) or ep x etp of at least tp",
+                          what, (unsigned long long)tp);
+    if (ep * etp != tp) {
+        ml_status st = regroup_refused(m, t, what, err);
+        if (st)
+            return st;
+    }
     if (t->engine == ML_ENGINE_MEGATRON)
         return ml__errorf(err, ML_RANGE,
-                          "parallel.ep: %llu under training.engine megatron: Megatron-core's "
-                          "MoE layer is not modelled; plan the eager layers (engine eager)",
-                          e);
+                          "%s under training.engine megatron: Megatron-core's MoE layer is not "
+                          "modelled; plan the eager layers (engine eager)",
+                          what);
     return ML_OK;
+}
+
+/* A layer's rows under the dispatch: P the rank's (token, expert) pairs
+ * (of its sequence shard under sequence parallelism), R the rows its
+ * experts take, RA the rows the all-to-all brings it (R / etp, rounded
+ * up), row the bytes of one (D elements of the stream's dtype). */
+typedef struct {
+    double P, R, RA, row;
+} layer_rows;
+
+static layer_rows rows_of(const ml_chain *ch, const ml_training *t)
+{
+    const uint64_t sp = ml_training_sp(t) ? t->tensor_parallel : 1;
+    const double T = (double)(ch->T / sp + (ch->T % sp != 0));
+    const uint64_t etp = ch->etp ? ch->etp : 1;
+    return (layer_rows){(double)ch->B * T * (double)ch->moe_k, (double)ch->ep_rows,
+                        (double)ml__ceil_div(ch->ep_rows, etp),
+                        (double)ch->c_width * ch->prec.w};
 }
 
 double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int *seg,
@@ -86,17 +162,16 @@ double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int 
     /* per MoE layer and micro-batch: forward, each expert's count of the
      * rank's pairs (E int64: the splits, MoEAlltoAllTokenDispatcher's
      * preprocess), the P pairs' tokens and routing weights sent
-     * (dispatch), the R rows' outputs sent back (combine); backward, the
+     * (dispatch), the RA rows' outputs sent back (combine); backward, the
      * returned rows' gradients sent to the experts' ranks (P) and the
-     * received rows' and weights' back to their sources (R; the splits
+     * received rows' and weights' back to their sources (RA; the splits
      * kept); a recomputed layer's forward again. A balanced router sends
      * (ep - 1) / ep of each to other ranks; a row is D elements of the
      * stream's dtype, a weight 4 bytes (fp32) */
     const double f = (double)(ch->ep - 1) / (double)ch->ep;
-    const double P = (double)ch->B * (double)ch->T * (double)ch->moe_k;
-    const double Rr = (double)ch->ep_rows, row = (double)ch->c_width * ch->prec.w;
-    const double fwd = (double)ch->moe_experts * 8 + P * (row + 4) + Rr * row;
-    const double bwd = P * row + Rr * (row + 4);
+    const layer_rows r = rows_of(ch, t);
+    const double fwd = (double)ch->moe_experts * 8 + r.P * (r.row + 4) + r.RA * r.row;
+    const double bwd = r.P * r.row + r.RA * (r.row + 4);
     double L, R;
     ml__chain_layers(ch, seg, &L, &R);
     const double A = (double)(t->grad_accum ? t->grad_accum : 1);
@@ -107,9 +182,48 @@ double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int 
     return A * f * ((fwd + bwd) * L + fwd * R);
 }
 
+double ml__etp_communication(const ml_chain *ch, const ml_training *t, const int *seg,
+                             double *calls)
+{
+    *calls = 0;
+    if (ch->etp <= 1 || !ch->ep_rows)
+        return 0;
+    /* per MoE layer and micro-batch, ring collectives over the etp ranks,
+     * each sending (etp - 1) / etp of the R rows (docs/parallel.md):
+     * forward, the all-gathers of the rows and of their routing weights
+     * (fp32) and the reduce-scatter of the outputs, in fp32
+     * (combine_preprocess casts them to the weights' dtype); backward,
+     * the reduce-scatter's all-gather of the gradients (fp32) and the
+     * all-gathers' reduce-scatters (the rows' and the weights'); a
+     * recomputed layer's forward again */
+    const double f = (double)(ch->etp - 1) / (double)ch->etp;
+    const layer_rows r = rows_of(ch, t);
+    const double rs = r.R * (double)ch->c_width * 4;
+    const double fwd = r.R * (r.row + 4) + rs, bwd = rs + r.R * (r.row + 4);
+    double L, R;
+    ml__chain_layers(ch, seg, &L, &R);
+    const double A = (double)(t->grad_accum ? t->grad_accum : 1);
+    *calls = A * (6 * L + 3 * R);
+    return A * f * ((fwd + bwd) * L + fwd * R);
+}
+
+/* Whether the experts' data-parallel ranks are not the rest's. */
+static bool regrouped(const ml_chain *ch)
+{
+    return ch->ep_dispatch && ch->ep * ch->etp != ch->ep_tp;
+}
+
+uint64_t ml__ep_ranks(const ml_chain *ch, uint64_t N)
+{
+    if (!regrouped(ch))
+        return N;
+    const uint64_t div = ch->ep * ch->etp, n = N * ch->ep_tp;
+    return n % div ? 0 : n / div;
+}
+
 uint64_t ml__ep_expert_params(const ml_chain *ch)
 {
-    if (ch->ep <= 1)
+    if (!regrouped(ch))
         return 0;
     double L, R;
     ml__chain_layers(ch, NULL, &L, &R);
@@ -118,59 +232,83 @@ uint64_t ml__ep_expert_params(const ml_chain *ch)
 
 double ml__ep_saving(const ml_chain *ch, const ml_training *t, double times, double per)
 {
-    if (ch->ep <= 1 || !ch->ep_layer_params)
+    if (!regrouped(ch) || !ch->ep_layer_params)
         return 0;
-    const double N = (double)ml__shard_group(t), Ne = N / (double)ch->ep;
-    return times * ((N - 1) / N - (Ne - 1) / Ne) * (double)ml__ep_expert_params(ch) * per;
+    const double N = (double)ml__shard_group(t), Ne = (double)ml__ep_ranks(ch, (uint64_t)N);
+    const double fe = Ne > 1 ? (Ne - 1) / Ne : 0;
+    return times * ((N - 1) / N - fe) * (double)ml__ep_expert_params(ch) * per;
 }
 
 /* A shard over N ranks of `all` bytes of which `experts` are the routed
- * experts': theirs over the N / ep ranks that hold them, the rest over N
- * (all / N rounded up without ep or experts). */
-static uint64_t split(uint64_t all, uint64_t experts, uint64_t N, uint64_t ep)
+ * experts': theirs over the ranks that hold them (ml__ep_ranks), the rest
+ * over N (all / N rounded up when the experts are not regrouped). */
+static uint64_t split(const ml_chain *ch, uint64_t all, uint64_t experts, uint64_t N)
 {
-    if (ep <= 1 || !experts || experts > all || N < ep)
+    const uint64_t Ne = ml__ep_ranks(ch, N);
+    if (!regrouped(ch) || !experts || experts > all || !Ne)
         return ml__ceil_div(all, N);
-    return ml__ceil_div(all - experts, N) + ml__ceil_div(experts, N / ep);
+    return ml__ceil_div(all - experts, N) + ml__ceil_div(experts, Ne);
 }
 
-/* Block b's routed experts' bytes, `per` a parameter: a layer's under
- * expert parallelism over N >= ep ranks, else 0. */
-static uint64_t block_experts(const ml_chain *ch, const ml_cblock *b, uint64_t N, unsigned per)
+/* Block b's routed experts' bytes, `per` a parameter: a layer's when the
+ * experts are regrouped, else 0. */
+static uint64_t block_experts(const ml_chain *ch, const ml_cblock *b, unsigned per)
 {
-    if (ch->ep <= 1 || b->ckpt_index < 0 || N < ch->ep)
+    if (!regrouped(ch) || b->ckpt_index < 0)
         return 0;
     return ch->ep_layer_params * per;
 }
 
 uint64_t ml__ep_shard(const ml_chain *ch, const ml_training *t, uint64_t all, uint64_t experts)
 {
-    return split(all, experts, ml__shard_group(t), ch->ep);
+    return split(ch, all, experts, ml__shard_group(t));
 }
 
-/* Expert parallelism's dispatch (graph/kit_mixtral.c, experts_ep; its
- * backward is the block rule's, docs/parallel.md): the bytes of the
- * received rows (R x D) and of the permuted pairs (k B T x D), from the
- * graph's tensors. In forward, beside the saved tensors, MoELayer holds
- * the send buffer and the received rows to its end while the experts'
- * weighted outputs are made and concatenated: P + 3 R rows at the cat (and
- * under no_grad the sorted rows too, not saved there). In backward,
- * beside the block rule's transient, the split's backward holds the
- * experts' input gradients and their concatenation beside the incoming
- * rows' gradient: 3 R rows (megatron/core/transformer/moe/experts.py,
- * SequentialMLP; token_dispatcher.py). */
+/* The experts' dispatch (graph/kit_mixtral.c, experts_ep; its backward is
+ * the block rule's, docs/parallel.md): the bytes of the rows (R x D, RA x
+ * D) and of the permuted pairs (k B T x D), from the graph's tensors. In
+ * forward, beside the saved tensors, MoELayer holds the send buffer and
+ * the received rows to its end (in a group of one rank they are the
+ * same) while the experts' weighted outputs are made and concatenated: P +
+ * RA + 2 R rows at the cat (and under no_grad the sorted rows too, not
+ * saved there); with expert-tensor ranks the reduce-scatter holds the
+ * sorted-back outputs beside its input (fp32: a cast of them when the
+ * rows are not) and its output, and the combine's all-to-all its input
+ * and output. In backward, beside the block rule's transient, the split's
+ * backward holds the experts' input gradients and their concatenation
+ * beside the incoming rows' gradient: 3 R rows
+ * (megatron/core/transformer/moe/experts.py, SequentialMLP;
+ * token_dispatcher.py). */
 void ml__ep_dispatch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
 {
     const ml_graph_sizes *z = &G->z;
-    if (ch->ep <= 1 || !z->dim[MLG_R])
+    if (!ch->ep_dispatch || !z->dim[MLG_R])
         return;
     /* the rows and pairs in the dtype of the norm's output they are taken
      * from: the stream's (fp32 under autocast, else the compute dtype) */
-    const uint64_t row = ml_mul(ch, z->dim[MLG_D], z->bytes[MLG_STREAM]);
+    const uint64_t w = z->bytes[MLG_STREAM];
+    const uint64_t row = ml_mul(ch, z->dim[MLG_D], w);
     const uint64_t rows = ml_mul(ch, z->dim[MLG_R], row);
-    const uint64_t pairs =
-        ml_mul(ch, ml_mul(ch, ml_mul(ch, z->dim[MLG_K], z->dim[MLG_B]), z->dim[MLG_T]), row);
-    const uint64_t fwd = ml_add(ch, pairs, ml_mul(ch, 3, rows));
+    /* the pairs of the rank's tokens: its sequence shard's under sequence
+     * parallelism (the fullest rank's, rounded up) */
+    const uint64_t T = z->dim[MLG_T], sd = z->seq_div > 1 ? z->seq_div : 1;
+    const uint64_t pairs = ml_mul(
+        ch, ml_mul(ch, ml_mul(ch, z->dim[MLG_K], z->dim[MLG_B]), T / sd + (T % sd != 0)), row);
+    const uint64_t ra = ch->ep > 1 ? ml_mul(ch, z->dim[MLG_RA], row) : 0; /* else: the pairs */
+    const uint64_t held = ml_add(ch, pairs, ra);
+    uint64_t fwd = ml_add(ch, held, ml_mul(ch, 2, rows));
+    if (ch->etp > 1) {
+        const uint64_t ra32 = ml_mul(ch, ml_mul(ch, z->dim[MLG_RA], z->dim[MLG_D]), 4);
+        const uint64_t rs = w == 4 ? ml_add(ch, rows, ra32)
+                                   : ml_add(ch, ml_add(ch, rows, ml_mul(ch, rows, 4) / w), ra32);
+        if (ml_add(ch, held, rs) > fwd)
+            fwd = ml_add(ch, held, rs);
+    }
+    if (ch->ep > 1) { /* the combine's all-to-all: its input and the returned rows */
+        const uint64_t in = ch->etp > 1 ? ml_mul(ch, z->dim[MLG_RA], row) : rows;
+        if (ml_add(ch, ml_add(ch, held, pairs), in) > fwd)
+            fwd = ml_add(ch, ml_add(ch, held, pairs), in);
+    }
     if (fwd > b->ws_fwd)
         b->ws_fwd = fwd;
     const uint64_t nograd = ml_add(ch, fwd, rows);
@@ -181,16 +319,16 @@ void ml__ep_dispatch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
 
 uint64_t ml__ep_grad_shard(const ml_chain *ch, const ml_cblock *b, uint64_t N)
 {
-    return split(b->grad_bytes, block_experts(ch, b, N, ch->prec.grad), N, ch->ep);
+    return split(ch, b->grad_bytes, block_experts(ch, b, ch->prec.grad), N);
 }
 
 double ml__ep_ring(const ml_chain *ch, const ml_cblock *b, uint64_t N, double all,
                    unsigned per)
 {
     const double f = N > 1 ? (double)(N - 1) / (double)N : 0;
-    const double experts = (double)block_experts(ch, b, N, per);
+    const double experts = (double)block_experts(ch, b, per);
     if (!(experts > 0) || experts > all)
         return f * all;
-    const double Ne = (double)(N / ch->ep), fe = Ne > 1 ? (Ne - 1) / Ne : 0;
+    const double Ne = (double)ml__ep_ranks(ch, N), fe = Ne > 1 ? (Ne - 1) / Ne : 0;
     return f * (all - experts) + fe * experts;
 }

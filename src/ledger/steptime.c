@@ -198,9 +198,10 @@ static ml_trun step_run(const ml_time_rates *tr, const ml_chain *ch, const ml_tr
     if (tensors == 0)
         return r;
     /* the ranks a shard spans (HSDP's group, times cp; at least 1) */
-    if (t->zero >= 1) { /* expert parallelism: the experts' over dp x cp / ep */
-        const double N = (double)ml__shard_group(t), Pe = (double)ml__ep_expert_params(ch);
-        elems = (elems - Pe) / N + (ch->ep > 1 ? Pe * (double)ch->ep / N : 0);
+    if (t->zero >= 1) { /* the experts' over the ranks that hold them */
+        const uint64_t N = ml__shard_group(t), Ne = ml__ep_ranks(ch, N);
+        const double Pe = (double)ml__ep_expert_params(ch);
+        elems = (elems - Pe) / (double)N + (Pe > 0 && Ne ? Pe / (double)Ne : 0);
     }
     double passes, ops;
     step_shape(t, &passes, &ops);

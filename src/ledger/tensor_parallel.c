@@ -36,10 +36,14 @@ static const char *unsplit_layout(const ml_model *m, const ml_training *t)
 {
     if (m->type != ML_MODEL_DECODER || m->vision.layers || m->embed.image_size)
         return "it is planned for decoder language models (type: decoder)";
-    if (m->moe.experts)
-        return "a mixture of experts' layers are not split by tensor parallelism here (its "
-               "experts' tensor split is not modelled); split its experts with expert "
-               "parallelism (parallel.ep) instead";
+    if (m->moe.experts && (m->moe.sort || m->moe.router_sigmoid || m->moe.dense_layers))
+        return "DeepSeek's experts (their routers and sorted dispatch) are not split over "
+               "ranks yet; tensor parallelism with experts is planned for Mixtral's and "
+               "Qwen2-MoE's layers";
+    if (m->moe.experts && !ml_training_sp(t))
+        return "Megatron-core's MoE layer refuses tensor parallelism without sequence "
+               "parallelism in training (megatron/core/transformer/moe/moe_layer.py); "
+               "leave parallel.sp on";
     if (m->attn.kv_lora)
         return "multi-head latent attention's compressed projections are not split yet";
     if (m->head.classes)
@@ -68,8 +72,13 @@ ml_status ml__tp_refused(const ml_model *m, const ml_training *t, ml_error *err)
         return indivisible(m, "query heads", "model.heads", m->attn.heads, tp, err);
     if (m->attn.kv_heads % tp)
         return indivisible(m, "key/value heads", "model.kv_heads", m->attn.kv_heads, tp, err);
-    if (m->mlp.ffn % tp)
+    /* a mixture of experts' routed experts are split by etp
+     * (expert_parallel.c), its shared experts by tp */
+    if (!m->moe.experts && m->mlp.ffn % tp)
         return indivisible(m, "MLP width", "model.ffn", m->mlp.ffn, tp, err);
+    if (m->moe.shared_ffn % tp)
+        return indivisible(m, "shared experts' width", "model.shared_expert_ffn",
+                           m->moe.shared_ffn, tp, err);
     /* a sequence that tp does not divide: Megatron asks the data for
      * lengths it divides (padding); the plan is the fullest rank's,
      * ceil(T / tp) tokens (ml__graph_numel) */
@@ -80,11 +89,16 @@ const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model
 {
     const ml_training *t = &cfg->training;
     const uint64_t tp = tp_of(t);
-    if (tp == 1 && t->engine != ML_ENGINE_MEGATRON)
+    const uint64_t etp = m->moe.experts ? ml_training_etp(t) : 1;
+    if (tp == 1 && etp == 1 && t->engine != ML_ENGINE_MEGATRON)
         return m;
     *rank = *m;
     rank->attn.fused_softmax = t->engine == ML_ENGINE_MEGATRON;
     rank->head.vocab_parallel_ce = t->engine == ML_ENGINE_MEGATRON;
+    /* a routed expert's width over the expert-tensor ranks (Megatron's
+     * experts.py: fc1 column-, fc2 row-parallel over expt_tp) */
+    if (etp > 1)
+        rank->moe.expert_ffn = (m->moe.expert_ffn ? m->moe.expert_ffn : m->mlp.ffn) / etp;
     if (tp == 1)
         return rank;
     /* the head size stays the full model's */
@@ -92,6 +106,9 @@ const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model
     rank->attn.heads = m->attn.heads / tp;
     rank->attn.kv_heads = m->attn.kv_heads / tp;
     rank->mlp.ffn = m->mlp.ffn / tp;
+    if (m->moe.experts && !m->moe.expert_ffn && etp == 1) /* the experts keep their width */
+        rank->moe.expert_ffn = m->mlp.ffn;
+    rank->moe.shared_ffn = m->moe.shared_ffn / tp;
     /* an uneven vocabulary: the first ranks hold one row more (the plan is
      * the fullest rank's) */
     rank->embed.vocab = (m->embed.vocab + tp - 1) / tp;

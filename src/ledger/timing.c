@@ -195,12 +195,15 @@ void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
     s->time_cp_s = !(s->cp_comm_bytes > 0) ? 0 : ic > 0 ? s->cp_comm_bytes / ic : -1;
     /* expert parallelism's all-to-alls, inside a node, not overlapped */
     s->time_ep_s = !(s->ep_comm_bytes > 0) ? 0 : ic > 0 ? s->ep_comm_bytes / ic : -1;
+    /* expert tensor parallelism's, the same */
+    s->time_etp_s = !(s->etp_comm_bytes > 0) ? 0 : ic > 0 ? s->etp_comm_bytes / ic : -1;
     /* with overlap_grad_reduce, what the last backward covers */
     s->time_comm_hidden_s = s->time_communication_s > 0 ? ml__dp_hidden_s(s, t, ic) : 0;
     if (s->step_time_s >= 0)
         s->step_time_s += fmax(s->time_communication_s, 0) - s->time_comm_hidden_s +
                           fmax(s->time_host_transfer_s, 0) + fmax(s->time_tp_s, 0) +
-                          fmax(s->time_cp_s, 0) + fmax(s->time_ep_s, 0);
+                          fmax(s->time_cp_s, 0) + fmax(s->time_ep_s, 0) +
+                          fmax(s->time_etp_s, 0);
     /* the per-op model's step: throughput and MFU over the whole of it */
     if (s->time.source != ML_TIME_NONE) {
         s->time.step_s = s->step_time_s;
@@ -219,7 +222,8 @@ void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
         /* the collectives of tensor, context and expert parallelism go with
          * the compute: the event's share of them is its share of the FLOPs */
         const double tp = ic > 0 && s->flops_total > 0
-                              ? (s->tp_comm_bytes + s->cp_comm_bytes + s->ep_comm_bytes) *
+                              ? (s->tp_comm_bytes + s->cp_comm_bytes + s->ep_comm_bytes +
+                                 s->etp_comm_bytes) *
                                     (e->flops_before / s->flops_total) / ic
                               : 0;
         e->t_s = tc >= 0 ? tc + tp + (ic > 0 ? e->comm_before / ic : 0) +

@@ -62,6 +62,11 @@ uint64_t ml_model_target_len(const ml_model *m, const ml_training *t)
     return t->target_len ? t->target_len : t->seq_len;
 }
 
+uint64_t ml_model_experts(const ml_model *m)
+{
+    return m->moe.experts;
+}
+
 uint64_t ml_model_max_micro_batch(const ml_model *m)
 {
     return m->type == ML_MODEL_DECODER && m->head.classes && m->head.cls_no_pad ? 1 : 0;

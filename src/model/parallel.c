@@ -30,6 +30,13 @@ uint64_t ml_training_ep(const ml_training *t)
     return t->expert_parallel > 1 ? t->expert_parallel : 1;
 }
 
+uint64_t ml_training_etp(const ml_training *t)
+{
+    if (t->expert_tensor_parallel)
+        return t->expert_tensor_parallel;
+    return t->tensor_parallel > 1 ? t->tensor_parallel : 1;
+}
+
 uint64_t ml__training_devices(const ml_training *t)
 {
     return (t->tensor_parallel > 1 ? t->tensor_parallel : 1) *
@@ -129,31 +136,6 @@ ml_status ml_pp_layers_parse(const char *text, ml_training *t, ml_error *err)
     return ML_OK;
 }
 
-/* The splits the planner does not model yet: accepted at 1, refused above
- * with what to do instead. */
-static const struct {
-    const char *name, *what;
-} unplanned[] = {
-    {"etp", "expert tensor parallelism"},
-};
-
-static ml_status refuse_unplanned(ml_error *err, const ml_node *n, size_t k, uint64_t v)
-{
-    return ml__error_at(err, n, ML_SCHEMA,
-                        "parallel.%s: %llu: %s is not modelled yet; plan each rank with tensor "
-                        "(tp), context (cp), expert (ep), pipeline (pp) and data (dp) "
-                        "parallelism, or set it to 1",
-                        unplanned[k].name, (unsigned long long)v, unplanned[k].what);
-}
-
-static size_t unplanned_index(const char *name, size_t n)
-{
-    for (size_t k = 0; k < sizeof unplanned / sizeof unplanned[0]; k++)
-        if (strlen(unplanned[k].name) == n && !strncmp(unplanned[k].name, name, n))
-            return k;
-    return SIZE_MAX;
-}
-
 /* A whole number in [lo, hi] from the digits s[0..n); false if it is not. */
 static bool digits(const char *s, size_t n, uint64_t lo, uint64_t hi, uint64_t *out)
 {
@@ -186,9 +168,9 @@ ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err)
                  {"pp", "parallel.pp", &c.pipeline_parallel, false},
                  {"vpp", "parallel.vpp", &c.virtual_stages, false},
                  {"cp", "parallel.cp", &c.context_parallel, false},
-                 {"ep", "parallel.ep", &c.expert_parallel, false}};
+                 {"ep", "parallel.ep", &c.expert_parallel, false},
+                 {"etp", "parallel.etp", &c.expert_tensor_parallel, false}};
     const size_t nparts = sizeof parts / sizeof parts[0];
-    bool seen_other[1] = {false};
     const char *p = text;
     if (!*p)
         return ml__errorf_at(err, ML_USAGE, 0, 0,
@@ -200,37 +182,28 @@ ml_status ml_parallel_parse(const char *text, ml_training *t, ml_error *err)
         while (a < n && p[a] >= 'a' && p[a] <= 'z')
             a++;
         uint64_t v = 0;
-        size_t k = unplanned_index(p, a), j = 0;
+        size_t j = 0;
         while (j < nparts && !(strlen(parts[j].name) == a && !strncmp(p, parts[j].name, a)))
             j++;
-        bool *seen = j < nparts ? &parts[j].seen : k != SIZE_MAX ? &seen_other[k] : NULL;
-        if (!seen)
+        if (j == nparts)
             return ml__errorf_at(err, ML_USAGE, 0, 0,
                                  "parallel: '%.*s' in '%s' is not a part of a layout; use tp, "
                                  "dp, pp, vpp, cp, ep and etp each followed by its size, joined "
                                  "by dots (tp2.dp4)",
                                  (int)(n > 40 ? 40 : n), p, text);
-        if (*seen)
+        if (parts[j].seen)
             return ml__errorf_at(err, ML_USAGE, 0, 0, "parallel: '%.*s' is given twice in '%s'",
                                  (int)a, p, text);
-        *seen = true;
-        uint64_t lo = 1, hi = 1048576;
-        if (j < nparts)
-            ml_config_range(parts[j].key, &lo, &hi);
+        parts[j].seen = true;
+        uint64_t lo = 1, hi = 1;
+        ml_config_range(parts[j].key, &lo, &hi);
         if (!digits(p + a, n - a, lo, hi, &v))
             return ml__errorf_at(err, ML_RANGE, 0, 0,
                                  "parallel: '%.*s' in '%s': %.*s takes a whole number between "
                                  "%llu and %llu",
                                  (int)(n > 40 ? 40 : n), p, text, (int)a, p,
                                  (unsigned long long)lo, (unsigned long long)hi);
-        if (j < nparts)
-            *parts[j].field = v;
-        else if (v != 1)
-            return ml__errorf_at(err, ML_RANGE, 0, 0,
-                                 "parallel: '%.*s' in '%s': %s is not modelled yet; plan each "
-                                 "rank with tensor (tp), context (cp), expert (ep), pipeline "
-                                 "(pp) and data (dp) parallelism, or set it to 1",
-                                 (int)n, p, text, unplanned[k].what);
+        *parts[j].field = v;
         if (!dot)
             break;
         p = dot + 1;
@@ -267,8 +240,7 @@ ml_status ml__parallel_set(const char *key, const char *v, ml_training *t, ml_er
     if (!strcmp(k, "pp_layers"))
         return ml_pp_layers_parse(v, t, err);
     if (!strcmp(k, "tp") || !strcmp(k, "dp") || !strcmp(k, "pp") || !strcmp(k, "vpp") ||
-        !strcmp(k, "cp") || !strcmp(k, "ep") ||
-        unplanned_index(k, strlen(k)) != SIZE_MAX) {
+        !strcmp(k, "cp") || !strcmp(k, "ep") || !strcmp(k, "etp")) {
         char part[48];
         snprintf(part, sizeof part, "%s%s", k, v);
         if (strlen(v) > 24 || strchr(v, '.'))
@@ -363,10 +335,10 @@ static ml_status pipeline_keys(ml_error *err, const ml_node *p, ml_training *t)
     return ML_OK;
 }
 
-/* The section's cp and ep, and the splits not planned (etp) at 1. */
+/* The section's cp, ep and etp. */
 static ml_status split_keys(ml_error *err, const ml_node *p, ml_training *t)
 {
-    uint64_t lo = 1, hi = 1, v = 1;
+    uint64_t lo = 1, hi = 1;
     ml_status st;
     ml_config_range("parallel.cp", &lo, &hi);
     if ((st = ml__tree_uint(err, p, "cp", "parallel", lo, hi, &t->context_parallel)))
@@ -374,19 +346,12 @@ static ml_status split_keys(ml_error *err, const ml_node *p, ml_training *t)
     ml_config_range("parallel.ep", &lo, &hi);
     if ((st = ml__tree_uint(err, p, "ep", "parallel", lo, hi, &t->expert_parallel)))
         return st;
-    for (size_t k = 0; k < sizeof unplanned / sizeof unplanned[0]; k++) {
-        const ml_node *n = ml__tree_get(p, unplanned[k].name);
-        if (n && !(st = ml__tree_uint(err, p, unplanned[k].name, "parallel", 1, 1048576, &v)) &&
-            v != 1)
-            st = refuse_unplanned(err, n, k, v);
-        if (st)
-            return st;
-    }
-    return ML_OK;
+    ml_config_range("parallel.etp", &lo, &hi);
+    return ml__tree_uint(err, p, "etp", "parallel", lo, hi, &t->expert_tensor_parallel);
 }
 
 /* The YAML section: a mapping of the parts (tp: 8, sp: true, dp: 16, pp,
- * vpp, cp, ep, and etp at 1), or the compact form as a scalar. A pipeline's
+ * vpp, cp, ep, etp), or the compact form as a scalar. A pipeline's
  * own keys are refused with the reason. */
 ml_status ml__schema_parallel(ml_error *err, const ml_node *p, ml_model *m)
 {

@@ -42,7 +42,8 @@ static double latency(const ml_ledger *l, const ml_layout_row *row, uint64_t G)
            sends * ml__coll_latency_s(ML_COLL_SEND, row->pp, tc * row->pp > G ? 2 : 1) +
            s->dp_allreduces * ml__coll_latency_s(ML_COLL_ALL_REDUCE, D, nodes) +
            s->dp_halves * ml__coll_latency_s(ML_COLL_HALF, D, nodes) +
-           s->ep_calls * ml__coll_latency_s(ML_COLL_ALL_TO_ALL, row->ep, ep_inside(row, G) ? 1 : 2);
+           s->ep_calls * ml__coll_latency_s(ML_COLL_ALL_TO_ALL, row->ep, ep_inside(row, G) ? 1 : 2) +
+           s->etp_calls * ml__coll_latency_s(ML_COLL_HALF, row->tp, 1);
 }
 
 /* The transfers' time: tensor parallelism inside a node, the pipeline's
@@ -63,9 +64,12 @@ double ml__layout_comm_time(const ml_config *cfg, const ml_layout_request *req,
     const uint64_t tc = row->tp * (row->cp > 1 ? row->cp : 1); /* inside a node */
     /* (dp 1: the gradients reduce over the cp ranks, inside the node) */
     const double dpbw = row->dp > 1 && tc * row->pp * row->dp > G ? net : intra;
-    double parts[5] = {over(s->tp_comm_bytes, intra), over(p2p, tc * row->pp > G ? net : intra),
+    /* (the expert-tensor ranks: the search's etp is tp's, Megatron's
+     * default, inside a node) */
+    double parts[6] = {over(s->tp_comm_bytes, intra), over(p2p, tc * row->pp > G ? net : intra),
                        over(s->comm_bytes, dpbw), over(s->cp_comm_bytes, intra),
-                       over(s->ep_comm_bytes, ep_inside(row, G) ? intra : net)};
+                       over(s->ep_comm_bytes, ep_inside(row, G) ? intra : net),
+                       over(s->etp_comm_bytes, intra)};
     /* overlap_grad_reduce: what the last backward covers */
     if (parts[2] > 0) {
         const ml_config c = ml_layout_config(cfg, row);
@@ -73,7 +77,7 @@ double ml__layout_comm_time(const ml_config *cfg, const ml_layout_request *req,
     }
     double t = 0;
     *lat = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         if (parts[i] < 0)
             return -1;
         t += parts[i];

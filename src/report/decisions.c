@@ -45,6 +45,8 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     }
     if (ml_training_ep(t) > 1) /* of the data-parallel ranks */
         fprintf(f, ", ep %llu", (unsigned long long)ml_training_ep(t));
+    if (t->expert_tensor_parallel > 1)
+        fprintf(f, ", etp %llu", (unsigned long long)t->expert_tensor_parallel);
     fprintf(f, ", ZeRO %u\n\n", t->zero);
     if (!r->fits) {
         fprintf(f, "DOES NOT FIT: %s\n", r->note);

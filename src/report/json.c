@@ -56,7 +56,7 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
             ", \"parallel\": {\"tp\": %llu, \"sp\": %s, \"pp\": %llu, \"vpp\": %llu, "
             "\"pp_schedule\": \"%s\", \"dp\": %llu, \"devices\": %llu, "
             "\"dist_optimizer\": %s, \"dp_shard\": %llu, \"overlap_grad_reduce\": %s, "
-            "\"cp\": %llu, \"ep\": %llu}",
+            "\"cp\": %llu, \"ep\": %llu",
             (unsigned long long)tp, ml_training_sp(t) ? "true" : "false", (unsigned long long)pp,
             (unsigned long long)(t->virtual_stages > 1 ? t->virtual_stages : 1),
             ml_pp_schedule_name(t->pp_schedule), (unsigned long long)t->data_parallel,
@@ -64,6 +64,9 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
             t->dist_optimizer ? "true" : "false", (unsigned long long)ml_training_shard(t),
             t->overlap_grad_reduce ? "true" : "false", (unsigned long long)cp,
             (unsigned long long)ml_training_ep(t));
+    if (ml_model_experts(m)) /* a mixture of experts' expert-tensor ranks */
+        fprintf(f, ", \"etp\": %llu", (unsigned long long)ml_training_etp(t));
+    fputc('}', f);
     fprintf(f, ", \"engine\": \"%s\"", ml_engine_name(t->engine));
     /* an encoder-decoder's second length */
     if (ml_model_target_len(m, t))
@@ -291,6 +294,10 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
         fputs(", \"expert_parallel_bytes_per_device\": ", f);
         num(f, s->ep_comm_bytes);
     }
+    if (s->etp_comm_bytes > 0) { /* only with expert tensor parallelism */
+        fputs(", \"expert_tensor_parallel_bytes_per_device\": ", f);
+        num(f, s->etp_comm_bytes);
+    }
     fputs("},\n \"host_transfer\": {\"bytes_per_device\": ", f);
     num(f, s->host_transfer_bytes);
     fputs("},\n \"step_time_s\": ", f);
@@ -311,6 +318,10 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
     if (s->ep_comm_bytes > 0) {
         fputs(", \"expert_parallel_s\": ", f);
         num_or_null(f, s->time_ep_s);
+    }
+    if (s->etp_comm_bytes > 0) {
+        fputs(", \"expert_tensor_parallel_s\": ", f);
+        num_or_null(f, s->time_etp_s);
     }
     fprintf(f, ", \"communication_hidden_s\": %.17g", s->time_comm_hidden_s);
     json_step_time(f, &s->time);

@@ -134,9 +134,12 @@ static void text_layout(FILE *f, const ml_training *t, uint64_t tp, uint64_t pp,
     if (cp > 1)
         fprintf(f, "context %llu (ring attention, %llu tokens a rank), ", (unsigned long long)cp,
                 (unsigned long long)(t->seq_len / cp));
-    if (ml_training_ep(t) > 1)
-        fprintf(f, "expert %llu (of the data-parallel ranks), ",
-                (unsigned long long)ml_training_ep(t));
+    if (ml_training_etp(t) > 1 && (ml_training_ep(t) > 1 || t->expert_tensor_parallel > 1))
+        fprintf(f, "expert %llu x expert-tensor %llu (of the tp x cp x dp ranks), ",
+                (unsigned long long)ml_training_ep(t), (unsigned long long)ml_training_etp(t));
+    else if (ml_training_ep(t) > 1)
+        fprintf(f, "expert %llu (of the %s ranks), ", (unsigned long long)ml_training_ep(t),
+                tp > 1 ? "tp x cp x dp" : "data-parallel");
     if (pp > 1 && t->virtual_stages > 1)
         fprintf(f, "pipeline %llu (interleaved, %llu virtual stages each), ",
                 (unsigned long long)pp, (unsigned long long)t->virtual_stages);
@@ -159,7 +162,7 @@ void ml__report_text_parallel(FILE *f, const ml_training *t)
     const uint64_t tp = t->tensor_parallel > 1 ? t->tensor_parallel : 1;
     const uint64_t pp = t->pipeline_parallel > 1 ? t->pipeline_parallel : 1;
     const uint64_t cp = ml_training_cp(t);
-    if (tp > 1 || pp > 1 || cp > 1 || ml_training_ep(t) > 1)
+    if (tp > 1 || pp > 1 || cp > 1 || ml_training_ep(t) > 1 || t->expert_tensor_parallel > 1)
         text_layout(f, t, tp, pp, cp);
     if (ml_training_shard(t) < t->data_parallel)
         fprintf(f, "shard groups: %llu replicas of %llu ranks (HSDP%s): the states shard over a "

@@ -495,6 +495,12 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
         fprintf(f, "  expert-parallel all-to-alls: %s sent per rank per iteration", a);
         text_part(f, s->time_ep_s, cfg->device.interconnect_gbps, "--interconnect");
     }
+    if (s->etp_comm_bytes > 0) {
+        bytes_d(s->etp_comm_bytes, a, sizeof a);
+        fprintf(f, "  expert-tensor all-gathers and reduce-scatters: %s sent per rank per "
+                   "iteration", a);
+        text_part(f, s->time_etp_s, cfg->device.interconnect_gbps, "--interconnect");
+    }
     if (s->host_transfer_bytes > 0) {
         bytes_d(s->host_transfer_bytes, a, sizeof a);
         fprintf(f, "  host transfers: %s per device per iteration", a);

@@ -239,7 +239,7 @@ static void test_refusals(void **state)
     assert_non_null(strstr(e.msg, "routed experts"));
     c = with_ep(m, 2, 1); /* nor are there 2 data-parallel ranks */
     assert_int_equal(status_of(m, &c, &e), ML_RANGE);
-    assert_non_null(strstr(e.msg, "dp x cp"));
+    assert_non_null(strstr(e.msg, "tp x cp x dp"));
     c = with_ep(m, 4, 4);
     assert_int_equal(status_of(m, &c, &e), ML_OK);
     c.training.zero = 1;

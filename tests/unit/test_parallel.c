@@ -166,10 +166,15 @@ static void test_compact_layout(void **state)
     assert_int_equal(ml_parallel_parse("dp2.pp1.tp4.cp1", &t, &e), ML_OK);
     assert_int_equal(t.tensor_parallel, 4);
     assert_int_equal(t.data_parallel, 2);
-    /* refused, t unchanged */
-    assert_int_equal(ml_parallel_parse("tp2.etp4", &t, &e), ML_RANGE);
-    assert_non_null(strstr(e.msg, "expert tensor parallelism is not modelled yet"));
-    assert_int_equal(t.tensor_parallel, 4);
+    /* expert tensor parallelism: its own size, else tp's (Megatron's
+     * default) */
+    assert_int_equal(ml_training_etp(&t), 4);
+    assert_int_equal(ml_parallel_parse("tp2.etp4", &t, &e), ML_OK);
+    assert_int_equal(t.tensor_parallel, 2);
+    assert_int_equal(ml_training_etp(&t), 4);
+    assert_int_equal(ml_parallel_parse("etp0", &t, &e), ML_RANGE);
+    t.expert_tensor_parallel = 0;
+    t.tensor_parallel = 4;
     assert_int_equal(ml_training_ep(&t), 1);
     assert_int_equal(ml_parallel_parse("ep4.dp8", &t, &e), ML_OK); /* expert parallelism */
     assert_int_equal(t.expert_parallel, 4);
@@ -208,7 +213,9 @@ static void test_compact_layout(void **state)
     assert_int_equal(c.training.data_parallel, 8);
     assert_int_equal(ml_config_set(&c, "parallel.ep", "2", &e), ML_OK);
     assert_int_equal(c.training.expert_parallel, 2);
-    assert_int_equal(ml_config_set(&c, "parallel.etp", "2", &e), ML_RANGE);
+    assert_int_equal(ml_config_set(&c, "parallel.etp", "2", &e), ML_OK);
+    assert_int_equal(c.training.expert_tensor_parallel, 2);
+    assert_int_equal(ml_config_set(&c, "parallel.etp", "0", &e), ML_RANGE);
 }
 
 static void expect_schema(const char *yaml, unsigned line, const char *part)
@@ -240,7 +247,13 @@ static void test_yaml_section(void **state)
     assert_int_equal(c.training.data_parallel, 2);
     ml_model_destroy(m);
     snprintf(buf, sizeof buf, "%sparallel:\n  tp: 2\n  etp: 4\n", llama);
-    expect_schema(buf, 22, "expert tensor parallelism is not modelled yet");
+    m = load_str(buf); /* planning it is refused: the model has no experts */
+    assert_int_equal(ml_model_config(m).training.expert_tensor_parallel, 4);
+    ml_model_destroy(m);
+    snprintf(buf, sizeof buf, "%sparallel:\n  etp: 0\n", llama);
+    ml_error err;
+    assert_int_equal(ml_model_load_string(buf, strlen(buf), "p.yaml", &m, &err), ML_RANGE);
+    assert_non_null(strstr(err.msg, "parallel.etp"));
     snprintf(buf, sizeof buf, "%sparallel:\n  ep: 4\n  dp: 8\n", llama);
     m = load_str(buf);
     assert_int_equal(ml_model_config(m).training.expert_parallel, 4);
@@ -262,8 +275,8 @@ static void test_yaml_section(void **state)
     ml_model_destroy(m);
     snprintf(buf, sizeof buf, "%sparallel:\n  tq: 2\n", llama);
     expect_schema(buf, 21, "tp");
-    snprintf(buf, sizeof buf, "%sparallel: tp2.etp8\n", llama);
-    expect_schema(buf, 20, "expert tensor parallelism");
+    snprintf(buf, sizeof buf, "%sparallel: tp2.etq8\n", llama);
+    expect_schema(buf, 20, "etq8");
     /* the data-parallel size given twice, differently */
     snprintf(buf, sizeof buf, "%s  data_parallel: 4\nparallel: tp2.dp2\n", llama);
     expect_schema(buf, 21, "give the data-parallel size once");
