@@ -458,11 +458,11 @@ static void check(emit_kind k, const ml_model *m, const ml_config *cfg, const ml
                         (unsigned long long)t->context_parallel, target);
         return;
     }
-    if (ml_training_ep(t) > 1) {
+    if (ml_training_ep(t) > 1 || t->expert_tensor_parallel > 1) {
         ml__emit_refuse(v, "the plan is one rank of experts split over %llu devices "
-                           "(parallel.ep, an all-to-all dispatch); %s does not set up expert "
-                           "parallelism: plan without --ep to emit",
-                        (unsigned long long)ml_training_ep(t), target);
+                           "(parallel.ep and parallel.etp, Megatron-core's dispatch); %s does "
+                           "not set up expert parallelism: plan without --ep and --etp to emit",
+                        (unsigned long long)(ml_training_ep(t) * ml_training_etp(t)), target);
         return;
     }
     encdec_check(k, m, t, v);

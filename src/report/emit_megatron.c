@@ -136,7 +136,8 @@ static void model_flags(FILE *f, const ml_model *m, const ml_training *t)
  * Mixtral's softmax, top-k and renormalisation; without the
  * renormalisation (Qwen2-MoE's norm_topk_prob false) the softmax comes
  * first (--moe-router-pre-softmax). The dispatch the plan models is the
- * all-to-all (the default is allgather). */
+ * all-to-all (the default is allgather), over the expert-parallel and
+ * expert-tensor-parallel ranks. */
 static void moe_flags(FILE *f, const ml_model *m, const ml_training *t)
 {
     if (!m->moe.experts)
@@ -153,6 +154,8 @@ static void moe_flags(FILE *f, const ml_model *m, const ml_training *t)
     }
     fputs("--moe-token-dispatcher-type alltoall \\\n", f);
     flag(f, "--expert-model-parallel-size", " %llu", ml_training_ep(t));
+    /* (arguments.py gives tp when it is not set: written out either way) */
+    flag(f, "--expert-tensor-parallel-size", " %llu", ml_training_etp(t));
 }
 
 static void training_flags(FILE *f, const ml_training *t)

@@ -399,10 +399,15 @@ def shard_routing(B, Tn, tp, r, k, E):
 
 def tpep_mlp(s, b, h):
     """MoELayer.forward on the rank's sequence shard: the model's router,
-    then MoEAlltoAllTokenDispatcher around the rank's experts."""
+    then MoEAlltoAllTokenDispatcher around the rank's experts; Qwen2-MoE's
+    shared expert after them, in Hugging Face's order (Qwen2MoeSparseMoeBlock;
+    Megatron's MoELayer runs it before the router, which moves no saved
+    byte): its w1 (gate_proj) and w3 (up_proj) column-parallel over the
+    gathered sequence, w2 (down_proj) row-parallel and reduce-scattered to
+    the shard, the gate on the shard."""
     G, (tp, _, ep, etp) = s.groups, s.lay
     B, Tn, D = h.shape
-    h = h.view(-1, D)
+    h3, h = h, h.view(-1, D)
     N, E, k = h.shape[0], s.E, s.k
     El = E // ep
     w = F.softmax(b.router(h), dim=1, dtype=torch.float)
@@ -477,15 +482,34 @@ def tpep_mlp(s, b, h):
     # MoELayer's custom_forward holds the permuted tokens and the all-to-all's
     # output until it returns
     del xp, xr, yb
+    if hasattr(b, "shared"):  # Qwen2-MoE: SharedExpertMLP over the TP group
+        sh = b.shared.w2(F.silu(b.shared.w1(h3)) * b.shared.w3(h3))  # (B, Tn, D)
+        sh = torch.sigmoid(b.shared_gate(h)) * sh.view(-1, D)
+        out = out + sh
     return out.reshape(B, Tn, D)
 
 
+class ColumnParallelLinearBias(tpt.ColumnParallelLinear):
+    """layers.py ColumnParallelLinear with its bias (Qwen2's q, k, v): the
+    rank's rows of the bias added to the product (the add saves nothing)."""
+
+    def __init__(s, weight, bias, sp):
+        super().__init__(weight, sp)
+        s.bias = nn.Parameter(bias.detach().clone())
+
+    def forward(s, x):
+        return super().forward(x) + s.bias
+
+
 class TPEPMixtral(tpt.TPLlama):
-    """The rank's part of ref (a twins.Mixtral): tp_twins.TPLlama's
-    attention and its run (the scatter after the embedding, the gather
-    before the head), the router replicated, the rank's E / ep experts with
-    F_e / etp features of its ETP rank, the dispatch in place of the
-    experts' loop."""
+    """The rank's part of ref (a twins.Mixtral, Mixtral's or Qwen2-MoE's
+    layer): tp_twins.TPLlama's attention and its run (the scatter after the
+    embedding, the gather before the head), the router replicated, the
+    rank's E / ep experts with F_e / etp features of its ETP rank, the
+    dispatch in place of the experts' loop; Qwen2-MoE's shared expert
+    split over the TP group as a dense MLP (SharedExpertMLP: w1 and w3 the
+    rank's F_s / tp rows, w2 as many columns), its gate replicated (a
+    sequence-parallel parameter, as gate_weight is)."""
 
     def __init__(s, ref, lay, groups):
         nn.Module.__init__(s)
@@ -500,6 +524,9 @@ class TPEPMixtral(tpt.TPLlama):
         dq, dkv = s.H * s.dh, s.KV * s.dh
 
         def rows(lin, n):
+            if lin.bias is not None:
+                return ColumnParallelLinearBias(lin.weight[r * n:(r + 1) * n],
+                                                lin.bias[r * n:(r + 1) * n], True)
             return tpt.ColumnParallelLinear(lin.weight[r * n:(r + 1) * n], True)
 
         def cols(lin, n):
@@ -523,6 +550,12 @@ class TPEPMixtral(tpt.TPLlama):
                 e.w2 = linear(re.w2.weight[:, t * Fr:(t + 1) * Fr])
                 e.w3 = linear(re.w3.weight[t * Fr:(t + 1) * Fr])
                 b.experts.append(e)
+            if hasattr(rb, "shared"):
+                Fs = rb.shared.w1.weight.shape[0] // tp
+                b.shared = nn.Module()
+                b.shared.w1, b.shared.w3 = rows(rb.shared.w1, Fs), rows(rb.shared.w3, Fs)
+                b.shared.w2 = cols(rb.shared.w2, Fs)
+                b.shared_gate = tpt._copy(rb.shared_gate)
             b.ln1, b.ln2 = tpt._copy(rb.ln1), tpt._copy(rb.ln2)
             s.blocks.append(b)
         s.norm = tpt._copy(ref.norm)
@@ -551,7 +584,7 @@ def grad_errors(ref, model, lay, groups):
         g = p.grad.clone()
         parts = n.split(".")
         leaf = parts[-2]
-        if leaf in ("ln1", "ln2", "router") and groups["tp"].size > 1:
+        if leaf in ("ln1", "ln2", "router", "shared_gate") and groups["tp"].size > 1:
             dist.all_reduce(g, group=groups["tp"].pg)  # sequence-parallel parameters
         if "experts" in parts:  # blocks.i.experts.e.wX.weight
             i = parts.index("experts")
@@ -565,10 +598,10 @@ def grad_errors(ref, model, lay, groups):
                 want = want[t * c:(t + 1) * c]
         else:
             want = rp[n].grad
-            if leaf == "o":
+            if leaf == "o" or (leaf == "w2" and "shared" in parts):
                 c = g.shape[1]
                 want = want[:, r * c:(r + 1) * c]
-            elif leaf in ("q", "k", "v"):
+            elif leaf in ("q", "k", "v") or "shared" in parts:  # weights' rows, biases
                 c = g.shape[0]
                 want = want[r * c:(r + 1) * c]
         err = ((g - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
@@ -722,7 +755,7 @@ def hand_layer(m, B, T, lay):
     R = etp * P  # balanced: ep etp (E / ep) (P / E)
     Fr = Fe // etp
     renorm = m.get("expert_renorm", True)
-    return {
+    terms = {
         "norms": 4 * 2 * (4 * B * Tn * D + B * Tn),
         "attention": 4 * (4 * B * T * Hr * dh + B * Hr * T * T) + 8,
         "router": 4 * N * E + 8 * N * k + (4 * N + 4 * N * k if renorm else 0),
@@ -732,6 +765,12 @@ def hand_layer(m, B, T, lay):
         "experts 4R*Fr": 4 * 4 * R * Fr,
         "w2 out R*D": 4 * R * D,
     }
+    Fs = m.get("shared_expert_ffn", 0)
+    if Fs:  # Qwen2-MoE's shared expert (the docstring's)
+        terms["shared 4B*T*Fs/tp"] = 4 * 4 * B * T * (Fs // tp)
+        terms["shared gate N"] = 4 * N
+        terms["shared out N*D"] = 4 * N * D
+    return terms
 
 
 def hand_sent(m, B, T, lay):
@@ -741,10 +780,11 @@ def hand_sent(m, B, T, lay):
     Tn = T // tp
     P = k * B * Tn
     unit = B * Tn * D * 4 * (tp - 1)
+    shared = 8 if m.get("shared_expert_ffn") else 0  # w1, w3 3 units each, w2 2
     return {"ep": L * P * (ep - 1) // ep * (4 * D * 4 + 2 * 4),
             "counts": L * E * 8 * (ep * etp - 1),
             "etp": L * P * (etp - 1) * (4 * D * 4 + 2 * 4),
-            "tp": (11 * L + 2) * unit}
+            "tp": ((11 + shared) * L + 2) * unit}
 
 
 def plan(memledger, path, B, T, lay):
@@ -760,7 +800,7 @@ def main():
         raise SystemExit(__doc__)
     memledger, models = sys.argv[1], sys.argv[2]
     paths = sorted(os.path.join(models, f) for f in os.listdir(models)
-                   if f.endswith(".yaml") and f.startswith("mixtral"))
+                   if f.endswith(".yaml") and f.startswith(("mixtral", "qwen2moe")))
     passed = failed = 0
 
     def check(label, ok, detail):
@@ -810,6 +850,16 @@ def main():
                   dense == terms["norms"] + terms["attention"],
                   "%d + %d, tp_twins.hand_layer less its MLP %d"
                   % (terms["norms"], terms["attention"], dense))
+            Fs = m.get("shared_expert_ffn", 0)
+            if Fs:
+                # the shared expert's MLP: tp_twins.hand_layer's dense MLP at
+                # ffn F_s (its layer at ffn F_s less its layer at ffn 0)
+                mlp = (tpt.hand_layer(dict(m, ffn=Fs), B, T, tp, True)[0]
+                       - tpt.hand_layer(dict(m, ffn=0), B, T, tp, True)[0])
+                check("%s shared expert's MLP by hand" % label,
+                      mlp == terms["shared 4B*T*Fs/tp"],
+                      "%d, tp_twins.hand_layer's MLP at ffn %d: %d"
+                      % (terms["shared 4B*T*Fs/tp"], Fs, mlp))
             extra = known_1_13(doc, B, T // tp)
             sent = hand_sent(m, B, T, lay)
             out, args = plan(memledger, path, B, T, lay)

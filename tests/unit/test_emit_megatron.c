@@ -169,6 +169,19 @@ static void test_experts(void **state)
     expect_all(out, want, sizeof want / sizeof want[0]);
     assert_null(strstr(out, "--moe-router-pre-softmax"));
     free(out);
+    /* tensor parallelism with the experts: their width over etp ranks,
+     * tp's by default */
+    c.training.pipeline_parallel = 1;
+    c.training.tensor_parallel = 2;
+    c.training.data_parallel = 4;
+    c.training.expert_parallel = 4;
+    out = emitted(m, &c);
+    check_flags(out);
+    static const char *tp[] = {"--tensor-model-parallel-size 2 ", "--sequence-parallel ",
+                               "--expert-model-parallel-size 4 ",
+                               "--expert-tensor-parallel-size 2 "};
+    expect_all(out, tp, sizeof tp / sizeof tp[0]);
+    free(out);
     ml_model_destroy(m);
     m = load_hf_config("qwen1.5-moe-a2.7b");
     c = ml_model_config(m);
