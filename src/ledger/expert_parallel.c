@@ -153,33 +153,42 @@ static layer_rows rows_of(const ml_chain *ch, const ml_training *t)
                         (double)ch->c_width * ch->prec.w};
 }
 
+/* The experts' counts a layer's forward all-gathers: each rank's count of
+ * its pairs for every expert (E int64), over the ep x etp ranks
+ * (MoEAlltoAllTokenDispatcher.preprocess, gather_from_sequence_parallel_region
+ * over tp_ep_group): a ring sends the other ranks' E x 8 bytes. */
+static double counts_bytes(const ml_chain *ch)
+{
+    const double n = (double)(ch->ep * (ch->etp ? ch->etp : 1));
+    return (n - 1) * (double)ch->moe_experts * 8;
+}
+
 double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int *seg,
                             double *calls)
 {
     *calls = 0;
     if (ch->ep <= 1 || !ch->ep_rows)
         return 0;
-    /* per MoE layer and micro-batch: forward, each expert's count of the
-     * rank's pairs (E int64: the splits, MoEAlltoAllTokenDispatcher's
-     * preprocess), the P pairs' tokens and routing weights sent
+    /* per MoE layer and micro-batch: forward, the experts' counts
+     * (counts_bytes), the P pairs' tokens and routing weights sent
      * (dispatch), the RA rows' outputs sent back (combine); backward, the
      * returned rows' gradients sent to the experts' ranks (P) and the
      * received rows' and weights' back to their sources (RA; the splits
      * kept); a recomputed layer's forward again. A balanced router sends
-     * (ep - 1) / ep of each to other ranks; a row is D elements of the
-     * stream's dtype, a weight 4 bytes (fp32) */
+     * (ep - 1) / ep of each all-to-all to other ranks; a row is D elements
+     * of the stream's dtype, a weight 4 bytes (fp32) */
     const double f = (double)(ch->ep - 1) / (double)ch->ep;
     const layer_rows r = rows_of(ch, t);
-    const double fwd = (double)ch->moe_experts * 8 + r.P * (r.row + 4) + r.RA * r.row;
-    const double bwd = r.P * r.row + r.RA * (r.row + 4);
+    const double fwd = f * (r.P * (r.row + 4) + r.RA * r.row) + counts_bytes(ch);
+    const double bwd = f * (r.P * r.row + r.RA * (r.row + 4));
     double L, R;
     ml__chain_layers(ch, seg, &L, &R);
     const double A = (double)(t->grad_accum ? t->grad_accum : 1);
-    /* the calls: the counts', the tokens' and the weights' all-to-alls
-     * and the combine's in forward, three in backward, the forward's four
-     * again when recomputed */
+    /* the calls: the counts' all-gather, the tokens' and the weights'
+     * all-to-alls and the combine's in forward, three in backward, the
+     * forward's four again when recomputed */
     *calls = A * (7 * L + 4 * R);
-    return A * f * ((fwd + bwd) * L + fwd * R);
+    return A * ((fwd + bwd) * L + fwd * R);
 }
 
 double ml__etp_communication(const ml_chain *ch, const ml_training *t, const int *seg,
@@ -195,16 +204,19 @@ double ml__etp_communication(const ml_chain *ch, const ml_training *t, const int
      * (combine_preprocess casts them to the weights' dtype); backward,
      * the reduce-scatter's all-gather of the gradients (fp32) and the
      * all-gathers' reduce-scatters (the rows' and the weights'); a
-     * recomputed layer's forward again */
+     * recomputed layer's forward again. With one expert-parallel rank the
+     * experts' counts' all-gather is theirs (with more, the all-to-alls') */
     const double f = (double)(ch->etp - 1) / (double)ch->etp;
     const layer_rows r = rows_of(ch, t);
     const double rs = r.R * (double)ch->c_width * 4;
-    const double fwd = r.R * (r.row + 4) + rs, bwd = rs + r.R * (r.row + 4);
+    const double counts = ch->ep > 1 ? 0 : counts_bytes(ch);
+    const double fwd = f * (r.R * (r.row + 4) + rs) + counts, bwd = f * (rs + r.R * (r.row + 4));
     double L, R;
     ml__chain_layers(ch, seg, &L, &R);
     const double A = (double)(t->grad_accum ? t->grad_accum : 1);
-    *calls = A * (6 * L + 3 * R);
-    return A * f * ((fwd + bwd) * L + fwd * R);
+    const double c = counts > 0 ? 1 : 0;
+    *calls = A * ((6 + c) * L + (3 + c) * R);
+    return A * ((fwd + bwd) * L + fwd * R);
 }
 
 /* Whether the experts' data-parallel ranks are not the rest's. */

@@ -11,6 +11,8 @@ moe_utils.py permute, sort_chunks_by_idxs, unpermute):
 - the router is the model's (gate, softmax in fp32, the top-k, the
   renormalisation); twins.FIXED_ROUTING sends pair p of a rank to expert
   p mod E, so every expert takes as many rows from every rank;
+- every rank's count of its pairs for each expert all-gathered (preprocess,
+  no grad: the splits);
 - permute: the pairs sorted by expert (a stable sort of the experts'
   indices, no grad), their tokens gathered with index_select (it keeps its
   index, the pairs' tokens) and their weights by the pairs' order (the
@@ -136,9 +138,14 @@ def ep_mlp(s, b, h, ep):
         order = torch.sort(flat, stable=True)[1]
         tok = order // s.k
         counts = torch.bincount(flat, minlength=s.E)
-        recv = torch.empty_like(counts)
-        dist.all_to_all_single(recv, counts, [El] * ep, [El] * ep)
-        SENT[0] += counts.element_size() * El * (ep - 1)
+        # every rank's counts of every expert, all-gathered (preprocess:
+        # gather_from_sequence_parallel_region over the tp x ep group);
+        # the rank keeps its local experts' columns
+        every = [torch.empty_like(counts) for _ in range(ep)]
+        dist.all_gather(every, counts)
+        me = dist.get_rank()
+        recv = torch.stack(every)[:, me * El:(me + 1) * El].reshape(-1)
+        SENT[0] += counts.element_size() * s.E * (ep - 1)
     in_splits = counts.view(ep, El).sum(1).tolist()
     out_splits = recv.view(ep, El).sum(1).tolist()
     sizes = recv.tolist()  # received chunks: (source rank j, local expert e)
@@ -288,15 +295,16 @@ def rows(m, B, T, ep, rank, routing):
 
 
 def hand_sent(m, B, T, ep):
-    """What a rank's all-to-alls send to the others in one iteration, the
-    routing balanced: the counts (E int64), the tokens and weights of its P
-    pairs and the outputs of its R = P rows forward, the two gradients back,
-    (ep - 1)/ep of each (the plan's communication.expert_parallel...)."""
+    """What a rank's collectives send to the others in one iteration, the
+    routing balanced: forward its counts of every expert (E int64) to each
+    other rank (an all-gather), then the tokens and weights of its P pairs
+    and the outputs of its R = P rows, (ep - 1)/ep of each; the two
+    gradients back likewise (the plan's communication.expert_parallel...)."""
     D, k, E = m["hidden"], m.get("experts_per_tok", 2), m["experts"]
     P = k * B * T
-    fwd = E * 8 + P * (4 * D + 4) + P * 4 * D
+    fwd = P * (4 * D + 4) + P * 4 * D
     bwd = P * 4 * D + P * (4 * D + 4)
-    return m["layers"] * (fwd + bwd) * (ep - 1) // ep
+    return m["layers"] * ((fwd + bwd) * (ep - 1) // ep + E * 8 * (ep - 1))
 
 
 def plan(memledger, path, B, T, ep, routing):

@@ -565,6 +565,15 @@ class TPEPMixtral(tpt.TPLlama):
     def mlp(s, b, h):
         return tpep_mlp(s, b, h)
 
+    def block(s, b, x, *rest):
+        """twins.Llama.block; before the first, a backward mark on its input
+        (the scatter's output): its gradient ends block.0's backward, as
+        twins.Llama.run's mark on the embedding's output does (TPLlama.run
+        has none)."""
+        if b is s.blocks[0]:
+            tw.bwd_mark("embedding", x)
+        return super().block(b, x, *rest)
+
 
 def grad_errors(ref, model, lay, groups):
     """The largest relative gap between the rank's gradients and its slices
@@ -676,6 +685,41 @@ def live_run(ref, lay, groups, batch):
                 ops = [a for a in c.ev[at]["anc"] if a.startswith("aten::") and a not in lb.EMPTY]
                 rec["op"], rec["block"] = ops[-1] if ops else "", block_of(at)
             out["%s_%s" % (phase, label)] = rec
+    out["windows"] = block_windows(c, view)
+    return out
+
+
+def block_windows(c, view):
+    """Each layer block's forward and backward window in the device view
+    (fusednorm.py's measure of the head's backward, for every layer): from
+    the block's mark to the phase's next mark (forward: the block's range,
+    lb.Blocks; backward: its output's gradient arriving, twins.bwd_mark,
+    to its input's, the next block's mark); the level just before it, the
+    highest live bytes in it above that level (rise) and the level at its
+    end above it (net)."""
+    out = {}
+    for phase, prefix in (("fwd", "blk:"), ("bwd", "bwd:")):
+        s0, e0 = c.range(phase)
+        marks = sorted((s, n[len(prefix):]) for s, _, n in c.marks
+                       if s0 <= s <= e0 and n.startswith(prefix))
+        ends = [m[0] for m in marks[1:]] + [e0]
+        for (t0, name), t1 in zip(marks, ends):
+            if not name.startswith("block."):
+                continue
+            k0, k1 = bisect.bisect_left(c.times, t0), bisect.bisect_left(c.times, t1)
+            level = sum(view[:k0])
+            live = peak = level
+            at = None
+            for k in range(k0, k1):
+                live += view[k]
+                if live > peak:
+                    peak, at = live, k
+            op = ""
+            if at is not None:
+                ops = [a for a in c.ev[at]["anc"] if a.startswith("aten::") and a not in lb.EMPTY]
+                op = ops[-1] if ops else ""
+            out["%s %s" % (phase, name)] = {"level": level, "rise": peak - level,
+                                            "net": live - level, "op": op}
     return out
 
 
@@ -715,13 +759,14 @@ def rank_main(rank, lay, init_file, out_dir, paths):
         per_block = rec.per_block()
         loss.backward()
         comm = dict(COMM)
+        params = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
         gerr, gname = grad_errors(ref, model, lay, groups)
         loss_v = loss.item()
         del model, rec, loss
         live = live_run(ref, lay, groups, batch)
         results.append({"path": path, "blocks": per_block, "loss": loss_v,
                         "ref_loss": ref_loss.item(), "grad_err": gerr, "grad_worst": gname,
-                        "comm": comm, "live": live})
+                        "comm": comm, "params": params, "live": live})
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as fh:
         json.dump(results, fh)
     dist.barrier()
@@ -795,6 +840,74 @@ def plan(memledger, path, B, T, lay):
     return subprocess.run(args, capture_output=True, text=True), args
 
 
+def plan_windows(memledger, path, B, T, lay):
+    """The plan's timeline (`memledger timeline --format csv`, the plan's
+    options): each layer block's forward and backward rows (micro-batch 0)
+    as block_windows measures the twin's: the total before the block's first
+    row (level), its highest total above it (rise), the total after its last
+    row above it (net); and by category, the highest running workspace in
+    the block (ws), the saved bytes and gradients it adds (saved, grads).
+    None when the timeline fails (the plan's own check reports it)."""
+    tp, dp, ep, etp = lay
+    args = [memledger, "timeline", path, "--format", "csv", "--micro-batch", str(B),
+            "--seq-len", str(T), "--precision", "fp32", "--checkpoint", "none",
+            "--allocator", "none", "--tp", str(tp), "--dp", str(dp), "--ep", str(ep),
+            "--etp", str(etp)]
+    out = subprocess.run(args, capture_output=True, text=True)
+    if out.returncode != 0:
+        return None
+    lines = out.stdout.strip().split("\n")
+    hdr = lines[0].split(",")
+    win, prev = {}, 0
+    for ln in lines[1:]:
+        r = dict(zip(hdr, ln.split(",")))
+        if r["micro_batch"] != "0":
+            break
+        tot, d = int(r["total"]), int(r["delta_bytes"])
+        if r["step"].startswith("block.") and r["phase"] in ("forward", "backward"):
+            key = ("fwd " if r["phase"] == "forward" else "bwd ") + r["step"]
+            w = win.setdefault(key, {"level": prev, "peak": prev, "ws_now": 0, "ws": 0,
+                                     "saved": 0, "grads": 0})
+            w["peak"], w["end"] = max(w["peak"], tot), tot
+            if r["category"] == "workspace":
+                w["ws_now"] += d
+                w["ws"] = max(w["ws"], w["ws_now"])
+            elif r["category"] == "activations_saved" and d > 0:
+                w["saved"] += d
+            elif r["category"] == "grads":
+                w["grads"] += d
+        prev = tot
+    return {k: {"level": w["level"], "rise": w["peak"] - w["level"], "net": w["end"] - w["level"],
+                "ws": w["ws"], "saved": w["saved"], "grads": w["grads"]}
+            for k, w in win.items()}
+
+
+def live_info(label, m, windows, pw):
+    """INFO lines, not checks (see the docstring, check 3): each layer
+    block's forward and backward window, measured (the ranks with the same
+    figures together) beside the plan's timeline."""
+    for i in range(m["layers"]):
+        for ph, phase in (("fwd", "forward"), ("bwd", "backward")):
+            key = "%s block.%d" % (ph, i)
+            groups = {}
+            for rank, w in enumerate(windows):
+                mw = w.get(key)
+                if mw:
+                    groups.setdefault((mw["rise"], mw["net"], mw["op"]), []).append(rank)
+            q = (pw or {}).get(key)
+            if q is None:
+                planned = "planned: none"
+            else:
+                what = "workspace %d + saved %d" % (q["ws"], q["saved"]) if ph == "fwd" else \
+                    "workspace %d + gradients %d" % (q["ws"], q["grads"])
+                planned = "planned rise %d (%s), net %+d" % (q["rise"], what, q["net"])
+            for (rise, net, op), ranks in sorted(groups.items()):
+                diff = " (plan %+d)" % (q["rise"] - rise) if q else ""
+                print("INFO %s rank%s block.%d %s: measured rise %d at %s%s, net %+d; %s"
+                      % (label, ",".join(map(str, ranks)), i, phase, rise, op or "-", diff, net,
+                         planned))
+
+
 def main():
     if len(sys.argv) != 3:
         raise SystemExit(__doc__)
@@ -862,8 +975,9 @@ def main():
                       % (terms["shared 4B*T*Fs/tp"], Fs, mlp))
             extra = known_1_13(doc, B, T // tp)
             sent = hand_sent(m, B, T, lay)
+            pw = plan_windows(memledger, path, B, T, lay)
             out, args = plan(memledger, path, B, T, lay)
-            got = None
+            got = params = None
             if out.returncode == 2:
                 print("SKIP plan: %s" % (out.stderr.strip().splitlines() or ["refused"])[-1])
             elif out.returncode != 0:
@@ -871,8 +985,9 @@ def main():
                       % (" ".join(args), out.returncode, out.stderr.strip()))
             else:
                 try:
-                    got = {x["name"]: x["activations_saved"]
-                           for x in json.loads(out.stdout)["blocks"]}
+                    blocks = json.loads(out.stdout)["blocks"]
+                    got = {x["name"]: x["activations_saved"] for x in blocks}
+                    params = {x["name"]: x["params"] for x in blocks}
                 except (ValueError, KeyError) as e:
                     check(label + " plan", False, "unreadable JSON: %s" % e)
             for rank, res in enumerate(ranks):
@@ -917,6 +1032,13 @@ def main():
                 check("%s bytes sent" % lbl, r["comm"] == sent,
                       ", ".join("%s %d (by hand %d)" % (kk, r["comm"].get(kk, 0), sent[kk])
                                 for kk in KINDS))
+                if params is not None:
+                    mine = {"block.%d" % i: n for i, n in enumerate(r["params"])}
+                    check("%s layers' parameters planned" % lbl,
+                          all(params.get(k) == v for k, v in mine.items()),
+                          ", ".join("%s planned %s, the rank's %d" % (k, params.get(k), v)
+                                    for k, v in sorted(mine.items())))
+            live_info(label, m, [res[j]["live"]["windows"] for res in ranks], pw)
     print("%d passed, %d failed" % (passed, failed))
     if passed + failed == 0:
         print("FAIL no model under %s: nothing was checked" % models)
