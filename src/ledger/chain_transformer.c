@@ -75,6 +75,9 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
     ch->etp = d->etp;
     ch->ep_tp = m->moe.experts && t->tensor_parallel > 1 ? t->tensor_parallel : 1;
     ch->ep_dispatch = d->dispatch;
+    /* the routed experts run on the rank's tokens whole (or split by etp),
+     * a shared expert as a tensor-parallel MLP */
+    ch->tp_parts = m->moe.experts ? 1 + (m->moe.shared_ffn > 0) : 2;
     ch->moe_k = m->moe.per_token;
     ch->moe_experts = m->moe.experts;
     /* the experts' data-parallel ranks are not the rest's: w1, w3 (D x FE)

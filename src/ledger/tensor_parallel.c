@@ -160,7 +160,9 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
      * column sites gather their saved shard again and reduce-scatter the
      * input's gradient, the row sites gather the output's gradient:
      * 6 all-gathers and 4 reduce-scatters, 10S. A recomputed layer runs
-     * its forward's again (2 x 2S, or 2 + 2). The embedding: an all-reduce
+     * its forward's again (2 x 2S, or 2 + 2). Half of each per part: a
+     * mixture of experts' layer has the attention's, and a shared
+     * expert's (ch->tp_parts). The embedding: an all-reduce
      * of its output (sp: a reduce-scatter, and an all-gather of the
      * gradient); the head: an all-reduce of its input's gradient (sp: its
      * input gathered, then gathered again and the gradient
@@ -168,7 +170,8 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
      * all-reduces of B x T fp32 figures (the rows' maxima, the target
      * logits, the sums of exponentials). */
     const bool sp = ml_training_sp(t);
-    const double layer = sp ? 10 : 8, recompute = 4;
+    const double parts = (double)(ch->tp_parts ? ch->tp_parts : 2) / 2;
+    const double layer = (sp ? 10 : 8) * parts, recompute = 4 * parts;
     const double embed = has_embedding ? 2 : 0, head = has_head ? (sp ? 3 : 2) : 0;
     const double loss = has_head ? 3.0 * 2.0 * (double)ch->B * (double)ch->T * 4.0 : 0;
     const double per_micro = f * (S * (layer * L + recompute * R + embed + head) + loss);
@@ -177,8 +180,9 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
      * the head's 3, gathers and reduce-scatters; without, 4 all-reduces a
      * layer, 2 recomputed, 1 each for the embedding and the head; the
      * loss's 3 all-reduces either way */
-    const double sites = sp ? 10 * L + 4 * R + embed + head
-                            : 4 * L + 2 * R + (has_embedding ? 1 : 0) + (has_head ? 1 : 0);
+    const double sites = sp ? parts * (10 * L + 4 * R) + embed + head
+                            : parts * (4 * L + 2 * R) + (has_embedding ? 1 : 0) +
+                                  (has_head ? 1 : 0);
     *(sp ? halves : allreduces) = A * sites;
     *allreduces += A * (has_head ? 3 : 0);
     return per_micro * A;

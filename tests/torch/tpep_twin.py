@@ -2,10 +2,10 @@
 """Per-rank saved activations under tensor, sequence and expert parallelism
 (expert tensor parallelism included), against real PyTorch.
 
-The Mixtral twin of twins.py run as Megatron-core runs a mixture-of-experts
-decoder with tensor parallelism (TP), sequence parallelism (SP), expert
-parallelism (EP) and expert tensor parallelism (ETP): one process a rank
-(torch.multiprocessing, spawn), gloo on the CPU.
+The Mixtral and Qwen2-MoE twins of twins.py run as Megatron-core runs a
+mixture-of-experts decoder with tensor parallelism (TP), sequence
+parallelism (SP), expert parallelism (EP) and expert tensor parallelism
+(ETP): one process a rank (torch.multiprocessing, spawn), gloo on the CPU.
 
 - The attention is split as tp_twins.py splits Llama's (its
   ColumnParallelLinear q, k, v, which all-gather the rank's sequence shard
@@ -13,7 +13,9 @@ parallelism (EP) and expert tensor parallelism (ETP): one process a rank
   reduce-scattered to the shard; H / tp query heads, KV / tp key/value
   heads); the norms and the residual adds run on the rank's T / tp rows.
   tp_twins.py's sequence collectives are rebound here to the rank's TP
-  group (a layout with dp > 1 has several).
+  group (a layout with dp > 1 has several). Qwen2's q, k, v biases are
+  the rank's rows, added to the product (ColumnParallelLinear's bias; the
+  add saves nothing).
 - The MoE block runs on the rank's own T / tp tokens: no gather before the
   router (Megatron's MoELayer takes the sequence-sharded hidden states and
   refuses TP without SP in training). The router is the model's (gate,
@@ -41,6 +43,23 @@ parallelism (EP) and expert tensor parallelism (ETP): one process a rank
   hidden_states.to(probs.dtype) (fp32 here: no copy) with output_splits_tp;
   the all-to-all back over EP; unpermute's scatter_add_ (it keeps only its
   index).
+- Qwen2-MoE's shared expert is Megatron-core's SharedExpertMLP (d98e8a64,
+  megatron/core/transformer/moe/shared_experts.py: an MLP over the dense
+  TP group, ffn_hidden_size = moe_shared_expert_intermediate_size), in
+  Hugging Face's op order (twins.Mixtral: w2(silu(w1(h)) * w3(h)), then
+  sigmoid(shared_expert_gate(h)) * it, added to the experts' output): w1
+  (gate_proj) and w3 (up_proj) column-parallel, F_s / tp rows each, over
+  the all-gathered sequence, saving the rank's shard (tp_twins.py's
+  linears; Megatron fuses the two into linear_fc1, whose unfused glu,
+  chunk, silu and multiply, saves the same bytes; bias_swiglu_fusion's
+  kernel would keep 3 B T Fsr of the 4 below); w2 (down_proj)
+  row-parallel, F_s / tp columns, its output
+  reduce-scattered to the shard; the gate (D -> 1, replicated, a
+  sequence-parallel parameter as gate_weight is) and its sigmoid on the
+  rank's sequence-sharded input. It runs after the routed experts, as
+  Hugging Face's Qwen2MoeSparseMoeBlock runs it (Megatron's MoELayer runs
+  shared_experts_compute before the router: the same saved bytes, other
+  transients).
 - Ranks (Megatron's rank generators, pp 1, cp 1): the dense layers'
   tp-dp order, TP groups the consecutive tp ranks, dp groups strided by tp;
   the experts' tp-ep-dp order with expert-tp = etp over the tp * dp ranks:
@@ -51,10 +70,11 @@ parallelism (EP) and expert tensor parallelism (ETP): one process a rank
   the LM head are replicated (tp_twins.py's scatter after the embedding,
   gather before the final norm): only the layer blocks are compared.
 
-Layouts run (world = tp * dp processes, Mixtral's twin: E 4, top-2):
+Layouts run (world = tp * dp processes; Mixtral's twin: E 4, top-2;
+Qwen2-MoE's: E 6, top-3, no renormalisation, a shared expert F_s 96 wide):
   (a) tp 2, dp 1, ep 2, etp 1: the EP group is the TP pair, each with its
       sequence half;
-  (b) tp 2, dp 1, ep 1, etp 2: every rank all four experts, F_e / 2
+  (b) tp 2, dp 1, ep 1, etp 2: every rank all the experts, F_e / 2
       features each; the all-gather brings the other rank's rows;
   (c) tp 2, dp 2, ep 2, etp 2: four processes; rank r = t + 2 e, ETP
       groups {0, 1}, {2, 3}, EP groups {0, 2}, {1, 3}, dense TP groups
@@ -63,12 +83,14 @@ Layouts run (world = tp * dp processes, Mixtral's twin: E 4, top-2):
 Checks, each rank:
 1. its loss equals the single-device model's on its dp rank's batch, and
    the gradients of what it holds equal the single device's slices: q, k,
-   v's rows and o's columns of its TP rank; the norms' and the router's
-   (partial per sequence shard: all-reduced over the TP group first, as
-   finalize_model_grads does for sequence-parallel parameters); a local
-   expert's w1 and w3 rows and w2 columns of its ETP rank, the
-   single-device gradients summed over the dp batches (every token of the
-   EP x ETP group reaches its experts; expert-data-parallel size 1 here).
+   v's rows (weights and biases) and o's columns of its TP rank, the
+   shared expert's w1 and w3 rows and w2 columns likewise; the norms',
+   the router's and the shared expert's gate's (partial per sequence
+   shard: all-reduced over the TP group first, as finalize_model_grads
+   does for sequence-parallel parameters); a local expert's w1 and w3
+   rows and w2 columns of its ETP rank, the single-device gradients
+   summed over the dp batches (every token of the EP x ETP group reaches
+   its experts; expert-data-parallel size 1 here).
    Tolerances as ep_twin.py's: 1e-5 of the loss, 1e-4 of the largest
    gradient.
 2. what autograd saves per layer block (crosscheck.py's Recorder:
@@ -80,13 +102,35 @@ Checks, each rank:
    RMSNorms' x^2 from the moment the mean has run, 0-dim Python scalars),
    printed with the block and op where each falls and the layer blocks'
    highest point; the check is the curve's own consistency (every free
-   paired with an allocation in the window, nothing left unfreed). Not
-   compared with anything yet. The collectives hand gloo buffers kept for
-   the process's life (made in the first iteration), copying in and out
-   on the rank's thread: gloo's worker thread would otherwise free the
-   last reference to a collective's tensors where the profiler does not
-   see it. So the curve has what Megatron's collectives allocate (each
-   output), not gloo's staging nor the emulated reduce-scatter's copy.
+   paired with an allocation in the window, nothing left unfreed). The
+   collectives hand gloo buffers kept for the process's life (made in the
+   first iteration), copying in and out on the rank's thread: gloo's
+   worker thread would otherwise free the last reference to a
+   collective's tensors where the profiler does not see it. So the curve
+   has what Megatron's collectives allocate (each output), not gloo's
+   staging nor the emulated reduce-scatter's copy.
+   Each layer block's windows beside the plan, INFO lines, not checks:
+   fusednorm.py's measure of a block (the highest live bytes above the
+   level at the block's start, here also the level at its end above it:
+   "rise" and "net"), for every layer's forward (its lb.Blocks range) and
+   backward (from its output's gradient, twins.bwd_mark, to its input's:
+   a mark on block.0's input ends block.0's), against the plan's
+   timeline (`memledger timeline` with the plan's options: the rows of
+   the block's step, above the total before them). No twin checks a
+   layer's transients against a block-rule plan: fusednorm.py's equality
+   holds for blocks the plan replays node by node, and under TP, EP or
+   ETP the plan keeps the block rule (docs/parallel.md; docs/ledger.md,
+   "Transients"): the forward's workspace (the dispatch's buffers) and
+   all the block's saved bytes at once, the backward's workspace (ws_bwd
+   with the dispatch's gradients) and all its gradients at once with
+   every saved tensor still alive: an estimate, above the measured rise
+   in every layout here (livebytes.py reports such rows, it does not
+   assert them). The nets are exact (forward: the saved bytes;
+   backward: the gradients less the saved bytes); block.0's differ by
+   what the plan places elsewhere (the mask and position ids, 2,496 B,
+   opened in block.0's forward rows where the twin makes them in the
+   embedding's; the rotary tables, 3,072 B, released in the embedding's
+   backward rows where the twin frees them in block.0's).
 4. the bytes each rank sends in one iteration, counted inside the
    collectives (rows to the other ranks of the group; a reduce-scatter
    counts the other ranks' rows of its input, as a direct reduce-scatter
@@ -99,8 +143,9 @@ Checks, each rank:
    json --tp 2 --dp D --ep E --etp X` (fp32, B and T the file's, no
    checkpointing); each layer block's activations_saved against the
    measured bytes less crosscheck.known_1_13's extras on the rank's T / tp
-   rows. A refusal (exit status 2) prints "SKIP plan: <message>" and counts
-   as nothing.
+   rows, and its params against the rank's parameters in that block. A
+   refusal (exit status 2) prints "SKIP plan: <message>" and counts as
+   nothing.
 
 Hand derivation, one layer block on one rank (fp32, 4 B an element; B
 micro-batch, T sequence, D hidden, dh head size, H / KV query / key-value
@@ -129,9 +174,23 @@ R = ep etp (E / ep) (P / E) = etp P; Fr = F_e / etp):
     w2's output (the weighting's other operand)        R D
     the all-to-alls, the ETP gathers and reduce-scatters, the cat, the
     sort back: nothing
+  Qwen2-MoE's shared expert (F_s its width, Fsr = F_s / tp; Qwen2-MoE
+  does not renormalise: its router keeps N E 4 B and N k 8 B only):
+    w1's and w3's input, the rank's shard: ln2's output, counted above
+    (the router and the gate save the same storage)
+    w1's output (silu's input), silu's output, w3's output, their
+    product (w2's input), on all T rows: tp_twins.py's dense MLP at
+    ffn F_s                                            4 B T Fsr
+    the gate's sigmoid output (the multiply's operand; the gate's input
+    is ln2's output again)                             N
+    w2's reduce-scattered output, the shard (the multiply's other
+    operand)                                           N D
+    the gathers, the reduce-scatter's whole buffer, the gated product,
+    the sum with the experts' output: nothing
 
   bytes = 4 (2 (4 B Tn D + B Tn) + 4 B T Hr dh + B Hr T^2 + N E + N + N k
              + R D + R + 4 R Fr + R D) + 8 (N k + 2 P) + 8
+          (Qwen2-MoE: less 4 (N + N k), plus 4 (4 B T Fsr + N + N D))
 
 Mixtral's twin (B 2, T 24, D 64, H 8, KV 2, dh 8, E 4, k 2, F_e 96), tp 2:
 Tn 12, N 24, P 48, Hr 4:
@@ -145,6 +204,19 @@ Tn 12, N 24, P 48, Hr 4:
 and the scale's 8 B) 12,296: the planner's figure would be 180,384 (a) and
 205,152 (b, c). (At tp 1, ep 2 the same terms, less the extras, give
 ep_twin.py's 360,768 B.)
+
+Qwen2-MoE's twin (B 2, T 24, D 64, H 8, KV 4, dh 8, E 6, k 3, F_e 48,
+F_s 96, q, k, v biases), tp 2: Tn 12, N 24, P 72, Hr 4, Fsr 48:
+  norms 49,344 and attention 43,016 as Mixtral's (KV does not enter: the
+  repeat_kv copies have Hr heads; the biases' adds save nothing);
+  router 4 (144) + 8 (72) = 1,152; the pairs' order and tokens 8 (144) =
+  1,152; shared expert 4 (4 x 2 x 24 x 48 + 24 + 24 x 64) = 4 (9,216 +
+  24 + 1,536) = 43,104 (36,864 of it tp_twins.hand_layer's MLP at ffn 96)
+  (a) ep 2 etp 1: R 72, Fr 48: 4 (4,608 + 72 + 13,824 + 4,608) = 92,448;
+      the layer 49,344 + 43,016 + 1,152 + 1,152 + 92,448 + 43,104 =
+      230,216 B, planned 217,920
+  (b), (c) etp 2: R 144, Fr 24: 4 (9,216 + 144 + 13,824 + 9,216) =
+      129,600; the layer 267,368 B, planned 255,072
 
 Bytes sent, one iteration, one rank (L layers; balanced routing, so a
 rank's all-to-all rows to the others are (ep - 1) / ep of its P, and each
@@ -162,11 +234,15 @@ ETP rank's rows are R / etp = P):
     backward (9), o reduce-scatters forward and gathers backward (2); the
     embedding's scatter gathers its gradient, the head's gather (2 in
     all)                       (11 L + 2) units
+    Qwen2-MoE's shared expert: w1 and w3 as q (6), w2 as o (2)
+                               (19 L + 2) units
     (the twin's q, k and v are three linears, each gathering: Megatron's
     fused linear_qkv gathers once, 3 units a layer where this counts 9)
 Mixtral, L 2: (a) EP 49,536, counts 64, ETP 0, TP 147,456; (b) EP 0,
 counts 64, ETP 99,072, TP 147,456; (c) EP 49,536, counts 192, ETP 99,072,
-TP 147,456.
+TP 147,456. Qwen2-MoE, L 2: (a) EP 74,304, counts 96, ETP 0, TP 245,760;
+(b) EP 0, counts 96, ETP 148,608, TP 245,760; (c) EP 74,304, counts 288,
+ETP 148,608, TP 245,760.
 
 Not modelled (Megatron-core differs; the twin keeps ep_twin.py's choices):
 Megatron's experts weight the activation by the probs before linear_fc2
@@ -178,7 +254,8 @@ forward, outside autograd; its permute argsorts the E N map. The twin's
 router is Hugging Face's.
 
 usage: tpep_twin.py MEMLEDGER MODELS_DIR
-Prints one line per check and ends with "N passed, N failed".
+Prints one line per check (and the INFO lines of check 3) and ends with
+"N passed, N failed".
 """
 import bisect
 import gc

@@ -87,7 +87,12 @@ static void test_rank_block(void **state)
  * the same experts are tp dp / (ep etp) = 1. In (b) no all-to-all (one
  * expert-parallel rank): the counts' all-gather over the 2 expert-tensor
  * ranks, 32 B a layer, goes with their collectives: 16,640 + 64 = 16,704
- * B in 7 calls a layer. */
+ * B in 7 calls a layer. The tensor-parallel collectives (S = B T D 4 =
+ * 2,048, half of each sent, docs/parallel.md "Communication"): with
+ * sequence parallelism 5 S a layer for the attention alone (the experts
+ * are not split by tp: a dense layer's MLP would add 5 S more), 2 S the
+ * embedding, 3 S the head, and the loss's three all-reduces of B T fp32:
+ * 1/2 ((2 x 5 + 2 + 3) x 2,048 + 3 x 2 x 16 x 4) = 15,552 B. */
 static void test_collectives(void **state)
 {
     (void)state;
@@ -98,6 +103,7 @@ static void test_collectives(void **state)
     assert_rel_close(s->ep_comm_bytes, 8512, 0);
     assert_rel_close(s->etp_comm_bytes, 16640, 0);
     assert_rel_close(s->etp_calls, 12, 0);
+    assert_rel_close(s->tp_comm_bytes, 15552, 0);
     assert_rel_close(s->comm_bytes, 4.0 * (double)(s->params - 2 * 6144), 1e-15);
     ml_ledger_destroy(l);
     c = layout(m, 2, 1, 1, 2);
