@@ -220,6 +220,13 @@ typedef struct ml_training {
                                         reduce-scatter of the outputs); 0: tp, Megatron's
                                         default. With tp x cp x dp = etp x ep x the
                                         experts' data-parallel ranks */
+    double expert_capacity;        /* training.expert_capacity: Megatron's expert capacity
+                                      factor under its dispatch (a rank sends each expert
+                                      at most ceil(k tokens / E x it) of its pairs, the
+                                      others dropped); 0: none */
+    bool expert_pad;               /* training.expert_pad: each expert's share padded to
+                                      the capacity (Megatron's
+                                      --moe-pad-expert-input-to-capacity) */
 } ml_training;
 
 /* PyTorch's CUDA caching allocator as the planner simulates it

@@ -33,7 +33,7 @@ typedef struct {
         *checkpoint, *device, *budget, *runtime_reserve, *peak_tflops, *efficiency, *fragmentation,
         *data_parallel, *zero, *offload, *global_batch, *max_micro_batch, *reduce_bucket,
         *allgather_bucket, *logits, *eval_batch, *eval_seq_len, *allocator, *max_split_size,
-        *zero_grad, *interconnect, *pcie, *logits_chunk, *attention, *expert_imbalance, *target_len,
+        *zero_grad, *interconnect, *pcie, *logits_chunk, *attention, *expert_imbalance, *expert_capacity, *target_len,
         *vision_tower;
     /* length distributions (plan, fit, triage): --lengths FILE|QUANTILES, --batching,
      * --max-tokens N|auto, --buckets K */
@@ -49,6 +49,7 @@ typedef struct {
     const char *dist_optimizer; /* --dist-optimizer "on", --no-dist-optimizer "off" */
     const char *dp_shard;       /* --dp-shard N: HSDP's shard group */
     const char *overlap;        /* --overlap-grad-reduce "on" */
+    const char *expert_pad;     /* --expert-pad "on" */
     const ml_model *model; /* the loaded model (ml_cli_start): where its file set a
                               key, for the messages about it (ml_cli_config_error) */
 } ml_cli_opts;

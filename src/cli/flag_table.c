@@ -12,6 +12,7 @@ static const ml_cli_flag flags[] = {
     {"--precision", offsetof(ml_cli_opts, precision)},
     {"--attention", offsetof(ml_cli_opts, attention)},
     {"--expert-imbalance", offsetof(ml_cli_opts, expert_imbalance)},
+    {"--expert-capacity", offsetof(ml_cli_opts, expert_capacity)},
     {"--optimizer", offsetof(ml_cli_opts, optimizer)},
     {"--optimizer-impl", offsetof(ml_cli_opts, optimizer_impl)},
     {"--checkpoint", offsetof(ml_cli_opts, checkpoint)},

@@ -51,6 +51,8 @@ static const struct {
     {"training.vision_tower", "--vision-tower", NULL, OPT(vision_tower)},
     {"training.logits_chunk", "--logits-chunk", NULL, OPT(logits_chunk)},
     {"training.expert_imbalance", "--expert-imbalance", NULL, OPT(expert_imbalance)},
+    {"training.expert_capacity", "--expert-capacity", NULL, OPT(expert_capacity)},
+    {"training.expert_pad", "--expert-pad", NULL, OPT(expert_pad)},
     {"model.attention", "--attention", NULL, OPT(attention)},
     {"device.memory", "--device", "--device NAME|SIZE or a device: section", OPT(device)},
     {"device.budget", "--budget", NULL, OPT(budget)},

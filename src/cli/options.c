@@ -280,6 +280,10 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                 o->overlap = "on";
                 continue;
             }
+            if (!strcmp(arg, "--expert-pad")) {
+                o->expert_pad = "on";
+                continue;
+            }
             if (!strcmp(arg, "--dist-optimizer") || !strcmp(arg, "--no-dist-optimizer")) {
                 o->dist_optimizer = arg[2] == 'n' ? "off" : "on";
                 continue;
@@ -427,6 +431,10 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
         rc = limited(o->logits_chunk, "training.logits_chunk", &t->logits_chunk);
     if (!rc && o->expert_imbalance)
         rc = real("--expert-imbalance", o->expert_imbalance, 1, 1e6, &t->expert_imbalance);
+    if (!rc && o->expert_capacity)
+        rc = real("--expert-capacity", o->expert_capacity, 0, 1e6, &t->expert_capacity);
+    if (!rc && o->expert_pad)
+        t->expert_pad = true;
     if (!rc && o->zero_grad) {
         if (!strcmp(o->zero_grad, "set_to_none"))
             t->zero_grad = ML_ZERO_GRAD_SET_TO_NONE;

@@ -260,7 +260,7 @@ void ml__graph_shard_sequence(ml_graph *g, uint64_t div)
         bool split_in = false, seq_in = false;
         for (unsigned j = 0; j < o->nin; j++) {
             split_in |= ml__graph_tp_split(g, o->in[j]);
-            seq_in |= g->t[o->in[j]].seq;
+            seq_in |= g->t[o->in[j]].seq || g->t[o->in[j]].local;
         }
         for (unsigned j = 0; j < o->nparam; j++)
             split_in |= ml__graph_tp_split(g, o->param[j]);

@@ -73,6 +73,9 @@ typedef enum {
                 take, their runs summed */
     MLG_RA,  /* the same: the rows the all-to-all brings the rank, R / etp
                 (the all-gather over the expert-tensor ranks makes them R) */
+    MLG_PS,  /* the same: the (token, expert) pairs the rank sends, k B T of
+                its tokens, fewer with an expert capacity (dropped), E x the
+                capacity when padded */
     MLG_L0,
     MLG_NDIMS = MLG_L0 + MLG_NLIT
 } mlg_dim;
@@ -142,6 +145,9 @@ typedef struct {
                          of another (bmm's operand copies): that one */
     uint8_t group;    /* a parameter's module: parameters are listed by group
                          (the order modules register them), then by op */
+    bool local;       /* of the rank's own tokens without a token dimension
+                         (the dispatch's pairs): under sequence parallelism
+                         what they make with T is sharded */
     bool seq;         /* sequence parallelism: a rank holds T / seq_div of its
                          tokens (ml__graph_shard_sequence) */
 } mlg_tensor;

@@ -35,9 +35,19 @@ static uint16_t ep_rows(ml_graph *g, const char *name, uint8_t dtype)
     return ep_rows_of(g, name, dtype, MLG_R);
 }
 
+/* Of the pairs the rank sends (MLG_PS): w wide (0: one element each). */
+static uint16_t pairs_of(ml_graph *g, const char *name, uint8_t dtype, uint8_t w)
+{
+    uint16_t t = w ? ml__graph_tensor(g, name, dtype, MLG_ACT, 2, MLG_PS, w)
+                   : ml__graph_tensor(g, name, dtype, MLG_ACT, 1, MLG_PS);
+    if (t != MLG_NONE)
+        g->t[t].local = true;
+    return t;
+}
+
 static uint16_t ep_pairs(ml_graph *g, const char *name, uint8_t dtype)
 {
-    uint16_t t = ml__graph_tensor(g, name, dtype, MLG_ACT, 4, MLG_K, MLG_B, MLG_T, MLG_D);
+    uint16_t t = pairs_of(g, name, dtype, MLG_D);
     ml__kit_flag(g, t, MLG_T_TMP);
     return t;
 }
@@ -187,11 +197,9 @@ static void ep_combine(ml_graph *g, const mlg_layer *L, uint16_t Z, const uint16
  * keeps the order). */
 static void ep_dispatch_tensors(ml_graph *g, const mlg_layer *L, uint8_t hd, uint16_t d[D_N])
 {
-    d[D_IDX] = ml__graph_tensor(g, "pair order (argsort of the experts' indices, int64)",
-                                MLG_INT64, MLG_ACT, 3, MLG_K, MLG_B, MLG_T);
+    d[D_IDX] = pairs_of(g, "pair order (argsort of the experts' indices, int64)", MLG_INT64, 0);
     d[D_XP] = ep_pairs(g, "permuted tokens (all-to-all send buffer)", hd);
-    d[D_WP] = ml__graph_tensor(g, "permuted routing weights (fp32)", MLG_FP32, MLG_ACT, 3, MLG_K,
-                               MLG_B, MLG_T);
+    d[D_WP] = pairs_of(g, "permuted routing weights (fp32)", MLG_FP32, 0);
     d[D_XR] = d[D_XP];
     d[D_WR] = d[D_WP];
     if (!L->moe.ep_one) {
@@ -208,8 +216,7 @@ static void ep_dispatch_tensors(ml_graph *g, const mlg_layer *L, uint8_t hd, uin
     d[D_XS] = ml__graph_tensor(g, "rows sorted by local expert", hd, MLG_ACT, 2, MLG_R, MLG_D);
     d[D_WS] = ml__graph_tensor(g, "routing weights sorted by local expert (fp32)", MLG_FP32,
                                MLG_ACT, 1, MLG_R);
-    d[D_TOK] = ml__graph_tensor(g, "the pairs' tokens (int64)", MLG_INT64, MLG_ACT, 3, MLG_K,
-                                MLG_B, MLG_T);
+    d[D_TOK] = pairs_of(g, "the pairs' tokens (int64)", MLG_INT64, 0);
     ml__kit_flag(g, d[D_XS], MLG_T_KEPT);
     ml__kit_flag(g, d[D_WS], MLG_T_KEPT);
 }

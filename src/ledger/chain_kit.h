@@ -25,6 +25,9 @@ typedef struct {
      * parallelism's; whether the experts' dispatch runs */
     uint64_t ep, etp;
     bool dispatch;
+    /* training.expert_capacity (0: none) and expert_pad, under the dispatch */
+    double capacity;
+    bool pad;
     bool drop;
     double expert_imbalance; /* training.expert_imbalance (mixtures of experts) */
 } ml_ck_dims;
@@ -76,15 +79,20 @@ uint64_t ml__ck_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E);
  * training.expert_imbalance). Returns the number of runs. */
 unsigned ml__ck_expert_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t count[3],
                             uint64_t rows[3]);
-/* The same for the E / ep experts the fullest rank holds under expert
- * parallelism (d->ep ranks, each with N pairs): the runs of the ep N pairs
- * of the expert-parallel group over the E experts, the first E / ep of
- * them (the busiest expert first); ml__ck_expert_runs when d->ep is 1. */
+/* The same for the E / ep experts the fullest rank holds under the
+ * dispatch (d->ep x d->etp ranks, each with N pairs): the runs of the
+ * group's pairs over the E experts, the first E / ep of them (the busiest
+ * expert first), each at most the group's capacity (or exactly it,
+ * padded); ml__ck_expert_runs without the dispatch. */
 unsigned ml__ck_ep_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t count[3],
                         uint64_t rows[3]);
 /* The busiest expert's rows the fullest rank takes: ml__ck_busiest_rows
  * over the group's pairs under expert parallelism. */
 uint64_t ml__ck_ep_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E);
+/* The pairs a rank sends of its N under the dispatch: N, or with an
+ * expert capacity each expert's share of them up to it (the rest dropped),
+ * or E times it padded (chain_moe_mixtral.c). */
+uint64_t ml__ck_ep_sent(const ml_ck_dims *d, uint64_t N, uint64_t E);
 /* Whether the model's attention runs a fused kernel (no T x T tensor) at
  * the compute dtype's bytes. */
 bool ml__ck_fused_attention(unsigned compute_bytes, const ml_model *m);

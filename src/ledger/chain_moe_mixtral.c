@@ -61,12 +61,41 @@ static ml_ck_dims group_dims(const ml_ck_dims *d)
     return g;
 }
 
+/* Megatron's expert capacity of a rank's N pairs over E experts
+ * (moe_utils.py get_capacity: ceil(N / E x factor)); 0: none. */
+static uint64_t capacity_of(const ml_ck_dims *d, uint64_t N, uint64_t E)
+{
+    if (!(d->capacity > 0) || !E)
+        return 0;
+    const double c = ceil((double)N / (double)E * d->capacity);
+    return c < 1 ? 1 : c >= 1e18 ? UINT64_MAX : (uint64_t)c;
+}
+
+uint64_t ml__ck_ep_sent(const ml_ck_dims *d, uint64_t N, uint64_t E)
+{
+    const uint64_t C = capacity_of(d, N, E);
+    if (!C)
+        return N;
+    if (d->pad)
+        return times(C, E);
+    /* the rank's own pairs over the experts, as its router routes them */
+    ml_ck_dims own = *d;
+    own.BT = d->dispatch ? d->BTs : d->BT;
+    uint64_t c[3], r[3], sent = 0;
+    const unsigned n = ml__ck_expert_runs(&own, N, E, c, r);
+    for (unsigned i = 0; i < n; i++)
+        sent += c[i] * (r[i] < C ? r[i] : C);
+    return sent;
+}
+
 uint64_t ml__ck_ep_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E)
 {
     if (!d->dispatch)
         return ml__ck_busiest_rows(d, N, E);
     const ml_ck_dims g = group_dims(d);
-    return ml__ck_busiest_rows(&g, times(N, d->ep * d->etp), E);
+    const uint64_t G = d->ep * d->etp, C = times(capacity_of(d, N, E), G);
+    const uint64_t busy = ml__ck_busiest_rows(&g, times(N, G), E);
+    return C && (d->pad || busy > C) ? C : busy;
 }
 
 unsigned ml__ck_ep_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t count[3],
@@ -75,9 +104,17 @@ unsigned ml__ck_ep_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t co
     if (!d->dispatch)
         return ml__ck_expert_runs(d, N, E, count, rows);
     const ml_ck_dims g = group_dims(d);
-    uint64_t c[3], r[3];
-    const unsigned n = ml__ck_expert_runs(&g, times(N, d->ep * d->etp), E, c, r);
+    const uint64_t G = d->ep * d->etp, C = times(capacity_of(d, N, E), G);
     uint64_t left = d->ep > 1 ? E / d->ep : E;
+    if (C && d->pad) { /* every expert the group's capacity */
+        count[0] = left;
+        rows[0] = C;
+        return 1;
+    }
+    uint64_t c[3], r[3];
+    const unsigned n = ml__ck_expert_runs(&g, times(N, G), E, c, r);
+    for (unsigned i = 0; C && i < n; i++) /* the rest dropped */
+        r[i] = r[i] < C ? r[i] : C;
     unsigned k = 0;
     for (unsigned i = 0; i < n && left; i++) {
         const uint64_t take = c[i] < left ? c[i] : left;

@@ -53,6 +53,8 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
     d->ep = m->moe.experts ? ml_training_ep(t) : 1;
     d->etp = m->moe.experts ? ml_training_etp(t) : 1;
     d->dispatch = ml__ep_dispatched(m, t);
+    d->capacity = d->dispatch ? t->expert_capacity : 0;
+    d->pad = d->dispatch && t->expert_pad;
     d->T /= d->cp;
     d->BT = ml_mul(ch, d->B, d->T);
     d->sp = ml_training_sp(t) ? t->tensor_parallel : 1;

@@ -79,6 +79,27 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
                           "experts, and this model has none; give 1",
                           ep > 1 ? "ep" : "etp",
                           ep > 1 ? e : (unsigned long long)t->expert_tensor_parallel, m->name);
+    if (t->expert_capacity > 0 || t->expert_pad) {
+        const char *key = t->expert_capacity > 0 ? "training.expert_capacity"
+                                                 : "training.expert_pad";
+        if (!m->moe.experts)
+            return ml__errorf(err, ML_RANGE,
+                              "%s: a mixture of experts' setting; %s has no experts "
+                              "(model.experts): remove it",
+                              key, m->name);
+        if (!(t->expert_capacity > 0))
+            return ml__errorf(err, ML_RANGE,
+                              "training.expert_pad: pads each expert's share to its capacity, "
+                              "as Megatron's --moe-pad-expert-input-to-capacity (which needs "
+                              "its capacity factor): give training.expert_capacity too");
+        if (!ml__ep_dispatched(m, t))
+            return ml__errorf(err, ML_RANGE,
+                              "%s: the capacity is Megatron-core's dispatch's (it drops and "
+                              "pads the pairs it sends); Hugging Face's loop, planned without "
+                              "parallel.ep, etp or tp, drops no token: plan the dispatch "
+                              "(--ep, --etp or --tp) or remove it",
+                              key);
+    }
     if (!ml__ep_dispatched(m, t))
         return ML_OK;
     char what[64];
@@ -135,20 +156,19 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
     return ML_OK;
 }
 
-/* A layer's rows under the dispatch: P the rank's (token, expert) pairs
- * (of its sequence shard under sequence parallelism), R the rows its
- * experts take, RA the rows the all-to-all brings it (R / etp, rounded
- * up), row the bytes of one (D elements of the stream's dtype). */
+/* A layer's rows under the dispatch: P the (token, expert) pairs the rank
+ * sends (of its sequence shard under sequence parallelism; an expert
+ * capacity drops or pads them), R the rows its experts take, RA the rows
+ * the all-to-all brings it (R / etp, rounded up), row the bytes of one (D
+ * elements of the stream's dtype). */
 typedef struct {
     double P, R, RA, row;
 } layer_rows;
 
-static layer_rows rows_of(const ml_chain *ch, const ml_training *t)
+static layer_rows rows_of(const ml_chain *ch)
 {
-    const uint64_t sp = ml_training_sp(t) ? t->tensor_parallel : 1;
-    const double T = (double)(ch->T / sp + (ch->T % sp != 0));
     const uint64_t etp = ch->etp ? ch->etp : 1;
-    return (layer_rows){(double)ch->B * T * (double)ch->moe_k, (double)ch->ep_rows,
+    return (layer_rows){(double)ch->ep_pairs, (double)ch->ep_rows,
                         (double)ml__ceil_div(ch->ep_rows, etp),
                         (double)ch->c_width * ch->prec.w};
 }
@@ -178,7 +198,7 @@ double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int 
      * (ep - 1) / ep of each all-to-all to other ranks; a row is D elements
      * of the stream's dtype, a weight 4 bytes (fp32) */
     const double f = (double)(ch->ep - 1) / (double)ch->ep;
-    const layer_rows r = rows_of(ch, t);
+    const layer_rows r = rows_of(ch);
     const double fwd = f * (r.P * (r.row + 4) + r.RA * r.row) + counts_bytes(ch);
     const double bwd = f * (r.P * r.row + r.RA * (r.row + 4));
     double L, R;
@@ -207,7 +227,7 @@ double ml__etp_communication(const ml_chain *ch, const ml_training *t, const int
      * recomputed layer's forward again. With one expert-parallel rank the
      * experts' counts' all-gather is theirs (with more, the all-to-alls') */
     const double f = (double)(ch->etp - 1) / (double)ch->etp;
-    const layer_rows r = rows_of(ch, t);
+    const layer_rows r = rows_of(ch);
     const double rs = r.R * (double)ch->c_width * 4;
     const double counts = ch->ep > 1 ? 0 : counts_bytes(ch);
     const double fwd = f * (r.R * (r.row + 4) + rs) + counts, bwd = f * (rs + r.R * (r.row + 4));
@@ -301,11 +321,8 @@ void ml__ep_dispatch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
     const uint64_t w = z->bytes[MLG_STREAM];
     const uint64_t row = ml_mul(ch, z->dim[MLG_D], w);
     const uint64_t rows = ml_mul(ch, z->dim[MLG_R], row);
-    /* the pairs of the rank's tokens: its sequence shard's under sequence
-     * parallelism (the fullest rank's, rounded up) */
-    const uint64_t T = z->dim[MLG_T], sd = z->seq_div > 1 ? z->seq_div : 1;
-    const uint64_t pairs = ml_mul(
-        ch, ml_mul(ch, ml_mul(ch, z->dim[MLG_K], z->dim[MLG_B]), T / sd + (T % sd != 0)), row);
+    /* the pairs the rank sends (MLG_PS: of its sequence shard's tokens) */
+    const uint64_t pairs = ml_mul(ch, z->dim[MLG_PS], row);
     const uint64_t ra = ch->ep > 1 ? ml_mul(ch, z->dim[MLG_RA], row) : 0; /* else: the pairs */
     const uint64_t held = ml_add(ch, pairs, ra);
     uint64_t fwd = ml_add(ch, held, ml_mul(ch, 2, rows));

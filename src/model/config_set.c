@@ -157,6 +157,15 @@ static ml_status training_set(const char *key, const char *v, ml_training *t, ml
         }
     if (!strcmp(k, "expert_imbalance"))
         return real(key, v, 1, 1e6, &t->expert_imbalance, err);
+    if (!strcmp(k, "expert_capacity"))
+        return real(key, v, 0, 1e6, &t->expert_capacity, err);
+    if (!strcmp(k, "expert_pad")) {
+        if (strcmp(v, "true") && strcmp(v, "false"))
+            return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is not a setting; use true or "
+                                 "false", key, v);
+        t->expert_pad = !strcmp(v, "true");
+        return ML_OK;
+    }
     if (!strcmp(k, "zero")) {
         if (!strcmp(v, "fsdp"))
             x = 3;

@@ -127,7 +127,8 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
                                        "allgather_bucket_size", "logits",
                                        "eval_batch",     "eval_seq_len",  "zero_grad",
                                        "logits_chunk",   "expert_imbalance", "target_len",
-                                       "vision_tower",   "engine"};
+                                       "vision_tower",   "engine",        "expert_capacity",
+                                       "expert_pad"};
     ml_status st;
     if ((st = ml__tree_need_map(err, t, "training")) ||
         (st = ml__tree_check_keys(err, t, "training", keys, ML_COUNT(keys))))
@@ -144,7 +145,10 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
         (st = training_uint(err, t, "logits_chunk", &tr->logits_chunk)) ||
         (st = training_uint(err, t, "target_len", &tr->target_len)) ||
         (st = ml__tree_double(err, t, "expert_imbalance", "training", 1, 1e6, false,
-                              &tr->expert_imbalance)))
+                              &tr->expert_imbalance)) ||
+        (st = ml__tree_double(err, t, "expert_capacity", "training", 0, 1e6, false,
+                              &tr->expert_capacity)) ||
+        (st = ml__tree_bool(err, t, "expert_pad", "training", &tr->expert_pad)))
         return st;
     if ((st = training_kinds(err, t, tr)) || (st = ml__schema_vision_tower(err, t, m)) ||
         (st = ml__schema_engine(err, t, tr)))

@@ -156,6 +156,11 @@ static void moe_flags(FILE *f, const ml_model *m, const ml_training *t)
     flag(f, "--expert-model-parallel-size", " %llu", ml_training_ep(t));
     /* (arguments.py gives tp when it is not set: written out either way) */
     flag(f, "--expert-tensor-parallel-size", " %llu", ml_training_etp(t));
+    if (t->expert_capacity > 0) {
+        fprintf(f, "--moe-expert-capacity-factor %g \\\n", t->expert_capacity);
+        if (t->expert_pad)
+            flag(f, "--moe-pad-expert-input-to-capacity", NULL, 0);
+    }
 }
 
 static void training_flags(FILE *f, const ml_training *t)

@@ -175,11 +175,15 @@ static void test_experts(void **state)
     c.training.tensor_parallel = 2;
     c.training.data_parallel = 4;
     c.training.expert_parallel = 4;
+    c.training.expert_capacity = 1.25;
+    c.training.expert_pad = true;
     out = emitted(m, &c);
     check_flags(out);
     static const char *tp[] = {"--tensor-model-parallel-size 2 ", "--sequence-parallel ",
                                "--expert-model-parallel-size 4 ",
-                               "--expert-tensor-parallel-size 2 "};
+                               "--expert-tensor-parallel-size 2 ",
+                               "--moe-expert-capacity-factor 1.25 ",
+                               "--moe-pad-expert-input-to-capacity "};
     expect_all(out, tp, sizeof tp / sizeof tp[0]);
     free(out);
     ml_model_destroy(m);

@@ -88,6 +88,60 @@ static void test_imbalance(void **state)
     ml_model_destroy(m);
 }
 
+/* Megatron's expert capacity (moe_utils.py get_capacity: ceil(pairs / E x
+ * factor) of a rank's pairs for each expert). Factor 1 beside the 1.5
+ * imbalance above: a rank's capacity ceil(32 / 4) = 8, the group's 2 x 8 =
+ * 16 an expert. The group's rows 24, 14, 13, 13 become 16, 14, 13, 13: the
+ * fullest rank's experts take R = 16 + 14 = 30. The rank's own 32 pairs,
+ * routed the same way (12, then 7, 7, 6), send 8 + 7 + 7 + 6 = 28 (4
+ * dropped). Block 0: 20,608 + 2,752, the pairs' order and tokens 2 x 28 x
+ * 8 = 448, the sorted rows 30 x 128 = 3,840 and weights 120, the experts
+ * 4 x 30 x 256 = 30,720 and 3,840: 62,328 B; the experts' FLOPs 6 x 30 x
+ * 32 x 64 = 368,640 and the rest 118,784: 487,424.
+ * Padded at factor 1.5, balanced: the capacity ceil(8 x 1.5) = 12, every
+ * expert 12 rows of each rank: the rank sends 4 x 12 = 48 pairs and its two
+ * experts take 2 x 2 x 12 = R = 48: 20,608 + 2,752 + 2 x 48 x 8 + 48 x 128
+ * + 48 x 4 + 4 x 48 x 256 + 48 x 128 = 85,760 B. Its all-to-alls, half
+ * sent: a layer's 48 x 132 + 48 x 128 forward and backward each, 2 x
+ * 6,240, and the counts 32: 2 x 12,512 = 25,024 B. */
+static void test_capacity(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = with_ep(m, 2, 2);
+    c.training.expert_imbalance = 1.5;
+    c.training.expert_capacity = 1.0;
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(block_named(l, "block.0")->inventory_bytes, 62328);
+    assert_rel_close(block_named(l, "block.0")->flops_forward, 487424, 0);
+    ml_ledger_destroy(l);
+    c = with_ep(m, 2, 2);
+    c.training.expert_capacity = 1.5;
+    c.training.expert_pad = true;
+    l = eval(m, &c, false);
+    assert_int_equal(block_named(l, "block.0")->inventory_bytes, 85760);
+    assert_rel_close(ml_ledger_summary(l)->ep_comm_bytes, 25024, 0);
+    ml_ledger_destroy(l);
+    /* refused: without the dispatch (Hugging Face's loop drops nothing),
+     * padding without a capacity, a dense model */
+    ml_error e;
+    c = with_ep(m, 1, 2);
+    c.training.expert_capacity = 1.0;
+    assert_int_equal(status_of(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "drops no token"));
+    c = with_ep(m, 2, 2);
+    c.training.expert_pad = true;
+    assert_int_equal(status_of(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "give training.expert_capacity"));
+    ml_model_destroy(m);
+    m = load_preset("gpt2-small");
+    c = with_ep(m, 1, 1);
+    c.training.expert_capacity = 1.0;
+    assert_int_equal(status_of(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "has no experts"));
+    ml_model_destroy(m);
+}
+
 /* The all-to-alls of a layer and micro-batch, a row D x 4 = 128 B, a
  * routing weight 4 B, (ep - 1)/ep = 1/2 of each sent to the other rank:
  * forward the P = 32 pairs' tokens and weights, 32 x 132 = 4,224, and the
@@ -334,6 +388,7 @@ int main(void)
         cmocka_unit_test(test_refusals),         cmocka_unit_test(test_planner),
         cmocka_unit_test(test_zero1),            cmocka_unit_test(test_search),
         cmocka_unit_test(test_zero2),            cmocka_unit_test(test_zero3),
+        cmocka_unit_test(test_capacity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
