@@ -216,7 +216,9 @@ void ml__kit_expert_weights(ml_graph *g, const mlg_layer *L, uint16_t wc[3], uin
         }
     }
     const uint8_t grp = g->group;
-    g->group = ml__kit_group(L, MLG_GROUP_MLP2);
+    /* the module group of their own (Mixtral's after its gate; DeepSeek's
+     * before its gate, which is the next group's) */
+    g->group = ml__kit_group(L, L->moe.kind == MLG_MOE_MIXTRAL ? MLG_GROUP_MLP2 : MLG_GROUP_MLP);
     W[0] = ml__kit_param(g, "w1", MLG_D, MLG_FE);
     W[1] = ml__kit_param(g, "w2", MLG_FE, MLG_D);
     W[2] = ml__kit_param(g, "w3", MLG_D, MLG_FE);

@@ -195,27 +195,36 @@ static void ep_combine(ml_graph *g, const mlg_layer *L, uint16_t Z, const uint16
  * one entry each, released with the block's saved tensors), the pairs'
  * tokens (index_select's and scatter_add_'s index; the weights' gather
  * keeps the order). */
-static void ep_dispatch_tensors(ml_graph *g, const mlg_layer *L, uint8_t hd, uint16_t d[D_N])
+static void ep_dispatch_tensors(ml_graph *g, const mlg_layer *L, uint8_t hd, uint8_t wd,
+                                uint16_t d[D_N])
 {
+    /* the weights' dtype: fp32 (Mixtral's softmax), or DeepSeek-V3's
+     * scores' under autocast */
+    const bool w32 = wd == MLG_FP32;
     d[D_IDX] = pairs_of(g, "pair order (argsort of the experts' indices, int64)", MLG_INT64, 0);
     d[D_XP] = ep_pairs(g, "permuted tokens (all-to-all send buffer)", hd);
-    d[D_WP] = pairs_of(g, "permuted routing weights (fp32)", MLG_FP32, 0);
+    d[D_WP] = pairs_of(g, w32 ? "permuted routing weights (fp32)" : "permuted routing weights",
+                       wd, 0);
     d[D_XR] = d[D_XP];
     d[D_WR] = d[D_WP];
     if (!L->moe.ep_one) {
         d[D_XR] = ep_rows_of(g, "received rows (all-to-all)", hd, MLG_RA);
-        d[D_WR] = ml__graph_tensor(g, "received routing weights (fp32)", MLG_FP32, MLG_ACT, 1,
-                                   MLG_RA);
+        d[D_WR] = ml__graph_tensor(
+            g, w32 ? "received routing weights (fp32)" : "received routing weights", wd, MLG_ACT,
+            1, MLG_RA);
     }
     d[D_XG] = d[D_WG] = MLG_NONE;
     if (L->moe.etp) {
         d[D_XG] = ep_rows(g, "gathered rows (the expert-tensor ranks')", hd);
-        d[D_WG] = ml__graph_tensor(g, "gathered routing weights (fp32)", MLG_FP32, MLG_ACT, 1,
-                                   MLG_R);
+        d[D_WG] = ml__graph_tensor(
+            g, w32 ? "gathered routing weights (fp32)" : "gathered routing weights", wd, MLG_ACT,
+            1, MLG_R);
     }
     d[D_XS] = ml__graph_tensor(g, "rows sorted by local expert", hd, MLG_ACT, 2, MLG_R, MLG_D);
-    d[D_WS] = ml__graph_tensor(g, "routing weights sorted by local expert (fp32)", MLG_FP32,
-                               MLG_ACT, 1, MLG_R);
+    d[D_WS] = ml__graph_tensor(g,
+                               w32 ? "routing weights sorted by local expert (fp32)"
+                                   : "routing weights sorted by local expert",
+                               wd, MLG_ACT, 1, MLG_R);
     d[D_TOK] = pairs_of(g, "the pairs' tokens (int64)", MLG_INT64, 0);
     ml__kit_flag(g, d[D_XS], MLG_T_KEPT);
     ml__kit_flag(g, d[D_WS], MLG_T_KEPT);
@@ -246,7 +255,7 @@ uint16_t ml__kit_mixtral_experts_ep(ml_graph *g, const mlg_layer *L, uint16_t h,
 {
     const uint8_t hd = g->t[h].dtype;
     uint16_t d[D_N];
-    ep_dispatch_tensors(g, L, hd, d);
+    ep_dispatch_tensors(g, L, hd, g->t[wk].dtype, d);
     const uint16_t t0 = g->nt;
     mlg_expert e;
     ml__kit_expert_tensors(g, L, hd, true, &e);

@@ -13,7 +13,7 @@
  * the tensors in the order they are declared here, the builders' order. */
 #include <stddef.h>
 
-#include "graph/kit.h"
+#include "graph/kit_mixtral.h" /* the dispatch */
 
 /* The routing scores' dtype: F.linear in fp32, autocast's bf16. */
 static uint8_t scores(const mlg_layer *L)
@@ -86,8 +86,10 @@ static uint16_t router_v3(ml_graph *g, const mlg_layer *L, uint16_t logits)
 {
     const uint8_t sdt = scores(L);
     uint16_t S = act(g, "router sigmoid scores", sdt, MLG_E);
-    uint16_t hot = ml__graph_tensor(g, "one_hot expert mask", MLG_INT64, MLG_ACT, 4, MLG_B, MLG_T,
-                                    MLG_K, MLG_E);
+    /* (moe()'s: not under Megatron's dispatch) */
+    uint16_t hot = L->moe.ep ? MLG_NONE
+                             : ml__graph_tensor(g, "one_hot expert mask", MLG_INT64, MLG_ACT, 4,
+                                                MLG_B, MLG_T, MLG_K, MLG_E);
     flag(g, hot, MLG_T_TMP);
     uint16_t idx = act(g, "top-k indices (gather's index, int64)", MLG_INT64, MLG_K);
     uint16_t wk = act(g, "top-k weights", sdt, MLG_K);
@@ -110,7 +112,8 @@ static uint16_t router_v3(ml_graph *g, const mlg_layer *L, uint16_t logits)
         ml__op_save(o, sum);
         ml__op_save(o, old);
     }
-    ml__graph_step(g, MLG_OP_VIEW, "one_hot (moe)", idx, hot, NULL);
+    if (hot != MLG_NONE)
+        ml__graph_step(g, MLG_OP_VIEW, "one_hot (moe)", idx, hot, NULL);
     return wk;
 }
 
@@ -317,6 +320,12 @@ uint16_t ml__kit_moe(ml_graph *g, const mlg_layer *L, uint16_t h)
     const bool v3 = L->moe.kind == MLG_MOE_DEEPSEEK_V3;
     uint16_t logits = router_linear(g, L, h);
     uint16_t wk = MLG_NONE;
+    if (v3 && L->moe.ep) { /* Megatron's dispatch of the routed experts */
+        uint16_t y = ml__kit_mixtral_experts_ep(g, L, h, router_v3(g, L, logits));
+        if (L->moe.shared)
+            shared(g, L, h);
+        return y;
+    }
     if (v3) {
         wk = router_v3(g, L, logits);
     } else {

@@ -156,6 +156,8 @@ typedef struct {
     bool grads_in_fwd;       /* its forward computes its input's gradient (in_bytes)
                                 and its parameters' (grad_bytes), as logits: fused's
                                 linear-cross-entropy does; its backward hands them over */
+    bool moe;                /* a layer with routed experts (not DeepSeek's first
+                                dense layers) */
 } ml_cblock;
 
 typedef struct {

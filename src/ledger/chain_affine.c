@@ -45,7 +45,7 @@ _Static_assert(sizeof(ml_chain) == 456 && sizeof(ml_cblock) == 280 && sizeof(ml_
     X(nnodes) X(in_saved) X(out_saved) X(identity) X(in_held) X(in_nograd) X(inplace)         \
     X(nodes_off) X(measured) X(fwd_only) X(frozen) X(unused_out) X(grads_in_fwd)             \
     X(ws_fwd_ops) X(ws_nograd_ops) X(ws_formula) X(work_first) X(work_fwd) X(work_bwd)        \
-    X(work_known)
+    X(work_known) X(moe)
 #define BLOCK_BYTES(X)                                                                         \
     X(saved_bytes) X(core_bytes) X(cast_bytes) X(in_bytes) X(ws_fwd) X(ws_nograd) X(ws_bwd)   \
     X(unit_fwd) X(unit) X(bwd_in) X(grad_bytes) X(grad_accum_bytes) X(cache_bytes)

@@ -105,11 +105,11 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
     char what[64];
     snprintf(what, sizeof what, ep > 1 ? "parallel.ep: %llu" : "parallel.etp: %llu",
              ep > 1 ? e : (unsigned long long)etp);
-    if (m->moe.sort || m->moe.router_sigmoid || m->attn.kv_lora || m->moe.dense_layers)
+    if (m->moe.sort || (!m->moe.router_sigmoid && (m->attn.kv_lora || m->moe.dense_layers)))
         return ml__errorf(err, ML_RANGE,
-                          "%s with %s: DeepSeek's experts (their routers and sorted dispatch) "
-                          "are not split over ranks yet; expert and expert-tensor "
-                          "parallelism are planned for Mixtral's and Qwen2-MoE's layers",
+                          "%s with %s: DeepSeek-V2's experts (their sorted dispatch) are not "
+                          "split over ranks yet; expert and expert-tensor parallelism are "
+                          "planned for Mixtral's, Qwen2-MoE's and DeepSeek-V3's layers",
                           what, m->name);
     if (m->moe.experts % ep)
         return ml__errorf(err, ML_RANGE,
@@ -154,6 +154,18 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
                           "modelled; plan the eager layers (engine eager)",
                           what);
     return ML_OK;
+}
+
+/* The layers with routed experts (DeepSeek's first layers are dense) and
+ * those recomputed (seg[k] >= 0; seg NULL: none). */
+static void moe_layers(const ml_chain *ch, const int *seg, double *layers, double *recomputed)
+{
+    *layers = *recomputed = 0;
+    for (size_t k = 0; k < ch->n; k++)
+        if (ch->blocks[k].ckpt_index >= 0 && ch->blocks[k].moe) {
+            *layers += 1;
+            *recomputed += seg && seg[k] >= 0 ? 1 : 0;
+        }
 }
 
 /* A layer's rows under the dispatch: P the (token, expert) pairs the rank
@@ -202,7 +214,7 @@ double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int 
     const double fwd = f * (r.P * (r.row + 4) + r.RA * r.row) + counts_bytes(ch);
     const double bwd = f * (r.P * r.row + r.RA * (r.row + 4));
     double L, R;
-    ml__chain_layers(ch, seg, &L, &R);
+    moe_layers(ch, seg, &L, &R);
     const double A = (double)(t->grad_accum ? t->grad_accum : 1);
     /* the calls: the counts' all-gather, the tokens' and the weights'
      * all-to-alls and the combine's in forward, three in backward, the
@@ -232,7 +244,7 @@ double ml__etp_communication(const ml_chain *ch, const ml_training *t, const int
     const double counts = ch->ep > 1 ? 0 : counts_bytes(ch);
     const double fwd = f * (r.R * (r.row + 4) + rs) + counts, bwd = f * (rs + r.R * (r.row + 4));
     double L, R;
-    ml__chain_layers(ch, seg, &L, &R);
+    moe_layers(ch, seg, &L, &R);
     const double A = (double)(t->grad_accum ? t->grad_accum : 1);
     const double c = counts > 0 ? 1 : 0;
     *calls = A * ((6 + c) * L + (3 + c) * R);
@@ -258,7 +270,7 @@ uint64_t ml__ep_expert_params(const ml_chain *ch)
     if (!regrouped(ch))
         return 0;
     double L, R;
-    ml__chain_layers(ch, NULL, &L, &R);
+    moe_layers(ch, NULL, &L, &R);
     return (uint64_t)L * ch->ep_layer_params;
 }
 
@@ -286,7 +298,7 @@ static uint64_t split(const ml_chain *ch, uint64_t all, uint64_t experts, uint64
  * experts are regrouped, else 0. */
 static uint64_t block_experts(const ml_chain *ch, const ml_cblock *b, unsigned per)
 {
-    if (!regrouped(ch) || b->ckpt_index < 0)
+    if (!regrouped(ch) || b->ckpt_index < 0 || !b->moe)
         return 0;
     return ch->ep_layer_params * per;
 }

@@ -142,6 +142,54 @@ static void test_capacity(void **state)
     ml_model_destroy(m);
 }
 
+/* DeepSeek-V3's experts under Megatron's dispatch (tests/torch/models/
+ * deepseek.yaml's shape: B 2, T 24, D 64, 6 experts of width 24, top-2,
+ * a shared expert, latent attention, its first layer dense; fp32). At ep
+ * 2 a rank holds 3 experts: 3 x 3 x 64 x 24 = 13,824 parameters a MoE
+ * layer fewer; the dense layer is unchanged. The group's 2 x 96 pairs give
+ * each expert 32 rows, the rank's three R = 96. Hugging Face's moe() keeps
+ * per layer torch.where's (row, slot) int64 pairs 96 x 16 = 1,536, the
+ * gathered rows 96 x 64 x 4 = 24,576, the four intermediates 4 x 96 x 24
+ * x 4 = 36,864, w2's output 24,576, the gathered weights 384 and
+ * index_add_'s source 24,576: 112,512; the dispatch keeps the pairs' order
+ * and tokens 2 x 96 x 8 = 1,536, the sorted rows 24,576 and weights 384,
+ * the intermediates 36,864 and w2's output 24,576: 87,936, 24,576 less.
+ * The all-to-alls of the two MoE layers (not the dense one), half sent: a
+ * layer's 96 x 260 + 96 x 256 forward and backward, 2 x 49,536, and the
+ * counts 6 x 8 = 48: 2 x (49,536 + 48) = 99,168 B. */
+static const char *deepseek =
+    "model:\n  type: decoder\n  layers: 3\n  hidden: 64\n  heads: 4\n  head_dim: 24\n"
+    "  rope_head_dim: 8\n  v_head_dim: 16\n  kv_lora_rank: 32\n  q_lora_rank: 40\n"
+    "  ffn: 96\n  experts: 6\n  experts_per_tok: 2\n  expert_ffn: 24\n"
+    "  shared_expert_ffn: 48\n  shared_expert_gate: false\n  router: sigmoid\n"
+    "  dense_layers: 1\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 173\n"
+    "  position: rope\n  tied_embeddings: false\n  bias: false\n  attention: eager\n"
+    "  dropout: 0\ntraining:\n  micro_batch: 2\n  seq_len: 24\n";
+
+static void test_deepseek(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(deepseek);
+    ml_config one = with_ep(m, 1, 2), two = with_ep(m, 2, 2);
+    ml_ledger *a = eval(m, &one, false), *b = eval(m, &two, false);
+    assert_int_equal(block_named(a, "block.0")->params, block_named(b, "block.0")->params);
+    assert_int_equal(block_named(a, "block.0")->inventory_bytes,
+                     block_named(b, "block.0")->inventory_bytes);
+    for (unsigned i = 1; i <= 2; i++) {
+        const char *name = i == 1 ? "block.1" : "block.2";
+        assert_int_equal(block_named(a, name)->params - block_named(b, name)->params, 13824);
+        assert_int_equal(block_named(a, name)->inventory_bytes -
+                             block_named(b, name)->inventory_bytes,
+                         24576);
+    }
+    const ml_summary *s = ml_ledger_summary(b);
+    assert_rel_close(s->ep_comm_bytes, 99168, 0);
+    assert_rel_close(s->comm_bytes, 4.0 * (double)(s->params - 2 * 13824), 1e-15);
+    ml_ledger_destroy(a);
+    ml_ledger_destroy(b);
+    ml_model_destroy(m);
+}
+
 /* The all-to-alls of a layer and micro-batch, a row D x 4 = 128 B, a
  * routing weight 4 B, (ep - 1)/ep = 1/2 of each sent to the other rank:
  * forward the P = 32 pairs' tokens and weights, 32 x 132 = 4,224, and the
@@ -388,7 +436,7 @@ int main(void)
         cmocka_unit_test(test_refusals),         cmocka_unit_test(test_planner),
         cmocka_unit_test(test_zero1),            cmocka_unit_test(test_search),
         cmocka_unit_test(test_zero2),            cmocka_unit_test(test_zero3),
-        cmocka_unit_test(test_capacity),
+        cmocka_unit_test(test_capacity),         cmocka_unit_test(test_deepseek),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
