@@ -267,6 +267,7 @@ typedef struct {
                                    tensor parallelism with experts */
     uint64_t ep_pairs;          /* with the experts' dispatch: the (token, expert)
                                    pairs of one MoE layer the rank sends (MLG_PS) */
+    uint64_t ep_self;           /* of them, those its own experts take (they stay) */
     uint64_t tp_parts;          /* a layer's tensor-parallel parts: 2 (the attention,
                                    the MLP), 1 with routed experts (they are not
                                    split by tp), 2 with a shared expert too */

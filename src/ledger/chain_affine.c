@@ -31,7 +31,7 @@
 #include "ledger/chain_affine.h"
 
 #if UINTPTR_MAX == UINT64_MAX
-_Static_assert(sizeof(ml_chain) == 456 && sizeof(ml_cblock) == 280 && sizeof(ml_saved) == 32 &&
+_Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 280 && sizeof(ml_saved) == 32 &&
                    sizeof(ml_bnode) == 48 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32 &&
                    sizeof(ml_work_item) == 56,
                "a chain struct changed (chain.h): list its new field below, then the sizes");
@@ -67,7 +67,7 @@ _Static_assert(sizeof(ml_chain) == 456 && sizeof(ml_cblock) == 280 && sizeof(ml_
     X(ep) X(moe_k) X(moe_experts) X(ep_layer_params) X(etp) X(ep_tp) X(ep_dispatch) X(tp_parts)
 #define CHAIN_BYTES(X)                                                                         \
     X(B) X(c_tokens) X(ckpt_side) X(batch_input) X(batch_targets) X(buffer_bytes) X(cp_kv)   \
-    X(ep_rows) X(ep_pairs) /* not affine in B (the routing's remainders): listed, though a mixture of \
+    X(ep_rows) X(ep_pairs) X(ep_self) /* not affine in B (the routing's remainders): listed, though a mixture of \
                   experts' chain is never derived (planner.c, shaped_by_batch) */
 
 static bool same_str(const char *a, const char *b)

@@ -100,6 +100,7 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
         /* the pairs the rank sends (an expert capacity drops or pads) */
         z->dim[MLG_PS] = d->dispatch ? ml__ck_ep_sent(d, pairs, m->moe.experts) : pairs;
         ch->ep_pairs = d->dispatch ? z->dim[MLG_PS] : 0;
+        ch->ep_self = d->dispatch ? ml__ck_ep_self(d, pairs, m->moe.experts) : 0;
         z->dim[MLG_NE] = rows[0];
     }
     memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);

@@ -93,6 +93,9 @@ uint64_t ml__ck_ep_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E);
  * expert capacity each expert's share of them up to it (the rest dropped),
  * or E times it padded (chain_moe_mixtral.c). */
 uint64_t ml__ck_ep_sent(const ml_ck_dims *d, uint64_t N, uint64_t E);
+/* Of those, the pairs that stay on the rank: its own pairs for the E / ep
+ * experts it holds (the first ones, as the fullest rank holds them). */
+uint64_t ml__ck_ep_self(const ml_ck_dims *d, uint64_t N, uint64_t E);
 /* Whether the model's attention runs a fused kernel (no T x T tensor) at
  * the compute dtype's bytes. */
 bool ml__ck_fused_attention(unsigned compute_bytes, const ml_model *m);

@@ -88,6 +88,23 @@ uint64_t ml__ck_ep_sent(const ml_ck_dims *d, uint64_t N, uint64_t E)
     return sent;
 }
 
+uint64_t ml__ck_ep_self(const ml_ck_dims *d, uint64_t N, uint64_t E)
+{
+    const uint64_t C = capacity_of(d, N, E), local = d->ep > 1 ? E / d->ep : E;
+    if (C && d->pad)
+        return times(C, local);
+    ml_ck_dims own = *d;
+    own.BT = d->dispatch ? d->BTs : d->BT;
+    uint64_t c[3], r[3], self = 0, left = local;
+    const unsigned n = ml__ck_expert_runs(&own, N, E, c, r);
+    for (unsigned i = 0; i < n && left; i++) {
+        const uint64_t take = c[i] < left ? c[i] : left;
+        self += take * (C && r[i] > C ? C : r[i]);
+        left -= take;
+    }
+    return self;
+}
+
 uint64_t ml__ck_ep_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E)
 {
     if (!d->dispatch)

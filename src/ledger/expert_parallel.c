@@ -7,6 +7,7 @@
  * (megatron/core/transformer/moe/token_dispatcher.py). The ranks are taken
  * from the data-parallel ones (times cp): the layers outside the experts
  * are replicated over them as before, and the devices are unchanged. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -92,6 +93,20 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
                               "training.expert_pad: pads each expert's share to its capacity, "
                               "as Megatron's --moe-pad-expert-input-to-capacity (which needs "
                               "its capacity factor): give training.expert_capacity too");
+        /* Megatron's permute views the padded pairs as (experts, capacity)
+         * rows of the tokens: it cannot pad past them */
+        const uint64_t sp = ml_training_sp(t) ? t->tensor_parallel : 1, cp = ml_training_cp(t);
+        const uint64_t T = t->seq_len / cp, n = t->micro_batch * (T / sp + (T % sp != 0));
+        const double C = ceil((double)n * (double)m->moe.per_token / (double)m->moe.experts *
+                              t->expert_capacity);
+        if (t->expert_pad && C > (double)n)
+            return ml__errorf(err, ML_RANGE,
+                              "training.expert_pad: a capacity of %.0f pairs an expert exceeds "
+                              "the rank's %llu tokens, which Megatron's permute cannot pad "
+                              "past; give training.expert_capacity at most %g",
+                              C, (unsigned long long)n,
+                              floor((double)m->moe.experts / (double)m->moe.per_token * 1000) /
+                                  1000);
         if (!ml__ep_dispatched(m, t))
             return ml__errorf(err, ML_RANGE,
                               "%s: the capacity is Megatron-core's dispatch's (it drops and "
@@ -189,8 +204,12 @@ static layer_rows rows_of(const ml_chain *ch)
  * its pairs for every expert (E int64), over the ep x etp ranks
  * (MoEAlltoAllTokenDispatcher.preprocess, gather_from_sequence_parallel_region
  * over tp_ep_group): a ring sends the other ranks' E x 8 bytes. */
-static double counts_bytes(const ml_chain *ch)
+static double counts_bytes(const ml_chain *ch, const ml_training *t)
 {
+    /* padded to the capacity, the splits are known: preprocess returns
+     * before the all-gather */
+    if (t->expert_pad && t->expert_capacity > 0)
+        return 0;
     const double n = (double)(ch->ep * (ch->etp ? ch->etp : 1));
     return (n - 1) * (double)ch->moe_experts * 8;
 }
@@ -202,24 +221,27 @@ double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int 
     if (ch->ep <= 1 || !ch->ep_rows)
         return 0;
     /* per MoE layer and micro-batch: forward, the experts' counts
-     * (counts_bytes), the P pairs' tokens and routing weights sent
-     * (dispatch), the RA rows' outputs sent back (combine); backward, the
-     * returned rows' gradients sent to the experts' ranks (P) and the
-     * received rows' and weights' back to their sources (RA; the splits
-     * kept); a recomputed layer's forward again. A balanced router sends
-     * (ep - 1) / ep of each all-to-all to other ranks; a row is D elements
-     * of the stream's dtype, a weight 4 bytes (fp32) */
-    const double f = (double)(ch->ep - 1) / (double)ch->ep;
+     * (counts_bytes), the pairs' tokens and routing weights sent to the
+     * ranks of their experts (dispatch: all but the S its own experts
+     * take), the outputs of the rows received from the others sent back
+     * (combine: RA - S); backward, the returned rows' gradients to the
+     * experts' ranks (P - S) and the received rows' and weights' back to
+     * their sources (RA - S; the splits kept); a recomputed layer's
+     * forward again. Balanced, S is P / ep: (ep - 1) / ep of each. A row
+     * is D elements of the stream's dtype, a weight 4 bytes (fp32) */
     const layer_rows r = rows_of(ch);
-    const double fwd = f * (r.P * (r.row + 4) + r.RA * r.row) + counts_bytes(ch);
-    const double bwd = f * (r.P * r.row + r.RA * (r.row + 4));
+    const double S = (double)ch->ep_self;
+    const double out = r.P > S ? r.P - S : 0, in = r.RA > S ? r.RA - S : 0;
+    const double fwd = out * (r.row + 4) + in * r.row + counts_bytes(ch, t);
+    const double bwd = out * r.row + in * (r.row + 4);
     double L, R;
     moe_layers(ch, seg, &L, &R);
     const double A = (double)(t->grad_accum ? t->grad_accum : 1);
-    /* the calls: the counts' all-gather, the tokens' and the weights'
-     * all-to-alls and the combine's in forward, three in backward, the
-     * forward's four again when recomputed */
-    *calls = A * (7 * L + 4 * R);
+    /* the calls: the counts' all-gather (none padded), the tokens' and the
+     * weights' all-to-alls and the combine's in forward, three in
+     * backward, the forward's again when recomputed */
+    const double c = counts_bytes(ch, t) > 0 ? 1 : 0;
+    *calls = A * ((6 + c) * L + (3 + c) * R);
     return A * ((fwd + bwd) * L + fwd * R);
 }
 
@@ -241,7 +263,7 @@ double ml__etp_communication(const ml_chain *ch, const ml_training *t, const int
     const double f = (double)(ch->etp - 1) / (double)ch->etp;
     const layer_rows r = rows_of(ch);
     const double rs = r.R * (double)ch->c_width * 4;
-    const double counts = ch->ep > 1 ? 0 : counts_bytes(ch);
+    const double counts = ch->ep > 1 ? 0 : counts_bytes(ch, t);
     const double fwd = f * (r.R * (r.row + 4) + rs) + counts, bwd = f * (rs + r.R * (r.row + 4));
     double L, R;
     moe_layers(ch, seg, &L, &R);

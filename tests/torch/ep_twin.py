@@ -13,10 +13,11 @@ moe_utils.py permute, sort_chunks_by_idxs, unpermute):
   p mod E, so every expert takes as many rows from every rank;
 - every rank's count of its pairs for each expert all-gathered (preprocess,
   no grad: the splits);
-- permute: the pairs sorted by expert (a stable sort of the experts'
-  indices, no grad), their tokens gathered with index_select (it keeps its
-  index, the pairs' tokens) and their weights by the pairs' order (the
-  index keeps it);
+- permute: the pairs in expert order, each expert's in token order
+  (moe_utils.py permute's argsort of the [E, N] routing map, no grad),
+  their tokens gathered with index_select (it keeps its index, the pairs'
+  tokens) and their weights by the pairs' index into the top-k weights
+  (the index keeps it);
 - an all-to-all (an autograd Function: the gradient goes back the same
   way; it saves nothing) brings each rank the rows of its E / ep experts,
   which a cat sorts by local expert (sort_chunks_by_idxs); the weights the
@@ -53,15 +54,78 @@ pairs; R the rows its experts take, here P; F_e an expert's width):
     2 P 8 (int64), the sorted rows R D, the sorted weights R, the
     experts' four intermediates 4 R F_e and outputs R D
 
+The bytes a rank's collectives send to the others an iteration, a layer:
+E int64 counts to each of the ep - 1 others (the all-gather), then, of
+its Ps pairs sent (here P), the Ps - S bound for the others' experts (S
+those of its own experts, S = R / ep as every rank routes alike): their
+tokens and weights (4 D + 4 B) forward and their outputs' gradients (4 D)
+back; of the R rows received, the R - S from the others: their outputs
+(4 D) forward, their rows' and weights' gradients (4 D + 4) back. So
+(Ps + R - 2 S)(8 D + 4) + 8 E (ep - 1), by hand for every routing.
+
+Expert capacity (CAPACITY; Megatron's --moe-expert-capacity-factor F and
+--moe-pad-expert-input-to-capacity: moe_utils.py get_capacity and
+apply_router_token_dropping with drop_policy "probs", the dispatcher's
+preprocess, d98e8a64): a rank's capacity C = ceil(P / E F) pairs an
+expert; the C highest routing weights of each expert's column of the
+dense [N, E] weights (topk over the tokens) are kept, and-ed with the
+routing (drop: min(routed, C) pairs an expert, the others not permuted,
+not sent, adding nothing; their weights' gradients 0) or not (pad: exactly
+C, the routed pairs first, then tokens of weight 0, gathered from the
+top-k weights with a 0 appended, so the index alone is saved; no counts'
+all-gather: preprocess's drop_and_pad splits are C from every rank). Ps
+is the pairs sent, R the rows taken, S as above. The single-device
+reference (ref_mlp) is twins.Mixtral's loop on the N routed pairs kept
+(padding adds 0, left out), its layer the uncapacitated one's less the
+loop over P plus the loop over N (held). The twins' models, n = B T = 48
+tokens a rank, D 64:
+
+  Mixtral (E 4, k 2, F_e 96; P 96), ep 2, the skewed routing, F 1:
+    C = ceil(96 / 4) = 24; a rank routes 36, 20, 20, 20 pairs and sends
+    24, 20, 20, 20: Ps = N = 84 (expert 0's 12 lowest weights dropped);
+    rank 0 (experts 0, 1): R = 2 (24 + 20) = 88, S 44; rank 1 R 80, S 40
+    the loop over 84: 2 84 8 + 4 84 (3 64 + 4 96 + 1) = 195,216 B
+    the dispatch: 2 84 8 + 4 R (2 64 + 1 + 4 96) = 181,920 B (rank 0),
+      165,504 B (rank 1)
+    a layer 382,040 - 195,216 + 181,920 = 368,744 B on rank 0 (less the
+      extras' 24,584: 344,160, the plan's fullest rank), 352,328 B rank 1
+    sent: (84 + 88 - 88) 516 + 32 = 43,376 B a layer, 86,752 B (rank 1
+      the same: 44 + 40 rows); the plan says 88,816 (its (ep - 1) / ep
+      share of Ps + R = 172 rows: 2 layers x 2 rows x 516 B more)
+  Mixtral, ep 2, balanced, F 1.5 padded: C = ceil(24 x 1.5) = 36 <= n;
+    each expert's 24 routed pairs and 12 of weight 0: Ps = R = 144, S 72,
+    N = 96 (nothing dropped)
+    the dispatch: 2 144 8 + 4 144 513 = 297,792 B; a layer 409,928 -
+      223,104 + 297,792 = 484,616 B (less the extras: 460,032, planned)
+    sent: 144 x 516 = 74,304 B a layer, no counts: 148,608 B; the plan
+      says 148,672 (it counts the counts' all-gather, 2 x 4 x 8 B)
+  Qwen2-MoE (E 6, k 3, F_e 48; P 144), ep 3, balanced, F 0.75: C =
+    ceil(24 x 0.75) = 18 of each expert's 24: Ps = N = 108, R = 3 x 2 x
+    18 = 108, S 36
+    the loop over 108: 2 108 8 + 4 108 (3 64 + 4 48 + 1) = 168,048 B;
+      the dispatch 2 108 8 + 4 108 (2 64 + 1 + 4 48) = 140,400 B; a layer
+      441,272 - 168,048 + 140,400 = 413,624 B (less the extras: 389,040,
+      planned)
+    sent: (108 + 108 - 72) 516 + 6 x 8 x 2 = 74,400 B a layer, 148,800 B
+      (planned)
+Which pairs each layer kept is held against a plain sort of the weights
+(policy_gap): each expert's C highest, in token order, padded to C with
+tokens not routed to it.
+
 The plan: `memledger plan MODEL --format json --ep N --dp N` (fp32, no
-checkpointing); each layer block's activations_saved must be the measured
-bytes less crosscheck.known_1_13's (the RMSNorms' x^2 and the attention
-scale's 0-dim double), byte for byte.
+checkpointing; --expert-imbalance 1.5 for the skewed routing,
+--expert-capacity F [--expert-pad]); each layer block's activations_saved
+must be the measured bytes less crosscheck.known_1_13's (the RMSNorms' x^2
+and the attention scale's 0-dim double), byte for byte, and, the routing
+balanced, its communication.expert_parallel_bytes_per_device what each
+rank sent (skewed, what the fullest rank, rank 0, sent: its own pairs for
+its own experts stay).
 
 usage: ep_twin.py MEMLEDGER MODELS_DIR
 Prints one line per check and ends with "N passed, N failed".
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -78,7 +142,13 @@ import twins as tw  # noqa: E402  (the reference implementations)
 from crosscheck import Recorder, known_1_13  # noqa: E402  (the measurement)
 
 EP_SIZES = (2, 3)
+# (model file's name, ep, routing, (capacity factor, pad)): Megatron's
+# --moe-expert-capacity-factor and --moe-pad-expert-input-to-capacity
+CAPACITY = [("mixtral", 2, "skewed", (1.0, False)),  # expert 0's 36 pairs a rank capped at 24
+            ("mixtral", 2, "balanced", (1.5, True)),  # 24 pairs an expert padded to 36
+            ("qwen2moe", 3, "balanced", (0.75, False))]  # 24 pairs an expert capped at 18
 SENT = [0]  # bytes this rank's all-to-alls sent to the other ranks
+POLICY = []  # each capacity layer's policy_gap: "" when its pairs are Megatron's
 
 
 def skewed(n, k, E):
@@ -116,41 +186,149 @@ class AllToAll(torch.autograd.Function):
 
 def sent(x, splits):
     """The bytes of x's rows an all-to-all sends to the other ranks."""
-    row = x[0].numel() * x.element_size() if x.dim() else x.element_size()
+    row = math.prod(x.shape[1:]) * x.element_size()  # a rank may send none
     return row * sum(n for j, n in enumerate(splits) if j != dist.get_rank())
 
 
-def ep_mlp(s, b, h, ep):
-    """MixtralSparseMoeBlock's router, then the alltoall dispatcher around
-    the rank's experts (b.experts holds only them)."""
-    B, T, D = h.shape
-    h = h.view(-1, D)
-    N = h.shape[0]
+def capacity(P, E, factor):
+    """moe_utils.py get_capacity: ceil(P / E * factor) pairs an expert."""
+    return math.ceil((P / E) * factor)
+
+
+def dispatch_pairs(w, chosen, E, cap):
+    """The pairs a rank sends, in Megatron's permute order (expert by
+    expert, each expert's in token order): src, each pair's index into
+    w.reshape(-1) (N k for a padding pair, whose weight is a 0 appended),
+    tok its token, counts the pairs of each expert. cap None: every routed
+    pair; (factor, pad): moe_utils.py apply_router_token_dropping, policy
+    "probs": capacity C = get_capacity(N k, E, factor), each expert's C
+    highest routing weights of the dense [N, E] probabilities (topk over
+    the tokens), and-ed with the routing (drop) or all C of them, the
+    routed ones first, then weight-0 tokens (pad); C above N keeps all."""
+    N, k = chosen.shape
+    with torch.no_grad():
+        routed = torch.zeros((N, E), dtype=torch.bool).scatter_(1, chosen, True)
+        keep = routed
+        if cap is not None:
+            factor, pad = cap
+            C = capacity(N * k, E, factor)
+            assert not pad or C <= N, "Megatron's padded permute needs C <= N"
+            if C > N:
+                cmask = torch.ones((N, E), dtype=torch.bool)
+            else:
+                probs = torch.zeros((N, E), dtype=torch.float).scatter_(1, chosen,
+                                                                        w.detach().float())
+                top = torch.topk(probs, k=C, dim=0, sorted=False)[1]
+                cmask = torch.zeros((N, E), dtype=torch.bool).scatter_(0, top, True)
+            keep = cmask if pad else routed & cmask
+        slot = torch.full((N, E), N * k, dtype=torch.long)
+        slot.scatter_(1, chosen, torch.arange(N * k).view(N, k))
+        e_of, tok = keep.t().nonzero(as_tuple=True)  # expert-major, tokens ascending
+        # views of one (pairs, 2) storage: tok a copy of its own (index_select keeps it)
+        src, tok = slot[tok, e_of], tok.clone()
+        counts = keep.sum(0).long()
+    return src, tok, counts
+
+
+def policy_gap(w, chosen, E, cap, src, tok, counts):
+    """What the dispatch's pairs lack of Megatron's "probs" policy, by a
+    plain sort, apart from dispatch_pairs' topk: each expert takes its C
+    (or fewer) routed pairs of the highest weights and, padded, C pairs in
+    all, the others tokens not routed to it (weight 0); each expert's
+    pairs in token order. Returns "" when nothing is lacking."""
+    N, k = chosen.shape
+    C = capacity(N * k, E, cap[0])
+    wl, cl = w.detach().reshape(-1).tolist(), chosen.reshape(-1).tolist()
+    got = list(zip(src.tolist(), tok.tolist()))
+    start = 0
+    for e, n in enumerate(counts.tolist()):
+        chunk, start = got[start:start + n], start + n
+        mine = sorted(((wl[p], p) for p in range(N * k) if cl[p] == e), reverse=True)
+        want = sorted(p for _, p in mine[:C])
+        kept = sorted(p for p, _ in chunk if p < N * k)
+        pads = [t for p, t in chunk if p == N * k]
+        toks = [t for _, t in chunk]
+        if kept != want or any(p // k != t for p, t in chunk if p < N * k):
+            return "expert %d kept pairs %s, the %d highest weights are %s" % (e, kept, C, want)
+        if toks != sorted(set(toks)):
+            return "expert %d's pairs not in token order: %s" % (e, toks)
+        if cap[1] and (n != C or set(pads) & {p // k for _, p in mine}):
+            return "expert %d padded to %d pairs (C %d), padding %s" % (e, n, C, pads)
+        if not cap[1] and pads:
+            return "expert %d padded without --expert-pad" % e
+    return ""
+
+
+def router(s, b, h):
+    """MixtralSparseMoeBlock's router (twins.Mixtral.mlp's, the fixed routing)."""
     w = F.softmax(b.router(h), dim=1, dtype=torch.float)
-    chosen = tw.fixed_routing(N, s.k, s.E)
+    chosen = tw.fixed_routing(h.shape[0], s.k, s.E)
     w = w.gather(1, chosen)
     if s.renorm:
         w /= w.sum(dim=-1, keepdim=True)
-    w = w.to(h.dtype)
+    return w.to(h.dtype), chosen
+
+
+def ref_mlp(s, b, h, cap):
+    """The single-device reference under a capacity: twins.Mixtral.mlp
+    (Hugging Face's loop over the experts) on the routed pairs the capacity
+    keeps, the same pairs as the dispatch's (dispatch_pairs on the same
+    weights); a padding pair adds 0 times its expert's output, so it is
+    left out."""
+    B, T, D = h.shape
+    h = h.view(-1, D)
+    w, chosen = router(s, b, h)
+    with torch.no_grad():
+        src = dispatch_pairs(w, chosen, s.E, cap)[0]
+        kept = torch.zeros(chosen.numel() + 1, dtype=torch.long)
+        kept[src] = 1
+        kept = kept[:-1].view(chosen.shape)
+    out = torch.zeros((B * T, D), dtype=h.dtype)
+    mask = F.one_hot(chosen, num_classes=s.E).permute(2, 1, 0) * kept.t()[None]
+    hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit:
+        ex = b.experts[e]
+        idx, top_x = torch.where(mask[e].squeeze(0))
+        x = h[None, top_x].reshape(-1, D)
+        y = ex.w2(F.silu(ex.w1(x)) * ex.w3(x)) * w[top_x, idx, None]
+        out.index_add_(0, top_x, y.to(h.dtype))
+    if hasattr(b, "shared"):
+        sh = b.shared.w2(F.silu(b.shared.w1(h)) * b.shared.w3(h))
+        sh = torch.sigmoid(b.shared_gate(h)) * sh
+        out = out + sh
+    return out.reshape(B, T, D)
+
+
+def ep_mlp(s, b, h, ep, cap):
+    """MixtralSparseMoeBlock's router, then the alltoall dispatcher around
+    the rank's experts (b.experts holds only them); cap as dispatch_pairs."""
+    B, T, D = h.shape
+    h = h.view(-1, D)
+    N = h.shape[0]
+    w, chosen = router(s, b, h)
     El = s.E // ep
+    pad = cap is not None and cap[1]
+    src, tok, counts = dispatch_pairs(w, chosen, s.E, cap)
+    if cap is not None:
+        POLICY.append(policy_gap(w, chosen, s.E, cap, src, tok, counts))
+    me = dist.get_rank()
     with torch.no_grad():  # the dispatch's bookkeeping
-        flat = chosen.reshape(-1)
-        order = torch.sort(flat, stable=True)[1]
-        tok = order // s.k
-        counts = torch.bincount(flat, minlength=s.E)
-        # every rank's counts of every expert, all-gathered (preprocess:
-        # gather_from_sequence_parallel_region over the tp x ep group);
-        # the rank keeps its local experts' columns
-        every = [torch.empty_like(counts) for _ in range(ep)]
-        dist.all_gather(every, counts)
-        me = dist.get_rank()
-        recv = torch.stack(every)[:, me * El:(me + 1) * El].reshape(-1)
-        SENT[0] += counts.element_size() * s.E * (ep - 1)
+        if pad:  # preprocess's drop_and_pad: C from every rank, no all-gather
+            recv = torch.full((ep * El,), int(counts[0]), dtype=torch.long)
+        else:
+            # every rank's counts of every expert, all-gathered (preprocess:
+            # gather_from_sequence_parallel_region over the tp x ep group);
+            # the rank keeps its local experts' columns
+            every = [torch.empty_like(counts) for _ in range(ep)]
+            dist.all_gather(every, counts)
+            recv = torch.stack(every)[:, me * El:(me + 1) * El].reshape(-1)
+            SENT[0] += counts.element_size() * s.E * (ep - 1)
     in_splits = counts.view(ep, El).sum(1).tolist()
     out_splits = recv.view(ep, El).sum(1).tolist()
     sizes = recv.tolist()  # received chunks: (source rank j, local expert e)
     xp = h.index_select(0, tok)
-    wp = w.reshape(-1)[order]
+    # the pairs' weights by their index (padding: a 0 appended; cat saves nothing)
+    wp = (torch.cat([w.reshape(-1), w.new_zeros(1)]) if pad else w.reshape(-1))[src]
     xr = AllToAll.apply(xp, out_splits, in_splits)
     wr = AllToAll.apply(wp, out_splits, in_splits)
     by_expert = [j * El + e for e in range(El) for j in range(ep)]
@@ -179,7 +357,7 @@ def ep_mlp(s, b, h, ep):
     return out.reshape(B, T, D)
 
 
-def split_model(ref, rank, ep):
+def split_model(ref, rank, ep, cap):
     """The rank's model: the single-device one's weights, its E / ep
     experts, the dispatch in place of the experts' loop."""
     import copy
@@ -189,7 +367,7 @@ def split_model(ref, rank, ep):
         b.experts = torch.nn.ModuleList(list(b.experts)[rank * El:(rank + 1) * El])
     for p in model.parameters():
         p.grad = None
-    model.mlp = types.MethodType(lambda s, b, h: ep_mlp(s, b, h, ep), model)
+    model.mlp = types.MethodType(lambda s, b, h: ep_mlp(s, b, h, ep, cap), model)
     return model
 
 
@@ -224,15 +402,18 @@ def rank_main(rank, ep, init_file, out_dir, jobs):
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=ep)
     tw.FIXED_ROUTING[0] = True
     results = []
-    for path, routing in jobs:
+    for path, routing, cap in jobs:
         tw.ROUTING[0] = skewed if routing == "skewed" else None
         SENT[0] = 0
+        del POLICY[:]
         with open(path) as fh:
             doc = tw.load(fh)
         tr = doc.get("training", {})
         B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
         torch.manual_seed(1)
         ref = tw.build(doc)
+        if cap is not None:
+            ref.mlp = types.MethodType(lambda s, b, h: ref_mlp(s, b, h, cap), ref)
         torch.manual_seed(100 + rank)  # each rank its own batch
         batch = tw.batch_for(doc, ref, B, T)
         rrec = Recorder(ref)
@@ -241,7 +422,7 @@ def rank_main(rank, ep, init_file, out_dir, jobs):
         with torch.autograd.graph.saved_tensors_hooks(rrec.pack, lambda t: t):
             ref_loss = ref.run(rrec, batch, False)
         ref_loss.backward()
-        model = split_model(ref, rank, ep)
+        model = split_model(ref, rank, ep, cap)
         rec = Recorder(model)
         for t in batch:
             rec.exclude.add(t.storage().data_ptr())
@@ -251,6 +432,7 @@ def rank_main(rank, ep, init_file, out_dir, jobs):
         gerr, gname = grad_errors(ref, model, rank, ep)
         results.append({"path": path, "routing": routing, "blocks": rec.per_block(),
                         "ref_blocks": rrec.per_block(), "sent": SENT[0],
+                        "policy": list(POLICY),
                         "loss": loss.item(), "ref_loss": ref_loss.item(),
                         "grad_err": gerr, "grad_worst": gname})
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as fh:
@@ -271,48 +453,76 @@ def run_world(ep, jobs):
         return out
 
 
-def hand_experts(m, B, T, R):
-    """(the single-device experts' loop, the dispatch and the rank's experts
-    on its R rows) in bytes."""
-    D, k = m["hidden"], m.get("experts_per_tok", 2)
+def hand_experts(m, B, T, N, Ps, R):
+    """(the single-device experts' loop over its N pairs, the dispatch of
+    the Ps pairs the rank sends and the rank's experts on its R rows) in
+    bytes."""
+    D = m["hidden"]
     Fe = m.get("expert_ffn", m["ffn"])
-    N = P = k * B * T
     loop = 2 * N * 8 + 4 * (N * D + 4 * N * Fe + N * D + N + N * D)
-    dispatch = 2 * P * 8 + 4 * (R * D + R + 4 * R * Fe + R * D)
+    dispatch = 2 * Ps * 8 + 4 * (R * D + R + 4 * R * Fe + R * D)
     return loop, dispatch
 
 
-def rows(m, B, T, ep, rank, routing):
-    """The rows rank's experts take: the group's pairs of its experts (the
-    skewed routing: 3n/4 pairs a rank for expert 0, 5n/12 for the others)."""
+def routed(m, B, T, routing):
+    """A rank's (token, expert) pairs of each expert: the balanced routing
+    (pair p to expert p mod E) P / E each; the skewed one 3n/4 for expert 0
+    and 5n/12 for each other (n = B T tokens)."""
     k, E = m.get("experts_per_tok", 2), m["experts"]
-    P, El = k * B * T, E // ep
-    if routing == "balanced":
-        return P
     n = B * T
-    per = [3 * n // 4] + [5 * n // 12] * (E - 1)
-    return ep * sum(per[rank * El:(rank + 1) * El])
+    if routing == "balanced":
+        assert k * n % E == 0
+        return [k * n // E] * E
+    return [3 * n // 4] + [5 * n // 12] * (E - 1)
 
 
-def hand_sent(m, B, T, ep):
-    """What a rank's collectives send to the others in one iteration, the
-    routing balanced: forward its counts of every expert (E int64) to each
-    other rank (an all-gather), then the tokens and weights of its P pairs
-    and the outputs of its R = P rows, (ep - 1)/ep of each; the two
-    gradients back likewise (the plan's communication.expert_parallel...)."""
-    D, k, E = m["hidden"], m.get("experts_per_tok", 2), m["experts"]
-    P = k * B * T
-    fwd = P * (4 * D + 4) + P * 4 * D
-    bwd = P * 4 * D + P * (4 * D + 4)
-    return m["layers"] * ((fwd + bwd) * (ep - 1) // ep + E * 8 * (ep - 1))
+def pairs(m, B, T, routing, cap):
+    """(the pairs a rank sends each expert, its routed pairs kept): with a
+    capacity C, min(routed, C), or C for every expert padded."""
+    per = routed(m, B, T, routing)
+    if cap is None:
+        return per, sum(per)
+    factor, pad = cap
+    C = capacity(sum(per), m["experts"], factor)
+    kept = [min(c, C) for c in per]
+    return ([C] * len(per) if pad else kept), sum(kept)
 
 
-def plan(memledger, path, B, T, ep, routing):
+def hand_rank(m, B, T, ep, rank, routing, cap):
+    """(Ps the pairs the rank sends, R the rows its experts take, S those
+    of them its own, N its routed pairs kept): every rank routes as the
+    others do, so R is ep times the rank's own pairs of its experts."""
+    per, N = pairs(m, B, T, routing, cap)
+    El = m["experts"] // ep
+    S = sum(per[rank * El:(rank + 1) * El])
+    return sum(per), ep * S, S, N
+
+
+def hand_sent(m, B, T, ep, rank, routing, cap):
+    """What the rank's collectives send to the others in one iteration, as
+    Megatron's dispatcher sends: a layer's forward all-gathers its counts of
+    every expert (E int64 to each other rank; none padded: preprocess's
+    drop_and_pad splits are C), sends its Ps - S pairs' tokens and weights
+    bound for the others' experts and the R - S rows' outputs back; the
+    backward the gradients of those same rows the other way."""
+    Ps, R, S, _ = hand_rank(m, B, T, ep, rank, routing, cap)
+    D, E = m["hidden"], m["experts"]
+    pad = cap is not None and cap[1]
+    counts = 0 if pad else E * 8 * (ep - 1)
+    tokens_weights, outputs = 4 * D + 4, 4 * D
+    fwd = (Ps - S) * tokens_weights + (R - S) * outputs
+    bwd = (Ps - S) * outputs + (R - S) * tokens_weights
+    return m["layers"] * (fwd + bwd + counts)
+
+
+def plan(memledger, path, B, T, ep, routing, cap):
     args = [memledger, "plan", path, "--format", "json", "--micro-batch", str(B), "--seq-len",
             str(T), "--precision", "fp32", "--checkpoint", "none", "--ep", str(ep), "--dp",
             str(ep), "--allocator", "none"]
     if routing == "skewed":
         args += ["--expert-imbalance", "1.5"]
+    if cap is not None:
+        args += ["--expert-capacity", "%g" % cap[0]] + (["--expert-pad"] if cap[1] else [])
     return subprocess.run(args, capture_output=True, text=True), args
 
 
@@ -337,23 +547,28 @@ def main():
         with open(path) as fh:
             docs[path] = tw.load(fh)
     for ep in EP_SIZES:
-        jobs = [(p, "balanced") for p, d in docs.items() if d["model"]["experts"] % ep == 0]
+        jobs = [(p, "balanced", None) for p, d in docs.items() if d["model"]["experts"] % ep == 0]
         # the skewed routing on Mixtral's twin (4 experts, top-2) over 2 ranks
-        jobs += [(p, "skewed") for p, d in docs.items()
+        jobs += [(p, "skewed", None) for p, d in docs.items()
                  if ep == 2 and (d["model"]["experts"], d["model"].get("experts_per_tok", 2)) ==
                  (4, 2)]
+        # the capacities (CAPACITY), after the job without one they are held against
+        jobs += [(p, routing, cap) for name, n, routing, cap in CAPACITY
+                 for p in docs if n == ep and os.path.basename(p).startswith(name)]
         try:
             ranks = run_world(ep, jobs)
         except Exception as e:  # a rank raised: its traceback is on stderr
             check("ep%d ranks" % ep, False, "%s: %s" % (type(e).__name__, e))
             continue
-        for j, (path, routing) in enumerate(jobs):
+        for j, (path, routing, cap) in enumerate(jobs):
             doc = docs[path]
             m, tr = doc["model"], doc.get("training", {})
             B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
             label = "%s ep%d %s" % (doc["name"], ep, routing)
+            if cap is not None:
+                label += " capacity %g%s" % (cap[0], " pad" if cap[1] else "")
             extra = known_1_13(doc, B, T)
-            out, args = plan(memledger, path, B, T, ep, routing)
+            out, args = plan(memledger, path, B, T, ep, routing, cap)
             got, comm = {}, None
             if out.returncode != 0:
                 check(label + " plan", False, "%s exited %d: %s" % (" ".join(args),
@@ -363,19 +578,48 @@ def main():
                 d = json.loads(out.stdout)
                 got = {x["name"]: x["activations_saved"] for x in d["blocks"]}
                 comm = d["communication"].get("expert_parallel_bytes_per_device")
+            # the same model without a capacity, balanced, in this world
+            plain = jobs.index((path, "balanced", None))
+            P = sum(routed(m, B, T, routing))
             for rank, res in enumerate(ranks):
                 r = res[j]
-                loop, dispatch = hand_experts(m, B, T, rows(m, B, T, ep, rank, routing))
-                if routing == "balanced":
-                    want = hand_sent(m, B, T, ep)
-                    check("%s rank%d all-to-alls" % (label, rank),
-                          r["sent"] == want and comm == want,
-                          "sent %d B, by hand %d, planned %s" % (r["sent"], want, comm))
+                Ps, R, S, N = hand_rank(m, B, T, ep, rank, routing, cap)
+                loop, dispatch = hand_experts(m, B, T, N, Ps, R)
+                want = hand_sent(m, B, T, ep, rank, routing, cap)
+                check("%s rank%d sent" % (label, rank), r["sent"] == want,
+                      "sent %d B, by hand %d (%d pairs sent, %d rows taken, %d of them its own)"
+                      % (r["sent"], want, Ps, R, S))
+                # the plan is the fullest rank's: every rank balanced, rank 0
+                # (which holds the busiest expert) skewed
+                if routing == "balanced" or rank == 0:
+                    check("%s rank%d sent planned" % (label, rank), comm == r["sent"],
+                          "planned %s, sent %d%s" % (comm, r["sent"], "" if comm is None else
+                                                     " (%+d)" % (comm - r["sent"])))
                 same = (abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"])
                         and r["grad_err"] <= 1e-4)
                 check("%s rank%d matches single device" % (label, rank), same,
                       "loss %.7f vs %.7f, largest gradient gap %.1e (%s)"
                       % (r["loss"], r["ref_loss"], r["grad_err"], r["grad_worst"]))
+                if cap is not None:
+                    gaps = [g for g in r["policy"] if g]
+                    C = capacity(P, m["experts"], cap[0])
+                    check("%s rank%d kept pairs" % (label, rank),
+                          len(r["policy"]) == m["layers"] and not gaps,
+                          "%d layers' pairs: %s" % (len(r["policy"]), gaps[0] if gaps else
+                                                    "each expert's C = %d highest weights%s"
+                                                    % (C, ", padded" if cap[1] else "")))
+                if cap is not None:  # the reference: twins.Mixtral's loop on the N kept pairs
+                    full_loop = hand_experts(m, B, T, P, P, P)[0]
+                    base = res[plain]["ref_blocks"]
+                    gaps = {b_: r["ref_blocks"].get(b_, 0) - base.get(b_, 0) +
+                            ((full_loop - loop) if b_.startswith("block.") else 0)
+                            for b_ in base}
+                    check("%s rank%d single device" % (label, rank),
+                          not any(gaps.values()) and set(base) == set(r["ref_blocks"]),
+                          "each layer the uncapacitated one's less its loop over %d pairs "
+                          "(%d B) plus one over the %d kept (%d B), the rest the same%s"
+                          % (P, full_loop, N, loop,
+                             "" if not any(gaps.values()) else ": gaps %s" % gaps))
                 for i in range(m["layers"]):
                     blk = "block.%d" % i
                     whole = r["ref_blocks"].get(blk, 0)

@@ -73,7 +73,12 @@ static void test_rank_block(void **state)
  * 38 x 128 = 4,864, the weights 38 x 4 = 152, the experts 4 x 38 x 256 +
  * 38 x 128 = 38,912 + 4,864: 20,608 + 2,752 + 512 + 4,864 + 152 + 38,912 +
  * 4,864 = 72,664 B; the experts' FLOPs 6 x 38 x 32 x 64 = 466,944, the
- * rest 512,000 - 393,216 = 118,784: 585,728. */
+ * rest 512,000 - 393,216 = 118,784: 585,728. Its all-to-alls: its own 32
+ * pairs routed the same way (12 to the busiest expert, then 7, 7, 6), the
+ * 12 + 7 = 19 for its own two experts stay: it sends 13 pairs and gets 38
+ * - 19 = 19 rows from the other rank; a layer's 13 x 132 + 19 x 128 + the
+ * counts 32 forward and 13 x 128 + 19 x 132 backward, 8,352: 16,704 B for
+ * two (as balanced: 16 and 16 there). */
 static void test_imbalance(void **state)
 {
     (void)state;
@@ -84,6 +89,7 @@ static void test_imbalance(void **state)
     const ml_block_info *b = block_named(l, "block.0");
     assert_int_equal(b->inventory_bytes, 72664);
     assert_rel_close(b->flops_forward, 585728, 0);
+    assert_rel_close(ml_ledger_summary(l)->ep_comm_bytes, 16704, 0);
     ml_ledger_destroy(l);
     ml_model_destroy(m);
 }
@@ -101,9 +107,11 @@ static void test_imbalance(void **state)
  * Padded at factor 1.5, balanced: the capacity ceil(8 x 1.5) = 12, every
  * expert 12 rows of each rank: the rank sends 4 x 12 = 48 pairs and its two
  * experts take 2 x 2 x 12 = R = 48: 20,608 + 2,752 + 2 x 48 x 8 + 48 x 128
- * + 48 x 4 + 4 x 48 x 256 + 48 x 128 = 85,760 B. Its all-to-alls, half
- * sent: a layer's 48 x 132 + 48 x 128 forward and backward each, 2 x
- * 6,240, and the counts 32: 2 x 12,512 = 25,024 B. */
+ * + 48 x 4 + 4 x 48 x 256 + 48 x 128 = 85,760 B. Its all-to-alls: of
+ * the 48 pairs, the 24 its own two experts take stay; a layer's 24 x 132 +
+ * 24 x 128 forward and backward each, 2 x 6,240, and no counts (padded,
+ * the splits are known: preprocess returns before its all-gather): 2 x
+ * 12,480 = 24,960 B. */
 static void test_capacity(void **state)
 {
     (void)state;
@@ -120,7 +128,8 @@ static void test_capacity(void **state)
     c.training.expert_pad = true;
     l = eval(m, &c, false);
     assert_int_equal(block_named(l, "block.0")->inventory_bytes, 85760);
-    assert_rel_close(ml_ledger_summary(l)->ep_comm_bytes, 25024, 0);
+    assert_rel_close(ml_ledger_summary(l)->ep_comm_bytes, 24960, 0);
+    assert_rel_close(ml_ledger_summary(l)->ep_calls, 12, 0);
     ml_ledger_destroy(l);
     /* refused: without the dispatch (Hugging Face's loop drops nothing),
      * padding without a capacity, a dense model */
@@ -133,6 +142,10 @@ static void test_capacity(void **state)
     c.training.expert_pad = true;
     assert_int_equal(status_of(m, &c, &e), ML_RANGE);
     assert_non_null(strstr(e.msg, "give training.expert_capacity"));
+    /* padded past the rank's 16 tokens: ceil(32 / 4 x 2.5) = 20 */
+    c.training.expert_capacity = 2.5;
+    assert_int_equal(status_of(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "cannot pad past"));
     ml_model_destroy(m);
     m = load_preset("gpt2-small");
     c = with_ep(m, 1, 1);
