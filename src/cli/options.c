@@ -227,6 +227,22 @@ static int check_parsed(const char *verb, ml_cli_opts *o)
     return 0;
 }
 
+/* The flags without a value: on/off switches; false when arg is none. */
+static bool switch_flag(const char *arg, ml_cli_opts *o)
+{
+    if (!strcmp(arg, "--overlap-grad-reduce"))
+        o->overlap = "on";
+    else if (!strcmp(arg, "--expert-pad"))
+        o->expert_pad = "on";
+    else if (!strcmp(arg, "--dist-optimizer") || !strcmp(arg, "--no-dist-optimizer"))
+        o->dist_optimizer = arg[2] == 'n' ? "off" : "on";
+    else if (!strcmp(arg, "--sp") || !strcmp(arg, "--no-sp"))
+        o->sp = arg[2] == 'n' ? "off" : "on";
+    else
+        return false;
+    return true;
+}
+
 int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -276,22 +292,8 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_
                     o->training = val;
                 continue;
             }
-            if (!strcmp(arg, "--overlap-grad-reduce")) {
-                o->overlap = "on";
+            if (switch_flag(arg, o))
                 continue;
-            }
-            if (!strcmp(arg, "--expert-pad")) {
-                o->expert_pad = "on";
-                continue;
-            }
-            if (!strcmp(arg, "--dist-optimizer") || !strcmp(arg, "--no-dist-optimizer")) {
-                o->dist_optimizer = arg[2] == 'n' ? "off" : "on";
-                continue;
-            }
-            if (!strcmp(arg, "--sp") || !strcmp(arg, "--no-sp")) {
-                o->sp = arg[2] == 'n' ? "off" : "on";
-                continue;
-            }
             if (!strncmp(arg, "--format", len) && len == 8) {
                 int rc = parse_format(verb, flag_value(argc, argv, &i, eq), o);
                 if (rc)
@@ -380,6 +382,20 @@ static int vision_tower_flag(const char *v, ml_training *t)
     return bad_flag("--vision-tower", "unknown; use same, none, full or frozen");
 }
 
+/* A mixture of experts' flags: the routing's imbalance, Megatron's
+ * capacity factor and its padding. */
+static int expert_flags(const ml_cli_opts *o, ml_training *t)
+{
+    int rc = 0;
+    if (o->expert_imbalance)
+        rc = real("--expert-imbalance", o->expert_imbalance, 1, 1e6, &t->expert_imbalance);
+    if (!rc && o->expert_capacity)
+        rc = real("--expert-capacity", o->expert_capacity, 0, 1e6, &t->expert_capacity);
+    if (!rc && o->expert_pad)
+        t->expert_pad = true;
+    return rc;
+}
+
 static int training_flags(const ml_cli_opts *o, ml_training *t)
 {
     ml_error e;
@@ -429,12 +445,8 @@ static int training_flags(const ml_cli_opts *o, ml_training *t)
     }
     if (!rc && o->logits_chunk)
         rc = limited(o->logits_chunk, "training.logits_chunk", &t->logits_chunk);
-    if (!rc && o->expert_imbalance)
-        rc = real("--expert-imbalance", o->expert_imbalance, 1, 1e6, &t->expert_imbalance);
-    if (!rc && o->expert_capacity)
-        rc = real("--expert-capacity", o->expert_capacity, 0, 1e6, &t->expert_capacity);
-    if (!rc && o->expert_pad)
-        t->expert_pad = true;
+    if (!rc)
+        rc = expert_flags(o, t);
     if (!rc && o->zero_grad) {
         if (!strcmp(o->zero_grad, "set_to_none"))
             t->zero_grad = ML_ZERO_GRAD_SET_TO_NONE;

@@ -69,6 +69,47 @@ static ml_status regroup_refused(const ml_model *m, const ml_training *t, const 
     return ML_OK;
 }
 
+/* training.expert_capacity and expert_pad: Megatron's dispatch's. */
+static ml_status capacity_refused(const ml_model *m, const ml_training *t, ml_error *err)
+{
+    if (!(t->expert_capacity > 0) && !t->expert_pad)
+        return ML_OK;
+    const char *key = t->expert_capacity > 0 ? "training.expert_capacity"
+                                             : "training.expert_pad";
+    if (!m->moe.experts)
+        return ml__errorf(err, ML_RANGE,
+                          "%s: a mixture of experts' setting; %s has no experts "
+                          "(model.experts): remove it",
+                          key, m->name);
+    if (!(t->expert_capacity > 0))
+        return ml__errorf(err, ML_RANGE,
+                          "training.expert_pad: pads each expert's share to its capacity, "
+                          "as Megatron's --moe-pad-expert-input-to-capacity (which needs "
+                          "its capacity factor): give training.expert_capacity too");
+    /* Megatron's permute views the padded pairs as (experts, capacity)
+     * rows of the tokens: it cannot pad past them */
+    const uint64_t sp = ml_training_sp(t) ? t->tensor_parallel : 1, cp = ml_training_cp(t);
+    const uint64_t T = t->seq_len / cp, n = t->micro_batch * (T / sp + (T % sp != 0));
+    const double C = ceil((double)n * (double)m->moe.per_token / (double)m->moe.experts *
+                          t->expert_capacity);
+    if (t->expert_pad && C > (double)n)
+        return ml__errorf(err, ML_RANGE,
+                          "training.expert_pad: a capacity of %.0f pairs an expert exceeds "
+                          "the rank's %llu tokens, which Megatron's permute cannot pad "
+                          "past; give training.expert_capacity at most %g",
+                          C, (unsigned long long)n,
+                          floor((double)m->moe.experts / (double)m->moe.per_token * 1000) /
+                              1000);
+    if (!ml__ep_dispatched(m, t))
+        return ml__errorf(err, ML_RANGE,
+                          "%s: the capacity is Megatron-core's dispatch's (it drops and "
+                          "pads the pairs it sends); Hugging Face's loop, planned without "
+                          "parallel.ep, etp or tp, drops no token: plan the dispatch "
+                          "(--ep, --etp or --tp) or remove it",
+                          key);
+    return ML_OK;
+}
+
 ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
 {
     const uint64_t ep = ml_training_ep(t), etp = ml_training_etp(t);
@@ -80,41 +121,9 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
                           "experts, and this model has none; give 1",
                           ep > 1 ? "ep" : "etp",
                           ep > 1 ? e : (unsigned long long)t->expert_tensor_parallel, m->name);
-    if (t->expert_capacity > 0 || t->expert_pad) {
-        const char *key = t->expert_capacity > 0 ? "training.expert_capacity"
-                                                 : "training.expert_pad";
-        if (!m->moe.experts)
-            return ml__errorf(err, ML_RANGE,
-                              "%s: a mixture of experts' setting; %s has no experts "
-                              "(model.experts): remove it",
-                              key, m->name);
-        if (!(t->expert_capacity > 0))
-            return ml__errorf(err, ML_RANGE,
-                              "training.expert_pad: pads each expert's share to its capacity, "
-                              "as Megatron's --moe-pad-expert-input-to-capacity (which needs "
-                              "its capacity factor): give training.expert_capacity too");
-        /* Megatron's permute views the padded pairs as (experts, capacity)
-         * rows of the tokens: it cannot pad past them */
-        const uint64_t sp = ml_training_sp(t) ? t->tensor_parallel : 1, cp = ml_training_cp(t);
-        const uint64_t T = t->seq_len / cp, n = t->micro_batch * (T / sp + (T % sp != 0));
-        const double C = ceil((double)n * (double)m->moe.per_token / (double)m->moe.experts *
-                              t->expert_capacity);
-        if (t->expert_pad && C > (double)n)
-            return ml__errorf(err, ML_RANGE,
-                              "training.expert_pad: a capacity of %.0f pairs an expert exceeds "
-                              "the rank's %llu tokens, which Megatron's permute cannot pad "
-                              "past; give training.expert_capacity at most %g",
-                              C, (unsigned long long)n,
-                              floor((double)m->moe.experts / (double)m->moe.per_token * 1000) /
-                                  1000);
-        if (!ml__ep_dispatched(m, t))
-            return ml__errorf(err, ML_RANGE,
-                              "%s: the capacity is Megatron-core's dispatch's (it drops and "
-                              "pads the pairs it sends); Hugging Face's loop, planned without "
-                              "parallel.ep, etp or tp, drops no token: plan the dispatch "
-                              "(--ep, --etp or --tp) or remove it",
-                              key);
-    }
+    ml_status st = capacity_refused(m, t, err);
+    if (st)
+        return st;
     if (!ml__ep_dispatched(m, t))
         return ML_OK;
     char what[64];
@@ -158,11 +167,8 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
                           "than the rest, which is not planned yet; give an etp of tp (the "
                           "default) or ep x etp of at least tp",
                           what, (unsigned long long)tp);
-    if (ep * etp != tp) {
-        ml_status st = regroup_refused(m, t, what, err);
-        if (st)
-            return st;
-    }
+    if (ep * etp != tp && (st = regroup_refused(m, t, what, err)))
+        return st;
     if (t->engine == ML_ENGINE_MEGATRON)
         return ml__errorf(err, ML_RANGE,
                           "%s under training.engine megatron: Megatron-core's MoE layer is not "
