@@ -6,6 +6,7 @@
  * the layer's shape; tests/torch/tpep_twin.py measures the same layouts
  * over gloo. */
 #include "harness.h"
+#include "ledger/chain.h" /* the blocks' transients */
 
 /* test_expert_parallel.c's tiny Mixtral: B=2, T=8, D=32, H=4, 2 kv heads,
  * dh=8, F=64, E=4 experts, k=2 per token, fp32, eager attention. */
@@ -135,6 +136,31 @@ static void test_zero1(void **state)
     ml_model_destroy(m);
 }
 
+/* The forward's dispatch buffers in pure bf16 at tp 2, etp 2 (ep 1), a
+ * row D x 2 = 64 B: the rank's P = 16 pairs (its send buffer, which the
+ * all-to-all of one rank returns as its received rows) 1,024 B; at the
+ * concatenation the experts' R = 32 outputs and their concatenation, 2 x
+ * 2,048: 5,120; at the reduce-scatter the sorted-back outputs 2,048, their
+ * fp32 copy 4,096 (combine_preprocess casts them to the routing weights'
+ * dtype) and the fp32 output of RA = 16 rows, 2,048: 1,024 + 8,192 =
+ * 9,216, the larger. Under no_grad the sorted rows too: + 2,048. */
+static void test_buffers_bf16(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = layout(m, 2, 1, 1, 2);
+    c.training.precision = ML_PREC_BF16;
+    ml_chain ch;
+    ml_error e;
+    assert_int_equal(ml__chain_build(m, &c, &ch, &e), ML_OK);
+    const ml_cblock *b = &ch.blocks[1];
+    assert_string_equal(b->name, "block.0");
+    assert_int_equal(b->ws_fwd, 9216);
+    assert_int_equal(b->ws_nograd, 9216 + 2048);
+    ml__chain_free(&ch);
+    ml_model_destroy(m);
+}
+
 static void expect_refused(const ml_model *m, const ml_config *c, const char *part)
 {
     ml_ledger *l = NULL;
@@ -171,6 +197,7 @@ int main(void)
         cmocka_unit_test(test_rank_block),
         cmocka_unit_test(test_collectives),
         cmocka_unit_test(test_zero1),
+        cmocka_unit_test(test_buffers_bf16),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
