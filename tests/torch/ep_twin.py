@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """Per-rank saved activations under expert parallelism, against real PyTorch.
 
-The Mixtral and Qwen2-MoE twins of twins.py (their attention, norms, router
-and SwiGLU experts as Hugging Face writes them) with the experts split over
-EP ranks, one process each (torch.multiprocessing, spawn), gloo on the CPU,
+The Mixtral, Qwen2-MoE and DeepSeek-V3 twins of twins.py (their attention,
+norms, router and SwiGLU experts as Hugging Face writes them) with the
+experts split over EP ranks, one process each (torch.multiprocessing, spawn), gloo on the CPU,
 and the tokens dispatched as Megatron-core's MoEAlltoAllTokenDispatcher
 dispatches them (megatron/core/transformer/moe/token_dispatcher.py,
 moe_utils.py permute, sort_chunks_by_idxs, unpermute):
@@ -30,6 +30,17 @@ moe_utils.py permute, sort_chunks_by_idxs, unpermute):
 - Qwen2-MoE's shared expert runs on every token of the rank, as without
   expert parallelism.
 
+DeepSeek-V3 (twins.DeepseekV3, HF's DeepseekV3MoE): its router is the
+twin's DeepseekV3TopkRouter (the fp32 router linear, sigmoid scores, top-k
+of the scores plus e_score_correction_bias, replaced under
+twins.FIXED_ROUTING by the same balanced rule, pair p to expert p mod E;
+the gather of the chosen scores, the renormalisation by their sum +
+1e-20, the scale by routed_scaling_factor 2.5), then the same dispatch in
+place of moe()'s loop over the experts, the weights in the scores' dtype
+(fp32, moe() sums in it; the cast back a no-op here), the shared experts
+on every token as before. Its first dense_layers layers have no experts
+and are the single device's; the latent attention is unchanged.
+
 Each rank counts what autograd saves during the forward with crosscheck.py's
 Recorder (saved_tensors_hooks; each storage once; parameters, buffers and
 the batch excluded; attributed to the block running), and checks that the
@@ -43,16 +54,41 @@ micro-batch, T sequence, D hidden; P = k B T the rank's (token, expert)
 pairs; R the rows its experts take, here P; F_e an expert's width):
 
   the layer without its experts, as twins.Mixtral keeps it (attention,
-  norms, the router; Qwen2-MoE's shared expert): measured on this process
-  with the experts' part taken away, i.e. the single-device block less what
-  its experts' loop keeps (below)
+  norms, the router; Qwen2-MoE's shared expert; DeepSeek-V3's latent
+  attention, its router's scores, gather index and renormalisation, its
+  shared expert): measured on this process with the experts' part taken
+  away, i.e. the single-device block less what its experts' loop keeps
+  (below)
   the single-device experts' loop over the N = P rows: torch.where's int64
     (row, slot) pairs 2 N 8, the gathered rows N D, w1's, silu's, w3's
     outputs and the product 4 N F_e, w2's output and the gathered weights
-    N D + N, index_add_'s source N D  (4 B each but the indices)
+    N D + N, index_add_'s source N D  (4 B each but the indices;
+    DeepSeek-V3's moe() the same: its where's pairs, x[tok], gate's,
+    silu's, up's outputs and the product, down's output and w[tok, wi],
+    index_add_'s weighted source)
   the dispatch and the rank's experts: the pairs' order and their tokens
     2 P 8 (int64), the sorted rows R D, the sorted weights R, the
     experts' four intermediates 4 R F_e and outputs R D
+
+  DeepSeek-V3 (deepseek.yaml: 3 layers, dense_layers 1, D 64, E 6, k 2,
+  F_e 24, a shared expert of 48; B 2, T 24: n = 48 tokens a rank, P = 96),
+  balanced: every expert takes 16 pairs of every rank, so R = P = 96 at
+  ep 2 (3 experts a rank, S = 48) and at ep 3 (2 a rank, S = 32)
+    moe()'s loop: 2 96 8 + 4 96 (3 64 + 4 24 + 1) = 112,512 B
+    the dispatch: 2 96 8 + 4 96 (2 64 + 1 + 4 24) = 87,936 B
+    a MoE layer (block.1, block.2): the single device's 387,664 (the
+      plan's 349,248 at ep 1 and known_1_13's 38,416: two RMSNorms' x^2
+      24,576, the latent RMSNorms' 13,824, the attention scale's and the
+      routed_scaling_factor's 0-dim doubles 16) - 112,512 + 87,936 =
+      363,088 B on every rank at ep 2 and 3; less the extras 324,672,
+      planned (24,576 fewer than at ep 1)
+    the dense layer (block.0): the single device's 309,512 (271,104
+      planned), unchanged
+    sent (2 MoE layers): ep 2 2 ((96 + 96 - 96) 516 + 6 8 1) = 99,168 B,
+      ep 3 2 ((96 + 96 - 64) 516 + 6 8 2) = 132,288 B, planned
+    parameters: an expert 3 64 24 = 4,608; a MoE layer's 54,600 less 3
+      experts at ep 2 (40,776: 13,824 fewer), 4 at ep 3 (36,168), the
+      plan's block params
 
 The bytes a rank's collectives send to the others an iteration, a layer:
 E int64 counts to each of the ep - 1 others (the all-gather), then, of
@@ -119,7 +155,8 @@ must be the measured bytes less crosscheck.known_1_13's (the RMSNorms' x^2
 and the attention scale's 0-dim double), byte for byte, and, the routing
 balanced, its communication.expert_parallel_bytes_per_device what each
 rank sent (skewed, what the fullest rank, rank 0, sent: its own pairs for
-its own experts stay).
+its own experts stay); each layer block's params the rank's parameters in
+it.
 
 usage: ep_twin.py MEMLEDGER MODELS_DIR
 Prints one line per check and ends with "N passed, N failed".
@@ -299,13 +336,56 @@ def ref_mlp(s, b, h, cap):
     return out.reshape(B, T, D)
 
 
+def mixtral_expert(ex, x):
+    """A Mixtral or Qwen2-MoE expert (MixtralBlockSparseTop2MLP)."""
+    return ex.w2(F.silu(ex.w1(x)) * ex.w3(x))
+
+
+def deepseek_expert(ex, x):
+    """A DeepSeek-V3 expert (DeepseekV3MLP)."""
+    return ex.down(F.silu(ex.gate(x)) * ex.up(x))
+
+
 def ep_mlp(s, b, h, ep, cap):
     """MixtralSparseMoeBlock's router, then the alltoall dispatcher around
     the rank's experts (b.experts holds only them); cap as dispatch_pairs."""
     B, T, D = h.shape
     h = h.view(-1, D)
-    N = h.shape[0]
     w, chosen = router(s, b, h)
+    out = dispatch(s, b, h, w, chosen, ep, cap, mixtral_expert)
+    if hasattr(b, "shared"):
+        sh = b.shared.w2(F.silu(b.shared.w1(h)) * b.shared.w3(h))
+        out = out + torch.sigmoid(b.shared_gate(h)) * sh
+    return out.reshape(B, T, D)
+
+
+def deepseek_ep_mlp(s, b, h, ep):
+    """DeepseekV3MoE.forward with Megatron's dispatch in place of moe()'s
+    loop: the twin's DeepseekV3TopkRouter (the fp32 linear, sigmoid, top-k
+    of the scores plus the correction bias, here the fixed routing, the
+    gather, the renormalisation by sum + 1e-20, routed_scaling_factor), the
+    dispatch around the rank's experts with the weights in the scores'
+    dtype (moe() sums in it), the cast back, the shared experts on every
+    token. The first dense_layers layers are the twin's dense MLP."""
+    if b.dense:
+        return tw.DeepseekV3.mlp(s, b, h)
+    B, T, D = h.shape
+    r = h
+    x = h.view(-1, D)
+    chosen, w = s.route(b, x)
+    out = dispatch(s, b, x, w, chosen, ep, None, deepseek_expert)
+    out = out.type(x.dtype).view(B, T, D)
+    if hasattr(b, "shared"):
+        out = out + deepseek_expert(b.shared, r)
+    return out
+
+
+def dispatch(s, b, h, w, chosen, ep, cap, expert):
+    """The alltoall dispatcher around the rank's experts (b.experts holds
+    only them; expert(ex, rows) runs one) on the (tokens, D) rows h, the
+    router's (tokens, k) weights w and experts chosen: the (tokens, D)
+    sum of the weighted outputs, in the weights' dtype."""
+    N, D = h.shape
     El = s.E // ep
     pad = cap is not None and cap[1]
     src, tok, counts = dispatch_pairs(w, chosen, s.E, cap)
@@ -339,8 +419,7 @@ def ep_mlp(s, b, h, ep, cap):
     outs, start = [], 0
     for e in range(El):
         n = sum(sizes[j * El + e] for j in range(ep))
-        ex, x = b.experts[e], xs[start:start + n]
-        outs.append(ex.w2(F.silu(ex.w1(x)) * ex.w3(x)) * ws[start:start + n, None])
+        outs.append(expert(b.experts[e], xs[start:start + n]) * ws[start:start + n, None])
         start += n
     cat = torch.cat(outs)
     del outs
@@ -349,12 +428,9 @@ def ep_mlp(s, b, h, ep, cap):
     del oc, cat
     yb = AllToAll.apply(back, in_splits, out_splits)
     del back
-    out = torch.zeros((N, D), dtype=h.dtype).scatter_add_(0, tok[:, None].expand(-1, D), yb)
+    out = torch.zeros((N, D), dtype=yb.dtype).scatter_add_(0, tok[:, None].expand(-1, D), yb)
     del xp, xr, yb
-    if hasattr(b, "shared"):
-        sh = b.shared.w2(F.silu(b.shared.w1(h)) * b.shared.w3(h))
-        out = out + torch.sigmoid(b.shared_gate(h)) * sh
-    return out.reshape(B, T, D)
+    return out
 
 
 def split_model(ref, rank, ep, cap):
@@ -364,10 +440,15 @@ def split_model(ref, rank, ep, cap):
     model = copy.deepcopy(ref)
     El = model.E // ep
     for b in model.blocks:
-        b.experts = torch.nn.ModuleList(list(b.experts)[rank * El:(rank + 1) * El])
+        if hasattr(b, "experts"):  # DeepSeek-V3's first dense_layers have none
+            b.experts = torch.nn.ModuleList(list(b.experts)[rank * El:(rank + 1) * El])
     for p in model.parameters():
         p.grad = None
-    model.mlp = types.MethodType(lambda s, b, h: ep_mlp(s, b, h, ep, cap), model)
+    if isinstance(model, tw.DeepseekV3):
+        assert cap is None, "no capacity on DeepSeek-V3's twin"
+        model.mlp = types.MethodType(lambda s, b, h: deepseek_ep_mlp(s, b, h, ep), model)
+    else:
+        model.mlp = types.MethodType(lambda s, b, h: ep_mlp(s, b, h, ep, cap), model)
     return model
 
 
@@ -433,6 +514,8 @@ def rank_main(rank, ep, init_file, out_dir, jobs):
         results.append({"path": path, "routing": routing, "blocks": rec.per_block(),
                         "ref_blocks": rrec.per_block(), "sent": SENT[0],
                         "policy": list(POLICY),
+                        "params": {"block.%d" % i: sum(p.numel() for p in b.parameters())
+                                   for i, b in enumerate(model.blocks)},
                         "loss": loss.item(), "ref_loss": ref_loss.item(),
                         "grad_err": gerr, "grad_worst": gname})
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as fh:
@@ -512,7 +595,12 @@ def hand_sent(m, B, T, ep, rank, routing, cap):
     tokens_weights, outputs = 4 * D + 4, 4 * D
     fwd = (Ps - S) * tokens_weights + (R - S) * outputs
     bwd = (Ps - S) * outputs + (R - S) * tokens_weights
-    return m["layers"] * (fwd + bwd + counts)
+    return moe_layers(m) * (fwd + bwd + counts)
+
+
+def moe_layers(m):
+    """The layers with experts: DeepSeek-V3's first dense_layers have none."""
+    return m["layers"] - m.get("dense_layers", 0)
 
 
 def plan(memledger, path, B, T, ep, routing, cap):
@@ -531,7 +619,7 @@ def main():
         raise SystemExit(__doc__)
     memledger, models = sys.argv[1], sys.argv[2]
     files = sorted(os.path.join(models, f) for f in os.listdir(models)
-                   if f.endswith(".yaml") and f.startswith(("mixtral", "qwen2moe")))
+                   if f.endswith(".yaml") and f.startswith(("mixtral", "qwen2moe", "deepseek")))
     passed = failed = 0
 
     def check(label, ok, detail):
@@ -545,7 +633,10 @@ def main():
     docs = {}
     for path in files:
         with open(path) as fh:
-            docs[path] = tw.load(fh)
+            doc = tw.load(fh)
+        # DeepSeek-V3's twin, not V2's (its sorted dispatch the plan refuses)
+        if not doc["model"].get("rope_complex"):
+            docs[path] = doc
     for ep in EP_SIZES:
         jobs = [(p, "balanced", None) for p, d in docs.items() if d["model"]["experts"] % ep == 0]
         # the skewed routing on Mixtral's twin (4 experts, top-2) over 2 ranks
@@ -569,7 +660,7 @@ def main():
                 label += " capacity %g%s" % (cap[0], " pad" if cap[1] else "")
             extra = known_1_13(doc, B, T)
             out, args = plan(memledger, path, B, T, ep, routing, cap)
-            got, comm = {}, None
+            got, comm, params = {}, None, {}
             if out.returncode != 0:
                 check(label + " plan", False, "%s exited %d: %s" % (" ".join(args),
                                                                    out.returncode,
@@ -577,6 +668,7 @@ def main():
             else:
                 d = json.loads(out.stdout)
                 got = {x["name"]: x["activations_saved"] for x in d["blocks"]}
+                params = {x["name"]: x["params"] for x in d["blocks"]}
                 comm = d["communication"].get("expert_parallel_bytes_per_device")
             # the same model without a capacity, balanced, in this world
             plain = jobs.index((path, "balanced", None))
@@ -604,7 +696,7 @@ def main():
                     gaps = [g for g in r["policy"] if g]
                     C = capacity(P, m["experts"], cap[0])
                     check("%s rank%d kept pairs" % (label, rank),
-                          len(r["policy"]) == m["layers"] and not gaps,
+                          len(r["policy"]) == moe_layers(m) and not gaps,
                           "%d layers' pairs: %s" % (len(r["policy"]), gaps[0] if gaps else
                                                     "each expert's C = %d highest weights%s"
                                                     % (C, ", padded" if cap[1] else "")))
@@ -620,14 +712,23 @@ def main():
                           "(%d B) plus one over the %d kept (%d B), the rest the same%s"
                           % (P, full_loop, N, loop,
                              "" if not any(gaps.values()) else ": gaps %s" % gaps))
+                if params:
+                    check("%s rank%d params" % (label, rank),
+                          all(params.get(k) == v for k, v in r["params"].items()),
+                          ", ".join("%s planned %s, the rank's %d" % (k, params.get(k), v)
+                                    for k, v in sorted(r["params"].items())))
                 for i in range(m["layers"]):
                     blk = "block.%d" % i
                     whole = r["ref_blocks"].get(blk, 0)
-                    want = whole - loop + dispatch
                     meas = r["blocks"].get(blk, 0)
-                    check("%s rank%d %s" % (label, rank, blk), meas == want,
-                          "measured %d, by hand %d (single device %d - its experts' loop %d + "
-                          "dispatch %d)" % (meas, want, whole, loop, dispatch))
+                    if i < m.get("dense_layers", 0):  # no experts: the single device's
+                        check("%s rank%d %s" % (label, rank, blk), meas == whole,
+                              "measured %d, single device %d (dense)" % (meas, whole))
+                    else:
+                        want = whole - loop + dispatch
+                        check("%s rank%d %s" % (label, rank, blk), meas == want,
+                              "measured %d, by hand %d (single device %d - its experts' loop "
+                              "%d + dispatch %d)" % (meas, want, whole, loop, dispatch))
                     # the plan is the fullest rank's: rank 0 (the busiest expert)
                     if got and (routing == "balanced" or rank == 0):
                         planned = meas - extra.get(blk, 0)
