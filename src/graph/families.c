@@ -207,13 +207,14 @@ bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer
     if (m->moe.experts)
         L->moe = (mlg_moe){m->moe.router_sigmoid ? MLG_MOE_DEEPSEEK_V3 : MLG_MOE_DEEPSEEK_V2,
                            m->moe.renorm, m->moe.grouped_topk, m->moe.shared_ffn > 0,
-                           c->stream_bytes == 4, false, false, false};
+                           c->stream_bytes == 4, false, false, false, false};
     /* Megatron's dispatch of V3's routed experts (V2's sorted dispatch
      * is refused under it) */
     if (m->moe.experts && m->moe.router_sigmoid && c->ep) {
         L->moe.ep = true;
         L->moe.ep_one = c->ep_one;
         L->moe.etp = c->etp;
+        L->moe.one_local = c->one_local;
     }
     return true;
 }
@@ -229,7 +230,8 @@ bool ml__family_mixtral_layer(const ml_model *m, const mlg_config *c, mlg_layer 
         m->mlp.activation != ML_ACT_SWIGLU || !hf_layout(m, c, n, L))
         return false;
     L->moe = (mlg_moe){MLG_MOE_MIXTRAL, m->moe.renorm, false, m->moe.shared_ffn > 0,
-                       c->stream_bytes == 4, c->ep, c->ep && c->ep_one, c->ep && c->etp};
+                       c->stream_bytes == 4, c->ep, c->ep && c->ep_one, c->ep && c->etp,
+                       c->ep && c->one_local};
     return true;
 }
 

@@ -20,6 +20,7 @@ typedef struct {
                            or tensor parallelism; docs/parallel.md) */
     bool ep_one;        /* with ep: one expert-parallel rank */
     bool etp;           /* with ep: more than one expert-tensor rank */
+    bool one_local;     /* with ep: one expert on the rank */
 } mlg_config;
 
 /* nanoGPT's and Hugging Face GPT-2's layer (pre-LayerNorm, one c_attn

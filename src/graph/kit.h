@@ -115,6 +115,9 @@ typedef struct {
                       all-to-all returns its input) */
     bool etp;      /* with ep: the expert-tensor ranks' all-gather of the
                       rows and reduce-scatter of the outputs */
+    bool one_local;/* with ep: one expert on the rank (Megatron sorts nothing
+                      by local expert, and SequentialMLP neither splits nor
+                      concatenates) */
 } mlg_moe;
 
 /* A layer: its components and how they are wired. */

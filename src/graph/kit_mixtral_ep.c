@@ -88,7 +88,8 @@ enum { D_IDX, D_XP, D_WP, D_XR, D_WR, D_XG, D_WG, D_XS, D_WS, D_TOK, D_N };
  * _AllToAll returns its input), the expert-tensor ranks' all-gathers of
  * both (gather_from_sequence_parallel_region: it saves nothing, its
  * backward a reduce-scatter; the gathered rows go once sorted), then
- * sort_chunks of each. */
+ * sort_chunks of each (none for one local expert: its rows as they come,
+ * which its ops save). */
 static void ep_dispatch(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t wk,
                         const uint16_t d[D_N])
 {
@@ -121,6 +122,8 @@ static void ep_dispatch(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t wk
         x = d[D_XG];
         w = d[D_WG];
     }
+    if (L->moe.one_local) /* the rows and weights are the expert's as they are */
+        return;
     o = ml__graph_step(g, MLG_OP_COPY, "cat (sort_chunks by local expert)", x, d[D_XS],
                        "CatBackward0 (sort_chunks)");
     if (x == d[D_XG])
@@ -141,13 +144,17 @@ enum { C_CAT, C_BACK, C_B32, C_RS32, C_RS, C_YB, C_SUM, C_N };
 static void ep_combine(ml_graph *g, const mlg_layer *L, uint16_t Z, const uint16_t d[D_N],
                        const uint16_t c[C_N])
 {
-    mlg_op *o = ml__graph_step(g, MLG_OP_COPY, "cat (the experts' outputs)", Z, c[C_CAT],
-                               "SplitWithSizesBackward0 (the experts' outputs)");
-    ml__op_free(o, Z);
-    ml__op_free(ml__graph_step(g, MLG_OP_COPY, "cat (sort_chunks by source rank)", c[C_CAT],
-                               c[C_BACK], "CatBackward0 (sort back)"),
-                c[C_CAT]);
-    uint16_t y = c[C_BACK];
+    mlg_op *o;
+    uint16_t y = Z; /* one local expert: its output as it is */
+    if (!L->moe.one_local) {
+        o = ml__graph_step(g, MLG_OP_COPY, "cat (the experts' outputs)", Z, c[C_CAT],
+                           "SplitWithSizesBackward0 (the experts' outputs)");
+        ml__op_free(o, Z);
+        ml__op_free(ml__graph_step(g, MLG_OP_COPY, "cat (sort_chunks by source rank)", c[C_CAT],
+                                   c[C_BACK], "CatBackward0 (sort back)"),
+                    c[C_CAT]);
+        y = c[C_BACK];
+    }
     if (L->moe.etp) {
         uint16_t x = y;
         if (c[C_B32] != MLG_NONE) {
@@ -220,11 +227,19 @@ static void ep_dispatch_tensors(ml_graph *g, const mlg_layer *L, uint8_t hd, uin
             g, w32 ? "gathered routing weights (fp32)" : "gathered routing weights", wd, MLG_ACT,
             1, MLG_R);
     }
-    d[D_XS] = ml__graph_tensor(g, "rows sorted by local expert", hd, MLG_ACT, 2, MLG_R, MLG_D);
-    d[D_WS] = ml__graph_tensor(g,
-                               w32 ? "routing weights sorted by local expert (fp32)"
-                                   : "routing weights sorted by local expert",
-                               wd, MLG_ACT, 1, MLG_R);
+    if (L->moe.one_local) { /* the expert's rows and weights as they come: saved */
+        d[D_XS] = L->moe.etp ? d[D_XG] : d[D_XR];
+        d[D_WS] = L->moe.etp ? d[D_WG] : d[D_WR];
+        if (d[D_XS] != MLG_NONE)
+            g->t[d[D_XS]].flags &= (uint8_t)~MLG_T_TMP;
+    } else {
+        d[D_XS] = ml__graph_tensor(g, "rows sorted by local expert", hd, MLG_ACT, 2, MLG_R,
+                                   MLG_D);
+        d[D_WS] = ml__graph_tensor(g,
+                                   w32 ? "routing weights sorted by local expert (fp32)"
+                                       : "routing weights sorted by local expert",
+                                   wd, MLG_ACT, 1, MLG_R);
+    }
     d[D_TOK] = pairs_of(g, "the pairs' tokens (int64)", MLG_INT64, 0);
     ml__kit_flag(g, d[D_XS], MLG_T_KEPT);
     ml__kit_flag(g, d[D_WS], MLG_T_KEPT);
@@ -235,8 +250,11 @@ static void ep_dispatch_tensors(ml_graph *g, const mlg_layer *L, uint8_t hd, uin
  * of another dtype, cast back), the returned rows, the sum. */
 static void ep_combine_tensors(ml_graph *g, const mlg_layer *L, uint8_t hd, uint16_t c[C_N])
 {
-    c[C_CAT] = ep_rows(g, "experts' outputs (cat)", hd);
-    c[C_BACK] = ep_rows(g, "experts' outputs sorted by source rank", hd);
+    c[C_CAT] = c[C_BACK] = MLG_NONE;
+    if (!L->moe.one_local) {
+        c[C_CAT] = ep_rows(g, "experts' outputs (cat)", hd);
+        c[C_BACK] = ep_rows(g, "experts' outputs sorted by source rank", hd);
+    }
     c[C_B32] = c[C_RS32] = c[C_RS] = MLG_NONE;
     if (L->moe.etp) {
         if (!L->moe.h32) {

@@ -336,20 +336,21 @@ uint64_t ml__ep_shard(const ml_chain *ch, const ml_training *t, uint64_t all, ui
     return split(ch, all, experts, ml__shard_group(t));
 }
 
-/* The experts' dispatch (graph/kit_mixtral.c, experts_ep; its backward is
- * the block rule's, docs/parallel.md): the bytes of the rows (R x D, RA x
- * D) and of the permuted pairs (k B T x D), from the graph's tensors. In
- * forward, beside the saved tensors, MoELayer holds the send buffer and
- * the received rows to its end (in a group of one rank they are the
- * same) while the experts' weighted outputs are made and concatenated: P +
- * RA + 2 R rows at the cat (and under no_grad the sorted rows too, not
- * saved there); with expert-tensor ranks the reduce-scatter holds the
- * sorted-back outputs beside its input (fp32: a cast of them when the
- * rows are not) and its output, and the combine's all-to-all its input
- * and output. In backward, beside the block rule's transient, the split's
+/* The experts' dispatch (graph/kit_mixtral_ep.c; its backward is the block
+ * rule's, docs/parallel.md): the bytes of the rows (R x D, RA x D) and of
+ * the pairs sent (MLG_PS x D), from the graph's tensors. In forward,
+ * beside the saved tensors, MoELayer holds the send buffer and the
+ * received rows to its end (in a group of one rank they are the same; with
+ * one local expert its ops save the rows) while the experts' weighted
+ * outputs are made and concatenated: P + RA + 2 R rows at the cat (one
+ * local expert: no cat, P + R); under no_grad the experts' rows too, not
+ * saved there; with expert-tensor ranks the reduce-scatter holds the
+ * sorted-back outputs beside its input (fp32: a cast of them when the rows
+ * are not) and its output, and the combine's all-to-all its input and
+ * output. In backward, beside the block rule's transient, the split's
  * backward holds the experts' input gradients and their concatenation
- * beside the incoming rows' gradient: 3 R rows
- * (megatron/core/transformer/moe/experts.py, SequentialMLP;
+ * beside the incoming rows' gradient: 3 R rows (one local expert: no
+ * split, 2 R) (megatron/core/transformer/moe/experts.py, SequentialMLP;
  * token_dispatcher.py). */
 void ml__ep_dispatch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
 {
@@ -363,9 +364,17 @@ void ml__ep_dispatch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
     const uint64_t rows = ml_mul(ch, z->dim[MLG_R], row);
     /* the pairs the rank sends (MLG_PS: of its sequence shard's tokens) */
     const uint64_t pairs = ml_mul(ch, z->dim[MLG_PS], row);
-    const uint64_t ra = ch->ep > 1 ? ml_mul(ch, z->dim[MLG_RA], row) : 0; /* else: the pairs */
-    const uint64_t held = ml_add(ch, pairs, ra);
-    uint64_t fwd = ml_add(ch, held, ml_mul(ch, 2, rows));
+    /* one local expert: no sort, no concatenation; its rows (the
+     * all-to-all's, or gathered) saved as they come */
+    const bool one = ch->ep > 1 && ch->moe_experts == ch->ep;
+    const uint64_t ra = ml_mul(ch, z->dim[MLG_RA], row);
+    /* held to the layer's end beside the saved tensors: the send buffer
+     * and the received rows (the send buffer's in a group of one; saved
+     * with one local expert and no expert-tensor ranks) */
+    const uint64_t held =
+        ml_add(ch, pairs, ch->ep > 1 && !(one && ch->etp <= 1) ? ra : 0);
+    /* at the concatenation: the experts' outputs and theirs (one: its own) */
+    uint64_t fwd = ml_add(ch, held, ml_mul(ch, one ? 1 : 2, rows));
     if (ch->etp > 1) {
         const uint64_t ra32 = ml_mul(ch, ml_mul(ch, z->dim[MLG_RA], z->dim[MLG_D]), 4);
         const uint64_t rs = w == 4 ? ml_add(ch, rows, ra32)
@@ -374,7 +383,7 @@ void ml__ep_dispatch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
             fwd = ml_add(ch, held, rs);
     }
     if (ch->ep > 1) { /* the combine's all-to-all: its input and the returned rows */
-        const uint64_t in = ch->etp > 1 ? ml_mul(ch, z->dim[MLG_RA], row) : rows;
+        const uint64_t in = ch->etp > 1 ? ra : rows;
         if (ml_add(ch, ml_add(ch, held, pairs), in) > fwd)
             fwd = ml_add(ch, ml_add(ch, held, pairs), in);
     }
@@ -383,7 +392,9 @@ void ml__ep_dispatch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
     const uint64_t nograd = ml_add(ch, fwd, rows);
     if (nograd > b->ws_nograd)
         b->ws_nograd = nograd;
-    b->ws_bwd = ml_add(ch, b->ws_bwd, ml_mul(ch, 3, rows));
+    /* the split's backward: the experts' input gradients, their
+     * concatenation and the incoming rows' gradient (one: no split) */
+    b->ws_bwd = ml_add(ch, b->ws_bwd, ml_mul(ch, one ? 2 : 3, rows));
 }
 
 uint64_t ml__ep_grad_shard(const ml_chain *ch, const ml_cblock *b, uint64_t N)

@@ -155,6 +155,30 @@ static void test_capacity(void **state)
     ml_model_destroy(m);
 }
 
+/* One local expert (ep 4 of the 4 experts, dp 4): Megatron neither sorts
+ * the received rows by local expert nor splits and concatenates them
+ * (token_dispatcher.py, num_local_experts > 1; experts.py SequentialMLP):
+ * the all-to-all's rows are the expert's input, saved as they come. The
+ * group's 4 x 32 pairs give each expert 32 rows: R = 32. Block 0 keeps the
+ * attention half 20,608, the router 2,752, the pairs' order and tokens 2 x
+ * 32 x 8 = 512, the received rows 32 x 128 = 4,096 and weights 128 (no
+ * sorted copies), the expert's four intermediates 4 x 32 x 256 = 32,768
+ * and output 4,096: 64,960 B, as at ep 2 (there the sorted copies, here
+ * the received rows). Its parameters 3,264 and one expert 3 x 32 x 64 =
+ * 6,144: 9,408. */
+static void test_one_local(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_config c = with_ep(m, 4, 4);
+    ml_ledger *l = eval(m, &c, false);
+    const ml_block_info *b = block_named(l, "block.0");
+    assert_int_equal(b->inventory_bytes, 64960);
+    assert_int_equal(b->params, 9408);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 /* DeepSeek-V3's experts under Megatron's dispatch (tests/torch/models/
  * deepseek.yaml's shape: B 2, T 24, D 64, 6 experts of width 24, top-2,
  * a shared expert, latent attention, its first layer dense; fp32). At ep
@@ -450,6 +474,7 @@ int main(void)
         cmocka_unit_test(test_zero1),            cmocka_unit_test(test_search),
         cmocka_unit_test(test_zero2),            cmocka_unit_test(test_zero3),
         cmocka_unit_test(test_capacity),         cmocka_unit_test(test_deepseek),
+        cmocka_unit_test(test_one_local),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,7 +28,7 @@ static const char *const tiny =
     "  optimizer: sgd\n";
 
 /* fp32 throughout, no autocast, eager attention, training */
-static const mlg_config fp32 = {4, 4, false, false, false, false, false, false, false, false};
+static const mlg_config fp32 = {4, 4, false, false, false, false, false, false, false, false, false};
 static const ml_attention kernels[] = {ML_ATTN_EAGER, ML_ATTN_SDPA, ML_ATTN_FLASH};
 
 /* The tiny layer's graph at fp32, B = 1, T = 2. */
@@ -445,7 +445,7 @@ static void test_other_layouts_refused(void **state)
     m = load_hf_config("phi-3-mini-4k");
     assert_true(ml__family_llama_layer(m, &fp32, &L));
     assert_true(L.attn.fused_proj && L.attn.o_first && L.mlp.fused);
-    const mlg_config fk = {4, 4, false, false, true, false, false, false, false, false};
+    const mlg_config fk = {4, 4, false, false, true, false, false, false, false, false, false};
     assert_true(ml__family_layer(m, &fk, &L)); /* sdpa or flash: the graph too */
     ml_model_destroy(m);
     m = load_preset("vit-b16");
