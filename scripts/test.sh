@@ -77,12 +77,12 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 TEST_ARGS="--no-suite torch" \
     run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug \
         -Dtorch_crosscheck=enabled -Drender_tests=enabled -Dblas=enabled -Dcuda=disabled ||
     status=1
-# The fuzzing budget: FUZZ_BUDGET seconds in all (default 48), shared by
+# The fuzzing budget: FUZZ_BUDGET seconds in all (default 36), shared by
 # the six targets in proportion to how much each has to explore (the YAML
 # model loader, the slowest and largest, gets the most; the size parser, at
 # 234,000 inputs/s, the least: docs/robustness.md), two targets at a time
 # (one per core). FUZZ_SECONDS=N gives every target N seconds instead.
-budget=${FUZZ_BUDGET:-48}
+budget=${FUZZ_BUDGET:-36}
 if [ -n "${FUZZ_SECONDS:-}" ]; then
     echo "== libFuzzer: each target for $FUZZ_SECONDS s from its seed corpus, two at a time"
 else
