@@ -126,6 +126,8 @@ typedef struct ml_layout_row {
                                    the first stage's layers, each middle one's, the
                                    last's; 0: the even split */
     uint64_t ep;                /* expert-parallel ranks (0 or 1: none) */
+    uint64_t etp;               /* a mixture of experts' expert-tensor ranks; 0: the
+                                   configuration's (tp's by default) */
 } ml_layout_row;
 
 #define ML_LAYOUT_TOP 10

@@ -13,13 +13,25 @@ static double over(double bytes, double gbps)
     return gbps > 0 ? bytes / (gbps * 1e9) : -1;
 }
 
+/* A mixture of experts' expert-tensor ranks (tp's unless the row has its
+ * own). */
+static uint64_t etp_of(const ml_layout_row *row)
+{
+    return row->etp ? row->etp : row->tp;
+}
+
 /* Whether an expert-parallel group stays inside a node of G: its ranks
  * are data-parallel ones, which the search places after the tensor-,
  * context-parallel and pipeline ranks (tp innermost, then cp, pp, dp), so
- * the group spans tp x cp x pp x ep devices. */
+ * the group spans tp x cp x pp x ep devices; with fewer expert-tensor
+ * ranks than tp (Megatron's expert order: etp, then ep), the first
+ * tp / etp of them are in the tensor group. */
 static bool ep_inside(const ml_layout_row *row, uint64_t G)
 {
-    return row->tp * (row->cp > 1 ? row->cp : 1) * row->pp * (row->ep > 1 ? row->ep : 1) <= G;
+    const uint64_t ep = row->ep > 1 ? row->ep : 1, inner = row->tp / etp_of(row);
+    if (ep <= inner)
+        return ep * etp_of(row) <= G;
+    return row->tp * (row->cp > 1 ? row->cp : 1) * row->pp * ((ep + inner - 1) / inner) <= G;
 }
 
 /* The calls' latency (docs/search.md, "Latency"): tensor and context
@@ -43,7 +55,7 @@ static double latency(const ml_ledger *l, const ml_layout_row *row, uint64_t G)
            s->dp_allreduces * ml__coll_latency_s(ML_COLL_ALL_REDUCE, D, nodes) +
            s->dp_halves * ml__coll_latency_s(ML_COLL_HALF, D, nodes) +
            s->ep_calls * ml__coll_latency_s(ML_COLL_ALL_TO_ALL, row->ep, ep_inside(row, G) ? 1 : 2) +
-           s->etp_calls * ml__coll_latency_s(ML_COLL_HALF, row->tp, 1);
+           s->etp_calls * ml__coll_latency_s(ML_COLL_HALF, etp_of(row), 1);
 }
 
 /* The transfers' time: tensor parallelism inside a node, the pipeline's

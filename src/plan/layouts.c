@@ -135,6 +135,8 @@ ml_config ml_layout_config(const ml_config *cfg, const ml_layout_row *w)
     t->dist_optimizer = w->dist_optimizer;
     t->context_parallel = w->cp > 1 ? w->cp : 1;
     t->expert_parallel = w->ep > 1 ? w->ep : 1;
+    if (w->etp)
+        t->expert_tensor_parallel = w->etp;
     t->npp_layers = 0;
     if (w->first_layers && w->pp >= 2 && w->pp <= ML_PP_MAX_STAGES) {
         /* the middle stages share the rest evenly (the search made it so) */
@@ -333,27 +335,43 @@ static bool cp_tried(const search *x, uint64_t tp, uint64_t cp, uint64_t G)
     return ml__cp_refused(x->m, &t, &e) == ML_OK;
 }
 
-/* Expert parallelism over ep of a split's dp x cp ranks: pinned, or for a
- * mixture of experts every ep dividing its experts and those ranks; either
- * where the split's sharding allows it (ZeRO, not the distributed
- * optimizer: ml__ep_refused); ep 1
- * always (unless another is pinned). */
+/* Expert parallelism over ep of a split's ranks: pinned, or for a mixture
+ * of experts every ep dividing its experts with ep x etp dividing the tp x
+ * cp x dp ranks (etp the split's, or tp's: Megatron's default), where the
+ * split's sharding allows it (ZeRO, not the distributed optimizer:
+ * ml__ep_refused); ep 1 always where etp covers tp (unless another is
+ * pinned). */
 static bool ep_tried(const search *x, const ml_layout_row *split, uint64_t ep)
 {
     const ml_layout_request *req = x->req;
     const uint64_t dpc = split->dp * (split->cp > 1 ? split->cp : 1);
-    if ((req->ep && ep != req->ep) || dpc % ep)
+    if (req->ep && ep != req->ep)
         return false;
-    if (ep == 1)
+    ml_training t = config_of(x, split).training;
+    t.expert_parallel = ep;
+    const uint64_t etp = x->m->moe.experts ? ml_training_etp(&t) : 1;
+    if ((split->tp * dpc) % (ep * etp))
+        return false;
+    if (ep == 1 && (!x->m->moe.experts || etp >= split->tp))
         return true;
     /* pinned beside a pinned sharding: the plan says why it is refused; a
      * searched sharding it does not take is not tried */
     if (req->ep && (req->pin_sharding || !split->dist_optimizer))
         return true;
-    ml_training t = config_of(x, split).training;
-    t.expert_parallel = ep;
     ml_error e;
     return ml__ep_refused(x->m, &t, &e) == ML_OK;
+}
+
+/* A mixture of experts' expert-tensor ranks under tp > 1: tp's (Megatron's
+ * default: 0 here) and 1 (each expert whole, its ranks expert-parallel
+ * ones); the configuration's where it gives one. */
+static size_t etps_of(const search *x, uint64_t tp, uint64_t out[2])
+{
+    out[0] = x->m->moe.experts ? x->cfg->training.expert_tensor_parallel : 0;
+    if (!x->m->moe.experts || tp <= 1 || out[0])
+        return 1;
+    out[1] = 1;
+    return 2;
 }
 
 /* A count of splits and where the search stands (layouts, below). */
@@ -422,20 +440,24 @@ static bool splits(search *x, uint64_t tp, uint64_t cp, tally *c, ml_status *st,
                     split[k].middle_layers = shapes[u][1];
                     split[k].last_layers = shapes[u][2];
                     /* (a model without experts: ep 1 alone) */
-                    const uint64_t ep_top = x->m->moe.experts ? dp * cp : 1;
-                    for (uint64_t ep = 1; ep <= ep_top; ep++) {
-                        if (!ep_tried(x, &split[k], ep))
-                            continue;
-                        split[k].ep = ep;
-                        c->n++;
-                        if (!st)
-                            continue;
-                        if ((*st = layout(x, &split[k], &c->candidates, err)))
-                            return false;
-                        if (req->progress)
-                            req->progress(req->progress_ctx, c->n, c->total,
-                                          x->out->nrows ? &x->out->rows[0] : NULL);
-                    }
+                    const uint64_t ep_top = x->m->moe.experts ? tp * dp * cp : 1;
+                    uint64_t etps[2];
+                    const size_t ne = etps_of(x, tp, etps);
+                    for (size_t j = 0; j < ne; j++)
+                        for (uint64_t ep = 1; ep <= ep_top; ep++) {
+                            split[k].etp = etps[j];
+                            if (!ep_tried(x, &split[k], ep))
+                                continue;
+                            split[k].ep = ep;
+                            c->n++;
+                            if (!st)
+                                continue;
+                            if ((*st = layout(x, &split[k], &c->candidates, err)))
+                                return false;
+                            if (req->progress)
+                                req->progress(req->progress_ctx, c->n, c->total,
+                                              x->out->nrows ? &x->out->rows[0] : NULL);
+                        }
                 }
             }
         }

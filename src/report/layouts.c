@@ -16,8 +16,10 @@ void ml__report_layout_name(const ml_layout_row *r, char *buf, size_t size)
         snprintf(cp, sizeof cp, ".cp%llu", (unsigned long long)r->cp);
     if (r->first_layers)
         snprintf(un, sizeof un, "[%u..%u]", r->first_layers, r->last_layers);
-    if (r->ep > 1) /* of the data-parallel ranks */
-        snprintf(ep, sizeof ep, ".ep%llu", (unsigned long long)r->ep);
+    if (r->ep > 1 || (r->etp && r->etp != r->tp)) /* of the data-parallel ranks; the
+                                                     experts' width over etp */
+        snprintf(ep, sizeof ep, r->etp && r->etp != r->tp ? ".ep%llu.etp%llu" : ".ep%llu",
+                 (unsigned long long)(r->ep > 1 ? r->ep : 1), (unsigned long long)r->etp);
     if (r->vpp > 1)
         snprintf(buf, size, "tp%llu%s.pp%llu%s.vpp%llu.dp%llu%s", (unsigned long long)r->tp, cp,
                  (unsigned long long)r->pp, un, (unsigned long long)r->vpp,
@@ -167,6 +169,9 @@ int ml_report_layouts_json(FILE *f, const ml_model *m, const ml_layout_request *
                 (unsigned long long)(w->vpp > 1 ? w->vpp : 1), w->zero,
                 w->dist_optimizer ? "true" : "false", (unsigned long long)(w->cp > 1 ? w->cp : 1),
                 (unsigned long long)(w->ep > 1 ? w->ep : 1));
+        if (ml_model_experts(m)) /* the experts' width over etp ranks */
+            fprintf(f, ", \"etp\": %llu",
+                    (unsigned long long)(w->etp ? w->etp : w->tp > 1 ? w->tp : 1));
         fputs(", \"latency_s\": ", f);
         num(f, w->comm_s < 0 ? -1 : w->latency_s);
         /* an uneven split's stages (0: even) */

@@ -27,6 +27,14 @@ moe_utils.py permute, sort_chunks_by_idxs, unpermute):
   weighting); the outputs are concatenated, sorted back by source rank,
   sent back by a second all-to-all and summed into the tokens by
   scatter_add_ (it keeps only its index);
+- one local expert a rank (E = ep): dispatch_postprocess sorts nothing
+  (num_local_experts > 1 guards sort_chunks_by_idxs), SequentialMLP.forward
+  calls its one expert on the received rows and weights as they are (no
+  split, no cat) and combine_preprocess unsorts nothing: the expert's
+  weighted output goes to the second all-to-all as it is. The expert's
+  ops then save the received rows (R D) and weights (R) themselves, where
+  E / ep > 1 saves the sorted copies: the same bytes (checked: the
+  all-to-all's output is among the saved storages exactly when E = ep);
 - Qwen2-MoE's shared expert runs on every token of the rank, as without
   expert parallelism.
 
@@ -89,6 +97,21 @@ pairs; R the rows its experts take, here P; F_e an expert's width):
     parameters: an expert 3 64 24 = 4,608; a MoE layer's 54,600 less 3
       experts at ep 2 (40,776: 13,824 fewer), 4 at ep 3 (36,168), the
       plan's block params
+
+  Mixtral (mixtral.yaml: 2 layers, D 64, E 4, k 2, F_e 96; B 2, T 24:
+  n = 48, P = 96) at ep 4 (dp 4), balanced: one expert a rank, which
+  takes 24 pairs of every rank: R = 4 x 24 = 96 = P, S = 24
+    the loop over 96: 2 96 8 + 4 96 (3 64 + 4 96 + 1) = 223,104 B
+    the dispatch: 2 96 8 + 4 96 (2 64 + 1 + 4 96) = 198,528 B (the
+      received rows and weights, 96 x 64 x 4 + 96 x 4 = 24,960 B, saved
+      by the expert in place of the sorted copy: the same as at ep 2)
+    a layer: the single device's 409,928 - 223,104 + 198,528 = 385,352 B
+      on every rank; less the extras' 24,584 (two RMSNorms' x^2 24,576,
+      the attention scale's double 8): 360,768, planned
+    sent: (96 + 96 - 48) 516 + 4 x 8 x 3 = 74,400 B a layer, 148,800 B
+      (planned)
+    parameters: an expert 3 64 96 = 18,432; a layer's 84,352 less 3
+      experts: 29,056 (the plan's)
 
 The bytes a rank's collectives send to the others an iteration, a layer:
 E int64 counts to each of the ep - 1 others (the all-gather), then, of
@@ -178,7 +201,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import twins as tw  # noqa: E402  (the reference implementations)
 from crosscheck import Recorder, known_1_13  # noqa: E402  (the measurement)
 
-EP_SIZES = (2, 3)
+EP_SIZES = (2, 3, 4)  # 4: Mixtral's 4 experts, one a rank (the others' 6 do not divide)
 # (model file's name, ep, routing, (capacity factor, pad)): Megatron's
 # --moe-expert-capacity-factor and --moe-pad-expert-input-to-capacity
 CAPACITY = [("mixtral", 2, "skewed", (1.0, False)),  # expert 0's 36 pairs a rank capped at 24
@@ -186,6 +209,7 @@ CAPACITY = [("mixtral", 2, "skewed", (1.0, False)),  # expert 0's 36 pairs a ran
             ("qwen2moe", 3, "balanced", (0.75, False))]  # 24 pairs an expert capped at 18
 SENT = [0]  # bytes this rank's all-to-alls sent to the other ranks
 POLICY = []  # each capacity layer's policy_gap: "" when its pairs are Megatron's
+RECEIVED = []  # each layer's (received rows, local experts): held, so no address is reused
 
 
 def skewed(n, k, E):
@@ -411,6 +435,15 @@ def dispatch(s, b, h, w, chosen, ep, cap, expert):
     wp = (torch.cat([w.reshape(-1), w.new_zeros(1)]) if pad else w.reshape(-1))[src]
     xr = AllToAll.apply(xp, out_splits, in_splits)
     wr = AllToAll.apply(wp, out_splits, in_splits)
+    RECEIVED.append((xr, El))
+    if El == 1:
+        # dispatch_postprocess: no sort_chunks_by_idxs with one local expert;
+        # SequentialMLP.forward: the expert on the received rows and weights
+        # (no split, no cat); combine_preprocess: no unsort
+        yb = AllToAll.apply(expert(b.experts[0], xr) * wr[:, None], in_splits, out_splits)
+        out = torch.zeros((N, D), dtype=yb.dtype).scatter_add_(0, tok[:, None].expand(-1, D), yb)
+        del xp, xr, wr, yb
+        return out
     by_expert = [j * El + e for e in range(El) for j in range(ep)]
     xc, wc = torch.split(xr, sizes), torch.split(wr, sizes)
     xs = torch.cat([xc[i] for i in by_expert])
@@ -487,6 +520,7 @@ def rank_main(rank, ep, init_file, out_dir, jobs):
         tw.ROUTING[0] = skewed if routing == "skewed" else None
         SENT[0] = 0
         del POLICY[:]
+        del RECEIVED[:]
         with open(path) as fh:
             doc = tw.load(fh)
         tr = doc.get("training", {})
@@ -511,9 +545,13 @@ def rank_main(rank, ep, init_file, out_dir, jobs):
             loss = model.run(rec, batch, False)
         loss.backward()
         gerr, gname = grad_errors(ref, model, rank, ep)
+        # each layer's received rows: saved by the experts' ops or not, their bytes
+        received = [[x.storage().data_ptr() in rec.seen, x.storage().nbytes(), el]
+                    for x, el in RECEIVED]
+        del RECEIVED[:]
         results.append({"path": path, "routing": routing, "blocks": rec.per_block(),
                         "ref_blocks": rrec.per_block(), "sent": SENT[0],
-                        "policy": list(POLICY),
+                        "policy": list(POLICY), "received": received,
                         "params": {"block.%d" % i: sum(p.numel() for p in b.parameters())
                                    for i, b in enumerate(model.blocks)},
                         "loss": loss.item(), "ref_loss": ref_loss.item(),
@@ -692,6 +730,18 @@ def main():
                 check("%s rank%d matches single device" % (label, rank), same,
                       "loss %.7f vs %.7f, largest gradient gap %.1e (%s)"
                       % (r["loss"], r["ref_loss"], r["grad_err"], r["grad_worst"]))
+                # the received rows: saved by the one local expert's ops (no
+                # sorted copy, dispatch_postprocess at E = ep), else not saved
+                El, rows = m["experts"] // ep, R * m["hidden"] * 4
+                rcv = r["received"]
+                check("%s rank%d received rows" % (label, rank),
+                      len(rcv) == moe_layers(m) and
+                      all(sv == (El == 1) and n == rows and el == El for sv, n, el in rcv),
+                      "%d layers' %d rows (%d B each) %s%s"
+                      % (len(rcv), R, rows, "saved by its one expert, no sorted copy"
+                         if El == 1 else "not saved (%d local experts: the sorted copy is)" % El,
+                         "" if all(sv == (El == 1) and n == rows for sv, n, _ in rcv)
+                         else ": got %s" % rcv))
                 if cap is not None:
                     gaps = [g for g in r["policy"] if g]
                     C = capacity(P, m["experts"], cap[0])

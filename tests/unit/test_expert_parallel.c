@@ -462,6 +462,23 @@ static void test_search(void **state)
     assert_int_equal(out.layouts, 4);
     for (size_t i = 0; i < out.nrows; i++)
         assert_int_equal(out.rows[i].ep, 2);
+    /* tp 2 (dp 2): each ZeRO stage with the experts' width over etp 2
+     * (tp's), ep 1 or 2 (ep x 2 dividing the 4 ranks), and over etp 1, ep 2
+     * or 4 (ep 1 would leave the experts replicated over the tensor pair):
+     * 4 x 4 = 16 layouts */
+    req.ep = 0;
+    req.tp = 2;
+    assert_int_equal(ml_layout_search(m, &c, &req, &out, &e), ML_OK);
+    assert_int_equal(out.layouts, 16);
+    for (size_t i = 0; i < out.nrows; i++) {
+        const ml_layout_row *w = &out.rows[i];
+        ml_config k = ml_layout_config(&c, w);
+        assert_int_equal(ml_training_etp(&k.training), w->etp ? w->etp : 2);
+        assert_true(w->etp ? (w->ep == 2 || w->ep == 4) : w->ep <= 2);
+        ml_ledger *l = eval(m, &k, false);
+        assert_int_equal(ml_ledger_summary(l)->peak, w->peak);
+        ml_ledger_destroy(l);
+    }
     ml_model_destroy(m);
 }
 
