@@ -6,8 +6,11 @@
  * third (2^(k-1) or 2^(k+2)) is on it too (chain_affine.c), and the
  * iteration is replayed over that chain as ml_ledger_evaluate replays a
  * chain it built. Where that does not hold, the evaluation builds its
- * chain. The last few settings are kept, so that a search or a grid that
- * returns to a setting finds its builds. */
+ * chain; a mixture of experts' chains (not on a line in the micro-batch)
+ * are built at their own micro-batch and the last few kept for the other
+ * checkpoint policies and ZeRO stages that build the same. The last few
+ * settings are kept, so that a search or a grid that returns to a setting
+ * finds its builds. */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +23,7 @@
 
 #define POWERS 26   /* builds at 2^0 .. 2^25 (the largest micro-batch is 2^24) */
 #define SETTINGS 8  /* settings kept */
+#define EXACT 16    /* builds kept at their own micro-batch (a mixture of experts') */
 
 typedef struct {
     ml_config key;               /* the setting (ml__chain_key) */
@@ -30,9 +34,21 @@ typedef struct {
     ml_chain pt[POWERS];
 } setting;
 
+/* A chain built at its configuration's own micro-batch, kept for the
+ * evaluations that build the same one: the other checkpoint policies (the
+ * key holds only whether it is selective) and ZeRO stages (the chain reads
+ * them only to refuse, which ml__chain_refused checks first). */
+typedef struct {
+    ml_config key; /* ml__chain_key, with the micro-batch, without zero */
+    bool used;
+    unsigned long stamp;
+    ml_chain ch;
+} exact;
+
 struct ml_planner {
     const ml_model *m;
     setting s[SETTINGS];
+    exact x[EXACT];
     unsigned long clock;
     ml_chain at;           /* the chain derived for the micro-batch asked (its
                               arrays reused between evaluations) */
@@ -75,6 +91,9 @@ void ml_planner_destroy(ml_planner *p)
         return;
     for (unsigned i = 0; i < SETTINGS; i++)
         forget(p, &p->s[i]);
+    for (unsigned i = 0; i < EXACT; i++)
+        if (p->x[i].used)
+            ml__chain_free(&p->x[i].ch);
     p->at.params = NULL; /* a build's, borrowed (ml__chain_at) */
     ml__chain_free(&p->at);
     free(p);
@@ -165,6 +184,38 @@ static const ml_chain *chain_for(ml_planner *p, setting *s, const ml_config *cfg
     return &p->at;
 }
 
+/* The chain of cfg built at its own micro-batch: kept, or built into the
+ * least recently used entry; NULL when the build fails (the caller's
+ * evaluation then says why). */
+static const ml_chain *exact_chain(ml_planner *p, const ml_config *cfg)
+{
+    ml_config key;
+    ml__chain_key(cfg, &key);
+    key.training.micro_batch = cfg->training.micro_batch;
+    key.training.zero = 0;
+    exact *e = &p->x[0];
+    for (unsigned i = 0; i < EXACT; i++) {
+        exact *x = &p->x[i];
+        if (x->used && x->key.training.micro_batch == key.training.micro_batch &&
+            ml__chain_key_equal(&x->key, &key)) {
+            x->stamp = ++p->clock;
+            return &x->ch;
+        }
+        if (!x->used || x->stamp < e->stamp)
+            e = x;
+    }
+    if (e->used)
+        ml__chain_free(&e->ch);
+    memset(e, 0, sizeof *e);
+    ml_error err;
+    if (ml__chain_build(p->m, cfg, &e->ch, &err) != ML_OK)
+        return NULL;
+    e->used = true;
+    e->stamp = ++p->clock;
+    memcpy(&e->key, &key, sizeof key);
+    return &e->ch;
+}
+
 ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool keep_events,
                               ml_ledger **out, ml_error *err)
 {
@@ -175,8 +226,17 @@ ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool keep_eve
     ml_status st = ml_config_check(cfg, err);
     if (st)
         return st;
-    if (shaped_by_batch(p->m, cfg))
-        return ml_ledger_evaluate(p->m, cfg, keep_events, out, err);
+    if (shaped_by_batch(p->m, cfg)) {
+        /* a mixture of experts' chain, built exactly and kept */
+        if (cfg->calib || cfg->training.logits == ML_LOGITS_FUSED)
+            return ml_ledger_evaluate(p->m, cfg, keep_events, out, err);
+        if ((st = ml__chain_refused(p->m, &cfg->training, err)))
+            return st;
+        const ml_chain *ch = exact_chain(p, cfg);
+        if (!ch)
+            return ml_ledger_evaluate(p->m, cfg, keep_events, out, err);
+        return ml__evaluate_chain(p->m, cfg, ch, keep_events, false, NULL, out, err);
+    }
     /* the key holds the policy only as selective or not: its checks first */
     if ((st = ml__chain_refused(p->m, &cfg->training, err)))
         return st;
