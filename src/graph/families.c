@@ -208,9 +208,9 @@ bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer
         L->moe = (mlg_moe){m->moe.router_sigmoid ? MLG_MOE_DEEPSEEK_V3 : MLG_MOE_DEEPSEEK_V2,
                            m->moe.renorm, m->moe.grouped_topk, m->moe.shared_ffn > 0,
                            c->stream_bytes == 4, false, false, false, false};
-    /* Megatron's dispatch of V3's routed experts (V2's sorted dispatch
-     * is refused under it) */
-    if (m->moe.experts && m->moe.router_sigmoid && c->ep) {
+    /* Megatron's dispatch of the routed experts (in place of moe()'s loop,
+     * V3's, or V2's sorted one) */
+    if (m->moe.experts && c->ep) {
         L->moe.ep = true;
         L->moe.ep_one = c->ep_one;
         L->moe.etp = c->etp;

@@ -128,7 +128,8 @@ static uint16_t router_v2(ml_graph *g, const mlg_layer *L, uint16_t logits)
     uint16_t mask = L->moe.grouped ? act(g, "group mask (masked_fill, bool)", MLG_BOOL, MLG_E)
                                    : MLG_NONE;
     uint16_t idx = act(g, "top-k indices (int64)", MLG_INT64, MLG_K);
-    uint16_t cnts = act(g, "cnts (expert counts)", MLG_INT64, MLG_E);
+    /* moe()'s (not under Megatron's dispatch) */
+    uint16_t cnts = L->moe.ep ? MLG_NONE : act(g, "cnts (expert counts)", MLG_INT64, MLG_E);
     flag(g, cnts, MLG_T_TMP);
     mlg_op *o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax (fp32)", logits, S, NULL);
     ml__op_save(o, S);
@@ -140,8 +141,23 @@ static uint16_t router_v2(ml_graph *g, const mlg_layer *L, uint16_t logits)
     }
     o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "topk", S, idx, NULL);
     ml__op_save(o, idx);
-    ml__graph_step(g, MLG_OP_ELEMENTWISE, "scatter_ (cnts)", idx, cnts, NULL);
+    if (cnts != MLG_NONE)
+        ml__graph_step(g, MLG_OP_ELEMENTWISE, "scatter_ (cnts)", idx, cnts, NULL);
     return idx;
+}
+
+/* Under Megatron's dispatch, V2's weights: topk's values (the scores at the
+ * indices: topk's second output) scaled by routed_scaling_factor (a new
+ * tensor), fp32; topk's values go once scaled. Returns the scaled ones. */
+static uint16_t weights_v2(ml_graph *g, uint16_t idx)
+{
+    uint16_t v = act(g, "top-k weights (fp32)", MLG_FP32, MLG_K);
+    uint16_t sw = act(g, "scaled top-k weights (fp32)", MLG_FP32, MLG_K);
+    flag(g, v, MLG_T_TMP);
+    ml__graph_step(g, MLG_OP_ELEMENTWISE, "topk (values)", idx, v, NULL);
+    ml__op_free(ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (routed_scaling_factor)", v, sw, NULL),
+                v);
+    return sw;
 }
 
 /* The rows x (pairs: the experts' gathered rows; else every token, the
@@ -320,8 +336,9 @@ uint16_t ml__kit_moe(ml_graph *g, const mlg_layer *L, uint16_t h)
     const bool v3 = L->moe.kind == MLG_MOE_DEEPSEEK_V3;
     uint16_t logits = router_linear(g, L, h);
     uint16_t wk = MLG_NONE;
-    if (v3 && L->moe.ep) { /* Megatron's dispatch of the routed experts */
-        uint16_t y = ml__kit_mixtral_experts_ep(g, L, h, router_v3(g, L, logits));
+    if (L->moe.ep) { /* Megatron's dispatch of the routed experts */
+        const uint16_t w = v3 ? router_v3(g, L, logits) : weights_v2(g, router_v2(g, L, logits));
+        uint16_t y = ml__kit_mixtral_experts_ep(g, L, h, w);
         if (L->moe.shared)
             shared(g, L, h);
         return y;

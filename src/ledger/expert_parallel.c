@@ -129,12 +129,6 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
     char what[64];
     snprintf(what, sizeof what, ep > 1 ? "parallel.ep: %llu" : "parallel.etp: %llu",
              ep > 1 ? e : (unsigned long long)etp);
-    if (m->moe.sort || (!m->moe.router_sigmoid && (m->attn.kv_lora || m->moe.dense_layers)))
-        return ml__errorf(err, ML_RANGE,
-                          "%s with %s: DeepSeek-V2's experts (their sorted dispatch) are not "
-                          "split over ranks yet; expert and expert-tensor parallelism are "
-                          "planned for Mixtral's, Qwen2-MoE's and DeepSeek-V3's layers",
-                          what, m->name);
     if (m->moe.experts % ep)
         return ml__errorf(err, ML_RANGE,
                           "parallel.ep: %llu does not divide %s's %llu routed experts "

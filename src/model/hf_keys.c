@@ -484,7 +484,7 @@ static const ml_hf_key keys[] = {
     {"moe_layer_freq", DSK, R, "1|null",
      "transformers' layers have experts in every layer from first_k_dense_replace on, as 1 "
      "says; other values are the hub's remote code"},
-    {"ep_size", DSK, R, "1|null", "the remote code's own expert split is not planned: plan Megatron's dispatch with --ep (DeepSeek-V3's, Mixtral's and Qwen2-MoE's experts)"},
+    {"ep_size", DSK, R, "1|null", "the remote code's own expert split is not planned: plan Megatron's dispatch with --ep"},
     {"mlp_bias", DS2, R, "false|null",
      "biases on the experts' and shared experts' projections are not modelled (DeepSeek-V2 "
      "has none)"},
