@@ -36,16 +36,13 @@ static const char *unsplit_layout(const ml_model *m, const ml_training *t)
 {
     if (m->type != ML_MODEL_DECODER || m->vision.layers || m->embed.image_size)
         return "it is planned for decoder language models (type: decoder)";
-    if (m->moe.experts && (m->moe.sort || m->moe.router_sigmoid || m->moe.dense_layers))
-        return "DeepSeek's experts (their routers and sorted dispatch) are not split over "
-               "ranks yet; tensor parallelism with experts is planned for Mixtral's and "
-               "Qwen2-MoE's layers";
     if (m->moe.experts && !ml_training_sp(t))
         return "Megatron-core's MoE layer refuses tensor parallelism without sequence "
                "parallelism in training (megatron/core/transformer/moe/moe_layer.py); "
                "leave parallel.sp on";
     if (m->attn.kv_lora)
-        return "multi-head latent attention's compressed projections are not split yet";
+        return "multi-head latent attention's compressed projections are not split yet "
+               "(DeepSeek's experts split over ranks with parallel.ep instead)";
     if (m->head.classes)
         return "a sequence-classification head is not split yet";
     if (t->logits == ML_LOGITS_FUSED)
