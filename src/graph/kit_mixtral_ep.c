@@ -115,10 +115,8 @@ static void ep_dispatch(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t wk
     if (L->moe.etp) {
         ml__graph_step(g, MLG_OP_COPY, "all_gather (the expert-tensor ranks' rows)", x, d[D_XG],
                        "_GatherFromSequenceParallelRegion backward (reduce-scatter)");
-        ml__op_free(ml__graph_step(g, MLG_OP_COPY, "all_gather (their routing weights)", w,
-                                   d[D_WG],
-                                   "_GatherFromSequenceParallelRegion backward (weights)"),
-                    w);
+        ml__graph_step(g, MLG_OP_COPY, "all_gather (their routing weights)", w, d[D_WG],
+                       "_GatherFromSequenceParallelRegion backward (weights)");
         x = d[D_XG];
         w = d[D_WG];
     }
@@ -128,9 +126,10 @@ static void ep_dispatch(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t wk
                        "CatBackward0 (sort_chunks)");
     if (x == d[D_XG])
         ml__op_free(o, x);
-    ml__op_free(ml__graph_step(g, MLG_OP_COPY, "cat (sort the weights)", w, d[D_WS],
-                               "CatBackward0 (sort the weights)"),
-                w);
+    o = ml__graph_step(g, MLG_OP_COPY, "cat (sort the weights)", w, d[D_WS],
+                       "CatBackward0 (sort the weights)");
+    if (w == d[D_WG])
+        ml__op_free(o, w);
 }
 
 /* The combine's tensors (ep_combine_tensors), by name. */
@@ -140,7 +139,8 @@ enum { C_CAT, C_BACK, C_B32, C_RS32, C_RS, C_YB, C_SUM, C_N };
  * ranks' reduce-scatter (of the rows cast to the routing weights' fp32,
  * then cast back: combine_preprocess), the all-to-all, scatter_add_ into
  * zeros (keeps its index); then MoELayer returns, and its send buffer,
- * received rows and returned rows go. */
+ * received rows and weights (its locals hidden_states, dispatched_input
+ * and probs) and returned rows go. */
 static void ep_combine(ml_graph *g, const mlg_layer *L, uint16_t Z, const uint16_t d[D_N],
                        const uint16_t c[C_N])
 {
@@ -191,6 +191,7 @@ static void ep_combine(ml_graph *g, const mlg_layer *L, uint16_t Z, const uint16
     ml__op_free(o, d[D_XP]);
     if (d[D_XR] != d[D_XP])
         ml__op_free(o, d[D_XR]);
+    ml__op_free(o, d[D_WR]); /* MoELayer's probs: the all-to-all's weights */
     ml__op_free(o, yb);
 }
 
