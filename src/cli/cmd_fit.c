@@ -40,8 +40,9 @@ static const char usage[] =
     "                         selective, full), ranked by step time (docs/search.md);\n"
     "                         needs --global-batch; --gpus-per-node G (default 8),\n"
     "                         --interconnect GBps within a node, --network GBps between\n"
-    "                         nodes; --tp N, --cp N, --ep N, --pp N, --vpp V, --micro-batch B,\n"
-    "                         --checkpoint C, --zero Z, --dist-optimizer pin their part\n"
+    "                         nodes; --tp N, --cp N, --ep N, --etp N, --pp N, --vpp V,\n"
+    "                         --micro-batch B, --checkpoint C, --zero Z, --dist-optimizer\n"
+    "                         pin their part\n"
     "  and every 'memledger plan' option (--seq-len, --precision, --zero, ...)\n"
     "\n"
     "Exit status: 0 a micro-batch fits, 1 even micro-batch 1 does not fit,\n"
@@ -178,8 +179,8 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
                       "micro-batches a step and the data-parallel size from the global "
                       "batch: drop --pp-schedule, --pp-layers, --parallel, --data-parallel, "
                       "--grad-accum, --micro-batches, --checkpoint auto and --max-micro-batch "
-                      "(--tp, --cp, --ep, --pp, --vpp, --micro-batch, --checkpoint and --zero or "
-                      "--dist-optimizer pin their part)",
+                      "(--tp, --cp, --ep, --etp, --pp, --vpp, --micro-batch, --checkpoint and "
+                      "--zero or --dist-optimizer pin their part)",
                       o->gpus);
         rc = ML_EXIT_BAD_INPUT;
     }
