@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """Per-rank saved activations under expert parallelism, against real PyTorch.
 
-The Mixtral, Qwen2-MoE and DeepSeek-V3 twins of twins.py (their attention,
-norms, router and SwiGLU experts as Hugging Face writes them) with the
-experts split over EP ranks, one process each (torch.multiprocessing, spawn), gloo on the CPU,
-and the tokens dispatched as Megatron-core's MoEAlltoAllTokenDispatcher
-dispatches them (megatron/core/transformer/moe/token_dispatcher.py,
+The Mixtral, Qwen2-MoE, DeepSeek-V3 and DeepSeek-V2 twins of twins.py
+(their attention, norms, router and SwiGLU experts as Hugging Face writes
+them) with the experts split over EP ranks, one process each
+(torch.multiprocessing, spawn), gloo on the CPU, and the tokens
+dispatched as Megatron-core's MoEAlltoAllTokenDispatcher dispatches them
+(megatron/core/transformer/moe/token_dispatcher.py,
 moe_utils.py permute, sort_chunks_by_idxs, unpermute):
 
 - the router is the model's (gate, softmax in fp32, the top-k, the
@@ -49,6 +50,23 @@ place of moe()'s loop over the experts, the weights in the scores' dtype
 on every token as before. Its first dense_layers layers have no experts
 and are the single device's; the latent attention is unchanged.
 
+DeepSeek-V2 (twins.DeepseekV2, HF's DeepseekV2MoE): its router is the
+twin's DeepseekV2MoEGate (the fp32 router linear, softmax in fp32, with
+grouped_topk the group-limited masked_fill, the top-k; under
+twins.FIXED_ROUTING the same balanced rule, pair p to expert p mod E,
+chosen by v2_route as HF's gate chooses: the masked_fill with the fixed
+experts' mask, topk of the masked scores, so the gate keeps what HF's
+keeps, the softmax's result, the bool mask and topk's int64 indices,
+checked against the learned routing's gate ("router"; twins.DeepseekV2's
+own fixed routing gathers from the masked scores, and 1.13's gather keeps
+them: tokens E 4 B a layer more than HF's), the router's own weights),
+the weights topk's values times routed_scaling_factor (1.0: a new tensor,
+its Python float a 0-dim double, known_1_13's), then the same dispatch in
+place of V2's sorted moe() (argsort, the rows gathered in expert order,
+each expert on its slice, cat, scattered back, weighted in place, summed
+over the k slots), the shared experts on every token as before; its dense
+first layer and its latent attention (the complex rotary) unchanged.
+
 Each rank counts what autograd saves during the forward with crosscheck.py's
 Recorder (saved_tensors_hooks; each storage once; parameters, buffers and
 the batch excluded; attributed to the block running), and checks that the
@@ -67,13 +85,19 @@ pairs; R the rows its experts take, here P; F_e an expert's width):
   shared expert): measured on this process with the experts' part taken
   away, i.e. the single-device block less what its experts' loop keeps
   (below)
-  the single-device experts' loop over the N = P rows: torch.where's int64
+  the single-device experts' loop over the N = P rows (Mixtral, Qwen2-MoE,
+    DeepSeek-V3): torch.where's int64
     (row, slot) pairs 2 N 8, the gathered rows N D, w1's, silu's, w3's
     outputs and the product 4 N F_e, w2's output and the gathered weights
     N D + N, index_add_'s source N D  (4 B each but the indices;
     DeepSeek-V3's moe() the same: its where's pairs, x[tok], gate's,
     silu's, up's outputs and the product, down's output and w[tok, wi],
     index_add_'s weighted source)
+  DeepSeek-V2's sorted moe() over the P pairs instead: x[order // k]'s
+    int64 index P 8, the gathered rows P D, the experts' four
+    intermediates 4 P F_e, new_x[order] = outs's index P 8, the in-place
+    mul_'s copy of the new_x it overwrites P D and the weights P  (4 B
+    each but the indices): the dispatch's bytes below with R = P
   the dispatch and the rank's experts: the pairs' order and their tokens
     2 P 8 (int64), the sorted rows R D, the sorted weights R, the
     experts' four intermediates 4 R F_e and outputs R D
@@ -96,6 +120,29 @@ pairs; R the rows its experts take, here P; F_e an expert's width):
       ep 3 2 ((96 + 96 - 64) 516 + 6 8 2) = 132,288 B, planned
     parameters: an expert 3 64 24 = 4,608; a MoE layer's 54,600 less 3
       experts at ep 2 (40,776: 13,824 fewer), 4 at ep 3 (36,168), the
+      plan's block params
+
+  DeepSeek-V2 (deepseek2.yaml: DeepSeek-V3's shape, D 64, E 6, k 2, F_e
+  24, a shared expert of 48, kv_lora_rank 32, no q_lora_rank, the dense
+  first layer's ffn 96; grouped_topk, n_group 2, topk_group 1;
+  routed_scaling_factor 1.0; B 2, T 24: n = 48, P = 96), balanced as
+  DeepSeek-V3: R = P = 96 at ep 2 (S = 48) and ep 3 (S = 32)
+    moe()'s sorted experts: 2 96 8 + 4 96 (2 64 + 1 + 4 24) = 87,936 B
+    the dispatch: the same 87,936 B
+    a MoE layer (block.1, block.2): the single device's 331,888 (the
+      plan's 301,152 at ep 1 and known_1_13's 30,736: two RMSNorms' x^2
+      24,576, the kv latent RMSNorm's 6,144, the attention scale's and
+      the routed_scaling_factor's 0-dim doubles 16) - 87,936 + 87,936 =
+      331,888 B on every rank at ep 2 and 3; less the extras 301,152,
+      planned (the same as at ep 1)
+    the dense layer (block.0): the single device's 278,600 (247,872
+      planned and known_1_13's 30,728), unchanged
+    the single device's MoE layer less the extras is the plan's at ep 1
+      (checked: "single device planned at ep 1")
+    sent (2 MoE layers): 99,168 B at ep 2, 132,288 B at ep 3, as
+      DeepSeek-V3's (the same D, E, k, B T), planned
+    parameters: an expert 3 64 24 = 4,608; a MoE layer's 54,304 less 3
+      experts at ep 2 (40,480: 13,824 fewer), 4 at ep 3 (35,872), the
       plan's block params
 
   Mixtral (mixtral.yaml: 2 layers, D 64, E 4, k 2, F_e 96; B 2, T 24:
@@ -390,9 +437,13 @@ def deepseek_ep_mlp(s, b, h, ep):
     gather, the renormalisation by sum + 1e-20, routed_scaling_factor), the
     dispatch around the rank's experts with the weights in the scores'
     dtype (moe() sums in it), the cast back, the shared experts on every
-    token. The first dense_layers layers are the twin's dense MLP."""
+    token. The first dense_layers layers are the twin's dense MLP.
+    DeepseekV2MoE.forward the same with V2's router (s.route: the
+    DeepseekV2MoEGate, softmax, the group mask, the top-k, here the fixed
+    routing, times routed_scaling_factor) and the dispatch in place of its
+    sorted moe()."""
     if b.dense:
-        return tw.DeepseekV3.mlp(s, b, h)
+        return type(s).mlp(s, b, h)  # the twin's own (V3's, V2's) dense MLP
     B, T, D = h.shape
     r = h
     x = h.view(-1, D)
@@ -402,6 +453,61 @@ def deepseek_ep_mlp(s, b, h, ep):
     if hasattr(b, "shared"):
         out = out + deepseek_expert(b.shared, r)
     return out
+
+
+def v2_route(s, b, h):
+    """DeepseekV2MoEGate.forward, group_limited_greedy, with the fixed
+    routing chosen as Hugging Face's gate chooses: the fp32 router linear,
+    softmax in fp32, scores.masked_fill(~mask, 0.0) with the mask the fixed
+    routing's experts (where HF's is the chosen groups'), topk of the masked
+    scores (their k nonzero entries: the fixed experts, the router's own
+    weights), times routed_scaling_factor. It keeps what HF's gate keeps:
+    the softmax's result, masked_fill's (tokens, E) bool mask, topk's int64
+    indices. twins.DeepseekV2.route under FIXED_ROUTING gathers from the
+    masked scores instead, and gather keeps its input in 1.13 (topk only
+    its indices and sizes): the masked scores, tokens E 4 bytes a layer
+    more than HF's (router_bytes measures the three)."""
+    logits = F.linear(h.type(torch.float32), b.router.weight.type(torch.float32), None)
+    scores = logits.softmax(dim=-1, dtype=torch.float32)
+    n = scores.shape[0]
+    with torch.no_grad():
+        fixed = tw.fixed_routing(n, s.k, s.E)
+        mask = torch.zeros((n, s.E), dtype=torch.bool).scatter_(1, fixed, True)
+    tmp = scores.masked_fill(~mask, 0.0)
+    w, idx = torch.topk(tmp, k=s.k, dim=-1, sorted=False)
+    assert torch.equal(idx.sort(1).values, fixed.sort(1).values), "a score underflowed to 0"
+    return idx, w * s.scale
+
+
+def router_bytes(doc, B, T):
+    """The bytes one DeepSeek-V2 MoE layer's gate saves (fp32, B T tokens;
+    the input and the weight left out): (HF's, the learned routing through
+    twins.DeepseekV2.route's group_limited_greedy; v2_route's, the fixed
+    routing as HF chooses; twins.DeepseekV2.route's under FIXED_ROUTING)."""
+    torch.manual_seed(1)
+    model = tw.build(doc)
+    b = next(x for x in model.blocks if not x.dense)
+    h = torch.randn(B * T, doc["model"]["hidden"], requires_grad=True)
+
+    def saved(route, fixed):
+        seen, keep = {}, []
+
+        def pack(t):
+            keep.append(t)  # held: no address reused
+            if t.numel() and t.storage().data_ptr() not in (h.storage().data_ptr(),
+                                                             b.router.weight.storage().data_ptr()):
+                seen[t.storage().data_ptr()] = t.storage().nbytes()
+            return t
+        was = tw.FIXED_ROUTING[0]
+        tw.FIXED_ROUTING[0] = fixed
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                idx, w = route(model, b, h)
+        finally:
+            tw.FIXED_ROUTING[0] = was
+        return sum(seen.values())
+    return (saved(tw.DeepseekV2.route, False), saved(v2_route, True),
+            saved(tw.DeepseekV2.route, True))
 
 
 def dispatch(s, b, h, w, chosen, ep, cap, expert):
@@ -473,12 +579,14 @@ def split_model(ref, rank, ep, cap):
     model = copy.deepcopy(ref)
     El = model.E // ep
     for b in model.blocks:
-        if hasattr(b, "experts"):  # DeepSeek-V3's first dense_layers have none
+        if hasattr(b, "experts"):  # DeepSeek's first dense_layers have none
             b.experts = torch.nn.ModuleList(list(b.experts)[rank * El:(rank + 1) * El])
     for p in model.parameters():
         p.grad = None
-    if isinstance(model, tw.DeepseekV3):
-        assert cap is None, "no capacity on DeepSeek-V3's twin"
+    if isinstance(model, tw.DeepseekV3):  # DeepseekV2 too (its subclass)
+        assert cap is None, "no capacity on DeepSeek's twins"
+        if isinstance(model, tw.DeepseekV2) and model.grouped:
+            model.route = types.MethodType(v2_route, model)  # as the reference's
         model.mlp = types.MethodType(lambda s, b, h: deepseek_ep_mlp(s, b, h, ep), model)
     else:
         model.mlp = types.MethodType(lambda s, b, h: ep_mlp(s, b, h, ep, cap), model)
@@ -527,6 +635,8 @@ def rank_main(rank, ep, init_file, out_dir, jobs):
         B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
         torch.manual_seed(1)
         ref = tw.build(doc)
+        if isinstance(ref, tw.DeepseekV2) and ref.grouped:  # HF's topk, not gather
+            ref.route = types.MethodType(v2_route, ref)
         if cap is not None:
             ref.mlp = types.MethodType(lambda s, b, h: ref_mlp(s, b, h, cap), ref)
         torch.manual_seed(100 + rank)  # each rank its own batch
@@ -574,13 +684,24 @@ def run_world(ep, jobs):
         return out
 
 
+def is_v2(m):
+    """DeepSeek-V2's twin (twins.build: latent attention, the complex rotary)."""
+    return bool(m.get("kv_lora_rank") and m.get("rope_complex"))
+
+
 def hand_experts(m, B, T, N, Ps, R):
     """(the single-device experts' loop over its N pairs, the dispatch of
     the Ps pairs the rank sends and the rank's experts on its R rows) in
-    bytes."""
+    bytes. DeepSeek-V2's single device runs its sorted moe() instead of the
+    loop: x[order // k]'s index and new_x[order]'s (int64), the sorted rows,
+    the experts' four intermediates, the in-place weighting's new_x and
+    weights."""
     D = m["hidden"]
     Fe = m.get("expert_ffn", m["ffn"])
-    loop = 2 * N * 8 + 4 * (N * D + 4 * N * Fe + N * D + N + N * D)
+    if is_v2(m):
+        loop = 2 * N * 8 + 4 * (N * D + 4 * N * Fe + N * D + N)
+    else:
+        loop = 2 * N * 8 + 4 * (N * D + 4 * N * Fe + N * D + N + N * D)
     dispatch = 2 * Ps * 8 + 4 * (R * D + R + 4 * R * Fe + R * D)
     return loop, dispatch
 
@@ -637,7 +758,7 @@ def hand_sent(m, B, T, ep, rank, routing, cap):
 
 
 def moe_layers(m):
-    """The layers with experts: DeepSeek-V3's first dense_layers have none."""
+    """The layers with experts: DeepSeek's first dense_layers have none."""
     return m["layers"] - m.get("dense_layers", 0)
 
 
@@ -671,10 +792,17 @@ def main():
     docs = {}
     for path in files:
         with open(path) as fh:
-            doc = tw.load(fh)
-        # DeepSeek-V3's twin, not V2's (its sorted dispatch the plan refuses)
-        if not doc["model"].get("rope_complex"):
-            docs[path] = doc
+            docs[path] = tw.load(fh)  # DeepSeek-V2's twin too (deepseek2.yaml)
+    # DeepSeek-V2's gate under the fixed routing keeps what HF's keeps
+    for path, doc in docs.items():
+        m, tr = doc["model"], doc.get("training", {})
+        if is_v2(m) and m.get("grouped_topk"):
+            B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
+            hf, ours, gather = router_bytes(doc, B, T)
+            check("%s router" % doc["name"], hf == ours,
+                  "the fixed routing's gate keeps %d B, HF's (learned, grouped topk) %d; "
+                  "twins.py's FIXED_ROUTING gather %d (%+d: the masked scores it keeps)"
+                  % (ours, hf, gather, gather - hf))
     for ep in EP_SIZES:
         jobs = [(p, "balanced", None) for p, d in docs.items() if d["model"]["experts"] % ep == 0]
         # the skewed routing on Mixtral's twin (4 experts, top-2) over 2 ranks
@@ -710,6 +838,21 @@ def main():
                 comm = d["communication"].get("expert_parallel_bytes_per_device")
             # the same model without a capacity, balanced, in this world
             plain = jobs.index((path, "balanced", None))
+            if is_v2(m) and cap is None:  # V2's sorted moe() keeps what the dispatch does
+                out1, args1 = plan(memledger, path, B, T, 1, routing, None)
+                one = {}
+                if out1.returncode == 0:
+                    one = {x["name"]: x["activations_saved"]
+                           for x in json.loads(out1.stdout)["blocks"]}
+                ref = ranks[0][j]["ref_blocks"]
+                moe = ["block.%d" % i for i in range(m.get("dense_layers", 0), m["layers"])]
+                check("%s single device planned at ep 1" % label,
+                      bool(one) and all(ref.get(b_, 0) - extra.get(b_, 0) == one.get(b_)
+                                        for b_ in moe),
+                      ", ".join("%s %d less the extras %d, planned %s"
+                                % (b_, ref.get(b_, 0), extra.get(b_, 0), one.get(b_))
+                                for b_ in moe) if one else
+                      "%s exited %d: %s" % (" ".join(args1), out1.returncode, out1.stderr.strip()))
             P = sum(routed(m, B, T, routing))
             for rank, res in enumerate(ranks):
                 r = res[j]
@@ -777,8 +920,10 @@ def main():
                     else:
                         want = whole - loop + dispatch
                         check("%s rank%d %s" % (label, rank, blk), meas == want,
-                              "measured %d, by hand %d (single device %d - its experts' loop "
-                              "%d + dispatch %d)" % (meas, want, whole, loop, dispatch))
+                              "measured %d, by hand %d (single device %d - its experts' %s "
+                              "%d + dispatch %d)" % (meas, want, whole,
+                                                     "sorted moe()" if is_v2(m) else "loop",
+                                                     loop, dispatch))
                     # the plan is the fullest rank's: rank 0 (the busiest expert)
                     if got and (routing == "balanced" or rank == 0):
                         planned = meas - extra.get(blk, 0)
