@@ -13,6 +13,7 @@ const FIELDS = [
   ['optimizer', 'training.optimizer'], ['checkpoint', 'training.checkpoint'],
   ['engine', 'training.engine'],
   ['tp', 'parallel.tp'], ['cp', 'parallel.cp'], ['ep', 'parallel.ep'], ['etp', 'parallel.etp'],
+  ['expert_capacity', 'training.expert_capacity'], ['expert_pad', 'training.expert_pad'],
   ['pp', 'parallel.pp'],
   ['vpp', 'parallel.vpp'],
   ['dp', 'training.data_parallel'], ['dp_shard', 'parallel.dp_shard'],

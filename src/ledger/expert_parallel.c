@@ -147,12 +147,13 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
     const uint64_t ranks = tp * dp_of(t) * ml_training_cp(t);
     if (ranks % (ep * etp))
         return ml__errorf(err, ML_RANGE,
-                          "parallel.ep x parallel.etp: %llu x %llu does not divide the %llu "
-                          "ranks of a stage (tp x cp x dp), which Megatron-core splits into "
-                          "expert-tensor x expert x the experts' data-parallel ranks; give "
-                          "--data-parallel a multiple of %llu, or a smaller ep or etp (etp "
-                          "defaults to tp)",
-                          e, (unsigned long long)etp, (unsigned long long)ranks,
+                          "%s: ep %llu x etp %llu does not divide the %llu ranks of a stage "
+                          "(tp x cp x dp), which Megatron-core splits into expert-tensor x "
+                          "expert x the experts' data-parallel ranks; make "
+                          "training.data_parallel a multiple of %llu, or ep or etp smaller "
+                          "(etp defaults to tp)",
+                          ep > 1 ? "parallel.ep" : "parallel.etp", e, (unsigned long long)etp,
+                          (unsigned long long)ranks,
                           (unsigned long long)(ep * etp / gcd(ep * etp, ranks / dp_of(t))));
     if (ep * etp < tp)
         return ml__errorf(err, ML_RANGE,

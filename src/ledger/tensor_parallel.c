@@ -38,8 +38,8 @@ static const char *unsplit_layout(const ml_model *m, const ml_training *t)
         return "it is planned for decoder language models (type: decoder)";
     if (m->moe.experts && !ml_training_sp(t))
         return "Megatron-core's MoE layer refuses tensor parallelism without sequence "
-               "parallelism in training (megatron/core/transformer/moe/moe_layer.py); "
-               "leave parallel.sp on";
+               "parallelism in training (megatron/core/transformer/moe/moe_layer.py); keep "
+               "sequence parallelism on, the default with tensor parallelism";
     if (m->attn.kv_lora)
         return "multi-head latent attention's compressed projections are not split yet "
                "(DeepSeek's experts split over ranks with parallel.ep instead)";

@@ -20,18 +20,34 @@ static uint64_t etp_of(const ml_layout_row *row)
     return row->etp ? row->etp : row->tp;
 }
 
+/* The devices a block of n consecutive expert ranks spans: Megatron's
+ * expert order (etp, then ep, then the experts' dp) over a stage's tp x cp
+ * x dp ranks, which the search places tp innermost, then cp, then pp, then
+ * dp: within tp x cp they are consecutive devices, beyond they stride over
+ * the pipeline's stages. */
+static uint64_t expert_span(const ml_layout_row *row, uint64_t n)
+{
+    const uint64_t tc = row->tp * (row->cp > 1 ? row->cp : 1);
+    return n <= tc ? n : tc * row->pp * ((n + tc - 1) / tc);
+}
+
 /* Whether an expert-parallel group stays inside a node of G: its ranks
  * are data-parallel ones, which the search places after the tensor-,
- * context-parallel and pipeline ranks (tp innermost, then cp, pp, dp), so
- * the group spans tp x cp x pp x ep devices; with fewer expert-tensor
- * ranks than tp (Megatron's expert order: etp, then ep), the first
- * tp / etp of them are in the tensor group. */
+ * context-parallel and pipeline ranks, so with the expert-tensor ranks
+ * tp's the group spans tp x cp x pp x ep devices; else it is the block of
+ * its ep x etp expert ranks (expert_span). */
 static bool ep_inside(const ml_layout_row *row, uint64_t G)
 {
-    const uint64_t ep = row->ep > 1 ? row->ep : 1, inner = row->tp / etp_of(row);
-    if (ep <= inner)
-        return ep * etp_of(row) <= G;
-    return row->tp * (row->cp > 1 ? row->cp : 1) * row->pp * ((ep + inner - 1) / inner) <= G;
+    const uint64_t ep = row->ep > 1 ? row->ep : 1;
+    if (etp_of(row) == row->tp)
+        return row->tp * (row->cp > 1 ? row->cp : 1) * row->pp * ep <= G;
+    return expert_span(row, ep * etp_of(row)) <= G;
+}
+
+/* The same for an expert-tensor group: its etp consecutive expert ranks. */
+static bool etp_inside(const ml_layout_row *row, uint64_t G)
+{
+    return expert_span(row, etp_of(row)) <= G;
 }
 
 /* The calls' latency (docs/search.md, "Latency"): tensor and context
@@ -55,7 +71,7 @@ static double latency(const ml_ledger *l, const ml_layout_row *row, uint64_t G)
            s->dp_allreduces * ml__coll_latency_s(ML_COLL_ALL_REDUCE, D, nodes) +
            s->dp_halves * ml__coll_latency_s(ML_COLL_HALF, D, nodes) +
            s->ep_calls * ml__coll_latency_s(ML_COLL_ALL_TO_ALL, row->ep, ep_inside(row, G) ? 1 : 2) +
-           s->etp_calls * ml__coll_latency_s(ML_COLL_HALF, etp_of(row), 1);
+           s->etp_calls * ml__coll_latency_s(ML_COLL_HALF, etp_of(row), etp_inside(row, G) ? 1 : 2);
 }
 
 /* The transfers' time: tensor parallelism inside a node, the pipeline's
@@ -76,12 +92,12 @@ double ml__layout_comm_time(const ml_config *cfg, const ml_layout_request *req,
     const uint64_t tc = row->tp * (row->cp > 1 ? row->cp : 1); /* inside a node */
     /* (dp 1: the gradients reduce over the cp ranks, inside the node) */
     const double dpbw = row->dp > 1 && tc * row->pp * row->dp > G ? net : intra;
-    /* (the expert-tensor ranks: the search's etp is tp's, Megatron's
-     * default, inside a node) */
+    /* (the expert-tensor ranks inside a node unless a pinned etp takes
+     * them past tp x cp and a node) */
     double parts[6] = {over(s->tp_comm_bytes, intra), over(p2p, tc * row->pp > G ? net : intra),
                        over(s->comm_bytes, dpbw), over(s->cp_comm_bytes, intra),
                        over(s->ep_comm_bytes, ep_inside(row, G) ? intra : net),
-                       over(s->etp_comm_bytes, intra)};
+                       over(s->etp_comm_bytes, etp_inside(row, G) ? intra : net)};
     /* overlap_grad_reduce: what the last backward covers */
     if (parts[2] > 0) {
         const ml_config c = ml_layout_config(cfg, row);

@@ -511,6 +511,18 @@ static void test_search(void **state)
         assert_int_equal(ml_ledger_summary(l)->peak, w->peak);
         ml_ledger_destroy(l);
     }
+    /* etp pinned at 2 over every searched tp (1 too: the experts' width
+     * over two data-parallel ranks), timed (the expert groups' span) */
+    req.tp = 0;
+    c.training.expert_tensor_parallel = 2;
+    c.device.interconnect_gbps = 100;
+    req.network_gbps = 10;
+    assert_int_equal(ml_layout_search(m, &c, &req, &out, &e), ML_OK);
+    assert_true(out.nrows > 0);
+    for (size_t i = 0; i < out.nrows; i++) {
+        assert_int_equal(out.rows[i].etp, 2);
+        assert_true(out.rows[i].step_s > 0);
+    }
     ml_model_destroy(m);
 }
 

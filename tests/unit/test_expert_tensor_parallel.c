@@ -178,7 +178,7 @@ static void test_refusals(void **state)
     ml_config c = layout(m, 2, 1, 1, 3); /* 3 does not divide the width 64 */
     expect_refused(m, &c, "expert width");
     c = layout(m, 2, 1, 4, 2); /* 4 x 2 ranks from tp x dp = 2 */
-    expect_refused(m, &c, "give --data-parallel a multiple of 4");
+    expect_refused(m, &c, "make training.data_parallel a multiple of 4");
     c = layout(m, 2, 1, 1, 1); /* experts replicated over the tp pair */
     expect_refused(m, &c, "ep x etp below tp");
     c = layout(m, 2, 1, 2, 1);

@@ -30,7 +30,8 @@ FLAGS = {"micro_batch": "--micro-batch", "seq_len": "--seq-len", "grad_accum": "
          "allocator": "--allocator", "attention": "--attention", "interconnect": "--interconnect",
          "gpus": "--gpus", "global_batch": "--global-batch", "gpus_per_node": "--gpus-per-node",
          "network": "--network", "engine": "--engine", "vpp": "--vpp", "dp_shard": "--dp-shard",
-         "cp": "--cp", "ep": "--ep", "etp": "--etp"}
+         "cp": "--cp", "ep": "--ep", "etp": "--etp",
+         "expert_capacity": "--expert-capacity"}
 # the layout search's own inputs, and what it chooses itself
 SEARCH = {"gpus", "global_batch", "gpus_per_node", "network"}
 SEARCHED = {"micro_batch", "grad_accum", "checkpoint", "tp", "cp", "ep", "pp", "vpp", "dp", "zero",
@@ -118,6 +119,10 @@ def cli(exe, verb, model_args, settings):
             continue
         if k == "dist_optimizer":  # a flag without a value
             args.append("--dist-optimizer" if v == "true" else "--no-dist-optimizer")
+            continue
+        if k == "expert_pad":  # a switch
+            if v == "true":
+                args.append("--expert-pad")
             continue
         args += [FLAGS[k], v]
     out = subprocess.run(args + ["--format", "json"], capture_output=True, text=True)
@@ -235,10 +240,11 @@ def main():
              {"micro_batch": "1", "seq_len": "2048", "dp": "8", "ep": "8", "zero": "1",
               "precision": "bf16-master", "device": "h100-sxm"})
     one_case(base, exe, "Hugging Face preset mixtral-8x7b, tensor parallel 2, expert parallel 4 "
-             "with expert tensor parallel 1, ZeRO 1", {"model": "hf/mixtral-8x7b.json"},
+             "with expert tensor parallel 1, capacity 1.25 padded, ZeRO 1", {"model": "hf/mixtral-8x7b.json"},
              ["--hf", os.path.join(MODELS, "hf", "mixtral-8x7b", "config.json")],
              {"micro_batch": "1", "seq_len": "2048", "tp": "2", "dp": "4", "ep": "4",
-              "etp": "1", "zero": "1", "precision": "bf16-master", "device": "h100-sxm"})
+              "etp": "1", "zero": "1", "precision": "bf16-master", "device": "h100-sxm",
+              "expert_capacity": "1.25", "expert_pad": "true"})
     one_case(base, exe, "a pasted config.json (Qwen2-0.5B), ZeRO 2 over 2",
              {"text": qwen_text, "hf": "1", "name": "config.json"}, ["--hf", qwen],
              {"micro_batch": "2", "seq_len": "1024", "dp": "2", "zero": "2", "device": "l4"})
