@@ -307,10 +307,12 @@ ml_status ml__engine_refused(const ml_model *m, const ml_training *t, ml_error *
 double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int *seg,
                             double *allreduces, double *halves);
 /* The layers' blocks of a chain (checkpointable: ckpt_index >= 0, as the
- * pipeline's slicer counts them) and those recomputed (seg[k] >= 0; seg
- * NULL: none): what the collectives of tensor, context and expert
+ * pipeline's slicer counts them), only those with routed experts when moe
+ * (DeepSeek's first layers are dense), and those recomputed (seg[k] >= 0;
+ * seg NULL: none): what the collectives of tensor, context and expert
  * parallelism count. */
-void ml__chain_layers(const ml_chain *ch, const int *seg, double *layers, double *recomputed);
+void ml__chain_layers(const ml_chain *ch, const int *seg, bool moe, double *layers,
+                      double *recomputed);
 /* Expert parallelism (expert_parallel.c, docs/parallel.md): ML_RANGE with
  * the reason when m under t's parallel.ep and parallel.etp (and tp) cannot
  * be planned. */

@@ -99,9 +99,12 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
         z->dim[MLG_RA] = d->etp > 1 ? ml__ceil_div(z->dim[MLG_R], d->etp) : z->dim[MLG_R];
         ch->ep_rows = d->dispatch ? z->dim[MLG_R] : 0;
         /* the pairs the rank sends (an expert capacity drops or pads) */
-        z->dim[MLG_PS] = d->dispatch ? ml__ck_ep_sent(d, pairs, m->moe.experts) : pairs;
-        ch->ep_pairs = d->dispatch ? z->dim[MLG_PS] : 0;
-        ch->ep_self = d->dispatch ? ml__ck_ep_self(d, pairs, m->moe.experts) : 0;
+        z->dim[MLG_PS] = pairs;
+        ch->ep_pairs = ch->ep_self = 0;
+        if (d->dispatch) {
+            ml__ck_ep_own(d, pairs, m->moe.experts, &ch->ep_pairs, &ch->ep_self);
+            z->dim[MLG_PS] = ch->ep_pairs;
+        }
         z->dim[MLG_NE] = rows[0];
     }
     memcpy(&z->dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);

@@ -89,13 +89,17 @@ unsigned ml__ck_ep_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t co
 /* The busiest expert's rows the fullest rank takes: ml__ck_busiest_rows
  * over the group's pairs under expert parallelism. */
 uint64_t ml__ck_ep_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E);
-/* The pairs a rank sends of its N under the dispatch: N, or with an
- * expert capacity each expert's share of them up to it (the rest dropped),
- * or E times it padded (chain_moe_mixtral.c). */
-uint64_t ml__ck_ep_sent(const ml_ck_dims *d, uint64_t N, uint64_t E);
-/* Of those, the pairs that stay on the rank: its own pairs for the E / ep
- * experts it holds (the first ones, as the fullest rank holds them). */
-uint64_t ml__ck_ep_self(const ml_ck_dims *d, uint64_t N, uint64_t E);
+/* Megatron's expert capacity of a rank's N pairs over E experts
+ * (moe_utils.py get_capacity: ceil(N / E x training.expert_capacity)); 0:
+ * none. */
+uint64_t ml__ck_ep_capacity(const ml_ck_dims *d, uint64_t N, uint64_t E);
+/* The pairs a rank sends of its N under the dispatch (*sent: N, or with
+ * an expert capacity each expert's share of them up to it, the rest
+ * dropped, or E times it padded), and of those the ones that stay (*self:
+ * its own pairs for the E / ep experts it holds, the first ones, as the
+ * fullest rank holds them) (chain_moe_mixtral.c). */
+void ml__ck_ep_own(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t *sent,
+                   uint64_t *self);
 /* Whether the model's attention runs a fused kernel (no T x T tensor) at
  * the compute dtype's bytes. */
 bool ml__ck_fused_attention(unsigned compute_bytes, const ml_model *m);

@@ -61,9 +61,7 @@ static ml_ck_dims group_dims(const ml_ck_dims *d)
     return g;
 }
 
-/* Megatron's expert capacity of a rank's N pairs over E experts
- * (moe_utils.py get_capacity: ceil(N / E x factor)); 0: none. */
-static uint64_t capacity_of(const ml_ck_dims *d, uint64_t N, uint64_t E)
+uint64_t ml__ck_ep_capacity(const ml_ck_dims *d, uint64_t N, uint64_t E)
 {
     if (!(d->capacity > 0) || !E)
         return 0;
@@ -71,38 +69,56 @@ static uint64_t capacity_of(const ml_ck_dims *d, uint64_t N, uint64_t E)
     return c < 1 ? 1 : c >= 1e18 ? UINT64_MAX : (uint64_t)c;
 }
 
-uint64_t ml__ck_ep_sent(const ml_ck_dims *d, uint64_t N, uint64_t E)
+/* The runs of N pairs over E experts as d routes them
+ * (ml__ck_expert_runs), each expert's rows at most cap (0: none; the rest
+ * dropped); padded, every expert exactly cap. */
+static unsigned capped_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t cap,
+                            uint64_t c[3], uint64_t r[3])
 {
-    const uint64_t C = capacity_of(d, N, E);
-    if (!C)
-        return N;
-    if (d->pad)
-        return times(C, E);
+    if (cap && d->pad) {
+        c[0] = E;
+        r[0] = cap;
+        return 1;
+    }
+    const unsigned n = ml__ck_expert_runs(d, N, E, c, r);
+    for (unsigned i = 0; cap && i < n; i++)
+        r[i] = r[i] < cap ? r[i] : cap;
+    return n;
+}
+
+/* The first `left` experts of the n runs c, r (those the fullest rank
+ * holds) into count, rows; returns their runs. */
+static unsigned first_experts(const uint64_t c[3], const uint64_t r[3], unsigned n,
+                              uint64_t left, uint64_t count[3], uint64_t rows[3])
+{
+    unsigned k = 0;
+    for (unsigned i = 0; i < n && left; i++) {
+        const uint64_t take = c[i] < left ? c[i] : left;
+        count[k] = take;
+        rows[k++] = r[i];
+        left -= take;
+    }
+    return k;
+}
+
+static uint64_t rows_of(const uint64_t c[3], const uint64_t r[3], unsigned n)
+{
+    uint64_t sum = 0;
+    for (unsigned i = 0; i < n; i++)
+        sum += c[i] * r[i];
+    return sum;
+}
+
+void ml__ck_ep_own(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t *sent,
+                   uint64_t *self)
+{
     /* the rank's own pairs over the experts, as its router routes them */
     ml_ck_dims own = *d;
     own.BT = d->dispatch ? d->BTs : d->BT;
-    uint64_t c[3], r[3], sent = 0;
-    const unsigned n = ml__ck_expert_runs(&own, N, E, c, r);
-    for (unsigned i = 0; i < n; i++)
-        sent += c[i] * (r[i] < C ? r[i] : C);
-    return sent;
-}
-
-uint64_t ml__ck_ep_self(const ml_ck_dims *d, uint64_t N, uint64_t E)
-{
-    const uint64_t C = capacity_of(d, N, E), local = d->ep > 1 ? E / d->ep : E;
-    if (C && d->pad)
-        return times(C, local);
-    ml_ck_dims own = *d;
-    own.BT = d->dispatch ? d->BTs : d->BT;
-    uint64_t c[3], r[3], self = 0, left = local;
-    const unsigned n = ml__ck_expert_runs(&own, N, E, c, r);
-    for (unsigned i = 0; i < n && left; i++) {
-        const uint64_t take = c[i] < left ? c[i] : left;
-        self += take * (C && r[i] > C ? C : r[i]);
-        left -= take;
-    }
-    return self;
+    uint64_t c[3], r[3], fc[3], fr[3];
+    const unsigned n = capped_runs(&own, N, E, ml__ck_ep_capacity(d, N, E), c, r);
+    *sent = rows_of(c, r, n);
+    *self = rows_of(fc, fr, first_experts(c, r, n, d->ep > 1 ? E / d->ep : E, fc, fr));
 }
 
 uint64_t ml__ck_ep_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E)
@@ -110,7 +126,7 @@ uint64_t ml__ck_ep_busiest_rows(const ml_ck_dims *d, uint64_t N, uint64_t E)
     if (!d->dispatch)
         return ml__ck_busiest_rows(d, N, E);
     const ml_ck_dims g = group_dims(d);
-    const uint64_t G = d->ep * d->etp, C = times(capacity_of(d, N, E), G);
+    const uint64_t G = d->ep * d->etp, C = times(ml__ck_ep_capacity(d, N, E), G);
     const uint64_t busy = ml__ck_busiest_rows(&g, times(N, G), E);
     return C && (d->pad || busy > C) ? C : busy;
 }
@@ -121,23 +137,8 @@ unsigned ml__ck_ep_runs(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t co
     if (!d->dispatch)
         return ml__ck_expert_runs(d, N, E, count, rows);
     const ml_ck_dims g = group_dims(d);
-    const uint64_t G = d->ep * d->etp, C = times(capacity_of(d, N, E), G);
-    uint64_t left = d->ep > 1 ? E / d->ep : E;
-    if (C && d->pad) { /* every expert the group's capacity */
-        count[0] = left;
-        rows[0] = C;
-        return 1;
-    }
+    const uint64_t G = d->ep * d->etp;
     uint64_t c[3], r[3];
-    const unsigned n = ml__ck_expert_runs(&g, times(N, G), E, c, r);
-    for (unsigned i = 0; C && i < n; i++) /* the rest dropped */
-        r[i] = r[i] < C ? r[i] : C;
-    unsigned k = 0;
-    for (unsigned i = 0; i < n && left; i++) {
-        const uint64_t take = c[i] < left ? c[i] : left;
-        count[k] = take;
-        rows[k++] = r[i];
-        left -= take;
-    }
-    return k;
+    const unsigned n = capped_runs(&g, times(N, G), E, times(ml__ck_ep_capacity(d, N, E), G), c, r);
+    return first_experts(c, r, n, d->ep > 1 ? E / d->ep : E, count, rows);
 }

@@ -2,6 +2,7 @@
  * others of docs/graph.md): the embedding, one block per layer, the head
  * and the loss, every block from its op graph (chain_graph.c); a layout
  * the graph declines is refused, not planned by another rule. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,13 +54,27 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
     d->ep = m->moe.experts ? ml_training_ep(t) : 1;
     d->etp = m->moe.experts ? ml_training_etp(t) : 1;
     d->dispatch = ml__ep_dispatched(m, t);
-    d->capacity = d->dispatch ? t->expert_capacity : 0;
-    d->pad = d->dispatch && t->expert_pad;
+
     d->T /= d->cp;
     d->BT = ml_mul(ch, d->B, d->T);
     d->sp = ml_training_sp(t) ? t->tensor_parallel : 1;
     /* the fullest rank's tokens: a length tp does not divide is padded */
     d->BTs = ml_mul(ch, d->B, d->T / d->sp + (d->T % d->sp != 0));
+    d->capacity = d->dispatch ? t->expert_capacity : 0;
+    d->pad = d->dispatch && t->expert_pad;
+    /* Megatron's permute views the padded pairs as (experts, capacity) rows
+     * of the rank's tokens: it cannot pad past them */
+    const uint64_t C = d->pad ? ml__ck_ep_capacity(d, ml_mul(ch, m->moe.per_token, d->BTs),
+                                                   m->moe.experts)
+                              : 0;
+    if (C > d->BTs)
+        return ml__errorf(err, ML_RANGE,
+                          "training.expert_pad: a capacity of %llu pairs an expert exceeds "
+                          "the rank's %llu tokens, which Megatron's permute cannot pad past; "
+                          "give training.expert_capacity at most %g",
+                          (unsigned long long)C, (unsigned long long)d->BTs,
+                          floor((double)m->moe.experts / (double)m->moe.per_token * 1000) /
+                              1000);
     d->D = m->hidden;
     d->F = m->mlp.ffn;
     d->H = m->attn.heads;

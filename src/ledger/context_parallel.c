@@ -83,7 +83,7 @@ double ml__cp_communication(const ml_chain *ch, const ml_training *t, const int 
     const double cp = (double)ch->cp, e = (double)ch->cp_kv, a = ch->prec.a;
     const double gather = (cp - 1) * 2 * a * e;
     double layers, recomputed;
-    ml__chain_layers(ch, seg, &layers, &recomputed);
+    ml__chain_layers(ch, seg, false, &layers, &recomputed);
     const double per_micro = layers * (2 * gather + cp * 8 * e) + recomputed * gather;
     const double A = (double)(t->grad_accum ? t->grad_accum : 1);
     *halves = A * (2 * layers + recomputed);

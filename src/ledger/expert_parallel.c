@@ -7,7 +7,6 @@
  * (megatron/core/transformer/moe/token_dispatcher.py). The ranks are taken
  * from the data-parallel ones (times cp): the layers outside the experts
  * are replicated over them as before, and the devices are unchanged. */
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -39,8 +38,7 @@ bool ml__ep_dispatched(const ml_model *m, const ml_training *t)
 
 /* The refusals of the experts' grouping when their data-parallel ranks are
  * not the rest's (ep x etp != tp): what is not planned beside it. */
-static ml_status regroup_refused(const ml_model *m, const ml_training *t, const char *what,
-                                 ml_error *err)
+static ml_status regroup_refused(const ml_training *t, const char *what, ml_error *err)
 {
     if (t->dist_optimizer || t->offload != ML_OFFLOAD_NONE ||
         ml_training_shard(t) < dp_of(t))
@@ -65,7 +63,6 @@ static ml_status regroup_refused(const ml_model *m, const ml_training *t, const 
                           t->optimizer_impl == ML_IMPL_FOR_LOOP
                               ? "step's temporaries (the largest tensor's) are"
                               : "states are");
-    (void)m;
     return ML_OK;
 }
 
@@ -86,20 +83,6 @@ static ml_status capacity_refused(const ml_model *m, const ml_training *t, ml_er
                           "training.expert_pad: pads each expert's share to its capacity, "
                           "as Megatron's --moe-pad-expert-input-to-capacity (which needs "
                           "its capacity factor): give training.expert_capacity too");
-    /* Megatron's permute views the padded pairs as (experts, capacity)
-     * rows of the tokens: it cannot pad past them */
-    const uint64_t sp = ml_training_sp(t) ? t->tensor_parallel : 1, cp = ml_training_cp(t);
-    const uint64_t T = t->seq_len / cp, n = t->micro_batch * (T / sp + (T % sp != 0));
-    const double C = ceil((double)n * (double)m->moe.per_token / (double)m->moe.experts *
-                          t->expert_capacity);
-    if (t->expert_pad && C > (double)n)
-        return ml__errorf(err, ML_RANGE,
-                          "training.expert_pad: a capacity of %.0f pairs an expert exceeds "
-                          "the rank's %llu tokens, which Megatron's permute cannot pad "
-                          "past; give training.expert_capacity at most %g",
-                          C, (unsigned long long)n,
-                          floor((double)m->moe.experts / (double)m->moe.per_token * 1000) /
-                              1000);
     if (!ml__ep_dispatched(m, t))
         return ml__errorf(err, ML_RANGE,
                           "%s: the capacity is Megatron-core's dispatch's (it drops and "
@@ -162,7 +145,7 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
                           "than the rest, which is not planned yet; give an etp of tp (the "
                           "default) or ep x etp of at least tp",
                           what, (unsigned long long)tp);
-    if (ep * etp != tp && (st = regroup_refused(m, t, what, err)))
+    if (ep * etp != tp && (st = regroup_refused(t, what, err)))
         return st;
     if (t->engine == ML_ENGINE_MEGATRON)
         return ml__errorf(err, ML_RANGE,
@@ -170,18 +153,6 @@ ml_status ml__ep_refused(const ml_model *m, const ml_training *t, ml_error *err)
                           "modelled; plan the eager layers (engine eager)",
                           what);
     return ML_OK;
-}
-
-/* The layers with routed experts (DeepSeek's first layers are dense) and
- * those recomputed (seg[k] >= 0; seg NULL: none). */
-static void moe_layers(const ml_chain *ch, const int *seg, double *layers, double *recomputed)
-{
-    *layers = *recomputed = 0;
-    for (size_t k = 0; k < ch->n; k++)
-        if (ch->blocks[k].ckpt_index >= 0 && ch->blocks[k].moe) {
-            *layers += 1;
-            *recomputed += seg && seg[k] >= 0 ? 1 : 0;
-        }
 }
 
 /* A layer's rows under the dispatch: P the (token, expert) pairs the rank
@@ -236,7 +207,7 @@ double ml__ep_communication(const ml_chain *ch, const ml_training *t, const int 
     const double fwd = out * (r.row + 4) + in * r.row + counts_bytes(ch, t);
     const double bwd = out * r.row + in * (r.row + 4);
     double L, R;
-    moe_layers(ch, seg, &L, &R);
+    ml__chain_layers(ch, seg, true, &L, &R);
     const double A = (double)(t->grad_accum ? t->grad_accum : 1);
     /* the calls: the counts' all-gather (none padded), the tokens' and the
      * weights' all-to-alls and the combine's in forward, three in
@@ -267,7 +238,7 @@ double ml__etp_communication(const ml_chain *ch, const ml_training *t, const int
     const double counts = ch->ep > 1 ? 0 : counts_bytes(ch, t);
     const double fwd = f * (r.R * (r.row + 4) + rs) + counts, bwd = f * (rs + r.R * (r.row + 4));
     double L, R;
-    moe_layers(ch, seg, &L, &R);
+    ml__chain_layers(ch, seg, true, &L, &R);
     const double A = (double)(t->grad_accum ? t->grad_accum : 1);
     const double c = counts > 0 ? 1 : 0;
     *calls = A * ((6 + c) * L + (3 + c) * R);
@@ -293,7 +264,7 @@ uint64_t ml__ep_expert_params(const ml_chain *ch)
     if (!regrouped(ch))
         return 0;
     double L, R;
-    moe_layers(ch, NULL, &L, &R);
+    ml__chain_layers(ch, NULL, true, &L, &R);
     return (uint64_t)L * ch->ep_layer_params;
 }
 

@@ -112,11 +112,12 @@ const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model
     return rank;
 }
 
-void ml__chain_layers(const ml_chain *ch, const int *seg, double *layers, double *recomputed)
+void ml__chain_layers(const ml_chain *ch, const int *seg, bool moe, double *layers,
+                      double *recomputed)
 {
     *layers = *recomputed = 0;
     for (size_t k = 0; k < ch->n; k++)
-        if (ch->blocks[k].ckpt_index >= 0) {
+        if (ch->blocks[k].ckpt_index >= 0 && (!moe || ch->blocks[k].moe)) {
             *layers += 1;
             *recomputed += seg && seg[k] >= 0 ? 1 : 0;
         }
@@ -147,7 +148,7 @@ double ml__tp_communication(const ml_chain *ch, const ml_training *t, const int 
     const double S = (double)ch->B * (double)ch->T * (double)ch->c_width * ch->prec.a;
     double L, R;
     bool has_embedding, has_head;
-    ml__chain_layers(ch, seg, &L, &R);
+    ml__chain_layers(ch, seg, false, &L, &R);
     ends(ch, &has_embedding, &has_head);
     /* per layer: two column-parallel sites (the attention's input, the
      * MLP's) and two row-parallel ones (their outputs). Without sequence

@@ -391,20 +391,7 @@ def ref_mlp(s, b, h, cap):
         kept = torch.zeros(chosen.numel() + 1, dtype=torch.long)
         kept[src] = 1
         kept = kept[:-1].view(chosen.shape)
-    out = torch.zeros((B * T, D), dtype=h.dtype)
-    mask = F.one_hot(chosen, num_classes=s.E).permute(2, 1, 0) * kept.t()[None]
-    hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
-    for e in hit:
-        ex = b.experts[e]
-        idx, top_x = torch.where(mask[e].squeeze(0))
-        x = h[None, top_x].reshape(-1, D)
-        y = ex.w2(F.silu(ex.w1(x)) * ex.w3(x)) * w[top_x, idx, None]
-        out.index_add_(0, top_x, y.to(h.dtype))
-    if hasattr(b, "shared"):
-        sh = b.shared.w2(F.silu(b.shared.w1(h)) * b.shared.w3(h))
-        sh = torch.sigmoid(b.shared_gate(h)) * sh
-        out = out + sh
-    return out.reshape(B, T, D)
+    return tw.moe_experts(s, b, h, w, chosen, kept).reshape(B, T, D)
 
 
 def mixtral_expert(ex, x):
@@ -779,15 +766,7 @@ def main():
     memledger, models = sys.argv[1], sys.argv[2]
     files = sorted(os.path.join(models, f) for f in os.listdir(models)
                    if f.endswith(".yaml") and f.startswith(("mixtral", "qwen2moe", "deepseek")))
-    passed = failed = 0
-
-    def check(label, ok, detail):
-        nonlocal passed, failed
-        print("%s %s: %s" % ("ok  " if ok else "FAIL", label, detail))
-        if ok:
-            passed += 1
-        else:
-            failed += 1
+    check = tw.Checks()
 
     docs = {}
     for path in files:
@@ -931,11 +910,7 @@ def main():
                               got.get(blk) == planned,
                               "planned %s, measured less the 1.13 artefacts %d"
                               % (got.get(blk), planned))
-    print("%d passed, %d failed" % (passed, failed))
-    if passed + failed == 0:
-        print("FAIL no model under %s: nothing was checked" % models)
-        return 1
-    return 0 if failed == 0 else 1
+    return check.done(models)
 
 
 if __name__ == "__main__":

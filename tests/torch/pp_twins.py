@@ -828,13 +828,7 @@ def main():
     t_start = time.time()
     memledger, models = sys.argv[1], sys.argv[2]
     files = sorted(os.path.join(models, f) for f in os.listdir(models) if f.endswith(".yaml"))
-    passed = failed = 0
-
-    def check(label, ok, detail):
-        nonlocal passed, failed
-        print("%s %s: %s" % ("ok  " if ok else "FAIL", label, detail))
-        passed, failed = passed + bool(ok), failed + (not ok)
-        return ok
+    check = tw.Checks()
 
     def fmt(n):
         return "{:,}".format(n)
@@ -1008,11 +1002,7 @@ def main():
                               (g or 0) == want,
                               "%s, measured less the 1.13 artefacts %s" % (g, fmt(want)))
     print("%.1f s" % (time.time() - t_start))
-    print("%d passed, %d failed" % (passed, failed))
-    if passed + failed == 0:
-        print("FAIL no model under %s: nothing was checked" % models)
-        return 1
-    return 0 if failed == 0 else 1
+    return check.done(models)
 
 
 def made_of(s, p, r, m, sched, d, res, cand, win, q, j_plan):

@@ -472,15 +472,7 @@ def main():
         raise SystemExit(__doc__)
     memledger, models = sys.argv[1], sys.argv[2]
     files = sorted(os.path.join(models, f) for f in os.listdir(models) if f.endswith(".yaml"))
-    passed = failed = 0
-
-    def check(label, ok, detail):
-        nonlocal passed, failed
-        print("%s %s: %s" % ("ok  " if ok else "FAIL", label, detail))
-        if ok:
-            passed += 1
-        else:
-            failed += 1
+    check = tw.Checks()
 
     docs = {}
     for path in files:
@@ -579,11 +571,7 @@ def main():
                         derived[blk] = got - (want - planned)
             compare_plan(label, path, B, T, tp, sp, derived)
 
-    print("%d passed, %d failed" % (passed, failed))
-    if passed + failed == 0:
-        print("FAIL no model under %s: nothing was checked" % models)
-        return 1
-    return 0 if failed == 0 else 1
+    return check.done(models)
 
 
 if __name__ == "__main__":

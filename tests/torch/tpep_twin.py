@@ -991,15 +991,7 @@ def main():
     memledger, models = sys.argv[1], sys.argv[2]
     paths = sorted(os.path.join(models, f) for f in os.listdir(models)
                    if f.endswith(".yaml") and f.startswith(("mixtral", "qwen2moe")))
-    passed = failed = 0
-
-    def check(label, ok, detail):
-        nonlocal passed, failed
-        print("%s %s: %s" % ("ok  " if ok else "FAIL", label, detail))
-        if ok:
-            passed += 1
-        else:
-            failed += 1
+    check = tw.Checks()
 
     docs = {}
     for path in paths:
@@ -1116,11 +1108,7 @@ def main():
                           ", ".join("%s planned %s, the rank's %d" % (k, params.get(k), v)
                                     for k, v in sorted(mine.items())))
             live_info(label, m, [res[j]["live"]["windows"] for res in ranks], pw)
-    print("%d passed, %d failed" % (passed, failed))
-    if passed + failed == 0:
-        print("FAIL no model under %s: nothing was checked" % models)
-        return 1
-    return 0 if failed == 0 else 1
+    return check.done(models)
 
 
 if __name__ == "__main__":

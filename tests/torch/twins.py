@@ -90,6 +90,30 @@ def run_blocks(rec, blocks, fn, x, ckpt, *extra):
     return x
 
 
+class Checks:
+    """The twins' checks: one line each ("ok" or "FAIL", the label, the
+    detail), counted; done() prints "N passed, N failed" and gives the exit
+    status (1 when one failed or nothing was checked)."""
+
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def __call__(self, label, ok, detail):
+        print("%s %s: %s" % ("ok  " if ok else "FAIL", label, detail))
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+        return ok
+
+    def done(self, models):
+        print("%d passed, %d failed" % (self.passed, self.failed))
+        if self.passed + self.failed == 0:
+            print("FAIL no model under %s: nothing was checked" % models)
+            return 1
+        return 0 if self.failed == 0 else 1
+
+
 def checkpoint(fn, *args):
     def run(*a):
         IN_CHECKPOINT[0] += 1
@@ -782,21 +806,31 @@ class Mixtral(Llama):
             w, chosen = torch.topk(w, s.k, dim=-1)
         if s.renorm:  # Qwen2-MoE: only with norm_topk_prob
             w /= w.sum(dim=-1, keepdim=True)
-        w = w.to(h.dtype)
-        out = torch.zeros((B * T, D), dtype=h.dtype)
-        mask = F.one_hot(chosen, num_classes=s.E).permute(2, 1, 0)
-        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
-        for e in hit:
-            ex = b.experts[e]
-            idx, top_x = torch.where(mask[e].squeeze(0))
-            x = h[None, top_x].reshape(-1, D)
-            y = ex.w2(F.silu(ex.w1(x)) * ex.w3(x)) * w[top_x, idx, None]
-            out.index_add_(0, top_x, y.to(h.dtype))
-        if hasattr(b, "shared"):
-            sh = b.shared.w2(F.silu(b.shared.w1(h)) * b.shared.w3(h))
-            sh = torch.sigmoid(b.shared_gate(h)) * sh
-            out = out + sh
-        return out.reshape(B, T, D)
+        return moe_experts(s, b, h, w.to(h.dtype), chosen).reshape(B, T, D)
+
+
+def moe_experts(s, b, h, w, chosen, kept=None):
+    """MixtralSparseMoeBlock.forward after its router: each expert with
+    rows on its (B*T, D) rows of h weighted by w (the top-k weights of the
+    pairs chosen), summed by index_add_, and Qwen2-MoE's gated shared
+    expert; kept (a (B*T, k) 0/1 mask) leaves the other pairs out."""
+    D = h.shape[-1]
+    out = torch.zeros(h.shape, dtype=h.dtype)
+    mask = F.one_hot(chosen, num_classes=s.E).permute(2, 1, 0)
+    if kept is not None:
+        mask = mask * kept.t()[None]
+    hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit:
+        ex = b.experts[e]
+        idx, top_x = torch.where(mask[e].squeeze(0))
+        x = h[None, top_x].reshape(-1, D)
+        y = ex.w2(F.silu(ex.w1(x)) * ex.w3(x)) * w[top_x, idx, None]
+        out.index_add_(0, top_x, y.to(h.dtype))
+    if hasattr(b, "shared"):
+        sh = b.shared.w2(F.silu(b.shared.w1(h)) * b.shared.w3(h))
+        sh = torch.sigmoid(b.shared_gate(h)) * sh
+        out = out + sh
+    return out
 
 
 def apply_rotary_pos_emb_interleave(q, k, cos, sin):  # HF modeling_deepseek_v3
