@@ -10,6 +10,48 @@
 #include "ledger/chain_kit.h"
 #include "util/error.h"
 
+/* A mixture of experts' part of the dims and the chain's fields: the
+ * rank's experts (ml__ep_refused has checked that ep divides them), the
+ * dispatch and its capacity. */
+static ml_status moe_dims(const ml_model *m, const ml_training *t, ml_chain *ch, ml_ck_dims *d,
+                          ml_error *err)
+{
+    d->ep = m->moe.experts ? ml_training_ep(t) : 1;
+    d->etp = m->moe.experts ? ml_training_etp(t) : 1;
+    d->dispatch = ml__ep_dispatched(m, t);
+    d->capacity = d->dispatch ? t->expert_capacity : 0;
+    d->pad = d->dispatch && t->expert_pad;
+    /* Megatron's permute views the padded pairs as (experts, capacity) rows
+     * of the rank's tokens: it cannot pad past them */
+    const uint64_t C = d->pad ? ml__ck_ep_capacity(d, ml_mul(ch, m->moe.per_token, d->BTs),
+                                                   m->moe.experts)
+                              : 0;
+    if (C > d->BTs)
+        return ml__errorf(err, ML_RANGE,
+                          "training.expert_pad: a capacity of %llu pairs an expert exceeds "
+                          "the rank's %llu tokens, which Megatron's permute cannot pad past; "
+                          "give training.expert_capacity at most %g",
+                          (unsigned long long)C, (unsigned long long)d->BTs,
+                          floor((double)m->moe.experts / (double)m->moe.per_token * 1000) /
+                              1000);
+    ch->ep = d->ep;
+    ch->etp = d->etp;
+    ch->ep_tp = m->moe.experts && t->tensor_parallel > 1 ? t->tensor_parallel : 1;
+    ch->ep_dispatch = d->dispatch;
+    /* the routed experts run on the rank's tokens whole (or split by etp),
+     * a shared expert as a tensor-parallel MLP */
+    ch->tp_parts = m->moe.experts ? 1 + (m->moe.shared_ffn > 0) : 2;
+    ch->moe_k = m->moe.per_token;
+    ch->moe_experts = m->moe.experts;
+    /* the experts' data-parallel ranks are not the rest's: w1, w3 (D x FE)
+     * and w2 (FE x D) of each of its experts (FE the rank's: / etp) */
+    if (d->ep * d->etp != ch->ep_tp)
+        ch->ep_layer_params = ml_mul(ch, ml_mul(ch, m->moe.experts / d->ep, 3),
+                                     ml_mul(ch, d->D, m->moe.expert_ffn ? m->moe.expert_ffn
+                                                                        : d->F));
+    return ML_OK;
+}
+
 /* The shapes of one training micro-batch through the model; ML_RANGE when
  * the sequence is longer than learned positions allow. */
 ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, ml_ck_dims *d,
@@ -49,32 +91,11 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
     /* context parallelism: a rank holds T / cp of each sequence (ml__cp_refused
      * has checked that cp divides it) */
     d->cp = t->context_parallel > 1 && !m->embed.image_size ? t->context_parallel : 1;
-    /* expert parallelism: the rank's experts (ml__ep_refused has checked
-     * that ep divides them) */
-    d->ep = m->moe.experts ? ml_training_ep(t) : 1;
-    d->etp = m->moe.experts ? ml_training_etp(t) : 1;
-    d->dispatch = ml__ep_dispatched(m, t);
-
     d->T /= d->cp;
     d->BT = ml_mul(ch, d->B, d->T);
     d->sp = ml_training_sp(t) ? t->tensor_parallel : 1;
     /* the fullest rank's tokens: a length tp does not divide is padded */
     d->BTs = ml_mul(ch, d->B, d->T / d->sp + (d->T % d->sp != 0));
-    d->capacity = d->dispatch ? t->expert_capacity : 0;
-    d->pad = d->dispatch && t->expert_pad;
-    /* Megatron's permute views the padded pairs as (experts, capacity) rows
-     * of the rank's tokens: it cannot pad past them */
-    const uint64_t C = d->pad ? ml__ck_ep_capacity(d, ml_mul(ch, m->moe.per_token, d->BTs),
-                                                   m->moe.experts)
-                              : 0;
-    if (C > d->BTs)
-        return ml__errorf(err, ML_RANGE,
-                          "training.expert_pad: a capacity of %llu pairs an expert exceeds "
-                          "the rank's %llu tokens, which Megatron's permute cannot pad past; "
-                          "give training.expert_capacity at most %g",
-                          (unsigned long long)C, (unsigned long long)d->BTs,
-                          floor((double)m->moe.experts / (double)m->moe.per_token * 1000) /
-                              1000);
     d->D = m->hidden;
     d->F = m->mlp.ffn;
     d->H = m->attn.heads;
@@ -88,24 +109,9 @@ ml_status ml__ck_dims_of(const ml_model *m, const ml_training *t, ml_chain *ch, 
     ch->T = d->T;
     ch->cp = d->cp;
     ch->cp_kv = d->cp > 1 ? ml_mul(ch, d->BT, d->Dkv) : 0;
-    ch->ep = d->ep;
-    ch->etp = d->etp;
-    ch->ep_tp = m->moe.experts && t->tensor_parallel > 1 ? t->tensor_parallel : 1;
-    ch->ep_dispatch = d->dispatch;
-    /* the routed experts run on the rank's tokens whole (or split by etp),
-     * a shared expert as a tensor-parallel MLP */
-    ch->tp_parts = m->moe.experts ? 1 + (m->moe.shared_ffn > 0) : 2;
-    ch->moe_k = m->moe.per_token;
-    ch->moe_experts = m->moe.experts;
-    /* the experts' data-parallel ranks are not the rest's: w1, w3 (D x FE)
-     * and w2 (FE x D) of each of its experts (FE the rank's: / etp) */
-    if (d->ep * d->etp != ch->ep_tp)
-        ch->ep_layer_params = ml_mul(ch, ml_mul(ch, m->moe.experts / d->ep, 3),
-                                     ml_mul(ch, d->D, m->moe.expert_ffn ? m->moe.expert_ffn
-                                                                        : d->F));
     ch->c_tokens = d->BT;
     ch->c_width = d->D;
-    return ML_OK;
+    return moe_dims(m, t, ch, d, err);
 }
 
 /* "block.<i>" without snprintf: this runs for every block of every
