@@ -161,11 +161,11 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
         free(G);
         return st;
     }
-    /* a soft-capped LM head replays its backward node by node (its three
-     * logits-sized gradients in turn); the other heads keep the block rule
-     * (a classifier's logits are not soft-capped: Gemma2ForCausalLM caps
-     * them, its sequence classifier is the generic one) */
-    ch->record_nodes = m->head.final_softcap > 0 && !m->head.classes && ml__ck_node_level(ch, m);
+    /* an LM head replays its backward node by node (the mm's two
+     * gradients beside the logits', then the norm's nodes; soft-capped,
+     * its three logits-sized gradients in turn first); a classifier keeps
+     * the block rule */
+    ch->record_nodes = !m->head.classes && ml__ck_node_level(ch, m);
     /* tied, the embeddings' gradient is first created here (a classifier
      * has no output embedding) */
     if (m->embed.tied && !m->head.classes)

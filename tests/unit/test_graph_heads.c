@@ -9,7 +9,8 @@
  * its head emitted from the graph alone and compared with the chain's, so
  * that a head the graph declined cannot pass (no chain builder is left:
  * a declined head's chain is refused with ML_RANGE; the builders'
- * field-by-field comparison held these chains before they went). */
+ * field-by-field comparison held these chains before they went); an fp32
+ * LM head's backward node list against a hand derivation. */
 #include "harness.h"
 
 #include "chain_compare.h"
@@ -300,11 +301,64 @@ static void test_fused_norm_nodes(void **state)
     assert_int_equal(same, 2 * 2 + 4 * 2);
 }
 
+/* An LM head in fp32 (the layout of Llama's twin, untied; B 2, T 24, D 64,
+ * V 173): its backward node by node, as autograd runs it
+ * (tools/autograd/derivatives.yaml) and tests/torch/pp_twins.py measures
+ * it on a pipeline's last stage. By hand, in bytes: the mm makes x's
+ * gradient B.T.D.4 = 12,288 and the weight's V.D.4 = 44,288 from the
+ * logits' B.T.V.4 = 33,216 (mm_mat1_backward, mm_mat2_backward); the
+ * RMSNorm's weight * h makes h's gradient and the weight's D.4 = 256 as
+ * the sum of a product of x's size; x * rsqrt makes x's and rsqrt's (B.T.4
+ * = 192) gradients, the latter the sum of a product of x's size; then
+ * rsqrt, mean and pow, and x's two gradients summed in place. */
+static void test_lm_head_nodes(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(fused_norms[0]);
+    ml_config cfg = ml_model_config(m);
+    cfg.training.precision = ML_PREC_FP32;
+    cfg.training.micro_batch = 2;
+    cfg.training.seq_len = 24;
+    cfg.calib = NULL;
+    ml_chain b;
+    ml_error e;
+    assert_int_equal(ml__chain_build(m, &cfg, &b, &e), ML_OK);
+    const uint64_t X = 2 * 24 * 64 * 4, R = 2 * 24 * 4;
+    const node_row want[] = {
+        {"MmBackward0 (LM head)", X, 173 * 64 * 4, 0, 2 * 24 * 173 * 4},
+        {"MulBackward0 (weight * h)", X, 64 * 4, X, X},
+        {"MulBackward0 (x * rsqrt)", X + R, 0, X, X},
+        {"RsqrtBackward0", R, 0, 0, R},
+        {"MeanBackward1", X, 0, 0, R},
+        {"PowBackward0 (x^2)", X, 0, 0, X},
+        {"InputBuffer accumulation (in place)", 0, 0, 0, X},
+    };
+    const ml_cblock *h = &b.blocks[b.n - 2];
+    assert_string_equal(h->name, "head");
+    assert_int_equal(h->nnodes, sizeof want / sizeof want[0]);
+    for (size_t i = 0; i < h->nnodes; i++) {
+        const ml_bnode *v = &b.nodes[h->node_first + i];
+        assert_string_equal(v->what, want[i].what);
+        assert_int_equal(v->grad_in, want[i].in);
+        assert_int_equal(v->param_grad, want[i].pg);
+        assert_int_equal(v->scratch, want[i].scratch);
+        assert_int_equal(v->grad_out, want[i].out);
+    }
+    /* in bf16 (not node level yet) the block rule stays */
+    ml__chain_free(&b);
+    cfg.training.precision = ML_PREC_BF16;
+    assert_int_equal(ml__chain_build(m, &cfg, &b, &e), ML_OK);
+    assert_int_equal(b.blocks[b.n - 2].nnodes, 0);
+    ml__chain_free(&b);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_heads_from_graph),
         cmocka_unit_test(test_fused_norm_nodes),
+        cmocka_unit_test(test_lm_head_nodes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
