@@ -454,10 +454,12 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
         memcpy(s->phase_eval, x->eval_phases, sizeof s->phase_eval);
     flops_and_time(ch, x->cfg, flops_re, s);
     /* the timeline's clock: the per-op model's, when it times the step */
-    ml_time_map map = {NULL, 0, 0, false};
-    ml__step_time(ch, x->cfg, seg, s, keep_events ? &map : NULL); /* docs/time.md */
-    ml__time_finish(x->cfg, l, &map); /* docs/ledger.md, "Time" */
-    free(map.p);
+    if (!x->activations_only) {
+        ml_time_map map = {NULL, 0, 0, false};
+        ml__step_time(ch, x->cfg, seg, s, keep_events ? &map : NULL); /* docs/time.md */
+        ml__time_finish(x->cfg, l, &map); /* docs/ledger.md, "Time" */
+        free(map.p);
+    }
     if ((st = ml__eval_verdict(ch, &x->cfg->device, x->cache_allow, s, err)))
         return st;
     ml__eval_block_table(x, seg, l);
@@ -474,13 +476,15 @@ ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_c
     return ml__evaluate_stage(m, cfg, chain, keep_events, whole, memo, NULL, out, err);
 }
 
-ml_status ml__evaluate_stage(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
-                             bool keep_events, bool whole, ml_reserved_memo *memo,
-                             const ml_inflight *inflight, ml_ledger **out, ml_error *err)
+static ml_status stage_eval(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
+                            bool keep_events, bool whole, ml_reserved_memo *memo,
+                            const ml_inflight *inflight, bool activations_only, ml_ledger **out,
+                            ml_error *err)
 {
     const ml_training *t = &cfg->training;
     ml_chain ch = *chain; /* a copy for its overflow flag; the arrays stay the caller's */
-    ml_evalctx x = {.ch = &ch, .cfg = cfg, .whole = whole, .memo = memo};
+    ml_evalctx x = {.ch = &ch, .cfg = cfg, .whole = whole, .memo = memo,
+                    .activations_only = activations_only};
     if (inflight)
         x.inflight = *inflight;
     ml_status st;
@@ -521,6 +525,24 @@ ml_status ml__evaluate_stage(const ml_model *m, const ml_config *cfg, const ml_c
     l = NULL;
 done:
     free(heap);
+    ml_ledger_destroy(l);
+    return st;
+}
+
+ml_status ml__evaluate_stage(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
+                             bool keep_events, bool whole, ml_reserved_memo *memo,
+                             const ml_inflight *inflight, ml_ledger **out, ml_error *err)
+{
+    return stage_eval(m, cfg, chain, keep_events, whole, memo, inflight, false, out, err);
+}
+
+ml_status ml__stage_activations(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
+                                bool whole, uint64_t *bytes, ml_error *err)
+{
+    ml_ledger *l = NULL;
+    ml_status st = stage_eval(m, cfg, chain, false, whole, NULL, NULL, true, &l, err);
+    if (st == ML_OK)
+        *bytes = l->sum.bytes_activations;
     ml_ledger_destroy(l);
     return st;
 }

@@ -48,7 +48,7 @@ static double p2p_sends(const ml_training *t, uint64_t r, uint64_t p)
 }
 
 static void rank_of(const ml_model *m, const ml_training *t, uint64_t r, const ml_chain *st,
-                    const ml_summary *one, const ml_ledger *l, ml_rank_info *ri)
+                    uint64_t one, const ml_ledger *l, ml_rank_info *ri)
 {
     const ml_summary *s = &l->sum;
     const uint64_t p = t->pipeline_parallel;
@@ -67,7 +67,7 @@ static void rank_of(const ml_model *m, const ml_training *t, uint64_t r, const m
     ri->head = r + 1 == p;
     ri->params = s->params;
     ri->in_flight = ml__pp_in_flight(t, r);
-    ri->activations_saved = one->bytes_activations;
+    ri->activations_saved = one;
     ri->peak = s->peak;
     ri->has_reserved = s->has_reserved;
     ri->reserved = s->reserved_peak;
@@ -124,9 +124,9 @@ static void pipeline_time(const ml_training *t, const ml_rank_info *ranks, size_
 }
 
 /* Stage r's ledger: its chain replayed for one micro-batch, then with the
- * in-flight ones; *one gets the first replay's summary. */
+ * in-flight ones; *one gets one micro-batch's activations. */
 static ml_status stage(const ml_model *m, const ml_config *cfg, const ml_chain *full, uint64_t r,
-                       bool keep, bool whole, ml_chain *st, ml_summary *one, ml_ledger **out,
+                       bool keep, bool whole, ml_chain *st, uint64_t *one, ml_ledger **out,
                        ml_error *err)
 {
     ml_status s = ml__pp_stage_chain(full, m, &cfg->training, r, st);
@@ -136,18 +136,14 @@ static ml_status stage(const ml_model *m, const ml_config *cfg, const ml_chain *
                           m->name);
     if (s)
         return ml__errorf(err, s, "out of memory");
-    ml_ledger *l = NULL;
     /* no simulation memo: the stages' simulations differ */
-    if ((s = ml__evaluate_stage(m, cfg, st, false, whole, NULL, NULL, &l, err)))
+    if ((s = ml__stage_activations(m, cfg, st, whole, one, err)))
         return s;
-    *one = l->sum;
-    ml_ledger_destroy(l);
     /* each micro-batch held: its activations and its share of the batch
      * (the first stage's inputs, the last's targets: the schedule keeps
      * every micro-batch's own) */
     const ml_training *t = &cfg->training;
-    const double held = (double)one->bytes_activations + (double)st->batch_input +
-                        (double)st->batch_targets;
+    const double held = (double)*one + (double)st->batch_input + (double)st->batch_targets;
     const double first = (ml__pp_in_flight(t, r) - 1) * held;
     const double later = (ml__pp_in_flight_later(t, r) - 1) * held;
     if (first >= 9.2e18)
@@ -173,13 +169,12 @@ ml_status ml__pp_evaluate(const ml_model *m, const ml_config *cfg, const ml_chai
     ml_status st = ML_OK;
     for (uint64_t r = 0; r < p && st == ML_OK; r++) {
         ml_chain sc;
-        ml_summary one;
+        uint64_t one = 0;
         memset(&sc, 0, sizeof sc);
-        memset(&one, 0, sizeof one);
         ml_ledger *l = NULL;
         st = stage(m, cfg, chain, r, keep_events, whole, &sc, &one, &l, err);
         if (st == ML_OK) {
-            rank_of(m, &cfg->training, r, &sc, &one, l, &ranks[r]);
+            rank_of(m, &cfg->training, r, &sc, one, l, &ranks[r]);
             /* the fullest stage: the least headroom on a device, else the
              * largest device figure; between equals (the allocator's
              * segments round), the larger allocator peak, then the first */

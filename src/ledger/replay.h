@@ -354,6 +354,10 @@ typedef struct {
     bool whole;     /* replay every block (the reference tests/unit/test_runs.c
                        holds the runs against) */
     ml_inflight inflight; /* a pipeline stage's (pipeline_eval.c) */
+    bool activations_only; /* a stage's first pass, for one micro-batch's
+                              activations: no step time, and no allocator
+                              simulation unless checkpoint optimal's choice
+                              rests on it */
     ml_reserved_memo *memo; /* the simulations already run (NULL: none kept) */
     /* the evaluation pass, planned once (it does not depend on the
      * checkpoint plan): ml__eval_pass */
@@ -378,6 +382,13 @@ ml_status ml__evaluate_chain(const ml_model *m, const ml_config *cfg, const ml_c
 ml_status ml__evaluate_stage(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
                              bool keep_events, bool whole, ml_reserved_memo *memo,
                              const ml_inflight *inflight, ml_ledger **out, ml_error *err);
+/* One micro-batch's activations at the end of the chain's forward, as
+ * ml__evaluate_stage without in-flight bytes plans them (the figure a
+ * pipeline stage's in-flight ones are made of), without what does not
+ * change them: the step time, and the allocator simulation where the
+ * checkpoint plan does not depend on it. */
+ml_status ml__stage_activations(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
+                                bool whole, uint64_t *bytes, ml_error *err);
 /* Pipeline parallelism (pipeline_eval.c): every stage of the chain planned
  * (no simulation memo: the stages' differ), the ledger the fullest stage's
  * with every stage's figures (l->ranks). */
