@@ -404,6 +404,29 @@ void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, m
     }
 }
 
+/* A pipeline stage's first pass (ml__stage_activations): the replay up to
+ * the end of the last micro-batch's forward, whose activations are what it
+ * is asked for (the first micro-batch whole before it: what it leaves, the
+ * loop's reference to its output, is there when the next forward ends). */
+static ml_status activations_pass(ml_replay *r, const ml_evalctx *x, ml_summary *s,
+                                  ml_error *err)
+{
+    if (x->cfg->training.grad_accum > 1) {
+        r->micro = 0;
+        ml__replay_micro_batch(r);
+        r->micro = 1;
+    }
+    r->sub = "";
+    ml__replay_forward(r);
+    s->bytes_activations = r->act_end;
+    if (r->nomem)
+        return ml__errorf(err, ML_NOMEM, "out of memory");
+    if (r->overflow || x->ch->overflow)
+        return ml__errorf(err, ML_OVERFLOW,
+                          "byte counts exceed 64 bits: use a smaller micro_batch or seq_len");
+    return ML_OK;
+}
+
 ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,
                        ml_error *err)
 {
@@ -435,6 +458,8 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
                             1);
         r.grads_exist = true;
     }
+    if (x->activations_only)
+        return activations_pass(&r, x, s, err);
     double flops_re = ml__eval_iteration(&r, x, s, false);
     /* one micro-batch's (the last replayed), without the stage's others */
     s->bytes_activations = r.act_end - (t->grad_accum > 1 ? x->inflight.later : x->inflight.first);
@@ -454,12 +479,10 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
         memcpy(s->phase_eval, x->eval_phases, sizeof s->phase_eval);
     flops_and_time(ch, x->cfg, flops_re, s);
     /* the timeline's clock: the per-op model's, when it times the step */
-    if (!x->activations_only) {
-        ml_time_map map = {NULL, 0, 0, false};
-        ml__step_time(ch, x->cfg, seg, s, keep_events ? &map : NULL); /* docs/time.md */
-        ml__time_finish(x->cfg, l, &map); /* docs/ledger.md, "Time" */
-        free(map.p);
-    }
+    ml_time_map map = {NULL, 0, 0, false};
+    ml__step_time(ch, x->cfg, seg, s, keep_events ? &map : NULL); /* docs/time.md */
+    ml__time_finish(x->cfg, l, &map); /* docs/ledger.md, "Time" */
+    free(map.p);
     if ((st = ml__eval_verdict(ch, &x->cfg->device, x->cache_allow, s, err)))
         return st;
     ml__eval_block_table(x, seg, l);
@@ -488,7 +511,8 @@ static ml_status stage_eval(const ml_model *m, const ml_config *cfg, const ml_ch
     if (inflight)
         x.inflight = *inflight;
     ml_status st;
-    if ((st = ml__optim_bytes_of(&ch, t, &x.ob, err)) || (st = ml__eval_pass(m, &x, err)))
+    if ((st = ml__optim_bytes_of(&ch, t, &x.ob, err)) ||
+        (!activations_only && (st = ml__eval_pass(m, &x, err))))
         return st;
     /* the ledger and its block table (n + 1 rows) in one allocation */
     const size_t m1 = ch.n + 1;
@@ -540,7 +564,9 @@ ml_status ml__stage_activations(const ml_model *m, const ml_config *cfg, const m
                                 bool whole, uint64_t *bytes, ml_error *err)
 {
     ml_ledger *l = NULL;
-    ml_status st = stage_eval(m, cfg, chain, false, whole, NULL, NULL, true, &l, err);
+    /* checkpoint optimal chooses its segments by the whole plan */
+    const bool only = cfg->training.checkpoint.kind != ML_CKPT_OPTIMAL;
+    ml_status st = stage_eval(m, cfg, chain, false, whole, NULL, NULL, only, &l, err);
     if (st == ML_OK)
         *bytes = l->sum.bytes_activations;
     ml_ledger_destroy(l);

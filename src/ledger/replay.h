@@ -355,9 +355,10 @@ typedef struct {
                        holds the runs against) */
     ml_inflight inflight; /* a pipeline stage's (pipeline_eval.c) */
     bool activations_only; /* a stage's first pass, for one micro-batch's
-                              activations: no step time, and no allocator
-                              simulation unless checkpoint optimal's choice
-                              rests on it */
+                              activations: the replay to the end of its
+                              forward; no evaluation pass, step time or
+                              allocator simulation (not with checkpoint
+                              optimal, whose choice rests on them) */
     ml_reserved_memo *memo; /* the simulations already run (NULL: none kept) */
     /* the evaluation pass, planned once (it does not depend on the
      * checkpoint plan): ml__eval_pass */
@@ -385,8 +386,9 @@ ml_status ml__evaluate_stage(const ml_model *m, const ml_config *cfg, const ml_c
 /* One micro-batch's activations at the end of the chain's forward, as
  * ml__evaluate_stage without in-flight bytes plans them (the figure a
  * pipeline stage's in-flight ones are made of), without what does not
- * change them: the step time, and the allocator simulation where the
- * checkpoint plan does not depend on it. */
+ * change them: the rest of the iteration, the evaluation pass, the step
+ * time and the allocator simulation (all of it under checkpoint optimal,
+ * whose segments depend on them). */
 ml_status ml__stage_activations(const ml_model *m, const ml_config *cfg, const ml_chain *chain,
                                 bool whole, uint64_t *bytes, ml_error *err);
 /* Pipeline parallelism (pipeline_eval.c): every stage of the chain planned

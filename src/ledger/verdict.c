@@ -78,11 +78,8 @@ static ml_status run_plan(const ml_model *m, ml_evalctx *x, const int *seg, bool
 {
     const ml_device *dv = &x->cfg->device;
     ml_status st = ml__eval_run(x, seg, keep_events, l, err);
-    /* a stage's first pass needs the simulation only where checkpoint
-     * optimal chooses its segments by it */
-    const bool sim = dv->allocator != ML_ALLOCATOR_NONE &&
-                     !(x->activations_only &&
-                       x->cfg->training.checkpoint.kind != ML_CKPT_OPTIMAL);
+    /* a stage's first pass needs no simulation (ml__stage_activations) */
+    const bool sim = dv->allocator != ML_ALLOCATOR_NONE && !x->activations_only;
     if (!st && sim && !(st = ml__eval_reserved(m, x, seg, &l->sum, err)))
         st = ml__eval_verdict(x->ch, dv, 0, &l->sum, err);
     return st;
