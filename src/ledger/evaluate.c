@@ -15,35 +15,6 @@
 #include "memledger/calib.h"
 #include "util/error.h"
 
-static const char *const cat_names[ML_CAT_COUNT] = {
-    "params", "master_params", "grads", "optimizer_states", "activations_saved", "recompute",
-    "workspace", "batch", "buffers"};
-static const char *const phase_names[ML_PHASE_COUNT] = {"forward", "loss", "backward",
-                                                        "optimizer"};
-
-const char *ml_category_name(ml_category c)
-{
-    return (unsigned)c < ML_CAT_COUNT ? cat_names[c] : "?";
-}
-
-const char *ml_phase_name(ml_phase p)
-{
-    return (unsigned)p < ML_PHASE_COUNT ? phase_names[p] : "?";
-}
-
-const char *ml_transients_name(ml_transients t)
-{
-    static const char *const names[ML_TRANSIENTS_COUNT] = {"ops", "block_rule", "partly",
-                                                           "formula"};
-    return (unsigned)t < ML_TRANSIENTS_COUNT ? names[t] : "?";
-}
-
-const char *ml_peak_kind_name(ml_peak_kind k)
-{
-    static const char *const names[ML_PEAK_KIND_COUNT] = {"steady", "first_iteration", "eval"};
-    return (unsigned)k < ML_PEAK_KIND_COUNT ? names[k] : "?";
-}
-
 uint64_t ml__ceil_div(uint64_t a, uint64_t b)
 {
     return a / b + (a % b != 0);
@@ -301,15 +272,24 @@ double ml__eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s
     return flops_re;
 }
 
-/* Out of memory, overflow, or a replay that does not balance. */
-static ml_status replay_status(const ml_replay *r, const ml_chain *ch, uint64_t grads_kept,
-                               ml_error *err)
+/* Out of memory or overflow. */
+static ml_status replay_failed(const ml_replay *r, const ml_chain *ch, ml_error *err)
 {
     if (r->nomem)
         return ml__errorf(err, ML_NOMEM, "out of memory");
     if (r->overflow || ch->overflow)
         return ml__errorf(err, ML_OVERFLOW,
                           "byte counts exceed 64 bits: use a smaller micro_batch or seq_len");
+    return ML_OK;
+}
+
+/* ... or a replay that does not balance. */
+static ml_status replay_status(const ml_replay *r, const ml_chain *ch, uint64_t grads_kept,
+                               ml_error *err)
+{
+    ml_status st = replay_failed(r, ch, err);
+    if (st)
+        return st;
     if (r->underflow || r->live[ML_CAT_GRADS] != grads_kept || r->live[ML_CAT_ACTIVATIONS] ||
         r->live[ML_CAT_RECOMPUTE] || r->live[ML_CAT_WORKSPACE]) {
         /* the schedule freed something twice or leaked: a planner bug */
@@ -404,10 +384,9 @@ void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, m
     }
 }
 
-/* A pipeline stage's first pass (ml__stage_activations): the replay up to
- * the end of the last micro-batch's forward, whose activations are what it
- * is asked for (the first micro-batch whole before it: what it leaves, the
- * loop's reference to its output, is there when the next forward ends). */
+/* A pipeline stage's first pass (ml__stage_activations): the replay to
+ * the end of the last micro-batch's forward, the first one whole before it
+ * (what it leaves, the loop's reference to its output, is there then). */
 static ml_status activations_pass(ml_replay *r, const ml_evalctx *x, ml_summary *s,
                                   ml_error *err)
 {
@@ -419,12 +398,7 @@ static ml_status activations_pass(ml_replay *r, const ml_evalctx *x, ml_summary 
     r->sub = "";
     ml__replay_forward(r);
     s->bytes_activations = r->act_end;
-    if (r->nomem)
-        return ml__errorf(err, ML_NOMEM, "out of memory");
-    if (r->overflow || x->ch->overflow)
-        return ml__errorf(err, ML_OVERFLOW,
-                          "byte counts exceed 64 bits: use a smaller micro_batch or seq_len");
-    return ML_OK;
+    return replay_failed(r, x->ch, err);
 }
 
 ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledger *l,

@@ -1,4 +1,5 @@
-/* The ledger's accessors and its destroy (include/memledger/ledger.h). */
+/* The ledger's accessors, its enums' names and its destroy
+ * (include/memledger/ledger.h). */
 #include <stdlib.h>
 
 #include "ledger/replay.h"
@@ -53,4 +54,33 @@ const ml_rank_info *ml_ledger_rank(const ml_ledger *l, size_t i)
 size_t ml_ledger_worst_rank(const ml_ledger *l)
 {
     return l->worst_rank;
+}
+
+static const char *const cat_names[ML_CAT_COUNT] = {
+    "params", "master_params", "grads", "optimizer_states", "activations_saved", "recompute",
+    "workspace", "batch", "buffers"};
+static const char *const phase_names[ML_PHASE_COUNT] = {"forward", "loss", "backward",
+                                                        "optimizer"};
+
+const char *ml_category_name(ml_category c)
+{
+    return (unsigned)c < ML_CAT_COUNT ? cat_names[c] : "?";
+}
+
+const char *ml_phase_name(ml_phase p)
+{
+    return (unsigned)p < ML_PHASE_COUNT ? phase_names[p] : "?";
+}
+
+const char *ml_transients_name(ml_transients t)
+{
+    static const char *const names[ML_TRANSIENTS_COUNT] = {"ops", "block_rule", "partly",
+                                                           "formula"};
+    return (unsigned)t < ML_TRANSIENTS_COUNT ? names[t] : "?";
+}
+
+const char *ml_peak_kind_name(ml_peak_kind k)
+{
+    static const char *const names[ML_PEAK_KIND_COUNT] = {"steady", "first_iteration", "eval"};
+    return (unsigned)k < ML_PEAK_KIND_COUNT ? names[k] : "?";
 }
