@@ -18,6 +18,7 @@ bool ml__family_embedding(const ml_model *m, const mlg_config *c, bool drop, mlg
     E->types = enc && m->embed.token_types;
     E->layernorm = enc;
     E->dropout = drop;
+    E->vocab_parallel = m->embed.vocab_parallel;
     if (m->embed.position == ML_POS_ROPE)
         E->rotary = m->embed.rope_complex ? MLG_ROTARY_COMPLEX : MLG_ROTARY_COS_SIN;
     return true;
@@ -55,6 +56,46 @@ static uint16_t lookup(ml_graph *g, uint16_t ids, const char *table, uint8_t row
     ml__op_save(o, ids);
     ml__op_param(o, W);
     return e;
+}
+
+/* Megatron's VocabParallelEmbedding above one tensor rank
+ * (megatron/core/tensor_parallel/layers.py, VocabParallelEmbedding.forward):
+ * input_mask = (ids < start) | (ids >= end), a bool (B, T) made of two;
+ * masked_input = ids.clone() - start, an int64 (B, T) made from a clone
+ * (the masked ones set to 0 in place); the lookup by masked_input, which
+ * F.embedding saves. Returns masked_input; *mask the mask, which the
+ * output's zeroing saves (vocab_parallel_zero). */
+static uint16_t vocab_parallel_ids(ml_graph *g, uint16_t tok, uint16_t *mask)
+{
+    uint16_t lt = ml__graph_tensor(g, "ids < start (bool)", MLG_BOOL, MLG_ACT, 2, MLG_B, MLG_T);
+    uint16_t ge = ml__graph_tensor(g, "ids >= end (bool)", MLG_BOOL, MLG_ACT, 2, MLG_B, MLG_T);
+    *mask = ml__graph_tensor(g, "vocab-parallel input mask (bool)", MLG_BOOL, MLG_ACT, 2, MLG_B,
+                             MLG_T);
+    uint16_t c = ml__graph_tensor(g, "token ids clone (int64)", MLG_INT64, MLG_ACT, 2, MLG_B, MLG_T);
+    uint16_t mi = ml__graph_tensor(g, "masked ids (int64)", MLG_INT64, MLG_ACT, 2, MLG_B, MLG_T);
+    g->t[lt].flags |= MLG_T_TMP;
+    g->t[ge].flags |= MLG_T_TMP;
+    g->t[c].flags |= MLG_T_TMP;
+    ml__graph_step(g, MLG_OP_ELEMENTWISE, "lt (the rank's first row)", tok, lt, NULL);
+    ml__graph_step(g, MLG_OP_ELEMENTWISE, "ge (past the rank's rows)", tok, ge, NULL);
+    mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "or (input_mask)", lt, *mask, NULL);
+    ml__op_in(o, ge);
+    ml__op_free(o, lt);
+    ml__op_free(o, ge);
+    ml__graph_step(g, MLG_OP_COPY, "clone (ids)", tok, c, NULL);
+    ml__op_free(ml__graph_step(g, MLG_OP_ELEMENTWISE, "sub (the rank's first row)", c, mi, NULL),
+                c);
+    return mi;
+}
+
+/* output_parallel[input_mask, :] = 0.0: index_put_ in place (CopySlices
+ * over IndexPutBackward0), which saves the mask. */
+static void vocab_parallel_zero(ml_graph *g, uint16_t x, uint16_t mask)
+{
+    mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "index_put_ (masked rows to 0)", x,
+                               MLG_NONE, NULL);
+    ml__op_in(o, mask);
+    ml__op_save(o, mask);
 }
 
 /* The ids an op makes (arange, a zeros buffer expanded): int64. */
@@ -97,7 +138,11 @@ static uint16_t tokens(ml_graph *g, const mlg_embed *E)
     const bool bare = E->layernorm && !E->learned && !E->types;
     if (bare)
         rotary(g, E);
-    uint16_t x = lookup(g, tok, "word embeddings", MLG_V, true);
+    uint16_t mask = MLG_NONE;
+    const uint16_t by = E->vocab_parallel ? vocab_parallel_ids(g, tok, &mask) : tok;
+    uint16_t x = lookup(g, by, "word embeddings", MLG_V, true);
+    if (mask != MLG_NONE)
+        vocab_parallel_zero(g, x, mask);
     if (E->scale) {
         uint16_t s = stream(g, "embeddings * normalizer", MLG_STREAM, MLG_T_TMP);
         ml__op_free(ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (sqrt(D))", x, s, NULL), x);

@@ -22,6 +22,8 @@ typedef struct {
     bool layernorm; /* BERT: LayerNorm of the sum */
     bool dropout;   /* the embeddings' dropout (the builders keep its mask in
                        evaluation too: chain_embed.c) */
+    bool vocab_parallel; /* Megatron's VocabParallelEmbedding: the ids outside
+                            the rank's rows masked, the rest shifted */
     uint8_t rotary; /* mlg_rotary: the cos and sin (or DeepSeek-V2's complex
                        freqs_cis) every layer reads, kept here */
     /* sizes: the position table's rows, the token types, the rotated part

@@ -109,6 +109,7 @@ const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model
     /* an uneven vocabulary: the first ranks hold one row more (the plan is
      * the fullest rank's) */
     rank->embed.vocab = (m->embed.vocab + tp - 1) / tp;
+    rank->embed.vocab_parallel = true;
     return rank;
 }
 

@@ -178,6 +178,9 @@ typedef struct {
                           device) */
     bool rope_complex; /* DeepSeek-V2's rotary as a complex product (apply_rotary_emb):
                           one complex64 table instead of cos and sin */
+    bool vocab_parallel; /* Megatron-LM's VocabParallelEmbedding (tensor parallelism
+                            above 1; ledger/tensor_parallel.c sets it on the rank's
+                            model): the rank's rows, its ids masked and shifted */
     uint64_t image_size, patch_size, channels; /* a vision encoder's patches (ViT) */
 } ml_embedding_spec;
 

@@ -24,10 +24,15 @@ puts them:
   the shard (B, T/tp, D); attention runs on the whole sequence with the
   rank's heads (H/tp query heads, KV/tp key/value heads), the MLP with
   F/tp columns. A layer's input and output are shards.
-- the embedding and the LM head are replicated (the embedding's output
-  scattered to the rank's shard under SP, the last layer's output gathered
-  for the head): not Megatron's vocabulary-parallel blocks, and not
-  compared here. Only the layer blocks are.
+- the embedding is Megatron's VocabParallelEmbedding: ceil(V / tp) rows
+  of the table (padded, as Megatron pads the vocabulary), the ids outside
+  them masked and the rest shifted (the lookup saves the shifted int64
+  ids, the zeroing of the masked rows the bool mask: 9 B a token), the
+  output all-reduced, or reduce-scattered along the sequence under SP.
+  Compared: its saved bytes (hand_embedding) and the layers'.
+- the LM head is replicated (the last layer's output gathered for it under
+  SP): not Megatron's vocabulary-parallel head and loss, and not compared
+  here.
 
 Each rank counts what autograd saves during the forward with crosscheck.py's
 Recorder (saved_tensors_hooks; each storage once; parameters, buffers and
@@ -143,6 +148,15 @@ def hand_layer(m, B, T, tp, sp):
     return measured, measured - artefacts
 
 
+def hand_embedding(m, B, T, tp):
+    """The embedding block's saved bytes on one rank: the rotary's cos and
+    sin (B*T*dh each, fp32), and above one rank the vocab-parallel lookup's
+    masked ids (int64, which F.embedding saves) and its bool mask (which the
+    zeroing of the masked rows, index_put_, saves): 9 bytes a token."""
+    dh = m.get("head_dim", m["hidden"] // m["heads"])
+    return 2 * B * T * dh * 4 + (9 * B * T if tp > 1 else 0)
+
+
 # the docstring's table, for the shipped files (B 2, T 24, D 64, H 8, F 160)
 TABLE = {(1, False): (307592, 283008), (2, False): (203144, 178560),
          (2, True): (153800, 141504), (4, False): (150920, 126336),
@@ -210,7 +224,8 @@ class ReduceFromModelParallelRegion(torch.autograd.Function):
 
 class ScatterToSequenceParallelRegion(torch.autograd.Function):
     """mappings.py _ScatterToSequenceParallelRegion: this rank's rows of a
-    replicated tensor (the embedding's output); gradient all-gathered."""
+    replicated tensor (a replicated embedding's output); gradient
+    all-gathered."""
 
     @staticmethod
     def forward(ctx, x):
@@ -277,6 +292,35 @@ class LinearWithGradAccumulationAndAsyncCommunication(torch.autograd.Function):
         return grad_input, grad_weight, None
 
 
+class VocabParallelEmbedding(nn.Module):
+    """layers.py VocabParallelEmbedding: ceil(V / tp) rows of the table (the
+    vocabulary padded to tp of them, as Megatron pads it: the padding rows
+    are never looked up). The ids outside the rank's rows are masked, the
+    others shifted into them; the masked rows of the output zeroed; the
+    output all-reduced, or reduce-scattered along the sequence under SP
+    (reduce_scatter_embeddings)."""
+
+    def __init__(s, weight, rank, tp, sp):
+        super().__init__()
+        V, D = weight.shape
+        s.per = (V + tp - 1) // tp
+        s.start, s.sp = rank * s.per, sp
+        rows = torch.zeros(s.per, D)
+        mine = weight.detach()[s.start:s.start + s.per]
+        rows[:mine.shape[0]] = mine
+        s.weight = nn.Parameter(rows)
+
+    def forward(s, input_):
+        input_mask = (input_ < s.start) | (input_ >= s.start + s.per)
+        masked_input = input_.clone() - s.start
+        masked_input[input_mask] = 0
+        output_parallel = nn.functional.embedding(masked_input, s.weight)
+        output_parallel[input_mask, :] = 0.0
+        if s.sp:
+            return ReduceScatterToSequenceParallelRegion.apply(output_parallel)
+        return ReduceFromModelParallelRegion.apply(output_parallel)
+
+
 class ColumnParallelLinear(nn.Module):
     """layers.py ColumnParallelLinear: out_features / tp rows of the weight."""
 
@@ -329,7 +373,7 @@ class TPLlama(tw.Llama):
         s.D, s.dh, s.scaling, s.softcap, s.flash = ref.D, ref.dh, ref.scaling, 0.0, False
         # the rank's heads; H // KV, repeat_kv's factor, is the model's
         s.H, s.KV, s.sp, s.classes = ref.H // tp, ref.KV // tp, sp, 0
-        s.embed = _copy(ref.embed)
+        s.embed = VocabParallelEmbedding(ref.embed.weight, rank, tp, sp)
         dq, dkv = s.H * s.dh, s.KV * s.dh
 
         def rows(lin, n):
@@ -373,7 +417,8 @@ class TPLlama(tw.Llama):
         rec.pinned[cos.storage().data_ptr()] = "embedding"
         rec.pinned[sin.storage().data_ptr()] = "embedding"
         mask = torch.full((T, T), float("-inf")).triu(1)[None, None].expand(B, 1, T, T)
-        if s.sp:
+        if s.sp and not isinstance(s.embed, VocabParallelEmbedding):
+            # a replicated embedding (tpep_twin.py's): its output's shard
             x = ScatterToSequenceParallelRegion.apply(x)
         x = tw.run_blocks(rec, s.blocks, s.block, x, ckpt, cos, sin, mask, pos)
         del mask, pos
@@ -394,7 +439,11 @@ def _grad_errors(ref, model, rank, tp, sp):
         g, want = p.grad.clone(), rp.grad
         if sp and (".ln1." in n or ".ln2." in n):
             dist.all_reduce(g)
-        if g.shape != want.shape:
+        if n == "embed.weight":  # the rank's rows of the padded table
+            per = g.shape[0]
+            want = torch.cat([want, want.new_zeros(per * tp - want.shape[0], want.shape[1])])
+            want = want[rank * per:(rank + 1) * per]
+        elif g.shape != want.shape:
             leaf = n.rsplit(".", 2)[-2]
             if leaf in ("o", "down"):
                 c = g.shape[1]
@@ -506,7 +555,10 @@ def main():
             model.run(rec, batch, False)
         per_block = rec.per_block()
         want, planned = hand_layer(m, B, T, 1, False)
-        derived = {}
+        got = per_block.get("embedding", 0)
+        check("%s embedding" % label, got == hand_embedding(m, B, T, 1),
+              "measured %d, by hand %d" % (got, hand_embedding(m, B, T, 1)))
+        derived = {"embedding": got}
         for blk in layer_blocks(m):
             got = per_block.get(blk, 0)
             check("%s %s" % (label, blk), got == want, "measured %d, by hand %d" % (got, want))
@@ -563,6 +615,11 @@ def main():
                                ["embedding", "head", "loss"] + layer_blocks(m))
                 if stray:
                     check("%s rank%d blocks" % (label, rank), False, "unattributed %s" % stray)
+                got = r["blocks"].get("embedding", 0)
+                check("%s rank%d embedding" % (label, rank), got == hand_embedding(m, B, T, tp),
+                      "measured %d, by hand %d" % (got, hand_embedding(m, B, T, tp)))
+                if rank == 0:
+                    derived["embedding"] = got
                 for blk in layer_blocks(m):
                     got = r["blocks"].get(blk, 0)
                     check("%s rank%d %s" % (label, rank, blk), got == want,

@@ -47,6 +47,12 @@ static void test_rank_saved_bytes(void **state)
         assert_int_equal(layer_bytes(cases[k].tp, sp), cases[k].want);
         assert_int_equal(block_named(l, "block.0")->activations_saved, cases[k].want);
         assert_int_equal(block_named(l, "block.1")->activations_saved, cases[k].want);
+        /* the embedding: the rotary's cos and sin, 2 B T dh x 4 = 3,072 B,
+         * and above one rank the vocab-parallel lookup's shifted int64 ids
+         * and bool mask over the whole sequence, B T (8 + 1) = 432 B (the
+         * twin's figure on every rank, tp_twins.py's hand_embedding) */
+        const uint64_t emb = 2 * 2 * 24 * 8 * 4 + (cases[k].tp > 1 ? 2 * 24 * 9 : 0);
+        assert_int_equal(block_named(l, "embedding")->activations_saved, emb);
         ml_ledger_destroy(l);
     }
     ml_model_destroy(m);
