@@ -21,14 +21,19 @@ void ml__kit_ce_loss(ml_graph *g, uint64_t rows, uint64_t classes)
     g->out = MLG_NONE;
 }
 
-void ml__kit_megatron_ce(ml_graph *g, uint64_t rows, uint64_t classes)
+void ml__kit_megatron_ce(ml_graph *g, uint64_t rows, uint64_t classes, bool fp32_logits)
 {
     ml__graph_init(g);
     const uint8_t r = ml__graph_lit(g, rows), c = ml__graph_lit(g, classes);
     uint16_t x = ml__graph_tensor(g, "logits", MLG_COMPUTE, MLG_INPUT, 2, r, c);
-    uint16_t sm = ml__graph_tensor(g, "softmax (fp32: the logits' .float() copy, in place)",
-                                   MLG_FP32, MLG_ACT, 2, r, c);
-    ml__graph_step(g, MLG_OP_COPY, "float()", x, sm, NULL);
+    /* fp32 logits: .float() returns them, and the softmax is made in
+     * their own storage */
+    uint16_t sm = x;
+    if (!fp32_logits) {
+        sm = ml__graph_tensor(g, "softmax (fp32: the logits' .float() copy, in place)", MLG_FP32,
+                              MLG_ACT, 2, r, c);
+        ml__graph_step(g, MLG_OP_COPY, "float()", x, sm, NULL);
+    }
     uint16_t y = ml__graph_tensor(g, "targets (int64)", MLG_INT64, MLG_BATCH, 1, r);
     uint16_t mask = ml__graph_tensor(g, "target mask (bool)", MLG_BOOL, MLG_ACT, 1, r);
     uint16_t mt = ml__graph_tensor(g, "masked targets (int64)", MLG_INT64, MLG_ACT, 1, r);

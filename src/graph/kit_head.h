@@ -17,12 +17,12 @@ void ml__kit_ce_loss(ml_graph *g, uint64_t rows, uint64_t classes);
 
 /* Megatron-LM's vocab-parallel cross-entropy on `rows` rows of a rank's
  * `classes` logits (megatron/core/tensor_parallel/cross_entropy.py,
- * _VocabParallelCrossEntropy): the logits cast to fp32 (.float(), a copy),
- * the maximum subtracted, exp taken and the sums divided in place, so the
- * copy becomes the softmax it saves, with the target mask (bool) and the
- * masked targets (int64, a clone of the targets); the loss per token
- * (fp32). */
-void ml__kit_megatron_ce(ml_graph *g, uint64_t rows, uint64_t classes);
+ * _VocabParallelCrossEntropy): the logits cast to fp32 (.float(), a copy;
+ * fp32_logits: the logits themselves), the maximum subtracted, exp taken
+ * and the sums divided in place, so the copy (or the logits) becomes the
+ * softmax it saves, with the target mask (bool) and the masked targets
+ * (int64, a clone of the targets); the loss per token (fp32). */
+void ml__kit_megatron_ce(ml_graph *g, uint64_t rows, uint64_t classes, bool fp32_logits);
 
 /* A sequential model's mean-squared-error loss block on n elements:
  * mse_loss saves its input (the block's, of class in_dtype) and the

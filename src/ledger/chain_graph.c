@@ -251,7 +251,7 @@ bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_grap
 
 bool ml__ck_graph_megatron_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
 {
-    ml__kit_megatron_ce(&G->g, rows, classes);
+    ml__kit_megatron_ce(&G->g, rows, classes, ch->prec.a == 4);
     return loss_sized(ch, G);
 }
 

@@ -215,12 +215,15 @@ static ml_status megatron_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64
     if (st || !taken)
         return st ? st : ML_RANGE;
     const uint64_t logits = ml_mul(ch, rows, classes);
+    /* fp32 logits are the softmax (the graph saves the block's input):
+     * the gradient is made in them and handed on, nothing to cast back */
+    const bool fp32 = ch->prec.a == 4;
     b->ws_fwd = ml_mul(ch, rows, 20);
-    b->ws_bwd = ml_mul(ch, logits, ch->prec.a);
+    b->ws_bwd = fp32 ? 0 : ml_mul(ch, logits, ch->prec.a);
     b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
     b->ws_formula = true;
     b->unit_fwd = ml_mul(ch, rows, 8);
-    b->unit = ml_mul(ch, logits, ch->prec.a);
+    b->unit = b->ws_bwd;
     b->in_bytes = ml_mul(ch, logits, ch->prec.a);
     b->in_held = true; /* the loop's logits mode decides (released, by default) */
     return ML_OK;

@@ -98,6 +98,10 @@ const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model
         rank->moe.expert_ffn = (m->moe.expert_ffn ? m->moe.expert_ffn : m->mlp.ffn) / etp;
     if (tp == 1)
         return rank;
+    /* the logits split over the vocabulary: Megatron's cross-entropy
+     * (eager PyTorch's F.cross_entropy would take the rank's slice for the
+     * whole vocabulary) */
+    rank->head.vocab_parallel_ce = true;
     /* the head size stays the full model's */
     rank->attn.head_dim = m->attn.head_dim ? m->attn.head_dim : m->hidden / m->attn.heads;
     rank->attn.heads = m->attn.heads / tp;

@@ -30,9 +30,14 @@ puts them:
   ids, the zeroing of the masked rows the bool mask: 9 B a token), the
   output all-reduced, or reduce-scattered along the sequence under SP.
   Compared: its saved bytes (hand_embedding) and the layers'.
-- the LM head is replicated (the last layer's output gathered for it under
-  SP): not Megatron's vocabulary-parallel head and loss, and not compared
-  here.
+- the final norm runs on the stream as it is (the shard under SP); the
+  output layer is column-parallel over the vocabulary (ceil(V / tp) rows a
+  rank, the last ones fewer: unpadded, so that the loss stays the single
+  device's), and the loss Megatron's vocab-parallel cross-entropy
+  (megatron_ce_twin.RankVocabCE, its all-reduces over the ranks) on the
+  fp32 logits, whose storage becomes the saved softmax. Compared: the
+  head's and the loss's saved bytes (hand_head_loss), every rank against
+  its own rows, rank 0 (the fullest) against the plan.
 
 Each rank counts what autograd saves during the forward with crosscheck.py's
 Recorder (saved_tensors_hooks; each storage once; parameters, buffers and
@@ -118,6 +123,7 @@ import torch.nn as nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import twins as tw  # noqa: E402  (the reference implementations)
 from crosscheck import Recorder  # noqa: E402  (the measurement)
+import megatron_ce_twin as mce  # noqa: E402  (Megatron's cross-entropy, restated)
 
 TP_SIZES = (2, 4)
 
@@ -155,6 +161,24 @@ def hand_embedding(m, B, T, tp):
     zeroing of the masked rows, index_put_, saves): 9 bytes a token."""
     dh = m.get("head_dim", m["hidden"] // m["heads"])
     return 2 * B * T * dh * 4 + (9 * B * T if tp > 1 else 0)
+
+
+def hand_head_loss(m, B, T, tp, sp, rank):
+    """Above one rank, the head's and the loss's saved bytes on rank `rank`:
+    (head measured, head planned, loss). The head: the final RMSNorm on the
+    stream's Tn rows (its input, x * rsqrt, its output, which the
+    column-parallel output layer saves, B*Tn*D each, and rsqrt, B*Tn; 1.13
+    also keeps x^2, B*Tn*D, which the plan leaves out). The loss: Megatron's
+    vocab-parallel cross-entropy on the rank's Vr = its rows of the
+    vocabulary (ceil(V / tp), the last rank fewer): the softmax, made in the
+    fp32 logits' own storage (B*T*Vr), the bool target mask (B*T) and the
+    int64 masked targets (B*T*8)."""
+    D, V = m["hidden"], m["vocab"]
+    Tn = T // tp if sp else T
+    per = (V + tp - 1) // tp
+    Vr = max(0, min(V, (rank + 1) * per) - rank * per)
+    head = 4 * (3 * B * Tn * D + B * Tn)
+    return head + 4 * B * Tn * D, head, 4 * B * T * Vr + B * T + 8 * B * T
 
 
 # the docstring's table, for the shipped files (B 2, T 24, D 64, H 8, F 160)
@@ -321,6 +345,28 @@ class VocabParallelEmbedding(nn.Module):
         return ReduceFromModelParallelRegion.apply(output_parallel)
 
 
+def _all_reduce(kind, t):
+    """megatron_ce_twin.RankVocabCE's all-reduces over the TP group."""
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if kind == "max" else dist.ReduceOp.SUM)
+    return t
+
+
+class VocabParallelCE(torch.autograd.Function):
+    """cross_entropy.py _VocabParallelCrossEntropy on the rank's logits
+    [lo, hi) of the vocabulary: megatron_ce_twin.RankVocabCE (the
+    restatement held there against Megatron's reading) with the three
+    all-reduces made over the TP group. On fp32 logits .float() returns
+    them: the softmax is made in their storage, which it saves."""
+
+    @staticmethod
+    def forward(ctx, logits, target, lo, hi):
+        return mce.RankVocabCE.forward(ctx, logits, target, lo, hi, _all_reduce)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        return mce.RankVocabCE.backward(ctx, grad_loss)[:4]
+
+
 class ColumnParallelLinear(nn.Module):
     """layers.py ColumnParallelLinear: out_features / tp rows of the weight."""
 
@@ -391,7 +437,13 @@ class TPLlama(tw.Llama):
             b.ln1, b.ln2 = _copy(rb.ln1), _copy(rb.ln2)
             s.blocks.append(b)
         s.norm = _copy(ref.norm)
-        s.lm_head = _copy(ref.lm_head)
+        # the output layer's rows: ceil(V / tp) a rank, the last ones fewer
+        # (unpadded: padding rows would enter the softmax, and the loss
+        # would not be the single device's; the plan is the fullest rank's)
+        V = ref.lm_head.weight.shape[0]
+        per = (V + tp - 1) // tp
+        s.vocab_lo, s.vocab_hi = min(V, rank * per), min(V, (rank + 1) * per)
+        s.lm_head = ColumnParallelLinear(ref.lm_head.weight[s.vocab_lo:s.vocab_hi], sp)
         s.register_buffer("inv_freq", ref.inv_freq.clone())
 
     def attn(s, b, h, cos, sin, mask):  # LlamaAttention.forward
@@ -423,9 +475,18 @@ class TPLlama(tw.Llama):
         x = tw.run_blocks(rec, s.blocks, s.block, x, ckpt, cos, sin, mask, pos)
         del mask, pos
         rec.block = "head"
-        if s.sp:
-            x = GatherFromSequenceParallelRegion.apply(x)
-        return tw.lm_loss(rec, s.norm(x), s.lm_head, tgt)
+        if not isinstance(s.embed, VocabParallelEmbedding):
+            # tpep_twin.py's replicated head: the whole sequence gathered
+            if s.sp:
+                x = GatherFromSequenceParallelRegion.apply(x)
+            return tw.lm_loss(rec, s.norm(x), s.lm_head, tgt)
+        # the final norm on the stream as it is (the shard under SP), the
+        # column-parallel output layer, Megatron's vocab-parallel
+        # cross-entropy, the mean over the tokens
+        logits = s.lm_head(s.norm(x))
+        tw.bwd_mark("head", logits)
+        rec.block = "loss"
+        return VocabParallelCE.apply(logits, tgt, s.vocab_lo, s.vocab_hi).mean()
 
 
 def _grad_errors(ref, model, rank, tp, sp):
@@ -437,9 +498,14 @@ def _grad_errors(ref, model, rank, tp, sp):
     for (n, p), (rn, rp) in zip(model.named_parameters(), ref.named_parameters()):
         assert n == rn, (n, rn)
         g, want = p.grad.clone(), rp.grad
-        if sp and (".ln1." in n or ".ln2." in n):
+        # the sequence-parallel norms (the final one too: it runs on the
+        # shard before the column-parallel output layer)
+        if sp and (".ln1." in n or ".ln2." in n or n == "norm.weight"):
             dist.all_reduce(g)
-        if n == "embed.weight":  # the rank's rows of the padded table
+        if n == "lm_head.weight":  # the rank's rows, ceil(V / tp) a rank
+            per = (want.shape[0] + tp - 1) // tp
+            want = want[rank * per:rank * per + g.shape[0]]
+        elif n == "embed.weight":  # the rank's rows of the padded table
             per = g.shape[0]
             want = torch.cat([want, want.new_zeros(per * tp - want.shape[0], want.shape[1])])
             want = want[rank * per:(rank + 1) * per]
@@ -620,6 +686,14 @@ def main():
                       "measured %d, by hand %d" % (got, hand_embedding(m, B, T, tp)))
                 if rank == 0:
                     derived["embedding"] = got
+                h_meas, h_plan, loss = hand_head_loss(m, B, T, tp, sp, rank)
+                for blk, want_b in (("head", h_meas), ("loss", loss)):
+                    got = r["blocks"].get(blk, 0)
+                    check("%s rank%d %s" % (label, rank, blk), got == want_b,
+                          "measured %d, by hand %d" % (got, want_b))
+                if rank == 0:  # the fullest rank, the plan's
+                    derived["head"] = r["blocks"].get("head", 0) - (h_meas - h_plan)
+                    derived["loss"] = r["blocks"].get("loss", 0)
                 for blk in layer_blocks(m):
                     got = r["blocks"].get(blk, 0)
                     check("%s rank%d %s" % (label, rank, blk), got == want,

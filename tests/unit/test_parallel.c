@@ -53,6 +53,18 @@ static void test_rank_saved_bytes(void **state)
          * twin's figure on every rank, tp_twins.py's hand_embedding) */
         const uint64_t emb = 2 * 2 * 24 * 8 * 4 + (cases[k].tp > 1 ? 2 * 24 * 9 : 0);
         assert_int_equal(block_named(l, "embedding")->activations_saved, emb);
+        /* the head: the final norm on the stream's Tn rows (input, x *
+         * rsqrt, output B Tn D x 4 each, rsqrt B Tn x 4), the output
+         * layer saving the norm's output; the loss above one rank:
+         * Megatron's vocab-parallel cross-entropy, the fp32 softmax of the
+         * rank's 87 rows in the logits' own storage, the bool mask and the
+         * int64 masked targets, B T (4 x 87 + 9) = 17,136 B (tp_twins.py's
+         * hand_head_loss); at tp 1, F.cross_entropy's log-softmax and
+         * total_weight, B T 173 x 4 + 4 = 33,220 B */
+        const uint64_t Tn = sp ? 24 / cases[k].tp : 24;
+        assert_int_equal(block_named(l, "head")->activations_saved, 4 * (3 * 2 * Tn * 64 + 2 * Tn));
+        assert_int_equal(block_named(l, "loss")->activations_saved,
+                         cases[k].tp > 1 ? 2 * 24 * (4 * 87 + 9) : 2 * 24 * 173 * 4 + 4);
         ml_ledger_destroy(l);
     }
     ml_model_destroy(m);
