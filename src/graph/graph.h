@@ -187,7 +187,7 @@ typedef struct {
     uint16_t gout[3];    /* tensors whose gradients it frees */
     uint16_t accum;      /* a gradient then added in place into the buffer
                             already held for the same tensor (input_buffer.cpp) */
-    bool scratch_in;     /* a scratch as large as gin[0]'s gradient */
+    uint8_t scratch_in;  /* scratch tensors as large as gin[0]'s gradient */
     bool overfull;       /* a builder listed more than an array holds */
     uint8_t sp_site;     /* sequence parallelism's collective at this op
                             (ml__graph_shard_sequence): MLG_SP_COLUMN, MLG_SP_ROW */

@@ -35,6 +35,9 @@ static uint16_t rms_core(ml_graph *g, const mlg_norm *n, uint8_t w, uint16_t x, 
     mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "pow", xf, x2, "PowBackward0 (x^2)");
     ml__op_save(o, xf);
     o->accum = xf;
+    /* pow_backward: grad * (2 * x.pow(1)), two temporaries of x's size
+     * (tools/autograd/FunctionsManual.cpp, pow_backward) */
+    o->scratch_in = 2;
     o = ml__graph_step(g, MLG_OP_NORM, "mean", x2, var, "MeanBackward1");
     ml__op_free(o, x2);
     o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (eps)", var, ve, NULL);

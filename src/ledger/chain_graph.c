@@ -462,7 +462,7 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     ml__ck_node(ch, b, o->node, gin, pg, gout, rel[0], rel[1]);
     for (unsigned j = 2; j < nrel; j++)
         ml__ck_node_claim(ch, b, rel[j]);
-    uint64_t scratch = o->scratch_in && o->ngin ? tb[o->gin[0]] : 0;
+    uint64_t scratch = o->ngin ? ml_mul(ch, tb[o->gin[0]], o->scratch_in) : 0;
     /* sequence parallelism's collectives in the backward (Megatron,
      * tensor_parallel/layers.py and mappings.py): a column-parallel op
      * computes its input's whole gradient, then reduce-scatters it into

@@ -208,12 +208,16 @@ static ml_status graph_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t 
  * measures it). GPTModel computes the loss inside its forward and returns it, not
  * the logits: they are freed once the loss is computed (engine megatron's
  * default loop is training.logits released). */
-static ml_status megatron_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t classes)
+static ml_status megatron_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t classes,
+                               bool targets_held)
 {
     bool taken = false;
     ml_status st = graph_loss(ch, b, rows, classes, true, &taken);
     if (st || !taken)
         return st ? st : ML_RANGE;
+    /* eager PyTorch's loop holds the int64 targets in its batch */
+    if (targets_held)
+        ch->batch_targets = ml_add(ch, ch->batch_targets, ml_mul(ch, rows, 8));
     const uint64_t logits = ml_mul(ch, rows, classes);
     /* fp32 logits are the softmax (the graph saves the block's input):
      * the gradient is made in them and handed on, nothing to cast back */
@@ -255,7 +259,7 @@ ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, u
         return ML_NOMEM;
     b->fwd_phase = ML_PHASE_LOSS;
     if (m->head.vocab_parallel_ce)
-        return megatron_loss(ch, b, rows, out_classes);
+        return megatron_loss(ch, b, rows, out_classes, m->head.targets_held);
     unsigned lsb = ch->prec.autocast ? 4 : w;
     bool graph = false;
     if ((st = graph_loss(ch, b, rows, out_classes, false, &graph)) != ML_OK)

@@ -102,6 +102,7 @@ const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model
      * (eager PyTorch's F.cross_entropy would take the rank's slice for the
      * whole vocabulary) */
     rank->head.vocab_parallel_ce = true;
+    rank->head.targets_held = t->engine != ML_ENGINE_MEGATRON;
     /* the head size stays the full model's */
     rank->attn.head_dim = m->attn.head_dim ? m->attn.head_dim : m->hidden / m->attn.heads;
     rank->attn.heads = m->attn.heads / tp;

@@ -198,6 +198,9 @@ typedef struct {
     bool vocab_parallel_ce; /* Megatron-LM's vocab-parallel cross-entropy (engine
                                megatron; ledger/tensor_parallel.c sets it on the
                                rank's model) instead of F.cross_entropy */
+    bool targets_held;      /* with it, the loop holds the targets all iteration
+                               (eager PyTorch's loop: its batch), which the
+                               cross-entropy does not save (a masked clone) */
 } ml_head_spec;
 
 /* T5 (type encdec): the decoder's blocks, the relative position buckets (HF

@@ -105,15 +105,31 @@ tensor: the reduce-scatter is an all-reduce of a full-size copy and this
 rank's rows taken as a new tensor (inside the autograd Function, so the
 buffer is a transient), the gather all_gather into a list and cat.
 
+Then each rank's live bytes (measure_live): three training iterations
+(AdamW foreach, zero_grad(set_to_none), the loop holding the batch and the
+loss) under livebytes.py's profiler and device view, the collectives on a
+one-thread gloo group with a fence after each (their tensors freed on the
+measured thread), the sequence-parallel gathers into one buffer kept from
+its first use (Megatron's global memory buffer). Checked: no oracle error,
+nothing left, iterations 2 and 3 alike; the fullest rank's steady and
+first-iteration peaks against the plan's (`--optimizer adamw
+--optimizer-impl foreach --logits released --allocator none`), within 1 %
+and every byte of the difference a named item of the phase the peak is in
+(compare_live).
+
 usage: tp_twins.py MEMLEDGER MODELS_DIR
 Prints one line per check and ends with "N passed, N failed".
 """
+import bisect
 import copy
+import itertools
+import datetime
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -124,6 +140,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import twins as tw  # noqa: E402  (the reference implementations)
 from crosscheck import Recorder  # noqa: E402  (the measurement)
 import megatron_ce_twin as mce  # noqa: E402  (Megatron's cross-entropy, restated)
+import livebytes as lb  # noqa: E402  (the live-bytes oracle)
 
 TP_SIZES = (2, 4)
 
@@ -191,11 +208,56 @@ TABLE = {(1, False): (307592, 283008), (2, False): (203144, 178560),
 # Megatron's communication, along the sequence dimension of HF's (B, T, D)
 # (Megatron's activations are (T, B, D): its "first dim" is our dim 1)
 
+# While a rank's live bytes are measured (measure_live), its collectives run
+# on a gloo group of one worker thread, each followed by a fence: the
+# worker runs the works in order and drops each before the next, so once
+# the fence is done the collective's tensors are referenced by this thread
+# only, and their frees happen here, where the profiler records them (a
+# free on gloo's thread is not recorded: the oracle would see the pointer
+# allocated twice).
+_PG = [None]
+_FENCE = [None]
+_GATHER = {}
+
+
+def _done(work):
+    work.wait()
+    if _PG[0] is not None:
+        _PG[0].allreduce([_FENCE[0]]).wait()
+
+
+def _all_reduce(t, op=dist.ReduceOp.SUM):
+    if _PG[0] is None:
+        dist.all_reduce(t, op=op)
+        return
+    o = dist.AllreduceOptions()
+    o.reduceOp = op
+    _done(_PG[0].allreduce([t], o))
+
+
+def _all_gather(parts, t):
+    if _PG[0] is None:
+        dist.all_gather(parts, t)
+        return
+    _done(_PG[0].allgather([parts], [t]))
+
+
 def _gather_seq(x):
     """mappings.py _gather_along_first_dim; 1.13's gloo has no
-    _all_gather_base: all_gather into a list, then cat."""
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
+    _all_gather_base: all_gather into a list, then cat. While the live
+    bytes are measured the list is Megatron's global memory buffer
+    (get_global_memory_buffer: one buffer every sequence-parallel gather
+    reuses, kept from its first use, _GATHER), and the cat the twin's own
+    transient (Megatron's (T, B, D) buffer is the gathered tensor)."""
+    n = dist.get_world_size()
+    if _PG[0] is not None:
+        key = (n,) + tuple(x.shape)
+        if key not in _GATHER:
+            _GATHER[key] = torch.empty(key, dtype=x.dtype)
+        parts = list(_GATHER[key].unbind(0))
+    else:
+        parts = [torch.empty_like(x) for _ in range(n)]
+    _all_gather(parts, x.contiguous())
     return torch.cat(parts, dim=1)
 
 
@@ -212,7 +274,7 @@ def _reduce_scatter_seq(x):
     """mappings.py _reduce_scatter_along_first_dim; 1.13's gloo has no
     reduce_scatter: all-reduce a full-size copy, keep this rank's rows."""
     buf = x.clone(memory_format=torch.contiguous_format)
-    dist.all_reduce(buf)
+    _all_reduce(buf)
     return _split_seq(buf)
 
 
@@ -227,7 +289,7 @@ class CopyToModelParallelRegion(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         g = g.contiguous()
-        dist.all_reduce(g)
+        _all_reduce(g)
         return g
 
 
@@ -238,7 +300,7 @@ class ReduceFromModelParallelRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         x = x.contiguous()
-        dist.all_reduce(x)
+        _all_reduce(x)
         return x
 
     @staticmethod
@@ -345,9 +407,9 @@ class VocabParallelEmbedding(nn.Module):
         return ReduceFromModelParallelRegion.apply(output_parallel)
 
 
-def _all_reduce(kind, t):
+def _ce_reduce(kind, t):
     """megatron_ce_twin.RankVocabCE's all-reduces over the TP group."""
-    dist.all_reduce(t, op=dist.ReduceOp.MAX if kind == "max" else dist.ReduceOp.SUM)
+    _all_reduce(t, dist.ReduceOp.MAX if kind == "max" else dist.ReduceOp.SUM)
     return t
 
 
@@ -360,7 +422,7 @@ class VocabParallelCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, lo, hi):
-        return mce.RankVocabCE.forward(ctx, logits, target, lo, hi, _all_reduce)
+        return mce.RankVocabCE.forward(ctx, logits, target, lo, hi, _ce_reduce)
 
     @staticmethod
     def backward(ctx, grad_loss):
@@ -523,12 +585,74 @@ def _grad_errors(ref, model, rank, tp, sp):
     return worst, name
 
 
+def measure_live(ref, rank, tp, sp, batch):
+    """The rank's live bytes over three training iterations (AdamW foreach,
+    zero_grad(set_to_none), the loop holding no output), as livebytes.py
+    measures them: each phase's maximum and the peak of the first and the
+    steady iteration in the device view (1.13's CPU artefacts removed by op
+    and tensor)."""
+    if _FENCE[0] is None:  # made once, outside the measured window
+        _FENCE[0] = torch.zeros(1)
+        from torch._C._distributed_c10d import ProcessGroupGloo
+        o = ProcessGroupGloo._Options()
+        o._devices = [ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        o._threads = 1
+        o._timeout = datetime.timedelta(seconds=120)
+        store = dist.PrefixStore("one-thread", dist.distributed_c10d._get_default_store())
+        _PG.append(ProcessGroupGloo(store, rank, tp, o))
+    _PG[0] = _PG[-1]
+
+    def bwd_mark(name):  # a block's backward starts (twins.py's hook)
+        with lb.Mark("bwd:" + name):
+            pass
+    tw.BWD_MARK[0] = bwd_mark
+
+    def build():
+        m = TPLlama(ref, rank, tp, sp)
+        m.train()
+        # the gather buffer goes with the model (in the measured teardown)
+        weakref.finalize(m, _GATHER.clear)
+        return m
+    # the batch made in the window, as the planned loop holds it
+    c, f = lb.run_loop(build, lambda m: tuple(t.clone() for t in batch), lb.model_step_fn(False),
+                       "adamw", "foreach", "released")
+    _PG[0] = None
+    view, kind = c.device_view()
+    r = [c.phases(i, view) for i in range(3)]
+    # the steady iteration's maximum in each block's forward and backward
+    s0, e0 = c.range("iter1")
+    mk = sorted((a, n) for a, _, n in c.marks if s0 <= a <= e0 and
+                (n.startswith("blk:") or n.startswith("bwd:") or n in ("backward", "step")))
+    k0 = bisect.bisect_left(c.times, s0)
+    k1 = bisect.bisect_left(c.times, e0)
+    live, cur, seen = sum(view[:k0]), "start", {}
+    bwd = False
+    for k in range(k0, k1):
+        while mk and mk[0][0] <= c.times[k]:
+            n = mk.pop(0)[1]
+            bwd = bwd or n == "backward"
+            cur = ("B " + n[4:] if n.startswith("bwd:") else "B loss" if n == "backward" else
+                   "F " + n[4:] if n.startswith("blk:") else n)
+            if n == "step":
+                cur = "step"
+            seen[cur] = max(seen.get(cur, 0), live)
+        live += view[k]
+        seen[cur] = max(seen.get(cur, 0), live)
+    return {"errors": c.errors[:5], "leaked": c.leaked, "first": r[0]["peak"],
+            "steady": r[1]["peak"], "third": r[2]["peak"], "phases": r[1]["phases"],
+            "first_at": r[0]["peak_phase"],
+            "at": [r[1]["peak_phase"], r[1]["peak_step"], r[1]["peak_op"]],
+            "start": r[1]["start"], "params": f["params"], "states": f["states"],
+            "buffers": f["buffers"], "batch": f["batch"], "by_block": seen}
+
+
 def rank_main(rank, tp, init_file, out_dir, jobs):
     """One TP rank: for each (model file, sp), the single-device twin and the
     rank's shard of it; writes what it measured to out_dir."""
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=tp)
+    tw.RMSNorm.forward = lb.rmsnorm_forward  # the same forward, its x^2 tagged
     results = []
     for path, sp in jobs:
         with open(path) as fh:
@@ -549,9 +673,11 @@ def rank_main(rank, tp, init_file, out_dir, jobs):
         per_block = rec.per_block()
         loss.backward()
         gerr, gname = _grad_errors(ref, model, rank, tp, sp)
-        results.append({"path": path, "sp": sp, "blocks": per_block,
-                        "loss": loss.item(), "ref_loss": ref_loss.item(),
-                        "grad_err": gerr, "grad_worst": gname})
+        res = {"path": path, "sp": sp, "blocks": per_block, "loss": loss.item(),
+               "ref_loss": ref_loss.item(), "grad_err": gerr, "grad_worst": gname}
+        del model, rec, loss
+        res["live"] = measure_live(ref, rank, tp, sp, batch) if tp > 1 else None
+        results.append(res)
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as fh:
         json.dump(results, fh)
     dist.barrier()
@@ -574,13 +700,67 @@ def run_world(tp, jobs):
 # --------------------------------------------------------------------------
 # The plan
 
-def plan(memledger, path, B, T, tp, sp):
+def plan(memledger, path, B, T, tp, sp, live=False):
     args = [memledger, "plan", path, "--format", "json", "--micro-batch", str(B),
             "--seq-len", str(T), "--precision", "fp32", "--checkpoint", "none"]
+    if live:  # the loop measure_live runs
+        args += ["--optimizer", "adamw", "--optimizer-impl", "foreach", "--logits", "released",
+                 "--allocator", "none"]
     if tp > 1:
         args += ["--tp", str(tp)] + ([] if sp else ["--no-sp"])
     return subprocess.run(args, capture_output=True, text=True), args
 
+
+def explain(diff, parts):
+    """The named items whose sum is diff (a subset), or None."""
+    names = [n for n, v in parts.items() if v]
+    for k in range(len(names) + 1):
+        for sub in itertools.combinations(names, k):
+            if sum(parts[x] for x in sub) == diff:
+                return " + ".join("%s %+d" % (x, parts[x]) for x in sub) or "nothing"
+    return None
+
+
+def compare_live(check, memledger, label, path, B, T, tp, sp, m, ranks, j):
+    """Each rank's live bytes over a training step (measure_live): three
+    iterations alike, nothing left; the fullest rank's (rank 0: the most
+    vocabulary rows) steady and first-iteration peaks against the plan:
+    within 1 %, and every byte of the difference a named item of the phase
+    the peak falls in."""
+    out, args = plan(memledger, path, B, T, tp, sp, live=True)
+    if out.returncode not in (0, 1):
+        check(label + " live plan", False, "%s exited %d" % (" ".join(args), out.returncode))
+        return
+    q = json.loads(out.stdout)
+    for rank, res in enumerate(ranks):
+        lv = res[j]["live"]
+        check("%s rank%d live-bytes oracle" % (label, rank),
+              not lv["errors"] and not lv["leaked"] and lv["third"] == lv["steady"],
+              "errors %s, left %d B, iterations 2 and 3: %d, %d" % (
+                  lv["errors"], lv["leaked"], lv["steady"], lv["third"]))
+    lv = ranks[0][j]["live"]
+    BTD = 4 * B * T * m["hidden"]
+    for what, planned, meas, phase in (
+            ("steady", q["peaks"]["steady"], lv["steady"], lv["at"][0]),
+            ("first-iteration", q["peaks"]["first_iteration"], lv["first"], lv["first_at"])):
+        items = {
+            # the loop's `loss` (0-dim fp32), alive from the loss to the
+            # iteration's end; the plan does not count it
+            "the loss the loop holds (4 B)": -4,
+            # ones_like(loss), backward's seed, alive through the backward
+            "the backward's seed (4 B)": -4 if phase == "backward" else 0,
+            # _foreach_div_ wraps the bias correction in a 0-dim double
+            # inside aten::div_ (host memory on a GPU)
+            "_foreach_div_'s 0-dim double in AdamW's step (8 B)": -8 if phase == "optimizer" else 0,
+            # the twin's cat of the gathered rows beside Megatron's buffer
+            "the twin's cat of a sequence-parallel gather (B*T*D*4)": -BTD if sp else 0,
+        }
+        d = planned - meas
+        why = explain(d, items)
+        ok = abs(d) <= 0.01 * meas and why is not None
+        check("%s rank0 %s peak planned" % (label, what), ok,
+              "planned %d, measured %d (%+.3f%%, in %s): %+d = %s" % (
+                  planned, meas, 100.0 * d / meas, phase, d, why or "not the named items"))
 
 def main():
     if len(sys.argv) != 3:
@@ -701,6 +881,7 @@ def main():
                     if rank == 0:
                         derived[blk] = got - (want - planned)
             compare_plan(label, path, B, T, tp, sp, derived)
+            compare_live(check, memledger, label, path, B, T, tp, sp, m, ranks, j)
 
     return check.done(models)
 

@@ -220,7 +220,7 @@ static void expect_nodes(const ml_chain *c, const ml_cblock *b, bool gemma, uint
         {"MulBackward0 (x * rsqrt)", F + R, 0, F, F},
         {"RsqrtBackward0", R, 0, 0, R},
         {"MeanBackward1", F, 0, 0, R},
-        {"PowBackward0 (x^2)", F, 0, 0, F},
+        {"PowBackward0 (x^2)", F, 0, 2 * F, F},
         {"InputBuffer accumulation (in place)", 0, 0, 0, F},
         {"ToCopyBackward0 (norm input)", E, 0, 0, F},
     };
@@ -233,7 +233,7 @@ static void expect_nodes(const ml_chain *c, const ml_cblock *b, bool gemma, uint
         {"MulBackward0 (x * rsqrt)", F + R, 0, F, F},
         {"RsqrtBackward0", R, 0, 0, R},
         {"MeanBackward1", F, 0, 0, R},
-        {"PowBackward0 (x^2)", F, 0, 0, F},
+        {"PowBackward0 (x^2)", F, 0, 2 * F, F},
         {"InputBuffer accumulation (in place)", 0, 0, 0, F},
         {"ToCopyBackward0 (norm input)", E, 0, 0, F},
     };
@@ -310,7 +310,9 @@ static void test_fused_norm_nodes(void **state)
  * RMSNorm's weight * h makes h's gradient and the weight's D.4 = 256 as
  * the sum of a product of x's size; x * rsqrt makes x's and rsqrt's (B.T.4
  * = 192) gradients, the latter the sum of a product of x's size; then
- * rsqrt, mean and pow, and x's two gradients summed in place. */
+ * rsqrt, mean and pow (pow_backward's grad * (2 * x.pow(1)): two
+ * temporaries of x's size beside x's gradient), and x's two gradients
+ * summed in place. */
 static void test_lm_head_nodes(void **state)
 {
     (void)state;
@@ -330,7 +332,7 @@ static void test_lm_head_nodes(void **state)
         {"MulBackward0 (x * rsqrt)", X + R, 0, X, X},
         {"RsqrtBackward0", R, 0, 0, R},
         {"MeanBackward1", X, 0, 0, R},
-        {"PowBackward0 (x^2)", X, 0, 0, X},
+        {"PowBackward0 (x^2)", X, 0, 2 * X, X},
         {"InputBuffer accumulation (in place)", 0, 0, 0, X},
     };
     const ml_cblock *h = &b.blocks[b.n - 2];

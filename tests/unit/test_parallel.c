@@ -65,6 +65,10 @@ static void test_rank_saved_bytes(void **state)
         assert_int_equal(block_named(l, "head")->activations_saved, 4 * (3 * 2 * Tn * 64 + 2 * Tn));
         assert_int_equal(block_named(l, "loss")->activations_saved,
                          cases[k].tp > 1 ? 2 * 24 * (4 * 87 + 9) : 2 * 24 * 173 * 4 + 4);
+        /* the batch the eager loop holds: the ids and the targets, B T x 8
+         * each, also where the vocab-parallel loss saves a masked clone of
+         * the targets instead of them */
+        assert_int_equal(ml_ledger_summary(l)->bytes_batch, 2 * 2 * 24 * 8);
         ml_ledger_destroy(l);
     }
     ml_model_destroy(m);
