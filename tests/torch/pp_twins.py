@@ -812,16 +812,6 @@ def plan(memledger, path, p, sched, m, B, T):
         return None, "%s: output not JSON (%s)" % (" ".join(args[1:]), e)
 
 
-def explain(diff, parts):
-    """The subset of named items whose sum is diff, if one is."""
-    names = [n for n, v in parts.items() if v]
-    for n in range(1, len(names) + 1):
-        for sub in itertools.combinations(names, n):
-            if sum(parts[x] for x in sub) == diff:
-                return " + ".join("%s %+d" % (x, parts[x]) for x in sub)
-    return None
-
-
 def main():
     if len(sys.argv) != 3:
         raise SystemExit(__doc__)
@@ -958,7 +948,7 @@ def main():
                     qs = q.get("activations_saved")
                     tip = ""
                     if qs is not None and qs != ms:
-                        tip = explain(ms - qs, {
+                        tip = tw.explain(ms - qs, {
                             "the stage's own rotary tables (2*B*T*dh*4)":
                                 s.tables if r > 0 else 0}) or ""
                         tip = "; the plan lacks " + tip if tip else ""
@@ -1053,12 +1043,10 @@ def made_of(s, p, r, m, sched, d, res, cand, win, q, j_plan):
               "backward's op"] = (sum(other.values()) - cand[win][0] -
                                   (s.BTD if r > 0 else 0) - (8 if r == p - 1 else 0))
     head = "held micro-batches' saved bytes as planned %+d" % fixed if fixed else ""
-    e = explain(d - fixed, items) if d != fixed else ""
+    e = tw.explain(d - fixed, items) if d != fixed else ""
     if e is not None:
         out.append("made of: " + " + ".join(x for x in (head, e) if x))
-        explained = True
     else:
-        explained = False
         out.append("made of: %sa remainder %+d, none of: %s" % (
             head + " and " if head else "", d - fixed,
             ", ".join("%s %+d" % kv for kv in items.items())))
@@ -1067,7 +1055,7 @@ def made_of(s, p, r, m, sched, d, res, cand, win, q, j_plan):
     if res.get("bwd_max"):
         out.append("measured maxima in %s's blocks: %s" % (res["peak_at"], ", ".join(
             "%s %d" % kv for kv in res["bwd_max"].items())))
-    return "; ".join(out), explained
+    return "; ".join(out), e is not None
 
 
 if __name__ == "__main__":

@@ -120,9 +120,7 @@ and every byte of the difference a named item of the phase the peak is in
 usage: tp_twins.py MEMLEDGER MODELS_DIR
 Prints one line per check and ends with "N passed, N failed".
 """
-import bisect
 import copy
-import itertools
 import datetime
 import json
 import os
@@ -215,7 +213,8 @@ TABLE = {(1, False): (307592, 283008), (2, False): (203144, 178560),
 # only, and their frees happen here, where the profiler records them (a
 # free on gloo's thread is not recorded: the oracle would see the pointer
 # allocated twice).
-_PG = [None]
+_PG = [None]          # the group the collectives use now (None: the default)
+_ONE_THREAD = [None]  # the one-thread group, made once
 _FENCE = [None]
 _GATHER = {}
 
@@ -587,25 +586,19 @@ def _grad_errors(ref, model, rank, tp, sp):
 
 def measure_live(ref, rank, tp, sp, batch):
     """The rank's live bytes over three training iterations (AdamW foreach,
-    zero_grad(set_to_none), the loop holding no output), as livebytes.py
-    measures them: each phase's maximum and the peak of the first and the
-    steady iteration in the device view (1.13's CPU artefacts removed by op
-    and tensor)."""
-    if _FENCE[0] is None:  # made once, outside the measured window
-        _FENCE[0] = torch.zeros(1)
+    zero_grad(set_to_none), the loop holding the batch and the loss, no
+    output), as livebytes.py measures them: the peak of the first and of
+    the steady iterations in the device view (1.13's CPU artefacts removed
+    by op and tensor), and the phase each falls in."""
+    if _ONE_THREAD[0] is None:  # made once, outside the measured window
         from torch._C._distributed_c10d import ProcessGroupGloo
         o = ProcessGroupGloo._Options()
         o._devices = [ProcessGroupGloo.create_device(hostname="127.0.0.1")]
         o._threads = 1
         o._timeout = datetime.timedelta(seconds=120)
         store = dist.PrefixStore("one-thread", dist.distributed_c10d._get_default_store())
-        _PG.append(ProcessGroupGloo(store, rank, tp, o))
-    _PG[0] = _PG[-1]
-
-    def bwd_mark(name):  # a block's backward starts (twins.py's hook)
-        with lb.Mark("bwd:" + name):
-            pass
-    tw.BWD_MARK[0] = bwd_mark
+        _ONE_THREAD[0] = ProcessGroupGloo(store, rank, tp, o)
+        _FENCE[0] = torch.zeros(1)
 
     def build():
         m = TPLlama(ref, rank, tp, sp)
@@ -613,37 +606,18 @@ def measure_live(ref, rank, tp, sp, batch):
         # the gather buffer goes with the model (in the measured teardown)
         weakref.finalize(m, _GATHER.clear)
         return m
-    # the batch made in the window, as the planned loop holds it
-    c, f = lb.run_loop(build, lambda m: tuple(t.clone() for t in batch), lb.model_step_fn(False),
-                       "adamw", "foreach", "released")
-    _PG[0] = None
-    view, kind = c.device_view()
+    _PG[0] = _ONE_THREAD[0]
+    try:
+        # the batch made in the window, as the planned loop holds it
+        c, _ = lb.run_loop(build, lambda m: tuple(t.clone() for t in batch),
+                           lb.model_step_fn(False), "adamw", "foreach", "released")
+    finally:
+        _PG[0] = None
+    view, _ = c.device_view()
     r = [c.phases(i, view) for i in range(3)]
-    # the steady iteration's maximum in each block's forward and backward
-    s0, e0 = c.range("iter1")
-    mk = sorted((a, n) for a, _, n in c.marks if s0 <= a <= e0 and
-                (n.startswith("blk:") or n.startswith("bwd:") or n in ("backward", "step")))
-    k0 = bisect.bisect_left(c.times, s0)
-    k1 = bisect.bisect_left(c.times, e0)
-    live, cur, seen = sum(view[:k0]), "start", {}
-    bwd = False
-    for k in range(k0, k1):
-        while mk and mk[0][0] <= c.times[k]:
-            n = mk.pop(0)[1]
-            bwd = bwd or n == "backward"
-            cur = ("B " + n[4:] if n.startswith("bwd:") else "B loss" if n == "backward" else
-                   "F " + n[4:] if n.startswith("blk:") else n)
-            if n == "step":
-                cur = "step"
-            seen[cur] = max(seen.get(cur, 0), live)
-        live += view[k]
-        seen[cur] = max(seen.get(cur, 0), live)
     return {"errors": c.errors[:5], "leaked": c.leaked, "first": r[0]["peak"],
-            "steady": r[1]["peak"], "third": r[2]["peak"], "phases": r[1]["phases"],
-            "first_at": r[0]["peak_phase"],
-            "at": [r[1]["peak_phase"], r[1]["peak_step"], r[1]["peak_op"]],
-            "start": r[1]["start"], "params": f["params"], "states": f["states"],
-            "buffers": f["buffers"], "batch": f["batch"], "by_block": seen}
+            "first_at": r[0]["peak_phase"], "steady": r[1]["peak"],
+            "steady_at": r[1]["peak_phase"], "third": r[2]["peak"]}
 
 
 def rank_main(rank, tp, init_file, out_dir, jobs):
@@ -711,17 +685,7 @@ def plan(memledger, path, B, T, tp, sp, live=False):
     return subprocess.run(args, capture_output=True, text=True), args
 
 
-def explain(diff, parts):
-    """The named items whose sum is diff (a subset), or None."""
-    names = [n for n, v in parts.items() if v]
-    for k in range(len(names) + 1):
-        for sub in itertools.combinations(names, k):
-            if sum(parts[x] for x in sub) == diff:
-                return " + ".join("%s %+d" % (x, parts[x]) for x in sub) or "nothing"
-    return None
-
-
-def compare_live(check, memledger, label, path, B, T, tp, sp, m, ranks, j):
+def compare_live(check, memledger, label, path, B, T, tp, sp, ranks, j):
     """Each rank's live bytes over a training step (measure_live): three
     iterations alike, nothing left; the fullest rank's (rank 0: the most
     vocabulary rows) steady and first-iteration peaks against the plan:
@@ -739,9 +703,8 @@ def compare_live(check, memledger, label, path, B, T, tp, sp, m, ranks, j):
               "errors %s, left %d B, iterations 2 and 3: %d, %d" % (
                   lv["errors"], lv["leaked"], lv["steady"], lv["third"]))
     lv = ranks[0][j]["live"]
-    BTD = 4 * B * T * m["hidden"]
     for what, planned, meas, phase in (
-            ("steady", q["peaks"]["steady"], lv["steady"], lv["at"][0]),
+            ("steady", q["peaks"]["steady"], lv["steady"], lv["steady_at"]),
             ("first-iteration", q["peaks"]["first_iteration"], lv["first"], lv["first_at"])):
         items = {
             # the loop's `loss` (0-dim fp32), alive from the loss to the
@@ -752,15 +715,14 @@ def compare_live(check, memledger, label, path, B, T, tp, sp, m, ranks, j):
             # _foreach_div_ wraps the bias correction in a 0-dim double
             # inside aten::div_ (host memory on a GPU)
             "_foreach_div_'s 0-dim double in AdamW's step (8 B)": -8 if phase == "optimizer" else 0,
-            # the twin's cat of the gathered rows beside Megatron's buffer
-            "the twin's cat of a sequence-parallel gather (B*T*D*4)": -BTD if sp else 0,
         }
         d = planned - meas
-        why = explain(d, items)
+        why = tw.explain(d, items) if d else "nothing"
         ok = abs(d) <= 0.01 * meas and why is not None
         check("%s rank0 %s peak planned" % (label, what), ok,
               "planned %d, measured %d (%+.3f%%, in %s): %+d = %s" % (
                   planned, meas, 100.0 * d / meas, phase, d, why or "not the named items"))
+
 
 def main():
     if len(sys.argv) != 3:
@@ -881,7 +843,7 @@ def main():
                     if rank == 0:
                         derived[blk] = got - (want - planned)
             compare_plan(label, path, B, T, tp, sp, derived)
-            compare_live(check, memledger, label, path, B, T, tp, sp, m, ranks, j)
+            compare_live(check, memledger, label, path, B, T, tp, sp, ranks, j)
 
     return check.done(models)
 

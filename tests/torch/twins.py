@@ -4,6 +4,7 @@ out in PyTorch, one class per family, with the batch each trains on.
 crosscheck.py measures what they save; livebytes.py replays their memory
 curve (it patches `F` and the RMSNorms' forward here).
 """
+import itertools
 import math
 
 import torch
@@ -112,6 +113,18 @@ class Checks:
             print("FAIL no model under %s: nothing was checked" % models)
             return 1
         return 0 if self.failed == 0 else 1
+
+
+def explain(diff, parts):
+    """The subset of the named items (name: bytes, the zero ones left out)
+    whose sum is diff, as "name +bytes + ..."; None when none is. A twin
+    uses it to name every byte of a plan-measurement difference."""
+    names = [n for n, v in parts.items() if v]
+    for k in range(1, len(names) + 1):
+        for sub in itertools.combinations(names, k):
+            if sum(parts[x] for x in sub) == diff:
+                return " + ".join("%s %+d" % (x, parts[x]) for x in sub)
+    return None
 
 
 def checkpoint(fn, *args):
