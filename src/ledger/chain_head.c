@@ -219,9 +219,9 @@ static ml_status megatron_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64
     if (targets_held)
         ch->batch_targets = ml_add(ch, ch->batch_targets, ml_mul(ch, rows, 8));
     const uint64_t logits = ml_mul(ch, rows, classes);
-    /* fp32 logits are the softmax (the graph saves the block's input):
+    /* fp32 logits are the softmax (the graph saved the block's input):
      * the gradient is made in them and handed on, nothing to cast back */
-    const bool fp32 = ch->prec.a == 4;
+    const bool fp32 = b->in_saved;
     b->ws_fwd = ml_mul(ch, rows, 20);
     b->ws_bwd = fp32 ? 0 : ml_mul(ch, logits, ch->prec.a);
     b->ws_nograd = ml_add(ch, b->ws_fwd, b->saved_bytes);
