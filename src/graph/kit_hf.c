@@ -55,7 +55,7 @@ static uint16_t rms_core(ml_graph *g, const mlg_norm *n, uint8_t w, uint16_t x, 
     if (up)
         ml__op_free(o, xf); /* the upcast, rebound */
     ml__op_gin(o, rs);
-    o->scratch_in = true;
+    o->scratch_in = 1;
     if (xbuf)
         o->accum = xf;
     *var_out = keep_var ? var : MLG_NONE;
@@ -103,7 +103,7 @@ uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
         ml__op_gin(o, w1);
     if (!n->held)
         ml__op_gout(o, pr);
-    o->scratch_in = true;
+    o->scratch_in = 1;
     if (up) {
         o = ml__graph_step(g, MLG_OP_COPY, "type_as", pr, y, "ToCopyBackward0 (type_as)");
         ml__op_free(o, pr);
@@ -143,7 +143,7 @@ uint16_t ml__kit_rmsnorm_of(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
     ml__op_gin(o, hs);
     if (!n->held)
         ml__op_gout(o, y);
-    o->scratch_in = true;
+    o->scratch_in = 1;
     ml__op_free(ml__graph_release(g, "variance, at return"), var);
     return y;
 }

@@ -100,7 +100,7 @@ static uint16_t router(ml_graph *g, const mlg_layer *L, uint16_t h)
         ml__op_save(o, r.sum);
         ml__op_save(o, r.old);
         node(o, "DivBackward0 (in place)", r.wk, r.sum, r.wk);
-        o->scratch_in = true;
+        o->scratch_in = 1;
     }
     return r.wk;
 }
@@ -193,7 +193,7 @@ static void expert_ops(ml_graph *g, const mlg_layer *L, const mlg_expert *e, uin
     ml__op_save(o, e->Y);
     ml__op_save(o, e->rw);
     ml__op_gin(o, e->rw);
-    o->scratch_in = true;
+    o->scratch_in = 1;
     o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "index_add_ (into the sum)");
     ml__op_in(o, e->Z);
     ml__op_save(o, e->Z);
@@ -338,7 +338,7 @@ static uint16_t shared(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t rou
     ml__op_save(o, Y);
     ml__op_save(o, sg);
     ml__op_gin(o, sg);
-    o->scratch_in = true;
+    o->scratch_in = 1;
     ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (routed + shared)", routed, out, NULL);
     return out;
 }

@@ -94,9 +94,7 @@ static uint16_t t5_norm(ml_graph *g, const mlg_t5 *L, uint16_t x, uint16_t xf, c
     uint16_t W = param(g, grp, "layer_norm.weight", MLG_D, -1);
     if (xf != MLG_NONE)
         step(g, MLG_OP_COPY, "to (float32)", x, xf, "ToCopyBackward0");
-    mlg_op *pw = step(g, MLG_OP_ELEMENTWISE, "pow", xs, sq, "PowBackward0");
-    ml__op_save(pw, xs);
-    pw->scratch_in = 2; /* pow_backward's x.pow(1) and 2 * it */
+    ml__op_save(step(g, MLG_OP_ELEMENTWISE, "pow", xs, sq, "PowBackward0"), xs);
     ml__op_free(step(g, MLG_OP_NORM, "mean", sq, var, "MeanBackward1"), sq);
     ml__op_free(step(g, MLG_OP_ELEMENTWISE, "add (eps)", var, ve, "AddBackward0"), var);
     mlg_op *o = step(g, MLG_OP_ELEMENTWISE, "rsqrt", ve, rs, "RsqrtBackward0");
@@ -364,7 +362,6 @@ static uint16_t gated_gelu(ml_graph *g, const mlg_t5 *L, uint16_t h0, uint16_t y
     }
     mlg_op *o = step(g, MLG_OP_ELEMENTWISE, "pow", xs, p3, "PowBackward0");
     ml__op_save(o, xs);
-    o->scratch_in = 2; /* pow_backward's x.pow(2) and 3 * it */
     ml__op_free(o, h0f);
     ml__op_free(step(g, MLG_OP_ELEMENTWISE, "mul (0.044715)", p3, m1, "MulBackward1"), p3);
     o = step(g, MLG_OP_ELEMENTWISE, "add", h0, s1, "AddBackward0");

@@ -195,19 +195,23 @@ static ml_status graph_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t 
     return ML_OK;
 }
 
-/* Megatron-LM's vocab-parallel cross-entropy (engine megatron): the saved
- * softmax, target mask and masked targets from its graph; the block rule's
- * transients from its source (megatron/core/tensor_parallel/
- * cross_entropy.py): in forward the row-sized temporaries beside the fp32
- * copy (the maxima, the arange index, the predicted logits and the sums of
- * exponentials: 4 + 8 + 4 + 4 bytes a row); in backward the gradient is the
- * saved softmax itself, changed in place (its row-sized temporaries freed
- * before what follows), then cast back to the logits' dtype for the head
- * (the .float()'s ToCopyBackward0: a new tensor of the logits' size, beside
- * the softmax: the block's backward peak, as tests/torch/megatron_ce_twin.py
- * measures it). GPTModel computes the loss inside its forward and returns it, not
- * the logits: they are freed once the loss is computed (engine megatron's
- * default loop is training.logits released). */
+/* Megatron-LM's vocab-parallel cross-entropy (engine megatron, or tensor
+ * parallelism above 1): the saved softmax, target mask and masked targets
+ * from its graph; the block rule's transients from its source
+ * (megatron/core/tensor_parallel/cross_entropy.py): in forward the
+ * row-sized temporaries beside the softmax (the maxima, the arange index,
+ * the predicted logits and the sums of exponentials: 4 + 8 + 4 + 4 bytes a
+ * row); in backward the gradient is the saved softmax itself, changed in
+ * place (its row-sized temporaries, 12 bytes a row, freed before what
+ * follows: not counted), then, for 2-byte logits, cast back to their dtype
+ * for the head (the .float()'s ToCopyBackward0: a new tensor of the
+ * logits' size beside the softmax, the block's backward peak, as
+ * tests/torch/megatron_ce_twin.py measures it); fp32 logits are the
+ * softmax and get their gradient in place (tests/torch/tp_twins.py).
+ * GPTModel computes the loss inside its forward and returns it, not the
+ * logits (engine megatron's default loop is training.logits released);
+ * with eager layers training.logits decides, and the loop's targets are
+ * its batch (targets_held). */
 static ml_status megatron_loss(ml_chain *ch, ml_cblock *b, uint64_t rows, uint64_t classes,
                                bool targets_held)
 {

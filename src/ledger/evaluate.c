@@ -386,7 +386,9 @@ void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, m
 
 /* A pipeline stage's first pass (ml__stage_activations): the replay to
  * the end of the last micro-batch's forward, the first one whole before it
- * (what it leaves, the loop's reference to its output, is there then). */
+ * (what it leaves, the loop's reference to its output, is there then).
+ * The replay is left unfinished: no balance to check (the second pass,
+ * over the same chain, checks it). */
 static ml_status activations_pass(ml_replay *r, const ml_evalctx *x, ml_summary *s,
                                   ml_error *err)
 {
@@ -414,14 +416,6 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     ml_shard sh;
     ml_replay r;
     ml__eval_setup(x, seg, l, &sh, &r);
-    s->comm_bytes = ml__eval_communication(ch, t, s->params);
-    s->comm_grad_bytes = ml__eval_grad_reduce_bytes(ch, t, s->params);
-    s->tp_comm_bytes = ml__tp_communication(ch, t, seg, &s->tp_allreduces, &s->tp_halves);
-    s->cp_comm_bytes = ml__cp_communication(ch, t, seg, &s->cp_halves, &s->cp_sends);
-    s->ep_comm_bytes = ml__ep_communication(ch, t, seg, &s->ep_calls);
-    s->etp_comm_bytes = ml__etp_communication(ch, t, seg, &s->etp_calls);
-    ml__eval_collective_calls(ch, t, s->params, &s->dp_allreduces, &s->dp_halves);
-    s->host_transfer_bytes = ml__eval_host_transfer(t, &ch->prec, s->params);
     s->peak_block = -1;
     r.keep = keep_events;
     ml__eval_residents(&r, x, s, true);
@@ -434,6 +428,14 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     }
     if (x->activations_only)
         return activations_pass(&r, x, s, err);
+    s->comm_bytes = ml__eval_communication(ch, t, s->params);
+    s->comm_grad_bytes = ml__eval_grad_reduce_bytes(ch, t, s->params);
+    s->tp_comm_bytes = ml__tp_communication(ch, t, seg, &s->tp_allreduces, &s->tp_halves);
+    s->cp_comm_bytes = ml__cp_communication(ch, t, seg, &s->cp_halves, &s->cp_sends);
+    s->ep_comm_bytes = ml__ep_communication(ch, t, seg, &s->ep_calls);
+    s->etp_comm_bytes = ml__etp_communication(ch, t, seg, &s->etp_calls);
+    ml__eval_collective_calls(ch, t, s->params, &s->dp_allreduces, &s->dp_halves);
+    s->host_transfer_bytes = ml__eval_host_transfer(t, &ch->prec, s->params);
     double flops_re = ml__eval_iteration(&r, x, s, false);
     /* one micro-batch's (the last replayed), without the stage's others */
     s->bytes_activations = r.act_end - (t->grad_accum > 1 ? x->inflight.later : x->inflight.first);

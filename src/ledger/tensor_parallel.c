@@ -91,18 +91,18 @@ const ml_model *ml__rank_model(const ml_model *m, const ml_config *cfg, ml_model
         return m;
     *rank = *m;
     rank->attn.fused_softmax = t->engine == ML_ENGINE_MEGATRON;
-    rank->head.vocab_parallel_ce = t->engine == ML_ENGINE_MEGATRON;
+    /* Megatron's cross-entropy: its engine's loss, and the only loss of
+     * logits split over the vocabulary (F.cross_entropy would take a
+     * rank's slice for the whole vocabulary); eager PyTorch's loop holds
+     * the targets in its batch, which that loss does not save */
+    rank->head.vocab_parallel_ce = t->engine == ML_ENGINE_MEGATRON || tp > 1;
+    rank->head.targets_held = tp > 1 && t->engine != ML_ENGINE_MEGATRON;
     /* a routed expert's width over the expert-tensor ranks (Megatron's
      * experts.py: fc1 column-, fc2 row-parallel over expt_tp) */
     if (etp > 1)
         rank->moe.expert_ffn = (m->moe.expert_ffn ? m->moe.expert_ffn : m->mlp.ffn) / etp;
     if (tp == 1)
         return rank;
-    /* the logits split over the vocabulary: Megatron's cross-entropy
-     * (eager PyTorch's F.cross_entropy would take the rank's slice for the
-     * whole vocabulary) */
-    rank->head.vocab_parallel_ce = true;
-    rank->head.targets_held = t->engine != ML_ENGINE_MEGATRON;
     /* the head size stays the full model's */
     rank->attn.head_dim = m->attn.head_dim ? m->attn.head_dim : m->hidden / m->attn.heads;
     rank->attn.heads = m->attn.heads / tp;

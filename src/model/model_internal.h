@@ -195,9 +195,10 @@ typedef struct {
                              the classifier (HF BertForMaskedLM) */
     double final_softcap; /* the LM logits soft-capped (HF final_logit_softcapping);
                              0 = none */
-    bool vocab_parallel_ce; /* Megatron-LM's vocab-parallel cross-entropy (engine
-                               megatron; ledger/tensor_parallel.c sets it on the
-                               rank's model) instead of F.cross_entropy */
+    bool vocab_parallel_ce; /* Megatron-LM's vocab-parallel cross-entropy instead
+                               of F.cross_entropy (engine megatron, or tensor
+                               parallelism above 1; ledger/tensor_parallel.c sets
+                               it on the rank's model) */
     bool targets_held;      /* with it, the loop holds the targets all iteration
                                (eager PyTorch's loop: its batch), which the
                                cross-entropy does not save (a masked clone) */
