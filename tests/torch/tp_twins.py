@@ -97,8 +97,9 @@ plan without --tp.
 
 The plan: `memledger plan MODEL --format json --tp N` (SP, the default for
 N > 1) and `--tp N --no-sp`; each layer block's activations_saved must be
-the planner column above, byte for byte (a plan that fails is a failed
-check).
+the planner column above, and the embedding's, head's and loss's the
+fullest rank's figures below (hand_embedding, hand_head_loss), byte for
+byte (a plan that fails is a failed check).
 
 PyTorch 1.13's gloo has no reduce_scatter and no all-gather into one
 tensor: the reduce-scatter is an all-reduce of a full-size copy and this
@@ -609,7 +610,7 @@ def measure_live(ref, rank, tp, sp, batch):
     _PG[0] = _ONE_THREAD[0]
     try:
         # the batch made in the window, as the planned loop holds it
-        c, _ = lb.run_loop(build, lambda m: tuple(t.clone() for t in batch),
+        c, f = lb.run_loop(build, lambda m: tuple(t.clone() for t in batch),
                            lb.model_step_fn(False), "adamw", "foreach", "released")
     finally:
         _PG[0] = None
@@ -617,7 +618,7 @@ def measure_live(ref, rank, tp, sp, batch):
     r = [c.phases(i, view) for i in range(3)]
     return {"errors": c.errors[:5], "leaked": c.leaked, "first": r[0]["peak"],
             "first_at": r[0]["peak_phase"], "steady": r[1]["peak"],
-            "steady_at": r[1]["peak_phase"], "third": r[2]["peak"]}
+            "steady_at": r[1]["peak_phase"], "third": r[2]["peak"], "params": f["params"]}
 
 
 def rank_main(rank, tp, init_file, out_dir, jobs):
@@ -685,7 +686,7 @@ def plan(memledger, path, B, T, tp, sp, live=False):
     return subprocess.run(args, capture_output=True, text=True), args
 
 
-def compare_live(check, memledger, label, path, B, T, tp, sp, ranks, j):
+def compare_live(check, memledger, label, path, B, T, D, tp, sp, ranks, j):
     """Each rank's live bytes over a training step (measure_live): three
     iterations alike, nothing left; the fullest rank's (rank 0: the most
     vocabulary rows) steady and first-iteration peaks against the plan:
@@ -703,6 +704,18 @@ def compare_live(check, memledger, label, path, B, T, tp, sp, ranks, j):
               "errors %s, left %d B, iterations 2 and 3: %d, %d" % (
                   lv["errors"], lv["leaked"], lv["steady"], lv["third"]))
     lv = ranks[0][j]["live"]
+    if sp:
+        # by hand: the step's peak, the parameters P, AdamW's two states 2P,
+        # the gradients P and foreach AdamW's square roots of exp_avg_sq P,
+        # the rotary's inv_freq (16 B), Megatron's gather buffer (B*T*D*4),
+        # the batch's ids and targets (2*B*T*8); measured besides, the
+        # loop's loss (4 B) and _foreach_div_'s 0-dim double (8 B)
+        P = lv["params"]
+        hand = 5 * P + 16 + 4 * B * T * D + 16 * B * T
+        check("%s rank0 steady peak by hand" % label,
+              (lv["steady"], lv["steady_at"]) == (hand + 12, "optimizer"),
+              "measured %d in %s, by hand 5 x %d + 16 + %d + %d + 12 = %d in the step" % (
+                  lv["steady"], lv["steady_at"], P, 4 * B * T * D, 16 * B * T, hand + 12))
     for what, planned, meas, phase in (
             ("steady", q["peaks"]["steady"], lv["steady"], lv["steady_at"]),
             ("first-iteration", q["peaks"]["first_iteration"], lv["first"], lv["first_at"])):
@@ -843,7 +856,7 @@ def main():
                     if rank == 0:
                         derived[blk] = got - (want - planned)
             compare_plan(label, path, B, T, tp, sp, derived)
-            compare_live(check, memledger, label, path, B, T, tp, sp, ranks, j)
+            compare_live(check, memledger, label, path, B, T, m["hidden"], tp, sp, ranks, j)
 
     return check.done(models)
 
