@@ -221,8 +221,61 @@ static int grid(const char *path, double seconds, bool prepared_only)
     return rc;
 }
 
+/* The layout search over gpus devices (8 a node) of H100s (NVLink 450
+ * GB/s, 50 GB/s a device between nodes) for the Hugging Face config at
+ * path at 4,096 tokens, bf16 with fp32 master weights, the caching
+ * allocator: candidates searched against the time, one core (docs/search.md). */
+static void search_time(const char *path, uint64_t gpus, uint64_t global_batch, bool exhaustive)
+{
+    ml_model *m = NULL;
+    ml_error e;
+    if (ml_model_load_hf(path, NULL, &m, &e) != ML_OK) {
+        fprintf(stderr, "bench: %s\n", e.msg);
+        return;
+    }
+    ml_config c = ml_model_config(m);
+    c.training.seq_len = 4096;
+    c.training.precision = ML_PREC_BF16_MASTER;
+    if (ml_device_preset_apply("h100", &c.device, &e) != ML_OK) {
+        fprintf(stderr, "bench: %s\n", e.msg);
+        ml_model_destroy(m);
+        return;
+    }
+    c.device.interconnect_gbps = 450;
+    c.device.allocator = ML_ALLOCATOR_CACHING;
+    ml_layout_request req = ml_layout_request_defaults();
+    req.gpus = gpus;
+    req.global_batch = global_batch;
+    req.network_gbps = 50;
+    req.exhaustive = exhaustive;
+    ml_layout_result *r = malloc(sizeof *r);
+    if (!r) {
+        ml_model_destroy(m);
+        return;
+    }
+    double t0 = now();
+    ml_status st = ml_layout_search(m, &c, &req, r, &e);
+    double t = now() - t0;
+    printf("fit --gpus %llu --global-batch %llu, %s%s: %llu candidates in %.2f s (%.0f per "
+           "second; %llu plans, %llu passed over)%s\n",
+           (unsigned long long)gpus, (unsigned long long)global_batch, ml_model_name(m),
+           exhaustive ? " --exhaustive" : "", (unsigned long long)r->candidates, t,
+           (double)r->candidates / t, (unsigned long long)r->evaluations,
+           (unsigned long long)r->passed_over, st ? " FAILED" : "");
+    free(r);
+    ml_model_destroy(m);
+}
+
 int main(int argc, char **argv)
 {
+    /* --search CONFIG.json: the layout search of a mixture of experts over
+     * 120 and 240 devices, pruned and exhaustive */
+    if (argc == 3 && !strcmp(argv[1], "--search")) {
+        search_time(argv[2], 120, 1920, false);
+        search_time(argv[2], 240, 3840, false);
+        search_time(argv[2], 240, 3840, true);
+        return 0;
+    }
     /* --grid MODEL [prepared]: the grid through a prepared planner and each
      * plan on its own, or the first only (to profile it) */
     if ((argc == 3 || (argc == 4 && !strcmp(argv[3], "prepared"))) && !strcmp(argv[1], "--grid"))

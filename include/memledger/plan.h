@@ -95,6 +95,12 @@ typedef struct ml_layout_request {
     uint64_t ep;  /* expert-parallel ranks pinned (1: none); 0: searched (a mixture of
                      experts': each size dividing the experts and dp x cp, beside ZeRO,
                      not the distributed optimizer) */
+    bool exhaustive; /* plan every point the memory pruning leaves; else a point
+                        whose step time is bounded below by a planned one's
+                        (the same layout and micro-batch without recomputation:
+                        recomputation only adds work) and the bound is slower
+                        than the table's last row is passed over (the table is
+                        the same either way) */
 } ml_layout_request;
 
 ML_API ml_layout_request ml_layout_request_defaults(void);
@@ -137,15 +143,18 @@ typedef struct ml_layout_result {
     size_t nrows;
     uint64_t layouts;       /* (tp, pp, dp) splits tried */
     uint64_t evaluations;   /* plans made */
-    uint64_t fitting;       /* (layout, micro-batch, policy) points that fit in the
-                               allocated view; the fastest of them are planned
-                               again as configured (the caching allocator's
-                               reserved peak) for the rows */
+    uint64_t fitting;       /* (layout, micro-batch, policy) points planned that fit
+                               in the allocated view; each as fast as the
+                               table's last row is planned again as configured
+                               (the caching allocator's reserved peak) for the
+                               rows */
     bool comm_timed;        /* a bandwidth was given */
     char note[512];         /* what was searched, or why nothing fits */
     uint64_t candidates;    /* (layout, micro-batch, policy) points in the space, each
                                planned or left out by the memory pruning (a
                                micro-batch above one that does not fit) */
+    uint64_t passed_over;   /* candidates not planned: their step-time bound was
+                               slower than the table's last row (exhaustive off) */
 } ml_layout_result;
 
 /* The settings of a row of the search: cfg with the row's layout (tp, cp,

@@ -42,6 +42,7 @@ typedef struct {
      * "off"), and the splits not modelled yet (refused above 1) */
     const char *engine; /* --engine eager|megatron */
     const char *gpus, *gpus_per_node, *network; /* fit's layout search */
+    bool exhaustive;                             /* fit --gpus: plan every point */
     const char *ranks; /* plan --ranks all: every pipeline stage in the table */
     const char *parallel, *tp, *sp, *pp, *vpp, *cp, *ep, *etp, *pp_schedule, *micro_batches,
         *pp_layers;

@@ -42,7 +42,9 @@ static const char usage[] =
     "                         --interconnect GBps within a node, --network GBps between\n"
     "                         nodes; --tp N, --cp N, --ep N, --etp N, --pp N, --vpp V,\n"
     "                         --micro-batch B, --checkpoint C, --zero Z, --dist-optimizer\n"
-    "                         pin their part\n"
+    "                         pin their part; --exhaustive plans every point (else one\n"
+    "                         whose bound is slower than the table's last row is passed\n"
+    "                         over: the same table, sooner)\n"
     "  and every 'memledger plan' option (--seq-len, --precision, --zero, ...)\n"
     "\n"
     "Exit status: 0 a micro-batch fits, 1 even micro-batch 1 does not fit,\n"
@@ -194,6 +196,7 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
     req.pin_checkpoint = o->checkpoint != NULL;
     /* torchtitan recomputes whole layers, never the attention core alone */
     req.no_selective = emits_torchtitan(o);
+    req.exhaustive = o->exhaustive;
     req.checkpoint = cfg->training.checkpoint;
     /* the sharding as given (--zero, --dist-optimizer), or Megatron's own
      * when its arguments are to be written for eager PyTorch's layers */

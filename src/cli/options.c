@@ -212,6 +212,8 @@ static int check_parsed(const char *verb, ml_cli_opts *o)
                                  "--max-micro-batch, or plan one with 'memledger plan' (with "
                                  "--gpus it pins the layout search's)",
                            o->micro_batch);
+    if (o->exhaustive && (strcmp(verb, "fit") || !o->gpus))
+        return usage_error(verb, "%s", "--exhaustive is for 'memledger fit --gpus N' (the search)");
     if (!strcmp(verb, "compare") && o->checkpoint)
         return usage_error(verb, "--checkpoint %s: compare plans every checkpoint policy side by "
                                  "side; plan one with 'memledger plan --checkpoint'",
@@ -238,6 +240,8 @@ static bool switch_flag(const char *arg, ml_cli_opts *o)
         o->dist_optimizer = arg[2] == 'n' ? "off" : "on";
     else if (!strcmp(arg, "--sp") || !strcmp(arg, "--no-sp"))
         o->sp = arg[2] == 'n' ? "off" : "on";
+    else if (!strcmp(arg, "--exhaustive"))
+        o->exhaustive = true; /* fit --gpus (check_parsed) */
     else
         return false;
     return true;

@@ -23,7 +23,7 @@
 
 #define POWERS 26   /* builds at 2^0 .. 2^25 (the largest micro-batch is 2^24) */
 #define SETTINGS 8  /* settings kept */
-#define EXACT 16    /* builds kept at their own micro-batch (a mixture of experts') */
+#define EXACT 64    /* builds kept at their own micro-batch (a mixture of experts'): an expert split's, every micro-batch and policy */
 
 typedef struct {
     ml_config key;               /* the setting (ml__chain_key) */

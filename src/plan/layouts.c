@@ -10,8 +10,8 @@
 
 #include "ledger/chain.h" /* ml__cp_refused, ml__ep_refused */
 #include "memledger/plan.h"
-#include "plan/layout_time.h"
 #include "model/model_internal.h" /* the layers, for the virtual stages */
+#include "plan/layout_search.h"
 #include "util/error.h"
 #include "util/grow.h"
 
@@ -25,43 +25,28 @@ ml_layout_request ml_layout_request_defaults(void)
 
 static const char *const policies[] = {"none", "selective", "full"};
 
-typedef struct {
-    const ml_model *m;
-    const ml_config *cfg;
-    const ml_layout_request *req;
-    ml_layout_result *out;
-    ml_planner *planner; /* chains built once per tensor split and policy,
-                            derived for each micro-batch */
-    /* the points that fit in the allocated view (the caching allocator's
-     * simulation only adds to a peak), before the simulated verdict */
-    ml_layout_row *cand;
-    size_t ncand, cap;
-    bool nomem;
-    bool planned;      /* some point was planned (it fit or not) */
-    ml_error refusal;  /* the first refusal of a point (a layout or a setting
-                          the model does not take), said when nothing was
-                          planned at all */
-    bool refused;
-    /* the divisors of a share of the global batch, ascending (divisors_of) */
-    uint64_t *div;
-    size_t ndiv, divcap;
-    uint64_t div_of;
-} search;
-
 /* The divisors of n into x->div, ascending: trial division up to its
  * square root (a global batch of 2^40 is a million steps), once per
  * distinct share. False: out of memory. */
-static bool push_divisor(search *x, uint64_t d)
+static bool push_divisor(layout_search *x, uint64_t d)
 {
-    uint64_t *grown = ml_grow(x->div, x->ndiv, &x->divcap, sizeof *grown, 64);
+    size_t cap = x->divcap;
+    uint64_t *grown = ml_grow(x->div, x->ndiv, &cap, sizeof *grown, 64);
     if (!grown)
         return false;
     x->div = grown;
+    if (cap != x->divcap) {
+        double *b = realloc(x->bound, cap * sizeof *b);
+        if (!b)
+            return false;
+        x->bound = b;
+        x->divcap = cap;
+    }
     x->div[x->ndiv++] = d;
     return true;
 }
 
-static bool divisors_of(search *x, uint64_t n)
+static bool divisors_of(layout_search *x, uint64_t n)
 {
     if (x->ndiv && x->div_of == n)
         return true;
@@ -80,169 +65,6 @@ static bool divisors_of(search *x, uint64_t n)
     return true;
 }
 
-/* Whether a kept row is this one again (selective checkpointing with a
- * fused attention kernel drops nothing: the same plan as none). */
-static bool seen(const ml_layout_result *out, const ml_layout_row *row)
-{
-    for (size_t i = 0; i < out->nrows; i++) {
-        const ml_layout_row *o = &out->rows[i];
-        if (o->tp == row->tp && o->pp == row->pp && o->dp == row->dp && o->vpp == row->vpp &&
-            o->cp == row->cp && o->ep == row->ep && o->first_layers == row->first_layers &&
-            o->last_layers == row->last_layers &&
-            o->zero == row->zero && o->dist_optimizer == row->dist_optimizer &&
-            o->micro_batch == row->micro_batch && o->peak == row->peak &&
-            o->device_total == row->device_total && o->step_s == row->step_s)
-            return true;
-    }
-    return false;
-}
-
-/* Keeps row among the fastest (without a time: the most headroom). */
-static int faster(const void *pa, const void *pb);
-
-static void keep(ml_layout_result *out, const ml_layout_row *row)
-{
-    if (seen(out, row))
-        return;
-    size_t at = out->nrows;
-    while (at > 0 && faster(row, &out->rows[at - 1]) < 0)
-        at--;
-    if (at >= ML_LAYOUT_TOP)
-        return;
-    size_t n = out->nrows < ML_LAYOUT_TOP ? out->nrows : ML_LAYOUT_TOP - 1;
-    memmove(&out->rows[at + 1], &out->rows[at], (n - at) * sizeof *row);
-    out->rows[at] = *row;
-    if (out->nrows < ML_LAYOUT_TOP)
-        out->nrows++;
-}
-
-ml_config ml_layout_config(const ml_config *cfg, const ml_layout_row *w)
-{
-    ml_config c = *cfg;
-    ml_training *t = &c.training;
-    t->tensor_parallel = w->tp;
-    t->pipeline_parallel = w->pp;
-    t->data_parallel = w->dp;
-    t->micro_batch = w->micro_batch;
-    t->grad_accum = w->micro_batches;
-    t->checkpoint = w->checkpoint;
-    t->virtual_stages = w->vpp > 1 ? w->vpp : 1;
-    if (w->vpp > 1)
-        t->pp_schedule = ML_PP_INTERLEAVED;
-    else if (t->pp_schedule == ML_PP_INTERLEAVED)
-        t->pp_schedule = ML_PP_1F1B;
-    t->zero = w->zero;
-    t->dist_optimizer = w->dist_optimizer;
-    t->context_parallel = w->cp > 1 ? w->cp : 1;
-    t->expert_parallel = w->ep > 1 ? w->ep : 1;
-    if (w->etp)
-        t->expert_tensor_parallel = w->etp;
-    t->npp_layers = 0;
-    if (w->first_layers && w->pp >= 2 && w->pp <= ML_PP_MAX_STAGES) {
-        /* the middle stages share the rest evenly (the search made it so) */
-        const uint32_t p = (uint32_t)w->pp, mid = w->pp > 2 ? w->middle_layers : 0;
-        for (uint32_t i = 0; i < p; i++)
-            t->pp_layers[i] = i == 0 ? w->first_layers : i + 1 == p ? w->last_layers : mid;
-        t->npp_layers = p;
-    }
-    return c;
-}
-
-static ml_config config_of(const search *x, const ml_layout_row *w)
-{
-    return ml_layout_config(x->cfg, w);
-}
-
-/* The row's figures from its plan. */
-static void figures(const search *x, const ml_ledger *l, ml_layout_row *w)
-{
-    const ml_summary *s = ml_ledger_summary(l);
-    w->peak = s->peak;
-    w->device_total = s->peak_total;
-    w->headroom = s->headroom;
-    w->bubble = w->pp > 1 && s->pipeline_bubble > 0 ? s->pipeline_bubble : 0;
-    w->compute_s = w->pp > 1 ? s->pipeline_step_s : s->time_compute_s;
-    w->comm_s = ml__layout_comm_time(x->cfg, x->req, l, w, &w->latency_s);
-    w->step_s = w->compute_s < 0 ? -1 : w->compute_s + (w->comm_s > 0 ? w->comm_s : 0);
-    const double tokens = (double)x->req->global_batch * (double)x->cfg->training.seq_len;
-    w->tokens_per_s = w->step_s > 0 ? tokens / w->step_s : -1;
-    const double peak = s->peak_tflops_used;
-    w->mfu = w->step_s > 0 && peak > 0
-                 ? (s->flops_forward + s->flops_backward) / w->step_s / (peak * 1e12)
-                 : -1;
-}
-
-/* One point planned in the allocated view; ML_RANGE: the layout is not
- * one the model splits into (not an error of the search); *fits whether it
- * fits every rank so, and then it is a candidate. */
-static ml_status point(search *x, const ml_layout_row *split, uint64_t b, uint64_t mb,
-                       const ml_checkpoint *policy, bool *fits, ml_error *err)
-{
-    ml_layout_row row = *split;
-    row.micro_batch = b, row.micro_batches = mb;
-    row.checkpoint = *policy;
-    ml_config c = config_of(x, &row);
-    c.device.allocator = ML_ALLOCATOR_NONE;
-    ml_ledger *l = NULL;
-    ml_status st = ml_planner_evaluate(x->planner, &c, false, &l, err);
-    x->out->evaluations++;
-    if (st)
-        return st;
-    *fits = ml_ledger_summary(l)->fits;
-    if (*fits) {
-        figures(x, l, &row);
-        ml_layout_row *grown = ml_grow(x->cand, x->ncand, &x->cap, sizeof *grown, 64);
-        if (grown) {
-            x->cand = grown;
-            x->cand[x->ncand++] = row;
-        } else {
-            x->nomem = true;
-        }
-    }
-    ml_ledger_destroy(l);
-    return ML_OK;
-}
-
-/* The faster of two candidates (without a time: the more headroom). */
-static int faster(const void *pa, const void *pb)
-{
-    const ml_layout_row *a = pa, *b = pb;
-    const bool ta = a->step_s >= 0, tb = b->step_s >= 0;
-    if (ta != tb)
-        return ta ? -1 : 1; /* timed rows first */
-    if (ta && a->step_s != b->step_s)
-        return a->step_s < b->step_s ? -1 : 1;
-    return a->headroom > b->headroom ? -1 : a->headroom < b->headroom;
-}
-
-/* The candidates from the fastest, each planned as configured (the
- * caching allocator simulated, unless none), the fitting ones kept until
- * the table is full. */
-static ml_status verdicts(search *x, ml_error *err)
-{
-    if (x->ncand)
-        qsort(x->cand, x->ncand, sizeof *x->cand, faster);
-    for (size_t i = 0; i < x->ncand && x->out->nrows < ML_LAYOUT_TOP; i++) {
-        ml_layout_row row = x->cand[i];
-        if (x->cfg->device.allocator != ML_ALLOCATOR_NONE) {
-            ml_config c = config_of(x, &row);
-            ml_ledger *l = NULL;
-            ml_status st = ml_planner_evaluate(x->planner, &c, false, &l, err);
-            x->out->evaluations++;
-            if (st)
-                return st;
-            const bool fits = ml_ledger_summary(l)->fits;
-            if (fits)
-                figures(x, l, &row);
-            ml_ledger_destroy(l);
-            if (!fits)
-                continue;
-        }
-        keep(x->out, &row);
-    }
-    return ML_OK;
-}
-
 /* Every micro-batch and policy of a split (tp x pp x dp, its virtual
  * stages and sharding), the micro-batches from the smallest up to the
  * first that does not fit (the peak grows with the micro-batch: with a
@@ -250,8 +72,12 @@ static ml_status verdicts(search *x, ml_error *err)
  * bytes), which prunes the larger ones; *candidates counts the points,
  * planned or pruned. The interleaved schedule needs micro-batches a
  * multiple of the stages (Megatron-LM's condition): others are not
- * points. */
-static ml_status layout(search *x, const ml_layout_row *split, uint64_t *candidates,
+ * points. Unless the request is exhaustive, a point with recomputation is
+ * passed over where the same micro-batch without it was planned (fitting
+ * or not) and was already slower than the table's last row: recomputation
+ * adds work to the step (a second forward of what it drops, its
+ * collectives) and removes none, so the point is slower still. */
+static ml_status layout(layout_search *x, const ml_layout_row *split, uint64_t *candidates,
                         ml_error *err)
 {
     const ml_layout_request *req = x->req;
@@ -267,7 +93,10 @@ static ml_status layout(search *x, const ml_layout_row *split, uint64_t *candida
         if (!req->pin_checkpoint && req->no_selective && !strcmp(policies[pol], "selective"))
             continue;
         bool pruned = false;
+        const bool bounding = !req->pin_checkpoint && pol == 0; /* none: the others' bound */
         for (size_t i = 0; i < x->ndiv; i++) {
+            if (bounding)
+                x->bound[i] = -1;
             const uint64_t b = x->div[i], m = share / b;
             if ((req->micro_batch && b != req->micro_batch) || m > hi ||
                 (split->vpp > 1 && m % split->pp))
@@ -275,11 +104,20 @@ static ml_status layout(search *x, const ml_layout_row *split, uint64_t *candida
             (*candidates)++;
             if (pruned)
                 continue;
+            const double over = ml__layout_table_bound(x->out);
+            if (!req->exhaustive && !req->pin_checkpoint && pol > 0 && over >= 0 &&
+                x->bound[i] > over) {
+                x->out->passed_over++;
+                continue;
+            }
             ml_checkpoint policy = req->checkpoint;
             if (!req->pin_checkpoint)
                 ml_parse_checkpoint(policies[pol], &policy, NULL);
             bool fits = false;
-            ml_status st = point(x, split, b, m, &policy, &fits, err);
+            double step_s = -1;
+            ml_status st = ml__layout_point(x, split, b, m, &policy, &fits, &step_s, err);
+            if (bounding && st == ML_OK)
+                x->bound[i] = step_s;
             if (st == ML_RANGE) {
                 if (!x->refused)
                     x->refusal = *err;
@@ -301,7 +139,7 @@ static ml_status layout(search *x, const ml_layout_row *split, uint64_t *candida
  * or with one rank; else ZeRO 0 to 3 (0 and 1 beside a pipeline, which
  * DeepSpeed's pipeline engine allows) or, under engine megatron, its
  * distributed optimizer off and on. */
-static size_t shardings(const search *x, uint64_t pp, uint64_t dp, ml_layout_row *out)
+static size_t shardings(const layout_search *x, uint64_t pp, uint64_t dp, ml_layout_row *out)
 {
     const ml_training *t = &x->cfg->training;
     if (x->req->pin_sharding || dp <= 1) {
@@ -322,7 +160,7 @@ static size_t shardings(const search *x, uint64_t pp, uint64_t dp, ml_layout_row
 /* Context parallelism over cp ranks beside tp inside a node of G: pinned,
  * or searched where the model's attention and sequence allow it
  * (ml__cp_refused). */
-static bool cp_tried(const search *x, uint64_t tp, uint64_t cp, uint64_t G)
+static bool cp_tried(const layout_search *x, uint64_t tp, uint64_t cp, uint64_t G)
 {
     const ml_layout_request *req = x->req;
     if ((req->cp && cp != req->cp) || G % (tp * cp) || req->gpus % (tp * cp))
@@ -341,13 +179,13 @@ static bool cp_tried(const search *x, uint64_t tp, uint64_t cp, uint64_t G)
  * split's sharding allows it (ZeRO, not the distributed optimizer:
  * ml__ep_refused); ep 1 always where etp covers tp (unless another is
  * pinned). */
-static bool ep_tried(const search *x, const ml_layout_row *split, uint64_t ep)
+static bool ep_tried(const layout_search *x, const ml_layout_row *split, uint64_t ep)
 {
     const ml_layout_request *req = x->req;
     const uint64_t dpc = split->dp * (split->cp > 1 ? split->cp : 1);
     if (req->ep && ep != req->ep)
         return false;
-    ml_training t = config_of(x, split).training;
+    ml_training t = ml__layout_config_of(x, split).training;
     t.expert_parallel = ep;
     const uint64_t etp = x->m->moe.experts ? ml_training_etp(&t) : 1;
     if ((split->tp * dpc) % (ep * etp))
@@ -365,7 +203,7 @@ static bool ep_tried(const search *x, const ml_layout_row *split, uint64_t ep)
 /* A mixture of experts' expert-tensor ranks under tp > 1: tp's (Megatron's
  * default: 0 here) and 1 (each expert whole, its ranks expert-parallel
  * ones); the configuration's where it gives one. */
-static size_t etps_of(const search *x, uint64_t tp, uint64_t out[2])
+static size_t etps_of(const layout_search *x, uint64_t tp, uint64_t out[2])
 {
     out[0] = x->m->moe.experts ? x->cfg->training.expert_tensor_parallel : 0;
     if (!x->m->moe.experts || tp <= 1 || out[0])
@@ -407,11 +245,16 @@ static size_t uneven_shapes(uint64_t L, uint64_t pp, uint32_t shapes[6][3])
     return n;
 }
 
-/* The splits with tp and cp: pp dividing the rest, its virtual stages, its
- * uneven splits and the data-parallel sharding, each searched (st not
- * NULL) and followed by the progress callback, or only counted; false once
- * *st is an error. */
-static bool splits(search *x, uint64_t tp, uint64_t cp, tally *c, ml_status *st, ml_error *err)
+/* The splits with tp and cp for one expert split (etp, ep; 1 and 1 for a
+ * dense model): pp dividing the rest, its virtual stages, its uneven
+ * splits and the data-parallel sharding, each searched (st not NULL) and
+ * followed by the progress callback, or only counted; false once *st is an
+ * error. The expert split is the outer loop (layouts, below) because the
+ * planner keeps a mixture of experts' chains by it and the micro-batch,
+ * whatever the pipeline and the sharding: a split's chains are built once
+ * for all its pipelines. */
+static bool splits(layout_search *x, uint64_t tp, uint64_t cp, uint64_t etp, uint64_t ep, tally *c,
+                   ml_status *st, ml_error *err)
 {
     const ml_layout_request *req = x->req;
     const uint64_t L = x->m->layers, tc = tp * cp;
@@ -420,6 +263,9 @@ static bool splits(search *x, uint64_t tp, uint64_t cp, tally *c, ml_status *st,
             continue;
         const uint64_t dp = req->gpus / (tc * pp);
         if (req->global_batch % dp)
+            continue;
+        /* (a model without experts: ep 1 alone) */
+        if (ep > (x->m->moe.experts ? tp * dp * cp : 1))
             continue;
         /* virtual stages: a stage's layers in v equal chunks; with one, the
          * uneven splits too */
@@ -432,32 +278,25 @@ static bool splits(search *x, uint64_t tp, uint64_t cp, tally *c, ml_status *st,
                 ml_layout_row split[4];
                 memset(split, 0, sizeof split);
                 /* the states shard over dp x cp ranks (ml__shard_group) */
-            const size_t ns = shardings(x, pp, dp * cp, split);
+                const size_t ns = shardings(x, pp, dp * cp, split);
                 for (size_t k = 0; k < ns; k++) {
                     split[k].tp = tp, split[k].pp = pp, split[k].dp = dp, split[k].vpp = v;
                     split[k].cp = cp;
                     split[k].first_layers = shapes[u][0];
                     split[k].middle_layers = shapes[u][1];
                     split[k].last_layers = shapes[u][2];
-                    /* (a model without experts: ep 1 alone) */
-                    const uint64_t ep_top = x->m->moe.experts ? tp * dp * cp : 1;
-                    uint64_t etps[2];
-                    const size_t ne = etps_of(x, tp, etps);
-                    for (size_t j = 0; j < ne; j++)
-                        for (uint64_t ep = 1; ep <= ep_top; ep++) {
-                            split[k].etp = etps[j];
-                            if (!ep_tried(x, &split[k], ep))
-                                continue;
-                            split[k].ep = ep;
-                            c->n++;
-                            if (!st)
-                                continue;
-                            if ((*st = layout(x, &split[k], &c->candidates, err)))
-                                return false;
-                            if (req->progress)
-                                req->progress(req->progress_ctx, c->n, c->total,
-                                              x->out->nrows ? &x->out->rows[0] : NULL);
-                        }
+                    split[k].etp = etp;
+                    if (!ep_tried(x, &split[k], ep))
+                        continue;
+                    split[k].ep = ep;
+                    c->n++;
+                    if (!st)
+                        continue;
+                    if ((*st = layout(x, &split[k], &c->candidates, err)))
+                        return false;
+                    if (req->progress)
+                        req->progress(req->progress_ctx, c->n, c->total,
+                                      x->out->nrows ? &x->out->rows[0] : NULL);
                 }
             }
         }
@@ -465,10 +304,31 @@ static bool splits(search *x, uint64_t tp, uint64_t cp, tally *c, ml_status *st,
     return true;
 }
 
+/* The expert splits of tp and cp (etp, ep), each with its pipelines and
+ * shardings (splits); false once *st is an error. An unpinned ep that
+ * does not divide the experts is no split (ml__ep_refused says so). */
+static bool expert_splits(layout_search *x, uint64_t tp, uint64_t cp, tally *c, ml_status *st,
+                          ml_error *err)
+{
+    const uint64_t E = x->m->moe.experts;
+    const uint64_t ep_top = E ? x->req->gpus : 1;
+    uint64_t etps[2];
+    const size_t ne = etps_of(x, tp, etps);
+    for (size_t j = 0; j < ne; j++)
+        for (uint64_t ep = 1; ep <= ep_top; ep++) {
+            if (E && !x->req->ep && E % ep)
+                continue;
+            if (!splits(x, tp, cp, etps[j], ep, c, st, err))
+                return false;
+        }
+    return true;
+}
+
 /* The splits of req, each searched (st not NULL) and followed by the
  * progress callback, or only counted; returns how many. tp and cp stay
  * inside a node. */
-static uint64_t layouts(const ml_layout_request *req, ml_status *st, search *x, ml_error *err)
+static uint64_t layouts(const ml_layout_request *req, ml_status *st, layout_search *x,
+                        ml_error *err)
 {
     const uint64_t G = req->gpus_per_node ? req->gpus_per_node : 8;
     tally c = {0, st ? layouts(req, NULL, x, err) : 0, 0};
@@ -476,7 +336,7 @@ static uint64_t layouts(const ml_layout_request *req, ml_status *st, search *x, 
         if (G % tp || req->gpus % tp || (req->tp && tp != req->tp))
             continue;
         for (uint64_t cp = 1; tp * cp <= G && tp * cp <= req->gpus; cp++)
-            if (cp_tried(x, tp, cp, G) && !splits(x, tp, cp, &c, st, err))
+            if (cp_tried(x, tp, cp, G) && !expert_splits(x, tp, cp, &c, st, err))
                 return c.n;
     }
     if (st)
@@ -485,8 +345,13 @@ static uint64_t layouts(const ml_layout_request *req, ml_status *st, search *x, 
 }
 
 /* What the search did, or why nothing fits, into out->note. */
-static void write_note(const search *x, const ml_layout_request *req, ml_layout_result *out)
+static void write_note(const layout_search *x, const ml_layout_request *req, ml_layout_result *out)
 {
+    char passed[96] = "";
+    if (out->passed_over)
+        snprintf(passed, sizeof passed,
+                 ", %llu passed over (bounded slower than the table's last row)",
+                 (unsigned long long)out->passed_over);
     if (!out->nrows && !x->planned)
         snprintf(out->note, sizeof out->note,
                  "no layout of %llu devices splits %s with a global batch of %llu (%llu "
@@ -505,10 +370,10 @@ static void write_note(const search *x, const ml_layout_request *req, ml_layout_
         snprintf(out->note, sizeof out->note,
                  "%llu layouts of %llu devices, %llu candidates (micro-batch x policy), %llu "
                  "plans, %llu points fit in the allocated view (the fastest planned again "
-                 "with the allocator as configured)",
+                 "with the allocator as configured)%s",
                  (unsigned long long)out->layouts, (unsigned long long)req->gpus,
                  (unsigned long long)out->candidates, (unsigned long long)out->evaluations,
-                 (unsigned long long)out->fitting);
+                 (unsigned long long)out->fitting, passed);
 }
 
 ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_layout_request *req,
@@ -532,14 +397,19 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
                           "parallel.tp: %llu: the search keeps tensor parallelism inside a node "
                           "of %llu devices; pin a tp that divides it",
                           (unsigned long long)req->tp, (unsigned long long)G);
-    search x = {.m = m, .cfg = cfg, .req = req, .out = out};
+    layout_search x = {.m = m, .cfg = cfg, .req = req, .out = out};
     out->comm_timed = cfg->device.interconnect_gbps > 0;
+    x.pool = malloc(LAYOUT_POOL * sizeof *x.pool);
+    if (!x.pool)
+        return ml__errorf(err, ML_NOMEM, "out of memory");
     ml_status st = ml_planner_create(m, &x.planner, err);
-    if (st)
+    if (st) {
+        free(x.pool);
         return st;
+    }
     layouts(req, &st, &x, err);
-    if (!st && x.nomem)
-        st = ml__errorf(err, ML_NOMEM, "out of memory");
+    if (!st)
+        st = ml__layout_flush(&x, err);
     /* nothing planned at all: with pinned parts a refusal (or a usage error
      * below); with none, no layout of these devices splits the model: the
      * note says so, with the first refusal */
@@ -568,12 +438,10 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
                         (unsigned long long)req->tp, (unsigned long long)req->cp,
                         (unsigned long long)req->pp, (unsigned long long)req->vpp,
                         (unsigned long long)req->ep, (unsigned long long)req->micro_batch);
-    if (!st)
-        st = verdicts(&x, err);
-    out->fitting = x.ncand;
     ml_planner_destroy(x.planner);
-    free(x.cand);
+    free(x.pool);
     free(x.div);
+    free(x.bound);
     if (st)
         return st;
     write_note(&x, req, out);

@@ -132,12 +132,14 @@ int ml_report_layouts_json(FILE *f, const ml_model *m, const ml_layout_request *
     ml_json_put_string(f, ml_model_name(m));
     fprintf(f, ", \"gpus\": %llu, \"gpus_per_node\": %llu, \"global_batch\": %llu, "
                "\"layouts_tried\": %llu, \"evaluations\": %llu, \"fitting\": %llu, "
-               "\"transfers_timed\": %s, \"candidates\": %llu, \"note\": ",
+               "\"transfers_timed\": %s, \"candidates\": %llu, \"passed_over\": %llu, "
+               "\"note\": ",
             (unsigned long long)req->gpus,
             (unsigned long long)(req->gpus_per_node ? req->gpus_per_node : 8),
             (unsigned long long)req->global_batch, (unsigned long long)r->layouts,
             (unsigned long long)r->evaluations, (unsigned long long)r->fitting,
-            r->comm_timed ? "true" : "false", (unsigned long long)r->candidates);
+            r->comm_timed ? "true" : "false", (unsigned long long)r->candidates,
+            (unsigned long long)r->passed_over);
     ml_json_put_string(f, r->note);
     fputs(",\n \"layouts\": [", f);
     for (size_t i = 0; i < r->nrows; i++) {
