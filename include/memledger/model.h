@@ -271,6 +271,13 @@ typedef struct ml_device_preset {
     /* for the step-time model (docs/time.md); 0 = not published */
     double memory_gbps;    /* DRAM (HBM, GDDR) bandwidth, GB/s = 1e9 bytes/s */
     unsigned sms;          /* streaming multiprocessors (compute units) */
+    /* for the transfers (docs/devices.md, "Links"), GB/s each way; 0 = not
+     * published */
+    double interconnect_gbps; /* between the devices of a node: NVLink (the
+                                 fabric every device of an 8-device board
+                                 reaches) or else PCIe */
+    double network_gbps;      /* between nodes, per device: the reference
+                                 server's network adapters (DGX) */
 } ml_device_preset;
 
 typedef struct ml_device {
@@ -417,6 +424,12 @@ ML_API const char *ml_compute_dtype_name(ml_compute_dtype c);
  * when set (the user's or the model file's figure), else the preset's peak
  * at p's compute dtype, else 0 (unknown: no step time). */
 ML_API double ml_device_peak(const ml_device *d, ml_precision p);
+
+/* The bandwidth between d and the other devices of its node (GB/s each
+ * way; 0: unknown, transfers not timed): d->interconnect_gbps, else its
+ * preset's; and between nodes, per device, its preset's (0: unknown). */
+ML_API double ml_device_interconnect(const ml_device *d);
+ML_API double ml_device_network(const ml_device *d);
 
 /* Parses a size such as "8GiB", "6.5 GiB", "512MiB", "16GB" or "1024"
  * (bytes). Binary units B, KiB, MiB, GiB, TiB; decimal KB, MB, GB, TB.

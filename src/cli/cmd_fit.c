@@ -209,7 +209,7 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
                       o->gpus);
         rc = ML_EXIT_BAD_INPUT;
     }
-    if (!rc && o->network && cfg->device.interconnect_gbps <= 0) {
+    if (!rc && o->network && ml_device_interconnect(&cfg->device) <= 0) {
         ml_cli_errorf("--network %s: the transfers inside a node need a bandwidth too: give "
                       "--interconnect GBps",
                       o->network);

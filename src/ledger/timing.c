@@ -184,7 +184,7 @@ void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
     const ml_device *dv = &cfg->device;
     const ml_training *t = &cfg->training;
     ml_summary *s = &l->sum;
-    const double ic = dv->interconnect_gbps * 1e9, hb = dv->pcie_gbps * 1e9;
+    const double ic = ml_device_interconnect(dv) * 1e9, hb = dv->pcie_gbps * 1e9;
     s->time_compute_s = s->step_time_s;
     s->time_communication_s = !(s->comm_bytes > 0) ? 0 : ic > 0 ? s->comm_bytes / ic : -1;
     s->time_host_transfer_s =

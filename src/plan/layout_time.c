@@ -82,8 +82,11 @@ double ml__layout_comm_time(const ml_config *cfg, const ml_layout_request *req,
                             const ml_ledger *l, const ml_layout_row *row, double *lat)
 {
     const ml_summary *s = ml_ledger_summary(l);
-    const double intra = cfg->device.interconnect_gbps;
-    const double net = req->network_gbps > 0 ? req->network_gbps : intra;
+    const double intra = ml_device_interconnect(&cfg->device);
+    const double preset_net = ml_device_network(&cfg->device);
+    const double net = req->network_gbps > 0 ? req->network_gbps
+                       : preset_net > 0      ? preset_net
+                                             : intra;
     const uint64_t G = req->gpus_per_node ? req->gpus_per_node : 8;
     double p2p = 0;
     for (size_t i = 0; i < ml_ledger_rank_count(l); i++)

@@ -398,7 +398,7 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
                           "of %llu devices; pin a tp that divides it",
                           (unsigned long long)req->tp, (unsigned long long)G);
     layout_search x = {.m = m, .cfg = cfg, .req = req, .out = out};
-    out->comm_timed = cfg->device.interconnect_gbps > 0;
+    out->comm_timed = ml_device_interconnect(&cfg->device) > 0;
     x.pool = malloc(LAYOUT_POOL * sizeof *x.pool);
     if (!x.pool)
         return ml__errorf(err, ML_NOMEM, "out of memory");

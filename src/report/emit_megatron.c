@@ -39,9 +39,10 @@ void ml__emit_megatron_check(ml_emit_verdict *v, const ml_model *m, const ml_con
              (m->moe.router_sigmoid || m->moe.sort || m->moe.dense_layers))
         ml__emit_refuse(v, "DeepSeek's routers and dense first layers are not emitted: the "
                            "experts written are Mixtral's and Qwen2-MoE's (softmax top-k)");
-    else if (!ml__emit_is_master(t->precision))
-        ml__emit_refuse(v, "Megatron trains a bf16 or fp16 model with fp32 master weights "
-                           "(--bf16, --fp16): plan precision bf16-master or fp16-master");
+    else if (!ml__emit_is_master(t->precision) && t->precision != ML_PREC_FP32)
+        ml__emit_refuse(v, "Megatron trains in fp32 (no precision flag) or a bf16 or fp16 "
+                           "model with fp32 master weights (--bf16, --fp16): plan precision "
+                           "fp32, bf16-master or fp16-master");
     else if (m->mlp.activation != ML_ACT_GELU && m->mlp.activation != ML_ACT_SWIGLU)
         ml__emit_refuse(v, "Megatron's MLP is GeLU or SwiGLU (--swiglu)");
     else if (m->norms.kind != ML_NORM_LAYERNORM && m->norms.kind != ML_NORM_RMSNORM)
@@ -184,7 +185,10 @@ static void training_flags(FILE *f, const ml_training *t)
         flag(f, "--decoder-first-pipeline-num-layers", " %llu", t->pp_layers[0]);
         flag(f, "--decoder-last-pipeline-num-layers", " %llu", t->pp_layers[t->npp_layers - 1]);
     }
-    flag(f, t->precision == ML_PREC_FP16_MASTER ? "--fp16" : "--bf16", NULL, 0);
+    /* fp32: neither flag (arguments.py: params_dtype torch.float unless
+     * --fp16 or --bf16) */
+    if (t->precision != ML_PREC_FP32)
+        flag(f, t->precision == ML_PREC_FP16_MASTER ? "--fp16" : "--bf16", NULL, 0);
     /* the gradients reduce, and the states shard, over dp x cp ranks */
     const uint64_t dpc = t->data_parallel * ml_training_cp(t);
     if (t->dist_optimizer || (t->zero == 1 && dpc > 1))

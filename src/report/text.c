@@ -474,7 +474,7 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
     if (t->data_parallel > 1 || s->comm_bytes > 0) { /* (cp alone: its ranks' gradients) */
         bytes_d(s->comm_bytes, a, sizeof a);
         fprintf(f, "  communication: %s sent per device per iteration", a);
-        text_part(f, s->time_communication_s, cfg->device.interconnect_gbps, "--interconnect");
+        text_part(f, s->time_communication_s, ml_device_interconnect(&cfg->device), "--interconnect");
         if (s->time_comm_hidden_s > 0)
             fprintf(f, "    of it %.4g s beside the last micro-batch's backward "
                        "(overlap_grad_reduce), not in the step\n",
@@ -483,23 +483,23 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
     if (s->tp_comm_bytes > 0) {
         bytes_d(s->tp_comm_bytes, a, sizeof a);
         fprintf(f, "  tensor-parallel collectives: %s sent per rank per iteration", a);
-        text_part(f, s->time_tp_s, cfg->device.interconnect_gbps, "--interconnect");
+        text_part(f, s->time_tp_s, ml_device_interconnect(&cfg->device), "--interconnect");
     }
     if (s->cp_comm_bytes > 0) {
         bytes_d(s->cp_comm_bytes, a, sizeof a);
         fprintf(f, "  context-parallel ring: %s sent per rank per iteration", a);
-        text_part(f, s->time_cp_s, cfg->device.interconnect_gbps, "--interconnect");
+        text_part(f, s->time_cp_s, ml_device_interconnect(&cfg->device), "--interconnect");
     }
     if (s->ep_comm_bytes > 0) {
         bytes_d(s->ep_comm_bytes, a, sizeof a);
         fprintf(f, "  expert-parallel all-to-alls: %s sent per rank per iteration", a);
-        text_part(f, s->time_ep_s, cfg->device.interconnect_gbps, "--interconnect");
+        text_part(f, s->time_ep_s, ml_device_interconnect(&cfg->device), "--interconnect");
     }
     if (s->etp_comm_bytes > 0) {
         bytes_d(s->etp_comm_bytes, a, sizeof a);
         fprintf(f, "  expert-tensor all-gathers and reduce-scatters: %s sent per rank per "
                    "iteration", a);
-        text_part(f, s->time_etp_s, cfg->device.interconnect_gbps, "--interconnect");
+        text_part(f, s->time_etp_s, ml_device_interconnect(&cfg->device), "--interconnect");
     }
     if (s->host_transfer_bytes > 0) {
         bytes_d(s->host_transfer_bytes, a, sizeof a);

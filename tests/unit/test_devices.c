@@ -130,6 +130,43 @@ static void test_bandwidths(void **state)
     }
 }
 
+/* The links each way (GB/s), from docs/devices.md's sources: NVLink's
+ * total over two directions halved (H100/H200 SXM 900, A100 SXM4 600, V100
+ * SXM2 300), MI300X's seven Infinity Fabric links of 128 GB/s halved, else
+ * the PCIe link (Gen5 x16 128 GB/s, Gen4 x16 64, Gen4 x8 32, Gen3 x16 32,
+ * both directions) halved; between nodes a DGX's adapters per GPU (one
+ * 400 Gb/s ConnectX-7 a GPU on DGX H100/H200, one 200 Gb/s HDR ConnectX-6
+ * on DGX A100) over 8 bits. */
+static void test_links(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        double intra, net;
+    } l[] = {
+        {"h100-sxm", 900 / 2, 400 / 8.0}, {"h100-pcie", 128 / 2, 0}, {"h200", 900 / 2, 400 / 8.0},
+        {"a100-40gb", 600 / 2, 200 / 8.0}, {"a100-80gb", 600 / 2, 200 / 8.0}, {"l4", 64 / 2, 0},
+        {"l40s", 64 / 2, 0}, {"a10", 64 / 2, 0}, {"a10g", 0, 0}, {"t4", 32 / 2, 0},
+        {"v100-16gb", 300 / 2, 0}, {"v100-32gb", 300 / 2, 0}, {"rtx4090", 64 / 2, 0},
+        {"rtx3090", 64 / 2, 0}, {"rtx4080", 64 / 2, 0}, {"rtx4070", 64 / 2, 0},
+        {"rtx4060ti-16gb", 32 / 2, 0}, {"rtx4060", 32 / 2, 0}, {"rtx3070", 64 / 2, 0},
+        {"rtx3060", 64 / 2, 0}, {"mi300x", 7 * 128 / 2, 0},
+    };
+    size_t n = 0;
+    ml_device_presets(&n);
+    assert_int_equal(n, sizeof l / sizeof l[0]);
+    for (size_t i = 0; i < n; i++) {
+        ml_device d;
+        memset(&d, 0, sizeof d);
+        assert_int_equal(ml_device_preset_apply(l[i].name, &d, NULL), ML_OK);
+        assert_rel_close(ml_device_interconnect(&d), l[i].intra, 1e-12);
+        assert_rel_close(ml_device_network(&d), l[i].net, 1e-12);
+        /* --interconnect overrides the preset's */
+        d.interconnect_gbps = 7;
+        assert_rel_close(ml_device_interconnect(&d), 7, 0);
+    }
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -225,7 +262,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows),
-        cmocka_unit_test(test_bandwidths),           cmocka_unit_test(test_names),
+        cmocka_unit_test(test_bandwidths),
+        cmocka_unit_test(test_links),           cmocka_unit_test(test_names),
         cmocka_unit_test(test_apply),          cmocka_unit_test(test_peak_by_precision),
         cmocka_unit_test(test_step_time),
     };

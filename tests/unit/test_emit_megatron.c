@@ -91,7 +91,16 @@ static void test_llama_and_refusals(void **state)
     /* eager layers: written, with the note */
     assert_non_null(strstr(out, "eager PyTorch's layers"));
     free(out);
-    /* refused, nothing written: GPipe (Megatron runs 1F1B), fp32 */
+    /* fp32: Megatron's default dtype (arguments.py: params_dtype
+     * torch.float without --fp16 or --bf16), neither flag written */
+    c.training.precision = ML_PREC_FP32;
+    out = emitted(m, &c);
+    check_flags(out);
+    assert_null(strstr(out, "--bf16"));
+    assert_null(strstr(out, "--fp16"));
+    assert_non_null(strstr(out, "--tensor-model-parallel-size 2 "));
+    free(out);
+    /* refused, nothing written: GPipe (Megatron runs 1F1B), autocast */
     c.training.pipeline_parallel = 2;
     c.training.pp_schedule = ML_PP_GPIPE;
     ml_ledger *l = eval(m, &c, false);
@@ -100,7 +109,7 @@ static void test_llama_and_refusals(void **state)
     assert_int_equal(ml_report_emit(f, "megatron", m, &c, l), -3);
     ml_ledger_destroy(l);
     c.training.pp_schedule = ML_PP_1F1B;
-    c.training.precision = ML_PREC_FP32;
+    c.training.precision = ML_PREC_AMP_BF16;
     l = eval(m, &c, false);
     assert_int_equal(ml_report_emit(f, "megatron", m, &c, l), -3);
     ml_ledger_destroy(l);

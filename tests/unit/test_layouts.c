@@ -106,8 +106,14 @@ static void test_requests(void **state)
     c = on_h100(m, 0);
     req.global_batch = 0;
     assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_USAGE);
-    /* untimed transfers: the rows carry none */
+    /* the preset's NVLink (450 GB/s each way) times the transfers */
     req.global_batch = 4;
+    assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
+    assert_true(r.comm_timed);
+    /* a device without links (its peak alone): untimed transfers, the
+     * rows carry none */
+    c.device.preset = NULL;
+    c.device.peak_tflops = 989.5;
     assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
     assert_false(r.comm_timed);
     assert_true(r.nrows > 0 && r.rows[0].comm_s < 0);
