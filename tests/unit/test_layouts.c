@@ -92,6 +92,57 @@ static void test_search(void **state)
     ml_model_destroy(m);
 }
 
+/* 2 devices, global batch 4, by hand: tp 1 with pp 1 (dp 2: ZeRO 0 to 3,
+ * 4 layouts) or pp 2 (dp 1: one virtual stage, even or uneven (1, 3) and
+ * (3, 1), where 4 + 2 fewer layers divide over 2 stages; or 2 virtual
+ * stages: 4 layouts), tp 2 with pp 1 (1); no context parallelism (eager
+ * attention has no ring): 9 layouts. Candidates, 3 policies each: dp 2's
+ * share of 2 samples, micro-batch 1 or 2 (4 layouts x 2 x 3 = 24); dp 1's
+ * share of 4 (the 4 pipelines and tp 2), micro-batch 1, 2 or 4 (5 x 3 x 3
+ * = 45, less the interleaved schedule's micro-batch 4: its 1 micro-batch is
+ * not a multiple of the 2 stages, 3 points: 42); 66 in all, each fitting
+ * 80 GB. The links: the H100's NVLink from its
+ * preset (450 GB/s each way). */
+static void test_search_two(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama4);
+    ml_config c = on_h100(m, 0);
+    ml_layout_request req = ml_layout_request_defaults();
+    req.gpus = 2;
+    req.global_batch = 4;
+    req.exhaustive = true;
+    ml_layout_result r;
+    ml_error e;
+    assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.layouts, 9);
+    assert_int_equal(r.candidates, 66);
+    assert_int_equal(r.fitting, 66);
+    assert_true(r.comm_timed);
+    for (size_t i = 0; i < r.nrows; i++) {
+        const ml_layout_row *w = &r.rows[i];
+        ml_config p = ml_layout_config(&c, w);
+        ml_ledger *l = eval(m, &p, false);
+        const ml_summary *s = ml_ledger_summary(l);
+        assert_int_equal(w->peak, s->peak);
+        double p2p = 0, sends = 0;
+        for (size_t k = 0; k < ml_ledger_rank_count(l); k++) {
+            const ml_rank_info *ri = ml_ledger_rank(l, k);
+            p2p = ri->p2p_bytes > p2p ? ri->p2p_bytes : p2p;
+            sends = ri->p2p_sends > sends ? ri->p2p_sends : sends;
+        }
+        /* NCCL's latencies inside a node, 2 ranks (test_search) */
+        const double lat = 1e-6 * ((s->tp_allreduces + s->dp_allreduces) * (8.4 + 2 * 3.4) +
+                                   (s->tp_halves + s->dp_halves) * (8.4 + 3.4) +
+                                   sends * (8.4 + 3.4));
+        assert_rel_close(w->latency_s, lat, 1e-12);
+        assert_rel_close(w->comm_s, (s->tp_comm_bytes + p2p + s->comm_bytes) / 450e9 + lat, 1e-12);
+        assert_rel_close(w->step_s, w->compute_s + w->comm_s, 1e-12);
+        ml_ledger_destroy(l);
+    }
+    ml_model_destroy(m);
+}
+
 static void test_requests(void **state)
 {
     (void)state;
@@ -367,6 +418,7 @@ static void test_pruned_same_table(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_search),
+                                       cmocka_unit_test(test_search_two),
                                        cmocka_unit_test(test_requests),
                                        cmocka_unit_test(test_pins),
                                        cmocka_unit_test(test_gpt3_anchor),
