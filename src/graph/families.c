@@ -281,3 +281,36 @@ void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied, bool fuse
     ml__graph_init(g);
     ml__kit_lm_head(g, L, tied, fused, softcap);
 }
+
+/* Hugging Face's DynamicCache in training (use_cache: on unless gradient
+ * checkpointing turns it off, which the replay checks): each layer's
+ * update cats its keys and values into new tensors the model's output
+ * returns (transformers' cache_utils.py, DynamicLayer.update; its
+ * lazy_initialization makes both empty tensors in the keys' dtype, so the
+ * values' copy is promoted to it). Where an op saves those copies they are
+ * the tensors the graph lists already (the keys and values the fused
+ * kernel or the matmuls save); this is the bytes an element of the copies
+ * no op saves: GPT-2's with a fused kernel (which keeps c_attn's output
+ * whole through the query's view; eager, its matmuls save the copies in
+ * place of the contiguous copies the graph lists), autocast's fp32 copies
+ * of the rotated keys and of the values promoted to them (the kernel or
+ * the matmuls save bf16 casts), and beside grouped heads' repeat_kv
+ * copies. 0: none, or a layout whose cache
+ * is not modelled (latent attention, Falcon's, Phi-3's and GPT-NeoX's). */
+uint8_t ml__family_out_cache_bpe(const ml_model *m, const mlg_config *c, const mlg_layer *L)
+{
+    const mlg_attention *a = &L->attn;
+    if (!m->attn.kv_cache || c->eval || a->ring)
+        return 0;
+    if (!a->hf) /* nanoGPT's layout is Hugging Face's GPT-2 there; eager, the
+                   matmuls save the copies (no contiguous copies of their own) */
+        return a->fused_kernel && !a->rope && !L->parallel && !a->unmasked &&
+                       !a->fused_softmax
+                   ? (uint8_t)c->compute_bytes
+                   : 0;
+    if (a->latent || a->split_heads || a->fused_proj || a->bert || !a->rope)
+        return 0;
+    if (L->autocast)
+        return (uint8_t)c->stream_bytes;
+    return !a->fused_kernel && a->repeat_copy ? (uint8_t)c->compute_bytes : 0;
+}

@@ -115,4 +115,9 @@ bool ml__family_head(const ml_model *m, const mlg_config *c, mlg_layer *L);
  * 2's soft-capped logits). */
 void ml__family_head_graph(ml_graph *g, const mlg_layer *L, bool tied, bool fused, bool softcap);
 
+/* The bytes an element of the keys and values Hugging Face's DynamicCache
+ * copies in training that no op of L saves, held by the model's output
+ * (docs/ledger.md); 0: none, or not modelled for L's layout. */
+uint8_t ml__family_out_cache_bpe(const ml_model *m, const mlg_config *c, const mlg_layer *L);
+
 #endif

@@ -385,11 +385,20 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, cons
                                unsigned nf, uint16_t *Oc_out)
 {
     const mlg_attention *a = &L->attn;
-    /* y.transpose(1, 2).contiguous(): the output projection's input */
-    uint16_t Oc = ml__graph_tensor(g, "output projection input", MLG_COMPUTE, MLG_ACT, 3, MLG_B,
-                                   MLG_T, MLG_DQ);
-    mlg_op *o = ml__graph_step(g, MLG_OP_COPY, "contiguous (attention output)", O, Oc, NULL);
-    ml__op_free(o, O);
+    /* y.transpose(1, 2).contiguous(): the output projection's input; a
+     * view of a fused kernel's output, which it writes as (B, T, H, dh) and
+     * returns transposed (cuda/attention.cu; ring attention's elementwise
+     * merge keeps that layout): docs/inventory.md */
+    const bool view = a->fused_kernel;
+    uint16_t Oc = view ? ml__graph_view(g, "output projection input (the kernel's output)", O, 3,
+                                        MLG_B, MLG_T, MLG_DQ)
+                       : ml__graph_tensor(g, "output projection input", MLG_COMPUTE, MLG_ACT, 3,
+                                          MLG_B, MLG_T, MLG_DQ);
+    mlg_op *o = view ? ml__graph_op(g, MLG_OP_VIEW, "transpose (attention output)")
+                     : ml__graph_step(g, MLG_OP_COPY, "contiguous (attention output)", O, Oc,
+                                      NULL);
+    if (!view)
+        ml__op_free(o, O);
     ml__kit_free_storages(g, o, f, nf);
     ml__op_node(o, a->fused_kernel ? NULL : "UnsafeViewBackward0 (attention output)");
     ml__op_gin(o, O);

@@ -138,6 +138,9 @@ typedef struct {
     bool measured;           /* saved bytes from a calibration profile */
     uint64_t cache_bytes;    /* keys and values the forward returns (HF use_cache):
                                 held by the output in evaluation */
+    uint64_t out_cache_bytes; /* in training (HF use_cache, nothing recomputed):
+                                 the cache's copies that no op saves, held by
+                                 the output (ml__ck_out_cache) */
     bool fwd_only;           /* it runs forward only: no gradient reaches it (an
                                 unused or a frozen vision layer); the replay
                                 skips its backward and leaves its saved tensors,

@@ -138,6 +138,7 @@ bool ml__ck_graph_layer_at(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
     if (layer < m->moe.dense_layers)
         L.moe = (mlg_moe){0};
     ml__family_layer_graph(&G->g, &L);
+    G->out_cache_bpe = ml__family_out_cache_bpe(m, &c, &L);
     return ml__ck_graph_sized(ch, m, d, G);
 }
 

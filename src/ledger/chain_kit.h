@@ -143,6 +143,9 @@ typedef struct {
     ml_graph_sizes z;
     uint64_t tb[MLG_MAX_TENSORS]; /* each tensor's bytes */
     bool programs;                /* the forward's live bytes come from the graph */
+    uint8_t out_cache_bpe;        /* training with HF use_cache: bytes an element of
+                                     the cache's keys and values that no op
+                                     saves (ml__ck_out_cache); 0: none */
 } ml_ck_graph;
 /* Builds the graph of m's layers into G when the component kit expresses
  * their layout (graph/families.c); false: it declines them (the chain is

@@ -269,6 +269,8 @@ double ml__eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s
     /* logits: kept — the loop's reference ends with the iteration */
     ml__replay_free(r, r->prev_out_cat, r->prev_out);
     r->prev_out = 0;
+    ml__replay_free(r, ML_CAT_WORKSPACE, r->prev_cache);
+    r->prev_cache = 0;
     return flops_re;
 }
 
@@ -371,6 +373,12 @@ void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, m
     r->selective = t->checkpoint.kind == ML_CKPT_SELECTIVE;
     r->keep_output = held;
     r->drop_output = t->logits == ML_LOGITS_THROUGH_BACKWARD;
+    /* HF's use_cache in training: transformers turns it off under gradient
+     * checkpointing; counted for eager PyTorch without model parallelism
+     * (HF's modeling code on each data-parallel rank) */
+    r->train_cache = t->checkpoint.kind == ML_CKPT_NONE && t->engine == ML_ENGINE_EAGER &&
+                     t->tensor_parallel <= 1 && ml_training_cp(t) == 1 &&
+                     t->pipeline_parallel <= 1;
     r->held = x->held;
     r->held_cat = x->held_cat;
     r->recomputed = x->recomputed;

@@ -143,6 +143,10 @@ static void boundary_release(ml_replay *r, size_t k)
     }
     if (r->keep_output && r->ch->blocks[k].in_held)
         return;
+    if (r->ch->blocks[k].in_held && r->cache_out) { /* logits: released, the cache too */
+        ml__replay_free(r, ML_CAT_WORKSPACE, r->cache_out);
+        r->cache_out = 0;
+    }
     if (r->held[k]) {
         ml__replay_free(r, r->held_cat[k], r->held[k]);
         r->held[k] = 0;
@@ -233,6 +237,10 @@ static void forward_block(ml_replay *r, size_t k)
     ml__replay_free(r, ML_CAT_WORKSPACE, gat);
     if (r->hold_cache) /* the output's keys and values; autocast's weight copies */
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes);
+    if (r->train_cache && b->out_cache_bytes) { /* the output's cache, in training */
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, b->out_cache_bytes);
+        r->cache_out += b->out_cache_bytes;
+    }
     input_done(r, k);
     ml__sides_forward(r, k, false);
     /* the model's forward returns after its last layer */
@@ -242,6 +250,10 @@ static void forward_block(ml_replay *r, size_t k)
     if (b->in_held && r->prev_out) {
         ml__replay_free(r, r->prev_out_cat, r->prev_out);
         r->prev_out = 0;
+    }
+    if (b->in_held && r->prev_cache) {
+        ml__replay_free(r, ML_CAT_WORKSPACE, r->prev_cache);
+        r->prev_cache = 0;
     }
 }
 
@@ -560,4 +572,11 @@ void ml__replay_micro_batch(ml_replay *r)
             }
             r->held[k] = 0;
         }
+    if (r->keep_output && r->cache_out) { /* the output's cache goes with it */
+        if (r->drop_output)
+            ml__replay_free(r, ML_CAT_WORKSPACE, r->cache_out);
+        else
+            r->prev_cache += r->cache_out;
+        r->cache_out = 0;
+    }
 }

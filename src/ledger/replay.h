@@ -82,6 +82,10 @@ typedef struct {
                                 backward accumulates into it in place */
     bool hold_cache;         /* evaluation: the output holds each layer's keys and
                                 values (cache_bytes) */
+    bool train_cache;        /* training with HF use_cache: the output holds the
+                                cache's copies no op saves (out_cache_bytes) */
+    uint64_t cache_out;      /* ... this micro-batch's, allocated so far */
+    uint64_t prev_cache;     /* ... a previous micro-batch's, freed with prev_out */
     /* per boundary k, n + 1 entries each */
     uint64_t *held;          /* bytes of boundary k still allocated, 0 once freed */
     ml_category *held_cat;   /* the category boundary k is counted in */
@@ -150,6 +154,7 @@ typedef struct {
     double fdone[3];                   /* flops, comm and host done before it */
     double fdelta[3];
     unsigned adds0, adds;              /* recompute additions before it, in it */
+    uint64_t cache0, dcache;           /* the output's cache before it, its change */
     double rec;                        /* its last recompute addition */
     size_t last;                       /* the block measured last */
     unsigned streak;                   /* blocks in a row with equal changes */

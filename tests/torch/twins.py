@@ -374,8 +374,9 @@ class FlashAttention(torch.autograd.Function):
     under no_grad (nothing of it saved) and keeps what the kernel keeps, so
     the storages autograd holds are the kernel's: q and k as the rotary
     made them, v a view of its projection (docs/validation.md, "Fused
-    attention on 1.13"). Causal; k and v may have fewer heads (GQA, as
-    enable_gqa passes them)."""
+    attention on 1.13"); its output laid out as the kernels write it, (B,
+    T, H, dh) returned transposed. Causal; k and v may have fewer heads
+    (GQA, as enable_gqa passes them)."""
 
     @staticmethod
     def forward(ctx, q, k, v, scale):
@@ -388,6 +389,10 @@ class FlashAttention(torch.autograd.Function):
             w = w + torch.full((T, T), float("-inf")).triu(1)
             lse = torch.logsumexp(w, dim=-1)
             out = (torch.softmax(w, dim=-1) @ vr.float()).to(q.dtype)
+            # the kernels write their output as (B, T, H, dh) and return it
+            # transposed (attention.cu), so the caller's transpose(1, 2)
+            # back is contiguous: no copy
+            out = out.transpose(1, 2).contiguous().transpose(1, 2)
         ctx.scale = scale
         ctx.save_for_backward(q, k, v, out, lse)
         return out

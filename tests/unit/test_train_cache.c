@@ -1,0 +1,109 @@
+/* Hugging Face's use_cache in training (docs/ledger.md): each layer's
+ * DynamicCache update copies its keys and values, and the copies no op
+ * saves are held with the model output. Each case plans a config.json with
+ * use_cache on and off and holds the difference of the steady peak to the
+ * copies' bytes, derived here from the shapes. */
+#include "harness.h"
+
+/* GPT-2: D = 64, 4 heads, 2 layers; B = 2, T = 16 (BT = 32). */
+#define GPT2(attn, cache)                                                                     \
+    "{\"model_type\": \"gpt2\", \"n_embd\": 64, \"n_layer\": 2, \"n_head\": 4, "              \
+    "\"vocab_size\": 100, \"n_positions\": 64, \"activation_function\": "                     \
+    "\"gelu_pytorch_tanh\", \"resid_pdrop\": 0.0, \"embd_pdrop\": 0.0, \"attn_pdrop\": 0.0, "  \
+    "\"attn_implementation\": \"" attn "\", \"use_cache\": " cache "}"
+
+/* Llama: D = 64, 4 heads of 16 on 2 key/value heads (Dkv = 32), F = 128,
+ * 2 layers. */
+#define LLAMA(attn, cache)                                                                    \
+    "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "             \
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "    \
+    "\"vocab_size\": 100, \"max_position_embeddings\": 64, \"hidden_act\": \"silu\", "        \
+    "\"tie_word_embeddings\": false, \"attention_dropout\": 0.0, "                            \
+    "\"attn_implementation\": \"" attn "\", \"use_cache\": " cache "}"
+
+/* The steady peak of json planned at B 2, T 16 with precision p, the
+ * checkpoint policy ck, tp ranks and the loop's logits (kept: the output,
+ * and so the cache, held to the step's end). */
+static uint64_t peak(const char *json, ml_precision p, ml_checkpoint_kind ck, uint64_t tp)
+{
+    ml_model *m = NULL;
+    ml_error e;
+    if (ml_model_load_hf_string(json, strlen(json), "config.json", &m, &e) != ML_OK)
+        fail_msg("%u:%u: %s", e.line, e.col, e.msg);
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 2;
+    c.training.seq_len = 16;
+    c.training.precision = p;
+    c.training.checkpoint.kind = ck;
+    c.training.tensor_parallel = tp;
+    c.training.logits = ML_LOGITS_KEPT;
+    c.device.present = true;
+    c.device.memory = UINT64_C(80) << 30;
+    c.device.allocator = ML_ALLOCATOR_NONE;
+    ml_ledger *l = eval(m, &c, false);
+    const uint64_t v = ml_ledger_summary(l)->peak;
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    return v;
+}
+
+static uint64_t extra(const char *on, const char *off, ml_precision p, ml_checkpoint_kind ck,
+                      uint64_t tp)
+{
+    const uint64_t a = peak(on, p, ck, tp), b = peak(off, p, ck, tp);
+    assert_true(a >= b);
+    return a - b;
+}
+
+/* GPT-2 with a fused kernel: the kernel saves the views of c_attn's output
+ * (which keep it whole) and the copies besides: both held, 2 layers x 2
+ * copies x BT x D x 4 B = 2 x 2 x 32 x 64 x 4 = 32,768 B in fp32, half in
+ * bf16. Eager, the matmuls read the copies in place of the contiguous
+ * copies they would make: nothing more. */
+static void test_gpt2(void **state)
+{
+    (void)state;
+    assert_int_equal(extra(GPT2("sdpa", "true"), GPT2("sdpa", "false"), ML_PREC_FP32,
+                           ML_CKPT_NONE, 1),
+                     32768);
+    assert_int_equal(extra(GPT2("sdpa", "true"), GPT2("sdpa", "false"), ML_PREC_BF16,
+                           ML_CKPT_NONE, 1),
+                     16384);
+    assert_int_equal(extra(GPT2("eager", "true"), GPT2("eager", "false"), ML_PREC_FP32,
+                           ML_CKPT_NONE, 1),
+                     0);
+    /* gradient checkpointing turns use_cache off (transformers' forward) */
+    assert_int_equal(extra(GPT2("sdpa", "true"), GPT2("sdpa", "false"), ML_PREC_FP32,
+                           ML_CKPT_FULL, 1),
+                     0);
+}
+
+/* Llama: under autocast the rotated keys are fp32 (cos and sin are) and the
+ * values' copy is promoted to them, while the kernel saves bf16 casts: 2
+ * layers x 2 copies x BT x Dkv x 4 B = 2 x 2 x 32 x 32 x 4 = 16,384 B. In
+ * fp32 sdpa with grouped heads runs the math kernel, whose repeat_kv
+ * copies the matmuls save: the copies held besides, 16,384 B. bf16 with the
+ * fused kernel: the kernel saves the copies themselves, nothing more; nor
+ * with tensor parallelism (not HF's modeling on one rank). */
+static void test_llama(void **state)
+{
+    (void)state;
+    assert_int_equal(extra(LLAMA("sdpa", "true"), LLAMA("sdpa", "false"), ML_PREC_AMP_BF16,
+                           ML_CKPT_NONE, 1),
+                     16384);
+    assert_int_equal(extra(LLAMA("sdpa", "true"), LLAMA("sdpa", "false"), ML_PREC_FP32,
+                           ML_CKPT_NONE, 1),
+                     16384);
+    assert_int_equal(extra(LLAMA("sdpa", "true"), LLAMA("sdpa", "false"), ML_PREC_BF16,
+                           ML_CKPT_NONE, 1),
+                     0);
+    assert_int_equal(extra(LLAMA("eager", "true"), LLAMA("eager", "false"), ML_PREC_FP32,
+                           ML_CKPT_NONE, 2),
+                     0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gpt2), cmocka_unit_test(test_llama)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
