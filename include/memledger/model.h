@@ -430,6 +430,11 @@ ML_API double ml_device_peak(const ml_device *d, ml_precision p);
  * preset's; and between nodes, per device, its preset's (0: unknown). */
 ML_API double ml_device_interconnect(const ml_device *d);
 ML_API double ml_device_network(const ml_device *d);
+/* ... and the link data parallelism's collectives get over `devices`
+ * devices in all: d->interconnect_gbps when given (the whole group at it);
+ * else the preset's link within a node while the devices fit one of 8,
+ * its network beyond (0: unknown, not timed). */
+ML_API double ml_device_dp_link(const ml_device *d, uint64_t devices);
 
 /* Parses a size such as "8GiB", "6.5 GiB", "512MiB", "16GB" or "1024"
  * (bytes). Binary units B, KiB, MiB, GiB, TiB; decimal KB, MB, GB, TB.
@@ -505,6 +510,8 @@ ML_API bool ml_training_sp(const ml_training *t);
 ML_API uint64_t ml_training_shard(const ml_training *t);
 /* The context-parallel ranks each sequence is split over (1 when none). */
 ML_API uint64_t ml_training_cp(const ml_training *t);
+/* The devices in all: tensor x context x pipeline x data parallelism. */
+ML_API uint64_t ml_training_devices(const ml_training *t);
 /* The expert-parallel ranks a mixture of experts' experts are split over
  * (1 when none). */
 ML_API uint64_t ml_training_ep(const ml_training *t);

@@ -71,9 +71,11 @@ typedef struct ml_layout_request {
     uint64_t gpus;          /* devices in all */
     uint64_t gpus_per_node; /* tensor parallelism stays within a node (default 8) */
     uint64_t global_batch;  /* samples a step */
-    double network_gbps;    /* busbw between nodes; 0: the device's interconnect_gbps */
+    double network_gbps;    /* busbw between nodes; 0: the device preset's network
+                               (ml_device_network), else its interconnect */
     /* called after each layout (NULL: none): layouts done and in all, and
-     * the fastest so far (NULL before one fits) */
+     * the fastest the table holds so far (NULL before one is kept: the
+     * table's rows are planned as configured a pool at a time) */
     void (*progress)(void *ctx, uint64_t done, uint64_t total, const struct ml_layout_row *best);
     void *progress_ctx;
     /* parts pinned rather than searched (0, false: searched): the tensor-

@@ -143,10 +143,6 @@ static void boundary_release(ml_replay *r, size_t k)
     }
     if (r->keep_output && r->ch->blocks[k].in_held)
         return;
-    if (r->ch->blocks[k].in_held && r->cache_out) { /* logits: released, the cache too */
-        ml__replay_free(r, ML_CAT_WORKSPACE, r->cache_out);
-        r->cache_out = 0;
-    }
     if (r->held[k]) {
         ml__replay_free(r, r->held_cat[k], r->held[k]);
         r->held[k] = 0;
@@ -271,6 +267,12 @@ void ml__replay_forward(ml_replay *r)
         ml__run_before(&u, r);
         forward_block(r, k);
         ml__run_after(&u, r, k, 1);
+    }
+    /* logits released or fused: the loop keeps the loss alone, and the
+     * output's cache goes with the output once the forward returns */
+    if (!r->keep_output && r->cache_out) {
+        ml__replay_free(r, ML_CAT_WORKSPACE, r->cache_out);
+        r->cache_out = 0;
     }
     r->act_end = r->live[ML_CAT_ACTIVATIONS];
 }

@@ -185,8 +185,11 @@ void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
     const ml_training *t = &cfg->training;
     ml_summary *s = &l->sum;
     const double ic = ml_device_interconnect(dv) * 1e9, hb = dv->pcie_gbps * 1e9;
+    /* data parallelism's group leaves a node of 8 once the devices do: a
+     * preset's network there (docs/devices.md, "Links") */
+    const double dl = ml_device_dp_link(dv, ml_training_devices(t)) * 1e9;
     s->time_compute_s = s->step_time_s;
-    s->time_communication_s = !(s->comm_bytes > 0) ? 0 : ic > 0 ? s->comm_bytes / ic : -1;
+    s->time_communication_s = !(s->comm_bytes > 0) ? 0 : dl > 0 ? s->comm_bytes / dl : -1;
     s->time_host_transfer_s =
         !(s->host_transfer_bytes > 0) ? 0 : hb > 0 ? s->host_transfer_bytes / hb : -1;
     /* tensor parallelism's collectives, inside a node (docs/parallel.md) */
@@ -198,7 +201,7 @@ void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
     /* expert tensor parallelism's, the same */
     s->time_etp_s = !(s->etp_comm_bytes > 0) ? 0 : ic > 0 ? s->etp_comm_bytes / ic : -1;
     /* with overlap_grad_reduce, what the last backward covers */
-    s->time_comm_hidden_s = s->time_communication_s > 0 ? ml__dp_hidden_s(s, t, ic) : 0;
+    s->time_comm_hidden_s = s->time_communication_s > 0 ? ml__dp_hidden_s(s, t, dl) : 0;
     if (s->step_time_s >= 0)
         s->step_time_s += fmax(s->time_communication_s, 0) - s->time_comm_hidden_s +
                           fmax(s->time_host_transfer_s, 0) + fmax(s->time_tp_s, 0) +
@@ -226,7 +229,7 @@ void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
                                  s->etp_comm_bytes) *
                                     (e->flops_before / s->flops_total) / ic
                               : 0;
-        e->t_s = tc >= 0 ? tc + tp + (ic > 0 ? e->comm_before / ic : 0) +
+        e->t_s = tc >= 0 ? tc + tp + (dl > 0 ? e->comm_before / dl : 0) +
                                (hb > 0 ? e->host_before / hb : 0)
                          : -1;
     }

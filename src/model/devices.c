@@ -166,6 +166,13 @@ double ml_device_network(const ml_device *d)
     return d->preset ? d->preset->network_gbps : 0;
 }
 
+double ml_device_dp_link(const ml_device *d, uint64_t devices)
+{
+    if (d->interconnect_gbps > 0)
+        return d->interconnect_gbps;
+    return devices <= 8 ? ml_device_interconnect(d) : ml_device_network(d);
+}
+
 double ml_device_peak(const ml_device *d, ml_precision p)
 {
     if (d->peak_tflops > 0)

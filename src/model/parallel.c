@@ -25,6 +25,13 @@ uint64_t ml_training_cp(const ml_training *t)
     return t->context_parallel > 1 ? t->context_parallel : 1;
 }
 
+uint64_t ml_training_devices(const ml_training *t)
+{
+    return (t->tensor_parallel > 1 ? t->tensor_parallel : 1) * ml_training_cp(t) *
+           (t->pipeline_parallel > 1 ? t->pipeline_parallel : 1) *
+           (t->data_parallel > 1 ? t->data_parallel : 1);
+}
+
 uint64_t ml_training_ep(const ml_training *t)
 {
     return t->expert_parallel > 1 ? t->expert_parallel : 1;

@@ -42,10 +42,11 @@ double ml__layout_table_bound(const ml_layout_result *out);
 /* One point (split's layout, micro-batch b, mb micro-batches a step,
  * policy) planned in the allocated view; ML_RANGE: the layout is not one
  * the model splits into (not an error of the search); *fits whether it
- * fits every rank so, and then it is a candidate for the table; *step_s
- * its step time, fitting or not (-1: none). */
+ * fits every rank so, and then it is a candidate for the table; *bound_s
+ * its step time, fitting or not (-1: none), the bound of the same point
+ * with recomputation. */
 ml_status ml__layout_point(layout_search *x, const ml_layout_row *split, uint64_t b, uint64_t mb,
-                           const ml_checkpoint *policy, bool *fits, double *step_s,
+                           const ml_checkpoint *policy, bool *fits, double *bound_s,
                            ml_error *err);
 
 /* The points waiting for the table planned again as configured, from the

@@ -116,7 +116,12 @@ double ml__layout_table_bound(const ml_layout_result *out)
     return out->nrows == ML_LAYOUT_TOP ? out->rows[ML_LAYOUT_TOP - 1].step_s : -1;
 }
 
-/* Whether row would enter the table as it stands. */
+/* Whether row, fitting in the allocated view, would enter the table as
+ * it stands: its step not slower than the last row's (untimed: its
+ * headroom, which the configured allocator only lowers). Planned as
+ * configured, a pipeline's transfers are those of its fullest stage, which
+ * the simulated allocator may name differently: its step can differ there
+ * (docs/search.md). */
 static bool enters(const ml_layout_result *out, const ml_layout_row *row)
 {
     return out->nrows < ML_LAYOUT_TOP || faster(row, &out->rows[ML_LAYOUT_TOP - 1]) <= 0;
@@ -128,8 +133,10 @@ ml_status ml__layout_flush(layout_search *x, ml_error *err)
         qsort(x->pool, x->npool, sizeof *x->pool, faster);
     const size_t n = x->npool;
     x->npool = 0;
-    for (size_t i = 0; i < n && enters(x->out, &x->pool[i]); i++) {
+    for (size_t i = 0; i < n; i++) {
         ml_layout_row *row = &x->pool[i];
+        if (!enters(x->out, row))
+            continue;
         if (x->cfg->device.allocator != ML_ALLOCATOR_NONE) {
             ml_config c = ml__layout_config_of(x, row);
             ml_ledger *l = NULL;
@@ -163,7 +170,7 @@ static ml_status verdict(layout_search *x, const ml_layout_row *row, ml_error *e
 }
 
 ml_status ml__layout_point(layout_search *x, const ml_layout_row *split, uint64_t b, uint64_t mb,
-                           const ml_checkpoint *policy, bool *fits, double *step_s,
+                           const ml_checkpoint *policy, bool *fits, double *bound_s,
                            ml_error *err)
 {
     ml_layout_row row = *split;
@@ -179,7 +186,7 @@ ml_status ml__layout_point(layout_search *x, const ml_layout_row *split, uint64_
     *fits = ml_ledger_summary(l)->fits;
     figures(x, l, &row);
     ml_ledger_destroy(l);
-    *step_s = row.step_s;
+    *bound_s = row.step_s;
     if (!*fits)
         return ML_OK;
     x->out->fitting++;

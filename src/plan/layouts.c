@@ -76,7 +76,11 @@ static bool divisors_of(layout_search *x, uint64_t n)
  * passed over where the same micro-batch without it was planned (fitting
  * or not) and was already slower than the table's last row: recomputation
  * adds work to the step (a second forward of what it drops, its
- * collectives) and removes none, so the point is slower still. */
+ * collectives) and removes none, so the point is slower still. (With a
+ * pipeline the transfers timed are the fullest stage's, and recomputation
+ * may make another stage the fullest: the bound then assumes that the
+ * transfers this moves are less than the compute it adds, which
+ * test_layouts.c and the searches in docs/search.md hold.) */
 static ml_status layout(layout_search *x, const ml_layout_row *split, uint64_t *candidates,
                         ml_error *err)
 {
@@ -114,10 +118,10 @@ static ml_status layout(layout_search *x, const ml_layout_row *split, uint64_t *
             if (!req->pin_checkpoint)
                 ml_parse_checkpoint(policies[pol], &policy, NULL);
             bool fits = false;
-            double step_s = -1;
-            ml_status st = ml__layout_point(x, split, b, m, &policy, &fits, &step_s, err);
+            double bound_s = -1;
+            ml_status st = ml__layout_point(x, split, b, m, &policy, &fits, &bound_s, err);
             if (bounding && st == ML_OK)
-                x->bound[i] = step_s;
+                x->bound[i] = bound_s;
             if (st == ML_RANGE) {
                 if (!x->refused)
                     x->refusal = *err;

@@ -474,7 +474,8 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
     if (t->data_parallel > 1 || s->comm_bytes > 0) { /* (cp alone: its ranks' gradients) */
         bytes_d(s->comm_bytes, a, sizeof a);
         fprintf(f, "  communication: %s sent per device per iteration", a);
-        text_part(f, s->time_communication_s, ml_device_interconnect(&cfg->device), "--interconnect");
+        text_part(f, s->time_communication_s,
+                  ml_device_dp_link(&cfg->device, ml_training_devices(t)), "--interconnect");
         if (s->time_comm_hidden_s > 0)
             fprintf(f, "    of it %.4g s beside the last micro-batch's backward "
                        "(overlap_grad_reduce), not in the step\n",

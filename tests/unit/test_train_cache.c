@@ -102,8 +102,62 @@ static void test_llama(void **state)
                      0);
 }
 
+/* Each phase's steady peak with use_cache on less off, GPT-2 sdpa fp32 (the
+ * copies 32,768 B in all), logits lg, two micro-batches a step. */
+static void phase_extra(ml_logits lg, uint64_t out[ML_PHASE_COUNT])
+{
+    uint64_t v[2][ML_PHASE_COUNT];
+    for (int on = 0; on < 2; on++) {
+        const char *json = on ? GPT2("sdpa", "true") : GPT2("sdpa", "false");
+        ml_model *m = NULL;
+        ml_error e;
+        if (ml_model_load_hf_string(json, strlen(json), "config.json", &m, &e) != ML_OK)
+            fail_msg("%u:%u: %s", e.line, e.col, e.msg);
+        ml_config c = ml_model_config(m);
+        c.training.micro_batch = 2;
+        c.training.seq_len = 16;
+        c.training.grad_accum = 2;
+        c.training.logits = lg;
+        c.device.present = true;
+        c.device.memory = UINT64_C(80) << 30;
+        c.device.allocator = ML_ALLOCATOR_NONE;
+        ml_ledger *l = eval(m, &c, false);
+        for (int p = 0; p < ML_PHASE_COUNT; p++)
+            v[on][p] = ml_ledger_summary(l)->phase_steady[p].peak;
+        ml_ledger_destroy(l);
+        ml_model_destroy(m);
+    }
+    for (int p = 0; p < ML_PHASE_COUNT; p++)
+        out[p] = v[1][p] - v[0][p];
+}
+
+/* Where the loop holds the output the copies go with it: kept, to the
+ * next micro-batch's loss and after the step (the backward and the step
+ * hold one set); through-backward, dropped at the backward's end
+ * (the step holds none); released or fused, dropped once the forward
+ * returns, after the loss (the loss holds them all, the backward none).
+ * Every case balances (eval fails otherwise). */
+static void test_loops(void **state)
+{
+    (void)state;
+    uint64_t d[ML_PHASE_COUNT];
+    phase_extra(ML_LOGITS_KEPT, d);
+    assert_int_equal(d[ML_PHASE_BACKWARD], 32768);
+    assert_int_equal(d[ML_PHASE_OPTIMIZER], 32768);
+    phase_extra(ML_LOGITS_THROUGH_BACKWARD, d);
+    assert_int_equal(d[ML_PHASE_BACKWARD], 32768);
+    assert_int_equal(d[ML_PHASE_OPTIMIZER], 0);
+    phase_extra(ML_LOGITS_RELEASED, d);
+    assert_int_equal(d[ML_PHASE_LOSS], 32768);
+    assert_int_equal(d[ML_PHASE_BACKWARD], 0);
+    assert_int_equal(d[ML_PHASE_OPTIMIZER], 0);
+    phase_extra(ML_LOGITS_FUSED, d);
+    assert_int_equal(d[ML_PHASE_BACKWARD], 0);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gpt2), cmocka_unit_test(test_llama)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gpt2), cmocka_unit_test(test_llama),
+                                       cmocka_unit_test(test_loops)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
