@@ -88,7 +88,7 @@ static ml_status layout(layout_search *x, const ml_layout_row *split, uint64_t *
     const uint64_t share = req->global_batch / split->dp;
     x->out->layouts++;
     if (!divisors_of(x, share))
-        return ML_NOMEM;
+        return ml__errorf(err, ML_NOMEM, "out of memory");
     /* a step's micro-batches are training.grad_accum, at most its limit */
     uint64_t lo = 1, hi = 1;
     ml_config_range("training.grad_accum", &lo, &hi);
