@@ -19,8 +19,8 @@ time, and the free search's best no slower than the pinned prediction.
 The layouts (the paper's Table 2) as calculon-ai/calculon stores them
 (validation/seqsel/tab5/*.json and calculon/llm/validation.py at commit
 caa4b11f8f, which quote the times from the paper): tensor parallelism 8,
-data parallelism 1, sequence 2,048, vocabulary 51,200, micro-batch 1 (4 for
-the 22B), one sequence a GPU... see MODELS. The device figures: the
+data parallelism 1, sequence 2,048, vocabulary 51,200, the stages, virtual
+stages, micro-batch and global batch of MODELS. The device figures: the
 a100-80gb preset (312 TFLOP/s dense fp16), NVLink at 300 GB/s each way and
 Selene's network at 25 GB/s a device (eight 200 Gb/s HDR links a node of
 eight), as for the GPT-3 175B anchor above the table."""
@@ -70,13 +70,10 @@ def fit(exe, path, gpus, batch, extra):
 
 
 def layout(row):
-    s = "tp%d.pp%d" % (row["tp"], row["pp"])
-    if row["vpp"] > 1:
-        s += ".vpp%d" % row["vpp"]
-    s += ".dp%d" % row["dp"]
-    if row["cp"] > 1:
-        s = s.replace(".pp", ".cp%d.pp" % row["cp"])
-    return s
+    """The compact form fit prints: tp, cp, pp, vpp, dp."""
+    return "tp%d%s.pp%d%s.dp%d" % (row["tp"], ".cp%d" % row["cp"] if row["cp"] > 1 else "",
+                                  row["pp"], ".vpp%d" % row["vpp"] if row["vpp"] > 1 else "",
+                                  row["dp"])
 
 
 def rows(exe):

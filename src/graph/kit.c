@@ -397,10 +397,9 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, cons
     mlg_op *o = view ? ml__graph_op(g, MLG_OP_VIEW, "transpose (attention output)")
                      : ml__graph_step(g, MLG_OP_COPY, "contiguous (attention output)", O, Oc,
                                       NULL);
-    if (!view)
-        ml__op_free(o, O);
+    ml__op_free(o, view ? MLG_NONE : O); /* (a view's storage is O's: freed with it) */
     ml__kit_free_storages(g, o, f, nf);
-    ml__op_node(o, a->fused_kernel ? NULL : "UnsafeViewBackward0 (attention output)");
+    ml__op_node(o, view ? NULL : "UnsafeViewBackward0 (attention output)");
     ml__op_gin(o, O);
     ml__op_gout(o, Oc);
     /* c_proj, then the residual dropout; the projection's output gradient

@@ -267,10 +267,7 @@ double ml__eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s
     else
         r->grads_exist = true; /* zero_grad(set_to_none=False): zeroed in place */
     /* logits: kept — the loop's reference ends with the iteration */
-    ml__replay_free(r, r->prev_out_cat, r->prev_out);
-    r->prev_out = 0;
-    ml__replay_free(r, ML_CAT_WORKSPACE, r->prev_cache);
-    r->prev_cache = 0;
+    ml__replay_drop_prev(r);
     return flops_re;
 }
 

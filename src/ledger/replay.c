@@ -243,14 +243,17 @@ static void forward_block(ml_replay *r, size_t k)
     if (layer && sh->side_block < 0 && (k + 1 == n || B[k + 1].ckpt_index < 0))
         ml__replay_free(r, ML_CAT_WORKSPACE, mask);
     /* the loop rebinds its reference once this loss is computed */
-    if (b->in_held && r->prev_out) {
+    if (b->in_held)
+        ml__replay_drop_prev(r);
+}
+
+void ml__replay_drop_prev(ml_replay *r)
+{
+    if (r->prev_out)
         ml__replay_free(r, r->prev_out_cat, r->prev_out);
-        r->prev_out = 0;
-    }
-    if (b->in_held && r->prev_cache) {
+    if (r->prev_cache)
         ml__replay_free(r, ML_CAT_WORKSPACE, r->prev_cache);
-        r->prev_cache = 0;
-    }
+    r->prev_out = r->prev_cache = 0;
 }
 
 void ml__replay_forward(ml_replay *r)

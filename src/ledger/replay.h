@@ -315,6 +315,9 @@ void ml__replay_recompute_flops(ml_replay *r, double f);
 /* The forward of one micro-batch; blocks with seg[k] >= 0 run under
  * no_grad (nothing saved). */
 void ml__replay_forward(ml_replay *r);
+/* A previous micro-batch's output the loop held (logits: kept) dropped,
+ * its cache with it: at this micro-batch's loss, or after the step. */
+void ml__replay_drop_prev(ml_replay *r);
 /* Forward and backward of one micro-batch (r->micro: its index). */
 void ml__replay_micro_batch(ml_replay *r);
 

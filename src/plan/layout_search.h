@@ -22,8 +22,10 @@ typedef struct ml_layout_search {
     /* the divisors of a share of the global batch, ascending (divisors_of),
      * and for each the step time of the split's point without
      * recomputation there (-1: not planned), a bound for the others */
-    uint64_t *div;
-    double *bound;
+    struct layout_divisor {
+        uint64_t d;
+        double bound;
+    } *div;
     size_t ndiv, divcap;
     uint64_t div_of;
     /* points that fit in the allocated view and would enter the table,

@@ -30,19 +30,11 @@ static const char *const policies[] = {"none", "selective", "full"};
  * distinct share. False: out of memory. */
 static bool push_divisor(layout_search *x, uint64_t d)
 {
-    size_t cap = x->divcap;
-    uint64_t *grown = ml_grow(x->div, x->ndiv, &cap, sizeof *grown, 64);
+    struct layout_divisor *grown = ml_grow(x->div, x->ndiv, &x->divcap, sizeof *grown, 64);
     if (!grown)
         return false;
     x->div = grown;
-    if (cap != x->divcap) {
-        double *b = realloc(x->bound, cap * sizeof *b);
-        if (!b)
-            return false;
-        x->bound = b;
-        x->divcap = cap;
-    }
-    x->div[x->ndiv++] = d;
+    x->div[x->ndiv++] = (struct layout_divisor){d, -1};
     return true;
 }
 
@@ -57,7 +49,7 @@ static bool divisors_of(layout_search *x, uint64_t n)
         if (n % d == 0 && !push_divisor(x, d))
             return false;
     for (size_t i = x->ndiv; i-- > 0;) {
-        const uint64_t d = x->div[i];
+        const uint64_t d = x->div[i].d;
         if (d != n / d && !push_divisor(x, n / d)) /* a square's root once */
             return false;
     }
@@ -100,8 +92,8 @@ static ml_status layout(layout_search *x, const ml_layout_row *split, uint64_t *
         const bool bounding = !req->pin_checkpoint && pol == 0; /* none: the others' bound */
         for (size_t i = 0; i < x->ndiv; i++) {
             if (bounding)
-                x->bound[i] = -1;
-            const uint64_t b = x->div[i], m = share / b;
+                x->div[i].bound = -1;
+            const uint64_t b = x->div[i].d, m = share / b;
             if ((req->micro_batch && b != req->micro_batch) || m > hi ||
                 (split->vpp > 1 && m % split->pp))
                 continue;
@@ -110,7 +102,7 @@ static ml_status layout(layout_search *x, const ml_layout_row *split, uint64_t *
                 continue;
             const double over = ml__layout_table_bound(x->out);
             if (!req->exhaustive && !req->pin_checkpoint && pol > 0 && over >= 0 &&
-                x->bound[i] > over) {
+                x->div[i].bound > over) {
                 x->out->passed_over++;
                 continue;
             }
@@ -121,7 +113,7 @@ static ml_status layout(layout_search *x, const ml_layout_row *split, uint64_t *
             double bound_s = -1;
             ml_status st = ml__layout_point(x, split, b, m, &policy, &fits, &bound_s, err);
             if (bounding && st == ML_OK)
-                x->bound[i] = bound_s;
+                x->div[i].bound = bound_s;
             if (st == ML_RANGE) {
                 if (!x->refused)
                     x->refusal = *err;
@@ -445,7 +437,6 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     ml_planner_destroy(x.planner);
     free(x.pool);
     free(x.div);
-    free(x.bound);
     if (st)
         return st;
     write_note(&x, req, out);

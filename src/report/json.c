@@ -60,7 +60,7 @@ static void json_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
             (unsigned long long)tp, ml_training_sp(t) ? "true" : "false", (unsigned long long)pp,
             (unsigned long long)(t->virtual_stages > 1 ? t->virtual_stages : 1),
             ml_pp_schedule_name(t->pp_schedule), (unsigned long long)t->data_parallel,
-            (unsigned long long)(tp * cp * pp * t->data_parallel),
+            (unsigned long long)ml_training_devices(t),
             t->dist_optimizer ? "true" : "false", (unsigned long long)ml_training_shard(t),
             t->overlap_grad_reduce ? "true" : "false", (unsigned long long)cp,
             (unsigned long long)ml_training_ep(t));

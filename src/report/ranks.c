@@ -148,7 +148,7 @@ static void text_layout(FILE *f, const ml_training *t, uint64_t tp, uint64_t pp,
                 ml_pp_schedule_name(t->pp_schedule));
     fprintf(f, "data %llu: %llu devices; figures are one rank's\n",
             (unsigned long long)t->data_parallel,
-            (unsigned long long)(tp * cp * pp * t->data_parallel));
+            (unsigned long long)ml_training_devices(t));
 }
 
 /* The header's lines on the engine, the parallel layout (when the model is

@@ -19,6 +19,37 @@ static ml_config on_h100(const ml_model *m, double interconnect)
     return c;
 }
 
+/* Row w of a search on c is the plan of its settings: its peak and
+ * compute, and its transfers at gbps inside one node (tensor parallelism's
+ * collectives, the pipeline's sends, data parallelism's) with each call's
+ * latency (NCCL's ring, Simple: 8.4 us, and 3.4 us a step; test_latency.c). */
+static void row_is_its_plan(const ml_model *m, const ml_config *c, const ml_layout_row *w,
+                            double gbps)
+{
+    ml_config p = ml_layout_config(c, w);
+    ml_ledger *l = eval(m, &p, false);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_true(s->fits);
+    assert_int_equal(w->peak, s->peak);
+    assert_rel_close(w->compute_s, w->pp > 1 ? s->pipeline_step_s : s->time_compute_s, 1e-12);
+    double p2p = 0, sends = 0;
+    for (size_t k = 0; k < ml_ledger_rank_count(l); k++) {
+        const ml_rank_info *ri = ml_ledger_rank(l, k);
+        p2p = ri->p2p_bytes > p2p ? ri->p2p_bytes : p2p;
+        sends = ri->p2p_sends > sends ? ri->p2p_sends : sends;
+    }
+    const double tp = (double)w->tp, dp = (double)w->dp;
+    const double lat = 1e-6 * (s->tp_allreduces * (8.4 + 2 * (tp - 1) * 3.4) +
+                               s->tp_halves * (8.4 + (tp - 1) * 3.4) + sends * (8.4 + 3.4) +
+                               s->dp_allreduces * (dp > 1 ? 8.4 + 2 * (dp - 1) * 3.4 : 0) +
+                               s->dp_halves * (dp > 1 ? 8.4 + (dp - 1) * 3.4 : 0));
+    assert_rel_close(w->latency_s, lat, 1e-12);
+    assert_rel_close(w->comm_s, (s->tp_comm_bytes + p2p + s->comm_bytes) / (gbps * 1e9) + lat,
+                     1e-12);
+    assert_rel_close(w->step_s, w->compute_s + w->comm_s, 1e-12);
+    ml_ledger_destroy(l);
+}
+
 /* 8 devices, 8 a node, global batch 8: the splits tp x pp x dp with tp
  * dividing 8, pp dividing 8 / tp and dp = 8 / (tp pp) dividing the batch:
  * tp 1 with pp 1, 2, 4, 8; tp 2 with 1, 2, 4; tp 4 with 1, 2; tp 8 with 1.
@@ -61,33 +92,8 @@ static void test_search(void **state)
         assert_int_equal(p.training.virtual_stages, w->vpp > 1 ? w->vpp : 1);
         assert_true(w->vpp <= 1 || (w->pp == 2 && w->micro_batches % 2 == 0));
         assert_true(w->zero <= (w->pp > 1 ? 1u : 3u) && (w->dp > 1 || w->zero == 0));
-        ml_ledger *l = eval(m, &p, false);
-        const ml_summary *s = ml_ledger_summary(l);
-        assert_true(s->fits);
-        assert_int_equal(w->peak, s->peak);
-        assert_rel_close(w->compute_s, w->pp > 1 ? s->pipeline_step_s : s->time_compute_s,
-                         1e-12);
-        /* the transfers at 300 GB/s inside the node: tensor parallelism's
-         * collectives and data parallelism's (one node: no network) */
-        double p2p = 0;
-        for (size_t k = 0; k < ml_ledger_rank_count(l); k++)
-            p2p = ml_ledger_rank(l, k)->p2p_bytes > p2p ? ml_ledger_rank(l, k)->p2p_bytes : p2p;
-        /* and each call's latency, inside one node (NCCL's ring, Simple:
-         * 8.4 us, and 3.4 us a step; test_latency.c) */
-        double sends = 0;
-        for (size_t k = 0; k < ml_ledger_rank_count(l); k++)
-            sends = ml_ledger_rank(l, k)->p2p_sends > sends ? ml_ledger_rank(l, k)->p2p_sends : sends;
-        const double tp = (double)w->tp, dp = (double)w->dp;
-        const double lat = 1e-6 * (s->tp_allreduces * (8.4 + 2 * (tp - 1) * 3.4) +
-                                   s->tp_halves * (8.4 + (tp - 1) * 3.4) +
-                                   sends * (8.4 + 3.4) +
-                                   s->dp_allreduces * (dp > 1 ? 8.4 + 2 * (dp - 1) * 3.4 : 0) +
-                                   s->dp_halves * (dp > 1 ? 8.4 + (dp - 1) * 3.4 : 0));
-        assert_rel_close(w->latency_s, lat, 1e-12);
-        assert_rel_close(w->comm_s, (s->tp_comm_bytes + p2p + s->comm_bytes) / 300e9 + lat, 1e-12);
-        assert_rel_close(w->step_s, w->compute_s + w->comm_s, 1e-12);
+        row_is_its_plan(m, &c, w, 300);
         assert_rel_close(w->tokens_per_s, 8.0 * 24 / w->step_s, 1e-12);
-        ml_ledger_destroy(l);
     }
     ml_model_destroy(m);
 }
@@ -119,27 +125,8 @@ static void test_search_two(void **state)
     assert_int_equal(r.candidates, 66);
     assert_int_equal(r.fitting, 66);
     assert_true(r.comm_timed);
-    for (size_t i = 0; i < r.nrows; i++) {
-        const ml_layout_row *w = &r.rows[i];
-        ml_config p = ml_layout_config(&c, w);
-        ml_ledger *l = eval(m, &p, false);
-        const ml_summary *s = ml_ledger_summary(l);
-        assert_int_equal(w->peak, s->peak);
-        double p2p = 0, sends = 0;
-        for (size_t k = 0; k < ml_ledger_rank_count(l); k++) {
-            const ml_rank_info *ri = ml_ledger_rank(l, k);
-            p2p = ri->p2p_bytes > p2p ? ri->p2p_bytes : p2p;
-            sends = ri->p2p_sends > sends ? ri->p2p_sends : sends;
-        }
-        /* NCCL's latencies inside a node, 2 ranks (test_search) */
-        const double lat = 1e-6 * ((s->tp_allreduces + s->dp_allreduces) * (8.4 + 2 * 3.4) +
-                                   (s->tp_halves + s->dp_halves) * (8.4 + 3.4) +
-                                   sends * (8.4 + 3.4));
-        assert_rel_close(w->latency_s, lat, 1e-12);
-        assert_rel_close(w->comm_s, (s->tp_comm_bytes + p2p + s->comm_bytes) / 450e9 + lat, 1e-12);
-        assert_rel_close(w->step_s, w->compute_s + w->comm_s, 1e-12);
-        ml_ledger_destroy(l);
-    }
+    for (size_t i = 0; i < r.nrows; i++)
+        row_is_its_plan(m, &c, &r.rows[i], 450);
     ml_model_destroy(m);
 }
 

@@ -21,10 +21,17 @@
     "\"tie_word_embeddings\": false, \"attention_dropout\": 0.0, "                            \
     "\"attn_implementation\": \"" attn "\", \"use_cache\": " cache "}"
 
-/* The steady peak of json planned at B 2, T 16 with precision p, the
- * checkpoint policy ck, tp ranks and the loop's logits (kept: the output,
- * and so the cache, held to the step's end). */
-static uint64_t peak(const char *json, ml_precision p, ml_checkpoint_kind ck, uint64_t tp)
+/* The settings a case plans: B 2, T 16, the loop's logits lg, accum
+ * micro-batches a step, an 80 GiB device in the allocated view. */
+typedef struct {
+    ml_precision p;
+    ml_checkpoint_kind ck;
+    uint64_t tp, accum;
+    ml_logits lg;
+} setting;
+
+/* The steady peak of json planned as s, and each phase's (ph, not NULL). */
+static uint64_t peak(const char *json, const setting *s, uint64_t ph[ML_PHASE_COUNT])
 {
     ml_model *m = NULL;
     ml_error e;
@@ -33,24 +40,32 @@ static uint64_t peak(const char *json, ml_precision p, ml_checkpoint_kind ck, ui
     ml_config c = ml_model_config(m);
     c.training.micro_batch = 2;
     c.training.seq_len = 16;
-    c.training.precision = p;
-    c.training.checkpoint.kind = ck;
-    c.training.tensor_parallel = tp;
-    c.training.logits = ML_LOGITS_KEPT;
+    c.training.precision = s->p;
+    c.training.checkpoint.kind = s->ck;
+    c.training.tensor_parallel = s->tp;
+    c.training.grad_accum = s->accum;
+    c.training.logits = s->lg;
     c.device.present = true;
     c.device.memory = UINT64_C(80) << 30;
     c.device.allocator = ML_ALLOCATOR_NONE;
     ml_ledger *l = eval(m, &c, false);
-    const uint64_t v = ml_ledger_summary(l)->peak;
+    const ml_summary *sum = ml_ledger_summary(l);
+    const uint64_t v = sum->peak;
+    for (int k = 0; ph && k < ML_PHASE_COUNT; k++)
+        ph[k] = sum->phase_steady[k].peak;
     ml_ledger_destroy(l);
     ml_model_destroy(m);
     return v;
 }
 
+/* The steady peak with use_cache on (json on) less off, precision p,
+ * policy ck, tp ranks, the output kept to the step's end (and so the
+ * cache), one micro-batch a step. */
 static uint64_t extra(const char *on, const char *off, ml_precision p, ml_checkpoint_kind ck,
                       uint64_t tp)
 {
-    const uint64_t a = peak(on, p, ck, tp), b = peak(off, p, ck, tp);
+    const setting s = {p, ck, tp, 1, ML_LOGITS_KEPT};
+    const uint64_t a = peak(on, &s, NULL), b = peak(off, &s, NULL);
     assert_true(a >= b);
     return a - b;
 }
@@ -106,29 +121,12 @@ static void test_llama(void **state)
  * copies 32,768 B in all), logits lg, two micro-batches a step. */
 static void phase_extra(ml_logits lg, uint64_t out[ML_PHASE_COUNT])
 {
-    uint64_t v[2][ML_PHASE_COUNT];
-    for (int on = 0; on < 2; on++) {
-        const char *json = on ? GPT2("sdpa", "true") : GPT2("sdpa", "false");
-        ml_model *m = NULL;
-        ml_error e;
-        if (ml_model_load_hf_string(json, strlen(json), "config.json", &m, &e) != ML_OK)
-            fail_msg("%u:%u: %s", e.line, e.col, e.msg);
-        ml_config c = ml_model_config(m);
-        c.training.micro_batch = 2;
-        c.training.seq_len = 16;
-        c.training.grad_accum = 2;
-        c.training.logits = lg;
-        c.device.present = true;
-        c.device.memory = UINT64_C(80) << 30;
-        c.device.allocator = ML_ALLOCATOR_NONE;
-        ml_ledger *l = eval(m, &c, false);
-        for (int p = 0; p < ML_PHASE_COUNT; p++)
-            v[on][p] = ml_ledger_summary(l)->phase_steady[p].peak;
-        ml_ledger_destroy(l);
-        ml_model_destroy(m);
-    }
-    for (int p = 0; p < ML_PHASE_COUNT; p++)
-        out[p] = v[1][p] - v[0][p];
+    const setting s = {ML_PREC_FP32, ML_CKPT_NONE, 1, 2, lg};
+    uint64_t on[ML_PHASE_COUNT], off[ML_PHASE_COUNT];
+    peak(GPT2("sdpa", "true"), &s, on);
+    peak(GPT2("sdpa", "false"), &s, off);
+    for (int k = 0; k < ML_PHASE_COUNT; k++)
+        out[k] = on[k] - off[k];
 }
 
 /* Where the loop holds the output the copies go with it: kept, to the
