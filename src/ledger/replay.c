@@ -231,8 +231,15 @@ static void forward_block(ml_replay *r, size_t k)
     r->flops_done += b->flops_fwd; /* the block runs: what follows is after it */
     ml__replay_free(r, ML_CAT_WORKSPACE, ws);
     ml__replay_free(r, ML_CAT_WORKSPACE, gat);
-    if (r->hold_cache) /* the output's keys and values; autocast's weight copies */
+    if (r->hold_cache) { /* the output's keys and values; autocast's weight copies */
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes);
+    } else if (seg[k] >= 0 && b->cast_bytes) {
+        /* a checkpointed block saves no weight copy, but autocast's cache
+         * holds each one it made until the autocast region ends, after
+         * the loss (docs/precision.md) */
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cast_bytes);
+        r->cast_held += b->cast_bytes;
+    }
     if (r->train_cache && b->out_cache_bytes) { /* the output's cache, in training */
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->out_cache_bytes);
         r->cache_out += b->out_cache_bytes;
@@ -276,6 +283,19 @@ void ml__replay_forward(ml_replay *r)
     if (!r->keep_output && r->cache_out) {
         ml__replay_free(r, ML_CAT_WORKSPACE, r->cache_out);
         r->cache_out = 0;
+    }
+    /* the autocast region ends: its cache is cleared, each block's copies
+     * (as the allocator simulation holds them) */
+    for (size_t k = 0; k < n && r->cast_held; k++) {
+        const uint64_t c = r->ch->blocks[k].cast_bytes;
+        if (r->seg[k] >= 0 && c && c <= r->cast_held) {
+            ml__replay_free(r, ML_CAT_WORKSPACE, c);
+            r->cast_held -= c;
+        }
+    }
+    if (r->cast_held) { /* (none: the blocks' own, as they were held) */
+        ml__replay_free(r, ML_CAT_WORKSPACE, r->cast_held);
+        r->cast_held = 0;
     }
     r->act_end = r->live[ML_CAT_ACTIVATIONS];
 }

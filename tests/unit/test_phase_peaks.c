@@ -126,6 +126,51 @@ static void check(const char *name, const char *pol, const ml_ledger *l)
     assert_false(s->phase_eval[ML_PHASE_OPTIMIZER].present);
 }
 
+/* autocast's cache under checkpointing (docs/precision.md): GPT-2 small,
+ * amp-bf16, every block checkpointed. Each block's forward leaves its
+ * weights' bf16 copies in the cache: c_attn 768 x 2304, attn.c_proj 768 x
+ * 768, c_fc 768 x 3072, mlp.c_proj 3072 x 768 = 7,077,888 elements, 2 bytes
+ * each: 14,155,776 bytes a block, held (workspace) until the loss is
+ * computed, then freed, one block's at a time, before the backward's first
+ * event: 12 frees of 14,155,776 at the loss. Without checkpointing the
+ * matmuls save those copies (saved activations): no such frees. */
+static void test_autocast_cache_under_checkpointing(void **state)
+{
+    (void)state;
+    const int64_t copies = 2 * (768 * 2304 + 768 * 768 + 768 * 3072 + 3072 * 768);
+    assert_int_equal(copies, 14155776);
+    ml_model *m = load_preset("gpt2-small");
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        ml_config c = ml_model_config(m);
+        c.training.precision = ML_PREC_AMP_BF16;
+        ml_error e;
+        assert_int_equal(ml_parse_checkpoint(ckpt ? "full" : "none", &c.training.checkpoint, &e),
+                         ML_OK);
+        ml_ledger *l = eval(m, &c, true);
+        const ml_event *ev = ml_ledger_events(l);
+        size_t bwd = 0, n = ml_ledger_event_count(l);
+        while (bwd < n && ev[bwd].phase != ML_PHASE_BACKWARD)
+            bwd++;
+        assert_true(bwd < n);
+        /* the frees just before the backward, and the forward's allocations
+         * of that size in the workspace */
+        unsigned frees = 0, allocs = 0;
+        for (size_t i = bwd; i-- > 0 && ev[i].delta == -copies;)
+            if (ev[i].cat == ML_CAT_WORKSPACE && ev[i].phase == ML_PHASE_LOSS)
+                frees++;
+        for (size_t i = 0; i < bwd; i++)
+            if (ev[i].phase == ML_PHASE_FORWARD && ev[i].cat == ML_CAT_WORKSPACE &&
+                ev[i].delta == copies && ev[i + 1].delta != -copies)
+                allocs++;
+        assert_int_equal(frees, ckpt ? 12 : 0);
+        assert_int_equal(allocs, ckpt ? 12 : 0);
+        if (ckpt) /* held at the loss: the workspace then holds all twelve */
+            assert_true(ev[bwd - 13].live[ML_CAT_WORKSPACE] >= 12 * (uint64_t)copies);
+        ml_ledger_destroy(l);
+    }
+    ml_model_destroy(m);
+}
+
 static void test_every_preset(void **state)
 {
     (void)state;
@@ -153,6 +198,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mlp_by_hand),
         cmocka_unit_test(test_every_preset),
+        cmocka_unit_test(test_autocast_cache_under_checkpointing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
