@@ -74,6 +74,9 @@ typedef struct {
                             _split_heads, q, k and v each reshaped into
                             contiguous (B, h, T, dh) heads (kit_falcon.c):
                             bmm copies only the heads it expands */
+    bool math;           /* sdpa as its math kernel runs it (kit_math.c): the
+                            kernel's own causal mask, repeat_interleave for
+                            grouped heads, q and k^T scaled, _safe_softmax */
     bool latent;         /* DeepSeek's multi-head latent attention (kit_mla.c) */
     bool q_lora;         /* ... with q compressed (q_a_proj, its norm, q_b_proj) */
     bool stream_softmax; /* the mask, in the stream's dtype, promotes the
@@ -205,6 +208,14 @@ uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P);
  * a contiguous copy whose reference goes once it has run, or MLG_NONE);
  * returns the (B, H, T, dh) product. */
 uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc);
+/* scaled_dot_product_attention's math kernel on the rotated q (qr,
+ * contiguous or not), k (kr) and v (vh) heads, is_causal with grouped
+ * heads (enable_gqa), in fp32 (aten/src/ATen/native/transformers/
+ * attention.cpp, _scaled_dot_product_attention_math and _safe_softmax:
+ * docs/inventory.md); returns its (B, H, T, dh) output, the probabilities
+ * dropped as it returns. */
+uint16_t ml__kit_sdpa_math(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
+                           uint16_t vh, bool q_contiguous);
 /* y = x.transpose(1, 2).contiguous() of the attention output O (its node:
  * eager only; f[0 .. nf): references that go with O, each storage once),
  * then the output projection and the residual dropout; returns the branch

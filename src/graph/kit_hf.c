@@ -460,9 +460,10 @@ uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv 
     }
     uint16_t O, probs = MLG_NONE, krep = MLG_NONE, vrep = MLG_NONE;
     uint16_t S3 = MLG_NONE;
-    if (a->fused_kernel) {
+    if (a->fused_kernel)
         O = fused(g, qr, kr, p.vh, a);
-    }
+    else if (a->math) /* the rotary's cat made q contiguous with a fused qkv */
+        O = ml__kit_sdpa_math(g, L, qr, kr, p.vh, a->fused_proj && a->rope);
     else
         probs = eager(g, L, qr, kr, p.vh, &O, &krep, &vrep, &S3);
     if (a->bert) {

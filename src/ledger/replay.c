@@ -233,11 +233,8 @@ static void forward_block(ml_replay *r, size_t k)
     ml__replay_free(r, ML_CAT_WORKSPACE, gat);
     if (r->hold_cache) { /* the output's keys and values; autocast's weight copies */
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes);
-    } else if (seg[k] >= 0 && b->cast_bytes) {
-        /* a checkpointed block saves no weight copy, but autocast's cache
-         * holds each one it made until the autocast region ends, after
-         * the loss (docs/precision.md) */
-        ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cast_bytes);
+    } else if (seg[k] >= 0 && b->cast_bytes) { /* checkpointed: held by autocast's cache */
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cast_bytes); /* to the loss (precision.md) */
         r->cast_held += b->cast_bytes;
     }
     if (r->train_cache && b->out_cache_bytes) { /* the output's cache, in training */
@@ -284,8 +281,7 @@ void ml__replay_forward(ml_replay *r)
         ml__replay_free(r, ML_CAT_WORKSPACE, r->cache_out);
         r->cache_out = 0;
     }
-    /* the autocast region ends: its cache is cleared, each block's copies
-     * (as the allocator simulation holds them) */
+    /* autocast's region ends: its cache goes, a block's copies at a time */
     for (size_t k = 0; k < n && r->cast_held; k++) {
         const uint64_t c = r->ch->blocks[k].cast_bytes;
         if (r->seg[k] >= 0 && c && c <= r->cast_held) {
@@ -293,10 +289,9 @@ void ml__replay_forward(ml_replay *r)
             r->cast_held -= c;
         }
     }
-    if (r->cast_held) { /* (none: the blocks' own, as they were held) */
+    if (r->cast_held) /* (none: each block's was freed) */
         ml__replay_free(r, ML_CAT_WORKSPACE, r->cast_held);
-        r->cast_held = 0;
-    }
+    r->cast_held = 0;
     r->act_end = r->live[ML_CAT_ACTIVATIONS];
 }
 

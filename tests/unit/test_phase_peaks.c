@@ -171,6 +171,42 @@ static void test_autocast_cache_under_checkpointing(void **state)
     ml_model_destroy(m);
 }
 
+/* sdpa's math kernel (fp32, grouped heads: graph/kit_math.c) against eager
+ * attention in the evaluation pass (no_grad), B = 1, H = 8, T = 1024, dh =
+ * 32, fp32: the scores S = 8 x 1024^2 x 4 = 32 MiB. Eager's peak in the
+ * attention holds two such tensors (scores and scaled scores, or masked
+ * scores and probabilities) and the model's (1, 1, T, T) additive mask, 4
+ * MiB; the math kernel's holds the scores, the softmax output and
+ * isneginf's bool (S / 4, 8 MiB) at once, q scaled (1 x 8 x 1024 x 32 x 4 =
+ * 1 MiB, bound to its return) and its own (T, T) mask, 4 MiB, in place of
+ * the model's: 8 + 1 + 4 - 4 = 9 MiB more, everything else alike. */
+static void test_math_kernel_eval_by_hand(void **state)
+{
+    (void)state;
+    const char *yaml = "model:\n  type: decoder\n  layers: 2\n  hidden: 256\n  heads: 8\n"
+                       "  kv_heads: 2\n  ffn: 512\n  activation: swiglu\n  norm: rmsnorm\n"
+                       "  vocab: 100\n  position: rope\n  tied_embeddings: false\n"
+                       "  bias: false\n  attention: %s\n  dropout: 0\ntraining:\n"
+                       "  micro_batch: 1\n  seq_len: 1024\n  precision: fp32\n"
+                       "  optimizer: adamw\n  eval_batch: 1\n";
+    uint64_t peak[2];
+    for (int k = 0; k < 2; k++) {
+        char buf[512];
+        snprintf(buf, sizeof buf, yaml, k ? "sdpa" : "eager");
+        ml_model *m = load_str(buf);
+        ml_config c = ml_model_config(m);
+        c.device.allocator = ML_ALLOCATOR_NONE;
+        ml_ledger *l = eval(m, &c, false);
+        const ml_summary *s = ml_ledger_summary(l);
+        assert_true(s->has_eval);
+        peak[k] = s->peak_eval;
+        assert_string_equal(s->phase_eval[ML_PHASE_FORWARD].at, "block.0");
+        ml_ledger_destroy(l);
+        ml_model_destroy(m);
+    }
+    assert_int_equal(peak[1] - peak[0], 9ull << 20);
+}
+
 static void test_every_preset(void **state)
 {
     (void)state;
@@ -199,6 +235,7 @@ int main(void)
         cmocka_unit_test(test_mlp_by_hand),
         cmocka_unit_test(test_every_preset),
         cmocka_unit_test(test_autocast_cache_under_checkpointing),
+        cmocka_unit_test(test_math_kernel_eval_by_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
