@@ -88,12 +88,10 @@ static bool hf_layout(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_la
     /* sdpa and flash keep nothing for the cap: transformers passes sdpa
      * none, flash caps in place */
     a->softcap = m->attn.softcap > 0 && m->attn.kernel == ML_ATTN_EAGER;
-    /* sdpa with grouped heads in fp32: the math kernel, is_causal (no mask
-     * from transformers) and enable_gqa (transformers' use_gqa_in_sdpa) */
-    a->math = m->attn.kernel == ML_ATTN_SDPA && !c->fused_kernel && a->grouped &&
-              c->compute_bytes == 4 && !c->autocast;
-    if (a->math)
-        a->mask = false;
+    /* sdpa not dispatched to a fused kernel (here: fp32 with grouped heads,
+     * ml__ck_fused_attention) runs the math kernel, is_causal (no mask from
+     * transformers) and enable_gqa (transformers' use_gqa_in_sdpa) */
+    a->math = m->attn.kernel == ML_ATTN_SDPA && !c->fused_kernel;
     /* Gemma 2's norms of the branches' outputs (compute dtype) make the
      * projections' output gradients */
     a->out_grad = L->mlp.out_grad = m->dropout > 0 || m->residual.post_norms;

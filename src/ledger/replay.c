@@ -233,9 +233,8 @@ static void forward_block(ml_replay *r, size_t k)
     ml__replay_free(r, ML_CAT_WORKSPACE, gat);
     if (r->hold_cache) { /* the output's keys and values; autocast's weight copies */
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes);
-    } else if (seg[k] >= 0 && b->cast_bytes) { /* checkpointed: held by autocast's cache */
+    } else if (seg[k] >= 0 && b->cast_bytes) { /* checkpointed: autocast's cache holds them */
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cast_bytes); /* to the loss (precision.md) */
-        r->cast_held += b->cast_bytes;
     }
     if (r->train_cache && b->out_cache_bytes) { /* the output's cache, in training */
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->out_cache_bytes);
@@ -281,17 +280,11 @@ void ml__replay_forward(ml_replay *r)
         ml__replay_free(r, ML_CAT_WORKSPACE, r->cache_out);
         r->cache_out = 0;
     }
-    /* autocast's region ends: its cache goes, a block's copies at a time */
-    for (size_t k = 0; k < n && r->cast_held; k++) {
-        const uint64_t c = r->ch->blocks[k].cast_bytes;
-        if (r->seg[k] >= 0 && c && c <= r->cast_held) {
-            ml__replay_free(r, ML_CAT_WORKSPACE, c);
-            r->cast_held -= c;
-        }
-    }
-    if (r->cast_held) /* (none: each block's was freed) */
-        ml__replay_free(r, ML_CAT_WORKSPACE, r->cast_held);
-    r->cast_held = 0;
+    /* autocast's region ends: its cache goes, a checkpointed block's copies
+     * at a time (replayed or moved over, each block allocated its own) */
+    for (size_t k = 0; k < n && !r->hold_cache; k++)
+        if (r->seg[k] >= 0 && r->ch->blocks[k].cast_bytes)
+            ml__replay_free(r, ML_CAT_WORKSPACE, r->ch->blocks[k].cast_bytes);
     r->act_end = r->live[ML_CAT_ACTIVATIONS];
 }
 

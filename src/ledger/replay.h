@@ -86,8 +86,6 @@ typedef struct {
                                 cache's copies no op saves (out_cache_bytes) */
     uint64_t cache_out;      /* ... this micro-batch's, allocated so far */
     uint64_t prev_cache;     /* ... a previous micro-batch's, freed with prev_out */
-    uint64_t cast_held;      /* autocast's cached weight copies of the checkpointed
-                                blocks' forward, freed once the loss is computed */
     /* per boundary k, n + 1 entries each */
     uint64_t *held;          /* bytes of boundary k still allocated, 0 once freed */
     ml_category *held_cat;   /* the category boundary k is counted in */
@@ -157,7 +155,6 @@ typedef struct {
     double fdelta[3];
     unsigned adds0, adds;              /* recompute additions before it, in it */
     uint64_t cache0, dcache;           /* the output's cache before it, its change */
-    uint64_t cast0, dcast;             /* autocast's cached copies before it, its change */
     double rec;                        /* its last recompute addition */
     size_t last;                       /* the block measured last */
     unsigned streak;                   /* blocks in a row with equal changes */

@@ -149,7 +149,6 @@ void ml__run_before(ml_run *u, const ml_replay *r)
     u->fdone[2] = r->host_done;
     u->adds0 = r->rec_adds;
     u->cache0 = r->cache_out;
-    u->cast0 = r->cast_held;
 }
 
 void ml__run_after(ml_run *u, const ml_replay *r, size_t k, int dir)
@@ -160,11 +159,10 @@ void ml__run_after(ml_run *u, const ml_replay *r, size_t k, int dir)
     /* the pair (k - dir, k): the same change (ml__run_skip asks whether
      * the chain makes them twins) */
     const bool follows = u->streak && u->last + (size_t)dir == k;
-    const uint64_t dcache = r->cache_out - u->cache0, dcast = r->cast_held - u->cast0;
+    const uint64_t dcache = r->cache_out - u->cache0;
     bool same = follows && adds == u->adds && (!adds || r->rec_last == u->rec) &&
-                dcache == u->dcache && dcast == u->dcast;
+                dcache == u->dcache;
     u->dcache = dcache;
-    u->dcast = dcast;
     for (size_t c = 0; c <= ML_CAT_COUNT; c++) {
         const uint64_t d = now[c] - u->before[c]; /* mod 2^64: a fall is a large value */
         same &= d == u->delta[c];
@@ -210,13 +208,9 @@ static void move(ml_replay *r, const ml_run *u, uint64_t m)
     r->flops_done += (double)m * u->fdelta[0];
     r->comm_done += (double)m * u->fdelta[1];
     r->host_done += (double)m * u->fdelta[2];
-    /* the output's cache and autocast's copies the blocks hold (within
-     * the live bytes) */
-    uint64_t cache, cast;
+    uint64_t cache; /* the output's cache the blocks hold (within the live bytes) */
     if (__builtin_mul_overflow(u->dcache, m, &cache) ||
-        __builtin_add_overflow(r->cache_out, cache, &r->cache_out) ||
-        __builtin_mul_overflow(u->dcast, m, &cast) ||
-        __builtin_add_overflow(r->cast_held, cast, &r->cast_held))
+        __builtin_add_overflow(r->cache_out, cache, &r->cache_out))
         r->overflow = true;
     /* the recompute FLOPs as each block adds them, in order */
     for (uint64_t i = 0; i < m && u->adds; i++)
