@@ -21,6 +21,49 @@ static void mark_cheaper(ml_compare_row *rows, size_t n)
             rows[i].cheaper = best;
 }
 
+/* cfg with candidate pol's checkpoint policy into *c; false when the
+ * candidate does not apply (optimal without a budget, an encoder-decoder). */
+static bool candidate_config(const ml_model *m, const ml_config *cfg,
+                             const ml_checkpoint_candidate *pol, ml_config *c)
+{
+    *c = *cfg;
+    ml_parse_checkpoint(pol->name, &c->training.checkpoint, NULL);
+    ml_error why;
+    return !(pol->needs_device && !c->device.present) &&
+           ml__chain_refused(m, &c->training, &why) == ML_OK;
+}
+
+/* c's plan as a row; recompute_pct against base_total (none's FLOPs). */
+static ml_status plan_row(const ml_model *m, const ml_config *c, double base_total,
+                          ml_reserved_memo *memo, ml_compare_row *r, ml_error *err)
+{
+    ml_ledger *l = NULL;
+    ml_status st = ml__ledger_evaluate_with(m, c, false, false, memo, &l, err);
+    if (st)
+        return st;
+    const ml_summary *s = ml_ledger_summary(l);
+    memset(r, 0, sizeof *r);
+    r->checkpoint = c->training.checkpoint;
+    snprintf(r->plan, sizeof r->plan, "%s", s->plan);
+    r->peak = s->peak;
+    r->peak_total = s->peak_total;
+    r->activations_saved = s->bytes_activations;
+    r->flops_recompute = s->flops_recompute;
+    r->flops_total = s->flops_total;
+    r->recompute_pct = base_total > 0 ? 100.0 * s->flops_recompute / base_total : 0;
+    r->step_time_s = s->step_time_s;
+    r->time = s->time;
+    r->has_device = s->has_device;
+    r->fits = s->has_device ? (r->checkpoint.kind == ML_CKPT_OPTIMAL ? s->plan_fits_budget &&
+                                                                             s->fits
+                                                                       : s->fits)
+                            : false;
+    r->cheaper = -1;
+    r->headroom = s->has_device ? s->headroom : 0;
+    ml_ledger_destroy(l);
+    return ML_OK;
+}
+
 ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *rows, size_t *nrows,
                      ml_error *err)
 {
@@ -30,49 +73,32 @@ ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *ro
     double base_total = 0;
     ml_reserved_memo memo; /* policies with one plan simulate it once */
     memset(&memo, 0, sizeof memo);
-    for (size_t i = 0; i < npol; i++) {
-        ml_config c = *cfg;
-        ml_parse_checkpoint(pols[i].name, &c.training.checkpoint, NULL);
-        ml_error why;
-        if ((pols[i].needs_device && !c.device.present) ||
-            ml__chain_refused(m, &c.training, &why) != ML_OK)
-            continue; /* optimal without a budget, or for an encoder-decoder */
-        ml_ledger *l = NULL;
-        ml_status st = ml__ledger_evaluate_with(m, &c, false, false, &memo, &l, err);
-        if (st) {
-            ml__reserved_memo_free(&memo);
-            return st;
-        }
-        const ml_summary *s = ml_ledger_summary(l);
-        ml_compare_row *r = &rows[n++];
-        memset(r, 0, sizeof *r);
-        r->checkpoint = c.training.checkpoint;
-        snprintf(r->plan, sizeof r->plan, "%s", s->plan);
-        r->peak = s->peak;
-        r->peak_total = s->peak_total;
-        r->activations_saved = s->bytes_activations;
-        r->flops_recompute = s->flops_recompute;
-        r->flops_total = s->flops_total;
-        if (i == 0)
-            base_total = s->flops_total;
-        r->recompute_pct = base_total > 0 ? 100.0 * s->flops_recompute / base_total : 0;
-        r->step_time_s = s->step_time_s;
-        r->time = s->time;
-        r->has_device = s->has_device;
-        r->fits = s->has_device ? (r->checkpoint.kind == ML_CKPT_OPTIMAL ? s->plan_fits_budget &&
-                                                                                 s->fits
-                                                                           : s->fits)
-                                : false;
-        r->cheaper = -1;
-        r->headroom = s->has_device ? s->headroom : 0;
-        ml_ledger_destroy(l);
+    ml_status st = ML_OK;
+    for (size_t i = 0; i < npol && !st; i++) {
+        ml_config c;
+        if (!candidate_config(m, cfg, &pols[i], &c))
+            continue;
+        if (!(st = plan_row(m, &c, base_total, &memo, &rows[n], err)) && i == 0)
+            base_total = rows[n].flops_total;
+        n += !st;
     }
     ml__reserved_memo_free(&memo);
+    if (st)
+        return st;
     mark_cheaper(rows, n);
     *nrows = n;
     return ML_OK;
 }
 
+/* The advice is the fitting candidate with the least recompute (the first
+ * of equals) below the plan's own. With the caching allocator simulated,
+ * each candidate is first planned without it: its allocated peak is at most
+ * its reserved one, so a candidate that does not fit then does not fit
+ * with it, and its recompute there is a floor (a fixed policy's recompute
+ * is the same; optimal's can only rise with a cache to fit). Candidates are
+ * then simulated in order of that floor, until none left can undercut the
+ * best that fits: the same advice as ml_compare's rows give, most often
+ * for one simulation instead of seven. */
 ml_status ml_checkpoint_advice(const ml_model *m, const ml_config *cfg, const ml_summary *s,
                                ml_advice *out, ml_error *err)
 {
@@ -80,16 +106,52 @@ ml_status ml_checkpoint_advice(const ml_model *m, const ml_config *cfg, const ml
     if (!s->has_device || !s->fits || !(s->flops_recompute > 0) ||
         cfg->training.checkpoint.kind == ML_CKPT_OPTIMAL)
         return ML_OK;
+    size_t npol = 0;
+    const ml_checkpoint_candidate *pols = ml_checkpoint_candidates(&npol);
+    ml_config floor_cfg = *cfg;
+    floor_cfg.device.allocator = ML_ALLOCATOR_NONE;
+    const bool exact = cfg->device.allocator == ML_ALLOCATOR_NONE;
     ml_compare_row rows[ML_COMPARE_ROWS];
-    size_t n = 0;
-    ml_status st = ml_compare(m, cfg, rows, &n, err);
-    if (st)
-        return st;
-    for (size_t i = 0; i < n; i++)
-        if (rows[i].fits && rows[i].flops_recompute < s->flops_recompute &&
-            (!out->cheaper_fits || rows[i].flops_recompute < out->row.flops_recompute)) {
-            out->cheaper_fits = true;
-            out->row = rows[i];
+    size_t idx[ML_COMPARE_ROWS], n = 0;
+    double base_total = 0;
+    ml_status st = ML_OK;
+    for (size_t i = 0; i < npol && n < ML_COMPARE_ROWS && !st; i++) {
+        ml_config c;
+        if (!candidate_config(m, &floor_cfg, &pols[i], &c))
+            continue;
+        if ((st = plan_row(m, &c, base_total, NULL, &rows[n], err)))
+            break;
+        if (i == 0)
+            base_total = rows[n].flops_total;
+        if (rows[n].fits && rows[n].flops_recompute < s->flops_recompute)
+            idx[n++] = i; /* a candidate; the others cannot be the advice */
+    }
+    /* by floor, then candidate order (insertion: seven at most) */
+    for (size_t a = 1; a < n; a++)
+        for (size_t b = a; b > 0 && rows[b].flops_recompute < rows[b - 1].flops_recompute; b--) {
+            ml_compare_row t = rows[b];
+            size_t ti = idx[b];
+            rows[b] = rows[b - 1], idx[b] = idx[b - 1];
+            rows[b - 1] = t, idx[b - 1] = ti;
         }
-    return ML_OK;
+    size_t best_i = 0;
+    for (size_t k = 0; k < n && !st; k++) {
+        if (out->cheaper_fits && (rows[k].flops_recompute > out->row.flops_recompute ||
+                                  (rows[k].flops_recompute == out->row.flops_recompute &&
+                                   idx[k] > best_i)))
+            break; /* the rest cannot undercut the best */
+        ml_compare_row r = rows[k];
+        ml_config c;
+        if (!exact && candidate_config(m, cfg, &pols[idx[k]], &c) &&
+            (st = plan_row(m, &c, base_total, NULL, &r, err)))
+            break;
+        if (r.fits && r.flops_recompute < s->flops_recompute &&
+            (!out->cheaper_fits || r.flops_recompute < out->row.flops_recompute ||
+             (r.flops_recompute == out->row.flops_recompute && idx[k] < best_i))) {
+            out->cheaper_fits = true;
+            out->row = r;
+            best_i = idx[k];
+        }
+    }
+    return st;
 }

@@ -335,6 +335,62 @@ static void test_advice(void **state)
     ml_model_destroy(m);
 }
 
+/* With the cache simulated the advice plans each candidate without it
+ * first and simulates only those that could be the answer; it must be the
+ * answer ml_compare's rows give (the fitting row with the least recompute
+ * below the plan's, the first of equals). gpt2-small at B=8 over devices
+ * from 8 to 24 GiB, where the answer moves from none to selective, optimal
+ * and no advice at all, for three policies and both simulated allocators. */
+static void test_advice_as_compare(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    const char *pols[] = {"full", "every-2", "selective"};
+    const ml_allocator allocs[] = {ML_ALLOCATOR_CACHING, ML_ALLOCATOR_EXPANDABLE};
+    unsigned kinds_seen = 0, none_seen = 0;
+    for (size_t p = 0; p < 3; p++)
+        for (size_t k = 0; k < 2; k++)
+            for (uint64_t gib = 8; gib <= 24; gib += 2) {
+                ml_config c = config_allocated(m);
+                ml_parse_checkpoint(pols[p], &c.training.checkpoint, NULL);
+                c.device.present = true;
+                c.device.memory = gib << 30;
+                c.device.budget = 0;
+                c.device.allocator = allocs[k];
+                ml_error e;
+                ml_ledger *l = eval(m, &c, false);
+                const ml_summary *s = ml_ledger_summary(l);
+                ml_compare_row rows[ML_COMPARE_ROWS];
+                size_t n = 0;
+                assert_int_equal(ml_compare(m, &c, rows, &n, &e), ML_OK);
+                int want = -1;
+                for (size_t i = 0; s->fits && s->flops_recompute > 0 && i < n; i++)
+                    if (rows[i].fits && rows[i].flops_recompute < s->flops_recompute &&
+                        (want < 0 || rows[i].flops_recompute < rows[want].flops_recompute))
+                        want = (int)i;
+                ml_advice a;
+                assert_int_equal(ml_checkpoint_advice(m, &c, s, &a, &e), ML_OK);
+                assert_int_equal(a.cheaper_fits, want >= 0);
+                if (want >= 0) {
+                    assert_int_equal(a.row.checkpoint.kind, rows[want].checkpoint.kind);
+                    assert_string_equal(a.row.plan, rows[want].plan);
+                    assert_int_equal(a.row.peak_total, rows[want].peak_total);
+                    assert_rel_close(a.row.flops_recompute, rows[want].flops_recompute, 0);
+                    assert_rel_close(a.row.recompute_pct, rows[want].recompute_pct, 0);
+                    kinds_seen |= 1u << a.row.checkpoint.kind;
+                } else {
+                    none_seen++;
+                }
+                ml_ledger_destroy(l);
+            }
+    /* the sweep reaches the answers it is meant to cover */
+    assert_true(kinds_seen & (1u << ML_CKPT_NONE));
+    assert_true(kinds_seen & (1u << ML_CKPT_SELECTIVE));
+    assert_true(kinds_seen & (1u << ML_CKPT_OPTIMAL));
+    assert_true(none_seen > 0);
+    ml_model_destroy(m);
+}
+
 /* An evaluation pass that does not fit is named as what does not fit (the
  * note advised shortening seq_len, which the training did not need).
  * GPT-2 small (fp32 AdamW, T = 1,024, V = 50,257) on 8 GiB with a 6.5 GiB
@@ -464,6 +520,7 @@ int main(void)
         cmocka_unit_test(test_auto_checkpoint),
         cmocka_unit_test(test_compare_rows),
         cmocka_unit_test(test_advice),
+        cmocka_unit_test(test_advice_as_compare),
         cmocka_unit_test(test_no_fit_overflow),
         cmocka_unit_test(test_fit_eval_binds),
         cmocka_unit_test(test_global_batch_limit),
