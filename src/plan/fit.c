@@ -101,7 +101,7 @@ static ml_status bisect(search *s, uint64_t lo, uint64_t hi, uint64_t *out)
 /* Largest b in [1, cap] that fits, 0 when none: doubling, then bisection.
  * Valid because the peak never decreases as b grows (every tensor's size is
  * non-decreasing in b; tests/unit/test_fit.c checks it on every preset). */
-static ml_status largest_from_one(search *s, uint64_t cap, uint64_t *out)
+static ml_status doubling(search *s, uint64_t cap, uint64_t *out)
 {
     bool ok;
     ml_status st = try_b(s, 1, &ok, NULL);
@@ -128,6 +128,25 @@ static ml_status largest_from_one(search *s, uint64_t cap, uint64_t *out)
         }
     }
     return bisect(s, lo, hi, out);
+}
+
+/* The same, its answer kept for the same config and cap (search.top). */
+static ml_status largest_from_one(search *s, uint64_t cap, uint64_t *out)
+{
+    ml_config key = s->cfg;
+    key.training.micro_batch = 0;
+    if (s->has_top && s->top_cap == cap && !memcmp(&s->top_cfg, &key, sizeof key)) {
+        *out = s->top;
+        return ML_OK;
+    }
+    ml_status st = doubling(s, cap, out);
+    if (!st) {
+        s->has_top = true;
+        memcpy(&s->top_cfg, &key, sizeof key);
+        s->top_cap = cap;
+        s->top = *out;
+    }
+    return st;
 }
 
 /* Largest b in [1, top] that fits, 0 when none, searching down from top:
@@ -337,6 +356,34 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
     return finish(s, req, r, per);
 }
 
+/* Whether s->cfg's policy could be better than best (a larger micro-batch,
+ * or as large with less recompute), seen first without the allocator
+ * simulation: its micro-batch there is at least the simulated one (a plan
+ * that fits with its cache fits without it, and the choice from the
+ * largest is non-decreasing in it), and its recompute is the same (a fixed
+ * policy) or less (optimal, which must leave room for a cache). True when
+ * unsure: the search without the simulation failed. */
+static bool could_beat(search *s, const ml_fit_request *req, const ml_fit_result *best)
+{
+    const ml_allocator a = s->cfg.device.allocator;
+    if (a == ML_ALLOCATOR_NONE)
+        return true;
+    const ml_config keep = s->cfg;
+    s->cfg.device.allocator = ML_ALLOCATOR_NONE;
+    ml_error *err = s->err, local;
+    s->err = &local;
+    ml_fit_result r;
+    memset(&r, 0, sizeof r);
+    ml_status st = fit_policy(s, req, &r);
+    s->err = err;
+    s->cfg = keep;
+    s->accum_over = false;
+    if (st)
+        return true;
+    return r.micro_batch > best->micro_batch ||
+           (r.micro_batch == best->micro_batch && r.flops_recompute < best->flops_recompute);
+}
+
 static ml_status fit(search *sp, const ml_model *m, const ml_config *cfg,
                      const ml_fit_request *req, ml_fit_result *out, ml_error *err)
 {
@@ -369,6 +416,8 @@ static ml_status fit(search *sp, const ml_model *m, const ml_config *cfg,
             ml_error why;
             if (ml__chain_refused(m, &s.cfg.training, &why) != ML_OK)
                 continue; /* a policy the model refuses (optimal, for T5) */
+            if (have && !could_beat(&s, req, &best))
+                continue;
             if ((st = fit_policy(&s, req, &r)) == ML_RANGE && s.accum_over) {
                 if (!any_over || r.max_micro_batch > over_b) {
                     over = *err;

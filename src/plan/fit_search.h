@@ -19,6 +19,12 @@ typedef struct {
     bool has_fit;
     ml_config fit_cfg;
     ml_summary fit_sum;
+    /* the latest doubling search's answer, its config (micro-batch 0) and
+     * cap: auto's look without the simulation (fit.c, could_beat) is the
+     * first half of the same policy's search with it */
+    bool has_top;
+    ml_config top_cfg;
+    uint64_t top_cap, top;
 } search;
 
 /* Why micro-batch 1 does not fit, and what would help (docs/choosing.md),

@@ -240,6 +240,54 @@ static void test_auto_checkpoint(void **state)
     ml_model_destroy(m);
 }
 
+/* With the cache simulated, auto passes over a policy that cannot beat the
+ * best so far even without its cache; its choice must be the one each
+ * policy's own fit gives: the largest micro-batch, then the least
+ * recompute, then the first in the table. gpt2-small, amp-bf16, global
+ * batch 64, on devices from 6 to 24 GiB and both simulated allocators. */
+static void test_auto_as_each_policy(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    size_t ncand = 0;
+    const ml_checkpoint_candidate *cands = ml_checkpoint_candidates(&ncand);
+    const ml_allocator allocs[] = {ML_ALLOCATOR_CACHING, ML_ALLOCATOR_EXPANDABLE};
+    unsigned kinds = 0;
+    for (size_t k = 0; k < 2; k++)
+        for (uint64_t gib = 6; gib <= 24; gib += 3) {
+            ml_config c = config_allocated(m);
+            c.training.precision = ML_PREC_AMP_BF16;
+            c.device.memory = gib << 30;
+            c.device.budget = 0;
+            c.device.allocator = allocs[k];
+            ml_fit_request req = ml_fit_request_defaults();
+            req.global_batch = 64;
+            ml_fit_result want, r;
+            memset(&want, 0, sizeof want);
+            ml_error e;
+            for (size_t i = 0; i < ncand; i++) {
+                ml_parse_checkpoint(cands[i].name, &c.training.checkpoint, NULL);
+                assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+                if (r.max_micro_batch &&
+                    (!want.max_micro_batch || r.micro_batch > want.micro_batch ||
+                     (r.micro_batch == want.micro_batch &&
+                      r.flops_recompute < want.flops_recompute)))
+                    want = r;
+            }
+            req.auto_checkpoint = true;
+            assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+            assert_int_equal(r.max_micro_batch, want.max_micro_batch);
+            assert_int_equal(r.micro_batch, want.micro_batch);
+            assert_int_equal(r.grad_accum, want.grad_accum);
+            assert_int_equal(r.peak_total, want.peak_total);
+            assert_string_equal(r.plan, want.plan);
+            kinds |= 1u << r.checkpoint.kind;
+        }
+    /* the sweep moves the answer between policies */
+    assert_true(__builtin_popcount(kinds) >= 2);
+    ml_model_destroy(m);
+}
+
 static void test_compare_rows(void **state)
 {
     (void)state;
@@ -518,6 +566,7 @@ int main(void)
         cmocka_unit_test(test_accumulation_arithmetic),
         cmocka_unit_test(test_no_fit_explains),
         cmocka_unit_test(test_auto_checkpoint),
+        cmocka_unit_test(test_auto_as_each_policy),
         cmocka_unit_test(test_compare_rows),
         cmocka_unit_test(test_advice),
         cmocka_unit_test(test_advice_as_compare),
