@@ -114,7 +114,7 @@ static void fit_time(unsigned layers, ml_allocator alloc)
 
 /* What `memledger plan` and `memledger compare` compute, side by side
  * without the allocator simulation and with it: a checkpointed plan on an
- * 80 GiB device with the advice it gets (ml_checkpoint_advice), and the
+ * 80 GiB device (ZeRO-3 over 8) with the advice it gets (ml_checkpoint_advice), and the
  * seven policies of compare. Milliseconds per call, averaged over about
  * half a second each. */
 static void decision_time(unsigned layers, ml_allocator alloc)
@@ -125,6 +125,8 @@ static void decision_time(unsigned layers, ml_allocator alloc)
     ml_config c = ml_model_config(m);
     c.device.allocator = alloc;
     c.training.micro_batch = 1;
+    c.training.data_parallel = 8; /* ZeRO-3 over 8 devices: the 96-block one fits too */
+    c.training.zero = 3;
     ml_parse_checkpoint("full", &c.training.checkpoint, NULL);
     double ms[2] = {0, 0};
     bool advised = false;
@@ -153,7 +155,8 @@ static void decision_time(unsigned layers, ml_allocator alloc)
         } while (t - t0 < 0.5);
         ms[which] = (t - t0) / (double)(n ? n : 1) * 1e3;
     }
-    printf("%u blocks, checkpoint full, micro-batch 1, 80 GiB, --allocator %s: plan with its "
+    printf("%u blocks, checkpoint full, micro-batch 1, ZeRO-3 x 8, 80 GiB, --allocator %s: plan "
+           "with its "
            "advice %.3f ms (%s), compare %.3f ms\n",
            layers, ml_allocator_name(alloc), ms[0], advised ? "advised" : "no advice", ms[1]);
     ml_model_destroy(m);

@@ -13,8 +13,8 @@ The host's dispatch costs are the one part fitted on these runs: with --fit,
 for each model the costs are fitted on the other models' runs (coordinate
 descent on the mean |log(planned / measured)|) and that model's runs are
 planned with them -- leave-one-model-out, so every error printed is a
-held-out one. The fit on all runs, which is what memledger's defaults are,
-is printed last. Without --fit, the runs are planned with memledger's own
+held-out one. The fit on all runs, the way memledger's defaults were
+fitted, is printed last. Without --fit, the runs are planned with memledger's own
 defaults (which were fitted on all of them: not held-out). With --datasheet,
 the runs are planned without the profiles: the datasheet estimate every
 named device gets, whose errors here are the band the text report quotes.
@@ -136,7 +136,7 @@ def main():
             " (datasheet estimate: no profile, the default host costs)" if pl.datasheet else
             " (memledger's default host costs)"))
     if fitting:
-        print("\nHost costs (µs) fitted on all runs, memledger's defaults: " +
+        print("\nHost costs (µs) fitted on all runs: " +
               ", ".join("%s %g" % kv for kv in zip(KEYS, fit(pl, runs))))
     pl.close()
 

@@ -87,7 +87,11 @@ static ml_status run_plan(const ml_model *m, ml_evalctx *x, const int *seg, bool
 
 /* Checkpoint optimal's plan over, with its cache simulated: the segment
  * policy that recomputes least among those that fit with theirs, into seg
- * (kept when none does). */
+ * (kept when none does). Each is replayed first without the simulation: a
+ * policy over the budget there is over it with its cache too, and its
+ * recompute is the same either way; the others are simulated in order of
+ * recompute (the first of equals first) until one fits, which is then the
+ * answer. */
 static ml_status simulated_fallback(const ml_model *m, ml_evalctx *x, int *seg, ml_ledger *l,
                                     bool *fits, ml_error *err)
 {
@@ -95,24 +99,45 @@ static ml_status simulated_fallback(const ml_model *m, ml_evalctx *x, int *seg, 
     size_t ncand = 0;
     const ml_checkpoint_candidate *cands = ml_checkpoint_candidates(&ncand);
     int *tmp = calloc(n + 1, sizeof *tmp);
-    if (!tmp)
-        return ml__errorf(err, ML_NOMEM, "out of memory");
+    size_t *order = calloc(ncand + 1, sizeof *order);
+    double *rec = calloc(ncand + 1, sizeof *rec);
     ml_status st = ML_OK;
-    double best = INFINITY;
+    if (!tmp || !order || !rec)
+        st = ml__errorf(err, ML_NOMEM, "out of memory");
+    size_t k = 0;
     for (size_t i = 0; i < ncand && !st; i++) {
         ml_checkpoint cp;
         if (!cands[i].segments || ml_parse_checkpoint(cands[i].name, &cp, NULL) != ML_OK)
             continue;
         if ((st = ml__eval_segments(x->ch, &cp, tmp, err)) ||
+            (st = ml__eval_run(x, tmp, false, l, err)))
+            break;
+        if (!l->sum.fits)
+            continue;
+        /* by recompute, then candidate order (insertion: a handful) */
+        size_t j = k++;
+        for (; j > 0 && l->sum.flops_recompute < rec[j - 1]; j--) {
+            order[j] = order[j - 1];
+            rec[j] = rec[j - 1];
+        }
+        order[j] = i;
+        rec[j] = l->sum.flops_recompute;
+    }
+    *fits = false;
+    for (size_t j = 0; j < k && !st && !*fits; j++) {
+        ml_checkpoint cp;
+        ml_parse_checkpoint(cands[order[j]].name, &cp, NULL);
+        if ((st = ml__eval_segments(x->ch, &cp, tmp, err)) ||
             (st = run_plan(m, x, tmp, false, l, err)))
             break;
-        if (l->sum.fits && l->sum.flops_recompute < best) {
-            best = l->sum.flops_recompute;
+        if (l->sum.fits) {
+            *fits = true;
             memcpy(seg, tmp, n * sizeof *seg);
         }
     }
     free(tmp);
-    *fits = best < INFINITY;
+    free(order);
+    free(rec);
     return st;
 }
 
