@@ -36,15 +36,16 @@ static uint64_t grad_of(const ml_chain *ch, const opt_shared *z, size_t k)
 }
 
 /* The tail (head, loss) above everything kept before it: its forward and
- * its backward high-water. */
-static uint64_t tail_need(const ml_chain *ch, const opt_shared *z, size_t hi)
+ * its backward high-water; the forward's with `fwd_extra` more held (what
+ * the forward holds to the loss and frees before the backward). */
+static uint64_t tail_need(const ml_chain *ch, const opt_shared *z, size_t hi, uint64_t fwd_extra)
 {
     const size_t n = ch->n;
     uint64_t tail = 0, kept_tail = 0, g_tail = 0;
     for (size_t k = hi; k < n; k++) {
         const ml_cblock *b = &ch->blocks[k];
         uint64_t out = k + 1 < n ? ch->blocks[k + 1].in_bytes : 0;
-        uint64_t f = kept_tail + b->in_bytes + b->saved_bytes + b->ws_fwd + out;
+        uint64_t f = fwd_extra + kept_tail + b->in_bytes + b->saved_bytes + b->ws_fwd + out;
         if (f > tail)
             tail = f;
         kept_tail += keep_of(ch, k) + (b->in_held && !b->in_saved ? b->in_bytes : 0);
@@ -78,11 +79,18 @@ static opt_shared shared_of(const ml_chain *ch, const ml_training *t, const ml_s
     return z;
 }
 
-/* The chain model of ledger/optimal.h for this chain and config. Quantities
- * are the replay's own (docs/optimal.md, "from the ledger"): the solver's
- * plan is then replayed and checked against the budget. */
-static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *ob, size_t *lo_out,
-                      size_t *hi_out, ml_opt_chain *oc)
+/* v * s / 16, without overflow for any v */
+static uint64_t sixteenths(uint64_t v, unsigned s)
+{
+    return v / 16 * s + v % 16 * s / 16;
+}
+
+/* The chain model of ledger/optimal.h for this chain and config, with
+ * cast16 sixteenths of autocast's copies (below). Quantities are the
+ * replay's own (docs/optimal.md, "from the ledger"): the solver's plan is
+ * then replayed and checked against the budget. */
+static void opt_model(const ml_evalctx *x, const ml_summary *res, unsigned cast16,
+                      ml_opt_block *ob, size_t *lo_out, size_t *hi_out, ml_opt_chain *oc)
 {
     const ml_chain *ch = x->ch;
     const ml_training *t = &x->cfg->training;
@@ -114,6 +122,17 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *
     uint64_t later = 0;
     for (size_t k = n; k-- > hi;)
         later += z.accum ? 0 : grad_of(ch, &z, k);
+    /* autocast's weight copies: a checkpointed block's stay in the cache
+     * from its forward to the loss (docs/precision.md); a kept block's are
+     * among its saved tensors. With cast16 = 16 the model holds every
+     * earlier block's in the forward (cast_before: at least what the
+     * replay holds, more by the kept blocks' own, which their saved bytes
+     * count already), with 0 none, in between that share; none in the
+     * backward, where the replay holds none */
+    uint64_t cast_all = 0;
+    for (size_t k = lo; k < hi; k++)
+        cast_all += ch->blocks[k].cast_bytes;
+    uint64_t cast_before = cast_all;
     for (size_t k = hi; k-- > lo;) {
         const ml_cblock *b = &ch->blocks[k];
         ml_opt_block *o = &ob[k - lo];
@@ -121,8 +140,11 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *
         o->keep = keep_of(ch, k);
         o->input = b->in_bytes;
         o->recomp = o->keep - (b->in_saved ? b->in_bytes : 0);
-        o->fwd = b->in_bytes + b->saved_bytes + b->ws_fwd + out + z.gather;
-        o->fwd_ng = b->in_bytes + b->ws_nograd + out + z.gather;
+        cast_before -= b->cast_bytes;
+        const uint64_t cast_held = sixteenths(cast_before, cast16);
+        o->fwd = cast_held + b->in_bytes + b->saved_bytes + b->ws_fwd + out + z.gather;
+        o->fwd_ng = cast_held + sixteenths(b->cast_bytes, cast16) + b->in_bytes + b->ws_nograd + out +
+                    z.gather;
         uint64_t g = z.accum ? b->grad_accum_bytes : grad_of(ch, &z, k);
         o->bwd = b->ws_bwd + g + (z.gsh ? b->grad_bytes : 0) + z.gather + z.reduce;
         o->base_b = R + E + held + later;
@@ -132,7 +154,7 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, ml_opt_block *
     oc->n = hi - lo;
     oc->blk = ob;
     oc->base_f = R + E;
-    oc->base_t = R + E + tail_need(ch, &z, hi) + z.gather;
+    oc->base_t = R + E + tail_need(ch, &z, hi, sixteenths(cast_all, cast16)) + z.gather;
     /* the replay checks the limit's rounding */
     oc->budget = res->budget < res->device_limit ? res->budget : res->device_limit;
 }
@@ -150,6 +172,7 @@ typedef struct {
     ml_opt_chain oc;
     size_t lo, hi; /* the checkpointable range of the chain */
     ml_error *err;
+    ml_opt_block *ob; /* the model's blocks (oc.blk), rebuilt by solve_share */
 } opt_run;
 
 /* Solves the chain model at `budget`; when feasible, r->seg holds the plan. */
@@ -275,6 +298,56 @@ static ml_status relax(opt_run *r, uint64_t target, const opt_tried *tr, bool *f
     return ML_OK;
 }
 
+/* Solves with a share (cast16 / 16) of autocast's copies in the model,
+ * at the model budget target, and replays the plan: *fits when the model
+ * found one and its replay fits. */
+static ml_status solve_share(opt_run *r, const ml_summary *res, unsigned cast16, uint64_t target,
+                             bool *feasible, bool *fits)
+{
+    size_t lo, hi;
+    opt_model(r->x, res, cast16, r->ob, &lo, &hi, &r->oc);
+    *fits = false;
+    ml_status st = solve_at(r, target, feasible);
+    if (!st && *feasible && !(st = ml__eval_run(r->x, r->seg, false, r->l, r->err)))
+        *fits = r->l->sum.fits;
+    return st;
+}
+
+/* With autocast's copies (docs/optimal.md, "Autocast's copies"), where
+ * the tightening found no plan that fits: the model without them
+ * understates a plan's forward, and with all of them counted overstates it
+ * by the kept blocks' own. With all of them: when that plan fits, the
+ * share between is bisected four times for a plan that fits and
+ * recomputes less. *fits false when it does not (the model is then left
+ * without them, for relax). */
+static ml_status cast_shares(opt_run *r, const ml_summary *res, uint64_t target, bool *fits)
+{
+    const size_t n = r->x->ch->n;
+    bool feasible = false;
+    ml_status st = solve_share(r, res, 16, target, &feasible, fits);
+    if (st || !*fits) {
+        size_t lo, hi;
+        opt_model(r->x, res, 0, r->ob, &lo, &hi, &r->oc);
+        return st;
+    }
+    double best = r->l->sum.flops_recompute;
+    memcpy(r->best, r->seg, n * sizeof *r->seg);
+    unsigned over = 0, fit = 16;
+    for (int i = 0; i < 4 && fit - over > 1; i++) {
+        const unsigned mid = over + (fit - over) / 2;
+        bool ok = false;
+        if ((st = solve_share(r, res, mid, target, &feasible, &ok)))
+            return st;
+        if (ok && r->l->sum.flops_recompute < best) {
+            best = r->l->sum.flops_recompute;
+            memcpy(r->best, r->seg, n * sizeof *r->seg);
+        }
+        *(ok ? &fit : &over) = mid;
+    }
+    memcpy(r->seg, r->best, n * sizeof *r->seg);
+    return ml__eval_run(r->x, r->seg, false, r->l, r->err);
+}
+
 /* The fixed segment policies: the one with the least recompute among those
  * whose replay fits, when it recomputes less than the plan in seg (*fits:
  * seg fits, recomputing rec); else, when nothing fits, the lowest peak (of
@@ -346,16 +419,21 @@ ml_status ml__eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml
     ml_summary res = l->sum;
     ml_opt_block *ob = calloc(n ? n : 1, sizeof *ob);
     opt_run r = {x, l, seg, calloc(n ? n : 1, sizeof(int)), calloc(n ? n : 1, sizeof(int)),
-                 ml__opt_work_create(), {0}, 0, 0, err};
+                 ml__opt_work_create(), {0}, 0, 0, err, ob};
     if (!ob || !r.oseg || !r.best || !r.ow) {
         st = ml__errorf(err, ML_NOMEM, "out of memory");
         goto done;
     }
-    opt_model(x, &res, ob, &r.lo, &r.hi, &r.oc);
+    opt_model(x, &res, 0, ob, &r.lo, &r.hi, &r.oc);
     const uint64_t target = r.oc.budget;
     opt_tried tr = {0, 0};
     *fits = false;
-    if ((st = tighten(&r, target, fits, &tr)) || *fits || (st = relax(&r, target, &tr, fits)))
+    bool cast = false;
+    for (size_t k = r.lo; k < r.hi; k++)
+        cast |= ch->blocks[k].cast_bytes > 0;
+    if ((st = tighten(&r, target, fits, &tr)) || *fits ||
+        (cast && tr.rejected != target && ((st = cast_shares(&r, &res, target, fits)) || *fits)) ||
+        (st = relax(&r, target, &tr, fits)))
         goto done;
     double rec = 0;
     if (*fits && !(st = ml__eval_run(x, seg, false, l, err)))
