@@ -431,9 +431,18 @@ ml_status ml__eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml
     bool cast = false;
     for (size_t k = r.lo; k < r.hi; k++)
         cast |= ch->blocks[k].cast_bytes > 0;
-    if ((st = tighten(&r, target, fits, &tr)) || *fits ||
-        (cast && tr.rejected != target && ((st = cast_shares(&r, &res, target, fits)) || *fits)) ||
-        (st = relax(&r, target, &tr, fits)))
+    /* autocast's copies are what the tightening missed only in the
+     * allocated view: with a simulated cache allowed for (x->cache_allow,
+     * verdict.c), the replay is over by the allowance, which relax treats */
+    if ((st = tighten(&r, target, fits, &tr)) || *fits)
+        goto done;
+    const bool shares = cast && tr.rejected != target && !x->cache_allow;
+    if (shares && !(st = cast_shares(&r, &res, target, fits)) && *fits) {
+        /* the fixed policies still, where one fits with less recompute */
+        st = fixed_fallback(x, seg, l, fits, l->sum.flops_recompute, err);
+        goto done;
+    }
+    if (st || (st = relax(&r, target, &tr, fits)))
         goto done;
     double rec = 0;
     if (*fits && !(st = ml__eval_run(x, seg, false, l, err)))

@@ -281,6 +281,8 @@ static void test_auto_as_each_policy(void **state)
             assert_int_equal(r.grad_accum, want.grad_accum);
             assert_int_equal(r.peak_total, want.peak_total);
             assert_string_equal(r.plan, want.plan);
+            assert_true(r.flops_recompute == want.flops_recompute);
+            assert_int_equal(r.checkpoint.kind, want.checkpoint.kind);
             kinds |= 1u << r.checkpoint.kind;
         }
     /* the sweep moves the answer between policies */
