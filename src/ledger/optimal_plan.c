@@ -79,6 +79,15 @@ static opt_shared shared_of(const ml_chain *ch, const ml_training *t, const ml_s
     return z;
 }
 
+/* autocast's weight copies of blocks [lo, hi) */
+static uint64_t cast_of(const ml_chain *ch, size_t lo, size_t hi)
+{
+    uint64_t c = 0;
+    for (size_t k = lo; k < hi; k++)
+        c += ch->blocks[k].cast_bytes;
+    return c;
+}
+
 /* v * s / 16, without overflow for any v */
 static uint64_t sixteenths(uint64_t v, unsigned s)
 {
@@ -129,9 +138,7 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, unsigned cast1
      * replay holds, more by the kept blocks' own, which their saved bytes
      * count already), with 0 none, in between that share; none in the
      * backward, where the replay holds none */
-    uint64_t cast_all = 0;
-    for (size_t k = lo; k < hi; k++)
-        cast_all += ch->blocks[k].cast_bytes;
+    const uint64_t cast_all = cast_of(ch, lo, hi);
     uint64_t cast_before = cast_all;
     for (size_t k = hi; k-- > lo;) {
         const ml_cblock *b = &ch->blocks[k];
@@ -428,15 +435,12 @@ ml_status ml__eval_optimal(ml_evalctx *x, int *seg, ml_ledger *l, bool *fits, ml
     const uint64_t target = r.oc.budget;
     opt_tried tr = {0, 0};
     *fits = false;
-    bool cast = false;
-    for (size_t k = r.lo; k < r.hi; k++)
-        cast |= ch->blocks[k].cast_bytes > 0;
     /* autocast's copies are what the tightening missed only in the
      * allocated view: with a simulated cache allowed for (x->cache_allow,
      * verdict.c), the replay is over by the allowance, which relax treats */
     if ((st = tighten(&r, target, fits, &tr)) || *fits)
         goto done;
-    const bool shares = cast && tr.rejected != target && !x->cache_allow;
+    const bool shares = cast_of(ch, r.lo, r.hi) && tr.rejected != target && !x->cache_allow;
     if (shares && !(st = cast_shares(&r, &res, target, fits)) && *fits) {
         /* the fixed policies still, where one fits with less recompute */
         st = fixed_fallback(x, seg, l, fits, l->sum.flops_recompute, err);

@@ -140,11 +140,15 @@ ml_status ml_checkpoint_advice(const ml_model *m, const ml_config *cfg, const ml
                                   (rows[k].flops_recompute == out->row.flops_recompute &&
                                    idx[k] > best_i)))
             break; /* the rest cannot undercut the best */
-        ml_compare_row r = rows[k];
+        ml_compare_row r = rows[k]; /* exact without the cache */
         ml_config c;
-        if (!exact && candidate_config(m, cfg, &pols[idx[k]], &c) &&
-            (st = plan_row(m, &c, base_total, NULL, &r, err)))
-            break;
+        if (!exact) {
+            /* the candidate applies: it did without the cache, which its
+             * conditions do not read */
+            candidate_config(m, cfg, &pols[idx[k]], &c);
+            if ((st = plan_row(m, &c, base_total, NULL, &r, err)))
+                break;
+        }
         if (r.fits && r.flops_recompute < s->flops_recompute &&
             (!out->cheaper_fits || r.flops_recompute < out->row.flops_recompute ||
              (r.flops_recompute == out->row.flops_recompute && idx[k] < best_i))) {
