@@ -11,7 +11,9 @@ traces-expandable.tar.gz, with expandable segments), this
     the recording began);
   - converts the events with snapshot_to_trace.py and replays them with
     `memledger allocator` (the whole trace, and the prefix through the first
-    iteration, cut at the trace's alloc_count_marks);
+    iteration, cut at the trace's alloc_count_marks); a trace other than the
+    first run's (00-*) from the cache the first run left in the process
+    (--allocator-start, the state calib/campaign_state.py writes);
   - reads the measured max_memory_reserved / max_memory_allocated of the same
     run from results.jsonl / results-expandable.jsonl (matched by the
     configuration index, the NN of NN-model-attn-ckpt-precision.csv),
@@ -25,20 +27,13 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import campaign_state  # noqa: E402
 import snapshot_to_trace  # noqa: E402
 
 GIB = float(1 << 30)
-
-
-def read_traces(tar_path):
-    with tarfile.open(tar_path) as tar:
-        for m in sorted(tar.getmembers(), key=lambda m: m.name):
-            if m.isfile() and m.name.endswith(".csv") and "/traces/" in "/" + m.name:
-                yield os.path.basename(m.name), tar.extractfile(m).read().decode()
 
 
 def real_figures(text):
@@ -74,12 +69,14 @@ def measured(results_path, name):
     raise SystemExit("%s: no measured run of that configuration in %s" % (name, results_path))
 
 
-def replay(exe, trace_text, mode, tmp):
+def replay(exe, trace_text, mode, tmp, start=None):
     path = os.path.join(tmp, "trace.csv")
     with open(path, "w") as f:
         f.write(trace_text)
-    r = subprocess.run([exe, "allocator", path, "--allocator", mode, "--format", "json"],
-                       capture_output=True, text=True)
+    args = [exe, "allocator", path, "--allocator", mode, "--format", "json"]
+    if start:
+        args += ["--allocator-start", start]
+    r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit("memledger allocator failed: %s" % r.stderr)
     return json.loads(r.stdout)
@@ -101,7 +98,7 @@ def main():
     exe = sys.argv[1]
     here = os.path.dirname(os.path.abspath(__file__))
     res = sys.argv[2] if len(sys.argv) > 2 else os.path.join(here, "results", "h200-2026-11-30")
-    print("| trace | allocator | segments: real / simulated | reserved: real segments / "
+    print("| trace | allocator | segments made: real / simulated | reserved: real segments / "
           "simulated / measured | allocated: simulated / measured | first iteration reserved: "
           "simulated / measured | allocs outside the trace's segments |")
     print("|---|---|---|---|---|---|---|")
@@ -109,18 +106,28 @@ def main():
         for tar, results, mode in (("traces.tar.gz", "results.jsonl", "caching"),
                                    ("traces-expandable.tar.gz", "results-expandable.jsonl",
                                     "expandable")):
-            for name, text in read_traces(os.path.join(res, tar)):
+            start = None
+            for name, text in campaign_state.read_traces(os.path.join(res, tar)):
                 count, total, outside = real_figures(text)
                 buf = io.StringIO()
                 snapshot_to_trace.convert(snapshot_to_trace.events_from_csv(text, name), buf)
                 conv = buf.getvalue()
-                sim = replay(exe, conv, mode, tmp)
+                if name.startswith("00-"):
+                    # the first run: the later ones start from what it leaves
+                    start = os.path.join(tmp, "start-%s.csv" % mode)
+                    with open(start, "w") as f:
+                        f.write(campaign_state.state_trace(text, name)[0])
+                    run_start = None
+                else:
+                    run_start = start
+                sim = replay(exe, conv, mode, tmp, run_start)
                 m = measured(os.path.join(res, results), name)
                 peak_res = max(m[p]["reserved"] for p in ("first", "steady", "eval"))
                 peak_all = max(m[p]["allocated"] for p in ("first", "steady", "eval"))
                 marks = m["trace"]["alloc_count_marks"]
-                first = replay(exe, prefix(conv, marks["steady"] - marks["start"]), mode, tmp)
-                sim_segs = sim["device_allocs"] if mode == "expandable" else sim["segments_peak"]
+                first = replay(exe, prefix(conv, marks["steady"] - marks["start"]), mode, tmp,
+                               run_start)
+                sim_segs = sim["device_allocs"]
                 print("| %s | %s | %d / %d | %.3f / %.3f / %.3f GiB | %.3f / %.3f GiB | "
                       "%.3f / %.3f GiB | %d |" % (
                           name[:-4], mode, count, sim_segs, total / GIB,

@@ -22,6 +22,8 @@ here = os.path.dirname(os.path.abspath(__file__))
 tvp = types.ModuleType("torch_vs_plan")
 src = os.path.join(here, "torch_vs_plan.py")
 exec(compile(open(src).read(), src, "exec"), tvp.__dict__)
+sys.path.insert(0, here)
+import campaign_state  # noqa: E402
 CASES = {c[0]: c for c in tvp.CASES}
 err = tvp.error_pct
 
@@ -193,25 +195,35 @@ def three_peaks(ml, runs, title, logits):
     print()
 
 
-def reserved_planned(ml, runs, alloc):
+def reserved_planned(ml, runs, alloc, traces):
     """Plans each run with --allocator ALLOC (and its evaluation pass) and
     compares the simulated reserved peak with the measured
     max_memory_reserved over the run (first iteration, steady state and
-    evaluation: the cache keeps its segments, so it is the steady value)."""
+    evaluation: the cache keeps its segments, so it is the steady value).
+    The campaign measured its runs one after the other in one process: each
+    run after the first is planned from the cache the first one left
+    (--allocator-start, calib/campaign_state.py, from the first run's trace
+    in the archive TRACES)."""
     tmp = tempfile.mkdtemp()
+    start = os.path.join(tmp, "start.csv")
+    first_name, first_text = next(iter(campaign_state.read_traces(traces)))
+    with open(start, "w") as f:
+        f.write(campaign_state.state_trace(first_text, first_name)[0])
     calib = {False: os.path.join(here, "profiles", "h200-fp32.yaml"),
              True: os.path.join(here, "profiles", "h200-bf16.yaml")}
     errs = []
     table("Reserved, planned now with --allocator %s (simulated on the plan's events; "
-          "--logits through-backward, the campaign's loop)" % alloc,
+          "--logits through-backward, the campaign's loop; each run after the first from "
+          "the cache the first left, --allocator-start)" % alloc,
           ["model", "B×T", "attention", "ckpt", "precision", "AdamW", "measured MiB",
            "planned MiB", "error"])
-    for r in runs:
+    for i, r in enumerate(runs):
         case = CASES[r["model"]]
+        after = ("--allocator-start", start) if i else ()
         p = tvp.plan(ml, case, r["attn"], r["ckpt"], r["amp"], r["impl"], calib[r["amp"]], tmp,
                      extra=("--allocator", alloc, "--logits", "through-backward",
                             "--eval-batch", str(case[4]),
-                            "--eval-seq-len", str(case[3])))
+                            "--eval-seq-len", str(case[3])) + after)
         m = r["measured"]
         meas = max(m["first"]["reserved"], m["steady"]["reserved"], m["eval"]["reserved"])
         errs.append(err(p["reserved"]["peak"], meas))
@@ -245,10 +257,11 @@ def main():
         three_peaks(sys.argv[2], base, "The three peaks, planned now with --logits "
                     "through-backward: the campaign's loop (output deleted between backward "
                     "and step)", "through-backward")
-        reserved_planned(sys.argv[2], base, "caching")
+        reserved_planned(sys.argv[2], base, "caching", os.path.join(d, "traces.tar.gz"))
         expandable = load(os.path.join(d, "results-expandable.jsonl"))
         if expandable:
-            reserved_planned(sys.argv[2], expandable, "expandable")
+            reserved_planned(sys.argv[2], expandable, "expandable",
+                             os.path.join(d, "traces-expandable.tar.gz"))
 
 
 if __name__ == "__main__":

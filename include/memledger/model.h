@@ -296,6 +296,14 @@ typedef struct ml_device {
                                   (ml_config_defaults: CACHING; a zeroed
                                   struct: NONE) */
     uint64_t max_split_size;   /* max_split_size_mb in bytes; 0 = unlimited */
+    /* the simulated allocator's state when the job starts: what this trace
+     * (ml_alloc_trace_load_file) leaves allocated stays allocated and what it
+     * leaves reserved stays reserved, as in a process that ran something
+     * before; the peaks start from there (reset_peak_memory_stats). Borrowed:
+     * the caller keeps it alive while the config is used. NULL: an empty
+     * cache. Only with a simulated allocator (docs/allocator.md, "A process
+     * that ran something before"). */
+    const struct ml_alloc_trace *start;
     /* bandwidths that time communication and host transfers (docs/sharding.md,
      * "Time"), GB/s = 1e9 bytes/s; 0 = not given: that part is not timed and
      * the step time leaves it out */
@@ -308,6 +316,17 @@ typedef struct ml_device {
 } ml_device;
 
 struct ml_profile;
+
+/* An allocation trace: the CSV `action,id,bytes` that `memledger allocator`
+ * replays (docs/allocator.md), for ml_device.start. */
+typedef struct ml_alloc_trace ml_alloc_trace;
+/* Reads and checks a trace file. On success *out owns it (free with
+ * ml_alloc_trace_destroy); on failure err names the file, line and column.
+ * Returns ML_OK, ML_IO, ML_SCHEMA, ML_RANGE or ML_NOMEM. */
+ML_API ml_status ml_alloc_trace_load_file(const char *path, ml_alloc_trace **out,
+                                          ml_error *err);
+/* NULL is accepted. */
+ML_API void ml_alloc_trace_destroy(ml_alloc_trace *t);
 
 typedef struct ml_config {
     ml_training training;

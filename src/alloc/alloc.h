@@ -154,12 +154,13 @@ typedef struct {
     uint32_t slot;   /* the allocation: the index of its alloc event */
     uint32_t line;   /* 1-based line of the file */
     bool free;
+    bool empty_cache; /* torch.cuda.empty_cache(): no id, no bytes (free is false) */
 } ml_alloc_event;
 
-typedef struct {
+typedef struct ml_alloc_trace {
     ml_alloc_event *ev;
     size_t n;
-    size_t allocs, frees;
+    size_t allocs, frees, empties; /* empties: empty_cache events */
     /* ids[i]: the id an alloc event i names (NULL for frees); the strings
      * are the trace's, once per distinct id in names */
     char **ids;
@@ -169,7 +170,8 @@ typedef struct {
 
 /* Parses a trace: a header naming the columns action,id,bytes in that
  * order, then one event per line: `alloc,ID,BYTES` or `free,ID,BYTES`
- * (a free's bytes may be empty). ID is any token without a comma; a free
+ * (a free's bytes may be empty), or `empty_cache` (its id and bytes
+ * empty or left out). ID is any token without a comma; a free
  * names a live allocation; an alloc may reuse the id of a freed one. Blank
  * lines and lines starting with '#' are skipped.
  * Returns ML_OK with *out set (free with ml__alloc_trace_free), or ML_SCHEMA
@@ -180,7 +182,10 @@ ml_status ml__alloc_trace_parse(const char *text, size_t len, const char *path,
 void ml__alloc_trace_free(ml_alloc_trace *t);
 
 typedef struct {
+    /* the peaks from the start on (after a start state: reset there); the
+     * counts (events, device_allocs and frees, retries, OOMs) the trace's own */
     ml_alloc_stats stats;
+    ml_alloc_stats start; /* the current figures after the start state (zero without) */
     size_t oom_index; /* 0-based index into the trace's events of the OOM; SIZE_MAX: none */
 } ml_alloc_replay_result;
 
@@ -189,5 +194,18 @@ typedef struct {
  * ML_ALLOC_BAD_CONFIG or ML_ALLOC_NOMEM; *out written on ML_ALLOC_OK. */
 ml_alloc_result ml__alloc_replay(const ml_alloc_config *cfg, const ml_alloc_trace *t,
                                  ml_alloc_replay_result *out);
+/* The same, from the state `start` leaves (NULL: an empty cache): its
+ * events first, then the peaks reset (torch.cuda.reset_peak_memory_stats),
+ * then t's. Returns ML_ALLOC_OOM when the start itself runs out (*out
+ * unwritten); otherwise as ml__alloc_replay. */
+ml_alloc_result ml__alloc_replay_from(const ml_alloc_config *cfg, const ml_alloc_trace *start,
+                                      const ml_alloc_trace *t, ml_alloc_replay_result *out);
+/* The trace's events through s in order, each alloc's handle into h[i]
+ * (h: t->n entries; a free reads its alloc's), stopping at the first that
+ * does not return ML_ALLOC_OK; *at: the index of that event, t->n when
+ * every event ran. Returns what that event returned (ML_ALLOC_OOM,
+ * ML_ALLOC_NOMEM), or ML_ALLOC_OK. */
+ml_alloc_result ml__alloc_trace_apply(ml_alloc_sim *s, const ml_alloc_trace *t, uint64_t *h,
+                                      size_t *at);
 
 #endif

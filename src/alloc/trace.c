@@ -125,6 +125,7 @@ typedef struct {
     size_t f[4], fl[4];
     int nf;
     bool is_free, has_bytes; /* has_bytes: a free that gives its size */
+    bool is_empty;           /* empty_cache */
     unsigned long long bytes;
 } trace_line;
 
@@ -168,10 +169,20 @@ static ml_status parse_event(trace_parser *p, trace_line *l)
 {
     const char *line = l->text;
     l->is_free = l->fl[0] == 4 && !memcmp(line + l->f[0], "free", 4);
-    if (!l->is_free && !(l->fl[0] == 5 && !memcmp(line + l->f[0], "alloc", 5)))
+    l->is_empty = l->fl[0] == 11 && !memcmp(line + l->f[0], "empty_cache", 11);
+    if (!l->is_free && !l->is_empty && !(l->fl[0] == 5 && !memcmp(line + l->f[0], "alloc", 5)))
         return fail(p->err, ML_SCHEMA, p->path, p->lineno, (unsigned)l->f[0] + 1,
-                    "unknown action '%.*s': use alloc or free",
+                    "unknown action '%.*s': use alloc, free or empty_cache",
                     (int)(l->fl[0] > 40 ? 40 : l->fl[0]), line + l->f[0]);
+    if (l->is_empty) {
+        for (int k = 1; k < l->nf; k++)
+            if (l->fl[k] || k > 2)
+                return fail(p->err, ML_SCHEMA, p->path, p->lineno,
+                            (unsigned)(k > 2 ? l->f[k] - 1 : l->f[k]) + 1,
+                            "empty_cache takes no id and no bytes: write the line as "
+                            "\"empty_cache\" or \"empty_cache,,\"");
+        return ML_OK;
+    }
     if (l->nf > 3 || (l->nf < 3 && !(l->is_free && l->nf == 2)))
         return fail(p->err, ML_SCHEMA, p->path, p->lineno, 1,
                     "expected 3 fields (action,id,bytes), got %s%d",
@@ -208,9 +219,8 @@ static ml_status check_id(trace_parser *p, const trace_line *l, const id_entry *
     return ML_OK;
 }
 
-/* Room for one more event (t->ev, t->ids) and, for a new id, its interned
- * name in t->names and the table. */
-static ml_status make_room(trace_parser *p, const trace_line *l, id_entry *e)
+/* Room for one more event (t->ev, t->ids). */
+static ml_status event_room(trace_parser *p)
 {
     ml_alloc_trace *t = p->t;
     ml_alloc_event *nev = ml_grow(t->ev, t->n, &p->cap, sizeof *nev, 1024);
@@ -224,6 +234,16 @@ static ml_status make_room(trace_parser *p, const trace_line *l, id_entry *e)
         t->ids = ni;
         p->ids_cap = p->cap;
     }
+    return ML_OK;
+}
+
+/* ... and, for a new id, its interned name in t->names and the table. */
+static ml_status make_room(trace_parser *p, const trace_line *l, id_entry *e)
+{
+    ml_alloc_trace *t = p->t;
+    ml_status st = event_room(p);
+    if (st)
+        return st;
     if (!e->name) {
         char **nn = ml_grow(t->names, t->nnames, &p->names_cap, sizeof *nn, 256);
         char *name = nn ? malloc(l->fl[1] + 1) : NULL;
@@ -240,6 +260,19 @@ static ml_status make_room(trace_parser *p, const trace_line *l, id_entry *e)
     return ML_OK;
 }
 
+/* An empty_cache event appended to the trace. */
+static ml_status add_empty(trace_parser *p)
+{
+    ml_alloc_trace *t = p->t;
+    ml_status st = event_room(p);
+    if (st)
+        return st;
+    t->ev[t->n] = (ml_alloc_event){.slot = (uint32_t)t->n, .line = p->lineno, .empty_cache = true};
+    t->ids[t->n++] = NULL;
+    t->empties++;
+    return ML_OK;
+}
+
 /* The event of line l appended to the trace, its id's entry updated. */
 static ml_status add_event(trace_parser *p, const trace_line *l)
 {
@@ -248,6 +281,8 @@ static ml_status add_event(trace_parser *p, const trace_line *l)
     if (t->n >= UINT32_MAX - 1)
         return fail(p->err, ML_RANGE, p->path, p->lineno, 1, "more than %u events",
                     UINT32_MAX - 2);
+    if (l->is_empty)
+        return add_empty(p);
     if (!id_room(&p->ids))
         return fail(p->err, ML_NOMEM, p->path, 0, 0, "out of memory");
     id_entry *e = lookup(&p->ids, l->text + l->f[1], l->fl[1]);
@@ -256,6 +291,7 @@ static ml_status add_event(trace_parser *p, const trace_line *l)
     ml_alloc_event *ev = &t->ev[t->n];
     ev->line = p->lineno;
     ev->free = l->is_free;
+    ev->empty_cache = false;
     if (l->is_free && l->has_bytes && l->bytes != t->ev[e->slot].bytes)
         return fail(p->err, ML_SCHEMA, p->path, p->lineno, (unsigned)l->f[2] + 1,
                     "free of '%.*s' gives %llu B, its alloc (line %u) %llu B: a free "
@@ -334,14 +370,53 @@ ml_status ml__alloc_trace_parse(const char *text, size_t len, const char *path,
     return ML_OK;
 }
 
+ml_alloc_result ml__alloc_trace_apply(ml_alloc_sim *s, const ml_alloc_trace *t, uint64_t *h,
+                                      size_t *at)
+{
+    ml_alloc_result r = ML_ALLOC_OK;
+    size_t i = 0;
+    for (; i < t->n && !r; i++) {
+        const ml_alloc_event *e = &t->ev[i];
+        if (e->empty_cache)
+            r = ml__alloc_sim_empty_cache(s);
+        else if (e->free)
+            r = ml__alloc_sim_free(s, h[e->slot]);
+        else
+            r = ml__alloc_sim_malloc(s, e->bytes, &h[i]);
+        if (r)
+            break;
+    }
+    *at = i;
+    return r;
+}
+
 ml_alloc_result ml__alloc_replay(const ml_alloc_config *cfg, const ml_alloc_trace *t,
                                  ml_alloc_replay_result *out)
+{
+    return ml__alloc_replay_from(cfg, NULL, t, out);
+}
+
+/* The trace's own counts: those after it less those after the start. */
+static void own_counts(ml_alloc_stats *s, const ml_alloc_stats *start)
+{
+    s->events -= start->events;
+    s->device_allocs -= start->device_allocs;
+    s->device_frees -= start->device_frees;
+    s->num_alloc_retries -= start->num_alloc_retries;
+    s->num_ooms -= start->num_ooms;
+    if (s->oom_event)
+        s->oom_event -= start->events;
+}
+
+ml_alloc_result ml__alloc_replay_from(const ml_alloc_config *cfg, const ml_alloc_trace *start,
+                                      const ml_alloc_trace *t, ml_alloc_replay_result *out)
 {
     ml_alloc_sim *s = NULL;
     ml_alloc_result r = ml__alloc_sim_create(cfg, &s);
     if (r)
         return r;
-    uint64_t *h = malloc((t->n ? t->n : 1) * sizeof *h);
+    size_t n = t->n > (start ? start->n : 0) ? t->n : start->n;
+    uint64_t *h = malloc((n ? n : 1) * sizeof *h);
     if (!h) {
         ml__alloc_sim_destroy(s);
         return ML_ALLOC_NOMEM;
@@ -349,21 +424,22 @@ ml_alloc_result ml__alloc_replay(const ml_alloc_config *cfg, const ml_alloc_trac
     ml_alloc_replay_result res;
     memset(&res, 0, sizeof res);
     res.oom_index = SIZE_MAX;
-    for (size_t i = 0; i < t->n && !r; i++) {
-        const ml_alloc_event *e = &t->ev[i];
-        if (e->free) {
-            r = ml__alloc_sim_free(s, h[e->slot]);
-        } else {
-            r = ml__alloc_sim_malloc(s, e->bytes, &h[i]);
-            if (r == ML_ALLOC_OOM) {
-                res.oom_index = i;
-                r = ML_ALLOC_OK;
-                break;
-            }
+    size_t at = 0;
+    if (start) {
+        r = ml__alloc_trace_apply(s, start, h, &at);
+        ml__alloc_sim_reset_peaks(s);
+        ml__alloc_sim_stats(s, &res.start);
+    }
+    if (!r) {
+        r = ml__alloc_trace_apply(s, t, h, &at);
+        if (r == ML_ALLOC_OOM) {
+            res.oom_index = at;
+            r = ML_ALLOC_OK;
         }
     }
     if (!r) {
         ml__alloc_sim_stats(s, &res.stats);
+        own_counts(&res.stats, &res.start);
         *out = res;
     }
     free(h);

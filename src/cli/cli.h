@@ -32,7 +32,7 @@ typedef struct {
     const char *micro_batch, *seq_len, *grad_accum, *precision, *optimizer, *optimizer_impl,
         *checkpoint, *device, *budget, *runtime_reserve, *peak_tflops, *efficiency, *fragmentation,
         *data_parallel, *zero, *offload, *global_batch, *max_micro_batch, *reduce_bucket,
-        *allgather_bucket, *logits, *eval_batch, *eval_seq_len, *allocator, *max_split_size,
+        *allgather_bucket, *logits, *eval_batch, *eval_seq_len, *allocator, *max_split_size, *allocator_start,
         *zero_grad, *interconnect, *pcie, *logits_chunk, *attention, *expert_imbalance, *expert_capacity, *target_len,
         *vision_tower;
     /* length distributions (plan, fit, triage): --lengths FILE|QUANTILES, --batching,
@@ -100,8 +100,13 @@ bool ml_cli_decorate(const ml_cli_opts *o, char *msg, size_t size);
 /* Prints a library error about the configuration, decorated: the subject
  * is a flag, or the key with the model file's name before it. */
 void ml_cli_config_error(const ml_cli_opts *o, ml_error *e);
-/* Frees what ml_cli_load made: the model and the calibration profile. */
+/* Frees what ml_cli_load made: the model, the calibration profile and the
+ * allocator's start trace. */
 void ml_cli_free(ml_model *m, ml_config *cfg);
+/* --allocator-start PATH (NULL: nothing) read into d->start, which
+ * ml_cli_free destroys (refused when d simulates no allocator): 0, or the
+ * exit status with the error printed. */
+int ml_cli_load_start(const char *path, ml_device *d);
 /* Prints "memledger: error: path:line:col: msg", the line and a caret. */
 void ml_cli_print_error(const ml_error *e);
 

@@ -13,7 +13,8 @@
 
 static const char usage[] =
     "usage: memledger allocator TRACE.csv [--device SIZE] [--allocator caching|expandable|none]\n"
-    "                           [--max-split-size MB] [--format text|json] [-o FILE]\n"
+    "                           [--max-split-size MB] [--allocator-start STATE.csv]\n"
+    "                           [--format text|json] [-o FILE]\n"
     "\n"
     "Replays a trace of allocations and frees through a model of PyTorch's CUDA\n"
     "caching allocator and prints what torch.cuda.max_memory_allocated() and\n"
@@ -21,9 +22,9 @@ static const char usage[] =
     "rounded block sizes), the reserved peak, the most segments at once, and with\n"
     "--device whether, and at which event, the run would run out of memory.\n"
     "\n"
-    "TRACE.csv: the header action,id,bytes, then one event per line: alloc,ID,BYTES\n"
-    "or free,ID[,BYTES]. calib/snapshot_to_trace.py writes one from a PyTorch memory\n"
-    "snapshot (torch.cuda.memory._snapshot()).\n"
+    "TRACE.csv: the header action,id,bytes, then one event per line: alloc,ID,BYTES,\n"
+    "free,ID[,BYTES] or empty_cache. calib/snapshot_to_trace.py writes one from a\n"
+    "PyTorch memory snapshot (torch.cuda.memory._snapshot()).\n"
     "\n"
     "  --device SIZE            what the allocator may reserve, e.g. 80GiB (default: no limit)\n"
     "  --allocator A            caching (default), expandable (expandable_segments:True),\n"
@@ -31,6 +32,8 @@ static const char usage[] =
     "  --max-split-size MB      max_split_size_mb: a whole number of MiB, more than 20\n"
     "  --gc-threshold X         garbage_collection_threshold, 0 < X < 1 (needs --device)\n"
     "  --roundup-power2-divisions N   roundup_power2_divisions, a power of two up to 64\n"
+    "  --allocator-start STATE  a trace replayed first: TRACE starts from the cache it\n"
+    "                           leaves, with the peaks reset there (the counts are TRACE's)\n"
     "  --format text|json       (default text)\n"
     "  -o FILE                  write to FILE (atomically) instead of stdout\n"
     "\n"
@@ -51,7 +54,7 @@ static int usage_error(const char *fmt, const char *arg)
 }
 
 typedef struct {
-    const char *trace, *output, *device, *allocator, *max_split, *gc, *divisions;
+    const char *trace, *output, *device, *allocator, *max_split, *gc, *divisions, *start;
     bool json;
 } opts;
 
@@ -66,6 +69,7 @@ static int parse(int argc, char **argv, opts *o)
         {"--max-split-size", offsetof(opts, max_split)},
         {"--gc-threshold", offsetof(opts, gc)},
         {"--roundup-power2-divisions", offsetof(opts, divisions)},
+        {"--allocator-start", offsetof(opts, start)},
         {"--format", 0},
         {"-o", offsetof(opts, output)},
         {"--output", offsetof(opts, output)},
@@ -112,7 +116,8 @@ static int parse(int argc, char **argv, opts *o)
     }
     if (!o->trace)
         return usage_error("%s", "missing the trace (a CSV with the header action,id,bytes)");
-    return ml_out_refuse_input(o->output, o->trace);
+    int rc = ml_out_refuse_input(o->output, o->trace);
+    return rc || !o->start ? rc : ml_out_refuse_input(o->output, o->start);
 }
 
 static int bad_flag(const char *flag, const char *msg, const char *val)
@@ -182,11 +187,20 @@ static void write_text(FILE *f, const opts *o, const ml_alloc_config *c, const m
 {
     char a[32], b[32];
     const ml_alloc_stats *s = &r->stats;
-    fprintf(f, "memledger allocator %s: %zu events (%zu allocs, %zu frees), %s allocator",
-            o->trace, t->n, t->allocs, t->frees, ml__alloc_mode_name(c->mode));
+    fprintf(f, "memledger allocator %s: %zu events (%zu allocs, %zu frees", o->trace, t->n,
+            t->allocs, t->frees);
+    if (t->empties)
+        fprintf(f, ", %zu empty_cache", t->empties);
+    fprintf(f, "), %s allocator", ml__alloc_mode_name(c->mode));
     if (c->max_split_size)
         fprintf(f, ", max_split_size %llu MiB", (unsigned long long)(c->max_split_size >> 20));
     fputc('\n', f);
+    if (o->start) {
+        ml_format_bytes(r->start.reserved.current, a, sizeof a);
+        ml_format_bytes(r->start.allocated.current, b, sizeof b);
+        fprintf(f, "  started from %s: %s reserved in %llu segments, %s allocated\n", o->start,
+                a, (unsigned long long)r->start.segments.current, b);
+    }
     ml_format_bytes(s->allocated.peak, a, sizeof a);
     fprintf(f, "  allocated peak  %12s  (%llu B, max_memory_allocated)\n", a,
             (unsigned long long)s->allocated.peak);
@@ -256,11 +270,23 @@ static void write_json(FILE *f, const opts *o, const ml_alloc_config *c, const m
     else
         fputs(", \"device\": null", f);
     if (r->oom_index != SIZE_MAX)
-        fprintf(f, ", \"oom_at\": %zu, \"oom_line\": %u, \"oom_bytes\": %llu}\n",
+        fprintf(f, ", \"oom_at\": %zu, \"oom_line\": %u, \"oom_bytes\": %llu",
                 r->oom_index + 1, t->ev[r->oom_index].line,
                 (unsigned long long)t->ev[r->oom_index].bytes);
     else
-        fputs(", \"oom_at\": null, \"oom_line\": null, \"oom_bytes\": null}\n", f);
+        fputs(", \"oom_at\": null, \"oom_line\": null, \"oom_bytes\": null", f);
+    fprintf(f, ", \"empty_caches\": %zu", t->empties);
+    if (o->start) {
+        fputs(", \"start\": {\"trace\": ", f);
+        ml_json_put_string(f, o->start);
+        fprintf(f, ", \"reserved\": %llu, \"allocated\": %llu, \"segments\": %llu}",
+                (unsigned long long)r->start.reserved.current,
+                (unsigned long long)r->start.allocated.current,
+                (unsigned long long)r->start.segments.current);
+    } else {
+        fputs(", \"start\": null", f);
+    }
+    fputs("}\n", f);
 }
 
 int ml_cmd_allocator(int argc, char **argv)
@@ -286,13 +312,24 @@ int ml_cmd_allocator(int argc, char **argv)
         ml_cli_print_error(&e);
         return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
     }
-    ml_alloc_replay_result r;
-    ml_alloc_result ar = ml__alloc_replay(&c, t, &r);
-    if (ar) {
-        fprintf(stderr, "memledger: error: %s\n",
-                ar == ML_ALLOC_NOMEM ? "out of memory" : "invalid allocator settings");
+    ml_alloc_trace *start = NULL;
+    if (o.start && (st = ml_alloc_trace_load_file(o.start, &start, &e)) != ML_OK) {
+        ml_cli_print_error(&e);
         ml__alloc_trace_free(t);
-        return ar == ML_ALLOC_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+        return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+    }
+    ml_alloc_replay_result r;
+    ml_alloc_result ar = ml__alloc_replay_from(&c, start, t, &r);
+    ml__alloc_trace_free(start);
+    if (ar) {
+        if (ar == ML_ALLOC_OOM)
+            ml_cli_errorf("--allocator-start: %s runs out of memory on the device itself: "
+                          "give a larger --device, or a smaller start", o.start);
+        else
+            ml_cli_errorf("%s", ar == ML_ALLOC_NOMEM ? "out of memory" : "invalid allocator settings");
+        ml__alloc_trace_free(t);
+        return ar == ML_ALLOC_NOMEM ? ML_EXIT_FAILURE : ar == ML_ALLOC_OOM ? ML_EXIT_NO_FIT
+                                                                          : ML_EXIT_BAD_INPUT;
     }
     ml_out out;
     rc = ml_out_open(&out, o.output);

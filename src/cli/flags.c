@@ -173,9 +173,33 @@ int ml_cli_eval_failed(const ml_cli_opts *o, ml_error *e, ml_status st)
     return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
 }
 
+int ml_cli_load_start(const char *path, ml_device *d)
+{
+    if (!path)
+        return 0;
+    if (d->allocator == ML_ALLOCATOR_NONE) {
+        ml_cli_errorf("--allocator-start: applies to a simulated allocator only: add "
+                      "--allocator caching (or expandable)");
+        return ML_EXIT_BAD_INPUT;
+    }
+    ml_alloc_trace *t = NULL;
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    if (ml_alloc_trace_load_file(path, &t, &e) != ML_OK) {
+        ml_cli_print_error(&e);
+        return e.code == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
+    }
+    d->start = t;
+    return 0;
+}
+
 void ml_cli_free(ml_model *m, ml_config *cfg)
 {
     ml_model_destroy(m);
+    if (cfg && cfg->device.start) {
+        ml_alloc_trace_destroy((ml_alloc_trace *)cfg->device.start);
+        cfg->device.start = NULL;
+    }
     if (cfg && cfg->calib) {
         ml_profile_destroy((ml_profile *)cfg->calib);
         cfg->calib = NULL;

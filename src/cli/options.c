@@ -546,7 +546,7 @@ static int device_flags(const ml_cli_opts *o, ml_device *d)
             rc = bad_flag("--max-split-size", "applies to a simulated allocator only: add "
                                               "--allocator caching (or expandable)");
     }
-    return rc;
+    return rc ? rc : ml_cli_load_start(o->allocator_start, d);
 }
 
 int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
@@ -579,7 +579,7 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
         }
     }
     if (rc) {
-        ml_model_destroy(m);
+        ml_cli_free(m, &c);
         return rc;
     }
     *mp = m;

@@ -320,6 +320,8 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     if (st)
         return st;
     ml__rsim_set_shards(rs, ml__shard_group(&x->cfg->training), x->cfg->training.virtual_stages);
+    if (dv->start)
+        ml__rsim_start(rs, dv->start);
     ml_ledger sl;
     memset(&sl, 0, sizeof sl);
     ml__eval_model_states((ml_chain *)x->ch, &x->cfg->training, &x->ob, &sl.sum);

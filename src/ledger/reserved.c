@@ -316,6 +316,24 @@ void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes)
     }
 }
 
+void ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t)
+{
+    uint64_t *h = malloc((t->n ? t->n : 1) * sizeof *h);
+    if (!h) {
+        r->nomem = true;
+        return;
+    }
+    size_t at = 0;
+    ml_alloc_result ar = ml__alloc_trace_apply(r->sim, t, h, &at);
+    free(h); /* what the trace leaves live stays live: nothing frees it */
+    if (ar != ML_ALLOC_OK) {
+        r->oom = ar == ML_ALLOC_OOM;
+        r->nomem = ar != ML_ALLOC_OOM;
+        return;
+    }
+    ml__alloc_sim_reset_peaks(r->sim);
+}
+
 bool ml__rsim_ok(const ml_rsim *r, bool *nomem)
 {
     if (nomem)

@@ -54,6 +54,13 @@ void ml__rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split s
  * every live one of c when `bytes` is their sum (zero_grad). */
 void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes);
 
+/* The job's starting state (ml_device.start): t's events through the
+ * simulator before any of the plan's, what they leave allocated and
+ * reserved kept, then the peaks reset to the current values
+ * (torch.cuda.reset_peak_memory_stats). An OOM there fails the simulation
+ * as a plan's own would. */
+void ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t);
+
 /* False once a request failed: the device ran out, or the host (*nomem). */
 bool ml__rsim_ok(const ml_rsim *r, bool *nomem);
 void ml__rsim_stats(const ml_rsim *r, ml_alloc_stats *out);

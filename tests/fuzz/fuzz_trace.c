@@ -18,8 +18,9 @@ static void run(const ml_alloc_trace *t, const ml_alloc_config *c, uint64_t *h)
         return;
     for (size_t i = 0; i < t->n; i++) {
         const ml_alloc_event *e = &t->ev[i];
-        ml_alloc_result r = e->free ? ml__alloc_sim_free(s, h[e->slot])
-                                    : ml__alloc_sim_malloc(s, e->bytes, &h[i]);
+        ml_alloc_result r = e->empty_cache ? ml__alloc_sim_empty_cache(s)
+                            : e->free      ? ml__alloc_sim_free(s, h[e->slot])
+                                           : ml__alloc_sim_malloc(s, e->bytes, &h[i]);
         if (r != ML_ALLOC_OK)
             break; /* the first OOM ends a replay, as in ml__alloc_replay */
         if (ml__alloc_sim_check(s))

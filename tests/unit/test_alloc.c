@@ -438,6 +438,57 @@ static void trace_parse(void **state)
     parse_bad("action,id,bytes\nalloc,a\n", 2, 1, "expected 3 fields");
     parse_bad("action,id,bytes\nalloc,a,1,2\n", 2, 1, "expected 3 fields");
     parse_bad("action,id,bytes\nalloc,,1\n", 2, 7, "id is empty");
+    parse_bad("action,id,bytes\nempty_cache,x,\n", 2, 13, "no id and no bytes");
+    parse_bad("action,id,bytes\nempty_cache,,5\n", 2, 14, "no id and no bytes");
+    parse_bad("action,id,bytes\nempty_cache,,,\n", 2, 14, "no id and no bytes");
+}
+
+/* empty_cache in a trace, and a trace replayed from the state another
+ * leaves (ml__alloc_replay_from: memledger allocator --allocator-start).
+ * Segment sizes by get_allocation_size: 30 MiB and 40 MiB requests (above
+ * 10 MiB) get segments of their own size, a 1 MiB one (small) a 2 MiB one. */
+static void trace_start(void **state)
+{
+    (void)state;
+    ml_alloc_trace *start = parse_ok("action,id,bytes\nalloc,a,31457280\nalloc,b,1048576\n"
+                                     "free,a\nempty_cache\n");
+    ml_alloc_trace *kept = parse_ok("action,id,bytes\nalloc,a,31457280\nalloc,b,1048576\n"
+                                    "free,a\n");
+    ml_alloc_trace *t = parse_ok("action,id,bytes\nalloc,c,41943040\nfree,c\nempty_cache,,\n");
+    assert_int_equal(start->n, 4);
+    assert_int_equal(start->empties, 1);
+    assert_true(start->ev[3].empty_cache && !start->ev[3].free);
+    assert_int_equal(t->allocs, 1);
+    assert_int_equal(t->empties, 1);
+    ml_alloc_config c = ml__alloc_config_defaults();
+    ml_alloc_replay_result r;
+    /* empty_cache released a's 30 MiB segment; b keeps its 2 MiB one */
+    assert_int_equal(ml__alloc_replay_from(&c, start, t, &r), ML_ALLOC_OK);
+    assert_int_equal(r.start.reserved.current, 2 * MiB);
+    assert_int_equal(r.start.allocated.current, 1 * MiB);
+    assert_int_equal(r.start.segments.current, 1);
+    assert_int_equal(r.stats.reserved.peak, 42 * MiB); /* b's segment and c's */
+    assert_int_equal(r.stats.allocated.peak, 41 * MiB);
+    assert_int_equal(r.stats.device_allocs, 1); /* the trace's own cudaMalloc */
+    assert_int_equal(r.stats.device_frees, 1);  /* its empty_cache released c's */
+    assert_int_equal(r.stats.reserved.current, 2 * MiB);
+    /* without the empty_cache the cached 30 MiB cannot hold c: 30 + 2 + 40 */
+    assert_int_equal(ml__alloc_replay_from(&c, kept, t, &r), ML_ALLOC_OK);
+    assert_int_equal(r.start.reserved.current, 32 * MiB);
+    assert_int_equal(r.stats.reserved.peak, 72 * MiB);
+    /* the peaks start at the state, not at the start's own (32 MiB): d
+     * fits in the free half of b's segment */
+    ml_alloc_trace *small = parse_ok("action,id,bytes\nalloc,d,512\nfree,d\n");
+    assert_int_equal(ml__alloc_replay_from(&c, start, small, &r), ML_ALLOC_OK);
+    assert_int_equal(r.stats.reserved.peak, 2 * MiB);
+    assert_int_equal(r.stats.allocated.peak, 1 * MiB + 512);
+    ml__alloc_trace_free(small);
+    /* a start that does not fit the device is an error, not the trace's OOM */
+    c.device_bytes = 20 * MiB;
+    assert_int_equal(ml__alloc_replay_from(&c, start, t, &r), ML_ALLOC_OOM);
+    ml__alloc_trace_free(start);
+    ml__alloc_trace_free(kept);
+    ml__alloc_trace_free(t);
 }
 
 /* ---- the differential test ---- */
@@ -747,6 +798,7 @@ int main(void)
         cmocka_unit_test(rounding),
         cmocka_unit_test(handles_and_config),
         cmocka_unit_test(trace_parse),
+        cmocka_unit_test(trace_start),
         cmocka_unit_test(differential),
         cmocka_unit_test(nomem_then_frees),
         cmocka_unit_test(batches),

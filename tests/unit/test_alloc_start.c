@@ -1,0 +1,130 @@
+/* A plan whose simulated allocator starts from another trace's state
+ * (ml_device.start, --allocator-start; docs/allocator.md, "A process that
+ * ran something before"), on the tiny MLP of test_ledger_invariants.c: its
+ * tensors are all under 1 MiB and fit one 2 MiB small-pool segment, made by
+ * its first allocation (the two parameters, 1,024 B after rounding). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static const char tiny[] = "model:\n  type: sequential\n  input: [8]\n  layers:\n"
+                           "    - linear: {out: 16, bias: false}\n    - gelu: {}\n"
+                           "    - linear: {out: 4, bias: false}\n  loss: mse\n"
+                           "training:\n  micro_batch: 30\n  optimizer: adam\n";
+
+/* The trace `text` as a file, loaded through the public API. */
+static ml_alloc_trace *load_trace(const char *text)
+{
+    char path[] = "/tmp/memledger-start-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    ml_alloc_trace *t = NULL;
+    ml_error e;
+    ml_status st = ml_alloc_trace_load_file(path, &t, &e);
+    unlink(path);
+    if (st != ML_OK)
+        fail_msg("loading the trace failed: %s", e.msg);
+    return t;
+}
+
+static const ml_summary *plan_from(const ml_model *m, ml_allocator a, const ml_alloc_trace *t,
+                                   ml_ledger **l)
+{
+    ml_config c = ml_model_config(m);
+    c.device.allocator = a;
+    c.device.start = t;
+    *l = eval(m, &c, false);
+    return ml_ledger_summary(*l);
+}
+
+/* A 32 MiB block left allocated (its own segment, full): nothing of the
+ * plan fits there, so the reserved peak is the plan's 2 MiB segment over
+ * it, 34 MiB in 2 segments, reached at the plan's first allocation with the
+ * 32 MiB and the parameters' 1,024 B allocated. With expandable segments
+ * the large pool maps 20 MiB pages: two for the 32 MiB, 42 MiB in all. */
+static void test_start_full_segment(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_alloc_trace *t = load_trace("action,id,bytes\nalloc,w,33554432\n");
+    for (int a = ML_ALLOCATOR_CACHING; a <= ML_ALLOCATOR_EXPANDABLE; a++) {
+        ml_ledger *l;
+        const ml_summary *s = plan_from(m, (ml_allocator)a, t, &l);
+        assert_false(s->reserved_oom);
+        assert_int_equal(s->reserved_peak, (a == ML_ALLOCATOR_CACHING ? 34 : 42) * 1048576);
+        assert_int_equal(s->reserved_segments, 2); /* expandable: one per pool */
+        assert_int_equal(s->reserved_at.when, ML_RESERVED_RESIDENT);
+        assert_int_equal(s->reserved_at.allocated, 33554432 + 1024);
+        ml_ledger_destroy(l);
+    }
+    ml_alloc_trace_destroy(t);
+    ml_model_destroy(m);
+}
+
+/* A 1 MiB small block left allocated, in a 2 MiB small segment whose other
+ * half is cached: the plan's tensors (1,024 B at once at most, all in the
+ * small pool) fit that half, so the plan makes no segment and the reserved
+ * peak is the start's 2 MiB. With the 1 MiB freed and the cache emptied
+ * (empty_cache), the start leaves nothing: the plan's own 2 MiB. */
+static void test_start_cache_reused(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_alloc_trace *held = load_trace("action,id,bytes\nalloc,b,1048576\n");
+    ml_alloc_trace *gone = load_trace("action,id,bytes\nalloc,b,1048576\nfree,b\nempty_cache\n");
+    ml_ledger *l;
+    const ml_summary *s = plan_from(m, ML_ALLOCATOR_CACHING, held, &l);
+    assert_int_equal(s->reserved_peak, 2097152);
+    assert_int_equal(s->reserved_segments, 1);
+    ml_ledger_destroy(l);
+    s = plan_from(m, ML_ALLOCATOR_CACHING, gone, &l);
+    assert_int_equal(s->reserved_peak, 2097152);
+    assert_int_equal(s->reserved_at.allocated, 1024); /* the parameters alone */
+    ml_ledger_destroy(l);
+    ml_alloc_trace_destroy(held);
+    ml_alloc_trace_destroy(gone);
+    ml_model_destroy(m);
+}
+
+/* A start that does not fit the device: the simulation runs out before
+ * the plan's first event, and the verdict says so. */
+static void test_start_out_of_memory(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    ml_alloc_trace *t = load_trace("action,id,bytes\nalloc,w,33554432\n");
+    ml_config c = ml_model_config(m);
+    c.device.present = true;
+    c.device.memory = 16 * 1048576;
+    c.device.runtime_reserve = 0;
+    c.device.start = t;
+    ml_ledger *l = eval(m, &c, false);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_true(s->reserved_oom);
+    assert_false(s->fits);
+    ml_ledger_destroy(l);
+    c.device.memory = 64 * 1048576;
+    l = eval(m, &c, false);
+    s = ml_ledger_summary(l);
+    assert_false(s->reserved_oom);
+    assert_int_equal(s->reserved_peak, 34 * 1048576);
+    ml_ledger_destroy(l);
+    ml_alloc_trace_destroy(t);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_start_full_segment),
+        cmocka_unit_test(test_start_cache_reused),
+        cmocka_unit_test(test_start_out_of_memory),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
