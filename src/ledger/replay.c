@@ -315,7 +315,7 @@ static void recompute_segment(ml_replay *r, size_t s0, size_t k)
             ml__replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[j + 1]);
         }
         uint64_t tout = 0; /* the segment's output, made and dropped (as in
-                              recompute_nodes) */
+                              ml__replay_recompute_nodes) */
         if (j == k && B[k].out_saved && k + 1 < n) {
             r->recomputed[k + 1] = B[k + 1].in_bytes; /* a recomputed copy of the output */
             ml__replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[k + 1]);
@@ -331,6 +331,31 @@ static void recompute_segment(ml_replay *r, size_t s0, size_t k)
     ml__sides_recompute(r, s0, k, false);
     r->sub = "";
     r->block = (int32_t)k;
+}
+
+/* Block k's parameter gradients in its block-level backward: new .grad
+ * tensors in the first micro-batch, else a transient added into .grad;
+ * sharded (stages 2 and 3), the full gradient is a transient until its
+ * reduce-scatter and the device keeps its 1/N partition. Returns that
+ * transient's bytes (0 unsharded), which the caller frees. */
+static uint64_t block_grads(ml_replay *r, size_t k)
+{
+    const ml_shard *sh = r->sh;
+    const ml_cblock *b = &r->ch->blocks[k];
+    uint64_t gfull = sh->grads_sharded ? b->grad_bytes : 0;
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, gfull);
+    if (b->grads_in_fwd)
+        fwd_grads_done(r, k, false);
+    else if (r->micro == 0 && !r->grads_exist)
+        ml__replay_alloc_as(r, ML_CAT_GRADS,
+                            sh->grads_sharded ? ml__ep_grad_shard(r->ch, b, sh->N) : b->grad_bytes,
+                            sh->grads_sharded ? ML_T_ONE : ML_T_BLOCK_PARAMS, k, 1);
+    else
+        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->grad_accum_bytes, ML_T_BLOCK_PARAMS, k, 1);
+    r->flops_done += b->flops_bwd; /* its backward runs */
+    if (sh->grads_sharded)
+        r->comm_done += ml__ep_ring(r->ch, b, sh->N, (double)b->grad_bytes, r->ch->prec.grad);
+    return gfull;
 }
 
 /* The backward of block k: its transients, the gradients it creates, then
@@ -356,27 +381,26 @@ static void backward_block(ml_replay *r, size_t k)
         r->flops_done += b->flops_core;
         r->sub = "";
     }
-    /* the incoming gradient a node-level block handed over is part of
-     * this block's estimate (ws_bwd counts it) */
-    ml__replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
+    /* the incoming gradient the block after handed over (a node-level
+     * block's, or `hand` below) is this block's bwd_in, which ws_bwd
+     * counts: the same tensor stays where it is (the loss's gradient of the
+     * logits is the LM head's incoming gradient; engine.cpp passes a node's
+     * output gradient on, it is not made again); a carried gradient of
+     * another size is part of the estimate */
+    const uint64_t kept = r->grad_carry && r->grad_carry == b->bwd_in ? r->grad_carry : 0;
+    if (!kept)
+        ml__replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
     r->grad_carry = 0;
-    ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->ws_bwd, ML_T_UNITS_BWD, k, 1);
-    /* sharded gradients: the full gradient is a transient until its
-     * reduce-scatter; the device keeps its 1/N partition */
-    uint64_t gfull = sh->grads_sharded ? b->grad_bytes : 0;
-    ml__replay_alloc(r, ML_CAT_WORKSPACE, gfull);
-    if (b->grads_in_fwd)
-        fwd_grads_done(r, k, false);
-    else if (r->micro == 0 && !r->grads_exist)
-        ml__replay_alloc_as(r, ML_CAT_GRADS,
-                            sh->grads_sharded ? ml__ep_grad_shard(r->ch, b, sh->N) : b->grad_bytes,
-                            sh->grads_sharded ? ML_T_ONE : ML_T_BLOCK_PARAMS, k, 1);
-    else
-        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->grad_accum_bytes, ML_T_BLOCK_PARAMS, k, 1);
-    r->flops_done += b->flops_bwd; /* its backward runs */
-    /* stages 2 and 3: the block's gradient is reduce-scattered */
-    if (sh->grads_sharded)
-        r->comm_done += ml__ep_ring(r->ch, b, sh->N, (double)b->grad_bytes, r->ch->prec.grad);
+    /* the gradient of the block's input, the block before's incoming one:
+     * a tensor of its own, handed over when the estimate holds it */
+    const uint64_t hand = k > 0 && !b->in_nograd && B[k - 1].bwd_in == b->in_bytes &&
+                                  b->ws_bwd - kept >= b->in_bytes
+                              ? b->in_bytes
+                              : 0;
+    ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->ws_bwd - kept - hand,
+                        kept ? ML_T_UNITS : ML_T_UNITS_BWD, k, 1);
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, hand);
+    const uint64_t gfull = block_grads(r, k);
     /* the block's saved tensors are released once its gradient is done */
     if (seg[k] >= 0) {
         ml__replay_free(r, ML_CAT_RECOMPUTE, b->saved_bytes);
@@ -394,12 +418,14 @@ static void backward_block(ml_replay *r, size_t k)
         boundary_release(r, k);
     if ((int)k == sh->side_block)
         ml__replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
-    ml__replay_free(r, ML_CAT_WORKSPACE, b->ws_bwd);
+    ml__replay_free(r, ML_CAT_WORKSPACE, b->ws_bwd - kept - hand);
+    ml__replay_free(r, ML_CAT_WORKSPACE, kept);
     ml__replay_free(r, ML_CAT_WORKSPACE, gfull);
     if ((r->micro != 0 || r->grads_exist) && !b->grads_in_fwd)
         ml__replay_free(r, ML_CAT_WORKSPACE, b->grad_accum_bytes);
     ml__replay_free(r, ML_CAT_WORKSPACE, gat);
     ml__sides_backward(r, k, false);
+    r->grad_carry = hand;
 }
 
 /* Whether block k's backward replays node by node: it has a node list and
@@ -421,53 +447,6 @@ static bool segment_by_nodes(const ml_chain *ch, size_t s0, size_t k)
         if (!ch->blocks[j].nnodes || ch->blocks[j].measured)
             return false;
     return true;
-}
-
-/* The recompute of a node-level segment s0..k (non-reentrant
- * torch.utils.checkpoint: the first saved tensor its backward unpacks
- * re-runs the segment's forward with grad, docs/ledger.md, "Checkpointed
- * segments, node by node"): each block's forward again as in forward, its
- * saved tensors recreated (recompute) until their node releases them, an
- * interior boundary that a block of the segment saves recreated until its
- * users are done, one that nothing saves freed once its consumer has run.
- * The segment's output, unless saved, is a transient: the recompute runs
- * the forward to its end (1.13; 2.x's early stop may end it once the last
- * saved tensor is recreated, docs/ledger.md), so the block's transient is
- * its forward's (ws_fwd) with the output beside it. */
-static void recompute_nodes(ml_replay *r, size_t s0, size_t k)
-{
-    const ml_chain *ch = r->ch;
-    const ml_cblock *B = ch->blocks;
-    r->sub = " (recompute)";
-    uint64_t tin = 0; /* the block's input when nothing saves it */
-    for (size_t j = s0; j <= k; j++) {
-        r->block = (int32_t)j;
-        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
-        ml__replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
-        ml__sides_recompute(r, s0, j, true);
-        uint64_t tout = 0;
-        if (j + 1 < ch->n) {
-            uint64_t ob = r->bd[j + 1].alias ? 0 : B[j + 1].in_bytes;
-            if (B[j].out_saved || (j < k && B[j + 1].in_saved)) {
-                r->recomputed[j + 1] = ob;
-                ml__replay_alloc(r, ML_CAT_RECOMPUTE, ob);
-            } else {
-                /* made, and freed once its consumer has run (the segment's
-                 * last: at once) */
-                tout = ob;
-                ml__replay_alloc(r, ML_CAT_WORKSPACE, tout);
-            }
-        }
-        r->flops_done += B[j].flops_fwd;
-        ml__replay_recompute_flops(r, B[j].flops_fwd);
-        ml__replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
-        ml__replay_free(r, ML_CAT_WORKSPACE, tin);
-        tin = tout;
-    }
-    ml__replay_free(r, ML_CAT_WORKSPACE, tin);
-    ml__sides_recompute(r, s0, k, false);
-    r->sub = "";
-    r->block = (int32_t)k;
 }
 
 /* The backward of block k node by node (docs/ledger.md, "Backward, node by
@@ -541,7 +520,7 @@ static void backward_step(ml_replay *r, size_t k)
                 r->grad_carry = r->ch->blocks[k].bwd_in;
                 ml__replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
             }
-            recompute_nodes(r, s0, k);
+            ml__replay_recompute_nodes(r, s0, k);
         }
     }
     if (r->ch->blocks[k].fwd_only)

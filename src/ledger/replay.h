@@ -244,6 +244,9 @@ void ml__nodeprof_apply(const ml_nodeprof *p, ml_replay *r);
 void ml__nodes_one_by_one(ml_replay *r, const ml_bnode *nd, size_t nnodes, const ml_saved *sv,
                           bool create, ml_category scat, uint64_t *freed);
 bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat);
+/* The recompute of the node-level checkpointed segment s0..k, before the
+ * backward of its last block k (replay_nodes.c). */
+void ml__replay_recompute_nodes(ml_replay *r, size_t s0, size_t k);
 void ml__replay_saved_free(ml_replay *r, ml_category c, uint64_t b);
 
 /* At a phase's first event, the level the phase was entered at as a point
