@@ -132,6 +132,11 @@ typedef struct {
                                  unsaved one (forward), the largest (no_grad and
                                  backward); for the allocator simulation */
     uint64_t bwd_in;          /* the incoming gradient, part of ws_bwd */
+    uint64_t tied_grad;       /* a tied V x D table's gradient, one tensor: the LM
+                                 head's partial (part of grad_bytes and
+                                 grad_accum_bytes), the embedding's own dense
+                                 one (part of ws_bwd); for the allocator
+                                 simulation */
     uint64_t grad_bytes;     /* gradients first created by its backward */
     uint64_t grad_accum_bytes; /* gradients it produces into existing .grad (accumulation) */
     double flops_fwd, flops_bwd, flops_core;

@@ -31,7 +31,7 @@
 #include "ledger/chain_affine.h"
 
 #if UINTPTR_MAX == UINT64_MAX
-_Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 288 && sizeof(ml_saved) == 32 &&
+_Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 296 && sizeof(ml_saved) == 32 &&
                    sizeof(ml_bnode) == 48 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32 &&
                    sizeof(ml_work_item) == 56,
                "a chain struct changed (chain.h): list its new field below, then the sizes");
@@ -48,7 +48,7 @@ _Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 288 && sizeof(ml_
     X(work_known) X(moe)
 #define BLOCK_BYTES(X)                                                                         \
     X(saved_bytes) X(core_bytes) X(cast_bytes) X(in_bytes) X(ws_fwd) X(ws_nograd) X(ws_bwd)   \
-    X(unit_fwd) X(unit) X(bwd_in) X(grad_bytes) X(grad_accum_bytes) X(cache_bytes)    \
+    X(unit_fwd) X(unit) X(bwd_in) X(tied_grad) X(grad_bytes) X(grad_accum_bytes) X(cache_bytes)    \
     X(out_cache_bytes)
 #define BLOCK_FLOPS(X) X(flops_fwd) X(flops_bwd) X(flops_core)
 #define SAVED_SHAPE(X) X(flags) X(node) X(next_same)

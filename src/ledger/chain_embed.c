@@ -40,7 +40,7 @@ static ml_status graph_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m,
                 ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, rot / 2, 4));
             }
             if (tied_head(m))
-                b->ws_bwd = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
+                b->ws_bwd = b->tied_grad = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
         }
         ml__ck_graph_emit(ch, b, G, ml_mul(ch, ml_mul(ch, d->BTs, d->D), ch->prec.w));
         if (m->embed.image_size)

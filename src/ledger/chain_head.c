@@ -28,6 +28,7 @@ static void tied_vocab_grad(ml_chain *ch, ml_cblock *b, const ml_ck_dims *d)
 {
     b->grad_bytes = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
     b->grad_accum_bytes = b->grad_bytes;
+    b->tied_grad = b->grad_bytes;
 }
 
 /* Liger Kernel's chunk (liger_kernel/ops/fused_linear_cross_entropy.py,

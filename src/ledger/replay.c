@@ -333,6 +333,24 @@ static void recompute_segment(ml_replay *r, size_t s0, size_t k)
     r->block = (int32_t)k;
 }
 
+/* The simulation's name for the workspace of b bytes just made (or 0). */
+static size_t named(const ml_replay *r, uint64_t b)
+{
+    return b && r->rsim ? ml__rsim_latest(r->rsim, ML_CAT_WORKSPACE) : 0;
+}
+
+/* Frees b bytes of workspace made as `name` (0: as ml__replay_free). */
+static void free_named(ml_replay *r, uint64_t b, size_t name)
+{
+    if (!name || !r->rsim || b > (uint64_t)INT64_MAX) {
+        ml__replay_free(r, ML_CAT_WORKSPACE, b);
+        return;
+    }
+    event(r, ML_CAT_WORKSPACE, -(int64_t)b);
+    if (!ml__rsim_free_named(r->rsim, ML_CAT_WORKSPACE, name))
+        ml__rsim_free(r->rsim, ML_CAT_WORKSPACE, b);
+}
+
 /* Block k's parameter gradients in its block-level backward: new .grad
  * tensors in the first micro-batch, else a transient added into .grad;
  * sharded (stages 2 and 3), the full gradient is a transient until its
@@ -388,9 +406,11 @@ static void backward_block(ml_replay *r, size_t k)
      * output gradient on, it is not made again); a carried gradient of
      * another size is part of the estimate */
     const uint64_t kept = r->grad_carry && r->grad_carry == b->bwd_in ? r->grad_carry : 0;
+    const size_t kept_name = r->carry_name;
     if (!kept)
-        ml__replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
+        free_named(r, r->grad_carry, r->carry_name);
     r->grad_carry = 0;
+    r->carry_name = 0;
     /* the gradient of the block's input, the block before's incoming one:
      * a tensor of its own, handed over when the estimate holds it */
     const uint64_t hand = k > 0 && !b->in_nograd && B[k - 1].bwd_in == b->in_bytes &&
@@ -399,7 +419,9 @@ static void backward_block(ml_replay *r, size_t k)
                               : 0;
     ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->ws_bwd - kept - hand,
                         kept ? ML_T_UNITS : ML_T_UNITS_BWD, k, 1);
+    const size_t units_name = named(r, b->ws_bwd - kept - hand);
     ml__replay_alloc(r, ML_CAT_WORKSPACE, hand);
+    const size_t hand_name = named(r, hand);
     const uint64_t gfull = block_grads(r, k);
     /* the block's saved tensors are released once its gradient is done */
     if (seg[k] >= 0) {
@@ -418,14 +440,15 @@ static void backward_block(ml_replay *r, size_t k)
         boundary_release(r, k);
     if ((int)k == sh->side_block)
         ml__replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
-    ml__replay_free(r, ML_CAT_WORKSPACE, b->ws_bwd - kept - hand);
-    ml__replay_free(r, ML_CAT_WORKSPACE, kept);
+    free_named(r, b->ws_bwd - kept - hand, units_name);
+    free_named(r, kept, kept_name);
     ml__replay_free(r, ML_CAT_WORKSPACE, gfull);
     if ((r->micro != 0 || r->grads_exist) && !b->grads_in_fwd)
         ml__replay_free(r, ML_CAT_WORKSPACE, b->grad_accum_bytes);
     ml__replay_free(r, ML_CAT_WORKSPACE, gat);
     ml__sides_backward(r, k, false);
     r->grad_carry = hand;
+    r->carry_name = hand_name;
 }
 
 /* Whether block k's backward replays node by node: it has a node list and
@@ -467,6 +490,7 @@ static void backward_nodes(ml_replay *r, size_t k)
     ml__replay_alloc(r, ML_CAT_WORKSPACE, gat);
     gather_time(r, k);
     ml__sides_backward(r, k, true);
+    r->carry_name = 0; /* its nodes free what they consume by bytes */
     /* the gradient of the block's output: handed over by a node-level block
      * after this one, else made by the block-level backward before it */
     if (!r->grad_carry) {
@@ -540,6 +564,7 @@ void ml__replay_micro_batch(ml_replay *r)
     r->block = (int32_t)(n - 1);
     ml__replay_alloc(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
     r->grad_carry = 0;
+    r->carry_name = 0;
     ml_run u = {.streak = 0};
     for (size_t k = n; k-- > 0 && !r->overflow;) { /* an overflow ends the plan */
         k = ml__run_skip(&u, r, k, -1);
@@ -549,8 +574,9 @@ void ml__replay_micro_batch(ml_replay *r)
         backward_step(r, k);
         ml__run_after(&u, r, k, -1);
     }
-    ml__replay_free(r, ML_CAT_WORKSPACE, r->grad_carry);
+    free_named(r, r->grad_carry, r->carry_name);
     r->grad_carry = 0;
+    r->carry_name = 0;
     ml__replay_free(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
     /* logits: kept — what the loop still holds after backward (through-
      * backward: dropped here, before the next micro-batch or the step) */

@@ -108,8 +108,11 @@ typedef struct {
     ml_phase phase;
     int32_t block;
     uint32_t micro;
-    uint64_t grad_carry;     /* the gradient a node-level block's backward hands
-                                to the block before it (its input's), 0 if none */
+    uint64_t grad_carry;     /* the gradient a block's backward hands to the
+                                block before it (its input's), 0 if none */
+    size_t carry_name;       /* its allocation in the simulation when a
+                                block-level backward made it (ml__rsim_latest),
+                                0: freed by its bytes */
     bool seg_nodes;          /* the checkpoint segment being replayed backward
                                 runs node by node (every block has a node list) */
     const char *sub; /* "" or " (recompute)" */

@@ -155,6 +155,61 @@ static size_t shard_sizes(ml_rsim *r, uint64_t bytes, unsigned copies)
     return sum == bytes ? n : 0;
 }
 
+/* One tensor per parameter tensor of the block (its gradients, or its
+ * parameters); a tied table's gradient (the LM head's) one tensor after
+ * them. Their count, 0 when they do not add up to `bytes`, SIZE_MAX out of
+ * host memory. */
+static size_t block_param_sizes(ml_rsim *r, uint64_t bytes, size_t block)
+{
+    const ml_chain *ch = r->ch;
+    const uint64_t tied = ch->blocks[block].tied_grad;
+    const uint64_t own = tied && bytes > tied ? bytes - tied : bytes;
+    const uint64_t per = own / ch->blocks[block].params; /* bytes per element */
+    size_t n = 0;
+    uint64_t sum = 0;
+    if (!sizes_room(r, r->pcount[block] + 1))
+        return SIZE_MAX;
+    for (size_t i = r->pfirst[block]; i < r->pfirst[block] + r->pcount[block]; i++) {
+        r->sizes[n++] = ch->params[i].numel * per;
+        sum += ch->params[i].numel * per;
+    }
+    if (own != bytes) {
+        r->sizes[n++] = tied;
+        sum += tied;
+    }
+    return sum == bytes ? n : 0;
+}
+
+/* A transient of block b: the incoming gradient (backward), the
+ * embedding's dense gradient of a tied table (the block whose input, the
+ * token ids, needs no gradient; the head's tied_grad is in its gradients
+ * instead), whole tensors of the block's largest size, the rest one more.
+ * Their count, SIZE_MAX out of host memory. */
+static size_t unit_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, const ml_cblock *b)
+{
+    const uint64_t unit = split == ML_T_UNITS_FWD ? b->unit_fwd : b->unit;
+    uint64_t left = bytes, *out;
+    size_t n = 0;
+    if (!sizes_room(r, 10))
+        return SIZE_MAX;
+    out = r->sizes;
+    if (split == ML_T_UNITS_BWD && b->bwd_in && b->bwd_in <= left) {
+        out[n++] = b->bwd_in;
+        left -= b->bwd_in;
+    }
+    if (split == ML_T_UNITS_BWD && b->tied_grad && b->in_nograd && b->tied_grad <= left) {
+        out[n++] = b->tied_grad;
+        left -= b->tied_grad;
+    }
+    while (unit && left >= unit && n < 8) {
+        out[n++] = unit;
+        left -= unit;
+    }
+    if (left)
+        out[n++] = left;
+    return n;
+}
+
 /* The tensor sizes of an aggregate into r->sizes; their count, or 0 when
  * they do not add up to `bytes` (then it is one tensor). SIZE_MAX: the
  * host is out of memory. */
@@ -178,35 +233,10 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
             sum += ch->saved[i].bytes;
         }
     } else if (split == ML_T_BLOCK_PARAMS && block < r->nblocks && ch->blocks[block].params) {
-        uint64_t per = bytes / ch->blocks[block].params; /* bytes per element */
-        if (!sizes_room(r, r->pcount[block]))
-            return SIZE_MAX;
-        out = r->sizes;
-        for (size_t i = r->pfirst[block]; i < r->pfirst[block] + r->pcount[block]; i++) {
-            out[n++] = ch->params[i].numel * per;
-            sum += ch->params[i].numel * per;
-        }
+        return block_param_sizes(r, bytes, block);
     } else if ((split == ML_T_UNITS_FWD || split == ML_T_UNITS || split == ML_T_UNITS_BWD) &&
                block < ch->n) {
-        /* the incoming gradient, whole tensors of the block's largest size,
-         * the rest one more */
-        const ml_cblock *b = &ch->blocks[block];
-        uint64_t unit = split == ML_T_UNITS_FWD ? b->unit_fwd : b->unit;
-        uint64_t left = bytes;
-        if (!sizes_room(r, 10))
-            return SIZE_MAX;
-        out = r->sizes;
-        if (split == ML_T_UNITS_BWD && b->bwd_in && b->bwd_in <= left) {
-            out[n++] = b->bwd_in;
-            left -= b->bwd_in;
-        }
-        while (unit && left >= unit && n < 8) {
-            out[n++] = unit;
-            left -= unit;
-        }
-        if (left)
-            out[n++] = left;
-        sum = bytes;
+        return unit_sizes(r, bytes, split, &ch->blocks[block]);
     } else if (split == ML_T_SHARD) {
         return shard_sizes(r, bytes, copies);
     } else if ((split == ML_T_ALL_PARAMS || split == ML_T_TRAINED_PARAMS ||
@@ -332,6 +362,23 @@ void ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t)
         return;
     }
     ml__alloc_sim_reset_peaks(r->sim);
+}
+
+size_t ml__rsim_latest(const ml_rsim *r, ml_category c)
+{
+    return r->nlive[c] ? r->live[c][r->nlive[c] - 1] + 1 : 0;
+}
+
+bool ml__rsim_free_named(ml_rsim *r, ml_category c, size_t name)
+{
+    if (r->oom || r->nomem)
+        return true; /* nothing runs after a failure */
+    for (size_t k = r->nlive[c]; name && k-- > 0;)
+        if (r->live[c][k] + 1 == name) {
+            release(r, c, k);
+            return true;
+        }
+    return false;
 }
 
 bool ml__rsim_ok(const ml_rsim *r, bool *nomem)

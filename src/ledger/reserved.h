@@ -53,6 +53,15 @@ void ml__rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split s
 /* Frees the latest live allocation of category c of exactly `bytes`, or
  * every live one of c when `bytes` is their sum (zero_grad). */
 void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes);
+/* A name for the latest live allocation of category c, for
+ * ml__rsim_free_named while it is live (0: none). Where two allocations
+ * have the same bytes, a free by bytes takes the latest; a tensor that
+ * outlives a later one of its size (a gradient handed to the block
+ * before) is freed by its name instead. */
+size_t ml__rsim_latest(const ml_rsim *r, ml_category c);
+/* Frees the allocation so named; false when it is not live (nothing
+ * changed). */
+bool ml__rsim_free_named(ml_rsim *r, ml_category c, size_t name);
 
 /* The job's starting state (ml_device.start): t's events through the
  * simulator before any of the plan's, what they leave allocated and
