@@ -1,13 +1,16 @@
-/* A plan whose simulated allocator starts from another trace's state
- * (ml_device.start, --allocator-start; docs/allocator.md, "A process that
- * ran something before"), on the tiny MLP of test_ledger_invariants.c: its
+/* The plan's simulated allocator: a plan that starts from another trace's
+ * state (ml_device.start, --allocator-start; docs/allocator.md, "A process
+ * that ran something before"), and frees by name. The tiny MLP of
+ * test_ledger_invariants.c: its
  * tensors are all under 1 MiB and fit one 2 MiB small-pool segment, made by
  * its first allocation (the two parameters, 1,024 B after rounding). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "harness.h"
+#include "ledger/reserved.h"
 
 static const char tiny[] = "model:\n  type: sequential\n  input: [8]\n  layers:\n"
                            "    - linear: {out: 16, bias: false}\n    - gelu: {}\n"
@@ -119,12 +122,50 @@ static void test_start_out_of_memory(void **state)
     ml_model_destroy(m);
 }
 
+/* The replay frees a gradient it handed from one block to the one before
+ * by name, not by its bytes (docs/allocator.md, "On the plan"): of two
+ * live workspace allocations of the same bytes, a free by bytes takes the
+ * latest, a free by name the one named. */
+static void test_free_by_name(void **state)
+{
+    (void)state;
+    ml_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ml_alloc_config cfg = ml__alloc_config_defaults();
+    ml_rsim *r = NULL;
+    ml_error e;
+    assert_int_equal(ml__rsim_create(&cfg, &ch, &r, &e), ML_OK);
+    const uint64_t MiB = 1048576;
+    ml__rsim_alloc(r, ML_CAT_WORKSPACE, 24 * MiB, ML_T_ONE, 0, 1);
+    size_t older = ml__rsim_latest(r, ML_CAT_WORKSPACE);
+    ml__rsim_alloc(r, ML_CAT_WORKSPACE, 24 * MiB, ML_T_ONE, 0, 1);
+    size_t newer = ml__rsim_latest(r, ML_CAT_WORKSPACE);
+    assert_true(older && newer && older != newer);
+    assert_int_equal(ml__rsim_latest(r, ML_CAT_GRADS), 0); /* none of that category */
+    assert_true(ml__rsim_free_named(r, ML_CAT_WORKSPACE, older));
+    assert_int_equal(ml__rsim_latest(r, ML_CAT_WORKSPACE), newer); /* the newer stays */
+    assert_false(ml__rsim_free_named(r, ML_CAT_WORKSPACE, older)); /* freed already */
+    ml__rsim_alloc(r, ML_CAT_WORKSPACE, 24 * MiB, ML_T_ONE, 0, 1);
+    size_t third = ml__rsim_latest(r, ML_CAT_WORKSPACE);
+    ml__rsim_free(r, ML_CAT_WORKSPACE, 24 * MiB); /* by bytes: the latest, the third */
+    assert_int_equal(ml__rsim_latest(r, ML_CAT_WORKSPACE), newer);
+    (void)third;
+    ml_alloc_stats st;
+    ml__rsim_stats(r, &st);
+    /* two 24 MiB segments (above 10 MiB: one each), the third reused the
+     * first's freed one */
+    assert_int_equal(st.reserved.peak, 48 * MiB);
+    assert_int_equal(st.allocated.current, 24 * MiB);
+    ml__rsim_destroy(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_start_full_segment),
         cmocka_unit_test(test_start_cache_reused),
         cmocka_unit_test(test_start_out_of_memory),
+        cmocka_unit_test(test_free_by_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
