@@ -377,6 +377,10 @@ typedef struct ml_summary {
     double etp_comm_bytes;
     double time_etp_s;
     double etp_calls;
+    /* what device.start had reserved and allocated, in how many segments,
+     * when the simulation began (docs/allocator.md, "A process that ran
+     * something before"); 0 without a start */
+    uint64_t start_reserved, start_allocated, start_segments;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -296,14 +296,6 @@ typedef struct ml_device {
                                   (ml_config_defaults: CACHING; a zeroed
                                   struct: NONE) */
     uint64_t max_split_size;   /* max_split_size_mb in bytes; 0 = unlimited */
-    /* the simulated allocator's state when the job starts: what this trace
-     * (ml_alloc_trace_load_file) leaves allocated stays allocated and what it
-     * leaves reserved stays reserved, as in a process that ran something
-     * before; the peaks start from there (reset_peak_memory_stats). Borrowed:
-     * the caller keeps it alive while the config is used. NULL: an empty
-     * cache. Only with a simulated allocator (docs/allocator.md, "A process
-     * that ran something before"). */
-    const struct ml_alloc_trace *start;
     /* bandwidths that time communication and host transfers (docs/sharding.md,
      * "Time"), GB/s = 1e9 bytes/s; 0 = not given: that part is not timed and
      * the step time leaves it out */
@@ -313,6 +305,14 @@ typedef struct ml_device {
      * NULL; with no peak_tflops of its own the step time takes the preset's
      * peak at the plan's compute dtype (ml_device_peak) */
     const ml_device_preset *preset;
+    /* the simulated allocator's state when the job starts: what this trace
+     * (ml_alloc_trace_load_file) leaves allocated stays allocated and what it
+     * leaves reserved stays reserved, as in a process that ran something
+     * before; the peaks start from there (reset_peak_memory_stats). Borrowed:
+     * the caller keeps it alive while the config is used. NULL: an empty
+     * cache. Only with a simulated allocator (docs/allocator.md, "A process
+     * that ran something before"). */
+    const struct ml_alloc_trace *start;
 } ml_device;
 
 struct ml_profile;

@@ -322,9 +322,13 @@ int ml_cmd_allocator(int argc, char **argv)
     ml_alloc_result ar = ml__alloc_replay_from(&c, start, t, &r);
     ml__alloc_trace_free(start);
     if (ar) {
-        if (ar == ML_ALLOC_OOM)
-            ml_cli_errorf("--allocator-start: %s runs out of memory on the device itself: "
-                          "give a larger --device, or a smaller start", o.start);
+        if (ar == ML_ALLOC_OOM && c.device_bytes)
+            ml_cli_errorf("--allocator-start: %s runs out of the device itself, before %s "
+                          "starts: give a larger --device, or a smaller start", o.start, o.trace);
+        else if (ar == ML_ALLOC_OOM)
+            ml_cli_errorf("--allocator-start: %s asks for more than the allocator gives "
+                          "without a device (docs/allocator.md), before %s starts", o.start,
+                          o.trace);
         else
             ml_cli_errorf("%s", ar == ML_ALLOC_NOMEM ? "out of memory" : "invalid allocator settings");
         ml__alloc_trace_free(t);

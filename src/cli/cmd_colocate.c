@@ -163,8 +163,7 @@ static int training_only(const job *j)
              {o->allgather_bucket, "--allgather-bucket"}, {o->eval_batch, "--eval-batch"},
              {o->eval_seq_len, "--eval-seq-len"},   {o->zero_grad, "--zero-grad"},
              {o->logits, "--logits"},               {o->logits_chunk, "--logits-chunk"},
-             {o->allocator, "--allocator"},         {o->max_split_size, "--max-split-size"},
-             {o->allocator_start, "--allocator-start"}};
+             {o->allocator, "--allocator"},         {o->max_split_size, "--max-split-size"}};
     for (size_t k = 0; k < sizeof t / sizeof t[0]; k++)
         if (t[k].v)
             return job_bad(j, "%s is a training option; an inference job (--inference) has "
@@ -205,6 +204,12 @@ static int load_job(job *j, const char *device, uint64_t memory, bool levels)
         return bad("job '%s': --device, --budget, -o, --format, --emit and --lengths are "
                    "colocate's own (or not for colocate): give --device once, before the jobs",
                    j->spec);
+    /* the jobs' totals are their allocator peaks summed: a cache another
+     * process left is not part of one job's peak */
+    if (o->allocator_start)
+        return bad("job '%s': --allocator-start is not planned for colocated jobs (their "
+                   "totals are allocator peaks, summed): plan the job alone with 'memledger "
+                   "plan' to see it from that cache", j->spec);
     if (j->inference && (rc = training_only(j)))
         return rc;
     if ((rc = ml_cli_load(o, &j->m, &j->cfg)))

@@ -64,6 +64,7 @@ static const struct {
     {"device.fragmentation", "--fragmentation", NULL, OPT(fragmentation)},
     {"device.allocator", "--allocator", NULL, OPT(allocator)},
     {"device.max_split_size", "--max-split-size", NULL, OPT(max_split_size)},
+    {"device.start", "--allocator-start", NULL, OPT(allocator_start)},
     {"global_batch", "--global-batch", NULL, 0},
     {"gpus", "--gpus", NULL, 0},
     {"max_micro_batch", "--max-micro-batch", NULL, 0},
@@ -204,4 +205,18 @@ void ml_cli_free(ml_model *m, ml_config *cfg)
         ml_profile_destroy((ml_profile *)cfg->calib);
         cfg->calib = NULL;
     }
+}
+
+bool ml_cli_start(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o,
+                  ml_model **m, ml_config *cfg, int *rc)
+{
+    *rc = ml_cli_parse(argc, argv, verb, usage, o);
+    if (*rc == 1)
+        *rc = ML_EXIT_OK;
+    if (*rc || o->model_path == NULL)
+        return false;
+    *rc = ml_cli_load(o, m, cfg);
+    if (*rc == 0)
+        o->model = *m;
+    return *rc == 0;
 }

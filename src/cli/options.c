@@ -222,7 +222,7 @@ static int check_parsed(const char *verb, ml_cli_opts *o)
         return usage_error(verb, "--emit %s writes the target's own format: drop --format",
                            o->emit);
     /* -o naming an input would replace it with the report */
-    const char *inputs[] = {o->model_path, o->training, o->calib, o->lengths};
+    const char *inputs[] = {o->model_path, o->training, o->calib, o->lengths, o->allocator_start};
     for (size_t k = 0; k < sizeof inputs / sizeof inputs[0]; k++)
         if (ml_out_refuse_input(o->output, inputs[k]))
             return ML_EXIT_BAD_INPUT;
@@ -585,18 +585,4 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
     *mp = m;
     *cfg = c;
     return 0;
-}
-
-bool ml_cli_start(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o,
-                  ml_model **m, ml_config *cfg, int *rc)
-{
-    *rc = ml_cli_parse(argc, argv, verb, usage, o);
-    if (*rc == 1)
-        *rc = ML_EXIT_OK;
-    if (*rc || o->model_path == NULL)
-        return false;
-    *rc = ml_cli_load(o, m, cfg);
-    if (*rc == 0)
-        o->model = *m;
-    return *rc == 0;
 }

@@ -164,6 +164,7 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, unsigned cast1
     oc->base_t = R + E + tail_need(ch, &z, hi, sixteenths(cast_all, cast16)) + z.gather;
     /* the replay checks the limit's rounding */
     oc->budget = res->budget < res->device_limit ? res->budget : res->device_limit;
+    oc->budget = oc->budget > x->start_held ? oc->budget - x->start_held : 0;
 }
 
 /* One checkpoint: optimal evaluation in progress: the chain model, the

@@ -311,17 +311,33 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
                           ml_error *err)
 {
     const ml_device *dv = &x->cfg->device;
-    ml_alloc_config ac = ml__alloc_config_defaults();
-    ac.mode = dv->allocator == ML_ALLOCATOR_EXPANDABLE ? ML_ALLOC_EXPANDABLE : ML_ALLOC_CACHING;
-    ac.max_split_size = dv->max_split_size;
-    ac.device_bytes = dv->present ? dv->memory - dv->runtime_reserve : 0;
+    ml_alloc_config ac = ml__rsim_config(dv);
     ml_rsim *rs = NULL;
     ml_status st = ml__rsim_create(&ac, x->ch, &rs, err);
     if (st)
         return st;
     ml__rsim_set_shards(rs, ml__shard_group(&x->cfg->training), x->cfg->training.virtual_stages);
-    if (dv->start)
-        ml__rsim_start(rs, dv->start);
+    if (dv->start && !ml__rsim_start(rs, dv->start)) {
+        bool nomem = false;
+        ml__rsim_ok(rs, &nomem);
+        ml__rsim_destroy(rs);
+        if (nomem)
+            return ml__errorf(err, ML_NOMEM, "out of memory");
+        char cap[32];
+        ml_format_bytes(ac.device_bytes, cap, sizeof cap);
+        return ml__errorf(err, ML_RANGE,
+                          "device.start: the allocator's start state alone runs out of the "
+                          "device (%s: its memory less the runtime reserve); plan on a larger "
+                          "device, or from a smaller start",
+                          cap);
+    }
+    if (dv->start) {
+        ml_alloc_stats a0;
+        ml__rsim_stats(rs, &a0);
+        out->start_reserved = a0.reserved.current;
+        out->start_allocated = a0.allocated.current;
+        out->start_segments = a0.segments.current;
+    }
     ml_ledger sl;
     memset(&sl, 0, sizeof sl);
     ml__eval_model_states((ml_chain *)x->ch, &x->cfg->training, &x->ob, &sl.sum);

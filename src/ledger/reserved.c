@@ -346,12 +346,12 @@ void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes)
     }
 }
 
-void ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t)
+bool ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t)
 {
     uint64_t *h = malloc((t->n ? t->n : 1) * sizeof *h);
     if (!h) {
         r->nomem = true;
-        return;
+        return false;
     }
     size_t at = 0;
     ml_alloc_result ar = ml__alloc_trace_apply(r->sim, t, h, &at);
@@ -359,9 +359,37 @@ void ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t)
     if (ar != ML_ALLOC_OK) {
         r->oom = ar == ML_ALLOC_OOM;
         r->nomem = ar != ML_ALLOC_OOM;
-        return;
+        return false;
     }
     ml__alloc_sim_reset_peaks(r->sim);
+    return true;
+}
+
+ml_alloc_config ml__rsim_config(const ml_device *dv)
+{
+    ml_alloc_config ac = ml__alloc_config_defaults();
+    ac.mode = dv->allocator == ML_ALLOCATOR_EXPANDABLE ? ML_ALLOC_EXPANDABLE : ML_ALLOC_CACHING;
+    ac.max_split_size = dv->max_split_size;
+    ac.device_bytes = dv->present ? dv->memory - dv->runtime_reserve : 0;
+    return ac;
+}
+
+uint64_t ml__rsim_start_held(const ml_device *dv)
+{
+    ml_alloc_config ac = ml__rsim_config(dv);
+    ml_alloc_sim *s = NULL;
+    uint64_t *h = dv->start ? malloc((dv->start->n ? dv->start->n : 1) * sizeof *h) : NULL;
+    uint64_t held = 0;
+    size_t at = 0;
+    if (h && ml__alloc_sim_create(&ac, &s) == ML_ALLOC_OK &&
+        ml__alloc_trace_apply(s, dv->start, h, &at) == ML_ALLOC_OK) {
+        ml_alloc_stats st;
+        ml__alloc_sim_stats(s, &st);
+        held = st.allocated.current;
+    }
+    ml__alloc_sim_destroy(s);
+    free(h);
+    return held;
 }
 
 size_t ml__rsim_latest(const ml_rsim *r, ml_category c)

@@ -66,9 +66,16 @@ bool ml__rsim_free_named(ml_rsim *r, ml_category c, size_t name);
 /* The job's starting state (ml_device.start): t's events through the
  * simulator before any of the plan's, what they leave allocated and
  * reserved kept, then the peaks reset to the current values
- * (torch.cuda.reset_peak_memory_stats). An OOM there fails the simulation
- * as a plan's own would. */
-void ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t);
+ * (torch.cuda.reset_peak_memory_stats). False when the state alone does
+ * not fit the device (or the host ran out of memory): the simulation has
+ * failed. */
+bool ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t);
+/* The simulator's configuration for device dv (its allocator, its
+ * max_split_size, its memory less the runtime reserve). */
+ml_alloc_config ml__rsim_config(const ml_device *dv);
+/* The bytes dv->start leaves allocated (0 without one, or when it does not
+ * run to its end: the plan's simulation says why). */
+uint64_t ml__rsim_start_held(const ml_device *dv);
 
 /* False once a request failed: the device ran out, or the host (*nomem). */
 bool ml__rsim_ok(const ml_rsim *r, bool *nomem);

@@ -167,8 +167,14 @@ static void json_bytes(FILE *f, const ml_config *cfg, const ml_summary *s)
                 ml_allocator_name(cfg->device.allocator), s->reserved_oom ? "true" : "false",
                 when[w->when], ml_phase_name(w->phase));
         ml_json_put_string(f, w->at);
-        fprintf(f, ", \"allocated\": %llu, \"segments\": %llu}}", (unsigned long long)w->allocated,
+        fprintf(f, ", \"allocated\": %llu, \"segments\": %llu}", (unsigned long long)w->allocated,
                 (unsigned long long)w->segments);
+        if (s->start_reserved)
+            fprintf(f, ", \"start\": {\"reserved\": %llu, \"allocated\": %llu, \"segments\": %llu}}",
+                    (unsigned long long)s->start_reserved, (unsigned long long)s->start_allocated,
+                    (unsigned long long)s->start_segments);
+        else
+            fputs(", \"start\": null}", f);
     } else
         fputs("null", f);
 }

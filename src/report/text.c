@@ -281,15 +281,19 @@ static void reserved_where(FILE *f, const ml_summary *s)
                                        "steady iteration", "evaluation pass"};
     const ml_reserved_at *w = &s->reserved_at;
     char a[32], b[32];
-    if (w->when == ML_RESERVED_EVAL) {
-        fputs("    at its peak: in the evaluation pass\n", f);
-        return;
-    }
     uint64_t cached = s->reserved_peak > w->allocated ? s->reserved_peak - w->allocated : 0;
-    fprintf(f, "    at its peak: %s, %s (%s): %llu segments, %s allocated in them, %s cached "
-               "free\n",
-            ml_phase_name(w->phase), w->at, when[w->when], (unsigned long long)w->segments,
-            B(w->allocated, a), B(cached, b));
+    if (w->when == ML_RESERVED_EVAL)
+        fputs("    at its peak: in the evaluation pass\n", f);
+    else
+        fprintf(f, "    at its peak: %s, %s (%s): %llu segments, %s allocated in them, %s "
+                   "cached free\n",
+                ml_phase_name(w->phase), w->at, when[w->when], (unsigned long long)w->segments,
+                B(w->allocated, a), B(cached, b));
+    if (s->start_reserved) /* --allocator-start */
+        fprintf(f, "    from a start state: %s reserved in %llu segment%s, %s of it allocated "
+                   "(--allocator-start)\n",
+                B(s->start_reserved, a), (unsigned long long)s->start_segments,
+                s->start_segments == 1 ? "" : "s", B(s->start_allocated, b));
 }
 
 /* The allocator-view peak by category, what is added over it, and the other
@@ -306,7 +310,12 @@ static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
     if (cfg->device.fragmentation > 0)
         fprintf(f, "  %-22s %12s   (%g x the peak)\n", "+ fragmentation", B(s->fragmentation, a),
                 cfg->device.fragmentation);
-    else if (s->has_reserved)
+    else if (s->has_reserved && s->start_allocated && s->fragmentation >= s->start_allocated) {
+        fprintf(f, "  %-22s %12s   (the simulated reserved peak over it)\n", "+ allocator cache",
+                B(s->fragmentation - s->start_allocated, a));
+        fprintf(f, "  %-22s %12s   (allocated before the job: --allocator-start)\n",
+                "+ start's tensors", B(s->start_allocated, a));
+    } else if (s->has_reserved)
         fprintf(f, "  %-22s %12s   (the simulated reserved peak over it)\n", "+ allocator cache",
                 B(s->fragmentation, a));
     fprintf(f, "  %-22s %12s\n", "+ runtime reserve", B(s->runtime_reserve, a));
@@ -320,13 +329,13 @@ static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
         fprintf(f, "  evaluation             %12s   (no_grad, batch %llu x %llu, output kept)\n",
                 B(s->peak_eval, a), (unsigned long long)t->eval_batch,
                 (unsigned long long)(t->eval_seq_len ? t->eval_seq_len : t->seq_len));
-    if (s->has_reserved)
+    if (s->has_reserved) {
         fprintf(f, "  reserved               %12s   (%s allocator simulated: %llu segments%s)\n",
                 B(s->reserved_peak, a), ml_allocator_name(cfg->device.allocator),
                 (unsigned long long)s->reserved_segments,
                 s->reserved_oom ? "; OUT OF MEMORY on the device" : "");
-    if (s->has_reserved)
         reserved_where(f, s);
+    }
     fputc('\n', f);
 }
 

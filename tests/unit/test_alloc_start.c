@@ -96,7 +96,7 @@ static void test_start_cache_reused(void **state)
 }
 
 /* A start that does not fit the device: the simulation runs out before
- * the plan's first event, and the verdict says so. */
+ * the plan's first event; no plan is made, and the error says why. */
 static void test_start_out_of_memory(void **state)
 {
     (void)state;
@@ -107,17 +107,47 @@ static void test_start_out_of_memory(void **state)
     c.device.memory = 16 * 1048576;
     c.device.runtime_reserve = 0;
     c.device.start = t;
+    ml_error e;
+    assert_int_equal(status_of(m, &c, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "start state alone runs out of the device"));
+    c.device.memory = 64 * 1048576;
     ml_ledger *l = eval(m, &c, false);
     const ml_summary *s = ml_ledger_summary(l);
-    assert_true(s->reserved_oom);
-    assert_false(s->fits);
-    ml_ledger_destroy(l);
-    c.device.memory = 64 * 1048576;
-    l = eval(m, &c, false);
-    s = ml_ledger_summary(l);
     assert_false(s->reserved_oom);
     assert_int_equal(s->reserved_peak, 34 * 1048576);
     ml_ledger_destroy(l);
+    ml_alloc_trace_destroy(t);
+    ml_model_destroy(m);
+}
+
+/* Checkpoint optimal counts what the start leaves allocated beside every
+ * plan's peak: GPT-2 small from a start that holds 6 GiB in a full segment
+ * of its own, on 24 GiB, has the room it has on 18 GiB from an empty cache
+ * (the runtime reserve the same): the same plan, the reserved peak 6 GiB
+ * higher (nothing of the plan fits in the full segment), the same verdict. */
+static void test_optimal_counts_the_start(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_alloc_trace *t = load_trace("action,id,bytes\nalloc,held,6442450944\n");
+    ml_config c = ml_model_config(m);
+    c.device.present = true;
+    c.device.budget = 0;
+    c.device.allocator = ML_ALLOCATOR_CACHING;
+    c.training.checkpoint.kind = ML_CKPT_OPTIMAL;
+    c.device.memory = 18ull << 30;
+    ml_ledger *alone = eval(m, &c, false);
+    c.device.memory = 24ull << 30;
+    c.device.start = t;
+    ml_ledger *after = eval(m, &c, false);
+    const ml_summary *a = ml_ledger_summary(alone), *b = ml_ledger_summary(after);
+    assert_string_equal(a->plan, b->plan);
+    assert_true(a->flops_recompute > 0); /* a plan that recomputes: the room matters */
+    assert_true(a->fits && b->fits);
+    assert_int_equal(b->peak, a->peak);
+    assert_int_equal(b->reserved_peak, a->reserved_peak + (6ull << 30));
+    ml_ledger_destroy(alone);
+    ml_ledger_destroy(after);
     ml_alloc_trace_destroy(t);
     ml_model_destroy(m);
 }
@@ -166,6 +196,7 @@ int main(void)
         cmocka_unit_test(test_start_cache_reused),
         cmocka_unit_test(test_start_out_of_memory),
         cmocka_unit_test(test_free_by_name),
+        cmocka_unit_test(test_optimal_counts_the_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
