@@ -40,7 +40,6 @@ what shows the blocks above are the ones that outlived the first run. No
 torch needed.
 """
 import argparse
-import csv
 import io
 import os
 import sys
@@ -61,42 +60,35 @@ def read_traces(tar_path):
                 yield os.path.basename(m.name), tar.extractfile(m).read().decode()
 
 
-def events(text):
-    for row in list(csv.reader(io.StringIO(text)))[1:]:
-        if row:
-            yield row[0], int(row[1]), int(row[2])
-
-
-def kept_blocks(text):
-    """The first run's blocks that outlive it, as {address: (bytes, alloc index)}:
-    of those live at the trace's end, the first allocation (made before the
-    model) and the workspaces' sizes allocated after it and never freed."""
+def live_at_end(text, name="trace 00"):
+    """{address: (bytes, alloc index)} of the blocks live at the trace's end."""
     live, n = {}, 0
-    for action, addr, size in events(text):
+    for _, action, addr, size, _ in snapshot_to_trace.events_from_csv(text, name):
         if action == "alloc":
             live[addr] = (size, n)
             n += 1
         elif action == "free_completed":
             live.pop(addr, None)
+    return live
+
+
+def kept_blocks(live):
+    """The first run's blocks that outlive it, of those live at its end: the
+    first allocation (made before the model) and the workspaces' sizes."""
     return {a: v for a, v in live.items() if v[1] == 0 or v[0] in WORKSPACES}
 
 
 def state_trace(text, name="trace 00"):
     """The trace that leaves the simulator as the first run left the
     allocator: its events, the frees of what del model, opt, ids released,
-    and an empty_cache."""
+    and an empty_cache; and the kept blocks."""
     buf = io.StringIO()
     snapshot_to_trace.convert(snapshot_to_trace.events_from_csv(text, name), buf)
-    kept = kept_blocks(text)
-    live = {}
-    for action, addr, size in events(text):
-        if action == "alloc":
-            live[addr] = size
-        elif action == "free_completed":
-            live.pop(addr, None)
+    live = live_at_end(text, name)
+    kept = kept_blocks(live)
     out = [buf.getvalue().rstrip("\n")]
     out.append("# the end of the first run: del model, opt, ids; torch.cuda.empty_cache()")
-    out += ["free,0x%x,%d" % (a, s) for a, s in live.items() if a not in kept]
+    out += ["free,0x%x,%d" % (a, s) for a, (s, _) in live.items() if a not in kept]
     out.append("empty_cache")
     return "\n".join(out) + "\n", kept
 

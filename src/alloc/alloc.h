@@ -200,12 +200,10 @@ ml_alloc_result ml__alloc_replay(const ml_alloc_config *cfg, const ml_alloc_trac
  * unwritten); otherwise as ml__alloc_replay. */
 ml_alloc_result ml__alloc_replay_from(const ml_alloc_config *cfg, const ml_alloc_trace *start,
                                       const ml_alloc_trace *t, ml_alloc_replay_result *out);
-/* The trace's events through s in order, each alloc's handle into h[i]
- * (h: t->n entries; a free reads its alloc's), stopping at the first that
- * does not return ML_ALLOC_OK; *at: the index of that event, t->n when
- * every event ran. Returns what that event returned (ML_ALLOC_OOM,
- * ML_ALLOC_NOMEM), or ML_ALLOC_OK. */
-ml_alloc_result ml__alloc_trace_apply(ml_alloc_sim *s, const ml_alloc_trace *t, uint64_t *h,
-                                      size_t *at);
+/* The trace's events through s in order, stopping at the first that does
+ * not return ML_ALLOC_OK; *at: the index of that event, t->n when every
+ * event ran. What the trace leaves allocated stays allocated in s. Returns
+ * what that event returned (ML_ALLOC_OOM, ML_ALLOC_NOMEM), or ML_ALLOC_OK. */
+ml_alloc_result ml__alloc_trace_run(ml_alloc_sim *s, const ml_alloc_trace *t, size_t *at);
 
 #endif

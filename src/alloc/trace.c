@@ -370,9 +370,12 @@ ml_status ml__alloc_trace_parse(const char *text, size_t len, const char *path,
     return ML_OK;
 }
 
-ml_alloc_result ml__alloc_trace_apply(ml_alloc_sim *s, const ml_alloc_trace *t, uint64_t *h,
-                                      size_t *at)
+ml_alloc_result ml__alloc_trace_run(ml_alloc_sim *s, const ml_alloc_trace *t, size_t *at)
 {
+    uint64_t *h = malloc((t->n ? t->n : 1) * sizeof *h);
+    *at = 0;
+    if (!h)
+        return ML_ALLOC_NOMEM;
     ml_alloc_result r = ML_ALLOC_OK;
     size_t i = 0;
     for (; i < t->n && !r; i++) {
@@ -387,6 +390,7 @@ ml_alloc_result ml__alloc_trace_apply(ml_alloc_sim *s, const ml_alloc_trace *t, 
             break;
     }
     *at = i;
+    free(h); /* what the trace leaves live stays live: nothing frees it */
     return r;
 }
 
@@ -415,23 +419,17 @@ ml_alloc_result ml__alloc_replay_from(const ml_alloc_config *cfg, const ml_alloc
     ml_alloc_result r = ml__alloc_sim_create(cfg, &s);
     if (r)
         return r;
-    size_t n = t->n > (start ? start->n : 0) ? t->n : start->n;
-    uint64_t *h = malloc((n ? n : 1) * sizeof *h);
-    if (!h) {
-        ml__alloc_sim_destroy(s);
-        return ML_ALLOC_NOMEM;
-    }
     ml_alloc_replay_result res;
     memset(&res, 0, sizeof res);
     res.oom_index = SIZE_MAX;
     size_t at = 0;
     if (start) {
-        r = ml__alloc_trace_apply(s, start, h, &at);
+        r = ml__alloc_trace_run(s, start, &at);
         ml__alloc_sim_reset_peaks(s);
         ml__alloc_sim_stats(s, &res.start);
     }
     if (!r) {
-        r = ml__alloc_trace_apply(s, t, h, &at);
+        r = ml__alloc_trace_run(s, t, &at);
         if (r == ML_ALLOC_OOM) {
             res.oom_index = at;
             r = ML_ALLOC_OK;
@@ -442,7 +440,6 @@ ml_alloc_result ml__alloc_replay_from(const ml_alloc_config *cfg, const ml_alloc
         own_counts(&res.stats, &res.start);
         *out = res;
     }
-    free(h);
     ml__alloc_sim_destroy(s);
     return r;
 }

@@ -299,15 +299,8 @@ int ml_cmd_allocator(int argc, char **argv)
     if ((rc = config(&o, &c)) != 0)
         return rc;
     ml_error e;
-    size_t len = 0;
-    char *text = ml__read_file(o.trace, &len, &e);
-    if (!text) {
-        ml_cli_print_error(&e);
-        return e.code == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;
-    }
     ml_alloc_trace *t = NULL;
-    ml_status st = ml__alloc_trace_parse(text, len, o.trace, &t, &e);
-    free(text);
+    ml_status st = ml_alloc_trace_load_file(o.trace, &t, &e);
     if (st) {
         ml_cli_print_error(&e);
         return st == ML_NOMEM ? ML_EXIT_FAILURE : ML_EXIT_BAD_INPUT;

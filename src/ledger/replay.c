@@ -405,7 +405,7 @@ static void backward_block(ml_replay *r, size_t k)
      * logits is the LM head's incoming gradient; engine.cpp passes a node's
      * output gradient on, it is not made again); a carried gradient of
      * another size is part of the estimate */
-    const uint64_t kept = r->grad_carry && r->grad_carry == b->bwd_in ? r->grad_carry : 0;
+    const uint64_t kept = r->grad_carry == b->bwd_in && b->ws_bwd >= b->bwd_in ? b->bwd_in : 0;
     const size_t kept_name = r->carry_name;
     if (!kept)
         free_named(r, r->grad_carry, r->carry_name);

@@ -365,9 +365,9 @@ typedef struct {
                              peak: the cache a simulation found over the last
                              optimal plan, while checkpoint optimal searches
                              again with it (evaluate.c) */
-    uint64_t start_held; /* what device.start leaves allocated (its live
-                            blocks, ml__rsim_start_held): checkpoint optimal
-                            counts it beside every plan's peak */
+    uint64_t start_held; /* with checkpoint optimal, what device.start leaves
+                            allocated (its live blocks, ml__rsim_start_held):
+                            its search counts it beside every plan's peak */
     bool whole;     /* replay every block (the reference tests/unit/test_runs.c
                        holds the runs against) */
     ml_inflight inflight; /* a pipeline stage's (pipeline_eval.c) */

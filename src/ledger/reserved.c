@@ -348,14 +348,8 @@ void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes)
 
 bool ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t)
 {
-    uint64_t *h = malloc((t->n ? t->n : 1) * sizeof *h);
-    if (!h) {
-        r->nomem = true;
-        return false;
-    }
     size_t at = 0;
-    ml_alloc_result ar = ml__alloc_trace_apply(r->sim, t, h, &at);
-    free(h); /* what the trace leaves live stays live: nothing frees it */
+    ml_alloc_result ar = ml__alloc_trace_run(r->sim, t, &at);
     if (ar != ML_ALLOC_OK) {
         r->oom = ar == ML_ALLOC_OOM;
         r->nomem = ar != ML_ALLOC_OOM;
@@ -378,17 +372,15 @@ uint64_t ml__rsim_start_held(const ml_device *dv)
 {
     ml_alloc_config ac = ml__rsim_config(dv);
     ml_alloc_sim *s = NULL;
-    uint64_t *h = dv->start ? malloc((dv->start->n ? dv->start->n : 1) * sizeof *h) : NULL;
     uint64_t held = 0;
     size_t at = 0;
-    if (h && ml__alloc_sim_create(&ac, &s) == ML_ALLOC_OK &&
-        ml__alloc_trace_apply(s, dv->start, h, &at) == ML_ALLOC_OK) {
+    if (dv->start && ml__alloc_sim_create(&ac, &s) == ML_ALLOC_OK &&
+        ml__alloc_trace_run(s, dv->start, &at) == ML_ALLOC_OK) {
         ml_alloc_stats st;
         ml__alloc_sim_stats(s, &st);
         held = st.allocated.current;
     }
     ml__alloc_sim_destroy(s);
-    free(h);
     return held;
 }
 

@@ -169,7 +169,8 @@ ml_status ml__eval_plan(const ml_model *m, ml_evalctx *x, int *seg, bool keep_ev
             break;
         /* the cache the search did not see; a simulation that ran out of
          * the device asks for a peak below this plan's */
-        uint64_t cache = s->fragmentation > x->start_held ? s->fragmentation - x->start_held : 0;
+        uint64_t cache = s->fragmentation > s->start_allocated ? s->fragmentation - s->start_allocated
+                                                               : 0;
         if (s->reserved_oom && s->budget > s->peak && s->budget - s->peak + 1 > cache)
             cache = s->budget - s->peak + 1;
         if (round == 3 || cache <= allowed) {

@@ -310,14 +310,14 @@ static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
     if (cfg->device.fragmentation > 0)
         fprintf(f, "  %-22s %12s   (%g x the peak)\n", "+ fragmentation", B(s->fragmentation, a),
                 cfg->device.fragmentation);
-    else if (s->has_reserved && s->start_allocated && s->fragmentation >= s->start_allocated) {
+    else if (s->has_reserved) {
+        const uint64_t held = s->fragmentation >= s->start_allocated ? s->start_allocated : 0;
         fprintf(f, "  %-22s %12s   (the simulated reserved peak over it)\n", "+ allocator cache",
-                B(s->fragmentation - s->start_allocated, a));
-        fprintf(f, "  %-22s %12s   (allocated before the job: --allocator-start)\n",
-                "+ start's tensors", B(s->start_allocated, a));
-    } else if (s->has_reserved)
-        fprintf(f, "  %-22s %12s   (the simulated reserved peak over it)\n", "+ allocator cache",
-                B(s->fragmentation, a));
+                B(s->fragmentation - held, a));
+        if (held)
+            fprintf(f, "  %-22s %12s   (allocated before the job: --allocator-start)\n",
+                    "+ start's tensors", B(held, a));
+    }
     fprintf(f, "  %-22s %12s\n", "+ runtime reserve", B(s->runtime_reserve, a));
     fprintf(f, "  %-22s %12s%s\n", "= device total", B(s->peak_total, a),
             s->binding == ML_PEAK_STEADY ? ""
