@@ -145,6 +145,7 @@ void ml__op_gout(mlg_op *o, uint16_t t) { PUSH(o->gout, o->ngout, t); }
 void ml__op_node(mlg_op *o, const char *node)
 {
     o->node = node;
+    o->softmax_tmp = o->kind == MLG_OP_SOFTMAX;
 }
 
 void ml__op_flops(mlg_op *o, double k, unsigned ndim, ...)

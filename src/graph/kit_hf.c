@@ -345,7 +345,13 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
 {
     const mlg_attention *a = &L->attn;
     uint16_t krep = a->grouped ? repeat_kv(g, a, kr, "ExpandBackward0 (repeat_kv of k)") : kr;
-    uint16_t vrep = a->grouped ? repeat_kv(g, a, vh, "ExpandBackward0 (repeat_kv of v)") : vh;
+    /* Falcon's multi_query: no repeat_kv, at::matmul broadcasts the one
+     * key/value head itself (expand, then the reshape's copy); v's in the
+     * PV matmul, after the softmax, so its ExpandBackward0 runs right after
+     * that matmul's backward, before the softmax's */
+    const bool late_v = a->split_heads && a->grouped && !a->repeat_copy;
+    uint16_t vrep =
+        a->grouped && !late_v ? repeat_kv(g, a, vh, "ExpandBackward0 (repeat_kv of v)") : vh;
     const bool copied = a->grouped && a->repeat_copy; /* bmm saves them as they are */
     /* the rotary's cat made q and k contiguous; Falcon's _split_heads made
      * q, k and v contiguous heads */
@@ -398,6 +404,8 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     }
     uint16_t probs = softmax_fp32(g, L, S3);
     *scores = a->bert ? S3 : MLG_NONE; /* bound until the attention returns */
+    if (late_v)
+        vrep = repeat_kv(g, a, vh, "ExpandBackward0 (the PV matmul's broadcast of v)");
     if (vc != MLG_NONE)
         ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vrep, vc, NULL);
     *O = ml__kit_pv(g, probs, vb, vc);

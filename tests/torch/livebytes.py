@@ -44,6 +44,16 @@ the CPU-only artefacts, each identified by op and tensor, never by a tolerance:
             dtype (`aten::_to_copy` under `aten::native_dropout`), freed with
             the op; CUDA's fused dropout kernel writes the output and the
             mask directly.
+The device view also adds what only the GPU allocates, each at the op that
+allocates it on the GPU:
+  softmax-tmp
+            CUDA's softmax backward computes `grad * output` into a
+            temporary of the output's bytes after grad_input and frees it
+            as the op ends (aten/src/ATen/native/cuda/SoftMax.cu,
+            softmax_backward_cuda_out); the CPU kernel has none. Added at
+            grad_input's allocation in `aten::_softmax_backward_data`,
+            removed at the op's end.
+CPU artefacts removed (continued):
   onednn    oneDNN convolution weight/activation reorder buffers (allocations
             under `aten::mkldnn_convolution` and its backward that do not
             outlive the op; in backward, those under `aten::convolution_backward`
@@ -91,6 +101,9 @@ EMPTY = ("aten::empty", "aten::empty_strided", "aten::empty_like")
 # test and again inside it), the first freed at once.
 SCRATCH_OPS = {"aten::convolution_backward": "onednn",
                "aten::native_batch_norm_backward": "bn-grad2"}
+# GPU-only temporaries added to the device view, by the op that makes them
+# on the GPU (the docstring: softmax-tmp)
+GPU_TMP_OPS = {"aten::_softmax_backward_data": "softmax-tmp"}
 PHASE_OF = {"step": "optimizer", "zero_grad": "optimizer", "end": "optimizer"}
 
 
@@ -121,17 +134,23 @@ class Curve:
     def __init__(self, prof):
         allocs, marks = [], []
 
-        def walk(n, anc, cb_end):
+        gpu_ends = {}  # allocation index -> (kind, end of the op that adds a GPU temporary)
+
+        def walk(n, anc, cb_end, gpu_end=None):
             ef = n.extra_fields
             if type(ef).__name__ == "_ExtraFields_Allocation":
+                if gpu_end is not None:
+                    gpu_ends[len(allocs)] = gpu_end
                 allocs.append((n.start_time_ns, len(allocs), ef.ptr, ef.alloc_size,
                                ef.total_allocated, tuple(anc), cb_end))
             elif n.name.startswith("ml:"):
                 marks.append((n.start_time_ns, n.end_time_ns, n.name[3:]))
             if n.name in SCRATCH_OPS:  # the op's own end, for its artefact kind
                 cb_end = (SCRATCH_OPS[n.name], n.end_time_ns)
+            if n.name in GPU_TMP_OPS:
+                gpu_end = (GPU_TMP_OPS[n.name], n.end_time_ns)
             for c in n.children:
-                walk(c, anc + [n.name], cb_end)
+                walk(c, anc + [n.name], cb_end, gpu_end)
         for r in prof.profiler.kineto_results.experimental_event_tree():
             walk(r, [], None)
         allocs.sort()
@@ -147,13 +166,13 @@ class Curve:
         # (2) frees paired with allocations by pointer; live bytes from zero
         live, self.ev = {}, []
         total = 0
-        for t, _, ptr, d, tot, anc, cb_end in allocs:
+        for t, seq, ptr, d, tot, anc, cb_end in allocs:
             if d > 0:
                 if ptr in live:
                     self.errors.append("pointer %#x allocated twice" % ptr)
                 live[ptr] = len(self.ev)
                 self.ev.append({"t": t, "d": d, "anc": anc, "ptr": ptr, "free": None,
-                                "scratch_of": cb_end})
+                                "scratch_of": cb_end, "gpu_tmp": gpu_ends.get(seq)})
             else:
                 a = live.pop(ptr, None)
                 if a is None or self.ev[a]["d"] != -d:
@@ -180,7 +199,9 @@ class Curve:
 
     # -- the device view ----------------------------------------------------
     def device_view(self):
-        """Per event deltas with the CPU artefacts removed, plus artefact bytes by kind."""
+        """Per event deltas with the CPU artefacts removed and the GPU's own
+        temporaries added (self.added: their kinds), and each event's
+        artefact kind."""
         d = [e["d"] for e in self.ev]
         kind = [None] * len(self.ev)
         for i, e in enumerate(self.ev):
@@ -234,6 +255,19 @@ class Curve:
             k = bisect.bisect_left(self.times, s)
             if j not in whole and k < len(out):
                 out[k] -= self.ev[j]["d"]
+        # the GPU's own temporaries: beside the op's result (an allocation
+        # that outlives the op), from its allocation to the op's end
+        self.added = []
+        for i, e in enumerate(self.ev):
+            g = e.get("gpu_tmp")
+            if g is None or e["d"] <= 0 or kind[i] is not None or e["free"] is None \
+                    or self.ev[e["free"]]["t"] <= g[1]:
+                continue
+            out[i] += e["d"]
+            k = bisect.bisect_right(self.times, g[1])
+            if k < len(out):
+                out[k] -= e["d"]
+            self.added.append(g[0])
         return out, kind
 
     def phases(self, it, view):
@@ -739,12 +773,14 @@ def main():
             for i, k in enumerate(kind):
                 if k is not None:
                     arts[k] = arts.get(k, 0) + 1
+            for k in c.added:
+                arts[k] = arts.get(k, 0) + 1
             rows.append((name, r[1], r[0], rr[1], j, other, arts))
     # (3) the report
     hdr = ("| model and loop | steady peak: measured / planned (B) | diff | first iteration: measured / planned | diff "
            "| peak phase and step (op): measured / planned | forward max m / p | loss max m / p | backward max m / p "
            "| optimizer max m / p "
-           "| buffers + batch, measured and planned (B) | raw CPU steady peak (B) | artefacts removed (allocations) |")
+           "| buffers + batch, measured and planned (B) | raw CPU steady peak (B) | artefacts removed, GPU temporaries added (allocations) |")
     lines = [hdr, "|" + "---|" * 13]
     for name, st, fi, raw, j, other, arts in rows:
         pm = j["phase_max"]

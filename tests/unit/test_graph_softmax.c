@@ -1,0 +1,117 @@
+/* The attention's softmax in the backward, node by node, against hand
+ * derivations: CUDA's softmax backward computes grad * output into a
+ * temporary of the output's bytes after grad_input
+ * (aten/src/ATen/native/cuda/SoftMax.cu, softmax_backward_cuda_out), so
+ * the node holds four B.h.T.T tensors at once (the saved output, the
+ * incoming gradient, grad_input and the temporary); and Falcon's
+ * multi-query attention, whose PV matmul broadcasts the one value head
+ * itself, after the softmax: its ExpandBackward0 runs right after that
+ * matmul's backward, before the softmax's (the engine pops the node with
+ * the highest sequence number first). */
+#include "harness.h"
+
+#include "ledger/chain_kit.h"
+
+/* tests/torch/models/llama.yaml's layout: 8 heads on 2 key/value heads */
+static const char *const llama =
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 8\n  kv_heads: 2\n"
+    "  ffn: 160\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 173\n  position: rope\n"
+    "  bias: false\n  attention: %s\n  dropout: 0\n";
+
+/* tests/torch/models/falcon.yaml's: 4 heads on one key/value head */
+static const char *const falcon =
+    "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  kv_heads: 1\n"
+    "  ffn: 256\n  activation: gelu\n  norm: layernorm\n  norm_bias: true\n"
+    "  parallel_residual: true\n  shared_norm: true\n  vocab: 173\n  position: rope\n"
+    "  tied_embeddings: true\n  bias: false\n  attention: eager\n  dropout: 0\n";
+
+static void build(const char *yaml, ml_model **m, ml_chain *c)
+{
+    *m = load_str(yaml);
+    ml_config cfg = ml_model_config(*m);
+    cfg.training.precision = ML_PREC_FP32;
+    cfg.training.micro_batch = 2;
+    cfg.training.seq_len = 24;
+    cfg.calib = NULL;
+    ml_error e;
+    assert_int_equal(ml__chain_build(*m, &cfg, c, &e), ML_OK);
+}
+
+/* block.0's node named `what` (its index in the block's list, or -1) */
+static long find(const ml_chain *c, const char *what)
+{
+    const ml_cblock *b = &c->blocks[1];
+    assert_string_equal(b->name, "block.0");
+    assert_true(b->nnodes > 0);
+    for (size_t i = 0; i < b->nnodes; i++)
+        if (strcmp(c->nodes[b->node_first + i].what, what) == 0)
+            return (long)i;
+    return -1;
+}
+
+/* B 2, h 8, T 24, fp32: each T x T tensor 2 * 8 * 24 * 24 * 4 = 36,864 B.
+ * The softmax's node makes its input's gradient (36,864), the temporary
+ * (36,864) and frees the output's gradient (36,864). Eager attention's
+ * SoftmaxBackward0 and SDPA's math kernel (fp32 with grouped heads: the
+ * fused kernels refuse it) whose _safe_softmax backward is the same
+ * _softmax_backward_data. */
+static void test_softmax_temporary(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *kernel, *node;
+    } runs[] = {{"eager", "SoftmaxBackward0"}, {"sdpa", "SafeSoftmaxBackward0"}};
+    const uint64_t P = 2 * 8 * 24 * 24 * 4;
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        char yaml[512];
+        snprintf(yaml, sizeof yaml, llama, runs[r].kernel);
+        ml_model *m;
+        ml_chain c;
+        build(yaml, &m, &c);
+        long i = find(&c, runs[r].node);
+        assert_true(i >= 0);
+        const ml_bnode *v = &c.nodes[c.blocks[1].node_first + (size_t)i];
+        assert_int_equal(v->grad_in, P);
+        assert_int_equal(v->scratch, P);
+        assert_int_equal(v->grad_out, P);
+        assert_int_equal(v->param_grad, 0);
+        ml__chain_free(&c);
+        ml_model_destroy(m);
+    }
+}
+
+/* Falcon: B 2, H 4, T 24, dh 16. The PV matmul's BmmBackward0 makes the
+ * probabilities' gradient (2 * 4 * 24 * 24 * 4 = 18,432) and the
+ * broadcast value's (2 * 4 * 24 * 16 * 4 = 12,288); the next node sums the
+ * latter into the one head's (2 * 1 * 24 * 16 * 4 = 3,072) and frees it;
+ * then the softmax's, with its temporary of 18,432. */
+static void test_falcon_value_broadcast(void **state)
+{
+    (void)state;
+    ml_model *m;
+    ml_chain c;
+    build(falcon, &m, &c);
+    long pv = find(&c, "BmmBackward0 (P v)");
+    long ex = find(&c, "ExpandBackward0 (the PV matmul's broadcast of v)");
+    long sm = find(&c, "SoftmaxBackward0");
+    assert_true(pv >= 0);
+    assert_int_equal(ex, pv + 1);
+    assert_true(sm > ex);
+    const ml_bnode *n = &c.nodes[c.blocks[1].node_first];
+    assert_int_equal(n[pv].grad_in, 18432 + 12288);
+    assert_int_equal(n[ex].grad_in, 3072);
+    assert_int_equal(n[ex].grad_out, 12288);
+    assert_int_equal(n[sm].grad_in, 18432);
+    assert_int_equal(n[sm].scratch, 18432);
+    ml__chain_free(&c);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_softmax_temporary),
+        cmocka_unit_test(test_falcon_value_broadcast),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
