@@ -158,8 +158,9 @@ def _run(verb, model, settings, training=None):
 
 
 def _lengths_given(settings):
-    """Sample lengths are the command line's (memledger._cli)."""
-    return any(settings.get(k) is not None for k in _cli.LENGTHS)
+    """Sample lengths and a start state are the command line's
+    (memledger._cli)."""
+    return any(settings.get(k) is not None for k in _cli.LENGTHS + _cli.START)
 
 
 def plan(model, training=None, **settings):
@@ -171,7 +172,9 @@ def plan(model, training=None, **settings):
     Keywords as the flags: micro_batch=4, precision="amp-bf16",
     checkpoint="full", device="8GiB", budget="6.5GiB", zero=3, calib=PATH...;
     with lengths= (and batching=, max_tokens=, buckets=) the plan over
-    sample lengths, as memledger.lengths()."""
+    sample lengths, as memledger.lengths(); with allocator_start=TRACE the
+    simulated cache starts from the state that allocator trace leaves
+    (--allocator-start)."""
     if _lengths_given(settings):
         return _cli.json_verb("plan", model, training, settings)
     return _run("plan", model, settings, training)
@@ -191,12 +194,16 @@ def fit(model, training=None, **settings):
 def compare(model, training=None, **settings):
     """Checkpoint policies side by side: a list of row dicts
     (memledger compare --format json)."""
+    if _lengths_given(settings):  # allocator_start=
+        return _cli.json_verb("compare", model, training, settings)
     return _run("compare", model, settings, training)
 
 
 def timeline(model, training=None, **settings):
     """Every allocation and free of one iteration: a list of event dicts
     (memledger timeline --format json)."""
+    if _lengths_given(settings):  # allocator_start=
+        return _cli.json_verb("timeline", model, training, settings)
     return _run("timeline", model, settings, training)
 
 

@@ -20,13 +20,17 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 # the flags each verb takes beyond plan's settings (SETTINGS); sample
 # lengths are plan's, fit's and triage's
 LENGTHS = ("lengths", "batching", "max_tokens", "buckets")
+# the cache a simulation starts from (--allocator-start TRACE): a file the
+# command line reads, so the verbs given it run through the command line
+START = ("allocator_start",)
 EXTRA = {
-    "plan": LENGTHS, "fit": LENGTHS + ("global_batch", "max_micro_batch"),
-    "triage": LENGTHS + ("oom_phase", "allocated", "reserved"),
-    "report": ("global_batch",), "emit": (),
+    "plan": LENGTHS + START, "fit": LENGTHS + ("global_batch", "max_micro_batch") + START,
+    "triage": LENGTHS + ("oom_phase", "allocated", "reserved") + START,
+    "report": ("global_batch",) + START, "emit": START,
+    "compare": START, "timeline": START,
 }
 ALLOCATOR = ("device", "allocator", "max_split_size", "gc_threshold",
-             "roundup_power2_divisions")
+             "roundup_power2_divisions", "allocator_start")
 COLOCATE = ("device", "budget")
 
 

@@ -66,7 +66,8 @@ def allocator(trace, **options):
     trace: a CSV path (action,id,bytes), or rows ("alloc", id, bytes) and
     ("free", id). Keywords: device=, allocator= ("caching", "expandable",
     "none"), max_split_size= (MiB, as the flag), gc_threshold=,
-    roundup_power2_divisions=. Running out of memory is a report."""
+    roundup_power2_divisions=, allocator_start= (a trace whose state the
+    replay starts from). Running out of memory is a report."""
     flags = _cli._flags("allocator", options, _cli.ALLOCATOR)
     # only the allocator's own options
     plan_only = [k for k in options if k not in _cli.ALLOCATOR]

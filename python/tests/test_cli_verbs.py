@@ -95,6 +95,35 @@ def test_allocator_rows():
     assert r["trace"] == "<trace>"
 
 
+def test_allocator_start(tmp_path):
+    # a start state by hand (docs/allocator.md): 1,000 bytes take a 1,024-byte
+    # block of a 2 MiB small segment; 3 MiB a block of a 20 MiB large one,
+    # freed and cached: 22 MiB reserved, 1,024 bytes allocated, 2 segments
+    start = tmp_path / "start.csv"
+    start.write_text("action,id,bytes\nalloc,a,1000\nalloc,b,3145728\nfree,b,\n")
+    want = {"reserved": (2 << 20) + (20 << 20), "allocated": 1024, "segments": 2}
+    r = memledger.plan(MLP2, device="8GiB", allocator_start=start)
+    assert r["reserved"]["start"] == want
+    # the start's tensors stay allocated under the plan's own peak
+    assert r["reserved"]["peak"] >= want["reserved"]
+    assert memledger.plan(MLP2, device="8GiB")["reserved"]["start"] is None
+    a = memledger.allocator([("alloc", 1, 8)], allocator_start=start)
+    assert {k: a["start"][k] for k in want} == want
+    assert a["start"]["trace"] == str(start)
+    rows = memledger.compare(MLP2, device="8GiB", allocator_start=start)
+    # each policy's device total: its reserved peak, at least the start's,
+    # and the default runtime reserve
+    assert rows and all(row["peak_total"] >= want["reserved"] + (512 << 20) for row in rows)
+    events = memledger.timeline(MLP2, device="8GiB", allocator_start=start)
+    assert events == memledger.timeline(MLP2, device="8GiB")  # the allocated events
+    with pytest.raises(memledger.Error, match="allocator-start"):
+        memledger.plan(MLP2, device="8GiB", allocator="none", allocator_start=start)
+    if CLI:
+        out = subprocess.run([CLI, "plan", MLP2, "--device", "8GiB", "--allocator-start",
+                              str(start), "--format", "json"], capture_output=True, check=True)
+        assert json.loads(out.stdout) == r
+
+
 def test_report_html(tmp_path):
     html = memledger.report(MLP2)
     assert html.startswith("<!DOCTYPE html>") and "mlp2" in html
