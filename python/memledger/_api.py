@@ -159,8 +159,12 @@ def _run(verb, model, settings, training=None):
 
 def _lengths_given(settings):
     """Sample lengths and a start state are the command line's
-    (memledger._cli)."""
-    return any(settings.get(k) is not None for k in _cli.LENGTHS + _cli.START)
+    (memledger._cli). Those keywords given as None are dropped from
+    settings (not given), as the command line's other keywords are."""
+    for k in _cli.LENGTHS + _cli.START:
+        if k in settings and settings[k] is None:
+            del settings[k]
+    return any(k in settings for k in _cli.LENGTHS + _cli.START)
 
 
 def plan(model, training=None, **settings):
@@ -202,8 +206,6 @@ def compare(model, training=None, **settings):
 def timeline(model, training=None, **settings):
     """Every allocation and free of one iteration: a list of event dicts
     (memledger timeline --format json)."""
-    if _lengths_given(settings):  # allocator_start=
-        return _cli.json_verb("timeline", model, training, settings)
     return _run("timeline", model, settings, training)
 
 

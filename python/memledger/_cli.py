@@ -27,7 +27,7 @@ EXTRA = {
     "plan": LENGTHS + START, "fit": LENGTHS + ("global_batch", "max_micro_batch") + START,
     "triage": LENGTHS + ("oom_phase", "allocated", "reserved") + START,
     "report": ("global_batch",) + START, "emit": START,
-    "compare": START, "timeline": START,
+    "compare": START,
 }
 ALLOCATOR = ("device", "allocator", "max_split_size", "gc_threshold",
              "roundup_power2_divisions", "allocator_start")

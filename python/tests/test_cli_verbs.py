@@ -107,6 +107,9 @@ def test_allocator_start(tmp_path):
     # the start's tensors stay allocated under the plan's own peak
     assert r["reserved"]["peak"] >= want["reserved"]
     assert memledger.plan(MLP2, device="8GiB")["reserved"]["start"] is None
+    # None: not given, as for every keyword
+    assert memledger.plan(MLP2, device="8GiB", allocator_start=None, lengths=None) == \
+        memledger.plan(MLP2, device="8GiB")
     a = memledger.allocator([("alloc", 1, 8)], allocator_start=start)
     assert {k: a["start"][k] for k in want} == want
     assert a["start"]["trace"] == str(start)
@@ -114,8 +117,10 @@ def test_allocator_start(tmp_path):
     # each policy's device total: its reserved peak, at least the start's,
     # and the default runtime reserve
     assert rows and all(row["peak_total"] >= want["reserved"] + (512 << 20) for row in rows)
-    events = memledger.timeline(MLP2, device="8GiB", allocator_start=start)
-    assert events == memledger.timeline(MLP2, device="8GiB")  # the allocated events
+    # the timeline's events are the allocated view, which a start state
+    # does not change: the keyword is refused there
+    with pytest.raises(TypeError, match="allocator_start"):
+        memledger.timeline(MLP2, device="8GiB", allocator_start=start)
     with pytest.raises(memledger.Error, match="allocator-start"):
         memledger.plan(MLP2, device="8GiB", allocator="none", allocator_start=start)
     if CLI:

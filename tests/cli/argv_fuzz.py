@@ -140,7 +140,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("exe")
     ap.add_argument("src")
-    ap.add_argument("--runs", type=int, default=5000)
+    ap.add_argument("--runs", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=240)
     ap.add_argument("--timeout", type=float, default=5)

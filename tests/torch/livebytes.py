@@ -135,6 +135,7 @@ class Curve:
         allocs, marks = [], []
 
         gpu_ends = {}  # allocation index -> (kind, end of the op that adds a GPU temporary)
+        gpu_ops = self.gpu_ops = set()  # every such op: (kind, its end)
 
         def walk(n, anc, cb_end, gpu_end=None):
             ef = n.extra_fields
@@ -149,6 +150,7 @@ class Curve:
                 cb_end = (SCRATCH_OPS[n.name], n.end_time_ns)
             if n.name in GPU_TMP_OPS:
                 gpu_end = (GPU_TMP_OPS[n.name], n.end_time_ns)
+                gpu_ops.add(gpu_end)
             for c in n.children:
                 walk(c, anc + [n.name], cb_end, gpu_end)
         for r in prof.profiler.kineto_results.experimental_event_tree():
@@ -255,18 +257,29 @@ class Curve:
             k = bisect.bisect_left(self.times, s)
             if j not in whole and k < len(out):
                 out[k] -= self.ev[j]["d"]
-        # the GPU's own temporaries: beside the op's result (an allocation
-        # that outlives the op), from its allocation to the op's end
+        # the GPU's own temporaries: beside the op's result (its one
+        # allocation that outlives the op; the temporary has the result's
+        # bytes, the output's dtype being the input's off CUDA's fp16
+        # half_to_float path), from that allocation to the op's end
         self.added = []
+        results = {}  # the op's end -> its results' event indices
         for i, e in enumerate(self.ev):
             g = e.get("gpu_tmp")
             if g is None or e["d"] <= 0 or kind[i] is not None or e["free"] is None \
                     or self.ev[e["free"]]["t"] <= g[1]:
                 continue
-            out[i] += e["d"]
+            results.setdefault(g, []).append(i)
+        for g in sorted(self.gpu_ops - set(results)):
+            self.errors.append("%s: an op without a result that outlives it" % g[0])
+        for g, idx in results.items():
+            if len(idx) != 1:
+                self.errors.append("%s: %d results of one op, not one" % (g[0], len(idx)))
+                continue
+            i = idx[0]
+            out[i] += self.ev[i]["d"]
             k = bisect.bisect_right(self.times, g[1])
             if k < len(out):
-                out[k] -= e["d"]
+                out[k] -= self.ev[i]["d"]
             self.added.append(g[0])
         return out, kind
 
@@ -646,6 +659,7 @@ def main():
         v, _ = c.device_view()
         rd = c.phases(it, v)
         check(name + " device-view peak", rd["peak"] - rd["start"], dev)
+        check(name + " device-view errors", c.errors, [])
 
     # (2), (3) the cross-check models
     xc.RMSNorm.forward = rmsnorm_forward
@@ -716,7 +730,8 @@ def main():
                             optim, impl, logits)
             j = planned(memledger, path, B, T, ckpt, optim, impl, logits,
                         tw.target_len(doc, T) if T else None)
-            check(name + " oracle (running total, pairing)", c.errors, [])
+            view, kind = c.device_view()  # its tags and GPU temporaries' errors too
+            check(name + " oracle (running total, pairing, device view)", c.errors, [])
             # each phase's peak in the plan's JSON (docs/ledger.md, "Each
             # phase's peak") against the phase maxima this oracle rebuilds
             # from the timeline CSV's running totals
@@ -725,7 +740,6 @@ def main():
                   j["phase_max"])
             check(name + " nothing left after teardown", c.leaked, 0)
             raw = [e["d"] for e in c.ev]
-            view, kind = c.device_view()
             r = [c.phases(i, view) for i in range(3)]
             rr = [c.phases(i, raw) for i in range(3)]
             other = f["buffers"] + f["batch"]
