@@ -362,8 +362,10 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     /* bmm's operands: q's copy unless the cat made it contiguous; k as
      * repeat_kv copied it, as the cat made it (as many kv heads as q
      * heads), or a copy; v as repeat_kv copied it, as _split_heads made it
-     * (as many kv heads as q heads), or a copy. One saved entry for the
-     * three (the first's), released by the q k^T node */
+     * (as many kv heads as q heads), or a copy. One saved entry for q's
+     * and k's (the first's), released by the q k^T node; v's its own,
+     * released by the PV node, its only saver (the engine releases a
+     * node's saved variables once it has run) */
     uint16_t qc = cat ? MLG_NONE : ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
     uint16_t kc = copied || (cat && !a->grouped)
                       ? MLG_NONE
@@ -372,10 +374,9 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     const uint16_t qb = cat ? qr : qc;
     const uint16_t kb = copied ? krep : kc != MLG_NONE ? kc : kr;
     const uint16_t vb = copied ? vrep : vc != MLG_NONE ? vc : vrep;
-    const uint16_t entry = ml__graph_storage(g, qb), members[2] = {kb, vb};
-    for (unsigned i = 0; i < 2; i++)
-        if (ml__graph_storage(g, members[i]) != entry)
-            g->t[ml__graph_storage(g, members[i])].base = entry;
+    const uint16_t entry = ml__graph_storage(g, qb);
+    if (ml__graph_storage(g, kb) != entry)
+        g->t[ml__graph_storage(g, kb)].base = entry;
     uint16_t S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
     mlg_op *o;
     if (qc != MLG_NONE || kc != MLG_NONE) {
