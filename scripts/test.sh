@@ -73,9 +73,14 @@ else
     status=1
 fi
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
+# -O1, as AddressSanitizer's documentation advises for reasonable speed
+# (its reports and UBSan's checks are the same): the sanitized suites take
+# about two thirds of their -O0 time, which keeps the whole command within
+# ten minutes on two cores
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 TEST_ARGS="--no-suite torch" \
     run build-sanitize -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug \
-        -Dtorch_crosscheck=enabled -Drender_tests=enabled -Dblas=enabled -Dcuda=disabled ||
+        -Doptimization=1 -Dtorch_crosscheck=enabled -Drender_tests=enabled -Dblas=enabled \
+        -Dcuda=disabled ||
     status=1
 # The fuzzing budget: FUZZ_BUDGET seconds in all (default 36), shared by
 # the six targets in proportion to how much each has to explore (the YAML
