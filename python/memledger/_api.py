@@ -157,10 +157,11 @@ def _run(verb, model, settings, training=None):
         lib.ml_model_destroy(handle)
 
 
-def _lengths_given(settings):
-    """Sample lengths and a start state are the command line's
-    (memledger._cli). Those keywords given as None are dropped from
-    settings (not given), as the command line's other keywords are."""
+def _through_cli(settings):
+    """Whether the verb runs through the command line (memledger._cli):
+    sample lengths and a start state are read there. Those keywords given
+    as None are dropped from settings (not given), as the library's
+    keywords are."""
     for k in _cli.LENGTHS + _cli.START:
         if k in settings and settings[k] is None:
             del settings[k]
@@ -179,7 +180,7 @@ def plan(model, training=None, **settings):
     sample lengths, as memledger.lengths(); with allocator_start=TRACE the
     simulated cache starts from the state that allocator trace leaves
     (--allocator-start)."""
-    if _lengths_given(settings):
+    if _through_cli(settings):
         return _cli.json_verb("plan", model, training, settings)
     return _run("plan", model, settings, training)
 
@@ -190,7 +191,7 @@ def fit(model, training=None, **settings):
     checkpoint="auto". Needs a device (device= or the model's device:).
     With lengths= (and batching=, max_tokens=, buckets=), over sample
     lengths, run through the command line."""
-    if _lengths_given(settings):
+    if _through_cli(settings):
         return _cli.json_verb("fit", model, training, settings)
     return _run("fit", model, settings, training)
 
@@ -198,7 +199,7 @@ def fit(model, training=None, **settings):
 def compare(model, training=None, **settings):
     """Checkpoint policies side by side: a list of row dicts
     (memledger compare --format json)."""
-    if _lengths_given(settings):  # allocator_start=
+    if _through_cli(settings):
         return _cli.json_verb("compare", model, training, settings)
     return _run("compare", model, settings, training)
 

@@ -142,10 +142,16 @@ void ml__op_param(mlg_op *o, uint16_t t) { PUSH(o->param, o->nparam, t); }
 void ml__op_gin(mlg_op *o, uint16_t t) { PUSH(o->gin, o->ngin, t); }
 void ml__op_gout(mlg_op *o, uint16_t t) { PUSH(o->gout, o->ngout, t); }
 
+/* A softmax's backward on the GPU writes grad * output into a temporary
+ * as large as its input's gradient, beside grad_input
+ * (aten/src/ATen/native/cuda/SoftMax.cu, softmax_backward_cuda_out): one
+ * scratch tensor. Node lists exist without autocast only, where the
+ * softmax's input and output share a dtype. */
 void ml__op_node(mlg_op *o, const char *node)
 {
     o->node = node;
-    o->softmax_tmp = o->kind == MLG_OP_SOFTMAX;
+    if (o->kind == MLG_OP_SOFTMAX)
+        o->scratch_in = 1;
 }
 
 void ml__op_flops(mlg_op *o, double k, unsigned ndim, ...)

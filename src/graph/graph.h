@@ -187,13 +187,8 @@ typedef struct {
     uint16_t gout[3];    /* tensors whose gradients it frees */
     uint16_t accum;      /* a gradient then added in place into the buffer
                             already held for the same tensor (input_buffer.cpp) */
-    uint8_t scratch_in;  /* scratch tensors as large as gin[0]'s gradient */
-    bool softmax_tmp;    /* a softmax's backward on the GPU: grad * output in a
-                            temporary of the output's bytes beside grad_input
-                            (aten/src/ATen/native/cuda/SoftMax.cu,
-                            softmax_backward_cuda_out); set by ml__op_node.
-                            Node lists exist without autocast only, where
-                            the softmax's input and output share a dtype */
+    uint8_t scratch_in;  /* scratch tensors as large as gin[0]'s gradient
+                            (a softmax's node: one, set by ml__op_node) */
     bool overfull;       /* a builder listed more than an array holds */
     uint8_t sp_site;     /* sequence parallelism's collective at this op
                             (ml__graph_shard_sequence): MLG_SP_COLUMN, MLG_SP_ROW */

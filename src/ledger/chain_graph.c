@@ -467,8 +467,6 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     for (unsigned j = 2; j < nrel; j++)
         ml__ck_node_claim(ch, b, rel[j]);
     uint64_t scratch = o->ngin ? ml_mul(ch, tb[o->gin[0]], o->scratch_in) : 0;
-    if (o->softmax_tmp && o->nout) /* grad * output on the GPU (graph.h) */
-        scratch = ml_add(ch, scratch, tb[o->out[0]]);
     /* sequence parallelism's collectives in the backward (Megatron,
      * tensor_parallel/layers.py and mappings.py): a column-parallel op
      * computes its input's whole gradient, then reduce-scatters it into

@@ -44,8 +44,14 @@ the CPU-only artefacts, each identified by op and tensor, never by a tolerance:
             dtype (`aten::_to_copy` under `aten::native_dropout`), freed with
             the op; CUDA's fused dropout kernel writes the output and the
             mask directly.
-The device view also adds what only the GPU allocates, each at the op that
-allocates it on the GPU:
+  onednn    oneDNN convolution weight/activation reorder buffers (allocations
+            under `aten::mkldnn_convolution` and its backward that do not
+            outlive the op; in backward, those under `aten::convolution_backward`
+            freed before that op ends, its gradients being the ones that
+            outlive it): CPU only. A GPU's cuDNN takes a workspace instead,
+            sized by the algorithm it picks: not modelled (docs/validation.md).
+
+It also adds what only the GPU allocates, at the op that allocates it there:
   softmax-tmp
             CUDA's softmax backward computes `grad * output` into a
             temporary of the output's bytes after grad_input and frees it
@@ -53,13 +59,6 @@ allocates it on the GPU:
             softmax_backward_cuda_out); the CPU kernel has none. Added at
             grad_input's allocation in `aten::_softmax_backward_data`,
             removed at the op's end.
-CPU artefacts removed (continued):
-  onednn    oneDNN convolution weight/activation reorder buffers (allocations
-            under `aten::mkldnn_convolution` and its backward that do not
-            outlive the op; in backward, those under `aten::convolution_backward`
-            freed before that op ends, its gradients being the ones that
-            outlive it): CPU only. A GPU's cuDNN takes a workspace instead,
-            sized by the algorithm it picks: not modelled (docs/validation.md).
 
 usage: livebytes.py MEMLEDGER MODELS_DIR [--doc OUT.md] [--quick] [--only TEXT]
 (--only: the rows whose name contains TEXT, e.g. "ckpt=full")
@@ -134,16 +133,13 @@ class Curve:
     def __init__(self, prof):
         allocs, marks = [], []
 
-        gpu_ends = {}  # allocation index -> (kind, end of the op that adds a GPU temporary)
-        gpu_ops = self.gpu_ops = set()  # every such op: (kind, its end)
+        gpu_ops = self.gpu_ops = set()  # each op that adds a GPU temporary: (kind, its end)
 
         def walk(n, anc, cb_end, gpu_end=None):
             ef = n.extra_fields
             if type(ef).__name__ == "_ExtraFields_Allocation":
-                if gpu_end is not None:
-                    gpu_ends[len(allocs)] = gpu_end
                 allocs.append((n.start_time_ns, len(allocs), ef.ptr, ef.alloc_size,
-                               ef.total_allocated, tuple(anc), cb_end))
+                               ef.total_allocated, tuple(anc), cb_end, gpu_end))
             elif n.name.startswith("ml:"):
                 marks.append((n.start_time_ns, n.end_time_ns, n.name[3:]))
             if n.name in SCRATCH_OPS:  # the op's own end, for its artefact kind
@@ -159,7 +155,7 @@ class Curve:
         self.errors = []
         # (1) the allocator's running total, reproduced at every event
         run = None
-        for i, (t, _, ptr, d, tot, anc, _cb) in enumerate(allocs):
+        for i, (t, _, ptr, d, tot, anc, _cb, _g) in enumerate(allocs):
             run = tot - d if run is None else run
             run += d
             if run != tot:
@@ -168,13 +164,13 @@ class Curve:
         # (2) frees paired with allocations by pointer; live bytes from zero
         live, self.ev = {}, []
         total = 0
-        for t, seq, ptr, d, tot, anc, cb_end in allocs:
+        for t, _, ptr, d, tot, anc, cb_end, gpu_end in allocs:
             if d > 0:
                 if ptr in live:
                     self.errors.append("pointer %#x allocated twice" % ptr)
                 live[ptr] = len(self.ev)
                 self.ev.append({"t": t, "d": d, "anc": anc, "ptr": ptr, "free": None,
-                                "scratch_of": cb_end, "gpu_tmp": gpu_ends.get(seq)})
+                                "scratch_of": cb_end, "gpu_tmp": gpu_end})
             else:
                 a = live.pop(ptr, None)
                 if a is None or self.ev[a]["d"] != -d:
