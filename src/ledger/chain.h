@@ -31,6 +31,7 @@ enum {
     ML_SV_CORE = 2,   /* attention core: dropped and recomputed under `selective` */
     ML_SV_OUTPUT = 4, /* the block's own output: a boundary tensor, not in saved_bytes */
     ML_SV_BATCH = 8,  /* part of the batch the loop holds (the targets): resident */
+    ML_SV_WCAST = 16, /* autocast's copy of a weight (part of cast_bytes) */
 };
 
 typedef struct {
@@ -143,6 +144,9 @@ typedef struct {
     bool measured;           /* saved bytes from a calibration profile */
     uint64_t cache_bytes;    /* keys and values the forward returns (HF use_cache):
                                 held by the output in evaluation */
+    uint64_t cache_unit;     /* its tensors: each key and value, when they are all
+                                of this size (0: one tensor); for the allocator
+                                simulation */
     uint64_t out_cache_bytes; /* in training (HF use_cache, nothing recomputed):
                                  the cache's copies that no op saves, held by
                                  the output (ml__ck_out_cache) */
@@ -166,6 +170,11 @@ typedef struct {
                                 linear-cross-entropy does; its backward hands them over */
     bool moe;                /* a layer with routed experts (not DeepSeek's first
                                 dense layers) */
+    bool hand_last;          /* the gradient it hands to the block before is made
+                                last, once its saved tensors and all its units but
+                                the last are released (autocast's cross-entropy:
+                                the .float() cast's backward runs after
+                                log_softmax's); for the allocator simulation */
 } ml_cblock;
 
 typedef struct {

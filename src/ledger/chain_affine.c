@@ -31,7 +31,7 @@
 #include "ledger/chain_affine.h"
 
 #if UINTPTR_MAX == UINT64_MAX
-_Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 296 && sizeof(ml_saved) == 32 &&
+_Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 304 && sizeof(ml_saved) == 32 &&
                    sizeof(ml_bnode) == 48 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32 &&
                    sizeof(ml_work_item) == 56,
                "a chain struct changed (chain.h): list its new field below, then the sizes");
@@ -45,11 +45,11 @@ _Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 296 && sizeof(ml_
     X(nnodes) X(in_saved) X(out_saved) X(identity) X(in_held) X(in_nograd) X(inplace)         \
     X(nodes_off) X(measured) X(fwd_only) X(frozen) X(unused_out) X(grads_in_fwd)             \
     X(ws_fwd_ops) X(ws_nograd_ops) X(ws_formula) X(work_first) X(work_fwd) X(work_bwd)        \
-    X(work_known) X(moe)
+    X(work_known) X(moe) X(hand_last)
 #define BLOCK_BYTES(X)                                                                         \
     X(saved_bytes) X(core_bytes) X(cast_bytes) X(in_bytes) X(ws_fwd) X(ws_nograd) X(ws_bwd)   \
     X(unit_fwd) X(unit) X(bwd_in) X(tied_grad) X(grad_bytes) X(grad_accum_bytes) X(cache_bytes)    \
-    X(out_cache_bytes)
+    X(cache_unit) X(out_cache_bytes)
 #define BLOCK_FLOPS(X) X(flops_fwd) X(flops_bwd) X(flops_core)
 #define SAVED_SHAPE(X) X(flags) X(node) X(next_same)
 #define SAVED_BYTES(X) X(bytes)

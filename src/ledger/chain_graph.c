@@ -372,8 +372,9 @@ static size_t list(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t
             ml__ck_save(ch, b, t->name, bytes[e], 1, ML_SV_BATCH);
             continue;
         }
-        const size_t k =
-            ml__ck_save(ch, b, t->name, bytes[e], 1, t->flags & MLG_T_CORE ? ML_SV_CORE : 0);
+        const size_t k = ml__ck_save(ch, b, t->name, bytes[e], 1,
+                                     (t->flags & MLG_T_CORE ? ML_SV_CORE : 0) |
+                                         (t->flags & MLG_T_WCAST ? ML_SV_WCAST : 0));
         n++;
         if (keep)
             x->idx[e] = k;

@@ -294,6 +294,10 @@ ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, u
     b->unit_fwd = b->ws_fwd;               /* the fp32 cast */
     b->unit = ml_mul(ch, logits, lsb);     /* two tensors of the logits' size */
     b->in_bytes = ml_mul(ch, logits, a);
+    /* under autocast the gradient handed to the head is the .float()
+     * cast's (ToCopyBackward0), made after log_softmax's backward has
+     * released nll_loss's gradient and the saved log-probabilities */
+    b->hand_last = ch->prec.autocast && lsb != a;
     b->in_held = true; /* the model returns the logits to the caller */
     return ML_OK;
 }

@@ -202,8 +202,12 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
          * values per expert layer (the router's, beside its graph) */
         if (k && m->moe.router_sigmoid)
             ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, m->moe.experts, 4));
-        if (m->attn.kv_cache)
+        if (m->attn.kv_cache) {
             b->cache_bytes = kv_cache_bytes(ch, m, d);
+            /* a key and a value tensor of (B, kv_heads, T, head_dim) each */
+            if (!m->attn.kv_lora)
+                b->cache_unit = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), ch->prec.a);
+        }
         b->out_cache_bytes = ml_mul(ch, ml_mul(ch, 2, ml_mul(ch, d->BT, d->Dkv)),
                                     G[k].out_cache_bpe);
         if (ch->overflow || ch->nomem)

@@ -232,9 +232,10 @@ static void forward_block(ml_replay *r, size_t k)
     ml__replay_free(r, ML_CAT_WORKSPACE, ws);
     ml__replay_free(r, ML_CAT_WORKSPACE, gat);
     if (r->hold_cache) { /* the output's keys and values; autocast's weight copies */
-        ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes);
+        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes, ML_T_HELD, k, 1);
     } else if (seg[k] >= 0 && b->cast_bytes) { /* checkpointed: autocast's cache holds them */
-        ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cast_bytes); /* to the loss (precision.md) */
+        /* to the loss (precision.md) */
+        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->cast_bytes, ML_T_CASTS, k, 1);
     }
     if (r->train_cache && b->out_cache_bytes) { /* the output's cache, in training */
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->out_cache_bytes);
@@ -417,11 +418,14 @@ static void backward_block(ml_replay *r, size_t k)
                                   b->ws_bwd - kept >= b->in_bytes
                               ? b->in_bytes
                               : 0;
-    ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->ws_bwd - kept - hand,
-                        kept ? ML_T_UNITS : ML_T_UNITS_BWD, k, 1);
-    const size_t units_name = named(r, b->ws_bwd - kept - hand);
-    ml__replay_alloc(r, ML_CAT_WORKSPACE, hand);
-    const size_t hand_name = named(r, hand);
+    /* made last (hand_last): the units are the estimate less the last
+     * one, then that one, which the handed gradient is made from */
+    const uint64_t last = b->hand_last && hand && b->unit <= b->ws_bwd - kept ? b->unit : 0;
+    const uint64_t units = b->ws_bwd - kept - (last ? last : hand);
+    ml__replay_alloc_as(r, ML_CAT_WORKSPACE, units, kept ? ML_T_UNITS : ML_T_UNITS_BWD, k, 1);
+    const size_t units_name = named(r, units);
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, last ? last : hand);
+    const size_t late_name = named(r, last ? last : hand);
     const uint64_t gfull = block_grads(r, k);
     /* the block's saved tensors are released once its gradient is done */
     if (seg[k] >= 0) {
@@ -440,7 +444,13 @@ static void backward_block(ml_replay *r, size_t k)
         boundary_release(r, k);
     if ((int)k == sh->side_block)
         ml__replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
-    free_named(r, b->ws_bwd - kept - hand, units_name);
+    free_named(r, units, units_name);
+    size_t hand_name = late_name;
+    if (last) {
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, hand);
+        hand_name = named(r, hand);
+        free_named(r, last, late_name);
+    }
     free_named(r, kept, kept_name);
     ml__replay_free(r, ML_CAT_WORKSPACE, gfull);
     if ((r->micro != 0 || r->grads_exist) && !b->grads_in_fwd)

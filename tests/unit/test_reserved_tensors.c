@@ -1,0 +1,170 @@
+/* The tensors the allocator simulation makes of the replay's aggregates,
+ * against hand derivations (docs/allocator.md, "On the plan"):
+ *
+ * - what evaluation's output and autocast hold after a block (its keys and
+ *   values, its bf16 weight copies) are the tensors they are, not one
+ *   allocation of their sum: requests of 1 to 10 MiB share 20 MiB
+ *   segments (CUDACachingAllocator.cpp, get_allocation_size: kLargeBuffer),
+ *   where one of their sum would take a segment of its own size;
+ * - autocast's cross-entropy makes the gradient it hands to the LM head
+ *   last: nll_loss's gradient and log_softmax's (fp32, the logits' size
+ *   each) first, then, once log_softmax's backward has released the first
+ *   and the saved log-probabilities, the .float() cast's backward
+ *   (ToCopyBackward0) makes the 2-byte gradient from the second. */
+#include "harness.h"
+
+#include "ledger/chain_kit.h"
+#include "ledger/reserved.h"
+
+static const uint64_t MiB = 1048576;
+
+/* One block: saved tensors of 6, 2, 16 (not a weight copy), 8 and 8 MiB;
+ * a key and a value of 8 MiB each. */
+static void one_block(ml_chain *ch, ml_cblock *b, ml_saved *sv)
+{
+    memset(ch, 0, sizeof *ch);
+    memset(b, 0, sizeof *b);
+    const uint64_t sizes[] = {6, 2, 16, 8, 8};
+    for (size_t i = 0; i < 5; i++)
+        sv[i] = (ml_saved){"t", sizes[i] * MiB, i == 2 ? 0u : (unsigned)ML_SV_WCAST,
+                           ML_NODE_NONE, ML_NODE_NONE};
+    snprintf(b->name, sizeof b->name, "block.0");
+    b->nsaved = 5;
+    b->saved_bytes = 40 * MiB;
+    b->cast_bytes = 24 * MiB;
+    b->cache_bytes = 16 * MiB;
+    b->cache_unit = 8 * MiB;
+    ch->blocks = b;
+    ch->n = 1;
+    ch->saved = sv;
+    ch->nsaved = 5;
+}
+
+static ml_alloc_stats held(ml_chain *ch, uint64_t bytes, ml_tensor_split split)
+{
+    ml_alloc_config cfg = ml__alloc_config_defaults();
+    ml_rsim *r = NULL;
+    ml_error e;
+    assert_int_equal(ml__rsim_create(&cfg, ch, &r, &e), ML_OK);
+    ml__rsim_alloc(r, ML_CAT_WORKSPACE, bytes, split, 0, 1);
+    ml_alloc_stats st;
+    ml__rsim_stats(r, &st);
+    assert_true(ml__rsim_ok(r, NULL));
+    ml__rsim_destroy(r);
+    return st;
+}
+
+/* Held (evaluation): key 8, value 8, then the copies 6, 2, 8, 8 MiB, each
+ * into the smallest free block that takes it (best fit), else a new 20 MiB
+ * segment:
+ *   8 -> new A (12 free); 8 -> A (4 free); 6 -> new B (14 free);
+ *   2 -> A (2 free); 8 -> B (6 free); 8 -> new C (12 free):
+ * 3 segments, 60 MiB reserved for 40 MiB allocated. As one tensor of
+ * 40 MiB: one segment of 40 MiB (above 10 MiB: its size in 2 MiB). */
+static void test_held_tensors(void **state)
+{
+    (void)state;
+    ml_chain ch;
+    ml_cblock b;
+    ml_saved sv[5];
+    one_block(&ch, &b, sv);
+    ml_alloc_stats st = held(&ch, 40 * MiB, ML_T_HELD);
+    assert_int_equal(st.allocated.current, 40 * MiB);
+    assert_int_equal(st.reserved.current, 60 * MiB);
+    assert_int_equal(st.segments.current, 3);
+    st = held(&ch, 40 * MiB, ML_T_ONE);
+    assert_int_equal(st.reserved.current, 40 * MiB);
+    assert_int_equal(st.segments.current, 1);
+}
+
+/* Checkpointed (training): the copies alone, 6, 2, 8, 8 MiB:
+ *   6 -> new A (14 free); 2 -> A (12 free); 8 -> A (4 free);
+ *   8 -> new B (12 free): 40 MiB reserved in 2 segments for 24 MiB.
+ * Sizes that do not add up to the aggregate (a calibrated block) make one
+ * tensor: 25 MiB, one segment of 26 MiB. A cache that is not a whole
+ * number of its units is one tensor too: 17 MiB in a segment of 18 MiB,
+ * whose 1 MiB rest stays in its block (a large block splits only when
+ * more than 1 MiB is left: kSmallSize), so 18 MiB allocated; then the
+ * copies: 6 -> new (14 free), 2 -> (12), 8 -> (4), 8 -> new. */
+static void test_cast_tensors(void **state)
+{
+    (void)state;
+    ml_chain ch;
+    ml_cblock b;
+    ml_saved sv[5];
+    one_block(&ch, &b, sv);
+    ml_alloc_stats st = held(&ch, 24 * MiB, ML_T_CASTS);
+    assert_int_equal(st.allocated.current, 24 * MiB);
+    assert_int_equal(st.reserved.current, 40 * MiB);
+    assert_int_equal(st.segments.current, 2);
+    st = held(&ch, 25 * MiB, ML_T_CASTS);
+    assert_int_equal(st.reserved.current, 26 * MiB);
+    assert_int_equal(st.segments.current, 1);
+    b.cache_bytes = 17 * MiB;
+    st = held(&ch, 41 * MiB, ML_T_HELD);
+    assert_int_equal(st.allocated.current, 18 * MiB + 24 * MiB);
+    assert_int_equal(st.reserved.current, 18 * MiB + 40 * MiB);
+    assert_int_equal(st.segments.current, 3);
+}
+
+/* tests/torch/models/llama.yaml's layout, amp-bf16, B 2, T 24, vocab 173:
+ * the fp32 logits-sized tensors are U = 2 * 24 * 173 * 4 = 33,216 B, the
+ * bf16 gradient handed to the head H = 16,608 B. The loss block's backward
+ * makes U, U, then (after the first U and the saved log-probabilities are
+ * released) H, then releases the second U; its workspace deltas in order:
+ * +U +U -U +H -U. */
+static void test_loss_hands_last(void **state)
+{
+    (void)state;
+    const char *yaml =
+        "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 8\n  kv_heads: 2\n"
+        "  ffn: 160\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 173\n  position: rope\n"
+        "  bias: false\n  attention: eager\n  dropout: 0\n";
+    ml_model *m = load_str(yaml);
+    ml_config cfg = config_allocated(m);
+    cfg.training.precision = ML_PREC_AMP_BF16;
+    cfg.training.micro_batch = 2;
+    cfg.training.seq_len = 24;
+    cfg.calib = NULL;
+    ml_chain ch;
+    ml_error e;
+    assert_int_equal(ml__chain_build(m, &cfg, &ch, &e), ML_OK);
+    int32_t loss = -1;
+    for (size_t k = 0; k < ch.n; k++)
+        if (strcmp(ch.blocks[k].name, "loss") == 0)
+            loss = (int32_t)k;
+    assert_true(loss > 0);
+    assert_true(ch.blocks[loss].hand_last);
+    ml__chain_free(&ch);
+    ml_ledger *l = eval(m, &cfg, true);
+    const ml_event *ev = ml_ledger_events(l);
+    const size_t n = ml_ledger_event_count(l);
+    const int64_t U = 33216, H = 16608, want[] = {U, U, -U, H, -U};
+    size_t got = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i].phase != ML_PHASE_BACKWARD || ev[i].block != loss ||
+            ev[i].cat != ML_CAT_WORKSPACE)
+            continue;
+        assert_true(got < 5);
+        assert_int_equal(ev[i].delta, want[got]);
+        got++;
+    }
+    assert_int_equal(got, 5);
+    ml_ledger_destroy(l);
+    /* in fp32 the gradient is log_softmax's own: nothing is made last */
+    cfg.training.precision = ML_PREC_FP32;
+    assert_int_equal(ml__chain_build(m, &cfg, &ch, &e), ML_OK);
+    assert_false(ch.blocks[loss].hand_last);
+    ml__chain_free(&ch);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_held_tensors),
+        cmocka_unit_test(test_cast_tensors),
+        cmocka_unit_test(test_loss_hands_last),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
