@@ -234,8 +234,7 @@ static void forward_block(ml_replay *r, size_t k)
     if (r->hold_cache) { /* the output's keys and values; autocast's weight copies */
         ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes, ML_T_HELD, k, 1);
     } else if (seg[k] >= 0 && b->cast_bytes) { /* checkpointed: autocast's cache holds them */
-        /* to the loss (precision.md) */
-        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->cast_bytes, ML_T_CASTS, k, 1);
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cast_bytes); /* to the loss (precision.md) */
     }
     if (r->train_cache && b->out_cache_bytes) { /* the output's cache, in training */
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->out_cache_bytes);

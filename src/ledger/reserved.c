@@ -210,28 +210,28 @@ static size_t unit_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, cons
     return n;
 }
 
-/* The block's held tensors (ML_T_CASTS, ML_T_HELD) into r->sizes; their
- * count, 0 when they do not add up to `bytes`, SIZE_MAX out of host
- * memory. */
-static size_t held_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, const ml_cblock *b)
+/* The block's held tensors (ML_T_HELD) into r->sizes: its keys and values,
+ * then its weight copies. Their count, 0 when they do not add up to
+ * `bytes` (then it is one tensor), SIZE_MAX out of host memory. A layer
+ * with routed experts is one tensor too: its copies' entries hold every
+ * expert's at once. */
+static size_t held_sizes(ml_rsim *r, uint64_t bytes, const ml_cblock *b)
 {
     const ml_chain *ch = r->ch;
-    const uint64_t unit = split == ML_T_HELD ? b->cache_unit : 0;
+    const uint64_t unit = b->cache_unit;
     /* (a key and a value per layer: two; more is not a cache_unit's) */
-    const uint64_t kv = unit && b->cache_bytes % unit == 0 && b->cache_bytes / unit <= 2
-                            ? b->cache_bytes / unit
-                            : 0;
+    const uint64_t kv =
+        unit && b->cache_bytes % unit == 0 && b->cache_bytes / unit <= 2 ? b->cache_bytes / unit : 0;
+    if (b->moe)
+        return 0;
     if (!sizes_room(r, b->nsaved + 2))
         return SIZE_MAX;
     size_t n = 0;
-    uint64_t sum = 0;
-    if (split == ML_T_HELD && b->cache_bytes) {
-        for (uint64_t i = 0; i < kv; i++)
-            r->sizes[n++] = unit;
-        if (!kv)
-            r->sizes[n++] = b->cache_bytes;
-        sum = b->cache_bytes;
-    }
+    uint64_t sum = b->cache_bytes;
+    for (uint64_t i = 0; i < kv; i++)
+        r->sizes[n++] = unit;
+    if (!kv && b->cache_bytes)
+        r->sizes[n++] = b->cache_bytes;
     for (size_t i = b->saved_first; i < b->saved_first + b->nsaved; i++)
         if ((ch->saved[i].flags & ML_SV_WCAST) && ch->saved[i].bytes) {
             r->sizes[n++] = ch->saved[i].bytes;
@@ -267,8 +267,8 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
     } else if ((split == ML_T_UNITS_FWD || split == ML_T_UNITS || split == ML_T_UNITS_BWD) &&
                block < ch->n) {
         return unit_sizes(r, bytes, split, &ch->blocks[block]);
-    } else if ((split == ML_T_CASTS || split == ML_T_HELD) && block < ch->n) {
-        return held_sizes(r, bytes, split, &ch->blocks[block]);
+    } else if (split == ML_T_HELD && block < ch->n) {
+        return held_sizes(r, bytes, &ch->blocks[block]);
     } else if (split == ML_T_SHARD) {
         return shard_sizes(r, bytes, copies);
     } else if ((split == ML_T_ALL_PARAMS || split == ML_T_TRAINED_PARAMS ||

@@ -29,11 +29,10 @@ typedef enum {
     ML_T_UNITS,          /* a no_grad transient: tensors of the block's unit */
     ML_T_UNITS_BWD,      /* a backward transient: the incoming gradient (bwd_in),
                             then tensors of the block's unit */
-    ML_T_CASTS,          /* autocast's weight copies the block's forward made
-                            (its saved tensors flagged ML_SV_WCAST) */
     ML_T_HELD,           /* what evaluation's output and autocast hold after
                             the block: its keys and values (cache_unit each),
-                            then its weight copies */
+                            then its weight copies (its saved tensors flagged
+                            ML_SV_WCAST) */
 } ml_tensor_split;
 
 typedef struct ml_rsim ml_rsim;

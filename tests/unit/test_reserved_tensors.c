@@ -3,9 +3,10 @@
  *
  * - what evaluation's output and autocast hold after a block (its keys and
  *   values, its bf16 weight copies) are the tensors they are, not one
- *   allocation of their sum: requests of 1 to 10 MiB share 20 MiB
- *   segments (CUDACachingAllocator.cpp, get_allocation_size: kLargeBuffer),
- *   where one of their sum would take a segment of its own size;
+ *   allocation of their sum: requests above 1 MiB and under 10 MiB share
+ *   20 MiB segments (CUDACachingAllocator.cpp, get_allocation_size:
+ *   kLargeBuffer), where one of their sum would take a segment of its own
+ *   size;
  * - autocast's cross-entropy makes the gradient it hands to the LM head
  *   last: nll_loss's gradient and log_softmax's (fp32, the logits' size
  *   each) first, then, once log_softmax's backward has released the first
@@ -77,27 +78,32 @@ static void test_held_tensors(void **state)
     assert_int_equal(st.segments.current, 1);
 }
 
-/* Checkpointed (training): the copies alone, 6, 2, 8, 8 MiB:
+/* Variants, each by the same rules:
+ * - no keys and values (use_cache off), the copies alone, 6, 2, 8, 8 MiB:
  *   6 -> new A (14 free); 2 -> A (12 free); 8 -> A (4 free);
- *   8 -> new B (12 free): 40 MiB reserved in 2 segments for 24 MiB.
- * Sizes that do not add up to the aggregate (a calibrated block) make one
- * tensor: 25 MiB, one segment of 26 MiB. A cache that is not a whole
- * number of its units is one tensor too: 17 MiB in a segment of 18 MiB,
- * whose 1 MiB rest stays in its block (a large block splits only when
- * more than 1 MiB is left: kSmallSize), so 18 MiB allocated; then the
- * copies: 6 -> new (14 free), 2 -> (12), 8 -> (4), 8 -> new. */
-static void test_cast_tensors(void **state)
+ *   8 -> new B (12 free): 40 MiB reserved in 2 segments for 24 MiB;
+ * - sizes that do not add up to the aggregate (LLaVA's projector, whose
+ *   linear_1 copy is taken out of cast_bytes but not out of its entries)
+ *   make one tensor: 25 MiB, one segment of 26 MiB;
+ * - a cache that is not a whole number of its units is one tensor: 17 MiB
+ *   in a segment of 18 MiB, whose 1 MiB rest stays in its block (a large
+ *   block splits only when more than 1 MiB is left: kSmallSize), so
+ *   18 MiB allocated; then the copies as in the first: 18 + 40 MiB;
+ * - a layer with routed experts (its copies' entries hold every expert's):
+ *   one tensor, 40 MiB in a segment of 40 MiB. */
+static void test_held_variants(void **state)
 {
     (void)state;
     ml_chain ch;
     ml_cblock b;
     ml_saved sv[5];
     one_block(&ch, &b, sv);
-    ml_alloc_stats st = held(&ch, 24 * MiB, ML_T_CASTS);
+    b.cache_bytes = 0;
+    ml_alloc_stats st = held(&ch, 24 * MiB, ML_T_HELD);
     assert_int_equal(st.allocated.current, 24 * MiB);
     assert_int_equal(st.reserved.current, 40 * MiB);
     assert_int_equal(st.segments.current, 2);
-    st = held(&ch, 25 * MiB, ML_T_CASTS);
+    st = held(&ch, 25 * MiB, ML_T_HELD);
     assert_int_equal(st.reserved.current, 26 * MiB);
     assert_int_equal(st.segments.current, 1);
     b.cache_bytes = 17 * MiB;
@@ -105,14 +111,19 @@ static void test_cast_tensors(void **state)
     assert_int_equal(st.allocated.current, 18 * MiB + 24 * MiB);
     assert_int_equal(st.reserved.current, 18 * MiB + 40 * MiB);
     assert_int_equal(st.segments.current, 3);
+    b.cache_bytes = 16 * MiB;
+    b.moe = true;
+    st = held(&ch, 40 * MiB, ML_T_HELD);
+    assert_int_equal(st.reserved.current, 40 * MiB);
+    assert_int_equal(st.segments.current, 1);
 }
 
 /* tests/torch/models/llama.yaml's layout, amp-bf16, B 2, T 24, vocab 173:
  * the fp32 logits-sized tensors are U = 2 * 24 * 173 * 4 = 33,216 B, the
  * bf16 gradient handed to the head H = 16,608 B. The loss block's backward
- * makes U, U, then (after the first U and the saved log-probabilities are
+ * makes U, U, then (after the saved log-probabilities and the first U are
  * released) H, then releases the second U; its workspace deltas in order:
- * +U +U -U +H -U. */
+ * +U +U -U +H -U, and the saved tensors' release (U + 4 B) before +H. */
 static void test_loss_hands_last(void **state)
 {
     (void)state;
@@ -140,16 +151,24 @@ static void test_loss_hands_last(void **state)
     const ml_event *ev = ml_ledger_events(l);
     const size_t n = ml_ledger_event_count(l);
     const int64_t U = 33216, H = 16608, want[] = {U, U, -U, H, -U};
-    size_t got = 0;
+    size_t got = 0, saved_freed = SIZE_MAX, hand_made = SIZE_MAX;
     for (size_t i = 0; i < n; i++) {
-        if (ev[i].phase != ML_PHASE_BACKWARD || ev[i].block != loss ||
-            ev[i].cat != ML_CAT_WORKSPACE)
+        if (ev[i].phase != ML_PHASE_BACKWARD || ev[i].block != loss)
+            continue;
+        /* the saved log-probabilities and nll_loss's total_weight (4 B) */
+        if (ev[i].cat == ML_CAT_ACTIVATIONS && ev[i].delta == -(U + 4))
+            saved_freed = i;
+        if (ev[i].cat != ML_CAT_WORKSPACE)
             continue;
         assert_true(got < 5);
         assert_int_equal(ev[i].delta, want[got]);
+        if (want[got] == H)
+            hand_made = i;
         got++;
     }
     assert_int_equal(got, 5);
+    /* the saved tensors go before the handed gradient is made */
+    assert_true(saved_freed < hand_made);
     ml_ledger_destroy(l);
     /* in fp32 the gradient is log_softmax's own: nothing is made last */
     cfg.training.precision = ML_PREC_FP32;
@@ -159,12 +178,52 @@ static void test_loss_hands_last(void **state)
     ml_model_destroy(m);
 }
 
+/* The keys and values a Hugging Face decoder's evaluation output holds
+ * (use_cache): DynamicCache cats each layer's onto empty tensors of the
+ * keys' dtype, so under autocast a rotary model's values are promoted to
+ * its fp32 rotated keys (trace 09, Llama-0.2B in amp-bf16 at B 2, T 2048:
+ * sixteen 4 MiB tensors, 2 * 2048 * 4 * 64 * 4 B each, live at the
+ * evaluation's logits), and GPT-2's stay bf16. B 2, T 24, hidden 64,
+ * 8 heads of 8: Llama's 2 key/value heads, 48 * 16 * 4 = 3,072 B a tensor;
+ * GPT-2's 8 heads, 48 * 64 * 2 = 6,144 B. */
+static void test_eval_cache_dtype(void **state)
+{
+    (void)state;
+    const char *json[] = {
+        "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+        "\"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"intermediate_size\": 160, "
+        "\"vocab_size\": 173, \"max_position_embeddings\": 64}",
+        "{\"model_type\": \"gpt2\", \"n_embd\": 64, \"n_layer\": 2, \"n_head\": 8, "
+        "\"vocab_size\": 173, \"n_positions\": 64}"};
+    const uint64_t unit[] = {3072, 6144};
+    for (size_t k = 0; k < 2; k++) {
+        ml_model *m = NULL;
+        ml_error e;
+        assert_int_equal(ml_model_load_hf_string(json[k], strlen(json[k]), "config.json", &m, &e),
+                         ML_OK);
+        ml_config cfg = config_allocated(m);
+        cfg.training.precision = ML_PREC_AMP_BF16;
+        cfg.training.micro_batch = 2;
+        cfg.training.seq_len = 24;
+        cfg.calib = NULL;
+        ml_chain ch;
+        assert_int_equal(ml__chain_build_eval(m, &cfg, &ch, &e), ML_OK);
+        const ml_cblock *b = &ch.blocks[1];
+        assert_string_equal(b->name, "block.0");
+        assert_int_equal(b->cache_unit, unit[k]);
+        assert_int_equal(b->cache_bytes, 2 * unit[k]);
+        ml__chain_free(&ch);
+        ml_model_destroy(m);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_held_tensors),
-        cmocka_unit_test(test_cast_tensors),
+        cmocka_unit_test(test_held_variants),
         cmocka_unit_test(test_loss_hands_last),
+        cmocka_unit_test(test_eval_cache_dtype),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
