@@ -381,6 +381,11 @@ typedef struct ml_summary {
      * when the simulation began (docs/allocator.md, "A process that ran
      * something before"); 0 without a start */
     uint64_t start_reserved, start_allocated, start_segments;
+    /* max_memory_reserved() once the first iteration has ended, and once
+     * the steady iterations have (has_reserved; read as PyTorch reads it
+     * after each, without a reset: the cache keeps its segments, so the
+     * evaluation's is reserved_peak) */
+    uint64_t reserved_first, reserved_steady;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -192,7 +192,8 @@ struct ml_reserved_seen {
     size_t n;
     bool selective, overflow, whole;
     bool oom, overflow_after;
-    uint64_t peak, segments;
+    uint64_t peak, segments, first, steady;
+    uint64_t start[3]; /* reserved, allocated, segments */
     ml_reserved_at at;
 };
 
@@ -248,6 +249,11 @@ static void seen_add(ml_reserved_memo *memo, ml_reserved_seen k, const ml_summar
     k.oom = out->reserved_oom;
     k.peak = out->reserved_peak;
     k.segments = out->reserved_segments;
+    k.first = out->reserved_first;
+    k.steady = out->reserved_steady;
+    k.start[0] = out->start_reserved;
+    k.start[1] = out->start_allocated;
+    k.start[2] = out->start_segments;
     k.at = out->reserved_at;
     k.overflow_after = overflow_after;
     memo->e[memo->n++] = k;
@@ -268,6 +274,11 @@ ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml
         out->reserved_oom = e->oom;
         out->reserved_peak = e->peak;
         out->reserved_segments = e->segments;
+        out->reserved_first = e->first;
+        out->reserved_steady = e->steady;
+        out->start_reserved = e->start[0];
+        out->start_allocated = e->start[1];
+        out->start_segments = e->start[2];
         out->reserved_at = e->at;
         ((ml_chain *)x->ch)->overflow |= e->overflow_after; /* as the simulation leaves it */
         return ML_OK;
@@ -349,15 +360,19 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     ml__eval_residents(&r, x, &sl.sum, false);
     r.rsv.now = ML_RESERVED_FIRST;
     ml__eval_iteration(&r, x, &sl.sum, true);
+    ml_alloc_stats a;
+    ml__rsim_stats(rs, &a);
+    out->reserved_first = a.reserved.peak;
     r.rsv.now = ML_RESERVED_STEADY;
     for (int i = 0; i < 2; i++)
         ml__eval_iteration(&r, x, &sl.sum, false);
+    ml__rsim_stats(rs, &a);
+    out->reserved_steady = a.reserved.peak;
     uint64_t ignored;
     if (x->has_eval && ml__rsim_ok(rs, NULL))
         st = eval_forward(m, x, rs, &ignored, NULL, NULL, err);
     bool nomem = false;
     out->reserved_oom = !ml__rsim_ok(rs, &nomem) && !nomem;
-    ml_alloc_stats a;
     ml__rsim_stats(rs, &a);
     out->reserved_peak = a.reserved.peak;
     out->reserved_segments = a.segments.peak;

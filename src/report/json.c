@@ -169,6 +169,12 @@ static void json_bytes(FILE *f, const ml_config *cfg, const ml_summary *s)
         ml_json_put_string(f, w->at);
         fprintf(f, ", \"allocated\": %llu, \"segments\": %llu}", (unsigned long long)w->allocated,
                 (unsigned long long)w->segments);
+        fprintf(f, ", \"passes\": {\"first_iteration\": %llu, \"steady\": %llu, \"eval\": ",
+                (unsigned long long)s->reserved_first, (unsigned long long)s->reserved_steady);
+        if (s->has_eval)
+            fprintf(f, "%llu}", (unsigned long long)s->reserved_peak);
+        else
+            fputs("null}", f);
         if (s->start_reserved)
             fprintf(f, ", \"start\": {\"reserved\": %llu, \"allocated\": %llu, \"segments\": %llu}}",
                     (unsigned long long)s->start_reserved, (unsigned long long)s->start_allocated,

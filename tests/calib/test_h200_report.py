@@ -5,7 +5,8 @@ change that moves the planner away from the measurements fails the build
 (docs/calibration-h200.md): the steady, first-iteration and evaluation
 allocated peaks 60 of 60, reserved with the simulated caching allocator 49
 of 60 (today's count, not the target; every run within 14 %), with
-expandable segments 23 of 24. The reserved runs after each campaign's first
+expandable segments 23 of 24; and the reserved bytes once the first
+iteration has ended, 53 of 60 and 24 of 24. The reserved runs after each campaign's first
 are planned from the cache the first run left in the process
 (--allocator-start, calib/campaign_state.py), as they were measured.
 
@@ -55,6 +56,15 @@ def main():
               % (alloc, got, n, least, lo, hi))
         if n != runs or got < least or max(-lo, hi) > span:
             bad.append("reserved " + alloc)
+    # the reserved bytes once the first iteration has ended (reserved.passes)
+    firsts = re.findall(r"After the first iteration: (\d+) of (\d+) within 5 %", text)
+    for (got, n), (least, runs) in zip(firsts, ((53, 60), (24, 24))):
+        print("reserved after the first iteration: %s of %s within 5 %% (at least %d)"
+              % (got, n, least))
+        if int(n) != runs or int(got) < least:
+            bad.append("reserved after the first iteration")
+    if len(firsts) != 2:
+        bad.append("no first-iteration counts")
     if bad:
         sys.exit("below today's counts: %s" % ", ".join(bad))
 

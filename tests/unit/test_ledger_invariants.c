@@ -571,6 +571,9 @@ static void test_reserved_tiny_by_hand(void **state)
         assert_string_equal(s->reserved_at.at, "resident");
         assert_int_equal(s->reserved_at.allocated, 1024);
         assert_int_equal(s->reserved_at.segments, 1);
+        /* the one segment, made while the parameters are: every pass's */
+        assert_int_equal(s->reserved_first, 2097152);
+        assert_int_equal(s->reserved_steady, 2097152);
         ml_ledger_destroy(l);
     }
     ml_model_destroy(m);
@@ -579,7 +582,8 @@ static void test_reserved_tiny_by_hand(void **state)
 /* On every preset and fixed policy, without a device: the simulated
  * reserved peak holds the allocated one (each tensor rounded up, in whole
  * segments of 2 MiB multiples), and the allocated figures are those of the
- * plan without a simulation. */
+ * plan without a simulation; the reserved peak once each pass has ended
+ * (JSON reserved.passes) is in order. */
 static void test_reserved_invariants(void **state)
 {
     (void)state;
@@ -599,6 +603,15 @@ static void test_reserved_invariants(void **state)
             assert_false(s->reserved_oom);
             assert_true(s->reserved_peak >= s->peak);
             assert_int_equal(s->reserved_peak % (2u << 20), 0);
+            /* the running peak once each pass has ended: it never falls,
+             * holds that pass's allocated peak, and without an evaluation
+             * pass the steady iterations' is the whole run's */
+            assert_true(s->reserved_first >= s->peak_first_iteration);
+            assert_true(s->reserved_steady >= s->reserved_first);
+            assert_true(s->reserved_steady >= s->peak);
+            assert_true(s->reserved_peak >= s->reserved_steady);
+            if (!s->has_eval)
+                assert_int_equal(s->reserved_steady, s->reserved_peak);
             ml_ledger_destroy(l);
             ml_ledger_destroy(l0);
         }
