@@ -472,8 +472,9 @@ typedef struct ml_inference {
                                  (Hugging Face use_cache: seq_len tokens);
                                  part of forward_peak */
     uint64_t kv_cache;        /* generate > 0: 2 x layers x batch x kv_heads x
-                                 head_dim x (seq_len + generate) x the compute
-                                 dtype's bytes; 0 without */
+                                 head_dim x (seq_len + generate) x the keys'
+                                 bytes (the compute dtype's; 4 for a rotary
+                                 model under autocast); 0 without */
     uint64_t peak;            /* the allocator peak: forward_peak, or with
                                  generate forward_peak - kv_forward + kv_cache */
     uint64_t fragmentation;   /* peak x device.fragmentation, to the byte */

@@ -403,6 +403,9 @@ bool ml__chain_key_equal(const ml_config *a, const ml_config *b);
 ml_status ml__chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,
                                ml_error *err);
 void ml__chain_free(ml_chain *ch);
+/* The bytes an element of the keys and values a Hugging Face decoder's
+ * DynamicCache holds: the keys' dtype (chain_transformer.c). */
+unsigned ml__kv_cache_bpe(const ml_chain *ch, const ml_model *m);
 /* Sets each block's like_prev (replay_runs.c). */
 void ml__chain_mark_runs(ml_chain *ch);
 

@@ -136,7 +136,7 @@ static void block_name(char name[48], uint64_t i)
  * lazy_initialization and update), so the values' copy takes the keys'
  * dtype, which under autocast is fp32 for rotated keys (the rotary tables
  * are fp32 and the product promotes). */
-static unsigned kv_cache_bpe(const ml_chain *ch, const ml_model *m)
+unsigned ml__kv_cache_bpe(const ml_chain *ch, const ml_model *m)
 {
     return ch->prec.autocast && m->embed.position == ML_POS_ROPE ? 4 : ch->prec.a;
 }
@@ -150,7 +150,7 @@ static uint64_t kv_cache_bytes(ml_chain *ch, const ml_model *m, const ml_ck_dims
 {
     const unsigned a = ch->prec.a;
     if (!m->attn.kv_lora)
-        return ml_mul(ch, ml_mul(ch, 2, ml_mul(ch, d->BT, d->Dkv)), kv_cache_bpe(ch, m));
+        return ml_mul(ch, ml_mul(ch, 2, ml_mul(ch, d->BT, d->Dkv)), ml__kv_cache_bpe(ch, m));
     unsigned kb = ch->prec.autocast && !m->embed.rope_complex ? 4 : a;
     uint64_t keys = ml_mul(ch, ml__ck_mul3(ch, d->BT, d->H, d->dh), kb);
     uint64_t kv_b = ml__ck_mul3(ch, d->BT, d->H, d->dh - m->attn.rope_dim + m->attn.v_dim);
@@ -217,7 +217,7 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
             b->cache_bytes = kv_cache_bytes(ch, m, d);
             /* a key and a value tensor of (B, kv_heads, T, head_dim) each */
             if (!m->attn.kv_lora)
-                b->cache_unit = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), kv_cache_bpe(ch, m));
+                b->cache_unit = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), ml__kv_cache_bpe(ch, m));
         }
         b->out_cache_bytes = ml_mul(ch, ml_mul(ch, 2, ml_mul(ch, d->BT, d->Dkv)),
                                     G[k].out_cache_bpe);

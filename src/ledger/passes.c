@@ -141,7 +141,7 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     }
     if (inf) {
         inf->weights = s->bytes_params;
-        inf->act_bytes = ch.prec.a;
+        inf->act_bytes = ml__kv_cache_bpe(&ch, m); /* the cache's, as the prompt's */
         inf->kv_forward = 0;
         for (size_t k = 0; k < n; k++) /* held to the end: hold_cache */
             inf->kv_forward = ml_add(&ch, inf->kv_forward, ch.blocks[k].cache_bytes);

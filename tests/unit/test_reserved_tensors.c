@@ -185,7 +185,9 @@ static void test_loss_hands_last(void **state)
  * sixteen 4 MiB tensors, 2 * 2048 * 4 * 64 * 4 B each, live at the
  * evaluation's logits), and GPT-2's stay bf16. B 2, T 24, hidden 64,
  * 8 heads of 8: Llama's 2 key/value heads, 48 * 16 * 4 = 3,072 B a tensor;
- * GPT-2's 8 heads, 48 * 64 * 2 = 6,144 B. */
+ * GPT-2's 8 heads, 48 * 64 * 2 = 6,144 B; a generation's cache the same
+ * dtype (colocate.md: Llama's at 28 tokens 2 * 2 * 2 * 16 * 28 * 4 =
+ * 14,336 B). */
 static void test_eval_cache_dtype(void **state)
 {
     (void)state;
@@ -213,6 +215,12 @@ static void test_eval_cache_dtype(void **state)
         assert_int_equal(b->cache_unit, unit[k]);
         assert_int_equal(b->cache_bytes, 2 * unit[k]);
         ml__chain_free(&ch);
+        /* generating 4 tokens after the 24: the same dtype, 2 layers x a
+         * key and a value x 28 tokens' worth of the tensor above */
+        ml_inference inf;
+        assert_int_equal(ml_inference_evaluate(m, &cfg, 4, &inf, &e), ML_OK);
+        assert_int_equal(inf.kv_forward, 2 * 2 * unit[k]);
+        assert_int_equal(inf.kv_cache, 2 * 2 * unit[k] / 24 * 28);
         ml_model_destroy(m);
     }
 }
