@@ -378,8 +378,6 @@ static size_t list(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t
         n++;
         if (keep)
             x->idx[e] = k;
-        if (t->flags & MLG_T_WCAST)
-            b->cast_bytes = ml_add(ch, b->cast_bytes, bytes[e]);
     }
     return n;
 }

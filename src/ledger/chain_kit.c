@@ -90,6 +90,8 @@ size_t ml__ck_save(ml_chain *ch, ml_cblock *b, const char *what, uint64_t elems,
     b->saved_bytes = ml_add(ch, b->saved_bytes, bytes);
     if (flags & ML_SV_CORE)
         b->core_bytes = ml_add(ch, b->core_bytes, bytes);
+    if (flags & ML_SV_WCAST)
+        b->cast_bytes = ml_add(ch, b->cast_bytes, bytes);
     note(ch, bytes, true);
     return idx;
 }

@@ -218,20 +218,18 @@ static size_t unit_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, cons
 static size_t held_sizes(ml_rsim *r, uint64_t bytes, const ml_cblock *b)
 {
     const ml_chain *ch = r->ch;
-    const uint64_t unit = b->cache_unit;
-    /* (a key and a value per layer: two; more is not a cache_unit's) */
-    const uint64_t kv =
-        unit && b->cache_bytes % unit == 0 && b->cache_bytes / unit <= 2 ? b->cache_bytes / unit : 0;
     if (b->moe)
         return 0;
     if (!sizes_room(r, b->nsaved + 2))
         return SIZE_MAX;
     size_t n = 0;
+    /* a key and a value of cache_unit each, else the cache as one */
+    const bool kv = b->cache_unit && b->cache_bytes == 2 * b->cache_unit;
+    if (b->cache_bytes)
+        r->sizes[n++] = kv ? b->cache_unit : b->cache_bytes;
+    if (kv)
+        r->sizes[n++] = b->cache_unit;
     uint64_t sum = b->cache_bytes;
-    for (uint64_t i = 0; i < kv; i++)
-        r->sizes[n++] = unit;
-    if (!kv && b->cache_bytes)
-        r->sizes[n++] = b->cache_bytes;
     for (size_t i = b->saved_first; i < b->saved_first + b->nsaved; i++)
         if ((ch->saved[i].flags & ML_SV_WCAST) && ch->saved[i].bytes) {
             r->sizes[n++] = ch->saved[i].bytes;

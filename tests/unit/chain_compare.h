@@ -19,6 +19,24 @@
                      (double)x->f, (double)y->f);                                        \
     } while (0)
 
+/* Each block's weight copies (its saved entries flagged ML_SV_WCAST) add up
+ * to its cast_bytes: the allocator simulation makes the held copies from
+ * those entries (reserved.c). A frozen tower's blocks keep no saved
+ * bytes. */
+static inline void casts_add_up(const ml_chain *b, const char *what)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        const ml_cblock *x = &b->blocks[i];
+        uint64_t sum = 0;
+        for (size_t k = x->saved_first; k < x->saved_first + x->nsaved; k++)
+            if (b->saved[k].flags & ML_SV_WCAST)
+                sum += b->saved[k].bytes;
+        if (!x->frozen && sum != x->cast_bytes)
+            fail_msg("%s: %s: weight copies %llu B, cast_bytes %llu", what, x->name,
+                     (unsigned long long)sum, (unsigned long long)x->cast_bytes);
+    }
+}
+
 /* A transformer's chain from the graph, whole: its embedding, its layers
  * ("block.<i>", each with saved tensors, parameters and forward FLOPs), its
  * head and loss last. */
@@ -37,6 +55,7 @@ static inline void chain_whole(const ml_chain *b, const ml_model *m, const char 
         strcmp(b->blocks[b->n - 1].name, "loss") || layers < m->layers || !b->nparams)
         fail_msg("%s: %zu blocks, %llu layers: not the transformer's whole chain", what, b->n,
                  (unsigned long long)layers);
+    casts_add_up(b, what);
 }
 
 #endif

@@ -95,6 +95,18 @@ static inline ml_config config_allocated(const ml_model *m)
     return c;
 }
 
+/* config_allocated at a precision, micro-batch and sequence length, without
+ * a calibration profile: the small shapes of the hand-derived tests. */
+static inline ml_config config_at(const ml_model *m, ml_precision p, uint64_t B, uint64_t T)
+{
+    ml_config c = config_allocated(m);
+    c.training.precision = p;
+    c.training.micro_batch = B;
+    c.training.seq_len = T;
+    c.calib = NULL;
+    return c;
+}
+
 /* Whether c plans (its status; *e the reason), the ledger dropped. */
 static inline ml_status status_of(const ml_model *m, const ml_config *c, ml_error *e)
 {

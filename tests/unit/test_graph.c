@@ -1043,6 +1043,7 @@ static unsigned compare_llava(ml_model *m, const char *name, unsigned *copies, l
                         if (sb != ML_OK)
                             fail_msg("%s: refused: %s", name, e.msg);
                         llava_ends_from_graph(m, &cfg, &b, ends);
+                        casts_add_up(&b, name);
                         *copies += tower_copies(&b);
                         ml__chain_free(&b);
                     }

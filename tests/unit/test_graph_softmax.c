@@ -28,11 +28,7 @@ static const char *const falcon =
 static void build(const char *yaml, ml_model **m, ml_chain *c)
 {
     *m = load_str(yaml);
-    ml_config cfg = ml_model_config(*m);
-    cfg.training.precision = ML_PREC_FP32;
-    cfg.training.micro_batch = 2;
-    cfg.training.seq_len = 24;
-    cfg.calib = NULL;
+    ml_config cfg = config_at(*m, ML_PREC_FP32, 2, 24);
     ml_error e;
     assert_int_equal(ml__chain_build(*m, &cfg, c, &e), ML_OK);
 }

@@ -41,7 +41,10 @@ static void one_block(ml_chain *ch, ml_cblock *b, ml_saved *sv)
     ch->nsaved = 5;
 }
 
-static ml_alloc_stats held(ml_chain *ch, uint64_t bytes, ml_tensor_split split)
+/* Allocates `bytes` split as `split` for the one block of ch in a fresh
+ * simulator: the bytes allocated (rounded), reserved and the segments. */
+static void held(ml_chain *ch, uint64_t bytes, ml_tensor_split split, uint64_t allocated,
+                 uint64_t reserved, uint64_t segments)
 {
     ml_alloc_config cfg = ml__alloc_config_defaults();
     ml_rsim *r = NULL;
@@ -52,7 +55,9 @@ static ml_alloc_stats held(ml_chain *ch, uint64_t bytes, ml_tensor_split split)
     ml__rsim_stats(r, &st);
     assert_true(ml__rsim_ok(r, NULL));
     ml__rsim_destroy(r);
-    return st;
+    assert_int_equal(st.allocated.current, allocated);
+    assert_int_equal(st.reserved.current, reserved);
+    assert_int_equal(st.segments.current, segments);
 }
 
 /* Held (evaluation): key 8, value 8, then the copies 6, 2, 8, 8 MiB, each
@@ -69,26 +74,21 @@ static void test_held_tensors(void **state)
     ml_cblock b;
     ml_saved sv[5];
     one_block(&ch, &b, sv);
-    ml_alloc_stats st = held(&ch, 40 * MiB, ML_T_HELD);
-    assert_int_equal(st.allocated.current, 40 * MiB);
-    assert_int_equal(st.reserved.current, 60 * MiB);
-    assert_int_equal(st.segments.current, 3);
-    st = held(&ch, 40 * MiB, ML_T_ONE);
-    assert_int_equal(st.reserved.current, 40 * MiB);
-    assert_int_equal(st.segments.current, 1);
+    held(&ch, 40 * MiB, ML_T_HELD, 40 * MiB, 60 * MiB, 3);
+    held(&ch, 40 * MiB, ML_T_ONE, 40 * MiB, 40 * MiB, 1);
 }
 
 /* Variants, each by the same rules:
  * - no keys and values (use_cache off), the copies alone, 6, 2, 8, 8 MiB:
  *   6 -> new A (14 free); 2 -> A (12 free); 8 -> A (4 free);
  *   8 -> new B (12 free): 40 MiB reserved in 2 segments for 24 MiB;
- * - sizes that do not add up to the aggregate (LLaVA's projector, whose
- *   linear_1 copy is taken out of cast_bytes but not out of its entries)
- *   make one tensor: 25 MiB, one segment of 26 MiB;
- * - a cache that is not a whole number of its units is one tensor: 17 MiB
- *   in a segment of 18 MiB, whose 1 MiB rest stays in its block (a large
- *   block splits only when more than 1 MiB is left: kSmallSize), so
- *   18 MiB allocated; then the copies as in the first: 18 + 40 MiB;
+ * - sizes that do not add up to the aggregate (a fallback: the builders'
+ *   entries add up) make one tensor: 25 MiB in a segment of 26 MiB, whose
+ *   1 MiB rest stays in its block (a large block splits only when more
+ *   than 1 MiB is left: kSmallSize), so 26 MiB allocated;
+ * - a cache that is not a key and a value of its unit is one tensor:
+ *   17 MiB in a segment of 18 MiB (18 allocated, as above); then the
+ *   copies as in the first: 18 + 24 MiB allocated, 18 + 40 MiB reserved;
  * - a layer with routed experts (its copies' entries hold every expert's):
  *   one tensor, 40 MiB in a segment of 40 MiB. */
 static void test_held_variants(void **state)
@@ -99,82 +99,73 @@ static void test_held_variants(void **state)
     ml_saved sv[5];
     one_block(&ch, &b, sv);
     b.cache_bytes = 0;
-    ml_alloc_stats st = held(&ch, 24 * MiB, ML_T_HELD);
-    assert_int_equal(st.allocated.current, 24 * MiB);
-    assert_int_equal(st.reserved.current, 40 * MiB);
-    assert_int_equal(st.segments.current, 2);
-    st = held(&ch, 25 * MiB, ML_T_HELD);
-    assert_int_equal(st.reserved.current, 26 * MiB);
-    assert_int_equal(st.segments.current, 1);
+    held(&ch, 24 * MiB, ML_T_HELD, 24 * MiB, 40 * MiB, 2);
+    held(&ch, 25 * MiB, ML_T_HELD, 26 * MiB, 26 * MiB, 1);
     b.cache_bytes = 17 * MiB;
-    st = held(&ch, 41 * MiB, ML_T_HELD);
-    assert_int_equal(st.allocated.current, 18 * MiB + 24 * MiB);
-    assert_int_equal(st.reserved.current, 18 * MiB + 40 * MiB);
-    assert_int_equal(st.segments.current, 3);
+    held(&ch, 41 * MiB, ML_T_HELD, 18 * MiB + 24 * MiB, 18 * MiB + 40 * MiB, 3);
     b.cache_bytes = 16 * MiB;
     b.moe = true;
-    st = held(&ch, 40 * MiB, ML_T_HELD);
-    assert_int_equal(st.reserved.current, 40 * MiB);
-    assert_int_equal(st.segments.current, 1);
+    held(&ch, 40 * MiB, ML_T_HELD, 40 * MiB, 40 * MiB, 1);
 }
 
-/* tests/torch/models/llama.yaml's layout, amp-bf16, B 2, T 24, vocab 173:
- * the fp32 logits-sized tensors are U = 2 * 24 * 173 * 4 = 33,216 B, the
- * bf16 gradient handed to the head H = 16,608 B. The loss block's backward
- * makes U, U, then (after the saved log-probabilities and the first U are
- * released) H, then releases the second U; its workspace deltas in order:
- * +U +U -U +H -U, and the saved tensors' release (U + 4 B) before +H. */
-static void test_loss_hands_last(void **state)
+/* The loss block's backward, from the ledger's events: its workspace
+ * deltas in order into d (at most 8; their count into *n), and whether
+ * its saved tensors (U + 4 B: the log-probabilities and nll_loss's fp32
+ * total_weight) were released before the last workspace allocation. */
+static bool loss_backward(const ml_model *m, ml_precision p, int64_t U, int64_t d[8],
+                          size_t *n)
 {
-    (void)state;
-    const char *yaml =
-        "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 8\n  kv_heads: 2\n"
-        "  ffn: 160\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 173\n  position: rope\n"
-        "  bias: false\n  attention: eager\n  dropout: 0\n";
-    ml_model *m = load_str(yaml);
-    ml_config cfg = config_allocated(m);
-    cfg.training.precision = ML_PREC_AMP_BF16;
-    cfg.training.micro_batch = 2;
-    cfg.training.seq_len = 24;
-    cfg.calib = NULL;
-    ml_chain ch;
-    ml_error e;
-    assert_int_equal(ml__chain_build(m, &cfg, &ch, &e), ML_OK);
+    ml_config cfg = config_at(m, p, 2, 24);
+    ml_ledger *l = eval(m, &cfg, true);
     int32_t loss = -1;
-    for (size_t k = 0; k < ch.n; k++)
-        if (strcmp(ch.blocks[k].name, "loss") == 0)
+    for (size_t k = 0; k < ml_ledger_block_count(l); k++)
+        if (strcmp(ml_ledger_block(l, k)->name, "loss") == 0)
             loss = (int32_t)k;
     assert_true(loss > 0);
-    assert_true(ch.blocks[loss].hand_last);
-    ml__chain_free(&ch);
-    ml_ledger *l = eval(m, &cfg, true);
     const ml_event *ev = ml_ledger_events(l);
-    const size_t n = ml_ledger_event_count(l);
-    const int64_t U = 33216, H = 16608, want[] = {U, U, -U, H, -U};
-    size_t got = 0, saved_freed = SIZE_MAX, hand_made = SIZE_MAX;
-    for (size_t i = 0; i < n; i++) {
+    size_t saved_freed = SIZE_MAX, last_made = 0;
+    *n = 0;
+    for (size_t i = 0; i < ml_ledger_event_count(l); i++) {
         if (ev[i].phase != ML_PHASE_BACKWARD || ev[i].block != loss)
             continue;
-        /* the saved log-probabilities and nll_loss's total_weight (4 B) */
         if (ev[i].cat == ML_CAT_ACTIVATIONS && ev[i].delta == -(U + 4))
             saved_freed = i;
         if (ev[i].cat != ML_CAT_WORKSPACE)
             continue;
-        assert_true(got < 5);
-        assert_int_equal(ev[i].delta, want[got]);
-        if (want[got] == H)
-            hand_made = i;
-        got++;
+        assert_true(*n < 8);
+        d[(*n)++] = ev[i].delta;
+        if (ev[i].delta > 0)
+            last_made = i;
     }
-    assert_int_equal(got, 5);
-    /* the saved tensors go before the handed gradient is made */
-    assert_true(saved_freed < hand_made);
     ml_ledger_destroy(l);
-    /* in fp32 the gradient is log_softmax's own: nothing is made last */
-    cfg.training.precision = ML_PREC_FP32;
-    assert_int_equal(ml__chain_build(m, &cfg, &ch, &e), ML_OK);
-    assert_false(ch.blocks[loss].hand_last);
-    ml__chain_free(&ch);
+    assert_true(saved_freed != SIZE_MAX);
+    return saved_freed < last_made;
+}
+
+/* tests/torch/models/llama.yaml's layout, B 2, T 24, vocab 173: the fp32
+ * logits-sized tensors are U = 2 * 24 * 173 * 4 = 33,216 B, the bf16
+ * gradient handed to the head H = 16,608 B. Under amp-bf16 the loss's
+ * backward makes U (nll_loss's gradient) and U (log_softmax's), then,
+ * after the saved log-probabilities and the first U are released, H, then
+ * releases the second U: +U +U -U +H -U. In fp32 log_softmax's gradient
+ * is the one handed on, made beside nll_loss's before the saved tensors go:
+ * +U +U -U. */
+static void test_loss_hands_last(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(
+        "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 8\n  kv_heads: 2\n"
+        "  ffn: 160\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 173\n  position: rope\n"
+        "  bias: false\n  attention: eager\n  dropout: 0\n");
+    const int64_t U = 33216, H = 16608, amp[] = {U, U, -U, H, -U}, fp32[] = {U, U, -U};
+    int64_t d[8];
+    size_t n;
+    assert_true(loss_backward(m, ML_PREC_AMP_BF16, U, d, &n));
+    assert_int_equal(n, 5);
+    assert_memory_equal(d, amp, sizeof amp);
+    assert_false(loss_backward(m, ML_PREC_FP32, U, d, &n));
+    assert_int_equal(n, 3);
+    assert_memory_equal(d, fp32, sizeof fp32);
     ml_model_destroy(m);
 }
 
@@ -203,11 +194,7 @@ static void test_eval_cache_dtype(void **state)
         ml_error e;
         assert_int_equal(ml_model_load_hf_string(json[k], strlen(json[k]), "config.json", &m, &e),
                          ML_OK);
-        ml_config cfg = config_allocated(m);
-        cfg.training.precision = ML_PREC_AMP_BF16;
-        cfg.training.micro_batch = 2;
-        cfg.training.seq_len = 24;
-        cfg.calib = NULL;
+        ml_config cfg = config_at(m, ML_PREC_AMP_BF16, 2, 24);
         ml_chain ch;
         assert_int_equal(ml__chain_build_eval(m, &cfg, &ch, &e), ML_OK);
         const ml_cblock *b = &ch.blocks[1];
