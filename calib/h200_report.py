@@ -221,7 +221,8 @@ def reserved_planned(ml, runs, alloc, traces):
         case = CASES[r["model"]]
         after = ("--allocator-start", start) if i else ()
         p = tvp.plan(ml, case, r["attn"], r["ckpt"], r["amp"], r["impl"], calib[r["amp"]], tmp,
-                     extra=("--allocator", alloc, "--logits", "through-backward",
+                     extra=("--allocator", alloc, "--blas-workspace", "32MiB",
+                            "--logits", "through-backward",
                             "--eval-batch", str(case[4]),
                             "--eval-seq-len", str(case[3])) + after)
         m = r["measured"]

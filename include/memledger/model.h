@@ -278,6 +278,10 @@ typedef struct ml_device_preset {
                                  reaches) or else PCIe */
     double network_gbps;      /* between nodes, per device: the reference
                                  server's network adapters (DGX) */
+    /* the cuBLAS workspace PyTorch allocates per handle and stream on this
+     * device by default (ml_device.blas_workspace); 0 = the default for
+     * CUDA devices other than Hopper (ML_BLAS_WORKSPACE_CUDA) */
+    uint64_t blas_workspace;
 } ml_device_preset;
 
 typedef struct ml_device {
@@ -313,7 +317,21 @@ typedef struct ml_device {
      * cache. Only with a simulated allocator (docs/allocator.md, "A process
      * that ran something before"). */
     const struct ml_alloc_trace *start;
+    /* bytes of the workspace PyTorch gives each cuBLAS handle and stream
+     * through the caching allocator (CublasHandlePool.cpp): made at a
+     * thread's first matrix product and kept for the process's life. The
+     * simulation makes one at the forward's first product and one at the
+     * backward's (the autograd engine's thread has a handle of its own), in
+     * the first iteration; none with a start state (a process that ran
+     * before has made them). ml_config_defaults: ML_BLAS_WORKSPACE_CUDA;
+     * a preset: its device's; 0 = none (docs/allocator.md). */
+    uint64_t blas_workspace;
 } ml_device;
+
+/* PyTorch's default cuBLAS workspace on CUDA devices other than Hopper
+ * (CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8: 2 x 4 MiB + 8 x 16 KiB); Hopper's
+ * (sm90) is 4,096 KiB x 8 = 32 MiB. */
+#define ML_BLAS_WORKSPACE_CUDA 8519680u
 
 struct ml_profile;
 

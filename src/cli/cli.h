@@ -33,6 +33,7 @@ typedef struct {
         *checkpoint, *device, *budget, *runtime_reserve, *peak_tflops, *efficiency, *fragmentation,
         *data_parallel, *zero, *offload, *global_batch, *max_micro_batch, *reduce_bucket,
         *allgather_bucket, *logits, *eval_batch, *eval_seq_len, *allocator, *max_split_size, *allocator_start,
+        *blas_workspace,
         *zero_grad, *interconnect, *pcie, *logits_chunk, *attention, *expert_imbalance, *expert_capacity, *target_len,
         *vision_tower;
     /* length distributions (plan, fit, triage): --lengths FILE|QUANTILES, --batching,

@@ -163,7 +163,8 @@ static int training_only(const job *j)
              {o->allgather_bucket, "--allgather-bucket"}, {o->eval_batch, "--eval-batch"},
              {o->eval_seq_len, "--eval-seq-len"},   {o->zero_grad, "--zero-grad"},
              {o->logits, "--logits"},               {o->logits_chunk, "--logits-chunk"},
-             {o->allocator, "--allocator"},         {o->max_split_size, "--max-split-size"}};
+             {o->allocator, "--allocator"},         {o->max_split_size, "--max-split-size"},
+             {o->blas_workspace, "--blas-workspace"}};
     for (size_t k = 0; k < sizeof t / sizeof t[0]; k++)
         if (t[k].v)
             return job_bad(j, "%s is a training option; an inference job (--inference) has "

@@ -50,6 +50,8 @@ static const char usage[] =
     "  --fragmentation X      reserved-over-peak allowance, 0..1\n"
     "  --allocator A          caching (default) | expandable | none (allocated only)\n"
     "  --max-split-size MB    the simulation's max_split_size_mb (whole MiB, > 20)\n"
+    "  --blas-workspace SIZE  cuBLAS's workspace a handle (default 8,519,680 B; 32MiB on\n"
+    "                         Hopper presets; 0: none)\n"
     "  --allocator-start TRACE  the cache the job finds: the state TRACE ends in\n"
     "Parallel (docs/parallel.md): one rank's figures\n"
     "  --tp, --pp, --cp, --ep, --etp N  tensor, stages, context, expert, expert width\n"

@@ -41,6 +41,7 @@ static const ml_cli_flag flags[] = {
     {"--logits-chunk", offsetof(ml_cli_opts, logits_chunk)},
     {"--allocator", offsetof(ml_cli_opts, allocator)},
     {"--max-split-size", offsetof(ml_cli_opts, max_split_size)},
+    {"--blas-workspace", offsetof(ml_cli_opts, blas_workspace)},
     {"--allocator-start", offsetof(ml_cli_opts, allocator_start)},
     {"--zero-grad", offsetof(ml_cli_opts, zero_grad)},
     {"--vision-tower", offsetof(ml_cli_opts, vision_tower)},

@@ -64,6 +64,7 @@ static const struct {
     {"device.fragmentation", "--fragmentation", NULL, OPT(fragmentation)},
     {"device.allocator", "--allocator", NULL, OPT(allocator)},
     {"device.max_split_size", "--max-split-size", NULL, OPT(max_split_size)},
+    {"device.blas_workspace", "--blas-workspace", NULL, OPT(blas_workspace)},
     {"device.start", "--allocator-start", NULL, OPT(allocator_start)},
     {"global_batch", "--global-batch", NULL, 0},
     {"gpus", "--gpus", NULL, 0},

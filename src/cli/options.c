@@ -518,6 +518,11 @@ static int device_flags(const ml_cli_opts *o, ml_device *d)
     }
     if (!rc && o->runtime_reserve)
         rc = size_flag("--runtime-reserve", o->runtime_reserve, &d->runtime_reserve);
+    if (!rc && o->blas_workspace) { /* 0: none (a size is at least a byte) */
+        d->blas_workspace = 0;
+        if (strcmp(o->blas_workspace, "0"))
+            rc = size_flag("--blas-workspace", o->blas_workspace, &d->blas_workspace);
+    }
     if (!rc && o->peak_tflops)
         rc = real("--peak-tflops", o->peak_tflops, 0, 1e9, &d->peak_tflops);
     if (!rc && o->efficiency)

@@ -491,7 +491,7 @@ static ml_status stage_eval(const ml_model *m, const ml_config *cfg, const ml_ch
                     .activations_only = activations_only};
     if (inflight)
         x.inflight = *inflight;
-    if (cfg->device.start && cfg->device.allocator != ML_ALLOCATOR_NONE &&
+    if (cfg->device.allocator != ML_ALLOCATOR_NONE &&
         t->checkpoint.kind == ML_CKPT_OPTIMAL) /* its search counts it */
         x.start_held = ml__rsim_start_held(&cfg->device);
     ml_status st;

@@ -359,6 +359,10 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     r.rsv.now = ML_RESERVED_RESIDENT;
     ml__eval_residents(&r, x, &sl.sum, false);
     r.rsv.now = ML_RESERVED_FIRST;
+    /* a new process's threads make their cuBLAS workspaces in its first
+     * iteration; one that ran before (a start state) has them */
+    if (!dv->start)
+        r.blas_fwd = r.blas_bwd = dv->blas_workspace;
     ml__eval_iteration(&r, x, &sl.sum, true);
     ml_alloc_stats a;
     ml__rsim_stats(rs, &a);

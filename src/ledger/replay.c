@@ -188,6 +188,17 @@ static void input_done(ml_replay *r, size_t k)
     r->held[k] = 0;
 }
 
+/* A thread's first matrix product (block k's, with FLOPs) makes its cuBLAS
+ * handle's workspace once its output exists: *pending bytes, kept for the
+ * process's life (ml_device.blas_workspace). */
+static void blas_workspace(ml_replay *r, size_t k, uint64_t *pending)
+{
+    if (*pending && r->rsim && r->ch->blocks[k].flops_fwd > 0) {
+        ml__rsim_pin(r->rsim, *pending);
+        *pending = 0;
+    }
+}
+
 /* Block k's forward; with grad unless it is checkpointed (seg[k] >= 0). */
 static void forward_block(ml_replay *r, size_t k)
 {
@@ -217,6 +228,7 @@ static void forward_block(ml_replay *r, size_t k)
         ml__replay_alloc_as(r, ML_CAT_ACTIVATIONS,
                             b->saved_bytes - (r->selective ? b->core_bytes : 0),
                             r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
+    blas_workspace(r, k, &r->blas_fwd);
     ml__sides_forward(r, k, true);
     if ((int)k == sh->side_block) { /* a checkpoint keeps it for the backward */
         ml__replay_free(r, ML_CAT_WORKSPACE, mask);
@@ -426,6 +438,7 @@ static void backward_block(ml_replay *r, size_t k)
     ml__replay_alloc(r, ML_CAT_WORKSPACE, last ? last : hand);
     const size_t late_name = named(r, last ? last : hand);
     const uint64_t gfull = block_grads(r, k);
+    blas_workspace(r, k, &r->blas_bwd);
     /* the block's saved tensors are released once its gradient is done */
     if (seg[k] >= 0) {
         ml__replay_free(r, ML_CAT_RECOMPUTE, b->saved_bytes);
@@ -518,6 +531,7 @@ static void backward_nodes(ml_replay *r, size_t k)
     } else {
         ml__nodes_one_by_one(r, nd, b->nnodes, sv, create, scat, &freed);
     }
+    blas_workspace(r, k, &r->blas_bwd);
     /* time: the nodes carry no FLOPs of their own; the block's backward
      * FLOPs are counted once its nodes have run (docs/ledger.md, "Time") */
     r->flops_done += b->flops_bwd;

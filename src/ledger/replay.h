@@ -85,6 +85,10 @@ typedef struct {
     bool train_cache;        /* training with HF use_cache: the output holds the
                                 cache's copies no op saves (out_cache_bytes) */
     uint64_t cache_out;      /* ... this micro-batch's, allocated so far */
+    /* the cuBLAS workspaces the simulation still has to make: the forward
+     * thread's at its first product, the backward thread's at its first
+     * (ml_device.blas_workspace; a process's first iteration only) */
+    uint64_t blas_fwd, blas_bwd;
     uint64_t prev_cache;     /* ... a previous micro-batch's, freed with prev_out */
     /* per boundary k, n + 1 entries each */
     uint64_t *held;          /* bytes of boundary k still allocated, 0 once freed */
@@ -366,8 +370,10 @@ typedef struct {
                              optimal plan, while checkpoint optimal searches
                              again with it (evaluate.c) */
     uint64_t start_held; /* with checkpoint optimal, what device.start leaves
-                            allocated (its live blocks, ml__rsim_start_held):
-                            its search counts it beside every plan's peak */
+                            allocated (its live blocks), else the cuBLAS
+                            workspaces a new process keeps
+                            (ml__rsim_start_held): its search counts it
+                            beside every plan's peak */
     bool whole;     /* replay every block (the reference tests/unit/test_runs.c
                        holds the runs against) */
     ml_inflight inflight; /* a pipeline stage's (pipeline_eval.c) */

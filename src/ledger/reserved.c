@@ -376,6 +376,17 @@ void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes)
     }
 }
 
+void ml__rsim_pin(ml_rsim *r, uint64_t bytes)
+{
+    uint64_t h = 0;
+    size_t made = 0;
+    if (!bytes || r->oom || r->nomem)
+        return;
+    ml_alloc_result ar = ml__alloc_sim_malloc_many(r->sim, &bytes, 1, &h, &made);
+    r->oom = ar == ML_ALLOC_OOM;
+    r->nomem = ar != ML_ALLOC_OK && ar != ML_ALLOC_OOM;
+}
+
 bool ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t)
 {
     size_t at = 0;
@@ -400,11 +411,13 @@ ml_alloc_config ml__rsim_config(const ml_device *dv)
 
 uint64_t ml__rsim_start_held(const ml_device *dv)
 {
+    if (!dv->start)
+        return 2 * dv->blas_workspace;
     ml_alloc_config ac = ml__rsim_config(dv);
     ml_alloc_sim *s = NULL;
     uint64_t held = 0;
     size_t at = 0;
-    if (dv->start && ml__alloc_sim_create(&ac, &s) == ML_ALLOC_OK &&
+    if (ml__alloc_sim_create(&ac, &s) == ML_ALLOC_OK &&
         ml__alloc_trace_run(s, dv->start, &at) == ML_ALLOC_OK) {
         ml_alloc_stats st;
         ml__alloc_sim_stats(s, &st);

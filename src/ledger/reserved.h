@@ -57,6 +57,9 @@ void ml__rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split s
 /* Frees the latest live allocation of category c of exactly `bytes`, or
  * every live one of c when `bytes` is their sum (zero_grad). */
 void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes);
+/* One allocation of bytes that stays for the process's life, in no
+ * category (a cuBLAS handle's workspace): nothing frees it. */
+void ml__rsim_pin(ml_rsim *r, uint64_t bytes);
 /* A name for the latest live allocation of category c, for
  * ml__rsim_free_named while it is live (0: none). Where two allocations
  * have the same bytes, a free by bytes takes the latest; a tensor that
@@ -77,8 +80,9 @@ bool ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t);
 /* The simulator's configuration for device dv (its allocator, its
  * max_split_size, its memory less the runtime reserve). */
 ml_alloc_config ml__rsim_config(const ml_device *dv);
-/* The bytes dv->start leaves allocated (0 without one, or when it does not
- * run to its end: the plan's simulation says why). */
+/* The bytes dv->start leaves allocated (0 when it does not run to its end:
+ * the plan's simulation says why); without a start, the two cuBLAS
+ * workspaces a new process keeps (ml_device.blas_workspace). */
 uint64_t ml__rsim_start_held(const ml_device *dv);
 
 /* False once a request failed: the device ran out, or the host (*nomem). */

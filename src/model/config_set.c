@@ -205,6 +205,9 @@ static ml_status device_set(const char *key, const char *v, ml_device *d, ml_err
         st = size(key, v, &d->budget, err);
     } else if (!strcmp(k, "runtime_reserve")) {
         st = size(key, v, &d->runtime_reserve, err);
+    } else if (!strcmp(k, "blas_workspace")) { /* 0: none */
+        d->blas_workspace = 0;
+        st = strcmp(v, "0") ? size(key, v, &d->blas_workspace, err) : ML_OK;
     } else if (!strcmp(k, "peak_tflops")) {
         st = real(key, v, 0, 1e9, &d->peak_tflops, err);
     } else if (!strcmp(k, "interconnect_gbps")) {

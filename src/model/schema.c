@@ -173,12 +173,23 @@ static ml_status device_name(ml_error *err, const ml_node *name, ml_device *dv)
     return ML_OK;
 }
 
+/* device.blas_workspace: a size, or 0 for none. */
+static ml_status blas_workspace(ml_error *err, const ml_node *d, ml_device *dv)
+{
+    const ml_node *v = ml__tree_get(d, "blas_workspace");
+    if (v && v->text && !strcmp(v->text, "0")) {
+        dv->blas_workspace = 0;
+        return ML_OK;
+    }
+    return ml__tree_size(err, d, "blas_workspace", "device", &dv->blas_workspace);
+}
+
 static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
 {
     static const char *const keys[] = {"name",        "memory",     "budget",
                                        "runtime_reserve", "peak_tflops", "efficiency",
                                        "fragmentation", "allocator",  "max_split_size",
-                                       "interconnect_gbps", "pcie_gbps"};
+                                       "interconnect_gbps", "pcie_gbps", "blas_workspace"};
     ml_status st;
     if ((st = ml__tree_need_map(err, d, "device")) ||
         (st = ml__tree_check_keys(err, d, "device", keys, ML_COUNT(keys))))
@@ -200,6 +211,7 @@ static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
         (st = ml__tree_double(err, d, "fragmentation", "device", 0, 1, false,
                               &dv->fragmentation)) ||
         (st = ml__tree_size(err, d, "max_split_size", "device", &dv->max_split_size)) ||
+        (st = blas_workspace(err, d, dv)) ||
         (st = ml__tree_double(err, d, "interconnect_gbps", "device", 1e-6, 1e6, false,
                               &dv->interconnect_gbps)) ||
         (st = ml__tree_double(err, d, "pcie_gbps", "device", 1e-6, 1e6, false, &dv->pcie_gbps)))

@@ -395,6 +395,7 @@ ml_config ml_config_defaults(void)
     c.training.allgather_bucket = 500000000; /* DeepSpeed allgather_bucket_size */
     c.training.logits = ML_LOGITS_KEPT;
     c.device.runtime_reserve = 512ull << 20;
+    c.device.blas_workspace = ML_BLAS_WORKSPACE_CUDA;
     c.device.efficiency = 1.0;
     c.device.allocator = ML_ALLOCATOR_CACHING;
     return c;

@@ -46,6 +46,66 @@ static const ml_summary *plan_from(const ml_model *m, ml_allocator a, const ml_a
     return ml_ledger_summary(*l);
 }
 
+/* cuBLAS's workspaces (ml_device.blas_workspace; CublasHandlePool.cpp: one
+ * per handle and stream, allocated through the caching allocator at a
+ * thread's first product and kept): a plan from an empty cache makes the
+ * forward thread's and the autograd engine's, both in the first iteration.
+ * The tiny MLP's own tensors stay in their 2 MiB small segment, so the
+ * workspaces' segments add up by hand:
+ *   - 8,519,680 B (PyTorch's default off Hopper): above 1 MiB and under
+ *     10 MiB, the first takes a 20 MiB segment (kLargeBuffer) and the second
+ *     its free 11.875 MiB: 2 + 20 MiB in 2 segments;
+ *   - 32 MiB (Hopper): each its own segment of its size (above 10 MiB, a
+ *     multiple of 2 MiB), the first left full: 2 + 32 + 32 MiB, 3 segments;
+ *   - 12 MiB: 12 MiB segments, full, one each: 2 + 12 + 12 MiB, which shows
+ *     two are made;
+ *   - 0: none (2 MiB); a start state: none either (its process made them).
+ * With expandable segments the large pool maps 20 MiB pages: both 8,519,680 B
+ * in one, 22 MiB; 32 MiB twice in 64 MiB: four pages, 82 MiB. */
+static void test_blas_workspaces(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(tiny);
+    const struct {
+        ml_allocator a;
+        uint64_t ws, reserved, segments;
+    } cases[] = {
+        {ML_ALLOCATOR_CACHING, 8519680, 22 * 1048576ull, 2},
+        {ML_ALLOCATOR_CACHING, 32 * 1048576ull, 66 * 1048576ull, 3},
+        {ML_ALLOCATOR_CACHING, 12 * 1048576ull, 26 * 1048576ull, 3},
+        {ML_ALLOCATOR_CACHING, 0, 2 * 1048576ull, 1},
+        {ML_ALLOCATOR_EXPANDABLE, 8519680, 22 * 1048576ull, 2},
+        {ML_ALLOCATOR_EXPANDABLE, 32 * 1048576ull, 82 * 1048576ull, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        ml_config c = ml_model_config(m);
+        c.device.allocator = cases[k].a;
+        c.device.blas_workspace = cases[k].ws;
+        ml_ledger *l = eval(m, &c, false);
+        const ml_summary *s = ml_ledger_summary(l);
+        assert_int_equal(s->reserved_peak, cases[k].reserved);
+        assert_int_equal(s->reserved_first, cases[k].reserved); /* made in the first */
+        if (cases[k].segments)
+            assert_int_equal(s->reserved_segments, cases[k].segments);
+        ml_ledger_destroy(l);
+    }
+    /* the default is PyTorch's off Hopper; Hopper's presets take 32 MiB */
+    ml_config c = ml_model_config(m);
+    assert_int_equal(c.device.blas_workspace, 8519680);
+    assert_int_equal(ml_device_preset_apply("h200", &c.device, NULL), ML_OK);
+    assert_int_equal(c.device.blas_workspace, 32 * 1048576ull);
+    assert_int_equal(ml_device_preset_apply("a100-80gb", &c.device, NULL), ML_OK);
+    assert_int_equal(c.device.blas_workspace, 8519680);
+    /* a start state's process made its own: the plan makes none */
+    ml_alloc_trace *t = load_trace("action,id,bytes\nalloc,a,1000\n");
+    ml_ledger *l = NULL;
+    const ml_summary *s = plan_from(m, ML_ALLOCATOR_CACHING, t, &l);
+    assert_int_equal(s->reserved_peak, 2 * 1048576ull);
+    ml_ledger_destroy(l);
+    ml_alloc_trace_destroy(t);
+    ml_model_destroy(m);
+}
+
 /* A 32 MiB block left allocated (its own segment, full): nothing of the
  * plan fits there, so the reserved peak is the plan's 2 MiB segment over
  * it, 34 MiB in 2 segments, reached at the plan's first allocation with the
@@ -135,6 +195,7 @@ static void test_optimal_counts_the_start(void **state)
     c.device.budget = 0;
     c.device.allocator = ML_ALLOCATOR_CACHING;
     c.training.checkpoint.kind = ML_CKPT_OPTIMAL;
+    c.device.blas_workspace = 0; /* the start state alone differs between the plans */
     c.device.memory = 18ull << 30;
     ml_ledger *alone = eval(m, &c, false);
     c.device.memory = 24ull << 30;
@@ -240,6 +301,7 @@ int main(void)
         cmocka_unit_test(test_free_by_name),
         cmocka_unit_test(test_optimal_counts_the_start),
         cmocka_unit_test(test_gradient_handed_on),
+        cmocka_unit_test(test_blas_workspaces),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -355,8 +355,10 @@ static void same_table(const char *yaml, uint64_t gpus, uint64_t batch, ml_alloc
     ml_model *m = load_str(yaml);
     ml_config c = on_h100(m, 300);
     c.device.allocator = alloc;
-    /* 6 MiB above the runtime's reserve: the larger micro-batches do not fit */
+    /* 6 MiB above the runtime's reserve: the larger micro-batches do not fit
+     * (and no cuBLAS workspaces, which alone would not) */
     c.device.memory = c.device.runtime_reserve + (UINT64_C(6) << 20);
+    c.device.blas_workspace = 0;
     ml_layout_request req = ml_layout_request_defaults();
     req.gpus = gpus;
     req.global_batch = batch;

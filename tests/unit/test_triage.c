@@ -51,6 +51,7 @@ static void device(ml_config *c, uint64_t memory, uint64_t budget, uint64_t rese
     c->device.memory = memory;
     c->device.budget = budget;
     c->device.runtime_reserve = reserve;
+    c->device.blas_workspace = 0; /* devices of a few MiB: no cuBLAS workspaces */
 }
 
 static ml_triage_result *triage(const ml_model *m, const ml_config *c, ml_triage_request req)
@@ -408,6 +409,7 @@ static void test_applicability(void **state)
     assert_false(has(m, &c, ML_REMEDY_OFFLOAD_PARAMS));
     /* the allocator: only when the plan counts a cache, or the run showed one */
     c = config_allocated(m);
+    c.device.blas_workspace = 0; /* a toy decoder's: no cuBLAS workspaces */
     assert_false(has(m, &c, ML_REMEDY_EXPANDABLE));
     c.device.fragmentation = 0.3;
     assert_true(has(m, &c, ML_REMEDY_EXPANDABLE));

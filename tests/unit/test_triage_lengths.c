@@ -44,6 +44,7 @@ static ml_config with_device(const ml_model *m)
     c.device.memory = s.peak * 2;
     c.device.budget = s.peak;
     c.device.runtime_reserve = 0;
+    c.device.blas_workspace = 0; /* a device of a few MiB: no cuBLAS workspaces */
     return c;
 }
 
