@@ -217,6 +217,9 @@ def reserved_planned(ml, runs, alloc, traces):
           "the cache the first left, --allocator-start)" % alloc,
           ["model", "B×T", "attention", "ckpt", "precision", "AdamW", "measured MiB",
            "planned MiB", "error", "first iteration: measured MiB", "planned MiB", "error"])
+    # the runs give the device by its size (tvp.plan: 141GB); the H200 is
+    # Hopper, sm90: PyTorch's cuBLAS workspace there is 32 MiB a handle
+    # (docs/devices.md, "cuBLAS's workspace")
     for i, r in enumerate(runs):
         case = CASES[r["model"]]
         after = ("--allocator-start", start) if i else ()

@@ -279,8 +279,7 @@ typedef struct ml_device_preset {
     double network_gbps;      /* between nodes, per device: the reference
                                  server's network adapters (DGX) */
     /* the cuBLAS workspace PyTorch allocates per handle and stream on this
-     * device by default (ml_device.blas_workspace); 0 = the default for
-     * CUDA devices other than Hopper (ML_BLAS_WORKSPACE_CUDA) */
+     * device by default (ml_device.blas_workspace) */
     uint64_t blas_workspace;
 } ml_device_preset;
 
@@ -290,7 +289,10 @@ typedef struct ml_device {
     uint64_t budget;           /* line for the reserved peak (the allocator-view
                                   peak with allocator NONE), bytes;
                                   0 = memory - runtime_reserve */
-    uint64_t runtime_reserve;  /* CUDA context + library workspaces, bytes */
+    uint64_t runtime_reserve;  /* what PyTorch's allocator never sees: the CUDA
+                                  context, the libraries' own memory; bytes
+                                  (cuBLAS's workspaces go through the
+                                  allocator: blas_workspace) */
     double peak_tflops;        /* dense peak at the compute dtype; 0 = unknown */
     double efficiency;         /* achieved fraction of peak_tflops, (0, 1] */
     double fragmentation;      /* allowance for the caching allocator's reserved bytes
@@ -447,12 +449,18 @@ ML_API const ml_device_preset *ml_device_presets(size_t *count);
 /* The preset named `name` or one of its aliases, compared without case and
  * ignoring '-', '_', ' ' and '.' ("H100 SXM", "h100_sxm"); NULL when none. */
 ML_API const ml_device_preset *ml_device_preset_find(const char *name);
-/* Makes *d the named device: present, its memory, the preset, the budget
- * back to its default (memory - runtime_reserve) and no peak_tflops of its
- * own; the other fields (runtime_reserve, efficiency, allocator, ...) are
- * kept. ML_OK, or ML_USAGE with a message listing the known names (*d
- * untouched). */
+/* Makes *d the named device: present, its memory, the preset, its cuBLAS
+ * workspace, the budget back to its default (memory - runtime_reserve) and
+ * no peak_tflops of its own; the other fields (runtime_reserve, efficiency,
+ * allocator, ...) are kept. ML_OK, or ML_USAGE with a message listing the
+ * known names (*d untouched). */
 ML_API ml_status ml_device_preset_apply(const char *name, ml_device *d, ml_error *err);
+/* Makes *d a device known by its size alone (--device SIZE): present, that
+ * memory, and what a named device set back to the defaults: no preset, no
+ * peak_tflops of its own, the budget memory - runtime_reserve, PyTorch's
+ * default cuBLAS workspace (ML_BLAS_WORKSPACE_CUDA); the other fields are
+ * kept, as ml_device_preset_apply keeps them. */
+ML_API void ml_device_of_size(ml_device *d, uint64_t memory);
 /* The compute dtype of a precision policy, and its name ("fp32", "tf32",
  * "bf16", "fp16", "fp8"). */
 ML_API ml_compute_dtype ml_precision_compute_dtype(ml_precision p);

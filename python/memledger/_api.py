@@ -35,6 +35,7 @@ SETTINGS = (
     ("efficiency", "device.efficiency"), ("fragmentation", "device.fragmentation"),
     ("interconnect", "device.interconnect_gbps"), ("pcie", "device.pcie_gbps"),
     ("allocator", "device.allocator"), ("max_split_size", "device.max_split_size"),
+    ("blas_workspace", "device.blas_workspace"),
     ("global_batch", "global_batch"), ("max_micro_batch", "max_micro_batch"),
     ("calib", "calib"),
     ("attention", None),  # the model's: ml_model_set_attention, before the job
@@ -207,6 +208,11 @@ def compare(model, training=None, **settings):
 def timeline(model, training=None, **settings):
     """Every allocation and free of one iteration: a list of event dicts
     (memledger timeline --format json)."""
+    if settings.get("allocator_start") is not None:
+        raise TypeError("memledger.timeline: allocator_start= does not change the events, "
+                        "which are the allocated view; plan(allocator_start=...) reports "
+                        "the reserved figures a start state moves")
+    settings.pop("allocator_start", None)  # None: not given
     return _run("timeline", model, settings, training)
 
 

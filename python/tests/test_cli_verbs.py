@@ -125,6 +125,13 @@ def test_allocator_start(tmp_path):
     assert [r["checkpoint"] for r in rows] == [r["checkpoint"] for r in base]
     assert [r["peak_total"] - b["peak_total"] for r, b in zip(rows, base)] == \
         [(1 << 30) - (20 << 20)] * len(base)
+    # blas_workspace= (device.blas_workspace): 0 makes none, so the same
+    # 20 MiB less; 12 MiB each (above 10 MiB) takes a 12 MiB segment of its
+    # own, twice: 2 x 12 - 20 MiB more than the default
+    none = memledger.plan(MLP2, device="8GiB", blas_workspace=0)["reserved"]["peak"]
+    r12 = memledger.plan(MLP2, device="8GiB", blas_workspace="12MiB")["reserved"]["peak"]
+    base_peak = memledger.plan(MLP2, device="8GiB")["reserved"]["peak"]
+    assert (base_peak - none, r12 - base_peak) == (20 << 20, (24 - 20) << 20)
     # the timeline's events are the allocated view, which a start state
     # does not change: the keyword is refused there
     with pytest.raises(TypeError, match="allocator_start"):

@@ -70,7 +70,11 @@ const ml_cli_flag *ml_cli_flags(size_t *count);
 
 /* Parses argv (after the verb). Returns 0, 1 for --help (printed), or 2 on a
  * usage error (printed). */
-int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o);
+int ml_cli_parse(int argc, char **argv, const char *verb, const char *const *usage,
+                 ml_cli_opts *o);
+/* A verb's usage: its parts (string literals, NULL-terminated: C99 promises
+ * 4,095 bytes a literal) one after the other. */
+void ml_cli_print_usage(const char *const *usage, FILE *f);
 /* Whether arg is the flag name, alone or as "name=VALUE". */
 bool ml_cli_is_flag(const char *arg, const char *name);
 /* Whether argv[*i] (arg) is the flag name, as "name VALUE" or
@@ -84,7 +88,7 @@ int ml_cli_whole(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint
 /* Parses argv and loads the model: returns true when the verb goes on (m and
  * cfg set), false when it is done (help printed, or an error) with *rc the
  * exit status. */
-bool ml_cli_start(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o,
+bool ml_cli_start(int argc, char **argv, const char *verb, const char *const *usage, ml_cli_opts *o,
                   ml_model **m, ml_config *cfg, int *rc);
 /* Loads the model and applies overrides; prints errors. Returns 0 or an exit status. */
 int ml_cli_load(const ml_cli_opts *o, ml_model **m, ml_config *cfg);

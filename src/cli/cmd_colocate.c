@@ -9,7 +9,7 @@
 #include "cli/cli.h"
 #include "ledger/levels.h"
 
-static const char usage[] =
+static const char *const usage[] = {
     "usage: memledger colocate --device NAME|SIZE [options] JOB JOB [JOB...]\n"
     "\n"
     "Training and inference jobs sharing one device, each in its own process with its\n"
@@ -36,7 +36,7 @@ static const char usage[] =
     "\n"
     "Exit status: 0 the jobs fit at every phase (device and budget), 1 they do not,\n"
     "2 bad input or usage,\n"
-    "3 output could not be written.\n";
+    "3 output could not be written.\n", NULL};
 
 #define MAX_JOBS 8
 #define MAX_TOKENS 64
@@ -292,7 +292,7 @@ static int parse_args(int argc, char **argv, colocate_args *a)
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
-            fputs(usage, stdout);
+            ml_cli_print_usage(usage, stdout);
             return 1;
         }
         const char *v = NULL;

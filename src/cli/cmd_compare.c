@@ -4,7 +4,7 @@
 
 #include "cli/cli.h"
 
-static const char usage[] =
+static const char *const usage[] = {
     "usage: memledger compare MODEL.yaml [options]\n"
     "\n"
     "Checkpoint policies side by side at the configured micro-batch: none, full,\n"
@@ -16,7 +16,7 @@ static const char usage[] =
     "  -o FILE                write to FILE (atomically) instead of stdout\n"
     "  and every 'memledger plan' option (--micro-batch, --device, --budget, ...)\n"
     "\n"
-    "Exit status: 0 ran, 2 bad input or usage, 3 output could not be written.\n";
+    "Exit status: 0 ran, 2 bad input or usage, 3 output could not be written.\n", NULL};
 
 int ml_cmd_compare(int argc, char **argv)
 {

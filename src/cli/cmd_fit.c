@@ -11,7 +11,7 @@
 /* --emit wrote settings that lack a part of the plan (docs/cli.md) */
 enum { EXIT_EMIT_PARTIAL = 4 };
 
-static const char usage[] =
+static const char *const usage[] = {
     "usage: memledger fit MODEL.yaml [options]\n"
     "\n"
     "Finds the largest micro-batch whose training peak fits the device, and the\n"
@@ -49,7 +49,7 @@ static const char usage[] =
     "\n"
     "Exit status: 0 a micro-batch fits, 1 even micro-batch 1 does not fit,\n"
     "2 bad input or usage (or --emit refused), 3 output could not be written,\n"
-    "4 --emit wrote settings that lack a part of the plan (named on stderr).\n";
+    "4 --emit wrote settings that lack a part of the plan (named on stderr).\n", NULL};
 
 /* The search's request from the flags; 0 or an exit status. */
 static int fit_request(const ml_cli_opts *o, ml_fit_request *req)

@@ -8,7 +8,7 @@
 /* --emit wrote settings that lack a part of the plan (docs/cli.md) */
 enum { EXIT_EMIT_PARTIAL = 4 };
 
-static const char usage[] =
+static const char *const usage[] = {
     "usage: memledger plan MODEL.yaml [options]\n"
     "       memledger plan --hf config.json [--training FILE.yaml] [options]\n"
     "\n"
@@ -23,7 +23,7 @@ static const char usage[] =
     "  --optimizer O          sgd | sgd-momentum | adam | adamw | adafactor | adam-8bit | lion\n"
     "  --optimizer-impl I     for-loop | foreach | fused\n"
     "  --checkpoint C         none | full | every-K | sqrt | selective | optimal |\n"
-    "                         \"[0, 3, 6]\" (blocks) | \"[0-3] [8]\" (segments)\n"
+    "                         \"[0, 3, 6]\" (blocks) | \"[0-3] [8]\" (segments, as optimal prints)\n"
     "  --data-parallel N      devices (replicas or shards; also --dp N)\n"
     "  --zero Z               0 | 1 | 2 | 3 (or fsdp): ZeRO stage\n"
     "  --offload O            none | optimizer | params (params needs --zero 3)\n"
@@ -35,7 +35,7 @@ static const char usage[] =
     "  --eval-batch N, --eval-seq-len N  an evaluation pass (no_grad): samples, tokens\n"
     "  --target-len N         encoder-decoder: decoder tokens (default: --seq-len)\n"
     "  --vision-tower V       multimodal: same | none | full | frozen\n"
-    "  --expert-imbalance X   the busiest expert's share over an even one (>= 1)\n"
+    "  --expert-imbalance X   experts: the busiest one's share over an even one (>= 1)\n"
     "  --expert-capacity F    Megatron's expert capacity factor; --expert-pad: padded\n"
     "Lengths (docs/lengths.md)\n"
     "  --lengths FILE|Q       sample lengths: a CSV, or p50=120,p99=480,max=512\n"
@@ -44,14 +44,16 @@ static const char usage[] =
     "Device (over the file's device: section)\n"
     "  --device NAME|SIZE     h100-sxm, l4, ... ('memledger devices') or memory (8GiB)\n"
     "  --budget SIZE          line for the reserved peak (default memory - reserve)\n"
-    "  --runtime-reserve SIZE CUDA context (default 512MiB)\n"
+    "  --runtime-reserve SIZE CUDA context, libraries (default 512MiB)\n"
     "  --peak-tflops X        dense peak at the compute dtype; --efficiency X (0..1]\n"
     "  --interconnect GBps, --pcie GBps  time communication, offload (else untimed)\n"
     "  --fragmentation X      reserved-over-peak allowance, 0..1\n"
     "  --allocator A          caching (default) | expandable | none (allocated only)\n"
     "  --max-split-size MB    the simulation's max_split_size_mb (whole MiB, > 20)\n"
-    "  --blas-workspace SIZE  cuBLAS's a handle (8519680B; Hopper: 32MiB; 0: none)\n"
-    "  --allocator-start TRACE  the cache the job finds: the state TRACE ends in\n"
+    "  --blas-workspace SIZE  cuBLAS's workspace per handle (default 8519680B, 32MiB on\n"
+    "                         Hopper presets; 0: none)\n"
+    "  --allocator-start TRACE  the cache the job finds: the state TRACE ends in\n",
+    /* a second literal: C99 promises 4,095 bytes a string literal */
     "Parallel (docs/parallel.md): one rank's figures\n"
     "  --tp, --pp, --cp, --ep, --etp N  tensor, stages, context, expert, expert width\n"
     "  --sp, --no-sp          sequence parallelism (default: on when --tp > 1)\n"
@@ -61,18 +63,18 @@ static const char usage[] =
     "  --parallel L           the layout at once: tp2.pp4.dp8 (--ranks all: each stage)\n"
     "  --engine E             eager | megatron (with --dist-optimizer: its sharding)\n"
     "Model\n"
-    "  --hf config.json       a Hugging Face config (docs/hf.md)\n"
+    "  --hf config.json       a Hugging Face config as the model (families: docs/hf.md)\n"
     "  --attention A          eager | sdpa | flash: overrides the model's attention\n"
     "  --training FILE.yaml   training: and device: sections to go with --hf\n"
     "  --calib PROFILE.yaml   a calibration profile's measured c and throughput\n"
     "Output\n"
     "  --format text|json     (default text)\n"
-    "  -o FILE                write to FILE (atomically), not stdout\n"
+    "  -o FILE                write the report to FILE (atomically) instead of stdout\n"
     "  --emit TARGET          deepspeed | hf-trainer | torch | megatron | torchtitan:\n"
     "                         this plan's settings instead of the report (docs/hf.md)\n"
     "\n"
     "Exit status: 0 fits (--lengths: every batch), 1 does not fit, 2 bad input or\n"
-    "usage, 3 output not written, 4 --emit's settings lack a part (on stderr).\n";
+    "usage, 3 output not written, 4 --emit's settings lack a part (on stderr).\n", NULL};
 
 /* --emit with a plan that does not fit the device: settings that would run
  * out of memory are not written (an -o file stays as it was); the verdict

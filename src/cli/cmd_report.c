@@ -4,7 +4,7 @@
 
 #include "cli/cli.h"
 
-static const char usage[] =
+static const char *const usage[] = {
     "usage: memledger report MODEL.yaml -o report.html [options]\n"
     "\n"
     "One self-contained HTML file (no network fetches, no external scripts): the\n"
@@ -16,7 +16,7 @@ static const char usage[] =
     "  --global-batch N       target effective batch for the recommendation\n"
     "  and every 'memledger plan' option\n"
     "\n"
-    "Exit status: 0 written, 2 bad input or usage, 3 output could not be written.\n";
+    "Exit status: 0 written, 2 bad input or usage, 3 output could not be written.\n", NULL};
 
 int ml_cmd_report(int argc, char **argv)
 {

@@ -4,7 +4,7 @@
 
 #include "cli/cli.h"
 
-static const char usage[] =
+static const char *const usage[] = {
     "usage: memledger timeline MODEL.yaml [--format csv|json|svg] [-o FILE] [options]\n"
     "\n"
     "Every allocation and free of one training iteration: index, micro-batch, phase,\n"
@@ -16,7 +16,7 @@ static const char usage[] =
     "  -o FILE                write to FILE (atomically) instead of stdout\n"
     "  and every 'memledger plan' option (--micro-batch, --checkpoint, --device, ...)\n"
     "\n"
-    "Exit status: 0 written, 2 bad input or usage, 3 output could not be written.\n";
+    "Exit status: 0 written, 2 bad input or usage, 3 output could not be written.\n", NULL};
 
 int ml_cmd_timeline(int argc, char **argv)
 {

@@ -9,7 +9,7 @@
 #include "cli/cli.h"
 #include "report/report_internal.h"
 
-static const char usage[] =
+static const char *const usage[] = {
     "usage: memledger triage MODEL.yaml [options]\n"
     "       memledger triage --hf config.json [--training FILE.yaml] [options]\n"
     "\n"
@@ -33,7 +33,7 @@ static const char usage[] =
     "  and every 'memledger plan' option (--micro-batch, --device, --eval-batch, ...)\n"
     "\n"
     "Exit status: 0 ran and the configuration fits (or no device), 1 it does not fit\n"
-    "(the triage is printed), 2 bad input or usage, 3 output could not be written.\n";
+    "(the triage is printed), 2 bad input or usage, 3 output could not be written.\n", NULL};
 
 /* The verb's own flags, taken out of argv before the shared parser. */
 typedef struct {

@@ -208,7 +208,7 @@ void ml_cli_free(ml_model *m, ml_config *cfg)
     }
 }
 
-bool ml_cli_start(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o,
+bool ml_cli_start(int argc, char **argv, const char *verb, const char *const *usage, ml_cli_opts *o,
                   ml_model **m, ml_config *cfg, int *rc)
 {
     *rc = ml_cli_parse(argc, argv, verb, usage, o);

@@ -247,13 +247,20 @@ static bool switch_flag(const char *arg, ml_cli_opts *o)
     return true;
 }
 
-int ml_cli_parse(int argc, char **argv, const char *verb, const char *usage, ml_cli_opts *o)
+void ml_cli_print_usage(const char *const *usage, FILE *f)
+{
+    for (; *usage; usage++)
+        fputs(*usage, f);
+}
+
+int ml_cli_parse(int argc, char **argv, const char *verb, const char *const *usage,
+                 ml_cli_opts *o)
 {
     memset(o, 0, sizeof *o);
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
-            fputs(usage, stdout);
+            ml_cli_print_usage(usage, stdout);
             return 1;
         }
         if (arg[0] == '-' && arg[1]) {
@@ -488,11 +495,10 @@ static int device_flag(const char *v, ml_device *d)
     /* a preset's name first: "4090" is the RTX 4090, not 4,090 bytes */
     if (!ml_device_preset_find(v) &&
         (isdigit((unsigned char)v[0]) || v[0] == '.' || v[0] == '-' || v[0] == '+')) {
-        int rc = size_flag("--device", v, &d->memory);
-        d->present = true;
-        d->budget = 0;
-        d->peak_tflops = 0;
-        d->preset = NULL;
+        uint64_t memory = 0;
+        int rc = size_flag("--device", v, &memory);
+        if (!rc)
+            ml_device_of_size(d, memory);
         return rc;
     }
     ml_error e;
@@ -504,10 +510,24 @@ static int device_flag(const char *v, ml_device *d)
     return 0;
 }
 
+/* A flag that sets a library key (ml_config_set, which reads its value):
+ * 0, or its message under the flag's name and the exit status. */
+static int setting_flag(ml_config *c, const char *flag, const char *key, const char *v)
+{
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    if (ml_config_set(c, key, v, &e) == ML_OK)
+        return 0;
+    const size_t n = strlen(key);
+    return bad_flag(flag, strncmp(e.msg, key, n) || strncmp(e.msg + n, ": ", 2) ? e.msg
+                                                                                : e.msg + n + 2);
+}
+
 /* The device flags over the model file's device: 0, or the exit status of
  * the first bad one (its message printed). */
-static int device_flags(const ml_cli_opts *o, ml_device *d)
+static int device_flags(const ml_cli_opts *o, ml_config *c)
 {
+    ml_device *d = &c->device;
     int rc = 0;
     if (!rc && o->device)
         rc = device_flag(o->device, d);
@@ -518,11 +538,6 @@ static int device_flags(const ml_cli_opts *o, ml_device *d)
     }
     if (!rc && o->runtime_reserve)
         rc = size_flag("--runtime-reserve", o->runtime_reserve, &d->runtime_reserve);
-    if (!rc && o->blas_workspace) { /* 0: none (a size is at least a byte) */
-        d->blas_workspace = 0;
-        if (strcmp(o->blas_workspace, "0"))
-            rc = size_flag("--blas-workspace", o->blas_workspace, &d->blas_workspace);
-    }
     if (!rc && o->peak_tflops)
         rc = real("--peak-tflops", o->peak_tflops, 0, 1e9, &d->peak_tflops);
     if (!rc && o->efficiency)
@@ -551,6 +566,12 @@ static int device_flags(const ml_cli_opts *o, ml_device *d)
             rc = bad_flag("--max-split-size", "applies to a simulated allocator only: add "
                                               "--allocator caching (or expandable)");
     }
+    if (!rc && o->blas_workspace) {
+        rc = setting_flag(c, "--blas-workspace", "device.blas_workspace", o->blas_workspace);
+        if (!rc && d->allocator == ML_ALLOCATOR_NONE)
+            rc = bad_flag("--blas-workspace", "applies to a simulated allocator only: add "
+                                              "--allocator caching (or expandable)");
+    }
     return rc ? rc : ml_cli_load_start(o->allocator_start, d);
 }
 
@@ -572,7 +593,7 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
     ml_config c = ml_model_config(m);
     int rc = training_flags(o, &c.training);
     if (!rc)
-        rc = device_flags(o, &c.device);
+        rc = device_flags(o, &c);
     if (!rc && o->calib) {
         ml_profile *p = NULL;
         memset(&e, 0, sizeof e);

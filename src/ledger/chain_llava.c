@@ -151,11 +151,12 @@ static void freeze(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd, size_t
         uint64_t copy = ml_mul(ch, ml_mul(ch, m->vision.hidden, m->hidden), 2);
         p->saved_bytes -= copy;
         p->cast_bytes -= copy;
-        /* nor is its entry a copy autocast holds (the allocator
-         * simulation's held tensors are the entries so flagged) */
+        /* nor is its entry a tensor (the allocator simulation makes a
+         * block's saved and held tensors from its entries) */
         for (size_t i = p->saved_first; i < p->saved_first + p->nsaved; i++)
             if ((ch->saved[i].flags & ML_SV_WCAST) && ch->saved[i].bytes == copy) {
                 ch->saved[i].flags &= ~(unsigned)ML_SV_WCAST;
+                ch->saved[i].bytes = 0;
                 break;
             }
     }

@@ -141,20 +141,24 @@ unsigned ml__kv_cache_bpe(const ml_chain *ch, const ml_model *m)
     return ch->prec.autocast && m->embed.position == ML_POS_ROPE ? 4 : ch->prec.a;
 }
 
-/* The keys and values a layer's forward returns with use_cache (above).
- * Latent attention: the keys, H heads of head_dim (fp32 under autocast,
- * where the rotated part is fp32 and the cat promotes; DeepSeek-V2 casts
- * it back), and the values, a view that keeps kv_b_proj's whole output
- * alive. */
-static uint64_t kv_cache_bytes(ml_chain *ch, const ml_model *m, const ml_ck_dims *d)
+/* The keys and values a layer's forward returns with use_cache (above):
+ * b's cache_bytes and, where they are a key and a value tensor of (B,
+ * kv_heads, T, head_dim) each, cache_unit, one's bytes. Latent attention:
+ * the keys, H heads of head_dim (fp32 under autocast, where the rotated
+ * part is fp32 and the cat promotes; DeepSeek-V2 casts it back), and the
+ * values, a view that keeps kv_b_proj's whole output alive. */
+static void kv_cache(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_ck_dims *d)
 {
     const unsigned a = ch->prec.a;
-    if (!m->attn.kv_lora)
-        return ml_mul(ch, ml_mul(ch, 2, ml_mul(ch, d->BT, d->Dkv)), ml__kv_cache_bpe(ch, m));
+    if (!m->attn.kv_lora) {
+        b->cache_unit = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), ml__kv_cache_bpe(ch, m));
+        b->cache_bytes = ml_mul(ch, 2, b->cache_unit);
+        return;
+    }
     unsigned kb = ch->prec.autocast && !m->embed.rope_complex ? 4 : a;
     uint64_t keys = ml_mul(ch, ml__ck_mul3(ch, d->BT, d->H, d->dh), kb);
     uint64_t kv_b = ml__ck_mul3(ch, d->BT, d->H, d->dh - m->attn.rope_dim + m->attn.v_dim);
-    return ml_add(ch, keys, ml_mul(ch, kv_b, a));
+    b->cache_bytes = ml_add(ch, keys, ml_mul(ch, kv_b, a));
 }
 
 /* A layer's layout: 1 for DeepSeek's expert layers (after the first
@@ -213,12 +217,8 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
          * values per expert layer (the router's, beside its graph) */
         if (k && m->moe.router_sigmoid)
             ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, m->moe.experts, 4));
-        if (m->attn.kv_cache) {
-            b->cache_bytes = kv_cache_bytes(ch, m, d);
-            /* a key and a value tensor of (B, kv_heads, T, head_dim) each */
-            if (!m->attn.kv_lora)
-                b->cache_unit = ml_mul(ch, ml_mul(ch, d->BT, d->Dkv), ml__kv_cache_bpe(ch, m));
-        }
+        if (m->attn.kv_cache)
+            kv_cache(ch, b, m, d);
         b->out_cache_bytes = ml_mul(ch, ml_mul(ch, 2, ml_mul(ch, d->BT, d->Dkv)),
                                     G[k].out_cache_bpe);
         if (ch->overflow || ch->nomem)

@@ -49,7 +49,7 @@ void ml__eval_batch(ml_replay *r, const ml_chain *ch)
  * the inference residents, ml_inference_evaluate). */
 typedef struct {
     uint64_t weights, kv_forward;
-    unsigned act_bytes;
+    unsigned cache_bpe; /* the KV cache's bytes an element (ml__kv_cache_bpe) */
 } nograd_figures;
 
 /* What is resident before the no-grad forward: the parameters; for the
@@ -141,7 +141,7 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     }
     if (inf) {
         inf->weights = s->bytes_params;
-        inf->act_bytes = ml__kv_cache_bpe(&ch, m); /* the cache's, as the prompt's */
+        inf->cache_bpe = ml__kv_cache_bpe(&ch, m); /* the generation's, as the prompt's */
         inf->kv_forward = 0;
         for (size_t k = 0; k < n; k++) /* held to the end: hold_cache */
             inf->kv_forward = ml_add(&ch, inf->kv_forward, ch.blocks[k].cache_bytes);
@@ -505,7 +505,7 @@ ml_status ml_inference_evaluate(const ml_model *m, const ml_config *cfg, uint64_
     r.kv_forward = f.kv_forward;
     r.peak = fwd;
     if (generate) {
-        r.kv_cache = kv_bytes(&ov, m, r.batch, total_t, f.act_bytes);
+        r.kv_cache = kv_bytes(&ov, m, r.batch, total_t, f.cache_bpe);
         r.peak = ml_add(&ov, fwd - f.kv_forward, r.kv_cache);
     }
     const double frag = (double)r.peak * c.device.fragmentation;

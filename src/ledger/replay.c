@@ -190,11 +190,13 @@ static void input_done(ml_replay *r, size_t k)
 
 /* A thread's first matrix product (block k's, with FLOPs) makes its cuBLAS
  * handle's workspace once its output exists: *pending bytes, kept for the
- * process's life (ml_device.blas_workspace). */
+ * process's life (ml_device.blas_workspace; docs/allocator.md, "cuBLAS's
+ * workspaces"). */
 static void blas_workspace(ml_replay *r, size_t k, uint64_t *pending)
 {
     if (*pending && r->rsim && r->ch->blocks[k].flops_fwd > 0) {
         ml__rsim_pin(r->rsim, *pending);
+        ml__replay_reserved_point(r);
         *pending = 0;
     }
 }
@@ -525,13 +527,13 @@ static void backward_nodes(ml_replay *r, size_t k)
     const ml_bnode *nd = &ch->nodes[b->node_first];
     const ml_saved *sv = &ch->saved[b->saved_first];
     uint64_t freed = 0;
+    blas_workspace(r, k, &r->blas_bwd); /* before its nodes' first product */
     if (ml__nodes_at_once(r, k, create, scat)) {
         ml__nodeprof_apply(&r->np, r);
         freed = r->np.freed;
     } else {
         ml__nodes_one_by_one(r, nd, b->nnodes, sv, create, scat, &freed);
     }
-    blas_workspace(r, k, &r->blas_bwd);
     /* time: the nodes carry no FLOPs of their own; the block's backward
      * FLOPs are counted once its nodes have run (docs/ledger.md, "Time") */
     r->flops_done += b->flops_bwd;

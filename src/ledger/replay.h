@@ -85,11 +85,11 @@ typedef struct {
     bool train_cache;        /* training with HF use_cache: the output holds the
                                 cache's copies no op saves (out_cache_bytes) */
     uint64_t cache_out;      /* ... this micro-batch's, allocated so far */
+    uint64_t prev_cache;     /* ... a previous micro-batch's, freed with prev_out */
     /* the cuBLAS workspaces the simulation still has to make: the forward
      * thread's at its first product, the backward thread's at its first
      * (ml_device.blas_workspace; a process's first iteration only) */
     uint64_t blas_fwd, blas_bwd;
-    uint64_t prev_cache;     /* ... a previous micro-batch's, freed with prev_out */
     /* per boundary k, n + 1 entries each */
     uint64_t *held;          /* bytes of boundary k still allocated, 0 once freed */
     ml_category *held_cat;   /* the category boundary k is counted in */

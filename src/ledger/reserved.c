@@ -293,6 +293,17 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
     return sum == bytes ? n : 0;
 }
 
+/* Whether the simulator's answer ar let the request through; else r
+ * records the failure: the device ran out (oom) or the host (nomem). */
+static bool granted(ml_rsim *r, ml_alloc_result ar)
+{
+    if (ar == ML_ALLOC_OK)
+        return true;
+    r->oom = ar == ML_ALLOC_OOM;
+    r->nomem = ar != ML_ALLOC_OOM;
+    return false;
+}
+
 static bool add_live(ml_rsim *r, ml_category c, size_t gi)
 {
     size_t *grown = ml_grow(r->live[c], r->nlive[c], &r->livecap[c], sizeof *grown, 64);
@@ -332,12 +343,8 @@ void ml__rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split s
     }
     group *g = &r->g[r->ng];
     *g = (group){c, bytes, r->nh, 0};
-    ml_alloc_result ar = ml__alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n);
-    if (ar != ML_ALLOC_OK) {
-        r->oom = ar == ML_ALLOC_OOM;
-        r->nomem = ar != ML_ALLOC_OOM;
+    if (!granted(r, ml__alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n)))
         return;
-    }
     r->nh += g->n;
     if (!add_live(r, c, r->ng++))
         r->nomem = true;
@@ -382,20 +389,14 @@ void ml__rsim_pin(ml_rsim *r, uint64_t bytes)
     size_t made = 0;
     if (!bytes || r->oom || r->nomem)
         return;
-    ml_alloc_result ar = ml__alloc_sim_malloc_many(r->sim, &bytes, 1, &h, &made);
-    r->oom = ar == ML_ALLOC_OOM;
-    r->nomem = ar != ML_ALLOC_OK && ar != ML_ALLOC_OOM;
+    granted(r, ml__alloc_sim_malloc_many(r->sim, &bytes, 1, &h, &made));
 }
 
 bool ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t)
 {
     size_t at = 0;
-    ml_alloc_result ar = ml__alloc_trace_run(r->sim, t, &at);
-    if (ar != ML_ALLOC_OK) {
-        r->oom = ar == ML_ALLOC_OOM;
-        r->nomem = ar != ML_ALLOC_OOM;
+    if (!granted(r, ml__alloc_trace_run(r->sim, t, &at)))
         return false;
-    }
     ml__alloc_sim_reset_peaks(r->sim);
     return true;
 }
@@ -412,7 +413,7 @@ ml_alloc_config ml__rsim_config(const ml_device *dv)
 uint64_t ml__rsim_start_held(const ml_device *dv)
 {
     if (!dv->start)
-        return 2 * dv->blas_workspace;
+        return 0;
     ml_alloc_config ac = ml__rsim_config(dv);
     ml_alloc_sim *s = NULL;
     uint64_t held = 0;

@@ -80,9 +80,8 @@ bool ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t);
 /* The simulator's configuration for device dv (its allocator, its
  * max_split_size, its memory less the runtime reserve). */
 ml_alloc_config ml__rsim_config(const ml_device *dv);
-/* The bytes dv->start leaves allocated (0 when it does not run to its end:
- * the plan's simulation says why); without a start, the two cuBLAS
- * workspaces a new process keeps (ml_device.blas_workspace). */
+/* The bytes dv->start leaves allocated (0 without one, or when it does not
+ * run to its end: the plan's simulation says why). */
 uint64_t ml__rsim_start_held(const ml_device *dv);
 
 /* False once a request failed: the device ran out, or the host (*nomem). */

@@ -50,6 +50,18 @@ static ml_status size(const char *key, const char *v, uint64_t *out, ml_error *e
     return st ? ml__errorf_at(err, st, 0, 0, "%s: %s", key, e.msg) : ML_OK;
 }
 
+ml_status ml__size_or_none(const char *key, const char *v, uint64_t *out, ml_error *err)
+{
+    if (!strcmp(v, "0")) {
+        *out = 0;
+        return ML_OK;
+    }
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    ml_status st = ml_parse_size(v, out, &e);
+    return st ? ml__errorf_at(err, st, 0, 0, "%s: %s (or 0 for none)", key, e.msg) : ML_OK;
+}
+
 /* v among the n names name(0..n-1); *out its index. */
 static ml_status named(const char *key, const char *v, const char *(*name)(unsigned), unsigned n,
                        unsigned *out, const char *hint, ml_error *err)
@@ -184,30 +196,26 @@ static ml_status device_set(const char *key, const char *v, ml_device *d, ml_err
     unsigned u = 0;
     if (!strcmp(k, "memory") || !strcmp(k, "name")) {
         /* as the command line's --device NAME|SIZE: a preset's name sets its
-         * memory and peaks; a size is memory only (no peak of the model
-         * file's device carried over); either invalidates a budget line set
-         * before it (back to memory - reserve) */
+         * memory, peaks and cuBLAS workspace; a size is memory only (no peak
+         * or workspace of the model file's device carried over); either
+         * invalidates a budget line set before it (back to memory - reserve) */
         if (ml_device_preset_find(v) ||
             (!isdigit((unsigned char)v[0]) && v[0] != '.' && v[0] != '-' && v[0] != '+'))
             return ml_device_preset_apply(v, d, err);
         if (!strcmp(k, "name"))
             return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: '%s' is a size, not a device name",
                                  key, v);
-        if (!(st = size(key, v, &d->memory, err))) {
-            d->present = true;
-            d->budget = 0;
-            d->peak_tflops = 0;
-            d->preset = NULL;
-        }
+        uint64_t memory = 0;
+        if (!(st = size(key, v, &memory, err)))
+            ml_device_of_size(d, memory);
     } else if (!strcmp(k, "budget")) {
         if (!d->present)
             return ml__errorf_at(err, ML_USAGE, 0, 0, "%s: needs a device: set device.memory first", key);
         st = size(key, v, &d->budget, err);
     } else if (!strcmp(k, "runtime_reserve")) {
         st = size(key, v, &d->runtime_reserve, err);
-    } else if (!strcmp(k, "blas_workspace")) { /* 0: none */
-        d->blas_workspace = 0;
-        st = strcmp(v, "0") ? size(key, v, &d->blas_workspace, err) : ML_OK;
+    } else if (!strcmp(k, "blas_workspace")) {
+        st = ml__size_or_none(key, v, &d->blas_workspace, err);
     } else if (!strcmp(k, "peak_tflops")) {
         st = real(key, v, 0, 1e9, &d->peak_tflops, err);
     } else if (!strcmp(k, "interconnect_gbps")) {

@@ -10,6 +10,7 @@
 
 #define MIB(n) ((uint64_t)(n) << 20)
 #define GIB(n) ((uint64_t)(n) << 30)
+#define CUDA_WS ML_BLAS_WORKSPACE_CUDA
 
 /* Peaks in TFLOP/s, dense: the datasheets print most tensor figures with
  * 2:4 sparsity (marked *) and the dense figure is half of it. Order: fp32,
@@ -18,9 +19,9 @@
  * Then the DRAM bandwidth (GB/s), the SMs, and the links each way (GB/s):
  * within a node (NVLink, or PCIe where the devices have no fabric), between
  * nodes per device (a DGX's adapters; 0 elsewhere). Last, the cuBLAS
- * workspace PyTorch gives each handle where it is not the CUDA default
- * (CublasHandlePool.cpp, parseChosenWorkspaceSize: 32 MiB on Hopper, sm90;
- * on ROCm 128 MiB for gfx94x, the MI300X). */
+ * workspace PyTorch gives each handle (CublasHandlePool.cpp,
+ * parseChosenWorkspaceSize): CUDA's default (CUDA_WS) but 32 MiB on Hopper
+ * (sm90), and on ROCm 128 MiB for gfx94x, the MI300X. */
 static const ml_device_preset presets[] = {
     {"h100-sxm", "h100 h100-sxm5 h100-80gb", "NVIDIA H100 80GB HBM3", MIB(81559),
      {67, 494.5, 989.5, 989.5, 1979}, 3350, 132, 450, 50, MIB(32)},
@@ -29,39 +30,39 @@ static const ml_device_preset presets[] = {
     {"h200", "h200-sxm h200-141gb", "NVIDIA H200", MIB(143771),
      {67, 494.5, 989.5, 989.5, 1979}, 4800, 132, 450, 50, MIB(32)},
     {"a100-40gb", "a100-sxm4-40gb", "NVIDIA A100-SXM4-40GB", MIB(40960),
-     {19.5, 156, 312, 312, 0}, 1555, 108, 300, 25, 0},
+     {19.5, 156, 312, 312, 0}, 1555, 108, 300, 25, CUDA_WS},
     {"a100-80gb", "a100-sxm4-80gb", "NVIDIA A100-SXM4-80GB", MIB(81920),
-     {19.5, 156, 312, 312, 0}, 2039, 108, 300, 25, 0},
-    {"l4", "", "NVIDIA L4", MIB(23034), {30.3, 60, 121, 121, 242.5}, 300, 58, 32, 0, 0},
-    {"l40s", "", "NVIDIA L40S", MIB(46068), {91.6, 183, 362.05, 362.05, 733}, 864, 142, 32, 0, 0},
-    {"a10", "", "NVIDIA A10", MIB(23028), {31.2, 62.5, 125, 125, 0}, 600, 72, 32, 0, 0},
+     {19.5, 156, 312, 312, 0}, 2039, 108, 300, 25, CUDA_WS},
+    {"l4", "", "NVIDIA L4", MIB(23034), {30.3, 60, 121, 121, 242.5}, 300, 58, 32, 0, CUDA_WS},
+    {"l40s", "", "NVIDIA L40S", MIB(46068), {91.6, 183, 362.05, 362.05, 733}, 864, 142, 32, 0, CUDA_WS},
+    {"a10", "", "NVIDIA A10", MIB(23028), {31.2, 62.5, 125, 125, 0}, 600, 72, 32, 0, CUDA_WS},
     /* AWS's A10G: no vendor publishes its per-dtype peaks (docs/devices.md) */
-    {"a10g", "", "NVIDIA A10G", MIB(23028), {0, 0, 0, 0, 0}, 600, 80, 0, 0, 0},
-    {"t4", "tesla-t4", "Tesla T4", MIB(15360), {8.1, 0, 0, 65, 0}, 320, 40, 16, 0, 0},
+    {"a10g", "", "NVIDIA A10G", MIB(23028), {0, 0, 0, 0, 0}, 600, 80, 0, 0, CUDA_WS},
+    {"t4", "tesla-t4", "Tesla T4", MIB(15360), {8.1, 0, 0, 65, 0}, 320, 40, 16, 0, CUDA_WS},
     {"v100-16gb", "v100 v100-sxm2-16gb", "Tesla V100-SXM2-16GB", GIB(16),
-     {15.7, 0, 0, 125, 0}, 900, 80, 150, 0, 0},
+     {15.7, 0, 0, 125, 0}, 900, 80, 150, 0, CUDA_WS},
     {"v100-32gb", "v100-sxm2-32gb", "Tesla V100-SXM2-32GB", GIB(32),
-     {15.7, 0, 0, 125, 0}, 900, 80, 150, 0, 0},
+     {15.7, 0, 0, 125, 0}, 900, 80, 150, 0, CUDA_WS},
     {"rtx4090", "4090 geforce-rtx-4090", "NVIDIA GeForce RTX 4090", GIB(24),
-     {82.6, 82.6, 165.2, 165.2, 330.3}, 1008, 128, 32, 0, 0},
+     {82.6, 82.6, 165.2, 165.2, 330.3}, 1008, 128, 32, 0, CUDA_WS},
     {"rtx3090", "3090 geforce-rtx-3090", "NVIDIA GeForce RTX 3090", GIB(24),
-     {35.6, 35.6, 71, 71, 0}, 936, 82, 32, 0, 0},
+     {35.6, 35.6, 71, 71, 0}, 936, 82, 32, 0, CUDA_WS},
     /* consumer cards: the whitepaper's table where NVIDIA printed one (3070,
      * 4080), else the product page's cores and boost clock times the
      * architecture's rates per SM and clock (docs/devices.md, "Consumer
      * cards") */
     {"rtx4080", "geforce-rtx-4080 rtx4080-16gb", "NVIDIA GeForce RTX 4080", GIB(16),
-     {48.7, 48.7, 97.5, 97.5, 194.9}, 716.8, 76, 32, 0, 0},
+     {48.7, 48.7, 97.5, 97.5, 194.9}, 716.8, 76, 32, 0, CUDA_WS},
     {"rtx4070", "geforce-rtx-4070", "NVIDIA GeForce RTX 4070", GIB(12),
-     {29.15, 29.15, 58.29, 58.29, 116.58}, 504, 46, 32, 0, 0},
+     {29.15, 29.15, 58.29, 58.29, 116.58}, 504, 46, 32, 0, CUDA_WS},
     {"rtx4060ti-16gb", "geforce-rtx-4060-ti-16gb", "NVIDIA GeForce RTX 4060 Ti", GIB(16),
-     {22.06, 22.06, 44.13, 44.13, 88.26}, 288, 34, 16, 0, 0},
+     {22.06, 22.06, 44.13, 44.13, 88.26}, 288, 34, 16, 0, CUDA_WS},
     {"rtx4060", "geforce-rtx-4060", "NVIDIA GeForce RTX 4060", GIB(8),
-     {15.11, 15.11, 30.23, 30.23, 60.46}, 272, 24, 16, 0, 0},
+     {15.11, 15.11, 30.23, 30.23, 60.46}, 272, 24, 16, 0, CUDA_WS},
     {"rtx3070", "geforce-rtx-3070", "NVIDIA GeForce RTX 3070", GIB(8),
-     {20.3, 20.3, 40.6, 40.6, 0}, 448, 46, 32, 0, 0},
+     {20.3, 20.3, 40.6, 40.6, 0}, 448, 46, 32, 0, CUDA_WS},
     {"rtx3060", "geforce-rtx-3060 rtx3060-12gb", "NVIDIA GeForce RTX 3060", GIB(12),
-     {12.74, 12.74, 25.48, 25.48, 0}, 360, 28, 32, 0, 0},
+     {12.74, 12.74, 25.48, 25.48, 0}, 360, 28, 32, 0, CUDA_WS},
     {"mi300x", "instinct-mi300x", "AMD Instinct MI300X", GIB(192),
      {163.4, 653.7, 1307.4, 1307.4, 2614.9}, 5300, 304, 448, 0, MIB(128)},
 };
@@ -133,9 +134,19 @@ ml_status ml_device_preset_apply(const char *name, ml_device *d, ml_error *err)
     d->memory = p->memory;
     d->budget = 0;
     d->peak_tflops = 0;
-    d->blas_workspace = p->blas_workspace ? p->blas_workspace : ML_BLAS_WORKSPACE_CUDA;
+    d->blas_workspace = p->blas_workspace;
     d->preset = p;
     return ML_OK;
+}
+
+void ml_device_of_size(ml_device *d, uint64_t memory)
+{
+    d->present = true;
+    d->memory = memory;
+    d->budget = 0;
+    d->peak_tflops = 0;
+    d->blas_workspace = ML_BLAS_WORKSPACE_CUDA;
+    d->preset = NULL;
 }
 
 ml_compute_dtype ml_precision_compute_dtype(ml_precision p)

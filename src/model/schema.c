@@ -173,15 +173,19 @@ static ml_status device_name(ml_error *err, const ml_node *name, ml_device *dv)
     return ML_OK;
 }
 
-/* device.blas_workspace: a size, or 0 for none. */
+/* device.blas_workspace: a size, or 0 for none (ml__size_or_none). */
 static ml_status blas_workspace(ml_error *err, const ml_node *d, ml_device *dv)
 {
+    static const char key[] = "device.blas_workspace";
     const ml_node *v = ml__tree_get(d, "blas_workspace");
-    if (v && v->text && !strcmp(v->text, "0")) {
-        dv->blas_workspace = 0;
+    if (!v)
         return ML_OK;
-    }
-    return ml__tree_size(err, d, "blas_workspace", "device", &dv->blas_workspace);
+    ml_status st = ml__tree_need_scalar(err, v, key, "a size such as 32MiB, or 0");
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    if (!st && (st = ml__size_or_none(key, v->text, &dv->blas_workspace, &e)))
+        return ml__error_at(err, v, st == ML_USAGE ? ML_SCHEMA : st, "%s", e.msg);
+    return st;
 }
 
 static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)

@@ -24,6 +24,9 @@ ml_status ml__schema_mla(ml_error *err, const ml_node *mm, ml_model *m);
 /* norm: olmo_layernorm (HF OlmoLayerNorm) is planned in the layouts the op
  * graph expresses with it (docs/graph.md): a plain pre-norm decoder. */
 ml_status ml__schema_olmo(ml_error *err, const ml_node *mm, ml_model *m);
+/* A size, or "0" for none (device.blas_workspace), into *out; the message
+ * names key (config_set.c). */
+ml_status ml__size_or_none(const char *key, const char *v, uint64_t *out, ml_error *err);
 /* The per-model default of training.seq_len (schema_t5.c). */
 void ml__schema_seq_default(ml_model *m);
 /* model: of type encoder-decoder (T5; schema_t5.c). */

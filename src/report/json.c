@@ -101,6 +101,15 @@ static void json_calibration(FILE *f, const ml_config *cfg, const ml_summary *s)
     }
 }
 
+/* v, or null where there is none (!has). */
+static void bytes_or_null(FILE *f, bool has, uint64_t v)
+{
+    if (has)
+        fprintf(f, "%llu", (unsigned long long)v);
+    else
+        fputs("null", f);
+}
+
 /* {"forward": {"peak", "at"} | null, "loss", "backward", "optimizer"}. */
 static void json_phases(FILE *f, const ml_phase_peak *p)
 {
@@ -115,6 +124,36 @@ static void json_phases(FILE *f, const ml_phase_peak *p)
         fputc('}', f);
     }
     fputc('}', f);
+}
+
+/* "reserved": the simulated allocator's figures (docs/allocator.md), or
+ * null without a simulation. */
+static void json_reserved(FILE *f, const ml_config *cfg, const ml_summary *s)
+{
+    if (!s->has_reserved) {
+        fputs("null", f);
+        return;
+    }
+    static const char *const when[] = {"resident", "first", "steady", "evaluation"};
+    const ml_reserved_at *w = &s->reserved_at;
+    fprintf(f, "{\"peak\": %llu, \"segments\": %llu, \"allocator\": \"%s\", \"oom\": %s, "
+               "\"at\": {\"iteration\": \"%s\", \"phase\": \"%s\", \"step\": ",
+            (unsigned long long)s->reserved_peak, (unsigned long long)s->reserved_segments,
+            ml_allocator_name(cfg->device.allocator), s->reserved_oom ? "true" : "false",
+            when[w->when], ml_phase_name(w->phase));
+    ml_json_put_string(f, w->at);
+    fprintf(f, ", \"allocated\": %llu, \"segments\": %llu}", (unsigned long long)w->allocated,
+            (unsigned long long)w->segments);
+    fprintf(f, ", \"passes\": {\"first_iteration\": %llu, \"steady\": %llu, \"eval\": ",
+            (unsigned long long)s->reserved_first, (unsigned long long)s->reserved_steady);
+    bytes_or_null(f, s->has_eval, s->reserved_peak); /* the running peak: the whole run's */
+    fputc('}', f);
+    if (s->start_reserved)
+        fprintf(f, ", \"start\": {\"reserved\": %llu, \"allocated\": %llu, \"segments\": %llu}}",
+                (unsigned long long)s->start_reserved, (unsigned long long)s->start_allocated,
+                (unsigned long long)s->start_segments);
+    else
+        fputs(", \"start\": null}", f);
 }
 
 /* "bytes", "peak", "peaks", "model_states" and "reserved". */
@@ -140,10 +179,7 @@ static void json_bytes(FILE *f, const ml_config *cfg, const ml_summary *s)
                 (unsigned long long)s->peak_breakdown[c]);
     fprintf(f, "}},\n \"peaks\": {\"steady\": %llu, \"first_iteration\": %llu, \"eval\": ",
             (unsigned long long)s->peak, (unsigned long long)s->peak_first_iteration);
-    if (s->has_eval)
-        fprintf(f, "%llu", (unsigned long long)s->peak_eval);
-    else
-        fputs("null", f);
+    bytes_or_null(f, s->has_eval, s->peak_eval);
     fprintf(f, ", \"binding\": \"%s\",\n  \"phases\": {\"steady\": ",
             ml_peak_kind_name(s->binding));
     json_phases(f, s->phase_steady);
@@ -158,31 +194,7 @@ static void json_bytes(FILE *f, const ml_config *cfg, const ml_summary *s)
             (unsigned long long)ml__report_model_states(s));
     num(f, ml__report_model_states_per_param(s));
     fputs("},\n \"reserved\": ", f);
-    if (s->has_reserved) {
-        static const char *const when[] = {"resident", "first", "steady", "evaluation"};
-        const ml_reserved_at *w = &s->reserved_at;
-        fprintf(f, "{\"peak\": %llu, \"segments\": %llu, \"allocator\": \"%s\", \"oom\": %s, "
-                   "\"at\": {\"iteration\": \"%s\", \"phase\": \"%s\", \"step\": ",
-                (unsigned long long)s->reserved_peak, (unsigned long long)s->reserved_segments,
-                ml_allocator_name(cfg->device.allocator), s->reserved_oom ? "true" : "false",
-                when[w->when], ml_phase_name(w->phase));
-        ml_json_put_string(f, w->at);
-        fprintf(f, ", \"allocated\": %llu, \"segments\": %llu}", (unsigned long long)w->allocated,
-                (unsigned long long)w->segments);
-        fprintf(f, ", \"passes\": {\"first_iteration\": %llu, \"steady\": %llu, \"eval\": ",
-                (unsigned long long)s->reserved_first, (unsigned long long)s->reserved_steady);
-        if (s->has_eval)
-            fprintf(f, "%llu}", (unsigned long long)s->reserved_peak);
-        else
-            fputs("null}", f);
-        if (s->start_reserved)
-            fprintf(f, ", \"start\": {\"reserved\": %llu, \"allocated\": %llu, \"segments\": %llu}}",
-                    (unsigned long long)s->start_reserved, (unsigned long long)s->start_allocated,
-                    (unsigned long long)s->start_segments);
-        else
-            fputs(", \"start\": null}", f);
-    } else
-        fputs("null", f);
+    json_reserved(f, cfg, s);
 }
 
 /* x, or null when negative (unknown). */

@@ -5,10 +5,11 @@ change that moves the planner away from the measurements fails the build
 (docs/calibration-h200.md): the steady, first-iteration and evaluation
 allocated peaks 60 of 60, reserved with the simulated caching allocator 49
 of 60 (today's count, not the target; every run within 14 %), with
-expandable segments 24 of 24 (every run within 5 %); and the reserved bytes once the first
-iteration has ended, 53 of 60 and 24 of 24. The reserved runs after each campaign's first
-are planned from the cache the first run left in the process
-(--allocator-start, calib/campaign_state.py), as they were measured.
+expandable segments 24 of 24 (every run within 5 %); and the reserved bytes
+once the first iteration has ended, 53 of 60 and 24 of 24. The reserved runs
+after each campaign's first are planned from the cache the first run left in
+the process (--allocator-start, calib/campaign_state.py), as they were
+measured.
 
 Usage: test_h200_report.py H200_REPORT_PY RESULTS_DIR MEMLEDGER"""
 import re

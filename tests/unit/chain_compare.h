@@ -19,21 +19,28 @@
                      (double)x->f, (double)y->f);                                        \
     } while (0)
 
-/* Each block's weight copies (its saved entries flagged ML_SV_WCAST) add up
- * to its cast_bytes: the allocator simulation makes the held copies from
- * those entries (reserved.c). A frozen tower's blocks keep no saved
- * bytes. */
+/* Each block's saved entries add up to its saved_bytes, and its weight
+ * copies (the entries flagged ML_SV_WCAST) to its cast_bytes: the allocator
+ * simulation makes the saved tensors and the held copies from those
+ * entries (reserved.c), else one tensor of their sum. A frozen tower's
+ * blocks keep no saved bytes; a calibration profile's measured blocks
+ * scale saved_bytes alone. */
 static inline void casts_add_up(const ml_chain *b, const char *what)
 {
     for (size_t i = 0; i < b->n; i++) {
         const ml_cblock *x = &b->blocks[i];
-        uint64_t sum = 0;
-        for (size_t k = x->saved_first; k < x->saved_first + x->nsaved; k++)
+        uint64_t sum = 0, all = 0;
+        for (size_t k = x->saved_first; k < x->saved_first + x->nsaved; k++) {
+            all += b->saved[k].bytes;
             if (b->saved[k].flags & ML_SV_WCAST)
                 sum += b->saved[k].bytes;
+        }
         if (!x->frozen && sum != x->cast_bytes)
             fail_msg("%s: %s: weight copies %llu B, cast_bytes %llu", what, x->name,
                      (unsigned long long)sum, (unsigned long long)x->cast_bytes);
+        if (!x->frozen && !x->measured && all != x->saved_bytes)
+            fail_msg("%s: %s: saved entries %llu B, saved_bytes %llu", what, x->name,
+                     (unsigned long long)all, (unsigned long long)x->saved_bytes);
     }
 }
 

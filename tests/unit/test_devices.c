@@ -167,6 +167,35 @@ static void test_links(void **state)
     }
 }
 
+/* cuBLAS's workspace a handle (docs/devices.md): 4,096 KiB x 8 on Hopper
+ * (sm90), 128 MiB for ROCm's gfx94x, else 2 x 4,096 KiB + 8 x 16 KiB; a
+ * device given by its size alone takes the last, whatever it replaces. */
+static void test_blas_workspace(void **state)
+{
+    (void)state;
+    const uint64_t hopper = 4096 * 8 * 1024, gfx94 = 128ull << 20,
+                   cuda = 4096 * 1024 * 2 + 16 * 1024 * 8;
+    size_t n = 0;
+    const ml_device_preset *t = ml_device_presets(&n);
+    for (size_t i = 0; i < n; i++) {
+        const char *name = t[i].name;
+        uint64_t want = !strcmp(name, "mi300x") ? gfx94
+                        : (!strcmp(name, "h100-sxm") || !strcmp(name, "h100-pcie") ||
+                           !strcmp(name, "h200"))
+                            ? hopper
+                            : cuda;
+        ml_device d;
+        memset(&d, 0, sizeof d);
+        assert_int_equal(ml_device_preset_apply(name, &d, NULL), ML_OK);
+        assert_int_equal(d.blas_workspace, want);
+        ml_device_of_size(&d, 8ull << 30);
+        assert_int_equal(d.blas_workspace, cuda);
+        assert_null(d.preset);
+        assert_int_equal(d.memory, 8ull << 30);
+    }
+    assert_int_equal(ml_config_defaults().device.blas_workspace, cuda);
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -262,7 +291,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows),
-        cmocka_unit_test(test_bandwidths),
+        cmocka_unit_test(test_bandwidths),      cmocka_unit_test(test_blas_workspace),
         cmocka_unit_test(test_links),           cmocka_unit_test(test_names),
         cmocka_unit_test(test_apply),          cmocka_unit_test(test_peak_by_precision),
         cmocka_unit_test(test_step_time),

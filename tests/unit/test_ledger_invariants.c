@@ -555,7 +555,7 @@ static void test_reserved_tiny_by_hand(void **state)
                            "    - linear: {out: 4, bias: false}\n  loss: mse\n"
                            "training:\n  micro_batch: 30\n  optimizer: adam\n");
     ml_config c = config_allocated(m);
-    c.device.blas_workspace = 0; /* test_reserved_tensors.c adds cuBLAS's */
+    c.device.blas_workspace = 0; /* cuBLAS's: test_alloc_start.c, test_blas_workspaces */
     ml_ledger *l = eval(m, &c, false);
     assert_false(ml_ledger_summary(l)->has_reserved);
     ml_ledger_destroy(l);

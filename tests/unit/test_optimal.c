@@ -231,7 +231,8 @@ static void test_optimal_matches_subset_search(void **state)
     c.device.budget = 0;
     /* without cuBLAS's workspaces: with them (8,519,680 B twice, one 20 MiB
      * segment) optimal's fallback ends at full checkpointing here, more
-     * recompute than the subsets' best (docs/optimal.md, "Limits") */
+     * recompute than the subsets' best (docs/optimal.md, "Guarantee of the
+     * verdict") */
     c.device.blas_workspace = 0;
     double best = -1;
     for (uint32_t mask = 0; mask < 4096; mask++) {

@@ -73,8 +73,9 @@ static void test_optimal_fits_where_a_neighbour_plan_does(void **state)
  * own plan gives. gpt2-medium at micro-batch 5 on 11 GiB and at 6 on
  * 13 GiB (caching allocator) come to that fallback; none does not fit
  * either, and of the segment policies, which recompute alike, only full
- * fits on either (memledger plan ... --checkpoint P --allocator caching on
- * each). */
+ * fits on either (memledger plan ... --checkpoint P --allocator caching
+ * --blas-workspace 0 on each: the cases were chosen without cuBLAS's
+ * workspaces). */
 static void test_fallback_as_each_policy(void **state)
 {
     (void)state;
