@@ -141,6 +141,37 @@ static ml_status simulated_fallback(const ml_model *m, ml_evalctx *x, int *seg, 
     return st;
 }
 
+/* Checkpoint optimal's plan seg over with its cache simulated: the same
+ * blocks, each its own segment. It recomputes the same FLOPs, and each
+ * block's backward recreates its own saved tensors alone where a longer
+ * segment recreates all of them at once; it keeps more segment inputs to
+ * the loss. Taken into seg (*fits) when it fits, simulated; nothing is
+ * tried when seg has no segment of more than one block. */
+static ml_status split_segments(const ml_model *m, ml_evalctx *x, int *seg, bool keep_events,
+                                ml_ledger *l, bool *fits, ml_error *err)
+{
+    const size_t n = x->ch->n;
+    bool longer = false;
+    for (size_t k = 1; k < n && !longer; k++)
+        longer = seg[k] >= 0 && seg[k] == seg[k - 1];
+    *fits = false;
+    if (!longer)
+        return ML_OK;
+    int *one = calloc(n + 1, sizeof *one);
+    if (!one)
+        return ml__errorf(err, ML_NOMEM, "out of memory");
+    for (size_t k = 0; k < n; k++)
+        one[k] = seg[k] < 0 ? -1 : (int)k;
+    /* over the budget unsimulated, it is over with its cache too */
+    ml_status st = ml__eval_run(x, one, false, l, err);
+    if (!st && l->sum.fits && !(st = run_plan(m, x, one, keep_events, l, err)) && l->sum.fits) {
+        *fits = true;
+        memcpy(seg, one, n * sizeof *seg);
+    }
+    free(one);
+    return st;
+}
+
 /* The plan's segments, its replay and, with the allocator simulated, its
  * reserved peak and the verdict on it. Checkpoint optimal searches by the
  * allocator peak; where the simulated cache puts its plan over the budget,
@@ -173,6 +204,14 @@ ml_status ml__eval_plan(const ml_model *m, ml_evalctx *x, int *seg, bool keep_ev
                                                                : 0;
         if (s->reserved_oom && s->budget > s->peak && s->budget - s->peak + 1 > cache)
             cache = s->budget - s->peak + 1;
+        /* the cache's layout may turn down a long segment's recompute where
+         * the same blocks on their own fit: the same recompute, which the
+         * later rounds, solving at tighter budgets, do not undercut */
+        bool split = false;
+        if ((st = split_segments(m, x, seg, keep_events, l, &split, err)))
+            return st;
+        if (split)
+            break;
         if (round == 3 || cache <= allowed) {
             bool any = false;
             if ((st = simulated_fallback(m, x, seg, l, &any, err)) ||
