@@ -29,6 +29,15 @@ static void common(const ml_model *m, const mlg_config *c, mlg_layer *L)
     L->autocast = c->autocast;
 }
 
+/* HF's eager attention adds a mask in the stream's dtype before its
+ * softmax(dtype=fp32): the sum is in the stream's dtype, so it is copied
+ * to fp32 first only where that is bf16 (fp16 converts in the kernel;
+ * under autocast the stream is fp32). */
+static void masked_softmax(const mlg_config *c, mlg_attention *a)
+{
+    a->softmax_copy = c->stream_bytes != 4 && !c->fp16;
+}
+
 /* A layer with one dense MLP and plain self-attention: no experts, latent
  * attention or QuickGELU, and not Falcon's shared norm (the experts, latent
  * attention, the shared norm and CLIP's layer are families of their own,
@@ -79,6 +88,7 @@ static bool hf_layout(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_la
     L->norm = n;
     mlg_attention *a = &L->attn;
     a->hf = a->mask = true;
+    masked_softmax(c, a);
     a->grouped = m->attn.kv_heads < m->attn.heads;
     a->repeat_copy = a->grouped && m->attn.kv_heads > 1;
     /* a cache of Phi-3's views would keep the whole qkv_proj output: not
@@ -149,6 +159,7 @@ bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     /* query_key_value, sliced; the rotary's empty pass */
     mlg_attention *a = &L->attn;
     a->hf = a->fused_proj = a->mask = true;
+    masked_softmax(c, a);
     a->grouped = m->attn.kv_heads < m->attn.heads;
     a->repeat_copy = a->grouped && m->attn.kv_heads > 1;
     /* grouped under a fused kernel: the deleted builders counted the
@@ -202,6 +213,7 @@ bool ml__family_deepseek_layer(const ml_model *m, const mlg_config *c, mlg_layer
     L->latent = (mlg_norm){MLG_RMSNORM, false, c->compute_bytes != 4, false};
     mlg_attention *a = &L->attn;
     a->hf = a->mask = a->latent = true;
+    masked_softmax(c, a);
     a->q_lora = m->attn.q_lora > 0;
     /* the chain refuses sdpa and flash with latent attention (chain.c);
      * a block asked for one anyway is the eager layout, as the builders

@@ -396,12 +396,20 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
         S2 = ml__kit_softcap(g, S2, true);
     uint16_t S3 = S2;
     if (a->mask) {
-        /* Falcon's mask, in the stream's dtype, promotes the sum (under
-         * autocast: fp32), one of the block rule's transients */
+        /* the additive mask is in the stream's dtype (transformers makes it
+         * in inputs_embeds' dtype: masking_utils.py, create_causal_mask), so
+         * the sum is promoted to it: under autocast fp32, whose backward
+         * (AddBackward0) casts the gradient back to the scores' dtype.
+         * Falcon's sum is a temporary, one of the block rule's */
         S3 = a->stream_softmax ? ml__kit_scores(g, "scores + mask", MLG_STREAM, MLG_T_TMP)
-                               : ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
+                               : ml__kit_scores(g, "scores (masked)", MLG_STREAM, 0);
         o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (causal mask)", S2, S3, NULL);
         ml__op_free(o, S2);
+        if (L->autocast) {
+            ml__op_node(o, "AddBackward0 (the masked scores, cast back)");
+            ml__op_gin(o, S2);
+            ml__op_gout(o, S3);
+        }
     }
     uint16_t probs = softmax_fp32(g, L, S3);
     *scores = a->bert ? S3 : MLG_NONE; /* bound until the attention returns */

@@ -65,6 +65,7 @@ usage: livebytes.py MEMLEDGER MODELS_DIR [--doc OUT.md] [--quick] [--only TEXT]
 Prints the checks and a table; ends with "N passed, N failed".
 """
 import bisect
+import contextlib
 import gc
 import json
 import os
@@ -81,6 +82,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import crosscheck as xc  # noqa: E402  (the measurement and the checks)
 import twins as tw  # noqa: E402  (the reference implementations)
 import twins_t5 as t5  # noqa: E402  (T5's)
+import cuda_autocast  # noqa: E402  (CUDA autocast's casts on the CPU)
 
 torch.set_num_threads(1)  # every allocation on the profiled (main) thread
 # When the profiler stops, 1.13 also turns its results into FunctionEvents
@@ -103,6 +105,8 @@ SCRATCH_OPS = {"aten::convolution_backward": "onednn",
 # GPU-only temporaries added to the device view, by the op that makes them
 # on the GPU (the docstring: softmax-tmp)
 GPU_TMP_OPS = {"aten::_softmax_backward_data": "softmax-tmp"}
+# the models run under amp-bf16 too
+AMP_MODELS = ("xc-gpt2", "xc-llama")
 PHASE_OF = {"step": "optimizer", "zero_grad": "optimizer", "end": "optimizer"}
 
 
@@ -360,6 +364,10 @@ class FShim:
 
     def cross_entropy(self, x, *a, **kw):
         self.held.append(x)
+        if cuda_autocast.ACTIVE[0] is not None and x.dtype != torch.float32:
+            # the model returns the lower-precision logits, which the loop
+            # holds; transformers' ForCausalLMLoss upcasts them first
+            x = x.float()
         return F.cross_entropy(x, *a, **kw)
 
     def mse_loss(self, x, *a, **kw):
@@ -568,14 +576,18 @@ HAND = [
 # --------------------------------------------------------------------------
 # The cross-check models
 
-def model_step_fn(ckpt):
+def model_step_fn(ckpt, amp=False):
     def step(model, batch, held, logits):
         rec = Blocks()
         tw.F = FShim(held if logits in ("kept", "through-backward") else [])
         tw.FUSED[0] = logits == "fused"
         tw.CKPT_EVERY[0] = 2 if ckpt == 2 else 1
         try:
-            loss = model.run(rec, batch, ckpt)
+            # amp-bf16: the forward and the loss in one autocast region, as
+            # a training loop runs them (CUDA autocast's policy, restated:
+            # cuda_autocast.py)
+            with cuda_autocast.CudaAutocast() if amp else contextlib.nullcontext():
+                loss = model.run(rec, batch, ckpt)
         finally:
             rec.close()
             tw.F = F
@@ -585,9 +597,9 @@ def model_step_fn(ckpt):
     return step
 
 
-def planned(memledger, path, B, T, ckpt, optim, impl, logits, Td=None):
+def planned(memledger, path, B, T, ckpt, optim, impl, logits, Td=None, amp=False):
     # ckpt: False, True (full) or 2 (every-2, the transformers' blocks)
-    args = ["--micro-batch", str(B),
+    args = ["--micro-batch", str(B), "--precision", "amp-bf16" if amp else "fp32",
             "--checkpoint", "every-2" if ckpt == 2 else "full" if ckpt else "none",
             "--optimizer", optim, "--optimizer-impl", impl, "--logits", logits]
     if T:
@@ -618,6 +630,26 @@ def planned(memledger, path, B, T, ckpt, optim, impl, logits, Td=None):
         best[cur] = max(best[cur], live)
     j["phase_max"] = best
     return j
+
+
+def amp_checks(check, name, doc, B, T, measured, planned):
+    """Under autocast a layer's forward transients and its backward are the
+    block rule's (docs/ledger.md): upper bounds, so the forward and backward
+    maxima are asserted at or above the measured ones, not equal, and the
+    peak's phase is not asserted. The loss's maximum is short by what the
+    plan leaves out, each named: the final norm's fp32 output, which
+    transformers' forward holds until the loss is computed (the LM head saves
+    only autocast's bf16 copy of it), autocast's bf16 copies of the layers'
+    biases, which its cache holds to the end of the region (no op saves
+    them), and the loss's 4-byte 0-dim tensor the plan does not count."""
+    m = doc["model"]
+    D, F_ = m["hidden"], m.get("ffn", 4 * m["hidden"])
+    biases = m["layers"] * (3 * D + D + F_ + D) if m.get("bias") else 0
+    for ph in ("forward", "backward"):
+        check(name + " %s maximum: the block rule's, at or above the measured" % ph,
+              planned.get(ph, 0) >= measured.get(ph, 0), True)
+    check(name + " loss maximum: short by the final norm's output, the bias copies and 4 B",
+          measured.get("loss", 0) - planned.get("loss", 0), B * T * D * 4 + 2 * biases + 4)
 
 
 def pct(m, p):
@@ -705,13 +737,18 @@ def main():
                 and not doc["model"].get("classes")):
             confs += [(False, adam, impl, "fused") for impl in ("for-loop", "foreach")]
             confs += [(False, "sgd-momentum", "for-loop", "fused"), (True, adam, "foreach", "fused")]
+        confs = [c + (False,) for c in confs]
+        # amp-bf16 (CUDA autocast's casts, cuda_autocast.py): GPT-2 and Llama
+        if doc["name"] in AMP_MODELS:
+            confs += [(ck, adam, "foreach", "through-backward", True) for ck in (False, True)]
         if quick:
             confs = confs[:1]
-        for ckpt, optim, impl, logits in confs:
-            name = "%s B=%d%s%s %s %s logits %s" % (doc["name"], B, "" if seq else " T=%d" % T,
-                                                  " ckpt=every-2" if ckpt == 2 else
-                                                  " ckpt=full" if ckpt else "", optim,
-                                                  impl if optim != "sgd-momentum" else "", logits)
+        for ckpt, optim, impl, logits, amp in confs:
+            name = "%s B=%d%s%s%s %s %s logits %s" % (doc["name"], B, "" if seq else " T=%d" % T,
+                                                    " ckpt=every-2" if ckpt == 2 else
+                                                    " ckpt=full" if ckpt else "",
+                                                    " amp-bf16" if amp else "", optim,
+                                                    impl if optim != "sgd-momentum" else "", logits)
             name = " ".join(name.split())
             if only and only not in name:
                 continue
@@ -722,10 +759,10 @@ def main():
                 m = xc.build(doc)
                 m.train()
                 return m
-            c, f = run_loop(build, lambda m: xc.batch_for(doc, m, B, T or 1), model_step_fn(ckpt),
-                            optim, impl, logits)
+            c, f = run_loop(build, lambda m: xc.batch_for(doc, m, B, T or 1),
+                            model_step_fn(ckpt, amp), optim, impl, logits)
             j = planned(memledger, path, B, T, ckpt, optim, impl, logits,
-                        tw.target_len(doc, T) if T else None)
+                        tw.target_len(doc, T) if T else None, amp)
             view, kind = c.device_view()  # its tags and GPU temporaries' errors too
             check(name + " oracle (running total, pairing, device view)", c.errors, [])
             # each phase's peak in the plan's JSON (docs/ledger.md, "Each
@@ -768,7 +805,9 @@ def main():
             # the peak's phase and step: the planned step (a recompute is its
             # block's) among the measured block's names (a segment's blocks)
             want = j["peak"]["step"].replace(" (recompute)", "")
-            if doc["model"].get("experts") or doc["model"]["type"] == "encoder-decoder":
+            if amp:
+                amp_checks(check, name, doc, B, T, r[1]["phases"], j["phase_max"])
+            elif doc["model"].get("experts") or doc["model"]["type"] == "encoder-decoder":
                 # a mixture of experts' and T5's backward run at block level,
                 # an upper bound (docs/validation.md): the peak can be placed
                 # in a later block than the measured one; the phase is still

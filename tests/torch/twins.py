@@ -13,6 +13,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as tcp
 import yaml
 
+import cuda_autocast
+
 # In-place ReLU, except in checkpointed runs (seq_layers)
 INPLACE = [True]
 # torch.utils.checkpoint's implementation. 1.13's default is the reentrant
@@ -134,7 +136,7 @@ def checkpoint(fn, *args):
             return fn(*a)
         finally:
             IN_CHECKPOINT[0] -= 1
-    return tcp.checkpoint(run, *args, use_reentrant=REENTRANT[0])
+    return tcp.checkpoint(cuda_autocast.region_for(run), *args, use_reentrant=REENTRANT[0])
 
 
 # logits: fused (livebytes.py sets it): the decoders' LM head and loss run

@@ -7,7 +7,8 @@
  * multi-query attention, whose PV matmul broadcasts the one value head
  * itself, after the softmax: its ExpandBackward0 runs right after that
  * matmul's backward, before the softmax's (the engine pops the node with
- * the highest sequence number first). */
+ * the highest sequence number first); and the masked scores HF's eager
+ * attention hands its softmax, in the mask's dtype (fp32 under autocast). */
 #include "harness.h"
 
 #include "ledger/chain_kit.h"
@@ -76,6 +77,73 @@ static void test_softmax_temporary(void **state)
     }
 }
 
+/* Llama's eager layer's graph at B 2, T 24 in precision p (G: caller's). */
+static void llama_graph(ml_precision p, ml_ck_graph *G)
+{
+    char yaml[512];
+    snprintf(yaml, sizeof yaml, llama, "eager");
+    ml_model *m = load_str(yaml);
+    ml_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ch.prec = ml__prec_of(p);
+    ml_config c = config_at(m, p, 2, 24);
+    ml_ck_dims d;
+    ml_error e;
+    assert_int_equal(ml__ck_dims_of(m, &c.training, &ch, &d, &e), ML_OK);
+    assert_true(ml__ck_graph_layer(&ch, m, &d, G));
+    ml__chain_free(&ch);
+    ml_model_destroy(m);
+}
+
+/* The tensor of G named `name` (MLG_NONE: none). */
+static uint16_t tensor(const ml_ck_graph *G, const char *name)
+{
+    for (uint16_t t = 0; t < G->g.nt; t++)
+        if (strcmp(G->g.t[t].name, name) == 0)
+            return t;
+    return MLG_NONE;
+}
+
+/* HF's eager attention adds the causal mask, made in the embeddings'
+ * dtype, before softmax(dtype=fp32). B 2, h 8, T 24: a T x T tensor is
+ * 9,216 elements. Under autocast the embeddings are fp32: the bf16 product
+ * (18,432 B) plus the mask is fp32 (36,864 B), the softmax's input already,
+ * with no copy; the add's node makes the product's bf16 gradient (18,432)
+ * from the sum's fp32 one (36,864). In pure bf16 the sum is bf16 (18,432),
+ * copied to fp32 (36,864) for the softmax; the add hands the gradient on. */
+static void test_masked_scores_dtype(void **state)
+{
+    (void)state;
+    const uint64_t tt = 2 * 8 * 24 * 24;
+    ml_ck_graph *G = malloc(sizeof *G);
+    assert_non_null(G);
+    llama_graph(ML_PREC_AMP_BF16, G);
+    uint16_t s3 = tensor(G, "scores (masked)");
+    assert_int_not_equal(s3, MLG_NONE);
+    assert_int_equal(G->tb[s3], tt * 4);
+    assert_int_equal(tensor(G, "scores (fp32 copy)"), MLG_NONE);
+    const mlg_op *add = NULL;
+    for (uint16_t k = 0; k < G->g.nop; k++)
+        if (G->g.op[k].nout && G->g.op[k].out[0] == s3)
+            add = &G->g.op[k];
+    assert_non_null(add);
+    assert_non_null(add->node);
+    assert_int_equal(add->ngin, 1);
+    assert_int_equal(G->tb[add->gin[0]], tt * 2);
+    assert_int_equal(add->ngout, 1);
+    assert_int_equal(G->tb[add->gout[0]], tt * 4);
+    llama_graph(ML_PREC_BF16, G);
+    s3 = tensor(G, "scores (masked)");
+    assert_int_equal(G->tb[s3], tt * 2);
+    uint16_t copy = tensor(G, "scores (fp32 copy)");
+    assert_int_not_equal(copy, MLG_NONE);
+    assert_int_equal(G->tb[copy], tt * 4);
+    for (uint16_t k = 0; k < G->g.nop; k++)
+        if (G->g.op[k].nout && G->g.op[k].out[0] == s3)
+            assert_null(G->g.op[k].node);
+    free(G);
+}
+
 /* Falcon: B 2, H 4, T 24, dh 16. The PV matmul's BmmBackward0 makes the
  * probabilities' gradient (2 * 4 * 24 * 24 * 4 = 18,432) and the
  * broadcast value's (2 * 4 * 24 * 16 * 4 = 12,288); the next node sums the
@@ -108,6 +176,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_softmax_temporary),
         cmocka_unit_test(test_falcon_value_broadcast),
+        cmocka_unit_test(test_masked_scores_dtype),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
