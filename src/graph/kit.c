@@ -215,7 +215,23 @@ uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h)
  * copies bmm saves (one saved entry for q, k and v, released by the q k^T
  * node), scale, masked_fill (mask), softmax. Returns the probabilities;
  * *qkc_out the copies' entry. */
-static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, uint16_t *qkc_out)
+/* softmax(x) under autocast is softmax(x, dtype=fp32) (autocast_mode.h's
+ * fp32_set_opt_dtype), which copies bf16 scores to fp32 first
+ * (aten/src/ATen/native/SoftMax.cpp; fp16 converts inside CUDA's kernel):
+ * the copy's ToCopyBackward0 casts the fp32 input gradient back. Returns
+ * the softmax's input. */
+static uint16_t softmax_input(ml_graph *g, uint16_t S, bool copy)
+{
+    if (!copy)
+        return S;
+    uint16_t Sc = ml__kit_scores(g, "scores (fp32 copy)", MLG_FP32, 0);
+    ml__graph_step(g, MLG_OP_COPY, "to (fp32, softmax input)", S, Sc,
+                   "ToCopyBackward0 (softmax input)");
+    return Sc;
+}
+
+static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, bool copy,
+                             uint16_t *qkc_out)
 {
     uint16_t qkc = ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
     if (qkc != MLG_NONE)
@@ -230,9 +246,11 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, u
     uint16_t S2 = ml__kit_scale(g, S1);
     if (!mask) {
         uint16_t P = ml__kit_scores(g, "softmax output", MLG_STREAM, MLG_T_CORE);
-        o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", S2, P, "SoftmaxBackward0");
+        uint16_t Sx = softmax_input(g, S2, copy);
+        o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", Sx, P, "SoftmaxBackward0");
         ml__op_save(o, P);
         ml__op_free(o, S2);
+        ml__op_free(o, Sx != S2 ? Sx : MLG_NONE);
         return P;
     }
     /* nanoGPT's bias[:, :, :T, :T] == 0, a (T, T) bool masked_fill saves */
@@ -249,11 +267,13 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, u
     ml__op_save(o, TT);
     ml__op_free(o, TT);
     ml__op_free(o, S2);
-    /* softmax in the stream's dtype (autocast runs it in fp32): saves its
-     * result */
-    o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", S3, P, "SoftmaxBackward0");
+    /* softmax in the stream's dtype (autocast runs it in fp32, on an fp32
+     * copy of the scores): saves its result */
+    uint16_t Sx = softmax_input(g, S3, copy);
+    o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", Sx, P, "SoftmaxBackward0");
     ml__op_save(o, P);
     ml__op_free(o, S3);
+    ml__op_free(o, Sx != S3 ? Sx : MLG_NONE);
     return P;
 }
 
@@ -505,7 +525,8 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
     if (a->fused_kernel) {
         O = nanogpt_fused(g, qkv, qh, kh, vh, a);
     } else {
-        uint16_t qkc, P = eager_scores(g, qh, kh, !a->unmasked && !a->fused_softmax, &qkc);
+        uint16_t qkc, P = eager_scores(g, qh, kh, !a->unmasked && !a->fused_softmax,
+                                             L->autocast && a->softmax_copy, &qkc);
         probs = eager_pv(g, L, P, vh, qkc, &O);
     }
     uint16_t Oc, y = ml__kit_attention_out(g, L, O, NULL, 0, &Oc);

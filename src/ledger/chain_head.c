@@ -274,8 +274,17 @@ ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, u
     /* the block rule's figures, the builders' own (the graph's ml__ck_end
      * estimates are for ops that save their inputs: set over here) */
     b->ws_fwd = 0;
-    if (ch->prec.autocast)
+    if (ch->prec.autocast) {
         b->ws_fwd = ml_mul(ch, logits, 4); /* fp32 cast of the logits */
+        /* the LM head's input, the final norm's output in the stream's
+         * dtype: transformers' forward holds it (hidden_states) until the
+         * loss is computed and it returns (modeling_llama.py,
+         * LlamaForCausalLM.forward; GPT2LMHeadModel's likewise), and under
+         * autocast the head saves only its bf16 copy, so it is the loss's
+         * to hold (in fp32 and pure bf16 the head saves it itself) */
+        if (m->type == ML_MODEL_DECODER && !m->head.classes)
+            b->ws_fwd = ml_add(ch, b->ws_fwd, ml_mul(ch, ml_mul(ch, d->BT, d->D), w));
+    }
     if (m->type == ML_MODEL_DECODER && m->head.classes)
         /* the sequence-classification head's locals, alive until its
          * forward returns after the loss: the (B, T, classes) logits and,

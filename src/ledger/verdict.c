@@ -205,8 +205,9 @@ ml_status ml__eval_plan(const ml_model *m, ml_evalctx *x, int *seg, bool keep_ev
         if (s->reserved_oom && s->budget > s->peak && s->budget - s->peak + 1 > cache)
             cache = s->budget - s->peak + 1;
         /* the cache's layout may turn down a long segment's recompute where
-         * the same blocks on their own fit: the same recompute, which the
-         * later rounds, solving at tighter budgets, do not undercut */
+         * the same blocks on their own fit: the same recompute, the model's
+         * least at this round's budget; a later round, with the cache
+         * counted, rarely recomputes less */
         bool split = false;
         if ((st = split_segments(m, x, seg, keep_events, l, &split, err)))
             return st;
@@ -221,7 +222,11 @@ ml_status ml__eval_plan(const ml_model *m, ml_evalctx *x, int *seg, bool keep_ev
         }
         x->cache_allow = cache;
     }
-    l->sum.plan_fits_budget = opt_fits && (!sim || l->sum.fits);
+    /* with the cache simulated the rounds after the first solve with it
+     * counted (x->cache_allow), where the solver may find nothing that its
+     * model says fits while the plan it hands over fits once replayed and
+     * simulated: the replay is the judge */
+    l->sum.plan_fits_budget = sim ? l->sum.fits : opt_fits;
     return ML_OK;
 }
 

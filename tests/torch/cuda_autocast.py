@@ -32,6 +32,8 @@ A checkpointed segment's recompute runs under the autocast state of its
 forward (torch/utils/checkpoint.py: the recompute enters
 torch.autocast(**saved kwargs)) with a cache of its own: `recompute_region`.
 """
+import contextlib
+
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -59,15 +61,19 @@ class CudaAutocast(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.cache = {}
+        self.enabled = True
 
     def __enter__(self):
         self.outer = ACTIVE[0]
+        if self.outer is not None:  # one cache a thread (autocast_mode.cpp)
+            self.cache = self.outer.cache
         ACTIVE[0] = self
         return super().__enter__()
 
     def __exit__(self, *exc):
         ACTIVE[0] = self.outer
-        self.cache.clear()  # the outermost region's exit clears the cache
+        if self.outer is None:  # the outermost region's exit clears the cache
+            self.cache.clear()
         return super().__exit__(*exc)
 
     def cast(self, t, dtype):
@@ -85,7 +91,9 @@ class CudaAutocast(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        name = getattr(func, "__name__", "")
+        name = getattr(func, "__name__", "") if self.enabled else ""
+        if name == "cross_entropy" and kwargs.get("label_smoothing", 0.0):
+            raise NotImplementedError("cross_entropy's label_smoothing under CudaAutocast")
         if name in LOWER:
             args = tuple(self.cast(a, LOW) for a in args)
             kwargs = {k: self.cast(v, LOW) for k, v in kwargs.items()}
@@ -107,6 +115,21 @@ class CudaAutocast(TorchFunctionMode):
                 return torch.nn.functional.nll_loss(lp, target, **kw)
         with torch._C.DisableTorchFunction():
             return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def disabled():
+    """torch.autocast(enabled=False) inside a region (transformers' rotary
+    embeddings compute their frequencies so): the ops run as called."""
+    mode = ACTIVE[0]
+    if mode is None:
+        yield
+        return
+    mode.enabled = False
+    try:
+        yield
+    finally:
+        mode.enabled = True
 
 
 def region_for(fn):

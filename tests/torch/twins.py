@@ -589,9 +589,11 @@ class Llama(nn.Module):
         return s.embed(idx)
 
     def rotary(s, x, pos):  # LlamaRotaryEmbedding.forward: its locals go at return
-        freqs = (s.inv_freq[None, :, None] @ pos[:, None, :].float()).transpose(1, 2)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        # (it computes the frequencies with autocast disabled: fp32)
+        with cuda_autocast.disabled():
+            freqs = (s.inv_freq[None, :, None] @ pos[:, None, :].float()).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
     def run(s, rec, batch, ckpt):
         idx, tgt = batch

@@ -77,11 +77,19 @@ static void test_softmax_temporary(void **state)
     }
 }
 
-/* Llama's eager layer's graph at B 2, T 24 in precision p (G: caller's). */
-static void llama_graph(ml_precision p, ml_ck_graph *G)
+/* tests/torch/models/gpt2.yaml's layout (nanoGPT's attention) */
+static const char *const gpt2 =
+    "model:\n  type: decoder\n  layers: 3\n  hidden: 64\n  heads: 4\n  ffn: 256\n"
+    "  activation: gelu\n  norm: layernorm\n  vocab: 211\n  position: learned\n"
+    "  max_positions: 64\n  tied_embeddings: true\n  bias: true\n  attention: eager\n"
+    "  dropout: 0.1\n";
+
+/* The eager layer's graph of yaml (its attention key filled: eager) at B 2,
+ * T 24 in precision p (G: caller's). */
+static void layer_graph(const char *fmt, ml_precision p, ml_ck_graph *G)
 {
     char yaml[512];
-    snprintf(yaml, sizeof yaml, llama, "eager");
+    snprintf(yaml, sizeof yaml, fmt, "eager");
     ml_model *m = load_str(yaml);
     ml_chain ch;
     memset(&ch, 0, sizeof ch);
@@ -104,6 +112,29 @@ static uint16_t tensor(const ml_ck_graph *G, const char *name)
     return MLG_NONE;
 }
 
+/* The op of G making tensor t (NULL: none). */
+static const mlg_op *maker(const ml_ck_graph *G, uint16_t t)
+{
+    for (uint16_t k = 0; k < G->g.nop; k++)
+        if (G->g.op[k].nout && G->g.op[k].out[0] == t)
+            return &G->g.op[k];
+    return NULL;
+}
+
+/* The op making t has a node whose one input gradient has gin bytes and
+ * whose one output gradient has gout bytes. */
+static void node_of(const ml_ck_graph *G, uint16_t t, uint64_t gin, uint64_t gout)
+{
+    assert_int_not_equal(t, MLG_NONE);
+    const mlg_op *o = maker(G, t);
+    assert_non_null(o);
+    assert_non_null(o->node);
+    assert_int_equal(o->ngin, 1);
+    assert_int_equal(G->tb[o->gin[0]], gin);
+    assert_int_equal(o->ngout, 1);
+    assert_int_equal(G->tb[o->gout[0]], gout);
+}
+
 /* HF's eager attention adds the causal mask, made in the embeddings'
  * dtype, before softmax(dtype=fp32). B 2, h 8, T 24: a T x T tensor is
  * 9,216 elements. Under autocast the embeddings are fp32: the bf16 product
@@ -117,30 +148,45 @@ static void test_masked_scores_dtype(void **state)
     const uint64_t tt = 2 * 8 * 24 * 24;
     ml_ck_graph *G = malloc(sizeof *G);
     assert_non_null(G);
-    llama_graph(ML_PREC_AMP_BF16, G);
+    layer_graph(llama, ML_PREC_AMP_BF16, G);
     uint16_t s3 = tensor(G, "scores (masked)");
-    assert_int_not_equal(s3, MLG_NONE);
+    node_of(G, s3, tt * 2, tt * 4);
     assert_int_equal(G->tb[s3], tt * 4);
     assert_int_equal(tensor(G, "scores (fp32 copy)"), MLG_NONE);
-    const mlg_op *add = NULL;
-    for (uint16_t k = 0; k < G->g.nop; k++)
-        if (G->g.op[k].nout && G->g.op[k].out[0] == s3)
-            add = &G->g.op[k];
-    assert_non_null(add);
-    assert_non_null(add->node);
-    assert_int_equal(add->ngin, 1);
-    assert_int_equal(G->tb[add->gin[0]], tt * 2);
-    assert_int_equal(add->ngout, 1);
-    assert_int_equal(G->tb[add->gout[0]], tt * 4);
-    llama_graph(ML_PREC_BF16, G);
+    layer_graph(llama, ML_PREC_BF16, G);
     s3 = tensor(G, "scores (masked)");
     assert_int_equal(G->tb[s3], tt * 2);
     uint16_t copy = tensor(G, "scores (fp32 copy)");
     assert_int_not_equal(copy, MLG_NONE);
     assert_int_equal(G->tb[copy], tt * 4);
-    for (uint16_t k = 0; k < G->g.nop; k++)
-        if (G->g.op[k].nout && G->g.op[k].out[0] == s3)
-            assert_null(G->g.op[k].node);
+    assert_null(maker(G, s3)->node);
+    free(G);
+}
+
+/* nanoGPT's F.softmax(att) takes no dtype: under autocast it is
+ * softmax(att, dtype=fp32) (fp32_set_opt_dtype), which copies the bf16
+ * masked scores to fp32 first. B 2, h 4, T 24: 4,608 elements a T x T
+ * tensor, the copy 18,432 B; its ToCopyBackward0 makes the scores' bf16
+ * gradient (9,216) from the fp32 one the softmax's node makes (18,432).
+ * In fp32 the softmax reads the scores themselves. */
+static void test_nanogpt_softmax_copy(void **state)
+{
+    (void)state;
+    const uint64_t tt = 2 * 4 * 24 * 24;
+    ml_ck_graph *G = malloc(sizeof *G);
+    assert_non_null(G);
+    layer_graph(gpt2, ML_PREC_AMP_BF16, G);
+    uint16_t copy = tensor(G, "scores (fp32 copy)");
+    node_of(G, copy, tt * 2, tt * 4);
+    assert_int_equal(G->tb[copy], tt * 4);
+    const mlg_op *sm = maker(G, tensor(G, "softmax output"));
+    assert_non_null(sm);
+    assert_int_equal(sm->in[0], copy);
+    assert_int_equal(G->tb[sm->gin[0]], tt * 4);
+    layer_graph(gpt2, ML_PREC_FP32, G);
+    assert_int_equal(tensor(G, "scores (fp32 copy)"), MLG_NONE);
+    sm = maker(G, tensor(G, "softmax output"));
+    assert_int_equal(sm->in[0], tensor(G, "scores (masked)"));
     free(G);
 }
 
@@ -177,6 +223,7 @@ int main(void)
         cmocka_unit_test(test_softmax_temporary),
         cmocka_unit_test(test_falcon_value_broadcast),
         cmocka_unit_test(test_masked_scores_dtype),
+        cmocka_unit_test(test_nanogpt_softmax_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
