@@ -197,24 +197,6 @@ uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y)
     return r;
 }
 
-/* A (B, H, T, T) tensor: the scores and probabilities. */
-uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags)
-{
-    uint16_t t = ml__graph_tensor(g, name, dtype, MLG_ACT, 4, MLG_B, MLG_H, MLG_T, MLG_T);
-    if (t != MLG_NONE)
-        g->t[t].flags |= flags;
-    return t;
-}
-
-uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h)
-{
-    return ml__graph_tensor(g, name, MLG_COMPUTE, MLG_ACT, 4, MLG_B, h, MLG_T, MLG_DH);
-}
-
-/* The eager core from q k^T to the softmax: the operands' contiguous
- * copies bmm saves (one saved entry for q, k and v, released by the q k^T
- * node), scale, masked_fill (mask), softmax. Returns the probabilities;
- * *qkc_out the copies' entry. */
 /* softmax(x) under autocast is softmax(x, dtype=fp32) (autocast_mode.h's
  * fp32_set_opt_dtype), which copies bf16 scores to fp32 first
  * (aten/src/ATen/native/SoftMax.cpp; fp16 converts inside CUDA's kernel):
@@ -293,51 +275,6 @@ static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t v
     ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vh, vc, NULL);
     *O = ml__kit_pv(g, probs, vc, vc);
     return probs;
-}
-
-/* The attention core's batched matmul out = a b: BmmBackward0 saves both
- * operands and makes both gradients; 2 B H T T dh FLOPs. */
-static mlg_op *core_bmm(ml_graph *g, const char *name, const char *node, uint16_t a, uint16_t b,
-                        uint16_t out)
-{
-    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, name, a, out, node);
-    ml__op_in(o, b);
-    ml__op_save(o, a);
-    ml__op_save(o, b);
-    ml__op_gin(o, b);
-    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
-    o->core = true;
-    return o;
-}
-
-mlg_op *ml__kit_qk(ml_graph *g, uint16_t qb, uint16_t kb, uint16_t S)
-{
-    return core_bmm(g, "bmm (q k^T)", "BmmBackward0 (q k^T)", qb, kb, S);
-}
-
-uint16_t ml__kit_scale(ml_graph *g, uint16_t S)
-{
-    uint16_t S2 = ml__kit_scores(g, "scores (scaled)", MLG_COMPUTE, 0);
-    ml__op_free(ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (scale)", S, S2,
-                               "MulBackward0/DivBackward0 (scale)"),
-                S);
-    return S2;
-}
-
-uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P)
-{
-    uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE, MLG_T_CORE);
-    ml__op_free(ml__graph_step(g, MLG_OP_COPY, "to (compute dtype)", P, Pc,
-                               "ToCopyBackward0 (probabilities)"),
-                P);
-    return Pc;
-}
-
-uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc)
-{
-    uint16_t O = ml__kit_heads(g, "attention output (P v)", MLG_H);
-    ml__op_free(core_bmm(g, "bmm (P v)", "BmmBackward0 (P v)", probs, vb, O), vc);
-    return O;
 }
 
 /* The q, k and v heads of a fused c_attn projection on h: its output (a
