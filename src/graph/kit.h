@@ -208,6 +208,9 @@ uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P);
  * a contiguous copy whose reference goes once it has run, or MLG_NONE);
  * returns the (B, H, T, dh) product. */
 uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc);
+/* The same product into the caller's output O, its heads d wide (latent
+ * attention's values: MLG_DV); returns its op. */
+mlg_op *ml__kit_pv_into(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t O, uint8_t d);
 /* scaled_dot_product_attention's math kernel on the rotated q (qr,
  * contiguous or not), k (kr) and v (vh) heads, is_causal with grouped
  * heads (enable_gqa), in fp32 (aten/src/ATen/native/transformers/

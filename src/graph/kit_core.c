@@ -23,23 +23,24 @@ uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h)
  * node), scale, masked_fill (mask), softmax. Returns the probabilities;
  * *qkc_out the copies' entry. */
 /* The attention core's batched matmul out = a b: BmmBackward0 saves both
- * operands and makes both gradients; 2 B H T T dh FLOPs. */
+ * operands and makes both gradients; 2 B H T T d FLOPs (d: the heads' width,
+ * MLG_DH, or latent attention's value width). */
 static mlg_op *core_bmm(ml_graph *g, const char *name, const char *node, uint16_t a, uint16_t b,
-                        uint16_t out)
+                        uint16_t out, uint8_t d)
 {
     mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, name, a, out, node);
     ml__op_in(o, b);
     ml__op_save(o, a);
     ml__op_save(o, b);
     ml__op_gin(o, b);
-    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DH);
+    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, d);
     o->core = true;
     return o;
 }
 
 mlg_op *ml__kit_qk(ml_graph *g, uint16_t qb, uint16_t kb, uint16_t S)
 {
-    return core_bmm(g, "bmm (q k^T)", "BmmBackward0 (q k^T)", qb, kb, S);
+    return core_bmm(g, "bmm (q k^T)", "BmmBackward0 (q k^T)", qb, kb, S, MLG_DH);
 }
 
 uint16_t ml__kit_scale(ml_graph *g, uint16_t S)
@@ -60,9 +61,14 @@ uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P)
     return Pc;
 }
 
+mlg_op *ml__kit_pv_into(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t O, uint8_t d)
+{
+    return core_bmm(g, "bmm (P v)", "BmmBackward0 (P v)", probs, vb, O, d);
+}
+
 uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc)
 {
     uint16_t O = ml__kit_heads(g, "attention output (P v)", MLG_H);
-    ml__op_free(core_bmm(g, "bmm (P v)", "BmmBackward0 (P v)", probs, vb, O), vc);
+    ml__op_free(ml__kit_pv_into(g, probs, vb, O, MLG_DH), vc);
     return O;
 }

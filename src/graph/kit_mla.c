@@ -81,13 +81,7 @@ static uint16_t core(ml_graph *g, const mlg_layer *L, uint16_t qb, uint16_t kb, 
     const uint16_t probs = L->attn.probs_cast ? ml__kit_probs_cast(g, P) : P;
     ml__graph_step(g, MLG_OP_COPY, "contiguous (value for bmm)", kvb, vc, NULL);
     uint16_t O = act3(g, "attention output (P v)", MLG_COMPUTE, MLG_VO);
-    o = ml__graph_step(g, MLG_OP_MATMUL, "bmm (P v)", probs, O, "BmmBackward0 (P v)");
-    ml__op_in(o, vc);
-    ml__op_save(o, probs);
-    ml__op_save(o, vc);
-    ml__op_gin(o, vc);
-    ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, MLG_DV);
-    o->core = true;
+    o = ml__kit_pv_into(g, probs, vc, O, MLG_DV);
     ml__op_free(o, vc);
     ml__op_free(o, probs); /* the cast dropped P's reference */
     return O;
