@@ -125,30 +125,6 @@ static void gather_time(ml_replay *r, size_t k)
         r->host_done += own / (double)sh->N;
 }
 
-/* Allocates boundary k (block k's input) as its producer writes it. */
-static void boundary_alloc(ml_replay *r, size_t k, uint64_t bytes)
-{
-    r->held_cat[k] = r->bd[k].kept ? r->bd[k].cat : ML_CAT_WORKSPACE;
-    r->held[k] = bytes;
-    ml__replay_alloc(r, r->held_cat[k], bytes);
-}
-
-/* Frees boundary k and the recompute's copy of it, if still allocated; the
- * model output the loop holds (logits: kept) stays. */
-static void boundary_release(ml_replay *r, size_t k)
-{
-    if (r->recomputed[k]) {
-        ml__replay_free(r, ML_CAT_RECOMPUTE, r->recomputed[k]);
-        r->recomputed[k] = 0;
-    }
-    if (r->keep_output && r->ch->blocks[k].in_held)
-        return;
-    if (r->held[k]) {
-        ml__replay_free(r, r->held_cat[k], r->held[k]);
-        r->held[k] = 0;
-    }
-}
-
 /* A block whose forward computes its gradients (logits: fused) allocates
  * them first: its parameters' (the new .grad in the first micro-batch, a
  * gradient added into .grad at its backward after) and its input's, which
@@ -176,16 +152,6 @@ static void fwd_grads_done(ml_replay *r, size_t k, bool carried)
         ml__replay_free(r, ML_CAT_WORKSPACE, b->grad_bytes);
     if (!carried)
         ml__replay_free(r, ML_CAT_WORKSPACE, b->in_bytes);
-}
-
-/* Block k's forward has consumed its input: freed unless something keeps
- * it (once: held[k] is 0 after). */
-static void input_done(ml_replay *r, size_t k)
-{
-    if (r->bd[k].kept)
-        return;
-    ml__replay_free(r, r->held_cat[k], r->held[k]);
-    r->held[k] = 0;
 }
 
 /* A thread's first matrix product (block k's, with FLOPs) makes its cuBLAS
@@ -239,9 +205,9 @@ static void forward_block(ml_replay *r, size_t k)
     /* an in-place op (relu inplace: true) makes its output in its
      * input's storage: the input goes first */
     if (b->inplace)
-        input_done(r, k);
+        ml__boundary_input_done(r, k);
     if (k + 1 < n)
-        boundary_alloc(r, k + 1, r->bd[k + 1].alias ? 0 : B[k + 1].in_bytes);
+        ml__boundary_alloc(r, k + 1, r->bd[k + 1].alias ? 0 : B[k + 1].in_bytes);
     r->flops_done += b->flops_fwd; /* the block runs: what follows is after it */
     ml__replay_free(r, ML_CAT_WORKSPACE, ws);
     ml__replay_free(r, ML_CAT_WORKSPACE, gat);
@@ -254,7 +220,7 @@ static void forward_block(ml_replay *r, size_t k)
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->out_cache_bytes);
         r->cache_out += b->out_cache_bytes;
     }
-    input_done(r, k);
+    ml__boundary_input_done(r, k);
     ml__sides_forward(r, k, false);
     /* the model's forward returns after its last layer */
     if (layer && sh->side_block < 0 && (k + 1 == n || B[k + 1].ckpt_index < 0))
@@ -278,7 +244,7 @@ void ml__replay_forward(ml_replay *r)
     const size_t n = r->ch->n;
     r->phase = ML_PHASE_FORWARD;
     r->block = 0;
-    boundary_alloc(r, 0, r->ch->blocks[0].in_bytes);
+    ml__boundary_alloc(r, 0, r->ch->blocks[0].in_bytes);
     ml_run u = {.streak = 0};
     for (size_t k = 0; k < n && !r->overflow; k++) { /* an overflow ends the plan */
         k = ml__run_skip(&u, r, k, 1);
@@ -387,6 +353,7 @@ static uint64_t block_grads(ml_replay *r, size_t k)
     r->flops_done += b->flops_bwd; /* its backward runs */
     if (sh->grads_sharded)
         r->comm_done += ml__ep_ring(r->ch, b, sh->N, (double)b->grad_bytes, r->ch->prec.grad);
+    blas_workspace(r, k, &r->blas_bwd); /* its products have run */
     return gfull;
 }
 
@@ -440,7 +407,6 @@ static void backward_block(ml_replay *r, size_t k)
     ml__replay_alloc(r, ML_CAT_WORKSPACE, last ? last : hand);
     const size_t late_name = named(r, last ? last : hand);
     const uint64_t gfull = block_grads(r, k);
-    blas_workspace(r, k, &r->blas_bwd);
     /* the block's saved tensors are released once its gradient is done */
     if (seg[k] >= 0) {
         ml__replay_free(r, ML_CAT_RECOMPUTE, b->saved_bytes);
@@ -452,10 +418,10 @@ static void backward_block(ml_replay *r, size_t k)
     }
     /* boundary k+1: both its users are done now */
     if (k + 1 < n)
-        boundary_release(r, k + 1);
+        ml__boundary_release(r, k + 1);
     /* boundary k: free unless the producer's backward still needs it */
     if (k == 0 || !(B[k - 1].out_saved))
-        boundary_release(r, k);
+        ml__boundary_release(r, k);
     if ((int)k == sh->side_block)
         ml__replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
     free_named(r, units, units_name);
@@ -542,9 +508,9 @@ static void backward_nodes(ml_replay *r, size_t k)
     if (r->rsim)
         ml__rsim_free(r->rsim, scat, b->saved_bytes);
     if (k + 1 < n)
-        boundary_release(r, k + 1);
+        ml__boundary_release(r, k + 1);
     if (k == 0 || !(B[k - 1].out_saved))
-        boundary_release(r, k);
+        ml__boundary_release(r, k);
     if ((int)k == sh->side_block)
         ml__replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
     ml__replay_free(r, ML_CAT_WORKSPACE, gat);

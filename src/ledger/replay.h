@@ -190,6 +190,13 @@ bool ml__side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *
  * end (false); those its backward's start makes (the gradients) or its
  * end frees; those a recompute of s0..j makes again (made) or frees at the
  * segment's end (j its last block) (sides.c). */
+/* Boundary k (block k's input) allocated as its producer writes it; freed
+ * with the recompute's copy of it, if still allocated (the model output the
+ * loop holds, logits: kept, stays); freed once block k's forward has
+ * consumed it unless something keeps it (sides.c). */
+void ml__boundary_alloc(ml_replay *r, size_t k, uint64_t bytes);
+void ml__boundary_release(ml_replay *r, size_t k);
+void ml__boundary_input_done(ml_replay *r, size_t k);
 void ml__sides_forward_each(ml_replay *r, size_t k, bool made);
 void ml__sides_backward_each(ml_replay *r, size_t k, bool start);
 void ml__sides_recompute_each(ml_replay *r, size_t s0, size_t j, bool made);

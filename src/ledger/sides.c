@@ -102,3 +102,37 @@ void ml__eval_boundaries(const ml_chain *ch, const int *seg, bool held, ml_bound
                       (bd[k - 1].kept || (ch->blocks[k - 1].unused_out && bd[k - 1].alias));
     }
 }
+
+/* Allocates boundary k (block k's input) as its producer writes it. */
+void ml__boundary_alloc(ml_replay *r, size_t k, uint64_t bytes)
+{
+    r->held_cat[k] = r->bd[k].kept ? r->bd[k].cat : ML_CAT_WORKSPACE;
+    r->held[k] = bytes;
+    ml__replay_alloc(r, r->held_cat[k], bytes);
+}
+
+/* Frees boundary k and the recompute's copy of it, if still allocated; the
+ * model output the loop holds (logits: kept) stays. */
+void ml__boundary_release(ml_replay *r, size_t k)
+{
+    if (r->recomputed[k]) {
+        ml__replay_free(r, ML_CAT_RECOMPUTE, r->recomputed[k]);
+        r->recomputed[k] = 0;
+    }
+    if (r->keep_output && r->ch->blocks[k].in_held)
+        return;
+    if (r->held[k]) {
+        ml__replay_free(r, r->held_cat[k], r->held[k]);
+        r->held[k] = 0;
+    }
+}
+
+/* Block k's forward has consumed its input: freed unless something keeps
+ * it (once: held[k] is 0 after). */
+void ml__boundary_input_done(ml_replay *r, size_t k)
+{
+    if (r->bd[k].kept)
+        return;
+    ml__replay_free(r, r->held_cat[k], r->held[k]);
+    r->held[k] = 0;
+}
