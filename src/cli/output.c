@@ -403,3 +403,74 @@ int ml_out_close(ml_out *o, bool ok)
     }
     return rc;
 }
+
+/* The offending line is shown only from a regular file: a FIFO, a pipe or
+ * a terminal cannot be read twice, and opening one may block. stat first,
+ * then open without blocking and check what was opened. */
+static FILE *open_regular(const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return NULL;
+    FILE *f = NULL;
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode))
+        f = fdopen(fd, "rb");
+    if (!f)
+        close(fd);
+    return f;
+}
+
+void ml_cli_print_error(const ml_error *e)
+{
+    if (e->line)
+        ml_cli_errorf("%s:%u:%u: %s", e->path, e->line, e->col, e->msg);
+    else if (e->path[0])
+        ml_cli_errorf("%s: %s", e->path, e->msg);
+    else
+        ml_cli_errorf("%s", e->msg);
+    if (!e->line || !e->path[0])
+        return;
+    FILE *f = open_regular(e->path);
+    if (!f)
+        return;
+    char buf[512];
+    unsigned line = 1;
+    while (fgets(buf, sizeof buf, f)) {
+        size_t len = strlen(buf);
+        bool whole = len && buf[len - 1] == '\n';
+        if (line == e->line) {
+            while (len && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
+                buf[--len] = '\0';
+            fputs("  ", stderr);
+            ml_cli_put_safe(stderr, buf, len, false);
+            fputs("\n  ", stderr);
+            /* the caret under column col (characters, as the YAML parser
+             * counts them): a tab stays a tab, an escaped byte takes the
+             * width of its \xNN */
+            unsigned ch = 1;
+            for (size_t i = 0; i < len && ch < e->col; i++) {
+                unsigned char c = (unsigned char)buf[i];
+                if ((c & 0xc0) == 0x80)
+                    continue; /* a UTF-8 continuation byte */
+                if (c == '\t')
+                    fputc('\t', stderr);
+                else if (c < 0x20 || c == 0x7f)
+                    fputs("    ", stderr);
+                else if (c == 0xc2 && i + 1 < len && (unsigned char)buf[i + 1] <= 0x9f &&
+                         (unsigned char)buf[i + 1] >= 0x80)
+                    fputs("        ", stderr);
+                else
+                    fputc(' ', stderr);
+                ch++;
+            }
+            fputs("^\n", stderr);
+            break;
+        }
+        if (whole)
+            line++;
+    }
+    fclose(f);
+}
