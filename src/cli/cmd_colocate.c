@@ -226,16 +226,16 @@ static int load_job(job *j, const char *device, uint64_t memory, bool levels)
     ml_error e;
     memset(&e, 0, sizeof e);
     const double own_peak = o->peak_tflops ? j->cfg.device.peak_tflops : 0;
+    const uint64_t own_ws = j->cfg.device.blas_workspace;
     if (memory == 0) {
         if (ml_device_preset_apply(device, &j->cfg.device, &e) != ML_OK)
             return bad("--device: %s", e.msg);
     } else {
-        j->cfg.device.present = true;
-        j->cfg.device.memory = memory;
-        j->cfg.device.budget = 0;
-        j->cfg.device.preset = NULL;
+        ml_device_of_size(&j->cfg.device, memory);
     }
     j->cfg.device.peak_tflops = own_peak; /* over a preset's figure too */
+    if (o->blas_workspace) /* the job's own --blas-workspace, likewise */
+        j->cfg.device.blas_workspace = own_ws;
     if (j->inference)
         return plan_inference(j);
     ml_status st = ml_ledger_evaluate(j->m, &j->cfg, true, &j->l, &e);

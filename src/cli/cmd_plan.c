@@ -50,8 +50,8 @@ static const char *const usage[] = {
     "  --fragmentation X      reserved-over-peak allowance, 0..1\n"
     "  --allocator A          caching (default) | expandable | none (allocated only)\n"
     "  --max-split-size MB    the simulation's max_split_size_mb (whole MiB, > 20)\n"
-    "  --blas-workspace SIZE  cuBLAS's workspace per handle (default 8519680B, 32MiB on\n"
-    "                         Hopper presets; 0: none)\n"
+    "  --blas-workspace SIZE  cuBLAS's workspace per handle (default 8.125MiB; 32MiB on\n"
+    "                         the Hopper presets, 128MiB on mi300x; 0: none)\n"
     "  --allocator-start TRACE  the cache the job finds: the state TRACE ends in\n",
     /* a second literal: C99 promises 4,095 bytes a string literal */
     "Parallel (docs/parallel.md): one rank's figures\n"

@@ -448,6 +448,16 @@ static int setting_flag(ml_config *c, const char *flag, const char *key, const c
                                                                                 : e.msg + n + 2);
 }
 
+/* A flag for the allocator simulation, given with --allocator none (the
+ * flag itself, not a size the model file keeps for a simulation): refused. */
+static int simulated_only(const char *flag, const ml_device *d)
+{
+    return d->allocator == ML_ALLOCATOR_NONE
+               ? bad_flag(flag, "applies to a simulated allocator only: add --allocator "
+                                "caching (or expandable)")
+               : 0;
+}
+
 /* The device flags over the model file's device: 0, or the exit status of
  * the first bad one (its message printed). */
 static int device_flags(const ml_cli_opts *o, ml_config *c)
@@ -486,16 +496,13 @@ static int device_flags(const ml_cli_opts *o, ml_config *c)
         uint64_t mb = 0;
         rc = ml_cli_whole("--max-split-size", o->max_split_size, 21, 1ull << 40, &mb);
         d->max_split_size = mb << 20;
-        /* the flag itself, not a size the model file keeps for a simulation */
-        if (!rc && d->allocator == ML_ALLOCATOR_NONE)
-            rc = bad_flag("--max-split-size", "applies to a simulated allocator only: add "
-                                              "--allocator caching (or expandable)");
+        if (!rc)
+            rc = simulated_only("--max-split-size", d);
     }
     if (!rc && o->blas_workspace) {
         rc = setting_flag(c, "--blas-workspace", "device.blas_workspace", o->blas_workspace);
-        if (!rc && d->allocator == ML_ALLOCATOR_NONE)
-            rc = bad_flag("--blas-workspace", "applies to a simulated allocator only: add "
-                                              "--allocator caching (or expandable)");
+        if (!rc)
+            rc = simulated_only("--blas-workspace", d);
     }
     return rc ? rc : ml_cli_load_start(o->allocator_start, d);
 }

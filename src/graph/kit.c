@@ -212,6 +212,24 @@ static uint16_t softmax_input(ml_graph *g, uint16_t S, bool copy)
     return Sc;
 }
 
+/* The softmax of the scores S into P (in the stream's dtype: autocast runs
+ * it in fp32, on an fp32 copy of bf16 scores where copy), saving P; S and
+ * the copy go. */
+static uint16_t softmax_saving(ml_graph *g, uint16_t S, uint16_t P, bool copy)
+{
+    uint16_t Sx = softmax_input(g, S, copy);
+    mlg_op *o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", Sx, P, "SoftmaxBackward0");
+    ml__op_save(o, P);
+    ml__op_free(o, S);
+    ml__op_free(o, Sx != S ? Sx : MLG_NONE);
+    return P;
+}
+
+/* The eager core from q k^T to the softmax: the operands' contiguous
+ * copies bmm saves (one saved entry for q, k and v, released by the q k^T
+ * node), scale, masked_fill (mask), softmax (copy: on an fp32 copy of the
+ * scores, autocast's). Returns the probabilities; *qkc_out the copies'
+ * entry. */
 static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, bool copy,
                              uint16_t *qkc_out)
 {
@@ -226,15 +244,9 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, b
     ml__op_out(o, qkc);
     ml__op_free(ml__kit_qk(g, qkc, MLG_NONE, S1), qkc);
     uint16_t S2 = ml__kit_scale(g, S1);
-    if (!mask) {
-        uint16_t P = ml__kit_scores(g, "softmax output", MLG_STREAM, MLG_T_CORE);
-        uint16_t Sx = softmax_input(g, S2, copy);
-        o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", Sx, P, "SoftmaxBackward0");
-        ml__op_save(o, P);
-        ml__op_free(o, S2);
-        ml__op_free(o, Sx != S2 ? Sx : MLG_NONE);
-        return P;
-    }
+    if (!mask)
+        return softmax_saving(
+            g, S2, ml__kit_scores(g, "softmax output", MLG_STREAM, MLG_T_CORE), copy);
     /* nanoGPT's bias[:, :, :T, :T] == 0, a (T, T) bool masked_fill saves */
     uint16_t TT = ml__graph_tensor(g, "causal mask (masked_fill, bool)", MLG_BOOL, MLG_ACT, 2,
                                    MLG_T, MLG_T);
@@ -249,14 +261,7 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, b
     ml__op_save(o, TT);
     ml__op_free(o, TT);
     ml__op_free(o, S2);
-    /* softmax in the stream's dtype (autocast runs it in fp32, on an fp32
-     * copy of the scores): saves its result */
-    uint16_t Sx = softmax_input(g, S3, copy);
-    o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", Sx, P, "SoftmaxBackward0");
-    ml__op_save(o, P);
-    ml__op_free(o, S3);
-    ml__op_free(o, Sx != S3 ? Sx : MLG_NONE);
-    return P;
+    return softmax_saving(g, S3, P, copy);
 }
 
 /* The probabilities' dropout, autocast's cast back and the PV matmul with

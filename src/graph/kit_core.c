@@ -18,10 +18,6 @@ uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h)
     return ml__graph_tensor(g, name, MLG_COMPUTE, MLG_ACT, 4, MLG_B, h, MLG_T, MLG_DH);
 }
 
-/* The eager core from q k^T to the softmax: the operands' contiguous
- * copies bmm saves (one saved entry for q, k and v, released by the q k^T
- * node), scale, masked_fill (mask), softmax. Returns the probabilities;
- * *qkc_out the copies' entry. */
 /* The attention core's batched matmul out = a b: BmmBackward0 saves both
  * operands and makes both gradients; 2 B H T T d FLOPs (d: the heads' width,
  * MLG_DH, or latent attention's value width). */

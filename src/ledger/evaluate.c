@@ -491,12 +491,9 @@ static ml_status stage_eval(const ml_model *m, const ml_config *cfg, const ml_ch
                     .activations_only = activations_only};
     if (inflight)
         x.inflight = *inflight;
-    /* checkpoint optimal's search counts what the process holds: what a
-     * start state leaves allocated, else the two cuBLAS workspaces a new
-     * process makes and keeps (passes.c, simulate) */
+    /* checkpoint optimal's search counts what the process holds */
     if (cfg->device.allocator != ML_ALLOCATOR_NONE && t->checkpoint.kind == ML_CKPT_OPTIMAL)
-        x.start_held = cfg->device.start ? ml__rsim_start_held(&cfg->device)
-                                         : 2 * cfg->device.blas_workspace;
+        x.start_held = ml__rsim_process_held(&cfg->device);
     ml_status st;
     if ((st = ml__optim_bytes_of(&ch, t, &x.ob, err)) ||
         (!activations_only && (st = ml__eval_pass(m, &x, err))))

@@ -186,10 +186,6 @@ void ml__run_flags(const ml_replay *r, unsigned char *flags);
  * "Side tensors"): true, after the backward of *block; false, after its
  * forward. */
 bool ml__side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *block);
-/* The side tensors block k's forward makes (made: true) or frees at its
- * end (false); those its backward's start makes (the gradients) or its
- * end frees; those a recompute of s0..j makes again (made) or frees at the
- * segment's end (j its last block) (sides.c). */
 /* Boundary k (block k's input) allocated as its producer writes it; freed
  * with the recompute's copy of it, if still allocated (the model output the
  * loop holds, logits: kept, stays); freed once block k's forward has
@@ -197,6 +193,10 @@ bool ml__side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *
 void ml__boundary_alloc(ml_replay *r, size_t k, uint64_t bytes);
 void ml__boundary_release(ml_replay *r, size_t k);
 void ml__boundary_input_done(ml_replay *r, size_t k);
+/* The side tensors block k's forward makes (made: true) or frees at its
+ * end (false); those its backward's start makes (the gradients) or its
+ * end frees; those a recompute of s0..j makes again (made) or frees at the
+ * segment's end (j its last block) (sides.c). */
 void ml__sides_forward_each(ml_replay *r, size_t k, bool made);
 void ml__sides_backward_each(ml_replay *r, size_t k, bool start);
 void ml__sides_recompute_each(ml_replay *r, size_t s0, size_t j, bool made);
@@ -376,11 +376,10 @@ typedef struct {
                              peak: the cache a simulation found over the last
                              optimal plan, while checkpoint optimal searches
                              again with it (evaluate.c) */
-    uint64_t start_held; /* with checkpoint optimal, what device.start leaves
-                            allocated (its live blocks), else the cuBLAS
-                            workspaces a new process keeps
-                            (ml__rsim_start_held): its search counts it
-                            beside every plan's peak */
+    uint64_t start_held; /* with checkpoint optimal, what the process holds
+                            before the plan (ml__rsim_process_held: a start
+                            state's live blocks, else the cuBLAS workspaces):
+                            its search counts it beside every plan's peak */
     bool whole;     /* replay every block (the reference tests/unit/test_runs.c
                        holds the runs against) */
     ml_inflight inflight; /* a pipeline stage's (pipeline_eval.c) */

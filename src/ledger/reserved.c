@@ -433,6 +433,13 @@ size_t ml__rsim_latest(const ml_rsim *r, ml_category c)
     return r->nlive[c] ? r->live[c][r->nlive[c] - 1] + 1 : 0;
 }
 
+uint64_t ml__rsim_process_held(const ml_device *dv)
+{
+    if (dv->start)
+        return ml__rsim_start_held(dv);
+    return dv->blas_workspace > UINT64_MAX / 2 ? UINT64_MAX : 2 * dv->blas_workspace;
+}
+
 bool ml__rsim_free_named(ml_rsim *r, ml_category c, size_t name)
 {
     if (r->oom || r->nomem)

@@ -83,6 +83,11 @@ ml_alloc_config ml__rsim_config(const ml_device *dv);
 /* The bytes dv->start leaves allocated (0 without one, or when it does not
  * run to its end: the plan's simulation says why). */
 uint64_t ml__rsim_start_held(const ml_device *dv);
+/* What the process holds before the plan's first tensor: the start state's
+ * allocations, or without one the cuBLAS workspaces a new process makes and
+ * keeps, one per thread that runs products (the forward's and the autograd
+ * engine's: passes.c, simulate). */
+uint64_t ml__rsim_process_held(const ml_device *dv);
 
 /* False once a request failed: the device ran out, or the host (*nomem). */
 bool ml__rsim_ok(const ml_rsim *r, bool *nomem);

@@ -42,12 +42,19 @@ static ml_status real(const char *key, const char *v, double lo, double hi, doub
     return ML_OK;
 }
 
-static ml_status size(const char *key, const char *v, uint64_t *out, ml_error *err)
+/* v as a size into *out; a bad one's message names key and ends in hint. */
+static ml_status size_hint(const char *key, const char *v, uint64_t *out, const char *hint,
+                           ml_error *err)
 {
     ml_error e;
     memset(&e, 0, sizeof e);
     ml_status st = ml_parse_size(v, out, &e);
-    return st ? ml__errorf_at(err, st, 0, 0, "%s: %s", key, e.msg) : ML_OK;
+    return st ? ml__errorf_at(err, st, 0, 0, "%s: %s%s", key, e.msg, hint) : ML_OK;
+}
+
+static ml_status size(const char *key, const char *v, uint64_t *out, ml_error *err)
+{
+    return size_hint(key, v, out, "", err);
 }
 
 ml_status ml__size_or_none(const char *key, const char *v, uint64_t *out, ml_error *err)
@@ -56,10 +63,7 @@ ml_status ml__size_or_none(const char *key, const char *v, uint64_t *out, ml_err
         *out = 0;
         return ML_OK;
     }
-    ml_error e;
-    memset(&e, 0, sizeof e);
-    ml_status st = ml_parse_size(v, out, &e);
-    return st ? ml__errorf_at(err, st, 0, 0, "%s: %s (or 0 for none)", key, e.msg) : ML_OK;
+    return size_hint(key, v, out, " (or 0 for none)", err);
 }
 
 /* v among the n names name(0..n-1); *out its index. */

@@ -130,10 +130,7 @@ ml_status ml_device_preset_apply(const char *name, ml_device *d, ml_error *err)
                           "unknown device '%.40s'; the known names: %s", name ? name : "",
                           known);
     }
-    d->present = true;
-    d->memory = p->memory;
-    d->budget = 0;
-    d->peak_tflops = 0;
+    ml_device_of_size(d, p->memory);
     d->blas_workspace = p->blas_workspace;
     d->preset = p;
     return ML_OK;
