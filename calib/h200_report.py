@@ -203,7 +203,8 @@ def reserved_planned(ml, runs, alloc, traces):
     The campaign measured its runs one after the other in one process: each
     run after the first is planned from the cache the first one left
     (--allocator-start, calib/campaign_state.py, from the first run's trace
-    in the archive TRACES)."""
+    in the archive TRACES). Each run is also planned from an empty cache,
+    as if its process's first, and those errors counted apart."""
     tmp = tempfile.mkdtemp()
     start = os.path.join(tmp, "start.csv")
     first_name, first_text = next(iter(campaign_state.read_traces(traces)))
@@ -211,7 +212,7 @@ def reserved_planned(ml, runs, alloc, traces):
         f.write(campaign_state.state_trace(first_text, first_name)[0])
     calib = {False: os.path.join(here, "profiles", "h200-fp32.yaml"),
              True: os.path.join(here, "profiles", "h200-bf16.yaml")}
-    errs, firsts = [], []
+    errs, firsts, empty = [], [], []
     table("Reserved, planned now with --allocator %s (simulated on the plan's events; "
           "--logits through-backward, the campaign's loop; each run after the first from "
           "the cache the first left, --allocator-start)" % alloc,
@@ -231,6 +232,15 @@ def reserved_planned(ml, runs, alloc, traces):
         m = r["measured"]
         meas = max(m["first"]["reserved"], m["steady"]["reserved"], m["eval"]["reserved"])
         errs.append(err(p["reserved"]["peak"], meas))
+        # the same run planned from an empty cache, as if it had been its
+        # process's first (the campaign's were not)
+        pe = p if not i else tvp.plan(ml, case, r["attn"], r["ckpt"], r["amp"], r["impl"],
+                                      calib[r["amp"]], tmp, extra=(
+                                          "--allocator", alloc, "--blas-workspace", "32MiB",
+                                          "--logits", "through-backward",
+                                          "--eval-batch", str(case[4]),
+                                          "--eval-seq-len", str(case[3])))
+        empty.append(err(pe["reserved"]["peak"], meas))
         # max_memory_reserved once the first iteration has ended: the plan's
         # running peak then (reserved.passes)
         first = p["reserved"]["passes"]["first_iteration"]
@@ -245,8 +255,12 @@ def reserved_planned(ml, runs, alloc, traces):
           "all within %s; median |error| %.1f %%." % (
               alloc, len(close), len(errs), span(close), span(errs), srt[len(srt) // 2]))
     close = [e for e in firsts if abs(e) <= 5]
-    print("After the first iteration: %d of %d within 5 %% (all within %s).\n" % (
+    print("After the first iteration: %d of %d within 5 %% (all within %s)." % (
         len(close), len(firsts), span(firsts)))
+    close = [e for e in empty if abs(e) <= 5]
+    srt = sorted(abs(e) for e in empty)
+    print("Every run from an empty cache: %d of %d within 5 %% (all within %s; median "
+          "|error| %.1f %%).\n" % (len(close), len(empty), span(empty), srt[len(srt) // 2]))
 
 
 def main():

@@ -653,9 +653,16 @@ def amp_checks(check, name, doc, B, T, measured, planned):
     m = doc["model"]
     D, F_ = m["hidden"], m.get("ffn", 4 * m["hidden"])
     biases = m["layers"] * (3 * D + D + F_ + D) if m.get("bias") else 0
-    for ph in ("forward", "backward"):
-        check(name + " %s maximum: the block rule's, at or above the measured" % ph,
-              planned.get(ph, 0) >= measured.get(ph, 0), True)
+    # the block rule's overshoot, today at most +0.6 % (forward) and +9.7 %
+    # (backward): a bound that a plan far above the measurement breaks
+    for ph, over in (("forward", 0.01), ("backward", 0.10)):
+        m_, p_ = measured.get(ph, 0), planned.get(ph, 0)
+        check(name + " %s maximum: the block rule's, at or above the measured, within +%d %%"
+              % (ph, round(over * 100)), m_ <= p_ <= m_ * (1 + over), True)
+    # the optimizer step's maximum, which holds the first and steady peaks:
+    # the 0-dim tensors the plan does not count (12 B at most)
+    check(name + " optimizer maximum within 12 B under the measured",
+          0 <= measured.get("optimizer", 0) - planned.get("optimizer", 0) <= 12, True)
     check(name + " loss maximum: short by the bias copies and 4 B",
           measured.get("loss", 0) - planned.get("loss", 0), 2 * biases + 4)
 

@@ -186,6 +186,7 @@ static void test_nanogpt_softmax_copy(void **state)
     layer_graph(gpt2, ML_PREC_FP32, G);
     assert_int_equal(tensor(G, "scores (fp32 copy)"), MLG_NONE);
     sm = maker(G, tensor(G, "softmax output"));
+    assert_non_null(sm);
     assert_int_equal(sm->in[0], tensor(G, "scores (masked)"));
     free(G);
 }
