@@ -490,15 +490,13 @@ static void backward_nodes(ml_replay *r, size_t k)
     const bool create = r->micro == 0 && !r->grads_exist;
     /* a checkpointed block's saved tensors are the recompute's */
     const ml_category scat = r->seg[k] >= 0 ? ML_CAT_RECOMPUTE : ML_CAT_ACTIVATIONS;
-    const ml_bnode *nd = &ch->nodes[b->node_first];
-    const ml_saved *sv = &ch->saved[b->saved_first];
     uint64_t freed = 0;
     blas_workspace(r, k, &r->blas_bwd); /* before its nodes' first product */
     if (ml__nodes_at_once(r, k, create, scat)) {
         ml__nodeprof_apply(&r->np, r);
         freed = r->np.freed;
     } else {
-        ml__nodes_one_by_one(r, nd, b->nnodes, sv, create, scat, &freed);
+        ml__nodes_one_by_one(r, k, create, scat, &freed);
     }
     /* time: the nodes carry no FLOPs of their own; the block's backward
      * FLOPs are counted once its nodes have run (docs/ledger.md, "Time") */

@@ -251,12 +251,12 @@ void ml__nodeprof_make(ml_nodeprof *p, const ml_bnode *nd, size_t nnodes, const 
                        bool create, ml_category scat);
 bool ml__nodeprof_fits(const ml_nodeprof *p, const ml_replay *r);
 void ml__nodeprof_apply(const ml_nodeprof *p, ml_replay *r);
-/* Block k's node list (nd, sv) event by event, *freed adding the saved
- * bytes it frees; whether it runs as one step instead (r->np made or kept
- * for it, its checks holding); a saved tensor's free, which the allocator
- * simulation does not see (it frees the block's saved tensors at once). */
-void ml__nodes_one_by_one(ml_replay *r, const ml_bnode *nd, size_t nnodes, const ml_saved *sv,
-                          bool create, ml_category scat, uint64_t *freed);
+/* Block k's node list event by event, *freed adding the saved bytes it
+ * frees (the allocator simulation frees each saved tensor as its node
+ * does); whether it runs as one step instead (r->np made or kept for it,
+ * its checks holding); a saved tensor's free in the ledger alone. */
+void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
+                          uint64_t *freed);
 bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat);
 /* The recompute of the node-level checkpointed segment s0..k, before the
  * backward of its last block k (replay_nodes.c). */

@@ -99,10 +99,13 @@ void ml__nodeprof_apply(const ml_nodeprof *p, ml_replay *r)
 /* Block k's nodes' events one by one: each node's incoming gradient,
  * scratch and parameter gradient, then what it frees; *freed adds the saved
  * bytes they free. */
-void ml__nodes_one_by_one(ml_replay *r, const ml_bnode *nd, size_t nnodes, const ml_saved *sv,
-                          bool create, ml_category scat, uint64_t *freed)
+void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
+                          uint64_t *freed)
 {
-    for (size_t j = 0; j < nnodes; j++) {
+    const ml_cblock *b = &r->ch->blocks[k];
+    const ml_bnode *nd = &r->ch->nodes[b->node_first];
+    const ml_saved *sv = &r->ch->saved[b->saved_first];
+    for (size_t j = 0; j < b->nnodes; j++) {
         const ml_bnode *x = &nd[j];
         ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
         ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
@@ -112,9 +115,9 @@ void ml__nodes_one_by_one(ml_replay *r, const ml_bnode *nd, size_t nnodes, const
             ml__replay_free(r, ML_CAT_WORKSPACE, x->param_grad);
         ml__replay_free(r, ML_CAT_WORKSPACE, x->grad_out);
         for (uint32_t s = x->first_saved; s != ML_NODE_NONE; s = sv[s].next_same) {
-            /* the allocator simulation releases the block's saved tensors
-             * as the one allocation the forward made, below */
             ml__replay_saved_free(r, scat, sv[s].bytes);
+            if (r->rsim)
+                ml__rsim_free_saved(r->rsim, scat, k, s);
             *freed += sv[s].bytes;
         }
     }

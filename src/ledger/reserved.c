@@ -15,6 +15,8 @@ typedef struct {
     ml_category cat;
     uint64_t bytes;
     size_t first, n;
+    size_t block;         /* the block of a block's split (ML_T_SAVED*) */
+    ml_tensor_split split;
 } group;
 
 struct ml_rsim {
@@ -342,7 +344,7 @@ void ml__rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split s
         r->h = hh;
     }
     group *g = &r->g[r->ng];
-    *g = (group){c, bytes, r->nh, 0};
+    *g = (group){c, bytes, r->nh, 0, block, split};
     if (!granted(r, ml__alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n)))
         return;
     r->nh += g->n;
@@ -449,6 +451,26 @@ bool ml__rsim_free_named(ml_rsim *r, ml_category c, size_t name)
             release(r, c, k);
             return true;
         }
+    return false;
+}
+
+bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry)
+{
+    if (r->oom || r->nomem)
+        return true; /* nothing runs after a failure */
+    for (size_t k = r->nlive[c]; k-- > 0;) {
+        group *g = &r->g[r->live[c][k]];
+        if (g->split != ML_T_SAVED || g->block != block)
+            continue;
+        /* one tensor per entry (a zero-byte entry's handle is 0), unless
+         * the entries did not add up and the aggregate is one tensor */
+        if (g->n != r->ch->blocks[block].nsaved || entry >= g->n)
+            return false;
+        uint64_t *h = &r->h[g->first + entry];
+        ml__alloc_sim_free_many(r->sim, h, 1);
+        *h = 0; /* freed: the aggregate's free skips it */
+        return true;
+    }
     return false;
 }
 

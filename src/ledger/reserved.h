@@ -89,6 +89,13 @@ uint64_t ml__rsim_start_held(const ml_device *dv);
  * engine's: passes.c, simulate). */
 uint64_t ml__rsim_process_held(const ml_device *dv);
 
+/* Frees saved entry `entry` (its index in block's saved list) of the
+ * latest live ML_T_SAVED allocation of category c for that block, as the
+ * autograd node that releases it does (engine.cpp: release_variables once
+ * the node has run); the others stay until the allocation is freed. False
+ * when there is none, or it is one tensor (nothing changed). */
+bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry);
+
 /* False once a request failed: the device ran out, or the host (*nomem). */
 bool ml__rsim_ok(const ml_rsim *r, bool *nomem);
 void ml__rsim_stats(const ml_rsim *r, ml_alloc_stats *out);

@@ -11,7 +11,8 @@
  *   last: nll_loss's gradient and log_softmax's (fp32, the logits' size
  *   each) first, then, once log_softmax's backward has released the first
  *   and the saved log-probabilities, the .float() cast's backward
- *   (ToCopyBackward0) makes the 2-byte gradient from the second. */
+ *   (ToCopyBackward0) makes the 2-byte gradient from the second;
+ * - a block's saved tensors are freed one by one, as their nodes run. */
 #include "harness.h"
 
 #include "ledger/chain_kit.h"
@@ -212,6 +213,56 @@ static void test_eval_cache_dtype(void **state)
     }
 }
 
+/* A block whose backward runs node by node frees each saved tensor when
+ * its node has run (engine.cpp: release_variables), so a later node's
+ * gradient can take its block. The saved tensors 6, 2, 16, 8, 8 MiB as
+ * their own allocations: 6 -> new 20 MiB segment A (14 free); 2 -> A
+ * (12 free); 16 -> a segment of its own, B (above 10 MiB: its size);
+ * 8 -> A (4 free); 8 -> new 20 MiB C (12 free): 56 MiB in 3 segments.
+ * The 16 MiB one freed, a 16 MiB gradient takes B's block: 56 MiB still.
+ * Were it held to the block's end, no free block would take 16 MiB (A's 4,
+ * C's 12) and a fourth segment would make 72 MiB. The aggregate's free
+ * then releases the other four: 16 MiB allocated, the gradient's. */
+static void test_saved_freed_by_node(void **state)
+{
+    (void)state;
+    ml_chain ch;
+    ml_cblock b;
+    ml_saved sv[5];
+    one_block(&ch, &b, sv);
+    ml_alloc_config cfg = ml__alloc_config_defaults();
+    ml_rsim *r = NULL;
+    ml_error e;
+    ml_alloc_stats st;
+    assert_int_equal(ml__rsim_create(&cfg, &ch, &r, &e), ML_OK);
+    ml__rsim_alloc(r, ML_CAT_ACTIVATIONS, 40 * MiB, ML_T_SAVED, 0, 1);
+    ml__rsim_stats(r, &st);
+    assert_int_equal(st.reserved.current, 56 * MiB);
+    assert_int_equal(st.segments.current, 3);
+    /* no such allocation of that category, or of another block */
+    assert_false(ml__rsim_free_saved(r, ML_CAT_RECOMPUTE, 0, 2));
+    assert_true(ml__rsim_free_saved(r, ML_CAT_ACTIVATIONS, 0, 2));
+    ml__rsim_stats(r, &st);
+    assert_int_equal(st.allocated.current, 24 * MiB);
+    ml__rsim_alloc(r, ML_CAT_WORKSPACE, 16 * MiB, ML_T_ONE, 0, 1);
+    ml__rsim_stats(r, &st);
+    assert_int_equal(st.reserved.current, 56 * MiB);
+    assert_int_equal(st.segments.current, 3);
+    ml__rsim_free(r, ML_CAT_ACTIVATIONS, 40 * MiB);
+    ml__rsim_stats(r, &st);
+    assert_int_equal(st.allocated.current, 16 * MiB);
+    assert_true(ml__rsim_ok(r, NULL));
+    ml__rsim_destroy(r);
+    /* an aggregate whose entries do not add up is one tensor: no entry of
+     * it can be freed alone */
+    assert_int_equal(ml__rsim_create(&cfg, &ch, &r, &e), ML_OK);
+    ml__rsim_alloc(r, ML_CAT_ACTIVATIONS, 42 * MiB, ML_T_SAVED, 0, 1);
+    assert_false(ml__rsim_free_saved(r, ML_CAT_ACTIVATIONS, 0, 2));
+    ml__rsim_stats(r, &st);
+    assert_int_equal(st.allocated.current, 42 * MiB);
+    ml__rsim_destroy(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -219,6 +270,7 @@ int main(void)
         cmocka_unit_test(test_held_variants),
         cmocka_unit_test(test_loss_hands_last),
         cmocka_unit_test(test_eval_cache_dtype),
+        cmocka_unit_test(test_saved_freed_by_node),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
