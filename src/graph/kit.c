@@ -306,16 +306,18 @@ static qkv_heads fused_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
     uint16_t q = ml__graph_view(g, "q", r.qkv, 3, MLG_B, MLG_T, MLG_DQ);
     uint16_t k = ml__graph_view(g, "k", r.qkv, 3, MLG_B, MLG_T, MLG_DKV);
     uint16_t v = ml__graph_view(g, "v", r.qkv, 3, MLG_B, MLG_T, MLG_DKV);
-    o = ml__graph_op(g, MLG_OP_VIEW, "split (q, k, v)");
-    ml__op_in(o, r.qkv);
-    ml__op_node(o, "SplitBackward0 (cat of q, k, v)");
-    ml__op_gin(o, r.qkv);
-    ml__op_gout(o, q);
-    ml__op_gout(o, k);
-    ml__op_gout(o, v);
+    mlg_op *split = ml__graph_op(g, MLG_OP_VIEW, "split (q, k, v)");
+    ml__op_in(split, r.qkv);
+    ml__op_node(split, "SplitBackward0 (cat of q, k, v)");
+    ml__op_gin(split, r.qkv);
+    ml__op_gout(split, q);
+    ml__op_gout(split, k);
     r.qh = ml__graph_view(g, "q heads", r.qkv, 4, MLG_B, MLG_H, MLG_T, MLG_DH);
     r.kh = ml__graph_view(g, "k heads", r.qkv, 4, MLG_B, MLG_HKV, MLG_T, MLG_DH);
     r.vh = ml__graph_view(g, "v heads", r.qkv, 4, MLG_B, MLG_HKV, MLG_T, MLG_DH);
+    /* v's gradient is its heads' (no node between: a view of bmm's
+     * layout), as large as v */
+    ml__op_gout(split, v != MLG_NONE ? r.vh : MLG_NONE);
     /* the head views' backward copies the transposed gradient (v's is
      * bmm's own layout) */
     o = ml__graph_op(g, MLG_OP_VIEW, "view (q heads)");

@@ -69,7 +69,31 @@ typedef struct {
     uint32_t first_saved; /* the first saved tensor (index in its block's list) it
                              releases, ML_NODE_NONE: none; the others follow
                              through ml_saved.next_same, in the list's order */
+    /* The tensors behind grad_in and grad_out, for the allocation
+     * simulation, which makes and frees each gradient as the tensor it is
+     * (reserved.h): a node of an op graph allocates the gradient of each
+     * tensor in gin_id (gin_b bytes each) and frees those of gout_id
+     * (gout_b each). Ids are the tensors' in the block's graph,
+     * ML_GID_INPUT the block's input; a gradient no node of the block made
+     * is the block's incoming one, passed on by residual sums. accum: an
+     * accumulation node, which frees the gradient just made for
+     * gout_id[0] (added in place into the one its buffer holds); gin_acc's
+     * bit j: gin part j is that gradient. ngin, ngout 0: no parts (freed
+     * by bytes). */
+    uint16_t gin_id[4], gout_id[3];
+    uint64_t gin_b[4], gout_b[3];
+    uint8_t ngin, ngout, gin_acc;
+    bool accum;
 } ml_bnode;
+
+/* Gradient ids of ml_bnode: tensor t of the block's graph (graph.h,
+ * MLG_MAX_TENSORS of them) or the block's input (ML_GID_INPUT) is t, or
+ * part j of a tensor that is several (a copy of q and k into one) t + j *
+ * (ML_GIDS + 1); ML_GID_NONE: a gradient no node of the block makes. */
+#define ML_GIDS 160
+#define ML_GID_INPUT ML_GIDS
+#define ML_GID_PARTS 2
+#define ML_GID_NONE ((ML_GIDS + 1) * ML_GID_PARTS)
 
 /* What one op, or its backward node, does to the device (work.h). */
 typedef struct {
@@ -175,6 +199,10 @@ typedef struct {
                                 the last are released (autocast's cross-entropy:
                                 the .float() cast's backward runs after
                                 log_softmax's); for the allocator simulation */
+    uint16_t hand_gid;       /* a node list's: 1 + the gradient id (ml_bnode's
+                                gin_id) of the tensor whose gradient it hands to
+                                the block before, 0: none named (then its
+                                incoming gradient, passed on) */
 } ml_cblock;
 
 typedef struct {

@@ -31,8 +31,8 @@
 #include "ledger/chain_affine.h"
 
 #if UINTPTR_MAX == UINT64_MAX
-_Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 304 && sizeof(ml_saved) == 32 &&
-                   sizeof(ml_bnode) == 48 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32 &&
+_Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 312 && sizeof(ml_saved) == 32 &&
+                   sizeof(ml_bnode) == 128 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32 &&
                    sizeof(ml_work_item) == 56,
                "a chain struct changed (chain.h): list its new field below, then the sizes");
 #endif
@@ -45,7 +45,7 @@ _Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 304 && sizeof(ml_
     X(nnodes) X(in_saved) X(out_saved) X(identity) X(in_held) X(in_nograd) X(inplace)         \
     X(nodes_off) X(measured) X(fwd_only) X(frozen) X(unused_out) X(grads_in_fwd)             \
     X(ws_fwd_ops) X(ws_nograd_ops) X(ws_formula) X(work_first) X(work_fwd) X(work_bwd)        \
-    X(work_known) X(moe) X(hand_last)
+    X(work_known) X(moe) X(hand_last) X(hand_gid)
 #define BLOCK_BYTES(X)                                                                         \
     X(saved_bytes) X(core_bytes) X(cast_bytes) X(in_bytes) X(ws_fwd) X(ws_nograd) X(ws_bwd)   \
     X(unit_fwd) X(unit) X(bwd_in) X(tied_grad) X(grad_bytes) X(grad_accum_bytes) X(cache_bytes)    \
@@ -53,8 +53,12 @@ _Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 304 && sizeof(ml_
 #define BLOCK_FLOPS(X) X(flops_fwd) X(flops_bwd) X(flops_core)
 #define SAVED_SHAPE(X) X(flags) X(node) X(next_same)
 #define SAVED_BYTES(X) X(bytes)
-#define NODE_SHAPE(X) X(first_saved)
-#define NODE_BYTES(X) X(grad_in) X(param_grad) X(scratch) X(grad_out)
+#define NODE_SHAPE(X)                                                                          \
+    X(first_saved) X(gin_id[0]) X(gin_id[1]) X(gin_id[2]) X(gin_id[3]) X(gout_id[0]) X(gout_id[1]) X(gout_id[2]) X(ngin)   \
+    X(ngout) X(gin_acc) X(accum)
+#define NODE_BYTES(X)                                                                          \
+    X(grad_in) X(param_grad) X(scratch) X(grad_out) X(gin_b[0]) X(gin_b[1]) X(gin_b[2])          \
+    X(gin_b[3]) X(gout_b[0]) X(gout_b[1]) X(gout_b[2])
 #define WORK_SHAPE(X) X(kind) X(bwd) X(esize) X(kernels) X(core) X(causal)
 #define WORK_FLOPS(X) X(flops) X(bytes) X(m) X(n) X(k) X(batch)
 #define PARAM_SHAPE(X) X(numel) X(rows) X(cols) X(nograd) X(frozen)

@@ -460,9 +460,13 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
             /* an op saves six at most */
             rel[nrel++] = x->idx[e] + (ml__graph_repeated_tensor(g, e) ? in->off : 0);
     }
-    if (o->accum != MLG_NONE && !(o->accum_but_last && in->last))
+    const bool accum = o->accum != MLG_NONE && !(o->accum_but_last && in->last);
+    if (accum) {
         ml__ck_accum(ch, b, tb[o->accum]);
+        ml__ck_accum_parts(ml__ck_last_node(ch, b), g, o->accum, tb);
+    }
     ml__ck_node(ch, b, o->node, gin, pg, gout, rel[0], rel[1]);
+    ml__ck_node_parts(ml__ck_last_node(ch, b), g, o, tb, accum);
     for (unsigned j = 2; j < nrel; j++)
         ml__ck_node_claim(ch, b, rel[j]);
     uint64_t scratch = o->ngin ? ml_mul(ch, tb[o->gin[0]], o->scratch_in) : 0;
@@ -559,6 +563,8 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
             node(ch, b, G, k, &x, &whole);
     }
     const uint64_t held = output(ch, b, G, x.idx, out);
+    if (b->nnodes)
+        b->hand_gid = ml__ck_hand_gid(g);
     ml__work_graph(ch, b, g, &G->z, G->tb);
     ml__ck_end(ch, b, out);
     ml__ep_dispatch(ch, b, G);

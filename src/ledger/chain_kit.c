@@ -127,7 +127,11 @@ void ml__ck_node(ml_chain *ch, ml_cblock *b, const char *what, uint64_t grad_in,
     ml_bnode *n = node_append(ch, b);
     if (!n)
         return;
-    *n = (ml_bnode){what, grad_in, param_grad, 0, grad_out, ML_NODE_NONE};
+    *n = (ml_bnode){.what = what,
+                    .grad_in = grad_in,
+                    .param_grad = param_grad,
+                    .grad_out = grad_out,
+                    .first_saved = ML_NODE_NONE};
     node_claims(ch, b, s0);
     node_claims(ch, b, s1);
 }
@@ -147,6 +151,13 @@ void ml__ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes)
 void ml__ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes)
 {
     ml__ck_node(ch, b, "InputBuffer accumulation (in place)", 0, 0, bytes, SIZE_MAX, SIZE_MAX);
+}
+
+ml_bnode *ml__ck_last_node(ml_chain *ch, ml_cblock *b)
+{
+    return ch->record_nodes && !ch->overflow && !ch->nomem && b->nnodes
+               ? &ch->nodes[ch->nnodes - 1]
+               : NULL;
 }
 
 /* Puts the block's nodes in execution order (the reverse of the forward's)

@@ -56,6 +56,20 @@ void ml__ck_node_scratch(ml_chain *ch, ml_cblock *b, uint64_t bytes);
 /* InputBuffer accumulation: a gradient of `bytes` added in place into the
  * buffer already held for the same tensor (input_buffer.cpp), then freed. */
 void ml__ck_accum(ml_chain *ch, ml_cblock *b, uint64_t bytes);
+/* The node just recorded, to name its gradients' tensors (ml_bnode.gin_id
+ * ...); NULL when no node list is recorded. */
+ml_bnode *ml__ck_last_node(ml_chain *ch, ml_cblock *b);
+/* The gradient id of graph tensor t (chain_grads.c); the ids and bytes of
+ * node n's gradients from op o at bytes tb (n NULL: nothing), accum: the
+ * accumulation node before it frees the one made for o->accum. */
+uint16_t ml__ck_grad_id(const ml_graph *g, uint16_t t);
+void ml__ck_node_parts(ml_bnode *n, const ml_graph *g, const mlg_op *o, const uint64_t *tb,
+                       bool accum);
+/* An accumulation node n's gradient: the one just made for tensor t. */
+void ml__ck_accum_parts(ml_bnode *n, const ml_graph *g, uint16_t t, const uint64_t *tb);
+/* ml_cblock.hand_gid of a block from graph g: 1 + its input's gradient id,
+ * 0 where that is the incoming gradient passed down. */
+uint16_t ml__ck_hand_gid(const ml_graph *g);
 /* Closes a block: transients, gradients its backward creates. */
 void ml__ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes);
 

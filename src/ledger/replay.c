@@ -83,6 +83,11 @@ void ml__replay_saved_free(ml_replay *r, ml_category c, uint64_t b)
     event(r, c, -(int64_t)b);
 }
 
+void ml__replay_ledger_event(ml_replay *r, ml_category c, int64_t delta)
+{
+    event(r, c, delta);
+}
+
 void ml__replay_free_event(ml_replay *r, ml_category c, uint64_t b)
 {
     if (b > (uint64_t)INT64_MAX) {
@@ -480,13 +485,14 @@ static void backward_nodes(ml_replay *r, size_t k)
     ml__replay_alloc(r, ML_CAT_WORKSPACE, gat);
     gather_time(r, k);
     ml__sides_backward(r, k, true);
-    r->carry_name = 0; /* its nodes free what they consume by bytes */
     /* the gradient of the block's output: handed over by a node-level block
      * after this one, else made by the block-level backward before it */
     if (!r->grad_carry) {
         r->grad_carry = b->bwd_in;
         ml__replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
+        r->carry_name = named(r, r->grad_carry);
     }
+    ml__nodes_begin(r);
     const bool create = r->micro == 0 && !r->grads_exist;
     /* a checkpointed block's saved tensors are the recompute's */
     const ml_category scat = r->seg[k] >= 0 ? ML_CAT_RECOMPUTE : ML_CAT_ACTIVATIONS;
@@ -514,8 +520,11 @@ static void backward_nodes(ml_replay *r, size_t k)
     ml__replay_free(r, ML_CAT_WORKSPACE, gat);
     ml__sides_backward(r, k, false);
     /* the incoming buffer now holds the gradient of the block's input
-     * (none when the input needs none: the model's input) */
+     * (none when the input needs none: the model's input): the one a node
+     * made for it, else the block's incoming one, which the residual sums
+     * passed on to it */
     r->grad_carry = b->in_nograd ? 0 : b->in_bytes;
+    ml__nodes_hand(r, b);
 }
 
 /* Block k's backward, after its segment's recompute when it ends one. */
@@ -532,6 +541,7 @@ static void backward_step(ml_replay *r, size_t k)
             if (!r->grad_carry) {
                 r->grad_carry = r->ch->blocks[k].bwd_in;
                 ml__replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
+                r->carry_name = named(r, r->grad_carry);
             }
             ml__replay_recompute_nodes(r, s0, k);
         }

@@ -139,6 +139,14 @@ typedef struct {
     unsigned rec_adds;
     double rec_last;
     ml_nodeprof np;          /* the last node list made into one step */
+    /* with rsim, a node-level backward's gradients by tensor (ml_bnode's
+     * gin_id): the allocation of each one's gradient, the one an
+     * accumulation node is about to free, their bytes (0: none); the
+     * block's incoming gradient's allocation and bytes */
+    size_t gname[ML_GID_NONE + 1], gpend[ML_GID_NONE + 1];
+    uint64_t gbytes[ML_GID_NONE + 1];
+    size_t gcarry;
+    uint64_t gcarry_bytes;
     /* with rsim, where its reserved bytes peaked (ml__replay_reserved_point);
      * last, so that the fields every event reads stay together */
     struct {
@@ -262,6 +270,8 @@ bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat);
  * backward of its last block k (replay_nodes.c). */
 void ml__replay_recompute_nodes(ml_replay *r, size_t s0, size_t k);
 void ml__replay_saved_free(ml_replay *r, ml_category c, uint64_t b);
+/* A change of the ledger's level alone (the simulation told apart). */
+void ml__replay_ledger_event(ml_replay *r, ml_category c, int64_t delta);
 
 /* At a phase's first event, the level the phase was entered at as a point
  * of its peaks (later in the phase it is the level the last event left:
@@ -312,6 +322,19 @@ void ml__replay_reserved_point(ml_replay *r);
 void ml__replay_alloc_event(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
                             size_t block, unsigned copies);
 void ml__replay_free_event(ml_replay *r, ml_category c, uint64_t b);
+/* With rsim, node x's input gradients: one event of grad_in, each tensor
+ * of x->gin_id its own allocation in the simulation, once the
+ * allocations its grad_out parts name are taken into taken[0 .. 3); its
+ * grad_out: one event, each of those freed (else by bytes). */
+void ml__replay_node_grads_in(ml_replay *r, const ml_bnode *x, size_t *taken);
+void ml__replay_node_grads_out(ml_replay *r, const ml_bnode *x, const size_t *taken);
+/* A node-level block's backward begins, r->grad_carry (carry_name) its
+ * incoming gradient: with rsim, no gradient of its own named yet, the
+ * incoming one the one its residual sums pass on (r->gcarry). It ends
+ * (block b, r->grad_carry its input's gradient): with rsim, carry_name
+ * the allocation b hands on (ml_cblock.hand_gid, else the incoming one). */
+void ml__nodes_begin(ml_replay *r);
+void ml__nodes_hand(ml_replay *r, const ml_cblock *b);
 static inline void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b,
                                        ml_tensor_split split, size_t block, unsigned copies)
 {

@@ -96,6 +96,103 @@ void ml__nodeprof_apply(const ml_nodeprof *p, ml_replay *r)
     r->total = (uint64_t)((int64_t)r->total + p->Dt);
 }
 
+/* The allocations node x's grad_out parts name, taken from r's names
+ * (before its input gradients are made: an in-place op's node makes the
+ * gradient of the tensor whose gradient it frees); 0: freed by bytes. */
+static void take_outs(ml_replay *r, const ml_bnode *x, size_t *taken)
+{
+    for (unsigned j = 0; j < x->ngout; j++) {
+        const uint16_t id = x->gout_id[j];
+        const uint64_t b = x->gout_b[j];
+        taken[j] = 0;
+        if (x->accum) {
+            taken[j] = r->gpend[id];
+            r->gpend[id] = 0;
+        } else if (r->gname[id]) {
+            taken[j] = r->gbytes[id] == b ? r->gname[id] : 0;
+            r->gname[id] = 0;
+        } else if (r->gcarry && r->gcarry_bytes == b) {
+            /* no node of the block made it: the incoming gradient, which
+             * the residual sums pass on */
+            taken[j] = r->gcarry;
+            r->gcarry = 0;
+        }
+    }
+}
+
+void ml__replay_node_grads_in(ml_replay *r, const ml_bnode *x, size_t *taken)
+{
+    uint64_t sum = 0, out = 0;
+    for (unsigned j = 0; j < x->ngin; j++)
+        sum += x->gin_b[j];
+    for (unsigned j = 0; j < x->ngout; j++)
+        out += x->gout_b[j];
+    if (x->ngout && out == x->grad_out)
+        take_outs(r, x, taken);
+    if (!x->ngin || sum != x->grad_in || sum > (uint64_t)INT64_MAX) {
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
+        return;
+    }
+    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, (int64_t)sum);
+    for (unsigned j = 0; j < x->ngin; j++) {
+        const uint64_t b = x->gin_b[j];
+        if (!b)
+            continue;
+        ml__rsim_alloc(r->rsim, ML_CAT_WORKSPACE, b, ML_T_ONE, 0, 1);
+        const size_t name = ml__rsim_latest(r->rsim, ML_CAT_WORKSPACE);
+        const uint16_t id = x->gin_id[j];
+        if (x->gin_acc & (1u << j)) {
+            r->gpend[id] = name;
+        } else {
+            r->gname[id] = name;
+            r->gbytes[id] = b;
+        }
+    }
+    ml__replay_reserved_point(r);
+}
+
+void ml__replay_node_grads_out(ml_replay *r, const ml_bnode *x, const size_t *taken)
+{
+    uint64_t sum = 0;
+    for (unsigned j = 0; j < x->ngout; j++)
+        sum += x->gout_b[j];
+    if (!x->ngout || sum != x->grad_out || sum > (uint64_t)INT64_MAX) {
+        ml__replay_free(r, ML_CAT_WORKSPACE, x->grad_out);
+        return;
+    }
+    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, -(int64_t)sum);
+    for (unsigned j = 0; j < x->ngout; j++) {
+        const uint64_t b = x->gout_b[j];
+        if (!b)
+            continue;
+        const bool done = taken[j] && ml__rsim_free_named(r->rsim, ML_CAT_WORKSPACE, taken[j]);
+        if (!done)
+            ml__rsim_free(r->rsim, ML_CAT_WORKSPACE, b);
+    }
+}
+
+void ml__nodes_begin(ml_replay *r)
+{
+    if (r->rsim) {
+        memset(r->gname, 0, sizeof r->gname);
+        memset(r->gpend, 0, sizeof r->gpend);
+        r->gcarry = r->carry_name;
+        r->gcarry_bytes = r->grad_carry;
+    }
+    r->carry_name = 0;
+}
+
+void ml__nodes_hand(ml_replay *r, const ml_cblock *b)
+{
+    if (!r->rsim || !r->grad_carry)
+        return;
+    const size_t id = b->hand_gid ? b->hand_gid - 1u : ML_GID_NONE;
+    if (r->gname[id] && r->gbytes[id] == r->grad_carry)
+        r->carry_name = r->gname[id];
+    else if (r->gcarry && r->gcarry_bytes == r->grad_carry)
+        r->carry_name = r->gcarry;
+}
+
 /* Block k's nodes' events one by one: each node's incoming gradient,
  * scratch and parameter gradient, then what it frees; *freed adds the saved
  * bytes they free. */
@@ -107,13 +204,20 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
     const ml_saved *sv = &r->ch->saved[b->saved_first];
     for (size_t j = 0; j < b->nnodes; j++) {
         const ml_bnode *x = &nd[j];
-        ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
+        size_t taken[3] = {0, 0, 0};
+        if (r->rsim)
+            ml__replay_node_grads_in(r, x, taken);
+        else
+            ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
         ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
         ml__replay_alloc(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, x->param_grad);
         ml__replay_free(r, ML_CAT_WORKSPACE, x->scratch);
         if (!create)
             ml__replay_free(r, ML_CAT_WORKSPACE, x->param_grad);
-        ml__replay_free(r, ML_CAT_WORKSPACE, x->grad_out);
+        if (r->rsim)
+            ml__replay_node_grads_out(r, x, taken);
+        else
+            ml__replay_free(r, ML_CAT_WORKSPACE, x->grad_out);
         for (uint32_t s = x->first_saved; s != ML_NODE_NONE; s = sv[s].next_same) {
             ml__replay_saved_free(r, scat, sv[s].bytes);
             if (r->rsim)

@@ -6,8 +6,8 @@ change that moves the planner away from the measurements fails the build
 allocated peaks 60 of 60, reserved with the simulated caching allocator 49
 of 60 (today's count, not the target; every run within 14 %), with
 expandable segments 24 of 24 (every run within 5 %); and the reserved bytes
-once the first iteration has ended, 53 of 60 and 24 of 24; every run
-planned from an empty cache instead, 50 of 60 and 24 of 24. The reserved runs
+once the first iteration has ended, 54 of 60 and 24 of 24; every run
+planned from an empty cache instead, 49 of 60 and 24 of 24. The reserved runs
 after each campaign's first are planned from the cache the first run left in
 the process (--allocator-start, calib/campaign_state.py), as they were
 measured.
@@ -60,7 +60,7 @@ def main():
             bad.append("reserved " + alloc)
     # the reserved bytes once the first iteration has ended (reserved.passes)
     firsts = re.findall(r"After the first iteration: (\d+) of (\d+) within 5 %", text)
-    for (got, n), (least, runs) in zip(firsts, ((53, 60), (24, 24))):
+    for (got, n), (least, runs) in zip(firsts, ((54, 60), (24, 24))):
         print("reserved after the first iteration: %s of %s within 5 %% (at least %d)"
               % (got, n, least))
         if int(n) != runs or int(got) < least:
@@ -69,7 +69,7 @@ def main():
         bad.append("no first-iteration counts")
     # every run planned from an empty cache, as if its process's first
     empties = re.findall(r"Every run from an empty cache: (\d+) of (\d+) within 5 %", text)
-    for (got, n), (least, runs) in zip(empties, ((50, 60), (24, 24))):
+    for (got, n), (least, runs) in zip(empties, ((49, 60), (24, 24))):
         print("reserved from an empty cache: %s of %s within 5 %% (at least %d)"
               % (got, n, least))
         if int(n) != runs or int(got) < least:

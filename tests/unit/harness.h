@@ -3,6 +3,7 @@
 #ifndef ML_TEST_HARNESS_H
 #define ML_TEST_HARNESS_H
 
+#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -56,6 +57,37 @@ static inline ml_model *load_hf_config(const char *dir)
     if (ml_model_load_hf(path, NULL, &m, &e) != ML_OK)
         fail_msg("%s:%u:%u: %s", e.path, e.line, e.col, e.msg);
     return m;
+}
+
+/* fn(m, arg) for every shipped model: each preset, models/NAME.yaml, then
+ * each config, models/hf/DIR/config.json (each destroyed after). */
+static inline void each_shipped_model(void (*fn)(ml_model *, void *), void *arg)
+{
+    DIR *dir = opendir(ML_MODELS_DIR);
+    assert_non_null(dir);
+    for (struct dirent *de; (de = readdir(dir));) {
+        size_t len = strlen(de->d_name);
+        if (len < 6 || strcmp(de->d_name + len - 5, ".yaml"))
+            continue;
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)(len - 5), de->d_name);
+        ml_model *m = load_preset(name);
+        fn(m, arg);
+        ml_model_destroy(m);
+    }
+    closedir(dir);
+    char hf[1024];
+    snprintf(hf, sizeof hf, "%s/hf", ML_MODELS_DIR);
+    dir = opendir(hf);
+    assert_non_null(dir);
+    for (struct dirent *de; (de = readdir(dir));) {
+        if (de->d_name[0] == '.')
+            continue;
+        ml_model *m = load_hf_config(de->d_name);
+        fn(m, arg);
+        ml_model_destroy(m);
+    }
+    closedir(dir);
 }
 
 /* The shipped presets and Hugging Face configs the whole-plan comparisons

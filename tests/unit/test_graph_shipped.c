@@ -9,8 +9,6 @@
  * first: DeepSeek's dense and expert layers) and, for an LM head, the head;
  * the layouts still declined are listed by name and asserted declined, so
  * that a port removes them here. */
-#include <dirent.h>
-
 #include "harness.h"
 
 #include "ledger/chain_kit.h"
@@ -61,8 +59,10 @@ static bool taken(const ml_model *m, unsigned *n)
     return all;
 }
 
-static void check(ml_model *m, unsigned *models, unsigned *settings)
+/* counts: the models, then the settings */
+static void check(ml_model *m, void *counts)
 {
+    unsigned *models = counts, *settings = models + 1;
     if (m->type != ML_MODEL_DECODER && m->type != ML_MODEL_ENCODER)
         return; /* T5 and the sequential models: their own chains */
     if (m->vision.layers)
@@ -76,32 +76,9 @@ static void check(ml_model *m, unsigned *models, unsigned *settings)
 static void test_shipped_layers_from_graph(void **state)
 {
     (void)state;
-    unsigned models = 0, settings = 0;
-    DIR *dir = opendir(ML_MODELS_DIR);
-    assert_non_null(dir);
-    for (struct dirent *de; (de = readdir(dir));) {
-        size_t len = strlen(de->d_name);
-        if (len < 6 || strcmp(de->d_name + len - 5, ".yaml"))
-            continue;
-        char name[256];
-        snprintf(name, sizeof name, "%.*s", (int)(len - 5), de->d_name);
-        ml_model *m = load_preset(name);
-        check(m, &models, &settings);
-        ml_model_destroy(m);
-    }
-    closedir(dir);
-    char hf[1024];
-    snprintf(hf, sizeof hf, "%s/hf", ML_MODELS_DIR);
-    dir = opendir(hf);
-    assert_non_null(dir);
-    for (struct dirent *de; (de = readdir(dir));) {
-        if (de->d_name[0] == '.')
-            continue;
-        ml_model *m = load_hf_config(de->d_name);
-        check(m, &models, &settings);
-        ml_model_destroy(m);
-    }
-    closedir(dir);
+    unsigned counts[2] = {0, 0};
+    each_shipped_model(check, counts);
+    const unsigned models = counts[0], settings = counts[1];
     print_message("%u shipped models, %u settings: the layers from the op graph\n", models,
                   settings);
     /* the decoders and encoders without a tower: 8 of the 13 presets (not

@@ -1,0 +1,103 @@
+/* The tensors behind a node list's gradients (chain.h, ml_bnode.gin_id),
+ * for the allocator simulation, which makes and frees each gradient as
+ * the tensor it is (docs/allocator.md, "On the plan"). */
+#include "ledger/chain_kit.h"
+
+/* The id of tensor t's gradient (chain.h, ml_bnode.gin_id): the tensor
+ * whose gradient a node makes, following the ops without a node (a
+ * contiguous copy, a residual sum), whose input's gradient is their
+ * output's, passed on (engine.cpp), or for a copy of several tensors into
+ * one (q's and k's), part j of it; ML_GID_NONE where no node makes it
+ * (the block's incoming gradient, which the residual sums pass on). */
+uint16_t ml__ck_grad_id(const ml_graph *g, uint16_t t)
+{
+    _Static_assert(ML_GIDS == MLG_MAX_TENSORS, "one id per graph tensor");
+    unsigned part = 0;
+    for (unsigned depth = 0; depth < 8 && t < g->nt; depth++) {
+        const uint16_t own = g->t[ml__graph_storage(g, t)].role == MLG_INPUT ? ML_GID_INPUT : t;
+        const mlg_op *pass = NULL;
+        unsigned at = 0;
+        bool made = false, added = false;
+        for (uint16_t k = 0; k < g->nop; k++) {
+            const mlg_op *o = &g->op[k];
+            for (unsigned j = 0; j < o->ngin; j++)
+                if (o->node && o->gin[j] == t) {
+                    made = true;
+                    added |= o->accum == t && !o->accum_but_last;
+                }
+            for (unsigned j = 0; j < o->nin && !pass; j++)
+                if (!o->node && o->nout && o->in[j] == t) {
+                    pass = o;
+                    at = j;
+                }
+        }
+        /* a gradient a node makes and adds into the buffer already holding
+         * one (a residual sum's, passed on) is that one */
+        if (made && (!added || !pass))
+            return (uint16_t)(own + part * (ML_GIDS + 1));
+        if (!pass)
+            break;
+        /* copies of several tensors: each into its own, or all into one */
+        const uint16_t u = pass->nout == pass->nin ? pass->out[at] : pass->out[0];
+        if (pass->kind == MLG_OP_COPY && pass->nout == 1 && pass->nin > 1 &&
+            pass->nin <= ML_GID_PARTS && u < g->nt && g->t[u].factor == pass->nin)
+            part = at;
+        t = u;
+    }
+    return ML_GID_NONE;
+}
+
+/* The tensors of node n's gradients (the op o's at bytes tb): a tensor
+ * that is a copy of several (chain.h) as its parts; accum: the
+ * accumulation node recorded before it frees the one made for o->accum. */
+void ml__ck_node_parts(ml_bnode *n, const ml_graph *g, const mlg_op *o, const uint64_t *tb,
+                       bool accum)
+{
+    if (!n)
+        return;
+    unsigned m = 0;
+    for (unsigned j = 0; j < o->ngin; j++) {
+        const uint16_t t = o->gin[j], id = ml__ck_grad_id(g, t);
+        /* a tensor the copy of several made: as many parts, each the
+         * gradient of one input */
+        unsigned parts = 1;
+        for (uint16_t k = 0; k < g->nop && id == t; k++) {
+            const mlg_op *c = &g->op[k];
+            if (!c->node && c->kind == MLG_OP_COPY && c->nout && c->out[0] == t && c->nin > 1 &&
+                c->nin <= ML_GID_PARTS && g->t[t].factor == c->nin && tb[t] % c->nin == 0)
+                parts = c->nin;
+        }
+        for (unsigned p = 0; p < parts; p++, m++) {
+            n->gin_id[m] = (uint16_t)(id + p * (ML_GIDS + 1));
+            n->gin_b[m] = tb[t] / parts;
+            if (accum && t == o->accum)
+                n->gin_acc |= (uint8_t)(1u << m);
+        }
+    }
+    for (unsigned j = 0; j < o->ngout; j++) {
+        n->gout_id[j] = ml__ck_grad_id(g, o->gout[j]);
+        n->gout_b[j] = tb[o->gout[j]];
+    }
+    n->ngin = (uint8_t)m;
+    n->ngout = o->ngout;
+}
+
+void ml__ck_accum_parts(ml_bnode *n, const ml_graph *g, uint16_t t, const uint64_t *tb)
+{
+    if (!n)
+        return;
+    n->accum = true;
+    n->ngout = 1;
+    n->gout_id[0] = ml__ck_grad_id(g, t);
+    n->gout_b[0] = tb[t];
+}
+
+uint16_t ml__ck_hand_gid(const ml_graph *g)
+{
+    for (uint16_t t = 0; t < g->nt; t++)
+        if (g->t[t].role == MLG_INPUT && ml__graph_storage(g, t) == t) {
+            const uint16_t id = ml__ck_grad_id(g, t);
+            return id == ML_GID_NONE ? 0 : (uint16_t)(id + 1);
+        }
+    return 0;
+}

@@ -1,0 +1,201 @@
+/* The gradients of a block's backward, node by node, as the tensors they
+ * are (chain.h, ml_bnode.gin_id): the allocator simulation makes each
+ * input gradient a node computes and frees each one a later node is done
+ * with by its identity, where freeing "the latest live tensor of that
+ * size" may release another (a block's q, k and v gradients are of one
+ * size). For every shipped model, each precision whose blocks have node
+ * lists, the walk below does what the replay does (replay.c,
+ * ml__replay_node_grads_in and _out) and requires that every gradient a
+ * node frees is one a node of the block made (an accumulation node's: the
+ * one made just before it, added in place into the buffer), or else the
+ * block's incoming gradient, which the residual sums pass on
+ * (AddBackward0 hands its one gradient to both inputs: engine.cpp), at
+ * most once; that no gradient is made twice while live; and that what the
+ * block hands to the block before (its input's gradient) is live at its
+ * end, with nothing else left over.
+ *
+ * By hand: GPT-2's (nanoGPT's) q k^T product saves one copy of q and k
+ * together (a tensor of twice the heads' size), and BmmBackward0 makes
+ * their gradients as two tensors (derivatives.yaml: self's, then mat2's),
+ * the two parts of that id, which the q and k head views' nodes free in
+ * turn; v's gradient is the one the P v node made for v's copy (the
+ * contiguous copy passes it through). */
+#include "harness.h"
+
+#include "ledger/chain_kit.h"
+
+typedef struct {
+    unsigned blocks, nodes, frees, carried;
+} tally;
+
+/* The walk over block b's nodes; fails with the node's name. */
+static void walk(const ml_model *m, const ml_chain *c, const ml_cblock *b, tally *t)
+{
+    static uint64_t named[ML_GID_NONE + 1], pend[ML_GID_NONE + 1];
+    memset(named, 0, sizeof named);
+    memset(pend, 0, sizeof pend);
+    uint64_t carry = b->bwd_in;
+    bool parts = false;
+    for (size_t i = 0; i < b->nnodes; i++) {
+        const ml_bnode *x = &c->nodes[b->node_first + i];
+        uint64_t sum = 0;
+        for (unsigned j = 0; j < x->ngout; j++) {
+            const uint16_t id = x->gout_id[j];
+            const uint64_t by = x->gout_b[j];
+            sum += by;
+            assert_true(id <= ML_GID_NONE);
+            if (!by)
+                continue;
+            t->frees++;
+            if (x->accum) {
+                if (pend[id] != by)
+                    fail_msg("%s %s: %s frees no gradient just made", m->name, b->name, x->what);
+                pend[id] = 0;
+            } else if (named[id]) {
+                if (named[id] != by)
+                    fail_msg("%s %s: %s frees %llu B of a %llu B gradient", m->name, b->name,
+                             x->what, (unsigned long long)by, (unsigned long long)named[id]);
+                named[id] = 0;
+            } else if (carry == by) {
+                carry = 0;
+                t->carried++;
+            } else {
+                fail_msg("%s %s: %s frees a gradient (id %u, %llu B) no node made", m->name,
+                         b->name, x->what, id, (unsigned long long)by);
+            }
+        }
+        if (x->ngout)
+            assert_int_equal(sum, x->grad_out);
+        sum = 0;
+        for (unsigned j = 0; j < x->ngin; j++) {
+            const uint16_t id = x->gin_id[j];
+            /* only a gradient added into a buffer may have no tensor of
+             * its own (a residual sum's input, whose buffer holds the
+             * incoming gradient) */
+            if (id >= ML_GID_NONE && !((x->gin_acc >> j) & 1))
+                fail_msg("%s %s: %s makes a gradient of no tensor", m->name, b->name, x->what);
+            sum += x->gin_b[j];
+            uint64_t *slot = (x->gin_acc >> j) & 1 ? &pend[id] : &named[id];
+            if (*slot)
+                fail_msg("%s %s: %s makes a gradient (id %u) that is live", m->name, b->name,
+                         x->what, id);
+            *slot = x->gin_b[j];
+        }
+        if (x->ngin)
+            assert_int_equal(sum, x->grad_in);
+        parts |= x->ngin || x->ngout;
+        t->nodes++;
+    }
+    if (!parts)
+        return; /* a list without identities (not from an op graph): by bytes */
+    t->blocks++;
+    /* the input's gradient, handed on: the one named, else the incoming */
+    if (!b->in_nograd && b->in_bytes) {
+        if (b->hand_gid) {
+            assert_int_equal(named[b->hand_gid - 1], b->in_bytes);
+            named[b->hand_gid - 1] = 0;
+        } else {
+            assert_int_equal(carry, b->in_bytes);
+            carry = 0;
+        }
+    }
+    for (size_t id = 0; id <= ML_GID_NONE; id++)
+        if (named[id] || pend[id])
+            fail_msg("%s %s: a gradient (id %zu) is left at the block's end", m->name, b->name,
+                     id);
+}
+
+static void check(ml_model *m, void *arg)
+{
+    tally *t = arg;
+    if (m->type != ML_MODEL_DECODER && m->type != ML_MODEL_ENCODER)
+        return;
+    static const ml_precision precs[] = {ML_PREC_FP32, ML_PREC_BF16};
+    for (size_t p = 0; p < 2; p++) {
+        /* a vision tower's image takes 576 of the tokens (LLaVA) */
+        ml_config cfg = config_at(m, precs[p], 2, m->vision.layers ? 640 : 64);
+        ml_chain c;
+        ml_error e;
+        if (ml__chain_build(m, &cfg, &c, &e) != ML_OK)
+            fail_msg("%s: %s", m->name, e.msg);
+        for (size_t k = 0; k < c.n; k++)
+            walk(m, &c, &c.blocks[k], t);
+        ml__chain_free(&c);
+    }
+}
+
+static void test_shipped_gradients_by_identity(void **state)
+{
+    (void)state;
+    tally t = {0, 0, 0, 0};
+    each_shipped_model(check, &t);
+    print_message("%u blocks, %u nodes: %u gradients freed by identity, %u of them the "
+                  "incoming one\n",
+                  t.blocks, t.nodes, t.frees, t.carried);
+    assert_true(t.blocks > 100);
+    assert_true(t.carried > 0 && t.carried < t.frees);
+}
+
+/* nanoGPT's q k^T (GPT-2 small's layout at B 2, T 64, hidden 768: a head
+ * tensor 2 * 64 * 768 * 4 = 393,216 B in fp32): its node makes two
+ * gradients of that size, the parts 0 and 1 of the copies' id; the k and
+ * q head views' nodes (k's first: the engine runs the later op first) free
+ * part 1 and part 0; SplitBackward0 frees v's as the gradient the P v node
+ * made for v's copy. */
+static void test_nanogpt_qk_parts(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config cfg = config_at(m, ML_PREC_FP32, 2, 64);
+    ml_chain c;
+    ml_error e;
+    assert_int_equal(ml__chain_build(m, &cfg, &c, &e), ML_OK);
+    const ml_cblock *b = &c.blocks[1];
+    assert_string_equal(b->name, "block.0");
+    const ml_bnode *qk = NULL, *kv = NULL, *qv = NULL, *split = NULL, *pv = NULL;
+    for (size_t i = 0; i < b->nnodes; i++) {
+        const ml_bnode *x = &c.nodes[b->node_first + i];
+        if (!strcmp(x->what, "BmmBackward0 (q k^T)"))
+            qk = x;
+        else if (!strcmp(x->what, "ViewBackward0 (k, contiguous copy)"))
+            kv = x;
+        else if (!strcmp(x->what, "ViewBackward0 (q, contiguous copy)"))
+            qv = x;
+        else if (!strcmp(x->what, "SplitBackward0 (cat of q, k, v)"))
+            split = x;
+        else if (!strcmp(x->what, "BmmBackward0 (P v)"))
+            pv = x;
+    }
+    assert_non_null(qk);
+    assert_non_null(kv);
+    assert_non_null(qv);
+    assert_non_null(split);
+    assert_non_null(pv);
+    assert_true(kv < qv); /* in the engine's order */
+    const uint64_t head = 2 * 64 * 768 * 4;
+    assert_int_equal(qk->ngin, 2);
+    assert_int_equal(qk->gin_b[0], head);
+    assert_int_equal(qk->gin_b[1], head);
+    assert_int_equal(qk->gin_id[1], qk->gin_id[0] + ML_GIDS + 1);
+    assert_int_equal(qv->ngout, 1);
+    assert_int_equal(qv->gout_id[0], qk->gin_id[0]);
+    assert_int_equal(kv->gout_id[0], qk->gin_id[1]);
+    /* P v: the probabilities' gradient (2 * 12 * 64 * 64 * 4 B), then v's */
+    assert_int_equal(pv->ngin, 2);
+    assert_int_equal(pv->gin_b[0], 2 * 12 * 64 * 64 * 4);
+    assert_int_equal(pv->gin_b[1], head);
+    assert_int_equal(split->ngout, 3);
+    assert_int_equal(split->gout_id[2], pv->gin_id[1]);
+    assert_int_equal(split->gout_b[2], head);
+    ml__chain_free(&c);
+    ml_model_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shipped_gradients_by_identity),
+        cmocka_unit_test(test_nanogpt_qk_parts),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
