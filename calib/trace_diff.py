@@ -515,9 +515,9 @@ def load_tvp():
     return m
 
 
-def timeline_for(ml, tvp, rec, tmp):
+def timeline_for(ml, tvp, rec, tmp, fmt="csv", extra=()):
     """`memledger timeline` with the run's settings, as h200_report.py
-    plans a run."""
+    plans a run (in format fmt, with the flags extra after them)."""
     case = {c[0]: c for c in tvp.CASES}[rec["model"]]
     path = os.path.join(tmp, "config.json")
     with open(path, "w") as f:
@@ -525,7 +525,7 @@ def timeline_for(ml, tvp, rec, tmp):
     args = [ml, "timeline", "--hf", path, "--micro-batch", str(case[4]), "--seq-len",
             str(case[3]), "--precision", "amp-bf16" if rec["amp"] else "fp32", "--optimizer",
             "adamw", "--optimizer-impl", rec["impl"], "--checkpoint",
-            "full" if rec["ckpt"] else "none", "--device", "141GB", "--format", "csv"]
+            "full" if rec["ckpt"] else "none", "--device", "141GB", "--format", fmt] + list(extra)
     r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode not in (0, 1):
         raise InputError("%s: %s" % (" ".join(args), r.stderr.strip()))

@@ -436,6 +436,24 @@ ML_API const ml_block_info *ml_ledger_block(const ml_ledger *l, size_t i);
 ML_API size_t ml_ledger_event_count(const ml_ledger *l);
 ML_API const ml_event *ml_ledger_events(const ml_ledger *l);
 
+/* The allocator simulation's own events (device.allocator caching or
+ * expandable), each a tensor PyTorch would allocate or free: what it
+ * replays the plan's aggregates as (docs/allocator.md, "On the plan"), as
+ * a trace `memledger allocator` reads (timeline --format trace). A mark
+ * starts a pass: when is its pass, the second steady iteration's mark
+ * second 1. Empty unless evaluated with keep_events (and without the
+ * simulation, or a pipeline's ranks, where several stages simulate). */
+typedef enum { ML_SIM_ALLOC, ML_SIM_FREE, ML_SIM_MARK } ml_sim_action;
+typedef struct {
+    ml_sim_action action;
+    ml_reserved_when when; /* a mark's pass */
+    bool second;           /* a mark: the second steady iteration */
+    uint64_t id;           /* a live allocation's name (reused after its free) */
+    uint64_t bytes;        /* an allocation's requested bytes (a free's too) */
+} ml_sim_event;
+ML_API size_t ml_ledger_sim_event_count(const ml_ledger *l);
+ML_API const ml_sim_event *ml_ledger_sim_events(const ml_ledger *l);
+
 /* One point of the live-bytes curve: the total live bytes (all categories)
  * from t_s seconds into the iteration until the next point's t_s. */
 typedef struct ml_curve_point {

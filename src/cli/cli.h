@@ -15,7 +15,7 @@ enum {
     ML_EXIT_FAILURE = 3,   /* output could not be written, out of memory */
 };
 
-typedef enum { ML_FMT_TEXT, ML_FMT_JSON, ML_FMT_CSV, ML_FMT_SVG } ml_format;
+typedef enum { ML_FMT_TEXT, ML_FMT_JSON, ML_FMT_CSV, ML_FMT_SVG, ML_FMT_TRACE } ml_format;
 
 /* Training/device overrides as given on the command line, applied on top
  * of the model file's settings. */

@@ -1,22 +1,51 @@
 /* memledger timeline MODEL.yaml: every event of the iteration. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli.h"
 
 static const char *const usage[] = {
-    "usage: memledger timeline MODEL.yaml [--format csv|json|svg] [-o FILE] [options]\n"
+    "usage: memledger timeline MODEL.yaml [--format csv|json|svg|trace] [-o FILE] [options]\n"
     "\n"
     "Every allocation and free of one training iteration: index, micro-batch, phase,\n"
     "step, category, delta bytes, and the live bytes per category after it.\n"
     "csv (default): a header row, one event per line. json: an array of events.\n"
     "svg: a stacked area chart of live bytes by category, phase bands, the budget\n"
     "and device lines and the peak.\n"
+    "trace: the allocator simulation's own events, each tensor PyTorch would allocate\n"
+    "or free over the residents, the first iteration, two steady ones and the\n"
+    "evaluation pass (a '#' line starts each), as a trace 'memledger allocator'\n"
+    "replays (action,id,bytes; give it the plan's --allocator-start too). Needs the\n"
+    "simulation (--allocator caching, the default, or expandable).\n"
     "\n"
     "  -o FILE                write to FILE (atomically) instead of stdout\n"
     "  and every 'memledger plan' option (--micro-batch, --checkpoint, --device, ...)\n"
     "\n"
     "Exit status: 0 written, 2 bad input or usage, 3 output could not be written.\n", NULL};
+
+/* The simulation's events as an allocator trace (docs/allocator.md). */
+static int write_trace(FILE *f, const ml_ledger *l)
+{
+    static const char *const pass[] = {"residents (parameters, master weights)",
+                                       "first iteration", "steady iteration", "evaluation"};
+    const ml_sim_event *e = ml_ledger_sim_events(l);
+    const size_t n = ml_ledger_sim_event_count(l);
+    if (fputs("action,id,bytes\n", f) < 0)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        int w;
+        if (e[i].action == ML_SIM_MARK)
+            w = fprintf(f, "# %s%s\n", pass[e[i].when], e[i].second ? " (the second)" : "");
+        else if (e[i].action == ML_SIM_ALLOC)
+            w = fprintf(f, "alloc,%" PRIu64 ",%" PRIu64 "\n", e[i].id, e[i].bytes);
+        else
+            w = fprintf(f, "free,%" PRIu64 "\n", e[i].id);
+        if (w < 0)
+            return -1;
+    }
+    return 0;
+}
 
 int ml_cmd_timeline(int argc, char **argv)
 {
@@ -28,6 +57,12 @@ int ml_cmd_timeline(int argc, char **argv)
         return rc;
     if (!o.format_given)
         o.format = ML_FMT_CSV;
+    if (o.format == ML_FMT_TRACE && cfg.device.allocator == ML_ALLOCATOR_NONE) {
+        fprintf(stderr, "memledger timeline: --format trace: the allocator is not simulated "
+                        "(--allocator none); use --allocator caching or expandable\n");
+        ml_cli_free(m, &cfg);
+        return 2;
+    }
     ml_ledger *l = NULL;
     ml_error e;
     ml_status st = ml_ledger_evaluate(m, &cfg, true, &l, &e);
@@ -38,9 +73,10 @@ int ml_cmd_timeline(int argc, char **argv)
     }
     ml_out out;
     if ((rc = ml_out_open(&out, o.output)) == 0) {
-        int w = o.format == ML_FMT_JSON  ? ml_report_timeline_json(out.f, l)
-                : o.format == ML_FMT_SVG ? ml_report_timeline_svg(out.f, m, &cfg, l)
-                                         : ml_report_timeline_csv(out.f, l);
+        int w = o.format == ML_FMT_JSON    ? ml_report_timeline_json(out.f, l)
+                : o.format == ML_FMT_SVG   ? ml_report_timeline_svg(out.f, m, &cfg, l)
+                : o.format == ML_FMT_TRACE ? write_trace(out.f, l)
+                                           : ml_report_timeline_csv(out.f, l);
         rc = ml_out_close(&out, w == 0);
     }
     ml_ledger_destroy(l);

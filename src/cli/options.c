@@ -53,7 +53,7 @@ static int parse_format(const char *verb, const char *val, ml_cli_opts *o)
     if (!val || !*val)
         return usage_error(verb, "--format needs a value: %s",
                            !strcmp(verb, "compare")    ? "text, json, csv or svg"
-                           : !strcmp(verb, "timeline") ? "csv, json or svg"
+                           : !strcmp(verb, "timeline") ? "csv, json, svg or trace"
                                                        : "text or json");
     if (!strcmp(val, "text"))
         o->format = ML_FMT_TEXT;
@@ -63,13 +63,15 @@ static int parse_format(const char *verb, const char *val, ml_cli_opts *o)
         o->format = ML_FMT_CSV;
     else if (!strcmp(val, "svg") && (!strcmp(verb, "compare") || !strcmp(verb, "timeline")))
         o->format = ML_FMT_SVG;
+    else if (!strcmp(val, "trace") && !strcmp(verb, "timeline"))
+        o->format = ML_FMT_TRACE;
     else
         return usage_error(verb, !strcmp(verb, "compare")
                                      ? "--format: '%s' is not a format; use text, "
                                        "json, csv or svg"
                                  : !strcmp(verb, "timeline")
                                      ? "--format: '%s' is not a format; use csv, "
-                                       "json or svg"
+                                       "json, svg or trace"
                                      : "--format: '%s' is not a format; use text or "
                                        "json",
                            val);

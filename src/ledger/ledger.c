@@ -13,6 +13,7 @@ void ml_ledger_destroy(ml_ledger *l)
     free(l->events);
     free(l->levels);
     free(l->ranks);
+    free(l->aev);
     free(l);
 }
 
@@ -39,6 +40,16 @@ size_t ml_ledger_event_count(const ml_ledger *l)
 const ml_event *ml_ledger_events(const ml_ledger *l)
 {
     return l->events;
+}
+
+size_t ml_ledger_sim_event_count(const ml_ledger *l)
+{
+    return l->naev;
+}
+
+const ml_sim_event *ml_ledger_sim_events(const ml_ledger *l)
+{
+    return l->aev;
 }
 
 size_t ml_ledger_rank_count(const ml_ledger *l)

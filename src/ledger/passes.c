@@ -269,7 +269,8 @@ ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml
     if (!out->has_reserved)
         return ML_OK;
     ml_reserved_seen k = seen_key(x, seg);
-    const ml_reserved_seen *e = seen_find(x->memo, &k);
+    /* a ledger that records the simulation's events runs it */
+    const ml_reserved_seen *e = x->aev_to ? NULL : seen_find(x->memo, &k);
     if (e) {
         out->reserved_oom = e->oom;
         out->reserved_peak = e->peak;
@@ -328,6 +329,8 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     if (st)
         return st;
     ml__rsim_set_shards(rs, ml__shard_group(&x->cfg->training), x->cfg->training.virtual_stages);
+    if (x->aev_to)
+        ml__rsim_record(rs);
     if (dv->start && !ml__rsim_start(rs, dv->start)) {
         bool nomem = false;
         ml__rsim_ok(rs, &nomem);
@@ -357,8 +360,10 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     ml__eval_setup(x, seg, &sl, &sh, &r);
     r.rsim = rs;
     r.rsv.now = ML_RESERVED_RESIDENT;
+    ml__rsim_mark(rs, ML_RESERVED_RESIDENT, false);
     ml__eval_residents(&r, x, &sl.sum, false);
     r.rsv.now = ML_RESERVED_FIRST;
+    ml__rsim_mark(rs, ML_RESERVED_FIRST, false);
     /* a new process's threads make their cuBLAS workspaces in its first
      * iteration; one that ran before (a start state) has them */
     if (!dv->start)
@@ -368,19 +373,27 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     ml__rsim_stats(rs, &a);
     out->reserved_first = a.reserved.peak;
     r.rsv.now = ML_RESERVED_STEADY;
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
+        ml__rsim_mark(rs, ML_RESERVED_STEADY, i == 1);
         ml__eval_iteration(&r, x, &sl.sum, false);
+    }
     ml__rsim_stats(rs, &a);
     out->reserved_steady = a.reserved.peak;
     uint64_t ignored;
-    if (x->has_eval && ml__rsim_ok(rs, NULL))
+    if (x->has_eval && ml__rsim_ok(rs, NULL)) {
+        ml__rsim_mark(rs, ML_RESERVED_EVAL, false);
         st = eval_forward(m, x, rs, &ignored, NULL, NULL, err);
+    }
     bool nomem = false;
     out->reserved_oom = !ml__rsim_ok(rs, &nomem) && !nomem;
     ml__rsim_stats(rs, &a);
     out->reserved_peak = a.reserved.peak;
     out->reserved_segments = a.segments.peak;
     reserved_at(&r, &a, &out->reserved_at);
+    if (x->aev_to) {
+        free(x->aev_to->aev);
+        x->aev_to->aev = ml__rsim_take_events(rs, &x->aev_to->naev);
+    }
     ml__rsim_destroy(rs);
     if (!st && (nomem || r.nomem))
         st = ml__errorf(err, ML_NOMEM, "out of memory");

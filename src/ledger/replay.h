@@ -21,6 +21,8 @@ struct ml_ledger {
     uint64_t skipped;        /* blocks its replays moved over (replay_runs.c) */
     ml_rank_info *ranks;     /* pipeline stages (pipeline_eval.c), or NULL */
     size_t nranks, worst_rank;
+    ml_sim_event *aev;     /* the simulation's events (keep_events), or NULL */
+    size_t naev;
 };
 
 /* Per-device sharding (docs/sharding.md). */
@@ -412,6 +414,8 @@ typedef struct {
                               allocator simulation (not with checkpoint
                               optimal, whose choice rests on them) */
     ml_reserved_memo *memo; /* the simulations already run (NULL: none kept) */
+    ml_ledger *aev_to;      /* a ledger the simulation records its events
+                               into (keep_events), or NULL */
     /* the evaluation pass, planned once (it does not depend on the
      * checkpoint plan): ml__eval_pass */
     bool has_eval;

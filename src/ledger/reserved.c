@@ -39,6 +39,9 @@ struct ml_rsim {
     uint64_t *sizes; /* scratch: one aggregate's tensor sizes */
     size_t sizecap;
     bool oom, nomem;
+    bool recording;        /* ml__rsim_record */
+    ml_sim_event *ev;
+    size_t nev, evcap;
 };
 
 /* Blocks list their parameter tensors in order (chain_kit.c): block k's
@@ -101,6 +104,7 @@ void ml__rsim_destroy(ml_rsim *r)
     for (int c = 0; c < ML_CAT_COUNT; c++)
         free(r->live[c]);
     free(r->sizes);
+    free(r->ev);
     free(r);
 }
 
@@ -113,6 +117,43 @@ void ml__rsim_set_shards(ml_rsim *r, uint64_t dp, uint64_t chunks)
 {
     r->dp = dp;
     r->chunks = chunks;
+}
+
+/* One event into the record (when recording; a handle 0 is nothing). */
+static void note(ml_rsim *r, ml_sim_action a, uint64_t id, uint64_t bytes)
+{
+    if (!r->recording || (a != ML_SIM_MARK && !id))
+        return;
+    ml_sim_event *e = ml_grow(r->ev, r->nev, &r->evcap, sizeof *e, 1024);
+    if (!e) {
+        r->nomem = true;
+        return;
+    }
+    r->ev = e;
+    r->ev[r->nev++] = (ml_sim_event){a, ML_RESERVED_RESIDENT, false, id, bytes};
+}
+
+void ml__rsim_record(ml_rsim *r)
+{
+    r->recording = true;
+}
+
+void ml__rsim_mark(ml_rsim *r, ml_reserved_when when, bool second)
+{
+    note(r, ML_SIM_MARK, 0, 0);
+    if (r->recording && r->nev) {
+        r->ev[r->nev - 1].when = when;
+        r->ev[r->nev - 1].second = second;
+    }
+}
+
+ml_sim_event *ml__rsim_take_events(ml_rsim *r, size_t *n)
+{
+    ml_sim_event *e = r->ev;
+    *n = r->nev;
+    r->ev = NULL;
+    r->nev = r->evcap = 0;
+    return e;
 }
 
 
@@ -345,7 +386,10 @@ void ml__rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split s
     }
     group *g = &r->g[r->ng];
     *g = (group){c, bytes, r->nh, 0, block, split};
-    if (!granted(r, ml__alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n)))
+    const bool ok = granted(r, ml__alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n));
+    for (size_t i = 0; i < g->n; i++)
+        note(r, ML_SIM_ALLOC, r->h[r->nh + i], r->sizes[i]);
+    if (!ok)
         return;
     r->nh += g->n;
     if (!add_live(r, c, r->ng++))
@@ -356,6 +400,8 @@ static void release(ml_rsim *r, ml_category c, size_t at)
 {
     group *g = &r->g[r->live[c][at]];
     ml__alloc_sim_free_many(r->sim, &r->h[g->first], g->n);
+    for (size_t i = 0; i < g->n && r->recording; i++)
+        note(r, ML_SIM_FREE, r->h[g->first + i], 0);
     r->live_bytes[c] -= g->bytes;
     memmove(&r->live[c][at], &r->live[c][at + 1], (r->nlive[c] - at - 1) * sizeof *r->live[c]);
     r->nlive[c]--;
@@ -392,6 +438,8 @@ void ml__rsim_pin(ml_rsim *r, uint64_t bytes)
     if (!bytes || r->oom || r->nomem)
         return;
     granted(r, ml__alloc_sim_malloc_many(r->sim, &bytes, 1, &h, &made));
+    if (made)
+        note(r, ML_SIM_ALLOC, h, bytes);
 }
 
 bool ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t)
@@ -468,6 +516,7 @@ bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry)
             return false;
         uint64_t *h = &r->h[g->first + entry];
         ml__alloc_sim_free_many(r->sim, h, 1);
+        note(r, ML_SIM_FREE, *h, 0);
         *h = 0; /* freed: the aggregate's free skips it */
         return true;
     }

@@ -96,6 +96,13 @@ uint64_t ml__rsim_process_held(const ml_device *dv);
  * when there is none, or it is one tensor (nothing changed). */
 bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry);
 
+/* Records every allocation and free from now on (ml_sim_event), and a
+ * mark where a pass starts; false out of host memory. ml__rsim_take_events
+ * hands the record over (the caller frees it; NULL when none). */
+void ml__rsim_record(ml_rsim *r);
+void ml__rsim_mark(ml_rsim *r, ml_reserved_when when, bool second);
+ml_sim_event *ml__rsim_take_events(ml_rsim *r, size_t *n);
+
 /* False once a request failed: the device ran out, or the host (*nomem). */
 bool ml__rsim_ok(const ml_rsim *r, bool *nomem);
 void ml__rsim_stats(const ml_rsim *r, ml_alloc_stats *out);

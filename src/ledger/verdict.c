@@ -80,8 +80,10 @@ static ml_status run_plan(const ml_model *m, ml_evalctx *x, const int *seg, bool
     ml_status st = ml__eval_run(x, seg, keep_events, l, err);
     /* a stage's first pass needs no simulation (ml__stage_activations) */
     const bool sim = dv->allocator != ML_ALLOCATOR_NONE && !x->activations_only;
+    x->aev_to = keep_events ? l : NULL;
     if (!st && sim && !(st = ml__eval_reserved(m, x, seg, &l->sum, err)))
         st = ml__eval_verdict(x->ch, dv, 0, &l->sum, err);
+    x->aev_to = NULL;
     return st;
 }
 
