@@ -55,6 +55,7 @@ ml_status ml__ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_di
     ml_cblock *b = ml__ck_begin(ch, "embedding", -1);
     if (!b)
         return ML_NOMEM;
+    b->in_nograd = true; /* the model's input: token ids, or pixels */
     bool graph = false;
     if (graph_embedding(ch, b, m, d, &graph) != ML_OK)
         return ML_NOMEM;

@@ -362,6 +362,18 @@ static uint64_t block_grads(ml_replay *r, size_t k)
     return gfull;
 }
 
+/* Selective recompute: block k's attention core made again before its
+ * backward. */
+static void selective_core(ml_replay *r, size_t k)
+{
+    const ml_cblock *b = &r->ch->blocks[k];
+    r->sub = " (recompute)";
+    ml__replay_alloc_as(r, ML_CAT_RECOMPUTE, b->core_bytes, ML_T_SAVED_CORE, k, 1);
+    ml__replay_recompute_flops(r, b->flops_core);
+    r->flops_done += b->flops_core;
+    r->sub = "";
+}
+
 /* The backward of block k: its transients, the gradients it creates, then
  * what it no longer needs. */
 static void backward_block(ml_replay *r, size_t k)
@@ -378,13 +390,8 @@ static void backward_block(ml_replay *r, size_t k)
     ml__sides_backward(r, k, true);
     if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k]))
         recompute_segment(r, segment_start(seg, k), k);
-    if (r->selective && seg[k] < 0 && b->core_bytes) {
-        r->sub = " (recompute)";
-        ml__replay_alloc_as(r, ML_CAT_RECOMPUTE, b->core_bytes, ML_T_SAVED_CORE, k, 1);
-        ml__replay_recompute_flops(r, b->flops_core);
-        r->flops_done += b->flops_core;
-        r->sub = "";
-    }
+    if (r->selective && seg[k] < 0 && b->core_bytes)
+        selective_core(r, k);
     /* the incoming gradient the block after handed over (a node-level
      * block's, or `hand` below) is this block's bwd_in, which ws_bwd
      * counts: the same tensor stays where it is (the loss's gradient of the
@@ -429,6 +436,7 @@ static void backward_block(ml_replay *r, size_t k)
         ml__boundary_release(r, k);
     if ((int)k == sh->side_block)
         ml__replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
+    ml__tied_sum(r, b);
     free_named(r, units, units_name);
     size_t hand_name = late_name;
     if (last) {
@@ -494,6 +502,8 @@ static void backward_nodes(ml_replay *r, size_t k)
     }
     ml__nodes_begin(r);
     const bool create = r->micro == 0 && !r->grads_exist;
+    if (create)
+        ml__tied_partial(r, b);
     /* a checkpointed block's saved tensors are the recompute's */
     const ml_category scat = r->seg[k] >= 0 ? ML_CAT_RECOMPUTE : ML_CAT_ACTIVATIONS;
     uint64_t freed = 0;
@@ -564,6 +574,8 @@ void ml__replay_micro_batch(ml_replay *r)
     ml__replay_alloc(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
     r->grad_carry = 0;
     r->carry_name = 0;
+    r->tied_partial = 0;
+    r->tied_name = 0;
     ml_run u = {.streak = 0};
     for (size_t k = n; k-- > 0 && !r->overflow;) { /* an overflow ends the plan */
         k = ml__run_skip(&u, r, k, -1);

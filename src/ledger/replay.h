@@ -119,6 +119,10 @@ typedef struct {
     size_t carry_name;       /* its allocation in the simulation when a
                                 block-level backward made it (ml__rsim_latest),
                                 0: freed by its bytes */
+    uint64_t tied_partial;   /* a tied table's gradient from the LM head's
+                                node, waiting in the engine's buffer for the
+                                embedding's (first micro-batch), 0: none */
+    size_t tied_name;        /* its allocation in the simulation (0: none) */
     bool seg_nodes;          /* the checkpoint segment being replayed backward
                                 runs node by node (every block has a node list) */
     const char *sub; /* "" or " (recompute)" */
@@ -202,6 +206,12 @@ bool ml__side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *
  * consumed it unless something keeps it (sides.c). */
 void ml__boundary_alloc(ml_replay *r, size_t k, uint64_t bytes);
 void ml__boundary_release(ml_replay *r, size_t k);
+/* A tied table's gradient (sides.c): the LM head's partial, left in the
+ * engine's buffer by head block b's nodes in the first micro-batch; and at
+ * the embedding's block b the buffer's sum of it and the embedding's own,
+ * made the .grad, then the partial freed. */
+void ml__tied_partial(ml_replay *r, const ml_cblock *b);
+void ml__tied_sum(ml_replay *r, const ml_cblock *b);
 void ml__boundary_input_done(ml_replay *r, size_t k);
 /* The side tensors block k's forward makes (made: true) or frees at its
  * end (false); those its backward's start makes (the gradients) or its

@@ -211,6 +211,8 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
             ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
         ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
         ml__replay_alloc(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, x->param_grad);
+        if (r->rsim && create && b->tied_grad && x->param_grad == b->tied_grad)
+            r->tied_name = ml__rsim_latest(r->rsim, ML_CAT_GRADS);
         ml__replay_free(r, ML_CAT_WORKSPACE, x->scratch);
         if (!create)
             ml__replay_free(r, ML_CAT_WORKSPACE, x->param_grad);

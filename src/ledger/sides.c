@@ -136,3 +136,38 @@ void ml__boundary_input_done(ml_replay *r, size_t k)
     ml__replay_free(r, r->held_cat[k], r->held[k]);
     r->held[k] = 0;
 }
+
+/* The LM head's partial gradient of a tied table (first micro-batch): it
+ * waits in the engine's buffer until the embedding's arrives
+ * (input_buffer.cpp); made by the head's node whose parameter gradient is
+ * the table's. */
+void ml__tied_partial(ml_replay *r, const ml_cblock *b)
+{
+    if (!b->tied_grad || b->in_nograd)
+        return;
+    r->tied_partial = 0;
+    r->tied_name = 0;
+    for (size_t j = 0; j < b->nnodes && !r->tied_partial; j++)
+        if (r->ch->nodes[b->node_first + j].param_grad == b->tied_grad)
+            r->tied_partial = b->tied_grad;
+}
+
+/* A tied table's gradient at the embedding's backward, the first
+ * micro-batch: the LM head's partial waited in the engine's buffer, the
+ * embedding's dense one (in its transients) arrives, and the buffer adds
+ * the two into a new tensor (input_buffer.cpp, accumulate: old_var + var,
+ * the partial being no tensor it adds into in place), which AccumulateGrad
+ * makes the .grad; then the head's partial goes, and the dense one with
+ * the transients (docs/ledger.md, "Transients"). */
+void ml__tied_sum(ml_replay *r, const ml_cblock *b)
+{
+    if (!r->tied_partial || !b->in_nograd || b->tied_grad != r->tied_partial)
+        return;
+    const uint64_t g = r->tied_partial;
+    ml__replay_alloc(r, ML_CAT_GRADS, g);
+    ml__replay_ledger_event(r, ML_CAT_GRADS, -(int64_t)g);
+    if (r->rsim && !ml__rsim_free_named(r->rsim, ML_CAT_GRADS, r->tied_name))
+        ml__rsim_free(r->rsim, ML_CAT_GRADS, g);
+    r->tied_partial = 0;
+    r->tied_name = 0;
+}

@@ -9,6 +9,19 @@ static const char *const presets[] = {"mlp2",        "cifar10-resnet", "resnet50
 static const char *const policies[] = {"none", "full", "every-2", "every-4",
                                        "sqrt", "selective", "[0, 1]", "optimal"};
 
+/* A tied table's gradient made twice at the embedding's backward (the
+ * engine's sum of the LM head's partial and the embedding's own, beside the
+ * partial, then the partial freed: docs/ledger.md): the bytes of a
+ * gradient allocated in block 0 and freed by the next event, 0 if none. */
+static uint64_t tied_sum(const ml_event *ev, size_t n)
+{
+    for (size_t i = 0; i + 1 < n; i++)
+        if (ev[i].phase == ML_PHASE_BACKWARD && ev[i].block == 0 && ev[i].cat == ML_CAT_GRADS &&
+            ev[i].delta > 0 && ev[i + 1].cat == ML_CAT_GRADS && ev[i + 1].delta == -ev[i].delta)
+            return (uint64_t)ev[i].delta;
+    return 0;
+}
+
 /* Replays the event list independently and checks it against the summary;
  * grads_end: the gradients still allocated at the end (zero_grad: zero). */
 static void check_events(const char *name, const char *pol, const ml_ledger *l,
@@ -18,6 +31,11 @@ static void check_events(const char *name, const char *pol, const ml_ledger *l,
     size_t n = ml_ledger_event_count(l);
     const ml_event *ev = ml_ledger_events(l);
     assert_true(n > 0);
+    /* GPT-2's: its 50,257 x 768 table in fp32 (the presets' others: none,
+     * or their own table's), where the LM head's backward runs node by node
+     * (not under selective recompute, nor with sharded gradients) */
+    if (!strcmp(name, "gpt2-small") && strcmp(pol, "selective") && !grads_end)
+        assert_int_equal(tied_sum(ev, n), 50257ull * 768 * 4);
     uint64_t live[ML_CAT_COUNT] = {0}, maxc[ML_CAT_COUNT] = {0}, peak = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t d = (uint64_t)(ev[i].delta < 0 ? -ev[i].delta : ev[i].delta);
@@ -61,8 +79,9 @@ static void check_events(const char *name, const char *pol, const ml_ledger *l,
     if (!(mx <= s->peak && s->peak <= sum))
         fail_msg("%s/%s: max category %llu, peak %llu, sum of maxima %llu", name, pol,
                  (unsigned long long)mx, (unsigned long long)s->peak, (unsigned long long)sum);
-    /* grads are all there at the end of backward */
-    assert_int_equal(maxc[ML_CAT_GRADS], s->bytes_grads);
+    /* grads are all there at the end of backward (with a tied table's sum
+     * beside its partial for a moment) */
+    assert_int_equal(maxc[ML_CAT_GRADS], s->bytes_grads + tied_sum(ev, n));
 }
 
 static void test_invariants_every_preset_and_policy(void **state)
