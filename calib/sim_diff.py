@@ -59,10 +59,10 @@ def read_sim(text, name):
             cur = None if "second" in row else marks.get(word)
             continue
         f = row.split(",")
-        if f[0] == "alloc":
+        if f[0] == "alloc" and len(f) == 3 and f[2].isdigit():
             live[f[1]] = int(f[2])
             ev = ("+%d" % td.rounded(int(f[2])), int(f[2]), line)
-        elif f[0] == "free" and f[1] in live:
+        elif f[0] == "free" and len(f) > 1 and f[1] in live:
             b = live.pop(f[1])
             ev = ("-%d" % td.rounded(b), -b, line)
         else:

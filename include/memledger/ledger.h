@@ -437,19 +437,20 @@ ML_API size_t ml_ledger_event_count(const ml_ledger *l);
 ML_API const ml_event *ml_ledger_events(const ml_ledger *l);
 
 /* The allocator simulation's own events (device.allocator caching or
- * expandable), each a tensor PyTorch would allocate or free: what it
- * replays the plan's aggregates as (docs/allocator.md, "On the plan"), as
- * a trace `memledger allocator` reads (timeline --format trace). A mark
- * starts a pass: when is its pass, the second steady iteration's mark
- * second 1. Empty unless evaluated with keep_events (and without the
- * simulation, or a pipeline's ranks, where several stages simulate). */
-typedef enum { ML_SIM_ALLOC, ML_SIM_FREE, ML_SIM_MARK } ml_sim_action;
-typedef struct {
+ * expandable): each tensor PyTorch would allocate or free as the
+ * simulation replays the plan's aggregates (docs/allocator.md, "On the
+ * plan"), the trace `memledger allocator` reads (timeline --format trace),
+ * with a mark where each pass starts. Evaluated with keep_events and the
+ * simulation (with a pipeline, the worst stage's); else empty. The array
+ * is the ledger's, valid until ml_ledger_destroy. */
+typedef enum ml_sim_action { ML_SIM_ALLOC, ML_SIM_FREE, ML_SIM_MARK } ml_sim_action;
+typedef struct ml_sim_event {
     ml_sim_action action;
-    ml_reserved_when when; /* a mark's pass */
-    bool second;           /* a mark: the second steady iteration */
-    uint64_t id;           /* a live allocation's name (reused after its free) */
-    uint64_t bytes;        /* an allocation's requested bytes (a free's too) */
+    ml_reserved_when when; /* a mark: the pass it starts */
+    bool second;           /* a mark: the second steady iteration's */
+    uint64_t id;           /* an allocation's name while it lives (reused after
+                              its free) */
+    uint64_t bytes;        /* an allocation's requested bytes (0 on a free) */
 } ml_sim_event;
 ML_API size_t ml_ledger_sim_event_count(const ml_ledger *l);
 ML_API const ml_sim_event *ml_ledger_sim_events(const ml_ledger *l);

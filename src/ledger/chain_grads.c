@@ -17,13 +17,17 @@ uint16_t ml__ck_grad_id(const ml_graph *g, uint16_t t)
         const uint16_t own = g->t[ml__graph_storage(g, t)].role == MLG_INPUT ? ML_GID_INPUT : t;
         const mlg_op *pass = NULL;
         unsigned at = 0;
-        bool made = false, added = false;
+        bool plain = false, added = false;
         for (uint16_t k = 0; k < g->nop; k++) {
             const mlg_op *o = &g->op[k];
             for (unsigned j = 0; j < o->ngin; j++)
                 if (o->node && o->gin[j] == t) {
-                    made = true;
-                    added |= o->accum == t && !o->accum_but_last;
+                    /* made into the buffer (the repeated group's last
+                     * instance makes it), or added to what it holds */
+                    if (o->accum == t && !o->accum_but_last)
+                        added = true;
+                    else
+                        plain = true;
                 }
             for (unsigned j = 0; j < o->nin && !pass; j++)
                 if (!o->node && o->nout && o->in[j] == t) {
@@ -31,9 +35,10 @@ uint16_t ml__ck_grad_id(const ml_graph *g, uint16_t t)
                     at = j;
                 }
         }
-        /* a gradient a node makes and adds into the buffer already holding
-         * one (a residual sum's, passed on) is that one */
-        if (made && (!added || !pass))
+        /* the buffer holds the gradient a node made for t; where every
+         * node's is added into one it already held, that one is a residual
+         * sum's, passed on */
+        if (plain || (added && !pass))
             return (uint16_t)(own + part * (ML_GIDS + 1));
         if (!pass)
             break;

@@ -58,6 +58,9 @@ bool ml__ledger_keep_levels(ml_ledger *l)
         lv[i] = (ml_level){l->events[i].t_s, total_of(&l->events[i])};
     free(l->events);
     l->events = NULL;
+    free(l->aev); /* the simulation's events: not kept either */
+    l->aev = NULL;
+    l->naev = 0;
     l->levels = lv;
     l->nlevels = l->nevents;
     l->nevents = l->cap = 0;

@@ -520,7 +520,7 @@ static void backward_nodes(ml_replay *r, size_t k)
     fwd_grads_done(r, k, true);
     event(r, scat, -(int64_t)(b->saved_bytes - freed));
     if (r->rsim)
-        ml__rsim_free(r->rsim, scat, b->saved_bytes);
+        ml__rsim_free_block_saved(r->rsim, scat, k, b->saved_bytes);
     if (k + 1 < n)
         ml__boundary_release(r, k + 1);
     if (k == 0 || !(B[k - 1].out_saved))

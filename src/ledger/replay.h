@@ -150,7 +150,7 @@ typedef struct {
      * accumulation node is about to free, their bytes (0: none); the
      * block's incoming gradient's allocation and bytes */
     size_t gname[ML_GID_NONE + 1], gpend[ML_GID_NONE + 1];
-    uint64_t gbytes[ML_GID_NONE + 1];
+    uint64_t gbytes[ML_GID_NONE + 1], gpbytes[ML_GID_NONE + 1];
     size_t gcarry;
     uint64_t gcarry_bytes;
     /* with rsim, where its reserved bytes peaked (ml__replay_reserved_point);

@@ -106,7 +106,7 @@ static void take_outs(ml_replay *r, const ml_bnode *x, size_t *taken)
         const uint64_t b = x->gout_b[j];
         taken[j] = 0;
         if (x->accum) {
-            taken[j] = r->gpend[id];
+            taken[j] = r->gpbytes[id] == b ? r->gpend[id] : 0;
             r->gpend[id] = 0;
         } else if (r->gname[id]) {
             taken[j] = r->gbytes[id] == b ? r->gname[id] : 0;
@@ -143,7 +143,8 @@ void ml__replay_node_grads_in(ml_replay *r, const ml_bnode *x, size_t *taken)
         const uint16_t id = x->gin_id[j];
         if (x->gin_acc & (1u << j)) {
             r->gpend[id] = name;
-        } else {
+            r->gpbytes[id] = b;
+        } else if (id != ML_GID_NONE) { /* (else freed by its bytes) */
             r->gname[id] = name;
             r->gbytes[id] = b;
         }

@@ -119,8 +119,10 @@ void ml__rsim_set_shards(ml_rsim *r, uint64_t dp, uint64_t chunks)
     r->chunks = chunks;
 }
 
-/* One event into the record (when recording; a handle 0 is nothing). */
-static void note(ml_rsim *r, ml_sim_action a, uint64_t id, uint64_t bytes)
+/* One event into the record (when recording; a handle 0 is nothing): a
+ * mark's pass `when` (second: the second steady iteration). */
+static void note_as(ml_rsim *r, ml_sim_action a, uint64_t id, uint64_t bytes,
+                    ml_reserved_when when, bool second)
 {
     if (!r->recording || (a != ML_SIM_MARK && !id))
         return;
@@ -130,7 +132,12 @@ static void note(ml_rsim *r, ml_sim_action a, uint64_t id, uint64_t bytes)
         return;
     }
     r->ev = e;
-    r->ev[r->nev++] = (ml_sim_event){a, ML_RESERVED_RESIDENT, false, id, bytes};
+    r->ev[r->nev++] = (ml_sim_event){a, when, second, id, bytes};
+}
+
+static void note(ml_rsim *r, ml_sim_action a, uint64_t id, uint64_t bytes)
+{
+    note_as(r, a, id, bytes, ML_RESERVED_RESIDENT, false);
 }
 
 void ml__rsim_record(ml_rsim *r)
@@ -140,11 +147,7 @@ void ml__rsim_record(ml_rsim *r)
 
 void ml__rsim_mark(ml_rsim *r, ml_reserved_when when, bool second)
 {
-    note(r, ML_SIM_MARK, 0, 0);
-    if (r->recording && r->nev) {
-        r->ev[r->nev - 1].when = when;
-        r->ev[r->nev - 1].second = second;
-    }
+    note_as(r, ML_SIM_MARK, 0, 0, when, second);
 }
 
 ml_sim_event *ml__rsim_take_events(ml_rsim *r, size_t *n)
@@ -500,6 +503,20 @@ bool ml__rsim_free_named(ml_rsim *r, ml_category c, size_t name)
             return true;
         }
     return false;
+}
+
+void ml__rsim_free_block_saved(ml_rsim *r, ml_category c, size_t block, uint64_t bytes)
+{
+    if (r->oom || r->nomem)
+        return;
+    for (size_t k = r->nlive[c]; k-- > 0;) {
+        const group *g = &r->g[r->live[c][k]];
+        if (g->split == ML_T_SAVED && g->block == block && g->bytes == bytes) {
+            release(r, c, k);
+            return;
+        }
+    }
+    ml__rsim_free(r, c, bytes);
 }
 
 bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry)

@@ -95,10 +95,14 @@ uint64_t ml__rsim_process_held(const ml_device *dv);
  * the node has run); the others stay until the allocation is freed. False
  * when there is none, or it is one tensor (nothing changed). */
 bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry);
+/* Frees what is left of block's ML_T_SAVED allocation of category c and
+ * `bytes` (its backward has ended), else as ml__rsim_free. */
+void ml__rsim_free_block_saved(ml_rsim *r, ml_category c, size_t block, uint64_t bytes);
 
 /* Records every allocation and free from now on (ml_sim_event), and a
- * mark where a pass starts; false out of host memory. ml__rsim_take_events
- * hands the record over (the caller frees it; NULL when none). */
+ * mark where a pass starts (out of host memory the simulation fails, as a
+ * request would: ml__rsim_ok). ml__rsim_take_events hands the record over
+ * (the caller frees it; NULL when none). */
 void ml__rsim_record(ml_rsim *r);
 void ml__rsim_mark(ml_rsim *r, ml_reserved_when when, bool second);
 ml_sim_event *ml__rsim_take_events(ml_rsim *r, size_t *n);

@@ -166,6 +166,8 @@ void ml__tied_sum(ml_replay *r, const ml_cblock *b)
     const uint64_t g = r->tied_partial;
     ml__replay_alloc(r, ML_CAT_GRADS, g);
     ml__replay_ledger_event(r, ML_CAT_GRADS, -(int64_t)g);
+    /* (without the partial's name the simulation frees the sum at once:
+     * the same bytes stay) */
     if (r->rsim && !ml__rsim_free_named(r->rsim, ML_CAT_GRADS, r->tied_name))
         ml__rsim_free(r->rsim, ML_CAT_GRADS, g);
     r->tied_partial = 0;

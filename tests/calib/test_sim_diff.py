@@ -104,6 +104,8 @@ class Passes(unittest.TestCase):
             SIM_DIFF.read_sim("action,id,bytes\nfree,9\n", "sim")
         with self.assertRaises(SIM_DIFF.td.InputError):
             SIM_DIFF.read_sim("id,action\n", "sim")
+        with self.assertRaises(SIM_DIFF.td.InputError):
+            SIM_DIFF.read_sim("action,id,bytes\nalloc,1\n", "sim")
 
 
 class TimelineTrace(unittest.TestCase):
