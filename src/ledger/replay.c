@@ -502,8 +502,7 @@ static void backward_nodes(ml_replay *r, size_t k)
     }
     ml__nodes_begin(r);
     const bool create = r->micro == 0 && !r->grads_exist;
-    if (create)
-        ml__tied_partial(r, b);
+    ml__tied_partial(r, b, create);
     /* a checkpointed block's saved tensors are the recompute's */
     const ml_category scat = r->seg[k] >= 0 ? ML_CAT_RECOMPUTE : ML_CAT_ACTIVATIONS;
     uint64_t freed = 0;

@@ -123,6 +123,8 @@ typedef struct {
                                 node, waiting in the engine's buffer for the
                                 embedding's (first micro-batch), 0: none */
     size_t tied_name;        /* its allocation in the simulation (0: none) */
+    ml_category tied_cat;    /* its category: GRADS in the first micro-batch,
+                                WORKSPACE in a later one (added into .grad) */
     bool seg_nodes;          /* the checkpoint segment being replayed backward
                                 runs node by node (every block has a node list) */
     const char *sub; /* "" or " (recompute)" */
@@ -207,10 +209,11 @@ bool ml__side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *
 void ml__boundary_alloc(ml_replay *r, size_t k, uint64_t bytes);
 void ml__boundary_release(ml_replay *r, size_t k);
 /* A tied table's gradient (sides.c): the LM head's partial, left in the
- * engine's buffer by head block b's nodes in the first micro-batch; and at
- * the embedding's block b the buffer's sum of it and the embedding's own,
- * made the .grad, then the partial freed. */
-void ml__tied_partial(ml_replay *r, const ml_cblock *b);
+ * engine's buffer by head block b's nodes (create: the first micro-batch's
+ * .grad to be); and at the embedding's block b the buffer's sum of it and
+ * the embedding's own, then the partial freed: the sum made the .grad, or
+ * in a later micro-batch added into it and freed. */
+void ml__tied_partial(ml_replay *r, const ml_cblock *b, bool create);
 void ml__tied_sum(ml_replay *r, const ml_cblock *b);
 void ml__boundary_input_done(ml_replay *r, size_t k);
 /* The side tensors block k's forward makes (made: true) or frees at its

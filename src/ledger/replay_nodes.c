@@ -212,10 +212,14 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
             ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
         ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
         ml__replay_alloc(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, x->param_grad);
-        if (r->rsim && create && b->tied_grad && x->param_grad == b->tied_grad)
-            r->tied_name = ml__rsim_latest(r->rsim, ML_CAT_GRADS);
+        /* the LM head's partial of a tied table stays in the engine's
+         * buffer until the embedding's backward (sides.c) */
+        const bool tied = r->tied_partial && x->param_grad == r->tied_partial &&
+                          b->tied_grad == r->tied_partial && !b->in_nograd;
+        if (tied && r->rsim)
+            r->tied_name = ml__rsim_latest(r->rsim, r->tied_cat);
         ml__replay_free(r, ML_CAT_WORKSPACE, x->scratch);
-        if (!create)
+        if (!create && !tied)
             ml__replay_free(r, ML_CAT_WORKSPACE, x->param_grad);
         if (r->rsim)
             ml__replay_node_grads_out(r, x, taken);
@@ -240,6 +244,8 @@ bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat)
         return false;
     const ml_chain *ch = r->ch;
     const ml_cblock *b = &ch->blocks[k];
+    if (r->tied_partial && b->tied_grad == r->tied_partial && !b->in_nograd)
+        return false; /* its tied partial is kept (ml__nodes_one_by_one) */
     ml_nodeprof *p = &r->np;
     const ml_cblock *o = p->valid ? &ch->blocks[p->block] : NULL;
     bool same = o && p->create == create && p->scat == scat && o->nnodes == b->nnodes &&

@@ -137,39 +137,54 @@ void ml__boundary_input_done(ml_replay *r, size_t k)
     r->held[k] = 0;
 }
 
-/* The LM head's partial gradient of a tied table (first micro-batch): it
- * waits in the engine's buffer until the embedding's arrives
- * (input_buffer.cpp); made by the head's node whose parameter gradient is
- * the table's. */
-void ml__tied_partial(ml_replay *r, const ml_cblock *b)
+/* The LM head's partial gradient of a tied table: it waits in the
+ * engine's buffer until the embedding's arrives (input_buffer.cpp); made by
+ * the head's node whose parameter gradient is the table's, where the chain
+ * has the embedding (block 0). */
+void ml__tied_partial(ml_replay *r, const ml_cblock *b, bool create)
 {
-    if (!b->tied_grad || b->in_nograd)
+    /* (a pipeline stage without the embedding: the head's is its own) */
+    const ml_cblock *e = &r->ch->blocks[0];
+    if (!b->tied_grad || b->in_nograd || !e->in_nograd || e->tied_grad != b->tied_grad)
         return;
     r->tied_partial = 0;
     r->tied_name = 0;
+    r->tied_cat = create ? ML_CAT_GRADS : ML_CAT_WORKSPACE;
     for (size_t j = 0; j < b->nnodes && !r->tied_partial; j++)
         if (r->ch->nodes[b->node_first + j].param_grad == b->tied_grad)
             r->tied_partial = b->tied_grad;
 }
 
-/* A tied table's gradient at the embedding's backward, the first
- * micro-batch: the LM head's partial waited in the engine's buffer, the
- * embedding's dense one (in its transients) arrives, and the buffer adds
- * the two into a new tensor (input_buffer.cpp, accumulate: old_var + var,
- * the partial being no tensor it adds into in place), which AccumulateGrad
- * makes the .grad; then the head's partial goes, and the dense one with
- * the transients (docs/ledger.md, "Transients"). */
+/* Frees g bytes of category c made as `name` in the simulation (else the
+ * latest of that size there). */
+static void free_as(ml_replay *r, ml_category c, uint64_t g, size_t name)
+{
+    ml__replay_ledger_event(r, c, -(int64_t)g);
+    if (r->rsim && !ml__rsim_free_named(r->rsim, c, name))
+        ml__rsim_free(r->rsim, c, g);
+}
+
+/* A tied table's gradient at the embedding's backward: the LM head's
+ * partial waited in the engine's buffer, the embedding's dense one (in its
+ * transients) arrives, and the buffer adds the two into a new tensor
+ * (input_buffer.cpp, accumulate: old_var + var, the partial being no
+ * tensor it adds into in place), dropping the partial. In the first
+ * micro-batch AccumulateGrad makes the sum the .grad; in a later one the
+ * sum is the block's transient gradient (grad_accum_bytes, which counts
+ * the table's), added into .grad in place (accumulate_grad.h) and freed
+ * with the block. The dense one goes with the transients (docs/ledger.md,
+ * "Transients"). */
 void ml__tied_sum(ml_replay *r, const ml_cblock *b)
 {
     if (!r->tied_partial || !b->in_nograd || b->tied_grad != r->tied_partial)
         return;
     const uint64_t g = r->tied_partial;
-    ml__replay_alloc(r, ML_CAT_GRADS, g);
-    ml__replay_ledger_event(r, ML_CAT_GRADS, -(int64_t)g);
-    /* (without the partial's name the simulation frees the sum at once:
-     * the same bytes stay) */
-    if (r->rsim && !ml__rsim_free_named(r->rsim, ML_CAT_GRADS, r->tied_name))
-        ml__rsim_free(r->rsim, ML_CAT_GRADS, g);
+    const ml_category c = r->tied_cat;
+    if (c == ML_CAT_GRADS)
+        ml__replay_alloc(r, c, g);
+    /* (without the partial's name the simulation frees the latest of its
+     * size: the same bytes stay) */
+    free_as(r, c, g, r->tied_name);
     r->tied_partial = 0;
     r->tied_name = 0;
 }

@@ -37,10 +37,21 @@ static void check_events(const char *name, const char *pol, const ml_ledger *l,
      * amp-bf16, whose head runs the block rule: no sum planned); the
      * others have none */
     const uint64_t tied = !strcmp(name, "gpt2-small") ? 50257ull * 768 * 4 : 0;
-    if (strcmp(pol, "selective") && !grads_end)
+    if (strcmp(pol, "selective") && !grads_end) {
         if (tied_sum(ev, n) != tied)
             fail_msg("%s/%s: tied sum %llu, expected %llu", name, pol,
                      (unsigned long long)tied_sum(ev, n), (unsigned long long)tied);
+        /* a later micro-batch: the head's partial, kept in the buffer, is
+         * freed at the embedding's backward (block 0), once */
+        unsigned later = 0, freed = 0;
+        for (size_t i = 0; i < n && tied; i++) {
+            later += ev[i].micro == 1;
+            freed += ev[i].micro == 1 && ev[i].block == 0 && ev[i].cat == ML_CAT_WORKSPACE &&
+                     ev[i].delta == -(int64_t)tied;
+        }
+        if (later && freed != 1)
+            fail_msg("%s/%s: the tied partial freed %u times at the embedding", name, pol, freed);
+    }
     uint64_t live[ML_CAT_COUNT] = {0}, maxc[ML_CAT_COUNT] = {0}, peak = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t d = (uint64_t)(ev[i].delta < 0 ? -ev[i].delta : ev[i].delta);
