@@ -386,6 +386,11 @@ typedef struct ml_summary {
      * after each, without a reset: the cache keeps its segments, so the
      * evaluation's is reserved_peak) */
     uint64_t reserved_first, reserved_steady;
+    /* frees the simulation could not match to the tensor the plan names
+     * (a node's gradient, a size no live allocation has) and so released
+     * by size: a check of the plan's events, 0 on every shipped model
+     * (tests/unit/test_grad_identity.c) */
+    uint64_t reserved_inexact;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -192,7 +192,7 @@ struct ml_reserved_seen {
     size_t n;
     bool selective, overflow, whole;
     bool oom, overflow_after;
-    uint64_t peak, segments, first, steady;
+    uint64_t peak, segments, first, steady, inexact;
     uint64_t start[3]; /* reserved, allocated, segments */
     ml_reserved_at at;
 };
@@ -255,6 +255,7 @@ static void seen_add(ml_reserved_memo *memo, ml_reserved_seen k, const ml_summar
     k.start[1] = out->start_allocated;
     k.start[2] = out->start_segments;
     k.at = out->reserved_at;
+    k.inexact = out->reserved_inexact;
     k.overflow_after = overflow_after;
     memo->e[memo->n++] = k;
 }
@@ -277,6 +278,7 @@ ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml
         out->reserved_segments = e->segments;
         out->reserved_first = e->first;
         out->reserved_steady = e->steady;
+        out->reserved_inexact = e->inexact;
         out->start_reserved = e->start[0];
         out->start_allocated = e->start[1];
         out->start_segments = e->start[2];
@@ -389,6 +391,7 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     ml__rsim_stats(rs, &a);
     out->reserved_peak = a.reserved.peak;
     out->reserved_segments = a.segments.peak;
+    out->reserved_inexact = ml__rsim_inexact(rs);
     reserved_at(&r, &a, &out->reserved_at);
     if (x->aev_to) {
         free(x->aev_to->aev);

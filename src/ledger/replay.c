@@ -333,7 +333,7 @@ static void free_named(ml_replay *r, uint64_t b, size_t name)
     }
     event(r, ML_CAT_WORKSPACE, -(int64_t)b);
     if (!ml__rsim_free_named(r->rsim, ML_CAT_WORKSPACE, name))
-        ml__rsim_free(r->rsim, ML_CAT_WORKSPACE, b);
+        ml__rsim_free_inexact(r->rsim, ML_CAT_WORKSPACE, b);
 }
 
 /* Block k's parameter gradients in its block-level backward: new .grad

@@ -166,9 +166,8 @@ void ml__replay_node_grads_out(ml_replay *r, const ml_bnode *x, const size_t *ta
         const uint64_t b = x->gout_b[j];
         if (!b)
             continue;
-        const bool done = taken[j] && ml__rsim_free_named(r->rsim, ML_CAT_WORKSPACE, taken[j]);
-        if (!done)
-            ml__rsim_free(r->rsim, ML_CAT_WORKSPACE, b);
+        if (!taken[j] || !ml__rsim_free_named(r->rsim, ML_CAT_WORKSPACE, taken[j]))
+            ml__rsim_free_inexact(r->rsim, ML_CAT_WORKSPACE, b);
     }
 }
 

@@ -39,6 +39,7 @@ struct ml_rsim {
     uint64_t *sizes; /* scratch: one aggregate's tensor sizes */
     size_t sizecap;
     bool oom, nomem;
+    uint64_t inexact;      /* frees released by size, not by the tensor named */
     bool recording;        /* ml__rsim_record */
     ml_sim_event *ev;
     size_t nev, evcap;
@@ -148,6 +149,18 @@ void ml__rsim_record(ml_rsim *r)
 void ml__rsim_mark(ml_rsim *r, ml_reserved_when when, bool second)
 {
     note_as(r, ML_SIM_MARK, 0, 0, when, second);
+}
+
+void ml__rsim_free_inexact(ml_rsim *r, ml_category c, uint64_t bytes)
+{
+    if (bytes && !r->oom && !r->nomem)
+        r->inexact++;
+    ml__rsim_free(r, c, bytes);
+}
+
+uint64_t ml__rsim_inexact(const ml_rsim *r)
+{
+    return r->inexact;
 }
 
 ml_sim_event *ml__rsim_take_events(ml_rsim *r, size_t *n)
@@ -426,6 +439,8 @@ void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes)
         }
     /* no single allocation of that size: the category's sum (zero_grad),
      * else the latest ones until the bytes are covered */
+    if (bytes != r->live_bytes[c])
+        r->inexact++;
     uint64_t left = bytes;
     while (r->nlive[c] && left) {
         uint64_t b = r->g[r->live[c][r->nlive[c] - 1]].bytes;

@@ -161,7 +161,7 @@ static void free_as(ml_replay *r, ml_category c, uint64_t g, size_t name)
 {
     ml__replay_ledger_event(r, c, -(int64_t)g);
     if (r->rsim && !ml__rsim_free_named(r->rsim, c, name))
-        ml__rsim_free(r->rsim, c, g);
+        ml__rsim_free_inexact(r->rsim, c, g);
 }
 
 /* A tied table's gradient at the embedding's backward: the LM head's

@@ -105,34 +105,50 @@ static void walk(const ml_model *m, const ml_chain *c, const ml_cblock *b, tally
                      id);
 }
 
-static void check(ml_model *m, void *arg)
+/* fn(m, cfg, arg) for decoder or encoder m under each attention kernel
+ * (eager's graphs differ most: a partial rotary's pass-through slices, the
+ * head views' copies) and each of the first nprec of fp32, bf16 and
+ * amp-bf16 at B 2, T 64 (a vision tower's image takes 576 of the tokens:
+ * 640); fn returns ML_RANGE for a kernel the model refuses. */
+static void each_setting(ml_model *m, size_t nprec,
+                         ml_status (*fn)(ml_model *, const ml_config *, void *), void *arg)
 {
-    tally *t = arg;
     if (m->type != ML_MODEL_DECODER && m->type != ML_MODEL_ENCODER)
         return;
-    static const ml_precision precs[] = {ML_PREC_FP32, ML_PREC_BF16};
-    /* each attention kernel: eager's graphs differ most (a partial
-     * rotary's pass-through slices, the head views' copies) */
+    static const ml_precision precs[] = {ML_PREC_FP32, ML_PREC_BF16, ML_PREC_AMP_BF16};
     static const ml_attention kernels[] = {ML_ATTN_EAGER, ML_ATTN_SDPA, ML_ATTN_FLASH};
     const ml_attention own = m->attn.kernel;
     for (size_t a = 0; a < 3; a++)
-        for (size_t p = 0; p < 2; p++) {
+        for (size_t p = 0; p < nprec; p++) {
             m->attn.kernel = kernels[a];
-            /* a vision tower's image takes 576 of the tokens (LLaVA) */
             ml_config cfg = config_at(m, precs[p], 2, m->vision.layers ? 640 : 64);
-            ml_chain c;
-            ml_error e;
-            ml_status st = ml__chain_build(m, &cfg, &c, &e);
+            ml_status st = fn(m, &cfg, arg);
             if (st == ML_RANGE && kernels[a] != own)
-                continue; /* a kernel the model refuses */
+                continue;
             if (st != ML_OK)
-                fail_msg("%s: %s", m->name, e.msg);
-            for (size_t k = 0; k < c.n; k++)
-                walk(m, &c, &c.blocks[k], t);
-            ml__chain_free(&c);
-            t->settings++;
+                fail_msg("%s: kernel %zu, precision %zu: status %d", m->name, a, p, st);
         }
     m->attn.kernel = own;
+}
+
+static ml_status walk_setting(ml_model *m, const ml_config *cfg, void *arg)
+{
+    tally *t = arg;
+    ml_chain c;
+    ml_error e;
+    ml_status st = ml__chain_build(m, cfg, &c, &e);
+    if (st != ML_OK)
+        return st;
+    for (size_t k = 0; k < c.n; k++)
+        walk(m, &c, &c.blocks[k], t);
+    ml__chain_free(&c);
+    t->settings++;
+    return ML_OK;
+}
+
+static void check(ml_model *m, void *arg)
+{
+    each_setting(m, 2, walk_setting, arg);
 }
 
 static void test_shipped_gradients_by_identity(void **state)
@@ -202,11 +218,50 @@ static void test_nanogpt_qk_parts(void **state)
     ml_model_destroy(m);
 }
 
+/* The replay itself: every shipped model planned with the caching
+ * allocator simulated, under each attention kernel and precision (autocast
+ * too, whose blocks free their aggregates by size: each must find its
+ * size), frees every tensor it names as that tensor and every other by a
+ * size a live allocation has (ml_summary.reserved_inexact 0). */
+static ml_status plan_setting(ml_model *m, const ml_config *cfg, void *arg)
+{
+    unsigned *plans = arg;
+    ml_config c = *cfg;
+    c.device.allocator = ML_ALLOCATOR_CACHING;
+    ml_ledger *l = NULL;
+    ml_status st = ml_ledger_evaluate(m, &c, false, &l, NULL);
+    if (st != ML_OK)
+        return st;
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_true(s->has_reserved);
+    if (s->reserved_inexact)
+        fail_msg("%s, %s: %llu frees by size", m->name, ml_precision_name(c.training.precision),
+                 (unsigned long long)s->reserved_inexact);
+    ml_ledger_destroy(l);
+    (*plans)++;
+    return ML_OK;
+}
+
+static void exact(ml_model *m, void *arg)
+{
+    each_setting(m, 3, plan_setting, arg);
+}
+
+static void test_shipped_frees_exact(void **state)
+{
+    (void)state;
+    unsigned plans = 0;
+    each_shipped_model(exact, &plans);
+    print_message("%u plans simulated, every free exact\n", plans);
+    assert_true(plans > 200);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shipped_gradients_by_identity),
         cmocka_unit_test(test_nanogpt_qk_parts),
+        cmocka_unit_test(test_shipped_frees_exact),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
