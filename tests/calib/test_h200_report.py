@@ -58,24 +58,18 @@ def main():
               % (alloc, got, n, least, lo, hi))
         if n != runs or got < least or max(-lo, hi) > span:
             bad.append("reserved " + alloc)
-    # the reserved bytes once the first iteration has ended (reserved.passes)
-    firsts = re.findall(r"After the first iteration: (\d+) of (\d+) within 5 %", text)
-    for (got, n), (least, runs) in zip(firsts, ((54, 60), (24, 24))):
-        print("reserved after the first iteration: %s of %s within 5 %% (at least %d)"
-              % (got, n, least))
-        if int(n) != runs or int(got) < least:
-            bad.append("reserved after the first iteration")
-    if len(firsts) != 2:
-        bad.append("no first-iteration counts")
-    # every run planned from an empty cache, as if its process's first
-    empties = re.findall(r"Every run from an empty cache: (\d+) of (\d+) within 5 %", text)
-    for (got, n), (least, runs) in zip(empties, ((49, 60), (24, 24))):
-        print("reserved from an empty cache: %s of %s within 5 %% (at least %d)"
-              % (got, n, least))
-        if int(n) != runs or int(got) < least:
-            bad.append("reserved from an empty cache")
-    if len(empties) != 2:
-        bad.append("no empty-cache counts")
+    # the reserved bytes once the first iteration has ended (reserved.passes),
+    # and every run planned from an empty cache, as if its process's first
+    for what, line, floors in (
+            ("after the first iteration", "After the first iteration", ((54, 60), (24, 24))),
+            ("from an empty cache", "Every run from an empty cache", ((49, 60), (24, 24)))):
+        found = re.findall(line + r": (\d+) of (\d+) within 5 %", text)
+        for (got, n), (least, runs) in zip(found, floors):
+            print("reserved %s: %s of %s within 5 %% (at least %d)" % (what, got, n, least))
+            if int(n) != runs or int(got) < least:
+                bad.append("reserved " + what)
+        if len(found) != 2:
+            bad.append("no counts " + what)
     if bad:
         sys.exit("below today's counts: %s" % ", ".join(bad))
 

@@ -42,15 +42,22 @@ static void one_block(ml_chain *ch, ml_cblock *b, ml_saved *sv)
     ch->nsaved = 5;
 }
 
-/* Allocates `bytes` split as `split` for the one block of ch in a fresh
- * simulator: the bytes allocated (rounded), reserved and the segments. */
-static void held(ml_chain *ch, uint64_t bytes, ml_tensor_split split, uint64_t allocated,
-                 uint64_t reserved, uint64_t segments)
+/* A simulator with PyTorch's defaults and an empty cache for ch. */
+static ml_rsim *fresh(const ml_chain *ch)
 {
     ml_alloc_config cfg = ml__alloc_config_defaults();
     ml_rsim *r = NULL;
     ml_error e;
     assert_int_equal(ml__rsim_create(&cfg, ch, &r, &e), ML_OK);
+    return r;
+}
+
+/* Allocates `bytes` split as `split` for the one block of ch in a fresh
+ * simulator: the bytes allocated (rounded), reserved and the segments. */
+static void held(ml_chain *ch, uint64_t bytes, ml_tensor_split split, uint64_t allocated,
+                 uint64_t reserved, uint64_t segments)
+{
+    ml_rsim *r = fresh(ch);
     ml__rsim_alloc(r, ML_CAT_WORKSPACE, bytes, split, 0, 1);
     ml_alloc_stats st;
     ml__rsim_stats(r, &st);
@@ -230,11 +237,8 @@ static void test_saved_freed_by_node(void **state)
     ml_cblock b;
     ml_saved sv[5];
     one_block(&ch, &b, sv);
-    ml_alloc_config cfg = ml__alloc_config_defaults();
-    ml_rsim *r = NULL;
-    ml_error e;
     ml_alloc_stats st;
-    assert_int_equal(ml__rsim_create(&cfg, &ch, &r, &e), ML_OK);
+    ml_rsim *r = fresh(&ch);
     ml__rsim_alloc(r, ML_CAT_ACTIVATIONS, 40 * MiB, ML_T_SAVED, 0, 1);
     ml__rsim_stats(r, &st);
     assert_int_equal(st.reserved.current, 56 * MiB);
@@ -255,7 +259,7 @@ static void test_saved_freed_by_node(void **state)
     ml__rsim_destroy(r);
     /* an aggregate whose entries do not add up is one tensor: no entry of
      * it can be freed alone */
-    assert_int_equal(ml__rsim_create(&cfg, &ch, &r, &e), ML_OK);
+    r = fresh(&ch);
     ml__rsim_alloc(r, ML_CAT_ACTIVATIONS, 42 * MiB, ML_T_SAVED, 0, 1);
     assert_false(ml__rsim_free_saved(r, ML_CAT_ACTIVATIONS, 0, 2));
     ml__rsim_stats(r, &st);
