@@ -225,52 +225,6 @@ bool ml__ck_graph_mlm_head(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
     return true;
 }
 
-bool ml__ck_graph_fused_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d,
-                             ml_ck_graph *G)
-{
-    ml__kit_fused_ce(&G->g, m->embed.tied);
-    if (!ml__ck_graph_sized(ch, m, d, G))
-        return false;
-    G->programs = false; /* the chunks' transients: the chain's */
-    return true;
-}
-
-/* A loss graph's sizes: its literals only; the block rule's figures. */
-static bool loss_sized(ml_chain *ch, ml_ck_graph *G)
-{
-    if (!ml__graph_valid(&G->g))
-        return false;
-    memset(&G->z, 0, sizeof G->z);
-    memcpy(&G->z.dim[MLG_L0], G->g.lit, G->g.nlit * sizeof G->g.lit[0]);
-    ml__ck_graph_dtype_bytes(ch, G);
-    G->programs = false; /* the block rule */
-    return true;
-}
-
-bool ml__ck_graph_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
-{
-    ml__kit_ce_loss(&G->g, rows, classes);
-    return loss_sized(ch, G);
-}
-
-bool ml__ck_graph_megatron_loss(ml_chain *ch, uint64_t rows, uint64_t classes, ml_ck_graph *G)
-{
-    ml__kit_megatron_ce(&G->g, rows, classes, ch->prec.a == 4);
-    return loss_sized(ch, G);
-}
-
-bool ml__ck_graph_mse_loss(ml_chain *ch, uint64_t n, unsigned in_bytes, ml_ck_graph *G)
-{
-    /* the input's class by its bytes, as the sequential kit maps them */
-    const uint8_t cls = in_bytes == ch->prec.w ? MLG_STREAM
-                        : in_bytes == 1        ? MLG_BOOL
-                        : in_bytes == 2        ? MLG_HALF
-                        : in_bytes == 8        ? MLG_INT64
-                                               : MLG_FP32;
-    ml__kit_mse_loss(&G->g, n, cls, ch->prec.autocast && in_bytes != 4);
-    return loss_sized(ch, G);
-}
-
 bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
                                unsigned pool, ml_ck_graph *G)
 {

@@ -270,8 +270,9 @@ ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml
     if (!out->has_reserved)
         return ML_OK;
     ml_reserved_seen k = seen_key(x, seg);
-    /* a ledger that records the simulation's events runs it */
-    const ml_reserved_seen *e = x->aev_to ? NULL : seen_find(x->memo, &k);
+    /* (a plan found in the memo records no events: only timeline asks for
+     * them, which keeps none) */
+    const ml_reserved_seen *e = seen_find(x->memo, &k);
     if (e) {
         out->reserved_oom = e->oom;
         out->reserved_peak = e->peak;

@@ -282,58 +282,26 @@ static size_t segment_start(const int *seg, size_t k)
     return s0;
 }
 
-/* Before the backward of block k, the last of its segment: the segment
- * s0..k runs its forward again, with grad. */
-static void recompute_segment(ml_replay *r, size_t s0, size_t k)
-{
-    const ml_chain *ch = r->ch;
-    const size_t n = ch->n;
-    const ml_cblock *B = ch->blocks;
-    r->sub = " (recompute)";
-    for (size_t j = s0; j <= k; j++) {
-        r->block = (int32_t)j;
-        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
-        ml__replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
-        ml__sides_recompute(r, s0, j, true);
-        if (j < k && (B[j].out_saved || B[j + 1].in_saved)) {
-            r->recomputed[j + 1] = B[j + 1].in_bytes;
-            ml__replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[j + 1]);
-        }
-        uint64_t tout = 0; /* the segment's output, made and dropped (as in
-                              ml__replay_recompute_nodes) */
-        if (j == k && B[k].out_saved && k + 1 < n) {
-            r->recomputed[k + 1] = B[k + 1].in_bytes; /* a recomputed copy of the output */
-            ml__replay_alloc(r, ML_CAT_RECOMPUTE, r->recomputed[k + 1]);
-        } else if (j == k && k + 1 < n && !r->bd[k + 1].alias) {
-            tout = B[k + 1].in_bytes;
-            ml__replay_alloc(r, ML_CAT_WORKSPACE, tout);
-        }
-        r->flops_done += B[j].flops_fwd;
-        ml__replay_free(r, ML_CAT_WORKSPACE, tout);
-        ml__replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
-        ml__replay_recompute_flops(r, B[j].flops_fwd);
-    }
-    ml__sides_recompute(r, s0, k, false);
-    r->sub = "";
-    r->block = (int32_t)k;
-}
-
 /* The simulation's name for the workspace of b bytes just made (or 0). */
 static size_t named(const ml_replay *r, uint64_t b)
 {
     return b && r->rsim ? ml__rsim_latest(r->rsim, ML_CAT_WORKSPACE) : 0;
 }
 
+void ml__replay_free_named(ml_replay *r, ml_category c, uint64_t b, size_t name)
+{
+    if (!name || !r->rsim || b > (uint64_t)INT64_MAX) {
+        ml__replay_free(r, c, b);
+        return;
+    }
+    event(r, c, -(int64_t)b);
+    ml__rsim_free_as(r->rsim, c, name, b);
+}
+
 /* Frees b bytes of workspace made as `name` (0: as ml__replay_free). */
 static void free_named(ml_replay *r, uint64_t b, size_t name)
 {
-    if (!name || !r->rsim || b > (uint64_t)INT64_MAX) {
-        ml__replay_free(r, ML_CAT_WORKSPACE, b);
-        return;
-    }
-    event(r, ML_CAT_WORKSPACE, -(int64_t)b);
-    if (!ml__rsim_free_named(r->rsim, ML_CAT_WORKSPACE, name))
-        ml__rsim_free_inexact(r->rsim, ML_CAT_WORKSPACE, b);
+    ml__replay_free_named(r, ML_CAT_WORKSPACE, b, name);
 }
 
 /* Block k's parameter gradients in its block-level backward: new .grad
@@ -362,18 +330,6 @@ static uint64_t block_grads(ml_replay *r, size_t k)
     return gfull;
 }
 
-/* Selective recompute: block k's attention core made again before its
- * backward. */
-static void selective_core(ml_replay *r, size_t k)
-{
-    const ml_cblock *b = &r->ch->blocks[k];
-    r->sub = " (recompute)";
-    ml__replay_alloc_as(r, ML_CAT_RECOMPUTE, b->core_bytes, ML_T_SAVED_CORE, k, 1);
-    ml__replay_recompute_flops(r, b->flops_core);
-    r->flops_done += b->flops_core;
-    r->sub = "";
-}
-
 /* The backward of block k: its transients, the gradients it creates, then
  * what it no longer needs. */
 static void backward_block(ml_replay *r, size_t k)
@@ -389,9 +345,9 @@ static void backward_block(ml_replay *r, size_t k)
     gather_time(r, k);
     ml__sides_backward(r, k, true);
     if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k]))
-        recompute_segment(r, segment_start(seg, k), k);
+        ml__replay_recompute_segment(r, segment_start(seg, k), k);
     if (r->selective && seg[k] < 0 && b->core_bytes)
-        selective_core(r, k);
+        ml__replay_selective_core(r, k);
     /* the incoming gradient the block after handed over (a node-level
      * block's, or `hand` below) is this block's bwd_in, which ws_bwd
      * counts: the same tensor stays where it is (the loss's gradient of the

@@ -281,12 +281,20 @@ void ml__nodeprof_apply(const ml_nodeprof *p, ml_replay *r);
 void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
                           uint64_t *freed);
 bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat);
-/* The recompute of the node-level checkpointed segment s0..k, before the
- * backward of its last block k (replay_nodes.c). */
+/* The recomputes before block k's backward (replay_recompute.c): the
+ * checkpointed segment s0..k's forward again, block by block or (its
+ * blocks' node lists) node by node; selective recompute's attention core
+ * of block k. */
 void ml__replay_recompute_nodes(ml_replay *r, size_t s0, size_t k);
+void ml__replay_recompute_segment(ml_replay *r, size_t s0, size_t k);
+void ml__replay_selective_core(ml_replay *r, size_t k);
 void ml__replay_saved_free(ml_replay *r, ml_category c, uint64_t b);
 /* A change of the ledger's level alone (the simulation told apart). */
 void ml__replay_ledger_event(ml_replay *r, ml_category c, int64_t delta);
+/* Frees b bytes of category c the simulation made as `name` (0, or no
+ * simulation: as ml__replay_free; a name no longer live: by size, counted
+ * inexact). */
+void ml__replay_free_named(ml_replay *r, ml_category c, uint64_t b, size_t name);
 
 /* At a phase's first event, the level the phase was entered at as a point
  * of its peaks (later in the phase it is the level the last event left:

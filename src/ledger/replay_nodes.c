@@ -166,8 +166,7 @@ void ml__replay_node_grads_out(ml_replay *r, const ml_bnode *x, const size_t *ta
         const uint64_t b = x->gout_b[j];
         if (!b)
             continue;
-        if (!taken[j] || !ml__rsim_free_named(r->rsim, ML_CAT_WORKSPACE, taken[j]))
-            ml__rsim_free_inexact(r->rsim, ML_CAT_WORKSPACE, b);
+        ml__rsim_free_as(r->rsim, ML_CAT_WORKSPACE, taken[j], b);
     }
 }
 
@@ -264,51 +263,4 @@ bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat)
         p->block = k;
     }
     return ml__nodeprof_fits(p, r);
-}
-
-/* The recompute of a node-level segment s0..k (non-reentrant
- * torch.utils.checkpoint: the first saved tensor its backward unpacks
- * re-runs the segment's forward with grad, docs/ledger.md, "Checkpointed
- * segments, node by node"): each block's forward again as in forward, its
- * saved tensors recreated (recompute) until their node releases them, an
- * interior boundary that a block of the segment saves recreated until its
- * users are done, one that nothing saves freed once its consumer has run.
- * The segment's output, unless saved, is a transient: the recompute runs
- * the forward to its end (1.13; 2.x's early stop may end it once the last
- * saved tensor is recreated, docs/ledger.md), so the block's transient is
- * its forward's (ws_fwd) with the output beside it. */
-void ml__replay_recompute_nodes(ml_replay *r, size_t s0, size_t k)
-{
-    const ml_chain *ch = r->ch;
-    const ml_cblock *B = ch->blocks;
-    r->sub = " (recompute)";
-    uint64_t tin = 0; /* the block's input when nothing saves it */
-    for (size_t j = s0; j <= k; j++) {
-        r->block = (int32_t)j;
-        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
-        ml__replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
-        ml__sides_recompute(r, s0, j, true);
-        uint64_t tout = 0;
-        if (j + 1 < ch->n) {
-            uint64_t ob = r->bd[j + 1].alias ? 0 : B[j + 1].in_bytes;
-            if (B[j].out_saved || (j < k && B[j + 1].in_saved)) {
-                r->recomputed[j + 1] = ob;
-                ml__replay_alloc(r, ML_CAT_RECOMPUTE, ob);
-            } else {
-                /* made, and freed once its consumer has run (the segment's
-                 * last: at once) */
-                tout = ob;
-                ml__replay_alloc(r, ML_CAT_WORKSPACE, tout);
-            }
-        }
-        r->flops_done += B[j].flops_fwd;
-        ml__replay_recompute_flops(r, B[j].flops_fwd);
-        ml__replay_free(r, ML_CAT_WORKSPACE, B[j].ws_fwd);
-        ml__replay_free(r, ML_CAT_WORKSPACE, tin);
-        tin = tout;
-    }
-    ml__replay_free(r, ML_CAT_WORKSPACE, tin);
-    ml__sides_recompute(r, s0, k, false);
-    r->sub = "";
-    r->block = (int32_t)k;
 }

@@ -151,13 +151,6 @@ void ml__rsim_mark(ml_rsim *r, ml_reserved_when when, bool second)
     note_as(r, ML_SIM_MARK, 0, 0, when, second);
 }
 
-void ml__rsim_free_inexact(ml_rsim *r, ml_category c, uint64_t bytes)
-{
-    if (bytes && !r->oom && !r->nomem)
-        r->inexact++;
-    ml__rsim_free(r, c, bytes);
-}
-
 uint64_t ml__rsim_inexact(const ml_rsim *r)
 {
     return r->inexact;
@@ -428,25 +421,39 @@ static void release(ml_rsim *r, ml_category c, size_t at)
     }
 }
 
-void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes)
+/* ml__rsim_free's release; false where no live allocation has that size
+ * and the bytes are not the category's sum either (the latest go). */
+static bool free_by_size(ml_rsim *r, ml_category c, uint64_t bytes)
 {
-    if (!bytes || r->oom || r->nomem)
-        return;
     for (size_t k = r->nlive[c]; k-- > 0;)
         if (r->g[r->live[c][k]].bytes == bytes) {
             release(r, c, k);
-            return;
+            return true;
         }
     /* no single allocation of that size: the category's sum (zero_grad),
      * else the latest ones until the bytes are covered */
-    if (bytes != r->live_bytes[c])
-        r->inexact++;
+    const bool sum = bytes == r->live_bytes[c];
     uint64_t left = bytes;
     while (r->nlive[c] && left) {
         uint64_t b = r->g[r->live[c][r->nlive[c] - 1]].bytes;
         release(r, c, r->nlive[c] - 1);
         left = b < left ? left - b : 0;
     }
+    return sum;
+}
+
+void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes)
+{
+    if (bytes && !r->oom && !r->nomem && !free_by_size(r, c, bytes))
+        r->inexact++;
+}
+
+void ml__rsim_free_as(ml_rsim *r, ml_category c, size_t name, uint64_t bytes)
+{
+    if (!bytes || r->oom || r->nomem || ml__rsim_free_named(r, c, name))
+        return;
+    r->inexact++; /* once, whatever the release by size finds */
+    free_by_size(r, c, bytes);
 }
 
 void ml__rsim_pin(ml_rsim *r, uint64_t bytes)
@@ -520,39 +527,49 @@ bool ml__rsim_free_named(ml_rsim *r, ml_category c, size_t name)
     return false;
 }
 
+/* The latest live ML_T_SAVED allocation of category c for block (its
+ * index in r->live[c]), SIZE_MAX: none. */
+static size_t block_saved(const ml_rsim *r, ml_category c, size_t block)
+{
+    for (size_t k = r->nlive[c]; k-- > 0;) {
+        const group *g = &r->g[r->live[c][k]];
+        if (g->split == ML_T_SAVED && g->block == block)
+            return k;
+    }
+    return SIZE_MAX;
+}
+
 void ml__rsim_free_block_saved(ml_rsim *r, ml_category c, size_t block, uint64_t bytes)
 {
     if (r->oom || r->nomem)
         return;
-    for (size_t k = r->nlive[c]; k-- > 0;) {
-        const group *g = &r->g[r->live[c][k]];
-        if (g->split == ML_T_SAVED && g->block == block && g->bytes == bytes) {
-            release(r, c, k);
-            return;
-        }
-    }
-    ml__rsim_free(r, c, bytes);
+    const size_t k = block_saved(r, c, block);
+    if (k != SIZE_MAX && r->g[r->live[c][k]].bytes == bytes)
+        release(r, c, k);
+    else
+        ml__rsim_free_as(r, c, 0, bytes);
 }
 
 bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry)
 {
     if (r->oom || r->nomem)
         return true; /* nothing runs after a failure */
-    for (size_t k = r->nlive[c]; k-- > 0;) {
-        group *g = &r->g[r->live[c][k]];
-        if (g->split != ML_T_SAVED || g->block != block)
-            continue;
-        /* one tensor per entry (a zero-byte entry's handle is 0), unless
-         * the entries did not add up and the aggregate is one tensor */
-        if (g->n != r->ch->blocks[block].nsaved || entry >= g->n)
-            return false;
-        uint64_t *h = &r->h[g->first + entry];
-        ml__alloc_sim_free_many(r->sim, h, 1);
-        note(r, ML_SIM_FREE, *h, 0);
-        *h = 0; /* freed: the aggregate's free skips it */
-        return true;
+    const size_t k = block_saved(r, c, block);
+    if (k == SIZE_MAX) {
+        r->inexact++; /* a saved tensor with no allocation to free it from */
+        return false;
     }
-    return false;
+    const group *g = &r->g[r->live[c][k]];
+    /* one tensor per entry (a zero-byte entry's handle is 0), unless the
+     * entries did not add up and the aggregate is one tensor (then it goes
+     * whole with the block's backward) */
+    if (g->n != r->ch->blocks[block].nsaved || entry >= g->n)
+        return false;
+    uint64_t *h = &r->h[g->first + entry];
+    ml__alloc_sim_free_many(r->sim, h, 1);
+    note(r, ML_SIM_FREE, *h, 0);
+    *h = 0; /* freed: the aggregate's free skips it */
+    return true;
 }
 
 bool ml__rsim_ok(const ml_rsim *r, bool *nomem)

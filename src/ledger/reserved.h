@@ -107,9 +107,11 @@ void ml__rsim_record(ml_rsim *r);
 void ml__rsim_mark(ml_rsim *r, ml_reserved_when when, bool second);
 ml_sim_event *ml__rsim_take_events(ml_rsim *r, size_t *n);
 
-/* A free by size where the tensor should have been named (counted:
- * ml__rsim_inexact, with the frees of a size no live allocation has). */
-void ml__rsim_free_inexact(ml_rsim *r, ml_category c, uint64_t bytes);
+/* Frees the allocation so named, else (not live, or name 0) `bytes` as
+ * ml__rsim_free does, counted once as inexact. ml__rsim_inexact: the frees
+ * that did not find their tensor (these, a saved entry with no allocation,
+ * a size no live allocation has). */
+void ml__rsim_free_as(ml_rsim *r, ml_category c, size_t name, uint64_t bytes);
 uint64_t ml__rsim_inexact(const ml_rsim *r);
 
 /* False once a request failed: the device ran out, or the host (*nomem). */

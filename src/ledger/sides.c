@@ -155,15 +155,6 @@ void ml__tied_partial(ml_replay *r, const ml_cblock *b, bool create)
             r->tied_partial = b->tied_grad;
 }
 
-/* Frees g bytes of category c made as `name` in the simulation (else the
- * latest of that size there). */
-static void free_as(ml_replay *r, ml_category c, uint64_t g, size_t name)
-{
-    ml__replay_ledger_event(r, c, -(int64_t)g);
-    if (r->rsim && !ml__rsim_free_named(r->rsim, c, name))
-        ml__rsim_free_inexact(r->rsim, c, g);
-}
-
 /* A tied table's gradient at the embedding's backward: the LM head's
  * partial waited in the engine's buffer, the embedding's dense one (in its
  * transients) arrives, and the buffer adds the two into a new tensor
@@ -182,9 +173,7 @@ void ml__tied_sum(ml_replay *r, const ml_cblock *b)
     const ml_category c = r->tied_cat;
     if (c == ML_CAT_GRADS)
         ml__replay_alloc(r, c, g);
-    /* (without the partial's name the simulation frees the latest of its
-     * size: the same bytes stay) */
-    free_as(r, c, g, r->tied_name);
+    ml__replay_free_named(r, c, g, r->tied_name);
     r->tied_partial = 0;
     r->tied_name = 0;
 }
