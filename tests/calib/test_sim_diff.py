@@ -94,9 +94,10 @@ class Passes(unittest.TestCase):
         self.assertIn("first  plan     2 events, run     2:     2 matched in order (100 %", text)
         self.assertIn("steady plan     4 events, run     6:     3 matched in order (50 %", text)
         self.assertIn("eval   plan     2 events, run     2:     2 matched in order (100 %", text)
-        # the first divergence: the run's 4,096 B tensor, after the plan's
-        # first two allocations (6,144 B then: 5,000 + 600 requested,
-        # 5120 + 1024 in the run)
+        # (3 of the run's 6 steady events: 50 %). The first divergence: the
+        # run's 4,096 B tensor and its free, the run's steady events #2 and
+        # #3 (counted from 0), on RUN's lines 8 and 9 (the header line 1),
+        # after the plan's first two allocations
         self.assertIn("run  #2: +4096@8 -4096@9", text)
 
     def test_bad_input(self):

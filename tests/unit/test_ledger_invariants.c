@@ -36,22 +36,22 @@ static void check_events(const char *name, const char *pol, const ml_ledger *l,
      * GPT-2 small's 50,257 x 768 table in fp32 (GPT-2 medium's preset is
      * amp-bf16, whose head runs the block rule: no sum planned); the
      * others have none */
-    const uint64_t tied = !strcmp(name, "gpt2-small") ? 50257ull * 768 * 4 : 0;
-    if (strcmp(pol, "selective") && !grads_end) {
-        if (tied_sum(ev, n) != tied)
-            fail_msg("%s/%s: tied sum %llu, expected %llu", name, pol,
-                     (unsigned long long)tied_sum(ev, n), (unsigned long long)tied);
-        /* a later micro-batch: the head's partial, kept in the buffer, is
-         * freed at the embedding's backward (block 0), once */
-        unsigned later = 0, freed = 0;
-        for (size_t i = 0; i < n && tied; i++) {
-            later += ev[i].micro == 1;
-            freed += ev[i].micro == 1 && ev[i].block == 0 && ev[i].cat == ML_CAT_WORKSPACE &&
-                     ev[i].delta == -(int64_t)tied;
-        }
-        if (later && freed != 1)
-            fail_msg("%s/%s: the tied partial freed %u times at the embedding", name, pol, freed);
+    const uint64_t tied = !strcmp(name, "gpt2-small") && strcmp(pol, "selective") && !grads_end
+                              ? 50257ull * 768 * 4
+                              : 0;
+    if (tied_sum(ev, n) != tied)
+        fail_msg("%s/%s: tied sum %llu, expected %llu", name, pol,
+                 (unsigned long long)tied_sum(ev, n), (unsigned long long)tied);
+    /* a later micro-batch: the head's partial, kept in the buffer, is
+     * freed at the embedding's backward (block 0), once */
+    unsigned later = 0, freed = 0;
+    for (size_t i = 0; i < n && tied; i++) {
+        later += ev[i].micro == 1;
+        freed += ev[i].micro == 1 && ev[i].block == 0 && ev[i].cat == ML_CAT_WORKSPACE &&
+                 ev[i].delta == -(int64_t)tied;
     }
+    if (later && freed != 1)
+        fail_msg("%s/%s: the tied partial freed %u times at the embedding", name, pol, freed);
     uint64_t live[ML_CAT_COUNT] = {0}, maxc[ML_CAT_COUNT] = {0}, peak = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t d = (uint64_t)(ev[i].delta < 0 ? -ev[i].delta : ev[i].delta);
@@ -97,7 +97,7 @@ static void check_events(const char *name, const char *pol, const ml_ledger *l,
                  (unsigned long long)mx, (unsigned long long)s->peak, (unsigned long long)sum);
     /* grads are all there at the end of backward (with a tied table's sum
      * beside its partial for a moment) */
-    assert_int_equal(maxc[ML_CAT_GRADS], s->bytes_grads + tied_sum(ev, n));
+    assert_int_equal(maxc[ML_CAT_GRADS], s->bytes_grads + tied);
 }
 
 static void test_invariants_every_preset_and_policy(void **state)
