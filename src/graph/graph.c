@@ -343,6 +343,17 @@ static void drop(ml_graph_live *l, uint64_t b)
         l->live -= b;
 }
 
+/* In eval mode (model.eval()) a dropout returns its input: its output is
+ * an alias of it, and the op skipped. */
+static bool eval_identity(const mlg_op *o, bool eval, uint16_t *alias)
+{
+    if (!eval || o->kind != MLG_OP_DROPOUT)
+        return false;
+    if (o->nout && o->nin)
+        alias[o->out[0]] = alias[o->in[0]];
+    return true;
+}
+
 void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool eval,
                        ml_graph_live *out)
 {
@@ -353,12 +364,8 @@ void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool ev
         alias[i] = i;
     for (uint16_t k = 0; k < g->nop; k++) {
         const mlg_op *o = &g->op[k];
-        if (eval && o->kind == MLG_OP_DROPOUT) {
-            /* model.eval(): the dropout returns its input */
-            if (o->nout && o->nin)
-                alias[o->out[0]] = alias[o->in[0]];
+        if (eval_identity(o, eval, alias))
             continue;
-        }
         /* a row-parallel op writes its whole output, reduce-scatters it
          * into the shard, then frees it (Megatron's
          * _reduce_scatter_along_first_dim, tensor_parallel/mappings.py) */
@@ -379,6 +386,71 @@ void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool ev
         }
     }
     *out = l;
+}
+
+/* One step into st (false: no room). */
+static bool step(mlg_step *st, size_t cap, size_t *n, uint64_t bytes, uint16_t tok, unsigned part,
+                 bool alloc)
+{
+    if (*n >= cap)
+        return false;
+    st[(*n)++] = (mlg_step){bytes, tok, (uint8_t)part, alloc};
+    return true;
+}
+
+/* The parts op o makes its output t in: a copy of several inputs into one
+ * storage of their elements together, else 1. */
+static unsigned parts_of(const ml_graph *g, const mlg_op *o, uint16_t t, const uint64_t *tb)
+{
+    if (o->kind == MLG_OP_COPY && o->nout == 1 && o->nin > 1 && o->nin <= MLG_STEP_PARTS &&
+        g->t[t].factor == o->nin && tb[t] % o->nin == 0)
+        return o->nin;
+    return 1;
+}
+
+size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool eval, mlg_step *st,
+                               size_t cap)
+{
+    uint8_t held[MLG_MAX_TENSORS] = {0}; /* the parts a live storage was made in */
+    uint16_t alias[MLG_MAX_TENSORS];
+    if (g->full || g->rep.t1 != g->rep.t0)
+        return 0;
+    for (uint16_t i = 0; i < g->nt; i++)
+        alias[i] = i;
+    size_t n = 0;
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        if (eval_identity(o, eval, alias))
+            continue;
+        if (o->sp_site == MLG_SP_ROW && o->nout) {
+            uint64_t whole;
+            if (__builtin_mul_overflow(tb[o->out[0]], g->seq_div, &whole) ||
+                !step(st, cap, &n, whole, o->out[0], 0, true) ||
+                !step(st, cap, &n, whole, o->out[0], 0, false))
+                return 0;
+        }
+        for (unsigned j = 0; j < o->nout; j++) {
+            const uint16_t t = o->out[j];
+            const unsigned parts = parts_of(g, o, t, tb);
+            if (!tb[t])
+                continue; /* nothing to allocate */
+            if (held[t])
+                return 0;
+            for (unsigned p = 0; p < parts; p++)
+                if (!step(st, cap, &n, tb[t] / parts, t, p, true))
+                    return 0;
+            held[t] = (uint8_t)parts;
+        }
+        for (unsigned j = 0; j < o->nfree; j++) {
+            const uint16_t t = ml__graph_storage(g, alias[o->free[j]]);
+            const unsigned parts = held[t];
+            held[t] = 0; /* (none: the input's, or nothing made) */
+            for (unsigned p = 0; p < parts; p++)
+                if (!step(st, cap, &n, tb[t] / parts, t, p, false))
+                    return 0;
+        }
+    }
+    return n;
 }
 
 void ml__graph_traffic(const ml_graph *g, const uint64_t *tb, bool eval,

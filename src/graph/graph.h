@@ -23,6 +23,7 @@
 #define ML_GRAPH_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Named dimensions. DQ, DKV, QKV and F2 are derived: H*DH, HKV*DH,
@@ -332,6 +333,26 @@ typedef struct {
 } ml_graph_live;
 void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool eval,
                        ml_graph_live *out);
+
+/* The same forward without grad, as its allocations and frees in order:
+ * step i allocates `bytes` (alloc) or frees the allocation of part `part`
+ * of storage tok. A copy of several tensors into one storage (an op that
+ * copies n inputs into an output of n times one's elements: matmul's
+ * contiguous copies of q and k for bmm) is n allocations, one a part, in
+ * the inputs' order. The block's input is the caller's (never allocated,
+ * never freed here); a row-parallel op's whole output is an allocation
+ * and a free of its own (tok: the op's output). Writes at most cap steps;
+ * returns the count, 0 where the graph has no such list (a repeated group,
+ * more than cap steps). */
+#define MLG_STEP_PARTS 2
+typedef struct {
+    uint64_t bytes;
+    uint16_t tok;
+    uint8_t part;
+    bool alloc;
+} mlg_step;
+size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool eval, mlg_step *st,
+                               size_t cap);
 
 /* Bytes read and written and kernels launched by each op of the forward
  * (per_op: g->nop entries, or NULL) and in all (a view reads and writes

@@ -409,5 +409,6 @@ void ml__chain_free(ml_chain *ch)
     free(ch->nodes);
     free(ch->sides);
     free(ch->work);
+    free(ch->fsteps);
     memset(ch, 0, sizeof *ch);
 }

@@ -199,6 +199,10 @@ typedef struct {
                                 the last are released (autocast's cross-entropy:
                                 the .float() cast's backward runs after
                                 log_softmax's); for the allocator simulation */
+    uint32_t fstep_first, nfsteps; /* its forward without grad as allocations and
+                                      frees (ml_fstep, chain.fsteps), when known
+                                      (0: the transient ws_nograd, one lump);
+                                      for the allocator simulation */
     uint16_t hand_gid;       /* a node list's: 1 + the gradient id (ml_bnode's
                                 gin_id) of the tensor whose gradient it hands to
                                 the block before, 0: none named (then its
@@ -243,9 +247,22 @@ typedef struct {
     bool overflow, known;
 } ml_param_sums;
 
+/* A step of a block's forward without grad (ml__graph_forward_steps): an
+ * allocation of `bytes` (out: the block's output, which the replay makes
+ * as the next block's input) or the free of the allocation of part `part`
+ * of tensor tok. */
+typedef struct {
+    uint64_t bytes;
+    uint16_t tok;
+    uint8_t part;
+    bool alloc, out;
+} ml_fstep;
+
 typedef struct {
     ml_cblock *blocks;
     size_t n, cap;
+    ml_fstep *fsteps;           /* the blocks' forward steps, ranges by block */
+    size_t nfsteps, fstepcap;
     ml_saved *saved;
     size_t nsaved, savedcap;
     ml_ptensor *params;

@@ -31,9 +31,9 @@
 #include "ledger/chain_affine.h"
 
 #if UINTPTR_MAX == UINT64_MAX
-_Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 312 && sizeof(ml_saved) == 32 &&
+_Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 320 && sizeof(ml_saved) == 32 &&
                    sizeof(ml_bnode) == 128 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32 &&
-                   sizeof(ml_work_item) == 56,
+                   sizeof(ml_work_item) == 56 && sizeof(ml_fstep) == 16,
                "a chain struct changed (chain.h): list its new field below, then the sizes");
 #endif
 
@@ -45,7 +45,7 @@ _Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 312 && sizeof(ml_
     X(nnodes) X(in_saved) X(out_saved) X(identity) X(in_held) X(in_nograd) X(inplace)         \
     X(nodes_off) X(measured) X(fwd_only) X(frozen) X(unused_out) X(grads_in_fwd)             \
     X(ws_fwd_ops) X(ws_nograd_ops) X(ws_formula) X(work_first) X(work_fwd) X(work_bwd)        \
-    X(work_known) X(moe) X(hand_last) X(hand_gid)
+    X(work_known) X(moe) X(hand_last) X(hand_gid) X(fstep_first) X(nfsteps)
 #define BLOCK_BYTES(X)                                                                         \
     X(saved_bytes) X(core_bytes) X(cast_bytes) X(in_bytes) X(ws_fwd) X(ws_nograd) X(ws_bwd)   \
     X(unit_fwd) X(unit) X(bwd_in) X(tied_grad) X(grad_bytes) X(grad_accum_bytes) X(cache_bytes)    \
@@ -59,13 +59,15 @@ _Static_assert(sizeof(ml_chain) == 464 && sizeof(ml_cblock) == 312 && sizeof(ml_
 #define NODE_BYTES(X)                                                                          \
     X(grad_in) X(param_grad) X(scratch) X(grad_out) X(gin_b[0]) X(gin_b[1]) X(gin_b[2])          \
     X(gin_b[3]) X(gout_b[0]) X(gout_b[1]) X(gout_b[2])
+#define FSTEP_SHAPE(X) X(tok) X(part) X(alloc) X(out)
+#define FSTEP_BYTES(X) X(bytes)
 #define WORK_SHAPE(X) X(kind) X(bwd) X(esize) X(kernels) X(core) X(causal)
 #define WORK_FLOPS(X) X(flops) X(bytes) X(m) X(n) X(k) X(batch)
 #define PARAM_SHAPE(X) X(numel) X(rows) X(cols) X(nograd) X(frozen)
 #define SIDE_SHAPE(X) X(from) X(to) X(to_bwd) X(ckpt_kept) X(grad_from) X(grad_to) X(graph)
 #define SIDE_BYTES(X) X(bytes) X(grad)
 #define CHAIN_SHAPE(X)                                                                         \
-    X(n) X(nsaved) X(nparams) X(nnodes) X(nsides) X(nwork) X(overflow) X(nomem) X(record_nodes)        \
+    X(n) X(nsaved) X(nparams) X(nnodes) X(nsides) X(nwork) X(nfsteps) X(overflow) X(nomem) X(record_nodes)        \
     X(eval_mode) X(selective) X(mask_in_forward) X(T) X(c_width) X(n_ckpt)   \
     X(calibrated) X(calib_c) X(calib_exact) X(vis_mode) X(mask_ckpt0) X(max_param_numel)     \
     X(psum.all) X(psum.trained) X(psum.with_grad) X(psum.overflow) X(psum.known) X(cp)   \
@@ -125,6 +127,11 @@ static bool node_line(const ml_bnode *a, const ml_bnode *b, const ml_bnode *c, u
            same_str(b->what, c->what) NODE_SHAPE(EQ) NODE_BYTES(LINE_U);
 }
 
+static bool fstep_line(const ml_fstep *a, const ml_fstep *b, const ml_fstep *c, uint64_t x)
+{
+    return true FSTEP_SHAPE(EQ) FSTEP_BYTES(LINE_U);
+}
+
 static bool param_line(const ml_ptensor *a, const ml_ptensor *b, const ml_ptensor *c)
 {
     return true PARAM_SHAPE(EQ);
@@ -170,6 +177,9 @@ bool ml__chain_line(const ml_chain *a, const ml_chain *b, const ml_chain *c, uin
             return false;
     for (size_t i = 0; i < a->nwork; i++)
         if (!work_line(&a->work[i], &b->work[i], &c->work[i], x))
+            return false;
+    for (size_t i = 0; i < a->nfsteps; i++)
+        if (!fstep_line(&a->fsteps[i], &b->fsteps[i], &c->fsteps[i], x))
             return false;
     return true;
 }
@@ -221,6 +231,7 @@ static bool room(const ml_chain *a, ml_chain *o)
     ROOM(nodes, nnodes, nodecap)
     ROOM(sides, nsides, sidecap)
     ROOM(work, nwork, workcap)
+    ROOM(fsteps, nfsteps, fstepcap)
 #undef ROOM
     return true;
 }
@@ -241,6 +252,8 @@ static void chain_at(const ml_chain *a, const ml_chain *b, unsigned k, uint64_t 
     o->sidecap = keep.sidecap;
     o->work = keep.work;
     o->workcap = keep.workcap;
+    o->fsteps = keep.fsteps;
+    o->fstepcap = keep.fstepcap;
     CHAIN_BYTES(AT_U)
 }
 
@@ -272,6 +285,12 @@ static void work_at(const ml_work_item *a, const ml_work_item *b, unsigned k, ui
     WORK_FLOPS(AT_F)
 }
 
+static void fstep_at(const ml_fstep *a, const ml_fstep *b, unsigned k, uint64_t B, ml_fstep *o,
+                     bool *bad)
+{
+    FSTEP_BYTES(AT_U)
+}
+
 static void side_at(const ml_side *a, const ml_side *b, unsigned k, uint64_t B, ml_side *o,
                     bool *bad)
 {
@@ -294,6 +313,7 @@ ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uin
     COPY(saved, nsaved)
     COPY(nodes, nnodes)
     COPY(sides, nsides)
+    COPY(fsteps, nfsteps)
 #undef COPY
     /* a block like the one before it (ml__chain_mark_runs: the same figures
      * in both builds) has the same figures at B */
@@ -317,6 +337,8 @@ ml_status ml__chain_at(const ml_chain *one, const ml_chain *two, unsigned k, uin
         node_at(&one->nodes[i], &two->nodes[i], k, B, &o->nodes[i], &bad);
     for (size_t i = 0; i < one->nsides && !bad; i++)
         side_at(&one->sides[i], &two->sides[i], k, B, &o->sides[i], &bad);
+    for (size_t i = 0; i < one->nfsteps && !bad; i++)
+        fstep_at(&one->fsteps[i], &two->fsteps[i], k, B, &o->fsteps[i], &bad);
     /* (a flag of its own: a work item's bools could alias bad) */
     bool wbad = false;
     if (!work)

@@ -532,6 +532,7 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
     ml_graph_live l;
     ml__graph_forward(g, G->tb, false, ch->eval_mode, &l);
     ml__ck_ng_close(b, &l, held);
+    ml__ck_fsteps(ch, b, g, G->tb, held, &l);
     if (ch->selective)
         return;
     ml__graph_forward(g, G->tb, true, ch->eval_mode, &l);

@@ -291,6 +291,7 @@ static bool copy_arrays(const ml_chain *full, size_t blocks, ml_chain *out)
     out->saved = malloc((full->nsaved ? full->nsaved : 1) * sizeof *out->saved);
     out->nodes = malloc((full->nnodes ? full->nnodes : 1) * sizeof *out->nodes);
     out->work = malloc((full->nwork ? full->nwork : 1) * sizeof *out->work);
+    out->fsteps = malloc((full->nfsteps ? full->nfsteps : 1) * sizeof *out->fsteps);
     /* one more: the last stage's copy of tied embeddings */
     out->params = malloc((full->nparams + 1) * sizeof *out->params);
     out->sides = NULL;
@@ -298,9 +299,11 @@ static bool copy_arrays(const ml_chain *full, size_t blocks, ml_chain *out)
     out->savedcap = out->nsaved;
     out->nodecap = out->nnodes;
     out->workcap = out->nwork;
+    out->fstepcap = out->nfsteps;
     out->paramcap = full->nparams + 1;
     out->nparams = 0;
-    if (!out->blocks || !out->saved || !out->nodes || !out->work || !out->params) {
+    if (!out->blocks || !out->saved || !out->nodes || !out->work || !out->fsteps ||
+        !out->params) {
         ml__chain_free(out);
         return false;
     }
@@ -311,6 +314,8 @@ static bool copy_arrays(const ml_chain *full, size_t blocks, ml_chain *out)
         memcpy(out->nodes, full->nodes, full->nnodes * sizeof *out->nodes);
     if (full->nwork)
         memcpy(out->work, full->work, full->nwork * sizeof *out->work);
+    if (full->nfsteps)
+        memcpy(out->fsteps, full->fsteps, full->nfsteps * sizeof *out->fsteps);
     return true;
 }
 

@@ -356,6 +356,10 @@ void ml__replay_node_grads_out(ml_replay *r, const ml_bnode *x, const size_t *ta
  * incoming one the one its residual sums pass on (r->gcarry). It ends
  * (block b, r->grad_carry its input's gradient): with rsim, carry_name
  * the allocation b hands on (ml_cblock.hand_gid, else the incoming one). */
+/* With rsim, block b's forward without grad (b->nfsteps of them) tensor
+ * by tensor: to_out, its steps before its output is made; else those
+ * after (replay_fsteps.c). */
+void ml__replay_fsteps(ml_replay *r, const ml_cblock *b, bool to_out);
 void ml__nodes_begin(ml_replay *r);
 void ml__nodes_hand(ml_replay *r, const ml_cblock *b);
 static inline void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b,

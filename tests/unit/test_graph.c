@@ -77,6 +77,46 @@ static void test_forward_by_hand(void **state)
     assert_int_equal(l.live, 404 + 32);
 }
 
+/* The same forward under no_grad as allocations and frees, in the order of
+ * the walk by hand in test_forward.c (test_gpt2_layer_by_hand): ln_1's
+ * output and its statistics (gone at once); c_attn's 96; q's and k's
+ * copies for bmm (32 B each, q's first), the scores, the copies go; the
+ * scaled scores, the scores go; the bool, masked_fill's output, both its
+ * inputs go; softmax, its input goes; v's copy, P v, the copy goes; the
+ * contiguous output, P v goes; c_proj, its input goes; the attention
+ * returns (qkv, the probabilities, then ln_1's output go); the residual
+ * sum, the attention output goes; ln_2 (its statistics gone at once);
+ * c_fc, gelu, c_fc's output goes; the projection, gelu's output goes;
+ * ln_2's output goes; the output, then the first sum and the projection
+ * go. Its peak is the walk's 208 and it ends holding the output (32). */
+static void test_forward_steps_by_hand(void **state)
+{
+    (void)state;
+    ml_graph g;
+    ml_graph_sizes z;
+    uint64_t tb[MLG_MAX_TENSORS];
+    tiny_graph(&g, &z, tb);
+    static const int64_t want[] = {
+        32,  16,  -16, 96,  32, 32,  16,  -32, -32, 16, -16, 4,   16,  -4,
+        -16, 16,  -16, 32,  32, -32, 32,  -32, 32,  -32, -96, -16, -32, 32,
+        -32, 32,  16,  -16, 64, 64,  -64, 32,  -64, -32, 32,  -32, -32};
+    const size_t nw = sizeof want / sizeof want[0];
+    mlg_step st[256];
+    size_t n = ml__graph_forward_steps(&g, tb, false, st, 256);
+    assert_int_equal(n, nw);
+    int64_t live = 0, peak = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int64_t d = st[i].alloc ? (int64_t)st[i].bytes : -(int64_t)st[i].bytes;
+        assert_int_equal(d, want[i]);
+        live += d;
+        peak = live > peak ? live : peak;
+    }
+    assert_int_equal(peak, 208);
+    assert_int_equal(live, 32);
+    /* no room: no list (the caller keeps the lump) */
+    assert_int_equal(ml__graph_forward_steps(&g, tb, false, st, nw - 1), 0);
+}
+
 /* Bytes moved and kernels, by hand, for the same layer (B = 1, T = 2,
  * D = 4, one head of 4, F = 8, fp32, biases and LayerNorm biases by
  * default). An op reads its inputs and parameters and writes its outputs;
@@ -1971,6 +2011,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_forward_by_hand),
+        cmocka_unit_test(test_forward_steps_by_hand),
         cmocka_unit_test(test_traffic_by_hand),
         cmocka_unit_test(test_layers_from_graph),
         cmocka_unit_test(test_chains_from_graph),

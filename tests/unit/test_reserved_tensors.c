@@ -12,7 +12,9 @@
  *   each) first, then, once log_softmax's backward has released the first
  *   and the saved log-probabilities, the .float() cast's backward
  *   (ToCopyBackward0) makes the 2-byte gradient from the second;
- * - a block's saved tensors are freed one by one, as their nodes run. */
+ * - a block's saved tensors are freed one by one, as their nodes run;
+ * - a checkpointed block's forward (no_grad) makes and frees its ops'
+ *   tensors one by one, in the order its op graph gives. */
 #include "harness.h"
 
 #include "ledger/chain_kit.h"
@@ -267,6 +269,85 @@ static void test_saved_freed_by_node(void **state)
     ml__rsim_destroy(r);
 }
 
+/* The tiny GPT-2 layer of tests/unit/test_graph.c (B = 1, T = 2, D = 4,
+ * F = 8, fp32), two of them, checkpointed: each layer's forward under
+ * no_grad as the simulation replays it is the walk by hand of
+ * test_forward.c (test_gpt2_layer_by_hand), tensor by tensor (q's and k's
+ * copies for bmm 32 B each): 38 steps to the MLP's return, then the output (the next block's input, 32 B), then
+ * the first residual sum and the MLP output go. (The simulation makes the
+ * cuBLAS workspace, 8 MiB + 128 KiB, after the 38 steps in the first
+ * block of the first iteration, not at its first GEMM.) Without checkpointing the
+ * forward keeps its saved tensors, and the sequence is not there. */
+static const int64_t by_op[] = {32,  16,  -16, 96,  32,  32,  16,  -32, -32, 16,  -16,
+                                4,   16,  -4,  -16, 16,  -16, 32,  32,  -32, 32,  -32,
+                                32,  -32, -96, -16, -32, 32,  -32, 32,  16,  -16, 64,
+                                64,  -64, 32,  -64, -32, 32,  -32, -32};
+
+/* Where by_op first appears in the first iteration's events of a plan of
+ * the two tiny layers under checkpoint ckpt; SIZE_MAX: nowhere. */
+static size_t by_op_at(const char *ckpt)
+{
+    char y[512];
+    snprintf(y, sizeof y,
+             "model:\n  type: decoder\n  layers: 2\n  hidden: 4\n  heads: 1\n"
+             "  ffn: 8\n  activation: gelu\n  norm: layernorm\n  vocab: 10\n"
+             "  position: learned\n  max_positions: 2\n  attention: eager\n"
+             "  dropout: 0\ntraining:\n  micro_batch: 1\n  seq_len: 2\n"
+             "  optimizer: sgd\n  checkpoint: %s\ndevice:\n  memory: 8GiB\n  allocator: caching\n",
+             ckpt);
+    ml_model *m = load_str(y);
+    ml_config c = ml_model_config(m);
+    ml_ledger *l = NULL;
+    ml_error e;
+    assert_int_equal(ml_ledger_evaluate(m, &c, true, &l, &e), ML_OK);
+    const ml_sim_event *ev = ml_ledger_sim_events(l);
+    const size_t n = ml_ledger_sim_event_count(l), want = sizeof by_op / sizeof by_op[0];
+    int64_t *d = calloc(n + 1, sizeof *d);
+    size_t first = n, end = n, found = SIZE_MAX;
+    for (size_t i = 0; i < n; i++) {
+        if (ev[i].action == ML_SIM_MARK) {
+            if (ev[i].when == ML_RESERVED_FIRST)
+                first = i;
+            else if (first < n && end == n)
+                end = i;
+            continue;
+        }
+        d[i] = (int64_t)ev[i].bytes;
+        for (size_t j = i; ev[i].action == ML_SIM_FREE && j-- > 0;)
+            if (ev[j].action == ML_SIM_ALLOC && ev[j].id == ev[i].id) {
+                d[i] = -(int64_t)ev[j].bytes; /* the allocation it frees */
+                break;
+            }
+    }
+    assert_true(first < end && end <= n);
+    /* the 38 steps, then (past the cuBLAS workspace the block's first
+     * GEMM makes in the first iteration, 8.125 MiB, made there) the last 3 */
+    const size_t head = want - 3;
+    for (size_t i = first + 1; i + want <= end && found == SIZE_MAX; i++) {
+        if (memcmp(&d[i], by_op, head * sizeof by_op[0]) != 0)
+            continue;
+        size_t j = i + head, k = head;
+        while (j < end && k < want && (d[j] == by_op[k] || (ev[j].action == ML_SIM_ALLOC &&
+                                                            d[j] == 8519680 && k == head))) {
+            k += d[j] == by_op[k];
+            j++;
+        }
+        if (k == want)
+            found = i;
+    }
+    free(d);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    return found;
+}
+
+static void test_checkpointed_forward_by_op(void **state)
+{
+    (void)state;
+    assert_true(by_op_at("full") != SIZE_MAX);
+    assert_true(by_op_at("none") == SIZE_MAX);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -275,6 +356,7 @@ int main(void)
         cmocka_unit_test(test_loss_hands_last),
         cmocka_unit_test(test_eval_cache_dtype),
         cmocka_unit_test(test_saved_freed_by_node),
+        cmocka_unit_test(test_checkpointed_forward_by_op),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
