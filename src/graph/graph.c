@@ -398,14 +398,13 @@ static bool step(mlg_step *st, size_t cap, size_t *n, uint64_t bytes, uint16_t t
     return true;
 }
 
-/* The parts op o makes its output t in: a copy of several inputs into one
- * storage of their elements together, else 1. */
-static unsigned parts_of(const ml_graph *g, const mlg_op *o, uint16_t t, const uint64_t *tb)
+/* The allocations tensor t is made in: a tensor of several (its factor:
+ * LayerNorm's mean and rstd, matmul's copies of q and k for bmm) one per
+ * part, in order; else one. */
+static unsigned parts_of(const ml_graph *g, uint16_t t, const uint64_t *tb)
 {
-    if (o->kind == MLG_OP_COPY && o->nout == 1 && o->nin > 1 && o->nin <= MLG_STEP_PARTS &&
-        g->t[t].factor == o->nin && tb[t] % o->nin == 0)
-        return o->nin;
-    return 1;
+    const unsigned f = g->t[t].factor;
+    return f > 1 && f <= MLG_STEP_PARTS && tb[t] % f == 0 ? f : 1;
 }
 
 size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool eval, mlg_step *st,
@@ -429,9 +428,12 @@ size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool eval,
                 !step(st, cap, &n, whole, o->out[0], 0, false))
                 return 0;
         }
-        for (unsigned j = 0; j < o->nout; j++) {
+        for (unsigned i = 0; i < o->nout; i++) {
+            /* a dropout makes its mask first, then its output (Dropout.cu,
+             * dropout_cuda; the CPU's native_dropout alike) */
+            const unsigned j = o->kind == MLG_OP_DROPOUT ? o->nout - 1 - i : i;
             const uint16_t t = o->out[j];
-            const unsigned parts = parts_of(g, o, t, tb);
+            const unsigned parts = parts_of(g, t, tb);
             if (!tb[t])
                 continue; /* nothing to allocate */
             if (held[t])

@@ -667,6 +667,70 @@ def amp_checks(check, name, doc, B, T, measured, planned):
           measured.get("loss", 0) - planned.get("loss", 0), 2 * biases + 4)
 
 
+def steady_allocs(memledger, path, B, T, ckpt, optim, impl, logits, Td=None):
+    """The allocation sizes, in order, the plan's allocator simulation makes
+    in its first steady iteration (`timeline --format trace`)."""
+    args = ["--micro-batch", str(B), "--precision", "fp32",
+            "--checkpoint", "every-2" if ckpt == 2 else "full",
+            "--optimizer", optim, "--optimizer-impl", impl, "--logits", logits]
+    if T:
+        args += ["--seq-len", str(T)]
+    if Td:
+        args += ["--target-len", str(Td)]
+    out = subprocess.run([memledger, "timeline", path, "--format", "trace"] + args,
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit("memledger timeline --format trace failed: %s" % out.stderr)
+    sizes, cur = [], None
+    for ln in out.stdout.strip().split("\n")[1:]:
+        if ln.startswith("#"):
+            cur = ln
+        elif cur and "steady" in cur and "second" not in cur and ln.startswith("alloc,"):
+            sizes.append(int(ln.split(",")[2]))
+    return sizes
+
+
+def ckpt_steps_checks(check, name, c, view, j, planned_allocs):
+    """A checkpointed layer's forward runs without grad, and where its
+    forward is known op by op (the plan's block `transients: ops`) the
+    allocator simulation makes its ops' tensors one by one (docs/allocator.md,
+    "On the plan"): the sizes the layer's forward allocates in the device
+    view, in order, are found as a run of the plan's steady-iteration
+    allocations. The 0-dim tensors of 8 bytes or less that wrap Python
+    numbers (the scalars artefact, host memory on a GPU) are left out of the
+    measured ones, under whatever op makes them. Frees are not compared:
+    when a tensor goes depends on the Python code's scoping, which differs
+    between this oracle's twins and the models a GPU runs. A layer with a
+    batch norm is not compared (said, not checked): 1.13's CPU batch norm
+    (aten/src/ATen/native/Normalization.cpp, batch_norm_cpu_update_stats)
+    allocates its batch mean and variance and the running statistics'
+    updates around save_mean and save_invstd, one tensor each, where the
+    plan makes the output and the saved statistics alone (one tensor of
+    both, as cuDNN's batch norm saves them); its peaks are checked above."""
+    s0, e0 = c.range("iter1")
+    seen = set()
+    for b in j["blocks"]:
+        if not b.get("checkpointed") or b.get("transients") != "ops":
+            continue
+        rng = [(s, e) for s, e, n in c.marks if s0 <= s <= e0 and n == "blk:" + b["name"]]
+        if not rng:
+            continue
+        k0 = bisect.bisect_left(c.times, rng[0][0])
+        k1 = bisect.bisect_left(c.times, rng[0][1])
+        if any("aten::native_batch_norm" in c.ev[k]["anc"] for k in range(k0, k1)):
+            print("skip %s %s's forward without grad: a batch norm on the CPU" % (name, b["name"]))
+            continue
+        allocs = tuple(v for v in view[k0:k1] if v > 8)
+        if allocs in seen:
+            continue  # a repeated layer: checked once
+        seen.add(allocs)
+        n = len(allocs)
+        found = any(tuple(planned_allocs[i:i + n]) == allocs
+                    for i in range(len(planned_allocs) - n + 1))
+        check(name + " %s's forward without grad: its %d allocations, in order, the plan's"
+              % (b["name"], n), found, True)
+
+
 def pct(m, p):
     return "%+.1f%%" % ((p - m) / m * 100) if m else "-"
 
@@ -833,6 +897,10 @@ def main():
                 check(name + " peak phase and step as measured",
                       (r[1]["peak_phase"], want in r[1]["peak_step"].split("|")),
                       (j["peak"]["phase"], True))
+            if ckpt and not amp:
+                ckpt_steps_checks(check, name, c, view, j, steady_allocs(
+                    memledger, path, B, T, ckpt, optim, impl, logits,
+                    tw.target_len(doc, T) if T else None))
             arts = {}
             for i, k in enumerate(kind):
                 if k is not None:

@@ -272,16 +272,17 @@ static void test_saved_freed_by_node(void **state)
 /* The tiny GPT-2 layer of tests/unit/test_graph.c (B = 1, T = 2, D = 4,
  * F = 8, fp32), two of them, checkpointed: each layer's forward under
  * no_grad as the simulation replays it is the walk by hand of
- * test_forward.c (test_gpt2_layer_by_hand), tensor by tensor (q's and k's
- * copies for bmm 32 B each): 38 steps to the MLP's return, then the output (the next block's input, 32 B), then
+ * test_forward.c (test_gpt2_layer_by_hand), tensor by tensor (LayerNorm's mean and
+ * rstd 8 B each, q's and k's copies for bmm 32 B each): 42 steps to the
+ * MLP's return, then the output (the next block's input, 32 B), then
  * the first residual sum and the MLP output go. (The simulation makes the
- * cuBLAS workspace, 8 MiB + 128 KiB, after the 38 steps in the first
+ * cuBLAS workspace, 8 MiB + 128 KiB, after the 42 steps in the first
  * block of the first iteration, not at its first GEMM.) Without checkpointing the
  * forward keeps its saved tensors, and the sequence is not there. */
-static const int64_t by_op[] = {32,  16,  -16, 96,  32,  32,  16,  -32, -32, 16,  -16,
-                                4,   16,  -4,  -16, 16,  -16, 32,  32,  -32, 32,  -32,
-                                32,  -32, -96, -16, -32, 32,  -32, 32,  16,  -16, 64,
-                                64,  -64, 32,  -64, -32, 32,  -32, -32};
+static const int64_t by_op[] = {32,  8,   8,   -8,  -8,  96,  32,  32,  16, -32, -32, 16,
+                                -16, 4,   16,  -4,  -16, 16,  -16, 32,  32, -32, 32,  -32,
+                                32,  -32, -96, -16, -32, 32,  -32, 32,  8,  8,   -8,  -8,
+                                64,  64,  -64, 32,  -64, -32, 32,  -32, -32};
 
 /* Where by_op first appears in the first iteration's events of a plan of
  * the two tiny layers under checkpoint ckpt; SIZE_MAX: nowhere. */
@@ -320,7 +321,7 @@ static size_t by_op_at(const char *ckpt)
             }
     }
     assert_true(first < end && end <= n);
-    /* the 38 steps, then (past the cuBLAS workspace the block's first
+    /* the 42 steps, then (past the cuBLAS workspace the block's first
      * GEMM makes in the first iteration, 8.125 MiB, made there) the last 3 */
     const size_t head = want - 3;
     for (size_t i = first + 1; i + want <= end && found == SIZE_MAX; i++) {
