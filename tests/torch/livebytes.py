@@ -605,8 +605,9 @@ def model_step_fn(ckpt, amp=False):
     return step
 
 
-def planned(memledger, path, B, T, ckpt, optim, impl, logits, Td=None, amp=False):
-    # ckpt: False, True (full) or 2 (every-2, the transformers' blocks)
+def plan_args(B, T, ckpt, optim, impl, logits, Td=None, amp=False):
+    """The command line's settings for a row (ckpt: False, True (full) or
+    2 (every-2, the transformers' blocks))."""
     args = ["--micro-batch", str(B), "--precision", "amp-bf16" if amp else "fp32",
             "--checkpoint", "every-2" if ckpt == 2 else "full" if ckpt else "none",
             "--optimizer", optim, "--optimizer-impl", impl, "--logits", logits]
@@ -614,6 +615,11 @@ def planned(memledger, path, B, T, ckpt, optim, impl, logits, Td=None, amp=False
         args += ["--seq-len", str(T)]
     if Td:
         args += ["--target-len", str(Td)]
+    return args
+
+
+def planned(memledger, path, B, T, ckpt, optim, impl, logits, Td=None, amp=False):
+    args = plan_args(B, T, ckpt, optim, impl, logits, Td, amp)
     out = subprocess.run([memledger, "plan", path, "--format", "json"] + args,
                          capture_output=True, text=True)
     if out.returncode not in (0, 1):
@@ -670,13 +676,7 @@ def amp_checks(check, name, doc, B, T, measured, planned):
 def steady_allocs(memledger, path, B, T, ckpt, optim, impl, logits, Td=None):
     """The allocation sizes, in order, the plan's allocator simulation makes
     in its first steady iteration (`timeline --format trace`)."""
-    args = ["--micro-batch", str(B), "--precision", "fp32",
-            "--checkpoint", "every-2" if ckpt == 2 else "full",
-            "--optimizer", optim, "--optimizer-impl", impl, "--logits", logits]
-    if T:
-        args += ["--seq-len", str(T)]
-    if Td:
-        args += ["--target-len", str(Td)]
+    args = plan_args(B, T, ckpt, optim, impl, logits, Td)
     out = subprocess.run([memledger, "timeline", path, "--format", "trace"] + args,
                          capture_output=True, text=True)
     if out.returncode != 0:
