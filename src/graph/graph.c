@@ -398,13 +398,17 @@ static bool step(mlg_step *st, size_t cap, size_t *n, uint64_t bytes, uint16_t t
     return true;
 }
 
-/* The allocations tensor t is made in: a tensor of several (its factor:
- * LayerNorm's mean and rstd, matmul's copies of q and k for bmm) one per
- * part, in order; else one. */
-static unsigned parts_of(const ml_graph *g, uint16_t t, const uint64_t *tb)
+/* The allocations op o makes its output t in: one per part for a tensor
+ * of several that PyTorch makes as several (LayerNorm's mean and rstd,
+ * native_layer_norm's two outputs; a copy of several inputs into one
+ * storage, matmul's copies of q and k for bmm); else one (a factor that
+ * counts views of one storage, torch.where's indices, stays one). */
+static unsigned parts_of(const ml_graph *g, const mlg_op *o, uint16_t t, const uint64_t *tb)
 {
     const unsigned f = g->t[t].factor;
-    return f > 1 && f <= MLG_STEP_PARTS && tb[t] % f == 0 ? f : 1;
+    if (f < 2 || f > MLG_STEP_PARTS || tb[t] % f != 0)
+        return 1;
+    return o->kind == MLG_OP_NORM || (o->kind == MLG_OP_COPY && o->nin == f) ? f : 1;
 }
 
 size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool eval, mlg_step *st,
@@ -421,19 +425,19 @@ size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool eval,
         const mlg_op *o = &g->op[k];
         if (eval_identity(o, eval, alias))
             continue;
-        if (o->sp_site == MLG_SP_ROW && o->nout) {
-            uint64_t whole;
-            if (__builtin_mul_overflow(tb[o->out[0]], g->seq_div, &whole) ||
-                !step(st, cap, &n, whole, o->out[0], 0, true) ||
-                !step(st, cap, &n, whole, o->out[0], 0, false))
-                return 0;
-        }
+        /* a row-parallel op's whole output, reduce-scattered into its
+         * shard, which is made while the whole is live */
+        uint64_t whole = 0;
+        if (o->sp_site == MLG_SP_ROW && o->nout &&
+            (__builtin_mul_overflow(tb[o->out[0]], g->seq_div, &whole) ||
+             !step(st, cap, &n, whole, MLG_STEP_WHOLE, 0, true)))
+            return 0;
         for (unsigned i = 0; i < o->nout; i++) {
             /* a dropout makes its mask first, then its output (Dropout.cu,
              * dropout_cuda; the CPU's native_dropout alike) */
             const unsigned j = o->kind == MLG_OP_DROPOUT ? o->nout - 1 - i : i;
             const uint16_t t = o->out[j];
-            const unsigned parts = parts_of(g, t, tb);
+            const unsigned parts = parts_of(g, o, t, tb);
             if (!tb[t])
                 continue; /* nothing to allocate */
             if (held[t])
@@ -443,6 +447,8 @@ size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool eval,
                     return 0;
             held[t] = (uint8_t)parts;
         }
+        if (whole && !step(st, cap, &n, whole, MLG_STEP_WHOLE, 0, false))
+            return 0;
         for (unsigned j = 0; j < o->nfree; j++) {
             const uint16_t t = ml__graph_storage(g, alias[o->free[j]]);
             const unsigned parts = held[t];

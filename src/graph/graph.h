@@ -336,15 +336,16 @@ void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool ev
 
 /* The same forward without grad, as its allocations and frees in order:
  * step i allocates `bytes` (alloc) or frees the allocation of part `part`
- * of storage tok. A tensor of several (its factor n: LayerNorm's mean and
- * rstd, matmul's contiguous copies of q and k for bmm) is n allocations,
- * one a part, in order; a dropout makes its mask before its output. The
- * block's input is the caller's (never allocated,
- * never freed here); a row-parallel op's whole output is an allocation
- * and a free of its own (tok: the op's output). Writes at most cap steps;
- * returns the count, 0 where the graph has no such list (a repeated group,
- * more than cap steps). */
+ * of storage tok. A tensor PyTorch makes as several (its factor n:
+ * LayerNorm's mean and rstd, matmul's contiguous copies of q and k for
+ * bmm) is n allocations, one a part, in order; a dropout makes its mask
+ * before its output. The block's input is the caller's (never allocated,
+ * never freed here); a row-parallel op's whole output (tok MLG_STEP_WHOLE)
+ * is allocated before the op's outputs and freed after them. Writes at
+ * most cap steps; returns the count, 0 where the graph has no such list (a
+ * repeated group, more than cap steps). */
 #define MLG_STEP_PARTS 2
+#define MLG_STEP_WHOLE MLG_MAX_TENSORS
 typedef struct {
     uint64_t bytes;
     uint16_t tok;

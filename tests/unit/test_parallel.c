@@ -621,6 +621,23 @@ static void test_sp_graph(void **state)
     ml__graph_forward(&g, tb, false, false, &l);
     assert_false(l.bad);
     assert_int_equal(l.peak, 96 + 32 + 16);
+    /* the same as allocations and frees (what the allocator simulation
+     * replays for it without grad): y; the whole 32 B, then the shard z
+     * beside it, the whole freed after it (Megatron allocates the reduce-
+     * scatter's output while its input lives); then y */
+    mlg_step st[8];
+    assert_int_equal(ml__graph_forward_steps(&g, tb, false, st, 8), 5);
+    const struct {
+        uint64_t bytes;
+        uint16_t tok;
+        bool alloc;
+    } want[] = {{96, y, true}, {32, MLG_STEP_WHOLE, true}, {16, z, true},
+                {32, MLG_STEP_WHOLE, false}, {96, y, false}};
+    for (unsigned i = 0; i < 5; i++) {
+        assert_int_equal(st[i].bytes, want[i].bytes);
+        assert_int_equal(st[i].tok, want[i].tok);
+        assert_int_equal(st[i].alloc, want[i].alloc);
+    }
 }
 
 /* With sequence parallelism the plan keeps Megatron's gather buffer, the
