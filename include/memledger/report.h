@@ -82,6 +82,11 @@ ML_API int ml_report_compare_csv(FILE *f, const ml_compare_row *rows, size_t n);
  * or a JSON array. Return 0 or -1 on a write error. */
 ML_API int ml_report_timeline_csv(FILE *f, const ml_ledger *l);
 ML_API int ml_report_timeline_json(FILE *f, const ml_ledger *l);
+/* The allocator simulation's own events (ml_ledger_sim_events) as a trace
+ * `memledger allocator` replays: the header action,id,bytes, then
+ * `alloc,ID,BYTES`, `free,ID` and a `# ...` line where each pass starts
+ * (docs/allocator.md). Return 0 or -1 on a write error. */
+ML_API int ml_report_timeline_trace(FILE *f, const ml_ledger *l);
 /* SVG: stacked area by category, phase bands, budget and capacity lines,
  * the peak (needs keep_events). */
 ML_API int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg,

@@ -1,5 +1,4 @@
 /* memledger timeline MODEL.yaml: every event of the iteration. */
-#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -23,29 +22,6 @@ static const char *const usage[] = {
     "  and every 'memledger plan' option (--micro-batch, --checkpoint, --device, ...)\n"
     "\n"
     "Exit status: 0 written, 2 bad input or usage, 3 output could not be written.\n", NULL};
-
-/* The simulation's events as an allocator trace (docs/allocator.md). */
-static int write_trace(FILE *f, const ml_ledger *l)
-{
-    static const char *const pass[] = {"residents (parameters, master weights)",
-                                       "first iteration", "steady iteration", "evaluation"};
-    const ml_sim_event *e = ml_ledger_sim_events(l);
-    const size_t n = ml_ledger_sim_event_count(l);
-    if (fputs("action,id,bytes\n", f) < 0)
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        int w;
-        if (e[i].action == ML_SIM_MARK)
-            w = fprintf(f, "# %s%s\n", pass[e[i].when], e[i].second ? " (the second)" : "");
-        else if (e[i].action == ML_SIM_ALLOC)
-            w = fprintf(f, "alloc,%" PRIu64 ",%" PRIu64 "\n", e[i].id, e[i].bytes);
-        else
-            w = fprintf(f, "free,%" PRIu64 "\n", e[i].id);
-        if (w < 0)
-            return -1;
-    }
-    return 0;
-}
 
 int ml_cmd_timeline(int argc, char **argv)
 {
@@ -75,7 +51,7 @@ int ml_cmd_timeline(int argc, char **argv)
     if ((rc = ml_out_open(&out, o.output)) == 0) {
         int w = o.format == ML_FMT_JSON    ? ml_report_timeline_json(out.f, l)
                 : o.format == ML_FMT_SVG   ? ml_report_timeline_svg(out.f, m, &cfg, l)
-                : o.format == ML_FMT_TRACE ? write_trace(out.f, l)
+                : o.format == ML_FMT_TRACE ? ml_report_timeline_trace(out.f, l)
                                            : ml_report_timeline_csv(out.f, l);
         rc = ml_out_close(&out, w == 0);
     }

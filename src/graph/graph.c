@@ -354,45 +354,11 @@ static bool eval_identity(const mlg_op *o, bool eval, uint16_t *alias)
     return true;
 }
 
-void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool eval,
-                       ml_graph_live *out)
-{
-    bool saved[MLG_MAX_TENSORS] = {false};
-    uint16_t alias[MLG_MAX_TENSORS];
-    ml_graph_live l = {0, 0, g->full || g->rep.t1 != g->rep.t0};
-    for (uint16_t i = 0; i < g->nt; i++)
-        alias[i] = i;
-    for (uint16_t k = 0; k < g->nop; k++) {
-        const mlg_op *o = &g->op[k];
-        if (eval_identity(o, eval, alias))
-            continue;
-        /* a row-parallel op writes its whole output, reduce-scatters it
-         * into the shard, then frees it (Megatron's
-         * _reduce_scatter_along_first_dim, tensor_parallel/mappings.py) */
-        uint64_t whole = 0;
-        if (o->sp_site == MLG_SP_ROW && o->nout &&
-            __builtin_mul_overflow(tb[o->out[0]], g->seq_div, &whole))
-            l.bad = true;
-        put(&l, whole);
-        for (unsigned j = 0; j < o->nout; j++)
-            put(&l, tb[o->out[j]]);
-        drop(&l, whole);
-        for (unsigned j = 0; grad && j < o->nsave; j++)
-            saved[ml__graph_storage(g, alias[o->save[j]])] = true;
-        for (unsigned j = 0; j < o->nfree; j++) {
-            uint16_t t = ml__graph_storage(g, alias[o->free[j]]);
-            if (!saved[t])
-                drop(&l, tb[t]);
-        }
-    }
-    *out = l;
-}
-
-/* One step into st (false: no room). */
+/* One step into st (false: no list, or no room). */
 static bool step(mlg_step *st, size_t cap, size_t *n, uint64_t bytes, uint16_t tok, unsigned part,
                  bool alloc)
 {
-    if (*n >= cap)
+    if (!st || *n >= cap)
         return false;
     st[(*n)++] = (mlg_step){bytes, tok, (uint8_t)part, alloc};
     return true;
@@ -411,54 +377,83 @@ static unsigned parts_of(const ml_graph *g, const mlg_op *o, uint16_t t, const u
     return o->kind == MLG_OP_NORM || (o->kind == MLG_OP_COPY && o->nin == f) ? f : 1;
 }
 
-size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool eval, mlg_step *st,
-                               size_t cap)
+/* The forward's walk (ml__graph_forward), and with st its steps
+ * (ml__graph_forward_steps): *steps false once the list cannot be made
+ * (no room, a storage made twice, a free of one never made). */
+static void walk(const ml_graph *g, const uint64_t *tb, bool grad, bool eval, mlg_step *st,
+                 size_t cap, size_t *n, bool *steps, ml_graph_live *out)
 {
+    bool saved[MLG_MAX_TENSORS] = {false};
     uint8_t held[MLG_MAX_TENSORS] = {0}; /* the parts a live storage was made in */
     uint16_t alias[MLG_MAX_TENSORS];
-    if (g->full || g->rep.t1 != g->rep.t0)
-        return 0;
+    ml_graph_live l = {0, 0, g->full || g->rep.t1 != g->rep.t0};
+    *n = 0;
+    *steps = st != NULL;
     for (uint16_t i = 0; i < g->nt; i++)
         alias[i] = i;
-    size_t n = 0;
     for (uint16_t k = 0; k < g->nop; k++) {
         const mlg_op *o = &g->op[k];
         if (eval_identity(o, eval, alias))
             continue;
-        /* a row-parallel op's whole output, reduce-scattered into its
-         * shard, which is made while the whole is live */
+        /* a row-parallel op writes its whole output, reduce-scatters it
+         * into the shard (made while the whole lives), then frees it
+         * (Megatron's _reduce_scatter_along_first_dim,
+         * tensor_parallel/mappings.py) */
         uint64_t whole = 0;
         if (o->sp_site == MLG_SP_ROW && o->nout &&
-            (__builtin_mul_overflow(tb[o->out[0]], g->seq_div, &whole) ||
-             !step(st, cap, &n, whole, MLG_STEP_WHOLE, 0, true)))
-            return 0;
+            __builtin_mul_overflow(tb[o->out[0]], g->seq_div, &whole))
+            l.bad = true;
+        put(&l, whole);
+        *steps = *steps && (!whole || step(st, cap, n, whole, MLG_STEP_WHOLE, 0, true));
         for (unsigned i = 0; i < o->nout; i++) {
             /* a dropout makes its mask first, then its output (Dropout.cu,
              * dropout_cuda; the CPU's native_dropout alike) */
             const unsigned j = o->kind == MLG_OP_DROPOUT ? o->nout - 1 - i : i;
             const uint16_t t = o->out[j];
             const unsigned parts = parts_of(g, o, t, tb);
+            put(&l, tb[t]);
             if (!tb[t])
                 continue; /* nothing to allocate */
-            if (held[t])
-                return 0;
+            *steps = *steps && !held[t];
             for (unsigned p = 0; p < parts; p++)
-                if (!step(st, cap, &n, tb[t] / parts, t, p, true))
-                    return 0;
+                *steps = *steps && step(st, cap, n, tb[t] / parts, t, p, true);
             held[t] = (uint8_t)parts;
         }
-        if (whole && !step(st, cap, &n, whole, MLG_STEP_WHOLE, 0, false))
-            return 0;
+        drop(&l, whole);
+        *steps = *steps && (!whole || step(st, cap, n, whole, MLG_STEP_WHOLE, 0, false));
+        for (unsigned j = 0; grad && j < o->nsave; j++)
+            saved[ml__graph_storage(g, alias[o->save[j]])] = true;
         for (unsigned j = 0; j < o->nfree; j++) {
             const uint16_t t = ml__graph_storage(g, alias[o->free[j]]);
+            if (saved[t])
+                continue;
+            drop(&l, tb[t]);
             const unsigned parts = held[t];
-            held[t] = 0; /* (none: the input's, or nothing made) */
+            *steps = *steps && (parts || !tb[t]);
             for (unsigned p = 0; p < parts; p++)
-                if (!step(st, cap, &n, tb[t] / parts, t, p, false))
-                    return 0;
+                *steps = *steps && step(st, cap, n, tb[t] / parts, t, p, false);
+            held[t] = 0;
         }
     }
-    return n;
+    *steps = *steps && !l.bad;
+    *out = l;
+}
+
+void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool eval,
+                       ml_graph_live *out)
+{
+    size_t n;
+    bool steps;
+    walk(g, tb, grad, eval, NULL, 0, &n, &steps, out);
+}
+
+size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool eval, mlg_step *st,
+                               size_t cap, ml_graph_live *out)
+{
+    size_t n;
+    bool steps;
+    walk(g, tb, false, eval, st, cap, &n, &steps, out);
+    return steps ? n : 0;
 }
 
 void ml__graph_traffic(const ml_graph *g, const uint64_t *tb, bool eval,

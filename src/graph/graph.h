@@ -341,9 +341,11 @@ void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool ev
  * bmm) is n allocations, one a part, in order; a dropout makes its mask
  * before its output. The block's input is the caller's (never allocated,
  * never freed here); a row-parallel op's whole output (tok MLG_STEP_WHOLE)
- * is allocated before the op's outputs and freed after them. Writes at
- * most cap steps; returns the count, 0 where the graph has no such list (a
- * repeated group, more than cap steps). */
+ * is allocated before the op's outputs and freed after them. One walk
+ * with ml__graph_forward (its live bytes into *out, as that gives them):
+ * writes at most cap steps and returns the count, 0 where the graph has no
+ * such list (a repeated group, more than cap steps, a storage made twice or
+ * freed unmade, `bad`). */
 #define MLG_STEP_PARTS 2
 #define MLG_STEP_WHOLE MLG_MAX_TENSORS
 typedef struct {
@@ -353,7 +355,7 @@ typedef struct {
     bool alloc;
 } mlg_step;
 size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool eval, mlg_step *st,
-                               size_t cap);
+                               size_t cap, ml_graph_live *out);
 
 /* Bytes read and written and kernels launched by each op of the forward
  * (per_op: g->nop entries, or NULL) and in all (a view reads and writes

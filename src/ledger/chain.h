@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "graph/graph.h"
 #include "memledger/ledger.h"
 #include "model/model_internal.h"
 
@@ -203,6 +204,8 @@ typedef struct {
                                       frees (ml_fstep, chain.fsteps), when known
                                       (0: the transient ws_nograd, one lump);
                                       for the allocator simulation */
+    uint32_t fstep_out;      /* of them, the output's allocation (the next
+                                block's input, which the replay makes) */
     uint16_t hand_gid;       /* a node list's: 1 + the gradient id (ml_bnode's
                                 gin_id) of the tensor whose gradient it hands to
                                 the block before, 0: none named (then its
@@ -247,16 +250,8 @@ typedef struct {
     bool overflow, known;
 } ml_param_sums;
 
-/* A step of a block's forward without grad (ml__graph_forward_steps): an
- * allocation of `bytes` (out: the block's output, which the replay makes
- * as the next block's input) or the free of the allocation of part `part`
- * of tensor tok. */
-typedef struct {
-    uint64_t bytes;
-    uint16_t tok;
-    uint8_t part;
-    bool alloc, out;
-} ml_fstep;
+/* A step of a block's forward without grad (ml__graph_forward_steps). */
+typedef mlg_step ml_fstep;
 
 typedef struct {
     ml_cblock *blocks;

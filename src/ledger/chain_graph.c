@@ -529,12 +529,10 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
             b->ws_bwd = ml_add(ch, b->ws_bwd, ml__cp_ring_backward(ch, &G->z));
     if (!G->programs || ch->overflow)
         return;
-    ml_graph_live l;
-    ml__graph_forward(g, G->tb, false, ch->eval_mode, &l);
-    ml__ck_ng_close(b, &l, held);
-    ml__ck_fsteps(ch, b, g, G->tb, held, &l);
+    ml__ck_nograd(ch, b, g, G->tb, held);
     if (ch->selective)
         return;
+    ml_graph_live l;
     ml__graph_forward(g, G->tb, true, ch->eval_mode, &l);
     ml__ck_grad_close(b, &l, held);
 }

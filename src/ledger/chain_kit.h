@@ -293,11 +293,11 @@ bool ml__ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsig
 /* Block b's inventory, nodes, parameters, FLOPs and transients from G,
  * closed with output bytes out (ml__ck_end), then its forward programs. */
 void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t out);
-/* Block b's forward without grad as steps (chain.h, ml_fstep) from graph g
- * at bytes tb, when the forward pass l (ending with `held` bytes, the
- * output) found its transients op by op (chain_fsteps.c). */
-void ml__ck_fsteps(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t *tb,
-                   uint64_t held, const ml_graph_live *l);
+/* Block b's forward without grad from graph g at bytes tb, ending with
+ * `held` bytes (its output): its transient (ml__ck_ng_close) and, where
+ * that is found op by op, its steps (chain.h, ml_fstep; chain_fsteps.c). */
+void ml__ck_nograd(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t *tb,
+                   uint64_t held);
 /* Block b as a copy of the identical block ch->blocks[proto] (the same
  * graph at the same sizes), whose parameters are ch->params[pfirst ..
  * pfirst + pcount): a configuration's layers are emitted once. */

@@ -66,6 +66,12 @@ __attribute__((noinline)) static void simulated_alloc(ml_replay *r, ml_category 
     ml__replay_reserved_point(r);
 }
 
+size_t ml__replay_sim_tensor(ml_replay *r, ml_category c, uint64_t b)
+{
+    simulated_alloc(r, c, b, ML_T_ONE, 0, 1);
+    return ml__rsim_latest(r->rsim, c);
+}
+
 void ml__replay_alloc_event(ml_replay *r, ml_category c, uint64_t b, ml_tensor_split split,
                             size_t block, unsigned copies)
 {
@@ -76,11 +82,6 @@ void ml__replay_alloc_event(ml_replay *r, ml_category c, uint64_t b, ml_tensor_s
     event(r, c, (int64_t)b);
     if (r->rsim)
         simulated_alloc(r, c, b, split, block, copies);
-}
-
-void ml__replay_saved_free(ml_replay *r, ml_category c, uint64_t b)
-{
-    event(r, c, -(int64_t)b);
 }
 
 void ml__replay_ledger_event(ml_replay *r, ml_category c, int64_t delta)
@@ -198,7 +199,7 @@ static void forward_block(ml_replay *r, size_t k)
         fwd_grads(r, k);
     /* without grad, a block whose forward is known op by op: the
      * simulation makes its tensors, the ledger counts them as one */
-    const bool steps = r->rsim && seg[k] >= 0 && b->nfsteps;
+    const bool steps = r->rsim && seg[k] >= 0 && b->nfsteps && ws <= (uint64_t)INT64_MAX;
     if (steps) {
         ml__replay_ledger_event(r, ML_CAT_WORKSPACE, (int64_t)ws);
         ml__replay_fsteps(r, b, true);

@@ -277,7 +277,7 @@ void ml__nodeprof_apply(const ml_nodeprof *p, ml_replay *r);
 /* Block k's node list event by event, *freed adding the saved bytes it
  * frees (the allocator simulation frees each saved tensor as its node
  * does); whether it runs as one step instead (r->np made or kept for it,
- * its checks holding); a saved tensor's free in the ledger alone. */
+ * its checks holding). */
 void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
                           uint64_t *freed);
 bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat);
@@ -288,7 +288,9 @@ bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat);
 void ml__replay_recompute_nodes(ml_replay *r, size_t s0, size_t k);
 void ml__replay_recompute_segment(ml_replay *r, size_t s0, size_t k);
 void ml__replay_selective_core(ml_replay *r, size_t k);
-void ml__replay_saved_free(ml_replay *r, ml_category c, uint64_t b);
+/* With rsim, one tensor of b bytes of category c in the simulation alone
+ * (the ledger told apart): its name (ml__rsim_latest). */
+size_t ml__replay_sim_tensor(ml_replay *r, ml_category c, uint64_t b);
 /* A change of the ledger's level alone (the simulation told apart). */
 void ml__replay_ledger_event(ml_replay *r, ml_category c, int64_t delta);
 /* Frees b bytes of category c the simulation made as `name` (0, or no

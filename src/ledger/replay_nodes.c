@@ -138,8 +138,7 @@ void ml__replay_node_grads_in(ml_replay *r, const ml_bnode *x, size_t *taken)
         const uint64_t b = x->gin_b[j];
         if (!b)
             continue;
-        ml__rsim_alloc(r->rsim, ML_CAT_WORKSPACE, b, ML_T_ONE, 0, 1);
-        const size_t name = ml__rsim_latest(r->rsim, ML_CAT_WORKSPACE);
+        const size_t name = ml__replay_sim_tensor(r, ML_CAT_WORKSPACE, b);
         const uint16_t id = x->gin_id[j];
         if (x->gin_acc & (1u << j)) {
             r->gpend[id] = name;
@@ -149,7 +148,6 @@ void ml__replay_node_grads_in(ml_replay *r, const ml_bnode *x, size_t *taken)
             r->gbytes[id] = b;
         }
     }
-    ml__replay_reserved_point(r);
 }
 
 void ml__replay_node_grads_out(ml_replay *r, const ml_bnode *x, const size_t *taken)
@@ -224,7 +222,7 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
         else
             ml__replay_free(r, ML_CAT_WORKSPACE, x->grad_out);
         for (uint32_t s = x->first_saved; s != ML_NODE_NONE; s = sv[s].next_same) {
-            ml__replay_saved_free(r, scat, sv[s].bytes);
+            ml__replay_ledger_event(r, scat, -(int64_t)sv[s].bytes);
             if (r->rsim)
                 ml__rsim_free_saved(r->rsim, scat, k, s);
             *freed += sv[s].bytes;

@@ -396,7 +396,7 @@ void ml__rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split s
     group *g = &r->g[r->ng];
     *g = (group){c, bytes, r->nh, 0, block, split};
     const bool ok = granted(r, ml__alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n));
-    for (size_t i = 0; i < g->n; i++)
+    for (size_t i = 0; i < g->n && r->recording; i++)
         note(r, ML_SIM_ALLOC, r->h[r->nh + i], r->sizes[i]);
     if (!ok)
         return;

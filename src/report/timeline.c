@@ -1,4 +1,6 @@
-/* Timeline exports: every event of the iteration as CSV or JSON. */
+/* Timeline exports: every event of the iteration as CSV or JSON; the
+ * allocator simulation's own events as a trace. */
+#include <inttypes.h>
 #include <stdio.h>
 
 #include "memledger/report.h"
@@ -69,4 +71,26 @@ int ml_report_timeline_json(FILE *f, const ml_ledger *l)
     }
     fputs("\n]\n", f);
     return ferror(f) ? -1 : 0;
+}
+
+int ml_report_timeline_trace(FILE *f, const ml_ledger *l)
+{
+    static const char *const pass[] = {"residents (parameters, master weights)",
+                                       "first iteration", "steady iteration", "evaluation"};
+    const ml_sim_event *e = ml_ledger_sim_events(l);
+    const size_t n = ml_ledger_sim_event_count(l);
+    if (fputs("action,id,bytes\n", f) < 0)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        int w;
+        if (e[i].action == ML_SIM_MARK)
+            w = fprintf(f, "# %s%s\n", pass[e[i].when], e[i].second ? " (the second)" : "");
+        else if (e[i].action == ML_SIM_ALLOC)
+            w = fprintf(f, "alloc,%" PRIu64 ",%" PRIu64 "\n", e[i].id, e[i].bytes);
+        else
+            w = fprintf(f, "free,%" PRIu64 "\n", e[i].id);
+        if (w < 0)
+            return -1;
+    }
+    return 0;
 }

@@ -102,7 +102,8 @@ static void test_forward_steps_by_hand(void **state)
         -32, 32, 8,   8,   -8,  -8, 64,  64, -64, 32, -64, -32, 32,  -32, -32};
     const size_t nw = sizeof want / sizeof want[0];
     mlg_step st[256];
-    size_t n = ml__graph_forward_steps(&g, tb, false, st, 256);
+    ml_graph_live l;
+    size_t n = ml__graph_forward_steps(&g, tb, false, st, 256, &l);
     assert_int_equal(n, nw);
     int64_t live = 0, peak = 0;
     for (size_t i = 0; i < n; i++) {
@@ -113,8 +114,11 @@ static void test_forward_steps_by_hand(void **state)
     }
     assert_int_equal(peak, 208);
     assert_int_equal(live, 32);
-    /* no room: no list (the caller keeps the lump) */
-    assert_int_equal(ml__graph_forward_steps(&g, tb, false, st, nw - 1), 0);
+    assert_int_equal(l.peak, 208); /* the walk's own, given beside them */
+    assert_int_equal(l.live, 32);
+    /* no room: no list (the caller keeps the lump), the walk still whole */
+    assert_int_equal(ml__graph_forward_steps(&g, tb, false, st, nw - 1, &l), 0);
+    assert_int_equal(l.peak, 208);
 }
 
 /* Bytes moved and kernels, by hand, for the same layer (B = 1, T = 2,
