@@ -90,6 +90,8 @@ import crosscheck as xc  # noqa: E402  (the measurement and the checks)
 import twins as tw  # noqa: E402  (the reference implementations)
 import twins_t5 as t5  # noqa: E402  (T5's)
 import cuda_autocast  # noqa: E402  (CUDA autocast's casts on the CPU)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "calib"))
+import sim_diff  # noqa: E402  (the simulation's trace, pass by pass)
 
 torch.set_num_threads(1)  # every allocation on the profiled (main) thread
 # When the profiler stops, 1.13 also turns its results into FunctionEvents
@@ -681,13 +683,7 @@ def steady_allocs(memledger, path, B, T, ckpt, optim, impl, logits, Td=None):
                          capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit("memledger timeline --format trace failed: %s" % out.stderr)
-    sizes, cur = [], None
-    for ln in out.stdout.strip().split("\n")[1:]:
-        if ln.startswith("#"):
-            cur = ln
-        elif cur and "steady" in cur and "second" not in cur and ln.startswith("alloc,"):
-            sizes.append(int(ln.split(",")[2]))
-    return sizes
+    return [b for _, b, _ in sim_diff.read_sim(out.stdout, path)["steady"] if b > 0]
 
 
 def ckpt_steps_checks(check, name, c, view, j, planned_allocs):
@@ -699,7 +695,9 @@ def ckpt_steps_checks(check, name, c, view, j, planned_allocs):
     allocations. The 0-dim tensors of 8 bytes or less that wrap Python
     numbers (the scalars artefact, host memory on a GPU) are left out of the
     measured ones, under whatever op makes them; a layer left with fewer
-    than two allocations is said, not checked (one size proves no order).
+    than two allocations is said, not checked (one size proves no order),
+    and so is a layer inside a checkpointed segment the twin marks as one
+    (every-2); a layer not marked at all fails.
     Frees are not compared:
     when a tensor goes depends on the Python code's scoping, which differs
     between this oracle's twins and the models a GPU runs. A layer with a
@@ -710,13 +708,20 @@ def ckpt_steps_checks(check, name, c, view, j, planned_allocs):
     plan makes the output and the saved statistics alone (one tensor of
     both, as cuDNN's batch norm saves them); its peaks are checked above."""
     s0, e0 = c.range("iter1")
-    seen = set()
+    seen, unmarked = set(), []
     for b in j["blocks"]:
         if not b.get("checkpointed") or b.get("transients") != "ops":
             continue
-        rng = [(s, e) for s, e, n in c.marks if s0 <= s <= e0 and n == "blk:" + b["name"]]
-        if not rng:
+        marks = [(s, e, n[4:].split("|")) for s, e, n in c.marks
+                 if s0 <= s <= e0 and n.startswith("blk:") and b["name"] in n[4:].split("|")]
+        if not marks:
+            unmarked.append(b["name"])  # a block the twin does not mark: a failure below
             continue
+        if len(marks[0][2]) > 1:  # a checkpointed segment's one mark (every-2)
+            print("skip %s %s's forward without grad: one mark for its segment %s"
+                  % (name, b["name"], "+".join(marks[0][2])))
+            continue
+        rng = [(marks[0][0], marks[0][1])]
         k0 = bisect.bisect_left(c.times, rng[0][0])
         k1 = bisect.bisect_left(c.times, rng[0][1])
         if any("aten::native_batch_norm" in c.ev[k]["anc"] for k in range(k0, k1)):
@@ -735,6 +740,8 @@ def ckpt_steps_checks(check, name, c, view, j, planned_allocs):
                     for i in range(len(planned_allocs) - n + 1))
         check(name + " %s's forward without grad: its %d allocations, in order, the plan's"
               % (b["name"], n), found, True)
+    check(name + " every checkpointed layer the plan makes op by op marked in the run",
+          unmarked, [])
 
 
 def pct(m, p):

@@ -16,6 +16,7 @@
 #include "harness.h"
 
 #include "chain_compare.h"
+#include "tiny_steps.h"
 
 #include "graph/families.h"
 #include "ledger/chain_kit.h"
@@ -77,18 +78,8 @@ static void test_forward_by_hand(void **state)
     assert_int_equal(l.live, 404 + 32);
 }
 
-/* The same forward under no_grad as allocations and frees, in the order of
- * the walk by hand in test_forward.c (test_gpt2_layer_by_hand): ln_1's
- * output and its statistics (mean and rstd, 8 B each, gone at once); c_attn's 96; q's and k's
- * copies for bmm (32 B each, q's first), the scores, the copies go; the
- * scaled scores, the scores go; the bool, masked_fill's output, both its
- * inputs go; softmax, its input goes; v's copy, P v, the copy goes; the
- * contiguous output, P v goes; c_proj, its input goes; the attention
- * returns (qkv, the probabilities, then ln_1's output go); the residual
- * sum, the attention output goes; ln_2 (its two statistics gone at once);
- * c_fc, gelu, c_fc's output goes; the projection, gelu's output goes;
- * ln_2's output goes; the output, then the first sum and the projection
- * go. Its peak is the walk's 208 and it ends holding the output (32). */
+/* The layer's forward under no_grad as allocations and frees
+ * (tiny_steps.h, derived there by hand). */
 static void test_forward_steps_by_hand(void **state)
 {
     (void)state;
@@ -96,11 +87,8 @@ static void test_forward_steps_by_hand(void **state)
     ml_graph_sizes z;
     uint64_t tb[MLG_MAX_TENSORS];
     tiny_graph(&g, &z, tb);
-    static const int64_t want[] = {
-        32, 8,   8,   -8,  -8,  96, 32, 32,  16, -32, -32, 16,  -16, 4,  16,
-        -4, -16, 16,  -16, 32,  32, -32, 32, -32, 32, -32, -96, -16, -32, 32,
-        -32, 32, 8,   8,   -8,  -8, 64,  64, -64, 32, -64, -32, 32,  -32, -32};
-    const size_t nw = sizeof want / sizeof want[0];
+    const int64_t *want = tiny_steps;
+    const size_t nw = TINY_STEPS;
     mlg_step st[256];
     ml_graph_live l;
     size_t n = ml__graph_forward_steps(&g, tb, false, st, 256, &l);

@@ -19,6 +19,7 @@
 
 #include "ledger/chain_kit.h"
 #include "ledger/reserved.h"
+#include "tiny_steps.h"
 
 static const uint64_t MiB = 1048576;
 
@@ -269,25 +270,26 @@ static void test_saved_freed_by_node(void **state)
     ml__rsim_destroy(r);
 }
 
-/* The tiny GPT-2 layer of tests/unit/test_graph.c (B = 1, T = 2, D = 4,
- * F = 8, fp32), two of them, checkpointed: each layer's forward under
- * no_grad as the simulation replays it is the walk by hand of
- * test_forward.c (test_gpt2_layer_by_hand), tensor by tensor (LayerNorm's mean and
- * rstd 8 B each, q's and k's copies for bmm 32 B each): 42 steps to the
- * MLP's return, then the output (the next block's input, 32 B), then
- * the first residual sum and the MLP output go. (The simulation makes the
- * cuBLAS workspace, 8 MiB + 128 KiB, after the 42 steps in the first
- * block of the first iteration, not at its first GEMM.) Without checkpointing the
- * forward keeps its saved tensors, and the sequence is not there. */
-static const int64_t by_op[] = {32,  8,   8,   -8,  -8,  96,  32,  32,  16, -32, -32, 16,
-                                -16, 4,   16,  -4,  -16, 16,  -16, 32,  32, -32, 32,  -32,
-                                32,  -32, -96, -16, -32, 32,  -32, 32,  8,  8,   -8,  -8,
-                                64,  64,  -64, 32,  -64, -32, 32,  -32, -32};
-
-/* Where by_op first appears in the first iteration's events of a plan of
- * the two tiny layers under checkpoint ckpt; SIZE_MAX: nowhere. */
+/* Two tiny GPT-2 layers (tiny_steps.h), checkpointed: the first
+ * iteration's forward of the two as the simulation replays it is each
+ * layer's walk by hand, tensor by tensor, with nothing between the two:
+ * TINY_STEPS_HEAD steps to the MLP's return, then the output (the next
+ * block's input, 32 B, made by the replay), then the first residual sum
+ * and the MLP output go. The first layer makes cuBLAS's workspace
+ * (8 MiB + 128 KiB, once a process) between its steps and its output (the
+ * replay makes it after the steps, not at the layer's first GEMM). Where
+ * the expected run first appears in the first iteration's events of a
+ * plan under checkpoint ckpt; SIZE_MAX: nowhere. */
 static size_t by_op_at(const char *ckpt)
 {
+    int64_t want[2 * TINY_STEPS + 1];
+    size_t nw = 0;
+    for (int layer = 0; layer < 2; layer++)
+        for (size_t s = 0; s < TINY_STEPS; s++) {
+            if (layer == 0 && s == TINY_STEPS_HEAD)
+                want[nw++] = 8519680; /* the workspace */
+            want[nw++] = tiny_steps[s];
+        }
     char y[512];
     snprintf(y, sizeof y,
              "model:\n  type: decoder\n  layers: 2\n  hidden: 4\n  heads: 1\n"
@@ -298,11 +300,9 @@ static size_t by_op_at(const char *ckpt)
              ckpt);
     ml_model *m = load_str(y);
     ml_config c = ml_model_config(m);
-    ml_ledger *l = NULL;
-    ml_error e;
-    assert_int_equal(ml_ledger_evaluate(m, &c, true, &l, &e), ML_OK);
+    ml_ledger *l = eval(m, &c, true);
     const ml_sim_event *ev = ml_ledger_sim_events(l);
-    const size_t n = ml_ledger_sim_event_count(l), want = sizeof by_op / sizeof by_op[0];
+    const size_t n = ml_ledger_sim_event_count(l);
     int64_t *d = calloc(n + 1, sizeof *d);
     size_t first = n, end = n, found = SIZE_MAX;
     for (size_t i = 0; i < n; i++) {
@@ -321,21 +321,9 @@ static size_t by_op_at(const char *ckpt)
             }
     }
     assert_true(first < end && end <= n);
-    /* the 42 steps, then (past the cuBLAS workspace the block's first
-     * GEMM makes in the first iteration, 8.125 MiB, made there) the last 3 */
-    const size_t head = want - 3;
-    for (size_t i = first + 1; i + want <= end && found == SIZE_MAX; i++) {
-        if (memcmp(&d[i], by_op, head * sizeof by_op[0]) != 0)
-            continue;
-        size_t j = i + head, k = head;
-        while (j < end && k < want && (d[j] == by_op[k] || (ev[j].action == ML_SIM_ALLOC &&
-                                                            d[j] == 8519680 && k == head))) {
-            k += d[j] == by_op[k];
-            j++;
-        }
-        if (k == want)
+    for (size_t i = first + 1; i + nw <= end && found == SIZE_MAX; i++)
+        if (memcmp(&d[i], want, nw * sizeof want[0]) == 0)
             found = i;
-    }
     free(d);
     ml_ledger_destroy(l);
     ml_model_destroy(m);

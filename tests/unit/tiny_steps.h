@@ -1,0 +1,28 @@
+/* The tiny GPT-2 layer of tests/unit/test_graph.c (B = 1, T = 2, D = 4,
+ * one head, F = 8, fp32, no dropout) run without grad, as allocations (+)
+ * and frees (-) in bytes, shared by test_graph.c and
+ * test_reserved_tensors.c. In the order of the walk by hand in
+ * test_forward.c (test_gpt2_layer_by_hand): ln_1's output and its
+ * statistics (mean and rstd, 8 B each, gone at once); c_attn's 96; q's and
+ * k's copies for bmm (32 B each, q's first), the scores, the copies go; the
+ * scaled scores, the scores go; the bool, masked_fill's output, both its
+ * inputs go; softmax, its input goes; v's copy, P v, the copy goes; the
+ * contiguous output, P v goes; c_proj, its input goes; the attention
+ * returns (qkv, the probabilities, then ln_1's output go); the residual
+ * sum, the attention output goes; ln_2 (its two statistics gone at once);
+ * c_fc, gelu, c_fc's output goes; the projection, gelu's output goes;
+ * ln_2's output goes (TINY_STEPS_HEAD steps); the output, then the first
+ * sum and the projection go. Its peak is the walk's 208 and it ends
+ * holding the output (32). */
+#ifndef ML_TESTS_TINY_STEPS_H
+#define ML_TESTS_TINY_STEPS_H
+
+#include <stdint.h>
+
+static const int64_t tiny_steps[] = {
+    32,  8,   8,   -8,  -8,  96, 32, 32,  16, -32, -32, 16,  -16, 4,  16,
+    -4,  -16, 16,  -16, 32,  32, -32, 32, -32, 32, -32, -96, -16, -32, 32,
+    -32, 32,  8,   8,   -8,  -8, 64,  64, -64, 32, -64, -32, 32,  -32, -32};
+enum { TINY_STEPS = sizeof tiny_steps / sizeof tiny_steps[0], TINY_STEPS_HEAD = TINY_STEPS - 3 };
+
+#endif
