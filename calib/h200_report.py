@@ -217,7 +217,8 @@ def reserved_planned(ml, runs, alloc, traces):
           "--logits through-backward, the campaign's loop; each run after the first from "
           "the cache the first left, --allocator-start)" % alloc,
           ["model", "B×T", "attention", "ckpt", "precision", "AdamW", "measured MiB",
-           "planned MiB", "error", "first iteration: measured MiB", "planned MiB", "error"])
+           "planned MiB", "error", "first iteration: measured MiB", "planned MiB", "error",
+           "from an empty cache: error"])
     # the runs give the device by its size (tvp.plan: 141GB); the H200 is
     # Hopper, sm90: PyTorch's cuBLAS workspace there is 32 MiB a handle
     # (docs/devices.md, "cuBLAS's workspace")
@@ -245,9 +246,9 @@ def reserved_planned(ml, runs, alloc, traces):
         # running peak then (reserved.passes)
         first = p["reserved"]["passes"]["first_iteration"]
         firsts.append(err(first, m["first"]["reserved"]))
-        print(tvp.label(r) + " %.1f | %.1f | %+.1f %% | %.1f | %.1f | %+.1f %% |" % (
+        print(tvp.label(r) + " %.1f | %.1f | %+.1f %% | %.1f | %.1f | %+.1f %% | %+.1f %% |" % (
             meas / MIB, p["reserved"]["peak"] / MIB, errs[-1], m["first"]["reserved"] / MIB,
-            first / MIB, firsts[-1]))
+            first / MIB, firsts[-1], empty[-1]))
     shutil.rmtree(tmp)
     close = [e for e in errs if abs(e) <= 5]
     srt = sorted(abs(e) for e in errs)
