@@ -447,12 +447,12 @@ void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool ev
     walk(g, tb, grad, eval, NULL, 0, &n, &steps, out);
 }
 
-size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool eval, mlg_step *st,
-                               size_t cap, ml_graph_live *out)
+size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool grad, bool eval,
+                               mlg_step *st, size_t cap, ml_graph_live *out)
 {
     size_t n;
     bool steps;
-    walk(g, tb, false, eval, st, cap, &n, &steps, out);
+    walk(g, tb, grad, eval, st, cap, &n, &steps, out);
     return steps ? n : 0;
 }
 

@@ -334,7 +334,8 @@ typedef struct {
 void ml__graph_forward(const ml_graph *g, const uint64_t *tb, bool grad, bool eval,
                        ml_graph_live *out);
 
-/* The same forward without grad, as its allocations and frees in order:
+/* The same forward, as its allocations and frees in order (with grad, a
+ * storage an op saved is never freed here: its backward frees it):
  * step i allocates `bytes` (alloc) or frees the allocation of part `part`
  * of storage tok. A tensor PyTorch makes as several (its factor n:
  * LayerNorm's mean and rstd, matmul's contiguous copies of q and k for
@@ -354,8 +355,8 @@ typedef struct {
     uint8_t part;
     bool alloc;
 } mlg_step;
-size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool eval, mlg_step *st,
-                               size_t cap, ml_graph_live *out);
+size_t ml__graph_forward_steps(const ml_graph *g, const uint64_t *tb, bool grad, bool eval,
+                               mlg_step *st, size_t cap, ml_graph_live *out);
 
 /* Bytes read and written and kernels launched by each op of the forward
  * (per_op: g->nop entries, or NULL) and in all (a view reads and writes

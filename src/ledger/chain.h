@@ -206,6 +206,10 @@ typedef struct {
                                       for the allocator simulation */
     uint32_t fstep_out;      /* of them, the output's allocation (the next
                                 block's input, which the replay makes) */
+    uint32_t gstep_first, ngsteps, gstep_out; /* the same for its forward with
+                                grad (chain.fsteps too), whose saved tensors'
+                                allocations stay (ml_fstep.entry) */
+    uint8_t gsave_per;       /* the most allocations one saved entry has */
     uint16_t hand_gid;       /* a node list's: 1 + the gradient id (ml_bnode's
                                 gin_id) of the tensor whose gradient it hands to
                                 the block before, 0: none named (then its
@@ -250,8 +254,20 @@ typedef struct {
     bool overflow, known;
 } ml_param_sums;
 
-/* A step of a block's forward without grad (ml__graph_forward_steps). */
-typedef mlg_step ml_fstep;
+/* A step of a block's forward (ml__graph_forward_steps): allocates `bytes`
+ * (alloc) or frees part `part` of storage tok. With grad, an allocation of
+ * a saved storage names the saved entry it fills (index in the block's
+ * list) and which of that entry's allocations it is (slot: an entry can be
+ * several, bmm's copies of its operands); else entry is ML_FSTEP_UNSAVED. */
+#define ML_FSTEP_UNSAVED UINT16_MAX
+typedef struct {
+    uint64_t bytes;
+    uint16_t tok;
+    uint8_t part;
+    bool alloc;
+    uint16_t entry;
+    uint8_t slot;
+} ml_fstep;
 
 typedef struct {
     ml_cblock *blocks;

@@ -31,7 +31,7 @@
 #include "ledger/chain_affine.h"
 
 #if UINTPTR_MAX == UINT64_MAX
-_Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 320 && sizeof(ml_saved) == 32 &&
+_Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 336 && sizeof(ml_saved) == 32 &&
                    sizeof(ml_bnode) == 128 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32 &&
                    sizeof(ml_work_item) == 56 && sizeof(ml_fstep) == 16,
                "a chain struct changed (chain.h): list its new field below, then the sizes");
@@ -45,7 +45,8 @@ _Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 320 && sizeof(ml_
     X(nnodes) X(in_saved) X(out_saved) X(identity) X(in_held) X(in_nograd) X(inplace)         \
     X(nodes_off) X(measured) X(fwd_only) X(frozen) X(unused_out) X(grads_in_fwd)             \
     X(ws_fwd_ops) X(ws_nograd_ops) X(ws_formula) X(work_first) X(work_fwd) X(work_bwd)        \
-    X(work_known) X(moe) X(hand_last) X(hand_gid) X(fstep_first) X(nfsteps) X(fstep_out)
+    X(work_known) X(moe) X(hand_last) X(hand_gid) X(fstep_first) X(nfsteps) X(fstep_out) \
+    X(gstep_first) X(ngsteps) X(gstep_out) X(gsave_per)
 #define BLOCK_BYTES(X)                                                                         \
     X(saved_bytes) X(core_bytes) X(cast_bytes) X(in_bytes) X(ws_fwd) X(ws_nograd) X(ws_bwd)   \
     X(unit_fwd) X(unit) X(bwd_in) X(tied_grad) X(grad_bytes) X(grad_accum_bytes) X(cache_bytes)    \
@@ -59,7 +60,7 @@ _Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 320 && sizeof(ml_
 #define NODE_BYTES(X)                                                                          \
     X(grad_in) X(param_grad) X(scratch) X(grad_out) X(gin_b[0]) X(gin_b[1]) X(gin_b[2])          \
     X(gin_b[3]) X(gout_b[0]) X(gout_b[1]) X(gout_b[2])
-#define FSTEP_SHAPE(X) X(tok) X(part) X(alloc)
+#define FSTEP_SHAPE(X) X(tok) X(part) X(alloc) X(entry) X(slot)
 #define FSTEP_BYTES(X) X(bytes)
 #define WORK_SHAPE(X) X(kind) X(bwd) X(esize) X(kernels) X(core) X(causal)
 #define WORK_FLOPS(X) X(flops) X(bytes) X(m) X(n) X(k) X(batch)

@@ -532,9 +532,7 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
     ml__ck_nograd(ch, b, g, G->tb, held);
     if (ch->selective)
         return;
-    ml_graph_live l;
-    ml__graph_forward(g, G->tb, true, ch->eval_mode, &l);
-    ml__ck_grad_close(b, &l, held);
+    ml__ck_grad(ch, b, g, G->tb, held, x.idx);
 }
 
 void ml__ck_graph_repeat(ml_chain *ch, ml_cblock *b, size_t proto, size_t pfirst, size_t pcount)

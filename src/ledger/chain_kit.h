@@ -298,6 +298,12 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
  * that is found op by op, its steps (chain.h, ml_fstep; chain_fsteps.c). */
 void ml__ck_nograd(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t *tb,
                    uint64_t held);
+/* The same with grad: its transient (ml__ck_grad_close) and, where that
+ * is found op by op and the steps' saved allocations fill b's saved
+ * entries exactly (idx[e]: graph entry e's index in ch->saved, SIZE_MAX:
+ * none), its steps (b->gstep_*). */
+void ml__ck_grad(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t *tb,
+                 uint64_t held, const size_t *idx);
 /* Block b as a copy of the identical block ch->blocks[proto] (the same
  * graph at the same sizes), whose parameters are ch->params[pfirst ..
  * pfirst + pcount): a configuration's layers are emitted once. */

@@ -200,14 +200,17 @@ static void forward_block(ml_replay *r, size_t k)
     /* without grad, a block whose forward is known op by op: the
      * simulation makes its tensors, the ledger counts them as one */
     const bool steps = r->rsim && seg[k] >= 0 && b->nfsteps && ws <= (uint64_t)INT64_MAX;
+    /* with grad, where it is known op by op too: the simulation makes
+     * each saved tensor as its op runs, the ledger counts them together */
+    const bool gsteps = seg[k] < 0 && ml__replay_grad_begin(r, k, ML_CAT_ACTIVATIONS);
     if (steps) {
         ml__replay_ledger_event(r, ML_CAT_WORKSPACE, (int64_t)ws);
         ml__replay_fsteps(r, b, true);
-    } else {
+    } else if (!gsteps) {
         ml__replay_alloc_as(r, ML_CAT_WORKSPACE, ws, seg[k] < 0 ? ML_T_UNITS_FWD : ML_T_UNITS,
                             k, 1);
     }
-    if (seg[k] < 0 && !b->fwd_only) /* (an unused layer's: a side tensor) */
+    if (seg[k] < 0 && !b->fwd_only && !gsteps) /* (an unused layer's: a side tensor) */
         ml__replay_alloc_as(r, ML_CAT_ACTIVATIONS,
                             b->saved_bytes - (r->selective ? b->core_bytes : 0),
                             r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
@@ -227,6 +230,8 @@ static void forward_block(ml_replay *r, size_t k)
     if (steps) {
         ml__replay_ledger_event(r, ML_CAT_WORKSPACE, -(int64_t)ws);
         ml__replay_fsteps(r, b, false);
+    } else if (gsteps) {
+        ml__replay_grad_end(r, k, ML_CAT_ACTIVATIONS, true);
     } else {
         ml__replay_free(r, ML_CAT_WORKSPACE, ws);
     }

@@ -5,45 +5,9 @@
 #include <string.h>
 
 #include "ledger/dist_optimizer.h"
-#include "ledger/reserved.h"
+#include "ledger/reserved_internal.h"
 #include "util/error.h"
 #include "util/grow.h"
-
-/* One aggregate the replay allocated: its tensors' handles are
- * h[first .. first + n). */
-typedef struct {
-    ml_category cat;
-    uint64_t bytes;
-    size_t first, n;
-    size_t block;         /* the block of a block's split (ML_T_SAVED*) */
-    ml_tensor_split split;
-} group;
-
-struct ml_rsim {
-    ml_alloc_sim *sim;
-    const ml_chain *ch;
-    size_t nblocks;
-    size_t *pfirst, *pcount; /* per block: its parameter tensors in ch->params */
-    uint64_t P;              /* parameter elements */
-    uint64_t Pt, Pg;         /* those that train (not frozen), and that also get a
-                                gradient (an unused layer's do not) */
-    group *g;
-    size_t ng, gcap;
-    uint64_t *h;
-    size_t nh, hcap;
-    /* per category, the live groups in allocation order */
-    size_t *live[ML_CAT_COUNT];
-    size_t nlive[ML_CAT_COUNT], livecap[ML_CAT_COUNT];
-    uint64_t live_bytes[ML_CAT_COUNT];
-    uint64_t dp, chunks; /* ML_T_SHARD's layout */
-    uint64_t *sizes; /* scratch: one aggregate's tensor sizes */
-    size_t sizecap;
-    bool oom, nomem;
-    uint64_t inexact;      /* frees released by size, not by the tensor named */
-    bool recording;        /* ml__rsim_record */
-    ml_sim_event *ev;
-    size_t nev, evcap;
-};
 
 /* Blocks list their parameter tensors in order (chain_kit.c): block k's
  * are the next ones whose elements add up to its params. */
@@ -136,7 +100,7 @@ static void note_as(ml_rsim *r, ml_sim_action a, uint64_t id, uint64_t bytes,
     r->ev[r->nev++] = (ml_sim_event){a, when, second, id, bytes};
 }
 
-static void note(ml_rsim *r, ml_sim_action a, uint64_t id, uint64_t bytes)
+void ml__rsim_note(ml_rsim *r, ml_sim_action a, uint64_t id, uint64_t bytes)
 {
     note_as(r, a, id, bytes, ML_RESERVED_RESIDENT, false);
 }
@@ -345,9 +309,7 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
     return sum == bytes ? n : 0;
 }
 
-/* Whether the simulator's answer ar let the request through; else r
- * records the failure: the device ran out (oom) or the host (nomem). */
-static bool granted(ml_rsim *r, ml_alloc_result ar)
+bool ml__rsim_granted(ml_rsim *r, ml_alloc_result ar)
 {
     if (ar == ML_ALLOC_OK)
         return true;
@@ -356,7 +318,7 @@ static bool granted(ml_rsim *r, ml_alloc_result ar)
     return false;
 }
 
-static bool add_live(ml_rsim *r, ml_category c, size_t gi)
+bool ml__rsim_add_live(ml_rsim *r, ml_category c, size_t gi)
 {
     size_t *grown = ml_grow(r->live[c], r->nlive[c], &r->livecap[c], sizeof *grown, 64);
     if (!grown)
@@ -364,6 +326,25 @@ static bool add_live(ml_rsim *r, ml_category c, size_t gi)
     r->live[c] = grown;
     r->live[c][r->nlive[c]++] = gi;
     r->live_bytes[c] += r->g[gi].bytes;
+    return true;
+}
+
+bool ml__rsim_group_room(ml_rsim *r, size_t n)
+{
+    group *gg = ml_grow(r->g, r->ng, &r->gcap, sizeof *gg, 256);
+    if (!gg) {
+        r->nomem = true;
+        return false;
+    }
+    r->g = gg;
+    while (r->nh + n > r->hcap) {
+        uint64_t *hh = ml_grow(r->h, r->hcap, &r->hcap, sizeof *hh, 1024);
+        if (!hh) {
+            r->nomem = true;
+            return false;
+        }
+        r->h = hh;
+    }
     return true;
 }
 
@@ -379,38 +360,34 @@ void ml__rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split s
     }
     if (!n)
         r->sizes[n++] = bytes;
-    group *gg = ml_grow(r->g, r->ng, &r->gcap, sizeof *gg, 256);
-    if (!gg) {
-        r->nomem = true;
+    if (!ml__rsim_group_room(r, n))
         return;
-    }
-    r->g = gg;
-    while (r->nh + n > r->hcap) {
-        uint64_t *hh = ml_grow(r->h, r->hcap, &r->hcap, sizeof *hh, 1024);
-        if (!hh) {
-            r->nomem = true;
-            return;
-        }
-        r->h = hh;
-    }
     group *g = &r->g[r->ng];
-    *g = (group){c, bytes, r->nh, 0, block, split};
-    const bool ok = granted(r, ml__alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n));
+    *g = (group){c, bytes, r->nh, 0, block, split, 1};
+    const bool ok = ml__rsim_granted(r, ml__alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n));
     for (size_t i = 0; i < g->n && r->recording; i++)
-        note(r, ML_SIM_ALLOC, r->h[r->nh + i], r->sizes[i]);
+        ml__rsim_note(r, ML_SIM_ALLOC, r->h[r->nh + i], r->sizes[i]);
     if (!ok)
         return;
     r->nh += g->n;
-    if (!add_live(r, c, r->ng++))
+    if (!ml__rsim_add_live(r, c, r->ng++))
         r->nomem = true;
 }
 
-static void release(ml_rsim *r, ml_category c, size_t at)
+void ml__rsim_release(ml_rsim *r, ml_category c, size_t at)
 {
     group *g = &r->g[r->live[c][at]];
-    ml__alloc_sim_free_many(r->sim, &r->h[g->first], g->n);
-    for (size_t i = 0; i < g->n && r->recording; i++)
-        note(r, ML_SIM_FREE, r->h[g->first + i], 0);
+    uint64_t *h = &r->h[g->first];
+    size_t n = g->n;
+    if (g->per > 1) { /* the handles its steps filled, the others 0 */
+        n = 0;
+        for (size_t i = 0; i < g->n; i++)
+            if (h[i])
+                h[n++] = h[i];
+    }
+    ml__alloc_sim_free_many(r->sim, h, n);
+    for (size_t i = 0; i < n && r->recording; i++)
+        ml__rsim_note(r, ML_SIM_FREE, h[i], 0);
     r->live_bytes[c] -= g->bytes;
     memmove(&r->live[c][at], &r->live[c][at + 1], (r->nlive[c] - at - 1) * sizeof *r->live[c]);
     r->nlive[c]--;
@@ -427,7 +404,7 @@ static bool free_by_size(ml_rsim *r, ml_category c, uint64_t bytes)
 {
     for (size_t k = r->nlive[c]; k-- > 0;)
         if (r->g[r->live[c][k]].bytes == bytes) {
-            release(r, c, k);
+            ml__rsim_release(r, c, k);
             return true;
         }
     /* no single allocation of that size: the category's sum (zero_grad),
@@ -436,7 +413,7 @@ static bool free_by_size(ml_rsim *r, ml_category c, uint64_t bytes)
     uint64_t left = bytes;
     while (r->nlive[c] && left) {
         uint64_t b = r->g[r->live[c][r->nlive[c] - 1]].bytes;
-        release(r, c, r->nlive[c] - 1);
+        ml__rsim_release(r, c, r->nlive[c] - 1);
         left = b < left ? left - b : 0;
     }
     return sum;
@@ -462,15 +439,15 @@ void ml__rsim_pin(ml_rsim *r, uint64_t bytes)
     size_t made = 0;
     if (!bytes || r->oom || r->nomem)
         return;
-    granted(r, ml__alloc_sim_malloc_many(r->sim, &bytes, 1, &h, &made));
+    ml__rsim_granted(r, ml__alloc_sim_malloc_many(r->sim, &bytes, 1, &h, &made));
     if (made)
-        note(r, ML_SIM_ALLOC, h, bytes);
+        ml__rsim_note(r, ML_SIM_ALLOC, h, bytes);
 }
 
 bool ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t)
 {
     size_t at = 0;
-    if (!granted(r, ml__alloc_trace_run(r->sim, t, &at)))
+    if (!ml__rsim_granted(r, ml__alloc_trace_run(r->sim, t, &at)))
         return false;
     ml__alloc_sim_reset_peaks(r->sim);
     return true;
@@ -521,55 +498,10 @@ bool ml__rsim_free_named(ml_rsim *r, ml_category c, size_t name)
         return true; /* nothing runs after a failure */
     for (size_t k = r->nlive[c]; name && k-- > 0;)
         if (r->live[c][k] + 1 == name) {
-            release(r, c, k);
+            ml__rsim_release(r, c, k);
             return true;
         }
     return false;
-}
-
-/* The latest live ML_T_SAVED allocation of category c for block (its
- * index in r->live[c]), SIZE_MAX: none. */
-static size_t block_saved(const ml_rsim *r, ml_category c, size_t block)
-{
-    for (size_t k = r->nlive[c]; k-- > 0;) {
-        const group *g = &r->g[r->live[c][k]];
-        if (g->split == ML_T_SAVED && g->block == block)
-            return k;
-    }
-    return SIZE_MAX;
-}
-
-void ml__rsim_free_block_saved(ml_rsim *r, ml_category c, size_t block, uint64_t bytes)
-{
-    if (r->oom || r->nomem)
-        return;
-    const size_t k = block_saved(r, c, block);
-    if (k != SIZE_MAX && r->g[r->live[c][k]].bytes == bytes)
-        release(r, c, k);
-    else
-        ml__rsim_free_as(r, c, 0, bytes);
-}
-
-bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry)
-{
-    if (r->oom || r->nomem)
-        return true; /* nothing runs after a failure */
-    const size_t k = block_saved(r, c, block);
-    if (k == SIZE_MAX) {
-        r->inexact++; /* a saved tensor with no allocation to free it from */
-        return false;
-    }
-    const group *g = &r->g[r->live[c][k]];
-    /* one tensor per entry (a zero-byte entry's handle is 0), unless the
-     * entries did not add up and the aggregate is one tensor (then it goes
-     * whole with the block's backward) */
-    if (g->n != r->ch->blocks[block].nsaved || entry >= g->n)
-        return false;
-    uint64_t *h = &r->h[g->first + entry];
-    ml__alloc_sim_free_many(r->sim, h, 1);
-    note(r, ML_SIM_FREE, *h, 0);
-    *h = 0; /* freed: the aggregate's free skips it */
-    return true;
 }
 
 bool ml__rsim_ok(const ml_rsim *r, bool *nomem)

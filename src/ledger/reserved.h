@@ -95,6 +95,15 @@ uint64_t ml__rsim_process_held(const ml_device *dv);
  * the node has run); the others stay until the allocation is freed. False
  * when there is none, or it is one tensor (nothing changed). */
 bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry);
+/* Opens block's ML_T_SAVED allocation of category c and `bytes` with no
+ * tensor made yet: `per` handles for each of its saved entries, which the
+ * forward's steps fill as its ops run (ml__rsim_saved_fill); freed as the
+ * other ML_T_SAVED allocations are, each entry's filled handles together. */
+void ml__rsim_saved_open(ml_rsim *r, ml_category c, uint64_t bytes, size_t block, unsigned per);
+/* Makes the allocation of `bytes` that fills handle `slot` of saved entry
+ * `entry` in block's open ML_T_SAVED allocation of category c. */
+void ml__rsim_saved_fill(ml_rsim *r, ml_category c, size_t block, size_t entry, unsigned slot,
+                         uint64_t bytes);
 /* Frees what is left of block's ML_T_SAVED allocation of category c and
  * `bytes` (its backward has ended), else as ml__rsim_free. */
 void ml__rsim_free_block_saved(ml_rsim *r, ml_category c, size_t block, uint64_t bytes);

@@ -686,13 +686,14 @@ def steady_allocs(memledger, path, B, T, ckpt, optim, impl, logits, Td=None):
     return [b for _, b, _ in sim_diff.read_sim(out.stdout, path)["steady"] if b > 0]
 
 
-def ckpt_steps_checks(check, name, c, view, j, planned_allocs):
+def ckpt_steps_checks(check, name, c, view, j, planned_allocs, grad=False):
     """A checkpointed layer's forward runs without grad, and where its
     forward is known op by op (the plan's block `transients: ops`) the
     allocator simulation makes its ops' tensors one by one (docs/allocator.md,
     "On the plan"): the sizes the layer's forward allocates in the device
     view, in order, are found as a run of the plan's steady-iteration
-    allocations. The 0-dim tensors of 8 bytes or less that wrap Python
+    allocations. With grad (a run without checkpointing), the same for each
+    layer's forward with grad, its saved tensors made as their ops run. The 0-dim tensors of 8 bytes or less that wrap Python
     numbers (the scalars artefact, host memory on a GPU) are left out of the
     measured ones, under whatever op makes them; a layer left with fewer
     than two allocations is said, not checked (one size proves no order),
@@ -709,8 +710,9 @@ def ckpt_steps_checks(check, name, c, view, j, planned_allocs):
     both, as cuDNN's batch norm saves them); its peaks are checked above."""
     s0, e0 = c.range("iter1")
     seen, unmarked = set(), []
+    mode = "with grad" if grad else "without grad"
     for b in j["blocks"]:
-        if not b.get("checkpointed") or b.get("transients") != "ops":
+        if bool(b.get("checkpointed")) == grad or b.get("transients") != "ops":
             continue
         marks = [(s, e, n[4:].split("|")) for s, e, n in c.marks
                  if s0 <= s <= e0 and n.startswith("blk:") and b["name"] in n[4:].split("|")]
@@ -718,14 +720,14 @@ def ckpt_steps_checks(check, name, c, view, j, planned_allocs):
             unmarked.append(b["name"])  # a block the twin does not mark: a failure below
             continue
         if len(marks[0][2]) > 1:  # a checkpointed segment's one mark (every-2)
-            print("skip %s %s's forward without grad: one mark for its segment %s"
-                  % (name, b["name"], "+".join(marks[0][2])))
+            print("skip %s %s's forward %s: one mark for its segment %s"
+                  % (name, b["name"], mode, "+".join(marks[0][2])))
             continue
         rng = [(marks[0][0], marks[0][1])]
         k0 = bisect.bisect_left(c.times, rng[0][0])
         k1 = bisect.bisect_left(c.times, rng[0][1])
         if any("aten::native_batch_norm" in c.ev[k]["anc"] for k in range(k0, k1)):
-            print("skip %s %s's forward without grad: a batch norm on the CPU" % (name, b["name"]))
+            print("skip %s %s's forward %s: a batch norm on the CPU" % (name, b["name"], mode))
             continue
         allocs = tuple(v for v in view[k0:k1] if v > 8)
         if allocs in seen:
@@ -733,15 +735,15 @@ def ckpt_steps_checks(check, name, c, view, j, planned_allocs):
         seen.add(allocs)
         n = len(allocs)
         if n < 2:  # one size found anywhere proves no order: said, not checked
-            print("skip %s %s's forward without grad: %d allocation(s), no order to check"
-                  % (name, b["name"], n))
+            print("skip %s %s's forward %s: %d allocation(s), no order to check"
+                  % (name, b["name"], mode, n))
             continue
         found = any(tuple(planned_allocs[i:i + n]) == allocs
                     for i in range(len(planned_allocs) - n + 1))
-        check(name + " %s's forward without grad: its %d allocations, in order, the plan's"
-              % (b["name"], n), found, True)
-    check(name + " every checkpointed layer the plan makes op by op marked in the run",
-          unmarked, [])
+        check(name + " %s's forward %s: its %d allocations, in order, the plan's"
+              % (b["name"], mode, n), found, True)
+    check(name + " every %slayer the plan makes op by op marked in the run"
+          % ("" if grad else "checkpointed "), unmarked, [])
 
 
 def pct(m, p):
@@ -910,10 +912,12 @@ def main():
                 check(name + " peak phase and step as measured",
                       (r[1]["peak_phase"], want in r[1]["peak_step"].split("|")),
                       (j["peak"]["phase"], True))
-            if ckpt and not amp:
+            # without checkpointing: each model's first loop (the layers'
+            # forward is the same in every loop)
+            if (ckpt or (ckpt, optim, impl, logits, amp) == confs[0]) and not amp:
                 ckpt_steps_checks(check, name, c, view, j, steady_allocs(
                     memledger, path, B, T, ckpt, optim, impl, logits,
-                    tw.target_len(doc, T) if T else None))
+                    tw.target_len(doc, T) if T else None), grad=not ckpt)
             arts = {}
             for i, k in enumerate(kind):
                 if k is not None:

@@ -80,6 +80,23 @@ static void test_forward_by_hand(void **state)
 
 /* The layer's forward under no_grad as allocations and frees
  * (tiny_steps.h, derived there by hand). */
+/* Steps st[0 .. n) are want's, signed (+ allocation, - free), climbing to
+ * `peak` and ending at `end`. */
+static void steps_are(const mlg_step *st, size_t n, const int64_t *want, size_t nw, int64_t peak,
+                      int64_t end)
+{
+    assert_int_equal(n, nw);
+    int64_t live = 0, top = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int64_t d = st[i].alloc ? (int64_t)st[i].bytes : -(int64_t)st[i].bytes;
+        assert_int_equal(d, want[i]);
+        live += d;
+        top = live > top ? live : top;
+    }
+    assert_int_equal(top, peak);
+    assert_int_equal(live, end);
+}
+
 static void test_forward_steps_by_hand(void **state)
 {
     (void)state;
@@ -87,26 +104,20 @@ static void test_forward_steps_by_hand(void **state)
     ml_graph_sizes z;
     uint64_t tb[MLG_MAX_TENSORS];
     tiny_graph(&g, &z, tb);
-    const int64_t *want = tiny_steps;
-    const size_t nw = TINY_STEPS;
     mlg_step st[256];
     ml_graph_live l;
-    size_t n = ml__graph_forward_steps(&g, tb, false, st, 256, &l);
-    assert_int_equal(n, nw);
-    int64_t live = 0, peak = 0;
-    for (size_t i = 0; i < n; i++) {
-        const int64_t d = st[i].alloc ? (int64_t)st[i].bytes : -(int64_t)st[i].bytes;
-        assert_int_equal(d, want[i]);
-        live += d;
-        peak = live > peak ? live : peak;
-    }
-    assert_int_equal(peak, 208);
-    assert_int_equal(live, 32);
+    size_t n = ml__graph_forward_steps(&g, tb, false, false, st, 256, &l);
+    steps_are(st, n, tiny_steps, TINY_STEPS, 208, 32);
     assert_int_equal(l.peak, 208); /* the walk's own, given beside them */
     assert_int_equal(l.live, 32);
     /* no room: no list (the caller keeps the lump), the walk still whole */
-    assert_int_equal(ml__graph_forward_steps(&g, tb, false, st, nw - 1, &l), 0);
+    assert_int_equal(ml__graph_forward_steps(&g, tb, false, false, st, TINY_STEPS - 1, &l), 0);
     assert_int_equal(l.peak, 208);
+    /* with grad: the saved tensors are never freed (tiny_grad_steps) */
+    n = ml__graph_forward_steps(&g, tb, true, false, st, 256, &l);
+    steps_are(st, n, tiny_grad_steps, TINY_GRAD_STEPS, 468, 404 + 32);
+    assert_int_equal(l.peak, 468);
+    assert_int_equal(l.live, 404 + 32);
 }
 
 /* Bytes moved and kernels, by hand, for the same layer (B = 1, T = 2,

@@ -230,10 +230,9 @@ static void test_optimal_matches_subset_search(void **state)
     c.device.memory = 12ull << 30;
     c.device.budget = 0;
     /* with cuBLAS's workspaces (the default, 8,519,680 B twice in one 20
-     * MiB segment) the solver's [0-4] [5-9] runs the simulated allocator out
-     * of the device, its cache fragmented; the same ten blocks each on its
-     * own fit (10.94 GiB reserved), the subsets' best (docs/optimal.md,
-     * "Guarantee of the verdict") */
+     * MiB segment) the solver's [0-4] [5-9] fits its simulated cache
+     * (10.80 GiB reserved); ten blocks are the subsets' best either way
+     * (docs/optimal.md, "Guarantee of the verdict") */
     double best = -1;
     for (uint32_t mask = 0; mask < 4096; mask++) {
         c.training.checkpoint.kind = ML_CKPT_LIST;

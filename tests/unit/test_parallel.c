@@ -626,7 +626,7 @@ static void test_sp_graph(void **state)
      * beside it, the whole freed after it (Megatron allocates the reduce-
      * scatter's output while its input lives); then y */
     mlg_step st[8];
-    assert_int_equal(ml__graph_forward_steps(&g, tb, false, st, 8, &l), 5);
+    assert_int_equal(ml__graph_forward_steps(&g, tb, false, false, st, 8, &l), 5);
     const struct {
         uint64_t bytes;
         uint16_t tok;

@@ -270,26 +270,88 @@ static void test_saved_freed_by_node(void **state)
     ml__rsim_destroy(r);
 }
 
-/* Two tiny GPT-2 layers (tiny_steps.h), checkpointed: the first
- * iteration's forward of the two as the simulation replays it is each
- * layer's walk by hand, tensor by tensor, with nothing between the two:
- * TINY_STEPS_HEAD steps to the MLP's return, then the output (the next
- * block's input, 32 B, made by the replay), then the first residual sum
- * and the MLP output go. The first layer makes cuBLAS's workspace
- * (8 MiB + 128 KiB, once a process) between its steps and its output (the
- * replay makes it after the steps, not at the layer's first GEMM). Where
- * the expected run first appears in the first iteration's events of a
- * plan under checkpoint ckpt; SIZE_MAX: nowhere. */
-static size_t by_op_at(const char *ckpt)
+/* The same five saved tensors (6, 2, 16, 8, 8 MiB) with the block's
+ * saved allocation opened empty and filled as the forward's ops run, a
+ * transient between them: entry 2 (16 MiB) in two allocations of 8 MiB
+ * (bmm's copies of two operands), a 12 MiB transient made after entry 0
+ * and freed after entry 2's. By hand: 6 -> new 20 MiB segment A (14
+ * free); the 12 MiB transient -> A (2 free); 2 -> A (0 free); 8 -> new
+ * 20 MiB B (12 free); 8 -> B (4 free); the transient goes (A: 12 free at
+ * 8 MiB); 8 (entry 3) -> A (4 free); 8 (entry 4) -> new 20 MiB C (12
+ * free): 60 MiB in 3 segments, 40 allocated. Freeing entry 2 frees both
+ * its allocations (B: 20 free, merged), so a 20 MiB gradient takes B's
+ * block (60 MiB still); the aggregate's free releases the other three. */
+static void test_saved_filled_by_steps(void **state)
 {
-    int64_t want[2 * TINY_STEPS + 1];
+    (void)state;
+    ml_chain ch;
+    ml_cblock b;
+    ml_saved sv[5];
+    one_block(&ch, &b, sv);
+    ml_alloc_stats st;
+    ml_rsim *r = fresh(&ch);
+    ml__rsim_saved_open(r, ML_CAT_ACTIVATIONS, 40 * MiB, 0, 2);
+    ml__rsim_stats(r, &st);
+    assert_int_equal(st.allocated.current, 0); /* opened: nothing made */
+    ml__rsim_saved_fill(r, ML_CAT_ACTIVATIONS, 0, 0, 0, 6 * MiB);
+    ml__rsim_alloc(r, ML_CAT_WORKSPACE, 12 * MiB, ML_T_ONE, 0, 1);
+    const size_t tmp = ml__rsim_latest(r, ML_CAT_WORKSPACE);
+    ml__rsim_saved_fill(r, ML_CAT_ACTIVATIONS, 0, 1, 0, 2 * MiB);
+    ml__rsim_saved_fill(r, ML_CAT_ACTIVATIONS, 0, 2, 0, 8 * MiB);
+    ml__rsim_saved_fill(r, ML_CAT_ACTIVATIONS, 0, 2, 1, 8 * MiB);
+    assert_true(ml__rsim_free_named(r, ML_CAT_WORKSPACE, tmp));
+    ml__rsim_saved_fill(r, ML_CAT_ACTIVATIONS, 0, 3, 0, 8 * MiB);
+    ml__rsim_saved_fill(r, ML_CAT_ACTIVATIONS, 0, 4, 0, 8 * MiB);
+    ml__rsim_stats(r, &st);
+    assert_int_equal(st.allocated.current, 40 * MiB);
+    assert_int_equal(st.reserved.current, 60 * MiB);
+    assert_int_equal(st.segments.current, 3);
+    assert_int_equal(ml__rsim_inexact(r), 0);
+    /* entry 2: both its allocations go */
+    assert_true(ml__rsim_free_saved(r, ML_CAT_ACTIVATIONS, 0, 2));
+    ml__rsim_stats(r, &st);
+    assert_int_equal(st.allocated.current, 24 * MiB);
+    ml__rsim_alloc(r, ML_CAT_WORKSPACE, 20 * MiB, ML_T_ONE, 0, 1);
+    ml__rsim_stats(r, &st);
+    assert_int_equal(st.reserved.current, 60 * MiB);
+    assert_int_equal(st.segments.current, 3);
+    ml__rsim_free_block_saved(r, ML_CAT_ACTIVATIONS, 0, 40 * MiB);
+    ml__rsim_stats(r, &st);
+    assert_int_equal(st.allocated.current, 20 * MiB);
+    assert_int_equal(ml__rsim_inexact(r), 0);
+    /* a fill with no open allocation of the block is counted, not made */
+    ml__rsim_saved_fill(r, ML_CAT_ACTIVATIONS, 0, 0, 0, 6 * MiB);
+    assert_int_equal(ml__rsim_inexact(r), 1);
+    ml__rsim_stats(r, &st);
+    assert_int_equal(st.allocated.current, 20 * MiB);
+    assert_true(ml__rsim_ok(r, NULL));
+    ml__rsim_destroy(r);
+}
+
+/* Two tiny GPT-2 layers (tiny_steps.h) one after the other as the
+ * simulation replays them, tensor by tensor, with nothing between the two:
+ * steps[0 .. head) to the MLP's return, then the output (the next block's
+ * input, 32 B, made by the replay), then the rest. The first layer makes
+ * cuBLAS's workspace (8 MiB + 128 KiB, once a process) between its steps
+ * and its output (the replay makes it after the steps, not at the layer's
+ * first GEMM). Into want; its length. */
+static size_t two_layers(const int64_t *steps, size_t n, size_t head, int64_t *want)
+{
     size_t nw = 0;
     for (int layer = 0; layer < 2; layer++)
-        for (size_t s = 0; s < TINY_STEPS; s++) {
-            if (layer == 0 && s == TINY_STEPS_HEAD)
+        for (size_t s = 0; s < n; s++) {
+            if (layer == 0 && s == head)
                 want[nw++] = 8519680; /* the workspace */
-            want[nw++] = tiny_steps[s];
+            want[nw++] = steps[s];
         }
+    return nw;
+}
+
+/* Where the run want[0 .. nw) first appears in the first iteration's
+ * simulation events of a plan of the two layers under checkpoint ckpt;
+ * SIZE_MAX: nowhere. */
+static size_t by_op_at(const char *ckpt, const int64_t *want, size_t nw)
+{
     char y[512];
     snprintf(y, sizeof y,
              "model:\n  type: decoder\n  layers: 2\n  hidden: 4\n  heads: 1\n"
@@ -330,11 +392,23 @@ static size_t by_op_at(const char *ckpt)
     return found;
 }
 
+/* Checkpointed, the two layers' forward runs without grad, tensor by
+ * tensor (tiny_steps); without checkpointing it runs with grad, each saved
+ * tensor made as its op runs and kept (tiny_grad_steps), and the run
+ * without grad is nowhere. Checkpointed, the run with grad is not the
+ * forward's, but each layer's recompute makes its steps to the output. */
 static void test_checkpointed_forward_by_op(void **state)
 {
     (void)state;
-    assert_true(by_op_at("full") != SIZE_MAX);
-    assert_true(by_op_at("none") == SIZE_MAX);
+    int64_t nograd[2 * TINY_STEPS + 1], grad[2 * TINY_GRAD_STEPS + 1];
+    const size_t nn = two_layers(tiny_steps, TINY_STEPS, TINY_STEPS_HEAD, nograd);
+    const size_t ng = two_layers(tiny_grad_steps, TINY_GRAD_STEPS, TINY_GRAD_STEPS_HEAD, grad);
+    assert_true(by_op_at("full", nograd, nn) != SIZE_MAX);
+    assert_true(by_op_at("none", nograd, nn) == SIZE_MAX);
+    assert_true(by_op_at("none", grad, ng) != SIZE_MAX);
+    assert_true(by_op_at("full", grad, ng) == SIZE_MAX);
+    /* the second layer's steps (after the workspace) to its output */
+    assert_true(by_op_at("full", &grad[TINY_GRAD_STEPS + 1], TINY_GRAD_STEPS_HEAD) != SIZE_MAX);
 }
 
 int main(void)
@@ -345,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_loss_hands_last),
         cmocka_unit_test(test_eval_cache_dtype),
         cmocka_unit_test(test_saved_freed_by_node),
+        cmocka_unit_test(test_saved_filled_by_steps),
         cmocka_unit_test(test_checkpointed_forward_by_op),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -19,6 +19,25 @@
 
 #include <stdint.h>
 
+/* The same layer with grad: the tensors an op saves stay (ln_1's output
+ * and statistics, the copies of q, k and v for bmm, the bool mask, the
+ * softmax output, c_proj's input, the residual sum, ln_2's output and
+ * statistics, c_fc's and gelu's outputs: 404 B, test_forward.c). In order:
+ * ln_1 and its statistics; c_attn; the copies of q and k, the scores; the
+ * scaled scores, the scores go; the bool, masked_fill's output, the scaled
+ * scores go; softmax, its input goes; v's copy, P v; the contiguous
+ * output, P v goes; c_proj; the attention returns (qkv goes); the residual
+ * sum, the attention output goes; ln_2 and its statistics; c_fc, gelu; the
+ * projection (TINY_GRAD_STEPS_HEAD steps); the output, the projection
+ * goes. Its peak is 468; it ends holding the saved 404 and the output. */
+static const int64_t tiny_grad_steps[] = {32, 8,  8,   96, 32, 32, 16, 16,  -16, 4,
+                                          16, -16, 16, -16, 32, 32, 32, -32, 32,  -96,
+                                          32, -32, 32, 8,   8,  64, 64, 32,  32,  -32};
+enum {
+    TINY_GRAD_STEPS = sizeof tiny_grad_steps / sizeof tiny_grad_steps[0],
+    TINY_GRAD_STEPS_HEAD = TINY_GRAD_STEPS - 2
+};
+
 static const int64_t tiny_steps[] = {
     32,  8,   8,   -8,  -8,  96, 32, 32,  16, -32, -32, 16,  -16, 4,  16,
     -4,  -16, 16,  -16, 32,  32, -32, 32, -32, 32, -32, -96, -16, -32, 32,
