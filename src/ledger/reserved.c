@@ -419,6 +419,28 @@ static bool free_by_size(ml_rsim *r, ml_category c, uint64_t bytes)
     return sum;
 }
 
+void ml__rsim_move(ml_rsim *r, ml_category from, ml_category to, uint64_t bytes)
+{
+    if (!bytes || r->oom || r->nomem)
+        return;
+    for (size_t k = r->nlive[from]; k-- > 0;) {
+        const size_t gi = r->live[from][k];
+        if (r->g[gi].bytes != bytes)
+            continue;
+        if (!ml__rsim_add_live(r, to, gi)) {
+            r->nomem = true;
+            return;
+        }
+        r->g[gi].cat = to;
+        r->live_bytes[from] -= bytes;
+        memmove(&r->live[from][k], &r->live[from][k + 1],
+                (r->nlive[from] - k - 1) * sizeof *r->live[from]);
+        r->nlive[from]--;
+        return;
+    }
+    r->inexact++; /* nothing of that size to move */
+}
+
 void ml__rsim_free(ml_rsim *r, ml_category c, uint64_t bytes)
 {
     if (bytes && !r->oom && !r->nomem && !free_by_size(r, c, bytes))

@@ -95,6 +95,10 @@ uint64_t ml__rsim_process_held(const ml_device *dv);
  * the node has run); the others stay until the allocation is freed. False
  * when there is none, or it is one tensor (nothing changed). */
 bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry);
+/* The latest live allocation of category `from` of `bytes` counted in
+ * category `to` from now on: the same tensors, nothing allocated or freed
+ * (a tensor the replay recategorizes: the mask a checkpoint keeps). */
+void ml__rsim_move(ml_rsim *r, ml_category from, ml_category to, uint64_t bytes);
 /* Opens block's ML_T_SAVED allocation of category c and `bytes` with no
  * tensor made yet: `per` handles for each of its saved entries, which the
  * forward's steps fill as its ops run (ml__rsim_saved_fill); freed as the
