@@ -216,17 +216,8 @@ static void forward_block(ml_replay *r, size_t k)
                             r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
     blas_workspace(r, k, &r->blas_fwd);
     ml__sides_forward(r, k, true);
-    if ((int)k == sh->side_block && mask && mask == sh->side_bytes) {
-        /* a checkpoint keeps the mask for the backward: the same tensor,
-         * counted from here as an activation */
-        ml__replay_ledger_event(r, ML_CAT_WORKSPACE, -(int64_t)mask);
-        ml__replay_ledger_event(r, ML_CAT_ACTIVATIONS, (int64_t)mask);
-        if (r->rsim)
-            ml__rsim_move(r->rsim, ML_CAT_WORKSPACE, ML_CAT_ACTIVATIONS, mask);
-    } else if ((int)k == sh->side_block) { /* what a checkpoint keeps for the backward */
-        ml__replay_free(r, ML_CAT_WORKSPACE, mask);
-        ml__replay_alloc(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
-    }
+    if ((int)k == sh->side_block)
+        ml__side_kept(r, mask);
     /* an in-place op (relu inplace: true) makes its output in its
      * input's storage: the input goes first */
     if (b->inplace)

@@ -216,6 +216,11 @@ void ml__boundary_release(ml_replay *r, size_t k);
 void ml__tied_partial(ml_replay *r, const ml_cblock *b, bool create);
 void ml__tied_sum(ml_replay *r, const ml_cblock *b);
 void ml__boundary_input_done(ml_replay *r, size_t k);
+/* The first checkpointed block: what a checkpoint keeps for the backward
+ * (sh->side_bytes) counts as an activation from here; the mask the
+ * model's forward made (mask bytes) is that same tensor when the sizes
+ * agree, else it goes and the kept tensors are made. */
+void ml__side_kept(ml_replay *r, uint64_t mask);
 /* The side tensors block k's forward makes (made: true) or frees at its
  * end (false); those its backward's start makes (the gradients) or its
  * end frees; those a recompute of s0..j makes again (made) or frees at the

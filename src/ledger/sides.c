@@ -177,3 +177,17 @@ void ml__tied_sum(ml_replay *r, const ml_cblock *b)
     r->tied_partial = 0;
     r->tied_name = 0;
 }
+
+void ml__side_kept(ml_replay *r, uint64_t mask)
+{
+    const uint64_t side = r->sh->side_bytes;
+    if (!mask || mask != side || side > (uint64_t)INT64_MAX) {
+        ml__replay_free(r, ML_CAT_WORKSPACE, mask);
+        ml__replay_alloc(r, ML_CAT_ACTIVATIONS, side);
+        return;
+    }
+    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, -(int64_t)mask);
+    ml__replay_ledger_event(r, ML_CAT_ACTIVATIONS, (int64_t)mask);
+    if (r->rsim)
+        ml__rsim_move(r->rsim, ML_CAT_WORKSPACE, ML_CAT_ACTIVATIONS, mask);
+}
