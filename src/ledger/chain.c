@@ -102,9 +102,14 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
             continue;
         uint64_t old_act = b->saved_bytes - b->cast_bytes;
         double share = old_act ? (double)b->core_bytes / (double)old_act : 0;
+        const uint64_t graph_saved = b->saved_bytes;
         b->saved_bytes = (uint64_t)llround(saved);
         b->core_bytes = (uint64_t)llround(act * share);
         b->measured = true;
+        /* the forward's steps fill the graph's inventory: kept only where
+         * the profile measured that same one (allocator.md, "On the plan") */
+        if (b->saved_bytes != graph_saved)
+            b->gstep_first = b->ngsteps = b->gstep_out = 0;
         /* the forward program's ws_fwd is what stays beside the ledger's
          * inventory (docs/ledger.md, "The forward, op by op"): a measured
          * one gets the block rule */

@@ -341,8 +341,14 @@ static void test_moved_not_copied(void **state)
     one_block(&ch, &b, sv);
     ml_alloc_stats st;
     ml_rsim *r = fresh(&ch);
+    ml__rsim_record(r);
     ml__rsim_alloc(r, ML_CAT_WORKSPACE, 3 * MiB, ML_T_ONE, 0, 1);
     ml__rsim_move(r, ML_CAT_WORKSPACE, ML_CAT_ACTIVATIONS, 3 * MiB);
+    size_t nev = 0;
+    ml_sim_event *ev = ml__rsim_take_events(r, &nev);
+    assert_int_equal(nev, 1); /* the allocation alone: no free, no copy */
+    assert_int_equal(ev[0].action, ML_SIM_ALLOC);
+    free(ev);
     ml__rsim_stats(r, &st);
     assert_int_equal(st.allocated.current, 3 * MiB);
     assert_int_equal(st.allocated.peak, 3 * MiB); /* no copy beside it */
