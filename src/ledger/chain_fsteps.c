@@ -1,7 +1,9 @@
-/* A block's forward without grad as the allocations and frees its ops make
+/* A block's forward as the allocations and frees its ops make
  * (docs/allocator.md, "On the plan"): what the allocator simulation replays
- * for a checkpointed block's forward and the evaluation pass, where the
- * ledger counts the transient ws_nograd as one figure. */
+ * without grad (a checkpointed block's forward, the evaluation pass) and
+ * with grad (a block's forward without checkpointing, a recompute), where
+ * the ledger counts the transient (ws_nograd, ws_fwd) and the saved
+ * tensors as figures. */
 #include <string.h>
 
 #include "graph/graph.h"
@@ -11,16 +13,16 @@
 enum { MAX_STEPS = 4 * MLG_MAX_OPS };
 
 /* The output's allocation: the one the steps leave live (builders need not
- * name the block's output), of `held` bytes; n when there is not exactly
- * one such. */
-static size_t output_step(const mlg_step *st, size_t n, uint64_t held)
+ * name the block's output), of `held` bytes, those that fill a saved entry
+ * (entry[i], when given) apart; n when there is not exactly one such. */
+static size_t output_step(const mlg_step *st, size_t n, uint64_t held, const uint16_t *entry)
 {
     bool live[MLG_MAX_TENSORS + 1] = {false};
     size_t at = n, open = 0;
     for (size_t i = 0; i < n; i++)
         live[st[i].tok] = st[i].alloc;
     for (size_t i = n; i-- > 0;)
-        if (st[i].alloc && live[st[i].tok]) {
+        if (st[i].alloc && live[st[i].tok] && (!entry || entry[i] == ML_FSTEP_UNSAVED)) {
             live[st[i].tok] = false; /* its last allocation */
             at = i;
             open++;
@@ -56,7 +58,7 @@ void ml__ck_nograd(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t
     const size_t n = ml__graph_forward_steps(g, tb, false, ch->eval_mode, st, MAX_STEPS, &l);
     ml__ck_ng_close(b, &l, held);
     b->fstep_first = b->nfsteps = b->fstep_out = 0;
-    const size_t at = n && held && b->ws_nograd_ops ? output_step(st, n, held) : n;
+    const size_t at = n && held && b->ws_nograd_ops ? output_step(st, n, held, NULL) : n;
     if (at == n)
         return;
     const size_t first = append(ch, st, n, NULL, NULL);
@@ -69,16 +71,16 @@ void ml__ck_nograd(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t
 
 /* With grad: each allocation of a saved storage into entry[i] (its index
  * in b's list) and slot[i] (the entry's allocations so far), the output's
- * allocation into *out (the one of the output's entry, else the one
- * unsaved allocation left live). False where the steps do not fill b's
- * entries exactly (an entry's allocations not adding up to its bytes, a
- * saved storage with no entry, more than 255 allocations to an entry) or
- * the output is not one allocation of `held` bytes. */
+ * allocation into *out (the one of the output's entry, else output_step's).
+ * False where the steps do not fill b's entries exactly (an entry's
+ * allocations not adding up to its bytes, a saved storage with no entry,
+ * more than 255 allocations to an entry) or the output is not one
+ * allocation of `held` bytes. */
 static bool entries(const ml_chain *ch, const ml_cblock *b, const ml_graph *g, const size_t *idx,
                     const mlg_step *st, size_t n, uint64_t held, uint16_t *entry,
                     uint8_t *slot, size_t *out)
 {
-    bool saved[MLG_MAX_TENSORS] = {false}, live[MLG_MAX_TENSORS + 1] = {false};
+    bool saved[MLG_MAX_TENSORS] = {false};
     uint8_t count[MLG_MAX_TENSORS] = {0};
     uint64_t filled[MLG_MAX_TENSORS] = {0};
     for (uint16_t k = 0; k < g->nop; k++)
@@ -90,7 +92,6 @@ static bool entries(const ml_chain *ch, const ml_cblock *b, const ml_graph *g, c
         const uint16_t t = st[i].tok;
         entry[i] = ML_FSTEP_UNSAVED;
         slot[i] = 0;
-        live[t] = st[i].alloc;
         if (!st[i].alloc || t >= MLG_MAX_TENSORS || !saved[t])
             continue;
         const uint16_t e = ml__graph_entry(g, t);
@@ -109,15 +110,9 @@ static bool entries(const ml_chain *ch, const ml_cblock *b, const ml_graph *g, c
         if (idx[e] != SIZE_MAX && !(ch->saved[idx[e]].flags & ML_SV_OUTPUT) &&
             filled[e] != ch->saved[idx[e]].bytes)
             return false;
-    /* the output, when no entry holds it: the one unsaved storage left live */
-    for (size_t i = n; !nout && i-- > 0;)
-        if (st[i].alloc && live[st[i].tok] && entry[i] == ML_FSTEP_UNSAVED) {
-            live[st[i].tok] = false; /* its last allocation */
-            if (++nout > 1 || st[i].bytes != held)
-                return false;
-            *out = i;
-        }
-    return nout == 1 && st[*out].bytes == held;
+    if (!nout) /* no entry holds the output */
+        *out = output_step(st, n, held, entry);
+    return nout <= 1 && *out < n && st[*out].bytes == held;
 }
 
 void ml__ck_grad(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t *tb,

@@ -197,23 +197,18 @@ static void forward_block(ml_replay *r, size_t k)
     gather_time(r, k);
     if (seg[k] < 0)
         fwd_grads(r, k);
-    /* without grad, a block whose forward is known op by op: the
-     * simulation makes its tensors, the ledger counts them as one */
-    const bool steps = r->rsim && seg[k] >= 0 && b->nfsteps && ws <= (uint64_t)INT64_MAX;
-    /* with grad, where it is known op by op too: the simulation makes
-     * each saved tensor as its op runs, the ledger counts them together */
-    const bool gsteps = seg[k] < 0 && ml__replay_grad_begin(r, k, ML_CAT_ACTIVATIONS);
-    if (steps) {
-        ml__replay_ledger_event(r, ML_CAT_WORKSPACE, (int64_t)ws);
-        ml__replay_fsteps(r, b, true);
-    } else if (!gsteps) {
+    /* a block whose forward is known op by op: the simulation makes its
+     * tensors, the ledger counts the transient (and with grad the saved
+     * tensors) as one figure */
+    const bool steps = ml__replay_steps_begin(r, k, seg[k] < 0, ML_CAT_ACTIVATIONS);
+    if (!steps) {
         ml__replay_alloc_as(r, ML_CAT_WORKSPACE, ws, seg[k] < 0 ? ML_T_UNITS_FWD : ML_T_UNITS,
                             k, 1);
+        if (seg[k] < 0 && !b->fwd_only) /* (an unused layer's: a side tensor) */
+            ml__replay_alloc_as(r, ML_CAT_ACTIVATIONS,
+                                b->saved_bytes - (r->selective ? b->core_bytes : 0),
+                                r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
     }
-    if (seg[k] < 0 && !b->fwd_only && !gsteps) /* (an unused layer's: a side tensor) */
-        ml__replay_alloc_as(r, ML_CAT_ACTIVATIONS,
-                            b->saved_bytes - (r->selective ? b->core_bytes : 0),
-                            r->selective ? ML_T_SAVED_NONCORE : ML_T_SAVED, k, 1);
     blas_workspace(r, k, &r->blas_fwd);
     ml__sides_forward(r, k, true);
     if ((int)k == sh->side_block)
@@ -225,14 +220,7 @@ static void forward_block(ml_replay *r, size_t k)
     if (k + 1 < n)
         ml__boundary_alloc(r, k + 1, r->bd[k + 1].alias ? 0 : B[k + 1].in_bytes);
     r->flops_done += b->flops_fwd; /* the block runs: what follows is after it */
-    if (steps) {
-        ml__replay_ledger_event(r, ML_CAT_WORKSPACE, -(int64_t)ws);
-        ml__replay_fsteps(r, b, false);
-    } else if (gsteps) {
-        ml__replay_grad_end(r, k, ML_CAT_ACTIVATIONS, true);
-    } else {
-        ml__replay_free(r, ML_CAT_WORKSPACE, ws);
-    }
+    ml__replay_steps_end(r, k, seg[k] < 0, ML_CAT_ACTIVATIONS, steps);
     ml__replay_free(r, ML_CAT_WORKSPACE, gat);
     if (r->hold_cache) { /* the output's keys and values; autocast's weight copies */
         ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes, ML_T_HELD, k, 1);

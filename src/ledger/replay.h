@@ -363,20 +363,17 @@ void ml__replay_node_grads_out(ml_replay *r, const ml_bnode *x, const size_t *ta
  * incoming one the one its residual sums pass on (r->gcarry). It ends
  * (block b, r->grad_carry its input's gradient): with rsim, carry_name
  * the allocation b hands on (ml_cblock.hand_gid, else the incoming one). */
-/* With rsim, block b's forward without grad (b->nfsteps of them) tensor
- * by tensor: to_out, its steps before its output is made; else those
- * after (replay_fsteps.c). */
-void ml__replay_fsteps(ml_replay *r, const ml_cblock *b, bool to_out);
-/* Block k's forward with grad, where the simulation knows it op by op
- * (b->ngsteps; not under selective checkpointing): the ledger's transient
- * (ws_fwd) and saved tensors (category c) as two figures, the simulation's
- * steps before the output, each saved tensor filling the block's saved
- * allocation as its op runs. False, and nothing done, where it is not
- * known so: the caller allocates the two aggregates. */
-bool ml__replay_grad_begin(ml_replay *r, size_t k, ml_category c);
-/* Once the output is made: the transient's end, and with steps (what
- * ml__replay_grad_begin returned) the steps after the output. */
-void ml__replay_grad_end(ml_replay *r, size_t k, ml_category c, bool steps);
+/* Block k's forward, with grad or without, where the simulation knows it
+ * op by op (b->ngsteps, not under selective checkpointing; b->nfsteps):
+ * the ledger's transient (ws_fwd, ws_nograd) and with grad its saved
+ * tensors (category c) as figures, the simulation's steps before the
+ * output, each saved tensor filling the block's saved allocation as its op
+ * runs. False, and nothing done, where it is not known so: the caller
+ * allocates the aggregates (replay_fsteps.c). */
+bool ml__replay_steps_begin(ml_replay *r, size_t k, bool grad, ml_category c);
+/* Once the output is made: the transient's end, and where the steps were
+ * made (what ml__replay_steps_begin returned) the steps after the output. */
+void ml__replay_steps_end(ml_replay *r, size_t k, bool grad, ml_category c, bool made);
 void ml__nodes_begin(ml_replay *r);
 void ml__nodes_hand(ml_replay *r, const ml_cblock *b);
 static inline void ml__replay_alloc_as(ml_replay *r, ml_category c, uint64_t b,

@@ -1,6 +1,7 @@
-/* A block's forward without grad through the allocator simulation tensor
- * by tensor (chain.h, ml_fstep): its ops' outputs made and freed in order,
- * where the ledger counts the transient as one figure (ws_nograd). */
+/* A block's forward through the allocator simulation tensor by tensor
+ * (chain.h, ml_fstep): its ops' outputs made and freed in order, with grad
+ * its saved tensors kept, where the ledger counts the transient (ws_nograd,
+ * ws_fwd) and the saved tensors as figures. */
 #include "graph/graph.h"
 #include "ledger/replay.h"
 #include "ledger/reserved.h"
@@ -26,44 +27,42 @@ static void run(ml_replay *r, const ml_fstep *f, size_t from, size_t to, size_t 
     }
 }
 
-void ml__replay_fsteps(ml_replay *r, const ml_cblock *b, bool to_out)
-{
-    const ml_fstep *f = &r->ch->fsteps[b->fstep_first];
-    const size_t from = to_out ? 0 : b->fstep_out + 1, to = to_out ? b->fstep_out : b->nfsteps;
-    run(r, f, from, to, 0, ML_CAT_WORKSPACE);
-}
-
-/* Block k's steps with grad: to_out, the saved allocation opened empty in
- * category c and the steps before the output; else the steps after it. */
-static void gsteps(ml_replay *r, size_t k, ml_category c, bool to_out)
+/* Block k's steps, with grad or without: to_out, those before its output
+ * (with grad, the saved allocation opened empty in category c first);
+ * else those after it. */
+static void steps(ml_replay *r, size_t k, bool grad, ml_category c, bool to_out)
 {
     const ml_cblock *b = &r->ch->blocks[k];
-    const ml_fstep *f = &r->ch->fsteps[b->gstep_first];
-    const size_t from = to_out ? 0 : b->gstep_out + 1, to = to_out ? b->gstep_out : b->ngsteps;
-    if (to_out)
+    const size_t first = grad ? b->gstep_first : b->fstep_first;
+    const size_t n = grad ? b->ngsteps : b->nfsteps, out = grad ? b->gstep_out : b->fstep_out;
+    if (grad && to_out)
         ml__rsim_saved_open(r->rsim, c, b->saved_bytes, k, b->gsave_per);
-    run(r, f, from, to, k, c);
+    run(r, &r->ch->fsteps[first], to_out ? 0 : out + 1, to_out ? out : n, k, c);
 }
 
-bool ml__replay_grad_begin(ml_replay *r, size_t k, ml_category c)
+bool ml__replay_steps_begin(ml_replay *r, size_t k, bool grad, ml_category c)
 {
     const ml_cblock *b = &r->ch->blocks[k];
-    if (!r->rsim || !b->ngsteps || r->selective || b->fwd_only || b->ws_fwd > (uint64_t)INT64_MAX ||
-        b->saved_bytes > (uint64_t)INT64_MAX)
+    const uint64_t ws = grad ? b->ws_fwd : b->ws_nograd;
+    const bool known = grad ? b->ngsteps && !r->selective && !b->fwd_only : b->nfsteps;
+    if (!r->rsim || !known || ws > (uint64_t)INT64_MAX ||
+        (grad && b->saved_bytes > (uint64_t)INT64_MAX))
         return false;
-    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, (int64_t)b->ws_fwd);
-    ml__replay_ledger_event(r, c, (int64_t)b->saved_bytes);
-    gsteps(r, k, c, true);
+    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, (int64_t)ws);
+    if (grad)
+        ml__replay_ledger_event(r, c, (int64_t)b->saved_bytes);
+    steps(r, k, grad, c, true);
     return true;
 }
 
-void ml__replay_grad_end(ml_replay *r, size_t k, ml_category c, bool steps)
+void ml__replay_steps_end(ml_replay *r, size_t k, bool grad, ml_category c, bool made)
 {
     const ml_cblock *b = &r->ch->blocks[k];
-    if (!steps) {
-        ml__replay_free(r, ML_CAT_WORKSPACE, b->ws_fwd);
+    const uint64_t ws = grad ? b->ws_fwd : b->ws_nograd;
+    if (!made) {
+        ml__replay_free(r, ML_CAT_WORKSPACE, ws);
         return;
     }
-    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, -(int64_t)b->ws_fwd);
-    gsteps(r, k, c, false);
+    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, -(int64_t)ws);
+    steps(r, k, grad, c, false);
 }

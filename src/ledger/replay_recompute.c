@@ -13,7 +13,7 @@ void ml__replay_recompute_segment(ml_replay *r, size_t s0, size_t k)
     r->sub = " (recompute)";
     for (size_t j = s0; j <= k; j++) {
         r->block = (int32_t)j;
-        const bool steps = ml__replay_grad_begin(r, j, ML_CAT_RECOMPUTE);
+        const bool steps = ml__replay_steps_begin(r, j, true, ML_CAT_RECOMPUTE);
         if (!steps) {
             ml__replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
             ml__replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
@@ -34,7 +34,7 @@ void ml__replay_recompute_segment(ml_replay *r, size_t s0, size_t k)
         }
         r->flops_done += B[j].flops_fwd;
         ml__replay_free(r, ML_CAT_WORKSPACE, tout);
-        ml__replay_grad_end(r, j, ML_CAT_RECOMPUTE, steps);
+        ml__replay_steps_end(r, j, true, ML_CAT_RECOMPUTE, steps);
         ml__replay_recompute_flops(r, B[j].flops_fwd);
     }
     ml__sides_recompute(r, s0, k, false);
@@ -73,7 +73,7 @@ void ml__replay_recompute_nodes(ml_replay *r, size_t s0, size_t k)
     uint64_t tin = 0; /* the block's input when nothing saves it */
     for (size_t j = s0; j <= k; j++) {
         r->block = (int32_t)j;
-        const bool steps = ml__replay_grad_begin(r, j, ML_CAT_RECOMPUTE);
+        const bool steps = ml__replay_steps_begin(r, j, true, ML_CAT_RECOMPUTE);
         if (!steps) {
             ml__replay_alloc_as(r, ML_CAT_WORKSPACE, B[j].ws_fwd, ML_T_UNITS_FWD, j, 1);
             ml__replay_alloc_as(r, ML_CAT_RECOMPUTE, B[j].saved_bytes, ML_T_SAVED, j, 1);
@@ -94,7 +94,7 @@ void ml__replay_recompute_nodes(ml_replay *r, size_t s0, size_t k)
         }
         r->flops_done += B[j].flops_fwd;
         ml__replay_recompute_flops(r, B[j].flops_fwd);
-        ml__replay_grad_end(r, j, ML_CAT_RECOMPUTE, steps);
+        ml__replay_steps_end(r, j, true, ML_CAT_RECOMPUTE, steps);
         ml__replay_free(r, ML_CAT_WORKSPACE, tin);
         tin = tout;
     }

@@ -363,7 +363,7 @@ void ml__rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split s
     if (!ml__rsim_group_room(r, n))
         return;
     group *g = &r->g[r->ng];
-    *g = (group){c, bytes, r->nh, 0, block, split, 1};
+    *g = (group){c, bytes, r->nh, 0, block, split, 0};
     const bool ok = ml__rsim_granted(r, ml__alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n));
     for (size_t i = 0; i < g->n && r->recording; i++)
         ml__rsim_note(r, ML_SIM_ALLOC, r->h[r->nh + i], r->sizes[i]);
@@ -379,7 +379,7 @@ void ml__rsim_release(ml_rsim *r, ml_category c, size_t at)
     group *g = &r->g[r->live[c][at]];
     uint64_t *h = &r->h[g->first];
     size_t n = g->n;
-    if (g->per > 1) { /* the handles its steps filled, the others 0 */
+    if (g->per) { /* the handles its steps filled, the others 0 */
         n = 0;
         for (size_t i = 0; i < g->n; i++)
             if (h[i])

@@ -14,7 +14,9 @@ typedef struct {
     size_t first, n;
     size_t block;         /* the block of a block's split (ML_T_SAVED*) */
     ml_tensor_split split;
-    unsigned per;         /* ML_T_SAVED: handles per saved entry (0: 1) */
+    unsigned per;         /* an inventory opened empty (ml__rsim_saved_open):
+                             handles per saved entry, 0 unfilled; 0: made
+                             whole (ml__rsim_alloc) */
 } group;
 
 struct ml_rsim {

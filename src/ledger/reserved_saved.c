@@ -40,28 +40,19 @@ bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry)
     }
     const group *g = &r->g[r->live[c][k]];
     const size_t nsaved = r->ch->blocks[block].nsaved;
-    /* one tensor per entry (a zero-byte entry's handle is 0), or `per`
-     * handles per entry that the forward's steps filled, unless the entries
-     * did not add up and the aggregate is one tensor (then it goes whole
-     * with the block's backward) */
-    if (g->per > 1) {
-        if (g->n != nsaved * g->per || entry >= nsaved)
-            return false;
-        uint64_t *h = &r->h[g->first + entry * g->per];
-        for (unsigned i = 0; i < g->per; i++)
-            if (h[i]) {
-                ml__alloc_sim_free_many(r->sim, &h[i], 1);
-                ml__rsim_note(r, ML_SIM_FREE, h[i], 0);
-                h[i] = 0;
-            }
-        return true;
-    }
-    if (g->n != nsaved || entry >= g->n)
+    /* per handles an entry (one made whole: one, a zero-byte entry's 0),
+     * unless the entries did not add up and the aggregate is one tensor
+     * (then it goes whole with the block's backward) */
+    const unsigned per = g->per ? g->per : 1;
+    if (g->n != nsaved * per || entry >= nsaved)
         return false;
-    uint64_t *h = &r->h[g->first + entry];
-    ml__alloc_sim_free_many(r->sim, h, 1);
-    ml__rsim_note(r, ML_SIM_FREE, *h, 0);
-    *h = 0; /* freed: the aggregate's free skips it */
+    uint64_t *h = &r->h[g->first + entry * per];
+    for (unsigned i = 0; i < per; i++)
+        if (h[i]) {
+            ml__alloc_sim_free_many(r->sim, &h[i], 1);
+            ml__rsim_note(r, ML_SIM_FREE, h[i], 0);
+            h[i] = 0; /* freed: the aggregate's free skips it */
+        }
     return true;
 }
 
@@ -69,11 +60,12 @@ void ml__rsim_saved_open(ml_rsim *r, ml_category c, uint64_t bytes, size_t block
 {
     if (!bytes || r->oom || r->nomem)
         return;
-    const size_t n = r->ch->blocks[block].nsaved * (size_t)(per > 1 ? per : 2);
+    per = per ? per : 1;
+    const size_t n = r->ch->blocks[block].nsaved * (size_t)per;
     if (!ml__rsim_group_room(r, n))
         return;
     memset(&r->h[r->nh], 0, n * sizeof *r->h);
-    r->g[r->ng] = (group){c, bytes, r->nh, n, block, ML_T_SAVED, per > 1 ? per : 2};
+    r->g[r->ng] = (group){c, bytes, r->nh, n, block, ML_T_SAVED, per};
     r->nh += n;
     if (!ml__rsim_add_live(r, c, r->ng++))
         r->nomem = true;
@@ -86,7 +78,7 @@ void ml__rsim_saved_fill(ml_rsim *r, ml_category c, size_t block, size_t entry, 
         return;
     const size_t k = block_saved(r, c, block);
     const group *g = k == SIZE_MAX ? NULL : &r->g[r->live[c][k]];
-    if (!g || g->per < 2 || slot >= g->per || (entry + 1) * g->per > g->n) {
+    if (!g || !g->per || slot >= g->per || (entry + 1) * g->per > g->n) {
         r->inexact++; /* no open inventory to fill: a bug, counted */
         return;
     }

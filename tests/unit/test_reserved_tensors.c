@@ -55,6 +55,14 @@ static ml_rsim *fresh(const ml_chain *ch)
     return r;
 }
 
+/* The simulator's statistics now. */
+static ml_alloc_stats now(const ml_rsim *r)
+{
+    ml_alloc_stats st;
+    ml__rsim_stats(r, &st);
+    return st;
+}
+
 /* Allocates `bytes` split as `split` for the one block of ch in a fresh
  * simulator: the bytes allocated (rounded), reserved and the segments. */
 static void held(ml_chain *ch, uint64_t bytes, ml_tensor_split split, uint64_t allocated,
@@ -240,24 +248,19 @@ static void test_saved_freed_by_node(void **state)
     ml_cblock b;
     ml_saved sv[5];
     one_block(&ch, &b, sv);
-    ml_alloc_stats st;
     ml_rsim *r = fresh(&ch);
     ml__rsim_alloc(r, ML_CAT_ACTIVATIONS, 40 * MiB, ML_T_SAVED, 0, 1);
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.reserved.current, 56 * MiB);
-    assert_int_equal(st.segments.current, 3);
+    assert_int_equal(now(r).reserved.current, 56 * MiB);
+    assert_int_equal(now(r).segments.current, 3);
     /* no such allocation of that category, or of another block */
     assert_false(ml__rsim_free_saved(r, ML_CAT_RECOMPUTE, 0, 2));
     assert_true(ml__rsim_free_saved(r, ML_CAT_ACTIVATIONS, 0, 2));
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.allocated.current, 24 * MiB);
+    assert_int_equal(now(r).allocated.current, 24 * MiB);
     ml__rsim_alloc(r, ML_CAT_WORKSPACE, 16 * MiB, ML_T_ONE, 0, 1);
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.reserved.current, 56 * MiB);
-    assert_int_equal(st.segments.current, 3);
+    assert_int_equal(now(r).reserved.current, 56 * MiB);
+    assert_int_equal(now(r).segments.current, 3);
     ml__rsim_free(r, ML_CAT_ACTIVATIONS, 40 * MiB);
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.allocated.current, 16 * MiB);
+    assert_int_equal(now(r).allocated.current, 16 * MiB);
     assert_true(ml__rsim_ok(r, NULL));
     ml__rsim_destroy(r);
     /* an aggregate whose entries do not add up is one tensor: no entry of
@@ -265,8 +268,7 @@ static void test_saved_freed_by_node(void **state)
     r = fresh(&ch);
     ml__rsim_alloc(r, ML_CAT_ACTIVATIONS, 42 * MiB, ML_T_SAVED, 0, 1);
     assert_false(ml__rsim_free_saved(r, ML_CAT_ACTIVATIONS, 0, 2));
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.allocated.current, 42 * MiB);
+    assert_int_equal(now(r).allocated.current, 42 * MiB);
     ml__rsim_destroy(r);
 }
 
@@ -288,11 +290,9 @@ static void test_saved_filled_by_steps(void **state)
     ml_cblock b;
     ml_saved sv[5];
     one_block(&ch, &b, sv);
-    ml_alloc_stats st;
     ml_rsim *r = fresh(&ch);
     ml__rsim_saved_open(r, ML_CAT_ACTIVATIONS, 40 * MiB, 0, 2);
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.allocated.current, 0); /* opened: nothing made */
+    assert_int_equal(now(r).allocated.current, 0); /* opened: nothing made */
     ml__rsim_saved_fill(r, ML_CAT_ACTIVATIONS, 0, 0, 0, 6 * MiB);
     ml__rsim_alloc(r, ML_CAT_WORKSPACE, 12 * MiB, ML_T_ONE, 0, 1);
     const size_t tmp = ml__rsim_latest(r, ML_CAT_WORKSPACE);
@@ -302,28 +302,23 @@ static void test_saved_filled_by_steps(void **state)
     assert_true(ml__rsim_free_named(r, ML_CAT_WORKSPACE, tmp));
     ml__rsim_saved_fill(r, ML_CAT_ACTIVATIONS, 0, 3, 0, 8 * MiB);
     ml__rsim_saved_fill(r, ML_CAT_ACTIVATIONS, 0, 4, 0, 8 * MiB);
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.allocated.current, 40 * MiB);
-    assert_int_equal(st.reserved.current, 60 * MiB);
-    assert_int_equal(st.segments.current, 3);
+    assert_int_equal(now(r).allocated.current, 40 * MiB);
+    assert_int_equal(now(r).reserved.current, 60 * MiB);
+    assert_int_equal(now(r).segments.current, 3);
     assert_int_equal(ml__rsim_inexact(r), 0);
     /* entry 2: both its allocations go */
     assert_true(ml__rsim_free_saved(r, ML_CAT_ACTIVATIONS, 0, 2));
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.allocated.current, 24 * MiB);
+    assert_int_equal(now(r).allocated.current, 24 * MiB);
     ml__rsim_alloc(r, ML_CAT_WORKSPACE, 20 * MiB, ML_T_ONE, 0, 1);
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.reserved.current, 60 * MiB);
-    assert_int_equal(st.segments.current, 3);
+    assert_int_equal(now(r).reserved.current, 60 * MiB);
+    assert_int_equal(now(r).segments.current, 3);
     ml__rsim_free_block_saved(r, ML_CAT_ACTIVATIONS, 0, 40 * MiB);
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.allocated.current, 20 * MiB);
+    assert_int_equal(now(r).allocated.current, 20 * MiB);
     assert_int_equal(ml__rsim_inexact(r), 0);
     /* a fill with no open allocation of the block is counted, not made */
     ml__rsim_saved_fill(r, ML_CAT_ACTIVATIONS, 0, 0, 0, 6 * MiB);
     assert_int_equal(ml__rsim_inexact(r), 1);
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.allocated.current, 20 * MiB);
+    assert_int_equal(now(r).allocated.current, 20 * MiB);
     assert_true(ml__rsim_ok(r, NULL));
     ml__rsim_destroy(r);
 }
@@ -339,7 +334,6 @@ static void test_moved_not_copied(void **state)
     ml_cblock b;
     ml_saved sv[5];
     one_block(&ch, &b, sv);
-    ml_alloc_stats st;
     ml_rsim *r = fresh(&ch);
     ml__rsim_record(r);
     ml__rsim_alloc(r, ML_CAT_WORKSPACE, 3 * MiB, ML_T_ONE, 0, 1);
@@ -349,15 +343,13 @@ static void test_moved_not_copied(void **state)
     assert_int_equal(nev, 1); /* the allocation alone: no free, no copy */
     assert_int_equal(ev[0].action, ML_SIM_ALLOC);
     free(ev);
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.allocated.current, 3 * MiB);
-    assert_int_equal(st.allocated.peak, 3 * MiB); /* no copy beside it */
+    assert_int_equal(now(r).allocated.current, 3 * MiB);
+    assert_int_equal(now(r).allocated.peak, 3 * MiB); /* no copy beside it */
     assert_int_equal(ml__rsim_inexact(r), 0);
     ml__rsim_free(r, ML_CAT_WORKSPACE, 3 * MiB); /* no longer there */
     assert_int_equal(ml__rsim_inexact(r), 1);
     ml__rsim_free(r, ML_CAT_ACTIVATIONS, 3 * MiB);
-    ml__rsim_stats(r, &st);
-    assert_int_equal(st.allocated.current, 0);
+    assert_int_equal(now(r).allocated.current, 0);
     assert_int_equal(ml__rsim_inexact(r), 1);
     ml__rsim_move(r, ML_CAT_WORKSPACE, ML_CAT_ACTIVATIONS, 3 * MiB); /* nothing to move */
     assert_int_equal(ml__rsim_inexact(r), 2);
