@@ -148,7 +148,7 @@ uint16_t ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
                                 : ml__kit_attention(g, L, h);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     a = post_norm(g, L, a, MLG_GROUP_POST_ATTN);
-    uint16_t r = ml__kit_residual(g, x, a);
+    uint16_t r = ml__kit_layer_residual(g, L, x, a);
     g->group = ml__kit_group(L, MLG_GROUP_NORM2);
     h = ml__kit_norm(g, &L->norm, r, true);
     g->group = ml__kit_group(L, MLG_GROUP_MLP);
@@ -157,7 +157,7 @@ uint16_t ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
                                                : ml__kit_mlp(g, L, h, NULL);
     ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     m = post_norm(g, L, m, MLG_GROUP_POST_MLP);
-    uint16_t out = ml__kit_residual(g, r, m);
+    uint16_t out = ml__kit_layer_residual(g, L, r, m);
     layer_returns(g, r, held, ck, cv);
     return out;
 }

@@ -20,12 +20,15 @@ static void common(const ml_model *m, const mlg_config *c, mlg_layer *L)
     a->fused_kernel = c->fused_kernel;
     a->ring = c->ring && c->fused_kernel;
     a->fused_softmax = m->attn.fused_softmax;
-    a->dropout = a->out_grad = drop;
+    a->dropout = drop;
+    /* a dropout's or, under autocast, the residual's cast: the output's
+     * gradient is a tensor of its own (ml__kit_layer_residual) */
+    a->out_grad = drop || c->autocast;
     a->rope = m->embed.position == ML_POS_ROPE;
     a->probs_cast = c->compute_bytes != 4;
     a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
-    L->mlp =
-        (mlg_mlp){act[m->mlp.activation], m->bias || m->mlp.bias, drop, drop, false, false, false};
+    L->mlp = (mlg_mlp){act[m->mlp.activation], m->bias || m->mlp.bias, drop, a->out_grad, false,
+                       false, false};
     L->autocast = c->autocast;
 }
 
@@ -89,6 +92,13 @@ static bool hf_layout(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_la
     mlg_attention *a = &L->attn;
     a->hf = a->mask = true;
     masked_softmax(c, a);
+    /* the rotary's products promote to the stream's dtype (fp32 under
+     * autocast: apply_rotary_pos_emb with cos and sin in the hidden states'
+     * dtype); then eager_attention_forward's softmax(dtype=fp32)
+     * .to(query.dtype) copies nothing. Phi-3's one qkv_proj (its rotary's
+     * cat and pass) keeps the compute dtype: not modelled */
+    a->rot_fp32 = a->rope && c->autocast && !m->attn.fused_proj;
+    a->pv_cast = a->probs_cast && a->rot_fp32;
     a->grouped = m->attn.kv_heads < m->attn.heads;
     a->repeat_copy = a->grouped && m->attn.kv_heads > 1;
     /* a cache of Phi-3's views would keep the whole qkv_proj output: not
@@ -104,7 +114,7 @@ static bool hf_layout(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_la
     a->math = m->attn.kernel == ML_ATTN_SDPA && !c->fused_kernel;
     /* Gemma 2's norms of the branches' outputs (compute dtype) make the
      * projections' output gradients */
-    a->out_grad = L->mlp.out_grad = m->dropout > 0 || m->residual.post_norms;
+    a->out_grad = L->mlp.out_grad = m->dropout > 0 || m->residual.post_norms || c->autocast;
     L->hf_order = true;
     L->post_norms = m->residual.post_norms;
     L->post = (mlg_norm){n.kind, false, c->compute_bytes != 4, true};

@@ -425,7 +425,9 @@ static void walk(const ml_graph *g, const uint64_t *tb, bool grad, bool eval, ml
             saved[ml__graph_storage(g, alias[o->save[j]])] = true;
         for (unsigned j = 0; j < o->nfree; j++) {
             const uint16_t t = ml__graph_storage(g, alias[o->free[j]]);
-            if (saved[t])
+            /* autocast's cache holds its weight copies to the region's
+             * end, with grad or without (autocast_mode.cpp, cached_cast) */
+            if (saved[t] || (g->t[t].flags & MLG_T_WCAST))
                 continue;
             drop(&l, tb[t]);
             const unsigned parts = held[t];

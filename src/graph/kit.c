@@ -197,6 +197,22 @@ uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y)
     return r;
 }
 
+uint16_t ml__kit_layer_residual(ml_graph *g, const mlg_layer *L, uint16_t x, uint16_t y)
+{
+    uint16_t r;
+    mlg_op *o = add_op(g, x, y, &r);
+    ml__op_free(o, y);
+    /* under autocast the stream is fp32 and the branch's output the compute
+     * dtype: the sum is fp32 and AddBackward0 casts the gradient it hands
+     * the branch to that dtype, a tensor of its own (the stream's it hands
+     * on); the branch's last node frees it (out_grad) */
+    if (L->autocast) {
+        ml__op_node(o, "AddBackward0 (residual: the branch's gradient cast)");
+        ml__op_gin(o, y);
+    }
+    return r;
+}
+
 /* softmax(x) under autocast is softmax(x, dtype=fp32) (autocast_mode.h's
  * fp32_set_opt_dtype), which copies bf16 scores to fp32 first
  * (aten/src/ATen/native/SoftMax.cpp; fp16 converts inside CUDA's kernel):
@@ -383,7 +399,7 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, cons
     if (a->out_grad)
         ml__op_gout(o, A);
     uint16_t y = ml__kit_dropout(g, a->dropout, A, "NativeDropoutBackward0 (residual)", false,
-                                 true);
+                                 !L->autocast);
     *Oc_out = Oc;
     return y;
 }
@@ -461,8 +477,10 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
         /* HF's apply_rotary_pos_emb on nanoGPT's q and k heads (views of
          * c_attn's output, rebound to the rotated: new tensors, in q's
          * layout, alive until the attention returns) */
-        qh = ml__kit_rope(g, r.qh, MLG_H, "MulBackward0/CatBackward0 (rotary on q)", NULL);
-        kh = ml__kit_rope(g, r.kh, MLG_H, "MulBackward0/CatBackward0 (rotary on k)", NULL);
+        qh = ml__kit_rope(g, r.qh, MLG_H, MLG_COMPUTE, "MulBackward0/CatBackward0 (rotary on q)",
+                          NULL);
+        kh = ml__kit_rope(g, r.kh, MLG_H, MLG_COMPUTE, "MulBackward0/CatBackward0 (rotary on k)",
+                          NULL);
     }
     mlg_op *o;
     uint16_t O, probs = MLG_NONE;
@@ -526,7 +544,8 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
         ml__op_free(o, G);
     if (p->out_grad)
         ml__op_gout(o, M);
-    return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false, true);
+    return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false,
+                           !L->autocast);
 }
 
 /* A tensor of x's shape and dtype. */

@@ -47,6 +47,17 @@ typedef struct {
     bool repeat_copy;    /* repeat_kv's reshape copies (more than one kv head) */
     bool softmax_copy;   /* softmax(dtype=fp32) of a bf16 input copies it first */
     bool probs_cast;     /* the fp32 probabilities cast back (compute not fp32) */
+    bool rot_fp32;       /* the rotary's products in the stream's dtype (fp32
+                            under autocast: transformers makes cos and sin in
+                            the hidden states' dtype, and autocast lists no
+                            mul, add or cat), so the rotated q and k, k's
+                            repeat_kv and the q k^T matmul's inputs are
+                            autocast's copies of them */
+    bool pv_cast;        /* the layer's weights stay the fp32 probabilities:
+                            under autocast its `.to(query.dtype)` copies
+                            nothing, the rotated query being fp32 (the
+                            rotary's cos and sin are in the stream's dtype);
+                            the PV matmul's autocast cast copies them */
     bool cache;          /* evaluation with a KV cache: k and v held to the
                             layer's end (HF DynamicCache) */
     bool softcap;        /* Gemma 2's scores / cap, tanh, * cap (eager only) */
@@ -191,10 +202,13 @@ uint16_t ml__kit_ring_open(ml_graph *g, bool ring);
 void ml__kit_ring_close(ml_graph *g, uint16_t open);
 uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t flags);
 /* HF's rotate-half rotary (apply_rotary_pos_emb) on the head tensor x of
- * hd heads, node its backward; pass (Phi-3's, GPT-NeoX's partial rotary:
- * the empty pass and its cat) names the pass's node, or NULL. Returns the
- * rotated heads (kit_hf.c). */
-uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, const char *node, const char *pass);
+ * hd heads, node its backward; its products with cos and sin, and the
+ * rotated heads, in dtype class dt (MLG_STREAM under rot_fp32, else
+ * MLG_COMPUTE); pass (Phi-3's, GPT-NeoX's partial rotary: the empty pass
+ * and its cat) names the pass's node, or NULL. Returns the rotated heads
+ * (kit_hf.c). */
+uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, const char *node,
+                      const char *pass);
 /* The q k^T matmul of q's operand qb and k's kb (MLG_NONE: qb holds both,
  * nanoGPT's copies) into the scores S, saving both (the attention core's
  * FLOPs); returns its op (the caller frees its copies there). */
@@ -208,6 +222,12 @@ uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P);
  * a contiguous copy whose reference goes once it has run, or MLG_NONE);
  * returns the (B, H, T, dh) product. */
 uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc);
+/* Autocast's copy of the (B, h, T, dh) heads x in the compute dtype
+ * (ToCopyBackward0: x's gradient in x's dtype from the copy's). */
+uint16_t ml__kit_autocast_copy(ml_graph *g, uint16_t x, uint8_t h, const char *name);
+/* The same under pv_cast: the product of autocast's copy of probs (made
+ * before it, gone after it without grad; probs stays). */
+uint16_t ml__kit_pv_cast(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc);
 /* The same product into the caller's output O, its heads d wide (latent
  * attention's values: MLG_DV); returns its op. */
 mlg_op *ml__kit_pv_into(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t O, uint8_t d);
@@ -306,6 +326,9 @@ uint16_t ml__kit_dropout(ml_graph *g, bool on, uint16_t x, const char *node, boo
 uint16_t ml__kit_softcap(ml_graph *g, uint16_t x, bool attention);
 /* x + y into the residual stream; frees y. */
 uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y);
+/* The same for a layer's residual sum (its autocast's cast of the branch's
+ * gradient). */
+uint16_t ml__kit_layer_residual(ml_graph *g, const mlg_layer *L, uint16_t x, uint16_t y);
 /* Self-attention on h; returns its branch output (before the residual). */
 uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h);
 /* The MLP on h; returns its branch output (keep_act: the activation's output

@@ -68,3 +68,22 @@ uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc)
     ml__op_free(ml__kit_pv_into(g, probs, vb, O, MLG_DH), vc);
     return O;
 }
+
+uint16_t ml__kit_autocast_copy(ml_graph *g, uint16_t x, uint8_t h, const char *name)
+{
+    uint16_t c = ml__kit_heads(g, name, h);
+    ml__graph_step(g, MLG_OP_COPY, "to (autocast)", x, c, "ToCopyBackward0 (autocast, heads)");
+    return c;
+}
+
+uint16_t ml__kit_pv_cast(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc)
+{
+    uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE, MLG_T_CORE);
+    ml__graph_step(g, MLG_OP_COPY, "to (autocast, PV input)", probs, Pc,
+                   "ToCopyBackward0 (probabilities)");
+    uint16_t O = ml__kit_heads(g, "attention output (P v)", MLG_H);
+    mlg_op *o = ml__kit_pv_into(g, Pc, vb, O, MLG_DH);
+    ml__op_free(o, vc);
+    ml__op_free(o, Pc);
+    return O;
+}

@@ -196,11 +196,18 @@ uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf
  * first to reach x's InputBuffer (the rotary's is added into it); the two
  * are cat back into a new contiguous tensor (derivatives.yaml:
  * slice_backward). */
-uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, const char *node, const char *pass)
+/* A (B, h, T, dh) tensor of dtype class dt. */
+static uint16_t heads_of(ml_graph *g, const char *name, uint8_t h, uint8_t dt)
 {
-    uint16_t c1 = ml__kit_heads(g, "x * cos", hd), nh = ml__kit_heads(g, "-x2", hd);
-    uint16_t ct = ml__kit_heads(g, "cat(-x2, x1)", hd), s1 = ml__kit_heads(g, "* sin", hd);
-    uint16_t r = ml__kit_heads(g, "rotated", hd);
+    return ml__graph_tensor(g, name, dt, MLG_ACT, 4, MLG_B, h, MLG_T, MLG_DH);
+}
+
+uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, const char *node,
+                      const char *pass)
+{
+    uint16_t c1 = heads_of(g, "x * cos", hd, dt), nh = ml__kit_heads(g, "-x2", hd);
+    uint16_t ct = ml__kit_heads(g, "cat(-x2, x1)", hd), s1 = heads_of(g, "* sin", hd, dt);
+    uint16_t r = heads_of(g, "rotated", hd, dt);
     if (nh != MLG_NONE)
         g->t[nh].flags |= MLG_T_HALF;
     ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (cos)", x, c1, NULL);
@@ -222,7 +229,7 @@ uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, const char *node, con
     o = ml__graph_op(g, MLG_OP_VIEW, "slice (pass, empty)");
     ml__op_node(o, pass);
     ml__op_gin(o, x);
-    uint16_t rc = ml__kit_heads(g, "cat(rotated, pass)", hd);
+    uint16_t rc = heads_of(g, "cat(rotated, pass)", hd, dt);
     o = ml__graph_step(g, MLG_OP_COPY, "cat (rotated, pass)", r, rc, NULL);
     ml__op_free(o, r);
     return rc;
@@ -278,7 +285,7 @@ static mlg_qkv projections(ml_graph *g, const mlg_layer *L, uint16_t h)
  * matmul copies instead); its backward sums the groups. */
 static uint16_t repeat_kv(ml_graph *g, const mlg_attention *a, uint16_t x, const char *node)
 {
-    uint16_t r = a->repeat_copy ? ml__kit_heads(g, "repeat_kv output", MLG_H)
+    uint16_t r = a->repeat_copy ? heads_of(g, "repeat_kv output", MLG_H, g->t[x].dtype)
                                 : ml__graph_view(g, "expanded", ml__graph_storage(g, x), 4, MLG_B,
                                                  MLG_H, MLG_T, MLG_DH);
     mlg_op *o = ml__graph_op(g, a->repeat_copy ? MLG_OP_COPY : MLG_OP_VIEW, "repeat_kv");
@@ -330,8 +337,59 @@ static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
     ml__op_node(o, "SoftmaxBackward0");
     ml__op_gin(o, S3);
     ml__op_gout(o, P);
-    uint16_t probs = a->probs_cast ? ml__kit_probs_cast(g, P) : P;
+    uint16_t probs = a->probs_cast && !a->pv_cast ? ml__kit_probs_cast(g, P) : P;
     return ml__kit_dropout(g, a->dropout, probs, "NativeDropoutBackward0 (attention)", true, false);
+}
+
+/* eager()'s q k^T: bmm's operands q's copy unless the cat made it
+ * contiguous; k as repeat_kv copied it (copied), as the cat made it (as
+ * many kv heads as q heads), or a copy; one saved entry for q's and k's
+ * (the first's), released by the q k^T node. Under rot_fp32 the matmul
+ * reads autocast's copies of the fp32 rotated q and of k as repeat_kv
+ * made it (ToCopyBackward0 each, q's first; the copies keep the layouts:
+ * q's is copied contiguous for bmm, k's transposed view is bmm's as it is
+ * where repeat_kv copied it), which go after their last reader. Returns
+ * the scores; *vc the tensor of v's contiguous copy, made later (MLG_NONE:
+ * none, where repeat_kv copied v or _split_heads made it contiguous). */
+static uint16_t scores_qk(ml_graph *g, const mlg_attention *a, uint16_t qr, uint16_t kr,
+                          uint16_t krep, bool copied, bool cat, bool v_contig, uint16_t *vc)
+{
+    uint16_t qc = cat ? MLG_NONE : ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
+    /* (autocast's copy of k repeated by a zero-stride expand is laid out
+     * for bmm: no copy) */
+    uint16_t kc = copied || (cat && !a->grouped) || (a->rot_fp32 && a->grouped)
+                      ? MLG_NONE
+                      : ml__kit_heads(g, "k contiguous copy (bmm)", MLG_H);
+    *vc = copied || v_contig ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
+    uint16_t qs = qr, ks = copied ? krep : kr;
+    if (a->rot_fp32) {
+        qs = ml__kit_autocast_copy(g, qs, MLG_H, "q (autocast copy for q k^T)");
+        ks = ml__kit_autocast_copy(g, krep, MLG_H, "k (autocast copy for q k^T)");
+    }
+    const uint16_t qb = cat ? qs : qc;
+    const uint16_t kb = kc != MLG_NONE ? kc : ks;
+    const uint16_t entry = ml__graph_storage(g, qb);
+    if (ml__graph_storage(g, kb) != entry)
+        g->t[ml__graph_storage(g, kb)].base = entry;
+    uint16_t S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
+    mlg_op *copy = NULL;
+    if (qc != MLG_NONE || kc != MLG_NONE) {
+        copy = ml__graph_op(g, MLG_OP_COPY, "contiguous (q, k for bmm)");
+        if (qc != MLG_NONE)
+            ml__op_in(copy, qs);
+        if (kc != MLG_NONE)
+            ml__op_in(copy, a->rot_fp32 ? ks : krep);
+        ml__op_out(copy, qc);
+        ml__op_out(copy, kc);
+    }
+    mlg_op *o = ml__kit_qk(g, qb, kb, S1);
+    ml__op_free(o, qc);
+    ml__op_free(o, kc);
+    if (a->rot_fp32) {
+        ml__op_free(qc != MLG_NONE ? copy : o, qs);
+        ml__op_free(kc != MLG_NONE ? copy : o, ks);
+    }
+    return S1;
 }
 
 /* eager_attention_forward on the (rotated) heads: q k^T of the operands'
@@ -359,38 +417,12 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     const bool v_contig = a->split_heads && !a->grouped;
     *krep_out = copied ? krep : MLG_NONE;
     *vrep_out = copied ? vrep : MLG_NONE;
-    /* bmm's operands: q's copy unless the cat made it contiguous; k as
-     * repeat_kv copied it, as the cat made it (as many kv heads as q
-     * heads), or a copy; v as repeat_kv copied it, as _split_heads made it
-     * (as many kv heads as q heads), or a copy. One saved entry for q's
-     * and k's (the first's), released by the q k^T node; v's its own,
-     * released by the PV node, its only saver (the engine releases a
-     * node's saved variables once it has run) */
-    uint16_t qc = cat ? MLG_NONE : ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
-    uint16_t kc = copied || (cat && !a->grouped)
-                      ? MLG_NONE
-                      : ml__kit_heads(g, "k contiguous copy (bmm)", MLG_H);
-    uint16_t vc = copied || v_contig ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
-    const uint16_t qb = cat ? qr : qc;
-    const uint16_t kb = copied ? krep : kc != MLG_NONE ? kc : kr;
+    /* v as repeat_kv copied it, as _split_heads made it, or a copy: its
+     * own saved entry, released by the PV node, its only saver */
+    uint16_t vc;
+    uint16_t S1 = scores_qk(g, a, qr, kr, krep, copied, cat, v_contig, &vc);
     const uint16_t vb = copied ? vrep : vc != MLG_NONE ? vc : vrep;
-    const uint16_t entry = ml__graph_storage(g, qb);
-    if (ml__graph_storage(g, kb) != entry)
-        g->t[ml__graph_storage(g, kb)].base = entry;
-    uint16_t S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
     mlg_op *o;
-    if (qc != MLG_NONE || kc != MLG_NONE) {
-        o = ml__graph_op(g, MLG_OP_COPY, "contiguous (q, k for bmm)");
-        if (qc != MLG_NONE)
-            ml__op_in(o, qr);
-        if (kc != MLG_NONE)
-            ml__op_in(o, krep);
-        ml__op_out(o, qc);
-        ml__op_out(o, kc);
-    }
-    o = ml__kit_qk(g, qb, kb, S1);
-    ml__op_free(o, qc);
-    ml__op_free(o, kc);
     uint16_t S2 = ml__kit_scale(g, S1);
     if (a->softcap)
         S2 = ml__kit_softcap(g, S2, true);
@@ -417,7 +449,7 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
         vrep = repeat_kv(g, a, vh, "ExpandBackward0 (the PV matmul's broadcast of v)");
     if (vc != MLG_NONE)
         ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vrep, vc, NULL);
-    *O = ml__kit_pv(g, probs, vb, vc);
+    *O = a->pv_cast ? ml__kit_pv_cast(g, probs, vb, vc) : ml__kit_pv(g, probs, vb, vc);
     return probs;
 }
 
@@ -465,9 +497,10 @@ uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv 
         /* apply_rotary_pos_emb; the caller's rebinding frees the unrotated
          * q and k (Phi-3's are views of qkv_proj's output) */
         const bool pass = a->fused_proj;
-        qr = ml__kit_rope(g, p.qh, MLG_H, "MulBackward0/CatBackward0 (rotary on q)",
+        const uint8_t dt = a->rot_fp32 ? MLG_STREAM : MLG_COMPUTE;
+        qr = ml__kit_rope(g, p.qh, MLG_H, dt, "MulBackward0/CatBackward0 (rotary on q)",
                   pass ? "SliceBackward0 (q pass, empty)" : NULL);
-        kr = ml__kit_rope(g, p.kh, MLG_HKV, "MulBackward0/CatBackward0 (rotary on k)",
+        kr = ml__kit_rope(g, p.kh, MLG_HKV, dt, "MulBackward0/CatBackward0 (rotary on k)",
                   pass ? "SliceBackward0 (k pass, empty)" : NULL);
         if (!pass) {
             mlg_op *o = ml__graph_release(g, "q, k rebound to the rotated");
@@ -477,7 +510,17 @@ uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv 
     }
     uint16_t O, probs = MLG_NONE, krep = MLG_NONE, vrep = MLG_NONE;
     uint16_t S3 = MLG_NONE;
-    if (a->fused_kernel)
+    if (a->fused_kernel && a->rot_fp32) {
+        /* the kernel reads autocast's copies of the fp32 rotated q and k
+         * (ToCopyBackward0 each), which it saves; without grad they go
+         * once it has run */
+        const uint16_t qa = ml__kit_autocast_copy(g, qr, MLG_H, "q (autocast copy for the kernel)");
+        const uint16_t ka = ml__kit_autocast_copy(g, kr, MLG_HKV, "k (autocast copy for the kernel)");
+        O = fused(g, qa, ka, p.vh, a);
+        mlg_op *o = ml__graph_release(g, "autocast's copies of q and k");
+        ml__op_free(o, qa);
+        ml__op_free(o, ka);
+    } else if (a->fused_kernel)
         O = fused(g, qr, kr, p.vh, a);
     else if (a->math) /* the rotary's cat made q contiguous with a fused qkv */
         O = ml__kit_sdpa_math(g, L, qr, kr, p.vh, a->fused_proj && a->rope);
@@ -554,5 +597,6 @@ uint16_t ml__kit_glu_mlp(ml_graph *g, const mlg_layer *L, uint16_t h)
     ml__op_free(o, Pr);
     if (p->out_grad)
         ml__op_gout(o, M);
-    return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false, true);
+    return ml__kit_dropout(g, p->dropout, M, "NativeDropoutBackward0 (residual)", false,
+                           !L->autocast);
 }

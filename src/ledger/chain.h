@@ -210,6 +210,9 @@ typedef struct {
                                 grad (chain.fsteps too), whose saved tensors'
                                 allocations stay (ml_fstep.entry) */
     uint8_t gsave_per;       /* the most allocations one saved entry has */
+    uint8_t nfcopies;        /* of its steps without grad, the allocations of
+                                autocast's weight copies (ml_fstep.entry 0 ..
+                                nfcopies - 1), which stay to the region's end */
     uint16_t hand_gid;       /* a node list's: 1 + the gradient id (ml_bnode's
                                 gin_id) of the tensor whose gradient it hands to
                                 the block before, 0: none named (then its

@@ -46,7 +46,7 @@ _Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 336 && sizeof(ml_
     X(nodes_off) X(measured) X(fwd_only) X(frozen) X(unused_out) X(grads_in_fwd)             \
     X(ws_fwd_ops) X(ws_nograd_ops) X(ws_formula) X(work_first) X(work_fwd) X(work_bwd)        \
     X(work_known) X(moe) X(hand_last) X(hand_gid) X(fstep_first) X(nfsteps) X(fstep_out) \
-    X(gstep_first) X(ngsteps) X(gstep_out) X(gsave_per)
+    X(gstep_first) X(ngsteps) X(gstep_out) X(gsave_per) X(nfcopies)
 #define BLOCK_BYTES(X)                                                                         \
     X(saved_bytes) X(core_bytes) X(cast_bytes) X(in_bytes) X(ws_fwd) X(ws_nograd) X(ws_bwd)   \
     X(unit_fwd) X(unit) X(bwd_in) X(tied_grad) X(grad_bytes) X(grad_accum_bytes) X(cache_bytes)    \

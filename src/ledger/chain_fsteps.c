@@ -50,23 +50,52 @@ static size_t append(ml_chain *ch, const mlg_step *st, size_t n, const uint16_t 
     return first;
 }
 
+/* Autocast's weight copies in g (storages flagged MLG_T_WCAST): the
+ * walk without grad keeps them, as autocast's cache holds them to the
+ * region's end. Their bytes at tb. */
+static uint64_t weight_copies(const ml_graph *g, const uint64_t *tb)
+{
+    uint64_t c = 0;
+    for (uint16_t t = 0; t < g->nt; t++)
+        if ((g->t[t].flags & MLG_T_WCAST) && ml__graph_storage(g, t) == t)
+            c += tb[t];
+    return c;
+}
+
 void ml__ck_nograd(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t *tb,
                    uint64_t held)
 {
     mlg_step st[MAX_STEPS];
+    uint16_t entry[MAX_STEPS];
     ml_graph_live l;
     const size_t n = ml__graph_forward_steps(g, tb, false, ch->eval_mode, st, MAX_STEPS, &l);
-    ml__ck_ng_close(b, &l, held);
+    /* the copies the walk keeps are those the block's held copies count
+     * (cast_bytes, made after its forward where it is not known op by op) */
+    const uint64_t copies = weight_copies(g, tb);
+    if (copies != b->cast_bytes)
+        return;
+    ml__ck_ng_close(b, &l, held, copies);
     b->fstep_first = b->nfsteps = b->fstep_out = 0;
-    const size_t at = n && held && b->ws_nograd_ops ? output_step(st, n, held, NULL) : n;
+    b->nfcopies = 0;
+    /* each copy's allocation an entry of the block's copies */
+    unsigned nc = 0;
+    for (size_t i = 0; i < n; i++) {
+        const bool copy = st[i].alloc && st[i].tok < g->nt &&
+                          (g->t[st[i].tok].flags & MLG_T_WCAST);
+        entry[i] = copy ? (uint16_t)nc++ : ML_FSTEP_UNSAVED;
+    }
+    const size_t at = n && held && b->ws_nograd_ops && nc <= UINT8_MAX
+                          ? output_step(st, n, held, entry)
+                          : n;
     if (at == n)
         return;
-    const size_t first = append(ch, st, n, NULL, NULL);
+    const size_t first = append(ch, st, n, nc ? entry : NULL, NULL);
     if (first == SIZE_MAX)
         return;
     b->fstep_first = (uint32_t)first;
     b->nfsteps = (uint32_t)n;
     b->fstep_out = (uint32_t)at;
+    b->nfcopies = (uint8_t)nc;
 }
 
 /* With grad: each allocation of a saved storage into entry[i] (its index

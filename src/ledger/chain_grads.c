@@ -9,6 +9,16 @@
  * output's, passed on (engine.cpp), or for a copy of several tensors into
  * one (q's and k's), part j of it; ML_GID_NONE where no node makes it
  * (the block's incoming gradient, which the residual sums pass on). */
+/* A residual sum whose node casts the branch's gradient (autocast:
+ * ml__kit_layer_residual) hands the stream's on unchanged: to t when t is
+ * the sum's other input. */
+static bool passes_on(const mlg_op *o, uint16_t t)
+{
+    if (o->kind != MLG_OP_ELEMENTWISE || o->nin != 2 || o->ngin != 1)
+        return false;
+    return o->gin[0] != t;
+}
+
 uint16_t ml__ck_grad_id(const ml_graph *g, uint16_t t)
 {
     _Static_assert(ML_GIDS == MLG_MAX_TENSORS, "one id per graph tensor");
@@ -30,7 +40,7 @@ uint16_t ml__ck_grad_id(const ml_graph *g, uint16_t t)
                         plain = true;
                 }
             for (unsigned j = 0; j < o->nin && !pass; j++)
-                if (!o->node && o->nout && o->in[j] == t) {
+                if (o->nout && o->in[j] == t && (!o->node || passes_on(o, t))) {
                     pass = o;
                     at = j;
                 }

@@ -118,7 +118,8 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
      * rule, said in the output) */
     const bool math = m->attn.kernel == ML_ATTN_SDPA && !ml__ck_fused_attention(ch->prec.a, m) &&
                       !m->residual.shared_norm;
-    G->programs = !ch->prec.autocast && (m->attn.kernel == ML_ATTN_EAGER || math) &&
+    G->programs = (!ch->prec.autocast || ml__ck_autocast_ops(m)) &&
+                  (m->attn.kernel == ML_ATTN_EAGER || math) &&
                   !m->embed.image_size && !m->residual.parallel && !m->attn.kv_lora &&
                   !m->moe.experts &&
                   !(m->norms.kind == ML_NORM_LAYERNORM && m->embed.position == ML_POS_ROPE);
@@ -414,13 +415,28 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
             /* an op saves six at most */
             rel[nrel++] = x->idx[e] + (ml__graph_repeated_tensor(g, e) ? in->off : 0);
     }
-    const bool accum = o->accum != MLG_NONE && !(o->accum_but_last && in->last);
-    if (accum) {
+    /* the input's gradient goes into its InputBuffer once the node that
+     * makes it has run: the product's, or its input copy's */
+    bool acc = o->accum != MLG_NONE && !(o->accum_but_last && in->last);
+    const bool accum = acc;
+    const uint16_t w = ch->prec.autocast ? ml__ck_autocast_weight(g, o) : MLG_NONE;
+    const uint16_t c = w != MLG_NONE ? ml__ck_autocast_input(g, o) : MLG_NONE;
+    if (acc && (w == MLG_NONE || c != MLG_NONE)) {
+        ml__ck_accum(ch, b, tb[o->accum]);
+        ml__ck_accum_parts(ml__ck_last_node(ch, b), g, o->accum, tb);
+        acc = false;
+    }
+    if (w != MLG_NONE)
+        ml__ck_autocast_copies(ch, b, G, o, w, tb, &gin, &pg, accum);
+    if (acc) {
         ml__ck_accum(ch, b, tb[o->accum]);
         ml__ck_accum_parts(ml__ck_last_node(ch, b), g, o->accum, tb);
     }
     ml__ck_node(ch, b, o->node, gin, pg, gout, rel[0], rel[1]);
-    ml__ck_node_parts(ml__ck_last_node(ch, b), g, o, tb, accum);
+    if (w != MLG_NONE)
+        ml__ck_autocast_parts(ch, b, G, o, w, c, tb, acc);
+    else
+        ml__ck_node_parts(ml__ck_last_node(ch, b), g, o, tb, accum);
     for (unsigned j = 2; j < nrel; j++)
         ml__ck_node_claim(ch, b, rel[j]);
     uint64_t scratch = o->ngin ? ml_mul(ch, tb[o->gin[0]], o->scratch_in) : 0;

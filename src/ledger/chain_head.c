@@ -12,14 +12,26 @@
 #include "graph/kit_head.h"
 #include "ledger/chain_kit.h"
 
+bool ml__ck_autocast_ops(const ml_model *m)
+{
+    return m->type == ML_MODEL_DECODER && m->residual.prenorm && !m->residual.parallel &&
+           !m->residual.post_norms && !m->moe.experts && !m->attn.kv_lora &&
+           !m->attn.fused_proj && !(m->attn.softcap > 0) && !m->embed.image_size &&
+           m->attn.kernel == ML_ATTN_EAGER &&
+           ((m->norms.kind == ML_NORM_LAYERNORM && m->embed.position != ML_POS_ROPE) ||
+            m->norms.kind == ML_NORM_RMSNORM);
+}
+
 /* Whether the blocks record their backward nodes (docs/ledger.md,
- * "Backward, node by node"): fp32 eager blocks for now, not the experts'
- * dispatch under expert parallelism (its backward is the block rule's). */
+ * "Backward, node by node"): fp32 eager blocks, and under autocast the
+ * layouts ml__ck_autocast_ops names; not the experts' dispatch under
+ * expert parallelism (its backward is the block rule's). */
 bool ml__ck_node_level(const ml_chain *ch, const ml_model *m)
 {
-    return ch->prec.a == 4 && ch->prec.w == 4 && !ch->prec.autocast && !ch->ep_dispatch &&
-           !ml__ck_fused_attention(ch->prec.a, m) && !m->attn.kv_lora && !m->moe.router_sigmoid &&
-           !m->moe.sort;
+    const bool prec = ch->prec.autocast ? ml__ck_autocast_ops(m)
+                                        : ch->prec.a == 4 && ch->prec.w == 4;
+    return prec && !ch->ep_dispatch && !ml__ck_fused_attention(ch->prec.a, m) &&
+           !m->attn.kv_lora && !m->moe.router_sigmoid && !m->moe.sort;
 }
 
 /* A tied V x D weight over the vocabulary (an LM head's, the fused

@@ -269,9 +269,9 @@ void ml__ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes)
     nodes_close(ch, b);
 }
 
-void ml__ck_ng_close(ml_cblock *b, const ml_graph_live *g, uint64_t out)
+void ml__ck_ng_close(ml_cblock *b, const ml_graph_live *g, uint64_t out, uint64_t kept)
 {
-    if (!g->bad && g->live == out && g->peak >= out) {
+    if (!g->bad && g->live >= kept && g->live - kept == out && g->peak >= out) {
         b->ws_nograd = g->peak - out;
         b->ws_nograd_ops = true;
     }

@@ -74,10 +74,12 @@ uint16_t ml__ck_hand_gid(const ml_graph *g);
 void ml__ck_end(ml_chain *ch, ml_cblock *b, uint64_t out_bytes);
 
 /* Sets b->ws_nograd from a complete program: one that ends holding the
- * block's output only (out bytes, 0 for a view of the input). The replay
- * holds ws_nograd beside the output, so ws_nograd is the program's peak
- * less the output. An incomplete program leaves the block rule. */
-void ml__ck_ng_close(ml_cblock *b, const ml_graph_live *g, uint64_t out);
+ * block's output (out bytes, 0 for a view of the input) and `kept` bytes
+ * more (autocast's weight copies, which the replay makes after the
+ * transient where it is not known op by op). The replay holds ws_nograd
+ * beside the output, so ws_nograd is the program's peak less the output.
+ * An incomplete program leaves the block rule. */
+void ml__ck_ng_close(ml_cblock *b, const ml_graph_live *g, uint64_t out, uint64_t kept);
 /* The same for a program with grad, whose saved tensors stay: complete
  * when it ends holding the block's saved tensors and its output; sets
  * b->ws_fwd, what the replay holds beside them while the block runs. */
@@ -118,6 +120,11 @@ void ml__ck_ep_own(const ml_ck_dims *d, uint64_t N, uint64_t E, uint64_t *sent,
  * the compute dtype's bytes. */
 bool ml__ck_fused_attention(unsigned compute_bytes, const ml_model *m);
 
+/* The decoder layouts whose forward and backward are written out op by op
+ * under autocast too, as a CUDA-autocast twin checks them
+ * (tests/torch/livebytes.py): GPT-2's and Llama's (LayerNorm with learned
+ * positions, or Llama's RMSNorm; a dense MLP; eager attention). */
+bool ml__ck_autocast_ops(const ml_model *m);
 /* Whether the transformer's blocks record their backward nodes
  * (chain_head.c; docs/ledger.md, "Backward, node by node"). */
 bool ml__ck_node_level(const ml_chain *ch, const ml_model *m);
@@ -293,6 +300,24 @@ bool ml__ck_graph_seq(ml_chain *ch, const ml_layer *l, const ml_shape *in, unsig
 /* Block b's inventory, nodes, parameters, FLOPs and transients from G,
  * closed with output bytes out (ml__ck_end), then its forward programs. */
 void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_t out);
+/* Under autocast (chain_autocast.c): op o's weight copy, the graph
+ * tensor it saves flagged MLG_T_WCAST (MLG_NONE: o is no product with
+ * parameters, or saves none); its input copy (MLG_NONE: it reads the
+ * tensor its gradient goes to). */
+uint16_t ml__ck_autocast_weight(const ml_graph *g, const mlg_op *o);
+uint16_t ml__ck_autocast_input(const ml_graph *g, const mlg_op *o);
+/* The ToCopyBackward0 nodes of product o's copies (w: its weight copy) at
+ * bytes tb, before its own node in the forward order the list is built
+ * in; *gin and *pg become the product's own (accum: its input's gradient
+ * goes into an InputBuffer accumulation). */
+void ml__ck_autocast_copies(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const mlg_op *o,
+                            uint16_t w, const uint64_t *tb, uint64_t *gin, uint64_t *pg,
+                            bool accum);
+/* The gradients product o's own node (the list's last) makes and reads:
+ * its input copy's c (else its input's, added into the buffer: acc), its
+ * weight copy's and its bias copy's. */
+void ml__ck_autocast_parts(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const mlg_op *o,
+                           uint16_t w, uint16_t c, const uint64_t *tb, bool acc);
 /* Block b's forward without grad from graph g at bytes tb, ending with
  * `held` bytes (its output): its transient (ml__ck_ng_close) and, where
  * that is found op by op, its steps (chain.h, ml_fstep; chain_fsteps.c). */

@@ -150,8 +150,10 @@ static void opt_model(const ml_evalctx *x, const ml_summary *res, unsigned cast1
         cast_before -= b->cast_bytes;
         const uint64_t cast_held = sixteenths(cast_before, cast16);
         o->fwd = cast_held + b->in_bytes + b->saved_bytes + b->ws_fwd + out + z.gather;
-        o->fwd_ng = cast_held + sixteenths(b->cast_bytes, cast16) + b->in_bytes + b->ws_nograd + out +
-                    z.gather;
+        /* a transient found op by op holds the block's own copies already
+         * (the walk keeps them: chain_fsteps.c) */
+        const uint64_t own = b->ws_nograd_ops ? 0 : sixteenths(b->cast_bytes, cast16);
+        o->fwd_ng = cast_held + own + b->in_bytes + b->ws_nograd + out + z.gather;
         uint64_t g = z.accum ? b->grad_accum_bytes : grad_of(ch, &z, k);
         o->bwd = b->ws_bwd + g + (z.gsh ? b->grad_bytes : 0) + z.gather + z.reduce;
         o->base_b = R + E + held + later;

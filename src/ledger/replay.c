@@ -222,11 +222,17 @@ static void forward_block(ml_replay *r, size_t k)
     r->flops_done += b->flops_fwd; /* the block runs: what follows is after it */
     ml__replay_steps_end(r, k, seg[k] < 0, ML_CAT_ACTIVATIONS, steps);
     ml__replay_free(r, ML_CAT_WORKSPACE, gat);
+    /* autocast's weight copies, which its cache holds to the region's end
+     * (docs/precision.md): made by the steps without grad, where they ran */
+    const bool copies = steps && seg[k] >= 0 && b->nfcopies;
     if (r->hold_cache) { /* the output's keys and values; autocast's weight copies */
-        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->cache_bytes + b->cast_bytes, ML_T_HELD, k, 1);
-    } else if (seg[k] >= 0 && b->cast_bytes) { /* checkpointed: autocast's cache holds them */
+        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->cache_bytes + (copies ? 0 : b->cast_bytes),
+                            ML_T_HELD, k, 1);
+    } else if (seg[k] >= 0 && b->cast_bytes && !copies) { /* checkpointed */
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->cast_bytes); /* to the loss (precision.md) */
     }
+    if (copies) /* the ledger's count of them */
+        ml__replay_ledger_event(r, ML_CAT_WORKSPACE, (int64_t)b->cast_bytes);
     if (r->train_cache && b->out_cache_bytes) { /* the output's cache, in training */
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->out_cache_bytes);
         r->cache_out += b->out_cache_bytes;

@@ -36,8 +36,13 @@ static void steps(ml_replay *r, size_t k, bool grad, ml_category c, bool to_out)
     const size_t first = grad ? b->gstep_first : b->fstep_first;
     const size_t n = grad ? b->ngsteps : b->nfsteps, out = grad ? b->gstep_out : b->fstep_out;
     if (grad && to_out)
-        ml__rsim_saved_open(r->rsim, c, b->saved_bytes, k, b->gsave_per);
-    run(r, &r->ch->fsteps[first], to_out ? 0 : out + 1, to_out ? out : n, k, c);
+        ml__rsim_saved_open(r->rsim, c, b->saved_bytes, k, b->nsaved, b->gsave_per);
+    /* without grad, autocast's weight copies stay: an allocation of the
+     * workspace that the region's end frees (ml__replay_forward) */
+    if (!grad && to_out && b->nfcopies)
+        ml__rsim_saved_open(r->rsim, ML_CAT_WORKSPACE, b->cast_bytes, k, b->nfcopies, 1);
+    run(r, &r->ch->fsteps[first], to_out ? 0 : out + 1, to_out ? out : n, k,
+        grad ? c : ML_CAT_WORKSPACE);
 }
 
 bool ml__replay_steps_begin(ml_replay *r, size_t k, bool grad, ml_category c)

@@ -246,6 +246,8 @@ static size_t held_sizes(ml_rsim *r, uint64_t bytes, const ml_cblock *b)
     if (kv)
         r->sizes[n++] = b->cache_unit;
     uint64_t sum = b->cache_bytes;
+    if (bytes == sum) /* the copies made by the block's steps (replay.c) */
+        return n;
     for (size_t i = b->saved_first; i < b->saved_first + b->nsaved; i++)
         if ((ch->saved[i].flags & ML_SV_WCAST) && ch->saved[i].bytes) {
             r->sizes[n++] = ch->saved[i].bytes;
@@ -423,7 +425,10 @@ void ml__rsim_move(ml_rsim *r, ml_category from, ml_category to, uint64_t bytes)
 {
     if (!bytes || r->oom || r->nomem)
         return;
-    for (size_t k = r->nlive[from]; k-- > 0;) {
+    /* the oldest of that size: the tensor the replay made before a
+     * block's steps, not one of them of the same size (live groups are in
+     * allocation order) */
+    for (size_t k = 0; k < r->nlive[from]; k++) {
         const size_t gi = r->live[from][k];
         if (r->g[gi].bytes != bytes)
             continue;

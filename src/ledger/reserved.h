@@ -95,15 +95,19 @@ uint64_t ml__rsim_process_held(const ml_device *dv);
  * the node has run); the others stay until the allocation is freed. False
  * when there is none, or it is one tensor (nothing changed). */
 bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry);
-/* The latest live allocation of category `from` of `bytes` counted in
+/* The oldest live allocation of category `from` of `bytes` counted in
  * category `to` from now on: the same tensors, nothing allocated or freed
- * (a tensor the replay recategorizes: the mask a checkpoint keeps). */
+ * (a tensor the replay recategorizes: the mask a checkpoint keeps, made
+ * before the layer whose steps may hold a tensor of its size). */
 void ml__rsim_move(ml_rsim *r, ml_category from, ml_category to, uint64_t bytes);
 /* Opens block's ML_T_SAVED allocation of category c and `bytes` with no
- * tensor made yet: `per` handles for each of its saved entries, which the
- * forward's steps fill as its ops run (ml__rsim_saved_fill); freed as the
- * other ML_T_SAVED allocations are, each entry's filled handles together. */
-void ml__rsim_saved_open(ml_rsim *r, ml_category c, uint64_t bytes, size_t block, unsigned per);
+ * tensor made yet: `per` handles for each of its `entries` (its saved
+ * entries; autocast's weight copies without grad), which the forward's
+ * steps fill as its ops run (ml__rsim_saved_fill); freed as the other
+ * ML_T_SAVED allocations are, each entry's filled handles together, or
+ * whole by its bytes. */
+void ml__rsim_saved_open(ml_rsim *r, ml_category c, uint64_t bytes, size_t block,
+                         size_t entries, unsigned per);
 /* Makes the allocation of `bytes` that fills handle `slot` of saved entry
  * `entry` in block's open ML_T_SAVED allocation of category c. */
 void ml__rsim_saved_fill(ml_rsim *r, ml_category c, size_t block, size_t entry, unsigned slot,

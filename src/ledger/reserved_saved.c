@@ -56,12 +56,13 @@ bool ml__rsim_free_saved(ml_rsim *r, ml_category c, size_t block, size_t entry)
     return true;
 }
 
-void ml__rsim_saved_open(ml_rsim *r, ml_category c, uint64_t bytes, size_t block, unsigned per)
+void ml__rsim_saved_open(ml_rsim *r, ml_category c, uint64_t bytes, size_t block,
+                         size_t entries, unsigned per)
 {
     if (!bytes || r->oom || r->nomem)
         return;
     per = per ? per : 1;
-    const size_t n = r->ch->blocks[block].nsaved * (size_t)per;
+    const size_t n = entries * (size_t)per;
     if (!ml__rsim_group_room(r, n))
         return;
     memset(&r->h[r->nh], 0, n * sizeof *r->h);

@@ -15,7 +15,8 @@ they allocate are those of a GPU run, measured by the CPU's allocator.
   bf16; a cast of a leaf tensor that requires grad (a weight) is cached
   until the outermost autocast region exits (cached_cast), so a weight used
   twice is cast once and its copy lives as long as the region or a saved
-  reference;
+  reference (a bias's copy is made in a profiler range `ml:bias-copy`,
+  which allocates nothing, so that a check can name it);
 - fp32 (layer_norm, pow, rsqrt, exp, nll_loss, ...): floating inputs cast
   to fp32;
 - fp32_set_opt_dtype (softmax, log_softmax, sum, ...): dtype=float32 added
@@ -84,7 +85,12 @@ class CudaAutocast(TorchFunctionMode):
         if dtype == LOW and t.is_leaf and t.requires_grad:
             c = self.cache.get(id(t))
             if c is None or c[0] is not t:
-                c = (t, t.to(dtype))
+                if t.dim() == 1:  # a bias's copy, in a range that names it
+                    h = torch.ops.profiler._record_function_enter_new("ml:bias-copy", None)
+                    c = (t, t.to(dtype))
+                    torch.ops.profiler._record_function_exit._RecordFunction(h)
+                else:
+                    c = (t, t.to(dtype))
                 self.cache[id(t)] = c
             return c[1]
         return t.to(dtype)

@@ -4,6 +4,8 @@
  * nothing stays), read off the plan's events. */
 #include "harness.h"
 
+#include "model/model_internal.h"
+
 /* The highest total of block `blk`'s forward events above the total just
  * before its first one. */
 static uint64_t climb(const ml_model *m, const ml_config *c, int32_t blk)
@@ -141,8 +143,10 @@ static void test_residual_by_hand(void **state)
  * (docs/ledger.md, "The forward, op by op"): GPT-2 small's layers and head
  * walked op by op in fp32 (their graphs have forward programs), its
  * embedding by the block rule (no program), its loss by its own formula;
- * under autocast the programs do not run (cast copies): the block rule;
- * with selective checkpointing the walk with grad is skipped: partly. */
+ * under autocast too (its cast copies are ops of the programs); with a
+ * fused attention kernel (flash) the layers have no program: the block
+ * rule; with selective checkpointing the walk with grad is skipped:
+ * partly. */
 static void test_transients_said(void **state)
 {
     (void)state;
@@ -153,11 +157,14 @@ static void test_transients_said(void **state)
     static const struct {
         ml_precision prec;
         ml_checkpoint_kind ck;
+        ml_attention kernel;
         ml_transients layer;
-    } rows[] = {{ML_PREC_FP32, ML_CKPT_NONE, ML_TRANSIENTS_OPS},
-                {ML_PREC_AMP_BF16, ML_CKPT_NONE, ML_TRANSIENTS_BLOCK_RULE},
-                {ML_PREC_FP32, ML_CKPT_SELECTIVE, ML_TRANSIENTS_PARTLY}};
+    } rows[] = {{ML_PREC_FP32, ML_CKPT_NONE, ML_ATTN_EAGER, ML_TRANSIENTS_OPS},
+                {ML_PREC_AMP_BF16, ML_CKPT_NONE, ML_ATTN_EAGER, ML_TRANSIENTS_OPS},
+                {ML_PREC_AMP_BF16, ML_CKPT_NONE, ML_ATTN_FLASH, ML_TRANSIENTS_BLOCK_RULE},
+                {ML_PREC_FP32, ML_CKPT_SELECTIVE, ML_ATTN_EAGER, ML_TRANSIENTS_PARTLY}};
     for (size_t r = 0; r < sizeof rows / sizeof *rows; r++) {
+        m->attn.kernel = rows[r].kernel;
         c.training.precision = rows[r].prec;
         c.training.checkpoint.kind = rows[r].ck;
         ml_ledger *l = NULL;

@@ -148,7 +148,7 @@ static ml_status walk_setting(ml_model *m, const ml_config *cfg, void *arg)
 
 static void check(ml_model *m, void *arg)
 {
-    each_setting(m, 2, walk_setting, arg);
+    each_setting(m, 3, walk_setting, arg);
 }
 
 static void test_shipped_gradients_by_identity(void **state)

@@ -261,8 +261,14 @@ static void test_rotary_figures(void **state)
                              k, p, (unsigned long long)shapes[s][0],
                              (unsigned long long)shapes[s][1], (unsigned long long)sr,
                              (unsigned long long)sl, (unsigned long long)extra);
-                /* (no node list: the block-level backward, both) */
-                assert_int_equal(nr, nl ? nl + 2 : 0);
+                /* (no node list: the block-level backward, both; under
+                 * autocast LayerNorm with the rotary has none: a layout
+                 * the autocast twin does not check, chain_head.c
+                 * ml__ck_autocast_ops) */
+                if (ml__prec_of((ml_precision)p).autocast)
+                    assert_int_equal(nr, 0);
+                else
+                    assert_int_equal(nr, nl ? nl + 2 : 0);
                 noded += nl > 0;
                 n++;
                 fused += f;
