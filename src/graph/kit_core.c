@@ -24,11 +24,18 @@ uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h)
 static mlg_op *core_bmm(ml_graph *g, const char *name, const char *node, uint16_t a, uint16_t b,
                         uint16_t out, uint8_t d)
 {
-    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, name, a, out, node);
+    /* BmmBackward0 makes mat2's gradient first (derivatives.yaml's inputs
+     * in sorted order: mat2, self) */
+    mlg_op *o = ml__graph_op(g, MLG_OP_MATMUL, name);
+    ml__op_in(o, a);
     ml__op_in(o, b);
+    ml__op_out(o, out);
+    ml__op_node(o, node);
+    ml__op_gin(o, b);
+    ml__op_gin(o, a);
+    ml__op_gout(o, out);
     ml__op_save(o, a);
     ml__op_save(o, b);
-    ml__op_gin(o, b);
     ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, MLG_T, d);
     o->core = true;
     return o;

@@ -85,6 +85,10 @@ typedef struct {
     uint64_t gin_b[4], gout_b[3];
     uint8_t ngin, ngout, gin_acc;
     bool accum;
+    bool pg_first; /* its parameter gradient made before grad_in: MmBackward0
+                      (a product without bias: derivatives.yaml's mm makes
+                      mat2's, the weight's, first, the codegen taking the
+                      inputs in sorted order) */
 } ml_bnode;
 
 /* Gradient ids of ml_bnode: tensor t of the block's graph (graph.h,

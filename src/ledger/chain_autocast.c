@@ -1,7 +1,15 @@
 /* A block's backward nodes under autocast (docs/ledger.md, "Backward, node
  * by node"): the ToCopyBackward0 nodes of a product's autocast copies and
  * the gradients the product's own node makes (chain_graph.c's node()). */
+#include <string.h>
+
 #include "ledger/chain_kit.h"
+
+bool ml__ck_mm_node(const mlg_op *o)
+{
+    return o->kind == MLG_OP_MATMUL && o->nparam == 1 && o->node &&
+           !strncmp(o->node, "MmBackward0", 11);
+}
 
 /* A product under autocast (aten/src/ATen/autocast_mode.cpp, cached_cast)
  * reads copies: of its fp32 input (the op's input is not the tensor its
@@ -97,6 +105,15 @@ void ml__ck_autocast_parts(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, con
                                ch->prec.a);
     }
     n->ngin = (uint8_t)m;
+    if (ml__ck_mm_node(o)) { /* MmBackward0: mat2's (the weight copy's) first */
+        const uint16_t id = n->gin_id[0];
+        const uint64_t bytes = n->gin_b[0];
+        n->gin_id[0] = n->gin_id[1];
+        n->gin_b[0] = n->gin_b[1];
+        n->gin_id[1] = id;
+        n->gin_b[1] = bytes;
+        n->gin_acc = (uint8_t)(n->gin_acc << 1);
+    }
     for (unsigned j = 0; j < o->ngout && j < 3; j++) {
         n->gout_id[j] = ml__ck_grad_id(g, o->gout[j]);
         n->gout_b[j] = tb[o->gout[j]];

@@ -82,7 +82,11 @@ void ml__ck_node_parts(ml_bnode *n, const ml_graph *g, const mlg_op *o, const ui
                 c->nin <= ML_GID_PARTS && g->t[t].factor == c->nin && tb[t] % c->nin == 0)
                 parts = c->nin;
         }
-        for (unsigned p = 0; p < parts; p++, m++) {
+        /* a batched matmul of one copy of its two operands (nanoGPT's q
+         * and k) makes mat2's part first, as BmmBackward0 does */
+        const bool rev = o->kind == MLG_OP_MATMUL && !o->nparam && o->ngin == 1;
+        for (unsigned i = 0; i < parts; i++, m++) {
+            const unsigned p = rev ? parts - 1 - i : i;
             n->gin_id[m] = (uint16_t)(id + p * (ML_GIDS + 1));
             n->gin_b[m] = tb[t] / parts;
             if (accum && t == o->accum)

@@ -437,6 +437,12 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
         ml__ck_autocast_parts(ch, b, G, o, w, c, tb, acc);
     else
         ml__ck_node_parts(ml__ck_last_node(ch, b), g, o, tb, accum);
+    /* MmBackward0 (a product without bias) makes its weight's gradient
+     * first (its inputs in sorted order, mat2 before self), AddmmBackward0
+     * its input's (mat1, mat2, then self: the bias) */
+    ml_bnode *nn = ml__ck_last_node(ch, b);
+    if (nn && w == MLG_NONE && ml__ck_mm_node(o))
+        nn->pg_first = true;
     for (unsigned j = 2; j < nrel; j++)
         ml__ck_node_claim(ch, b, rel[j]);
     uint64_t scratch = o->ngin ? ml_mul(ch, tb[o->gin[0]], o->scratch_in) : 0;

@@ -190,6 +190,15 @@ void ml__nodes_hand(ml_replay *r, const ml_cblock *b)
         r->carry_name = r->gcarry;
 }
 
+/* Node x's parameter gradient (created as .grad in the first micro-batch);
+ * a tied table's partial named for the embedding's backward. */
+static void param_grad(ml_replay *r, const ml_bnode *x, bool create, bool tied)
+{
+    ml__replay_alloc(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, x->param_grad);
+    if (tied && r->rsim)
+        r->tied_name = ml__rsim_latest(r->rsim, r->tied_cat);
+}
+
 /* Block k's nodes' events one by one: each node's incoming gradient,
  * scratch and parameter gradient, then what it frees; *freed adds the saved
  * bytes they free. */
@@ -202,18 +211,19 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
     for (size_t j = 0; j < b->nnodes; j++) {
         const ml_bnode *x = &nd[j];
         size_t taken[3] = {0, 0, 0};
+        /* the LM head's partial of a tied table stays in the engine's
+         * buffer until the embedding's backward (sides.c) */
+        const bool tied = r->tied_partial && x->param_grad == r->tied_partial &&
+                          b->tied_grad == r->tied_partial && !b->in_nograd;
+        if (x->pg_first)
+            param_grad(r, x, create, tied);
         if (r->rsim)
             ml__replay_node_grads_in(r, x, taken);
         else
             ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
         ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
-        ml__replay_alloc(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, x->param_grad);
-        /* the LM head's partial of a tied table stays in the engine's
-         * buffer until the embedding's backward (sides.c) */
-        const bool tied = r->tied_partial && x->param_grad == r->tied_partial &&
-                          b->tied_grad == r->tied_partial && !b->in_nograd;
-        if (tied && r->rsim)
-            r->tied_name = ml__rsim_latest(r->rsim, r->tied_cat);
+        if (!x->pg_first)
+            param_grad(r, x, create, tied);
         ml__replay_free(r, ML_CAT_WORKSPACE, x->scratch);
         if (!create && !tied)
             ml__replay_free(r, ML_CAT_WORKSPACE, x->param_grad);

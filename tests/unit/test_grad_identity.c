@@ -165,10 +165,11 @@ static void test_shipped_gradients_by_identity(void **state)
 
 /* nanoGPT's q k^T (GPT-2 small's layout at B 2, T 64, hidden 768: a head
  * tensor 2 * 64 * 768 * 4 = 393,216 B in fp32): its node makes two
- * gradients of that size, the parts 0 and 1 of the copies' id; the k and
- * q head views' nodes (k's first: the engine runs the later op first) free
- * part 1 and part 0; SplitBackward0 frees v's as the gradient the P v node
- * made for v's copy. */
+ * gradients of that size, the parts 1 and 0 of the copies' id (k's first:
+ * BmmBackward0 makes mat2's gradient before self's, derivatives.yaml's
+ * inputs in sorted order); the k and q head views' nodes (k's first: the
+ * engine runs the later op first) free part 1 and part 0; SplitBackward0
+ * frees v's as the gradient the P v node made for v's copy. */
 static void test_nanogpt_qk_parts(void **state)
 {
     (void)state;
@@ -203,16 +204,17 @@ static void test_nanogpt_qk_parts(void **state)
     assert_int_equal(qk->ngin, 2);
     assert_int_equal(qk->gin_b[0], head);
     assert_int_equal(qk->gin_b[1], head);
-    assert_int_equal(qk->gin_id[1], qk->gin_id[0] + ML_GIDS + 1);
+    /* BmmBackward0 makes mat2's gradient first: k's part, then q's */
+    assert_int_equal(qk->gin_id[0], qk->gin_id[1] + ML_GIDS + 1);
     assert_int_equal(qv->ngout, 1);
-    assert_int_equal(qv->gout_id[0], qk->gin_id[0]);
-    assert_int_equal(kv->gout_id[0], qk->gin_id[1]);
-    /* P v: the probabilities' gradient (2 * 12 * 64 * 64 * 4 B), then v's */
+    assert_int_equal(qv->gout_id[0], qk->gin_id[1]);
+    assert_int_equal(kv->gout_id[0], qk->gin_id[0]);
+    /* P v: v's gradient, then the probabilities' (2 * 12 * 64 * 64 * 4 B) */
     assert_int_equal(pv->ngin, 2);
-    assert_int_equal(pv->gin_b[0], 2 * 12 * 64 * 64 * 4);
-    assert_int_equal(pv->gin_b[1], head);
+    assert_int_equal(pv->gin_b[0], head);
+    assert_int_equal(pv->gin_b[1], 2 * 12 * 64 * 64 * 4);
     assert_int_equal(split->ngout, 3);
-    assert_int_equal(split->gout_id[2], pv->gin_id[1]);
+    assert_int_equal(split->gout_id[2], pv->gin_id[0]);
     assert_int_equal(split->gout_b[2], head);
     ml__chain_free(&c);
     ml_model_destroy(m);

@@ -71,11 +71,11 @@ static void test_optimal_fits_where_a_neighbour_plan_does(void **state)
  * theirs. It replays them without the simulation first and simulates only
  * from the least recompute up; the answer must be the one each policy's
  * own plan gives, the first of equals first. gpt2-medium at micro-batch 4
- * on 10,240 MiB and at micro-batch 3 on 9,848 MiB (caching allocator,
+ * on 10,240 MiB and at micro-batch 3 on 9,552 MiB (caching allocator,
  * without cuBLAS's workspaces: the cases sit at the edge) come to that
  * fallback; none does not fit either. On the first, full and every-2 fit,
- * on the second full, every-2 and every-4, each recomputing every block
- * with its own peak: full, listed first, is the answer (memledger plan ...
+ * each recomputing every block with its own peak: full, listed first, is
+ * the answer; on the second only full fits (memledger plan ...
  * --checkpoint P --allocator caching --blas-workspace 0 on each). */
 static void test_fallback_as_each_policy(void **state)
 {
@@ -85,7 +85,7 @@ static void test_fallback_as_each_policy(void **state)
         uint64_t b, mib;
         unsigned fit;
         const char *answer;
-    } cases[] = {{"gpt2-medium", 4, 10240, 2, "full"}, {"gpt2-medium", 3, 9848, 3, "full"}};
+    } cases[] = {{"gpt2-medium", 4, 10240, 2, "full"}, {"gpt2-medium", 3, 9552, 1, "full"}};
     const char *pols[] = {"none", "full", "every-2", "every-4", "sqrt"};
     for (size_t k = 0; k < 2; k++) {
         ml_model *m = load_preset(cases[k].model);
