@@ -247,12 +247,36 @@ static void forward_block(ml_replay *r, size_t k)
         ml__replay_drop_prev(r);
 }
 
+/* Frees `bytes` of the output's key/value cache, which the forward made
+ * one allocation a block (forward_block): block by block, as made, so the
+ * simulation frees those tensors and no others of the workspace (a free of
+ * their sum would release whatever was latest); the ledger's total is the
+ * same. */
+static void free_out_cache(ml_replay *r, uint64_t bytes)
+{
+    uint64_t left = bytes;
+    bool freed = true;
+    while (left && freed) {
+        freed = false;
+        for (size_t k = 0; k < r->ch->n && left; k++) {
+            const uint64_t b = r->ch->blocks[k].out_cache_bytes;
+            if (b && b <= left) {
+                ml__replay_free(r, ML_CAT_WORKSPACE, b);
+                left -= b;
+                freed = true;
+            }
+        }
+    }
+    if (left)
+        ml__replay_free(r, ML_CAT_WORKSPACE, left);
+}
+
 void ml__replay_drop_prev(ml_replay *r)
 {
     if (r->prev_out)
         ml__replay_free(r, r->prev_out_cat, r->prev_out);
     if (r->prev_cache)
-        ml__replay_free(r, ML_CAT_WORKSPACE, r->prev_cache);
+        free_out_cache(r, r->prev_cache);
     r->prev_out = r->prev_cache = 0;
 }
 
@@ -274,7 +298,7 @@ void ml__replay_forward(ml_replay *r)
     /* logits released or fused: the loop keeps the loss alone, and the
      * output's cache goes with the output once the forward returns */
     if (!r->keep_output && r->cache_out) {
-        ml__replay_free(r, ML_CAT_WORKSPACE, r->cache_out);
+        free_out_cache(r, r->cache_out);
         r->cache_out = 0;
     }
     /* autocast's region ends: its cache goes, a checkpointed block's copies
@@ -570,7 +594,7 @@ void ml__replay_micro_batch(ml_replay *r)
         }
     if (r->keep_output && r->cache_out) { /* the output's cache goes with it */
         if (r->drop_output)
-            ml__replay_free(r, ML_CAT_WORKSPACE, r->cache_out);
+            free_out_cache(r, r->cache_out);
         else
             r->prev_cache += r->cache_out;
         r->cache_out = 0;
