@@ -247,11 +247,9 @@ static void forward_block(ml_replay *r, size_t k)
         ml__replay_drop_prev(r);
 }
 
-/* Frees `bytes` of the output's key/value cache, which the forward made
- * one allocation a block (forward_block): block by block, as made, so the
- * simulation frees those tensors and no others of the workspace (a free of
- * their sum would release whatever was latest); the ledger's total is the
- * same. */
+/* Frees `bytes` of the output's key/value cache block by block, as
+ * forward_block made it (a free of the sum would release whatever
+ * workspace tensor was latest). */
 static void free_out_cache(ml_replay *r, uint64_t bytes)
 {
     uint64_t left = bytes;
