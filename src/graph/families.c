@@ -98,7 +98,6 @@ static bool hf_layout(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_la
      * .to(query.dtype) copies nothing. Phi-3's one qkv_proj (its rotary's
      * cat and pass) keeps the compute dtype: not modelled */
     a->rot_fp32 = a->rope && c->autocast && !m->attn.fused_proj;
-    a->pv_cast = a->probs_cast && a->rot_fp32;
     a->grouped = m->attn.kv_heads < m->attn.heads;
     a->repeat_copy = a->grouped && m->attn.kv_heads > 1;
     /* a cache of Phi-3's views would keep the whole qkv_proj output: not

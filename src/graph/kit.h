@@ -52,12 +52,10 @@ typedef struct {
                             the hidden states' dtype, and autocast lists no
                             mul, add or cat), so the rotated q and k, k's
                             repeat_kv and the q k^T matmul's inputs are
-                            autocast's copies of them */
-    bool pv_cast;        /* the layer's weights stay the fp32 probabilities:
-                            under autocast its `.to(query.dtype)` copies
-                            nothing, the rotated query being fp32 (the
-                            rotary's cos and sin are in the stream's dtype);
-                            the PV matmul's autocast cast copies them */
+                            autocast's copies of them; `.to(query.dtype)`
+                            then copies nothing: the layer keeps the fp32
+                            probabilities, and the PV matmul reads autocast's
+                            copy of them */
     bool cache;          /* evaluation with a KV cache: k and v held to the
                             layer's end (HF DynamicCache) */
     bool softcap;        /* Gemma 2's scores / cap, tanh, * cap (eager only) */
@@ -192,6 +190,8 @@ uint16_t ml__kit_cast_copy(ml_graph *g, const mlg_layer *L, uint16_t x);
 uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_t out);
 /* A (B, h, T, dh) tensor in the compute dtype; a (B, H, T, T) one. */
 uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h);
+/* The same in dtype class dt. */
+uint16_t ml__kit_heads_as(ml_graph *g, const char *name, uint8_t h, uint8_t dt);
 /* Context parallelism's ring attention (PyTorch's
  * torch.distributed.tensor.experimental context_parallel, docs/parallel.md):
  * before the fused kernel's op, an op making the buffers its call holds —
@@ -225,7 +225,7 @@ uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc);
 /* Autocast's copy of the (B, h, T, dh) heads x in the compute dtype
  * (ToCopyBackward0: x's gradient in x's dtype from the copy's). */
 uint16_t ml__kit_autocast_copy(ml_graph *g, uint16_t x, uint8_t h, const char *name);
-/* The same under pv_cast: the product of autocast's copy of probs (made
+/* The same under rot_fp32: the product of autocast's copy of probs (made
  * before it, gone after it without grad; probs stays). */
 uint16_t ml__kit_pv_cast(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc);
 /* The same product into the caller's output O, its heads d wide (latent

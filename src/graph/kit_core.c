@@ -15,7 +15,12 @@ uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t fl
 
 uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h)
 {
-    return ml__graph_tensor(g, name, MLG_COMPUTE, MLG_ACT, 4, MLG_B, h, MLG_T, MLG_DH);
+    return ml__kit_heads_as(g, name, h, MLG_COMPUTE);
+}
+
+uint16_t ml__kit_heads_as(ml_graph *g, const char *name, uint8_t h, uint8_t dt)
+{
+    return ml__graph_tensor(g, name, dt, MLG_ACT, 4, MLG_B, h, MLG_T, MLG_DH);
 }
 
 /* The attention core's batched matmul out = a b: BmmBackward0 saves both
@@ -55,12 +60,21 @@ uint16_t ml__kit_scale(ml_graph *g, uint16_t S)
     return S2;
 }
 
-uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P)
+/* The probabilities P copied to the compute dtype for the PV matmul; its op
+ * in *o. */
+static uint16_t probs_copy(ml_graph *g, uint16_t P, mlg_op **o)
 {
     uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE, MLG_T_CORE);
-    ml__op_free(ml__graph_step(g, MLG_OP_COPY, "to (compute dtype)", P, Pc,
-                               "ToCopyBackward0 (probabilities)"),
-                P);
+    *o = ml__graph_step(g, MLG_OP_COPY, "to (compute dtype)", P, Pc,
+                        "ToCopyBackward0 (probabilities)");
+    return Pc;
+}
+
+uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P)
+{
+    mlg_op *o;
+    uint16_t Pc = probs_copy(g, P, &o);
+    ml__op_free(o, P);
     return Pc;
 }
 
@@ -85,11 +99,10 @@ uint16_t ml__kit_autocast_copy(ml_graph *g, uint16_t x, uint8_t h, const char *n
 
 uint16_t ml__kit_pv_cast(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc)
 {
-    uint16_t Pc = ml__kit_scores(g, "attention probabilities cast for PV", MLG_COMPUTE, MLG_T_CORE);
-    ml__graph_step(g, MLG_OP_COPY, "to (autocast, PV input)", probs, Pc,
-                   "ToCopyBackward0 (probabilities)");
+    mlg_op *o;
+    uint16_t Pc = probs_copy(g, probs, &o);
     uint16_t O = ml__kit_heads(g, "attention output (P v)", MLG_H);
-    mlg_op *o = ml__kit_pv_into(g, Pc, vb, O, MLG_DH);
+    o = ml__kit_pv_into(g, Pc, vb, O, MLG_DH);
     ml__op_free(o, vc);
     ml__op_free(o, Pc);
     return O;

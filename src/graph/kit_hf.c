@@ -196,18 +196,12 @@ uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf
  * first to reach x's InputBuffer (the rotary's is added into it); the two
  * are cat back into a new contiguous tensor (derivatives.yaml:
  * slice_backward). */
-/* A (B, h, T, dh) tensor of dtype class dt. */
-static uint16_t heads_of(ml_graph *g, const char *name, uint8_t h, uint8_t dt)
-{
-    return ml__graph_tensor(g, name, dt, MLG_ACT, 4, MLG_B, h, MLG_T, MLG_DH);
-}
-
 uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, const char *node,
                       const char *pass)
 {
-    uint16_t c1 = heads_of(g, "x * cos", hd, dt), nh = ml__kit_heads(g, "-x2", hd);
-    uint16_t ct = ml__kit_heads(g, "cat(-x2, x1)", hd), s1 = heads_of(g, "* sin", hd, dt);
-    uint16_t r = heads_of(g, "rotated", hd, dt);
+    uint16_t c1 = ml__kit_heads_as(g, "x * cos", hd, dt), nh = ml__kit_heads(g, "-x2", hd);
+    uint16_t ct = ml__kit_heads(g, "cat(-x2, x1)", hd), s1 = ml__kit_heads_as(g, "* sin", hd, dt);
+    uint16_t r = ml__kit_heads_as(g, "rotated", hd, dt);
     if (nh != MLG_NONE)
         g->t[nh].flags |= MLG_T_HALF;
     ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (cos)", x, c1, NULL);
@@ -229,7 +223,7 @@ uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, const cha
     o = ml__graph_op(g, MLG_OP_VIEW, "slice (pass, empty)");
     ml__op_node(o, pass);
     ml__op_gin(o, x);
-    uint16_t rc = heads_of(g, "cat(rotated, pass)", hd, dt);
+    uint16_t rc = ml__kit_heads_as(g, "cat(rotated, pass)", hd, dt);
     o = ml__graph_step(g, MLG_OP_COPY, "cat (rotated, pass)", r, rc, NULL);
     ml__op_free(o, r);
     return rc;
@@ -285,7 +279,7 @@ static mlg_qkv projections(ml_graph *g, const mlg_layer *L, uint16_t h)
  * matmul copies instead); its backward sums the groups. */
 static uint16_t repeat_kv(ml_graph *g, const mlg_attention *a, uint16_t x, const char *node)
 {
-    uint16_t r = a->repeat_copy ? heads_of(g, "repeat_kv output", MLG_H, g->t[x].dtype)
+    uint16_t r = a->repeat_copy ? ml__kit_heads_as(g, "repeat_kv output", MLG_H, g->t[x].dtype)
                                 : ml__graph_view(g, "expanded", ml__graph_storage(g, x), 4, MLG_B,
                                                  MLG_H, MLG_T, MLG_DH);
     mlg_op *o = ml__graph_op(g, a->repeat_copy ? MLG_OP_COPY : MLG_OP_VIEW, "repeat_kv");
@@ -337,7 +331,7 @@ static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
     ml__op_node(o, "SoftmaxBackward0");
     ml__op_gin(o, S3);
     ml__op_gout(o, P);
-    uint16_t probs = a->probs_cast && !a->pv_cast ? ml__kit_probs_cast(g, P) : P;
+    uint16_t probs = a->probs_cast && !a->rot_fp32 ? ml__kit_probs_cast(g, P) : P;
     return ml__kit_dropout(g, a->dropout, probs, "NativeDropoutBackward0 (attention)", true, false);
 }
 
@@ -449,7 +443,7 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
         vrep = repeat_kv(g, a, vh, "ExpandBackward0 (the PV matmul's broadcast of v)");
     if (vc != MLG_NONE)
         ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vrep, vc, NULL);
-    *O = a->pv_cast ? ml__kit_pv_cast(g, probs, vb, vc) : ml__kit_pv(g, probs, vb, vc);
+    *O = a->rot_fp32 ? ml__kit_pv_cast(g, probs, vb, vc) : ml__kit_pv(g, probs, vb, vc);
     return probs;
 }
 

@@ -47,11 +47,10 @@ static uint16_t bias_copy_id(uint16_t w)
 }
 
 void ml__ck_autocast_copies(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const mlg_op *o,
-                            uint16_t w, const uint64_t *tb, uint64_t *gin, uint64_t *pg,
-                            bool accum)
+                            uint16_t w, uint16_t c, const uint64_t *tb, uint64_t *gin,
+                            uint64_t *pg, bool accum)
 {
     const ml_graph *g = &G->g;
-    const uint16_t c = ml__ck_autocast_input(g, o);
     ml_bnode *n;
     if (c != MLG_NONE) {
         ml__ck_node(ch, b, "ToCopyBackward0 (autocast, input)", tb[o->gin[0]], 0, tb[c],

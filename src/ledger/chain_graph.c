@@ -427,7 +427,7 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
         acc = false;
     }
     if (w != MLG_NONE)
-        ml__ck_autocast_copies(ch, b, G, o, w, tb, &gin, &pg, accum);
+        ml__ck_autocast_copies(ch, b, G, o, w, c, tb, &gin, &pg, accum);
     if (acc) {
         ml__ck_accum(ch, b, tb[o->accum]);
         ml__ck_accum_parts(ml__ck_last_node(ch, b), g, o->accum, tb);

@@ -305,17 +305,17 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
  * parameters, or saves none); its input copy (MLG_NONE: it reads the
  * tensor its gradient goes to). */
 uint16_t ml__ck_autocast_weight(const ml_graph *g, const mlg_op *o);
+uint16_t ml__ck_autocast_input(const ml_graph *g, const mlg_op *o);
 /* Whether o's node is MmBackward0 of a product without bias, which makes
  * its weight's gradient before its input's (chain_autocast.c). */
 bool ml__ck_mm_node(const mlg_op *o);
-uint16_t ml__ck_autocast_input(const ml_graph *g, const mlg_op *o);
-/* The ToCopyBackward0 nodes of product o's copies (w: its weight copy) at
- * bytes tb, before its own node in the forward order the list is built
- * in; *gin and *pg become the product's own (accum: its input's gradient
- * goes into an InputBuffer accumulation). */
+/* The ToCopyBackward0 nodes of product o's copies (w: its weight copy, c:
+ * its input copy or MLG_NONE) at bytes tb, before its own node in the
+ * forward order the list is built in; *gin and *pg become the product's
+ * own (accum: its input's gradient goes into an InputBuffer accumulation). */
 void ml__ck_autocast_copies(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const mlg_op *o,
-                            uint16_t w, const uint64_t *tb, uint64_t *gin, uint64_t *pg,
-                            bool accum);
+                            uint16_t w, uint16_t c, const uint64_t *tb, uint64_t *gin,
+                            uint64_t *pg, bool accum);
 /* The gradients product o's own node (the list's last) makes and reads:
  * its input copy's c (else its input's, added into the buffer: acc), its
  * weight copy's and its bias copy's. */

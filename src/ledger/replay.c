@@ -252,21 +252,15 @@ static void forward_block(ml_replay *r, size_t k)
  * workspace tensor was latest). */
 static void free_out_cache(ml_replay *r, uint64_t bytes)
 {
-    uint64_t left = bytes;
-    bool freed = true;
-    while (left && freed) {
-        freed = false;
-        for (size_t k = 0; k < r->ch->n && left; k++) {
-            const uint64_t b = r->ch->blocks[k].out_cache_bytes;
-            if (b && b <= left) {
-                ml__replay_free(r, ML_CAT_WORKSPACE, b);
-                left -= b;
-                freed = true;
-            }
+    for (size_t k = 0; k < r->ch->n && bytes; k++) {
+        const uint64_t b = r->ch->blocks[k].out_cache_bytes;
+        if (b && b <= bytes) {
+            ml__replay_free(r, ML_CAT_WORKSPACE, b);
+            bytes -= b;
         }
     }
-    if (left)
-        ml__replay_free(r, ML_CAT_WORKSPACE, left);
+    if (bytes) /* (more than one micro-batch's: the rest by its sum) */
+        ml__replay_free(r, ML_CAT_WORKSPACE, bytes);
 }
 
 void ml__replay_drop_prev(ml_replay *r)

@@ -323,6 +323,15 @@ static void test_saved_filled_by_steps(void **state)
     ml__rsim_destroy(r);
 }
 
+/* A fresh simulator for one_block's chain that records its events. */
+static ml_rsim *recording(ml_chain *ch, ml_cblock *b, ml_saved *sv)
+{
+    one_block(ch, b, sv);
+    ml_rsim *r = fresh(ch);
+    ml__rsim_record(r);
+    return r;
+}
+
 /* A tensor the replay counts in another category from some point (the
  * mask a checkpoint keeps: workspace, then an activation) stays the one
  * allocation: moved, nothing is allocated or freed, and it is freed from
@@ -333,9 +342,7 @@ static void test_moved_not_copied(void **state)
     ml_chain ch;
     ml_cblock b;
     ml_saved sv[5];
-    one_block(&ch, &b, sv);
-    ml_rsim *r = fresh(&ch);
-    ml__rsim_record(r);
+    ml_rsim *r = recording(&ch, &b, sv);
     ml__rsim_alloc(r, ML_CAT_WORKSPACE, 3 * MiB, ML_T_ONE, 0, 1);
     ml__rsim_move(r, ML_CAT_WORKSPACE, ML_CAT_ACTIVATIONS, 3 * MiB);
     size_t nev = 0;
@@ -368,9 +375,7 @@ static void test_moved_is_the_older(void **state)
     ml_chain ch;
     ml_cblock b;
     ml_saved sv[5];
-    one_block(&ch, &b, sv);
-    ml_rsim *r = fresh(&ch);
-    ml__rsim_record(r);
+    ml_rsim *r = recording(&ch, &b, sv);
     ml__rsim_alloc(r, ML_CAT_WORKSPACE, 3 * MiB, ML_T_ONE, 0, 1); /* the mask */
     ml__rsim_alloc(r, ML_CAT_WORKSPACE, 3 * MiB, ML_T_ONE, 0, 1); /* a step's tensor */
     const size_t step = ml__rsim_latest(r, ML_CAT_WORKSPACE);
