@@ -57,7 +57,9 @@ typedef enum ml_transients {
                                  fused attention, a parallel residual, latent
                                  attention, experts, an image encoder, T5) */
     ML_TRANSIENTS_PARTLY,     /* op by op in one of the two, the block rule in the
-                                 other (selective checkpointing: with grad) */
+                                 other (selective checkpointing, a calibration
+                                 profile's inventory other than the graph's:
+                                 with grad) */
     ML_TRANSIENTS_FORMULA,    /* the block's own tensors (the loss: the logits'
                                  fp32 copy, the fused cross-entropy's chunks) */
     ML_TRANSIENTS_COUNT

@@ -106,19 +106,24 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
         b->saved_bytes = (uint64_t)llround(saved);
         b->core_bytes = (uint64_t)llround(act * share);
         b->measured = true;
-        /* the forward's steps fill the graph's inventory: kept only where
-         * the profile measured that same one (allocator.md, "On the plan") */
-        if (b->saved_bytes != graph_saved)
-            b->gstep_first = b->ngsteps = b->gstep_out = 0;
-        /* the forward program's ws_fwd is what stays beside the ledger's
-         * inventory (docs/ledger.md, "The forward, op by op"): a measured
-         * one gets the block rule */
-        b->ws_fwd = ml_mul(ch, 2, b->unit_fwd);
-        b->ws_fwd_ops = false;
         ch->calibrated++;
         /* the blocks' c as the table prints it: the measured bytes (input
          * included) and the ledger's weight copies */
         ch->calib_c = x > 0 ? (inv + (double)b->cast_bytes) / x : 0;
+        /* where the profile measured the inventory the graph lists, the
+         * graph's tensors stand: its forward's steps, its transients and
+         * its backward's nodes (allocator.md, "On the plan") */
+        if (b->saved_bytes == graph_saved)
+            continue;
+        b->gstep_first = b->ngsteps = b->gstep_out = 0;
+        b->nnodes = 0; /* (a list another block shares stays in ch->nodes) */
+        for (size_t s = b->saved_first; s < b->saved_first + b->nsaved; s++)
+            ch->saved[s].node = ML_NODE_NONE;
+        /* the forward program's ws_fwd is what stays beside the ledger's
+         * inventory (docs/ledger.md, "The forward, op by op"): another
+         * one gets the block rule */
+        b->ws_fwd = ml_mul(ch, 2, b->unit_fwd);
+        b->ws_fwd_ops = false;
     }
 }
 

@@ -89,6 +89,12 @@ typedef struct {
                       (a product without bias: derivatives.yaml's mm makes
                       mat2's, the weight's, first, the codegen taking the
                       inputs in sorted order) */
+    uint64_t pg_bias; /* of a node with two parameters (a weight and its bias,
+                         a LayerNorm's gamma and beta), the second's gradient:
+                         a tensor of its own, made after the first's
+                         (AddmmBackward0's self comes last in sorted order,
+                         its sum_to in engine.cpp's validate_outputs; 0: the
+                         parameters' gradients are one tensor) */
 } ml_bnode;
 
 /* Gradient ids of ml_bnode: tensor t of the block's graph (graph.h,

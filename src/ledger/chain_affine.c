@@ -32,7 +32,7 @@
 
 #if UINTPTR_MAX == UINT64_MAX
 _Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 336 && sizeof(ml_saved) == 32 &&
-                   sizeof(ml_bnode) == 128 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32 &&
+                   sizeof(ml_bnode) == 136 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32 &&
                    sizeof(ml_work_item) == 56 && sizeof(ml_fstep) == 16,
                "a chain struct changed (chain.h): list its new field below, then the sizes");
 #endif
@@ -59,7 +59,7 @@ _Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 336 && sizeof(ml_
     X(ngout) X(gin_acc) X(accum) X(pg_first)
 #define NODE_BYTES(X)                                                                          \
     X(grad_in) X(param_grad) X(scratch) X(grad_out) X(gin_b[0]) X(gin_b[1]) X(gin_b[2])          \
-    X(gin_b[3]) X(gout_b[0]) X(gout_b[1]) X(gout_b[2])
+    X(gin_b[3]) X(gout_b[0]) X(gout_b[1]) X(gout_b[2]) X(pg_bias)
 #define FSTEP_SHAPE(X) X(tok) X(part) X(alloc) X(entry) X(slot)
 #define FSTEP_BYTES(X) X(bytes)
 #define WORK_SHAPE(X) X(kind) X(bwd) X(esize) X(kernels) X(core) X(causal)

@@ -398,7 +398,7 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     const ml_graph *g = &G->g;
     const mlg_op *o = &g->op[k];
     const uint64_t *tb = in->tb;
-    uint64_t gin = 0, gout = 0, pg = 0;
+    uint64_t gin = 0, gout = 0, pg = 0, pg_bias = 0;
     size_t rel[6] = {SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
     unsigned nrel = 0;
     for (unsigned j = 0; j < o->ngin; j++)
@@ -407,7 +407,8 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
         gout = ml_add(ch, gout, tb[o->gout[j]]);
     for (unsigned j = 0; j < o->nparam; j++) {
         uint64_t n = ml__graph_numel(g, &G->z, o->param[j], &ch->overflow);
-        pg = ml_add(ch, pg, ml_mul(ch, n, ch->prec.grad));
+        pg_bias = ml_mul(ch, n, ch->prec.grad);
+        pg = ml_add(ch, pg, pg_bias);
     }
     for (unsigned j = 0; j < o->nsave; j++) {
         uint16_t e = ml__graph_entry(g, o->save[j]);
@@ -443,6 +444,10 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     ml_bnode *nn = ml__ck_last_node(ch, b);
     if (nn && w == MLG_NONE && ml__ck_mm_node(o))
         nn->pg_first = true;
+    /* a weight's and its bias's gradients are two tensors (under autocast
+     * each copy's ToCopyBackward0 makes its own) */
+    if (nn && w == MLG_NONE && o->nparam == 2 && pg_bias < pg)
+        nn->pg_bias = pg_bias;
     for (unsigned j = 2; j < nrel; j++)
         ml__ck_node_claim(ch, b, rel[j]);
     uint64_t scratch = o->ngin ? ml_mul(ch, tb[o->gin[0]], o->scratch_in) : 0;

@@ -448,13 +448,13 @@ static bool by_nodes(const ml_replay *r, size_t k)
     const ml_cblock *b = &r->ch->blocks[k];
     if (r->selective || r->sh->grads_sharded)
         return false;
-    return r->seg[k] < 0 ? b->nnodes && !b->measured : r->seg_nodes;
+    return r->seg[k] < 0 ? b->nnodes != 0 : r->seg_nodes;
 }
 
 static bool segment_by_nodes(const ml_chain *ch, size_t s0, size_t k)
 {
     for (size_t j = s0; j <= k; j++)
-        if (!ch->blocks[j].nnodes || ch->blocks[j].measured)
+        if (!ch->blocks[j].nnodes)
             return false;
     return true;
 }

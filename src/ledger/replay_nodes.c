@@ -190,13 +190,41 @@ void ml__nodes_hand(ml_replay *r, const ml_cblock *b)
         r->carry_name = r->gcarry;
 }
 
-/* Node x's parameter gradient (created as .grad in the first micro-batch);
- * a tied table's partial named for the embedding's backward. */
-static void param_grad(ml_replay *r, const ml_bnode *x, bool create, bool tied)
+/* Whether the simulation makes node x's parameter gradients as two
+ * tensors: the weight's, then the bias's (chain.h, pg_bias). */
+static bool two_grads(const ml_replay *r, const ml_bnode *x)
 {
-    ml__replay_alloc(r, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, x->param_grad);
+    return r->rsim && x->pg_bias && x->pg_bias < x->param_grad &&
+           x->param_grad <= (uint64_t)INT64_MAX;
+}
+
+/* Node x's parameter gradients (created as .grad in the first
+ * micro-batch), named in names[] when two; a tied table's partial named
+ * for the embedding's backward. */
+static void param_grad(ml_replay *r, const ml_bnode *x, bool create, bool tied, size_t *names)
+{
+    const ml_category c = create ? ML_CAT_GRADS : ML_CAT_WORKSPACE;
+    if (two_grads(r, x) && !tied) {
+        ml__replay_ledger_event(r, c, (int64_t)x->param_grad);
+        names[0] = ml__replay_sim_tensor(r, c, x->param_grad - x->pg_bias);
+        names[1] = ml__replay_sim_tensor(r, c, x->pg_bias);
+        return;
+    }
+    ml__replay_alloc(r, c, x->param_grad);
     if (tied && r->rsim)
         r->tied_name = ml__rsim_latest(r->rsim, r->tied_cat);
+}
+
+/* A later micro-batch's parameter gradients, added into .grad, freed. */
+static void param_grad_free(ml_replay *r, const ml_bnode *x, const size_t *names)
+{
+    if (!two_grads(r, x)) {
+        ml__replay_free(r, ML_CAT_WORKSPACE, x->param_grad);
+        return;
+    }
+    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, -(int64_t)x->param_grad);
+    ml__rsim_free_as(r->rsim, ML_CAT_WORKSPACE, names[0], x->param_grad - x->pg_bias);
+    ml__rsim_free_as(r->rsim, ML_CAT_WORKSPACE, names[1], x->pg_bias);
 }
 
 /* Block k's nodes' events one by one: each node's incoming gradient,
@@ -210,23 +238,23 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
     const ml_saved *sv = &r->ch->saved[b->saved_first];
     for (size_t j = 0; j < b->nnodes; j++) {
         const ml_bnode *x = &nd[j];
-        size_t taken[3] = {0, 0, 0};
+        size_t taken[3] = {0, 0, 0}, pg_names[2] = {0, 0};
         /* the LM head's partial of a tied table stays in the engine's
          * buffer until the embedding's backward (sides.c) */
         const bool tied = r->tied_partial && x->param_grad == r->tied_partial &&
                           b->tied_grad == r->tied_partial && !b->in_nograd;
         if (x->pg_first)
-            param_grad(r, x, create, tied);
+            param_grad(r, x, create, tied, pg_names);
         if (r->rsim)
             ml__replay_node_grads_in(r, x, taken);
         else
             ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
         ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
         if (!x->pg_first)
-            param_grad(r, x, create, tied);
+            param_grad(r, x, create, tied, pg_names);
         ml__replay_free(r, ML_CAT_WORKSPACE, x->scratch);
         if (!create && !tied)
-            ml__replay_free(r, ML_CAT_WORKSPACE, x->param_grad);
+            param_grad_free(r, x, pg_names);
         if (r->rsim)
             ml__replay_node_grads_out(r, x, taken);
         else

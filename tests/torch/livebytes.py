@@ -59,6 +59,11 @@ the CPU-only artefacts, each identified by op and tensor, never by a tolerance:
             dtype (`aten::_to_copy` under `aten::native_dropout`), freed with
             the op; CUDA's fused dropout kernel writes the output and the
             mask directly.
+  ln-buffer 1.13's CPU `native_layer_norm_backward` sums gamma's and beta's
+            gradients through a per-thread buffer (aten/src/ATen/native/cpu/
+            layer_norm_kernel.cpp, LayerNormBackwardKernelImplInternal),
+            freed before the op returns; its results, the gradients, outlive
+            it. Removed (SCRATCH_OPS).
   onednn    oneDNN convolution weight/activation reorder buffers (allocations
             under `aten::mkldnn_convolution` and its backward that do not
             outlive the op; in backward, those under `aten::convolution_backward`
@@ -119,7 +124,12 @@ EMPTY = ("aten::empty", "aten::empty_strided", "aten::empty_like")
 # test and again inside it), the first freed at once.
 SCRATCH_OPS = {"aten::convolution_backward": "onednn",
                "aten::native_batch_norm_backward": "bn-grad2",
-               "aten::native_dropout_backward": "dropout-bwd"}
+               "aten::native_dropout_backward": "dropout-bwd",
+               "aten::native_layer_norm_backward": "ln-buffer"}
+# the profiler's range of one backward node's run (engine.cpp,
+# evaluate_function): the node, then what the engine does with its outputs
+EVALUATE = "autograd::engine::evaluate_function: "
+
 # GPU-only temporaries added to the device view, by the op that makes them
 # on the GPU (the docstring: softmax-tmp)
 GPU_TMP_OPS = {"aten::_softmax_backward_data": "softmax-tmp"}
@@ -160,11 +170,13 @@ class Curve:
 
         gpu_ops = self.gpu_ops = set()  # each op that adds a GPU temporary: (kind, its end)
 
-        def walk(n, anc, cb_end, gpu_end=None):
+        def walk(n, anc, cb_end, gpu_end=None, fn=None):
             ef = n.extra_fields
             if type(ef).__name__ == "_ExtraFields_Allocation":
                 allocs.append((n.start_time_ns, len(allocs), ef.ptr, ef.alloc_size,
-                               ef.total_allocated, tuple(anc), cb_end, gpu_end))
+                               ef.total_allocated, tuple(anc), cb_end, gpu_end, fn))
+            if n.name.startswith(EVALUATE):  # one backward node's run
+                fn = (n.name[len(EVALUATE):], n.start_time_ns)
             elif n.name.startswith("ml:"):
                 marks.append((n.start_time_ns, n.end_time_ns, n.name[3:]))
             if n.name in SCRATCH_OPS:  # the op's own end, for its artefact kind
@@ -173,14 +185,14 @@ class Curve:
                 gpu_end = (GPU_TMP_OPS[n.name], n.end_time_ns)
                 gpu_ops.add(gpu_end)
             for c in n.children:
-                walk(c, anc + [n.name], cb_end, gpu_end)
+                walk(c, anc + [n.name], cb_end, gpu_end, fn)
         for r in prof.profiler.kineto_results.experimental_event_tree():
             walk(r, [], None)
         allocs.sort()
         self.errors = []
         # (1) the allocator's running total, reproduced at every event
         run = None
-        for i, (t, _, ptr, d, tot, anc, _cb, _g) in enumerate(allocs):
+        for i, (t, _, ptr, d, tot, anc, _cb, _g, _fn) in enumerate(allocs):
             run = tot - d if run is None else run
             run += d
             if run != tot:
@@ -189,13 +201,13 @@ class Curve:
         # (2) frees paired with allocations by pointer; live bytes from zero
         live, self.ev = {}, []
         total = 0
-        for t, _, ptr, d, tot, anc, cb_end, gpu_end in allocs:
+        for t, _, ptr, d, tot, anc, cb_end, gpu_end, fn in allocs:
             if d > 0:
                 if ptr in live:
                     self.errors.append("pointer %#x allocated twice" % ptr)
                 live[ptr] = len(self.ev)
                 self.ev.append({"t": t, "d": d, "anc": anc, "ptr": ptr, "free": None,
-                                "scratch_of": cb_end, "gpu_tmp": gpu_end})
+                                "scratch_of": cb_end, "gpu_tmp": gpu_end, "fn": fn})
             else:
                 a = live.pop(ptr, None)
                 if a is None or self.ev[a]["d"] != -d:
@@ -780,6 +792,57 @@ def ckpt_steps_checks(check, name, c, view, j, planned_allocs, grad=False, amp=F
           % ("" if grad else "checkpointed "), unmarked, [])
 
 
+PARAM_NODES = ("AddmmBackward0", "NativeLayerNormBackward0")
+
+
+def param_nodes_checks(check, name, c, view, j, planned_allocs):
+    """The backward nodes of a product with a bias and of a LayerNorm make
+    their gradients as tensors of their own, in order: AddmmBackward0 its
+    input's, its weight's, then its bias's (the codegen takes the inputs in
+    sorted order, mat1, mat2, self; the bias's is the engine's sum_to of the
+    output's gradient, engine.cpp validate_outputs), NativeLayerNormBackward0
+    its input's, gamma's, then beta's (layer_norm_backward). In the layers
+    the plan writes out op by op (blocks `block.N` with `transients: ops`:
+    their backward runs node by node), each distinct run of sizes such a node allocates in the
+    steady iteration's device view (without the CPU's ln-buffer) is found
+    as a run of the plan's steady-iteration allocations; a node is the
+    block's whose backward mark (twins.py, bwd_mark) is the latest before
+    it. Left out of a node's run, each named: what
+    the engine allocates after the node when it adds the node's gradient to
+    one already in the input buffer (1.13's InputBuffer::accumulate adds out
+    of place, `old_var + var`, an `aten::add` under the node's
+    evaluate_function outside the node itself; 2.x adds in place where it
+    can), and 0-dim tensors of 8 B or less."""
+    ops = set(b["name"] for b in j["blocks"]
+              if b.get("transients") == "ops" and b["name"].startswith("block."))
+    s0, e0 = c.range("iter1")
+    bwd = sorted((s, n[4:]) for s, _, n in c.marks if s0 <= s <= e0 and n.startswith("bwd:"))
+    runs = {}
+    for k in range(bisect.bisect_left(c.times, s0), bisect.bisect_left(c.times, e0)):
+        e = c.ev[k]
+        fn = e.get("fn")
+        if view[k] <= 8 or fn is None or fn[0] not in PARAM_NODES:
+            continue
+        i = bisect.bisect_right(bwd, (fn[1], chr(0x10FFFF))) - 1
+        if i < 0 or bwd[i][1] not in ops:
+            continue  # outside the layers written out op by op
+        inner = e["anc"][e["anc"].index(EVALUATE + fn[0]) + 1:] if EVALUATE + fn[0] in e["anc"] \
+            else ()
+        if fn[0] not in inner and inner[:1] == ("aten::add",):
+            continue  # 1.13's out-of-place accumulation (see above)
+        runs.setdefault(fn, []).append(view[k])
+    seen = set()
+    for fn, sizes in sorted(runs.items(), key=lambda kv: kv[0][1]):
+        key = (fn[0], tuple(sizes))
+        if key in seen:
+            continue
+        seen.add(key)
+        check(name + " %s's gradients %s: a run of the plan's allocations" % (fn[0], list(sizes)),
+              runs_of(tuple(sizes), planned_allocs) > 0, True)
+    if not seen:
+        print("skip %s backward nodes' gradients: none in a layer planned op by op" % name)
+
+
 def pct(m, p):
     return "%+.1f%%" % ((p - m) / m * 100) if m else "-"
 
@@ -952,6 +1015,12 @@ def main():
                 ckpt_steps_checks(check, name, c, view, j, steady_allocs(
                     memledger, path, B, T, ckpt, optim, impl, logits,
                     tw.target_len(doc, T) if T else None, amp), grad=not ckpt, amp=amp)
+            # the first loop without checkpointing, in fp32
+            if (ckpt, optim, impl, logits, amp) == confs[0] and not amp and any(
+                    e.get("fn") and e["fn"][0] in PARAM_NODES for e in c.ev):
+                param_nodes_checks(check, name, c, view, j, steady_allocs(
+                    memledger, path, B, T, ckpt, optim, impl, logits,
+                    tw.target_len(doc, T) if T else None, amp))
             arts = {}
             for i, k in enumerate(kind):
                 if k is not None:

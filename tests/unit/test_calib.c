@@ -358,6 +358,23 @@ static void test_fit_separates_attention(void **state)
     assert_true(b1->measured);
     assert_false(ml_ledger_summary(cal)->calibrated_at_shape);
     assert_int_equal(b1->inventory_bytes, b0->inventory_bytes);
+    /* the profile measured the inventory the graph lists: the graph's
+     * tensors stand, so the allocator simulation makes the same tensors in
+     * the same order (its forward op by op, its backward node by node) */
+    ml_config cs = c;
+    cs.device.allocator = ML_ALLOCATOR_CACHING;
+    cs.calib = NULL;
+    ml_ledger *sp = eval(m, &cs, true);
+    cs.calib = q;
+    ml_ledger *sc = eval(m, &cs, true);
+    const size_t ns = ml_ledger_sim_event_count(sp);
+    assert_true(ns > 100);
+    assert_int_equal(ml_ledger_sim_event_count(sc), ns);
+    assert_memory_equal(ml_ledger_sim_events(sc), ml_ledger_sim_events(sp),
+                        ns * sizeof(ml_sim_event));
+    assert_int_equal(block_named(sc, "block.0")->transients, ML_TRANSIENTS_OPS);
+    ml_ledger_destroy(sc);
+    ml_ledger_destroy(sp);
     /* no GEMM figures in the profile: the time stays analytic */
     assert_false(ml_ledger_summary(cal)->time_measured);
     ml_ledger_destroy(cal);

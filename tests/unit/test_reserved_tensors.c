@@ -419,19 +419,11 @@ static size_t two_layers(const int64_t *steps, size_t n, size_t head, int64_t *w
     return nw;
 }
 
-/* Where the run want[0 .. nw) first appears in the first iteration's
- * simulation events of a plan of the two layers under checkpoint ckpt;
- * SIZE_MAX: nowhere. */
-static size_t by_op_at(const char *ckpt, const int64_t *want, size_t nw)
+/* Where the run want[0 .. nw) (allocations positive, frees negative, by
+ * the bytes of the allocation they free) first appears in the first
+ * iteration's simulation events of a plan of model y; SIZE_MAX: nowhere. */
+static size_t first_run_at(const char *y, const int64_t *want, size_t nw)
 {
-    char y[512];
-    snprintf(y, sizeof y,
-             "model:\n  type: decoder\n  layers: 2\n  hidden: 4\n  heads: 1\n"
-             "  ffn: 8\n  activation: gelu\n  norm: layernorm\n  vocab: 10\n"
-             "  position: learned\n  max_positions: 2\n  attention: eager\n"
-             "  dropout: 0\ntraining:\n  micro_batch: 1\n  seq_len: 2\n"
-             "  optimizer: sgd\n  checkpoint: %s\ndevice:\n  memory: 8GiB\n  allocator: caching\n",
-             ckpt);
     ml_model *m = load_str(y);
     ml_config c = ml_model_config(m);
     ml_ledger *l = eval(m, &c, true);
@@ -464,6 +456,21 @@ static size_t by_op_at(const char *ckpt, const int64_t *want, size_t nw)
     return found;
 }
 
+/* Two layers of hidden 4, one head, MLP width 8 (GPT-2's layout), B 1,
+ * T 2, under checkpoint ckpt; as first_run_at. */
+static size_t by_op_at(const char *ckpt, const int64_t *want, size_t nw)
+{
+    char y[512];
+    snprintf(y, sizeof y,
+             "model:\n  type: decoder\n  layers: 2\n  hidden: 4\n  heads: 1\n"
+             "  ffn: 8\n  activation: gelu\n  norm: layernorm\n  vocab: 10\n"
+             "  position: learned\n  max_positions: 2\n  attention: eager\n"
+             "  dropout: 0\ntraining:\n  micro_batch: 1\n  seq_len: 2\n"
+             "  optimizer: sgd\n  checkpoint: %s\ndevice:\n  memory: 8GiB\n  allocator: caching\n",
+             ckpt);
+    return first_run_at(y, want, nw);
+}
+
 /* Checkpointed, the two layers' forward runs without grad, tensor by
  * tensor (tiny_steps); without checkpointing it runs with grad, each saved
  * tensor made as its op runs and kept (tiny_grad_steps), and the run
@@ -483,6 +490,27 @@ static void test_checkpointed_forward_by_op(void **state)
     assert_true(by_op_at("full", &grad[TINY_GRAD_STEPS + 1], TINY_GRAD_STEPS_HEAD) != SIZE_MAX);
 }
 
+/* A product with a bias makes its gradients as three tensors, its input's,
+ * its weight's, then its bias's: AddmmBackward0 takes its inputs in sorted
+ * order (mat1, mat2, self) and the bias's is the engine's sum_to of the
+ * output's gradient (engine.cpp, validate_outputs); a LayerNorm's node its
+ * input's, gamma's, then beta's (layer_norm_backward allocates dX, dgamma,
+ * dbeta in that order). The layers above at B*T = 2 in fp32, the first
+ * iteration (the gradients created as .grad): the MLP's out projection
+ * (8 -> 4) makes 2*8*4 = 64 B, 8*4*4 = 128 B, then 4*4 = 16 B; its first
+ * (4 -> 8) 2*4*4 = 32 B, 128 B, then 8*4 = 32 B; a LayerNorm 32 B, 16 B,
+ * 16 B. One tensor of weight and bias (144 B, 160 B, 32 B) is none of
+ * these. */
+static void test_bias_grad_apart(void **state)
+{
+    (void)state;
+    const int64_t out_proj[] = {64, 128, 16}, fc[] = {32, 128, 32}, norm[] = {32, 16, 16};
+    assert_true(by_op_at("none", out_proj, 3) != SIZE_MAX);
+    assert_true(by_op_at("none", fc, 3) != SIZE_MAX);
+    assert_true(by_op_at("none", norm, 3) != SIZE_MAX);
+    assert_true(by_op_at("full", out_proj, 3) != SIZE_MAX);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -495,6 +523,7 @@ int main(void)
         cmocka_unit_test(test_moved_not_copied),
         cmocka_unit_test(test_moved_is_the_older),
         cmocka_unit_test(test_checkpointed_forward_by_op),
+        cmocka_unit_test(test_bias_grad_apart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
