@@ -117,8 +117,6 @@ static void apply_profile(ml_chain *ch, const ml_profile *p, const ml_model *m, 
             continue;
         b->gstep_first = b->ngsteps = b->gstep_out = 0;
         b->nnodes = 0; /* (a list another block shares stays in ch->nodes) */
-        for (size_t s = b->saved_first; s < b->saved_first + b->nsaved; s++)
-            ch->saved[s].node = ML_NODE_NONE;
         /* the forward program's ws_fwd is what stays beside the ledger's
          * inventory (docs/ledger.md, "The forward, op by op"): another
          * one gets the block rule */

@@ -93,8 +93,9 @@ typedef struct {
                          a LayerNorm's gamma and beta), the second's gradient:
                          a tensor of its own, made after the first's
                          (AddmmBackward0's self comes last in sorted order,
-                         its sum_to in engine.cpp's validate_outputs; 0: the
-                         parameters' gradients are one tensor) */
+                         its sum_to in engine.cpp's validate_outputs), below
+                         param_grad; 0: the parameters' gradients are one
+                         tensor */
 } ml_bnode;
 
 /* Gradient ids of ml_bnode: tensor t of the block's graph (graph.h,

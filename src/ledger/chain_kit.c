@@ -181,7 +181,7 @@ static void nodes_close(ml_chain *ch, ml_cblock *b)
     uint64_t in_grad = b->in_nograd || b->grads_in_fwd ? 0 : b->in_bytes;
     uint64_t own_pg = b->grads_in_fwd ? 0 : b->grad_bytes;
     if (ml_add(ch, gin, b->bwd_in) != ml_add(ch, gout, in_grad) || pg != own_pg ||
-        b->measured || b->nodes_off) {
+        b->nodes_off) {
         ch->nnodes -= m;
         b->nnodes = 0;
         for (size_t s = b->saved_first; s < b->saved_first + b->nsaved; s++)

@@ -194,8 +194,7 @@ void ml__nodes_hand(ml_replay *r, const ml_cblock *b)
  * tensors: the weight's, then the bias's (chain.h, pg_bias). */
 static bool two_grads(const ml_replay *r, const ml_bnode *x)
 {
-    return r->rsim && x->pg_bias && x->pg_bias < x->param_grad &&
-           x->param_grad <= (uint64_t)INT64_MAX;
+    return r->rsim && x->pg_bias && x->param_grad <= (uint64_t)INT64_MAX;
 }
 
 /* Node x's parameter gradients (created as .grad in the first
