@@ -100,6 +100,7 @@ static bool hf_layout(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_la
     a->rot_fp32 = a->rope && c->autocast && !m->attn.fused_proj;
     a->grouped = m->attn.kv_heads < m->attn.heads;
     a->repeat_copy = a->grouped && m->attn.kv_heads > 1;
+    a->kv_one = m->attn.kv_heads == 1;
     /* a cache of Phi-3's views would keep the whole qkv_proj output: not
      * modelled (docs/ledger.md, "The forward, op by op") */
     a->cache = c->eval && m->attn.kv_cache && !m->attn.fused_proj;

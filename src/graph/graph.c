@@ -410,6 +410,8 @@ static void walk(const ml_graph *g, const uint64_t *tb, bool grad, bool eval, ml
              * dropout_cuda; the CPU's native_dropout alike) */
             const unsigned j = o->kind == MLG_OP_DROPOUT ? o->nout - 1 - i : i;
             const uint16_t t = o->out[j];
+            if (g->t[t].role == MLG_VIEW)
+                continue; /* its storage is its base's */
             const unsigned parts = parts_of(g, o, t, tb);
             put(&l, tb[t]);
             if (!tb[t])

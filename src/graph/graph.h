@@ -190,6 +190,16 @@ typedef struct {
                             already held for the same tensor (input_buffer.cpp) */
     uint8_t scratch_in;  /* scratch tensors as large as gin[0]'s gradient
                             (a softmax's node: one, set by ml__op_node) */
+    bool scratch_one;    /* the scratch is one tensor of scratch_in times
+                            gin[0]'s gradient (a gradient made in a wider
+                            dtype, then cast), not scratch_in of them */
+    bool scratch_first;  /* the node makes its scratch before its gradients:
+                            a formula's temporaries, which C++ frees in
+                            reverse at the end of the expression
+                            (pow_backward), or a broadcast input's gradient
+                            made whole, before sum_to reduces it in
+                            engine.cpp's validate_outputs, when that input
+                            comes first in the codegen's sorted order */
     bool overfull;       /* a builder listed more than an array holds */
     uint8_t sp_site;     /* sequence parallelism's collective at this op
                             (ml__graph_shard_sequence): MLG_SP_COLUMN, MLG_SP_ROW */

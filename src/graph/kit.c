@@ -315,8 +315,8 @@ static qkv_heads fused_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
                              MLG_QKV);
     if (r.qkv != MLG_NONE)
         g->t[r.qkv].flags |= MLG_T_TMP;
-    const mlg_linear lin = {"addmm (q/k/v projection)", "AddmmBackward0 (qkv projection)", MLG_D,
-                            MLG_QKV, a->qkv_bias};
+    const mlg_linear lin = {"addmm (q/k/v projection)", a->qkv_bias ? "AddmmBackward0 (qkv projection)" : "MmBackward0 (qkv projection)",
+                            MLG_D, MLG_QKV, a->qkv_bias};
     mlg_op *o = ml__kit_linear_with(g, &lin, h, c, w, r.qkv);
     ml__op_gout(o, r.qkv);
     uint16_t q = ml__graph_view(g, "q", r.qkv, 3, MLG_B, MLG_T, MLG_DQ);
@@ -389,7 +389,8 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, cons
                                   MLG_T, MLG_D);
     if (A != MLG_NONE)
         g->t[A].flags |= MLG_T_TMP;
-    const mlg_linear out = {"addmm (output projection)", "AddmmBackward0 (output projection)",
+    const mlg_linear out = {"addmm (output projection)", a->out_bias ? "AddmmBackward0 (output projection)"
+                                         : "MmBackward0 (output projection)",
                             MLG_DQ, MLG_D, a->out_bias};
     const uint8_t grp = g->group;
     if (a->o_first)
@@ -477,10 +478,8 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
         /* HF's apply_rotary_pos_emb on nanoGPT's q and k heads (views of
          * c_attn's output, rebound to the rotated: new tensors, in q's
          * layout, alive until the attention returns) */
-        qh = ml__kit_rope(g, r.qh, MLG_H, MLG_COMPUTE, "MulBackward0/CatBackward0 (rotary on q)",
-                          NULL);
-        kh = ml__kit_rope(g, r.kh, MLG_H, MLG_COMPUTE, "MulBackward0/CatBackward0 (rotary on k)",
-                          NULL);
+        qh = ml__kit_rope(g, r.qh, MLG_H, MLG_COMPUTE, false);
+        kh = ml__kit_rope(g, r.kh, MLG_H, MLG_COMPUTE, false);
     }
     mlg_op *o;
     uint16_t O, probs = MLG_NONE;
@@ -523,7 +522,8 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
     uint16_t M = ml__graph_tensor(g, "MLP output", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_D);
     if (M != MLG_NONE)
         g->t[M].flags |= MLG_T_TMP;
-    const mlg_linear fc = {"addmm (fc)", "AddmmBackward0 (MLP in)", MLG_D, MLG_F, p->bias};
+    const mlg_linear fc = {"addmm (fc)", p->bias ? "AddmmBackward0 (MLP in)" : "MmBackward0 (MLP in)",
+                           MLG_D, MLG_F, p->bias};
     mlg_op *o = ml__kit_linear_with(g, &fc, h, c, w1, F1);
     ml__op_gout(o, F1);
     if (p->in_buf)
@@ -536,7 +536,8 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
     ml__op_free(o, F1);
     if (relu && F1 != MLG_NONE)
         g->t[F1].flags |= MLG_T_TMP;
-    const mlg_linear proj = {"addmm (proj)", "AddmmBackward0 (MLP out)", MLG_F, MLG_D, p->bias};
+    const mlg_linear proj = {"addmm (proj)", p->bias ? "AddmmBackward0 (MLP out)" : "MmBackward0 (MLP out)",
+                             MLG_F, MLG_D, p->bias};
     o = ml__kit_linear_with(g, &proj, G, MLG_NONE, w2, M);
     if (kept && p->keep_act)
         *kept = G;

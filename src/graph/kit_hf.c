@@ -36,8 +36,10 @@ static uint16_t rms_core(ml_graph *g, const mlg_norm *n, uint8_t w, uint16_t x, 
     ml__op_save(o, xf);
     o->accum = xf;
     /* pow_backward: grad * (2 * x.pow(1)), two temporaries of x's size
+     * made before the result and freed after it
      * (tools/autograd/FunctionsManual.cpp, pow_backward) */
     o->scratch_in = 2;
+    o->scratch_first = true;
     o = ml__graph_step(g, MLG_OP_NORM, "mean", x2, var, "MeanBackward1");
     ml__op_free(o, x2);
     o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (eps)", var, ve, NULL);
@@ -46,6 +48,10 @@ static uint16_t rms_core(ml_graph *g, const mlg_norm *n, uint8_t w, uint16_t x, 
     o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "rsqrt", ve, rs, "RsqrtBackward0");
     ml__op_save(o, rs);
     ml__op_free(o, ve);
+    /* derivatives.yaml's rsqrt: -0.5 * grad * result.pow(3), two
+     * temporaries before the result */
+    o->scratch_in = 2;
+    o->scratch_first = true;
     o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (x * rsqrt)", xf, hn,
                        "MulBackward0 (x * rsqrt)");
     ml__op_in(o, rs);
@@ -55,7 +61,10 @@ static uint16_t rms_core(ml_graph *g, const mlg_norm *n, uint8_t w, uint16_t x, 
     if (up)
         ml__op_free(o, xf); /* the upcast, rebound */
     ml__op_gin(o, rs);
+    /* other (rsqrt, broadcast) before self in the codegen's sorted order:
+     * grad * x whole, then x's gradient, then sum_to's rsqrt gradient */
     o->scratch_in = 1;
+    o->scratch_first = true;
     if (xbuf)
         o->accum = xf;
     *var_out = keep_var ? var : MLG_NONE;
@@ -103,7 +112,10 @@ uint16_t ml__kit_gemma_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbu
         ml__op_gin(o, w1);
     if (!n->held)
         ml__op_gout(o, pr);
+    /* other ((1 + weight), broadcast) first in the sorted order: its
+     * gradient whole before h's, then sum_to's */
     o->scratch_in = 1;
+    o->scratch_first = true;
     if (up) {
         o = ml__graph_step(g, MLG_OP_COPY, "type_as", pr, y, "ToCopyBackward0 (type_as)");
         ml__op_free(o, pr);
@@ -187,46 +199,25 @@ uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf
     return y;
 }
 
-/* rotate-half rotary on one head tensor x of hd heads (kit.h): (x * cos)
- * + (cat(-x2, x1) * sin); the products save cos and sin, which need no
- * gradient: nothing of x. One node stands for the products and the cat.
- * pass (Phi-3's apply_rotary_pos_emb): x splits into the rotated part and
- * x[..., rotary_dim:], empty when the whole head rotates, whose
- * SliceBackward0 still makes a zero-filled gradient of x's size, the
- * first to reach x's InputBuffer (the rotary's is added into it); the two
- * are cat back into a new contiguous tensor (derivatives.yaml:
- * slice_backward). */
-uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, const char *node,
-                      const char *pass)
+/* Projection i's (q, k, v) output y viewed into heads; its backward
+ * reshapes the transposed gradient, a copy (ViewBackward0) except with one
+ * kv head, whose gradient reshapes as a view: then the heads' gradient is
+ * the projection output's. */
+static uint16_t head_view(ml_graph *g, const mlg_attention *a, unsigned i, uint16_t y,
+                          const char *name)
 {
-    uint16_t c1 = ml__kit_heads_as(g, "x * cos", hd, dt), nh = ml__kit_heads(g, "-x2", hd);
-    uint16_t ct = ml__kit_heads(g, "cat(-x2, x1)", hd), s1 = ml__kit_heads_as(g, "* sin", hd, dt);
-    uint16_t r = ml__kit_heads_as(g, "rotated", hd, dt);
-    if (nh != MLG_NONE)
-        g->t[nh].flags |= MLG_T_HALF;
-    ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (cos)", x, c1, NULL);
-    ml__graph_step(g, MLG_OP_ELEMENTWISE, "neg (x2)", x, nh, NULL);
-    mlg_op *o = ml__graph_step(g, MLG_OP_COPY, "cat", nh, ct, NULL);
-    ml__op_free(o, nh);
-    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (sin)", ct, s1, NULL);
-    ml__op_free(o, ct);
-    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (rotary)", c1, r, NULL);
-    ml__op_in(o, s1);
-    ml__op_free(o, c1);
-    ml__op_free(o, s1);
-    ml__op_node(o, node);
-    ml__op_gin(o, x);
-    ml__op_gout(o, r);
-    if (!pass)
-        return r;
-    o->accum = x;
-    o = ml__graph_op(g, MLG_OP_VIEW, "slice (pass, empty)");
-    ml__op_node(o, pass);
-    ml__op_gin(o, x);
-    uint16_t rc = ml__kit_heads_as(g, "cat(rotated, pass)", hd, dt);
-    o = ml__graph_step(g, MLG_OP_COPY, "cat (rotated, pass)", r, rc, NULL);
-    ml__op_free(o, r);
-    return rc;
+    const uint16_t hv = ml__graph_view(g, "heads", y, 4, MLG_B, i == 0 ? MLG_H : MLG_HKV, MLG_T,
+                                       MLG_DH);
+    mlg_op *o = ml__graph_op(g, MLG_OP_VIEW, name);
+    if (i && a->kv_one) {
+        ml__op_in(o, y);
+        ml__op_out(o, hv);
+        return hv;
+    }
+    ml__op_node(o, "ViewBackward0 (head view, contiguous copy)");
+    ml__op_gin(o, y);
+    ml__op_gout(o, hv);
+    return hv;
 }
 
 /* q_proj, k_proj, v_proj on h (each with autocast's copies) and the head
@@ -252,25 +243,31 @@ static mlg_qkv projections(ml_graph *g, const mlg_layer *L, uint16_t h)
     if (all != MLG_NONE)
         g->t[all].flags |= MLG_T_TMP;
     mlg_qkv r;
-    static const char *const name[3][3] = {
-        {"mm (q projection)", "MmBackward0 (q projection)", "view (q heads)"},
-        {"mm (k projection)", "MmBackward0 (k projection)", "view (k heads)"},
-        {"mm (v projection)", "MmBackward0 (v projection)", "view (v heads)"}};
+    /* with a bias, addmm: its node makes the input's gradient first */
+    static const char *const name[2][3][3] = {
+        {{"mm (q projection)", "MmBackward0 (q projection)", "view (q heads)"},
+         {"mm (k projection)", "MmBackward0 (k projection)", "view (k heads)"},
+         {"mm (v projection)", "MmBackward0 (v projection)", "view (v heads)"}},
+        {{"addmm (q projection)", "AddmmBackward0 (q projection)", "view (q heads)"},
+         {"addmm (k projection)", "AddmmBackward0 (k projection)", "view (k heads)"},
+         {"addmm (v projection)", "AddmmBackward0 (v projection)", "view (v heads)"}}};
     uint16_t *out[3] = {&r.q, &r.k, &r.v}, *hv[3] = {&r.qh, &r.kh, &r.vh};
     for (unsigned i = 0; i < 3; i++) {
-        const uint8_t width = i == 0 ? MLG_DQ : MLG_DKV, nh = i == 0 ? MLG_H : MLG_HKV;
+        const uint8_t width = i == 0 ? MLG_DQ : MLG_DKV;
         *out[i] = act3(g, "projection output", MLG_COMPUTE, width);
-        const mlg_linear lin = {name[i][0], name[i][1], MLG_D, width, a->qkv_bias};
+        const mlg_linear lin = {name[a->qkv_bias][i][0], name[a->qkv_bias][i][1], MLG_D, width,
+                                a->qkv_bias};
         mlg_op *o = ml__kit_linear_with(g, &lin, h, c[i], w[i], *out[i]);
         ml__op_gout(o, *out[i]);
         if (i < 2 || a->in_buf)
             o->accum = h;
-        *hv[i] = ml__graph_view(g, "heads", *out[i], 4, MLG_B, nh, MLG_T, MLG_DH);
-        o = ml__graph_op(g, MLG_OP_VIEW, name[i][2]);
-        ml__op_node(o, "ViewBackward0 (head view, contiguous copy)");
-        ml__op_gin(o, *out[i]);
-        ml__op_gout(o, *hv[i]);
+        /* BertSelfAttention views q into heads after k and v (its
+         * mixed_query_layer): q's view's node runs first in backward */
+        if (!(a->bert && i == 0))
+            *hv[i] = head_view(g, a, i, *out[i], name[a->qkv_bias][i][2]);
     }
+    if (a->bert)
+        *hv[0] = head_view(g, a, 0, *out[0], name[a->qkv_bias][0][2]);
     return r;
 }
 
@@ -491,11 +488,13 @@ uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv 
         /* apply_rotary_pos_emb; the caller's rebinding frees the unrotated
          * q and k (Phi-3's are views of qkv_proj's output) */
         const bool pass = a->fused_proj;
+        if (pass) {
+            ml__kit_rope_pass(g, p.qh, "SliceBackward0 (q pass, empty)");
+            ml__kit_rope_pass(g, p.kh, "SliceBackward0 (k pass, empty)");
+        }
         const uint8_t dt = a->rot_fp32 ? MLG_STREAM : MLG_COMPUTE;
-        qr = ml__kit_rope(g, p.qh, MLG_H, dt, "MulBackward0/CatBackward0 (rotary on q)",
-                  pass ? "SliceBackward0 (q pass, empty)" : NULL);
-        kr = ml__kit_rope(g, p.kh, MLG_HKV, dt, "MulBackward0/CatBackward0 (rotary on k)",
-                  pass ? "SliceBackward0 (k pass, empty)" : NULL);
+        qr = ml__kit_rope(g, p.qh, MLG_H, dt, pass);
+        kr = ml__kit_rope(g, p.kh, MLG_HKV, dt, pass);
         if (!pass) {
             mlg_op *o = ml__graph_release(g, "q, k rebound to the rotated");
             ml__op_free(o, p.q);

@@ -10,12 +10,12 @@ static uint16_t act3(ml_graph *g, const char *name, uint8_t w)
     return ml__graph_tensor(g, name, MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, w);
 }
 
-/* qkv_proj; q, k, v = its output's slices, each viewed into heads.
- * Backward, per slice: SliceBackward0 makes a zero-filled gradient of the
- * whole output and copies the slice's in; the first to arrive (v's: the
- * engine runs v, k, q) becomes the output's InputBuffer, k's and q's are
- * added and freed; the head view's reshape copies the transposed
- * gradient. */
+/* qkv_proj; q, k, v = its output's slices, then each viewed into heads.
+ * Backward, the views' nodes first (the engine runs the latest first: v's,
+ * k's, q's), each view's reshape copying the transposed gradient; then the
+ * slices': SliceBackward0 makes a zero-filled gradient of the whole output
+ * and copies the slice's in, the first to arrive (v's) becoming the
+ * output's InputBuffer, k's and q's added and freed. */
 mlg_qkv ml__kit_phi3_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
 {
     const mlg_attention *a = &L->attn;
@@ -32,7 +32,7 @@ mlg_qkv ml__kit_phi3_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
                                       "SliceBackward0 (v of qkv)"};
     uint16_t *out[3] = {&r.q, &r.k, &r.v}, *hv[3] = {&r.qh, &r.kh, &r.vh};
     for (unsigned i = 0; i < 3; i++) {
-        const uint8_t width = i == 0 ? MLG_DQ : MLG_DKV, nh = i == 0 ? MLG_H : MLG_HKV;
+        const uint8_t width = i == 0 ? MLG_DQ : MLG_DKV;
         *out[i] = ml__graph_view(g, "slice of qkv", qkv, 3, MLG_B, MLG_T, width);
         o = ml__graph_op(g, MLG_OP_VIEW, "slice");
         ml__op_node(o, sl[i]);
@@ -40,6 +40,9 @@ mlg_qkv ml__kit_phi3_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
         ml__op_gout(o, *out[i]);
         if (i < 2)
             o->accum = qkv;
+    }
+    for (unsigned i = 0; i < 3; i++) {
+        const uint8_t nh = i == 0 ? MLG_H : MLG_HKV;
         *hv[i] = ml__graph_view(g, "heads", qkv, 4, MLG_B, nh, MLG_T, MLG_DH);
         o = ml__graph_op(g, MLG_OP_VIEW, "view (heads)");
         ml__op_node(o, "ViewBackward0 (head view, contiguous copy)");

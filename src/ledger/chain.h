@@ -89,6 +89,11 @@ typedef struct {
                       (a product without bias: derivatives.yaml's mm makes
                       mat2's, the weight's, first, the codegen taking the
                       inputs in sorted order) */
+    uint8_t scratch_parts; /* scratch as that many tensors of equal size
+                              (the simulation's; 0 or 1: one tensor),
+                              freed in reverse order */
+    bool scratch_first;    /* scratch made before the node's gradients
+                              (mlg_op.scratch_first) */
     uint64_t pg_bias; /* of a node with two parameters (a weight and its bias,
                          a LayerNorm's gamma and beta), the second's gradient:
                          a tensor of its own, made after the first's
@@ -97,6 +102,9 @@ typedef struct {
                          param_grad; 0: the parameters' gradients are one
                          tensor */
 } ml_bnode;
+
+/* The most tensors a node's scratch is made of (ml_bnode.scratch_parts). */
+#define ML_SCRATCH_PARTS 4
 
 /* Gradient ids of ml_bnode: tensor t of the block's graph (graph.h,
  * MLG_MAX_TENSORS of them) or the block's input (ML_GID_INPUT) is t, or

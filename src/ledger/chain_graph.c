@@ -451,6 +451,14 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     for (unsigned j = 2; j < nrel; j++)
         ml__ck_node_claim(ch, b, rel[j]);
     uint64_t scratch = o->ngin ? ml_mul(ch, tb[o->gin[0]], o->scratch_in) : 0;
+    /* the simulation makes a formula's temporaries one by one (the same
+     * size each) where nothing below adds to them */
+    const bool parts = o->scratch_in > 1 && !o->scratch_one && o->scratch_in <= ML_SCRATCH_PARTS &&
+                       o->sp_site == MLG_SP_NONE && o->kind != MLG_OP_ATTENTION;
+    if (nn && scratch) {
+        nn->scratch_parts = parts ? o->scratch_in : 1;
+        nn->scratch_first = o->scratch_first;
+    }
     /* sequence parallelism's collectives in the backward (Megatron,
      * tensor_parallel/layers.py and mappings.py): a column-parallel op
      * computes its input's whole gradient, then reduce-scatters it into

@@ -226,6 +226,44 @@ static void param_grad_free(ml_replay *r, const ml_bnode *x, const size_t *names
     ml__rsim_free_as(r->rsim, ML_CAT_WORKSPACE, names[1], x->pg_bias);
 }
 
+/* The tensors the simulation makes node x's scratch of (chain.h,
+ * scratch_parts), each named, so that its release finds them and not a
+ * gradient of the same size made since; 0: one, freed by its bytes. */
+static unsigned scratch_tensors(const ml_replay *r, const ml_bnode *x)
+{
+    const unsigned n = x->scratch_parts > 1 ? x->scratch_parts : 1;
+    return r->rsim && x->scratch && n <= ML_SCRATCH_PARTS && x->scratch % n == 0 &&
+                   x->scratch <= (uint64_t)INT64_MAX
+               ? n
+               : 0;
+}
+
+/* Node x's scratch: one ledger event, its tensors named in names[]. */
+static void scratch_alloc(ml_replay *r, const ml_bnode *x, size_t *names)
+{
+    const unsigned n = scratch_tensors(r, x);
+    if (!n) {
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
+        return;
+    }
+    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, (int64_t)x->scratch);
+    for (unsigned j = 0; j < n; j++)
+        names[j] = ml__replay_sim_tensor(r, ML_CAT_WORKSPACE, x->scratch / n);
+}
+
+/* Its release: the temporaries last made first. */
+static void scratch_free(ml_replay *r, const ml_bnode *x, const size_t *names)
+{
+    const unsigned n = scratch_tensors(r, x);
+    if (!n) {
+        ml__replay_free(r, ML_CAT_WORKSPACE, x->scratch);
+        return;
+    }
+    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, -(int64_t)x->scratch);
+    for (unsigned j = n; j-- > 0;)
+        ml__rsim_free_as(r->rsim, ML_CAT_WORKSPACE, names[j], x->scratch / n);
+}
+
 /* Block k's nodes' events one by one: each node's incoming gradient,
  * scratch and parameter gradient, then what it frees; *freed adds the saved
  * bytes they free. */
@@ -237,21 +275,24 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
     const ml_saved *sv = &r->ch->saved[b->saved_first];
     for (size_t j = 0; j < b->nnodes; j++) {
         const ml_bnode *x = &nd[j];
-        size_t taken[3] = {0, 0, 0}, pg_names[2] = {0, 0};
+        size_t taken[3] = {0, 0, 0}, pg_names[2] = {0, 0}, sc_names[ML_SCRATCH_PARTS] = {0};
         /* the LM head's partial of a tied table stays in the engine's
          * buffer until the embedding's backward (sides.c) */
         const bool tied = r->tied_partial && x->param_grad == r->tied_partial &&
                           b->tied_grad == r->tied_partial && !b->in_nograd;
+        if (x->scratch_first)
+            scratch_alloc(r, x, sc_names);
         if (x->pg_first)
             param_grad(r, x, create, tied, pg_names);
         if (r->rsim)
             ml__replay_node_grads_in(r, x, taken);
         else
             ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
-        ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
+        if (!x->scratch_first)
+            scratch_alloc(r, x, sc_names);
         if (!x->pg_first)
             param_grad(r, x, create, tied, pg_names);
-        ml__replay_free(r, ML_CAT_WORKSPACE, x->scratch);
+        scratch_free(r, x, sc_names);
         if (!create && !tied)
             param_grad_free(r, x, pg_names);
         if (r->rsim)

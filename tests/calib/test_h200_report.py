@@ -3,7 +3,7 @@
 this test holds today's counts of runs within 5 % of the measured peaks, so a
 change that moves the planner away from the measurements fails the build
 (docs/calibration-h200.md): the steady, first-iteration and evaluation
-allocated peaks 60 of 60, reserved with the simulated caching allocator 54
+allocated peaks 60 of 60, reserved with the simulated caching allocator 53
 of 60 (today's count, not the target; every run within 14 %), with
 expandable segments 24 of 24 (every run within 5 %); and the reserved bytes
 once the first iteration has ended, 58 of 60 and 24 of 24; every run
@@ -48,7 +48,7 @@ def main():
         print("%s: %d of %d within 5 %% (at least %d)" % (what, got, n, least))
         if n != runs or got < least:
             bad.append(what)
-    for alloc, least, runs, span in (("caching", 54, 60, 14.0), ("expandable", 24, 24, 5.0)):
+    for alloc, least, runs, span in (("caching", 53, 60, 14.0), ("expandable", 24, 24, 5.0)):
         m = re.search(r"Reserved planned with --allocator %s: (\d+) of (\d+) runs within 5 %% "
                       r"\([^)]*\); all within ([-+0-9.]+) %% to ([-+0-9.]+) %%" % alloc, text)
         if not m:

@@ -298,6 +298,7 @@ class Curve:
         # bytes, the output's dtype being the input's off CUDA's fp16
         # half_to_float path), from that allocation to the op's end
         self.added = []
+        self.added_at = {}  # event index -> the GPU temporary's bytes merged into it
         results = {}  # the op's end -> its results' event indices
         for i, e in enumerate(self.ev):
             g = e.get("gpu_tmp")
@@ -313,6 +314,7 @@ class Curve:
                 continue
             i = idx[0]
             out[i] += self.ev[i]["d"]
+            self.added_at[i] = self.ev[i]["d"]
             k = bisect.bisect_right(self.times, g[1])
             if k < len(out):
                 out[k] -= self.ev[i]["d"]
@@ -827,9 +829,8 @@ def param_nodes_checks(check, name, c, view, j, planned_allocs):
         i = bisect.bisect_right(bwd, (fn[1], chr(0x10FFFF))) - 1
         if i < 0 or bwd[i][1] not in ops:
             continue  # outside the layers written out op by op
-        inner = e["anc"][e["anc"].index(EVALUATE + fn[0]) + 1:]  # under the node's run
-        if fn[0] not in inner and inner[:1] == ("aten::add",):
-            continue  # 1.13's out-of-place accumulation (see above)
+        if out_of_place_add(e):
+            continue  # see above
         runs.setdefault(fn, []).append(view[k])
     seen = set()
     for fn, sizes in sorted(runs.items(), key=lambda kv: kv[0][1]):
@@ -845,6 +846,57 @@ def param_nodes_checks(check, name, c, view, j, planned_allocs):
               runs_of(tuple(sizes), planned_allocs) > 0, True)
     if not seen:
         print("skip %s backward nodes' gradients: none in a layer planned op by op" % name)
+
+
+def out_of_place_add(e):
+    """1.13's InputBuffer::accumulate adds out of place (`old_var + var`): an
+    `aten::add` under a node's evaluate_function, outside the node itself;
+    2.x adds in place where it can (input_buffer.cpp)."""
+    fn = e.get("fn")
+    if fn is None:
+        return False
+    inner = e["anc"][e["anc"].index(EVALUATE + fn[0]) + 1:]
+    return fn[0] not in inner and inner[:1] == ("aten::add",)
+
+
+def layer_backward_checks(check, name, c, view, j, planned_allocs):
+    """The layers the plan writes out op by op (blocks `block.N` with
+    `transients: ops`) run their backward node by node (docs/ledger.md,
+    "Backward, node by node"), and the allocator simulation makes each
+    node's tensors one by one: every allocation a layer's backward makes in
+    the steady iteration's device view, in order, from its backward mark
+    (twins.py, bwd_mark) to the next layer's (or the step), is found as one
+    run of the plan's steady-iteration allocations. Each distinct run is
+    checked once. Left out, each named: 1.13's out-of-place accumulations
+    (out_of_place_add) and 0-dim tensors of 8 B or less; the GPU's softmax
+    temporary the device view adds (softmax-tmp) is its own allocation,
+    after grad_input's, as the GPU makes it."""
+    ops = set(b["name"] for b in j["blocks"]
+              if b.get("transients") == "ops" and b["name"].startswith("block."))
+    s0, e0 = c.range("iter1")
+    step = min(s for s, _, n in c.marks if s0 <= s <= e0 and n == "step")
+    bwd = sorted((s, n[4:]) for s, _, n in c.marks if s0 <= s <= e0 and n.startswith("bwd:"))
+    seen = set()
+    for i, (t, blk) in enumerate(bwd):
+        if blk not in ops:
+            continue
+        t1 = bwd[i + 1][0] if i + 1 < len(bwd) else step
+        seq, names = [], []
+        for k in range(bisect.bisect_left(c.times, t), bisect.bisect_left(c.times, t1)):
+            e = c.ev[k]
+            if view[k] <= 8 or out_of_place_add(e):
+                continue
+            g = c.added_at.get(k)
+            seq += [view[k] - g, g] if g else [view[k]]
+            names.append("%d %s" % (view[k], e["fn"][0] if e.get("fn") else "-"))
+        if not seq or tuple(seq) in seen:
+            continue
+        seen.add(tuple(seq))
+        if not check(name + " %s's backward, %d allocations: a run of the plan's" % (blk, len(seq)),
+                     runs_of(tuple(seq), planned_allocs) > 0, True):
+            print("    measured: " + ", ".join(names))
+    if not seen:
+        print("skip %s layers' backward: none planned op by op" % name)
 
 
 def pct(m, p):
@@ -1019,12 +1071,14 @@ def main():
                 ckpt_steps_checks(check, name, c, view, j, steady_allocs(
                     memledger, path, B, T, ckpt, optim, impl, logits,
                     tw.target_len(doc, T) if T else None, amp), grad=not ckpt, amp=amp)
-            # the first loop without checkpointing, in fp32
-            if (ckpt, optim, impl, logits, amp) == confs[0] and not amp and any(
-                    e.get("fn") and e["fn"][0] in PARAM_NODES for e in c.ev):
-                param_nodes_checks(check, name, c, view, j, steady_allocs(
-                    memledger, path, B, T, ckpt, optim, impl, logits,
-                    tw.target_len(doc, T) if T else None, amp))
+            # the first loop without checkpointing, in fp32, and amp-bf16's
+            first = (ckpt, optim, impl, logits, amp) == confs[0]
+            if first or (amp and not ckpt):
+                steady = steady_allocs(memledger, path, B, T, ckpt, optim, impl, logits,
+                                       tw.target_len(doc, T) if T else None, amp)
+                layer_backward_checks(check, name, c, view, j, steady)
+                if first and any(e.get("fn") and e["fn"][0] in PARAM_NODES for e in c.ev):
+                    param_nodes_checks(check, name, c, view, j, steady)
             arts = {}
             for i, k in enumerate(kind):
                 if k is not None:

@@ -416,10 +416,16 @@ class FlashAttention(torch.autograd.Function):
 
 
 def repeat_kv(x, rep):  # HF modeling_llama
+    """HF indexes x[:, :, None, :, :]. 2.x's indexing returns the tensor
+    itself for a slice that spans its axis (ATen TensorIndexing.h,
+    applySlice: `length <= stop`), so only the unsqueeze is recorded; 1.13
+    tested `stop == length`, and `:` (stop PY_SSIZE_T_MAX) records a
+    SliceBackward0 whose backward zero-fills a copy of the gradient. The twin
+    writes the unsqueeze, what 2.x records."""
     if rep == 1:
         return x
     B, KV, T, dh = x.shape
-    return x[:, :, None].expand(B, KV, rep, T, dh).reshape(B, KV * rep, T, dh)
+    return x.unsqueeze(2).expand(B, KV, rep, T, dh).reshape(B, KV * rep, T, dh)
 
 
 class GPT2Rope(GPT2):

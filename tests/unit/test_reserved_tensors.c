@@ -511,6 +511,46 @@ static void test_bias_grad_apart(void **state)
     assert_true(by_op_at("full", out_proj, 3) != SIZE_MAX);
 }
 
+/* A Llama layer's norm and rotary, node by node, each node's tensors as
+ * PyTorch makes them (derivatives.yaml, FunctionsManual.cpp, engine.cpp).
+ * One layer of hidden 8, two heads of 4, RMSNorm, rotary, SwiGLU; B 1, T 4
+ * in fp32: x = 4*8*4 = 128 B, its (B, T) statistics 16 B, a head tensor
+ * (q or k) 2*4*4*4 = 128 B and its half 64 B. The first iteration's
+ * backward:
+ *   MeanBackward1 makes x's size (128) and frees rsqrt's 16 B gradient;
+ *   PowBackward0's grad * (2 * x.pow(1)) makes its two temporaries, then
+ *   the result (128 each), and frees the temporaries;
+ *   RsqrtBackward0's -0.5 * grad * result.pow(3) the same at 16 B;
+ *   MulBackward0 (x * rsqrt) makes rsqrt's gradient whole first (128,
+ *   other before self in the codegen's order), x's (128), then sum_to's
+ *   reduced one (16), and frees the whole one;
+ *   the rotary on a head tensor: * sin's node the cat's gradient (128),
+ *   NegBackward0 half (64), SliceBackward0 (x2) a zero-filled 128 freeing
+ *   the half, SliceBackward0 (x1) another freeing the cat's gradient, added
+ *   into the buffer (freed), then * cos's node 128 freeing the incoming
+ *   gradient, added in (freed).
+ * The previous model (one 256 B scratch after pow's result, no scratch for
+ * rsqrt, rsqrt's whole gradient after the reduced one, the rotary one
+ * node) makes none of these runs. */
+static void test_norm_rotary_by_tensor(void **state)
+{
+    (void)state;
+    static const char *y = "model:\n  type: decoder\n  layers: 1\n  hidden: 8\n  heads: 2\n"
+                           "  ffn: 8\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 10\n"
+                           "  position: rope\n  attention: eager\n  dropout: 0\n"
+                           "  tied_embeddings: false\n  bias: false\ntraining:\n"
+                           "  micro_batch: 1\n  seq_len: 4\n  optimizer: sgd\n"
+                           "device:\n  memory: 8GiB\n  allocator: caching\n";
+    const int64_t pow2[] = {128, -16, 128, 128, 128, -128, -128};
+    const int64_t rsqrt[] = {16, 16, 16, -16, -16};
+    const int64_t mul[] = {128, 128, 16, -128};
+    const int64_t rotary[] = {128, 64, 128, -64, 128, -128, -128, 128, -128, -128};
+    assert_true(first_run_at(y, pow2, 7) != SIZE_MAX);
+    assert_true(first_run_at(y, rsqrt, 5) != SIZE_MAX);
+    assert_true(first_run_at(y, mul, 4) != SIZE_MAX);
+    assert_true(first_run_at(y, rotary, 10) != SIZE_MAX);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -524,6 +564,7 @@ int main(void)
         cmocka_unit_test(test_moved_is_the_older),
         cmocka_unit_test(test_checkpointed_forward_by_op),
         cmocka_unit_test(test_bias_grad_apart),
+        cmocka_unit_test(test_norm_rotary_by_tensor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
