@@ -88,6 +88,10 @@ typedef struct ml_block_info {
                                    activations_saved is what is kept for the backward
                                    (its input, when the projector saves that) */
     ml_transients transients;   /* how its forward's transients were found */
+    bool backward_nodes;        /* its backward replayed per autograd node, each
+                                   node's tensors in PyTorch's order (docs/ledger.md,
+                                   "Backward, node by node"); false: by the block
+                                   rule */
 } ml_block_info;
 
 /* One pipeline stage's figures (docs/parallel.md): a plan with

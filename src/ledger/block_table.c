@@ -26,6 +26,25 @@ _Static_assert(offsetof(ml_block_info, name) == 0, "a row's name comes first");
  * keeps of each block at the end of forward. A whole replay (the runs'
  * reference, tests/unit/test_runs.c) computes every row, so that the rows
  * copied here are held against rows computed. */
+/* Which rows' backward runs node by node, as the replay decides (replay.c,
+ * by_nodes): not under selective checkpointing nor with sharded gradients;
+ * a block outside a segment with its node list, a checkpointed one when
+ * every block of its segment has one. */
+static void backward_nodes(const ml_chain *ch, const int *seg, bool off, ml_block_info *rows)
+{
+    for (size_t k = 0, end; k < ch->n; k = end) {
+        bool all = true;
+        end = k + 1;
+        if (seg[k] >= 0)
+            while (end < ch->n && seg[end] == seg[k])
+                end++;
+        for (size_t j = k; j < end; j++)
+            all = all && ch->blocks[j].nnodes != 0;
+        for (size_t j = k; j < end; j++)
+            rows[j].backward_nodes = !off && all;
+    }
+}
+
 void ml__eval_block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
 {
     const ml_chain *ch = x->ch;
@@ -97,5 +116,6 @@ void ml__eval_block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
         bi->activations_saved = kept;
         row = bi;
     }
+    backward_nodes(ch, seg, selective || x->cfg->training.zero >= 2, rows);
     l->nblocks = n;
 }

@@ -291,9 +291,10 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
         num(f, b->c);
         fputs(", \"flops_forward\": ", f);
         num(f, b->flops_forward);
-        fprintf(f, ", \"checkpointed\": %s, \"measured\": %s, \"transients\": \"%s\"%s}",
+        fprintf(f, ", \"checkpointed\": %s, \"measured\": %s, \"transients\": \"%s\", "
+                   "\"backward\": \"%s\"%s}",
                 b->checkpointed ? "true" : "false", b->measured ? "true" : "false",
-                ml_transients_name(b->transients),
+                ml_transients_name(b->transients), b->backward_nodes ? "nodes" : "block_rule",
                 b->unused_output ? ", \"unused_output\": true" : b->frozen ? ", \"frozen\": true" : "");
     }
     fputs("],\n \"flops\": {\"forward\": ", f);

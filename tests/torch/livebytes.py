@@ -804,8 +804,8 @@ def param_nodes_checks(check, name, c, view, j, planned_allocs):
     sorted order, mat1, mat2, self; the bias's is the engine's sum_to of the
     output's gradient, engine.cpp validate_outputs), NativeLayerNormBackward0
     its input's, gamma's, then beta's (layer_norm_backward). In the layers
-    the plan writes out op by op (blocks `block.N` with `transients: ops`:
-    their backward runs node by node), each distinct run of sizes such a node allocates in the
+    whose backward the plan runs node by node (blocks `block.N` with
+    `backward: nodes`), each distinct run of sizes such a node allocates in the
     steady iteration's device view (without the CPU's ln-buffer) is found
     as a run of the plan's steady-iteration allocations; a node is the
     block's whose backward mark (twins.py, bwd_mark) is the latest before
@@ -817,7 +817,7 @@ def param_nodes_checks(check, name, c, view, j, planned_allocs):
     evaluate_function outside the node itself; 2.x adds in place where it
     can), and 0-dim tensors of 8 B or less."""
     ops = set(b["name"] for b in j["blocks"]
-              if b.get("transients") == "ops" and b["name"].startswith("block."))
+              if b.get("backward") == "nodes" and b["name"].startswith("block."))
     s0, e0 = c.range("iter1")
     bwd = sorted((s, n[4:]) for s, _, n in c.marks if s0 <= s <= e0 and n.startswith("bwd:"))
     runs = {}
@@ -859,11 +859,28 @@ def out_of_place_add(e):
     return fn[0] not in inner and inner[:1] == ("aten::add",)
 
 
+# Layers whose backward runs node by node in the plan but whose allocations
+# still differ from PyTorch's (docs/validation.md names each); their check
+# expects the difference, so a change that removes it fails until the entry
+# goes.
+BACKWARD_GAPS = {
+    "xc-gpt2-rope": "PyTorch makes one more head view's copy than the plan",
+    "xc-neox": "the plan copies each head's gradient before the split's cat, "
+               "PyTorch makes the cat, then one copy of the fused output's",
+    "xc-falcon": "PyTorch's fused query_key_value slices and indexes the grouped k and v "
+                 "(SliceBackward0, IndexBackward0), the plan makes them smaller",
+    "xc-mixtral": "the routing's IndexAddBackward0 and the router weights' product "
+                  "come in another order",
+    "xc-qwen2moe": "the shared expert's gate product and the router weights' product "
+                   "come in another order",
+}
+
+
 def layer_backward_checks(check, name, c, view, j, planned_allocs):
-    """The layers the plan writes out op by op (blocks `block.N` with
-    `transients: ops`) run their backward node by node (docs/ledger.md,
-    "Backward, node by node"), and the allocator simulation makes each
-    node's tensors one by one: every allocation a layer's backward makes in
+    """The layers whose backward the plan runs node by node (blocks `block.N`
+    with `backward: nodes`; docs/ledger.md, "Backward, node by node"), the
+    allocator simulation making each node's tensors one by one: every
+    allocation a layer's backward makes in
     the steady iteration's device view, in order, from its backward mark
     (twins.py, bwd_mark) to the next layer's (or the step), is found as one
     run of the plan's steady-iteration allocations. Each distinct run is
@@ -872,7 +889,7 @@ def layer_backward_checks(check, name, c, view, j, planned_allocs):
     temporary the device view adds (softmax-tmp) is its own allocation,
     after grad_input's, as the GPU makes it."""
     ops = set(b["name"] for b in j["blocks"]
-              if b.get("transients") == "ops" and b["name"].startswith("block."))
+              if b.get("backward") == "nodes" and b["name"].startswith("block."))
     s0, e0 = c.range("iter1")
     step = min(s for s, _, n in c.marks if s0 <= s <= e0 and n == "step")
     bwd = sorted((s, n[4:]) for s, _, n in c.marks if s0 <= s <= e0 and n.startswith("bwd:"))
@@ -892,6 +909,11 @@ def layer_backward_checks(check, name, c, view, j, planned_allocs):
         if not seq or tuple(seq) in seen:
             continue
         seen.add(tuple(seq))
+        gap = BACKWARD_GAPS.get(name.split(" ")[0])
+        if gap:  # the difference expected (BACKWARD_GAPS)
+            check(name + " %s's backward, %d allocations: not a run of the plan's (%s)"
+                  % (blk, len(seq), gap), runs_of(tuple(seq), planned_allocs) > 0, False)
+            continue
         if not check(name + " %s's backward, %d allocations: a run of the plan's" % (blk, len(seq)),
                      runs_of(tuple(seq), planned_allocs) > 0, True):
             print("    measured: " + ", ".join(names))

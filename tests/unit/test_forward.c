@@ -146,7 +146,11 @@ static void test_residual_by_hand(void **state)
  * under autocast too (its cast copies are ops of the programs); with a
  * fused attention kernel (flash) the layers have no program: the block
  * rule; with selective checkpointing the walk with grad is skipped:
- * partly. */
+ * partly. And whose backward runs node by node (docs/ledger.md, "Backward,
+ * node by node"): the layers and the head in fp32 and under autocast with
+ * eager attention, not with a fused kernel (its saved tensors are the
+ * kernel's), nor under selective checkpointing; never the embedding nor
+ * the loss, whose backwards are rules. */
 static void test_transients_said(void **state)
 {
     (void)state;
@@ -159,10 +163,11 @@ static void test_transients_said(void **state)
         ml_checkpoint_kind ck;
         ml_attention kernel;
         ml_transients layer;
-    } rows[] = {{ML_PREC_FP32, ML_CKPT_NONE, ML_ATTN_EAGER, ML_TRANSIENTS_OPS},
-                {ML_PREC_AMP_BF16, ML_CKPT_NONE, ML_ATTN_EAGER, ML_TRANSIENTS_OPS},
-                {ML_PREC_AMP_BF16, ML_CKPT_NONE, ML_ATTN_FLASH, ML_TRANSIENTS_BLOCK_RULE},
-                {ML_PREC_FP32, ML_CKPT_SELECTIVE, ML_ATTN_EAGER, ML_TRANSIENTS_PARTLY}};
+        bool nodes;
+    } rows[] = {{ML_PREC_FP32, ML_CKPT_NONE, ML_ATTN_EAGER, ML_TRANSIENTS_OPS, true},
+                {ML_PREC_AMP_BF16, ML_CKPT_NONE, ML_ATTN_EAGER, ML_TRANSIENTS_OPS, true},
+                {ML_PREC_AMP_BF16, ML_CKPT_NONE, ML_ATTN_FLASH, ML_TRANSIENTS_BLOCK_RULE, false},
+                {ML_PREC_FP32, ML_CKPT_SELECTIVE, ML_ATTN_EAGER, ML_TRANSIENTS_PARTLY, false}};
     for (size_t r = 0; r < sizeof rows / sizeof *rows; r++) {
         m->attn.kernel = rows[r].kernel;
         c.training.precision = rows[r].prec;
@@ -172,9 +177,13 @@ static void test_transients_said(void **state)
         size_t n = ml_ledger_block_count(l);
         assert_int_equal(n, 15); /* embedding, 12 layers, head, loss */
         assert_int_equal(ml_ledger_block(l, 0)->transients, ML_TRANSIENTS_BLOCK_RULE);
-        for (size_t i = 1; i <= 13; i++) /* the layers and the head */
+        for (size_t i = 1; i <= 13; i++) { /* the layers and the head */
             assert_int_equal(ml_ledger_block(l, i)->transients, rows[r].layer);
+            assert_int_equal(ml_ledger_block(l, i)->backward_nodes, rows[r].nodes);
+        }
         assert_int_equal(ml_ledger_block(l, 14)->transients, ML_TRANSIENTS_FORMULA);
+        assert_false(ml_ledger_block(l, 0)->backward_nodes);
+        assert_false(ml_ledger_block(l, 14)->backward_nodes);
         ml_ledger_destroy(l);
     }
     assert_string_equal(ml_transients_name(ML_TRANSIENTS_BLOCK_RULE), "block_rule");
