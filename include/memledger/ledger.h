@@ -91,7 +91,8 @@ typedef struct ml_block_info {
     bool backward_nodes;        /* its backward replayed per autograd node, each
                                    node's tensors in PyTorch's order (docs/ledger.md,
                                    "Backward, node by node"); false: by the block
-                                   rule */
+                                   rule, or none (a frozen or unused block runs
+                                   forward only) */
 } ml_block_info;
 
 /* One pipeline stage's figures (docs/parallel.md): a plan with

@@ -101,6 +101,7 @@ static bool hf_layout(const ml_model *m, const mlg_config *c, mlg_norm n, mlg_la
     a->grouped = m->attn.kv_heads < m->attn.heads;
     a->repeat_copy = a->grouped && m->attn.kv_heads > 1;
     a->kv_one = m->attn.kv_heads == 1;
+    a->q_one = m->attn.heads == 1;
     /* a cache of Phi-3's views would keep the whole qkv_proj output: not
      * modelled (docs/ledger.md, "The forward, op by op") */
     a->cache = c->eval && m->attn.kv_cache && !m->attn.fused_proj;

@@ -199,7 +199,9 @@ typedef struct {
                             (pow_backward), or a broadcast input's gradient
                             made whole, before sum_to reduces it in
                             engine.cpp's validate_outputs, when that input
-                            comes first in the codegen's sorted order */
+                            comes first in the codegen's sorted order, or a
+                            gradient made in a wider dtype, before
+                            validate_outputs casts it (scratch_one) */
     bool overfull;       /* a builder listed more than an array holds */
     uint8_t sp_site;     /* sequence parallelism's collective at this op
                             (ml__graph_shard_sequence): MLG_SP_COLUMN, MLG_SP_ROW */

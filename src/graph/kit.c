@@ -315,7 +315,9 @@ static qkv_heads fused_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
                              MLG_QKV);
     if (r.qkv != MLG_NONE)
         g->t[r.qkv].flags |= MLG_T_TMP;
-    const mlg_linear lin = {"addmm (q/k/v projection)", a->qkv_bias ? "AddmmBackward0 (qkv projection)" : "MmBackward0 (qkv projection)",
+    const mlg_linear lin = {"addmm (q/k/v projection)",
+                            a->qkv_bias ? "AddmmBackward0 (qkv projection)"
+                                        : "MmBackward0 (qkv projection)",
                             MLG_D, MLG_QKV, a->qkv_bias};
     mlg_op *o = ml__kit_linear_with(g, &lin, h, c, w, r.qkv);
     ml__op_gout(o, r.qkv);
@@ -389,8 +391,9 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, cons
                                   MLG_T, MLG_D);
     if (A != MLG_NONE)
         g->t[A].flags |= MLG_T_TMP;
-    const mlg_linear out = {"addmm (output projection)", a->out_bias ? "AddmmBackward0 (output projection)"
-                                         : "MmBackward0 (output projection)",
+    const mlg_linear out = {"addmm (output projection)",
+                            a->out_bias ? "AddmmBackward0 (output projection)"
+                                        : "MmBackward0 (output projection)",
                             MLG_DQ, MLG_D, a->out_bias};
     const uint8_t grp = g->group;
     if (a->o_first)
@@ -522,8 +525,9 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
     uint16_t M = ml__graph_tensor(g, "MLP output", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_D);
     if (M != MLG_NONE)
         g->t[M].flags |= MLG_T_TMP;
-    const mlg_linear fc = {"addmm (fc)", p->bias ? "AddmmBackward0 (MLP in)" : "MmBackward0 (MLP in)",
-                           MLG_D, MLG_F, p->bias};
+    const mlg_linear fc = {"addmm (fc)",
+                           p->bias ? "AddmmBackward0 (MLP in)" : "MmBackward0 (MLP in)", MLG_D,
+                           MLG_F, p->bias};
     mlg_op *o = ml__kit_linear_with(g, &fc, h, c, w1, F1);
     ml__op_gout(o, F1);
     if (p->in_buf)
@@ -536,8 +540,9 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
     ml__op_free(o, F1);
     if (relu && F1 != MLG_NONE)
         g->t[F1].flags |= MLG_T_TMP;
-    const mlg_linear proj = {"addmm (proj)", p->bias ? "AddmmBackward0 (MLP out)" : "MmBackward0 (MLP out)",
-                             MLG_F, MLG_D, p->bias};
+    const mlg_linear proj = {"addmm (proj)",
+                             p->bias ? "AddmmBackward0 (MLP out)" : "MmBackward0 (MLP out)", MLG_F,
+                             MLG_D, p->bias};
     o = ml__kit_linear_with(g, &proj, G, MLG_NONE, w2, M);
     if (kept && p->keep_act)
         *kept = G;

@@ -45,9 +45,9 @@ typedef struct {
     bool rope;           /* rotary on q and k (hf) */
     bool grouped;        /* fewer key/value heads than query heads (hf) */
     bool repeat_copy;    /* repeat_kv's reshape copies (more than one kv head) */
-    bool kv_one;         /* one key/value head: the k and v head views'
-                            backward reshapes the transposed gradient as a
-                            view, no copy */
+    bool kv_one, q_one;  /* one key/value head, one query head: that head
+                            view's backward reshapes the transposed gradient
+                            as a view, no copy */
     bool softmax_copy;   /* softmax(dtype=fp32) of a bf16 input copies it first */
     bool probs_cast;     /* the fp32 probabilities cast back (compute not fp32) */
     bool rot_fp32;       /* the rotary's products in the stream's dtype (fp32
@@ -207,11 +207,11 @@ uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t fl
 /* HF's rotate-half rotary (apply_rotary_pos_emb) on the head tensor x of
  * hd heads, node by node in backward; its products with cos and sin, and
  * the rotated heads, in dtype class dt (MLG_STREAM under rot_fp32, else
- * MLG_COMPUTE); pass (Phi-3's partial rotary): the rotated heads cat with
+ * MLG_COMPUTE); pass (Phi-3's and GPT-NeoX's fused projections): the rotated heads cat with
  * the pass (ml__kit_rope_pass, made before) into a new tensor. Returns the
  * rotated heads (kit_rope.c). */
 uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, bool pass);
-/* Phi-3's empty pass of x, its node named node: before q's and k's
+/* The empty pass of x (Phi-3's, GPT-NeoX's), its node named node: before q's and k's
  * rotaries (kit_rope.c). */
 void ml__kit_rope_pass(ml_graph *g, uint16_t x, const char *node);
 /* The q k^T matmul of q's operand qb and k's kb (MLG_NONE: qb holds both,

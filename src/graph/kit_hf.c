@@ -201,15 +201,16 @@ uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf
 
 /* Projection i's (q, k, v) output y viewed into heads; its backward
  * reshapes the transposed gradient, a copy (ViewBackward0) except with one
- * kv head, whose gradient reshapes as a view: then the heads' gradient is
- * the projection output's. */
+ * head (one kv head for k and v), whose gradient reshapes as a view: then
+ * the heads' gradient is the projection output's. (With T = 1 every view's
+ * would: a size the graph does not know, the copy made.) */
 static uint16_t head_view(ml_graph *g, const mlg_attention *a, unsigned i, uint16_t y,
                           const char *name)
 {
     const uint16_t hv = ml__graph_view(g, "heads", y, 4, MLG_B, i == 0 ? MLG_H : MLG_HKV, MLG_T,
                                        MLG_DH);
     mlg_op *o = ml__graph_op(g, MLG_OP_VIEW, name);
-    if (i && a->kv_one) {
+    if (i ? a->kv_one : a->q_one) {
         ml__op_in(o, y);
         ml__op_out(o, hv);
         return hv;

@@ -6,6 +6,20 @@
 
 #include "graph/kit.h"
 
+/* A product of the rotary run in dt's wider dtype (rot_fp32, which
+ * autocast alone sets: the stream's fp32 against a 2-byte compute dtype)
+ * makes its input's gradient in fp32, twice the input's bytes, which
+ * engine.cpp's validate_outputs casts to the input's dtype: that whole one
+ * is a scratch, made first. */
+static void wide_grad(mlg_op *o, uint8_t dt)
+{
+    if (dt == MLG_COMPUTE)
+        return;
+    o->scratch_in = 2;
+    o->scratch_one = true;
+    o->scratch_first = true;
+}
+
 /* rotate-half rotary on one head tensor x of hd heads (kit.h): (x * cos)
  * + (cat(-x2, x1) * sin), x1 and x2 the halves of x. The products save cos
  * and sin, which need no gradient: nothing of x. The backward, node by
@@ -20,26 +34,15 @@
  *   MulBackward0 (x * cos): grad * cos, added into the buffer; frees the
  *     rotary's incoming gradient, which AddBackward0 passed to both
  *     products.
- * Where the products run in dt's wider dtype (rot_fp32), each product's
- * node makes its gradient in that dtype, then validate_outputs (engine.cpp)
- * casts it to x's: the wide one a scratch made first.
- * pass (Phi-3's apply_rotary_pos_emb): the rotated part is cat with the
- * pass (ml__kit_rope_pass) into a new contiguous tensor. */
-static void wide_grad(mlg_op *o, uint8_t dt)
-{
-    if (dt == MLG_COMPUTE)
-        return;
-    o->scratch_in = 2; /* the stream's fp32 against a 2-byte compute dtype */
-    o->scratch_one = true;
-    o->scratch_first = true;
-}
-
+ * Where the products run in dt's wider dtype (rot_fp32): wide_grad.
+ * pass (Phi-3's and GPT-NeoX's fused projections): the rotated part is cat
+ * with the pass (ml__kit_rope_pass) into a new contiguous tensor. */
 uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, bool pass)
 {
     uint16_t c1 = ml__kit_heads_as(g, "x * cos", hd, dt), nh = ml__kit_heads(g, "-x2", hd);
     uint16_t ct = ml__kit_heads(g, "cat(-x2, x1)", hd), s1 = ml__kit_heads_as(g, "* sin", hd, dt);
     uint16_t r = ml__kit_heads_as(g, "rotated", hd, dt);
-    uint16_t x2 = ml__graph_view(g, "x2", x, 4, MLG_B, hd, MLG_T, MLG_DH);
+    uint16_t x2 = ml__graph_view(g, "x2", ml__graph_storage(g, x), 4, MLG_B, hd, MLG_T, MLG_DH);
     if (nh != MLG_NONE)
         g->t[nh].flags |= MLG_T_HALF;
     if (x2 != MLG_NONE)
@@ -84,7 +87,7 @@ uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, bool pass
     return rc;
 }
 
-/* Phi-3's apply_rotary_pos_emb splits x into the rotated part and
+/* Phi-3's (and GPT-NeoX's) apply_rotary_pos_emb splits x into the rotated part and
  * x[..., rotary_dim:], q's and k's before either rotates. The pass is empty
  * when the whole head rotates, yet its SliceBackward0 makes a zero-filled
  * gradient of x's size (derivatives.yaml: slice_backward), added into x's

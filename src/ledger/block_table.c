@@ -22,14 +22,10 @@ static inline bool like_before(const unsigned char *runs, const ml_cblock *B, si
 
 _Static_assert(offsetof(ml_block_info, name) == 0, "a row's name comes first");
 
-/* The per-block report: inventory and c without a plan, and what the plan
- * keeps of each block at the end of forward. A whole replay (the runs'
- * reference, tests/unit/test_runs.c) computes every row, so that the rows
- * copied here are held against rows computed. */
 /* Which rows' backward runs node by node, as the replay decides (replay.c,
- * by_nodes): not under selective checkpointing nor with sharded gradients;
+ * by_nodes: off under selective checkpointing or with sharded gradients):
  * a block outside a segment with its node list, a checkpointed one when
- * every block of its segment has one. */
+ * every block of its segment has one; not a block that runs forward only. */
 static void backward_nodes(const ml_chain *ch, const int *seg, bool off, ml_block_info *rows)
 {
     for (size_t k = 0, end; k < ch->n; k = end) {
@@ -41,10 +37,14 @@ static void backward_nodes(const ml_chain *ch, const int *seg, bool off, ml_bloc
         for (size_t j = k; j < end; j++)
             all = all && ch->blocks[j].nnodes != 0;
         for (size_t j = k; j < end; j++)
-            rows[j].backward_nodes = !off && all;
+            rows[j].backward_nodes = !off && all && !ch->blocks[j].fwd_only;
     }
 }
 
+/* The per-block report: inventory and c without a plan, and what the plan
+ * keeps of each block at the end of forward. A whole replay (the runs'
+ * reference, tests/unit/test_runs.c) computes every row, so that the rows
+ * copied here are held against rows computed. */
 void ml__eval_block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
 {
     const ml_chain *ch = x->ch;
@@ -116,6 +116,8 @@ void ml__eval_block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
         bi->activations_saved = kept;
         row = bi;
     }
-    backward_nodes(ch, seg, selective || x->cfg->training.zero >= 2, rows);
+    /* the gradients sharded as the replay shards them (ml__eval_setup) */
+    const ml_training *t = &x->cfg->training;
+    backward_nodes(ch, seg, selective || (t->dist_optimizer ? 1u : t->zero) >= 2, rows);
     l->nblocks = n;
 }

@@ -265,8 +265,10 @@ static void scratch_free(ml_replay *r, const ml_bnode *x, const size_t *names)
 }
 
 /* Block k's nodes' events one by one: each node's incoming gradient,
- * scratch and parameter gradient, then what it frees; *freed adds the saved
- * bytes they free. */
+ * scratch and parameter gradient (in the node's order: pg_first,
+ * scratch_first), then what it frees; *freed adds the saved bytes they
+ * free. A node's allocations all come before its frees, so their order
+ * moves none of the peaks the profile above finds. */
 void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
                           uint64_t *freed)
 {

@@ -294,7 +294,8 @@ static void json_blocks_and_time(FILE *f, const ml_ledger *l, const ml_summary *
         fprintf(f, ", \"checkpointed\": %s, \"measured\": %s, \"transients\": \"%s\", "
                    "\"backward\": \"%s\"%s}",
                 b->checkpointed ? "true" : "false", b->measured ? "true" : "false",
-                ml_transients_name(b->transients), b->backward_nodes ? "nodes" : "block_rule",
+                ml_transients_name(b->transients),
+                b->frozen || b->unused_output ? "none" : b->backward_nodes ? "nodes" : "block_rule",
                 b->unused_output ? ", \"unused_output\": true" : b->frozen ? ", \"frozen\": true" : "");
     }
     fputs("],\n \"flops\": {\"forward\": ", f);

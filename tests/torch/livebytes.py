@@ -828,7 +828,7 @@ def param_nodes_checks(check, name, c, view, j, planned_allocs):
             continue
         i = bisect.bisect_right(bwd, (fn[1], chr(0x10FFFF))) - 1
         if i < 0 or bwd[i][1] not in ops:
-            continue  # outside the layers written out op by op
+            continue  # outside the layers whose backward runs node by node
         if out_of_place_add(e):
             continue  # see above
         runs.setdefault(fn, []).append(view[k])
@@ -845,7 +845,8 @@ def param_nodes_checks(check, name, c, view, j, planned_allocs):
         check(name + " %s's gradients %s: a run of the plan's allocations" % (fn[0], list(sizes)),
               runs_of(tuple(sizes), planned_allocs) > 0, True)
     if not seen:
-        print("skip %s backward nodes' gradients: none in a layer planned op by op" % name)
+        print("skip %s backward nodes' gradients: none in a layer whose backward runs node by "
+              "node" % name)
 
 
 def out_of_place_add(e):
@@ -918,7 +919,7 @@ def layer_backward_checks(check, name, c, view, j, planned_allocs):
                      runs_of(tuple(seq), planned_allocs) > 0, True):
             print("    measured: " + ", ".join(names))
     if not seen:
-        print("skip %s layers' backward: none planned op by op" % name)
+        print("skip %s layers' backward: none runs node by node" % name)
 
 
 def pct(m, p):

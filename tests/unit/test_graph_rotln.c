@@ -229,7 +229,7 @@ static void layer0(ml_model *m, const ml_config *cfg, uint64_t *saved, size_t *n
  * fp32 and bf16 autocast). The backward runs fourteen nodes more, seven
  * for the rotary on q and seven on k: the two products', the negation's,
  * the two slices' and the two additions into the buffer of x's gradient
- * (kit_hf.c, ml__kit_rope). */
+ * (kit_rope.c, ml__kit_rope). */
 static void test_rotary_figures(void **state)
 {
     (void)state;
