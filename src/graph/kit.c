@@ -330,22 +330,30 @@ static qkv_heads fused_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
     ml__op_gin(split, r.qkv);
     ml__op_gout(split, q);
     ml__op_gout(split, k);
+    ml__op_gout(split, v);
     r.qh = ml__graph_view(g, "q heads", r.qkv, 4, MLG_B, MLG_H, MLG_T, MLG_DH);
     r.kh = ml__graph_view(g, "k heads", r.qkv, 4, MLG_B, MLG_HKV, MLG_T, MLG_DH);
     r.vh = ml__graph_view(g, "v heads", r.qkv, 4, MLG_B, MLG_HKV, MLG_T, MLG_DH);
-    /* v's gradient is its heads' (no node between: a view of bmm's
-     * layout), as large as v */
-    ml__op_gout(split, v != MLG_NONE ? r.vh : MLG_NONE);
-    /* the head views' backward copies the transposed gradient (v's is
-     * bmm's own layout) */
-    o = ml__graph_op(g, MLG_OP_VIEW, "view (q heads)");
-    ml__op_node(o, "ViewBackward0 (q, contiguous copy)");
-    ml__op_gin(o, q);
-    ml__op_gout(o, r.qh);
-    o = ml__graph_op(g, MLG_OP_VIEW, "view (k heads)");
-    ml__op_node(o, "ViewBackward0 (k, contiguous copy)");
-    ml__op_gin(o, k);
-    ml__op_gout(o, r.kh);
+    /* the head views' backward (ViewBackward0) reshapes the transposed
+     * gradient: q's and v's arrive from bmm as contiguous heads and are
+     * copied; k's, through k^T's bmm, merges back as a view (no node)
+     * unless the rotary made it, whose slices' gradients are contiguous
+     * heads */
+    const uint16_t x[3] = {q, k, v}, hx[3] = {r.qh, r.kh, r.vh};
+    static const char *const name[3][2] = {{"view (q heads)", "ViewBackward0 (q, contiguous copy)"},
+                                           {"view (k heads)", "ViewBackward0 (k, contiguous copy)"},
+                                           {"view (v heads)", "ViewBackward0 (v, contiguous copy)"}};
+    for (unsigned i = 0; i < 3; i++) {
+        o = ml__graph_op(g, MLG_OP_VIEW, name[i][0]);
+        if (i == 1 && !a->rope) {
+            ml__op_in(o, x[i]);
+            ml__op_out(o, hx[i]);
+            continue;
+        }
+        ml__op_node(o, name[i][1]);
+        ml__op_gin(o, x[i]);
+        ml__op_gout(o, hx[i]);
+    }
     return r;
 }
 
