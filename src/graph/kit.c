@@ -343,17 +343,8 @@ static qkv_heads fused_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
     static const char *const name[3][2] = {{"view (q heads)", "ViewBackward0 (q, contiguous copy)"},
                                            {"view (k heads)", "ViewBackward0 (k, contiguous copy)"},
                                            {"view (v heads)", "ViewBackward0 (v, contiguous copy)"}};
-    for (unsigned i = 0; i < 3; i++) {
-        o = ml__graph_op(g, MLG_OP_VIEW, name[i][0]);
-        if (i == 1 && !a->rope) {
-            ml__op_in(o, x[i]);
-            ml__op_out(o, hx[i]);
-            continue;
-        }
-        ml__op_node(o, name[i][1]);
-        ml__op_gin(o, x[i]);
-        ml__op_gout(o, hx[i]);
-    }
+    for (unsigned i = 0; i < 3; i++)
+        ml__kit_view_heads(g, name[i][0], i == 1 && !a->rope ? NULL : name[i][1], x[i], hx[i]);
     return r;
 }
 

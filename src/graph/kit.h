@@ -195,6 +195,11 @@ uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_
 uint16_t ml__kit_heads(ml_graph *g, const char *name, uint8_t h);
 /* The same in dtype class dt. */
 uint16_t ml__kit_heads_as(ml_graph *g, const char *name, uint8_t h, uint8_t dt);
+/* The op viewing y into the heads hv (name): its backward (node, a
+ * ViewBackward0) copies the transposed gradient back; node NULL: that
+ * gradient reshapes as a view, no node, the heads' gradient y's
+ * (kit_core.c). */
+void ml__kit_view_heads(ml_graph *g, const char *name, const char *node, uint16_t y, uint16_t hv);
 /* Context parallelism's ring attention (PyTorch's
  * torch.distributed.tensor.experimental context_parallel, docs/parallel.md):
  * before the fused kernel's op, an op making the buffers its call holds —

@@ -23,6 +23,19 @@ uint16_t ml__kit_heads_as(ml_graph *g, const char *name, uint8_t h, uint8_t dt)
     return ml__graph_tensor(g, name, dt, MLG_ACT, 4, MLG_B, h, MLG_T, MLG_DH);
 }
 
+void ml__kit_view_heads(ml_graph *g, const char *name, const char *node, uint16_t y, uint16_t hv)
+{
+    mlg_op *o = ml__graph_op(g, MLG_OP_VIEW, name);
+    if (!node) { /* the heads' gradient is y's */
+        ml__op_in(o, y);
+        ml__op_out(o, hv);
+        return;
+    }
+    ml__op_node(o, node);
+    ml__op_gin(o, y);
+    ml__op_gout(o, hv);
+}
+
 /* The attention core's batched matmul out = a b: BmmBackward0 saves both
  * operands and makes both gradients; 2 B H T T d FLOPs (d: the heads' width,
  * MLG_DH, or latent attention's value width). */

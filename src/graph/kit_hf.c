@@ -209,15 +209,10 @@ static uint16_t head_view(ml_graph *g, const mlg_attention *a, unsigned i, uint1
 {
     const uint16_t hv = ml__graph_view(g, "heads", y, 4, MLG_B, i == 0 ? MLG_H : MLG_HKV, MLG_T,
                                        MLG_DH);
-    mlg_op *o = ml__graph_op(g, MLG_OP_VIEW, name);
-    if (i ? a->kv_one : a->q_one) {
-        ml__op_in(o, y);
-        ml__op_out(o, hv);
-        return hv;
-    }
-    ml__op_node(o, "ViewBackward0 (head view, contiguous copy)");
-    ml__op_gin(o, y);
-    ml__op_gout(o, hv);
+    ml__kit_view_heads(g, name,
+                       (i ? a->kv_one : a->q_one) ? NULL
+                                                  : "ViewBackward0 (head view, contiguous copy)",
+                       y, hv);
     return hv;
 }
 

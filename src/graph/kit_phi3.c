@@ -44,10 +44,8 @@ mlg_qkv ml__kit_phi3_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
     for (unsigned i = 0; i < 3; i++) {
         const uint8_t nh = i == 0 ? MLG_H : MLG_HKV;
         *hv[i] = ml__graph_view(g, "heads", qkv, 4, MLG_B, nh, MLG_T, MLG_DH);
-        o = ml__graph_op(g, MLG_OP_VIEW, "view (heads)");
-        ml__op_node(o, "ViewBackward0 (head view, contiguous copy)");
-        ml__op_gin(o, *out[i]);
-        ml__op_gout(o, *hv[i]);
+        ml__kit_view_heads(g, "view (heads)", "ViewBackward0 (head view, contiguous copy)",
+                           *out[i], *hv[i]);
     }
     return r;
 }

@@ -29,13 +29,11 @@ _Static_assert(offsetof(ml_block_info, name) == 0, "a row's name comes first");
 static void backward_nodes(const ml_chain *ch, const int *seg, bool off, ml_block_info *rows)
 {
     for (size_t k = 0, end; k < ch->n; k = end) {
-        bool all = true;
         end = k + 1;
         if (seg[k] >= 0)
             while (end < ch->n && seg[end] == seg[k])
                 end++;
-        for (size_t j = k; j < end; j++)
-            all = all && ch->blocks[j].nnodes != 0;
+        const bool all = ml__segment_by_nodes(ch, k, end - 1);
         for (size_t j = k; j < end; j++)
             rows[j].backward_nodes = !off && all && !ch->blocks[j].fwd_only;
     }
@@ -116,8 +114,6 @@ void ml__eval_block_table(const ml_evalctx *x, const int *seg, ml_ledger *l)
         bi->activations_saved = kept;
         row = bi;
     }
-    /* the gradients sharded as the replay shards them (ml__eval_setup) */
-    const ml_training *t = &x->cfg->training;
-    backward_nodes(ch, seg, selective || (t->dist_optimizer ? 1u : t->zero) >= 2, rows);
+    backward_nodes(ch, seg, selective || ml__zero_stage(&x->cfg->training) >= 2, rows);
     l->nblocks = n;
 }

@@ -450,15 +450,8 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
         nn->pg_bias = pg_bias;
     for (unsigned j = 2; j < nrel; j++)
         ml__ck_node_claim(ch, b, rel[j]);
-    uint64_t scratch = o->ngin ? ml_mul(ch, tb[o->gin[0]], o->scratch_in) : 0;
-    /* the simulation makes a formula's temporaries one by one (the same
-     * size each) where nothing below adds to them */
-    const bool parts = o->scratch_in > 1 && !o->scratch_one && o->scratch_in <= ML_SCRATCH_PARTS &&
-                       o->sp_site == MLG_SP_NONE && o->kind != MLG_OP_ATTENTION;
-    if (nn && scratch) {
-        nn->scratch_parts = parts ? o->scratch_in : 1;
-        nn->scratch_first = o->scratch_first;
-    }
+    const uint64_t own = o->ngin ? ml_mul(ch, tb[o->gin[0]], o->scratch_in) : 0;
+    uint64_t scratch = own;
     /* sequence parallelism's collectives in the backward (Megatron,
      * tensor_parallel/layers.py and mappings.py): a column-parallel op
      * computes its input's whole gradient, then reduce-scatters it into
@@ -470,8 +463,16 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     /* ring attention's backward: its buffers (context_parallel.c) */
     if (o->kind == MLG_OP_ATTENTION)
         scratch = ml_add(ch, scratch, ml__cp_ring_backward(ch, &G->z));
-    if (scratch)
-        ml__ck_node_scratch(ch, b, scratch);
+    if (!scratch)
+        return;
+    ml__ck_node_scratch(ch, b, scratch);
+    /* the simulation makes a formula's temporaries one by one, the same
+     * size each, where nothing above added to them */
+    if (nn) {
+        const bool parts = scratch == own && !o->scratch_one && o->scratch_in <= ML_SCRATCH_PARTS;
+        nn->scratch_parts = parts ? o->scratch_in : 1;
+        nn->scratch_first = o->scratch_first;
+    }
 }
 
 /* The repeated group's nodes, once per instance at its sizes. */

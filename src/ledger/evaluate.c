@@ -340,9 +340,7 @@ void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, m
     const ml_training *t = &x->cfg->training;
     const size_t n = ch->n;
     const uint64_t N = ml__shard_group(t); /* the collectives' group */
-    /* the distributed optimizer's collectives are ZeRO-1's: the gradients
-     * reduce-scattered, the parameters all-gathered (into its buffer) */
-    const unsigned z = t->dist_optimizer ? 1 : t->zero;
+    const unsigned z = ml__zero_stage(t);
     memset(x->recomputed, 0, (n + 1) * sizeof *x->recomputed);
     memset(x->held, 0, (n + 1) * sizeof *x->held);
     const bool held = t->logits == ML_LOGITS_KEPT || t->logits == ML_LOGITS_THROUGH_BACKWARD;

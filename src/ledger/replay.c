@@ -451,7 +451,7 @@ static bool by_nodes(const ml_replay *r, size_t k)
     return r->seg[k] < 0 ? b->nnodes != 0 : r->seg_nodes;
 }
 
-static bool segment_by_nodes(const ml_chain *ch, size_t s0, size_t k)
+bool ml__segment_by_nodes(const ml_chain *ch, size_t s0, size_t k)
 {
     for (size_t j = s0; j <= k; j++)
         if (!ch->blocks[j].nnodes)
@@ -527,7 +527,7 @@ static void backward_step(ml_replay *r, size_t k)
     const size_t n = r->ch->n;
     if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k])) {
         size_t s0 = segment_start(seg, k);
-        r->seg_nodes = segment_by_nodes(r->ch, s0, k);
+        r->seg_nodes = ml__segment_by_nodes(r->ch, s0, k);
         if (by_nodes(r, k)) {
             /* the gradient of the segment's output exists before its
              * first node unpacks a saved tensor */

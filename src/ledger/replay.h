@@ -286,6 +286,16 @@ void ml__nodeprof_apply(const ml_nodeprof *p, ml_replay *r);
 void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
                           uint64_t *freed);
 bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat);
+/* Whether blocks s0 to k (a checkpoint segment) each have a node list:
+ * then the segment's backward replays node by node (replay.c). */
+bool ml__segment_by_nodes(const ml_chain *ch, size_t s0, size_t k);
+/* The ZeRO stage the replay shards by: the distributed optimizer's
+ * collectives are ZeRO-1's (the gradients reduce-scattered, the parameters
+ * all-gathered into its buffer). */
+static inline unsigned ml__zero_stage(const ml_training *t)
+{
+    return t->dist_optimizer ? 1u : t->zero;
+}
 /* The recomputes before block k's backward (replay_recompute.c): the
  * checkpointed segment s0..k's forward again, block by block or (its
  * blocks' node lists) node by node; selective recompute's attention core

@@ -190,11 +190,43 @@ void ml__nodes_hand(ml_replay *r, const ml_cblock *b)
         r->carry_name = r->gcarry;
 }
 
-/* Whether the simulation makes node x's parameter gradients as two
- * tensors: the weight's, then the bias's (chain.h, pg_bias). */
-static bool two_grads(const ml_replay *r, const ml_bnode *x)
+/* A node's tensors of sizes[0..n) as one ledger event of their sum, the
+ * simulation's each named in names[], so that their release finds them
+ * and not another tensor of the same size made since. */
+static void named_alloc(ml_replay *r, ml_category c, const uint64_t *sizes, unsigned n,
+                        size_t *names)
 {
-    return r->rsim && x->pg_bias && x->param_grad <= (uint64_t)INT64_MAX;
+    uint64_t sum = 0;
+    for (unsigned j = 0; j < n; j++)
+        sum += sizes[j];
+    ml__replay_ledger_event(r, c, (int64_t)sum);
+    for (unsigned j = 0; j < n; j++)
+        names[j] = ml__replay_sim_tensor(r, c, sizes[j]);
+}
+
+/* Their release, in the order made or (reverse) the last made first. */
+static void named_free(ml_replay *r, ml_category c, const uint64_t *sizes, unsigned n,
+                       const size_t *names, bool reverse)
+{
+    uint64_t sum = 0;
+    for (unsigned j = 0; j < n; j++)
+        sum += sizes[j];
+    ml__replay_ledger_event(r, c, -(int64_t)sum);
+    for (unsigned j = 0; j < n; j++) {
+        const unsigned i = reverse ? n - 1 - j : j;
+        ml__rsim_free_as(r->rsim, c, names[i], sizes[i]);
+    }
+}
+
+/* The simulation's tensors of node x's parameter gradients: the weight's,
+ * then the bias's (chain.h, pg_bias); 0: one, by its bytes. */
+static unsigned grad_tensors(const ml_replay *r, const ml_bnode *x, uint64_t *sizes)
+{
+    if (!r->rsim || !x->pg_bias || x->param_grad > (uint64_t)INT64_MAX)
+        return 0;
+    sizes[0] = x->param_grad - x->pg_bias;
+    sizes[1] = x->pg_bias;
+    return 2;
 }
 
 /* Node x's parameter gradients (created as .grad in the first
@@ -203,10 +235,10 @@ static bool two_grads(const ml_replay *r, const ml_bnode *x)
 static void param_grad(ml_replay *r, const ml_bnode *x, bool create, bool tied, size_t *names)
 {
     const ml_category c = create ? ML_CAT_GRADS : ML_CAT_WORKSPACE;
-    if (two_grads(r, x) && !tied) {
-        ml__replay_ledger_event(r, c, (int64_t)x->param_grad);
-        names[0] = ml__replay_sim_tensor(r, c, x->param_grad - x->pg_bias);
-        names[1] = ml__replay_sim_tensor(r, c, x->pg_bias);
+    uint64_t sizes[2];
+    const unsigned n = tied ? 0 : grad_tensors(r, x, sizes);
+    if (n) {
+        named_alloc(r, c, sizes, n, names);
         return;
     }
     ml__replay_alloc(r, c, x->param_grad);
@@ -217,51 +249,47 @@ static void param_grad(ml_replay *r, const ml_bnode *x, bool create, bool tied, 
 /* A later micro-batch's parameter gradients, added into .grad, freed. */
 static void param_grad_free(ml_replay *r, const ml_bnode *x, const size_t *names)
 {
-    if (!two_grads(r, x)) {
+    uint64_t sizes[2];
+    const unsigned n = grad_tensors(r, x, sizes);
+    if (n)
+        named_free(r, ML_CAT_WORKSPACE, sizes, n, names, false);
+    else
         ml__replay_free(r, ML_CAT_WORKSPACE, x->param_grad);
-        return;
-    }
-    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, -(int64_t)x->param_grad);
-    ml__rsim_free_as(r->rsim, ML_CAT_WORKSPACE, names[0], x->param_grad - x->pg_bias);
-    ml__rsim_free_as(r->rsim, ML_CAT_WORKSPACE, names[1], x->pg_bias);
 }
 
-/* The tensors the simulation makes node x's scratch of (chain.h,
- * scratch_parts), each named, so that its release finds them and not a
- * gradient of the same size made since; 0: one, freed by its bytes. */
-static unsigned scratch_tensors(const ml_replay *r, const ml_bnode *x)
+/* The simulation's tensors of node x's scratch (chain.h, scratch_parts, at
+ * least one), each named; 0: none simulated, freed by its bytes. */
+static unsigned scratch_tensors(const ml_replay *r, const ml_bnode *x, uint64_t *sizes)
 {
     const unsigned n = x->scratch_parts > 1 ? x->scratch_parts : 1;
-    return r->rsim && x->scratch && n <= ML_SCRATCH_PARTS && x->scratch % n == 0 &&
-                   x->scratch <= (uint64_t)INT64_MAX
-               ? n
-               : 0;
+    if (!r->rsim || !x->scratch || n > ML_SCRATCH_PARTS || x->scratch % n ||
+        x->scratch > (uint64_t)INT64_MAX)
+        return 0;
+    for (unsigned j = 0; j < n; j++)
+        sizes[j] = x->scratch / n;
+    return n;
 }
 
-/* Node x's scratch: one ledger event, its tensors named in names[]. */
+/* Node x's scratch, its tensors named in names[]. */
 static void scratch_alloc(ml_replay *r, const ml_bnode *x, size_t *names)
 {
-    const unsigned n = scratch_tensors(r, x);
-    if (!n) {
+    uint64_t sizes[ML_SCRATCH_PARTS];
+    const unsigned n = scratch_tensors(r, x, sizes);
+    if (n)
+        named_alloc(r, ML_CAT_WORKSPACE, sizes, n, names);
+    else
         ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
-        return;
-    }
-    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, (int64_t)x->scratch);
-    for (unsigned j = 0; j < n; j++)
-        names[j] = ml__replay_sim_tensor(r, ML_CAT_WORKSPACE, x->scratch / n);
 }
 
 /* Its release: the temporaries last made first. */
 static void scratch_free(ml_replay *r, const ml_bnode *x, const size_t *names)
 {
-    const unsigned n = scratch_tensors(r, x);
-    if (!n) {
+    uint64_t sizes[ML_SCRATCH_PARTS];
+    const unsigned n = scratch_tensors(r, x, sizes);
+    if (n)
+        named_free(r, ML_CAT_WORKSPACE, sizes, n, names, true);
+    else
         ml__replay_free(r, ML_CAT_WORKSPACE, x->scratch);
-        return;
-    }
-    ml__replay_ledger_event(r, ML_CAT_WORKSPACE, -(int64_t)x->scratch);
-    for (unsigned j = n; j-- > 0;)
-        ml__rsim_free_as(r->rsim, ML_CAT_WORKSPACE, names[j], x->scratch / n);
 }
 
 /* Block k's nodes' events one by one: each node's incoming gradient,

@@ -23,7 +23,7 @@ static double replicas_bytes(const ml_training *t, double G)
 double ml__eval_communication(const ml_chain *ch, const ml_training *t, uint64_t P)
 {
     const uint64_t N = ml__shard_group(t);
-    const unsigned z = t->dist_optimizer ? 1 : t->zero; /* Megatron's: ZeRO-1's collectives */
+    const unsigned z = ml__zero_stage(t); /* Megatron's: ZeRO-1's collectives */
     double f = (double)(N - 1) / (double)N, A = (double)t->grad_accum;
     double pg = (double)P * ch->prec.grad, pp = (double)P * ch->prec.param;
     const double rep = replicas_bytes(t, pg);
@@ -100,7 +100,7 @@ void ml__eval_collective_calls(const ml_chain *ch, const ml_training *t, uint64_
 double ml__eval_grad_reduce_bytes(const ml_chain *ch, const ml_training *t, uint64_t P)
 {
     const uint64_t N = ml__shard_group(t);
-    const unsigned z = t->dist_optimizer ? 1 : t->zero;
+    const unsigned z = ml__zero_stage(t);
     const double f = (double)(N - 1) / (double)N, pg = (double)P * ch->prec.grad;
     const double rep = replicas_bytes(t, pg);
     if (z == 0)

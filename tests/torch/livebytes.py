@@ -797,6 +797,12 @@ def ckpt_steps_checks(check, name, c, view, j, planned_allocs, grad=False, amp=F
 PARAM_NODES = ("AddmmBackward0", "NativeLayerNormBackward0")
 
 
+def node_layers(j):
+    """The layers (`block.N`) whose backward the plan `j` runs node by node."""
+    return set(b["name"] for b in j["blocks"]
+               if b.get("backward") == "nodes" and b["name"].startswith("block."))
+
+
 def param_nodes_checks(check, name, c, view, j, planned_allocs):
     """The backward nodes of a product with a bias and of a LayerNorm make
     their gradients as tensors of their own, in order: AddmmBackward0 its
@@ -816,8 +822,7 @@ def param_nodes_checks(check, name, c, view, j, planned_allocs):
     of place, `old_var + var`, an `aten::add` under the node's
     evaluate_function outside the node itself; 2.x adds in place where it
     can), and 0-dim tensors of 8 B or less."""
-    ops = set(b["name"] for b in j["blocks"]
-              if b.get("backward") == "nodes" and b["name"].startswith("block."))
+    ops = node_layers(j)
     s0, e0 = c.range("iter1")
     bwd = sorted((s, n[4:]) for s, _, n in c.marks if s0 <= s <= e0 and n.startswith("bwd:"))
     runs = {}
@@ -888,8 +893,7 @@ def layer_backward_checks(check, name, c, view, j, planned_allocs):
     (out_of_place_add) and 0-dim tensors of 8 B or less; the GPU's softmax
     temporary the device view adds (softmax-tmp) is its own allocation,
     after grad_input's, as the GPU makes it."""
-    ops = set(b["name"] for b in j["blocks"]
-              if b.get("backward") == "nodes" and b["name"].startswith("block."))
+    ops = node_layers(j)
     s0, e0 = c.range("iter1")
     step = min(s for s, _, n in c.marks if s0 <= s <= e0 and n == "step")
     bwd = sorted((s, n[4:]) for s, _, n in c.marks if s0 <= s <= e0 and n.startswith("bwd:"))
