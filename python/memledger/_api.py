@@ -92,14 +92,14 @@ def _path(name, value):
 
 def _load_model(model, training):
     """An ml_model handle from a path (model YAML, or a Hugging Face
-    config.json), a memledger model dict, or a Hugging Face config (a dict
+    config.json or the model folder that holds one), a memledger model dict, or a Hugging Face config (a dict
     with model_type, or an object with to_dict(): PretrainedConfig)."""
     handle, err = ctypes.c_void_p(), _native.new_error()
     if hasattr(model, "to_dict") and callable(model.to_dict):
         model = model.to_dict()
     if isinstance(model, (str, os.PathLike)):
         path = _path("model", model)
-        if path.endswith(b".json"):
+        if path.endswith(b".json") or os.path.isdir(path):
             train = _path("training", training) if training is not None else None
             st = lib.ml_model_load_hf(path, train, ctypes.byref(handle), ctypes.byref(err))
         elif training is not None:

@@ -114,8 +114,8 @@ def run(argv, ok=(0, 1), aliases=None):
 
 
 class _Model:
-    """The model as command-line arguments: a path as it is (config.json with
-    --hf, and training= as --training), a dict or a PretrainedConfig written
+    """The model as command-line arguments: a path as it is (config.json, or
+    the model folder that holds one, with --hf, and training= as --training), a dict or a PretrainedConfig written
     to a temporary file first, removed on exit. aliases: that file's name ->
     what messages say instead ("<dict>", as the library names it)."""
 
@@ -125,7 +125,7 @@ class _Model:
             model = model.to_dict()
         if isinstance(model, (str, os.PathLike)):
             path = os.fsdecode(_api._path("model", model))
-            if path.endswith(".json"):
+            if path.endswith(".json") or os.path.isdir(path):
                 self.args = ["--hf", path]
                 if training is not None:
                     self.args += ["--training", os.fsdecode(_api._path("training", training))]

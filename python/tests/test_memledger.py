@@ -160,9 +160,16 @@ def test_hugging_face_config():
     by_path = memledger.plan(path, micro_batch=2, seq_len=512)
     by_dict = memledger.plan(cfg, micro_batch=2, seq_len=512)
     by_obj = memledger.plan(FakeConfig(cfg), micro_batch=2, seq_len=512)
+    # the model's folder, as from_pretrained takes it: its config.json
+    by_folder = memledger.plan(os.path.dirname(path), micro_batch=2, seq_len=512)
     # GPT-2 small from its config.json: the preset's count
     assert by_path["params"] == by_dict["params"] == by_obj["params"] == 124439808
-    assert by_dict["bytes"] == by_path["bytes"]
+    assert by_folder["params"] == 124439808
+    assert by_dict["bytes"] == by_path["bytes"] == by_folder["bytes"]
+    # through the command line too (triage runs the memledger binary)
+    t = memledger.triage(os.path.dirname(path), micro_batch=2, seq_len=512)
+    # fp32 weights, 4 bytes each, and the model named for its folder
+    assert t["model"] == "gpt2" and t["peak"]["breakdown"]["params"] == 4 * 124439808
 
 
 def test_attention_keyword():

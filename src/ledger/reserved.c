@@ -53,6 +53,14 @@ ml_status ml__rsim_create(const ml_alloc_config *cfg, const ml_chain *ch, ml_rsi
      * reaches (about 60 blocks per chain block), so that it seldom grows
      * and copies itself: a hint, whose failure changes nothing */
     ml__alloc_sim_reserve(r->sim, 64 * (ch->n + 8));
+    /* the same for the stores of aggregates and their handles, which keep
+     * every aggregate but the latest ones freed (a 96-block decoder's
+     * replay ends at about 170 and 370 per chain block) */
+    const size_t per = ch->n + 8;
+    group *g = ml_grow_to(NULL, 192 * per, &r->gcap, sizeof *g, 256);
+    uint64_t *h = g ? ml_grow_to(NULL, 384 * per, &r->hcap, sizeof *h, 1024) : NULL;
+    r->g = g;
+    r->h = h;
     *out = r;
     return ML_OK;
 }
@@ -97,7 +105,15 @@ static void note_as(ml_rsim *r, ml_sim_action a, uint64_t id, uint64_t bytes,
         return;
     }
     r->ev = e;
-    r->ev[r->nev++] = (ml_sim_event){a, when, second, id, bytes};
+    /* field by field into a zeroed slot: the padding after `second` is
+     * zero too, so two records compare equal byte for byte */
+    e = &r->ev[r->nev++];
+    memset(e, 0, sizeof *e);
+    e->action = a;
+    e->when = when;
+    e->second = second;
+    e->id = id;
+    e->bytes = bytes;
 }
 
 void ml__rsim_note(ml_rsim *r, ml_sim_action a, uint64_t id, uint64_t bytes)

@@ -510,6 +510,9 @@ ml_status ml_model_load_hf(const char *config_path, const char *training_path, m
     ml_error local;
     if (!err)
         err = &local;
+    /* a model's folder, as from_pretrained takes it: its config.json */
+    char joined[4096];
+    config_path = ml__hf_config_in(config_path, joined, sizeof joined);
     size_t len = 0;
     char *text = ml__read_file(config_path, &len, err);
     if (!text)

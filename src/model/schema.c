@@ -286,6 +286,16 @@ static ml_status build(ml_error *err, const ml_node *root, ml_model *m)
                             "top level: expected a mapping with 'name:' and 'model:', "
                             "got %s",
                             ml__tree_type_name(root));
+    /* a Hugging Face config.json is YAML too: say what it is and how it
+     * is read, before its keys read as mistakes */
+    for (size_t i = 0; i < root->count; i++)
+        if (!strcmp(root->keys[i]->text, "model_type") ||
+            !strcmp(root->keys[i]->text, "architectures"))
+            return ml__error_at(err, root->keys[i], ML_SCHEMA,
+                                "%s: a Hugging Face config.json's key, and this is not a "
+                                "memledger model file: give a config.json with --hf "
+                                "(docs/hf.md)",
+                                root->keys[i]->text);
     static const char *const keys[] = {"name", "model", "training", "device", "parallel"};
     if ((st = ml__tree_check_keys(err, root, "top level", keys, ML_COUNT(keys))))
         return st;
@@ -416,6 +426,18 @@ ml_status ml_model_load_file(const char *path, ml_model **out, ml_error *err)
         err = &local;
     size_t len = 0;
     char *buf = ml__read_file(path, &len, err);
+    char cfg[4096];
+    const char *hf = buf ? path : ml__hf_config_in(path, cfg, sizeof cfg);
+    if (!buf && hf != path && !ml__is_folder(hf)) {
+        FILE *f = fopen(hf, "rb");
+        if (f) {
+            fclose(f);
+            snprintf(err->msg, sizeof err->msg,
+                     "a folder, not a model file; it holds a Hugging Face config.json: plan "
+                     "it with --hf %s (docs/hf.md)",
+                     path);
+        }
+    }
     if (!buf)
         return err->code;
     ml_status st = load(buf, len, path, out, err);

@@ -5,6 +5,7 @@
 #define ML_UTIL_ERROR_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "memledger/error.h"
@@ -48,5 +49,14 @@ void ml__error_reword(ml_error *err, const char *from, const char *to);
  * a buffer the caller frees, or NULL with err's code and message set (ML_IO,
  * ML_RANGE, ML_NOMEM). */
 char *ml__read_file(const char *path, size_t *len, ml_error *err);
+
+/* Whether path names a folder (false where it names anything else or
+ * nothing). */
+bool ml__is_folder(const char *path);
+
+/* A Hugging Face model's folder, path, as its config.json: path/config.json
+ * written into out (room bytes) and returned when path is a folder, path
+ * itself otherwise (or when the joined name would not fit). */
+const char *ml__hf_config_in(const char *path, char *out, size_t room);
 
 #endif

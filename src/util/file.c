@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "util/error.h"
 
@@ -47,13 +48,33 @@ char *ml__read_file(const char *path, size_t *len, ml_error *err)
         free(buf);
         err->code = !buf ? ML_NOMEM : too_big ? ML_RANGE : ML_IO;
         err->line = err->col = 0;
-        snprintf(err->msg, sizeof err->msg, "%s%s",
-                 !buf ? "out of memory" : too_big ? "file larger than 16 MiB" : "cannot read: ",
-                 !buf || too_big ? "" : strerror(why));
+        if (buf && !too_big && ml__is_folder(path))
+            snprintf(err->msg, sizeof err->msg, "a folder, not a file");
+        else
+            snprintf(err->msg, sizeof err->msg, "%s%s",
+                     !buf ? "out of memory" : too_big ? "file larger than 16 MiB" : "cannot read: ",
+                     !buf || too_big ? "" : strerror(why));
         return NULL;
     }
     *len = n;
     return buf;
+}
+
+bool ml__is_folder(const char *path)
+{
+    struct stat st;
+    return path && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+const char *ml__hf_config_in(const char *path, char *out, size_t room)
+{
+    if (!ml__is_folder(path))
+        return path;
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    int w = snprintf(out, room, "%.*s/config.json", (int)n, path);
+    return w > 0 && (size_t)w < room ? out : path;
 }
 
 ml_status ml__errorf(ml_error *err, ml_status code, const char *fmt, ...)
