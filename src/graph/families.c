@@ -169,7 +169,7 @@ bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     common(m, c, L);
     /* query_key_value, sliced; the rotary's empty pass */
     mlg_attention *a = &L->attn;
-    a->hf = a->fused_proj = a->mask = true;
+    a->hf = a->fused_proj = a->heads_first = a->mask = true;
     masked_softmax(c, a);
     a->grouped = m->attn.kv_heads < m->attn.heads;
     a->repeat_copy = a->grouped && m->attn.kv_heads > 1;

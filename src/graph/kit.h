@@ -72,6 +72,10 @@ typedef struct {
     bool fused_proj;     /* Phi-3's one qkv_proj: q, k and v slices of its
                             output; its rotary splits the head into the
                             rotated part and an empty pass, then cats */
+    bool heads_first;    /* with fused_proj, GPT-NeoX's order: the output
+                            viewed into heads (B, T, H, 3 dh), transposed,
+                            then chunked into q, k and v (Phi-3's slices
+                            first, then views each) */
     bool o_first;        /* o_proj registered before the projections (Phi-3) */
     bool in_buf;         /* the projections' input gradient buffer exists (a
                             post-norm layer's input, which the skip holds) */

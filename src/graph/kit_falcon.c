@@ -1,7 +1,7 @@
 /* Hugging Face's FalconAttention (kit.h; modeling_falcon.py, the rotary
  * path; docs/inventory.md, "Falcon block"): one query_key_value projection
- * whose output _split_heads cuts into q, k and v, each reshaped into
- * contiguous (B, h, T, dh) heads; then HF's attention on them (kit_hf.c):
+ * whose output _split_heads cuts into q, k and v, each viewed as
+ * (B, h, T, dh) heads; then HF's attention on them (kit_hf.c):
  * the rotary, the eager core with the softmax in the stream's dtype (or a
  * fused kernel), the dense projection. */
 #include <stddef.h>
@@ -47,15 +47,18 @@ static uint16_t pick(ml_graph *g, uint16_t qkv, uint16_t list, mlg_op **op)
 /* query_key_value on h, then _split_heads. multi_query: the output viewed
  * as (B, T, H + 2, dh), q the slice [..., :-2, :], k and v picked (above);
  * otherwise (lists MLG_NONE) viewed as (B, T, H, 3, dh) and q, k and v
- * its strided selects. transpose(1, 2).reshape copies a strided piece into
- * contiguous heads and only views a picked one. Backward, per piece as
- * Phi-3's slices (kit_phi3.c): SliceBackward0, or IndexBackward0 (named as
- * the slices' nodes, as the builders name it), makes a zero-filled
- * gradient of the whole output and copies the piece's in; the first to
- * arrive (v's: the engine runs v, k, q) becomes the output's InputBuffer,
- * k's and q's are added; the reshape copies the transposed gradient. h's
- * gradient buffer is the MLP's when the norm is shared (in_buf). Returns
- * the pieces and their heads; *qkv_out the projection's output. */
+ * its selects. Then transpose(1, 2).reshape to the shape the transpose
+ * already has: a view (reshape copies only where no view can have the
+ * sizes, TensorShape.cpp), of qkv's storage or of a picked piece's, with no
+ * gradient of its own. Backward, per piece: SliceBackward0 or
+ * SelectBackward0 (q's; all three without multi_query), or
+ * IndexBackward0 (a picked k or v: index_put into zeros), each makes a
+ * zero-filled gradient of the whole output and puts the piece's in; the
+ * first to arrive (v's: the engine runs v, k, q) becomes the output's
+ * InputBuffer, k's and q's are added. h's gradient buffer is the MLP's
+ * when the norm is shared (in_buf). Returns the pieces and their heads
+ * (a piece MLG_NONE where its storage is qkv's); *qkv_out the
+ * projection's output. */
 static mlg_qkv split_heads(ml_graph *g, const mlg_layer *L, uint16_t h, const uint16_t lists[2],
                            uint16_t *qkv_out)
 {
@@ -71,37 +74,32 @@ static mlg_qkv split_heads(ml_graph *g, const mlg_layer *L, uint16_t h, const ui
     ml__op_gout(o, qkv);
     if (a->in_buf)
         o->accum = h;
-    static const char *const node[3] = {"SliceBackward0 (q of qkv)", "SliceBackward0 (k of qkv)",
-                                        "SliceBackward0 (v of qkv)"};
+    const bool mq = lists[0] != MLG_NONE;
+    static const char *const node[2][3] = {
+        {"SelectBackward0 (q of qkv)", "SelectBackward0 (k of qkv)", "SelectBackward0 (v of qkv)"},
+        {"SliceBackward0 (q of qkv)", "IndexBackward0 (k of qkv)", "IndexBackward0 (v of qkv)"}};
     uint16_t *own[3] = {&r.q, &r.k, &r.v}, *hv[3] = {&r.qh, &r.kh, &r.vh};
     for (unsigned i = 0; i < 3; i++) {
         const uint8_t width = i == 0 ? MLG_DQ : MLG_DKV, nh = i == 0 ? MLG_H : MLG_HKV;
-        const bool picked = i > 0 && lists[i - 1] != MLG_NONE;
+        const bool picked = i > 0 && mq;
         uint16_t piece;
         if (picked) {
             piece = pick(g, qkv, lists[i - 1], &o);
         } else {
             piece = ml__graph_view(g, "piece of query_key_value", qkv, 3, MLG_B, MLG_T, width);
-            o = ml__graph_op(g, MLG_OP_VIEW, "slice");
+            o = ml__graph_op(g, MLG_OP_VIEW, i == 0 && mq ? "slice" : "select");
         }
-        ml__op_node(o, node[i]);
+        ml__op_node(o, node[mq][i]);
         ml__op_gin(o, qkv);
         ml__op_gout(o, piece);
         if (i < 2)
             o->accum = qkv;
-        uint16_t heads = picked ? ml__graph_view(g, "heads", piece, 4, MLG_B, nh, MLG_T, MLG_DH)
-                                : ml__kit_heads(g, "heads (reshape copy)", nh);
-        o = ml__graph_op(g, picked ? MLG_OP_VIEW : MLG_OP_COPY, "transpose, reshape (heads)");
-        if (!picked) {
-            ml__op_in(o, piece);
-            ml__op_out(o, heads);
-        }
-        ml__op_node(o, "ViewBackward0 (head view, contiguous copy)");
-        ml__op_gin(o, piece);
-        ml__op_gout(o, heads);
-        /* the tensor whose storage the name holds: the rotary's rebinding
-         * and the attention's return drop it */
-        *own[i] = picked ? piece : heads;
+        const uint16_t heads = ml__graph_view(g, "heads", picked ? piece : qkv, 4, MLG_B, nh,
+                                              MLG_T, MLG_DH);
+        ml__kit_view_heads(g, "transpose, reshape (heads, a view)", NULL, piece, heads);
+        /* the tensor whose storage the name holds, the rotary's rebinding
+         * and the attention's return drop it: a picked piece's own */
+        *own[i] = picked ? piece : MLG_NONE;
         *hv[i] = heads;
     }
     *qkv_out = qkv;
@@ -115,7 +113,9 @@ uint16_t ml__kit_falcon_attention(ml_graph *g, const mlg_layer *L, uint16_t h,
     uint16_t qkv;
     const mlg_qkv p = split_heads(g, L, h, lists, &qkv);
     uint16_t y = ml__kit_hf_attention_on(g, L, &p, held, k, v);
-    /* fused_qkv stays bound until the attention returns */
-    ml__op_free(ml__graph_release(g, "fused_qkv goes"), qkv);
+    /* fused_qkv stays bound until the attention returns; v's heads, a
+     * view of it without multi_query, went there (or stay in the cache) */
+    if (ml__graph_storage(g, p.vh) != qkv)
+        ml__op_free(ml__graph_release(g, "fused_qkv goes"), qkv);
     return y;
 }

@@ -337,9 +337,9 @@ static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
  * q's is copied contiguous for bmm, k's transposed view is bmm's as it is
  * where repeat_kv copied it), which go after their last reader. Returns
  * the scores; *vc the tensor of v's contiguous copy, made later (MLG_NONE:
- * none, where repeat_kv copied v or _split_heads made it contiguous). */
+ * none, where repeat_kv copied v). */
 static uint16_t scores_qk(ml_graph *g, const mlg_attention *a, uint16_t qr, uint16_t kr,
-                          uint16_t krep, bool copied, bool cat, bool v_contig, uint16_t *vc)
+                          uint16_t krep, bool copied, bool cat, uint16_t *vc)
 {
     uint16_t qc = cat ? MLG_NONE : ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
     /* (autocast's copy of k repeated by a zero-stride expand is laid out
@@ -347,7 +347,7 @@ static uint16_t scores_qk(ml_graph *g, const mlg_attention *a, uint16_t qr, uint
     uint16_t kc = copied || (cat && !a->grouped) || (a->rot_fp32 && a->grouped)
                       ? MLG_NONE
                       : ml__kit_heads(g, "k contiguous copy (bmm)", MLG_H);
-    *vc = copied || v_contig ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
+    *vc = copied ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
     uint16_t qs = qr, ks = copied ? krep : kr;
     if (a->rot_fp32) {
         qs = ml__kit_autocast_copy(g, qs, MLG_H, "q (autocast copy for q k^T)");
@@ -398,16 +398,17 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     uint16_t vrep =
         a->grouped && !late_v ? repeat_kv(g, a, vh, "ExpandBackward0 (repeat_kv of v)") : vh;
     const bool copied = a->grouped && a->repeat_copy; /* bmm saves them as they are */
-    /* the rotary's cat made q and k contiguous; Falcon's _split_heads made
-     * q, k and v contiguous heads */
-    const bool cat = (a->fused_proj && a->rope) || a->split_heads;
-    const bool v_contig = a->split_heads && !a->grouped;
+    /* the rotary made q and k contiguous (with a fused qkv its cat; for
+     * Falcon's views of query_key_value its muls); v stays a strided view
+     * of the projection's output, which bmm copies, or (Falcon's
+     * multi_query) a picked copy that it expands */
+    const bool cat = (a->fused_proj || a->split_heads) && a->rope;
     *krep_out = copied ? krep : MLG_NONE;
     *vrep_out = copied ? vrep : MLG_NONE;
     /* v as repeat_kv copied it, as _split_heads made it, or a copy: its
      * own saved entry, released by the PV node, its only saver */
     uint16_t vc;
-    uint16_t S1 = scores_qk(g, a, qr, kr, krep, copied, cat, v_contig, &vc);
+    uint16_t S1 = scores_qk(g, a, qr, kr, krep, copied, cat, &vc);
     const uint16_t vb = copied ? vrep : vc != MLG_NONE ? vc : vrep;
     mlg_op *o;
     uint16_t S2 = ml__kit_scale(g, S1);

@@ -1,6 +1,7 @@
 /* Phi-3's fused projections (kit.h; Hugging Face modeling_phi3.py eager,
  * docs/inventory.md "Phi-3 block"): one qkv_proj whose output q, k and v
- * are slices of, and one gate_up_proj chunked into gate and up. */
+ * are slices of, and one gate_up_proj chunked into gate and up; GPT-NeoX's
+ * query_key_value, viewed into heads and chunked (modeling_gpt_neox.py). */
 #include <stddef.h>
 
 #include "graph/kit.h"
@@ -16,6 +17,35 @@ static uint16_t act3(ml_graph *g, const char *name, uint8_t w)
  * slices': SliceBackward0 makes a zero-filled gradient of the whole output
  * and copies the slice's in, the first to arrive (v's) becoming the
  * output's InputBuffer, k's and q's added and freed. */
+/* GPTNeoXAttention: query_key_value's output qkv viewed (B, T, H, 3 dh)
+ * and transposed to (B, H, T, 3 dh), then chunked into q, k and v (each
+ * dh of a head's 3 dh). Backward: SplitBackward0 cats the three heads'
+ * gradients into one contiguous (B, H, T, 3 dh) tensor (split_backward in
+ * FunctionsManual.cpp), TransposeBackward0 is a view, and ViewBackward0's
+ * reshape of that transposed gradient to qkv's shape copies it: two
+ * tensors of qkv's size, where Phi-3's slices make one each. */
+static mlg_qkv heads_then_chunk(ml_graph *g, uint16_t qkv)
+{
+    mlg_qkv r;
+    const uint16_t heads = ml__graph_view(g, "heads (q, k, v of each)", qkv, 3, MLG_B, MLG_T,
+                                          MLG_QKV);
+    ml__kit_view_heads(g, "view, transpose (heads)",
+                       "ViewBackward0 (qkv heads, contiguous copy)", qkv, heads);
+    mlg_op *o = ml__graph_op(g, MLG_OP_VIEW, "chunk (q, k, v)");
+    ml__op_node(o, "SplitBackward0 (chunk into q, k, v)");
+    ml__op_gin(o, heads);
+    uint16_t *hv[3] = {&r.qh, &r.kh, &r.vh};
+    for (unsigned i = 0; i < 3; i++) {
+        *hv[i] = ml__graph_view(g, "heads", qkv, 4, MLG_B, i == 0 ? MLG_H : MLG_HKV, MLG_T,
+                                MLG_DH);
+        ml__op_gout(o, *hv[i]);
+    }
+    r.q = r.qh;
+    r.k = r.kh;
+    r.v = r.vh;
+    return r;
+}
+
 mlg_qkv ml__kit_phi3_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
 {
     const mlg_attention *a = &L->attn;
@@ -24,10 +54,14 @@ mlg_qkv ml__kit_phi3_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
     uint16_t qkv = act3(g, "q/k/v projection output", MLG_QKV);
     if (qkv != MLG_NONE)
         g->t[qkv].flags |= MLG_T_TMP;
-    const mlg_linear lin = {"mm (qkv projection)", "MmBackward0 (qkv projection)", MLG_D, MLG_QKV,
-                            a->qkv_bias};
+    const mlg_linear lin = {a->qkv_bias ? "addmm (qkv projection)" : "mm (qkv projection)",
+                            a->qkv_bias ? "AddmmBackward0 (qkv projection)"
+                                        : "MmBackward0 (qkv projection)",
+                            MLG_D, MLG_QKV, a->qkv_bias};
     mlg_op *o = ml__kit_linear_with(g, &lin, h, c, w, qkv);
     ml__op_gout(o, qkv);
+    if (a->heads_first)
+        return heads_then_chunk(g, qkv);
     static const char *const sl[3] = {"SliceBackward0 (q of qkv)", "SliceBackward0 (k of qkv)",
                                       "SliceBackward0 (v of qkv)"};
     uint16_t *out[3] = {&r.q, &r.k, &r.v}, *hv[3] = {&r.qh, &r.kh, &r.vh};

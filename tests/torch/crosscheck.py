@@ -36,7 +36,7 @@ TOL = 0.01
 # amp-bf16 through CPU autocast; its differences from CUDA autocast that
 # these models meet are accounted in known_cpu_autocast().
 AMP_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
-              "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
+              "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-falcon-mha", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
               "xc-deepseek", "xc-deepseek2", "xc-vit", "xc-t5", "xc-t5-gated",
               "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
@@ -45,7 +45,7 @@ AMP_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-fl
 # shared-norm parallel layer, Mixtral's experts and the decoders'
 # sequence-classification head are new layouts, held to every byte (so are
 # Llava's vision tower, projector and merged sequence).
-EXACT_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5", "xc-t5-gated",
+EXACT_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-falcon-mha", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5", "xc-t5-gated",
                 "xc-deepseek", "xc-deepseek2", "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full"}
 torch.manual_seed(0)
 

@@ -1121,12 +1121,21 @@ class Falcon(Llama):
     def attn(s, b, h, cos, sin, mask):  # FalconAttention.forward (rotary, eager)
         B, T, _ = h.shape
         qkv = s.linear(b.qkv, h)
-        if s.KV == 1:  # _split_heads, multi_query: the key and value by index lists (copies)
+        # _split_heads, written as the nodes 2.x records for it: HF's
+        # fused_qkv[..., :-2, :], [..., [-2], :] and [..., 0, :] make 1.13
+        # record a SliceBackward0 for the trailing full slice too (its
+        # TensorIndexing.h applySlice tests stop == length, 2.x
+        # length <= stop), each a zero-filled gradient in backward that
+        # 2.x never makes; narrow, aten.index with None for the leading
+        # dimensions, and select are those indexings without it
+        if s.KV == 1:  # multi_query: the key and value by index lists (copies)
             qkv = qkv.view(B, T, s.H + 2, s.dh)
-            q, k, v = qkv[..., :-2, :], qkv[..., [-2], :], qkv[..., [-1], :]
+            q = qkv.narrow(2, 0, s.H)
+            k = torch.ops.aten.index(qkv, [None, None, torch.tensor([-2], device=qkv.device)])
+            v = torch.ops.aten.index(qkv, [None, None, torch.tensor([-1], device=qkv.device)])
         else:
             qkv = qkv.view(B, T, s.H, 3, s.dh)
-            q, k, v = qkv[..., 0, :], qkv[..., 1, :], qkv[..., 2, :]
+            q, k, v = qkv.select(3, 0), qkv.select(3, 1), qkv.select(3, 2)
         q = q.transpose(1, 2).reshape(B, s.H, T, s.dh)
         k = k.transpose(1, 2).reshape(B, s.KV, T, s.dh)
         v = v.transpose(1, 2).reshape(B, s.KV, T, s.dh)
