@@ -100,7 +100,14 @@ static uint16_t router(ml_graph *g, const mlg_layer *L, uint16_t h)
         ml__op_save(o, r.sum);
         ml__op_save(o, r.old);
         node(o, "DivBackward0 (in place)", r.wk, r.sum, r.wk);
-        o->scratch_in = 1;
+        /* other (the sum, broadcast) before self in the codegen's sorted
+         * order: div_tensor_other_backward's -grad * ((self / other) /
+         * other) makes three temporaries and its whole result, then
+         * div_tensor_self_backward's grad / other is self's gradient, then
+         * validate_outputs' sum_to reduces other's (FunctionsManual.cpp,
+         * engine.cpp): four of the weights' size before the two */
+        o->scratch_in = 4;
+        o->scratch_first = true;
     }
     return r.wk;
 }
@@ -193,7 +200,11 @@ static void expert_ops(ml_graph *g, const mlg_layer *L, const mlg_expert *e, uin
     ml__op_save(o, e->Y);
     ml__op_save(o, e->rw);
     ml__op_gin(o, e->rw);
+    /* other (the weights, broadcast over the row) before self in the
+     * codegen's sorted order: grad * Y whole, then Y's gradient, then
+     * validate_outputs' sum_to of the weights' (engine.cpp) */
     o->scratch_in = 1;
+    o->scratch_first = true;
     o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "index_add_ (into the sum)");
     ml__op_in(o, e->Z);
     ml__op_save(o, e->Z);
@@ -338,7 +349,13 @@ static uint16_t shared(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t rou
     ml__op_save(o, Y);
     ml__op_save(o, sg);
     ml__op_gin(o, sg);
+    /* other (the shared output) before self (the gate, broadcast) in the
+     * codegen's sorted order: grad * sigmoid is the output's gradient,
+     * then grad * Y whole, which validate_outputs' sum_to reduces to the
+     * gate's (engine.cpp); the whole made before the gate's gradient as
+     * the scratch-first order makes it (both the output's size) */
     o->scratch_in = 1;
+    o->scratch_first = true;
     ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (routed + shared)", routed, out, NULL);
     return out;
 }

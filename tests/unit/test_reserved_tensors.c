@@ -420,9 +420,10 @@ static size_t two_layers(const int64_t *steps, size_t n, size_t head, int64_t *w
 }
 
 /* Where the run want[0 .. nw) (allocations positive, frees negative, by
- * the bytes of the allocation they free) first appears in the first
+ * the bytes of the allocation they free; with allocs_only, allocations
+ * alone, the frees between them left out) first appears in the first
  * iteration's simulation events of a plan of model y; SIZE_MAX: nowhere. */
-static size_t first_run_at(const char *y, const int64_t *want, size_t nw)
+static size_t run_at(const char *y, const int64_t *want, size_t nw, bool allocs_only)
 {
     ml_model *m = load_str(y);
     ml_config c = ml_model_config(m);
@@ -447,6 +448,13 @@ static size_t first_run_at(const char *y, const int64_t *want, size_t nw)
             }
     }
     assert_true(first < end && end <= n);
+    if (allocs_only) { /* the allocations, in order, packed after first */
+        size_t k = first + 1;
+        for (size_t i = first + 1; i < end; i++)
+            if (d[i] > 0)
+                d[k++] = d[i];
+        end = k;
+    }
     for (size_t i = first + 1; i + nw <= end && found == SIZE_MAX; i++)
         if (memcmp(&d[i], want, nw * sizeof want[0]) == 0)
             found = i;
@@ -454,6 +462,16 @@ static size_t first_run_at(const char *y, const int64_t *want, size_t nw)
     ml_ledger_destroy(l);
     ml_model_destroy(m);
     return found;
+}
+
+static size_t first_run_at(const char *y, const int64_t *want, size_t nw)
+{
+    return run_at(y, want, nw, false);
+}
+
+static size_t first_alloc_run_at(const char *y, const int64_t *want, size_t nw)
+{
+    return run_at(y, want, nw, true);
 }
 
 /* Two layers of hidden 4, one head, MLP width 8 (GPT-2's layout), B 1,
@@ -551,6 +569,50 @@ static void test_norm_rotary_by_tensor(void **state)
     assert_true(first_run_at(y, rotary, 10) != SIZE_MAX);
 }
 
+/* GPT-NeoX's fused projection and a mixture's expert product, node by
+ * node, each node's tensors as PyTorch makes them. One layer of hidden 8,
+ * two heads of 4, B 1, T 4, fp32.
+ * GPT-NeoX (parallel residual, biases): query_key_value's output is
+ * 4*24*4 = 384 B, each head tensor 2*4*4*4 = 128 B. SplitBackward0 cats
+ * the q, k and v heads' gradients into one (B, H, T, 3 dh) tensor, 384
+ * (split_backward, FunctionsManual.cpp), and its three inputs go; the
+ * transpose's node is a view; ViewBackward0 reshapes the transposed cat
+ * to (B, T, 3 D), a copy, 384, freeing the cat; AddmmBackward0 makes its
+ * input's gradient 4*8*4 = 128, the weight's 24*8*4 = 768, then the
+ * bias's 24*4 = 96 (validate_outputs' sum_to), and frees the 384.
+ * Mixtral's layer with two experts, both taken by every token
+ * (experts_per_tok 2): an expert's rows are 4*8*4 = 128 B, its routing
+ * weights (4, 1) 16 B.
+ * IndexAddBackward0 selects the sum's gradient, 128; MulBackward0
+ * (expert output * weights) makes the weights' gradient whole first (128,
+ * other before self in the codegen's order), then the output's (128),
+ * then validate_outputs' sum_to the weights' 16 (engine.cpp);
+ * IndexBackward0 zero-fills the (B T, k) = 4*2*4 = 32 B gradient of the
+ * routing weights the expert's were picked from. Allocations alone, as
+ * the oracle's whole-layer check compares them. The previous model
+ * (three head copies and three slices for GPT-NeoX; the whole weights'
+ * gradient after the two for the product) makes neither run. */
+static void test_fused_qkv_and_experts_by_tensor(void **state)
+{
+    (void)state;
+    static const char *neox =
+        "model:\n  type: decoder\n  layers: 1\n  hidden: 8\n  heads: 2\n  ffn: 8\n"
+        "  activation: gelu\n  norm: layernorm\n  parallel_residual: true\n  vocab: 10\n"
+        "  position: rope\n  attention: eager\n  dropout: 0\n  tied_embeddings: false\n"
+        "  bias: true\ntraining:\n  micro_batch: 1\n  seq_len: 4\n  optimizer: sgd\n"
+        "device:\n  memory: 8GiB\n  allocator: caching\n";
+    static const char *mixtral =
+        "model:\n  type: decoder\n  layers: 1\n  hidden: 8\n  heads: 2\n  ffn: 8\n"
+        "  experts: 2\n  experts_per_tok: 2\n  activation: swiglu\n  norm: rmsnorm\n"
+        "  vocab: 10\n  position: rope\n  tied_embeddings: false\n  bias: false\n"
+        "  attention: eager\n  dropout: 0\ntraining:\n  micro_batch: 1\n  seq_len: 4\n"
+        "  optimizer: sgd\ndevice:\n  memory: 8GiB\n  allocator: caching\n";
+    const int64_t split[] = {384, -128, -128, -128, 384, -384, 128, 768, 96, -384};
+    const int64_t expert[] = {128, 128, 128, 16, 32};
+    assert_true(first_run_at(neox, split, 10) != SIZE_MAX);
+    assert_true(first_alloc_run_at(mixtral, expert, 5) != SIZE_MAX);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -565,6 +627,7 @@ int main(void)
         cmocka_unit_test(test_checkpointed_forward_by_op),
         cmocka_unit_test(test_bias_grad_apart),
         cmocka_unit_test(test_norm_rotary_by_tensor),
+        cmocka_unit_test(test_fused_qkv_and_experts_by_tensor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
