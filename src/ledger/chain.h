@@ -94,6 +94,11 @@ typedef struct {
                               freed in reverse order */
     bool scratch_first;    /* scratch made before the node's gradients
                               (mlg_op.scratch_first) */
+    bool unpacks;          /* its op saved tensors, which it unpacks: under
+                              non-reentrant checkpointing the first such node
+                              of a segment's backward runs its recompute; the
+                              nodes before it (a residual sum's autocast cast
+                              of the gradient) run before */
     uint64_t pg_bias; /* of a node with two parameters (a weight and its bias,
                          a LayerNorm's gamma and beta), the second's gradient:
                          a tensor of its own, made after the first's

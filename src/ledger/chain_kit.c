@@ -304,3 +304,31 @@ bool ml__ck_fused_attention(unsigned compute_bytes, const ml_model *m)
     return m->attn.kernel == ML_ATTN_FLASH;
 }
 
+void ml__ck_op_scratch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const mlg_op *o,
+                       const uint64_t *tb, ml_bnode *nn)
+{
+    const ml_graph *g = &G->g;
+    const uint64_t own = o->ngin ? ml_mul(ch, tb[o->gin[0]], o->scratch_in) : 0;
+    uint64_t scratch = own;
+    /* sequence parallelism's collectives in the backward (Megatron,
+     * tensor_parallel/layers.py and mappings.py): a column-parallel op
+     * computes its input's whole gradient, then reduce-scatters it into
+     * the shard; a row-parallel op gathers its output's gradient whole */
+    if (o->sp_site == MLG_SP_COLUMN && o->ngin)
+        scratch = ml_add(ch, scratch, ml_mul(ch, tb[o->gin[0]], g->seq_div));
+    else if (o->sp_site == MLG_SP_ROW && o->nout)
+        scratch = ml_add(ch, scratch, ml_mul(ch, tb[o->out[0]], g->seq_div));
+    /* ring attention's backward: its buffers (context_parallel.c) */
+    if (o->kind == MLG_OP_ATTENTION)
+        scratch = ml_add(ch, scratch, ml__cp_ring_backward(ch, &G->z));
+    if (!scratch)
+        return;
+    ml__ck_node_scratch(ch, b, scratch);
+    /* the simulation makes a formula's temporaries one by one, the same
+     * size each, where nothing above added to them */
+    if (nn) {
+        const bool parts = scratch == own && !o->scratch_one && o->scratch_in <= ML_SCRATCH_PARTS;
+        nn->scratch_parts = parts ? o->scratch_in : 1;
+        nn->scratch_first = o->scratch_first;
+    }
+}

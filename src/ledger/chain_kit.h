@@ -172,6 +172,12 @@ typedef struct {
  * their layout (graph/families.c); false: it declines them (the chain is
  * refused). */
 bool ml__ck_graph_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G);
+/* Node nn's scratch, made by op o of block b's graph G: the formula's
+ * own (o->scratch_in tensors of its first input gradient's size, made one
+ * by one where nothing else adds to them), sequence parallelism's
+ * collectives and ring attention's buffers. */
+void ml__ck_op_scratch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const mlg_op *o,
+                       const uint64_t *tb, ml_bnode *nn);
 /* The bytes ring attention's backward holds besides a fused kernel's own
  * (context_parallel.c; 0 without context parallelism): every rank's keys
  * and values gathered again, the query gradient's fp32 accumulator and its

@@ -466,7 +466,7 @@ bool ml__segment_by_nodes(const ml_chain *ch, size_t s0, size_t k)
  * a residual's buffer holds it) and the saved tensors it was the last user of
  * are freed (engine.cpp: the node's inputs are released and, without
  * retain_graph, release_variables() drops its saved tensors). */
-static void backward_nodes(ml_replay *r, size_t k)
+static void backward_nodes(ml_replay *r, size_t k, size_t ran)
 {
     const ml_chain *ch = r->ch;
     const ml_shard *sh = r->sh;
@@ -484,18 +484,19 @@ static void backward_nodes(ml_replay *r, size_t k)
         ml__replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
         r->carry_name = named(r, r->grad_carry);
     }
-    ml__nodes_begin(r);
+    if (!ran) /* (else begun before the recompute, backward_step) */
+        ml__nodes_begin(r);
     const bool create = r->micro == 0 && !r->grads_exist;
     ml__tied_partial(r, b, create);
     /* a checkpointed block's saved tensors are the recompute's */
     const ml_category scat = r->seg[k] >= 0 ? ML_CAT_RECOMPUTE : ML_CAT_ACTIVATIONS;
     uint64_t freed = 0;
     blas_workspace(r, k, &r->blas_bwd); /* before its nodes' first product */
-    if (ml__nodes_at_once(r, k, create, scat)) {
+    if (!ran && ml__nodes_at_once(r, k, create, scat)) {
         ml__nodeprof_apply(&r->np, r);
         freed = r->np.freed;
     } else {
-        ml__nodes_one_by_one(r, k, create, scat, &freed);
+        ml__nodes_one_by_one(r, k, ran, b->nnodes, create, scat, &freed);
     }
     /* time: the nodes carry no FLOPs of their own; the block's backward
      * FLOPs are counted once its nodes have run (docs/ledger.md, "Time") */
@@ -525,6 +526,7 @@ static void backward_step(ml_replay *r, size_t k)
 {
     const int *seg = r->seg;
     const size_t n = r->ch->n;
+    size_t ran = 0; /* block k's nodes run before its segment's recompute */
     if (seg[k] >= 0 && (k + 1 == n || seg[k + 1] != seg[k])) {
         size_t s0 = segment_start(seg, k);
         r->seg_nodes = ml__segment_by_nodes(r->ch, s0, k);
@@ -536,13 +538,16 @@ static void backward_step(ml_replay *r, size_t k)
                 ml__replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
                 r->carry_name = named(r, r->grad_carry);
             }
-            ml__replay_recompute_nodes(r, s0, k);
+            /* the nodes that unpack nothing run first (a residual sum's
+             * autocast cast), the first unpack the recompute
+             * (torch/utils/checkpoint.py, the non-reentrant unpack hook) */
+            ran = ml__nodes_recompute(r, s0, k);
         }
     }
     if (r->ch->blocks[k].fwd_only)
         return;
     if (by_nodes(r, k))
-        backward_nodes(r, k);
+        backward_nodes(r, k, ran);
     else
         backward_block(r, k);
 }

@@ -279,13 +279,16 @@ void ml__nodeprof_make(ml_nodeprof *p, const ml_bnode *nd, size_t nnodes, const 
                        bool create, ml_category scat);
 bool ml__nodeprof_fits(const ml_nodeprof *p, const ml_replay *r);
 void ml__nodeprof_apply(const ml_nodeprof *p, ml_replay *r);
-/* Block k's node list event by event, *freed adding the saved bytes it
- * frees (the allocator simulation frees each saved tensor as its node
- * does); whether it runs as one step instead (r->np made or kept for it,
- * its checks holding). */
-void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
-                          uint64_t *freed);
+/* Block k's nodes from..to-1 event by event, *freed adding the saved bytes
+ * they free (the simulation frees each saved tensor as its node does);
+ * whether the whole list runs as one step instead (r->np made or kept). */
+void ml__nodes_one_by_one(ml_replay *r, size_t k, size_t from, size_t to, bool create,
+                          ml_category scat, uint64_t *freed);
 bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat);
+/* Segment s0..k recomputed after k's first nodes that unpack nothing
+ * (ml_bnode.unpacks; non-reentrant checkpointing recomputes at the first
+ * unpack), their names kept across it: returns how many ran. */
+size_t ml__nodes_recompute(ml_replay *r, size_t s0, size_t k);
 /* Whether blocks s0 to k (a checkpoint segment) each have a node list:
  * then the segment's backward replays node by node (replay.c). */
 bool ml__segment_by_nodes(const ml_chain *ch, size_t s0, size_t k);

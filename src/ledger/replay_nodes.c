@@ -297,13 +297,13 @@ static void scratch_free(ml_replay *r, const ml_bnode *x, const size_t *names)
  * scratch_first), then what it frees; *freed adds the saved bytes they
  * free. A node's allocations all come before its frees, so their order
  * moves none of the peaks the profile above finds. */
-void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
-                          uint64_t *freed)
+void ml__nodes_one_by_one(ml_replay *r, size_t k, size_t from, size_t to, bool create,
+                          ml_category scat, uint64_t *freed)
 {
     const ml_cblock *b = &r->ch->blocks[k];
     const ml_bnode *nd = &r->ch->nodes[b->node_first];
     const ml_saved *sv = &r->ch->saved[b->saved_first];
-    for (size_t j = 0; j < b->nnodes; j++) {
+    for (size_t j = from; j < to && j < b->nnodes; j++) {
         const ml_bnode *x = &nd[j];
         size_t taken[3] = {0, 0, 0}, pg_names[2] = {0, 0}, sc_names[ML_SCRATCH_PARTS] = {0};
         /* the LM head's partial of a tied table stays in the engine's
@@ -336,6 +336,62 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, bool create, ml_category scat,
             *freed += sv[s].bytes;
         }
     }
+}
+
+/* How many of block k's first nodes unpack nothing (0 where none does:
+ * no recompute to start). */
+static size_t before_recompute(const ml_chain *ch, size_t k)
+{
+    const ml_cblock *b = &ch->blocks[k];
+    const ml_bnode *nd = &ch->nodes[b->node_first];
+    size_t j = 0;
+    if (b->fwd_only || b->tied_grad)
+        return 0;
+    while (j < b->nnodes && !nd[j].unpacks && nd[j].first_saved == ML_NODE_NONE)
+        j++;
+    return j < b->nnodes ? j : 0;
+}
+
+size_t ml__nodes_recompute(ml_replay *r, size_t s0, size_t k)
+{
+    const size_t ran = before_recompute(r->ch, k);
+    if (!ran) {
+        ml__replay_recompute_nodes(r, s0, k);
+        return 0;
+    }
+    const ml_bnode *nd = &r->ch->nodes[r->ch->blocks[k].node_first];
+    uint64_t none = 0;
+    ml__nodes_begin(r);
+    ml__nodes_one_by_one(r, k, 0, ran, r->micro == 0 && !r->grads_exist, ML_CAT_RECOMPUTE,
+                         &none);
+    /* the names those nodes gave their gradients, kept across the
+     * recompute (whose forward steps name r->gname's slots too); the rest
+     * cleared after it, as ml__nodes_begin clears them */
+    enum { KEEP = 8 };
+    uint16_t id[KEEP];
+    size_t name[KEEP];
+    uint64_t bytes[KEEP];
+    bool pend[KEEP];
+    unsigned n = 0;
+    for (size_t j = 0; j < ran && r->rsim; j++)
+        for (unsigned p = 0; p < nd[j].ngin && n < KEEP; p++) {
+            if ((id[n] = nd[j].gin_id[p]) == ML_GID_NONE)
+                continue;
+            pend[n] = nd[j].gin_acc & (1u << p);
+            name[n] = pend[n] ? r->gpend[id[n]] : r->gname[id[n]];
+            bytes[n] = pend[n] ? r->gpbytes[id[n]] : r->gbytes[id[n]];
+            n++;
+        }
+    ml__replay_recompute_nodes(r, s0, k);
+    if (!r->rsim)
+        return ran;
+    memset(r->gname, 0, sizeof r->gname);
+    memset(r->gpend, 0, sizeof r->gpend);
+    for (unsigned i = 0; i < n; i++) {
+        (pend[i] ? r->gpend : r->gname)[id[i]] = name[i];
+        (pend[i] ? r->gpbytes : r->gbytes)[id[i]] = bytes[i];
+    }
+    return ran;
 }
 
 /* Whether block k's nodes run as one step (replay_nodes.c): not where each

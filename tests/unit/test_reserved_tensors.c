@@ -529,6 +529,20 @@ static void test_bias_grad_apart(void **state)
     assert_true(by_op_at("full", out_proj, 3) != SIZE_MAX);
 }
 
+/* One Llama layer (hidden 8, two heads of 4, RMSNorm, rotary, SwiGLU, eager
+ * attention) at B 1, T 4 with SGD and the caching allocator simulated, the
+ * training section's further lines `more`, written into y. */
+static void tiny_llama(char *y, size_t n, const char *more)
+{
+    snprintf(y, n,
+             "model:\n  type: decoder\n  layers: 1\n  hidden: 8\n  heads: 2\n  ffn: 8\n"
+             "  activation: swiglu\n  norm: rmsnorm\n  vocab: 10\n  position: rope\n"
+             "  attention: eager\n  dropout: 0\n  tied_embeddings: false\n  bias: false\n"
+             "training:\n  micro_batch: 1\n  seq_len: 4\n  optimizer: sgd\n%s"
+             "device:\n  memory: 8GiB\n  allocator: caching\n",
+             more);
+}
+
 /* A Llama layer's norm and rotary, node by node, each node's tensors as
  * PyTorch makes them (derivatives.yaml, FunctionsManual.cpp, engine.cpp).
  * One layer of hidden 8, two heads of 4, RMSNorm, rotary, SwiGLU; B 1, T 4
@@ -553,12 +567,8 @@ static void test_bias_grad_apart(void **state)
 static void test_norm_rotary_by_tensor(void **state)
 {
     (void)state;
-    static const char *y = "model:\n  type: decoder\n  layers: 1\n  hidden: 8\n  heads: 2\n"
-                           "  ffn: 8\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 10\n"
-                           "  position: rope\n  attention: eager\n  dropout: 0\n"
-                           "  tied_embeddings: false\n  bias: false\ntraining:\n"
-                           "  micro_batch: 1\n  seq_len: 4\n  optimizer: sgd\n"
-                           "device:\n  memory: 8GiB\n  allocator: caching\n";
+    char y[512];
+    tiny_llama(y, sizeof y, "");
     const int64_t pow2[] = {128, -16, 128, 128, 128, -128, -128};
     const int64_t rsqrt[] = {16, 16, 16, -16, -16};
     const int64_t mul[] = {128, 128, 16, -128};
@@ -613,6 +623,26 @@ static void test_fused_qkv_and_experts_by_tensor(void **state)
     assert_true(first_alloc_run_at(mixtral, expert, 5) != SIZE_MAX);
 }
 
+/* A checkpointed layer's backward under autocast (non-reentrant
+ * checkpointing, torch/utils/checkpoint.py): the first unpack of a saved
+ * tensor runs the recompute, and the nodes before it unpack nothing. The
+ * layer's last op is the residual sum x + the MLP's output, fp32 + bf16:
+ * AddBackward0 saves nothing, and engine.cpp's validate_outputs casts the
+ * gradient it hands the branch to bf16, B*T*D*2 = 1*4*8*2 = 64 B, before
+ * the down projection's node unpacks its input and the recompute starts
+ * with input_layernorm's variance: hidden_states.pow(2) (fp32, 4*8*4 =
+ * 128 B), .mean(-1, keepdim=True) (4*4 = 16 B), the square freed. The
+ * previous replay made the cast after the recompute, at the down
+ * projection's node. */
+static void test_cast_before_recompute(void **state)
+{
+    (void)state;
+    char y[512];
+    tiny_llama(y, sizeof y, "  precision: amp-bf16\n  checkpoint: full\n");
+    const int64_t run[] = {64, 128, 16, -128};
+    assert_true(first_run_at(y, run, 4) != SIZE_MAX);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -628,6 +658,7 @@ int main(void)
         cmocka_unit_test(test_bias_grad_apart),
         cmocka_unit_test(test_norm_rotary_by_tensor),
         cmocka_unit_test(test_fused_qkv_and_experts_by_tensor),
+        cmocka_unit_test(test_cast_before_recompute),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
