@@ -375,9 +375,10 @@ ML_API ml_status ml_model_load_string(const char *text, size_t len, const char *
                                       ml_model **out, ml_error *err);
 
 /* Loads a Hugging Face config.json (model_type llama, mistral, qwen2, gpt2,
- * gpt_neox, bert or vit; docs/hf.md) and, when training_path is not NULL, a
- * YAML file with training: and device: sections. Ownership and statuses as
- * ml_model_load_file. */
+ * gpt_neox, bert or vit; docs/hf.md), or the config.json in config_path
+ * when it names a folder (a model's, as from_pretrained takes it), and,
+ * when training_path is not NULL, a YAML file with training: and device:
+ * sections. Ownership and statuses as ml_model_load_file. */
 ML_API ml_status ml_model_load_hf(const char *config_path, const char *training_path,
                                   ml_model **out, ml_error *err);
 

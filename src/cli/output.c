@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "util/error.h"
 
 /* The temporary file's name, for the signal handler, and the dispositions
  * it replaced. The CLI's only static state: a handler cannot be given a
@@ -122,6 +123,9 @@ int ml_out_refuse_input(const char *out, const char *in)
     struct stat so, si;
     if (!out || !in || !strcmp(out, "-") || !strcmp(in, "-"))
         return 0;
+    /* a model's folder (--hf FOLDER) is read as its config.json */
+    char cfg[4096];
+    in = ml__hf_config_in(in, cfg, sizeof cfg);
     if (stat(out, &so) != 0 || stat(in, &si) != 0)
         return 0;
     if (so.st_dev != si.st_dev || so.st_ino != si.st_ino)

@@ -33,8 +33,10 @@ static void layer_returns(ml_graph *g, uint16_t sum, uint16_t held, uint16_t ck,
     mlg_op *o = ml__graph_release(g, "layer returns");
     ml__op_free(o, sum);
     ml__op_free(o, held);
-    ml__op_free(o, ck);
-    ml__op_free(o, cv);
+    /* k and v may be views of one storage (Falcon's query_key_value
+     * output without multi_query or a rotary): freed once */
+    const uint16_t kv[2] = {ck, cv};
+    ml__kit_free_storages(g, o, kv, 2);
 }
 
 /* Gemma 2's norm of a branch's output y (before its residual add); y goes

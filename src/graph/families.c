@@ -167,11 +167,14 @@ bool ml__family_neox_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
         !m->residual.prenorm || !m->residual.parallel)
         return false;
     common(m, c, L);
-    /* query_key_value, sliced; the rotary's empty pass */
+    /* query_key_value viewed into heads and chunked (with fewer key/value
+     * heads, which GPT-NeoX has not, no such view exists: Phi-3's slices);
+     * the rotary's empty pass */
     mlg_attention *a = &L->attn;
-    a->hf = a->fused_proj = a->heads_first = a->mask = true;
+    a->hf = a->fused_proj = a->mask = true;
     masked_softmax(c, a);
     a->grouped = m->attn.kv_heads < m->attn.heads;
+    a->heads_first = !a->grouped;
     a->repeat_copy = a->grouped && m->attn.kv_heads > 1;
     /* grouped under a fused kernel: the deleted builders counted the
      * kernel's q, k and v as one projection width, the graph's entry is the

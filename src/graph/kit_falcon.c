@@ -113,9 +113,15 @@ uint16_t ml__kit_falcon_attention(ml_graph *g, const mlg_layer *L, uint16_t h,
     uint16_t qkv;
     const mlg_qkv p = split_heads(g, L, h, lists, &qkv);
     uint16_t y = ml__kit_hf_attention_on(g, L, &p, held, k, v);
-    /* fused_qkv stays bound until the attention returns; v's heads, a
-     * view of it without multi_query, went there (or stay in the cache) */
-    if (ml__graph_storage(g, p.vh) != qkv)
+    /* fused_qkv stays bound until the attention returns, unless a view of
+     * it went there already (v's heads without multi_query, q's without a
+     * rotary: its last op's frees) or stays in the cache */
+    bool gone = (*k != MLG_NONE && ml__graph_storage(g, *k) == qkv) ||
+                (*v != MLG_NONE && ml__graph_storage(g, *v) == qkv);
+    const mlg_op *ret = g->nop ? &g->op[g->nop - 1] : NULL;
+    for (unsigned j = 0; ret && j < ret->nfree; j++)
+        gone |= ml__graph_storage(g, ret->free[j]) == qkv;
+    if (!gone)
         ml__op_free(ml__graph_release(g, "fused_qkv goes"), qkv);
     return y;
 }

@@ -532,7 +532,13 @@ uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv 
      * unless the KV cache keeps them (to the layer's end); its weights
      * stay bound in the layer */
     mlg_op *o = ml__graph_release(g, "attention returns");
-    const uint16_t go[4] = {Oc, qr, a->cache ? MLG_NONE : kr, a->cache ? MLG_NONE : p.vh};
+    /* q's storage stays where the cache keeps a view of it (Falcon's
+     * unrotated heads, views of query_key_value's output) */
+    const uint16_t qs = ml__graph_storage(g, qr);
+    const bool shared = a->cache && (qs == ml__graph_storage(g, kr) ||
+                                     qs == ml__graph_storage(g, p.vh));
+    const uint16_t go[4] = {Oc, shared ? MLG_NONE : qr, a->cache ? MLG_NONE : kr,
+                            a->cache ? MLG_NONE : p.vh};
     ml__kit_free_storages(g, o, go, 4);
     *k = a->cache ? kr : MLG_NONE;
     *v = a->cache ? p.vh : MLG_NONE;

@@ -11,12 +11,6 @@ static uint16_t act3(ml_graph *g, const char *name, uint8_t w)
     return ml__graph_tensor(g, name, MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, w);
 }
 
-/* qkv_proj; q, k, v = its output's slices, then each viewed into heads.
- * Backward, the views' nodes first (the engine runs the latest first: v's,
- * k's, q's), each view's reshape copying the transposed gradient; then the
- * slices': SliceBackward0 makes a zero-filled gradient of the whole output
- * and copies the slice's in, the first to arrive (v's) becoming the
- * output's InputBuffer, k's and q's added and freed. */
 /* GPTNeoXAttention: query_key_value's output qkv viewed (B, T, H, 3 dh)
  * and transposed to (B, H, T, 3 dh), then chunked into q, k and v (each
  * dh of a head's 3 dh). Backward: SplitBackward0 cats the three heads'
@@ -46,6 +40,12 @@ static mlg_qkv heads_then_chunk(ml_graph *g, uint16_t qkv)
     return r;
 }
 
+/* qkv_proj; q, k, v = its output's slices, then each viewed into heads.
+ * Backward, the views' nodes first (the engine runs the latest first: v's,
+ * k's, q's), each view's reshape copying the transposed gradient; then the
+ * slices': SliceBackward0 makes a zero-filled gradient of the whole output
+ * and copies the slice's in, the first to arrive (v's) becoming the
+ * output's InputBuffer, k's and q's added and freed. */
 mlg_qkv ml__kit_phi3_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
 {
     const mlg_attention *a = &L->attn;

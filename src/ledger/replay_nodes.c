@@ -338,18 +338,20 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, size_t from, size_t to, bool c
     }
 }
 
+enum { KEEP = 8 }; /* the gradients' names ml__nodes_recompute keeps */
+
 /* How many of block k's first nodes unpack nothing (0 where none does:
- * no recompute to start). */
+ * no recompute to start, or where their gradients outnumber KEEP). */
 static size_t before_recompute(const ml_chain *ch, size_t k)
 {
     const ml_cblock *b = &ch->blocks[k];
     const ml_bnode *nd = &ch->nodes[b->node_first];
-    size_t j = 0;
+    size_t j = 0, parts = 0;
     if (b->fwd_only || b->tied_grad)
         return 0;
     while (j < b->nnodes && !nd[j].unpacks && nd[j].first_saved == ML_NODE_NONE)
-        j++;
-    return j < b->nnodes ? j : 0;
+        parts += nd[j++].ngin;
+    return j < b->nnodes && parts <= KEEP ? j : 0;
 }
 
 size_t ml__nodes_recompute(ml_replay *r, size_t s0, size_t k)
@@ -361,13 +363,13 @@ size_t ml__nodes_recompute(ml_replay *r, size_t s0, size_t k)
     }
     const ml_bnode *nd = &r->ch->nodes[r->ch->blocks[k].node_first];
     uint64_t none = 0;
+    r->block = (int32_t)k; /* the nodes' events are block k's */
     ml__nodes_begin(r);
     ml__nodes_one_by_one(r, k, 0, ran, r->micro == 0 && !r->grads_exist, ML_CAT_RECOMPUTE,
                          &none);
     /* the names those nodes gave their gradients, kept across the
      * recompute (whose forward steps name r->gname's slots too); the rest
      * cleared after it, as ml__nodes_begin clears them */
-    enum { KEEP = 8 };
     uint16_t id[KEEP];
     size_t name[KEEP];
     uint64_t bytes[KEEP];

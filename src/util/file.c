@@ -45,15 +45,17 @@ char *ml__read_file(const char *path, size_t *len, ml_error *err)
     int why = errno; /* e.g. EISDIR: a folder opens, but reading it fails */
     fclose(f);
     if (!buf || bad || too_big) {
+        const bool nomem = !buf;
         free(buf);
-        err->code = !buf ? ML_NOMEM : too_big ? ML_RANGE : ML_IO;
+        buf = NULL;
+        err->code = nomem ? ML_NOMEM : too_big ? ML_RANGE : ML_IO;
         err->line = err->col = 0;
-        if (buf && !too_big && ml__is_folder(path))
+        if (!nomem && !too_big && ml__is_folder(path))
             snprintf(err->msg, sizeof err->msg, "a folder, not a file");
         else
             snprintf(err->msg, sizeof err->msg, "%s%s",
-                     !buf ? "out of memory" : too_big ? "file larger than 16 MiB" : "cannot read: ",
-                     !buf || too_big ? "" : strerror(why));
+                     nomem ? "out of memory" : too_big ? "file larger than 16 MiB" : "cannot read: ",
+                     nomem || too_big ? "" : strerror(why));
         return NULL;
     }
     *len = n;

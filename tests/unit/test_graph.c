@@ -198,6 +198,17 @@ static bool one_block(const ml_model *m, ml_precision p, uint64_t B, uint64_t T,
         ml__chain_free(ch);
         return false;
     }
+    /* the forward walks as allocations and frees, each storage made once
+     * and freed once at most (ml__graph_forward_steps: no list otherwise;
+     * a repeated group's instances are walked by the chain, not here) */
+    enum { STEPS = 4096 };
+    mlg_step *st = malloc(STEPS * sizeof *st);
+    assert_non_null(st);
+    ml_graph_live l;
+    const size_t n = ml__graph_forward_steps(&G->g, G->tb, !eval, eval, st, STEPS, &l);
+    free(st);
+    if (G->g.rep.t1 == G->g.rep.t0 && (l.bad || !n))
+        fail_msg("the layer's forward walk: %s", l.bad ? "a storage freed twice" : "no steps");
     ml__ck_graph_emit(ch, b, G, out);
     free(G);
     assert_false(ch->overflow);
@@ -365,13 +376,21 @@ static const variant variants[] = {
      true, false, false},
     /* Falcon's layout with as many key/value heads as query heads, q/k/v
      * biases, no norm bias, a head size other than D/H, ReLU, learned
-     * positions */
+     * positions (q, k and v views of query_key_value's output), a KV cache
+     * in evaluation (holding two of those views) */
     {"model:\n  type: decoder\n  layers: 1\n  hidden: 96\n  heads: 3\n  kv_heads: 3\n"
      "  head_dim: 40\n  ffn: 200\n  activation: relu\n  norm: layernorm\n"
      "  norm_bias: false\n  parallel_residual: true\n  shared_norm: true\n  vocab: 97\n"
      "  position: learned\n  max_positions: 2048\n  bias: false\n  qkv_bias: true\n"
      "  dropout: 0\n",
-     false, false, false},
+     true, false, false},
+    /* Falcon's multi_query without a rotary (learned positions): q a view
+     * of query_key_value's output, k and v picked */
+    {"model:\n  type: decoder\n  layers: 1\n  hidden: 128\n  heads: 4\n  kv_heads: 1\n"
+     "  ffn: 512\n  activation: gelu\n  norm: layernorm\n  norm_bias: true\n"
+     "  parallel_residual: true\n  shared_norm: true\n  vocab: 173\n  position: learned\n"
+     "  max_positions: 2048\n  bias: false\n  dropout: 0\n",
+     true, false, false},
     /* DeepSeek-V3's latent attention (tests/torch/models/deepseek.yaml's)
      * with a dense MLP in every layer: q compressed, a KV cache */
     {"model:\n  type: decoder\n  layers: 1\n  hidden: 64\n  heads: 4\n  head_dim: 24\n"
@@ -445,9 +464,9 @@ static void test_layers_from_graph(void **state)
      * (the math kernel: the first Phi-3 variant, fp32 only) */
     assert_int_equal(built + by_oracle, (nv - 4) * 3 * ML_PREC_COUNT * 4 * 4);
     assert_int_equal(by_oracle, (3 * 2 * ML_PREC_COUNT - 1) * 4 * 4);
-    /* Falcon's two variants, every kernel (sdpa with one key/value head
+    /* Falcon's three variants, every kernel (sdpa with one key/value head
      * runs the math kernel; flash, or sdpa with H, a fused one) */
-    assert_int_equal(falcon, 2 * 3 * ML_PREC_COUNT * 4 * 4);
+    assert_int_equal(falcon, 3 * 3 * ML_PREC_COUNT * 4 * 4);
     /* latent attention's two (the eager layout under every kernel) */
     assert_int_equal(latent, 2 * 3 * ML_PREC_COUNT * 4 * 4);
 }

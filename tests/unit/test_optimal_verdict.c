@@ -78,7 +78,8 @@ static void test_optimal_fits_where_a_neighbour_plan_does(void **state)
  * the answer; on the second only every-2 fits (memledger plan ...
  * --checkpoint P --allocator caching --blas-workspace 0 on each: the
  * budgets found so, each inside a window of budgets where the same
- * policies fit, 9,456 to 9,648 MiB and 10,176 MiB up). */
+ * policies fit, 9,456 to 9,648 MiB and more, and 10,176 MiB until full
+ * fits too at 10,880 MiB). */
 static void test_fallback_as_each_policy(void **state)
 {
     (void)state;
