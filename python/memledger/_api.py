@@ -90,6 +90,12 @@ def _path(name, value):
     return path
 
 
+def _is_hf_config(path):
+    """Whether a model path names a Hugging Face config: a .json file, or
+    a folder (its config.json, as from_pretrained takes it)."""
+    return os.fsdecode(path).endswith(".json") or os.path.isdir(path)
+
+
 def _load_model(model, training):
     """An ml_model handle from a path (model YAML, or a Hugging Face
     config.json or the model folder that holds one), a memledger model dict, or a Hugging Face config (a dict
@@ -99,7 +105,7 @@ def _load_model(model, training):
         model = model.to_dict()
     if isinstance(model, (str, os.PathLike)):
         path = _path("model", model)
-        if path.endswith(b".json") or os.path.isdir(path):
+        if _is_hf_config(path):
             train = _path("training", training) if training is not None else None
             st = lib.ml_model_load_hf(path, train, ctypes.byref(handle), ctypes.byref(err))
         elif training is not None:

@@ -125,7 +125,7 @@ class _Model:
             model = model.to_dict()
         if isinstance(model, (str, os.PathLike)):
             path = os.fsdecode(_api._path("model", model))
-            if path.endswith(".json") or os.path.isdir(path):
+            if _api._is_hf_config(path):
                 self.args = ["--hf", path]
                 if training is not None:
                     self.args += ["--training", os.fsdecode(_api._path("training", training))]

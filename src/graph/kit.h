@@ -260,9 +260,11 @@ uint16_t ml__kit_sdpa_math(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_
 uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, const uint16_t *f,
                                unsigned nf, uint16_t *Oc);
 /* q, k and v of HF's attention: the projections' outputs (q, k, v: views
- * of one output when fused) and their head views. */
+ * of one output when fused) and their head views; bound, a tensor the
+ * caller holds until the attention returns (Falcon's fused_qkv; MLG_NONE:
+ * none). */
 typedef struct {
-    uint16_t q, k, v, qh, kh, vh;
+    uint16_t q, k, v, qh, kh, vh, bound;
 } mlg_qkv;
 /* Phi-3's qkv_proj on h and the q, k, v slices' head views (kit_phi3.c). */
 mlg_qkv ml__kit_phi3_projection(ml_graph *g, const mlg_layer *L, uint16_t h);

@@ -57,10 +57,8 @@ static uint16_t pick(ml_graph *g, uint16_t qkv, uint16_t list, mlg_op **op)
  * first to arrive (v's: the engine runs v, k, q) becomes the output's
  * InputBuffer, k's and q's are added. h's gradient buffer is the MLP's
  * when the norm is shared (in_buf). Returns the pieces and their heads
- * (a piece MLG_NONE where its storage is qkv's); *qkv_out the
- * projection's output. */
-static mlg_qkv split_heads(ml_graph *g, const mlg_layer *L, uint16_t h, const uint16_t lists[2],
-                           uint16_t *qkv_out)
+ * (a piece MLG_NONE where its storage is qkv's), qkv bound. */
+static mlg_qkv split_heads(ml_graph *g, const mlg_layer *L, uint16_t h, const uint16_t lists[2])
 {
     const mlg_attention *a = &L->attn;
     mlg_qkv r;
@@ -102,7 +100,7 @@ static mlg_qkv split_heads(ml_graph *g, const mlg_layer *L, uint16_t h, const ui
         *own[i] = picked ? piece : MLG_NONE;
         *hv[i] = heads;
     }
-    *qkv_out = qkv;
+    r.bound = qkv; /* fused_qkv, bound until the attention returns */
     return r;
 }
 
@@ -110,18 +108,6 @@ uint16_t ml__kit_falcon_attention(ml_graph *g, const mlg_layer *L, uint16_t h,
                                   const uint16_t lists[2], uint16_t *held, uint16_t *k,
                                   uint16_t *v)
 {
-    uint16_t qkv;
-    const mlg_qkv p = split_heads(g, L, h, lists, &qkv);
-    uint16_t y = ml__kit_hf_attention_on(g, L, &p, held, k, v);
-    /* fused_qkv stays bound until the attention returns, unless a view of
-     * it went there already (v's heads without multi_query, q's without a
-     * rotary: its last op's frees) or stays in the cache */
-    bool gone = (*k != MLG_NONE && ml__graph_storage(g, *k) == qkv) ||
-                (*v != MLG_NONE && ml__graph_storage(g, *v) == qkv);
-    const mlg_op *ret = g->nop ? &g->op[g->nop - 1] : NULL;
-    for (unsigned j = 0; ret && j < ret->nfree; j++)
-        gone |= ml__graph_storage(g, ret->free[j]) == qkv;
-    if (!gone)
-        ml__op_free(ml__graph_release(g, "fused_qkv goes"), qkv);
-    return y;
+    const mlg_qkv p = split_heads(g, L, h, lists);
+    return ml__kit_hf_attention_on(g, L, &p, held, k, v);
 }

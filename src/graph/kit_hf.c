@@ -238,7 +238,7 @@ static mlg_qkv projections(ml_graph *g, const mlg_layer *L, uint16_t h)
     uint16_t all = act3(g, "q, k, v projection outputs", MLG_COMPUTE, MLG_QKV);
     if (all != MLG_NONE)
         g->t[all].flags |= MLG_T_TMP;
-    mlg_qkv r;
+    mlg_qkv r = {.bound = MLG_NONE};
     /* with a bias, addmm: its node makes the input's gradient first */
     static const char *const name[2][3][3] = {
         {{"mm (q projection)", "MmBackward0 (q projection)", "view (q heads)"},
@@ -532,14 +532,14 @@ uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv 
      * unless the KV cache keeps them (to the layer's end); its weights
      * stay bound in the layer */
     mlg_op *o = ml__graph_release(g, "attention returns");
-    /* q's storage stays where the cache keeps a view of it (Falcon's
-     * unrotated heads, views of query_key_value's output) */
-    const uint16_t qs = ml__graph_storage(g, qr);
-    const bool shared = a->cache && (qs == ml__graph_storage(g, kr) ||
-                                     qs == ml__graph_storage(g, p.vh));
-    const uint16_t go[4] = {Oc, shared ? MLG_NONE : qr, a->cache ? MLG_NONE : kr,
-                            a->cache ? MLG_NONE : p.vh};
-    ml__kit_free_storages(g, o, go, 4);
+    uint16_t go[5] = {Oc, qr, kr, p.vh, p.bound};
+    /* what shares a storage the cache keeps stays with it (Falcon's heads,
+     * views of query_key_value's output) */
+    for (unsigned i = 0; i < 5 && a->cache; i++)
+        if (go[i] != MLG_NONE && (ml__graph_storage(g, go[i]) == ml__graph_storage(g, kr) ||
+                                  ml__graph_storage(g, go[i]) == ml__graph_storage(g, p.vh)))
+            go[i] = MLG_NONE;
+    ml__kit_free_storages(g, o, go, 5);
     *k = a->cache ? kr : MLG_NONE;
     *v = a->cache ? p.vh : MLG_NONE;
     *held = probs;

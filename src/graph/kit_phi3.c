@@ -20,7 +20,7 @@ static uint16_t act3(ml_graph *g, const char *name, uint8_t w)
  * tensors of qkv's size, where Phi-3's slices make one each. */
 static mlg_qkv heads_then_chunk(ml_graph *g, uint16_t qkv)
 {
-    mlg_qkv r;
+    mlg_qkv r = {.bound = MLG_NONE};
     const uint16_t heads = ml__graph_view(g, "heads (q, k, v of each)", qkv, 3, MLG_B, MLG_T,
                                           MLG_QKV);
     ml__kit_view_heads(g, "view, transpose (heads)",
@@ -49,7 +49,7 @@ static mlg_qkv heads_then_chunk(ml_graph *g, uint16_t qkv)
 mlg_qkv ml__kit_phi3_projection(ml_graph *g, const mlg_layer *L, uint16_t h)
 {
     const mlg_attention *a = &L->attn;
-    mlg_qkv r;
+    mlg_qkv r = {.bound = MLG_NONE};
     uint16_t c = ml__kit_cast_copy(g, L, h), w = ml__kit_weight_copy(g, L, MLG_D, MLG_QKV);
     uint16_t qkv = act3(g, "q/k/v projection output", MLG_QKV);
     if (qkv != MLG_NONE)

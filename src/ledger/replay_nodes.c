@@ -340,8 +340,9 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, size_t from, size_t to, bool c
 
 enum { KEEP = 8 }; /* the gradients' names ml__nodes_recompute keeps */
 
-/* How many of block k's first nodes unpack nothing (0 where none does:
- * no recompute to start, or where their gradients outnumber KEEP). */
+/* How many of block k's first nodes unpack nothing, their op saving
+ * nothing and they releasing no saved tensor (0 where none unpacks: no
+ * recompute to start, or where their gradients outnumber KEEP). */
 static size_t before_recompute(const ml_chain *ch, size_t k)
 {
     const ml_cblock *b = &ch->blocks[k];
@@ -367,6 +368,10 @@ size_t ml__nodes_recompute(ml_replay *r, size_t s0, size_t k)
     ml__nodes_begin(r);
     ml__nodes_one_by_one(r, k, 0, ran, r->micro == 0 && !r->grads_exist, ML_CAT_RECOMPUTE,
                          &none);
+    if (!r->rsim) {
+        ml__replay_recompute_nodes(r, s0, k);
+        return ran;
+    }
     /* the names those nodes gave their gradients, kept across the
      * recompute (whose forward steps name r->gname's slots too); the rest
      * cleared after it, as ml__nodes_begin clears them */
@@ -375,7 +380,7 @@ size_t ml__nodes_recompute(ml_replay *r, size_t s0, size_t k)
     uint64_t bytes[KEEP];
     bool pend[KEEP];
     unsigned n = 0;
-    for (size_t j = 0; j < ran && r->rsim; j++)
+    for (size_t j = 0; j < ran; j++)
         for (unsigned p = 0; p < nd[j].ngin && n < KEEP; p++) {
             if ((id[n] = nd[j].gin_id[p]) == ML_GID_NONE)
                 continue;
@@ -385,8 +390,6 @@ size_t ml__nodes_recompute(ml_replay *r, size_t s0, size_t k)
             n++;
         }
     ml__replay_recompute_nodes(r, s0, k);
-    if (!r->rsim)
-        return ran;
     memset(r->gname, 0, sizeof r->gname);
     memset(r->gpend, 0, sizeof r->gpend);
     for (unsigned i = 0; i < n; i++) {

@@ -427,17 +427,11 @@ ml_status ml_model_load_file(const char *path, ml_model **out, ml_error *err)
     size_t len = 0;
     char *buf = ml__read_file(path, &len, err);
     char cfg[4096];
-    const char *hf = buf ? path : ml__hf_config_in(path, cfg, sizeof cfg);
-    if (!buf && hf != path && !ml__is_folder(hf)) {
-        FILE *f = fopen(hf, "rb");
-        if (f) {
-            fclose(f);
-            snprintf(err->msg, sizeof err->msg,
-                     "a folder, not a model file; it holds a Hugging Face config.json: plan "
-                     "it with --hf %s (docs/hf.md)",
-                     path);
-        }
-    }
+    if (!buf && ml__is_folder(path) && ml__is_file(ml__hf_config_in(path, cfg, sizeof cfg)))
+        snprintf(err->msg, sizeof err->msg,
+                 "a folder, not a model file; it holds a Hugging Face config.json: plan it "
+                 "with --hf %s (docs/hf.md)",
+                 path);
     if (!buf)
         return err->code;
     ml_status st = load(buf, len, path, out, err);

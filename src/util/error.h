@@ -50,9 +50,10 @@ void ml__error_reword(ml_error *err, const char *from, const char *to);
  * ML_RANGE, ML_NOMEM). */
 char *ml__read_file(const char *path, size_t *len, ml_error *err);
 
-/* Whether path names a folder (false where it names anything else or
- * nothing). */
+/* Whether path names a folder, or a regular file (false where it names
+ * anything else or nothing). */
 bool ml__is_folder(const char *path);
+bool ml__is_file(const char *path);
 
 /* A Hugging Face model's folder, path, as its config.json: path/config.json
  * written into out (room bytes) and returned when path is a folder, path

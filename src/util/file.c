@@ -47,7 +47,6 @@ char *ml__read_file(const char *path, size_t *len, ml_error *err)
     if (!buf || bad || too_big) {
         const bool nomem = !buf;
         free(buf);
-        buf = NULL;
         err->code = nomem ? ML_NOMEM : too_big ? ML_RANGE : ML_IO;
         err->line = err->col = 0;
         if (!nomem && !too_big && ml__is_folder(path))
@@ -66,6 +65,12 @@ bool ml__is_folder(const char *path)
 {
     struct stat st;
     return path && stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool ml__is_file(const char *path)
+{
+    struct stat st;
+    return path && stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 const char *ml__hf_config_in(const char *path, char *out, size_t room)
