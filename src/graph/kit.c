@@ -242,17 +242,14 @@ static uint16_t softmax_saving(ml_graph *g, uint16_t S, uint16_t P, bool copy)
 }
 
 /* The eager core from q k^T to the softmax: the operands' contiguous
- * copies bmm saves (one saved entry for q, k and v, released by the q k^T
+ * copies bmm saves (one saved entry for q's and k's, released by the q k^T
  * node), scale, masked_fill (mask), softmax (copy: on an fp32 copy of the
- * scores, autocast's). Returns the probabilities; *qkc_out the copies'
- * entry. */
-static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, bool copy,
-                             uint16_t *qkc_out)
+ * scores, autocast's). Returns the probabilities. */
+static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, bool copy)
 {
-    uint16_t qkc = ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
+    uint16_t qkc = ml__kit_heads(g, "q, k contiguous copies (bmm)", MLG_H);
     if (qkc != MLG_NONE)
         g->t[qkc].factor = 2;
-    *qkc_out = qkc;
     uint16_t S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
     mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "contiguous (q, k for bmm)");
     ml__op_in(o, qh);
@@ -281,18 +278,18 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, b
 }
 
 /* The probabilities' dropout, autocast's cast back and the PV matmul with
- * v's contiguous copy (counted in qkc's saved entry). Returns the last name
- * bound to the probabilities (the caller drops it). */
-static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t vh, uint16_t qkc,
-                         uint16_t *O)
+ * v's contiguous copy, a saved entry of its own: BmmBackward0 (P v)
+ * releases it, as the engine releases a node's saved variables once it
+ * has run (engine.cpp, evaluate_function: fn.release_variables()), long
+ * before the q k^T node releases q's and k's. Returns the last name bound
+ * to the probabilities (the caller drops it). */
+static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t vh, uint16_t *O)
 {
     uint16_t probs = ml__kit_dropout(g, L->attn.dropout, P, "NativeDropoutBackward0 (attention)",
                                      true, false);
     if (L->autocast) /* the PV matmul casts the fp32 probabilities back */
         probs = ml__kit_probs_cast(g, probs);
     uint16_t vc = ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
-    if (vc != MLG_NONE)
-        g->t[vc].base = qkc; /* one entry with q's and k's, as listed */
     ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vh, vc, NULL);
     *O = ml__kit_pv(g, probs, vc, vc);
     return probs;
@@ -488,9 +485,9 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
     if (a->fused_kernel) {
         O = nanogpt_fused(g, qkv, qh, kh, vh, a);
     } else {
-        uint16_t qkc, P = eager_scores(g, qh, kh, !a->unmasked && !a->fused_softmax,
-                                             L->autocast && a->softmax_copy, &qkc);
-        probs = eager_pv(g, L, P, vh, qkc, &O);
+        uint16_t P = eager_scores(g, qh, kh, !a->unmasked && !a->fused_softmax,
+                                  L->autocast && a->softmax_copy);
+        probs = eager_pv(g, L, P, vh, &O);
     }
     uint16_t Oc, y = ml__kit_attention_out(g, L, O, NULL, 0, &Oc);
     /* the attention returns: the projection's input (saved), the q/k/v

@@ -701,15 +701,104 @@ def amp_checks(check, name, doc, B, T, measured, planned):
           0 <= measured.get("optimizer", 0) - planned.get("optimizer", 0) <= 12, True)
 
 
-def steady_allocs(memledger, path, B, T, ckpt, optim, impl, logits, Td=None, amp=False):
-    """The allocation sizes, in order, the plan's allocator simulation makes
-    in its first steady iteration (`timeline --format trace`)."""
+def steady_events(memledger, path, B, T, ckpt, optim, impl, logits, Td=None, amp=False):
+    """The allocations (+bytes) and frees (-bytes), in order, the plan's
+    allocator simulation makes in its first steady iteration (`timeline
+    --format trace`)."""
     args = plan_args(B, T, ckpt, optim, impl, logits, Td, amp)
     out = subprocess.run([memledger, "timeline", path, "--format", "trace"] + args,
                          capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit("memledger timeline --format trace failed: %s" % out.stderr)
-    return [b for _, b, _ in sim_diff.read_sim(out.stdout, path)["steady"] if b > 0]
+    return [b for _, b, _ in sim_diff.read_sim(out.stdout, path)["steady"]]
+
+
+def steady_allocs(memledger, path, B, T, ckpt, optim, impl, logits, Td=None, amp=False):
+    """The allocation sizes of steady_events, in order."""
+    return [b for b in steady_events(memledger, path, B, T, ckpt, optim, impl, logits, Td, amp)
+            if b > 0]
+
+
+def free_runs_sorted(seq):
+    """seq (+allocations, -frees) with each run of consecutive frees in
+    ascending order: the frees a node makes once it has run (its incoming
+    gradients, then the saved variables release_variables() resets), whose
+    order within the node differs between versions (2.x's codegen sorts a
+    node's saved variables by name, gen_autograd_functions.py; 1.13 lists
+    them as derivatives.yaml's formulas use them)."""
+    out, run = [], []
+    for x in seq:
+        if x < 0:
+            run.append(x)
+            continue
+        out += sorted(run)
+        run = []
+        out.append(x)
+    return out + sorted(run)
+
+
+def holds_run(run, seq):
+    """Whether run (free runs sorted) is a window of seq, each compared with
+    its free runs sorted in the window (a window may start inside a run)."""
+    n = len(run)
+    return any(free_runs_sorted(seq[i:i + n]) == run for i in range(len(seq) - n + 1)
+               if seq[i] == run[0] or run[0] < 0)
+
+
+def pseudo_frees(c):
+    """The frees the device view moves onto an event (device_view): a
+    tagged tensor's (e.g. `mean`) at its tag, the GPU's softmax temporary
+    at its op's end, as {event index: [-bytes, ...]}."""
+    pre, extra = {}, []
+    for s, _, n in c.marks:
+        if not n.startswith("tag:"):
+            continue
+        ptr = int(n.split(":")[2])
+        j = bisect.bisect_left(c.times, s) - 1
+        while j >= 0 and not (c.ev[j]["ptr"] == ptr and c.ev[j]["d"] > 0):
+            j -= 1
+        if j >= 0:
+            extra.append((s, j))
+    for s, j in extra:
+        k = bisect.bisect_left(c.times, s)
+        if k != j + 1:  # (a tensor tagged as it is made is left out whole)
+            pre.setdefault(k, []).append(-c.ev[j]["d"])
+    for i, b in c.added_at.items():
+        k = bisect.bisect_right(c.times, c.ev[i]["gpu_tmp"][1])
+        pre.setdefault(k, []).append(-b)
+    return pre
+
+
+def window_events(c, view, k0, k1, pre, amp):
+    """The device view's allocations and frees from event k0 to k1, signed,
+    as the plan's simulation makes them: the GPU's softmax temporary its own
+    allocation after grad_input's, the frees the view moves its own events;
+    left out, as in layer_backward_checks: 0-dim tensors of 8 B or less,
+    under autocast the CPU's bias copies, and 1.13's out-of-place
+    accumulation (`old + var`: its result and the free of `old` that
+    follows it; 2.x adds in place, input_buffer.cpp)."""
+    seq, drop = [], None
+    for k in range(k0, k1):
+        e = c.ev[k]
+        seq += pre.get(k, [])
+        own = view[k] - sum(pre.get(k, []))
+        if e["d"] > 0:
+            if own <= 8 or (amp and "ml:bias-copy" in e["anc"]):
+                continue
+            if out_of_place_add(e):
+                drop = e["d"]
+                continue
+            g = c.added_at.get(k)
+            seq += [own - g, g] if g else [own]
+            continue
+        a = c.ev[e["alloc"]]
+        if own == 0 or view[e["alloc"]] <= 8 or (amp and "ml:bias-copy" in a["anc"]):
+            continue
+        if drop == -e["d"]:
+            drop = None
+            continue
+        seq.append(e["d"])
+    return seq
 
 
 def runs_of(run, seq):
@@ -874,8 +963,31 @@ BACKWARD_GAPS = {
     # here with the difference, its check then expecting it
 }
 
+# Layers whose backward with its frees (free_check) differs from PyTorch's:
+# (model, layer or "*" for every layer checked, words the row's name must
+# hold, the difference), each named in docs/validation.md ("Frees"); their
+# check expects the difference, so that one fixed fails until it goes.
+ROTARY = ("the rotary's cos and sin, the model's, freed after the first layer's backward, "
+          "where PyTorch frees them at its last rotary product's node")
+BLOCK_RULE = ("a block-rule forward (no op-by-op programs for this layout): its saved "
+              "tensors made whole, e.g. LayerNorm's mean and rstd or q's and k's copies "
+              "as one allocation each")
+FREE_GAPS = [(m, "block.0", (), ROTARY) for m in (
+    "xc-llama", "xc-llama-cls", "xc-gemma", "xc-gemma2", "xc-olmo", "xc-phi3", "xc-llava",
+    "xc-llava-frozen", "xc-llava-full", "xc-llava-none")] + [(m, "*", (), BLOCK_RULE) for m in (
+        "xc-falcon", "xc-falcon-mha", "xc-neox", "xc-gpt2-rope", "xc-vit", "xc-qwen2moe")] + [
+    ("xc-mixtral", "*", (), "the renormalising divide's three temporaries freed at the "
+     "node's end, before self's gradient in PyTorch"),
+    ("xc-phi3", "block.1", (), "a 6,144 B tensor (k's heads by its size) freed at a rotary "
+     "product's node, later in PyTorch"),
+    ("xc-llama", "block.1", ("amp-bf16",), "autocast's 2,048 B copy of a key/value "
+     "projection's weight, freed at its MmBackward0 node in PyTorch, later in the plan"),
+    ("xc-gpt2", "block.2", ("amp-bf16", "ckpt=full"), "the recompute frees a 32,768 B "
+     "tensor ahead of PyTorch's"),
+]
 
-def layer_backward_checks(check, name, c, view, j, planned_allocs, ckpt=False, amp=False):
+
+def layer_backward_checks(check, name, c, view, j, planned, ckpt=False, amp=False):
     """The layers whose backward the plan runs node by node (blocks `block.N`
     with `backward: nodes`; docs/ledger.md, "Backward, node by node"), the
     allocator simulation making each node's tensors one by one: every
@@ -892,6 +1004,9 @@ def layer_backward_checks(check, name, c, view, j, planned_allocs, ckpt=False, a
     rule: said, not checked), with the nodes that unpack no saved tensor
     before it (non-reentrant checkpointing recomputes at the first unpack);
     under autocast the CPU's bias copies are left out of it (amp_checks)."""
+    planned_allocs = [b for b in planned if b > 0]
+    planned_sorted = free_runs_sorted(planned)
+    pre = pseudo_frees(c)
     ops = node_layers(j)
     if ckpt:
         by_op = set(b["name"] for b in j["blocks"] if b.get("transients") == "ops")
@@ -916,7 +1031,16 @@ def layer_backward_checks(check, name, c, view, j, planned_allocs, ckpt=False, a
             g = c.added_at.get(k)
             seq += [view[k] - g, g] if g else [view[k]]
             names.append("%d %s" % (view[k], e["fn"][0] if e.get("fn") else "-"))
-        if not seq or tuple(seq) in seen:
+        if not seq:
+            continue
+        # with its frees: each distinct run too (the first layer's can
+        # differ from the others' by what the model's tensors free there)
+        signed = free_runs_sorted(window_events(
+            c, view, bisect.bisect_left(c.times, t), bisect.bisect_left(c.times, t1), pre, amp))
+        if (0, tuple(signed)) not in seen:
+            seen.add((0, tuple(signed)))
+            free_check(check, name, blk, signed, planned_sorted)
+        if tuple(seq) in seen:
             continue
         seen.add(tuple(seq))
         gap = BACKWARD_GAPS.get(name.split(" ")[0])
@@ -929,6 +1053,22 @@ def layer_backward_checks(check, name, c, view, j, planned_allocs, ckpt=False, a
             print("    measured: " + ", ".join(names))
     if not seen:
         print("skip %s layers' backward: none runs node by node" % name)
+
+
+def free_check(check, name, blk, seq, planned):
+    """A layer's backward window with its frees (window_events, free runs
+    sorted): one run of the plan's steady-iteration events, or, for a
+    layer FREE_GAPS names, not (the difference expected)."""
+    model = name.split(" ")[0]
+    gap = next((why for m, b, words, why in FREE_GAPS
+                if m == model and b in (blk, "*") and all(w in name.split(" ") for w in words)),
+               None)
+    label = name + " %s's backward with its frees, %d events: a run of the plan's" % (blk, len(seq))
+    if gap:
+        check(label.replace("a run of the plan's", "not a run of the plan's (%s)" % gap),
+              holds_run(seq, planned), False)
+    else:
+        check(label, holds_run(seq, planned), True)
 
 
 def pct(m, p):
@@ -1109,11 +1249,11 @@ def main():
             first = (ckpt, optim, impl, logits, amp) == confs[0]
             first_ckpt = ckpt is True and (logits == "kept" or amp)
             if first or (amp and not ckpt) or first_ckpt:
-                steady = steady_allocs(memledger, path, B, T, ckpt, optim, impl, logits,
+                steady = steady_events(memledger, path, B, T, ckpt, optim, impl, logits,
                                        tw.target_len(doc, T) if T else None, amp)
                 layer_backward_checks(check, name, c, view, j, steady, ckpt=bool(ckpt), amp=amp)
                 if first and any(e.get("fn") and e["fn"][0] in PARAM_NODES for e in c.ev):
-                    param_nodes_checks(check, name, c, view, j, steady)
+                    param_nodes_checks(check, name, c, view, j, [b for b in steady if b > 0])
             arts = {}
             for i, k in enumerate(kind):
                 if k is not None:

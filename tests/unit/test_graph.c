@@ -1559,9 +1559,13 @@ static void test_seq_chains(void **state)
      * grid and every field matched theirs (compared field by field, the
      * names too, before the sequential builders were deleted): the digest
      * then, which the flag added since (autocast's weight copies,
-     * ML_SV_WCAST) leaves as it was once masked out; and with it */
-    assert_int_equal(h[1], 0x7b679fe16399b819ull);
-    assert_int_equal(h[0], 0x9864725a756eae39ull);
+     * ML_SV_WCAST) leaves as it was once masked out; and with it. Both
+     * moved once since, on purpose: the eager core's v copy became a saved
+     * entry of its own, released by BmmBackward0 (P v) as PyTorch releases
+     * it, where it was counted in q's and k's entry (the live-bytes
+     * oracle's frees check, docs/validation.md, "Frees") */
+    assert_int_equal(h[1], 0x41d8147d7b8820e7ull);
+    assert_int_equal(h[0], 0x64d5cb18ba2335a7ull);
     /* ResNet-50's bottleneck with its projection, the largest: a quarter
      * of each array to spare */
     assert_true(room.nt * 4 <= MLG_MAX_TENSORS * 3);
