@@ -281,17 +281,24 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, b
  * v's contiguous copy, a saved entry of its own: BmmBackward0 (P v)
  * releases it, as the engine releases a node's saved variables once it
  * has run (engine.cpp, evaluate_function: fn.release_variables()), long
- * before the q k^T node releases q's and k's. Returns the last name bound
- * to the probabilities (the caller drops it). */
+ * before the q k^T node releases q's and k's. Under autocast the PV
+ * matmul casts the fp32 probabilities back: the copy is its wrapper's
+ * argument, gone as the product returns (bmm saves it), and `att`, the
+ * dropout's fp32 output, stays bound to the attention's end (nanoGPT's
+ * `att = self.attn_dropout(att); y = att @ v`). Returns the last name
+ * bound to the probabilities (the caller drops it). */
 static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t vh, uint16_t *O)
 {
     uint16_t probs = ml__kit_dropout(g, L->attn.dropout, P, "NativeDropoutBackward0 (attention)",
                                      true, false);
-    if (L->autocast) /* the PV matmul casts the fp32 probabilities back */
-        probs = ml__kit_probs_cast(g, probs);
+    const uint16_t pc = L->autocast ? ml__kit_probs_copy(g, probs) : probs;
     uint16_t vc = ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
     ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vh, vc, NULL);
-    *O = ml__kit_pv(g, probs, vc, vc);
+    *O = ml__kit_heads(g, "attention output (P v)", MLG_H);
+    mlg_op *o = ml__kit_pv_into(g, pc, vc, *O, MLG_DH);
+    ml__op_free(o, vc);
+    if (pc != probs)
+        ml__op_free(o, pc);
     return probs;
 }
 

@@ -232,6 +232,8 @@ uint16_t ml__kit_scale(ml_graph *g, uint16_t S);
 /* The probabilities P cast to the compute dtype for the PV matmul (which
  * saves the copy; ToCopyBackward0 saves nothing); P's reference goes. */
 uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P);
+/* The same copy, P's reference kept (the caller drops it). */
+uint16_t ml__kit_probs_copy(ml_graph *g, uint16_t P);
 /* The PV matmul: the probabilities times v's operand vb (both saved; vc:
  * a contiguous copy whose reference goes once it has run, or MLG_NONE);
  * returns the (B, H, T, dh) product. */

@@ -83,6 +83,12 @@ static uint16_t probs_copy(ml_graph *g, uint16_t P, mlg_op **o)
     return Pc;
 }
 
+uint16_t ml__kit_probs_copy(ml_graph *g, uint16_t P)
+{
+    mlg_op *o;
+    return probs_copy(g, P, &o);
+}
+
 uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P)
 {
     mlg_op *o;

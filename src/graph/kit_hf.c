@@ -230,10 +230,10 @@ static mlg_qkv projections(ml_graph *g, const mlg_layer *L, uint16_t h)
         c[i] = ml__kit_cast_copy(g, L, h);
     w[0] = ml__kit_weight_copy(g, L, MLG_D, MLG_DQ);
     w[1] = ml__kit_weight_copy(g, L, MLG_D, MLG_DKV);
+    /* each copy an entry of its own, released by its product's node (the
+     * cache holds it to the autocast region's end, the forward's:
+     * autocast_mode.cpp, cached_cast and clear_cache) */
     w[2] = ml__kit_weight_copy(g, L, MLG_D, MLG_DKV);
-    for (unsigned i = 1; i < 3; i++)
-        if (w[i] != MLG_NONE)
-            g->t[w[i]].base = w[0]; /* listed as one copy of the three weights */
     /* the block rule's transient: the three outputs as one */
     uint16_t all = act3(g, "q, k, v projection outputs", MLG_COMPUTE, MLG_QKV);
     if (all != MLG_NONE)
@@ -372,9 +372,12 @@ static uint16_t scores_qk(ml_graph *g, const mlg_attention *a, uint16_t qr, uint
     mlg_op *o = ml__kit_qk(g, qb, kb, S1);
     ml__op_free(o, qc);
     ml__op_free(o, kc);
+    /* autocast's copies are the arguments of its wrapper around matmul,
+     * alive until it returns (autocast_mode.h, cached_cast: the call's
+     * temporaries): after the product, even where matmul copied them */
     if (a->rot_fp32) {
-        ml__op_free(qc != MLG_NONE ? copy : o, qs);
-        ml__op_free(kc != MLG_NONE ? copy : o, ks);
+        ml__op_free(o, qs);
+        ml__op_free(o, ks);
     }
     return S1;
 }

@@ -3,11 +3,16 @@
 this test holds today's counts of runs within 5 % of the measured peaks, so a
 change that moves the planner away from the measurements fails the build
 (docs/calibration-h200.md): the steady, first-iteration and evaluation
-allocated peaks 60 of 60, reserved with the simulated caching allocator 53
+allocated peaks 60 of 60, reserved with the simulated caching allocator 52
 of 60 (today's count, not the target; every run within 14 %), with
 expandable segments 24 of 24 (every run within 5 %); and the reserved bytes
 once the first iteration has ended, 58 of 60 and 24 of 24; every run
-planned from an empty cache instead, 50 of 60 and 24 of 24. The reserved runs
+planned from an empty cache instead, 51 of 60 and 24 of 24. (The count was
+53 until autocast's three q/k/v weight copies became three tensors, each
+released by its own product's node, as PyTorch makes and frees them: the
+checkpointed Qwen2-1.5B and Llama-1.1B runs with SDPA under autocast moved
+from +5.1 and +3.4 % to +9.1 and +5.9 %; docs/allocator.md names the
+gaps.) The reserved runs
 after each campaign's first are planned from the cache the first run left in
 the process (--allocator-start, calib/campaign_state.py), as they were
 measured.
@@ -48,7 +53,7 @@ def main():
         print("%s: %d of %d within 5 %% (at least %d)" % (what, got, n, least))
         if n != runs or got < least:
             bad.append(what)
-    for alloc, least, runs, span in (("caching", 53, 60, 14.0), ("expandable", 24, 24, 5.0)):
+    for alloc, least, runs, span in (("caching", 52, 60, 14.0), ("expandable", 24, 24, 5.0)):
         m = re.search(r"Reserved planned with --allocator %s: (\d+) of (\d+) runs within 5 %% "
                       r"\([^)]*\); all within ([-+0-9.]+) %% to ([-+0-9.]+) %%" % alloc, text)
         if not m:
@@ -62,7 +67,7 @@ def main():
     # and every run planned from an empty cache, as if its process's first
     for what, line, floors in (
             ("after the first iteration", "After the first iteration", ((58, 60), (24, 24))),
-            ("from an empty cache", "Every run from an empty cache", ((50, 60), (24, 24)))):
+            ("from an empty cache", "Every run from an empty cache", ((51, 60), (24, 24)))):
         found = re.findall(line + r": (\d+) of (\d+) within 5 %", text)
         for (got, n), (least, runs) in zip(found, floors):
             print("reserved %s: %s of %s within 5 %% (at least %d)" % (what, got, n, least))

@@ -980,10 +980,6 @@ FREE_GAPS = [(m, "block.0", (), ROTARY) for m in (
      "node's end, before self's gradient in PyTorch"),
     ("xc-phi3", "block.1", (), "a 6,144 B tensor (k's heads by its size) freed at a rotary "
      "product's node, later in PyTorch"),
-    ("xc-llama", "block.1", ("amp-bf16",), "autocast's 2,048 B copy of a key/value "
-     "projection's weight, freed at its MmBackward0 node in PyTorch, later in the plan"),
-    ("xc-gpt2", "block.2", ("amp-bf16", "ckpt=full"), "the recompute frees a 32,768 B "
-     "tensor ahead of PyTorch's"),
 ]
 
 
