@@ -114,15 +114,14 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
     }
     ml__ck_graph_dtype_bytes(ch, G);
     /* eager attention, or sdpa's math kernel (graph/kit_math.c); none with
-     * experts, nor for a LayerNorm layout with rotary positions (the block
-     * rule, said in the output) */
+     * experts, an image encoder, latent attention or Falcon's parallel
+     * layer with its one shared norm (the block rule, said in the output) */
     const bool math = m->attn.kernel == ML_ATTN_SDPA && !ml__ck_fused_attention(ch->prec.a, m) &&
                       !m->residual.shared_norm;
     G->programs = (!ch->prec.autocast || ml__ck_autocast_ops(m)) &&
                   (m->attn.kernel == ML_ATTN_EAGER || math) &&
-                  !m->embed.image_size && !m->residual.parallel && !m->attn.kv_lora &&
-                  !m->moe.experts &&
-                  !(m->norms.kind == ML_NORM_LAYERNORM && m->embed.position == ML_POS_ROPE);
+                  !m->embed.image_size && !m->attn.kv_lora && !m->moe.experts &&
+                  !(m->residual.parallel && m->residual.shared_norm);
     return true;
 }
 

@@ -4,8 +4,11 @@
  * docs/graph.md). The chain builders planned it as the nanoGPT layer with
  * its rotary not counted; the graph counts the rotary (a correction held
  * byte for byte by tests/torch's xc-gpt2-rope and xc-gpt2-rope-flash, its
- * figures worked by hand in test_rotary_figures) and, as the builders,
- * writes no forward programs for it (the block rule).
+ * figures worked by hand in test_rotary_figures). The builders wrote no
+ * forward programs for it, nor for GPT-NeoX's parallel layer; the graph
+ * now writes them with eager attention or the math kernel (the forward op
+ * by op, held by tests/torch/livebytes.py's forward checks on
+ * xc-gpt2-rope and xc-neox), as for every other layout that has them.
  * Whole chains from the graph over every attention kernel, precision,
  * checkpoint policy (none, selective, full), pass, three shapes and the
  * logits kept, released and fused, each whole (chain_whole), the graph
@@ -65,11 +68,10 @@ static bool graph_takes(const ml_model *m, const ml_config *cfg, bool eval)
     assert_int_equal(ml__ck_dims_of(m, &cfg->training, &ch, &d, &e), ML_OK);
     ml_ck_graph *G = malloc(sizeof *G);
     assert_non_null(G);
-    bool t = ml__ck_graph_layer_at(&ch, m, &d, 0, G) && !G->programs;
+    bool t = ml__ck_graph_layer_at(&ch, m, &d, 0, G);
     t = t && (m->head.classes
                   ? ml__ck_graph_cls_head(&ch, m, &d, G)
                   : ml__ck_graph_head(&ch, m, &d, cfg->training.logits == ML_LOGITS_FUSED, G));
-    t = t && !G->programs;
     free(G);
     ml__chain_free(&ch);
     return t;
