@@ -96,10 +96,13 @@ static void parallel_layer(ml_graph *g, const mlg_layer *L, uint16_t x)
         (void)out;
         ml__op_free(ml__graph_release(g, "attention output goes"), a);
     } else {
-        /* mlp_output + attn_output + hidden_states */
-        uint16_t t = ml__kit_residual(g, m, a);
+        /* mlp_output + attn_output + hidden_states: the first sum a
+         * temporary of the expression, attn_output and mlp_output bound
+         * to the layer's return (GPTNeoXLayer.forward's locals) */
+        uint16_t t = ml__kit_add(g, m, a);
         uint16_t out = ml__kit_residual(g, x, t);
         (void)out;
+        ml__op_free(ml__graph_release(g, "attention output goes"), a);
     }
     layer_returns(g, m, held, ck, cv);
 }

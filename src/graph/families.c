@@ -69,8 +69,8 @@ static bool plain_layernorm(const ml_model *m)
 /* GPT-2's layer; with rotary positions (the video-tokens preset's layout:
  * a LayerNorm pre-norm decoder, not GPT-NeoX's parallel residual) nanoGPT's
  * layer with HF's apply_rotary_pos_emb on c_attn's q and k before the
- * attention core (attn.rope: kit.c, ml__kit_attention; docs/inventory.md),
- * no forward programs (chain_graph.c). */
+ * attention core (attn.rope: kit.c, ml__kit_attention; docs/inventory.md);
+ * a decoder's, so its forward programs are written (chain_graph.c). */
 bool ml__family_gpt2_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
 {
     if (!plain_layernorm(m) || m->type != ML_MODEL_DECODER || !m->residual.prenorm ||

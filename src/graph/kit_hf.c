@@ -335,13 +335,13 @@ static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
  * reads autocast's copies of the fp32 rotated q and of k as repeat_kv
  * made it (ToCopyBackward0 each, q's first; the copies keep the layouts:
  * q's is copied contiguous for bmm, k's transposed view is bmm's as it is
- * where repeat_kv copied it), which go after their last reader. Returns
+ * where repeat_kv copied it), which go once the product is made. Returns
  * the scores; *vc the tensor of v's contiguous copy, made later (MLG_NONE:
  * none, where repeat_kv copied v). */
 static uint16_t scores_qk(ml_graph *g, const mlg_attention *a, uint16_t qr, uint16_t kr,
                           uint16_t krep, bool copied, bool cat, uint16_t *vc)
 {
-    uint16_t qc = cat ? MLG_NONE : ml__kit_heads(g, "q, k, v contiguous copies (bmm)", MLG_H);
+    uint16_t qc = cat ? MLG_NONE : ml__kit_heads(g, "q, k contiguous copies (bmm)", MLG_H);
     /* (autocast's copy of k repeated by a zero-stride expand is laid out
      * for bmm: no copy) */
     uint16_t kc = copied || (cat && !a->grouped) || (a->rot_fp32 && a->grouped)
@@ -359,9 +359,8 @@ static uint16_t scores_qk(ml_graph *g, const mlg_attention *a, uint16_t qr, uint
     if (ml__graph_storage(g, kb) != entry)
         g->t[ml__graph_storage(g, kb)].base = entry;
     uint16_t S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
-    mlg_op *copy = NULL;
     if (qc != MLG_NONE || kc != MLG_NONE) {
-        copy = ml__graph_op(g, MLG_OP_COPY, "contiguous (q, k for bmm)");
+        mlg_op *copy = ml__graph_op(g, MLG_OP_COPY, "contiguous (q, k for bmm)");
         if (qc != MLG_NONE)
             ml__op_in(copy, qs);
         if (kc != MLG_NONE)
@@ -384,7 +383,8 @@ static uint16_t scores_qk(ml_graph *g, const mlg_attention *a, uint16_t qr, uint
 
 /* eager_attention_forward on the (rotated) heads: q k^T of the operands'
  * contiguous copies (repeat_kv's outputs are saved themselves: one saved
- * entry for q, k and v, released by the q k^T node), scale, the additive
+ * entry for q's and k's, released by the q k^T node, v's its own, released
+ * by the P v node), scale, the additive
  * causal mask, softmax_fp32, P v. Returns the probabilities (HF returns
  * them as the weights); *O the PV product, *kr and *vr repeat_kv's outputs
  * (MLG_NONE: views), dropped as it returns. */

@@ -115,13 +115,21 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
     ml__ck_graph_dtype_bytes(ch, G);
     /* eager attention, or sdpa's math kernel (graph/kit_math.c); none with
      * experts, an image encoder, latent attention or Falcon's parallel
-     * layer with its one shared norm (the block rule, said in the output) */
+     * layer with its one shared norm (the block rule, said in the output);
+     * GPT-NeoX's parallel layer and a LayerNorm layout with rotary
+     * positions only as the live-bytes oracle holds them (a decoder;
+     * GPT-NeoX's without dropout, with as many key/value heads as query
+     * heads) */
     const bool math = m->attn.kernel == ML_ATTN_SDPA && !ml__ck_fused_attention(ch->prec.a, m) &&
                       !m->residual.shared_norm;
+    const bool rope_ln = m->norms.kind == ML_NORM_LAYERNORM && m->embed.position == ML_POS_ROPE;
+    const bool held = (!rope_ln || m->type == ML_MODEL_DECODER) &&
+                      (!m->residual.parallel ||
+                       (!m->residual.shared_norm && m->dropout == 0 &&
+                        m->attn.kv_heads == m->attn.heads));
     G->programs = (!ch->prec.autocast || ml__ck_autocast_ops(m)) &&
-                  (m->attn.kernel == ML_ATTN_EAGER || math) &&
-                  !m->embed.image_size && !m->attn.kv_lora && !m->moe.experts &&
-                  !(m->residual.parallel && m->residual.shared_norm);
+                  (m->attn.kernel == ML_ATTN_EAGER || math) && !m->embed.image_size &&
+                  !m->attn.kv_lora && !m->moe.experts && held;
     return true;
 }
 

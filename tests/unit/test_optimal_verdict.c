@@ -79,7 +79,7 @@ static void test_optimal_fits_where_a_neighbour_plan_does(void **state)
  * --checkpoint P --allocator caching --blas-workspace 0 on each: the
  * budgets found so, each inside a window of budgets where the same
  * policies fit, 9,408 to 9,504 MiB (every-4 fits too from 9,520), and
- * 10,112 to 10,432 MiB (full fits too from 10,464), in steps of 16 MiB). */
+ * 10,096 to 10,448 MiB (full fits too from 10,464), in steps of 16 MiB). */
 static void test_fallback_as_each_policy(void **state)
 {
     (void)state;
