@@ -382,9 +382,8 @@ static uint16_t scores_qk(ml_graph *g, const mlg_attention *a, uint16_t qr, uint
 }
 
 /* eager_attention_forward on the (rotated) heads: q k^T of the operands'
- * contiguous copies (repeat_kv's outputs are saved themselves: one saved
- * entry for q's and k's, released by the q k^T node, v's its own, released
- * by the P v node), scale, the additive
+ * contiguous copies (repeat_kv's outputs saved themselves: q's and k's one
+ * entry, released by the q k^T node, v's by the P v node), scale, the additive
  * causal mask, softmax_fp32, P v. Returns the probabilities (HF returns
  * them as the weights); *O the PV product, *kr and *vr repeat_kv's outputs
  * (MLG_NONE: views), dropped as it returns. */

@@ -44,6 +44,27 @@ void ml__ck_graph_dtype_bytes(ml_chain *ch, ml_ck_graph *G)
  * passes do not derive yet"; nor for a vision encoder, a parallel
  * residual or latent attention). False when G is
  * not whole. */
+/* Whether m's layer forward is written out op by op (forward programs):
+ * eager attention, or sdpa's math kernel (graph/kit_math.c); none with
+ * experts, an image encoder, latent attention or Falcon's parallel layer
+ * with its one shared norm (the block rule, said in the output); GPT-NeoX's
+ * parallel layer and a LayerNorm layout with rotary positions only as the
+ * live-bytes oracle holds them (a decoder; GPT-NeoX's without dropout,
+ * with as many key/value heads as query heads). */
+static bool programs_held(const ml_chain *ch, const ml_model *m)
+{
+    const bool math = m->attn.kernel == ML_ATTN_SDPA && !ml__ck_fused_attention(ch->prec.a, m) &&
+                      !m->residual.shared_norm;
+    const bool rope_ln = m->norms.kind == ML_NORM_LAYERNORM && m->embed.position == ML_POS_ROPE;
+    const bool held = (!rope_ln || m->type == ML_MODEL_DECODER) &&
+                      (!m->residual.parallel ||
+                       (!m->residual.shared_norm && m->dropout == 0 &&
+                        m->attn.kv_heads == m->attn.heads));
+    return (!ch->prec.autocast || ml__ck_autocast_ops(m)) &&
+           (m->attn.kernel == ML_ATTN_EAGER || math) && !m->embed.image_size &&
+           !m->attn.kv_lora && !m->moe.experts && held;
+}
+
 bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
 {
     if (!ml__graph_valid(&G->g))
@@ -113,23 +134,7 @@ bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml
         ml__graph_shard_sequence(&G->g, d->sp);
     }
     ml__ck_graph_dtype_bytes(ch, G);
-    /* eager attention, or sdpa's math kernel (graph/kit_math.c); none with
-     * experts, an image encoder, latent attention or Falcon's parallel
-     * layer with its one shared norm (the block rule, said in the output);
-     * GPT-NeoX's parallel layer and a LayerNorm layout with rotary
-     * positions only as the live-bytes oracle holds them (a decoder;
-     * GPT-NeoX's without dropout, with as many key/value heads as query
-     * heads) */
-    const bool math = m->attn.kernel == ML_ATTN_SDPA && !ml__ck_fused_attention(ch->prec.a, m) &&
-                      !m->residual.shared_norm;
-    const bool rope_ln = m->norms.kind == ML_NORM_LAYERNORM && m->embed.position == ML_POS_ROPE;
-    const bool held = (!rope_ln || m->type == ML_MODEL_DECODER) &&
-                      (!m->residual.parallel ||
-                       (!m->residual.shared_norm && m->dropout == 0 &&
-                        m->attn.kv_heads == m->attn.heads));
-    G->programs = (!ch->prec.autocast || ml__ck_autocast_ops(m)) &&
-                  (m->attn.kernel == ML_ATTN_EAGER || math) && !m->embed.image_size &&
-                  !m->attn.kv_lora && !m->moe.experts && held;
+    G->programs = programs_held(ch, m);
     return true;
 }
 
