@@ -758,20 +758,20 @@ def window_events(c, view, k0, k1, amp):
     temporary's at its op's end) their own events;
     left out, as in layer_backward_checks: 0-dim tensors of 8 B or less,
     under autocast the CPU's bias copies, and 1.13's out-of-place
-    accumulation (`old + var`: its result and the free of `old` that
-    follows it; 2.x adds in place, input_buffer.cpp)."""
+    accumulation where 2.x adds in place (out_of_place_add: its result and
+    the free of the old sum that follows it)."""
     def own(k):  # event k's own delta in the view, without the frees moved onto it
         return view[k] - sum(c.moved.get(k, []))
 
-    seq, drop = [], None
+    seq, drop = [], set()
     for k in range(k0, k1):
         e = c.ev[k]
         seq += c.moved.get(k, [])
         if e["d"] > 0:
             if own(k) <= 8 or (amp and "ml:bias-copy" in e["anc"]):
                 continue
-            if out_of_place_add(e):
-                drop = e["d"]
+            if out_of_place_add(c, k) is not None:
+                drop.add(out_of_place_add(c, k))
                 continue
             g = c.added_at.get(k)
             seq += [own(k) - g, g] if g else [own(k)]
@@ -779,8 +779,7 @@ def window_events(c, view, k0, k1, amp):
         a = c.ev[e["alloc"]]
         if own(k) == 0 or own(e["alloc"]) <= 8 or (amp and "ml:bias-copy" in a["anc"]):
             continue
-        if drop == -e["d"]:
-            drop = None
+        if k in drop:
             continue
         seq.append(e["d"])
     return seq
@@ -908,7 +907,7 @@ def param_nodes_checks(check, name, c, view, j, planned_allocs):
         i = bisect.bisect_right(bwd, (fn[1], chr(0x10FFFF))) - 1
         if i < 0 or bwd[i][1] not in ops:
             continue  # outside the layers whose backward runs node by node
-        if out_of_place_add(e):
+        if out_of_place_add(c, k) is not None:
             continue  # see above
         runs.setdefault(fn, []).append(view[k])
     seen = set()
@@ -928,24 +927,43 @@ def param_nodes_checks(check, name, c, view, j, planned_allocs):
               "node" % name)
 
 
-def out_of_place_add(e):
-    """1.13's InputBuffer::accumulate adds out of place (`old_var + var`): an
-    `aten::add` under a node's evaluate_function, outside the node itself;
-    2.x adds in place where it can (input_buffer.cpp)."""
+def out_of_place_add(c, k):
+    """Event k is 1.13's out-of-place accumulation that 2.x makes in place:
+    InputBuffer::accumulate's `old_var + var` (an `aten::add` under a
+    node's evaluate_function, outside the node itself) whose old sum goes
+    at once, being the buffer's alone; the index of that free, else None.
+    2.x adds in place only there (input_buffer.cpp, can_accumulate_inplace:
+    the old sum's only reference); an old sum another node still holds
+    (GPT-NeoX's skip gradient while the attention's branch waits for it)
+    is added out of place by both, and the sum stays in the view."""
+    e = c.ev[k]
     fn = e.get("fn")
-    if fn is None:
-        return False
+    if e["d"] <= 0 or fn is None:
+        return None
     inner = e["anc"][e["anc"].index(EVALUATE + fn[0]) + 1:]
-    return fn[0] not in inner and inner[:1] == ("aten::add",)
+    if fn[0] in inner or inner[:1] != ("aten::add",):
+        return None
+    for i in range(k + 1, min(k + 4, len(c.ev))):
+        f = c.ev[i]
+        if f["d"] > 0:
+            break
+        if f["d"] == -e["d"] and c.ev[f["alloc"]].get("fn") != fn:
+            return i  # the old sum, made before this node ran
+    return None
 
 
 # Layers whose backward runs node by node in the plan but whose allocations
 # still differ from PyTorch's (docs/validation.md names each); their check
 # expects the difference, so a change that removes it fails until the entry
 # goes.
+SHARED_SUM = ("the MLP norm's gradient of the input is added to the skip's gradient out "
+              "of place (12,288 B, a new sum: the attention's branch still holds the old "
+              "one, input_buffer.cpp can_accumulate_inplace), where the plan adds it in "
+              "place")
 BACKWARD_GAPS = {
-    # none today: a layer whose whole backward is known to differ is named
-    # here with the difference, its check then expecting it
+    # a layer whose whole backward is known to differ is named here with the
+    # difference, its check then expecting it
+    "xc-neox": SHARED_SUM,
 }
 
 # Layers whose backward with its frees (free_check) differs from PyTorch's:
@@ -962,9 +980,7 @@ FREE_GAPS = [(m, "block.0", ROTARY) for m in (
     "xc-llama", "xc-llama-cls", "xc-gemma", "xc-gemma2", "xc-olmo", "xc-phi3", "xc-llava",
     "xc-llava-frozen", "xc-llava-full", "xc-llava-none", "xc-gpt2-rope")] + [
         (m, "*", BLOCK_RULE) for m in ("xc-falcon", "xc-falcon-mha", "xc-vit", "xc-qwen2moe")] + [
-    ("xc-neox", "*", "the MLP norm's gradient of the input (12,288 B), which the plan "
-     "adds into the skip's buffer and frees at its node, lives until the attention's "
-     "projection node has run"),
+    ("xc-neox", "*", SHARED_SUM),
     ("xc-mixtral", "*", "the renormalising divide's three temporaries freed at the "
      "node's end, before self's gradient in PyTorch"),
     ("xc-phi3", "block.1", "a 6,144 B tensor (k's heads by its size) freed at a rotary "
@@ -1011,7 +1027,8 @@ def layer_backward_checks(check, name, c, view, j, planned, ckpt=False, amp=Fals
         seq, names = [], []
         for k in range(bisect.bisect_left(c.times, t), bisect.bisect_left(c.times, t1)):
             e = c.ev[k]
-            if view[k] <= 8 or out_of_place_add(e) or (amp and "ml:bias-copy" in e["anc"]):
+            if view[k] <= 8 or out_of_place_add(c, k) is not None or \
+                    (amp and "ml:bias-copy" in e["anc"]):
                 continue
             g = c.added_at.get(k)
             seq += [view[k] - g, g] if g else [view[k]]
