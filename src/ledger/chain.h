@@ -82,6 +82,12 @@ typedef struct {
      * bit j: gin part j is that gradient. ngin, ngout 0: no parts (freed
      * by bytes). */
     uint16_t gin_id[4], gout_id[3];
+    bool accum_copy;  /* an accumulation node that adds out of place: the
+                         buffer's old sum is held by a node still to run
+                         (input_buffer.cpp, can_accumulate_inplace), so a
+                         new sum (grad_in) becomes the buffer's */
+    bool frees_carry; /* the last node holding that old sum (the block's
+                         incoming gradient): its grad_out frees it */
     uint64_t gin_b[4], gout_b[3];
     uint8_t ngin, ngout, gin_acc;
     bool accum;

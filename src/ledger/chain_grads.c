@@ -1,6 +1,8 @@
 /* The tensors behind a node list's gradients (chain.h, ml_bnode.gin_id),
  * for the allocator simulation, which makes and frees each gradient as
  * the tensor it is (docs/allocator.md, "On the plan"). */
+#include <string.h>
+
 #include "ledger/chain_kit.h"
 
 /* The id of tensor t's gradient (chain.h, ml_bnode.gin_id): the tensor
@@ -99,6 +101,75 @@ void ml__ck_node_parts(ml_bnode *n, const ml_graph *g, const mlg_op *o, const ui
     }
     n->ngin = (uint8_t)m;
     n->ngout = o->ngout;
+}
+
+/* The op that passes tensor t's gradient on (a sum without a node, a copy),
+ * as ml__ck_grad_id follows it: its output, or MLG_NONE. */
+static uint16_t passed_to(const ml_graph *g, uint16_t t)
+{
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        for (unsigned j = 0; j < o->nin; j++)
+            if (o->nout && o->in[j] == t && (!o->node || passes_on(o, t)))
+                return o->nout == o->nin ? o->out[j] : o->out[0];
+    }
+    return MLG_NONE;
+}
+
+uint16_t ml__ck_accum_shared(const ml_graph *g, uint16_t a)
+{
+    const mlg_op *A = &g->op[a];
+    if (A->accum == MLG_NONE || ml__graph_repeated_op(g, a) ||
+        ml__ck_grad_id(g, A->accum) != ML_GID_NONE)
+        return MLG_NONE;
+    uint16_t reader = MLG_NONE;
+    for (uint16_t c = 0; c < a; c++) {
+        const mlg_op *o = &g->op[c];
+        /* the gradient the node reads: its output's */
+        const uint16_t out = o->ngout ? o->gout[0] : o->nout ? o->out[0] : MLG_NONE;
+        if (!o->node || ml__graph_repeated_op(g, c) || o->ngout > 1 || out == MLG_NONE ||
+            ml__ck_grad_id(g, out) != ML_GID_NONE)
+            continue;
+        /* handed the buffer's tensor by sums that complete before the
+         * accumulation: none of them makes the accumulated tensor */
+        bool before = true;
+        uint16_t t = out;
+        for (unsigned depth = 0; depth < 8 && t != MLG_NONE && before; depth++) {
+            before = ml__graph_storage(g, t) != ml__graph_storage(g, A->accum);
+            t = passed_to(g, t);
+        }
+        if (before) {
+            reader = c; /* the earliest in forward order: the last to run */
+            break;
+        }
+    }
+    return reader;
+}
+
+void ml__ck_accum_plan(const ml_graph *g, const uint64_t *tb, bool *oop, uint64_t *carry)
+{
+    memset(oop, 0, MLG_MAX_OPS * sizeof *oop);
+    memset(carry, 0, MLG_MAX_OPS * sizeof *carry);
+    for (uint16_t a = 0; a < g->nop; a++) {
+        const uint16_t c = g->op[a].node ? ml__ck_accum_shared(g, a) : MLG_NONE;
+        if (c != MLG_NONE) {
+            oop[a] = true;
+            carry[c] = tb[g->op[a].accum];
+        }
+    }
+}
+
+void ml__ck_accum_node(ml_chain *ch, ml_cblock *b, const ml_graph *g, const mlg_op *o,
+                       const uint64_t *tb, bool oop)
+{
+    ml__ck_accum(ch, b, tb[o->accum]);
+    ml_bnode *n = ml__ck_last_node(ch, b);
+    ml__ck_accum_parts(n, g, o->accum, tb);
+    if (n && oop) {
+        n->what = "InputBuffer accumulation (out of place)";
+        n->grad_in = tb[o->accum];
+        n->accum_copy = true;
+    }
 }
 
 void ml__ck_accum_parts(ml_bnode *n, const ml_graph *g, uint16_t t, const uint64_t *tb)

@@ -312,6 +312,10 @@ typedef struct {
     size_t idx[MLG_MAX_TENSORS];
     uint16_t first[MLG_MAX_TENSORS];
     size_t per;
+    /* per op: its accumulation adds out of place (ml__ck_accum_shared), and
+     * the bytes of the old sum its node frees, the last to hold it */
+    bool oop[MLG_MAX_OPS];
+    uint64_t carry[MLG_MAX_OPS];
 } ml_entries;
 
 /* The entries of the tensors [from, to) at bytes tb (saved[s]: storage s
@@ -435,20 +439,20 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     const uint16_t w = ch->prec.autocast ? ml__ck_autocast_weight(g, o) : MLG_NONE;
     const uint16_t c = w != MLG_NONE ? ml__ck_autocast_input(g, o) : MLG_NONE;
     if (acc && (w == MLG_NONE || c != MLG_NONE)) {
-        ml__ck_accum(ch, b, tb[o->accum]);
-        ml__ck_accum_parts(ml__ck_last_node(ch, b), g, o->accum, tb);
+        ml__ck_accum_node(ch, b, g, o, tb, x->oop[k]);
         acc = false;
     }
     if (w != MLG_NONE)
         ml__ck_autocast_copies(ch, b, G, o, w, c, tb, &gin, &pg, accum);
-    if (acc) {
-        ml__ck_accum(ch, b, tb[o->accum]);
-        ml__ck_accum_parts(ml__ck_last_node(ch, b), g, o->accum, tb);
-    }
-    ml__ck_node(ch, b, o->node, gin, pg, gout, rel[0], rel[1]);
+    if (acc)
+        ml__ck_accum_node(ch, b, g, o, tb, x->oop[k]);
+    const bool frees_carry = x->carry[k] && !gout;
+    ml__ck_node(ch, b, o->node, gin, pg, frees_carry ? x->carry[k] : gout, rel[0], rel[1]);
     ml_bnode *made = ml__ck_last_node(ch, b);
-    if (made)
+    if (made) {
         made->unpacks = o->nsave > 0;
+        made->frees_carry = frees_carry;
+    }
     if (w != MLG_NONE)
         ml__ck_autocast_parts(ch, b, G, o, w, c, tb, acc);
     else
@@ -531,6 +535,7 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
     const ml_graph *g = &G->g;
     ml_entries x;
     inventory(ch, b, G, &x);
+    ml__ck_accum_plan(g, G->tb, x.oop, x.carry);
     parameters(ch, b, G);
     const ml_instance whole = {G->tb, 0, false};
     for (uint16_t k = 0; k < g->nop; k++) {

@@ -67,6 +67,20 @@ void ml__ck_node_parts(ml_bnode *n, const ml_graph *g, const mlg_op *o, const ui
                        bool accum);
 /* An accumulation node n's gradient: the one just made for tensor t. */
 void ml__ck_accum_parts(ml_bnode *n, const ml_graph *g, uint16_t t, const uint64_t *tb);
+/* Where op a's gradient is added into the buffer of its input o->accum
+ * (the block's incoming gradient) while a node still to run holds the
+ * buffer's sum, handed to it by sums that complete first (GPT-NeoX's
+ * attention branch, its output summed with the MLP's before the skip):
+ * that node's op, the last holder, else MLG_NONE (added in place). */
+uint16_t ml__ck_accum_shared(const ml_graph *g, uint16_t a);
+/* Over g's ops (MLG_MAX_OPS entries each): oop[a], op a's accumulation
+ * adds out of place; carry[c], the bytes of the old sum op c's node frees,
+ * the last holder (ml__ck_accum_shared). */
+void ml__ck_accum_plan(const ml_graph *g, const uint64_t *tb, bool *oop, uint64_t *carry);
+/* The accumulation node of op o's input gradient (o->accum), run after o's
+ * node: in place, or out of place (oop: a new sum made, accum_copy). */
+void ml__ck_accum_node(ml_chain *ch, ml_cblock *b, const ml_graph *g, const mlg_op *o,
+                       const uint64_t *tb, bool oop);
 /* ml_cblock.hand_gid of a block from graph g: 1 + its input's gradient id,
  * 0 where that is the incoming gradient passed down. */
 uint16_t ml__ck_hand_gid(const ml_graph *g);

@@ -153,7 +153,7 @@ typedef struct {
      * block's incoming gradient's allocation and bytes */
     size_t gname[ML_GID_NONE + 1], gpend[ML_GID_NONE + 1];
     uint64_t gbytes[ML_GID_NONE + 1], gpbytes[ML_GID_NONE + 1];
-    size_t gcarry;
+    size_t gcarry, gcarry_old; /* (the old sum an out-of-place accumulation left) */
     uint64_t gcarry_bytes;
     /* with rsim, where its reserved bytes peaked (ml__replay_reserved_point);
      * last, so that the fields every event reads stay together */

@@ -129,6 +129,14 @@ void ml__replay_node_grads_in(ml_replay *r, const ml_bnode *x, size_t *taken)
         out += x->gout_b[j];
     if (x->ngout && out == x->grad_out)
         take_outs(r, x, taken);
+    if (x->accum_copy) {
+        /* the new sum becomes the buffer's; the old one is the incoming
+         * gradient's, freed by the last node that holds it (frees_carry) */
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
+        r->gcarry_old = r->gcarry;
+        r->gcarry = ml__rsim_latest(r->rsim, ML_CAT_WORKSPACE);
+        return;
+    }
     if (!x->ngin || sum != x->grad_in || sum > (uint64_t)INT64_MAX) {
         ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
         return;
@@ -152,6 +160,11 @@ void ml__replay_node_grads_in(ml_replay *r, const ml_bnode *x, size_t *taken)
 
 void ml__replay_node_grads_out(ml_replay *r, const ml_bnode *x, const size_t *taken)
 {
+    if (x->frees_carry) {
+        ml__replay_free_named(r, ML_CAT_WORKSPACE, x->grad_out, r->gcarry_old);
+        r->gcarry_old = 0;
+        return;
+    }
     uint64_t sum = 0;
     for (unsigned j = 0; j < x->ngout; j++)
         sum += x->gout_b[j];
@@ -174,6 +187,7 @@ void ml__nodes_begin(ml_replay *r)
         memset(r->gname, 0, sizeof r->gname);
         memset(r->gpend, 0, sizeof r->gpend);
         r->gcarry = r->carry_name;
+        r->gcarry_old = 0;
         r->gcarry_bytes = r->grad_carry;
     }
     r->carry_name = 0;

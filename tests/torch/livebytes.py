@@ -956,14 +956,9 @@ def out_of_place_add(c, k):
 # still differ from PyTorch's (docs/validation.md names each); their check
 # expects the difference, so a change that removes it fails until the entry
 # goes.
-SHARED_SUM = ("the MLP norm's gradient of the input is added to the skip's gradient out "
-              "of place (12,288 B, a new sum: the attention's branch still holds the old "
-              "one, input_buffer.cpp can_accumulate_inplace), where the plan adds it in "
-              "place")
 BACKWARD_GAPS = {
-    # a layer whose whole backward is known to differ is named here with the
-    # difference, its check then expecting it
-    "xc-neox": SHARED_SUM,
+    # none today: a layer whose whole backward is known to differ is named
+    # here with the difference, its check then expecting it
 }
 
 # Layers whose backward with its frees (free_check) differs from PyTorch's:
@@ -980,7 +975,8 @@ FREE_GAPS = [(m, "block.0", ROTARY) for m in (
     "xc-llama", "xc-llama-cls", "xc-gemma", "xc-gemma2", "xc-olmo", "xc-phi3", "xc-llava",
     "xc-llava-frozen", "xc-llava-full", "xc-llava-none", "xc-gpt2-rope")] + [
         (m, "*", BLOCK_RULE) for m in ("xc-falcon", "xc-falcon-mha", "xc-vit", "xc-qwen2moe")] + [
-    ("xc-neox", "*", SHARED_SUM),
+    ("xc-neox", "*", "a 12,288 B tensor freed at a node of the rotary's backward, later "
+     "in PyTorch (as Phi-3's 6,144 B)"),
     ("xc-mixtral", "*", "the renormalising divide's three temporaries freed at the "
      "node's end, before self's gradient in PyTorch"),
     ("xc-phi3", "block.1", "a 6,144 B tensor (k's heads by its size) freed at a rotary "

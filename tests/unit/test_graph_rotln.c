@@ -327,12 +327,67 @@ static void test_grouped_neox_from_graph(void **state)
     assert_true(kept > 0 && kept < all);
 }
 
+/* GPT-NeoX's parallel layer: y = mlp_out + attn_out + x. In backward the
+ * sums hand the incoming gradient g to the MLP's branch, to the
+ * attention's and to x's InputBuffer, the same tensor. The MLP's branch
+ * runs first; its norm's gradient of x arrives while the attention's
+ * output projection still holds g, so the buffer adds it out of place
+ * (input_buffer.cpp, can_accumulate_inplace): a new sum of x's size,
+ * B*T*D*4 = 2*24*64*4 = 12,288 B, then the norm's gradient freed; the
+ * projection's node, the last holder of g, frees it (12,288 B). The
+ * attention's norm, last, adds in place (its buffer's sum is its alone).
+ * A sequential pre-norm layer (Llama) adds every gradient in place: the
+ * attention's sum completes only after the MLP norm's gradient is in. */
+static void test_neox_adds_out_of_place(void **state)
+{
+    (void)state;
+    static const char *const neox =
+        "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  ffn: 256\n"
+        "  activation: gelu\n  norm: layernorm\n  parallel_residual: true\n  vocab: 173\n"
+        "  position: rope\n  attention: eager\n  dropout: 0\n";
+    static const char *const llama =
+        "model:\n  type: decoder\n  layers: 2\n  hidden: 64\n  heads: 4\n  kv_heads: 2\n"
+        "  ffn: 160\n  activation: swiglu\n  norm: rmsnorm\n  vocab: 97\n  position: rope\n"
+        "  bias: false\n  attention: eager\n  dropout: 0\n";
+    for (int v = 0; v < 2; v++) {
+        ml_model *m = load_str(v ? llama : neox);
+        ml_config cfg = config_at(m, ML_PREC_FP32, 2, 24);
+        ml_chain ch;
+        ml_error e;
+        assert_int_equal(ml__chain_build(m, &cfg, &ch, &e), ML_OK);
+        const ml_cblock *b = &ch.blocks[2]; /* block.1 */
+        assert_string_equal(b->name, "block.1");
+        unsigned copies = 0, frees = 0;
+        size_t at = SIZE_MAX;
+        for (size_t j = 0; j < b->nnodes; j++) {
+            const ml_bnode *x = &ch.nodes[b->node_first + j];
+            if (x->accum_copy) {
+                copies++;
+                at = j;
+                assert_int_equal(x->grad_in, 12288);
+                assert_int_equal(x->grad_out, 12288);
+            }
+            if (x->frees_carry) {
+                frees++;
+                assert_true(at < j); /* after the new sum is made */
+                assert_int_equal(x->grad_out, 12288);
+                assert_non_null(strstr(x->what, "output projection"));
+            }
+        }
+        assert_int_equal(copies, v ? 0u : 1u);
+        assert_int_equal(frees, v ? 0u : 1u);
+        ml__chain_free(&ch);
+        ml_model_destroy(m);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rotary_layernorm_from_graph),
         cmocka_unit_test(test_rotary_figures),
         cmocka_unit_test(test_grouped_neox_from_graph),
+        cmocka_unit_test(test_neox_adds_out_of_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
