@@ -484,8 +484,8 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
         /* HF's apply_rotary_pos_emb on nanoGPT's q and k heads (views of
          * c_attn's output, rebound to the rotated: new tensors, in q's
          * layout, alive until the attention returns) */
-        qh = ml__kit_rope(g, r.qh, MLG_H, MLG_COMPUTE, false);
-        kh = ml__kit_rope(g, r.kh, MLG_H, MLG_COMPUTE, false);
+        qh = ml__kit_rope(g, r.qh, MLG_H, MLG_COMPUTE, NULL);
+        kh = ml__kit_rope(g, r.kh, MLG_H, MLG_COMPUTE, NULL);
     }
     mlg_op *o;
     uint16_t O, probs = MLG_NONE;

@@ -216,13 +216,14 @@ uint16_t ml__kit_scores(ml_graph *g, const char *name, uint8_t dtype, uint8_t fl
 /* HF's rotate-half rotary (apply_rotary_pos_emb) on the head tensor x of
  * hd heads, node by node in backward; its products with cos and sin, and
  * the rotated heads, in dtype class dt (MLG_STREAM under rot_fp32, else
- * MLG_COMPUTE); pass (Phi-3's and GPT-NeoX's fused projections): the rotated heads cat with
- * the pass (ml__kit_rope_pass, made before) into a new tensor. Returns the
- * rotated heads (kit_rope.c). */
-uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, bool pass);
+ * MLG_COMPUTE); pass (Phi-3's and GPT-NeoX's fused projections): the op
+ * of x's pass (ml__kit_rope_pass, made before; else NULL), the rotated
+ * heads cat with it into a new tensor, whose gradient the pass's node
+ * frees. Returns the rotated heads (kit_rope.c). */
+uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, mlg_op *pass);
 /* The empty pass of x (Phi-3's, GPT-NeoX's), its node named node: before q's and k's
- * rotaries (kit_rope.c). */
-void ml__kit_rope_pass(ml_graph *g, uint16_t x, const char *node);
+ * rotaries (kit_rope.c); its op, for ml__kit_rope. */
+mlg_op *ml__kit_rope_pass(ml_graph *g, uint16_t x, const char *node);
 /* The q k^T matmul of q's operand qb and k's kb (MLG_NONE: qb holds both,
  * nanoGPT's copies) into the scores S, saving both (the attention core's
  * FLOPs); returns its op (the caller frees its copies there). */

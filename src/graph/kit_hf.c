@@ -487,13 +487,11 @@ uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv 
         /* apply_rotary_pos_emb; the caller's rebinding frees the unrotated
          * q and k (Phi-3's are views of qkv_proj's output) */
         const bool pass = a->fused_proj;
-        if (pass) {
-            ml__kit_rope_pass(g, p.qh, "SliceBackward0 (q pass, empty)");
-            ml__kit_rope_pass(g, p.kh, "SliceBackward0 (k pass, empty)");
-        }
+        mlg_op *qp = pass ? ml__kit_rope_pass(g, p.qh, "SliceBackward0 (q pass, empty)") : NULL;
+        mlg_op *kp = pass ? ml__kit_rope_pass(g, p.kh, "SliceBackward0 (k pass, empty)") : NULL;
         const uint8_t dt = a->rot_fp32 ? MLG_STREAM : MLG_COMPUTE;
-        qr = ml__kit_rope(g, p.qh, MLG_H, dt, pass);
-        kr = ml__kit_rope(g, p.kh, MLG_HKV, dt, pass);
+        qr = ml__kit_rope(g, p.qh, MLG_H, dt, qp);
+        kr = ml__kit_rope(g, p.kh, MLG_HKV, dt, kp);
         if (!pass) {
             mlg_op *o = ml__graph_release(g, "q, k rebound to the rotated");
             ml__op_free(o, p.q);

@@ -35,9 +35,10 @@ static void wide_grad(mlg_op *o, uint8_t dt)
  *     rotary's incoming gradient, which AddBackward0 passed to both
  *     products.
  * Where the products run in dt's wider dtype (rot_fp32): wide_grad.
- * pass (Phi-3's and GPT-NeoX's fused projections): the rotated part is cat
- * with the pass (ml__kit_rope_pass) into a new contiguous tensor. */
-uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, bool pass)
+ * pass (Phi-3's and GPT-NeoX's fused projections: the op of x's pass,
+ * ml__kit_rope_pass, else NULL): the rotated part is cat with the pass
+ * into a new contiguous tensor, whose gradient the pass's node frees. */
+uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, mlg_op *pass)
 {
     uint16_t c1 = ml__kit_heads_as(g, "x * cos", hd, dt), nh = ml__kit_heads(g, "-x2", hd);
     uint16_t ct = ml__kit_heads(g, "cat(-x2, x1)", hd), s1 = ml__kit_heads_as(g, "* sin", hd, dt);
@@ -51,7 +52,11 @@ uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, bool pass
     mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (cos)", x, c1, NULL);
     ml__op_node(o, "MulBackward0 (x * cos)");
     ml__op_gin(o, x);
-    ml__op_gout(o, r);
+    /* with a pass, the rotated part's gradient is a view of the cat's,
+     * whose storage the pass's node frees, the last to hold a view of it
+     * (CatBackward0's outputs narrow its gradient; ml__kit_rope_pass) */
+    if (!pass)
+        ml__op_gout(o, r);
     o->accum = x;
     wide_grad(o, dt);
     o = ml__graph_op(g, MLG_OP_VIEW, "slice (x1)");
@@ -84,6 +89,7 @@ uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, bool pass
     uint16_t rc = ml__kit_heads_as(g, "cat(rotated, pass)", hd, dt);
     o = ml__graph_step(g, MLG_OP_COPY, "cat (rotated, pass)", r, rc, NULL);
     ml__op_free(o, r);
+    ml__op_gout(pass, rc);
     return rc;
 }
 
@@ -94,11 +100,12 @@ uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, bool pass
  * buffer after both rotaries' nodes have run (the engine runs the latest
  * node first: k's pass, then q's). The rotated part x[..., :rotary_dim]
  * spans the axis: no node (TensorIndexing.h, applySlice). */
-void ml__kit_rope_pass(ml_graph *g, uint16_t x, const char *node)
+mlg_op *ml__kit_rope_pass(ml_graph *g, uint16_t x, const char *node)
 {
     mlg_op *o = ml__graph_op(g, MLG_OP_VIEW, "slice (pass, empty)");
     ml__op_in(o, x);
     ml__op_node(o, node);
     ml__op_gin(o, x);
     o->accum = x;
+    return o;
 }

@@ -973,15 +973,10 @@ BLOCK_RULE = ("a block-rule forward (no op-by-op programs for this layout): its 
               "as one allocation each")
 FREE_GAPS = [(m, "block.0", ROTARY) for m in (
     "xc-llama", "xc-llama-cls", "xc-gemma", "xc-gemma2", "xc-olmo", "xc-phi3", "xc-llava",
-    "xc-llava-frozen", "xc-llava-full", "xc-llava-none", "xc-gpt2-rope")] + [
+    "xc-llava-frozen", "xc-llava-full", "xc-llava-none", "xc-gpt2-rope", "xc-neox")] + [
         (m, "*", BLOCK_RULE) for m in ("xc-falcon", "xc-falcon-mha", "xc-vit", "xc-qwen2moe")] + [
-    ("xc-neox", "*", "a 12,288 B tensor freed at a node of the rotary's backward, later "
-     "in PyTorch (as Phi-3's 6,144 B)"),
     ("xc-mixtral", "*", "the renormalising divide's three temporaries freed at the "
      "node's end, before self's gradient in PyTorch"),
-    ("xc-phi3", "block.1", "a 6,144 B tensor (k's heads by its size) freed at a rotary "
-     "product's node, later in PyTorch (the first layer's window differs there too, "
-     "before the rotary tables)"),
 ]
 
 
