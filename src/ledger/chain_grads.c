@@ -125,9 +125,10 @@ uint16_t ml__ck_accum_shared(const ml_graph *g, uint16_t a)
     uint16_t reader = MLG_NONE;
     for (uint16_t c = 0; c < a; c++) {
         const mlg_op *o = &g->op[c];
-        /* the gradient the node reads: its output's */
-        const uint16_t out = o->ngout ? o->gout[0] : o->nout ? o->out[0] : MLG_NONE;
-        if (!o->node || ml__graph_repeated_op(g, c) || o->ngout > 1 || out == MLG_NONE ||
+        /* the gradient the node reads, its output's, which it frees not
+         * (no gout: a sum's buffer holds it) */
+        const uint16_t out = o->nout ? o->out[0] : MLG_NONE;
+        if (!o->node || ml__graph_repeated_op(g, c) || o->ngout || out == MLG_NONE ||
             ml__ck_grad_id(g, out) != ML_GID_NONE)
             continue;
         /* handed the buffer's tensor by sums that complete before the
@@ -150,9 +151,11 @@ void ml__ck_accum_plan(const ml_graph *g, const uint64_t *tb, bool *oop, uint64_
 {
     memset(oop, 0, MLG_MAX_OPS * sizeof *oop);
     memset(carry, 0, MLG_MAX_OPS * sizeof *carry);
-    for (uint16_t a = 0; a < g->nop; a++) {
+    /* in backward order (the latest op first): once the new sum is made,
+     * the buffer's sum is its alone, and later additions are in place */
+    for (uint16_t a = g->nop; a-- > 0;) {
         const uint16_t c = g->op[a].node ? ml__ck_accum_shared(g, a) : MLG_NONE;
-        if (c != MLG_NONE) {
+        if (c != MLG_NONE && !carry[c]) {
             oop[a] = true;
             carry[c] = tb[g->op[a].accum];
         }
