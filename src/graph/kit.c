@@ -291,14 +291,10 @@ static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t v
 {
     uint16_t probs = ml__kit_dropout(g, L->attn.dropout, P, "NativeDropoutBackward0 (attention)",
                                      true, false);
-    const uint16_t pc = L->autocast ? ml__kit_probs_copy(g, probs) : probs;
+    const uint16_t pc = L->autocast ? ml__kit_probs_copy(g, probs) : MLG_NONE;
     uint16_t vc = ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
     ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vh, vc, NULL);
-    *O = ml__kit_heads(g, "attention output (P v)", MLG_H);
-    mlg_op *o = ml__kit_pv_into(g, pc, vc, *O, MLG_DH);
-    ml__op_free(o, vc);
-    if (pc != probs)
-        ml__op_free(o, pc);
+    *O = pc != MLG_NONE ? ml__kit_pv_cast(g, pc, vc, vc) : ml__kit_pv(g, probs, vc, vc);
     return probs;
 }
 

@@ -242,9 +242,10 @@ uint16_t ml__kit_pv(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc);
 /* Autocast's copy of the (B, h, T, dh) heads x in the compute dtype
  * (ToCopyBackward0: x's gradient in x's dtype from the copy's). */
 uint16_t ml__kit_autocast_copy(ml_graph *g, uint16_t x, uint8_t h, const char *name);
-/* The same under rot_fp32: the product of autocast's copy of probs (made
- * before it, gone after it without grad; probs stays). */
-uint16_t ml__kit_pv_cast(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc);
+/* The same on autocast's copy Pc of the probabilities (ml__kit_probs_copy),
+ * which goes with vc once the product has run (bmm saves it; the
+ * probabilities stay bound). */
+uint16_t ml__kit_pv_cast(ml_graph *g, uint16_t Pc, uint16_t vb, uint16_t vc);
 /* The same product into the caller's output O, its heads d wide (latent
  * attention's values: MLG_DV); returns its op. */
 mlg_op *ml__kit_pv_into(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t O, uint8_t d);

@@ -116,12 +116,10 @@ uint16_t ml__kit_autocast_copy(ml_graph *g, uint16_t x, uint8_t h, const char *n
     return c;
 }
 
-uint16_t ml__kit_pv_cast(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t vc)
+uint16_t ml__kit_pv_cast(ml_graph *g, uint16_t Pc, uint16_t vb, uint16_t vc)
 {
-    mlg_op *o;
-    uint16_t Pc = probs_copy(g, probs, &o);
     uint16_t O = ml__kit_heads(g, "attention output (P v)", MLG_H);
-    o = ml__kit_pv_into(g, Pc, vb, O, MLG_DH);
+    mlg_op *o = ml__kit_pv_into(g, Pc, vb, O, MLG_DH);
     ml__op_free(o, vc);
     ml__op_free(o, Pc);
     return O;

@@ -439,7 +439,8 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
         vrep = repeat_kv(g, a, vh, "ExpandBackward0 (the PV matmul's broadcast of v)");
     if (vc != MLG_NONE)
         ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vrep, vc, NULL);
-    *O = a->rot_fp32 ? ml__kit_pv_cast(g, probs, vb, vc) : ml__kit_pv(g, probs, vb, vc);
+    *O = a->rot_fp32 ? ml__kit_pv_cast(g, ml__kit_probs_copy(g, probs), vb, vc)
+                     : ml__kit_pv(g, probs, vb, vc);
     return probs;
 }
 

@@ -21,14 +21,35 @@ static bool passes_on(const mlg_op *o, uint16_t t)
     return o->gin[0] != t;
 }
 
+/* The first op that passes tensor t's gradient on (a sum without a node,
+ * a copy, a residual sum that hands the stream's on), *at t's input index
+ * in it; NULL: none. */
+static const mlg_op *pass_of(const ml_graph *g, uint16_t t, unsigned *at)
+{
+    for (uint16_t k = 0; k < g->nop; k++) {
+        const mlg_op *o = &g->op[k];
+        for (unsigned j = 0; j < o->nin; j++)
+            if (o->nout && o->in[j] == t && (!o->node || passes_on(o, t))) {
+                *at = j;
+                return o;
+            }
+    }
+    return NULL;
+}
+
+/* Its output that takes t's gradient: t's own, or the one of a copy of
+ * several into one. */
+static uint16_t pass_out(const mlg_op *pass, unsigned at)
+{
+    return pass->nout == pass->nin ? pass->out[at] : pass->out[0];
+}
+
 uint16_t ml__ck_grad_id(const ml_graph *g, uint16_t t)
 {
     _Static_assert(ML_GIDS == MLG_MAX_TENSORS, "one id per graph tensor");
     unsigned part = 0;
     for (unsigned depth = 0; depth < 8 && t < g->nt; depth++) {
         const uint16_t own = g->t[ml__graph_storage(g, t)].role == MLG_INPUT ? ML_GID_INPUT : t;
-        const mlg_op *pass = NULL;
-        unsigned at = 0;
         bool plain = false, added = false;
         for (uint16_t k = 0; k < g->nop; k++) {
             const mlg_op *o = &g->op[k];
@@ -41,12 +62,9 @@ uint16_t ml__ck_grad_id(const ml_graph *g, uint16_t t)
                     else
                         plain = true;
                 }
-            for (unsigned j = 0; j < o->nin && !pass; j++)
-                if (o->nout && o->in[j] == t && (!o->node || passes_on(o, t))) {
-                    pass = o;
-                    at = j;
-                }
         }
+        unsigned at = 0;
+        const mlg_op *pass = pass_of(g, t, &at);
         /* the buffer holds the gradient a node made for t; where every
          * node's is added into one it already held, that one is a residual
          * sum's, passed on */
@@ -55,7 +73,7 @@ uint16_t ml__ck_grad_id(const ml_graph *g, uint16_t t)
         if (!pass)
             break;
         /* copies of several tensors: each into its own, or all into one */
-        const uint16_t u = pass->nout == pass->nin ? pass->out[at] : pass->out[0];
+        const uint16_t u = pass_out(pass, at);
         if (pass->kind == MLG_OP_COPY && pass->nout == 1 && pass->nin > 1 &&
             pass->nin <= ML_GID_PARTS && u < g->nt && g->t[u].factor == pass->nin)
             part = at;
@@ -103,19 +121,6 @@ void ml__ck_node_parts(ml_bnode *n, const ml_graph *g, const mlg_op *o, const ui
     n->ngout = o->ngout;
 }
 
-/* The op that passes tensor t's gradient on (a sum without a node, a copy),
- * as ml__ck_grad_id follows it: its output, or MLG_NONE. */
-static uint16_t passed_to(const ml_graph *g, uint16_t t)
-{
-    for (uint16_t k = 0; k < g->nop; k++) {
-        const mlg_op *o = &g->op[k];
-        for (unsigned j = 0; j < o->nin; j++)
-            if (o->nout && o->in[j] == t && (!o->node || passes_on(o, t)))
-                return o->nout == o->nin ? o->out[j] : o->out[0];
-    }
-    return MLG_NONE;
-}
-
 uint16_t ml__ck_accum_shared(const ml_graph *g, uint16_t a)
 {
     const mlg_op *A = &g->op[a];
@@ -137,7 +142,9 @@ uint16_t ml__ck_accum_shared(const ml_graph *g, uint16_t a)
         uint16_t t = out;
         for (unsigned depth = 0; depth < 8 && t != MLG_NONE && before; depth++) {
             before = ml__graph_storage(g, t) != ml__graph_storage(g, A->accum);
-            t = passed_to(g, t);
+            unsigned at;
+            const mlg_op *pass = pass_of(g, t, &at);
+            t = pass ? pass_out(pass, at) : MLG_NONE;
         }
         if (before) {
             reader = c; /* the earliest in forward order: the last to run */

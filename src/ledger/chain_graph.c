@@ -38,12 +38,6 @@ void ml__ck_graph_dtype_bytes(ml_chain *ch, ml_ck_graph *G)
         ch->overflow = true;
 }
 
-/* G's sizes at the chain's shape, each tensor's bytes, and whether the
- * forward's live bytes come from the graph: as the chain builders had it,
- * eager attention without autocast's casts (docs/graph.md, "What the
- * passes do not derive yet"; nor for a vision encoder, a parallel
- * residual or latent attention). False when G is
- * not whole. */
 /* Whether m's layer forward is written out op by op (forward programs):
  * eager attention, or sdpa's math kernel (graph/kit_math.c); none with
  * experts, an image encoder, latent attention or Falcon's parallel layer
@@ -65,6 +59,9 @@ static bool programs_held(const ml_chain *ch, const ml_model *m)
            !m->attn.kv_lora && !m->moe.experts && held;
 }
 
+/* G's sizes at the chain's shape, each tensor's bytes, and whether the
+ * forward's live bytes come from the graph (programs_held; docs/graph.md,
+ * "What the passes do not derive yet"). False when G is not whole. */
 bool ml__ck_graph_sized(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, ml_ck_graph *G)
 {
     if (!ml__graph_valid(&G->g))

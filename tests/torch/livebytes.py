@@ -756,7 +756,7 @@ def window_events(c, view, k0, k1, amp):
     allocation after grad_input's, the frees the view moves onto another
     event (c.moved: a `mean`-tagged tensor's at its tag, the softmax
     temporary's at its op's end) their own events;
-    left out, as in layer_backward_checks: 0-dim tensors of 8 B or less,
+    left out: 0-dim tensors of 8 B or less,
     under autocast the CPU's bias copies, and 1.13's out-of-place
     accumulation where 2.x adds in place (out_of_place_add: its result and
     the free of the old sum that follows it)."""
@@ -770,8 +770,9 @@ def window_events(c, view, k0, k1, amp):
         if e["d"] > 0:
             if own(k) <= 8 or (amp and "ml:bias-copy" in e["anc"]):
                 continue
-            if out_of_place_add(c, k) is not None:
-                drop.add(out_of_place_add(c, k))
+            old = out_of_place_add(c, k)
+            if old is not None:
+                drop.add(old)
                 continue
             g = c.added_at.get(k)
             seq += [own(k) - g, g] if g else [own(k)]
@@ -1010,40 +1011,33 @@ def layer_backward_checks(check, name, c, view, j, planned, ckpt=False, amp=Fals
     s0, e0 = c.range("iter1")
     step = min(s for s, _, n in c.marks if s0 <= s <= e0 and n == "step")
     bwd = sorted((s, n[4:]) for s, _, n in c.marks if s0 <= s <= e0 and n.startswith("bwd:"))
-    seen = set()
+    seen, seen_frees = set(), set()
     for i, (t, blk) in enumerate(bwd):
         if blk not in ops:
             continue
         t1 = bwd[i + 1][0] if i + 1 < len(bwd) else step
-        seq, names = [], []
-        for k in range(bisect.bisect_left(c.times, t), bisect.bisect_left(c.times, t1)):
-            e = c.ev[k]
-            if view[k] <= 8 or out_of_place_add(c, k) is not None or \
-                    (amp and "ml:bias-copy" in e["anc"]):
-                continue
-            g = c.added_at.get(k)
-            seq += [view[k] - g, g] if g else [view[k]]
-            names.append("%d %s" % (view[k], e["fn"][0] if e.get("fn") else "-"))
+        events = window_events(c, view, bisect.bisect_left(c.times, t),
+                               bisect.bisect_left(c.times, t1), amp)
+        seq = tuple(x for x in events if x > 0)
         if not seq:
             continue
         # with its frees: each distinct run too (the first layer's can
         # differ from the others' by what the model's tensors free there)
-        signed = free_runs_sorted(window_events(
-            c, view, bisect.bisect_left(c.times, t), bisect.bisect_left(c.times, t1), amp))
-        if (0, tuple(signed)) not in seen:
-            seen.add((0, tuple(signed)))
-            free_check(check, name, blk, signed, planned_sorted)
-        if tuple(seq) in seen:
+        signed = tuple(free_runs_sorted(events))
+        if signed not in seen_frees:
+            seen_frees.add(signed)
+            free_check(check, name, blk, list(signed), planned_sorted)
+        if seq in seen:
             continue
-        seen.add(tuple(seq))
+        seen.add(seq)
         gap = BACKWARD_GAPS.get(name.split(" ")[0])
         if gap:  # the difference expected (BACKWARD_GAPS)
             check(name + " %s's backward, %d allocations: not a run of the plan's (%s)"
-                  % (blk, len(seq), gap), runs_of(tuple(seq), planned_allocs) > 0, False)
+                  % (blk, len(seq), gap), runs_of(seq, planned_allocs) > 0, False)
             continue
         if not check(name + " %s's backward, %d allocations: a run of the plan's" % (blk, len(seq)),
-                     runs_of(tuple(seq), planned_allocs) > 0, True):
-            print("    measured: " + ", ".join(names))
+                     runs_of(seq, planned_allocs) > 0, True):
+            print("    measured: " + ", ".join(map(str, seq)))
     if not seen:
         print("skip %s layers' backward: none runs node by node" % name)
 
@@ -1054,12 +1048,11 @@ def free_check(check, name, blk, seq, planned):
     layer FREE_GAPS names, not (the difference expected)."""
     model = name.split(" ")[0]
     gap = next((why for m, b, why in FREE_GAPS if m == model and b in (blk, "*")), None)
-    label = name + " %s's backward with its frees, %d events: a run of the plan's" % (blk, len(seq))
+    label = name + " %s's backward with its frees, %d events: " % (blk, len(seq))
     if gap:
-        check(label.replace("a run of the plan's", "not a run of the plan's (%s)" % gap),
-              holds_run(seq, planned), False)
+        check(label + "not a run of the plan's (%s)" % gap, holds_run(seq, planned), False)
     else:
-        check(label, holds_run(seq, planned), True)
+        check(label + "a run of the plan's", holds_run(seq, planned), True)
 
 
 def pct(m, p):
