@@ -55,7 +55,7 @@ typedef enum ml_transients {
     ML_TRANSIENTS_BLOCK_RULE, /* the block rule: twice its largest tensor (a layout
                                  whose forward is not walked op by op: autocast,
                                  fused attention, a parallel residual, latent
-                                 attention, experts, an image encoder, T5) */
+                                 attention, experts, T5) */
     ML_TRANSIENTS_PARTLY,     /* op by op in one of the two, the block rule in the
                                  other (selective checkpointing, a calibration
                                  profile's inventory other than the graph's:

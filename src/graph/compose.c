@@ -151,19 +151,34 @@ uint16_t ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     uint16_t a = L->attn.latent ? ml__kit_mla_attention(g, L, h)
                  : L->attn.hf   ? ml__kit_hf_attention(g, L, h, &held, &ck, &cv)
                                 : ml__kit_attention(g, L, h);
-    ml__op_free(ml__graph_release(g, "norm output rebound"), h);
+    mlg_op *o = ml__graph_release(g, "norm output rebound");
+    if (L->attn.self_out) {
+        /* ViTAttention returns: the context goes with its argument */
+        ml__op_free(o, held);
+        held = MLG_NONE;
+    }
+    ml__op_free(o, h);
     a = post_norm(g, L, a, MLG_GROUP_POST_ATTN);
-    uint16_t r = ml__kit_layer_residual(g, L, x, a);
+    /* ViT's attention_output is a local of the layer's forward: the sum
+     * takes the stream, the branch's output goes when the layer returns */
+    uint16_t r = L->hold_attn ? ml__kit_add(g, x, a) : ml__kit_layer_residual(g, L, x, a);
     g->group = ml__kit_group(L, MLG_GROUP_NORM2);
     h = ml__kit_norm(g, &L->norm, r, true);
     g->group = ml__kit_group(L, MLG_GROUP_MLP);
+    uint16_t act = MLG_NONE;
     uint16_t m = L->moe.kind == MLG_MOE_MIXTRAL ? ml__kit_mixtral_moe(g, L, h)
                  : L->moe.kind                 ? ml__kit_moe(g, L, h)
-                                               : ml__kit_mlp(g, L, h, NULL);
-    ml__op_free(ml__graph_release(g, "norm output rebound"), h);
+                                               : ml__kit_mlp(g, L, h, &act);
+    if (!L->mlp.in_gone || L->moe.kind) /* (the dense MLP alone frees it early) */
+        ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     m = post_norm(g, L, m, MLG_GROUP_POST_MLP);
     uint16_t out = ml__kit_layer_residual(g, L, r, m);
+    /* ViTOutput returns: its argument, the activation's output, rebound */
+    if (act != MLG_NONE)
+        ml__op_free(ml__graph_release(g, "the MLP's activation rebound"), act);
     layer_returns(g, r, held, ck, cv);
+    if (L->hold_attn)
+        ml__op_free(ml__graph_release(g, "attention_output goes"), a);
     return out;
 }
 

@@ -28,7 +28,7 @@ static void common(const ml_model *m, const mlg_config *c, mlg_layer *L)
     a->probs_cast = c->compute_bytes != 4;
     a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
     L->mlp = (mlg_mlp){act[m->mlp.activation], m->bias || m->mlp.bias, drop, a->out_grad, false,
-                       false, false};
+                       false, false, false};
     L->autocast = c->autocast;
 }
 
@@ -154,7 +154,9 @@ bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
         !m->residual.prenorm || m->residual.parallel)
         return false;
     common(m, c, L);
-    L->attn.hf = true;
+    L->attn.hf = L->attn.self_out = true;
+    L->mlp.keep_act = L->mlp.in_gone = true;
+    L->hold_attn = true;
     return true;
 }
 

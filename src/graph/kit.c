@@ -539,6 +539,8 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
     ml__op_free(o, F1);
     if (relu && F1 != MLG_NONE)
         g->t[F1].flags |= MLG_T_TMP;
+    if (p->in_gone)
+        ml__op_free(ml__graph_release(g, "the MLP's input rebound"), h);
     const mlg_linear proj = {"addmm (proj)",
                              p->bias ? "AddmmBackward0 (MLP out)" : "MmBackward0 (MLP out)", MLG_F,
                              MLG_D, p->bias};

@@ -84,6 +84,11 @@ typedef struct {
                             (nanoGPT's order); the masked scores stay bound
                             until it returns the context alone, which stays
                             bound until BertAttention returns */
+    bool self_out;       /* HF ViTSelfAttention: it returns the context alone
+                            (q, k, v and the probabilities go with it), the
+                            output projection a module of its own
+                            (ViTSelfOutput); the context stays bound until
+                            the attention module returns */
     bool out_grad;       /* the output projection frees its output's gradient
                             (a dropout or a post norm made it) */
     bool split_heads;    /* HF FalconAttention: query_key_value cut by
@@ -111,6 +116,9 @@ typedef struct {
                       holds it): its first projection's is added */
     bool keep_act; /* the activation's output stays bound until the layer
                       returns (BERT's feed_forward_chunk) */
+    bool in_gone;  /* its input goes once the activation is made, before the
+                      down projection (ViT: ViTIntermediate returns and the
+                      layer rebinds its input to the activation's output) */
 } mlg_mlp;
 
 /* A mixture-of-experts MLP in place of the dense one (kit_moe.c). */
@@ -154,6 +162,8 @@ typedef struct {
     bool shared_norm; /* Falcon: with parallel, one norm feeds both branches,
                          mlp(h) += attn(h), then x + that */
     bool postnorm;   /* BERT: norm(x + attn(x)), then norm(. + mlp(.)) */
+    bool hold_attn;  /* ViT: the attention's output stays bound until the
+                        layer returns (ViTLayer.forward's attention_output) */
     mlg_norm post;
     mlg_moe moe;     /* experts in place of the dense MLP (kind MLG_MOE_NONE: none) */
     mlg_norm latent; /* latent attention's norms of its compressed q and kv

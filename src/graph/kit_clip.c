@@ -107,6 +107,7 @@ bool ml__family_clip_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
                        false,
                        false,
                        false,
+                       false,
                        false};
     L->autocast = c->autocast;
     return true;

@@ -184,9 +184,14 @@ void ml__kit_encoder_classifier(ml_graph *g, const mlg_layer *L, uint64_t classe
     ml__graph_init(g);
     const uint8_t cls = ml__graph_lit(g, classes);
     uint16_t x = ml__graph_tensor(g, "head input", MLG_STREAM, MLG_INPUT, 3, MLG_B, MLG_T, MLG_D);
+    /* what the head makes before the classifier, freed as it returns (the
+     * input is the stream's, not the head's) */
+    uint16_t made[4] = {MLG_NONE, MLG_NONE, MLG_NONE, MLG_NONE};
     if (prenorm)
-        x = ml__kit_norm(g, &L->norm, x, false);
+        made[0] = x = ml__kit_norm(g, &L->norm, x, false);
     uint16_t h = first_token(g, x, L->autocast);
+    if (L->autocast)
+        made[1] = h;
     if (pooler) {
         /* BertPooler: dense (D -> D), tanh (saves its result) */
         uint16_t y = linear_bd(g, L, h, MLG_D, "addmm (pooler)", "pooler dense output");
@@ -195,7 +200,7 @@ void ml__kit_encoder_classifier(ml_graph *g, const mlg_layer *L, uint64_t classe
         mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "tanh (pooler)", y, t, NULL);
         ml__op_save(o, t);
         ml__op_free(o, y);
-        h = t;
+        made[2] = h = t;
     }
     if (dropout) {
         uint16_t mask = ml__graph_tensor(g, "classifier dropout mask", MLG_BOOL, MLG_ACT, 2,
@@ -205,9 +210,13 @@ void ml__kit_encoder_classifier(ml_graph *g, const mlg_layer *L, uint64_t classe
         mlg_op *o = ml__graph_step(g, MLG_OP_DROPOUT, "native_dropout (classifier)", h, y, NULL);
         ml__op_out(o, mask);
         ml__op_save(o, mask);
-        h = y;
+        ml__op_free(o, mask); /* (under no_grad the functional drops it) */
+        made[3] = h = y;
     }
     linear_bd(g, L, h, cls, "addmm (classifier)", "logits");
+    /* the model returns the logits (under no_grad all the head holds; with
+     * grad the classifier's saved input and the norm's statistics stay) */
+    ml__kit_free_storages(g, ml__graph_release(g, "head returns"), made, 4);
 }
 
 /* The settings an encoder's head reads (its final norm, the masked-LM

@@ -517,12 +517,13 @@ uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv 
         O = ml__kit_sdpa_math(g, L, qr, kr, p.vh, a->fused_proj && a->rope);
     else
         probs = eager(g, L, qr, kr, p.vh, &O, &krep, &vrep, &S3);
-    if (a->bert) {
-        /* BertSelfAttention returns the context alone: q, k, v, the
-         * scores and the probabilities go; BertSelfOutput's dense and
-         * dropout follow; the context is the layer's to drop */
-        const uint16_t go[5] = {p.q, p.k, p.v, S3, probs};
-        uint16_t Oc, y = ml__kit_attention_out(g, L, O, go, 5, &Oc);
+    if (a->bert || a->self_out) {
+        /* BertSelfAttention (ViTSelfAttention alike: no masked scores)
+         * returns the context alone: q, k, v, the scores and the
+         * probabilities go; BertSelfOutput's dense and dropout follow; the
+         * context is the layer's to drop */
+        const uint16_t go[7] = {qr, kr, p.vh, S3, probs, krep, vrep};
+        uint16_t Oc, y = ml__kit_attention_out(g, L, O, go, 7, &Oc);
         *k = *v = MLG_NONE;
         *held = Oc;
         return y;

@@ -40,7 +40,7 @@ void ml__ck_graph_dtype_bytes(ml_chain *ch, ml_ck_graph *G)
 
 /* Whether m's layer forward is written out op by op (forward programs):
  * eager attention, or sdpa's math kernel (graph/kit_math.c); none with
- * experts, an image encoder, latent attention or Falcon's parallel layer
+ * experts, latent attention or Falcon's parallel layer
  * with its one shared norm (the block rule, said in the output); GPT-NeoX's
  * parallel layer and a LayerNorm layout with rotary positions only as the
  * live-bytes oracle holds them (a decoder; GPT-NeoX's without dropout,
@@ -55,7 +55,7 @@ static bool programs_held(const ml_chain *ch, const ml_model *m)
                        (!m->residual.shared_norm && m->dropout == 0 &&
                         m->attn.kv_heads == m->attn.heads));
     return (!ch->prec.autocast || ml__ck_autocast_ops(m)) &&
-           (m->attn.kernel == ML_ATTN_EAGER || math) && !m->embed.image_size &&
+           (m->attn.kernel == ML_ATTN_EAGER || math) &&
            !m->attn.kv_lora && !m->moe.experts && held;
 }
 
@@ -213,7 +213,6 @@ bool ml__ck_graph_encoder_head(ml_chain *ch, const ml_model *m, const ml_ck_dims
                                d->drop && !m->embed.image_size);
     if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
-    G->programs = false; /* the classifiers' (B, D) tensors: the block rule */
     return true;
 }
 

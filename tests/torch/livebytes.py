@@ -975,7 +975,7 @@ BLOCK_RULE = ("a block-rule forward (no op-by-op programs for this layout): its 
 FREE_GAPS = [(m, "block.0", ROTARY) for m in (
     "xc-llama", "xc-llama-cls", "xc-gemma", "xc-gemma2", "xc-olmo", "xc-phi3", "xc-llava",
     "xc-llava-frozen", "xc-llava-full", "xc-llava-none", "xc-gpt2-rope", "xc-neox")] + [
-        (m, "*", BLOCK_RULE) for m in ("xc-falcon", "xc-falcon-mha", "xc-vit", "xc-qwen2moe")] + [
+        (m, "*", BLOCK_RULE) for m in ("xc-falcon", "xc-falcon-mha", "xc-qwen2moe")] + [
     ("xc-mixtral", "*", "the renormalising divide's three temporaries freed at the "
      "node's end, before self's gradient in PyTorch"),
 ]
@@ -1162,8 +1162,15 @@ def main():
                 m = xc.build(doc)
                 m.train()
                 return m
-            c, f = run_loop(build, lambda m: xc.batch_for(doc, m, B, T or 1),
-                            model_step_fn(ckpt, amp), optim, impl, logits)
+            # amp-bf16: PyTorch 1.13 runs bf16 matrix products through
+            # oneDNN where the CPU has AVX-512 (use_mkldnn_bf16_matmul,
+            # aten/src/ATen/native/mkldnn/Matmul.cpp), whose reorder buffers
+            # no GPU makes; off, ATen's own gemm runs them, as on a CPU
+            # without it (the amp-bf16 models have no convolution, the one
+            # other op oneDNN would take)
+            with torch.backends.mkldnn.flags(enabled=not amp):
+                c, f = run_loop(build, lambda m: xc.batch_for(doc, m, B, T or 1),
+                                model_step_fn(ckpt, amp), optim, impl, logits)
             j = planned(memledger, path, B, T, ckpt, optim, impl, logits,
                         tw.target_len(doc, T) if T else None, amp)
             view, kind = c.device_view()  # its tags and GPU temporaries' errors too

@@ -111,6 +111,47 @@ static void test_softmax_upcast_by_hand(void **state)
     ml_model_destroy(m);
 }
 
+/* One HF ViT layer (ViTLayer, pre-norm), fp32, no dropout: B = 1, a 4 x 4
+ * one-channel image in 2 x 2 patches (T = 5 with the class token), D = 4,
+ * two heads (dh 2, so bmm copies its head views), F = 32. Bytes: E = (B, T,
+ * D) = 80, the norm statistics 20 each, S = (B, H, T, T) = 200, EF = (B, T,
+ * F) = 640. Under no_grad: layernorm_before +80 (+40, gone) = 80; key,
+ * value, query +240 = 320; bmm's copies of q and k +160, the scores +200,
+ * the copies go (520); the scale +200 -200, softmax +200 -200 (520: the
+ * probabilities); v's copy +80 and the product +80, the copy goes (600);
+ * the contiguous context +80, the product goes (600); ViTSelfAttention
+ * returns: q, k, v and the probabilities go (160); ViTSelfOutput's dense
+ * +80 (240); ViTAttention returns: the context and layernorm_before's
+ * output go (80, attention_output, which ViTLayer keeps); the residual sum
+ * +80 (160); layernorm_after +80 (+40, gone) = 240; the intermediate dense
+ * +640 and gelu +640 = 1520, the layer's highest; the dense's output goes
+ * (880) and, layer_output rebound, layernorm_after's (800); ViTOutput's
+ * dense +80, the sum with the residual +80, the dense's output goes (880);
+ * layer_output rebound: gelu's output goes (240); the layer returns: the
+ * first sum and attention_output go, the output left. The climb is 1520
+ * (a Hugging Face decoder layer's scoping would hold the probabilities to
+ * the layer's end and layernorm_after's output through the MLP, and free
+ * attention_output at the first sum: 1640).
+ * With grad the saved tensors stay: layernorm_before's output and its
+ * statistics 120, the copies of q, k and v 240, the probabilities 200,
+ * the context 80, the first sum 80, layernorm_after's output and
+ * statistics 120, the dense's output 640 and gelu's 640: 2120. Walked the
+ * same way: 720 at the scores, 920 at the scale and the softmax, q, k and
+ * v (not saved) go at the attention's return, and the level reaches 2200 at
+ * gelu, 2280 with ViTOutput's dense and 2360 with the sum (attention_output
+ * still bound), the climb; then the dense's output and attention_output
+ * go: 2200 = 2120 saved + the 80 B output. */
+static void test_vit_layer_by_hand(void **state)
+{
+    (void)state;
+    check_climbs("model:\n  type: encoder\n  layers: 1\n  hidden: 4\n  heads: 2\n"
+                 "  ffn: 32\n  activation: gelu\n  norm: layernorm\n  norm_position: pre\n"
+                 "  image_size: 4\n  patch_size: 2\n  channels: 1\n  classes: 3\n"
+                 "  attention: eager\n  dropout: 0\ntraining:\n  micro_batch: 1\n"
+                 "  optimizer: sgd\n",
+                 2360, 1520); /* block 1: block.0 */
+}
+
 #define RESIDUAL(act)                                                                        \
     "model:\n  type: sequential\n  input: [16]\n  layers:\n"                               \
     "    - linear: {out: 16, bias: false}\n"                                                 \
@@ -196,6 +237,7 @@ int main(void)
         cmocka_unit_test(test_gpt2_layer_by_hand),
         cmocka_unit_test(test_residual_by_hand),
         cmocka_unit_test(test_softmax_upcast_by_hand),
+        cmocka_unit_test(test_vit_layer_by_hand),
         cmocka_unit_test(test_transients_said),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
