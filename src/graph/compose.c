@@ -161,7 +161,7 @@ uint16_t ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     a = post_norm(g, L, a, MLG_GROUP_POST_ATTN);
     /* ViT's attention_output is a local of the layer's forward: the sum
      * takes the stream, the branch's output goes when the layer returns */
-    uint16_t r = L->hold_attn ? ml__kit_add(g, x, a) : ml__kit_layer_residual(g, L, x, a);
+    uint16_t r = ml__kit_layer_residual(g, L, x, a, L->hold_attn);
     g->group = ml__kit_group(L, MLG_GROUP_NORM2);
     h = ml__kit_norm(g, &L->norm, r, true);
     g->group = ml__kit_group(L, MLG_GROUP_MLP);
@@ -172,7 +172,7 @@ uint16_t ml__kit_prenorm_layer(ml_graph *g, const mlg_layer *L)
     if (!L->mlp.in_gone || L->moe.kind) /* (the dense MLP alone frees it early) */
         ml__op_free(ml__graph_release(g, "norm output rebound"), h);
     m = post_norm(g, L, m, MLG_GROUP_POST_MLP);
-    uint16_t out = ml__kit_layer_residual(g, L, r, m);
+    uint16_t out = ml__kit_layer_residual(g, L, r, m, false);
     /* ViTOutput returns: its argument, the activation's output, rebound */
     if (act != MLG_NONE)
         ml__op_free(ml__graph_release(g, "the MLP's activation rebound"), act);

@@ -197,11 +197,13 @@ uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y)
     return r;
 }
 
-uint16_t ml__kit_layer_residual(ml_graph *g, const mlg_layer *L, uint16_t x, uint16_t y)
+uint16_t ml__kit_layer_residual(ml_graph *g, const mlg_layer *L, uint16_t x, uint16_t y,
+                               bool keep)
 {
     uint16_t r;
     mlg_op *o = add_op(g, x, y, &r);
-    ml__op_free(o, y);
+    if (!keep)
+        ml__op_free(o, y);
     /* under autocast the stream is fp32 and the branch's output the compute
      * dtype: the sum is fp32 and AddBackward0 casts the gradient it hands
      * the branch to that dtype, a tensor of its own (the stream's it hands

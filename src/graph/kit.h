@@ -354,11 +354,20 @@ uint16_t ml__kit_dropout(ml_graph *g, bool on, uint16_t x, const char *node, boo
  * shape; dividing and multiplying by a Python float keep only a host
  * scalar. Frees x; returns the product. */
 uint16_t ml__kit_softcap(ml_graph *g, uint16_t x, bool attention);
+/* HF eager attention's softmax of the (masked, scaled) scores S3 and the
+ * dropout on the probabilities (kit_softmax.c): softmax(dtype=fp32), fp16
+ * converting inside the kernel, bf16 copied to fp32 first (aten's
+ * SoftMax.cpp, the copy's ToCopyBackward0 casting the gradient back), its
+ * fp32 result saved and cast back to the compute dtype for the PV matmul
+ * (the scores rebound once that cast is made); BERT's and Falcon's in the
+ * stream's dtype. Returns the probabilities the PV matmul reads. */
+uint16_t ml__kit_hf_softmax(ml_graph *g, const mlg_layer *L, uint16_t S3);
 /* x + y into the residual stream; frees y. */
 uint16_t ml__kit_residual(ml_graph *g, uint16_t x, uint16_t y);
 /* The same for a layer's residual sum (its autocast's cast of the branch's
- * gradient). */
-uint16_t ml__kit_layer_residual(ml_graph *g, const mlg_layer *L, uint16_t x, uint16_t y);
+ * gradient); keep: y stays bound (the caller frees it). */
+uint16_t ml__kit_layer_residual(ml_graph *g, const mlg_layer *L, uint16_t x, uint16_t y,
+                               bool keep);
 /* Self-attention on h; returns its branch output (before the residual). */
 uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h);
 /* The MLP on h; returns its branch output (keep_act: the activation's output

@@ -285,49 +285,6 @@ static uint16_t repeat_kv(ml_graph *g, const mlg_attention *a, uint16_t x, const
     return r;
 }
 
-/* softmax(scores, dtype=fp32): fp16 converts inside the kernel, bf16 is
- * copied to fp32 first (aten's SoftMax.cpp); it saves its fp32 result,
- * cast back to the compute dtype for the PV matmul (ToCopyBackward0), then
- * the dropout. Returns the probabilities the PV matmul reads. */
-/* BertSelfAttention's: softmax in the stream's dtype (autocast runs it in
- * fp32), saving its result, then dropout, then the PV matmul's cast of
- * the probabilities (autocast: not the stream's dtype); the masked scores
- * stay bound (attention_scores) until it returns. FalconAttention's
- * F.softmax(scores + mask, dtype=hidden_states.dtype) is the same without
- * a dropout, the sum a temporary. */
-static uint16_t softmax_stream(ml_graph *g, const mlg_layer *L, uint16_t S3)
-{
-    const mlg_attention *a = &L->attn;
-    uint16_t P = ml__kit_scores(g, "softmax output", MLG_STREAM, MLG_T_CORE);
-    mlg_op *o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", S3, P, "SoftmaxBackward0");
-    ml__op_save(o, P);
-    if (!a->bert) /* Falcon's scores + mask: a temporary */
-        ml__op_free(o, S3);
-    uint16_t probs = ml__kit_dropout(g, a->dropout, P, "NativeDropoutBackward0 (attention)", true,
-                                     false);
-    return a->probs_cast ? ml__kit_probs_cast(g, probs) : probs;
-}
-
-static uint16_t softmax_fp32(ml_graph *g, const mlg_layer *L, uint16_t S3)
-{
-    const mlg_attention *a = &L->attn;
-    if (a->bert || a->stream_softmax)
-        return softmax_stream(g, L, S3);
-    uint16_t Sc = a->softmax_copy ? ml__kit_scores(g, "scores (fp32 copy)", MLG_FP32, 0) : MLG_NONE;
-    uint16_t P = ml__kit_scores(g, "softmax output", MLG_FP32, MLG_T_CORE);
-    if (Sc != MLG_NONE)
-        ml__graph_step(g, MLG_OP_COPY, "to (fp32, softmax input)", S3, Sc, NULL);
-    mlg_op *o = ml__graph_step(g, MLG_OP_SOFTMAX, "softmax", Sc != MLG_NONE ? Sc : S3, P, NULL);
-    ml__op_save(o, P);
-    ml__op_free(o, Sc);
-    ml__op_free(o, S3);
-    ml__op_node(o, "SoftmaxBackward0");
-    ml__op_gin(o, S3);
-    ml__op_gout(o, P);
-    uint16_t probs = a->probs_cast && !a->rot_fp32 ? ml__kit_probs_cast(g, P) : P;
-    return ml__kit_dropout(g, a->dropout, probs, "NativeDropoutBackward0 (attention)", true, false);
-}
-
 /* eager()'s q k^T: bmm's operands q's copy unless the cat made it
  * contiguous; k as repeat_kv copied it (copied), as the cat made it (as
  * many kv heads as q heads), or a copy; one saved entry for q's and k's
@@ -384,8 +341,8 @@ static uint16_t scores_qk(ml_graph *g, const mlg_attention *a, uint16_t qr, uint
 /* eager_attention_forward on the (rotated) heads: q k^T of the operands'
  * contiguous copies (repeat_kv's outputs saved themselves: q's and k's one
  * entry, released by the q k^T node, v's by the P v node), scale, the additive
- * causal mask, softmax_fp32, P v. Returns the probabilities (HF returns
- * them as the weights); *O the PV product, *kr and *vr repeat_kv's outputs
+ * causal mask, the softmax (ml__kit_hf_softmax), P v. Returns the
+ * probabilities (HF returns them as the weights); *O the PV product, *kr and *vr repeat_kv's outputs
  * (MLG_NONE: views), dropped as it returns. */
 static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr, uint16_t vh,
                       uint16_t *O, uint16_t *krep_out, uint16_t *vrep_out, uint16_t *scores)
@@ -433,7 +390,7 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
             ml__op_gout(o, S3);
         }
     }
-    uint16_t probs = softmax_fp32(g, L, S3);
+    uint16_t probs = ml__kit_hf_softmax(g, L, S3);
     *scores = a->bert ? S3 : MLG_NONE; /* bound until the attention returns */
     if (late_v)
         vrep = repeat_kv(g, a, vh, "ExpandBackward0 (the PV matmul's broadcast of v)");

@@ -14,6 +14,11 @@
 
 bool ml__ck_autocast_ops(const ml_model *m)
 {
+    /* ViT's layer (the live-bytes oracle's xc-vit under autocast) */
+    if (m->type == ML_MODEL_ENCODER && m->embed.image_size)
+        return m->residual.prenorm && !m->residual.parallel && !m->residual.post_norms &&
+               m->attn.kernel == ML_ATTN_EAGER && m->norms.kind == ML_NORM_LAYERNORM &&
+               m->embed.position != ML_POS_ROPE && !m->moe.experts;
     return m->type == ML_MODEL_DECODER && m->residual.prenorm && !m->residual.parallel &&
            !m->residual.post_norms && !m->moe.experts && !m->attn.kv_lora &&
            !m->attn.fused_proj && !(m->attn.softcap > 0) && !m->embed.image_size &&
@@ -295,8 +300,11 @@ ml_status ml__ck_ce_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims *d, u
          * loss is computed and it returns (modeling_llama.py,
          * LlamaForCausalLM.forward; GPT2LMHeadModel's likewise), and under
          * autocast the head saves only its bf16 copy, so it is the loss's
-         * to hold (in fp32 and pure bf16 the head saves it itself) */
-        if (m->type == ML_MODEL_DECODER && !m->head.classes)
+         * to hold (in fp32 and pure bf16 the head saves it itself);
+         * ViTForImageClassification's sequence_output the same (its
+         * classifier saves the bf16 copy of the class token's row) */
+        if ((m->type == ML_MODEL_DECODER && !m->head.classes) ||
+            (m->type == ML_MODEL_ENCODER && m->embed.image_size))
             b->ws_fwd = ml_add(ch, b->ws_fwd, ml_mul(ch, ml_mul(ch, d->BT, d->D), w));
     }
     if (m->type == ML_MODEL_DECODER && m->head.classes)

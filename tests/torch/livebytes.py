@@ -137,7 +137,7 @@ GPU_TMP_OPS = {"aten::_softmax_backward_data": "softmax-tmp"}
 # to the common one first (mixed-cast)
 MIXED_OPS = ("aten::add", "aten::mul", "aten::sub", "aten::div", "aten::add_", "aten::mul_")
 # the models run under amp-bf16 too
-AMP_MODELS = ("xc-gpt2", "xc-llama")
+AMP_MODELS = ("xc-gpt2", "xc-llama", "xc-vit")
 PHASE_OF = {"step": "optimizer", "zero_grad": "optimizer", "end": "optimizer"}
 
 
@@ -354,21 +354,34 @@ class Curve:
         k1 = bisect.bisect_left(self.times, e0)
         live = sum(view[:k0])
         start = live
-        best, peak, cur = {}, (start, "forward", "", "embedding"), None
+
+        def bias_copy(k):  # an allocation or a free of autocast's copy of a bias
+            e = self.ev[k]
+            a = e if e["d"] > 0 else self.ev[e["alloc"]] if e.get("alloc") is not None else e
+            return "ml:bias-copy" in a["anc"]
+        # the bias copies live at each phase's maximum (bias_at)
+        bias = sum(self.ev[k]["d"] for k in range(k0) if bias_copy(k))
+        best, bias_at, peak, cur = {}, {}, (start, "forward", "", "embedding"), None
         for k in range(k0, k1):
             t = self.times[k]
             i = bisect.bisect_right(starts, t) - 1
             ph = spans[i][2] if i >= 0 else "forward"
             if ph != cur:
                 cur = ph
+                if live >= best.get(ph, 0):
+                    bias_at[ph] = bias
                 best[ph] = max(best.get(ph, 0), live)
             live += view[k]
+            if bias_copy(k):
+                bias += self.ev[k]["d"]
             if view[k] != 0:
+                if live > best[ph]:
+                    bias_at[ph] = bias
                 best[ph] = max(best[ph], live)
                 if live > peak[0]:
                     ops = [a for a in self.ev[k]["anc"] if not a.startswith("ml:") and a not in EMPTY]
                     peak = (live, ph, ops[-1] if ops else "", step_at(t, ph))
-        return {"start": start, "end": live, "phases": best, "peak": peak[0],
+        return {"start": start, "end": live, "phases": best, "bias_at": bias_at, "peak": peak[0],
                 "peak_phase": peak[1], "peak_op": peak[2],
                 "peak_step": peak[3]}
 
@@ -681,23 +694,35 @@ def planned(memledger, path, B, T, ckpt, optim, impl, logits, Td=None, amp=False
     return j
 
 
-def amp_checks(check, name, doc, B, T, measured, planned):
+def amp_checks(check, name, doc, B, T, run, planned):
     """Under autocast the layers' forward and backward are written out op
     by op as in fp32 (docs/precision.md), so each phase's maximum is
     asserted exactly, short by what the plan leaves out, each named:
-    autocast's bf16 copies of the layers' biases, which its cache holds to
-    the end of the region (no op saves them: 2 B per bias element), in the
-    forward and the loss; the loss's 4-byte 0-dim tensor in the loss; in
-    the backward the loss's and backward()'s ones_like seed, 4 B each,
-    those of the two live at the measured maximum; in the optimizer step
-    its 0-dim tensors (12 B at most)."""
-    m = doc["model"]
+    autocast's bf16 copies of the biases, which its cache holds to the end
+    of the region (no op saves them: 2 B per bias element), in the forward
+    and the loss, those made by the measured maximum (the twin's autocast
+    tags each: run["bias_at"]), at most every bias of the model; the
+    loss's 4-byte 0-dim tensor in the loss; in the backward the loss's and
+    backward()'s ones_like seed, 4 B each, those of the two live at the
+    measured maximum; in the optimizer step its 0-dim tensors (12 B at
+    most)."""
+    m, measured = doc["model"], run["phases"]
     D, F_ = m["hidden"], m.get("ffn", 4 * m["hidden"])
-    biases = m["layers"] * (3 * D + D + F_ + D) if m.get("bias") else 0
+    if m.get("image_size"):
+        # ViT: every Linear has a bias (the query, key and value's as
+        # qkv_bias says), the patch conv's and the classifier's too
+        qkv = 3 * D if m.get("qkv_bias", m.get("bias", True)) else 0
+        biases = m["layers"] * (qkv + D + F_ + D) + D + m.get("classes", 2)
+    else:
+        biases = m["layers"] * (3 * D + D + F_ + D) if m.get("bias") else 0
+    made = run["bias_at"]
+    check(name + " bias copies live at the forward's and the loss's maxima: "
+          "at most every bias's", made.get("forward", 0) <= 2 * biases
+          and made.get("loss", 0) <= 2 * biases, True)
     check(name + " forward maximum: short by the bias copies",
-          measured.get("forward", 0) - planned.get("forward", 0), 2 * biases)
+          measured.get("forward", 0) - planned.get("forward", 0), made.get("forward", 0))
     check(name + " loss maximum: short by the bias copies and 4 B",
-          measured.get("loss", 0) - planned.get("loss", 0), 2 * biases + 4)
+          measured.get("loss", 0) - planned.get("loss", 0), made.get("loss", 0) + 4)
     check(name + " backward maximum: short by the loss and the seed (4 B each) at most",
           0 <= measured.get("backward", 0) - planned.get("backward", 0) <= 8, True)
     # the optimizer step's maximum, which holds the first and steady peaks:
@@ -1216,7 +1241,7 @@ def main():
             # block's) among the measured block's names (a segment's blocks)
             want = j["peak"]["step"].replace(" (recompute)", "")
             if amp:
-                amp_checks(check, name, doc, B, T, r[1]["phases"], j["phase_max"])
+                amp_checks(check, name, doc, B, T, r[1], j["phase_max"])
             if doc["model"].get("experts") or doc["model"]["type"] == "encoder-decoder":
                 # a mixture of experts' and T5's backward run at block level,
                 # an upper bound (docs/validation.md): the peak can be placed
