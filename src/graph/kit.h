@@ -240,6 +240,10 @@ mlg_op *ml__kit_rope_pass(ml_graph *g, uint16_t x, const char *node);
 mlg_op *ml__kit_qk(ml_graph *g, uint16_t qb, uint16_t kb, uint16_t S);
 /* * scaling (a Python number: nothing saved) of the scores S; S goes. */
 uint16_t ml__kit_scale(ml_graph *g, uint16_t S);
+/* The same in place (`scores /= math.sqrt(head_dim)`: FalconAttention's):
+ * no tensor made, the scaled scores a view of S's storage; DivBackward0
+ * makes S's gradient from theirs. */
+uint16_t ml__kit_scale_inplace(ml_graph *g, uint16_t S);
 /* The probabilities P cast to the compute dtype for the PV matmul (which
  * saves the copy; ToCopyBackward0 saves nothing); P's reference goes. */
 uint16_t ml__kit_probs_cast(ml_graph *g, uint16_t P);

@@ -73,6 +73,13 @@ uint16_t ml__kit_scale(ml_graph *g, uint16_t S)
     return S2;
 }
 
+uint16_t ml__kit_scale_inplace(ml_graph *g, uint16_t S)
+{
+    uint16_t S2 = ml__graph_view(g, "scores (scaled in place)", S, 4, MLG_B, MLG_H, MLG_T, MLG_T);
+    ml__kit_view_heads(g, "div_ (scale)", "DivBackward0 (scale, in place)", S, S2);
+    return S2;
+}
+
 /* The probabilities P copied to the compute dtype for the PV matmul; its op
  * in *o. */
 static uint16_t probs_copy(ml_graph *g, uint16_t P, mlg_op **o)

@@ -357,11 +357,13 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     uint16_t vrep =
         a->grouped && !late_v ? repeat_kv(g, a, vh, "ExpandBackward0 (repeat_kv of v)") : vh;
     const bool copied = a->grouped && a->repeat_copy; /* bmm saves them as they are */
-    /* the rotary made q and k contiguous (with a fused qkv its cat; for
-     * Falcon's views of query_key_value its muls); v stays a strided view
-     * of the projection's output, which bmm copies, or (Falcon's
-     * multi_query) a picked copy that it expands */
-    const bool cat = (a->fused_proj || a->split_heads) && a->rope;
+    /* the rotary made q and k contiguous with a fused qkv (its cat); on
+     * Falcon's views of query_key_value its muls keep the views' layout
+     * (TensorIterator follows its operands' strides), which bmm copies as
+     * it copies a head view; v stays a strided view of the projection's
+     * output, which bmm copies, or (Falcon's multi_query) a picked copy
+     * that it expands */
+    const bool cat = a->fused_proj && a->rope;
     *krep_out = copied ? krep : MLG_NONE;
     *vrep_out = copied ? vrep : MLG_NONE;
     /* v as repeat_kv copied it, as _split_heads made it, or a copy: its
@@ -370,7 +372,7 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     uint16_t S1 = scores_qk(g, a, qr, kr, krep, copied, cat, &vc);
     const uint16_t vb = copied ? vrep : vc != MLG_NONE ? vc : vrep;
     mlg_op *o;
-    uint16_t S2 = ml__kit_scale(g, S1);
+    uint16_t S2 = a->split_heads ? ml__kit_scale_inplace(g, S1) : ml__kit_scale(g, S1);
     if (a->softcap)
         S2 = ml__kit_softcap(g, S2, true);
     uint16_t S3 = S2;
@@ -383,7 +385,8 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
         S3 = a->stream_softmax ? ml__kit_scores(g, "scores + mask", MLG_STREAM, MLG_T_TMP)
                                : ml__kit_scores(g, "scores (masked)", MLG_STREAM, 0);
         o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (causal mask)", S2, S3, NULL);
-        ml__op_free(o, S2);
+        /* (Falcon's softmax(scores + mask) rebinds the scores once it returns) */
+        ml__op_free(o, a->stream_softmax ? MLG_NONE : S2);
         if (L->autocast) {
             ml__op_node(o, "AddBackward0 (the masked scores, cast back)");
             ml__op_gin(o, S2);
@@ -391,6 +394,8 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
         }
     }
     uint16_t probs = ml__kit_hf_softmax(g, L, S3);
+    if (a->mask && a->stream_softmax)
+        ml__op_free(ml__graph_release(g, "scores rebound"), S2);
     *scores = a->bert ? S3 : MLG_NONE; /* bound until the attention returns */
     if (late_v)
         vrep = repeat_kv(g, a, vh, "ExpandBackward0 (the PV matmul's broadcast of v)");
@@ -489,19 +494,21 @@ uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv 
     uint16_t Oc, y = ml__kit_attention_out(g, L, O, rep, 2, &Oc);
     /* the attention returns: its projection's input, q, and k and v
      * unless the KV cache keeps them (to the layer's end); its weights
-     * stay bound in the layer */
+     * stay bound in the layer, but for FalconDecoderLayer's, which keeps
+     * only what follows the output (attn_outputs[1:]: layer_past) */
     mlg_op *o = ml__graph_release(g, "attention returns");
-    uint16_t go[5] = {Oc, qr, kr, p.vh, p.bound};
+    const uint16_t weights = a->split_heads ? probs : MLG_NONE;
+    uint16_t go[6] = {Oc, qr, kr, p.vh, p.bound, weights};
     /* what shares a storage the cache keeps stays with it (Falcon's heads,
      * views of query_key_value's output) */
-    for (unsigned i = 0; i < 5 && a->cache; i++)
+    for (unsigned i = 0; i < 6 && a->cache; i++)
         if (go[i] != MLG_NONE && (ml__graph_storage(g, go[i]) == ml__graph_storage(g, kr) ||
                                   ml__graph_storage(g, go[i]) == ml__graph_storage(g, p.vh)))
             go[i] = MLG_NONE;
-    ml__kit_free_storages(g, o, go, 5);
+    ml__kit_free_storages(g, o, go, 6);
     *k = a->cache ? kr : MLG_NONE;
     *v = a->cache ? p.vh : MLG_NONE;
-    *held = probs;
+    *held = a->split_heads ? MLG_NONE : probs;
     return y;
 }
 

@@ -39,12 +39,12 @@ void ml__ck_graph_dtype_bytes(ml_chain *ch, ml_ck_graph *G)
 }
 
 /* Whether m's layer forward is written out op by op (forward programs):
- * eager attention, or sdpa's math kernel (graph/kit_math.c); none with
- * experts, latent attention or Falcon's parallel layer
- * with its one shared norm (the block rule, said in the output); GPT-NeoX's
- * parallel layer and a LayerNorm layout with rotary positions only as the
- * live-bytes oracle holds them (a decoder; GPT-NeoX's without dropout,
- * with as many key/value heads as query heads). */
+ * eager attention, or sdpa's math kernel (graph/kit_math.c, not under
+ * Falcon's one shared norm); none with experts or latent attention (the
+ * block rule, said in the output); the parallel layers and a LayerNorm
+ * layout with rotary positions only as the live-bytes oracle holds them (a
+ * decoder; without dropout; GPT-NeoX's with as many key/value heads as
+ * query heads, Falcon's with one or as many). */
 static bool programs_held(const ml_chain *ch, const ml_model *m)
 {
     const bool math = m->attn.kernel == ML_ATTN_SDPA && !ml__ck_fused_attention(ch->prec.a, m) &&
@@ -52,8 +52,8 @@ static bool programs_held(const ml_chain *ch, const ml_model *m)
     const bool rope_ln = m->norms.kind == ML_NORM_LAYERNORM && m->embed.position == ML_POS_ROPE;
     const bool held = (!rope_ln || m->type == ML_MODEL_DECODER) &&
                       (!m->residual.parallel ||
-                       (!m->residual.shared_norm && m->dropout == 0 &&
-                        m->attn.kv_heads == m->attn.heads));
+                       (m->dropout == 0 &&
+                        (m->residual.shared_norm || m->attn.kv_heads == m->attn.heads)));
     return (!ch->prec.autocast || ml__ck_autocast_ops(m)) &&
            (m->attn.kernel == ML_ATTN_EAGER || math) &&
            !m->attn.kv_lora && !m->moe.experts && held;

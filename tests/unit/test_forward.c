@@ -154,6 +154,41 @@ static void test_vit_layer_by_hand(void **state)
                  2360, 1520); /* block 1: block.0 */
 }
 
+/* One HF Falcon layer (FalconDecoderLayer: parallel_attn, one shared
+ * LayerNorm, rotary), fp32, no dropout: B = 1, T = 4, D = 4, two heads and
+ * two key/value heads (dh 2, _split_heads' selects), F = 8. Bytes: E =
+ * (B, T, D) = 64, query_key_value's output (B, T, 12) = 192, a head tensor
+ * (B, H, T, dh) = 64 (half of it 32), S = (B, H, T, T) = 128, EF = 128, the
+ * norm statistics 16 each. Under no_grad: the norm +64 (+32, gone);
+ * query_key_value +192 = 256; the rotary on q (views of that output):
+ * q * cos +64, -x2 +32, the cat +64, -x2 goes, * sin +64, the cat goes,
+ * the sum +64, both products go: 320 (q rotated), and on k the same: 384;
+ * its muls keep the views' layout, so the q k^T matmul copies q and k
+ * (+128 = 512), the scores +128, the copies go (512); `/= sqrt(dh)` in
+ * place makes nothing; + mask +128, softmax +128 = 768, the layer's
+ * highest; the sum and the scores go (512); v's copy and the product, the
+ * copy goes, the merged heads' copy, the product goes, dense: 640; the
+ * attention returns: q and k rotated, query_key_value's output and the
+ * probabilities go (128); the MLP climbs to 384 (its input the norm's
+ * output, which goes after it); the sum. With grad the saved tensors stay
+ * (the norm's output and statistics 96, q's and k's copies 128, the
+ * probabilities 128, v's copy 64, the merged heads 64, the MLP's 256:
+ * 736) and the level reaches 928 at the softmax, and again with the
+ * layer's output: 928. The climbs add the causal mask and the position
+ * ids the forward holds through the layers (4 x 4 x 4 + 4 x 8 = 96): 1024
+ * with grad, 864 under no_grad. */
+static void test_falcon_layer_by_hand(void **state)
+{
+    (void)state;
+    check_climbs("model:\n  type: decoder\n  layers: 1\n  hidden: 4\n  heads: 2\n"
+                 "  kv_heads: 2\n  ffn: 8\n  activation: gelu\n  norm: layernorm\n"
+                 "  norm_bias: true\n  parallel_residual: true\n  shared_norm: true\n"
+                 "  vocab: 10\n  position: rope\n  tied_embeddings: true\n  bias: false\n"
+                 "  attention: eager\n  dropout: 0\ntraining:\n  micro_batch: 1\n"
+                 "  seq_len: 4\n  optimizer: sgd\n",
+                 1024, 864); /* block 1: block.0 */
+}
+
 #define RESIDUAL(act)                                                                        \
     "model:\n  type: sequential\n  input: [16]\n  layers:\n"                               \
     "    - linear: {out: 16, bias: false}\n"                                                 \
@@ -240,6 +275,7 @@ int main(void)
         cmocka_unit_test(test_residual_by_hand),
         cmocka_unit_test(test_softmax_upcast_by_hand),
         cmocka_unit_test(test_vit_layer_by_hand),
+        cmocka_unit_test(test_falcon_layer_by_hand),
         cmocka_unit_test(test_transients_said),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
