@@ -53,9 +53,11 @@ ML_API const char *ml_phase_name(ml_phase p);
 typedef enum ml_transients {
     ML_TRANSIENTS_OPS,        /* its forward op by op, with grad and under no_grad */
     ML_TRANSIENTS_BLOCK_RULE, /* the block rule: twice its largest tensor (a layout
-                                 whose forward is not walked op by op: autocast,
-                                 fused attention, a parallel residual, latent
-                                 attention, experts, T5) */
+                                 whose forward is not walked op by op: autocast
+                                 outside GPT-2's, Llama's and ViT's layouts,
+                                 fused attention, a parallel residual with
+                                 dropout, latent attention, experts, a vision
+                                 tower, T5) */
     ML_TRANSIENTS_PARTLY,     /* op by op in one of the two, the block rule in the
                                  other (selective checkpointing, a calibration
                                  profile's inventory other than the graph's:

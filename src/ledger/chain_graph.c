@@ -208,9 +208,9 @@ bool ml__ck_graph_encoder_head(ml_chain *ch, const ml_model *m, const ml_ck_dims
     if (!ml__family_encoder_classifier(m, &c, &L))
         return false;
     /* ViT's classifier reads the first token, no dropout between
-     * (BERT's has one) */
+     * (BERT's has one; in evaluation the identity: none, as T5's) */
     ml__kit_encoder_classifier(&G->g, &L, m->head.classes, m->residual.prenorm, m->head.pooler,
-                               d->drop && !m->embed.image_size);
+                               d->drop && !m->embed.image_size && !ch->eval_mode);
     if (!ml__ck_graph_sized(ch, m, d, G))
         return false;
     return true;

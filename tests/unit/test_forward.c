@@ -117,8 +117,9 @@ static void test_softmax_upcast_by_hand(void **state)
  * one-channel image in 2 x 2 patches (T = 5 with the class token), D = 4,
  * two heads (dh 2, so bmm copies its head views), F = 32. Bytes: E = (B, T,
  * D) = 80, the norm statistics 20 each, S = (B, H, T, T) = 200, EF = (B, T,
- * F) = 640. Under no_grad: layernorm_before +80 (+40, gone) = 80; key,
- * value, query +240 = 320; bmm's copies of q and k +160, the scores +200,
+ * F) = 640. Under no_grad: layernorm_before +80 (+40, gone) = 80; the
+ * three projections +240 = 320 (ViTSelfAttention makes key, value, then
+ * query; the plan q, k, v: the same sizes); bmm's copies of q and k +160, the scores +200,
  * the copies go (520); the scale +200 -200, softmax +200 -200 (520: the
  * probabilities); v's copy +80 and the product +80, the copy goes (600);
  * the contiguous context +80, the product goes (600); ViTSelfAttention
@@ -168,8 +169,9 @@ static void test_vit_layer_by_hand(void **state)
  * place makes nothing; + mask +128, softmax +128 = 768, the layer's
  * highest; the sum and the scores go (512); v's copy and the product, the
  * copy goes, the merged heads' copy, the product goes, dense: 640; the
- * attention returns: q and k rotated, query_key_value's output and the
- * probabilities go (128); the MLP climbs to 384 (its input the norm's
+ * attention returns: q and k rotated, query_key_value's output, the
+ * probabilities and the merged heads (dense's input) go (128: the norm's
+ * output and the attention's); the MLP climbs to 384 (its input the norm's
  * output, which goes after it); the sum. With grad the saved tensors stay
  * (the norm's output and statistics 96, q's and k's copies 128, the
  * probabilities 128, v's copy 64, the merged heads 64, the MLP's 256:
