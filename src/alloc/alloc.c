@@ -478,3 +478,8 @@ void ml__alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out)
 {
     *out = s->st;
 }
+
+uint64_t ml__alloc_sim_reserved(const ml_alloc_sim *s)
+{
+    return s->st.reserved.current;
+}

@@ -30,10 +30,11 @@ void ml__replay_phase_names(const ml_replay *r, ml_summary *s)
 /* The simulation's reserved peak: where it was passed last (replay.h). */
 void ml__replay_reserved_point(ml_replay *r)
 {
+    /* asked after every event: the whole statistics only at a new top */
+    if (ml__rsim_reserved(r->rsim) <= r->rsv.top)
+        return;
     ml_alloc_stats a;
     ml__rsim_stats(r->rsim, &a);
-    if (a.reserved.current <= r->rsv.top)
-        return;
     r->rsv.top = a.reserved.current;
     r->rsv.allocated = a.allocated.current;
     r->rsv.segments = a.segments.current;

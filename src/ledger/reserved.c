@@ -554,6 +554,11 @@ bool ml__rsim_ok(const ml_rsim *r, bool *nomem)
     return !r->oom && !r->nomem;
 }
 
+uint64_t ml__rsim_reserved(const ml_rsim *r)
+{
+    return ml__alloc_sim_reserved(r->sim);
+}
+
 void ml__rsim_stats(const ml_rsim *r, ml_alloc_stats *out)
 {
     ml__alloc_sim_stats(r->sim, out);
