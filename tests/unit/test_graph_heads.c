@@ -10,7 +10,8 @@
  * that a head the graph declined cannot pass (no chain builder is left:
  * a declined head's chain is refused with ML_RANGE; the builders'
  * field-by-field comparison held these chains before they went); an fp32
- * LM head's backward node list against a hand derivation. */
+ * LM head's backward node list against a hand derivation; the encoder
+ * classifiers' forward walked op by op, in evaluation by hand. */
 #include "harness.h"
 
 #include "chain_compare.h"
@@ -355,12 +356,62 @@ static void test_lm_head_nodes(void **state)
     ml_model_destroy(m);
 }
 
+/* The encoder classifiers' heads walked op by op, in training and in
+ * evaluation (where the classifier's dropout is the identity: no op), fp32,
+ * B = 2. Evaluation, by hand (under no_grad every tensor goes with its last
+ * reference): BERT's (T = 3, D = 4, three classes): the first token a view,
+ * the pooler's dense +32 B, tanh +32 = 64, the dense's output goes (32), the
+ * logits +24 (56), the head returns: tanh's output goes, the logits left
+ * (24): the transient beside them 64 - 24 = 40 B. ViT's (a 4 x 4 image in
+ * 2 x 2 patches: T = 5): the final LayerNorm +160 B and its statistics
+ * +2 x 40 = 240, the statistics go (160), the logits +24 (184), the norm's
+ * output goes: 240 - 24 = 216 B. */
+static void test_encoder_heads_walked(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *yaml;
+        uint64_t T, ws_eval;
+    } rows[] = {
+        {"model:\n  type: encoder\n  layers: 1\n  hidden: 4\n  heads: 1\n  ffn: 8\n"
+         "  activation: gelu\n  norm: layernorm\n  norm_position: post\n  vocab: 11\n"
+         "  position: learned\n  max_positions: 8\n  pooler: true\n  classes: 3\n"
+         "  attention: eager\n  dropout: 0.1\n",
+         3, 40},
+        {"model:\n  type: encoder\n  layers: 1\n  hidden: 4\n  heads: 1\n  ffn: 8\n"
+         "  activation: gelu\n  norm: layernorm\n  norm_position: pre\n  image_size: 4\n"
+         "  patch_size: 2\n  channels: 1\n  classes: 3\n  attention: eager\n  dropout: 0.1\n",
+         5, 216},
+    };
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        ml_model *m = load_str(rows[r].yaml);
+        ml_config cfg = ml_model_config(m);
+        cfg.training.micro_batch = 2;
+        cfg.training.seq_len = rows[r].T;
+        cfg.training.precision = ML_PREC_FP32;
+        ml_chain b;
+        ml_error e;
+        assert_int_equal(ml__chain_build(m, &cfg, &b, &e), ML_OK);
+        const ml_cblock *h = &b.blocks[b.n - 2];
+        assert_string_equal(h->name, "head");
+        assert_true(h->ws_fwd_ops && h->ws_nograd_ops);
+        ml__chain_free(&b);
+        assert_int_equal(ml__chain_build_eval(m, &cfg, &b, &e), ML_OK);
+        h = &b.blocks[b.n - 2];
+        assert_true(h->ws_nograd_ops);
+        assert_int_equal(h->ws_nograd, rows[r].ws_eval);
+        ml__chain_free(&b);
+        ml_model_destroy(m);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_heads_from_graph),
         cmocka_unit_test(test_fused_norm_nodes),
         cmocka_unit_test(test_lm_head_nodes),
+        cmocka_unit_test(test_encoder_heads_walked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
