@@ -342,8 +342,8 @@ static uint16_t scores_qk(ml_graph *g, const mlg_attention *a, uint16_t qr, uint
  * contiguous copies (repeat_kv's outputs saved themselves: q's and k's one
  * entry, released by the q k^T node, v's by the P v node), scale, the additive
  * causal mask, the softmax (ml__kit_hf_softmax), P v. Returns the
- * probabilities (HF returns them as the weights); *O the PV product, *kr and *vr repeat_kv's outputs
- * (MLG_NONE: views), dropped as it returns. */
+ * probabilities (HF returns them as the weights); *O the PV product, *kr
+ * and *vr repeat_kv's outputs (MLG_NONE: views), dropped as it returns. */
 static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr, uint16_t vh,
                       uint16_t *O, uint16_t *krep_out, uint16_t *vrep_out, uint16_t *scores)
 {

@@ -14,17 +14,16 @@
 
 bool ml__ck_autocast_ops(const ml_model *m)
 {
-    /* ViT's layer (the live-bytes oracle's xc-vit under autocast) */
-    if (m->type == ML_MODEL_ENCODER && m->embed.image_size)
-        return m->residual.prenorm && !m->residual.parallel && !m->residual.post_norms &&
-               m->attn.kernel == ML_ATTN_EAGER && m->norms.kind == ML_NORM_LAYERNORM &&
-               m->embed.position != ML_POS_ROPE && !m->moe.experts;
-    return m->type == ML_MODEL_DECODER && m->residual.prenorm && !m->residual.parallel &&
-           !m->residual.post_norms && !m->moe.experts && !m->attn.kv_lora &&
-           !m->attn.fused_proj && !(m->attn.softcap > 0) && !m->embed.image_size &&
-           m->attn.kernel == ML_ATTN_EAGER &&
-           ((m->norms.kind == ML_NORM_LAYERNORM && m->embed.position != ML_POS_ROPE) ||
-            m->norms.kind == ML_NORM_RMSNORM);
+    const bool layer = m->residual.prenorm && !m->residual.parallel && !m->residual.post_norms &&
+                       !m->moe.experts && !m->attn.kv_lora && !m->attn.fused_proj &&
+                       !(m->attn.softcap > 0) && m->attn.kernel == ML_ATTN_EAGER;
+    const bool layernorm = m->norms.kind == ML_NORM_LAYERNORM && m->embed.position != ML_POS_ROPE;
+    /* ViT's layer (the live-bytes oracle's xc-vit), a decoder's of GPT-2's
+     * or Llama's layout */
+    if (m->embed.image_size)
+        return m->type == ML_MODEL_ENCODER && layer && layernorm;
+    return m->type == ML_MODEL_DECODER && layer &&
+           (layernorm || m->norms.kind == ML_NORM_RMSNORM);
 }
 
 /* Whether the blocks record their backward nodes (docs/ledger.md,

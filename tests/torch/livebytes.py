@@ -701,7 +701,8 @@ def amp_checks(check, name, doc, B, T, run, planned):
     autocast's bf16 copies of the biases, which its cache holds to the end
     of the region (no op saves them: 2 B per bias element), in the forward
     and the loss, those made by the measured maximum (the twin's autocast
-    tags each: run["bias_at"]), at most every bias of the model; the
+    tags each: run["bias_at"]): at the loss's every bias of the model (a
+    count from the model file), at the forward's at most that; the
     loss's 4-byte 0-dim tensor in the loss; in the backward the loss's and
     backward()'s ones_like seed, 4 B each, those of the two live at the
     measured maximum; in the optimizer step its 0-dim tensors (12 B at
@@ -716,9 +717,12 @@ def amp_checks(check, name, doc, B, T, run, planned):
     else:
         biases = m["layers"] * (3 * D + D + F_ + D) if m.get("bias") else 0
     made = run["bias_at"]
-    check(name + " bias copies live at the forward's and the loss's maxima: "
-          "at most every bias's", made.get("forward", 0) <= 2 * biases
-          and made.get("loss", 0) <= 2 * biases, True)
+    # the loss follows the last product: every bias's copy is made by its
+    # maximum, by the forward's those made so far
+    check(name + " bias copies live at the loss's maximum: every bias's",
+          made.get("loss", 0), 2 * biases)
+    check(name + " bias copies live at the forward's maximum: at most every bias's",
+          made.get("forward", 0) <= 2 * biases, True)
     check(name + " forward maximum: short by the bias copies",
           measured.get("forward", 0) - planned.get("forward", 0), made.get("forward", 0))
     check(name + " loss maximum: short by the bias copies and 4 B",
