@@ -330,6 +330,13 @@ int main(int argc, char **argv)
      * plan on its own, or the first only (to profile it) */
     if ((argc == 3 || (argc == 4 && !strcmp(argv[3], "prepared"))) && !strcmp(argv[1], "--grid"))
         return grid(argv[2], 2.0, argc == 4);
+    /* --caching BLOCKS: only the plans with the caching allocator
+     * simulated, of a decoder that deep for five seconds (to profile them) */
+    if (argc == 3 && !strcmp(argv[1], "--caching")) {
+        evals_per_second((unsigned)strtoul(argv[2], NULL, 10), 5.0, ML_ALLOCATOR_CACHING, true,
+                         false);
+        return 0;
+    }
     double secs = argc > 1 && strcmp(argv[1], "--plans") ? 2.0 : 1.0;
     /* --attacks [trace|fit]: only the inputs built to cost superlinear time
      * (bench/attacks.h), or only one of them;

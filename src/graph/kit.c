@@ -53,13 +53,18 @@ uint16_t ml__kit_weight_copy(ml_graph *g, const mlg_layer *L, uint8_t in, uint8_
 }
 
 /* The cast ops making copies c (of x) and w (of the weight W): their
- * kernels and bytes, before the linear that reads them. */
+ * kernels and bytes, before the linear that reads them. Autocast's wrapper
+ * casts the op's arguments as it passes them on (aten/src/ATen/autocast_mode.h,
+ * WrapFunction_: cached_cast(args)... in the call's argument list), which
+ * the compilers PyTorch is built with evaluate last to first: the weight's
+ * copy is made before the input's (seen on the CPU, 1.13, and in the H200
+ * runs' allocator traces, 2.11). */
 void ml__kit_cast_ops(ml_graph *g, uint16_t x, uint16_t c, uint16_t w, uint16_t W)
 {
-    if (c != MLG_NONE)
-        ml__graph_step(g, MLG_OP_COPY, "to (autocast, input)", x, c, NULL);
     if (w != MLG_NONE)
         ml__graph_step(g, MLG_OP_COPY, "to (autocast, weight)", W, w, NULL);
+    if (c != MLG_NONE)
+        ml__graph_step(g, MLG_OP_COPY, "to (autocast, input)", x, c, NULL);
 }
 
 /* The linear itself, reading xs (x or its cast copy c) and the weight copy

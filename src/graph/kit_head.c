@@ -145,21 +145,16 @@ bool ml__family_seq_cls_head(const ml_model *m, const mlg_config *c, mlg_layer *
     return m->type == ML_MODEL_DECODER && m->head.classes && ml__family_layer(m, c, L);
 }
 
-/* x[:, 0] (a view: a saving consumer keeps the whole (B, T, D) storage)
- * or, under autocast, the (B, D) low-precision copy a linear reads. */
-static uint16_t first_token(ml_graph *g, uint16_t x, bool autocast)
+/* x[:, 0]: a view (a saving consumer keeps the whole (B, T, D) storage). */
+static uint16_t first_token(ml_graph *g, uint16_t x)
 {
-    uint16_t f = ml__graph_view(g, "first token (x[:, 0])", x, 2, MLG_B, MLG_D);
-    if (!autocast)
-        return f;
-    uint16_t c = ml__graph_tensor(g, "first token (autocast copy)", MLG_HALF, MLG_ACT, 2, MLG_B,
-                                  MLG_D);
-    ml__graph_step(g, MLG_OP_COPY, "to (autocast, first token)", f, c, NULL);
-    return c;
+    return ml__graph_view(g, "first token (x[:, 0])", x, 2, MLG_B, MLG_D);
 }
 
-/* A Linear (in: D, out wide) on the (B, D) x, saving x, and autocast's
- * weight copy; its (B, out) output. */
+/* A Linear (in: D, out wide) on the (B, D) x, saving what it reads: x or,
+ * under autocast, the low-precision copy of an fp32 x, made after the
+ * weight's (ml__kit_cast_ops) and gone as the linear returns; autocast's
+ * weight copy saved too. Its (B, out) output. */
 static uint16_t linear_bd(ml_graph *g, const mlg_layer *L, uint16_t x, uint8_t out,
                           const char *name, const char *yname)
 {
@@ -167,14 +162,20 @@ static uint16_t linear_bd(ml_graph *g, const mlg_layer *L, uint16_t x, uint8_t o
     uint16_t W = ml__kit_param(g, "weight", out, MLG_D);
     uint16_t bias = ml__kit_param(g, "bias", out, -1);
     uint16_t y = ml__graph_tensor(g, yname, MLG_COMPUTE, MLG_ACT, 2, MLG_B, out);
-    ml__kit_cast_ops(g, MLG_NONE, MLG_NONE, w, W);
-    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, name, x, y, NULL);
-    ml__op_save(o, x);
+    const bool cast = L->autocast && g->t[x].dtype != MLG_HALF && g->t[x].dtype != MLG_COMPUTE;
+    uint16_t c = cast ? ml__graph_tensor(g, "linear input (autocast copy)", MLG_HALF, MLG_ACT, 2,
+                                         MLG_B, MLG_D)
+                      : MLG_NONE;
+    ml__kit_cast_ops(g, x, c, w, W);
+    const uint16_t xs = c != MLG_NONE ? c : x;
+    mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, name, xs, y, NULL);
+    ml__op_save(o, xs);
     ml__op_save(o, w);
     ml__op_param(o, W);
     ml__op_param(o, bias);
     ml__op_flops(o, 2.0, 3, MLG_B, MLG_D, out);
     ml__op_free(o, w);
+    ml__op_free(o, c);
     return y;
 }
 
@@ -189,9 +190,7 @@ void ml__kit_encoder_classifier(ml_graph *g, const mlg_layer *L, uint64_t classe
     uint16_t made[4] = {MLG_NONE, MLG_NONE, MLG_NONE, MLG_NONE};
     if (prenorm)
         made[0] = x = ml__kit_norm(g, &L->norm, x, false);
-    uint16_t h = first_token(g, x, L->autocast);
-    if (L->autocast)
-        made[1] = h;
+    uint16_t h = first_token(g, x);
     if (pooler) {
         /* BertPooler: dense (D -> D), tanh (saves its result) */
         uint16_t y = linear_bd(g, L, h, MLG_D, "addmm (pooler)", "pooler dense output");

@@ -290,7 +290,7 @@ static uint16_t repeat_kv(ml_graph *g, const mlg_attention *a, uint16_t x, const
  * many kv heads as q heads), or a copy; one saved entry for q's and k's
  * (the first's), released by the q k^T node. Under rot_fp32 the matmul
  * reads autocast's copies of the fp32 rotated q and of k as repeat_kv
- * made it (ToCopyBackward0 each, q's first; the copies keep the layouts:
+ * made it (ToCopyBackward0 each, k's first; the copies keep the layouts:
  * q's is copied contiguous for bmm, k's transposed view is bmm's as it is
  * where repeat_kv copied it), which go once the product is made. Returns
  * the scores; *vc the tensor of v's contiguous copy, made later (MLG_NONE:
@@ -306,9 +306,9 @@ static uint16_t scores_qk(ml_graph *g, const mlg_attention *a, uint16_t qr, uint
                       : ml__kit_heads(g, "k contiguous copy (bmm)", MLG_H);
     *vc = copied ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
     uint16_t qs = qr, ks = copied ? krep : kr;
-    if (a->rot_fp32) {
-        qs = ml__kit_autocast_copy(g, qs, MLG_H, "q (autocast copy for q k^T)");
+    if (a->rot_fp32) { /* (the wrapper's arguments last to first: ml__kit_cast_ops) */
         ks = ml__kit_autocast_copy(g, krep, MLG_H, "k (autocast copy for q k^T)");
+        qs = ml__kit_autocast_copy(g, qs, MLG_H, "q (autocast copy for q k^T)");
     }
     const uint16_t qb = cat ? qs : qc;
     const uint16_t kb = kc != MLG_NONE ? kc : ks;
@@ -467,8 +467,8 @@ uint16_t ml__kit_hf_attention_on(ml_graph *g, const mlg_layer *L, const mlg_qkv 
         /* the kernel reads autocast's copies of the fp32 rotated q and k
          * (ToCopyBackward0 each), which it saves; without grad they go
          * once it has run */
-        const uint16_t qa = ml__kit_autocast_copy(g, qr, MLG_H, "q (autocast copy for the kernel)");
         const uint16_t ka = ml__kit_autocast_copy(g, kr, MLG_HKV, "k (autocast copy for the kernel)");
+        const uint16_t qa = ml__kit_autocast_copy(g, qr, MLG_H, "q (autocast copy for the kernel)");
         O = fused(g, qa, ka, p.vh, a);
         mlg_op *o = ml__graph_release(g, "autocast's copies of q and k");
         ml__op_free(o, qa);

@@ -15,11 +15,12 @@ bool ml__ck_mm_node(const mlg_op *o)
  * reads copies: of its fp32 input (the op's input is not the tensor its
  * gradient goes to), of its weight (the copy it saves, MLG_T_WCAST) and of
  * its bias. Its node makes their gradients in the copies' dtype, then each
- * copy's ToCopyBackward0 makes the fp32 one from it and frees it: the bias's
- * first, then the weight's, then the input's (autocast casts them in that
- * order, and the engine runs the latest node first). Those nodes go before
- * the product's in the forward order the list is built in (ml__ck_end
- * reverses it); *gin and *pg become the product's own. */
+ * copy's ToCopyBackward0 makes the fp32 one from it and frees it: the
+ * input's first, then the weight's, then the bias's (autocast casts the
+ * bias, the weight, then the input: ml__kit_cast_ops; the engine runs the
+ * latest node first). Those nodes go before the product's in the forward
+ * order the list is built in (ml__ck_end reverses it); *gin and *pg become
+ * the product's own. */
 uint16_t ml__ck_autocast_weight(const ml_graph *g, const mlg_op *o)
 {
     if (o->kind != MLG_OP_MATMUL || !o->nparam)
@@ -46,9 +47,31 @@ static uint16_t bias_copy_id(uint16_t w)
     return (uint16_t)(w + (ML_GIDS + 1));
 }
 
-void ml__ck_autocast_copies(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const mlg_op *o,
-                            uint16_t w, uint16_t c, const uint64_t *tb, uint64_t *gin,
-                            uint64_t *pg, bool accum)
+void ml__ck_autocast_param_copies(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G,
+                                  const mlg_op *o, uint16_t w, const uint64_t *tb, uint64_t *gin,
+                                  uint64_t *pg)
+{
+    const ml_graph *g = &G->g;
+    ml_bnode *n;
+    for (unsigned j = o->nparam < 2 ? o->nparam : 2; j-- > 0;) {
+        const uint64_t n_el = ml__graph_numel(g, &G->z, o->param[j], &ch->overflow);
+        const uint64_t full = ml_mul(ch, n_el, ch->prec.grad);
+        const uint64_t half = j ? ml_mul(ch, n_el, ch->prec.a) : tb[w];
+        ml__ck_node(ch, b, j ? "ToCopyBackward0 (autocast, bias)" : "ToCopyBackward0 (autocast, weight)",
+                    0, full, half, SIZE_MAX, SIZE_MAX);
+        if ((n = ml__ck_last_node(ch, b))) {
+            n->ngout = 1;
+            n->gout_id[0] = j ? bias_copy_id(w) : w;
+            n->gout_b[0] = half;
+        }
+        *pg -= full;
+        *gin = ml_add(ch, *gin, half);
+    }
+}
+
+void ml__ck_autocast_input_copy(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G,
+                                const mlg_op *o, uint16_t c, const uint64_t *tb, uint64_t *gin,
+                                bool accum)
 {
     const ml_graph *g = &G->g;
     ml_bnode *n;
@@ -64,20 +87,6 @@ void ml__ck_autocast_copies(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, co
             n->gout_b[0] = tb[c];
         }
         *gin = ml_add(ch, *gin - tb[o->gin[0]], tb[c]);
-    }
-    for (unsigned j = 0; j < o->nparam && j < 2; j++) {
-        const uint64_t n_el = ml__graph_numel(g, &G->z, o->param[j], &ch->overflow);
-        const uint64_t full = ml_mul(ch, n_el, ch->prec.grad);
-        const uint64_t half = j ? ml_mul(ch, n_el, ch->prec.a) : tb[w];
-        ml__ck_node(ch, b, j ? "ToCopyBackward0 (autocast, bias)" : "ToCopyBackward0 (autocast, weight)",
-                    0, full, half, SIZE_MAX, SIZE_MAX);
-        if ((n = ml__ck_last_node(ch, b))) {
-            n->ngout = 1;
-            n->gout_id[0] = j ? bias_copy_id(w) : w;
-            n->gout_b[0] = half;
-        }
-        *pg -= full;
-        *gin = ml_add(ch, *gin, half);
     }
 }
 

@@ -434,12 +434,18 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     const bool accum = acc;
     const uint16_t w = ch->prec.autocast ? ml__ck_autocast_weight(g, o) : MLG_NONE;
     const uint16_t c = w != MLG_NONE ? ml__ck_autocast_input(g, o) : MLG_NONE;
-    if (acc && (w == MLG_NONE || c != MLG_NONE)) {
+    if (acc && w == MLG_NONE) {
         ml__ck_accum_node(ch, b, g, o, tb, x->oop[k]);
         acc = false;
     }
-    if (w != MLG_NONE)
-        ml__ck_autocast_copies(ch, b, G, o, w, c, tb, &gin, &pg, accum);
+    if (w != MLG_NONE) {
+        ml__ck_autocast_param_copies(ch, b, G, o, w, tb, &gin, &pg);
+        if (acc && c != MLG_NONE) { /* (runs right after the input copy's node) */
+            ml__ck_accum_node(ch, b, g, o, tb, x->oop[k]);
+            acc = false;
+        }
+        ml__ck_autocast_input_copy(ch, b, G, o, c, tb, &gin, accum);
+    }
     if (acc)
         ml__ck_accum_node(ch, b, g, o, tb, x->oop[k]);
     const bool frees_carry = x->carry[k] && !gout;

@@ -329,13 +329,18 @@ uint16_t ml__ck_autocast_input(const ml_graph *g, const mlg_op *o);
 /* Whether o's node is MmBackward0 of a product without bias, which makes
  * its weight's gradient before its input's (chain_autocast.c). */
 bool ml__ck_mm_node(const mlg_op *o);
-/* The ToCopyBackward0 nodes of product o's copies (w: its weight copy, c:
- * its input copy or MLG_NONE) at bytes tb, before its own node in the
- * forward order the list is built in; *gin and *pg become the product's
- * own (accum: its input's gradient goes into an InputBuffer accumulation). */
-void ml__ck_autocast_copies(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const mlg_op *o,
-                            uint16_t w, uint16_t c, const uint64_t *tb, uint64_t *gin,
-                            uint64_t *pg, bool accum);
+/* The ToCopyBackward0 nodes of product o's copies at bytes tb, before its
+ * own node in the forward order the list is built in: its bias's and its
+ * weight's (w: the weight copy; *pg becomes the product's own), then its
+ * input's (c: the input copy, MLG_NONE: none; accum: its gradient goes
+ * into an InputBuffer accumulation, whose node the caller adds between the
+ * two, to run right after the input's). *gin becomes the product's own. */
+void ml__ck_autocast_param_copies(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G,
+                                  const mlg_op *o, uint16_t w, const uint64_t *tb, uint64_t *gin,
+                                  uint64_t *pg);
+void ml__ck_autocast_input_copy(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G,
+                                const mlg_op *o, uint16_t c, const uint64_t *tb, uint64_t *gin,
+                                bool accum);
 /* The gradients product o's own node (the list's last) makes and reads:
  * its input copy's c (else its input's, added into the buffer: acc), its
  * weight copy's and its bias copy's. */

@@ -439,7 +439,7 @@ static void text_op_time(FILE *f, const ml_config *cfg, const ml_summary *s)
             ml_precision_compute_dtype(cfg->training.precision) == ML_COMPUTE_FP32;
         fprintf(f, "    datasheet estimate: within a median %s (worst %s) of 30 H200 runs' step at "
                    "this precision\n",
-                fp32 ? "4.6 %" : "7.9 %", fp32 ? "10.6 %" : "37.7 %");
+                fp32 ? "4.6 %" : "7.9 %", fp32 ? "10.6 %" : "37.6 %");
     }
     fprintf(f, "    %.0f tokens/s", t->tokens_per_s);
     if (t->mfu >= 0)

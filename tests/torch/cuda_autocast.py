@@ -95,17 +95,29 @@ class CudaAutocast(TorchFunctionMode):
             return c[1]
         return t.to(dtype)
 
+    def cast_all(self, args, kwargs, dtype):
+        """An op's arguments cast last to first: the wrapper passes
+        cached_cast(args)... to the op (autocast_mode.h, WrapFunction_), an
+        argument list the compilers PyTorch is built with evaluate from the
+        last (a linear's bias, weight, then input: 1.13's CPU autocast
+        under a TorchDispatchMode, and the H200 runs' allocator traces,
+        2.11). Keywords follow the positional arguments in a signature:
+        cast first, the last first."""
+        kw = {}
+        for k in reversed(list(kwargs)):
+            kw[k] = self.cast(kwargs[k], dtype)
+        out = [self.cast(a, dtype) for a in reversed(args)]
+        return tuple(reversed(out)), {k: kw[k] for k in kwargs}
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         name = getattr(func, "__name__", "") if self.enabled else ""
         if name == "cross_entropy" and kwargs.get("label_smoothing", 0.0):
             raise NotImplementedError("cross_entropy's label_smoothing under CudaAutocast")
         if name in LOWER:
-            args = tuple(self.cast(a, LOW) for a in args)
-            kwargs = {k: self.cast(v, LOW) for k, v in kwargs.items()}
+            args, kwargs = self.cast_all(args, kwargs, LOW)
         elif name in FP32:
-            args = tuple(self.cast(a, torch.float32) for a in args)
-            kwargs = {k: self.cast(v, torch.float32) for k, v in kwargs.items()}
+            args, kwargs = self.cast_all(args, kwargs, torch.float32)
         elif name in SET_OPT_DTYPE:
             given = kwargs.get("dtype") is not None or any(isinstance(a, torch.dtype)
                                                            for a in args[1:])
