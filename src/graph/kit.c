@@ -36,7 +36,7 @@ uint16_t ml__kit_cast_copy(ml_graph *g, const mlg_layer *L, uint16_t x)
     if (!cast_input(g, L, x))
         return MLG_NONE;
     const mlg_tensor *s = &g->t[x];
-    uint16_t c = ml__graph_tensor(g, "linear input (autocast copy)", MLG_HALF, MLG_ACT, 3,
+    uint16_t c = ml__graph_tensor(g, "linear input (autocast copy)", MLG_HALF, MLG_ACT, s->ndim,
                                   s->dim[0], s->dim[1], s->dim[2]);
     return c;
 }

@@ -162,10 +162,7 @@ static uint16_t linear_bd(ml_graph *g, const mlg_layer *L, uint16_t x, uint8_t o
     uint16_t W = ml__kit_param(g, "weight", out, MLG_D);
     uint16_t bias = ml__kit_param(g, "bias", out, -1);
     uint16_t y = ml__graph_tensor(g, yname, MLG_COMPUTE, MLG_ACT, 2, MLG_B, out);
-    const bool cast = L->autocast && g->t[x].dtype != MLG_HALF && g->t[x].dtype != MLG_COMPUTE;
-    uint16_t c = cast ? ml__graph_tensor(g, "linear input (autocast copy)", MLG_HALF, MLG_ACT, 2,
-                                         MLG_B, MLG_D)
-                      : MLG_NONE;
+    uint16_t c = ml__kit_cast_copy(g, L, x);
     ml__kit_cast_ops(g, x, c, w, W);
     const uint16_t xs = c != MLG_NONE ? c : x;
     mlg_op *o = ml__graph_step(g, MLG_OP_MATMUL, name, xs, y, NULL);
