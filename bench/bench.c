@@ -318,6 +318,14 @@ static void search_time(const char *path, uint64_t gpus, uint64_t global_batch, 
 
 int main(int argc, char **argv)
 {
+#ifdef __GLIBC__
+    /* glibc's mmap threshold moves with the sizes the process frees, so
+     * whether a plan's arrays come from fresh (page-faulting) mappings
+     * depends on the plans before it and on struct sizes: pinned, the
+     * figures measure the planner (about 10x apart for 1000 blocks) */
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
+#endif
     /* --search CONFIG.json: the layout search of a mixture of experts over
      * 120 and 240 devices, pruned and exhaustive */
     if (argc == 3 && !strcmp(argv[1], "--search")) {
@@ -348,12 +356,6 @@ int main(int argc, char **argv)
     bool plans_only = argc > 1 && !strcmp(argv[1], "--plans");
     const char *which = attacks_only && argc > 2 ? argv[2] : "";
 #ifdef __GLIBC__
-    /* glibc's mmap threshold moves with the sizes the process frees, so
-     * whether a plan's arrays come from fresh (page-faulting) mappings
-     * depends on the plans before it and on struct sizes: pinned, the
-     * figures measure the planner (about 10x apart for 1000 blocks) */
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 64 << 20);
     printf("(glibc malloc: mmap and trim thresholds pinned at 32 and 64 MiB)\n");
 #endif
     for (size_t n = 62500; n <= 250000 && strcmp(which, "fit") && !plans_only; n *= 2) {
