@@ -183,14 +183,16 @@ uint64_t ml__eval_first_without_grads(ml_evalctx *x, const int *seg,
     return r.peak_first;
 }
 
-/* One simulation a memo keeps: what decides its events besides the
- * config (the plan's segments, the selective flag, the chain's length and
- * overflow flag, whether every block is replayed), then what it left: its
- * figures and the chain's overflow flag after it. */
+/* One simulation a memo keeps: what decides its events (the config with
+ * its checkpoint policy as the chain reads it, sim_config; the plan's
+ * segments; the chain's length and overflow flag; whether every block is
+ * replayed), then what it left: its figures and the chain's overflow flag
+ * after it. */
 struct ml_reserved_seen {
-    int *seg; /* n entries, the entry's own */
+    ml_config cfg; /* sim_config's */
+    int *seg;      /* n entries, the entry's own */
     size_t n;
-    bool selective, overflow, whole;
+    bool overflow, whole;
     bool oom, overflow_after;
     uint64_t peak, segments, first, steady, inexact;
     uint64_t start[3]; /* reserved, allocated, segments */
@@ -207,24 +209,38 @@ void ml__reserved_memo_free(ml_reserved_memo *memo)
     }
 }
 
-/* x's plan seg[] as a memo entry's key (its seg borrowed). */
-static ml_reserved_seen seen_key(const ml_evalctx *x, const int *seg)
+/* cfg as a simulation reads it: the checkpoint policy only as selective
+ * or not (the chain's one use of it, ml__chain_key), the plan's segments
+ * saying the rest. Byte for byte from cfg otherwise: two configs a search
+ * derived from one by assignment compare equal exactly when their fields
+ * do, and any other pair at worst differs (a simulation run again). */
+static void sim_config(const ml_config *cfg, ml_config *out)
 {
-    return (ml_reserved_seen){
-        .seg = (int *)seg, /* not written through: a key is only compared */
-        .n = x->ch->n,
-        .selective = x->cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE,
-        .overflow = x->ch->overflow,
-        .whole = x->whole,
-    };
+    memcpy(out, cfg, sizeof *out);
+    ml_checkpoint *c = &out->training.checkpoint;
+    c->kind = c->kind == ML_CKPT_SELECTIVE ? ML_CKPT_SELECTIVE : ML_CKPT_NONE;
+    c->every = c->count = 0;
+    memset(c->blocks, 0, sizeof c->blocks);
+}
+
+/* x's plan seg[] as a memo entry's key (its seg borrowed). */
+static void seen_key(const ml_evalctx *x, const int *seg, ml_reserved_seen *k)
+{
+    memset(k, 0, sizeof *k);
+    sim_config(x->cfg, &k->cfg);
+    k->seg = (int *)seg; /* not written through: a key is only compared */
+    k->n = x->ch->n;
+    k->overflow = x->ch->overflow;
+    k->whole = x->whole;
 }
 
 static ml_reserved_seen *seen_find(ml_reserved_memo *memo, const ml_reserved_seen *k)
 {
     for (size_t i = 0; memo && i < memo->n; i++) {
         ml_reserved_seen *e = &memo->e[i];
-        if (e->n == k->n && e->selective == k->selective && e->overflow == k->overflow &&
-            e->whole == k->whole && !memcmp(e->seg, k->seg, k->n * sizeof *k->seg))
+        if (e->n == k->n && e->overflow == k->overflow && e->whole == k->whole &&
+            !memcmp(e->seg, k->seg, k->n * sizeof *k->seg) &&
+            !memcmp(&e->cfg, &k->cfg, sizeof k->cfg))
             return e;
     }
     return NULL;
@@ -232,11 +248,11 @@ static ml_reserved_seen *seen_find(ml_reserved_memo *memo, const ml_reserved_see
 
 /* k with out's figures into memo; a host out of memory keeps nothing (the
  * memo only spares work). */
-static void seen_add(ml_reserved_memo *memo, ml_reserved_seen k, const ml_summary *out,
+static void seen_add(ml_reserved_memo *memo, const ml_reserved_seen *key, const ml_summary *out,
                      bool overflow_after)
 {
     ml_reserved_seen *e = ml_grow(memo->e, memo->n, &memo->cap, sizeof *e, 8);
-    int *seg = malloc((k.n ? k.n : 1) * sizeof *seg);
+    int *seg = malloc((key->n ? key->n : 1) * sizeof *seg);
     if (!e || !seg) {
         free(seg);
         if (e)
@@ -244,6 +260,7 @@ static void seen_add(ml_reserved_memo *memo, ml_reserved_seen k, const ml_summar
         return;
     }
     memo->e = e;
+    ml_reserved_seen k = *key;
     memcpy(seg, k.seg, k.n * sizeof *seg);
     k.seg = seg;
     k.oom = out->reserved_oom;
@@ -269,7 +286,8 @@ ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml
     out->has_reserved = x->cfg->device.allocator != ML_ALLOCATOR_NONE;
     if (!out->has_reserved)
         return ML_OK;
-    ml_reserved_seen k = seen_key(x, seg);
+    ml_reserved_seen k;
+    seen_key(x, seg, &k);
     /* (a plan found in the memo records no events: only timeline asks for
      * them, which keeps none) */
     const ml_reserved_seen *e = seen_find(x->memo, &k);
@@ -289,7 +307,7 @@ ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml
     }
     ml_status st = simulate(m, x, seg, out, err);
     if (!st && x->memo)
-        seen_add(x->memo, k, out, x->ch->overflow);
+        seen_add(x->memo, &k, out, x->ch->overflow);
     return st;
 }
 

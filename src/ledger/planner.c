@@ -219,6 +219,12 @@ static const ml_chain *exact_chain(ml_planner *p, const ml_config *cfg)
 ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool keep_events,
                               ml_ledger **out, ml_error *err)
 {
+    return ml__planner_evaluate_with(p, cfg, keep_events, NULL, out, err);
+}
+
+ml_status ml__planner_evaluate_with(ml_planner *p, const ml_config *cfg, bool keep_events,
+                                    ml_reserved_memo *memo, ml_ledger **out, ml_error *err)
+{
     ml_error local;
     if (!err)
         err = &local;
@@ -235,7 +241,7 @@ ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool keep_eve
         const ml_chain *ch = exact_chain(p, cfg);
         if (!ch)
             return ml_ledger_evaluate(p->m, cfg, keep_events, out, err);
-        return ml__evaluate_chain(p->m, cfg, ch, keep_events, false, NULL, out, err);
+        return ml__evaluate_chain(p->m, cfg, ch, keep_events, false, memo, out, err);
     }
     /* the key holds the policy only as selective or not: its checks first */
     if ((st = ml__chain_refused(p->m, &cfg->training, err)))
@@ -249,5 +255,5 @@ ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool keep_eve
     if (!ch)
         return ml_ledger_evaluate(p->m, cfg, keep_events, out, err);
     p->derived++;
-    return ml__evaluate_chain(p->m, cfg, ch, keep_events, false, NULL, out, err);
+    return ml__evaluate_chain(p->m, cfg, ch, keep_events, false, memo, out, err);
 }

@@ -60,7 +60,7 @@ static ml_status try_b(search *s, uint64_t b, bool *fits, ml_summary *sum)
         *fits = false;
         return ML_OK;
     }
-    ml_status st = ml_planner_evaluate(s->planner, &s->cfg, false, &l, s->err);
+    ml_status st = ml__planner_evaluate_with(s->planner, &s->cfg, false, &s->memo, &l, s->err);
     if (st == ML_OVERFLOW) {
         *fits = false; /* too large to represent is too large to fit */
         return ML_OK;
@@ -484,6 +484,7 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
     ml_status st = ml_planner_create(m, &s.planner, err);
     if (st == ML_OK)
         st = fit(&s, m, cfg, req, out, err);
+    ml__reserved_memo_free(&s.memo);
     ml_planner_destroy(s.planner);
     return st;
 }

@@ -3,6 +3,7 @@
 #ifndef ML_FIT_SEARCH_H
 #define ML_FIT_SEARCH_H
 
+#include "ledger/planner.h"
 #include "memledger/ledger.h"
 #include "memledger/plan.h"
 
@@ -11,6 +12,9 @@ typedef struct {
     ml_config cfg;
     ml_planner *planner; /* every plan of the search (docs/ledger.md, "A prepared
                             planner") */
+    ml_reserved_memo memo; /* its simulations: a plan two policies or two
+                              looks share is simulated once (docs/allocator.md,
+                              "Speed") */
     unsigned evals;
     ml_error *err;
     bool accum_over; /* the global batch needs more steps than FIT_MAX_ACCUM */

@@ -1,6 +1,7 @@
 /* fit and compare: monotonicity, exactness of the search, accumulation
  * arithmetic, the no-fit explanation, the comparison table. */
 #include "harness.h"
+#include "ledger/planner.h" /* ml__planner_evaluate_with, the simulation memo */
 
 /* The search relies on the peak never decreasing with the micro-batch for a
  * fixed plan. Every tensor's size is non-decreasing in B, and the schedule
@@ -559,6 +560,63 @@ static void test_global_batch_limit(void **state)
     ml_model_destroy(m);
 }
 
+/* The reserved figures of c through planner p with memo (memo NULL: a
+ * simulation of its own), into out[3]: peak, first and steady. */
+static void reserved_of(ml_planner *p, const ml_config *c, ml_reserved_memo *memo, uint64_t *out)
+{
+    ml_ledger *l = NULL;
+    ml_error e;
+    if (ml__planner_evaluate_with(p, c, false, memo, &l, &e) != ML_OK)
+        fail_msg("evaluate failed: %s", e.msg);
+    const ml_summary *x = ml_ledger_summary(l);
+    assert_true(x->has_reserved);
+    out[0] = x->reserved_peak;
+    out[1] = x->reserved_first;
+    out[2] = x->reserved_steady;
+    ml_ledger_destroy(l);
+}
+
+/* fit's memo of simulations (one search's): a config it has simulated is
+ * answered from it only when the simulation would be the same one, so a
+ * key that left out the micro-batch or the accumulation would answer a
+ * larger plan with a smaller one's figures (each is held here against a
+ * simulation of its own); a policy that comes to the same segments (every
+ * block its own segment: full and every-1) is simulated once. */
+static void test_fit_memo_keys(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_planner *p = NULL;
+    assert_int_equal(ml_planner_create(m, &p, NULL), ML_OK);
+    ml_config a = ml_model_config(m);
+    a.device.present = true;
+    a.device.memory = 24ull << 30;
+    a.training.micro_batch = 2;
+    assert_int_equal(ml_parse_checkpoint("full", &a.training.checkpoint, NULL), ML_OK);
+    ml_config b = a, d = a, f = a;
+    b.training.micro_batch = 3;
+    d.training.grad_accum = 2;
+    assert_int_equal(ml_parse_checkpoint("every-1", &f.training.checkpoint, NULL), ML_OK);
+    ml_reserved_memo memo;
+    memset(&memo, 0, sizeof memo);
+    const ml_config *cs[] = {&a, &b, &d, &f, &a};
+    const size_t entries[] = {1, 2, 3, 3, 3};
+    uint64_t got[5][3], own[3];
+    for (size_t i = 0; i < 5; i++) {
+        reserved_of(p, cs[i], &memo, got[i]);
+        assert_int_equal(memo.n, entries[i]);
+        reserved_of(p, cs[i], NULL, own);
+        assert_memory_equal(got[i], own, sizeof own);
+    }
+    /* the figures the memo must not mix up differ: a larger micro-batch
+     * reserves more */
+    assert_true(got[1][0] > got[0][0]);
+    assert_memory_equal(got[3], got[0], sizeof got[0]);
+    ml__reserved_memo_free(&memo);
+    ml_planner_destroy(p);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -575,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_no_fit_overflow),
         cmocka_unit_test(test_fit_eval_binds),
         cmocka_unit_test(test_global_batch_limit),
+        cmocka_unit_test(test_fit_memo_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
