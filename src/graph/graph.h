@@ -202,6 +202,12 @@ typedef struct {
                             comes first in the codegen's sorted order, or a
                             gradient made in a wider dtype, before
                             validate_outputs casts it (scratch_one) */
+    uint8_t scratch_early; /* of scratch_in tensors made first (scratch_first),
+                              how many the formula frees before the node's
+                              gradients: its temporaries, which C++ frees in
+                              reverse at the end of the full expression whose
+                              result (the last tensor) the node keeps (the
+                              in-place divide's three of four) */
     bool overfull;       /* a builder listed more than an array holds */
     uint8_t sp_site;     /* sequence parallelism's collective at this op
                             (ml__graph_shard_sequence): MLG_SP_COLUMN, MLG_SP_ROW */

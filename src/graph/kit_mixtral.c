@@ -105,9 +105,12 @@ static uint16_t router(ml_graph *g, const mlg_layer *L, uint16_t h)
          * other) makes three temporaries and its whole result, then
          * div_tensor_self_backward's grad / other is self's gradient, then
          * validate_outputs' sum_to reduces other's (FunctionsManual.cpp,
-         * engine.cpp): four of the weights' size before the two */
+         * engine.cpp): four of the weights' size before the two, the
+         * first three (self / other, its / other, -grad) freed at the
+         * expression's end, before self's gradient */
         o->scratch_in = 4;
         o->scratch_first = true;
+        o->scratch_early = 3;
     }
     return r.wk;
 }

@@ -88,6 +88,9 @@ typedef struct {
                          new sum (grad_in) becomes the buffer's */
     bool frees_carry; /* the last node holding that old sum (the block's
                          incoming gradient): its grad_out frees it */
+    uint8_t scratch_early; /* of scratch_parts, how many (the first made)
+                              are freed before the node's gradients
+                              (mlg_op.scratch_early; replay_nodes.c, early_bytes) */
     uint64_t gin_b[4], gout_b[3];
     uint8_t ngin, ngout, gin_acc;
     bool accum;

@@ -56,7 +56,7 @@ _Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 336 && sizeof(ml_
 #define SAVED_BYTES(X) X(bytes)
 #define NODE_SHAPE(X)                                                                          \
     X(first_saved) X(gin_id[0]) X(gin_id[1]) X(gin_id[2]) X(gin_id[3]) X(gout_id[0]) X(gout_id[1]) X(gout_id[2]) X(ngin)   \
-    X(ngout) X(gin_acc) X(accum) X(pg_first) X(scratch_parts) X(scratch_first) X(unpacks) \
+    X(ngout) X(gin_acc) X(accum) X(pg_first) X(scratch_parts) X(scratch_first) X(scratch_early) X(unpacks) \
     X(accum_copy) X(frees_carry)
 #define NODE_BYTES(X)                                                                          \
     X(grad_in) X(param_grad) X(scratch) X(grad_out) X(gin_b[0]) X(gin_b[1]) X(gin_b[2])          \

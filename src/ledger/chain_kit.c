@@ -330,5 +330,7 @@ void ml__ck_op_scratch(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const m
         const bool parts = scratch == own && !o->scratch_one && o->scratch_in <= ML_SCRATCH_PARTS;
         nn->scratch_parts = parts ? o->scratch_in : 1;
         nn->scratch_first = o->scratch_first;
+        nn->scratch_early =
+            parts && o->scratch_first && o->scratch_early < o->scratch_in ? o->scratch_early : 0;
     }
 }

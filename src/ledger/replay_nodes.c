@@ -16,6 +16,16 @@
  * one, which check each addition. */
 #define LEVEL_MAX (UINT64_C(1) << 62)
 
+/* The bytes of node x's scratch it frees before its gradients
+ * (ml_bnode.scratch_early): that many of its equal tensors. */
+static uint64_t early_bytes(const ml_bnode *x)
+{
+    const unsigned n = x->scratch_parts;
+    return x->scratch_early && n > x->scratch_early && n <= ML_SCRATCH_PARTS && !(x->scratch % n)
+               ? x->scratch / n * x->scratch_early
+               : 0;
+}
+
 static void step(ml_nodeprof *p, int64_t *cur, int64_t *tot, ml_category c, int64_t d)
 {
     if (d == 0)
@@ -48,10 +58,18 @@ void ml__nodeprof_make(ml_nodeprof *p, const ml_bnode *nd, size_t nnodes, const 
     int64_t cur[ML_CAT_COUNT] = {0}, tot = 0;
     for (size_t j = 0; j < nnodes; j++) {
         const ml_bnode *x = &nd[j];
+        /* scratch freed in part before the gradients is made first (the
+         * order of the other allocations moves no peak) */
+        const int64_t early = (int64_t)early_bytes(x);
+        if (early) {
+            step(p, cur, &tot, ML_CAT_WORKSPACE, (int64_t)x->scratch);
+            step(p, cur, &tot, ML_CAT_WORKSPACE, -early);
+        }
         step(p, cur, &tot, ML_CAT_WORKSPACE, (int64_t)x->grad_in);
-        step(p, cur, &tot, ML_CAT_WORKSPACE, (int64_t)x->scratch);
+        if (!early)
+            step(p, cur, &tot, ML_CAT_WORKSPACE, (int64_t)x->scratch);
         step(p, cur, &tot, create ? ML_CAT_GRADS : ML_CAT_WORKSPACE, (int64_t)x->param_grad);
-        step(p, cur, &tot, ML_CAT_WORKSPACE, -(int64_t)x->scratch);
+        step(p, cur, &tot, ML_CAT_WORKSPACE, early - (int64_t)x->scratch);
         if (!create)
             step(p, cur, &tot, ML_CAT_WORKSPACE, -(int64_t)x->param_grad);
         step(p, cur, &tot, ML_CAT_WORKSPACE, -(int64_t)x->grad_out);
@@ -295,15 +313,22 @@ static void scratch_alloc(ml_replay *r, const ml_bnode *x, size_t *names)
         ml__replay_alloc(r, ML_CAT_WORKSPACE, x->scratch);
 }
 
-/* Its release: the temporaries last made first. */
-static void scratch_free(ml_replay *r, const ml_bnode *x, const size_t *names)
+/* Its release, the temporaries last made first: the first `early` of its
+ * tensors (early_bytes: a formula's, before the node's gradients) or the
+ * rest (early false). */
+static void scratch_free(ml_replay *r, const ml_bnode *x, const size_t *names, bool early)
 {
     uint64_t sizes[ML_SCRATCH_PARTS];
     const unsigned n = scratch_tensors(r, x, sizes);
-    if (n)
-        named_free(r, ML_CAT_WORKSPACE, sizes, n, names, true);
+    const uint64_t eb = early_bytes(x);
+    const unsigned k = eb ? x->scratch_early : 0; /* the tensors freed early */
+    if (n == x->scratch_parts && n > 1)
+        named_free(r, ML_CAT_WORKSPACE, early ? sizes : sizes + k, early ? k : n - k,
+                   early ? names : names + k, true);
+    else if (n)
+        named_free(r, ML_CAT_WORKSPACE, sizes, early ? 0 : n, names, true);
     else
-        ml__replay_free(r, ML_CAT_WORKSPACE, x->scratch);
+        ml__replay_free(r, ML_CAT_WORKSPACE, early ? eb : x->scratch - eb);
 }
 
 /* Block k's nodes' events one by one: each node's incoming gradient,
@@ -326,6 +351,8 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, size_t from, size_t to, bool c
                           b->tied_grad == r->tied_partial && !b->in_nograd;
         if (x->scratch_first)
             scratch_alloc(r, x, sc_names);
+        if (x->scratch_first && early_bytes(x))
+            scratch_free(r, x, sc_names, true);
         if (x->pg_first)
             param_grad(r, x, create, tied, pg_names);
         if (r->rsim)
@@ -336,7 +363,7 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, size_t from, size_t to, bool c
             scratch_alloc(r, x, sc_names);
         if (!x->pg_first)
             param_grad(r, x, create, tied, pg_names);
-        scratch_free(r, x, sc_names);
+        scratch_free(r, x, sc_names, false);
         if (!create && !tied)
             param_grad_free(r, x, pg_names);
         if (r->rsim)

@@ -1007,10 +1007,7 @@ FREE_GAPS = [(m, "block.0", ROTARY) for m in (
     "xc-llama", "xc-llama-cls", "xc-gemma", "xc-gemma2", "xc-olmo", "xc-phi3", "xc-llava",
     "xc-llava-frozen", "xc-llava-full", "xc-llava-none", "xc-gpt2-rope", "xc-neox",
     "xc-falcon", "xc-falcon-mha")] + [
-        (m, "*", BLOCK_RULE) for m in ("xc-qwen2moe",)] + [
-    ("xc-mixtral", "*", "the renormalising divide's three temporaries freed at the "
-     "node's end, before self's gradient in PyTorch"),
-]
+        (m, "*", BLOCK_RULE) for m in ("xc-qwen2moe", "xc-mixtral")]
 
 
 def layer_backward_checks(check, name, c, view, j, planned, ckpt=False, amp=False):

@@ -599,9 +599,16 @@ static void test_norm_rotary_by_tensor(void **state)
  * then validate_outputs' sum_to the weights' 16 (engine.cpp);
  * IndexBackward0 zero-fills the (B T, k) = 4*2*4 = 32 B gradient of the
  * routing weights the expert's were picked from. Allocations alone, as
- * the oracle's whole-layer check compares them. The previous model
- * (three head copies and three slices for GPT-NeoX; the whole weights'
- * gradient after the two for the product) makes neither run. */
+ * the oracle's whole-layer check compares them. The router's in-place
+ * renormalising divide, routing_weights /= sum (the (B T, k) weights
+ * 4*2*4 = 32 B, the (B T, 1) sum 16 B): div_tensor_other_backward's
+ * -grad * ((self / other) / other) makes self / other, its / other and
+ * -grad, then the product (32 each), and C++ frees the three temporaries
+ * at the expression's end; then self's gradient grad / other (32) and
+ * sum_to's reduced gradient of the sum (16). The previous models make
+ * none of the three runs: three head copies and three slices for
+ * GPT-NeoX; the whole weights' gradient after the two for the product;
+ * the divide's three temporaries freed at the node's end. */
 static void test_fused_qkv_and_experts_by_tensor(void **state)
 {
     (void)state;
@@ -619,8 +626,10 @@ static void test_fused_qkv_and_experts_by_tensor(void **state)
         "  optimizer: sgd\ndevice:\n  memory: 8GiB\n  allocator: caching\n";
     const int64_t split[] = {384, -128, -128, -128, 384, -384, 128, 768, 96, -384};
     const int64_t expert[] = {128, 128, 128, 16, 32};
+    const int64_t divide[] = {32, 32, 32, 32, -32, -32, -32, 32, 16};
     assert_true(first_run_at(neox, split, 10) != SIZE_MAX);
     assert_true(first_alloc_run_at(mixtral, expert, 5) != SIZE_MAX);
+    assert_true(first_run_at(mixtral, divide, 9) != SIZE_MAX);
 }
 
 /* A checkpointed layer's backward under autocast (non-reentrant
