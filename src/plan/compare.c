@@ -115,6 +115,8 @@ ml_status ml_checkpoint_advice(const ml_model *m, const ml_config *cfg, const ml
     size_t idx[ML_COMPARE_ROWS], n = 0;
     double base_total = 0;
     ml_status st = ML_OK;
+    ml_reserved_memo memo; /* candidates with one plan simulate it once */
+    memset(&memo, 0, sizeof memo);
     for (size_t i = 0; i < npol && n < ML_COMPARE_ROWS && !st; i++) {
         ml_config c;
         if (!candidate_config(m, &floor_cfg, &pols[i], &c))
@@ -146,7 +148,7 @@ ml_status ml_checkpoint_advice(const ml_model *m, const ml_config *cfg, const ml
             /* the candidate applies: it did without the cache, which its
              * conditions do not read */
             candidate_config(m, cfg, &pols[idx[k]], &c);
-            if ((st = plan_row(m, &c, base_total, NULL, &r, err)))
+            if ((st = plan_row(m, &c, base_total, &memo, &r, err)))
                 break;
         }
         if (r.fits && r.flops_recompute < s->flops_recompute &&
@@ -157,5 +159,6 @@ ml_status ml_checkpoint_advice(const ml_model *m, const ml_config *cfg, const ml
             best_i = idx[k];
         }
     }
+    ml__reserved_memo_free(&memo);
     return st;
 }
