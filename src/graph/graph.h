@@ -166,6 +166,9 @@ typedef enum {
     MLG_OP_KINDS
 } mlg_op_kind;
 
+/* mlg_op.table: the rotary table a product multiplies by. */
+enum { MLG_TABLE_COS = 1, MLG_TABLE_SIN = 2 };
+
 typedef struct {
     const char *name;    /* static: the forward op */
     uint8_t kind;        /* mlg_op_kind */
@@ -202,6 +205,10 @@ typedef struct {
                             comes first in the codegen's sorted order, or a
                             gradient made in a wider dtype, before
                             validate_outputs casts it (scratch_one) */
+    uint8_t table;       /* a rotary product by the model's table (MLG_TABLE_COS
+                            or MLG_TABLE_SIN), which its node releases: the
+                            table goes at the first rotary layer's last such
+                            node (ml__chain_mark_tables) */
     uint8_t scratch_early; /* of scratch_in tensors made first (scratch_first),
                               how many the formula frees before the node's
                               gradients: its temporaries, which C++ frees in

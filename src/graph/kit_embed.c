@@ -107,22 +107,33 @@ static uint16_t ids(ml_graph *g, const char *name, bool per_token)
     return t;
 }
 
-/* The rotary's cos and sin in the stream's dtype, or DeepSeek-V2's (B, T,
- * rot / 2) complex64 freqs_cis, kept for every layer. */
+/* The rotary's cos and sin in the stream's dtype, each (1, T, rot): the
+ * position ids a model makes when given none are cache_position[None],
+ * one row for the whole batch (LlamaModel.forward; the rotary's
+ * inv_freq expanded to position_ids.shape[0], modeling_llama.py), two
+ * tensors (cos, then sin); or DeepSeek-V2's (1, T, rot / 2) complex64
+ * freqs_cis (Llama4TextRotaryEmbedding's, as wide in fp32 pairs as rot).
+ * Kept for every layer. */
 static void rotary(ml_graph *g, const mlg_embed *E)
 {
     if (!E->rotary)
         return;
-    const bool cx = E->rotary == MLG_ROTARY_COMPLEX;
-    uint16_t cs = ml__graph_tensor(g,
-                                   cx ? "rotary freqs_cis, complex64 (shared by all blocks)"
-                                      : "rotary cos and sin (shared by all blocks)",
-                                   cx ? MLG_FP32 : MLG_STREAM, MLG_ACT, 3, MLG_B, MLG_T,
-                                   ml__graph_lit(g, E->rot));
-    if (!cx)
-        g->t[cs].factor = 2;
-    ml__op_save(ml__graph_step(g, MLG_OP_ELEMENTWISE, "rotary embedding", MLG_NONE, cs, NULL),
-                cs);
+    if (E->rotary == MLG_ROTARY_COMPLEX) {
+        uint16_t cs = ml__graph_tensor(g, "rotary freqs_cis, complex64 (shared by all blocks)",
+                                       MLG_FP32, MLG_ACT, 2, MLG_T, ml__graph_lit(g, E->rot));
+        ml__op_save(ml__graph_step(g, MLG_OP_ELEMENTWISE, "rotary embedding", MLG_NONE, cs, NULL),
+                    cs);
+        return;
+    }
+    const uint8_t rot = ml__graph_lit(g, E->rot);
+    uint16_t c = ml__graph_tensor(g, "rotary cos (shared by all blocks)", MLG_STREAM, MLG_ACT, 2,
+                                  MLG_T, rot);
+    uint16_t s = ml__graph_tensor(g, "rotary sin (shared by all blocks)", MLG_STREAM, MLG_ACT, 2,
+                                  MLG_T, rot);
+    mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "rotary embedding", MLG_NONE, c, NULL);
+    ml__op_out(o, s);
+    ml__op_save(o, c);
+    ml__op_save(o, s);
 }
 
 /* Token embeddings (HF's Embedding modules; Gemma's scale, a host scalar

@@ -51,6 +51,7 @@ uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, mlg_op *p
     /* (its gradient is the rotary's: AddBackward0 passes it on) */
     mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (cos)", x, c1, NULL);
     ml__op_node(o, "MulBackward0 (x * cos)");
+    o->table = MLG_TABLE_COS;
     ml__op_gin(o, x);
     /* with a pass, the rotated part's gradient is a view of the cat's,
      * whose storage the pass's node frees, the last to hold a view of it
@@ -78,6 +79,7 @@ uint16_t ml__kit_rope(ml_graph *g, uint16_t x, uint8_t hd, uint8_t dt, mlg_op *p
     o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (sin)", ct, s1, NULL);
     ml__op_free(o, ct);
     ml__op_node(o, "MulBackward0 (* sin)");
+    o->table = MLG_TABLE_SIN;
     ml__op_gin(o, ct);
     wide_grad(o, dt);
     o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (rotary)", c1, r, NULL);

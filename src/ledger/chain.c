@@ -248,6 +248,29 @@ ml_status ml__chain_refused(const ml_model *m, const ml_training *t, ml_error *e
     return ML_OK;
 }
 
+/* The model's rotary tables (its cos and its sin) are saved by every
+ * layer's rotary products and released by the last of them to run: the
+ * first rotary layer's last product by each in its backward (the engine
+ * runs the layers last to first, and within one the nodes as listed).
+ * The graph marks every product (mlg_op.table); each list (identical
+ * layers share one) keeps the mark at its last node for each table, and
+ * the replay acts on the first layer's (tables_at). */
+void ml__chain_mark_tables(ml_chain *ch)
+{
+    ch->tables_at = 0;
+    for (size_t k = 0; k < ch->n; k++) {
+        ml_bnode *nd = &ch->nodes[ch->blocks[k].node_first];
+        unsigned seen = 0;
+        for (size_t j = ch->blocks[k].nnodes; j-- > 0;) {
+            const unsigned t = nd[j].frees_table;
+            nd[j].frees_table = (uint8_t)(t & ~seen);
+            seen |= t;
+        }
+        if (seen && !ch->tables_at && k < UINT32_MAX)
+            ch->tables_at = (uint32_t)k + 1;
+    }
+}
+
 static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_chain *ch,
                        ml_error *err)
 {
@@ -308,6 +331,7 @@ static ml_status build(const ml_model *m, const ml_config *cfg, bool eval, ml_ch
         ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, m->buffers); /* declared */
     }
     if (st == ML_OK) {
+        ml__chain_mark_tables(ch);
         ml__chain_mark_runs(ch);
         ch->psum = ml__param_sums(ch);
     }

@@ -91,6 +91,10 @@ typedef struct {
     uint8_t scratch_early; /* of scratch_parts, how many (the first made)
                               are freed before the node's gradients
                               (mlg_op.scratch_early; replay_nodes.c, early_bytes) */
+    uint8_t frees_table;   /* the model's rotary tables (MLG_TABLE_COS,
+                              MLG_TABLE_SIN bits) this node releases last:
+                              the first rotary layer's last product by each
+                              (ml__chain_mark_tables) */
     uint64_t gin_b[4], gout_b[3];
     uint8_t ngin, ngout, gin_acc;
     bool accum;
@@ -374,6 +378,9 @@ typedef struct {
                                    ranks are dp x cp x tp / (ep x etp) */
     bool ep_dispatch;           /* the experts' dispatch: expert, expert-tensor or
                                    tensor parallelism with experts */
+    uint32_t tables_at;         /* 1 + the first rotary layer's index, whose nodes
+                                   free the model's rotary tables
+                                   (ml__chain_mark_tables); 0: none */
     uint64_t ep_pairs;          /* with the experts' dispatch: the (token, expert)
                                    pairs of one MoE layer the rank sends (MLG_PS) */
     uint64_t ep_self;           /* of them, those its own experts take (they stay) */
@@ -500,6 +507,9 @@ void ml__chain_free(ml_chain *ch);
 unsigned ml__kv_cache_bpe(const ml_chain *ch, const ml_model *m);
 /* Sets each block's like_prev (replay_runs.c). */
 void ml__chain_mark_runs(ml_chain *ch);
+/* Keeps each node list's rotary-table marks (ml_bnode.frees_table) at the
+ * last node of each table, and sets tables_at (chain.c). */
+void ml__chain_mark_tables(ml_chain *ch);
 
 /* Optimizer model (optim.c): resident state bytes and step temporaries. */
 typedef struct {

@@ -56,7 +56,7 @@ _Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 336 && sizeof(ml_
 #define SAVED_BYTES(X) X(bytes)
 #define NODE_SHAPE(X)                                                                          \
     X(first_saved) X(gin_id[0]) X(gin_id[1]) X(gin_id[2]) X(gin_id[3]) X(gout_id[0]) X(gout_id[1]) X(gout_id[2]) X(ngin)   \
-    X(ngout) X(gin_acc) X(accum) X(pg_first) X(scratch_parts) X(scratch_first) X(scratch_early) X(unpacks) \
+    X(ngout) X(gin_acc) X(accum) X(pg_first) X(scratch_parts) X(scratch_first) X(scratch_early) X(frees_table) X(unpacks) \
     X(accum_copy) X(frees_carry)
 #define NODE_BYTES(X)                                                                          \
     X(grad_in) X(param_grad) X(scratch) X(grad_out) X(gin_b[0]) X(gin_b[1]) X(gin_b[2])          \
@@ -73,7 +73,7 @@ _Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 336 && sizeof(ml_
     X(eval_mode) X(selective) X(mask_in_forward) X(T) X(c_width) X(n_ckpt)   \
     X(calibrated) X(calib_c) X(calib_exact) X(vis_mode) X(mask_ckpt0) X(max_param_numel)     \
     X(psum.all) X(psum.trained) X(psum.with_grad) X(psum.overflow) X(psum.known) X(cp)   \
-    X(ep) X(moe_k) X(moe_experts) X(ep_layer_params) X(etp) X(ep_tp) X(ep_dispatch) X(tp_parts)
+    X(ep) X(moe_k) X(moe_experts) X(ep_layer_params) X(etp) X(ep_tp) X(ep_dispatch) X(tables_at) X(tp_parts)
 #define CHAIN_BYTES(X)                                                                         \
     X(B) X(c_tokens) X(ckpt_side) X(batch_input) X(batch_targets) X(buffer_bytes) X(cp_kv)   \
     X(ep_rows) X(ep_pairs) X(ep_self) /* not affine in B (the routing's remainders): listed, though a mixture of \

@@ -454,6 +454,7 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     if (made) {
         made->unpacks = o->nsave > 0;
         made->frees_carry = frees_carry;
+        made->frees_table = o->table; /* (kept at one node: ml__chain_mark_tables) */
     }
     if (w != MLG_NONE)
         ml__ck_autocast_parts(ch, b, G, o, w, c, tb, acc);

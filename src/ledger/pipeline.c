@@ -219,8 +219,9 @@ static void tie_across(ml_chain *st, const ml_model *m, const ml_training *t, ui
     }
 }
 
-/* The saved entry of the rotary tables among the blocks before the first
- * layer (the embedding's); SIZE_MAX: none. */
+/* The first saved entry of the rotary tables (its cos, then its sin)
+ * among the blocks before the first layer (the embedding's); SIZE_MAX:
+ * none. */
 static size_t rotary_entry(const ml_chain *ch)
 {
     for (size_t k = 0; k < ch->n && ch->blocks[k].ckpt_index < 0; k++) {
@@ -347,9 +348,13 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
     if (r > 0 && rot != SIZE_MAX) {
         ml_cblock *b = pseudo_block(&out->blocks[at++], full, "rotary");
         b->saved_first = rot;
-        b->nsaved = 1;
-        b->saved_bytes = full->saved[rot].bytes;
         b->in_nograd = true;
+        for (size_t j = rot; j < full->nsaved && full->saved[j].what &&
+                             !strncmp(full->saved[j].what, "rotary", 6) && b->nsaved < 2;
+             j++) {
+            b->nsaved++;
+            b->saved_bytes += full->saved[j].bytes;
+        }
     }
     for (size_t i = 0; i < n; i++) {
         const size_t k = idx[i];
@@ -383,6 +388,7 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
     out->n_ckpt = (size_t)layer;
     out->mask_ckpt0 = 0;
     out->psum.known = false;
+    ml__chain_mark_tables(out);
     ml__chain_mark_runs(out);
     out->psum = ml__param_sums(out);
     st = ML_OK;

@@ -403,15 +403,16 @@ static void backward_block(ml_replay *r, size_t k)
     ml__replay_alloc(r, ML_CAT_WORKSPACE, last ? last : hand);
     const size_t late_name = named(r, last ? last : hand);
     const uint64_t gfull = block_grads(r, k);
-    /* the block's saved tensors are released once its gradient is done */
+    /* the block's saved tensors are released once its gradient is done,
+     * and the model's rotary tables where it released them last */
     if (seg[k] >= 0) {
         ml__replay_free(r, ML_CAT_RECOMPUTE, b->saved_bytes);
     } else {
-        ml__replay_free(r, ML_CAT_ACTIVATIONS,
-                        b->saved_bytes - (r->selective ? b->core_bytes : 0));
+        ml__replay_free_own_saved(r, k, b->saved_bytes - (r->selective ? b->core_bytes : 0));
         if (r->selective)
             ml__replay_free(r, ML_CAT_RECOMPUTE, b->core_bytes);
     }
+    ml__replay_tables_done(r, k, false);
     /* boundary k+1: both its users are done now */
     if (k + 1 < n)
         ml__boundary_release(r, k + 1);
@@ -502,9 +503,11 @@ static void backward_nodes(ml_replay *r, size_t k, size_t ran)
      * FLOPs are counted once its nodes have run (docs/ledger.md, "Time") */
     r->flops_done += b->flops_bwd;
     fwd_grads_done(r, k, true);
+    freed += scat == ML_CAT_ACTIVATIONS ? ml__replay_take_tables(r, k) : 0;
     event(r, scat, -(int64_t)(b->saved_bytes - freed));
     if (r->rsim)
         ml__rsim_free_block_saved(r->rsim, scat, k, b->saved_bytes);
+    ml__replay_tables_done(r, k, true);
     if (k + 1 < n)
         ml__boundary_release(r, k + 1);
     if (k == 0 || !(B[k - 1].out_saved))
@@ -564,6 +567,7 @@ void ml__replay_micro_batch(ml_replay *r)
     r->carry_name = 0;
     r->tied_partial = 0;
     r->tied_name = 0;
+    r->table_freed = 0;
     ml_run u = {.streak = 0};
     for (size_t k = n; k-- > 0 && !r->overflow;) { /* an overflow ends the plan */
         k = ml__run_skip(&u, r, k, -1);

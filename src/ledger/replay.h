@@ -8,6 +8,7 @@
 
 #include "ledger/chain.h"
 #include "ledger/reserved.h"
+#include "ledger/reserved_memo.h"
 #include "util/text.h"
 
 struct ml_ledger {
@@ -92,6 +93,8 @@ typedef struct {
      * thread's at its first product, the backward thread's at its first
      * (ml_device.blas_workspace; a process's first iteration only) */
     uint64_t blas_fwd, blas_bwd;
+    uint64_t table_freed; /* rotary tables freed from table_block's saved */
+    size_t table_block;
     /* per boundary k, n + 1 entries each */
     uint64_t *held;          /* bytes of boundary k still allocated, 0 once freed */
     ml_category *held_cat;   /* the category boundary k is counted in */
@@ -285,6 +288,13 @@ void ml__nodeprof_apply(const ml_nodeprof *p, ml_replay *r);
 void ml__nodes_one_by_one(ml_replay *r, size_t k, size_t from, size_t to, bool create,
                           ml_category scat, uint64_t *freed);
 bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat);
+/* The rotary tables block k's nodes release (ml_bnode.frees_table), or at
+ * its backward's end those they did not; k's own saved tensors less the
+ * tables freed; those bytes, taken (replay_nodes.c). */
+void ml__replay_free_tables(ml_replay *r, size_t k, unsigned bits);
+void ml__replay_tables_done(ml_replay *r, size_t k, bool at_nodes);
+void ml__replay_free_own_saved(ml_replay *r, size_t k, uint64_t own);
+uint64_t ml__replay_take_tables(ml_replay *r, size_t k);
 /* Segment s0..k recomputed after k's first nodes that unpack nothing
  * (ml_bnode.unpacks; non-reentrant checkpointing recomputes at the first
  * unpack), their names kept across it: returns how many ran. */
@@ -414,21 +424,6 @@ void ml__replay_forward(ml_replay *r);
 void ml__replay_drop_prev(ml_replay *r);
 /* Forward and backward of one micro-batch (r->micro: its index). */
 void ml__replay_micro_batch(ml_replay *r);
-
-/* The allocator simulations of evaluations of one model and one config
- * that differ in training.checkpoint alone (ml_compare's policies): such a
- * simulation replays the same events whenever the plans' segments and the
- * selective flag agree (the chain depends on the checkpoint through that
- * flag alone: ml__chain_key), so ml__eval_reserved runs it once per
- * distinct plan and answers the others from here (docs/allocator.md,
- * "Speed"). Owned by the caller: zeroed before the first use, freed with
- * ml__reserved_memo_free. */
-typedef struct ml_reserved_seen ml_reserved_seen;
-typedef struct {
-    ml_reserved_seen *e;
-    size_t n, cap;
-} ml_reserved_memo;
-void ml__reserved_memo_free(ml_reserved_memo *memo);
 
 /* A pipeline stage: the other micro-batches' activations it holds while
  * one runs, at the step's first micro-batch (no gradients yet) and at a

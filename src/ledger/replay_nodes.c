@@ -9,6 +9,7 @@
  * replay of every event. */
 #include <string.h>
 
+#include "graph/graph.h"
 #include "ledger/replay.h"
 
 /* The prefix sums stay far from 64 bits (a chain's bytes are below 2^56),
@@ -376,7 +377,79 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, size_t from, size_t to, bool c
                 ml__rsim_free_saved(r->rsim, scat, k, s);
             *freed += sv[s].bytes;
         }
+        if (x->frees_table && r->seg[k] < 0 && k + 1 == r->ch->tables_at)
+            ml__replay_free_tables(r, k, x->frees_table);
     }
+}
+
+/* The saved entry (block *blk, index *entry in its list) of the model's
+ * rotary table `bit`: the latest block before k with one (the embedding,
+ * or a pipeline stage's own tables). */
+static bool table_entry(const ml_chain *ch, size_t k, unsigned bit, size_t *blk, size_t *entry)
+{
+    const char *name = bit == MLG_TABLE_COS ? "rotary cos " : "rotary sin ";
+    const size_t len = strlen(name);
+    for (size_t j = k; j-- > 0;) {
+        const ml_cblock *b = &ch->blocks[j];
+        for (size_t e = 0; e < b->nsaved; e++) {
+            const char *w = ch->saved[b->saved_first + e].what;
+            if (w && !strncmp(w, name, len)) {
+                *blk = j;
+                *entry = e;
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+void ml__replay_free_tables(ml_replay *r, size_t k, unsigned bits)
+{
+    for (unsigned bit = MLG_TABLE_COS; bit <= MLG_TABLE_SIN; bit <<= 1) {
+        size_t j = 0, e = 0;
+        if (!(bits & bit) || !table_entry(r->ch, k, bit, &j, &e) || r->seg[j] >= 0 ||
+            (r->table_freed && r->table_block != j))
+            continue;
+        const uint64_t bytes = r->ch->saved[r->ch->blocks[j].saved_first + e].bytes;
+        ml__replay_ledger_event(r, ML_CAT_ACTIVATIONS, -(int64_t)bytes);
+        if (r->rsim)
+            ml__rsim_free_saved(r->rsim, ML_CAT_ACTIVATIONS, j, e);
+        r->table_freed += bytes;
+        r->table_block = j;
+    }
+}
+
+void ml__replay_tables_done(ml_replay *r, size_t k, bool at_nodes)
+{
+    if (k + 1 != r->ch->tables_at || (at_nodes && r->seg[k] < 0))
+        return; /* not the first rotary layer, or freed at its nodes */
+    const ml_cblock *b = &r->ch->blocks[k];
+    unsigned bits = 0;
+    for (size_t j = 0; j < b->nnodes; j++)
+        bits |= r->ch->nodes[b->node_first + j].frees_table;
+    if (bits)
+        ml__replay_free_tables(r, k, bits);
+}
+
+void ml__replay_free_own_saved(ml_replay *r, size_t k, uint64_t own)
+{
+    const uint64_t early = ml__replay_take_tables(r, k);
+    if (!early) {
+        ml__replay_free(r, ML_CAT_ACTIVATIONS, own);
+        return;
+    }
+    ml__replay_ledger_event(r, ML_CAT_ACTIVATIONS, -(int64_t)(own - early));
+    if (r->rsim)
+        ml__rsim_free_block_saved(r->rsim, ML_CAT_ACTIVATIONS, k, own);
+}
+
+uint64_t ml__replay_take_tables(ml_replay *r, size_t k)
+{
+    if (!r->table_freed || r->table_block != k)
+        return 0;
+    const uint64_t t = r->table_freed;
+    r->table_freed = 0;
+    return t;
 }
 
 enum { KEEP = 8 }; /* the gradients' names ml__nodes_recompute keeps */
@@ -450,6 +523,8 @@ bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat)
         return false;
     const ml_chain *ch = r->ch;
     const ml_cblock *b = &ch->blocks[k];
+    if (k + 1 == ch->tables_at)
+        return false; /* it frees the model's tables (ml__nodes_one_by_one) */
     if (r->tied_partial && b->tied_grad == r->tied_partial && !b->in_nograd)
         return false; /* its tied partial is kept (ml__nodes_one_by_one) */
     ml_nodeprof *p = &r->np;

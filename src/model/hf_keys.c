@@ -56,7 +56,7 @@
 #define LEGACY_NOTE "a key of Google's original BERT configs that transformers does not read"
 #define VIT_POOLER_NOTE "ViTModel's pooler; ViTForImageClassification has none"
 #define RAW_ROTARY_NOTE                                                                        \
-    "cos and sin are counted full width (2·B·T·dh·w, once for all blocks): an over-estimate " \
+    "cos and sin are counted full width (2·T·dh·w, once for all blocks): an over-estimate " \
     "by the fraction 1 − rotary_pct of that; the rotation has no parameters"
 #define MOE_NOTE                                                                               \
     "mixture-of-experts layers are not modelled (these families' transformers classes "        \

@@ -3,16 +3,17 @@
 this test holds today's counts of runs within 5 % of the measured peaks, so a
 change that moves the planner away from the measurements fails the build
 (docs/calibration-h200.md): the steady, first-iteration and evaluation
-allocated peaks 60 of 60, reserved with the simulated caching allocator 52
-of 60 (today's count, not the target; every run within 14 %), with
+allocated peaks 60 of 60, reserved with the simulated caching allocator 55
+of 60 (today's count, not the target; every run within 12 %), with
 expandable segments 24 of 24 (every run within 5 %); and the reserved bytes
 once the first iteration has ended, 58 of 60 and 24 of 24; every run
-planned from an empty cache instead, 51 of 60 and 24 of 24. (The count was
-53 until autocast's three q/k/v weight copies became three tensors, each
-released by its own product's node, as PyTorch makes and frees them: the
-checkpointed Qwen2-1.5B and Llama-1.1B runs with SDPA under autocast moved
-from +5.1 and +3.4 % to +9.1 and +5.9 %; docs/allocator.md names the
-gaps.) The reserved runs
+planned from an empty cache instead, 51 of 60 and 24 of 24. (The count
+went from 53 to 55, and the span from 14 % to 12 %, when the rotary's cos
+and sin became two tensors of one row for the batch, freed at the first
+layer's last rotary products, as the H200 trace of Llama-0.2B and the
+CPU oracle show them: the checkpointed Qwen2-0.5B eager fp32 run from
++13.5 to +0.1 %, Llama-1.1B SDPA under autocast from +5.9 to +3.6 %;
+docs/allocator.md names the gaps.) The reserved runs
 after each campaign's first are planned from the cache the first run left in
 the process (--allocator-start, calib/campaign_state.py), as they were
 measured.
@@ -53,7 +54,7 @@ def main():
         print("%s: %d of %d within 5 %% (at least %d)" % (what, got, n, least))
         if n != runs or got < least:
             bad.append(what)
-    for alloc, least, runs, span in (("caching", 52, 60, 14.0), ("expandable", 24, 24, 5.0)):
+    for alloc, least, runs, span in (("caching", 55, 60, 12.0), ("expandable", 24, 24, 5.0)):
         m = re.search(r"Reserved planned with --allocator %s: (\d+) of (\d+) runs within 5 %% "
                       r"\([^)]*\); all within ([-+0-9.]+) %% to ([-+0-9.]+) %%" % alloc, text)
         if not m:

@@ -38,7 +38,7 @@ Measured on each stage:
    block ("embedding" or "rotary", "block.<i>" with the global layer index,
    "head", "loss"), with crosscheck.py's Recorder (saved_tensors_hooks; each
    storage once; parameters, buffers and the batch excluded). Every stage
-   makes its own rotary tables (cos and sin, B x T x dh each, what
+   makes its own rotary tables (cos and sin, 1 x T x dh each, what
    twins.Llama.run makes in its embedding block): stage 0 counts them in
    "embedding", the others in "rotary". The received input is the first
    layer's RMSNorm input: it is in that layer's saved bytes.
@@ -59,7 +59,7 @@ Hand derivation (fp32, 4 B an element; B 2, T 24, D 64, H 8, dh 8, KV 2,
 F 160, V 173, 4 layers):
 
   BTD = B*T*D*4 = 12,288   BTF = B*T*F*4 = 30,720   BTV = B*T*V*4 = 33,216
-  DF  = D*F*4   = 40,960 (down_proj's weight)   tables = 2*B*T*dh*4 = 3,072
+  DF  = D*F*4   = 40,960 (down_proj's weight)   tables = 2*T*dh*4 = 1,536
   batch tensor (tokens or labels, int64) = B*T*8 = 384
 
   one layer's saved bytes (tp_twins.py's derivation at tp 1): 283,008
@@ -70,13 +70,13 @@ F 160, V 173, 4 layers):
   Python int, saved as a 0-dim double = 33,228).
 
   A_r, one micro-batch's saved bytes on stage r (as planned):
-    p 2: stage 0  tables + 2 layers          = 3,072 + 566,016          = 569,088
-         stage 1  tables + 2 layers + head + loss                        = 639,364
-    p 4: stage 0  tables + 1 layer           = 286,080; stages 1, 2 the same;
-         stage 3  tables + 1 layer + head + loss                         = 356,356
+    p 2: stage 0  tables + 2 layers          = 1,536 + 566,016          = 567,552
+         stage 1  tables + 2 layers + head + loss                        = 637,828
+    p 4: stage 0  tables + 1 layer           = 284,544; stages 1, 2 the same;
+         stage 3  tables + 1 layer + head + loss                         = 354,820
   H_r, what one held micro-batch keeps on the stage: A_r + its batch
-    tensor on stage 0 and on stage p - 1 (384): 569,472 / 639,748;
-    286,464 / 286,080 / 286,080 / 356,740.
+    tensor on stage 0 and on stage p - 1 (384): 567,936 / 638,212;
+    284,928 / 284,544 / 284,544 / 355,204.
   P_r, the stage's parameters (bytes): p 2: 372,992 / 373,248 (embedding
     or final norm + head 44,544, and 2 layers of 164,352); p 4: 208,640 /
     164,352 / 164,352 / 208,896. Resident R = P + AdamW's two states 2P +
@@ -123,37 +123,37 @@ F 160, V 173, 4 layers):
   backward at that op; hand_table() prints the same):
 
   p r sched m   R          k  first       k  later       peak
-  2 0 1f1b  2  1,118,992  2  2,372,624  1  2,145,424   2,372,624  B0 mul
-  2 0 1f1b  8  1,118,992  2  2,372,624  2  2,714,896   2,714,896  B1 mm
-  2 0 gpipe 2  1,118,992  2  2,372,624  1  2,145,424   2,372,624  B0 mul
-  2 0 gpipe 8  1,118,992  8  5,789,456  7  5,562,256   5,789,456  B0 mul
-  2 1 1f1b  2  1,119,760  1  1,848,088  1  2,211,096   2,211,096  B1 log_softmax bwd
-  2 1 1f1b  8  1,119,760  1  1,848,088  1  2,211,096   2,211,096  B1 log_softmax bwd
-  2 1 gpipe 2  1,119,760  2  2,487,836  1  2,211,096   2,487,836  B0 mul
-  2 1 gpipe 8  1,119,760  8  6,326,324  7  6,049,584   6,326,324  B0 mul
-  4 0 1f1b  2    625,936  2  1,313,552  1  1,205,008   1,313,552  B0 mul
-  4 0 1f1b  8    625,936  4  1,886,480  4  2,064,400   2,064,400  B1 mm
-  4 0 gpipe 2    625,936  2  1,313,552  1  1,205,008   1,313,552  B0 mul
-  4 0 gpipe 8    625,936  8  3,032,336  7  2,923,792   3,032,336  B0 mul
-  4 1 1f1b  2    493,072  2  1,179,920  1  1,039,760   1,179,920  B0 mul
-  4 1 1f1b  8    493,072  3  1,466,000  3  1,611,920   1,611,920  B1 mm
-  4 1 gpipe 2    493,072  2  1,179,920  1  1,039,760   1,179,920  B0 mul
-  4 1 gpipe 8    493,072  8  2,896,400  7  2,756,240   2,896,400  B0 mul
-  4 2 1f1b  2    493,072  2  1,179,920  1  1,039,760   1,179,920  B0 mul
-  4 2 1f1b  8    493,072  2  1,179,920  2  1,325,840   1,325,840  B1 mm
-  4 2 gpipe 2    493,072  2  1,179,920  1  1,039,760   1,179,920  B0 mul
-  4 2 gpipe 8    493,072  8  2,896,400  7  2,756,240   2,896,400  B0 mul
-  4 3 1f1b  2    626,704  1  1,072,024  1  1,270,680   1,270,680  B1 log_softmax bwd
-  4 3 1f1b  8    626,704  1  1,072,024  1  1,270,680   1,270,680  B1 log_softmax bwd
-  4 3 gpipe 2    626,704  2  1,428,764  1  1,270,680   1,428,764  B0 mul
-  4 3 gpipe 8    626,704  8  3,569,204  7  3,411,120   3,569,204  B0 mul
+  2 0 1f1b  2  1,118,992  2  2,369,552  1  2,143,888   2,369,552  B0 mul
+  2 0 1f1b  8  1,118,992  2  2,369,552  2  2,711,824   2,711,824  B1 mm
+  2 0 gpipe 2  1,118,992  2  2,369,552  1  2,143,888   2,369,552  B0 mul
+  2 0 gpipe 8  1,118,992  8  5,777,168  7  5,551,504   5,777,168  B0 mul
+  2 1 1f1b  2  1,119,760  1  1,846,552  1  2,209,560   2,209,560  B1 log_softmax bwd
+  2 1 1f1b  8  1,119,760  1  1,846,552  1  2,209,560   2,209,560  B1 log_softmax bwd
+  2 1 gpipe 2  1,119,760  2  2,484,764  1  2,209,560   2,484,764  B0 mul
+  2 1 gpipe 8  1,119,760  8  6,314,036  7  6,038,832   6,314,036  B0 mul
+  4 0 1f1b  2    625,936  2  1,310,480  1  1,203,472   1,310,480  B0 mul
+  4 0 1f1b  8    625,936  4  1,880,336  4  2,058,256   2,058,256  B1 mm
+  4 0 gpipe 2    625,936  2  1,310,480  1  1,203,472   1,310,480  B0 mul
+  4 0 gpipe 8    625,936  8  3,020,048  7  2,913,040   3,020,048  B0 mul
+  4 1 1f1b  2    493,072  2  1,176,848  1  1,038,224   1,176,848  B0 mul
+  4 1 1f1b  8    493,072  3  1,461,392  3  1,607,312   1,607,312  B1 mm
+  4 1 gpipe 2    493,072  2  1,176,848  1  1,038,224   1,176,848  B0 mul
+  4 1 gpipe 8    493,072  8  2,884,112  7  2,745,488   2,884,112  B0 mul
+  4 2 1f1b  2    493,072  2  1,176,848  1  1,038,224   1,176,848  B0 mul
+  4 2 1f1b  8    493,072  2  1,176,848  2  1,322,768   1,322,768  B1 mm
+  4 2 gpipe 2    493,072  2  1,176,848  1  1,038,224   1,176,848  B0 mul
+  4 2 gpipe 8    493,072  8  2,884,112  7  2,745,488   2,884,112  B0 mul
+  4 3 1f1b  2    626,704  1  1,070,488  1  1,269,144   1,269,144  B1 log_softmax bwd
+  4 3 1f1b  8    626,704  1  1,070,488  1  1,269,144   1,269,144  B1 log_softmax bwd
+  4 3 gpipe 2    626,704  2  1,425,692  1  1,269,144   1,425,692  B0 mul
+  4 3 gpipe 8    626,704  8  3,556,916  7  3,400,368   3,556,916  B0 mul
 
   e.g. p 2, stage 0, 1F1B, m 8, at the second backward's down_proj mm:
-    1,118,992 + 372,992 + 2*569,472 + 12,288 + 30,720 + 40,960 = 2,714,896;
+    1,118,992 + 372,992 + 2*567,936 + 12,288 + 30,720 + 40,960 = 2,711,824;
   GPipe, m 8, at the first backward's SwiGLU mul:
-    1,118,992 + 8*569,472 + 40,960 + 12,288 + 2*30,720 = 5,789,456;
+    1,118,992 + 8*567,936 + 40,960 + 12,288 + 2*30,720 = 5,777,168;
   p 4, stage 3, 1F1B, at the second backward's log-softmax:
-    626,704 + 208,896 + 12,288 + 356,740 - 388 + 2*33,216 + 8 = 1,270,680.
+    626,704 + 208,896 + 12,288 + 355,204 - 388 + 2*33,216 + 8 = 1,269,144.
 
 The check: each stage's measured steady peak equals the larger candidate
 to the byte, falls in that backward at that op, with exactly k
@@ -256,7 +256,7 @@ def stage_forward(model, rec, x, batch, m):
     else:
         rec.block = "rotary"
     B, T = x.shape[:2]
-    pos = torch.arange(T)[None].expand(B, T)
+    pos = torch.arange(T)[None]  # cache_position[None]: one row for the batch (LlamaModel.forward)
     cos, sin = model.rotary(x, pos)
     where = "embedding" if r == 0 else "rotary"
     rec.pinned[cos.storage().data_ptr()] = where
@@ -680,7 +680,7 @@ class Model:
         s.dh = m.get("head_dim", m["hidden"] // m["heads"])
         s.BTD, s.BTF, s.BTV = 4 * s.B * s.T * s.D, 4 * s.B * s.T * s.F, 4 * s.B * s.T * s.V
         s.DF = 4 * s.D * s.F
-        s.tables = 2 * s.B * s.T * s.dh * 4
+        s.tables = 2 * s.T * s.dh * 4  # cos and sin, one row for the batch
         s.tok = s.B * s.T * 8
         s.layer = hand_layer(m, s.B, s.T, 1, False)  # (1.13, planned)
         s.head = (4 * (4 * s.B * s.T * s.D + s.B * s.T), 4 * (3 * s.B * s.T * s.D + s.B * s.T))
@@ -949,7 +949,7 @@ def main():
                     tip = ""
                     if qs is not None and qs != ms:
                         tip = tw.explain(ms - qs, {
-                            "the stage's own rotary tables (2*B*T*dh*4)":
+                            "the stage's own rotary tables (2*T*dh*4)":
                                 s.tables if r > 0 else 0}) or ""
                         tip = "; the plan lacks " + tip if tip else ""
                     check(lbl + " activations_saved", qs == ms,

@@ -172,11 +172,12 @@ def hand_layer(m, B, T, tp, sp):
 
 def hand_embedding(m, B, T, tp):
     """The embedding block's saved bytes on one rank: the rotary's cos and
-    sin (B*T*dh each, fp32), and above one rank the vocab-parallel lookup's
+    sin (T*dh each, fp32: one row for the batch, as the position ids a
+    model makes, cache_position[None]), and above one rank the vocab-parallel lookup's
     masked ids (int64, which F.embedding saves) and its bool mask (which the
     zeroing of the masked rows, index_put_, saves): 9 bytes a token."""
     dh = m.get("head_dim", m["hidden"] // m["heads"])
-    return 2 * B * T * dh * 4 + (9 * B * T if tp > 1 else 0)
+    return 2 * T * dh * 4 + (9 * B * T if tp > 1 else 0)
 
 
 def hand_head_loss(m, B, T, tp, sp, rank):
@@ -526,7 +527,7 @@ class TPLlama(tw.Llama):
         B, T = idx.shape
         rec.block = "embedding"
         x = s.embed_tokens(idx)
-        pos = torch.arange(T)[None].expand(B, T)
+        pos = torch.arange(T)[None]  # cache_position[None]: one row for the batch (LlamaModel.forward)
         cos, sin = s.rotary(x, pos)
         rec.pinned[cos.storage().data_ptr()] = "embedding"
         rec.pinned[sin.storage().data_ptr()] = "embedding"

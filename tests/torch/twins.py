@@ -478,7 +478,7 @@ class GPT2Rope(GPT2):
         B, T = idx.shape
         rec.block = "embedding"
         x = dropout(s.wte(idx), s.p)
-        pos = torch.arange(T)[None].expand(B, T)
+        pos = torch.arange(T)[None]  # cache_position[None]: one row for the batch (LlamaModel.forward)
         cos, sin = Llama.rotary(s, x, pos)
         # made once and saved by every block: counted with the embedding
         rec.pinned[cos.storage().data_ptr()] = "embedding"
@@ -606,7 +606,7 @@ class Llama(nn.Module):
         B, T = idx.shape
         rec.block = "embedding"
         x = s.embed_tokens(idx)
-        pos = torch.arange(T)[None].expand(B, T)
+        pos = torch.arange(T)[None]  # cache_position[None]: one row for the batch (LlamaModel.forward)
         cos, sin = s.rotary(x, pos)
         # the tables are made here and saved by every block: counted once,
         # with the embedding block (docs/inventory.md)

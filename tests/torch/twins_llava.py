@@ -303,7 +303,7 @@ class Llava(Llama):
 
         # LlamaModel.forward on inputs_embeds (twins.Llama.run after its
         # embedding): the rotary tables, counted with the embedding block
-        pos = torch.arange(T)[None].expand(B, T)
+        pos = torch.arange(T)[None]  # cache_position[None]: one row for the batch (LlamaModel.forward)
         cos, sin = s.rotary(inputs_embeds, pos)
         rec.pinned[cos.storage().data_ptr()] = "embedding"
         rec.pinned[sin.storage().data_ptr()] = "embedding"

@@ -162,9 +162,10 @@ static void test_gemma_block_fp32(void **state)
     assert_int_equal(b->inventory_bytes, 47488 - 256);
     assert_int_equal(g->params, 11328);
     assert_rel_close(g->flops_forward, 393216, 0);
-    /* the embedding's scale saves a host scalar only: the rotary cos, sin
-     * 2*BT*dh*4 = 2048, as Llama's (its ids, B*T*8 = 128, are the batch's) */
-    assert_int_equal(block_named(l, "embedding")->inventory_bytes, 2048);
+    /* the embedding's scale saves a host scalar only: the rotary cos and
+     * sin, one row for the batch (position ids cache_position[None]),
+     * 2*T*dh*4 = 1024, as Llama's (its ids, B*T*8 = 128, are the batch's) */
+    assert_int_equal(block_named(l, "embedding")->inventory_bytes, 1024);
     assert_int_equal(ml_ledger_summary(l)->bytes_batch, 128 + 128); /* ids, targets */
     /* the final norm: input 2048, rsqrt 64, h 2048, 1 + weight 128; the LM
      * head's input (the norm's output) 2048 */

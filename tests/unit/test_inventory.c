@@ -149,7 +149,7 @@ static void test_llama_block(void **state)
  * Forward FLOPs: q/k/v 2*8*32*(64 + 2*32) = 65,536; QK^T and PV
  * 4*B*H*T*T*dh = 4*4*64*16 = 16,384; o_proj 2*8*64*32 = 32,768; SwiGLU
  * 3 x 2*8*32*64 = 98,304; = 212,992.
- * Embedding: rotary cos and sin 2*B*T*dh*4 = 1024 (its int64 ids, 64 B,
+ * Embedding: rotary cos and sin, one row for the batch, 2*T*dh*4 = 1024 (its int64 ids, 64 B,
  * are the batch's storage). */
 #define LLAMA_HD(attn)                                                                       \
     "model:\n  type: decoder\n  layers: 2\n  hidden: 32\n  heads: 4\n  kv_heads: 2\n"        \

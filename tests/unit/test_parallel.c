@@ -47,11 +47,12 @@ static void test_rank_saved_bytes(void **state)
         assert_int_equal(layer_bytes(cases[k].tp, sp), cases[k].want);
         assert_int_equal(block_named(l, "block.0")->activations_saved, cases[k].want);
         assert_int_equal(block_named(l, "block.1")->activations_saved, cases[k].want);
-        /* the embedding: the rotary's cos and sin, 2 B T dh x 4 = 3,072 B,
-         * and above one rank the vocab-parallel lookup's shifted int64 ids
-         * and bool mask over the whole sequence, B T (8 + 1) = 432 B (the
+        /* the embedding: the rotary's cos and sin, one row for the batch
+         * (position ids cache_position[None]), 2 T dh x 4 = 1,536 B, and
+         * above one rank the vocab-parallel lookup's shifted int64 ids and
+         * bool mask over the whole sequence, B T (8 + 1) = 432 B (the
          * twin's figure on every rank, tp_twins.py's hand_embedding) */
-        const uint64_t emb = 2 * 2 * 24 * 8 * 4 + (cases[k].tp > 1 ? 2 * 24 * 9 : 0);
+        const uint64_t emb = 2 * 24 * 8 * 4 + (cases[k].tp > 1 ? 2 * 24 * 9 : 0);
         assert_int_equal(block_named(l, "embedding")->activations_saved, emb);
         /* the head: the final norm on the stream's Tn rows (input, x *
          * rsqrt, output B Tn D x 4 each, rsqrt B Tn x 4), the output
@@ -308,8 +309,8 @@ static void test_yaml_section(void **state)
 }
 
 /* Pipeline parallelism. The same model with 4 layers: one layer saves
- * 283,008 B (above, tp 1); the embedding its ids, B T x 8 = 384 B x 8 =
- * 3,072 B; the head its RMSNorm's input, x rsqrt and output (the LM
+ * 283,008 B (above, tp 1); the embedding the rotary's cos and sin, 2 T dh
+ * x 4 = 2 x 24 x 8 x 4 = 1,536 B; the head its RMSNorm's input, x rsqrt and output (the LM
  * head's input), B T D x 4 = 12,288 B each, and rsqrt, B T x 4 = 192 B;
  * the loss the log-softmax output, B T V x 4 = 33,216 B, and its 4-byte
  * total weight. */
@@ -337,9 +338,9 @@ static void test_stage_inventory(void **state)
     const uint64_t layer = 283008, head = 3 * 12288 + 192, loss = 33216 + 4;
     assert_int_equal(ml_ledger_rank_count(l), 2);
     const ml_rank_info *r0 = ml_ledger_rank(l, 0), *r1 = ml_ledger_rank(l, 1);
-    assert_int_equal(r0->activations_saved, 3072 + 2 * layer);
-    /* stage 1 makes the rotary tables itself: cos and sin, 2 B T dh x 4 */
-    assert_int_equal(r1->activations_saved, 2 * 2 * 24 * 8 * 4 + 2 * layer + head + loss);
+    assert_int_equal(r0->activations_saved, 1536 + 2 * layer);
+    /* stage 1 makes the rotary tables itself: cos and sin, 2 T dh x 4 */
+    assert_int_equal(r1->activations_saved, 2 * 24 * 8 * 4 + 2 * layer + head + loss);
     assert_int_equal(r0->first_layer, 0);
     assert_int_equal(r1->first_layer, 2);
     assert_true(r0->embedding && !r0->head && r1->head && !r1->embedding);

@@ -561,9 +561,17 @@ static void tiny_llama(char *y, size_t n, const char *more)
  *   the half, SliceBackward0 (x1) another freeing the cat's gradient, added
  *   into the buffer (freed), then * cos's node 128 freeing the incoming
  *   gradient, added in (freed).
+ * The model's rotary tables, cos and sin, one row for the batch (the
+ * position ids a model makes, cache_position[None]): T*dh*4 = 64 B each,
+ * two tensors the embedding makes and every layer's products save. The
+ * engine runs k's rotary nodes, then q's (the later op first), so q's are
+ * the tables' last holders: its * sin's node frees sin once it has run
+ * (after the cat's gradient), and its * cos's node frees cos after the
+ * incoming gradient, before the buffer's addition.
  * The previous model (one 256 B scratch after pow's result, no scratch for
  * rsqrt, rsqrt's whole gradient after the reduced one, the rotary one
- * node) makes none of these runs. */
+ * node, the tables one B*T*dh*4*2 tensor freed with the embedding) makes
+ * none of these runs. */
 static void test_norm_rotary_by_tensor(void **state)
 {
     (void)state;
@@ -573,10 +581,12 @@ static void test_norm_rotary_by_tensor(void **state)
     const int64_t rsqrt[] = {16, 16, 16, -16, -16};
     const int64_t mul[] = {128, 128, 16, -128};
     const int64_t rotary[] = {128, 64, 128, -64, 128, -128, -128, 128, -128, -128};
+    const int64_t last[] = {128, -64, 64, 128, -64, 128, -128, -128, 128, -128, -64, -128};
     assert_true(first_run_at(y, pow2, 7) != SIZE_MAX);
     assert_true(first_run_at(y, rsqrt, 5) != SIZE_MAX);
     assert_true(first_run_at(y, mul, 4) != SIZE_MAX);
     assert_true(first_run_at(y, rotary, 10) != SIZE_MAX);
+    assert_true(first_run_at(y, last, 12) != SIZE_MAX);
 }
 
 /* GPT-NeoX's fused projection and a mixture's expert product, node by
