@@ -60,7 +60,7 @@ static ml_status try_b(search *s, uint64_t b, bool *fits, ml_summary *sum)
         *fits = false;
         return ML_OK;
     }
-    ml_status st = ml__planner_evaluate_with(s->planner, &s->cfg, false, &s->memo, &l, s->err);
+    ml_status st = ml__planner_evaluate_with(s->planner, &s->cfg, false, s->memo, &l, s->err);
     if (st == ML_OVERFLOW) {
         *fits = false; /* too large to represent is too large to fit */
         return ML_OK;
@@ -480,11 +480,13 @@ ml_status ml_fit(const ml_model *m, const ml_config *cfg, const ml_fit_request *
                           "(--micro-batches) without a global batch, and fit finds the largest "
                           "micro-batch at that count, or search the layout (fit --gpus N)",
                           (unsigned long long)cfg->training.pipeline_parallel);
-    search s = {.m = m, .cfg = *cfg, .err = err}; /* the rest zero */
+    ml_reserved_memo memo;
+    memset(&memo, 0, sizeof memo);
+    search s = {.m = m, .cfg = *cfg, .err = err, .memo = &memo}; /* the rest zero */
     ml_status st = ml_planner_create(m, &s.planner, err);
     if (st == ML_OK)
         st = fit(&s, m, cfg, req, out, err);
-    ml__reserved_memo_free(&s.memo);
+    ml__reserved_memo_free(&memo);
     ml_planner_destroy(s.planner);
     return st;
 }

@@ -14,7 +14,7 @@
 static ml_status fits_with(search *s, const ml_config *c, bool *fits)
 {
     ml_ledger *l = NULL;
-    ml_status st = ml__planner_evaluate_with(s->planner, c, false, &s->memo, &l, s->err);
+    ml_status st = ml__planner_evaluate_with(s->planner, c, false, s->memo, &l, s->err);
     *fits = st == ML_OK && ml_ledger_summary(l)->fits;
     ml_ledger_destroy(l);
     return st == ML_NOMEM ? st : ML_OK;
@@ -194,7 +194,7 @@ ml_status ml__fit_explain(search *s, ml_fit_result *r)
     s->cfg.training.grad_accum = 1;
     s->cfg.training.checkpoint.kind = ML_CKPT_FULL;
     ml_ledger *l = NULL;
-    ml_status st = ml__planner_evaluate_with(s->planner, &s->cfg, false, &s->memo, &l, s->err);
+    ml_status st = ml__planner_evaluate_with(s->planner, &s->cfg, false, s->memo, &l, s->err);
     if (st == ML_NOMEM)
         return st;
     if (st == ML_OVERFLOW) {

@@ -12,9 +12,10 @@ typedef struct {
     ml_config cfg;
     ml_planner *planner; /* every plan of the search (docs/ledger.md, "A prepared
                             planner") */
-    ml_reserved_memo memo; /* its simulations: a plan two policies or two
-                              looks share is simulated once (docs/allocator.md,
-                              "Speed") */
+    ml_reserved_memo *memo; /* its simulations, which ml_fit owns (copies of
+                               the search share them): a plan two policies
+                               or two looks share is simulated once
+                               (docs/allocator.md, "Speed") */
     unsigned evals;
     ml_error *err;
     bool accum_over; /* the global batch needs more steps than FIT_MAX_ACCUM */
