@@ -259,6 +259,8 @@ void ml__chain_mark_tables(ml_chain *ch)
 {
     ch->tables_at = 0;
     for (size_t k = 0; k < ch->n; k++) {
+        if (!ch->blocks[k].nnodes)
+            continue; /* (a chain without node lists has no array) */
         ml_bnode *nd = &ch->nodes[ch->blocks[k].node_first];
         unsigned seen = 0;
         for (size_t j = ch->blocks[k].nnodes; j-- > 0;) {
