@@ -342,6 +342,8 @@ typedef struct {
     ml_vision_tower vis_mode;   /* a multimodal model's training.vision_tower; the
                                    tower's layers are checkpoint indices below
                                    mask_ckpt0 */
+    uint32_t side_ids;          /* of ckpt_side, the position ids' bytes: a tensor
+                                   of its own, made first (ML_T_SIDE); 0: one */
     uint64_t mask_ckpt0;        /* the checkpoint index of the first layer those
                                    masks serve (Llava: the decoder's, after the
                                    vision layers); 0 otherwise */

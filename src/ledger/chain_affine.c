@@ -71,7 +71,7 @@ _Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 336 && sizeof(ml_
 #define CHAIN_SHAPE(X)                                                                         \
     X(n) X(nsaved) X(nparams) X(nnodes) X(nsides) X(nwork) X(nfsteps) X(overflow) X(nomem) X(record_nodes)        \
     X(eval_mode) X(selective) X(mask_in_forward) X(T) X(c_width) X(n_ckpt)   \
-    X(calibrated) X(calib_c) X(calib_exact) X(vis_mode) X(mask_ckpt0) X(max_param_numel)     \
+    X(calibrated) X(calib_c) X(calib_exact) X(vis_mode) X(side_ids) X(mask_ckpt0) X(max_param_numel)     \
     X(psum.all) X(psum.trained) X(psum.with_grad) X(psum.overflow) X(psum.known) X(cp)   \
     X(ep) X(moe_k) X(moe_experts) X(ep_layer_params) X(etp) X(ep_tp) X(ep_dispatch) X(tables_at) X(tp_parts)
 #define CHAIN_BYTES(X)                                                                         \

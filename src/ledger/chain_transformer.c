@@ -238,6 +238,10 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
     else if (!enc && (m->norms.kind != ML_NORM_LAYERNORM || m->residual.parallel))
         ch->ckpt_side = ml_add(ch, ml_mul(ch, ml_mul(ch, d->T, d->T), w),
                                m->embed.position == ML_POS_ROPE ? ml_mul(ch, d->T, 8) : 0);
+    /* the position ids and the mask are two tensors (the ids made first:
+     * the mask is built from cache_position, LlamaModel.forward) */
+    if (!enc && m->embed.position == ML_POS_ROPE && ch->ckpt_side && d->T <= UINT32_MAX / 8)
+        ch->side_ids = (uint32_t)(d->T * 8);
     return ML_OK;
 }
 

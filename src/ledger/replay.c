@@ -191,7 +191,7 @@ static void forward_block(ml_replay *r, size_t k)
     const bool layer = b->ckpt_index >= (int)ch->mask_ckpt0;
     const uint64_t mask = ch->mask_in_forward ? ch->ckpt_side : 0;
     if (layer && b->ckpt_index == (int)ch->mask_ckpt0)
-        ml__replay_alloc(r, ML_CAT_WORKSPACE, mask);
+        ml__replay_alloc_as(r, ML_CAT_WORKSPACE, mask, ML_T_SIDE, 0, 1);
     uint64_t gat = gathered(r, k, false);
     ml__replay_alloc(r, ML_CAT_WORKSPACE, gat);
     gather_time(r, k);

@@ -299,6 +299,12 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
     } else if ((split == ML_T_UNITS_FWD || split == ML_T_UNITS || split == ML_T_UNITS_BWD) &&
                block < ch->n) {
         return unit_sizes(r, bytes, split, &ch->blocks[block]);
+    } else if (split == ML_T_SIDE && ch->side_ids && ch->side_ids < bytes) {
+        if (!sizes_room(r, 2))
+            return SIZE_MAX;
+        r->sizes[0] = ch->side_ids;
+        r->sizes[1] = bytes - ch->side_ids;
+        return 2;
     } else if (split == ML_T_HELD && block < ch->n) {
         return held_sizes(r, bytes, &ch->blocks[block]);
     } else if (split == ML_T_SHARD) {

@@ -29,6 +29,8 @@ typedef enum {
     ML_T_UNITS,          /* a no_grad transient: tensors of the block's unit */
     ML_T_UNITS_BWD,      /* a backward transient: the incoming gradient (bwd_in),
                             then tensors of the block's unit */
+    ML_T_SIDE,           /* the side tensors a checkpoint keeps (chain.h,
+                            ckpt_side): the position ids, then the mask */
     ML_T_HELD,           /* what evaluation's output and autocast hold after
                             the block: its keys and values (cache_unit each),
                             then its weight copies (its saved tensors flagged

@@ -183,7 +183,7 @@ void ml__side_kept(ml_replay *r, uint64_t mask)
     const uint64_t side = r->sh->side_bytes;
     if (!mask || mask != side || side > (uint64_t)INT64_MAX) {
         ml__replay_free(r, ML_CAT_WORKSPACE, mask);
-        ml__replay_alloc(r, ML_CAT_ACTIVATIONS, side);
+        ml__replay_alloc_as(r, ML_CAT_ACTIVATIONS, side, ML_T_SIDE, 0, 1);
         return;
     }
     ml__replay_ledger_event(r, ML_CAT_WORKSPACE, -(int64_t)mask);

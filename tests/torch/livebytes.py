@@ -1004,18 +1004,10 @@ BACKWARD_GAPS = {
 # docs/validation.md ("Frees"); their check expects the difference, so
 # that one fixed fails until it goes (a "*" entry expects any difference:
 # a second one in such a layer goes unseen).
-CKPT_FRAMES = ("under non-reentrant checkpointing the first layer's frame holds the "
-               "attention mask and the position ids it was called with (with the rotary "
-               "tables) to its backward's end; the plan frees the tables there, the mask "
-               "and the ids later")
 BLOCK_RULE = ("a block-rule forward (no op-by-op programs for this layout): its saved "
               "tensors made whole, e.g. LayerNorm's mean and rstd or q's and k's copies "
               "as one allocation each")
-FREE_GAPS = [(m, "block.0", CKPT_FRAMES, "ckpt=") for m in (
-    "xc-llama", "xc-llama-cls", "xc-gemma", "xc-gemma2", "xc-olmo", "xc-phi3", "xc-llava",
-    "xc-llava-frozen", "xc-llava-full", "xc-llava-none", "xc-neox",
-    "xc-falcon", "xc-falcon-mha")] + [
-        (m, "*", BLOCK_RULE, "") for m in ("xc-qwen2moe", "xc-mixtral")]
+FREE_GAPS = [(m, "*", BLOCK_RULE, "") for m in ("xc-qwen2moe", "xc-mixtral")]
 
 
 def layer_backward_checks(check, name, c, view, j, planned, ckpt=False, amp=False):

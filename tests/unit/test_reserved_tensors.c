@@ -364,6 +364,43 @@ static void test_moved_not_copied(void **state)
     ml__rsim_destroy(r);
 }
 
+/* The side tensors a checkpoint keeps with rotary positions (HF Llama at
+ * T = 24 in fp32): cache_position, T x 8 = 192 B, made first (the mask is
+ * built from it), then the (1, 1, T, T) mask, T x T x 4 = 2,304 B: two
+ * allocations in that order, moved to the activations together and freed
+ * as two. Without position ids (side_ids 0) the side is one tensor. */
+static void test_side_two_tensors(void **state)
+{
+    (void)state;
+    ml_chain ch;
+    ml_cblock b;
+    ml_saved sv[5];
+    ml_rsim *r = recording(&ch, &b, sv);
+    ch.side_ids = 192;
+    ml__rsim_alloc(r, ML_CAT_WORKSPACE, 192 + 2304, ML_T_SIDE, 0, 1);
+    ml__rsim_move(r, ML_CAT_WORKSPACE, ML_CAT_ACTIVATIONS, 192 + 2304);
+    ml__rsim_free(r, ML_CAT_ACTIVATIONS, 192 + 2304);
+    size_t nev = 0;
+    ml_sim_event *ev = ml__rsim_take_events(r, &nev);
+    assert_int_equal(nev, 4);
+    const ml_sim_action act[] = {ML_SIM_ALLOC, ML_SIM_ALLOC, ML_SIM_FREE, ML_SIM_FREE};
+    const uint64_t bytes[] = {192, 2304};
+    for (size_t i = 0; i < 4; i++)
+        assert_int_equal(ev[i].action, act[i]);
+    assert_int_equal(ev[0].bytes, bytes[0]);
+    assert_int_equal(ev[1].bytes, bytes[1]);
+    free(ev);
+    assert_int_equal(now(r).allocated.current, 0);
+    assert_int_equal(ml__rsim_inexact(r), 0);
+    ch.side_ids = 0;
+    ml__rsim_alloc(r, ML_CAT_WORKSPACE, 2304, ML_T_SIDE, 0, 1);
+    ev = ml__rsim_take_events(r, &nev);
+    assert_int_equal(nev, 1);
+    assert_int_equal(ev[0].bytes, 2304);
+    free(ev);
+    ml__rsim_destroy(r);
+}
+
 /* The mask is made before the layer whose steps hold a tensor of its
  * size: the move takes the mask (the older), so the step tensor's free by
  * name finds its own allocation. A move of the latest would take the step
@@ -672,6 +709,7 @@ int main(void)
         cmocka_unit_test(test_saved_freed_by_node),
         cmocka_unit_test(test_saved_filled_by_steps),
         cmocka_unit_test(test_moved_not_copied),
+        cmocka_unit_test(test_side_two_tensors),
         cmocka_unit_test(test_moved_is_the_older),
         cmocka_unit_test(test_checkpointed_forward_by_op),
         cmocka_unit_test(test_bias_grad_apart),
