@@ -233,10 +233,14 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
      * position ids (cache_position, T int64: position_ids is a view of it)
      * (docs/inventory.md); HF GPT-NeoX's and Falcon's layers take the same two */
     ch->mask_in_forward = m->attn.kernel == ML_ATTN_EAGER;
+    /* SDPA and flash get no 4-D causal mask: with no padding, HF's mask
+     * builder returns None and the kernel runs is_causal (masking_utils.py,
+     * sdpa_mask and _ignore_causal_mask_sdpa), so a checkpoint keeps the
+     * position ids alone */
     if (enc && !m->embed.image_size)
         ch->ckpt_side = ml_mul(ch, d->BT, w);
     else if (!enc && (m->norms.kind != ML_NORM_LAYERNORM || m->residual.parallel))
-        ch->ckpt_side = ml_add(ch, ml_mul(ch, ml_mul(ch, d->T, d->T), w),
+        ch->ckpt_side = ml_add(ch, ch->mask_in_forward ? ml_mul(ch, ml_mul(ch, d->T, d->T), w) : 0,
                                m->embed.position == ML_POS_ROPE ? ml_mul(ch, d->T, 8) : 0);
     /* the position ids and the mask are two tensors (the ids made first:
      * the mask is built from cache_position, LlamaModel.forward) */

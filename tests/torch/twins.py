@@ -612,7 +612,11 @@ class Llama(nn.Module):
         # with the embedding block (docs/inventory.md)
         rec.pinned[cos.storage().data_ptr()] = "embedding"
         rec.pinned[sin.storage().data_ptr()] = "embedding"
-        mask = torch.full((T, T), float("-inf")).triu(1)[None, None].expand(B, 1, T, T)
+        # SDPA and flash get no 4-D mask: with no padding HF's builder returns
+        # None and the kernel runs is_causal (masking_utils.py, sdpa_mask,
+        # _ignore_causal_mask_sdpa), so a checkpoint keeps none
+        mask = None if getattr(s, "flash", False) else \
+            torch.full((T, T), float("-inf")).triu(1)[None, None].expand(B, 1, T, T)
         bwd_mark("embedding", x)
         x = run_blocks(rec, s.blocks, s.block, x, ckpt, cos, sin, mask, pos)
         del mask, pos  # LlamaModel.forward's: it returns after the layers (and its norm)
