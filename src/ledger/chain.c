@@ -410,9 +410,13 @@ void ml__chain_key(const ml_config *cfg, ml_config *key)
     key->training.virtual_stages = 0;
     key->training.pp_schedule = ML_PP_1F1B;
     key->training.npp_layers = 0;
-    key->training.checkpoint.every = key->training.checkpoint.count = 0;
-    key->training.checkpoint.kind =
-        cfg->training.checkpoint.kind == ML_CKPT_SELECTIVE ? ML_CKPT_SELECTIVE : ML_CKPT_NONE;
+    ml__chain_policy(&key->training.checkpoint);
+}
+
+void ml__chain_policy(ml_checkpoint *c)
+{
+    c->kind = c->kind == ML_CKPT_SELECTIVE ? ML_CKPT_SELECTIVE : ML_CKPT_NONE;
+    c->every = c->count = 0;
 }
 
 bool ml__chain_key_equal(const ml_config *a, const ml_config *b)

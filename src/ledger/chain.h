@@ -499,6 +499,9 @@ ml_status ml__chain_build(const ml_model *m, const ml_config *cfg, ml_chain *ch,
  * their bytes but those two lists) give chains that differ only by the
  * micro-batch (the prepared planner's settings, planner.c). */
 void ml__chain_key(const ml_config *cfg, ml_config *key);
+/* The checkpoint policy as the chain reads it, in place: selective or not
+ * (the plan's segments say the rest); its list is not written. */
+void ml__chain_policy(ml_checkpoint *c);
 bool ml__chain_key_equal(const ml_config *a, const ml_config *b);
 /* The same for the evaluation pass: the model in eval mode (eval_mode). */
 ml_status ml__chain_build_eval(const ml_model *m, const ml_config *cfg, ml_chain *ch,

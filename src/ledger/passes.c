@@ -189,7 +189,7 @@ uint64_t ml__eval_first_without_grads(ml_evalctx *x, const int *seg,
  * replayed), then what it left: its figures and the chain's overflow flag
  * after it. */
 struct ml_reserved_seen {
-    ml_config cfg; /* sim_config's */
+    ml_config cfg; /* the policy as the chain reads it (ml__chain_policy) */
     int *seg;      /* n entries, the entry's own */
     size_t n;
     bool overflow, whole;
@@ -209,25 +209,17 @@ void ml__reserved_memo_free(ml_reserved_memo *memo)
     }
 }
 
-/* cfg as a simulation reads it: the checkpoint policy only as selective
- * or not (the chain's one use of it, ml__chain_key), the plan's segments
- * saying the rest. Byte for byte from cfg otherwise: two configs a search
- * derived from one by assignment compare equal exactly when their fields
- * do, and any other pair at worst differs (a simulation run again). */
-static void sim_config(const ml_config *cfg, ml_config *out)
-{
-    memcpy(out, cfg, sizeof *out);
-    ml_checkpoint *c = &out->training.checkpoint;
-    c->kind = c->kind == ML_CKPT_SELECTIVE ? ML_CKPT_SELECTIVE : ML_CKPT_NONE;
-    c->every = c->count = 0;
-    memset(c->blocks, 0, sizeof c->blocks);
-}
-
-/* x's plan seg[] as a memo entry's key (its seg borrowed). */
+/* x's plan seg[] as a memo entry's key (its seg borrowed): the config
+ * byte for byte (two configs a search derived from one by assignment
+ * compare equal exactly when their fields do; any other pair at worst
+ * differs, a simulation run again), its checkpoint policy as the chain
+ * reads it. */
 static void seen_key(const ml_evalctx *x, const int *seg, ml_reserved_seen *k)
 {
     memset(k, 0, sizeof *k);
-    sim_config(x->cfg, &k->cfg);
+    memcpy(&k->cfg, x->cfg, sizeof k->cfg);
+    ml__chain_policy(&k->cfg.training.checkpoint);
+    memset(k->cfg.training.checkpoint.blocks, 0, sizeof k->cfg.training.checkpoint.blocks);
     k->seg = (int *)seg; /* not written through: a key is only compared */
     k->n = x->ch->n;
     k->overflow = x->ch->overflow;

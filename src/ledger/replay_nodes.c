@@ -323,11 +323,9 @@ static void scratch_free(ml_replay *r, const ml_bnode *x, const size_t *names, b
     const unsigned n = scratch_tensors(r, x, sizes);
     const uint64_t eb = early_bytes(x);
     const unsigned k = eb ? x->scratch_early : 0; /* the tensors freed early */
-    if (n == x->scratch_parts && n > 1)
-        named_free(r, ML_CAT_WORKSPACE, early ? sizes : sizes + k, early ? k : n - k,
-                   early ? names : names + k, true);
-    else if (n)
-        named_free(r, ML_CAT_WORKSPACE, sizes, early ? 0 : n, names, true);
+    const unsigned from = early ? 0 : k;
+    if (n)
+        named_free(r, ML_CAT_WORKSPACE, sizes + from, early ? k : n - k, names + from, true);
     else
         ml__replay_free(r, ML_CAT_WORKSPACE, early ? eb : x->scratch - eb);
 }

@@ -999,15 +999,14 @@ BACKWARD_GAPS = {
 }
 
 # Layers whose backward with its frees (free_check) differs from PyTorch's:
-# (model, layer or "*" for every layer checked, the difference, and the
-# text the run's name holds for it to apply: "" every run), each named in
-# docs/validation.md ("Frees"); their check expects the difference, so
+# (model, layer or "*" for every layer checked, the difference), each named
+# in docs/validation.md ("Frees"); their check expects the difference, so
 # that one fixed fails until it goes (a "*" entry expects any difference:
 # a second one in such a layer goes unseen).
 BLOCK_RULE = ("a block-rule forward (no op-by-op programs for this layout): its saved "
               "tensors made whole, e.g. LayerNorm's mean and rstd or q's and k's copies "
               "as one allocation each")
-FREE_GAPS = [(m, "*", BLOCK_RULE, "") for m in ("xc-qwen2moe", "xc-mixtral")]
+FREE_GAPS = [(m, "*", BLOCK_RULE) for m in ("xc-qwen2moe", "xc-mixtral")]
 
 
 def layer_backward_checks(check, name, c, view, j, planned, ckpt=False, amp=False):
@@ -1076,8 +1075,7 @@ def free_check(check, name, blk, seq, planned):
     sorted): one run of the plan's steady-iteration events, or, for a
     layer FREE_GAPS names, not (the difference expected)."""
     model = name.split(" ")[0]
-    gap = next((why for m, b, why, run in FREE_GAPS
-                if m == model and b in (blk, "*") and run in name), None)
+    gap = next((why for m, b, why in FREE_GAPS if m == model and b in (blk, "*")), None)
     label = name + " %s's backward with its frees, %d events: " % (blk, len(seq))
     if gap:
         check(label + "not a run of the plan's (%s)" % gap, holds_run(seq, planned), False)
