@@ -151,6 +151,8 @@ typedef struct {
                          what they make with T is sharded */
     bool seq;         /* sequence parallelism: a rank holds T / seq_div of its
                          tokens (ml__graph_shard_sequence) */
+    uint8_t table;    /* the model's rotary table, made once for every layer
+                         (MLG_TABLE_*); 0: none */
 } mlg_tensor;
 
 /* Op kinds: the kernel class of each op, for the time model. */
@@ -166,8 +168,10 @@ typedef enum {
     MLG_OP_KINDS
 } mlg_op_kind;
 
-/* mlg_op.table: the rotary table a product multiplies by. */
-enum { MLG_TABLE_COS = 1, MLG_TABLE_SIN = 2 };
+/* The rotary tables: mlg_op.table, the one a product multiplies by (cos or
+ * sin); mlg_tensor.table, the one a tensor is (also DeepSeek-V2's complex
+ * freqs_cis, whose products free nothing). */
+enum { MLG_TABLE_COS = 1, MLG_TABLE_SIN = 2, MLG_TABLE_CIS = 4 };
 
 typedef struct {
     const char *name;    /* static: the forward op */

@@ -121,6 +121,7 @@ static void rotary(ml_graph *g, const mlg_embed *E)
     if (E->rotary == MLG_ROTARY_COMPLEX) {
         uint16_t cs = ml__graph_tensor(g, "rotary freqs_cis, complex64 (shared by all blocks)",
                                        MLG_FP32, MLG_ACT, 2, MLG_T, ml__graph_lit(g, E->rot));
+        g->t[cs].table = MLG_TABLE_CIS;
         ml__op_save(ml__graph_step(g, MLG_OP_ELEMENTWISE, "rotary embedding", MLG_NONE, cs, NULL),
                     cs);
         return;
@@ -130,6 +131,8 @@ static void rotary(ml_graph *g, const mlg_embed *E)
                                   MLG_T, rot);
     uint16_t s = ml__graph_tensor(g, "rotary sin (shared by all blocks)", MLG_STREAM, MLG_ACT, 2,
                                   MLG_T, rot);
+    g->t[c].table = MLG_TABLE_COS;
+    g->t[s].table = MLG_TABLE_SIN;
     mlg_op *o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "rotary embedding", MLG_NONE, c, NULL);
     ml__op_out(o, s);
     ml__op_save(o, c);

@@ -33,6 +33,12 @@ enum {
     ML_SV_OUTPUT = 4, /* the block's own output: a boundary tensor, not in saved_bytes */
     ML_SV_BATCH = 8,  /* part of the batch the loop holds (the targets): resident */
     ML_SV_WCAST = 16, /* autocast's copy of a weight (part of cast_bytes) */
+    /* the model's rotary tables, made once for every layer (the graph's
+     * MLG_TABLE_COS, _SIN and _CIS) */
+    ML_SV_TABLE_COS = 32,
+    ML_SV_TABLE_SIN = 64,
+    ML_SV_TABLE_CIS = 128,
+    ML_SV_TABLES = ML_SV_TABLE_COS | ML_SV_TABLE_SIN | ML_SV_TABLE_CIS,
 };
 
 typedef struct {

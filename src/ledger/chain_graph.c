@@ -339,9 +339,12 @@ static size_t list(ml_chain *ch, ml_cblock *b, const ml_graph *g, const uint64_t
             ml__ck_save(ch, b, t->name, bytes[e], 1, ML_SV_BATCH);
             continue;
         }
+        const unsigned table = (t->table & MLG_TABLE_COS ? ML_SV_TABLE_COS : 0) |
+                               (t->table & MLG_TABLE_SIN ? ML_SV_TABLE_SIN : 0) |
+                               (t->table & MLG_TABLE_CIS ? ML_SV_TABLE_CIS : 0);
         const size_t k = ml__ck_save(ch, b, t->name, bytes[e], 1,
                                      (t->flags & MLG_T_CORE ? ML_SV_CORE : 0) |
-                                         (t->flags & MLG_T_WCAST ? ML_SV_WCAST : 0));
+                                         (t->flags & MLG_T_WCAST ? ML_SV_WCAST : 0) | table);
         n++;
         if (keep)
             x->idx[e] = k;

@@ -228,7 +228,7 @@ static size_t rotary_entry(const ml_chain *ch)
         const ml_cblock *b = &ch->blocks[k];
         for (size_t j = 0; j < b->nsaved; j++) {
             const ml_saved *s = &ch->saved[b->saved_first + j];
-            if (s->what && !strncmp(s->what, "rotary", 6))
+            if (s->flags & ML_SV_TABLES)
                 return b->saved_first + j;
         }
     }
@@ -349,8 +349,8 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
         ml_cblock *b = pseudo_block(&out->blocks[at++], full, "rotary");
         b->saved_first = rot;
         b->in_nograd = true;
-        for (size_t j = rot; j < full->nsaved && full->saved[j].what &&
-                             !strncmp(full->saved[j].what, "rotary", 6) && b->nsaved < 2;
+        for (size_t j = rot; j < full->nsaved && (full->saved[j].flags & ML_SV_TABLES) &&
+                             b->nsaved < 2;
              j++) {
             b->nsaved++;
             b->saved_bytes += full->saved[j].bytes;

@@ -385,13 +385,11 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, size_t from, size_t to, bool c
  * or a pipeline stage's own tables). */
 static bool table_entry(const ml_chain *ch, size_t k, unsigned bit, size_t *blk, size_t *entry)
 {
-    const char *name = bit == MLG_TABLE_COS ? "rotary cos " : "rotary sin ";
-    const size_t len = strlen(name);
+    const unsigned flag = bit == MLG_TABLE_COS ? ML_SV_TABLE_COS : ML_SV_TABLE_SIN;
     for (size_t j = k; j-- > 0;) {
         const ml_cblock *b = &ch->blocks[j];
         for (size_t e = 0; e < b->nsaved; e++) {
-            const char *w = ch->saved[b->saved_first + e].what;
-            if (w && !strncmp(w, name, len)) {
+            if (ch->saved[b->saved_first + e].flags & flag) {
                 *blk = j;
                 *entry = e;
                 return true;

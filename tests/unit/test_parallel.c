@@ -357,6 +357,39 @@ static void test_stage_inventory(void **state)
     ml_model_destroy(m);
 }
 
+/* DeepSeek-V2-Lite (models/hf/deepseek-v2-lite) in stages of 13 and 14
+ * layers. Its rotary table is one complex64 freqs_cis of (1, T, rope / 2):
+ * T x 32 x 8 B (qk_rope_head_dim 64), 16,384 B at T = 64, which the
+ * embedding saves alone (the token ids are the batch's). The second stage
+ * makes the table itself, so it saves what its blocks save in the whole
+ * model's plan and 16,384 B more. */
+static void test_stage_complex_table(void **state)
+{
+    (void)state;
+    ml_model *m = load_hf_config("deepseek-v2-lite");
+    ml_config c = ml_model_config(m);
+    c.training.seq_len = 64;
+    c.device.allocator = ML_ALLOCATOR_NONE;
+    ml_ledger *whole = eval(m, &c, false);
+    const uint64_t table = 64 * 32 * 8;
+    assert_int_equal(block_named(whole, "embedding")->activations_saved, table);
+    uint64_t rest = block_named(whole, "head")->activations_saved +
+                    block_named(whole, "loss")->activations_saved;
+    for (int k = 13; k < 27; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "block.%d", k);
+        rest += block_named(whole, name)->activations_saved;
+    }
+    c.training.pipeline_parallel = 2;
+    c.training.grad_accum = 4;
+    assert_int_equal(ml_pp_layers_parse("13,14", &c.training, NULL), ML_OK);
+    ml_ledger *l = eval(m, &c, false);
+    assert_int_equal(ml_ledger_rank(l, 1)->activations_saved, table + rest);
+    ml_ledger_destroy(l);
+    ml_ledger_destroy(whole);
+    ml_model_destroy(m);
+}
+
 /* The in-flight micro-batches at a stage's first backward of the step and
  * at a later one: 1F1B keeps min(m, p - r) through its steady state, a
  * stage that never leaves its warmup (m <= p - r) one fewer later; GPipe
@@ -670,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_interleaved_in_flight), cmocka_unit_test(test_stage_refusals),
         cmocka_unit_test(test_megatron_layer),   cmocka_unit_test(test_sp_graph),
         cmocka_unit_test(test_sp_buffer),        cmocka_unit_test(test_pipeline_step),
+        cmocka_unit_test(test_stage_complex_table),
         cmocka_unit_test(test_tied_stages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
