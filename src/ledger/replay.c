@@ -247,31 +247,6 @@ static void forward_block(ml_replay *r, size_t k)
         ml__replay_drop_prev(r);
 }
 
-/* Frees `bytes` of the output's key/value cache block by block, as
- * forward_block made it (a free of the sum would release whatever
- * workspace tensor was latest). */
-static void free_out_cache(ml_replay *r, uint64_t bytes)
-{
-    for (size_t k = 0; k < r->ch->n && bytes; k++) {
-        const uint64_t b = r->ch->blocks[k].out_cache_bytes;
-        if (b && b <= bytes) {
-            ml__replay_free(r, ML_CAT_WORKSPACE, b);
-            bytes -= b;
-        }
-    }
-    if (bytes) /* (more than one micro-batch's: the rest by its sum) */
-        ml__replay_free(r, ML_CAT_WORKSPACE, bytes);
-}
-
-void ml__replay_drop_prev(ml_replay *r)
-{
-    if (r->prev_out)
-        ml__replay_free(r, r->prev_out_cat, r->prev_out);
-    if (r->prev_cache)
-        free_out_cache(r, r->prev_cache);
-    r->prev_out = r->prev_cache = 0;
-}
-
 void ml__replay_forward(ml_replay *r)
 {
     const size_t n = r->ch->n;
@@ -290,7 +265,7 @@ void ml__replay_forward(ml_replay *r)
     /* logits released or fused: the loop keeps the loss alone, and the
      * output's cache goes with the output once the forward returns */
     if (!r->keep_output && r->cache_out) {
-        free_out_cache(r, r->cache_out);
+        ml__out_cache_free(r, r->cache_out);
         r->cache_out = 0;
     }
     /* autocast's region ends: its cache goes, a checkpointed block's copies
@@ -581,23 +556,5 @@ void ml__replay_micro_batch(ml_replay *r)
     r->grad_carry = 0;
     r->carry_name = 0;
     ml__replay_free(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
-    /* logits: kept — what the loop still holds after backward (through-
-     * backward: dropped here, before the next micro-batch or the step) */
-    for (size_t k = 0; k < n && r->keep_output; k++)
-        if (r->ch->blocks[k].in_held && r->held[k]) {
-            if (r->drop_output) {
-                ml__replay_free(r, r->held_cat[k], r->held[k]);
-            } else {
-                r->prev_out = r->held[k];
-                r->prev_out_cat = r->held_cat[k];
-            }
-            r->held[k] = 0;
-        }
-    if (r->keep_output && r->cache_out) { /* the output's cache goes with it */
-        if (r->drop_output)
-            free_out_cache(r, r->cache_out);
-        else
-            r->prev_cache += r->cache_out;
-        r->cache_out = 0;
-    }
+    ml__output_after_backward(r);
 }

@@ -103,6 +103,7 @@ typedef struct {
      * kept), freed once this micro-batch's loss is computed */
     uint64_t prev_out;
     ml_category prev_out_cat;
+    size_t out_name, prev_out_name; /* this one's and prev_out's simulated names */
     /* results of a micro-batch */
     double flops_recompute;  /* recompute FLOPs of this micro-batch */
     double flops_done;       /* FLOPs of the iteration run so far (events' time) */
@@ -419,9 +420,13 @@ void ml__replay_recompute_flops(ml_replay *r, double f);
 /* The forward of one micro-batch; blocks with seg[k] >= 0 run under
  * no_grad (nothing saved). */
 void ml__replay_forward(ml_replay *r);
-/* A previous micro-batch's output the loop held (logits: kept) dropped,
- * its cache with it: at this micro-batch's loss, or after the step. */
+/* The output the loop holds (logits: kept; sides.c), freed by its name: a
+ * previous micro-batch's dropped, its cache with it, at this one's loss or
+ * after the step; after a backward, this one's kept as the previous
+ * (through-backward: dropped); `bytes` of the output's cache freed. */
 void ml__replay_drop_prev(ml_replay *r);
+void ml__output_after_backward(ml_replay *r);
+void ml__out_cache_free(ml_replay *r, uint64_t bytes);
 /* Forward and backward of one micro-batch (r->micro: its index). */
 void ml__replay_micro_batch(ml_replay *r);
 

@@ -78,6 +78,7 @@ void ml__rsim_destroy(ml_rsim *r)
         free(r->live[c]);
     free(r->sizes);
     free(r->ev);
+    free(r->side_names);
     free(r);
 }
 
@@ -532,6 +533,31 @@ uint64_t ml__rsim_start_held(const ml_device *dv)
 size_t ml__rsim_latest(const ml_rsim *r, ml_category c)
 {
     return r->nlive[c] ? r->live[c][r->nlive[c] - 1] + 1 : 0;
+}
+
+void ml__rsim_side_note(ml_rsim *r, size_t side, unsigned slot, ml_category c)
+{
+    const size_t at = side * ML_SIDE_SLOTS + slot;
+    if (at >= r->side_cap) {
+        const size_t cap = (side + 8) * ML_SIDE_SLOTS;
+        size_t *grown = realloc(r->side_names, cap * sizeof *grown);
+        if (!grown)
+            return;
+        memset(grown + r->side_cap, 0, (cap - r->side_cap) * sizeof *grown);
+        r->side_names = grown;
+        r->side_cap = cap;
+    }
+    r->side_names[at] = ml__rsim_latest(r, c);
+}
+
+size_t ml__rsim_side_take(ml_rsim *r, size_t side, unsigned slot)
+{
+    const size_t at = side * ML_SIDE_SLOTS + slot;
+    if (at >= r->side_cap)
+        return 0;
+    const size_t name = r->side_names[at];
+    r->side_names[at] = 0;
+    return name;
 }
 
 uint64_t ml__rsim_process_held(const ml_device *dv)

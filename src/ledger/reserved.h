@@ -68,6 +68,17 @@ void ml__rsim_pin(ml_rsim *r, uint64_t bytes);
  * outlives a later one of its size (a gradient handed to the block
  * before) is freed by its name instead. */
 size_t ml__rsim_latest(const ml_rsim *r, ml_category c);
+/* The names of the chain's side tensors (chain.h, ml_side), kept here so
+ * that each is freed as the allocation it is: by size, a free could
+ * release another tensor of that size made since (T5's position bias and
+ * its gradient are each as large as a layer's attention scores). Slot: the
+ * side tensor as its maker's forward makes it, its gradient, or a
+ * recompute's copy. _note names side i's slot the latest allocation of c
+ * (nothing when the host is out of memory: its free is then by size);
+ * _take returns it (0: none) and forgets it. */
+enum { ML_SIDE_MADE, ML_SIDE_GRAD, ML_SIDE_RECOMPUTED, ML_SIDE_SLOTS };
+void ml__rsim_side_note(ml_rsim *r, size_t side, unsigned slot, ml_category c);
+size_t ml__rsim_side_take(ml_rsim *r, size_t side, unsigned slot);
 /* Frees the allocation so named; false when it is not live (nothing
  * changed). */
 bool ml__rsim_free_named(ml_rsim *r, ml_category c, size_t name);

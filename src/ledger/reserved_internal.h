@@ -40,6 +40,8 @@ struct ml_rsim {
     size_t sizecap;
     bool oom, nomem;
     uint64_t inexact;      /* frees released by size, not by the tensor named */
+    size_t *side_names;    /* ML_SIDE_SLOTS per side tensor (ml__rsim_side_note) */
+    size_t side_cap;
     bool recording;        /* ml__rsim_record */
     ml_sim_event *ev;
     size_t nev, evcap;

@@ -21,6 +21,21 @@ bool ml__side_end(const ml_chain *ch, const int *seg, const ml_side *s, size_t *
     return false;
 }
 
+/* Side tensor i's allocation `slot` (ML_SIDE_*), of category c, and its
+ * free: with the simulation, by the name it was made as. */
+static void side_alloc(ml_replay *r, size_t i, unsigned slot, ml_category c, uint64_t bytes)
+{
+    ml__replay_alloc(r, c, bytes);
+    if (r->rsim && bytes)
+        ml__rsim_side_note(r->rsim, i, slot, c);
+}
+
+static void side_free(ml_replay *r, size_t i, unsigned slot, ml_category c, uint64_t bytes)
+{
+    const size_t name = r->rsim && bytes ? ml__rsim_side_take(r->rsim, i, slot) : 0;
+    ml__replay_free_named(r, c, bytes, name);
+}
+
 /* The side tensors made by block k's forward (made: true), or freed at its
  * end (false). */
 void ml__sides_forward_each(ml_replay *r, size_t k, bool made)
@@ -32,9 +47,9 @@ void ml__sides_forward_each(ml_replay *r, size_t k, bool made)
         bool bwd = ml__side_end(r->ch, r->seg, s, &end);
         ml_category c = bwd ? ML_CAT_ACTIVATIONS : ML_CAT_WORKSPACE;
         if (made && s->from == k)
-            ml__replay_alloc(r, c, s->bytes);
+            side_alloc(r, i, ML_SIDE_MADE, c, s->bytes);
         else if (!made && !bwd && end == k)
-            ml__replay_free(r, c, s->bytes);
+            side_free(r, i, ML_SIDE_MADE, c, s->bytes);
     }
 }
 
@@ -47,11 +62,11 @@ void ml__sides_backward_each(ml_replay *r, size_t k, bool start)
         const ml_side *s = &ch->sides[i];
         size_t end;
         if (start && s->grad_from == k)
-            ml__replay_alloc(r, ML_CAT_WORKSPACE, s->grad);
+            side_alloc(r, i, ML_SIDE_GRAD, ML_CAT_WORKSPACE, s->grad);
         if (!start && s->grad_to == k)
-            ml__replay_free(r, ML_CAT_WORKSPACE, s->grad);
+            side_free(r, i, ML_SIDE_GRAD, ML_CAT_WORKSPACE, s->grad);
         if (!start && ml__side_end(r->ch, r->seg, s, &end) && end == k)
-            ml__replay_free(r, ML_CAT_ACTIVATIONS, s->bytes);
+            side_free(r, i, ML_SIDE_MADE, ML_CAT_ACTIVATIONS, s->bytes);
     }
 }
 
@@ -65,9 +80,9 @@ void ml__sides_recompute_each(ml_replay *r, size_t s0, size_t j, bool made)
     for (size_t i = 0; i < ch->nsides; i++) {
         const ml_side *s = &ch->sides[i];
         if (made && s->from == j)
-            ml__replay_alloc(r, ML_CAT_WORKSPACE, s->bytes);
+            side_alloc(r, i, ML_SIDE_RECOMPUTED, ML_CAT_WORKSPACE, s->bytes);
         else if (!made && s->from >= s0 && s->from <= j)
-            ml__replay_free(r, ML_CAT_WORKSPACE, s->bytes);
+            side_free(r, i, ML_SIDE_RECOMPUTED, ML_CAT_WORKSPACE, s->bytes);
     }
 }
 
@@ -109,6 +124,69 @@ void ml__boundary_alloc(ml_replay *r, size_t k, uint64_t bytes)
     r->held_cat[k] = r->bd[k].kept ? r->bd[k].cat : ML_CAT_WORKSPACE;
     r->held[k] = bytes;
     ml__replay_alloc(r, r->held_cat[k], bytes);
+    if (r->ch->blocks[k].in_held)
+        r->out_name = bytes && r->rsim ? ml__rsim_latest(r->rsim, r->held_cat[k]) : 0;
+}
+
+/* Frees boundary k, by the simulation's name where it is the model output. */
+static void free_boundary(ml_replay *r, size_t k)
+{
+    if (r->ch->blocks[k].in_held) {
+        ml__replay_free_named(r, r->held_cat[k], r->held[k], r->out_name);
+        r->out_name = 0;
+    } else {
+        ml__replay_free(r, r->held_cat[k], r->held[k]);
+    }
+    r->held[k] = 0;
+}
+
+/* Frees `bytes` of the output's key/value cache block by block, as
+ * forward_block made it (a free of the sum would release whatever
+ * workspace tensor was latest). */
+void ml__out_cache_free(ml_replay *r, uint64_t bytes)
+{
+    for (size_t k = 0; k < r->ch->n && bytes; k++) {
+        const uint64_t b = r->ch->blocks[k].out_cache_bytes;
+        if (b && b <= bytes) {
+            ml__replay_free(r, ML_CAT_WORKSPACE, b);
+            bytes -= b;
+        }
+    }
+    if (bytes) /* (more than one micro-batch's: the rest by its sum) */
+        ml__replay_free(r, ML_CAT_WORKSPACE, bytes);
+}
+
+void ml__replay_drop_prev(ml_replay *r)
+{
+    if (r->prev_out)
+        ml__replay_free_named(r, r->prev_out_cat, r->prev_out, r->prev_out_name);
+    if (r->prev_cache)
+        ml__out_cache_free(r, r->prev_cache);
+    r->prev_out = r->prev_cache = 0;
+    r->prev_out_name = 0;
+}
+
+void ml__output_after_backward(ml_replay *r)
+{
+    for (size_t k = 0; k < r->ch->n && r->keep_output; k++)
+        if (r->ch->blocks[k].in_held && r->held[k]) {
+            if (r->drop_output) {
+                ml__replay_free_named(r, r->held_cat[k], r->held[k], r->out_name);
+            } else {
+                r->prev_out = r->held[k];
+                r->prev_out_cat = r->held_cat[k];
+                r->prev_out_name = r->out_name;
+            }
+            r->held[k] = 0;
+            r->out_name = 0;
+        }
+    if (r->keep_output && r->cache_out) { /* the output's cache goes with it */
+        if (r->drop_output)
+            ml__out_cache_free(r, r->cache_out);
+        else
+            r->prev_cache += r->cache_out;
+        r->cache_out = 0;
+    }
 }
 
 /* Frees boundary k and the recompute's copy of it, if still allocated; the
@@ -121,10 +199,8 @@ void ml__boundary_release(ml_replay *r, size_t k)
     }
     if (r->keep_output && r->ch->blocks[k].in_held)
         return;
-    if (r->held[k]) {
-        ml__replay_free(r, r->held_cat[k], r->held[k]);
-        r->held[k] = 0;
-    }
+    if (r->held[k])
+        free_boundary(r, k);
 }
 
 /* Block k's forward has consumed its input: freed unless something keeps
@@ -133,8 +209,7 @@ void ml__boundary_input_done(ml_replay *r, size_t k)
 {
     if (r->bd[k].kept)
         return;
-    ml__replay_free(r, r->held_cat[k], r->held[k]);
-    r->held[k] = 0;
+    free_boundary(r, k);
 }
 
 /* The LM head's partial gradient of a tied table: it waits in the
