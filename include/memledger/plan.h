@@ -239,6 +239,10 @@ typedef struct ml_colocate_result {
                                less the jobs' runtime reserves */
     bool budget_given;      /* a budget was given (not the default) */
     uint64_t peak_sum;      /* the jobs' allocator peaks summed */
+    size_t oom_job;         /* the first job (1-based) whose own plan runs out of
+                               the device in the allocator simulation: its peak
+                               total stops where it ran out, so the sums
+                               understate it, and nothing fits (0: none) */
 } ml_colocate_result;
 
 /* One job of a colocation: a training job's ledger (its steady curve), or

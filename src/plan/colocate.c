@@ -298,13 +298,18 @@ static ml_status verdict(const ml_colocate_job *jobs, size_t n, ml_colocate_resu
                                      : ml_ledger_summary(jobs[j].ledger)->runtime_reserve;
         out->budget = own < out->memory ? out->memory - own : 0;
     }
-    out->fits = out->peak_sum <= out->budget && out->worst_total <= out->memory;
+    for (size_t j = 0; j < n && !out->oom_job; j++)
+        if (jobs[j].ledger && ml_ledger_summary(jobs[j].ledger)->reserved_oom)
+            out->oom_job = j + 1;
+    out->fits = !out->oom_job && out->peak_sum <= out->budget && out->worst_total <= out->memory;
     int64_t h1 = 0, h2 = 0;
     if (!ml__headroom(out->budget, out->peak_sum, &h1) ||
         !ml__headroom(out->memory, out->worst_total, &h2))
         return ml__errorf(err, ML_OVERFLOW, "the jobs' peaks are more than 8 EiB (2^63 B) over "
                                            "the device: their headroom does not fit 64 bits");
     out->headroom = h1 < h2 ? h1 : h2;
+    if (out->oom_job && out->headroom >= 0)
+        out->headroom = -1; /* as plan's for a plan that runs out with room left */
     return ML_OK;
 }
 

@@ -60,6 +60,12 @@ static void verdict_line(FILE *f, const ml_colocate_result *r)
     if (r->budget_given)
         fprintf(f, ", allocator peaks %s of the %s budget", B(r->peak_sum, p),
                 B(r->budget, q));
+    if (r->oom_job) {
+        fprintf(f, ": DOES NOT FIT: job %zu alone runs out of the device (the simulated caching "
+                   "allocator: its cache fragmented; memledger plan says so too)\n",
+                r->oom_job);
+        return;
+    }
     fprintf(f, ": %s %s\n", r->fits ? "FITS, headroom" : "DOES NOT FIT, over by",
             B(r->fits ? (uint64_t)r->headroom : (uint64_t)(-r->headroom), h));
 }
@@ -81,7 +87,10 @@ int ml_report_colocate_text(FILE *f, const ml_colocate_job *jobs, const char *co
             snprintf(st, sizeof st, "inference");
         else if (step > 0)
             snprintf(st, sizeof st, "%.4g s", step);
-        fprintf(f, "%-3zu %12s %12s  %s\n", j + 1, B(total, a), st, names[j]);
+        fprintf(f, "%-3zu %12s %12s  %s%s\n", j + 1, B(total, a), st, names[j],
+                jobs[j].ledger && ml_ledger_summary(jobs[j].ledger)->reserved_oom
+                    ? " (runs out of the device on its own: its total stops there)"
+                    : "");
     }
     for (size_t j = 0; j < n; j++)
         if (jobs[j].inference)
@@ -140,9 +149,14 @@ int ml_report_colocate_json(FILE *f, const ml_colocate_job *jobs, const char *co
             inference_json(f, jobs[j].inference);
         fputc('}', f);
     }
-    fprintf(f, "],\n \"worst\": {\"peak_total\": %llu, \"fits\": %s, \"headroom\": %lld},\n",
+    fprintf(f, "],\n \"worst\": {\"peak_total\": %llu, \"fits\": %s, \"headroom\": %lld, "
+               "\"oom_job\": ",
             (unsigned long long)r->worst_total, r->fits ? "true" : "false",
             (long long)r->headroom);
+    if (r->oom_job)
+        fprintf(f, "%zu},\n", r->oom_job);
+    else
+        fputs("null},\n", f);
     /* the budget's own margin (worst.headroom is the smaller of it and the
      * device's): budget - peak, as a signed figure */
     const long long margin = r->budget >= r->peak_sum ? (long long)(r->budget - r->peak_sum)

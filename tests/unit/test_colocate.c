@@ -354,6 +354,43 @@ static void test_budget_flips_the_verdict(void **state)
     ml_ledger_destroy(b);
 }
 
+/* A job whose own plan runs out of the device in the allocator simulation
+ * (GPT-2 small at micro-batch 16 and 631 tokens on 24 GiB: memledger plan
+ * says DOES NOT FIT, its cache fragmented) has a peak total that stops
+ * where it ran out, below what it needs. Beside mlp2 at micro-batch 256
+ * the sums are under the device and the budget, yet nothing fits: the
+ * result names the job (in either order), and the headroom is -1, as
+ * plan's for a plan that runs out with room left. */
+static void test_job_that_runs_out(void **state)
+{
+    (void)state;
+    const uint64_t mem = 24ull << 30;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 16;
+    c.training.seq_len = 631;
+    c.device.present = true;
+    c.device.memory = mem;
+    c.device.budget = 0;
+    c.device.allocator = ML_ALLOCATOR_CACHING;
+    ml_ledger *a = eval(m, &c, true), *b = job("mlp2", 256, 0, mem);
+    assert_true(ml_ledger_summary(a)->reserved_oom);
+    assert_false(ml_ledger_summary(a)->fits);
+    for (int order = 0; order < 2; order++) {
+        const ml_colocate_job js[2] = {{order ? b : a, NULL}, {order ? a : b, NULL}};
+        ml_colocate_result r;
+        ml_error e;
+        assert_int_equal(ml_colocate_jobs(js, 2, mem, 0, &r, &e), ML_OK);
+        assert_true(r.worst_total <= mem && r.peak_sum <= r.budget); /* the sums alone */
+        assert_false(r.fits);
+        assert_int_equal(r.oom_job, order ? 2 : 1);
+        assert_int_equal(r.headroom, -1);
+    }
+    ml_ledger_destroy(a);
+    ml_ledger_destroy(b);
+    ml_model_destroy(m);
+}
+
 /* An inference job is flat: its device total at every instant. Beside a
  * timed mlp2 training job (peak total 939,942,912 at its optimizer step),
  * the MLP inference job above (536,882,240) adds its total to every level:
@@ -396,6 +433,7 @@ int main(void)
         cmocka_unit_test(test_kv_cache_not_counted_twice),
         cmocka_unit_test(test_budget_flips_the_verdict),
         cmocka_unit_test(test_inference_is_flat),
+        cmocka_unit_test(test_job_that_runs_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
