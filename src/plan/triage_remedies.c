@@ -440,8 +440,12 @@ ml_status ml__triage_add_remedy(const ml_triage_ctx *x, ml_remedy_kind k, ml_tri
         return ML_OK; /* too large to represent: no remedy */
     if (st)
         return st;
+    /* a remedy is one that lowers the device total; where the current plan
+     * runs out in the allocator simulation, its total stops there, so one
+     * that fits is a remedy whatever its total */
     if (s.peak_total >= r->current.peak_total &&
-        !(k == ML_REMEDY_EXPANDABLE && r->observed.fragmented))
+        !(k == ML_REMEDY_EXPANDABLE && r->observed.fragmented) &&
+        !(r->current.reserved_oom && fits(&s)))
         return ML_OK;
     ml_remedy *rm = &r->remedies[r->count++];
     memset(rm, 0, sizeof *rm);

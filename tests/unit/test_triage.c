@@ -603,6 +603,36 @@ static void test_observed(void **state)
     ml_model_destroy(m);
 }
 
+/* A plan that runs out of the device in the allocator simulation (GPT-2
+ * small at micro-batch 16 and 631 tokens on 24 GiB, its cache fragmented)
+ * has a device total that stops where it ran out. The remedies that fit
+ * are kept even where their totals are higher: expandable segments, with
+ * the same allocated peak, and checkpoint optimal, which recomputes one
+ * block (memledger plan ... --allocator expandable, --checkpoint optimal:
+ * FITS). */
+static void test_remedies_for_a_plan_that_runs_out(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 16;
+    c.training.seq_len = 631;
+    c.device.present = true;
+    c.device.memory = 24ull << 30;
+    c.device.budget = 0;
+    c.device.allocator = ML_ALLOCATOR_CACHING;
+    ml_triage_result *r = triage(m, &c, ml_triage_request_defaults());
+    assert_true(r->current.reserved_oom);
+    const ml_remedy *kinds[2] = {find(r, ML_REMEDY_EXPANDABLE), find(r, ML_REMEDY_CKPT_OPTIMAL)};
+    for (int i = 0; i < 2; i++) {
+        assert_non_null(kinds[i]);
+        assert_true(kinds[i]->fits);
+        assert_true(kinds[i]->peak_total > r->current.peak_total);
+    }
+    free(r);
+    ml_model_destroy(m);
+}
+
 /* What the remedies say they change in training. */
 static void test_changes(void **state)
 {
@@ -696,6 +726,7 @@ int main(void)
         cmocka_unit_test(test_eval_batch),
         cmocka_unit_test(test_ranking),
         cmocka_unit_test(test_observed),
+        cmocka_unit_test(test_remedies_for_a_plan_that_runs_out),
         cmocka_unit_test(test_changes),
         cmocka_unit_test(test_names_and_errors),
     };
