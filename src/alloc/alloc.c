@@ -417,6 +417,7 @@ static inline ml_alloc_result malloc_one(ml_alloc_sim *s, uint64_t bytes, uint64
         *handle = give_out(s, x, bytes);
         return ML_ALLOC_OK;
     }
+    const uint64_t peak = s->st.reserved.peak;
     uint32_t *link = NULL, pred = 0;
     uint32_t x = get_free_block(s, pi, size, &link, &pred);
     if (x) {
@@ -438,6 +439,10 @@ static inline ml_alloc_result malloc_one(ml_alloc_sim *s, uint64_t bytes, uint64
             x = split_front(s, x, size);
     }
     *handle = give_out(s, x, bytes);
+    if (s->st.reserved.peak > peak) {
+        s->st.at_peak_allocated = s->st.allocated.current;
+        s->st.at_peak_segments = s->st.segments.current;
+    }
     return ML_ALLOC_OK;
 }
 
@@ -472,6 +477,8 @@ void ml__alloc_sim_reset_peaks(ml_alloc_sim *s)
                            &s->st.segments};
     for (size_t i = 0; i < sizeof st / sizeof st[0]; i++)
         st[i]->peak = st[i]->current;
+    s->st.at_peak_allocated = s->st.allocated.current;
+    s->st.at_peak_segments = s->st.segments.current;
 }
 
 void ml__alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out)
@@ -482,4 +489,9 @@ void ml__alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out)
 uint64_t ml__alloc_sim_reserved(const ml_alloc_sim *s)
 {
     return s->st.reserved.current;
+}
+
+uint64_t ml__alloc_sim_reserved_peak(const ml_alloc_sim *s)
+{
+    return s->st.reserved.peak;
 }

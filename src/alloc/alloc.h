@@ -86,6 +86,10 @@ typedef struct {
     uint64_t num_ooms;
     uint64_t events;    /* malloc and free calls so far */
     uint64_t oom_event; /* 1-based event index of the first OOM; 0: none */
+    /* allocated bytes and segments just after the allocation that last
+     * raised reserved.peak: a later release of the cache (a retry) can take
+     * the reserved bytes below their peak within one caller's step */
+    uint64_t at_peak_allocated, at_peak_segments;
 } ml_alloc_stats;
 
 typedef struct ml_alloc_sim ml_alloc_sim;
@@ -131,6 +135,7 @@ void ml__alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out);
 /* Its reserved bytes now (stats.reserved.current), for a caller that asks
  * after every event. */
 uint64_t ml__alloc_sim_reserved(const ml_alloc_sim *s);
+uint64_t ml__alloc_sim_reserved_peak(const ml_alloc_sim *s); /* stats.reserved.peak */
 /* NULL when the simulator's structures agree with each other (every free
  * block in its pool's set in order, the counts, the memo), else what does
  * not; for the tests. */

@@ -309,9 +309,11 @@ static void reserved_at(const ml_replay *r, const ml_alloc_stats *a, ml_reserved
 {
     memset(o, 0, sizeof *o);
     o->block = -1;
-    if (a->reserved.peak > r->rsv.top) {
+    if (a->reserved.peak > r->rsv.top) { /* (the replay records its own peaks) */
         o->when = ML_RESERVED_EVAL;
         o->phase = ML_PHASE_FORWARD;
+        o->allocated = a->at_peak_allocated;
+        o->segments = a->at_peak_segments;
         ml__name_join(o->at, sizeof o->at, "evaluation", "");
         return;
     }

@@ -30,14 +30,17 @@ void ml__replay_phase_names(const ml_replay *r, ml_summary *s)
 /* The simulation's reserved peak: where it was passed last (replay.h). */
 void ml__replay_reserved_point(ml_replay *r)
 {
-    /* asked after every event: the whole statistics only at a new top */
-    if (ml__rsim_reserved(r->rsim) <= r->rsv.top)
+    /* asked after every event: the whole statistics only at a new top; the
+     * figures as the event leaves them, or, where a retry released the
+     * cache after the peak within the event, as the peak's allocation did */
+    if (ml__rsim_reserved_peak(r->rsim) <= r->rsv.top)
         return;
     ml_alloc_stats a;
     ml__rsim_stats(r->rsim, &a);
-    r->rsv.top = a.reserved.current;
-    r->rsv.allocated = a.allocated.current;
-    r->rsv.segments = a.segments.current;
+    const bool now = a.reserved.current == a.reserved.peak;
+    r->rsv.top = a.reserved.peak;
+    r->rsv.allocated = now ? a.allocated.current : a.at_peak_allocated;
+    r->rsv.segments = now ? a.segments.current : a.at_peak_segments;
     r->rsv.phase = r->phase;
     r->rsv.block = r->block;
     r->rsv.sub = r->sub;

@@ -591,6 +591,11 @@ uint64_t ml__rsim_reserved(const ml_rsim *r)
     return ml__alloc_sim_reserved(r->sim);
 }
 
+uint64_t ml__rsim_reserved_peak(const ml_rsim *r)
+{
+    return ml__alloc_sim_reserved_peak(r->sim);
+}
+
 void ml__rsim_stats(const ml_rsim *r, ml_alloc_stats *out)
 {
     ml__alloc_sim_stats(r->sim, out);

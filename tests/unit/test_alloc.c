@@ -199,6 +199,10 @@ static void oversize_blocks(void **state)
     assert_int_equal(st.reserved.peak, 130 * MiB);
     assert_int_equal(st.num_alloc_retries, 0);
     assert_int_equal(st.device_frees, 1);
+    /* the peak's own figures, kept past the release: just after the 30 MiB
+     * request that raised it, 30 MiB allocated in 2 segments */
+    assert_int_equal(st.at_peak_allocated, 30 * MiB);
+    assert_int_equal(st.at_peak_segments, 2);
     ml__alloc_sim_destroy(s);
 }
 
