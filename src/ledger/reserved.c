@@ -127,9 +127,16 @@ void ml__rsim_record(ml_rsim *r)
     r->recording = true;
 }
 
+void ml__rsim_note_refused(ml_rsim *r, uint64_t bytes)
+{
+    if (r->oom)
+        note_as(r, ML_SIM_ALLOC, 1, bytes, ML_RESERVED_RESIDENT, false);
+}
+
 void ml__rsim_mark(ml_rsim *r, ml_reserved_when when, bool second)
 {
-    note_as(r, ML_SIM_MARK, 0, 0, when, second);
+    if (!r->oom) /* (nothing runs after it) */
+        note_as(r, ML_SIM_MARK, 0, 0, when, second);
 }
 
 uint64_t ml__rsim_inexact(const ml_rsim *r)
@@ -392,8 +399,10 @@ void ml__rsim_alloc(ml_rsim *r, ml_category c, uint64_t bytes, ml_tensor_split s
     const bool ok = ml__rsim_granted(r, ml__alloc_sim_malloc_many(r->sim, r->sizes, n, &r->h[r->nh], &g->n));
     for (size_t i = 0; i < g->n && r->recording; i++)
         ml__rsim_note(r, ML_SIM_ALLOC, r->h[r->nh + i], r->sizes[i]);
-    if (!ok)
+    if (!ok) {
+        ml__rsim_note_refused(r, r->sizes[g->n]);
         return;
+    }
     r->nh += g->n;
     if (!ml__rsim_add_live(r, c, r->ng++))
         r->nomem = true;
@@ -492,6 +501,8 @@ void ml__rsim_pin(ml_rsim *r, uint64_t bytes)
     ml__rsim_granted(r, ml__alloc_sim_malloc_many(r->sim, &bytes, 1, &h, &made));
     if (made)
         ml__rsim_note(r, ML_SIM_ALLOC, h, bytes);
+    else
+        ml__rsim_note_refused(r, bytes);
 }
 
 bool ml__rsim_start(ml_rsim *r, const ml_alloc_trace *t)

@@ -49,6 +49,11 @@ struct ml_rsim {
 
 /* One event into the record (when recording; a handle 0 is nothing). */
 void ml__rsim_note(ml_rsim *r, ml_sim_action a, uint64_t id, uint64_t bytes);
+/* After a request the simulator refused: when it ran out of the device,
+ * the request into the record, so that a trace of the plan runs out where
+ * the plan does (id 1, which no handle has: a handle's upper half is its
+ * slot's generation, at least 1). */
+void ml__rsim_note_refused(ml_rsim *r, uint64_t bytes);
 /* Whether the simulator's answer ar let the request through; else r
  * records the failure: the device ran out (oom) or the host (nomem). */
 bool ml__rsim_granted(ml_rsim *r, ml_alloc_result ar);

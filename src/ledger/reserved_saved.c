@@ -87,8 +87,10 @@ void ml__rsim_saved_fill(ml_rsim *r, ml_category c, size_t block, size_t entry, 
     size_t made = 0;
     uint64_t h = 0;
     ml__rsim_granted(r, ml__alloc_sim_malloc_many(r->sim, &bytes, 1, &h, &made));
-    if (!made)
+    if (!made) {
+        ml__rsim_note_refused(r, bytes);
         return;
+    }
     r->h[at] = h;
     ml__rsim_note(r, ML_SIM_ALLOC, h, bytes);
 }

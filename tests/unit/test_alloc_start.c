@@ -321,6 +321,58 @@ static void test_peak_inside_a_step(void **state)
     ml_model_destroy(m);
 }
 
+/* A plan that runs out of the device ends its record with the request
+ * that failed (id 1, no handle's), and no pass opens after it: the AG News
+ * classifier at micro-batch 295 on 4 GiB. Its record, written as
+ * `memledger timeline --format trace` writes it and replayed on the
+ * device's memory less the runtime reserve, runs out at that last
+ * request, with the plan's reserved peak; without it, it ran to its end
+ * and fitted. */
+static void test_record_runs_out(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("agnews-classifier");
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 295;
+    c.device.present = true;
+    c.device.memory = 4ull << 30;
+    c.device.budget = 0;
+    c.device.allocator = ML_ALLOCATOR_CACHING;
+    ml_ledger *l = eval(m, &c, true);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_true(s->reserved_oom);
+    const ml_sim_event *ev = ml_ledger_sim_events(l);
+    const size_t n = ml_ledger_sim_event_count(l);
+    assert_true(n > 0);
+    assert_int_equal(ev[n - 1].action, ML_SIM_ALLOC);
+    assert_int_equal(ev[n - 1].id, 1);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    fputs("action,id,bytes\n", f);
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].action == ML_SIM_ALLOC)
+            fprintf(f, "alloc,%llu,%llu\n", (unsigned long long)ev[i].id,
+                    (unsigned long long)ev[i].bytes);
+        else if (ev[i].action == ML_SIM_FREE)
+            fprintf(f, "free,%llu\n", (unsigned long long)ev[i].id);
+    fclose(f);
+    ml_alloc_trace *t = NULL;
+    ml_error e;
+    assert_int_equal(ml__alloc_trace_parse(text, len, "record", &t, &e), ML_OK);
+    ml_alloc_config ac = ml__alloc_config_defaults();
+    ac.device_bytes = c.device.memory - c.device.runtime_reserve;
+    ml_alloc_replay_result rr;
+    assert_int_equal(ml__alloc_replay(&ac, t, &rr), ML_ALLOC_OK);
+    assert_int_equal(rr.oom_index, t->n - 1);
+    assert_int_equal(rr.stats.reserved.peak, s->reserved_peak);
+    ml__alloc_trace_free(t);
+    free(text);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -332,6 +384,7 @@ int main(void)
         cmocka_unit_test(test_gradient_handed_on),
         cmocka_unit_test(test_blas_workspaces),
         cmocka_unit_test(test_peak_inside_a_step),
+        cmocka_unit_test(test_record_runs_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
