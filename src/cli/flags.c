@@ -93,6 +93,24 @@ static bool given(const ml_cli_opts *o, size_t row)
     return v != NULL;
 }
 
+/* The sizes --parallel LAYOUT sets (parallel_flags.c): a key of these the
+ * layout gave, not its own flag, is named as the layout's part; NULL: not
+ * one of them. */
+static const char *from_layout(const ml_cli_opts *o, size_t row)
+{
+    static const char *const keys[][2] = {
+        {"parallel.tp", "--parallel's tp"},   {"parallel.pp", "--parallel's pp"},
+        {"parallel.vpp", "--parallel's vpp"}, {"parallel.cp", "--parallel's cp"},
+        {"parallel.ep", "--parallel's ep"},   {"parallel.etp", "--parallel's etp"},
+        {"training.data_parallel", "--parallel's dp"}};
+    if (!o->parallel || given(o, row))
+        return NULL;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!strcmp(table[row].key, keys[i][0]))
+            return keys[i][1];
+    return NULL;
+}
+
 const char *ml_cli_flag_of(const char *key)
 {
     size_t row = find(key, strlen(key));
@@ -133,7 +151,12 @@ bool ml_cli_decorate(const ml_cli_opts *o, char *msg, size_t size)
              * a flag set it; a key elsewhere is a setting to change, and
              * the flag changes it */
             const bool subject = r == 0;
-            if (!subject || given(o, row)) {
+            const char *part = from_layout(o, row);
+            if (part) {
+                put = part;
+                len = strlen(put);
+                from_flag |= subject;
+            } else if (!subject || given(o, row)) {
                 put = subject || !table[row].hint ? table[row].flag : table[row].hint;
                 len = strlen(put);
                 from_flag |= subject;

@@ -143,7 +143,7 @@ ml_status ml_config_check(const ml_config *cfg, ml_error *err)
         ml_format_bytes(dv->memory, b, sizeof b);
         return ml__errorf(err, ML_RANGE,
                           "%s: the %s (%s) is %s the device's memory (%s): lower it or give a "
-                          "larger device",
+                          "larger device (device.memory)",
                           budget ? "device.budget" : "device.runtime_reserve",
                           budget ? "budget" : "reserve", a, budget ? "above" : "not below", b);
     }
