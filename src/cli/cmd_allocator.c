@@ -173,6 +173,12 @@ static int config(const opts *o, ml_alloc_config *c)
                              : o->gc      ? "--gc-threshold"
                              : o->divisions ? "--roundup-power2-divisions"
                                             : NULL;
+    if (o->max_split && c->mode == ML_ALLOC_EXPANDABLE) {
+        ml_cli_errorf("--max-split-size is not simulated with expandable segments (docs/"
+                      "allocator.md, \"What is simplified\"): drop it, or use --allocator "
+                      "caching");
+        return ML_EXIT_BAD_INPUT;
+    }
     if (cache_flag && c->mode == ML_ALLOC_NONE) {
         ml_cli_errorf("%s applies to a caching allocator, and --allocator none caches nothing: "
                       "drop it, or use --allocator caching or expandable",

@@ -112,6 +112,13 @@ const char *ml_config_problem(const ml_config *cfg)
         return "device.efficiency: must be in (0, 1]";
     if (!(dv->fragmentation >= 0 && dv->fragmentation <= 1))
         return "device.fragmentation: must be in [0, 1]";
+    /* PyTorch's oversize-block rules beside expandable segments' growing
+     * segment are not simulated together (docs/allocator.md, "What is
+     * simplified") */
+    if (dv->max_split_size && dv->allocator == ML_ALLOCATOR_EXPANDABLE)
+        return "device.max_split_size: not simulated with expandable segments "
+               "(device.allocator expandable): drop one of the two, or simulate the caching "
+               "allocator (device.allocator caching)";
     /* 0: not given (not timed); else the range the YAML and flags take */
     if (!(dv->interconnect_gbps == 0 ||
           (dv->interconnect_gbps >= 1e-6 && dv->interconnect_gbps <= 1e6)))
