@@ -239,7 +239,10 @@ static bool variant_of(const ml_triage_ctx *x, ml_remedy_kind k, ml_config *c)
         /* the simulated reserved peak replaces the allowance */
         c->device.allocator = ML_ALLOCATOR_EXPANDABLE;
         c->device.fragmentation = 0;
+        /* (max_split_size's rules are not simulated with expandable
+         * segments: ml_config_problem refuses the pair) */
         return x->cfg->device.allocator != ML_ALLOCATOR_EXPANDABLE &&
+               !x->cfg->device.max_split_size &&
                (x->cfg->device.allocator == ML_ALLOCATOR_CACHING ||
                 x->cfg->device.fragmentation > 0 || x->r->observed.fragmented);
     default:

@@ -609,7 +609,7 @@ static void test_observed(void **state)
  * are kept even where their totals are higher: expandable segments, with
  * the same allocated peak, and checkpoint optimal, which recomputes one
  * block (memledger plan ... --allocator expandable, --checkpoint optimal:
- * FITS). */
+ * FITS). With max_split_size given, expandable segments are no remedy. */
 static void test_remedies_for_a_plan_that_runs_out(void **state)
 {
     (void)state;
@@ -629,6 +629,13 @@ static void test_remedies_for_a_plan_that_runs_out(void **state)
         assert_true(kinds[i]->fits);
         assert_true(kinds[i]->peak_total > r->current.peak_total);
     }
+    free(r);
+    /* with max_split_size the expandable remedy is not offered: the pair is
+     * not simulated (refused by the config check), and the rest still are */
+    c.device.max_split_size = 64ull << 20;
+    r = triage(m, &c, ml_triage_request_defaults());
+    assert_null(find(r, ML_REMEDY_EXPANDABLE));
+    assert_non_null(find(r, ML_REMEDY_CKPT_FULL));
     free(r);
     ml_model_destroy(m);
 }
