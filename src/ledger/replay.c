@@ -235,6 +235,8 @@ static void forward_block(ml_replay *r, size_t k)
         ml__replay_ledger_event(r, ML_CAT_WORKSPACE, (int64_t)b->cast_bytes);
     if (r->train_cache && b->out_cache_bytes) { /* the output's cache, in training */
         ml__replay_alloc(r, ML_CAT_WORKSPACE, b->out_cache_bytes);
+        if (r->rsim)
+            ml__rsim_cache_note(r->rsim, k);
         r->cache_out += b->out_cache_bytes;
     }
     ml__boundary_input_done(r, k);
@@ -265,7 +267,7 @@ void ml__replay_forward(ml_replay *r)
     /* logits released or fused: the loop keeps the loss alone, and the
      * output's cache goes with the output once the forward returns */
     if (!r->keep_output && r->cache_out) {
-        ml__out_cache_free(r, r->cache_out);
+        ml__out_cache_free(r, r->cache_out, false);
         r->cache_out = 0;
     }
     /* autocast's region ends: its cache goes, a checkpointed block's copies

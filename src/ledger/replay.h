@@ -426,7 +426,7 @@ void ml__replay_forward(ml_replay *r);
  * (through-backward: dropped); `bytes` of the output's cache freed. */
 void ml__replay_drop_prev(ml_replay *r);
 void ml__output_after_backward(ml_replay *r);
-void ml__out_cache_free(ml_replay *r, uint64_t bytes);
+void ml__out_cache_free(ml_replay *r, uint64_t bytes, bool prev);
 /* Forward and backward of one micro-batch (r->micro: its index). */
 void ml__replay_micro_batch(ml_replay *r);
 

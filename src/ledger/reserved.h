@@ -79,6 +79,14 @@ size_t ml__rsim_latest(const ml_rsim *r, ml_category c);
 enum { ML_SIDE_MADE, ML_SIDE_GRAD, ML_SIDE_RECOMPUTED, ML_SIDE_SLOTS };
 void ml__rsim_side_note(ml_rsim *r, size_t side, unsigned slot, ml_category c);
 size_t ml__rsim_side_take(ml_rsim *r, size_t side, unsigned slot);
+/* The same for the key/value cache the model output holds in training (a
+ * workspace tensor per block, HF's use_cache), which goes with the output:
+ * _note names block k's of this micro-batch; _age makes this micro-batch's
+ * the previous one's (the loop keeps the output); _take returns block k's
+ * of this micro-batch or (prev) the previous one's, and forgets it. */
+void ml__rsim_cache_note(ml_rsim *r, size_t block);
+void ml__rsim_cache_age(ml_rsim *r);
+size_t ml__rsim_cache_take(ml_rsim *r, size_t block, bool prev);
 /* Frees the allocation so named; false when it is not live (nothing
  * changed). */
 bool ml__rsim_free_named(ml_rsim *r, ml_category c, size_t name);

@@ -42,6 +42,9 @@ struct ml_rsim {
     uint64_t inexact;      /* frees released by size, not by the tensor named */
     size_t *side_names;    /* ML_SIDE_SLOTS per side tensor (ml__rsim_side_note) */
     size_t side_cap;
+    size_t *cache_names;   /* two per block, this micro-batch's and the previous
+                              one's (ml__rsim_cache_note) */
+    size_t cache_cap;
     bool recording;        /* ml__rsim_record */
     ml_sim_event *ev;
     size_t nev, evcap;

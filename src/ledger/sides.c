@@ -142,13 +142,15 @@ static void free_boundary(ml_replay *r, size_t k)
 
 /* Frees `bytes` of the output's key/value cache block by block, as
  * forward_block made it (a free of the sum would release whatever
- * workspace tensor was latest). */
-void ml__out_cache_free(ml_replay *r, uint64_t bytes)
+ * workspace tensor was latest), each by its simulated name: this
+ * micro-batch's or (prev) the previous one's. */
+void ml__out_cache_free(ml_replay *r, uint64_t bytes, bool prev)
 {
     for (size_t k = 0; k < r->ch->n && bytes; k++) {
         const uint64_t b = r->ch->blocks[k].out_cache_bytes;
         if (b && b <= bytes) {
-            ml__replay_free(r, ML_CAT_WORKSPACE, b);
+            const size_t name = r->rsim ? ml__rsim_cache_take(r->rsim, k, prev) : 0;
+            ml__replay_free_named(r, ML_CAT_WORKSPACE, b, name);
             bytes -= b;
         }
     }
@@ -161,7 +163,7 @@ void ml__replay_drop_prev(ml_replay *r)
     if (r->prev_out)
         ml__replay_free_named(r, r->prev_out_cat, r->prev_out, r->prev_out_name);
     if (r->prev_cache)
-        ml__out_cache_free(r, r->prev_cache);
+        ml__out_cache_free(r, r->prev_cache, true);
     r->prev_out = r->prev_cache = 0;
     r->prev_out_name = 0;
 }
@@ -181,10 +183,13 @@ void ml__output_after_backward(ml_replay *r)
             r->out_name = 0;
         }
     if (r->keep_output && r->cache_out) { /* the output's cache goes with it */
-        if (r->drop_output)
-            ml__out_cache_free(r, r->cache_out);
-        else
+        if (r->drop_output) {
+            ml__out_cache_free(r, r->cache_out, false);
+        } else {
             r->prev_cache += r->cache_out;
+            if (r->rsim)
+                ml__rsim_cache_age(r->rsim);
+        }
         r->cache_out = 0;
     }
 }

@@ -350,6 +350,67 @@ static void test_held_output_by_name(void **state)
     ml_model_destroy(m);
 }
 
+/* The same for the key/value cache the output holds in training (HF's
+ * use_cache, eager attention without checkpointing: one tensor per layer,
+ * ml_cblock.out_cache_bytes, which goes with the output): Qwen2-0.5B at
+ * B 1, T 200 under autocast with two micro-batches. Of the first
+ * iteration's allocations of a layer's cache size, the first micro-batch's
+ * (the first 24) are freed once the second's are all made, and before any
+ * of the second's: by size, the first micro-batch's frees released the
+ * second's caches, the latest of that size. */
+static void test_held_cache_by_name(void **state)
+{
+    (void)state;
+    ml_model *m = load_hf_config("qwen2-0.5b");
+    ml_config c = config_at(m, ML_PREC_AMP_BF16, 1, 200);
+    c.training.grad_accum = 2;
+    c.device.allocator = ML_ALLOCATOR_CACHING;
+    ml_chain ch;
+    ml_error e;
+    assert_int_equal(ml__chain_build(m, &c, &ch, &e), ML_OK);
+    uint64_t cache = 0;
+    size_t layers = 0;
+    for (size_t k = 0; k < ch.n; k++)
+        if (ch.blocks[k].out_cache_bytes) {
+            assert_true(!cache || cache == ch.blocks[k].out_cache_bytes);
+            cache = ch.blocks[k].out_cache_bytes;
+            layers++;
+        }
+    ml__chain_free(&ch);
+    assert_int_equal(layers, 24);
+    ml_ledger *l = eval(m, &c, true);
+    const ml_sim_event *ev = ml_ledger_sim_events(l);
+    const size_t n = ml_ledger_sim_event_count(l);
+    size_t first = n, end = n;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].action == ML_SIM_MARK && ev[i].when == ML_RESERVED_FIRST)
+            first = i;
+        else if (ev[i].action == ML_SIM_MARK && first < n && end == n)
+            end = i;
+    assert_true(first < end && end <= n);
+    size_t made[48], freed[48], k = 0;
+    for (size_t i = first + 1; i < end; i++) {
+        if (ev[i].action != ML_SIM_ALLOC || ev[i].bytes != cache)
+            continue;
+        assert_true(k < 48);
+        made[k] = i;
+        freed[k] = end;
+        for (size_t j = i + 1; j < end && freed[k] == end; j++)
+            if (ev[j].action == ML_SIM_FREE && ev[j].id == ev[i].id)
+                freed[k] = j;
+        assert_true(freed[k] < end);
+        k++;
+    }
+    assert_int_equal(k, 48); /* the cache's size is the caches' alone */
+    for (size_t a = 0; a < 24; a++)
+        for (size_t b = 24; b < 48; b++) {
+            assert_true(freed[a] > made[b]);
+            assert_true(freed[a] < freed[b]);
+        }
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -357,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_nanogpt_qk_parts),
         cmocka_unit_test(test_shipped_frees_exact),
         cmocka_unit_test(test_held_output_by_name),
+        cmocka_unit_test(test_held_cache_by_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
