@@ -93,21 +93,44 @@ static bool given(const ml_cli_opts *o, size_t row)
     return v != NULL;
 }
 
-/* The sizes --parallel LAYOUT sets (parallel_flags.c): a key of these the
- * layout gave, not its own flag, is named as the layout's part; NULL: not
- * one of them. */
+/* Whether the layout (tp2.pp4.dp8) has a part named `part` (its letters). */
+static bool layout_has(const char *layout, const char *part)
+{
+    const size_t n = strlen(part);
+    for (const char *p = layout; *p;) {
+        size_t letters = 0;
+        while (isalpha((unsigned char)p[letters]))
+            letters++;
+        if (letters == n && !strncmp(p, part, n))
+            return true;
+        p = strchr(p, '.');
+        if (!p)
+            break;
+        p++;
+    }
+    return false;
+}
+
+/* The sizes --parallel LAYOUT sets (parallel_flags.c): a key the layout
+ * gave (its part is in it), not its own flag, is named as the layout's
+ * part; and the steps --micro-batches sets; NULL: not one of them. */
 static const char *from_layout(const ml_cli_opts *o, size_t row)
 {
-    static const char *const keys[][2] = {
-        {"parallel.tp", "--parallel's tp"},   {"parallel.pp", "--parallel's pp"},
-        {"parallel.vpp", "--parallel's vpp"}, {"parallel.cp", "--parallel's cp"},
-        {"parallel.ep", "--parallel's ep"},   {"parallel.etp", "--parallel's etp"},
-        {"training.data_parallel", "--parallel's dp"}};
-    if (!o->parallel || given(o, row))
+    static const char *const keys[][3] = {
+        {"parallel.tp", "tp", "--parallel's tp"},    {"parallel.pp", "pp", "--parallel's pp"},
+        {"parallel.vpp", "vpp", "--parallel's vpp"}, {"parallel.cp", "cp", "--parallel's cp"},
+        {"parallel.ep", "ep", "--parallel's ep"},    {"parallel.etp", "etp", "--parallel's etp"},
+        {"training.data_parallel", "dp", "--parallel's dp"}};
+    if (given(o, row))
+        return NULL;
+    /* --micro-batches is the pipeline's name for the accumulation steps */
+    if (o->micro_batches && !strcmp(table[row].key, "training.grad_accum"))
+        return "--micro-batches";
+    if (!o->parallel)
         return NULL;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (!strcmp(table[row].key, keys[i][0]))
-            return keys[i][1];
+            return layout_has(o->parallel, keys[i][1]) ? keys[i][2] : NULL;
     return NULL;
 }
 
