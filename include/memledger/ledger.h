@@ -454,9 +454,12 @@ ML_API const ml_event *ml_ledger_events(const ml_ledger *l);
  * expandable): each tensor PyTorch would allocate or free as the
  * simulation replays the plan's aggregates (docs/allocator.md, "On the
  * plan"), the trace `memledger allocator` reads (timeline --format trace),
- * with a mark where each pass starts. Evaluated with keep_events and the
- * simulation (with a pipeline, the worst stage's); else empty. The array
- * is the ledger's, valid until ml_ledger_destroy. */
+ * with a mark where each pass starts. A simulation that ran out of the
+ * device (ml_summary.reserved_oom) ends with the request it refused, an
+ * allocation of id 1 (no granted allocation's id), and no pass after it.
+ * Evaluated with keep_events and the simulation (with a pipeline, the
+ * worst stage's); else empty. The array is the ledger's, valid until
+ * ml_ledger_destroy. */
 typedef enum ml_sim_action { ML_SIM_ALLOC, ML_SIM_FREE, ML_SIM_MARK } ml_sim_action;
 typedef struct ml_sim_event {
     ml_sim_action action;

@@ -396,6 +396,16 @@ static inline bool room(ml_alloc_sim *s)
     return room_grow(s, n, need);
 }
 
+/* After a served request: the figures at the reserved peak, when it raised
+ * the peak (it was `peak` before). */
+static inline void note_peak(ml_alloc_sim *s, uint64_t peak)
+{
+    if (s->st.reserved.peak > peak) {
+        s->st.at_peak_allocated = s->st.allocated.current;
+        s->st.at_peak_segments = s->st.segments.current;
+    }
+}
+
 /* One allocation: ml__alloc_sim_malloc and ml__alloc_sim_malloc_many. */
 static inline ml_alloc_result malloc_one(ml_alloc_sim *s, uint64_t bytes, uint64_t *handle)
 {
@@ -410,14 +420,15 @@ static inline ml_alloc_result malloc_one(ml_alloc_sim *s, uint64_t bytes, uint64
         return oom(s);
     uint64_t size = round_size(s->cfg.roundup_power2_divisions, bytes);
     int pi = size <= ML_ALLOC_SMALL_SIZE ? SMALL : LARGE;
+    const uint64_t peak = s->st.reserved.peak;
     if (s->cfg.mode == ML_ALLOC_NONE) {
         uint32_t x = alloc_block(s, pi, size, size, false);
         if (!x)
             return oom(s);
         *handle = give_out(s, x, bytes);
+        note_peak(s, peak);
         return ML_ALLOC_OK;
     }
-    const uint64_t peak = s->st.reserved.peak;
     uint32_t *link = NULL, pred = 0;
     uint32_t x = get_free_block(s, pi, size, &link, &pred);
     if (x) {
@@ -439,10 +450,7 @@ static inline ml_alloc_result malloc_one(ml_alloc_sim *s, uint64_t bytes, uint64
             x = split_front(s, x, size);
     }
     *handle = give_out(s, x, bytes);
-    if (s->st.reserved.peak > peak) {
-        s->st.at_peak_allocated = s->st.allocated.current;
-        s->st.at_peak_segments = s->st.segments.current;
-    }
+    note_peak(s, peak);
     return ML_ALLOC_OK;
 }
 
@@ -484,11 +492,6 @@ void ml__alloc_sim_reset_peaks(ml_alloc_sim *s)
 void ml__alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out)
 {
     *out = s->st;
-}
-
-uint64_t ml__alloc_sim_reserved(const ml_alloc_sim *s)
-{
-    return s->st.reserved.current;
 }
 
 uint64_t ml__alloc_sim_reserved_peak(const ml_alloc_sim *s)

@@ -132,10 +132,9 @@ ml_alloc_result ml__alloc_sim_empty_cache(ml_alloc_sim *s);
 void ml__alloc_sim_reset_peaks(ml_alloc_sim *s);
 /* The statistics so far. */
 void ml__alloc_sim_stats(const ml_alloc_sim *s, ml_alloc_stats *out);
-/* Its reserved bytes now (stats.reserved.current), for a caller that asks
+/* Its reserved bytes' peak (stats.reserved.peak), for a caller that asks
  * after every event. */
-uint64_t ml__alloc_sim_reserved(const ml_alloc_sim *s);
-uint64_t ml__alloc_sim_reserved_peak(const ml_alloc_sim *s); /* stats.reserved.peak */
+uint64_t ml__alloc_sim_reserved_peak(const ml_alloc_sim *s);
 /* NULL when the simulator's structures agree with each other (every free
  * block in its pool's set in order, the counts, the memo), else what does
  * not; for the tests. */

@@ -628,11 +628,6 @@ bool ml__rsim_ok(const ml_rsim *r, bool *nomem)
     return !r->oom && !r->nomem;
 }
 
-uint64_t ml__rsim_reserved(const ml_rsim *r)
-{
-    return ml__alloc_sim_reserved(r->sim);
-}
-
 uint64_t ml__rsim_reserved_peak(const ml_rsim *r)
 {
     return ml__alloc_sim_reserved_peak(r->sim);

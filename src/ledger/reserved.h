@@ -155,8 +155,7 @@ uint64_t ml__rsim_inexact(const ml_rsim *r);
 /* False once a request failed: the device ran out, or the host (*nomem). */
 bool ml__rsim_ok(const ml_rsim *r, bool *nomem);
 void ml__rsim_stats(const ml_rsim *r, ml_alloc_stats *out);
-/* Its reserved bytes now, and their peak so far. */
-uint64_t ml__rsim_reserved(const ml_rsim *r);
+/* Its reserved bytes' peak so far. */
 uint64_t ml__rsim_reserved_peak(const ml_rsim *r);
 
 #endif

@@ -104,7 +104,10 @@ ml_status ml__triage_add_lengths_remedy(const ml_triage_ctx *x, ml_remedy_kind k
         return ML_OK;
     if (st)
         return st;
-    if (lr.max.peak_total >= r->current.peak_total)
+    /* as the other remedies (ml__triage_add_remedy): a lower total, or one
+     * that fits where the current plan runs out in the simulation */
+    const bool fits = x->given->device.present && lr.p_over_budget == 0;
+    if (lr.max.peak_total >= r->current.peak_total && !(r->current.reserved_oom && fits))
         return ML_OK;
     ml_remedy *rm = &r->remedies[r->count++];
     memset(rm, 0, sizeof *rm);
@@ -116,7 +119,7 @@ ml_status ml__triage_add_lengths_remedy(const ml_triage_ctx *x, ml_remedy_kind k
     rm->peak = lr.max.peak;
     rm->peak_total = lr.max.peak_total;
     rm->has_device = x->given->device.present;
-    rm->fits = rm->has_device && lr.p_over_budget == 0;
+    rm->fits = fits;
     rm->in_focus = ml__triage_in_focus(x, k);
     /* one iteration's FLOPs and time vary with its batch: not derived */
     rm->flops_total = rm->flops_ratio = rm->step_time_s = rm->slowdown = -1;

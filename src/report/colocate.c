@@ -61,8 +61,8 @@ static void verdict_line(FILE *f, const ml_colocate_result *r)
         fprintf(f, ", allocator peaks %s of the %s budget", B(r->peak_sum, p),
                 B(r->budget, q));
     if (r->oom_job) {
-        fprintf(f, ": DOES NOT FIT: job %zu alone runs out of the device (the simulated caching "
-                   "allocator: its cache fragmented; memledger plan says so too)\n",
+        fprintf(f, ": DOES NOT FIT: job %zu alone runs out of the device in its allocator "
+                   "simulation (memledger plan says so too)\n",
                 r->oom_job);
         return;
     }
