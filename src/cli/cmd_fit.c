@@ -119,19 +119,40 @@ static void progress(void *ctx, uint64_t done, uint64_t total, const ml_layout_r
 /* The best layout's settings (--gpus with --emit megatron or torchtitan): its plan, then
  * the arguments; the exit status as plan --emit's. */
 static int emit_layout(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
-                       const ml_layout_row *w)
+                       const ml_layout_result *r)
 {
-    ml_config c = ml_layout_config(cfg, w);
+    /* the fastest layout the target runs: a row it refuses (torchtitan's
+     * fp32 master weights need an FSDP shard group) gives way to the next */
+    ml_config c;
     ml_ledger *l = NULL;
     ml_error e;
-    ml_status st = ml_ledger_evaluate(m, &c, false, &l, &e);
-    if (st)
-        return ml_cli_eval_failed(o, &e, st);
-    char why[4096];
-    int level = ml__report_emit_check(o->emit, m, &c, l, why, sizeof why);
+    char why[4096], first_why[4096] = "", skipped[64] = "";
+    int level = ML_EMIT_REFUSED;
+    for (size_t i = 0; i < r->nrows && level == ML_EMIT_REFUSED; i++) {
+        ml_ledger_destroy(l);
+        l = NULL;
+        c = ml_layout_config(cfg, &r->rows[i]);
+        ml_status st = ml_ledger_evaluate(m, &c, false, &l, &e);
+        if (st)
+            return ml_cli_eval_failed(o, &e, st);
+        level = ml__report_emit_check(o->emit, m, &c, l, why, sizeof why);
+        if (level == ML_EMIT_REFUSED && i == 0) {
+            snprintf(first_why, sizeof first_why, "%s", why);
+            ml__report_layout_name(&r->rows[0], skipped, sizeof skipped);
+        }
+        if (level != ML_EMIT_REFUSED && i > 0) {
+            char name[64];
+            ml__report_layout_name(&r->rows[i], name, sizeof name);
+            fprintf(stderr, "memledger: note: --emit %s: the fastest layout, %s, is not one it "
+                            "runs (",
+                    o->emit, skipped);
+            ml_cli_put_safe(stderr, first_why, strlen(first_why), false);
+            fprintf(stderr, "); written: %s, the fastest that is\n", name);
+        }
+    }
     int rc = ML_EXIT_OK;
     if (level == ML_EMIT_REFUSED) {
-        ml_cli_errorf("--emit %s: %s", o->emit, why);
+        ml_cli_errorf("--emit %s: %s", o->emit, first_why);
         rc = ML_EXIT_BAD_INPUT;
     } else {
         ml_out out;
@@ -266,7 +287,7 @@ static int fit_layouts(const ml_cli_opts *o, const ml_model *m, const ml_config 
         return ML_EXIT_NO_FIT;
     }
     if (o->emit)
-        return emit_layout(o, m, cfg, &r.rows[0]);
+        return emit_layout(o, m, cfg, &r);
     ml_out out;
     rc = ml_out_open(&out, o->output);
     if (rc == 0) {
