@@ -92,6 +92,9 @@ static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
         fprintf(f, ", %llu devices, ZeRO %u", (unsigned long long)dpc, cfg->training.zero);
     if (ml_training_ep(&cfg->training) > 1)
         fprintf(f, ", ep %llu", (unsigned long long)ml_training_ep(&cfg->training));
+    char lay[160];
+    ml__report_layout_brief(&cfg->training, lay, sizeof lay);
+    ml_svg_escape(f, lay);
     fputs("</div>\n", f);
     if (s->has_device) {
         fprintf(f, "<div class=\"verdict %s\">%s</div> ", s->fits ? "fits" : "nofit",

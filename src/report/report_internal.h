@@ -40,6 +40,10 @@ struct ml_layout_row;
 void ml__report_layout_name(const struct ml_layout_row *r, char *buf, size_t size);
 /* The plan header's engine, parallel and sharding lines (ranks.c). */
 void ml__report_text_parallel(FILE *f, const ml_training *t);
+/* For a model split over devices (tp, pp, cp or ep above 1), its layout in
+ * --parallel's notation for a settings line (", parallel tp2.pp4.dp2 (16
+ * devices; figures are one rank's, ...)"); else "". */
+void ml__report_layout_brief(const ml_training *t, char *buf, size_t size);
 
 /* A pipeline's stages (ranks.c): the text table (nothing without one),
  * and JSON's ",\n \"ranks\": [...], \"worst_rank\": N" (null, null without). */

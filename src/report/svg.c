@@ -245,8 +245,12 @@ static double title(FILE *f, double w, const ml_model *m, const ml_config *cfg,
         k += snprintf(set + k, sizeof set - (size_t)k, ", %llu devices, ZeRO %u",
                       (unsigned long long)dpc, cfg->training.zero);
     if (ml_training_ep(&cfg->training) > 1 && k >= 0 && (size_t)k < sizeof set)
-        snprintf(set + k, sizeof set - (size_t)k, ", ep %llu",
-                 (unsigned long long)ml_training_ep(&cfg->training));
+        k += snprintf(set + k, sizeof set - (size_t)k, ", ep %llu",
+                      (unsigned long long)ml_training_ep(&cfg->training));
+    char lay[160];
+    ml__report_layout_brief(&cfg->training, lay, sizeof lay);
+    if (k >= 0 && (size_t)k < sizeof set)
+        snprintf(set + k, sizeof set - (size_t)k, "%s", lay);
     int tl = ml__svg_text_wrapped(f, 20, 26, 21, 17, true, NULL, w - 40, t);
     free(t);
     int nl = ml__svg_text_wrapped(f, 20, 46 + 21.0 * (tl - 1), 16, 12, false,
