@@ -439,6 +439,11 @@ ML_API ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool k
 ML_API void ml_planner_destroy(ml_planner *p);
 
 ML_API const ml_summary *ml_ledger_summary(const ml_ledger *l);
+/* The iteration's step time: with a pipeline the pipeline's step
+ * (pipeline_step_s: its fullest stage's work, the bubble and the step), else
+ * step_time_s; < 0 when not timed. What compare's, fit's and the advice's
+ * step times are (step_time_s alone is a stage's own work). */
+ML_API double ml_summary_step_time(const ml_summary *s);
 ML_API size_t ml_ledger_block_count(const ml_ledger *l);
 /* Pipeline stages (parallel.pp above 1; 0 without): each stage's figures,
  * and the index of the fullest, whose plan the ledger is. */

@@ -22,6 +22,11 @@ const ml_summary *ml_ledger_summary(const ml_ledger *l)
     return &l->sum;
 }
 
+double ml_summary_step_time(const ml_summary *s)
+{
+    return s->pipeline_step_s >= 0 ? s->pipeline_step_s : s->step_time_s;
+}
+
 size_t ml_ledger_block_count(const ml_ledger *l)
 {
     return l->nblocks;

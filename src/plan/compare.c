@@ -51,7 +51,7 @@ static ml_status plan_row(const ml_model *m, const ml_config *c, double base_tot
     r->flops_recompute = s->flops_recompute;
     r->flops_total = s->flops_total;
     r->recompute_pct = base_total > 0 ? 100.0 * s->flops_recompute / base_total : 0;
-    r->step_time_s = s->step_time_s;
+    r->step_time_s = ml_summary_step_time(s);
     r->time = s->time;
     r->has_device = s->has_device;
     r->fits = s->has_device ? (r->checkpoint.kind == ML_CKPT_OPTIMAL ? s->plan_fits_budget &&

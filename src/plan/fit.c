@@ -299,7 +299,7 @@ static ml_status finish(search *s, const ml_fit_request *req, ml_fit_result *r, 
     r->budget = sum.budget;
     r->headroom = sum.headroom;
     r->flops_recompute = sum.flops_recompute;
-    r->step_time_s = sum.step_time_s;
+    r->step_time_s = ml_summary_step_time(&sum);
     snprintf(r->plan, sizeof r->plan, "%s", sum.plan);
     return ML_OK;
 }

@@ -307,8 +307,8 @@ int ml_report_advice_text(FILE *f, const ml_summary *s, const ml_advice *a)
     const double pct = c->flops_total > 0 ? 100.0 * (s->flops_total - c->flops_total) / c->flops_total
                                           : 0;
     fprintf(f, " this plan's extra %s of recompute per iteration (+%.1f%% FLOPs", fl, pct);
-    if (s->step_time_s >= 0 && c->step_time_s >= 0)
-        fprintf(f, ", step time %.4g s against %.4g s", s->step_time_s, c->step_time_s);
+    if (ml_summary_step_time(s) >= 0 && c->step_time_s >= 0)
+        fprintf(f, ", step time %.4g s against %.4g s", ml_summary_step_time(s), c->step_time_s);
     fputs(") buys memory the run does not use\n", f);
     return ferror(f) ? -1 : 0;
 }

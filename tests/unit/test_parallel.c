@@ -453,6 +453,16 @@ static void test_pipeline_step(void **state)
     assert_rel_close(s->pipeline_step_s, pipe + s->time.by_phase[ML_TPHASE_STEP], 1e-12);
     /* the stages' idle share, averaged: 1 - m sum t / (p pipe) */
     assert_rel_close(s->pipeline_bubble, 1 - 4 * (r0->micro_s + r1->micro_s) / (2 * pipe), 1e-12);
+    /* the step time compare and fit give is the pipeline's, not the
+     * fullest stage's own work (step_time_s) */
+    assert_true(ml_summary_step_time(s) == s->pipeline_step_s);
+    assert_true(s->pipeline_step_s > s->step_time_s);
+    ml_compare_row rows[16];
+    size_t nrows = 0;
+    assert_int_equal(ml_compare(m, &c, rows, &nrows, &e), ML_OK);
+    assert_true(nrows > 0);
+    assert_int_equal(rows[0].checkpoint.kind, ML_CKPT_NONE); /* the plan's own policy */
+    assert_rel_close(rows[0].step_time_s, s->pipeline_step_s, 1e-12);
     ml_ledger_destroy(l);
     l = staged(m, 2, ML_PP_1F1B, 4); /* no device: untimed */
     assert_true(ml_ledger_summary(l)->pipeline_step_s < 0);
