@@ -124,6 +124,43 @@ static void test_worst_batch_and_remedies(void **state)
     ml_model_destroy(m);
 }
 
+/* Where the worst batch's own plan runs out of the device in the allocator
+ * simulation, its device total stops where it ran out, below what it
+ * needs: the AG News classifier at micro-batch 85 over its token lengths
+ * (models/lengths/agnews-tokens.csv, padded to 256 at worst) on 3 GiB
+ * (memledger plan models/agnews-classifier.yaml --seq-len 256
+ * --micro-batch 85 --device 3GiB: out of the device). The token budget and
+ * the buckets fit, with higher totals, and are listed: a remedy that fits
+ * such a plan is one whatever its total. */
+static void test_remedies_for_a_worst_batch_that_runs_out(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("agnews-classifier");
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 85;
+    c.device.present = true;
+    c.device.memory = 3ull << 30;
+    c.device.budget = 0;
+    c.device.allocator = ML_ALLOCATOR_CACHING;
+    ml_lengths *d = NULL;
+    ml_error e;
+    assert_int_equal(ml_lengths_load(ML_MODELS_DIR "/lengths/agnews-tokens.csv", &d, &e), ML_OK);
+    ml_triage_request req = ml_triage_request_defaults();
+    req.lengths = d;
+    ml_triage_result *r = triage(m, &c, &req);
+    assert_int_equal(r->lengths.max.seq_len, 256);
+    assert_true(r->current.reserved_oom);
+    const ml_remedy *ks[2] = {find(r, ML_REMEDY_TOKEN_BUDGET), find(r, ML_REMEDY_LENGTH_BUCKETS)};
+    for (int i = 0; i < 2; i++) {
+        assert_non_null(ks[i]);
+        assert_true(ks[i]->fits);
+        assert_true(ks[i]->peak_total > r->current.peak_total);
+    }
+    free(r);
+    ml_lengths_destroy(d);
+    ml_model_destroy(m);
+}
+
 static void test_applicability(void **state)
 {
     (void)state;
@@ -197,6 +234,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_worst_batch_and_remedies),
         cmocka_unit_test(test_applicability),
+        cmocka_unit_test(test_remedies_for_a_worst_batch_that_runs_out),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
