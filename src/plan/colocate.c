@@ -63,7 +63,9 @@ static void curve_of(const ml_colocate_job *j, curve *c)
         c->ev = ml_ledger_events(j->ledger);
         c->n = ml_ledger_event_count(j->ledger);
     }
-    c->T = s->step_time_s;
+    /* the iteration's period: a pipeline stage's events span its own work,
+     * and it holds its last level through the rest of the pipeline's step */
+    c->T = ml_summary_step_time(s);
     c->offset = s->runtime_reserve + s->fragmentation;
 }
 
@@ -77,7 +79,7 @@ static size_t events_of(const ml_colocate_job *j)
 /* The job's period: its step time; 0 for a flat job (no time axis). */
 static double period_of(const ml_colocate_job *j)
 {
-    return j->inference ? 0 : ml_ledger_summary(j->ledger)->step_time_s;
+    return j->inference ? 0 : ml_summary_step_time(ml_ledger_summary(j->ledger));
 }
 
 /* The job's binding allocator peak and its device total (for a training

@@ -31,7 +31,7 @@ static void job_figures(const ml_colocate_job *j, uint64_t *peak, uint64_t *tota
     *peak = s->peak;
     *total = s->peak_total;
     *reserve = s->runtime_reserve;
-    *step = s->step_time_s > 0 ? s->step_time_s : 0;
+    *step = ml_summary_step_time(s) > 0 ? ml_summary_step_time(s) : 0;
 }
 
 /* What an inference job counts (docs/colocate.md, "Inference jobs"). */
@@ -233,7 +233,7 @@ int ml_report_colocate_svg(FILE *f, const ml_colocate_job *jobs, const char *con
     double H = 0;
     for (size_t j = 0; j < n; j++)
         if (jobs[j].ledger)
-            H = fmax(H, ml_ledger_summary(jobs[j].ledger)->step_time_s);
+            H = fmax(H, ml_summary_step_time(ml_ledger_summary(jobs[j].ledger)));
     /* the legend under the plot, every name whole (wrapped), the picture
      * as tall as it needs */
     int lines = 0;

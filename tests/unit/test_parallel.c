@@ -464,6 +464,21 @@ static void test_pipeline_step(void **state)
     assert_int_equal(rows[0].checkpoint.kind, ML_CKPT_NONE); /* the plan's own policy */
     assert_rel_close(rows[0].step_time_s, s->pipeline_step_s, 1e-12);
     ml_ledger_destroy(l);
+    /* colocate's curve of the stage repeats with the pipeline's step: past
+     * its own work the stage holds its last event's level (not the start of
+     * its next iteration, which a period of its own work would give) */
+    l = eval(m, &c, true);
+    s = ml_ledger_summary(l);
+    const ml_event *ev = ml_ledger_events(l);
+    const size_t ne = ml_ledger_event_count(l);
+    assert_true(ne > 0 && ev[ne - 1].t_s < s->step_time_s);
+    uint64_t last = s->runtime_reserve + s->fragmentation;
+    for (int k = 0; k < ML_CAT_COUNT; k++)
+        last += ev[ne - 1].live[k];
+    const double tail = (s->step_time_s + s->pipeline_step_s) / 2;
+    assert_int_equal(ml_colocate_level(l, tail), last);
+    assert_int_not_equal(ml_colocate_level(l, tail - s->step_time_s), last);
+    ml_ledger_destroy(l);
     l = staged(m, 2, ML_PP_1F1B, 4); /* no device: untimed */
     assert_true(ml_ledger_summary(l)->pipeline_step_s < 0);
     ml_ledger_destroy(l);
