@@ -36,6 +36,18 @@ static const char *device_problem(const ml_device *dv)
     return NULL;
 }
 
+/* The allocator settings the simulation cannot take together: PyTorch's
+ * oversize-block rules beside expandable segments' growing segment
+ * (docs/allocator.md, "What is simplified"). */
+static const char *allocator_problem(const ml_device *dv)
+{
+    if (dv->max_split_size && dv->allocator == ML_ALLOCATOR_EXPANDABLE)
+        return "device.max_split_size: not simulated with expandable segments "
+               "(device.allocator expandable): drop one of the two, or simulate the caching "
+               "allocator (device.allocator caching)";
+    return NULL;
+}
+
 bool ml__headroom(uint64_t have, uint64_t need, int64_t *out)
 {
     if (have >= need) {
@@ -112,13 +124,9 @@ const char *ml_config_problem(const ml_config *cfg)
         return "device.efficiency: must be in (0, 1]";
     if (!(dv->fragmentation >= 0 && dv->fragmentation <= 1))
         return "device.fragmentation: must be in [0, 1]";
-    /* PyTorch's oversize-block rules beside expandable segments' growing
-     * segment are not simulated together (docs/allocator.md, "What is
-     * simplified") */
-    if (dv->max_split_size && dv->allocator == ML_ALLOCATOR_EXPANDABLE)
-        return "device.max_split_size: not simulated with expandable segments "
-               "(device.allocator expandable): drop one of the two, or simulate the caching "
-               "allocator (device.allocator caching)";
+    const char *alloc = allocator_problem(dv);
+    if (alloc)
+        return alloc;
     /* 0: not given (not timed); else the range the YAML and flags take */
     if (!(dv->interconnect_gbps == 0 ||
           (dv->interconnect_gbps >= 1e-6 && dv->interconnect_gbps <= 1e6)))
