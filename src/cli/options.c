@@ -55,7 +55,11 @@ static int parse_format(const char *verb, const char *val, ml_cli_opts *o)
                            !strcmp(verb, "compare")    ? "text, json, csv or svg"
                            : !strcmp(verb, "timeline") ? "csv, json, svg or trace"
                                                        : "text or json");
-    if (!strcmp(val, "text"))
+    if (!strcmp(verb, "report"))
+        return usage_error(verb, "--format: '%s': report writes HTML only (for text or JSON, "
+                                 "use memledger plan --format text|json)",
+                           val);
+    if (!strcmp(val, "text") && strcmp(verb, "timeline"))
         o->format = ML_FMT_TEXT;
     else if (!strcmp(val, "json"))
         o->format = ML_FMT_JSON;
