@@ -153,6 +153,10 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
     if ((st = training_kinds(err, t, tr)) || (st = ml__schema_vision_tower(err, t, m)) ||
         (st = ml__schema_engine(err, t, tr)))
         return st;
+    if (tr->eval_seq_len && !tr->eval_batch)
+        return ml__error_at(err, ml__tree_get(t, "eval_seq_len"), ML_SCHEMA,
+                            "training.eval_seq_len: needs an evaluation pass: set "
+                            "training.eval_batch too, or remove eval_seq_len");
     if (tr->logits_chunk && tr->logits != ML_LOGITS_FUSED)
         return ml__error_at(err, ml__tree_get(t, "logits_chunk"), ML_SCHEMA,
                             "training.logits_chunk: only with logits: fused (the chunked "
@@ -227,6 +231,15 @@ static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
     if ((st = ml__tree_enum(err, d, "allocator", "device", alloc_names, ML_ALLOCATOR_COUNT, &ak)))
         return st;
     dv->allocator = (ml_allocator)ak;
+    /* the simulation's settings without a simulation: refused, as the flags are */
+    static const char *const simulated[] = {"max_split_size", "blas_workspace"};
+    for (size_t i = 0; i < ML_COUNT(simulated) && dv->allocator == ML_ALLOCATOR_NONE; i++)
+        if (ml__tree_get(d, simulated[i]))
+            return ml__error_at(err, ml__tree_get(d, simulated[i]), ML_SCHEMA,
+                                "device.%s: applies to a simulated allocator only, and "
+                                "device.allocator is none: remove it, or simulate one "
+                                "(allocator: caching or expandable)",
+                                simulated[i]);
     if (dv->max_split_size && dv->max_split_size <= (20ull << 20))
         return ml__error_at(err, ml__tree_get(d, "max_split_size"), ML_RANGE,
                             "device.max_split_size: must be above 20MiB (PyTorch's "

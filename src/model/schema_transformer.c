@@ -153,6 +153,13 @@ static ml_status transformer_consistent(ml_error *err, const ml_node *mm, ml_mod
         if (m->embed.vocab)
             return ml__error_at(err, ml__tree_get(mm, "vocab"), ML_SCHEMA,
                                 "model.vocab: an image encoder has no vocabulary; remove vocab");
+    } else if (m->embed.patch_size || m->embed.channels) {
+        /* an image's keys without the image: refused, not ignored */
+        const char *k = m->embed.patch_size ? "patch_size" : "channels";
+        return ml__error_at(err, ml__tree_get(mm, k), ML_SCHEMA,
+                            "model.%s: an image encoder's key, without model.image_size: give "
+                            "image_size (type: encoder) or remove %s",
+                            k, k);
     } else if (!m->embed.vocab) {
         return ml__error_at(err, mm, ML_SCHEMA,
                             "model.vocab: missing; a %s needs its vocabulary size",

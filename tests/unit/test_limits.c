@@ -216,7 +216,10 @@ static void test_config_ranges_agree(void **state)
         uint64_t lo = 0, hi = 0;
         assert_true(ml_config_range(key, &lo, &hi));
         assert_true(lo <= hi);
-        const char *extra = strcmp(keys[i], "zero") ? "" : ", data_parallel: 2";
+        /* zero needs devices to shard over, eval_seq_len an evaluation pass */
+        const char *extra = !strcmp(keys[i], "zero")           ? ", data_parallel: 2"
+                            : !strcmp(keys[i], "eval_seq_len") ? ", eval_batch: 1"
+                                                               : "";
         for (int over = 0; over <= 1; over++) {
             int n = snprintf(text, sizeof text, "%straining: {%s: %llu%s}\n", base, keys[i],
                              (unsigned long long)(hi + (uint64_t)over), extra);
