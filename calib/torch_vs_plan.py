@@ -236,7 +236,9 @@ def plan(ml, case, attn, ckpt, amp, impl, calib, tmp, cfg=None, extra=()):
     args = [ml, "plan", "--hf", path, "--micro-batch", str(case[4]), "--seq-len", str(case[3]),
             "--precision", "amp-bf16" if amp else "fp32", "--optimizer", "adamw",
             "--optimizer-impl", impl, "--checkpoint", "full" if ckpt else "none",
-            "--device", "141GB", "--format", "json"]
+            "--format", "json"]
+    if "--device" not in extra:  # (memledger refuses a flag given twice)
+        args += ["--device", "141GB"]
     if calib:
         args += ["--calib", calib]
     args += list(extra)

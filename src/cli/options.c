@@ -83,6 +83,15 @@ static int parse_format(const char *verb, const char *val, ml_cli_opts *o)
     return 0;
 }
 
+/* A flag given a second time, under its own name or another spelling of
+ * it (--dp, --data-parallel): refused, where the last would have won
+ * silently. */
+static int twice(const char *verb, const char *flag)
+{
+    return usage_error(verb, "%s: given twice (or with another name for it): give it once",
+                       flag);
+}
+
 /* A flag of the table (its value stored raw in o), and the verbs it is for. */
 static int parse_table_flag(const char *verb, int argc, char **argv, int *i, const char *eq,
                             size_t len, ml_cli_opts *o)
@@ -99,6 +108,8 @@ static int parse_table_flag(const char *verb, int argc, char **argv, int *i, con
     const char *val = flag_value(argc, argv, i, eq);
     if (!val || !*val)
         return usage_error(verb, "%s needs a value", flags[k].flag);
+    if (*(const char **)((char *)o + flags[k].off))
+        return twice(verb, flags[k].flag);
     *(const char **)((char *)o + flags[k].off) = val;
     if (!strcmp(flags[k].flag, "--checkpoint") && !strcmp(val, "auto")) {
         if (strcmp(verb, "fit"))
@@ -202,6 +213,8 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *const *usa
                 val = flag_value(argc, argv, &i, eq);
                 if (!val || !*val)
                     return usage_error(verb, "%s needs a file name", len == 2 ? "-o" : "--output");
+                if (o->output)
+                    return twice(verb, "-o");
                 o->output = val;
                 continue;
             }
@@ -220,6 +233,8 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *const *usa
                     return usage_error(verb, "--emit: '%s' is not a target; use deepspeed, "
                                              "hf-trainer, torch, megatron or torchtitan",
                                        val);
+                if (o->emit)
+                    return twice(verb, "--emit");
                 o->emit = val;
                 continue;
             }
@@ -228,15 +243,17 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *const *usa
                 val = flag_value(argc, argv, &i, eq);
                 if (!val || !*val)
                     return usage_error(verb, "%s needs a file", len == 4 ? "--hf" : "--training");
-                if (len == 4)
-                    o->hf = val;
-                else
-                    o->training = val;
+                const char **to = len == 4 ? &o->hf : &o->training;
+                if (*to)
+                    return twice(verb, len == 4 ? "--hf" : "--training");
+                *to = val;
                 continue;
             }
             if (switch_flag(arg, o))
                 continue;
             if (!strncmp(arg, "--format", len) && len == 8) {
+                if (o->format_given)
+                    return twice(verb, "--format");
                 int rc = parse_format(verb, flag_value(argc, argv, &i, eq), o);
                 if (rc)
                     return rc;
