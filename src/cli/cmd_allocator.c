@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/decimal.h"
 #include "alloc/alloc.h"
 #include "cli/cli.h"
 #include "util/error.h"
@@ -148,10 +149,8 @@ static int config(const opts *o, ml_alloc_config *c)
         c->max_split_size = mb << 20;
     }
     if (o->gc) {
-        char *end = NULL;
-        errno = 0;
-        double x = strtod(o->gc, &end);
-        if (end == o->gc || *end || errno || !(x > 0 && x < 1))
+        double x = 0;
+        if (!ml__decimal(o->gc, &x) || !(x > 0 && x < 1))
             return bad_flag("--gc-threshold", "is not a fraction between 0 and 1 (exclusive)",
                             o->gc);
         if (!c->device_bytes)

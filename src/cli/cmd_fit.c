@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/decimal.h"
 #include "cli/cli.h"
 #include "report/report_internal.h"
 
@@ -187,9 +188,8 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
     if (!rc && o->global_batch)
         rc = ml_cli_whole("--global-batch", o->global_batch, 1, 1ull << 40, &req.global_batch);
     if (!rc && o->network) {
-        char *end = NULL;
-        req.network_gbps = strtod(o->network, &end);
-        if (end == o->network || *end || !(req.network_gbps >= 1e-6) ||
+        req.network_gbps = 0;
+        if (!ml__decimal(o->network, &req.network_gbps) || !(req.network_gbps >= 1e-6) ||
             req.network_gbps > 1e6) {
             ml_cli_errorf("--network: '%s' is not a number between 1e-06 and 1e+06 (GB/s)",
                           o->network);

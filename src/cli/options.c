@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/decimal.h"
 #include "cli/cli.h"
 
 static int usage_error(const char *verb, const char *fmt, const char *arg)
@@ -305,11 +306,8 @@ static int size_flag(const char *flag, const char *v, uint64_t *out)
 
 static int real(const char *flag, const char *v, double lo, double hi, double *out)
 {
-    char *end = NULL;
-    errno = 0;
-    double x = strtod(v, &end);
-    /* strtod also reads hexadecimal ("0x10"), which no other number takes */
-    if (end == v || *end || errno || !isfinite(x) || x < lo || x > hi || strpbrk(v, "xX")) {
+    double x = 0;
+    if (!ml__decimal(v, &x) || x < lo || x > hi) {
         char msg[200];
         snprintf(msg, sizeof msg, "'%s' is not a number between %g and %g", v, lo, hi);
         return bad_flag(flag, msg);

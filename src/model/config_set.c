@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/decimal.h"
 #include "memledger/model.h"
 #include "model/schema.h"
 #include "util/error.h"
@@ -32,10 +33,8 @@ static ml_status whole(const char *key, const char *v, uint64_t *out, ml_error *
 static ml_status real(const char *key, const char *v, double lo, double hi, double *out,
                       ml_error *err)
 {
-    char *end = NULL;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (end == v || *end || errno || !isfinite(x) || x < lo || x > hi)
+    double x = 0;
+    if (!ml__decimal(v, &x) || x < lo || x > hi)
         return ml__errorf_at(err, ML_RANGE, 0, 0, "%s: '%s' is not a number between %g and %g", key, v,
                          lo, hi);
     *out = x;

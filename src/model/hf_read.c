@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/decimal.h"
 #include "model/hf_read.h"
 #include "model/model_internal.h"
 
@@ -86,9 +87,8 @@ ml_status ml__hf_prob(ml_error *err, const ml_node *root, const char *key, doubl
     const ml_node *n = ml__tree_get(root, key);
     if (ml__hf_is_null(n))
         return ML_OK;
-    char *end = NULL;
-    double v = n->type == ML_NODE_SCALAR && n->plain ? strtod(n->text, &end) : -1;
-    if (!end || end == n->text || *end || !(v >= 0 && v <= 1))
+    double v = -1;
+    if (n->type != ML_NODE_SCALAR || !n->plain || !ml__decimal(n->text, &v) || !(v >= 0 && v <= 1))
         return ml__error_at(err, n, ML_SCHEMA, "%s: expected a probability from 0 to 1", key);
     *out = v;
     return ML_OK;
@@ -133,9 +133,8 @@ static bool value_is(const ml_node *n, const char *ok)
             continue;
         if (!strcmp(n->text, t))
             return true;
-        char *e1 = NULL, *e2 = NULL;
-        double a = strtod(n->text, &e1), b = strtod(t, &e2);
-        if (e1 != n->text && !*e1 && e2 != t && !*e2 && a == b)
+        double a = 0, b = 0;
+        if (ml__decimal(n->text, &a) && ml__decimal(t, &b) && a == b)
             return true;
     }
     return false;
@@ -252,9 +251,9 @@ ml_status ml__hf_positive(ml_error *err, const ml_node *root, const char *key, d
         *out = 0;
         return ML_OK;
     }
-    char *end = NULL;
-    double v = n->type == ML_NODE_SCALAR && n->plain ? strtod(n->text, &end) : -1;
-    if (!end || end == n->text || *end || !(v > 0 && v <= 1e12))
+    double v = -1;
+    if (n->type != ML_NODE_SCALAR || !n->plain || !ml__decimal(n->text, &v) ||
+        !(v > 0 && v <= 1e12))
         return ml__error_at(err, n, ML_SCHEMA, "%s: expected a positive number or null", key);
     *out = v;
     return ML_OK;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/decimal.h"
 #include "memledger/model.h"
 #include "model/tree.h"
 
@@ -168,11 +169,10 @@ ml_status ml__tree_double(ml_error *err, const ml_node *map, const char *key, co
     ml_status st = ml__tree_need_scalar(err, n, field, "a number");
     if (st)
         return st;
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(n->text, &end);
-    if (!n->plain || end == n->text || *end || errno == ERANGE || !isfinite(v))
-        return ml__error_at(err, n, ML_SCHEMA, "%s: expected a number, got '%s'", field, n->text);
+    double v = 0;
+    if (!n->plain || !ml__decimal(n->text, &v))
+        return ml__error_at(err, n, ML_SCHEMA, "%s: expected a decimal number, got '%s'", field,
+                            n->text);
     if (v < lo || v > hi || (hi_open && v >= hi))
         return ml__error_at(err, n, ML_RANGE, "%s: %s is out of range; expected %g <= value %s %g",
                             field, n->text, lo, hi_open ? "<" : "<=", hi);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/decimal.h"
 #include "memledger/lengths.h"
 #include "util/error.h"
 #include "util/grow.h"
@@ -304,9 +305,8 @@ static ml_status spec_item(const char *item, size_t len, double *q, uint64_t *t,
     } else if (!strcmp(key, "max")) {
         *q = 1;
     } else if (key[0] == 'p' && key[1] >= '0' && key[1] <= '9') {
-        errno = 0;
-        double pct = strtod(key + 1, &e);
-        if (*e || errno || !(pct > 0 && pct < 100))
+        double pct = 0;
+        if (!ml__decimal(key + 1, &pct) || !(pct > 0 && pct < 100))
             return ml__errorf(err, ML_USAGE,
                               "lengths: \"%s\" is not a percentile pNN with 0 < NN < 100", key);
         *q = pct / 100;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/decimal.h"
 #include "memledger/calib.h"
 #include "memledger/model.h"
 #include "model/tree.h"
@@ -21,11 +22,8 @@ static ml_status num(ml_error *err, const ml_node *map, const char *key, const c
             return ml__error_at(err, map, ML_SCHEMA, "%s.%s: missing", where, key);
         return ML_OK;
     }
-    char *end = NULL;
-    errno = 0;
-    double v = n->type == ML_NODE_SCALAR ? strtod(n->text, &end) : NAN;
-    if (n->type != ML_NODE_SCALAR || !end || *end || end == n->text || !isfinite(v) || v < 0 ||
-        errno)
+    double v = NAN;
+    if (n->type != ML_NODE_SCALAR || !ml__decimal(n->text, &v) || v < 0)
         return ml__error_at(err, n, ML_SCHEMA, "%s.%s: expected a number >= 0", where, key);
     *out = v;
     return ML_OK;
