@@ -100,9 +100,10 @@ static size_t field(const char *line, size_t len, size_t *pos, char *buf, size_t
     return start;
 }
 
-/* The header row: the columns of micro_batch and peak into *col_b, *col_p. */
+/* The header row: the columns of micro_batch and peak into *col_b, *col_p,
+ * how many it names into *ncols. */
 static ml_status read_header(const char *line, size_t llen, unsigned lineno, int *col_b,
-                             int *col_p, ml_error *err)
+                             int *col_p, int *ncols, ml_error *err)
 {
     char buf[POINTS_MAX_FIELD + 1];
     size_t pos = 0;
@@ -120,6 +121,7 @@ static ml_status read_header(const char *line, size_t llen, unsigned lineno, int
                                  buf, *col + 1, c + 1);
         if (col)
             *col = c;
+        *ncols = c + 1;
         if (pos >= llen)
             break;
     }
@@ -131,9 +133,10 @@ static ml_status read_header(const char *line, size_t llen, unsigned lineno, int
     return ML_OK;
 }
 
-/* A measurement row: its micro_batch and peak (columns col_b, col_p) into *p. */
+/* A measurement row: its micro_batch and peak (columns col_b, col_p) into *p;
+ * a field past the header's ncols columns is refused (no column names it). */
 static ml_status read_row(const char *line, size_t llen, unsigned lineno, int col_b, int col_p,
-                          ml_point *p, ml_error *err)
+                          int ncols, ml_point *p, ml_error *err)
 {
     char buf[POINTS_MAX_FIELD + 1];
     size_t pos = 0;
@@ -141,6 +144,11 @@ static ml_status read_row(const char *line, size_t llen, unsigned lineno, int co
     for (int c = 0;; c++) {
         size_t at = field(line, llen, &pos, buf, sizeof buf, &too_long);
         unsigned colno = (unsigned)at + 1;
+        if (c >= ncols)
+            return ml__errorf_at(err, ML_SCHEMA, lineno, colno,
+                                 "a field past the header's %d columns (\"%s\"): name its "
+                                 "column in the header, or remove it",
+                                 ncols, buf);
         if ((c == col_b || c == col_p) && too_long)
             return ml__errorf_at(err, ML_SCHEMA, lineno, colno,
                                  "%s: a field longer than %u bytes; a number or a size is "
@@ -188,7 +196,7 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
     snprintf(err->path, sizeof err->path, "%s", name ? name : "<points>");
     if (len > ML_INPUT_MAX_BYTES)
         return ml__errorf_at(err, ML_RANGE, 0, 0, "file larger than 16 MiB");
-    int col_b = -1, col_p = -1;
+    int col_b = -1, col_p = -1, ncols = 0;
     size_t cap = 0, count = 0;
     ml_point *pts = NULL;
     unsigned lineno = 0;
@@ -219,12 +227,12 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
             break;
         }
         if (!header) {
-            st = read_header(line, llen, lineno, &col_b, &col_p, err);
+            st = read_header(line, llen, lineno, &col_b, &col_p, &ncols, err);
             header = true;
             continue;
         }
         ml_point p = {0, 0, lineno};
-        if ((st = read_row(line, llen, lineno, col_b, col_p, &p, err)))
+        if ((st = read_row(line, llen, lineno, col_b, col_p, ncols, &p, err)))
             break;
         if (count == POINTS_MAX_ROWS) {
             st = ml__errorf_at(err, ML_RANGE, lineno, 1, "more than %u points", POINTS_MAX_ROWS);
