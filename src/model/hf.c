@@ -290,6 +290,10 @@ static ml_status classes_of(const ml_node *r, const char *arch, ml_model *m, ml_
     const ml_node *labels = ml__tree_get(r, "id2label");
     if (!ml__hf_is_null(labels) && labels->type != ML_NODE_MAP)
         return ml__error_at(err, labels, ML_SCHEMA, "id2label: expected an object");
+    if (!ml__hf_is_null(labels) && !labels->count)
+        return ml__error_at(err, labels, ML_SCHEMA,
+                            "id2label: empty: transformers takes its count, a classifier of 0 "
+                            "labels; name the labels, or remove id2label and give num_labels");
     uint64_t nl = 0;
     if ((st = ml__hf_uint(err, r, KEYS("num_labels"), false, 1, 1u << 24, &nl)))
         return st;
