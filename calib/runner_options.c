@@ -144,8 +144,14 @@ static int set_option(runner_options *o, const char *a, const char *v)
 /* The choices among fixed words, and the dropout's range. */
 static int check_choices(const runner_options *o)
 {
-    if (!o->backend || (strcmp(o->backend, "cpu") && strcmp(o->backend, "cuda"))) {
+    if (!o->backend) {
         fprintf(stderr, "memledger-calibrate: error: --backend cpu|cuda is required\n");
+        return 2;
+    }
+    if (strcmp(o->backend, "cpu") && strcmp(o->backend, "cuda")) {
+        fprintf(stderr, "memledger-calibrate: error: --backend: '%s' is not one; use cpu "
+                        "(OpenBLAS) or cuda (cuBLAS)\n",
+                o->backend);
         return 2;
     }
     if (strcmp(o->dtype, "fp32") && strcmp(o->dtype, "bf16")) {
