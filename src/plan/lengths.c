@@ -138,6 +138,14 @@ static bool csv_header(const char *s, const char *p, const char *end, unsigned l
                           k + 1, names[which]);
             return false;
         }
+        if (which < 0 && k == 0 && a < z && strchr("+-.0123456789", *a)) {
+            /* a number the first line does not take as a length */
+            ml__errorf_at(err, ML_SYNTAX, line, (unsigned)(a - s) + 1,
+                          "\"%.*s\" is neither a length (a whole number of at least 1) nor a "
+                          "header naming the columns `length` and, optionally, `count`",
+                          (int)(z - a > 40 ? 40 : z - a), a);
+            return false;
+        }
         if (which < 0 || k == 2) {
             ml__errorf_at(err, ML_SYNTAX, line, (unsigned)(a - s) + 1,
                           "header column %d is \"%.*s\": the columns are `length` and, "
@@ -248,10 +256,14 @@ ml_status ml_lengths_parse_csv(const char *text, size_t len, const char *name, m
         const char *le = nl ? nl : end;
         bin b;
         line_kind kind;
-        if (memchr(s, '\0', (size_t)(le - s)))
-            st = ml__errorf_at(err, ML_SYNTAX, line + 1, 0, "a NUL byte: not a text file");
+        const char *nul = memchr(s, '\0', (size_t)(le - s));
+        if (nul)
+            st = ml__errorf_at(err, ML_SYNTAX, line + 1, (unsigned)(nul - s) + 1,
+                               "a NUL byte: not a text file");
         else if (line >= (1u << 20))
-            st = ml__errorf_at(err, ML_RANGE, line + 1, 0, "more than 1048576 lines");
+            st = ml__errorf_at(err, ML_RANGE, line + 1, 1,
+                               "more than 1048576 lines (the most a length file holds; give "
+                               "counts in a second column instead)");
         else if (!csv_line(s, le, line + 1, !n && !header, &swapped, &b, &kind, err))
             st = err ? err->code : ML_SYNTAX;
         else if (kind == LINE_HEADER)
