@@ -61,6 +61,15 @@ static int fit_request(const ml_cli_opts *o, ml_fit_request *req)
     if (o->global_batch &&
         (rc = ml_cli_whole("--global-batch", o->global_batch, 1, 1ull << 40, &req->global_batch)))
         return rc;
+    /* the global batch sets the accumulation steps: one given too would be
+     * overridden, so it is refused, never ignored */
+    if (o->global_batch && (o->grad_accum || o->micro_batches)) {
+        ml_cli_errorf("%s: fit --global-batch derives the accumulation steps from the micro-batch "
+                      "it finds: drop %s (or fit without --global-batch at that accumulation)",
+                      o->grad_accum ? "--grad-accum" : "--micro-batches",
+                      o->grad_accum ? "--grad-accum" : "--micro-batches");
+        return ML_EXIT_BAD_INPUT;
+    }
     if (o->max_micro_batch && (rc = ml_cli_whole("--max-micro-batch", o->max_micro_batch, 1,
                                                  1u << 24, &req->max_micro_batch)))
         return rc;

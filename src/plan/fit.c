@@ -260,6 +260,51 @@ static ml_status split_batch(search *s, const ml_fit_request *req, ml_fit_result
     return ML_OK;
 }
 
+/* The divisor of the per-device batch split_batch chose, below the largest
+ * micro-batch that fits, need not fit itself: near the device's capacity
+ * the simulated verdict is not monotone in the micro-batch (allocator.md,
+ * "The verdict"). Then the next smaller divisor that fits, with its
+ * accumulation steps; when none does, a note that says so. */
+static ml_status divisor_that_fits(search *s, const ml_fit_request *req, ml_fit_result *r,
+                                   uint64_t per)
+{
+    const uint64_t dp = s->cfg.training.data_parallel;
+    if (!req->global_batch || req->global_batch % dp || !r->exact ||
+        r->micro_batch == r->max_micro_batch)
+        return ML_OK; /* the largest itself, which the search found fitting */
+    const uint64_t chosen = r->micro_batch;
+    for (uint64_t d = chosen;; d = largest_divisor_at_most(per, d - 1)) {
+        if (per / d > FIT_MAX_ACCUM)
+            break;
+        bool ok = false;
+        s->cfg.training.grad_accum = per / d;
+        ml_status st = try_b(s, d, &ok, NULL);
+        if (st)
+            return st;
+        if (ok) {
+            if (d != chosen) {
+                r->micro_batch = d;
+                r->grad_accum = per / d;
+                snprintf(r->note, sizeof r->note,
+                         "micro-batch %llu divides %llu per device but does not fit with its "
+                         "cache (near the limit the verdict is not monotone in the "
+                         "micro-batch); %llu is the largest divisor below it that fits",
+                         (unsigned long long)chosen, (unsigned long long)per,
+                         (unsigned long long)d);
+            }
+            return ML_OK;
+        }
+        if (d == 1)
+            break;
+    }
+    snprintf(r->note, sizeof r->note,
+             "micro-batch %llu fits, but no micro-batch dividing %llu per device does (with its "
+             "accumulation steps): give a global batch whose per-device share has a fitting "
+             "divisor",
+             (unsigned long long)r->max_micro_batch, (unsigned long long)per);
+    return ML_OK;
+}
+
 /* The result for the chosen micro-batch: the effective batch, a note where
  * it is not the global batch asked for, and the plan's figures. */
 static ml_status finish(search *s, const ml_fit_request *req, ml_fit_result *r, uint64_t per)
@@ -351,7 +396,7 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
     r->at_global_batch = req->global_batch && r->max_micro_batch == per;
     if (!r->max_micro_batch)
         return ML_OK;
-    if ((st = split_batch(s, req, r, per)))
+    if ((st = split_batch(s, req, r, per)) || (st = divisor_that_fits(s, req, r, per)))
         return st;
     return finish(s, req, r, per);
 }
