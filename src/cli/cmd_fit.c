@@ -64,10 +64,10 @@ static int fit_request(const ml_cli_opts *o, ml_fit_request *req)
     /* the global batch sets the accumulation steps: one given too would be
      * overridden, so it is refused, never ignored */
     if (o->global_batch && (o->grad_accum || o->micro_batches)) {
+        const char *steps = o->grad_accum ? "--grad-accum" : "--micro-batches";
         ml_cli_errorf("%s: fit --global-batch derives the accumulation steps from the micro-batch "
                       "it finds: drop %s (or fit without --global-batch at that accumulation)",
-                      o->grad_accum ? "--grad-accum" : "--micro-batches",
-                      o->grad_accum ? "--grad-accum" : "--micro-batches");
+                      steps, steps);
         return ML_EXIT_BAD_INPUT;
     }
     if (o->max_micro_batch && (rc = ml_cli_whole("--max-micro-batch", o->max_micro_batch, 1,

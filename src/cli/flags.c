@@ -111,27 +111,28 @@ static bool layout_has(const char *layout, const char *part)
     return false;
 }
 
-/* The sizes --parallel LAYOUT sets (parallel_flags.c): a key the layout
- * gave (its part is in it), not its own flag, is named as the layout's
- * part; and the steps --micro-batches sets; NULL: not one of them. */
-static const char *from_layout(const ml_cli_opts *o, size_t row)
+/* Where a key its own flag did not set came from a flag all the same: the
+ * sizes --parallel LAYOUT sets (parallel_flags.c), where the layout has
+ * that part (named "--parallel's pp"), and the steps --micro-batches sets.
+ * The name into buf; false: from neither (the file's, or its own flag's). */
+static bool set_by(const ml_cli_opts *o, size_t row, char *buf, size_t size)
 {
-    static const char *const keys[][3] = {
-        {"parallel.tp", "tp", "--parallel's tp"},    {"parallel.pp", "pp", "--parallel's pp"},
-        {"parallel.vpp", "vpp", "--parallel's vpp"}, {"parallel.cp", "cp", "--parallel's cp"},
-        {"parallel.ep", "ep", "--parallel's ep"},    {"parallel.etp", "etp", "--parallel's etp"},
-        {"training.data_parallel", "dp", "--parallel's dp"}};
+    static const char *const parts[][2] = {
+        {"parallel.tp", "tp"}, {"parallel.pp", "pp"}, {"parallel.vpp", "vpp"},
+        {"parallel.cp", "cp"}, {"parallel.ep", "ep"}, {"parallel.etp", "etp"},
+        {"training.data_parallel", "dp"}};
     if (given(o, row))
-        return NULL;
-    /* --micro-batches is the pipeline's name for the accumulation steps */
-    if (o->micro_batches && !strcmp(table[row].key, "training.grad_accum"))
-        return "--micro-batches";
-    if (!o->parallel)
-        return NULL;
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-        if (!strcmp(table[row].key, keys[i][0]))
-            return layout_has(o->parallel, keys[i][1]) ? keys[i][2] : NULL;
-    return NULL;
+        return false;
+    if (o->micro_batches && !strcmp(table[row].key, "training.grad_accum")) {
+        snprintf(buf, size, "--micro-batches");
+        return true;
+    }
+    for (size_t i = 0; o->parallel && i < sizeof parts / sizeof parts[0]; i++)
+        if (!strcmp(table[row].key, parts[i][0]) && layout_has(o->parallel, parts[i][1])) {
+            snprintf(buf, size, "--parallel's %s", parts[i][1]);
+            return true;
+        }
+    return false;
 }
 
 const char *ml_cli_flag_of(const char *key)
@@ -156,6 +157,7 @@ bool ml_cli_decorate(const ml_cli_opts *o, char *msg, size_t size)
     char out[sizeof((ml_error *)0)->msg];
     size_t w = 0;
     bool from_flag = false;
+    char by[32];
     for (size_t r = 0; msg[r];) {
         size_t n = 0;
         while (key_char(msg[r + n]))
@@ -174,9 +176,8 @@ bool ml_cli_decorate(const ml_cli_opts *o, char *msg, size_t size)
              * a flag set it; a key elsewhere is a setting to change, and
              * the flag changes it */
             const bool subject = r == 0;
-            const char *part = from_layout(o, row);
-            if (part) {
-                put = part;
+            if (set_by(o, row, by, sizeof by)) {
+                put = by;
                 len = strlen(put);
                 from_flag |= subject;
             } else if (!subject || given(o, row)) {

@@ -171,14 +171,12 @@ void ml__replay_drop_prev(ml_replay *r)
 void ml__output_after_backward(ml_replay *r)
 {
     for (size_t k = 0; k < r->ch->n && r->keep_output; k++)
-        if (r->ch->blocks[k].in_held && r->held[k]) {
-            if (r->drop_output) {
-                ml__replay_free_named(r, r->held_cat[k], r->held[k], r->out_name);
-            } else {
-                r->prev_out = r->held[k];
-                r->prev_out_cat = r->held_cat[k];
-                r->prev_out_name = r->out_name;
-            }
+        if (r->ch->blocks[k].in_held && r->held[k] && r->drop_output) {
+            free_boundary(r, k);
+        } else if (r->ch->blocks[k].in_held && r->held[k]) {
+            r->prev_out = r->held[k];
+            r->prev_out_cat = r->held_cat[k];
+            r->prev_out_name = r->out_name;
             r->held[k] = 0;
             r->out_name = 0;
         }

@@ -154,25 +154,18 @@ static void text_layout(FILE *f, const ml_training *t, uint64_t tp, uint64_t pp,
 void ml__report_layout_brief(const ml_training *t, char *buf, size_t size)
 {
     const uint64_t tp = t->tensor_parallel, pp = t->pipeline_parallel, cp = ml_training_cp(t);
-    const uint64_t ep = ml_training_ep(t), etp = ml_training_etp(t);
+    const uint64_t ep = ml_training_ep(t);
     buf[0] = '\0';
     if (tp <= 1 && pp <= 1 && cp <= 1 && ep <= 1)
         return;
-    int k = snprintf(buf, size, ", parallel tp%llu.pp%llu", (unsigned long long)tp,
-                     (unsigned long long)pp);
-    if (pp > 1 && t->virtual_stages > 1 && k >= 0 && (size_t)k < size)
-        k += snprintf(buf + k, size - (size_t)k, ".vpp%llu", (unsigned long long)t->virtual_stages);
-    if (cp > 1 && k >= 0 && (size_t)k < size)
-        k += snprintf(buf + k, size - (size_t)k, ".cp%llu", (unsigned long long)cp);
-    if (ep > 1 && k >= 0 && (size_t)k < size)
-        k += snprintf(buf + k, size - (size_t)k, ".ep%llu", (unsigned long long)ep);
-    if (etp > 1 && (ep > 1 || t->expert_tensor_parallel > 1) && k >= 0 && (size_t)k < size)
-        k += snprintf(buf + k, size - (size_t)k, ".etp%llu", (unsigned long long)etp);
-    if (k >= 0 && (size_t)k < size)
-        snprintf(buf + k, size - (size_t)k, ".dp%llu (%llu devices; figures are one rank's%s)",
-                 (unsigned long long)t->data_parallel,
-                 (unsigned long long)ml_training_devices(t),
-                 pp > 1 ? ", the fullest stage's" : "");
+    /* as the layout search names its rows (--parallel's notation) */
+    const ml_layout_row row = {.tp = tp, .pp = pp, .dp = t->data_parallel,
+                               .vpp = pp > 1 ? t->virtual_stages : 1, .cp = cp, .ep = ep,
+                               .etp = t->expert_tensor_parallel};
+    char name[96];
+    ml__report_layout_name(&row, name, sizeof name);
+    snprintf(buf, size, ", parallel %s (%llu devices; figures are one rank's%s)", name,
+             (unsigned long long)ml_training_devices(t), pp > 1 ? ", the fullest stage's" : "");
 }
 
 /* The header's lines on the engine, the parallel layout (when the model is

@@ -127,6 +127,35 @@ static inline ml_config config_allocated(const ml_model *m)
     return c;
 }
 
+/* The first iteration's pass of a plan's simulation events ev[0 .. n): the
+ * indices of its mark (*first) and of the next pass's (*end, n: none). */
+static inline void first_iteration_pass(const ml_sim_event *ev, size_t n, size_t *first,
+                                        size_t *end)
+{
+    *first = *end = n;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].action == ML_SIM_MARK && ev[i].when == ML_RESERVED_FIRST)
+            *first = i;
+        else if (ev[i].action == ML_SIM_MARK && *first < n && *end == n)
+            *end = i;
+    assert_true(*first < *end && *end <= n);
+}
+
+/* m's configuration on a device of `memory` bytes at micro-batch B, its
+ * budget the default (memory less the runtime reserve), with PyTorch's
+ * caching allocator simulated: `memledger plan MODEL --device SIZE
+ * --micro-batch B`, for the tests of plans near the device's limit. */
+static inline ml_config config_on_device(const ml_model *m, uint64_t memory, uint64_t B)
+{
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = B;
+    c.device.present = true;
+    c.device.memory = memory;
+    c.device.budget = 0;
+    c.device.allocator = ML_ALLOCATOR_CACHING;
+    return c;
+}
+
 /* config_allocated at a precision, micro-batch and sequence length, without
  * a calibration profile: the small shapes of the hand-derived tests. */
 static inline ml_config config_at(const ml_model *m, ml_precision p, uint64_t B, uint64_t T)

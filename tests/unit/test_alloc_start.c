@@ -300,12 +300,7 @@ static void test_peak_inside_a_step(void **state)
     ml_model *m = load_preset("agnews-classifier");
     unsigned retried = 0;
     for (uint64_t b = 280; b <= 300; b++) {
-        ml_config c = ml_model_config(m);
-        c.training.micro_batch = b;
-        c.device.present = true;
-        c.device.memory = 4ull << 30;
-        c.device.budget = 0;
-        c.device.allocator = ML_ALLOCATOR_CACHING;
+        const ml_config c = config_on_device(m, 4ull << 30, b);
         ml_ledger *l = eval(m, &c, false);
         const ml_summary *s = ml_ledger_summary(l);
         assert_false(s->has_eval);
@@ -323,8 +318,8 @@ static void test_peak_inside_a_step(void **state)
 
 /* A plan that runs out of the device ends its record with the request
  * that failed (id 1, no handle's), and no pass opens after it: the AG News
- * classifier at micro-batch 295 on 4 GiB. Its record, written as
- * `memledger timeline --format trace` writes it and replayed on the
+ * classifier at micro-batch 295 on 4 GiB. Its record, written by
+ * `memledger timeline --format trace`'s writer and replayed on the
  * device's memory less the runtime reserve, runs out at that last
  * request, with the plan's reserved peak; without it, it ran to its end
  * and fitted. */
@@ -332,12 +327,7 @@ static void test_record_runs_out(void **state)
 {
     (void)state;
     ml_model *m = load_preset("agnews-classifier");
-    ml_config c = ml_model_config(m);
-    c.training.micro_batch = 295;
-    c.device.present = true;
-    c.device.memory = 4ull << 30;
-    c.device.budget = 0;
-    c.device.allocator = ML_ALLOCATOR_CACHING;
+    const ml_config c = config_on_device(m, 4ull << 30, 295);
     ml_ledger *l = eval(m, &c, true);
     const ml_summary *s = ml_ledger_summary(l);
     assert_true(s->reserved_oom);
@@ -350,13 +340,7 @@ static void test_record_runs_out(void **state)
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     assert_non_null(f);
-    fputs("action,id,bytes\n", f);
-    for (size_t i = 0; i < n; i++)
-        if (ev[i].action == ML_SIM_ALLOC)
-            fprintf(f, "alloc,%llu,%llu\n", (unsigned long long)ev[i].id,
-                    (unsigned long long)ev[i].bytes);
-        else if (ev[i].action == ML_SIM_FREE)
-            fprintf(f, "free,%llu\n", (unsigned long long)ev[i].id);
+    assert_int_equal(ml_report_timeline_trace(f, l), 0);
     fclose(f);
     ml_alloc_trace *t = NULL;
     ml_error e;

@@ -48,11 +48,8 @@ static double pairwise(const ml_ledger *a, const ml_ledger *b, uint64_t memory)
 static ml_ledger *job(const char *preset, uint64_t b, double tflops, uint64_t memory)
 {
     ml_model *m = load_preset(preset);
-    ml_config c = config_allocated(m);
-    c.training.micro_batch = b;
-    c.device.present = true;
-    c.device.memory = memory;
-    c.device.budget = 0;
+    ml_config c = config_on_device(m, memory, b);
+    c.device.allocator = ML_ALLOCATOR_NONE; /* the allocated view the figures derive */
     c.device.peak_tflops = tflops;
     c.device.efficiency = 1;
     ml_ledger *l = eval(m, &c, true);
@@ -366,13 +363,8 @@ static void test_job_that_runs_out(void **state)
     (void)state;
     const uint64_t mem = 24ull << 30;
     ml_model *m = load_preset("gpt2-small");
-    ml_config c = ml_model_config(m);
-    c.training.micro_batch = 16;
+    ml_config c = config_on_device(m, mem, 16);
     c.training.seq_len = 631;
-    c.device.present = true;
-    c.device.memory = mem;
-    c.device.budget = 0;
-    c.device.allocator = ML_ALLOCATOR_CACHING;
     ml_ledger *a = eval(m, &c, true), *b = job("mlp2", 256, 0, mem);
     assert_true(ml_ledger_summary(a)->reserved_oom);
     assert_false(ml_ledger_summary(a)->fits);

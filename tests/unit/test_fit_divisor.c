@@ -16,12 +16,8 @@ static void test_divisor_that_fits(void **state)
 {
     (void)state;
     ml_model *m = load_preset("resnet50-imagenet");
-    ml_config c = ml_model_config(m);
+    ml_config c = config_on_device(m, 16ull << 30, 1);
     c.training.precision = ML_PREC_AMP_BF16;
-    c.device.present = true;
-    c.device.memory = 16ull << 30;
-    c.device.budget = 0;
-    c.device.allocator = ML_ALLOCATOR_CACHING;
     /* the two plans by themselves */
     ml_config p = c;
     p.training.micro_batch = 354;

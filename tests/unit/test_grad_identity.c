@@ -295,6 +295,28 @@ static void test_shipped_frees_exact(void **state)
     assert_true(plans > 900);
 }
 
+/* Each allocation of `bytes` in events ev(first .. end), a pass: where it
+ * is made and where freed, into made[] and freed[] (room for `room`); each
+ * must be freed within the pass. Their count. */
+static size_t made_and_freed(const ml_sim_event *ev, size_t first, size_t end, uint64_t bytes,
+                             size_t *made, size_t *freed, size_t room)
+{
+    size_t k = 0;
+    for (size_t i = first + 1; i < end; i++) {
+        if (ev[i].action != ML_SIM_ALLOC || ev[i].bytes != bytes)
+            continue;
+        assert_true(k < room);
+        made[k] = i;
+        freed[k] = end;
+        for (size_t j = i + 1; j < end && freed[k] == end; j++)
+            if (ev[j].action == ML_SIM_FREE && ev[j].id == ev[i].id)
+                freed[k] = j;
+        assert_true(freed[k] < end);
+        k++;
+    }
+    return k;
+}
+
 /* The model output a loop holds across micro-batches (logits: kept) is
  * freed as itself: the first micro-batch's logits once the second's loss is
  * computed (the loop rebinds its name), the second's after the step. Here
@@ -319,29 +341,13 @@ static void test_held_output_by_name(void **state)
     ml_ledger *l = eval(m, &c, true);
     const ml_sim_event *ev = ml_ledger_sim_events(l);
     const size_t n = ml_ledger_sim_event_count(l);
-    size_t first = n, end = n;
-    for (size_t i = 0; i < n; i++)
-        if (ev[i].action == ML_SIM_MARK && ev[i].when == ML_RESERVED_FIRST)
-            first = i;
-        else if (ev[i].action == ML_SIM_MARK && first < n && end == n)
-            end = i;
-    assert_true(first < end && end <= n);
-    /* each 296 B allocation of the pass: where it is made and freed */
-    size_t made[16], freed[16], k = 0, last = 0;
-    for (size_t i = first + 1; i < end; i++) {
-        if (ev[i].action != ML_SIM_ALLOC || ev[i].bytes != 296)
-            continue;
-        assert_true(k < 16);
-        made[k] = i;
-        freed[k] = n;
-        for (size_t j = i + 1; j < end && freed[k] == n; j++)
-            if (ev[j].action == ML_SIM_FREE && ev[j].id == ev[i].id)
-                freed[k] = j;
-        assert_true(freed[k] < end); /* freed within the iteration */
-        if (freed[k] > freed[last])
-            last = k;
-        k++;
-    }
+    size_t first, end;
+    first_iteration_pass(ev, n, &first, &end);
+    size_t made[16], freed[16], last = 0;
+    const size_t k = made_and_freed(ev, first, end, 296, made, freed, 16);
+    for (size_t i = 1; i < k; i++)
+        if (freed[i] > freed[last])
+            last = i;
     assert_true(k >= 2);
     assert_true(last > 0);                 /* not the first micro-batch's */
     assert_true(made[last] < freed[0]);    /* made while the first's was held */
@@ -381,27 +387,11 @@ static void test_held_cache_by_name(void **state)
     ml_ledger *l = eval(m, &c, true);
     const ml_sim_event *ev = ml_ledger_sim_events(l);
     const size_t n = ml_ledger_sim_event_count(l);
-    size_t first = n, end = n;
-    for (size_t i = 0; i < n; i++)
-        if (ev[i].action == ML_SIM_MARK && ev[i].when == ML_RESERVED_FIRST)
-            first = i;
-        else if (ev[i].action == ML_SIM_MARK && first < n && end == n)
-            end = i;
-    assert_true(first < end && end <= n);
-    size_t made[48], freed[48], k = 0;
-    for (size_t i = first + 1; i < end; i++) {
-        if (ev[i].action != ML_SIM_ALLOC || ev[i].bytes != cache)
-            continue;
-        assert_true(k < 48);
-        made[k] = i;
-        freed[k] = end;
-        for (size_t j = i + 1; j < end && freed[k] == end; j++)
-            if (ev[j].action == ML_SIM_FREE && ev[j].id == ev[i].id)
-                freed[k] = j;
-        assert_true(freed[k] < end);
-        k++;
-    }
-    assert_int_equal(k, 48); /* the cache's size is the caches' alone */
+    size_t first, end;
+    first_iteration_pass(ev, n, &first, &end);
+    size_t made[48], freed[48];
+    /* the cache's size is the caches' alone */
+    assert_int_equal(made_and_freed(ev, first, end, cache, made, freed, 48), 48);
     for (size_t a = 0; a < 24; a++)
         for (size_t b = 24; b < 48; b++) {
             assert_true(freed[a] > made[b]);

@@ -614,13 +614,8 @@ static void test_remedies_for_a_plan_that_runs_out(void **state)
 {
     (void)state;
     ml_model *m = load_preset("gpt2-small");
-    ml_config c = ml_model_config(m);
-    c.training.micro_batch = 16;
+    ml_config c = config_on_device(m, 24ull << 30, 16);
     c.training.seq_len = 631;
-    c.device.present = true;
-    c.device.memory = 24ull << 30;
-    c.device.budget = 0;
-    c.device.allocator = ML_ALLOCATOR_CACHING;
     ml_triage_result *r = triage(m, &c, ml_triage_request_defaults());
     assert_true(r->current.reserved_oom);
     const ml_remedy *kinds[2] = {find(r, ML_REMEDY_EXPANDABLE), find(r, ML_REMEDY_CKPT_OPTIMAL)};

@@ -136,12 +136,7 @@ static void test_remedies_for_a_worst_batch_that_runs_out(void **state)
 {
     (void)state;
     ml_model *m = load_preset("agnews-classifier");
-    ml_config c = ml_model_config(m);
-    c.training.micro_batch = 85;
-    c.device.present = true;
-    c.device.memory = 3ull << 30;
-    c.device.budget = 0;
-    c.device.allocator = ML_ALLOCATOR_CACHING;
+    const ml_config c = config_on_device(m, 3ull << 30, 85);
     ml_lengths *d = NULL;
     ml_error e;
     assert_int_equal(ml_lengths_load(ML_MODELS_DIR "/lengths/agnews-tokens.csv", &d, &e), ML_OK);
