@@ -20,8 +20,9 @@ tensor layer__attention_fwd(layer *l, tracker *tr, struct attn_kept *kept, const
     tensor *P = kept->P = layer__keep(l, tensor_alloc(tr, BHTT * 4, T_SAVED));
     if (tr->oom)
         return TENSOR_NONE;
-    layer__matmul(be, false, true, (int)T, (int)T, (int)dh, 1.0f, q, (long)(T * dh), k,
-                  (long)(T * dh), 0.0f, AS_F32(S), (long)(T * T), (int)(B * H));
+    const long kvs = kept->kv_one ? 0 : (long)(T * dh);
+    layer__matmul(be, false, true, (int)T, (int)T, (int)dh, 1.0f, q, (long)(T * dh), k, kvs,
+                  0.0f, AS_F32(S), (long)(T * T), (int)(B * H));
     be->softmax_fwd(be, AS_F32(S), AS_F32(*P), B * H, T, scale);
     tensor_free(tr, &S);
     tensor *Pd = P;
@@ -44,8 +45,8 @@ tensor layer__attention_fwd(layer *l, tracker *tr, struct attn_kept *kept, const
     const tensor *w = layer__matmul_weight(l, tr, wo);
     if (tr->oom)
         return TENSOR_NONE;
-    layer__matmul(be, false, false, (int)T, (int)dh, (int)T, 1.0f, Pd, (long)(T * T), v,
-                  (long)(T * dh), 0.0f, AS_F32(O), (long)(T * dh), (int)(B * H));
+    layer__matmul(be, false, false, (int)T, (int)dh, (int)T, 1.0f, Pd, (long)(T * T), v, kvs,
+                  0.0f, AS_F32(O), (long)(T * dh), (int)(B * H));
     be->permute(be, AS_F32(O), AS_F32(*om), B, T, H, dh, D, 0, false);
     tensor_free(tr, &O);
     om = kept->om = layer__settle(l, tr, om, &so);
@@ -70,13 +71,13 @@ void layer__attention_bwd(layer *l, tracker *tr, const struct attn_kept *kept, c
     ml_backend *be = tr->be;
     const layer_dims *d = &l->d;
     size_t B = d->B, T = d->T, D = d->D, H = d->H, dh = D / H;
-    long tt = (long)(T * T), td = (long)(T * dh);
+    long tt = (long)(T * T), td = (long)(T * dh), kvs = kept->kv_one ? 0 : td;
     int bh = (int)(B * H);
     layer__linear_bwd(be, kept->om, layer__matmul_weight(l, tr, wo), da, g->rows, 0.0f,
                       AS_F32(l->g[wo]), dbo, B * T, D, D);
     be->permute(be, g->rows, AS_F32(*g->dO), B, T, H, dh, D, 0, true);
     /* O = P' v: dP' = dO v^T, dv = P'^T dO */
-    layer__matmul(be, false, true, (int)T, (int)T, (int)dh, 1.0f, g->dO, td, v, td, 0.0f,
+    layer__matmul(be, false, true, (int)T, (int)T, (int)dh, 1.0f, g->dO, td, v, kvs, 0.0f,
                   AS_F32(*g->dP), tt, bh);
     layer__matmul(be, true, false, (int)T, (int)dh, (int)T, 1.0f, kept->pv, tt, g->dO, td, 0.0f,
                   g->dv, td, bh);
@@ -86,7 +87,7 @@ void layer__attention_bwd(layer *l, tracker *tr, const struct attn_kept *kept, c
     be->softmax_bwd(be, AS_F32(*kept->P), AS_F32(*g->dP), AS_F32(*g->dP), B * H, T,
                     1.0f / sqrtf((float)dh));
     /* S = q k^T: dq = dS k, dk = dS^T q */
-    layer__matmul(be, false, false, (int)T, (int)dh, (int)T, 1.0f, g->dP, tt, k, td, 0.0f, g->dq,
+    layer__matmul(be, false, false, (int)T, (int)dh, (int)T, 1.0f, g->dP, tt, k, kvs, 0.0f, g->dq,
                   td, bh);
     layer__matmul(be, true, false, (int)T, (int)dh, (int)T, 1.0f, g->dP, tt, q, td, 0.0f, g->dk,
                   td, bh);

@@ -30,6 +30,9 @@ struct attn_kept {
     tensor *pv;   /* PV's left operand: the dropout output, under amp
                      P's bf16 cast, else P itself */
     tensor *om;   /* the output projection's input, (B, T, D) rows */
+    bool kv_one;  /* k and v are one head that every query head reads (a
+                     batch stride of 0): one key/value head at micro-batch
+                     1, where bmm saves that head (docs/ledger.md) */
 };
 
 /* GPT-2 style block: LayerNorm, qkv, attention, projection, residual
@@ -70,7 +73,8 @@ struct llama_kept {
     tensor *x;            /* the first RMSNorm's input */
     tensor *rs1, *h1;     /* its rsqrt and normalised rows */
     tensor *y1;           /* q/k/v projections' input */
-    tensor *qh, *kh, *vh; /* head-major; k and v repeated to H heads */
+    tensor *qh, *kh, *vh; /* head-major; k and v repeated to H heads
+                             (one head with attn.kv_one) */
     struct attn_kept attn;
     tensor *x2;           /* the residual sum, the second RMSNorm's input
                              (not read: rs2 and h2 suffice) */

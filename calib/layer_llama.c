@@ -47,8 +47,13 @@ static tensor llama_attention_fwd(layer *l, tracker *tr, tensor *x)
     y1 = kp->y1 = layer__settle(l, tr, y1, &s1);
     tensor q = tensor_alloc(tr, BT * D * 4, T_WORK), k = tensor_alloc(tr, BT * dkv * 4, T_WORK),
            v = tensor_alloc(tr, BT * dkv * 4, T_WORK), kvh = tensor_alloc(tr, BT * dkv * 4, T_WORK);
+    /* one key/value head at micro-batch 1: matmul folds its expand into
+     * bmm's batch as a view, so bmm reads (and saves) the one head */
+    const bool one = B == 1 && KV == 1 && rep > 1;
     tensor *h[3]; /* head-major q, k, v; k and v repeated to H heads */
-    layer__slots(l, tr, BT * D, 3, h, stage);
+    h[0] = layer__slot(l, tr, BT * D, &stage[0]);
+    h[1] = layer__slot(l, tr, one ? BT * dkv : BT * D, &stage[1]);
+    h[2] = layer__slot(l, tr, one ? BT * dkv : BT * D, &stage[2]);
     const tensor *wq = layer__matmul_weight(l, tr, LL_WQ), *wk = layer__matmul_weight(l, tr, LL_WK),
                  *wv = layer__matmul_weight(l, tr, LL_WV);
     if (tr->oom)
@@ -57,10 +62,16 @@ static tensor llama_attention_fwd(layer *l, tracker *tr, tensor *x)
     layer__linear_fwd(be, y1, wk, NULL, AS_F32(k), BT, D, dkv);
     layer__linear_fwd(be, y1, wv, NULL, AS_F32(v), BT, D, dkv);
     be->permute(be, AS_F32(q), AS_F32(*h[0]), B, T, H, dh, D, 0, true);
-    be->permute(be, AS_F32(k), AS_F32(kvh), B, T, KV, dh, dkv, 0, true);
-    be->repeat_heads(be, AS_F32(kvh), AS_F32(*h[1]), B, KV, rep, T, dh, false);
-    be->permute(be, AS_F32(v), AS_F32(kvh), B, T, KV, dh, dkv, 0, true);
-    be->repeat_heads(be, AS_F32(kvh), AS_F32(*h[2]), B, KV, rep, T, dh, false);
+    if (one) {
+        be->permute(be, AS_F32(k), AS_F32(*h[1]), B, T, KV, dh, dkv, 0, true);
+        be->permute(be, AS_F32(v), AS_F32(*h[2]), B, T, KV, dh, dkv, 0, true);
+    } else {
+        be->permute(be, AS_F32(k), AS_F32(kvh), B, T, KV, dh, dkv, 0, true);
+        be->repeat_heads(be, AS_F32(kvh), AS_F32(*h[1]), B, KV, rep, T, dh, false);
+        be->permute(be, AS_F32(v), AS_F32(kvh), B, T, KV, dh, dkv, 0, true);
+        be->repeat_heads(be, AS_F32(kvh), AS_F32(*h[2]), B, KV, rep, T, dh, false);
+    }
+    kp->attn.kv_one = one;
     tensor_free(tr, &q);
     tensor_free(tr, &k);
     tensor_free(tr, &v);

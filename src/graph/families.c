@@ -27,6 +27,7 @@ static void common(const ml_model *m, const mlg_config *c, mlg_layer *L)
     a->rope = m->embed.position == ML_POS_ROPE;
     a->probs_cast = c->compute_bytes != 4;
     a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
+    a->fold_views = c->one_row;
     L->mlp = (mlg_mlp){act[m->mlp.activation], m->bias || m->mlp.bias, drop, a->out_grad, false,
                        false, false, false};
     L->autocast = c->autocast;
@@ -154,7 +155,7 @@ bool ml__family_vit_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
         !m->residual.prenorm || m->residual.parallel)
         return false;
     common(m, c, L);
-    L->attn.hf = L->attn.self_out = true;
+    L->attn.hf = L->attn.self_out = L->attn.q_last = true;
     L->mlp.keep_act = L->mlp.in_gone = true;
     L->hold_attn = true;
     return true;

@@ -21,6 +21,9 @@ typedef struct {
     bool ep_one;        /* with ep: one expert-parallel rank */
     bool etp;           /* with ep: more than one expert-tensor rank */
     bool one_local;     /* with ep: one expert on the rank */
+    bool one_row;       /* a batch of one (micro-batch or evaluation batch 1):
+                           matmul folds a (1, H, ...) head view into bmm's
+                           batch as a view (mlg_attention.fold_views) */
 } mlg_config;
 
 /* nanoGPT's and Hugging Face GPT-2's layer (pre-LayerNorm, one c_attn
@@ -95,9 +98,13 @@ void ml__kit_clip_embedding(ml_graph *g, const mlg_clip_embed *E);
  * literals;
  * full: the feature is the whole hidden state (feature_select full);
  * cast: the features cast to the embeddings' dtype (compute dtype other
- * than the stream's). */
+ * than the stream's);
+ * one_image: the tower's batch is one image, so linear_1's reshape of the
+ * feature slice to (tokens, width) is a view (no copy; the linear keeps
+ * the whole hidden state). */
 typedef struct {
     bool autocast, full, cast, bias;
+    bool one_image; /* a batch of one image: the slice reshapes as a view */
     uint64_t tokens, images, width, summed;
 } mlg_llava_projector;
 void ml__kit_llava_projector(ml_graph *g, const mlg_llava_projector *P);

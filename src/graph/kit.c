@@ -250,19 +250,27 @@ static uint16_t softmax_saving(ml_graph *g, uint16_t S, uint16_t P, bool copy)
 
 /* The eager core from q k^T to the softmax: the operands' contiguous
  * copies bmm saves (one saved entry for q's and k's, released by the q k^T
- * node), scale, masked_fill (mask), softmax (copy: on an fp32 copy of the
- * scores, autocast's). Returns the probabilities. */
-static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, bool copy)
+ * node; with fold_views the heads themselves), scale, masked_fill (mask),
+ * softmax (copy: on an fp32 copy of the scores, autocast's). Returns the
+ * probabilities. */
+static uint16_t eager_scores(ml_graph *g, const mlg_attention *a, uint16_t qh, uint16_t kh,
+                             bool mask, bool copy)
 {
-    uint16_t qkc = ml__kit_heads(g, "q, k contiguous copies (bmm)", MLG_H);
-    if (qkc != MLG_NONE)
-        g->t[qkc].factor = 2;
-    uint16_t S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
-    mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "contiguous (q, k for bmm)");
-    ml__op_in(o, qh);
-    ml__op_in(o, kh);
-    ml__op_out(o, qkc);
-    ml__op_free(ml__kit_qk(g, qkc, MLG_NONE, S1), qkc);
+    uint16_t S1;
+    if (a->fold_views) {
+        S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
+        ml__kit_qk(g, qh, kh, S1);
+    } else {
+        uint16_t qkc = ml__kit_heads(g, "q, k contiguous copies (bmm)", MLG_H);
+        if (qkc != MLG_NONE)
+            g->t[qkc].factor = 2;
+        S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
+        mlg_op *o = ml__graph_op(g, MLG_OP_COPY, "contiguous (q, k for bmm)");
+        ml__op_in(o, qh);
+        ml__op_in(o, kh);
+        ml__op_out(o, qkc);
+        ml__op_free(ml__kit_qk(g, qkc, MLG_NONE, S1), qkc);
+    }
     uint16_t S2 = ml__kit_scale(g, S1);
     if (!mask)
         return softmax_saving(
@@ -273,7 +281,7 @@ static uint16_t eager_scores(ml_graph *g, uint16_t qh, uint16_t kh, bool mask, b
     if (TT != MLG_NONE)
         g->t[TT].flags |= MLG_T_CORE;
     uint16_t P = ml__kit_scores(g, "softmax output", MLG_STREAM, MLG_T_CORE);
-    o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "eq (causal mask)");
+    mlg_op *o = ml__graph_op(g, MLG_OP_ELEMENTWISE, "eq (causal mask)");
     ml__op_out(o, TT);
     uint16_t S3 = ml__kit_scores(g, "scores (masked)", MLG_COMPUTE, 0);
     o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "masked_fill", S2, S3, "MaskedFillBackward0");
@@ -299,9 +307,11 @@ static uint16_t eager_pv(ml_graph *g, const mlg_layer *L, uint16_t P, uint16_t v
     uint16_t probs = ml__kit_dropout(g, L->attn.dropout, P, "NativeDropoutBackward0 (attention)",
                                      true, false);
     const uint16_t pc = L->autocast ? ml__kit_probs_copy(g, probs) : MLG_NONE;
-    uint16_t vc = ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
-    ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vh, vc, NULL);
-    *O = pc != MLG_NONE ? ml__kit_pv_cast(g, pc, vc, vc) : ml__kit_pv(g, probs, vc, vc);
+    uint16_t vc = L->attn.fold_views ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
+    if (vc != MLG_NONE)
+        ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vh, vc, NULL);
+    const uint16_t vb = vc != MLG_NONE ? vc : vh;
+    *O = pc != MLG_NONE ? ml__kit_pv_cast(g, pc, vb, vc) : ml__kit_pv(g, probs, vb, vc);
     return probs;
 }
 
@@ -387,7 +397,10 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, cons
                                       NULL);
     ml__op_free(o, view ? MLG_NONE : O); /* (a view's storage is O's: freed with it) */
     ml__kit_free_storages(g, o, f, nf);
-    ml__op_node(o, view ? NULL : "UnsafeViewBackward0 (attention output)");
+    /* its node: the product's (B, H, T, dh) view of bmm's output reshapes
+     * the transposed gradient, a copy, but for a batch of one (a view: O's
+     * gradient is Oc's, passed on) */
+    ml__op_node(o, view || a->fold_views ? NULL : "UnsafeViewBackward0 (attention output)");
     ml__op_gin(o, O);
     ml__op_gout(o, Oc);
     /* c_proj, then the residual dropout; the projection's output gradient
@@ -412,35 +425,6 @@ uint16_t ml__kit_attention_out(ml_graph *g, const mlg_layer *L, uint16_t O, cons
                                  !L->autocast);
     *Oc_out = Oc;
     return y;
-}
-
-uint16_t ml__kit_ring_open(ml_graph *g, bool ring)
-{
-    if (!ring)
-        return MLG_NONE;
-    /* (one op: its three outputs; the kernel's own op follows) */
-    mlg_op *o = ml__graph_op(g, MLG_OP_VIEW, "ring attention's buffers");
-    ml__op_out(o, ml__graph_tensor(g, "ring: keys and values all-gathered", MLG_COMPUTE, MLG_ACT,
-                                   5, ml__graph_lit(g, 2), MLG_B, MLG_HKV, MLG_TKV, MLG_DH));
-    ml__op_out(o, ml__graph_tensor(g, "ring: the merge's fp32 output and temporaries", MLG_FP32,
-                                   MLG_ACT, 5, ml__graph_lit(g, 4), MLG_B, MLG_H, MLG_T, MLG_DH));
-    ml__op_out(o, ml__kit_heads(g, "ring: a step's output", MLG_H));
-    /* transients of the block rule too (where the forward is not the
-     * graph's op-by-op pass) */
-    for (unsigned j = 0; j < o->nout; j++)
-        if (o->out[j] != MLG_NONE)
-            g->t[o->out[j]].flags |= MLG_T_TMP;
-    return (uint16_t)(g->nop - 1);
-}
-
-void ml__kit_ring_close(ml_graph *g, uint16_t open)
-{
-    if (open == MLG_NONE)
-        return;
-    const mlg_op *a = &g->op[open];
-    mlg_op *o = ml__graph_release(g, "ring attention returns");
-    for (unsigned j = 0; j < a->nout; j++)
-        ml__op_free(o, a->out[j]);
 }
 
 /* scaled_dot_product_attention on nanoGPT's heads (flash,
@@ -495,7 +479,7 @@ uint16_t ml__kit_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
     if (a->fused_kernel) {
         O = nanogpt_fused(g, qkv, qh, kh, vh, a);
     } else {
-        uint16_t P = eager_scores(g, qh, kh, !a->unmasked && !a->fused_softmax,
+        uint16_t P = eager_scores(g, a, qh, kh, !a->unmasked && !a->fused_softmax,
                                   L->autocast && a->softmax_copy);
         probs = eager_pv(g, L, P, vh, &O);
     }

@@ -48,6 +48,13 @@ typedef struct {
     bool kv_one, q_one;  /* one key/value head, one query head: that head
                             view's backward reshapes the transposed gradient
                             as a view, no copy */
+    bool fold_views;     /* a batch of one: at::matmul's reshape of a
+                            (1, H, T, x) operand to (H, T, x) for bmm is a
+                            view whatever its strides (a dimension of size
+                            one merges with any), so bmm saves the operand
+                            as it is (a head view: its projection's whole
+                            output; one expanded key/value head: that head)
+                            and makes no contiguous copy */
     bool softmax_copy;   /* softmax(dtype=fp32) of a bf16 input copies it first */
     bool probs_cast;     /* the fp32 probabilities cast back (compute not fp32) */
     bool rot_fp32;       /* the rotary's products in the stream's dtype (fp32
@@ -84,6 +91,8 @@ typedef struct {
                             (nanoGPT's order); the masked scores stay bound
                             until it returns the context alone, which stays
                             bound until BertAttention returns */
+    bool q_last;         /* HF ViTSelfAttention: k, v, then q projected (and
+                            viewed into heads), so backward runs q, v, k */
     bool self_out;       /* HF ViTSelfAttention: it returns the context alone
                             (q, k, v and the probabilities go with it), the
                             output projection a module of its own

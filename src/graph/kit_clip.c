@@ -101,6 +101,7 @@ bool ml__family_clip_layer(const ml_model *m, const mlg_config *c, mlg_layer *L)
     a->qkv_bias = a->out_bias = true;
     a->probs_cast = c->compute_bytes != 4;
     a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
+    a->fold_views = c->one_row;
     L->mlp = (mlg_mlp){m->vision.mlp.activation == ML_ACT_QUICK_GELU ? MLG_QUICK_GELU : MLG_GELU,
                        true,
                        false,
@@ -196,15 +197,16 @@ void ml__kit_clip_embedding(ml_graph *g, const mlg_clip_embed *E)
 
 /* linear_1's input: the feature slice hidden_states[feature][:, 1:] (a
  * view of the block's input; with feature_select full, the whole hidden
- * state, which the linear keeps), autocast's copy of it, or, the slice
- * not contiguous, the copy matmul's reshape makes. */
+ * state, which the linear keeps; so with one image, whose slice the
+ * reshape to (tokens, width) keeps a view), autocast's copy of it, or,
+ * the slice not contiguous, the copy matmul's reshape makes. */
 static uint16_t projector_input(ml_graph *g, const mlg_llava_projector *P, uint8_t n, uint8_t dv)
 {
     const uint8_t tv = ml__graph_lit(g, P->tokens);
     uint16_t x = ml__graph_tensor(g, "vision hidden state (the feature layer's)", MLG_STREAM,
                                   MLG_INPUT, 3, MLG_B, tv, dv);
     uint16_t f = ml__graph_view(g, "image features (the feature slice)", x, 3, MLG_B, n, dv);
-    if (!P->autocast && P->full)
+    if (!P->autocast && (P->full || P->one_image))
         return f;
     uint16_t c = P->autocast
                      ? ml__graph_tensor(g, "linear_1 input (cast copy of the feature)", MLG_HALF,

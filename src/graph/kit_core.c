@@ -1,7 +1,8 @@
 /* The attention core's tensors and ops, shared by the kit's attention
  * layouts (kit.h): the (B, H, T, T) scores and probabilities, the head
- * tensors, the two batched products (q k^T and P v), the scale and
- * autocast's cast of the probabilities for the P v product. */
+ * tensors, the two batched products (q k^T and P v), the scale,
+ * autocast's cast of the probabilities for the P v product, and ring
+ * attention's buffers around a fused kernel. */
 #include "graph/kit.h"
 
 /* A (B, H, T, T) tensor: the scores and probabilities. */
@@ -130,4 +131,33 @@ uint16_t ml__kit_pv_cast(ml_graph *g, uint16_t Pc, uint16_t vb, uint16_t vc)
     ml__op_free(o, vc);
     ml__op_free(o, Pc);
     return O;
+}
+
+uint16_t ml__kit_ring_open(ml_graph *g, bool ring)
+{
+    if (!ring)
+        return MLG_NONE;
+    /* (one op: its three outputs; the kernel's own op follows) */
+    mlg_op *o = ml__graph_op(g, MLG_OP_VIEW, "ring attention's buffers");
+    ml__op_out(o, ml__graph_tensor(g, "ring: keys and values all-gathered", MLG_COMPUTE, MLG_ACT,
+                                   5, ml__graph_lit(g, 2), MLG_B, MLG_HKV, MLG_TKV, MLG_DH));
+    ml__op_out(o, ml__graph_tensor(g, "ring: the merge's fp32 output and temporaries", MLG_FP32,
+                                   MLG_ACT, 5, ml__graph_lit(g, 4), MLG_B, MLG_H, MLG_T, MLG_DH));
+    ml__op_out(o, ml__kit_heads(g, "ring: a step's output", MLG_H));
+    /* transients of the block rule too (where the forward is not the
+     * graph's op-by-op pass) */
+    for (unsigned j = 0; j < o->nout; j++)
+        if (o->out[j] != MLG_NONE)
+            g->t[o->out[j]].flags |= MLG_T_TMP;
+    return (uint16_t)(g->nop - 1);
+}
+
+void ml__kit_ring_close(ml_graph *g, uint16_t open)
+{
+    if (open == MLG_NONE)
+        return;
+    const mlg_op *a = &g->op[open];
+    mlg_op *o = ml__graph_release(g, "ring attention returns");
+    for (unsigned j = 0; j < a->nout; j++)
+        ml__op_free(o, a->out[j]);
 }

@@ -203,23 +203,26 @@ uint16_t ml__kit_olmo_norm(ml_graph *g, const mlg_norm *n, uint16_t x, bool xbuf
  * reshapes the transposed gradient, a copy (ViewBackward0) except with one
  * head (one kv head for k and v), whose gradient reshapes as a view: then
  * the heads' gradient is the projection output's. (With T = 1 every view's
- * would: a size the graph does not know, the copy made.) */
+ * would: a size the graph does not know, the copy made.) k's gradient
+ * without a rotary comes from k^T's bmm laid out (B, T, D) with T the
+ * fastest dimension: the view's reshape keeps it, and the linear's fold of
+ * it to (B*T, D) for mm copies it (UnsafeViewBackward0), counted here,
+ * but for a batch of one, whose fold is a view. */
 static uint16_t head_view(ml_graph *g, const mlg_attention *a, unsigned i, uint16_t y,
                           const char *name)
 {
     const uint16_t hv = ml__graph_view(g, "heads", y, 4, MLG_B, i == 0 ? MLG_H : MLG_HKV, MLG_T,
                                        MLG_DH);
-    ml__kit_view_heads(g, name,
-                       (i ? a->kv_one : a->q_one) ? NULL
-                                                  : "ViewBackward0 (head view, contiguous copy)",
-                       y, hv);
+    const bool view = (i ? a->kv_one : a->q_one) || (i == 1 && a->fold_views && !a->rope);
+    ml__kit_view_heads(g, name, view ? NULL : "ViewBackward0 (head view, contiguous copy)", y,
+                       hv);
     return hv;
 }
 
 /* q_proj, k_proj, v_proj on h (each with autocast's copies) and the head
- * views; the gradients of the first two go into the buffer of h's
- * gradient that v's makes (backward runs v, k, q). Phi-3's one qkv_proj:
- * kit_phi3.c. */
+ * views (k, v, q with q_last); the gradients of the first two go into the
+ * buffer of h's gradient that the last's makes (backward runs v, k, q).
+ * Phi-3's one qkv_proj: kit_phi3.c. */
 static mlg_qkv projections(ml_graph *g, const mlg_layer *L, uint16_t h)
 {
     const mlg_attention *a = &L->attn;
@@ -248,14 +251,17 @@ static mlg_qkv projections(ml_graph *g, const mlg_layer *L, uint16_t h)
          {"addmm (k projection)", "AddmmBackward0 (k projection)", "view (k heads)"},
          {"addmm (v projection)", "AddmmBackward0 (v projection)", "view (v heads)"}}};
     uint16_t *out[3] = {&r.q, &r.k, &r.v}, *hv[3] = {&r.qh, &r.kh, &r.vh};
-    for (unsigned i = 0; i < 3; i++) {
+    /* ViTSelfAttention projects k, v, then q */
+    static const unsigned order[2][3] = {{0, 1, 2}, {1, 2, 0}};
+    for (unsigned n = 0; n < 3; n++) {
+        const unsigned i = order[a->q_last][n];
         const uint8_t width = i == 0 ? MLG_DQ : MLG_DKV;
         *out[i] = act3(g, "projection output", MLG_COMPUTE, width);
         const mlg_linear lin = {name[a->qkv_bias][i][0], name[a->qkv_bias][i][1], MLG_D, width,
                                 a->qkv_bias};
         mlg_op *o = ml__kit_linear_with(g, &lin, h, c[i], w[i], *out[i]);
         ml__op_gout(o, *out[i]);
-        if (i < 2 || a->in_buf)
+        if (n < 2 || a->in_buf)
             o->accum = h;
         /* BertSelfAttention views q into heads after k and v (its
          * mixed_query_layer): q's view's node runs first in backward */
@@ -298,22 +304,24 @@ static uint16_t repeat_kv(ml_graph *g, const mlg_attention *a, uint16_t x, const
 static uint16_t scores_qk(ml_graph *g, const mlg_attention *a, uint16_t qr, uint16_t kr,
                           uint16_t krep, bool copied, bool cat, uint16_t *vc)
 {
-    uint16_t qc = cat ? MLG_NONE : ml__kit_heads(g, "q, k contiguous copies (bmm)", MLG_H);
+    /* (a batch of one: no copies, bmm saves the operands as they are) */
+    const bool fold = a->fold_views;
+    uint16_t qc = cat || fold ? MLG_NONE : ml__kit_heads(g, "q, k contiguous copies (bmm)", MLG_H);
     /* (autocast's copy of k repeated by a zero-stride expand is laid out
      * for bmm: no copy) */
-    uint16_t kc = copied || (cat && !a->grouped) || (a->rot_fp32 && a->grouped)
+    uint16_t kc = copied || fold || (cat && !a->grouped) || (a->rot_fp32 && a->grouped)
                       ? MLG_NONE
                       : ml__kit_heads(g, "k contiguous copy (bmm)", MLG_H);
-    *vc = copied ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
-    uint16_t qs = qr, ks = copied ? krep : kr;
+    *vc = copied || fold ? MLG_NONE : ml__kit_heads(g, "v contiguous copy (bmm)", MLG_H);
+    uint16_t qs = qr, ks = copied || fold ? krep : kr;
     if (a->rot_fp32) { /* (the wrapper's arguments last to first: ml__kit_cast_ops) */
         ks = ml__kit_autocast_copy(g, krep, MLG_H, "k (autocast copy for q k^T)");
         qs = ml__kit_autocast_copy(g, qs, MLG_H, "q (autocast copy for q k^T)");
     }
-    const uint16_t qb = cat ? qs : qc;
+    const uint16_t qb = qc != MLG_NONE ? qc : qs;
     const uint16_t kb = kc != MLG_NONE ? kc : ks;
     const uint16_t entry = ml__graph_storage(g, qb);
-    if (ml__graph_storage(g, kb) != entry)
+    if (!fold && ml__graph_storage(g, kb) != entry)
         g->t[ml__graph_storage(g, kb)].base = entry;
     uint16_t S1 = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);
     if (qc != MLG_NONE || kc != MLG_NONE) {

@@ -47,10 +47,12 @@ uint16_t ml__kit_sdpa_math(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_
                                "ExpandBackward0 (repeat_interleave of v)");
     /* key.transpose(-2, -1) * sqrt(scale): the bmm's second operand (a
      * temporary of the matmul's expression); the bmm copies q to a
-     * contiguous operand unless it is one */
+     * contiguous operand unless it is one or the batch is one */
     uint16_t kts = ml__kit_heads(g, "k^T scaled (math kernel)", MLG_H);
     ml__graph_step(g, MLG_OP_ELEMENTWISE, "mul (k^T scale)", krep, kts, "MulBackward0 (k scale)");
-    uint16_t qc = q_contiguous ? MLG_NONE : ml__kit_heads(g, "q contiguous copy (bmm)", MLG_H);
+    uint16_t qc = q_contiguous || a->fold_views
+                      ? MLG_NONE
+                      : ml__kit_heads(g, "q contiguous copy (bmm)", MLG_H);
     if (qc != MLG_NONE)
         ml__graph_step(g, MLG_OP_COPY, "contiguous (q for bmm)", qs, qc, NULL);
     uint16_t S = ml__kit_scores(g, "scores (q k^T)", MLG_COMPUTE, MLG_T_TMP);

@@ -65,7 +65,8 @@ static uint16_t queries(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t cq
  * promotes the sum under autocast), saving its result, cast to the
  * compute dtype for PV (.to(query.dtype), then autocast's cast), and the
  * PV matmul with the values' contiguous copy vc (of a strided view of
- * kv_b's output); returns its output. */
+ * kv_b's output; MLG_NONE: a batch of one, whose view of kv_b's output
+ * the matmul saves); returns its output. */
 static uint16_t core(ml_graph *g, const mlg_layer *L, uint16_t qb, uint16_t kb, uint16_t kvb,
                      uint16_t vc)
 {
@@ -79,9 +80,10 @@ static uint16_t core(ml_graph *g, const mlg_layer *L, uint16_t qb, uint16_t kb, 
     ml__op_save(o, P);
     ml__op_free(o, S3);
     const uint16_t probs = L->attn.probs_cast ? ml__kit_probs_cast(g, P) : P;
-    ml__graph_step(g, MLG_OP_COPY, "contiguous (value for bmm)", kvb, vc, NULL);
+    if (vc != MLG_NONE)
+        ml__graph_step(g, MLG_OP_COPY, "contiguous (value for bmm)", kvb, vc, NULL);
     uint16_t O = act3(g, "attention output (P v)", MLG_COMPUTE, MLG_VO);
-    o = ml__kit_pv_into(g, probs, vc, O, MLG_DV);
+    o = ml__kit_pv_into(g, probs, vc != MLG_NONE ? vc : kvb, O, MLG_DV);
     ml__op_free(o, vc);
     ml__op_free(o, probs); /* the cast dropped P's reference */
     return O;
@@ -124,12 +126,15 @@ uint16_t ml__kit_mla_attention(ml_graph *g, const mlg_layer *L, uint16_t h)
     ml__kit_cast_ops(g, qs, cqs, MLG_NONE, MLG_NONE);
     ml__kit_cast_ops(g, ks, cks, MLG_NONE, MLG_NONE);
     const uint16_t qb = cqs != MLG_NONE ? cqs : qs, kb = cks != MLG_NONE ? cks : ks;
-    const uint16_t vc = act3(g, "value contiguous copy (bmm)", MLG_COMPUTE, MLG_VO);
+    const uint16_t vc = L->attn.fold_views
+                            ? MLG_NONE
+                            : act3(g, "value contiguous copy (bmm)", MLG_COMPUTE, MLG_VO);
     const uint16_t O = core(g, L, qb, kb, kvb, vc);
     /* transpose(1, 2).contiguous(), then o_proj */
     uint16_t Oc = act3(g, "output projection input", MLG_COMPUTE, MLG_VO);
+    /* (its node a view for a batch of one: ml__kit_attention_out) */
     o = ml__graph_step(g, MLG_OP_COPY, "contiguous (attention output)", O, Oc,
-                       "UnsafeViewBackward0 (attention output)");
+                       L->attn.fold_views ? NULL : "UnsafeViewBackward0 (attention output)");
     ml__op_free(o, O);
     uint16_t A = act3(g, "output projection output", MLG_COMPUTE, MLG_D);
     if (A != MLG_NONE)

@@ -20,7 +20,7 @@ mlg_config ml__ck_graph_config(const ml_chain *ch, const ml_model *m)
     return (mlg_config){ch->prec.a,        ch->prec.w,   ch->prec.fp16,
                         ch->prec.autocast, ml__ck_fused_attention(ch->prec.a, m), ch->eval_mode,
                         ch->cp > 1,        ch->ep_dispatch, ch->ep == 1, ch->etp > 1,
-                        ch->ep > 1 && ch->moe_experts == ch->ep};
+                        ch->ep > 1 && ch->moe_experts == ch->ep, ch->B == 1};
 }
 
 /* Each dtype class's bytes under the chain's precision, then each
@@ -241,7 +241,7 @@ bool ml__ck_graph_vision_layer(ml_chain *ch, const ml_model *m, const ml_ck_dims
     /* the tower's attention is eager whatever the decoder's kernel */
     const mlg_config c = {ch->prec.a,        ch->prec.w, ch->prec.fp16, ch->prec.autocast,
                           false,             ch->eval_mode, false,      false,
-                          false,             false,      false};
+                          false,             false,      false,         ch->B == 1};
     if (!ml__family_clip_layer(m, &c, &L))
         return false;
     ml__family_clip_graph(&G->g, &L, (mlg_clip_pool)pool);

@@ -29,6 +29,7 @@ bool ml__ck_graph_llava_projector(ml_chain *ch, const ml_model *m, const ml_ck_d
                                    .full = m->vision.full,
                                    .cast = ch->prec.a != ch->prec.w,
                                    .bias = m->vision.proj_bias,
+                                   .one_image = vd->B == 1,
                                    .tokens = vd->T,
                                    .images = n_img,
                                    .width = vd->D,

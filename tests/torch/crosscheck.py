@@ -38,7 +38,8 @@ TOL = 0.01
 AMP_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-mlp", "xc-gpt2", "xc-gpt2-nodrop", "xc-llama", "xc-gemma", "xc-gemma2",
               "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-falcon-mha", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
               "xc-deepseek", "xc-deepseek2", "xc-vit", "xc-t5", "xc-t5-gated",
-              "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full"}
+              "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full",
+              "xc-llama-b1", "xc-falcon-b1", "xc-neox-b1", "xc-bert-b1", "xc-gemma-b1"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
 # vectors are 0.15 % of it, under the 1 % tolerance; Phi-3's fused
 # projections, BERT's MLM head, Gemma 2's post norms and soft-caps, Falcon's
@@ -46,7 +47,8 @@ AMP_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-fl
 # sequence-classification head are new layouts, held to every byte (so are
 # Llava's vision tower, projector and merged sequence).
 EXACT_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-falcon-mha", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5", "xc-t5-gated",
-                "xc-deepseek", "xc-deepseek2", "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full"}
+                "xc-deepseek", "xc-deepseek2", "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full",
+                "xc-llama-b1", "xc-falcon-b1", "xc-neox-b1", "xc-bert-b1", "xc-gemma-b1"}
 torch.manual_seed(0)
 
 
@@ -140,20 +142,40 @@ def known_1_13_llava(doc, B, T):
     return extra
 
 
-def unused_checkpointed(doc, B):
+def projector_keeps_hidden(doc, B, amp):
+    """Whether Llava's linear_1 keeps the feature layer's whole hidden
+    state (fp32, B*Tv*Dv*4): its input is a view of it with
+    feature_select full, or with one image (the slice's reshape to
+    (tokens, width) for the matmul is a view when the batch is one); under
+    autocast it keeps its cast copy instead. That storage is the first
+    unused layer's input: the plan keeps it once, in activations_saved."""
+    v = doc["model"]["stacks"]["vision"]
+    return not amp and (v.get("feature_select") == "full" or B == 1)
+
+
+def hidden_bytes(doc, B):
+    """One hidden state of Llava's vision tower, fp32: B*Tv*Dv*4."""
+    v = doc["model"]["stacks"]["vision"]
+    g = v["image_size"] // v["patch_size"]
+    return B * (g * g + 1) * v["hidden"] * 4
+
+
+def unused_checkpointed(doc, B, amp=False):
     """What a checkpointed unused vision layer (past Llava's
     vision_feature_layer) packs, though nothing keeps it for the backward:
     the checkpoint's input (the previous layer's output, fp32 B*Tv*Dv*4),
     and for the tower's last layer post_layernorm's input (the layer's
     output) and statistics (2*B*4). All die when get_image_features
     returns; the plan's activations_saved, what the backward keeps, has
-    none of it (docs/inventory.md, "Llava")."""
+    none of it (docs/inventory.md, "Llava") but the first unused layer's
+    input where the projector keeps it (projector_keeps_hidden)."""
     v = doc["model"]["stacks"]["vision"]
-    g = v["image_size"] // v["patch_size"]
-    x = B * (g * g + 1) * v["hidden"] * 4
+    x = hidden_bytes(doc, B)
     L = v["layers"]
     at = L + 1 + v.get("feature_layer", -2) if v.get("feature_layer", -2) < 0 else v["feature_layer"]
     out = {"vision.layer.%d" % i: x for i in range(at, L)}
+    if at < L and projector_keeps_hidden(doc, B, amp):
+        out["vision.layer.%d" % at] -= x
     if at < L:
         out["vision.layer.%d" % (L - 1)] += x + 2 * B * 4
     return out
@@ -337,6 +359,10 @@ def main():
             # the sequence holds the image tokens: halve the text only
             n_img = image_tokens(doc)
             sizes[1] = (B0 * 2, n_img + (T0 - n_img) // 2)
+        # a batch of one: matmul's reshapes for bmm are views, no copies
+        # (docs/inventory.md, "A batch of one")
+        if not seq and B0 != 1:
+            sizes.append((1, T0))
         runs = [(B, T, ckpt, False) for B, T in sizes for ckpt in (False, True)]
         if doc["name"] in AMP_MODELS:
             runs += [(B, T, False, True) for B, T in sizes]
@@ -362,7 +388,7 @@ def main():
                     elif ckpt:  # a tower left unchecked beside a checkpointed decoder
                         extra.update(clip_host_scalars(doc))
                     if vckpt and vmode != "frozen":
-                        for k, v in unused_checkpointed(doc, B).items():
+                        for k, v in unused_checkpointed(doc, B, amp).items():
                             extra[k] = extra.get(k, 0) + v
                 j = plan(memledger, path, B, T, ckpt, amp, target_len(doc, T or 1))
                 # a block whose output nothing reads (Llava's vision layers
@@ -374,6 +400,10 @@ def main():
                           and not (vckpt if doc["model"]["type"] == "multimodal" else ckpt)}
                 pred_total = (j["bytes"]["activations_saved"] + sum(extra.values())
                               + sum(b["inventory_bytes"] for b in j["blocks"] if b["name"] in unused))
+                if unused and doc["model"]["type"] == "multimodal" and projector_keeps_hidden(doc, B, amp):
+                    # the first unused layer's input, its inventory's and the
+                    # plan's kept bytes: one storage
+                    pred_total -= hidden_bytes(doc, B)
                 check(name + " params", j["params"], params, 0)
                 check(name + " optimizer states", j["bytes"]["optimizer_states"], states, 0)
                 check(name + " batch", j["bytes"]["batch"], batch_b, 0)

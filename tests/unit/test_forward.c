@@ -47,13 +47,14 @@ static void check_climbs(const char *yaml, uint64_t with_grad, uint64_t no_grad)
 
 /* One nanoGPT layer, fp32, no dropout: B = 1, T = 2, D = 4, one head,
  * F = 8. Bytes: E = (B, T, D) = 32, the norm statistics 2 x (B, T) x 4 =
- * 16, S = (B, H, T, T) = 16, (T, T) bool 4, EF = (B, T, F) = 64.
+ * 16, S = (B, H, T, T) = 16, (T, T) bool 4, EF = (B, T, F) = 64. A batch
+ * of one: matmul's reshapes of the q, k and v views for bmm are views, no
+ * copies (bmm keeps c_attn's output through them).
  * Under no_grad (the block's input is its caller's): ln_1 +32 (+16 its
- * statistics, gone) = 32; c_attn +96 = 128; matmul copies q and k for bmm
- * +64 = 192, the scores +16 = 208, the copies go (144); * scale +16 -16;
- * == 0 +4, masked_fill +16, both inputs go (144); softmax +16 -16; the PV
- * bmm's copy of v +32 and its output +32 = 208, the copy goes (176);
- * contiguous +32 = 208, the bmm output goes (176); c_proj +32 = 208, its
+ * statistics, gone) = 32; c_attn +96 = 128; the scores +16 = 144; * scale
+ * +16 -16; == 0 +4, masked_fill +16, both inputs go (144); softmax +16
+ * -16; the PV bmm's output +32 = 176; contiguous +32 = 208, the bmm output
+ * goes (176); c_proj +32 = 208, its
  * input goes (176); the attention returns: qkv and the probabilities go
  * (64), then ln_1's output (32 = the attention's output); the residual sum
  * +32, the attention output goes (32); ln_2 +32 (+16) = 64; c_fc +64 = 128,
@@ -62,7 +63,8 @@ static void check_climbs(const char *yaml, uint64_t with_grad, uint64_t no_grad)
  * the projection); the output +32 = 96, then those two go: 32. The climb
  * is 208.
  * With grad the saved tensors stay: the statistics 16 + 16, ln_1's output
- * 32 (c_attn's input), the copies of q, k, v 96, the bool 4, the softmax
+ * 32 (c_attn's input), c_attn's output 96 (q, k and v views of it), the
+ * bool 4, the softmax
  * output 16, c_proj's input 32, the residual sum 32 (ln_2's input), ln_2's
  * output 32, c_fc's 64 and gelu's 64: 404. Walked the same way, the level
  * reaches 436 + the output 32 = 468 at the last sum, the climb. */
@@ -82,9 +84,9 @@ static void test_gpt2_layer_by_hand(void **state)
  * Bytes: E = q = k = v = 8 x 4 x 2 = 64, the scores S = 8 x 8 x 2 = 128 (in
  * fp32 256), EF = 8 x 8 x 2 = 128; the RMSNorm's fp32 tensors 8 x 4 x 4 =
  * 128 and its (B, T) statistics 32. Before the attention core the layer
- * holds the norm's output, q and k rotated and v: 256; the matmul's copies
- * of q and k (+128) and the scores (+128), the copies go (384); the scale
- * and the mask, one S at a time (384). softmax(dtype=float32) on bf16 first
+ * holds the norm's output, q and k rotated and v: 256; the scores (+128:
+ * a batch of one, so matmul copies neither q nor k, its reshapes views)
+ * (384); the scale and the mask, one S at a time (384). softmax(dtype=float32) on bf16 first
  * copies the scores to fp32 (+256 = 640), then makes its fp32 result (+256
  * = 896), the layer's highest moment (the MLP's product reaches 640, the
  * norms 512); fp16 converts inside the kernel: 640 there, and `.to(query.
@@ -115,14 +117,14 @@ static void test_softmax_upcast_by_hand(void **state)
 
 /* One HF ViT layer (ViTLayer, pre-norm), fp32, no dropout: B = 1, a 4 x 4
  * one-channel image in 2 x 2 patches (T = 5 with the class token), D = 4,
- * two heads (dh 2, so bmm copies its head views), F = 32. Bytes: E = (B, T,
- * D) = 80, the norm statistics 20 each, S = (B, H, T, T) = 200, EF = (B, T,
- * F) = 640. Under no_grad: layernorm_before +80 (+40, gone) = 80; the
- * three projections +240 = 320 (ViTSelfAttention makes key, value, then
- * query; the plan q, k, v: the same sizes); bmm's copies of q and k +160, the scores +200,
- * the copies go (520); the scale +200 -200, softmax +200 -200 (520: the
- * probabilities); v's copy +80 and the product +80, the copy goes (600);
- * the contiguous context +80, the product goes (600); ViTSelfAttention
+ * two heads (dh 2; a batch of one, so matmul's reshapes of the head views
+ * for bmm are views: no copies), F = 32. Bytes: E = (B, T, D) = 80, the
+ * norm statistics 20 each, S = (B, H, T, T) = 200, EF = (B, T, F) = 640.
+ * Under no_grad: layernorm_before +80 (+40, gone) = 80; the three
+ * projections (ViTSelfAttention makes key, value, then query) +240 = 320;
+ * the scores +200 (520); the scale +200 -200, softmax +200 -200 (520: the
+ * probabilities); the product +80 (600); the contiguous context +80, the
+ * product goes (600); ViTSelfAttention
  * returns: q, k, v and the probabilities go (160); ViTSelfOutput's dense
  * +80 (240); ViTAttention returns: the context and layernorm_before's
  * output go (80, attention_output, which ViTLayer keeps); the residual sum
@@ -136,11 +138,11 @@ static void test_softmax_upcast_by_hand(void **state)
  * the layer's end and layernorm_after's output through the MLP, and free
  * attention_output at the first sum: 1640).
  * With grad the saved tensors stay: layernorm_before's output and its
- * statistics 120, the copies of q, k and v 240, the probabilities 200,
- * the context 80, the first sum 80, layernorm_after's output and
- * statistics 120, the dense's output 640 and gelu's 640: 2120. Walked the
- * same way: 720 at the scores, 920 at the scale and the softmax, q, k and
- * v (not saved) go at the attention's return, and the level reaches 2200 at
+ * statistics 120, q, k and v (bmm keeps the projections' outputs through
+ * its views) 240, the probabilities 200, the context 80, the first sum 80,
+ * layernorm_after's output and statistics 120, the dense's output 640 and
+ * gelu's 640: 2120. Walked the same way: 560 at the scores, 760 at the
+ * scale and the softmax, and the level reaches 2200 at
  * gelu, 2280 with ViTOutput's dense and 2360 with the sum (attention_output
  * still bound), the climb; then the dense's output and attention_output
  * go: 2200 = 2120 saved + the 80 B output. */
@@ -160,25 +162,29 @@ static void test_vit_layer_by_hand(void **state)
  * two key/value heads (dh 2, _split_heads' selects), F = 8. Bytes: E =
  * (B, T, D) = 64, query_key_value's output (B, T, 12) = 192, a head tensor
  * (B, H, T, dh) = 64 (half of it 32), S = (B, H, T, T) = 128, EF = 128, the
- * norm statistics 16 each. Under no_grad: the norm +64 (+32, gone);
- * query_key_value +192 = 256; the rotary on q (views of that output):
- * q * cos +64, -x2 +32, the cat +64, -x2 goes, * sin +64, the cat goes,
- * the sum +64, both products go: 320 (q rotated), and on k the same: 384;
- * its muls keep the views' layout, so the q k^T matmul copies q and k
- * (+128 = 512), the scores +128, the copies go (512); `/= sqrt(dh)` in
- * place makes nothing; + mask +128, softmax +128 = 768, the layer's
- * highest; the sum and the scores go (512); v's copy and the product, the
- * copy goes, the merged heads' copy, the product goes, dense: 640; the
+ * norm statistics 16 each. A batch of one: matmul's reshapes of q, k and
+ * v for bmm are views (no copies), so bmm keeps the rotated q and k and,
+ * through v's view, query_key_value's whole output. Under no_grad: the
+ * norm +64 (+32, gone); query_key_value +192 = 256; the rotary on q (views
+ * of that output): q * cos +64, -x2 +32, the cat +64, -x2 goes, * sin +64,
+ * the cat goes, the sum +64, both products go: 320 (q rotated), and on k
+ * the same: 384 (k's highest moment 384 + 64 + 32 + 64 = 544); the scores
+ * +128 (512); `/= sqrt(dh)` in place makes nothing; + mask +128, softmax
+ * +128 = 768, the layer's highest; the sum and the scores go (512); the
+ * product, the merged heads' copy, the product goes, dense: 640; the
  * attention returns: q and k rotated, query_key_value's output, the
  * probabilities and the merged heads (dense's input) go (128: the norm's
  * output and the attention's); the MLP climbs to 384 (its input the norm's
  * output, which goes after it); the sum. With grad the saved tensors stay
- * (the norm's output and statistics 96, q's and k's copies 128, the
- * probabilities 128, v's copy 64, the merged heads 64, the MLP's 256:
- * 736) and the level reaches 928 at the softmax, and again with the
- * layer's output: 928. The climbs add the causal mask and the position
- * ids the forward holds through the layers (4 x 4 x 4 + 4 x 8 = 96): 1024
- * with grad, 864 under no_grad. */
+ * (the norm's output and statistics 96, q and k rotated 128, the
+ * probabilities 128, query_key_value's output 192, the merged heads 64,
+ * the MLP's 256: 864): 800 at the softmax (416 before the scores, + the
+ * scores, the sum, the probabilities), 672 as the attention returns (its
+ * saved 608 and dense's output), then c_fc +128, gelu +128, the
+ * projection +64 and mlp(h) + attn(h) +64: 1056, the layer's highest. The
+ * climbs add the causal mask and the position ids the forward holds
+ * through the layers (4 x 4 x 4 + 4 x 8 = 96): 1152 with grad, 864 under
+ * no_grad. */
 static void test_falcon_layer_by_hand(void **state)
 {
     (void)state;
@@ -188,7 +194,7 @@ static void test_falcon_layer_by_hand(void **state)
                  "  vocab: 10\n  position: rope\n  tied_embeddings: true\n  bias: false\n"
                  "  attention: eager\n  dropout: 0\ntraining:\n  micro_batch: 1\n"
                  "  seq_len: 4\n  optimizer: sgd\n",
-                 1024, 864); /* block 1: block.0 */
+                 1152, 864); /* block 1: block.0 */
 }
 
 #define RESIDUAL(act)                                                                        \

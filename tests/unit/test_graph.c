@@ -29,15 +29,15 @@ static const char *const tiny =
     "  optimizer: sgd\n";
 
 /* fp32 throughout, no autocast, eager attention, training */
-static const mlg_config fp32 = {4, 4, false, false, false, false, false, false, false, false, false};
+static const mlg_config fp32 = {4, 4, false, false, false, false, false, false, false, false, false, false};
 static const ml_attention kernels[] = {ML_ATTN_EAGER, ML_ATTN_SDPA, ML_ATTN_FLASH};
 
 /* The tiny layer's graph at fp32, B = 1, T = 2. */
-static void tiny_graph(ml_graph *g, ml_graph_sizes *z, uint64_t *tb)
+static void tiny_graph_as(ml_graph *g, ml_graph_sizes *z, uint64_t *tb, const mlg_config *c)
 {
     ml_model *m = load_str(tiny);
     mlg_layer L;
-    assert_true(ml__family_gpt2_layer(m, &fp32, &L));
+    assert_true(ml__family_gpt2_layer(m, c, &L));
     ml__family_layer_graph(g, &L);
     assert_true(ml__graph_valid(g));
     memset(z, 0, sizeof *z);
@@ -54,6 +54,12 @@ static void tiny_graph(ml_graph *g, ml_graph_sizes *z, uint64_t *tb)
     ml__graph_bytes(g, z, tb);
     assert_false(z->overflow);
     ml_model_destroy(m);
+}
+
+/* The graph with the copies a batch above one makes (fp32), sized at B = 1 */
+static void tiny_graph(ml_graph *g, ml_graph_sizes *z, uint64_t *tb)
+{
+    tiny_graph_as(g, z, tb, &fp32);
 }
 
 /* The live-bytes pass on the layer test_forward.c walks by hand through
@@ -118,6 +124,14 @@ static void test_forward_steps_by_hand(void **state)
     steps_are(st, n, tiny_grad_steps, TINY_GRAD_STEPS, 468, 404 + 32);
     assert_int_equal(l.peak, 468);
     assert_int_equal(l.live, 404 + 32);
+    /* the batch of one as PyTorch runs it: no copies for bmm */
+    mlg_config one = fp32;
+    one.one_row = true;
+    tiny_graph_as(&g, &z, tb, &one);
+    n = ml__graph_forward_steps(&g, tb, false, false, st, 256, &l);
+    steps_are(st, n, tiny_fold_steps, TINY_FOLD_STEPS, 208, 32);
+    n = ml__graph_forward_steps(&g, tb, true, false, st, 256, &l);
+    steps_are(st, n, tiny_fold_grad_steps, TINY_FOLD_GRAD_STEPS, 468, 404 + 32);
 }
 
 /* Bytes moved and kernels, by hand, for the same layer (B = 1, T = 2,
@@ -507,7 +521,7 @@ static void test_other_layouts_refused(void **state)
     m = load_hf_config("phi-3-mini-4k");
     assert_true(ml__family_llama_layer(m, &fp32, &L));
     assert_true(L.attn.fused_proj && L.attn.o_first && L.mlp.fused);
-    const mlg_config fk = {4, 4, false, false, true, false, false, false, false, false, false};
+    const mlg_config fk = {4, 4, false, false, true, false, false, false, false, false, false, false};
     assert_true(ml__family_layer(m, &fk, &L)); /* sdpa or flash: the graph too */
     ml_model_destroy(m);
     m = load_preset("vit-b16");

@@ -270,7 +270,7 @@ static void test_t5_kit_headroom(void **state)
     fprintf(stderr, "%u T5 graphs: at most %u tensors, %u ops\n", n, most_t, most_op);
     assert_true(most_t <= MLG_MAX_TENSORS * 3 / 4 && most_op <= MLG_MAX_OPS * 3 / 4);
     mlg_t5 L;
-    const mlg_config c = {4, 4, false, false, false, false, false, false, false, false, false};
+    const mlg_config c = {4, 4, false, false, false, false, false, false, false, false, false, false};
     ml_model *m = load_preset("gpt2-small");
     assert_false(ml__family_t5_layer(m, &c, false, true, &L));
     ml_model_destroy(m);

@@ -527,22 +527,24 @@ static size_t by_op_at(const char *ckpt, const int64_t *want, size_t nw)
 }
 
 /* Checkpointed, the two layers' forward runs without grad, tensor by
- * tensor (tiny_steps); without checkpointing it runs with grad, each saved
- * tensor made as its op runs and kept (tiny_grad_steps), and the run
+ * tensor (tiny_fold_steps); without checkpointing it runs with grad, each saved
+ * tensor made as its op runs and kept (tiny_fold_grad_steps), and the run
  * without grad is nowhere. Checkpointed, the run with grad is not the
  * forward's, but each layer's recompute makes its steps to the output. */
 static void test_checkpointed_forward_by_op(void **state)
 {
     (void)state;
-    int64_t nograd[2 * TINY_STEPS + 1], grad[2 * TINY_GRAD_STEPS + 1];
-    const size_t nn = two_layers(tiny_steps, TINY_STEPS, TINY_STEPS_HEAD, nograd);
-    const size_t ng = two_layers(tiny_grad_steps, TINY_GRAD_STEPS, TINY_GRAD_STEPS_HEAD, grad);
+    int64_t nograd[2 * TINY_FOLD_STEPS + 1], grad[2 * TINY_FOLD_GRAD_STEPS + 1];
+    const size_t nn = two_layers(tiny_fold_steps, TINY_FOLD_STEPS, TINY_FOLD_STEPS_HEAD, nograd);
+    const size_t ng =
+        two_layers(tiny_fold_grad_steps, TINY_FOLD_GRAD_STEPS, TINY_FOLD_GRAD_STEPS_HEAD, grad);
     assert_true(by_op_at("full", nograd, nn) != SIZE_MAX);
     assert_true(by_op_at("none", nograd, nn) == SIZE_MAX);
     assert_true(by_op_at("none", grad, ng) != SIZE_MAX);
     assert_true(by_op_at("full", grad, ng) == SIZE_MAX);
     /* the second layer's steps (after the workspace) to its output */
-    assert_true(by_op_at("full", &grad[TINY_GRAD_STEPS + 1], TINY_GRAD_STEPS_HEAD) != SIZE_MAX);
+    assert_true(by_op_at("full", &grad[TINY_FOLD_GRAD_STEPS + 1], TINY_FOLD_GRAD_STEPS_HEAD) !=
+                SIZE_MAX);
 }
 
 /* A product with a bias makes its gradients as three tensors, its input's,

@@ -1,5 +1,6 @@
 /* The tiny GPT-2 layer of tests/unit/test_graph.c (B = 1, T = 2, D = 4,
- * one head, F = 8, fp32, no dropout) run without grad, as allocations (+)
+ * one head, F = 8, fp32, no dropout; its graph with the copies a larger
+ * batch makes) run without grad, as allocations (+)
  * and frees (-) in bytes, shared by test_graph.c and
  * test_reserved_tensors.c. In the order of the walk by hand in
  * test_forward.c (test_gpt2_layer_by_hand): ln_1's output and its
@@ -43,5 +44,28 @@ static const int64_t tiny_steps[] = {
     -4,  -16, 16,  -16, 32,  32, -32, 32, -32, 32, -32, -96, -16, -32, 32,
     -32, 32,  8,   8,   -8,  -8, 64,  64, -64, 32, -64, -32, 32,  -32, -32};
 enum { TINY_STEPS = sizeof tiny_steps / sizeof tiny_steps[0], TINY_STEPS_HEAD = TINY_STEPS - 3 };
+
+/* The same two walks as PyTorch runs them at this batch of one
+ * (mlg_config.one_row; a plan at micro-batch 1): matmul's reshapes of the
+ * q, k and v views for bmm are views, so there are no copies (the 32, 32
+ * and their frees after the scores, the 32 and its free around P v) and,
+ * with grad, bmm keeps c_attn's output through its views (its -96 at the
+ * attention's return gone). The same peaks and ends: 208 and 32; 468 and
+ * 404 + 32 (test_forward.c). */
+static const int64_t tiny_fold_grad_steps[] = {32, 8,  8,  96, 16, 16,  -16, 4,  16, -16,
+                                               16, -16, 32, 32, -32, 32, 32, -32, 32, 8,
+                                               8,  64, 64, 32, 32, -32};
+enum {
+    TINY_FOLD_GRAD_STEPS = sizeof tiny_fold_grad_steps / sizeof tiny_fold_grad_steps[0],
+    TINY_FOLD_GRAD_STEPS_HEAD = TINY_FOLD_GRAD_STEPS - 2
+};
+static const int64_t tiny_fold_steps[] = {32,  8,  8,  -8, -8,  96, 16,  16, -16, 4,
+                                          16,  -4, -16, 16, -16, 32, 32, -32, 32, -32,
+                                          -96, -16, -32, 32, -32, 32, 8,  8,  -8, -8,
+                                          64,  64, -64, 32, -64, -32, 32, -32, -32};
+enum {
+    TINY_FOLD_STEPS = sizeof tiny_fold_steps / sizeof tiny_fold_steps[0],
+    TINY_FOLD_STEPS_HEAD = TINY_FOLD_STEPS - 3
+};
 
 #endif
