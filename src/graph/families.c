@@ -28,8 +28,14 @@ static void common(const ml_model *m, const mlg_config *c, mlg_layer *L)
     a->probs_cast = c->compute_bytes != 4;
     a->softmax_copy = c->compute_bytes != 4 && !c->fp16;
     a->fold_views = c->one_row;
-    L->mlp = (mlg_mlp){act[m->mlp.activation], m->bias || m->mlp.bias, drop, a->out_grad, false,
-                       false, false, false};
+    L->mlp = (mlg_mlp){m->mlp.gelu_new ? MLG_GELU_NEW : act[m->mlp.activation],
+                       m->bias || m->mlp.bias,
+                       drop,
+                       a->out_grad,
+                       false,
+                       false,
+                       false,
+                       false};
     L->autocast = c->autocast;
 }
 
@@ -336,8 +342,10 @@ uint8_t ml__family_out_cache_bpe(const ml_model *m, const mlg_config *c, const m
     if (!m->attn.kv_cache || c->eval || a->ring)
         return 0;
     if (!a->hf) /* nanoGPT's layout is Hugging Face's GPT-2 there; eager, the
-                   matmuls save the copies (no contiguous copies of their own) */
-        return a->fused_kernel && !a->rope && !L->parallel && !a->unmasked &&
+                   matmuls save the copies (no contiguous copies of their own),
+                   but for a batch of one, whose matmuls keep c_attn's output
+                   through q's view and the copies besides */
+        return (a->fused_kernel || a->fold_views) && !a->rope && !L->parallel && !a->unmasked &&
                        !a->fused_softmax
                    ? (uint8_t)c->compute_bytes
                    : 0;

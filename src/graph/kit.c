@@ -510,8 +510,10 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
     uint16_t w1 = ml__kit_weight_copy(g, L, MLG_D, MLG_F);
     uint16_t w2 = ml__kit_weight_copy(g, L, MLG_F, MLG_D);
     uint16_t F1 = ml__graph_tensor(g, "fc output", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_F);
-    uint16_t G = ml__graph_tensor(g, "activation output (proj input)", MLG_COMPUTE, MLG_ACT, 3,
-                                  MLG_B, MLG_T, MLG_F);
+    const bool gelu_new = p->act == MLG_GELU_NEW;
+    uint16_t G = gelu_new ? MLG_NONE
+                          : ml__graph_tensor(g, "activation output (proj input)", MLG_COMPUTE,
+                                             MLG_ACT, 3, MLG_B, MLG_T, MLG_F);
     uint16_t M = ml__graph_tensor(g, "MLP output", MLG_COMPUTE, MLG_ACT, 3, MLG_B, MLG_T, MLG_D);
     if (M != MLG_NONE)
         g->t[M].flags |= MLG_T_TMP;
@@ -523,11 +525,18 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
     if (p->in_buf)
         o->accum = h;
     const bool relu = p->act == MLG_RELU;
-    /* gelu saves its input; relu its result (derivatives.yaml) */
-    o = ml__graph_step(g, MLG_OP_ELEMENTWISE, relu ? "relu" : "gelu", F1, G,
-                       relu ? "ReluBackward0" : "GeluBackward0");
-    ml__op_save(o, relu ? G : F1);
-    ml__op_free(o, F1);
+    uint16_t c2 = MLG_NONE;
+    if (gelu_new) {
+        /* under autocast its output is fp32: proj reads autocast's copy */
+        G = ml__kit_gelu_new(g, L->autocast, F1, "activation output (proj input)");
+        c2 = ml__kit_cast_copy(g, L, G);
+    } else {
+        /* gelu saves its input; relu its result (derivatives.yaml) */
+        o = ml__graph_step(g, MLG_OP_ELEMENTWISE, relu ? "relu" : "gelu", F1, G,
+                           relu ? "ReluBackward0" : "GeluBackward0");
+        ml__op_save(o, relu ? G : F1);
+        ml__op_free(o, F1);
+    }
     if (relu && F1 != MLG_NONE)
         g->t[F1].flags |= MLG_T_TMP;
     if (p->in_gone)
@@ -535,7 +544,7 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
     const mlg_linear proj = {"addmm (proj)",
                              p->bias ? "AddmmBackward0 (MLP out)" : "MmBackward0 (MLP out)", MLG_F,
                              MLG_D, p->bias};
-    o = ml__kit_linear_with(g, &proj, G, MLG_NONE, w2, M);
+    o = ml__kit_linear_with(g, &proj, G, c2, w2, M);
     if (kept && p->keep_act)
         *kept = G;
     else

@@ -10,7 +10,9 @@
 #include "graph/graph.h"
 
 typedef enum { MLG_LAYERNORM, MLG_RMSNORM, MLG_OLMO_LAYERNORM, MLG_GEMMA_RMSNORM } mlg_norm_kind;
-typedef enum { MLG_GELU, MLG_RELU, MLG_SWIGLU, MLG_GEGLU, MLG_QUICK_GELU } mlg_act;
+/* MLG_GELU_NEW: transformers' gelu_new, a composite of elementwise ops
+ * (kit_gelu.c) */
+typedef enum { MLG_GELU, MLG_RELU, MLG_SWIGLU, MLG_GEGLU, MLG_QUICK_GELU, MLG_GELU_NEW } mlg_act;
 
 /* LayerNorm (native_layer_norm); HF LlamaRMSNorm: x in fp32 (a copy when
  * the stream is not: upcast), x * rsqrt(mean(x^2) + eps), cast back, times
@@ -272,6 +274,17 @@ uint16_t ml__kit_pv_cast(ml_graph *g, uint16_t Pc, uint16_t vb, uint16_t vc);
 /* The same product into the caller's output O, its heads d wide (latent
  * attention's values: MLG_DV); returns its op. */
 mlg_op *ml__kit_pv_into(ml_graph *g, uint16_t probs, uint16_t vb, uint16_t O, uint8_t d);
+/* An op of x into y whose node (node) makes x's gradient and frees none
+ * of y's (the composites whose nodes the graph does not follow one by one:
+ * T5's layers, gelu_new). */
+mlg_op *ml__kit_grad_step(ml_graph *g, uint8_t kind, const char *name, uint16_t x, uint16_t y,
+                          const char *node);
+/* transformers' gelu_new of x (B, T, F), x's reference dropped: its
+ * tensors declared, then its ops (kit_gelu.c); the output, named name, in
+ * the compute dtype, fp32 under autocast (whose pow runs in fp32 on a copy
+ * of x). Its nodes make no output gradients of their own (a block-level
+ * backward: the families that use it drop their node lists). */
+uint16_t ml__kit_gelu_new(ml_graph *g, bool autocast, uint16_t x, const char *name);
 /* scaled_dot_product_attention's math kernel on the rotated q (qr,
  * contiguous or not), k (kr) and v (vh) heads, is_causal with grouped
  * heads (enable_gqa), in fp32 (aten/src/ATen/native/transformers/

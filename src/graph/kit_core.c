@@ -161,3 +161,12 @@ void ml__kit_ring_close(ml_graph *g, uint16_t open)
     for (unsigned j = 0; j < a->nout; j++)
         ml__op_free(o, a->out[j]);
 }
+
+mlg_op *ml__kit_grad_step(ml_graph *g, uint8_t kind, const char *name, uint16_t x, uint16_t y,
+                          const char *node)
+{
+    mlg_op *o = ml__graph_step(g, kind, name, x, y, NULL);
+    ml__op_node(o, node);
+    ml__op_gin(o, x);
+    return o;
+}

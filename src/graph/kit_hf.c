@@ -378,7 +378,6 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
      * own saved entry, released by the PV node, its only saver */
     uint16_t vc;
     uint16_t S1 = scores_qk(g, a, qr, kr, krep, copied, cat, &vc);
-    const uint16_t vb = copied ? vrep : vc != MLG_NONE ? vc : vrep;
     mlg_op *o;
     uint16_t S2 = a->split_heads ? ml__kit_scale_inplace(g, S1) : ml__kit_scale(g, S1);
     if (a->softcap)
@@ -407,6 +406,8 @@ static uint16_t eager(ml_graph *g, const mlg_layer *L, uint16_t qr, uint16_t kr,
     *scores = a->bert ? S3 : MLG_NONE; /* bound until the attention returns */
     if (late_v)
         vrep = repeat_kv(g, a, vh, "ExpandBackward0 (the PV matmul's broadcast of v)");
+    /* (with a batch of one, late_v's broadcast view itself) */
+    const uint16_t vb = copied ? vrep : vc != MLG_NONE ? vc : vrep;
     if (vc != MLG_NONE)
         ml__graph_step(g, MLG_OP_COPY, "contiguous (v for bmm)", vrep, vc, NULL);
     *O = a->rot_fp32 ? ml__kit_pv_cast(g, ml__kit_probs_copy(g, probs), vb, vc)

@@ -393,6 +393,7 @@ static uint16_t attention(sq *s, const ml_layer *l, uint16_t x, const ml_shape *
     L.attn.qkv_bias = L.attn.out_bias = l->bias;
     L.attn.dropout = l->p > 0;
     L.attn.unmasked = !l->causal;
+    L.attn.fold_views = s->c->B == 1; /* (docs/inventory.md, "A batch of one") */
     info->attention = true;
     info->T = sh->d[0];
     info->D = sh->d[1];

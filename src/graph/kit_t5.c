@@ -60,16 +60,6 @@ static uint16_t fp32_copy(ml_graph *g, const mlg_t5 *L)
     return t3(g, "layer norm fp32 copy of input (pow)", MLG_FP32, MLG_T, MLG_D);
 }
 
-/* An op of one input and output with a backward node (MLG_NONE: none). */
-static mlg_op *step(ml_graph *g, uint8_t kind, const char *name, uint16_t x, uint16_t y,
-                    const char *node)
-{
-    mlg_op *o = ml__graph_step(g, kind, name, x, y, NULL);
-    ml__op_node(o, node);
-    ml__op_gin(o, x);
-    return o;
-}
-
 /* T5LayerNorm of x (xf: its fp32 copy, declared by the residual that made
  * x, or MLG_NONE): variance of x.to(float32) squared, x * rsqrt(variance
  * + eps), cast to the weight's dtype when it is half, weight * h. pow
@@ -93,22 +83,22 @@ static uint16_t t5_norm(ml_graph *g, const mlg_t5 *L, uint16_t x, uint16_t xf, c
     uint16_t y = t3(g, out, MLG_STREAM, MLG_T, MLG_D);
     uint16_t W = param(g, grp, "layer_norm.weight", MLG_D, -1);
     if (xf != MLG_NONE)
-        step(g, MLG_OP_COPY, "to (float32)", x, xf, "ToCopyBackward0");
-    ml__op_save(step(g, MLG_OP_ELEMENTWISE, "pow", xs, sq, "PowBackward0"), xs);
-    ml__op_free(step(g, MLG_OP_NORM, "mean", sq, var, "MeanBackward1"), sq);
-    ml__op_free(step(g, MLG_OP_ELEMENTWISE, "add (eps)", var, ve, "AddBackward0"), var);
-    mlg_op *o = step(g, MLG_OP_ELEMENTWISE, "rsqrt", ve, rs, "RsqrtBackward0");
+        ml__kit_grad_step(g, MLG_OP_COPY, "to (float32)", x, xf, "ToCopyBackward0");
+    ml__op_save(ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "pow", xs, sq, "PowBackward0"), xs);
+    ml__op_free(ml__kit_grad_step(g, MLG_OP_NORM, "mean", sq, var, "MeanBackward1"), sq);
+    ml__op_free(ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "add (eps)", var, ve, "AddBackward0"), var);
+    mlg_op *o = ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "rsqrt", ve, rs, "RsqrtBackward0");
     ml__op_save(o, rs);
     ml__op_free(o, ve);
-    o = step(g, MLG_OP_ELEMENTWISE, "mul (x * rsqrt)", x, hs, "MulBackward0");
+    o = ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "mul (x * rsqrt)", x, hs, "MulBackward0");
     ml__op_in(o, rs);
     ml__op_save(o, x);
     ml__op_save(o, rs);
     ml__op_free(o, xf);
     ml__op_free(o, rs);
     if (h != hs)
-        ml__op_free(step(g, MLG_OP_COPY, "to (weight dtype)", hs, h, "ToCopyBackward0"), hs);
-    o = step(g, MLG_OP_ELEMENTWISE, "mul (weight)", h, y, "MulBackward0");
+        ml__op_free(ml__kit_grad_step(g, MLG_OP_COPY, "to (weight dtype)", hs, h, "ToCopyBackward0"), hs);
+    o = ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "mul (weight)", h, y, "MulBackward0");
     ml__op_save(o, h);
     ml__op_param(o, W);
     ml__op_free(o, h);
@@ -138,7 +128,7 @@ static void t5_linear(ml_graph *g, const char *name, uint16_t x, uint16_t c, uin
  * the mask saved. */
 static void t5_dropout(ml_graph *g, uint16_t x, uint16_t y, uint16_t m)
 {
-    mlg_op *o = step(g, MLG_OP_DROPOUT, "native_dropout", x, y, "NativeDropoutBackward0");
+    mlg_op *o = ml__kit_grad_step(g, MLG_OP_DROPOUT, "native_dropout", x, y, "NativeDropoutBackward0");
     ml__op_out(o, m);
     ml__op_save(o, m);
     ml__op_free(o, x);
@@ -258,7 +248,7 @@ static void bias_ops(ml_graph *g, const t5_attn *A)
     if (A->bk != MLG_NONE) {
         ml__graph_step(g, MLG_OP_ELEMENTWISE, "_relative_position_bucket", A->cpos, A->bk,
                        NULL);
-        mlg_op *o = step(g, MLG_OP_COPY, "embedding", A->bk, A->vals, "EmbeddingBackward0");
+        mlg_op *o = ml__kit_grad_step(g, MLG_OP_COPY, "embedding", A->bk, A->vals, "EmbeddingBackward0");
         ml__op_save(o, A->bk);
         ml__op_param(o, A->Wb);
         o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (mask)", A->vals, A->bias, NULL);
@@ -276,7 +266,7 @@ static void attn_ops(ml_graph *g, const t5_attn *A, uint16_t y)
     t5_linear(g, "q", y, A->cq, A->wq, A->Wq, A->q, MLG_T);
     t5_linear(g, "k", A->kx, A->ck, A->wk, A->Wk, A->k, A->keys);
     t5_linear(g, "v", A->kx, A->cv, A->wv, A->Wv, A->v, A->keys);
-    mlg_op *o = step(g, MLG_OP_MATMUL, "matmul (scores)", A->q, A->S, "UnsafeViewBackward0");
+    mlg_op *o = ml__kit_grad_step(g, MLG_OP_MATMUL, "matmul (scores)", A->q, A->S, "UnsafeViewBackward0");
     ml__op_in(o, A->k);
     ml__op_save(o, A->q);
     ml__op_save(o, A->k);
@@ -287,28 +277,28 @@ static void attn_ops(ml_graph *g, const t5_attn *A, uint16_t y)
     ml__op_in(o, A->bias);
     uint16_t s = A->S;
     if (A->Sf != MLG_NONE) {
-        ml__op_free(step(g, MLG_OP_COPY, "float", s, A->Sf, "ToCopyBackward0"), s);
+        ml__op_free(ml__kit_grad_step(g, MLG_OP_COPY, "float", s, A->Sf, "ToCopyBackward0"), s);
         s = A->Sf;
     }
-    o = step(g, MLG_OP_SOFTMAX, "softmax", s, A->P, "SoftmaxBackward0");
+    o = ml__kit_grad_step(g, MLG_OP_SOFTMAX, "softmax", s, A->P, "SoftmaxBackward0");
     ml__op_save(o, A->P);
     ml__op_free(o, s);
     uint16_t p = A->P;
     if (A->Pc != MLG_NONE) {
-        step(g, MLG_OP_COPY, "type_as", p, A->Pc, "ToCopyBackward0");
+        ml__kit_grad_step(g, MLG_OP_COPY, "type_as", p, A->Pc, "ToCopyBackward0");
         p = A->Pc;
     }
     if (A->Pd != MLG_NONE) {
         t5_dropout(g, p, A->Pd, A->mask);
         p = A->Pd;
     }
-    o = step(g, MLG_OP_MATMUL, "matmul (context)", p, A->ctx, "UnsafeViewBackward0");
+    o = ml__kit_grad_step(g, MLG_OP_MATMUL, "matmul (context)", p, A->ctx, "UnsafeViewBackward0");
     ml__op_in(o, A->v);
     ml__op_save(o, p);
     ml__op_save(o, A->v);
     ml__op_flops(o, 2.0, 5, MLG_B, MLG_H, MLG_T, A->keys, MLG_DH);
     o->core = true;
-    ml__op_free(step(g, MLG_OP_COPY, "transpose contiguous", A->ctx, A->oin, "CloneBackward0"),
+    ml__op_free(ml__kit_grad_step(g, MLG_OP_COPY, "transpose contiguous", A->ctx, A->oin, "CloneBackward0"),
                 A->ctx);
     t5_linear(g, "o", A->oin, MLG_NONE, A->wo, A->Wo, A->o, MLG_T);
     if (A->dout != MLG_NONE)
@@ -332,56 +322,18 @@ static uint16_t t5_attention(ml_graph *g, const mlg_t5 *L, uint16_t x, uint16_t 
     return t5_residual(g, L, x, A.dout != MLG_NONE ? A.dout : A.o, true, xf);
 }
 
-/* gelu_new (NewGELUActivation: 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x +
- * 0.044715 * pow(x, 3))))) of h0, in dtype p (fp32 under autocast, whose
- * pow runs in fp32 on a copy of h0: what follows it is fp32 by promotion
- * but 0.5 * x); wi_1 of y (c1, w1, W1: its copies, parameter) into h1;
- * returns the gated product. The tensors are declared here in the
- * inventory's order, then the ops. */
+/* gelu_new of h0 (ml__kit_gelu_new: fp32 under autocast but 0.5 * x);
+ * wi_1 of y (c1, w1, W1: its copies, parameter) into h1; returns the
+ * gated product, in the activation's dtype. */
 static uint16_t gated_gelu(ml_graph *g, const mlg_t5 *L, uint16_t h0, uint16_t y, uint16_t c1,
                            uint16_t w1, uint16_t W1)
 {
     const uint8_t p = L->autocast ? MLG_FP32 : MLG_COMPUTE;
-    uint16_t h0f = L->autocast ? t3(g, "wi_0 output, fp32 copy (pow)", MLG_FP32, MLG_T, MLG_F)
-                               : MLG_NONE;
-    uint16_t p3 = t3(g, "pow(x, 3)", p, MLG_T, MLG_F);
-    flag(g, p3, MLG_T_TMP);
-    uint16_t m1 = t3(g, "0.044715 * x^3", p, MLG_T, MLG_F);
-    uint16_t s1 = t3(g, "x + 0.044715 * x^3", p, MLG_T, MLG_F);
-    uint16_t s2 = t3(g, "sqrt(2 / pi) * (.)", p, MLG_T, MLG_F);
-    uint16_t th = t3(g, "gelu_new tanh output", p, MLG_T, MLG_F);
-    uint16_t hx = t3(g, "gelu_new 0.5 * x", MLG_COMPUTE, MLG_T, MLG_F);
-    uint16_t op1 = t3(g, "gelu_new 1 + tanh", p, MLG_T, MLG_F);
-    uint16_t ge = t3(g, "gelu_new output (gate)", p, MLG_T, MLG_F);
+    uint16_t ge = ml__kit_gelu_new(g, L->autocast, h0, "gelu_new output (gate)");
     uint16_t h1 = t3(g, "wi_1 output", MLG_COMPUTE, MLG_T, MLG_F);
     uint16_t pr = t3(g, "wo input (gated product)", p, MLG_T, MLG_F);
-    uint16_t xs = h0;
-    if (h0f != MLG_NONE) {
-        step(g, MLG_OP_COPY, "to (autocast, float32)", h0, h0f, "ToCopyBackward0");
-        xs = h0f;
-    }
-    mlg_op *o = step(g, MLG_OP_ELEMENTWISE, "pow", xs, p3, "PowBackward0");
-    ml__op_save(o, xs);
-    ml__op_free(o, h0f);
-    ml__op_free(step(g, MLG_OP_ELEMENTWISE, "mul (0.044715)", p3, m1, "MulBackward1"), p3);
-    o = step(g, MLG_OP_ELEMENTWISE, "add", h0, s1, "AddBackward0");
-    ml__op_in(o, m1);
-    ml__op_free(o, m1);
-    ml__op_free(step(g, MLG_OP_ELEMENTWISE, "mul (sqrt(2 / pi))", s1, s2, "MulBackward1"), s1);
-    o = step(g, MLG_OP_ELEMENTWISE, "tanh", s2, th, "TanhBackward0");
-    ml__op_save(o, th);
-    ml__op_free(o, s2);
-    step(g, MLG_OP_ELEMENTWISE, "mul (0.5)", h0, hx, "MulBackward1");
-    ml__op_free(step(g, MLG_OP_ELEMENTWISE, "add (1)", th, op1, "AddBackward1"), th);
-    o = step(g, MLG_OP_ELEMENTWISE, "mul", hx, ge, "MulBackward0");
-    ml__op_in(o, op1);
-    ml__op_save(o, hx);
-    ml__op_save(o, op1);
-    ml__op_free(o, hx);
-    ml__op_free(o, op1);
-    ml__op_free(o, h0);
     t5_linear(g, "wi_1", y, c1, w1, W1, h1, MLG_T);
-    o = step(g, MLG_OP_ELEMENTWISE, "mul (gate)", ge, pr, "MulBackward0");
+    mlg_op *o = ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "mul (gate)", ge, pr, "MulBackward0");
     ml__op_in(o, h1);
     ml__op_save(o, ge);
     ml__op_save(o, h1);
@@ -398,7 +350,7 @@ static uint16_t activation(ml_graph *g, const mlg_t5 *L, uint16_t h0, uint16_t y
     if (L->gated)
         return gated_gelu(g, L, h0, y, c1, w1, W1);
     uint16_t r = t3(g, "relu output", MLG_COMPUTE, MLG_T, MLG_F);
-    mlg_op *o = step(g, MLG_OP_ELEMENTWISE, "relu", h0, r, "ReluBackward0");
+    mlg_op *o = ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "relu", h0, r, "ReluBackward0");
     ml__op_save(o, r);
     ml__op_free(o, h0);
     return r;
@@ -429,7 +381,7 @@ static uint16_t wo_input(ml_graph *g, const mlg_t5 *L, uint16_t act, uint16_t *c
         x = d;
     }
     if (up != MLG_NONE) {
-        ml__op_free(step(g, MLG_OP_COPY, "to (wo.weight.dtype)", x, up, "ToCopyBackward0"), x);
+        ml__op_free(ml__kit_grad_step(g, MLG_OP_COPY, "to (wo.weight.dtype)", x, up, "ToCopyBackward0"), x);
         x = up;
     }
     return x;
@@ -548,7 +500,7 @@ void ml__kit_t5_head(ml_graph *g, const mlg_t5 *L, bool tied)
     }
     if (tied) { /* * D^-0.5, a Python float: nothing saved */
         uint16_t r = t3(g, "lm_head input", MLG_STREAM, MLG_T, MLG_D);
-        ml__op_free(step(g, MLG_OP_ELEMENTWISE, "mul (D^-0.5)", y, r, "MulBackward0"), y);
+        ml__op_free(ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "mul (D^-0.5)", y, r, "MulBackward0"), y);
         y = r;
     }
     uint16_t c = MLG_NONE, w = MLG_NONE;

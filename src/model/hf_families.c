@@ -94,8 +94,7 @@ static const struct {
               "projections; the kit has neither that layer nor the q/k norms"},
     {"phi", "PhiDecoderLayer (Phi-2) is a parallel layer with one LayerNorm, but rotates "
             "only partial_rotary_factor of each head (cos and sin would be counted full "
-            "width), runs gelu_new (planned only as the single-op GELU) and adds an "
-            "lm_head bias: not expressed exactly"},
+            "width) and adds an lm_head bias: not expressed exactly"},
     {"starcoder2", "Starcoder2DecoderLayer is Llama's layout (q/k/v/o projections, rotary, "
                    "repeat_kv, fp32 softmax) with nn.LayerNorm and a plain c_fc/c_proj MLP "
                    "with biases and residual dropouts; the kit's Llama layer takes only "

@@ -266,20 +266,25 @@ ml_status ml__hf_activation(const ml_node *r, const char *key, const char *type,
     static const struct {
         const char *name;
         ml_activation act;
-    } acts[] = {{"gelu", ML_ACT_GELU},
-                {"gelu_pytorch_tanh", ML_ACT_GELU},
-                {"gelu_new", ML_ACT_GELU},
-                {"relu", ML_ACT_RELU}};
+        bool gelu_new;
+    } acts[] = {{"gelu", ML_ACT_GELU, false},
+                {"gelu_pytorch_tanh", ML_ACT_GELU, false},
+                {"gelu_new", ML_ACT_GELU, true},
+                {"relu", ML_ACT_RELU, false}};
     const char *v;
     ml_status st = ml__hf_str(err, r, key, &v);
     if (st)
         return st;
-    m->mlp.activation = ML_ACT_GELU; /* every family's default: gelu or gelu_new */
+    /* each family's default: gelu_new for GPT-2 and Phi (GPT2Config's and
+     * PhiConfig's activation_function / hidden_act), else gelu */
+    m->mlp.activation = ML_ACT_GELU;
+    m->mlp.gelu_new = !strcmp(type, "gpt2") || !strcmp(type, "phi");
     if (!v)
         return ML_OK;
     for (size_t i = 0; i < sizeof acts / sizeof *acts; i++)
         if (!strcmp(v, acts[i].name)) {
             m->mlp.activation = acts[i].act;
+            m->mlp.gelu_new = acts[i].gelu_new;
             return ML_OK;
         }
     return ml__error_at(err, ml__tree_get(r, key), ML_SCHEMA,

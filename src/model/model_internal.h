@@ -133,6 +133,9 @@ typedef struct {
     ml_activation activation;
     bool bias; /* biases on the projections even without `bias` (HF Llama's
                   mlp_bias) */
+    bool gelu_new; /* with ML_ACT_GELU: transformers' gelu_new, a composite of
+                      elementwise ops that saves three (B, T, F) tensors more
+                      than the one op (HF GPT-2's and Phi-2's default) */
 } ml_mlp_spec;
 
 /* A mixture of experts in place of the dense MLP (experts > 0). */

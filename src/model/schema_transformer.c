@@ -6,7 +6,10 @@
 #include "model/schema.h"
 #include "model/shape.h"
 
-static const char *const act_names[] = {"gelu", "relu", "swiglu", "geglu"};
+/* gelu_new: gelu as transformers' NewGELUActivation computes it (a
+ * composite; ml_mlp_spec.gelu_new), after the ml_activation names */
+static const char *const act_names[] = {"gelu", "relu", "swiglu", "geglu", "gelu_new"};
+enum { ACT_GELU_NEW = 4 };
 static const char *const norm_names[] = {"layernorm", "rmsnorm", "gemma_rmsnorm",
                                          "olmo_layernorm"};
 static const char *const normpos_names[] = {"pre", "post"};
@@ -77,7 +80,8 @@ static ml_status transformer_options(ml_error *err, const ml_node *mm, ml_model 
     e = m->mlp.activation;
     if ((st = ml__tree_enum(err, mm, "activation", "model", act_names, ML_COUNT(act_names), &e)))
         return st;
-    m->mlp.activation = (ml_activation)e;
+    m->mlp.gelu_new = e == ACT_GELU_NEW;
+    m->mlp.activation = m->mlp.gelu_new ? ML_ACT_GELU : (ml_activation)e;
     e = m->norms.kind;
     if ((st = ml__tree_enum(err, mm, "norm", "model", norm_names, ML_COUNT(norm_names), &e)))
         return st;

@@ -39,7 +39,8 @@ AMP_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-fl
               "xc-bert", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-falcon-mha", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox",
               "xc-deepseek", "xc-deepseek2", "xc-vit", "xc-t5", "xc-t5-gated",
               "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full",
-              "xc-llama-b1", "xc-falcon-b1", "xc-neox-b1", "xc-bert-b1", "xc-gemma-b1"}
+              "xc-llama-b1", "xc-falcon-b1", "xc-neox-b1", "xc-bert-b1", "xc-gemma-b1",
+              "xc-gpt2-gelunew"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
 # vectors are 0.15 % of it, under the 1 % tolerance; Phi-3's fused
 # projections, BERT's MLM head, Gemma 2's post norms and soft-caps, Falcon's
@@ -48,7 +49,8 @@ AMP_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-fl
 # Llava's vision tower, projector and merged sequence).
 EXACT_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-falcon-mha", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5", "xc-t5-gated",
                 "xc-deepseek", "xc-deepseek2", "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full",
-                "xc-llama-b1", "xc-falcon-b1", "xc-neox-b1", "xc-bert-b1", "xc-gemma-b1"}
+                "xc-llama-b1", "xc-falcon-b1", "xc-neox-b1", "xc-bert-b1", "xc-gemma-b1",
+                "xc-gpt2-gelunew"}
 torch.manual_seed(0)
 
 
@@ -213,6 +215,11 @@ def known_1_13(doc, B, T):
         per = 8 + (16 if float(m.get("attn_softcap", 0)) > 0 else 0)
         for i in range(m["layers"]):
             extra["block.%d" % i] = extra.get("block.%d" % i, 0) + per
+    if m.get("activation") == "gelu_new":
+        # gelu_new's three Python floats (0.5, sqrt(2/pi), 0.044715) are
+        # 0-dim doubles its muls save: host memory on a GPU
+        for i in range(m["layers"]):
+            extra["block.%d" % i] = extra.get("block.%d" % i, 0) + 24
     if float(m.get("final_softcap", 0)) > 0:
         # the logits' soft-cap: the same two host scalars in the head
         extra["head"] = extra.get("head", 0) + 16
@@ -271,6 +278,15 @@ def known_cpu_autocast(doc, B, T):
         return {}  # (a fused kernel: no softmax output)
     bhtt = B * m["heads"] * T * T
     per = -bhtt * 2 - (0 if float(m.get("dropout", 0)) > 0 else bhtt * 2)
+    if m.get("activation") == "gelu_new":
+        # CUDA autocast runs pow in fp32 on a copy of c_fc's output, which it
+        # keeps (4 B an element), and tanh's result and 1 + tanh (kept) are
+        # fp32 by promotion, so is the output, which c_proj reads through a
+        # bf16 copy (kept, 2 B): 4 + 4 + 2 (0.5 * x, bf16) + 4 + 2 = 16 B
+        # per (B, T, F) element. 1.13's CPU autocast does not list pow: pow
+        # keeps c_fc's bf16 output, all is bf16 and c_proj keeps the output
+        # itself, 2 + 2 + 2 + 2 + 2 = 10 B: 6 B fewer
+        per -= 6 * B * T * m.get("ffn", 4 * m["hidden"])
     return {"block.%d" % i: per for i in range(m["layers"])}
 
 

@@ -249,13 +249,20 @@ def dropout(x, p):
     return torch.native_dropout(x, p, True)[0]
 
 
+def gelu_new(input):  # transformers.activations.NewGELUActivation.forward
+    return 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))
+
+
 class GPT2(nn.Module):
-    """nanoGPT / HF GPT-2 eager: pre-LN, fused qkv, masked_fill causal mask."""
+    """nanoGPT / HF GPT-2 eager: pre-LN, fused qkv, masked_fill causal mask;
+    the MLP's GELU the one op (nanoGPT's nn.GELU) or, with `activation:
+    gelu_new`, HF GPT-2's default NewGELUActivation."""
 
     def __init__(s, m):
         super().__init__()
         D, H, F_, V, P = m["hidden"], m["heads"], m.get("ffn", 4 * m["hidden"]), m["vocab"], m["max_positions"]
         s.D, s.H, s.p = D, H, float(m.get("dropout", 0))
+        s.act = gelu_new if m.get("activation") == "gelu_new" else F.gelu
         s.wte = nn.Embedding(V, D)
         s.wpe = nn.Embedding(P, D)
         s.blocks = nn.ModuleList()
@@ -296,7 +303,7 @@ class GPT2(nn.Module):
         # nanoGPT rebinds x; called as a module, its argument tuple keeps
         # the input until forward returns, as this name does here
         h = b.c_fc(x)
-        h = F.gelu(h)
+        h = s.act(h)
         h = b.mlp_proj(h)
         h = dropout(h, s.p)
         return h

@@ -63,7 +63,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from twins import bwd_mark, checkpoint, dropout, lm_loss  # noqa: E402
+from twins import bwd_mark, checkpoint, dropout, gelu_new, lm_loss  # noqa: E402
 
 # T5Config.use_cache (True by default; see the docstring)
 USE_CACHE = [True]
@@ -86,10 +86,6 @@ class T5LayerNorm(nn.Module):
         if s.weight.dtype in [torch.float16, torch.bfloat16]:
             hidden_states = hidden_states.to(s.weight.dtype)
         return s.weight * hidden_states
-
-
-def gelu_new(input):  # transformers.activations.NewGELUActivation.forward
-    return 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))
 
 
 class _Cache:

@@ -845,6 +845,41 @@ static void test_docs_key_table(void **state)
     free(doc);
 }
 
+/* gelu_new (HF GPT-2's default): transformers' composite saves, per
+ * (B, T, F) element of each layer, more than the one-op GELU's layer: in
+ * fp32 3 x 4 B (tanh's result, 0.5 * x and 1 + tanh; pow keeps the input
+ * GELU kept), in pure bf16 3 x 2 B; under autocast 12 B (pow's fp32 copy
+ * of c_fc's output, 4, where GELU kept that bf16 output, 2; tanh 4, 0.5 *
+ * x 2, 1 + tanh 4; c_proj's bf16 copy of the fp32 output, 2, where it kept
+ * GELU's bf16 output, 2: 16 - 4). The shipped config names gelu_new; the
+ * same model with the one op is its gelu_pytorch_tanh. */
+static void test_gelu_new_composite(void **state)
+{
+    (void)state;
+    static const struct {
+        ml_precision p;
+        uint64_t per;
+    } cases[] = {{ML_PREC_FP32, 12}, {ML_PREC_BF16, 6}, {ML_PREC_AMP_BF16, 12}};
+    ml_model *m = load_hf_config("gpt2");
+    assert_true(m->mlp.gelu_new && m->mlp.activation == ML_ACT_GELU);
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 2;
+    c.training.seq_len = 128;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        c.training.precision = cases[i].p;
+        ml_ledger *l = eval(m, &c, false);
+        const uint64_t with = block_named(l, "block.0")->inventory_bytes;
+        ml_ledger_destroy(l);
+        m->mlp.gelu_new = false;
+        l = eval(m, &c, false);
+        const uint64_t without = block_named(l, "block.0")->inventory_bytes;
+        ml_ledger_destroy(l);
+        m->mlp.gelu_new = true;
+        assert_int_equal(with - without, cases[i].per * 2 * 128 * 3072);
+    }
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -861,6 +896,7 @@ int main(void)
         cmocka_unit_test(test_honoured_keys),
         cmocka_unit_test(test_shipped_config_keys),
         cmocka_unit_test(test_docs_key_table),
+        cmocka_unit_test(test_gelu_new_composite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

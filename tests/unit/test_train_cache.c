@@ -21,13 +21,14 @@
     "\"tie_word_embeddings\": false, \"attention_dropout\": 0.0, "                            \
     "\"attn_implementation\": \"" attn "\", \"use_cache\": " cache "}"
 
-/* The settings a case plans: B 2, T 16, the loop's logits lg, accum
+/* The settings a case plans: B, T 16, the loop's logits lg, accum
  * micro-batches a step, an 80 GiB device in the allocated view. */
 typedef struct {
     ml_precision p;
     ml_checkpoint_kind ck;
     uint64_t tp, accum;
     ml_logits lg;
+    uint64_t B;
 } setting;
 
 /* The steady peak of json planned as s, and each phase's (ph, not NULL). */
@@ -38,7 +39,7 @@ static uint64_t peak(const char *json, const setting *s, uint64_t ph[ML_PHASE_CO
     if (ml_model_load_hf_string(json, strlen(json), "config.json", &m, &e) != ML_OK)
         fail_msg("%u:%u: %s", e.line, e.col, e.msg);
     ml_config c = ml_model_config(m);
-    c.training.micro_batch = 2;
+    c.training.micro_batch = s->B;
     c.training.seq_len = 16;
     c.training.precision = s->p;
     c.training.checkpoint.kind = s->ck;
@@ -60,19 +61,20 @@ static uint64_t peak(const char *json, const setting *s, uint64_t ph[ML_PHASE_CO
 
 /* One row: the steady peak with use_cache on (json on) less off, precision
  * p, policy ck, tp ranks, the output kept to the step's end (and so the
- * cache), one micro-batch a step; want: the copies no op saves, by hand. */
+ * cache), one micro-batch a step of B; want: the copies no op
+ * saves, by hand. */
 typedef struct {
     const char *on, *off;
     ml_precision p;
     ml_checkpoint_kind ck;
-    uint64_t tp, want;
+    uint64_t tp, want, B;
 } extra_row;
 
 static void check_extras(const extra_row *rows, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         const extra_row *x = &rows[i];
-        const setting s = {x->p, x->ck, x->tp, 1, ML_LOGITS_KEPT};
+        const setting s = {x->p, x->ck, x->tp, 1, ML_LOGITS_KEPT, x->B};
         const uint64_t a = peak(x->on, &s, NULL), b = peak(x->off, &s, NULL);
         assert_true(a >= b);
         if (a - b != x->want)
@@ -85,16 +87,19 @@ static void check_extras(const extra_row *rows, size_t n)
  * (which keep it whole) and the copies besides: both held, 2 layers x 2
  * copies x BT x D x 4 B = 2 x 2 x 32 x 64 x 4 = 32,768 B in fp32, half in
  * bf16. Eager, the matmuls read the copies in place of the contiguous
- * copies they would make: nothing more. Gradient checkpointing turns
- * use_cache off (transformers' forward). */
+ * copies they would make: nothing more; but with one sequence (B 1) the
+ * matmuls make no copies, q's view keeps c_attn's whole output and the
+ * cache's copies are held besides: 2 x 2 x 16 x 64 x 4 = 16,384 B.
+ * Gradient checkpointing turns use_cache off (transformers' forward). */
 static void test_gpt2(void **state)
 {
     (void)state;
     const extra_row rows[] = {
-        {GPT2("sdpa", "true"), GPT2("sdpa", "false"), ML_PREC_FP32, ML_CKPT_NONE, 1, 32768},
-        {GPT2("sdpa", "true"), GPT2("sdpa", "false"), ML_PREC_BF16, ML_CKPT_NONE, 1, 16384},
-        {GPT2("eager", "true"), GPT2("eager", "false"), ML_PREC_FP32, ML_CKPT_NONE, 1, 0},
-        {GPT2("sdpa", "true"), GPT2("sdpa", "false"), ML_PREC_FP32, ML_CKPT_FULL, 1, 0},
+        {GPT2("sdpa", "true"), GPT2("sdpa", "false"), ML_PREC_FP32, ML_CKPT_NONE, 1, 32768, 2},
+        {GPT2("sdpa", "true"), GPT2("sdpa", "false"), ML_PREC_BF16, ML_CKPT_NONE, 1, 16384, 2},
+        {GPT2("eager", "true"), GPT2("eager", "false"), ML_PREC_FP32, ML_CKPT_NONE, 1, 0, 2},
+        {GPT2("eager", "true"), GPT2("eager", "false"), ML_PREC_FP32, ML_CKPT_NONE, 1, 16384, 1},
+        {GPT2("sdpa", "true"), GPT2("sdpa", "false"), ML_PREC_FP32, ML_CKPT_FULL, 1, 0, 2},
     };
     check_extras(rows, sizeof rows / sizeof rows[0]);
 }
@@ -111,10 +116,10 @@ static void test_llama(void **state)
 {
     (void)state;
     const extra_row rows[] = {
-        {LLAMA("sdpa", "true"), LLAMA("sdpa", "false"), ML_PREC_AMP_BF16, ML_CKPT_NONE, 1, 16384},
-        {LLAMA("sdpa", "true"), LLAMA("sdpa", "false"), ML_PREC_FP32, ML_CKPT_NONE, 1, 16384},
-        {LLAMA("sdpa", "true"), LLAMA("sdpa", "false"), ML_PREC_BF16, ML_CKPT_NONE, 1, 0},
-        {LLAMA("eager", "true"), LLAMA("eager", "false"), ML_PREC_FP32, ML_CKPT_NONE, 2, 0},
+        {LLAMA("sdpa", "true"), LLAMA("sdpa", "false"), ML_PREC_AMP_BF16, ML_CKPT_NONE, 1, 16384, 2},
+        {LLAMA("sdpa", "true"), LLAMA("sdpa", "false"), ML_PREC_FP32, ML_CKPT_NONE, 1, 16384, 2},
+        {LLAMA("sdpa", "true"), LLAMA("sdpa", "false"), ML_PREC_BF16, ML_CKPT_NONE, 1, 0, 2},
+        {LLAMA("eager", "true"), LLAMA("eager", "false"), ML_PREC_FP32, ML_CKPT_NONE, 2, 0, 2},
     };
     check_extras(rows, sizeof rows / sizeof rows[0]);
 }
@@ -123,7 +128,7 @@ static void test_llama(void **state)
  * copies 32,768 B in all), logits lg, two micro-batches a step. */
 static void phase_extra(ml_logits lg, uint64_t out[ML_PHASE_COUNT])
 {
-    const setting s = {ML_PREC_FP32, ML_CKPT_NONE, 1, 2, lg};
+    const setting s = {ML_PREC_FP32, ML_CKPT_NONE, 1, 2, lg, 2};
     uint64_t on[ML_PHASE_COUNT], off[ML_PHASE_COUNT];
     peak(GPT2("sdpa", "true"), &s, on);
     peak(GPT2("sdpa", "false"), &s, off);

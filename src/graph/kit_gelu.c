@@ -1,0 +1,58 @@
+/* gelu_new, transformers' NewGELUActivation (activations.py):
+ * 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * pow(x, 3)))), a
+ * composite of elementwise ops, each saving what its derivative reads
+ * (tools/autograd/derivatives.yaml): pow its input, tanh its result, the
+ * last mul both operands (0.5 * x and 1 + tanh); the muls by a Python float
+ * and the additions save no tensor. HF GPT-2's default activation, Phi-2's,
+ * T5 v1.1's gated feed-forward's (kit.h). */
+#include "graph/kit.h"
+
+/* A (B, T, F) tensor. */
+static uint16_t btf(ml_graph *g, const char *name, uint8_t dtype)
+{
+    return ml__graph_tensor(g, name, dtype, MLG_ACT, 3, MLG_B, MLG_T, MLG_F);
+}
+
+uint16_t ml__kit_gelu_new(ml_graph *g, bool autocast, uint16_t x, const char *out_name)
+{
+    /* CUDA autocast runs pow in fp32 (autocast_mode.cpp's fp32 list) on a
+     * copy of x, and what follows it is fp32 by promotion, but 0.5 * x */
+    const uint8_t p = autocast ? MLG_FP32 : MLG_COMPUTE;
+    uint16_t xf = autocast ? btf(g, "activation input, fp32 copy (pow)", MLG_FP32) : MLG_NONE;
+    uint16_t p3 = btf(g, "pow(x, 3)", p);
+    if (p3 != MLG_NONE)
+        g->t[p3].flags |= MLG_T_TMP;
+    uint16_t m1 = btf(g, "0.044715 * x^3", p);
+    uint16_t s1 = btf(g, "x + 0.044715 * x^3", p);
+    uint16_t s2 = btf(g, "sqrt(2 / pi) * (.)", p);
+    uint16_t th = btf(g, "gelu_new tanh output", p);
+    uint16_t hx = btf(g, "gelu_new 0.5 * x", MLG_COMPUTE);
+    uint16_t op1 = btf(g, "gelu_new 1 + tanh", p);
+    uint16_t y = btf(g, out_name, p);
+    uint16_t xs = x;
+    if (xf != MLG_NONE) {
+        ml__kit_grad_step(g, MLG_OP_COPY, "to (autocast, float32)", x, xf, "ToCopyBackward0");
+        xs = xf;
+    }
+    mlg_op *o = ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "pow", xs, p3, "PowBackward0");
+    ml__op_save(o, xs);
+    ml__op_free(o, xf);
+    ml__op_free(ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "mul (0.044715)", p3, m1, "MulBackward1"), p3);
+    o = ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "add", x, s1, "AddBackward0");
+    ml__op_in(o, m1);
+    ml__op_free(o, m1);
+    ml__op_free(ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "mul (sqrt(2 / pi))", s1, s2, "MulBackward1"), s1);
+    o = ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "tanh", s2, th, "TanhBackward0");
+    ml__op_save(o, th);
+    ml__op_free(o, s2);
+    ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "mul (0.5)", x, hx, "MulBackward1");
+    ml__op_free(ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "add (1)", th, op1, "AddBackward1"), th);
+    o = ml__kit_grad_step(g, MLG_OP_ELEMENTWISE, "mul", hx, y, "MulBackward0");
+    ml__op_in(o, op1);
+    ml__op_save(o, hx);
+    ml__op_save(o, op1);
+    ml__op_free(o, hx);
+    ml__op_free(o, op1);
+    ml__op_free(o, x);
+    return y;
+}
