@@ -108,7 +108,7 @@ ml_alloc_result ml__alloc_sim_create(const ml_alloc_config *cfg, ml_alloc_sim **
     const uint64_t lim = 1ull << 62;
     unsigned d = cfg->roundup_power2_divisions;
     if ((unsigned)cfg->mode > ML_ALLOC_NONE || cfg->device_bytes > lim ||
-        (cfg->max_split_size && (cfg->max_split_size <= ML_ALLOC_LARGE_BUFFER ||
+        (cfg->max_split_size && (cfg->max_split_size < ML_ALLOC_LARGE_BUFFER ||
                                  cfg->max_split_size > lim)) ||
         (cfg->max_non_split_rounding && (cfg->max_non_split_rounding < ML_ALLOC_LARGE_BUFFER ||
                                          cfg->max_non_split_rounding > lim)) ||

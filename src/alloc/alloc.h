@@ -44,7 +44,9 @@ typedef struct {
      * mapping that would exceed it fails. 0: unlimited. */
     uint64_t device_bytes;
     /* max_split_size_mb in bytes; 0: unlimited (PyTorch's default). When
-     * set it must exceed ML_ALLOC_LARGE_BUFFER, as PyTorch requires. */
+     * set it must be at least ML_ALLOC_LARGE_BUFFER, as PyTorch 2.9 and
+     * later require (c10/core/AllocatorConfig.cpp, parseMaxSplitSize;
+     * 2.5 to 2.8 required more). */
     uint64_t max_split_size;
     /* max_non_split_rounding_mb in bytes: how much larger than an oversize
      * request a cached oversize block may be; 0: ML_ALLOC_LARGE_BUFFER. */

@@ -30,7 +30,7 @@ static const char usage[] =
     "  --device SIZE            what the allocator may reserve, e.g. 80GiB (default: no limit)\n"
     "  --allocator A            caching (default), expandable (expandable_segments:True),\n"
     "                           none (no cache: reserved = allocated)\n"
-    "  --max-split-size MB      max_split_size_mb: a whole number of MiB, more than 20\n"
+    "  --max-split-size MB      max_split_size_mb: a whole number of MiB, at least 20\n"
     "  --gc-threshold X         garbage_collection_threshold, 0 < X < 1 (needs --device)\n"
     "  --roundup-power2-divisions N   roundup_power2_divisions, a power of two up to 64\n"
     "  --allocator-start STATE  a trace replayed first: TRACE starts from the cache it\n"
@@ -144,7 +144,7 @@ static int config(const opts *o, ml_alloc_config *c)
                         o->allocator);
     if (o->max_split) {
         uint64_t mb = 0;
-        if (ml_cli_whole("--max-split-size", o->max_split, 21, 1ull << 40, &mb))
+        if (ml_cli_whole("--max-split-size", o->max_split, 20, 1ull << 40, &mb))
             return ML_EXIT_BAD_INPUT;
         c->max_split_size = mb << 20;
     }

@@ -49,7 +49,7 @@ static const char *const usage[] = {
     "  --interconnect GBps, --pcie GBps  time communication, offload (else untimed)\n"
     "  --fragmentation X      reserved-over-peak allowance, 0..1\n"
     "  --allocator A          caching (default) | expandable | none (allocated only)\n"
-    "  --max-split-size MB    the simulation's max_split_size_mb (whole MiB, > 20)\n"
+    "  --max-split-size MB    the simulation's max_split_size_mb (whole MiB, >= 20)\n"
     "  --blas-workspace SIZE  cuBLAS's workspace per handle (default 8.125MiB; 32MiB on\n"
     "                         the Hopper presets, 128MiB on mi300x; 0: none)\n"
     "  --allocator-start TRACE  the cache the job finds: the state TRACE ends in\n",

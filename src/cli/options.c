@@ -515,7 +515,7 @@ static int device_flags(const ml_cli_opts *o, ml_config *c)
     }
     if (!rc && o->max_split_size) {
         uint64_t mb = 0;
-        rc = ml_cli_whole("--max-split-size", o->max_split_size, 21, 1ull << 40, &mb);
+        rc = ml_cli_whole("--max-split-size", o->max_split_size, 20, 1ull << 40, &mb);
         d->max_split_size = mb << 20;
         if (!rc)
             rc = simulated_only("--max-split-size", d);

@@ -43,7 +43,7 @@ ml_status ml__rsim_create(const ml_alloc_config *cfg, const ml_chain *ch, ml_rsi
         return ar == ML_ALLOC_NOMEM
                    ? ml__errorf(err, ML_NOMEM, "out of memory")
                    : ml__errorf(err, ML_RANGE,
-                                "device.max_split_size: must be above 20 MiB (PyTorch's "
+                                "device.max_split_size: must be at least 20 MiB (PyTorch's "
                                 "max_split_size_mb)");
     }
     r->ch = ch;

@@ -237,9 +237,9 @@ static ml_status device_set(const char *key, const char *v, ml_device *d, ml_err
         uint64_t b = 0;
         if ((st = size(key, v, &b, err)))
             return st;
-        if (b && b <= (20ull << 20))
-            return ml__errorf_at(err, ML_RANGE, 0, 0, "%s: must be above 20MiB (PyTorch's "
-                             "max_split_size_mb refuses 20 and less)", key);
+        if (b && b < (20ull << 20))
+            return ml__errorf_at(err, ML_RANGE, 0, 0, "%s: must be at least 20MiB (PyTorch's "
+                             "max_split_size_mb refuses less)", key);
         d->max_split_size = b;
     } else {
         st = ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting", key);

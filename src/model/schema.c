@@ -240,10 +240,10 @@ static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
                                 "device.allocator is none: remove it, or simulate one "
                                 "(allocator: caching or expandable)",
                                 simulated[i]);
-    if (dv->max_split_size && dv->max_split_size <= (20ull << 20))
+    if (dv->max_split_size && dv->max_split_size < (20ull << 20))
         return ml__error_at(err, ml__tree_get(d, "max_split_size"), ML_RANGE,
-                            "device.max_split_size: must be above 20MiB (PyTorch's "
-                            "max_split_size_mb refuses 20 and less)");
+                            "device.max_split_size: must be at least 20MiB (PyTorch's "
+                            "max_split_size_mb refuses less)");
     if (dv->budget > dv->memory)
         return ml__error_at(err, ml__tree_get(d, "budget"), ML_RANGE,
                             "device.budget: %s is above device.memory",

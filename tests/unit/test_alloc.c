@@ -361,8 +361,11 @@ static void handles_and_config(void **state)
     ml__alloc_sim_destroy(NULL);
 
     ml_alloc_config c = ml__alloc_config_defaults();
-    c.max_split_size = 20 * MiB; /* PyTorch: must exceed 20 MiB */
+    c.max_split_size = 20 * MiB - 512; /* PyTorch 2.9+: at least 20 MiB */
     assert_int_equal(ml__alloc_sim_create(&c, &s), ML_ALLOC_BAD_CONFIG);
+    c.max_split_size = 20 * MiB;
+    assert_int_equal(ml__alloc_sim_create(&c, &s), ML_ALLOC_OK);
+    ml__alloc_sim_destroy(s);
     c = ml__alloc_config_defaults();
     c.gc_threshold = 1;
     assert_int_equal(ml__alloc_sim_create(&c, &s), ML_ALLOC_BAD_CONFIG);
