@@ -206,7 +206,12 @@ static int resolve_points(runner_options *o)
         }
         return 0;
     }
-    const size_t b4[4] = {1, 2, 4, 8};
+    /* one key/value head for several query heads: the Llama block keeps
+     * that head at micro-batch 1 (bmm's stride-0 view, docs/inventory.md,
+     * "A batch of one") and the repeated heads above it, its saved bytes
+     * off the line the fit draws through B: the points start at B = 2 */
+    const bool mqa = o->KVH == 1 && o->H > 1;
+    const size_t b4[4] = {mqa ? 2 : 1, mqa ? 4 : 2, mqa ? 8 : 4, mqa ? 16 : 8};
     const size_t tc[3] = {64, 128, 256}, tg[3] = {256, 512, 1024};
     o->npoints = 0;
     for (int i = 0; i < 4; i++)
@@ -252,8 +257,10 @@ int runner_resolve_options(runner_options *o)
         o->H = o->gpu ? 16 : 4;
     if (!o->V)
         o->V = o->gpu ? 32000 : 4096;
+    /* GQA by default for the Llama-style block, two key/value heads at
+     * least (one is multi-query: resolve_points) */
     if (!o->KVH)
-        o->KVH = o->H >= 4 ? o->H / 4 : o->H; /* GQA by default for the Llama-style block */
+        o->KVH = o->H >= 8 ? o->H / 4 : o->H >= 2 ? o->H / 2 : o->H;
     if (o->D % o->H || o->H % o->KVH) {
         fprintf(stderr, "memledger-calibrate: error: --heads must divide --hidden and "
                         "--kv-heads divide --heads\n");
