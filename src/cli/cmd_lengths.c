@@ -174,6 +174,45 @@ int ml_cli_plan_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config
     return rc;
 }
 
+/* fit --max-tokens auto where no token budget fits (even one sample of
+ * the longest length): the verdict on stdout as fit's, with the reason
+ * (JSON: max_tokens null, fits false, note). */
+static int write_none(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
+                      const ml_lengths *d, const ml_lengths_request *req)
+{
+    ml_out out;
+    int rc = ml_out_open(&out, o->output);
+    if (rc)
+        return rc;
+    FILE *f = out.f;
+    char note[160];
+    snprintf(note, sizeof note,
+             "even one sample of the longest length (%llu tokens) does not fit: a larger "
+             "device, or a lighter configuration (memledger triage ranks the changes)",
+             (unsigned long long)ml_lengths_max(d));
+    if (o->format == ML_FMT_JSON) {
+        fputs("{\"model\": ", f);
+        ml_json_put_string(f, ml_model_name(m));
+        fprintf(f, ", \"device\": {\"memory\": %llu, \"budget\": %llu},\n \"lengths\": ",
+                (unsigned long long)cfg->device.memory,
+                (unsigned long long)ml_device_budget(&cfg->device));
+        fprintf(f, "{\"batching\": \"%s\", \"max_tokens\": null, \"samples\": %llu, "
+                   "\"min\": %llu, \"max\": %llu, \"fits\": false, \"note\": ",
+                ml_batching_name(req->batching), (unsigned long long)ml_lengths_samples(d),
+                (unsigned long long)ml_lengths_min(d), (unsigned long long)ml_lengths_max(d));
+        ml_json_put_string(f, note);
+        fputs("}}\n", f);
+    } else {
+        char mem[32], bud[32];
+        ml_format_bytes(cfg->device.memory, mem, sizeof mem);
+        ml_format_bytes(ml_device_budget(&cfg->device), bud, sizeof bud);
+        fprintf(f, "memledger fit: %s on %s (budget %s for the %s peak)\n", ml_model_name(m),
+                mem, bud, cfg->device.allocator == ML_ALLOCATOR_NONE ? "allocator" : "reserved");
+        fprintf(f, "DOES NOT FIT: %s\n", note);
+    }
+    return ml_out_close(&out, !ferror(f));
+}
+
 int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg)
 {
     /* what fit --lengths does not use is refused, never ignored */
@@ -213,10 +252,13 @@ int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config 
         goto out;
     }
     if (auto_tokens && !req.max_tokens) {
-        fprintf(stderr, "memledger: fit --max-tokens auto: even one sample of the longest "
-                        "length (%llu tokens) does not fit\n",
-                (unsigned long long)ml_lengths_max(d));
-        rc = ML_EXIT_NO_FIT;
+        rc = write_none(o, m, cfg, d, &req);
+        if (!rc) {
+            fprintf(stderr, "memledger: fit --max-tokens auto: even one sample of the longest "
+                            "length (%llu tokens) does not fit\n",
+                    (unsigned long long)ml_lengths_max(d));
+            rc = ML_EXIT_NO_FIT;
+        }
         goto out;
     }
     ml_lengths_result r;
