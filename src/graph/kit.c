@@ -528,7 +528,7 @@ uint16_t ml__kit_mlp(ml_graph *g, const mlg_layer *L, uint16_t h, uint16_t *kept
     uint16_t c2 = MLG_NONE;
     if (gelu_new) {
         /* under autocast its output is fp32: proj reads autocast's copy */
-        G = ml__kit_gelu_new(g, L->autocast, F1, "activation output (proj input)");
+        G = ml__kit_gelu_new(g, L->autocast, F1, "activation output (proj input)", !L->autocast);
         c2 = ml__kit_cast_copy(g, L, G);
     } else {
         /* gelu saves its input; relu its result (derivatives.yaml) */

@@ -282,9 +282,10 @@ mlg_op *ml__kit_grad_step(ml_graph *g, uint8_t kind, const char *name, uint16_t 
 /* transformers' gelu_new of x (B, T, F), x's reference dropped: its
  * tensors declared, then its ops (kit_gelu.c); the output, named name, in
  * the compute dtype, fp32 under autocast (whose pow runs in fp32 on a copy
- * of x). Its nodes make no output gradients of their own (a block-level
- * backward: the families that use it drop their node lists). */
-uint16_t ml__kit_gelu_new(ml_graph *g, bool autocast, uint16_t x, const char *name);
+ * of x). With nodes, its backward node by node (without autocast); else
+ * nodes that make their input's gradient alone (a block-level backward:
+ * the caller drops the node list). */
+uint16_t ml__kit_gelu_new(ml_graph *g, bool autocast, uint16_t x, const char *name, bool nodes);
 /* scaled_dot_product_attention's math kernel on the rotated q (qr,
  * contiguous or not), k (kr) and v (vh) heads, is_causal with grouped
  * heads (enable_gqa), in fp32 (aten/src/ATen/native/transformers/

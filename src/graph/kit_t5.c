@@ -329,7 +329,7 @@ static uint16_t gated_gelu(ml_graph *g, const mlg_t5 *L, uint16_t h0, uint16_t y
                            uint16_t w1, uint16_t W1)
 {
     const uint8_t p = L->autocast ? MLG_FP32 : MLG_COMPUTE;
-    uint16_t ge = ml__kit_gelu_new(g, L->autocast, h0, "gelu_new output (gate)");
+    uint16_t ge = ml__kit_gelu_new(g, L->autocast, h0, "gelu_new output (gate)", false);
     uint16_t h1 = t3(g, "wi_1 output", MLG_COMPUTE, MLG_T, MLG_F);
     uint16_t pr = t3(g, "wo input (gated product)", p, MLG_T, MLG_F);
     t5_linear(g, "wi_1", y, c1, w1, W1, h1, MLG_T);

@@ -34,8 +34,8 @@
 
 #define ACT_NOTE                                                                               \
     "gelu and gelu_pytorch_tanh: the single-op GELU; relu; gelu_new (HF GPT-2's default): "  \
-    "transformers' composite of elementwise ops, which saves 3 B·T·F tensors more, its "      \
-    "layers' backward at block level (docs/inventory.md); any other value is refused"
+    "transformers' composite of elementwise ops, which saves 3 B·T·F tensors more "          \
+    "(docs/inventory.md); any other value is refused"
 #define GEMMA_ACT_NOTE                                                                         \
     "gelu or gelu_pytorch_tanh (GeGLU): transformers versions differ in which key they read "  \
     "(hidden_activation, null meaning gelu_pytorch_tanh, where it exists; hidden_act "          \
