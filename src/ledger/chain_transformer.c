@@ -205,8 +205,7 @@ ml_status ml__ck_layer_blocks(ml_chain *ch, const ml_model *m, const ml_ck_dims 
         b->in_bytes = ml_mul(ch, BTD, w);
         const unsigned k = layout_of(m, i);
         b->moe = k == 1;
-        /* gelu_new's backward under autocast: the block rule's (kit_gelu.c) */
-        b->nodes_off = m->mlp.gelu_new && ch->prec.autocast;
+        b->nodes_off = m->mlp.gelu_new && ch->prec.autocast; /* (kit_gelu.c) */
         if (proto[k] != SIZE_MAX) {
             ml__ck_graph_repeat(ch, b, proto[k], pfirst[k], pcount[k]);
         } else {
