@@ -154,7 +154,9 @@ static void fwd_grads_done(ml_replay *r, size_t k, bool carried)
     const ml_cblock *b = &r->ch->blocks[k];
     if (!b->grads_in_fwd)
         return;
-    if (r->micro != 0 || r->grads_exist)
+    /* (a tied table's partial waits in the buffer for the embedding's
+     * backward: freed there, ml__tied_sum) */
+    if ((r->micro != 0 || r->grads_exist) && !(r->tied_partial && b->tied_grad == r->tied_partial))
         ml__replay_free(r, ML_CAT_WORKSPACE, b->grad_bytes);
     if (!carried)
         ml__replay_free(r, ML_CAT_WORKSPACE, b->in_bytes);
@@ -337,6 +339,38 @@ static uint64_t block_grads(ml_replay *r, size_t k)
 
 /* The backward of block k: its transients, the gradients it creates, then
  * what it no longer needs. */
+/* A tied table's embedding block b: its dense (V, D) gradient
+ * (embedding_dense_backward's zeros), made now apart from the rest of the
+ * estimate (units: the incoming gradient, the kernel's scratch), which is
+ * gone before the input buffer adds the head's partial to it (engine.cpp,
+ * evaluate_function: call_function, release_variables, then
+ * input_buffer.add; the allocator simulation splits it so already).
+ * Returns its bytes, 0 for any other block. */
+static uint64_t tied_dense(ml_replay *r, const ml_cblock *b, uint64_t units)
+{
+    const uint64_t d = r->tied_partial && b->in_nograd && b->tied_grad == r->tied_partial &&
+                               units >= b->tied_grad && !r->rsim
+                           ? b->tied_grad
+                           : 0;
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, d);
+    return d;
+}
+
+/* The input buffer's sum of the tied table's gradients (ml__tied_sum);
+ * after the dense gradient's node (dense), its inputs and scratch (*units,
+ * *kept, named so) first go, and the dense gradient after the sum. */
+static void tied_add(ml_replay *r, const ml_cblock *b, uint64_t dense, uint64_t *units,
+                     size_t units_name, uint64_t *kept, size_t kept_name)
+{
+    if (dense) {
+        free_named(r, *units, units_name);
+        free_named(r, *kept, kept_name);
+        *units = *kept = 0;
+    }
+    ml__tied_sum(r, b);
+    ml__replay_free(r, ML_CAT_WORKSPACE, dense);
+}
+
 static void backward_block(ml_replay *r, size_t k)
 {
     const ml_chain *ch = r->ch;
@@ -359,7 +393,7 @@ static void backward_block(ml_replay *r, size_t k)
      * logits is the LM head's incoming gradient; engine.cpp passes a node's
      * output gradient on, it is not made again); a carried gradient of
      * another size is part of the estimate */
-    const uint64_t kept = r->grad_carry == b->bwd_in && b->ws_bwd >= b->bwd_in ? b->bwd_in : 0;
+    uint64_t kept = r->grad_carry == b->bwd_in && b->ws_bwd >= b->bwd_in ? b->bwd_in : 0;
     const size_t kept_name = r->carry_name;
     if (!kept)
         free_named(r, r->grad_carry, r->carry_name);
@@ -374,7 +408,9 @@ static void backward_block(ml_replay *r, size_t k)
     /* made last (hand_last): the units are the estimate less the last
      * one, then that one, which the handed gradient is made from */
     const uint64_t last = b->hand_last && hand && b->unit <= b->ws_bwd - kept ? b->unit : 0;
-    const uint64_t units = b->ws_bwd - kept - (last ? last : hand);
+    uint64_t units = b->ws_bwd - kept - (last ? last : hand);
+    const uint64_t dense = tied_dense(r, b, units);
+    units -= dense;
     ml__replay_alloc_as(r, ML_CAT_WORKSPACE, units, kept ? ML_T_UNITS : ML_T_UNITS_BWD, k, 1);
     const size_t units_name = named(r, units);
     ml__replay_alloc(r, ML_CAT_WORKSPACE, last ? last : hand);
@@ -398,7 +434,7 @@ static void backward_block(ml_replay *r, size_t k)
         ml__boundary_release(r, k);
     if ((int)k == sh->side_block)
         ml__replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
-    ml__tied_sum(r, b);
+    tied_add(r, b, dense, &units, units_name, &kept, kept_name);
     free_named(r, units, units_name);
     size_t hand_name = late_name;
     if (last) {

@@ -228,6 +228,10 @@ void ml__tied_partial(ml_replay *r, const ml_cblock *b, bool create)
     r->tied_partial = 0;
     r->tied_name = 0;
     r->tied_cat = create ? ML_CAT_GRADS : ML_CAT_WORKSPACE;
+    /* (fused cross-entropy: the table's gradient its forward made, which
+     * its backward returns, is the partial) */
+    if (b->grads_in_fwd)
+        r->tied_partial = b->tied_grad;
     for (size_t j = 0; j < b->nnodes && !r->tied_partial; j++)
         if (r->ch->nodes[b->node_first + j].param_grad == b->tied_grad)
             r->tied_partial = b->tied_grad;

@@ -1008,6 +1008,16 @@ BLOCK_RULE = ("a block-rule forward (no op-by-op programs for this layout): its 
               "as one allocation each")
 FREE_GAPS = [(m, "*", BLOCK_RULE) for m in ("xc-qwen2moe", "xc-mixtral")]
 
+# Rows whose planned steady peak is below the measured one by more than the
+# 0-dim tensors the plan leaves out (12 B): each an open gap, named with its
+# size, its check then expecting it (a fix fails the check: drop the entry)
+PEAK_GAPS = {
+    "xc-falcon-mha B=2 T=24 ckpt=every-2 sgd-momentum logits released":
+        "2,056 B under, in a two-layer segment's backward; untraced",
+    "xc-llava B=2 T=24 ckpt=every-2 sgd-momentum logits released":
+        "4,360 B under, in a two-layer segment's backward; untraced",
+}
+
 
 def layer_backward_checks(check, name, c, view, j, planned, ckpt=False, amp=False):
     """The layers whose backward the plan runs node by node (blocks `block.N`
@@ -1262,9 +1272,15 @@ def main():
                       (r[1]["peak_phase"], j["bytes"]["peak"] >= r[1]["peak"]),
                       (j["peak"]["phase"], True))
             else:
-                check(name + " peak phase and step as measured",
-                      (r[1]["peak_phase"], want in r[1]["peak_step"].split("|")),
-                      (j["peak"]["phase"], True))
+                # and the plan's peak not below the measured one but by the
+                # 0-dim tensors it leaves out (12 B at most: amp_checks), or
+                # a gap PEAK_GAPS names
+                gap = PEAK_GAPS.get(name)
+                check(name + " peak phase and step as measured, the peak "
+                      + ("below it (%s)" % gap if gap else "not below it"),
+                      (r[1]["peak_phase"], want in r[1]["peak_step"].split("|"),
+                       j["bytes"]["peak"] + 12 >= r[1]["peak"]),
+                      (j["peak"]["phase"], True, not gap))
             # without checkpointing: each model's first loop (the layers'
             # forward is the same in every loop)
             if ckpt or (ckpt, optim, impl, logits, amp) == confs[0] or amp:
