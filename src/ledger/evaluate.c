@@ -74,9 +74,18 @@ static ml_status policy_segments(const ml_chain *ch, const ml_checkpoint *cp, in
     }
     if (k == 0)
         k = 1;
-    for (size_t i = 0; i < n; i++)
-        if (ch->blocks[i].ckpt_index >= 0)
-            seg[i] = (int)((uint64_t)ch->blocks[i].ckpt_index / k);
+    /* a multimodal model's tower (checkpoint indices below mask_ckpt0):
+     * Hugging Face's CLIPEncoder checkpoints each layer on its own
+     * (modeling_clip.py: one _gradient_checkpointing_func call per
+     * encoder_layer), so a tower layer is a segment of one whatever K; the
+     * decoder's segments of K count from its first layer (mask_ckpt0) */
+    const uint64_t m0 = ch->mask_ckpt0;
+    for (size_t i = 0; i < n; i++) {
+        const int c = ch->blocks[i].ckpt_index;
+        if (c < 0)
+            continue;
+        seg[i] = (uint64_t)c < m0 ? c : (int)(m0 + ((uint64_t)c - m0) / k);
+    }
     return ML_OK;
 }
 
