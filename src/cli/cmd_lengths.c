@@ -83,6 +83,26 @@ int ml_cli_lengths_failed(const ml_cli_opts *o, ml_error *e, ml_status st)
 /* Writes the report: plan's (l: the plan at the configured shape, then the
  * lengths section) or fit's (l NULL: the model, the answer, the lengths
  * section); found: fit --max-tokens auto's answer. 0 or an exit status. */
+/* fit --lengths' JSON up to its lengths object: the model and the device */
+static void fit_json_head(FILE *f, const ml_model *m, const ml_config *cfg)
+{
+    fputs("{\"model\": ", f);
+    ml_json_put_string(f, ml_model_name(m));
+    fprintf(f, ", \"device\": {\"memory\": %llu, \"budget\": %llu},\n \"lengths\": ",
+            (unsigned long long)cfg->device.memory,
+            (unsigned long long)ml_device_budget(&cfg->device));
+}
+
+/* fit --lengths' text heading: the model, the device and its budget */
+static void fit_text_head(FILE *f, const ml_model *m, const ml_config *cfg)
+{
+    char mem[32], bud[32];
+    ml_format_bytes(cfg->device.memory, mem, sizeof mem);
+    ml_format_bytes(ml_device_budget(&cfg->device), bud, sizeof bud);
+    fprintf(f, "memledger fit: %s on %s (budget %s for the %s peak)\n", ml_model_name(m), mem,
+            bud, cfg->device.allocator == ML_ALLOCATOR_NONE ? "allocator" : "reserved");
+}
+
 static int write_report(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
                         const ml_ledger *l, const ml_lengths *d, const ml_lengths_request *req,
                         const ml_lengths_result *r, bool found)
@@ -103,19 +123,11 @@ static int write_report(const ml_cli_opts *o, const ml_model *m, const ml_config
                 : ml__report_text_verdict(f, m, cfg, l, cfg->device.present ? &v : NULL) ||
                       ml_report_lengths_text(f, cfg, d, o->lengths, req, r);
     else if (o->format == ML_FMT_JSON) {
-        fputs("{\"model\": ", f);
-        ml_json_put_string(f, ml_model_name(m));
-        fprintf(f, ", \"device\": {\"memory\": %llu, \"budget\": %llu},\n \"lengths\": ",
-                (unsigned long long)cfg->device.memory,
-                (unsigned long long)ml_device_budget(&cfg->device));
+        fit_json_head(f, m, cfg);
         w = ml_report_lengths_json_object(f, d, req, r);
         fputs("}\n", f);
     } else {
-        char mem[32], bud[32];
-        ml_format_bytes(cfg->device.memory, mem, sizeof mem);
-        ml_format_bytes(ml_device_budget(&cfg->device), bud, sizeof bud);
-        fprintf(f, "memledger fit: %s on %s (budget %s for the %s peak)\n", ml_model_name(m),
-                mem, bud, cfg->device.allocator == ML_ALLOCATOR_NONE ? "allocator" : "reserved");
+        fit_text_head(f, m, cfg);
         if (found)
             fprintf(f, "largest token budget whose worst batch fits: %llu tokens per batch "
                        "(--max-tokens %llu)\n",
@@ -182,6 +194,8 @@ static int write_none(const ml_cli_opts *o, const ml_model *m, const ml_config *
 {
     ml_out out;
     int rc = ml_out_open(&out, o->output);
+    if (!rc && o->format == ML_FMT_TEXT)
+        rc = ml_out_text_model(&out, m, cfg);
     if (rc)
         return rc;
     FILE *f = out.f;
@@ -191,11 +205,7 @@ static int write_none(const ml_cli_opts *o, const ml_model *m, const ml_config *
              "device, or a lighter configuration (memledger triage ranks the changes)",
              (unsigned long long)ml_lengths_max(d));
     if (o->format == ML_FMT_JSON) {
-        fputs("{\"model\": ", f);
-        ml_json_put_string(f, ml_model_name(m));
-        fprintf(f, ", \"device\": {\"memory\": %llu, \"budget\": %llu},\n \"lengths\": ",
-                (unsigned long long)cfg->device.memory,
-                (unsigned long long)ml_device_budget(&cfg->device));
+        fit_json_head(f, m, cfg);
         fprintf(f, "{\"batching\": \"%s\", \"max_tokens\": null, \"samples\": %llu, "
                    "\"min\": %llu, \"max\": %llu, \"fits\": false, \"note\": ",
                 ml_batching_name(req->batching), (unsigned long long)ml_lengths_samples(d),
@@ -203,11 +213,7 @@ static int write_none(const ml_cli_opts *o, const ml_model *m, const ml_config *
         ml_json_put_string(f, note);
         fputs("}}\n", f);
     } else {
-        char mem[32], bud[32];
-        ml_format_bytes(cfg->device.memory, mem, sizeof mem);
-        ml_format_bytes(ml_device_budget(&cfg->device), bud, sizeof bud);
-        fprintf(f, "memledger fit: %s on %s (budget %s for the %s peak)\n", ml_model_name(m),
-                mem, bud, cfg->device.allocator == ML_ALLOCATOR_NONE ? "allocator" : "reserved");
+        fit_text_head(f, m, cfg);
         fprintf(f, "DOES NOT FIT: %s\n", note);
     }
     return ml_out_close(&out, !ferror(f));
