@@ -96,15 +96,12 @@ void ml__kit_clip_embedding(ml_graph *g, const mlg_clip_embed *E);
  * tower's tokens, the image tokens, the tower's width and that width plus
  * D (the two products' FLOPs as one, as the builders summed them) as
  * literals;
- * full: the feature is the whole hidden state (feature_select full);
+ * keeps_hidden: linear_1 keeps the feature layer's whole hidden state, its
+ * input a view of it (ml__ck_llava_keeps_hidden);
  * cast: the features cast to the embeddings' dtype (compute dtype other
- * than the stream's);
- * one_image: the tower's batch is one image, so linear_1's reshape of the
- * feature slice to (tokens, width) is a view (no copy; the linear keeps
- * the whole hidden state). */
+ * than the stream's). */
 typedef struct {
-    bool autocast, full, cast, bias;
-    bool one_image; /* a batch of one image: the slice reshapes as a view */
+    bool autocast, keeps_hidden, cast, bias;
     uint64_t tokens, images, width, summed;
 } mlg_llava_projector;
 void ml__kit_llava_projector(ml_graph *g, const mlg_llava_projector *P);

@@ -206,7 +206,7 @@ static uint16_t projector_input(ml_graph *g, const mlg_llava_projector *P, uint8
     uint16_t x = ml__graph_tensor(g, "vision hidden state (the feature layer's)", MLG_STREAM,
                                   MLG_INPUT, 3, MLG_B, tv, dv);
     uint16_t f = ml__graph_view(g, "image features (the feature slice)", x, 3, MLG_B, n, dv);
-    if (!P->autocast && (P->full || P->one_image))
+    if (P->keeps_hidden)
         return f;
     uint16_t c = P->autocast
                      ? ml__graph_tensor(g, "linear_1 input (cast copy of the feature)", MLG_HALF,

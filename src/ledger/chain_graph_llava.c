@@ -18,6 +18,11 @@ bool ml__ck_graph_clip_embedding(ml_chain *ch, const ml_model *m, const ml_ck_di
     return true;
 }
 
+bool ml__ck_llava_keeps_hidden(const ml_chain *ch, const ml_model *m, uint64_t images)
+{
+    return !ch->prec.autocast && (m->vision.full || images == 1);
+}
+
 bool ml__ck_graph_llava_projector(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
                                   const ml_ck_dims *d, uint64_t n_img, ml_ck_graph *G)
 {
@@ -26,10 +31,9 @@ bool ml__ck_graph_llava_projector(ml_chain *ch, const ml_model *m, const ml_ck_d
         ml_mul(ch, m->vision.hidden, ch->prec.w) > ml_mul(ch, m->hidden, 24))
         return false;
     const mlg_llava_projector P = {.autocast = ch->prec.autocast,
-                                   .full = m->vision.full,
+                                   .keeps_hidden = ml__ck_llava_keeps_hidden(ch, m, vd->B),
                                    .cast = ch->prec.a != ch->prec.w,
                                    .bias = m->vision.proj_bias,
-                                   .one_image = vd->B == 1,
                                    .tokens = vd->T,
                                    .images = n_img,
                                    .width = vd->D,

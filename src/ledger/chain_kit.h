@@ -252,6 +252,12 @@ bool ml__ck_graph_clip_embedding(ml_chain *ch, const ml_model *m, const ml_ck_di
  * indices' (B n Dt x 24 bytes) hide it below that width. */
 bool ml__ck_graph_llava_projector(ml_chain *ch, const ml_model *m, const ml_ck_dims *vd,
                                   const ml_ck_dims *d, uint64_t n_img, ml_ck_graph *G);
+/* Whether LLaVA's linear_1 keeps the feature layer's whole hidden state
+ * (its input a view of it, not autocast's copy): feature_select full, or a
+ * tower batch of `images` one, whose feature slice folds to rows as a view
+ * (docs/inventory.md, "A batch of one"); else it keeps a copy of the
+ * slice. */
+bool ml__ck_llava_keeps_hidden(const ml_chain *ch, const ml_model *m, uint64_t images);
 /* T5's embedding of d->T ids from the op graph (graph/kit_embed.c): the
  * lookup and its dropout; shared: the table is the encoder's (the
  * decoder's embedding registers none). False: the graph declines it. */

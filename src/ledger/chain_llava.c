@@ -74,11 +74,10 @@ static void layer_roles(ml_chain *ch, ml_cblock *b, const ml_model *m, const ml_
     }
     b->unused_out = b->fwd_only = true;
     b->identity = true; /* the projector's input is this layer's input */
-    /* the projector's linear keeps that input in fp32 when the feature is
-     * the whole hidden state (full) or, with one image, a view of it (the
-     * slice reshapes as a view); else, the class token dropped, a
+    /* the projector's linear keeps that input in fp32
+     * (ml__ck_llava_keeps_hidden); else, the class token dropped, a
      * contiguous copy of the slice */
-    b->in_saved = !ch->prec.autocast && (m->vision.full || d->B == 1);
+    b->in_saved = ml__ck_llava_keeps_hidden(ch, m, d->B);
     for (size_t j = p0; j < ch->nparams; j++)
         ch->params[j].nograd = true;
     b->grad_bytes = b->grad_accum_bytes = 0;
