@@ -228,6 +228,10 @@ rank sent (skewed, what the fullest rank, rank 0, sent: its own pairs for
 its own experts stay); each layer block's params the rank's parameters in
 it.
 
+The balanced runs are repeated at a batch of one (B 1, T the file's): the
+same checks and derivation (the single device's layer as measured, the
+experts' loop and the dispatch by hand), with P = k T pairs.
+
 usage: ep_twin.py MEMLEDGER MODELS_DIR
 Prints one line per check and ends with "N passed, N failed".
 """
@@ -611,15 +615,14 @@ def rank_main(rank, ep, init_file, out_dir, jobs):
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=ep)
     tw.FIXED_ROUTING[0] = True
     results = []
-    for path, routing, cap in jobs:
+    for path, routing, cap, B in jobs:
         tw.ROUTING[0] = skewed if routing == "skewed" else None
         SENT[0] = 0
         del POLICY[:]
         del RECEIVED[:]
         with open(path) as fh:
             doc = tw.load(fh)
-        tr = doc.get("training", {})
-        B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
+        T = doc.get("training", {}).get("seq_len", 16)
         torch.manual_seed(1)
         ref = tw.build(doc)
         if isinstance(ref, tw.DeepseekV2) and ref.grouped:  # HF's topk, not gather
@@ -783,24 +786,27 @@ def main():
                   "twins.py's FIXED_ROUTING gather %d (%+d: the masked scores it keeps)"
                   % (ours, hf, gather, gather - hf))
     for ep in EP_SIZES:
-        jobs = [(p, "balanced", None) for p, d in docs.items() if d["model"]["experts"] % ep == 0]
+        def B0(p):
+            return docs[p].get("training", {}).get("micro_batch", 2)
+        # balanced at the file's micro-batch and at a batch of one
+        jobs = [(p, "balanced", None, B) for p, d in docs.items()
+                if d["model"]["experts"] % ep == 0 for B in sorted({B0(p), 1}, reverse=True)]
         # the skewed routing on Mixtral's twin (4 experts, top-2) over 2 ranks
-        jobs += [(p, "skewed", None) for p, d in docs.items()
+        jobs += [(p, "skewed", None, B0(p)) for p, d in docs.items()
                  if ep == 2 and (d["model"]["experts"], d["model"].get("experts_per_tok", 2)) ==
                  (4, 2)]
         # the capacities (CAPACITY), after the job without one they are held against
-        jobs += [(p, routing, cap) for name, n, routing, cap in CAPACITY
+        jobs += [(p, routing, cap, B0(p)) for name, n, routing, cap in CAPACITY
                  for p in docs if n == ep and os.path.basename(p).startswith(name)]
         try:
             ranks = run_world(ep, jobs)
         except Exception as e:  # a rank raised: its traceback is on stderr
             check("ep%d ranks" % ep, False, "%s: %s" % (type(e).__name__, e))
             continue
-        for j, (path, routing, cap) in enumerate(jobs):
+        for j, (path, routing, cap, B) in enumerate(jobs):
             doc = docs[path]
-            m, tr = doc["model"], doc.get("training", {})
-            B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
-            label = "%s ep%d %s" % (doc["name"], ep, routing)
+            m, T = doc["model"], doc.get("training", {}).get("seq_len", 16)
+            label = "%s ep%d %s%s" % (doc["name"], ep, routing, " B=1" if B == 1 else "")
             if cap is not None:
                 label += " capacity %g%s" % (cap[0], " pad" if cap[1] else "")
             extra = known_1_13(doc, B, T)
@@ -816,7 +822,7 @@ def main():
                 params = {x["name"]: x["params"] for x in d["blocks"]}
                 comm = d["communication"].get("expert_parallel_bytes_per_device")
             # the same model without a capacity, balanced, in this world
-            plain = jobs.index((path, "balanced", None))
+            plain = jobs.index((path, "balanced", None, B))
             if is_v2(m) and cap is None:  # V2's sorted moe() keeps what the dispatch does
                 out1, args1 = plan(memledger, path, B, T, 1, routing, None)
                 one = {}

@@ -95,6 +95,23 @@ runs on llama-kv4-tp.yaml only: llama-tp.yaml's two key/value heads do not
 split four ways. tp 1 is twins.Llama itself, in this process, against the
 plan without --tp.
 
+Each file also runs at a batch of one (B 1), where kv_heads enters: with
+one key/value head a rank (KV/tp = 1) repeat_kv's expand reshapes to the
+rank's Hr heads as a zero-stride view and matmul's fold to (Hr, T, dh) is
+a view too, so bmm keeps the one head of k and of v, T*dh each, in place
+of the two copies 2*Hr*T*dh (docs/inventory.md, "A batch of one"); with
+two or more a rank the reshape still copies. The attention is then
+2*T*Hr*dh + 2*T*dh + Hr*T*T:
+
+  tp sp  KV/tp  norms           attention           MLP     elements  measured  planner
+  1  -   2, 4   2*(4*1536+24)   4*1536+4608         4*3840  38448     153800    141504
+  2  no  1      2*(4*1536+24)   2*768+2*192+2304    4*1920  24240      96968     84672
+  2  no  2      2*(4*1536+24)   4*768+2304          4*1920  25392     101576     89280
+  2  yes 1      2*(4*768+12)    2*768+2*192+2304    4*1920  18072      72296     66144
+  2  yes 2      2*(4*768+12)    4*768+2304          4*1920  19224      76904     70752
+  4  no  1      2*(4*1536+24)   2*384+2*192+1152    4*960   18480      73928     61632
+  4  yes 1      2*(4*384+6)     2*384+2*192+1152    4*960    9228      36920     33840
+
 The plan: `memledger plan MODEL --format json --tp N` (SP, the default for
 N > 1) and `--tp N --no-sp`; each layer block's activations_saved must be
 the planner column above, and the embedding's, head's and loss's the
@@ -163,7 +180,13 @@ def hand_layer(m, B, T, tp, sp):
     assert Hr // KVr > 1, "the derivation assumes repeat_kv copies"
     Tn = T // tp if sp else T
     norm = 4 * B * Tn * D + B * Tn                     # x, x^2, x * rsqrt, output; rsqrt
-    attn = 4 * B * T * Hr * dh + B * Hr * T * T        # q, k and v copies, o's input; softmax
+    # k and v as bmm keeps them: repeat_kv's copies, B*T*Hr*dh each; at a
+    # batch of one with one key/value head a rank, the expand reshapes to
+    # Hr heads as a zero-stride view and matmul's fold to (Hr, T, dh) is a
+    # view too, so bmm keeps the one head, T*dh each (docs/inventory.md,
+    # "A batch of one"); with two or more a rank the reshape still copies
+    kv = 2 * T * dh if B == 1 and KVr == 1 else 2 * B * T * Hr * dh
+    attn = 2 * B * T * Hr * dh + kv + B * Hr * T * T   # q, o's input; k, v; softmax
     mlp = 4 * B * T * Fr                               # gate, silu, up, product
     measured = 4 * (2 * norm + attn + mlp) + 8         # + the scale's 0-dim double
     artefacts = 2 * B * Tn * D * 4 + 8                 # two x^2 and the scale (known_1_13)
@@ -198,10 +221,16 @@ def hand_head_loss(m, B, T, tp, sp, rank):
     return head + 4 * B * Tn * D, head, 4 * B * T * Vr + B * T + 8 * B * T
 
 
-# the docstring's table, for the shipped files (B 2, T 24, D 64, H 8, F 160)
+# the docstring's tables, for the shipped files (B 2, T 24, D 64, H 8, F 160;
+# the same for both files) and at a batch of one ({key/value heads a rank: row})
 TABLE = {(1, False): (307592, 283008), (2, False): (203144, 178560),
          (2, True): (153800, 141504), (4, False): (150920, 126336),
          (4, True): (76904, 70752)}
+TABLE_B1 = {(1, False): {2: (153800, 141504), 4: (153800, 141504)},
+            (2, False): {1: (96968, 84672), 2: (101576, 89280)},
+            (2, True): {1: (72296, 66144), 2: (76904, 70752)},
+            (4, False): {1: (73928, 61632)},
+            (4, True): {1: (36920, 33840)}}
 
 
 # --------------------------------------------------------------------------
@@ -623,18 +652,17 @@ def measure_live(ref, rank, tp, sp, batch):
 
 
 def rank_main(rank, tp, init_file, out_dir, jobs):
-    """One TP rank: for each (model file, sp), the single-device twin and the
-    rank's shard of it; writes what it measured to out_dir."""
+    """One TP rank: for each (model file, sp, micro-batch), the single-device
+    twin and the rank's shard of it; writes what it measured to out_dir."""
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=tp)
     tw.RMSNorm.forward = lb.rmsnorm_forward  # the same forward, its x^2 tagged
     results = []
-    for path, sp in jobs:
+    for path, sp, B in jobs:
         with open(path) as fh:
             doc = tw.load(fh)
-        tr = doc.get("training", {})
-        B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
+        T = doc.get("training", {}).get("seq_len", 16)
         torch.manual_seed(1)
         ref = tw.build(doc)
         batch = tw.batch_for(doc, ref, B, T)
@@ -649,7 +677,7 @@ def rank_main(rank, tp, init_file, out_dir, jobs):
         per_block = rec.per_block()
         loss.backward()
         gerr, gname = _grad_errors(ref, model, rank, tp, sp)
-        res = {"path": path, "sp": sp, "blocks": per_block, "loss": loss.item(),
+        res = {"path": path, "sp": sp, "B": B, "blocks": per_block, "loss": loss.item(),
                "ref_loss": ref_loss.item(), "grad_err": gerr, "grad_worst": gname}
         del model, rec, loss
         res["live"] = measure_live(ref, rank, tp, sp, batch) if tp > 1 else None
@@ -762,11 +790,19 @@ def main():
             check("%s %s planned" % (label, blk), got.get(blk) == want,
                   "planned %s, measured less the 1.13 artefacts %d" % (got.get(blk), want))
 
+    def batches(doc):
+        """The micro-batches each file runs at: its own, and one."""
+        B = doc.get("training", {}).get("micro_batch", 2)
+        return (B, 1) if B != 1 else (1,)
+
+    def tag(B):
+        return " B=1" if B == 1 else ""
+
     # tp 1: twins.Llama itself, measured as crosscheck.py measures it
-    for path, doc in docs.items():
+    for path, doc, B in [(p, d, b) for p, d in docs.items() for b in batches(d)]:
         m, tr = doc["model"], doc.get("training", {})
-        B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
-        label = "%s tp1" % doc["name"]
+        T = tr.get("seq_len", 16)
+        label = "%s tp1%s" % (doc["name"], tag(B))
         torch.manual_seed(1)
         model = tw.build(doc)
         batch = tw.batch_for(doc, model, B, T)
@@ -793,12 +829,14 @@ def main():
         B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
         if (B, T, m["hidden"], m["heads"], m["ffn"]) != (2, 24, 64, 8, 160):
             continue
+        KV = m.get("kv_heads", m["heads"])
         for (tp, sp), row in TABLE.items():
-            if m.get("kv_heads", m["heads"]) % tp == 0:
-                got = hand_layer(m, B, T, tp, sp)
+            if KV % tp == 0:
                 mode = " sp" if sp else " no-sp" if tp > 1 else ""
-                check("%s tp%d%s table" % (doc["name"], tp, mode),
-                      got == row, "formula %s, docstring %s" % (got, row))
+                for b, want in ((B, row), (1, TABLE_B1[(tp, sp)].get(KV // tp))):
+                    got = hand_layer(m, b, T, tp, sp)
+                    check("%s tp%d%s%s table" % (doc["name"], tp, mode, tag(b)),
+                          got == want, "formula %s, docstring %s" % (got, want))
 
     for tp in TP_SIZES:
         jobs = []
@@ -811,7 +849,7 @@ def main():
                 print("skip %s at tp %d: %s not divisible by %d"
                       % (doc["name"], tp, ", ".join(why), tp))
                 continue
-            jobs += [(path, False), (path, True)]
+            jobs += [(path, sp, B) for B in batches(doc) for sp in (False, True)]
         if not jobs:
             continue
         try:
@@ -819,11 +857,10 @@ def main():
         except Exception as e:  # a rank raised: its traceback is on stderr
             check("tp%d ranks" % tp, False, "%s: %s" % (type(e).__name__, e))
             continue
-        for j, (path, sp) in enumerate(jobs):
+        for j, (path, sp, B) in enumerate(jobs):
             doc = docs[path]
-            m, tr = doc["model"], doc.get("training", {})
-            B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
-            label = "%s tp%d %s" % (doc["name"], tp, "sp" if sp else "no-sp")
+            m, T = doc["model"], doc.get("training", {}).get("seq_len", 16)
+            label = "%s tp%d %s%s" % (doc["name"], tp, "sp" if sp else "no-sp", tag(B))
             want, planned = hand_layer(m, B, T, tp, sp)
             derived = {}
             for rank, res in enumerate(ranks):

@@ -218,6 +218,24 @@ F_s 96, q, k, v biases), tp 2: Tn 12, N 24, P 72, Hr 4, Fsr 48:
   (b), (c) etp 2: R 144, Fr 24: 4 (9,216 + 144 + 13,824 + 9,216) =
       129,600; the layer 267,368 B, planned 255,072
 
+Each file runs again at a batch of one (B 1: Tn 12, N 12). There the
+attention's k and v are one head each where a rank has one key/value head
+(KV / tp = 1: repeat_kv's expand reshapes to Hr heads as a zero-stride
+view, matmul's fold to (Hr, T, dh) is a view, so bmm keeps the one head,
+T dh each; docs/inventory.md, "A batch of one"): Mixtral's attention
+4 (1,536 + 384 + 2,304) + 8 = 16,904 in place of its copies; Qwen2-MoE's
+two a rank still copy, 21,512. 1.13's extras 2 (12 x 64) 4 + 8 = 6,152.
+  Mixtral, P 24: norms 24,672, router 4 (48 + 12 + 24) + 8 (24) = 528,
+      order and tokens 384; (a) R 24: 4 (1,536 + 24 + 9,216 + 1,536) =
+      49,248, the layer 91,736 B, planned 85,584; (b), (c) R 48, Fr 48:
+      4 (3,072 + 48 + 9,216 + 3,072) = 61,632, the layer 104,120 B,
+      planned 97,968
+  Qwen2-MoE, P 36: router 4 (72) + 8 (36) = 576, order and tokens 576,
+      shared expert 4 (4 x 24 x 48 + 12 + 12 x 64) = 21,552; (a) R 36:
+      4 (2,304 + 36 + 6,912 + 2,304) = 46,224, the layer 115,112 B, planned
+      108,960; (b), (c) R 72, Fr 24: 4 (4,608 + 72 + 6,912 + 4,608) =
+      64,800, the layer 133,688 B, planned 127,536
+
 Bytes sent, one iteration, one rank (L layers; balanced routing, so a
 rank's all-to-all rows to the others are (ep - 1) / ep of its P, and each
 ETP rank's rows are R / etp = P):
@@ -471,7 +489,10 @@ def shard_routing(B, Tn, tp, r, k, E):
     """The fixed routing of the rank's tokens, from their places in the
     whole sequence (the single device's routing of the same tokens)."""
     full = tw.fixed_routing(B * Tn * tp, k, E).view(B, Tn * tp, k)
-    return full[:, r * Tn:(r + 1) * Tn].reshape(-1, k).contiguous()
+    # a tensor of its own, as the router's topk makes one: at a batch of one
+    # the slice is already contiguous, and contiguous() would hand back a
+    # view of the whole sequence's routing, whose storage the gather saves
+    return full[:, r * Tn:(r + 1) * Tn].reshape(-1, k).clone()
 
 
 def tpep_mlp(s, b, h):
@@ -803,7 +824,7 @@ def block_windows(c, view):
 # --------------------------------------------------------------------------
 # One rank
 
-def rank_main(rank, lay, init_file, out_dir, paths):
+def rank_main(rank, lay, init_file, out_dir, jobs):
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     tp, dp, ep, etp = lay
@@ -814,11 +835,10 @@ def rank_main(rank, lay, init_file, out_dir, paths):
     tw.FIXED_ROUTING[0] = True
     dp_rank = rank // tp
     results = []
-    for path in paths:
+    for path, B in jobs:
         with open(path) as fh:
             doc = tw.load(fh)
-        tr = doc.get("training", {})
-        B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
+        T = doc.get("training", {}).get("seq_len", 16)
         torch.manual_seed(1)
         ref = tw.build(doc)
         torch.manual_seed(100 + dp_rank)  # each dp rank its own batch
@@ -850,11 +870,11 @@ def rank_main(rank, lay, init_file, out_dir, paths):
     dist.destroy_process_group()
 
 
-def run_world(lay, paths):
+def run_world(lay, jobs):
     world = lay[0] * lay[1]
     with tempfile.TemporaryDirectory(prefix="tpep_twin.") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        mp.start_processes(rank_main, args=(lay, init_file, tmp, paths), nprocs=world,
+        mp.start_processes(rank_main, args=(lay, init_file, tmp, jobs), nprocs=world,
                            join=True, start_method="spawn")
         out = []
         for r in range(world):
@@ -871,7 +891,7 @@ def hand_layer(m, B, T, lay):
     tp, dp, ep, etp = lay
     D, H, dh = m["hidden"], m["heads"], m.get("head_dim", m["hidden"] // m["heads"])
     E, k, Fe = m["experts"], m.get("experts_per_tok", 2), m.get("expert_ffn", m["ffn"])
-    Tn, Hr = T // tp, H // tp
+    Tn, Hr, KVr = T // tp, H // tp, m.get("kv_heads", H) // tp
     N = B * Tn
     P = k * N
     R = etp * P  # balanced: ep etp (E / ep) (P / E)
@@ -879,7 +899,10 @@ def hand_layer(m, B, T, lay):
     renorm = m.get("expert_renorm", True)
     terms = {
         "norms": 4 * 2 * (4 * B * Tn * D + B * Tn),
-        "attention": 4 * (4 * B * T * Hr * dh + B * Hr * T * T) + 8,
+        # k and v: one head each at a batch of one with one a rank
+        # (tp_twins.hand_layer; docs/inventory.md, "A batch of one")
+        "attention": 4 * (2 * B * T * Hr * dh + B * Hr * T * T
+                          + (2 * T * dh if B == 1 and KVr == 1 else 2 * B * T * Hr * dh)) + 8,
         "router": 4 * N * E + 8 * N * k + (4 * N + 4 * N * k if renorm else 0),
         "order+tokens 2P*8": 2 * P * 8,
         "sorted rows R*D": 4 * R * D,
@@ -1010,8 +1033,9 @@ def main():
             if why:
                 print("skip %s at %s: %s not divisible" % (doc["name"], layout_name(lay),
                                                           ", ".join(why)))
-            else:
-                jobs.append(path)
+            else:  # the file's micro-batch, and a batch of one
+                B = doc.get("training", {}).get("micro_batch", 2)
+                jobs += [(path, b) for b in ((B, 1) if B != 1 else (1,))]
         if not jobs:
             continue
         try:
@@ -1019,11 +1043,10 @@ def main():
         except Exception as e:  # a rank raised: its traceback is on stderr
             check("%s ranks" % layout_name(lay), False, "%s: %s" % (type(e).__name__, e))
             continue
-        for j, path in enumerate(jobs):
+        for j, (path, B) in enumerate(jobs):
             doc = docs[path]
-            m, tr = doc["model"], doc.get("training", {})
-            B, T = tr.get("micro_batch", 2), tr.get("seq_len", 16)
-            label = "%s %s" % (doc["name"], layout_name(lay))
+            m, T = doc["model"], doc.get("training", {}).get("seq_len", 16)
+            label = "%s %s%s" % (doc["name"], layout_name(lay), " B=1" if B == 1 else "")
             terms = hand_layer(m, B, T, lay)
             want = sum(terms.values())
             # the attention and norms: tp_twins.py's layer less its dense MLP
