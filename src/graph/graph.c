@@ -13,6 +13,7 @@ void ml__graph_init(ml_graph *g)
     g->out = MLG_NONE;
     g->nlit = 0;
     g->rep = (mlg_repeat){0, 0, 0, 0};
+    g->grad_view = MLG_NONE;
 }
 
 uint8_t ml__graph_lit(ml_graph *g, uint64_t v)

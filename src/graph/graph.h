@@ -255,6 +255,12 @@ typedef struct {
     uint64_t lit[MLG_NLIT]; /* the sizes of MLG_L0 + i */
     mlg_repeat rep; /* the group repeated once per instance (none: t1 == t0) */
     uint64_t seq_div; /* sequence parallelism's ranks, once sharded (0: none) */
+    uint16_t grad_view; /* a parameter whose gradient reaches AccumulateGrad as
+                           a view of the stream's gradient (ViT's class token,
+                           through cat and expand): at a batch of one the view
+                           needs no sum and becomes its .grad, keeping the
+                           whole storage (docs/inventory.md, "A batch of
+                           one"); MLG_NONE: none */
 } ml_graph;
 
 /* The sizes a configuration substitutes: each dimension's, and the bytes

@@ -225,7 +225,10 @@ static uint16_t patches(ml_graph *g, const mlg_embed *E)
         ml__op_free(o, xs);
     uint16_t c = stream(g, "embeddings (class token first)", MLG_COMPUTE, MLG_T_TMP);
     o = ml__graph_step(g, MLG_OP_COPY, "cat (class token)", p, c, NULL);
-    ml__op_param(o, ml__kit_param(g, "class token", MLG_D, -1));
+    /* its gradient: cat's backward narrows the embeddings' gradient, and
+     * expand's (the batch's copies) sums that slice, but for one image */
+    g->grad_view = ml__kit_param(g, "class token", MLG_D, -1);
+    ml__op_param(o, g->grad_view);
     ml__op_free(o, p);
     uint16_t s = stream(g, "embeddings", MLG_COMPUTE, MLG_T_TMP);
     o = ml__graph_step(g, MLG_OP_ELEMENTWISE, "add (positions)", c, s, NULL);

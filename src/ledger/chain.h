@@ -207,6 +207,13 @@ typedef struct {
                                  one (part of ws_bwd); for the allocator
                                  simulation */
     uint64_t grad_bytes;     /* gradients first created by its backward */
+    uint64_t grad_view;      /* what one parameter's new .grad keeps beyond its
+                                own elements, not in grad_bytes: a view of a
+                                larger gradient, stolen by AccumulateGrad (ViT's
+                                class token at a batch of one: the embeddings'
+                                gradient, T x D more); kept where the gradients
+                                are whole tensors (ml_shard.grad_views) */
+    uint32_t grad_view_param; /* 1 + that parameter's index in params; 0: none */
     uint64_t grad_accum_bytes; /* gradients it produces into existing .grad (accumulation) */
     double flops_fwd, flops_bwd, flops_core;
     bool measured;           /* saved bytes from a calibration profile */

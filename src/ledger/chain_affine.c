@@ -31,7 +31,7 @@
 #include "ledger/chain_affine.h"
 
 #if UINTPTR_MAX == UINT64_MAX
-_Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 336 && sizeof(ml_saved) == 32 &&
+_Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 352 && sizeof(ml_saved) == 32 &&
                    sizeof(ml_bnode) == 136 && sizeof(ml_side) == 56 && sizeof(ml_ptensor) == 32 &&
                    sizeof(ml_work_item) == 56 && sizeof(ml_fstep) == 16,
                "a chain struct changed (chain.h): list its new field below, then the sizes");
@@ -46,11 +46,11 @@ _Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 336 && sizeof(ml_
     X(nodes_off) X(measured) X(fwd_only) X(frozen) X(unused_out) X(grads_in_fwd)             \
     X(ws_fwd_ops) X(ws_nograd_ops) X(ws_formula) X(work_first) X(work_fwd) X(work_bwd)        \
     X(work_known) X(moe) X(hand_last) X(hand_gid) X(fstep_first) X(nfsteps) X(fstep_out) \
-    X(gstep_first) X(ngsteps) X(gstep_out) X(gsave_per) X(nfcopies)
+    X(gstep_first) X(ngsteps) X(gstep_out) X(gsave_per) X(nfcopies) X(grad_view_param)
 #define BLOCK_BYTES(X)                                                                         \
     X(saved_bytes) X(core_bytes) X(cast_bytes) X(in_bytes) X(ws_fwd) X(ws_nograd) X(ws_bwd)   \
     X(unit_fwd) X(unit) X(bwd_in) X(tied_grad) X(grad_bytes) X(grad_accum_bytes) X(cache_bytes)    \
-    X(cache_unit) X(out_cache_bytes)
+    X(cache_unit) X(out_cache_bytes) X(grad_view)
 #define BLOCK_FLOPS(X) X(flops_fwd) X(flops_bwd) X(flops_core)
 #define SAVED_SHAPE(X) X(flags) X(node) X(next_same)
 #define SAVED_BYTES(X) X(bytes)

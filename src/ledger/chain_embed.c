@@ -61,6 +61,15 @@ ml_status ml__ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_di
         return ML_NOMEM;
     if (!graph)
         return ML_RANGE; /* not modelled: no other rule plans it */
+    if (b->grad_view_param && d->B == 1 && !b->nnodes) {
+        /* one image: expand's backward (the class token's copies) has no
+         * sum to make, so the token's gradient reaches AccumulateGrad as
+         * cat's narrow slice of the embeddings' (1, T, D) gradient, which
+         * obeys the layout contract and is stolen as .grad
+         * (accumulate_grad.h), keeping the whole storage: T - 1 rows more
+         * than its own, until zero_grad */
+        b->grad_view = ml_mul(ch, ml_mul(ch, d->T - 1, d->D), ch->prec.grad);
+    }
     if (!m->embed.image_size && tied_head(m)) {
         /* the tied table's gradient is created by the head's backward */
         uint64_t g = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);

@@ -529,8 +529,11 @@ static void parameters(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
             for (uint16_t k = 0; !experts && k < g->nop; k++)
                 for (unsigned j = 0; j < g->op[k].nparam; j++) {
                     const mlg_tensor *p = &g->t[g->op[k].param[j]];
-                    if (p->group == grp && !(p->flags & MLG_T_SHARED))
-                        param(ch, b, G, p);
+                    if (p->group != grp || (p->flags & MLG_T_SHARED))
+                        continue;
+                    if (g->op[k].param[j] == g->grad_view)
+                        b->grad_view_param = (uint32_t)ch->nparams + 1;
+                    param(ch, b, G, p);
                 }
         }
     }

@@ -172,9 +172,13 @@ void ml__eval_model_states(ml_chain *ch, const ml_training *t, const ml_optim_by
     s->bytes_optimizer = z >= 1 ? ml__ep_shard(ch, t, ob->states, se) : ob->states;
     s->bytes_step_temp = z >= 1 ? ml__ep_shard(ch, t, ob->step_temp, te) : ob->step_temp;
     uint64_t grads_all = 0;
-    for (size_t k = 0; k < ch->n; k++)
-        grads_all = ml_add(ch, grads_all, z >= 2 ? ml__ep_grad_shard(ch, &ch->blocks[k], N)
-                                                 : ch->blocks[k].grad_bytes);
+    const bool views = ml__grad_views(t);
+    for (size_t k = 0; k < ch->n; k++) {
+        const ml_cblock *b = &ch->blocks[k];
+        grads_all = ml_add(ch, grads_all, z >= 2 ? ml__ep_grad_shard(ch, b, N) : b->grad_bytes);
+        if (views)
+            grads_all = ml_add(ch, grads_all, b->grad_view);
+    }
     s->bytes_grads = grads_all;
     if (t->dist_optimizer)
         dist_optimizer_states(ch, t, ob, s);
@@ -363,7 +367,8 @@ void ml__eval_setup(ml_evalctx *x, const int *seg, ml_ledger *l, ml_shard *sh, m
             break;
         }
     *sh = (ml_shard){N, z, z >= 2, z >= 3, ch->prec.param, 0, x->side_block, ch->ckpt_side,
-                     (double)(N - 1) / (double)N, t->offload == ML_OFFLOAD_PARAMS};
+                     (double)(N - 1) / (double)N, t->offload == ML_OFFLOAD_PARAMS,
+                     ml__grad_views(t)};
     if (z >= 2) {
         uint64_t e = t->reduce_bucket < l->sum.params ? t->reduce_bucket : l->sum.params;
         sh->reduce_ws = ml_mul((ml_chain *)ch, e, ch->prec.grad);

@@ -119,7 +119,8 @@ static ml_status eval_forward(const ml_model *m, const ml_evalctx *x, ml_rsim *r
     ml_summary *s = &sl.sum;
     ml__eval_model_states(&ch, &ec.training, &x->ob, s);
     const uint64_t N = ml__shard_group(t);
-    ml_shard sh = {N, t->zero, t->zero >= 2, t->zero >= 3, ch.prec.param, 0, -1, 0, 0, false};
+    ml_shard sh = {N, t->zero, t->zero >= 2, t->zero >= 3, ch.prec.param, 0, -1, 0, 0, false,
+                   ml__grad_views(t)};
     ml_replay r = {.l = &sl,           .ch = &ch,         .sh = &sh,
                    .seg = e.seg,       .bd = e.bd,        .held = e.held,
                    .held_cat = e.held_cat, .recomputed = e.recomputed,

@@ -324,10 +324,13 @@ static uint64_t block_grads(ml_replay *r, size_t k)
     ml__replay_alloc(r, ML_CAT_WORKSPACE, gfull);
     if (b->grads_in_fwd)
         fwd_grads_done(r, k, false);
-    else if (r->micro == 0 && !r->grads_exist)
+    else if (r->micro == 0 && !r->grads_exist && sh->grads_sharded)
+        ml__replay_alloc_as(r, ML_CAT_GRADS, ml__ep_grad_shard(r->ch, b, sh->N), ML_T_ONE, k, 1);
+    else if (r->micro == 0 && !r->grads_exist) /* (a view's storage: ml_cblock.grad_view) */
         ml__replay_alloc_as(r, ML_CAT_GRADS,
-                            sh->grads_sharded ? ml__ep_grad_shard(r->ch, b, sh->N) : b->grad_bytes,
-                            sh->grads_sharded ? ML_T_ONE : ML_T_BLOCK_PARAMS, k, 1);
+                            ml_add((ml_chain *)r->ch, b->grad_bytes,
+                                   sh->grad_views ? b->grad_view : 0),
+                            ML_T_BLOCK_GRADS, k, 1);
     else
         ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->grad_accum_bytes, ML_T_BLOCK_PARAMS, k, 1);
     r->flops_done += b->flops_bwd; /* its backward runs */

@@ -38,6 +38,9 @@ typedef struct {
     uint64_t side_bytes;   /* tensors every checkpoint keeps once (masks) */
     double ring;           /* (N-1)/N: what a ring collective sends per byte */
     bool host_params;      /* offload: params: partitions come from the host */
+    bool grad_views;       /* .grad tensors of their own (no ZeRO-2/3, no
+                              distributed optimizer's buffers): one may keep a
+                              view's storage (ml_cblock.grad_view) */
 } ml_shard;
 
 /* The rules of docs/ledger.md, "boundary tensors": boundary k is block k's
@@ -309,6 +312,14 @@ bool ml__segment_by_nodes(const ml_chain *ch, size_t s0, size_t k);
 static inline unsigned ml__zero_stage(const ml_training *t)
 {
     return t->dist_optimizer ? 1u : t->zero;
+}
+/* Whether each parameter's .grad is a tensor of its own, which may keep a
+ * view's storage (ml_cblock.grad_view): not under ZeRO-2/3 (DeepSpeed
+ * reduces it into its partitions and drops it) nor Megatron's distributed
+ * optimizer (its gradient buffers). */
+static inline bool ml__grad_views(const ml_training *t)
+{
+    return !t->dist_optimizer && t->zero < 2;
 }
 /* The recomputes before block k's backward (replay_recompute.c): the
  * checkpointed segment s0..k's forward again, block by block or (its

@@ -200,19 +200,22 @@ static size_t shard_sizes(ml_rsim *r, uint64_t bytes, unsigned copies)
  * parameters); a tied table's gradient (the LM head's) one tensor after
  * them. Their count, 0 when they do not add up to `bytes`, SIZE_MAX out of
  * host memory. */
-static size_t block_param_sizes(ml_rsim *r, uint64_t bytes, size_t block)
+static size_t block_param_sizes(ml_rsim *r, uint64_t bytes, size_t block, bool grads)
 {
     const ml_chain *ch = r->ch;
-    const uint64_t tied = ch->blocks[block].tied_grad;
+    const ml_cblock *b = &ch->blocks[block];
+    const uint64_t tied = b->tied_grad;
     const uint64_t own = tied && bytes > tied ? bytes - tied : bytes;
-    const uint64_t per = own / ch->blocks[block].params; /* bytes per element */
+    /* new .grad tensors: the one that keeps a view's storage is larger */
+    const uint64_t view = grads && b->grad_view_param && own > b->grad_view ? b->grad_view : 0;
+    const uint64_t per = (own - view) / b->params; /* bytes per element */
     size_t n = 0;
     uint64_t sum = 0;
     if (!sizes_room(r, r->pcount[block] + 1))
         return SIZE_MAX;
     for (size_t i = r->pfirst[block]; i < r->pfirst[block] + r->pcount[block]; i++) {
-        r->sizes[n++] = ch->params[i].numel * per;
-        sum += ch->params[i].numel * per;
+        r->sizes[n] = ch->params[i].numel * per + (i + 1 == b->grad_view_param ? view : 0);
+        sum += r->sizes[n++];
     }
     if (own != bytes) {
         r->sizes[n++] = tied;
@@ -303,8 +306,9 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
             out[n++] = ch->saved[i].bytes;
             sum += ch->saved[i].bytes;
         }
-    } else if (split == ML_T_BLOCK_PARAMS && block < r->nblocks && ch->blocks[block].params) {
-        return block_param_sizes(r, bytes, block);
+    } else if ((split == ML_T_BLOCK_PARAMS || split == ML_T_BLOCK_GRADS) && block < r->nblocks &&
+               ch->blocks[block].params) {
+        return block_param_sizes(r, bytes, block, split == ML_T_BLOCK_GRADS);
     } else if ((split == ML_T_UNITS_FWD || split == ML_T_UNITS || split == ML_T_UNITS_BWD) &&
                block < ch->n) {
         return unit_sizes(r, bytes, split, &ch->blocks[block]);

@@ -16,6 +16,9 @@ typedef enum {
     ML_T_SAVED_NONCORE,  /* ... without the attention core (selective) */
     ML_T_SAVED_CORE,     /* ... the attention core only */
     ML_T_BLOCK_PARAMS,   /* one tensor per parameter tensor of the block */
+    ML_T_BLOCK_GRADS,    /* the block's new .grad tensors: the same, with the
+                            one that keeps a view's storage that much larger
+                            (ml_cblock.grad_view) */
     ML_T_ALL_PARAMS,     /* one tensor per parameter tensor of the model, the
                             bytes shared out by their sizes */
     ML_T_TRAINED_PARAMS, /* ... of those that train (not a frozen tower's):

@@ -40,7 +40,7 @@ AMP_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-fl
               "xc-deepseek", "xc-deepseek2", "xc-vit", "xc-t5", "xc-t5-gated",
               "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full",
               "xc-llama-b1", "xc-falcon-b1", "xc-neox-b1", "xc-bert-b1", "xc-gemma-b1",
-              "xc-gpt2-gelunew", "xc-gpt2-b1", "xc-olmo-b1"}
+              "xc-gpt2-gelunew", "xc-gpt2-b1", "xc-olmo-b1", "xc-vit-b1"}
 # Checked byte for byte (the others within TOL): a Gemma block's 1 + weight
 # vectors are 0.15 % of it, under the 1 % tolerance; Phi-3's fused
 # projections, BERT's MLM head, Gemma 2's post norms and soft-caps, Falcon's
@@ -50,7 +50,7 @@ AMP_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-fl
 EXACT_MODELS = {"xc-gpt2-rope", "xc-gpt2-rope-flash", "xc-phi3-flash", "xc-neox-flash", "xc-llama-flash", "xc-gemma", "xc-gemma2", "xc-phi3", "xc-bert-mlm", "xc-falcon", "xc-falcon-mha", "xc-mixtral", "xc-llama-cls", "xc-qwen2moe", "xc-neox", "xc-vit", "xc-t5", "xc-t5-gated",
                 "xc-deepseek", "xc-deepseek2", "xc-llava", "xc-llava-frozen", "xc-llava-none", "xc-llava-full",
                 "xc-llama-b1", "xc-falcon-b1", "xc-neox-b1", "xc-bert-b1", "xc-gemma-b1",
-                "xc-gpt2-gelunew"}
+                "xc-gpt2-gelunew", "xc-vit-b1"}
 torch.manual_seed(0)
 
 

@@ -137,7 +137,7 @@ GPU_TMP_OPS = {"aten::_softmax_backward_data": "softmax-tmp"}
 # to the common one first (mixed-cast)
 MIXED_OPS = ("aten::add", "aten::mul", "aten::sub", "aten::div", "aten::add_", "aten::mul_")
 # the models run under amp-bf16 too
-AMP_MODELS = ("xc-gpt2", "xc-llama", "xc-vit", "xc-llama-b1")
+AMP_MODELS = ("xc-gpt2", "xc-llama", "xc-vit", "xc-llama-b1", "xc-vit-b1")
 PHASE_OF = {"step": "optimizer", "zero_grad": "optimizer", "end": "optimizer"}
 
 

@@ -300,6 +300,49 @@ static void test_verdict_huge_device(void **state)
     ml_model_destroy(m);
 }
 
+/* ViT's class token at a batch of one: its gradient reaches AccumulateGrad
+ * as cat's narrow slice of the embeddings' (1, T, D) gradient (expand has
+ * nothing to sum for one image), which becomes its .grad and keeps the
+ * whole storage. A 4 x 4 image in 2 x 2 patches: 4 patches, T = 5 with the
+ * class token, D = 4, so .grad keeps 4 x 4 = 16 elements more than the
+ * token's own 4: 64 B in fp32, 32 B in bf16 (bf16-master's gradients).
+ * Two images sum the slice into a tensor of the token's size; ZeRO-2's
+ * gradients are partitions (the .grad is dropped once reduced). The step
+ * holds the gradients: AdamW foreach's peak is the step's and carries the
+ * 64 B. */
+static void test_class_token_grad_view(void **state)
+{
+    (void)state;
+    ml_model *m = load_str("model:\n  type: encoder\n  layers: 1\n  hidden: 4\n  heads: 1\n"
+                           "  ffn: 8\n  activation: gelu\n  norm: layernorm\n"
+                           "  norm_position: pre\n  image_size: 4\n  patch_size: 2\n"
+                           "  channels: 1\n  classes: 3\n  attention: eager\n  dropout: 0\n");
+    ml_ledger *l;
+    ml_config c = config_at(m, ML_PREC_FP32, 2, 5);
+    c.training.optimizer = ML_OPT_ADAMW;
+    const ml_summary *s = run(m, &c, &l);
+    const uint64_t grads2 = s->bytes_grads;
+    assert_int_equal(grads2, s->bytes_params); /* fp32: one gradient element each */
+    ml_ledger_destroy(l);
+    c.training.micro_batch = 1;
+    s = run(m, &c, &l);
+    assert_int_equal(s->bytes_grads, grads2 + 64);
+    assert_int_equal(s->peak_phase, ML_PHASE_OPTIMIZER);
+    assert_int_equal(s->peak_breakdown[ML_CAT_GRADS], grads2 + 64);
+    ml_ledger_destroy(l);
+    c.training.precision = ML_PREC_BF16_MASTER;
+    s = run(m, &c, &l);
+    assert_int_equal(s->bytes_grads, grads2 / 2 + 32);
+    ml_ledger_destroy(l);
+    c.training.precision = ML_PREC_FP32;
+    c.training.zero = 2;
+    c.training.data_parallel = 2;
+    s = run(m, &c, &l);
+    assert_int_equal(s->bytes_grads, grads2 / 2); /* the partition (an even count) */
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -310,6 +353,7 @@ int main(void)
         cmocka_unit_test(test_for_loop_adam_order),
         cmocka_unit_test(test_verdict),
         cmocka_unit_test(test_verdict_huge_device),
+        cmocka_unit_test(test_class_token_grad_view),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
