@@ -94,6 +94,11 @@ typedef struct {
                          new sum (grad_in) becomes the buffer's */
     bool frees_carry; /* the last node holding that old sum (the block's
                          incoming gradient): its grad_out frees it */
+    bool into_incoming; /* the block's first accumulation (in backward
+                           order) into the buffer its residual sums pass the
+                           incoming gradient on to: out of place where
+                           something outside the graph holds that gradient
+                           (ml_chain.grad_held) */
     uint8_t scratch_early; /* of scratch_parts, how many (the first made)
                               are freed before the node's gradients
                               (mlg_op.scratch_early; replay_nodes.c, early_bytes) */
@@ -339,6 +344,12 @@ typedef struct {
                                    BatchNorm on its running statistics */
     bool selective;             /* checkpoint: selective (the attention core is
                                    dropped in forward) */
+    bool grad_held;             /* a pipeline stage before the last: the schedule
+                                   holds the gradient it receives until it
+                                   receives the next (Megatron's schedules.py,
+                                   output_tensor_grad), so the first residual
+                                   sum into it is a new tensor (ml_bnode.
+                                   into_incoming) */
     bool mask_in_forward;       /* the model's forward holds ckpt_side (its attention
                                    mask, position ids) through its layers: eager
                                    attention (sdpa and flash get no 4-D mask) */

@@ -57,7 +57,7 @@ _Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 352 && sizeof(ml_
 #define NODE_SHAPE(X)                                                                          \
     X(first_saved) X(gin_id[0]) X(gin_id[1]) X(gin_id[2]) X(gin_id[3]) X(gout_id[0]) X(gout_id[1]) X(gout_id[2]) X(ngin)   \
     X(ngout) X(gin_acc) X(accum) X(pg_first) X(scratch_parts) X(scratch_first) X(scratch_early) X(frees_table) X(unpacks) \
-    X(accum_copy) X(frees_carry)
+    X(accum_copy) X(frees_carry) X(into_incoming)
 #define NODE_BYTES(X)                                                                          \
     X(grad_in) X(param_grad) X(scratch) X(grad_out) X(gin_b[0]) X(gin_b[1]) X(gin_b[2])          \
     X(gin_b[3]) X(gout_b[0]) X(gout_b[1]) X(gout_b[2]) X(pg_bias)
@@ -70,7 +70,7 @@ _Static_assert(sizeof(ml_chain) == 488 && sizeof(ml_cblock) == 352 && sizeof(ml_
 #define SIDE_BYTES(X) X(bytes) X(grad)
 #define CHAIN_SHAPE(X)                                                                         \
     X(n) X(nsaved) X(nparams) X(nnodes) X(nsides) X(nwork) X(nfsteps) X(overflow) X(nomem) X(record_nodes)        \
-    X(eval_mode) X(selective) X(mask_in_forward) X(T) X(c_width) X(n_ckpt)   \
+    X(eval_mode) X(selective) X(grad_held) X(mask_in_forward) X(T) X(c_width) X(n_ckpt)   \
     X(calibrated) X(calib_c) X(calib_exact) X(vis_mode) X(side_ids) X(mask_ckpt0) X(max_param_numel)     \
     X(psum.all) X(psum.trained) X(psum.with_grad) X(psum.overflow) X(psum.known) X(cp)   \
     X(ep) X(moe_k) X(moe_experts) X(ep_layer_params) X(etp) X(ep_tp) X(ep_dispatch) X(tables_at) X(tp_parts)

@@ -169,6 +169,33 @@ void ml__ck_accum_plan(const ml_graph *g, const uint64_t *tb, bool *oop, uint64_
     }
 }
 
+/* Whether a node of g makes t's gradient (not added into a buffer only). */
+static bool grad_made(const ml_graph *g, uint16_t t)
+{
+    for (uint16_t k = 0; k < g->nop; k++)
+        for (unsigned j = 0; j < g->op[k].ngin; j++)
+            if (g->op[k].node && g->op[k].gin[j] == t && g->op[k].accum != t)
+                return true;
+    return false;
+}
+
+uint16_t ml__ck_accum_incoming(const ml_graph *g)
+{
+    for (uint16_t a = g->nop; a-- > 0;) {
+        const mlg_op *A = &g->op[a];
+        if (!A->node || A->accum == MLG_NONE || ml__graph_repeated_op(g, a))
+            continue;
+        /* follow the sums that pass the target's gradient on */
+        uint16_t t = A->accum;
+        unsigned depth = 0, at;
+        for (const mlg_op *pass; depth < 8 && (pass = pass_of(g, t, &at)) != NULL; depth++)
+            t = pass_out(pass, at);
+        if (depth > 0 && depth < 8 && !grad_made(g, t))
+            return a;
+    }
+    return MLG_NONE;
+}
+
 void ml__ck_accum_node(ml_chain *ch, ml_cblock *b, const ml_graph *g, const mlg_op *o,
                        const uint64_t *tb, bool oop)
 {

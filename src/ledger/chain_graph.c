@@ -312,6 +312,8 @@ typedef struct {
      * the bytes of the old sum its node frees, the last to hold it */
     bool oop[MLG_MAX_OPS];
     uint64_t carry[MLG_MAX_OPS];
+    uint16_t incoming; /* the first accumulation into the incoming gradient's
+                          buffer (ml__ck_accum_incoming) */
 } ml_entries;
 
 /* The entries of the tensors [from, to) at bytes tb (saved[s]: storage s
@@ -407,6 +409,17 @@ typedef struct {
     bool last;
 } ml_instance;
 
+/* Op k's accumulation node (ml__ck_accum_node), marked when it is the
+ * first into the incoming gradient's buffer. */
+static void accum_node(ml_chain *ch, ml_cblock *b, const ml_graph *g, uint16_t k,
+                       const uint64_t *tb, const ml_entries *x)
+{
+    ml__ck_accum_node(ch, b, g, &g->op[k], tb, x->oop[k]);
+    ml_bnode *n = ml__ck_last_node(ch, b);
+    if (n && k == x->incoming)
+        n->into_incoming = true;
+}
+
 static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, const ml_entries *x,
                  const ml_instance *in)
 {
@@ -438,19 +451,19 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     const uint16_t w = ch->prec.autocast ? ml__ck_autocast_weight(g, o) : MLG_NONE;
     const uint16_t c = w != MLG_NONE ? ml__ck_autocast_input(g, o) : MLG_NONE;
     if (acc && w == MLG_NONE) {
-        ml__ck_accum_node(ch, b, g, o, tb, x->oop[k]);
+        accum_node(ch, b, g, k, tb, x);
         acc = false;
     }
     if (w != MLG_NONE) {
         ml__ck_autocast_param_copies(ch, b, G, o, w, tb, &gin, &pg);
         if (acc && c != MLG_NONE) { /* (runs right after the input copy's node) */
-            ml__ck_accum_node(ch, b, g, o, tb, x->oop[k]);
+            accum_node(ch, b, g, k, tb, x);
             acc = false;
         }
         ml__ck_autocast_input_copy(ch, b, G, o, c, tb, &gin, accum);
     }
     if (acc)
-        ml__ck_accum_node(ch, b, g, o, tb, x->oop[k]);
+        accum_node(ch, b, g, k, tb, x);
     const bool frees_carry = x->carry[k] && !gout;
     ml__ck_node(ch, b, o->node, gin, pg, frees_carry ? x->carry[k] : gout, rel[0], rel[1]);
     ml_bnode *made = ml__ck_last_node(ch, b);
@@ -545,6 +558,7 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
     ml_entries x;
     inventory(ch, b, G, &x);
     ml__ck_accum_plan(g, G->tb, x.oop, x.carry);
+    x.incoming = ml__ck_accum_incoming(g);
     parameters(ch, b, G);
     const ml_instance whole = {G->tb, 0, false};
     for (uint16_t k = 0; k < g->nop; k++) {

@@ -383,6 +383,7 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
     out->batch_targets = last ? full->batch_targets : 0;
     if (r > 0) /* the schedule keeps the received input until its backward */
         out->blocks[at].in_saved = true;
+    out->grad_held = !last; /* and the gradient it receives (replay.c, held_grad) */
     if (m->embed.tied && !m->head.classes)
         tie_across(out, m, t, r, last);
     out->n_ckpt = (size_t)layer;

@@ -568,7 +568,8 @@ static void backward_step(ml_replay *r, size_t k)
     if (by_nodes(r, k))
         backward_nodes(r, k, ran);
     else
-        backward_block(r, k);
+        backward_block(r, k); /* (a held gradient: within the block rule's estimate) */
+    r->hold_in = false; /* the received gradient is the stage's last layer's */
 }
 
 void ml__replay_micro_batch(ml_replay *r)
@@ -584,6 +585,7 @@ void ml__replay_micro_batch(ml_replay *r)
     r->tied_partial = 0;
     r->tied_name = 0;
     r->table_freed = 0;
+    r->hold_in = r->ch->grad_held;
     ml_run u = {.streak = 0};
     for (size_t k = n; k-- > 0 && !r->overflow;) { /* an overflow ends the plan */
         k = ml__run_skip(&u, r, k, -1);
@@ -596,6 +598,12 @@ void ml__replay_micro_batch(ml_replay *r)
     free_named(r, r->grad_carry, r->carry_name);
     r->grad_carry = 0;
     r->carry_name = 0;
+    /* the received gradient the schedule held (ml_chain.grad_held): dropped
+     * when the next one is received, or the schedule returns */
+    free_named(r, r->held_bytes, r->held_name);
+    r->held_bytes = 0;
+    r->held_name = 0;
+    r->hold_in = r->held_kept = false;
     ml__replay_free(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
     ml__output_after_backward(r);
 }

@@ -162,6 +162,14 @@ typedef struct {
     uint64_t gbytes[ML_GID_NONE + 1], gpbytes[ML_GID_NONE + 1];
     size_t gcarry, gcarry_old; /* (the old sum an out-of-place accumulation left) */
     uint64_t gcarry_bytes;
+    /* a pipeline stage's received gradient, which the schedule holds
+     * (ml_chain.grad_held): hold_in until the micro-batch's first sum into
+     * it is made (a new tensor: ml_bnode.into_incoming); then held_bytes
+     * (held_name, with rsim), freed at the micro-batch's end; held_kept: an
+     * out-of-place accumulation's node that would free it leaves it */
+    bool hold_in, held_kept;
+    uint64_t held_bytes;
+    size_t held_name;
     /* with rsim, where its reserved bytes peaked (ml__replay_reserved_point);
      * last, so that the fields every event reads stay together */
     struct {

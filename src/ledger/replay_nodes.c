@@ -139,6 +139,28 @@ static void take_outs(ml_replay *r, const ml_bnode *x, size_t *taken)
     }
 }
 
+/* Node x's sum into the received gradient the schedule still holds
+ * (ml_chain.grad_held; x->into_incoming, the first): a new tensor
+ * (input_buffer.cpp adds in place only into a tensor nothing else
+ * references, can_accumulate_inplace), which the buffer holds from now on;
+ * the received one stays to the micro-batch's end (replay.c). An
+ * out-of-place accumulation makes the new sum itself (grad_in), and its
+ * node that would free the old one leaves it (held_kept). */
+static void held_sum(ml_replay *r, const ml_bnode *x)
+{
+    if (!x->into_incoming || !r->hold_in || !x->ngout)
+        return;
+    r->hold_in = false;
+    r->held_bytes = x->gout_b[0];
+    r->held_name = r->gcarry;
+    if (x->accum_copy) {
+        r->held_kept = true;
+        return;
+    }
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, r->held_bytes);
+    r->gcarry = r->rsim ? ml__rsim_latest(r->rsim, ML_CAT_WORKSPACE) : 0;
+}
+
 void ml__replay_node_grads_in(ml_replay *r, const ml_bnode *x, size_t *taken)
 {
     uint64_t sum = 0, out = 0;
@@ -148,6 +170,7 @@ void ml__replay_node_grads_in(ml_replay *r, const ml_bnode *x, size_t *taken)
         out += x->gout_b[j];
     if (x->ngout && out == x->grad_out)
         take_outs(r, x, taken);
+    held_sum(r, x);
     if (x->accum_copy) {
         /* the new sum becomes the buffer's; the old one is the incoming
          * gradient's, freed by the last node that holds it (frees_carry) */
@@ -180,7 +203,9 @@ void ml__replay_node_grads_in(ml_replay *r, const ml_bnode *x, size_t *taken)
 void ml__replay_node_grads_out(ml_replay *r, const ml_bnode *x, const size_t *taken)
 {
     if (x->frees_carry) {
-        ml__replay_free_named(r, ML_CAT_WORKSPACE, x->grad_out, r->gcarry_old);
+        if (!r->held_kept) /* (else the received gradient, held: replay.c) */
+            ml__replay_free_named(r, ML_CAT_WORKSPACE, x->grad_out, r->gcarry_old);
+        r->held_kept = false;
         r->gcarry_old = 0;
         return;
     }
@@ -354,10 +379,12 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, size_t from, size_t to, bool c
             scratch_free(r, x, sc_names, true);
         if (x->pg_first)
             param_grad(r, x, create, tied, pg_names);
-        if (r->rsim)
+        if (r->rsim) {
             ml__replay_node_grads_in(r, x, taken);
-        else
+        } else {
+            held_sum(r, x);
             ml__replay_alloc(r, ML_CAT_WORKSPACE, x->grad_in);
+        }
         if (!x->scratch_first)
             scratch_alloc(r, x, sc_names);
         if (!x->pg_first)
@@ -367,6 +394,8 @@ void ml__nodes_one_by_one(ml_replay *r, size_t k, size_t from, size_t to, bool c
             param_grad_free(r, x, pg_names);
         if (r->rsim)
             ml__replay_node_grads_out(r, x, taken);
+        else if (x->frees_carry && r->held_kept)
+            r->held_kept = false; /* the received gradient, held (held_sum) */
         else
             ml__replay_free(r, ML_CAT_WORKSPACE, x->grad_out);
         for (uint32_t s = x->first_saved; s != ML_NODE_NONE; s = sv[s].next_same) {
@@ -515,7 +544,7 @@ size_t ml__nodes_recompute(ml_replay *r, size_t s0, size_t k)
  * list), its checks holding from r's levels. */
 bool ml__nodes_at_once(ml_replay *r, size_t k, bool create, ml_category scat)
 {
-    if (r->keep || r->rsim || r->whole)
+    if (r->keep || r->rsim || r->whole || r->hold_in)
         return false;
     const ml_chain *ch = r->ch;
     const ml_cblock *b = &ch->blocks[k];
