@@ -49,6 +49,19 @@ static ml_status point_at(lengths_ctx *p, uint64_t b, uint64_t t, ml_length_poin
     return ML_OK;
 }
 
+/* Whether batch a is worse than batch b: with a device, the tighter (one
+ * that does not fit before any that does, then the less headroom, then the
+ * higher peak: the verdict's and triage's batch); without one, the higher
+ * binding allocator peak. */
+static bool worse(const ml_length_point *a, const ml_length_point *b, bool device)
+{
+    if (device && a->fits != b->fits)
+        return !a->fits;
+    if (device && a->headroom != b->headroom)
+        return a->headroom < b->headroom;
+    return a->peak > b->peak;
+}
+
 /* Samples of a token budget's batch whose longest sample has t tokens. */
 static uint64_t budget_batch(uint64_t tokens, uint64_t t)
 {
@@ -194,7 +207,7 @@ static ml_status token_budget(lengths_ctx *p, const ml_lengths *d, uint64_t toke
         ml_length_point top;
         if ((st = point_at(p, b, last, &top)))
             return st;
-        if (!have || top.peak > out->max.peak)
+        if (!have || worse(&top, &out->max, p->cfg.device.present))
             out->max = top;
         have = true;
         if (p->cfg.device.present && !top.fits) {
@@ -245,7 +258,7 @@ static ml_status bucketed(lengths_ctx *p, const ml_lengths *d, unsigned k, ml_le
     double over = 0;
     for (size_t i = 0; i < out->nbuckets; i++) {
         const ml_length_bucket *bk = &out->buckets[i];
-        if (!i || bk->point.peak > out->max.peak)
+        if (!i || worse(&bk->point, &out->max, p->cfg.device.present))
             out->max = bk->point;
         if (q50 >= bk->lo && q50 <= bk->hi)
             out->p50 = bk->point;

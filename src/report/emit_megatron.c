@@ -45,6 +45,12 @@ void ml__emit_megatron_check(ml_emit_verdict *v, const ml_model *m, const ml_con
                            "fp32, bf16-master or fp16-master");
     else if (m->mlp.activation != ML_ACT_GELU && m->mlp.activation != ML_ACT_SWIGLU)
         ml__emit_refuse(v, "Megatron's MLP is GeLU or SwiGLU (--swiglu)");
+    else if (m->mlp.gelu_new)
+        ml__emit_refuse(v, "gelu_new is Hugging Face's composite of elementwise ops, planned "
+                           "with what each of them saves; Megatron's tanh GeLU (--openai-gelu) "
+                           "is one fused function (gelu_impl, @jit_fuser) that saves other "
+                           "tensors, and its default is F.gelu: plan activation: gelu to emit "
+                           "Megatron's default");
     else if (m->norms.kind != ML_NORM_LAYERNORM && m->norms.kind != ML_NORM_RMSNORM)
         ml__emit_refuse(v, "Megatron normalizes with LayerNorm or RMSNorm");
     else if (m->residual.parallel || m->residual.post_norms || !m->residual.prenorm)

@@ -541,11 +541,15 @@ static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s,
         fprintf(f, ", fragmentation allowance %g x the peak", cfg->device.fragmentation);
     fputc('\n', f);
     if (v) {
-        fprintf(f, "  the configured shape (%llu x %llu tokens) alone: %s %s\n",
+        fprintf(f, "  the configured shape (%llu x %llu tokens) alone: ",
                 (unsigned long long)cfg->training.micro_batch,
-                (unsigned long long)cfg->training.seq_len,
-                s->fits ? "fits, headroom" : "does not fit, over by",
-                B(s->fits ? (uint64_t)s->headroom : (uint64_t)(-s->headroom), a));
+                (unsigned long long)cfg->training.seq_len);
+        if (s->fits)
+            fprintf(f, "fits, headroom %s\n", B((uint64_t)s->headroom, a));
+        else if (s->headroom == -1 && s->reserved_oom)
+            fputs("does not fit: the simulated caching allocator runs out of the device\n", f);
+        else
+            fprintf(f, "does not fit, over by %s\n", B((uint64_t)(-s->headroom), a));
         fprintf(f, "  verdict (every batch of the lengths below): ");
     } else
         fputs("  verdict: ", f);
@@ -556,6 +560,8 @@ static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s,
     else if (h == -1 && (v ? cfg->device.allocator != ML_ALLOCATOR_NONE : s->reserved_oom))
         fputs("DOES NOT FIT: the simulated caching allocator runs out of the device (its "
               "cache fragmented)", f);
+    else if (h >= 0) /* (a batch off the rows went over: never "over by" a headroom) */
+        fputs("DOES NOT FIT", f);
     else
         fprintf(f, "DOES NOT FIT, over by %s", B((uint64_t)(-h), a));
     if (v)
