@@ -433,6 +433,11 @@ ML_API uint64_t ml_model_image_tokens(const ml_model *m);
  * decoder's sequence classifier without pad_token_id (transformers refuses
  * more); 0: no limit. */
 ML_API uint64_t ml_model_max_micro_batch(const ml_model *m);
+/* The sequence length the model fixes itself, which training.seq_len does
+ * not change: 1 for a sequential model (its input shape is model.input),
+ * a vision encoder's patches and class token; 0 where training.seq_len
+ * sets it (the model file and the command line refuse another value). */
+ML_API uint64_t ml_model_fixed_seq_len(const ml_model *m);
 
 /* The training and device settings written in the file (defaults filled in). */
 ML_API ml_config ml_model_config(const ml_model *m);

@@ -226,6 +226,7 @@ int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config 
                          : o->max_micro_batch ? "--max-micro-batch"
                          : o->emit            ? "--emit"
                          : o->auto_checkpoint ? "--checkpoint auto"
+                         : o->seq_len         ? "--seq-len"
                                               : NULL;
     if (unused) {
         ml_cli_errorf("fit --lengths: %s is not used with a length distribution (the token "

@@ -67,6 +67,16 @@ uint64_t ml_model_experts(const ml_model *m)
     return m->moe.experts;
 }
 
+uint64_t ml_model_fixed_seq_len(const ml_model *m)
+{
+    if (m->type == ML_MODEL_SEQUENTIAL)
+        return 1;
+    if (!m->embed.image_size || !m->embed.patch_size || m->vision.layers)
+        return 0;
+    const uint64_t g = m->embed.image_size / m->embed.patch_size;
+    return g * g + 1;
+}
+
 uint64_t ml_model_max_micro_batch(const ml_model *m)
 {
     return m->type == ML_MODEL_DECODER && m->head.classes && m->head.cls_no_pad ? 1 : 0;

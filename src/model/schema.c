@@ -118,6 +118,32 @@ static ml_status training_checkpoint(ml_error *err, const ml_node *ck, ml_traini
     return ML_OK;
 }
 
+/* training.seq_len or eval_seq_len where the model fixes its sequence
+ * (ml_model_fixed_seq_len): another value is refused, not ignored. */
+static ml_status fixed_seq(ml_error *err, const ml_node *t, const ml_model *m)
+{
+    const uint64_t T = ml_model_fixed_seq_len(m);
+    const ml_training *tr = &m->config.training;
+    static const char *const keys[] = {"seq_len", "eval_seq_len"};
+    for (size_t i = 0; T && i < ML_COUNT(keys); i++) {
+        const uint64_t v = i ? tr->eval_seq_len : tr->seq_len;
+        const ml_node *k = ml__tree_get(t, keys[i]);
+        if (!k || v == T)
+            continue;
+        if (T == 1)
+            return ml__error_at(err, k, ML_SCHEMA,
+                                "training.%s: %llu for a sequential model, whose input shape "
+                                "is model.input (no sequence length changes it): remove it",
+                                keys[i], (unsigned long long)v);
+        return ml__error_at(err, k, ML_SCHEMA,
+                            "training.%s: %llu for a vision encoder, whose sequence is its "
+                            "image's patches and the class token (%llu tokens, set by "
+                            "model.image_size and model.patch_size): remove it",
+                            keys[i], (unsigned long long)v, (unsigned long long)T);
+    }
+    return ML_OK;
+}
+
 static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
 {
     static const char *const keys[] = {"micro_batch",    "seq_len",       "grad_accum",
@@ -161,6 +187,8 @@ static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)
         return ml__error_at(err, ml__tree_get(t, "logits_chunk"), ML_SCHEMA,
                             "training.logits_chunk: only with logits: fused (the chunked "
                             "linear-cross-entropy); remove it or set logits: fused");
+    if ((st = fixed_seq(err, t, m)))
+        return st;
     const ml_node *ck = ml__tree_get(t, "checkpoint");
     return ck ? training_checkpoint(err, ck, tr) : ML_OK;
 }

@@ -169,6 +169,26 @@ static void test_budget_example(void **state)
     ml_model_destroy(m);
 }
 
+/* The sequence a model fixes itself: a sequential model's 1 (its input is
+ * model.input); ViT-B/16 at 224 pixels (224 / 16)^2 = 196 patches and the
+ * class token, 197; none for a decoder or a multimodal model, whose
+ * training.seq_len is theirs to set. A file or flag giving another value is
+ * refused (tests/cli/cases/seq-len-*). */
+static void test_fixed_seq_len(void **state)
+{
+    (void)state;
+    const struct {
+        const char *preset;
+        uint64_t T;
+    } rows[] = {{"mlp2", 1}, {"cifar10-resnet", 1}, {"vit-b16", 197}, {"gpt2-small", 0},
+                {"llava-1.5-7b", 0}};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        ml_model *m = load_preset(rows[i].preset);
+        assert_int_equal(ml_model_fixed_seq_len(m), rows[i].T);
+        ml_model_destroy(m);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -177,6 +197,7 @@ int main(void)
         cmocka_unit_test(test_resnet50_imagenet),
         cmocka_unit_test(test_small_presets),
         cmocka_unit_test(test_budget_example),
+        cmocka_unit_test(test_fixed_seq_len),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
