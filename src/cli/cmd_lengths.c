@@ -186,9 +186,44 @@ int ml_cli_plan_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config
     return rc;
 }
 
-/* fit --max-tokens auto where no token budget fits (even one sample of
- * the longest length): the verdict on stdout as fit's, with the reason
- * (JSON: max_tokens null, fits false, note). */
+/* Why no token budget fits, into note: the smallest budget is the longest
+ * sample's length; either that sample alone does not fit (fit's own reason
+ * at that length) or a batch of shorter ones under it does not. */
+static void none_note(const ml_model *m, const ml_config *cfg, const ml_lengths *d, char *note,
+                      size_t size)
+{
+    const uint64_t T = ml_lengths_max(d);
+    ml_config c = *cfg;
+    c.training.seq_len = T;
+    c.training.micro_batch = 1;
+    ml_fit_request fq = ml_fit_request_defaults();
+    fq.max_micro_batch = 1;
+    ml_fit_result fr;
+    ml_error e;
+    if (ml_fit(m, &c, &fq, &fr, &e) == ML_OK && !fr.fits) {
+        snprintf(note, size, "even one sample of the longest length (%llu tokens) does not "
+                             "fit: %s", (unsigned long long)T, fr.note);
+        return;
+    }
+    ml_lengths_request rq = ml_lengths_request_defaults();
+    rq.max_tokens = T;
+    ml_lengths_result r;
+    if (ml_lengths_plan(m, cfg, d, &rq, &r, &e) == ML_OK && !r.max.fits) {
+        snprintf(note, size, "no token budget fits: the smallest, the longest sample's %llu "
+                             "tokens, already makes a batch of %llu samples of %llu tokens that "
+                             "does not fit (memledger triage --lengths ... --max-tokens %llu "
+                             "ranks the changes)",
+                 (unsigned long long)T, (unsigned long long)r.max.micro_batch,
+                 (unsigned long long)r.max.seq_len, (unsigned long long)T);
+        return;
+    }
+    snprintf(note, size, "no token budget fits, down to the longest sample's %llu tokens",
+             (unsigned long long)T);
+}
+
+/* fit --max-tokens auto where no token budget fits: the verdict on stdout
+ * as fit's, with the reason (JSON: max_tokens null, fits false, note), and
+ * on stderr. */
 static int write_none(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
                       const ml_lengths *d, const ml_lengths_request *req)
 {
@@ -199,11 +234,9 @@ static int write_none(const ml_cli_opts *o, const ml_model *m, const ml_config *
     if (rc)
         return rc;
     FILE *f = out.f;
-    char note[160];
-    snprintf(note, sizeof note,
-             "even one sample of the longest length (%llu tokens) does not fit: a larger "
-             "device, or a lighter configuration (memledger triage ranks the changes)",
-             (unsigned long long)ml_lengths_max(d));
+    char note[1024];
+    none_note(m, cfg, d, note, sizeof note);
+    ml_cli_decorate(o, note, sizeof note); /* (the flags' words) */
     if (o->format == ML_FMT_JSON) {
         fit_json_head(f, m, cfg);
         fprintf(f, "{\"batching\": \"%s\", \"max_tokens\": null, \"samples\": %llu, "
@@ -216,7 +249,13 @@ static int write_none(const ml_cli_opts *o, const ml_model *m, const ml_config *
         fit_text_head(f, m, cfg);
         fprintf(f, "DOES NOT FIT: %s\n", note);
     }
-    return ml_out_close(&out, !ferror(f));
+    rc = ml_out_close(&out, !ferror(f));
+    if (!rc) {
+        fputs("memledger: fit --max-tokens auto: ", stderr);
+        ml_cli_put_safe(stderr, note, strlen(note), false);
+        fputc('\n', stderr);
+    }
+    return rc;
 }
 
 int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg)
@@ -260,12 +299,8 @@ int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config 
     }
     if (auto_tokens && !req.max_tokens) {
         rc = write_none(o, m, cfg, d, &req);
-        if (!rc) {
-            fprintf(stderr, "memledger: fit --max-tokens auto: even one sample of the longest "
-                            "length (%llu tokens) does not fit\n",
-                    (unsigned long long)ml_lengths_max(d));
+        if (!rc)
             rc = ML_EXIT_NO_FIT;
-        }
         goto out;
     }
     ml_lengths_result r;
