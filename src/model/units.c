@@ -47,14 +47,17 @@ ml_status ml_parse_size(const char *text, uint64_t *out, ml_error *err)
         p++;
         ndig++;
     }
-    uint64_t frac = 0, fscale = 1;
+    /* the fraction's digits (the first 64: the rest moves no byte of a
+     * unit up to 1 TiB) */
+    unsigned char fd[64];
+    size_t nf = 0;
+    bool frac = false;
     if (*p == '.') {
         p++;
         while (isdigit((unsigned char)*p)) {
-            if (fscale < 1000000ull) { /* 6 decimals: frac * mult stays < 2^60 */
-                frac = frac * 10 + (uint64_t)(*p - '0');
-                fscale *= 10;
-            }
+            if (nf < sizeof fd)
+                fd[nf++] = (unsigned char)(*p - '0');
+            frac |= *p != '0';
             p++;
             ndig++;
         }
@@ -84,9 +87,14 @@ ml_status ml_parse_size(const char *text, uint64_t *out, ml_error *err)
     if (frac) {
         if (mult == 1)
             return usage(err, ML_USAGE, "size '%s' has a fraction of a byte", text);
-        /* frac/fscale * mult, rounded down to whole bytes; frac < 10^6 and
-         * mult <= 10^12 keep the product below 2^60 */
-        if (__builtin_add_overflow(v, frac * mult / fscale, &v))
+        /* 0.d1 d2 ... dn x mult, rounded down to whole bytes, exactly: from
+         * the last digit, b = (d_i mult + b) / 10, since adding a fraction
+         * below one to a whole number moves no quotient by ten; each term
+         * stays below 10 mult */
+        uint64_t b = 0;
+        for (size_t i = nf; i-- > 0;)
+            b = (fd[i] * mult + b) / 10;
+        if (__builtin_add_overflow(v, b, &v))
             return usage(err, ML_RANGE, "size '%s' does not fit in 64 bits", text);
     }
     if (v == 0)

@@ -39,6 +39,14 @@ static void test_binary_and_decimal_sizes(void **state)
     assert_int_equal(size_ok("1024"), 1024ull);
     assert_int_equal(size_ok("1024B"), 1024ull);
     assert_int_equal(size_ok("0.075GiB"), 80530636ull); /* floor(0.075 * 2^30) */
+    /* every digit of the fraction counts: 0.01953125 GiB = 2^30 x 5 / 256 =
+     * 20 MiB exactly (eight decimals); 7.999999999 GiB = 8 GiB - 10^-9 GiB,
+     * floor(8,589,934,592 - 1.0737...) = 8,589,934,590; a 1 in the 25th
+     * decimal of a GiB is below a byte */
+    assert_int_equal(size_ok("0.01953125GiB"), 20971520ull);
+    assert_int_equal(size_ok("7.999999999GiB"), 8589934590ull);
+    assert_int_equal(size_ok("1.0000000000000000000000001GiB"), 1073741824ull);
+    assert_int_equal(size_ok("0.123456789123TB"), 123456789123ull);
 }
 
 static void test_bad_sizes(void **state)
@@ -53,6 +61,7 @@ static void test_bad_sizes(void **state)
     size_bad("99999999999999999999", ML_RANGE, "64 bits");
     size_bad("17179869184GiB", ML_RANGE, "64 bits"); /* 2^34 * 2^30 = 2^64 */
     size_bad("0.5B", ML_USAGE, "fraction of a byte");
+    size_bad("1.0000001B", ML_USAGE, "fraction of a byte"); /* (the 7th decimal too) */
 }
 
 static void test_checkpoint_policies(void **state)
