@@ -44,7 +44,8 @@ ml_status ml__rsim_create(const ml_alloc_config *cfg, const ml_chain *ch, ml_rsi
                    ? ml__errorf(err, ML_NOMEM, "out of memory")
                    : ml__errorf(err, ML_RANGE,
                                 "device.max_split_size: must be at least 20 MiB (PyTorch's "
-                                "max_split_size_mb)");
+                                "max_split_size_mb) and at most 4 EiB (2^62 B, the "
+                                "simulation's addresses)");
     }
     r->ch = ch;
     r->nblocks = ch->n;

@@ -272,6 +272,10 @@ static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
         return ml__error_at(err, ml__tree_get(d, "max_split_size"), ML_RANGE,
                             "device.max_split_size: must be at least 20MiB (PyTorch's "
                             "max_split_size_mb refuses less)");
+    if (dv->max_split_size > (1ull << 60))
+        return ml__error_at(err, ml__tree_get(d, "max_split_size"), ML_RANGE,
+                            "device.max_split_size: must be at most 1 EiB (2^60 B, as "
+                            "--max-split-size's 2^40 MiB): no device has a larger block");
     if (dv->budget > dv->memory)
         return ml__error_at(err, ml__tree_get(d, "budget"), ML_RANGE,
                             "device.budget: %s is above device.memory",
