@@ -154,21 +154,6 @@ uint16_t ml__ck_accum_shared(const ml_graph *g, uint16_t a)
     return reader;
 }
 
-void ml__ck_accum_plan(const ml_graph *g, const uint64_t *tb, bool *oop, uint64_t *carry)
-{
-    memset(oop, 0, MLG_MAX_OPS * sizeof *oop);
-    memset(carry, 0, MLG_MAX_OPS * sizeof *carry);
-    /* in backward order (the latest op first): once the new sum is made,
-     * the buffer's sum is its alone, and later additions are in place */
-    for (uint16_t a = g->nop; a-- > 0;) {
-        const uint16_t c = g->op[a].node ? ml__ck_accum_shared(g, a) : MLG_NONE;
-        if (c != MLG_NONE && !carry[c]) {
-            oop[a] = true;
-            carry[c] = tb[g->op[a].accum];
-        }
-    }
-}
-
 /* Whether a node of g makes t's gradient (not added into a buffer only). */
 static bool grad_made(const ml_graph *g, uint16_t t)
 {
@@ -179,7 +164,8 @@ static bool grad_made(const ml_graph *g, uint16_t t)
     return false;
 }
 
-uint16_t ml__ck_accum_incoming(const ml_graph *g)
+/* (ml__ck_accum_plan's answer) */
+static uint16_t accum_incoming(const ml_graph *g)
 {
     for (uint16_t a = g->nop; a-- > 0;) {
         const mlg_op *A = &g->op[a];
@@ -196,12 +182,30 @@ uint16_t ml__ck_accum_incoming(const ml_graph *g)
     return MLG_NONE;
 }
 
+uint16_t ml__ck_accum_plan(const ml_graph *g, const uint64_t *tb, bool *oop, uint64_t *carry)
+{
+    memset(oop, 0, MLG_MAX_OPS * sizeof *oop);
+    memset(carry, 0, MLG_MAX_OPS * sizeof *carry);
+    /* in backward order (the latest op first): once the new sum is made,
+     * the buffer's sum is its alone, and later additions are in place */
+    for (uint16_t a = g->nop; a-- > 0;) {
+        const uint16_t c = g->op[a].node ? ml__ck_accum_shared(g, a) : MLG_NONE;
+        if (c != MLG_NONE && !carry[c]) {
+            oop[a] = true;
+            carry[c] = tb[g->op[a].accum];
+        }
+    }
+    return accum_incoming(g);
+}
+
 void ml__ck_accum_node(ml_chain *ch, ml_cblock *b, const ml_graph *g, const mlg_op *o,
-                       const uint64_t *tb, bool oop)
+                       const uint64_t *tb, bool oop, bool incoming)
 {
     ml__ck_accum(ch, b, tb[o->accum]);
     ml_bnode *n = ml__ck_last_node(ch, b);
     ml__ck_accum_parts(n, g, o->accum, tb);
+    if (n)
+        n->into_incoming = incoming;
     if (n && oop) {
         n->what = "InputBuffer accumulation (out of place)";
         n->grad_in = tb[o->accum];

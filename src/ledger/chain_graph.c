@@ -312,8 +312,7 @@ typedef struct {
      * the bytes of the old sum its node frees, the last to hold it */
     bool oop[MLG_MAX_OPS];
     uint64_t carry[MLG_MAX_OPS];
-    uint16_t incoming; /* the first accumulation into the incoming gradient's
-                          buffer (ml__ck_accum_incoming) */
+    uint16_t incoming; /* ml__ck_accum_plan's answer */
 } ml_entries;
 
 /* The entries of the tensors [from, to) at bytes tb (saved[s]: storage s
@@ -409,17 +408,6 @@ typedef struct {
     bool last;
 } ml_instance;
 
-/* Op k's accumulation node (ml__ck_accum_node), marked when it is the
- * first into the incoming gradient's buffer. */
-static void accum_node(ml_chain *ch, ml_cblock *b, const ml_graph *g, uint16_t k,
-                       const uint64_t *tb, const ml_entries *x)
-{
-    ml__ck_accum_node(ch, b, g, &g->op[k], tb, x->oop[k]);
-    ml_bnode *n = ml__ck_last_node(ch, b);
-    if (n && k == x->incoming)
-        n->into_incoming = true;
-}
-
 static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, const ml_entries *x,
                  const ml_instance *in)
 {
@@ -451,19 +439,19 @@ static void node(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint16_t k, c
     const uint16_t w = ch->prec.autocast ? ml__ck_autocast_weight(g, o) : MLG_NONE;
     const uint16_t c = w != MLG_NONE ? ml__ck_autocast_input(g, o) : MLG_NONE;
     if (acc && w == MLG_NONE) {
-        accum_node(ch, b, g, k, tb, x);
+        ml__ck_accum_node(ch, b, g, o, tb, x->oop[k], k == x->incoming);
         acc = false;
     }
     if (w != MLG_NONE) {
         ml__ck_autocast_param_copies(ch, b, G, o, w, tb, &gin, &pg);
         if (acc && c != MLG_NONE) { /* (runs right after the input copy's node) */
-            accum_node(ch, b, g, k, tb, x);
+            ml__ck_accum_node(ch, b, g, o, tb, x->oop[k], k == x->incoming);
             acc = false;
         }
         ml__ck_autocast_input_copy(ch, b, G, o, c, tb, &gin, accum);
     }
     if (acc)
-        accum_node(ch, b, g, k, tb, x);
+        ml__ck_accum_node(ch, b, g, o, tb, x->oop[k], k == x->incoming);
     const bool frees_carry = x->carry[k] && !gout;
     ml__ck_node(ch, b, o->node, gin, pg, frees_carry ? x->carry[k] : gout, rel[0], rel[1]);
     ml_bnode *made = ml__ck_last_node(ch, b);
@@ -514,18 +502,19 @@ static void repeated_nodes(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, con
     }
 }
 
-/* The parameters in the order their modules register them: by group,
- * then as the ops use them; a group of routed experts' parameters
- * (MLG_T_EXPERT, nothing else in it) once per expert, each expert's in
- * turn (nn.ModuleList of the experts), in the order they are declared
- * (an expert module's registration order, which its forward need not
- * follow: Mixtral's w1, w2, w3). */
-/* One parameter tensor: rows (x cols). */
+/* One parameter tensor, rows (x cols); the graph's grad_view names it. */
 static void param(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, const mlg_tensor *p)
 {
+    if (G->g.grad_view != MLG_NONE && p == &G->g.t[G->g.grad_view])
+        b->grad_view_param = (uint32_t)ch->nparams + 1;
     ml__ck_param(ch, b, G->z.dim[p->dim[0]], p->ndim > 1 ? G->z.dim[p->dim[1]] : 0);
 }
 
+/* The parameters in the order their modules register them: by group, then as the ops
+ * use them; a group of routed experts' parameters (MLG_T_EXPERT, nothing else in it)
+ * once per expert, each expert's in turn (nn.ModuleList of the experts), in the order
+ * they are declared (an expert module's registration order, which its forward need not
+ * follow: Mixtral's w1, w2, w3). */
 static void parameters(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
 {
     const ml_graph *g = &G->g;
@@ -542,11 +531,8 @@ static void parameters(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G)
             for (uint16_t k = 0; !experts && k < g->nop; k++)
                 for (unsigned j = 0; j < g->op[k].nparam; j++) {
                     const mlg_tensor *p = &g->t[g->op[k].param[j]];
-                    if (p->group != grp || (p->flags & MLG_T_SHARED))
-                        continue;
-                    if (g->op[k].param[j] == g->grad_view)
-                        b->grad_view_param = (uint32_t)ch->nparams + 1;
-                    param(ch, b, G, p);
+                    if (p->group == grp && !(p->flags & MLG_T_SHARED))
+                        param(ch, b, G, p);
                 }
         }
     }
@@ -557,8 +543,7 @@ void ml__ck_graph_emit(ml_chain *ch, ml_cblock *b, const ml_ck_graph *G, uint64_
     const ml_graph *g = &G->g;
     ml_entries x;
     inventory(ch, b, G, &x);
-    ml__ck_accum_plan(g, G->tb, x.oop, x.carry);
-    x.incoming = ml__ck_accum_incoming(g);
+    x.incoming = ml__ck_accum_plan(g, G->tb, x.oop, x.carry);
     parameters(ch, b, G);
     const ml_instance whole = {G->tb, 0, false};
     for (uint16_t k = 0; k < g->nop; k++) {

@@ -76,16 +76,17 @@ uint16_t ml__ck_accum_shared(const ml_graph *g, uint16_t a);
 /* Over g's ops (MLG_MAX_OPS entries each): oop[a], op a's accumulation
  * adds out of place; carry[c], the bytes of the old sum op c's node frees,
  * the last holder (ml__ck_accum_shared). */
-void ml__ck_accum_plan(const ml_graph *g, const uint64_t *tb, bool *oop, uint64_t *carry);
-/* The op whose accumulation is the first, in backward order, into the
- * buffer that holds the block's incoming gradient: its target's gradient
- * passed on by sums (no node) up to a tensor no node makes the gradient
- * of. MLG_NONE: none. */
-uint16_t ml__ck_accum_incoming(const ml_graph *g);
+/* Returns the op whose accumulation is the first, in backward order, into
+ * the buffer that holds the block's incoming gradient: its target's
+ * gradient passed on by sums (no node) up to a tensor no node makes the
+ * gradient of; MLG_NONE: none. */
+uint16_t ml__ck_accum_plan(const ml_graph *g, const uint64_t *tb, bool *oop, uint64_t *carry);
 /* The accumulation node of op o's input gradient (o->accum), run after o's
- * node: in place, or out of place (oop: a new sum made, accum_copy). */
+ * node: in place, or out of place (oop: a new sum made, accum_copy);
+ * incoming: the first into the incoming gradient's buffer
+ * (ml__ck_accum_incoming; ml_bnode.into_incoming). */
 void ml__ck_accum_node(ml_chain *ch, ml_cblock *b, const ml_graph *g, const mlg_op *o,
-                       const uint64_t *tb, bool oop);
+                       const uint64_t *tb, bool oop, bool incoming);
 /* ml_cblock.hand_gid of a block from graph g: 1 + its input's gradient id,
  * 0 where that is the incoming gradient passed down. */
 uint16_t ml__ck_hand_gid(const ml_graph *g);

@@ -324,13 +324,11 @@ static uint64_t block_grads(ml_replay *r, size_t k)
     ml__replay_alloc(r, ML_CAT_WORKSPACE, gfull);
     if (b->grads_in_fwd)
         fwd_grads_done(r, k, false);
-    else if (r->micro == 0 && !r->grads_exist && sh->grads_sharded)
-        ml__replay_alloc_as(r, ML_CAT_GRADS, ml__ep_grad_shard(r->ch, b, sh->N), ML_T_ONE, k, 1);
     else if (r->micro == 0 && !r->grads_exist) /* (a view's storage: ml_cblock.grad_view) */
         ml__replay_alloc_as(r, ML_CAT_GRADS,
-                            ml_add((ml_chain *)r->ch, b->grad_bytes,
-                                   sh->grad_views ? b->grad_view : 0),
-                            ML_T_BLOCK_GRADS, k, 1);
+                            sh->grads_sharded ? ml__ep_grad_shard(r->ch, b, sh->N)
+                                              : b->grad_bytes + (sh->grad_views ? b->grad_view : 0),
+                            sh->grads_sharded ? ML_T_ONE : ML_T_BLOCK_GRADS, k, 1);
     else
         ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->grad_accum_bytes, ML_T_BLOCK_PARAMS, k, 1);
     r->flops_done += b->flops_bwd; /* its backward runs */
@@ -342,38 +340,6 @@ static uint64_t block_grads(ml_replay *r, size_t k)
 
 /* The backward of block k: its transients, the gradients it creates, then
  * what it no longer needs. */
-/* A tied table's embedding block b: its dense (V, D) gradient
- * (embedding_dense_backward's zeros), made now apart from the rest of the
- * estimate (units: the incoming gradient, the kernel's scratch), which is
- * gone before the input buffer adds the head's partial to it (engine.cpp,
- * evaluate_function: call_function, release_variables, then
- * input_buffer.add; the allocator simulation splits it so already).
- * Returns its bytes, 0 for any other block. */
-static uint64_t tied_dense(ml_replay *r, const ml_cblock *b, uint64_t units)
-{
-    const uint64_t d = r->tied_partial && b->in_nograd && b->tied_grad == r->tied_partial &&
-                               units >= b->tied_grad && !r->rsim
-                           ? b->tied_grad
-                           : 0;
-    ml__replay_alloc(r, ML_CAT_WORKSPACE, d);
-    return d;
-}
-
-/* The input buffer's sum of the tied table's gradients (ml__tied_sum);
- * after the dense gradient's node (dense), its inputs and scratch (*units,
- * *kept, named so) first go, and the dense gradient after the sum. */
-static void tied_add(ml_replay *r, const ml_cblock *b, uint64_t dense, uint64_t *units,
-                     size_t units_name, uint64_t *kept, size_t kept_name)
-{
-    if (dense) {
-        free_named(r, *units, units_name);
-        free_named(r, *kept, kept_name);
-        *units = *kept = 0;
-    }
-    ml__tied_sum(r, b);
-    ml__replay_free(r, ML_CAT_WORKSPACE, dense);
-}
-
 static void backward_block(ml_replay *r, size_t k)
 {
     const ml_chain *ch = r->ch;
@@ -412,7 +378,7 @@ static void backward_block(ml_replay *r, size_t k)
      * one, then that one, which the handed gradient is made from */
     const uint64_t last = b->hand_last && hand && b->unit <= b->ws_bwd - kept ? b->unit : 0;
     uint64_t units = b->ws_bwd - kept - (last ? last : hand);
-    const uint64_t dense = tied_dense(r, b, units);
+    const uint64_t dense = ml__tied_dense(r, b, units);
     units -= dense;
     ml__replay_alloc_as(r, ML_CAT_WORKSPACE, units, kept ? ML_T_UNITS : ML_T_UNITS_BWD, k, 1);
     const size_t units_name = named(r, units);
@@ -437,7 +403,7 @@ static void backward_block(ml_replay *r, size_t k)
         ml__boundary_release(r, k);
     if ((int)k == sh->side_block)
         ml__replay_free(r, ML_CAT_ACTIVATIONS, sh->side_bytes);
-    tied_add(r, b, dense, &units, units_name, &kept, kept_name);
+    ml__tied_add(r, b, dense, &units, units_name, &kept, kept_name);
     free_named(r, units, units_name);
     size_t hand_name = late_name;
     if (last) {
@@ -598,11 +564,9 @@ void ml__replay_micro_batch(ml_replay *r)
     free_named(r, r->grad_carry, r->carry_name);
     r->grad_carry = 0;
     r->carry_name = 0;
-    /* the received gradient the schedule held (ml_chain.grad_held): dropped
-     * when the next one is received, or the schedule returns */
+    /* the received gradient the schedule held: dropped at the next receive */
     free_named(r, r->held_bytes, r->held_name);
-    r->held_bytes = 0;
-    r->held_name = 0;
+    r->held_bytes = r->held_name = 0;
     r->hold_in = r->held_kept = false;
     ml__replay_free(r, ML_CAT_WORKSPACE, r->sh->reduce_ws);
     ml__output_after_backward(r);

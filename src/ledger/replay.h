@@ -9,6 +9,7 @@
 #include "ledger/chain.h"
 #include "ledger/reserved.h"
 #include "ledger/reserved_memo.h"
+#include "ledger/shard.h"
 #include "util/text.h"
 
 struct ml_ledger {
@@ -25,23 +26,6 @@ struct ml_ledger {
     ml_sim_event *aev;     /* the simulation's events (keep_events), or NULL */
     size_t naev;
 };
-
-/* Per-device sharding (docs/sharding.md). */
-typedef struct {
-    uint64_t N;            /* data-parallel degree */
-    unsigned zero;
-    bool grads_sharded;    /* zero >= 2 */
-    bool gather_params;    /* zero == 3: all-gather each block's params */
-    unsigned pbytes;       /* param dtype bytes */
-    uint64_t reduce_ws;    /* reduce-scatter bucket during backward */
-    int side_block;        /* first checkpointed block: keeps the side inputs */
-    uint64_t side_bytes;   /* tensors every checkpoint keeps once (masks) */
-    double ring;           /* (N-1)/N: what a ring collective sends per byte */
-    bool host_params;      /* offload: params: partitions come from the host */
-    bool grad_views;       /* .grad tensors of their own (no ZeRO-2/3, no
-                              distributed optimizer's buffers): one may keep a
-                              view's storage (ml_cblock.grad_view) */
-} ml_shard;
 
 /* The rules of docs/ledger.md, "boundary tensors": boundary k is block k's
  * input (block k-1's output). */
@@ -162,11 +146,9 @@ typedef struct {
     uint64_t gbytes[ML_GID_NONE + 1], gpbytes[ML_GID_NONE + 1];
     size_t gcarry, gcarry_old; /* (the old sum an out-of-place accumulation left) */
     uint64_t gcarry_bytes;
-    /* a pipeline stage's received gradient, which the schedule holds
-     * (ml_chain.grad_held): hold_in until the micro-batch's first sum into
-     * it is made (a new tensor: ml_bnode.into_incoming); then held_bytes
-     * (held_name, with rsim), freed at the micro-batch's end; held_kept: an
-     * out-of-place accumulation's node that would free it leaves it */
+    /* the received gradient a pipeline stage's schedule holds (ml_chain.
+     * grad_held): hold_in before the first sum into it (replay_nodes.c,
+     * held_sum), then held_bytes (held_name) to the micro-batch's end */
     bool hold_in, held_kept;
     uint64_t held_bytes;
     size_t held_name;
@@ -230,6 +212,13 @@ void ml__boundary_release(ml_replay *r, size_t k);
  * in a later micro-batch added into it and freed. */
 void ml__tied_partial(ml_replay *r, const ml_cblock *b, bool create);
 void ml__tied_sum(ml_replay *r, const ml_cblock *b);
+/* In the embedding's block-level backward (sides.c): its dense gradient
+ * made apart from the estimate's units (ml__tied_dense, its bytes, 0 for
+ * any other block), then the buffer's sum after the units and kept
+ * tensors go (ml__tied_add). */
+uint64_t ml__tied_dense(ml_replay *r, const ml_cblock *b, uint64_t units);
+void ml__tied_add(ml_replay *r, const ml_cblock *b, uint64_t dense, uint64_t *units,
+                  size_t units_name, uint64_t *kept, size_t kept_name);
 void ml__boundary_input_done(ml_replay *r, size_t k);
 /* The first checkpointed block: what a checkpoint keeps for the backward
  * (sh->side_bytes) counts as an activation from here; the mask the
@@ -314,21 +303,6 @@ size_t ml__nodes_recompute(ml_replay *r, size_t s0, size_t k);
 /* Whether blocks s0 to k (a checkpoint segment) each have a node list:
  * then the segment's backward replays node by node (replay.c). */
 bool ml__segment_by_nodes(const ml_chain *ch, size_t s0, size_t k);
-/* The ZeRO stage the replay shards by: the distributed optimizer's
- * collectives are ZeRO-1's (the gradients reduce-scattered, the parameters
- * all-gathered into its buffer). */
-static inline unsigned ml__zero_stage(const ml_training *t)
-{
-    return t->dist_optimizer ? 1u : t->zero;
-}
-/* Whether each parameter's .grad is a tensor of its own, which may keep a
- * view's storage (ml_cblock.grad_view): not under ZeRO-2/3 (DeepSpeed
- * reduces it into its partitions and drops it) nor Megatron's distributed
- * optimizer (its gradient buffers). */
-static inline bool ml__grad_views(const ml_training *t)
-{
-    return !t->dist_optimizer && t->zero < 2;
-}
 /* The recomputes before block k's backward (replay_recompute.c): the
  * checkpointed segment s0..k's forward again, block by block or (its
  * blocks' node lists) node by node; selective recompute's attention core

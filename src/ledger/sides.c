@@ -273,3 +273,35 @@ void ml__side_kept(ml_replay *r, uint64_t mask)
     if (r->rsim)
         ml__rsim_move(r->rsim, ML_CAT_WORKSPACE, ML_CAT_ACTIVATIONS, mask);
 }
+
+/* A tied table's embedding block b: its dense (V, D) gradient
+ * (embedding_dense_backward's zeros), made now apart from the rest of the
+ * estimate (units: the incoming gradient, the kernel's scratch), which is
+ * gone before the input buffer adds the head's partial to it (engine.cpp,
+ * evaluate_function: call_function, release_variables, then
+ * input_buffer.add; the allocator simulation splits it so already).
+ * Returns its bytes, 0 for any other block. */
+uint64_t ml__tied_dense(ml_replay *r, const ml_cblock *b, uint64_t units)
+{
+    const uint64_t d = r->tied_partial && b->in_nograd && b->tied_grad == r->tied_partial &&
+                               units >= b->tied_grad && !r->rsim
+                           ? b->tied_grad
+                           : 0;
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, d);
+    return d;
+}
+
+/* The input buffer's sum of the tied table's gradients (ml__tied_sum);
+ * after the dense gradient's node (dense), its inputs and scratch (*units,
+ * *kept, named so) first go, and the dense gradient after the sum. */
+void ml__tied_add(ml_replay *r, const ml_cblock *b, uint64_t dense, uint64_t *units,
+                     size_t units_name, uint64_t *kept, size_t kept_name)
+{
+    if (dense) {
+        ml__replay_free_named(r, ML_CAT_WORKSPACE, *units, units_name);
+        ml__replay_free_named(r, ML_CAT_WORKSPACE, *kept, kept_name);
+        *units = *kept = 0;
+    }
+    ml__tied_sum(r, b);
+    ml__replay_free(r, ML_CAT_WORKSPACE, dense);
+}

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "model/model_internal.h"
 #include "report/report_internal.h"
 
 static const char *yes_no(const ml_length_point *p, bool device)
@@ -175,4 +176,23 @@ int ml_report_lengths_json_object(FILE *f, const ml_lengths *d, const ml_lengths
     }
     fprintf(f, "], \"evaluations\": %u}", r->evaluations);
     return ferror(f) ? -1 : 0;
+}
+
+/* The sample's shape for a report's header: its sequence (and a target's),
+ * or a sequential model's input tensor. */
+void ml__report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size)
+{
+    if (m->type == ML_MODEL_SEQUENTIAL) { /* a sample is its input tensor: no sequence */
+        size_t o = (size_t)snprintf(out, size, "input ");
+        for (size_t i = 0; i < m->ninput && o < size; i++)
+            o += (size_t)snprintf(out + o, size - o, "%s%llu", i ? "x" : "",
+                                  (unsigned long long)m->input[i]);
+        return;
+    }
+    uint64_t td = ml_model_target_len(m, t);
+    if (td)
+        snprintf(out, size, "seq_len %llu, target_len %llu", (unsigned long long)t->seq_len,
+                 (unsigned long long)td);
+    else
+        snprintf(out, size, "seq_len %llu", (unsigned long long)t->seq_len);
 }

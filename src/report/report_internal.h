@@ -54,7 +54,8 @@ int ml__report_text_all_ranks(FILE *f, const ml_model *m, const ml_config *cfg,
                               const ml_ledger *l);
 void ml__report_json_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l);
 
-/* "seq_len N" and, for an encoder-decoder, ", target_len M" (text.c). */
+/* "seq_len N" and, for an encoder-decoder, ", target_len M"; a sequential
+ * model's "input A x B" (lengths.c). */
 void ml__report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size);
 
 /* The category's name for a person (text, SVG, HTML: "master weights",

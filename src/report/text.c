@@ -156,23 +156,6 @@ double ml__report_model_states_per_param(const ml_summary *s)
     return s->params ? (double)ml__report_model_states(s) / (double)s->params : 0;
 }
 
-void ml__report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size)
-{
-    if (m->type == ML_MODEL_SEQUENTIAL) { /* a sample is its input tensor: no sequence */
-        size_t o = (size_t)snprintf(out, size, "input ");
-        for (size_t i = 0; i < m->ninput && o < size; i++)
-            o += (size_t)snprintf(out + o, size - o, "%s%llu", i ? "x" : "",
-                                  (unsigned long long)m->input[i]);
-        return;
-    }
-    uint64_t td = ml_model_target_len(m, t);
-    if (td)
-        snprintf(out, size, "seq_len %llu, target_len %llu", (unsigned long long)t->seq_len,
-                 (unsigned long long)td);
-    else
-        snprintf(out, size, "seq_len %llu", (unsigned long long)t->seq_len);
-}
-
 /* "block.1..block.31", or, past the column's 22 characters, the last
  * name's part after their common prefix: "encoder.block.1..11". */
 static void range_name(char *out, size_t size, const char *first, const char *last)

@@ -406,7 +406,9 @@ def main():
                     if vckpt and vmode != "frozen":
                         for k, v in unused_checkpointed(doc, B, amp).items():
                             extra[k] = extra.get(k, 0) + v
-                j = plan(memledger, path, B, T, ckpt, amp, target_len(doc, T or 1))
+                # a vision encoder's sequence is its image's: no --seq-len
+                j = plan(memledger, path, B, None if doc["model"].get("image_size") else T, ckpt,
+                         amp, target_len(doc, T or 1))
                 # a block whose output nothing reads (Llava's vision layers
                 # past vision_feature_layer) keeps nothing (activations_saved
                 # 0), but its forward saved its inventory, which the recorder

@@ -1164,6 +1164,8 @@ def main():
         seq = doc["model"]["type"] == "sequential"
         B = doc.get("training", {}).get("micro_batch", 2)
         T = None if seq else doc.get("training", {}).get("seq_len", 16)
+        # a vision encoder's sequence is its image's: no --seq-len to plan
+        Tp = None if doc["model"].get("image_size") else T
         own = doc.get("training", {}).get("optimizer", "adamw")
         adam = own if own in ("adam", "adamw") else "adam"
         confs = [(False, adam, impl, lg) for impl in ("for-loop", "foreach") for lg in ("kept", "released")]
@@ -1213,7 +1215,7 @@ def main():
             with torch.backends.mkldnn.flags(enabled=not amp):
                 c, f = run_loop(build, lambda m: xc.batch_for(doc, m, B, T or 1),
                                 model_step_fn(ckpt, amp), optim, impl, logits)
-            j = planned(memledger, path, B, T, ckpt, optim, impl, logits,
+            j = planned(memledger, path, B, Tp, ckpt, optim, impl, logits,
                         tw.target_len(doc, T) if T else None, amp)
             view, kind = c.device_view()  # its tags and GPU temporaries' errors too
             check(name + " oracle (running total, pairing, device view)", c.errors, [])
@@ -1289,7 +1291,7 @@ def main():
             # forward is the same in every loop)
             if ckpt or (ckpt, optim, impl, logits, amp) == confs[0] or amp:
                 ckpt_steps_checks(check, name, c, view, j, steady_allocs(
-                    memledger, path, B, T, ckpt, optim, impl, logits,
+                    memledger, path, B, Tp, ckpt, optim, impl, logits,
                     tw.target_len(doc, T) if T else None, amp), grad=not ckpt, amp=amp)
             # the first loop without checkpointing, in fp32, and amp-bf16's;
             # the first checkpointed one (every layer its own segment), and
@@ -1297,7 +1299,7 @@ def main():
             first = (ckpt, optim, impl, logits, amp) == confs[0]
             first_ckpt = ckpt is True and (logits == "kept" or amp)
             if first or (amp and not ckpt) or first_ckpt:
-                steady = steady_events(memledger, path, B, T, ckpt, optim, impl, logits,
+                steady = steady_events(memledger, path, B, Tp, ckpt, optim, impl, logits,
                                        tw.target_len(doc, T) if T else None, amp)
                 layer_backward_checks(check, name, c, view, j, steady, ckpt=bool(ckpt), amp=amp)
                 if first and any(e.get("fn") and e["fn"][0] in PARAM_NODES for e in c.ev):
