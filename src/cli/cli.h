@@ -85,6 +85,9 @@ bool ml_cli_flag_is(const char *arg, const char *name, int argc, char **argv, in
                     const char **val);
 /* Parses a whole-number flag value; prints and returns 2 on error. */
 int ml_cli_whole(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
+/* --max-split-size's value: a whole number of MiB, 20 to 2^40, as PyTorch's
+ * max_split_size_mb (a unit after it is refused, saying so). */
+int ml_cli_max_split(const char *v, uint64_t *mib);
 /* Parses argv and loads the model: returns true when the verb goes on (m and
  * cfg set), false when it is done (help printed, or an error) with *rc the
  * exit status. */

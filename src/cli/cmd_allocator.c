@@ -144,7 +144,7 @@ static int config(const opts *o, ml_alloc_config *c)
                         o->allocator);
     if (o->max_split) {
         uint64_t mb = 0;
-        if (ml_cli_whole("--max-split-size", o->max_split, 20, 1ull << 40, &mb))
+        if (ml_cli_max_split(o->max_split, &mb))
             return ML_EXIT_BAD_INPUT;
         c->max_split_size = mb << 20;
     }

@@ -278,6 +278,17 @@ static int bad_flag(const char *flag, const char *msg)
     return ML_EXIT_BAD_INPUT;
 }
 
+int ml_cli_max_split(const char *v, uint64_t *mib)
+{
+    const char *s = v;
+    while (isdigit((unsigned char)*s))
+        s++;
+    if (isalpha((unsigned char)*s)) /* a unit: the YAML key's habit */
+        return bad_flag("--max-split-size", "counts MiB, as PyTorch's max_split_size_mb does: "
+                                            "write the number alone (20 for 20 MiB)");
+    return ml_cli_whole("--max-split-size", v, 20, 1ull << 40, mib);
+}
+
 int ml_cli_whole(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
 {
     char msg[200];
@@ -515,7 +526,7 @@ static int device_flags(const ml_cli_opts *o, ml_config *c)
     }
     if (!rc && o->max_split_size) {
         uint64_t mb = 0;
-        rc = ml_cli_whole("--max-split-size", o->max_split_size, 20, 1ull << 40, &mb);
+        rc = ml_cli_max_split(o->max_split_size, &mb);
         d->max_split_size = mb << 20;
         if (!rc)
             rc = simulated_only("--max-split-size", d);
