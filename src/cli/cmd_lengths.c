@@ -181,7 +181,8 @@ int ml_cli_plan_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config
     if (st)
         rc = ml_cli_lengths_failed(o, &e, st);
     else if (!(rc = write_report(o, m, cfg, l, d, &req, &r, false)))
-        rc = cfg->device.present && r.p_over_budget > 0 ? ML_EXIT_NO_FIT : ML_EXIT_OK;
+        rc = cfg->device.present && (r.p_over_budget > 0 || !r.max.fits) ? ML_EXIT_NO_FIT
+                                                                            : ML_EXIT_OK;
     ml_lengths_destroy(d);
     return rc;
 }
@@ -311,7 +312,7 @@ int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config 
     r.evaluations += evals;
     rc = write_report(o, m, cfg, NULL, d, &req, &r, auto_tokens);
     if (!rc)
-        rc = r.p_over_budget > 0 ? ML_EXIT_NO_FIT : ML_EXIT_OK;
+        rc = r.p_over_budget > 0 || !r.max.fits ? ML_EXIT_NO_FIT : ML_EXIT_OK;
 out:
     ml_lengths_destroy(d);
     return rc;

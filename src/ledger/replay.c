@@ -328,7 +328,10 @@ static uint64_t block_grads(ml_replay *r, size_t k)
         ml__replay_alloc_as(r, ML_CAT_GRADS,
                             sh->grads_sharded ? ml__ep_grad_shard(r->ch, b, sh->N)
                                               : b->grad_bytes + (sh->grad_views ? b->grad_view : 0),
-                            sh->grads_sharded ? ML_T_ONE : ML_T_BLOCK_GRADS, k, 1);
+                            sh->grads_sharded ? ML_T_ONE
+                            : sh->grad_views  ? ML_T_BLOCK_GRADS
+                                              : ML_T_BLOCK_PARAMS,
+                            k, 1);
     else
         ml__replay_alloc_as(r, ML_CAT_WORKSPACE, b->grad_accum_bytes, ML_T_BLOCK_PARAMS, k, 1);
     r->flops_done += b->flops_bwd; /* its backward runs */

@@ -330,7 +330,17 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
                                                      : r->Pg;
         if (!of)
             return 0;
-        uint64_t per = bytes / (of * copies);
+        /* the gradients kept over iterations (zero_grad: zero): a .grad
+         * that keeps a view's storage (ml_cblock.grad_view) that much larger */
+        uint64_t view = 0, vp = 0;
+        for (size_t k = 0; split == ML_T_GRAD_PARAMS && copies == 1 && k < ch->n; k++)
+            if (ch->blocks[k].grad_view && ch->blocks[k].grad_view_param) {
+                view = ch->blocks[k].grad_view;
+                vp = ch->blocks[k].grad_view_param;
+            }
+        if (view >= bytes || (bytes - view) % of)
+            view = 0;
+        uint64_t per = (bytes - view) / (of * copies);
         if (!sizes_room(r, ch->nparams * copies))
             return SIZE_MAX;
         out = r->sizes;
@@ -339,8 +349,8 @@ static size_t split_sizes(ml_rsim *r, uint64_t bytes, ml_tensor_split split, siz
             if ((split != ML_T_ALL_PARAMS && p->frozen) || (split == ML_T_GRAD_PARAMS && p->nograd))
                 continue;
             for (unsigned k = 0; k < copies; k++) {
-                out[n++] = p->numel * per;
-                sum += p->numel * per;
+                out[n] = p->numel * per + (i + 1 == vp ? view : 0);
+                sum += out[n++];
             }
         }
     }

@@ -62,6 +62,17 @@ static bool worse(const ml_length_point *a, const ml_length_point *b, bool devic
     return a->peak > b->peak;
 }
 
+/* out->max the tightest of the rows listed: the median's and P99's batches
+ * too (with the caching allocator simulated, one of them can run out of
+ * the device where the longest fits). */
+static void tightest(ml_lengths_result *out, bool device)
+{
+    if (worse(&out->p99, &out->max, device))
+        out->max = out->p99;
+    if (worse(&out->p50, &out->max, device))
+        out->max = out->p50;
+}
+
 /* Samples of a token budget's batch whose longest sample has t tokens. */
 static uint64_t budget_batch(uint64_t tokens, uint64_t t)
 {
@@ -134,6 +145,7 @@ static ml_status padded_fixed(lengths_ctx *p, const ml_lengths *d, ml_lengths_re
         return st;
     if (!p->cfg.device.present)
         return ML_OK;
+    tightest(out, true);
     uint64_t lo = ml_lengths_max(d);
     if (!out->max.fits && (st = longest_fitting(p, b, 0, lo - 1, &lo)))
         return st;
@@ -219,6 +231,7 @@ static ml_status token_budget(lengths_ctx *p, const ml_lengths *d, uint64_t toke
         }
         t = end + 1;
     }
+    tightest(out, p->cfg.device.present);
     out->p_over_budget = p->cfg.device.present ? over : NAN;
     return ML_OK;
 }

@@ -106,7 +106,7 @@ ml_status ml__triage_add_lengths_remedy(const ml_triage_ctx *x, ml_remedy_kind k
         return st;
     /* as the other remedies (ml__triage_add_remedy): a lower total, or one
      * that fits where the current plan runs out in the simulation */
-    const bool fits = x->given->device.present && lr.p_over_budget == 0;
+    const bool fits = x->given->device.present && lr.p_over_budget == 0 && lr.max.fits;
     if (lr.max.peak_total >= r->current.peak_total && !(r->current.reserved_oom && fits))
         return ML_OK;
     ml_remedy *rm = &r->remedies[r->count++];

@@ -38,7 +38,7 @@ void ml__report_lengths_verdict(const ml_lengths_result *r, ml_report_verdict *v
 {
     memset(v, 0, sizeof *v);
     v->p_over = r->p_over_budget;
-    v->fits = !(r->p_over_budget > 0);
+    v->fits = !(r->p_over_budget > 0) && r->max.fits; /* (max: the tightest row) */
     tighter(&r->max, v);
     tighter(&r->p99, v);
     tighter(&r->p50, v);

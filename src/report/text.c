@@ -547,7 +547,11 @@ static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s,
         fputs("DOES NOT FIT", f);
     else
         fprintf(f, "DOES NOT FIT, over by %s", B((uint64_t)(-h), a));
-    if (v)
+    if (v && !fits && !(v->p_over > 0)) /* (a listed batch; none found between them) */
+        fprintf(f, " (tightest batch %llu x %llu tokens; the search between the batches "
+                   "listed finds no other)",
+                (unsigned long long)v->worst_micro_batch, (unsigned long long)v->worst_seq_len);
+    else if (v)
         fprintf(f, " (tightest batch %llu x %llu tokens; a batch goes over with probability "
                    "%.4g %%)",
                 (unsigned long long)v->worst_micro_batch, (unsigned long long)v->worst_seq_len,
