@@ -3,6 +3,7 @@
  * b samples), a token budget, buckets, packing — and the largest token
  * budget whose worst batch fits (docs/lengths.md). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "memledger/lengths.h"
@@ -343,28 +344,61 @@ ml_status ml_lengths_plan(const ml_model *m, const ml_config *cfg, const ml_leng
     return st;
 }
 
+/* A same-batch range's top: its batch, its longest length with a sample,
+ * and (planned without the simulation) its headroom. */
+typedef struct {
+    uint64_t b, t;
+    int64_t headroom;
+} range_top;
+
+static int tighter_first(const void *x, const void *y)
+{
+    const range_top *a = x, *b = y;
+    return a->headroom != b->headroom ? (a->headroom < b->headroom ? -1 : 1)
+                                      : (a->t > b->t) - (a->t < b->t);
+}
+
 /* Whether every batch of a token budget fits: each same-batch range at its
- * longest length. */
+ * longest length. Planned without the allocator's simulation first: the
+ * allocator peak is at most the reserved one, so a range top over the
+ * budget there is over it simulated too (fit's search prunes so:
+ * docs/allocator.md); then simulated, the tightest first, to the first
+ * that does not fit. */
 static ml_status budget_fits(lengths_ctx *p, const ml_lengths *d, uint64_t tokens, bool *fits)
 {
+    ml_status st = count_ranges(d, tokens, p->err);
+    if (st)
+        return st;
     const uint64_t tmax = ml_lengths_max(d);
+    range_top *tops = malloc(MAX_RANGES * sizeof *tops);
+    if (!tops)
+        return ml__errorf(p->err, ML_NOMEM, "out of memory");
+    size_t n = 0;
+    lengths_ctx q = *p;
+    q.cfg.device.allocator = ML_ALLOCATOR_NONE;
     *fits = true;
-    ml_status rs = count_ranges(d, tokens, p->err);
-    if (rs)
-        return rs;
-    for (uint64_t t = ml_lengths_min(d); t <= tmax && *fits;) {
+    for (uint64_t t = ml_lengths_min(d); t <= tmax && *fits && !st;) {
         const uint64_t end = same_batch_last(tokens, t, tmax);
         const uint64_t last = ml_lengths_floor(d, end);
-        if (last >= t) {
-            ml_length_point pt;
-            ml_status st = point_at(p, budget_batch(tokens, t), last, &pt);
-            if (st)
-                return st;
+        const uint64_t b = budget_batch(tokens, t);
+        ml_length_point pt;
+        if (last >= t && n < MAX_RANGES && !(st = point_at(&q, b, last, &pt))) {
+            tops[n++] = (range_top){b, last, pt.headroom};
             *fits = pt.fits;
         }
         t = end + 1;
     }
-    return ML_OK;
+    p->evaluations = q.evaluations;
+    if (!st && *fits && p->cfg.device.allocator != ML_ALLOCATOR_NONE) {
+        qsort(tops, n, sizeof *tops, tighter_first);
+        for (size_t i = 0; i < n && *fits && !st; i++) {
+            ml_length_point pt;
+            if (!(st = point_at(p, tops[i].b, tops[i].t, &pt)))
+                *fits = pt.fits;
+        }
+    }
+    free(tops);
+    return st;
 }
 
 ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const ml_lengths *d,
