@@ -567,6 +567,22 @@ static int fixed_seq_flags(const ml_cli_opts *o, const ml_model *m, const ml_tra
     return 0;
 }
 
+/* DeepSpeed's bucket sizes where nothing uses them: without ZeRO the
+ * plan's gradients are DDP's, and only --emit deepspeed writes them. */
+static int bucket_flags(const ml_cli_opts *o, const ml_training *t)
+{
+    const char *f = o->reduce_bucket ? "--reduce-bucket-size"
+                    : o->allgather_bucket ? "--allgather-bucket-size"
+                                          : NULL;
+    if (!f || t->zero || t->dist_optimizer || (o->emit && !strcmp(o->emit, "deepspeed")))
+        return 0;
+    ml_cli_errorf("%s: sizes DeepSpeed's ZeRO buckets (--zero 1 to 3), and the plan has no "
+                  "ZeRO: its gradients are DDP's; drop %s, or give --zero (or --emit "
+                  "deepspeed, which writes it)",
+                  f, f);
+    return ML_EXIT_BAD_INPUT;
+}
+
 int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
 {
     ml_error e;
@@ -586,6 +602,8 @@ int ml_cli_load(const ml_cli_opts *o, ml_model **mp, ml_config *cfg)
     int rc = training_flags(o, &c.training);
     if (!rc)
         rc = fixed_seq_flags(o, m, &c.training);
+    if (!rc)
+        rc = bucket_flags(o, &c.training);
     if (!rc)
         rc = device_flags(o, &c);
     if (!rc && o->calib) {
