@@ -484,10 +484,14 @@ static int setting_flag(ml_config *c, const char *flag, const char *key, const c
  * flag itself, not a size the model file keeps for a simulation): refused. */
 static int simulated_only(const char *flag, const ml_device *d)
 {
-    return d->allocator == ML_ALLOCATOR_NONE
-               ? bad_flag(flag, "applies to a simulated allocator only: add --allocator "
-                                "caching (or expandable)")
-               : 0;
+    /* (expandable segments refuse a split size: device.max_split_size) */
+    const bool split = !strcmp(flag, "--max-split-size");
+    if (d->allocator != ML_ALLOCATOR_NONE)
+        return 0;
+    return bad_flag(flag, split ? "applies to the simulated caching allocator only: add "
+                                  "--allocator caching"
+                                : "applies to a simulated allocator only: add --allocator "
+                                  "caching (or expandable)");
 }
 
 /* The device flags over the model file's device: 0, or the exit status of
