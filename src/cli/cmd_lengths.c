@@ -266,8 +266,12 @@ int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config 
                          : o->max_micro_batch ? "--max-micro-batch"
                          : o->emit            ? "--emit"
                          : o->auto_checkpoint ? "--checkpoint auto"
-                         : o->seq_len         ? "--seq-len"
                                               : NULL;
+    if (o->seq_len) {
+        ml_cli_errorf("fit --lengths: --seq-len is not used with a length distribution (its "
+                      "lengths give each batch's sequence); drop it");
+        return ML_EXIT_BAD_INPUT;
+    }
     if (unused) {
         ml_cli_errorf("fit --lengths: %s is not used with a length distribution (the token "
                       "budget or the micro-batch per bucket is the answer); drop it",
