@@ -88,6 +88,10 @@ int ml_cli_whole(const char *flag, const char *v, uint64_t lo, uint64_t hi, uint
 /* --max-split-size's value: a whole number of MiB, 20 to 2^40, as PyTorch's
  * max_split_size_mb (a unit after it is refused, saying so). */
 int ml_cli_max_split(const char *v, uint64_t *mib);
+/* The flags set that nothing would use, refused (flag_checks.c): a
+ * sequence length the model fixes, bucket sizes without ZeRO. 0, or the
+ * exit status with the message printed. */
+int ml_cli_unused_flags(const ml_cli_opts *o, const ml_model *m, const ml_training *t);
 /* Parses argv and loads the model: returns true when the verb goes on (m and
  * cfg set), false when it is done (help printed, or an error) with *rc the
  * exit status. */
