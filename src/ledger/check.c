@@ -41,6 +41,11 @@ static const char *device_problem(const ml_device *dv)
  * (docs/allocator.md, "What is simplified"). */
 static const char *allocator_problem(const ml_device *dv)
 {
+    /* checked once every setting applies: a flag may simulate the
+     * allocator the model file leaves unsimulated */
+    if (dv->max_split_size && dv->allocator == ML_ALLOCATOR_NONE)
+        return "device.max_split_size: applies to the simulated caching allocator only, and "
+               "device.allocator is none: remove it, or simulate it (device.allocator caching)";
     if (dv->max_split_size && dv->allocator == ML_ALLOCATOR_EXPANDABLE)
         return "device.max_split_size: not simulated with expandable segments "
                "(device.allocator expandable): drop one of the two, or simulate the caching "

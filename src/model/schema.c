@@ -259,15 +259,13 @@ static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
     if ((st = ml__tree_enum(err, d, "allocator", "device", alloc_names, ML_ALLOCATOR_COUNT, &ak)))
         return st;
     dv->allocator = (ml_allocator)ak;
-    /* the simulation's settings without a simulation: refused, as the flags are */
-    static const char *const simulated[] = {"max_split_size", "blas_workspace"};
-    for (size_t i = 0; i < ML_COUNT(simulated) && dv->allocator == ML_ALLOCATOR_NONE; i++)
-        if (ml__tree_get(d, simulated[i]))
-            return ml__error_at(err, ml__tree_get(d, simulated[i]), ML_SCHEMA,
-                                "device.%s: applies to a simulated allocator only, and "
-                                "device.allocator is none: remove it, or simulate one "
-                                "(allocator: caching or expandable)",
-                                simulated[i]);
+    /* the simulation's workspace setting without a simulation: refused, as
+     * the flag is (max_split_size: once the flags apply, check.c) */
+    if (dv->allocator == ML_ALLOCATOR_NONE && ml__tree_get(d, "blas_workspace"))
+        return ml__error_at(err, ml__tree_get(d, "blas_workspace"), ML_SCHEMA,
+                            "device.blas_workspace: applies to a simulated allocator only, and "
+                            "device.allocator is none: remove it, or simulate one "
+                            "(allocator: caching or expandable)");
     if (dv->max_split_size && dv->max_split_size < (20ull << 20))
         return ml__error_at(err, ml__tree_get(d, "max_split_size"), ML_RANGE,
                             "device.max_split_size: must be at least 20MiB (PyTorch's "
