@@ -98,7 +98,10 @@ ml_status ml_parse_size(const char *text, uint64_t *out, ml_error *err)
             return usage(err, ML_RANGE, "size '%s' does not fit in 64 bits", text);
     }
     if (v == 0)
-        return usage(err, ML_RANGE, "size '%s' is zero: sizes are at least 1 byte", text);
+        return usage(err, ML_RANGE,
+                     frac ? "size '%s' is below one byte: sizes are at least 1 byte"
+                          : "size '%s' is zero: sizes are at least 1 byte",
+                     text);
     *out = v;
     return ML_OK;
 }

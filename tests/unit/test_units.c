@@ -62,6 +62,7 @@ static void test_bad_sizes(void **state)
     size_bad("17179869184GiB", ML_RANGE, "64 bits"); /* 2^34 * 2^30 = 2^64 */
     size_bad("0.5B", ML_USAGE, "fraction of a byte");
     size_bad("1.0000001B", ML_USAGE, "fraction of a byte"); /* (the 7th decimal too) */
+    size_bad("0.0000000001GiB", ML_RANGE, "below one byte"); /* 0.107 B, rounded down */
 }
 
 static void test_checkpoint_policies(void **state)
