@@ -118,26 +118,6 @@ static ml_status request_key(const char *key, const char *value, ml_layout_reque
     return ML_RANGE;
 }
 
-/* A sequence length where the model fixes its own (ml_model_fixed_seq_len):
- * refused, as the command line and the model file refuse it. */
-static ml_status fixed_seq(const ml_model *m, const ml_config *cfg, const char *key,
-                           ml_error *err)
-{
-    const uint64_t T = ml_model_fixed_seq_len(m);
-    const bool eval = !strcmp(key, "training.eval_seq_len");
-    if (!T || (!eval && strcmp(key, "training.seq_len")) ||
-        (eval ? cfg->training.eval_seq_len : cfg->training.seq_len) == T)
-        return ML_OK;
-    memset(err, 0, sizeof *err);
-    err->code = ML_RANGE;
-    snprintf(err->msg, sizeof err->msg,
-             "%s: the model fixes its sequence (%llu: %s): leave the sequence length empty",
-             key, (unsigned long long)T,
-             T == 1 ? "a sequential model's input is model.input"
-                    : "a vision encoder's patches and class token");
-    return ML_RANGE;
-}
-
 /* The settings, one "key=value" a line, onto the job or the config (and a
  * layout search's request); "attention" is the model's (set before
  * either). */
@@ -180,8 +160,8 @@ static ml_status apply(ml_model *m, ml_job *job, ml_config *cfg, ml_layout_reque
             st = ml_job_set(job, key, value, err);
         else
             st = ml_config_set(cfg, key, value, err);
-        if (!st && !job)
-            st = fixed_seq(m, cfg, key, err);
+        if (!st && !job) /* (a job checks it itself) */
+            st = ml_model_check_seq(m, &cfg->training, err);
     }
     return st;
 }

@@ -92,7 +92,9 @@ typedef struct ml_length_bucket {
 } ml_length_bucket;
 
 typedef struct ml_lengths_result {
-    ml_length_point p50, p99, max; /* the median, P99 and worst batch */
+    ml_length_point p50, p99, max; /* the median, P99 and worst batch (with a
+                                      device the tightest of all the rows:
+                                      docs/lengths.md) */
     uint64_t longest_fit;          /* padded at a fixed micro-batch: the longest
                                       batch length that fits (0: none does) */
     double p_over_budget;          /* the probability that a batch goes over

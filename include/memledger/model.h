@@ -438,6 +438,11 @@ ML_API uint64_t ml_model_max_micro_batch(const ml_model *m);
  * a vision encoder's patches and class token; 0 where training.seq_len
  * sets it (the model file and the command line refuse another value). */
 ML_API uint64_t ml_model_fixed_seq_len(const ml_model *m);
+/* ML_RANGE, the message naming training.seq_len or training.eval_seq_len,
+ * where the model fixes its sequence and t gives another length; ML_OK
+ * otherwise. The model file, the command line, the jobs and the web page
+ * refuse with it. */
+ML_API ml_status ml_model_check_seq(const ml_model *m, const ml_training *t, ml_error *err);
 
 /* The training and device settings written in the file (defaults filled in). */
 ML_API ml_config ml_model_config(const ml_model *m);

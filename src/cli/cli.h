@@ -147,6 +147,10 @@ int ml_out_text(ml_out *o, const char *name);
 /* ml_out_text for a report on m: the model's name and the calibration
  * profile's name, device and precision are the strings kept on one line. */
 int ml_out_text_model(ml_out *o, const ml_model *m, const ml_config *cfg);
+/* ml_out_open, then, for prose (text), ml_out_text_model: what a verb's
+ * report opens. */
+int ml_out_open_report(ml_out *o, const char *path, bool text, const ml_model *m,
+                       const ml_config *cfg);
 /* ok: the writer succeeded. Returns 0 or an exit status (message printed). */
 int ml_out_close(ml_out *o, bool ok);
 /* 2 (printed) when out and in name the same existing file (device and

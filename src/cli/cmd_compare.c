@@ -60,9 +60,7 @@ int ml_cmd_compare(int argc, char **argv)
         }
     }
     ml_out out;
-    rc = ml_out_open(&out, o.output);
-    if (!rc && o.format == ML_FMT_TEXT)
-        rc = ml_out_text_model(&out, m, &cfg);
+    rc = ml_out_open_report(&out, o.output, o.format == ML_FMT_TEXT, m, &cfg);
     if (rc == 0) {
         int w = o.format == ML_FMT_JSON  ? ml_report_compare_json(out.f, rows, n)
                 : o.format == ML_FMT_CSV ? ml_report_compare_csv(out.f, rows, n)

@@ -368,9 +368,7 @@ int ml_cmd_fit(int argc, char **argv)
         goto out;
     }
     ml_out out;
-    rc = ml_out_open(&out, o.output);
-    if (!rc && !chosen && o.format == ML_FMT_TEXT)
-        rc = ml_out_text_model(&out, m, &cfg);
+    rc = ml_out_open_report(&out, o.output, !chosen && o.format == ML_FMT_TEXT, m, &cfg);
     if (rc == 0) {
         int w = chosen                  ? ml_report_emit(out.f, o.emit, m, &cc, chosen)
                 : o.format == ML_FMT_JSON ? ml_report_fit_json(out.f, m, &req, &r)

@@ -108,9 +108,7 @@ static int write_report(const ml_cli_opts *o, const ml_model *m, const ml_config
                         const ml_lengths_result *r, bool found)
 {
     ml_out out;
-    int rc = ml_out_open(&out, o->output);
-    if (!rc && o->format == ML_FMT_TEXT)
-        rc = ml_out_text_model(&out, m, cfg);
+    int rc = ml_out_open_report(&out, o->output, o->format == ML_FMT_TEXT, m, cfg);
     if (rc)
         return rc;
     FILE *f = out.f;
@@ -229,9 +227,7 @@ static int write_none(const ml_cli_opts *o, const ml_model *m, const ml_config *
                       const ml_lengths *d, const ml_lengths_request *req)
 {
     ml_out out;
-    int rc = ml_out_open(&out, o->output);
-    if (!rc && o->format == ML_FMT_TEXT)
-        rc = ml_out_text_model(&out, m, cfg);
+    int rc = ml_out_open_report(&out, o->output, o->format == ML_FMT_TEXT, m, cfg);
     if (rc)
         return rc;
     FILE *f = out.f;

@@ -154,9 +154,7 @@ int ml_cmd_plan(int argc, char **argv)
         return rc;
     }
     ml_out out;
-    rc = ml_out_open(&out, o.output);
-    if (!rc && !o.emit && o.format == ML_FMT_TEXT)
-        rc = ml_out_text_model(&out, m, &cfg);
+    rc = ml_out_open_report(&out, o.output, !o.emit && o.format == ML_FMT_TEXT, m, &cfg);
     if (rc == 0) {
         int w = o.emit                  ? ml_report_emit(out.f, o.emit, m, &cfg, l)
                 : o.format == ML_FMT_JSON ? ml_report_json_advice(out.f, m, &cfg, l, &advice)

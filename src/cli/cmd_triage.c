@@ -447,9 +447,7 @@ static int run(const ml_cli_opts *o, ml_model *m, const ml_config *cfg, ml_triag
         return rc;
     }
     ml_out out;
-    rc = ml_out_open(&out, o->output);
-    if (!rc && o->format == ML_FMT_TEXT)
-        rc = ml_out_text_model(&out, m, cfg);
+    rc = ml_out_open_report(&out, o->output, o->format == ML_FMT_TEXT, m, cfg);
     if (rc == 0) {
         int w = o->format == ML_FMT_JSON ? write_json(out.f, m, cfg, r, d, req)
                                          : write_text(out.f, m, cfg, r, o, d, req);

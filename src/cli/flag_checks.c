@@ -6,31 +6,16 @@
 #include "cli/cli.h"
 
 /* --seq-len and --eval-seq-len where the model fixes its sequence
- * (ml_model_fixed_seq_len): refused, not ignored. */
+ * (ml_model_check_seq), in the flags' words. */
 static int fixed_seq_flags(const ml_cli_opts *o, const ml_model *m, const ml_training *t)
 {
-    const uint64_t T = ml_model_fixed_seq_len(m);
-    const struct {
-        const char *flag;
-        bool given;
-        uint64_t v;
-    } f[] = {{"--seq-len", o->seq_len != NULL, t->seq_len},
-             {"--eval-seq-len", o->eval_seq_len != NULL, t->eval_seq_len}};
-    for (size_t i = 0; T && i < sizeof f / sizeof f[0]; i++) {
-        if (!f[i].given || f[i].v == T)
-            continue;
-        if (T == 1)
-            ml_cli_errorf("%s: %s is a sequential model, whose input shape is model.input "
-                          "(no sequence length changes it): drop %s",
-                          f[i].flag, ml_model_name(m), f[i].flag);
-        else
-            ml_cli_errorf("%s: %s is a vision encoder, whose sequence is its image's patches "
-                          "and the class token (%llu tokens, set by model.image_size and "
-                          "model.patch_size): drop %s",
-                          f[i].flag, ml_model_name(m), (unsigned long long)T, f[i].flag);
-        return ML_EXIT_BAD_INPUT;
-    }
-    return 0;
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    if (ml_model_check_seq(m, t, &e) == ML_OK)
+        return 0;
+    ml_cli_decorate(o, e.msg, sizeof e.msg);
+    ml_cli_errorf("%s", e.msg);
+    return ML_EXIT_BAD_INPUT;
 }
 
 /* DeepSpeed's bucket sizes where nothing uses them: without ZeRO the

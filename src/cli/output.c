@@ -334,6 +334,13 @@ int ml_out_text(ml_out *o, const char *name)
     return 0;
 }
 
+int ml_out_open_report(ml_out *o, const char *path, bool text, const ml_model *m,
+                       const ml_config *cfg)
+{
+    int rc = ml_out_open(o, path);
+    return !rc && text ? ml_out_text_model(o, m, cfg) : rc;
+}
+
 int ml_out_text_model(ml_out *o, const ml_model *m, const ml_config *cfg)
 {
     int rc = ml_out_text(o, ml_model_name(m));

@@ -77,6 +77,26 @@ uint64_t ml_model_fixed_seq_len(const ml_model *m)
     return g * g + 1;
 }
 
+ml_status ml_model_check_seq(const ml_model *m, const ml_training *t, ml_error *err)
+{
+    const uint64_t T = ml_model_fixed_seq_len(m);
+    const bool eval = t->seq_len == T; /* else the training length is the one */
+    const uint64_t v = eval ? t->eval_seq_len : t->seq_len;
+    if (!T || !v || v == T)
+        return ML_OK;
+    if (T == 1)
+        return ml__errorf(err, ML_RANGE,
+                          "training.%s: %llu for %s, a sequential model, whose input shape is "
+                          "model.input (no sequence length changes it): remove it",
+                          eval ? "eval_seq_len" : "seq_len", (unsigned long long)v, m->name);
+    return ml__errorf(err, ML_RANGE,
+                      "training.%s: %llu for %s, a vision encoder, whose sequence is its "
+                      "image's patches and the class token (%llu tokens, set by the image and "
+                      "patch sizes): remove it",
+                      eval ? "eval_seq_len" : "seq_len", (unsigned long long)v, m->name,
+                      (unsigned long long)T);
+}
+
 uint64_t ml_model_max_micro_batch(const ml_model *m)
 {
     return m->type == ML_MODEL_DECODER && m->head.classes && m->head.cls_no_pad ? 1 : 0;

@@ -119,29 +119,16 @@ static ml_status training_checkpoint(ml_error *err, const ml_node *ck, ml_traini
 }
 
 /* training.seq_len or eval_seq_len where the model fixes its sequence
- * (ml_model_fixed_seq_len): another value is refused, not ignored. */
+ * (ml_model_check_seq), refused at the key. */
 static ml_status fixed_seq(ml_error *err, const ml_node *t, const ml_model *m)
 {
-    const uint64_t T = ml_model_fixed_seq_len(m);
-    const ml_training *tr = &m->config.training;
-    static const char *const keys[] = {"seq_len", "eval_seq_len"};
-    for (size_t i = 0; T && i < ML_COUNT(keys); i++) {
-        const uint64_t v = i ? tr->eval_seq_len : tr->seq_len;
-        const ml_node *k = ml__tree_get(t, keys[i]);
-        if (!k || v == T)
-            continue;
-        if (T == 1)
-            return ml__error_at(err, k, ML_SCHEMA,
-                                "training.%s: %llu for a sequential model, whose input shape "
-                                "is model.input (no sequence length changes it): remove it",
-                                keys[i], (unsigned long long)v);
-        return ml__error_at(err, k, ML_SCHEMA,
-                            "training.%s: %llu for a vision encoder, whose sequence is its "
-                            "image's patches and the class token (%llu tokens, set by "
-                            "model.image_size and model.patch_size): remove it",
-                            keys[i], (unsigned long long)v, (unsigned long long)T);
-    }
-    return ML_OK;
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    if (ml_model_check_seq(m, &m->config.training, &e) == ML_OK)
+        return ML_OK;
+    const bool eval = !strncmp(e.msg, "training.eval_seq_len", 21);
+    return ml__error_at(err, ml__tree_get(t, eval ? "eval_seq_len" : "seq_len"), ML_SCHEMA, "%s",
+                        e.msg);
 }
 
 static ml_status parse_training(ml_error *err, const ml_node *t, ml_model *m)

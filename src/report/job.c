@@ -88,16 +88,9 @@ ml_status ml_job_set(ml_job *j, const char *key, const char *value, ml_error *er
     }
     ml_status st = ml_config_set(&j->cfg, key, value, err);
     /* a sequence where the model fixes its own is refused, as the model
-     * file and the command line refuse it (ml_model_fixed_seq_len) */
-    const uint64_t T = ml_model_fixed_seq_len(j->model);
-    const bool eval = !strcmp(key, "training.eval_seq_len");
-    if (st == ML_OK && T && (eval || !strcmp(key, "training.seq_len")) &&
-        (eval ? j->cfg.training.eval_seq_len : j->cfg.training.seq_len) != T)
-        return ml__errorf_at(err, ML_RANGE, 0, 0,
-                             "%s: %s fixes its sequence (%llu: %s); leave it unset", key,
-                             ml_model_name(j->model), (unsigned long long)T,
-                             T == 1 ? "a sequential model's input is model.input"
-                                    : "a vision encoder's patches and class token");
+     * file and the command line refuse it */
+    if (st == ML_OK)
+        st = ml_model_check_seq(j->model, &j->cfg.training, err);
     if (st == ML_OK && !strcmp(key, "training.checkpoint"))
         j->req.auto_checkpoint = false, j->checkpoint_set = true;
     if (st == ML_OK && !strcmp(key, "training.micro_batch"))

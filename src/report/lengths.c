@@ -22,28 +22,15 @@ static void point_row(FILE *f, const char *what, const ml_length_point *p, bool 
             (unsigned long long)p->seq_len, pk, tot, yes_no(p, device));
 }
 
-/* v's tightest batch: the one with the least headroom (the plan's own,
- * ml_length_point.headroom). */
-static void tighter(const ml_length_point *p, ml_report_verdict *v)
-{
-    int64_t h = p->headroom;
-    if (h < v->headroom || !v->worst_micro_batch) {
-        v->headroom = h;
-        v->worst_micro_batch = p->micro_batch;
-        v->worst_seq_len = p->seq_len;
-    }
-}
-
 void ml__report_lengths_verdict(const ml_lengths_result *r, ml_report_verdict *v)
 {
+    /* r->max: with a device the tightest row (lengths_plan.c, worse) */
     memset(v, 0, sizeof *v);
     v->p_over = r->p_over_budget;
-    v->fits = !(r->p_over_budget > 0) && r->max.fits; /* (max: the tightest row) */
-    tighter(&r->max, v);
-    tighter(&r->p99, v);
-    tighter(&r->p50, v);
-    for (size_t i = 0; i < r->nbuckets; i++)
-        tighter(&r->buckets[i].point, v);
+    v->fits = !(r->p_over_budget > 0) && r->max.fits;
+    v->headroom = r->max.headroom;
+    v->worst_micro_batch = r->max.micro_batch;
+    v->worst_seq_len = r->max.seq_len;
 }
 
 static void describe(FILE *f, const ml_config *cfg, const ml_lengths *d, const char *source,

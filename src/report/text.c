@@ -543,8 +543,6 @@ static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s,
     else if (h == -1 && (v ? cfg->device.allocator != ML_ALLOCATOR_NONE : s->reserved_oom))
         fputs("DOES NOT FIT: the simulated caching allocator runs out of the device (its "
               "cache fragmented)", f);
-    else if (h >= 0) /* (a batch off the rows went over: never "over by" a headroom) */
-        fputs("DOES NOT FIT", f);
     else
         fprintf(f, "DOES NOT FIT, over by %s", B((uint64_t)(-h), a));
     if (v && !fits && !(v->p_over > 0)) /* (a listed batch; none found between them) */

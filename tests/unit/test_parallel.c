@@ -321,13 +321,20 @@ static const char *llama4 =
     "training:\n  micro_batch: 2\n  seq_len: 24\n  optimizer: adamw\n"
     "device:\n  memory: 1GiB\n  allocator: none\n";
 
-static ml_ledger *staged(const ml_model *m, uint64_t pp, ml_pp_schedule s, uint64_t micro)
+/* c over pp stages of schedule s, micro micro-batches; staged: the model's
+ * own config so */
+static ml_ledger *staged_from(const ml_model *m, ml_config c, uint64_t pp, ml_pp_schedule s,
+                              uint64_t micro)
 {
-    ml_config c = ml_model_config(m);
     c.training.pipeline_parallel = pp;
     c.training.pp_schedule = s;
     c.training.grad_accum = micro;
     return eval(m, &c, false);
+}
+
+static ml_ledger *staged(const ml_model *m, uint64_t pp, ml_pp_schedule s, uint64_t micro)
+{
+    return staged_from(m, ml_model_config(m), pp, s, micro);
 }
 
 static void test_stage_inventory(void **state)
@@ -376,16 +383,13 @@ static void test_stage_holds_received_gradient(void **state)
     (void)state;
     ml_model *m = load_str(llama4);
     ml_config c = ml_model_config(m);
-    c.training.pipeline_parallel = 2;
-    c.training.pp_schedule = ML_PP_1F1B;
-    c.training.grad_accum = 2;
     c.training.optimizer_impl = ML_IMPL_FOREACH;
     c.training.logits = ML_LOGITS_RELEASED;
-    ml_ledger *l = eval(m, &c, false);
+    ml_ledger *l = staged_from(m, c, 2, ML_PP_1F1B, 2);
     assert_int_equal(ml_ledger_rank(l, 0)->peak, 2369552);
     ml_ledger_destroy(l);
     c.training.seq_len = 48;
-    l = eval(m, &c, false);
+    l = staged_from(m, c, 2, ML_PP_1F1B, 2);
     assert_int_equal(ml_ledger_rank(l, 0)->peak, 1118992 + 139520 + 1282560 + 768 + 913536 +
                                                      768 + 3 * 24576 + 3 * 147456);
     ml_ledger_destroy(l);
