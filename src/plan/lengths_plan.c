@@ -24,16 +24,65 @@ ml_lengths_request ml_lengths_request_defaults(void)
     return r;
 }
 
+/* The points a search has planned, by (b, t): open addressing, cap a power
+ * of two, an empty slot's b 0 (every batch has a sample). A search asks
+ * for many shapes again (a token budget's longest lengths recur from one
+ * budget to the next): each is planned once. */
+typedef struct {
+    struct seen_point {
+        uint64_t b, t;
+        ml_length_point pt;
+    } *e;
+    size_t n, cap;
+} seen_points;
+
 typedef struct {
     const ml_model *m;
     ml_config cfg;
     unsigned evaluations;
     ml_error *err;
+    seen_points *seen; /* NULL: every point planned */
 } lengths_ctx;
+
+static size_t seen_slot(const seen_points *s, uint64_t b, uint64_t t)
+{
+    uint64_t h = (b * 0x9E3779B97F4A7C15ull) ^ (t * 0xC2B2AE3D27D4EB4Full);
+    size_t i = (size_t)(h ^ (h >> 29)) & (s->cap - 1);
+    while (s->e[i].b && (s->e[i].b != b || s->e[i].t != t))
+        i = (i + 1) & (s->cap - 1);
+    return i;
+}
+
+/* pt as (b, t)'s point; a host out of memory keeps nothing (the memo only
+ * spares work). */
+static void seen_put(seen_points *s, const ml_length_point *pt)
+{
+    if (2 * (s->n + 1) > s->cap) {
+        seen_points g = {NULL, 0, s->cap ? 2 * s->cap : 256};
+        if (!(g.e = calloc(g.cap, sizeof *g.e)))
+            return;
+        for (size_t i = 0; i < s->cap; i++)
+            if (s->e[i].b)
+                g.e[seen_slot(&g, s->e[i].b, s->e[i].t)] = s->e[i];
+        g.n = s->n;
+        free(s->e);
+        *s = g;
+    }
+    size_t i = seen_slot(s, pt->micro_batch, pt->seq_len);
+    s->e[i] = (struct seen_point){pt->micro_batch, pt->seq_len, *pt};
+    s->n++;
+}
 
 /* The ledger at micro-batch b and sequence length t. */
 static ml_status point_at(lengths_ctx *p, uint64_t b, uint64_t t, ml_length_point *out)
 {
+    if (p->seen && p->seen->cap) {
+        size_t i = seen_slot(p->seen, b, t);
+        if (p->seen->e[i].b) {
+            *out = p->seen->e[i].pt;
+            return ML_OK;
+        }
+    }
     ml_config c = p->cfg;
     c.training.micro_batch = b;
     c.training.seq_len = t;
@@ -47,6 +96,8 @@ static ml_status point_at(lengths_ctx *p, uint64_t b, uint64_t t, ml_length_poin
     *out = (ml_length_point){b,           t, peaks[s->binding], s->peak_total,
                              s->has_device && s->fits, s->has_device ? s->headroom : 0};
     ml_ledger_destroy(l);
+    if (p->seen)
+        seen_put(p->seen, out);
     return ML_OK;
 }
 
@@ -320,7 +371,7 @@ ml_status ml_lengths_plan(const ml_model *m, const ml_config *cfg, const ml_leng
         (req->buckets < 1 || req->buckets > ML_LENGTHS_MAX_BUCKETS))
         return ml__errorf(err, ML_RANGE, "buckets: must be between 1 and %d, got %u",
                           ML_LENGTHS_MAX_BUCKETS, req->buckets);
-    lengths_ctx p = {m, *cfg, 0, err};
+    lengths_ctx p = {m, *cfg, 0, err, NULL};
     switch (req->batching) {
     case ML_BATCHING_PACKED: /* every batch: micro_batch rows of seq_len tokens */
         if ((st = point_at(&p, cfg->training.micro_batch, cfg->training.seq_len, &out->max)))
@@ -376,6 +427,7 @@ static ml_status budget_fits(lengths_ctx *p, const ml_lengths *d, uint64_t token
     size_t n = 0;
     lengths_ctx q = *p;
     q.cfg.device.allocator = ML_ALLOCATOR_NONE;
+    q.seen = NULL; /* (p's points are simulated) */
     *fits = true;
     for (uint64_t t = ml_lengths_min(d); t <= tmax && *fits && !st;) {
         const uint64_t end = same_batch_last(tokens, t, tmax);
@@ -401,6 +453,81 @@ static ml_status budget_fits(lengths_ctx *p, const ml_lengths *d, uint64_t token
     return st;
 }
 
+/* The largest budget in [lo, hi) that fits, lo fitting and hi not:
+ * bisection. */
+static ml_status bisect_budget(lengths_ctx *p, const ml_lengths *d, uint64_t lo, uint64_t hi,
+                               uint64_t *out)
+{
+    bool fits;
+    while (lo + 1 < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        ml_status st = budget_fits(p, d, mid, &fits);
+        if (st)
+            return st;
+        *(fits ? &lo : &hi) = mid;
+    }
+    *out = lo;
+    return ML_OK;
+}
+
+/* The largest budget that fits, from the longest sample up (0: not even
+ * that): N >= the longest sample (else it would get a batch of its own);
+ * the worst batch grows with N: doubling to a failure, then bisection. */
+static ml_status largest_budget(lengths_ctx *p, const ml_lengths *d, uint64_t *out)
+{
+    uint64_t lo = ml_lengths_max(d), hi = 0;
+    const uint64_t limit = budget_limit(d);
+    bool fits;
+    ml_status st = budget_fits(p, d, lo, &fits);
+    *out = 0;
+    if (st || !fits)
+        return st;
+    for (uint64_t n = lo * 2; !hi && lo < limit; n *= 2) {
+        if (n > limit)
+            n = limit;
+        if ((st = budget_fits(p, d, n, &fits)))
+            return st;
+        *(fits ? &lo : &hi) = n;
+    }
+    return hi ? bisect_budget(p, d, lo, hi, out) : (*out = lo, ML_OK);
+}
+
+/* The same, searching down from top, a budget that fits without the
+ * allocator's simulation: top, then steps of 1, 2, 4, ... below it to one
+ * that fits, then bisection between that one and the last that did not. A
+ * budget that does not fit is cheap to tell (budget_fits stops at its
+ * first batch over, the tightest first); one that fits plans every batch. */
+static ml_status largest_budget_below(lengths_ctx *p, const ml_lengths *d, uint64_t top,
+                                      uint64_t *out)
+{
+    const uint64_t first = ml_lengths_max(d);
+    bool fits;
+    ml_status st = budget_fits(p, d, top, &fits);
+    *out = 0;
+    if (st || fits) {
+        *out = st ? 0 : top;
+        return st;
+    }
+    uint64_t hi = top, step = 1;
+    for (;;) {
+        const uint64_t n = hi - first > step ? hi - step : first;
+        if ((st = budget_fits(p, d, n, &fits)))
+            return st;
+        if (fits)
+            return bisect_budget(p, d, n, hi, out);
+        if (n == first)
+            return ML_OK;
+        hi = n;
+        step *= 2;
+    }
+}
+
+/* The largest token budget whose batches all fit. With the allocator
+ * simulated, the allocated view first, without the simulation: a budget
+ * that fits with the cache fits without it (the simulation only adds to
+ * the peak), so the answer is at most the allocated view's, and the
+ * simulated search runs down from there (as fit's micro-batch search:
+ * docs/lengths.md). */
 ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const ml_lengths *d,
                                 uint64_t *tokens, unsigned *evaluations, ml_error *err)
 {
@@ -413,41 +540,25 @@ ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const m
     if (!cfg->device.present)
         return ml__errorf(err, ML_USAGE,
                           "max_tokens auto needs a device (device.memory)");
-    lengths_ctx p = {m, *cfg, 0, err};
-    /* N >= the longest sample (else it would get a batch of its own); the
-     * worst batch grows with N: doubling to a failure, then bisection
-     * between the largest that fits (lo) and the smallest that fails (hi) */
-    uint64_t lo = ml_lengths_max(d), hi = 0;
-    bool fits;
-    if (lo > budget_limit(d)) {
-        st = ml__errorf(err, ML_RANGE,
-                        "lengths: the longest sample (%llu tokens) is more than 16777216 times "
-                        "the shortest (%llu): no token budget fits both",
-                        (unsigned long long)lo, (unsigned long long)ml_lengths_min(d));
-        goto done;
-    }
-    if ((st = budget_fits(&p, d, lo, &fits)) || !fits)
-        goto done;
-    const uint64_t limit = budget_limit(d);
-    for (uint64_t n = lo * 2; !hi && lo < limit; n *= 2) {
-        if (n > limit)
-            n = limit;
-        if ((st = budget_fits(&p, d, n, &fits)))
-            goto done;
-        if (!fits)
-            hi = n;
-        else
-            lo = n;
-    }
-    while (hi && lo + 1 < hi) {
-        uint64_t mid = lo + (hi - lo) / 2;
-        if ((st = budget_fits(&p, d, mid, &fits)))
-            goto done;
-        *(fits ? &lo : &hi) = mid;
-    }
-    *tokens = lo;
-done:
+    if (ml_lengths_max(d) > budget_limit(d))
+        return ml__errorf(err, ML_RANGE,
+                          "lengths: the longest sample (%llu tokens) is more than 16777216 "
+                          "times the shortest (%llu): no token budget fits both",
+                          (unsigned long long)ml_lengths_max(d),
+                          (unsigned long long)ml_lengths_min(d));
+    seen_points seen = {NULL, 0, 0};
+    lengths_ctx p = {m, *cfg, 0, err, &seen};
+    lengths_ctx q = p; /* the allocated view */
+    q.cfg.device.allocator = ML_ALLOCATOR_NONE;
+    q.seen = NULL;
+    uint64_t top = 0;
+    st = largest_budget(cfg->device.allocator == ML_ALLOCATOR_NONE ? &p : &q, d, &top);
+    if (!st && top && cfg->device.allocator != ML_ALLOCATOR_NONE)
+        st = largest_budget_below(&p, d, top, &top);
+    if (!st)
+        *tokens = top;
+    free(seen.e);
     if (evaluations)
-        *evaluations = p.evaluations;
+        *evaluations = p.evaluations + q.evaluations;
     return st;
 }

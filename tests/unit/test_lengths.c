@@ -283,6 +283,38 @@ static void test_fit_tokens(void **state)
     ml_model_destroy(m);
 }
 
+/* With the caching allocator simulated: the answer is at most the
+ * allocated view's (the simulation only adds to the peak), every batch of
+ * it fits, and one token more puts a batch over (the search ends on a
+ * budget that fits beside one that does not). */
+static void test_fit_tokens_simulated(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(decoder);
+    ml_config c = ml_model_config(m);
+    c.device.allocator = ML_ALLOCATOR_CACHING;
+    ml_lengths *d = csv(two_lengths);
+    ml_error e;
+    device_between(m, &c, 16, 64, 32, 64);
+    uint64_t n = 0, allocated = 0;
+    unsigned evals = 0;
+    assert_int_equal(ml_lengths_fit_tokens(m, &c, d, &n, &evals, &e), ML_OK);
+    ml_config a = c;
+    a.device.allocator = ML_ALLOCATOR_NONE;
+    assert_int_equal(ml_lengths_fit_tokens(m, &a, d, &allocated, NULL, &e), ML_OK);
+    assert_true(n >= 64 && n <= allocated);
+    ml_lengths_request req = ml_lengths_request_defaults();
+    ml_lengths_result r;
+    req.max_tokens = n;
+    assert_int_equal(ml_lengths_plan(m, &c, d, &req, &r, &e), ML_OK);
+    assert_true(r.max.fits && r.p_over_budget == 0);
+    req.max_tokens = n + 1;
+    assert_int_equal(ml_lengths_plan(m, &c, d, &req, &r, &e), ML_OK);
+    assert_true(!r.max.fits || r.p_over_budget > 0);
+    ml_lengths_destroy(d);
+    ml_model_destroy(m);
+}
+
 /* Two buckets of {10 x .9, 64 x .1}: the median is 10, so [10, 10] holds
  * .9 and [11, 64] .1; each bucket at its longest length. */
 static void test_buckets_and_packed(void **state)
@@ -374,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_csv_cdf_by_hand),  cmocka_unit_test(test_quantiles_by_hand),
         cmocka_unit_test(test_bad_input),        cmocka_unit_test(test_padded_fixed),
         cmocka_unit_test(test_token_budget),     cmocka_unit_test(test_fit_tokens),
+        cmocka_unit_test(test_fit_tokens_simulated),
         cmocka_unit_test(test_buckets_and_packed), cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
