@@ -5,6 +5,7 @@ micro_batch=), returning what `memledger VERB --format json` prints
 import ctypes
 import difflib
 import json
+import operator
 import os
 
 from . import _cli, _native
@@ -19,14 +20,17 @@ SETTINGS = (
     ("optimizer", "training.optimizer"), ("optimizer_impl", "training.optimizer_impl"),
     ("engine", "training.engine"), ("parallel", "parallel.layout"), ("tp", "parallel.tp"),
     ("sp", "parallel.sp"), ("pp", "parallel.pp"), ("vpp", "parallel.vpp"),
+    ("cp", "parallel.cp"), ("ep", "parallel.ep"), ("etp", "parallel.etp"),
     ("pp_schedule", "parallel.pp_schedule"), ("pp_layers", "parallel.pp_layers"),
     ("dist_optimizer", "parallel.dist_optimizer"), ("dp_shard", "parallel.dp_shard"),
     ("overlap_grad_reduce", "parallel.overlap_grad_reduce"),
-    ("data_parallel", "training.data_parallel"), ("zero", "training.zero"),
+    ("data_parallel", "training.data_parallel"), ("micro_batches", "training.grad_accum"),
+    ("zero", "training.zero"),
     ("reduce_bucket_size", "training.reduce_bucket_size"),
     ("allgather_bucket_size", "training.allgather_bucket_size"),
     ("logits", "training.logits"), ("logits_chunk", "training.logits_chunk"),
     ("zero_grad", "training.zero_grad"), ("expert_imbalance", "training.expert_imbalance"),
+    ("expert_capacity", "training.expert_capacity"), ("expert_pad", "training.expert_pad"),
     ("eval_batch", "training.eval_batch"), ("eval_seq_len", "training.eval_seq_len"),
     ("target_len", "training.target_len"), ("vision_tower", "training.vision_tower"),
     ("offload", "training.offload"), ("checkpoint", "training.checkpoint"),
@@ -43,22 +47,77 @@ SETTINGS = (
 FIT_ONLY = ("global_batch", "max_micro_batch")
 # the library's limit on an input file (docs/robustness.md, "input limits")
 MAX_INPUT = 16 << 20
+IO_STATUS = 1  # ML_IO (include/memledger/error.h)
+
+
+# the keywords that switch a setting on or off: True/False, or the strings
+# the library takes ("on"/"off" for sp, "true"/"false"); the command line
+# has flags without a value for them
+SWITCHES = {"sp": ("on", "off", "auto"), "dist_optimizer": ("true", "false"),
+            "overlap_grad_reduce": ("true", "false"), "expert_pad": ("true", "false")}
+
+
+def switch(name, value):
+    """A switch keyword's value as True, False or None (sp's "auto": not
+    given); anything else is refused, naming what it takes."""
+    if isinstance(value, bool):
+        return value
+    words = SWITCHES[name]
+    if isinstance(value, str) and value in words + ("true", "false", "on", "off"):
+        return None if value == "auto" else value in ("on", "true")
+    raise ValueError("memledger: %s=%r: give True or False (or %s)"
+                     % (name, value, ", ".join(repr(w) for w in words)))
+
+
+def _whole(name, value):
+    """A whole number of a list keyword (checkpoint=[1, 3], pp_layers=...):
+    a float, a bool or a string is refused, never cut to an integer."""
+    if isinstance(value, bool):
+        raise TypeError("memledger: %s: %r is not a whole number" % (name, value))
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError("memledger: %s: %r is not a whole number" % (name, value)) from None
+
+
+def split_mib(value):
+    """max_split_size= as whole MiB, as the flag counts it: a whole number
+    (or its digits as a string) is MiB, a size with a unit ("128MiB") is
+    converted; a size that is not whole MiB, a float or a bool is refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError("memledger: max_split_size=%r: a whole number of MiB, or a size such "
+                        "as '128MiB'" % (value,))
+    if isinstance(value, int) or value.strip().isdigit():
+        return int(value)
+    if "\0" in value:
+        raise ValueError("memledger: max_split_size=%r: a NUL character" % (value,))
+    out, err = ctypes.c_uint64(), _native.new_error()
+    st = lib.ml_parse_size(value.encode(), ctypes.byref(out), ctypes.byref(err))
+    if st:
+        err.msg = ("max_split_size=%r: " % (value,)).encode()[:100] + err.msg[:400]
+    _native.check(st, err)
+    b = out.value
+    if b % (1 << 20):
+        raise ValueError("memledger: max_split_size=%r: %d B is not a whole number of MiB "
+                         "(PyTorch's max_split_size_mb counts MiB)" % (value, b))
+    return b >> 20
 
 
 def _text(name, value):
     """A keyword's value as the flag's text."""
-    if name == "sp" and isinstance(value, bool):
-        return "on" if value else "off"  # --sp / --no-sp
-    if name in ("dist_optimizer", "overlap_grad_reduce") and isinstance(value, bool):
-        return "true" if value else "false"  # --dist-optimizer
+    if name in SWITCHES and (isinstance(value, bool) or name != "sp"):
+        on = switch(name, value)
+        if name == "sp":
+            return "on" if on else "off"  # --sp / --no-sp
+        return "true" if on else "false"  # --dist-optimizer, --expert-pad
     if isinstance(value, bool):
         raise TypeError("memledger: %s=%r: not a flag value" % (name, value))
     if name == "pp_layers" and isinstance(value, (list, tuple)):
-        return ",".join(str(int(n)) for n in value)  # --pp-layers 7,9,9,7
-    if name == "max_split_size" and isinstance(value, int):
-        return "%dMiB" % value  # --max-split-size counts MiB
+        return ",".join(str(_whole(name, n)) for n in value)  # --pp-layers 7,9,9,7
+    if name == "max_split_size":
+        return "%dMiB" % split_mib(value)  # --max-split-size counts MiB
     if name == "checkpoint" and isinstance(value, (list, tuple)):
-        return "[%s]" % ", ".join(str(int(b)) for b in value)
+        return "[%s]" % ", ".join(str(_whole(name, b)) for b in value)
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if isinstance(value, str) and "\0" in value:
@@ -77,6 +136,9 @@ def _check_names(verb, settings, training):
             raise TypeError("memledger.%s: unknown keyword %r%s" % (verb, name, hint))
         if name in FIT_ONLY and verb != "fit":
             raise TypeError("memledger.%s: %s is for fit" % (verb, name))
+    if "micro_batches" in settings and "grad_accum" in settings:
+        raise TypeError("memledger.%s: micro_batches= and grad_accum= are the same steps: "
+                        "give one" % verb)
     if training is not None and verb == "calibrate_points":
         raise TypeError("memledger.calibrate_points: no model, no training file")
 
@@ -120,8 +182,9 @@ def _load_model(model, training):
         # JSON is YAML (flow style): the library's own loader reads the dict
         text = json.dumps(model, default=str).encode()
         if "model_type" in model and "model" not in model:
-            name = str(model.get("_name_or_path") or model["model_type"]).encode()
-            st = lib.ml_model_load_hf_string(text, len(text), name, ctypes.byref(handle),
+            # named in messages as the command line's path names it; the
+            # model's name is _name_or_path's, else its model_type
+            st = lib.ml_model_load_hf_string(text, len(text), b"<dict>", ctypes.byref(handle),
                                              ctypes.byref(err))
         else:
             st = lib.ml_model_load_string(text, len(text), b"<dict>", ctypes.byref(handle),
@@ -197,8 +260,9 @@ def fit(model, training=None, **settings):
     (memledger fit --format json); also global_batch=, max_micro_batch=,
     checkpoint="auto". Needs a device (device= or the model's device:).
     With lengths= (and batching=, max_tokens=, buckets=), over sample
-    lengths, run through the command line."""
-    if _through_cli(settings):
+    lengths, run through the command line; with gpus= (and gpus_per_node=,
+    network=, exhaustive=) the search over parallel layouts, as fit --gpus."""
+    if _through_cli(settings) or any(k in settings for k in _cli.SEARCH):
         return _cli.json_verb("fit", model, training, settings)
     return _run("fit", model, settings, training)
 
@@ -245,15 +309,27 @@ def calibrate_points(points, budget=None, at=None):
         name = _path("points", points)
         # one byte past the library's limit, which it then refuses by name:
         # a stream (/dev/zero, a pipe) is never read to its end
-        with open(points, "rb") as f:
-            text = f.read(MAX_INPUT + 1)
+        try:
+            with open(points, "rb") as f:
+                text = f.read(MAX_INPUT + 1)
+        except OSError as e:
+            raise Error(lib.ml_status_name(IO_STATUS).decode(), IO_STATUS, os.fsdecode(name), 0, 0,
+                        "cannot read the points: %s" % (e.strerror or e)) from None
     else:
         rows = ["micro_batch,peak"]
         for p in points:
             mb, peak = (p["micro_batch"], p["peak"]) if isinstance(p, dict) else p
-            rows.append("%s,%s" % (_text("micro_batch", mb), _text("peak", peak)))
+            cells = (_text("micro_batch", mb), _text("peak", peak))
+            for c in cells:
+                if any(ch in c for ch in ",\r\n"):
+                    raise ValueError("memledger.calibrate_points: %r: one value a cell (no "
+                                     "comma or line break)" % c)
+            rows.append("%s,%s" % cells)
         name, text = b"<points>", ("\n".join(rows) + "\n").encode()
     b = _size("budget", budget) if budget is not None else 0
+    if budget is not None and not b:
+        raise ValueError("memledger.calibrate_points: budget=%r: at least 1 byte (leave it out "
+                         "for no budget)" % (budget,))
     if at is not None and (isinstance(at, bool) or not isinstance(at, int)):
         raise TypeError("memledger.calibrate_points: at=%r: a whole micro-batch" % (at,))
     a = at if at is not None else 0

@@ -23,8 +23,11 @@ LENGTHS = ("lengths", "batching", "max_tokens", "buckets")
 # the cache a simulation starts from (--allocator-start TRACE): a file the
 # command line reads, so the verbs given it run through the command line
 START = ("allocator_start",)
+# fit --gpus N: the search over layouts, the command line's
+SEARCH = ("gpus", "gpus_per_node", "network", "exhaustive")
 EXTRA = {
-    "plan": LENGTHS + START, "fit": LENGTHS + ("global_batch", "max_micro_batch") + START,
+    "plan": LENGTHS + START,
+    "fit": LENGTHS + ("global_batch", "max_micro_batch") + START + SEARCH,
     "triage": LENGTHS + ("oom_phase", "allocated", "reserved") + START,
     "report": ("global_batch",) + START, "emit": START,
     "compare": START,
@@ -57,8 +60,8 @@ def executable():
 
 def _flag_value(name, value):
     # the command line's --max-split-size counts MiB, as max_split_size= does
-    if name == "max_split_size" and isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
+    if name == "max_split_size":
+        return str(_api.split_mib(value))
     return _api._text(name, value)
 
 
@@ -66,6 +69,11 @@ def _flags(verb, settings, known):
     """--flag value pairs in SETTINGS' order, then the verb's own."""
     names = [k for k, _ in _api.SETTINGS if k not in _api.FIT_ONLY] + list(known)
     for name in settings:
+        takers = [v for v, extra in EXTRA.items() if name in extra]
+        if name not in names and takers:
+            raise TypeError("memledger.%s: %s= is not for %s (%s take%s it)"
+                            % (verb, name, verb, ", ".join(takers),
+                               "s" if len(takers) == 1 else ""))
         if name not in names:
             near = difflib.get_close_matches(name, names, n=1)
             hint = "; did you mean %r?" % near[0] if near else ""
@@ -73,12 +81,18 @@ def _flags(verb, settings, known):
     out = []
     for name in names:
         value = settings.get(name)
-        if name == "sp" and isinstance(value, bool):
-            out.append("--sp" if value else "--no-sp")  # flags without a value
-        elif name == "dist_optimizer" and isinstance(value, bool):
-            out.append("--dist-optimizer" if value else "--no-dist-optimizer")
-        elif name == "overlap_grad_reduce" and isinstance(value, bool):
-            out += ["--overlap-grad-reduce"] if value else []
+        if name in _api.SWITCHES and value is not None:
+            on = _api.switch(name, value)  # flags without a value
+            if name == "sp" and on is not None:
+                out.append("--sp" if on else "--no-sp")
+            elif name == "dist_optimizer":
+                out.append("--dist-optimizer" if on else "--no-dist-optimizer")
+            elif on and name != "sp":
+                out.append("--" + name.replace("_", "-"))  # --overlap-grad-reduce, --expert-pad
+        elif name == "exhaustive" and value is not None:
+            if not isinstance(value, bool):
+                raise TypeError("memledger.%s: exhaustive=%r: True or False" % (verb, value))
+            out += ["--exhaustive"] if value else []
         elif value is not None:
             out += ["--" + name.replace("_", "-"), _flag_value(name, value)]
     return out

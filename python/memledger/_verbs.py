@@ -96,13 +96,14 @@ def allocator(trace, **options):
     return r
 
 
-EMIT_TARGETS = ("deepspeed", "hf-trainer", "torch")
+EMIT_TARGETS = ("deepspeed", "hf-trainer", "torch", "megatron", "torchtitan")
 
 
 def emit(model, target, training=None, **settings):
     """The plan's settings for a training stack (memledger plan --emit
-    TARGET): "deepspeed" a dict (the config's JSON), "hf-trainer" the
-    Trainer's flags and "torch" the snippet, as text. Settings that lack a
+    TARGET): "deepspeed" a dict (the config's JSON); "hf-trainer" the
+    Trainer's flags, "torch" the snippet, "megatron" Megatron-LM's
+    arguments and "torchtitan" its TOML, as text. Settings that lack a
     part of the plan (exit status 4) come with an EmitWarning naming it; a
     plan that does not fit, or a target that runs another setup, raises
     Error (code "CLI", status the exit status)."""

@@ -166,6 +166,9 @@ def test_emit_settings():
     assert [x.category for x in w] == [memledger.EmitWarning]
     assert "logits" in str(w[0].message)
     with pytest.raises(ValueError):
+        memledger.emit(MLP2, "megatron-lm")
+    # a target the command line has, refused there for this model (exit 2)
+    with pytest.raises(memledger.Error, match="pretrain_gpt.py trains a decoder"):
         memledger.emit(MLP2, "megatron")
 
 
@@ -220,3 +223,21 @@ def test_same_json_as_the_cli(tmp_path):
     trace.write_text("action,id,bytes\nalloc,1,1000\nalloc,2,3145728\nfree,1\n")
     assert memledger.allocator(str(trace), allocator="expandable") == _cli_json(
         ["allocator", str(trace), "--allocator", "expandable"])
+
+
+def test_keywords_as_the_flags_on_both_paths():
+    gpt2 = os.path.join(MODELS, "gpt2-small.yaml")
+    # a switch's words work through the command line as through the library
+    for v in ("off", "false", False):
+        r = memledger.plan(gpt2, sp=v, lengths="max=64")
+        assert r["lengths"]["max"] == 64
+    with pytest.raises(ValueError, match="give True or False"):
+        memledger.plan(gpt2, sp="maybe", lengths="max=64")
+    # micro_batches= is --micro-batches: the accumulation steps
+    assert memledger.plan(gpt2, micro_batches=4)["config"]["grad_accum"] == 4
+    # a keyword another verb takes says so, not "did you mean"
+    with pytest.raises(TypeError, match="lengths= is not for compare"):
+        memledger.compare(gpt2, lengths="max=64")
+    # fit gpus=: the search over layouts, as fit --gpus
+    r = memledger.fit(gpt2, gpus=8, global_batch=64, device="80GiB")
+    assert r["gpus"] == 8 and r["global_batch"] == 64

@@ -204,7 +204,7 @@ def test_errors():
         memledger.plan(MLP2, checkpoint="auto")
     assert "auto is for fit" in e.value.message
     with pytest.raises(TypeError, match="did you mean 'micro_batch'"):
-        memledger.plan(MLP2, micro_batches=4)
+        memledger.plan(MLP2, micro_bach=4)
     with pytest.raises(TypeError, match="is for fit"):
         memledger.plan(MLP2, global_batch=8)
 
@@ -279,3 +279,76 @@ def test_paths_with_nul_and_endless_points():
     # (16 MiB + 1 of zeros), and the library refuses it by its limit
     with pytest.raises(memledger.Error, match="larger than 16 MiB"):
         memledger.calibrate_points("/dev/zero")
+
+
+def test_pairings_the_cli_refuses_are_refused_here_too():
+    # each pair is refused by the command line (exit 2); the library's
+    # verbs refuse it the same way, naming the keys, never the last one wins
+    cases = [
+        (memledger.plan, dict(parallel="tp2.dp2", tp=4), "the layout is given once"),
+        (memledger.fit, dict(global_batch=64, grad_accum=4, device="80GiB"),
+         "global_batch derives the accumulation steps"),
+        (memledger.plan, dict(reduce_bucket_size=5), "sizes DeepSpeed's ZeRO buckets"),
+        (memledger.plan, dict(allocator="none", blas_workspace="1MiB"),
+         "applies to a simulated allocator only"),
+    ]
+    for verb, kw, says in cases:
+        with pytest.raises(memledger.Error) as e:
+            verb(GPT2, **kw)
+        assert says in e.value.message, (kw, e.value.message)
+    # the bucket size with ZeRO is used: planned
+    assert memledger.plan(GPT2, reduce_bucket_size=5, zero=2)["params"] == 124439808
+
+
+def test_list_numbers_are_whole():
+    # a float or a bool in a block list is refused, never cut to an integer
+    for bad in ([1.7], [True, 2], ["1"]):
+        with pytest.raises(TypeError, match="not a whole number"):
+            memledger.plan(GPT2, checkpoint=bad)
+    with pytest.raises(TypeError, match="not a whole number"):
+        memledger.plan(GPT2, pp=2, pp_layers=[6.5, 6.5])
+    assert memledger.plan(GPT2, checkpoint=[0, 3])["config"]["checkpoint"] == "[0, 3]"
+
+
+def test_max_split_size_counts_mib_on_both_paths():
+    # 25 MiB three ways, through the library and through the command line
+    # (lengths=): the same reserved peak each time
+    peaks = set()
+    for v in (25, "25", "25MiB"):
+        peaks.add(memledger.plan(GPT2, device="24GiB", max_split_size=v)["reserved"]["peak"])
+        peaks.add(memledger.plan(GPT2, device="24GiB", max_split_size=v,
+                                 lengths="p50=1000,max=1024")["reserved"]["peak"])
+    assert len(peaks) == 1
+    with pytest.raises(ValueError, match="not a whole number of MiB"):
+        memledger.plan(GPT2, max_split_size="25.5MiB")
+    with pytest.raises(TypeError):
+        memledger.plan(GPT2, max_split_size=25.0)
+
+
+def test_hf_dict_named_alike_on_both_paths():
+    path = os.path.join(MODELS, "hf", "gpt2", "config.json")
+    with open(path, encoding="utf-8") as f:
+        c = json.load(f)
+    c.pop("_name_or_path", None)
+    # no _name_or_path: its model_type names it, through the library and the CLI
+    assert memledger.plan(c)["model"] == "gpt2"
+    assert memledger.plan(c, lengths="max=64")["model"] == "gpt2"
+    # a trailing slash is no empty name
+    assert memledger.plan(dict(c, _name_or_path="org/tiny-gpt2/"))["model"] == "tiny-gpt2"
+    with pytest.raises(memledger.Error) as e:
+        memledger.plan(dict(c, n_layer=-1))
+    assert e.value.path == "<dict>"
+
+
+def test_calibrate_points_input():
+    # one value a cell: a line break would add rows the caller never gave
+    with pytest.raises(ValueError, match="one value a cell"):
+        memledger.calibrate_points([(1, "1GiB\n3,4GiB"), (2, "2GiB")])
+    with pytest.raises(memledger.Error) as e:
+        memledger.calibrate_points("/nonexistent/points.csv")
+    assert e.value.code == "ML_IO" and e.value.path == "/nonexistent/points.csv"
+    with pytest.raises(ValueError, match="at least 1 byte"):
+        memledger.calibrate_points([(1, "1GiB"), (2, "2GiB")], budget=0)
+    # a flat line: any micro-batch fits, up to the limit a plan takes (2^24)
+    r = memledger.calibrate_points([(1, "3GiB"), (2, "3GiB")], budget="6GiB")
+    assert r["max_micro_batch"] == 1 << 24

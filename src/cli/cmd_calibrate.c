@@ -78,9 +78,14 @@ static void points_text(FILE *f, const points_report *q)
     if (budget) {
         ml_format_bytes(budget, a, sizeof a);
         fprintf(f, "budget %s:\n", a);
+        uint64_t lo = 1, most = 1ull << 24;
+        ml_config_range("training.micro_batch", &lo, &most);
         if (r->max_micro_batch)
-            fprintf(f, "  largest micro-batch by the fit: %llu%s\n",
+            fprintf(f, "  largest micro-batch by the fit: %llu%s%s\n",
                     (unsigned long long)r->max_micro_batch,
+                    r->max_micro_batch == most ? " (the micro-batch limit: the fit's peak stays "
+                                                 "within the budget to there)"
+                                               : "",
                     r->extrapolated ? " (extrapolated past the measured points: measure it "
                                      "before relying on it)"
                                    : "");

@@ -3,6 +3,7 @@
  * (docs/lengths.md). */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "report/report_internal.h"
@@ -58,10 +59,12 @@ static int lengths_request(const ml_cli_opts *o, ml_lengths **d, ml_lengths_requ
     }
     ml_error e;
     memset(&e, 0, sizeof e);
-    ml_status st = strchr(o->lengths, '=') ? ml_lengths_parse_quantiles(o->lengths, d, &e)
-                                            : ml_lengths_load(o->lengths, d, &e);
+    /* quantiles ("p50=120,max=512") unless a file has that name */
+    const bool quantiles = strchr(o->lengths, '=') && access(o->lengths, F_OK) != 0;
+    ml_status st = quantiles ? ml_lengths_parse_quantiles(o->lengths, d, &e)
+                             : ml_lengths_load(o->lengths, d, &e);
     if (st) {
-        if (strchr(o->lengths, '='))
+        if (quantiles)
             ml_cli_errorf("--lengths: %s",
                           strncmp(e.msg, "lengths: ", 9) ? e.msg : e.msg + 9);
         else

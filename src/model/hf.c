@@ -544,25 +544,31 @@ static ml_status load_hf(const char *text, size_t len, const char *config_path,
     else if (!(st = ml__tree_check_unique(err, root)))
         st = map_config(root, m, false, err);
     if (!st) {
-        /* name: _name_or_path, else the config's directory */
-        const char *n = NULL;
+        /* name: _name_or_path's last part ("org/model/" -> model), else
+         * the config's directory (models/hf/gpt2/config.json -> gpt2),
+         * else model_type (a config given as text, "<dict>") */
+        const char *n = NULL, *type = NULL;
         st = ml__hf_str(err, root, "_name_or_path", &n);
-        if (!st && n && *n) {
-            const char *slash = strrchr(n, '/');
-            snprintf(m->name, sizeof m->name, "%s", slash ? slash + 1 : n);
-        } else if (!st) {
-            /* models/hf/gpt2/config.json -> gpt2 */
-            char dir[512];
-            snprintf(dir, sizeof dir, "%s", config_path);
-            char *slash = strrchr(dir, '/');
-            const char *name = "hf-model";
+        if (!st)
+            st = ml__hf_str(err, root, "model_type", &type);
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", n ? n : "");
+        for (size_t k = strlen(buf); k > 0 && buf[k - 1] == '/'; k--)
+            buf[k - 1] = '\0';
+        const char *name = strrchr(buf, '/') ? strrchr(buf, '/') + 1 : buf;
+        if (!st && !*name) {
+            snprintf(buf, sizeof buf, "%s", config_path);
+            char *slash = strrchr(buf, '/');
+            name = "";
             if (slash) {
                 *slash = '\0';
-                slash = strrchr(dir, '/');
-                name = slash ? slash + 1 : dir;
+                slash = strrchr(buf, '/');
+                name = slash ? slash + 1 : buf;
             }
-            snprintf(m->name, sizeof m->name, "%s", *name ? name : "hf-model");
         }
+        if (!st)
+            snprintf(m->name, sizeof m->name, "%s",
+                     *name ? name : type && *type ? type : "hf-model");
     }
     ml__tree_free(root);
     if (!st && training_path) {

@@ -334,6 +334,8 @@ ml_status ml_parse_checkpoint(const char *text, ml_checkpoint *out, ml_error *er
         }
         if (*p != ']' || p[1])
             return usage(err, ML_USAGE, bad, text);
+        if (!c.count) /* no block listed: none, and said so ("[]" is no policy's name) */
+            c.kind = ML_CKPT_NONE;
     } else
         return usage(err, ML_USAGE, bad, text);
     *out = c;

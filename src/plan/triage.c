@@ -135,6 +135,12 @@ ml_status ml_triage(const ml_model *m, const ml_config *cfg, const ml_triage_req
     memset(err, 0, sizeof *err);
     if ((unsigned)req->oom_phase >= ML_TRIAGE_PHASE_COUNT || !(req->host_bandwidth > 0))
         return ml__errorf(err, ML_RANGE, "triage: unknown phase, or a host bandwidth not above 0");
+    /* a failure in a pass the plan does not have has no peak to triage */
+    if (req->oom_phase == ML_TRIAGE_EVAL && !cfg->training.eval_batch)
+        return ml__errorf(err, ML_USAGE,
+                          "oom phase eval: the plan has no evaluation pass; give the failing "
+                          "run's evaluation batch (training.eval_batch) and, where it differs, "
+                          "its length (training.eval_seq_len), or name the phase it failed in");
     ml_triage_result *r = calloc(1, sizeof *r);
     if (!r)
         return ml__errorf(err, ML_NOMEM, "out of memory");

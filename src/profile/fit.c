@@ -316,18 +316,20 @@ static ml_status check_rising(const ml_point *p, size_t n, double slope, ml_erro
 }
 
 /* The largest micro-batch whose fitted peak is within budget (0: none;
- * at most 10^15). */
+ * at most training.micro_batch's limit, 2^24, which a plan takes). */
 static uint64_t max_micro_batch(const ml_linfit *fit, uint64_t budget)
 {
+    uint64_t least = 1, most = 1ull << 24;
+    ml_config_range("training.micro_batch", &least, &most);
     /* a flat line (slope <= 0, above) under the budget admits any
-     * micro-batch: the cap below */
+     * micro-batch: the limit */
     double b = fit->slope > 0 ? floor(((double)budget - fit->fixed) / fit->slope)
-               : fit->fixed <= (double)budget ? 1e15
+               : fit->fixed <= (double)budget ? (double)most
                                               : 0;
     if (!(b >= 1))
         b = 0;
-    if (b > 1e15)
-        b = 1e15;
+    if (b > (double)most)
+        b = (double)most;
     /* guard the floor against rounding: the fit at b must be within the
      * budget. A bisection, not a walk down by 1: past 2^53 a double
      * minus 1 is the same double (a fuzzed CSV hung here) */

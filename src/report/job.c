@@ -16,7 +16,77 @@ struct ml_job {
     ml_profile *calib; /* owned; cfg.calib points at it */
     /* set by ml_job_set: a verb that would not use them refuses them */
     bool micro_batch_set, checkpoint_set;
+    unsigned given; /* the keys of `given_keys` set (bit i: given_keys[i]) */
 };
+
+/* The keys whose pairings the command line refuses (a layout given twice,
+ * steps the global batch derives, a size nothing uses): ml_job_set notes
+ * each one set, and every verb refuses the same pairings (job_conflicts). */
+enum {
+    G_LAYOUT, G_SIZE_FIRST, G_SIZE_LAST = G_SIZE_FIRST + 6, G_GRAD_ACCUM,
+    G_GLOBAL_BATCH, G_MAX_MICRO, G_REDUCE_BUCKET, G_ALLGATHER_BUCKET, G_BLAS, G_COUNT
+};
+static const char *const given_keys[G_COUNT] = {
+    [G_LAYOUT] = "parallel.layout",
+    [G_SIZE_FIRST] = "parallel.tp", "parallel.pp", "parallel.vpp", "parallel.cp", "parallel.ep",
+    "parallel.etp", [G_SIZE_LAST] = "training.data_parallel",
+    [G_GRAD_ACCUM] = "training.grad_accum",
+    [G_GLOBAL_BATCH] = "global_batch",
+    [G_MAX_MICRO] = "max_micro_batch",
+    [G_REDUCE_BUCKET] = "training.reduce_bucket_size",
+    [G_ALLGATHER_BUCKET] = "training.allgather_bucket_size",
+    [G_BLAS] = "device.blas_workspace",
+};
+
+static void note_given(ml_job *j, const char *key)
+{
+    for (unsigned i = 0; i < G_COUNT; i++)
+        if (!strcmp(key, given_keys[i]))
+            j->given |= 1u << i;
+}
+
+static bool given(const ml_job *j, unsigned i)
+{
+    return j->given >> i & 1;
+}
+
+/* The pairings of settings the command line refuses (with its flags'
+ * names; here the keys'): a verb refuses them the same way, whatever order
+ * they were set in. fit: the verb is fit. */
+static ml_status job_conflicts(const ml_job *j, bool fit, ml_error *err)
+{
+    if (given(j, G_LAYOUT))
+        for (unsigned i = G_SIZE_FIRST; i <= G_SIZE_LAST; i++)
+            if (given(j, i))
+                return ml__errorf_at(err, ML_USAGE, 0, 0,
+                                     "parallel.layout: the layout is given once; drop %s (and "
+                                     "the other sizes), or drop parallel.layout",
+                                     given_keys[i]);
+    if (!fit && (given(j, G_GLOBAL_BATCH) || given(j, G_MAX_MICRO)))
+        return ml__errorf_at(err, ML_USAGE, 0, 0,
+                             "%s: bounds fit's search of the micro-batch; this verb plans one",
+                             given_keys[given(j, G_GLOBAL_BATCH) ? G_GLOBAL_BATCH : G_MAX_MICRO]);
+    if (fit && given(j, G_GLOBAL_BATCH) && given(j, G_GRAD_ACCUM))
+        return ml__errorf_at(err, ML_USAGE, 0, 0,
+                             "training.grad_accum: fit's global_batch derives the accumulation "
+                             "steps from the micro-batch it finds: drop training.grad_accum (or "
+                             "fit without global_batch at that accumulation)");
+    const ml_training *t = &j->cfg.training;
+    const unsigned bucket = given(j, G_REDUCE_BUCKET)      ? G_REDUCE_BUCKET
+                            : given(j, G_ALLGATHER_BUCKET) ? G_ALLGATHER_BUCKET
+                                                           : G_COUNT;
+    if (bucket != G_COUNT && !t->zero && !t->dist_optimizer)
+        return ml__errorf_at(err, ML_USAGE, 0, 0,
+                             "%s: sizes DeepSpeed's ZeRO buckets (training.zero 1 to 3), and the "
+                             "plan has no ZeRO: its gradients are DDP's; drop it, or set "
+                             "training.zero",
+                             given_keys[bucket]);
+    if (given(j, G_BLAS) && j->cfg.device.allocator == ML_ALLOCATOR_NONE)
+        return ml__errorf_at(err, ML_USAGE, 0, 0,
+                             "device.blas_workspace: applies to a simulated allocator only: set "
+                             "device.allocator caching (or expandable)");
+    return ML_OK;
+}
 
 ml_status ml_job_create(const ml_model *m, ml_job **out, ml_error *err)
 {
@@ -76,10 +146,14 @@ ml_status ml_job_set(ml_job *j, const char *key, const char *value, ml_error *er
     if (!j || !key || !value)
         return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_job_set: NULL argument");
     /* the same ranges as fit's --global-batch and --max-micro-batch */
-    if (!strcmp(key, "global_batch"))
-        return request_count(key, value, 1ull << 40, &j->req.global_batch, err);
-    if (!strcmp(key, "max_micro_batch"))
-        return request_count(key, value, 1u << 24, &j->req.max_micro_batch, err);
+    if (!strcmp(key, "global_batch") || !strcmp(key, "max_micro_batch")) {
+        const bool global = !strcmp(key, "global_batch");
+        ml_status st = request_count(key, value, global ? 1ull << 40 : 1u << 24,
+                                     global ? &j->req.global_batch : &j->req.max_micro_batch, err);
+        if (!st)
+            note_given(j, key);
+        return st;
+    }
     if (!strcmp(key, "calib"))
         return set_calib(j, value, err);
     if (!strcmp(key, "training.checkpoint") && !strcmp(value, "auto")) {
@@ -95,6 +169,8 @@ ml_status ml_job_set(ml_job *j, const char *key, const char *value, ml_error *er
         j->req.auto_checkpoint = false, j->checkpoint_set = true;
     if (st == ML_OK && !strcmp(key, "training.micro_batch"))
         j->micro_batch_set = true;
+    if (st == ML_OK)
+        note_given(j, key);
     return st;
 }
 
@@ -121,12 +197,13 @@ static ml_status to_string(writer write, const void *ctx, char **out, size_t *le
     return ML_OK;
 }
 
+/* What every verb but fit refuses: fit's own settings, and the pairings. */
 static ml_status no_auto(const ml_job *j, const char *verb, ml_error *err)
 {
     if (j->req.auto_checkpoint)
         return ml__errorf_at(err, ML_USAGE, 0, 0,
                              "training.checkpoint: auto is for fit, not %s", verb);
-    return ML_OK;
+    return job_conflicts(j, false, err);
 }
 
 typedef struct {
@@ -182,6 +259,9 @@ ml_status ml_job_fit_json(const ml_job *j, char **out, size_t *len, ml_error *er
         return ml__errorf_at(err, ML_USAGE, 0, 0,
                              "training.micro_batch: fit searches the micro-batch; bound it with "
                              "max_micro_batch, or plan one");
+    ml_status conflict = job_conflicts(j, true, err);
+    if (conflict)
+        return conflict;
     ml_fit_result *r = malloc(sizeof *r);
     if (!r)
         return ml__errorf_at(err, ML_NOMEM, 0, 0, "out of memory");
@@ -212,11 +292,13 @@ ml_status ml_job_compare_json(const ml_job *j, char **out, size_t *len, ml_error
         return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_job_compare_json: a job and an output pointer");
     ml_compare_row rows[ML_COMPARE_ROWS];
     compare_ctx c = {rows, 0};
-    ml_status st = no_auto(j, "compare", err);
-    if (!st && j->checkpoint_set)
+    ml_status st = ML_OK;
+    if (j->checkpoint_set)
         st = ml__errorf_at(err, ML_USAGE, 0, 0,
                            "training.checkpoint: compare plans every checkpoint policy side by "
                            "side; plan one instead");
+    if (!st)
+        st = no_auto(j, "compare", err);
     if (!st)
         st = ml_compare(j->model, &j->cfg, rows, &c.n, err);
     if (!st)

@@ -209,7 +209,8 @@ static void num_or_null(FILE *f, double x)
 /* "device": with a length distribution (v) "fits" and "headroom" are its
  * verdict, "verdict_of" says so and "configured" holds the configured
  * shape's own (docs/lengths.md, "The verdict"). */
-static void json_device(FILE *f, const ml_summary *s, const ml_report_verdict *v)
+static void json_device(FILE *f, const ml_config *cfg, const ml_summary *s,
+                        const ml_report_verdict *v)
 {
     fputs(",\n \"device\": ", f);
     if (!s->has_device) {
@@ -226,9 +227,11 @@ static void json_device(FILE *f, const ml_summary *s, const ml_report_verdict *v
                 s->fits ? "true" : "false", (long long)s->headroom);
     /* with the caching allocator simulated (--allocator) the budget holds
      * its reserved peak, not the allocator peak: said (absent, the
-     * allocator peak) */
+     * allocator peak); a fragmentation allowance given takes the simulated
+     * cache's place: the allocator peak with the allowance */
     if (s->has_reserved)
-        fputs(", \"budget_holds\": \"reserved\"", f);
+        fprintf(f, ", \"budget_holds\": \"%s\"",
+                cfg->device.fragmentation > 0 ? "allowance" : "reserved");
     fputc('}', f);
 }
 
@@ -364,7 +367,7 @@ void ml__report_json_open_verdict(FILE *f, const ml_model *m, const ml_config *c
     json_bytes(f, cfg, s);
     json_blocks_and_time(f, l, s);
     ml__report_json_ranks(f, cfg, l);
-    json_device(f, s, v);
+    json_device(f, cfg, s, v);
 }
 
 void ml__report_json_open(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)

@@ -313,10 +313,13 @@ static void text_peak(FILE *f, const ml_config *cfg, const ml_summary *s)
                 B(s->peak_eval, a), (unsigned long long)t->eval_batch,
                 (unsigned long long)(t->eval_seq_len ? t->eval_seq_len : t->seq_len));
     if (s->has_reserved) {
-        fprintf(f, "  reserved               %12s   (%s allocator simulated: %llu segments%s)\n",
+        fprintf(f, "  reserved               %12s   (%s allocator simulated: %llu segments%s%s)\n",
                 B(s->reserved_peak, a), ml_allocator_name(cfg->device.allocator),
                 (unsigned long long)s->reserved_segments,
-                s->reserved_oom ? "; OUT OF MEMORY on the device" : "");
+                s->reserved_oom ? "; OUT OF MEMORY on the device" : "",
+                cfg->device.fragmentation > 0 ? "; the fragmentation allowance takes its place "
+                                                "in the verdict"
+                                              : "");
         reserved_where(f, s);
     }
     fputc('\n', f);
@@ -517,9 +520,11 @@ static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s,
     char a[32], b2[32], c3[32];
     if (!s->has_device)
         return;
-    fprintf(f, "\nDevice: %s, runtime reserve %s, budget %s (for the %s peak)",
+    fprintf(f, "\nDevice: %s, runtime reserve %s, budget %s (for the %s)",
             B(s->memory, a), B(s->runtime_reserve, b2), B(s->budget, c3),
-            s->has_reserved ? "reserved" : "allocator");
+            !s->has_reserved                  ? "allocator peak"
+            : cfg->device.fragmentation > 0 ? "allocator peak with the allowance"
+                                            : "reserved peak");
     if (cfg->device.fragmentation > 0)
         fprintf(f, ", fragmentation allowance %g x the peak", cfg->device.fragmentation);
     fputc('\n', f);

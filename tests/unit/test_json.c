@@ -133,6 +133,55 @@ static void job_verbs(void **state)
     ml_model_destroy(m);
 }
 
+/* The pairings the command line refuses are refused by every verb of a
+ * job too, whatever order the keys came in, naming the keys. */
+static void job_pairings(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    static const struct {
+        const char *k1, *v1, *k2, *v2;
+        ml_status (*verb)(const ml_job *, char **, size_t *, ml_error *);
+        const char *says;
+    } cases[] = {
+        {"parallel.layout", "tp2.dp2", "parallel.tp", "4", ml_job_plan_json,
+         "parallel.layout: the layout is given once; drop parallel.tp"},
+        {"training.data_parallel", "4", "parallel.layout", "tp2", ml_job_compare_json,
+         "drop training.data_parallel"},
+        {"global_batch", "64", "training.grad_accum", "4", ml_job_fit_json,
+         "training.grad_accum: fit's global_batch derives"},
+        {"device.memory", "80GiB", "max_micro_batch", "8", ml_job_plan_json,
+         "max_micro_batch: bounds fit's search"},
+        {"training.reduce_bucket_size", "5", "training.precision", "fp32", ml_job_plan_json,
+         "training.reduce_bucket_size: sizes DeepSpeed's ZeRO buckets"},
+        {"device.blas_workspace", "1MiB", "device.allocator", "none", ml_job_timeline_json,
+         "device.blas_workspace: applies to a simulated allocator only"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ml_job *j = NULL;
+        ml_error e;
+        char *s = NULL;
+        assert_int_equal(ml_job_create(m, &j, &e), ML_OK);
+        assert_int_equal(ml_job_set(j, "device.memory", "80GiB", &e), ML_OK);
+        assert_int_equal(ml_job_set(j, cases[i].k1, cases[i].v1, &e), ML_OK);
+        assert_int_equal(ml_job_set(j, cases[i].k2, cases[i].v2, &e), ML_OK);
+        assert_int_equal(cases[i].verb(j, &s, NULL, &e), ML_USAGE);
+        assert_null(s);
+        if (!strstr(e.msg, cases[i].says))
+            fail_msg("case %zu: %s", i, e.msg);
+        ml_job_destroy(j);
+    }
+    /* the same sizes with ZeRO: used, so planned */
+    ml_job *j = NULL;
+    ml_error e;
+    assert_int_equal(ml_job_create(m, &j, &e), ML_OK);
+    assert_int_equal(ml_job_set(j, "training.reduce_bucket_size", "5", &e), ML_OK);
+    assert_int_equal(ml_job_set(j, "training.zero", "2", &e), ML_OK);
+    ml_json_free(job_json(j, ml_job_plan_json));
+    ml_job_destroy(j);
+    ml_model_destroy(m);
+}
+
 /* fit needs a device, and a model without one has none */
 static void job_no_device(void **state)
 {
@@ -299,6 +348,7 @@ int main(void)
         cmocka_unit_test(config_set_values),
         cmocka_unit_test(config_set_refusals),
         cmocka_unit_test(job_verbs),
+        cmocka_unit_test(job_pairings),
         cmocka_unit_test(job_no_device),
         cmocka_unit_test(points_fit),
         cmocka_unit_test(json_strings_utf8),

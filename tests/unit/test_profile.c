@@ -68,19 +68,23 @@ static void test_design_example(void **state)
     free(p);
     /* a nearly flat line: 1 byte more over 10^9 samples; under 6.5 GiB the
      * fit admits ~7e18, past 2^53, where a walk down by 1 would never move
-     * (a fuzzed CSV hung there): the answer is capped at 10^15 */
+     * (a fuzzed CSV hung there): the answer is the micro-batch limit,
+     * 2^24, the most a plan takes */
     const ml_point flat[] = {{1, 1000, 2}, {1000000001, 1001, 3}};
     assert_int_equal(ml_points_analyse(flat, 2, 6979321856ull, 0, &r, &e), ML_OK);
-    assert_int_equal(r.max_micro_batch, 1000000000000000ull);
-    assert_true(r.extrapolated);
+    assert_int_equal(r.max_micro_batch, 16777216ull);
+    assert_false(r.extrapolated); /* between the measured 1 and 1,000,000,001 */
     /* just under the budget at a large b: the bisection lands on the last
      * micro-batch whose fitted peak is within it. 10 B fixed + 3 B per
-     * sample, budget 3,000,000,010 -> 1,000,000,000 */
+     * sample, budget 30,000,010 -> 10,000,000; 3 B more per sample than
+     * the limit allows -> the limit */
     const ml_point line3[] = {{1, 13, 2}, {2, 16, 3}};
-    assert_int_equal(ml_points_analyse(line3, 2, 3000000010ull, 0, &r, &e), ML_OK);
-    assert_int_equal(r.max_micro_batch, 1000000000ull);
-    assert_int_equal(ml_points_analyse(line3, 2, 3000000009ull, 0, &r, &e), ML_OK);
-    assert_int_equal(r.max_micro_batch, 999999999ull);
+    assert_int_equal(ml_points_analyse(line3, 2, 30000010ull, 0, &r, &e), ML_OK);
+    assert_int_equal(r.max_micro_batch, 10000000ull);
+    assert_int_equal(ml_points_analyse(line3, 2, 30000009ull, 0, &r, &e), ML_OK);
+    assert_int_equal(r.max_micro_batch, 9999999ull);
+    assert_int_equal(ml_points_analyse(line3, 2, 10ull + 3 * 16777217ull, 0, &r, &e), ML_OK);
+    assert_int_equal(r.max_micro_batch, 16777216ull);
     /* one micro-batch measured twice is no line: refused at the last
      * line, naming the micro-batch and the lines */
     const ml_point same[] = {{16, 1000, 2}, {16, 1100, 5}};
@@ -340,7 +344,7 @@ static void test_points_implausible(void **state)
     const ml_point flat[] = {{16, 10 * GiB + (1 << 20), 2}, {32, 10 * GiB, 3}, {64, 10 * GiB, 4}};
     assert_int_equal(ml_points_analyse(flat, 3, 12 * GiB, 8, &r, &e), ML_OK);
     assert_true(r.per_sample_bytes < 0);
-    assert_int_equal(r.max_micro_batch, 1000000000000000ull);
+    assert_int_equal(r.max_micro_batch, 16777216ull);
     assert_true(r.extrapolated);
     assert_int_equal(r.max_measured_micro_batch, 64);
     /* a prediction below zero: 10 -> 1 KB, 20 -> 11 KB is 1000 B per sample
