@@ -245,6 +245,13 @@ double ml__eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s
         const uint64_t stale = mb ? x->inflight.stale : 0;
         ml__replay_alloc(r, ML_CAT_ACTIVATIONS, held);
         ml__replay_alloc(r, ML_CAT_WORKSPACE, stale);
+        /* 1F1B's steady state: the gradient the stage received for the
+         * micro-batch before, still held (schedules.py's
+         * output_tensor_grad, rebound by the next receive) */
+        r->recv_prev = mb ? x->inflight.recv : 0;
+        ml__replay_alloc(r, ML_CAT_WORKSPACE, r->recv_prev);
+        r->recv_prev_name =
+            r->recv_prev && r->rsim ? ml__rsim_latest(r->rsim, ML_CAT_WORKSPACE) : 0;
         ml__replay_micro_batch(r);
         ml__replay_free(r, ML_CAT_WORKSPACE, stale);
         ml__replay_free(r, ML_CAT_ACTIVATIONS, held);

@@ -17,6 +17,13 @@ static uint64_t received(const ml_chain *st)
     return 0;
 }
 
+/* The output the stage sends (its "send" block's input; 0 on the last
+ * stage): the size of the gradient it receives for it. */
+static uint64_t sent(const ml_chain *st)
+{
+    return st->n && st->blocks[st->n - 1].fwd_only ? st->blocks[st->n - 1].in_bytes : 0;
+}
+
 /* Bytes stage r sends per iteration: its output forward (all but the last
  * stage) and its input's gradient back (all but the first), per
  * micro-batch; with v model chunks a stage, each chunk's (the model's last
@@ -152,8 +159,17 @@ static ml_status stage(const ml_model *m, const ml_config *cfg, const ml_chain *
     /* a later backward on a stage after the first: the previous one's
      * input gradient is still referenced until it returns (schedules.py's
      * input_tensor_grad, reassigned by the next backward_step) */
+    /* in 1F1B's steady state (a forward after a backward: m > p - r) a
+     * stage before the last still holds the output gradient it received
+     * for the micro-batch before through the next forward, until the next
+     * receive rebinds output_tensor_grad (schedules.py,
+     * forward_backward_pipelining_without_interleaving); the interleaved
+     * schedule's lists of them are not modelled (parallel.md) */
+    const uint64_t p = t->pipeline_parallel, mb = t->grad_accum ? t->grad_accum : 1;
+    const bool steady = t->pp_schedule != ML_PP_GPIPE && t->virtual_stages <= 1 && r + 1 < p &&
+                        mb > p - r;
     ml_inflight in = {(uint64_t)first, (uint64_t)(later > 0 ? later : 0),
-                      r > 0 ? received(st) : 0};
+                      r > 0 ? received(st) : 0, steady ? sent(st) : 0};
     return ml__evaluate_stage(m, cfg, st, keep, whole, NULL, &in, out, err);
 }
 

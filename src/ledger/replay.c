@@ -311,6 +311,17 @@ static void free_named(ml_replay *r, uint64_t b, size_t name)
     ml__replay_free_named(r, ML_CAT_WORKSPACE, b, name);
 }
 
+/* The previous micro-batch's received gradient goes once this one's is
+ * received (the new tensor made, then the old reference rebound): called
+ * after the stage's incoming gradient is allocated, and at the end of the
+ * backward (r->recv_prev 0: nothing). */
+static void recv_drop(ml_replay *r)
+{
+    free_named(r, r->recv_prev, r->recv_prev_name);
+    r->recv_prev = 0;
+    r->recv_prev_name = 0;
+}
+
 /* Block k's parameter gradients in its block-level backward: new .grad
  * tensors in the first micro-batch, else a transient added into .grad;
  * sharded (stages 2 and 3), the full gradient is a transient until its
@@ -385,6 +396,7 @@ static void backward_block(ml_replay *r, size_t k)
     units -= dense;
     ml__replay_alloc_as(r, ML_CAT_WORKSPACE, units, kept ? ML_T_UNITS : ML_T_UNITS_BWD, k, 1);
     const size_t units_name = named(r, units);
+    recv_drop(r); /* (the incoming gradient is the units' first tensor) */
     ml__replay_alloc(r, ML_CAT_WORKSPACE, last ? last : hand);
     const size_t late_name = named(r, last ? last : hand);
     const uint64_t gfull = block_grads(r, k);
@@ -470,6 +482,7 @@ static void backward_nodes(ml_replay *r, size_t k, size_t ran)
         ml__replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
         r->carry_name = named(r, r->grad_carry);
     }
+    recv_drop(r);
     if (!ran) /* (else begun before the recompute, backward_step) */
         ml__nodes_begin(r);
     const bool create = r->micro == 0 && !r->grads_exist;
@@ -526,6 +539,7 @@ static void backward_step(ml_replay *r, size_t k)
                 ml__replay_alloc(r, ML_CAT_WORKSPACE, r->grad_carry);
                 r->carry_name = named(r, r->grad_carry);
             }
+            recv_drop(r);
             /* the nodes that unpack nothing run first (a residual sum's
              * autocast cast), the first unpack the recompute
              * (torch/utils/checkpoint.py, the non-reentrant unpack hook) */
@@ -567,6 +581,7 @@ void ml__replay_micro_batch(ml_replay *r)
     free_named(r, r->grad_carry, r->carry_name);
     r->grad_carry = 0;
     r->carry_name = 0;
+    recv_drop(r); /* (a stage whose backward made no incoming gradient) */
     /* the received gradient the schedule held: dropped at the next receive */
     free_named(r, r->held_bytes, r->held_name);
     r->held_bytes = r->held_name = 0;

@@ -152,6 +152,11 @@ typedef struct {
     bool hold_in, held_kept;
     uint64_t held_bytes;
     size_t held_name;
+    /* the previous micro-batch's received gradient, which 1F1B's steady
+     * state holds through this one's forward (ml_inflight.recv): dropped
+     * once this micro-batch's own is received (replay.c, recv_drop) */
+    uint64_t recv_prev;
+    size_t recv_prev_name;
     /* with rsim, where its reserved bytes peaked (ml__replay_reserved_point);
      * last, so that the fields every event reads stay together */
     struct {
@@ -425,10 +430,11 @@ void ml__replay_micro_batch(ml_replay *r);
 
 /* A pipeline stage: the other micro-batches' activations it holds while
  * one runs, at the step's first micro-batch (no gradients yet) and at a
- * later one, and a later one's earlier input gradient still referenced
- * (pipeline_eval.c). All 0: not a stage. */
+ * later one, a later one's earlier input gradient still referenced, and
+ * the earlier output gradient it received, held through a later one's
+ * forward to the next receive (pipeline_eval.c). All 0: not a stage. */
 typedef struct {
-    uint64_t first, later, stale;
+    uint64_t first, later, stale, recv;
 } ml_inflight;
 
 /* What one evaluation needs besides the segment plan. */

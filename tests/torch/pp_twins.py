@@ -175,6 +175,19 @@ file's peaks are held against the plan, not the candidates (the checks of
 the peak's value, place, in-flight count and ledger print as INFO lines);
 every other check runs.
 
+The forwards: a steady forward (1F1B, a forward after a backward: m > p -
+r) on a stage before the last runs beside the gradient received for the
+micro-batch before, which output_tensor_grad holds until the next receive
+rebinds it (BTD more). Stage 0 of p 2, m 8 holds at its largest forward R
++ P + H + BTD + what the forward itself has made, against m 2's R + H +
+the same (its largest forward is the step's first, beside the other held
+micro-batch, no gradient made yet): P + BTD = 372,992 + 12,288 more
+(2,667,216 against 2,281,936; test_parallel.c holds the plan to that
+difference). The fullest stage's measured forward maximum (the last
+stage's loss among its forwards; there, beside the logits, nll_loss's
+0-dim output, 4 B, which the plan leaves out) is held against the plan's
+forward and loss phases, to the byte.
+
 The check: each stage's measured steady peak equals the larger candidate
 to the byte, falls in that backward at that op, with exactly k
 micro-batches' forwards alive there, each fully held one holding exactly
@@ -605,13 +618,19 @@ def analyse(c, info, last):
     raw = [e["d"] for e in c.ev]
     raw_peak = max(list(itertools.accumulate(raw[:k1], initial=0))[k0:])
     live = sum(view[:k0])
-    start, best, at, step_max = live, live, k0 - 1, 0
+    start, best, at, step_max, fwd_max = live, live, k0 - 1, 0, 0
     for k in range(k0, k1):
         live += view[k]
         if view[k] and live > best:
             best, at = live, k
         if ss <= c.times[k] <= se:
             step_max = max(step_max, live)
+        # the forwards' maximum: events whose innermost micro-batch range
+        # is a forward's (F<i>)
+        fbk = [a[3:] for a in c.ev[k]["anc"] if a.startswith("ml:") and a[3:4] in "FB"
+               and a[4:].isdigit()]
+        if view[k] and fbk and fbk[-1][0] == "F":
+            fwd_max = max(fwd_max, live)
     ev = c.ev[at]
     t = ev["t"]
     marks = [a[3:] for a in ev["anc"] if a.startswith("ml:")]
@@ -669,7 +688,7 @@ def analyse(c, info, last):
         led[key] = led.get(key, 0) + e["d"]
     return {"errors": c.errors[:5], "leaked": c.leaked, "start": start, "peak": best,
             "peak_at": fb[-1] if fb else "", "op": ops[-1] if ops else "", "block": blk,
-            "ledger": led, "step_max": step_max, "bwd_max": bmax,
+            "ledger": led, "step_max": step_max, "fwd_max": fwd_max, "bwd_max": bmax,
             "raw_peak": raw_peak}
 
 
@@ -1011,6 +1030,20 @@ def main():
                                                       ", ".join(fmt(x["peak"]) for x in meas)))
                 w = j_plan.get("worst_rank")
                 if isinstance(w, int) and 0 <= w < p:
+                    # the fullest stage's forwards (the loss, computed in the last
+                    # stage's forward_step, among them): in 1F1B's steady state the
+                    # previous micro-batch's received gradient is alive through
+                    # them (output_tensor_grad, rebound by the next receive)
+                    # (on the last stage that maximum is at nll_loss, beside the
+                    # logits: its 0-dim output, 4 B, which the plan leaves out, as
+                    # livebytes.py's amp_checks name it)
+                    ph = j_plan.get("peaks", {}).get("phases", {}).get("steady", {})
+                    qf = max([(ph.get(x) or {}).get("peak") or 0 for x in ("forward", "loss")])
+                    mf = meas[w]["fwd_max"] - (4 if w == p - 1 else 0)
+                    check("%s stage %d planned forward" % (label, w), qf == mf,
+                          "planned %s (forward and loss), measured %s%s, difference %+d" % (
+                              fmt(qf), fmt(mf), " less the loss's 4 B" if w == p - 1 else "",
+                              qf - mf))
                     # the fullest stage's optimizer step: the phase's peak
                     qo = j_plan.get("peaks", {}).get("phases", {}).get("steady", {}) \
                         .get("optimizer", {}).get("peak")

@@ -396,6 +396,38 @@ static void test_stage_holds_received_gradient(void **state)
     ml_model_destroy(m);
 }
 
+/* 1F1B's steady state holds the gradient a stage before the last received
+ * for the micro-batch before through the next forward (schedules.py's
+ * output_tensor_grad, rebound by the next receive). Stage 0 of llama4 in
+ * two stages, forward maxima (fp32): at m 2 it never runs a forward after
+ * a backward, and its largest forward is the step's first, beside the
+ * other held micro-batch H; at m 8 a steady forward runs beside H too, and
+ * also beside every gradient, P = (173 x 64 + 2 x 41,088) x 4 = 372,992,
+ * and that received gradient, B T D x 4 = 2 x 24 x 64 x 4 = 12,288 (the
+ * pipeline twin, pp_twins.py, measures both maxima to the byte). */
+static void test_steady_forward_holds_received_gradient(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama4);
+    ml_config c = ml_model_config(m);
+    c.training.optimizer_impl = ML_IMPL_FOREACH;
+    c.training.logits = ML_LOGITS_RELEASED;
+    c.device.allocator = ML_ALLOCATOR_NONE;
+    ml_ledger *l2 = staged_from(m, c, 2, ML_PP_1F1B, 2);
+    ml_ledger *l8 = staged_from(m, c, 2, ML_PP_1F1B, 8);
+    const ml_summary *s2 = ml_ledger_summary(l2), *s8 = ml_ledger_summary(l8);
+    assert_int_equal(ml_ledger_worst_rank(l2), 0);
+    assert_int_equal(ml_ledger_worst_rank(l8), 0);
+    const uint64_t P = (173 * 64 + 2 * 41088) * 4, BTD = 2 * 24 * 64 * 4;
+    assert_int_equal(P, 372992);
+    assert_int_equal(s8->phase_steady[ML_PHASE_FORWARD].peak -
+                         s2->phase_steady[ML_PHASE_FORWARD].peak,
+                     P + BTD);
+    ml_ledger_destroy(l2);
+    ml_ledger_destroy(l8);
+    ml_model_destroy(m);
+}
+
 /* DeepSeek-V2-Lite (models/hf/deepseek-v2-lite) in stages of 13 and 14
  * layers. Its rotary table is one complex64 freqs_cis of (1, T, rope / 2):
  * T x 32 x 8 B (qk_rope_head_dim 64), 16,384 B at T = 64, which the
@@ -769,6 +801,7 @@ int main(void)
         cmocka_unit_test(test_megatron_layer),   cmocka_unit_test(test_sp_graph),
         cmocka_unit_test(test_sp_buffer),        cmocka_unit_test(test_pipeline_step),
         cmocka_unit_test(test_stage_complex_table),
+        cmocka_unit_test(test_steady_forward_holds_received_gradient),
         cmocka_unit_test(test_tied_stages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
