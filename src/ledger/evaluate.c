@@ -240,21 +240,7 @@ double ml__eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s
             r->host_done *= (double)(t->grad_accum - 1);
         }
         r->flops_recompute = 0;
-        /* a pipeline stage: the micro-batches it holds meanwhile */
-        const uint64_t held = mb ? x->inflight.later : x->inflight.first;
-        const uint64_t stale = mb ? x->inflight.stale : 0;
-        ml__replay_alloc(r, ML_CAT_ACTIVATIONS, held);
-        ml__replay_alloc(r, ML_CAT_WORKSPACE, stale);
-        /* 1F1B's steady state: the gradient the stage received for the
-         * micro-batch before, still held (schedules.py's
-         * output_tensor_grad, rebound by the next receive) */
-        r->recv_prev = mb ? x->inflight.recv : 0;
-        ml__replay_alloc(r, ML_CAT_WORKSPACE, r->recv_prev);
-        r->recv_prev_name =
-            r->recv_prev && r->rsim ? ml__rsim_latest(r->rsim, ML_CAT_WORKSPACE) : 0;
-        ml__replay_micro_batch(r);
-        ml__replay_free(r, ML_CAT_WORKSPACE, stale);
-        ml__replay_free(r, ML_CAT_ACTIVATIONS, held);
+        ml__replay_stage_micro_batch(r, &x->inflight, mb > 0);
         flops_re = r->flops_recompute; /* identical for every micro-batch */
     }
     r->phase = ML_PHASE_OPTIMIZER;

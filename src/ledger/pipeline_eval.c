@@ -224,3 +224,22 @@ ml_status ml__pp_evaluate(const ml_model *m, const ml_config *cfg, const ml_chai
     *out = worst;
     return ML_OK;
 }
+
+void ml__replay_stage_micro_batch(ml_replay *r, const ml_inflight *in, bool later)
+{
+    /* a pipeline stage: the micro-batches it holds meanwhile, and a later
+     * one's earlier input gradient */
+    const uint64_t held = later ? in->later : in->first, stale = later ? in->stale : 0;
+    ml__replay_alloc(r, ML_CAT_ACTIVATIONS, held);
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, stale);
+    /* 1F1B's steady state: the gradient the stage received for the
+     * micro-batch before, still held (schedules.py's output_tensor_grad,
+     * rebound by the next receive: recv_drop) */
+    r->recv_prev = later ? in->recv : 0;
+    ml__replay_alloc(r, ML_CAT_WORKSPACE, r->recv_prev);
+    r->recv_prev_name =
+        r->recv_prev && r->rsim ? ml__rsim_latest(r->rsim, ML_CAT_WORKSPACE) : 0;
+    ml__replay_micro_batch(r);
+    ml__replay_free(r, ML_CAT_WORKSPACE, stale);
+    ml__replay_free(r, ML_CAT_ACTIVATIONS, held);
+}

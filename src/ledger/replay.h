@@ -436,6 +436,9 @@ void ml__replay_micro_batch(ml_replay *r);
 typedef struct {
     uint64_t first, later, stale, recv;
 } ml_inflight;
+/* One micro-batch of a stage (later: not the step's first) beside what
+ * `in` says it holds meanwhile (all 0: not a stage). */
+void ml__replay_stage_micro_batch(ml_replay *r, const ml_inflight *in, bool later);
 
 /* What one evaluation needs besides the segment plan. */
 typedef struct {

@@ -378,13 +378,22 @@ static void test_stage_inventory(void **state)
  * pp_twins.py, llama-pp-t48.yaml; without the held gradient 24,576 B
  * under). At 24 tokens the peak comes before that sum (the SwiGLU mul's
  * backward, 2,369,552: the oracle's table) and does not move. */
+/* llama4 as the pipeline twin runs it: foreach AdamW, the logits released
+ * (Megatron computes the loss inside the model). */
+static ml_model *llama4_twin(ml_config *c)
+{
+    ml_model *m = load_str(llama4);
+    *c = ml_model_config(m);
+    c->training.optimizer_impl = ML_IMPL_FOREACH;
+    c->training.logits = ML_LOGITS_RELEASED;
+    return m;
+}
+
 static void test_stage_holds_received_gradient(void **state)
 {
     (void)state;
-    ml_model *m = load_str(llama4);
-    ml_config c = ml_model_config(m);
-    c.training.optimizer_impl = ML_IMPL_FOREACH;
-    c.training.logits = ML_LOGITS_RELEASED;
+    ml_config c;
+    ml_model *m = llama4_twin(&c);
     ml_ledger *l = staged_from(m, c, 2, ML_PP_1F1B, 2);
     assert_int_equal(ml_ledger_rank(l, 0)->peak, 2369552);
     ml_ledger_destroy(l);
@@ -408,10 +417,8 @@ static void test_stage_holds_received_gradient(void **state)
 static void test_steady_forward_holds_received_gradient(void **state)
 {
     (void)state;
-    ml_model *m = load_str(llama4);
-    ml_config c = ml_model_config(m);
-    c.training.optimizer_impl = ML_IMPL_FOREACH;
-    c.training.logits = ML_LOGITS_RELEASED;
+    ml_config c;
+    ml_model *m = llama4_twin(&c);
     c.device.allocator = ML_ALLOCATOR_NONE;
     ml_ledger *l2 = staged_from(m, c, 2, ML_PP_1F1B, 2);
     ml_ledger *l8 = staged_from(m, c, 2, ML_PP_1F1B, 8);
