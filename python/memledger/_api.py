@@ -105,10 +105,10 @@ def split_mib(value):
 
 def _text(name, value):
     """A keyword's value as the flag's text."""
-    if name in SWITCHES and (isinstance(value, bool) or name != "sp"):
+    if name in SWITCHES:
         on = switch(name, value)
         if name == "sp":
-            return "on" if on else "off"  # --sp / --no-sp
+            return "auto" if on is None else "on" if on else "off"  # --sp / --no-sp
         return "true" if on else "false"  # --dist-optimizer, --expert-pad
     if isinstance(value, bool):
         raise TypeError("memledger: %s=%r: not a flag value" % (name, value))
@@ -130,6 +130,11 @@ def _text(name, value):
 def _check_names(verb, settings, training):
     known = [k for k, _ in SETTINGS]
     for name in settings:
+        takers = [v for v, extra in _cli.EXTRA.items() if name in extra]
+        if name not in known and takers:
+            raise TypeError("memledger.%s: %s= is not for %s (%s take%s it)"
+                            % (verb, name, verb, ", ".join(takers),
+                               "s" if len(takers) == 1 else ""))
         if name not in known:
             near = difflib.get_close_matches(name, known, n=1)
             hint = "; did you mean %r?" % near[0] if near else ""

@@ -82,13 +82,13 @@ def _flags(verb, settings, known):
     for name in names:
         value = settings.get(name)
         if name in _api.SWITCHES and value is not None:
-            on = _api.switch(name, value)  # flags without a value
-            if name == "sp" and on is not None:
-                out.append("--sp" if on else "--no-sp")
-            elif name == "dist_optimizer":
-                out.append("--dist-optimizer" if on else "--no-dist-optimizer")
-            elif on and name != "sp":
-                out.append("--" + name.replace("_", "-"))  # --overlap-grad-reduce, --expert-pad
+            on = _api.switch(name, value)  # flags without a value: --sp, --no-sp, ...
+            if on is None:
+                raise ValueError("memledger.%s: sp='auto' through the command line (lengths=, "
+                                 "triage, ...): give True or False, or leave sp out for the "
+                                 "model file's setting" % verb)
+            flag = "--" + name.replace("_", "-")
+            out.append(flag if on else "--no-" + flag[2:])
         elif name == "exhaustive" and value is not None:
             if not isinstance(value, bool):
                 raise TypeError("memledger.%s: exhaustive=%r: True or False" % (verb, value))

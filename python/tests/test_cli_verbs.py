@@ -238,6 +238,17 @@ def test_keywords_as_the_flags_on_both_paths():
     # a keyword another verb takes says so, not "did you mean"
     with pytest.raises(TypeError, match="lengths= is not for compare"):
         memledger.compare(gpt2, lengths="max=64")
+    # a model file's switch turned off, through the library and the command line
+    ovl = os.path.join(ROOT, "tests", "cli", "cases", "plan-no-overlap-grad-reduce",
+                       "overlap.yaml")
+    for kw in ({}, {"lengths": "max=1024"}):
+        r = memledger.plan(ovl, overlap_grad_reduce=False, **kw)
+        assert r["config"]["parallel"]["overlap_grad_reduce"] is False
+    with pytest.raises(ValueError, match="sp='auto' through the command line"):
+        memledger.plan(gpt2, sp="auto", lengths="max=64")
+    # the library's verbs say which verb takes a keyword too
+    with pytest.raises(TypeError, match="gpus= is not for plan"):
+        memledger.plan(gpt2, gpus=8)
     # fit gpus=: the search over layouts, as fit --gpus
     r = memledger.fit(gpt2, gpus=8, global_batch=64, device="80GiB")
     assert r["gpus"] == 8 and r["global_batch"] == 64

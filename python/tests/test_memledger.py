@@ -333,8 +333,9 @@ def test_hf_dict_named_alike_on_both_paths():
     # no _name_or_path: its model_type names it, through the library and the CLI
     assert memledger.plan(c)["model"] == "gpt2"
     assert memledger.plan(c, lengths="max=64")["model"] == "gpt2"
-    # a trailing slash is no empty name
+    # a trailing slash is no empty name, nor is "." a name
     assert memledger.plan(dict(c, _name_or_path="org/tiny-gpt2/"))["model"] == "tiny-gpt2"
+    assert memledger.plan(dict(c, _name_or_path="."))["model"] == "gpt2"
     with pytest.raises(memledger.Error) as e:
         memledger.plan(dict(c, n_layer=-1))
     assert e.value.path == "<dict>"

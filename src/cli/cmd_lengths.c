@@ -102,8 +102,16 @@ static void fit_text_head(FILE *f, const ml_model *m, const ml_config *cfg)
     char mem[32], bud[32];
     ml_format_bytes(cfg->device.memory, mem, sizeof mem);
     ml_format_bytes(ml_device_budget(&cfg->device), bud, sizeof bud);
-    fprintf(f, "memledger fit: %s on %s (budget %s for the %s peak)\n", ml_model_name(m), mem,
-            bud, cfg->device.allocator == ML_ALLOCATOR_NONE ? "allocator" : "reserved");
+    fprintf(f, "memledger fit: %s on %s (budget %s for the %s)\n", ml_model_name(m), mem, bud,
+            ml__report_budget_holds(&cfg->device));
+}
+
+/* fit --max-tokens auto's answer at the search's limit: said (a larger
+ * budget would make batches past the micro-batch limit), in words or as
+ * JSON's at_search_limit. */
+static bool at_limit(const ml_lengths *d, const ml_lengths_request *req)
+{
+    return req->max_tokens && req->max_tokens == ml_lengths_budget_limit(d);
 }
 
 static int write_report(const ml_cli_opts *o, const ml_model *m, const ml_config *cfg,
@@ -126,6 +134,8 @@ static int write_report(const ml_cli_opts *o, const ml_model *m, const ml_config
     else if (o->format == ML_FMT_JSON) {
         fit_json_head(f, m, cfg);
         w = ml_report_lengths_json_object(f, d, req, r);
+        if (found)
+            fprintf(f, ", \"at_search_limit\": %s", at_limit(d, req) ? "true" : "false");
         fputs("}\n", f);
     } else {
         fit_text_head(f, m, cfg);
@@ -133,6 +143,11 @@ static int write_report(const ml_cli_opts *o, const ml_model *m, const ml_config
             fprintf(f, "largest token budget whose worst batch fits: %llu tokens per batch "
                        "(--max-tokens %llu)\n",
                     (unsigned long long)req->max_tokens, (unsigned long long)req->max_tokens);
+        if (found && at_limit(d, req))
+            fprintf(f, "  the search's limit: a larger budget makes batches of more than "
+                       "16777216 samples (the micro-batch limit) of the shortest length, %llu "
+                       "token%s; larger budgets are not planned\n",
+                    (unsigned long long)ml_lengths_min(d), ml_lengths_min(d) == 1 ? "" : "s");
         w = ml_report_lengths_text(f, cfg, d, o->lengths, req, r);
     }
     return ml_out_close(&out, w == 0 && !ferror(f));

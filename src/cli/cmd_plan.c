@@ -37,6 +37,7 @@ static const char *const usage[] = {
     "  --vision-tower V       multimodal: same | none | full | frozen\n"
     "  --expert-imbalance X   experts: the busiest one's share over an even one (>= 1)\n"
     "  --expert-capacity F    Megatron's expert capacity factor; --expert-pad: padded\n"
+    "                         (--no-expert-pad, --no-overlap-grad-reduce: a file's off)\n"
     "Lengths (docs/lengths.md)\n"
     "  --lengths FILE|Q       sample lengths: a CSV, or p50=120,p99=480,max=512\n"
     "  --batching B           padded (default) | bucketed (--buckets K) | packed\n"

@@ -175,10 +175,10 @@ static int check_parsed(const char *verb, ml_cli_opts *o)
 /* The flags without a value: on/off switches; false when arg is none. */
 static bool switch_flag(const char *arg, ml_cli_opts *o)
 {
-    if (!strcmp(arg, "--overlap-grad-reduce"))
-        o->overlap = "on";
-    else if (!strcmp(arg, "--expert-pad"))
-        o->expert_pad = "on";
+    if (!strcmp(arg, "--overlap-grad-reduce") || !strcmp(arg, "--no-overlap-grad-reduce"))
+        o->overlap = arg[2] == 'n' ? "off" : "on";
+    else if (!strcmp(arg, "--expert-pad") || !strcmp(arg, "--no-expert-pad"))
+        o->expert_pad = arg[2] == 'n' ? "off" : "on";
     else if (!strcmp(arg, "--dist-optimizer") || !strcmp(arg, "--no-dist-optimizer"))
         o->dist_optimizer = arg[2] == 'n' ? "off" : "on";
     else if (!strcmp(arg, "--sp") || !strcmp(arg, "--no-sp"))
@@ -360,7 +360,7 @@ static int expert_flags(const ml_cli_opts *o, ml_training *t)
     if (!rc && o->expert_capacity)
         rc = real("--expert-capacity", o->expert_capacity, 0, 1e6, &t->expert_capacity);
     if (!rc && o->expert_pad)
-        t->expert_pad = true;
+        t->expert_pad = !strcmp(o->expert_pad, "on");
     return rc;
 }
 

@@ -23,7 +23,7 @@ static int sharding_flags(const ml_cli_opts *o, ml_training *t)
     if (o->dist_optimizer)
         t->dist_optimizer = !strcmp(o->dist_optimizer, "on");
     if (o->overlap)
-        t->overlap_grad_reduce = true;
+        t->overlap_grad_reduce = !strcmp(o->overlap, "on");
     if (o->dp_shard) {
         uint64_t lo = 1, hi = 1;
         ml_config_range("training.data_parallel", &lo, &hi);

@@ -490,7 +490,7 @@ ml_status ml_inference_evaluate(const ml_model *m, const ml_config *cfg, uint64_
     t->offload = ML_OFFLOAD_NONE;
     t->checkpoint.kind = ML_CKPT_NONE;
     t->checkpoint.count = 0;
-    c.device.allocator = ML_ALLOCATOR_NONE;
+    ml__device_allocated_view(&c.device);
     ml_status st = ml_config_check(&c, err);
     if (st)
         return st;

@@ -240,6 +240,9 @@ static ml_status device_set(const char *key, const char *v, ml_device *d, ml_err
         if (b && b < (20ull << 20))
             return ml__errorf_at(err, ML_RANGE, 0, 0, "%s: must be at least 20MiB (PyTorch's "
                              "max_split_size_mb refuses less)", key);
+        if (b > (1ull << 60)) /* as the model file and --max-split-size */
+            return ml__errorf_at(err, ML_RANGE, 0, 0, "%s: must be at most 1 EiB (2^60 B): no "
+                                 "device has a larger block", key);
         d->max_split_size = b;
     } else {
         st = ml__errorf_at(err, ML_USAGE, 0, 0, "%s: not a setting", key);

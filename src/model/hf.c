@@ -556,6 +556,8 @@ static ml_status load_hf(const char *text, size_t len, const char *config_path,
         for (size_t k = strlen(buf); k > 0 && buf[k - 1] == '/'; k--)
             buf[k - 1] = '\0';
         const char *name = strrchr(buf, '/') ? strrchr(buf, '/') + 1 : buf;
+        if (!strcmp(name, ".") || !strcmp(name, "..")) /* a path, not a name */
+            name = "";
         if (!st && !*name) {
             snprintf(buf, sizeof buf, "%s", config_path);
             char *slash = strrchr(buf, '/');

@@ -366,4 +366,14 @@ const ml_hf_key *ml__hf_key_find(unsigned family, const char *key);
 ml_status ml__schema_settings(const char *text, size_t len, const char *path, ml_model *m,
                               ml_error *err);
 
+/* d without the allocator's simulation: the allocated view a search
+ * plans first (fit, compare, lengths, layouts). The simulation's own
+ * settings go with it (a split size beside no simulation is refused:
+ * ml_config_problem). */
+static inline void ml__device_allocated_view(ml_device *d)
+{
+    d->allocator = ML_ALLOCATOR_NONE;
+    d->max_split_size = 0;
+}
+
 #endif

@@ -109,7 +109,7 @@ ml_status ml_checkpoint_advice(const ml_model *m, const ml_config *cfg, const ml
     size_t npol = 0;
     const ml_checkpoint_candidate *pols = ml_checkpoint_candidates(&npol);
     ml_config floor_cfg = *cfg;
-    floor_cfg.device.allocator = ML_ALLOCATOR_NONE;
+    ml__device_allocated_view(&floor_cfg.device);
     const bool exact = cfg->device.allocator == ML_ALLOCATOR_NONE;
     ml_compare_row rows[ML_COMPARE_ROWS];
     size_t idx[ML_COMPARE_ROWS], n = 0;

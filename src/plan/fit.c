@@ -32,7 +32,7 @@ static bool over_without_cache(search *s)
     if (dv->allocator == ML_ALLOCATOR_NONE || !dv->present || dv->memory > (1ull << 62))
         return false;
     ml_config c = s->cfg;
-    c.device.allocator = ML_ALLOCATOR_NONE;
+    ml__device_allocated_view(&c.device);
     ml_ledger *l = NULL;
     if (ml_planner_evaluate(s->planner, &c, false, &l, NULL) != ML_OK)
         return false;
@@ -186,13 +186,13 @@ static ml_status largest_below(search *s, uint64_t top, uint64_t *out)
  * runs down from there (docs/allocator.md, "The verdict"). */
 static ml_status largest(search *s, uint64_t cap, uint64_t *out)
 {
-    const ml_allocator a = s->cfg.device.allocator;
-    if (a == ML_ALLOCATOR_NONE || !s->cfg.device.present)
+    const ml_device a = s->cfg.device;
+    if (a.allocator == ML_ALLOCATOR_NONE || !a.present)
         return largest_from_one(s, cap, out);
-    s->cfg.device.allocator = ML_ALLOCATOR_NONE;
+    ml__device_allocated_view(&s->cfg.device);
     uint64_t top = 0;
     ml_status st = largest_from_one(s, cap, &top);
-    s->cfg.device.allocator = a;
+    s->cfg.device = a;
     if (st || !top) {
         *out = 0;
         return st;
@@ -414,7 +414,7 @@ static bool could_beat(search *s, const ml_fit_request *req, const ml_fit_result
     if (a == ML_ALLOCATOR_NONE)
         return true;
     const ml_config keep = s->cfg;
-    s->cfg.device.allocator = ML_ALLOCATOR_NONE;
+    ml__device_allocated_view(&s->cfg.device);
     ml_error *err = s->err, local;
     s->err = &local;
     ml_fit_result r;

@@ -6,6 +6,7 @@
 
 #include "plan/layout_search.h"
 #include "plan/layout_time.h"
+#include "model/model_internal.h"
 
 /* Whether a kept row is this one again (selective checkpointing with a
  * fused attention kernel drops nothing: the same plan as none). */
@@ -177,7 +178,7 @@ ml_status ml__layout_point(layout_search *x, const ml_layout_row *split, uint64_
     row.micro_batch = b, row.micro_batches = mb;
     row.checkpoint = *policy;
     ml_config c = ml__layout_config_of(x, &row);
-    c.device.allocator = ML_ALLOCATOR_NONE;
+    ml__device_allocated_view(&c.device);
     ml_ledger *l = NULL;
     ml_status st = ml_planner_evaluate(x->planner, &c, false, &l, err);
     x->out->evaluations++;

@@ -223,6 +223,11 @@ static uint64_t budget_limit(const ml_lengths *d)
     return tmin <= MAX_TOKENS >> 24 ? tmin << 24 : MAX_TOKENS;
 }
 
+uint64_t ml_lengths_budget_limit(const ml_lengths *d)
+{
+    return d ? budget_limit(d) : 0;
+}
+
 /* The same-batch ranges of a token budget that hold a sample; ML_RANGE
  * past MAX_RANGES (each costs a ledger evaluation or more). */
 static ml_status count_ranges(const ml_lengths *d, uint64_t tokens, ml_error *err)
@@ -426,7 +431,7 @@ static ml_status budget_fits(lengths_ctx *p, const ml_lengths *d, uint64_t token
         return ml__errorf(p->err, ML_NOMEM, "out of memory");
     size_t n = 0;
     lengths_ctx q = *p;
-    q.cfg.device.allocator = ML_ALLOCATOR_NONE;
+    ml__device_allocated_view(&q.cfg.device);
     q.seen = NULL; /* (p's points are simulated) */
     *fits = true;
     for (uint64_t t = ml_lengths_min(d); t <= tmax && *fits && !st;) {
@@ -549,7 +554,7 @@ ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const m
     seen_points seen = {NULL, 0, 0};
     lengths_ctx p = {m, *cfg, 0, err, &seen};
     lengths_ctx q = p; /* the allocated view */
-    q.cfg.device.allocator = ML_ALLOCATOR_NONE;
+    ml__device_allocated_view(&q.cfg.device);
     q.seen = NULL;
     uint64_t top = 0;
     st = largest_budget(cfg->device.allocator == ML_ALLOCATOR_NONE ? &p : &q, d, &top);

@@ -19,9 +19,8 @@ int ml_report_fit_text(FILE *f, const ml_model *m, const ml_config *cfg,
     char a[32], b[32], c[32], ck[1200];
     const ml_device *d = &cfg->device;
     uint64_t budget = ml_device_budget(d);
-    fprintf(f, "memledger fit: %s on %s (budget %s for the %s peak, runtime reserve %s",
-            ml_model_name(m), B(d->memory, a), B(budget, b),
-            d->allocator == ML_ALLOCATOR_NONE ? "allocator" : "reserved",
+    fprintf(f, "memledger fit: %s on %s (budget %s for the %s, runtime reserve %s",
+            ml_model_name(m), B(d->memory, a), B(budget, b), ml__report_budget_holds(d),
             B(d->runtime_reserve, c));
     if (d->fragmentation > 0)
         fprintf(f, ", fragmentation allowance %g x the peak", d->fragmentation);

@@ -302,7 +302,7 @@ static int hf_trainer(FILE *f, const ml_config *cfg, ml_ckpt_shape s,
             (unsigned long long)t->micro_batch, (unsigned long long)t->grad_accum,
             (unsigned long long)t->data_parallel, t->data_parallel == 1 ? "" : "s",
             (unsigned long long)(t->micro_batch * t->grad_accum * t->data_parallel));
-    ml__emit_allocator_comment(f, cfg->device.allocator);
+    ml__emit_allocator_comment(f, &cfg->device);
     ml__emit_note_comments(f, v);
     if (t->optimizer == ML_OPT_ADAM)
         fputs("# adam: Trainer's AdamW with weight decay 0 (a decoupled decay of 0 is Adam)\n", f);

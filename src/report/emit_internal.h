@@ -42,7 +42,7 @@ void ML_PRINTF(2, 3) ml__emit_note(ml_emit_verdict *v, const char *fmt, ...);
 /* The notes as '#' comment lines (nothing when there is none). */
 void ml__emit_note_comments(FILE *f, const ml_emit_verdict *v);
 /* A '#' comment line naming the allocator the plan assumed (emit.c). */
-void ml__emit_allocator_comment(FILE *f, ml_allocator a);
+void ml__emit_allocator_comment(FILE *f, const ml_device *d);
 /* s inside a '#' comment of emitted Python or shell, escaped to stay one
  * line of printable ASCII. */
 void ml__emit_comment_text(FILE *f, const char *s);

@@ -201,7 +201,7 @@ static void torch_preamble(FILE *f, const ml_model *m, const ml_config *cfg, con
           "# model, optimizer = setup(model); then, per optimizer step,\n"
           "# train_step(model, optimizer, micro_batches, loss_fn), micro_batches giving\n"
           "# GRAD_ACCUM (inputs, targets) pairs of MICRO_BATCH samples.\n", f);
-    ml__emit_allocator_comment(f, cfg->device.allocator);
+    ml__emit_allocator_comment(f, &cfg->device);
     ml__emit_note_comments(f, v);
     torch_imports(f, t, cfg->device.allocator);
     fprintf(f, "\nDEVICE = \"cuda\"  # the plan's device; \"cpu\" to try the snippet on the host\n"

@@ -63,14 +63,19 @@ void ml__emit_note(ml_emit_verdict *v, const char *fmt, ...)
     va_end(ap);
 }
 
-void ml__emit_allocator_comment(FILE *f, ml_allocator a)
+void ml__emit_allocator_comment(FILE *f, const ml_device *d)
 {
-    fprintf(f, "# memledger: allocator %s: %s\n", ml_allocator_name(a),
+    const ml_allocator a = d->allocator;
+    const bool allowance = a != ML_ALLOCATOR_NONE && d->fragmentation > 0;
+    fprintf(f, "# memledger: allocator %s: %s%s\n", ml_allocator_name(a),
             a == ML_ALLOCATOR_CACHING    ? "PyTorch's default caching allocator, whose reserved "
                                            "peak the verdict holds"
             : a == ML_ALLOCATOR_EXPANDABLE ? "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, "
                                              "whose reserved peak the verdict holds"
-                                           : "not simulated: the verdict holds the allocated peak");
+                                           : "not simulated: the verdict holds the allocated peak",
+            allowance ? " (here the fragmentation allowance's estimate of it, which takes the "
+                        "simulation's place)"
+                      : "");
 }
 
 /* The notes as '#' comment lines. */

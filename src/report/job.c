@@ -23,13 +23,13 @@ struct ml_job {
  * steps the global batch derives, a size nothing uses): ml_job_set notes
  * each one set, and every verb refuses the same pairings (job_conflicts). */
 enum {
-    G_LAYOUT, G_SIZE_FIRST, G_SIZE_LAST = G_SIZE_FIRST + 6, G_GRAD_ACCUM,
+    G_LAYOUT, G_SIZE_FIRST, G_SIZE_LAST = G_SIZE_FIRST + 7, G_GRAD_ACCUM,
     G_GLOBAL_BATCH, G_MAX_MICRO, G_REDUCE_BUCKET, G_ALLGATHER_BUCKET, G_BLAS, G_COUNT
 };
 static const char *const given_keys[G_COUNT] = {
     [G_LAYOUT] = "parallel.layout",
     [G_SIZE_FIRST] = "parallel.tp", "parallel.pp", "parallel.vpp", "parallel.cp", "parallel.ep",
-    "parallel.etp", [G_SIZE_LAST] = "training.data_parallel",
+    "parallel.etp", "parallel.dp", [G_SIZE_LAST] = "training.data_parallel",
     [G_GRAD_ACCUM] = "training.grad_accum",
     [G_GLOBAL_BATCH] = "global_batch",
     [G_MAX_MICRO] = "max_micro_batch",

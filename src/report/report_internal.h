@@ -57,6 +57,10 @@ void ml__report_json_ranks(FILE *f, const ml_config *cfg, const ml_ledger *l);
 /* "seq_len N" and, for an encoder-decoder, ", target_len M"; a sequential
  * model's "input A x B" (lengths.c). */
 void ml__report_lengths(const ml_model *m, const ml_training *t, char *out, size_t size);
+/* What device d's budget line holds, in words: "reserved peak" (the
+ * simulated cache's), "allocator peak with the allowance" (a fragmentation
+ * allowance takes the simulation's place) or "allocator peak". */
+const char *ml__report_budget_holds(const ml_device *d);
 
 /* The category's name for a person (text, SVG, HTML: "master weights",
  * "saved activations"); ml_category_name is its key in JSON and CSV

@@ -510,6 +510,13 @@ static void text_flops(FILE *f, const ml_config *cfg, const ml_summary *s)
                 s->step_time_s);
 }
 
+const char *ml__report_budget_holds(const ml_device *d)
+{
+    return d->allocator == ML_ALLOCATOR_NONE ? "allocator peak"
+           : d->fragmentation > 0            ? "allocator peak with the allowance"
+                                             : "reserved peak";
+}
+
 /* The device and the verdict (nothing without a device). With a length
  * distribution (v) the verdict is the distribution's: every batch it
  * produces must fit; the configured shape's own is said on a line of its
@@ -520,11 +527,8 @@ static void text_device(FILE *f, const ml_config *cfg, const ml_summary *s,
     char a[32], b2[32], c3[32];
     if (!s->has_device)
         return;
-    fprintf(f, "\nDevice: %s, runtime reserve %s, budget %s (for the %s)",
-            B(s->memory, a), B(s->runtime_reserve, b2), B(s->budget, c3),
-            !s->has_reserved                  ? "allocator peak"
-            : cfg->device.fragmentation > 0 ? "allocator peak with the allowance"
-                                            : "reserved peak");
+    fprintf(f, "\nDevice: %s, runtime reserve %s, budget %s (for the %s)", B(s->memory, a),
+            B(s->runtime_reserve, b2), B(s->budget, c3), ml__report_budget_holds(&cfg->device));
     if (cfg->device.fragmentation > 0)
         fprintf(f, ", fragmentation allowance %g x the peak", cfg->device.fragmentation);
     fputc('\n', f);

@@ -59,6 +59,11 @@ static void config_set_refusals(void **state)
     assert_int_equal(ml_config_set(&c, "micro_batch", "3", &e), ML_USAGE);
     /* (PyTorch 2.9+'s least max_split_size_mb is 20, kLargeBuffer) */
     assert_int_equal(ml_config_set(&c, "device.max_split_size", "19MiB", &e), ML_RANGE);
+    /* at most 1 EiB, as the model file's key and --max-split-size */
+    assert_int_equal(ml_config_set(&c, "device.max_split_size", "1048577TiB", &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "must be at most 1 EiB"));
+    assert_int_equal(ml_config_set(&c, "device.max_split_size", "1048576TiB", &e), ML_OK);
+    c.device.max_split_size = before.device.max_split_size;
     assert_int_equal(ml_config_set(&c, "device.efficiency", "2", &e), ML_RANGE);
     assert_int_equal(ml_config_set(&c, "device.memory", "-1GiB", &e), ML_RANGE);
     assert_int_equal(ml_config_set(&c, "training.checkpoint", "every-0", &e), ML_USAGE);
@@ -156,6 +161,7 @@ static void job_pairings(void **state)
          "training.reduce_bucket_size: sizes DeepSpeed's ZeRO buckets"},
         {"device.blas_workspace", "1MiB", "device.allocator", "none", ml_job_timeline_json,
          "device.blas_workspace: applies to a simulated allocator only"},
+        {"parallel.layout", "tp2", "parallel.dp", "4", ml_job_plan_json, "drop parallel.dp"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ml_job *j = NULL;
