@@ -112,8 +112,12 @@ ML_API ml_status ml_lengths_plan(const ml_model *m, const ml_config *cfg, const 
                                  const ml_lengths_request *req, ml_lengths_result *out,
                                  ml_error *err);
 
-/* The largest token budget N (at most 2^34, and at most 2^24 samples of the
- * shortest length) whose worst batch fits the
+/* The largest token budget a search may answer for d: batches of the
+ * shortest samples within the micro-batch limit (2^24 samples), at most
+ * 2^34 tokens. */
+ML_API uint64_t ml_lengths_budget_limit(const ml_lengths *d);
+
+/* The largest token budget N (at most ml_lengths_budget_limit) whose worst batch fits the
  * device (padded batches of floor(N / T) samples): ML_OK with *tokens 0 when
  * even one sample of the longest length does not fit; ML_USAGE without a
  * device. *evaluations counts the ledger evaluations (may be NULL). */
