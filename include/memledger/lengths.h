@@ -125,6 +125,14 @@ ML_API ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg,
                                        const ml_lengths *d, uint64_t *tokens,
                                        unsigned *evaluations, ml_error *err);
 
+/* The same, and that budget's plan into *out (as ml_lengths_plan with
+ * padded batches and max_tokens *tokens), from the points the search
+ * planned: each shape simulated once. *out is untouched when *tokens is 0;
+ * out->evaluations counts the search's evaluations too. */
+ML_API ml_status ml_lengths_fit_tokens_plan(const ml_model *m, const ml_config *cfg,
+                                            const ml_lengths *d, uint64_t *tokens,
+                                            ml_lengths_result *out, ml_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -306,13 +306,17 @@ int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config 
     }
     ml_error e;
     ml_status st = ML_OK;
-    unsigned evals = 0;
     if (!cfg->device.present) {
         ml_cli_errorf("fit needs a device (--device NAME|SIZE or a device: section)");
         rc = ML_EXIT_BAD_INPUT;
         goto out;
     }
-    if (auto_tokens && (st = ml_lengths_fit_tokens(m, cfg, d, &req.max_tokens, &evals, &e))) {
+    ml_lengths_result r;
+    /* the budget searched and planned (its points simulated once), or the
+     * one given planned */
+    st = auto_tokens ? ml_lengths_fit_tokens_plan(m, cfg, d, &req.max_tokens, &r, &e)
+                     : ml_lengths_plan(m, cfg, d, &req, &r, &e);
+    if (st) {
         rc = ml_cli_lengths_failed(o, &e, st);
         goto out;
     }
@@ -322,12 +326,6 @@ int ml_cli_fit_lengths(const ml_cli_opts *o, const ml_model *m, const ml_config 
             rc = ML_EXIT_NO_FIT;
         goto out;
     }
-    ml_lengths_result r;
-    if ((st = ml_lengths_plan(m, cfg, d, &req, &r, &e))) {
-        rc = ml_cli_lengths_failed(o, &e, st);
-        goto out;
-    }
-    r.evaluations += evals;
     rc = write_report(o, m, cfg, NULL, d, &req, &r, auto_tokens);
     if (!rc)
         rc = r.p_over_budget > 0 || !r.max.fits ? ML_EXIT_NO_FIT : ML_EXIT_OK;

@@ -532,9 +532,11 @@ static ml_status largest_budget_below(lengths_ctx *p, const ml_lengths *d, uint6
  * that fits with the cache fits without it (the simulation only adds to
  * the peak), so the answer is at most the allocated view's, and the
  * simulated search runs down from there (as fit's micro-batch search:
- * docs/lengths.md). */
-ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const ml_lengths *d,
-                                uint64_t *tokens, unsigned *evaluations, ml_error *err)
+ * docs/lengths.md). With plan, that budget planned too, from the points
+ * the search simulated. */
+static ml_status search_tokens(const ml_model *m, const ml_config *cfg, const ml_lengths *d,
+                               uint64_t *tokens, ml_lengths_result *plan,
+                               unsigned *evaluations, ml_error *err)
 {
     *tokens = 0;
     ml_status st = cp_refused(cfg, err);
@@ -562,8 +564,26 @@ ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const m
         st = largest_budget_below(&p, d, top, &top);
     if (!st)
         *tokens = top;
+    if (!st && plan && top) {
+        memset(plan, 0, sizeof *plan);
+        plan->p_over_budget = NAN;
+        st = token_budget(&p, d, top, plan);
+        plan->evaluations = p.evaluations + q.evaluations;
+    }
     free(seen.e);
     if (evaluations)
         *evaluations = p.evaluations + q.evaluations;
     return st;
+}
+
+ml_status ml_lengths_fit_tokens(const ml_model *m, const ml_config *cfg, const ml_lengths *d,
+                                uint64_t *tokens, unsigned *evaluations, ml_error *err)
+{
+    return search_tokens(m, cfg, d, tokens, NULL, evaluations, err);
+}
+
+ml_status ml_lengths_fit_tokens_plan(const ml_model *m, const ml_config *cfg, const ml_lengths *d,
+                                     uint64_t *tokens, ml_lengths_result *out, ml_error *err)
+{
+    return search_tokens(m, cfg, d, tokens, out, NULL, err);
 }

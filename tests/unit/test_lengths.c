@@ -308,6 +308,17 @@ static void test_fit_tokens_simulated(void **state)
     req.max_tokens = n;
     assert_int_equal(ml_lengths_plan(m, &c, d, &req, &r, &e), ML_OK);
     assert_true(r.max.fits && r.p_over_budget == 0);
+    /* the search and its budget's plan in one call: the same budget, the
+     * same rows as planning that budget on its own */
+    ml_lengths_result both;
+    uint64_t n2 = 0;
+    assert_int_equal(ml_lengths_fit_tokens_plan(m, &c, d, &n2, &both, &e), ML_OK);
+    assert_int_equal(n2, n);
+    same_point(both.max, r.max);
+    same_point(both.p50, r.p50);
+    same_point(both.p99, r.p99);
+    assert_true(both.p_over_budget == r.p_over_budget);
+    assert_true(both.evaluations >= evals);
     req.max_tokens = n + 1;
     assert_int_equal(ml_lengths_plan(m, &c, d, &req, &r, &e), ML_OK);
     assert_true(!r.max.fits || r.p_over_budget > 0);
