@@ -7,6 +7,7 @@ import difflib
 import json
 import operator
 import os
+import re
 
 from . import _cli, _native
 from ._native import Error, lib
@@ -226,10 +227,25 @@ def _run(verb, model, settings, training=None):
                 err.msg = ("%s=%r: " % (name, value)).encode()[:100] + err.msg[:400]
             _native.check(st, err)
         call = getattr(lib, "ml_job_%s_json" % verb)
-        return json.loads(_native.take_json(call, job))
+        try:
+            return json.loads(_native.take_json(call, job))
+        except Error as e:
+            raise _in_keywords(e, settings) from None
     finally:
         lib.ml_job_destroy(job)
         lib.ml_model_destroy(handle)
+
+
+def _in_keywords(e, settings):
+    """e with the library's keys it names written as the keywords given
+    (training.grad_accum as micro_batches= where that was the keyword), as
+    the command line writes them as its flags."""
+    msg = e.message
+    for name, key in SETTINGS:
+        if key and key in msg and (name in settings or
+                                   not any(k == key and n in settings for n, k in SETTINGS)):
+            msg = re.sub(r"(?<![\w.])%s(?![\w])" % re.escape(key), name + "=", msg)
+    return Error(e.code, e.status, e.path, e.line, e.col, msg)
 
 
 def _through_cli(settings):

@@ -287,7 +287,7 @@ def test_pairings_the_cli_refuses_are_refused_here_too():
     cases = [
         (memledger.plan, dict(parallel="tp2.dp2", tp=4), "the layout is given once"),
         (memledger.fit, dict(global_batch=64, grad_accum=4, device="80GiB"),
-         "global_batch derives the accumulation steps"),
+         "derives the accumulation steps from the micro-batch"),
         (memledger.plan, dict(reduce_bucket_size=5), "sizes DeepSpeed's ZeRO buckets"),
         (memledger.plan, dict(allocator="none", blas_workspace="1MiB"),
          "applies to a simulated allocator only"),
@@ -296,6 +296,10 @@ def test_pairings_the_cli_refuses_are_refused_here_too():
         with pytest.raises(memledger.Error) as e:
             verb(GPT2, **kw)
         assert says in e.value.message, (kw, e.value.message)
+    # the message names the keywords given, as the command line its flags
+    with pytest.raises(memledger.Error) as e:
+        memledger.fit(GPT2, global_batch=64, micro_batches=4, device="80GiB")
+    assert e.value.message.startswith("micro_batches=: fit's global_batch= derives")
     # the bucket size with ZeRO is used: planned
     assert memledger.plan(GPT2, reduce_bucket_size=5, zero=2)["params"] == 124439808
 
