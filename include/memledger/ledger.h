@@ -439,6 +439,9 @@ ML_API ml_status ml_planner_evaluate(ml_planner *p, const ml_config *cfg, bool k
 ML_API void ml_planner_destroy(ml_planner *p);
 
 ML_API const ml_summary *ml_ledger_summary(const ml_ledger *l);
+/* The allocator peak that binds (s->binding): the steady, first-iteration
+ * or evaluation peak, the one the device total is made from. */
+ML_API uint64_t ml_summary_binding_peak(const ml_summary *s);
 /* The iteration's step time: with a pipeline the pipeline's step
  * (pipeline_step_s: its fullest stage's work, the bubble and the step), else
  * step_time_s; < 0 when not timed. What compare's, fit's and the advice's

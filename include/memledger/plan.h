@@ -238,11 +238,15 @@ typedef struct ml_colocate_result {
     uint64_t budget;        /* the line for peak_sum: the one given, else memory
                                less the jobs' runtime reserves */
     bool budget_given;      /* a budget was given (not the default) */
-    uint64_t peak_sum;      /* the jobs' allocator peaks summed */
+    uint64_t peak_sum;      /* the jobs' budget figures summed: each plan's
+                               allocator peak, or its simulated reserved peak */
     size_t oom_job;         /* the first job (1-based) whose own plan runs out of
                                the device in the allocator simulation: its peak
                                total stops where it ran out, so the sums
                                understate it, and nothing fits (0: none) */
+    int peaks_reserved;     /* each job's part of peak_sum is its plan's budget
+                               figure: 0, every job's allocator peak; 1, every
+                               job's simulated reserved peak; 2, some of each */
 } ml_colocate_result;
 
 /* One job of a colocation: a training job's ledger (its steady curve), or

@@ -67,7 +67,8 @@ def _flag_value(name, value):
 
 def _flags(verb, settings, known):
     """--flag value pairs in SETTINGS' order, then the verb's own."""
-    names = [k for k, _ in _api.SETTINGS if k not in _api.FIT_ONLY] + list(known)
+    names = [k for k, _ in _api.SETTINGS if k not in _api.FIT_ONLY]
+    names += [k for k in known if k not in names]  # each flag once: given twice is refused
     for name in settings:
         takers = [v for v, extra in EXTRA.items() if name in extra]
         if name not in names and takers:

@@ -76,6 +76,7 @@ static int parse(int argc, char **argv, opts *o)
         {"--output", offsetof(opts, output)},
     };
     memset(o, 0, sizeof *o);
+    bool format_given = false;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
@@ -107,12 +108,19 @@ static int parse(int argc, char **argv, opts *o)
                                flags[k].flag);
         if (!eq)
             i++;
-        if (!flags[k].off) { /* --format */
+        /* a flag given twice (or -o and --output) is refused, never the
+         * last one winning (docs/cli.md) */
+        const char **slot = flags[k].off ? (const char **)((char *)o + flags[k].off) : NULL;
+        if (slot ? *slot != NULL : format_given)
+            return usage_error("%s: given twice (or with another name for it): give it once",
+                               flags[k].flag);
+        if (!slot) { /* --format */
             if (strcmp(val, "text") && strcmp(val, "json"))
                 return usage_error("--format: '%s' is not a format; use text or json", val);
             o->json = !strcmp(val, "json");
+            format_given = true;
         } else {
-            *(const char **)((char *)o + flags[k].off) = val;
+            *slot = val;
         }
     }
     if (!o->trace)

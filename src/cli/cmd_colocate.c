@@ -305,6 +305,8 @@ static int parse_args(int argc, char **argv, colocate_args *a)
         if (slot) {
             if (!v || !*v)
                 return bad("%s needs a value", arg);
+            if (*slot)
+                return bad("%s: given twice (or with another name for it): give it once", arg);
             *slot = v;
             continue;
         }

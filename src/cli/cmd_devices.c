@@ -59,7 +59,7 @@ static void json(FILE *f, const ml_device_preset *p, size_t n)
 
 int ml_cmd_devices(int argc, char **argv)
 {
-    const char *output = NULL, *format = "text";
+    const char *output = NULL, *format = NULL;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             fputs(usage, stdout);
@@ -70,11 +70,15 @@ int ml_cmd_devices(int argc, char **argv)
                             : ml_cli_flag_is(arg, "-o", argc, argv, &i, &v)       ? &output
                             : ml_cli_flag_is(arg, "--output", argc, argv, &i, &v) ? &output
                                                                                    : NULL;
-        if (slot && v && *v) {
+        if (slot && v && *v && !*slot) {
             *slot = v;
             continue;
         }
-        if (slot)
+        if (slot && v && *v) /* never the last one winning (docs/cli.md) */
+            ml_cli_errorf("devices: %.*s: given twice (or with another name for it): give it "
+                          "once",
+                          (int)strcspn(arg, "="), arg);
+        else if (slot)
             ml_cli_errorf("devices: %.*s needs a value", (int)strcspn(arg, "="), arg);
         else
             ml_cli_errorf("devices: '%s' is not an option here (--format text|json, -o FILE)",
@@ -82,6 +86,8 @@ int ml_cmd_devices(int argc, char **argv)
         fputs("Try 'memledger devices --help'.\n", stderr);
         return ML_EXIT_BAD_INPUT;
     }
+    if (!format)
+        format = "text";
     const bool as_json = !strcmp(format, "json");
     if (!as_json && strcmp(format, "text")) {
         ml_cli_errorf("--format: '%s' is not one of text, json", format);

@@ -82,27 +82,32 @@ static const char *const usage[] = {
  * out of memory are not written (an -o file stays as it was); the verdict
  * goes to stderr and the caller exits 1, as fit does with nothing that fits
  * (docs/cli.md). True when it does not fit. */
-static bool emit_no_fit(const char *target, const ml_summary *s)
+static bool emit_no_fit(const char *target, const ml_config *cfg, const ml_summary *s)
 {
     if (!s->has_device || s->fits)
         return false;
-    uint64_t peak = s->binding == ML_PEAK_EVAL                ? s->peak_eval
-                    : s->binding == ML_PEAK_FIRST_ITERATION ? s->peak_first_iteration
-                                                            : s->peak;
-    char a[32], b[32], c[32], d[32], over[48];
-    ml_format_bytes(peak, a, sizeof a);
+    /* what the budget holds (verdict.c): with the allocator simulated the
+     * reserved peak (or the allowance's estimate of it), else the peak */
+    const uint64_t peak = ml_summary_binding_peak(s);
+    const uint64_t held = s->has_reserved ? s->peak_total - s->runtime_reserve : peak;
+    char a[32], b[32], c[32], d[32], why[96];
+    ml_format_bytes(held, a, sizeof a);
     ml_format_bytes(s->budget, b, sizeof b);
     ml_format_bytes(s->peak_total, c, sizeof c);
     ml_format_bytes(s->memory, d, sizeof d);
     if (s->reserved_oom && s->headroom == -1)
-        snprintf(over, sizeof over, "the simulated allocator runs out");
-    else
-        ml_format_bytes((uint64_t)(-s->headroom), over, sizeof over);
+        snprintf(why, sizeof why, "the simulated caching allocator runs out of the device "
+                                  "(its cache fragmented)");
+    else {
+        char o[32];
+        ml_format_bytes((uint64_t)(-s->headroom), o, sizeof o);
+        snprintf(why, sizeof why, "over by %s", o);
+    }
     fprintf(stderr,
-            "memledger: --emit %s: the plan does not fit, nothing written: allocator peak %s "
-            "against the budget %s, device total %s against %s (over by %s); 'memledger fit' "
-            "finds a micro-batch that fits\n",
-            target, a, b, c, d, over);
+            "memledger: --emit %s: the plan does not fit, nothing written: %s %s against the "
+            "budget %s, device total %s against %s: %s; 'memledger fit' finds a micro-batch "
+            "that fits\n",
+            target, ml__report_budget_holds(&cfg->device), a, b, c, d, why);
     return true;
 }
 
@@ -139,7 +144,7 @@ int ml_cmd_plan(int argc, char **argv)
         ml_cli_free(m, &cfg);
         return ML_EXIT_BAD_INPUT;
     }
-    if (o.emit && emit_no_fit(o.emit, ml_ledger_summary(l))) {
+    if (o.emit && emit_no_fit(o.emit, &cfg, ml_ledger_summary(l))) {
         ml_ledger_destroy(l);
         ml_cli_free(m, &cfg);
         return ML_EXIT_NO_FIT;

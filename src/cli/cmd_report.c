@@ -36,6 +36,14 @@ int ml_cmd_report(int argc, char **argv)
     if ((rc = ml_cli_load(&o, &m, &cfg)))
         return rc;
     o.model = m;
+    /* the global batch sizes the report's fit, which needs a device: a
+     * flag nothing would use is refused (docs/cli.md) */
+    if (o.global_batch && !cfg.device.present) {
+        ml_cli_errorf("--global-batch: sizes the report's fit, which needs a device: add "
+                      "--device NAME|SIZE (or a device: section), or drop --global-batch");
+        ml_cli_free(m, &cfg);
+        return ML_EXIT_BAD_INPUT;
+    }
     ml_ledger *l = NULL;
     ml_error e;
     ml_compare_row rows[ML_COMPARE_ROWS];

@@ -73,7 +73,10 @@ static int take_flags(int argc, char **argv, char **rest, int *nrest, triage_fla
             return usage_error("%s needs a value", names[k]);
         if (!eq)
             i++;
-        *(k == 0 ? &x->phase : k == 1 ? &x->allocated : &x->reserved) = v;
+        const char **slot = k == 0 ? &x->phase : k == 1 ? &x->allocated : &x->reserved;
+        if (*slot) /* as the shared parser refuses a flag given twice */
+            return usage_error("%s: given twice: give it once", names[k]);
+        *slot = v;
     }
     rest[*nrest] = NULL;
     return 0;

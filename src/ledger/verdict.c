@@ -10,6 +10,13 @@
 #include "ledger/replay.h"
 #include "util/error.h"
 
+uint64_t ml_summary_binding_peak(const ml_summary *s)
+{
+    return s->binding == ML_PEAK_EVAL              ? s->peak_eval
+           : s->binding == ML_PEAK_FIRST_ITERATION ? s->peak_first_iteration
+                                                   : s->peak;
+}
+
 /* The peak total (fragmentation allowance, runtime reserve) and whether it
  * fits the device. */
 ml_status ml__eval_verdict(const ml_chain *ch, const ml_device *dv, uint64_t cache_allow,

@@ -283,13 +283,16 @@ static ml_status time_over(const ml_colocate_job *a, const ml_colocate_job *b, u
 static ml_status verdict(const ml_colocate_job *jobs, size_t n, ml_colocate_result *out,
                          ml_error *err)
 {
+    size_t simulated = 0;
     for (size_t j = 0; j < n; j++) {
         uint64_t peak = 0, total = 0;
         peaks_of(&jobs[j], &peak, &total);
+        simulated += !jobs[j].inference && ml_ledger_summary(jobs[j].ledger)->has_reserved;
         if (__builtin_add_overflow(out->worst_total, total, &out->worst_total) ||
             __builtin_add_overflow(out->peak_sum, peak, &out->peak_sum))
             return ml__errorf(err, ML_OVERFLOW, "the jobs' peaks together exceed 64 bits");
     }
+    out->peaks_reserved = !simulated ? 0 : simulated == n ? 1 : 2;
     /* the default line, as plan's memory - runtime_reserve: here the
      * jobs' reserves (and allowances, which only lower it further: the
      * device total's condition then implies the budget's) */

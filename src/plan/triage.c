@@ -152,7 +152,7 @@ ml_status ml_triage(const ml_model *m, const ml_config *cfg, const ml_triage_req
         free(r);
         return st;
     }
-    r->peak = ml__triage_binding_peak(&r->current);
+    r->peak = ml_summary_binding_peak(&r->current);
     r->host_transfer = r->current.host_transfer_bytes;
     ml_triage_ctx x = {m, &worst, req, r, traits_of(m), err, cfg};
     r->step_time_s = ml__triage_step_time(&x, &r->current);

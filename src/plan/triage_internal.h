@@ -31,8 +31,6 @@ typedef struct {
                                        set its micro-batch and seq_len (= cfg without) */
 } ml_triage_ctx;
 
-/* The allocator peak the verdict uses: the largest of the three. */
-uint64_t ml__triage_binding_peak(const ml_summary *s);
 /* c's summary (ml_ledger_evaluate without events); its statuses. */
 ml_status ml__triage_evaluate(const ml_model *m, const ml_config *c, ml_summary *out,
                               ml_error *err);

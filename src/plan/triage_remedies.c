@@ -82,13 +82,6 @@ const char *ml_remedy_name(ml_remedy_kind k)
     return (unsigned)k < ML_REMEDY_COUNT ? remedies[k].name : "?";
 }
 
-uint64_t ml__triage_binding_peak(const ml_summary *s)
-{
-    return s->binding == ML_PEAK_EVAL              ? s->peak_eval
-           : s->binding == ML_PEAK_FIRST_ITERATION ? s->peak_first_iteration
-                                                   : s->peak;
-}
-
 ml_status ml__triage_evaluate(const ml_model *m, const ml_config *c, ml_summary *out,
                               ml_error *err)
 {
@@ -455,7 +448,7 @@ ml_status ml__triage_add_remedy(const ml_triage_ctx *x, ml_remedy_kind k, ml_tri
     rm->kind = k;
     rm->config = c;
     flags_of(x->cfg, &c, k, rm->flags, sizeof rm->flags);
-    rm->peak = ml__triage_binding_peak(&s);
+    rm->peak = ml_summary_binding_peak(&s);
     rm->peak_total = s.peak_total;
     rm->has_device = s.has_device;
     rm->fits = fits(&s);

@@ -58,8 +58,11 @@ static void verdict_line(FILE *f, const ml_colocate_result *r)
     fprintf(f, "\nunsynchronised, the peaks lined up: %s of %s", B(r->worst_total, a),
             B(r->memory, b));
     if (r->budget_given)
-        fprintf(f, ", allocator peaks %s of the %s budget", B(r->peak_sum, p),
-                B(r->budget, q));
+        fprintf(f, ", %s %s of the %s budget",
+                r->peaks_reserved == 1   ? "reserved peaks"
+                : r->peaks_reserved == 2 ? "reserved (or allocator) peaks"
+                                         : "allocator peaks",
+                B(r->peak_sum, p), B(r->budget, q));
     if (r->oom_job) {
         fprintf(f, ": DOES NOT FIT: job %zu alone runs out of the device in its allocator "
                    "simulation (memledger plan says so too)\n",

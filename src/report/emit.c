@@ -316,6 +316,8 @@ static int hf_trainer(FILE *f, const ml_config *cfg, ml_ckpt_shape s,
               f);
     fprintf(f, "--per_device_train_batch_size %llu \\\n--gradient_accumulation_steps %llu",
             (unsigned long long)t->micro_batch, (unsigned long long)t->grad_accum);
+    if (t->eval_batch) /* the plan's evaluation pass: its batch */
+        fprintf(f, " \\\n--per_device_eval_batch_size %llu", (unsigned long long)t->eval_batch);
     if (shape_full(s))
         fputs(" \\\n--gradient_checkpointing \\\n"
               "--gradient_checkpointing_kwargs '{\"use_reentrant\": false}'", f);
@@ -414,6 +416,26 @@ static void encdec_check(emit_kind k, const ml_model *m, const ml_training *t,
                         "model.config.use_cache = False");
 }
 
+/* The plan's evaluation pass (training.eval_batch): Trainer's flags carry
+ * its batch (--per_device_eval_batch_size), not its length; DeepSpeed's
+ * config and the snippet carry neither: the loop runs it. */
+static void eval_check(emit_kind k, const ml_training *t, ml_emit_verdict *v)
+{
+    if (!t->eval_batch || v->level == ML_EMIT_REFUSED)
+        return;
+    if (k != EMIT_HF_TRAINER)
+        ml__emit_note(v, "the plan has an evaluation pass (batch %llu x %llu tokens, no_grad, "
+                         "the output kept): %s has no evaluation; run it in the loop with that "
+                         "batch",
+                      (unsigned long long)t->eval_batch,
+                      (unsigned long long)(t->eval_seq_len ? t->eval_seq_len : t->seq_len),
+                      k == EMIT_DEEPSPEED ? "DeepSpeed's config" : "the snippet");
+    else if (t->eval_seq_len && t->eval_seq_len != t->seq_len)
+        ml__emit_note(v, "the plan evaluates %llu tokens a sample (--eval-seq-len); Trainer "
+                         "evaluates the eval dataset's lengths: pad or cut them to %llu there",
+                      (unsigned long long)t->eval_seq_len, (unsigned long long)t->eval_seq_len);
+}
+
 static void check(emit_kind k, const ml_model *m, const ml_config *cfg, const ml_ledger *l,
                   ml_emit_verdict *v)
 {
@@ -482,6 +504,7 @@ static void check(emit_kind k, const ml_model *m, const ml_config *cfg, const ml
     } else {
         ml__emit_torch_check(v, t, s);
     }
+    eval_check(k, t, v);
 }
 
 int ml__report_emit_check(const char *kind, const ml_model *m, const ml_config *cfg,

@@ -84,6 +84,11 @@ void ml__emit_megatron_check(ml_emit_verdict *v, const ml_model *m, const ml_con
         ml__emit_note(v, "the plan's context parallelism is PyTorch's ring attention; "
                          "Megatron's (--context-parallel-size) runs Transformer Engine's, "
                          "whose buffers differ");
+    if (t->eval_batch)
+        ml__emit_note(v, "the plan has an evaluation pass (batch %llu); Megatron evaluates "
+                         "--eval-iters batches of --micro-batch-size every --eval-interval, "
+                         "through the pipeline's forward-only schedule",
+                      (unsigned long long)t->eval_batch);
     if (m->moe.experts)
         ml__emit_note(v, "the plan's experts are Hugging Face's SwiGLU modules, each output "
                          "weighted after w2; Megatron's SequentialMLP weights inside its fused "

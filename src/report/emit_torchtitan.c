@@ -194,8 +194,9 @@ void ml__emit_torchtitan_check(ml_emit_verdict *v, const ml_model *m, const ml_c
              m->attn.sliding_window || m->attn.softcap > 0 ||
              (m->attn.head_dim && m->attn.head_dim * m->attn.heads != m->hidden))
         ml__emit_refuse(v, "torchtitan's llama3 layer is Llama's (RMSNorm pre-norm, rotary, "
-                           "SwiGLU, no biases, untied embeddings, head size hidden/heads); "
-                           "this model's differs");
+                           "SwiGLU, no biases, untied embeddings, head size hidden/heads, "
+                           "full causal attention: no sliding window, no logit softcap, "
+                           "no parallel residual or post-norms); this model's differs");
     else if (m->attn.kernel == ML_ATTN_EAGER)
         ml__emit_refuse(v, "torchtitan's llama3 attends with sdpa (attn_type), whose saved "
                            "tensors are not eager attention's: plan with attention sdpa");

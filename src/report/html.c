@@ -100,15 +100,25 @@ static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
         fprintf(f, "<div class=\"verdict %s\">%s</div> ", s->fits ? "fits" : "nofit",
                 s->fits ? "FITS" : "DOES NOT FIT");
         char c1[32], c2[32];
-        char c3[48] = "";
+        char c3[64] = "";
         if (s->fragmentation) {
+            /* the cache over the peak: the allowance given, else the
+             * simulated reserved peak's, as plan's text names them */
             char fr[32];
-            snprintf(c3, sizeof c3, " + fragmentation %s", B(s->fragmentation, fr));
+            snprintf(c3, sizeof c3, " + %s %s",
+                     cfg->device.fragmentation > 0 ? "fragmentation allowance"
+                     : s->has_reserved            ? "allocator cache"
+                                                  : "fragmentation",
+                     B(s->fragmentation, fr));
         }
-        fprintf(f, "<span class=\"cfg\">allocator peak %s%s + runtime reserve %s = device total %s on the device's %s, "
-                   "budget %s; ",
-                B(s->peak, a), c3, B(s->runtime_reserve, b), B(s->peak_total, buf),
-                B(s->memory, c1), B(s->budget, c2));
+        /* the peak that binds, which the device total is made from */
+        fprintf(f, "<span class=\"cfg\">%s %s%s + runtime reserve %s = device total %s on the "
+                   "device's %s, budget %s; ",
+                s->binding == ML_PEAK_EVAL              ? "evaluation peak"
+                : s->binding == ML_PEAK_FIRST_ITERATION ? "first-iteration peak"
+                                                        : "allocator peak",
+                B(ml_summary_binding_peak(s), a), c3, B(s->runtime_reserve, b),
+                B(s->peak_total, buf), B(s->memory, c1), B(s->budget, c2));
         if (s->fits)
             fprintf(f, "headroom %s</span>\n", B((uint64_t)s->headroom, b));
         else if (s->reserved_oom && s->headroom == -1)
