@@ -19,13 +19,17 @@ static const char usage[] =
 static void text(FILE *f, const ml_device_preset *p, size_t n)
 {
     char mem[32];
-    fprintf(f, "%-11s %12s", "name", "memory");
+    int w = 4; /* the widest name: the columns stay aligned */
+    for (size_t i = 0; i < n; i++)
+        if ((int)strlen(p[i].name) > w)
+            w = (int)strlen(p[i].name);
+    fprintf(f, "%-*s %12s", w, "name", "memory");
     for (int k = 0; k < ML_COMPUTE_COUNT; k++)
         fprintf(f, " %7s", ml_compute_dtype_name((ml_compute_dtype)k));
     fputs("    GB/s  SMs  product (aliases)\n", f);
     for (size_t i = 0; i < n; i++) {
         ml_format_bytes(p[i].memory, mem, sizeof mem);
-        fprintf(f, "%-11s %12s", p[i].name, mem);
+        fprintf(f, "%-*s %12s", w, p[i].name, mem);
         for (int k = 0; k < ML_COMPUTE_COUNT; k++)
             fprintf(f, " %7.5g", p[i].peak_tflops[k]);
         fprintf(f, " %7.5g %4u  %s", p[i].memory_gbps, p[i].sms, p[i].product);
