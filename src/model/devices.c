@@ -90,11 +90,21 @@ static bool squeeze(const char *s, size_t n, char *out, size_t size)
     return true;
 }
 
-/* Whether the squeezed `key` equals the name or one of the aliases. */
+/* Whether the squeezed `key` equals the name, the product name (as
+ * nvidia-smi and torch.cuda.get_device_name() print it) or one of the
+ * aliases. */
 static bool matches(const ml_device_preset *p, const char *key)
 {
     char buf[64];
     if (squeeze(p->name, strlen(p->name), buf, sizeof buf) && !strcmp(buf, key))
+        return true;
+    /* (not where the name says a memory size the product name lacks: one
+     * product with two sizes, the RTX 4060 Ti's 8 and 16 GB) */
+    const char *gb = strstr(p->name, "gb"), *size = gb;
+    while (size > p->name && isdigit((unsigned char)size[-1]))
+        size--;
+    if (p->product && squeeze(p->product, strlen(p->product), buf, sizeof buf) &&
+        !strcmp(buf, key) && !(gb && size < gb && !strstr(buf, size)))
         return true;
     for (const char *a = p->aliases; *a;) {
         size_t n = strcspn(a, " ");

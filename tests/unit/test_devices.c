@@ -210,6 +210,12 @@ static void test_names(void **state)
     assert_true(ml_device_preset_find("RTX 4060 Ti 16GB") ==
                 ml_device_preset_find("rtx4060ti-16gb"));
     assert_null(ml_device_preset_find("rtx4060ti"));
+    /* the product name nvidia-smi prints names its preset, unless the
+     * product comes in two memory sizes the name does not say */
+    assert_true(ml_device_preset_find("NVIDIA L4") == ml_device_preset_find("l4"));
+    assert_true(ml_device_preset_find("Tesla V100-SXM2-32GB") ==
+                ml_device_preset_find("v100-32gb"));
+    assert_null(ml_device_preset_find("NVIDIA GeForce RTX 4060 Ti"));
     assert_true(ml_device_preset_find("GeForce RTX 3060") == ml_device_preset_find("rtx3060"));
     assert_null(ml_device_preset_find("a100"));
     assert_null(ml_device_preset_find(""));
