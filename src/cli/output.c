@@ -238,7 +238,12 @@ static int open_temp(ml_out *o, const char *path)
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (fd < 0) {
-        ml_cli_errorf("%s: cannot create the output file: %s", path, strerror(err));
+        /* the file is written beside its place, then renamed: say so, as
+         * the error is the temporary's (a directory such as /proc takes
+         * no new file) */
+        ml_cli_errorf("%s: cannot create the output file (written as a temporary file beside "
+                      "it, then renamed): %s",
+                      path, strerror(err));
         return ML_EXIT_FAILURE;
     }
     /* the group too, where the owner may; if not, the group bits would
