@@ -242,8 +242,7 @@ def _in_keywords(e, settings):
     the command line writes them as its flags."""
     msg = e.message
     for name, key in SETTINGS:
-        if key and key in msg and (name in settings or
-                                   not any(k == key and n in settings for n, k in SETTINGS)):
+        if key and key in msg and name in settings:  # (a model file's keys stay its keys)
             msg = re.sub(r"(?<![\w.])%s(?![\w])" % re.escape(key), name + "=", msg)
     return Error(e.code, e.status, e.path, e.line, e.col, msg)
 

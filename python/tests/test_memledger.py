@@ -300,6 +300,12 @@ def test_pairings_the_cli_refuses_are_refused_here_too():
     with pytest.raises(memledger.Error) as e:
         memledger.fit(GPT2, global_batch=64, micro_batches=4, device="80GiB")
     assert e.value.message.startswith("micro_batches=: fit's global_batch= derives")
+    # a model file's key stays the file's key in the message
+    bk = os.path.join(ROOT, "tests", "cli", "cases", "yaml-bucket-no-zero", "bk.yaml")
+    with pytest.raises(memledger.Error) as e:
+        memledger.plan(bk)
+    assert "the model's training.reduce_bucket_size" in e.value.message
+    assert memledger.plan(bk, zero=2)["config"]["zero"] == 2
     # the bucket size with ZeRO is used: planned
     assert memledger.plan(GPT2, reduce_bucket_size=5, zero=2)["params"] == 124439808
 

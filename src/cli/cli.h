@@ -54,6 +54,7 @@ typedef struct {
     const char *expert_pad;     /* --expert-pad "on" */
     const ml_model *model; /* the loaded model (ml_cli_start): where its file set a
                               key, for the messages about it (ml_cli_config_error) */
+    const char *verb;      /* the verb parsed for ("plan", "fit", ...; ml_cli_parse) */
 } ml_cli_opts;
 
 /* The parallel-layout flags over t (parallel_flags.c): 0, or the exit

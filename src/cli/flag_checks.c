@@ -24,7 +24,13 @@ static int fixed_seq_flags(const ml_cli_opts *o, const ml_model *m, const ml_tra
  * apply (a flag may give the ZeRO it sizes). */
 static int bucket_flags(const ml_cli_opts *o, const ml_model *m, const ml_training *t)
 {
-    if (t->zero || t->dist_optimizer || (o->emit && !strcmp(o->emit, "deepspeed")))
+    /* used: with ZeRO, by --emit deepspeed, by fit's layout search where
+     * it picks the sharding itself, and by triage's ZeRO remedies (over
+     * data-parallel ranks); Megatron's distributed optimizer has buffers
+     * of its own */
+    const bool searched = o->gpus && !o->zero && !o->dist_optimizer;
+    const bool remedies = o->verb && !strcmp(o->verb, "triage") && t->data_parallel > 1;
+    if (t->zero || searched || remedies || (o->emit && !strcmp(o->emit, "deepspeed")))
         return 0;
     const char *f = o->reduce_bucket ? "--reduce-bucket-size"
                     : o->allgather_bucket ? "--allgather-bucket-size"

@@ -200,6 +200,7 @@ int ml_cli_parse(int argc, char **argv, const char *verb, const char *const *usa
                  ml_cli_opts *o)
 {
     memset(o, 0, sizeof *o);
+    o->verb = verb;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {

@@ -98,14 +98,17 @@ static bool matches(const ml_device_preset *p, const char *key)
     char buf[64];
     if (squeeze(p->name, strlen(p->name), buf, sizeof buf) && !strcmp(buf, key))
         return true;
-    /* (not where the name says a memory size the product name lacks: one
-     * product with two sizes, the RTX 4060 Ti's 8 and 16 GB) */
-    const char *gb = strstr(p->name, "gb"), *size = gb;
-    while (size > p->name && isdigit((unsigned char)size[-1]))
-        size--;
+    /* (not a product name sold with two memory sizes, which nvidia-smi
+     * prints alike: the RTX 4060 Ti's 8 and 16 GB, the RTX 3060's 8 and
+     * 12 GB; the preset's name or an alias says which) */
+    static const char *const two_sizes[] = {"nvidiageforcertx4060ti", "nvidiageforcertx3060"};
     if (p->product && squeeze(p->product, strlen(p->product), buf, sizeof buf) &&
-        !strcmp(buf, key) && !(gb && size < gb && !strstr(buf, size)))
+        !strcmp(buf, key)) {
+        for (size_t i = 0; i < sizeof two_sizes / sizeof two_sizes[0]; i++)
+            if (!strcmp(buf, two_sizes[i]))
+                return false;
         return true;
+    }
     for (const char *a = p->aliases; *a;) {
         size_t n = strcspn(a, " ");
         if (n && squeeze(a, n, buf, sizeof buf) && !strcmp(buf, key))

@@ -72,22 +72,21 @@ static ml_status job_conflicts(const ml_job *j, bool fit, ml_error *err)
                              "steps from the micro-batch it finds: drop training.grad_accum (or "
                              "fit without global_batch at that accumulation)");
     const ml_training *t = &j->cfg.training;
-    /* a bucket size the job or the model file gave */
+    /* a bucket size the job or the model file gave (Megatron's distributed
+     * optimizer has buffers of its own) */
     unsigned line = 0, col = 0;
-    const unsigned bucket =
-        given(j, G_REDUCE_BUCKET) ||
-                ml_model_key_position(j->model, given_keys[G_REDUCE_BUCKET], &line, &col)
-            ? G_REDUCE_BUCKET
-        : given(j, G_ALLGATHER_BUCKET) ||
-                ml_model_key_position(j->model, given_keys[G_ALLGATHER_BUCKET], &line, &col)
-            ? G_ALLGATHER_BUCKET
-            : G_COUNT;
-    if (bucket != G_COUNT && !t->zero && !t->dist_optimizer)
-        return ml__errorf_at(err, ML_USAGE, line, col,
-                             "%s: sizes DeepSpeed's ZeRO buckets (training.zero 1 to 3), and the "
-                             "plan has no ZeRO: its gradients are DDP's; drop it, or set "
+    const bool in_file[2] = {
+        ml_model_key_position(j->model, given_keys[G_REDUCE_BUCKET], &line, &col),
+        ml_model_key_position(j->model, given_keys[G_ALLGATHER_BUCKET], &line, &col)};
+    const unsigned bucket = given(j, G_REDUCE_BUCKET) || in_file[0]      ? G_REDUCE_BUCKET
+                            : given(j, G_ALLGATHER_BUCKET) || in_file[1] ? G_ALLGATHER_BUCKET
+                                                                         : G_COUNT;
+    if (bucket != G_COUNT && !t->zero)
+        return ml__errorf_at(err, ML_USAGE, 0, 0,
+                             "%s%s: sizes DeepSpeed's ZeRO buckets (training.zero 1 to 3), and "
+                             "the plan has no ZeRO: its gradients are DDP's; drop it, or set "
                              "training.zero",
-                             given_keys[bucket]);
+                             given(j, bucket) ? "" : "the model's ", given_keys[bucket]);
     if (given(j, G_BLAS) && j->cfg.device.allocator == ML_ALLOCATOR_NONE)
         return ml__errorf_at(err, ML_USAGE, 0, 0,
                              "device.blas_workspace: applies to a simulated allocator only: set "

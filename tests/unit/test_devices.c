@@ -216,6 +216,8 @@ static void test_names(void **state)
     assert_true(ml_device_preset_find("Tesla V100-SXM2-32GB") ==
                 ml_device_preset_find("v100-32gb"));
     assert_null(ml_device_preset_find("NVIDIA GeForce RTX 4060 Ti"));
+    assert_null(ml_device_preset_find("NVIDIA GeForce RTX 3060")); /* 8 or 12 GB */
+    assert_true(ml_device_preset_find("rtx3060") != NULL);
     assert_true(ml_device_preset_find("GeForce RTX 3060") == ml_device_preset_find("rtx3060"));
     assert_null(ml_device_preset_find("a100"));
     assert_null(ml_device_preset_find(""));
