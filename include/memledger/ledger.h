@@ -442,6 +442,10 @@ ML_API const ml_summary *ml_ledger_summary(const ml_ledger *l);
 /* The allocator peak that binds (s->binding): the steady, first-iteration
  * or evaluation peak, the one the device total is made from. */
 ML_API uint64_t ml_summary_binding_peak(const ml_summary *s);
+/* The figure its budget line holds: with the allocator simulated the
+ * reserved peak (or, with device.fragmentation, the allowance's estimate
+ * of it), peak_total less the runtime reserve; else the binding peak. */
+ML_API uint64_t ml_summary_budget_figure(const ml_summary *s);
 /* The iteration's step time: with a pipeline the pipeline's step
  * (pipeline_step_s: its fullest stage's work, the bubble and the step), else
  * step_time_s; < 0 when not timed. What compare's, fit's and the advice's

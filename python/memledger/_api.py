@@ -128,18 +128,24 @@ def _text(name, value):
     raise TypeError("memledger: %s=%r: give a number or a string" % (name, value))
 
 
+def check_known(verb, name, known):
+    """Refuses a keyword not in known: one another verb takes says which
+    verbs take it, else the nearest known one."""
+    if name in known:
+        return
+    takers = [v for v, extra in _cli.EXTRA.items() if name in extra]
+    if takers:
+        raise TypeError("memledger.%s: %s= is not for %s (%s take%s it)"
+                        % (verb, name, verb, ", ".join(takers), "s" if len(takers) == 1 else ""))
+    near = difflib.get_close_matches(name, known, n=1)
+    hint = "; did you mean %r?" % near[0] if near else ""
+    raise TypeError("memledger.%s: unknown keyword %r%s" % (verb, name, hint))
+
+
 def _check_names(verb, settings, training):
     known = [k for k, _ in SETTINGS]
     for name in settings:
-        takers = [v for v, extra in _cli.EXTRA.items() if name in extra]
-        if name not in known and takers:
-            raise TypeError("memledger.%s: %s= is not for %s (%s take%s it)"
-                            % (verb, name, verb, ", ".join(takers),
-                               "s" if len(takers) == 1 else ""))
-        if name not in known:
-            near = difflib.get_close_matches(name, known, n=1)
-            hint = "; did you mean %r?" % near[0] if near else ""
-            raise TypeError("memledger.%s: unknown keyword %r%s" % (verb, name, hint))
+        check_known(verb, name, known)
         if name in FIT_ONLY and verb != "fit":
             raise TypeError("memledger.%s: %s is for fit" % (verb, name))
     if "micro_batches" in settings and "grad_accum" in settings:

@@ -4,7 +4,6 @@ settings): run as `memledger VERB ... --format json` by the executable the
 wheel carries, their output parsed, so each returns exactly what the command
 line prints (docs/cli.md). Keyword arguments are the flags' names, as for
 plan (--oom-phase is oom_phase=)."""
-import difflib
 import json
 import os
 import re
@@ -70,15 +69,7 @@ def _flags(verb, settings, known):
     names = [k for k, _ in _api.SETTINGS if k not in _api.FIT_ONLY]
     names += [k for k in known if k not in names]  # each flag once: given twice is refused
     for name in settings:
-        takers = [v for v, extra in EXTRA.items() if name in extra]
-        if name not in names and takers:
-            raise TypeError("memledger.%s: %s= is not for %s (%s take%s it)"
-                            % (verb, name, verb, ", ".join(takers),
-                               "s" if len(takers) == 1 else ""))
-        if name not in names:
-            near = difflib.get_close_matches(name, names, n=1)
-            hint = "; did you mean %r?" % near[0] if near else ""
-            raise TypeError("memledger.%s: unknown keyword %r%s" % (verb, name, hint))
+        _api.check_known(verb, name, names)
     out = []
     for name in names:
         value = settings.get(name)

@@ -86,10 +86,7 @@ static bool emit_no_fit(const char *target, const ml_config *cfg, const ml_summa
 {
     if (!s->has_device || s->fits)
         return false;
-    /* what the budget holds (verdict.c): with the allocator simulated the
-     * reserved peak (or the allowance's estimate of it), else the peak */
-    const uint64_t peak = ml_summary_binding_peak(s);
-    const uint64_t held = s->has_reserved ? s->peak_total - s->runtime_reserve : peak;
+    const uint64_t held = ml_summary_budget_figure(s);
     char a[32], b[32], c[32], d[32], why[96];
     ml_format_bytes(held, a, sizeof a);
     ml_format_bytes(s->budget, b, sizeof b);

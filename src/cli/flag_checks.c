@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "model/model_internal.h"
 
 /* --seq-len and --eval-seq-len where the model fixes its sequence
  * (ml_model_check_seq), in the flags' words. */
@@ -18,50 +19,28 @@ static int fixed_seq_flags(const ml_cli_opts *o, const ml_model *m, const ml_tra
     return ML_EXIT_BAD_INPUT;
 }
 
-/* DeepSpeed's bucket sizes where nothing uses them: without ZeRO the
- * plan's gradients are DDP's, and only --emit deepspeed writes them. A
- * model file's key is refused at its line and column once the flags
- * apply (a flag may give the ZeRO it sizes). */
+/* DeepSpeed's bucket sizes where nothing uses them (ml__model_check_buckets:
+ * a flag's, or the model file's key, located there once the flags apply).
+ * Used with ZeRO, by --emit deepspeed, by fit's layout search where it
+ * picks the sharding itself and by triage's ZeRO remedies over
+ * data-parallel ranks. */
 static int bucket_flags(const ml_cli_opts *o, const ml_model *m, const ml_training *t)
 {
-    /* used: with ZeRO, by --emit deepspeed, by fit's layout search where
-     * it picks the sharding itself, and by triage's ZeRO remedies (over
-     * data-parallel ranks); Megatron's distributed optimizer has buffers
-     * of its own */
     const bool searched = o->gpus && !o->zero && !o->dist_optimizer;
     const bool remedies = o->verb && !strcmp(o->verb, "triage") && t->data_parallel > 1;
-    if (t->zero || searched || remedies || (o->emit && !strcmp(o->emit, "deepspeed")))
+    if (searched || remedies || (o->emit && !strcmp(o->emit, "deepspeed")))
         return 0;
-    const char *f = o->reduce_bucket ? "--reduce-bucket-size"
-                    : o->allgather_bucket ? "--allgather-bucket-size"
-                                          : NULL;
-    if (f) {
-        ml_cli_errorf("%s: sizes DeepSpeed's ZeRO buckets (--zero 1 to 3), and the plan has no "
-                      "ZeRO: its gradients are DDP's; drop %s, or give --zero (or --emit "
-                      "deepspeed, which writes it)",
-                      f, f);
-        return ML_EXIT_BAD_INPUT;
-    }
-    static const char *const keys[] = {"training.reduce_bucket_size",
-                                       "training.allgather_bucket_size"};
-    for (size_t k = 0; k < 2; k++) {
-        ml_error e;
-        memset(&e, 0, sizeof e);
-        if (!ml_model_key_position(m, keys[k], &e.line, &e.col))
-            continue;
-        /* with --hf, training: comes from --training */
-        snprintf(e.path, sizeof e.path, "%s",
-                 o->hf ? (o->training ? o->training : o->hf) : o->model_path);
-        e.code = ML_SCHEMA;
-        snprintf(e.msg, sizeof e.msg,
-                 "%s: sizes DeepSpeed's ZeRO buckets (training.zero 1 to 3, --zero), and the "
-                 "plan has no ZeRO: its gradients are DDP's; remove the key, or give ZeRO (or "
-                 "--emit deepspeed, which writes it)",
-                 keys[k]);
-        ml_cli_print_error(&e);
-        return ML_EXIT_BAD_INPUT;
-    }
-    return 0;
+    const char *given = o->reduce_bucket      ? "training.reduce_bucket_size"
+                        : o->allgather_bucket ? "training.allgather_bucket_size"
+                                              : NULL;
+    ml_error e;
+    memset(&e, 0, sizeof e);
+    if (ml__model_check_buckets(m, t, given, &e) == ML_OK)
+        return 0;
+    ml_cli_opts at = *o; /* the message in the flags' words, or at the file's key */
+    at.model = m;
+    ml_cli_config_error(&at, &e);
+    return ML_EXIT_BAD_INPUT;
 }
 
 int ml_cli_unused_flags(const ml_cli_opts *o, const ml_model *m, const ml_training *t)

@@ -152,9 +152,7 @@ typedef struct {
     bool hold_in, held_kept;
     uint64_t held_bytes;
     size_t held_name;
-    /* the previous micro-batch's received gradient, which 1F1B's steady
-     * state holds through this one's forward (ml_inflight.recv): dropped
-     * once this micro-batch's own is received (replay.c, recv_drop) */
+    /* ml_inflight.recv, to this micro-batch's own receive (recv_drop) */
     uint64_t recv_prev;
     size_t recv_prev_name;
     /* with rsim, where its reserved bytes peaked (ml__replay_reserved_point);
@@ -436,8 +434,7 @@ void ml__replay_micro_batch(ml_replay *r);
 typedef struct {
     uint64_t first, later, stale, recv;
 } ml_inflight;
-/* One micro-batch of a stage (later: not the step's first) beside what
- * `in` says it holds meanwhile (all 0: not a stage). */
+/* One micro-batch (later: not the step's first) beside what `in` holds. */
 void ml__replay_stage_micro_batch(ml_replay *r, const ml_inflight *in, bool later);
 
 /* What one evaluation needs besides the segment plan. */

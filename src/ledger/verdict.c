@@ -17,6 +17,11 @@ uint64_t ml_summary_binding_peak(const ml_summary *s)
                                                    : s->peak;
 }
 
+uint64_t ml_summary_budget_figure(const ml_summary *s)
+{
+    return s->has_reserved ? s->peak_total - s->runtime_reserve : ml_summary_binding_peak(s);
+}
+
 /* The peak total (fragmentation allowance, runtime reserve) and whether it
  * fits the device. */
 ml_status ml__eval_verdict(const ml_chain *ch, const ml_device *dv, uint64_t cache_allow,

@@ -366,6 +366,13 @@ const ml_hf_key *ml__hf_key_find(unsigned family, const char *key);
 ml_status ml__schema_settings(const char *text, size_t len, const char *path, ml_model *m,
                               ml_error *err);
 
+/* DeepSpeed's ZeRO bucket sizes where nothing uses them (t without ZeRO):
+ * the key `given` (a flag's or a job's, NULL: none) or else one the model
+ * file set, refused with a message that begins with the key (located by
+ * the caller, ml_model_locate_error); ML_OK when used or not set. */
+ml_status ml__model_check_buckets(const ml_model *m, const ml_training *t, const char *given,
+                                  ml_error *err);
+
 /* d without the allocator's simulation: the allocated view a search
  * plans first (fit, compare, lengths, layouts). The simulation's own
  * settings go with it (a split size beside no simulation is refused:

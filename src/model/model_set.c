@@ -97,6 +97,26 @@ ml_status ml_model_check_seq(const ml_model *m, const ml_training *t, ml_error *
                       (unsigned long long)T);
 }
 
+ml_status ml__model_check_buckets(const ml_model *m, const ml_training *t, const char *given,
+                                  ml_error *err)
+{
+    static const char *const keys[] = {"training.reduce_bucket_size",
+                                       "training.allgather_bucket_size"};
+    unsigned line, col;
+    const char *key = given;
+    for (size_t k = 0; !key && k < 2; k++)
+        if (ml_model_key_position(m, keys[k], &line, &col))
+            key = keys[k];
+    if (t->zero || !key)
+        return ML_OK;
+    return ml__errorf(err, ML_USAGE,
+                      "%s: sizes DeepSpeed's ZeRO buckets (training.zero 1 to 3), and the plan "
+                      "has no ZeRO: its gradients are DDP's (Megatron's distributed optimizer "
+                      "buckets its own); drop it, or set training.zero (--emit deepspeed writes "
+                      "it)",
+                      key);
+}
+
 uint64_t ml_model_max_micro_batch(const ml_model *m)
 {
     return m->type == ML_MODEL_DECODER && m->head.classes && m->head.cls_no_pad ? 1 : 0;

@@ -93,9 +93,7 @@ static void peaks_of(const ml_colocate_job *j, uint64_t *peak, uint64_t *total)
         return;
     }
     const ml_summary *s = ml_ledger_summary(j->ledger);
-    /* the figure plan holds against its budget: the allocator peak, or
-     * the simulated reserved peak (--allocator) */
-    *peak = s->peak_total - s->runtime_reserve - (s->has_reserved ? 0 : s->fragmentation);
+    *peak = ml_summary_budget_figure(s); /* what plan holds against its budget */
     *total = s->peak_total;
 }
 

@@ -73,6 +73,16 @@ static void seen_put(seen_points *s, const ml_length_point *pt)
     s->n++;
 }
 
+/* p without the allocator's simulation (the allocated view), its points
+ * planned each time (the memo holds simulated ones). */
+static lengths_ctx allocated_view(const lengths_ctx *p)
+{
+    lengths_ctx q = *p;
+    ml__device_allocated_view(&q.cfg.device);
+    q.seen = NULL;
+    return q;
+}
+
 /* The ledger at micro-batch b and sequence length t. */
 static ml_status point_at(lengths_ctx *p, uint64_t b, uint64_t t, ml_length_point *out)
 {
@@ -430,9 +440,7 @@ static ml_status budget_fits(lengths_ctx *p, const ml_lengths *d, uint64_t token
     if (!tops)
         return ml__errorf(p->err, ML_NOMEM, "out of memory");
     size_t n = 0;
-    lengths_ctx q = *p;
-    ml__device_allocated_view(&q.cfg.device);
-    q.seen = NULL; /* (p's points are simulated) */
+    lengths_ctx q = allocated_view(p);
     *fits = true;
     for (uint64_t t = ml_lengths_min(d); t <= tmax && *fits && !st;) {
         const uint64_t end = same_batch_last(tokens, t, tmax);
@@ -555,9 +563,7 @@ static ml_status search_tokens(const ml_model *m, const ml_config *cfg, const ml
                           (unsigned long long)ml_lengths_min(d));
     seen_points seen = {NULL, 0, 0};
     lengths_ctx p = {m, *cfg, 0, err, &seen};
-    lengths_ctx q = p; /* the allocated view */
-    ml__device_allocated_view(&q.cfg.device);
-    q.seen = NULL;
+    lengths_ctx q = allocated_view(&p);
     uint64_t top = 0;
     st = largest_budget(cfg->device.allocator == ML_ALLOCATOR_NONE ? &p : &q, d, &top);
     if (!st && top && cfg->device.allocator != ML_ALLOCATOR_NONE)

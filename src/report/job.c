@@ -7,6 +7,7 @@
 
 #include "memledger/json.h"
 #include "memledger/report.h"
+#include "model/model_internal.h"
 #include "util/error.h"
 
 struct ml_job {
@@ -14,19 +15,22 @@ struct ml_job {
     ml_config cfg;
     ml_fit_request req;
     ml_profile *calib; /* owned; cfg.calib points at it */
-    /* set by ml_job_set: a verb that would not use them refuses them */
-    bool micro_batch_set, checkpoint_set;
-    unsigned given; /* the keys of `given_keys` set (bit i: given_keys[i]) */
+    /* the keys of `given_keys` ml_job_set set (bit i: given_keys[i]): a verb
+     * that would not use one refuses it, as it refuses the pairings the
+     * command line refuses */
+    unsigned given;
 };
 
-/* The keys whose pairings the command line refuses (a layout given twice,
- * steps the global batch derives, a size nothing uses): ml_job_set notes
- * each one set, and every verb refuses the same pairings (job_conflicts). */
+/* The keys a verb may refuse, alone (fit's micro-batch, compare's policy)
+ * or in pairs the command line refuses (a layout given twice, steps the
+ * global batch derives, a size nothing uses: job_conflicts). */
 enum {
-    G_LAYOUT, G_SIZE_FIRST, G_SIZE_LAST = G_SIZE_FIRST + 7, G_GRAD_ACCUM,
+    G_MICRO_BATCH, G_CHECKPOINT, G_LAYOUT, G_SIZE_FIRST, G_SIZE_LAST = G_SIZE_FIRST + 7, G_GRAD_ACCUM,
     G_GLOBAL_BATCH, G_MAX_MICRO, G_REDUCE_BUCKET, G_ALLGATHER_BUCKET, G_BLAS, G_COUNT
 };
 static const char *const given_keys[G_COUNT] = {
+    [G_MICRO_BATCH] = "training.micro_batch",
+    [G_CHECKPOINT] = "training.checkpoint",
     [G_LAYOUT] = "parallel.layout",
     [G_SIZE_FIRST] = "parallel.tp", "parallel.pp", "parallel.vpp", "parallel.cp", "parallel.ep",
     "parallel.etp", "parallel.dp", [G_SIZE_LAST] = "training.data_parallel",
@@ -72,21 +76,15 @@ static ml_status job_conflicts(const ml_job *j, bool fit, ml_error *err)
                              "steps from the micro-batch it finds: drop training.grad_accum (or "
                              "fit without global_batch at that accumulation)");
     const ml_training *t = &j->cfg.training;
-    /* a bucket size the job or the model file gave (Megatron's distributed
-     * optimizer has buffers of its own) */
-    unsigned line = 0, col = 0;
-    const bool in_file[2] = {
-        ml_model_key_position(j->model, given_keys[G_REDUCE_BUCKET], &line, &col),
-        ml_model_key_position(j->model, given_keys[G_ALLGATHER_BUCKET], &line, &col)};
-    const unsigned bucket = given(j, G_REDUCE_BUCKET) || in_file[0]      ? G_REDUCE_BUCKET
-                            : given(j, G_ALLGATHER_BUCKET) || in_file[1] ? G_ALLGATHER_BUCKET
-                                                                         : G_COUNT;
-    if (bucket != G_COUNT && !t->zero)
-        return ml__errorf_at(err, ML_USAGE, 0, 0,
-                             "%s%s: sizes DeepSpeed's ZeRO buckets (training.zero 1 to 3), and "
-                             "the plan has no ZeRO: its gradients are DDP's; drop it, or set "
-                             "training.zero",
-                             given(j, bucket) ? "" : "the model's ", given_keys[bucket]);
+    /* a bucket size the job or the model file gave */
+    ml_status st = ml__model_check_buckets(
+        j->model, t,
+        given(j, G_REDUCE_BUCKET)      ? given_keys[G_REDUCE_BUCKET]
+        : given(j, G_ALLGATHER_BUCKET) ? given_keys[G_ALLGATHER_BUCKET]
+                                       : NULL,
+        err);
+    if (st)
+        return st;
     if (given(j, G_BLAS) && j->cfg.device.allocator == ML_ALLOCATOR_NONE)
         return ml__errorf_at(err, ML_USAGE, 0, 0,
                              "device.blas_workspace: applies to a simulated allocator only: set "
@@ -163,7 +161,8 @@ ml_status ml_job_set(ml_job *j, const char *key, const char *value, ml_error *er
     if (!strcmp(key, "calib"))
         return set_calib(j, value, err);
     if (!strcmp(key, "training.checkpoint") && !strcmp(value, "auto")) {
-        j->req.auto_checkpoint = j->checkpoint_set = true;
+        j->req.auto_checkpoint = true;
+        note_given(j, key);
         return ML_OK;
     }
     ml_status st = ml_config_set(&j->cfg, key, value, err);
@@ -172,9 +171,7 @@ ml_status ml_job_set(ml_job *j, const char *key, const char *value, ml_error *er
     if (st == ML_OK)
         st = ml_model_check_seq(j->model, &j->cfg.training, err);
     if (st == ML_OK && !strcmp(key, "training.checkpoint"))
-        j->req.auto_checkpoint = false, j->checkpoint_set = true;
-    if (st == ML_OK && !strcmp(key, "training.micro_batch"))
-        j->micro_batch_set = true;
+        j->req.auto_checkpoint = false;
     if (st == ML_OK)
         note_given(j, key);
     return st;
@@ -261,7 +258,7 @@ ml_status ml_job_fit_json(const ml_job *j, char **out, size_t *len, ml_error *er
         memset(err, 0, sizeof *err);
     if (!j || !out)
         return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_job_fit_json: a job and an output pointer");
-    if (j->micro_batch_set)
+    if (given(j, G_MICRO_BATCH))
         return ml__errorf_at(err, ML_USAGE, 0, 0,
                              "training.micro_batch: fit searches the micro-batch; bound it with "
                              "max_micro_batch, or plan one");
@@ -299,7 +296,7 @@ ml_status ml_job_compare_json(const ml_job *j, char **out, size_t *len, ml_error
     ml_compare_row rows[ML_COMPARE_ROWS];
     compare_ctx c = {rows, 0};
     ml_status st = ML_OK;
-    if (j->checkpoint_set)
+    if (given(j, G_CHECKPOINT))
         st = ml__errorf_at(err, ML_USAGE, 0, 0,
                            "training.checkpoint: compare plans every checkpoint policy side by "
                            "side; plan one instead");
