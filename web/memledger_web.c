@@ -166,27 +166,6 @@ static ml_status apply(ml_model *m, ml_job *job, ml_config *cfg, ml_layout_reque
     return st;
 }
 
-/* The timeline's SVG, as `memledger timeline --format svg` draws it. */
-static char *timeline_svg(ml_model *m, const char *settings, ml_error *err)
-{
-    ml_config cfg = ml_model_config(m);
-    if (apply(m, NULL, &cfg, NULL, settings, err))
-        return failure(err);
-    ml_ledger *l = NULL;
-    if (ml_ledger_evaluate(m, &cfg, true, &l, err))
-        return failure(err);
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&buf, &n);
-    int rc = f ? ml_report_timeline_svg(f, m, &cfg, l) : -1;
-    if (f)
-        fclose(f);
-    ml_ledger_destroy(l);
-    char *out = rc == 0 && buf ? success(buf, n) : NULL;
-    free(buf);
-    return out;
-}
-
 /* fit --gpus's layout search, as `memledger fit --gpus N --format json`
  * prints it. */
 static char *layouts(ml_model *m, const char *settings, ml_error *err)
@@ -218,8 +197,6 @@ static char *layouts(ml_model *m, const char *settings, ml_error *err)
 
 static char *report(ml_model *m, const char *verb, const char *settings, ml_error *err)
 {
-    if (!strcmp(verb, "svg"))
-        return timeline_svg(m, settings, err);
     if (!strcmp(verb, "layouts"))
         return layouts(m, settings, err);
     ml_job *job = NULL;
@@ -237,6 +214,8 @@ static char *report(ml_model *m, const char *verb, const char *settings, ml_erro
             st = ml_job_compare_json(job, &json, &len, err);
         else if (!strcmp(verb, "timeline"))
             st = ml_job_timeline_json(job, &json, &len, err);
+        else if (!strcmp(verb, "svg")) /* the timeline drawn */
+            st = ml_job_timeline_svg(job, &json, &len, err);
         else {
             memset(err, 0, sizeof *err);
             err->code = st = ML_USAGE;

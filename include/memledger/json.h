@@ -59,6 +59,10 @@ ML_API ml_status ml_job_plan_json(const ml_job *j, char **out, size_t *len, ml_e
 ML_API ml_status ml_job_fit_json(const ml_job *j, char **out, size_t *len, ml_error *err);
 ML_API ml_status ml_job_compare_json(const ml_job *j, char **out, size_t *len, ml_error *err);
 ML_API ml_status ml_job_timeline_json(const ml_job *j, char **out, size_t *len, ml_error *err);
+/* The timeline drawn as `memledger timeline --format svg` draws it (an SVG
+ * document, not JSON), on the job's settings, refused as the timeline's
+ * JSON is; ownership, *out and the statuses as above. */
+ML_API ml_status ml_job_timeline_svg(const ml_job *j, char **out, size_t *len, ml_error *err);
 
 /* calibrate --points --format json: fits the measured peaks of a CSV held
  * in text (len bytes; name is the path in messages; ml_points_parse_csv

@@ -314,19 +314,43 @@ static int write_timeline(FILE *f, const void *ctx)
     return ml_report_timeline_json(f, ctx);
 }
 
-ml_status ml_job_timeline_json(const ml_job *j, char **out, size_t *len, ml_error *err)
+typedef struct {
+    const ml_job *j;
+    const ml_ledger *l;
+} svg_ctx;
+
+static int write_svg(FILE *f, const void *ctx)
+{
+    const svg_ctx *c = ctx;
+    return ml_report_timeline_svg(f, c->j->model, &c->j->cfg, c->l);
+}
+
+/* The timeline's events, as JSON (svg false) or drawn (svg true). */
+static ml_status timeline(const ml_job *j, bool svg, char **out, size_t *len, ml_error *err)
 {
     if (err)
         memset(err, 0, sizeof *err);
     if (!j || !out)
-        return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_job_timeline_json: a job and an output pointer");
+        return ml__errorf_at(err, ML_USAGE, 0, 0, "ml_job_timeline_%s: a job and an output pointer",
+                             svg ? "svg" : "json");
     ml_status st = no_auto(j, "timeline", err);
     ml_ledger *l = NULL;
     if (st || (st = ml_ledger_evaluate(j->model, &j->cfg, true, &l, err)))
         return st;
-    st = to_string(write_timeline, l, out, len, err);
+    svg_ctx c = {j, l};
+    st = svg ? to_string(write_svg, &c, out, len, err) : to_string(write_timeline, l, out, len, err);
     ml_ledger_destroy(l);
     return st;
+}
+
+ml_status ml_job_timeline_json(const ml_job *j, char **out, size_t *len, ml_error *err)
+{
+    return timeline(j, false, out, len, err);
+}
+
+ml_status ml_job_timeline_svg(const ml_job *j, char **out, size_t *len, ml_error *err)
+{
+    return timeline(j, true, out, len, err);
 }
 
 typedef struct {

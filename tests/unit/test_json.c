@@ -130,6 +130,26 @@ static void job_verbs(void **state)
     s = job_json(j, ml_job_timeline_json);
     assert_int_equal(s[0], '[');
     ml_json_free(s);
+    /* the drawn timeline is what ml_report_timeline_svg draws of the
+     * job's config, byte for byte */
+    s = job_json(j, ml_job_timeline_svg);
+    {
+        ml_config c = ml_model_config(m);
+        assert_int_equal(ml_config_set(&c, "device.memory", "8GiB", &e), ML_OK);
+        ml_ledger *l = NULL;
+        assert_int_equal(ml_ledger_evaluate(m, &c, true, &l, &e), ML_OK);
+        char *buf = NULL;
+        size_t n = 0;
+        FILE *f = open_memstream(&buf, &n);
+        assert_non_null(f);
+        assert_int_equal(ml_report_timeline_svg(f, m, &c, l), 0);
+        fclose(f);
+        assert_non_null(strstr(s, "<svg"));
+        assert_string_equal(s, buf);
+        free(buf);
+        ml_ledger_destroy(l);
+    }
+    ml_json_free(s);
     assert_int_equal(ml_job_set(j, "calib", "/nonexistent/profile.yaml", &e), ML_IO);
     assert_int_equal(ml_job_set(j, "device.peak", "1", &e), ML_USAGE);
     ml_job_destroy(j);
@@ -162,6 +182,9 @@ static void job_pairings(void **state)
         {"device.blas_workspace", "1MiB", "device.allocator", "none", ml_job_timeline_json,
          "device.blas_workspace: applies to a simulated allocator only"},
         {"parallel.layout", "tp2", "parallel.dp", "4", ml_job_plan_json, "drop parallel.dp"},
+        /* the drawn timeline (the web page's svg) refuses them as the JSON one does */
+        {"training.allgather_bucket_size", "5", "training.precision", "fp32",
+         ml_job_timeline_svg, "training.allgather_bucket_size: sizes DeepSpeed's ZeRO buckets"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ml_job *j = NULL;
