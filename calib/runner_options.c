@@ -201,7 +201,11 @@ static int resolve_points(runner_options *o)
         if (!parse_grid(o->grid, o->B, o->T, &o->npoints, RUNNER_MAX_POINTS)) {
             fprintf(stderr, "memledger-calibrate: error: --points: '%s' is not a list of at most "
                             "64 BxT points such as 1x64,2x128 (1 <= B <= 4096, 1 <= T <= "
-                            "65536)\n", o->grid);
+                            "65536)%s\n", o->grid,
+                    strchr(o->grid, '.') || strchr(o->grid, '/')
+                        ? "; a CSV of measured peaks is 'memledger calibrate --points FILE' "
+                          "without --backend"
+                        : "");
             return 2;
         }
         return 0;

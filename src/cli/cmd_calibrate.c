@@ -58,12 +58,19 @@ static void points_text(FILE *f, const points_report *q)
     const size_t n = q->n;
     const uint64_t budget = q->budget, at = q->at;
     char a[32], b[32];
-    const double GiB = 1073741824.0;
     fprintf(f, "memledger calibrate --points %s: %zu measurements\n", q->path, n);
-    fprintf(f, "fit: peak = %.3f GiB + %.3f GiB per sample  (R^2 %.6f, largest residual "
-               "%.2f%%)\n",
-            r->fixed_bytes / GiB, r->per_sample_bytes / GiB, r->fit.r2,
-            100 * r->fit.max_rel_residual);
+    /* each term in the unit its size calls for (a fit can have a negative
+     * intercept or slope: its sign, then its size) */
+    const double terms[2] = {r->fixed_bytes, r->per_sample_bytes};
+    char *out[2] = {a, b};
+    for (int i = 0; i < 2; i++) {
+        double v = terms[i] < 0 ? -terms[i] : terms[i];
+        out[i][0] = '-';
+        ml_format_bytes(v < 0x1p63 ? (uint64_t)(v + 0.5) : UINT64_MAX, out[i] + (terms[i] < 0),
+                        sizeof a - 1);
+    }
+    fprintf(f, "fit: peak = %s + %s per sample  (R^2 %.6f, largest residual %.2f%%)\n", a, b,
+            r->fit.r2, 100 * r->fit.max_rel_residual);
     fprintf(f, "  %-12s %12s %12s %10s\n", "micro_batch", "measured", "fit", "residual");
     for (size_t i = 0; i < n; i++) {
         double fit = r->fixed_bytes + r->per_sample_bytes * (double)p[i].micro_batch;
@@ -119,6 +126,7 @@ typedef struct {
 static int points_parse(int argc, char **argv, points_flags *o)
 {
     memset(o, 0, sizeof *o);
+    bool format = false;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = NULL, *fmt = NULL;
         /* the value: after '=', or the next argument unless missing or
@@ -141,9 +149,20 @@ static int points_parse(int argc, char **argv, points_flags *o)
                                                                     : "%s needs a value",
                                 flag);
         }
-        if (slot != &fmt)
+        /* a flag given twice (or -o and --output) is refused, never the
+         * last one silently taken */
+        if (slot == &fmt ? format : *slot != NULL) {
+            char flag[32];
+            snprintf(flag, sizeof flag, "%.*s", (int)strcspn(a, "="), a);
+            return points_usage("%s: given twice (or with another name for it): give it once",
+                                flag);
+        }
+        if (slot != &fmt) {
             *slot = v;
-        else if (!strcmp(v, "json"))
+            continue;
+        }
+        format = true;
+        if (!strcmp(v, "json"))
             o->json = true;
         else if (strcmp(v, "text"))
             return points_usage("--format: '%s' is not a format; use text or json", v);
@@ -235,10 +254,11 @@ static int run_runner(int argc, char **argv)
     args[0] = (char *)"memledger-calibrate";
     execvp("memledger-calibrate", args);
     free(args);
-    fprintf(stderr, "memledger: error: the calibration runner (memledger-calibrate) was not "
-                    "built: it needs OpenBLAS for --backend cpu (apt-get install "
-                    "libopenblas-dev) or the CUDA toolkit and cuBLAS for --backend cuda; "
-                    "'calibrate --points' works without it\n");
+    fprintf(stderr, "memledger: error: the calibration runner (memledger-calibrate) is not "
+                    "beside this program, in ../calib from it, or on PATH: it is built only "
+                    "with OpenBLAS for --backend cpu (apt-get install libopenblas-dev) or the "
+                    "CUDA toolkit and cuBLAS for --backend cuda; 'calibrate --points' works "
+                    "without it\n");
     return ML_EXIT_BAD_INPUT;
 }
 
@@ -260,5 +280,9 @@ int ml_cmd_calibrate(int argc, char **argv)
         fputs(usage, stderr);
         return ML_EXIT_BAD_INPUT;
     }
+    if (!backend) /* neither form: the runner's flags need --backend too */
+        return points_usage("calibrate: give --points FILE.csv (your measured peaks) or "
+                            "--backend cpu|cuda (run the runner); '%s' alone is neither",
+                            argv[0]);
     return run_runner(argc, argv);
 }

@@ -267,8 +267,10 @@ static const char *layout_name(const ml_model *m)
 ml_status ml__ck_declined(const ml_model *m, const char *part, ml_error *err)
 {
     return ml__errorf(err, ML_RANGE,
-                      "%s's %s (%s) at this shape, precision and attention kernel is not "
-                      "modelled: the op graph declines it and no other rule plans it",
+                      "model: %s's %s (%s) at this shape, precision and attention kernel is "
+                      "not modelled: the op graph declines this combination of the model's "
+                      "keys and no other rule plans it (the layouts planned: docs/graph.md, "
+                      "\"What the graph expresses today\")",
                       m->name, part, layout_name(m));
 }
 

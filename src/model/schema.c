@@ -19,7 +19,11 @@ static ml_status training_uint(ml_error *err, const ml_node *t, const char *key,
     char full[64];
     snprintf(full, sizeof full, "training.%s", key);
     const ml_uint_limit *l = ml__uint_limit_of(full);
-    return ml__tree_uint(err, t, key, "training", l->zero_unset ? 1 : l->lo, l->hi, out);
+    /* a file's 0 for a key whose 0 means "not given" is refused (say
+     * nothing instead; the table's lowest is then 1), except logits_chunk's,
+     * which the reference file shows as its default: Liger's rule */
+    uint64_t lo = l->zero_unset && !strcmp(key, "logits_chunk") ? 0 : l->lo;
+    return ml__tree_uint(err, t, key, "training", lo, l->hi, out);
 }
 
 /* training's kinds: logits, zero_grad, the ZeRO stage and offload, the
@@ -281,6 +285,14 @@ static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
  * sections and where they are (ml_keypos). */
 static void record_positions(ml_model *m, const ml_node *root)
 {
+    /* the model section's key, for a refusal of the whole layout (the op
+     * graph declining a combination of its keys) */
+    for (size_t i = 0; root->type == ML_NODE_MAP && i < root->count; i++)
+        if (!strcmp(root->keys[i]->text, "model") && m->nkeypos < ML_KEYPOS_MAX) {
+            ml_keypos *k = &m->keypos[m->nkeypos++];
+            snprintf(k->key, sizeof k->key, "model");
+            k->line = root->keys[i]->line, k->col = root->keys[i]->col;
+        }
     static const char *const sections[] = {"training", "device", "parallel"};
     for (size_t s = 0; s < ML_COUNT(sections); s++) {
         const ml_node *n = ml__tree_get(root, sections[s]);
@@ -333,6 +345,10 @@ static ml_status build(ml_error *err, const ml_node *root, ml_model *m)
     if (name) {
         if ((st = ml__tree_need_scalar(err, name, "name", "a string")))
             return st;
+        if (!name->text[0])
+            return ml__error_at(err, name, ML_SCHEMA,
+                                "name: empty; give the model a name, or remove the key (the "
+                                "file's name is the default)");
         snprintf(m->name, sizeof m->name, "%s", name->text);
     }
     if (!mm)
@@ -392,7 +408,7 @@ ml_status ml__schema_settings(const char *text, size_t len, const char *path, ml
     else if (!(st = ml__tree_check_keys(err, root, "top level", keys, ML_COUNT(keys)))) {
         const ml_node *t = ml__tree_get(root, "training"), *d = ml__tree_get(root, "device"),
                       *n = ml__tree_get(root, "name");
-        if (n && n->type == ML_NODE_SCALAR)
+        if (n && n->type == ML_NODE_SCALAR && n->text[0])
             snprintf(m->name, sizeof m->name, "%s", n->text);
         if (t)
             st = parse_training(err, t, m);

@@ -16,12 +16,20 @@ ml_status ml__schema_gemma2(ml_error *err, const ml_node *mm, ml_model *m)
                               &m->head.final_softcap)))
         return st;
     const bool dec = m->type == ML_MODEL_DECODER;
-    if (m->residual.post_norms && (!dec || !m->residual.prenorm || m->residual.parallel ||
-                                   m->norms.kind == ML_NORM_LAYERNORM || m->dropout > 0))
+    /* the op graph builds them in Gemma 2's layer only (its norms,
+     * src/graph/families.c: ml__family_gemma_layer) */
+    const bool gemma = m->norms.kind == ML_NORM_GEMMA_RMSNORM;
+    if (m->residual.post_norms &&
+        (!dec || !m->residual.prenorm || m->residual.parallel || !gemma || m->dropout > 0))
         return ml__error_at(err, ml__tree_get(mm, "post_norms"), ML_SCHEMA,
                             "model.post_norms: Gemma 2's norms on the attention and MLP outputs "
-                            "need a pre-norm decoder with norm: rmsnorm or gemma_rmsnorm, no "
-                            "parallel_residual and dropout: 0 (its layer has no dropout)");
+                            "are planned in Gemma 2's layer: a pre-norm decoder with norm: "
+                            "gemma_rmsnorm, no parallel_residual and dropout: 0 (its layer has "
+                            "no dropout)");
+    if (m->attn.softcap > 0 && (!dec || !gemma))
+        return ml__error_at(err, ml__tree_get(mm, "attn_softcap"), ML_SCHEMA,
+                            "model.attn_softcap: Gemma 2's soft-capped scores are planned in "
+                            "Gemma 2's layer: a decoder with norm: gemma_rmsnorm");
     if (m->head.final_softcap > 0 && !dec)
         return ml__error_at(err, ml__tree_get(mm, "final_softcap"), ML_SCHEMA,
                             "model.final_softcap: soft-caps the LM logits of a decoder (type: "

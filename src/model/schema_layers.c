@@ -472,7 +472,7 @@ ml_status ml__schema_sequential(ml_error *err, const ml_node *mm, ml_model *m)
     static const char *const keys[] = {"type", "input", "layers", "loss", "buffers"};
     ml_status st;
     if ((st = ml__tree_check_keys(err, mm, "model", keys, ML_COUNT(keys))) ||
-        (st = ml__tree_size(err, mm, "buffers", "model", &m->buffers)))
+        (st = ml__tree_size_or_zero(err, mm, "buffers", "model", &m->buffers)))
         return st;
     const ml_node *in = ml__tree_get(mm, "input"), *ls = ml__tree_get(mm, "layers");
     if (!in)

@@ -158,7 +158,7 @@ ml_status ml__schema_multimodal(ml_error *err, const ml_node *mm, ml_model *m)
                             "a pre-norm decoder with an LM head; remove type, image_size, "
                             "classes, experts, kv_lora_rank and parallel_residual");
     if ((st = vision(err, v, m)) || (st = projector(err, ml__tree_get(s, "projector"), m)) ||
-        (st = ml__tree_size(err, mm, "buffers", "model", &m->buffers)))
+        (st = ml__tree_size_or_zero(err, mm, "buffers", "model", &m->buffers)))
         return st;
     return ML_OK;
 }

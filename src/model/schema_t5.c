@@ -120,7 +120,7 @@ static ml_status encdec_kinds(ml_error *err, const ml_node *mm, ml_model *m)
     m->embed.tied = true; /* T5Config's tie_word_embeddings */
     if ((st = ml__tree_bool(err, mm, "tied_embeddings", "model", &m->embed.tied)) ||
         (st = ml__tree_double(err, mm, "dropout", "model", 0, 1, true, &m->dropout)) ||
-        (st = ml__tree_size(err, mm, "buffers", "model", &m->buffers)))
+        (st = ml__tree_size_or_zero(err, mm, "buffers", "model", &m->buffers)))
         return st;
     return ML_OK;
 }

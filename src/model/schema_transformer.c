@@ -122,7 +122,7 @@ static ml_status transformer_options(ml_error *err, const ml_node *mm, ml_model 
         (st = ml__tree_bool(err, mm, "qkv_bias", "model", &m->attn.qkv_bias)) ||
         (st = ml__tree_bool(err, mm, "parallel_residual", "model", &m->residual.parallel)) ||
         (st = ml__tree_bool(err, mm, "embedding_scale", "model", &m->embed.scale)) ||
-        (st = ml__tree_size(err, mm, "buffers", "model", &m->buffers)))
+        (st = ml__tree_size_or_zero(err, mm, "buffers", "model", &m->buffers)))
         return st;
     return ML_OK;
 }

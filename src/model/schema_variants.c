@@ -124,28 +124,32 @@ ml_status ml__schema_experts(ml_error *err, const ml_node *mm, ml_model *m)
     m->moe.expert_ffn = m->moe.shared_ffn = 0;
     m->moe.renorm = true;
     m->moe.router_sigmoid = m->moe.sort = m->moe.grouped_topk = false;
-    if ((st = ml__tree_uint(err, mm, "experts", "model", 1, 4096, &m->moe.experts)) ||
+    /* 0 is the documented "none" of experts (one dense MLP), expert_ffn
+     * (ffn) and shared_expert_ffn (no shared expert) */
+    if ((st = ml__tree_uint(err, mm, "experts", "model", 0, 4096, &m->moe.experts)) ||
         (st = ml__tree_uint(err, mm, "experts_per_tok", "model", 1, 4096, &m->moe.per_token)) ||
-        (st = ml__tree_uint(err, mm, "expert_ffn", "model", 1, ML_MAX_FFN, &m->moe.expert_ffn)) ||
-        (st = ml__tree_uint(err, mm, "shared_expert_ffn", "model", 1, ML_MAX_FFN,
+        (st = ml__tree_uint(err, mm, "expert_ffn", "model", 0, ML_MAX_FFN, &m->moe.expert_ffn)) ||
+        (st = ml__tree_uint(err, mm, "shared_expert_ffn", "model", 0, ML_MAX_FFN,
                             &m->moe.shared_ffn)) ||
         (st = ml__tree_bool(err, mm, "expert_renorm", "model", &m->moe.renorm)))
         return st;
-    const char *const only[] = {"expert_ffn",         "shared_expert_ffn", "expert_renorm",
-                                "router",             "dense_layers",      "shared_expert_gate",
-                                "expert_dispatch",    "grouped_topk"};
+    const char *const only[] = {"expert_ffn",      "shared_expert_ffn",  "expert_renorm",
+                                "router",          "dense_layers",       "shared_expert_gate",
+                                "expert_dispatch", "grouped_topk",       "experts_per_tok"};
+    const ml_node *given = ml__tree_get(mm, "experts");
     for (size_t i = 0; i < sizeof only / sizeof only[0]; i++)
-        if (ml__tree_get(mm, only[i]) && !ml__tree_get(mm, "experts"))
+        if (ml__tree_get(mm, only[i]) && !m->moe.experts)
             return ml__error_at(err, ml__tree_get(mm, only[i]), ML_SCHEMA,
-                                "model.%s: a mixture of experts' key: give experts: N", only[i]);
-    const ml_node *at = ml__tree_get(mm, "experts") ? ml__tree_get(mm, "experts")
-                                                   : ml__tree_get(mm, "experts_per_tok");
-    if (!at)
+                                "model.%s: a mixture of experts' key%s: give experts: N (2 or "
+                                "more), or remove it",
+                                only[i], given ? ", and experts is 0 (one dense MLP)" : "");
+    const ml_node *at = given;
+    if (!m->moe.experts)
         return ML_OK;
     if (m->moe.experts < 2)
         return ml__error_at(err, at, ML_SCHEMA,
                             "model.experts: a mixture of experts needs experts: 2 or more (one "
-                            "dense MLP: leave the key out)");
+                            "dense MLP: 0, or leave the key out)");
     if (!m->moe.per_token)
         m->moe.per_token = 2; /* MixtralConfig's num_experts_per_tok */
     if (m->moe.per_token > m->moe.experts)

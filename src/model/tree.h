@@ -84,5 +84,8 @@ ml_status ml__tree_enum(ml_error *err, const ml_node *map, const char *key, cons
 /* A size such as 8GiB (ml_parse_size). */
 ml_status ml__tree_size(ml_error *err, const ml_node *map, const char *key, const char *parent,
                         uint64_t *out);
+/* The same, where 0 is a value too (model.buffers: none). */
+ml_status ml__tree_size_or_zero(ml_error *err, const ml_node *map, const char *key,
+                                const char *parent, uint64_t *out);
 
 #endif

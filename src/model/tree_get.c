@@ -248,6 +248,17 @@ ml_status ml__tree_size(ml_error *err, const ml_node *map, const char *key, cons
     return ML_OK;
 }
 
+ml_status ml__tree_size_or_zero(ml_error *err, const ml_node *map, const char *key,
+                                const char *parent, uint64_t *out)
+{
+    const ml_node *n = ml__tree_get(map, key);
+    if (n && n->type == ML_NODE_SCALAR && n->text && !strcmp(n->text, "0")) {
+        *out = 0;
+        return ML_OK;
+    }
+    return ml__tree_size(err, map, key, parent, out);
+}
+
 
 /* ---- repeated keys anywhere in a document ------------------------------- */
 

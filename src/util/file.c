@@ -28,7 +28,7 @@ char *ml__read_file(const char *path, size_t *len, ml_error *err)
         n += fread(buf + n, 1, cap - n, f);
         if (n < cap)
             break;
-        if (cap > ML_INPUT_MAX_BYTES) {
+        if (n > ML_INPUT_MAX_BYTES) {
             too_big = true;
             break;
         }
@@ -41,6 +41,7 @@ char *ml__read_file(const char *path, size_t *len, ml_error *err)
         buf = nb;
         cap *= 2;
     }
+    too_big = too_big || n > ML_INPUT_MAX_BYTES; /* a file that ended past the limit */
     bool bad = ferror(f) != 0;
     int why = errno; /* e.g. EISDIR: a folder opens, but reading it fails */
     fclose(f);

@@ -327,6 +327,11 @@ static void test_mixtral_yaml_refusals(void **state)
         {TINY("  experts: 1\n"), "model.experts: a mixture of experts needs experts: 2 or more"},
         {TINY("  experts: 4\n  experts_per_tok: 5\n"),
          "model.experts_per_tok: 5 is more than the 4 experts"},
+        /* experts: 0 is one dense MLP, so an expert's key beside it is refused */
+        {TINY("  experts: 0\n  expert_ffn: 64\n"),
+         "model.expert_ffn: a mixture of experts' key, and experts is 0 (one dense MLP)"},
+        {TINY("  experts_per_tok: 2\n"),
+         "model.experts_per_tok: a mixture of experts' key: give experts: N (2 or more)"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         ml_model *m = NULL;
@@ -340,6 +345,40 @@ static void test_mixtral_yaml_refusals(void **state)
     }
 }
 
+/* The reference file's zeros are the keys' "none": experts 0 is the dense
+ * MLP, expert_ffn 0 is ffn, shared_expert_ffn 0 no shared expert, the
+ * model's buffers 0 none; each plans as the file without the key. */
+static void test_documented_zeros(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *with, *without;
+    } same[] = {
+        {TINY("  experts: 0\n  buffers: 0\n"), TINY("")},
+        {TINY("  experts: 4\n  expert_ffn: 0\n  shared_expert_ffn: 0\n"),
+         TINY("  experts: 4\n")},
+    };
+    for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
+        ml_model *a = NULL, *b = NULL;
+        ml_error e;
+        if (ml_model_load_string(same[i].with, strlen(same[i].with), "t.yaml", &a, &e) != ML_OK)
+            fail_msg("case %zu: %s", i, e.msg);
+        assert_int_equal(ml_model_load_string(same[i].without, strlen(same[i].without), "t.yaml",
+                                              &b, &e),
+                         ML_OK);
+        ml_config ca = ml_model_config(a), cb = ml_model_config(b);
+        ml_ledger *la = NULL, *lb = NULL;
+        assert_int_equal(ml_ledger_evaluate(a, &ca, false, &la, &e), ML_OK);
+        assert_int_equal(ml_ledger_evaluate(b, &cb, false, &lb, &e), ML_OK);
+        const ml_summary *sa = ml_ledger_summary(la), *sb = ml_ledger_summary(lb);
+        assert_true(sa->params == sb->params && sa->peak == sb->peak && sa->params > 0);
+        ml_ledger_destroy(la);
+        ml_ledger_destroy(lb);
+        ml_model_destroy(a);
+        ml_model_destroy(b);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -349,6 +388,7 @@ int main(void)
         cmocka_unit_test(test_mixtral_nodes),
         cmocka_unit_test(test_imbalance_raises),
         cmocka_unit_test(test_mixtral_yaml_refusals),
+        cmocka_unit_test(test_documented_zeros),
         cmocka_unit_test(test_expert_imbalance),
         cmocka_unit_test(test_qwen2_moe_block_fp32),
         cmocka_unit_test(test_qwen2_moe_count),

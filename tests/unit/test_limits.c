@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "harness.h"
+#include "util/error.h" /* ml__read_file */
 #include "util/grow.h"
 
 static void expect(const char *text, size_t len, ml_status code, const char *msg)
@@ -340,6 +341,34 @@ static void test_points_limits_file(void **state)
     remove(path);
 }
 
+/* Every input's reader holds the 16 MiB limit to the byte: a file of 16
+ * MiB is read, one of 16 MiB + 1 is refused (the reader had read up to 32
+ * MiB, its buffer's next doubling, before refusing). */
+static void test_read_file_limit(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/memledger-big-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    assert_non_null(f);
+    for (long k = 0; k < (16l << 20); k++)
+        fputc('#', f);
+    fflush(f);
+    size_t len = 0;
+    ml_error e;
+    char *text = ml__read_file(path, &len, &e);
+    assert_non_null(text);
+    assert_int_equal(len, 16u << 20);
+    free(text);
+    fputc('#', f);
+    fclose(f);
+    assert_null(ml__read_file(path, &len, &e));
+    assert_int_equal(e.code, ML_RANGE);
+    assert_non_null(strstr(e.msg, "file larger than 16 MiB"));
+    remove(path);
+}
+
 /* YAML tags are refused like anchors and aliases, core tags included, at
  * the tagged node ("!!str 2" and "!!float 2" passed as 2). */
 static void test_yaml_tags(void **state)
@@ -407,6 +436,7 @@ int main(void)
         cmocka_unit_test(test_config_messages_name_keys),
         cmocka_unit_test(test_points_count),
         cmocka_unit_test(test_points_limits_file),
+        cmocka_unit_test(test_read_file_limit),
         cmocka_unit_test(test_yaml_tags),
         cmocka_unit_test(test_grow_to),
     };
