@@ -235,6 +235,19 @@ static size_t rotary_entry(const ml_chain *ch)
     return SIZE_MAX;
 }
 
+/* The rotary's inv_freq buffer (each model chunk has its own): head_dim /
+ * 2 fp32 values, of the rotated part with latent attention (as
+ * chain_embed.c counts it); 0 without rotary positions. */
+static uint64_t inv_freq_bytes(const ml_model *m)
+{
+    if (m->embed.position != ML_POS_ROPE || !m->attn.heads)
+        return 0;
+    const uint64_t dh = m->attn.kv_lora  ? m->attn.rope_dim
+                        : m->attn.head_dim ? m->attn.head_dim
+                                           : m->hidden / m->attn.heads;
+    return dh / 2 * 4;
+}
+
 /* The parameter tensors' range of each block: blocks register theirs in
  * order (ml__ck_param), so a block's are the next ones whose elements add
  * up to its count. false: they do not (not a chain this file slices). */
@@ -335,27 +348,35 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
     if (full->nsides || !param_ranges(full, pfirst))
         goto done; /* not a chain of one stream of blocks */
     const size_t n = stage_blocks(full, m, t, r, idx);
+    const uint64_t v = vpp_of(t);
     st = ML_NOMEM;
-    if (!copy_arrays(full, n + 2, out))
+    if (!copy_arrays(full, n + 1 + (size_t)v, out))
         goto done;
     int layer = 0;
-    /* a stage after the first makes the rotary tables itself, as the
-     * embedding does on the first (each stage's model runs its
-     * rotary_pos_emb, Megatron's GPTModel.forward): the embedding block's
-     * entry of them, held like it to the stage's last backward */
-    size_t rot = rotary_entry(full);
-    size_t at = 0;
-    if (r > 0 && rot != SIZE_MAX) {
-        ml_cblock *b = pseudo_block(&out->blocks[at++], full, "rotary");
+    /* a model chunk that is not the model's first makes the rotary tables
+     * itself, as the embedding does on the first (each chunk is a model of
+     * its own that runs its rotary_pos_emb, Megatron's GPTModel.forward,
+     * with its own inv_freq buffer): the embedding block's entry of them,
+     * held like the chunk's saved tensors. One chunk a stage without
+     * virtual stages, v with them, the first stage's first having the
+     * embedding's. The stage's tables lead its chain (before the embedding
+     * on the first stage: no gradient flows through them), so each
+     * micro-batch holds every chunk's from its forward to its backward */
+    const size_t rot = rotary_entry(full);
+    const size_t tables = rot == SIZE_MAX ? 0 : (size_t)(v - (r == 0 ? 1 : 0));
+    for (size_t c = 0; c < tables; c++) {
+        ml_cblock *b = pseudo_block(&out->blocks[c], full, "rotary");
         b->saved_first = rot;
         b->in_nograd = true;
-        for (size_t j = rot; j < full->nsaved && (full->saved[j].flags & ML_SV_TABLES) &&
-                             b->nsaved < 2;
-             j++) {
+        for (size_t j = rot;
+             j < full->nsaved && (full->saved[j].flags & ML_SV_TABLES) && b->nsaved < 2; j++) {
             b->nsaved++;
             b->saved_bytes += full->saved[j].bytes;
         }
     }
+    if (v > 1)
+        out->buffer_bytes += (v - 1) * inv_freq_bytes(m);
+    const size_t at = tables; /* the stage's first block after its tables */
     for (size_t i = 0; i < n; i++) {
         const size_t k = idx[i];
         ml_cblock *b = &out->blocks[at + i];

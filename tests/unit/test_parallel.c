@@ -586,6 +586,35 @@ static void test_interleaved_in_flight(void **state)
     assert_rel_close(ml__pp_in_flight(&t, 0), 2, 1e-15);
 }
 
+/* With virtual stages every model chunk is a model of its own (Megatron's
+ * GPTModel chunks): each that is not the model's first makes its rotary
+ * tables (2 T dh x 4 = 1,536 B a micro-batch) and holds its inv_freq
+ * buffer (dh / 2 x 4 = 16 B). llama4 over 2 stages of 2 one-layer chunks:
+ * stage 0 is the embedding (with the model's tables), layer 0 and, in its
+ * chunk 1, layer 2 with tables of its own; stage 1 layers 1 and 3, each
+ * chunk with its tables, then the head and the loss (the values the
+ * interleaved twin measures: tests/torch/vpp_twin.py). */
+static void test_interleaved_chunk_tables(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama4);
+    ml_config c = ml_model_config(m);
+    c.training.virtual_stages = 2;
+    ml_ledger *l = staged_from(m, c, 2, ML_PP_INTERLEAVED, 4);
+    const uint64_t layer = 283008, head = 3 * 12288 + 192, loss = 33216 + 4, tables = 1536;
+    const ml_rank_info *r0 = ml_ledger_rank(l, 0), *r1 = ml_ledger_rank(l, 1);
+    assert_int_equal(r0->activations_saved, tables + layer + tables + layer);
+    assert_int_equal(r1->activations_saved, 2 * (tables + layer) + head + loss);
+    /* each stage's buffers: two chunks' inv_freq */
+    assert_int_equal(ml_ledger_summary(l)->bytes_buffers, 2 * 16);
+    ml_ledger_destroy(l);
+    /* without virtual stages a stage is one model: one inv_freq */
+    l = staged(m, 2, ML_PP_1F1B, 4);
+    assert_int_equal(ml_ledger_summary(l)->bytes_buffers, 16);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 static void test_stage_refusals(void **state)
 {
     (void)state;
@@ -804,7 +833,8 @@ int main(void)
         cmocka_unit_test(test_compact_layout),   cmocka_unit_test(test_yaml_section),
         cmocka_unit_test(test_stage_inventory),
         cmocka_unit_test(test_stage_holds_received_gradient),  cmocka_unit_test(test_in_flight_counts),
-        cmocka_unit_test(test_interleaved_in_flight), cmocka_unit_test(test_stage_refusals),
+        cmocka_unit_test(test_interleaved_in_flight),
+        cmocka_unit_test(test_interleaved_chunk_tables), cmocka_unit_test(test_stage_refusals),
         cmocka_unit_test(test_megatron_layer),   cmocka_unit_test(test_sp_graph),
         cmocka_unit_test(test_sp_buffer),        cmocka_unit_test(test_pipeline_step),
         cmocka_unit_test(test_stage_complex_table),
