@@ -235,6 +235,20 @@ static size_t rotary_entry(const ml_chain *ch)
     return SIZE_MAX;
 }
 
+/* A chunk's own rotary tables: a pseudo-block holding the embedding's
+ * entry of them (rot, its cos then its sin), its input no gradient's. */
+static void rotary_block(ml_cblock *b, const ml_chain *full, size_t rot)
+{
+    pseudo_block(b, full, "rotary");
+    b->saved_first = rot;
+    b->in_nograd = true;
+    for (size_t j = rot;
+         j < full->nsaved && (full->saved[j].flags & ML_SV_TABLES) && b->nsaved < 2; j++) {
+        b->nsaved++;
+        b->saved_bytes += full->saved[j].bytes;
+    }
+}
+
 /* The rotary's inv_freq buffer (each model chunk has its own): head_dim /
  * 2 fp32 values, of the rotated part with latent attention (as
  * chain_embed.c counts it); 0 without rotary positions. */
@@ -364,16 +378,8 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
      * micro-batch holds every chunk's from its forward to its backward */
     const size_t rot = rotary_entry(full);
     const size_t tables = rot == SIZE_MAX ? 0 : (size_t)(v - (r == 0 ? 1 : 0));
-    for (size_t c = 0; c < tables; c++) {
-        ml_cblock *b = pseudo_block(&out->blocks[c], full, "rotary");
-        b->saved_first = rot;
-        b->in_nograd = true;
-        for (size_t j = rot;
-             j < full->nsaved && (full->saved[j].flags & ML_SV_TABLES) && b->nsaved < 2; j++) {
-            b->nsaved++;
-            b->saved_bytes += full->saved[j].bytes;
-        }
-    }
+    for (size_t c = 0; c < tables; c++)
+        rotary_block(&out->blocks[c], full, rot);
     if (v > 1)
         out->buffer_bytes += (v - 1) * inv_freq_bytes(m);
     const size_t at = tables; /* the stage's first block after its tables */
