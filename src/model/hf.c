@@ -184,64 +184,6 @@ static ml_status family_of(const ml_node *r, bool nested, const ml_node **mt, co
     return ML_OK;
 }
 
-/* The transformer's sizes, shared by every family: layers, hidden, heads
- * (and key/value heads), the MLP's width, the vocabulary, the positions
- * and the head size. */
-static ml_status sizes_of(const ml_node *r, const char *t, bool llama, bool vit, bool req,
-                          ml_model *m, ml_error *err)
-{
-    ml_status st;
-    /* !req: a llava's llama text_config, whose absent sizes keep
-     * LlamaConfig's defaults (ml__hf_nesting set them) */
-    if ((st = ml__hf_uint(err, r, KEYS("num_hidden_layers", "n_layer"), req, 1, 100000,
-                          &m->layers)) ||
-        (st = ml__hf_uint(err, r, KEYS("hidden_size", "n_embd"), req, 1, 1u << 20, &m->hidden)) ||
-        (st = ml__hf_uint(err, r, KEYS("num_attention_heads", "n_head"), req, 1, 1u << 20,
-                          &m->attn.heads)))
-        return st;
-    m->attn.kv_heads = m->attn.heads;
-    m->mlp.ffn = req ? 4 * m->hidden : m->mlp.ffn;
-    if ((st = ml__hf_uint(err, r, KEYS("num_key_value_heads"), false, 1, 1u << 20,
-                          &m->attn.kv_heads)) ||
-        (st = ml__hf_uint(err, r, KEYS("intermediate_size", "n_inner"), false, 1, 1u << 24,
-                          &m->mlp.ffn)))
-        return st;
-    if (!vit && (st = ml__hf_uint(err, r, KEYS("vocab_size"), req, 1, 1u << 28, &m->embed.vocab)))
-        return st;
-    if ((st = ml__hf_uint(err, r, KEYS("max_position_embeddings", "n_positions"), false, 1,
-                          1u << 28, &m->embed.max_positions)))
-        return st;
-    /* head_dim: LlamaConfig, MistralConfig, GemmaConfig and Qwen2's
-     * attention read it (default hidden_size // num_attention_heads); the
-     * other families' head size is hidden / heads: another value is refused */
-    const ml_node *hd = ml__tree_get(r, "head_dim");
-    m->attn.head_dim = 0;
-    if ((st = ml__hf_uint(err, r, KEYS("head_dim"), false, 1, 1u << 20, &m->attn.head_dim)))
-        return st;
-    if (m->attn.head_dim && m->attn.heads * m->attn.head_dim > (1u << 20))
-        return ml__error_at(err, hd, ML_RANGE,
-                            "head_dim: num_attention_heads x head_dim = %llu is above %u",
-                            (unsigned long long)(m->attn.heads * m->attn.head_dim), 1u << 20);
-    if (m->attn.head_dim && !llama && m->attn.head_dim * m->attn.heads != m->hidden)
-        return ml__error_at(err, hd, ML_SCHEMA,
-                            "head_dim: %llu is not modelled for %s, whose head size is "
-                            "hidden_size / num_attention_heads (%llu / %llu)",
-                            (unsigned long long)m->attn.head_dim, t, (unsigned long long)m->hidden,
-                            (unsigned long long)m->attn.heads);
-    if (!m->attn.head_dim && m->hidden % m->attn.heads && strncmp(t, "deepseek", 8))
-        return ml__error_at(err, ml__tree_get(r, "num_attention_heads"), ML_SCHEMA,
-                            "num_attention_heads: %llu does not divide hidden_size (%llu)",
-                            (unsigned long long)m->attn.heads, (unsigned long long)m->hidden);
-    if (!m->attn.head_dim)
-        m->attn.head_dim = m->hidden / m->attn.heads;
-    if (m->attn.kv_heads > m->attn.heads || m->attn.heads % m->attn.kv_heads)
-        return ml__error_at(err, ml__tree_get(r, "num_key_value_heads"), ML_SCHEMA,
-                            "num_key_value_heads: %llu does not divide num_attention_heads (%llu)",
-                            (unsigned long long)m->attn.kv_heads,
-                            (unsigned long long)m->attn.heads);
-    return ML_OK;
-}
-
 /* GPT2LMHeadModel: LayerNorm, learned positions, biases, tied embeddings. */
 static ml_status map_gpt2(const ml_node *r, const char *t, ml_model *m, ml_error *err)
 {
@@ -442,7 +384,8 @@ static ml_status map_config(const ml_node *r, ml_model *m, bool nested, ml_error
         return st;
     const bool req = !(nested && fam == ML_HF_LLAMA); /* else LlamaConfig's defaults */
     if ((st = ml__hf_attention(r, fam, m, err)) ||
-        (st = sizes_of(r, t, llama || gemma || gemma2 || phi3 || deepseek, vit, req, m, err)))
+        (st = ml__hf_sizes(r, &families[f], llama || gemma || gemma2 || phi3 || deepseek, vit,
+                           req, m, err)))
         return st;
     if (llama)
         st = map_llama(r, t, m, err);

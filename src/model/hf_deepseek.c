@@ -44,10 +44,11 @@ static ml_status no_nulls(const ml_node *r, const char *type, ml_error *err)
 }
 
 /* The two versions' defaults and what differs (DeepseekV2Config,
- * DeepseekV3Config). */
+ * DeepseekV3Config); their intermediate_size and num_key_value_heads
+ * defaults are the family table's (hf_families.c). */
 typedef struct {
     const char *type;
-    uint64_t ffn, experts, per_tok, expert_ffn, shared, dense;
+    uint64_t experts, per_tok, expert_ffn, shared, dense;
     bool v3;
 } version_t;
 
@@ -112,10 +113,6 @@ static ml_status map_deepseek(const ml_node *r, const version_t *v, ml_model *m,
         return ml__error_at(err, ml__tree_get(r, "hidden_act"), ML_SCHEMA,
                             "hidden_act: '%s' is not modelled for %s (silu: SwiGLU)", act,
                             v->type);
-    /* DeepseekV3Config's num_key_value_heads defaults to 128 (V2's, as
-     * LlamaConfig's, to num_attention_heads) */
-    if (v->v3 && !ml__tree_get(r, "num_key_value_heads"))
-        m->attn.kv_heads = 128;
     m->mlp.activation = ML_ACT_SWIGLU;
     m->norms.kind = ML_NORM_RMSNORM;
     m->residual.prenorm = true;
@@ -123,8 +120,6 @@ static ml_status map_deepseek(const ml_node *r, const version_t *v, ml_model *m,
     m->bias = m->attn.qkv_bias = m->attn.out_bias = m->mlp.bias = false;
     m->embed.tied = false;
     m->dropout = 0;
-    if (!ml__tree_get(r, "intermediate_size"))
-        m->mlp.ffn = v->ffn;
     uint64_t nope = 128, shared = v->shared;
     m->attn.kv_lora = 512;
     m->attn.q_lora = 1536;
@@ -162,13 +157,19 @@ static ml_status map_deepseek(const ml_node *r, const version_t *v, ml_model *m,
                             "slice at an even offset (view_as_complex), which fails in fp32",
                             nope % 2 ? "qk_nope_head_dim" : "kv_lora_rank",
                             (unsigned long long)(nope % 2 ? nope : m->attn.kv_lora));
+    /* num_key_value_heads absent: DeepseekV3Config's 128 (V2's None: the
+     * heads), ml__hf_sizes */
+    const ml_node *kv = ml__tree_get(r, "num_key_value_heads");
     if (m->attn.kv_heads != m->attn.heads)
-        return ml__error_at(err, ml__tree_get(r, "num_key_value_heads"), ML_SCHEMA,
-                            "num_key_value_heads: %llu; multi-head latent attention makes "
+        return ml__error_at(err, kv ? kv : r, ML_SCHEMA,
+                            "num_key_value_heads: %llu%s; multi-head latent attention makes "
                             "num_attention_heads (%llu) key and value heads, and repeating them "
-                            "is not modelled",
+                            "is not modelled%s",
                             (unsigned long long)m->attn.kv_heads,
-                            (unsigned long long)m->attn.heads);
+                            kv ? "" : " is DeepseekV3Config's default, taken because the key "
+                                      "is absent",
+                            (unsigned long long)m->attn.heads,
+                            kv ? "" : ": give num_key_value_heads equal to num_attention_heads");
     if (m->moe.dense_layers >= m->layers) { /* every layer dense: no experts run */
         m->moe.dense_layers = m->layers;
         m->moe.experts = m->moe.per_token = m->moe.expert_ffn = 0;
@@ -186,12 +187,12 @@ static ml_status map_deepseek(const ml_node *r, const version_t *v, ml_model *m,
 
 ml_status ml__hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err)
 {
-    static const version_t v3 = {"deepseek_v3", 18432, 256, 8, 2048, 1, 3, true};
+    static const version_t v3 = {"deepseek_v3", 256, 8, 2048, 1, 3, true};
     return map_deepseek(r, &v3, m, err);
 }
 
 ml_status ml__hf_map_deepseek_v2(const ml_node *r, ml_model *m, ml_error *err)
 {
-    static const version_t v2 = {"deepseek_v2", 11008, 64, 0, 1407, 2, 0, false};
+    static const version_t v2 = {"deepseek_v2", 64, 0, 1407, 2, 0, false};
     return map_deepseek(r, &v2, m, err);
 }

@@ -87,7 +87,7 @@ static const ml_hf_key keys[] = {
     {"n_layer", ML_HF_GPT2, H, NULL, "the layers"},
     {"n_embd", ML_HF_GPT2, H, NULL, "D"},
     {"n_head", ML_HF_GPT2, H, NULL, "H"},
-    {"n_inner", ML_HF_GPT2, H, NULL, "F; null: 4 · n_embd"},
+    {"n_inner", ML_HF_GPT2, H, NULL, "F; absent or null: 4 · n_embd (GPT2Config's None)"},
     {"n_positions", ML_HF_GPT2, H, NULL,
      "learned positions (n_positions × D parameters) and the longest sequence"},
     {"max_position_embeddings", ML_HF_GPT2 | ML_HF_BERT, H, NULL,
@@ -97,20 +97,30 @@ static const ml_hf_key keys[] = {
      "the default sequence length, the smaller of it and 2048 (rotary positions have no "
      "parameters)"},
     {"num_key_value_heads", LM3 | GEM | PHI | OLM, H, NULL,
-     "Hkv (grouped-query attention); default H"},
+     "Hkv (grouped-query attention); absent, the config class's default: 8 for mistral and "
+     "mixtral, 32 for qwen2, 16 for qwen2_moe and gemma, 4 for gemma2, H for llama, phi3 and "
+     "olmo (their None); null: H; a default that does not divide H is refused, naming the key "
+     "to give"},
     {"num_key_value_heads", DSK, H, NULL,
      "must equal num_attention_heads: latent attention makes H key and value heads, and "
-     "repeating them is not modelled"},
+     "repeating them is not modelled; absent, DeepseekV3Config's 128 (so refused unless H is "
+     "128) and DeepseekV2Config's None, H; null: H"},
     {"head_dim", LM3 | GEM | PHI, H, NULL,
-     "dh: q projects D to H·dh, k and v to Hkv·dh, o_proj H·dh back to D; default D / H"},
+     "dh: q projects D to H·dh, k and v to Hkv·dh, o_proj H·dh back to D; absent, the config "
+     "class's default: 256 for gemma and gemma2 (H need not divide D), D / H for the others "
+     "(hidden_size // num_attention_heads); null: D / H"},
     {"head_dim", ML_HF_GPT2 | ML_HF_NEOX | FAL | ENC, R, NULL,
      "these families' head size is hidden_size / num_attention_heads: another value is "
      "refused"},
-    {"intermediate_size", (LM3 & ~QWM) | GEM | ML_HF_NEOX | ENC | CLV | OLM, H, NULL, "F"},
+    {"intermediate_size", (LM3 & ~QWM) | GEM | ML_HF_NEOX | ENC | CLV | OLM, H, NULL,
+     "F; absent, the config class's default: 11008 for llama and olmo, 14336 for mistral and "
+     "mixtral, 22016 for qwen2, 24576 for gemma and gpt_neox, 9216 for gemma2, 3072 for bert, "
+     "vit and clip_vision_model"},
     {"intermediate_size", QWM, I, NULL,
      "the dense MLP's width, for the layers decoder_sparse_step and mlp_only_layers leave "
      "dense (refused): every layer planned is sparse"},
-    {"intermediate_size", PHI, H, NULL, "F: gate_up_proj projects D to 2·F, down_proj F to D"},
+    {"intermediate_size", PHI, H, NULL,
+     "F: gate_up_proj projects D to 2·F, down_proj F to D; absent, Phi3Config's 8192"},
     {"vocab_size", DEC | ML_HF_BERT | T5, H, NULL, "V"},
     {"type_vocab_size", ML_HF_BERT, H, NULL, "token-type embeddings (default 2)"},
     {"image_size", ML_HF_VIT | CLV, H, NULL, "the image side; T = (image_size / patch_size)² + 1"},

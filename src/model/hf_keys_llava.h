@@ -9,8 +9,9 @@
      "keys); other towers are refused"},
     {"text_config", LLV, H, NULL,
      "the language model: a decoder family's config (llama: LlamaConfig's defaults for absent "
-     "keys; the others need their sizes; without model_type, llama's); absent: LlamaConfig's; "
-     "its own attn_implementation wins over the top level's"},
+     "keys; the others need their layers, hidden_size, num_attention_heads and vocab_size, "
+     "and take their class's defaults for the other sizes; without model_type, llama's); "
+     "absent: LlamaConfig's; its own attn_implementation wins over the top level's"},
     {"vision_feature_layer", LLV, H, NULL,
      "the hidden state the projector reads (default -2: the last layer's input); the layers "
      "after it run with their output unused; a list of layers is refused"},

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "memledger/model.h"
+#include "model/model_internal.h"
 #include "model/tree.h"
 
 /* A NULL-terminated list of a key and its aliases, for ml__hf_uint. */
@@ -74,6 +75,20 @@ ml_status ml__hf_map_t5(const ml_node *r, ml_model *m, bool mt5, ml_error *err);
 ml_status ml__hf_map_deepseek_v3(const ml_node *r, ml_model *m, ml_error *err);
 ml_status ml__hf_map_deepseek_v2(const ml_node *r, ml_model *m, ml_error *err);
 
+/* The transformer's sizes of every family but T5's, mT5's and a llava's
+ * top level (its text_config comes here; hf_families.c): layers, hidden,
+ * heads and key/value heads, the MLP's width, the vocabulary, the
+ * positions, the head size. An absent intermediate_size,
+ * num_key_value_heads or head_dim takes fi's config class's default, as an
+ * unconfigured run does; null, or a default of None, the classes' rule for
+ * None (4 · hidden_size, num_attention_heads, hidden_size /
+ * num_attention_heads). own_head_dim: the family's attention reads
+ * head_dim (another's must be hidden / heads); vit: no vocabulary; !req: a
+ * llava's llama text_config, whose absent sizes keep LlamaConfig's
+ * (ml__hf_nesting set them). A default a check refuses is said as the
+ * class's, at the object that lacks the key. ML_OK, ML_SCHEMA or ML_RANGE. */
+ml_status ml__hf_sizes(const ml_node *r, const ml_hf_family_info *fi, bool own_head_dim, bool vit,
+                       bool req, ml_model *m, ml_error *err);
 /* A llava's text_config (hf.c): a decoder family's config, a llama's with
  * LlamaConfig's defaults for absent sizes. */
 ml_status ml__hf_map_text(const ml_node *r, ml_model *m, ml_error *err);

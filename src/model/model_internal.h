@@ -327,7 +327,11 @@ enum {
 
 /* A family: its model_type, its bit, the class it is planned as and that
  * class's head, and a second class the planner builds too (NULL: none;
- * BERT's BertForMaskedLM) with its head (hf_keys.c). */
+ * BERT's BertForMaskedLM) with its head (hf_keys.c); its configuration
+ * class and that class's defaults for the sizes a config.json may leave
+ * out: intermediate_size, num_key_value_heads, head_dim (0: the class's
+ * default is None, or it has no such key: 4 · hidden_size,
+ * num_attention_heads, hidden_size / num_attention_heads; hf_families.c). */
 typedef struct {
     const char *type;
     unsigned bit;
@@ -335,6 +339,8 @@ typedef struct {
     const char *head;
     const char *arch2;
     const char *head2;
+    const char *config;
+    uint64_t ffn, kv_heads, head_dim;
 } ml_hf_family_info;
 /* ML_HF_FAMILY_COUNT entries. */
 const ml_hf_family_info *ml__hf_families(void);

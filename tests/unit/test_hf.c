@@ -138,6 +138,162 @@ static void test_published_counts(void **state)
     assert_int_equal(hf_params("mistral-nemo-12b", NULL), 12247782400ull);
 }
 
+/* A shipped config's text with one key's line taken out (the configs under
+ * models/hf have one key a line, each but the last followed by a comma), or
+ * with its value null. */
+static const char *shipped_without(const char *dir, const char *key, bool null)
+{
+    const char *text = shipped_text(dir, NULL, NULL);
+    char quoted[64];
+    snprintf(quoted, sizeof quoted, "\"%s\":", key);
+    const char *at = strstr(text, quoted), *start = at, *end = at ? strchr(at, '\n') : NULL;
+    if (!at || !end || end[-1] != ',')
+        fail_msg("%s: no line \"%s\": ...,", dir, key);
+    while (start > text && start[-1] != '\n')
+        start--;
+    static char out[1 << 16];
+    if (null)
+        snprintf(out, sizeof out, "%.*s%s null,%s", (int)(at - text), text, quoted, end);
+    else
+        snprintf(out, sizeof out, "%.*s%s", (int)(start - text), text, end + 1);
+    return out;
+}
+
+/* The parameters planned from a config's text (or fails the test). */
+static uint64_t params_of_text(const char *text)
+{
+    ml_model *m = NULL;
+    ml_error e;
+    if (ml_model_load_hf_string(text, strlen(text), "config.json", &m, &e) != ML_OK)
+        fail_msg("%u:%u: %s", e.line, e.col, e.msg);
+    ml_config c = ml_model_config(m);
+    c.training.seq_len = 64;
+    ml_ledger *l = eval(m, &c, false);
+    uint64_t p = ml_ledger_summary(l)->params;
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+    return p;
+}
+
+/* A size key a config.json leaves out is the configuration class's default,
+ * as an unconfigured run has it (docs/hf.md); null is the classes' rule
+ * for None. Each shipped config without one key: where the default is the
+ * shipped value the published count stays, where it is not the count moves
+ * by the hand-derived difference. */
+static void test_absent_sizes(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *dir, *key;
+        uint64_t params;
+    } same[] = {
+        /* LlamaConfig's intermediate_size 11008 */
+        {"llama-2-7b", "intermediate_size", 6738415616ull},
+        /* MistralConfig's num_key_value_heads 8 */
+        {"mistral-7b", "num_key_value_heads", 7241732096ull},
+        /* MixtralConfig's 14336 and 8 (test_hf_mixtral.c's count) */
+        {"mixtral-8x7b", "intermediate_size", 46702792704ull},
+        {"mixtral-8x7b", "num_key_value_heads", 46702792704ull},
+        /* Gemma2Config's head_dim 256 and num_key_value_heads 4
+         * (test_hf_gemma2.c's count), GemmaConfig's head_dim 256
+         * (test_hf_gemma.c's) */
+        {"gemma-2-2b", "head_dim", 2614341888ull},
+        {"gemma-2-2b", "num_key_value_heads", 2614341888ull},
+        {"gemma-2b", "head_dim", 2506172416ull},
+        /* Phi3Config's 8192 (test_hf_phi3.c's count) */
+        {"phi-3-mini-4k", "intermediate_size", 3821079552ull},
+        /* Qwen2MoeConfig's num_key_value_heads 16; its intermediate_size is
+         * inert (every layer sparse) */
+        {"qwen1.5-moe-a2.7b", "num_key_value_heads", 0},
+        {"qwen1.5-moe-a2.7b", "intermediate_size", 0},
+        /* DeepseekV3Config's 18432 and 128; DeepseekV2Config's None: the
+         * 16 heads (test_hf_deepseek.c's counts) */
+        {"deepseek-v3", "intermediate_size", 671026404352ull},
+        {"deepseek-v3", "num_key_value_heads", 671026404352ull},
+        {"deepseek-v2-lite", "num_key_value_heads", 15706484224ull},
+        /* BertConfig's and ViTConfig's 3072 (BertForMaskedLM's count:
+         * test_hf_bert_mlm.c) */
+        {"bert-base-uncased", "intermediate_size", 109514298ull},
+        {"vit-base-patch16-224", "intermediate_size", 86567656ull},
+    };
+    for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
+        uint64_t want = same[i].params ? same[i].params : hf_params(same[i].dir, NULL);
+        uint64_t got = params_of_text(shipped_without(same[i].dir, same[i].key, false));
+        if (got != want)
+            fail_msg("%s without %s: %llu parameters, expected %llu", same[i].dir, same[i].key,
+                     (unsigned long long)got, (unsigned long long)want);
+    }
+    /* Qwen/Qwen2-0.5B without intermediate_size: Qwen2Config's 22016 for its
+     * 4864, each of 24 layers' gate, up and down 896 x 17152 wider:
+     * 24 x 3 x 896 x 17152 = 1,106,509,824 more than 494,032,768 */
+    assert_int_equal(24ull * 3 * 896 * (22016 - 4864), 1106509824ull);
+    assert_int_equal(llama(24, 896, 128, 22016, 151936, true, true), 1600542592ull);
+    assert_int_equal(params_of_text(shipped_without("qwen2-0.5b", "intermediate_size", false)),
+                     494032768ull + 1106509824ull);
+    /* allenai/OLMo-1B-hf without it: OlmoConfig's 11008 for 8192, 16 layers
+     * x 3 x 2048 x 2816 = 276,824,064 more than 1,176,764,416 */
+    assert_int_equal(params_of_text(shipped_without("olmo-1b", "intermediate_size", false)),
+                     1176764416ull + 16ull * 3 * 2048 * 2816);
+    assert_int_equal(1176764416ull + 16ull * 3 * 2048 * 2816, 1453588480ull);
+    /* pythia-160m without it: GPTNeoXConfig's 24576 for 3072; each of 12
+     * layers' dense_h_to_4h (D x F + F) and dense_4h_to_h (F x D) grows by
+     * (2 x 768 + 1) x 21504 = 33,051,648: 396,619,776 more than 162,322,944 */
+    assert_int_equal(params_of_text(shipped_without("pythia-160m", "intermediate_size", false)),
+                     558942720ull);
+    assert_int_equal(162322944ull + 12 * 1537ull * 21504, 558942720ull);
+    /* DeepSeek-V2-Lite without it: DeepseekV2Config's 11008 for 10944 in
+     * its one dense layer (first_k_dense_replace 1): 3 x 2048 x 64 =
+     * 393,216 more than 15,706,484,224 */
+    assert_int_equal(params_of_text(shipped_without("deepseek-v2-lite", "intermediate_size",
+                                                    false)),
+                     15706484224ull + 3 * 2048 * 64);
+    /* Mistral-NeMo without head_dim: MistralConfig's None, 5120 / 32 = 160
+     * (the count test_published_counts derives: 12,772,070,400) */
+    assert_int_equal(llama(40, 5120, 1280, 14336, 131072, false, false), 12772070400ull);
+    assert_int_equal(params_of_text(shipped_without("mistral-nemo-12b", "head_dim", false)),
+                     12772070400ull);
+    /* null is the rule for None, not the default: Mistral-7B with
+     * num_key_value_heads null has its 32 heads (MistralConfig: "for
+     * backward compatibility"), 32 x 2 x 4096 x 3072 = 805,306,368 more */
+    assert_int_equal(params_of_text(shipped_without("mistral-7b", "num_key_value_heads", true)),
+                     7241732096ull + 32ull * 2 * 4096 * 3072);
+    assert_int_equal(llama(32, 4096, 4096, 14336, 32000, false, false), 8047038464ull);
+    /* a default the heads refuse: said as the class's, at the object (the
+     * key has no position), with the key to give */
+    static const struct {
+        const char *dir, *msg;
+    } refused[] = {
+        {"qwen2-0.5b", "num_key_value_heads: 32 is Qwen2Config's default, taken because the key "
+                       "is absent, and does not divide num_attention_heads (14); give "
+                       "num_key_value_heads (the model's key/value heads, a divisor of 14)"},
+        {"gemma-2b", "num_key_value_heads: 16 is GemmaConfig's default, taken because the key "
+                     "is absent, and does not divide num_attention_heads (8); give "
+                     "num_key_value_heads"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        const char *t = shipped_without(refused[i].dir, "num_key_value_heads", false);
+        ml_model *m = NULL;
+        ml_error e;
+        assert_int_equal(ml_model_load_hf_string(t, strlen(t), "config.json", &m, &e), ML_SCHEMA);
+        if (!strstr(e.msg, refused[i].msg))
+            fail_msg("%s: got '%s'", refused[i].dir, e.msg);
+        assert_int_equal(e.line, 1);
+        assert_int_equal(e.col, 1);
+        assert_null(m);
+    }
+    /* GemmaConfig's head_dim 256 with 8192 heads: 2,097,152 wide */
+    static const char wide[] = "{\"model_type\": \"gemma\", \"num_hidden_layers\": 1,\n"
+                               " \"hidden_size\": 8192, \"num_attention_heads\": 8192,\n"
+                               " \"num_key_value_heads\": 1, \"vocab_size\": 10}";
+    ml_model *m = NULL;
+    ml_error e;
+    assert_int_equal(ml_model_load_hf_string(wide, strlen(wide), "config.json", &m, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "head_dim: 256 is GemmaConfig's default, taken because the key "
+                                  "is absent, and num_attention_heads x head_dim = 2097152 is "
+                                  "above 1048576; give head_dim"));
+    assert_int_equal(e.line, 1);
+}
+
 static void test_mapping(void **state)
 {
     (void)state;
@@ -513,14 +669,14 @@ static void test_head_dim(void **state)
     /* rotary embeddings rotate pairs */
     assert_int_equal(load_json("{\"model_type\": \"qwen2\", \"num_hidden_layers\": 1, "
                                "\"hidden_size\": 64, \"num_attention_heads\": 4, \"head_dim\": 9, "
-                               "\"vocab_size\": 10}",
+                               "\"num_key_value_heads\": 4, \"vocab_size\": 10}",
                                NULL, &m, &e),
                      ML_SCHEMA);
     assert_non_null(strstr(e.msg, "rotary embeddings need an even head size (9)"));
 }
 
-/* A llama-family config of 2 layers, D = 64, 4 heads, F = 4D, with extra
- * keys; its status and message. */
+/* A config of 2 layers, D = 64, 4 heads, with extra keys; its status and
+ * message. */
 static ml_status load_extra(const char *type, const char *extra, ml_error *e)
 {
     char json[1024];
@@ -632,7 +788,7 @@ static uint64_t params_of_extra(const char *extra)
     char json[512];
     snprintf(json, sizeof json,
              "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
-             "\"num_attention_heads\": 4, \"vocab_size\": 100%s%s}",
+             "\"num_attention_heads\": 4, \"intermediate_size\": 256, \"vocab_size\": 100%s%s}",
              extra ? ", " : "", extra ? extra : "");
     ml_model *m = NULL;
     ml_error e;
@@ -653,7 +809,8 @@ static ml_status window_plan(const char *type, const char *extra, uint64_t T, ml
     char json[512];
     snprintf(json, sizeof json,
              "{\"model_type\": \"%s\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
-             "\"num_attention_heads\": 4, \"vocab_size\": 100, \"sliding_window\": 16%s%s}",
+             "\"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"vocab_size\": 100, "
+             "\"sliding_window\": 16%s%s}",
              type, extra ? ", " : "", extra ? extra : "");
     ml_model *m = NULL;
     if (load_json(json, NULL, &m, e) != ML_OK)
@@ -885,6 +1042,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_published_counts),
         cmocka_unit_test(test_mapping),
+        cmocka_unit_test(test_absent_sizes),
         cmocka_unit_test(test_errors_and_training),
         cmocka_unit_test(test_attn_implementation),
         cmocka_unit_test(test_refused_families),

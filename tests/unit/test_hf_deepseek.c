@@ -108,7 +108,12 @@ static void test_deepseek_v3_keys(void **state)
     ml_error qe;
     assert_int_equal(ml_model_load_hf_string(nokv, strlen(nokv), "config.json", &q, &qe),
                      ML_SCHEMA);
-    assert_non_null(strstr(qe.msg, "num_key_value_heads: 128"));
+    assert_non_null(strstr(qe.msg, "num_key_value_heads: 128 is DeepseekV3Config's default, "
+                                   "taken because the key is absent; multi-head latent "
+                                   "attention makes num_attention_heads (4) key and value heads"));
+    assert_non_null(strstr(qe.msg, "give num_key_value_heads equal to num_attention_heads"));
+    assert_int_equal(qe.line, 1); /* the object that lacks the key */
+    assert_int_equal(qe.col, 1);
     /* DeepseekV3Config's defaults, q_lora_rank null: one q_proj; every
      * layer dense when first_k_dense_replace covers them */
     ml_model *m = NULL;

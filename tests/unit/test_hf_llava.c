@@ -126,7 +126,7 @@ static void test_llava_refusals(void **state)
          "projector_hidden_act"},
         {"{\"model_type\": \"llava\",\n \"text_config\": {\"model_type\": \"gemma\", "
          "\"num_hidden_layers\": 2, \"hidden_size\": 64, \"num_attention_heads\": 4, "
-         "\"vocab_size\": 100}}",
+         "\"num_key_value_heads\": 4, \"vocab_size\": 100}}",
          "planned for the Llama layout"},
         {"{\"model_type\": \"llava\",\n \"hidden_size\": 4096}", "hidden_size"},
         {"{\"hidden_size\": 64,\n \"model_type\": \"clip_vision_model\"}",

@@ -120,7 +120,8 @@ static void test_refusals(void **state)
         const char *json, *msg;
     } bad[] = {
         {"{\"model_type\": \"mistral\", \"num_hidden_layers\": 1, \"hidden_size\": 32, "
-         "\"num_attention_heads\": 4, \"intermediate_size\": 64, \"vocab_size\": 50, "
+         "\"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"intermediate_size\": 64, "
+         "\"vocab_size\": 50, "
          "\"architectures\": [\"MistralForSequenceClassification\"], \"num_labels\": 1}",
          "num_labels: 1 makes MistralForSequenceClassification a regression"},
         {"{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 4, "
