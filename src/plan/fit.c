@@ -219,8 +219,10 @@ static ml_status split_batch(search *s, const ml_fit_request *req, ml_fit_result
     if (!req->global_batch) {
         r->micro_batch = r->max_micro_batch;
         r->grad_accum = s->cfg.training.grad_accum;
-    } else if (req->global_batch % dp == 0 &&
-               per / largest_divisor_at_most(per, r->max_micro_batch) <= FIT_MAX_ACCUM) {
+    } else if (per / largest_divisor_at_most(per, r->max_micro_batch) <= FIT_MAX_ACCUM) {
+        /* (per rounded up where the global batch does not split evenly over
+         * the devices: the effective batch is then per x devices, the
+         * smallest even split above it; finish says so) */
         r->micro_batch = largest_divisor_at_most(per, r->max_micro_batch);
         r->grad_accum = per / r->micro_batch;
         if (r->micro_batch * 2 <= r->max_micro_batch) {
@@ -268,9 +270,7 @@ static ml_status split_batch(search *s, const ml_fit_request *req, ml_fit_result
 static ml_status divisor_that_fits(search *s, const ml_fit_request *req, ml_fit_result *r,
                                    uint64_t per)
 {
-    const uint64_t dp = s->cfg.training.data_parallel;
-    if (!req->global_batch || req->global_batch % dp || !r->exact ||
-        r->micro_batch == r->max_micro_batch)
+    if (!req->global_batch || !r->exact || r->micro_batch == r->max_micro_batch)
         return ML_OK; /* the largest itself, which the search found fitting */
     const uint64_t chosen = r->micro_batch;
     for (uint64_t d = chosen;; d = largest_divisor_at_most(per, d - 1)) {
@@ -497,6 +497,15 @@ static ml_status fit(search *sp, const ml_model *m, const ml_config *cfg,
         best.data_parallel = cfg->training.data_parallel;
         best.checkpoint = cfg->training.checkpoint;
         s.cfg = *cfg;
+        /* micro-batch 1 as the search planned it: accumulating where the
+         * global batch's share of a device is more than one sample (any
+         * count above 1 has the same peak), else the configured steps */
+        if (req->global_batch) {
+            const uint64_t dp = cfg->training.data_parallel;
+            s.cfg.training.grad_accum = req->global_batch / dp + (req->global_batch % dp != 0) > 1
+                                            ? 2
+                                            : 1;
+        }
         if ((st = ml__fit_explain(&s, &best)))
             return st;
         best.evaluations = s.evals;

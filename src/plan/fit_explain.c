@@ -190,8 +190,11 @@ static void eval_note(const ml_config *c, const ml_summary *x, uint64_t largest,
 ml_status ml__fit_explain(search *s, ml_fit_result *r)
 {
     char a[32], b[32];
+    /* the accumulation stays the search's (fit: with it, the gradients stay
+     * resident across micro-batches): every remedy must hold for the run
+     * asked about */
+    const bool was_full = s->cfg.training.checkpoint.kind == ML_CKPT_FULL;
     s->cfg.training.micro_batch = 1;
-    s->cfg.training.grad_accum = 1;
     s->cfg.training.checkpoint.kind = ML_CKPT_FULL;
     ml_ledger *l = NULL;
     ml_status st = ml__planner_evaluate_with(s->planner, &s->cfg, false, s->memo, &l, s->err);
@@ -233,7 +236,7 @@ ml_status ml__fit_explain(search *s, ml_fit_result *r)
     bool states_alone = states > x->budget || states + x->runtime_reserve > x->memory;
     const bool full_fits = x->fits;
     ml_ledger_destroy(l);
-    if (full_fits) {
+    if (full_fits && !was_full) {
         /* the configured policy keeps too much: checkpointing is the remedy */
         snprintf(r->note, sizeof r->note,
                  "micro-batch 1 does not fit with the plan's checkpointing, but does with full "

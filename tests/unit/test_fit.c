@@ -218,6 +218,75 @@ static void test_no_fit_explains(void **state)
     ml_model_destroy(m);
 }
 
+/* A global batch that does not split evenly over the devices: the
+ * per-device share rounded up, 90 over 8 devices -> ceil(90 / 8) = 12,
+ * then the largest divisor of 12 up to the largest micro-batch (7, by
+ * --max-micro-batch on 80 GiB, where 7 fits): 6 x 2 steps x 8 devices =
+ * 96, the smallest even split above 90. It had taken micro-batch 7 and
+ * ceil(12 / 7) = 2 steps: 112. */
+static void test_uneven_global_batch(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = config_allocated(m);
+    c.device.memory = 80ull << 30;
+    c.device.budget = 0;
+    c.training.data_parallel = 8;
+    ml_fit_request req = ml_fit_request_defaults();
+    req.global_batch = 90;
+    req.max_micro_batch = 7;
+    ml_fit_result r;
+    ml_error e;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_true(r.fits);
+    assert_int_equal(r.max_micro_batch, 7);
+    assert_int_equal(r.micro_batch, 6);
+    assert_int_equal(r.grad_accum, 2);
+    assert_int_equal(r.effective_batch, 96);
+    assert_false(r.exact);
+    assert_non_null(strstr(r.note, "does not split evenly over 8 devices"));
+    ml_model_destroy(m);
+}
+
+/* Each remedy the explanation names holds for the run asked about, its
+ * accumulation included: Llama-2-7B's file accumulates 16 steps (the
+ * gradients stay resident across micro-batches) with the caching allocator
+ * on 16 GiB. The sharding named, applied with full checkpointing at
+ * micro-batch 1, fits; half as many devices do not (the fewest, in powers
+ * of two). The explanation had planned micro-batch 1 without accumulation,
+ * where 32 devices fit, and named them. */
+static void test_no_fit_remedies_hold(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("llama-2-7b");
+    ml_config c = ml_model_config(m);
+    ml_error e;
+    assert_int_equal(ml_config_set(&c, "device.memory", "16GiB", &e), ML_OK);
+    assert_true(c.training.grad_accum > 1 && c.device.allocator == ML_ALLOCATOR_CACHING);
+    ml_fit_request req = ml_fit_request_defaults();
+    ml_fit_result r;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_false(r.fits);
+    const char *at = strstr(r.note, "shard (ZeRO-3) across ");
+    assert_non_null(at);
+    unsigned long long n = strtoull(at + strlen("shard (ZeRO-3) across "), NULL, 10);
+    assert_true(n >= 2 && (n & (n - 1)) == 0);
+    for (int half = 0; half < 2; half++) {
+        ml_config x = c;
+        x.training.zero = 3;
+        x.training.data_parallel = half ? n / 2 : n;
+        x.training.micro_batch = 1;
+        x.training.checkpoint.kind = ML_CKPT_FULL;
+        ml_ledger *l = NULL;
+        assert_int_equal(ml_ledger_evaluate(m, &x, false, &l, &e), ML_OK);
+        if (ml_ledger_summary(l)->fits != !half)
+            fail_msg("%llu devices (the note: %s) %s", half ? n / 2 : n, r.note,
+                     half ? "fit too" : "do not fit");
+        ml_ledger_destroy(l);
+    }
+    ml_model_destroy(m);
+}
+
 /* auto picks the cheapest policy among those reaching the largest micro-batch. */
 static void test_auto_checkpoint(void **state)
 {
@@ -625,6 +694,8 @@ int main(void)
         cmocka_unit_test(test_fit_simulated_below_allocated),
         cmocka_unit_test(test_accumulation_arithmetic),
         cmocka_unit_test(test_no_fit_explains),
+        cmocka_unit_test(test_no_fit_remedies_hold),
+        cmocka_unit_test(test_uneven_global_batch),
         cmocka_unit_test(test_auto_checkpoint),
         cmocka_unit_test(test_auto_as_each_policy),
         cmocka_unit_test(test_compare_rows),
