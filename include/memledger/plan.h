@@ -103,6 +103,9 @@ typedef struct ml_layout_request {
                         recomputation only adds work) and the bound is slower
                         than the table's last row is passed over (the table is
                         the same either way) */
+    bool megatron_sharding; /* an unpinned sharding is one Megatron-LM runs (settings
+                               for it): ZeRO 0 or 1 (its distributed optimizer) for
+                               eager PyTorch's layers, not 2 or 3 */
 } ml_layout_request;
 
 ML_API ml_layout_request ml_layout_request_defaults(void);

@@ -228,10 +228,13 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
     req.no_selective = emits_torchtitan(o);
     req.exhaustive = o->exhaustive;
     req.checkpoint = cfg->training.checkpoint;
-    /* the sharding as given (--zero, --dist-optimizer), or Megatron's own
-     * when its arguments are to be written for eager PyTorch's layers */
+    /* the sharding as given (--zero, --dist-optimizer); for Megatron-LM's
+     * arguments what it runs (ZeRO 0 or 1, written as its distributed
+     * optimizer), and for torchtitan's config as configured (its FSDP is
+     * written from the config's) */
     req.pin_sharding = o->zero || o->dist_optimizer ||
-                       (o->emit && cfg->training.engine != ML_ENGINE_MEGATRON);
+                       (emits_torchtitan(o) && cfg->training.engine != ML_ENGINE_MEGATRON);
+    req.megatron_sharding = o->emit && !strcmp(o->emit, "megatron");
     if (!rc && (o->lengths || o->batching || o->max_tokens || o->buckets || o->eval_batch)) {
         ml_cli_errorf("--gpus %s: the search plans the training step at --seq-len; length "
                       "distributions and an evaluation pass are not searched: drop --lengths, "

@@ -133,8 +133,9 @@ static ml_status layout(layout_search *x, const ml_layout_row *split, uint64_t *
 
 /* The sharding of a split's data-parallel ranks: the config's when pinned
  * or with one rank; else ZeRO 0 to 3 (0 and 1 beside a pipeline, which
- * DeepSpeed's pipeline engine allows) or, under engine megatron, its
- * distributed optimizer off and on. */
+ * DeepSpeed's pipeline engine allows; 0 and 1 for Megatron-LM's settings,
+ * megatron_sharding) or, under engine megatron, its distributed optimizer
+ * off and on. */
 static size_t shardings(const layout_search *x, uint64_t pp, uint64_t dp, ml_layout_row *out)
 {
     const ml_training *t = &x->cfg->training;
@@ -147,7 +148,9 @@ static size_t shardings(const layout_search *x, uint64_t pp, uint64_t dp, ml_lay
         out[0].dist_optimizer = false, out[1].dist_optimizer = true;
         return 2;
     }
-    const unsigned top = pp > 1 ? 1 : 3;
+    /* Megatron-LM's settings hold ZeRO 1 as its distributed optimizer, and
+     * no later stage */
+    const unsigned top = pp > 1 || x->req->megatron_sharding ? 1 : 3;
     for (unsigned z = 0; z <= top; z++)
         out[z].zero = z, out[z].dist_optimizer = false;
     return top + 1;
