@@ -409,11 +409,14 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     layouts(req, &st, &x, err);
     if (!st)
         st = ml__layout_flush(&x, err);
-    /* nothing planned at all: with pinned parts a refusal (or a usage error
-     * below); with none, no layout of these devices splits the model: the
-     * note says so, with the first refusal */
+    /* nothing planned at all: every layout tried refused, which is the
+     * settings' refusal (a sharding, an engine, expert settings or a
+     * sequence the model refuses whatever the split, or the pinned parts):
+     * the first one, as plan gives it; with no layout tried, a usage error
+     * below where parts are pinned, else the note says no layout of these
+     * devices splits the model */
     const bool pinned = req->tp || req->cp || req->pp || req->vpp || req->micro_batch || req->ep;
-    if (!st && !x.planned && x.refused && pinned) {
+    if (!st && !x.planned && x.refused) {
         *err = x.refusal;
         st = ML_RANGE;
     }

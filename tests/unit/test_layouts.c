@@ -196,6 +196,15 @@ static void test_requests(void **state)
     assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
     assert_int_equal(r.nrows, 0);
     assert_non_null(strstr(r.note, "no layout of 1024 devices splits"));
+    /* settings the model refuses whatever the split (Megatron's distributed
+     * optimizer on eager PyTorch's layers): every layout refused, which is
+     * the settings' refusal, not "no layout splits it" */
+    req.gpus = 2;
+    req.global_batch = 4;
+    c.training.dist_optimizer = true;
+    req.pin_sharding = true; /* (as --dist-optimizer pins it) */
+    assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_RANGE);
+    assert_non_null(strstr(e.msg, "parallel.dist_optimizer"));
     ml_model_destroy(m);
 }
 
