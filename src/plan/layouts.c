@@ -139,6 +139,11 @@ static ml_status layout(layout_search *x, const ml_layout_row *split, uint64_t *
 static size_t shardings(const layout_search *x, uint64_t pp, uint64_t dp, ml_layout_row *out)
 {
     const ml_training *t = &x->cfg->training;
+    /* a pinned ZeRO stage is tried where it shards: over dp x cp ranks
+     * above one, and stages 2 and 3 without a pipeline (DeepSpeed's
+     * pipeline engine runs 0 and 1), as the search tries its own */
+    if (x->req->pin_sharding && t->zero && (dp <= 1 || (t->zero >= 2 && pp > 1)))
+        return 0;
     if (x->req->pin_sharding || dp <= 1) {
         out[0].zero = t->zero, out[0].dist_optimizer = t->dist_optimizer;
         return 1;
@@ -420,6 +425,13 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
         *err = x.refusal;
         st = ML_RANGE;
     }
+    if (!st && !x.planned && req->pin_sharding && cfg->training.zero >= 2 && req->pp > 1 &&
+        out->layouts == 0)
+        st = ml__errorf(err, ML_USAGE,
+                        "training.zero %u with parallel.pp %llu: ZeRO 2 and 3 are searched "
+                        "without a pipeline (DeepSpeed's pipeline engine runs ZeRO 0 and 1): "
+                        "pin training.zero 1, or leave parallel.pp to the search",
+                        cfg->training.zero, (unsigned long long)req->pp);
     if (!st && !x.planned && pinned && !x.refused && (out->layouts == 0 || out->candidates == 0))
         st = ml__errorf(err, ML_USAGE,
                         "%s: the pinned parts leave %s of %llu devices and a global batch of "

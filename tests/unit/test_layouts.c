@@ -155,6 +155,36 @@ static void test_search_megatron_sharding(void **state)
     ml_model_destroy(m);
 }
 
+/* A pinned ZeRO stage is tried where it shards, as the search tries its
+ * own: ZeRO 3 over 8 devices leaves tp 1 and 2 without a pipeline (dp 8
+ * and 4; tp 4 and 8 plan nothing: kv_heads 2), never a pipeline or one
+ * data-parallel rank; ZeRO 2 pinned beside a pinned pipeline is refused. */
+static void test_pinned_zero(void **state)
+{
+    (void)state;
+    ml_model *m = load_str(llama4);
+    ml_config c = on_h100(m, 300);
+    c.training.zero = 3;
+    ml_layout_request req = ml_layout_request_defaults();
+    req.gpus = 8;
+    req.global_batch = 8;
+    req.pin_sharding = true;
+    ml_layout_result r;
+    ml_error e;
+    assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_OK);
+    assert_true(r.nrows > 0);
+    for (size_t i = 0; i < r.nrows; i++) {
+        const ml_layout_row *w = &r.rows[i];
+        assert_true(w->pp == 1 && w->dp * (w->cp > 1 ? w->cp : 1) > 1 && w->zero == 3);
+        assert_true(w->tp <= 2);
+    }
+    c.training.zero = 2;
+    req.pp = 2;
+    assert_int_equal(ml_layout_search(m, &c, &req, &r, &e), ML_USAGE);
+    assert_non_null(strstr(e.msg, "ZeRO 2 and 3 are searched without a pipeline"));
+    ml_model_destroy(m);
+}
+
 static void test_requests(void **state)
 {
     (void)state;
@@ -443,6 +473,7 @@ int main(void)
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_search),
                                        cmocka_unit_test(test_search_two),
         cmocka_unit_test(test_search_megatron_sharding),
+        cmocka_unit_test(test_pinned_zero),
                                        cmocka_unit_test(test_requests),
                                        cmocka_unit_test(test_pins),
                                        cmocka_unit_test(test_gpt3_anchor),
