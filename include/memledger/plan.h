@@ -106,6 +106,10 @@ typedef struct ml_layout_request {
     bool megatron_sharding; /* an unpinned sharding is one Megatron-LM runs (settings
                                for it): ZeRO 0 or 1 (its distributed optimizer) for
                                eager PyTorch's layers, not 2 or 3 */
+    bool fsdp_sharding; /* the pinned ZeRO 3 is torchtitan's FSDP (settings for it),
+                           which runs beside a pipeline: tried on every layout, where a
+                           pinned ZeRO stage is otherwise tried over more than one
+                           data-parallel rank, 2 and 3 without a pipeline */
 } ml_layout_request;
 
 ML_API ml_layout_request ml_layout_request_defaults(void);

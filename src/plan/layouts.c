@@ -142,7 +142,8 @@ static size_t shardings(const layout_search *x, uint64_t pp, uint64_t dp, ml_lay
     /* a pinned ZeRO stage is tried where it shards: over dp x cp ranks
      * above one, and stages 2 and 3 without a pipeline (DeepSpeed's
      * pipeline engine runs 0 and 1), as the search tries its own */
-    if (x->req->pin_sharding && t->zero && (dp <= 1 || (t->zero >= 2 && pp > 1)))
+    if (x->req->pin_sharding && !x->req->fsdp_sharding && t->zero &&
+        (dp <= 1 || (t->zero >= 2 && pp > 1)))
         return 0;
     if (x->req->pin_sharding || dp <= 1) {
         out[0].zero = t->zero, out[0].dist_optimizer = t->dist_optimizer;
@@ -425,8 +426,8 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
         *err = x.refusal;
         st = ML_RANGE;
     }
-    if (!st && !x.planned && req->pin_sharding && cfg->training.zero >= 2 && req->pp > 1 &&
-        out->layouts == 0)
+    if (!st && !x.planned && req->pin_sharding && !req->fsdp_sharding &&
+        cfg->training.zero >= 2 && req->pp > 1 && out->layouts == 0)
         st = ml__errorf(err, ML_USAGE,
                         "training.zero %u with parallel.pp %llu: ZeRO 2 and 3 are searched "
                         "without a pipeline (DeepSpeed's pipeline engine runs ZeRO 0 and 1): "
