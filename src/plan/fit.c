@@ -495,6 +495,7 @@ static ml_status fit(search *sp, const ml_model *m, const ml_config *cfg,
     if (!best.max_micro_batch) {
         best.fits = false;
         best.data_parallel = cfg->training.data_parallel;
+        best.budget = ml_device_budget(&cfg->device); /* the line nothing fits under */
         best.checkpoint = cfg->training.checkpoint;
         s.cfg = *cfg;
         /* micro-batch 1 as the search planned it: accumulating where the

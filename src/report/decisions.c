@@ -120,8 +120,9 @@ int ml_report_fit_json(FILE *f, const ml_model *m, const ml_fit_request *req,
                 (unsigned long long)r->peak_total, (unsigned long long)r->budget,
                 (long long)r->headroom, (unsigned long long)r->peak);
     else
-        fputs(", \"peak_total\": null, \"budget\": null, \"fits\": false, \"headroom\": null"
-              ", \"peak\": null", f);
+        fprintf(f, ", \"peak_total\": null, \"budget\": %llu, \"fits\": false, \"headroom\": null"
+                   ", \"peak\": null",
+                (unsigned long long)r->budget);
     if (req->global_batch)
         fprintf(f, ", \"global_batch\": %llu, \"exact\": %s", (unsigned long long)req->global_batch,
                 r->exact ? "true" : "false");
