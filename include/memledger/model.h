@@ -294,7 +294,8 @@ typedef struct ml_device {
                                   (cuBLAS's workspaces go through the
                                   allocator: blas_workspace) */
     double peak_tflops;        /* dense peak at the compute dtype; 0 = unknown */
-    double efficiency;         /* achieved fraction of peak_tflops, (0, 1] */
+    double efficiency;         /* achieved fraction of peak_tflops, (0, 1]; a
+                                  model file or flag: 1e-6 to 1 */
     double fragmentation;      /* allowance for the caching allocator's reserved bytes
                                   over its allocated peak, a fraction in [0, 1];
                                   0 = none (docs/ledger.md) */

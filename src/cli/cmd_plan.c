@@ -46,7 +46,7 @@ static const char *const usage[] = {
     "  --device NAME|SIZE     h100-sxm, l4, ... ('memledger devices') or memory (8GiB)\n"
     "  --budget SIZE          line for the reserved peak (default memory - reserve)\n"
     "  --runtime-reserve SIZE CUDA context, libraries (default 512MiB)\n"
-    "  --peak-tflops X        dense peak at the compute dtype; --efficiency X (0..1]\n"
+    "  --peak-tflops X        dense peak at the compute dtype; --efficiency X 1e-6..1\n"
     "  --interconnect GBps, --pcie GBps  time communication, offload (else untimed)\n"
     "  --fragmentation X      reserved-over-peak allowance, 0..1\n"
     "  --allocator A          caching (default) | expandable | none (allocated only)\n"
