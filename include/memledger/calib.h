@@ -40,7 +40,9 @@ typedef struct ml_point {
 } ml_point;
 
 /* Reads a CSV with a header naming the columns micro_batch and peak (in any
- * order; other columns ignored); peaks are sizes ("5.4GiB") or bytes. On
+ * order; other columns ignored); peaks are sizes ("5.4GiB") or bytes; fields
+ * quoted as RFC 4180 quotes them (a comma or a line's end inside quotes, ""
+ * for a quote) are read as their content. On
  * success *out (n entries) is the caller's to free(). Errors name the line
  * and column. Returns ML_OK, ML_IO, ML_SCHEMA, ML_RANGE or ML_NOMEM. */
 ML_API ml_status ml_points_parse_csv(const char *text, size_t len, const char *name,

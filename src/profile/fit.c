@@ -76,54 +76,157 @@ ml_status ml_linfit_points(const double *x, const double *y, size_t n, ml_linfit
  * and printable as a 64-bit count: 2^53 B (8 PiB). */
 #define POINTS_MAX_FIT 9007199254740992.0
 
-/* The next comma-separated field of line, trimmed, into buf (NUL-terminated);
- * *pos moves past the comma. Returns the field's start (0-based column);
- * *too_long is set when the trimmed field does not fit buf (buf then holds
- * an empty string). */
-static size_t field(const char *line, size_t len, size_t *pos, char *buf, size_t size,
-                    bool *too_long)
+/* The CSV's text and where the reader is: its position, the line there
+ * (1-based) and where that line starts (for 1-based byte columns; after a
+ * byte order mark on the first line). */
+typedef struct {
+    const char *t;
+    size_t len, i;
+    unsigned line;
+    size_t bol;
+} csv_cursor;
+
+/* White space but the line's end: what a field's value is trimmed of (a
+ * line's end ends the record instead, outside quotes). */
+static bool blank(char ch)
 {
-    size_t start = *pos;
-    while (*pos < len && line[*pos] != ',')
-        (*pos)++;
-    size_t a = start, b = *pos;
-    while (a < b && isspace((unsigned char)line[a]))
-        a++;
-    while (b > a && isspace((unsigned char)line[b - 1]))
-        b--;
-    *too_long = b - a >= size;
-    size_t k = *too_long ? 0 : b - a;
-    memcpy(buf, line + a, k);
-    buf[k] = '\0';
-    if (*pos < len)
-        (*pos)++; /* the comma */
-    return start;
+    return ch != '\n' && isspace((unsigned char)ch);
 }
 
-/* The header row: the columns of micro_batch and peak into *col_b, *col_p,
- * how many it names into *ncols. */
-static ml_status read_header(const char *line, size_t llen, unsigned lineno, int *col_b,
-                             int *col_p, int *ncols, ml_error *err)
+/* Whether the physical line at c->i (to its newline) holds a NUL byte. */
+static bool line_has_nul(const csv_cursor *c, size_t from)
+{
+    const char *nl = memchr(c->t + from, '\n', c->len - from);
+    size_t e = nl ? (size_t)(nl - c->t) : c->len;
+    return memchr(c->t + from, '\0', e - from) != NULL;
+}
+
+/* A field's value as it is gathered into buf (size bytes): leading blanks
+ * skipped, the length up to its last non-blank byte kept, so that a value
+ * too long for buf once trimmed is told from one that fits. */
+typedef struct {
+    char *buf;
+    size_t size, n, end;
+} field_value;
+
+static void put(field_value *v, char ch)
+{
+    if (!v->n && blank(ch))
+        return;
+    if (v->n < v->size)
+        v->buf[v->n] = ch;
+    v->n++;
+    if (!blank(ch))
+        v->end = v->n;
+}
+
+/* The next field of the record at c->i, trimmed, into buf (NUL-terminated;
+ * an empty string when its trimmed value does not fit, *too_long then
+ * set), RFC 4180's quoting read: a field that starts (after blanks) with a
+ * double quote runs to the closing one, over commas and line ends, a quote
+ * inside written twice (""); elsewhere a quote is a byte like any other.
+ * The field's line and 1-based column (its first byte, after the comma
+ * before it) into *line, *col; *last is set when the record ends after it
+ * (a line's end, "\r\n" included, or the text's). The cursor moves past the
+ * comma or the line's end. Returns ML_OK, or ML_SCHEMA for a quoted field
+ * left open, a byte after a closing quote or a NUL byte inside quotes. */
+static ml_status field(csv_cursor *c, char *buf, size_t size, bool *too_long, unsigned *line,
+                       unsigned *col, bool *last, ml_error *err)
+{
+    const char *t = c->t;
+    field_value v = {buf, size, 0, 0};
+    *line = c->line;
+    *col = (unsigned)(c->i - c->bol) + 1;
+    size_t j = c->i;
+    while (j < c->len && blank(t[j]))
+        j++;
+    if (j < c->len && t[j] == '"') {
+        const unsigned qline = c->line, qcol = (unsigned)(j - c->bol) + 1;
+        for (j++;; j++) {
+            if (j >= c->len)
+                return ml__errorf_at(err, ML_SCHEMA, qline, qcol,
+                                     "a quoted field is not closed: the double quote here has "
+                                     "no closing one (a quote inside a field is written twice, "
+                                     "\"\")");
+            if (t[j] == '"') {
+                if (j + 1 < c->len && t[j + 1] == '"') {
+                    put(&v, '"');
+                    j++;
+                    continue;
+                }
+                j++;
+                break;
+            }
+            if (t[j] == '\n') {
+                c->line++;
+                c->bol = j + 1;
+                if (line_has_nul(c, j + 1))
+                    return ml__errorf_at(err, ML_SCHEMA, c->line, 1, "a NUL byte in the CSV");
+            }
+            put(&v, t[j]);
+        }
+        while (j < c->len && blank(t[j]))
+            j++;
+        if (j < c->len && t[j] != ',' && t[j] != '\n')
+            return ml__errorf_at(err, ML_SCHEMA, c->line, (unsigned)(j - c->bol) + 1,
+                                 "a byte after a quoted field's closing quote: a field ends "
+                                 "there (a comma or the line's end), and a quote inside it "
+                                 "is written twice (\"\")");
+    } else {
+        size_t e = j;
+        while (e < c->len && t[e] != ',' && t[e] != '\n')
+            e++;
+        for (size_t k = c->i; k < e; k++) /* (a "\r" before "\n" is trimmed) */
+            put(&v, t[k]);
+        j = e;
+    }
+    /* a comma that ends the line ends the record: no empty field after it */
+    if (j < c->len && t[j] == ',') {
+        size_t r = j + 1;
+        if (r < c->len && t[r] == '\r' && (r + 1 == c->len || t[r + 1] == '\n'))
+            r++;
+        if (r >= c->len || t[r] == '\n')
+            j = r;
+    }
+    *last = j >= c->len || t[j] == '\n';
+    if (j < c->len) {
+        if (t[j] == '\n') {
+            c->line++;
+            c->bol = j + 1;
+        }
+        j++; /* the comma or the line's end */
+    }
+    c->i = j;
+    *too_long = v.end >= size;
+    buf[*too_long ? 0 : v.end] = '\0';
+    return ML_OK;
+}
+
+/* The header record (on line lineno, the first physical line line[0 ..
+ * llen)): the columns of micro_batch and peak into *col_b, *col_p, how
+ * many it names into *ncols. */
+static ml_status read_header(csv_cursor *c, const char *line, size_t llen, unsigned lineno,
+                             int *col_b, int *col_p, int *ncols, ml_error *err)
 {
     char buf[POINTS_MAX_FIELD + 1];
-    size_t pos = 0;
-    bool too_long = false;
-    for (int c = 0; pos < llen || c == 0; c++) {
-        if (c > 64)
+    bool too_long = false, last = false;
+    for (int col = 0; !last; col++) {
+        if (col > 64)
             return ml__errorf_at(err, ML_RANGE, lineno, 1, "more than 64 columns");
         /* a name too long for buf is neither of ours: ignored */
-        size_t start = field(line, llen, &pos, buf, sizeof buf, &too_long);
-        int *col = !strcmp(buf, "micro_batch") ? col_b : !strcmp(buf, "peak") ? col_p : NULL;
-        if (col && *col >= 0)
-            return ml__errorf_at(err, ML_SCHEMA, lineno, (unsigned)start + 1,
+        unsigned fl = 0, fc = 0;
+        ml_status st = field(c, buf, sizeof buf, &too_long, &fl, &fc, &last, err);
+        if (st)
+            return st;
+        int *at = !strcmp(buf, "micro_batch") ? col_b : !strcmp(buf, "peak") ? col_p : NULL;
+        if (at && *at >= 0)
+            return ml__errorf_at(err, ML_SCHEMA, fl, fc,
                                  "the header names %s twice (columns %d and %d): which one "
                                  "holds the measurements?",
-                                 buf, *col + 1, c + 1);
-        if (col)
-            *col = c;
-        *ncols = c + 1;
-        if (pos >= llen)
-            break;
+                                 buf, *at + 1, col + 1);
+        if (at)
+            *at = col;
+        *ncols = col + 1;
     }
     if (*col_b < 0 || *col_p < 0)
         return ml__errorf_at(err, ML_SCHEMA, lineno, 1,
@@ -133,52 +236,52 @@ static ml_status read_header(const char *line, size_t llen, unsigned lineno, int
     return ML_OK;
 }
 
-/* A measurement row: its micro_batch and peak (columns col_b, col_p) into *p;
- * a field past the header's ncols columns is refused (no column names it). */
-static ml_status read_row(const char *line, size_t llen, unsigned lineno, int col_b, int col_p,
-                          int ncols, ml_point *p, ml_error *err)
+/* A measurement record (starting on line lineno): its micro_batch and peak
+ * (columns col_b, col_p) into *p; a field past the header's ncols columns
+ * is refused (no column names it). */
+static ml_status read_row(csv_cursor *c, unsigned lineno, int col_b, int col_p, int ncols,
+                          ml_point *p, ml_error *err)
 {
     char buf[POINTS_MAX_FIELD + 1];
-    size_t pos = 0;
-    bool too_long = false, got_b = false, got_p = false;
-    for (int c = 0;; c++) {
-        size_t at = field(line, llen, &pos, buf, sizeof buf, &too_long);
-        unsigned colno = (unsigned)at + 1;
-        if (c >= ncols)
-            return ml__errorf_at(err, ML_SCHEMA, lineno, colno,
+    bool too_long = false, got_b = false, got_p = false, last = false;
+    for (int col = 0; !last; col++) {
+        unsigned fl = 0, colno = 0;
+        ml_status st = field(c, buf, sizeof buf, &too_long, &fl, &colno, &last, err);
+        if (st)
+            return st;
+        if (col >= ncols)
+            return ml__errorf_at(err, ML_SCHEMA, fl, colno,
                                  "a field past the header's %d columns (\"%s\"): name its "
                                  "column in the header, or remove it",
                                  ncols, buf);
-        if ((c == col_b || c == col_p) && too_long)
-            return ml__errorf_at(err, ML_SCHEMA, lineno, colno,
+        if ((col == col_b || col == col_p) && too_long)
+            return ml__errorf_at(err, ML_SCHEMA, fl, colno,
                                  "%s: a field longer than %u bytes; a number or a size is "
                                  "shorter",
-                                 c == col_b ? "micro_batch" : "peak", POINTS_MAX_FIELD);
-        if (c == col_b) {
+                                 col == col_b ? "micro_batch" : "peak", POINTS_MAX_FIELD);
+        if (col == col_b) {
             char *end = NULL;
             errno = 0;
             unsigned long long v = strtoull(buf, &end, 10);
             if (!buf[0] || *end || errno || buf[0] == '-' || v == 0 || v > (1ull << 24))
                 return ml__errorf_at(
-                    err, ML_SCHEMA, lineno, colno,
+                    err, ML_SCHEMA, fl, colno,
                     "micro_batch: '%s' is not a whole number between 1 and 16777216", buf);
             p->micro_batch = v;
             got_b = true;
-        } else if (c == col_p) {
+        } else if (col == col_p) {
             ml_error e2;
             memset(&e2, 0, sizeof e2);
             if (ml_parse_size(buf, &p->peak, &e2) != ML_OK)
-                return ml__errorf_at(err, ML_SCHEMA, lineno, colno, "peak: %s", e2.msg);
+                return ml__errorf_at(err, ML_SCHEMA, fl, colno, "peak: %s", e2.msg);
             if (p->peak > POINTS_MAX_PEAK) /* (0 is refused by ml_parse_size) */
                 return ml__errorf_at(
-                    err, ML_RANGE, lineno, colno,
+                    err, ML_RANGE, fl, colno,
                     "peak: '%s' is past 1 PiB (2^50 B), thousands of times any device's "
                     "memory: check the column's unit",
                     buf);
             got_p = true;
         }
-        if (pos >= llen)
-            break;
     }
     if (!got_b || !got_p)
         return ml__errorf_at(err, ML_SCHEMA, lineno, 1, "the row lacks the %s column",
@@ -199,40 +302,43 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
     int col_b = -1, col_p = -1, ncols = 0;
     size_t cap = 0, count = 0;
     ml_point *pts = NULL;
-    unsigned lineno = 0;
-    size_t i = 0;
     bool header = false;
     ml_status st = ML_OK;
     /* a UTF-8 byte order mark, as spreadsheets write one: skipped, as the
      * YAML and JSON readers skip it */
-    i = ml_utf8_bom_len(text, len);
-    while (i < len && !st) {
-        size_t e = i;
-        while (e < len && text[e] != '\n')
-            e++;
+    const size_t bom = ml_utf8_bom_len(text, len);
+    csv_cursor c = {text, len, bom, 1, bom};
+    unsigned lineno = 0; /* the last record's (or line's) first line */
+    /* a record a line, but where a quoted field runs over line ends */
+    while (c.i < len && !st) {
+        const char *line = text + c.i;
+        const char *nl = memchr(line, '\n', len - c.i);
+        size_t e = nl ? (size_t)(nl - text) : len;
         size_t ll = e;
-        if (ll > i && text[ll - 1] == '\r')
+        if (ll > c.i && text[ll - 1] == '\r')
             ll--;
-        lineno++;
-        const char *line = text + i;
-        size_t llen = ll - i;
-        i = e + 1;
+        size_t llen = ll - c.i;
+        lineno = c.line;
         size_t k = 0;
         while (k < llen && isspace((unsigned char)line[k]))
             k++;
-        if (k == llen || line[k] == '#')
-            continue; /* blank or comment */
+        if (k == llen || line[k] == '#') { /* blank or comment */
+            c.i = e + 1;
+            c.line++;
+            c.bol = c.i;
+            continue;
+        }
         if (memchr(line, '\0', llen)) {
             st = ml__errorf_at(err, ML_SCHEMA, lineno, 1, "a NUL byte in the CSV");
             break;
         }
         if (!header) {
-            st = read_header(line, llen, lineno, &col_b, &col_p, &ncols, err);
+            st = read_header(&c, line, llen, lineno, &col_b, &col_p, &ncols, err);
             header = true;
             continue;
         }
         ml_point p = {0, 0, lineno};
-        if ((st = read_row(line, llen, lineno, col_b, col_p, ncols, &p, err)))
+        if ((st = read_row(&c, lineno, col_b, col_p, ncols, &p, err)))
             break;
         if (count == POINTS_MAX_ROWS) {
             st = ml__errorf_at(err, ML_RANGE, lineno, 1, "more than %u points", POINTS_MAX_ROWS);
@@ -246,6 +352,9 @@ ml_status ml_points_parse_csv(const char *text, size_t len, const char *name, ml
         pts = np;
         pts[count++] = p;
     }
+    /* the last line's number, as a message at the end names it */
+    if (!st && c.line > lineno && c.bol < len)
+        lineno = c.line;
     if (!st && !header)
         st = ml__errorf_at(err, ML_SCHEMA, 0, 0,
                            "the file is empty: expected a header \"micro_batch,peak\" "

@@ -127,6 +127,77 @@ static void test_csv_errors(void **state)
     }
 }
 
+/* RFC 4180's quoting, as R's write.csv and spreadsheets write it: quoted
+ * names and values, a comma or a line's end inside quotes, "" for a quote;
+ * each refusal at the line and column of what is wrong (a quoted field's
+ * position is its first byte, as an unquoted one's). */
+static void test_csv_quoted(void **state)
+{
+    (void)state;
+    ml_point *p = NULL;
+    size_t n = 0;
+    ml_error e;
+    /* write.csv(data.frame(micro_batch = c(16, 32, 64), peak = c("1.8GiB",
+     * "3.0GiB", "5.4GiB"))): the row names' column, named "", first */
+    const char *r = "\"\",\"micro_batch\",\"peak\"\n\"1\",16,\"1.8GiB\"\n\"2\",32,\"3.0GiB\"\n"
+                    "\"3\",64,\"5.4GiB\"\n";
+    assert_int_equal(ml_points_parse_csv(r, strlen(r), "r.csv", &p, &n, &e), ML_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(p[0].micro_batch, 16);
+    assert_int_equal(p[2].micro_batch, 64);
+    assert_int_equal(p[1].peak, 3221225472ull); /* 3.0 GiB */
+    assert_int_equal(p[2].line, 4);
+    free(p);
+    /* a comma and a doubled quote inside an ignored column, "\r\n" line
+     * ends, blanks around a quoted value */
+    const char *c = "micro_batch,peak,note\r\n16,1.8GiB,\"a, b\"\r\n32, \"3.0GiB\" ,\"say \"\"hi\"\"\"\r\n";
+    assert_int_equal(ml_points_parse_csv(c, strlen(c), "c.csv", &p, &n, &e), ML_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(p[0].peak, 1932735283ull); /* 1.8 GiB, rounded: 1.8 x 2^30 = 1,932,735,283.2 */
+    assert_int_equal(p[1].peak, 3221225472ull);
+    free(p);
+    /* a line's end inside quotes: the record runs on; the next one starts
+     * on line 4 */
+    const char *m = "micro_batch,peak,note\n16,1.8GiB,\"two\nlines\"\n32,3.0GiB,x\n";
+    assert_int_equal(ml_points_parse_csv(m, strlen(m), "m.csv", &p, &n, &e), ML_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(p[0].line, 2);
+    assert_int_equal(p[1].line, 4);
+    free(p);
+    struct {
+        const char *csv, *msg;
+        unsigned line, col;
+    } cases[] = {
+        /* the quote that opens "2GiB at column 4 of line 3 is never closed */
+        {"micro_batch,peak\n16,1GiB\n32,\"2GiB\n", "a quoted field is not closed", 3, 4},
+        /* 32,"2"GiB: the G after the closing quote, column 7 */
+        {"micro_batch,peak\n16,1GiB\n32,\"2\"GiB\n", "after a quoted field's closing quote", 3,
+         7},
+        /* a quoted value is read as its content: "x" at column 1 */
+        {"micro_batch,peak\n16,1GiB\n\"x\",2GiB\n", "micro_batch: 'x' is not a whole number", 3,
+         1},
+        {"micro_batch,peak\n16,1GiB\n32,\"lots\"\n", "peak: 'lots' is not a size", 3, 4},
+        /* after "a<newline>b" the line is 4: ,zz at column 4 ("b" 1, the
+         * quote 2, the comma 3), a fourth field under three columns */
+        {"micro_batch,peak,note\n16,1GiB,x\n32,2GiB,\"a\nb\",zz\n", "a field past the header's 3",
+         4, 4},
+        /* "micro""batch" names micro"batch, not micro_batch */
+        {"\"micro\"\"batch\",peak\n1,2\n", "must name the columns micro_batch and peak", 1, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        p = NULL;
+        ml_status st = ml_points_parse_csv(cases[i].csv, strlen(cases[i].csv), "p.csv", &p, &n, &e);
+        if (st == ML_OK)
+            fail_msg("case %zu parsed", i);
+        if (!strstr(e.msg, cases[i].msg))
+            fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, cases[i].msg);
+        if (e.line != cases[i].line || e.col != cases[i].col)
+            fail_msg("case %zu: at %u:%u, expected %u:%u", i, e.line, e.col, cases[i].line,
+                     cases[i].col);
+        assert_null(p);
+    }
+}
+
 static void test_profile_round_trip(void **state)
 {
     (void)state;
@@ -442,6 +513,7 @@ int main(void)
         cmocka_unit_test(test_linfit),
         cmocka_unit_test(test_design_example),
         cmocka_unit_test(test_csv_errors),
+        cmocka_unit_test(test_csv_quoted),
         cmocka_unit_test(test_profile_round_trip),
         cmocka_unit_test(test_attention_fit),
         cmocka_unit_test(test_bad_profiles),
