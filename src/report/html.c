@@ -68,8 +68,31 @@ static const char script[] =
     "document.body.setAttribute('data-ready','1');\n"
     "})();\n";
 
-/* The title, the configuration line and the verdict. */
-static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml_summary *s)
+/* The calibration line, as plan's text states it (the profile, the
+ * measured c and the blocks it marks, or why it was not applied); -1 when
+ * out of memory. */
+static int html_calibration(FILE *f, const ml_config *cfg, const ml_summary *s)
+{
+    char *line = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&line, &len);
+    if (!mf)
+        return -1;
+    ml__report_calibration(mf, cfg, s);
+    if (fclose(mf) || !line) {
+        free(line);
+        return -1;
+    }
+    fputs("<div class=\"cfg\">", f);
+    ml_svg_escape(f, line);
+    fputs("</div>\n", f);
+    free(line);
+    return 0;
+}
+
+/* The title, the configuration line, the calibration and the verdict; -1
+ * when out of memory. */
+static int html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml_summary *s)
 {
     char a[32], b[32], ck[1200], buf[256];
     ml_checkpoint_format(&cfg->training.checkpoint, ck, sizeof ck);
@@ -96,6 +119,8 @@ static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     ml__report_layout_brief(&cfg->training, lay, sizeof lay);
     ml_svg_escape(f, lay);
     fputs("</div>\n", f);
+    if (cfg->calib && html_calibration(f, cfg, s))
+        return -1;
     if (s->has_device) {
         fprintf(f, "<div class=\"verdict %s\">%s</div> ", s->fits ? "fits" : "nofit",
                 s->fits ? "FITS" : "DOES NOT FIT");
@@ -128,6 +153,7 @@ static void html_head(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     } else {
         fputs("<div class=\"verdict nodev\">no device given</div>\n", f);
     }
+    return 0;
 }
 
 /* The summary table: the model states, the peaks, the FLOPs, the time. */
@@ -220,9 +246,12 @@ static int html_chart(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     return 0;
 }
 
-/* The ledger: each block's parameters, saved activations and FLOPs. */
+/* The ledger: each block's parameters, saved activations and FLOPs; a
+ * block whose saved bytes the calibration profile measured has a * after
+ * its c. */
 static void html_ledger(FILE *f, const ml_ledger *l)
 {
+    bool measured = false;
     char a[32], b[32];
     fputs("<h2>Ledger: saved activations per block</h2>\n<table><tr><th>block</th><th>params</th>"
           "<th>saved</th><th>c</th><th>forward FLOPs</th><th>checkpointed</th></tr>\n", f);
@@ -230,11 +259,16 @@ static void html_ledger(FILE *f, const ml_ledger *l)
         const ml_block_info *bi = ml_ledger_block(l, i);
         fputs("<tr><td>", f);
         ml_svg_escape(f, bi->name);
-        fprintf(f, "</td><td>%llu</td><td>%s</td><td>%.3f</td><td>%s</td><td>%s</td></tr>\n",
+        fprintf(f, "</td><td>%llu</td><td>%s</td><td>%.3f%s</td><td>%s</td><td>%s</td></tr>\n",
                 (unsigned long long)bi->params, B(bi->activations_saved, a), bi->c,
-                FL(bi->flops_forward, b), bi->checkpointed ? "yes" : "");
+                bi->measured ? "*" : "", FL(bi->flops_forward, b), bi->checkpointed ? "yes" : "");
+        measured |= bi->measured;
     }
     fputs("</table>\n", f);
+    if (measured)
+        fputs("<p class=\"note\">* c measured by the calibration profile (the calibration line "
+              "above), not derived.</p>\n",
+              f);
 }
 
 /* The checkpoint policies compared (nothing when nrows is 0), and the
@@ -302,7 +336,8 @@ int ml_report_html(FILE *f, const ml_model *m, const ml_config *cfg, const ml_le
                    const ml_compare_row *rows, size_t nrows, const ml_fit_result *fit)
 {
     const ml_summary *s = ml_ledger_summary(l);
-    html_head(f, m, cfg, s);
+    if (html_head(f, m, cfg, s))
+        return -1;
     html_summary(f, cfg, s);
     if (html_chart(f, m, cfg, l))
         return -1;

@@ -74,6 +74,12 @@ const char *ml__report_category_label(ml_category c);
 uint64_t ml__report_model_states(const ml_summary *s);
 double ml__report_model_states_per_param(const ml_summary *s);
 
+/* The plan's calibration line without its line end (cfg->calib not NULL):
+ * "calibration: profile NAME (DEVICE, PRECISION): measured c = C for N
+ * blocks (marked *; measured at this seq_len and hidden)" or "analytic c,
+ * since WHY", then "; step time ..." (text.c; the text and the HTML). */
+void ml__report_calibration(FILE *f, const ml_config *cfg, const ml_summary *s);
+
 /* v with a comma every three digits: "124,439,808" (text.c). */
 void ml__report_commas(uint64_t v, char *buf, size_t size);
 
