@@ -324,8 +324,11 @@ static void total_outline(FILE *f, const chart *c, const xmap *x, const size_t *
 }
 
 /* The device's lines: its memory, the allocator curve's limit and the
- * budget (one line when they agree); nothing without a device. */
-static void device_lines(FILE *f, const chart *c, const ml_summary *s)
+ * budget (one line when they agree); nothing without a device. With a
+ * fragmentation allowance f the budget holds the peak times 1 + f (the
+ * verdict), so over the allocator curve its line is budget / (1 + f), as
+ * the device's is. */
+static void device_lines(FILE *f, const chart *c, const ml_summary *s, const ml_device *dv)
 {
     if (s->has_device) {
         ml__svg_hline(f, c, s->memory, "#222", NULL, "device", false);
@@ -334,7 +337,17 @@ static void device_lines(FILE *f, const chart *c, const ml_summary *s)
         const char *lname = lim < s->memory - s->runtime_reserve
                                 ? "(device - runtime reserve) / (1 + fragmentation)"
                                 : "device - runtime reserve";
-        if (s->budget == lim) {
+        if (dv->fragmentation > 0) {
+            const uint64_t held = (uint64_t)((double)s->budget / (1 + dv->fragmentation));
+            if (s->budget == s->memory - s->runtime_reserve) {
+                ml__svg_hline(f, c, held, "#d62728", "6,4",
+                              "(budget = device - runtime reserve) / (1 + fragmentation)", true);
+            } else {
+                ml__svg_hline(f, c, lim, "#777", "2,3", lname, false);
+                ml__svg_hline(f, c, held, "#d62728", "6,4", "budget / (1 + fragmentation)",
+                              true);
+            }
+        } else if (s->budget == lim) {
             char both[96];
             snprintf(both, sizeof both, "budget = %s", lname);
             ml__svg_hline(f, c, s->budget, "#d62728", "6,4", both, true);
@@ -426,7 +439,7 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     ml__svg_y_axis(f, &c);
     stacked_areas(f, &c, &x, idx, np);
     total_outline(f, &c, &x, idx, np);
-    device_lines(f, &c, s);
+    device_lines(f, &c, s, &cfg->device);
     /* the allocator's simulated reserved peak (--allocator) */
     if (s->has_reserved)
         ml__svg_hline(f, &c, s->reserved_peak, "#9467bd", "8,3", "reserved (simulated)", false);
