@@ -400,6 +400,11 @@ typedef struct ml_summary {
      * by size: a check of the plan's events, 0 on every shipped model
      * (tests/unit/test_grad_identity.c) */
     uint64_t reserved_inexact;
+    /* the pass in which the simulation ran out of the device (reserved_oom;
+     * appended): while the parameters are made, the first iteration, a
+     * steady one, or the evaluation pass, the training's passes then having
+     * run whole (their figure reserved_steady) */
+    ml_reserved_when reserved_oom_when;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -195,6 +195,7 @@ struct ml_reserved_seen {
     size_t n;
     bool overflow, whole;
     bool oom, overflow_after;
+    ml_reserved_when oom_when;
     uint64_t peak, segments, first, steady, inexact;
     uint64_t start[3]; /* reserved, allocated, segments */
     ml_reserved_at at;
@@ -257,6 +258,7 @@ static void seen_add(ml_reserved_memo *memo, const ml_reserved_seen *key, const 
     memcpy(seg, k.seg, k.n * sizeof *seg);
     k.seg = seg;
     k.oom = out->reserved_oom;
+    k.oom_when = out->reserved_oom_when;
     k.peak = out->reserved_peak;
     k.segments = out->reserved_segments;
     k.first = out->reserved_first;
@@ -286,6 +288,7 @@ ml_status ml__eval_reserved(const ml_model *m, ml_evalctx *x, const int *seg, ml
     const ml_reserved_seen *e = seen_find(x->memo, &k);
     if (e) {
         out->reserved_oom = e->oom;
+        out->reserved_oom_when = e->oom_when;
         out->reserved_peak = e->peak;
         out->reserved_segments = e->segments;
         out->reserved_first = e->first;
@@ -378,6 +381,11 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     r.rsv.now = ML_RESERVED_RESIDENT;
     ml__rsim_mark(rs, ML_RESERVED_RESIDENT, false);
     ml__eval_residents(&r, x, &sl.sum, false);
+    /* the pass in which it runs out, if it does: the first that ends with
+     * the simulation stopped (nothing runs after) */
+    ml_reserved_when oom_when = ML_RESERVED_EVAL;
+    if (!ml__rsim_ok(rs, NULL))
+        oom_when = ML_RESERVED_RESIDENT;
     r.rsv.now = ML_RESERVED_FIRST;
     ml__rsim_mark(rs, ML_RESERVED_FIRST, false);
     /* a new process's threads make their cuBLAS workspaces in its first
@@ -385,6 +393,8 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     if (!dv->start)
         r.blas_fwd = r.blas_bwd = dv->blas_workspace;
     ml__eval_iteration(&r, x, &sl.sum, true);
+    if (oom_when == ML_RESERVED_EVAL && !ml__rsim_ok(rs, NULL))
+        oom_when = ML_RESERVED_FIRST;
     ml_alloc_stats a;
     ml__rsim_stats(rs, &a);
     out->reserved_first = a.reserved.peak;
@@ -395,6 +405,8 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     }
     ml__rsim_stats(rs, &a);
     out->reserved_steady = a.reserved.peak;
+    if (oom_when == ML_RESERVED_EVAL && !ml__rsim_ok(rs, NULL))
+        oom_when = ML_RESERVED_STEADY;
     uint64_t ignored;
     if (x->has_eval && ml__rsim_ok(rs, NULL)) {
         ml__rsim_mark(rs, ML_RESERVED_EVAL, false);
@@ -402,6 +414,7 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     }
     bool nomem = false;
     out->reserved_oom = !ml__rsim_ok(rs, &nomem) && !nomem;
+    out->reserved_oom_when = out->reserved_oom ? oom_when : ML_RESERVED_RESIDENT;
     ml__rsim_stats(rs, &a);
     out->reserved_peak = a.reserved.peak;
     out->reserved_segments = a.segments.peak;

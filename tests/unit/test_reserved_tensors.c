@@ -701,6 +701,43 @@ static void test_cast_before_recompute(void **state)
     assert_true(first_run_at(y, run, 4) != SIZE_MAX);
 }
 
+/* Where the simulation runs out of the device (ml_summary.reserved_oom_when),
+ * gpt2-small on its 24 GiB device less 512 MiB: at micro-batch 32 its first
+ * iteration's forward keeps some 4 x 20.5 GiB (the file's micro-batch 8
+ * peaks at 22.36 GiB, 1.85 GiB of it model states), past 23.5 GiB: out in
+ * the first iteration, the evaluation never run. At micro-batch 1 with an
+ * evaluation batch of 64 the pass's fp32 logits and their log-softmax,
+ * 2 x 64 x 1024 x 50257 x 4 B = 24.54 GiB, are past it, training (near 4
+ * GiB) not: out in the evaluation pass, training's reserved peak below the
+ * whole run's. The file's own micro-batch 8 fits. */
+static void test_oom_pass(void **state)
+{
+    (void)state;
+    ml_model *m = load_preset("gpt2-small");
+    ml_config c = ml_model_config(m);
+    c.training.micro_batch = 32;
+    ml_ledger *l = eval(m, &c, false);
+    const ml_summary *s = ml_ledger_summary(l);
+    assert_true(s->reserved_oom);
+    assert_int_equal(s->reserved_oom_when, ML_RESERVED_FIRST);
+    assert_int_equal(s->reserved_steady, s->reserved_peak);
+    ml_ledger_destroy(l);
+    c.training.micro_batch = 1;
+    c.training.eval_batch = 64;
+    l = eval(m, &c, false);
+    s = ml_ledger_summary(l);
+    assert_true(s->reserved_oom);
+    assert_int_equal(s->reserved_oom_when, ML_RESERVED_EVAL);
+    assert_true(s->reserved_steady < s->reserved_peak);
+    assert_true(s->reserved_steady < (UINT64_C(47) << 29)); /* 23.5 GiB */
+    ml_ledger_destroy(l);
+    c = ml_model_config(m);
+    l = eval(m, &c, false);
+    assert_false(ml_ledger_summary(l)->reserved_oom);
+    ml_ledger_destroy(l);
+    ml_model_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -718,6 +755,7 @@ int main(void)
         cmocka_unit_test(test_norm_rotary_by_tensor),
         cmocka_unit_test(test_fused_qkv_and_experts_by_tensor),
         cmocka_unit_test(test_cast_before_recompute),
+        cmocka_unit_test(test_oom_pass),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
