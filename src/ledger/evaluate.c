@@ -264,6 +264,8 @@ double ml__eval_iteration(ml_replay *r, const ml_evalctx *x, const ml_summary *s
                     ch->prec.param);
     ml__replay_alloc_as(r, ML_CAT_WORKSPACE, s->bytes_step_temp,
                         x->ob.temp_per_tensor && t->zero == 0 ? ML_T_GRAD_PARAMS : ML_T_ONE, 0, 1);
+    /* the step runs with its temporaries: what follows is after it */
+    r->l->step_done = r->l->nevents;
     ml__replay_free(r, ML_CAT_WORKSPACE, s->bytes_step_temp);
     ml__replay_alloc(r, ML_CAT_WORKSPACE, ag);
     ml__time_after_step(r, t, s->params);
@@ -422,6 +424,7 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
     memset(s, 0, sizeof *s);
     s->pipeline_step_s = s->pipeline_bubble = -1; /* no pipeline (pipeline_eval.c) */
     l->nevents = 0;
+    l->step_done = SIZE_MAX;
     ml__eval_model_states(ch, t, &x->ob, s);
     ml_shard sh;
     ml_replay r;
@@ -465,7 +468,7 @@ ml_status ml__eval_run(ml_evalctx *x, const int *seg, bool keep_events, ml_ledge
         memcpy(s->phase_eval, x->eval_phases, sizeof s->phase_eval);
     flops_and_time(ch, x->cfg, flops_re, s);
     /* the timeline's clock: the per-op model's, when it times the step */
-    ml_time_map map = {NULL, 0, 0, false};
+    ml_time_map map = {NULL, 0, 0, false, -1};
     ml__step_time(ch, x->cfg, seg, s, keep_events ? &map : NULL); /* docs/time.md */
     ml__time_finish(x->cfg, l, &map); /* docs/ledger.md, "Time" */
     free(map.p);

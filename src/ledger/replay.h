@@ -25,6 +25,10 @@ struct ml_ledger {
     size_t nranks, worst_rank;
     ml_sim_event *aev;     /* the simulation's events (keep_events), or NULL */
     size_t naev;
+    /* the first event after the optimizer step's compute (its temporaries'
+     * release on: ml__time_finish's clock puts them at the step's end);
+     * SIZE_MAX before the step is replayed */
+    size_t step_done;
 };
 
 /* The rules of docs/ledger.md, "boundary tensors": boundary k is block k's

@@ -440,6 +440,8 @@ void ml__step_time(const ml_chain *ch, const ml_config *cfg, const int *seg, ml_
     const ml_trun none = {0, 0, 0, 0, 0, 0, 0};
     const ml_trun step = t->offload == ML_OFFLOAD_NONE ? step_run(&tr, ch, t) : none;
     clock_run(&c, &step, ML_TPHASE_STEP);
+    if (map)
+        map->step_end = c.gpu;
     st->source = tr.source;
     st->gpu_s = c.gpu_sum;
     st->host_s = c.host_sum;

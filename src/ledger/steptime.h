@@ -15,6 +15,7 @@ typedef struct ml_time_map {
     ml_time_point *p;
     size_t n, cap;
     bool nomem;
+    double step_end; /* when the optimizer step's run ends (< 0: not timed) */
 } ml_time_map;
 /* s->time for chain ch under cfg, seg the checkpoint segments (seg[k] >= 0:
  * block k recomputed), after the FLOPs' time (s->step_time_s, kept as

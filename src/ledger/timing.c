@@ -215,13 +215,19 @@ void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
         s->time.mfu *= share;
     }
     /* each event's time: its FLOPs at the step's throughput, plus what was
-     * sent before it at the bandwidths given */
+     * sent before it at the bandwidths given; on the per-op model's clock,
+     * the events after the optimizer step's compute (its temporaries'
+     * release on) at that step's end, since it times the step */
     const double rate = s->time_compute_s > 0 ? s->flops_total / s->time_compute_s : 0;
+    const bool clock = map && map->n;
     for (size_t i = 0; i < l->nevents; i++) {
         ml_event *e = &l->events[i];
-        const double tc = map && map->n ? ml__time_at(map, e->flops_before)
-                          : rate > 0    ? e->flops_before / rate
-                                        : -1;
+        const bool after_step = clock && !map->nomem && map->step_end >= 0 &&
+                                i >= l->step_done && e->phase == ML_PHASE_OPTIMIZER;
+        const double tc = after_step ? map->step_end
+                          : clock    ? ml__time_at(map, e->flops_before)
+                          : rate > 0 ? e->flops_before / rate
+                                     : -1;
         /* the collectives of tensor, context and expert parallelism go with
          * the compute: the event's share of them is its share of the FLOPs */
         const double tp = ic > 0 && s->flops_total > 0

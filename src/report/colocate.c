@@ -112,7 +112,8 @@ int ml_report_colocate_text(FILE *f, const ml_colocate_job *jobs, const char *co
         fputs("started together: not computed (the periods are too unequal)\n", f);
     if (r->p_time_over >= 0)
         fprintf(f, "independent phases: over the device %.2f%% of the time (instants that "
-                   "take no time on this axis, such as the optimizer step, not counted)\n",
+                   "take no time on this axis, such as a block's allocations before it runs, not "
+                   "counted)\n",
                 100.0 * r->p_time_over);
     return ferror(f) ? -1 : 0;
 }
