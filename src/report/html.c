@@ -44,23 +44,34 @@ static const char css[] =
     "#cursor{position:absolute;top:0;width:1px;background:#333;display:none;pointer-events:none}"
     ".note{font-size:12px;color:#555}";
 
-/* Hover: maps the mouse to the nearest sampled event and lists its bytes. */
+/* Hover: maps the mouse to the nearest x at which the chart draws events
+ * and, among the events there (many share an instant: a block's
+ * allocations, a spike inside a backward), to the one whose total is
+ * drawn nearest the mouse's height, so that every event is reached (the
+ * top of a spike is its highest), and lists its bytes. */
 static const char script[] =
     "(function(){\n"
     "var P=document.getElementById('points').textContent;var pts=JSON.parse(P);\n"
+    "var A=JSON.parse(document.getElementById('axis').textContent);\n"
     "var cats=['params','master weights','grads','optimizer states','saved activations',"
     "'recompute','workspace','batch','buffers'];\n"
     "function fmt(b){var u=['B','KiB','MiB','GiB','TiB'];var i=0;while(b>=1024&&i<4){b/=1024;i++;}"
     "return (i?b.toFixed(2):b)+' '+u[i];}\n"
+    "function tot(p){var t=0;for(var c=0;c<cats.length;c++)t+=p[3+c];return t;}\n"
+    "function yof(p){return A.y0+A.h-tot(p)/A.ymax*A.h;}\n"
     "var box=document.getElementById('chart');var svg=box.querySelector('svg');"
     "var tip=document.getElementById('tip');var cur=document.getElementById('cursor');\n"
     "box.addEventListener('mousemove',function(ev){var r=svg.getBoundingClientRect();"
-    "var k=r.width/1040;var x=(ev.clientX-r.left)/k;"
+    "var k=r.width/1040;var x=(ev.clientX-r.left)/k;var y=(ev.clientY-r.top)/k;"
     "if(x<" "90" "||x>" "810" "||!pts.length){tip.style.display='none';cur.style.display='none';return;}"
-    "var best=pts[0];for(var i=1;i<pts.length;i++){if(Math.abs(pts[i][0]-x)<Math.abs(best[0]-x))best=pts[i];}"
-    "var t=0;var h='<b>'+best[1]+'</b> ('+best[2]+')<br>';"
-    "for(var c=0;c<cats.length;c++){t+=best[3+c];if(best[3+c]>0)h+=cats[c]+': '+fmt(best[3+c])+'<br>';}"
-    "h+='<b>total '+fmt(t)+'</b>';tip.innerHTML=h;tip.style.display='block';"
+    "var bx=pts[0][0];for(var i=1;i<pts.length;i++){if(Math.abs(pts[i][0]-x)<Math.abs(bx-x))bx=pts[i][0];}"
+    "var best=null,dy=Infinity,n=0,at=0;for(var i=0;i<pts.length;i++){if(pts[i][0]!==bx)continue;n++;"
+    "var d=Math.abs(yof(pts[i])-y);if(d<dy){dy=d;best=pts[i];at=n;}}"
+    "var t=tot(best);var h='<b>'+best[1]+'</b> ('+best[2]+')<br>';"
+    "for(var c=0;c<cats.length;c++){if(best[3+c]>0)h+=cats[c]+': '+fmt(best[3+c])+'<br>';}"
+    "h+='<b>total '+fmt(t)+'</b>';"
+    "if(n>1)h+='<br><i>event '+at+' of '+n+' here: move up or down for the others</i>';"
+    "tip.innerHTML=h;tip.style.display='block';"
     "var bx=box.getBoundingClientRect();var px=best[0]*k+r.left-bx.left;"
     "tip.style.left=(px+12)+'px';tip.style.top=(ev.clientY-bx.top+12)+'px';"
     "cur.style.left=px+'px';cur.style.height=r.height+'px';cur.style.display='block';});\n"
@@ -223,8 +234,11 @@ static int html_chart(FILE *f, const ml_model *m, const ml_config *cfg, const ml
     free(svg);
     fputs("<div id=\"cursor\"></div><div id=\"tip\"></div></div>\n", f);
     fputs("<p class=\"note\">Hover over the chart for the step and the bytes by category.</p>\n", f);
-    size_t idx[ML_SVG_POINTS];
-    size_t n = ml_ledger_event_count(l), np = n ? ml__svg_sample(l, idx, ML_SVG_POINTS) : 0;
+    ml_svg_chart ch;
+    if (ml__svg_timeline_chart(m, cfg, l, &ch))
+        return -1;
+    size_t idx[ML_SVG_HOVER_POINTS];
+    size_t n = ml_ledger_event_count(l), np = ml__svg_hover_points(l, idx);
     const ml_event *ev = ml_ledger_events(l);
     double den = n > 1 ? (double)(n - 1) : 1;
     /* x as the chart places the event: at its time on a time axis, else
@@ -243,6 +257,10 @@ static int html_chart(FILE *f, const ml_model *m, const ml_config *cfg, const ml
         fputc(']', f);
     }
     fputs("]</script>\n", f);
+    /* where the chart draws a total: y = y0 + h - bytes / ymax x h */
+    fprintf(f, "<script type=\"application/json\" id=\"axis\">{\"y0\":%.1f,\"h\":%.1f,"
+               "\"ymax\":%.17g}</script>\n",
+            ch.y0, ch.h, ch.ymax);
     return 0;
 }
 

@@ -461,14 +461,10 @@ static void legend(FILE *f, const chart *c, const ml_summary *s)
 
 #define TIMELINE_TITLE "memory over one training iteration"
 
-int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+int ml__svg_timeline_chart(const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                           ml_svg_chart *out)
 {
     const ml_summary *s = ml_ledger_summary(l);
-    const ml_event *ev = ml_ledger_events(l);
-    size_t n = ml_ledger_event_count(l);
-    const xmap x = {ev, n > 1 ? (double)(n - 1) : 1, ml__svg_time_end(l)};
-    size_t idx[SVG_POINTS];
-    size_t np = sample(l, &x, idx);
     const double drop = title(NULL, 1040, m, cfg, TIMELINE_TITLE, true);
     if (drop < 0)
         return -1;
@@ -480,6 +476,47 @@ int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, con
     if (c.ymax <= 0)
         c.ymax = 1;
     c.ymax *= 1.06;
+    *out = c;
+    return 0;
+}
+
+size_t ml__svg_hover_points(const ml_ledger *l, size_t *idx)
+{
+    const size_t n = ml_ledger_event_count(l);
+    if (n <= SVG_POINTS) {
+        for (size_t i = 0; i < n; i++)
+            idx[i] = i;
+        return n;
+    }
+    /* the chart's own vertices and each bucket's highest, both ascending,
+     * merged */
+    size_t a[SVG_POINTS], b[SVG_POINTS];
+    const xmap x = {ml_ledger_events(l), (double)(n - 1), ml__svg_time_end(l)};
+    const size_t na = sample(l, &x, a), nb = ml__svg_sample(l, b, SVG_POINTS);
+    size_t i = 0, j = 0, m = 0;
+    while (i < na || j < nb) {
+        const size_t v = j >= nb || (i < na && a[i] <= b[j]) ? a[i] : b[j];
+        idx[m++] = v;
+        while (i < na && a[i] == v)
+            i++;
+        while (j < nb && b[j] == v)
+            j++;
+    }
+    return m;
+}
+
+int ml_report_timeline_svg(FILE *f, const ml_model *m, const ml_config *cfg, const ml_ledger *l)
+{
+    const ml_summary *s = ml_ledger_summary(l);
+    const ml_event *ev = ml_ledger_events(l);
+    size_t n = ml_ledger_event_count(l);
+    const xmap x = {ev, n > 1 ? (double)(n - 1) : 1, ml__svg_time_end(l)};
+    size_t idx[SVG_POINTS];
+    size_t np = sample(l, &x, idx);
+    chart c;
+    if (ml__svg_timeline_chart(m, cfg, l, &c))
+        return -1;
+    const double drop = c.y0 - 70;
     ml__svg_header(f, 1040, (int)ceil(580 + drop));
     title(f, 1040, m, cfg, TIMELINE_TITLE, true);
     phase_bands(f, &c, &x, n);

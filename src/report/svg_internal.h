@@ -68,4 +68,17 @@ double ml__svg_time_end(const ml_ledger *l);
 /* Up to cap event indices, each the highest event of its bucket. */
 size_t ml__svg_sample(const ml_ledger *l, size_t *idx, size_t cap);
 
+/* The timeline chart's plot area and byte axis for l (as
+ * ml_report_timeline_svg draws it: under the title's lines), into *c; -1
+ * when out of memory. */
+int ml__svg_timeline_chart(const ml_model *m, const ml_config *cfg, const ml_ledger *l,
+                           ml_svg_chart *c);
+/* The events the HTML report's hover reads, in event order, at most
+ * ML_SVG_HOVER_POINTS into idx: every event when there are ML_SVG_POINTS
+ * or fewer, else the ones the chart draws (on a time axis each column's
+ * highest and last) and the highest of each of ML_SVG_POINTS runs of
+ * events. */
+#define ML_SVG_HOVER_POINTS (2 * ML_SVG_POINTS)
+size_t ml__svg_hover_points(const ml_ledger *l, size_t *idx);
+
 #endif

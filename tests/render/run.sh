@@ -82,5 +82,32 @@ if chrome --dump-dom "file://$tmp/report.html" 2>/dev/null | grep -q 'data-ready
 else
     bad "report.html: the script did not run"
 fi
+# the hover reaches every event the chart draws: gpt2-small's own plan,
+# whose peak is one of many events at one instant (a spike): over the peak's
+# marker the read-out is the peak's total, the summary's "allocator peak"
+# (it had been the first event of that instant's, 19.29 GiB of 22.36), and
+# at the plot's foot, at the same x, another of those events
+"$exe" report "$models/gpt2-small.yaml" -o "$tmp/hover.html" || bad "hover report: memledger failed"
+/usr/bin/python3 - "$tmp/hover.html" "$here/hover_probe.js" <<'PY'
+import sys
+page, probe = sys.argv[1], sys.argv[2]
+html = open(page, encoding="utf-8").read()
+js = open(probe, encoding="utf-8").read()
+open(page, "w", encoding="utf-8").write(html.replace("</body>", "<script>" + js + "</script></body>", 1))
+PY
+chrome --window-size=1200,2400 --dump-dom "file://$tmp/hover.html" >"$tmp/hover.dom" 2>/dev/null
+peak=$(grep -o 'allocator peak</th><td>[^<]* during' "$tmp/hover.dom" | sed 's/.*<td>//; s/ during$//')
+tip_peak=$(grep -o 'data-tip-peak="[^"]*"' "$tmp/hover.dom")
+tip_foot=$(grep -o 'data-tip-foot="[^"]*"' "$tmp/hover.dom")
+if [ -n "$peak" ] && printf '%s' "$tip_peak" | grep -qF "total $peak"; then
+    ok "report.html: the hover over the peak's marker reads the allocator peak ($peak)"
+else
+    bad "report.html: the hover over the peak's marker reads '$tip_peak', not the allocator peak '$peak'"
+fi
+if printf '%s' "$tip_foot" | grep -q 'total ' && ! printf '%s' "$tip_foot" | grep -qF "total $peak"; then
+    ok "report.html: lower at the peak's x the hover reads another event"
+else
+    bad "report.html: at the foot of the peak's x the hover reads '$tip_foot'"
+fi
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
