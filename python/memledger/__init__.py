@@ -2,7 +2,7 @@
 
     import memledger
     r = memledger.plan("models/gpt2-small.yaml", micro_batch=4, device="8GiB")
-    r["params"], r["peak"]["total"], r["verdict"]
+    r["params"], r["bytes"]["peak_total"], r["device"]["fits"]
 
 plan, fit, compare, timeline, calibrate_points, lengths, triage, colocate
 and allocator return what the command line prints with --format json

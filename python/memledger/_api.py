@@ -266,7 +266,8 @@ def _through_cli(settings):
 
 def plan(model, training=None, **settings):
     """The ledger of one training iteration (memledger plan --format json):
-    a dict with params, config, bytes, peak, flops, verdict, advice, ...
+    a dict with params, config, bytes, peak, flops, device (its fits: the
+    verdict), advice, ...
     model: a model YAML path, a dict in the model file's schema, a Hugging
     Face config.json path, config dict or PretrainedConfig; training: a YAML
     with training: and device: sections for a config.json path (--training).
@@ -344,6 +345,10 @@ def calibrate_points(points, budget=None, at=None):
     else:
         rows = ["micro_batch,peak"]
         for p in points:
+            if not isinstance(p, dict) and (isinstance(p, (str, bytes)) or not
+                                            hasattr(p, "__len__") or len(p) != 2):
+                raise ValueError("memledger.calibrate_points: %r: a point is (micro_batch, "
+                                 "peak) or a dict with those keys" % (p,))
             mb, peak = (p["micro_batch"], p["peak"]) if isinstance(p, dict) else p
             cells = (_text("micro_batch", mb), _text("peak", peak))
             for c in cells:

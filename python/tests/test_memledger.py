@@ -360,6 +360,10 @@ def test_calibrate_points_input():
     assert e.value.code == "ML_IO" and e.value.path == "/nonexistent/points.csv"
     with pytest.raises(ValueError, match="at least 1 byte"):
         memledger.calibrate_points([(1, "1GiB"), (2, "2GiB")], budget=0)
+    # a point of three values, or a string: said, not unpacked
+    for bad in ((1, 2, 3), "12"):
+        with pytest.raises(ValueError, match="a point is"):
+            memledger.calibrate_points([(1, "1GiB"), bad])
     # a flat line: any micro-batch fits, up to the limit a plan takes (2^24)
     r = memledger.calibrate_points([(1, "3GiB"), (2, "3GiB")], budget="6GiB")
     assert r["max_micro_batch"] == 1 << 24

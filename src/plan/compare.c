@@ -71,9 +71,16 @@ ml_status ml_compare(const ml_model *m, const ml_config *cfg, ml_compare_row *ro
     const ml_checkpoint_candidate *pols = ml_checkpoint_candidates(&npol);
     size_t n = 0;
     double base_total = 0;
+    /* a setting the model refuses whatever the policy is the settings'
+     * refusal, as plan gives it; a policy the model refuses (optimal for
+     * T5, under pipeline stages) only leaves its row out */
+    ml_config base = *cfg;
+    ml_parse_checkpoint("none", &base.training.checkpoint, NULL);
+    ml_status st = ml__chain_refused(m, &base.training, err);
+    if (st)
+        return st;
     ml_reserved_memo memo; /* policies with one plan simulate it once */
     memset(&memo, 0, sizeof memo);
-    ml_status st = ML_OK;
     for (size_t i = 0; i < npol && !st; i++) {
         ml_config c;
         if (!candidate_config(m, cfg, &pols[i], &c))
