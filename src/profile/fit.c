@@ -439,6 +439,13 @@ static uint64_t max_micro_batch(const ml_linfit *fit, uint64_t budget)
         b = 0;
     if (b > (double)most)
         b = (double)most;
+    /* the floor can land one short where the quotient rounds below a
+     * whole number (a fit of exactly 1 GiB + 512 MiB a sample under 6.5
+     * GiB: 11 by the fit, 10.999... by the division): the next one up
+     * where the fit there is within the budget, as --at judges it */
+    if (fit->slope > 0 && b + 1 <= (double)most &&
+        fit->fixed + fit->slope * (b + 1) <= (double)budget)
+        b += 1;
     /* guard the floor against rounding: the fit at b must be within the
      * budget. A bisection, not a walk down by 1: past 2^53 a double
      * minus 1 is the same double (a fuzzed CSV hung here) */

@@ -85,6 +85,14 @@ static void test_design_example(void **state)
     assert_int_equal(r.max_micro_batch, 9999999ull);
     assert_int_equal(ml_points_analyse(line3, 2, 10ull + 3 * 16777217ull, 0, &r, &e), ML_OK);
     assert_int_equal(r.max_micro_batch, 16777216ull);
+    /* a fit of exactly 1 GiB + 512 MiB a sample (1.5, 2 and 3 GiB at 1, 2
+     * and 4) under 6.5 GiB: (6.5 - 1) / 0.5 = 11, where the least-squares
+     * doubles' quotient lands a hair under 11 (the floor had said 10,
+     * while the fit at 11 is within the budget, as --at 11 says) */
+    const ml_point half[] = {{1, 1610612736ull, 2}, {2, 2147483648ull, 3}, {4, 3221225472ull, 4}};
+    assert_int_equal(ml_points_analyse(half, 3, 6979321856ull, 11, &r, &e), ML_OK);
+    assert_int_equal(r.max_micro_batch, 11);
+    assert_true(r.peak_at <= 6979321856.0);
     /* one micro-batch measured twice is no line: refused at the last
      * line, naming the micro-batch and the lines */
     const ml_point same[] = {{16, 1000, 2}, {16, 1100, 5}};
