@@ -65,7 +65,10 @@ ml_status ml__eval_verdict(const ml_chain *ch, const ml_device *dv, uint64_t cac
          * (docs/cli.md, "Two lines, two figures") */
         const uint64_t held =
             s->has_reserved || cache_allow ? s->peak_total - s->runtime_reserve : peak;
-        s->fits = held <= s->budget && s->peak_total <= s->memory && !s->reserved_oom;
+        /* the simulation running out of the device decides only where its
+         * cache is weighed: an allowance takes its place (cli.md) */
+        const bool oom = s->reserved_oom && !(dv->fragmentation > 0);
+        s->fits = held <= s->budget && s->peak_total <= s->memory && !oom;
         int64_t h1 = 0, h2 = 0;
         if (!ml__headroom(s->budget, held, &h1) || !ml__headroom(s->memory, s->peak_total, &h2))
             return ml__errorf(err, ML_OVERFLOW, "the peak is more than 8 EiB (2^63 B) over the "
