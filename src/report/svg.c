@@ -619,11 +619,11 @@ int ml_report_compare_svg(FILE *f, const ml_model *m, const ml_config *cfg,
         ly += ML_SVG_LEGEND_LINE * ml__svg_legend_entry(f, ly, color, dash, entry[i]);
     }
     free(entry);
+    /* the device's lines as the timeline draws them over its allocator
+     * curve: with a fragmentation allowance the budget / (1 + f) */
     const ml_summary *s0 = n ? ml_ledger_summary(ls[0]) : NULL;
-    if (s0 && s0->has_device) {
-        ml__svg_hline(f, &c, s0->memory, "#222", NULL, "device", false);
-        ml__svg_hline(f, &c, s0->budget, "#d62728", "6,4", "budget", true);
-    }
+    if (s0)
+        device_lines(f, &c, s0, &cfg->device);
     if (T > 0)
         ml__svg_x_axis_time(f, &c, T);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n",
