@@ -240,6 +240,33 @@ static ml_reserved_seen *seen_find(ml_reserved_memo *memo, const ml_reserved_see
     return NULL;
 }
 
+/* The simulation started from the device's start state (--allocator-start):
+ * its figures into out; ML_RANGE where the state alone runs out of the
+ * device (of device_bytes), ML_NOMEM out of host memory. */
+static ml_status start_from(ml_rsim *rs, const ml_device *dv, uint64_t device_bytes,
+                            ml_summary *out, ml_error *err)
+{
+    if (!ml__rsim_start(rs, dv->start)) {
+        bool nomem = false;
+        ml__rsim_ok(rs, &nomem);
+        if (nomem)
+            return ml__errorf(err, ML_NOMEM, "out of memory");
+        char cap[32];
+        ml_format_bytes(device_bytes, cap, sizeof cap);
+        return ml__errorf(err, ML_RANGE,
+                          "device.start: the allocator's start state alone runs out of the "
+                          "device (%s: its memory less the runtime reserve); plan on a larger "
+                          "device, or from a smaller start",
+                          cap);
+    }
+    ml_alloc_stats a0;
+    ml__rsim_stats(rs, &a0);
+    out->start_reserved = a0.reserved.current;
+    out->start_allocated = a0.allocated.current;
+    out->start_segments = a0.segments.current;
+    return ML_OK;
+}
+
 /* k with out's figures into memo; a host out of memory keeps nothing (the
  * memo only spares work). */
 static void seen_add(ml_reserved_memo *memo, const ml_reserved_seen *key, const ml_summary *out,
@@ -350,26 +377,9 @@ static ml_status simulate(const ml_model *m, ml_evalctx *x, const int *seg, ml_s
     ml__rsim_set_shards(rs, ml__shard_group(&x->cfg->training), x->cfg->training.virtual_stages);
     if (x->aev_to)
         ml__rsim_record(rs);
-    if (dv->start && !ml__rsim_start(rs, dv->start)) {
-        bool nomem = false;
-        ml__rsim_ok(rs, &nomem);
+    if (dv->start && (st = start_from(rs, dv, ac.device_bytes, out, err))) {
         ml__rsim_destroy(rs);
-        if (nomem)
-            return ml__errorf(err, ML_NOMEM, "out of memory");
-        char cap[32];
-        ml_format_bytes(ac.device_bytes, cap, sizeof cap);
-        return ml__errorf(err, ML_RANGE,
-                          "device.start: the allocator's start state alone runs out of the "
-                          "device (%s: its memory less the runtime reserve); plan on a larger "
-                          "device, or from a smaller start",
-                          cap);
-    }
-    if (dv->start) {
-        ml_alloc_stats a0;
-        ml__rsim_stats(rs, &a0);
-        out->start_reserved = a0.reserved.current;
-        out->start_allocated = a0.allocated.current;
-        out->start_segments = a0.segments.current;
+        return st;
     }
     ml_ledger sl;
     memset(&sl, 0, sizeof sl);

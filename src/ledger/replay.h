@@ -25,10 +25,7 @@ struct ml_ledger {
     size_t nranks, worst_rank;
     ml_sim_event *aev;     /* the simulation's events (keep_events), or NULL */
     size_t naev;
-    /* the first event after the optimizer step's compute (its temporaries'
-     * release on: ml__time_finish's clock puts them at the step's end);
-     * SIZE_MAX before the step is replayed */
-    size_t step_done;
+    size_t step_done; /* the step's first event after its compute (SIZE_MAX: none yet) */
 };
 
 /* The rules of docs/ledger.md, "boundary tensors": boundary k is block k's

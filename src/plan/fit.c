@@ -429,6 +429,28 @@ static bool could_beat(search *s, const ml_fit_request *req, const ml_fit_result
            (r.micro_batch == best->micro_batch && r.flops_recompute < best->flops_recompute);
 }
 
+/* Nothing fits: the result says so, with the budget and why (ml__fit_explain). */
+static ml_status explain_miss(search *s, const ml_config *cfg, const ml_fit_request *req,
+                              ml_fit_result *best)
+{
+    best->fits = false;
+    best->data_parallel = cfg->training.data_parallel;
+    best->budget = ml_device_budget(&cfg->device); /* the line nothing fits under */
+    best->checkpoint = cfg->training.checkpoint;
+    s->cfg = *cfg;
+    /* micro-batch 1 as the search planned it: accumulating where the global
+     * batch's share of a device is more than one sample (any count above 1
+     * has the same peak), else the configured steps */
+    if (req->global_batch) {
+        const uint64_t dp = cfg->training.data_parallel;
+        const uint64_t per = req->global_batch / dp + (req->global_batch % dp != 0);
+        s->cfg.training.grad_accum = per > 1 ? 2 : 1;
+    }
+    ml_status st = ml__fit_explain(s, best);
+    best->evaluations = s->evals;
+    return st;
+}
+
 static ml_status fit(search *sp, const ml_model *m, const ml_config *cfg,
                      const ml_fit_request *req, ml_fit_result *out, ml_error *err)
 {
@@ -492,25 +514,8 @@ static ml_status fit(search *sp, const ml_model *m, const ml_config *cfg,
         }
     }
     best.evaluations = s.evals;
-    if (!best.max_micro_batch) {
-        best.fits = false;
-        best.data_parallel = cfg->training.data_parallel;
-        best.budget = ml_device_budget(&cfg->device); /* the line nothing fits under */
-        best.checkpoint = cfg->training.checkpoint;
-        s.cfg = *cfg;
-        /* micro-batch 1 as the search planned it: accumulating where the
-         * global batch's share of a device is more than one sample (any
-         * count above 1 has the same peak), else the configured steps */
-        if (req->global_batch) {
-            const uint64_t dp = cfg->training.data_parallel;
-            s.cfg.training.grad_accum = req->global_batch / dp + (req->global_batch % dp != 0) > 1
-                                            ? 2
-                                            : 1;
-        }
-        if ((st = ml__fit_explain(&s, &best)))
-            return st;
-        best.evaluations = s.evals;
-    }
+    if (!best.max_micro_batch && (st = explain_miss(&s, cfg, req, &best)))
+        return st;
     *out = best;
     return ML_OK;
 }

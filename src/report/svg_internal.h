@@ -81,4 +81,14 @@ int ml__svg_timeline_chart(const ml_model *m, const ml_config *cfg, const ml_led
 #define ML_SVG_HOVER_POINTS (2 * ML_SVG_POINTS)
 size_t ml__svg_hover_points(const ml_ledger *l, size_t *idx);
 
+/* svg_lines.c: the device's lines over an allocator curve (with a
+ * fragmentation allowance the budget / (1 + f)); the simulated reserved
+ * line (training's figure, ml__svg_training_reserved); the notice that the
+ * simulation ran out of the device, under the x axis's caption. */
+void ml__svg_device_lines(FILE *f, const ml_svg_chart *c, const ml_summary *s,
+                          const ml_device *dv);
+uint64_t ml__svg_training_reserved(const ml_summary *s);
+void ml__svg_reserved_line(FILE *f, const ml_svg_chart *c, const ml_summary *s);
+void ml__svg_oom_notice(FILE *f, const ml_svg_chart *c, const ml_summary *s);
+
 #endif
