@@ -405,6 +405,9 @@ typedef struct ml_summary {
      * steady one, or the evaluation pass, the training's passes then having
      * run whole (their figure reserved_steady) */
     ml_reserved_when reserved_oom_when;
+    /* (appended) whether reserved_oom decides the verdict: the simulated
+     * cache is weighed, no fragmentation allowance in its place */
+    bool reserved_oom_weighed;
 } ml_summary;
 
 /* Checks a configuration's values against the planner's limits (sizes,

@@ -235,7 +235,7 @@ static int layout_request(const ml_cli_opts *o, const ml_config *cfg, ml_layout_
     req.pin_sharding = o->zero || o->dist_optimizer ||
                        (emits_torchtitan(o) && cfg->training.engine != ML_ENGINE_MEGATRON);
     req.megatron_sharding = o->emit && !strcmp(o->emit, "megatron");
-    req.fsdp_sharding = emits_torchtitan(o) && !o->zero && !o->dist_optimizer;
+    req.fsdp_sharding = emits_torchtitan(o) && cfg->training.zero == 3 && !o->dist_optimizer;
     if (!rc && (o->lengths || o->batching || o->max_tokens || o->buckets || o->eval_batch)) {
         ml_cli_errorf("--gpus %s: the search plans the training step at --seq-len; length "
                       "distributions and an evaluation pass are not searched: drop --lengths, "

@@ -235,8 +235,12 @@ void ml__time_finish(const ml_config *cfg, ml_ledger *l, const ml_time_map *map)
                                  s->etp_comm_bytes) *
                                     (e->flops_before / s->flops_total) / ic
                               : 0;
-        e->t_s = tc >= 0 ? tc + tp + (dl > 0 ? e->comm_before / dl : 0) +
-                               (hb > 0 ? e->host_before / hb : 0)
-                         : -1;
+        /* the data-parallel transfers before it; from the optimizer step on
+         * less what the last backward hid of them (overlap_grad_reduce), as
+         * the step time counts them */
+        double dp = dl > 0 ? e->comm_before / dl : 0;
+        if (e->phase == ML_PHASE_OPTIMIZER)
+            dp = fmax(dp - s->time_comm_hidden_s, 0);
+        e->t_s = tc >= 0 ? tc + tp + dp + (hb > 0 ? e->host_before / hb : 0) : -1;
     }
 }

@@ -54,6 +54,9 @@ ml_status ml__eval_verdict(const ml_chain *ch, const ml_device *dv, uint64_t cac
                           "bits");
     }
     s->has_device = dv->present;
+    /* the simulation running out of the device decides only where its
+     * cache is weighed: an allowance takes its place (cli.md) */
+    s->reserved_oom_weighed = s->reserved_oom && !(dv->fragmentation > 0);
     if (dv->present) {
         s->memory = dv->memory;
         s->budget = ml_device_budget(dv);
@@ -65,10 +68,7 @@ ml_status ml__eval_verdict(const ml_chain *ch, const ml_device *dv, uint64_t cac
          * (docs/cli.md, "Two lines, two figures") */
         const uint64_t held =
             s->has_reserved || cache_allow ? s->peak_total - s->runtime_reserve : peak;
-        /* the simulation running out of the device decides only where its
-         * cache is weighed: an allowance takes its place (cli.md) */
-        const bool oom = s->reserved_oom && !(dv->fragmentation > 0);
-        s->fits = held <= s->budget && s->peak_total <= s->memory && !oom;
+        s->fits = held <= s->budget && s->peak_total <= s->memory && !s->reserved_oom_weighed;
         int64_t h1 = 0, h2 = 0;
         if (!ml__headroom(s->budget, held, &h1) || !ml__headroom(s->memory, s->peak_total, &h2))
             return ml__errorf(err, ML_OVERFLOW, "the peak is more than 8 EiB (2^63 B) over the "

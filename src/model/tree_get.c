@@ -252,9 +252,20 @@ ml_status ml__tree_size_or_zero(ml_error *err, const ml_node *map, const char *k
                                 const char *parent, uint64_t *out)
 {
     const ml_node *n = ml__tree_get(map, key);
-    if (n && n->type == ML_NODE_SCALAR && n->text && !strcmp(n->text, "0")) {
-        *out = 0;
-        return ML_OK;
+    if (n && n->type == ML_NODE_SCALAR && n->text) {
+        /* a zero, bare or with a unit ("0", "0B", "0GiB"): the unit is
+         * checked as it would be on 1 */
+        char *end = NULL;
+        const double v = strtod(n->text, &end);
+        char one[64];
+        uint64_t ignored;
+        ml_error e;
+        if (end != n->text && v == 0 && !strpbrk(n->text, "-xXpPnN") &&
+            snprintf(one, sizeof one, "1%s", end) < (int)sizeof one &&
+            (!*end || ml_parse_size(one, &ignored, &e) == ML_OK)) {
+            *out = 0;
+            return ML_OK;
+        }
     }
     return ml__tree_size(err, map, key, parent, out);
 }

@@ -302,7 +302,7 @@ static ml_status verdict(const ml_colocate_job *jobs, size_t n, ml_colocate_resu
         out->budget = own < out->memory ? out->memory - own : 0;
     }
     for (size_t j = 0; j < n && !out->oom_job; j++)
-        if (jobs[j].ledger && ml_ledger_summary(jobs[j].ledger)->reserved_oom)
+        if (jobs[j].ledger && ml_ledger_summary(jobs[j].ledger)->reserved_oom_weighed)
             out->oom_job = j + 1;
     out->fits = !out->oom_job && out->peak_sum <= out->budget && out->worst_total <= out->memory;
     int64_t h1 = 0, h2 = 0;

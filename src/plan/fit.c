@@ -326,13 +326,18 @@ static ml_status finish(search *s, const ml_fit_request *req, ml_fit_result *r, 
                  (unsigned long long)r->effective_batch, (unsigned long long)r->micro_batch,
                  (unsigned long long)r->grad_accum, (unsigned long long)dp);
     } else if (req->global_batch && r->effective_batch != req->global_batch) {
+        /* the choice's own note (a larger micro-batch that fits too) stays
+         * after this one */
+        char was[sizeof r->note];
+        snprintf(was, sizeof was, "%s", r->note);
         r->exact = false;
         snprintf(r->note, sizeof r->note,
                  "global batch %llu does not split evenly over %llu devices: the effective batch "
-                 "becomes %llu (micro-batch %llu x %llu steps x %llu devices)",
+                 "becomes %llu (micro-batch %llu x %llu steps x %llu devices)%s%s",
                  (unsigned long long)req->global_batch, (unsigned long long)dp,
                  (unsigned long long)r->effective_batch, (unsigned long long)r->micro_batch,
-                 (unsigned long long)r->grad_accum, (unsigned long long)dp);
+                 (unsigned long long)r->grad_accum, (unsigned long long)dp, was[0] ? "; " : "",
+                 was);
     }
     ml_summary sum;
     bool ok;

@@ -139,14 +139,17 @@ static ml_status layout(layout_search *x, const ml_layout_row *split, uint64_t *
 static size_t shardings(const layout_search *x, uint64_t pp, uint64_t dp, ml_layout_row *out)
 {
     const ml_training *t = &x->cfg->training;
-    /* a pinned ZeRO stage is tried where it shards: over dp x cp ranks
-     * above one, and stages 2 and 3 without a pipeline (DeepSpeed's
-     * pipeline engine runs 0 and 1), as the search tries its own */
-    if (x->req->pin_sharding && !x->req->fsdp_sharding && t->zero &&
-        (dp <= 1 || (t->zero >= 2 && pp > 1)))
+    /* a pinned ZeRO stage shards over dp x cp ranks above one (a layout of
+     * one rank is planned without it: there is nothing to shard), and
+     * stages 2 and 3 are tried without a pipeline (DeepSpeed's pipeline
+     * engine runs 0 and 1), as the search tries its own; torchtitan's FSDP
+     * (fsdp_sharding) on every layout */
+    const bool deepspeed = x->req->pin_sharding && !x->req->fsdp_sharding;
+    if (deepspeed && t->zero >= 2 && pp > 1 && dp > 1)
         return 0;
     if (x->req->pin_sharding || dp <= 1) {
-        out[0].zero = t->zero, out[0].dist_optimizer = t->dist_optimizer;
+        out[0].zero = deepspeed && dp <= 1 ? 0 : t->zero;
+        out[0].dist_optimizer = t->dist_optimizer;
         return 1;
     }
     if (t->engine == ML_ENGINE_MEGATRON) {
@@ -415,24 +418,35 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     layouts(req, &st, &x, err);
     if (!st)
         st = ml__layout_flush(&x, err);
-    /* nothing planned at all: every layout tried refused, which is the
-     * settings' refusal (a sharding, an engine, expert settings or a
-     * sequence the model refuses whatever the split, or the pinned parts):
-     * the first one, as plan gives it; with no layout tried, a usage error
-     * below where parts are pinned, else the note says no layout of these
-     * devices splits the model */
+    /* nothing planned at all: with pinned parts their refusal (or a usage
+     * error below); where the settings alone are refused, whatever the
+     * split (a sharding, an engine, expert settings or a sequence the model
+     * refuses planned on one device too), that refusal, as plan gives it; else the note says no layout of these devices splits the
+     * model, with the first refusal */
     const bool pinned = req->tp || req->cp || req->pp || req->vpp || req->micro_batch || req->ep;
-    if (!st && !x.planned && x.refused) {
-        *err = x.refusal;
-        st = ML_RANGE;
-    }
     if (!st && !x.planned && req->pin_sharding && !req->fsdp_sharding &&
-        cfg->training.zero >= 2 && req->pp > 1 && out->layouts == 0)
+        cfg->training.zero >= 2 && req->pp > 1)
         st = ml__errorf(err, ML_USAGE,
                         "training.zero %u with parallel.pp %llu: ZeRO 2 and 3 are searched "
                         "without a pipeline (DeepSpeed's pipeline engine runs ZeRO 0 and 1): "
                         "pin training.zero 1, or leave parallel.pp to the search",
                         cfg->training.zero, (unsigned long long)req->pp);
+    if (!st && !x.planned && x.refused) {
+        ml_error own;
+        if (pinned) {
+            *err = x.refusal;
+            st = ML_RANGE;
+        } else {
+            /* the settings planned on one device, as they are */
+            ml_ledger *one = NULL;
+            const ml_status o = ml_ledger_evaluate(m, cfg, false, &one, &own);
+            ml_ledger_destroy(one);
+            if (o == ML_RANGE || o == ML_USAGE) {
+                *err = own;
+                st = o;
+            }
+        }
+    }
     if (!st && !x.planned && pinned && !x.refused && (out->layouts == 0 || out->candidates == 0))
         st = ml__errorf(err, ML_USAGE,
                         "%s: the pinned parts leave %s of %llu devices and a global batch of "

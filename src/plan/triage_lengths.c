@@ -107,7 +107,8 @@ ml_status ml__triage_add_lengths_remedy(const ml_triage_ctx *x, ml_remedy_kind k
     /* as the other remedies (ml__triage_add_remedy): a lower total, or one
      * that fits where the current plan runs out in the simulation */
     const bool fits = x->given->device.present && lr.p_over_budget == 0 && lr.max.fits;
-    if (lr.max.peak_total >= r->current.peak_total && !(r->current.reserved_oom && fits))
+    if (lr.max.peak_total >= r->current.peak_total &&
+        !(r->current.reserved_oom_weighed && fits))
         return ML_OK;
     ml_remedy *rm = &r->remedies[r->count++];
     memset(rm, 0, sizeof *rm);

@@ -441,7 +441,7 @@ ml_status ml__triage_add_remedy(const ml_triage_ctx *x, ml_remedy_kind k, ml_tri
      * that fits is a remedy whatever its total */
     if (s.peak_total >= r->current.peak_total &&
         !(k == ML_REMEDY_EXPANDABLE && r->observed.fragmented) &&
-        !(r->current.reserved_oom && fits(&s)))
+        !(r->current.reserved_oom_weighed && fits(&s)))
         return ML_OK;
     ml_remedy *rm = &r->remedies[r->count++];
     memset(rm, 0, sizeof *rm);

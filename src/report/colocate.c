@@ -91,7 +91,7 @@ int ml_report_colocate_text(FILE *f, const ml_colocate_job *jobs, const char *co
         else if (step > 0)
             snprintf(st, sizeof st, "%.4g s", step);
         fprintf(f, "%-3zu %12s %12s  %s%s\n", j + 1, B(total, a), st, names[j],
-                jobs[j].ledger && ml_ledger_summary(jobs[j].ledger)->reserved_oom
+                jobs[j].ledger && ml_ledger_summary(jobs[j].ledger)->reserved_oom_weighed
                     ? " (runs out of the device on its own: its total stops there)"
                     : "");
     }

@@ -21,7 +21,9 @@ void ml__svg_device_lines(FILE *f, const ml_svg_chart *c, const ml_summary *s,
         const char *lname = lim < s->memory - s->runtime_reserve
                                 ? "(device - runtime reserve) / (1 + fragmentation)"
                                 : "device - runtime reserve";
-        if (dv->fragmentation > 0) {
+        /* (with --allocator none the budget holds the allocator peak
+         * itself, the allowance counting against the device only) */
+        if (dv->fragmentation > 0 && s->has_reserved) {
             const uint64_t held = (uint64_t)((double)s->budget / (1 + dv->fragmentation));
             if (s->budget == s->memory - s->runtime_reserve) {
                 ml__svg_hline(f, c, held, "#d62728", "6,4",

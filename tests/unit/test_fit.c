@@ -245,6 +245,16 @@ static void test_uneven_global_batch(void **state)
     assert_int_equal(r.effective_batch, 96);
     assert_false(r.exact);
     assert_non_null(strstr(r.note, "does not split evenly over 8 devices"));
+    /* 100 over 8: ceil(100 / 8) = 13, a prime: micro-batch 1 x 13 = 104,
+     * and the note still says 7 fits (7 x ceil(13 / 7) = 14 a device:
+     * 112 in all) */
+    req.global_batch = 100;
+    assert_int_equal(ml_fit(m, &c, &req, &r, &e), ML_OK);
+    assert_int_equal(r.micro_batch, 1);
+    assert_int_equal(r.effective_batch, 104);
+    assert_non_null(strstr(r.note, "does not split evenly over 8 devices"));
+    assert_non_null(strstr(r.note, "micro-batch 7 x 2 steps would fit too but makes the "
+                                   "effective batch 112"));
     ml_model_destroy(m);
 }
 

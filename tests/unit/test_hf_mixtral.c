@@ -355,6 +355,7 @@ static void test_documented_zeros(void **state)
         const char *with, *without;
     } same[] = {
         {TINY("  experts: 0\n  buffers: 0\n"), TINY("")},
+        {TINY("  buffers: 0GiB\n"), TINY("")}, /* a zero with its unit */
         {TINY("  experts: 4\n  expert_ffn: 0\n  shared_expert_ffn: 0\n"),
          TINY("  experts: 4\n")},
     };

@@ -211,6 +211,15 @@ static void test_overlap_grad_reduce(void **state)
         assert_rel_close(s->step_time_s, s->time_compute_s + t_comm - s->time_comm_hidden_s,
                          1e-12);
         ml_ledger_destroy(l);
+        /* the timeline's clock ends at that step time: its last event,
+         * after the step, counts the transfers less what the backward hid
+         * (it had counted them whole, past the step's end) */
+        l = eval(m, &c, true);
+        const size_t n = ml_ledger_event_count(l);
+        assert_true(n > 0);
+        assert_rel_close(ml_ledger_events(l)[n - 1].t_s, ml_ledger_summary(l)->step_time_s,
+                         1e-9);
+        ml_ledger_destroy(l);
     }
     ml_model_destroy(m);
 }
