@@ -352,6 +352,64 @@ static uint64_t layouts(const ml_layout_request *req, ml_status *st, layout_sear
     return c.n;
 }
 
+/* Nothing planned at all: a pinned ZeRO 2 or 3 beside a pinned pipeline;
+ * with pinned parts their refusal (or a usage error naming them); where the
+ * settings alone are refused, whatever the split (a sharding, an engine,
+ * expert settings or a sequence the model refuses planned on one device
+ * too), that refusal, as plan gives it; else ML_OK, and the note says no
+ * layout of these devices splits the model, with the first refusal. */
+static ml_status nothing_planned(const ml_model *m, const ml_config *cfg,
+                                 const ml_layout_request *req, const layout_search *x,
+                                 const ml_layout_result *out, ml_error *err)
+{
+    ml_status st = ML_OK;
+    const bool pinned = req->tp || req->cp || req->pp || req->vpp || req->micro_batch || req->ep;
+    if (!st && req->pin_sharding && !req->fsdp_sharding &&
+        cfg->training.zero >= 2 && req->pp > 1)
+        st = ml__errorf(err, ML_USAGE,
+                        "training.zero %u with parallel.pp %llu: ZeRO 2 and 3 are searched "
+                        "without a pipeline (DeepSpeed's pipeline engine runs ZeRO 0 and 1): "
+                        "pin training.zero 1, or leave parallel.pp to the search",
+                        cfg->training.zero, (unsigned long long)req->pp);
+    if (!st && x->refused) {
+        ml_error own;
+        if (pinned) {
+            *err = x->refusal;
+            st = ML_RANGE;
+        } else {
+            /* the settings planned on one device, as they are */
+            ml_ledger *one = NULL;
+            const ml_status o = ml_ledger_evaluate(m, cfg, false, &one, &own);
+            ml_ledger_destroy(one);
+            if (o == ML_RANGE || o == ML_USAGE) {
+                *err = own;
+                st = o;
+            }
+        }
+    }
+    if (!st && pinned && !x->refused && (out->layouts == 0 || out->candidates == 0))
+        st = ml__errorf(err, ML_USAGE,
+                        "%s: the pinned parts leave %s of %llu devices and a global batch of "
+                        "%llu (parallel.tp %llu, parallel.cp %llu, parallel.pp %llu, "
+                        "parallel.vpp %llu, parallel.ep %llu, training.micro_batch %llu; 0: "
+                        "searched): tp x cp must divide the node's devices and the devices, pp "
+                        "the rest and the layers, vpp a stage's layers, ep the data-parallel "
+                        "ranks (x cp) and the experts, and the micro-batch a data-parallel "
+                        "rank's share",
+                        req->micro_batch && out->layouts ? "training.micro_batch"
+                        : req->ep                        ? "parallel.ep"
+                        : req->vpp                       ? "parallel.vpp"
+                        : req->pp                        ? "parallel.pp"
+                        : req->cp                        ? "parallel.cp"
+                                                         : "parallel.tp",
+                        out->layouts ? "no micro-batch" : "no layout",
+                        (unsigned long long)req->gpus, (unsigned long long)req->global_batch,
+                        (unsigned long long)req->tp, (unsigned long long)req->cp,
+                        (unsigned long long)req->pp, (unsigned long long)req->vpp,
+                        (unsigned long long)req->ep, (unsigned long long)req->micro_batch);
+    return st;
+}
+
 /* What the search did, or why nothing fits, into out->note. */
 static void write_note(const layout_search *x, const ml_layout_request *req, ml_layout_result *out)
 {
@@ -418,55 +476,8 @@ ml_status ml_layout_search(const ml_model *m, const ml_config *cfg, const ml_lay
     layouts(req, &st, &x, err);
     if (!st)
         st = ml__layout_flush(&x, err);
-    /* nothing planned at all: with pinned parts their refusal (or a usage
-     * error below); where the settings alone are refused, whatever the
-     * split (a sharding, an engine, expert settings or a sequence the model
-     * refuses planned on one device too), that refusal, as plan gives it; else the note says no layout of these devices splits the
-     * model, with the first refusal */
-    const bool pinned = req->tp || req->cp || req->pp || req->vpp || req->micro_batch || req->ep;
-    if (!st && !x.planned && req->pin_sharding && !req->fsdp_sharding &&
-        cfg->training.zero >= 2 && req->pp > 1)
-        st = ml__errorf(err, ML_USAGE,
-                        "training.zero %u with parallel.pp %llu: ZeRO 2 and 3 are searched "
-                        "without a pipeline (DeepSpeed's pipeline engine runs ZeRO 0 and 1): "
-                        "pin training.zero 1, or leave parallel.pp to the search",
-                        cfg->training.zero, (unsigned long long)req->pp);
-    if (!st && !x.planned && x.refused) {
-        ml_error own;
-        if (pinned) {
-            *err = x.refusal;
-            st = ML_RANGE;
-        } else {
-            /* the settings planned on one device, as they are */
-            ml_ledger *one = NULL;
-            const ml_status o = ml_ledger_evaluate(m, cfg, false, &one, &own);
-            ml_ledger_destroy(one);
-            if (o == ML_RANGE || o == ML_USAGE) {
-                *err = own;
-                st = o;
-            }
-        }
-    }
-    if (!st && !x.planned && pinned && !x.refused && (out->layouts == 0 || out->candidates == 0))
-        st = ml__errorf(err, ML_USAGE,
-                        "%s: the pinned parts leave %s of %llu devices and a global batch of "
-                        "%llu (parallel.tp %llu, parallel.cp %llu, parallel.pp %llu, "
-                        "parallel.vpp %llu, parallel.ep %llu, training.micro_batch %llu; 0: "
-                        "searched): tp x cp must divide the node's devices and the devices, pp "
-                        "the rest and the layers, vpp a stage's layers, ep the data-parallel "
-                        "ranks (x cp) and the experts, and the micro-batch a data-parallel "
-                        "rank's share",
-                        req->micro_batch && out->layouts ? "training.micro_batch"
-                        : req->ep                        ? "parallel.ep"
-                        : req->vpp                       ? "parallel.vpp"
-                        : req->pp                        ? "parallel.pp"
-                        : req->cp                        ? "parallel.cp"
-                                                         : "parallel.tp",
-                        out->layouts ? "no micro-batch" : "no layout",
-                        (unsigned long long)req->gpus, (unsigned long long)req->global_batch,
-                        (unsigned long long)req->tp, (unsigned long long)req->cp,
-                        (unsigned long long)req->pp, (unsigned long long)req->vpp,
-                        (unsigned long long)req->ep, (unsigned long long)req->micro_batch);
+    if (!st && !x.planned)
+        st = nothing_planned(m, cfg, req, &x, out, err);
     ml_planner_destroy(x.planner);
     free(x.pool);
     free(x.div);
