@@ -125,8 +125,9 @@ const char *ml_config_problem(const ml_config *cfg)
     const char *dev = device_problem(dv);
     if (dev)
         return dev;
-    if (!(dv->efficiency > 0 && dv->efficiency <= 1))
-        return "device.efficiency: must be in (0, 1]";
+    /* the range the flag and the model file take */
+    if (!(dv->efficiency >= 1e-6 && dv->efficiency <= 1))
+        return "device.efficiency: must be between 1e-06 and 1";
     if (!(dv->fragmentation >= 0 && dv->fragmentation <= 1))
         return "device.fragmentation: must be in [0, 1]";
     const char *alloc = allocator_problem(dv);

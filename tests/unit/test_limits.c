@@ -297,6 +297,13 @@ static void test_config_messages_name_keys(void **state)
         if (strstr(bad, "--"))
             fail_msg("config %zu: '%s' names a flag", i, bad);
     }
+    /* the library takes the efficiency the flag and the file take: 1e-6
+     * to 1 */
+    ml_config e = ml_config_defaults();
+    e.device.efficiency = 1e-7;
+    assert_non_null(ml_config_problem(&e));
+    e.device.efficiency = 1e-6;
+    assert_null(ml_config_problem(&e));
 }
 
 /* The points CSV's limits as a file meets them (docs/calibration.md): the
