@@ -172,16 +172,6 @@ static int training_only(const job *j)
             return job_bad(j, "%s is a training option; an inference job (--inference) has "
                               "none: drop it, or drop --inference to plan training",
                            t[k].flag);
-    /* an inference job is one process's forward: no pipeline stages */
-    const struct {
-        const char *v, *flag;
-    } p[] = {{o->pp, "--pp"}, {o->vpp, "--vpp"}, {o->pp_schedule, "--pp-schedule"},
-             {o->pp_layers, "--pp-layers"}};
-    for (size_t k = 0; k < sizeof p / sizeof p[0]; k++)
-        if (p[k].v)
-            return job_bad(j, "%s: an inference job (--inference) is planned on one device, "
-                              "without pipeline stages: drop it",
-                           p[k].flag);
     return 0;
 }
 
@@ -248,10 +238,14 @@ static int load_job(job *j, const char *device, uint64_t memory, bool levels)
     j->cfg.device.peak_tflops = own_peak; /* over a preset's figure too */
     if (o->blas_workspace) /* the job's own --blas-workspace, likewise */
         j->cfg.device.blas_workspace = own_ws;
+    /* an inference job is one process's forward: no pipeline stages,
+     * however given */
     if (j->inference && j->cfg.training.pipeline_parallel > 1)
         return job_bad(j, "an inference job (--inference) is planned on one device, without "
                           "pipeline stages: drop the pipeline (%s)",
-                       o->parallel ? "--parallel's pp" : "the model file's parallel.pp");
+                       o->pp         ? "--pp"
+                       : o->parallel ? "--parallel's pp"
+                                     : "the model file's parallel.pp");
     if (j->inference)
         return plan_inference(j);
     ml_status st = ml_ledger_evaluate(j->m, &j->cfg, true, &j->l, &e);

@@ -16,6 +16,14 @@ static bool tied_head(const ml_model *m)
     return m->embed.tied && ((!enc && !m->head.classes) || m->head.mlm);
 }
 
+uint64_t ml__ck_inv_freq_bytes(const ml_model *m, uint64_t dh)
+{
+    if (m->embed.position != ML_POS_ROPE)
+        return 0;
+    const uint64_t rot = m->attn.kv_lora ? m->attn.rope_dim : dh;
+    return rot / 2 * 4;
+}
+
 /* The block from the op graph (graph/kit_embed.c; docs/graph.md): what the
  * graph does not hold stays here, as the builders had it: the input's
  * bytes, the rotary's inv_freq buffer, the tied table's dense gradient (a
@@ -35,10 +43,7 @@ static ml_status graph_embedding(ml_chain *ch, ml_cblock *b, const ml_model *m,
             b->in_bytes = ml_mul(ch, px, ch->prec.w);
         } else {
             b->in_bytes = ml_mul(ch, d->BT, 8);
-            if (m->embed.position == ML_POS_ROPE) {
-                const uint64_t rot = m->attn.kv_lora ? m->attn.rope_dim : d->dh;
-                ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml_mul(ch, rot / 2, 4));
-            }
+            ch->buffer_bytes = ml_add(ch, ch->buffer_bytes, ml__ck_inv_freq_bytes(m, d->dh));
             if (tied_head(m))
                 b->ws_bwd = b->tied_grad = ml_mul(ch, ml_mul(ch, d->V, d->D), ch->prec.grad);
         }

@@ -156,6 +156,10 @@ ml_status ml__ck_head_and_loss(ml_chain *ch, const ml_model *m, const ml_ck_dims
 /* The transformer's embedding block (chain_embed.c), from its op graph;
  * ML_NOMEM, or ML_RANGE when the graph declines it. */
 ml_status ml__ck_embedding_block(ml_chain *ch, const ml_model *m, const ml_ck_dims *d);
+/* The rotary's inv_freq buffer of a model of head size dh: the rotated
+ * part's half, fp32 (0 without rotary positions); every pipeline chunk has
+ * its own (pipeline.c). */
+uint64_t ml__ck_inv_freq_bytes(const ml_model *m, uint64_t dh);
 
 /* The shapes of one micro-batch through a transformer (chain_transformer.c);
  * ML_RANGE (with err) when the sequence does not fit the model. */

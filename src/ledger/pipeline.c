@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "ledger/chain.h"
+#include "ledger/chain_kit.h" /* ml__ck_inv_freq_bytes */
 #include "util/error.h"
 
 static uint64_t pp_of(const ml_training *t)
@@ -249,19 +250,6 @@ static void rotary_block(ml_cblock *b, const ml_chain *full, size_t rot)
     }
 }
 
-/* The rotary's inv_freq buffer (each model chunk has its own): head_dim /
- * 2 fp32 values, of the rotated part with latent attention (as
- * chain_embed.c counts it); 0 without rotary positions. */
-static uint64_t inv_freq_bytes(const ml_model *m)
-{
-    if (m->embed.position != ML_POS_ROPE || !m->attn.heads)
-        return 0;
-    const uint64_t dh = m->attn.kv_lora  ? m->attn.rope_dim
-                        : m->attn.head_dim ? m->attn.head_dim
-                                           : m->hidden / m->attn.heads;
-    return dh / 2 * 4;
-}
-
 /* The parameter tensors' range of each block: blocks register theirs in
  * order (ml__ck_param), so a block's are the next ones whose elements add
  * up to its count. false: they do not (not a chain this file slices). */
@@ -381,7 +369,9 @@ ml_status ml__pp_stage_chain(const ml_chain *full, const ml_model *m, const ml_t
     for (size_t c = 0; c < tables; c++)
         rotary_block(&out->blocks[c], full, rot);
     if (v > 1)
-        out->buffer_bytes += (v - 1) * inv_freq_bytes(m);
+        out->buffer_bytes +=
+            (v - 1) * ml__ck_inv_freq_bytes(m, m->attn.head_dim ? m->attn.head_dim
+                                                                : m->hidden / m->attn.heads);
     const size_t at = tables; /* the stage's first block after its tables */
     for (size_t i = 0; i < n; i++) {
         const size_t k = idx[i];

@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,9 +57,23 @@ static ml_status size(const char *key, const char *v, uint64_t *out, ml_error *e
     return size_hint(key, v, out, "", err);
 }
 
+/* Whether v is a zero, bare or with a unit ("0", "0B", "0GiB"); the unit
+ * is checked as it would be on 1. */
+static bool zero_size(const char *v)
+{
+    char *end = NULL;
+    const double x = strtod(v, &end);
+    char one[64];
+    uint64_t ignored;
+    ml_error e;
+    return end != v && x == 0 && !strpbrk(v, "-xXpPnN") &&
+           snprintf(one, sizeof one, "1%s", end) < (int)sizeof one &&
+           (!*end || ml_parse_size(one, &ignored, &e) == ML_OK);
+}
+
 ml_status ml__size_or_none(const char *key, const char *v, uint64_t *out, ml_error *err)
 {
-    if (!strcmp(v, "0")) {
+    if (zero_size(v)) {
         *out = 0;
         return ML_OK;
     }

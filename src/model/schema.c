@@ -19,11 +19,10 @@ static ml_status training_uint(ml_error *err, const ml_node *t, const char *key,
     char full[64];
     snprintf(full, sizeof full, "training.%s", key);
     const ml_uint_limit *l = ml__uint_limit_of(full);
-    /* a file's 0 for a key whose 0 means "not given" is refused (say
-     * nothing instead; the table's lowest is then 1), except logits_chunk's,
-     * which the reference file shows as its default: Liger's rule */
-    uint64_t lo = l->zero_unset && !strcmp(key, "logits_chunk") ? 0 : l->lo;
-    return ml__tree_uint(err, t, key, "training", lo, l->hi, out);
+    /* a key whose 0 means "not given" (the table's lowest is then 1)
+     * takes 0 in a file too, as ml_config_set does (the reference file
+     * shows logits_chunk: 0, Liger's rule) */
+    return ml__tree_uint(err, t, key, "training", l->zero_unset ? 0 : l->lo, l->hi, out);
 }
 
 /* training's kinds: logits, zero_grad, the ZeRO stage and offload, the
@@ -196,21 +195,6 @@ static ml_status device_name(ml_error *err, const ml_node *name, ml_device *dv)
     return ML_OK;
 }
 
-/* device.blas_workspace: a size, or 0 for none (ml__size_or_none). */
-static ml_status blas_workspace(ml_error *err, const ml_node *d, ml_device *dv)
-{
-    static const char key[] = "device.blas_workspace";
-    const ml_node *v = ml__tree_get(d, "blas_workspace");
-    if (!v)
-        return ML_OK;
-    ml_status st = ml__tree_need_scalar(err, v, key, "a size such as 32MiB, or 0");
-    ml_error e;
-    memset(&e, 0, sizeof e);
-    if (!st && (st = ml__size_or_none(key, v->text, &dv->blas_workspace, &e)))
-        return ml__error_at(err, v, st == ML_USAGE ? ML_SCHEMA : st, "%s", e.msg);
-    return st;
-}
-
 static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
 {
     static const char *const keys[] = {"name",        "memory",     "budget",
@@ -238,7 +222,7 @@ static ml_status parse_device(ml_error *err, const ml_node *d, ml_model *m)
         (st = ml__tree_double(err, d, "fragmentation", "device", 0, 1, false,
                               &dv->fragmentation)) ||
         (st = ml__tree_size(err, d, "max_split_size", "device", &dv->max_split_size)) ||
-        (st = blas_workspace(err, d, dv)) ||
+        (st = ml__tree_size_or_zero(err, d, "blas_workspace", "device", &dv->blas_workspace)) ||
         (st = ml__tree_double(err, d, "interconnect_gbps", "device", 1e-6, 1e6, false,
                               &dv->interconnect_gbps)) ||
         (st = ml__tree_double(err, d, "pcie_gbps", "device", 1e-6, 1e6, false, &dv->pcie_gbps)))

@@ -11,6 +11,7 @@
 
 #include "util/decimal.h"
 #include "memledger/model.h"
+#include "model/schema.h" /* ml__size_or_none */
 #include "model/tree.h"
 
 static size_t edit_distance(const char *a, const char *b)
@@ -229,45 +230,39 @@ ml_status ml__tree_enum(ml_error *err, const ml_node *map, const char *key, cons
                         n->text, list);
 }
 
-ml_status ml__tree_size(ml_error *err, const ml_node *map, const char *key, const char *parent,
-                        uint64_t *out)
+/* A size at key (or_zero: 0, bare or with a unit, too: ml__size_or_none). */
+static ml_status tree_size(ml_error *err, const ml_node *map, const char *key, const char *parent,
+                           bool or_zero, uint64_t *out)
 {
     const ml_node *n = ml__tree_get(map, key);
     if (!n)
         return ML_OK;
     char field[96];
     snprintf(field, sizeof field, "%s.%s", parent, key);
-    ml_status st = ml__tree_need_scalar(err, n, field, "a size such as 8GiB");
+    ml_status st = ml__tree_need_scalar(
+        err, n, field, or_zero ? "a size such as 32MiB, or 0" : "a size such as 8GiB");
     if (st)
         return st;
     ml_error e;
     memset(&e, 0, sizeof e);
-    st = ml_parse_size(n->text, out, &e);
+    /* (ml__size_or_none's message names the field itself) */
+    st = or_zero ? ml__size_or_none(field, n->text, out, &e) : ml_parse_size(n->text, out, &e);
     if (st)
-        return ml__error_at(err, n, st == ML_USAGE ? ML_SCHEMA : st, "%s: %s", field, e.msg);
+        return ml__error_at(err, n, st == ML_USAGE ? ML_SCHEMA : st, "%s%s%s",
+                            or_zero ? "" : field, or_zero ? "" : ": ", e.msg);
     return ML_OK;
+}
+
+ml_status ml__tree_size(ml_error *err, const ml_node *map, const char *key, const char *parent,
+                        uint64_t *out)
+{
+    return tree_size(err, map, key, parent, false, out);
 }
 
 ml_status ml__tree_size_or_zero(ml_error *err, const ml_node *map, const char *key,
                                 const char *parent, uint64_t *out)
 {
-    const ml_node *n = ml__tree_get(map, key);
-    if (n && n->type == ML_NODE_SCALAR && n->text) {
-        /* a zero, bare or with a unit ("0", "0B", "0GiB"): the unit is
-         * checked as it would be on 1 */
-        char *end = NULL;
-        const double v = strtod(n->text, &end);
-        char one[64];
-        uint64_t ignored;
-        ml_error e;
-        if (end != n->text && v == 0 && !strpbrk(n->text, "-xXpPnN") &&
-            snprintf(one, sizeof one, "1%s", end) < (int)sizeof one &&
-            (!*end || ml_parse_size(one, &ignored, &e) == ML_OK)) {
-            *out = 0;
-            return ML_OK;
-        }
-    }
-    return ml__tree_size(err, map, key, parent, out);
+    return tree_size(err, map, key, parent, true, out);
 }
 
 

@@ -200,6 +200,13 @@ static ml_status largest(search *s, uint64_t cap, uint64_t *out)
     return largest_below(s, top, out);
 }
 
+/* A device's share of the global batch over dp data-parallel ranks,
+ * rounded up where it does not split evenly. */
+static uint64_t per_device(const ml_fit_request *req, uint64_t dp)
+{
+    return req->global_batch / dp + (req->global_batch % dp != 0);
+}
+
 static uint64_t largest_divisor_at_most(uint64_t n, uint64_t cap)
 {
     for (uint64_t d = cap < n ? cap : n; d > 1; d--)
@@ -372,7 +379,7 @@ static ml_status fit_policy(search *s, const ml_fit_request *req, ml_fit_result 
     r->exact = true;
     r->note[0] = '\0';
     if (req->global_batch) {
-        per = req->global_batch / dp + (req->global_batch % dp != 0);
+        per = per_device(req, dp);
         if (per < cap)
             cap = per;
         /* no accumulation needed if the whole per-device batch fits */
@@ -446,11 +453,8 @@ static ml_status explain_miss(search *s, const ml_config *cfg, const ml_fit_requ
     /* micro-batch 1 as the search planned it: accumulating where the global
      * batch's share of a device is more than one sample (any count above 1
      * has the same peak), else the configured steps */
-    if (req->global_batch) {
-        const uint64_t dp = cfg->training.data_parallel;
-        const uint64_t per = req->global_batch / dp + (req->global_batch % dp != 0);
-        s->cfg.training.grad_accum = per > 1 ? 2 : 1;
-    }
+    if (req->global_batch)
+        s->cfg.training.grad_accum = per_device(req, cfg->training.data_parallel) > 1 ? 2 : 1;
     ml_status st = ml__fit_explain(s, best);
     best->evaluations = s->evals;
     return st;

@@ -463,34 +463,82 @@ def run_schedule(comm, m, sched, forward):
 # --------------------------------------------------------------------------
 # One rank
 
-def rank_main(rank, p, init_file, out_dir, jobs):
-    """One pipeline stage: for each model file, its saved bytes, then each
-    (schedule, m) of CONFIGS; writes what it measured to out_dir."""
+def init_rank(rank, p, init_file):
+    """A stage's process: one thread, gloo over the file rendezvous, the
+    RMSNorm forward with its x^2 tagged (the same forward)."""
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=p)
-    tw.RMSNorm.forward = lb.rmsnorm_forward  # the same forward, its x^2 tagged
-    out = []
-    for path in jobs:
-        with open(path) as fh:
-            doc = tw.load(fh)
-        tr = doc.get("training", {})
-        B, T, D = tr.get("micro_batch", 2), tr.get("seq_len", 16), doc["model"]["hidden"]
-        # the micro-batches, made before anything is measured (the data
-        # loader's host memory)
-        torch.manual_seed(7)
-        tmp = tw.build(doc)
-        mmax = max(m for _, m in CONFIGS)
-        pool = [tw.batch_for(doc, tmp, B, T) for _ in range(STEPS * mmax)]
-        del tmp
-        res = {"path": path, "saved": measure_saved(doc, p, rank, pool, B, T, D), "configs": []}
-        for sched, m in CONFIGS:
-            res["configs"].append(run_config(doc, p, rank, pool, sched, m, B, T, D))
-        out.append(res)
+    tw.RMSNorm.forward = lb.rmsnorm_forward
+
+
+def load_job(path, n):
+    """A model file's doc, its (B, T, D), and n micro-batches made before
+    anything is measured (the data loader's host memory)."""
+    with open(path) as fh:
+        doc = tw.load(fh)
+    tr = doc.get("training", {})
+    B, T, D = tr.get("micro_batch", 2), tr.get("seq_len", 16), doc["model"]["hidden"]
+    torch.manual_seed(7)
+    tmp = tw.build(doc)
+    pool = [tw.batch_for(doc, tmp, B, T) for _ in range(n)]
+    del tmp
+    return doc, (B, T, D), pool
+
+
+def finish_rank(rank, out_dir, out):
+    """Writes a stage's results for run_world, and leaves the group."""
     with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as fh:
         json.dump(out, fh)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def rank_main(rank, p, init_file, out_dir, jobs):
+    """One pipeline stage: for each model file, its saved bytes, then each
+    (schedule, m) of CONFIGS; writes what it measured to out_dir."""
+    init_rank(rank, p, init_file)
+    out = []
+    for path in jobs:
+        doc, (B, T, D), pool = load_job(path, STEPS * max(m for _, m in CONFIGS))
+        res = {"path": path, "saved": measure_saved(doc, p, rank, pool, B, T, D), "configs": []}
+        for sched, m in CONFIGS:
+            res["configs"].append(run_config(doc, p, rank, pool, sched, m, B, T, D))
+        out.append(res)
+    finish_rank(rank, out_dir, out)
+
+
+def reference_step(doc, pool, m):
+    """The single-device twin's step over the first m micro-batches (seed 1,
+    as the stages are built): its parameters by name, with their gradients,
+    and its loss."""
+    torch.manual_seed(1)
+    ref = tw.build(doc)
+    ref_loss = 0.0
+    for i in range(m):
+        loss = ref.run(NoRec(), pool[i], False) / m
+        ref_loss += loss.item()
+        loss.backward()
+    return dict(ref.named_parameters()), ref_loss
+
+
+def grad_error(models, refp):
+    """The largest relative gap of the stages' (or chunks') gradients to the
+    single device's, and the parameter it is at: a model's block k is the
+    reference's block (its first layer, pp[2]) + k."""
+    worst, worst_name = 0.0, ""
+    for model in models:
+        a = model.pp[2]
+        for n, q in model.named_parameters():
+            rn = n
+            if n.startswith("blocks."):
+                k, rest = n.split(".", 2)[1:]
+                rn = "blocks.%d.%s" % (a + int(k), rest)
+            want = refp[rn].grad
+            err = ((q.grad - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+            if err >= worst:
+                worst, worst_name = err, rn
+    return worst, worst_name
 
 
 def measure_saved(doc, p, r, pool, B, T, D):
@@ -533,27 +581,10 @@ def run_config(doc, p, r, pool, sched, m, B, T, D):
     comm = P2P(p, r, (B, T, D))
     run_schedule(comm, m, sched, forward_of(model, 0, False))
     sent = comm.sent
-    torch.manual_seed(1)
-    ref = tw.build(doc)
-    ref_loss = 0.0
-    for i in range(m):
-        loss = ref.run(NoRec(), pool[i], False) / m
-        ref_loss += loss.item()
-        loss.backward()
-    a = model.pp[2]
-    refp = dict(ref.named_parameters())
-    worst, worst_name = 0.0, ""
-    for n, q in model.named_parameters():
-        rn = n
-        if n.startswith("blocks."):
-            k, rest = n.split(".", 2)[1:]
-            rn = "blocks.%d.%s" % (a + int(k), rest)
-        want = refp[rn].grad
-        err = ((q.grad - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
-        if err >= worst:
-            worst, worst_name = err, rn
+    refp, ref_loss = reference_step(doc, pool, m)
+    worst, worst_name = grad_error([model], refp)
     got_loss = sum(losses) if r == p - 1 else None
-    del model, ref, refp, loss, want, q
+    del model, refp
     losses.clear()
     # (b) the live bytes of STEPS steps, from building the stage on
     tw.BWD_MARK[0] = bwd_mark
@@ -692,11 +723,12 @@ def analyse(c, info, last):
             "raw_peak": raw_peak}
 
 
-def run_world(p, jobs):
-    """Spawns p stages over the jobs; returns each stage's results."""
+def run_world(p, jobs, main=None):
+    """Spawns p stages, each main(rank, p, init_file, out_dir, jobs) (this
+    file's rank_main by default); returns each stage's results."""
     with tempfile.TemporaryDirectory(prefix="pp_twins.") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        mp.start_processes(rank_main, args=(p, init_file, tmp, jobs), nprocs=p,
+        mp.start_processes(main or rank_main, args=(p, init_file, tmp, jobs), nprocs=p,
                            join=True, start_method="spawn")
         out = []
         for r in range(p):

@@ -98,12 +98,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -582,26 +580,13 @@ def run_interleaved(comm, v, m, forward_step, trace):
 # One rank
 
 def rank_main(rank, p, init_file, out_dir, path):
-    torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=p)
-    tw.RMSNorm.forward = lb.rmsnorm_forward
-    with open(path) as fh:
-        doc = tw.load(fh)
-    tr = doc.get("training", {})
-    B, T, D = tr.get("micro_batch", 2), tr.get("seq_len", 16), doc["model"]["hidden"]
-    torch.manual_seed(7)
-    tmp = tw.build(doc)
-    pool = [tw.batch_for(doc, tmp, B, T) for _ in range(STEPS * max(MS))]
-    del tmp
+    pt.init_rank(rank, p, init_file)
+    doc, (B, T, D), pool = pt.load_job(path, STEPS * max(MS))
     res = {"saved": [pt.measure_saved(doc, p * V, c * p + rank, pool, B, T, D)
                      for c in range(V)], "configs": []}
     for m in MS:
         res["configs"].append(run_config(doc, p, rank, pool, m, B, T, D))
-    with open(os.path.join(out_dir, "rank%d.json" % rank), "w") as fh:
-        json.dump(res, fh)
-    dist.barrier()
-    dist.destroy_process_group()
+    pt.finish_rank(rank, out_dir, res)
 
 
 def run_config(doc, p, r, pool, m, B, T, D):
@@ -634,28 +619,10 @@ def run_config(doc, p, r, pool, m, B, T, D):
     trace = []
     warm = run_interleaved(comm, V, m, forward_of(chunks, 0, False), trace)["warmup"]
     sent = comm.sent
-    torch.manual_seed(1)
-    ref = tw.build(doc)
-    ref_loss = 0.0
-    for i in range(m):
-        loss = ref.run(pt.NoRec(), pool[i], False) / m
-        ref_loss += loss.item()
-        loss.backward()
-    refp = dict(ref.named_parameters())
-    worst, worst_name = 0.0, ""
-    for ch in chunks:
-        a = ch.pp[2]
-        for n, q in ch.named_parameters():
-            rn = n
-            if n.startswith("blocks."):
-                k, rest = n.split(".", 2)[1:]
-                rn = "blocks.%d.%s" % (a + int(k), rest)
-            want = refp[rn].grad
-            err = ((q.grad - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
-            if err >= worst:
-                worst, worst_name = err, rn
+    refp, ref_loss = pt.reference_step(doc, pool, m)
+    worst, worst_name = pt.grad_error(chunks, refp)
     got_loss = sum(losses) if r == p - 1 else None
-    del chunks, ref, refp, loss, want, q
+    del chunks, refp
     losses.clear()
     # (b) the live bytes of STEPS steps
     tw.BWD_MARK[0] = pt.bwd_mark
@@ -696,15 +663,7 @@ def run_config(doc, p, r, pool, m, B, T, D):
 
 
 def run_world(p, path):
-    with tempfile.TemporaryDirectory(prefix="vpp_twin.") as tmp:
-        init_file = os.path.join(tmp, "rendezvous")
-        mp.start_processes(rank_main, args=(p, init_file, tmp, path), nprocs=p, join=True,
-                           start_method="spawn")
-        out = []
-        for r in range(p):
-            with open(os.path.join(tmp, "rank%d.json" % r)) as fh:
-                out.append(json.load(fh))
-        return out
+    return pt.run_world(p, path, rank_main)
 
 
 # --------------------------------------------------------------------------
@@ -813,7 +772,6 @@ def made_of(s, r, q, res, items, full):
     the plan too), and the schedule's tensors the plan does not hold."""
     tok = s.tok * ((r == 0) + (r == P - 1))
     led = res["ledger"]
-    n = len(full)
     k = q["in_flight"]
     p_acts = k * q["activations_saved"]
     p_batch = k * tok

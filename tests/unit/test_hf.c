@@ -7,6 +7,17 @@
 #include "model/model_internal.h"
 #include "model/tree.h"
 
+/* The parameters m's plan counts (at 64 tokens: no count depends on them). */
+static uint64_t planned_params(const ml_model *m)
+{
+    ml_config c = ml_model_config(m);
+    c.training.seq_len = 64;
+    ml_ledger *l = eval(m, &c, false);
+    uint64_t p = ml_ledger_summary(l)->params;
+    ml_ledger_destroy(l);
+    return p;
+}
+
 static uint64_t hf_params(const char *dir, ml_model **keep)
 {
     char path[1024];
@@ -15,11 +26,7 @@ static uint64_t hf_params(const char *dir, ml_model **keep)
     ml_error e;
     if (ml_model_load_hf(path, NULL, &m, &e) != ML_OK)
         fail_msg("%s: %s:%u:%u: %s", dir, e.path, e.line, e.col, e.msg);
-    ml_config c = ml_model_config(m);
-    c.training.seq_len = 64;
-    ml_ledger *l = eval(m, &c, false);
-    uint64_t p = ml_ledger_summary(l)->params;
-    ml_ledger_destroy(l);
+    const uint64_t p = planned_params(m);
     if (keep)
         *keep = m;
     else
@@ -65,21 +72,22 @@ static char *shipped_text(const char *dir, const char *from, const char *to)
     return out;
 }
 
-static uint64_t bert_as_classifier_params(void)
+/* The parameters planned from a config's text (or fails the test). */
+static uint64_t params_of_text(const char *text)
 {
-    const char *t = shipped_text("bert-base-uncased", "BertForMaskedLM",
-                                 "BertForSequenceClassification");
     ml_model *m = NULL;
     ml_error e;
-    if (ml_model_load_hf_string(t, strlen(t), "config.json", &m, &e) != ML_OK)
+    if (ml_model_load_hf_string(text, strlen(text), "config.json", &m, &e) != ML_OK)
         fail_msg("%u:%u: %s", e.line, e.col, e.msg);
-    ml_config c = ml_model_config(m);
-    c.training.seq_len = 64;
-    ml_ledger *l = eval(m, &c, false);
-    uint64_t p = ml_ledger_summary(l)->params;
-    ml_ledger_destroy(l);
+    const uint64_t p = planned_params(m);
     ml_model_destroy(m);
     return p;
+}
+
+static uint64_t bert_as_classifier_params(void)
+{
+    return params_of_text(shipped_text("bert-base-uncased", "BertForMaskedLM",
+                                       "BertForSequenceClassification"));
 }
 
 static void test_published_counts(void **state)
@@ -159,27 +167,10 @@ static const char *shipped_without(const char *dir, const char *key, bool null)
     return out;
 }
 
-/* The parameters planned from a config's text (or fails the test). */
-static uint64_t params_of_text(const char *text)
-{
-    ml_model *m = NULL;
-    ml_error e;
-    if (ml_model_load_hf_string(text, strlen(text), "config.json", &m, &e) != ML_OK)
-        fail_msg("%u:%u: %s", e.line, e.col, e.msg);
-    ml_config c = ml_model_config(m);
-    c.training.seq_len = 64;
-    ml_ledger *l = eval(m, &c, false);
-    uint64_t p = ml_ledger_summary(l)->params;
-    ml_ledger_destroy(l);
-    ml_model_destroy(m);
-    return p;
-}
-
 /* A size key a config.json leaves out is the configuration class's default,
- * as an unconfigured run has it (docs/hf.md); null is the classes' rule
- * for None. Each shipped config without one key: where the default is the
- * shipped value the published count stays, where it is not the count moves
- * by the hand-derived difference. */
+ * as an unconfigured run has it (docs/hf.md). Each shipped config without
+ * one key: where the default is the shipped value the published count
+ * stays. */
 static void test_absent_sizes(void **state)
 {
     (void)state;
@@ -223,6 +214,13 @@ static void test_absent_sizes(void **state)
             fail_msg("%s without %s: %llu parameters, expected %llu", same[i].dir, same[i].key,
                      (unsigned long long)got, (unsigned long long)want);
     }
+}
+
+/* Where the class's default is not the shipped value, the count moves by
+ * the hand-derived difference; null is the classes' rule for None. */
+static void test_absent_sizes_moved(void **state)
+{
+    (void)state;
     /* Qwen/Qwen2-0.5B without intermediate_size: Qwen2Config's 22016 for its
      * 4864, each of 24 layers' gate, up and down 896 x 17152 wider:
      * 24 x 3 x 896 x 17152 = 1,106,509,824 more than 494,032,768 */
@@ -258,8 +256,13 @@ static void test_absent_sizes(void **state)
     assert_int_equal(params_of_text(shipped_without("mistral-7b", "num_key_value_heads", true)),
                      7241732096ull + 32ull * 2 * 4096 * 3072);
     assert_int_equal(llama(32, 4096, 4096, 14336, 32000, false, false), 8047038464ull);
-    /* a default the heads refuse: said as the class's, at the object (the
-     * key has no position), with the key to give */
+}
+
+/* A default the heads refuse: said as the class's, at the object (the key
+ * has no position), with the key to give. */
+static void test_absent_default_refused(void **state)
+{
+    (void)state;
     static const struct {
         const char *dir, *msg;
     } refused[] = {
@@ -1043,6 +1046,8 @@ int main(void)
         cmocka_unit_test(test_published_counts),
         cmocka_unit_test(test_mapping),
         cmocka_unit_test(test_absent_sizes),
+        cmocka_unit_test(test_absent_sizes_moved),
+        cmocka_unit_test(test_absent_default_refused),
         cmocka_unit_test(test_errors_and_training),
         cmocka_unit_test(test_attn_implementation),
         cmocka_unit_test(test_refused_families),

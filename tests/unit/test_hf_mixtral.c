@@ -347,7 +347,8 @@ static void test_mixtral_yaml_refusals(void **state)
 
 /* The reference file's zeros are the keys' "none": experts 0 is the dense
  * MLP, expert_ffn 0 is ffn, shared_expert_ffn 0 no shared expert, the
- * model's buffers 0 none; each plans as the file without the key. */
+ * model's buffers 0 none, a training key's 0 "not given"; each plans as
+ * the file without the key. */
 static void test_documented_zeros(void **state)
 {
     (void)state;
@@ -356,6 +357,8 @@ static void test_documented_zeros(void **state)
     } same[] = {
         {TINY("  experts: 0\n  buffers: 0\n"), TINY("")},
         {TINY("  buffers: 0GiB\n"), TINY("")}, /* a zero with its unit */
+        /* training keys whose 0 is "not given" (TINY ends in training:) */
+        {TINY("") "  eval_batch: 0\n  eval_seq_len: 0\n  target_len: 0\n", TINY("")},
         {TINY("  experts: 4\n  expert_ffn: 0\n  shared_expert_ffn: 0\n"),
          TINY("  experts: 4\n")},
     };

@@ -101,6 +101,21 @@ static void test_design_example(void **state)
     assert_non_null(strstr(e.msg, "every line measures micro_batch 16 (lines 2 to 5)"));
 }
 
+/* Case i's CSV is refused with msg, at line:col (line 0: no position). */
+static void csv_refused(size_t i, const char *csv, const char *msg, unsigned line, unsigned col)
+{
+    ml_point *p = NULL;
+    size_t n = 0;
+    ml_error e;
+    if (ml_points_parse_csv(csv, strlen(csv), "p.csv", &p, &n, &e) == ML_OK)
+        fail_msg("case %zu parsed", i);
+    if (!strstr(e.msg, msg))
+        fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, msg);
+    if (line && (e.line != line || e.col != col))
+        fail_msg("case %zu: at %u:%u, expected %u:%u", i, e.line, e.col, line, col);
+    assert_null(p);
+}
+
 static void test_csv_errors(void **state)
 {
     (void)state;
@@ -119,20 +134,8 @@ static void test_csv_errors(void **state)
         {"micro_batch,peak,peak\n16,1GiB,2GiB\n32,2GiB,3GiB\n", "names peak twice", 1, 18},
         {"micro_batch,micro_batch,peak\n1,2,3\n", "names micro_batch twice", 1, 13},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        ml_point *p = NULL;
-        size_t n = 0;
-        ml_error e;
-        ml_status st = ml_points_parse_csv(cases[i].csv, strlen(cases[i].csv), "p.csv", &p, &n, &e);
-        if (st == ML_OK)
-            fail_msg("case %zu parsed", i);
-        if (!strstr(e.msg, cases[i].msg))
-            fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, cases[i].msg);
-        if (cases[i].line && (e.line != cases[i].line || e.col != cases[i].col))
-            fail_msg("case %zu: at %u:%u, expected %u:%u", i, e.line, e.col, cases[i].line,
-                     cases[i].col);
-        assert_null(p);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        csv_refused(i, cases[i].csv, cases[i].msg, cases[i].line, cases[i].col);
 }
 
 /* RFC 4180's quoting, as R's write.csv and spreadsheets write it: quoted
@@ -192,18 +195,8 @@ static void test_csv_quoted(void **state)
         /* "micro""batch" names micro"batch, not micro_batch */
         {"\"micro\"\"batch\",peak\n1,2\n", "must name the columns micro_batch and peak", 1, 1},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        p = NULL;
-        ml_status st = ml_points_parse_csv(cases[i].csv, strlen(cases[i].csv), "p.csv", &p, &n, &e);
-        if (st == ML_OK)
-            fail_msg("case %zu parsed", i);
-        if (!strstr(e.msg, cases[i].msg))
-            fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, cases[i].msg);
-        if (e.line != cases[i].line || e.col != cases[i].col)
-            fail_msg("case %zu: at %u:%u, expected %u:%u", i, e.line, e.col, cases[i].line,
-                     cases[i].col);
-        assert_null(p);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        csv_refused(i, cases[i].csv, cases[i].msg, cases[i].line, cases[i].col);
 }
 
 static void test_profile_round_trip(void **state)
@@ -365,20 +358,8 @@ static void test_csv_hostile(void **state)
         {"micro_batch,peak\n1,1GiB\n2,0\n", "is zero", 3, 3},
         {longf, "peak: a field longer than 127 bytes", 3, 3},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        ml_point *p = NULL;
-        size_t n = 0;
-        ml_error e;
-        ml_status st = ml_points_parse_csv(cases[i].csv, strlen(cases[i].csv), "p.csv", &p, &n, &e);
-        if (st == ML_OK)
-            fail_msg("case %zu parsed", i);
-        if (!strstr(e.msg, cases[i].msg))
-            fail_msg("case %zu: '%s' lacks '%s'", i, e.msg, cases[i].msg);
-        if (e.line != cases[i].line || e.col != cases[i].col)
-            fail_msg("case %zu: at %u:%u, expected %u:%u", i, e.line, e.col, cases[i].line,
-                     cases[i].col);
-        assert_null(p);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        csv_refused(i, cases[i].csv, cases[i].msg, cases[i].line, cases[i].col);
     ml_point *p = NULL;
     size_t n = 0;
     ml_error e;
